@@ -1,0 +1,71 @@
+/* kernels.h - CPU weight formats and matrix kernels.
+ *
+ * Block formats follow ggml (facts of the file format):
+ *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
+ *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
+ *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
+ * Quantized weights are used in place: activations are quantized to Q8_0
+ * once per row of x and the dot products run on the integer blocks.
+ *
+ * Every kernel has a portable C version; AVX2/FMA/F16C versions are
+ * chosen at run time (gpud_cpu_features()). The portable versions are the
+ * reference the tests check the vector ones against.
+ */
+#ifndef GPUD_KERNELS_H
+#define GPUD_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/gguf.h"
+
+struct gpud_tp;
+
+#define GPUD_QK 32 /* weights per quantized block */
+
+struct gpud_block_q8_0 {
+	uint16_t d; /* fp16 */
+	int8_t qs[GPUD_QK];
+};
+
+struct gpud_block_q4_0 {
+	uint16_t d; /* fp16 */
+	uint8_t qs[GPUD_QK / 2];
+};
+
+float gpud_fp16_to_fp32(uint16_t h);
+uint16_t gpud_fp32_to_fp16(float f); /* round to nearest even */
+float gpud_bf16_to_fp32(uint16_t h);
+uint16_t gpud_fp32_to_bf16(float f); /* round to nearest even */
+
+/* Converts n floats (n a multiple of the type's block) into type t.
+ * Used by mkmodel and by activation quantization. */
+void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
+/* Inverse: expands n elements of type t into floats. */
+void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
+
+enum {
+	GPUD_CPU_AVX2 = 1 << 0,
+	GPUD_CPU_FMA = 1 << 1,
+	GPUD_CPU_F16C = 1 << 2,
+};
+unsigned gpud_cpu_features(void);
+/* Forces the portable kernels (tests compare both paths). */
+void gpud_cpu_set_features(unsigned mask);
+
+/* Scratch bytes gpud_matmul needs for a weight type, width and batch. */
+size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
+
+/* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
+ * W is rows x cols in type wtype, row-major (a GGUF tensor with
+ * ne[0] = cols, ne[1] = rows). Weights are streamed once per call whatever
+ * the batch: each thread takes a slice of rows and walks the batch inside.
+ * scratch must hold gpud_matmul_scratch_bytes(); nothing is allocated. */
+void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
+		 int64_t rows, int64_t cols, const float *x, int64_t batch,
+		 float *y, void *scratch);
+
+/* Row r of an embedding table (type t, width cols) into floats. */
+void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out);
+
+#endif

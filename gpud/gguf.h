@@ -1,0 +1,152 @@
+/* gguf.h - GGUF v3 model file reader (over mmap) and writer.
+ *
+ * gpud_gguf_open() validates the whole header before any data is touched:
+ * magic, version, counts, every string and array length, value types,
+ * alignment, tensor types, shapes, offsets and sizes against the file size.
+ * Any bad byte yields SW_EFORMAT (or SW_EUNSUPPORTED for a well-formed but
+ * unsupported type) and a message naming the field and its file offset.
+ * After a successful open every accessor is bounds-safe.
+ *
+ * Ownership: the reader owns the mapping; every pointer it returns (strings,
+ * array data, tensor data, tensor names) lives until gpud_gguf_close().
+ * Strings from the file are NOT NUL-terminated: use the returned length.
+ * Array data and tensor data may be unaligned only where the file is; tensor
+ * data is aligned to general.alignment (validated at open).
+ */
+#ifndef GPUD_GGUF_H
+#define GPUD_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPUD_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
+#define GPUD_GGUF_VERSION 3
+#define GPUD_GGUF_DEFAULT_ALIGNMENT 32
+#define GPUD_GGUF_MAX_DIMS 4
+
+/* Metadata value types, numbered as in the GGUF specification. */
+enum gpud_gguf_vtype {
+	GPUD_GGUF_U8 = 0,
+	GPUD_GGUF_I8 = 1,
+	GPUD_GGUF_U16 = 2,
+	GPUD_GGUF_I16 = 3,
+	GPUD_GGUF_U32 = 4,
+	GPUD_GGUF_I32 = 5,
+	GPUD_GGUF_F32 = 6,
+	GPUD_GGUF_BOOL = 7,
+	GPUD_GGUF_STRING = 8,
+	GPUD_GGUF_ARRAY = 9,
+	GPUD_GGUF_U64 = 10,
+	GPUD_GGUF_I64 = 11,
+	GPUD_GGUF_F64 = 12,
+};
+
+/* Tensor element types, numbered as in ggml. Only those marked are
+ * supported by the engine; others are rejected at open with SW_EUNSUPPORTED. */
+enum gpud_type {
+	GPUD_TYPE_F32 = 0,   /* supported */
+	GPUD_TYPE_F16 = 1,   /* supported */
+	GPUD_TYPE_Q4_0 = 2,  /* supported: 32 weights = f16 d + 16 bytes of nibbles */
+	GPUD_TYPE_Q8_0 = 8,  /* supported: 32 weights = f16 d + 32 int8 */
+	GPUD_TYPE_BF16 = 30, /* supported */
+	GPUD_TYPE_COUNT = 31,
+};
+
+/* Elements per block and bytes per block of a supported type; 0 if not. */
+uint32_t gpud_type_block_elems(enum gpud_type t);
+uint32_t gpud_type_block_bytes(enum gpud_type t);
+const char *gpud_type_name(enum gpud_type t); /* "q8_0"; "?" when unknown */
+/* Parses "f32", "f16", "bf16", "q8_0", "q4_0"; returns -1 when unknown. */
+int gpud_type_parse(const char *s);
+/* Bytes of one row of n elements (n must be a multiple of the block). */
+size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
+
+struct gpud_gguf_str {
+	const char *s; /* not NUL-terminated */
+	uint64_t len;
+};
+
+struct gpud_gguf_tensor {
+	const char *name;  /* NUL-terminated copy owned by the reader */
+	uint32_t n_dims;
+	uint64_t ne[GPUD_GGUF_MAX_DIMS]; /* ne[0] is the contiguous dimension; unused dims are 1 */
+	enum gpud_type type;
+	uint64_t offset;   /* from the start of the data section */
+	uint64_t nbytes;
+	const void *data;  /* into the mapping */
+};
+
+struct gpud_gguf;
+
+/* Maps and validates path. On success *out owns the mapping and 0 is
+ * returned; on failure *out is NULL, err holds "<path>: <what> at offset N"
+ * and a negative code is returned. */
+int gpud_gguf_open(struct gpud_gguf **out, const char *path, char *err, size_t errlen);
+
+/* Same, over a caller-owned buffer that must outlive the reader (fuzzers,
+ * tests). name is used in messages. */
+int gpud_gguf_open_mem(struct gpud_gguf **out, const void *data, size_t size,
+		       const char *name, char *err, size_t errlen);
+
+void gpud_gguf_close(struct gpud_gguf *g); /* accepts NULL */
+
+uint32_t gpud_gguf_version(const struct gpud_gguf *g);
+uint64_t gpud_gguf_n_kv(const struct gpud_gguf *g);
+uint64_t gpud_gguf_n_tensors(const struct gpud_gguf *g);
+uint32_t gpud_gguf_alignment(const struct gpud_gguf *g);
+
+/* Metadata lookup by key. Each getter returns 0, SW_ENOTFOUND when the key
+ * is absent, or SW_ETYPE when the value has another type (integer getters
+ * accept any integer type whose value fits; float getters accept F32/F64). */
+bool gpud_gguf_has(const struct gpud_gguf *g, const char *key);
+int gpud_gguf_get_u32(const struct gpud_gguf *g, const char *key, uint32_t *out);
+int gpud_gguf_get_i32(const struct gpud_gguf *g, const char *key, int32_t *out);
+int gpud_gguf_get_u64(const struct gpud_gguf *g, const char *key, uint64_t *out);
+int gpud_gguf_get_f32(const struct gpud_gguf *g, const char *key, float *out);
+int gpud_gguf_get_bool(const struct gpud_gguf *g, const char *key, bool *out);
+int gpud_gguf_get_str(const struct gpud_gguf *g, const char *key, struct gpud_gguf_str *out);
+
+/* Arrays. gpud_gguf_get_arr() gives the element type and count; numeric
+ * elements are read with gpud_gguf_arr_{i32,f32}() (which convert and check
+ * the index), strings with gpud_gguf_arr_str(), which is O(1): the reader
+ * indexes string arrays at open. */
+int gpud_gguf_get_arr(const struct gpud_gguf *g, const char *key,
+		      enum gpud_gguf_vtype *elem_type, uint64_t *n);
+int gpud_gguf_arr_i32(const struct gpud_gguf *g, const char *key, uint64_t i, int32_t *out);
+int gpud_gguf_arr_f32(const struct gpud_gguf *g, const char *key, uint64_t i, float *out);
+int gpud_gguf_arr_str(const struct gpud_gguf *g, const char *key, uint64_t i,
+		      struct gpud_gguf_str *out);
+
+/* Tensors: NULL when absent. */
+const struct gpud_gguf_tensor *gpud_gguf_tensor(const struct gpud_gguf *g, uint64_t i);
+const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, const char *name);
+
+/* --- writer (gpud mkmodel, tests) ----------------------------------------
+ * Collects metadata and tensors in memory, then writes a GGUF v3 file in
+ * one pass. Tensor data passed to add_tensor is copied. All functions
+ * return 0 or a negative code; after an error the writer must be freed. */
+struct gpud_gguf_writer;
+
+int gpud_gguf_writer_new(struct gpud_gguf_writer **out);
+void gpud_gguf_writer_free(struct gpud_gguf_writer *w); /* accepts NULL */
+int gpud_gguf_w_u32(struct gpud_gguf_writer *w, const char *key, uint32_t v);
+int gpud_gguf_w_i32(struct gpud_gguf_writer *w, const char *key, int32_t v);
+int gpud_gguf_w_f32(struct gpud_gguf_writer *w, const char *key, float v);
+int gpud_gguf_w_bool(struct gpud_gguf_writer *w, const char *key, bool v);
+int gpud_gguf_w_str(struct gpud_gguf_writer *w, const char *key, const char *v);
+/* Array of n elements of a numeric type (data in that type's layout). */
+int gpud_gguf_w_arr(struct gpud_gguf_writer *w, const char *key,
+		    enum gpud_gguf_vtype elem_type, const void *data, uint64_t n);
+int gpud_gguf_w_arr_str(struct gpud_gguf_writer *w, const char *key,
+			const struct gpud_gguf_str *v, uint64_t n);
+/* Copies every key/value of src except those for which skip(key) is true
+ * (used to borrow a tokenizer from another model). skip may be NULL. */
+int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
+			bool (*skip)(const char *key, void *arg), void *arg);
+int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes);
+/* Writes to path atomically (temp file + rename). */
+int gpud_gguf_w_write(struct gpud_gguf_writer *w, const char *path, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,94 @@
+/* tokenizer.h - tokenizers read from GGUF metadata.
+ *
+ * tokenizer.ggml.model = "llama": SentencePiece-style (score-driven merges
+ * over UTF-8 characters, byte fallback <0xXX>, leading-space "▁" rules).
+ * tokenizer.ggml.model = "gpt2": byte-level BPE (ranked merges) after a
+ * pre-tokenizer chosen by tokenizer.ggml.pre: "default"/"gpt-2",
+ * "llama-bpe" (Llama 3) or "starcoder".
+ *
+ * A tokenizer is immutable after load and safe to share between threads.
+ * Encoding needs working memory proportional to the text; it comes from
+ * the caller's arena, so the request path never calls malloc.
+ */
+#ifndef GPUD_TOKENIZER_H
+#define GPUD_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct gpud_gguf;
+struct sw_arena;
+struct gpud_tokenizer;
+
+enum {
+	GPUD_TOK_ADD_BOS = 1 << 0,       /* prepend BOS when the vocab asks for it */
+	GPUD_TOK_PARSE_SPECIAL = 1 << 1, /* "<|eot_id|>" in text becomes the special id */
+};
+
+/* Builds a tokenizer from g's metadata (works on vocab-only files). The
+ * tokenizer copies what it needs; g may be closed afterwards.
+ * Returns 0 or a negative code with a message in err. */
+int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g,
+			char *err, size_t errlen);
+void gpud_tokenizer_free(struct gpud_tokenizer *t); /* accepts NULL */
+
+int32_t gpud_tokenizer_n_vocab(const struct gpud_tokenizer *t);
+int32_t gpud_tokenizer_bos(const struct gpud_tokenizer *t); /* -1 if none */
+int32_t gpud_tokenizer_eos(const struct gpud_tokenizer *t); /* -1 if none */
+/* True for every end-of-generation token (EOS, EOT, <|eom_id|>, ...). */
+bool gpud_tokenizer_is_eog(const struct gpud_tokenizer *t, int32_t id);
+/* True when BOS is prepended by default (tokenizer.ggml.add_bos_token). */
+bool gpud_tokenizer_add_bos(const struct gpud_tokenizer *t);
+
+/* Encodes len bytes of text. Writes at most cap ids and sets *n_out to the
+ * number the text needs; returns 0, or SW_ETOOLONG when *n_out > cap (ids
+ * then holds the first cap), or -ENOMEM when the arena is too small.
+ * Working memory comes from scratch and is released before returning. */
+int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
+			  unsigned flags, int32_t *ids, size_t cap, size_t *n_out,
+			  struct sw_arena *scratch);
+
+/* Raw bytes of one token as it appears in decoded text (byte tokens give
+ * their byte, "▁" becomes a space, byte-level BPE is unmapped). Control
+ * tokens give "" unless special is set. Returns the length, or a negative
+ * code for an invalid id. out need not be NUL-terminated. */
+int gpud_tokenizer_piece(const struct gpud_tokenizer *t, int32_t id, bool special,
+			 char *out, size_t cap);
+
+/* Streaming detokenizer: holds back an incomplete UTF-8 sequence until the
+ * token that completes it arrives, so no partial character is ever emitted.
+ * Also strips the leading space SentencePiece adds to the first token. */
+struct gpud_detok {
+	uint8_t pending[8];
+	uint8_t n_pending;
+	bool started;
+};
+void gpud_detok_init(struct gpud_detok *d);
+/* Appends the text of id to out (cap bytes); returns bytes written or a
+ * negative code. Invalid UTF-8 from the model is replaced by U+FFFD. */
+int gpud_detok_push(const struct gpud_tokenizer *t, struct gpud_detok *d, int32_t id,
+		    char *out, size_t cap);
+/* Flushes what is held back at the end of generation (as U+FFFD). */
+int gpud_detok_flush(struct gpud_detok *d, char *out, size_t cap);
+
+/* Chat prompts. */
+enum gpud_chat_template {
+	GPUD_CHAT_NONE = 0,
+	GPUD_CHAT_LLAMA3 = 1,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
+	GPUD_CHAT_LLAMA2 = 2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] */
+};
+struct gpud_chat_msg {
+	const char *role; /* "system", "user", "assistant" */
+	const char *content;
+};
+/* Picks the template from tokenizer.chat_template or the vocabulary. */
+enum gpud_chat_template gpud_tokenizer_chat_template(const struct gpud_tokenizer *t);
+/* Formats msgs as text (to be encoded with GPUD_TOK_PARSE_SPECIAL and
+ * without ADD_BOS where the template writes BOS itself). Returns the length
+ * needed; writes at most cap bytes (NUL-terminated when room). Negative on
+ * an unknown role. */
+long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *msgs,
+		      size_t n, bool add_assistant_header, char *out, size_t cap);
+
+#endif
