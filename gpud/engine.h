@@ -1,0 +1,184 @@
+/* engine.h - one device's model runner: sequences, paged KV, batched steps.
+ *
+ * An engine binds a loaded model to a backend instance (CPU for now) and a
+ * paged KV pool. Everything is reserved in gpud_engine_create(): KV
+ * storage, the block tables of max_seqs sequence slots, step scratch for
+ * max_batch_tokens tokens and max_logits logits rows. gpud_engine_step()
+ * allocates nothing (stats.allocs_after_warmup counts any allocation made
+ * by the engine or backend after creation; it must stay 0).
+ *
+ * Usage (the daemon's scheduler, the CLI, the tests):
+ *   gpud_engine_seq_add(e, mask_or_NULL, &s);
+ *   struct gpud_batch_entry b[] = {{ .seq = s, .tokens = ids, .n_tokens = n,
+ *                                    .logits = GPUD_LOGITS_LAST }, ...};
+ *   gpud_engine_step(e, b, n_entries, err, sizeof err);
+ *   const float *row = gpud_engine_logits(e, 0);   // (n_vocab) floats
+ *   gpud_engine_seq_free(e, s);
+ *
+ * Not thread-safe: one thread (a device worker) drives an engine. Several
+ * engines may share one model.
+ */
+#ifndef GPUD_ENGINE_H
+#define GPUD_ENGINE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/kv.h"
+
+struct gpud_model;
+struct gpud_mask;
+struct gpud_engine;
+
+struct gpud_engine_params {
+	int n_threads;             /* <= 0: one per online CPU; default 0 */
+	uint32_t n_ctx;            /* per-sequence position limit; 0 or more
+				    * than the model's: the model's */
+	uint32_t max_batch_tokens; /* tokens per step; default 512 */
+	uint32_t max_seqs;         /* sequence slots and entries per step; default 16 */
+	uint32_t max_logits;       /* logits rows per step; 0: max_seqs */
+	uint32_t block_tokens;     /* KV block size; default 16 */
+	uint32_t n_blocks;         /* KV blocks; 0: from kv_bytes, or when
+				    * that is 0 too, enough for max_seqs
+				    * full-context sequences */
+	size_t kv_bytes;           /* KV byte budget used when n_blocks is 0 */
+};
+
+/* Fills the defaults listed above. */
+void gpud_engine_params_default(struct gpud_engine_params *p);
+
+/* Creates an engine on m (borrowed: it must outlive the engine).
+ * p NULL means defaults. Returns 0 and *out, or a negative code with a
+ * message in err (-EINVAL for inconsistent params, -ENOMEM); on failure
+ * *out is NULL and nothing stays allocated. */
+int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
+		       const struct gpud_engine_params *p, char *err, size_t errlen);
+void gpud_engine_destroy(struct gpud_engine *e); /* accepts NULL */
+
+const struct gpud_model *gpud_engine_model(const struct gpud_engine *e);
+/* The effective parameters (defaults resolved, n_blocks computed). */
+const struct gpud_engine_params *gpud_engine_params(const struct gpud_engine *e);
+
+/* Claims a sequence slot (length 0). mask: a compiled mask (gpud/mask.h)
+ * built for this engine's block_tokens, borrowed until gpud_engine_seq_free,
+ * or NULL for plain causal attention. Returns 0 and *seq, SW_EEXHAUSTED
+ * when all slots are taken, or -EINVAL for a mask built for another
+ * block size. */
+int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uint32_t *seq);
+
+/* Frees the slot and returns all its KV blocks. 0 or -EINVAL. */
+int gpud_engine_seq_free(struct gpud_engine *e, uint32_t seq);
+
+/* Positions already in seq's KV cache (its next token's position). */
+uint32_t gpud_engine_seq_len(const struct gpud_engine *e, uint32_t seq);
+
+/* Drops seq's positions >= n (and the blocks past them). 0 or -EINVAL. */
+int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n);
+
+enum gpud_logits_mode {
+	GPUD_LOGITS_NONE = 0, /* e.g. a prefill chunk that is not the last */
+	GPUD_LOGITS_LAST = 1, /* the entry's last token */
+	GPUD_LOGITS_ALL = 2,  /* every token of the entry (reference tests) */
+};
+
+struct gpud_batch_entry {
+	uint32_t seq;
+	const int32_t *tokens; /* (n_tokens) borrowed for the call */
+	uint32_t n_tokens;     /* > 0: a prefill chunk or one decode token */
+	enum gpud_logits_mode logits;
+};
+
+/* Runs one forward pass over n entries (distinct sequences). Each entry
+ * appends its tokens at the sequence's next positions. On success every
+ * sequence's length grows by its n_tokens and logits are readable with
+ * gpud_engine_logits() until the next step.
+ * Errors, with nothing changed (lengths and blocks as before):
+ *   -EINVAL        n == 0, an empty entry, a bad or repeated seq, a token
+ *                  id outside the vocabulary;
+ *   SW_ETOOLONG    more than max_batch_tokens tokens, more than max_seqs
+ *                  entries, more than max_logits logits rows, or a
+ *                  sequence would pass n_ctx positions;
+ *   SW_EEXHAUSTED  the KV pool lacks blocks (the scheduler queues or
+ *                  preempts; nothing was reserved). */
+int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
+		     char *err, size_t errlen);
+
+/* Logits of entry i of the last successful step: n_vocab floats for
+ * GPUD_LOGITS_LAST, n_tokens consecutive rows of n_vocab for
+ * GPUD_LOGITS_ALL; NULL for GPUD_LOGITS_NONE or i out of range. Owned by
+ * the engine, valid until the next step. */
+const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i);
+uint32_t gpud_engine_n_vocab(const struct gpud_engine *e);
+
+/* Embedding of n tokens: the mean over tokens of the hidden states after
+ * the final norm, L2-normalized, into out (dim floats). Uses a temporary
+ * sequence slot (prefilled in chunks) and frees it before returning.
+ * Returns 0, SW_ETOOLONG (n > n_ctx), SW_EEXHAUSTED (no slot or blocks) or
+ * -EINVAL; nothing changes on error. */
+int gpud_engine_embed_tokens(struct gpud_engine *e, const int32_t *tokens, uint32_t n,
+			     float *out, char *err, size_t errlen);
+/* Same for a text, tokenized with BOS as the vocabulary asks. */
+int gpud_engine_embed(struct gpud_engine *e, const char *text, size_t len,
+		      float *out, char *err, size_t errlen);
+uint32_t gpud_engine_dim(const struct gpud_engine *e);
+
+struct gpud_engine_stats {
+	uint64_t steps;
+	uint64_t tokens;              /* tokens processed by steps */
+	uint64_t allocs_after_warmup; /* must stay 0 */
+	size_t kv_bytes;              /* KV storage reserved */
+	size_t scratch_bytes;         /* step scratch reserved */
+	size_t scratch_high;          /* step scratch used, high-water */
+	struct gpud_kv_stats kv;
+};
+void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st);
+
+/* --- single-request generation (the CLI; the daemon has its own loop) --- */
+
+enum gpud_stop_reason {
+	GPUD_STOP_NONE = 0,
+	GPUD_STOP_EOG = 1,        /* end-of-generation token */
+	GPUD_STOP_STRING = 2,     /* a stop string appeared */
+	GPUD_STOP_MAX_TOKENS = 3,
+	GPUD_STOP_CONTEXT = 4,    /* the context is full */
+	GPUD_STOP_CALLER = 5,     /* the emit callback asked to stop */
+};
+
+struct gpud_gen_params {
+	uint32_t max_tokens;      /* generated tokens at most; 0: until EOG/context */
+	float temperature;        /* 0: greedy */
+	int32_t top_k;            /* <= 0: off */
+	float top_p;              /* >= 1: off */
+	float min_p;              /* <= 0: off */
+	uint64_t seed;
+	const char *const *stop;  /* stop strings (not emitted), may be NULL */
+	uint32_t n_stop;
+	bool no_bos;              /* do not prepend BOS even if the vocab asks */
+	bool parse_special;       /* special tokens in the prompt text */
+	uint32_t prefill_chunk;   /* tokens per prefill step; 0: max_batch_tokens */
+};
+void gpud_gen_params_default(struct gpud_gen_params *p);
+
+/* Receives generated text as it becomes final (UTF-8 complete, not part
+ * of a possible stop string). Returning non-zero stops generation. */
+typedef int (*gpud_gen_emit_fn)(void *arg, const char *text, size_t len);
+
+struct gpud_gen_result {
+	uint32_t n_prompt;     /* prompt tokens */
+	uint32_t n_gen;        /* generated tokens */
+	double prefill_s;      /* wall time of the prompt steps */
+	double decode_s;       /* wall time of the decode steps (incl. sampling) */
+	enum gpud_stop_reason reason;
+};
+
+/* Tokenizes prompt with the model's tokenizer, prefills it in chunks,
+ * samples up to max_tokens tokens and streams their text through emit.
+ * Uses one sequence slot, freed before returning. Returns 0 (res filled),
+ * SW_ETOOLONG when the prompt does not fit the context, or another
+ * negative code with a message in err. */
+int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
+			 const struct gpud_gen_params *p, gpud_gen_emit_fn emit, void *arg,
+			 struct gpud_gen_result *res, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,90 @@
+/* kv.h - paged KV cache accounting: a fixed pool of blocks and one block
+ * table per sequence slot (DESIGN §2).
+ *
+ * A block holds block_tokens consecutive positions of one sequence for
+ * every layer and KV head. This module owns only the bookkeeping (free
+ * list, block tables, lengths); the storage lives with the backend (host
+ * memory for the CPU backend, device memory for CUDA), addressed by block
+ * index. Everything is reserved at creation: no call below allocates.
+ *
+ * Invariant, checked by gpud_kv_check(): used + free == n_blocks, and every
+ * block is either free or in exactly one block table.
+ *
+ * Not thread-safe: one device worker owns a kv.
+ */
+#ifndef GPUD_KV_H
+#define GPUD_KV_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct gpud_kv_params {
+	uint32_t n_blocks;     /* blocks in the pool (> 0) */
+	uint32_t block_tokens; /* positions per block (> 0), typically 16 */
+	uint32_t max_seqs;     /* sequence slots (> 0) */
+	uint32_t max_ctx;      /* positions per sequence at most (> 0) */
+};
+
+struct gpud_kv_stats {
+	uint32_t n_blocks;    /* capacity */
+	uint32_t used;        /* blocks in block tables */
+	uint32_t free;        /* blocks on the free list */
+	uint32_t high;        /* largest `used` seen */
+	uint32_t seqs;        /* sequence slots in use */
+	uint64_t exhausted;   /* reservations refused for lack of blocks */
+};
+
+struct gpud_kv;
+
+/* Reserves the free list and max_seqs block tables of
+ * ceil(max_ctx / block_tokens) entries. Returns 0, -EINVAL (a zero field)
+ * or -ENOMEM; on failure *out is NULL. */
+int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p);
+void gpud_kv_destroy(struct gpud_kv *kv); /* accepts NULL */
+
+/* Claims a free sequence slot with length 0 and no blocks. Returns 0 and
+ * the slot in *seq, or SW_EEXHAUSTED when all max_seqs slots are taken. */
+int gpud_kv_seq_new(struct gpud_kv *kv, uint32_t *seq);
+
+/* Returns every block of seq to the pool and frees the slot. Returns 0 or
+ * -EINVAL for a slot not in use (then nothing changes). */
+int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq);
+
+bool gpud_kv_seq_valid(const struct gpud_kv *kv, uint32_t seq);
+
+/* Makes seq's block table cover n_tokens positions in total (its current
+ * length plus what the caller is about to write). Returns 0,
+ * SW_ETOOLONG when n_tokens > max_ctx, SW_EEXHAUSTED when the pool lacks
+ * blocks, -EINVAL for a bad slot; on any error nothing changes. Does not
+ * change the length. */
+int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens);
+
+/* Sets seq's length (positions written) to n, which must be covered by
+ * its blocks. Returns 0 or -EINVAL. */
+int gpud_kv_set_len(struct gpud_kv *kv, uint32_t seq, uint32_t n);
+
+/* Shrinks seq to n positions and returns the blocks past
+ * ceil(n / block_tokens) to the pool (rollback, preemption). n larger than
+ * the length is -EINVAL; nothing changes then. */
+int gpud_kv_truncate(struct gpud_kv *kv, uint32_t seq, uint32_t n);
+
+uint32_t gpud_kv_seq_len(const struct gpud_kv *kv, uint32_t seq);
+/* Positions seq's blocks cover (a multiple of block_tokens). */
+uint32_t gpud_kv_seq_capacity(const struct gpud_kv *kv, uint32_t seq);
+/* seq's block table: *n blocks, entry j holds positions
+ * [j*block_tokens, (j+1)*block_tokens). Owned by kv; valid until the next
+ * reserve/truncate/free of seq. */
+const uint32_t *gpud_kv_block_table(const struct gpud_kv *kv, uint32_t seq, uint32_t *n);
+
+uint32_t gpud_kv_block_tokens(const struct gpud_kv *kv);
+uint32_t gpud_kv_max_seqs(const struct gpud_kv *kv);
+uint32_t gpud_kv_max_ctx(const struct gpud_kv *kv);
+uint32_t gpud_kv_free_blocks(const struct gpud_kv *kv);
+void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st);
+
+/* Full consistency check (every block free xor owned once, used + free ==
+ * capacity). Returns 0 or SW_EFORMAT with a message. O(n_blocks). */
+int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,102 @@
+/* model.h - Llama-architecture models from GGUF files.
+ *
+ * gpud_model_load() maps the file (through the GGUF reader), checks the
+ * architecture ("llama"), reads the hyper-parameters and resolves every
+ * weight tensor by its llama.cpp name, checking type and shape. Weights are
+ * used in place inside the mapping: nothing is copied. Supported weight
+ * types are those of gguf.h (F32, F16, BF16, Q8_0, Q4_0); norms must be F32.
+ *
+ * Covered: Llama 2 and Llama 3.x (grouped-query attention via
+ * head_count_kv, rope.freq_base, Llama 3 RoPE frequency scaling from a
+ * rope_freqs.weight tensor or llama.rope.scaling.* metadata, output
+ * projection tied to token_embd.weight when output.weight is absent).
+ *
+ * RoPE convention (GGUF llama): adjacent pairs (x[2i], x[2i+1]) of each head
+ * are rotated by pos * inv_freq[i], inv_freq[i] = base^(-2i/head_dim) divided
+ * by the Llama 3 factor of pair i where scaling applies.
+ *
+ * A loaded model is immutable and may be shared by several engines and
+ * threads.
+ */
+#ifndef GPUD_MODEL_H
+#define GPUD_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/gguf.h"
+
+struct gpud_tokenizer;
+
+struct gpud_model_hparams {
+	uint32_t n_vocab;    /* rows of token_embd */
+	uint32_t dim;        /* embedding_length */
+	uint32_t n_layers;   /* block_count */
+	uint32_t n_heads;    /* attention.head_count */
+	uint32_t n_kv_heads; /* attention.head_count_kv (defaults to n_heads) */
+	uint32_t head_dim;   /* dim / n_heads */
+	uint32_t ffn_dim;    /* feed_forward_length */
+	uint32_t n_ctx;      /* context_length: the hard limit on positions */
+	float norm_eps;      /* attention.layer_norm_rms_epsilon (1e-5 if absent) */
+	float rope_base;     /* rope.freq_base (10000 if absent) */
+	bool rope_scaled;    /* Llama 3 frequency factors were applied */
+	bool tied_output;    /* output.weight absent: logits use token_embd */
+};
+
+/* One weight matrix in the mapping: rows x cols, row-major, in `type`
+ * (a GGUF tensor with ne[0] = cols, ne[1] = rows). */
+struct gpud_weight {
+	enum gpud_type type;
+	int64_t rows;
+	int64_t cols;
+	const void *data; /* into the mapping; owned by the model */
+};
+
+struct gpud_layer_weights {
+	const float *attn_norm;   /* (dim) F32 */
+	struct gpud_weight wq;    /* (n_heads*head_dim, dim) */
+	struct gpud_weight wk;    /* (n_kv_heads*head_dim, dim) */
+	struct gpud_weight wv;    /* (n_kv_heads*head_dim, dim) */
+	struct gpud_weight wo;    /* (dim, n_heads*head_dim) */
+	const float *ffn_norm;    /* (dim) F32 */
+	struct gpud_weight w_gate; /* (ffn_dim, dim) */
+	struct gpud_weight w_up;   /* (ffn_dim, dim) */
+	struct gpud_weight w_down; /* (dim, ffn_dim) */
+};
+
+struct gpud_model_weights {
+	struct gpud_weight tok_embd;       /* (n_vocab, dim) */
+	const struct gpud_layer_weights *layers; /* (n_layers) */
+	const float *out_norm;             /* (dim) F32 */
+	struct gpud_weight output;         /* (n_vocab, dim); == tok_embd when tied */
+	const float *rope_inv_freq;        /* (head_dim/2) scaling applied; owned by the model */
+};
+
+struct gpud_model;
+
+/* Loads path. On success *out owns the mapping and the tokenizer and 0 is
+ * returned. On failure *out is NULL, nothing stays mapped, and err holds
+ * "<path>: <cause>" (unsupported architecture, missing tensor "name",
+ * tensor "name" has shape [..] expected [..], unsupported type, ...).
+ * Codes: the reader's, SW_EUNSUPPORTED, SW_ENOTFOUND, SW_EFORMAT, SW_ETYPE,
+ * -ENOMEM. */
+int gpud_model_load(struct gpud_model **out, const char *path, char *err, size_t errlen);
+
+void gpud_model_free(struct gpud_model *m); /* accepts NULL */
+
+const struct gpud_model_hparams *gpud_model_hparams(const struct gpud_model *m);
+const struct gpud_model_weights *gpud_model_weights(const struct gpud_model *m);
+/* The tokenizer built from the file's metadata; owned by the model. */
+const struct gpud_tokenizer *gpud_model_tokenizer(const struct gpud_model *m);
+/* The underlying reader (metadata lookups); owned by the model. */
+const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m);
+const char *gpud_model_path(const struct gpud_model *m);
+/* Bytes of all weight tensors the forward pass reads once per step. */
+size_t gpud_model_weight_bytes(const struct gpud_model *m);
+
+/* Fills inv_freq[head_dim/2] for base, applying Llama 3 scaling when
+ * factors is not NULL (per-pair divisors). Exposed for the reference. */
+void gpud_rope_inv_freq(float *inv_freq, uint32_t head_dim, float base, const float *factors);
+
+#endif
