@@ -26,6 +26,7 @@
 #include <stdint.h>
 
 #include "gpud/kv.h"
+#include "gpud/sampler.h"
 
 struct gpud_model;
 struct gpud_mask;
@@ -136,28 +137,20 @@ void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st
 
 /* --- single-request generation (the CLI; the daemon has its own loop) --- */
 
-enum gpud_stop_reason {
-	GPUD_STOP_NONE = 0,
-	GPUD_STOP_EOG = 1,        /* end-of-generation token */
-	GPUD_STOP_STRING = 2,     /* a stop string appeared */
-	GPUD_STOP_MAX_TOKENS = 3,
-	GPUD_STOP_CONTEXT = 4,    /* the context is full */
-	GPUD_STOP_CALLER = 5,     /* the emit callback asked to stop */
-};
+/* Why generation ended: enum gpud_stop_reason (gpud/sampler.h) or one of: */
+#define GPUD_GEN_STOP_CONTEXT 16 /* the context is full */
+#define GPUD_GEN_STOP_CALLER 17  /* the emit callback asked to stop */
 
 struct gpud_gen_params {
 	uint32_t max_tokens;      /* generated tokens at most; 0: until EOG/context */
-	float temperature;        /* 0: greedy */
-	int32_t top_k;            /* <= 0: off */
-	float top_p;              /* >= 1: off */
-	float min_p;              /* <= 0: off */
-	uint64_t seed;
+	struct gpud_sampler_params sampling; /* temperature 0: greedy */
 	const char *const *stop;  /* stop strings (not emitted), may be NULL */
 	uint32_t n_stop;
 	bool no_bos;              /* do not prepend BOS even if the vocab asks */
 	bool parse_special;       /* special tokens in the prompt text */
 	uint32_t prefill_chunk;   /* tokens per prefill step; 0: max_batch_tokens */
 };
+/* max_tokens 256, greedy, no stop strings, BOS as the vocab asks. */
 void gpud_gen_params_default(struct gpud_gen_params *p);
 
 /* Receives generated text as it becomes final (UTF-8 complete, not part
@@ -169,7 +162,7 @@ struct gpud_gen_result {
 	uint32_t n_gen;        /* generated tokens */
 	double prefill_s;      /* wall time of the prompt steps */
 	double decode_s;       /* wall time of the decode steps (incl. sampling) */
-	enum gpud_stop_reason reason;
+	int reason;            /* see GPUD_GEN_STOP_* above */
 };
 
 /* Tokenizes prompt with the model's tokenizer, prefills it in chunks,
