@@ -58,10 +58,13 @@ struct gpud_mask_desc {
 	const struct gpud_mask_row *rows; /* S + 1 rows, or NULL */
 };
 
-/* Checks desc against max_segments (<= GPUD_MASK_MAX_SEGMENTS): segment
- * count in range, every index in range, no forward reference (index > i).
- * Returns 0, SW_ETOOLONG (too many segments) or SW_EFORMAT, with a message
- * naming the row and index. Nothing is modified. */
+/* Checks desc against max_segments (<= GPUD_MASK_MAX_SEGMENTS; 0 or a
+ * larger value means the hard limit): segment count in range, every index
+ * in range (<= S), no forward reference (index > i), no NULL index array
+ * with n > 0. Duplicate indices are allowed. rows == NULL is valid.
+ * Returns 0, SW_ETOOLONG (too many segments), SW_EFORMAT or -EINVAL (desc
+ * NULL), with a message naming the row and entry ("mask: row 3, entry 1:
+ * forward reference to segment 5"). Nothing is modified. */
 int gpud_mask_validate(const struct gpud_mask_desc *desc, uint32_t max_segments,
 		       char *err, size_t errlen);
 
@@ -71,7 +74,9 @@ struct gpud_mask {
 	uint32_t n_prompt;        /* prompt tokens */
 	uint32_t block_tokens;    /* KV block size the block sets were built for */
 	uint32_t n_prompt_blocks; /* ceil(n_prompt / block_tokens) */
-	bool causal;              /* no descriptor, or one that hides nothing */
+	bool causal;              /* no descriptor, or one that hides no
+				   * non-empty earlier segment from any row
+				   * that has tokens (G always has) */
 	uint64_t hash;            /* of (segment token lengths, vis rows) */
 	const uint8_t *seg;       /* (n_prompt) segment of each prompt token */
 	const gpud_segset *vis;   /* (S + 1) visible sets, self included */
@@ -80,13 +85,20 @@ struct gpud_mask {
 					* prompt also contains G */
 };
 
-/* Bytes compile needs for S segments and n_prompt tokens. */
+/* Bytes compile needs for S segments and n_prompt tokens; 0 when
+ * block_tokens is 0. */
 size_t gpud_mask_bytes(uint32_t n_segments, uint32_t n_prompt, uint32_t block_tokens);
 
-/* Compiles a validated desc with seg_tokens[i] = tokens of segment i
- * (i < S; may be 0) into mem (gpud_mask_bytes() bytes, 16-byte aligned).
- * Fills *out. Returns 0 or SW_EFORMAT when S > 255 tokens' u8 ids would
- * overflow (cannot happen with the hard limit) or inputs disagree. */
+/* Compiles desc with seg_tokens[i] = tokens of segment i (i < S; may be 0;
+ * seg_tokens may be NULL when S == 0) into mem (gpud_mask_bytes() bytes,
+ * 16-byte aligned). Fills *out, whose arrays point into mem (the caller
+ * owns mem; the mask is valid while mem is). Identical (seg_tokens, vis
+ * rows) give identical hashes; rows == NULL and an explicit all-visible
+ * descriptor compile to the same mask and hash. desc is validated again
+ * against the hard limit. Returns 0; SW_EFORMAT / SW_ETOOLONG for an
+ * invalid desc; SW_ETOOLONG when the token total overflows u32; -EINVAL
+ * for NULL arguments, block_tokens 0, misaligned or too small mem. On
+ * error *out and mem are unspecified but nothing else changes. */
 int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
 		      uint32_t block_tokens, void *mem, size_t memlen, struct gpud_mask *out);
 

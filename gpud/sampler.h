@@ -1,0 +1,124 @@
+/* sampler.h - next-token sampling and stop conditions.
+ *
+ * A sampler belongs to one sequence. Everything it needs per token (the
+ * n_vocab candidate array, the penalty history and counts) is allocated
+ * at creation, so gpud_sampler_sample() never allocates. Randomness comes
+ * from the sampler's own xoshiro256** state seeded by the request: the
+ * same seed, parameters and logits give the same tokens on every host.
+ *
+ * Order of the transforms (as in HF transformers' warpers):
+ *   penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+ * temperature <= 0 is greedy: the arg max of the penalized logits (the
+ * lowest id among equal maxima); filters and the seed are then unused.
+ *
+ * The stop helper (gpud_stop_*) is used by generation loops: it counts
+ * tokens, recognizes end-of-generation tokens and stop strings that span
+ * token boundaries, and holds back text that may still turn into a stop
+ * string so a stop string is never streamed to the client.
+ */
+#ifndef GPUD_SAMPLER_H
+#define GPUD_SAMPLER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GPUD_SAMPLER_MAX_PENALTY_LAST_N 4096
+
+struct gpud_sampler_params {
+	float temperature;       /* 0 (or less) = greedy */
+	int32_t top_k;           /* <= 0 = off */
+	float top_p;             /* >= 1 = off; keeps the smallest set whose mass >= top_p */
+	float min_p;             /* <= 0 = off; drops p < min_p * p_max */
+	uint64_t seed;
+	/* Penalties over the last penalty_last_n accepted tokens (optional):
+	 * repeat (llama.cpp style: positive logits divided, negative
+	 * multiplied), frequency (minus f * count), presence (minus p once). */
+	int32_t penalty_last_n;  /* 0 = off, at most GPUD_SAMPLER_MAX_PENALTY_LAST_N */
+	float repeat_penalty;    /* 1 = off */
+	float frequency_penalty; /* 0 = off */
+	float presence_penalty;  /* 0 = off */
+};
+
+/* Defaults: greedy, no filters, no penalties, seed 0. */
+void gpud_sampler_params_default(struct gpud_sampler_params *p);
+
+/* Checks ranges (temperature finite, top_p in (0, 1] or off, min_p in
+ * [0, 1], penalty_last_n in range, repeat_penalty > 0). Returns 0 or
+ * -EINVAL with a message naming the field. */
+int gpud_sampler_params_check(const struct gpud_sampler_params *p, char *err, size_t errlen);
+
+struct gpud_sampler;
+
+/* Allocates a sampler for n_vocab tokens with a copy of *p (checked).
+ * Returns 0, -EINVAL (bad params, n_vocab <= 0) or -ENOMEM; *out is NULL
+ * on error. */
+int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
+			const struct gpud_sampler_params *p, char *err, size_t errlen);
+void gpud_sampler_free(struct gpud_sampler *s); /* accepts NULL */
+
+/* Starts a new request on the same sampler: new params (checked; on error
+ * nothing changes), reseeded PRNG, empty penalty history. No allocation. */
+int gpud_sampler_reset(struct gpud_sampler *s, const struct gpud_sampler_params *p,
+		       char *err, size_t errlen);
+
+/* Picks the next token from logits (n_vocab floats, not modified).
+ * Never allocates. Does NOT record the token: call gpud_sampler_accept()
+ * for every token that enters the sequence (prompt tokens too, when
+ * penalties should see them). Returns the id, or -EINVAL when every
+ * logit is NaN / -inf. */
+int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits);
+
+/* Records token id for the penalties (ignored when they are off or id
+ * is out of range). */
+void gpud_sampler_accept(struct gpud_sampler *s, int32_t id);
+
+/* The next raw PRNG output (tests; reproducibility checks). */
+uint64_t gpud_sampler_next_u64(struct gpud_sampler *s);
+
+/* --- stop conditions ---------------------------------------------------- */
+
+#define GPUD_STOP_MAX_STRINGS 8
+#define GPUD_STOP_MAX_LEN 64 /* bytes per stop string */
+
+enum gpud_stop_reason {
+	GPUD_STOP_NONE = 0,       /* keep generating */
+	GPUD_STOP_EOG = 1,        /* end-of-generation token */
+	GPUD_STOP_STRING = 2,     /* a stop string appeared in the text */
+	GPUD_STOP_MAX_TOKENS = 3, /* max_tokens generated */
+};
+
+/* Plain value type; copy it freely. */
+struct gpud_stop {
+	uint32_t max_tokens; /* 0 = no limit */
+	uint32_t n_tokens;   /* tokens pushed so far */
+	uint32_t n_strings;
+	uint8_t len[GPUD_STOP_MAX_STRINGS];
+	char str[GPUD_STOP_MAX_STRINGS][GPUD_STOP_MAX_LEN];
+	char held[GPUD_STOP_MAX_LEN]; /* text that may start a stop string */
+	uint32_t n_held;
+	int matched;                  /* index of the stop string hit, or -1 */
+	int reason;                   /* enum gpud_stop_reason once stopped */
+};
+
+void gpud_stop_init(struct gpud_stop *st, uint32_t max_tokens);
+
+/* Adds a stop string (copied). Returns 0, -EINVAL for an empty string,
+ * SW_ETOOLONG when longer than GPUD_STOP_MAX_LEN or when there are
+ * already GPUD_STOP_MAX_STRINGS; nothing changes on error. */
+int gpud_stop_add(struct gpud_stop *st, const char *s, size_t len);
+
+/* Feeds one generated token: eog says whether it ends generation (from
+ * gpud_tokenizer_is_eog), text/len is its decoded text (from
+ * gpud_detok_push; pass len 0 for an EOG token). Writes to out the text
+ * that may now be shown and sets *out_len. cap must be at least
+ * len + GPUD_STOP_MAX_LEN; otherwise -EINVAL and nothing changes.
+ * Returns the reason to stop, or GPUD_STOP_NONE. On GPUD_STOP_STRING the
+ * text before the stop string is released and the stop string and what
+ * follows it are dropped; on EOG or max tokens every held byte is
+ * released. After a stop reason, further pushes return it again and
+ * release nothing. */
+int gpud_stop_push(struct gpud_stop *st, bool eog, const char *text, size_t len,
+		   char *out, size_t cap, size_t *out_len);
+
+#endif

@@ -1,0 +1,498 @@
+/* sampler_test.c - sampling transforms, seeding, penalties and stop
+ * conditions (gpud/sampler.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "gpud/sampler.h"
+
+static struct gpud_sampler *mk(int32_t n_vocab, const struct gpud_sampler_params *p)
+{
+	struct gpud_sampler *s = NULL;
+	char err[128];
+	assert_int_equal(gpud_sampler_create(&s, n_vocab, p, err, sizeof(err)), 0);
+	assert_non_null(s);
+	return s;
+}
+
+static void params(struct gpud_sampler_params *p, float temp, uint64_t seed)
+{
+	gpud_sampler_params_default(p);
+	p->temperature = temp;
+	p->seed = seed;
+}
+
+static void rand_logits(float *l, int n, unsigned seed)
+{
+	srand(seed);
+	for (int i = 0; i < n; i++)
+		l[i] = (float)rand() / RAND_MAX * 10.0f - 5.0f;
+}
+
+static int argmax(const float *l, int n)
+{
+	int b = 0;
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return b;
+}
+
+static void test_greedy(void **state)
+{
+	(void)state;
+	struct gpud_sampler_params p;
+	float l[1000];
+	params(&p, 0.0f, 1);
+	struct gpud_sampler *s = mk(1000, &p);
+
+	for (unsigned t = 0; t < 50; t++) {
+		rand_logits(l, 1000, t);
+		assert_int_equal(gpud_sampler_sample(s, l), argmax(l, 1000));
+	}
+	/* ties: the lowest id */
+	for (int i = 0; i < 1000; i++)
+		l[i] = 1.0f;
+	l[17] = 3.0f;
+	l[400] = 3.0f;
+	assert_int_equal(gpud_sampler_sample(s, l), 17);
+	/* NaN and -inf are skipped; all invalid is an error */
+	for (int i = 0; i < 1000; i++)
+		l[i] = NAN;
+	l[999] = -INFINITY;
+	assert_int_equal(gpud_sampler_sample(s, l), -EINVAL);
+	l[5] = -1e30f;
+	assert_int_equal(gpud_sampler_sample(s, l), 5);
+	/* logits are not modified */
+	rand_logits(l, 1000, 99);
+	float copy[1000];
+	memcpy(copy, l, sizeof(l));
+	p.temperature = 1.0f;
+	p.top_k = 10;
+	p.top_p = 0.5f;
+	p.min_p = 0.1f;
+	assert_int_equal(gpud_sampler_reset(s, &p, NULL, 0), 0);
+	(void)gpud_sampler_sample(s, l);
+	assert_memory_equal(copy, l, sizeof(l));
+	gpud_sampler_free(s);
+}
+
+static void test_top_k1_is_greedy(void **state)
+{
+	(void)state;
+	struct gpud_sampler_params p;
+	float l[512];
+	params(&p, 1.3f, 42);
+	p.top_k = 1;
+	struct gpud_sampler *s = mk(512, &p);
+	for (unsigned t = 0; t < 200; t++) {
+		rand_logits(l, 512, 1000 + t);
+		assert_int_equal(gpud_sampler_sample(s, l), argmax(l, 512));
+	}
+	gpud_sampler_free(s);
+}
+
+/* Frequencies of temperature sampling follow softmax(l / T). */
+static void test_temperature_frequencies(void **state)
+{
+	(void)state;
+	const int n = 8, draws = 200000;
+	const float T = 0.7f;
+	float l[8] = { 1.0f, 0.5f, 2.0f, -1.0f, 0.0f, 1.5f, -3.0f, 0.2f };
+	double p[8], sum = 0;
+	int cnt[8] = { 0 };
+	struct gpud_sampler_params prm;
+	params(&prm, T, 123);
+	struct gpud_sampler *s = mk(n, &prm);
+
+	for (int i = 0; i < n; i++)
+		sum += p[i] = exp(l[i] / T);
+	for (int i = 0; i < draws; i++) {
+		int32_t id = gpud_sampler_sample(s, l);
+		assert_true(id >= 0 && id < n);
+		cnt[id]++;
+	}
+	for (int i = 0; i < n; i++) {
+		double want = p[i] / sum, got = (double)cnt[i] / draws;
+		double sigma = sqrt(want * (1 - want) / draws);
+		/* 5 sigma: a correct sampler fails this about once in 10^6 runs */
+		assert_true(fabs(got - want) < 5 * sigma + 1e-4);
+	}
+	/* a higher temperature flattens: the top token is drawn less often */
+	int top_hot = 0;
+	prm.temperature = 3.0f;
+	assert_int_equal(gpud_sampler_reset(s, &prm, NULL, 0), 0);
+	for (int i = 0; i < 20000; i++)
+		top_hot += gpud_sampler_sample(s, l) == 2;
+	assert_true((double)top_hot / 20000 < (double)cnt[2] / draws - 0.1);
+	gpud_sampler_free(s);
+}
+
+static void test_top_k(void **state)
+{
+	(void)state;
+	float l[100];
+	int seen[100] = { 0 };
+	struct gpud_sampler_params p;
+	params(&p, 5.0f, 9); /* hot: everything would show up without top-k */
+	p.top_k = 3;
+	struct gpud_sampler *s = mk(100, &p);
+	for (int i = 0; i < 100; i++)
+		l[i] = (float)((i * 37) % 100) / 10.0f; /* a permutation of 0..9.9 */
+	/* the three best: values 9.9, 9.8, 9.7 */
+	for (int t = 0; t < 3000; t++)
+		seen[gpud_sampler_sample(s, l)]++;
+	int n_seen = 0;
+	for (int i = 0; i < 100; i++) {
+		if (seen[i]) {
+			n_seen++;
+			assert_true(l[i] >= 9.65f);
+		}
+	}
+	assert_int_equal(n_seen, 3);
+	gpud_sampler_free(s);
+}
+
+static void test_top_p(void **state)
+{
+	(void)state;
+	/* probabilities 0.5, 0.3, 0.15, 0.05 (at T = 1) */
+	float l[4] = { logf(0.15f), logf(0.5f), logf(0.05f), logf(0.3f) };
+	int seen[4] = { 0 };
+	struct gpud_sampler_params p;
+	params(&p, 1.0f, 5);
+	p.top_p = 0.75f; /* 0.5 + 0.3 >= 0.75: keeps ids 1 and 3 */
+	struct gpud_sampler *s = mk(4, &p);
+	for (int t = 0; t < 5000; t++)
+		seen[gpud_sampler_sample(s, l)]++;
+	assert_int_equal(seen[0], 0);
+	assert_int_equal(seen[2], 0);
+	assert_true(seen[1] > 0 && seen[3] > 0);
+	/* renormalized: 0.5/0.8 = 0.625 */
+	assert_true(fabs(seen[1] / 5000.0 - 0.625) < 0.05);
+	/* top_p smaller than the best token's mass: greedy */
+	p.top_p = 0.1f;
+	assert_int_equal(gpud_sampler_reset(s, &p, NULL, 0), 0);
+	for (int t = 0; t < 100; t++)
+		assert_int_equal(gpud_sampler_sample(s, l), 1);
+	gpud_sampler_free(s);
+
+	/* a large flat-ish vocabulary needs the widening sort: every token
+	 * drawn lies in the nucleus computed by brute force */
+	enum { N = 5000 };
+	static float big[N];
+	static double pr[N];
+	static int order[N];
+	rand_logits(big, N, 77);
+	double sum = 0;
+	for (int i = 0; i < N; i++) {
+		sum += pr[i] = exp(big[i]);
+		order[i] = i;
+	}
+	/* selection sort would be slow; bubble the order by insertion on
+	 * probabilities (N is small enough for a test) */
+	for (int i = 1; i < N; i++) {
+		int v = order[i], j = i;
+		while (j > 0 && pr[order[j - 1]] < pr[v]) {
+			order[j] = order[j - 1];
+			j--;
+		}
+		order[j] = v;
+	}
+	static bool in_nucleus[N];
+	double acc = 0;
+	int n_nuc = 0;
+	for (int i = 0; i < N; i++) {
+		in_nucleus[order[i]] = true;
+		n_nuc++;
+		acc += pr[order[i]];
+		if (acc >= 0.9 * sum)
+			break;
+	}
+	assert_true(n_nuc > 256); /* beyond the first widening steps */
+	p.top_p = 0.9f;
+	s = mk(N, &p);
+	for (int t = 0; t < 2000; t++)
+		assert_true(in_nucleus[gpud_sampler_sample(s, big)]);
+	gpud_sampler_free(s);
+}
+
+static void test_min_p(void **state)
+{
+	(void)state;
+	/* relative to the best (p = 0.4): min_p 0.3 drops p < 0.12 */
+	float l[5] = { logf(0.4f), logf(0.1f), logf(0.2f), logf(0.13f), logf(0.17f) };
+	int seen[5] = { 0 };
+	struct gpud_sampler_params p;
+	params(&p, 1.0f, 77);
+	p.min_p = 0.3f;
+	struct gpud_sampler *s = mk(5, &p);
+	for (int t = 0; t < 5000; t++)
+		seen[gpud_sampler_sample(s, l)]++;
+	assert_int_equal(seen[1], 0);
+	for (int i = 0; i < 5; i++)
+		if (i != 1)
+			assert_true(seen[i] > 0);
+	gpud_sampler_free(s);
+}
+
+static void test_seed(void **state)
+{
+	(void)state;
+	float l[300];
+	int32_t a[100], b[100], c[100];
+	struct gpud_sampler_params p;
+	params(&p, 1.0f, 2024);
+	p.top_k = 50;
+	p.top_p = 0.95f;
+	struct gpud_sampler *s1 = mk(300, &p), *s2 = mk(300, &p);
+	for (int t = 0; t < 100; t++) {
+		rand_logits(l, 300, 5000 + t);
+		a[t] = gpud_sampler_sample(s1, l);
+		b[t] = gpud_sampler_sample(s2, l);
+	}
+	assert_memory_equal(a, b, sizeof(a));
+	/* reset with the same seed replays; another seed differs */
+	assert_int_equal(gpud_sampler_reset(s1, &p, NULL, 0), 0);
+	for (int t = 0; t < 100; t++) {
+		rand_logits(l, 300, 5000 + t);
+		c[t] = gpud_sampler_sample(s1, l);
+	}
+	assert_memory_equal(a, c, sizeof(a));
+	p.seed = 2025;
+	assert_int_equal(gpud_sampler_reset(s1, &p, NULL, 0), 0);
+	int diff = 0;
+	for (int t = 0; t < 100; t++) {
+		rand_logits(l, 300, 5000 + t);
+		diff += gpud_sampler_sample(s1, l) != a[t];
+	}
+	assert_true(diff > 10);
+	/* raw PRNG: reproducible from the seed */
+	assert_int_equal(gpud_sampler_reset(s1, &p, NULL, 0), 0);
+	assert_int_equal(gpud_sampler_reset(s2, &p, NULL, 0), 0);
+	uint64_t x = gpud_sampler_next_u64(s1);
+	assert_true(x == gpud_sampler_next_u64(s2));
+	assert_true(x != gpud_sampler_next_u64(s1));
+	gpud_sampler_free(s1);
+	gpud_sampler_free(s2);
+}
+
+static void test_penalties(void **state)
+{
+	(void)state;
+	float l[4] = { 2.0f, 1.9f, -1.0f, 0.0f };
+	struct gpud_sampler_params p;
+	params(&p, 0.0f, 0);
+	p.penalty_last_n = 2;
+	p.repeat_penalty = 1.1f; /* 2.0 / 1.1 < 1.9 */
+	struct gpud_sampler *s = mk(4, &p);
+	assert_int_equal(gpud_sampler_sample(s, l), 0);
+	gpud_sampler_accept(s, 0);
+	assert_int_equal(gpud_sampler_sample(s, l), 1);
+	/* token 0 leaves the 2-token window */
+	gpud_sampler_accept(s, 3);
+	gpud_sampler_accept(s, 3);
+	assert_int_equal(gpud_sampler_sample(s, l), 0);
+	/* frequency penalty counts occurrences */
+	p.repeat_penalty = 1.0f;
+	p.frequency_penalty = 0.06f;
+	p.penalty_last_n = 8;
+	assert_int_equal(gpud_sampler_reset(s, &p, NULL, 0), 0);
+	gpud_sampler_accept(s, 0);
+	assert_int_equal(gpud_sampler_sample(s, l), 0); /* 2.0 - 0.06 > 1.9 */
+	gpud_sampler_accept(s, 0);
+	assert_int_equal(gpud_sampler_sample(s, l), 1); /* 2.0 - 0.12 < 1.9 */
+	/* presence penalty applies once */
+	p.frequency_penalty = 0.0f;
+	p.presence_penalty = 0.05f;
+	assert_int_equal(gpud_sampler_reset(s, &p, NULL, 0), 0);
+	for (int i = 0; i < 5; i++)
+		gpud_sampler_accept(s, 0);
+	assert_int_equal(gpud_sampler_sample(s, l), 0);
+	/* negative logits are multiplied by the repeat penalty */
+	float neg[2] = { -1.0f, -1.05f };
+	p.presence_penalty = 0.0f;
+	p.repeat_penalty = 1.1f;
+	gpud_sampler_free(s);
+	s = mk(2, &p);
+	gpud_sampler_accept(s, 0);
+	gpud_sampler_accept(s, 99); /* out of range: ignored */
+	gpud_sampler_accept(s, -1);
+	assert_int_equal(gpud_sampler_sample(s, neg), 1);
+	gpud_sampler_free(s);
+}
+
+static void test_params_errors(void **state)
+{
+	(void)state;
+	struct gpud_sampler_params p;
+	struct gpud_sampler *s = (void *)1;
+	char err[128];
+
+	params(&p, 1.0f, 0);
+	assert_int_equal(gpud_sampler_create(&s, 0, &p, err, sizeof(err)), -EINVAL);
+	assert_null(s);
+	p.temperature = NAN;
+	assert_int_equal(gpud_sampler_create(&s, 10, &p, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "temperature"));
+	params(&p, 1.0f, 0);
+	p.top_p = 0.0f;
+	assert_int_equal(gpud_sampler_params_check(&p, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "top_p"));
+	params(&p, 1.0f, 0);
+	p.min_p = 1.5f;
+	assert_int_equal(gpud_sampler_params_check(&p, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "min_p"));
+	params(&p, 1.0f, 0);
+	p.penalty_last_n = GPUD_SAMPLER_MAX_PENALTY_LAST_N + 1;
+	assert_int_equal(gpud_sampler_params_check(&p, err, sizeof(err)), -EINVAL);
+	params(&p, 1.0f, 0);
+	p.repeat_penalty = 0.0f;
+	assert_int_equal(gpud_sampler_params_check(&p, err, sizeof(err)), -EINVAL);
+	params(&p, 1.0f, 0);
+	p.top_p = 2.0f; /* >= 1 is "off" */
+	assert_int_equal(gpud_sampler_params_check(&p, err, sizeof(err)), 0);
+	/* a failed reset changes nothing */
+	params(&p, 0.0f, 0);
+	s = mk(3, &p);
+	float l[3] = { 0, 5, 1 };
+	p.min_p = -1;
+	assert_int_equal(gpud_sampler_reset(s, &p, err, sizeof(err)), -EINVAL);
+	assert_int_equal(gpud_sampler_sample(s, l), 1);
+	gpud_sampler_free(s);
+	gpud_sampler_free(NULL);
+}
+
+/* Pushes tokens and collects the released text. */
+static int push_all(struct gpud_stop *st, const char *const *toks, int n, char *text,
+		    size_t *text_len, int *at)
+{
+	char out[256];
+	size_t ol;
+	*text_len = 0;
+	for (int i = 0; i < n; i++) {
+		int r = gpud_stop_push(st, false, toks[i], strlen(toks[i]), out, sizeof(out), &ol);
+		assert_true(r >= 0);
+		memcpy(text + *text_len, out, ol);
+		*text_len += ol;
+		if (r != GPUD_STOP_NONE) {
+			*at = i;
+			return r;
+		}
+	}
+	*at = n;
+	return GPUD_STOP_NONE;
+}
+
+static void test_stop_strings(void **state)
+{
+	(void)state;
+	struct gpud_stop st;
+	char text[256];
+	size_t tl;
+	int at;
+
+	/* "\n\nUser:" split over four tokens; the text before it is kept,
+	 * the partial prefix is never released early */
+	const char *t1[] = { "Hello", " wor", "ld\n", "\nUs", "er:", " more" };
+	gpud_stop_init(&st, 0);
+	assert_int_equal(gpud_stop_add(&st, "\n\nUser:", 7), 0);
+	assert_int_equal(push_all(&st, t1, 6, text, &tl, &at), GPUD_STOP_STRING);
+	assert_int_equal(at, 4);
+	assert_int_equal(tl, 11);
+	assert_memory_equal(text, "Hello world", 11);
+	assert_int_equal(st.matched, 0);
+	/* after the stop, pushes keep returning it */
+	char out[128];
+	size_t ol = 99;
+	assert_int_equal(gpud_stop_push(&st, false, "x", 1, out, sizeof(out), &ol),
+			 GPUD_STOP_STRING);
+	assert_int_equal(ol, 0);
+
+	/* held text that turns out not to be a stop string is released */
+	const char *t2[] = { "a\n", "\nUse", "d it", "!" };
+	gpud_stop_init(&st, 0);
+	assert_int_equal(gpud_stop_add(&st, "\n\nUser:", 7), 0);
+	char out2[128];
+	assert_int_equal(gpud_stop_push(&st, false, t2[0], 2, out2, sizeof(out2), &ol), 0);
+	assert_int_equal(ol, 1); /* "\n" held */
+	assert_int_equal(gpud_stop_push(&st, false, t2[1], 4, out2, sizeof(out2), &ol), 0);
+	assert_int_equal(ol, 0); /* "\n\nUse" held */
+	assert_int_equal(gpud_stop_push(&st, false, t2[2], 4, out2, sizeof(out2), &ol), 0);
+	assert_int_equal(ol, 9);
+	assert_memory_equal(out2, "\n\nUsed it", 9);
+
+	/* the earliest of several stop strings wins, inside one token */
+	const char *t3[] = { "xx", "yENDzSTOP" };
+	gpud_stop_init(&st, 0);
+	assert_int_equal(gpud_stop_add(&st, "STOP", 4), 0);
+	assert_int_equal(gpud_stop_add(&st, "END", 3), 0);
+	assert_int_equal(push_all(&st, t3, 2, text, &tl, &at), GPUD_STOP_STRING);
+	assert_int_equal(tl, 3);
+	assert_memory_equal(text, "xxy", 3);
+	assert_int_equal(st.matched, 1);
+
+	/* EOG releases held text; the EOG token adds none */
+	gpud_stop_init(&st, 0);
+	assert_int_equal(gpud_stop_add(&st, "###", 3), 0);
+	assert_int_equal(gpud_stop_push(&st, false, "ok#", 3, out, sizeof(out), &ol), 0);
+	assert_int_equal(ol, 2);
+	assert_int_equal(gpud_stop_push(&st, true, NULL, 0, out, sizeof(out), &ol), GPUD_STOP_EOG);
+	assert_int_equal(ol, 1);
+	assert_int_equal(out[0], '#');
+
+	/* max tokens */
+	gpud_stop_init(&st, 3);
+	const char *t4[] = { "a", "b", "c", "d" };
+	assert_int_equal(push_all(&st, t4, 4, text, &tl, &at), GPUD_STOP_MAX_TOKENS);
+	assert_int_equal(at, 2);
+	assert_int_equal(tl, 3);
+	assert_int_equal(st.n_tokens, 3);
+
+	/* argument errors */
+	gpud_stop_init(&st, 0);
+	assert_int_equal(gpud_stop_add(&st, "", 0), -EINVAL);
+	char longs[GPUD_STOP_MAX_LEN + 1];
+	memset(longs, 'a', sizeof(longs));
+	assert_int_equal(gpud_stop_add(&st, longs, sizeof(longs)), SW_ETOOLONG);
+	assert_int_equal(gpud_stop_add(&st, longs, GPUD_STOP_MAX_LEN), 0);
+	for (int i = 1; i < GPUD_STOP_MAX_STRINGS; i++)
+		assert_int_equal(gpud_stop_add(&st, "z", 1), 0);
+	assert_int_equal(gpud_stop_add(&st, "z", 1), SW_ETOOLONG);
+	assert_int_equal(st.n_strings, GPUD_STOP_MAX_STRINGS);
+	assert_int_equal(gpud_stop_push(&st, false, "abc", 3, out, 3 + GPUD_STOP_MAX_LEN - 1, &ol),
+			 -EINVAL);
+	assert_int_equal(st.n_tokens, 0);
+	/* the 64-byte stop string, spread over 64 one-byte tokens */
+	int r = 0;
+	for (int i = 0; i < GPUD_STOP_MAX_LEN && r == 0; i++)
+		r = gpud_stop_push(&st, false, "a", 1, out, sizeof(out), &ol);
+	assert_int_equal(r, GPUD_STOP_STRING);
+	assert_int_equal(st.n_tokens, GPUD_STOP_MAX_LEN);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_greedy),
+		cmocka_unit_test(test_top_k1_is_greedy),
+		cmocka_unit_test(test_temperature_frequencies),
+		cmocka_unit_test(test_top_k),
+		cmocka_unit_test(test_top_p),
+		cmocka_unit_test(test_min_p),
+		cmocka_unit_test(test_seed),
+		cmocka_unit_test(test_penalties),
+		cmocka_unit_test(test_params_errors),
+		cmocka_unit_test(test_stop_strings),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
