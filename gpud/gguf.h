@@ -4,7 +4,9 @@
  * magic, version, counts, every string and array length, value types,
  * alignment, tensor types, shapes, offsets and sizes against the file size.
  * Any bad byte yields SW_EFORMAT (or SW_EUNSUPPORTED for a well-formed but
- * unsupported type) and a message naming the field and its file offset.
+ * unsupported type, SW_EVERSION for a version other than 2 or 3) and a
+ * message naming the file, the field and its byte offset. GGUF v2 (same
+ * layout, u64 counts) is read too; v1 is rejected.
  * After a successful open every accessor is bounds-safe.
  *
  * Ownership: the reader owns the mapping; every pointer it returns (strings,
@@ -61,6 +63,11 @@ const char *gpud_type_name(enum gpud_type t); /* "q8_0"; "?" when unknown */
 int gpud_type_parse(const char *s);
 /* Bytes of one row of n elements (n must be a multiple of the block). */
 size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
+/* True for the five types the engine runs. gpud_type_name() also names the
+ * other ggml types ("q4_k"), so messages can say what a file holds. */
+bool gpud_type_supported(enum gpud_type t);
+/* "u32", "string", ...; "?" when unknown. */
+const char *gpud_gguf_vtype_name(enum gpud_gguf_vtype t);
 
 struct gpud_gguf_str {
 	const char *s; /* not NUL-terminated */
@@ -95,6 +102,14 @@ uint32_t gpud_gguf_version(const struct gpud_gguf *g);
 uint64_t gpud_gguf_n_kv(const struct gpud_gguf *g);
 uint64_t gpud_gguf_n_tensors(const struct gpud_gguf *g);
 uint32_t gpud_gguf_alignment(const struct gpud_gguf *g);
+/* File offset of the data section (tensor offsets are relative to it). */
+uint64_t gpud_gguf_data_offset(const struct gpud_gguf *g);
+
+/* Key i (0 <= i < n_kv) in file order, NUL-terminated and owned by the
+ * reader; NULL when i is out of range. Used to walk all metadata. */
+const char *gpud_gguf_key(const struct gpud_gguf *g, uint64_t i);
+/* Value type of key: 0, or SW_ENOTFOUND. */
+int gpud_gguf_key_type(const struct gpud_gguf *g, const char *key, enum gpud_gguf_vtype *type);
 
 /* Metadata lookup by key. Each getter returns 0, SW_ENOTFOUND when the key
  * is absent, or SW_ETYPE when the value has another type (integer getters
@@ -110,15 +125,23 @@ int gpud_gguf_get_str(const struct gpud_gguf *g, const char *key, struct gpud_gg
 /* Arrays. gpud_gguf_get_arr() gives the element type and count; numeric
  * elements are read with gpud_gguf_arr_{i32,f32}() (which convert and check
  * the index), strings with gpud_gguf_arr_str(), which is O(1): the reader
- * indexes string arrays at open. */
+ * indexes string arrays at open. Element getters return 0, SW_ENOTFOUND
+ * (no such key), SW_ETYPE (not an array, or an element of another type or
+ * out of the target's range) or -ERANGE (i >= n). Keys are found by binary
+ * search, O(log n_kv). */
 int gpud_gguf_get_arr(const struct gpud_gguf *g, const char *key,
 		      enum gpud_gguf_vtype *elem_type, uint64_t *n);
 int gpud_gguf_arr_i32(const struct gpud_gguf *g, const char *key, uint64_t i, int32_t *out);
 int gpud_gguf_arr_f32(const struct gpud_gguf *g, const char *key, uint64_t i, float *out);
 int gpud_gguf_arr_str(const struct gpud_gguf *g, const char *key, uint64_t i,
 		      struct gpud_gguf_str *out);
+/* Raw elements of a numeric array, in the file's little-endian layout and
+ * possibly unaligned (read them with memcpy). SW_ETYPE for string arrays. */
+int gpud_gguf_arr_data(const struct gpud_gguf *g, const char *key,
+		       enum gpud_gguf_vtype *elem_type, const void **data, uint64_t *n);
 
-/* Tensors: NULL when absent. */
+/* Tensors: NULL when absent. gpud_gguf_tensor() is in file order;
+ * gpud_gguf_find_tensor() is a binary search over the names. */
 const struct gpud_gguf_tensor *gpud_gguf_tensor(const struct gpud_gguf *g, uint64_t i);
 const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, const char *name);
 
