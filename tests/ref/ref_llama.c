@@ -1,0 +1,563 @@
+/* ref_llama.c - the double-precision reference Llama (see ref_llama.h).
+ *
+ * Everything is a plain loop over doubles. Weight matrices are stored
+ * dequantized as W[r * cols + c] (row r = output element r).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "gpud/gguf.h"
+#include "tests/ref/ref_llama.h"
+
+struct ref_mat {
+	uint64_t rows, cols;
+	double *w; /* (rows, cols) */
+};
+
+struct ref_layer {
+	double *attn_norm; /* (dim) */
+	struct ref_mat wq, wk, wv, wo;
+	double *ffn_norm;  /* (dim) */
+	struct ref_mat gate, up, down;
+};
+
+struct ref_llama {
+	struct ref_llama_info info;
+	struct ref_mat embd;   /* (n_vocab, dim) */
+	struct ref_layer *layers;
+	double *out_norm;      /* (dim) */
+	struct ref_mat output; /* (n_vocab, dim); a copy of embd when tied */
+	double *inv_freq;      /* (head_dim / 2) */
+};
+
+/* --- the reference's own decoders (ggml block formats) ----------------- */
+
+static uint16_t rd16(const uint8_t *p)
+{
+	return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static double half_to_double(uint16_t h)
+{
+	int sign = h >> 15, e = (h >> 10) & 31, mant = h & 1023;
+	double v;
+
+	if (e == 0)
+		v = ldexp(mant, -24); /* subnormal */
+	else if (e == 31)
+		v = mant ? NAN : INFINITY;
+	else
+		v = ldexp(mant + 1024, e - 25);
+	return sign ? -v : v;
+}
+
+static double bf16_to_double(uint16_t h)
+{
+	uint32_t bits = (uint32_t)h << 16;
+	float f;
+	memcpy(&f, &bits, sizeof(f));
+	return f;
+}
+
+int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
+{
+	const uint8_t *p = src;
+	uint64_t i, b;
+
+	switch (type) {
+	case 0: /* F32 */
+		for (i = 0; i < n; i++) {
+			float f;
+			memcpy(&f, p + 4 * i, 4);
+			dst[i] = f;
+		}
+		return 0;
+	case 1: /* F16 */
+		for (i = 0; i < n; i++)
+			dst[i] = half_to_double(rd16(p + 2 * i));
+		return 0;
+	case 30: /* BF16 */
+		for (i = 0; i < n; i++)
+			dst[i] = bf16_to_double(rd16(p + 2 * i));
+		return 0;
+	case 8: /* Q8_0: f16 d, int8 q[32] */
+		for (b = 0; b < n / 32; b++) {
+			const uint8_t *blk = p + 34 * b;
+			double d = half_to_double(rd16(blk));
+			for (i = 0; i < 32; i++)
+				dst[32 * b + i] = d * (int8_t)blk[2 + i];
+		}
+		return 0;
+	case 2: /* Q4_0: f16 d, 16 bytes: low nibbles weights 0..15, high 16..31 */
+		for (b = 0; b < n / 32; b++) {
+			const uint8_t *blk = p + 18 * b;
+			double d = half_to_double(rd16(blk));
+			for (i = 0; i < 16; i++) {
+				dst[32 * b + i] = d * ((blk[2 + i] & 15) - 8);
+				dst[32 * b + 16 + i] = d * ((blk[2 + i] >> 4) - 8);
+			}
+		}
+		return 0;
+	}
+	return -EINVAL;
+}
+
+static uint64_t row_bytes(int type, uint64_t n)
+{
+	switch (type) {
+	case 0: return 4 * n;
+	case 1: case 30: return 2 * n;
+	case 8: return n / 32 * 34;
+	case 2: return n / 32 * 18;
+	}
+	return 0;
+}
+
+/* --- loading ---------------------------------------------------------- */
+
+static int load_mat(const struct gpud_gguf *g, const char *name, uint64_t rows, uint64_t cols,
+		    struct ref_mat *m, char *err, size_t errlen)
+{
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, name);
+	const uint8_t *p;
+	uint64_t r, rb;
+
+	if (!t)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "ref: tensor %s missing", name);
+	if (t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "ref: tensor %s is [%llu, %llu], expected [%llu, %llu]", name,
+				 (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+				 (unsigned long long)cols, (unsigned long long)rows);
+	rb = row_bytes((int)t->type, cols);
+	if (!rb || rb * rows > t->nbytes)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: tensor %s: type %d", name,
+				 (int)t->type);
+	m->rows = rows;
+	m->cols = cols;
+	m->w = malloc(rows * cols * sizeof(double));
+	if (!m->w)
+		return -ENOMEM;
+	p = t->data;
+	for (r = 0; r < rows; r++)
+		ref_dequant_row((int)t->type, p + r * rb, cols, m->w + r * cols);
+	return 0;
+}
+
+static int load_vec(const struct gpud_gguf *g, const char *name, uint64_t n, double **out,
+		    char *err, size_t errlen)
+{
+	struct ref_mat m;
+	int rc = load_mat(g, name, 1, n, &m, err, errlen);
+	*out = m.w;
+	if (rc)
+		*out = NULL;
+	return rc;
+}
+
+static int meta_u32(const struct gpud_gguf *g, const char *key, uint32_t *v, bool required,
+		    char *err, size_t errlen)
+{
+	int rc = gpud_gguf_get_u32(g, key, v);
+	if (rc == SW_ENOTFOUND && !required)
+		return 0;
+	if (rc)
+		return sw_seterr(err, errlen, rc, "ref: %s: %s", key, sw_strerror(rc));
+	return 0;
+}
+
+static int meta_f64(const struct gpud_gguf *g, const char *key, double *v, char *err,
+		    size_t errlen)
+{
+	float f;
+	int rc = gpud_gguf_get_f32(g, key, &f);
+	if (rc == SW_ENOTFOUND)
+		return 0;
+	if (rc)
+		return sw_seterr(err, errlen, rc, "ref: %s: %s", key, sw_strerror(rc));
+	*v = f;
+	return 0;
+}
+
+/* RoPE frequencies: base^(-2i/d), divided per pair by the Llama 3 factor
+ * (from rope_freqs.weight, or computed from llama.rope.scaling.*). */
+static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, char *err, size_t errlen)
+{
+	struct ref_llama_info *in = &m->info;
+	uint32_t half = in->head_dim / 2, i;
+	struct gpud_gguf_str type;
+	double *factors = NULL;
+	int rc;
+
+	m->inv_freq = calloc(half, sizeof(double));
+	if (!m->inv_freq)
+		return -ENOMEM;
+	if (gpud_gguf_find_tensor(g, "rope_freqs.weight")) {
+		rc = load_vec(g, "rope_freqs.weight", half, &factors, err, errlen);
+		if (rc)
+			return rc;
+	} else if (gpud_gguf_get_str(g, "llama.rope.scaling.type", &type) == 0 &&
+		   !(type.len == 4 && !memcmp(type.s, "none", 4))) {
+		double factor = 8, lo = 1, hi = 4, orig = 8192;
+		uint32_t orig_u = 0;
+
+		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
+			return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: rope scaling type");
+		if ((rc = meta_f64(g, "llama.rope.scaling.factor", &factor, err, errlen)) ||
+		    (rc = meta_f64(g, "llama.rope.scaling.low_freq_factor", &lo, err, errlen)) ||
+		    (rc = meta_f64(g, "llama.rope.scaling.high_freq_factor", &hi, err, errlen)) ||
+		    (rc = meta_u32(g, "llama.rope.scaling.original_context_length", &orig_u,
+				   false, err, errlen)))
+			return rc;
+		if (orig_u)
+			orig = orig_u;
+		factors = calloc(half, sizeof(double));
+		if (!factors)
+			return -ENOMEM;
+		for (i = 0; i < half; i++) {
+			/* Llama 3: keep short wavelengths, divide long ones by
+			 * factor, interpolate in between */
+			double f = pow(in->rope_base, -2.0 * i / in->head_dim);
+			double wavelen = 2 * M_PI / f, nf;
+			if (wavelen < orig / hi) {
+				nf = f;
+			} else if (wavelen > orig / lo) {
+				nf = f / factor;
+			} else {
+				double s = (orig / wavelen - lo) / (hi - lo);
+				nf = (1 - s) * f / factor + s * f;
+			}
+			factors[i] = f / nf;
+		}
+	}
+	for (i = 0; i < half; i++) {
+		m->inv_freq[i] = pow(in->rope_base, -2.0 * i / in->head_dim);
+		if (factors)
+			m->inv_freq[i] /= factors[i];
+	}
+	in->rope_scaled = factors != NULL;
+	free(factors);
+	return 0;
+}
+
+static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, size_t errlen)
+{
+	struct ref_llama_info *in = &m->info;
+	const struct gpud_gguf_tensor *emb;
+	struct gpud_gguf_str arch;
+	char name[96];
+	uint64_t qd, kvd;
+	int rc;
+
+	if (gpud_gguf_get_str(g, "general.architecture", &arch) ||
+	    !(arch.len == 5 && !memcmp(arch.s, "llama", 5)))
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: not a llama model");
+	in->norm_eps = 1e-5;
+	in->rope_base = 10000;
+	if ((rc = meta_u32(g, "llama.embedding_length", &in->dim, true, err, errlen)) ||
+	    (rc = meta_u32(g, "llama.block_count", &in->n_layers, true, err, errlen)) ||
+	    (rc = meta_u32(g, "llama.feed_forward_length", &in->ffn_dim, true, err, errlen)) ||
+	    (rc = meta_u32(g, "llama.attention.head_count", &in->n_heads, true, err, errlen)) ||
+	    (rc = meta_u32(g, "llama.context_length", &in->n_ctx, true, err, errlen)) ||
+	    (rc = meta_f64(g, "llama.attention.layer_norm_rms_epsilon", &in->norm_eps, err,
+			   errlen)) ||
+	    (rc = meta_f64(g, "llama.rope.freq_base", &in->rope_base, err, errlen)))
+		return rc;
+	in->n_kv_heads = in->n_heads;
+	if ((rc = meta_u32(g, "llama.attention.head_count_kv", &in->n_kv_heads, false, err,
+			   errlen)))
+		return rc;
+	if (!in->n_heads || !in->n_kv_heads || in->dim % in->n_heads ||
+	    in->n_heads % in->n_kv_heads)
+		return sw_seterr(err, errlen, SW_EFORMAT, "ref: bad head counts");
+	in->head_dim = in->dim / in->n_heads;
+	emb = gpud_gguf_find_tensor(g, "token_embd.weight");
+	if (!emb)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "ref: token_embd.weight missing");
+	in->n_vocab = (uint32_t)emb->ne[1];
+	qd = (uint64_t)in->n_heads * in->head_dim;
+	kvd = (uint64_t)in->n_kv_heads * in->head_dim;
+
+	if ((rc = load_mat(g, "token_embd.weight", in->n_vocab, in->dim, &m->embd, err, errlen)))
+		return rc;
+	m->layers = calloc(in->n_layers, sizeof(*m->layers));
+	if (!m->layers)
+		return -ENOMEM;
+	for (uint32_t l = 0; l < in->n_layers; l++) {
+		struct ref_layer *L = &m->layers[l];
+#define W(field, suffix, rows, cols)                                                        \
+	do {                                                                                \
+		snprintf(name, sizeof(name), "blk.%u.%s.weight", l, suffix);               \
+		if ((rc = load_mat(g, name, rows, cols, &L->field, err, errlen)))           \
+			return rc;                                                          \
+	} while (0)
+		snprintf(name, sizeof(name), "blk.%u.attn_norm.weight", l);
+		if ((rc = load_vec(g, name, in->dim, &L->attn_norm, err, errlen)))
+			return rc;
+		snprintf(name, sizeof(name), "blk.%u.ffn_norm.weight", l);
+		if ((rc = load_vec(g, name, in->dim, &L->ffn_norm, err, errlen)))
+			return rc;
+		W(wq, "attn_q", qd, in->dim);
+		W(wk, "attn_k", kvd, in->dim);
+		W(wv, "attn_v", kvd, in->dim);
+		W(wo, "attn_output", in->dim, qd);
+		W(gate, "ffn_gate", in->ffn_dim, in->dim);
+		W(up, "ffn_up", in->ffn_dim, in->dim);
+		W(down, "ffn_down", in->dim, in->ffn_dim);
+#undef W
+	}
+	if ((rc = load_vec(g, "output_norm.weight", in->dim, &m->out_norm, err, errlen)))
+		return rc;
+	in->tied_output = gpud_gguf_find_tensor(g, "output.weight") == NULL;
+	if (in->tied_output) {
+		m->output.rows = m->embd.rows;
+		m->output.cols = m->embd.cols;
+		m->output.w = malloc(m->embd.rows * m->embd.cols * sizeof(double));
+		if (!m->output.w)
+			return -ENOMEM;
+		memcpy(m->output.w, m->embd.w, m->embd.rows * m->embd.cols * sizeof(double));
+	} else if ((rc = load_mat(g, "output.weight", in->n_vocab, in->dim, &m->output, err,
+				  errlen))) {
+		return rc;
+	}
+	return load_rope(m, g, err, errlen);
+}
+
+int ref_llama_load(struct ref_llama **out, const char *path, char *err, size_t errlen)
+{
+	struct gpud_gguf *g = NULL;
+	struct ref_llama *m;
+	int rc;
+
+	*out = NULL;
+	rc = gpud_gguf_open(&g, path, err, errlen);
+	if (rc)
+		return rc;
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		gpud_gguf_close(g);
+		return -ENOMEM;
+	}
+	rc = load_all(m, g, err, errlen);
+	gpud_gguf_close(g);
+	if (rc) {
+		ref_llama_free(m);
+		return rc;
+	}
+	*out = m;
+	return 0;
+}
+
+void ref_llama_free(struct ref_llama *m)
+{
+	if (!m)
+		return;
+	if (m->layers) {
+		for (uint32_t l = 0; l < m->info.n_layers; l++) {
+			struct ref_layer *L = &m->layers[l];
+			free(L->attn_norm);
+			free(L->ffn_norm);
+			free(L->wq.w);
+			free(L->wk.w);
+			free(L->wv.w);
+			free(L->wo.w);
+			free(L->gate.w);
+			free(L->up.w);
+			free(L->down.w);
+		}
+	}
+	free(m->layers);
+	free(m->embd.w);
+	free(m->out_norm);
+	free(m->output.w);
+	free(m->inv_freq);
+	free(m);
+}
+
+const struct ref_llama_info *ref_llama_info(const struct ref_llama *m)
+{
+	return &m->info;
+}
+
+/* --- the forward pass ------------------------------------------------- */
+
+void ref_mask_dense(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
+		    bool *vis)
+{
+	uint32_t s = desc ? desc->n_segments : 0, q, k, i, pos = 0;
+	uint32_t *seg = malloc((n ? n : 1) * sizeof(*seg));
+
+	/* seg(p): the segment whose range holds p, G (= S) past the prompt */
+	for (q = 0; q < n; q++)
+		seg[q] = s;
+	for (i = 0; i < s; i++)
+		for (k = 0; k < seg_tokens[i]; k++, pos++)
+			if (pos < n)
+				seg[pos] = i;
+	for (q = 0; q < n; q++) {
+		for (k = 0; k < n; k++) {
+			bool v = false;
+			if (k <= q) {
+				if (!desc || !desc->rows || seg[k] == seg[q]) {
+					v = true;
+				} else {
+					const struct gpud_mask_row *r = &desc->rows[seg[q]];
+					for (i = 0; i < r->n; i++)
+						v |= r->idx[i] == seg[k];
+				}
+			}
+			vis[(size_t)q * n + k] = v;
+		}
+	}
+	free(seg);
+}
+
+static void matvec(const struct ref_mat *m, const double *x, double *y)
+{
+	for (uint64_t r = 0; r < m->rows; r++) {
+		double acc = 0;
+		for (uint64_t c = 0; c < m->cols; c++)
+			acc += m->w[r * m->cols + c] * x[c];
+		y[r] = acc;
+	}
+}
+
+static void rmsnorm(const double *x, const double *w, uint32_t n, double eps, double *y)
+{
+	double ss = 0;
+	for (uint32_t i = 0; i < n; i++)
+		ss += x[i] * x[i];
+	ss = 1.0 / sqrt(ss / n + eps);
+	for (uint32_t i = 0; i < n; i++)
+		y[i] = x[i] * ss * w[i];
+}
+
+/* Rotates the adjacent pairs of each head of vec at position pos. */
+static void rope(const struct ref_llama *m, double *vec, uint32_t n_heads, uint32_t pos)
+{
+	uint32_t hd = m->info.head_dim;
+	for (uint32_t h = 0; h < n_heads; h++) {
+		double *v = vec + (size_t)h * hd;
+		for (uint32_t i = 0; i < hd / 2; i++) {
+			double th = pos * m->inv_freq[i], c = cos(th), s = sin(th);
+			double a = v[2 * i], b = v[2 * i + 1];
+			v[2 * i] = a * c - b * s;
+			v[2 * i + 1] = a * s + b * c;
+		}
+	}
+}
+
+int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t n,
+		      const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+		      double *logits, double *hidden)
+{
+	const struct ref_llama_info *in = &m->info;
+	uint32_t dim = in->dim, hd = in->head_dim, nh = in->n_heads, nkv = in->n_kv_heads;
+	size_t qd = (size_t)nh * hd, kvd = (size_t)nkv * hd;
+	double *x, *xb, *q, *k, *v, *att, *sc, *hb, *hb2, *tmp;
+	bool *vis;
+	int rc = -ENOMEM;
+
+	for (uint32_t t = 0; t < n; t++)
+		if (tokens[t] < 0 || (uint32_t)tokens[t] >= in->n_vocab)
+			return -EINVAL;
+	x = malloc((size_t)n * dim * sizeof(double));
+	xb = malloc((size_t)dim * sizeof(double));
+	q = malloc((size_t)n * qd * sizeof(double));
+	k = malloc((size_t)n * kvd * sizeof(double));
+	v = malloc((size_t)n * kvd * sizeof(double));
+	att = malloc((size_t)n * qd * sizeof(double));
+	sc = malloc((size_t)(n ? n : 1) * sizeof(double));
+	hb = malloc((size_t)in->ffn_dim * sizeof(double));
+	hb2 = malloc((size_t)in->ffn_dim * sizeof(double));
+	tmp = malloc((size_t)dim * sizeof(double));
+	vis = malloc((size_t)n * n + 1);
+	if (!x || !xb || !q || !k || !v || !att || !sc || !hb || !hb2 || !tmp || !vis)
+		goto out_free;
+
+	ref_mask_dense(desc, seg_tokens, n, vis);
+	for (uint32_t t = 0; t < n; t++)
+		memcpy(x + (size_t)t * dim, m->embd.w + (size_t)tokens[t] * dim,
+		       dim * sizeof(double));
+
+	for (uint32_t l = 0; l < in->n_layers; l++) {
+		const struct ref_layer *L = &m->layers[l];
+
+		for (uint32_t t = 0; t < n; t++) {
+			rmsnorm(x + (size_t)t * dim, L->attn_norm, dim, in->norm_eps, xb);
+			matvec(&L->wq, xb, q + t * qd);
+			matvec(&L->wk, xb, k + t * kvd);
+			matvec(&L->wv, xb, v + t * kvd);
+			rope(m, q + t * qd, nh, t);
+			rope(m, k + t * kvd, nkv, t);
+		}
+		for (uint32_t t = 0; t < n; t++) {
+			for (uint32_t h = 0; h < nh; h++) {
+				uint32_t kh = h / (nh / nkv);
+				const double *qv = q + t * qd + (size_t)h * hd;
+				double *o = att + t * qd + (size_t)h * hd, mx = -INFINITY, sum = 0;
+
+				for (uint32_t j = 0; j <= t; j++) {
+					if (!vis[(size_t)t * n + j])
+						continue;
+					double d = 0;
+					for (uint32_t e = 0; e < hd; e++)
+						d += qv[e] * k[j * kvd + (size_t)kh * hd + e];
+					sc[j] = d / sqrt((double)hd);
+					if (sc[j] > mx)
+						mx = sc[j];
+				}
+				for (uint32_t j = 0; j <= t; j++)
+					if (vis[(size_t)t * n + j])
+						sum += sc[j] = exp(sc[j] - mx);
+				memset(o, 0, hd * sizeof(double));
+				for (uint32_t j = 0; j <= t; j++) {
+					if (!vis[(size_t)t * n + j])
+						continue;
+					for (uint32_t e = 0; e < hd; e++)
+						o[e] += sc[j] / sum * v[j * kvd + (size_t)kh * hd + e];
+				}
+			}
+		}
+		for (uint32_t t = 0; t < n; t++) {
+			double *xt = x + (size_t)t * dim;
+
+			matvec(&L->wo, att + t * qd, tmp);
+			for (uint32_t i = 0; i < dim; i++)
+				xt[i] += tmp[i];
+			rmsnorm(xt, L->ffn_norm, dim, in->norm_eps, xb);
+			matvec(&L->gate, xb, hb);
+			matvec(&L->up, xb, hb2);
+			for (uint32_t i = 0; i < in->ffn_dim; i++)
+				hb[i] = hb[i] / (1.0 + exp(-hb[i])) * hb2[i]; /* SiLU(gate) * up */
+			matvec(&L->down, hb, tmp);
+			for (uint32_t i = 0; i < dim; i++)
+				xt[i] += tmp[i];
+		}
+	}
+	for (uint32_t t = 0; t < n; t++) {
+		rmsnorm(x + (size_t)t * dim, m->out_norm, dim, in->norm_eps, xb);
+		if (hidden)
+			memcpy(hidden + (size_t)t * dim, xb, dim * sizeof(double));
+		matvec(&m->output, xb, logits + (size_t)t * in->n_vocab);
+	}
+	rc = 0;
+
+out_free:
+	free(x);
+	free(xb);
+	free(q);
+	free(k);
+	free(v);
+	free(att);
+	free(sc);
+	free(hb);
+	free(hb2);
+	free(tmp);
+	free(vis);
+	return rc;
+}
