@@ -1,0 +1,505 @@
+/* forward.c - the CPU backend: Llama forward pass over a ragged batch.
+ *
+ * One step runs every weight matrix once over all T tokens of the batch
+ * (gpud_matmul), so weights are streamed once per step whatever the number
+ * of sequences. Everything between the matmuls is done per token (norms,
+ * RoPE, KV writes) or per (token, head) (attention) on the thread pool.
+ *
+ * Memory: KV storage for n_blocks blocks and one scratch reservation sized
+ * for max_batch_tokens / max_logits are made in cpu_init; a step only
+ * carves nothing and allocates nothing.
+ */
+#include "gpud/backend/cpu/cpu.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/backend/cpu/threadpool.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+
+struct cpu_ctx {
+	struct gpud_backend_config cfg;
+	const struct gpud_model_hparams *hp;
+	const struct gpud_model_weights *w;
+	struct gpud_tp *tp;
+	int nth;
+	uint32_t q_dim, kv_dim;
+	size_t head_floats;  /* block_tokens * head_dim: one KV head of one block */
+	size_t layer_floats; /* 2 * n_kv_heads * head_floats: K then V */
+	size_t block_floats; /* n_layers * layer_floats */
+	float *kv;           /* (n_blocks, n_layers, 2, n_kv_heads, block_tokens, head_dim) */
+	size_t kv_bytes;
+
+	struct sw_arena arena; /* the one scratch reservation, carved at init */
+	float *x;        /* (T, dim) residual stream */
+	float *xb;       /* (T, dim) normed input / projection output / final hidden */
+	float *q;        /* (T, n_heads*head_dim) */
+	float *k;        /* (T, n_kv_heads*head_dim) */
+	float *v;        /* (T, n_kv_heads*head_dim) */
+	float *att;      /* (T, n_heads*head_dim) attention output */
+	float *hb;       /* (T, ffn_dim) gate, then silu(gate)*up */
+	float *hb2;      /* (T, ffn_dim) up */
+	float *rope_cs;  /* (T, head_dim/2, 2) cos, sin at each token's position */
+	float *xl;       /* (max_logits, dim) final-normed rows that need logits */
+	float *logits;   /* (max_logits, n_vocab) */
+	float *att_tmp;  /* (nth, block_tokens) per-thread scores */
+	uint32_t *tok_seq; /* (T) batch entry of each token */
+	uint32_t *tok_pos; /* (T) position of each token */
+	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
+	void *mm;        /* matmul scratch */
+
+	/* The step being run, read by the workers. */
+	const struct gpud_fwd_batch *b;
+	uint32_t layer;
+	const float *norm_w; /* add_norm: weight, or NULL for add only */
+	bool add;            /* add_norm: x += xb first */
+
+	struct gpud_backend_stats st;
+};
+
+/* --- small vector helpers (plain loops the compiler vectorizes) --------- */
+
+static inline float dot(const float *a, const float *b, uint32_t n)
+{
+	float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		s0 += a[i] * b[i];
+		s1 += a[i + 1] * b[i + 1];
+		s2 += a[i + 2] * b[i + 2];
+		s3 += a[i + 3] * b[i + 3];
+		s4 += a[i + 4] * b[i + 4];
+		s5 += a[i + 5] * b[i + 5];
+		s6 += a[i + 6] * b[i + 6];
+		s7 += a[i + 7] * b[i + 7];
+	}
+	for (; i < n; i++)
+		s0 += a[i] * b[i];
+	return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
+{
+	double ss = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		ss += (double)x[i] * x[i];
+	float scale = (float)(1.0 / sqrt(ss / n + eps));
+	for (uint32_t i = 0; i < n; i++)
+		out[i] = x[i] * scale * w[i];
+}
+
+/* Rotates adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads. */
+static void rope(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim)
+{
+	for (uint32_t h = 0; h < n_heads; h++) {
+		float *v = x + (size_t)h * head_dim;
+		for (uint32_t i = 0; i < head_dim / 2; i++) {
+			float c = cs[2 * i], s = cs[2 * i + 1];
+			float a = v[2 * i], b = v[2 * i + 1];
+			v[2 * i] = a * c - b * s;
+			v[2 * i + 1] = a * s + b * c;
+		}
+	}
+}
+
+/* --- parallel sections --------------------------------------------------- */
+
+/* x[t] += xb[t] (when add), then xb[t] = rmsnorm(x[t]) * norm_w (when set). */
+static void add_norm_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	uint32_t dim = c->hp->dim;
+	long lo, hi;
+
+	gpud_tp_range(c->b->n_tokens, ith, nth, 1, &lo, &hi);
+	for (long t = lo; t < hi; t++) {
+		float *x = c->x + (size_t)t * dim, *xb = c->xb + (size_t)t * dim;
+		if (c->add)
+			for (uint32_t i = 0; i < dim; i++)
+				x[i] += xb[i];
+		if (c->norm_w)
+			rmsnorm(xb, x, c->norm_w, dim, c->hp->norm_eps);
+	}
+}
+
+/* RoPE on q and k of each token, then its k and v into its KV block. */
+static void rope_store_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	const struct gpud_model_hparams *hp = c->hp;
+	uint32_t hd = hp->head_dim, bt = c->cfg.block_tokens;
+	long lo, hi;
+
+	gpud_tp_range(c->b->n_tokens, ith, nth, 1, &lo, &hi);
+	for (long t = lo; t < hi; t++) {
+		const struct gpud_fwd_seq *s = &c->b->seqs[c->tok_seq[t]];
+		const float *cs = c->rope_cs + (size_t)t * hd;
+		uint32_t pos = c->tok_pos[t];
+		float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
+		const float *v = c->v + (size_t)t * c->kv_dim;
+		float *blk = c->kv + (size_t)s->blocks[pos / bt] * c->block_floats +
+			     (size_t)c->layer * c->layer_floats;
+
+		rope(q, cs, hp->n_heads, hd);
+		rope(k, cs, hp->n_kv_heads, hd);
+		for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
+			float *kd = blk + h * c->head_floats + (size_t)(pos % bt) * hd;
+			float *vd = kd + (size_t)hp->n_kv_heads * c->head_floats;
+			memcpy(kd, k + (size_t)h * hd, hd * sizeof(float));
+			memcpy(vd, v + (size_t)h * hd, hd * sizeof(float));
+		}
+	}
+}
+
+/* Attention of one (token, head): online softmax over the visible
+ * positions of the token's own sequence, block by block. */
+static void attend(struct cpu_ctx *c, uint32_t t, uint32_t h, float *scores)
+{
+	const struct gpud_model_hparams *hp = c->hp;
+	const struct gpud_fwd_seq *s = &c->b->seqs[c->tok_seq[t]];
+	const struct gpud_mask *mask = s->mask;
+	uint32_t hd = hp->head_dim, bt = c->cfg.block_tokens;
+	uint32_t kh = h / (hp->n_heads / hp->n_kv_heads), pos = c->tok_pos[t];
+	const float *q = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
+	float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
+	float scale = 1.0f / sqrtf((float)hd), m = -INFINITY, l = 0;
+	unsigned qs = mask ? gpud_mask_seg(mask, pos) : 0;
+
+	memset(out, 0, hd * sizeof(float));
+	for (uint32_t b = 0; b <= pos / bt; b++) {
+		int vis = mask ? gpud_mask_block_vis(mask, qs, b) : 1;
+		const float *kb, *vb;
+		uint32_t n, j;
+		float mb = -INFINITY;
+
+		if (!vis)
+			continue;
+		kb = c->kv + (size_t)s->blocks[b] * c->block_floats +
+		     (size_t)c->layer * c->layer_floats + kh * c->head_floats;
+		vb = kb + (size_t)hp->n_kv_heads * c->head_floats;
+		n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+		for (j = 0; j < n; j++) {
+			if (vis == 2 && !gpud_mask_visible(mask, qs, b * bt + j)) {
+				scores[j] = -INFINITY;
+				continue;
+			}
+			scores[j] = dot(q, kb + (size_t)j * hd, hd) * scale;
+			if (scores[j] > mb)
+				mb = scores[j];
+		}
+		if (mb == -INFINITY)
+			continue;
+		if (mb > m) {
+			float corr = expf(m - mb); /* 0 on the first visible block */
+			l *= corr;
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] *= corr;
+			m = mb;
+		}
+		for (j = 0; j < n; j++) {
+			if (scores[j] == -INFINITY)
+				continue;
+			float p = expf(scores[j] - m);
+			const float *vr = vb + (size_t)j * hd;
+			l += p;
+			for (uint32_t i = 0; i < hd; i++)
+				out[i] += p * vr[i];
+		}
+	}
+	/* l > 0: a token always sees itself. */
+	float inv = 1.0f / l;
+	for (uint32_t i = 0; i < hd; i++)
+		out[i] *= inv;
+}
+
+static void attn_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	uint32_t nh = c->hp->n_heads;
+	float *scores = c->att_tmp + (size_t)ith * c->cfg.block_tokens;
+	long lo, hi;
+
+	gpud_tp_range((long)c->b->n_tokens * nh, ith, nth, 1, &lo, &hi);
+	for (long i = lo; i < hi; i++)
+		attend(c, (uint32_t)(i / nh), (uint32_t)(i % nh), scores);
+}
+
+static void swiglu_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	long lo, hi;
+
+	gpud_tp_range((long)c->b->n_tokens * c->hp->ffn_dim, ith, nth, 16, &lo, &hi);
+	for (long i = lo; i < hi; i++) {
+		float g = c->hb[i];
+		c->hb[i] = g / (1.0f + expf(-g)) * c->hb2[i];
+	}
+}
+
+/* Final norm of the rows that need logits, gathered into xl. */
+static void logits_norm_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	uint32_t dim = c->hp->dim;
+	long lo, hi;
+
+	gpud_tp_range(c->b->n_logits, ith, nth, 1, &lo, &hi);
+	for (long r = lo; r < hi; r++)
+		rmsnorm(c->xl + (size_t)r * dim, c->x + (size_t)c->logit_tok[r] * dim,
+			c->w->out_norm, dim, c->hp->norm_eps);
+}
+
+/* --- the step ------------------------------------------------------------ */
+
+static void matmul(struct cpu_ctx *c, const struct gpud_weight *w, const float *x, uint32_t n,
+		   float *y)
+{
+	gpud_matmul(c->tp, w->type, w->data, w->rows, w->cols, x, n, y, c->mm);
+}
+
+static void run_add_norm(struct cpu_ctx *c, bool add, const float *norm_w)
+{
+	c->add = add;
+	c->norm_w = norm_w;
+	if (c->b->n_tokens == 1)
+		add_norm_run(c, 0, 1);
+	else
+		gpud_tp_run(c->tp, add_norm_run, c);
+}
+
+/* Per-token bookkeeping and the RoPE table, once per step. */
+static void prepare(struct cpu_ctx *c, const struct gpud_fwd_batch *b)
+{
+	const float *inv = c->w->rope_inv_freq;
+	uint32_t half = c->hp->head_dim / 2;
+
+	for (uint32_t i = 0; i < b->n_seqs; i++) {
+		const struct gpud_fwd_seq *s = &b->seqs[i];
+		for (uint32_t j = 0; j < s->n_tokens; j++) {
+			uint32_t t = s->tok0 + j;
+			c->tok_seq[t] = i;
+			c->tok_pos[t] = s->pos0 + j;
+		}
+		for (uint32_t j = 0; j < s->n_logits; j++)
+			c->logit_tok[s->logit0 + j] = s->tok0 + s->n_tokens - s->n_logits + j;
+	}
+	for (uint32_t t = 0; t < b->n_tokens; t++) {
+		float *cs = c->rope_cs + (size_t)t * 2 * half;
+		for (uint32_t i = 0; i < half; i++) {
+			double a = (double)c->tok_pos[t] * (double)inv[i];
+			cs[2 * i] = (float)cos(a);
+			cs[2 * i + 1] = (float)sin(a);
+		}
+	}
+}
+
+static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, size_t errlen)
+{
+	struct cpu_ctx *c = ctx;
+	const struct gpud_model_hparams *hp = c->hp;
+	const struct gpud_model_weights *w = c->w;
+	uint32_t T = b->n_tokens, dim = hp->dim;
+
+	if (!T || T > c->cfg.max_batch_tokens || b->n_seqs > c->cfg.max_seqs ||
+	    b->n_logits > c->cfg.max_logits)
+		return sw_seterr(err, errlen, -EINVAL, "cpu forward: batch exceeds the limits");
+	c->b = b;
+	prepare(c, b);
+	for (uint32_t t = 0; t < T; t++)
+		gpud_get_row(w->tok_embd.type, w->tok_embd.data, dim, b->tokens[t],
+			     c->x + (size_t)t * dim);
+	run_add_norm(c, false, w->layers[0].attn_norm);
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+
+		c->layer = l;
+		matmul(c, &L->wq, c->xb, T, c->q);
+		matmul(c, &L->wk, c->xb, T, c->k);
+		matmul(c, &L->wv, c->xb, T, c->v);
+		gpud_tp_run(c->tp, rope_store_run, c);
+		gpud_tp_run(c->tp, attn_run, c);
+		matmul(c, &L->wo, c->att, T, c->xb);
+		run_add_norm(c, true, L->ffn_norm);
+		matmul(c, &L->w_gate, c->xb, T, c->hb);
+		matmul(c, &L->w_up, c->xb, T, c->hb2);
+		gpud_tp_run(c->tp, swiglu_run, c);
+		matmul(c, &L->w_down, c->hb, T, c->xb);
+		run_add_norm(c, true, l + 1 < hp->n_layers ? w->layers[l + 1].attn_norm : NULL);
+	}
+	if (b->want_hidden)
+		run_add_norm(c, false, w->out_norm);
+	if (b->n_logits) {
+		gpud_tp_run(c->tp, logits_norm_run, c);
+		matmul(c, &w->output, c->xl, b->n_logits, c->logits);
+	}
+	c->st.steps++;
+	c->st.tokens += T;
+	return 0;
+}
+
+/* --- lifetime -------------------------------------------------------------- */
+
+static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur)
+{
+	size_t n = gpud_matmul_scratch_bytes(w->type, w->cols, batch);
+	return n > cur ? n : cur;
+}
+
+static void cpu_destroy(void *ctx)
+{
+	struct cpu_ctx *c = ctx;
+
+	if (!c)
+		return;
+	gpud_tp_destroy(c->tp);
+	sw_arena_destroy(&c->arena);
+	free(c->kv);
+	free(c);
+}
+
+#define CARVE(ptr, count)                                                              \
+	do {                                                                           \
+		(ptr) = sw_arena_alloc(&c->arena, sizeof(*(ptr)) * (size_t)(count), 64); \
+		if (!(ptr))                                                            \
+			goto out_sizing;                                               \
+	} while (0)
+
+static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err, size_t errlen)
+{
+	struct cpu_ctx *c;
+	const struct gpud_model_hparams *hp = gpud_model_hparams(cfg->model);
+	const struct gpud_model_weights *w = gpud_model_weights(cfg->model);
+	uint32_t T = cfg->max_batch_tokens, NL = cfg->max_logits ? cfg->max_logits : 1;
+	size_t mm = 0, total;
+	int rc;
+
+	*out = NULL;
+	if (!T || !cfg->n_blocks || !cfg->block_tokens || !cfg->max_seqs)
+		return sw_seterr(err, errlen, -EINVAL, "cpu backend: zero size in config");
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return sw_seterr(err, errlen, -ENOMEM, "cpu backend: out of memory");
+	c->cfg = *cfg;
+	c->cfg.max_logits = NL;
+	c->hp = hp;
+	c->w = w;
+	c->q_dim = hp->n_heads * hp->head_dim;
+	c->kv_dim = hp->n_kv_heads * hp->head_dim;
+	c->head_floats = (size_t)cfg->block_tokens * hp->head_dim;
+	c->layer_floats = 2 * (size_t)hp->n_kv_heads * c->head_floats;
+	c->block_floats = hp->n_layers * c->layer_floats;
+	c->kv_bytes = (size_t)cfg->n_blocks * c->block_floats * sizeof(float);
+	rc = gpud_tp_create(&c->tp, cfg->n_threads);
+	if (rc) {
+		sw_seterr(err, errlen, rc, "cpu backend: thread pool: %s", sw_strerror(rc));
+		goto out_free;
+	}
+	c->nth = gpud_tp_size(c->tp);
+	c->kv = aligned_alloc(64, (c->kv_bytes + 63) / 64 * 64);
+	if (!c->kv) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "cpu backend: cannot reserve %zu bytes of KV",
+			       c->kv_bytes);
+		goto out_free;
+	}
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+		mm = mm_scratch(&L->wq, T, mm);
+		mm = mm_scratch(&L->wk, T, mm);
+		mm = mm_scratch(&L->wv, T, mm);
+		mm = mm_scratch(&L->wo, T, mm);
+		mm = mm_scratch(&L->w_gate, T, mm);
+		mm = mm_scratch(&L->w_up, T, mm);
+		mm = mm_scratch(&L->w_down, T, mm);
+	}
+	mm = mm_scratch(&w->output, NL, mm);
+	/* Exact sum of the carves below, each rounded up to 64 bytes. */
+#define SZ(n, type) (((size_t)(n) * sizeof(type) + 63) / 64 * 64)
+	total = 2 * SZ((size_t)T * hp->dim, float) + 2 * SZ((size_t)T * c->q_dim, float) +
+		2 * SZ((size_t)T * c->kv_dim, float) + 2 * SZ((size_t)T * hp->ffn_dim, float) +
+		SZ((size_t)T * hp->head_dim, float) + SZ((size_t)NL * hp->dim, float) +
+		SZ((size_t)NL * hp->n_vocab, float) +
+		SZ((size_t)c->nth * cfg->block_tokens, float) + 2 * SZ(T, uint32_t) +
+		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char);
+#undef SZ
+	rc = sw_arena_init(&c->arena, total);
+	if (rc) {
+		sw_seterr(err, errlen, rc, "cpu backend: cannot reserve %zu bytes of scratch", total);
+		goto out_free;
+	}
+	CARVE(c->x, (size_t)T * hp->dim);
+	CARVE(c->xb, (size_t)T * hp->dim);
+	CARVE(c->q, (size_t)T * c->q_dim);
+	CARVE(c->att, (size_t)T * c->q_dim);
+	CARVE(c->k, (size_t)T * c->kv_dim);
+	CARVE(c->v, (size_t)T * c->kv_dim);
+	CARVE(c->hb, (size_t)T * hp->ffn_dim);
+	CARVE(c->hb2, (size_t)T * hp->ffn_dim);
+	CARVE(c->rope_cs, (size_t)T * hp->head_dim);
+	CARVE(c->xl, (size_t)NL * hp->dim);
+	CARVE(c->logits, (size_t)NL * hp->n_vocab);
+	CARVE(c->att_tmp, (size_t)c->nth * cfg->block_tokens);
+	CARVE(c->tok_seq, T);
+	CARVE(c->tok_pos, T);
+	CARVE(c->logit_tok, NL);
+	c->mm = sw_arena_alloc(&c->arena, mm ? mm : 1, 64);
+	if (!c->mm)
+		goto out_sizing;
+	c->st.kv_bytes = c->kv_bytes;
+	c->st.scratch_bytes = total;
+	c->st.scratch_high = c->arena.used; /* carved once: the step uses all of it */
+	*out = c;
+	return 0;
+
+out_sizing:
+	rc = sw_seterr(err, errlen, -EINVAL, "cpu backend: scratch sizing error");
+out_free:
+	cpu_destroy(c);
+	return rc;
+}
+#undef CARVE
+
+static const float *cpu_logits(void *ctx)
+{
+	return ((struct cpu_ctx *)ctx)->logits;
+}
+
+static const float *cpu_hidden(void *ctx)
+{
+	return ((struct cpu_ctx *)ctx)->xb;
+}
+
+static int cpu_kv_copy(void *ctx, uint32_t dst, uint32_t src)
+{
+	struct cpu_ctx *c = ctx;
+
+	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks)
+		return -EINVAL;
+	if (dst != src)
+		memcpy(c->kv + (size_t)dst * c->block_floats, c->kv + (size_t)src * c->block_floats,
+		       c->block_floats * sizeof(float));
+	return 0;
+}
+
+static void cpu_stats(void *ctx, struct gpud_backend_stats *st)
+{
+	*st = ((struct cpu_ctx *)ctx)->st;
+}
+
+const struct gpud_backend_ops gpud_cpu_backend = {
+	.name = "cpu",
+	.init = cpu_init,
+	.destroy = cpu_destroy,
+	.forward = cpu_forward,
+	.logits = cpu_logits,
+	.hidden = cpu_hidden,
+	.kv_copy = cpu_kv_copy,
+	.stats = cpu_stats,
+};

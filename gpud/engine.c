@@ -1,0 +1,630 @@
+/* engine.c - sequences, paged KV and batched steps over one backend, plus
+ * the single-request generation loop used by the CLI.
+ *
+ * Everything a step touches is reserved in gpud_engine_create(); a step
+ * validates the batch, reserves KV blocks (rolled back on any error),
+ * fills the backend's batch description in preallocated arrays and runs
+ * the backend's forward pass.
+ */
+#include "gpud/engine.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/backend.h"
+#include "gpud/backend/cpu/cpu.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+
+/* KV budget when neither n_blocks nor kv_bytes is given and max_seqs
+ * full-context sequences would need more. */
+#define DEFAULT_KV_CAP ((size_t)1 << 30)
+
+struct gpud_engine {
+	const struct gpud_model *model;
+	const struct gpud_model_hparams *hp;
+	struct gpud_engine_params p;
+	const struct gpud_backend_ops *ops;
+	void *be;
+	struct gpud_kv *kv;
+	const struct gpud_mask **masks; /* (max_seqs) per slot, NULL = causal */
+
+	/* Step arrays, reserved once. */
+	struct gpud_fwd_seq *fseqs; /* (max_seqs) */
+	int32_t *tokens;            /* (max_batch_tokens) */
+	uint32_t *logit0;           /* (max_seqs) first logits row per entry, UINT32_MAX none */
+	uint8_t *in_batch;          /* (max_seqs) per slot: seen in the batch being checked */
+	uint32_t last_n;            /* entries of the last successful step */
+
+	double *embed_acc;          /* (dim) */
+	int32_t *req_ids;           /* (n_ctx) prompt ids of generate/embed */
+
+	uint64_t steps, step_tokens;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void gpud_engine_params_default(struct gpud_engine_params *p)
+{
+	*p = (struct gpud_engine_params){
+		.n_threads = 0,
+		.n_ctx = 0,
+		.max_batch_tokens = 512,
+		.max_seqs = 16,
+		.max_logits = 0,
+		.block_tokens = 16,
+		.n_blocks = 0,
+		.kv_bytes = 0,
+	};
+}
+
+void gpud_gen_params_default(struct gpud_gen_params *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->max_tokens = 256;
+	gpud_sampler_params_default(&p->sampling);
+}
+
+static size_t kv_block_bytes(const struct gpud_model_hparams *hp, uint32_t block_tokens)
+{
+	return (size_t)hp->n_layers * 2 * hp->n_kv_heads * block_tokens * hp->head_dim *
+	       sizeof(float);
+}
+
+/* Resolves defaults into e->p; -EINVAL with a message when inconsistent. */
+static int resolve_params(struct gpud_engine *e, const struct gpud_engine_params *in, char *err,
+			  size_t errlen)
+{
+	struct gpud_engine_params *p = &e->p;
+	size_t bb;
+
+	if (in)
+		*p = *in;
+	else
+		gpud_engine_params_default(p);
+	if (!p->n_ctx || p->n_ctx > e->hp->n_ctx)
+		p->n_ctx = e->hp->n_ctx;
+	if (!p->max_logits)
+		p->max_logits = p->max_seqs;
+	if (!p->max_batch_tokens || !p->max_seqs || !p->block_tokens || p->max_seqs > 65536 ||
+	    p->block_tokens > 4096 || p->max_batch_tokens > (1u << 20) || p->max_logits > (1u << 20))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "engine: bad params (max_batch_tokens %u, max_seqs %u, block_tokens "
+				 "%u, max_logits %u)", p->max_batch_tokens, p->max_seqs,
+				 p->block_tokens, p->max_logits);
+	bb = kv_block_bytes(e->hp, p->block_tokens);
+	if (!p->n_blocks) {
+		size_t want = (size_t)p->max_seqs * ((p->n_ctx + p->block_tokens - 1) / p->block_tokens);
+		size_t budget = p->kv_bytes ? p->kv_bytes : DEFAULT_KV_CAP;
+		size_t n = budget / bb;
+		if (!p->kv_bytes && n > want)
+			n = want;
+		if (n > UINT32_MAX - 1)
+			n = UINT32_MAX - 1;
+		p->n_blocks = (uint32_t)n;
+	}
+	if (!p->n_blocks)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "engine: KV budget of %zu bytes holds no %zu-byte block",
+				 p->kv_bytes, bb);
+	return 0;
+}
+
+int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
+		       const struct gpud_engine_params *p, char *err, size_t errlen)
+{
+	struct gpud_engine *e;
+	struct gpud_backend_config cfg;
+	struct gpud_kv_params kp;
+	int rc;
+
+	*out = NULL;
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return sw_seterr(err, errlen, -ENOMEM, "engine: out of memory");
+	e->model = m;
+	e->hp = gpud_model_hparams(m);
+	rc = resolve_params(e, p, err, errlen);
+	if (rc)
+		goto out_free;
+	kp = (struct gpud_kv_params){ .n_blocks = e->p.n_blocks, .block_tokens = e->p.block_tokens,
+				      .max_seqs = e->p.max_seqs, .max_ctx = e->p.n_ctx };
+	rc = gpud_kv_create(&e->kv, &kp);
+	if (rc) {
+		sw_seterr(err, errlen, rc, "engine: KV pool of %u blocks: %s", kp.n_blocks,
+			  sw_strerror(rc));
+		goto out_free;
+	}
+	e->masks = calloc(e->p.max_seqs, sizeof(*e->masks));
+	e->fseqs = calloc(e->p.max_seqs, sizeof(*e->fseqs));
+	e->tokens = calloc(e->p.max_batch_tokens, sizeof(*e->tokens));
+	e->logit0 = calloc(e->p.max_seqs, sizeof(*e->logit0));
+	e->in_batch = calloc(e->p.max_seqs, 1);
+	e->embed_acc = calloc(e->hp->dim, sizeof(*e->embed_acc));
+	e->req_ids = calloc(e->p.n_ctx, sizeof(*e->req_ids));
+	if (!e->masks || !e->fseqs || !e->tokens || !e->logit0 || !e->in_batch ||
+	    !e->embed_acc || !e->req_ids) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "engine: out of memory");
+		goto out_free;
+	}
+	cfg = (struct gpud_backend_config){
+		.model = m,
+		.n_threads = e->p.n_threads,
+		.n_blocks = e->p.n_blocks,
+		.block_tokens = e->p.block_tokens,
+		.max_batch_tokens = e->p.max_batch_tokens,
+		.max_seqs = e->p.max_seqs,
+		.max_logits = e->p.max_logits,
+	};
+	e->ops = &gpud_cpu_backend;
+	rc = e->ops->init(&e->be, &cfg, err, errlen);
+	if (rc)
+		goto out_free;
+	*out = e;
+	return 0;
+
+out_free:
+	gpud_engine_destroy(e);
+	return rc;
+}
+
+void gpud_engine_destroy(struct gpud_engine *e)
+{
+	if (!e)
+		return;
+	if (e->ops)
+		e->ops->destroy(e->be);
+	gpud_kv_destroy(e->kv);
+	free(e->masks);
+	free(e->fseqs);
+	free(e->tokens);
+	free(e->logit0);
+	free(e->in_batch);
+	free(e->embed_acc);
+	free(e->req_ids);
+	free(e);
+}
+
+const struct gpud_model *gpud_engine_model(const struct gpud_engine *e) { return e->model; }
+const struct gpud_engine_params *gpud_engine_params(const struct gpud_engine *e) { return &e->p; }
+uint32_t gpud_engine_n_vocab(const struct gpud_engine *e) { return e->hp->n_vocab; }
+uint32_t gpud_engine_dim(const struct gpud_engine *e) { return e->hp->dim; }
+
+int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uint32_t *seq)
+{
+	int rc;
+
+	if (mask && mask->block_tokens != e->p.block_tokens)
+		return -EINVAL;
+	rc = gpud_kv_seq_new(e->kv, seq);
+	if (rc)
+		return rc;
+	e->masks[*seq] = mask;
+	return 0;
+}
+
+int gpud_engine_seq_free(struct gpud_engine *e, uint32_t seq)
+{
+	int rc = gpud_kv_seq_free(e->kv, seq);
+
+	if (!rc)
+		e->masks[seq] = NULL;
+	return rc;
+}
+
+uint32_t gpud_engine_seq_len(const struct gpud_engine *e, uint32_t seq)
+{
+	return gpud_kv_seq_len(e->kv, seq);
+}
+
+int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n)
+{
+	return gpud_kv_truncate(e->kv, seq, n);
+}
+
+/* Checks the whole batch before anything changes. */
+static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
+		       char *err, size_t errlen)
+{
+	uint32_t total = 0, rows = 0;
+	int rc = 0;
+
+	if (!n)
+		return sw_seterr(err, errlen, -EINVAL, "step: empty batch");
+	if (n > e->p.max_seqs)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "step: %u entries, at most %u", n,
+				 e->p.max_seqs);
+	memset(e->in_batch, 0, e->p.max_seqs);
+	for (uint32_t i = 0; i < n && !rc; i++) {
+		const struct gpud_batch_entry *b = &ents[i];
+		uint32_t len;
+
+		if (!gpud_kv_seq_valid(e->kv, b->seq)) {
+			rc = sw_seterr(err, errlen, -EINVAL, "step: entry %u: no sequence %u", i,
+				       b->seq);
+			break;
+		}
+		if (e->in_batch[b->seq]++) {
+			rc = sw_seterr(err, errlen, -EINVAL, "step: sequence %u appears twice",
+				       b->seq);
+			break;
+		}
+		if (!b->n_tokens || !b->tokens) {
+			rc = sw_seterr(err, errlen, -EINVAL, "step: entry %u has no tokens", i);
+			break;
+		}
+		len = gpud_kv_seq_len(e->kv, b->seq);
+		if (b->n_tokens > e->p.n_ctx - len) {
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "step: sequence %u would reach %llu positions, context is %u",
+				       b->seq, (unsigned long long)len + b->n_tokens, e->p.n_ctx);
+			break;
+		}
+		for (uint32_t j = 0; j < b->n_tokens; j++) {
+			if (b->tokens[j] < 0 || (uint32_t)b->tokens[j] >= e->hp->n_vocab) {
+				rc = sw_seterr(err, errlen, -EINVAL,
+					       "step: entry %u token %u: id %d outside the "
+					       "vocabulary of %u", i, j, b->tokens[j],
+					       e->hp->n_vocab);
+				break;
+			}
+		}
+		total += b->n_tokens;
+		if (total > e->p.max_batch_tokens && !rc)
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "step: more than max_batch_tokens (%u) tokens",
+				       e->p.max_batch_tokens);
+		if (b->logits == GPUD_LOGITS_LAST)
+			rows += 1;
+		else if (b->logits == GPUD_LOGITS_ALL)
+			rows += b->n_tokens;
+		else if (b->logits != GPUD_LOGITS_NONE && !rc)
+			rc = sw_seterr(err, errlen, -EINVAL, "step: entry %u: bad logits mode", i);
+		if (rows > e->p.max_logits && !rc)
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "step: more than max_logits (%u) logits rows", e->p.max_logits);
+	}
+	return rc;
+}
+
+static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
+		   bool want_hidden, char *err, size_t errlen)
+{
+	struct gpud_fwd_batch fb = { .tokens = e->tokens, .seqs = e->fseqs, .n_seqs = n,
+				     .want_hidden = want_hidden };
+	uint32_t reserved = 0;
+	int rc;
+
+	rc = check_batch(e, ents, n, err, errlen);
+	if (rc)
+		return rc;
+	for (; reserved < n; reserved++) {
+		const struct gpud_batch_entry *b = &ents[reserved];
+		rc = gpud_kv_reserve(e->kv, b->seq, gpud_kv_seq_len(e->kv, b->seq) + b->n_tokens);
+		if (rc) {
+			sw_seterr(err, errlen, rc, "step: sequence %u: %s", b->seq,
+				  rc == SW_EEXHAUSTED ? "KV pool exhausted" : sw_strerror(rc));
+			goto out_rollback;
+		}
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		const struct gpud_batch_entry *b = &ents[i];
+		struct gpud_fwd_seq *s = &e->fseqs[i];
+		uint32_t nb;
+
+		s->blocks = gpud_kv_block_table(e->kv, b->seq, &nb);
+		s->mask = e->masks[b->seq];
+		s->pos0 = gpud_kv_seq_len(e->kv, b->seq);
+		s->n_tokens = b->n_tokens;
+		s->tok0 = fb.n_tokens;
+		s->logit0 = fb.n_logits;
+		s->n_logits = b->logits == GPUD_LOGITS_ALL ? b->n_tokens :
+			      b->logits == GPUD_LOGITS_LAST ? 1 : 0;
+		e->logit0[i] = s->n_logits ? s->logit0 : UINT32_MAX;
+		memcpy(e->tokens + fb.n_tokens, b->tokens, b->n_tokens * sizeof(int32_t));
+		fb.n_tokens += b->n_tokens;
+		fb.n_logits += s->n_logits;
+	}
+	rc = e->ops->forward(e->be, &fb, err, errlen);
+	if (rc)
+		goto out_rollback;
+	for (uint32_t i = 0; i < n; i++)
+		gpud_kv_set_len(e->kv, ents[i].seq,
+				gpud_kv_seq_len(e->kv, ents[i].seq) + ents[i].n_tokens);
+	e->last_n = n;
+	e->steps++;
+	e->step_tokens += fb.n_tokens;
+	return 0;
+
+out_rollback:
+	/* Blocks always match the length between steps, so truncating to the
+	 * length returns exactly what this step reserved. */
+	for (uint32_t i = 0; i < reserved; i++)
+		gpud_kv_truncate(e->kv, ents[i].seq, gpud_kv_seq_len(e->kv, ents[i].seq));
+	e->last_n = 0;
+	return rc;
+}
+
+int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
+		     char *err, size_t errlen)
+{
+	return do_step(e, ents, n, false, err, errlen);
+}
+
+const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i)
+{
+	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
+		return NULL;
+	return e->ops->logits(e->be) + (size_t)e->logit0[i] * e->hp->n_vocab;
+}
+
+void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st)
+{
+	struct gpud_backend_stats bs = { 0 };
+
+	if (e->ops->stats)
+		e->ops->stats(e->be, &bs);
+	memset(st, 0, sizeof(*st));
+	st->steps = e->steps;
+	st->tokens = e->step_tokens;
+	st->allocs_after_warmup = bs.allocs_after_init;
+	st->kv_bytes = bs.kv_bytes;
+	st->scratch_bytes = bs.scratch_bytes;
+	st->scratch_high = bs.scratch_high;
+	gpud_kv_stats(e->kv, &st->kv);
+}
+
+/* --- embeddings ----------------------------------------------------------- */
+
+int gpud_engine_embed_tokens(struct gpud_engine *e, const int32_t *tokens, uint32_t n,
+			     float *out, char *err, size_t errlen)
+{
+	uint32_t dim = e->hp->dim, seq, done = 0;
+	double norm = 0;
+	int rc;
+
+	if (!n)
+		return sw_seterr(err, errlen, -EINVAL, "embed: no tokens");
+	if (n > e->p.n_ctx)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "embed: %u tokens, context is %u", n,
+				 e->p.n_ctx);
+	if (!e->ops->hidden)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "embed: backend %s lacks hidden()",
+				 e->ops->name);
+	rc = gpud_engine_seq_add(e, NULL, &seq);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "embed: no free sequence slot");
+	memset(e->embed_acc, 0, dim * sizeof(double));
+	while (done < n) {
+		uint32_t chunk = n - done < e->p.max_batch_tokens ? n - done : e->p.max_batch_tokens;
+		struct gpud_batch_entry b = { .seq = seq, .tokens = tokens + done,
+					      .n_tokens = chunk, .logits = GPUD_LOGITS_NONE };
+		const float *h;
+
+		rc = do_step(e, &b, 1, true, err, errlen);
+		if (rc)
+			goto out_free_seq;
+		h = e->ops->hidden(e->be);
+		for (uint32_t t = 0; t < chunk; t++)
+			for (uint32_t i = 0; i < dim; i++)
+				e->embed_acc[i] += h[(size_t)t * dim + i];
+		done += chunk;
+	}
+	for (uint32_t i = 0; i < dim; i++) {
+		e->embed_acc[i] /= n;
+		norm += e->embed_acc[i] * e->embed_acc[i];
+	}
+	norm = norm > 0 ? 1.0 / sqrt(norm) : 0;
+	for (uint32_t i = 0; i < dim; i++)
+		out[i] = (float)(e->embed_acc[i] * norm);
+out_free_seq:
+	gpud_engine_seq_free(e, seq);
+	e->last_n = 0;
+	return rc;
+}
+
+/* Tokenizes text into e->req_ids with working memory from a request arena. */
+static int tokenize_request(struct gpud_engine *e, const char *text, size_t len, unsigned flags,
+			    size_t *n_out, char *err, size_t errlen)
+{
+	const struct gpud_tokenizer *tok = gpud_model_tokenizer(e->model);
+	struct sw_arena a;
+	size_t cap = 64 * len + ((size_t)1 << 20);
+	int rc;
+
+	rc = sw_arena_init(&a, cap);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "tokenize: out of memory");
+	rc = gpud_tokenizer_encode(tok, text, len, flags, e->req_ids, e->p.n_ctx, n_out, &a);
+	sw_arena_destroy(&a);
+	if (rc == SW_ETOOLONG)
+		return sw_seterr(err, errlen, rc, "prompt of %zu tokens exceeds the context of %u",
+				 *n_out, e->p.n_ctx);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "tokenize: %s", sw_strerror(rc));
+	return 0;
+}
+
+int gpud_engine_embed(struct gpud_engine *e, const char *text, size_t len, float *out,
+		      char *err, size_t errlen)
+{
+	const struct gpud_tokenizer *tok = gpud_model_tokenizer(e->model);
+	size_t n = 0;
+	int rc;
+
+	rc = tokenize_request(e, text, len, gpud_tokenizer_add_bos(tok) ? GPUD_TOK_ADD_BOS : 0, &n,
+			      err, errlen);
+	if (rc)
+		return rc;
+	return gpud_engine_embed_tokens(e, e->req_ids, (uint32_t)n, out, err, errlen);
+}
+
+/* --- generation ------------------------------------------------------------ */
+
+struct gen_state {
+	struct gpud_engine *e;
+	const struct gpud_tokenizer *tok;
+	struct gpud_stop stop;
+	struct gpud_detok detok;
+	gpud_gen_emit_fn emit;
+	void *arg;
+	char piece[256];
+	char out[256 + GPUD_STOP_MAX_LEN];
+};
+
+/* Passes released text to the caller; GPUD_GEN_STOP_CALLER when it asks to stop. */
+static int gen_emit(struct gen_state *g, const char *s, size_t n)
+{
+	if (n && g->emit && g->emit(g->arg, s, n))
+		return GPUD_GEN_STOP_CALLER;
+	return GPUD_STOP_NONE;
+}
+
+/* Feeds one sampled token through detok and the stop filter. */
+static int gen_push(struct gen_state *g, int32_t id)
+{
+	bool eog = gpud_tokenizer_is_eog(g->tok, id);
+	size_t olen = 0;
+	int n = 0, reason, r2;
+
+	if (!eog) {
+		n = gpud_detok_push(g->tok, &g->detok, id, g->piece, sizeof(g->piece));
+		if (n < 0)
+			n = 0;
+	}
+	reason = gpud_stop_push(&g->stop, eog, g->piece, (size_t)n, g->out, sizeof(g->out), &olen);
+	r2 = gen_emit(g, g->out, olen);
+	return reason != GPUD_STOP_NONE ? reason : r2;
+}
+
+/* Releases held text at an end the stop filter did not see. */
+static void gen_flush(struct gen_state *g)
+{
+	size_t olen = 0;
+	int n;
+
+	if (g->stop.reason == GPUD_STOP_NONE) {
+		n = gpud_detok_flush(&g->detok, g->piece, sizeof(g->piece));
+		gpud_stop_push(&g->stop, true, g->piece, n > 0 ? (size_t)n : 0, g->out,
+			       sizeof(g->out), &olen);
+		gen_emit(g, g->out, olen);
+	}
+}
+
+int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
+			 const struct gpud_gen_params *p, gpud_gen_emit_fn emit, void *arg,
+			 struct gpud_gen_result *res, char *err, size_t errlen)
+{
+	struct gen_state *g;
+	struct gpud_sampler *smp = NULL;
+	unsigned flags = 0;
+	size_t n_prompt = 0;
+	uint32_t seq, done = 0, chunk_max;
+	double t0;
+	int rc, reason = GPUD_STOP_NONE;
+
+	memset(res, 0, sizeof(*res));
+	g = calloc(1, sizeof(*g));
+	if (!g)
+		return sw_seterr(err, errlen, -ENOMEM, "generate: out of memory");
+	g->e = e;
+	g->tok = gpud_model_tokenizer(e->model);
+	g->emit = emit;
+	g->arg = arg;
+	gpud_detok_init(&g->detok);
+	gpud_stop_init(&g->stop, p->max_tokens);
+	for (uint32_t i = 0; i < p->n_stop; i++) {
+		rc = gpud_stop_add(&g->stop, p->stop[i], strlen(p->stop[i]));
+		if (rc) {
+			sw_seterr(err, errlen, rc, "generate: stop string %u: %s", i, sw_strerror(rc));
+			goto out_free;
+		}
+	}
+	rc = gpud_sampler_create(&smp, (int32_t)e->hp->n_vocab, &p->sampling, err, errlen);
+	if (rc)
+		goto out_free;
+	if (!p->no_bos && gpud_tokenizer_add_bos(g->tok))
+		flags |= GPUD_TOK_ADD_BOS;
+	if (p->parse_special)
+		flags |= GPUD_TOK_PARSE_SPECIAL;
+	rc = tokenize_request(e, prompt, len, flags, &n_prompt, err, errlen);
+	if (rc)
+		goto out_free;
+	if (!n_prompt) {
+		rc = sw_seterr(err, errlen, -EINVAL, "generate: empty prompt");
+		goto out_free;
+	}
+	res->n_prompt = (uint32_t)n_prompt;
+	rc = gpud_engine_seq_add(e, NULL, &seq);
+	if (rc) {
+		sw_seterr(err, errlen, rc, "generate: no free sequence slot");
+		goto out_free;
+	}
+	for (size_t i = 0; i < n_prompt; i++)
+		gpud_sampler_accept(smp, e->req_ids[i]);
+
+	chunk_max = p->prefill_chunk && p->prefill_chunk < e->p.max_batch_tokens ?
+		    p->prefill_chunk : e->p.max_batch_tokens;
+	t0 = now_s();
+	while (done < n_prompt) {
+		uint32_t chunk = (uint32_t)n_prompt - done < chunk_max ? (uint32_t)n_prompt - done :
+			       chunk_max;
+		struct gpud_batch_entry b = {
+			.seq = seq, .tokens = e->req_ids + done, .n_tokens = chunk,
+			.logits = done + chunk == n_prompt ? GPUD_LOGITS_LAST : GPUD_LOGITS_NONE,
+		};
+		rc = gpud_engine_step(e, &b, 1, err, errlen);
+		if (rc)
+			goto out_free_seq;
+		done += chunk;
+	}
+	res->prefill_s = now_s() - t0;
+
+	t0 = now_s();
+	for (;;) {
+		int32_t id = gpud_sampler_sample(smp, gpud_engine_logits(e, 0));
+		struct gpud_batch_entry b = { .seq = seq, .tokens = &id, .n_tokens = 1,
+					      .logits = GPUD_LOGITS_LAST };
+
+		if (id < 0) {
+			rc = sw_seterr(err, errlen, id, "generate: no token can be sampled");
+			break;
+		}
+		gpud_sampler_accept(smp, id);
+		res->n_gen++;
+		reason = gen_push(g, id);
+		if (reason != GPUD_STOP_NONE)
+			break;
+		if (gpud_engine_seq_len(e, seq) >= e->p.n_ctx) {
+			reason = GPUD_GEN_STOP_CONTEXT;
+			break;
+		}
+		rc = gpud_engine_step(e, &b, 1, err, errlen);
+		if (rc)
+			break;
+	}
+	res->decode_s = now_s() - t0;
+	if (reason != GPUD_GEN_STOP_CALLER)
+		gen_flush(g);
+	res->reason = reason;
+
+out_free_seq:
+	gpud_engine_seq_free(e, seq);
+	e->last_n = 0;
+out_free:
+	gpud_sampler_free(smp);
+	free(g);
+	return rc;
+}

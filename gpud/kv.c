@@ -1,0 +1,236 @@
+/* kv.c - paged KV cache accounting: free list of block indices and a
+ * fixed-length block table per sequence slot, all reserved at creation.
+ *
+ * The free list is a stack of block indices (common/pool.h was not there
+ * when this was written; it is small enough to keep private). The tables
+ * of every slot live in one array of max_seqs * max_blocks_per_seq.
+ */
+#include "gpud/kv.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+
+struct kv_seq {
+	uint32_t len;      /* positions written */
+	uint32_t n_blocks; /* entries of the block table in use */
+	bool used;
+};
+
+struct gpud_kv {
+	struct gpud_kv_params p;
+	uint32_t max_blocks_seq; /* ceil(max_ctx / block_tokens) */
+	uint32_t *free_stack;    /* (n_blocks) free block indices, top at n_free-1 */
+	uint32_t n_free;
+	uint32_t *tables;        /* (max_seqs, max_blocks_seq) */
+	struct kv_seq *seqs;     /* (max_seqs) */
+	uint32_t n_seqs;
+	uint32_t high;
+	uint64_t exhausted;
+};
+
+int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p)
+{
+	struct gpud_kv *kv;
+
+	*out = NULL;
+	if (!p->n_blocks || !p->block_tokens || !p->max_seqs || !p->max_ctx)
+		return -EINVAL;
+	kv = calloc(1, sizeof(*kv));
+	if (!kv)
+		return -ENOMEM;
+	kv->p = *p;
+	kv->max_blocks_seq = (p->max_ctx + p->block_tokens - 1) / p->block_tokens;
+	kv->free_stack = malloc(sizeof(*kv->free_stack) * p->n_blocks);
+	kv->tables = malloc(sizeof(*kv->tables) * (size_t)p->max_seqs * kv->max_blocks_seq);
+	kv->seqs = calloc(p->max_seqs, sizeof(*kv->seqs));
+	if (!kv->free_stack || !kv->tables || !kv->seqs) {
+		gpud_kv_destroy(kv);
+		return -ENOMEM;
+	}
+	/* Lowest indices on top so a fresh pool hands out 0, 1, 2, ... */
+	for (uint32_t i = 0; i < p->n_blocks; i++)
+		kv->free_stack[i] = p->n_blocks - 1 - i;
+	kv->n_free = p->n_blocks;
+	*out = kv;
+	return 0;
+}
+
+void gpud_kv_destroy(struct gpud_kv *kv)
+{
+	if (!kv)
+		return;
+	free(kv->free_stack);
+	free(kv->tables);
+	free(kv->seqs);
+	free(kv);
+}
+
+bool gpud_kv_seq_valid(const struct gpud_kv *kv, uint32_t seq)
+{
+	return seq < kv->p.max_seqs && kv->seqs[seq].used;
+}
+
+static uint32_t *seq_table(const struct gpud_kv *kv, uint32_t seq)
+{
+	return kv->tables + (size_t)seq * kv->max_blocks_seq;
+}
+
+int gpud_kv_seq_new(struct gpud_kv *kv, uint32_t *seq)
+{
+	for (uint32_t s = 0; s < kv->p.max_seqs; s++) {
+		if (kv->seqs[s].used)
+			continue;
+		kv->seqs[s] = (struct kv_seq){ .used = true };
+		kv->n_seqs++;
+		*seq = s;
+		return 0;
+	}
+	return SW_EEXHAUSTED;
+}
+
+/* Pushes seq's table entries from index keep on back to the free list. */
+static void release_from(struct gpud_kv *kv, uint32_t seq, uint32_t keep)
+{
+	struct kv_seq *s = &kv->seqs[seq];
+	uint32_t *t = seq_table(kv, seq);
+
+	while (s->n_blocks > keep)
+		kv->free_stack[kv->n_free++] = t[--s->n_blocks];
+}
+
+int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq)
+{
+	if (!gpud_kv_seq_valid(kv, seq))
+		return -EINVAL;
+	release_from(kv, seq, 0);
+	kv->seqs[seq] = (struct kv_seq){ 0 };
+	kv->n_seqs--;
+	return 0;
+}
+
+int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens)
+{
+	struct kv_seq *s;
+	uint32_t need, *t;
+
+	if (!gpud_kv_seq_valid(kv, seq))
+		return -EINVAL;
+	if (n_tokens > kv->p.max_ctx)
+		return SW_ETOOLONG;
+	s = &kv->seqs[seq];
+	need = (n_tokens + kv->p.block_tokens - 1) / kv->p.block_tokens;
+	if (need <= s->n_blocks)
+		return 0;
+	if (need - s->n_blocks > kv->n_free) {
+		kv->exhausted++;
+		return SW_EEXHAUSTED;
+	}
+	t = seq_table(kv, seq);
+	while (s->n_blocks < need)
+		t[s->n_blocks++] = kv->free_stack[--kv->n_free];
+	if (kv->p.n_blocks - kv->n_free > kv->high)
+		kv->high = kv->p.n_blocks - kv->n_free;
+	return 0;
+}
+
+int gpud_kv_set_len(struct gpud_kv *kv, uint32_t seq, uint32_t n)
+{
+	if (!gpud_kv_seq_valid(kv, seq) || n > kv->seqs[seq].n_blocks * kv->p.block_tokens)
+		return -EINVAL;
+	kv->seqs[seq].len = n;
+	return 0;
+}
+
+int gpud_kv_truncate(struct gpud_kv *kv, uint32_t seq, uint32_t n)
+{
+	if (!gpud_kv_seq_valid(kv, seq) || n > kv->seqs[seq].len)
+		return -EINVAL;
+	kv->seqs[seq].len = n;
+	release_from(kv, seq, (n + kv->p.block_tokens - 1) / kv->p.block_tokens);
+	return 0;
+}
+
+uint32_t gpud_kv_seq_len(const struct gpud_kv *kv, uint32_t seq)
+{
+	return gpud_kv_seq_valid(kv, seq) ? kv->seqs[seq].len : 0;
+}
+
+uint32_t gpud_kv_seq_capacity(const struct gpud_kv *kv, uint32_t seq)
+{
+	return gpud_kv_seq_valid(kv, seq) ? kv->seqs[seq].n_blocks * kv->p.block_tokens : 0;
+}
+
+const uint32_t *gpud_kv_block_table(const struct gpud_kv *kv, uint32_t seq, uint32_t *n)
+{
+	if (!gpud_kv_seq_valid(kv, seq)) {
+		*n = 0;
+		return NULL;
+	}
+	*n = kv->seqs[seq].n_blocks;
+	return seq_table(kv, seq);
+}
+
+uint32_t gpud_kv_block_tokens(const struct gpud_kv *kv) { return kv->p.block_tokens; }
+uint32_t gpud_kv_max_seqs(const struct gpud_kv *kv) { return kv->p.max_seqs; }
+uint32_t gpud_kv_max_ctx(const struct gpud_kv *kv) { return kv->p.max_ctx; }
+uint32_t gpud_kv_free_blocks(const struct gpud_kv *kv) { return kv->n_free; }
+
+void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st)
+{
+	st->n_blocks = kv->p.n_blocks;
+	st->free = kv->n_free;
+	st->used = kv->p.n_blocks - kv->n_free;
+	st->high = kv->high;
+	st->seqs = kv->n_seqs;
+	st->exhausted = kv->exhausted;
+}
+
+int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
+{
+	uint32_t n = kv->p.n_blocks, owned = 0, seqs = 0;
+	uint8_t *seen;
+	int rc = 0;
+
+	seen = calloc(n, 1);
+	if (!seen)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < kv->n_free && !rc; i++) {
+		uint32_t b = kv->free_stack[i];
+		if (b >= n || seen[b]++)
+			rc = sw_seterr(err, errlen, SW_EFORMAT,
+				       "kv: free list entry %u (block %u) bad or repeated", i, b);
+	}
+	for (uint32_t s = 0; s < kv->p.max_seqs && !rc; s++) {
+		const struct kv_seq *q = &kv->seqs[s];
+		if (!q->used) {
+			if (q->n_blocks || q->len)
+				rc = sw_seterr(err, errlen, SW_EFORMAT,
+					       "kv: free slot %u holds blocks", s);
+			continue;
+		}
+		seqs++;
+		if (q->len > q->n_blocks * kv->p.block_tokens || q->n_blocks > kv->max_blocks_seq)
+			rc = sw_seterr(err, errlen, SW_EFORMAT,
+				       "kv: seq %u length %u exceeds its %u blocks", s,
+				       q->len, q->n_blocks);
+		for (uint32_t j = 0; j < q->n_blocks && !rc; j++) {
+			uint32_t b = seq_table(kv, s)[j];
+			if (b >= n || seen[b]++)
+				rc = sw_seterr(err, errlen, SW_EFORMAT,
+					       "kv: seq %u entry %u (block %u) bad or owned twice",
+					       s, j, b);
+			owned++;
+		}
+	}
+	if (!rc && owned + kv->n_free != n)
+		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: used %u + free %u != capacity %u",
+			       owned, kv->n_free, n);
+	if (!rc && seqs != kv->n_seqs)
+		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: %u slots in use, counted %u",
+			       seqs, kv->n_seqs);
+	free(seen);
+	return rc;
+}

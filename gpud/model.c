@@ -1,0 +1,373 @@
+/* model.c - Llama hyper-parameters and weights from a GGUF file.
+ *
+ * Weights stay in the reader's mapping; the model only records typed
+ * pointers and shapes after checking every tensor it will read.
+ */
+#include "gpud/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "gpud/tokenizer.h"
+
+struct gpud_model {
+	char *path;
+	struct gpud_gguf *g;
+	struct gpud_tokenizer *tok;
+	struct gpud_model_hparams hp;
+	struct gpud_model_weights w;
+	struct gpud_layer_weights *layers; /* (n_layers) */
+	float *rope_inv_freq;              /* (head_dim/2) */
+	size_t weight_bytes;
+};
+
+/* Llama 3 RoPE scaling defaults (Meta's reference for Llama 3.1/3.2). */
+#define LLAMA3_FACTOR 8.0f
+#define LLAMA3_LOW_FREQ_FACTOR 1.0f
+#define LLAMA3_HIGH_FREQ_FACTOR 4.0f
+#define LLAMA3_ORIG_CTX 8192.0f
+
+void gpud_rope_inv_freq(float *inv_freq, uint32_t head_dim, float base, const float *factors)
+{
+	for (uint32_t i = 0; i < head_dim / 2; i++) {
+		double f = pow((double)base, -2.0 * (double)i / (double)head_dim);
+		if (factors)
+			f /= (double)factors[i];
+		inv_freq[i] = (float)f;
+	}
+}
+
+/* Per-pair divisors of Llama 3 scaling: 1 for high frequencies, factor for
+ * low ones, a smooth blend between. */
+static void llama3_factors(float *out, uint32_t head_dim, float base, float factor,
+			   float lo_ff, float hi_ff, float orig_ctx)
+{
+	double lo_wavelen = orig_ctx / lo_ff, hi_wavelen = orig_ctx / hi_ff;
+
+	for (uint32_t i = 0; i < head_dim / 2; i++) {
+		double freq = pow((double)base, -2.0 * (double)i / (double)head_dim);
+		double wavelen = 2.0 * M_PI / freq, nf;
+		if (wavelen < hi_wavelen) {
+			nf = freq;
+		} else if (wavelen > lo_wavelen) {
+			nf = freq / factor;
+		} else {
+			double smooth = (orig_ctx / wavelen - lo_ff) / (hi_ff - lo_ff);
+			nf = (1.0 - smooth) * freq / factor + smooth * freq;
+		}
+		out[i] = (float)(freq / nf);
+	}
+}
+
+static int meta_u32(struct gpud_model *m, const char *key, uint32_t *out, bool required,
+		    char *err, size_t errlen)
+{
+	int rc = gpud_gguf_get_u32(m->g, key, out);
+
+	if (rc == SW_ENOTFOUND && !required)
+		return 0;
+	if (rc == SW_ENOTFOUND)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "%s: missing metadata key %s",
+				 m->path, key);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "%s: metadata key %s: %s", m->path, key,
+				 sw_strerror(rc));
+	return 0;
+}
+
+static int meta_f32(struct gpud_model *m, const char *key, float *out, char *err, size_t errlen)
+{
+	int rc = gpud_gguf_get_f32(m->g, key, out);
+
+	if (rc == SW_ENOTFOUND)
+		return 0;
+	if (rc)
+		return sw_seterr(err, errlen, rc, "%s: metadata key %s: %s", m->path, key,
+				 sw_strerror(rc));
+	return 0;
+}
+
+static bool is_matrix_type(enum gpud_type t)
+{
+	return t == GPUD_TYPE_F32 || t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 ||
+	       t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+}
+
+/* Finds name and checks it is (rows, cols) in a supported matrix type. */
+static int get_matrix(struct gpud_model *m, const char *name, int64_t rows, int64_t cols,
+		      struct gpud_weight *w, char *err, size_t errlen)
+{
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(m->g, name);
+
+	if (!t)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "%s: missing tensor %s", m->path, name);
+	if (t->n_dims != 2 || (int64_t)t->ne[0] != cols || (int64_t)t->ne[1] != rows)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: tensor %s has shape [%llu, %llu] (%u dims), expected [%lld, %lld]",
+				 m->path, name, (unsigned long long)t->ne[0],
+				 (unsigned long long)t->ne[1], t->n_dims, (long long)cols,
+				 (long long)rows);
+	if (!is_matrix_type(t->type))
+		return sw_seterr(err, errlen, SW_ETYPE, "%s: tensor %s has unsupported type %s",
+				 m->path, name, gpud_type_name(t->type));
+	if (gpud_type_block_elems(t->type) > 1 && cols % gpud_type_block_elems(t->type))
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: tensor %s: %lld columns not a multiple of the %s block",
+				 m->path, name, (long long)cols, gpud_type_name(t->type));
+	*w = (struct gpud_weight){ .type = t->type, .rows = rows, .cols = cols, .data = t->data };
+	m->weight_bytes += t->nbytes;
+	return 0;
+}
+
+/* Finds name and checks it is an F32 vector of n elements. */
+static int get_vector(struct gpud_model *m, const char *name, int64_t n, const float **out,
+		      char *err, size_t errlen)
+{
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(m->g, name);
+
+	if (!t)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "%s: missing tensor %s", m->path, name);
+	if (t->n_dims != 1 || (int64_t)t->ne[0] != n)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: tensor %s has shape [%llu] (%u dims), expected [%lld]",
+				 m->path, name, (unsigned long long)t->ne[0], t->n_dims,
+				 (long long)n);
+	if (t->type != GPUD_TYPE_F32)
+		return sw_seterr(err, errlen, SW_ETYPE, "%s: tensor %s has type %s, expected f32",
+				 m->path, name, gpud_type_name(t->type));
+	if ((uintptr_t)t->data % sizeof(float))
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: tensor %s is misaligned",
+				 m->path, name);
+	*out = t->data;
+	m->weight_bytes += t->nbytes;
+	return 0;
+}
+
+static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
+{
+	struct gpud_model_hparams *hp = &m->hp;
+	struct gpud_gguf_str arch;
+	uint32_t rope_dims = 0;
+	int rc;
+
+	rc = gpud_gguf_get_str(m->g, "general.architecture", &arch);
+	if (rc)
+		return sw_seterr(err, errlen, rc == SW_ENOTFOUND ? SW_EUNSUPPORTED : rc,
+				 "%s: no general.architecture (not a model file?)", m->path);
+	if (arch.len != 5 || memcmp(arch.s, "llama", 5))
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "%s: unsupported architecture \"%.*s\" (only llama)", m->path,
+				 (int)(arch.len > 64 ? 64 : arch.len), arch.s);
+	if ((rc = meta_u32(m, "llama.embedding_length", &hp->dim, true, err, errlen)) ||
+	    (rc = meta_u32(m, "llama.block_count", &hp->n_layers, true, err, errlen)) ||
+	    (rc = meta_u32(m, "llama.feed_forward_length", &hp->ffn_dim, true, err, errlen)) ||
+	    (rc = meta_u32(m, "llama.attention.head_count", &hp->n_heads, true, err, errlen)) ||
+	    (rc = meta_u32(m, "llama.context_length", &hp->n_ctx, true, err, errlen)))
+		return rc;
+	hp->n_kv_heads = hp->n_heads;
+	hp->norm_eps = 1e-5f;
+	hp->rope_base = 10000.0f;
+	if ((rc = meta_u32(m, "llama.attention.head_count_kv", &hp->n_kv_heads, false, err, errlen)) ||
+	    (rc = meta_u32(m, "llama.rope.dimension_count", &rope_dims, false, err, errlen)) ||
+	    (rc = meta_f32(m, "llama.attention.layer_norm_rms_epsilon", &hp->norm_eps, err, errlen)) ||
+	    (rc = meta_f32(m, "llama.rope.freq_base", &hp->rope_base, err, errlen)))
+		return rc;
+	if (!hp->dim || !hp->n_layers || !hp->ffn_dim || !hp->n_heads || !hp->n_kv_heads ||
+	    !hp->n_ctx || hp->dim % hp->n_heads || hp->n_heads % hp->n_kv_heads ||
+	    hp->n_layers > 4096 || hp->dim > (1u << 20) || hp->ffn_dim > (1u << 22))
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: inconsistent hyper-parameters (dim %u, layers %u, heads %u, "
+				 "kv heads %u, ffn %u, context %u)", m->path, hp->dim, hp->n_layers,
+				 hp->n_heads, hp->n_kv_heads, hp->ffn_dim, hp->n_ctx);
+	hp->head_dim = hp->dim / hp->n_heads;
+	if (hp->head_dim % 2)
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: odd head dimension %u", m->path,
+				 hp->head_dim);
+	if (rope_dims && rope_dims != hp->head_dim)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "%s: partial rotary embedding (rope.dimension_count %u, head dim %u)",
+				 m->path, rope_dims, hp->head_dim);
+	if (!(hp->norm_eps > 0) || !(hp->rope_base > 1) || !isfinite(hp->rope_base))
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: bad rms epsilon %g or rope base %g",
+				 m->path, hp->norm_eps, hp->rope_base);
+	return 0;
+}
+
+/* Llama 3 scaling: a rope_freqs.weight tensor of per-pair factors wins;
+ * otherwise llama.rope.scaling.type "llama3" with its parameters. */
+static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
+{
+	struct gpud_model_hparams *hp = &m->hp;
+	uint32_t half = hp->head_dim / 2;
+	const struct gpud_gguf_tensor *t;
+	struct gpud_gguf_str type;
+	float *factors = NULL;
+	int rc = 0;
+
+	m->rope_inv_freq = calloc(half, sizeof(float));
+	if (!m->rope_inv_freq)
+		return -ENOMEM;
+	t = gpud_gguf_find_tensor(m->g, "rope_freqs.weight");
+	if (t) {
+		const float *f;
+		if ((rc = get_vector(m, "rope_freqs.weight", half, &f, err, errlen)))
+			return rc;
+		for (uint32_t i = 0; i < half; i++)
+			if (!(f[i] > 0) || !isfinite(f[i]))
+				return sw_seterr(err, errlen, SW_EFORMAT,
+						 "%s: rope_freqs.weight[%u] = %g", m->path, i, f[i]);
+		gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, f);
+		hp->rope_scaled = true;
+		return 0;
+	}
+	rc = gpud_gguf_get_str(m->g, "llama.rope.scaling.type", &type);
+	if (rc == 0 && !(type.len == 4 && !memcmp(type.s, "none", 4))) {
+		float factor = LLAMA3_FACTOR, lo = LLAMA3_LOW_FREQ_FACTOR;
+		float hi = LLAMA3_HIGH_FREQ_FACTOR, orig = LLAMA3_ORIG_CTX;
+		uint32_t orig_u = 0;
+
+		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
+			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+					 "%s: unsupported rope scaling type \"%.*s\"", m->path,
+					 (int)(type.len > 32 ? 32 : type.len), type.s);
+		if ((rc = meta_f32(m, "llama.rope.scaling.factor", &factor, err, errlen)) ||
+		    (rc = meta_f32(m, "llama.rope.scaling.low_freq_factor", &lo, err, errlen)) ||
+		    (rc = meta_f32(m, "llama.rope.scaling.high_freq_factor", &hi, err, errlen)) ||
+		    (rc = meta_u32(m, "llama.rope.scaling.original_context_length", &orig_u,
+				   false, err, errlen)))
+			return rc;
+		if (orig_u)
+			orig = (float)orig_u;
+		if (!(factor >= 1) || !(lo > 0) || !(hi > lo) || !(orig > 0))
+			return sw_seterr(err, errlen, SW_EFORMAT,
+					 "%s: bad llama3 rope scaling (factor %g, low %g, high %g, "
+					 "original context %g)", m->path, factor, lo, hi, orig);
+		factors = calloc(half, sizeof(float));
+		if (!factors)
+			return -ENOMEM;
+		llama3_factors(factors, hp->head_dim, hp->rope_base, factor, lo, hi, orig);
+		gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, factors);
+		hp->rope_scaled = true;
+		free(factors);
+		return 0;
+	}
+	if (rc && rc != SW_ENOTFOUND)
+		return sw_seterr(err, errlen, rc, "%s: llama.rope.scaling.type: %s", m->path,
+				 sw_strerror(rc));
+	gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, NULL);
+	return 0;
+}
+
+static int bind_weights(struct gpud_model *m, char *err, size_t errlen)
+{
+	struct gpud_model_hparams *hp = &m->hp;
+	const struct gpud_gguf_tensor *emb;
+	int64_t dim = hp->dim, q_dim = (int64_t)hp->n_heads * hp->head_dim;
+	int64_t kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim, ffn = hp->ffn_dim;
+	char name[96];
+	int rc;
+
+	emb = gpud_gguf_find_tensor(m->g, "token_embd.weight");
+	if (!emb)
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "%s: missing tensor token_embd.weight",
+				 m->path);
+	if (emb->n_dims != 2 || emb->ne[1] == 0 || emb->ne[1] > INT32_MAX)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: tensor token_embd.weight has %u dims / %llu rows", m->path,
+				 emb->n_dims, (unsigned long long)emb->ne[1]);
+	hp->n_vocab = (uint32_t)emb->ne[1];
+	if ((rc = get_matrix(m, "token_embd.weight", hp->n_vocab, dim, &m->w.tok_embd, err, errlen)))
+		return rc;
+	m->layers = calloc(hp->n_layers, sizeof(*m->layers));
+	if (!m->layers)
+		return -ENOMEM;
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		struct gpud_layer_weights *L = &m->layers[l];
+#define BLK(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, l), name)
+		if ((rc = get_vector(m, BLK("attn_norm.weight"), dim, &L->attn_norm, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("attn_q.weight"), q_dim, dim, &L->wq, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("attn_k.weight"), kv_dim, dim, &L->wk, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("attn_v.weight"), kv_dim, dim, &L->wv, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("attn_output.weight"), dim, q_dim, &L->wo, err, errlen)) ||
+		    (rc = get_vector(m, BLK("ffn_norm.weight"), dim, &L->ffn_norm, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("ffn_gate.weight"), ffn, dim, &L->w_gate, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("ffn_up.weight"), ffn, dim, &L->w_up, err, errlen)) ||
+		    (rc = get_matrix(m, BLK("ffn_down.weight"), dim, ffn, &L->w_down, err, errlen)))
+			return rc;
+#undef BLK
+	}
+	m->w.layers = m->layers;
+	if ((rc = get_vector(m, "output_norm.weight", dim, &m->w.out_norm, err, errlen)))
+		return rc;
+	if (gpud_gguf_find_tensor(m->g, "output.weight")) {
+		if ((rc = get_matrix(m, "output.weight", hp->n_vocab, dim, &m->w.output, err, errlen)))
+			return rc;
+	} else {
+		m->w.output = m->w.tok_embd;
+		hp->tied_output = true;
+	}
+	return 0;
+}
+
+int gpud_model_load(struct gpud_model **out, const char *path, char *err, size_t errlen)
+{
+	struct gpud_model *m;
+	int rc;
+
+	*out = NULL;
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->path = strdup(path);
+	if (!m->path) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	rc = gpud_gguf_open(&m->g, path, err, errlen);
+	if (rc)
+		goto out_free;
+	if ((rc = read_hparams(m, err, errlen)) || (rc = bind_weights(m, err, errlen)) ||
+	    (rc = setup_rope(m, err, errlen)))
+		goto out_free;
+	m->w.rope_inv_freq = m->rope_inv_freq;
+	rc = gpud_tokenizer_load(&m->tok, m->g, err, errlen);
+	if (rc)
+		goto out_free;
+	if (gpud_tokenizer_n_vocab(m->tok) > (int32_t)m->hp.n_vocab) {
+		rc = sw_seterr(err, errlen, SW_EFORMAT,
+			       "%s: tokenizer has %d tokens but token_embd.weight only %u rows",
+			       path, gpud_tokenizer_n_vocab(m->tok), m->hp.n_vocab);
+		goto out_free;
+	}
+	*out = m;
+	return 0;
+
+out_free:
+	if (rc == -ENOMEM)
+		sw_seterr(err, errlen, rc, "%s: out of memory", path);
+	gpud_model_free(m);
+	return rc;
+}
+
+void gpud_model_free(struct gpud_model *m)
+{
+	if (!m)
+		return;
+	gpud_tokenizer_free(m->tok);
+	gpud_gguf_close(m->g);
+	free(m->layers);
+	free(m->rope_inv_freq);
+	free(m->path);
+	free(m);
+}
+
+const struct gpud_model_hparams *gpud_model_hparams(const struct gpud_model *m) { return &m->hp; }
+const struct gpud_model_weights *gpud_model_weights(const struct gpud_model *m) { return &m->w; }
+const struct gpud_tokenizer *gpud_model_tokenizer(const struct gpud_model *m) { return m->tok; }
+const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m) { return m->g; }
+const char *gpud_model_path(const struct gpud_model *m) { return m->path; }
+size_t gpud_model_weight_bytes(const struct gpud_model *m) { return m->weight_bytes; }
