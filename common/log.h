@@ -35,9 +35,18 @@ int sw_log_reopen(void);
 /* Installs a SIGUSR1 handler that makes the next log line reopen the file. */
 int sw_log_install_sigusr1(void);
 
-/* Parses "error", "warn", "info", "debug"; returns -1 if unknown. */
+/* Parses "error", "warn" (or "warning"), "info", "debug", in any case;
+ * returns the level or -1 if unknown or NULL. */
 int sw_log_level_parse(const char *s);
 
+/* "error", "warn", "info", "debug"; "unknown" for anything else. Static. */
+const char *sw_log_level_name(int level);
+
+/* Formats and writes one line; use the log_* macros instead, which skip
+ * the call (and the argument evaluation) when the level is filtered.
+ * Lines longer than 4 KiB are cut and end in "...". errno is preserved, and
+ * %m works. Never fails visibly: if the target cannot be written the line
+ * is lost. A reopen requested by SIGUSR1 happens here, before the write. */
 void sw_log_write(enum sw_log_level level, const char *func, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

@@ -1,0 +1,839 @@
+/* config.c - table-driven JSON configuration with env overrides.
+ *
+ * One table per JSON object describes each key: its kind, where it lives in
+ * struct sw_config, its bounds and its environment variable. Loading, env
+ * overrides, error messages and sw_config_to_json all walk the same tables,
+ * so a key added to a table is parsed, overridable, validated and logged.
+ */
+#include "common/config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/err.h"
+#include "common/log.h"
+
+#define CONFIG_FILE_MAX (16u << 20) /* a config is kilobytes; refuse monsters */
+#define PATH_BUF 256                 /* longest key path in an error message */
+
+enum kind {
+	K_STR,          /* char[size] */
+	K_REDIS_URL,    /* char[size], never echoed back (may hold a password) */
+	K_PG_URL,
+	K_U32,          /* uint32_t in [min, max] */
+	K_BYTES,        /* uint64_t in [min, max], integer or "64MiB" */
+	K_FRAC,         /* double in (0, 1] */
+	K_LEVEL,        /* int, enum sw_log_level, as a name */
+	K_DEVICES,      /* devices[] + n_devices */
+	K_OBJ,          /* nested table */
+};
+
+enum {
+	F_NONEMPTY = 1u << 0,
+	F_POW2 = 1u << 1,
+};
+
+struct field {
+	const char *key;
+	enum kind kind;
+	size_t off;                     /* offsetof(struct sw_config, ...) */
+	size_t size;                    /* K_STR / URL buffer size */
+	uint64_t min, max;
+	unsigned flags;
+	const struct field *sub;        /* K_OBJ: table ending in { NULL } */
+	const char *env;                /* SWARM_* override, or NULL */
+};
+
+#define OFF(m) offsetof(struct sw_config, m)
+#define STR(k, m, fl, e) { .key = k, .kind = K_STR, .off = OFF(m), \
+	.size = sizeof(((struct sw_config *)0)->m), .flags = fl, .env = e }
+#define U32(k, m, lo, hi, fl, e) { .key = k, .kind = K_U32, .off = OFF(m), \
+	.min = lo, .max = hi, .flags = fl, .env = e }
+#define BYTES(k, m, lo, hi) { .key = k, .kind = K_BYTES, .off = OFF(m), .min = lo, .max = hi }
+#define OBJ(k, t) { .key = k, .kind = K_OBJ, .sub = t }
+
+#define MS_HOUR 3600000u
+#define MS_DAY 86400000u
+
+static const struct field log_fields[] = {
+	{ .key = "level", .kind = K_LEVEL, .off = OFF(log.level), .env = "SWARM_LOG_LEVEL" },
+	STR("file", log.file, 0, "SWARM_LOG_FILE"),
+	{ NULL },
+};
+
+static const struct field redis_fields[] = {
+	{ .key = "url", .kind = K_REDIS_URL, .off = OFF(redis.url),
+	  .size = sizeof(((struct sw_config *)0)->redis.url), .env = "SWARM_REDIS_URL" },
+	{ NULL },
+};
+
+static const struct field postgres_fields[] = {
+	{ .key = "url", .kind = K_PG_URL, .off = OFF(postgres.url),
+	  .size = sizeof(((struct sw_config *)0)->postgres.url), .env = "SWARM_PG_URL" },
+	{ NULL },
+};
+
+static const struct field queue_fields[] = {
+	U32("per_connection", gpud.queue.per_connection, 1, 1u << 20, 0, NULL),
+	U32("global", gpud.queue.global, 1, 1u << 24, 0, NULL),
+	{ NULL },
+};
+
+static const struct field gpud_fields[] = {
+	STR("socket", gpud.socket, F_NONEMPTY, "SWARM_GPUD_SOCKET"),
+	STR("model", gpud.model, 0, "SWARM_MODEL"),
+	{ .key = "devices", .kind = K_DEVICES, .off = OFF(gpud.devices), .env = "SWARM_DEVICES" },
+	U32("threads", gpud.threads, 0, 1024, 0, "SWARM_THREADS"),
+	{ .key = "memory_fraction", .kind = K_FRAC, .off = OFF(gpud.memory_fraction) },
+	U32("kv_block_tokens", gpud.kv_block_tokens, 1, 1024, F_POW2, NULL),
+	U32("kv_blocks", gpud.kv_blocks, 0, 1u << 24, 0, NULL),
+	U32("max_batch_tokens", gpud.max_batch_tokens, 1, 1u << 20, 0, NULL),
+	U32("max_seqs", gpud.max_seqs, 1, 65536, 0, NULL),
+	U32("max_segments", gpud.max_segments, 64, 127, 0, NULL),
+	U32("context", gpud.context, 0, 1u << 24, 0, NULL),
+	BYTES("mask_cache_bytes", gpud.mask_cache_bytes, 4096, 1ull << 40),
+	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
+	OBJ("queue", queue_fields),
+	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
+	{ NULL },
+};
+
+static const struct field agentd_fields[] = {
+	U32("workers", agentd.workers, 1, 4096, 0, "SWARM_WORKERS"),
+	U32("max_attempts", agentd.max_attempts, 1, 1000, 0, NULL),
+	U32("lease_ms", agentd.lease_ms, 1000, MS_DAY, 0, NULL),
+	U32("max_tasks_per_worker", agentd.max_tasks_per_worker, 0, UINT32_MAX, 0, NULL),
+	U32("heartbeat_ms", agentd.heartbeat_ms, 100, MS_HOUR, 0, NULL),
+	U32("restart_backoff_min_ms", agentd.restart_backoff_min_ms, 1, MS_HOUR, 0, NULL),
+	U32("restart_backoff_max_ms", agentd.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
+	U32("crash_window_ms", agentd.crash_window_ms, 1000, MS_DAY, 0, NULL),
+	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
+	{ NULL },
+};
+
+static const struct field root_fields[] = {
+	STR("state_dir", state_dir, F_NONEMPTY, "SWARM_STATE_DIR"),
+	OBJ("log", log_fields),
+	OBJ("redis", redis_fields),
+	OBJ("postgres", postgres_fields),
+	OBJ("gpud", gpud_fields),
+	OBJ("agentd", agentd_fields),
+	{ NULL },
+};
+
+void sw_config_defaults(struct sw_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/swarm");
+	cfg->log.level = SW_LOG_INFO;
+	snprintf(cfg->redis.url, sizeof(cfg->redis.url), "redis://127.0.0.1:6379/0");
+	snprintf(cfg->postgres.url, sizeof(cfg->postgres.url),
+		 "postgresql://swarm@127.0.0.1:5432/swarm");
+
+	snprintf(cfg->gpud.socket, sizeof(cfg->gpud.socket), "/run/swarm/gpud.sock");
+	cfg->gpud.devices[0] = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
+	cfg->gpud.n_devices = 1;
+	cfg->gpud.threads = 0;
+	cfg->gpud.memory_fraction = 0.9;
+	cfg->gpud.kv_block_tokens = 16;
+	cfg->gpud.kv_blocks = 0;
+	cfg->gpud.max_batch_tokens = 2048;
+	cfg->gpud.max_seqs = 64;
+	cfg->gpud.max_segments = 64;
+	cfg->gpud.context = 0;
+	cfg->gpud.mask_cache_bytes = 64ull << 20;
+	cfg->gpud.prefix_cache_bytes = 4ull << 30;
+	cfg->gpud.queue.per_connection = 64;
+	cfg->gpud.queue.global = 1024;
+	cfg->gpud.shutdown_deadline_ms = 30000;
+
+	cfg->agentd.workers = 4;
+	cfg->agentd.max_attempts = 5;
+	cfg->agentd.lease_ms = 300000;
+	cfg->agentd.max_tasks_per_worker = 1000;
+	cfg->agentd.heartbeat_ms = 10000;
+	cfg->agentd.restart_backoff_min_ms = 100;
+	cfg->agentd.restart_backoff_max_ms = 30000;
+	cfg->agentd.crash_window_ms = 60000;
+	cfg->agentd.crash_limit = 5;
+}
+
+/* ---- messages ------------------------------------------------------- */
+
+/* A short rendering of a JSON value for "got ..." in messages. */
+static void describe(const json_t *v, char *out, size_t outlen)
+{
+	switch (json_typeof(v)) {
+	case JSON_STRING: {
+		const char *s = json_string_value(v);
+		size_t n = json_string_length(v);
+		if (n > 40)
+			snprintf(out, outlen, "\"%.37s...\"", s);
+		else
+			snprintf(out, outlen, "\"%s\"", s);
+		break;
+	}
+	case JSON_INTEGER:
+		snprintf(out, outlen, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+		break;
+	case JSON_REAL:
+		snprintf(out, outlen, "%g", json_real_value(v));
+		break;
+	case JSON_TRUE:
+		snprintf(out, outlen, "true");
+		break;
+	case JSON_FALSE:
+		snprintf(out, outlen, "false");
+		break;
+	case JSON_NULL:
+		snprintf(out, outlen, "null");
+		break;
+	case JSON_OBJECT:
+		snprintf(out, outlen, "an object");
+		break;
+	case JSON_ARRAY:
+		snprintf(out, outlen, "an array");
+		break;
+	}
+}
+
+static int expected(char *err, size_t errlen, int code, const char *path,
+		    const char *what, const json_t *got)
+{
+	char g[64];
+
+	if (!got)
+		return sw_seterr(err, errlen, code, "%s: expected %s", path, what);
+	describe(got, g, sizeof(g));
+	return sw_seterr(err, errlen, code, "%s: expected %s, got %s", path, what, g);
+}
+
+/* Edit distance, for "did you mean" on unknown keys. Keys are short. */
+static unsigned edit_distance(const char *a, const char *b)
+{
+	unsigned row[64];
+	size_t la = strlen(a), lb = strlen(b);
+
+	if (la >= 63 || lb >= 63)
+		return 99;
+	for (size_t j = 0; j <= lb; j++)
+		row[j] = (unsigned)j;
+	for (size_t i = 1; i <= la; i++) {
+		unsigned diag = row[0];
+		row[0] = (unsigned)i;
+		for (size_t j = 1; j <= lb; j++) {
+			unsigned up = row[j];
+			unsigned best = diag + (a[i - 1] != b[j - 1]);
+			if (up + 1 < best)
+				best = up + 1;
+			if (row[j - 1] + 1 < best)
+				best = row[j - 1] + 1;
+			row[j] = best;
+			diag = up;
+		}
+	}
+	return row[lb];
+}
+
+static int unknown_key(char *err, size_t errlen, const char *path, const char *key,
+		       const struct field *table)
+{
+	const char *best = NULL;
+	unsigned best_d = 3; /* suggest only close matches */
+
+	for (const struct field *f = table; f->key; f++) {
+		unsigned d = edit_distance(key, f->key);
+		if (d < best_d) {
+			best_d = d;
+			best = f->key;
+		}
+	}
+	if (best)
+		return sw_seterr(err, errlen, -EINVAL, "%s: unknown key (did you mean \"%s\"?)",
+				 path, best);
+	return sw_seterr(err, errlen, -EINVAL, "%s: unknown key", path);
+}
+
+/* ---- value parsers -------------------------------------------------- */
+
+static bool parse_u64(const char *s, uint64_t *out)
+{
+	uint64_t v = 0;
+
+	if (!*s)
+		return false;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return false;
+		unsigned d = (unsigned)(*s - '0');
+		if (v > (UINT64_MAX - d) / 10)
+			return false;
+		v = v * 10 + d;
+	}
+	*out = v;
+	return true;
+}
+
+/* "123", "64MiB", "2 GiB", "512KiB", "10B". */
+static bool parse_size(const char *s, uint64_t *out)
+{
+	static const struct {
+		const char *unit;
+		unsigned shift;
+	} units[] = { { "", 0 }, { "B", 0 }, { "KiB", 10 }, { "MiB", 20 },
+		      { "GiB", 30 }, { "TiB", 40 } };
+	char num[32];
+	size_t n = 0;
+
+	while (s[n] >= '0' && s[n] <= '9')
+		n++;
+	if (n == 0 || n >= sizeof(num))
+		return false;
+	memcpy(num, s, n);
+	num[n] = '\0';
+	const char *unit = s + n;
+	if (*unit == ' ')
+		unit++;
+	uint64_t v;
+	if (!parse_u64(num, &v))
+		return false;
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(unit, units[i].unit) != 0)
+			continue;
+		if (units[i].shift && v > (UINT64_MAX >> units[i].shift))
+			return false;
+		*out = v << units[i].shift;
+		return true;
+	}
+	return false;
+}
+
+static int parse_device(const char *s, struct sw_config_device *d)
+{
+	uint64_t n;
+
+	if (strcmp(s, "cpu") == 0) {
+		*d = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
+		return 0;
+	}
+	if (strncmp(s, "cuda:", 5) == 0 && parse_u64(s + 5, &n) && n < 256 &&
+	    (s[5] != '0' || s[6] == '\0')) {
+		*d = (struct sw_config_device){ SW_DEVICE_CUDA, (int)n };
+		return 0;
+	}
+	return -EINVAL;
+}
+
+void sw_config_device_name(const struct sw_config_device *d, char *out, size_t outlen)
+{
+	if (d->kind == SW_DEVICE_CUDA)
+		snprintf(out, outlen, "cuda:%d", d->index);
+	else
+		snprintf(out, outlen, "cpu");
+}
+
+static bool redis_url_ok(const char *s)
+{
+	return strncmp(s, "redis://", 8) == 0 || strncmp(s, "rediss://", 9) == 0 ||
+	       strncmp(s, "unix://", 7) == 0;
+}
+
+static bool pg_url_ok(const char *s)
+{
+	return strncmp(s, "postgres://", 11) == 0 || strncmp(s, "postgresql://", 13) == 0 ||
+	       (s[0] && strchr(s, '=') && !strstr(s, "://"));
+}
+
+/* ---- setting one field ---------------------------------------------- */
+
+static int set_string(const struct field *f, char *dst, const json_t *v, const char *path,
+		      char *err, size_t errlen)
+{
+	char what[64];
+
+	if (!json_is_string(v)) {
+		const char *w = f->kind == K_REDIS_URL ? "a redis://, rediss:// or unix:// URL" :
+				f->kind == K_PG_URL ? "a postgres:// URL or a key=value conninfo string" :
+				(f->flags & F_NONEMPTY) ? "a non-empty string" : "a string";
+		return expected(err, errlen, SW_ETYPE, path, w, v);
+	}
+	const char *s = json_string_value(v);
+	size_t n = json_string_length(v);
+	if (n != strlen(s))
+		return expected(err, errlen, -EINVAL, path, "a string without NUL bytes", NULL);
+	if (n >= f->size) {
+		snprintf(what, sizeof(what), "a string of at most %zu bytes", f->size - 1);
+		return expected(err, errlen, -EINVAL, path, what, NULL);
+	}
+	/* URLs may carry passwords: never echo them into a log. */
+	if (f->kind == K_REDIS_URL && !redis_url_ok(s))
+		return expected(err, errlen, -EINVAL, path, "a redis://, rediss:// or unix:// URL",
+				NULL);
+	if (f->kind == K_PG_URL && !pg_url_ok(s))
+		return expected(err, errlen, -EINVAL, path,
+				"a postgres:// URL or a key=value conninfo string", NULL);
+	if ((f->flags & F_NONEMPTY) && n == 0)
+		return expected(err, errlen, -EINVAL, path, "a non-empty string", NULL);
+	memcpy(dst, s, n + 1);
+	return 0;
+}
+
+static int set_devices(struct sw_config *cfg, const json_t *v, const char *path,
+		       char *err, size_t errlen)
+{
+	struct sw_config_device devs[SW_CONFIG_MAX_DEVICES];
+	char what[64], ipath[PATH_BUF];
+	size_t i;
+	json_t *item;
+
+	if (!json_is_array(v))
+		return expected(err, errlen, SW_ETYPE, path,
+				"an array of \"cpu\" or \"cuda:N\"", v);
+	if (json_array_size(v) == 0)
+		return expected(err, errlen, -EINVAL, path, "at least one device", NULL);
+	if (json_array_size(v) > SW_CONFIG_MAX_DEVICES) {
+		snprintf(what, sizeof(what), "at most %d devices", SW_CONFIG_MAX_DEVICES);
+		return expected(err, errlen, -EINVAL, path, what, NULL);
+	}
+	json_array_foreach(v, i, item) {
+		snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
+		if (!json_is_string(item))
+			return expected(err, errlen, SW_ETYPE, ipath, "\"cpu\" or \"cuda:N\"", item);
+		if (parse_device(json_string_value(item), &devs[i]))
+			return expected(err, errlen, -EINVAL, ipath, "\"cpu\" or \"cuda:N\"", item);
+	}
+	memcpy(cfg->gpud.devices, devs, i * sizeof(devs[0]));
+	cfg->gpud.n_devices = (uint32_t)i;
+	return 0;
+}
+
+static int set_field(struct sw_config *cfg, const struct field *f, const json_t *v,
+		     const char *path, char *err, size_t errlen);
+
+static int set_object(struct sw_config *cfg, const struct field *table, const json_t *obj,
+		      const char *path, char *err, size_t errlen)
+{
+	char kpath[PATH_BUF];
+	const char *key;
+	json_t *v;
+
+	if (!json_is_object(obj))
+		return expected(err, errlen, SW_ETYPE, path[0] ? path : "(root)", "an object", obj);
+	json_object_foreach((json_t *)obj, key, v) {
+		snprintf(kpath, sizeof(kpath), "%s%s%s", path, path[0] ? "." : "", key);
+		/* Keys starting with "//" are comments (JSON has none). */
+		if (strncmp(key, "//", 2) == 0)
+			continue;
+		const struct field *f = table;
+		while (f->key && strcmp(f->key, key) != 0)
+			f++;
+		if (!f->key)
+			return unknown_key(err, errlen, kpath, key, table);
+		int rc = set_field(cfg, f, v, kpath, err, errlen);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+static int set_field(struct sw_config *cfg, const struct field *f, const json_t *v,
+		     const char *path, char *err, size_t errlen)
+{
+	char *base = (char *)cfg;
+	char what[128];
+	uint64_t u;
+
+	switch (f->kind) {
+	case K_STR:
+	case K_REDIS_URL:
+	case K_PG_URL:
+		return set_string(f, base + f->off, v, path, err, errlen);
+
+	case K_U32:
+		if (f->flags & F_POW2)
+			snprintf(what, sizeof(what), "a power of two in [%" PRIu64 ", %" PRIu64 "]",
+				 f->min, f->max);
+		else
+			snprintf(what, sizeof(what), "an integer in [%" PRIu64 ", %" PRIu64 "]",
+				 f->min, f->max);
+		if (!json_is_integer(v))
+			return expected(err, errlen, SW_ETYPE, path, what, v);
+		if (json_integer_value(v) < 0)
+			return expected(err, errlen, -EINVAL, path, what, v);
+		u = (uint64_t)json_integer_value(v);
+		if (u < f->min || u > f->max || ((f->flags & F_POW2) && (u & (u - 1))))
+			return expected(err, errlen, -EINVAL, path, what, v);
+		*(uint32_t *)(base + f->off) = (uint32_t)u;
+		return 0;
+
+	case K_BYTES:
+		snprintf(what, sizeof(what),
+			 "a byte size in [%" PRIu64 ", %" PRIu64 "] (an integer or \"64MiB\")",
+			 f->min, f->max);
+		if (json_is_integer(v)) {
+			if (json_integer_value(v) < 0)
+				return expected(err, errlen, -EINVAL, path, what, v);
+			u = (uint64_t)json_integer_value(v);
+		} else if (json_is_string(v)) {
+			if (!parse_size(json_string_value(v), &u))
+				return expected(err, errlen, -EINVAL, path, what, v);
+		} else {
+			return expected(err, errlen, SW_ETYPE, path, what, v);
+		}
+		if (u < f->min || u > f->max)
+			return expected(err, errlen, -EINVAL, path, what, v);
+		*(uint64_t *)(base + f->off) = u;
+		return 0;
+
+	case K_FRAC: {
+		if (!json_is_number(v))
+			return expected(err, errlen, SW_ETYPE, path, "a number in (0, 1]", v);
+		double d = json_number_value(v);
+		if (!(d > 0.0 && d <= 1.0))
+			return expected(err, errlen, -EINVAL, path, "a number in (0, 1]", v);
+		*(double *)(base + f->off) = d;
+		return 0;
+	}
+
+	case K_LEVEL: {
+		static const char w[] = "\"error\", \"warn\", \"info\" or \"debug\"";
+		if (!json_is_string(v))
+			return expected(err, errlen, SW_ETYPE, path, w, v);
+		int lvl = sw_log_level_parse(json_string_value(v));
+		if (lvl < 0)
+			return expected(err, errlen, -EINVAL, path, w, v);
+		*(int *)(base + f->off) = lvl;
+		return 0;
+	}
+
+	case K_DEVICES:
+		return set_devices(cfg, v, path, err, errlen);
+
+	case K_OBJ:
+		return set_object(cfg, f->sub, v, path, err, errlen);
+	}
+	return sw_seterr(err, errlen, -EINVAL, "%s: internal error: bad field kind", path);
+}
+
+/* ---- cross-field checks --------------------------------------------- */
+
+int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, size_t errlen)
+{
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+	const typeof(cfg->agentd) *a = &cfg->agentd;
+
+	if (g->queue.per_connection > g->queue.global)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "gpud.queue.per_connection: expected at most gpud.queue.global (%u), got %u",
+				 g->queue.global, g->queue.per_connection);
+	for (uint32_t i = 0; i < g->n_devices; i++) {
+		if (g->devices[i].kind != SW_DEVICE_CUDA)
+			continue; /* several cpu devices are allowed (scheduler tests) */
+		for (uint32_t j = 0; j < i; j++)
+			if (g->devices[j].kind == SW_DEVICE_CUDA &&
+			    g->devices[j].index == g->devices[i].index)
+				return sw_seterr(err, errlen, -EINVAL,
+						 "gpud.devices[%u]: \"cuda:%d\" duplicates gpud.devices[%u]",
+						 i, g->devices[i].index, j);
+	}
+	if (a->restart_backoff_min_ms > a->restart_backoff_max_ms)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "agentd.restart_backoff_min_ms: expected at most agentd.restart_backoff_max_ms (%u), got %u",
+				 a->restart_backoff_max_ms, a->restart_backoff_min_ms);
+	if (a->heartbeat_ms >= a->lease_ms)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "agentd.heartbeat_ms: expected less than agentd.lease_ms (%u), got %u",
+				 a->lease_ms, a->heartbeat_ms);
+	if ((flags & SW_CONFIG_NEED_MODEL) && !g->model[0])
+		return sw_seterr(err, errlen, -EINVAL,
+				 "gpud.model: required (set it in the config file or SWARM_MODEL)");
+	return 0;
+}
+
+/* ---- loading -------------------------------------------------------- */
+
+int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, size_t errlen)
+{
+	struct sw_config tmp;
+	json_error_t jerr;
+	json_t *root;
+	int rc;
+
+	root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root)
+		return sw_seterr(err, errlen, SW_EFORMAT, "line %d, column %d: %s",
+				 jerr.line, jerr.column, jerr.text);
+	sw_config_defaults(&tmp);
+	rc = set_object(&tmp, root_fields, root, "", err, errlen);
+	json_decref(root);
+	if (rc)
+		return rc;
+	rc = sw_config_validate(&tmp, 0, err, errlen);
+	if (rc)
+		return rc;
+	*cfg = tmp;
+	return 0;
+}
+
+int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen)
+{
+	char msg[512];
+	char *buf;
+	size_t n;
+	long size;
+	int rc;
+	FILE *fp = fopen(path, "re");
+
+	if (!fp)
+		return sw_seterr(err, errlen, -errno, "%s: %s", path, strerror(errno));
+	if (fseek(fp, 0, SEEK_END) < 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) < 0) {
+		rc = sw_seterr(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		goto out_close;
+	}
+	if ((unsigned long)size > CONFIG_FILE_MAX) {
+		rc = sw_seterr(err, errlen, SW_ETOOLONG, "%s: larger than %u bytes", path,
+			       CONFIG_FILE_MAX);
+		goto out_close;
+	}
+	buf = malloc((size_t)size + 1);
+	if (!buf) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "%s: out of memory", path);
+		goto out_close;
+	}
+	n = fread(buf, 1, (size_t)size, fp);
+	if (ferror(fp)) {
+		rc = sw_seterr(err, errlen, -EIO, "%s: read error", path);
+		goto out_free_buf;
+	}
+	buf[n] = '\0';
+	if (strlen(buf) != n) {
+		rc = sw_seterr(err, errlen, SW_EFORMAT, "%s: contains a NUL byte", path);
+		goto out_free_buf;
+	}
+	rc = sw_config_load_string(buf, cfg, msg, sizeof(msg));
+	if (rc)
+		sw_seterr(err, errlen, rc, "%s: %s", path, msg);
+
+out_free_buf:
+	free(buf);
+out_close:
+	fclose(fp);
+	return rc;
+}
+
+/* ---- environment ---------------------------------------------------- */
+
+/* The env string as the JSON value a config file would hold, so one set of
+ * checks and messages serves both. NULL when out of memory. */
+static json_t *env_value(const struct field *f, const char *s)
+{
+	uint64_t u;
+
+	switch (f->kind) {
+	case K_U32:
+	case K_BYTES:
+		if (parse_u64(s, &u) && u <= INT64_MAX)
+			return json_integer((json_int_t)u);
+		return json_string(s);
+	case K_DEVICES: {
+		json_t *arr = json_array();
+		const char *p = s;
+		if (!arr || !*s)
+			return arr; /* "" -> [] -> "expected at least one device" */
+		for (;;) {
+			const char *comma = strchr(p, ',');
+			size_t len = comma ? (size_t)(comma - p) : strlen(p);
+			if (json_array_append_new(arr, json_stringn(p, len))) {
+				json_decref(arr);
+				return NULL;
+			}
+			if (!comma)
+				return arr;
+			p = comma + 1;
+		}
+	}
+	default:
+		return json_string(s);
+	}
+}
+
+static int apply_env_table(struct sw_config *cfg, const struct field *table, char *err,
+			   size_t errlen)
+{
+	for (const struct field *f = table; f->key; f++) {
+		int rc;
+
+		if (f->kind == K_OBJ) {
+			rc = apply_env_table(cfg, f->sub, err, errlen);
+			if (rc)
+				return rc;
+			continue;
+		}
+		if (!f->env)
+			continue;
+		const char *s = getenv(f->env);
+		if (!s)
+			continue;
+		json_t *v = env_value(f, s);
+		if (!v)
+			return sw_seterr(err, errlen, -ENOMEM, "%s: out of memory", f->env);
+		rc = set_field(cfg, f, v, f->env, err, errlen);
+		json_decref(v);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen)
+{
+	struct sw_config tmp = *cfg;
+	int rc;
+
+	rc = apply_env_table(&tmp, root_fields, err, errlen);
+	if (rc)
+		return rc;
+	rc = sw_config_validate(&tmp, 0, err, errlen);
+	if (rc)
+		return rc;
+	*cfg = tmp;
+	return 0;
+}
+
+/* ---- output --------------------------------------------------------- */
+
+/* Appends "***" (or as much as fits) to out[0, len); returns the new len. */
+static size_t redact_span(char *out, size_t len, size_t outlen)
+{
+	size_t room = outlen - 1 - len;
+	size_t n = room < 3 ? room : 3;
+
+	memcpy(out + len, "***", n);
+	return len + n;
+}
+
+void sw_config_redact_url(const char *url, char *out, size_t outlen)
+{
+	size_t len = 0;
+	const char *p = url;
+	const char *scheme_end = strstr(url, "://");
+	const char *user_end = NULL; /* the ':' before a userinfo password */
+	const char *at = NULL;
+
+	if (outlen == 0)
+		return;
+	if (scheme_end) {
+		const char *auth = scheme_end + 3;
+		/* The userinfo ends at the last '@': an unencoded password may
+		 * hold '/', '?' or '#', and over-redacting a log line is harmless. */
+		at = strrchr(auth, '@');
+		if (at) {
+			const char *colon = memchr(auth, ':', (size_t)(at - auth));
+			if (colon)
+				user_end = colon;
+		}
+	}
+	while (*p && len + 1 < outlen) {
+		if (p == user_end) {
+			out[len++] = ':';
+			len = redact_span(out, len, outlen);
+			p = at;
+			continue;
+		}
+		/* password=value as a conninfo keyword or a query parameter. */
+		if (strncasecmp(p, "password=", 9) == 0 &&
+		    (p == url || p[-1] == ' ' || p[-1] == '?' || p[-1] == '&')) {
+			size_t n = 9 < outlen - 1 - len ? 9 : outlen - 1 - len;
+			memcpy(out + len, p, n);
+			len += n;
+			if (n < 9)
+				break;
+			len = redact_span(out, len, outlen);
+			p += 9;
+			if (*p == '\'') { /* conninfo quoting, \' escapes a quote */
+				p++;
+				while (*p && !(*p == '\'' && p[-1] != '\\'))
+					p++;
+				if (*p)
+					p++;
+			} else {
+				p += strcspn(p, " &#");
+			}
+			continue;
+		}
+		out[len++] = *p++;
+	}
+	out[len] = '\0';
+}
+
+static json_t *table_to_json(const struct sw_config *cfg, const struct field *table)
+{
+	const char *base = (const char *)cfg;
+	json_t *obj = json_object();
+	char buf[SW_CONFIG_URL_MAX];
+
+	if (!obj)
+		return NULL;
+	for (const struct field *f = table; f->key; f++) {
+		json_t *v = NULL;
+
+		switch (f->kind) {
+		case K_STR:
+			v = json_string(base + f->off);
+			break;
+		case K_REDIS_URL:
+		case K_PG_URL:
+			sw_config_redact_url(base + f->off, buf, sizeof(buf));
+			v = json_string(buf);
+			break;
+		case K_U32:
+			v = json_integer(*(const uint32_t *)(base + f->off));
+			break;
+		case K_BYTES:
+			v = json_integer((json_int_t)*(const uint64_t *)(base + f->off));
+			break;
+		case K_FRAC:
+			v = json_real(*(const double *)(base + f->off));
+			break;
+		case K_LEVEL:
+			v = json_string(sw_log_level_name(*(const int *)(base + f->off)));
+			break;
+		case K_DEVICES:
+			v = json_array();
+			for (uint32_t i = 0; v && i < cfg->gpud.n_devices; i++) {
+				sw_config_device_name(&cfg->gpud.devices[i], buf, sizeof(buf));
+				if (json_array_append_new(v, json_string(buf))) {
+					json_decref(v);
+					v = NULL;
+				}
+			}
+			break;
+		case K_OBJ:
+			v = table_to_json(cfg, f->sub);
+			break;
+		}
+		if (!v || json_object_set_new(obj, f->key, v)) {
+			json_decref(obj);
+			return NULL;
+		}
+	}
+	return obj;
+}
+
+char *sw_config_to_json(const struct sw_config *cfg)
+{
+	json_t *root = table_to_json(cfg, root_fields);
+	char *s;
+
+	if (!root)
+		return NULL;
+	s = json_dumps(root, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(15));
+	json_decref(root);
+	return s;
+}

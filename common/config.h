@@ -1,0 +1,136 @@
+/* config.h - the whole swarm configuration: one struct, defaults, a JSON
+ * file, environment overrides, validation.
+ *
+ * Layering: sw_config_defaults() < the JSON file < SWARM_* environment
+ * variables. Every value has a default except gpud.model. Unknown keys are
+ * errors, so a typo never passes silently; every error names the exact key
+ * path and what was expected:
+ *
+ *   gpud.devices[2]: expected "cpu" or "cuda:N", got "gpu0"
+ *   gpud.thread: unknown key (did you mean "threads"?)
+ *
+ * Byte sizes accept an integer or a string with a binary unit ("64MiB",
+ * "2GiB"; units B, KiB, MiB, GiB, TiB). config/swarm.json documents every
+ * key. The struct is plain data (no pointers): copy it freely.
+ */
+#ifndef SW_CONFIG_H
+#define SW_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define SW_CONFIG_PATH_MAX 1024
+#define SW_CONFIG_URL_MAX 1024
+#define SW_CONFIG_SOCKET_MAX 108   /* sizeof(sockaddr_un.sun_path) */
+#define SW_CONFIG_MAX_DEVICES 16
+
+enum sw_device_kind {
+	SW_DEVICE_CPU = 0,
+	SW_DEVICE_CUDA = 1,
+};
+
+struct sw_config_device {
+	enum sw_device_kind kind;
+	int index;                              /* CUDA ordinal; 0 for cpu */
+};
+
+struct sw_config {
+	char state_dir[SW_CONFIG_PATH_MAX];     /* checkpoints, pid files */
+
+	struct {
+		int level;                      /* enum sw_log_level */
+		char file[SW_CONFIG_PATH_MAX];  /* "" = stderr */
+	} log;
+
+	struct {
+		char url[SW_CONFIG_URL_MAX];    /* redis://, rediss:// or unix:// */
+	} redis;
+
+	struct {
+		char url[SW_CONFIG_URL_MAX];    /* postgres[ql]:// URL or key=value conninfo */
+	} postgres;
+
+	struct {
+		char socket[SW_CONFIG_SOCKET_MAX];
+		char model[SW_CONFIG_PATH_MAX]; /* GGUF file; required by gpud */
+		struct sw_config_device devices[SW_CONFIG_MAX_DEVICES];
+		uint32_t n_devices;             /* >= 1 */
+		uint32_t threads;               /* cpu backend threads; 0 = online CPUs */
+		double memory_fraction;         /* of each device, 0 < x <= 1 */
+		uint32_t kv_block_tokens;       /* power of two, 1..1024 */
+		uint32_t kv_blocks;             /* per device; 0 = derive from memory */
+		uint32_t max_batch_tokens;      /* tokens per forward step */
+		uint32_t max_seqs;              /* sequences in flight per device */
+		uint32_t max_segments;          /* 64..127 mask segments per request */
+		uint32_t context;               /* 0 = the model's trained context */
+		uint64_t mask_cache_bytes;
+		uint64_t prefix_cache_bytes;    /* 0 = prefix cache off */
+		struct {
+			uint32_t per_connection; /* queued requests per client */
+			uint32_t global;         /* queued requests in all */
+		} queue;
+		uint32_t shutdown_deadline_ms;
+	} gpud;
+
+	struct {
+		uint32_t workers;
+		uint32_t max_attempts;          /* deliveries before dead-letter */
+		uint32_t lease_ms;              /* XAUTOCLAIM idle threshold */
+		uint32_t max_tasks_per_worker;  /* then recycle; 0 = never */
+		uint32_t heartbeat_ms;          /* < lease_ms */
+		uint32_t restart_backoff_min_ms;
+		uint32_t restart_backoff_max_ms;
+		uint32_t crash_window_ms;
+		uint32_t crash_limit;           /* crashes per window before failed */
+	} agentd;
+};
+
+/* Flags for sw_config_validate. */
+enum {
+	SW_CONFIG_NEED_MODEL = 1u << 0, /* gpud: gpud.model must be set */
+};
+
+/* Fills cfg with the defaults (gpud.model empty). Never fails. */
+void sw_config_defaults(struct sw_config *cfg);
+
+/* Parses JSON text: cfg becomes the defaults overlaid with its keys, then
+ * cross-checked (sw_config_validate without flags). Returns 0, SW_EFORMAT
+ * (bad JSON: "line L, column C: ..."), SW_ETYPE or -EINVAL (a value or
+ * key is wrong: "<key path>: ..."), or -ENOMEM. On error err holds the
+ * message and cfg is unchanged. */
+int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, size_t errlen);
+
+/* As sw_config_load_string on the file's contents; messages start with
+ * "<path>: ". A missing or unreadable file returns the negated errno. */
+int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen);
+
+/* Applies the SWARM_* overrides present in the environment (an unset
+ * variable is ignored; a set one, even empty, must be valid):
+ *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
+ *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu,cuda:0")
+ *   SWARM_THREADS SWARM_WORKERS
+ * Errors name the variable ("SWARM_WORKERS: expected an integer in
+ * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
+int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);
+
+/* Cross-field checks (queue.per_connection <= queue.global, backoff
+ * min <= max, heartbeat < lease, no duplicate device) and, with
+ * SW_CONFIG_NEED_MODEL, that gpud.model is set. Returns 0 or -EINVAL. */
+int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, size_t errlen);
+
+/* The effective configuration as compact JSON with sorted keys, passwords
+ * in URLs replaced by "***". It loads back with sw_config_load_string
+ * (redacted URLs aside). Returns a malloc'd string the caller frees, or
+ * NULL when out of memory. */
+char *sw_config_to_json(const struct sw_config *cfg);
+
+/* Copies url to out with any password replaced by "***": the userinfo
+ * password of a URL (scheme://user:secret@host) and any password=value
+ * (conninfo keyword or query parameter). Always NUL-terminates (when
+ * outlen > 0); truncates to fit. */
+void sw_config_redact_url(const char *url, char *out, size_t outlen);
+
+/* "cpu" or "cuda:N" into out. */
+void sw_config_device_name(const struct sw_config_device *d, char *out, size_t outlen);
+
+#endif
