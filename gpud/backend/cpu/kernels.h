@@ -4,12 +4,17 @@
  *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
  *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
- * Quantized weights are used in place: activations are quantized to Q8_0
- * once per row of x and the dot products run on the integer blocks.
+ * Quantized weights are used in place: activations are quantized to 8 bits
+ * (32 per block, one fp32 scale per block) once per row of x and per
+ * gpud_matmul call, and the dot products run on the integer blocks.
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions are
  * chosen at run time (gpud_cpu_features()). The portable versions are the
  * reference the tests check the vector ones against.
+ *
+ * None of these functions allocates, takes a lock or fails: arguments are
+ * the caller's responsibility (types must be one of the five supported,
+ * sizes multiples of the block). They are safe to call from any thread.
  */
 #ifndef GPUD_KERNELS_H
 #define GPUD_KERNELS_H
@@ -33,13 +38,17 @@ struct gpud_block_q4_0 {
 	uint8_t qs[GPUD_QK / 2];
 };
 
+/* Scalar conversions, round to nearest even. Subnormals are kept, overflow
+ * gives Inf, NaN stays NaN (made quiet, sign and top payload bits kept). */
 float gpud_fp16_to_fp32(uint16_t h);
 uint16_t gpud_fp32_to_fp16(float f); /* round to nearest even */
 float gpud_bf16_to_fp32(uint16_t h);
 uint16_t gpud_fp32_to_bf16(float f); /* round to nearest even */
 
 /* Converts n floats (n a multiple of the type's block) into type t.
- * Used by mkmodel and by activation quantization. */
+ * Used by mkmodel and by activation quantization. Q8_0: d = max|x| / 127,
+ * q = round(x / d). Q4_0: d = m / -8 where m is the x of largest |x|,
+ * q = min(15, trunc(x / d + 8.5)). y must hold the row's bytes. */
 void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
 /* Inverse: expands n elements of type t into floats. */
 void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
@@ -49,18 +58,29 @@ enum {
 	GPUD_CPU_FMA = 1 << 1,
 	GPUD_CPU_F16C = 1 << 2,
 };
+/* Features detected on this CPU (and usable by the OS), masked by the last
+ * gpud_cpu_set_features(). The vector kernels run only when all three of
+ * AVX2, FMA and F16C are present. */
 unsigned gpud_cpu_features(void);
-/* Forces the portable kernels (tests compare both paths). */
+/* Restricts the features used from now on to mask & detected; 0 forces the
+ * portable kernels (tests compare both paths), ~0u restores everything.
+ * Process-wide; do not call while kernels run on other threads. */
 void gpud_cpu_set_features(unsigned mask);
 
-/* Scratch bytes gpud_matmul needs for a weight type, width and batch. */
+/* Scratch bytes gpud_matmul needs for a weight type, width and batch
+ * (0 for f32, f16 and bf16 weights). */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
  * W is rows x cols in type wtype, row-major (a GGUF tensor with
  * ne[0] = cols, ne[1] = rows). Weights are streamed once per call whatever
  * the batch: each thread takes a slice of rows and walks the batch inside.
- * scratch must hold gpud_matmul_scratch_bytes(); nothing is allocated. */
+ * cols must be a multiple of 32 for q8_0/q4_0 (any value for f32/f16/bf16).
+ * tp may be NULL (runs on the caller). scratch must hold
+ * gpud_matmul_scratch_bytes() bytes, 4-byte aligned (may be NULL when
+ * that is 0); nothing is allocated. y must not overlap x, W or scratch.
+ * Deterministic: the result does not depend on the pool's thread count
+ * (each y element is computed by one thread in a fixed order). */
 void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);

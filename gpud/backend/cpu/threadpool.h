@@ -3,8 +3,9 @@
  * gpud_tp_run() runs fn(arg, ith, nth) on nth = gpud_tp_size() threads (the
  * caller is thread 0) and returns when all have finished. Threads are
  * created once; a run allocates nothing. Workers spin briefly between runs
- * and then sleep on a futex/condvar, so an idle daemon uses no CPU.
- * One run at a time per pool: the caller serializes.
+ * and then sleep on a futex, so an idle daemon uses no CPU.
+ * One run at a time per pool: the caller serializes. fn must not call
+ * gpud_tp_run() on the same pool.
  */
 #ifndef GPUD_THREADPOOL_H
 #define GPUD_THREADPOOL_H
@@ -13,10 +14,19 @@ typedef void (*gpud_tp_fn)(void *arg, int ith, int nth);
 
 struct gpud_tp;
 
-/* n_threads <= 0 means one per online CPU. Returns 0 or -errno. */
+/* n_threads <= 0 means one per online CPU. On success *out owns the pool
+ * (n_threads - 1 worker threads, all started) and 0 is returned; on failure
+ * *out is NULL, every thread already started is joined, and -errno is
+ * returned. */
 int gpud_tp_create(struct gpud_tp **out, int n_threads);
-void gpud_tp_destroy(struct gpud_tp *tp); /* accepts NULL */
+/* Stops and joins the workers and frees the pool. Must not race with a
+ * run. Accepts NULL. */
+void gpud_tp_destroy(struct gpud_tp *tp);
+/* Number of threads a run uses, the caller included; 1 for a NULL pool. */
 int gpud_tp_size(const struct gpud_tp *tp);
+/* Runs fn(arg, ith, nth) once for every ith in [0, nth) and returns when
+ * all calls have returned (their writes are visible to the caller).
+ * A NULL pool runs fn(arg, 0, 1) on the caller. Cannot fail. */
 void gpud_tp_run(struct gpud_tp *tp, gpud_tp_fn fn, void *arg);
 
 /* Splits [0, n) into nth contiguous ranges, aligned to `align` items. */

@@ -1,0 +1,474 @@
+/* kernels.c - portable weight formats and matmul, plus run-time dispatch.
+ *
+ * Everything here is the reference: plain C, one float accumulator per
+ * output element, blocks in order. kernels_x86.c holds the vector versions.
+ */
+#include "gpud/backend/cpu/kernels.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include "gpud/backend/cpu/kernels_impl.h"
+#include "gpud/backend/cpu/threadpool.h"
+
+#define FEAT_VEC (GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C)
+
+/* ---- scalar conversions ------------------------------------------------ */
+
+static inline uint32_t f2u(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float u2f(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+float gpud_fp16_to_fp32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+
+	if (e == 0) {
+		if (m == 0)
+			return u2f(sign);
+		/* Subnormal: m * 2^-24, renormalized (2^-14 is fp32 exponent 113). */
+		e = 113;
+		while (!(m & 0x400)) {
+			m <<= 1;
+			e--;
+		}
+		return u2f(sign | e << 23 | (m & 0x3ff) << 13);
+	}
+	if (e == 31)
+		return u2f(sign | 0x7f800000 | m << 13 | (m ? 0x400000 : 0));
+	return u2f(sign | (e + 112) << 23 | m << 13);
+}
+
+uint16_t gpud_fp32_to_fp16(float f)
+{
+	uint32_t u = f2u(f);
+	uint32_t sign = (u >> 16) & 0x8000, e, r, rem, half;
+
+	u &= 0x7fffffff;
+	if (u >= 0x7f800000) {
+		if (u > 0x7f800000)
+			return (uint16_t)(sign | 0x7e00 | ((u >> 13) & 0x3ff));
+		return (uint16_t)(sign | 0x7c00);
+	}
+	if (u >= 0x47800000) /* >= 2^16: beyond rounding range of 65504 */
+		return (uint16_t)(sign | 0x7c00);
+	e = u >> 23;
+	if (e < 113) {
+		/* Result is subnormal (or rounds up to the smallest normal):
+		 * value / 2^-24 = mant * 2^(e - 126). */
+		uint32_t mant = (u & 0x7fffff) | 0x800000, shift = 126 - e;
+
+		if (shift > 24)
+			return (uint16_t)sign;
+		r = mant >> shift;
+		rem = mant & ((1u << shift) - 1);
+		half = 1u << (shift - 1);
+		if (rem > half || (rem == half && (r & 1)))
+			r++;
+		return (uint16_t)(sign | r);
+	}
+	r = (e - 112) << 10 | (u & 0x7fffff) >> 13;
+	rem = u & 0x1fff;
+	if (rem > 0x1000 || (rem == 0x1000 && (r & 1)))
+		r++; /* a carry into the exponent is right, up to Inf */
+	return (uint16_t)(sign | r);
+}
+
+float gpud_bf16_to_fp32(uint16_t h)
+{
+	return u2f((uint32_t)h << 16);
+}
+
+uint16_t gpud_fp32_to_bf16(float f)
+{
+	uint32_t u = f2u(f);
+
+	if ((u & 0x7fffffff) > 0x7f800000)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* ---- run-time features ------------------------------------------------- */
+
+static _Atomic unsigned g_detected = ~0u; /* ~0u: not probed yet */
+static _Atomic unsigned g_mask = ~0u;
+
+static unsigned probe_features(void)
+{
+	unsigned f = 0;
+
+#ifdef GPUD_HAVE_X86
+	__builtin_cpu_init();
+	if (__builtin_cpu_supports("avx2"))
+		f |= GPUD_CPU_AVX2;
+	if (__builtin_cpu_supports("fma"))
+		f |= GPUD_CPU_FMA;
+	/* GCC 12 has no "f16c" name for __builtin_cpu_supports: every CPU
+	 * with AVX2 has F16C (Haswell, Excavator and later), and the OS
+	 * enabling AVX state is what AVX2 detection already checked. */
+	if (f & GPUD_CPU_AVX2)
+		f |= GPUD_CPU_F16C;
+#endif
+	return f;
+}
+
+unsigned gpud_cpu_features(void)
+{
+	unsigned d = atomic_load_explicit(&g_detected, memory_order_relaxed);
+
+	if (d == ~0u) {
+		d = probe_features();
+		atomic_store_explicit(&g_detected, d, memory_order_relaxed);
+	}
+	return d & atomic_load_explicit(&g_mask, memory_order_relaxed);
+}
+
+void gpud_cpu_set_features(unsigned mask)
+{
+	atomic_store_explicit(&g_mask, mask, memory_order_relaxed);
+}
+
+static bool use_vec(void)
+{
+#ifdef GPUD_HAVE_X86
+	return (gpud_cpu_features() & FEAT_VEC) == FEAT_VEC;
+#else
+	return false;
+#endif
+}
+
+/* ---- row formats ------------------------------------------------------- */
+
+static void quantize_q8_0(const float *x, struct gpud_block_q8_0 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		float amax = 0.0f, d, id;
+
+		for (int j = 0; j < GPUD_QK; j++)
+			amax = fmaxf(amax, fabsf(x[j]));
+		d = amax / 127.0f;
+		id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = gpud_fp32_to_fp16(d);
+		for (int j = 0; j < GPUD_QK; j++)
+			y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+	}
+}
+
+static void quantize_q4_0(const float *x, struct gpud_block_q4_0 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		float amax = 0.0f, m = 0.0f, d, id;
+
+		for (int j = 0; j < GPUD_QK; j++) {
+			if (fabsf(x[j]) > amax) {
+				amax = fabsf(x[j]);
+				m = x[j];
+			}
+		}
+		d = m / -8.0f;
+		id = d != 0.0f ? 1.0f / d : 0.0f;
+		y[i].d = gpud_fp32_to_fp16(d);
+		for (int j = 0; j < GPUD_QK / 2; j++) {
+			int a = (int)(x[j] * id + 8.5f);
+			int b = (int)(x[j + GPUD_QK / 2] * id + 8.5f);
+
+			a = a < 0 ? 0 : a > 15 ? 15 : a;
+			b = b < 0 ? 0 : b > 15 ? 15 : b;
+			y[i].qs[j] = (uint8_t)(a | b << 4);
+		}
+	}
+}
+
+static void quantize_row_ref(enum gpud_type t, const float *x, void *vy, int64_t n)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+		memcpy(vy, x, (size_t)n * sizeof(float));
+		break;
+	case GPUD_TYPE_F16: {
+		uint16_t *y = vy;
+
+		for (int64_t i = 0; i < n; i++)
+			y[i] = gpud_fp32_to_fp16(x[i]);
+		break;
+	}
+	case GPUD_TYPE_BF16: {
+		uint16_t *y = vy;
+
+		for (int64_t i = 0; i < n; i++)
+			y[i] = gpud_fp32_to_bf16(x[i]);
+		break;
+	}
+	case GPUD_TYPE_Q8_0:
+		quantize_q8_0(x, vy, n);
+		break;
+	case GPUD_TYPE_Q4_0:
+		quantize_q4_0(x, vy, n);
+		break;
+	default:
+		break;
+	}
+}
+
+static void dequantize_row_ref(enum gpud_type t, const void *vx, float *y, int64_t n)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+		memcpy(y, vx, (size_t)n * sizeof(float));
+		break;
+	case GPUD_TYPE_F16: {
+		const uint16_t *x = vx;
+
+		for (int64_t i = 0; i < n; i++)
+			y[i] = gpud_fp16_to_fp32(x[i]);
+		break;
+	}
+	case GPUD_TYPE_BF16: {
+		const uint16_t *x = vx;
+
+		for (int64_t i = 0; i < n; i++)
+			y[i] = gpud_bf16_to_fp32(x[i]);
+		break;
+	}
+	case GPUD_TYPE_Q8_0: {
+		const struct gpud_block_q8_0 *x = vx;
+
+		for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+			float d = gpud_fp16_to_fp32(x[i].d);
+
+			for (int j = 0; j < GPUD_QK; j++)
+				y[j] = d * (float)x[i].qs[j];
+		}
+		break;
+	}
+	case GPUD_TYPE_Q4_0: {
+		const struct gpud_block_q4_0 *x = vx;
+
+		for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+			float d = gpud_fp16_to_fp32(x[i].d);
+
+			for (int j = 0; j < GPUD_QK / 2; j++) {
+				y[j] = d * (float)((x[i].qs[j] & 0xf) - 8);
+				y[j + GPUD_QK / 2] = d * (float)((x[i].qs[j] >> 4) - 8);
+			}
+		}
+		break;
+	}
+	default:
+		break;
+	}
+}
+
+void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n)
+{
+#ifdef GPUD_HAVE_X86
+	if (use_vec() && gpud__x86_quantize_row(t, x, y, n))
+		return;
+#endif
+	quantize_row_ref(t, x, y, n);
+}
+
+void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n)
+{
+#ifdef GPUD_HAVE_X86
+	if (use_vec() && gpud__x86_dequantize_row(t, x, y, n))
+		return;
+#endif
+	dequantize_row_ref(t, x, y, n);
+}
+
+static size_t row_bytes(enum gpud_type t, int64_t n)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+		return (size_t)n * 4;
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		return (size_t)n * 2;
+	case GPUD_TYPE_Q8_0:
+		return (size_t)(n / GPUD_QK) * sizeof(struct gpud_block_q8_0);
+	case GPUD_TYPE_Q4_0:
+		return (size_t)(n / GPUD_QK) * sizeof(struct gpud_block_q4_0);
+	default:
+		return 0;
+	}
+}
+
+void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
+{
+	gpud_dequantize_row(t, (const uint8_t *)W + (size_t)r * row_bytes(t, cols), out, cols);
+}
+
+/* ---- matmul ------------------------------------------------------------ */
+
+static bool is_quant(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+}
+
+size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch)
+{
+	if (!is_quant(wtype))
+		return 0;
+	return (size_t)batch * (size_t)(cols / GPUD_QK) * sizeof(struct gpud__act_q8);
+}
+
+static void quantize_act_ref(const float *x, struct gpud__act_q8 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		float amax = 0.0f, id;
+
+		for (int j = 0; j < GPUD_QK; j++)
+			amax = fmaxf(amax, fabsf(x[j]));
+		y[i].d = gpud__act_scale(amax, &id);
+		for (int j = 0; j < GPUD_QK; j++)
+			y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+	}
+}
+
+static float dot_ref(const struct gpud__mm *m, const uint8_t *w, int64_t b)
+{
+	const float *x = m->x + b * m->cols;
+	const struct gpud__act_q8 *xq = m->xq + b * (m->cols / GPUD_QK);
+	int64_t nb = m->cols / GPUD_QK;
+	float acc = 0.0f;
+
+	switch (m->wtype) {
+	case GPUD_TYPE_F32: {
+		const float *wf = (const float *)w;
+
+		for (int64_t c = 0; c < m->cols; c++)
+			acc += wf[c] * x[c];
+		break;
+	}
+	case GPUD_TYPE_F16: {
+		const uint16_t *wh = (const uint16_t *)w;
+
+		for (int64_t c = 0; c < m->cols; c++)
+			acc += gpud_fp16_to_fp32(wh[c]) * x[c];
+		break;
+	}
+	case GPUD_TYPE_BF16: {
+		const uint16_t *wh = (const uint16_t *)w;
+
+		for (int64_t c = 0; c < m->cols; c++)
+			acc += gpud_bf16_to_fp32(wh[c]) * x[c];
+		break;
+	}
+	case GPUD_TYPE_Q8_0: {
+		const struct gpud_block_q8_0 *wb = (const struct gpud_block_q8_0 *)w;
+
+		for (int64_t i = 0; i < nb; i++) {
+			int32_t s = 0;
+
+			for (int j = 0; j < GPUD_QK; j++)
+				s += wb[i].qs[j] * xq[i].qs[j];
+			acc += (float)s * (gpud_fp16_to_fp32(wb[i].d) * xq[i].d);
+		}
+		break;
+	}
+	case GPUD_TYPE_Q4_0: {
+		const struct gpud_block_q4_0 *wb = (const struct gpud_block_q4_0 *)w;
+
+		for (int64_t i = 0; i < nb; i++) {
+			int32_t s = 0;
+
+			for (int j = 0; j < GPUD_QK / 2; j++) {
+				s += ((wb[i].qs[j] & 0xf) - 8) * xq[i].qs[j];
+				s += ((wb[i].qs[j] >> 4) - 8) * xq[i].qs[j + GPUD_QK / 2];
+			}
+			acc += (float)s * (gpud_fp16_to_fp32(wb[i].d) * xq[i].d);
+		}
+		break;
+	}
+	default:
+		break;
+	}
+	return acc;
+}
+
+static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r++) {
+		const uint8_t *w = m->W + (size_t)r * m->wrow;
+
+		/* The row stays in L1 while the batch walks over it. */
+		for (int64_t b = 0; b < m->batch; b++)
+			m->y[b * m->rows + r] = dot_ref(m, w, b);
+	}
+}
+
+struct mm_job {
+	const struct gpud__mm *m;
+	void (*rows)(const struct gpud__mm *m, int64_t r0, int64_t r1);
+};
+
+/* 16 rows = one cache line of y per batch column: threads never share a
+ * line of output, and tiles never straddle a thread boundary. */
+#define MM_ROW_ALIGN 16
+
+static void mm_worker(void *arg, int ith, int nth)
+{
+	const struct mm_job *job = arg;
+	long lo, hi;
+
+	gpud_tp_range((long)job->m->rows, ith, nth, MM_ROW_ALIGN, &lo, &hi);
+	if (lo < hi)
+		job->rows(job->m, lo, hi);
+}
+
+void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
+		 int64_t rows, int64_t cols, const float *x, int64_t batch,
+		 float *y, void *scratch)
+{
+	struct gpud__mm m = {
+		.wtype = wtype,
+		.W = W,
+		.wrow = row_bytes(wtype, cols),
+		.rows = rows,
+		.cols = cols,
+		.batch = batch,
+		.x = x,
+		.xq = scratch,
+		.y = y,
+	};
+	struct mm_job job = { .m = &m, .rows = mm_rows_ref };
+	bool vec = use_vec();
+
+	if (rows <= 0 || batch <= 0)
+		return;
+#ifdef GPUD_HAVE_X86
+	if (vec)
+		job.rows = gpud__x86_mm_rows;
+#endif
+	if (is_quant(wtype)) {
+		struct gpud__act_q8 *xq = scratch;
+		int64_t nb = cols / GPUD_QK;
+
+		for (int64_t b = 0; b < batch; b++) {
+#ifdef GPUD_HAVE_X86
+			if (vec) {
+				gpud__x86_quantize_act(x + b * cols, xq + b * nb, cols);
+				continue;
+			}
+#endif
+			quantize_act_ref(x + b * cols, xq + b * nb, cols);
+		}
+	}
+	gpud_tp_run(tp, mm_worker, &job);
+}

@@ -1,0 +1,370 @@
+/* kernels_x86.c - AVX2/FMA/F16C kernels, chosen at run time.
+ *
+ * Every function carries a target attribute, so this file builds without
+ * -mavx2 and nothing here runs unless kernels.c saw the features.
+ *
+ * Matmul tiles: each output element owns one 8-lane fp32 accumulator that
+ * walks its row block by block (8 columns, or one 32-weight block, per
+ * step) and is reduced by hsum8() at the end. The tile shape only decides
+ * how many elements are in flight at once, never the order of operations
+ * inside one element, so results do not depend on the tiling, the batch or
+ * the thread count.
+ *   batch < 4: tiles of 4 rows x 1 column (4 weight streams in flight, the
+ *              bandwidth-bound decode case; later columns hit L1);
+ *   batch >= 4: tiles of 2 rows x 4 columns (8 accumulators in registers,
+ *              each weight block loaded once for 4 columns).
+ */
+#include "gpud/backend/cpu/kernels_impl.h"
+
+#ifdef GPUD_HAVE_X86
+
+#include <immintrin.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define TGT_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* Bytes ahead of the current weight block to prefetch. */
+#define PF_DIST 768
+
+TGT_INLINE float hsum8(__m256 v)
+{
+	__m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+
+	s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_add_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+TGT_INLINE float h2f(uint16_t h)
+{
+	return _cvtsh_ss(h);
+}
+
+/* 32 int8 products summed into 8 int32 lanes, as floats. aw = |w|,
+ * w gives the signs. Exact: |sum of a pair| <= 2 * 128 * 127 < 2^15. */
+TGT_INLINE __m256 dot32(__m256i aw, __m256i w, __m256i x)
+{
+	__m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
+
+	return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+/* Q4_0 block -> 32 signed bytes in [-8, 7], weight order. */
+TGT_INLINE __m256i unpack_q4(const uint8_t *qs)
+{
+	__m128i b = _mm_loadu_si128((const __m128i *)qs);
+	__m128i mask = _mm_set1_epi8(0xf);
+	__m128i lo = _mm_and_si128(b, mask);
+	__m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), mask);
+	__m256i v = _mm256_set_m128i(hi, lo);
+
+	return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
+}
+
+/* One tile of RT rows x BT batch columns of a quantized matmul. RT, BT and
+ * QT are compile-time constants at every call site. */
+TGT_INLINE void tile_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int RT,
+		       int64_t b0, int BT)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+	const uint8_t *w[4];
+	const struct gpud__act_q8 *xq[4];
+	__m256 acc[4][4];
+	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
+					       : sizeof(struct gpud_block_q4_0);
+
+	for (int r = 0; r < RT; r++)
+		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
+	for (int b = 0; b < BT; b++)
+		xq[b] = m->xq + (b0 + b) * nb;
+	for (int r = 0; r < RT; r++)
+		for (int b = 0; b < BT; b++)
+			acc[r][b] = _mm256_setzero_ps();
+
+	for (int64_t i = 0; i < nb; i++) {
+		__m256i wq[4], aw[4];
+		float dw[4];
+
+		for (int r = 0; r < RT; r++) {
+			const uint8_t *blk = w[r] + (size_t)i * bsz;
+			uint16_t d;
+
+			_mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+			memcpy(&d, blk, sizeof(d));
+			dw[r] = h2f(d);
+			if (QT == GPUD_TYPE_Q8_0)
+				wq[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+			else
+				wq[r] = unpack_q4(blk + 2);
+			aw[r] = _mm256_sign_epi8(wq[r], wq[r]);
+		}
+		for (int b = 0; b < BT; b++) {
+			__m256i xv = _mm256_loadu_si256((const __m256i *)xq[b][i].qs);
+			float dx = xq[b][i].d;
+
+			for (int r = 0; r < RT; r++)
+				acc[r][b] = _mm256_fmadd_ps(dot32(aw[r], wq[r], xv),
+							    _mm256_set1_ps(dw[r] * dx), acc[r][b]);
+		}
+	}
+	for (int r = 0; r < RT; r++)
+		for (int b = 0; b < BT; b++)
+			m->y[(b0 + b) * m->rows + r0 + r] = hsum8(acc[r][b]);
+}
+
+/* Eight weights of a float-type row as fp32. */
+TGT_INLINE __m256 load8(enum gpud_type FT, const uint8_t *row, int64_t c)
+{
+	if (FT == GPUD_TYPE_F32)
+		return _mm256_loadu_ps((const float *)row + c);
+	__m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + c));
+	if (FT == GPUD_TYPE_F16)
+		return _mm256_cvtph_ps(h);
+	return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+TGT_INLINE float load1(enum gpud_type FT, const uint8_t *row, int64_t c)
+{
+	uint16_t h;
+
+	if (FT == GPUD_TYPE_F32) {
+		float f;
+
+		memcpy(&f, row + c * 4, sizeof(f));
+		return f;
+	}
+	memcpy(&h, row + c * 2, sizeof(h));
+	if (FT == GPUD_TYPE_F16)
+		return h2f(h);
+	return gpud_bf16_to_fp32(h);
+}
+
+TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, int RT,
+		       int64_t b0, int BT)
+{
+	const int64_t cols = m->cols, c8 = cols & ~(int64_t)7;
+	const int esz = FT == GPUD_TYPE_F32 ? 4 : 2;
+	const uint8_t *w[4];
+	const float *x[4];
+	__m256 acc[4][4];
+
+	for (int r = 0; r < RT; r++)
+		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
+	for (int b = 0; b < BT; b++)
+		x[b] = m->x + (b0 + b) * cols;
+	for (int r = 0; r < RT; r++)
+		for (int b = 0; b < BT; b++)
+			acc[r][b] = _mm256_setzero_ps();
+
+	for (int64_t c = 0; c < c8; c += 8) {
+		__m256 wv[4];
+
+		for (int r = 0; r < RT; r++) {
+			_mm_prefetch((const char *)w[r] + c * esz + PF_DIST, _MM_HINT_T0);
+			wv[r] = load8(FT, w[r], c);
+		}
+		for (int b = 0; b < BT; b++) {
+			__m256 xv = _mm256_loadu_ps(x[b] + c);
+
+			for (int r = 0; r < RT; r++)
+				acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
+		}
+	}
+	for (int r = 0; r < RT; r++) {
+		for (int b = 0; b < BT; b++) {
+			float s = hsum8(acc[r][b]);
+
+			for (int64_t c = c8; c < cols; c++)
+				s += load1(FT, w[r], c) * x[b][c];
+			m->y[(b0 + b) * m->rows + r0 + r] = s;
+		}
+	}
+}
+
+/* Walks rows [r0, r1) in tiles; see the header comment for the shapes. */
+#define DEFINE_ROWS(name, tile, T)                                             \
+	TGT static void name(const struct gpud__mm *m, int64_t r0, int64_t r1) \
+	{                                                                      \
+		const int64_t nbt = m->batch;                                  \
+		int64_t r = r0, b;                                             \
+                                                                               \
+		if (nbt >= 4) {                                                \
+			for (; r + 2 <= r1; r += 2) {                          \
+				for (b = 0; b + 4 <= nbt; b += 4)              \
+					tile(m, T, r, 2, b, 4);                \
+				for (; b < nbt; b++)                           \
+					tile(m, T, r, 2, b, 1);                \
+			}                                                      \
+		} else {                                                       \
+			for (; r + 4 <= r1; r += 4)                            \
+				for (b = 0; b < nbt; b++)                      \
+					tile(m, T, r, 4, b, 1);                \
+		}                                                              \
+		for (; r < r1; r++) {                                          \
+			for (b = 0; b + 4 <= nbt; b += 4)                      \
+				tile(m, T, r, 1, b, 4);                        \
+			for (; b < nbt; b++)                                   \
+				tile(m, T, r, 1, b, 1);                        \
+		}                                                              \
+	}
+
+DEFINE_ROWS(rows_q8_0, tile_q, GPUD_TYPE_Q8_0)
+DEFINE_ROWS(rows_q4_0, tile_q, GPUD_TYPE_Q4_0)
+DEFINE_ROWS(rows_f32, tile_f, GPUD_TYPE_F32)
+DEFINE_ROWS(rows_f16, tile_f, GPUD_TYPE_F16)
+DEFINE_ROWS(rows_bf16, tile_f, GPUD_TYPE_BF16)
+
+TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	switch (m->wtype) {
+	case GPUD_TYPE_Q8_0:
+		rows_q8_0(m, r0, r1);
+		break;
+	case GPUD_TYPE_Q4_0:
+		rows_q4_0(m, r0, r1);
+		break;
+	case GPUD_TYPE_F32:
+		rows_f32(m, r0, r1);
+		break;
+	case GPUD_TYPE_F16:
+		rows_f16(m, r0, r1);
+		break;
+	case GPUD_TYPE_BF16:
+		rows_bf16(m, r0, r1);
+		break;
+	default:
+		break;
+	}
+}
+
+/* ---- quantization ------------------------------------------------------ */
+
+/* max |x| over 32 floats; exact, so equal to the scalar loop's result. */
+TGT_INLINE float amax32(const float *x, __m256 v[4])
+{
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	__m256 a;
+	__m128 s;
+
+	for (int k = 0; k < 4; k++)
+		v[k] = _mm256_loadu_ps(x + 8 * k);
+	a = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+			  _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+	s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+	s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+	s = _mm_max_ss(s, _mm_movehdup_ps(s));
+	return _mm_cvtss_f32(s);
+}
+
+/* round(v * id) to 32 int8, ties to even like nearbyintf(). */
+TGT_INLINE void round_store32(const __m256 v[4], float id, int8_t *out)
+{
+	const __m256 vid = _mm256_set1_ps(id);
+	__m256i q[4], p;
+
+	for (int k = 0; k < 4; k++)
+		q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], vid),
+							  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+	p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+	/* The packs interleave 128-bit lanes: put the dwords back in order. */
+	p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+	_mm256_storeu_si256((__m256i *)out, p);
+}
+
+TGT void gpud__x86_quantize_act(const float *x, struct gpud__act_q8 *y, int64_t n)
+{
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		__m256 v[4];
+		float id;
+
+		y[i].d = gpud__act_scale(amax32(x, v), &id);
+		round_store32(v, id, y[i].qs);
+	}
+}
+
+TGT bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *vy, int64_t n)
+{
+	int64_t i = 0;
+
+	switch (t) {
+	case GPUD_TYPE_F16: {
+		uint16_t *y = vy;
+
+		for (; i + 8 <= n; i += 8)
+			_mm_storeu_si128((__m128i *)(y + i),
+					 _mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+							 _MM_FROUND_TO_NEAREST_INT));
+		for (; i < n; i++)
+			y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+		return true;
+	}
+	case GPUD_TYPE_Q8_0: {
+		struct gpud_block_q8_0 *y = vy;
+
+		for (i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+			__m256 v[4];
+			float id, d = gpud__act_scale(amax32(x, v), &id);
+			uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+
+			memcpy(&y[i].d, &h, sizeof(h));
+			round_store32(v, id, y[i].qs);
+		}
+		return true;
+	}
+	default:
+		return false; /* f32 is a copy; bf16 and q4_0 stay portable */
+	}
+}
+
+TGT bool gpud__x86_dequantize_row(enum gpud_type t, const void *vx, float *y, int64_t n)
+{
+	int64_t i = 0;
+
+	switch (t) {
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16: {
+		const uint16_t *x = vx;
+
+		for (; i + 8 <= n; i += 8)
+			_mm256_storeu_ps(y + i, t == GPUD_TYPE_F16
+				? load8(GPUD_TYPE_F16, vx, i) : load8(GPUD_TYPE_BF16, vx, i));
+		for (; i < n; i++)
+			y[i] = t == GPUD_TYPE_F16 ? h2f(x[i]) : gpud_bf16_to_fp32(x[i]);
+		return true;
+	}
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0: {
+		const size_t bsz = t == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
+						       : sizeof(struct gpud_block_q4_0);
+		const uint8_t *blk = vx;
+
+		for (i = 0; i < n / GPUD_QK; i++, blk += bsz, y += GPUD_QK) {
+			uint16_t h;
+			__m256i q;
+			__m256 d;
+
+			memcpy(&h, blk, sizeof(h));
+			d = _mm256_set1_ps(h2f(h));
+			if (t == GPUD_TYPE_Q8_0)
+				q = _mm256_loadu_si256((const __m256i *)(blk + 2));
+			else
+				q = unpack_q4(blk + 2);
+			for (int k = 0; k < 4; k++) {
+				__m128i b8 = k < 2 ? _mm256_castsi256_si128(q)
+						   : _mm256_extracti128_si256(q, 1);
+
+				if (k & 1)
+					b8 = _mm_srli_si128(b8, 8);
+				_mm256_storeu_ps(y + 8 * k,
+						 _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8))));
+			}
+		}
+		return true;
+	}
+	default:
+		return false;
+	}
+}
+
+#endif /* GPUD_HAVE_X86 */

@@ -1,0 +1,216 @@
+/* threadpool.c - fork/join pool: generation counter + completion count.
+ *
+ * A run publishes (fn, arg), sets `pending` to the number of workers and
+ * bumps `gen`. Each worker waits for `gen` to change (spinning a little,
+ * then sleeping on a futex on `gen`), runs its share, and decrements
+ * `pending`; the caller runs share 0 and then waits for `pending` to reach
+ * zero (spinning, then sleeping on a futex on `pending`). Sleepers announce
+ * themselves in a counter so the fast path needs no system call.
+ */
+#include "gpud/backend/cpu/threadpool.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* About 20-50 us of polling before a thread sleeps: long enough to bridge
+ * the gap between two matmuls of one forward pass, short enough that an
+ * idle daemon stops burning CPU at once. */
+#define TP_SPIN 4096
+#define TP_MAX_THREADS 512
+
+struct tp_worker {
+	struct gpud_tp *tp;
+	pthread_t thread;
+	int ith;
+};
+
+struct gpud_tp {
+	int nth;
+	/* Written by the caller before gen is bumped; read by workers after. */
+	gpud_tp_fn fn;
+	void *arg;
+	_Atomic uint32_t gen;      /* futex word: bumped once per run */
+	_Atomic uint32_t pending;  /* futex word: workers still running */
+	_Atomic int gen_sleepers;  /* workers in (or entering) futex_wait(gen) */
+	_Atomic int done_sleeper;  /* caller in (or entering) futex_wait(pending) */
+	_Atomic int stop;
+	struct tp_worker *workers; /* (nth - 1) */
+};
+
+static void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
+{
+	/* EAGAIN (value changed) and EINTR both mean: recheck. */
+	syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr)
+{
+	syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Returns the generation that differs from seen. */
+static uint32_t wait_gen(struct gpud_tp *tp, uint32_t seen)
+{
+	uint32_t g;
+
+	for (int i = 0; i < TP_SPIN; i++) {
+		g = atomic_load_explicit(&tp->gen, memory_order_acquire);
+		if (g != seen)
+			return g;
+		cpu_relax();
+	}
+	for (;;) {
+		atomic_fetch_add(&tp->gen_sleepers, 1);
+		/* seq_cst pairs with the caller's bump-then-read-sleepers. */
+		g = atomic_load(&tp->gen);
+		if (g == seen)
+			futex_wait(&tp->gen, seen);
+		atomic_fetch_sub(&tp->gen_sleepers, 1);
+		g = atomic_load_explicit(&tp->gen, memory_order_acquire);
+		if (g != seen)
+			return g;
+	}
+}
+
+static void *worker_main(void *p)
+{
+	struct tp_worker *w = p;
+	struct gpud_tp *tp = w->tp;
+	uint32_t seen = 0;
+
+	for (;;) {
+		seen = wait_gen(tp, seen);
+		if (atomic_load_explicit(&tp->stop, memory_order_acquire))
+			break;
+		tp->fn(tp->arg, w->ith, tp->nth);
+		if (atomic_fetch_sub(&tp->pending, 1) == 1 && atomic_load(&tp->done_sleeper))
+			futex_wake_all(&tp->pending);
+	}
+	return NULL;
+}
+
+static void wait_done(struct gpud_tp *tp)
+{
+	uint32_t left;
+
+	for (int i = 0; i < TP_SPIN; i++) {
+		if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0)
+			return;
+		cpu_relax();
+	}
+	for (;;) {
+		atomic_store(&tp->done_sleeper, 1);
+		left = atomic_load(&tp->pending);
+		if (left != 0)
+			futex_wait(&tp->pending, left);
+		atomic_store(&tp->done_sleeper, 0);
+		if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0)
+			return;
+	}
+}
+
+static void publish(struct gpud_tp *tp)
+{
+	atomic_fetch_add(&tp->gen, 1); /* seq_cst: release fn/arg/pending/stop */
+	if (atomic_load(&tp->gen_sleepers) > 0)
+		futex_wake_all(&tp->gen);
+}
+
+static void stop_workers(struct gpud_tp *tp, int started)
+{
+	atomic_store(&tp->stop, 1);
+	publish(tp);
+	for (int i = 0; i < started; i++)
+		pthread_join(tp->workers[i].thread, NULL);
+}
+
+int gpud_tp_create(struct gpud_tp **out, int n_threads)
+{
+	struct gpud_tp *tp;
+	int started = 0, rc;
+
+	*out = NULL;
+	if (n_threads <= 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		n_threads = n > 0 ? (int)(n < TP_MAX_THREADS ? n : TP_MAX_THREADS) : 1;
+	}
+	if (n_threads > TP_MAX_THREADS)
+		return -EINVAL;
+
+	tp = calloc(1, sizeof(*tp));
+	if (!tp)
+		return -ENOMEM;
+	tp->nth = n_threads;
+	if (n_threads > 1) {
+		tp->workers = calloc((size_t)n_threads - 1, sizeof(*tp->workers));
+		if (!tp->workers) {
+			rc = -ENOMEM;
+			goto out_free;
+		}
+	}
+	for (int i = 0; i < n_threads - 1; i++) {
+		struct tp_worker *w = &tp->workers[i];
+
+		w->tp = tp;
+		w->ith = i + 1;
+		rc = pthread_create(&w->thread, NULL, worker_main, w);
+		if (rc) {
+			rc = -rc;
+			goto out_stop;
+		}
+		started++;
+	}
+	*out = tp;
+	return 0;
+
+out_stop:
+	stop_workers(tp, started);
+out_free:
+	free(tp->workers);
+	free(tp);
+	return rc;
+}
+
+void gpud_tp_destroy(struct gpud_tp *tp)
+{
+	if (!tp)
+		return;
+	stop_workers(tp, tp->nth - 1);
+	free(tp->workers);
+	free(tp);
+}
+
+int gpud_tp_size(const struct gpud_tp *tp)
+{
+	return tp ? tp->nth : 1;
+}
+
+void gpud_tp_run(struct gpud_tp *tp, gpud_tp_fn fn, void *arg)
+{
+	if (!tp || tp->nth == 1) {
+		fn(arg, 0, 1);
+		return;
+	}
+	tp->fn = fn;
+	tp->arg = arg;
+	atomic_store_explicit(&tp->pending, (uint32_t)(tp->nth - 1), memory_order_relaxed);
+	publish(tp);
+	fn(arg, 0, tp->nth);
+	wait_done(tp);
+}
