@@ -41,10 +41,23 @@ bool gpud_tokenizer_is_eog(const struct gpud_tokenizer *t, int32_t id);
 /* True when BOS is prepended by default (tokenizer.ggml.add_bos_token). */
 bool gpud_tokenizer_add_bos(const struct gpud_tokenizer *t);
 
+/* Id of the token whose text is exactly text[0..len), or -1. */
+int32_t gpud_tokenizer_find(const struct gpud_tokenizer *t, const char *text, size_t len);
+
+/* Upper bound of the scratch arena bytes gpud_tokenizer_encode() needs for
+ * len bytes of text (size the request arena with it). */
+size_t gpud_tokenizer_scratch_bytes(const struct gpud_tokenizer *t, size_t len);
+
 /* Encodes len bytes of text. Writes at most cap ids and sets *n_out to the
  * number the text needs; returns 0, or SW_ETOOLONG when *n_out > cap (ids
- * then holds the first cap), or -ENOMEM when the arena is too small.
- * Working memory comes from scratch and is released before returning. */
+ * then holds the first cap), or -ENOMEM when the arena is too small
+ * (*n_out is then 0). Working memory comes from scratch and is released
+ * before returning; nothing is allocated with malloc.
+ * Special tokens: with GPUD_TOK_PARSE_SPECIAL, the texts of control,
+ * user-defined and unknown tokens are matched first (longest match at the
+ * leftmost position) and emitted as their ids. Without it, such text is
+ * ordinary text, and merges never produce control, unknown, byte or unused
+ * tokens. Invalid UTF-8 is kept byte for byte (byte fallback). */
 int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
 			  unsigned flags, int32_t *ids, size_t cap, size_t *n_out,
 			  struct sw_arena *scratch);
