@@ -1,0 +1,329 @@
+/* model_test.c - loading Llama GGUF files: hyper-parameters of the real
+ * stories260K model, tied embeddings, RoPE frequencies (plain, Llama 3
+ * metadata, rope_freqs tensor), and clear errors for broken files made by
+ * rewriting stories260K with the GGUF writer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/gguf.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+
+#define STORIES "../shared/models/stories260K.gguf"
+
+static char tmpdir[64];
+
+/* What to change when rewriting stories260K. */
+struct mod {
+	const char *drop_tensor;  /* omit it */
+	const char *swap_tensor;  /* 2-D: write with ne[0] and ne[1] swapped */
+	const char *f16_tensor;   /* F32 tensor written as F16 */
+	const char *arch;         /* general.architecture value */
+	const char *drop_key;     /* omit this metadata key */
+	const char *rope_scaling; /* llama.rope.scaling.type value */
+	bool rope_freqs;          /* add rope_freqs.weight = 1, 2, 3, 4 */
+};
+
+static bool skip_key(const char *key, void *arg)
+{
+	const struct mod *m = arg;
+
+	if (m->arch && !strcmp(key, "general.architecture"))
+		return true;
+	return m->drop_key && !strcmp(key, m->drop_key);
+}
+
+/* Writes tmpdir/name from stories260K with m applied; returns the path. */
+static char *derive(const char *name, const struct mod *m)
+{
+	static char path[256];
+	struct gpud_gguf *src = NULL;
+	struct gpud_gguf_writer *w = NULL;
+	char err[256] = "";
+
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	assert_int_equal(gpud_gguf_open(&src, STORIES, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	if (m->arch)
+		assert_int_equal(gpud_gguf_w_str(w, "general.architecture", m->arch), 0);
+	assert_int_equal(gpud_gguf_w_copy_kv(w, src, skip_key, (void *)m), 0);
+	if (m->rope_scaling)
+		assert_int_equal(gpud_gguf_w_str(w, "llama.rope.scaling.type", m->rope_scaling), 0);
+	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
+		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
+		uint64_t ne[4] = { t->ne[0], t->ne[1], t->ne[2], t->ne[3] };
+
+		if (m->drop_tensor && !strcmp(t->name, m->drop_tensor))
+			continue;
+		if (m->swap_tensor && !strcmp(t->name, m->swap_tensor)) {
+			ne[0] = t->ne[1];
+			ne[1] = t->ne[0];
+		}
+		if (m->f16_tensor && !strcmp(t->name, m->f16_tensor)) {
+			size_t n = t->nbytes / 4;
+			uint16_t *h = malloc(n * 2);
+			for (size_t j = 0; j < n; j++)
+				h[j] = gpud_fp32_to_fp16(((const float *)t->data)[j]);
+			assert_int_equal(gpud_gguf_w_tensor(w, t->name, GPUD_TYPE_F16, t->n_dims, ne,
+							    h, n * 2), 0);
+			free(h);
+			continue;
+		}
+		assert_int_equal(gpud_gguf_w_tensor(w, t->name, t->type, t->n_dims, ne, t->data,
+						    t->nbytes), 0);
+	}
+	if (m->rope_freqs) {
+		float f[4] = { 1, 2, 3, 4 };
+		uint64_t ne[4] = { 4, 1, 1, 1 };
+		assert_int_equal(gpud_gguf_w_tensor(w, "rope_freqs.weight", GPUD_TYPE_F32, 1, ne, f,
+						    sizeof(f)), 0);
+	}
+	if (gpud_gguf_w_write(w, path, err, sizeof(err)))
+		fail_msg("write %s: %s", path, err);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_close(src);
+	return path;
+}
+
+static int setup(void **state)
+{
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/model_test.XXXXXX");
+	return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+static void test_stories_hparams(void **state)
+{
+	struct gpud_model *m = NULL;
+	char err[256] = "";
+	const struct gpud_model_hparams *hp;
+	const struct gpud_model_weights *w;
+
+	if (gpud_model_load(&m, STORIES, err, sizeof(err)))
+		fail_msg("%s", err);
+	hp = gpud_model_hparams(m);
+	assert_int_equal(hp->dim, 64);
+	assert_int_equal(hp->n_layers, 5);
+	assert_int_equal(hp->n_heads, 8);
+	assert_int_equal(hp->n_kv_heads, 4);
+	assert_int_equal(hp->head_dim, 8);
+	assert_int_equal(hp->ffn_dim, 172);
+	assert_int_equal(hp->n_vocab, 512);
+	assert_true(hp->n_ctx > 0);
+	assert_true(hp->norm_eps > 0 && hp->norm_eps < 1e-3);
+	assert_false(hp->rope_scaled);
+	w = gpud_model_weights(m);
+	assert_non_null(w->tok_embd.data);
+	assert_int_equal(w->tok_embd.rows, 512);
+	assert_int_equal(w->tok_embd.cols, 64);
+	assert_int_equal(w->layers[4].w_down.rows, 64);
+	assert_int_equal(w->layers[4].w_down.cols, 172);
+	assert_int_equal(w->layers[0].wk.rows, 32);
+	assert_non_null(w->out_norm);
+	assert_non_null(gpud_model_tokenizer(m));
+	assert_int_equal(gpud_tokenizer_n_vocab(gpud_model_tokenizer(m)), 512);
+	/* Plain RoPE: base^(-2i/8). */
+	for (int i = 0; i < 4; i++)
+		assert_float_equal(w->rope_inv_freq[i], pow(hp->rope_base, -2.0 * i / 8), 1e-7);
+	assert_true(gpud_model_weight_bytes(m) > 200000 && gpud_model_weight_bytes(m) < 1200000);
+	assert_string_equal(gpud_model_path(m), STORIES);
+	gpud_model_free(m);
+	gpud_model_free(NULL);
+}
+
+static void expect_error(const char *path, int code, const char *needle)
+{
+	struct gpud_model *m = (void *)1;
+	char err[512] = "";
+	int rc = gpud_model_load(&m, path, err, sizeof(err));
+
+	assert_int_equal(rc, code);
+	assert_null(m);
+	if (!strstr(err, needle) || !strstr(err, path))
+		fail_msg("error \"%s\" should name \"%s\" and the file", err, needle);
+}
+
+static void test_missing_file(void **state)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/nope.gguf", tmpdir);
+	struct gpud_model *m = (void *)1;
+	char err[512] = "";
+	assert_true(gpud_model_load(&m, path, err, sizeof(err)) < 0);
+	assert_null(m);
+	assert_non_null(strstr(err, path));
+}
+
+static void test_unsupported_arch(void **state)
+{
+	struct mod m = { .arch = "gpt2" };
+	expect_error(derive("gpt2.gguf", &m), SW_EUNSUPPORTED, "gpt2");
+}
+
+static void test_missing_tensor(void **state)
+{
+	struct mod m = { .drop_tensor = "blk.3.ffn_up.weight" };
+	expect_error(derive("missing.gguf", &m), SW_ENOTFOUND, "blk.3.ffn_up.weight");
+}
+
+static void test_missing_norm(void **state)
+{
+	struct mod m = { .drop_tensor = "output_norm.weight" };
+	expect_error(derive("nonorm.gguf", &m), SW_ENOTFOUND, "output_norm.weight");
+}
+
+static void test_wrong_shape(void **state)
+{
+	struct mod m = { .swap_tensor = "blk.1.attn_k.weight" };
+	expect_error(derive("shape.gguf", &m), SW_EFORMAT, "blk.1.attn_k.weight");
+}
+
+static void test_wrong_norm_type(void **state)
+{
+	struct mod m = { .f16_tensor = "blk.0.attn_norm.weight" };
+	expect_error(derive("normtype.gguf", &m), SW_ETYPE, "blk.0.attn_norm.weight");
+}
+
+static void test_missing_key(void **state)
+{
+	struct mod m = { .drop_key = "llama.block_count" };
+	expect_error(derive("nokey.gguf", &m), SW_ENOTFOUND, "llama.block_count");
+}
+
+static void test_f16_matrix_loads(void **state)
+{
+	struct mod mo = { .f16_tensor = "blk.2.attn_q.weight" };
+	struct gpud_model *m = NULL;
+	char err[256] = "";
+
+	if (gpud_model_load(&m, derive("f16q.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_int_equal(gpud_model_weights(m)->layers[2].wq.type, GPUD_TYPE_F16);
+	gpud_model_free(m);
+}
+
+static void test_tied_output(void **state)
+{
+	struct mod mo = { .drop_tensor = "output.weight" };
+	struct gpud_model *m = NULL;
+	const struct gpud_model_weights *w;
+	char err[256] = "";
+
+	if (gpud_model_load(&m, derive("tied.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	w = gpud_model_weights(m);
+	assert_true(gpud_model_hparams(m)->tied_output);
+	assert_ptr_equal(w->output.data, w->tok_embd.data);
+	assert_int_equal(w->output.rows, 512);
+	gpud_model_free(m);
+}
+
+static void test_rope_llama3_metadata(void **state)
+{
+	struct mod mo = { .rope_scaling = "llama3" };
+	struct gpud_model *m = NULL;
+	const struct gpud_model_hparams *hp;
+	const float *inv;
+	char err[256] = "";
+
+	if (gpud_model_load(&m, derive("llama3.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	hp = gpud_model_hparams(m);
+	inv = gpud_model_weights(m)->rope_inv_freq;
+	assert_true(hp->rope_scaled);
+	/* Defaults: factor 8, low 1, high 4, original context 8192. With
+	 * head_dim 8 the wavelengths are 2*pi*base^(i/4): pairs whose
+	 * wavelength is under 2048 keep their frequency, over 8192 divide it
+	 * by 8, in between blend. */
+	for (int i = 0; i < 4; i++) {
+		double f = pow(hp->rope_base, -2.0 * i / 8), wl = 2 * M_PI / f, want;
+		if (wl < 2048)
+			want = f;
+		else if (wl > 8192)
+			want = f / 8;
+		else {
+			double s = (8192 / wl - 1) / (4 - 1);
+			want = (1 - s) * f / 8 + s * f;
+		}
+		assert_float_equal(inv[i], want, 1e-6 * fabs(want) + 1e-12);
+	}
+	gpud_model_free(m);
+}
+
+static void test_rope_freqs_tensor(void **state)
+{
+	struct mod mo = { .rope_freqs = true };
+	struct gpud_model *m = NULL;
+	const float *inv;
+	char err[256] = "";
+
+	if (gpud_model_load(&m, derive("ropefreqs.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_true(gpud_model_hparams(m)->rope_scaled);
+	inv = gpud_model_weights(m)->rope_inv_freq;
+	for (int i = 0; i < 4; i++) {
+		double want = pow(gpud_model_hparams(m)->rope_base, -2.0 * i / 8) / (i + 1);
+		assert_float_equal(inv[i], want, 1e-6 * want);
+	}
+	gpud_model_free(m);
+}
+
+static void test_rope_bad_scaling(void **state)
+{
+	struct mod m = { .rope_scaling = "yarn" };
+	expect_error(derive("yarn.gguf", &m), SW_EUNSUPPORTED, "yarn");
+}
+
+static void test_rope_inv_freq_helper(void **state)
+{
+	float inv[3], f[3] = { 1, 4, 0.5f };
+
+	gpud_rope_inv_freq(inv, 6, 100.0f, NULL);
+	assert_float_equal(inv[0], 1.0, 1e-7);
+	assert_float_equal(inv[1], pow(100, -2.0 / 6), 1e-7);
+	assert_float_equal(inv[2], pow(100, -4.0 / 6), 1e-7);
+	gpud_rope_inv_freq(inv, 6, 100.0f, f);
+	assert_float_equal(inv[1], pow(100, -2.0 / 6) / 4, 1e-7);
+	assert_float_equal(inv[2], pow(100, -4.0 / 6) * 2, 1e-7);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_stories_hparams),
+		cmocka_unit_test(test_missing_file),
+		cmocka_unit_test(test_unsupported_arch),
+		cmocka_unit_test(test_missing_tensor),
+		cmocka_unit_test(test_missing_norm),
+		cmocka_unit_test(test_wrong_shape),
+		cmocka_unit_test(test_wrong_norm_type),
+		cmocka_unit_test(test_missing_key),
+		cmocka_unit_test(test_f16_matrix_loads),
+		cmocka_unit_test(test_tied_output),
+		cmocka_unit_test(test_rope_llama3_metadata),
+		cmocka_unit_test(test_rope_freqs_tensor),
+		cmocka_unit_test(test_rope_bad_scaling),
+		cmocka_unit_test(test_rope_inv_freq_helper),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
