@@ -18,17 +18,18 @@ sw_as_root() {
 	fi
 }
 
-# Configures (once) and builds the default build directory, $1 (default
-# build/). Extra meson options may follow. --werror when CI=true.
+# Configures (once) and builds build directory $1, relative to the
+# current directory (callers cd to $SW_ROOT first); meson options may
+# follow. --werror when CI=true.
 sw_build() {
-	local dir=${1:-build}
-	shift || true
+	local dir=$1
+	shift
 	local werror=false
 	[ "${CI:-}" = true ] && werror=true
-	if [ -f "$SW_ROOT/$dir/build.ninja" ]; then
-		meson configure "$SW_ROOT/$dir" -Dwerror=$werror "$@" >/dev/null
+	if [ -f "$dir/build.ninja" ]; then
+		meson configure "$dir" -Dwerror=$werror "$@" >/dev/null || return 1
 	else
-		meson setup "$SW_ROOT/$dir" "$SW_ROOT" -Dwerror=$werror "$@"
+		meson setup "$dir" -Dwerror=$werror "$@" || return 1
 	fi
-	ninja -C "$SW_ROOT/$dir"
+	nice ninja -C "$dir"
 }
