@@ -1,0 +1,327 @@
+/* main.c - the gpud command line.
+ *
+ *   gpud generate --model PATH --prompt TEXT [options]   text continuation
+ *   gpud tokenize --model PATH [--no-bos] TEXT            token ids
+ *   gpud mkmodel --out PATH [options]                     random-weight model
+ *   gpud --version
+ *
+ * `gpud serve` (the daemon) comes with the next issue. Generated text goes
+ * to stdout, everything else (timings, errors) to stderr; errors exit 1
+ * (2 for usage errors).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/engine.h"
+#include "gpud/gguf.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+#include "sw_config.h"
+
+#if __has_include("gpud/mkmodel.h")
+#include "gpud/mkmodel.h"
+#define HAVE_MKMODEL 1
+#endif
+
+#define EXIT_USAGE 2
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
+		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
+		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
+		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
+		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
+		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
+		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
+		"       gpud --version\n");
+}
+
+/* Parses a number or dies with a usage error naming the option. */
+static double num(const char *opt, const char *s, double lo, double hi)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || v < lo || v > hi) {
+		fprintf(stderr, "gpud: --%s: bad value \"%s\" (expected %g..%g)\n", opt, s, lo, hi);
+		exit(EXIT_USAGE);
+	}
+	return v;
+}
+
+static int emit_stdout(void *arg, const char *text, size_t len)
+{
+	fwrite(text, 1, len, stdout);
+	fflush(stdout);
+	return 0;
+}
+
+static int cmd_generate(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "prompt", required_argument, NULL, 'p' },
+		{ "max-tokens", required_argument, NULL, 'n' },
+		{ "temperature", required_argument, NULL, 't' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "threads", required_argument, NULL, 'j' },
+		{ "top-k", required_argument, NULL, 'k' },
+		{ "top-p", required_argument, NULL, 'P' },
+		{ "min-p", required_argument, NULL, 'M' },
+		{ "context", required_argument, NULL, 'c' },
+		{ "chat", no_argument, NULL, 'C' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *model_path = NULL, *prompt = NULL;
+	struct gpud_engine_params ep;
+	struct gpud_gen_params gp;
+	struct gpud_gen_result res;
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	char err[512] = "", *chat = NULL;
+	bool use_chat = false;
+	int c, rc;
+
+	gpud_engine_params_default(&ep);
+	ep.max_seqs = 1;
+	gpud_gen_params_default(&gp);
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': model_path = optarg; break;
+		case 'p': prompt = optarg; break;
+		case 'n': gp.max_tokens = (uint32_t)num("max-tokens", optarg, 0, 1 << 30); break;
+		case 't': gp.sampling.temperature = (float)num("temperature", optarg, 0, 100); break;
+		case 's': gp.sampling.seed = (uint64_t)num("seed", optarg, 0, 1.8e19); break;
+		case 'j': ep.n_threads = (int)num("threads", optarg, 1, 1024); break;
+		case 'k': gp.sampling.top_k = (int32_t)num("top-k", optarg, 0, 1 << 30); break;
+		case 'P': gp.sampling.top_p = (float)num("top-p", optarg, 0, 1); break;
+		case 'M': gp.sampling.min_p = (float)num("min-p", optarg, 0, 1); break;
+		case 'c': ep.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
+		case 'C': use_chat = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (!model_path || !prompt || optind != argc) {
+		fprintf(stderr, "gpud generate: --model and --prompt are required\n");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	rc = gpud_model_load(&m, model_path, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpud: %s\n", err);
+		return 1;
+	}
+	if (use_chat) {
+		const struct gpud_tokenizer *tok = gpud_model_tokenizer(m);
+		enum gpud_chat_template tmpl = gpud_tokenizer_chat_template(tok);
+		struct gpud_chat_msg msg = { .role = "user", .content = prompt };
+		long n;
+
+		if (tmpl == GPUD_CHAT_NONE) {
+			fprintf(stderr, "gpud: %s: no chat template known for this model\n", model_path);
+			rc = 1;
+			goto out;
+		}
+		n = gpud_chat_format(tmpl, &msg, 1, true, NULL, 0);
+		chat = n >= 0 ? malloc((size_t)n + 1) : NULL;
+		if (!chat || gpud_chat_format(tmpl, &msg, 1, true, chat, (size_t)n + 1) != n) {
+			fprintf(stderr, "gpud: cannot format the chat prompt\n");
+			rc = 1;
+			goto out;
+		}
+		prompt = chat;
+		gp.parse_special = true;
+		gp.no_bos = true; /* the templates write BOS themselves */
+	}
+	rc = gpud_engine_create(&e, m, &ep, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpud: %s: %s\n", model_path, err);
+		goto out;
+	}
+	rc = gpud_engine_generate(e, prompt, strlen(prompt), &gp, emit_stdout, NULL, &res, err,
+				  sizeof(err));
+	if (rc) {
+		fprintf(stderr, "\ngpud: %s: %s\n", model_path, err);
+		goto out;
+	}
+	printf("\n");
+	fflush(stdout);
+	fprintf(stderr, "prompt tokens: %u, prefill: %.1f tok/s, generated: %u, decode: %.1f tok/s\n",
+		res.n_prompt, res.prefill_s > 0 ? res.n_prompt / res.prefill_s : 0.0, res.n_gen,
+		res.decode_s > 0 && res.n_gen > 1 ? (res.n_gen - 1) / res.decode_s : 0.0);
+out:
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+	free(chat);
+	return rc ? 1 : 0;
+}
+
+static int cmd_tokenize(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "no-bos", no_argument, NULL, 'b' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *path = NULL, *text;
+	struct gpud_gguf *g = NULL;
+	struct gpud_tokenizer *tok = NULL;
+	struct sw_arena a = { 0 };
+	int32_t *ids = NULL;
+	size_t cap, n = 0;
+	char err[512] = "";
+	bool bos = true;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': path = optarg; break;
+		case 'b': bos = false; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (!path || optind != argc - 1) {
+		fprintf(stderr, "gpud tokenize: --model and one TEXT argument are required\n");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	text = argv[optind];
+	/* Only the tokenizer: vocab-only files have no tensors. */
+	rc = gpud_gguf_open(&g, path, err, sizeof(err));
+	if (!rc)
+		rc = gpud_tokenizer_load(&tok, g, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpud: %s\n", err);
+		goto out;
+	}
+	cap = strlen(text) + 8;
+	ids = malloc(cap * sizeof(*ids));
+	rc = ids ? sw_arena_init(&a, 64 * strlen(text) + ((size_t)1 << 20)) : -ENOMEM;
+	if (!rc)
+		rc = gpud_tokenizer_encode(tok, text, strlen(text), bos ? GPUD_TOK_ADD_BOS : 0, ids,
+					   cap, &n, &a);
+	if (rc) {
+		fprintf(stderr, "gpud: %s: tokenize: %s\n", path, sw_strerror(rc));
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		printf("%s%d", i ? " " : "", ids[i]);
+	printf("\n");
+out:
+	sw_arena_destroy(&a);
+	free(ids);
+	gpud_tokenizer_free(tok);
+	gpud_gguf_close(g);
+	return rc ? 1 : 0;
+}
+
+#ifdef HAVE_MKMODEL
+static int cmd_mkmodel(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "out", required_argument, NULL, 'o' },
+		{ "dim", required_argument, NULL, 'd' },
+		{ "layers", required_argument, NULL, 'l' },
+		{ "heads", required_argument, NULL, 'H' },
+		{ "kv-heads", required_argument, NULL, 'K' },
+		{ "ffn", required_argument, NULL, 'f' },
+		{ "vocab-from", required_argument, NULL, 'V' },
+		{ "vocab", required_argument, NULL, 'v' },
+		{ "type", required_argument, NULL, 't' },
+		{ "seed", required_argument, NULL, 's' },
+		{ "context", required_argument, NULL, 'c' },
+		{ "rope-base", required_argument, NULL, 'r' },
+		{ "tied", no_argument, NULL, 'T' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct gpud_mkmodel_params p;
+	char err[512] = "";
+	int c, rc, t;
+
+	gpud_mkmodel_params_default(&p);
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'o': p.out = optarg; break;
+		case 'd': p.dim = (uint32_t)num("dim", optarg, 1, 1 << 20); break;
+		case 'l': p.n_layers = (uint32_t)num("layers", optarg, 1, 4096); break;
+		case 'H': p.n_heads = (uint32_t)num("heads", optarg, 1, 4096); break;
+		case 'K': p.n_kv_heads = (uint32_t)num("kv-heads", optarg, 1, 4096); break;
+		case 'f': p.ffn_dim = (uint32_t)num("ffn", optarg, 1, 1 << 22); break;
+		case 'V': p.vocab_from = optarg; break;
+		case 'v':
+			if (strcmp(optarg, "byte")) {
+				fprintf(stderr, "gpud mkmodel: --vocab: only \"byte\"\n");
+				return EXIT_USAGE;
+			}
+			p.vocab_from = NULL;
+			break;
+		case 't':
+			t = gpud_type_parse(optarg);
+			if (t < 0) {
+				fprintf(stderr, "gpud mkmodel: --type: unknown type \"%s\"\n", optarg);
+				return EXIT_USAGE;
+			}
+			p.type = (enum gpud_type)t;
+			break;
+		case 's': p.seed = (uint64_t)num("seed", optarg, 0, 1.8e19); break;
+		case 'c': p.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
+		case 'r': p.rope_base = (float)num("rope-base", optarg, 1, 1e12); break;
+		case 'T': p.tied = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (!p.out || optind != argc) {
+		fprintf(stderr, "gpud mkmodel: --out is required\n");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	rc = gpud_mkmodel(&p, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpud: %s\n", err);
+		return 1;
+	}
+	return 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "version")) {
+		printf("gpud %s\n", SW_VERSION);
+		return 0;
+	}
+	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+		usage(stdout);
+		return 0;
+	}
+	if (!strcmp(argv[1], "generate"))
+		return cmd_generate(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "tokenize"))
+		return cmd_tokenize(argc - 1, argv + 1);
+#ifdef HAVE_MKMODEL
+	if (!strcmp(argv[1], "mkmodel"))
+		return cmd_mkmodel(argc - 1, argv + 1);
+#endif
+	fprintf(stderr, "gpud: unknown command \"%s\"\n", argv[1]);
+	usage(stderr);
+	return EXIT_USAGE;
+}

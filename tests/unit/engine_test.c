@@ -1,0 +1,676 @@
+/* engine_test.c - the engine on the real stories260K model: the greedy
+ * text of ../shared/models/README.md (through the API and through the gpud
+ * binary), step errors that change nothing, KV exhaustion and the return
+ * of blocks, zero allocations after warm-up, batching and chunking
+ * consistency, embeddings, tied output embeddings. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/engine.h"
+#include "gpud/gguf.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+
+#define STORIES "../shared/models/stories260K.gguf"
+#define GREEDY                                                                          \
+	", there was a little girl named Lily. She loved to play outside in the park. " \
+	"One day, she saw a big, red ball. She wanted to play with it, but it was too high."
+
+static const int32_t once[] = { 1, 403, 407, 261, 378 }; /* "Once upon a time" */
+
+static struct gpud_model *model;
+static char tmpdir[64];
+
+/* --- allocation counting ----------------------------------------------------
+ * Outside AddressSanitizer builds the test replaces malloc and friends
+ * with counting wrappers around glibc's, so "no allocation per step" is
+ * checked on the real process, not only on the engine's own counter. */
+#if defined(__SANITIZE_ADDRESS__)
+#define COUNT_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COUNT_ALLOCS 0
+#endif
+#endif
+#ifndef COUNT_ALLOCS
+#define COUNT_ALLOCS 1
+#endif
+
+static atomic_int counting;
+static atomic_long n_allocs;
+
+#if COUNT_ALLOCS
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+static inline void count(void)
+{
+	if (atomic_load_explicit(&counting, memory_order_relaxed))
+		atomic_fetch_add(&n_allocs, 1);
+}
+void *malloc(size_t n)
+{
+	count();
+	return __libc_malloc(n);
+}
+void *calloc(size_t a, size_t b)
+{
+	count();
+	return __libc_calloc(a, b);
+}
+void *realloc(void *p, size_t n)
+{
+	count();
+	return __libc_realloc(p, n);
+}
+void *aligned_alloc(size_t al, size_t n)
+{
+	count();
+	return __libc_memalign(al, n);
+}
+int posix_memalign(void **p, size_t al, size_t n)
+{
+	count();
+	*p = __libc_memalign(al, n);
+	return *p ? 0 : ENOMEM;
+}
+#endif
+
+/* --- helpers --------------------------------------------------------------- */
+
+static struct gpud_engine *mk_engine(uint32_t n_ctx, uint32_t max_batch, uint32_t max_seqs,
+				     uint32_t n_blocks, uint32_t max_logits)
+{
+	struct gpud_engine_params p;
+	struct gpud_engine *e = NULL;
+	char err[256] = "";
+
+	gpud_engine_params_default(&p);
+	p.n_threads = 2;
+	p.n_ctx = n_ctx;
+	p.max_batch_tokens = max_batch;
+	p.max_seqs = max_seqs;
+	p.n_blocks = n_blocks;
+	p.max_logits = max_logits;
+	if (gpud_engine_create(&e, model, &p, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	return e;
+}
+
+static void step_ok(struct gpud_engine *e, const struct gpud_batch_entry *b, uint32_t n)
+{
+	char err[256] = "";
+
+	if (gpud_engine_step(e, b, n, err, sizeof(err)))
+		fail_msg("step: %s", err);
+}
+
+static int32_t argmax(const float *x, uint32_t n)
+{
+	int32_t best = 0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (x[i] > x[best])
+			best = (int32_t)i;
+	return best;
+}
+
+static float max_rel_diff(const float *a, const float *b, uint32_t n)
+{
+	float d = 0, m = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		d = fmaxf(d, fabsf(a[i] - b[i]));
+		m = fmaxf(m, fabsf(a[i]));
+	}
+	return d / (m > 0 ? m : 1);
+}
+
+struct sink {
+	char buf[4096];
+	size_t len;
+	int stop_after; /* calls; 0 = never */
+	int calls;
+};
+
+static int sink_emit(void *arg, const char *text, size_t len)
+{
+	struct sink *s = arg;
+
+	if (s->len + len < sizeof(s->buf)) {
+		memcpy(s->buf + s->len, text, len);
+		s->len += len;
+		s->buf[s->len] = 0;
+	}
+	return s->stop_after && ++s->calls >= s->stop_after;
+}
+
+static void assert_pool_empty(struct gpud_engine *e)
+{
+	struct gpud_engine_stats st;
+
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 0);
+	assert_int_equal(st.kv.free, st.kv.n_blocks);
+	assert_int_equal(st.kv.seqs, 0);
+}
+
+static int setup(void **state)
+{
+	char err[256] = "";
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/engine_test.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return -1;
+	if (gpud_model_load(&model, STORIES, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	char cmd[128];
+
+	gpud_model_free(model);
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* --- tests ------------------------------------------------------------------ */
+
+static void test_greedy_text(void **state)
+{
+	struct gpud_engine *e = mk_engine(0, 512, 2, 0, 0);
+	struct gpud_gen_params gp;
+	struct gpud_gen_result res;
+	struct sink s = { 0 };
+	char err[256] = "";
+
+	gpud_gen_params_default(&gp);
+	gp.max_tokens = 60;
+	if (gpud_engine_generate(e, "Once upon a time", 16, &gp, sink_emit, &s, &res, err,
+				 sizeof(err)))
+		fail_msg("generate: %s", err);
+	if (strncmp(s.buf, GREEDY, strlen(GREEDY)))
+		fail_msg("greedy text differs:\n got: %s\nwant: %s", s.buf, GREEDY);
+	assert_int_equal(res.n_prompt, 5);
+	assert_int_equal(res.n_gen, 60);
+	assert_int_equal(res.reason, GPUD_STOP_MAX_TOKENS);
+	assert_pool_empty(e);
+
+	/* Prefill in chunks of 2 gives the same text. */
+	memset(&s, 0, sizeof(s));
+	gp.prefill_chunk = 2;
+	gp.max_tokens = 30;
+	assert_int_equal(gpud_engine_generate(e, "Once upon a time", 16, &gp, sink_emit, &s, &res,
+					      err, sizeof(err)), 0);
+	assert_int_equal(strncmp(s.buf, GREEDY, s.len), 0);
+	assert_true(s.len > 40);
+
+	/* A stop string ends generation and is not emitted. */
+	memset(&s, 0, sizeof(s));
+	const char *stop[] = { "Lily" };
+	gp.stop = stop;
+	gp.n_stop = 1;
+	gp.max_tokens = 60;
+	assert_int_equal(gpud_engine_generate(e, "Once upon a time", 16, &gp, sink_emit, &s, &res,
+					      err, sizeof(err)), 0);
+	assert_int_equal(res.reason, GPUD_STOP_STRING);
+	assert_string_equal(s.buf, ", there was a little girl named ");
+
+	/* The emit callback can stop it. */
+	memset(&s, 0, sizeof(s));
+	s.stop_after = 3;
+	gp.n_stop = 0;
+	assert_int_equal(gpud_engine_generate(e, "Once upon a time", 16, &gp, sink_emit, &s, &res,
+					      err, sizeof(err)), 0);
+	assert_int_equal(res.reason, GPUD_GEN_STOP_CALLER);
+	assert_int_equal(s.calls, 3);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+static void test_prompt_too_long(void **state)
+{
+	struct gpud_engine *e = mk_engine(8, 512, 2, 0, 0);
+	struct gpud_gen_params gp;
+	struct gpud_gen_result res;
+	struct sink s = { 0 };
+	char err[256] = "";
+	const char *p = "Once upon a time there was a little girl named Lily who liked cats";
+
+	gpud_gen_params_default(&gp);
+	assert_int_equal(gpud_engine_generate(e, p, strlen(p), &gp, sink_emit, &s, &res, err,
+					      sizeof(err)), SW_ETOOLONG);
+	assert_non_null(strstr(err, "context"));
+	assert_int_equal(s.len, 0);
+	assert_pool_empty(e);
+
+	/* A prompt that fits but leaves no room stops at the context. */
+	memset(&s, 0, sizeof(s));
+	gp.max_tokens = 100;
+	assert_int_equal(gpud_engine_generate(e, "Once upon a time", 16, &gp, sink_emit, &s, &res,
+					      err, sizeof(err)), 0);
+	assert_int_equal(res.reason, GPUD_GEN_STOP_CONTEXT);
+	assert_int_equal(res.n_gen, 8 - 5 + 1);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+static void test_step_errors_change_nothing(void **state)
+{
+	struct gpud_engine *e = mk_engine(64, 8, 2, 0, 4);
+	int32_t toks[16] = { 1, 403, 407, 261, 378, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
+	int32_t bad[1] = { 512 };
+	uint32_t a, b, c;
+	char err[256];
+
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &c), SW_EEXHAUSTED);
+	step_ok(e, &(struct gpud_batch_entry){ a, toks, 5, GPUD_LOGITS_LAST }, 1);
+	assert_int_equal(gpud_engine_seq_len(e, a), 5);
+
+	struct {
+		struct gpud_batch_entry b[3];
+		uint32_t n;
+		int rc;
+	} cases[] = {
+		{ { { a, toks, 9, GPUD_LOGITS_LAST } }, 1, SW_ETOOLONG },   /* > max_batch_tokens */
+		{ { { a, toks, 4, 0 }, { b, toks, 5, 0 } }, 2, SW_ETOOLONG }, /* 9 in total */
+		{ { { a, toks, 1, 0 }, { b, toks, 1, 0 }, { a, toks, 1, 0 } }, 3, SW_ETOOLONG },
+		{ { { a, toks, 1, 0 }, { a, toks, 1, 0 } }, 2, -EINVAL },    /* repeated */
+		{ { { a, bad, 1, GPUD_LOGITS_LAST } }, 1, -EINVAL },         /* token id */
+		{ { { a, toks, 0, GPUD_LOGITS_LAST } }, 1, -EINVAL },        /* empty */
+		{ { { 7, toks, 1, GPUD_LOGITS_LAST } }, 1, -EINVAL },        /* no such seq */
+		{ { { a, toks, 5, GPUD_LOGITS_ALL } }, 1, SW_ETOOLONG },    /* 5 rows > 4 */
+		{ { { 0 } }, 0, -EINVAL },                                   /* empty batch */
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		err[0] = 0;
+		assert_int_equal(gpud_engine_step(e, cases[i].b, cases[i].n, err, sizeof(err)),
+				 cases[i].rc);
+		assert_true(err[0] != 0);
+		assert_int_equal(gpud_engine_seq_len(e, a), 5);
+		assert_int_equal(gpud_engine_seq_len(e, b), 0);
+	}
+	/* Past the context: 64 positions. */
+	for (int i = 0; i < 7; i++)
+		step_ok(e, &(struct gpud_batch_entry){ a, toks + 8, 8, GPUD_LOGITS_NONE }, 1);
+	assert_int_equal(gpud_engine_seq_len(e, a), 61);
+	assert_int_equal(gpud_engine_step(e, &(struct gpud_batch_entry){ a, toks, 4, 0 }, 1, err,
+					  sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(gpud_engine_seq_len(e, a), 61);
+	step_ok(e, &(struct gpud_batch_entry){ a, toks, 3, GPUD_LOGITS_LAST }, 1);
+	assert_int_equal(gpud_engine_seq_len(e, a), 64);
+	assert_non_null(gpud_engine_logits(e, 0));
+	assert_null(gpud_engine_logits(e, 1));
+	assert_int_equal(gpud_engine_seq_free(e, a), 0);
+	assert_int_equal(gpud_engine_seq_free(e, a), -EINVAL);
+	assert_int_equal(gpud_engine_seq_free(e, b), 0);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+static void test_kv_exhaustion(void **state)
+{
+	/* 4 blocks of 16 positions. */
+	struct gpud_engine *e = mk_engine(256, 64, 3, 4, 0);
+	int32_t toks[64];
+	struct gpud_engine_stats st;
+	uint32_t a, b;
+	char err[256] = "";
+
+	for (int i = 0; i < 64; i++)
+		toks[i] = 3 + i * 7 % 500;
+	assert_int_equal(gpud_engine_params(e)->n_blocks, 4);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
+	step_ok(e, &(struct gpud_batch_entry){ a, toks, 48, GPUD_LOGITS_LAST }, 1);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 3);
+	/* b needs 2 blocks, 1 is free: refused, nothing reserved. */
+	assert_int_equal(gpud_engine_step(e, &(struct gpud_batch_entry){ b, toks, 32, 0 }, 1, err,
+					  sizeof(err)), SW_EEXHAUSTED);
+	assert_non_null(strstr(err, "exhausted"));
+	/* A batch where the first entry fits and the second does not rolls
+	 * back the first's new block too. */
+	struct gpud_batch_entry two[2] = { { a, toks, 1, GPUD_LOGITS_LAST },
+					   { b, toks, 17, GPUD_LOGITS_LAST } };
+	assert_int_equal(gpud_engine_step(e, two, 2, err, sizeof(err)), SW_EEXHAUSTED);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 3);
+	assert_int_equal(st.kv.free, 1);
+	assert_int_equal(gpud_engine_seq_len(e, a), 48);
+	assert_int_equal(gpud_engine_seq_len(e, b), 0);
+	assert_true(st.kv.exhausted >= 2);
+	/* Freeing a returns all of its blocks; b now fits. */
+	assert_int_equal(gpud_engine_seq_free(e, a), 0);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 0);
+	step_ok(e, &(struct gpud_batch_entry){ b, toks, 64, GPUD_LOGITS_LAST }, 1);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 4);
+	assert_int_equal(st.kv.high, 4);
+	assert_int_equal(gpud_engine_seq_free(e, b), 0);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+/* Many steps over a changing ragged batch: no allocation after warm-up. */
+static void test_no_alloc_after_warmup(void **state)
+{
+	struct gpud_engine *e = mk_engine(256, 64, 4, 0, 4);
+	struct gpud_engine_stats st;
+	uint32_t s[3];
+	int32_t next[3], prompt[3][20];
+	struct gpud_batch_entry b[3];
+
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &s[i]), 0);
+		for (int j = 0; j < 20; j++)
+			prompt[i][j] = 1 + (i * 31 + j * 17) % 500;
+	}
+	/* Warm-up: one prefill step of three chunks. */
+	for (int i = 0; i < 3; i++)
+		b[i] = (struct gpud_batch_entry){ s[i], prompt[i], 8 + 4 * i, GPUD_LOGITS_LAST };
+	step_ok(e, b, 3);
+	for (int i = 0; i < 3; i++)
+		next[i] = argmax(gpud_engine_logits(e, i), 512);
+
+	atomic_store(&n_allocs, 0);
+	atomic_store(&counting, 1);
+	if (COUNT_ALLOCS) { /* the counter works */
+		void *volatile probe = malloc(16);
+		free(probe);
+		assert_int_equal(atomic_load(&n_allocs), 1);
+		atomic_store(&n_allocs, 0);
+	}
+	for (int it = 0; it < 150; it++) {
+		uint32_t n = 0;
+		for (int i = 0; i < 3; i++) {
+			if ((it + i) % 5 == 0) /* vary the batch shape */
+				continue;
+			b[n++] = (struct gpud_batch_entry){ s[i], &next[i], 1, GPUD_LOGITS_LAST };
+		}
+		step_ok(e, b, n);
+		for (uint32_t k = 0; k < n; k++)
+			next[b[k].seq == s[0] ? 0 : b[k].seq == s[1] ? 1 : 2] =
+				argmax(gpud_engine_logits(e, k), 512);
+	}
+	atomic_store(&counting, 0);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.allocs_after_warmup, 0);
+	assert_int_equal(atomic_load(&n_allocs), 0);
+	assert_true(st.steps == 151);
+	assert_true(st.scratch_bytes > 0 && st.scratch_high <= st.scratch_bytes);
+	assert_true(st.kv_bytes > 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(gpud_engine_seq_free(e, s[i]), 0);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+/* The same sequence gives the same logits alone, in a ragged batch, in
+ * chunks, and with all-token logits. */
+static void test_batch_chunk_consistency(void **state)
+{
+	struct gpud_engine *e = mk_engine(128, 64, 3, 0, 16);
+	const uint32_t V = 512;
+	static float alone[512], all_last[512], chunked[512];
+	int32_t other[11];
+	uint32_t a, b, c;
+
+	for (int i = 0; i < 11; i++)
+		other[i] = 10 + i * 13;
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	step_ok(e, &(struct gpud_batch_entry){ a, once, 5, GPUD_LOGITS_LAST }, 1);
+	memcpy(alone, gpud_engine_logits(e, 0), sizeof(alone));
+	assert_int_equal(gpud_engine_seq_free(e, a), 0);
+
+	/* In a batch behind another sequence, all-token logits. */
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	struct gpud_batch_entry two[2] = { { b, other, 11, GPUD_LOGITS_LAST },
+					   { a, once, 5, GPUD_LOGITS_ALL } };
+	step_ok(e, two, 2);
+	memcpy(all_last, gpud_engine_logits(e, 1) + 4 * V, sizeof(all_last));
+	assert_true(max_rel_diff(alone, all_last, V) < 1e-4);
+	assert_int_equal(argmax(alone, V), argmax(all_last, V));
+
+	/* Chunked prefill: 2 + 3 tokens. */
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &c), 0);
+	step_ok(e, &(struct gpud_batch_entry){ c, once, 2, GPUD_LOGITS_NONE }, 1);
+	assert_null(gpud_engine_logits(e, 0));
+	step_ok(e, &(struct gpud_batch_entry){ c, once + 2, 3, GPUD_LOGITS_LAST }, 1);
+	memcpy(chunked, gpud_engine_logits(e, 0), sizeof(chunked));
+	assert_true(max_rel_diff(alone, chunked, V) < 1e-4);
+
+	/* Truncate and redo the last token: same logits. */
+	assert_int_equal(gpud_engine_seq_truncate(e, c, 4), 0);
+	assert_int_equal(gpud_engine_seq_len(e, c), 4);
+	step_ok(e, &(struct gpud_batch_entry){ c, once + 4, 1, GPUD_LOGITS_LAST }, 1);
+	assert_true(max_rel_diff(alone, gpud_engine_logits(e, 0), V) < 1e-4);
+	gpud_engine_destroy(e);
+}
+
+/* A mask that hides nothing equals causal; a mask for another block size
+ * is refused. */
+static void test_mask_plumbing(void **state)
+{
+	struct gpud_engine *e = mk_engine(128, 64, 2, 0, 0);
+	uint16_t r0[] = { 0 }, r1[] = { 0, 1 }, rg[] = { 0, 1, 2 };
+	struct gpud_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 3 } };
+	struct gpud_mask_desc d = { .n_segments = 2, .rows = rows };
+	uint32_t seg_tokens[2] = { 2, 3 }, a, b;
+	struct gpud_mask m8, m16;
+	static uint8_t mem8[4096] __attribute__((aligned(16)));
+	static uint8_t mem16[4096] __attribute__((aligned(16)));
+	static float causal[512];
+
+	assert_int_equal(gpud_mask_compile(&d, seg_tokens, 8, mem8, sizeof(mem8), &m8), 0);
+	assert_int_equal(gpud_mask_compile(&d, seg_tokens, 16, mem16, sizeof(mem16), &m16), 0);
+	assert_int_equal(gpud_engine_seq_add(e, &m8, &a), -EINVAL);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	assert_int_equal(gpud_engine_seq_add(e, &m16, &b), 0);
+	step_ok(e, &(struct gpud_batch_entry){ a, once, 5, GPUD_LOGITS_LAST }, 1);
+	memcpy(causal, gpud_engine_logits(e, 0), sizeof(causal));
+	step_ok(e, &(struct gpud_batch_entry){ b, once, 5, GPUD_LOGITS_LAST }, 1);
+	assert_memory_equal(causal, gpud_engine_logits(e, 0), sizeof(causal));
+	gpud_engine_destroy(e);
+}
+
+static void test_embed(void **state)
+{
+	struct gpud_engine *e = mk_engine(64, 4, 2, 0, 0);
+	float v1[64], v2[64], v3[64];
+	double n = 0, dot12 = 0;
+	char err[256] = "";
+	int32_t many[65];
+
+	assert_int_equal(gpud_engine_dim(e), 64);
+	if (gpud_engine_embed(e, "Once upon a time", 16, v1, err, sizeof(err)))
+		fail_msg("embed: %s", err);
+	assert_int_equal(gpud_engine_embed_tokens(e, once, 5, v2, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_embed(e, "The cat sat on the mat", 22, v3, err, sizeof(err)), 0);
+	for (int i = 0; i < 64; i++) {
+		n += (double)v1[i] * v1[i];
+		dot12 += (double)v1[i] * v3[i];
+		assert_true(isfinite(v1[i]));
+	}
+	assert_float_equal(n, 1.0, 1e-5);
+	assert_true(max_rel_diff(v1, v2, 64) < 1e-5); /* chunks of 4 vs the same */
+	assert_true(dot12 < 0.9999);
+	for (int i = 0; i < 65; i++)
+		many[i] = 5;
+	assert_int_equal(gpud_engine_embed_tokens(e, many, 65, v1, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(gpud_engine_embed_tokens(e, many, 0, v1, err, sizeof(err)), -EINVAL);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+}
+
+static bool skip_none(const char *key, void *arg)
+{
+	return false;
+}
+
+/* stories260K without output.weight: logits come from token_embd. For a
+ * one-token sequence the embedding is h/|h| of the final-normed hidden
+ * state, so logits[v] / (embedding . token_embd[v]) is the same for all v. */
+static void test_tied_embeddings(void **state)
+{
+	struct gpud_gguf *src = NULL;
+	struct gpud_gguf_writer *w = NULL;
+	struct gpud_model *tied = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params p;
+	char path[128], err[256] = "";
+	float emb[64], row[64], ratio = 0;
+	const float *lg;
+	uint32_t s;
+
+	snprintf(path, sizeof(path), "%s/tied.gguf", tmpdir);
+	assert_int_equal(gpud_gguf_open(&src, STORIES, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_copy_kv(w, src, skip_none, NULL), 0);
+	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
+		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
+		if (strcmp(t->name, "output.weight"))
+			assert_int_equal(gpud_gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne,
+							    t->data, t->nbytes), 0);
+	}
+	assert_int_equal(gpud_gguf_w_write(w, path, err, sizeof(err)), 0);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_close(src);
+
+	if (gpud_model_load(&tied, path, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_true(gpud_model_hparams(tied)->tied_output);
+	gpud_engine_params_default(&p);
+	p.n_threads = 2;
+	p.max_seqs = 2;
+	p.n_ctx = 64;
+	assert_int_equal(gpud_engine_create(&e, tied, &p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_embed_tokens(e, once + 1, 1, emb, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &s), 0);
+	step_ok(e, &(struct gpud_batch_entry){ s, once + 1, 1, GPUD_LOGITS_LAST }, 1);
+	lg = gpud_engine_logits(e, 0);
+	const struct gpud_weight *te = &gpud_model_weights(tied)->tok_embd;
+	for (int v = 0; v < 512; v += 37) {
+		double d = 0;
+		gpud_get_row(te->type, te->data, 64, v, row);
+		for (int i = 0; i < 64; i++)
+			d += (double)emb[i] * row[i];
+		assert_true(isfinite(lg[v]));
+		if (fabs(d) < 1e-3)
+			continue;
+		if (ratio == 0)
+			ratio = (float)(lg[v] / d);
+		else
+			assert_float_equal(lg[v] / d, ratio, 1e-3 * fabs(ratio));
+	}
+	assert_true(ratio > 0);
+	gpud_engine_destroy(e);
+	gpud_model_free(tied);
+}
+
+/* --- the gpud binary ------------------------------------------------------- */
+
+/* Runs cmd with the shell, captures stdout into out; returns the exit code. */
+static int run(const char *cmd, char *out, size_t cap)
+{
+	FILE *f = popen(cmd, "r");
+	size_t n = 0;
+	int st;
+
+	assert_non_null(f);
+	while (n + 1 < cap) {
+		size_t r = fread(out + n, 1, cap - 1 - n, f);
+		if (!r)
+			break;
+		n += r;
+	}
+	out[n] = 0;
+	st = pclose(f);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void test_cli(void **state)
+{
+	char out[4096], cmd[1024];
+
+	snprintf(cmd, sizeof(cmd),
+		 "%s generate --model %s --prompt 'Once upon a time' --max-tokens 60 "
+		 "--temperature 0 --threads 2 2>/dev/null", GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	if (strncmp(out, GREEDY, strlen(GREEDY)))
+		fail_msg("gpud generate printed:\n%s", out);
+
+	snprintf(cmd, sizeof(cmd), "%s tokenize --model %s 'Once upon a time'", GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_string_equal(out, "1 403 407 261 378\n");
+	snprintf(cmd, sizeof(cmd), "%s tokenize --no-bos --model %s 'Once upon a time'", GPUD_BIN,
+		 STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_string_equal(out, "403 407 261 378\n");
+	/* Vocab-only file: no tensors. */
+	snprintf(cmd, sizeof(cmd), "%s tokenize --model ../shared/tokenizer/ggml-vocab-llama-spm.gguf "
+		 "'Hello world'", GPUD_BIN);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_true(strlen(out) > 2 && strspn(out, "0123456789 \n") == strlen(out));
+
+	snprintf(cmd, sizeof(cmd), "%s --version", GPUD_BIN);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_non_null(strstr(out, "gpud "));
+
+	/* Errors: non-zero exit, stderr names the file and the cause. */
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s/none.gguf --prompt x 2>&1", GPUD_BIN,
+		 tmpdir);
+	assert_int_equal(run(cmd, out, sizeof(out)), 1);
+	assert_non_null(strstr(out, "none.gguf"));
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --context 4 --prompt "
+		 "'Once upon a time there was a cat' 2>&1 >/dev/null", GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 1);
+	assert_non_null(strstr(out, "context"));
+	assert_non_null(strstr(out, "stories260K.gguf"));
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s 2>&1", GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 2);
+	snprintf(cmd, sizeof(cmd), "%s frobnicate 2>&1", GPUD_BIN);
+	assert_int_equal(run(cmd, out, sizeof(out)), 2);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_greedy_text),
+		cmocka_unit_test(test_prompt_too_long),
+		cmocka_unit_test(test_step_errors_change_nothing),
+		cmocka_unit_test(test_kv_exhaustion),
+		cmocka_unit_test(test_no_alloc_after_warmup),
+		cmocka_unit_test(test_batch_chunk_consistency),
+		cmocka_unit_test(test_mask_plumbing),
+		cmocka_unit_test(test_embed),
+		cmocka_unit_test(test_tied_embeddings),
+		cmocka_unit_test(test_cli),
+	};
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
