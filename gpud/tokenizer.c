@@ -709,6 +709,9 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 	t->bos = get_id(g, t, "tokenizer.ggml.bos_token_id");
 	t->eos = get_id(g, t, "tokenizer.ggml.eos_token_id");
 	t->unk = get_id(g, t, "tokenizer.ggml.unknown_token_id");
+	for (int32_t id = 0; t->unk < 0 && id < t->n_vocab; id++)
+		if (t->tok[id].type == TT_UNKNOWN)
+			t->unk = id; /* no key: the vocab's own unknown token */
 	mark_eog(t, g);
 	detect_chat(t, g);
 	*out = t;
