@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -363,10 +364,10 @@ static int set_string(const struct field *f, char *dst, const json_t *v, const c
 				(f->flags & F_NONEMPTY) ? "a non-empty string" : "a string";
 		return expected(err, errlen, SW_ETYPE, path, w, v);
 	}
+	/* No embedded NULs: json_loads refuses \u0000 without JSON_ALLOW_NUL,
+	 * and environment strings cannot hold one. */
 	const char *s = json_string_value(v);
-	size_t n = json_string_length(v);
-	if (n != strlen(s))
-		return expected(err, errlen, -EINVAL, path, "a string without NUL bytes", NULL);
+	size_t n = strlen(s);
 	if (n >= f->size) {
 		snprintf(what, sizeof(what), "a string of at most %zu bytes", f->size - 1);
 		return expected(err, errlen, -EINVAL, path, what, NULL);
@@ -584,6 +585,7 @@ int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, si
 int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen)
 {
 	char msg[512];
+	struct stat st;
 	char *buf;
 	size_t n;
 	long size;
@@ -592,6 +594,14 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
 
 	if (!fp)
 		return sw_seterr(err, errlen, -errno, "%s: %s", path, strerror(errno));
+	if (fstat(fileno(fp), &st) < 0) {
+		rc = sw_seterr(err, errlen, -errno, "%s: %s", path, strerror(errno));
+		goto out_close;
+	}
+	if (S_ISDIR(st.st_mode)) {
+		rc = sw_seterr(err, errlen, -EISDIR, "%s: %s", path, strerror(EISDIR));
+		goto out_close;
+	}
 	if (fseek(fp, 0, SEEK_END) < 0 || (size = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) < 0) {
 		rc = sw_seterr(err, errlen, -errno, "%s: %s", path, strerror(errno));
 		goto out_close;

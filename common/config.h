@@ -10,8 +10,10 @@
  *   gpud.thread: unknown key (did you mean "threads"?)
  *
  * Byte sizes accept an integer or a string with a binary unit ("64MiB",
- * "2GiB"; units B, KiB, MiB, GiB, TiB). config/swarm.json documents every
- * key. The struct is plain data (no pointers): copy it freely.
+ * "2GiB"; units B, KiB, MiB, GiB, TiB). JSON has no comments, so keys
+ * starting with "//" are ignored at any level. config/swarm.json documents
+ * every key. The struct is plain data (no pointers): copy it freely, and
+ * there is nothing to free.
  */
 #ifndef SW_CONFIG_H
 #define SW_CONFIG_H
