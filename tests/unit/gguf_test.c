@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
 
 #define STORIES "../shared/models/stories260K.gguf"
@@ -646,6 +647,357 @@ static void test_stories_fields(void **state)
 	free(buf);
 }
 
+/* --- writer ----------------------------------------------------------------- */
+
+static char tmpdir[64];
+
+static void tmp_path(char *buf, size_t n, const char *name)
+{
+	if (!tmpdir[0]) {
+		strcpy(tmpdir, "/tmp/gguf_test_XXXXXX");
+		assert_non_null(mkdtemp(tmpdir));
+	}
+	snprintf(buf, n, "%s/%s", tmpdir, name);
+}
+
+/* Deterministic rows: value depends on (tensor tag, row, col). */
+static int fill_rows(void *arg, uint64_t row, float *out, uint64_t cols)
+{
+	int tag = *(int *)arg;
+	for (uint64_t c = 0; c < cols; c++)
+		out[c] = sinf((float)(tag * 1000 + row * 37 + c) * 0.01f) * 0.5f;
+	return 0;
+}
+
+static int fill_fail_at;
+static int fill_failing(void *arg, uint64_t row, float *out, uint64_t cols)
+{
+	if ((int)row == fill_fail_at)
+		return -EIO;
+	return fill_rows(arg, row, out, cols);
+}
+
+static void test_writer_round_trip(void **state)
+{
+	(void)state;
+	char path[128];
+	tmp_path(path, sizeof(path), "rt.gguf");
+	struct gpud_gguf_writer *w;
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "general.architecture", "llama"), 0);
+	assert_int_equal(gpud_gguf_w_u32(w, "a.u32", 4000000000u), 0);
+	assert_int_equal(gpud_gguf_w_i32(w, "a.i32", -7), 0);
+	assert_int_equal(gpud_gguf_w_u64(w, "a.u64", 1ull << 40), 0);
+	assert_int_equal(gpud_gguf_w_f32(w, "a.f32", 0.25f), 0);
+	assert_int_equal(gpud_gguf_w_bool(w, "a.bool", true), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "a.empty", ""), 0);
+	int32_t ints[5] = { -1, 0, 1, INT32_MAX, INT32_MIN };
+	assert_int_equal(gpud_gguf_w_arr(w, "a.ints", GPUD_GGUF_I32, ints, 5), 0);
+	float fl[3] = { 1.5f, -2.0f, 1e-3f };
+	assert_int_equal(gpud_gguf_w_arr(w, "a.floats", GPUD_GGUF_F32, fl, 3), 0);
+	assert_int_equal(gpud_gguf_w_arr(w, "a.none", GPUD_GGUF_U8, NULL, 0), 0);
+	struct gpud_gguf_str strs[3] = { { "abc", 3 }, { "", 0 }, { "x\0y", 3 } };
+	assert_int_equal(gpud_gguf_w_arr_str(w, "a.strs", strs, 3), 0);
+
+	/* Tensors: copied F32, streamed in every type. */
+	float d[64 * 3];
+	for (int i = 0; i < 64 * 3; i++)
+		d[i] = (float)i - 10.0f;
+	uint64_t ne2[2] = { 64, 3 };
+	assert_int_equal(gpud_gguf_w_tensor(w, "copied", GPUD_TYPE_F32, 2, ne2, d, sizeof(d)), 0);
+	static int tags[5] = { 1, 2, 3, 4, 5 };
+	static const enum gpud_type types[5] = {
+		GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
+	};
+	uint64_t ne3[3] = { 96, 5, 2 };
+	for (int k = 0; k < 5; k++) {
+		char name[32];
+		snprintf(name, sizeof(name), "fill.%s", gpud_type_name(types[k]));
+		assert_int_equal(gpud_gguf_w_tensor_fill(w, name, types[k], 3, ne3, fill_rows, &tags[k]), 0);
+	}
+	uint64_t ne1[1] = { 7 };
+	assert_int_equal(gpud_gguf_w_tensor(w, "odd", GPUD_TYPE_F32, 1, ne1, d, 28), 0);
+	uint64_t size;
+	assert_int_equal(gpud_gguf_w_size(w, &size), 0);
+	int rc = gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_writer_free(NULL);
+
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, size);
+	assert_int_equal(st.st_mode & 0777, 0644);
+
+	struct gpud_gguf *g;
+	rc = gpud_gguf_open(&g, path, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	assert_int_equal(gpud_gguf_version(g), 3);
+	assert_int_equal(gpud_gguf_n_kv(g), 11);
+	assert_int_equal(gpud_gguf_n_tensors(g), 7);
+	assert_string_equal(gpud_gguf_key(g, 0), "general.architecture");
+	assert_string_equal(gpud_gguf_key(g, 10), "a.strs");
+	uint32_t u;
+	assert_int_equal(gpud_gguf_get_u32(g, "a.u32", &u), 0);
+	assert_int_equal(u, 4000000000u);
+	int32_t i;
+	assert_int_equal(gpud_gguf_get_i32(g, "a.u32", &i), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_i32(g, "a.i32", &i), 0);
+	assert_int_equal(i, -7);
+	assert_int_equal(gpud_gguf_get_u32(g, "a.i32", &u), SW_ETYPE);
+	uint64_t u64;
+	assert_int_equal(gpud_gguf_get_u64(g, "a.i32", &u64), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_u64(g, "a.u64", &u64), 0);
+	assert_int_equal(u64, 1ull << 40);
+	assert_int_equal(gpud_gguf_get_u32(g, "a.u64", &u), SW_ETYPE);
+	float f;
+	assert_int_equal(gpud_gguf_get_f32(g, "a.f32", &f), 0);
+	assert_float_equal(f, 0.25f, 0.0f);
+	bool b = false;
+	assert_int_equal(gpud_gguf_get_bool(g, "a.bool", &b), 0);
+	assert_true(b);
+	struct gpud_gguf_str s;
+	assert_int_equal(gpud_gguf_get_str(g, "a.empty", &s), 0);
+	assert_int_equal(s.len, 0);
+	for (int k = 0; k < 5; k++) {
+		assert_int_equal(gpud_gguf_arr_i32(g, "a.ints", k, &i), 0);
+		assert_int_equal(i, ints[k]);
+	}
+	assert_int_equal(gpud_gguf_arr_i32(g, "a.ints", 5, &i), -ERANGE);
+	assert_int_equal(gpud_gguf_arr_f32(g, "a.floats", 2, &f), 0);
+	assert_float_equal(f, 1e-3f, 0.0f);
+	enum gpud_gguf_vtype vt;
+	uint64_t n;
+	assert_int_equal(gpud_gguf_get_arr(g, "a.none", &vt, &n), 0);
+	assert_int_equal(vt, GPUD_GGUF_U8);
+	assert_int_equal(n, 0);
+	assert_int_equal(gpud_gguf_arr_str(g, "a.strs", 1, &s), 0);
+	assert_int_equal(s.len, 0);
+	assert_int_equal(gpud_gguf_arr_str(g, "a.strs", 2, &s), 0);
+	assert_int_equal(s.len, 3);
+	assert_memory_equal(s.s, "x\0y", 3);
+
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, "copied");
+	assert_non_null(t);
+	assert_memory_equal(t->data, d, sizeof(d));
+	float row[96], back[96];
+	for (int k = 0; k < 5; k++) {
+		char name[32];
+		snprintf(name, sizeof(name), "fill.%s", gpud_type_name(types[k]));
+		t = gpud_gguf_find_tensor(g, name);
+		assert_non_null(t);
+		assert_int_equal(t->type, types[k]);
+		assert_int_equal(t->n_dims, 3);
+		assert_int_equal(t->ne[0], 96);
+		assert_int_equal(t->ne[1], 5);
+		assert_int_equal(t->ne[2], 2);
+		assert_int_equal(t->ne[3], 1);
+		assert_int_equal(t->offset % 32, 0);
+		assert_int_equal((uintptr_t)t->data % 32, 0);
+		size_t rb = gpud_type_row_bytes(types[k], 96);
+		assert_int_equal(t->nbytes, rb * 10);
+		/* Tolerance: exact for f32, fp16 ~1e-3, bf16 ~4e-3, q8 ~ d/2,
+		 * q4 ~ d/2 with d = max/8. */
+		static const float tol[5] = { 0.0f, 1e-3f, 4e-3f, 5e-3f, 0.04f };
+		for (uint64_t r = 0; r < 10; r++) {
+			fill_rows(&tags[k], r, row, 96);
+			gpud_dequantize_row(types[k], (const uint8_t *)t->data + r * rb, back, 96);
+			for (int c = 0; c < 96; c++)
+				if (fabsf(back[c] - row[c]) > tol[k])
+					fail_msg("%s row %d col %d: %f vs %f", name, (int)r, c,
+						 back[c], row[c]);
+		}
+	}
+	t = gpud_gguf_find_tensor(g, "odd");
+	assert_memory_equal(t->data, d, 28);
+	assert_ptr_equal(gpud_gguf_tensor(g, 6), t);
+	gpud_gguf_close(g);
+
+	/* The writer's file survives the reader's truncation test too. */
+	size_t fsize;
+	uint8_t *buf = read_file(path, &fsize);
+	for (size_t len = 0; len < fsize; len++)
+		if (open_copy(buf, len, "rt.gguf") != SW_EFORMAT)
+			fail_msg("prefix %zu: %s", len, errbuf);
+	free(buf);
+	unlink(path);
+}
+
+static void test_writer_errors(void **state)
+{
+	(void)state;
+	struct gpud_gguf_writer *w;
+	uint64_t ne[4] = { 32, 2, 1, 1 };
+	float d[64] = { 0 };
+	static int tag = 1;
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_u32(w, "k", 1), 0);
+	assert_int_equal(gpud_gguf_w_u32(w, "k", 2), -EEXIST);
+	assert_int_equal(gpud_gguf_w_str(w, "k", "x"), -EEXIST);
+	assert_int_equal(gpud_gguf_w_u32(w, "", 2), -EINVAL);
+	assert_int_equal(gpud_gguf_w_u32(w, NULL, 2), -EINVAL);
+	assert_int_equal(gpud_gguf_w_str(w, "s", NULL), -EINVAL);
+	assert_int_equal(gpud_gguf_w_arr(w, "arr", GPUD_GGUF_STRING, d, 1), -EINVAL);
+	assert_int_equal(gpud_gguf_w_arr(w, "arr", GPUD_GGUF_ARRAY, d, 1), -EINVAL);
+	assert_int_equal(gpud_gguf_w_arr(w, "arr", GPUD_GGUF_U32, NULL, 1), -EINVAL);
+	uint8_t bad_bool = 2;
+	assert_int_equal(gpud_gguf_w_arr(w, "arr", GPUD_GGUF_BOOL, &bad_bool, 1), -EINVAL);
+	assert_int_equal(gpud_gguf_w_arr_str(w, "arr", NULL, 1), -EINVAL);
+	assert_int_equal(gpud_gguf_w_u32(w, "general.alignment", 48), -EINVAL);
+	assert_int_equal(gpud_gguf_w_u32(w, "general.alignment", 0), -EINVAL);
+	assert_int_equal(gpud_gguf_w_i32(w, "general.alignment", 64), SW_ETYPE);
+
+	assert_int_equal(gpud_gguf_w_tensor(w, "t", GPUD_TYPE_F32, 2, ne, d, sizeof(d)), 0);
+	assert_int_equal(gpud_gguf_w_tensor(w, "t", GPUD_TYPE_F32, 2, ne, d, sizeof(d)), -EEXIST);
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "t", GPUD_TYPE_F32, 2, ne, fill_rows, &tag), -EEXIST);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 2, ne, d, sizeof(d) - 4), -EINVAL);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 2, ne, NULL, sizeof(d)), -EINVAL);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 0, ne, d, sizeof(d)), -EINVAL);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 5, ne, d, sizeof(d)), -EINVAL);
+	assert_int_equal(gpud_gguf_w_tensor(w, "", GPUD_TYPE_F32, 2, ne, d, sizeof(d)), -EINVAL);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", (enum gpud_type)3, 2, ne, d, sizeof(d)), SW_EUNSUPPORTED);
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_Q8_0, 2, ne, NULL, NULL), -EINVAL);
+	uint64_t ne_bad[2] = { 48, 2 };
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_Q4_0, 2, ne_bad, fill_rows, &tag), -EINVAL);
+	uint64_t ne_zero[2] = { 32, 0 };
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_F32, 2, ne_zero, fill_rows, &tag), -EINVAL);
+	uint64_t ne_ovf[4] = { 1ull << 32, 1ull << 32, 1, 1 };
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_F32, 2, ne_ovf, fill_rows, &tag), -EINVAL);
+
+	/* A failing fill aborts the write; the existing file stays intact and
+	 * no temp file is left behind. */
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "f", GPUD_TYPE_Q8_0, 2, ne, fill_failing, &tag), 0);
+	char path[128];
+	tmp_path(path, sizeof(path), "err.gguf");
+	FILE *f = fopen(path, "w");
+	assert_non_null(f);
+	fputs("old", f);
+	fclose(f);
+	fill_fail_at = 1;
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), -EIO);
+	assert_non_null(strstr(errbuf, "fill callback failed for 'f' row 1"));
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_size, 3);
+	glob_t gl;
+	char pat[160];
+	snprintf(pat, sizeof(pat), "%s.tmp.*", path);
+	assert_int_equal(glob(pat, 0, NULL, &gl), GLOB_NOMATCH);
+	/* The same writer can then write successfully. */
+	fill_fail_at = -1;
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+	struct gpud_gguf *g;
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_n_tensors(g), 2);
+	gpud_gguf_close(g);
+	unlink(path);
+
+	assert_true(gpud_gguf_w_write(w, "/nonexistent-dir/x.gguf", errbuf, sizeof(errbuf)) < 0);
+	assert_non_null(strstr(errbuf, "/nonexistent-dir/x.gguf"));
+	gpud_gguf_writer_free(w);
+}
+
+static void test_writer_alignment_and_empty(void **state)
+{
+	(void)state;
+	char path[128];
+	tmp_path(path, sizeof(path), "al.gguf");
+	struct gpud_gguf_writer *w;
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_u32(w, "general.alignment", 256), 0);
+	uint64_t ne[1] = { 32 };
+	static int tag = 9;
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "a", GPUD_TYPE_Q4_0, 1, ne, fill_rows, &tag), 0);
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "b", GPUD_TYPE_F16, 1, ne, fill_rows, &tag), 0);
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+	gpud_gguf_writer_free(w);
+	struct gpud_gguf *g;
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_alignment(g), 256);
+	assert_int_equal(gpud_gguf_data_offset(g) % 256, 0);
+	assert_int_equal(gpud_gguf_find_tensor(g, "b")->offset, 256);
+	gpud_gguf_close(g);
+
+	/* No tensors: the file ends at the header, as vocab-only files do. */
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "k", "v"), 0);
+	uint64_t size;
+	assert_int_equal(gpud_gguf_w_size(w, &size), 0);
+	assert_int_equal(size, 24 + 8 + 1 + 4 + 8 + 1);
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+	gpud_gguf_writer_free(w);
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_n_tensors(g), 0);
+	gpud_gguf_close(g);
+	unlink(path);
+}
+
+static bool skip_non_tokenizer(const char *key, void *arg)
+{
+	(*(int *)arg)++;
+	return strncmp(key, "tokenizer.", 10) != 0;
+}
+
+static void test_writer_copy_kv(void **state)
+{
+	(void)state;
+	char path[128];
+	tmp_path(path, sizeof(path), "copy.gguf");
+	struct gpud_gguf *src;
+	assert_int_equal(gpud_gguf_open(&src, "../shared/tokenizer/ggml-vocab-llama-bpe.gguf",
+					errbuf, sizeof(errbuf)), 0);
+	struct gpud_gguf_writer *w;
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "general.architecture", "llama"), 0);
+	int calls = 0;
+	assert_int_equal(gpud_gguf_w_copy_kv(w, src, skip_non_tokenizer, &calls), 0);
+	assert_int_equal(calls, 22);
+	/* Copying again collides. */
+	assert_int_equal(gpud_gguf_w_copy_kv(w, src, skip_non_tokenizer, &calls), -EEXIST);
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+	gpud_gguf_writer_free(w);
+
+	struct gpud_gguf *g;
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_n_kv(g), 1 + 9);
+	assert_false(gpud_gguf_has(g, "llama.block_count"));
+	enum gpud_gguf_vtype vt;
+	uint64_t n, n2;
+	assert_int_equal(gpud_gguf_get_arr(g, "tokenizer.ggml.merges", &vt, &n), 0);
+	assert_int_equal(gpud_gguf_get_arr(src, "tokenizer.ggml.merges", &vt, &n2), 0);
+	assert_int_equal(n, n2);
+	for (uint64_t i = 0; i < n; i += 997) {
+		struct gpud_gguf_str a, b;
+		assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.merges", i, &a), 0);
+		assert_int_equal(gpud_gguf_arr_str(src, "tokenizer.ggml.merges", i, &b), 0);
+		assert_int_equal(a.len, b.len);
+		assert_memory_equal(a.s, b.s, a.len);
+	}
+	struct gpud_gguf_str a, b;
+	assert_int_equal(gpud_gguf_get_str(g, "tokenizer.chat_template", &a), 0);
+	assert_int_equal(gpud_gguf_get_str(src, "tokenizer.chat_template", &b), 0);
+	assert_int_equal(a.len, b.len);
+	assert_memory_equal(a.s, b.s, a.len);
+	uint32_t bos;
+	assert_int_equal(gpud_gguf_get_u32(g, "tokenizer.ggml.bos_token_id", &bos), 0);
+	assert_int_equal(bos, 128000);
+	gpud_gguf_close(g);
+
+	/* Without skip everything is copied: the copy of a vocab-only file has
+	 * the same size as the original. */
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_copy_kv(w, src, NULL, NULL), 0);
+	uint64_t size;
+	assert_int_equal(gpud_gguf_w_size(w, &size), 0);
+	assert_int_equal(size, 7818572);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_close(src);
+	unlink(path);
+	rmdir(tmpdir);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -657,6 +1009,10 @@ int main(void)
 		cmocka_unit_test(test_small_truncate_and_flip),
 		cmocka_unit_test(test_stories_truncate),
 		cmocka_unit_test(test_stories_fields),
+		cmocka_unit_test(test_writer_round_trip),
+		cmocka_unit_test(test_writer_errors),
+		cmocka_unit_test(test_writer_alignment_and_empty),
+		cmocka_unit_test(test_writer_copy_kv),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,84 @@
+/* mkmodel.h - write a Llama GGUF with deterministic random weights.
+ *
+ * For tests and benchmarks that need a model of a given shape (up to
+ * Llama-3.2-3B and beyond) without downloading one. Weights come from a
+ * seeded counter-based PRNG (splitmix64 of seed, tensor and row), so the
+ * same parameters always give byte-identical files, and each row is
+ * produced on its own: the file is streamed through the GGUF writer's fill
+ * callback and the model is never held in memory.
+ *
+ * Weights are uniform with standard deviation 0.02 (residual output
+ * projections attn_output and ffn_down scaled by 1/sqrt(2 * n_layers)),
+ * norms are 1, so activations of a random model stay in range.
+ */
+#ifndef GPUD_MKMODEL_H
+#define GPUD_MKMODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/gguf.h"
+
+struct gpud_mkmodel_params {
+	const char *out;        /* output path (written atomically) */
+	const char *name;       /* general.name; NULL = "mkmodel" */
+	uint32_t dim;           /* llama.embedding_length */
+	uint32_t n_layers;      /* llama.block_count */
+	uint32_t n_heads;       /* llama.attention.head_count; dim % n_heads == 0 */
+	uint32_t n_kv_heads;    /* llama.attention.head_count_kv; divides n_heads */
+	uint32_t ffn_dim;       /* llama.feed_forward_length */
+	uint32_t n_ctx;         /* llama.context_length */
+	float rope_base;        /* llama.rope.freq_base */
+	float norm_eps;         /* llama.attention.layer_norm_rms_epsilon */
+	enum gpud_type type;    /* token_embd, output and the layer matrices;
+				 * norms and rope_freqs are always F32 */
+	uint64_t seed;
+	bool tied;              /* omit output.weight (tied embeddings) */
+	/* Vocabulary: all tokenizer.* keys of this GGUF, or when NULL the
+	 * built-in SentencePiece-style byte vocabulary ("<unk>", "<s>", "</s>",
+	 * "<0x00>".."<0xFF>", then common pieces; bos 1, eos 2). */
+	const char *vocab_from;
+	/* Llama 3 rope scaling; factor 0 = none. When set, a rope_freqs.weight
+	 * tensor (F32, head_dim/2 per-pair divisors, as llama.cpp converts
+	 * Llama 3.1+) is written. */
+	float rope_scale_factor;      /* Llama 3.2: 32 */
+	float rope_low_freq_factor;   /* 1 */
+	float rope_high_freq_factor;  /* 4 */
+	uint32_t rope_orig_ctx;       /* 8192 */
+};
+
+/* What gpud_mkmodel_plan() computes without writing anything. */
+struct gpud_mkmodel_plan {
+	uint64_t n_vocab;
+	uint32_t head_dim;
+	uint64_t n_tensors;
+	uint64_t n_params;      /* elements in all tensors */
+	uint64_t file_bytes;    /* exact size of the file gpud_mkmodel writes */
+};
+
+/* A tiny default model: dim 64, 2 layers, 4 heads, 2 kv heads, ffn 128,
+ * context 512, rope base 10000, eps 1e-5, F32, seed 1, byte vocabulary,
+ * no output path. */
+void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p);
+
+/* Fills p with a named shape: "tiny" (the default) or "llama-3.2-3b"
+ * (dim 3072, 28 layers, 24 heads, 8 kv heads, ffn 8192, context 131072,
+ * rope base 500000 with Llama 3 scaling, tied embeddings, F32; its
+ * vocabulary must come from vocab_from, e.g. the 128256-token llama-bpe
+ * GGUF). Other fields keep their values. Returns 0 or SW_ENOTFOUND. */
+int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name);
+
+/* Validates p (shape divisibility, block sizes of the chosen type, ranges),
+ * opens vocab_from when set, and computes the plan. Writes nothing. On
+ * error returns a negative code and err names the bad parameter. */
+int gpud_mkmodel_plan(const struct gpud_mkmodel_params *p, struct gpud_mkmodel_plan *plan,
+		      char *err, size_t errlen);
+
+/* Validates p and writes the model to p->out. Memory use is a few rows
+ * plus the vocabulary, whatever the model size. On error nothing is left
+ * at p->out (an existing file there is kept), a negative code is returned
+ * and err says why. */
+int gpud_mkmodel(const struct gpud_mkmodel_params *p, char *err, size_t errlen);
+
+#endif

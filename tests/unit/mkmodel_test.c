@@ -1,0 +1,517 @@
+/* mkmodel_test.c - random Llama models: read-back, determinism, vocabulary
+ * copy, validation, and the Llama-3.2-3B shape (planned, not written). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/gguf.h"
+#include "gpud/mkmodel.h"
+
+static char errbuf[512];
+static char dir[64];
+
+static void path_in_tmp(char *buf, size_t n, const char *name)
+{
+	if (!dir[0]) {
+		strcpy(dir, "/tmp/mkmodel_test_XXXXXX");
+		assert_non_null(mkdtemp(dir));
+	}
+	snprintf(buf, n, "%s/%s", dir, name);
+}
+
+static bool str_eq(struct gpud_gguf_str s, const char *c)
+{
+	return s.len == strlen(c) && memcmp(s.s, c, s.len) == 0;
+}
+
+static uint8_t *slurp(const char *path, size_t *size)
+{
+	FILE *f = fopen(path, "rb");
+	assert_non_null(f);
+	fseek(f, 0, SEEK_END);
+	*size = (size_t)ftell(f);
+	rewind(f);
+	uint8_t *p = malloc(*size);
+	assert_non_null(p);
+	assert_int_equal(fread(p, 1, *size, f), *size);
+	fclose(f);
+	return p;
+}
+
+static void expect_tensor(struct gpud_gguf *g, const char *name, enum gpud_type type,
+			  uint32_t n_dims, uint64_t ne0, uint64_t ne1)
+{
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, name);
+	if (!t)
+		fail_msg("missing tensor %s", name);
+	if (t->type != type || t->n_dims != n_dims || t->ne[0] != ne0 ||
+	    (n_dims > 1 && t->ne[1] != ne1))
+		fail_msg("%s: type %s dims %u [%llu, %llu], want %s %u [%llu, %llu]", name,
+			 gpud_type_name(t->type), t->n_dims, (unsigned long long)t->ne[0],
+			 (unsigned long long)t->ne[1], gpud_type_name(type), n_dims,
+			 (unsigned long long)ne0, (unsigned long long)ne1);
+}
+
+static void test_default_round_trip(void **state)
+{
+	(void)state;
+	char path[128];
+	path_in_tmp(path, sizeof(path), "tiny.gguf");
+	struct gpud_mkmodel_params p;
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	struct gpud_mkmodel_plan plan;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+	int rc = gpud_mkmodel(&p, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, plan.file_bytes);
+	assert_int_equal(plan.head_dim, 16);
+	assert_int_equal(plan.n_tensors, 3 + 2 * 9);
+
+	struct gpud_gguf *g;
+	rc = gpud_gguf_open(&g, path, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	assert_int_equal(gpud_gguf_n_tensors(g), plan.n_tensors);
+	struct gpud_gguf_str s;
+	assert_int_equal(gpud_gguf_get_str(g, "general.architecture", &s), 0);
+	assert_true(str_eq(s, "llama"));
+	static const struct {
+		const char *key;
+		uint32_t v;
+	} u32s[] = {
+		{ "llama.context_length", 512 }, { "llama.embedding_length", 64 },
+		{ "llama.block_count", 2 }, { "llama.feed_forward_length", 128 },
+		{ "llama.attention.head_count", 4 }, { "llama.attention.head_count_kv", 2 },
+		{ "llama.rope.dimension_count", 16 }, { "general.file_type", 0 },
+		{ "tokenizer.ggml.bos_token_id", 1 }, { "tokenizer.ggml.eos_token_id", 2 },
+		{ "tokenizer.ggml.unknown_token_id", 0 },
+	};
+	for (size_t i = 0; i < sizeof(u32s) / sizeof(u32s[0]); i++) {
+		uint32_t v;
+		assert_int_equal(gpud_gguf_get_u32(g, u32s[i].key, &v), 0);
+		if (v != u32s[i].v)
+			fail_msg("%s = %u, want %u", u32s[i].key, v, u32s[i].v);
+	}
+	float f;
+	assert_int_equal(gpud_gguf_get_f32(g, "llama.rope.freq_base", &f), 0);
+	assert_float_equal(f, 10000.0f, 0.0f);
+	assert_int_equal(gpud_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &f), 0);
+	assert_float_equal(f, 1e-5f, 0.0f);
+
+	/* Byte vocabulary. */
+	uint32_t n_vocab;
+	assert_int_equal(gpud_gguf_get_u32(g, "llama.vocab_size", &n_vocab), 0);
+	assert_int_equal(n_vocab, plan.n_vocab);
+	assert_true(n_vocab > 259 + 94);
+	enum gpud_gguf_vtype vt;
+	uint64_t n;
+	assert_int_equal(gpud_gguf_get_arr(g, "tokenizer.ggml.tokens", &vt, &n), 0);
+	assert_int_equal(n, n_vocab);
+	assert_int_equal(gpud_gguf_get_str(g, "tokenizer.ggml.model", &s), 0);
+	assert_true(str_eq(s, "llama"));
+	static const char *const first[] = { "<unk>", "<s>", "</s>", "<0x00>" };
+	static const int32_t first_type[] = { 2, 3, 3, 6 };
+	for (int i = 0; i < 4; i++) {
+		int32_t tt;
+		assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &s), 0);
+		assert_true(str_eq(s, first[i]));
+		assert_int_equal(gpud_gguf_arr_i32(g, "tokenizer.ggml.token_type", (uint64_t)i, &tt), 0);
+		assert_int_equal(tt, first_type[i]);
+	}
+	assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", 3 + 0x41, &s), 0);
+	assert_true(str_eq(s, "<0x41>"));
+	assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", 258, &s), 0);
+	assert_true(str_eq(s, "<0xFF>"));
+	assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", 259, &s), 0);
+	assert_true(str_eq(s, "\xe2\x96\x81"));
+	/* Every piece is unique, and every word piece's prefix is a piece. */
+	for (uint64_t i = 0; i < n; i++) {
+		struct gpud_gguf_str a;
+		assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", i, &a), 0);
+		for (uint64_t j = i + 1; j < n; j++) {
+			struct gpud_gguf_str b;
+			assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", j, &b), 0);
+			assert_false(a.len == b.len && memcmp(a.s, b.s, a.len) == 0);
+		}
+	}
+	bool found_the = false;
+	for (uint64_t i = 0; i < n; i++) {
+		assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", i, &s), 0);
+		found_the |= str_eq(s, "\xe2\x96\x81the");
+	}
+	assert_true(found_the);
+
+	/* Tensors. */
+	expect_tensor(g, "token_embd.weight", GPUD_TYPE_F32, 2, 64, n_vocab);
+	expect_tensor(g, "output.weight", GPUD_TYPE_F32, 2, 64, n_vocab);
+	expect_tensor(g, "output_norm.weight", GPUD_TYPE_F32, 1, 64, 1);
+	assert_null(gpud_gguf_find_tensor(g, "rope_freqs.weight"));
+	for (int l = 0; l < 2; l++) {
+		char name[64];
+#define T(part, ty, nd, a, b) \
+	snprintf(name, sizeof(name), "blk.%d." part ".weight", l); \
+	expect_tensor(g, name, ty, nd, a, b)
+		T("attn_norm", GPUD_TYPE_F32, 1, 64, 1);
+		T("attn_q", GPUD_TYPE_F32, 2, 64, 64);
+		T("attn_k", GPUD_TYPE_F32, 2, 64, 32);
+		T("attn_v", GPUD_TYPE_F32, 2, 64, 32);
+		T("attn_output", GPUD_TYPE_F32, 2, 64, 64);
+		T("ffn_norm", GPUD_TYPE_F32, 1, 64, 1);
+		T("ffn_gate", GPUD_TYPE_F32, 2, 64, 128);
+		T("ffn_up", GPUD_TYPE_F32, 2, 64, 128);
+		T("ffn_down", GPUD_TYPE_F32, 2, 128, 64);
+#undef T
+	}
+	assert_null(gpud_gguf_find_tensor(g, "blk.2.attn_q.weight"));
+
+	/* Norms are 1; weights have std ~0.02 and mean ~0; residual outputs
+	 * are smaller. */
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, "blk.1.ffn_norm.weight");
+	for (int i = 0; i < 64; i++) {
+		float v;
+		memcpy(&v, (const float *)t->data + i, 4);
+		assert_float_equal(v, 1.0f, 0.0f);
+	}
+	t = gpud_gguf_find_tensor(g, "token_embd.weight");
+	double sum = 0, sq = 0;
+	uint64_t cnt = t->ne[0] * t->ne[1];
+	for (uint64_t i = 0; i < cnt; i++) {
+		float v;
+		memcpy(&v, (const float *)t->data + i, 4);
+		assert_true(fabsf(v) <= 0.0347f);
+		sum += v;
+		sq += (double)v * v;
+	}
+	double mean = sum / (double)cnt, sd = sqrt(sq / (double)cnt - mean * mean);
+	assert_true(fabs(mean) < 0.001);
+	assert_true(sd > 0.019 && sd < 0.021);
+	t = gpud_gguf_find_tensor(g, "blk.0.ffn_down.weight");
+	sq = 0;
+	for (uint64_t i = 0; i < 128 * 64; i++) {
+		float v;
+		memcpy(&v, (const float *)t->data + i, 4);
+		sq += (double)v * v;
+	}
+	sd = sqrt(sq / (128 * 64));
+	assert_true(sd > 0.009 && sd < 0.011); /* 0.02 / sqrt(2 * 2) */
+	gpud_gguf_close(g);
+	unlink(path);
+}
+
+static void test_types_and_rope(void **state)
+{
+	(void)state;
+	static const enum gpud_type types[] = {
+		GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
+	};
+	static const uint32_t ftypes[] = { 1, 32, 7, 2 };
+	for (size_t k = 0; k < 4; k++) {
+		char path[128];
+		path_in_tmp(path, sizeof(path), "typed.gguf");
+		struct gpud_mkmodel_params p;
+		gpud_mkmodel_params_default(&p);
+		p.out = path;
+		p.type = types[k];
+		p.n_layers = 1;
+		p.tied = true;
+		p.rope_base = 500000.0f;
+		p.rope_scale_factor = 32.0f;
+		p.rope_low_freq_factor = 1.0f;
+		p.rope_high_freq_factor = 4.0f;
+		p.rope_orig_ctx = 8192;
+		struct gpud_mkmodel_plan plan;
+		assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+		int rc = gpud_mkmodel(&p, errbuf, sizeof(errbuf));
+		if (rc)
+			fail_msg("%s", errbuf);
+		struct gpud_gguf *g;
+		assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+		assert_int_equal(gpud_gguf_n_tensors(g), plan.n_tensors);
+		assert_int_equal(plan.n_tensors, 3 + 9);
+		uint32_t ft;
+		assert_int_equal(gpud_gguf_get_u32(g, "general.file_type", &ft), 0);
+		assert_int_equal(ft, ftypes[k]);
+		assert_null(gpud_gguf_find_tensor(g, "output.weight"));
+		expect_tensor(g, "token_embd.weight", types[k], 2, 64, plan.n_vocab);
+		expect_tensor(g, "blk.0.ffn_down.weight", types[k], 2, 128, 64);
+		expect_tensor(g, "blk.0.attn_norm.weight", GPUD_TYPE_F32, 1, 64, 1);
+		expect_tensor(g, "rope_freqs.weight", GPUD_TYPE_F32, 1, 8, 1);
+
+		/* Dequantized weights keep the distribution. */
+		const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, "blk.0.attn_q.weight");
+		float row[64];
+		double sq = 0;
+		for (int r = 0; r < 64; r++) {
+			gpud_dequantize_row(types[k],
+					    (const uint8_t *)t->data + r * gpud_type_row_bytes(types[k], 64),
+					    row, 64);
+			for (int c = 0; c < 64; c++) {
+				assert_true(fabsf(row[c]) < 0.036f);
+				sq += (double)row[c] * row[c];
+			}
+		}
+		double sd = sqrt(sq / (64 * 64));
+		assert_true(sd > 0.018 && sd < 0.022);
+
+		/* Llama 3 factors: 1 for the highest frequency, 32 for the lowest. */
+		t = gpud_gguf_find_tensor(g, "rope_freqs.weight");
+		float fr[8];
+		memcpy(fr, t->data, sizeof(fr));
+		assert_float_equal(fr[0], 1.0f, 0.0f);
+		assert_float_equal(fr[7], 32.0f, 0.0f);
+		for (int i = 1; i < 8; i++)
+			assert_true(fr[i] >= fr[i - 1]);
+		gpud_gguf_close(g);
+		unlink(path);
+	}
+}
+
+static void test_determinism(void **state)
+{
+	(void)state;
+	char a[128], b[128], c[128];
+	path_in_tmp(a, sizeof(a), "a.gguf");
+	path_in_tmp(b, sizeof(b), "b.gguf");
+	path_in_tmp(c, sizeof(c), "c.gguf");
+	struct gpud_mkmodel_params p;
+	gpud_mkmodel_params_default(&p);
+	p.type = GPUD_TYPE_Q8_0;
+	p.seed = 42;
+	p.out = a;
+	assert_int_equal(gpud_mkmodel(&p, errbuf, sizeof(errbuf)), 0);
+	p.out = b;
+	assert_int_equal(gpud_mkmodel(&p, errbuf, sizeof(errbuf)), 0);
+	p.out = c;
+	p.seed = 43;
+	assert_int_equal(gpud_mkmodel(&p, errbuf, sizeof(errbuf)), 0);
+	size_t na, nb, nc;
+	uint8_t *da = slurp(a, &na), *db = slurp(b, &nb), *dc = slurp(c, &nc);
+	assert_int_equal(na, nb);
+	assert_memory_equal(da, db, na);
+	assert_int_equal(na, nc);
+	assert_memory_not_equal(da, dc, na);
+	/* Different tensors of one file differ too (no shared stream). */
+	struct gpud_gguf *g;
+	assert_int_equal(gpud_gguf_open(&g, a, errbuf, sizeof(errbuf)), 0);
+	const struct gpud_gguf_tensor *q0 = gpud_gguf_find_tensor(g, "blk.0.attn_q.weight");
+	const struct gpud_gguf_tensor *q1 = gpud_gguf_find_tensor(g, "blk.1.attn_q.weight");
+	assert_memory_not_equal(q0->data, q1->data, q0->nbytes);
+	/* Rows differ from each other. */
+	size_t rb = gpud_type_row_bytes(GPUD_TYPE_Q8_0, 64);
+	assert_memory_not_equal(q0->data, (const uint8_t *)q0->data + rb, rb);
+	gpud_gguf_close(g);
+	free(da);
+	free(db);
+	free(dc);
+	unlink(a);
+	unlink(b);
+	unlink(c);
+}
+
+static void test_vocab_from(void **state)
+{
+	(void)state;
+	char path[128];
+	path_in_tmp(path, sizeof(path), "spm.gguf");
+	const char *src_path = "../shared/tokenizer/ggml-vocab-llama-spm.gguf";
+	struct gpud_mkmodel_params p;
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.dim = 32;
+	p.n_heads = 2;
+	p.n_kv_heads = 1;
+	p.ffn_dim = 64;
+	p.n_layers = 1;
+	p.tied = true;
+	p.type = GPUD_TYPE_Q4_0;
+	p.vocab_from = src_path;
+	int rc = gpud_mkmodel(&p, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	struct gpud_gguf *g, *src;
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_open(&src, src_path, errbuf, sizeof(errbuf)), 0);
+	uint32_t v;
+	assert_int_equal(gpud_gguf_get_u32(g, "llama.vocab_size", &v), 0);
+	assert_int_equal(v, 32000);
+	expect_tensor(g, "token_embd.weight", GPUD_TYPE_Q4_0, 2, 32, 32000);
+	/* Every tokenizer.* key came across with the same value. */
+	size_t copied = 0;
+	for (uint64_t i = 0; i < gpud_gguf_n_kv(src); i++) {
+		const char *key = gpud_gguf_key(src, i);
+		if (strncmp(key, "tokenizer.", 10))
+			continue;
+		copied++;
+		enum gpud_gguf_vtype ta, tb;
+		assert_int_equal(gpud_gguf_key_type(g, key, &ta), 0);
+		assert_int_equal(gpud_gguf_key_type(src, key, &tb), 0);
+		assert_int_equal(ta, tb);
+	}
+	assert_int_equal(copied, 10);
+	for (uint64_t i = 0; i < 32000; i += 101) {
+		struct gpud_gguf_str a, b;
+		float fa, fb;
+		assert_int_equal(gpud_gguf_arr_str(g, "tokenizer.ggml.tokens", i, &a), 0);
+		assert_int_equal(gpud_gguf_arr_str(src, "tokenizer.ggml.tokens", i, &b), 0);
+		assert_int_equal(a.len, b.len);
+		assert_memory_equal(a.s, b.s, a.len);
+		assert_int_equal(gpud_gguf_arr_f32(g, "tokenizer.ggml.scores", i, &fa), 0);
+		assert_int_equal(gpud_gguf_arr_f32(src, "tokenizer.ggml.scores", i, &fb), 0);
+		assert_float_equal(fa, fb, 0.0f);
+	}
+	/* Model keys are ours, not the source's. */
+	assert_int_equal(gpud_gguf_get_u32(g, "llama.block_count", &v), 0);
+	assert_int_equal(v, 1);
+	gpud_gguf_close(src);
+	gpud_gguf_close(g);
+	unlink(path);
+
+	/* A source without a vocabulary is refused. */
+	p.vocab_from = "../shared/models/README.md";
+	assert_true(gpud_mkmodel(&p, errbuf, sizeof(errbuf)) < 0);
+	assert_non_null(strstr(errbuf, "README.md"));
+	assert_int_equal(access(path, F_OK), -1);
+}
+
+static void test_validation(void **state)
+{
+	(void)state;
+	struct gpud_mkmodel_params p;
+	struct gpud_mkmodel_plan plan;
+
+	gpud_mkmodel_params_default(&p);
+	p.n_heads = 3;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "heads 3 must divide dim 64"));
+	gpud_mkmodel_params_default(&p);
+	p.n_kv_heads = 3;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "kv-heads 3 must divide heads 4"));
+	gpud_mkmodel_params_default(&p);
+	p.n_kv_heads = 0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.dim = 60;
+	p.n_heads = 4; /* head dim 15 */
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "head dim 15"));
+	gpud_mkmodel_params_default(&p);
+	p.dim = 48;
+	p.n_heads = 3;
+	p.n_kv_heads = 1;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+	p.type = GPUD_TYPE_Q8_0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "q8_0 block size 32"));
+	gpud_mkmodel_params_default(&p);
+	p.ffn_dim = 100;
+	p.type = GPUD_TYPE_Q4_0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.type = (enum gpud_type)12;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), SW_EUNSUPPORTED);
+	assert_non_null(strstr(errbuf, "q4_k"));
+	gpud_mkmodel_params_default(&p);
+	p.n_layers = 0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.dim = 0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.rope_base = 1.0f;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.norm_eps = NAN;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.n_ctx = 0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	gpud_mkmodel_params_default(&p);
+	p.rope_scale_factor = 8.0f;
+	p.rope_low_freq_factor = 4.0f;
+	p.rope_high_freq_factor = 1.0f;
+	p.rope_orig_ctx = 8192;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "rope scaling"));
+	gpud_mkmodel_params_default(&p);
+	p.vocab_from = "/nonexistent.gguf";
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -ENOENT);
+	gpud_mkmodel_params_default(&p);
+	assert_int_equal(gpud_mkmodel(&p, errbuf, sizeof(errbuf)), -EINVAL); /* no out */
+	assert_int_equal(gpud_mkmodel(NULL, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_int_equal(gpud_mkmodel_plan(NULL, &plan, NULL, 0), -EINVAL);
+	p.out = "/nonexistent-dir/m.gguf";
+	assert_true(gpud_mkmodel(&p, errbuf, sizeof(errbuf)) < 0);
+	assert_non_null(strstr(errbuf, "/nonexistent-dir/m.gguf"));
+	assert_int_equal(gpud_mkmodel_preset(&p, "nope"), SW_ENOTFOUND);
+	p.dim = 8;
+	assert_int_equal(gpud_mkmodel_preset(&p, "tiny"), 0);
+	assert_int_equal(p.dim, 64);
+	assert_string_equal(p.out, "/nonexistent-dir/m.gguf"); /* kept */
+}
+
+/* Llama-3.2-3B: 3.21 B parameters. Planned only: the F32 file is 12.9 GB. */
+static void test_llama32_3b_plan(void **state)
+{
+	(void)state;
+	struct gpud_mkmodel_params p;
+	struct gpud_mkmodel_plan plan;
+	gpud_mkmodel_params_default(&p);
+	assert_int_equal(gpud_mkmodel_preset(&p, "llama-3.2-3b"), 0);
+	p.vocab_from = "../shared/tokenizer/ggml-vocab-llama-bpe.gguf";
+	int rc = gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	assert_int_equal(plan.n_vocab, 128256);
+	assert_int_equal(plan.head_dim, 128);
+	assert_int_equal(plan.n_tensors, 1 + 1 + 1 + 28 * 9);
+	uint64_t per_layer = 3072ull * 3072 * 2 + 3072ull * 1024 * 2 + 3ull * 3072 * 8192 + 2 * 3072;
+	uint64_t params = 3072ull * 128256 + 28 * per_layer + 3072 + 64;
+	/* Meta lists 3,212,749,824 parameters; + 64 rope factors. */
+	assert_int_equal(params, 3212749824ull + 64);
+	assert_int_equal(plan.n_params, params);
+	/* F32 data plus a header holding the 7.8 MB vocabulary and padding. */
+	assert_true(plan.file_bytes > params * 4 + 7800000);
+	assert_true(plan.file_bytes < params * 4 + 7900000);
+
+	p.type = GPUD_TYPE_Q8_0;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+	/* Matrices at 34/32 bytes per weight, norms and rope factors F32. */
+	uint64_t f32_elems = 3072 + 64 + 28 * 2 * 3072;
+	uint64_t q_bytes = (params - f32_elems) / 32 * 34;
+	assert_true(plan.file_bytes > q_bytes + f32_elems * 4 + 7800000);
+	assert_true(plan.file_bytes < q_bytes + f32_elems * 4 + 7900000);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_default_round_trip),
+		cmocka_unit_test(test_types_and_rope),
+		cmocka_unit_test(test_determinism),
+		cmocka_unit_test(test_vocab_from),
+		cmocka_unit_test(test_validation),
+		cmocka_unit_test(test_llama32_3b_plan),
+	};
+	int rc = cmocka_run_group_tests(tests, NULL, NULL);
+	if (dir[0])
+		rmdir(dir);
+	return rc;
+}
