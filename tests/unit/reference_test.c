@@ -20,7 +20,11 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "gpud/engine.h"
 #include "gpud/gguf.h"
+#include "gpud/mask.h"
+#include "gpud/mkmodel.h"
+#include "gpud/model.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "tests/ref/ref_llama.h"
 
@@ -160,12 +164,419 @@ static void test_reference_mask_dense(void **state)
 			assert_int_equal(vis[q * 6 + k], k <= q);
 }
 
+/* --- engine vs reference scenarios ------------------------------------- */
+
+#define MAX_TOK 160
+#define MAX_SEG 8
+#define BLOCK 8
+
+/* One sequence of a scenario: a prompt with an optional random mask
+ * descriptor, then teacher-forced "decode" tokens fed one per step. */
+struct plan {
+	uint32_t n_prompt, n_decode, fed;
+	int32_t tok[MAX_TOK];
+	bool masked;
+	struct gpud_mask_row rows[MAX_SEG + 1];
+	uint16_t idx[MAX_SEG + 1][MAX_SEG + 1];
+	uint32_t lens[MAX_SEG];
+	struct gpud_mask_desc desc;
+	void *mem;
+	struct gpud_mask mask;
+	uint32_t seq;
+	float *logits; /* (n_prompt + n_decode, n_vocab) */
+};
+
+static uint64_t rng_state = 1;
+static uint32_t rnd(uint32_t n)
+{
+	rng_state = rng_state * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (uint32_t)(rng_state >> 33) % n;
+}
+
+/* A random descriptor over n_prompt tokens: S in 1..MAX_SEG, lengths
+ * summing to n_prompt (some empty), each row a random subset. */
+static void random_desc(struct plan *p)
+{
+	uint32_t s = 1 + rnd(MAX_SEG), left = p->n_prompt;
+	p->desc.n_segments = s;
+	p->desc.rows = p->rows;
+	for (uint32_t i = 0; i < s; i++) {
+		p->lens[i] = i + 1 == s ? left : rnd(left + 1);
+		left -= p->lens[i];
+	}
+	for (uint32_t i = 0; i <= s; i++) {
+		p->rows[i].idx = p->idx[i];
+		p->rows[i].n = 0;
+		for (uint32_t j = 0; j < i; j++)
+			if (rnd(2))
+				p->idx[i][p->rows[i].n++] = (uint16_t)j;
+	}
+}
+
+static void plan_init(struct plan *p, uint32_t n_vocab, uint32_t n_prompt, uint32_t n_decode,
+		      bool masked)
+{
+	memset(p, 0, sizeof(*p));
+	p->n_prompt = n_prompt;
+	p->n_decode = n_decode;
+	p->tok[0] = 1;
+	for (uint32_t i = 1; i < n_prompt + n_decode; i++)
+		p->tok[i] = (int32_t)rnd(n_vocab);
+	p->masked = masked;
+	if (masked) {
+		random_desc(p);
+		size_t need = gpud_mask_bytes(p->desc.n_segments, n_prompt, BLOCK);
+		p->mem = aligned_alloc(16, (need + 15) & ~(size_t)15);
+		assert_non_null(p->mem);
+		assert_int_equal(gpud_mask_validate(&p->desc, 64, NULL, 0), 0);
+		assert_int_equal(gpud_mask_compile(&p->desc, p->lens, BLOCK, p->mem, need, &p->mask),
+				 0);
+	}
+	p->logits = malloc(sizeof(float) * (n_prompt + n_decode) * n_vocab);
+	assert_non_null(p->logits);
+}
+
+static void plan_free(struct plan *p)
+{
+	free(p->mem);
+	free(p->logits);
+}
+
+/* Drives the engine over all plans together: every step, each unfinished
+ * sequence contributes a prefill chunk of random size (up to max_chunk) or
+ * one decode token, so steps mix chunk sizes and prefill with decode. */
+static void run_engine(struct gpud_engine *e, struct plan *ps, uint32_t n, uint32_t max_chunk,
+		       uint32_t max_batch)
+{
+	struct gpud_batch_entry ents[16];
+	uint32_t map[16], nv = gpud_engine_n_vocab(e);
+	char err[256];
+
+	for (uint32_t i = 0; i < n; i++)
+		assert_int_equal(gpud_engine_seq_add(e, ps[i].masked ? &ps[i].mask : NULL, &ps[i].seq),
+				 0);
+	for (;;) {
+		uint32_t ne = 0, budget = max_batch;
+		for (uint32_t i = 0; i < n && budget > 0; i++) {
+			struct plan *p = &ps[i];
+			uint32_t total = p->n_prompt + p->n_decode, c;
+			if (p->fed == total)
+				continue;
+			if (p->fed < p->n_prompt) {
+				c = 1 + rnd(max_chunk);
+				if (c > p->n_prompt - p->fed)
+					c = p->n_prompt - p->fed;
+			} else {
+				c = 1;
+			}
+			if (c > budget)
+				c = budget;
+			ents[ne] = (struct gpud_batch_entry){ .seq = p->seq, .tokens = p->tok + p->fed,
+							      .n_tokens = c,
+							      .logits = GPUD_LOGITS_ALL };
+			map[ne++] = i;
+			budget -= c;
+		}
+		if (ne == 0)
+			break;
+		int rc = gpud_engine_step(e, ents, ne, err, sizeof(err));
+		if (rc)
+			fail_msg("step: %s", err);
+		for (uint32_t j = 0; j < ne; j++) {
+			struct plan *p = &ps[map[j]];
+			const float *l = gpud_engine_logits(e, j);
+			assert_non_null(l);
+			memcpy(p->logits + (size_t)p->fed * nv, l, sizeof(float) * ents[j].n_tokens * nv);
+			p->fed += ents[j].n_tokens;
+			assert_int_equal(gpud_engine_seq_len(e, p->seq), p->fed);
+		}
+	}
+	for (uint32_t i = 0; i < n; i++)
+		assert_int_equal(gpud_engine_seq_free(e, ps[i].seq), 0);
+}
+
+/* Worst per-row relative error (max-abs diff / max-abs ref) of a plan's
+ * engine logits against the reference. */
+static double compare_ref(const struct ref_llama *ref, const struct plan *p)
+{
+	uint32_t nv = ref_llama_info(ref)->n_vocab, n = p->n_prompt + p->n_decode;
+	double *rl = malloc(sizeof(double) * n * nv), worst = 0;
+
+	assert_non_null(rl);
+	assert_int_equal(ref_llama_forward(ref, p->tok, n, p->masked ? &p->desc : NULL,
+					   p->masked ? p->lens : NULL, rl, NULL),
+			 0);
+	for (uint32_t t = 0; t < n; t++) {
+		double md = 0, mr = 0;
+		for (uint32_t v = 0; v < nv; v++) {
+			double d = fabs((double)p->logits[(size_t)t * nv + v] - rl[(size_t)t * nv + v]);
+			if (d > md)
+				md = d;
+			if (fabs(rl[(size_t)t * nv + v]) > mr)
+				mr = fabs(rl[(size_t)t * nv + v]);
+		}
+		if (md / mr > worst)
+			worst = md / mr;
+	}
+	free(rl);
+	return worst;
+}
+
+/* Loads path in both implementations and runs: (1) one sequence, plain
+ * causal, prefill in one chunk then decode; (2) a ragged batch of several
+ * sequences with random masks and random chunk sizes. Returns the worst
+ * relative error seen. */
+static double engine_vs_ref(const char *path, uint64_t seed)
+{
+	struct gpud_model *model = NULL;
+	struct gpud_engine *e = NULL;
+	struct ref_llama *ref = NULL;
+	struct gpud_engine_params ep;
+	char err[256] = "";
+	double worst = 0, r;
+	struct plan *ps = calloc(6, sizeof(*ps));
+
+	rng_state = seed;
+	if (gpud_model_load(&model, path, err, sizeof(err)))
+		fail_msg("model %s: %s", path, err);
+	if (ref_llama_load(&ref, path, err, sizeof(err)))
+		fail_msg("ref %s: %s", path, err);
+	gpud_engine_params_default(&ep);
+	ep.n_threads = 2;
+	ep.max_batch_tokens = 64;
+	ep.max_seqs = 8;
+	ep.max_logits = 64;
+	ep.block_tokens = BLOCK;
+	ep.n_ctx = 256;
+	if (gpud_engine_create(&e, model, &ep, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	uint32_t nv = gpud_engine_n_vocab(e);
+	assert_int_equal(nv, ref_llama_info(ref)->n_vocab);
+
+	/* one sequence, one prefill chunk, then decode */
+	plan_init(&ps[0], nv, 21, 6, false);
+	run_engine(e, ps, 1, 64, 64);
+	r = compare_ref(ref, &ps[0]);
+	worst = r > worst ? r : worst;
+	plan_free(&ps[0]);
+
+	/* ragged: 6 sequences, different lengths, masks, chunk sizes */
+	for (uint32_t i = 0; i < 6; i++)
+		plan_init(&ps[i], nv, 5 + rnd(40), 1 + rnd(6), i % 3 != 0);
+	run_engine(e, ps, 6, 13, 48);
+	for (uint32_t i = 0; i < 6; i++) {
+		r = compare_ref(ref, &ps[i]);
+		worst = r > worst ? r : worst;
+		plan_free(&ps[i]);
+	}
+	struct gpud_engine_stats st;
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.allocs_after_warmup, 0);
+	assert_int_equal(st.kv.used, 0);
+	gpud_engine_destroy(e);
+	gpud_model_free(model);
+	ref_llama_free(ref);
+	free(ps);
+	return worst;
+}
+
+static void test_engine_vs_ref_stories(void **state)
+{
+	(void)state;
+	double w = engine_vs_ref(STORIES, 42);
+	print_message("stories260K (F32): worst relative logits error %.3g\n", w);
+	assert_true(w < 1e-4);
+}
+
+/* Generated models: dim 128, 3 layers, 4 heads over 2 KV heads (GQA),
+ * ffn 256, byte vocabulary; one file per weight type in a temp dir. */
+static char g_tmpdir[64];
+
+static void make_model(const char *file, enum gpud_type type, bool tied, float rope_scale,
+		       char *path, size_t cap)
+{
+	struct gpud_mkmodel_params mp;
+	char err[256] = "";
+
+	if (!g_tmpdir[0]) {
+		strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
+		assert_non_null(mkdtemp(g_tmpdir));
+	}
+	snprintf(path, cap, "%s/%s", g_tmpdir, file);
+	gpud_mkmodel_params_default(&mp);
+	mp.out = path;
+	mp.dim = 128;
+	mp.n_layers = 3;
+	mp.n_heads = 4;
+	mp.n_kv_heads = 2;
+	mp.ffn_dim = 256;
+	mp.n_ctx = 256;
+	mp.type = type;
+	mp.seed = 1000 + (uint64_t)type;
+	mp.tied = tied;
+	if (rope_scale > 0) {
+		mp.rope_base = 500000.0f;
+		mp.rope_scale_factor = rope_scale;
+		mp.rope_low_freq_factor = 1.0f;
+		mp.rope_high_freq_factor = 4.0f;
+		/* a short original context so the tiny head's frequencies fall
+		 * in all three bands of the Llama 3 rule */
+		mp.rope_orig_ctx = 64;
+	}
+	if (gpud_mkmodel(&mp, err, sizeof(err)))
+		fail_msg("mkmodel %s: %s", path, err);
+}
+
+static void check_type(enum gpud_type type, double bound)
+{
+	char path[128], name[32];
+	snprintf(name, sizeof(name), "%s.gguf", gpud_type_name(type));
+	make_model(name, type, false, 0, path, sizeof(path));
+	double w = engine_vs_ref(path, 7 + (uint64_t)type);
+	print_message("generated %s: worst relative logits error %.3g (bound %.0e)\n",
+		      gpud_type_name(type), w, bound);
+	assert_true(w < bound);
+	unlink(path);
+}
+
+static void test_engine_vs_ref_f32(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_F32, 1e-4);
+}
+
+/* F16/BF16 weights are exact in f32, so only f32 arithmetic separates the
+ * paths; Q8_0/Q4_0 also quantize activations to Q8_0 in the fast path. */
+static void test_engine_vs_ref_f16(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_F16, 1e-4);
+}
+
+static void test_engine_vs_ref_bf16(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_BF16, 1e-4);
+}
+
+static void test_engine_vs_ref_q8_0(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_Q8_0, 3e-2);
+}
+
+static void test_engine_vs_ref_q4_0(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_Q4_0, 3e-2);
+}
+
+/* Tied output and Llama 3 rope scaling (rope_freqs.weight), F32. */
+static void test_engine_vs_ref_tied_scaled(void **state)
+{
+	(void)state;
+	char path[128];
+	make_model("tied-scaled.gguf", GPUD_TYPE_F32, true, 8.0f, path, sizeof(path));
+	struct ref_llama *ref = NULL;
+	char err[256];
+	assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
+	assert_true(ref_llama_info(ref)->tied_output);
+	assert_true(ref_llama_info(ref)->rope_scaled);
+	ref_llama_free(ref);
+	double w = engine_vs_ref(path, 99);
+	print_message("generated f32 tied + llama3 rope scaling: worst relative error %.3g\n", w);
+	assert_true(w < 1e-4);
+	unlink(path);
+}
+
+/* Llama 3 scaling given as llama.rope.scaling.* metadata (no rope_freqs
+ * tensor): the engine and the reference each compute the factors from the
+ * rule. The file is a generated model rewritten with the extra keys. */
+static void test_engine_vs_ref_scaling_metadata(void **state)
+{
+	(void)state;
+	char src[128], dst[160], err[256];
+	struct gpud_gguf *g = NULL;
+	struct gpud_gguf_writer *w = NULL;
+
+	make_model("plain.gguf", GPUD_TYPE_F32, false, 0, src, sizeof(src));
+	snprintf(dst, sizeof(dst), "%s/scaled-meta.gguf", g_tmpdir);
+	assert_int_equal(gpud_gguf_open(&g, src, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_copy_kv(w, g, NULL, NULL), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "llama.rope.scaling.type", "llama3"), 0);
+	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.factor", 8.0f), 0);
+	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f), 0);
+	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.high_freq_factor", 4.0f), 0);
+	/* head_dim 32, base 10000: wavelengths 6.3 .. 5.6e4 span all three
+	 * bands of the rule for an original context of 256 */
+	assert_int_equal(gpud_gguf_w_u32(w, "llama.rope.scaling.original_context_length", 256), 0);
+	for (uint64_t i = 0; i < gpud_gguf_n_tensors(g); i++) {
+		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(g, i);
+		assert_int_equal(gpud_gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data,
+						    t->nbytes),
+				 0);
+	}
+	if (gpud_gguf_w_write(w, dst, err, sizeof(err)))
+		fail_msg("write: %s", err);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_close(g);
+
+	/* the scaling must matter at the positions tested: the reference
+	 * with and without it differs clearly */
+	struct ref_llama *ref = NULL, *plain = NULL;
+	assert_int_equal(ref_llama_load(&ref, dst, err, sizeof(err)), 0);
+	assert_int_equal(ref_llama_load(&plain, src, err, sizeof(err)), 0);
+	assert_true(ref_llama_info(ref)->rope_scaled);
+	assert_false(ref_llama_info(plain)->rope_scaled);
+	uint32_t nv = ref_llama_info(ref)->n_vocab, n = 40;
+	int32_t tok[40];
+	double *a = malloc(sizeof(double) * n * nv), *b = malloc(sizeof(double) * n * nv);
+	double md = 0, mr = 0;
+	for (uint32_t i = 0; i < n; i++)
+		tok[i] = (int32_t)(3 + (i * 7919) % (nv - 3));
+	assert_int_equal(ref_llama_forward(ref, tok, n, NULL, NULL, a, NULL), 0);
+	assert_int_equal(ref_llama_forward(plain, tok, n, NULL, NULL, b, NULL), 0);
+	for (size_t i = (size_t)(n - 1) * nv; i < (size_t)n * nv; i++) {
+		md = fmax(md, fabs(a[i] - b[i]));
+		mr = fmax(mr, fabs(b[i]));
+	}
+	print_message("llama3 scaling changes the last row by %.3g (relative)\n", md / mr);
+	assert_true(md / mr > 1e-3);
+	free(a);
+	free(b);
+	ref_llama_free(ref);
+	ref_llama_free(plain);
+	unlink(src);
+	double wst = engine_vs_ref(dst, 31);
+	print_message("generated f32, llama3 scaling from metadata: worst relative error %.3g\n",
+		      wst);
+	assert_true(wst < 1e-4);
+	unlink(dst);
+}
+
+static int teardown_tmpdir(void **state)
+{
+	(void)state;
+	if (g_tmpdir[0])
+		rmdir(g_tmpdir);
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_reference_dequant),
 		cmocka_unit_test(test_reference_mask_dense),
 		cmocka_unit_test(test_reference_stories_greedy),
+		cmocka_unit_test(test_engine_vs_ref_stories),
+		cmocka_unit_test(test_engine_vs_ref_f32),
+		cmocka_unit_test(test_engine_vs_ref_f16),
+		cmocka_unit_test(test_engine_vs_ref_bf16),
+		cmocka_unit_test(test_engine_vs_ref_q8_0),
+		cmocka_unit_test(test_engine_vs_ref_q4_0),
+		cmocka_unit_test(test_engine_vs_ref_tied_scaled),
+		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, NULL, teardown_tmpdir);
 }

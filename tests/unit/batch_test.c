@@ -1,0 +1,248 @@
+/* batch_test.c - K sequences decoded together in one ragged batch produce
+ * exactly (bit for bit) what K separate runs produce.
+ *
+ * Why bitwise is expected: every row of every matmul is computed by one
+ * thread with the same block order whatever the batch (gpud_matmul's
+ * contract), activation quantization is per row, attention runs per
+ * (token, head) over the token's own sequence only, and elementwise ops
+ * do not mix rows. A difference here means sequences leak into each other
+ * or the batch size changes arithmetic.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "gpud/engine.h"
+#include "gpud/mkmodel.h"
+#include "gpud/model.h"
+
+#define STORIES "../shared/models/stories260K.gguf"
+#define K 6
+#define DECODE 12
+#define MAXP 40
+
+struct run {
+	int32_t prompt[K][MAXP];
+	uint32_t n_prompt[K];
+	int32_t gen[K][DECODE];  /* greedy tokens */
+	float *logits[K];        /* (DECODE + 1, n_vocab): last prompt token, then each decode */
+};
+
+static uint64_t rs = 5;
+static uint32_t rnd(uint32_t n)
+{
+	rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+	return (uint32_t)(rs >> 33) % n;
+}
+
+static int32_t argmax(const float *l, uint32_t n)
+{
+	uint32_t b = 0;
+	for (uint32_t i = 1; i < n; i++)
+		if (l[i] > l[b])
+			b = i;
+	return (int32_t)b;
+}
+
+static struct gpud_engine *mk_engine(const struct gpud_model *m, int threads)
+{
+	struct gpud_engine_params ep;
+	struct gpud_engine *e = NULL;
+	char err[256];
+	gpud_engine_params_default(&ep);
+	ep.n_threads = threads;
+	ep.max_batch_tokens = 256;
+	ep.max_seqs = K;
+	ep.max_logits = K;
+	ep.block_tokens = 16;
+	ep.n_ctx = 128;
+	if (gpud_engine_create(&e, m, &ep, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	return e;
+}
+
+static void step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n)
+{
+	char err[256];
+	if (gpud_engine_step(e, ents, n, err, sizeof(err)))
+		fail_msg("step: %s", err);
+}
+
+/* Each sequence alone: prefill in one step, then greedy decode. */
+static void run_separate(struct gpud_engine *e, struct run *r, uint32_t nv)
+{
+	for (uint32_t k = 0; k < K; k++) {
+		uint32_t seq;
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &seq), 0);
+		struct gpud_batch_entry b = { seq, r->prompt[k], r->n_prompt[k], GPUD_LOGITS_LAST };
+		step(e, &b, 1);
+		for (uint32_t t = 0; t <= DECODE; t++) {
+			const float *l = gpud_engine_logits(e, 0);
+			memcpy(r->logits[k] + (size_t)t * nv, l, nv * sizeof(float));
+			if (t == DECODE)
+				break;
+			r->gen[k][t] = argmax(l, nv);
+			b = (struct gpud_batch_entry){ seq, &r->gen[k][t], 1, GPUD_LOGITS_LAST };
+			step(e, &b, 1);
+		}
+		assert_int_equal(gpud_engine_seq_free(e, seq), 0);
+	}
+}
+
+/* All sequences in every step: one ragged prefill step, then K decode
+ * tokens per step. stagger: sequence k starts k steps late, so prefill
+ * chunks and decode tokens share steps. */
+static void run_together(struct gpud_engine *e, struct run *r, uint32_t nv, bool stagger)
+{
+	uint32_t seq[K], t_of[K] = { 0 };
+	struct gpud_batch_entry ents[K];
+	uint32_t who[K];
+
+	for (uint32_t k = 0; k < K; k++)
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &seq[k]), 0);
+	for (uint32_t s = 0;; s++) {
+		uint32_t n = 0;
+		for (uint32_t k = 0; k < K; k++) {
+			uint32_t start = stagger ? k : 0;
+			if (s < start || t_of[k] > DECODE)
+				continue;
+			if (s == start)
+				ents[n] = (struct gpud_batch_entry){ seq[k], r->prompt[k], r->n_prompt[k],
+								     GPUD_LOGITS_LAST };
+			else
+				ents[n] = (struct gpud_batch_entry){ seq[k], &r->gen[k][t_of[k] - 1], 1,
+								     GPUD_LOGITS_LAST };
+			who[n++] = k;
+		}
+		if (n == 0)
+			break;
+		step(e, ents, n);
+		for (uint32_t i = 0; i < n; i++) {
+			uint32_t k = who[i];
+			const float *l = gpud_engine_logits(e, i);
+			memcpy(r->logits[k] + (size_t)t_of[k] * nv, l, nv * sizeof(float));
+			if (t_of[k] < DECODE)
+				r->gen[k][t_of[k]] = argmax(l, nv);
+			t_of[k]++;
+		}
+	}
+	for (uint32_t k = 0; k < K; k++)
+		assert_int_equal(gpud_engine_seq_free(e, seq[k]), 0);
+}
+
+static void check_model(const char *path, int threads)
+{
+	struct gpud_model *m = NULL;
+	char err[256];
+	struct run *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+
+	if (gpud_model_load(&m, path, err, sizeof(err)))
+		fail_msg("%s: %s", path, err);
+	struct gpud_engine *e = mk_engine(m, threads);
+	uint32_t nv = gpud_engine_n_vocab(e);
+	for (uint32_t k = 0; k < K; k++) {
+		a->n_prompt[k] = 1 + rnd(MAXP);
+		a->prompt[k][0] = 1;
+		for (uint32_t i = 1; i < a->n_prompt[k]; i++)
+			a->prompt[k][i] = (int32_t)rnd(nv);
+		a->logits[k] = malloc((size_t)(DECODE + 1) * nv * sizeof(float));
+	}
+	run_separate(e, a, nv);
+	for (int stagger = 0; stagger < 2; stagger++) {
+		memcpy(b->prompt, a->prompt, sizeof(a->prompt));
+		memcpy(b->n_prompt, a->n_prompt, sizeof(a->n_prompt));
+		for (uint32_t k = 0; k < K; k++)
+			b->logits[k] = malloc((size_t)(DECODE + 1) * nv * sizeof(float));
+		run_together(e, b, nv, stagger);
+		for (uint32_t k = 0; k < K; k++) {
+			assert_memory_equal(a->gen[k], b->gen[k], sizeof(a->gen[k]));
+			if (memcmp(a->logits[k], b->logits[k], (size_t)(DECODE + 1) * nv * sizeof(float))) {
+				double md = 0;
+				for (size_t i = 0; i < (size_t)(DECODE + 1) * nv; i++)
+					md = fmax(md, fabs(a->logits[k][i] - b->logits[k][i]));
+				fail_msg("%s: sequence %u differs batched vs alone (max abs %.3g)", path, k,
+					 md);
+			}
+			free(b->logits[k]);
+		}
+	}
+	struct gpud_engine_stats st;
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.allocs_after_warmup, 0);
+	assert_int_equal(st.kv.used, 0);
+	for (uint32_t k = 0; k < K; k++)
+		free(a->logits[k]);
+	free(a);
+	free(b);
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+}
+
+static void test_batch_stories(void **state)
+{
+	(void)state;
+	check_model(STORIES, 2);
+}
+
+static void test_batch_stories_1thread(void **state)
+{
+	(void)state;
+	check_model(STORIES, 1);
+}
+
+static void check_generated(enum gpud_type type)
+{
+	char dir[] = "/tmp/swarm-batch-XXXXXX", path[96], err[256];
+	struct gpud_mkmodel_params mp;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/m.gguf", dir);
+	gpud_mkmodel_params_default(&mp);
+	mp.out = path;
+	mp.dim = 128;
+	mp.n_layers = 2;
+	mp.n_heads = 4;
+	mp.n_kv_heads = 2;
+	mp.ffn_dim = 256;
+	mp.n_ctx = 256;
+	mp.type = type;
+	mp.seed = 3;
+	if (gpud_mkmodel(&mp, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	check_model(path, 2);
+	unlink(path);
+	rmdir(dir);
+}
+
+static void test_batch_q8_0(void **state)
+{
+	(void)state;
+	check_generated(GPUD_TYPE_Q8_0);
+}
+
+static void test_batch_f16(void **state)
+{
+	(void)state;
+	check_generated(GPUD_TYPE_F16);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_batch_stories),
+		cmocka_unit_test(test_batch_stories_1thread),
+		cmocka_unit_test(test_batch_q8_0),
+		cmocka_unit_test(test_batch_f16),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
