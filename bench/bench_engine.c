@@ -1,0 +1,292 @@
+/* bench_engine.c - prefill and decode throughput of the engine.
+ *
+ * For each model: prefill tokens/s and decode tokens/s at batch 1 and
+ * batch 16 (16 sequences per step), with the achieved weight-read
+ * bandwidth of decode (weight bytes per step / step time) next to the
+ * measured memcpy bandwidth (bench_memcpy_gbs). Models: the real
+ * stories260K and generated ~110M Llama models (dim 768, 12 layers, 12
+ * heads, ffn 2048, the 32000-token Llama 2 vocabulary, tied output) in
+ * F32, F16 and Q8_0, written once with gpud_mkmodel into --models-dir.
+ *
+ * Targets reported against (never asserted): batch-1 decode of 110M Q8_0
+ * >= 60% of memcpy bandwidth; batch-16 aggregate decode >= 4x batch-1.
+ *
+ * usage: bench_engine [--seconds S] [--threads N] [--models-dir DIR]
+ *                     [--types f32,f16,q8_0] [--no-110m] [--out FILE.md]
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "bench/bench_util.h"
+#include "common/err.h"
+#include "gpud/engine.h"
+#include "gpud/mkmodel.h"
+#include "gpud/model.h"
+
+#define STORIES "../shared/models/stories260K.gguf"
+#define VOCAB32K "../shared/tokenizer/ggml-vocab-llama-spm.gguf"
+#define MAXB 16
+#define PROMPT 32   /* prefill tokens per sequence */
+#define MAX_DECODE 96
+
+struct opts {
+	double seconds;
+	int threads;
+	const char *models_dir;
+	const char *types;
+	int no_110m;
+	const char *out;
+};
+
+struct cell {
+	char model[48];
+	char type[8];
+	double weight_mb;
+	double prefill[2];   /* tok/s at batch 1, 16 */
+	double decode[2];    /* aggregate tok/s at batch 1, 16 */
+	double decode_gbs;   /* batch-1 weight-read GB/s */
+	uint32_t steps[2];   /* decode steps measured */
+};
+
+static uint64_t rs = 12345;
+static int32_t rnd_tok(uint32_t nv)
+{
+	rs = rs * 6364136223846793005ULL + 1442695040888963407ULL;
+	return 3 + (int32_t)((rs >> 33) % (nv - 3));
+}
+
+static int step_or_die(struct gpud_engine *e, struct gpud_batch_entry *b, uint32_t n)
+{
+	char err[256];
+	int rc = gpud_engine_step(e, b, n, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "bench_engine: step: %s\n", err);
+	return rc;
+}
+
+/* Prefill: `batch` sequences of PROMPT tokens in one step, repeated
+ * (freeing and re-adding the sequences) until `seconds` pass (at least
+ * twice). Decode: from there, `batch` tokens per step until `seconds`
+ * pass or MAX_DECODE steps. */
+static int measure(struct gpud_engine *e, uint32_t batch, double seconds, double *prefill_tps,
+		   double *decode_tps, double *step_s, uint32_t *n_steps)
+{
+	static int32_t prompt[MAXB][PROMPT];
+	static int32_t next[MAXB];
+	struct gpud_batch_entry b[MAXB];
+	uint32_t seq[MAXB], nv = gpud_engine_n_vocab(e);
+	double t0, t, pre_time = 0;
+	uint32_t rounds = 0, i, s;
+
+	for (i = 0; i < batch; i++)
+		for (uint32_t j = 0; j < PROMPT; j++)
+			prompt[i][j] = j == 0 ? 1 : rnd_tok(nv);
+	for (;;) {
+		for (i = 0; i < batch; i++) {
+			if (gpud_engine_seq_add(e, NULL, &seq[i]))
+				return -1;
+			b[i] = (struct gpud_batch_entry){ seq[i], prompt[i], PROMPT, GPUD_LOGITS_LAST };
+		}
+		t0 = bench_now();
+		if (step_or_die(e, b, batch))
+			return -1;
+		pre_time += bench_now() - t0;
+		rounds++;
+		if (rounds >= 2 && pre_time >= seconds)
+			break;
+		for (i = 0; i < batch; i++)
+			gpud_engine_seq_free(e, seq[i]);
+	}
+	*prefill_tps = (double)rounds * batch * PROMPT / pre_time;
+
+	/* one warm-up decode step, then timed steps */
+	for (i = 0; i < batch; i++) {
+		next[i] = rnd_tok(nv);
+		b[i] = (struct gpud_batch_entry){ seq[i], &next[i], 1, GPUD_LOGITS_LAST };
+	}
+	if (step_or_die(e, b, batch))
+		return -1;
+	t0 = bench_now();
+	for (s = 0; s < MAX_DECODE; s++) {
+		for (i = 0; i < batch; i++)
+			next[i] = rnd_tok(nv);
+		if (step_or_die(e, b, batch))
+			return -1;
+		t = bench_now() - t0;
+		if (s >= 2 && t >= seconds)
+			break;
+	}
+	s = s < MAX_DECODE ? s + 1 : MAX_DECODE;
+	t = bench_now() - t0;
+	*decode_tps = (double)s * batch / t;
+	*step_s = t / s;
+	*n_steps = s;
+	for (i = 0; i < batch; i++)
+		gpud_engine_seq_free(e, seq[i]);
+	return 0;
+}
+
+static int bench_model(const char *path, const char *label, const char *type,
+		       const struct opts *o, struct cell *c)
+{
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params ep;
+	char err[256];
+	double step_s;
+	int rc;
+
+	if ((rc = gpud_model_load(&m, path, err, sizeof(err)))) {
+		fprintf(stderr, "bench_engine: %s\n", err);
+		return rc;
+	}
+	gpud_engine_params_default(&ep);
+	ep.n_threads = o->threads;
+	ep.max_batch_tokens = MAXB * PROMPT;
+	ep.max_seqs = MAXB;
+	ep.max_logits = MAXB;
+	ep.block_tokens = 16;
+	ep.n_ctx = PROMPT + MAX_DECODE + 16;
+	if ((rc = gpud_engine_create(&e, m, &ep, err, sizeof(err)))) {
+		fprintf(stderr, "bench_engine: %s\n", err);
+		gpud_model_free(m);
+		return rc;
+	}
+	memset(c, 0, sizeof(*c));
+	snprintf(c->model, sizeof(c->model), "%s", label);
+	snprintf(c->type, sizeof(c->type), "%s", type);
+	c->weight_mb = gpud_model_weight_bytes(m) / 1e6;
+	rc = measure(e, 1, o->seconds, &c->prefill[0], &c->decode[0], &step_s, &c->steps[0]);
+	if (!rc) {
+		c->decode_gbs = gpud_model_weight_bytes(m) / step_s / 1e9;
+		rc = measure(e, MAXB, o->seconds, &c->prefill[1], &c->decode[1], &step_s,
+			     &c->steps[1]);
+	}
+	struct gpud_engine_stats st;
+	gpud_engine_stats(e, &st);
+	if (st.allocs_after_warmup)
+		fprintf(stderr, "bench_engine: %s: %llu allocations after warm-up\n", label,
+			(unsigned long long)st.allocs_after_warmup);
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+	return rc;
+}
+
+/* Writes the 110M model of type t into dir unless it is already there. */
+static int make_110m(const char *dir, const char *tname, char *path, size_t cap)
+{
+	struct gpud_mkmodel_params p;
+	struct stat sb;
+	char err[256];
+	int t = gpud_type_parse(tname), rc;
+
+	if (t < 0) {
+		fprintf(stderr, "bench_engine: unknown type %s\n", tname);
+		return -EINVAL;
+	}
+	snprintf(path, cap, "%s/bench-110m-%s.gguf", dir, tname);
+	if (stat(path, &sb) == 0)
+		return 0;
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.name = "bench-110m";
+	p.dim = 768;
+	p.n_layers = 12;
+	p.n_heads = 12;
+	p.n_kv_heads = 12;
+	p.ffn_dim = 2048;
+	p.n_ctx = 1024;
+	p.type = (enum gpud_type)t;
+	p.seed = 110;
+	p.tied = true;
+	p.vocab_from = VOCAB32K;
+	fprintf(stderr, "bench_engine: writing %s ...\n", path);
+	if ((rc = gpud_mkmodel(&p, err, sizeof(err))))
+		fprintf(stderr, "bench_engine: mkmodel: %s\n", err);
+	return rc;
+}
+
+static void print_table(FILE *f, const struct cell *c, int n, double memcpy_gbs)
+{
+	fprintf(f, "| model | type | weights MB | prefill b1 tok/s | prefill b16 tok/s | "
+		   "decode b1 tok/s | decode b1 weight GB/s | %% of memcpy | "
+		   "decode b16 tok/s (aggregate) | b16 / b1 |\n");
+	fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+	for (int i = 0; i < n; i++)
+		fprintf(f, "| %s | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.2fx |\n",
+			c[i].model, c[i].type, c[i].weight_mb, c[i].prefill[0], c[i].prefill[1],
+			c[i].decode[0], c[i].decode_gbs, 100.0 * c[i].decode_gbs / memcpy_gbs,
+			c[i].decode[1], c[i].decode[1] / c[i].decode[0]);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { 2.0, 2, "/tmp/swarm-bench-models", "f32,f16,q8_0", 0, NULL };
+	struct cell cells[8];
+	int n = 0;
+	char machine[256], date[64], path[512], types[64];
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--seconds") && i + 1 < argc)
+			o.seconds = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			o.threads = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--models-dir") && i + 1 < argc)
+			o.models_dir = argv[++i];
+		else if (!strcmp(argv[i], "--types") && i + 1 < argc)
+			o.types = argv[++i];
+		else if (!strcmp(argv[i], "--no-110m"))
+			o.no_110m = 1;
+		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+			o.out = argv[++i];
+		else {
+			fprintf(stderr, "usage: %s [--seconds S] [--threads N] [--models-dir DIR] "
+					"[--types f32,f16,q8_0] [--no-110m] [--out FILE.md]\n",
+				argv[0]);
+			return 2;
+		}
+	}
+	bench_machine(machine, sizeof(machine));
+	bench_date(date, sizeof(date));
+	double memcpy_gbs = bench_memcpy_gbs(4 * bench_llc_bytes(), o.threads);
+	fprintf(stderr, "bench_engine: memcpy %.2f GB/s with %d threads\n", memcpy_gbs, o.threads);
+
+	if (bench_model(STORIES, "stories260K", "f32", &o, &cells[n]) == 0)
+		n++;
+	if (!o.no_110m) {
+		if (mkdir(o.models_dir, 0755) && errno != EEXIST) {
+			fprintf(stderr, "bench_engine: %s: %s\n", o.models_dir, strerror(errno));
+			return 1;
+		}
+		snprintf(types, sizeof(types), "%s", o.types);
+		for (char *save = NULL, *t = strtok_r(types, ",", &save); t && n < 8;
+		     t = strtok_r(NULL, ",", &save)) {
+			if (make_110m(o.models_dir, t, path, sizeof(path)))
+				continue;
+			if (bench_model(path, "gen-110M", t, &o, &cells[n]) == 0)
+				n++;
+		}
+	}
+
+	printf("machine: %s\ndate: %s\nthreads: %d, %.1f s per measurement, prefill %d tokens "
+	       "per sequence, batch 16 = 16 sequences per step\nmemcpy: %.2f GB/s\n\n",
+	       machine, date, o.threads, o.seconds, PROMPT, memcpy_gbs);
+	print_table(stdout, cells, n, memcpy_gbs);
+	if (o.out) {
+		FILE *f = fopen(o.out, "w");
+		if (!f) {
+			fprintf(stderr, "bench_engine: %s: %s\n", o.out, strerror(errno));
+			return 1;
+		}
+		fprintf(f, "# bench_engine\n\n- machine: %s\n- date: %s\n- threads: %d\n"
+			   "- memcpy bandwidth: %.2f GB/s (bench_memcpy_gbs, %d threads)\n\n",
+			machine, date, o.threads, memcpy_gbs, o.threads);
+		print_table(f, cells, n, memcpy_gbs);
+		fclose(f);
+	}
+	return n > 0 ? 0 : 1;
+}
