@@ -65,25 +65,25 @@ struct field {
 static const struct field log_fields[] = {
 	{ .key = "level", .kind = K_LEVEL, .off = OFF(log.level), .env = "SWARM_LOG_LEVEL" },
 	STR("file", log.file, 0, "SWARM_LOG_FILE"),
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field redis_fields[] = {
 	{ .key = "url", .kind = K_REDIS_URL, .off = OFF(redis.url),
 	  .size = sizeof(((struct sw_config *)0)->redis.url), .env = "SWARM_REDIS_URL" },
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field postgres_fields[] = {
 	{ .key = "url", .kind = K_PG_URL, .off = OFF(postgres.url),
 	  .size = sizeof(((struct sw_config *)0)->postgres.url), .env = "SWARM_PG_URL" },
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field queue_fields[] = {
 	U32("per_connection", gpud.queue.per_connection, 1, 1u << 20, 0, NULL),
 	U32("global", gpud.queue.global, 1, 1u << 24, 0, NULL),
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field gpud_fields[] = {
@@ -102,7 +102,7 @@ static const struct field gpud_fields[] = {
 	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field agentd_fields[] = {
@@ -115,7 +115,7 @@ static const struct field agentd_fields[] = {
 	U32("restart_backoff_max_ms", agentd.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
 	U32("crash_window_ms", agentd.crash_window_ms, 1000, MS_DAY, 0, NULL),
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
-	{ NULL },
+	{ .key = NULL },
 };
 
 static const struct field root_fields[] = {
@@ -125,7 +125,7 @@ static const struct field root_fields[] = {
 	OBJ("postgres", postgres_fields),
 	OBJ("gpud", gpud_fields),
 	OBJ("agentd", agentd_fields),
-	{ NULL },
+	{ .key = NULL },
 };
 
 void sw_config_defaults(struct sw_config *cfg)

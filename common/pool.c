@@ -149,6 +149,10 @@ void sw_pool_reset(struct sw_pool *p)
 	memset(p->owner, 0, (size_t)p->capacity * sizeof(p->owner[0]));
 	p->nfree = p->capacity;
 	p->used = 0;
+#ifdef SW_DEBUG
+	if (p->base && p->host_access)
+		memset(p->base, SW_POOL_FREE_FILL, p->block_size * p->capacity);
+#endif
 	POOL_CHECK(p);
 }
 

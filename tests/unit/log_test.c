@@ -140,6 +140,13 @@ static void test_line_format(void **state)
 	assert_non_null(strstr(filebuf, " D logtest["));
 	assert_non_null(strstr(filebuf, "trailing newline is not doubled\n"));
 	assert_null(strstr(filebuf, "doubled\n\n"));
+
+	/* Created 0640 (less whatever the umask removes). */
+	mode_t mask = umask(0);
+	umask(mask);
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal(st.st_mode & 0777, 0640 & ~mask);
 }
 
 static void test_errno_kept(void **state)

@@ -163,6 +163,11 @@ static void test_debug_fill(void **state)
 	assert_int_equal(sw_pool_free(p, a), 0);
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(a[i], SW_POOL_FREE_FILL); /* pool memory: still ours */
+	unsigned char *b = sw_pool_alloc(p, 2);
+	memset(b, 0x42, 64);
+	sw_pool_reset(p); /* a reset frees, and fills, every block */
+	for (int i = 0; i < 64; i++)
+		assert_int_equal(b[i], SW_POOL_FREE_FILL);
 	sw_pool_destroy(p);
 
 	/* External host memory is filled only when declared host-accessible. */
