@@ -659,6 +659,13 @@ static json_t *env_value(const struct field *f, const char *s)
 		for (;;) {
 			const char *comma = strchr(p, ',');
 			size_t len = comma ? (size_t)(comma - p) : strlen(p);
+			/* "cpu, cuda:0" is what people type: trim blanks. */
+			while (len && *p == ' ') {
+				p++;
+				len--;
+			}
+			while (len && p[len - 1] == ' ')
+				len--;
 			if (json_array_append_new(arr, json_stringn(p, len))) {
 				json_decref(arr);
 				return NULL;

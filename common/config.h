@@ -109,7 +109,7 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
 /* Applies the SWARM_* overrides present in the environment (an unset
  * variable is ignored; a set one, even empty, must be valid):
  *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
- *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu,cuda:0")
+ *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
  *   SWARM_THREADS SWARM_WORKERS
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */

@@ -64,8 +64,12 @@ static inline uint64_t avalanche(uint64_t h)
 uint64_t sw_hash64(const void *data, size_t len, uint64_t seed)
 {
 	const uint8_t *p = data;
-	const uint8_t *end = p + len;
+	const uint8_t *end;
 	uint64_t h;
+
+	if (len == 0) /* same value as the general path; avoids NULL + 0 */
+		return avalanche(seed + K2);
+	end = p + len;
 
 	if (len >= 32) {
 		uint64_t a = seed + K0 + K1;

@@ -2,7 +2,8 @@
  *
  * sw_hash64 processes 32 bytes per round with four independent lanes of
  * multiply-rotate mixing, then a final avalanche. Results are identical on
- * every little-endian host; they are cache keys only and are never stored.
+ * every host (input words are read little-endian) and any alignment; they
+ * are cache keys only and are never stored, so the function may change.
  */
 #ifndef SW_HASH_H
 #define SW_HASH_H
@@ -10,6 +11,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* Hashes len bytes at data (any alignment; data may be NULL when len is 0)
+ * with seed. Never fails. */
 uint64_t sw_hash64(const void *data, size_t len, uint64_t seed);
 
 /* Combines two hashes order-dependently (parent-chained prefix keys). */

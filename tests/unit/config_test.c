@@ -357,7 +357,7 @@ static void test_env_overrides(void **state)
 	setenv("SWARM_PG_URL", "postgresql://a:b@pg2/db", 1);
 	setenv("SWARM_MODEL", "/models/m.gguf", 1);
 	setenv("SWARM_GPUD_SOCKET", "/tmp/gpud-test.sock", 1);
-	setenv("SWARM_DEVICES", "cuda:0,cuda:1,cpu", 1);
+	setenv("SWARM_DEVICES", "cuda:0, cuda:1 ,cpu", 1);
 	setenv("SWARM_THREADS", "6", 1);
 	setenv("SWARM_WORKERS", "12", 1);
 	snprintf(c.log.file, sizeof(c.log.file), "/var/log/x.log");
