@@ -11,8 +11,9 @@
  * the thread count.
  *   batch < 4: tiles of 4 rows x 1 column (4 weight streams in flight, the
  *              bandwidth-bound decode case; later columns hit L1);
- *   batch >= 4: tiles of 2 rows x 4 columns (8 accumulators in registers,
- *              each weight block loaded once for 4 columns).
+ *   batch >= 4: tiles of 2 rows x 4 columns for q8_0/q4_0 and 3 x 4 for
+ *              f32/f16/bf16 (8 or 12 accumulators in registers, each weight
+ *              block loaded once for 4 columns).
  */
 #include "gpud/backend/cpu/kernels_impl.h"
 
@@ -74,11 +75,15 @@ TGT_INLINE void tile_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, 
 	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
 					       : sizeof(struct gpud_block_q4_0);
 
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
 		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
+	#pragma GCC unroll 4
 	for (int b = 0; b < BT; b++)
 		xq[b] = m->xq + (b0 + b) * nb;
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++)
 			acc[r][b] = _mm256_setzero_ps();
 
@@ -86,6 +91,7 @@ TGT_INLINE void tile_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, 
 		__m256i wq[4], aw[4];
 		float dw[4];
 
+		#pragma GCC unroll 4
 		for (int r = 0; r < RT; r++) {
 			const uint8_t *blk = w[r] + (size_t)i * bsz;
 			uint16_t d;
@@ -99,16 +105,20 @@ TGT_INLINE void tile_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, 
 				wq[r] = unpack_q4(blk + 2);
 			aw[r] = _mm256_sign_epi8(wq[r], wq[r]);
 		}
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++) {
 			__m256i xv = _mm256_loadu_si256((const __m256i *)xq[b][i].qs);
 			float dx = xq[b][i].d;
 
+			#pragma GCC unroll 4
 			for (int r = 0; r < RT; r++)
 				acc[r][b] = _mm256_fmadd_ps(dot32(aw[r], wq[r], xv),
 							    _mm256_set1_ps(dw[r] * dx), acc[r][b]);
 		}
 	}
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++)
 			m->y[(b0 + b) * m->rows + r0 + r] = hsum8(acc[r][b]);
 }
@@ -149,29 +159,38 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 	const float *x[4];
 	__m256 acc[4][4];
 
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
 		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
+	#pragma GCC unroll 4
 	for (int b = 0; b < BT; b++)
 		x[b] = m->x + (b0 + b) * cols;
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++)
 			acc[r][b] = _mm256_setzero_ps();
 
 	for (int64_t c = 0; c < c8; c += 8) {
 		__m256 wv[4];
 
+		#pragma GCC unroll 4
 		for (int r = 0; r < RT; r++) {
 			_mm_prefetch((const char *)w[r] + c * esz + PF_DIST, _MM_HINT_T0);
 			wv[r] = load8(FT, w[r], c);
 		}
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++) {
 			__m256 xv = _mm256_loadu_ps(x[b] + c);
 
+			#pragma GCC unroll 4
 			for (int r = 0; r < RT; r++)
 				acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
 		}
 	}
+	#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++) {
+		#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++) {
 			float s = hsum8(acc[r][b]);
 
@@ -182,19 +201,20 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 	}
 }
 
-/* Walks rows [r0, r1) in tiles; see the header comment for the shapes. */
-#define DEFINE_ROWS(name, tile, T)                                             \
+/* Walks rows [r0, r1) in tiles; see the header comment for the shapes.
+ * RB x BB is the tile used when the batch is at least BB. */
+#define DEFINE_ROWS(name, tile, T, RB, BB)                                     \
 	TGT static void name(const struct gpud__mm *m, int64_t r0, int64_t r1) \
 	{                                                                      \
 		const int64_t nbt = m->batch;                                  \
 		int64_t r = r0, b;                                             \
                                                                                \
-		if (nbt >= 4) {                                                \
-			for (; r + 2 <= r1; r += 2) {                          \
-				for (b = 0; b + 4 <= nbt; b += 4)              \
-					tile(m, T, r, 2, b, 4);                \
+		if (nbt >= BB) {                                               \
+			for (; r + RB <= r1; r += RB) {                        \
+				for (b = 0; b + BB <= nbt; b += BB)            \
+					tile(m, T, r, RB, b, BB);              \
 				for (; b < nbt; b++)                           \
-					tile(m, T, r, 2, b, 1);                \
+					tile(m, T, r, RB, b, 1);               \
 			}                                                      \
 		} else {                                                       \
 			for (; r + 4 <= r1; r += 4)                            \
@@ -202,18 +222,18 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 					tile(m, T, r, 4, b, 1);                \
 		}                                                              \
 		for (; r < r1; r++) {                                          \
-			for (b = 0; b + 4 <= nbt; b += 4)                      \
-				tile(m, T, r, 1, b, 4);                        \
+			for (b = 0; b + BB <= nbt; b += BB)                    \
+				tile(m, T, r, 1, b, BB);                       \
 			for (; b < nbt; b++)                                   \
 				tile(m, T, r, 1, b, 1);                        \
 		}                                                              \
 	}
 
-DEFINE_ROWS(rows_q8_0, tile_q, GPUD_TYPE_Q8_0)
-DEFINE_ROWS(rows_q4_0, tile_q, GPUD_TYPE_Q4_0)
-DEFINE_ROWS(rows_f32, tile_f, GPUD_TYPE_F32)
-DEFINE_ROWS(rows_f16, tile_f, GPUD_TYPE_F16)
-DEFINE_ROWS(rows_bf16, tile_f, GPUD_TYPE_BF16)
+DEFINE_ROWS(rows_q8_0, tile_q, GPUD_TYPE_Q8_0, 2, 4)
+DEFINE_ROWS(rows_q4_0, tile_q, GPUD_TYPE_Q4_0, 2, 4)
+DEFINE_ROWS(rows_f32, tile_f, GPUD_TYPE_F32, 3, 4)
+DEFINE_ROWS(rows_f16, tile_f, GPUD_TYPE_F16, 3, 4)
+DEFINE_ROWS(rows_bf16, tile_f, GPUD_TYPE_BF16, 3, 4)
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {

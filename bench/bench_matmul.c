@@ -1,0 +1,186 @@
+/* bench_matmul.c - gpud_matmul throughput per weight type, batch, threads.
+ *
+ * For each type (f32, f16, bf16, q8_0, q4_0), shape (768x768, 2048x768,
+ * 32000x768: rows x cols) and batch (1, 4, 16) with 1 and 2 threads:
+ *   cold: every call reads a different copy of W from an arena of several
+ *         times the LLC, so weights come from DRAM (the decode case for a
+ *         model larger than the cache);
+ *   hot:  the same copy every call (weights in L2/L3).
+ * GB/s counts weight bytes read once per call; GFLOP/s is 2*rows*cols*batch
+ * per call; "x b1" is the aggregate speed-up over batch 1 (batch * t1 / tb).
+ * Timings are the best of 3 passes. Usage: bench_matmul [quick]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench/bench_util.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/backend/cpu/threadpool.h"
+
+static const enum gpud_type types[] = {
+	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
+};
+static const char *const tnames[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
+static const long shapes[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
+static const int batches[] = { 1, 4, 16 };
+
+static size_t row_bytes(enum gpud_type t, long n)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+		return (size_t)n * 4;
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		return (size_t)n * 2;
+	case GPUD_TYPE_Q8_0:
+		return (size_t)n / 32 * sizeof(struct gpud_block_q8_0);
+	default:
+		return (size_t)n / 32 * sizeof(struct gpud_block_q4_0);
+	}
+}
+
+static uint64_t rng = 88172645463325252ull;
+
+static float rndf(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (float)((rng >> 40) & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+struct setup {
+	struct gpud_tp *tp;
+	enum gpud_type t;
+	long rows, cols;
+	int batch;
+	const unsigned char *arena;
+	size_t wbytes;
+	long ncopies;
+	const float *x;
+	float *y;
+	void *scratch;
+};
+
+/* Best-of-3 seconds per call; cold walks the copies, hot reuses copy 0. */
+static double time_calls(const struct setup *s, int cold, double min_s)
+{
+	/* The cursor keeps walking across passes and calls, so a cold call
+	 * never reads a copy that was read recently. */
+	static long cursor;
+	double best = 1e30;
+
+	for (int pass = 0; pass < 3; pass++) {
+		double t0 = bench_now(), t;
+		long n = 0;
+
+		do {
+			const unsigned char *W = s->arena;
+
+			if (cold)
+				W += (size_t)(cursor++ % s->ncopies) * s->wbytes;
+			gpud_matmul(s->tp, s->t, W, s->rows, s->cols, s->x, s->batch, s->y, s->scratch);
+			n++;
+			t = bench_now() - t0;
+		} while (t < min_s);
+		if (t / (double)n < best)
+			best = t / (double)n;
+	}
+	return best;
+}
+
+int main(int argc, char **argv)
+{
+	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+	double min_s = quick ? 0.02 : 0.06;
+	size_t llc = bench_llc_bytes(), arena_bytes = 4 * llc;
+	char machine[512], date[64];
+	double mc[3];
+	struct gpud_tp *tps[3] = { NULL };
+	unsigned char *arena;
+	float *x, *y, *wf;
+	void *scratch;
+
+	if (arena_bytes < ((size_t)1 << 30))
+		arena_bytes = (size_t)1 << 30;
+	bench_machine(machine, sizeof(machine));
+	bench_date(date, sizeof(date));
+	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c)\n",
+	       date, machine, gpud_cpu_features());
+	for (int th = 1; th <= 2; th++) {
+		mc[th] = bench_memcpy_gbs(arena_bytes / 2, th);
+		printf("# memcpy %zu MiB, %d thread(s): %.2f GB/s\n", (arena_bytes / 2) >> 20, th, mc[th]);
+	}
+	printf("# weight arena for cold runs: %zu MiB (LLC %zu KiB)\n\n", arena_bytes >> 20, llc >> 10);
+
+	arena = aligned_alloc(4096, arena_bytes);
+	x = malloc(sizeof(float) * 16 * 768);
+	y = malloc(sizeof(float) * 16 * 32000);
+	wf = malloc(sizeof(float) * 768);
+	scratch = aligned_alloc(64, gpud_matmul_scratch_bytes(GPUD_TYPE_Q8_0, 768, 16) + 64);
+	if (!arena || !x || !y || !wf || !scratch) {
+		fprintf(stderr, "bench_matmul: out of memory\n");
+		return 1;
+	}
+	for (int i = 0; i < 16 * 768; i++)
+		x[i] = rndf();
+	for (int th = 1; th <= 2; th++) {
+		if (gpud_tp_create(&tps[th], th) != 0) {
+			fprintf(stderr, "bench_matmul: cannot create a %d-thread pool\n", th);
+			return 1;
+		}
+	}
+
+	printf("| type | rows x cols | thr | batch | cold GB/s | cold GFLOP/s | %% memcpy | x b1 | hot GB/s | hot GFLOP/s |\n");
+	printf("|---|---|---|---|---|---|---|---|---|---|\n");
+	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+			long rows = shapes[si][0], cols = shapes[si][1];
+			size_t rb = row_bytes(types[ti], cols), wbytes = rb * (size_t)rows;
+			long ncopies = (long)(arena_bytes / wbytes);
+
+			/* One real matrix, then copies of it across the arena. */
+			for (long r = 0; r < rows; r++) {
+				for (long c = 0; c < cols; c++)
+					wf[c] = rndf() * 0.05f;
+				gpud_quantize_row(types[ti], wf, arena + (size_t)r * rb, cols);
+			}
+			for (long k = 1; k < ncopies; k++)
+				memcpy(arena + (size_t)k * wbytes, arena, wbytes);
+
+			for (int th = 1; th <= 2; th++) {
+				double t1 = 0.0;
+
+				for (size_t bi = 0; bi < 3; bi++) {
+					struct setup s = {
+						.tp = tps[th], .t = types[ti], .rows = rows, .cols = cols,
+						.batch = batches[bi], .arena = arena, .wbytes = wbytes,
+						.ncopies = ncopies, .x = x, .y = y, .scratch = scratch,
+					};
+					double tc = time_calls(&s, 1, min_s);
+					double th_ = time_calls(&s, 0, min_s);
+					double flop = 2.0 * rows * cols * batches[bi];
+
+					if (bi == 0)
+						t1 = tc;
+					printf("| %s | %ldx%ld | %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n",
+					       tnames[ti], rows, cols, th, batches[bi],
+					       wbytes / tc * 1e-9, flop / tc * 1e-9,
+					       100.0 * (wbytes / tc * 1e-9) / mc[th],
+					       batches[bi] * t1 / tc,
+					       wbytes / th_ * 1e-9, flop / th_ * 1e-9);
+					fflush(stdout);
+				}
+			}
+		}
+	}
+	for (int th = 1; th <= 2; th++)
+		gpud_tp_destroy(tps[th]);
+	free(arena);
+	free(x);
+	free(y);
+	free(wf);
+	free(scratch);
+	return 0;
+}

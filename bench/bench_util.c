@@ -1,0 +1,160 @@
+/* bench_util.c - wall clock, memcpy bandwidth, machine and date lines. */
+#include "bench/bench_util.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+double bench_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+size_t bench_llc_bytes(void)
+{
+	size_t best = 0;
+
+	for (int i = 0; i < 8; i++) {
+		char path[96], unit = 0;
+		unsigned long v;
+		FILE *f;
+
+		snprintf(path, sizeof(path), "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+		f = fopen(path, "r");
+		if (!f)
+			continue;
+		if (fscanf(f, "%lu%c", &v, &unit) >= 1) {
+			size_t b = v;
+
+			if (unit == 'K')
+				b <<= 10;
+			else if (unit == 'M')
+				b <<= 20;
+			if (b > best)
+				best = b;
+		}
+		fclose(f);
+	}
+	return best ? best : (size_t)32 << 20;
+}
+
+struct copy_job {
+	char *dst;
+	const char *src;
+	size_t n;
+	pthread_barrier_t *start;
+};
+
+static void *copy_main(void *p)
+{
+	struct copy_job *j = p;
+
+	pthread_barrier_wait(j->start);
+	memcpy(j->dst, j->src, j->n);
+	return NULL;
+}
+
+double bench_memcpy_gbs(size_t bytes, int threads)
+{
+	struct copy_job jobs[64];
+	pthread_t tid[64];
+	pthread_barrier_t start;
+	char *src, *dst;
+	double best = 0.0;
+
+	if (threads < 1 || threads > 64)
+		return -1.0;
+	src = malloc(bytes);
+	dst = malloc(bytes);
+	if (!src || !dst) {
+		free(src);
+		free(dst);
+		return -1.0;
+	}
+	/* Fault every page in before timing. */
+	memset(src, 1, bytes);
+	memset(dst, 2, bytes);
+	for (int run = 0; run < 5; run++) {
+		size_t per = (bytes / (size_t)threads) & ~(size_t)4095;
+		int started = 0;
+		double t0, t;
+
+		pthread_barrier_init(&start, NULL, (unsigned)threads);
+		for (int i = 0; i < threads; i++) {
+			jobs[i].dst = dst + per * (size_t)i;
+			jobs[i].src = src + per * (size_t)i;
+			jobs[i].n = i == threads - 1 ? bytes - per * (size_t)i : per;
+			jobs[i].start = &start;
+		}
+		for (int i = 1; i < threads; i++) {
+			if (pthread_create(&tid[i], NULL, copy_main, &jobs[i]))
+				break;
+			started++;
+		}
+		if (started != threads - 1) {
+			/* Cannot reach the barrier count: give up cleanly. */
+			for (int i = started + 1; i < threads; i++)
+				pthread_barrier_wait(&start);
+			for (int i = 1; i <= started; i++)
+				pthread_join(tid[i], NULL);
+			pthread_barrier_destroy(&start);
+			best = -1.0;
+			break;
+		}
+		t0 = bench_now();
+		copy_main(&jobs[0]);
+		for (int i = 1; i < threads; i++)
+			pthread_join(tid[i], NULL);
+		t = bench_now() - t0;
+		pthread_barrier_destroy(&start);
+		if ((double)bytes / t * 1e-9 > best)
+			best = (double)bytes / t * 1e-9;
+	}
+	free(src);
+	free(dst);
+	return best;
+}
+
+void bench_machine(char *buf, size_t len)
+{
+	char model[256] = "unknown CPU", line[512];
+	struct utsname u;
+	FILE *f = fopen("/proc/cpuinfo", "r");
+
+	if (f) {
+		while (fgets(line, sizeof(line), f)) {
+			char *colon = strchr(line, ':');
+
+			if (strncmp(line, "model name", 10) == 0 && colon) {
+				colon++;
+				while (*colon == ' ' || *colon == '\t')
+					colon++;
+				snprintf(model, sizeof(model), "%s", colon);
+				model[strcspn(model, "\n")] = 0;
+				break;
+			}
+		}
+		fclose(f);
+	}
+	if (uname(&u) != 0)
+		memset(&u, 0, sizeof(u));
+	snprintf(buf, len, "%s, %ld CPUs, LLC %zu KiB, %s %s %s", model,
+		 sysconf(_SC_NPROCESSORS_ONLN), bench_llc_bytes() >> 10, u.sysname,
+		 u.release, u.machine);
+}
+
+void bench_date(char *buf, size_t len)
+{
+	time_t now = time(NULL);
+	struct tm tm;
+
+	gmtime_r(&now, &tm);
+	strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
+}

@@ -1,0 +1,33 @@
+/* bench_util.h - helpers shared by the benchmarks in bench/.
+ *
+ * Wall clock, a measured memory bandwidth to compare kernels against, and
+ * the machine and date lines every recorded result carries. Benchmarks
+ * print tables; nothing here asserts on a time.
+ */
+#ifndef BENCH_UTIL_H
+#define BENCH_UTIL_H
+
+#include <stddef.h>
+
+/* Monotonic wall clock in seconds. */
+double bench_now(void);
+
+/* Size of the last-level cache in bytes (from sysfs), or 32 MiB when it
+ * cannot be read. */
+size_t bench_llc_bytes(void);
+
+/* Copies a buffer of `bytes` (use several times the LLC) with `threads`
+ * threads, each copying a contiguous slice with memcpy, and returns the
+ * best of 5 runs in GB/s (1e9 bytes copied per second; each copied byte is
+ * one read and one write). The buffers are allocated, touched and freed
+ * inside. Returns a negative value when memory or threads are lacking. */
+double bench_memcpy_gbs(size_t bytes, int threads);
+
+/* "<cpu model>, <n> CPUs, LLC <k> KiB, <uname -srm>" into buf (always
+ * NUL-terminated). */
+void bench_machine(char *buf, size_t len);
+
+/* Current UTC date and time, "YYYY-MM-DD HH:MM:SS UTC", into buf. */
+void bench_date(char *buf, size_t len);
+
+#endif
