@@ -64,8 +64,9 @@ static void test_zero_cap(void **state)
 	(void)state;
 	struct sw_arena a;
 	assert_int_equal(sw_arena_init(&a, 0), 0);
+	assert_int_equal(a.cap, 0);
 	assert_null(sw_arena_alloc(&a, 1, 1));
-	assert_non_null(sw_arena_alloc(&a, 0, 1));
+	assert_int_equal(a.fails, 1);
 	sw_arena_destroy(&a);
 }
 
