@@ -13,6 +13,14 @@
 
 #include "common/err.h"
 
+/* Debug builds check the pool accounting after every change (DESIGN §2). */
+#ifdef SW_DEBUG
+#include <assert.h>
+#define KV_ACCOUNT(kv) assert((kv)->n_used + (kv)->n_free == (kv)->p.n_blocks)
+#else
+#define KV_ACCOUNT(kv) ((void)0)
+#endif
+
 struct kv_seq {
 	uint32_t len;      /* positions written */
 	uint32_t n_blocks; /* entries of the block table in use */
@@ -24,6 +32,7 @@ struct gpud_kv {
 	uint32_t max_blocks_seq; /* ceil(max_ctx / block_tokens) */
 	uint32_t *free_stack;    /* (n_blocks) free block indices, top at n_free-1 */
 	uint32_t n_free;
+	uint32_t n_used;         /* counted apart from n_free so the two can be checked */
 	uint32_t *tables;        /* (max_seqs, max_blocks_seq) */
 	struct kv_seq *seqs;     /* (max_seqs) */
 	uint32_t n_seqs;
@@ -97,8 +106,11 @@ static void release_from(struct gpud_kv *kv, uint32_t seq, uint32_t keep)
 	struct kv_seq *s = &kv->seqs[seq];
 	uint32_t *t = seq_table(kv, seq);
 
-	while (s->n_blocks > keep)
+	while (s->n_blocks > keep) {
 		kv->free_stack[kv->n_free++] = t[--s->n_blocks];
+		kv->n_used--;
+	}
+	KV_ACCOUNT(kv);
 }
 
 int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq)
@@ -129,10 +141,13 @@ int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens)
 		return SW_EEXHAUSTED;
 	}
 	t = seq_table(kv, seq);
-	while (s->n_blocks < need)
+	while (s->n_blocks < need) {
 		t[s->n_blocks++] = kv->free_stack[--kv->n_free];
-	if (kv->p.n_blocks - kv->n_free > kv->high)
-		kv->high = kv->p.n_blocks - kv->n_free;
+		kv->n_used++;
+	}
+	if (kv->n_used > kv->high)
+		kv->high = kv->n_used;
+	KV_ACCOUNT(kv);
 	return 0;
 }
 
@@ -182,7 +197,7 @@ void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st)
 {
 	st->n_blocks = kv->p.n_blocks;
 	st->free = kv->n_free;
-	st->used = kv->p.n_blocks - kv->n_free;
+	st->used = kv->n_used;
 	st->high = kv->high;
 	st->seqs = kv->n_seqs;
 	st->exhausted = kv->exhausted;
@@ -225,9 +240,10 @@ int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 			owned++;
 		}
 	}
-	if (!rc && owned + kv->n_free != n)
-		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: used %u + free %u != capacity %u",
-			       owned, kv->n_free, n);
+	if (!rc && (owned + kv->n_free != n || owned != kv->n_used))
+		rc = sw_seterr(err, errlen, SW_EFORMAT,
+			       "kv: owned %u (counted %u) + free %u != capacity %u", owned,
+			       kv->n_used, kv->n_free, n);
 	if (!rc && seqs != kv->n_seqs)
 		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: %u slots in use, counted %u",
 			       seqs, kv->n_seqs);

@@ -40,6 +40,7 @@ static void usage(FILE *f)
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
+		"                     [--rope-scale F] [--preset tiny|llama-3.2-3b] [--name S]\n"
 		"       gpud --version\n");
 }
 
@@ -245,6 +246,9 @@ static int cmd_mkmodel(int argc, char **argv)
 		{ "context", required_argument, NULL, 'c' },
 		{ "rope-base", required_argument, NULL, 'r' },
 		{ "tied", no_argument, NULL, 'T' },
+		{ "rope-scale", required_argument, NULL, 'S' },
+		{ "preset", required_argument, NULL, 'R' },
+		{ "name", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -281,6 +285,14 @@ static int cmd_mkmodel(int argc, char **argv)
 		case 'c': p.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
 		case 'r': p.rope_base = (float)num("rope-base", optarg, 1, 1e12); break;
 		case 'T': p.tied = true; break;
+		case 'S': p.rope_scale_factor = (float)num("rope-scale", optarg, 0, 1e6); break;
+		case 'N': p.name = optarg; break;
+		case 'R':
+			if (gpud_mkmodel_preset(&p, optarg)) {
+				fprintf(stderr, "gpud mkmodel: --preset: unknown \"%s\"\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
@@ -289,6 +301,14 @@ static int cmd_mkmodel(int argc, char **argv)
 		fprintf(stderr, "gpud mkmodel: --out is required\n");
 		usage(stderr);
 		return EXIT_USAGE;
+	}
+	if (p.rope_scale_factor > 0) { /* Llama 3's defaults for the rest */
+		if (!p.rope_low_freq_factor)
+			p.rope_low_freq_factor = 1;
+		if (!p.rope_high_freq_factor)
+			p.rope_high_freq_factor = 4;
+		if (!p.rope_orig_ctx)
+			p.rope_orig_ctx = 8192;
 	}
 	rc = gpud_mkmodel(&p, err, sizeof(err));
 	if (rc) {

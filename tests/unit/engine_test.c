@@ -638,6 +638,27 @@ static void test_cli(void **state)
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_true(strlen(out) > 2 && strspn(out, "0123456789 \n") == strlen(out));
 
+	/* mkmodel through the binary, then run what it wrote: every weight
+	 * type, GQA, tied output, Llama 3 rope scaling. */
+	static const char *types[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
+	for (int i = 0; i < 5; i++) {
+		snprintf(cmd, sizeof(cmd),
+			 "%s mkmodel --out %s/mk.gguf --dim 64 --layers 2 --heads 4 --kv-heads 2 "
+			 "--ffn 96 --vocab byte --type %s --seed %d --context 64 %s 2>&1 && "
+			 "%s generate --model %s/mk.gguf --prompt 'hello there' --max-tokens 8 "
+			 "--threads 2 --temperature 0.8 --top-k 40 --top-p 0.9 --min-p 0.05 --seed 3 "
+			 "2>&1 >/dev/null", GPUD_BIN, tmpdir, types[i], i + 1,
+			 i % 2 ? "--tied --rope-scale 32" : "", GPUD_BIN, tmpdir);
+		if (run(cmd, out, sizeof(out)))
+			fail_msg("%s: %s", types[i], out);
+		assert_non_null(strstr(out, "prompt tokens:"));
+	}
+	snprintf(cmd, sizeof(cmd), "%s mkmodel --dim 64 2>&1", GPUD_BIN);
+	assert_int_equal(run(cmd, out, sizeof(out)), 2); /* no --out */
+	snprintf(cmd, sizeof(cmd), "%s mkmodel --out %s/bad.gguf --dim 63 --heads 4 2>&1",
+		 GPUD_BIN, tmpdir);
+	assert_int_equal(run(cmd, out, sizeof(out)), 1);
+
 	snprintf(cmd, sizeof(cmd), "%s --version", GPUD_BIN);
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_non_null(strstr(out, "gpud "));
