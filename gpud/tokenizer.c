@@ -50,6 +50,12 @@ struct tok_entry {
 	uint8_t flags;    /* TF_* */
 };
 
+/* Vocab hash slot: one probe reads one 8-byte slot. */
+struct vslot {
+	uint32_t id1; /* id + 1; 0 = empty */
+	uint32_t tag; /* high bits of the text's hash */
+};
+
 struct merge_slot {
 	uint64_t key;   /* (left << 32) | right; MERGE_EMPTY when free */
 	uint32_t rank;  /* index in tokenizer.ggml.merges */
@@ -66,8 +72,7 @@ struct gpud_tokenizer {
 	char *blob;               /* token texts and decoded pieces */
 	size_t blob_len, blob_cap;
 
-	uint32_t *vh;             /* (vh_mask + 1) id + 1, 0 = empty */
-	uint32_t *vh_tag;         /* (vh_mask + 1) high hash bits */
+	struct vslot *vh;         /* (vh_mask + 1) */
 	uint32_t vh_mask;
 
 	struct merge_slot *mh;    /* (mh_mask + 1) */
@@ -84,8 +89,16 @@ struct gpud_tokenizer {
 
 	int32_t bos, eos, unk;
 	bool add_bos, add_space_prefix, ignore_merges;
+	bool spm_split;           /* no mergeable token has "▁" after another character */
 	enum gpud_chat_template chat;
 };
+
+/* Token types a merge may produce from plain text. */
+static inline bool mergeable(const struct gpud_tokenizer *t, int32_t id)
+{
+	uint8_t ty = t->tok[id].type;
+	return ty == TT_NORMAL || ty == TT_USER;
+}
 
 /* --- GPT-2 byte <-> code point map --------------------------------------- */
 
@@ -146,7 +159,8 @@ static uint64_t str_hash(const void *p, size_t n)
 		n -= 8;
 	}
 	uint64_t w = 0;
-	memcpy(&w, s, n);
+	for (size_t i = 0; i < n; i++) /* short tails: cheaper than memcpy */
+		w |= (uint64_t)s[i] << (8 * i);
 	return mix64(h ^ w);
 }
 
@@ -166,10 +180,10 @@ static int32_t vocab_lookup(const struct gpud_tokenizer *t, const void *text, si
 	uint32_t i = (uint32_t)h & t->vh_mask;
 
 	for (;; i = (i + 1) & t->vh_mask) {
-		uint32_t v = t->vh[i];
+		uint32_t v = t->vh[i].id1;
 		if (v == 0)
 			return -1;
-		if (t->vh_tag[i] != tag)
+		if (t->vh[i].tag != tag)
 			continue;
 		const struct tok_entry *e = &t->tok[v - 1];
 		if (e->len == len && memcmp(t->blob + e->off, text, len) == 0)
@@ -186,16 +200,16 @@ static void vocab_insert(struct gpud_tokenizer *t, int32_t id)
 	uint32_t i = (uint32_t)h & t->vh_mask;
 
 	for (;; i = (i + 1) & t->vh_mask) {
-		uint32_t v = t->vh[i];
+		uint32_t v = t->vh[i].id1;
 		if (v == 0)
 			break;
 		const struct tok_entry *o = &t->tok[v - 1];
-		if (t->vh_tag[i] == tag && o->len == e->len &&
+		if (t->vh[i].tag == tag && o->len == e->len &&
 		    memcmp(t->blob + o->off, t->blob + e->off, e->len) == 0)
 			break;
 	}
-	t->vh[i] = (uint32_t)id + 1;
-	t->vh_tag[i] = tag;
+	t->vh[i].id1 = (uint32_t)id + 1;
+	t->vh[i].tag = tag;
 }
 
 static const struct merge_slot *merge_find(const struct gpud_tokenizer *t, int32_t l, int32_t r)
@@ -313,16 +327,11 @@ static int vocab_reserve(struct gpud_tokenizer *t, uint64_t n_ids)
 		return 0;
 	if (cap >= (1ULL << 31))
 		return SW_ETOOLONG;
-	uint32_t *nv = calloc(2 * cap, sizeof(*nv)), *nt = calloc(2 * cap, sizeof(*nt));
-	if (!nv || !nt) {
-		free(nv);
-		free(nt);
+	struct vslot *nv = calloc(2 * cap, sizeof(*nv));
+	if (!nv)
 		return -ENOMEM;
-	}
 	free(t->vh);
-	free(t->vh_tag);
 	t->vh = nv;
-	t->vh_tag = nt;
 	t->vh_mask = (uint32_t)(2 * cap - 1);
 	for (int32_t id = 0; id < t->n_ids; id++)
 		vocab_insert(t, id);
@@ -538,8 +547,7 @@ static int load_tokens(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 	t->tok = calloc(n, sizeof(*t->tok));
 	uint32_t vcap = pow2_at_least(2 * n + 2);
 	t->vh = calloc(vcap, sizeof(*t->vh));
-	t->vh_tag = calloc(vcap, sizeof(*t->vh_tag));
-	if (!t->tok || !t->vh || !t->vh_tag)
+	if (!t->tok || !t->vh)
 		return -ENOMEM;
 	t->vh_mask = vcap - 1;
 
@@ -700,6 +708,19 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 			goto out_free;
 		}
 	}
+	t->spm_split = t->kind == KIND_SPM;
+	for (int32_t id = 0; t->spm_split && id < t->n_vocab; id++) {
+		const struct tok_entry *e = &t->tok[id];
+		const char *p = t->blob + e->off;
+		if (!mergeable(t, id))
+			continue;
+		for (uint32_t k = 1; k + 3 <= e->len; k++)
+			if (memcmp(p + k, "\xE2\x96\x81", 3) == 0 &&
+			    !(k >= 3 && memcmp(p + k - 3, "\xE2\x96\x81", 3) == 0)) {
+				t->spm_split = false;
+				break;
+			}
+	}
 	rc = build_special(t);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "tokenizer: out of memory");
@@ -729,7 +750,6 @@ void gpud_tokenizer_free(struct gpud_tokenizer *t)
 	free(t->tok);
 	free(t->blob);
 	free(t->vh);
-	free(t->vh_tag);
 	free(t->mh);
 	free(t->special);
 	free(t);
@@ -779,7 +799,7 @@ struct cand {
 	int32_t right;
 	uint32_t size; /* SPM: bytes of left+right when queued (staleness check) */
 	int32_t lid, rid; /* BPE: ids when queued (staleness check) */
-	int32_t res;      /* BPE: id of the merged pair */
+	int32_t res;      /* id of the merged pair */
 };
 
 struct heap {
@@ -841,13 +861,6 @@ struct sym {
 	int32_t id;     /* BPE: current token id (maybe synthetic) */
 };
 
-/* Token types a merge may produce from plain text. */
-static inline bool mergeable(const struct gpud_tokenizer *t, int32_t id)
-{
-	uint8_t ty = t->tok[id].type;
-	return ty == TT_NORMAL || ty == TT_USER;
-}
-
 /* --- SentencePiece ---------------------------------------------------------- */
 
 static void spm_try(const struct gpud_tokenizer *t, const char *buf, const struct sym *sy,
@@ -859,8 +872,13 @@ static void spm_try(const struct gpud_tokenizer *t, const char *buf, const struc
 	int32_t id = vocab_lookup(t, buf + sy[l].start, n);
 	if (id < 0 || id >= t->n_vocab || !mergeable(t, id))
 		return;
-	struct cand c = { .score = t->tok[id].score, .left = l, .right = r, .size = n };
+	struct cand c = { .score = t->tok[id].score, .left = l, .right = r, .size = n, .res = id };
 	heap_push(h, &c);
+}
+
+static inline bool is_sp(const char *buf, const struct sym *y)
+{
+	return y->len == 3 && memcmp(buf + y->start, "\xE2\x96\x81", 3) == 0;
 }
 
 /* Tokenizes one run of plain text (no special tokens inside). */
@@ -896,36 +914,54 @@ static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t l
 		sy[nsym].len = (uint32_t)k;
 		sy[nsym].prev = (int32_t)nsym - 1;
 		sy[nsym].next = i + k == n ? -1 : (int32_t)nsym + 1;
+		sy[nsym].id = -1;
 		nsym++;
 		i += k;
 	}
-	for (size_t i = 1; i < nsym; i++)
-		spm_try(t, buf, sy, (int32_t)i - 1, (int32_t)i, &h);
-	while (h.n > 0) {
-		struct cand c = heap_pop(&h);
-		struct sym *l = &sy[c.left], *r = &sy[c.right];
-		if (l->len == 0 || r->len == 0 || l->len + r->len != c.size)
-			continue;
-		l->len += r->len;
-		r->len = 0;
-		l->next = r->next;
-		if (r->next >= 0)
-			sy[r->next].prev = c.left;
-		spm_try(t, buf, sy, l->prev, c.left, &h);
-		spm_try(t, buf, sy, c.left, l->next, &h);
-	}
-	for (int32_t i = nsym ? 0 : -1; i >= 0; i = sy[i].next) {
-		int32_t id = vocab_lookup(t, buf + sy[i].start, sy[i].len);
-		if (id >= 0 && id < t->n_vocab) {
-			emit(o, id);
-			continue;
+	/* When no token can span a "x▁" boundary (see spm_split), the pieces
+	 * between such boundaries merge independently: same result, small
+	 * heaps that stay in cache. */
+	for (size_t a = 0, b; a < nsym; a = b) {
+		b = a + 1;
+		if (t->spm_split)
+			while (b < nsym && !(is_sp(buf, &sy[b]) && !is_sp(buf, &sy[b - 1])))
+				b++;
+		else
+			b = nsym;
+		sy[a].prev = -1;
+		sy[b - 1].next = -1;
+		h.n = 0;
+		for (size_t i = a + 1; i < b; i++)
+			spm_try(t, buf, sy, (int32_t)i - 1, (int32_t)i, &h);
+		while (h.n > 0) {
+			struct cand c = heap_pop(&h);
+			struct sym *l = &sy[c.left], *r = &sy[c.right];
+			if (l->len == 0 || r->len == 0 || l->len + r->len != c.size)
+				continue;
+			l->len += r->len;
+			l->id = c.res;
+			r->len = 0;
+			l->next = r->next;
+			if (r->next >= 0)
+				sy[r->next].prev = c.left;
+			spm_try(t, buf, sy, l->prev, c.left, &h);
+			spm_try(t, buf, sy, c.left, l->next, &h);
 		}
-		for (uint32_t j = 0; j < sy[i].len; j++) {
-			int32_t b = t->byte_tok[(uint8_t)buf[sy[i].start + j]];
-			if (b < 0)
-				b = t->unk;
-			if (b >= 0)
-				emit(o, b);
+		for (int32_t i = (int32_t)a; i >= 0; i = sy[i].next) {
+			int32_t id = sy[i].id;
+			if (id < 0) /* never merged: a single character */
+				id = vocab_lookup(t, buf + sy[i].start, sy[i].len);
+			if (id >= 0 && id < t->n_vocab) {
+				emit(o, id);
+				continue;
+			}
+			for (uint32_t j = 0; j < sy[i].len; j++) {
+				int32_t bt = t->byte_tok[(uint8_t)buf[sy[i].start + j]];
+				if (bt < 0)
+					bt = t->unk;
+				if (bt >= 0)
+					emit(o, bt);
+			}
 		}
 	}
 	return 0;
