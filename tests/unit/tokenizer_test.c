@@ -774,6 +774,149 @@ static void test_synthetic_spm(void **state)
 	gpud_tokenizer_free(NULL);
 }
 
+/* --- SentencePiece against a naive reference ------------------------------ */
+
+/* The textbook O(n^2) loop: merge the best-scoring adjacent pair (leftmost
+ * on ties) until none is a token; leftovers become <0xXX> bytes. */
+static size_t naive_spm(const struct gpud_tokenizer *t, const struct gpud_gguf *g,
+			const char *text, int32_t *out)
+{
+	char buf[512];
+	size_t st[512], ln[512], n = 0, len = 0, k = 0;
+
+	memcpy(buf, "\xE2\x96\x81", 3);
+	len = 3;
+	for (const char *p = text; *p; p++) {
+		if (*p == ' ') {
+			memcpy(buf + len, "\xE2\x96\x81", 3);
+			len += 3;
+		} else {
+			buf[len++] = *p;
+		}
+	}
+	for (size_t i = 0; i < len;) {
+		uint8_t c = (uint8_t)buf[i];
+		size_t l = c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+		st[n] = i;
+		ln[n++] = l;
+		i += l;
+	}
+	for (;;) {
+		long best = -1;
+		float bs = 0;
+		for (size_t i = 0; i + 1 < n; i++) {
+			int32_t id = gpud_tokenizer_find(t, buf + st[i], ln[i] + ln[i + 1]);
+			int32_t ty = 1;
+			float sc = 0;
+			if (id < 0)
+				continue;
+			if (gpud_gguf_has(g, "tokenizer.ggml.token_type"))
+				assert_int_equal(gpud_gguf_arr_i32(g, "tokenizer.ggml.token_type",
+								   (uint64_t)id, &ty), 0);
+			if (ty != 1 && ty != 4)
+				continue;
+			assert_int_equal(gpud_gguf_arr_f32(g, "tokenizer.ggml.scores", (uint64_t)id,
+							   &sc), 0);
+			if (best < 0 || sc > bs) {
+				best = (long)i;
+				bs = sc;
+			}
+		}
+		if (best < 0)
+			break;
+		ln[best] += ln[best + 1];
+		memmove(st + best + 1, st + best + 2, (n - (size_t)best - 2) * sizeof(*st));
+		memmove(ln + best + 1, ln + best + 2, (n - (size_t)best - 2) * sizeof(*ln));
+		n--;
+	}
+	for (size_t i = 0; i < n; i++) {
+		int32_t id = gpud_tokenizer_find(t, buf + st[i], ln[i]);
+		if (id >= 0) {
+			out[k++] = id;
+			continue;
+		}
+		for (size_t j = 0; j < ln[i]; j++) {
+			char hex[8];
+			snprintf(hex, sizeof(hex), "<0x%02X>", (uint8_t)buf[st[i] + j]);
+			id = gpud_tokenizer_find(t, hex, 6);
+			out[k++] = id;
+		}
+	}
+	return k;
+}
+
+static void random_vs_naive(const char *path, const char *const *alphabet, size_t na, int rounds)
+{
+	struct gpud_gguf *g = NULL;
+	struct gpud_tokenizer *t = NULL;
+	char err[256], text[200];
+	int32_t a[600], b[600];
+	uint64_t x = 88172645463325252ULL;
+
+	assert_int_equal(gpud_gguf_open(&g, path, err, sizeof(err)), 0);
+	assert_int_equal(gpud_tokenizer_load(&t, g, err, sizeof(err)), 0);
+	for (int r = 0; r < rounds; r++) {
+		size_t len = 0;
+		x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+		int parts = 1 + (int)(x % 30);
+		for (int p = 0; p < parts; p++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			const char *s = alphabet[x % na];
+			if (len + strlen(s) >= sizeof(text))
+				break;
+			memcpy(text + len, s, strlen(s));
+			len += strlen(s);
+		}
+		text[len] = '\0';
+		size_t nb = naive_spm(t, g, text, b);
+		size_t na2 = enc(t, text, len, 0, a, 600);
+		if (na2 != nb || memcmp(a, b, nb * sizeof(*a)) != 0) {
+			fprintf(stderr, "  \"%s\"\n", text);
+			print_ids("naive", b, nb);
+			print_ids("got  ", a, na2);
+			fail();
+		}
+	}
+	gpud_tokenizer_free(t);
+	gpud_gguf_close(g);
+}
+
+static void test_spm_random_vs_naive(void **state)
+{
+	(void)state;
+	static const char *const alpha[] = {
+		"a", "b", "e", "t", "h", "the", "ing", " ", "  ", "\n", "1", "23", "x", "q",
+		"\xC3\xA9", "\xF0\x9F\xA6\x99", "\xE4\xBD\xA0", "Hello", ".", "'", "\t", "z",
+	};
+	random_vs_naive(VOCAB_DIR "ggml-vocab-llama-spm.gguf", alpha, 22, 400);
+
+	/* A vocab where a token spans "x▁" so runs cannot be split. */
+	const char *toks[] = { "<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b",
+			       "a\xE2\x96\x81" "b", "\xE2\x96\x81" "a", "ab", "<0x63>",
+			       "b\xE2\x96\x81", "\xE2\x96\x81\xE2\x96\x81" };
+	const float scores[] = { 0, 0, 0, -1, -2, -2, -0.5f, -1.5f, -1, 0, -0.7f, -3 };
+	const int32_t types[] = { 2, 3, 3, 1, 1, 1, 1, 1, 1, 6, 1, 1 };
+	struct vspec v = { .model = "llama", .tokens = toks, .n = 12,
+			   .scores = scores, .n_scores = 12, .types = types, .n_types = 12,
+			   .add_bos = -1, .add_space_prefix = -1, .bos = 1, .eos = 2, .eot = -1 };
+	struct gpud_gguf_writer *w = NULL;
+	struct gpud_gguf_str strs[12];
+	char err[256];
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "tokenizer.ggml.model", v.model), 0);
+	for (size_t i = 0; i < v.n; i++)
+		strs[i] = (struct gpud_gguf_str){ toks[i], strlen(toks[i]) };
+	assert_int_equal(gpud_gguf_w_arr_str(w, "tokenizer.ggml.tokens", strs, v.n), 0);
+	assert_int_equal(gpud_gguf_w_arr(w, "tokenizer.ggml.scores", GPUD_GGUF_F32, scores, 12), 0);
+	assert_int_equal(gpud_gguf_w_arr(w, "tokenizer.ggml.token_type", GPUD_GGUF_I32, types, 12), 0);
+	snprintf(tmp_path, sizeof(tmp_path), "/tmp/tokenizer_test.%d.gguf", (int)getpid());
+	assert_int_equal(gpud_gguf_w_write(w, tmp_path, err, sizeof(err)), 0);
+	gpud_gguf_writer_free(w);
+	static const char *const ab[] = { "a", "b", " ", "c", "ab", "  " };
+	random_vs_naive(tmp_path, ab, 6, 400);
+	unlink(tmp_path);
+}
+
 /* --- chat templates ----------------------------------------------------------- */
 
 static void test_chat_format(void **state)
@@ -883,6 +1026,7 @@ int main(void)
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_synthetic_bpe),
 		cmocka_unit_test(test_synthetic_spm),
+		cmocka_unit_test(test_spm_random_vs_naive),
 		cmocka_unit_test(test_chat_format),
 		cmocka_unit_test(test_chat_detect),
 	};
