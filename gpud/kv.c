@@ -12,11 +12,14 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/pool.h"
 
 /* Debug builds check the pool accounting after every change (DESIGN §2). */
 #ifdef SW_DEBUG
 #include <assert.h>
-#define KV_ACCOUNT(kv) assert((kv)->n_used + (kv)->n_free == (kv)->p.n_blocks)
+#define KV_ACCOUNT(kv)                                                              \
+	assert((kv)->n_used == sw_pool_used((kv)->pool) &&                          \
+	       sw_pool_used((kv)->pool) + sw_pool_free_count((kv)->pool) == (kv)->p.n_blocks)
 #else
 #define KV_ACCOUNT(kv) ((void)0)
 #endif
@@ -30,9 +33,8 @@ struct kv_seq {
 struct gpud_kv {
 	struct gpud_kv_params p;
 	uint32_t max_blocks_seq; /* ceil(max_ctx / block_tokens) */
-	uint32_t *free_stack;    /* (n_blocks) free block indices, top at n_free-1 */
-	uint32_t n_free;
-	uint32_t n_used;         /* counted apart from n_free so the two can be checked */
+	struct sw_pool *pool;    /* n_blocks indices; owner tag = slot + 1 */
+	uint32_t n_used;         /* blocks in tables, counted apart from the pool */
 	uint32_t *tables;        /* (max_seqs, max_blocks_seq) */
 	struct kv_seq *seqs;     /* (max_seqs) */
 	uint32_t n_seqs;
@@ -52,17 +54,13 @@ int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p)
 		return -ENOMEM;
 	kv->p = *p;
 	kv->max_blocks_seq = (p->max_ctx + p->block_tokens - 1) / p->block_tokens;
-	kv->free_stack = malloc(sizeof(*kv->free_stack) * p->n_blocks);
 	kv->tables = malloc(sizeof(*kv->tables) * (size_t)p->max_seqs * kv->max_blocks_seq);
 	kv->seqs = calloc(p->max_seqs, sizeof(*kv->seqs));
-	if (!kv->free_stack || !kv->tables || !kv->seqs) {
+	if (!kv->tables || !kv->seqs ||
+	    sw_pool_create_index(&kv->pool, "kv", p->n_blocks)) {
 		gpud_kv_destroy(kv);
 		return -ENOMEM;
 	}
-	/* Lowest indices on top so a fresh pool hands out 0, 1, 2, ... */
-	for (uint32_t i = 0; i < p->n_blocks; i++)
-		kv->free_stack[i] = p->n_blocks - 1 - i;
-	kv->n_free = p->n_blocks;
 	*out = kv;
 	return 0;
 }
@@ -71,7 +69,7 @@ void gpud_kv_destroy(struct gpud_kv *kv)
 {
 	if (!kv)
 		return;
-	free(kv->free_stack);
+	sw_pool_destroy(kv->pool);
 	free(kv->tables);
 	free(kv->seqs);
 	free(kv);
@@ -107,7 +105,7 @@ static void release_from(struct gpud_kv *kv, uint32_t seq, uint32_t keep)
 	uint32_t *t = seq_table(kv, seq);
 
 	while (s->n_blocks > keep) {
-		kv->free_stack[kv->n_free++] = t[--s->n_blocks];
+		sw_pool_free_index(kv->pool, t[--s->n_blocks]);
 		kv->n_used--;
 	}
 	KV_ACCOUNT(kv);
@@ -136,13 +134,14 @@ int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens)
 	need = (n_tokens + kv->p.block_tokens - 1) / kv->p.block_tokens;
 	if (need <= s->n_blocks)
 		return 0;
-	if (need - s->n_blocks > kv->n_free) {
+	if (need - s->n_blocks > sw_pool_free_count(kv->pool)) {
 		kv->exhausted++;
 		return SW_EEXHAUSTED;
 	}
 	t = seq_table(kv, seq);
 	while (s->n_blocks < need) {
-		t[s->n_blocks++] = kv->free_stack[--kv->n_free];
+		/* Cannot fail: the free count was checked above. */
+		sw_pool_alloc_index(kv->pool, (uint64_t)seq + 1, &t[s->n_blocks++]);
 		kv->n_used++;
 	}
 	if (kv->n_used > kv->high)
@@ -191,12 +190,12 @@ const uint32_t *gpud_kv_block_table(const struct gpud_kv *kv, uint32_t seq, uint
 uint32_t gpud_kv_block_tokens(const struct gpud_kv *kv) { return kv->p.block_tokens; }
 uint32_t gpud_kv_max_seqs(const struct gpud_kv *kv) { return kv->p.max_seqs; }
 uint32_t gpud_kv_max_ctx(const struct gpud_kv *kv) { return kv->p.max_ctx; }
-uint32_t gpud_kv_free_blocks(const struct gpud_kv *kv) { return kv->n_free; }
+uint32_t gpud_kv_free_blocks(const struct gpud_kv *kv) { return sw_pool_free_count(kv->pool); }
 
 void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st)
 {
 	st->n_blocks = kv->p.n_blocks;
-	st->free = kv->n_free;
+	st->free = sw_pool_free_count(kv->pool);
 	st->used = kv->n_used;
 	st->high = kv->high;
 	st->seqs = kv->n_seqs;
@@ -207,17 +206,16 @@ int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 {
 	uint32_t n = kv->p.n_blocks, owned = 0, seqs = 0;
 	uint8_t *seen;
-	int rc = 0;
+	int rc;
 
+	/* The pool marks blocks while it walks its free list and restores
+	 * them before returning: logically const. */
+	rc = sw_pool_check((struct sw_pool *)kv->pool, err, errlen);
+	if (rc)
+		return rc;
 	seen = calloc(n, 1);
 	if (!seen)
 		return -ENOMEM;
-	for (uint32_t i = 0; i < kv->n_free && !rc; i++) {
-		uint32_t b = kv->free_stack[i];
-		if (b >= n || seen[b]++)
-			rc = sw_seterr(err, errlen, SW_EFORMAT,
-				       "kv: free list entry %u (block %u) bad or repeated", i, b);
-	}
 	for (uint32_t s = 0; s < kv->p.max_seqs && !rc; s++) {
 		const struct kv_seq *q = &kv->seqs[s];
 		if (!q->used) {
@@ -233,17 +231,18 @@ int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 				       q->len, q->n_blocks);
 		for (uint32_t j = 0; j < q->n_blocks && !rc; j++) {
 			uint32_t b = seq_table(kv, s)[j];
-			if (b >= n || seen[b]++)
+			uint64_t owner = 0;
+			if (b >= n || seen[b]++ || sw_pool_owner(kv->pool, b, &owner) ||
+			    owner != (uint64_t)s + 1)
 				rc = sw_seterr(err, errlen, SW_EFORMAT,
-					       "kv: seq %u entry %u (block %u) bad or owned twice",
-					       s, j, b);
+					       "kv: seq %u entry %u (block %u) bad, free or owned "
+					       "twice", s, j, b);
 			owned++;
 		}
 	}
-	if (!rc && (owned + kv->n_free != n || owned != kv->n_used))
-		rc = sw_seterr(err, errlen, SW_EFORMAT,
-			       "kv: owned %u (counted %u) + free %u != capacity %u", owned,
-			       kv->n_used, kv->n_free, n);
+	if (!rc && (owned != kv->n_used || owned != sw_pool_used(kv->pool)))
+		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: tables hold %u blocks, counted %u, "
+			       "pool says %u", owned, kv->n_used, sw_pool_used(kv->pool));
 	if (!rc && seqs != kv->n_seqs)
 		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: %u slots in use, counted %u",
 			       seqs, kv->n_seqs);
