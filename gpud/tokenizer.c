@@ -172,6 +172,16 @@ static uint32_t pow2_at_least(uint64_t n)
 	return c;
 }
 
+/* Tokens are short: a byte loop beats a call to memcmp. */
+static inline bool bytes_eq(const void *a, const void *b, size_t n)
+{
+	const uint8_t *x = a, *y = b;
+	for (size_t i = 0; i < n; i++)
+		if (x[i] != y[i])
+			return false;
+	return true;
+}
+
 /* Id of text or -1; synthetic ids (>= n_vocab) included. */
 static int32_t vocab_lookup(const struct gpud_tokenizer *t, const void *text, size_t len)
 {
@@ -186,7 +196,7 @@ static int32_t vocab_lookup(const struct gpud_tokenizer *t, const void *text, si
 		if (t->vh[i].tag != tag)
 			continue;
 		const struct tok_entry *e = &t->tok[v - 1];
-		if (e->len == len && memcmp(t->blob + e->off, text, len) == 0)
+		if (e->len == len && bytes_eq(t->blob + e->off, text, len))
 			return (int32_t)(v - 1);
 	}
 }
@@ -876,9 +886,60 @@ static void spm_try(const struct gpud_tokenizer *t, const char *buf, const struc
 	heap_push(h, &c);
 }
 
+/* Runs up to this many symbols merge with a linear scan over a small
+ * array of candidate pairs instead of the heap: same order (best first,
+ * leftmost on ties), no heap traffic. */
+#define SMALL_RUN 32
+
+/* Token formed by symbol i and its right neighbour, or -1. */
+static int32_t spm_pair(const struct gpud_tokenizer *t, const char *buf, const struct sym *sy,
+			int32_t i)
+{
+	int32_t r = sy[i].next;
+	if (r < 0)
+		return -1;
+	int32_t id = vocab_lookup(t, buf + sy[i].start, sy[i].len + sy[r].len);
+	if (id < 0 || id >= t->n_vocab || !mergeable(t, id))
+		return -1;
+	return id;
+}
+
+static void spm_merge_small(const struct gpud_tokenizer *t, const char *buf, struct sym *sy,
+			    int32_t a, int32_t b)
+{
+	int32_t pid[SMALL_RUN]; /* pair token of symbol a + k and its neighbour */
+
+	for (int32_t i = a; i < b; i++)
+		pid[i - a] = spm_pair(t, buf, sy, i);
+	for (;;) {
+		int32_t best = -1;
+		float bs = 0;
+		for (int32_t i = a; i >= 0; i = sy[i].next) {
+			int32_t id = pid[i - a];
+			if (id >= 0 && (best < 0 || t->tok[id].score > bs)) {
+				best = i;
+				bs = t->tok[id].score;
+			}
+		}
+		if (best < 0)
+			return;
+		struct sym *l = &sy[best], *r = &sy[l->next];
+		l->id = pid[best - a];
+		l->len += r->len;
+		r->len = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			sy[r->next].prev = best;
+		pid[best - a] = spm_pair(t, buf, sy, best);
+		if (l->prev >= 0)
+			pid[l->prev - a] = spm_pair(t, buf, sy, l->prev);
+	}
+}
+
 static inline bool is_sp(const char *buf, const struct sym *y)
 {
-	return y->len == 3 && memcmp(buf + y->start, "\xE2\x96\x81", 3) == 0;
+	const uint8_t *p = (const uint8_t *)buf + y->start;
+	return y->len == 3 && p[0] == 0xE2 && p[1] == 0x96 && p[2] == 0x81;
 }
 
 /* Tokenizes one run of plain text (no special tokens inside). */
@@ -931,8 +992,11 @@ static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t l
 		sy[a].prev = -1;
 		sy[b - 1].next = -1;
 		h.n = 0;
-		for (size_t i = a + 1; i < b; i++)
-			spm_try(t, buf, sy, (int32_t)i - 1, (int32_t)i, &h);
+		if (b - a <= SMALL_RUN)
+			spm_merge_small(t, buf, sy, (int32_t)a, (int32_t)b);
+		else
+			for (size_t i = a + 1; i < b; i++)
+				spm_try(t, buf, sy, (int32_t)i - 1, (int32_t)i, &h);
 		while (h.n > 0) {
 			struct cand c = heap_pop(&h);
 			struct sym *l = &sy[c.left], *r = &sy[c.right];
@@ -982,6 +1046,46 @@ static void bpe_try(const struct gpud_tokenizer *t, const struct sym *sy, int32_
 	heap_push(h, &c);
 }
 
+/* The merge of symbol i and its right neighbour, or NULL. */
+static const struct merge_slot *bpe_pair(const struct gpud_tokenizer *t, const struct sym *sy,
+					 int32_t i)
+{
+	int32_t r = sy[i].next;
+	if (r < 0 || sy[i].id < 0 || sy[r].id < 0)
+		return NULL;
+	return merge_find(t, sy[i].id, sy[r].id);
+}
+
+static void bpe_merge_small(const struct gpud_tokenizer *t, struct sym *sy, int32_t n)
+{
+	const struct merge_slot *pm[SMALL_RUN];
+
+	for (int32_t i = 0; i < n; i++)
+		pm[i] = bpe_pair(t, sy, i);
+	for (;;) {
+		int32_t best = -1;
+		uint32_t br = UINT32_MAX;
+		for (int32_t i = 0; i >= 0; i = sy[i].next) {
+			if (pm[i] && pm[i]->rank < br) {
+				best = i;
+				br = pm[i]->rank;
+			}
+		}
+		if (best < 0)
+			return;
+		struct sym *l = &sy[best], *r = &sy[l->next];
+		l->id = pm[best]->result;
+		l->len += r->len;
+		r->len = 0;
+		l->next = r->next;
+		if (r->next >= 0)
+			sy[r->next].prev = best;
+		pm[best] = bpe_pair(t, sy, best);
+		if (l->prev >= 0)
+			pm[l->prev] = bpe_pair(t, sy, l->prev);
+	}
+}
+
 /* Merges one pre-token (raw bytes) and emits its ids. */
 static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len, struct emit *o,
 		    struct sw_arena *ar)
@@ -1009,10 +1113,13 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 		}
 	}
 
-	struct sym *sy = sw_arena_alloc(ar, len * sizeof(*sy), _Alignof(struct sym));
+	struct sym small[SMALL_RUN];
+	struct sym *sy = len <= SMALL_RUN ? small
+			 : sw_arena_alloc(ar, len * sizeof(*sy), _Alignof(struct sym));
 	struct heap h = { .spm = false };
-	h.a = sw_arena_alloc(ar, 3 * len * sizeof(*h.a), _Alignof(struct cand));
-	if (!sy || !h.a)
+	h.a = len <= SMALL_RUN ? NULL
+	      : sw_arena_alloc(ar, 3 * len * sizeof(*h.a), _Alignof(struct cand));
+	if (!sy || (len > SMALL_RUN && !h.a))
 		return -ENOMEM;
 	for (size_t i = 0; i < len; i++) {
 		sy[i].start = (uint32_t)i;
@@ -1021,7 +1128,9 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 		sy[i].next = i + 1 == len ? -1 : (int32_t)i + 1;
 		sy[i].id = t->byte_tok[w[i]];
 	}
-	for (size_t i = 1; i < len; i++)
+	if (len <= SMALL_RUN)
+		bpe_merge_small(t, sy, (int32_t)len);
+	for (size_t i = 1; i < len && len > SMALL_RUN; i++)
 		bpe_try(t, sy, (int32_t)i - 1, (int32_t)i, &h);
 	while (h.n > 0) {
 		struct cand c = heap_pop(&h);
