@@ -202,6 +202,7 @@ struct cur {
 	const char *name;
 	char *err;
 	size_t errlen;
+	char ctx[96];   /* "kv 3 'key': " or "tensor 2 'name': " while inside one */
 };
 
 static size_t cur_left(const struct cur *c)
@@ -213,8 +214,8 @@ static int cur_need(struct cur *c, uint64_t n, const char *what)
 {
 	if (n > cur_left(c))
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
-				 "%s: %s needs %" PRIu64 " bytes but only %zu remain (file is %zu bytes) at offset %zu",
-				 c->name, what, n, cur_left(c), c->size, c->pos);
+				 "%s: %s%s needs %" PRIu64 " bytes but only %zu remain (file is %zu bytes) at offset %zu",
+				 c->name, c->ctx, what, n, cur_left(c), c->size, c->pos);
 	return 0;
 }
 
@@ -264,8 +265,8 @@ static int cur_str(struct cur *c, const uint8_t **s, uint64_t *len, const char *
 	if (n > cur_left(c)) {
 		c->pos = at;
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
-				 "%s: %s length %" PRIu64 " runs past end of file (%zu bytes remain) at offset %zu",
-				 c->name, what, n, cur_left(c) - 8, at);
+				 "%s: %s%s length %" PRIu64 " runs past end of file (%zu bytes remain) at offset %zu",
+				 c->name, c->ctx, what, n, cur_left(c) - 8, at);
 	}
 	*s = c->p + c->pos;
 	*len = n;
@@ -396,6 +397,7 @@ static int parse_kv(struct cur *c, struct gguf_kv *kv, uint64_t idx)
 	kv->key = strndup((const char *)key, klen);
 	if (!kv->key)
 		return -ENOMEM;
+	snprintf(c->ctx, sizeof(c->ctx), "kv %" PRIu64 " '%.60s': ", idx, kv->key);
 	size_t tpos = c->pos;
 	if ((rc = cur_u32(c, &t, "value type")))
 		return rc;
@@ -437,6 +439,7 @@ static int parse_kv(struct cur *c, struct gguf_kv *kv, uint64_t idx)
 	}
 	}
 	kv->val_len = c->pos - kv->val_off;
+	c->ctx[0] = 0;
 	return 0;
 }
 
@@ -461,6 +464,7 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 	t->name = strndup((const char *)name, nlen);
 	if (!t->name)
 		return -ENOMEM;
+	snprintf(c->ctx, sizeof(c->ctx), "tensor %" PRIu64 " '%.60s': ", idx, t->name);
 	size_t ndpos = c->pos;
 	if ((rc = cur_u32(c, &nd, "tensor n_dims")))
 		return rc;
@@ -508,6 +512,7 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 	if ((rc = cur_u64(c, &t->offset, "tensor offset")))
 		return rc;
 	(void)opos;
+	c->ctx[0] = 0;
 	return 0;
 }
 
