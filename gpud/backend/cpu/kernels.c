@@ -413,6 +413,35 @@ static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
+/* Quantized weights with batch >= GPUD__MM_FLOAT_BATCH: fp32 dot products
+ * over the dequantized row, 256 columns at a time; y holds the running sums
+ * so that each element is still one sequential sum. */
+static void mm_rows_ref_float(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	enum { KC = 256 };
+	float w[KC];
+
+	for (int64_t r = r0; r < r1; r++) {
+		const uint8_t *row = m->W + (size_t)r * m->wrow;
+
+		for (int64_t b = 0; b < m->batch; b++)
+			m->y[b * m->rows + r] = 0.0f;
+		for (int64_t k0 = 0; k0 < m->cols; k0 += KC) {
+			int64_t kc = m->cols - k0 < KC ? m->cols - k0 : KC;
+
+			dequantize_row_ref(m->wtype, row + row_bytes(m->wtype, k0), w, kc);
+			for (int64_t b = 0; b < m->batch; b++) {
+				const float *x = m->x + b * m->cols + k0;
+				float acc = m->y[b * m->rows + r];
+
+				for (int64_t c = 0; c < kc; c++)
+					acc += w[c] * x[c];
+				m->y[b * m->rows + r] = acc;
+			}
+		}
+	}
+}
+
 struct mm_job {
 	const struct gpud__mm *m;
 	void (*rows)(const struct gpud__mm *m, int64_t r0, int64_t r1);
@@ -452,11 +481,13 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 
 	if (rows <= 0 || batch <= 0)
 		return;
+	if (is_quant(wtype) && batch >= GPUD__MM_FLOAT_BATCH)
+		job.rows = mm_rows_ref_float;
 #ifdef GPUD_HAVE_X86
 	if (vec)
 		job.rows = gpud__x86_mm_rows;
 #endif
-	if (is_quant(wtype)) {
+	if (is_quant(wtype) && batch < GPUD__MM_FLOAT_BATCH) {
 		struct gpud__act_q8 *xq = scratch;
 		int64_t nb = cols / GPUD_QK;
 

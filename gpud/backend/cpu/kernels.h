@@ -4,9 +4,12 @@
  *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
  *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
- * Quantized weights are used in place: activations are quantized to 8 bits
- * (32 per block, one fp32 scale per block) once per row of x and per
- * gpud_matmul call, and the dot products run on the integer blocks.
+ * Quantized weights are used in place. For a batch below 4 (decode, where
+ * reading the weights is the cost) activations are quantized to 8 bits (32
+ * per block, one fp32 scale per block) once per row of x and per
+ * gpud_matmul call, and the dot products run on the integer blocks. From a
+ * batch of 4 on (compute-bound) weights are unpacked to fp32 once per tile
+ * and multiplied with the fp32 activations, which is faster and exact in x.
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions are
  * chosen at run time (gpud_cpu_features()). The portable versions are the
@@ -68,7 +71,7 @@ unsigned gpud_cpu_features(void);
 void gpud_cpu_set_features(unsigned mask);
 
 /* Scratch bytes gpud_matmul needs for a weight type, width and batch
- * (0 for f32, f16 and bf16 weights). */
+ * (0 for f32, f16 and bf16 weights; enough for any batch path). */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
@@ -80,7 +83,9 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
  * gpud_matmul_scratch_bytes() bytes, 4-byte aligned (may be NULL when
  * that is 0); nothing is allocated. y must not overlap x, W or scratch.
  * Deterministic: the result does not depend on the pool's thread count
- * (each y element is computed by one thread in a fixed order). */
+ * (each y element is computed by one thread in a fixed order) nor on the
+ * other columns of the batch; for q8_0/q4_0 it does depend on whether the
+ * batch is below 4 (see above). */
 void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);

@@ -19,6 +19,12 @@ struct gpud__act_q8 {
 	int8_t qs[GPUD_QK];
 };
 
+/* From this batch on, quantized weights are dequantized to fp32 and
+ * multiplied with fp32 x (no activation quantization): FMAs beat the integer
+ * path once the unpacking is shared by several columns. Below it, x is
+ * quantized to 8 bits and the dot products are integer. */
+#define GPUD__MM_FLOAT_BATCH 4
+
 struct gpud__mm {
 	enum gpud_type wtype;
 	const uint8_t *W;                /* (rows, cols) in wtype */

@@ -201,6 +201,135 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 	}
 }
 
+/* ---- quantized weights, batch >= GPUD__MM_FLOAT_BATCH ------------------
+ * Three rows are dequantized to fp32 (w = d * q, the dequantize_row values)
+ * into a small buffer, QB_KC columns at a time, and every batch column runs
+ * fp32 FMAs against it: 4 FMAs per 32-weight block and column instead of
+ * ~7 integer/convert/scale operations, the unpacking paid once per row
+ * chunk for up to QB_BC columns. Partial accumulators wait in accs[] between
+ * column chunks, so each element still sums its row in one fixed order. */
+#define QB_ROWS 3
+#ifndef QB_KC
+#define QB_KC 512
+#endif
+#define QB_BC 32
+
+struct qb_state {
+	float w[QB_ROWS][QB_KC] __attribute__((aligned(32))); /* (3, QB_KC) */
+	__m256 acc[QB_ROWS][QB_BC];                           /* (3, QB_BC) */
+};
+
+TGT_INLINE void qb_tile(const struct gpud__mm *m, struct qb_state *st, int64_t k0,
+			int64_t kc, int64_t b0, int bi, int BT)
+{
+	const float *x[4];
+	__m256 acc[QB_ROWS][4];
+
+	for (int b = 0; b < BT; b++)
+		x[b] = m->x + (b0 + bi + b) * m->cols + k0;
+#pragma GCC unroll 4
+	for (int r = 0; r < QB_ROWS; r++)
+#pragma GCC unroll 4
+		for (int b = 0; b < BT; b++)
+			acc[r][b] = st->acc[r][bi + b];
+	for (int64_t c = 0; c < kc; c += 8) {
+		__m256 wv[QB_ROWS];
+
+#pragma GCC unroll 4
+		for (int r = 0; r < QB_ROWS; r++)
+			wv[r] = _mm256_load_ps(&st->w[r][c]);
+#pragma GCC unroll 4
+		for (int b = 0; b < BT; b++) {
+			__m256 xv = _mm256_loadu_ps(x[b] + c);
+
+#pragma GCC unroll 4
+			for (int r = 0; r < QB_ROWS; r++)
+				acc[r][b] = _mm256_fmadd_ps(wv[r], xv, acc[r][b]);
+		}
+	}
+#pragma GCC unroll 4
+	for (int r = 0; r < QB_ROWS; r++)
+#pragma GCC unroll 4
+		for (int b = 0; b < BT; b++)
+			st->acc[r][bi + b] = acc[r][b];
+}
+
+/* Blocks [k0, k0 + kc) of one quantized row as fp32; zeros when row is NULL
+ * (padding rows past the end of the matrix). */
+TGT_INLINE void qb_dequant(enum gpud_type QT, const uint8_t *row, int64_t k0, int64_t kc,
+			   float *out)
+{
+	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
+					       : sizeof(struct gpud_block_q4_0);
+
+	if (!row) {
+		for (int64_t c = 0; c < kc; c += 8)
+			_mm256_store_ps(out + c, _mm256_setzero_ps());
+		return;
+	}
+	for (int64_t i = 0; i < kc / GPUD_QK; i++) {
+		const uint8_t *blk = row + (size_t)(k0 / GPUD_QK + i) * bsz;
+		__m256i q;
+		__m256 d;
+		uint16_t h;
+
+		memcpy(&h, blk, sizeof(h));
+		d = _mm256_set1_ps(h2f(h));
+		q = QT == GPUD_TYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
+					 : unpack_q4(blk + 2);
+		_mm256_store_ps(out + 32 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+			_mm256_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
+		_mm256_store_ps(out + 32 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+			_mm256_cvtepi8_epi32(_mm_srli_si128(_mm256_castsi256_si128(q), 8)))));
+		_mm256_store_ps(out + 32 * i + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+			_mm256_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))));
+		_mm256_store_ps(out + 32 * i + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
+			_mm256_cvtepi8_epi32(_mm_srli_si128(_mm256_extracti128_si256(q, 1), 8)))));
+	}
+}
+
+TGT_INLINE void rows_qf(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int64_t r1)
+{
+	struct qb_state st;
+
+	for (int64_t r = r0; r < r1; r += QB_ROWS) {
+		int64_t rt = r1 - r < QB_ROWS ? r1 - r : QB_ROWS;
+
+		for (int64_t b0 = 0; b0 < m->batch; b0 += QB_BC) {
+			int64_t bc = m->batch - b0 < QB_BC ? m->batch - b0 : QB_BC;
+			int64_t bi;
+
+			for (int i = 0; i < QB_ROWS; i++)
+				for (int64_t b = 0; b < bc; b++)
+					st.acc[i][b] = _mm256_setzero_ps();
+			for (int64_t k0 = 0; k0 < m->cols; k0 += QB_KC) {
+				int64_t kc = m->cols - k0 < QB_KC ? m->cols - k0 : QB_KC;
+
+				for (int i = 0; i < QB_ROWS; i++)
+					qb_dequant(QT, i < rt ? m->W + (size_t)(r + i) * m->wrow : NULL,
+						   k0, kc, st.w[i]);
+				for (bi = 0; bi + 4 <= bc; bi += 4)
+					qb_tile(m, &st, k0, kc, b0, (int)bi, 4);
+				for (; bi < bc; bi++)
+					qb_tile(m, &st, k0, kc, b0, (int)bi, 1);
+			}
+			for (int i = 0; i < rt; i++)
+				for (int64_t b = 0; b < bc; b++)
+					m->y[(b0 + b) * m->rows + r + i] = hsum8(st.acc[i][b]);
+		}
+	}
+}
+
+TGT static void rows_qf_q8_0(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_qf(m, GPUD_TYPE_Q8_0, r0, r1);
+}
+
+TGT static void rows_qf_q4_0(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_qf(m, GPUD_TYPE_Q4_0, r0, r1);
+}
+
 /* Walks rows [r0, r1) in tiles; see the header comment for the shapes.
  * RB x BB is the tile used when the batch is at least BB. */
 #define DEFINE_ROWS(name, tile, T, RB, BB)                                     \
@@ -239,10 +368,16 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	switch (m->wtype) {
 	case GPUD_TYPE_Q8_0:
-		rows_q8_0(m, r0, r1);
+		if (m->batch >= GPUD__MM_FLOAT_BATCH)
+			rows_qf_q8_0(m, r0, r1);
+		else
+			rows_q8_0(m, r0, r1);
 		break;
 	case GPUD_TYPE_Q4_0:
-		rows_q4_0(m, r0, r1);
+		if (m->batch >= GPUD__MM_FLOAT_BATCH)
+			rows_qf_q4_0(m, r0, r1);
+		else
+			rows_q4_0(m, r0, r1);
 		break;
 	case GPUD_TYPE_F32:
 		rows_f32(m, r0, r1);
