@@ -740,6 +740,12 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 	t->bos = get_id(g, t, "tokenizer.ggml.bos_token_id");
 	t->eos = get_id(g, t, "tokenizer.ggml.eos_token_id");
 	t->unk = get_id(g, t, "tokenizer.ggml.unknown_token_id");
+	/* Bytes without a token become the unknown token only when it is one:
+	 * StarCoder names <|endoftext|> (control, EOS) as unknown_token_id,
+	 * and EOS must never come out of plain text. Otherwise such bytes
+	 * are dropped, as llama.cpp does. */
+	if (t->unk >= 0 && t->tok[t->unk].type != TT_UNKNOWN)
+		t->unk = -1;
 	for (int32_t id = 0; t->unk < 0 && id < t->n_vocab; id++)
 		if (t->tok[id].type == TT_UNKNOWN)
 			t->unk = id; /* no key: the vocab's own unknown token */

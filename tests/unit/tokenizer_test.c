@@ -917,6 +917,174 @@ static void test_spm_random_vs_naive(void **state)
 	unlink(tmp_path);
 }
 
+/* --- random text: properties every vocabulary must keep ------------------- */
+
+static uint64_t rng_next(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+/* True when s[0..n) is valid UTF-8 (strict). */
+static bool valid_utf8(const char *s, size_t n)
+{
+	const uint8_t *p = (const uint8_t *)s;
+	for (size_t i = 0; i < n;) {
+		uint32_t cp;
+		size_t k;
+		if (p[i] < 0x80) {
+			i++;
+			continue;
+		}
+		if (p[i] >= 0xC2 && p[i] <= 0xDF)
+			k = 2, cp = p[i] & 0x1F;
+		else if (p[i] >= 0xE0 && p[i] <= 0xEF)
+			k = 3, cp = p[i] & 0x0F;
+		else if (p[i] >= 0xF0 && p[i] <= 0xF4)
+			k = 4, cp = p[i] & 0x07;
+		else
+			return false;
+		if (i + k > n)
+			return false;
+		for (size_t j = 1; j < k; j++) {
+			if ((p[i + j] & 0xC0) != 0x80)
+				return false;
+			cp = (cp << 6) | (p[i + j] & 0x3F);
+		}
+		if ((k == 3 && cp < 0x800) || (k == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+		    (cp >= 0xD800 && cp <= 0xDFFF))
+			return false;
+		i += k;
+	}
+	return true;
+}
+
+static size_t put_cp(char *s, uint32_t cp)
+{
+	if (cp < 0x80) {
+		s[0] = (char)cp;
+		return 1;
+	}
+	if (cp < 0x800) {
+		s[0] = (char)(0xC0 | (cp >> 6));
+		s[1] = (char)(0x80 | (cp & 0x3F));
+		return 2;
+	}
+	if (cp < 0x10000) {
+		s[0] = (char)(0xE0 | (cp >> 12));
+		s[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+		s[2] = (char)(0x80 | (cp & 0x3F));
+		return 3;
+	}
+	s[0] = (char)(0xF0 | (cp >> 18));
+	s[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+	s[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+	s[3] = (char)(0x80 | (cp & 0x3F));
+	return 4;
+}
+
+/* Valid UTF-8 text round-trips exactly through encode and the streaming
+ * detokenizer; arbitrary bytes never crash, give in-range ids and decode
+ * to valid UTF-8; without PARSE_SPECIAL no control id appears. */
+static void test_random_text_properties(void **state)
+{
+	(void)state;
+	static const char *const names[] = {
+		"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf",
+		"ggml-vocab-starcoder.gguf", "ggml-vocab-llama-bpe.gguf",
+	};
+	static const uint32_t pool[] = { ' ', ' ', ' ', '\n', '\t', '\r', 'a', 'Z', '0', '7', '\'',
+					 's', '!', 0xA0, 0x3000, 0x2581, 0xBD, 0x0301, 0x200D,
+					 0x1F999, 0xFFFD, 0x10FFFF, 0xE000, 0x0085 };
+	uint64_t x = 0x9E3779B97F4A7C15ULL;
+	char text[512], back[4096];
+	int32_t ids[1024];
+
+	for (size_t v = 0; v < sizeof(names) / sizeof(names[0]); v++) {
+		char path[128];
+		snprintf(path, sizeof(path), VOCAB_DIR "%s", names[v]);
+		struct gpud_tokenizer *t = load_path(path);
+		int32_t nv = gpud_tokenizer_n_vocab(t);
+		if (v == 3) {
+			/* StarCoder has no token for byte F1 and its unknown_token_id
+			 * is <|endoftext|> (control, EOS): the byte is dropped, EOS
+			 * never comes out of text. */
+			size_t n = enc(t, "a\xF1\x8F\xB2\x95", 5, 0, ids, 1024);
+			assert_true(n >= 1);
+			assert_false(contains(ids, n, 0));
+		}
+		for (int r = 0; r < 150; r++) {
+			size_t len = 0, want = rng_next(&x) % 120;
+			while (len < want) {
+				uint64_t z = rng_next(&x);
+				uint32_t cp;
+				switch (z % 4) {
+				case 0:
+					cp = pool[(z >> 8) % (sizeof(pool) / sizeof(pool[0]))];
+					break;
+				case 1:
+					cp = 0x20 + (uint32_t)((z >> 8) % 0x5F);
+					break;
+				case 2:
+					cp = (uint32_t)((z >> 8) % 0x3000);
+					break;
+				default:
+					cp = (uint32_t)((z >> 8) % 0x110000);
+					break;
+				}
+				if ((cp >= 0xD800 && cp <= 0xDFFF) || cp == 0)
+					cp = 'x';
+				/* Planes 4-7 (unassigned) start with byte F1, which
+				 * StarCoder's vocabulary cannot represent. */
+				if (cp >= 0x40000 && cp < 0x80000)
+					cp = 0x10000 + (cp & 0xFFFF);
+				len += put_cp(text + len, cp);
+			}
+			size_t n = enc(t, text, len, 0, ids, 1024);
+			for (size_t i = 0; i < n; i++) {
+				char pc[1024];
+				assert_true(ids[i] >= 0 && ids[i] < nv);
+				/* control ids give "" as plain pieces: none may appear */
+				int pl = gpud_tokenizer_piece(t, ids[i], false, pc, sizeof(pc));
+				if (pl <= 0)
+					fail_msg("%s: id %d has piece %d", names[v], ids[i], pl);
+			}
+			size_t bl = detok_all(t, ids, n, back, sizeof(back));
+			if (v < 2) {
+				/* SentencePiece cannot tell a literal "▁" from a space. */
+				char *q;
+				while ((q = memmem(text, len, "\xE2\x96\x81", 3)) != NULL) {
+					*q = ' ';
+					memmove(q + 1, q + 3, len - (size_t)(q + 3 - text));
+					len -= 2;
+				}
+			}
+			if (bl != len || memcmp(back, text, len) != 0) {
+				fprintf(stderr, "  %s: round trip failed for %zu bytes\n", names[v], len);
+				for (size_t i = 0; i < len; i++)
+					fprintf(stderr, "%02x%s", (uint8_t)text[i],
+						i + 1 < len && (i + 1 >= bl || back[i + 1] == text[i + 1]) ? "" : "|");
+				fprintf(stderr, "\n");
+				for (size_t i = 0; i < bl; i++)
+					fprintf(stderr, "%02x", (uint8_t)back[i]);
+				fprintf(stderr, "\n");
+				fail();
+			}
+			/* arbitrary bytes */
+			for (size_t i = 0; i < 64; i++)
+				text[i] = (char)rng_next(&x);
+			n = enc(t, text, 64, GPUD_TOK_PARSE_SPECIAL, ids, 1024);
+			for (size_t i = 0; i < n; i++)
+				assert_true(ids[i] >= 0 && ids[i] < nv);
+			bl = detok_all(t, ids, n, back, sizeof(back));
+			assert_true(valid_utf8(back, bl));
+		}
+		gpud_tokenizer_free(t);
+	}
+}
+
 /* --- chat templates ----------------------------------------------------------- */
 
 static void test_chat_format(void **state)
@@ -1027,6 +1195,7 @@ int main(void)
 		cmocka_unit_test(test_synthetic_bpe),
 		cmocka_unit_test(test_synthetic_spm),
 		cmocka_unit_test(test_spm_random_vs_naive),
+		cmocka_unit_test(test_random_text_properties),
 		cmocka_unit_test(test_chat_format),
 		cmocka_unit_test(test_chat_detect),
 	};
