@@ -1,12 +1,18 @@
 /* batch_test.c - K sequences decoded together in one ragged batch produce
- * exactly (bit for bit) what K separate runs produce.
+ * what K separate runs produce.
  *
- * Why bitwise is expected: every row of every matmul is computed by one
- * thread with the same block order whatever the batch (gpud_matmul's
- * contract), activation quantization is per row, attention runs per
- * (token, head) over the token's own sequence only, and elementwise ops
- * do not mix rows. A difference here means sequences leak into each other
- * or the batch size changes arithmetic.
+ * F32/F16/BF16 weights: bit for bit. Every row of every matmul is computed
+ * by one thread with the same block order whatever the batch, attention
+ * runs per (token, head) over the token's own sequence, and elementwise
+ * ops do not mix rows; a difference means sequences leak into each other.
+ *
+ * Q8_0/Q4_0 weights: not bitwise, by design of gpud_matmul: a step of
+ * fewer than GPUD__MM_FLOAT_BATCH (4) tokens quantizes activations to Q8_0
+ * and uses integer dot products, a larger step uses fp32 activations
+ * against dequantized weights. A decode token alone (1-token step) and the
+ * same token among K in a step therefore round differently. The test
+ * bounds that difference (relative, per logits row, as in reference_test)
+ * and checks it really is only that: with teacher forcing, the same inputs.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -131,16 +137,30 @@ static void run_together(struct gpud_engine *e, struct run *r, uint32_t nv, bool
 			uint32_t k = who[i];
 			const float *l = gpud_engine_logits(e, i);
 			memcpy(r->logits[k] + (size_t)t_of[k] * nv, l, nv * sizeof(float));
-			if (t_of[k] < DECODE)
-				r->gen[k][t_of[k]] = argmax(l, nv);
-			t_of[k]++;
+			t_of[k]++; /* inputs are the separate run's tokens (teacher forcing) */
 		}
 	}
 	for (uint32_t k = 0; k < K; k++)
 		assert_int_equal(gpud_engine_seq_free(e, seq[k]), 0);
 }
 
-static void check_model(const char *path, int threads)
+/* Worst per-row max-abs difference over max-abs of a. */
+static double rel_diff(const float *a, const float *b, uint32_t rows, uint32_t nv)
+{
+	double worst = 0;
+	for (uint32_t t = 0; t < rows; t++) {
+		double md = 0, mr = 0;
+		for (uint32_t v = 0; v < nv; v++) {
+			md = fmax(md, fabs(a[(size_t)t * nv + v] - b[(size_t)t * nv + v]));
+			mr = fmax(mr, fabs(a[(size_t)t * nv + v]));
+		}
+		worst = fmax(worst, md / mr);
+	}
+	return worst;
+}
+
+/* bound 0: bitwise equality required. */
+static void check_model(const char *path, int threads, double bound)
 {
 	struct gpud_model *m = NULL;
 	char err[256];
@@ -161,19 +181,32 @@ static void check_model(const char *path, int threads)
 	for (int stagger = 0; stagger < 2; stagger++) {
 		memcpy(b->prompt, a->prompt, sizeof(a->prompt));
 		memcpy(b->n_prompt, a->n_prompt, sizeof(a->n_prompt));
+		memcpy(b->gen, a->gen, sizeof(a->gen));
 		for (uint32_t k = 0; k < K; k++)
 			b->logits[k] = malloc((size_t)(DECODE + 1) * nv * sizeof(float));
 		run_together(e, b, nv, stagger);
+		double worst = 0;
+		uint32_t same_argmax = 0;
 		for (uint32_t k = 0; k < K; k++) {
-			assert_memory_equal(a->gen[k], b->gen[k], sizeof(a->gen[k]));
-			if (memcmp(a->logits[k], b->logits[k], (size_t)(DECODE + 1) * nv * sizeof(float))) {
-				double md = 0;
-				for (size_t i = 0; i < (size_t)(DECODE + 1) * nv; i++)
-					md = fmax(md, fabs(a->logits[k][i] - b->logits[k][i]));
-				fail_msg("%s: sequence %u differs batched vs alone (max abs %.3g)", path, k,
-					 md);
-			}
+			bool equal = !memcmp(a->logits[k], b->logits[k],
+					     (size_t)(DECODE + 1) * nv * sizeof(float));
+			double r = rel_diff(a->logits[k], b->logits[k], DECODE + 1, nv);
+			if (bound == 0 && !equal)
+				fail_msg("%s: sequence %u differs batched vs alone (relative %.3g)", path,
+					 k, r);
+			worst = fmax(worst, r);
+			for (uint32_t t = 0; t <= DECODE; t++)
+				same_argmax += argmax(a->logits[k] + (size_t)t * nv, nv) ==
+					       argmax(b->logits[k] + (size_t)t * nv, nv);
 			free(b->logits[k]);
+		}
+		if (bound > 0) {
+			print_message("%s (stagger %d): batched vs alone worst relative %.3g, same "
+				      "argmax %u/%u rows\n", path, stagger, worst, same_argmax,
+				      K * (DECODE + 1));
+			assert_true(worst < bound);
+		} else {
+			assert_int_equal(same_argmax, K * (DECODE + 1));
 		}
 	}
 	struct gpud_engine_stats st;
@@ -191,16 +224,16 @@ static void check_model(const char *path, int threads)
 static void test_batch_stories(void **state)
 {
 	(void)state;
-	check_model(STORIES, 2);
+	check_model(STORIES, 2, 0);
 }
 
 static void test_batch_stories_1thread(void **state)
 {
 	(void)state;
-	check_model(STORIES, 1);
+	check_model(STORIES, 1, 0);
 }
 
-static void check_generated(enum gpud_type type)
+static void check_generated(enum gpud_type type, double bound)
 {
 	char dir[] = "/tmp/swarm-batch-XXXXXX", path[96], err[256];
 	struct gpud_mkmodel_params mp;
@@ -219,7 +252,7 @@ static void check_generated(enum gpud_type type)
 	mp.seed = 3;
 	if (gpud_mkmodel(&mp, err, sizeof(err)))
 		fail_msg("mkmodel: %s", err);
-	check_model(path, 2);
+	check_model(path, 2, bound);
 	unlink(path);
 	rmdir(dir);
 }
@@ -227,13 +260,25 @@ static void check_generated(enum gpud_type type)
 static void test_batch_q8_0(void **state)
 {
 	(void)state;
-	check_generated(GPUD_TYPE_Q8_0);
+	check_generated(GPUD_TYPE_Q8_0, 3e-2);
 }
 
 static void test_batch_f16(void **state)
 {
 	(void)state;
-	check_generated(GPUD_TYPE_F16);
+	check_generated(GPUD_TYPE_F16, 0);
+}
+
+static void test_batch_q4_0(void **state)
+{
+	(void)state;
+	check_generated(GPUD_TYPE_Q4_0, 3e-2);
+}
+
+static void test_batch_f32(void **state)
+{
+	(void)state;
+	check_generated(GPUD_TYPE_F32, 0);
 }
 
 int main(void)
@@ -243,6 +288,8 @@ int main(void)
 		cmocka_unit_test(test_batch_stories_1thread),
 		cmocka_unit_test(test_batch_q8_0),
 		cmocka_unit_test(test_batch_f16),
+		cmocka_unit_test(test_batch_f32),
+		cmocka_unit_test(test_batch_q4_0),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
