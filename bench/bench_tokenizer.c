@@ -9,7 +9,10 @@
  *            digits, whitespace runs)
  *   oneword- 64 KB of letters without a space: the worst case for the merge
  *            loop, one pre-token / one SentencePiece run
- * Each encode is repeated until 0.5 s have passed; the best rate is kept.
+ * Each encode is repeated until 0.5 s have passed; the best rate is kept,
+ * by wall clock and by thread CPU time (the machine may be shared). "dec"
+ * is one pass of the streaming detokenizer over all ids; "rt" says whether
+ * it gave the text back; "scratch" is the arena high-water mark, bytes.
  * Prints a table; asserts nothing about time.
  */
 #include <stdio.h>
@@ -27,6 +30,15 @@ static double now(void)
 {
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* CPU time of this thread: the machine running the benchmark may be
+ * shared, and wall time then measures the neighbours too. */
+static double cpu_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
@@ -128,7 +140,7 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	size_t len = strlen(text), n = 0;
 	int32_t *ids = malloc((len + 2) * sizeof(*ids));
 	struct sw_arena a;
-	double best = 1e30, t_end;
+	double best = 1e30, best_cpu = 1e30, t_end;
 	int rc = 0;
 
 	if (!ids || sw_arena_init(&a, gpud_tokenizer_scratch_bytes(t, len)) != 0) {
@@ -137,9 +149,11 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	}
 	t_end = now() + 0.5;
 	do {
-		double t0 = now();
+		double t0 = now(), c0 = cpu_now();
 		rc = gpud_tokenizer_encode(t, text, len, 0, ids, len + 2, &n, &a);
-		double dt = now() - t0;
+		double dt = now() - t0, dc = cpu_now() - c0;
+		if (dc < best_cpu)
+			best_cpu = dc;
 		if (rc) {
 			fprintf(stderr, "%s %s: %s\n", vname, tname, sw_strerror(rc));
 			exit(1);
@@ -165,9 +179,9 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	double ddt = now() - d0;
 	bool same = ol == len && memcmp(out, text, len) == 0;
 
-	printf("| %-26s | %-7s | %7zu | %7zu | %5.2f | %8.1f | %7.2f | %7.1f | %-4s | %7zu |\n",
+	printf("| %-26s | %-7s | %7zu | %7zu | %5.2f | %8.1f | %7.2f | %7.2f | %7.1f | %-4s | %8zu |\n",
 	       vname, tname, len, n, (double)len / (double)n, best * 1e3, (double)len / best / 1e6,
-	       (double)len / ddt / 1e6, same ? "yes" : "NO", a.high);
+	       (double)len / best_cpu / 1e6, (double)len / ddt / 1e6, same ? "yes" : "NO", a.high);
 	free(out);
 	free(ids);
 	sw_arena_destroy(&a);
@@ -194,24 +208,27 @@ int main(int argc, char **argv)
 	strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S UTC", gmtime(&tt));
 	uname(&u);
 	printf("bench_tokenizer  %s  %s %s %s\n\n", date, u.sysname, u.release, u.machine);
-	printf("| vocab                      | load s  | tokens  | merges  |\n");
-	printf("|----------------------------|---------|---------|---------|\n");
+	printf("| vocab                      | load s  | cpu s   | tokens  | merges  |\n");
+	printf("|----------------------------|---------|---------|---------|---------|\n");
 
 	struct gpud_tokenizer *toks[16] = { 0 };
 	for (int i = 0; i < np && i < 16; i++) {
 		struct gpud_gguf *g = NULL;
 		char err[256];
-		double best = 1e30;
+		double best = 1e30, best_cpu = 1e30;
 		for (int rep = 0; rep < 3; rep++) {
-			double t0 = now();
+			double t0 = now(), c0 = cpu_now();
 			if (gpud_gguf_open(&g, paths[i], err, sizeof(err)) != 0 ||
 			    gpud_tokenizer_load(&toks[i], g, err, sizeof(err)) != 0) {
 				fprintf(stderr, "%s\n", err);
 				return 1;
 			}
 			double dt = now() - t0; /* open + load: what start-up pays */
+			double dc = cpu_now() - c0;
 			if (dt < best)
 				best = dt;
+			if (dc < best_cpu)
+				best_cpu = dc;
 			gpud_gguf_close(g);
 			if (rep < 2) {
 				gpud_tokenizer_free(toks[i]);
@@ -226,11 +243,11 @@ int main(int argc, char **argv)
 				nm = 0;
 			gpud_gguf_close(g);
 		}
-		printf("| %-26s | %7.3f | %7d | %7llu |\n", b ? b + 1 : paths[i], best,
+		printf("| %-26s | %7.3f | %7.3f | %7d | %7llu |\n", b ? b + 1 : paths[i], best, best_cpu,
 		       gpud_tokenizer_n_vocab(toks[i]), (unsigned long long)nm);
 	}
-	printf("\n| vocab                      | text    | bytes   | ids     | B/id  | enc ms   | enc MB/s| dec MB/s| rt   | scratch |\n");
-	printf("|----------------------------|---------|---------|---------|-------|----------|---------|---------|------|---------|\n");
+	printf("\n| vocab                      | text    | bytes   | ids     | B/id  | enc ms   | enc MB/s| cpu MB/s| dec MB/s| rt   | scratch  |\n");
+	printf("|----------------------------|---------|---------|---------|-------|----------|---------|---------|---------|------|----------|\n");
 	for (int i = 0; i < np && i < 16; i++) {
 		const char *b = strrchr(paths[i], '/');
 		b = b ? b + 1 : paths[i];

@@ -807,33 +807,38 @@ static inline void emit(struct emit *o, int32_t id)
 	o->n++;
 }
 
-/* SentencePiece bigram and BPE pair candidates share one heap layout. */
+/* A merge candidate. key orders the heap, smallest first: the high half is
+ * the priority (BPE rank; SentencePiece score mapped so that higher scores
+ * come first), the low half the left symbol's index, so ties go leftmost. */
 struct cand {
-	float score;   /* SPM: higher first */
-	uint32_t rank; /* BPE: lower first */
-	int32_t left;  /* symbol index; lower first on ties */
-	int32_t right;
+	uint64_t key;
 	uint32_t size; /* SPM: bytes of left+right when queued (staleness check) */
-	int32_t lid, rid; /* BPE: ids when queued (staleness check) */
-	int32_t res;      /* id of the merged pair */
+	int32_t res;   /* SPM: id of the merged pair */
 };
+
+static inline uint64_t cand_key(uint32_t prio, int32_t left)
+{
+	return ((uint64_t)prio << 32) | (uint32_t)left;
+}
+
+static inline int32_t cand_left(const struct cand *c)
+{
+	return (int32_t)(uint32_t)c->key;
+}
+
+/* Order-reversing map of a float score to an unsigned priority. */
+static inline uint32_t score_prio(float f)
+{
+	uint32_t u;
+	memcpy(&u, &f, sizeof(u));
+	u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* ascending order */
+	return ~u;
+}
 
 struct heap {
 	struct cand *a;
 	size_t n;
-	bool spm;
 };
-
-static inline bool cand_before(const struct heap *h, const struct cand *x, const struct cand *y)
-{
-	if (h->spm) {
-		if (x->score != y->score)
-			return x->score > y->score;
-	} else if (x->rank != y->rank) {
-		return x->rank < y->rank;
-	}
-	return x->left < y->left;
-}
 
 static void heap_push(struct heap *h, const struct cand *c)
 {
@@ -841,7 +846,7 @@ static void heap_push(struct heap *h, const struct cand *c)
 
 	while (i > 0) {
 		size_t p = (i - 1) / 2;
-		if (!cand_before(h, c, &h->a[p]))
+		if (c->key >= h->a[p].key)
 			break;
 		h->a[i] = h->a[p];
 		i = p;
@@ -858,9 +863,9 @@ static struct cand heap_pop(struct heap *h)
 		size_t c = 2 * i + 1;
 		if (c >= h->n)
 			break;
-		if (c + 1 < h->n && cand_before(h, &h->a[c + 1], &h->a[c]))
+		if (c + 1 < h->n && h->a[c + 1].key < h->a[c].key)
 			c++;
-		if (!cand_before(h, &h->a[c], &last))
+		if (h->a[c].key >= last.key)
 			break;
 		h->a[i] = h->a[c];
 		i = c;
@@ -888,7 +893,7 @@ static void spm_try(const struct gpud_tokenizer *t, const char *buf, const struc
 	int32_t id = vocab_lookup(t, buf + sy[l].start, n);
 	if (id < 0 || id >= t->n_vocab || !mergeable(t, id))
 		return;
-	struct cand c = { .score = t->tok[id].score, .left = l, .right = r, .size = n, .res = id };
+	struct cand c = { .key = cand_key(score_prio(t->tok[id].score), l), .size = n, .res = id };
 	heap_push(h, &c);
 }
 
@@ -955,7 +960,7 @@ static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t l
 	size_t cap = 3 * (len + 1), n = 0, nsym = 0;
 	char *buf = sw_arena_alloc(ar, cap, 1);
 	struct sym *sy = sw_arena_alloc(ar, (len + 1) * sizeof(*sy), _Alignof(struct sym));
-	struct heap h = { .spm = true };
+	struct heap h = { 0 };
 
 	h.a = sw_arena_alloc(ar, 3 * (len + 1) * sizeof(*h.a), _Alignof(struct cand));
 	if (!buf || !sy || !h.a)
@@ -1005,17 +1010,19 @@ static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t l
 				spm_try(t, buf, sy, (int32_t)i - 1, (int32_t)i, &h);
 		while (h.n > 0) {
 			struct cand c = heap_pop(&h);
-			struct sym *l = &sy[c.left], *r = &sy[c.right];
-			if (l->len == 0 || r->len == 0 || l->len + r->len != c.size)
+			int32_t li = cand_left(&c);
+			struct sym *l = &sy[li];
+			if (l->len == 0 || l->next < 0 || l->len + sy[l->next].len != c.size)
 				continue;
+			struct sym *r = &sy[l->next];
 			l->len += r->len;
 			l->id = c.res;
 			r->len = 0;
 			l->next = r->next;
 			if (r->next >= 0)
-				sy[r->next].prev = c.left;
-			spm_try(t, buf, sy, l->prev, c.left, &h);
-			spm_try(t, buf, sy, c.left, l->next, &h);
+				sy[r->next].prev = li;
+			spm_try(t, buf, sy, l->prev, li, &h);
+			spm_try(t, buf, sy, li, l->next, &h);
 		}
 		for (int32_t i = (int32_t)a; i >= 0; i = sy[i].next) {
 			int32_t id = sy[i].id;
@@ -1047,8 +1054,7 @@ static void bpe_try(const struct gpud_tokenizer *t, const struct sym *sy, int32_
 	const struct merge_slot *m = merge_find(t, sy[l].id, sy[r].id);
 	if (!m)
 		return;
-	struct cand c = { .rank = m->rank, .left = l, .right = r, .lid = sy[l].id, .rid = sy[r].id,
-			  .res = m->result };
+	struct cand c = { .key = cand_key(m->rank, l) };
 	heap_push(h, &c);
 }
 
@@ -1122,7 +1128,7 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 	struct sym small[SMALL_RUN];
 	struct sym *sy = len <= SMALL_RUN ? small
 			 : sw_arena_alloc(ar, len * sizeof(*sy), _Alignof(struct sym));
-	struct heap h = { .spm = false };
+	struct heap h = { 0 };
 	h.a = len <= SMALL_RUN ? NULL
 	      : sw_arena_alloc(ar, 3 * len * sizeof(*h.a), _Alignof(struct cand));
 	if (!sy || (len > SMALL_RUN && !h.a))
@@ -1140,18 +1146,22 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 		bpe_try(t, sy, (int32_t)i - 1, (int32_t)i, &h);
 	while (h.n > 0) {
 		struct cand c = heap_pop(&h);
-		struct sym *l = &sy[c.left], *r = &sy[c.right];
-		if (l->len == 0 || r->len == 0 || l->next != c.right || l->id != c.lid ||
-		    r->id != c.rid)
+		int32_t li = cand_left(&c);
+		struct sym *l = &sy[li];
+		/* Still the queued pair? Ranks are unique per pair, so the pair
+		 * now at li is the same one exactly when its rank matches. */
+		const struct merge_slot *m = l->len ? bpe_pair(t, sy, li) : NULL;
+		if (!m || m->rank != (uint32_t)(c.key >> 32))
 			continue;
-		l->id = c.res;
+		struct sym *r = &sy[l->next];
+		l->id = m->result;
 		l->len += r->len;
 		r->len = 0;
 		l->next = r->next;
 		if (r->next >= 0)
-			sy[r->next].prev = c.left;
-		bpe_try(t, sy, l->prev, c.left, &h);
-		bpe_try(t, sy, c.left, l->next, &h);
+			sy[r->next].prev = li;
+		bpe_try(t, sy, l->prev, li, &h);
+		bpe_try(t, sy, li, l->next, &h);
 	}
 	for (int32_t i = 0; i >= 0; i = sy[i].next) {
 		if (sy[i].id >= 0 && sy[i].id < t->n_vocab) {
