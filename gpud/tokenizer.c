@@ -93,11 +93,13 @@ struct gpud_tokenizer {
 	enum gpud_chat_template chat;
 };
 
-/* Token types a merge may produce from plain text. */
+/* Tokens a SentencePiece merge may produce from plain text: normal and
+ * user-defined ones, but never an end-of-generation token (Phi-3 has
+ * "</s>" as user-defined). */
 static inline bool mergeable(const struct gpud_tokenizer *t, int32_t id)
 {
 	uint8_t ty = t->tok[id].type;
-	return ty == TT_NORMAL || ty == TT_USER;
+	return ty == TT_NORMAL || (ty == TT_USER && !(t->tok[id].flags & TF_EOG));
 }
 
 /* --- GPT-2 byte <-> code point map --------------------------------------- */
@@ -558,7 +560,7 @@ static int load_tokens(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 	uint32_t vcap = pow2_at_least(2 * n + 2);
 	t->vh = calloc(vcap, sizeof(*t->vh));
 	if (!t->tok || !t->vh)
-		return -ENOMEM;
+		return sw_seterr(err, errlen, -ENOMEM, "%s: out of memory", k_tok);
 	t->vh_mask = vcap - 1;
 
 	for (uint64_t i = 0; i < n; i++) {
@@ -641,8 +643,10 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 
 static void mark_eog(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 {
+	/* <|end|> ends a Phi-3 turn; the others are from the issue. */
 	static const char *const names[] = {
 		"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<|im_end|>",
+		"<|end|>",
 	};
 	int32_t eot = get_id(g, t, "tokenizer.ggml.eot_token_id");
 
@@ -652,9 +656,28 @@ static void mark_eog(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 		t->tok[eot].flags |= TF_EOG;
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		int32_t id = vocab_lookup(t, names[i], strlen(names[i]));
-		if (id >= 0 && id < t->n_vocab)
+		/* only marker tokens: a normal token spelled "</s>" is text */
+		if (id >= 0 && id < t->n_vocab && t->tok[id].type != TT_NORMAL)
 			t->tok[id].flags |= TF_EOG;
 	}
+}
+
+/* True when no token a merge may build contains "▁" right after another
+ * character: then no merge crosses such a point in the text, and the
+ * pieces between them can be merged one at a time with the same result. */
+static bool spm_can_split(const struct gpud_tokenizer *t)
+{
+	for (int32_t id = 0; id < t->n_vocab; id++) {
+		const struct tok_entry *e = &t->tok[id];
+		const uint8_t *p = (const uint8_t *)t->blob + e->off;
+		if (!mergeable(t, id))
+			continue;
+		for (uint32_t k = 1; k + 3 <= e->len; k++)
+			if (p[k] == 0xE2 && p[k + 1] == 0x96 && p[k + 2] == 0x81 &&
+			    !(k >= 3 && p[k - 3] == 0xE2 && p[k - 2] == 0x96 && p[k - 1] == 0x81))
+				return false;
+	}
+	return true;
 }
 
 static void detect_chat(struct gpud_tokenizer *t, const struct gpud_gguf *g)
@@ -718,19 +741,6 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 			goto out_free;
 		}
 	}
-	t->spm_split = t->kind == KIND_SPM;
-	for (int32_t id = 0; t->spm_split && id < t->n_vocab; id++) {
-		const struct tok_entry *e = &t->tok[id];
-		const char *p = t->blob + e->off;
-		if (!mergeable(t, id))
-			continue;
-		for (uint32_t k = 1; k + 3 <= e->len; k++)
-			if (memcmp(p + k, "\xE2\x96\x81", 3) == 0 &&
-			    !(k >= 3 && memcmp(p + k - 3, "\xE2\x96\x81", 3) == 0)) {
-				t->spm_split = false;
-				break;
-			}
-	}
 	rc = build_special(t);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "tokenizer: out of memory");
@@ -750,6 +760,7 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 		if (t->tok[id].type == TT_UNKNOWN)
 			t->unk = id; /* no key: the vocab's own unknown token */
 	mark_eog(t, g);
+	t->spm_split = t->kind == KIND_SPM && spm_can_split(t);
 	detect_chat(t, g);
 	*out = t;
 	return 0;

@@ -1150,14 +1150,20 @@ static void test_chat_format(void **state)
 	gpud_tokenizer_free(t);
 	t = load_path(VOCAB_DIR "ggml-vocab-phi-3.gguf"); /* its own template */
 	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_NONE);
+	assert_true(gpud_tokenizer_is_eog(t, 32000));  /* EOS <|endoftext|> */
+	assert_true(gpud_tokenizer_is_eog(t, 32007));  /* <|end|> */
+	assert_true(gpud_tokenizer_is_eog(t, 2));      /* </s> (user-defined here) */
+	assert_false(gpud_tokenizer_is_eog(t, 32001)); /* <|assistant|> */
 	gpud_tokenizer_free(t);
 }
 
 static void test_chat_detect(void **state)
 {
 	(void)state;
-	const char *toks[] = { "<unk>", "<s>", "</s>", "a" };
-	struct vspec v = { VSPEC_DEFAULTS, .model = "llama", .tokens = toks, .n = 4,
+	const char *toks[] = { "<unk>", "<s>", "</s>", "a", "<|im_end|>" };
+	const int32_t types[] = { 2, 3, 3, 1, 1 };
+	struct vspec v = { VSPEC_DEFAULTS, .model = "llama", .tokens = toks, .n = 5,
+			   .types = types, .n_types = 5,
 			   .chat_template = "{% for m in messages %}[INST] {{ m }} [/INST]{% endfor %}" };
 	struct gpud_tokenizer *t;
 	char err[256];
@@ -1165,6 +1171,7 @@ static void test_chat_detect(void **state)
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
 	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_LLAMA2);
 	assert_true(gpud_tokenizer_is_eog(t, 2)); /* "</s>" by name, no eos key */
+	assert_false(gpud_tokenizer_is_eog(t, 4)); /* a normal token is only text */
 	assert_int_equal(gpud_tokenizer_bos(t), -1);
 	assert_false(gpud_tokenizer_add_bos(t)); /* nothing to add */
 	gpud_tokenizer_free(t);
@@ -1172,6 +1179,7 @@ static void test_chat_detect(void **state)
 	const char *toks3[] = { "a", "<|start_header_id|>", "<|end_header_id|>" };
 	v.tokens = toks3;
 	v.n = 3;
+	v.types = NULL;
 	v.chat_template = NULL;
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
 	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_LLAMA3);
