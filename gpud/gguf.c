@@ -363,10 +363,8 @@ static int parse_array(struct cur *c, struct gguf_kv *kv, uint64_t idx)
 	for (uint64_t i = 0; i < n; i++) {
 		const uint8_t *s;
 		uint64_t len;
-		char what[64];
-		snprintf(what, sizeof(what), "string %" PRIu64, i);
 		size_t el = c->pos;
-		if ((rc = cur_str(c, &s, &len, what))) {
+		if ((rc = cur_str(c, &s, &len, "string"))) {
 			/* Re-word the cursor's message with the key. */
 			return sw_seterr(c->err, c->errlen, rc,
 					 "%s: kv %" PRIu64 " '%s': element %" PRIu64 " of %" PRIu64 ": string length %" PRIu64 " runs past end of file at offset %zu",

@@ -13,6 +13,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -899,6 +901,40 @@ static void test_writer_errors(void **state)
 	gpud_gguf_writer_free(w);
 }
 
+/* A write that fails part way (file size limit: EFBIG) is reported, leaves
+ * no temp file and does not create the target. */
+static void test_writer_write_failure(void **state)
+{
+	(void)state;
+	char path[128];
+	tmp_path(path, sizeof(path), "big.gguf");
+	struct gpud_gguf_writer *w;
+	static int tag = 3;
+	uint64_t ne[2] = { 256, 64 };
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_tensor_fill(w, "t", GPUD_TYPE_F32, 2, ne, fill_rows, &tag), 0);
+	struct rlimit old, lim;
+	assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+	lim = old;
+	lim.rlim_cur = 4096;
+	void (*oldsig)(int) = signal(SIGXFSZ, SIG_IGN);
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+	int rc = gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf));
+	assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+	signal(SIGXFSZ, oldsig);
+	assert_int_equal(rc, -EFBIG);
+	assert_non_null(strstr(errbuf, path));
+	assert_int_equal(access(path, F_OK), -1);
+	glob_t gl;
+	char pat[160];
+	snprintf(pat, sizeof(pat), "%s.tmp.*", path);
+	assert_int_equal(glob(pat, 0, NULL, &gl), GLOB_NOMATCH);
+	/* Without the limit the same writer succeeds. */
+	assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+	gpud_gguf_writer_free(w);
+	unlink(path);
+}
+
 static void test_writer_alignment_and_empty(void **state)
 {
 	(void)state;
@@ -1011,6 +1047,7 @@ int main(void)
 		cmocka_unit_test(test_stories_fields),
 		cmocka_unit_test(test_writer_round_trip),
 		cmocka_unit_test(test_writer_errors),
+		cmocka_unit_test(test_writer_write_failure),
 		cmocka_unit_test(test_writer_alignment_and_empty),
 		cmocka_unit_test(test_writer_copy_kv),
 	};
