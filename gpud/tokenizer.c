@@ -1462,6 +1462,12 @@ void gpud_detok_init(struct gpud_detok *d)
 	memset(d, 0, sizeof(*d));
 }
 
+void gpud_detok_init_continuation(struct gpud_detok *d)
+{
+	memset(d, 0, sizeof(*d));
+	d->started = true;
+}
+
 struct outbuf {
 	char *p;
 	size_t cap, n;

@@ -77,7 +77,12 @@ struct gpud_detok {
 	uint8_t n_pending;
 	bool started;
 };
+/* Starts decoding a sequence from its beginning: the first piece's leading
+ * space (the one SentencePiece adds) is dropped. */
 void gpud_detok_init(struct gpud_detok *d);
+/* Starts decoding tokens that continue earlier text (generation after a
+ * prompt): nothing is dropped, so "Once upon a" + "▁time" keeps its space. */
+void gpud_detok_init_continuation(struct gpud_detok *d);
 /* Appends the text of id to out (cap bytes); returns bytes written or a
  * negative code. Invalid UTF-8 from the model is replaced by U+FFFD. */
 int gpud_detok_push(const struct gpud_tokenizer *t, struct gpud_detok *d, int32_t id,

@@ -387,6 +387,12 @@ static void test_detok_stream(void **state)
 	assert_int_equal(gpud_detok_push(t, &d, 15043, out, sizeof(out)), 6);
 	assert_memory_equal(out, " Hello", 6);
 
+	/* A continuation keeps the first piece's space. */
+	struct gpud_detok dc;
+	gpud_detok_init_continuation(&dc);
+	assert_int_equal(gpud_detok_push(t, &dc, 15043, out, sizeof(out)), 6);
+	assert_memory_equal(out, " Hello", 6);
+
 	/* 🦙 = F0 9F A6 99 arrives as four byte tokens (<0xXX> = 3 + byte):
 	 * nothing is emitted until the character is complete. */
 	const uint8_t llama[4] = { 0xF0, 0x9F, 0xA6, 0x99 };
