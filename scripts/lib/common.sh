@@ -18,18 +18,22 @@ sw_as_root() {
 	fi
 }
 
-# Configures (once) and builds build directory $1, relative to the
-# current directory (callers cd to $SW_ROOT first); meson options may
-# follow. --werror when CI=true.
-sw_build() {
+# Configures build directory $1 (relative to the current directory;
+# callers cd to $SW_ROOT first) once, or updates its options; meson
+# options may follow. --werror when CI=true.
+sw_configure() {
 	local dir=$1
 	shift
 	local werror=false
 	[ "${CI:-}" = true ] && werror=true
 	if [ -f "$dir/build.ninja" ]; then
-		meson configure "$dir" -Dwerror=$werror "$@" >/dev/null || return 1
+		meson configure "$dir" -Dwerror=$werror "$@" >/dev/null
 	else
-		meson setup "$dir" -Dwerror=$werror "$@" || return 1
+		meson setup "$dir" -Dwerror=$werror "$@"
 	fi
-	nice ninja -C "$dir"
+}
+
+# Configures (as sw_configure) and builds everything in $1.
+sw_build() {
+	sw_configure "$@" && nice ninja -C "$1"
 }
