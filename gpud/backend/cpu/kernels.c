@@ -161,8 +161,7 @@ static void quantize_q8_0(const float *x, struct gpud_block_q8_0 *y, int64_t n)
 
 		for (int j = 0; j < GPUD_QK; j++)
 			amax = fmaxf(amax, fabsf(x[j]));
-		d = amax / 127.0f;
-		id = d != 0.0f ? 1.0f / d : 0.0f;
+		d = gpud__q8_scale(amax, &id);
 		y[i].d = gpud_fp32_to_fp16(d);
 		for (int j = 0; j < GPUD_QK; j++)
 			y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
@@ -323,29 +322,16 @@ static bool is_quant(enum gpud_type t)
 
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch)
 {
-	if (!is_quant(wtype))
-		return 0;
-	return (size_t)batch * (size_t)(cols / GPUD_QK) * sizeof(struct gpud__act_q8);
+	(void)wtype;
+	(void)cols;
+	(void)batch;
+	return 0; /* every path works in registers and on-stack tiles */
 }
 
-static void quantize_act_ref(const float *x, struct gpud__act_q8 *y, int64_t n)
-{
-	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
-		float amax = 0.0f, id;
-
-		for (int j = 0; j < GPUD_QK; j++)
-			amax = fmaxf(amax, fabsf(x[j]));
-		y[i].d = gpud__act_scale(amax, &id);
-		for (int j = 0; j < GPUD_QK; j++)
-			y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
-	}
-}
-
+/* Float-type weights: one sequential sum per element. */
 static float dot_ref(const struct gpud__mm *m, const uint8_t *w, int64_t b)
 {
 	const float *x = m->x + b * m->cols;
-	const struct gpud__act_q8 *xq = m->xq + b * (m->cols / GPUD_QK);
-	int64_t nb = m->cols / GPUD_QK;
 	float acc = 0.0f;
 
 	switch (m->wtype) {
@@ -370,32 +356,6 @@ static float dot_ref(const struct gpud__mm *m, const uint8_t *w, int64_t b)
 			acc += gpud_bf16_to_fp32(wh[c]) * x[c];
 		break;
 	}
-	case GPUD_TYPE_Q8_0: {
-		const struct gpud_block_q8_0 *wb = (const struct gpud_block_q8_0 *)w;
-
-		for (int64_t i = 0; i < nb; i++) {
-			int32_t s = 0;
-
-			for (int j = 0; j < GPUD_QK; j++)
-				s += wb[i].qs[j] * xq[i].qs[j];
-			acc += (float)s * (gpud_fp16_to_fp32(wb[i].d) * xq[i].d);
-		}
-		break;
-	}
-	case GPUD_TYPE_Q4_0: {
-		const struct gpud_block_q4_0 *wb = (const struct gpud_block_q4_0 *)w;
-
-		for (int64_t i = 0; i < nb; i++) {
-			int32_t s = 0;
-
-			for (int j = 0; j < GPUD_QK / 2; j++) {
-				s += ((wb[i].qs[j] & 0xf) - 8) * xq[i].qs[j];
-				s += ((wb[i].qs[j] >> 4) - 8) * xq[i].qs[j + GPUD_QK / 2];
-			}
-			acc += (float)s * (gpud_fp16_to_fp32(wb[i].d) * xq[i].d);
-		}
-		break;
-	}
 	default:
 		break;
 	}
@@ -413,9 +373,9 @@ static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
-/* Quantized weights with batch >= GPUD__MM_FLOAT_BATCH: fp32 dot products
- * over the dequantized row, 256 columns at a time; y holds the running sums
- * so that each element is still one sequential sum. */
+/* Quantized weights: fp32 dot products over the dequantized row, 256
+ * columns at a time; y holds the running sums so that each element is
+ * still one sequential sum. */
 static void mm_rows_ref_float(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	enum { KC = 256 };
@@ -473,33 +433,18 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		.cols = cols,
 		.batch = batch,
 		.x = x,
-		.xq = scratch,
 		.y = y,
 	};
 	struct mm_job job = { .m = &m, .rows = mm_rows_ref };
-	bool vec = use_vec();
 
+	(void)scratch;
 	if (rows <= 0 || batch <= 0)
 		return;
-	if (is_quant(wtype) && batch >= GPUD__MM_FLOAT_BATCH)
+	if (is_quant(wtype))
 		job.rows = mm_rows_ref_float;
 #ifdef GPUD_HAVE_X86
-	if (vec)
+	if (use_vec())
 		job.rows = gpud__x86_mm_rows;
 #endif
-	if (is_quant(wtype) && batch < GPUD__MM_FLOAT_BATCH) {
-		struct gpud__act_q8 *xq = scratch;
-		int64_t nb = cols / GPUD_QK;
-
-		for (int64_t b = 0; b < batch; b++) {
-#ifdef GPUD_HAVE_X86
-			if (vec) {
-				gpud__x86_quantize_act(x + b * cols, xq + b * nb, cols);
-				continue;
-			}
-#endif
-			quantize_act_ref(x + b * cols, xq + b * nb, cols);
-		}
-	}
 	gpud_tp_run(tp, mm_worker, &job);
 }

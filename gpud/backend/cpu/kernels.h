@@ -4,12 +4,13 @@
  *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
  *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
- * Quantized weights are used in place. For a batch below 4 (decode, where
- * reading the weights is the cost) activations are quantized to 8 bits (32
- * per block, one fp32 scale per block) once per row of x and per
- * gpud_matmul call, and the dot products run on the integer blocks. From a
- * batch of 4 on (compute-bound) weights are unpacked to fp32 once per tile
- * and multiplied with the fp32 activations, which is faster and exact in x.
+ * Quantized weights are used in place and unpacked on the fly: every
+ * matmul is an fp32 matmul over the weights' exact fp32 values (d * q for
+ * q8_0/q4_0, as gpud_dequantize_row gives them) with fp32 activations.
+ * Activations are not quantized: the unpacking costs about what an integer
+ * dot product would at batch 1 (where reading the weights dominates anyway)
+ * and is shared by the whole batch above it, and a column's result then
+ * never depends on the batch it is computed in.
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions are
  * chosen at run time (gpud_cpu_features()). The portable versions are the
@@ -70,8 +71,9 @@ unsigned gpud_cpu_features(void);
  * Process-wide; do not call while kernels run on other threads. */
 void gpud_cpu_set_features(unsigned mask);
 
-/* Scratch bytes gpud_matmul needs for a weight type, width and batch
- * (0 for f32, f16 and bf16 weights; enough for any batch path). */
+/* Scratch bytes gpud_matmul needs for a weight type, width and batch.
+ * Currently 0 for every type (kept so that a future kernel may need some
+ * without changing callers). */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
@@ -82,10 +84,11 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
  * tp may be NULL (runs on the caller). scratch must hold
  * gpud_matmul_scratch_bytes() bytes, 4-byte aligned (may be NULL when
  * that is 0); nothing is allocated. y must not overlap x, W or scratch.
- * Deterministic: the result does not depend on the pool's thread count
- * (each y element is computed by one thread in a fixed order) nor on the
- * other columns of the batch; for q8_0/q4_0 it does depend on whether the
- * batch is below 4 (see above). */
+ * Uses about 10 KiB of stack per thread.
+ * Deterministic, bit for bit: the result does not depend on the pool's
+ * thread count (each y element is computed by one thread in a fixed order)
+ * nor on the batch size or the other columns of the batch. It does depend
+ * on the kernels in use (portable or AVX2: the summation order differs). */
 void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);

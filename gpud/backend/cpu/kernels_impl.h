@@ -1,7 +1,7 @@
 /* kernels_impl.h - private to kernels.c and kernels_x86.c.
  *
- * The activation block, the matmul job description and the entry points of
- * the x86 file. The x86 functions are compiled with target attributes and
+ * The matmul job description, a helper both paths share and the entry
+ * points of the x86 file. The x86 functions are compiled with target attributes and
  * may only be called once gpud_cpu_features() reported AVX2+FMA+F16C.
  */
 #ifndef GPUD_KERNELS_IMPL_H
@@ -12,32 +12,18 @@
 
 #include "gpud/backend/cpu/kernels.h"
 
-/* One quantized block of activations. An fp32 scale (ggml's q8_0 uses fp16
- * here) costs nothing and keeps x more precise. */
-struct gpud__act_q8 {
-	float d;
-	int8_t qs[GPUD_QK];
-};
-
-/* From this batch on, quantized weights are dequantized to fp32 and
- * multiplied with fp32 x (no activation quantization): FMAs beat the integer
- * path once the unpacking is shared by several columns. Below it, x is
- * quantized to 8 bits and the dot products are integer. */
-#define GPUD__MM_FLOAT_BATCH 4
-
 struct gpud__mm {
 	enum gpud_type wtype;
 	const uint8_t *W;                /* (rows, cols) in wtype */
 	size_t wrow;                     /* bytes per row of W */
 	int64_t rows, cols, batch;
 	const float *x;                  /* (batch, cols) */
-	const struct gpud__act_q8 *xq;   /* (batch, cols / 32), quantized types */
 	float *y;                        /* (batch, rows) */
 };
 
-/* Scale of an 8-bit activation block from its max |x|; *id is 1/d or 0.
- * Shared so that both paths produce bit-identical quants. */
-static inline float gpud__act_scale(float amax, float *id)
+/* Q8_0 scale of a block from its max |x|; *id is 1/d or 0. Shared so that
+ * both paths produce bit-identical quants. */
+static inline float gpud__q8_scale(float amax, float *id)
 {
 	float d = amax / 127.0f;
 
@@ -48,7 +34,6 @@ static inline float gpud__act_scale(float amax, float *id)
 #if defined(__x86_64__) || defined(__i386__)
 #define GPUD_HAVE_X86 1
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
-void gpud__x86_quantize_act(const float *x, struct gpud__act_q8 *y, int64_t n);
 /* Return false when the type has no vector version (caller falls back). */
 bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);

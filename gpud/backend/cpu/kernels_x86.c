@@ -3,17 +3,21 @@
  * Every function carries a target attribute, so this file builds without
  * -mavx2 and nothing here runs unless kernels.c saw the features.
  *
- * Matmul tiles: each output element owns one 8-lane fp32 accumulator that
- * walks its row block by block (8 columns, or one 32-weight block, per
- * step) and is reduced by hsum8() at the end. The tile shape only decides
- * how many elements are in flight at once, never the order of operations
- * inside one element, so results do not depend on the tiling, the batch or
- * the thread count.
- *   batch < 4: tiles of 4 rows x 1 column (4 weight streams in flight, the
- *              bandwidth-bound decode case; later columns hit L1);
- *   batch >= 4: tiles of 2 rows x 4 columns for q8_0/q4_0 and 3 x 4 for
- *              f32/f16/bf16 (8 or 12 accumulators in registers, each weight
- *              block loaded once for 4 columns).
+ * Matmul: every weight type is multiplied as fp32. Each output element
+ * owns one 8-lane fp32 accumulator that walks its row 8 columns at a time,
+ * fma(w[c..c+8], x[c..c+8], acc), and is reduced by hsum8() at the end;
+ * w is the exact fp32 value of the weight (for q8_0/q4_0 d * q, the value
+ * gpud_dequantize_row gives). The tile shape only decides how many
+ * elements are in flight at once, never the order of operations inside
+ * one element, so results do not depend on the tiling, the batch or the
+ * thread count.
+ *   batch 1:   tiles of 4 rows (4 weight streams in flight: the
+ *              bandwidth-bound decode case);
+ *   batch > 1: 3 rows x 4 columns (12 accumulators in registers, each
+ *              weight loaded or unpacked once for 4 columns). Quantized
+ *              weights: batches of 2 and 3 unpack in registers for 4x2 and
+ *              3x3 tiles; from 4 on rows are unpacked once per chunk into an
+ *              L1 buffer shared by up to 32 columns.
  */
 #include "gpud/backend/cpu/kernels_impl.h"
 
@@ -42,15 +46,6 @@ TGT_INLINE float h2f(uint16_t h)
 	return _cvtsh_ss(h);
 }
 
-/* 32 int8 products summed into 8 int32 lanes, as floats. aw = |w|,
- * w gives the signs. Exact: |sum of a pair| <= 2 * 128 * 127 < 2^15. */
-TGT_INLINE __m256 dot32(__m256i aw, __m256i w, __m256i x)
-{
-	__m256i p = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(x, w));
-
-	return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
-}
-
 /* Q4_0 block -> 32 signed bytes in [-8, 7], weight order. */
 TGT_INLINE __m256i unpack_q4(const uint8_t *qs)
 {
@@ -63,64 +58,74 @@ TGT_INLINE __m256i unpack_q4(const uint8_t *qs)
 	return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
 }
 
-/* One tile of RT rows x BT batch columns of a quantized matmul. RT, BT and
- * QT are compile-time constants at every call site. */
-TGT_INLINE void tile_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int RT,
-		       int64_t b0, int BT)
+/* One 32-weight block as four vectors of fp32 d * q (weight order). */
+TGT_INLINE void deq32(enum gpud_type QT, const uint8_t *blk, __m256 w[4])
+{
+	uint16_t h;
+	__m256 d;
+
+	memcpy(&h, blk, sizeof(h));
+	d = _mm256_set1_ps(h2f(h));
+	if (QT == GPUD_TYPE_Q8_0) {
+#pragma GCC unroll 4
+		for (int s = 0; s < 4; s++) {
+			__m128i q8 = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * s));
+
+			w[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
+		}
+	} else {
+		__m256i q = unpack_q4(blk + 2);
+		__m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+
+		w[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
+		w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
+		w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
+		w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+	}
+}
+
+/* Small batches (1 to 3), quantized weights: RT rows unpacked block by
+ * block in registers, each unpacked block used by the BT columns. */
+TGT_INLINE void tile_qr(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int RT,
+			int BT)
 {
 	const int64_t nb = m->cols / GPUD_QK;
-	const uint8_t *w[4];
-	const struct gpud__act_q8 *xq[4];
-	__m256 acc[4][4];
 	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
 					       : sizeof(struct gpud_block_q4_0);
+	const uint8_t *w[4];
+	__m256 acc[4][3];
 
-	#pragma GCC unroll 4
-	for (int r = 0; r < RT; r++)
+#pragma GCC unroll 4
+	for (int r = 0; r < RT; r++) {
 		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
-	#pragma GCC unroll 4
-	for (int b = 0; b < BT; b++)
-		xq[b] = m->xq + (b0 + b) * nb;
-	#pragma GCC unroll 4
-	for (int r = 0; r < RT; r++)
-		#pragma GCC unroll 4
+#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++)
 			acc[r][b] = _mm256_setzero_ps();
-
+	}
 	for (int64_t i = 0; i < nb; i++) {
-		__m256i wq[4], aw[4];
-		float dw[4];
-
-		#pragma GCC unroll 4
+#pragma GCC unroll 4
 		for (int r = 0; r < RT; r++) {
 			const uint8_t *blk = w[r] + (size_t)i * bsz;
-			uint16_t d;
+			__m256 wv[4];
 
 			_mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
-			memcpy(&d, blk, sizeof(d));
-			dw[r] = h2f(d);
-			if (QT == GPUD_TYPE_Q8_0)
-				wq[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-			else
-				wq[r] = unpack_q4(blk + 2);
-			aw[r] = _mm256_sign_epi8(wq[r], wq[r]);
-		}
-		#pragma GCC unroll 4
-		for (int b = 0; b < BT; b++) {
-			__m256i xv = _mm256_loadu_si256((const __m256i *)xq[b][i].qs);
-			float dx = xq[b][i].d;
+			deq32(QT, blk, wv);
+#pragma GCC unroll 4
+			for (int b = 0; b < BT; b++) {
+				const float *x = m->x + b * m->cols + i * GPUD_QK;
 
-			#pragma GCC unroll 4
-			for (int r = 0; r < RT; r++)
-				acc[r][b] = _mm256_fmadd_ps(dot32(aw[r], wq[r], xv),
-							    _mm256_set1_ps(dw[r] * dx), acc[r][b]);
+#pragma GCC unroll 4
+				for (int s = 0; s < 4; s++)
+					acc[r][b] = _mm256_fmadd_ps(wv[s], _mm256_loadu_ps(x + 8 * s),
+								    acc[r][b]);
+			}
 		}
 	}
-	#pragma GCC unroll 4
+#pragma GCC unroll 4
 	for (int r = 0; r < RT; r++)
-		#pragma GCC unroll 4
+#pragma GCC unroll 4
 		for (int b = 0; b < BT; b++)
-			m->y[(b0 + b) * m->rows + r0 + r] = hsum8(acc[r][b]);
+			m->y[b * m->rows + r0 + r] = hsum8(acc[r][b]);
 }
 
 /* Eight weights of a float-type row as fp32. */
@@ -201,12 +206,11 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 	}
 }
 
-/* ---- quantized weights, batch >= GPUD__MM_FLOAT_BATCH ------------------
+/* ---- quantized weights, batch > 1 ----------------------------------------
  * Three rows are dequantized to fp32 (w = d * q, the dequantize_row values)
  * into a small buffer, QB_KC columns at a time, and every batch column runs
- * fp32 FMAs against it: 4 FMAs per 32-weight block and column instead of
- * ~7 integer/convert/scale operations, the unpacking paid once per row
- * chunk for up to QB_BC columns. Partial accumulators wait in accs[] between
+ * fp32 FMAs against it: 4 FMAs per 32-weight block and column, the
+ * unpacking paid once per row chunk for up to QB_BC columns. Partial accumulators wait in accs[] between
  * column chunks, so each element still sums its row in one fixed order. */
 #define QB_ROWS 3
 #ifndef QB_KC
@@ -268,23 +272,12 @@ TGT_INLINE void qb_dequant(enum gpud_type QT, const uint8_t *row, int64_t k0, in
 		return;
 	}
 	for (int64_t i = 0; i < kc / GPUD_QK; i++) {
-		const uint8_t *blk = row + (size_t)(k0 / GPUD_QK + i) * bsz;
-		__m256i q;
-		__m256 d;
-		uint16_t h;
+		__m256 wv[4];
 
-		memcpy(&h, blk, sizeof(h));
-		d = _mm256_set1_ps(h2f(h));
-		q = QT == GPUD_TYPE_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
-					 : unpack_q4(blk + 2);
-		_mm256_store_ps(out + 32 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
-			_mm256_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
-		_mm256_store_ps(out + 32 * i + 8, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
-			_mm256_cvtepi8_epi32(_mm_srli_si128(_mm256_castsi256_si128(q), 8)))));
-		_mm256_store_ps(out + 32 * i + 16, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
-			_mm256_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))));
-		_mm256_store_ps(out + 32 * i + 24, _mm256_mul_ps(d, _mm256_cvtepi32_ps(
-			_mm256_cvtepi8_epi32(_mm_srli_si128(_mm256_extracti128_si256(q, 1), 8)))));
+		deq32(QT, row + (size_t)(k0 / GPUD_QK + i) * bsz, wv);
+#pragma GCC unroll 4
+		for (int k = 0; k < 4; k++)
+			_mm256_store_ps(out + 32 * i + 8 * k, wv[k]);
 	}
 }
 
@@ -320,64 +313,75 @@ TGT_INLINE void rows_qf(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 	}
 }
 
-TGT static void rows_qf_q8_0(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_qf(m, GPUD_TYPE_Q8_0, r0, r1);
-}
-
-TGT static void rows_qf_q4_0(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_qf(m, GPUD_TYPE_Q4_0, r0, r1);
-}
-
-/* Walks rows [r0, r1) in tiles; see the header comment for the shapes.
- * RB x BB is the tile used when the batch is at least BB. */
-#define DEFINE_ROWS(name, tile, T, RB, BB)                                     \
+/* Float-type rows [r0, r1): 4 x 1 tiles for batch 1, else 3 x 4 tiles and
+ * single columns for the batch tail (and single rows for the row tail). */
+#define DEFINE_ROWS_F(name, T)                                                 \
 	TGT static void name(const struct gpud__mm *m, int64_t r0, int64_t r1) \
 	{                                                                      \
 		const int64_t nbt = m->batch;                                  \
 		int64_t r = r0, b;                                             \
                                                                                \
-		if (nbt >= BB) {                                               \
-			for (; r + RB <= r1; r += RB) {                        \
-				for (b = 0; b + BB <= nbt; b += BB)            \
-					tile(m, T, r, RB, b, BB);              \
-				for (; b < nbt; b++)                           \
-					tile(m, T, r, RB, b, 1);               \
-			}                                                      \
-		} else {                                                       \
+		if (nbt == 1) {                                                \
 			for (; r + 4 <= r1; r += 4)                            \
-				for (b = 0; b < nbt; b++)                      \
-					tile(m, T, r, 4, b, 1);                \
+				tile_f(m, T, r, 4, 0, 1);                      \
+		} else {                                                       \
+			for (; r + 3 <= r1; r += 3) {                          \
+				for (b = 0; b + 4 <= nbt; b += 4)              \
+					tile_f(m, T, r, 3, b, 4);              \
+				for (; b < nbt; b++)                           \
+					tile_f(m, T, r, 3, b, 1);              \
+			}                                                      \
 		}                                                              \
 		for (; r < r1; r++) {                                          \
-			for (b = 0; b + BB <= nbt; b += BB)                    \
-				tile(m, T, r, 1, b, BB);                       \
+			for (b = 0; b + 4 <= nbt; b += 4)                      \
+				tile_f(m, T, r, 1, b, 4);                      \
 			for (; b < nbt; b++)                                   \
-				tile(m, T, r, 1, b, 1);                        \
+				tile_f(m, T, r, 1, b, 1);                      \
 		}                                                              \
 	}
 
-DEFINE_ROWS(rows_q8_0, tile_q, GPUD_TYPE_Q8_0, 2, 4)
-DEFINE_ROWS(rows_q4_0, tile_q, GPUD_TYPE_Q4_0, 2, 4)
-DEFINE_ROWS(rows_f32, tile_f, GPUD_TYPE_F32, 3, 4)
-DEFINE_ROWS(rows_f16, tile_f, GPUD_TYPE_F16, 3, 4)
-DEFINE_ROWS(rows_bf16, tile_f, GPUD_TYPE_BF16, 3, 4)
+DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
+DEFINE_ROWS_F(rows_f16, GPUD_TYPE_F16)
+DEFINE_ROWS_F(rows_bf16, GPUD_TYPE_BF16)
+
+/* Quantized rows [r0, r1): batches of 1 to 3 in register tiles (4x1, 4x2,
+ * 3x3), larger ones through the dequantized buffer. */
+#define ROWS_QR(RT, BT)                                 \
+	do {                                            \
+		for (; r + RT <= r1; r += RT)           \
+			tile_qr(m, QT, r, RT, BT);      \
+		for (; r < r1; r++)                     \
+			tile_qr(m, QT, r, 1, BT);       \
+	} while (0)
+
+TGT_INLINE void rows_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int64_t r1)
+{
+	int64_t r = r0;
+
+	switch (m->batch) {
+	case 1:
+		ROWS_QR(4, 1);
+		break;
+	case 2:
+		ROWS_QR(4, 2);
+		break;
+	case 3:
+		ROWS_QR(3, 3);
+		break;
+	default:
+		rows_qf(m, QT, r0, r1);
+		break;
+	}
+}
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	switch (m->wtype) {
 	case GPUD_TYPE_Q8_0:
-		if (m->batch >= GPUD__MM_FLOAT_BATCH)
-			rows_qf_q8_0(m, r0, r1);
-		else
-			rows_q8_0(m, r0, r1);
+		rows_q(m, GPUD_TYPE_Q8_0, r0, r1);
 		break;
 	case GPUD_TYPE_Q4_0:
-		if (m->batch >= GPUD__MM_FLOAT_BATCH)
-			rows_qf_q4_0(m, r0, r1);
-		else
-			rows_q4_0(m, r0, r1);
+		rows_q(m, GPUD_TYPE_Q4_0, r0, r1);
 		break;
 	case GPUD_TYPE_F32:
 		rows_f32(m, r0, r1);
@@ -427,17 +431,6 @@ TGT_INLINE void round_store32(const __m256 v[4], float id, int8_t *out)
 	_mm256_storeu_si256((__m256i *)out, p);
 }
 
-TGT void gpud__x86_quantize_act(const float *x, struct gpud__act_q8 *y, int64_t n)
-{
-	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
-		__m256 v[4];
-		float id;
-
-		y[i].d = gpud__act_scale(amax32(x, v), &id);
-		round_store32(v, id, y[i].qs);
-	}
-}
-
 TGT bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *vy, int64_t n)
 {
 	int64_t i = 0;
@@ -459,7 +452,7 @@ TGT bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *vy, int6
 
 		for (i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
 			__m256 v[4];
-			float id, d = gpud__act_scale(amax32(x, v), &id);
+			float id, d = gpud__q8_scale(amax32(x, v), &id);
 			uint16_t h = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
 
 			memcpy(&y[i].d, &h, sizeof(h));
