@@ -92,7 +92,9 @@ struct gpud_gguf;
 int gpud_gguf_open(struct gpud_gguf **out, const char *path, char *err, size_t errlen);
 
 /* Same, over a caller-owned buffer that must outlive the reader (fuzzers,
- * tests). name is used in messages. */
+ * tests). name is used in messages. Tensor data is aligned in memory only
+ * as far as the buffer itself is (the mapping of gpud_gguf_open() is page
+ * aligned). */
 int gpud_gguf_open_mem(struct gpud_gguf **out, const void *data, size_t size,
 		       const char *name, char *err, size_t errlen);
 

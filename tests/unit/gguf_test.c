@@ -817,12 +817,34 @@ static void test_writer_round_trip(void **state)
 	assert_ptr_equal(gpud_gguf_tensor(g, 6), t);
 	gpud_gguf_close(g);
 
-	/* The writer's file survives the reader's truncation test too. */
+	/* The writer's file survives the reader's truncation test too, and
+	 * every byte of its header overwritten with a few values either opens
+	 * or fails with a message. */
 	size_t fsize;
 	uint8_t *buf = read_file(path, &fsize);
 	for (size_t len = 0; len < fsize; len++)
 		if (open_copy(buf, len, "rt.gguf") != SW_EFORMAT)
 			fail_msg("prefix %zu: %s", len, errbuf);
+	struct gpud_gguf *h;
+	assert_int_equal(gpud_gguf_open_mem(&h, buf, fsize, "rt.gguf", errbuf, sizeof(errbuf)), 0);
+	size_t data_off = (size_t)gpud_gguf_data_offset(h);
+	gpud_gguf_close(h);
+	size_t failed = 0;
+	for (size_t at = 0; at < data_off; at++) {
+		static const uint8_t vals[] = { 0x00, 0x01, 0x09, 0x80, 0xff };
+		uint8_t old = buf[at];
+		for (size_t k = 0; k < sizeof(vals); k++) {
+			if (vals[k] == old)
+				continue;
+			buf[at] = vals[k];
+			int frc = open_copy(buf, fsize, "rt.gguf");
+			if (frc && !strstr(errbuf, "rt.gguf: "))
+				fail_msg("byte %zu = %u: %s", at, vals[k], errbuf);
+			failed += frc != 0;
+		}
+		buf[at] = old;
+	}
+	assert_true(failed > data_off); /* most header bytes matter */
 	free(buf);
 	unlink(path);
 }
