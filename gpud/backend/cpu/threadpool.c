@@ -17,12 +17,15 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
-/* About 20-50 us of polling before a thread sleeps: long enough to bridge
- * the gap between two matmuls of one forward pass, short enough that an
- * idle daemon stops burning CPU at once. */
-#define TP_SPIN 4096
+/* Polling time before a thread sleeps: long enough to bridge the gap
+ * between two kernels of one forward pass, short enough that an idle
+ * daemon (or an oversubscribed machine) stops burning CPU at once. Timed
+ * rather than counted: a pause lasts 10 to 150 cycles depending on the CPU. */
+#define TP_SPIN_NS 20000
+#define TP_SPIN_CHECK 32 /* pauses between two clock reads */
 #define TP_MAX_THREADS 512
 
 struct tp_worker {
@@ -53,6 +56,14 @@ static void cpu_relax(void)
 #endif
 }
 
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val)
 {
 	/* EAGAIN (value changed) and EINTR both mean: recheck. */
@@ -67,13 +78,16 @@ static void futex_wake_all(_Atomic uint32_t *addr)
 /* Returns the generation that differs from seen. */
 static uint32_t wait_gen(struct gpud_tp *tp, uint32_t seen)
 {
+	int64_t until = now_ns() + TP_SPIN_NS;
 	uint32_t g;
 
-	for (int i = 0; i < TP_SPIN; i++) {
+	for (int i = 1;; i++) {
 		g = atomic_load_explicit(&tp->gen, memory_order_acquire);
 		if (g != seen)
 			return g;
 		cpu_relax();
+		if (i % TP_SPIN_CHECK == 0 && now_ns() > until)
+			break;
 	}
 	for (;;) {
 		atomic_fetch_add(&tp->gen_sleepers, 1);
@@ -107,12 +121,15 @@ static void *worker_main(void *p)
 
 static void wait_done(struct gpud_tp *tp)
 {
+	int64_t until = now_ns() + TP_SPIN_NS;
 	uint32_t left;
 
-	for (int i = 0; i < TP_SPIN; i++) {
+	for (int i = 1;; i++) {
 		if (atomic_load_explicit(&tp->pending, memory_order_acquire) == 0)
 			return;
 		cpu_relax();
+		if (i % TP_SPIN_CHECK == 0 && now_ns() > until)
+			break;
 	}
 	for (;;) {
 		atomic_store(&tp->done_sleeper, 1);
