@@ -26,6 +26,36 @@
 #include "gpud/gguf.h"
 #include "gpud/tokenizer.h"
 
+/* Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (see
+ * bench/meson.build): counts heap allocations made while `counting` is set,
+ * i.e. inside encode and detokenize, where there must be none. */
+static int counting;
+static long n_allocs;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__wrap_malloc(size_t n);
+void *__wrap_calloc(size_t n, size_t m);
+void *__wrap_realloc(void *p, size_t n);
+
+void *__wrap_malloc(size_t n)
+{
+	n_allocs += counting;
+	return __real_malloc(n);
+}
+
+void *__wrap_calloc(size_t n, size_t m)
+{
+	n_allocs += counting;
+	return __real_calloc(n, m);
+}
+
+void *__wrap_realloc(void *p, size_t n)
+{
+	n_allocs += counting;
+	return __real_realloc(p, n);
+}
+
 static double now(void)
 {
 	struct timespec ts;
@@ -150,7 +180,9 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	t_end = now() + 0.5;
 	do {
 		double t0 = now(), c0 = cpu_now();
+		counting = 1;
 		rc = gpud_tokenizer_encode(t, text, len, 0, ids, len + 2, &n, &a);
+		counting = 0;
 		double dt = now() - t0, dc = cpu_now() - c0;
 		if (dc < best_cpu)
 			best_cpu = dc;
@@ -168,6 +200,7 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	double d0 = now();
 	size_t ol = 0;
 	gpud_detok_init(&d);
+	counting = 1;
 	for (size_t i = 0; i < n; i++) {
 		int k = gpud_detok_push(t, &d, ids[i], out + ol, 4 * len + 64 - ol);
 		if (k < 0) {
@@ -176,6 +209,7 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 		}
 		ol += (size_t)k;
 	}
+	counting = 0;
 	double ddt = now() - d0;
 	bool same = ol == len && memcmp(out, text, len) == 0;
 
@@ -256,6 +290,7 @@ int main(int argc, char **argv)
 		bench_text(toks[i], b, "oneword", one);
 		gpud_tokenizer_free(toks[i]);
 	}
+	printf("\nheap allocations inside encode and detokenize: %ld\n", n_allocs);
 	free(prose);
 	free(mixed);
 	free(one);

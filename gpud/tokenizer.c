@@ -93,9 +93,9 @@ struct gpud_tokenizer {
 	enum gpud_chat_template chat;
 };
 
-/* Tokens a SentencePiece merge may produce from plain text: normal and
- * user-defined ones, but never an end-of-generation token (Phi-3 has
- * "</s>" as user-defined). */
+/* Tokens plain text may turn into through merges: normal and user-defined
+ * ones, but never control, unknown, byte, unused or end-of-generation
+ * tokens (Phi-3 has "</s>" as user-defined). */
 static inline bool mergeable(const struct gpud_tokenizer *t, int32_t id)
 {
 	uint8_t ty = t->tok[id].type;
@@ -1115,7 +1115,8 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 {
 	size_t mark = sw_arena_mark(ar);
 
-	if (len == 1 && t->byte_tok[w[0]] >= 0 && t->byte_tok[w[0]] < t->n_vocab) {
+	if (len == 1 && t->byte_tok[w[0]] >= 0 && t->byte_tok[w[0]] < t->n_vocab &&
+	    mergeable(t, t->byte_tok[w[0]])) {
 		emit(o, t->byte_tok[w[0]]);
 		return 0;
 	}
@@ -1175,13 +1176,15 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 		bpe_try(t, sy, li, l->next, &h);
 	}
 	for (int32_t i = 0; i >= 0; i = sy[i].next) {
-		if (sy[i].id >= 0 && sy[i].id < t->n_vocab) {
+		/* a merge result that is not a token, or is a marker, is spelled
+		 * with its bytes */
+		if (sy[i].id >= 0 && sy[i].id < t->n_vocab && mergeable(t, sy[i].id)) {
 			emit(o, sy[i].id);
 			continue;
 		}
 		for (uint32_t j = 0; j < sy[i].len; j++) {
 			int32_t b = t->byte_tok[w[sy[i].start + j]];
-			if (b >= t->n_vocab)
+			if (b >= t->n_vocab || (b >= 0 && !mergeable(t, b)))
 				b = -1;
 			if (b < 0)
 				b = t->unk;

@@ -28,7 +28,12 @@ enum {
 
 /* Builds a tokenizer from g's metadata (works on vocab-only files). The
  * tokenizer copies what it needs; g may be closed afterwards.
- * Returns 0 or a negative code with a message in err. */
+ * Returns 0, or on error (*out NULL, a message naming the key in err):
+ * SW_ENOTFOUND (no tokenizer.ggml.model), SW_EUNSUPPORTED (a model other
+ * than llama/gpt2, or a tokenizer.ggml.pre other than default, gpt-2,
+ * llama-bpe (llama3, llama-v3) or starcoder), SW_EFORMAT (tokens, scores,
+ * token_type or merges missing, of the wrong type or length, or malformed),
+ * SW_ETOOLONG (a token over 64 KiB), -ENOMEM. */
 int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g,
 			char *err, size_t errlen);
 void gpud_tokenizer_free(struct gpud_tokenizer *t); /* accepts NULL */
@@ -38,7 +43,9 @@ int32_t gpud_tokenizer_bos(const struct gpud_tokenizer *t); /* -1 if none */
 int32_t gpud_tokenizer_eos(const struct gpud_tokenizer *t); /* -1 if none */
 /* True for every end-of-generation token (EOS, EOT, <|eom_id|>, ...). */
 bool gpud_tokenizer_is_eog(const struct gpud_tokenizer *t, int32_t id);
-/* True when BOS is prepended by default (tokenizer.ggml.add_bos_token). */
+/* True when BOS is prepended by default (tokenizer.ggml.add_bos_token;
+ * without the key: true for llama and llama-bpe, false for other gpt2)
+ * and the vocab has a BOS id. */
 bool gpud_tokenizer_add_bos(const struct gpud_tokenizer *t);
 
 /* Id of the token whose text is exactly text[0..len), or -1. */
@@ -56,8 +63,10 @@ size_t gpud_tokenizer_scratch_bytes(const struct gpud_tokenizer *t, size_t len);
  * Special tokens: with GPUD_TOK_PARSE_SPECIAL, the texts of control,
  * user-defined and unknown tokens are matched first (longest match at the
  * leftmost position) and emitted as their ids. Without it, such text is
- * ordinary text, and merges never produce control, unknown, byte or unused
- * tokens. Invalid UTF-8 is kept byte for byte (byte fallback). */
+ * ordinary text, and merges never produce control, unknown, byte, unused
+ * or end-of-generation tokens. Invalid UTF-8 is kept byte for byte (byte
+ * fallback); a byte the vocab cannot spell becomes the unknown token when
+ * the vocab has one, else it is dropped. len above 1 GiB: SW_ETOOLONG. */
 int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
 			  unsigned flags, int32_t *ids, size_t cap, size_t *n_out,
 			  struct sw_arena *scratch);
