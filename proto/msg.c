@@ -1,0 +1,763 @@
+/* msg.c - payload encoding and decoding (layouts in proto/README.md). */
+#include "proto/msg.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+
+#include "common/err.h"
+
+/* SUBMIT header: offsets of its fields. */
+enum {
+	SUB_N_SEGMENTS = 0,
+	SUB_FLAGS = 4,
+	SUB_MAX_TOKENS = 8,
+	SUB_N_STOP = 12,
+	SUB_N_MASK_IDX = 16,
+	SUB_TEMPERATURE = 20,
+	SUB_TOP_K = 24,
+	SUB_TOP_P = 28,
+	SUB_MIN_P = 32,
+	SUB_PENALTY_LAST_N = 36,
+	SUB_SEED = 40,
+	SUB_REPEAT = 48,
+	SUB_FREQUENCY = 52,
+	SUB_PRESENCE = 56,
+	SUB_N_MASK_ROWS = 60,
+	SUB_HEADER = 64,
+};
+#define SUB_SEG_ENTRY 8 /* u32 length, u8 role, u8[3] zero */
+
+#define DEFAULT_SEGMENTS 64
+#define DEFAULT_TEXT (1u << 20)
+#define DEFAULT_IDS (1u << 20)
+#define DEFAULT_EMBED_DIM 65536
+#define DEFAULT_JSON (4u << 20)
+
+void proto_limits_default(struct proto_limits *lim)
+{
+	*lim = (struct proto_limits){
+		.max_segments = DEFAULT_SEGMENTS,
+		.max_stop = PROTO_MAX_STOP,
+		.max_text_bytes = DEFAULT_TEXT,
+		.max_ids = DEFAULT_IDS,
+		.max_embed_dim = DEFAULT_EMBED_DIM,
+		.max_json_bytes = DEFAULT_JSON,
+	};
+}
+
+/* The limits to check against: lim with zeroes and out-of-range values
+ * replaced by the defaults / hard limits. */
+static struct proto_limits effective(const struct proto_limits *lim)
+{
+	struct proto_limits d;
+	proto_limits_default(&d);
+	if (!lim)
+		return d;
+	struct proto_limits e = *lim;
+	if (!e.max_segments || e.max_segments > PROTO_MAX_SEGMENTS)
+		e.max_segments = e.max_segments ? PROTO_MAX_SEGMENTS : d.max_segments;
+	if (!e.max_stop || e.max_stop > PROTO_MAX_STOP)
+		e.max_stop = PROTO_MAX_STOP;
+	if (!e.max_text_bytes)
+		e.max_text_bytes = d.max_text_bytes;
+	if (!e.max_ids)
+		e.max_ids = d.max_ids;
+	if (!e.max_embed_dim)
+		e.max_embed_dim = d.max_embed_dim;
+	if (!e.max_json_bytes)
+		e.max_json_bytes = d.max_json_bytes;
+	return e;
+}
+
+const char *proto_role_name(uint8_t role)
+{
+	switch (role) {
+	case PROTO_ROLE_SYSTEM:
+		return "system";
+	case PROTO_ROLE_USER:
+		return "user";
+	case PROTO_ROLE_ASSISTANT:
+		return "assistant";
+	default:
+		return NULL;
+	}
+}
+
+/* A bounded reader over a payload: take() hands out the next n bytes or
+ * NULL when fewer remain (overflow-safe for any n). */
+struct cursor {
+	const uint8_t *p;
+	size_t len, at;
+};
+
+static const uint8_t *take(struct cursor *c, uint64_t n)
+{
+	if (n > c->len - c->at)
+		return NULL;
+	const uint8_t *r = c->p + c->at;
+	c->at += (size_t)n;
+	return r;
+}
+
+/* --- submit -------------------------------------------------------------- */
+
+/* Checks req against the hard limits and computes its encoded size. */
+static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint32_t *n_idx,
+			uint64_t *text_total, char *err, size_t errlen)
+{
+	if (!req)
+		return sw_seterr(err, errlen, -EINVAL, "submit: NULL request");
+	if (req->n_segments > PROTO_MAX_SEGMENTS)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu32
+				 " segments, at most %d", req->n_segments, PROTO_MAX_SEGMENTS);
+	if (req->n_segments && !req->segments)
+		return sw_seterr(err, errlen, -EINVAL, "submit: segments NULL");
+	if (req->flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: unknown flags 0x%" PRIx32,
+				 req->flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	bool chat = req->flags & PROTO_SUBMIT_CHAT;
+	uint64_t text = 0;
+	for (uint32_t i = 0; i < req->n_segments; i++) {
+		const struct proto_segment *s = &req->segments[i];
+		if (s->len && !s->text)
+			return sw_seterr(err, errlen, -EINVAL, "submit: segment %" PRIu32
+					 ": text NULL", i);
+		if (s->role >= PROTO_ROLE_LAST || (chat && s->role == PROTO_ROLE_NONE) ||
+		    (!chat && s->role != PROTO_ROLE_NONE))
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+					 ": role %u %s", i, s->role,
+					 chat ? "is not a chat role" : "without the chat flag");
+		text += s->len;
+	}
+	if (req->n_stop > PROTO_MAX_STOP)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu32
+				 " stop strings, at most %d", req->n_stop, PROTO_MAX_STOP);
+	if (req->n_stop && !req->stop)
+		return sw_seterr(err, errlen, -EINVAL, "submit: stop NULL");
+	uint64_t stop = 0;
+	for (uint32_t i = 0; i < req->n_stop; i++) {
+		uint32_t l = req->stop[i].len;
+		if (l == 0 || !req->stop[i].p)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop string %" PRIu32
+					 " is empty", i);
+		if (l > PROTO_MAX_STOP_LEN)
+			return sw_seterr(err, errlen, SW_ETOOLONG, "submit: stop string %" PRIu32
+					 ": %" PRIu32 " bytes, at most %d", i, l,
+					 PROTO_MAX_STOP_LEN);
+		stop += l;
+	}
+	uint32_t rows = 0;
+	uint64_t idx = 0;
+	const struct gpud_mask_desc *m = req->mask;
+	if (m && m->rows) {
+		if (m->n_segments != req->n_segments)
+			return sw_seterr(err, errlen, -EINVAL, "submit: mask has %" PRIu32
+					 " segments, the request %" PRIu32, m->n_segments,
+					 req->n_segments);
+		rows = m->n_segments + 1;
+		for (uint32_t i = 0; i < rows; i++) {
+			const struct gpud_mask_row *r = &m->rows[i];
+			if (r->n && !r->idx)
+				return sw_seterr(err, errlen, -EINVAL, "submit: mask row %" PRIu32
+						 ": idx NULL", i);
+			for (uint32_t j = 0; j < r->n; j++)
+				if (r->idx[j] > i)
+					return sw_seterr(err, errlen, SW_EFORMAT,
+							 "submit: mask row %" PRIu32 ", entry %"
+							 PRIu32 ": forward reference to segment %u",
+							 i, j, r->idx[j]);
+			idx += r->n;
+		}
+		if (idx > PROTO_MAX_MASK_IDX)
+			return sw_seterr(err, errlen, SW_ETOOLONG, "submit: mask has %" PRIu64
+					 " indices, at most %d", idx, PROTO_MAX_MASK_IDX);
+	}
+	uint64_t total = SUB_HEADER + (uint64_t)req->n_segments * SUB_SEG_ENTRY +
+			 (uint64_t)rows * 4 + idx * 2 + (uint64_t)req->n_stop * 4 + text + stop;
+	if (total > UINT32_MAX)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu64
+				 " bytes encoded, over 4 GiB", total);
+	*size = total;
+	*n_idx = (uint32_t)idx;
+	*text_total = text;
+	return 0;
+}
+
+int proto_submit_size(const struct proto_submit_req *req, size_t *size, char *err,
+		      size_t errlen)
+{
+	uint64_t total, text;
+	uint32_t n_idx;
+	if (!size)
+		return sw_seterr(err, errlen, -EINVAL, "submit: NULL size");
+	int rc = submit_check(req, &total, &n_idx, &text, err, errlen);
+	if (rc)
+		return rc;
+	*size = (size_t)total;
+	return 0;
+}
+
+int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t cap,
+			size_t *len, char *err, size_t errlen)
+{
+	uint64_t total, text;
+	uint32_t n_idx;
+	if (!len || !buf)
+		return sw_seterr(err, errlen, -EINVAL, "submit: NULL argument");
+	int rc = submit_check(req, &total, &n_idx, &text, err, errlen);
+	if (rc)
+		return rc;
+	if (total > cap)
+		return sw_seterr(err, errlen, -ENOSPC, "submit: needs %" PRIu64
+				 " bytes, buffer has %zu", total, cap);
+	const struct gpud_mask_desc *m = req->mask && req->mask->rows ? req->mask : NULL;
+	const struct gpud_sampler_params *sp = &req->sampling;
+	uint8_t *h = buf;
+	memset(h, 0, SUB_HEADER);
+	proto_put32(h + SUB_N_SEGMENTS, req->n_segments);
+	proto_put32(h + SUB_FLAGS, req->flags);
+	proto_put32(h + SUB_MAX_TOKENS, req->max_tokens);
+	proto_put32(h + SUB_N_STOP, req->n_stop);
+	proto_put32(h + SUB_N_MASK_IDX, n_idx);
+	proto_putf32(h + SUB_TEMPERATURE, sp->temperature);
+	proto_put32(h + SUB_TOP_K, (uint32_t)sp->top_k);
+	proto_putf32(h + SUB_TOP_P, sp->top_p);
+	proto_putf32(h + SUB_MIN_P, sp->min_p);
+	proto_put32(h + SUB_PENALTY_LAST_N, (uint32_t)sp->penalty_last_n);
+	proto_put64(h + SUB_SEED, sp->seed);
+	proto_putf32(h + SUB_REPEAT, sp->repeat_penalty);
+	proto_putf32(h + SUB_FREQUENCY, sp->frequency_penalty);
+	proto_putf32(h + SUB_PRESENCE, sp->presence_penalty);
+	proto_put32(h + SUB_N_MASK_ROWS, m ? m->n_segments + 1 : 0);
+	uint8_t *p = buf + SUB_HEADER;
+	for (uint32_t i = 0; i < req->n_segments; i++) {
+		proto_put32(p, req->segments[i].len);
+		p[4] = req->segments[i].role;
+		p[5] = p[6] = p[7] = 0;
+		p += SUB_SEG_ENTRY;
+	}
+	if (m) {
+		for (uint32_t i = 0; i <= m->n_segments; i++, p += 4)
+			proto_put32(p, m->rows[i].n);
+		for (uint32_t i = 0; i <= m->n_segments; i++)
+			for (uint32_t j = 0; j < m->rows[i].n; j++, p += 2)
+				proto_put16(p, m->rows[i].idx[j]);
+	}
+	for (uint32_t i = 0; i < req->n_stop; i++, p += 4)
+		proto_put32(p, req->stop[i].len);
+	for (uint32_t i = 0; i < req->n_segments; i++) {
+		if (req->segments[i].len)
+			memcpy(p, req->segments[i].text, req->segments[i].len);
+		p += req->segments[i].len;
+	}
+	for (uint32_t i = 0; i < req->n_stop; i++) {
+		memcpy(p, req->stop[i].p, req->stop[i].len);
+		p += req->stop[i].len;
+	}
+	*len = (size_t)(p - buf);
+	return 0;
+}
+
+int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			struct proto_submit *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "submit: NULL argument");
+	struct proto_limits L = effective(lim);
+	struct cursor c = { payload, len, 0 };
+	const uint8_t *src = take(&c, SUB_HEADER);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: payload of %zu bytes, the "
+				 "header alone takes %d", len, SUB_HEADER);
+	uint8_t h[SUB_HEADER];
+	proto_copy_in(h, src, sizeof(h));
+	uint32_t n_seg = proto_get32(h + SUB_N_SEGMENTS);
+	uint32_t flags = proto_get32(h + SUB_FLAGS);
+	uint32_t n_stop = proto_get32(h + SUB_N_STOP);
+	uint32_t n_idx = proto_get32(h + SUB_N_MASK_IDX);
+	uint32_t n_rows = proto_get32(h + SUB_N_MASK_ROWS);
+	if (flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: unknown bits 0x%" PRIx32,
+				 flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	if (n_seg > L.max_segments)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_segments %" PRIu32
+				 " over the limit %" PRIu32, n_seg, L.max_segments);
+	if (n_stop > L.max_stop)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_stop %" PRIu32
+				 " over the limit %" PRIu32, n_stop, L.max_stop);
+	if (n_rows != 0 && n_rows != n_seg + 1)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_rows %" PRIu32
+				 ", must be 0 or n_segments + 1 = %" PRIu32, n_rows, n_seg + 1);
+	if (n_rows == 0 && n_idx != 0)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_idx %" PRIu32
+				 " without mask rows", n_idx);
+	if (n_idx > PROTO_MAX_MASK_IDX)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_mask_idx %" PRIu32
+				 " over the limit %d", n_idx, PROTO_MAX_MASK_IDX);
+
+	struct proto_submit_req *req = &out->req;
+	memset(req, 0, sizeof(*req));
+	req->n_segments = n_seg;
+	req->flags = flags;
+	req->max_tokens = proto_get32(h + SUB_MAX_TOKENS);
+	req->n_stop = n_stop;
+	struct gpud_sampler_params *sp = &req->sampling;
+	sp->temperature = proto_getf32(h + SUB_TEMPERATURE);
+	sp->top_k = (int32_t)proto_get32(h + SUB_TOP_K);
+	sp->top_p = proto_getf32(h + SUB_TOP_P);
+	sp->min_p = proto_getf32(h + SUB_MIN_P);
+	sp->penalty_last_n = (int32_t)proto_get32(h + SUB_PENALTY_LAST_N);
+	sp->seed = proto_get64(h + SUB_SEED);
+	sp->repeat_penalty = proto_getf32(h + SUB_REPEAT);
+	sp->frequency_penalty = proto_getf32(h + SUB_FREQUENCY);
+	sp->presence_penalty = proto_getf32(h + SUB_PRESENCE);
+
+	/* Segment table: lengths and roles, copied. */
+	src = take(&c, (uint64_t)n_seg * SUB_SEG_ENTRY);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment table (%" PRIu32
+				 " entries) runs past the payload", n_seg);
+	uint8_t segtab[PROTO_MAX_SEGMENTS * SUB_SEG_ENTRY];
+	proto_copy_in(segtab, src, (size_t)n_seg * SUB_SEG_ENTRY);
+	bool chat = flags & PROTO_SUBMIT_CHAT;
+	uint64_t text_total = 0;
+	for (uint32_t i = 0; i < n_seg; i++) {
+		const uint8_t *e = segtab + (size_t)i * SUB_SEG_ENTRY;
+		uint8_t role = e[4];
+		if (e[5] || e[6] || e[7])
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+					 ": reserved bytes not zero", i);
+		if (role >= PROTO_ROLE_LAST || (chat && role == PROTO_ROLE_NONE) ||
+		    (!chat && role != PROTO_ROLE_NONE))
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+					 ": role %u %s", i, role,
+					 chat ? "is not a chat role" : "without the chat flag");
+		out->seg[i].len = proto_get32(e);
+		out->seg[i].role = role;
+		text_total += out->seg[i].len;
+	}
+	if (text_total > L.max_text_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu64
+				 " bytes of segment text over the limit %" PRIu32, text_total,
+				 L.max_text_bytes);
+
+	/* Mask rows and indices, copied, then checked on the copy. */
+	if (n_rows) {
+		src = take(&c, (uint64_t)n_rows * 4);
+		if (!src)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row counts (%"
+					 PRIu32 ") run past the payload", n_rows);
+		uint8_t counts[(PROTO_MAX_SEGMENTS + 1) * 4];
+		proto_copy_in(counts, src, (size_t)n_rows * 4);
+		const uint8_t *isrc = take(&c, (uint64_t)n_idx * 2);
+		if (!isrc)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask indices (%" PRIu32
+					 ") run past the payload", n_idx);
+		proto_copy_in(out->idx, isrc, (size_t)n_idx * 2);
+		uint64_t at = 0;
+		for (uint32_t i = 0; i < n_rows; i++) {
+			uint32_t n = proto_get32(counts + 4 * (size_t)i);
+			if (n > n_idx - at)
+				return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row %"
+						 PRIu32 ": %" PRIu32 " entries, only %" PRIu64
+						 " of n_mask_idx left", i, n, n_idx - at);
+			uint16_t *row = out->idx + at;
+			for (uint32_t j = 0; j < n; j++) {
+				row[j] = proto_get16((const uint8_t *)&row[j]);
+				if (row[j] > i)
+					return sw_seterr(err, errlen, SW_EFORMAT,
+							 "submit: mask row %" PRIu32 ", entry %"
+							 PRIu32 ": forward reference to segment %u",
+							 i, j, row[j]);
+			}
+			out->rows[i].idx = row;
+			out->rows[i].n = n;
+			at += n;
+		}
+		if (at != n_idx)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask rows hold %"
+					 PRIu64 " indices, n_mask_idx says %" PRIu32, at, n_idx);
+		out->mask.n_segments = n_seg;
+		out->mask.rows = out->rows;
+		req->mask = &out->mask;
+	}
+
+	/* Stop string lengths, copied. */
+	src = take(&c, (uint64_t)n_stop * 4);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop lengths (%" PRIu32
+				 ") run past the payload", n_stop);
+	uint8_t stoplen[PROTO_MAX_STOP * 4];
+	proto_copy_in(stoplen, src, (size_t)n_stop * 4);
+	for (uint32_t i = 0; i < n_stop; i++) {
+		uint32_t l = proto_get32(stoplen + 4 * (size_t)i);
+		if (l == 0)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop string %" PRIu32
+					 " is empty", i);
+		if (l > PROTO_MAX_STOP_LEN)
+			return sw_seterr(err, errlen, SW_ETOOLONG, "submit: stop string %" PRIu32
+					 ": %" PRIu32 " bytes over the limit %d", i, l,
+					 PROTO_MAX_STOP_LEN);
+		out->stop[i].len = l;
+	}
+
+	/* Segment text: views. */
+	for (uint32_t i = 0; i < n_seg; i++) {
+		src = take(&c, out->seg[i].len);
+		if (!src)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+					 ": text of %" PRIu32 " bytes runs past the payload", i,
+					 out->seg[i].len);
+		out->seg[i].text = (const char *)src;
+	}
+	req->segments = n_seg ? out->seg : NULL;
+
+	/* Stop strings: copies. */
+	for (uint32_t i = 0; i < n_stop; i++) {
+		src = take(&c, out->stop[i].len);
+		if (!src)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop string %" PRIu32
+					 ": %" PRIu32 " bytes run past the payload", i,
+					 out->stop[i].len);
+		proto_copy_in(out->stop_buf[i], src, out->stop[i].len);
+		out->stop[i].p = out->stop_buf[i];
+	}
+	req->stop = n_stop ? out->stop : NULL;
+
+	if (c.at != c.len)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: %zu trailing bytes after the "
+				 "last field", c.len - c.at);
+	return 0;
+}
+
+/* --- token batch ----------------------------------------------------------- */
+
+size_t proto_tokens_size(uint32_t n_ids, uint32_t text_len)
+{
+	uint64_t t = 8 + (uint64_t)n_ids * 4 + text_len;
+	return t > UINT32_MAX ? 0 : (size_t)t;
+}
+
+int proto_tokens_encode(uint8_t *buf, size_t cap, const int32_t *ids, uint32_t n_ids,
+			const char *text, uint32_t text_len, size_t *len)
+{
+	if (!buf || !len || (n_ids && !ids) || (text_len && !text))
+		return -EINVAL;
+	size_t need = proto_tokens_size(n_ids, text_len);
+	if (!need)
+		return SW_ETOOLONG;
+	if (need > cap)
+		return -ENOSPC;
+	proto_put32(buf, n_ids);
+	proto_put32(buf + 4, text_len);
+	for (uint32_t i = 0; i < n_ids; i++)
+		proto_put32(buf + 8 + 4 * (size_t)i, (uint32_t)ids[i]);
+	if (text_len)
+		memcpy(buf + 8 + 4 * (size_t)n_ids, text, text_len);
+	*len = need;
+	return 0;
+}
+
+int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			struct proto_tokens *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "tokens: NULL argument");
+	struct proto_limits L = effective(lim);
+	struct cursor c = { payload, len, 0 };
+	const uint8_t *src = take(&c, 8);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens: payload of %zu bytes, the "
+				 "header takes 8", len);
+	uint8_t h[8];
+	proto_copy_in(h, src, sizeof(h));
+	uint32_t n = proto_get32(h), tl = proto_get32(h + 4);
+	if (n > L.max_ids)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens: n_ids %" PRIu32
+				 " over the limit %" PRIu32, n, L.max_ids);
+	if (tl > L.max_text_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens: text_len %" PRIu32
+				 " over the limit %" PRIu32, tl, L.max_text_bytes);
+	const uint8_t *ids = take(&c, (uint64_t)n * 4);
+	const uint8_t *text = ids ? take(&c, tl) : NULL;
+	if (!ids || !text || c.at != c.len)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens: n_ids %" PRIu32 " and text_len %"
+				 PRIu32 " do not add up to the payload of %zu bytes", n, tl, len);
+	*out = (struct proto_tokens){ n, ids, tl, (const char *)text };
+	return 0;
+}
+
+/* --- done ------------------------------------------------------------------ */
+
+int proto_done_encode(uint8_t *buf, size_t cap, const struct proto_done *d, size_t *len)
+{
+	if (!buf || !d || !len)
+		return -EINVAL;
+	if (cap < PROTO_DONE_SIZE)
+		return -ENOSPC;
+	proto_put32(buf, d->prompt_tokens);
+	proto_put32(buf + 4, d->cached_prompt_tokens);
+	proto_put32(buf + 8, d->generated_tokens);
+	proto_put32(buf + 12, d->stop_reason);
+	proto_put64(buf + 16, d->queue_us);
+	proto_put64(buf + 24, d->prefill_us);
+	proto_put64(buf + 32, d->decode_us);
+	proto_put64(buf + 40, d->total_us);
+	*len = PROTO_DONE_SIZE;
+	return 0;
+}
+
+int proto_done_decode(const uint8_t *payload, size_t len, struct proto_done *out,
+		      char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "done: NULL argument");
+	if (len != PROTO_DONE_SIZE)
+		return sw_seterr(err, errlen, SW_EFORMAT, "done: payload of %zu bytes, expected %d",
+				 len, PROTO_DONE_SIZE);
+	uint8_t b[PROTO_DONE_SIZE];
+	proto_copy_in(b, payload, sizeof(b));
+	out->prompt_tokens = proto_get32(b);
+	out->cached_prompt_tokens = proto_get32(b + 4);
+	out->generated_tokens = proto_get32(b + 8);
+	out->stop_reason = proto_get32(b + 12);
+	out->queue_us = proto_get64(b + 16);
+	out->prefill_us = proto_get64(b + 24);
+	out->decode_us = proto_get64(b + 32);
+	out->total_us = proto_get64(b + 40);
+	if (out->cached_prompt_tokens > out->prompt_tokens)
+		return sw_seterr(err, errlen, SW_EFORMAT, "done: cached_prompt_tokens %" PRIu32
+				 " > prompt_tokens %" PRIu32, out->cached_prompt_tokens,
+				 out->prompt_tokens);
+	return 0;
+}
+
+/* --- error ----------------------------------------------------------------- */
+
+size_t proto_error_size(size_t msg_len)
+{
+	if (msg_len > PROTO_MAX_ERROR_MSG - 1)
+		msg_len = PROTO_MAX_ERROR_MSG - 1;
+	return 8 + msg_len;
+}
+
+int proto_error_encode(uint8_t *buf, size_t cap, int32_t code, const char *msg, size_t *len)
+{
+	if (!buf || !len || code >= 0)
+		return -EINVAL;
+	size_t ml = msg ? strnlen(msg, PROTO_MAX_ERROR_MSG - 1) : 0;
+	if (8 + ml > cap)
+		return -ENOSPC;
+	proto_put32(buf, (uint32_t)code);
+	proto_put32(buf + 4, (uint32_t)ml);
+	if (ml)
+		memcpy(buf + 8, msg, ml);
+	*len = 8 + ml;
+	return 0;
+}
+
+int proto_error_decode(const uint8_t *payload, size_t len, struct proto_error *out,
+		       char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "error: NULL argument");
+	if (len < 8)
+		return sw_seterr(err, errlen, SW_EFORMAT, "error: payload of %zu bytes, the "
+				 "header takes 8", len);
+	uint8_t h[8];
+	proto_copy_in(h, payload, sizeof(h));
+	int32_t code = (int32_t)proto_get32(h);
+	uint32_t ml = proto_get32(h + 4);
+	if (code >= 0)
+		return sw_seterr(err, errlen, SW_EFORMAT, "error: code %" PRId32
+				 " is not negative", code);
+	if (ml > PROTO_MAX_ERROR_MSG - 1)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "error: message of %" PRIu32
+				 " bytes over the limit %d", ml, PROTO_MAX_ERROR_MSG - 1);
+	if (len - 8 != ml)
+		return sw_seterr(err, errlen, SW_EFORMAT, "error: msg_len %" PRIu32
+				 " but %zu bytes follow", ml, len - 8);
+	out->code = code;
+	proto_copy_in(out->msg, payload + 8, ml);
+	out->msg[ml] = '\0';
+	return 0;
+}
+
+/* --- tokenize / embed requests ------------------------------------------------ */
+
+size_t proto_text_req_size(uint32_t len)
+{
+	return (size_t)8 + len; /* never over u32 + 8, which size_t holds */
+}
+
+static uint32_t text_req_known(uint16_t type)
+{
+	return type == PROTO_T_TOKENIZE ? PROTO_TOK_FLAGS_KNOWN : 0;
+}
+
+int proto_text_req_encode(uint16_t type, uint8_t *buf, size_t cap, uint32_t flags,
+			  const char *text, uint32_t len, size_t *out_len)
+{
+	if (!buf || !out_len || (len && !text) ||
+	    (type != PROTO_T_TOKENIZE && type != PROTO_T_EMBED) ||
+	    (flags & ~text_req_known(type)))
+		return -EINVAL;
+	if (proto_text_req_size(len) > cap)
+		return -ENOSPC;
+	proto_put32(buf, flags);
+	proto_put32(buf + 4, len);
+	if (len)
+		memcpy(buf + 8, text, len);
+	*out_len = proto_text_req_size(len);
+	return 0;
+}
+
+int proto_text_req_decode(uint16_t type, const uint8_t *payload, size_t len,
+			  const struct proto_limits *lim, struct proto_text_req *out,
+			  char *err, size_t errlen)
+{
+	if (!out || (!payload && len) || (type != PROTO_T_TOKENIZE && type != PROTO_T_EMBED))
+		return sw_seterr(err, errlen, -EINVAL, "text request: bad argument");
+	const char *tn = proto_type_name(type);
+	struct proto_limits L = effective(lim);
+	if (len < 8)
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: payload of %zu bytes, the header "
+				 "takes 8", tn, len);
+	uint8_t h[8];
+	proto_copy_in(h, payload, sizeof(h));
+	uint32_t flags = proto_get32(h), tl = proto_get32(h + 4);
+	if (flags & ~text_req_known(type))
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: flags: unknown bits 0x%" PRIx32, tn,
+				 flags & ~text_req_known(type));
+	if (tl > L.max_text_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: text_len %" PRIu32
+				 " over the limit %" PRIu32, tn, tl, L.max_text_bytes);
+	if (len - 8 != tl)
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: text_len %" PRIu32
+				 " but %zu bytes follow", tn, tl, len - 8);
+	*out = (struct proto_text_req){ flags, (const char *)payload + 8, tl };
+	return 0;
+}
+
+/* --- embed reply --------------------------------------------------------------- */
+
+size_t proto_embedding_size(uint32_t dim)
+{
+	uint64_t t = 8 + (uint64_t)dim * 4;
+	return t > UINT32_MAX ? 0 : (size_t)t;
+}
+
+int proto_embedding_encode(uint8_t *buf, size_t cap, const float *values, uint32_t dim,
+			   size_t *len)
+{
+	if (!buf || !len || (dim && !values))
+		return -EINVAL;
+	size_t need = proto_embedding_size(dim);
+	if (!need)
+		return SW_ETOOLONG;
+	if (need > cap)
+		return -ENOSPC;
+	proto_put32(buf, dim);
+	proto_put32(buf + 4, 0);
+	for (uint32_t i = 0; i < dim; i++)
+		proto_putf32(buf + 8 + 4 * (size_t)i, values[i]);
+	*len = need;
+	return 0;
+}
+
+int proto_embedding_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			   struct proto_embedding *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "embedding: NULL argument");
+	struct proto_limits L = effective(lim);
+	if (len < 8)
+		return sw_seterr(err, errlen, SW_EFORMAT, "embedding: payload of %zu bytes, the "
+				 "header takes 8", len);
+	uint8_t h[8];
+	proto_copy_in(h, payload, sizeof(h));
+	uint32_t dim = proto_get32(h);
+	if (proto_get32(h + 4))
+		return sw_seterr(err, errlen, SW_EFORMAT, "embedding: reserved word not zero");
+	if (dim > L.max_embed_dim)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "embedding: dim %" PRIu32
+				 " over the limit %" PRIu32, dim, L.max_embed_dim);
+	if ((len - 8) / 4 != dim || (len - 8) % 4)
+		return sw_seterr(err, errlen, SW_EFORMAT, "embedding: dim %" PRIu32
+				 " but %zu bytes follow", dim, len - 8);
+	*out = (struct proto_embedding){ dim, payload + 8 };
+	return 0;
+}
+
+/* --- mem request, JSON replies ---------------------------------------------------- */
+
+int proto_mem_req_encode(uint8_t *buf, size_t cap, uint32_t flags, size_t *len)
+{
+	if (!buf || !len || (flags & ~PROTO_MEM_FLAGS_KNOWN))
+		return -EINVAL;
+	if (cap < PROTO_MEM_REQ_SIZE)
+		return -ENOSPC;
+	proto_put32(buf, flags);
+	*len = PROTO_MEM_REQ_SIZE;
+	return 0;
+}
+
+int proto_mem_req_decode(const uint8_t *payload, size_t len, uint32_t *flags,
+			 char *err, size_t errlen)
+{
+	if (!flags || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "mem: NULL argument");
+	if (len != PROTO_MEM_REQ_SIZE)
+		return sw_seterr(err, errlen, SW_EFORMAT, "mem: payload of %zu bytes, expected %d",
+				 len, PROTO_MEM_REQ_SIZE);
+	uint8_t b[PROTO_MEM_REQ_SIZE];
+	proto_copy_in(b, payload, sizeof(b));
+	uint32_t f = proto_get32(b);
+	if (f & ~PROTO_MEM_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "mem: flags: unknown bits 0x%" PRIx32,
+				 f & ~PROTO_MEM_FLAGS_KNOWN);
+	*flags = f;
+	return 0;
+}
+
+size_t proto_json_size(uint32_t len)
+{
+	return (size_t)4 + len;
+}
+
+int proto_json_encode(uint8_t *buf, size_t cap, const char *json, uint32_t len,
+		      size_t *out_len)
+{
+	if (!buf || !out_len || (len && !json))
+		return -EINVAL;
+	if (proto_json_size(len) > cap)
+		return -ENOSPC;
+	proto_put32(buf, len);
+	if (len)
+		memcpy(buf + 4, json, len);
+	*out_len = proto_json_size(len);
+	return 0;
+}
+
+int proto_json_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+		      struct proto_text *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "json: NULL argument");
+	struct proto_limits L = effective(lim);
+	if (len < 4)
+		return sw_seterr(err, errlen, SW_EFORMAT, "json: payload of %zu bytes, the "
+				 "length takes 4", len);
+	uint8_t h[4];
+	proto_copy_in(h, payload, sizeof(h));
+	uint32_t jl = proto_get32(h);
+	if (jl > L.max_json_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "json: %" PRIu32
+				 " bytes over the limit %" PRIu32, jl, L.max_json_bytes);
+	if (len - 4 != jl)
+		return sw_seterr(err, errlen, SW_EFORMAT, "json: length %" PRIu32
+				 " but %zu bytes follow", jl, len - 4);
+	*out = (struct proto_text){ (const char *)payload + 4, jl };
+	return 0;
+}

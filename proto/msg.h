@@ -1,0 +1,287 @@
+/* msg.h - payloads of the frames: encoding and decoding (DESIGN §4; byte
+ * layouts in proto/README.md).
+ *
+ * Requests (SUBMIT, TOKENIZE, EMBED, MEM) are written by the client into
+ * the request area of its region; replies (TOKENS, DONE, ERROR, *_REPLY)
+ * by gpud into the response ring. Every payload is a sequence of
+ * little-endian fields with no internal offsets: counts come first, then
+ * arrays, then string bytes, and the sizes must add up to exactly the
+ * payload length. Decoding checks every count against the payload length
+ * (overflow-safe) and against struct proto_limits: malformed input gives
+ * SW_EFORMAT, a count over a limit SW_ETOOLONG, both with a message naming
+ * the field ("submit: segment 3: length 70000 runs past the payload").
+ *
+ * Nothing here allocates. Decoders fill caller-provided structs:
+ *
+ *   COPIED into the struct (private memory): every fixed field and count,
+ *   segment lengths and roles, sampling parameters, the mask descriptor's
+ *   rows and indices, stop strings, error messages, usage. These are what
+ *   gpud validates and then acts on; the peer can rewrite the shared bytes
+ *   at any time, so they are read once (proto_copy_in) and the checks and
+ *   all later uses see the same private copy. A mask index changed after
+ *   validation would otherwise index a bitset out of bounds.
+ *
+ *   VIEWS into the region: segment text, tokenize/embed text, token ids
+ *   and text of a batch, embedding values, JSON. A view's pointer and
+ *   length are private copies, validated to lie inside the payload, and
+ *   the region can neither shrink nor grow (sealed), so reading a view
+ *   never leaves the mapping. A peer that rewrites the bytes behind a view
+ *   only corrupts its own request. Readers must therefore treat view bytes
+ *   as untrusted (bounded by the view's length) and must not assume two
+ *   reads return the same bytes; a reader that needs them stable (say, a
+ *   two-pass parser) copies them first. Protocol rule (README): a
+ *   request's bytes are lent to gpud until gpud's first reply record for
+ *   that request id, and a ring record is stable until the consumer
+ *   releases it.
+ */
+#ifndef PROTO_MSG_H
+#define PROTO_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/mask.h"
+#include "gpud/sampler.h"
+#include "proto/frame.h"
+
+/* Hard limits of the format (struct proto_limits may only lower them). */
+#define PROTO_MAX_SEGMENTS GPUD_MASK_MAX_SEGMENTS
+/* Index storage for a full descriptor: row i can name i + 1 segments. */
+#define PROTO_MAX_MASK_IDX ((PROTO_MAX_SEGMENTS + 1) * (PROTO_MAX_SEGMENTS + 2) / 2)
+#define PROTO_MAX_STOP GPUD_STOP_MAX_STRINGS
+#define PROTO_MAX_STOP_LEN GPUD_STOP_MAX_LEN
+#define PROTO_MAX_ERROR_MSG 256 /* bytes including the NUL */
+
+/* Configured limits, checked by the decoders (gpud fills them from its
+ * config). A field of 0 means the hard limit (or, for byte counts, the
+ * default). */
+struct proto_limits {
+	uint32_t max_segments;   /* <= PROTO_MAX_SEGMENTS; default 64 */
+	uint32_t max_stop;       /* <= PROTO_MAX_STOP */
+	uint32_t max_text_bytes; /* segment text in all (submit), or the text
+				  * of a tokenize/embed request; default 1 MiB */
+	uint32_t max_ids;        /* ids in a token batch / tokenize reply;
+				  * default 1 Mi */
+	uint32_t max_embed_dim;  /* default 65536 */
+	uint32_t max_json_bytes; /* stats/mem replies; default 4 MiB */
+};
+
+/* Fills *lim with the defaults. */
+void proto_limits_default(struct proto_limits *lim);
+
+/* --- submit ------------------------------------------------------------- */
+
+#define PROTO_SUBMIT_CHAT 0x1u /* format segments as chat messages (roles) */
+#define PROTO_SUBMIT_FLAGS_KNOWN PROTO_SUBMIT_CHAT
+
+/* Roles for chat formatting (PROTO_SUBMIT_CHAT); grow at the end. */
+enum proto_role {
+	PROTO_ROLE_NONE = 0, /* plain text (only without PROTO_SUBMIT_CHAT) */
+	PROTO_ROLE_SYSTEM = 1,
+	PROTO_ROLE_USER = 2,
+	PROTO_ROLE_ASSISTANT = 3,
+	PROTO_ROLE_LAST = 4,
+};
+
+/* "system", "user", "assistant"; NULL for NONE or unknown. */
+const char *proto_role_name(uint8_t role);
+
+struct proto_text {
+	const char *p; /* (len) bytes, not NUL-terminated */
+	uint32_t len;
+};
+
+struct proto_segment {
+	const char *text; /* (len) bytes, not NUL-terminated; a view after decode */
+	uint32_t len;
+	uint8_t role;     /* enum proto_role */
+};
+
+/* A generation request, as the client fills it to encode and as decode
+ * presents it. */
+struct proto_submit_req {
+	uint32_t n_segments;
+	const struct proto_segment *segments; /* (n_segments) */
+	/* NULL, or rows NULL: no descriptor (plain causal). Otherwise
+	 * n_segments must equal the request's n_segments and rows holds
+	 * n_segments + 1 rows (the last is G). */
+	const struct gpud_mask_desc *mask;
+	struct gpud_sampler_params sampling;
+	uint32_t max_tokens;
+	uint32_t flags;                /* PROTO_SUBMIT_* */
+	uint32_t n_stop;
+	const struct proto_text *stop; /* (n_stop) stop strings, 1..64 bytes */
+};
+
+/* Decode storage (about 23 KiB: keep it in a preallocated request slot,
+ * not on a small stack). After a successful decode, req points into this
+ * struct (mask rows and indices, stop strings: copies) and into the region
+ * (segment text: views). */
+struct proto_submit {
+	struct proto_submit_req req;
+	struct proto_segment seg[PROTO_MAX_SEGMENTS];
+	struct gpud_mask_desc mask;
+	struct gpud_mask_row rows[PROTO_MAX_SEGMENTS + 1];
+	uint16_t idx[PROTO_MAX_MASK_IDX];
+	struct proto_text stop[PROTO_MAX_STOP];
+	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN];
+};
+
+/* Bytes the encoded request takes. Checks the request against the hard
+ * limits (segments, stop strings and their lengths, mask shape, indices
+ * in range and not forward, flags, roles, sizes overflowing u32): returns
+ * 0, -EINVAL (NULL where data is needed, mask n_segments mismatch) or
+ * SW_EFORMAT / SW_ETOOLONG with a message. */
+int proto_submit_size(const struct proto_submit_req *req, size_t *size, char *err,
+		      size_t errlen);
+
+/* Encodes req into buf (cap bytes) and sets *len. Same checks and returns
+ * as proto_submit_size, plus -ENOSPC when cap is too small (buf may then
+ * be partly written). */
+int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t cap,
+			size_t *len, char *err, size_t errlen);
+
+/* Decodes a SUBMIT payload (len bytes, normally in the request area) into
+ * *out, checking against lim (NULL: defaults). Returns 0, SW_EFORMAT,
+ * SW_ETOOLONG or -EINVAL (NULL arguments), with a message naming the
+ * field. The mask descriptor is checked for shape, range and forward
+ * references as gpud_mask_validate does; the sampling parameters are
+ * copied unchecked (gpud_sampler_params_check is gpud's job). On error
+ * *out is unspecified. */
+int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			struct proto_submit *out, char *err, size_t errlen);
+
+/* --- token batch (TOKENS; also TOKENIZE_REPLY, with text usually empty) -- */
+
+struct proto_tokens {
+	uint32_t n_ids;
+	const uint8_t *ids_le; /* view: (n_ids) little-endian i32 */
+	uint32_t text_len;
+	const char *text;      /* view: (text_len) bytes of UTF-8 */
+};
+
+static inline int32_t proto_tokens_id(const struct proto_tokens *t, uint32_t i)
+{
+	return (int32_t)proto_get32(t->ids_le + 4 * (size_t)i);
+}
+
+/* Bytes of a batch with n_ids ids and text_len bytes of text; 0 when the
+ * total would not fit in u32. */
+size_t proto_tokens_size(uint32_t n_ids, uint32_t text_len);
+
+/* Encodes into buf (cap bytes, e.g. from proto_ring_reserve); sets *len.
+ * Returns 0, -EINVAL (NULL with a nonzero count), -ENOSPC, SW_ETOOLONG
+ * (total over u32). */
+int proto_tokens_encode(uint8_t *buf, size_t cap, const int32_t *ids, uint32_t n_ids,
+			const char *text, uint32_t text_len, size_t *len);
+
+/* Decodes a TOKENS or TOKENIZE_REPLY payload; views point into payload.
+ * Returns 0, SW_EFORMAT, SW_ETOOLONG (n_ids or text over lim) or -EINVAL. */
+int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			struct proto_tokens *out, char *err, size_t errlen);
+
+/* --- done ------------------------------------------------------------------ */
+
+#define PROTO_DONE_SIZE 48
+
+struct proto_done {
+	uint32_t prompt_tokens;
+	uint32_t cached_prompt_tokens; /* <= prompt_tokens */
+	uint32_t generated_tokens;
+	uint32_t stop_reason;          /* enum gpud_stop_reason, or 4 = canceled */
+	uint64_t queue_us;             /* admission to first scheduled step */
+	uint64_t prefill_us;
+	uint64_t decode_us;
+	uint64_t total_us;
+};
+
+#define PROTO_STOP_CANCELED 4
+
+/* Encodes PROTO_DONE_SIZE bytes. Returns 0, -EINVAL or -ENOSPC. */
+int proto_done_encode(uint8_t *buf, size_t cap, const struct proto_done *d, size_t *len);
+/* Copies the usage out. SW_EFORMAT for a wrong length or cached > prompt. */
+int proto_done_decode(const uint8_t *payload, size_t len, struct proto_done *out,
+		      char *err, size_t errlen);
+
+/* --- error ----------------------------------------------------------------- */
+
+struct proto_error {
+	int32_t code;                  /* negative: SW_E* or -errno */
+	char msg[PROTO_MAX_ERROR_MSG]; /* copied, NUL-terminated */
+};
+
+/* Bytes for a message of msg_len bytes (truncated to
+ * PROTO_MAX_ERROR_MSG - 1). */
+size_t proto_error_size(size_t msg_len);
+/* Encodes code (must be negative) and msg (may be NULL; truncated to
+ * PROTO_MAX_ERROR_MSG - 1 bytes so an error always fits). Returns 0,
+ * -EINVAL or -ENOSPC. */
+int proto_error_encode(uint8_t *buf, size_t cap, int32_t code, const char *msg, size_t *len);
+/* SW_EFORMAT for a non-negative code or lengths that do not add up,
+ * SW_ETOOLONG for a message over the limit. */
+int proto_error_decode(const uint8_t *payload, size_t len, struct proto_error *out,
+		       char *err, size_t errlen);
+
+/* --- tokenize / embed requests ---------------------------------------------- */
+
+#define PROTO_TOK_ADD_BOS 0x1u       /* tokenize: add BOS when the vocab asks */
+#define PROTO_TOK_PARSE_SPECIAL 0x2u /* tokenize: recognize special tokens */
+#define PROTO_TOK_FLAGS_KNOWN (PROTO_TOK_ADD_BOS | PROTO_TOK_PARSE_SPECIAL)
+
+struct proto_text_req {
+	uint32_t flags;   /* PROTO_TOK_* for tokenize; 0 for embed */
+	const char *text; /* view */
+	uint32_t len;
+};
+
+/* Bytes of a tokenize/embed request with len bytes of text (0 when over
+ * u32). */
+size_t proto_text_req_size(uint32_t len);
+/* Encodes a TOKENIZE (type PROTO_T_TOKENIZE) or EMBED request. Returns 0,
+ * -EINVAL (bad type or flags, NULL text with len > 0) or -ENOSPC. */
+int proto_text_req_encode(uint16_t type, uint8_t *buf, size_t cap, uint32_t flags,
+			  const char *text, uint32_t len, size_t *out_len);
+/* Decodes one; unknown flags -> SW_EFORMAT, text over max_text_bytes ->
+ * SW_ETOOLONG. */
+int proto_text_req_decode(uint16_t type, const uint8_t *payload, size_t len,
+			  const struct proto_limits *lim, struct proto_text_req *out,
+			  char *err, size_t errlen);
+
+/* --- embed reply ------------------------------------------------------------ */
+
+struct proto_embedding {
+	uint32_t dim;
+	const uint8_t *values_le; /* view: (dim) little-endian f32 */
+};
+
+static inline float proto_embedding_value(const struct proto_embedding *e, uint32_t i)
+{
+	return proto_getf32(e->values_le + 4 * (size_t)i);
+}
+
+size_t proto_embedding_size(uint32_t dim); /* 0 when over u32 */
+int proto_embedding_encode(uint8_t *buf, size_t cap, const float *values, uint32_t dim,
+			   size_t *len);
+/* SW_EFORMAT when lengths disagree, SW_ETOOLONG when dim > max_embed_dim. */
+int proto_embedding_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			   struct proto_embedding *out, char *err, size_t errlen);
+
+/* --- mem request, stats/mem replies --------------------------------------- */
+
+#define PROTO_MEM_REQ_SIZE 4
+#define PROTO_MEM_DUMP_OWNERS 0x1u /* also dump every block's owner to the
+				    * server's dump file (path in the reply) */
+#define PROTO_MEM_FLAGS_KNOWN PROTO_MEM_DUMP_OWNERS
+
+int proto_mem_req_encode(uint8_t *buf, size_t cap, uint32_t flags, size_t *len);
+int proto_mem_req_decode(const uint8_t *payload, size_t len, uint32_t *flags,
+			 char *err, size_t errlen);
+
+/* STATS_REPLY / MEM_REPLY: u32 length + JSON text (a view). */
+size_t proto_json_size(uint32_t len); /* 0 when over u32 */
+int proto_json_encode(uint8_t *buf, size_t cap, const char *json, uint32_t len,
+		      size_t *out_len);
+int proto_json_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+		      struct proto_text *out, char *err, size_t errlen);
+
+#endif
