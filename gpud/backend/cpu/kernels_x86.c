@@ -74,13 +74,19 @@ TGT_INLINE void deq32(enum gpud_type QT, const uint8_t *blk, __m256 w[4])
 			w[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
 		}
 	} else {
-		__m256i q = unpack_q4(blk + 2);
-		__m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+		/* Bytes 0-7 and 8-15 widened to 32 bits: low nibbles are
+		 * weights 0-15, high nibbles 16-31. n * d - 8 * d is exactly
+		 * (n - 8) * d (both fit in 24 bits), so one fma does the
+		 * offset and the scale, and only two shuffles are needed. */
+		const __m256 m8d = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+		const __m256i mask = _mm256_set1_epi32(0xf);
+		__m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2)));
+		__m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 10)));
 
-		w[0] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)));
-		w[1] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))));
-		w[2] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)));
-		w[3] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))));
+		w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), d, m8d);
+		w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, mask)), d, m8d);
+		w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m8d);
+		w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), d, m8d);
 	}
 }
 
