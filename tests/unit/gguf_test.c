@@ -393,6 +393,149 @@ static void test_open_errors(void **state)
 	assert_non_null(strstr(errbuf, "<memory>"));
 }
 
+/* Integer getters convert any integer type whose value fits; float getters
+ * take f32 and f64. */
+static void test_conversions(void **state)
+{
+	(void)state;
+	struct raw r = { 0 };
+	raw_u32(&r, GPUD_GGUF_MAGIC);
+	raw_u32(&r, 3);
+	raw_u64(&r, 0);
+	raw_u64(&r, 12);
+	raw_str(&r, "u8");
+	raw_u32(&r, GPUD_GGUF_U8);
+	raw_u8(&r, 200);
+	raw_str(&r, "i8");
+	raw_u32(&r, GPUD_GGUF_I8);
+	raw_u8(&r, 0xfb); /* -5 */
+	raw_str(&r, "u16");
+	raw_u32(&r, GPUD_GGUF_U16);
+	uint16_t u16 = 60000;
+	raw_put(&r, &u16, 2);
+	raw_str(&r, "i16");
+	raw_u32(&r, GPUD_GGUF_I16);
+	int16_t i16 = -3000;
+	raw_put(&r, &i16, 2);
+	raw_str(&r, "u64");
+	raw_u32(&r, GPUD_GGUF_U64);
+	raw_u64(&r, 1ull << 40);
+	raw_str(&r, "i64");
+	raw_u32(&r, GPUD_GGUF_I64);
+	raw_u64(&r, (uint64_t)-7);
+	raw_str(&r, "i64big");
+	raw_u32(&r, GPUD_GGUF_I64);
+	raw_u64(&r, 1ull << 35);
+	raw_str(&r, "f64");
+	raw_u32(&r, GPUD_GGUF_F64);
+	double d = 0.125;
+	raw_put(&r, &d, 8);
+	raw_str(&r, "arr_u32");
+	raw_u32(&r, GPUD_GGUF_ARRAY);
+	raw_u32(&r, GPUD_GGUF_U32);
+	raw_u64(&r, 2);
+	raw_u32(&r, 7);
+	raw_u32(&r, 3000000000u);
+	raw_str(&r, "arr_i16");
+	raw_u32(&r, GPUD_GGUF_ARRAY);
+	raw_u32(&r, GPUD_GGUF_I16);
+	raw_u64(&r, 1);
+	raw_put(&r, &i16, 2);
+	raw_str(&r, "arr_f64");
+	raw_u32(&r, GPUD_GGUF_ARRAY);
+	raw_u32(&r, GPUD_GGUF_F64);
+	raw_u64(&r, 1);
+	raw_put(&r, &d, 8);
+	raw_str(&r, "arr_bool");
+	raw_u32(&r, GPUD_GGUF_ARRAY);
+	raw_u32(&r, GPUD_GGUF_BOOL);
+	raw_u64(&r, 2);
+	raw_u8(&r, 0);
+	raw_u8(&r, 1);
+
+	struct gpud_gguf *g;
+	int rc = gpud_gguf_open_mem(&g, r.p, r.len, "conv.gguf", errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	uint32_t u;
+	int32_t i;
+	uint64_t u64;
+	float f;
+	bool b;
+	assert_int_equal(gpud_gguf_get_u32(g, "u8", &u), 0);
+	assert_int_equal(u, 200);
+	assert_int_equal(gpud_gguf_get_i32(g, "u8", &i), 0);
+	assert_int_equal(i, 200);
+	assert_int_equal(gpud_gguf_get_i32(g, "i8", &i), 0);
+	assert_int_equal(i, -5);
+	assert_int_equal(gpud_gguf_get_u32(g, "i8", &u), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_u64(g, "i8", &u64), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_u32(g, "u16", &u), 0);
+	assert_int_equal(u, 60000);
+	assert_int_equal(gpud_gguf_get_i32(g, "i16", &i), 0);
+	assert_int_equal(i, -3000);
+	assert_int_equal(gpud_gguf_get_u64(g, "u64", &u64), 0);
+	assert_int_equal(u64, 1ull << 40);
+	assert_int_equal(gpud_gguf_get_u32(g, "u64", &u), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_i32(g, "i64", &i), 0);
+	assert_int_equal(i, -7);
+	assert_int_equal(gpud_gguf_get_i32(g, "i64big", &i), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_u64(g, "i64big", &u64), 0);
+	assert_int_equal(u64, 1ull << 35);
+	assert_int_equal(gpud_gguf_get_f32(g, "f64", &f), 0);
+	assert_float_equal(f, 0.125f, 0.0f);
+	assert_int_equal(gpud_gguf_get_u32(g, "f64", &u), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_f32(g, "u8", &f), SW_ETYPE);
+	assert_int_equal(gpud_gguf_get_bool(g, "u8", &b), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_i32(g, "arr_u32", 0, &i), 0);
+	assert_int_equal(i, 7);
+	assert_int_equal(gpud_gguf_arr_i32(g, "arr_u32", 1, &i), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_i32(g, "arr_u32", 2, &i), -ERANGE);
+	assert_int_equal(gpud_gguf_arr_i32(g, "arr_i16", 0, &i), 0);
+	assert_int_equal(i, -3000);
+	assert_int_equal(gpud_gguf_arr_f32(g, "arr_f64", 0, &f), 0);
+	assert_float_equal(f, 0.125f, 0.0f);
+	assert_int_equal(gpud_gguf_arr_f32(g, "arr_i16", 0, &f), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_i32(g, "arr_bool", 1, &i), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_i32(g, "u8", 0, &i), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_f32(g, "nope", 0, &f), SW_ENOTFOUND);
+	enum gpud_gguf_vtype vt;
+	const void *data;
+	uint64_t n;
+	assert_int_equal(gpud_gguf_arr_data(g, "arr_bool", &vt, &data, &n), 0);
+	assert_int_equal(vt, GPUD_GGUF_BOOL);
+	assert_int_equal(n, 2);
+	assert_int_equal(((const uint8_t *)data)[1], 1);
+	assert_int_equal(gpud_gguf_arr_data(g, "u8", &vt, &data, &n), SW_ETYPE);
+	assert_int_equal(gpud_gguf_arr_data(g, "nope", &vt, &data, &n), SW_ENOTFOUND);
+	/* No tensors and no padding: the data section is the file's end. */
+	assert_int_equal(gpud_gguf_data_offset(g), r.len);
+	gpud_gguf_close(g);
+	free(r.p);
+
+	/* Type helpers. */
+	assert_int_equal(gpud_type_block_elems(GPUD_TYPE_Q4_0), 32);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q4_0), 18);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q8_0), 34);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_BF16), 2);
+	assert_int_equal(gpud_type_block_elems((enum gpud_type)12), 0);
+	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_Q8_0, 64), 68);
+	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_F16, 3), 6);
+	assert_int_equal(gpud_type_row_bytes((enum gpud_type)3, 64), 0);
+	assert_string_equal(gpud_type_name(GPUD_TYPE_BF16), "bf16");
+	assert_string_equal(gpud_type_name((enum gpud_type)14), "q6_k");
+	assert_string_equal(gpud_type_name((enum gpud_type)1000), "?");
+	assert_int_equal(gpud_type_parse("q4_0"), GPUD_TYPE_Q4_0);
+	assert_int_equal(gpud_type_parse("F16"), GPUD_TYPE_F16);
+	assert_int_equal(gpud_type_parse("q4_k"), -1);
+	assert_int_equal(gpud_type_parse(""), -1);
+	assert_int_equal(gpud_type_parse(NULL), -1);
+	assert_true(gpud_type_supported(GPUD_TYPE_F32));
+	assert_false(gpud_type_supported((enum gpud_type)3));
+	assert_string_equal(gpud_gguf_vtype_name(GPUD_GGUF_STRING), "string");
+	assert_string_equal(gpud_gguf_vtype_name((enum gpud_gguf_vtype)13), "?");
+}
+
 /* --- corruption ----------------------------------------------------------------- */
 
 static void test_small_valid(void **state)
@@ -1062,6 +1205,7 @@ int main(void)
 		cmocka_unit_test(test_stories260k),
 		cmocka_unit_test(test_tokenizer_files),
 		cmocka_unit_test(test_open_errors),
+		cmocka_unit_test(test_conversions),
 		cmocka_unit_test(test_small_valid),
 		cmocka_unit_test(test_corruptions),
 		cmocka_unit_test(test_small_truncate_and_flip),
