@@ -45,6 +45,8 @@ size_t bench_llc_bytes(void)
 	return best ? best : (size_t)32 << 20;
 }
 
+#define BENCH_MEMCPY_RUNS 9
+
 struct copy_job {
 	char *dst;
 	const char *src;
@@ -81,7 +83,7 @@ double bench_memcpy_gbs(size_t bytes, int threads)
 	/* Fault every page in before timing. */
 	memset(src, 1, bytes);
 	memset(dst, 2, bytes);
-	for (int run = 0; run < 5; run++) {
+	for (int run = 0; run < BENCH_MEMCPY_RUNS; run++) {
 		size_t per = (bytes / (size_t)threads) & ~(size_t)4095;
 		int started = 0;
 		double t0, t;

@@ -18,7 +18,7 @@ size_t bench_llc_bytes(void);
 
 /* Copies a buffer of `bytes` (use several times the LLC) with `threads`
  * threads, each copying a contiguous slice with memcpy, and returns the
- * best of 5 runs in GB/s (1e9 bytes copied per second; each copied byte is
+ * best of 9 runs in GB/s (1e9 bytes copied per second; each copied byte is
  * one read and one write). The buffers are allocated, touched and freed
  * inside. Returns a negative value when memory or threads are lacking. */
 double bench_memcpy_gbs(size_t bytes, int threads);
