@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1091,6 +1092,74 @@ static void test_random_text_properties(void **state)
 	}
 }
 
+/* --- one tokenizer, many threads ------------------------------------------ */
+
+struct worker {
+	const struct gpud_tokenizer *t;
+	const char *text;
+	size_t len;
+	const int32_t *want;
+	size_t n_want;
+	int bad;
+};
+
+static void *encode_worker(void *arg)
+{
+	struct worker *w = arg;
+	struct sw_arena a;
+	int32_t *ids = malloc(w->n_want * sizeof(*ids));
+
+	if (!ids || sw_arena_init(&a, gpud_tokenizer_scratch_bytes(w->t, w->len)) != 0) {
+		w->bad = 1;
+		free(ids);
+		return NULL;
+	}
+	for (int r = 0; r < 20; r++) {
+		size_t n = 0;
+		int rc = gpud_tokenizer_encode(w->t, w->text, w->len, GPUD_TOK_PARSE_SPECIAL, ids,
+					       w->n_want, &n, &a);
+		if (rc || n != w->n_want || memcmp(ids, w->want, n * sizeof(*ids)) != 0)
+			w->bad++;
+	}
+	sw_arena_destroy(&a);
+	free(ids);
+	return NULL;
+}
+
+/* The tokenizer is immutable after load: threads with their own arenas
+ * get the same ids as one thread. */
+static void test_concurrent_encode(void **state)
+{
+	(void)state;
+	static const char *const names[] = { "ggml-vocab-llama-spm.gguf",
+					     "ggml-vocab-llama-bpe.gguf" };
+	size_t len = 0;
+	char *text = read_file(VOCAB_DIR "ggml-vocab-llama-spm.gguf.inp", &len);
+	assert_non_null(text);
+
+	for (int v = 0; v < 2; v++) {
+		char path[128];
+		snprintf(path, sizeof(path), VOCAB_DIR "%s", names[v]);
+		struct gpud_tokenizer *t = load_path(path);
+		int32_t *want = malloc(4 * len * sizeof(*want));
+		assert_non_null(want);
+		size_t n = enc(t, text, len, GPUD_TOK_PARSE_SPECIAL, want, 4 * len);
+		struct worker w[4];
+		pthread_t th[4];
+		for (int i = 0; i < 4; i++) {
+			w[i] = (struct worker){ t, text, len, want, n, 0 };
+			assert_int_equal(pthread_create(&th[i], NULL, encode_worker, &w[i]), 0);
+		}
+		for (int i = 0; i < 4; i++) {
+			assert_int_equal(pthread_join(th[i], NULL), 0);
+			assert_int_equal(w[i].bad, 0);
+		}
+		free(want);
+		gpud_tokenizer_free(t);
+	}
+	free(text);
+}
+
 /* --- chat templates ----------------------------------------------------------- */
 
 static void test_chat_format(void **state)
@@ -1210,6 +1279,7 @@ int main(void)
 		cmocka_unit_test(test_synthetic_spm),
 		cmocka_unit_test(test_spm_random_vs_naive),
 		cmocka_unit_test(test_random_text_properties),
+		cmocka_unit_test(test_concurrent_encode),
 		cmocka_unit_test(test_chat_format),
 		cmocka_unit_test(test_chat_detect),
 	};
