@@ -1,18 +1,17 @@
 /* batch_test.c - K sequences decoded together in one ragged batch produce
- * what K separate runs produce.
+ * exactly (bit for bit) what K separate runs produce, for every weight
+ * type.
  *
- * F32/F16/BF16 weights: bit for bit. Every row of every matmul is computed
- * by one thread with the same block order whatever the batch, attention
- * runs per (token, head) over the token's own sequence, and elementwise
- * ops do not mix rows; a difference means sequences leak into each other.
- *
- * Q8_0/Q4_0 weights: not bitwise, by design of gpud_matmul: a step of
- * fewer than GPUD__MM_FLOAT_BATCH (4) tokens quantizes activations to Q8_0
- * and uses integer dot products, a larger step uses fp32 activations
- * against dequantized weights. A decode token alone (1-token step) and the
- * same token among K in a step therefore round differently. The test
- * bounds that difference (relative, per logits row, as in reference_test)
- * and checks it really is only that: with teacher forcing, the same inputs.
+ * Why bitwise is expected: gpud_matmul is batch-invariant (each output
+ * element is one sequential fp32 sum over the exact unpacked weights,
+ * computed by one thread, whatever the batch size; quantized types do not
+ * quantize activations), attention runs per (token, head) over the token's
+ * own sequence only, and elementwise ops do not mix rows. A difference
+ * means sequences leak into each other or the batch changes arithmetic.
+ * (An earlier kernel quantized activations only in steps of < 4 rows;
+ * the bound parameter of check_model stays for such a kernel: 0 means
+ * bitwise, > 0 a relative bound per logits row.) Inputs are teacher
+ * forced: the batched run feeds the tokens the separate run chose.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,7 +33,7 @@
 
 #define STORIES "../shared/models/stories260K.gguf"
 #define K 6
-#define DECODE 12
+#define DECODE 8
 #define MAXP 40
 
 struct run {
@@ -242,11 +241,11 @@ static void check_generated(enum gpud_type type, double bound)
 	snprintf(path, sizeof(path), "%s/m.gguf", dir);
 	gpud_mkmodel_params_default(&mp);
 	mp.out = path;
-	mp.dim = 128;
+	mp.dim = 64;
 	mp.n_layers = 2;
 	mp.n_heads = 4;
 	mp.n_kv_heads = 2;
-	mp.ffn_dim = 256;
+	mp.ffn_dim = 128;
 	mp.n_ctx = 256;
 	mp.type = type;
 	mp.seed = 3;
@@ -260,7 +259,7 @@ static void check_generated(enum gpud_type type, double bound)
 static void test_batch_q8_0(void **state)
 {
 	(void)state;
-	check_generated(GPUD_TYPE_Q8_0, 3e-2);
+	check_generated(GPUD_TYPE_Q8_0, 0);
 }
 
 static void test_batch_f16(void **state)
@@ -272,7 +271,7 @@ static void test_batch_f16(void **state)
 static void test_batch_q4_0(void **state)
 {
 	(void)state;
-	check_generated(GPUD_TYPE_Q4_0, 3e-2);
+	check_generated(GPUD_TYPE_Q4_0, 0);
 }
 
 static void test_batch_f32(void **state)

@@ -388,8 +388,10 @@ static void test_engine_vs_ref_stories(void **state)
 	assert_true(w < 1e-4);
 }
 
-/* Generated models: dim 128, 3 layers, 4 heads over 2 KV heads (GQA),
- * ffn 256, byte vocabulary; one file per weight type in a temp dir. */
+/* Generated models: 4 heads over 2 KV heads (GQA), byte vocabulary; dim
+ * 128, 3 layers, ffn 256 for F32, dim 64, 2 layers, ffn 128 for the other
+ * types and variants (to keep valgrind runs short); one file per model in
+ * a temp dir. */
 static char g_tmpdir[64];
 
 static void make_model(const char *file, enum gpud_type type, bool tied, float rope_scale,
@@ -405,11 +407,12 @@ static void make_model(const char *file, enum gpud_type type, bool tied, float r
 	snprintf(path, cap, "%s/%s", g_tmpdir, file);
 	gpud_mkmodel_params_default(&mp);
 	mp.out = path;
-	mp.dim = 128;
-	mp.n_layers = 3;
+	bool big = type == GPUD_TYPE_F32 && !tied && rope_scale == 0;
+	mp.dim = big ? 128 : 64;
+	mp.n_layers = big ? 3 : 2;
 	mp.n_heads = 4;
 	mp.n_kv_heads = 2;
-	mp.ffn_dim = 256;
+	mp.ffn_dim = big ? 256 : 128;
 	mp.n_ctx = 256;
 	mp.type = type;
 	mp.seed = 1000 + (uint64_t)type;
@@ -445,10 +448,10 @@ static void test_engine_vs_ref_f32(void **state)
 	check_type(GPUD_TYPE_F32, 1e-4);
 }
 
-/* F16/BF16 weights are exact in f32, so only f32 arithmetic separates the
- * paths. For Q8_0/Q4_0 the reference uses the same (dequantized) weights,
- * but the fast path quantizes activations to Q8_0 in steps of fewer than
- * 4 tokens (gpud_matmul), which is most of the error measured. */
+/* Every weight type is exact in f32 once unpacked, and gpud_matmul does
+ * not quantize activations, so only f32 arithmetic separates the paths:
+ * the same 1e-4 bound holds for all types. (With Q8_0 activation
+ * quantization, an earlier kernel measured about 1e-2 here.) */
 static void test_engine_vs_ref_f16(void **state)
 {
 	(void)state;
@@ -464,13 +467,13 @@ static void test_engine_vs_ref_bf16(void **state)
 static void test_engine_vs_ref_q8_0(void **state)
 {
 	(void)state;
-	check_type(GPUD_TYPE_Q8_0, 3e-2);
+	check_type(GPUD_TYPE_Q8_0, 1e-4);
 }
 
 static void test_engine_vs_ref_q4_0(void **state)
 {
 	(void)state;
-	check_type(GPUD_TYPE_Q4_0, 3e-2);
+	check_type(GPUD_TYPE_Q4_0, 1e-4);
 }
 
 /* Tied output and Llama 3 rope scaling (rope_freqs.weight), F32. */
@@ -510,8 +513,8 @@ static void test_engine_vs_ref_scaling_metadata(void **state)
 	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.factor", 8.0f), 0);
 	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.low_freq_factor", 1.0f), 0);
 	assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.high_freq_factor", 4.0f), 0);
-	/* head_dim 32, base 10000: wavelengths 6.3 .. 5.6e4 span all three
-	 * bands of the rule for an original context of 256 */
+	/* the F32 model has head_dim 32, base 10000: wavelengths 6.3 .. 5.6e4
+	 * span all three bands of the rule for an original context of 256 */
 	assert_int_equal(gpud_gguf_w_u32(w, "llama.rope.scaling.original_context_length", 256), 0);
 	for (uint64_t i = 0; i < gpud_gguf_n_tensors(g); i++) {
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(g, i);
