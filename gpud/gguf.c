@@ -35,6 +35,10 @@
 #define GGUF_MAX_KEY_LEN 65535   /* spec limit */
 #define GGUF_MAX_NAME_LEN 255    /* ggml uses 63; be lenient, but bounded */
 #define GGUF_MAX_ALIGNMENT (1u << 24)
+/* Real files hold tens of keys and at most tens of thousands of tensors;
+ * the caps bound what a hostile header can make us allocate. */
+#define GGUF_MAX_KV (1u << 20)
+#define GGUF_MAX_TENSORS (1u << 20)
 /* Smallest possible kv: key length, one key byte, vtype, one value byte. */
 #define GGUF_MIN_KV_BYTES (8 + 1 + 4 + 1)
 /* Smallest possible tensor info: name length, one byte, n_dims, one dim,
@@ -624,6 +628,10 @@ static int parse(struct gpud_gguf *g, const char *name, char *err, size_t errlen
 		return sw_seterr(err, errlen, SW_EFORMAT,
 				 "%s: tensor count %" PRIu64 " cannot fit in a %zu-byte file at offset 8",
 				 name, n_t, g->size);
+	if (n_kv > GGUF_MAX_KV || n_t > GGUF_MAX_TENSORS)
+		return sw_seterr(err, errlen, SW_ETOOLONG,
+				 "%s: %" PRIu64 " keys / %" PRIu64 " tensors exceed the limits (%u / %u) at offset %d",
+				 name, n_kv, n_t, GGUF_MAX_KV, GGUF_MAX_TENSORS, n_kv > GGUF_MAX_KV ? 16 : 8);
 	g->n_kv = n_kv;
 	g->n_tensors = n_t;
 	g->kv = calloc(n_kv ? n_kv : 1, sizeof(*g->kv));

@@ -4,7 +4,8 @@
  * magic, version, counts, every string and array length, value types,
  * alignment, tensor types, shapes, offsets and sizes against the file size.
  * Any bad byte yields SW_EFORMAT (or SW_EUNSUPPORTED for a well-formed but
- * unsupported type, SW_EVERSION for a version other than 2 or 3) and a
+ * unsupported type, SW_EVERSION for a version other than 2 or 3,
+ * SW_ETOOLONG for more than 2^20 keys or tensors) and a
  * message naming the file, the field and its byte offset. GGUF v2 (same
  * layout, u64 counts) is read too; v1 is rejected.
  * After a successful open every accessor is bounds-safe.

@@ -565,6 +565,16 @@ static void test_small_valid(void **state)
 	assert_float_equal(f, 63.0f, 0.0f);
 	gpud_gguf_close(g);
 
+	/* Counts the file could hold but past the caps. */
+	uint8_t *big = calloc(1, 40u << 20);
+	assert_non_null(big);
+	memcpy(big, r.p, 24);
+	patch_u64(big, L.n_kv, (1u << 20) + 1);
+	patch_u64(big, L.n_tensors, 0);
+	assert_int_equal(open_copy(big, 40u << 20, "t.gguf"), SW_ETOOLONG);
+	assert_non_null(strstr(errbuf, "t.gguf: 1048577 keys / 0 tensors exceed the limits"));
+	free(big);
+
 	/* Version 2 has the same layout and is accepted. */
 	patch_u32(r.p, L.version, 2);
 	assert_int_equal(open_copy(r.p, r.len, "t.gguf"), 0);
