@@ -964,17 +964,30 @@ static inline bool is_sp(const char *buf, const struct sym *y)
 	return y->len == 3 && p[0] == 0xE2 && p[1] == 0x96 && p[2] == 0x81;
 }
 
+/* End of the independently mergeable piece of symbols starting at a. */
+static size_t spm_piece_end(const struct gpud_tokenizer *t, const char *buf,
+			    const struct sym *sy, size_t a, size_t nsym)
+{
+	size_t b = a + 1;
+
+	if (!t->spm_split)
+		return nsym;
+	while (b < nsym && !(is_sp(buf, &sy[b]) && !is_sp(buf, &sy[b - 1])))
+		b++;
+	return b;
+}
+
 /* Tokenizes one run of plain text (no special tokens inside). */
 static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
 		      bool space_prefix, struct emit *o, struct sw_arena *ar)
 {
-	size_t cap = 3 * (len + 1), n = 0, nsym = 0;
-	char *buf = sw_arena_alloc(ar, cap, 1);
+	size_t spaces = 0, n = 0, nsym = 0, longest = 0;
+	for (size_t i = 0; i < len; i++)
+		spaces += text[i] == ' ';
+	char *buf = sw_arena_alloc(ar, len + 2 * spaces + 3, 1);
 	struct sym *sy = sw_arena_alloc(ar, (len + 1) * sizeof(*sy), _Alignof(struct sym));
 	struct heap h = { 0 };
-
-	h.a = sw_arena_alloc(ar, 3 * (len + 1) * sizeof(*h.a), _Alignof(struct cand));
-	if (!buf || !sy || !h.a)
+	if (!buf || !sy)
 		return -ENOMEM;
 
 	if (space_prefix) {
@@ -1003,14 +1016,20 @@ static int spm_encode(const struct gpud_tokenizer *t, const char *text, size_t l
 	}
 	/* When no token can span a "x▁" boundary (see spm_split), the pieces
 	 * between such boundaries merge independently: same result, small
-	 * heaps that stay in cache. */
+	 * heaps that stay in cache, and a heap only as large as the longest
+	 * piece needs. */
 	for (size_t a = 0, b; a < nsym; a = b) {
-		b = a + 1;
-		if (t->spm_split)
-			while (b < nsym && !(is_sp(buf, &sy[b]) && !is_sp(buf, &sy[b - 1])))
-				b++;
-		else
-			b = nsym;
+		b = spm_piece_end(t, buf, sy, a, nsym);
+		if (b - a > longest)
+			longest = b - a;
+	}
+	if (longest > SMALL_RUN) {
+		h.a = sw_arena_alloc(ar, 3 * longest * sizeof(*h.a), _Alignof(struct cand));
+		if (!h.a)
+			return -ENOMEM;
+	}
+	for (size_t a = 0, b; a < nsym; a = b) {
+		b = spm_piece_end(t, buf, sy, a, nsym);
 		sy[a].prev = -1;
 		sy[b - 1].next = -1;
 		h.n = 0;
