@@ -213,7 +213,8 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 	double ddt = now() - d0;
 	bool same = ol == len && memcmp(out, text, len) == 0;
 
-	printf("| %-26s | %-7s | %7zu | %7zu | %5.2f | %8.1f | %7.2f | %7.2f | %7.1f | %-4s | %8zu |\n",
+	printf("| %-26s | %-7s | %7zu | %7zu | %5.2f | %8.1f | %7.2f | %7.2f | %7.1f "
+	       "| %-4s | %8zu |\n",
 	       vname, tname, len, n, (double)len / (double)n, best * 1e3, (double)len / best / 1e6,
 	       (double)len / best_cpu / 1e6, (double)len / ddt / 1e6, same ? "yes" : "NO", a.high);
 	free(out);
@@ -277,11 +278,14 @@ int main(int argc, char **argv)
 				nm = 0;
 			gpud_gguf_close(g);
 		}
-		printf("| %-26s | %7.3f | %7.3f | %7d | %7llu |\n", b ? b + 1 : paths[i], best, best_cpu,
+		printf("| %-26s | %7.3f | %7.3f | %7d | %7llu |\n", b ? b + 1 : paths[i], best,
+		       best_cpu,
 		       gpud_tokenizer_n_vocab(toks[i]), (unsigned long long)nm);
 	}
-	printf("\n| vocab                      | text    | bytes   | ids     | B/id  | enc ms   | enc MB/s| cpu MB/s| dec MB/s| rt   | scratch  |\n");
-	printf("|----------------------------|---------|---------|---------|-------|----------|---------|---------|---------|------|----------|\n");
+	printf("\n| vocab                      | text    | bytes   | ids     | B/id  | enc ms   "
+	       "| enc MB/s| cpu MB/s| dec MB/s| rt   | scratch  |\n");
+	printf("|----------------------------|---------|---------|---------|-------|----------"
+	       "|---------|---------|---------|------|----------|\n");
 	for (int i = 0; i < np && i < 16; i++) {
 		const char *b = strrchr(paths[i], '/');
 		b = b ? b + 1 : paths[i];

@@ -302,7 +302,8 @@ static int make_piece(struct gpud_tokenizer *t, int32_t id)
 		n = 0;
 		while (i < e->len && n + 4 <= sizeof(buf)) {
 			if (t->kind == KIND_SPM) {
-				if (e->len - i >= 3 && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
+				if (e->len - i >= 3 && s[i] == 0xE2 && s[i + 1] == 0x96 &&
+				    s[i + 2] == 0x81) {
 					buf[n++] = ' ';
 					i += 3;
 				} else {
@@ -542,7 +543,8 @@ static int load_tokens(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 
 	rc = gpud_gguf_get_arr(g, k_tok, &et, &n);
 	if (rc || et != GPUD_GGUF_STRING)
-		return sw_seterr(err, errlen, SW_EFORMAT, "%s: missing or not a string array", k_tok);
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: missing or not a string array",
+				 k_tok);
 	if (n == 0 || n > (uint64_t)INT32_MAX / 4)
 		return sw_seterr(err, errlen, SW_EFORMAT, "%s: bad count %llu", k_tok,
 				 (unsigned long long)n);
@@ -582,11 +584,11 @@ static int load_tokens(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 			return sw_seterr(err, errlen, SW_EFORMAT, "%s[%llu]: not a number", k_score,
 					 (unsigned long long)i);
 		if (has_types && gpud_gguf_arr_i32(g, k_type, i, &ty) != 0)
-			return sw_seterr(err, errlen, SW_EFORMAT, "%s[%llu]: not an integer", k_type,
-					 (unsigned long long)i);
+			return sw_seterr(err, errlen, SW_EFORMAT, "%s[%llu]: not an integer",
+					 k_type, (unsigned long long)i);
 		if (ty < TT_NORMAL || ty > TT_BYTE)
-			return sw_seterr(err, errlen, SW_EFORMAT, "%s[%llu]: unknown type %d", k_type,
-					 (unsigned long long)i, ty);
+			return sw_seterr(err, errlen, SW_EFORMAT, "%s[%llu]: unknown type %d",
+					 k_type, (unsigned long long)i, ty);
 		e->type = (uint8_t)ty;
 		vocab_insert(t, (int32_t)i);
 	}
@@ -645,8 +647,8 @@ static void mark_eog(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 {
 	/* <|end|> ends a Phi-3 turn; the others are from the issue. */
 	static const char *const names[] = {
-		"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>", "<|im_end|>",
-		"<|end|>",
+		"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>",
+		"<|im_end|>", "<|end|>",
 	};
 	int32_t eot = get_id(g, t, "tokenizer.ggml.eot_token_id");
 
@@ -1222,12 +1224,31 @@ struct cps {
 	const uint32_t *off; /* (n + 1) byte offset of each code point */
 };
 
-static inline bool is_l(const struct cps *c, size_t i) { return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_LETTER; }
-static inline bool is_n(const struct cps *c, size_t i) { return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_NUMBER; }
-static inline bool is_s(const struct cps *c, size_t i) { return (c->cl[i] & GPUD_UC_WS) != 0; }
+static inline bool is_l(const struct cps *c, size_t i)
+{
+	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_LETTER;
+}
+
+static inline bool is_n(const struct cps *c, size_t i)
+{
+	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_NUMBER;
+}
+
+static inline bool is_s(const struct cps *c, size_t i)
+{
+	return (c->cl[i] & GPUD_UC_WS) != 0;
+}
+
 /* [^\s\p{L}\p{N}] */
-static inline bool is_o(const struct cps *c, size_t i) { return !is_s(c, i) && !is_l(c, i) && !is_n(c, i); }
-static inline bool is_crlf(const struct cps *c, size_t i) { return c->cp[i] == '\r' || c->cp[i] == '\n'; }
+static inline bool is_o(const struct cps *c, size_t i)
+{
+	return !is_s(c, i) && !is_l(c, i) && !is_n(c, i);
+}
+
+static inline bool is_crlf(const struct cps *c, size_t i)
+{
+	return c->cp[i] == '\r' || c->cp[i] == '\n';
+}
 
 static inline uint32_t ascii_lower(uint32_t c)
 {

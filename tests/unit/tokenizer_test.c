@@ -157,14 +157,15 @@ static int run_vectors_out(const char *name, const char *out_name, bool verbose)
 			bad++;
 			if (!verbose)
 				goto next;
-			fprintf(stderr, "  %s case %d mismatch: \"%.*s\"\n", name, cases, (int)tl, ip);
+			fprintf(stderr, "  %s case %d mismatch: \"%.*s\"\n", name, cases, (int)tl,
+				ip);
 			print_ids("want", want, nw);
 			print_ids("got ", ids, n);
 		}
 		size_t bl = detok_all(t, ids, n, back, 65536);
 		if (bl != tl || memcmp(back, ip, tl) != 0) {
-			fprintf(stderr, "  %s case %d: detok gives \"%.*s\"\n", name, cases, (int)bl,
-				back);
+			fprintf(stderr, "  %s case %d: detok gives \"%.*s\"\n", name, cases,
+				(int)bl, back);
 			bad++;
 		}
 next:
@@ -565,18 +566,23 @@ static int build(const struct vspec *v, struct gpud_tokenizer **out, char *err, 
 						     v->n_merges), 0);
 	}
 	if (v->chat_template)
-		assert_int_equal(gpud_gguf_w_str(w, "tokenizer.chat_template", v->chat_template), 0);
+		assert_int_equal(gpud_gguf_w_str(w, "tokenizer.chat_template", v->chat_template),
+				 0);
 	if (v->add_bos >= 0)
-		assert_int_equal(gpud_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos), 0);
+		assert_int_equal(gpud_gguf_w_bool(w, "tokenizer.ggml.add_bos_token", v->add_bos),
+				 0);
 	if (v->add_space_prefix >= 0)
 		assert_int_equal(gpud_gguf_w_bool(w, "tokenizer.ggml.add_space_prefix",
 						  v->add_space_prefix), 0);
 	if (v->bos >= 0)
-		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)v->bos), 0);
+		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.bos_token_id",
+						 (uint32_t)v->bos), 0);
 	if (v->eos >= 0)
-		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)v->eos), 0);
+		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.eos_token_id",
+						 (uint32_t)v->eos), 0);
 	if (v->eot >= 0)
-		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)v->eot), 0);
+		assert_int_equal(gpud_gguf_w_u32(w, "tokenizer.ggml.eot_token_id",
+						 (uint32_t)v->eot), 0);
 	snprintf(tmp_path, sizeof(tmp_path), "/tmp/tokenizer_test.%d.gguf", (int)getpid());
 	assert_int_equal(gpud_gguf_w_write(w, tmp_path, err, errlen), 0);
 	gpud_gguf_writer_free(w);
@@ -915,7 +921,8 @@ static void test_spm_random_vs_naive(void **state)
 		strs[i] = (struct gpud_gguf_str){ toks[i], strlen(toks[i]) };
 	assert_int_equal(gpud_gguf_w_arr_str(w, "tokenizer.ggml.tokens", strs, v.n), 0);
 	assert_int_equal(gpud_gguf_w_arr(w, "tokenizer.ggml.scores", GPUD_GGUF_F32, scores, 12), 0);
-	assert_int_equal(gpud_gguf_w_arr(w, "tokenizer.ggml.token_type", GPUD_GGUF_I32, types, 12), 0);
+	assert_int_equal(gpud_gguf_w_arr(w, "tokenizer.ggml.token_type", GPUD_GGUF_I32, types, 12),
+			 0);
 	snprintf(tmp_path, sizeof(tmp_path), "/tmp/tokenizer_test.%d.gguf", (int)getpid());
 	assert_int_equal(gpud_gguf_w_write(w, tmp_path, err, sizeof(err)), 0);
 	gpud_gguf_writer_free(w);
@@ -1069,11 +1076,11 @@ static void test_random_text_properties(void **state)
 				}
 			}
 			if (bl != len || memcmp(back, text, len) != 0) {
-				fprintf(stderr, "  %s: round trip failed for %zu bytes\n", names[v], len);
+				fprintf(stderr, "  %s: round trip failed for %zu bytes\n  in: ",
+					names[v], len);
 				for (size_t i = 0; i < len; i++)
-					fprintf(stderr, "%02x%s", (uint8_t)text[i],
-						i + 1 < len && (i + 1 >= bl || back[i + 1] == text[i + 1]) ? "" : "|");
-				fprintf(stderr, "\n");
+					fprintf(stderr, "%02x", (uint8_t)text[i]);
+				fprintf(stderr, "\n  out:");
 				for (size_t i = 0; i < bl; i++)
 					fprintf(stderr, "%02x", (uint8_t)back[i]);
 				fprintf(stderr, "\n");
@@ -1239,7 +1246,8 @@ static void test_chat_detect(void **state)
 	const int32_t types[] = { 2, 3, 3, 1, 1 };
 	struct vspec v = { VSPEC_DEFAULTS, .model = "llama", .tokens = toks, .n = 5,
 			   .types = types, .n_types = 5,
-			   .chat_template = "{% for m in messages %}[INST] {{ m }} [/INST]{% endfor %}" };
+			   .chat_template = "{% for m in messages %}[INST] {{ m }} [/INST]"
+					    "{% endfor %}" };
 	struct gpud_tokenizer *t;
 	char err[256];
 
