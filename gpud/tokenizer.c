@@ -1620,16 +1620,20 @@ static void sb_put(struct sbuf *b, const char *s, size_t n)
 static void sb_str(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
 /* Content with leading and trailing whitespace removed, as both official
- * templates do (Jinja trim / Python strip). */
+ * templates do (Jinja trim / Python strip; ASCII whitespace only here). */
+static bool ascii_space(char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r');
+}
+
 static void sb_trimmed(struct sbuf *b, const char *s)
 {
 	size_t n = strlen(s);
-	while (n > 0 && (*s == ' ' || *s == '\t' || *s == '\n' || *s == '\r')) {
+	while (n > 0 && ascii_space(*s)) {
 		s++;
 		n--;
 	}
-	while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\n' ||
-			 s[n - 1] == '\r'))
+	while (n > 0 && ascii_space(s[n - 1]))
 		n--;
 	sb_put(b, s, n);
 }
