@@ -1619,13 +1619,13 @@ static void sb_put(struct sbuf *b, const char *s, size_t n)
 
 static void sb_str(struct sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
 
-/* Content with leading and trailing whitespace removed, as both official
- * templates do (Jinja trim / Python strip; ASCII whitespace only here). */
 static bool ascii_space(char c)
 {
 	return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
+/* Content with leading and trailing whitespace removed, as both official
+ * templates do (Jinja trim / Python strip; ASCII whitespace only here). */
 static void sb_trimmed(struct sbuf *b, const char *s)
 {
 	size_t n = strlen(s);
