@@ -17,10 +17,13 @@ double bench_now(void);
 size_t bench_llc_bytes(void);
 
 /* Copies a buffer of `bytes` (use several times the LLC) with `threads`
- * threads, each copying a contiguous slice with memcpy, and returns the
- * best of 9 runs in GB/s (1e9 bytes copied per second; each copied byte is
- * one read and one write). The buffers are allocated, touched and freed
- * inside. Returns a negative value when memory or threads are lacking. */
+ * threads, each copying a contiguous slice with memcpy in 8 MiB chunks
+ * timed one by one, and returns in GB/s (1e9 bytes copied per second; each
+ * copied byte is one read and one write) the sum over threads of each
+ * thread's fastest chunk, best of 5 runs. Fastest chunks keep the figure
+ * meaningful on a shared machine (a slightly optimistic sustained rate on
+ * a quiet one). The buffers are allocated, touched and freed inside.
+ * Returns a negative value when memory or threads are lacking. */
 double bench_memcpy_gbs(size_t bytes, int threads);
 
 /* "<cpu model>, <n> CPUs, LLC <k> KiB, <uname -srm>" into buf (always

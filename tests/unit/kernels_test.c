@@ -516,7 +516,9 @@ static void mm_case_free(struct mm_case *c)
 	free(c->scratch);
 }
 
-static const int64_t shapes[][2] = { { 1, 32 }, { 7, 96 }, { 37, 160 }, { 71, 416 } };
+/* (rows, cols): 1184 columns span three 512-column chunks of the buffered
+ * path. */
+static const int64_t shapes[][2] = { { 1, 32 }, { 7, 96 }, { 37, 160 }, { 71, 416 }, { 19, 1184 } };
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
 static double sum_abs(const struct mm_case *c, int64_t r, int64_t b)
@@ -627,7 +629,7 @@ static void test_matmul_deterministic(void **state)
 				struct mm_case c;
 
 				rng_state = 3000 + k;
-				mm_case_init(&c, t, rows_list[ri], 160);
+				mm_case_init(&c, t, rows_list[ri], ri ? 1184 : 160);
 				for (int64_t batch = 1; batch <= 17; batch += 4) {
 					gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
 					for (int n = 1; n <= 4; n++) {
@@ -652,31 +654,43 @@ static void test_matmul_deterministic(void **state)
 		gpud_tp_destroy(tp[n]);
 }
 
-/* Float types take any width; the tail past a multiple of 8 is summed too. */
+/* Float types take any width; the tail past a multiple of 8 is summed too,
+ * the same way whatever the batch. */
 static void test_matmul_odd_width_float(void **state)
 {
 	static const enum gpud_type ft[] = { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16 };
+	static const int64_t widths[] = { 5, 45, 1037 };
 
 	(void)state;
 	for (int pass = 0; pass < 2; pass++) {
 		gpud_cpu_set_features(pass ? ~0u : 0);
 		for (size_t k = 0; k < 3; k++) {
-			struct mm_case c;
+			for (size_t wi = 0; wi < 3; wi++) {
+				int64_t n = widths[wi];
+				struct mm_case c;
 
-			rng_state = 4000 + k;
-			mm_case_init(&c, ft[k], 9, 45);
-			gpud_matmul(NULL, ft[k], c.w, 9, 45, c.x, 6, c.y, NULL);
-			for (int64_t b = 0; b < 6; b++) {
-				for (int64_t r = 0; r < 9; r++) {
-					double want = 0.0;
+				rng_state = 4000 + k * 10 + wi;
+				mm_case_init(&c, ft[k], 9, n);
+				gpud_matmul(NULL, ft[k], c.w, 9, n, c.x, 9, c.y, NULL);
+				for (int64_t b = 0; b < 9; b++) {
+					for (int64_t r = 0; r < 9; r++) {
+						double want = 0.0;
 
-					for (int64_t i = 0; i < 45; i++)
-						want += (double)c.wd[r * 45 + i] * c.x[b * 45 + i];
-					assert_true(fabs(c.y[b * 9 + r] - want) <=
-						    2.0 * 45 * ldexp(1.0, -24) * sum_abs(&c, r, b));
+						for (int64_t i = 0; i < n; i++)
+							want += (double)c.wd[r * n + i] * c.x[b * n + i];
+						assert_true(fabs(c.y[b * 9 + r] - want) <=
+							    2.0 * n * ldexp(1.0, -24) * sum_abs(&c, r, b));
+					}
+					gpud_matmul(NULL, ft[k], c.w, 9, n, c.x + b * n, 1, c.y2, NULL);
+					assert_memory_equal(c.y + b * 9, c.y2, sizeof(float) * 9);
+					/* and inside a batch of 4 */
+					if (b + 4 <= 9) {
+						gpud_matmul(NULL, ft[k], c.w, 9, n, c.x + b * n, 4, c.y2, NULL);
+						assert_memory_equal(c.y + b * 9, c.y2, sizeof(float) * 9 * 4);
+					}
 				}
+				mm_case_free(&c);
 			}
-			mm_case_free(&c);
 		}
 	}
 	gpud_cpu_set_features(~0u);
