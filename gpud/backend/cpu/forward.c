@@ -53,10 +53,20 @@ struct cpu_ctx {
 	uint32_t *tok_pos; /* (T) position of each token */
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
 	void *mm;        /* matmul scratch */
+	uint8_t *mm1;    /* (nth, mm1_stride) per-thread scratch of batch-1 fused matmuls */
+	size_t mm1_stride;
 
 	/* The step being run, read by the workers. */
 	const struct gpud_fwd_batch *b;
 	uint32_t layer;
+	uint64_t attn_work;  /* multiply-adds of this step's attention (upper bound) */
+	struct mm_job {
+		const struct gpud_weight *w;
+		const float *x;  /* (cols) */
+		float *y;        /* (rows) */
+	} jobs[3];
+	uint32_t n_jobs;
+	bool jobs_swiglu;    /* jobs are gate, up: finish with silu(gate) * up */
 	const float *norm_w; /* add_norm: weight, or NULL for add only */
 	bool add;            /* add_norm: x += xb first */
 
@@ -259,20 +269,94 @@ static void logits_norm_run(void *arg, int ith, int nth)
 
 /* --- the step ------------------------------------------------------------ */
 
+/* Below this many multiply-adds a section runs on the calling thread: waking
+ * the pool costs more than it saves, and much more when the machine is
+ * oversubscribed and a worker has to wait for a time slice. */
+#define PAR_MIN_WORK 65536
+
+static void par(struct cpu_ctx *c, gpud_tp_fn fn, uint64_t work)
+{
+	if (work < PAR_MIN_WORK || c->nth == 1)
+		fn(c, 0, 1);
+	else
+		gpud_tp_run(c->tp, fn, c);
+}
+
+/* Batch-1 fusion: several matrices over the same input in one parallel
+ * section, each thread taking one contiguous slice of their stacked rows.
+ * Decode steps thus wake the pool 4 times per layer instead of 7+. */
+static void mm_slice(struct cpu_ctx *c, const struct mm_job *jb, long r0, long r1, int ith)
+{
+	const struct gpud_weight *w = jb->w;
+
+	gpud_matmul(NULL, w->type,
+		    (const uint8_t *)w->data + (size_t)r0 * gpud_type_row_bytes(w->type, w->cols),
+		    r1 - r0, w->cols, jb->x, 1, jb->y + r0, c->mm1 + (size_t)ith * c->mm1_stride);
+}
+
+static void fused_mm_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	uint64_t total = 0, base = 0;
+	long lo, hi;
+
+	if (c->jobs_swiglu) {
+		/* gate and up share their rows: each thread does both for its
+		 * slice, then silu(gate) * up on it. */
+		gpud_tp_range(c->jobs[0].w->rows, ith, nth, 8, &lo, &hi);
+		if (lo >= hi)
+			return;
+		mm_slice(c, &c->jobs[0], lo, hi, ith);
+		mm_slice(c, &c->jobs[1], lo, hi, ith);
+		for (long r = lo; r < hi; r++) {
+			float g = c->jobs[0].y[r];
+			c->jobs[0].y[r] = g / (1.0f + expf(-g)) * c->jobs[1].y[r];
+		}
+		return;
+	}
+	for (uint32_t j = 0; j < c->n_jobs; j++)
+		total += (uint64_t)c->jobs[j].w->rows;
+	gpud_tp_range((long)total, ith, nth, 8, &lo, &hi);
+	for (uint32_t j = 0; j < c->n_jobs; j++) {
+		long rows = c->jobs[j].w->rows, r0 = lo - (long)base, r1 = hi - (long)base;
+
+		base += (uint64_t)rows;
+		if (r0 < 0)
+			r0 = 0;
+		if (r1 > rows)
+			r1 = rows;
+		if (r0 < r1)
+			mm_slice(c, &c->jobs[j], r0, r1, ith);
+	}
+}
+
+static void mm_fused(struct cpu_ctx *c, uint32_t n_jobs)
+{
+	uint64_t work = 0;
+
+	c->n_jobs = n_jobs;
+	for (uint32_t j = 0; j < n_jobs; j++)
+		work += (uint64_t)c->jobs[j].w->rows * (uint64_t)c->jobs[j].w->cols;
+	if (work < 4 * PAR_MIN_WORK || c->nth == 1)
+		fused_mm_run(c, 0, 1);
+	else
+		gpud_tp_run(c->tp, fused_mm_run, c);
+}
+
 static void matmul(struct cpu_ctx *c, const struct gpud_weight *w, const float *x, uint32_t n,
 		   float *y)
 {
-	gpud_matmul(c->tp, w->type, w->data, w->rows, w->cols, x, n, y, c->mm);
+	uint64_t work = (uint64_t)w->rows * (uint64_t)w->cols * n;
+
+	gpud_matmul(work < 4 * PAR_MIN_WORK ? NULL : c->tp, w->type, w->data, w->rows, w->cols,
+		    x, n, y, c->mm);
 }
 
 static void run_add_norm(struct cpu_ctx *c, bool add, const float *norm_w)
 {
 	c->add = add;
 	c->norm_w = norm_w;
-	if (c->b->n_tokens == 1)
-		add_norm_run(c, 0, 1);
-	else
-		gpud_tp_run(c->tp, add_norm_run, c);
+	par(c, add_norm_run, (uint64_t)c->b->n_tokens * c->hp->dim * 4);
 }
 
 /* Per-token bookkeeping and the RoPE table, once per step. */
@@ -291,6 +375,9 @@ static void prepare(struct cpu_ctx *c, const struct gpud_fwd_batch *b)
 		for (uint32_t j = 0; j < s->n_logits; j++)
 			c->logit_tok[s->logit0 + j] = s->tok0 + s->n_tokens - s->n_logits + j;
 	}
+	c->attn_work = 0;
+	for (uint32_t t = 0; t < b->n_tokens; t++)
+		c->attn_work += (uint64_t)(c->tok_pos[t] + 1) * c->hp->n_heads * c->hp->head_dim * 2;
 	for (uint32_t t = 0; t < b->n_tokens; t++) {
 		float *cs = c->rope_cs + (size_t)t * 2 * half;
 		for (uint32_t i = 0; i < half; i++) {
@@ -321,23 +408,38 @@ static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, siz
 		const struct gpud_layer_weights *L = &w->layers[l];
 
 		c->layer = l;
-		matmul(c, &L->wq, c->xb, T, c->q);
-		matmul(c, &L->wk, c->xb, T, c->k);
-		matmul(c, &L->wv, c->xb, T, c->v);
-		gpud_tp_run(c->tp, rope_store_run, c);
-		gpud_tp_run(c->tp, attn_run, c);
+		if (T == 1) {
+			c->jobs[0] = (struct mm_job){ &L->wq, c->xb, c->q };
+			c->jobs[1] = (struct mm_job){ &L->wk, c->xb, c->k };
+			c->jobs[2] = (struct mm_job){ &L->wv, c->xb, c->v };
+			c->jobs_swiglu = false;
+			mm_fused(c, 3);
+		} else {
+			matmul(c, &L->wq, c->xb, T, c->q);
+			matmul(c, &L->wk, c->xb, T, c->k);
+			matmul(c, &L->wv, c->xb, T, c->v);
+		}
+		par(c, rope_store_run, (uint64_t)T * (c->q_dim + 2 * c->kv_dim) * 2);
+		par(c, attn_run, c->attn_work);
 		matmul(c, &L->wo, c->att, T, c->xb);
 		run_add_norm(c, true, L->ffn_norm);
-		matmul(c, &L->w_gate, c->xb, T, c->hb);
-		matmul(c, &L->w_up, c->xb, T, c->hb2);
-		gpud_tp_run(c->tp, swiglu_run, c);
+		if (T == 1) {
+			c->jobs[0] = (struct mm_job){ &L->w_gate, c->xb, c->hb };
+			c->jobs[1] = (struct mm_job){ &L->w_up, c->xb, c->hb2 };
+			c->jobs_swiglu = true;
+			mm_fused(c, 2);
+		} else {
+			matmul(c, &L->w_gate, c->xb, T, c->hb);
+			matmul(c, &L->w_up, c->xb, T, c->hb2);
+			par(c, swiglu_run, (uint64_t)T * hp->ffn_dim * 8);
+		}
 		matmul(c, &L->w_down, c->hb, T, c->xb);
 		run_add_norm(c, true, l + 1 < hp->n_layers ? w->layers[l + 1].attn_norm : NULL);
 	}
 	if (b->want_hidden)
 		run_add_norm(c, false, w->out_norm);
 	if (b->n_logits) {
-		gpud_tp_run(c->tp, logits_norm_run, c);
+		par(c, logits_norm_run, (uint64_t)b->n_logits * dim * 4);
 		matmul(c, &w->output, c->xl, b->n_logits, c->logits);
 	}
 	c->st.steps++;
@@ -420,6 +522,15 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		mm = mm_scratch(&L->w_down, T, mm);
 	}
 	mm = mm_scratch(&w->output, NL, mm);
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+		c->mm1_stride = mm_scratch(&L->wq, 1, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->wk, 1, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->wv, 1, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->w_gate, 1, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->w_up, 1, c->mm1_stride);
+	}
+	c->mm1_stride = (c->mm1_stride + 63) / 64 * 64;
 	/* Exact sum of the carves below, each rounded up to 64 bytes. */
 #define SZ(n, type) (((size_t)(n) * sizeof(type) + 63) / 64 * 64)
 	total = 2 * SZ((size_t)T * hp->dim, float) + 2 * SZ((size_t)T * c->q_dim, float) +
@@ -427,7 +538,8 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		SZ((size_t)T * hp->head_dim, float) + SZ((size_t)NL * hp->dim, float) +
 		SZ((size_t)NL * hp->n_vocab, float) +
 		SZ((size_t)c->nth * cfg->block_tokens, float) + 2 * SZ(T, uint32_t) +
-		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char);
+		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char) +
+		SZ((size_t)c->nth * c->mm1_stride + 1, char);
 #undef SZ
 	rc = sw_arena_init(&c->arena, total);
 	if (rc) {
@@ -450,6 +562,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	CARVE(c->tok_pos, T);
 	CARVE(c->logit_tok, NL);
 	c->mm = sw_arena_alloc(&c->arena, mm ? mm : 1, 64);
+	CARVE(c->mm1, (size_t)c->nth * c->mm1_stride + 1);
 	if (!c->mm)
 		goto out_sizing;
 	c->st.kv_bytes = c->kv_bytes;
