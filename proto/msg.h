@@ -127,7 +127,8 @@ struct proto_submit {
 	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN];
 };
 
-/* Bytes the encoded request takes. Checks the request against the hard
+/* Bytes the encoded request takes (*size). Also the check an encoder
+ * runs first. Checks the request against the hard
  * limits (segments, stop strings and their lengths, mask shape, indices
  * in range and not forward, flags, roles, sizes overflowing u32): returns
  * 0, -EINVAL (NULL where data is needed, mask n_segments mismatch) or
@@ -160,6 +161,7 @@ struct proto_tokens {
 	const char *text;      /* view: (text_len) bytes of UTF-8 */
 };
 
+/* Id i (< n_ids) of a decoded batch; reads the view, no alignment needed. */
 static inline int32_t proto_tokens_id(const struct proto_tokens *t, uint32_t i)
 {
 	return (int32_t)proto_get32(t->ids_le + 4 * (size_t)i);
@@ -234,8 +236,7 @@ struct proto_text_req {
 	uint32_t len;
 };
 
-/* Bytes of a tokenize/embed request with len bytes of text (0 when over
- * u32). */
+/* Bytes of a tokenize/embed request with len bytes of text: 8 + len. */
 size_t proto_text_req_size(uint32_t len);
 /* Encodes a TOKENIZE (type PROTO_T_TOKENIZE) or EMBED request. Returns 0,
  * -EINVAL (bad type or flags, NULL text with len > 0) or -ENOSPC. */
@@ -254,12 +255,15 @@ struct proto_embedding {
 	const uint8_t *values_le; /* view: (dim) little-endian f32 */
 };
 
+/* Value i (< dim) of a decoded embedding; reads the view. */
 static inline float proto_embedding_value(const struct proto_embedding *e, uint32_t i)
 {
 	return proto_getf32(e->values_le + 4 * (size_t)i);
 }
 
 size_t proto_embedding_size(uint32_t dim); /* 0 when over u32 */
+/* Encodes dim values. Returns 0, -EINVAL (NULL with dim > 0), -ENOSPC or
+ * SW_ETOOLONG (size over u32). */
 int proto_embedding_encode(uint8_t *buf, size_t cap, const float *values, uint32_t dim,
 			   size_t *len);
 /* SW_EFORMAT when lengths disagree, SW_ETOOLONG when dim > max_embed_dim. */
@@ -273,14 +277,23 @@ int proto_embedding_decode(const uint8_t *payload, size_t len, const struct prot
 				    * server's dump file (path in the reply) */
 #define PROTO_MEM_FLAGS_KNOWN PROTO_MEM_DUMP_OWNERS
 
+/* Encodes PROTO_MEM_REQ_SIZE bytes. Returns 0, -EINVAL (unknown flags,
+ * NULL) or -ENOSPC. */
 int proto_mem_req_encode(uint8_t *buf, size_t cap, uint32_t flags, size_t *len);
+/* Copies the flags out. SW_EFORMAT for a wrong length or unknown flags;
+ * -EINVAL for NULL arguments. */
 int proto_mem_req_decode(const uint8_t *payload, size_t len, uint32_t *flags,
 			 char *err, size_t errlen);
 
 /* STATS_REPLY / MEM_REPLY: u32 length + JSON text (a view). */
-size_t proto_json_size(uint32_t len); /* 0 when over u32 */
+size_t proto_json_size(uint32_t len); /* 4 + len */
+/* Encodes len bytes of JSON (not checked as JSON). Returns 0, -EINVAL or
+ * -ENOSPC. */
 int proto_json_encode(uint8_t *buf, size_t cap, const char *json, uint32_t len,
 		      size_t *out_len);
+/* Decodes into a view (out->p into payload). SW_EFORMAT when the length
+ * disagrees with the payload, SW_ETOOLONG over max_json_bytes, -EINVAL
+ * for NULL arguments. The text is not NUL-terminated. */
 int proto_json_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 		      struct proto_text *out, char *err, size_t errlen);
 
