@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/arena.h"
 #include "common/err.h"
@@ -156,7 +157,8 @@ static int cmd_generate(int argc, char **argv)
 		fprintf(stderr, "\ngpud: %s: %s\n", model_path, err);
 		goto out;
 	}
-	printf("\n");
+	if (isatty(STDOUT_FILENO)) /* a pipe gets exactly the continuation */
+		printf("\n");
 	fflush(stdout);
 	fprintf(stderr, "prompt tokens: %u, prefill: %.1f tok/s, generated: %u, decode: %.1f tok/s\n",
 		res.n_prompt, res.prefill_s > 0 ? res.n_prompt / res.prefill_s : 0.0, res.n_gen,
