@@ -37,6 +37,7 @@ static void usage(FILE *f)
 		"usage: gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
 		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
+		"                     [--stop STRING]...\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
@@ -81,10 +82,11 @@ static int cmd_generate(int argc, char **argv)
 		{ "min-p", required_argument, NULL, 'M' },
 		{ "context", required_argument, NULL, 'c' },
 		{ "chat", no_argument, NULL, 'C' },
+		{ "stop", required_argument, NULL, 'x' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	const char *model_path = NULL, *prompt = NULL;
+	const char *model_path = NULL, *prompt = NULL, *stops[GPUD_STOP_MAX_STRINGS];
 	struct gpud_engine_params ep;
 	struct gpud_gen_params gp;
 	struct gpud_gen_result res;
@@ -110,6 +112,15 @@ static int cmd_generate(int argc, char **argv)
 		case 'M': gp.sampling.min_p = (float)num("min-p", optarg, 0, 1); break;
 		case 'c': ep.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
 		case 'C': use_chat = true; break;
+		case 'x':
+			if (gp.n_stop == GPUD_STOP_MAX_STRINGS) {
+				fprintf(stderr, "gpud generate: at most %d --stop strings\n",
+					GPUD_STOP_MAX_STRINGS);
+				return EXIT_USAGE;
+			}
+			stops[gp.n_stop++] = optarg;
+			gp.stop = stops;
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}

@@ -625,6 +625,12 @@ static void test_cli(void **state)
 	if (strncmp(out, GREEDY, strlen(GREEDY)))
 		fail_msg("gpud generate printed:\n%s", out);
 
+	snprintf(cmd, sizeof(cmd),
+		 "%s generate --model %s --prompt 'Once upon a time' --stop Lily --stop zebra "
+		 "2>/dev/null", GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 0);
+	assert_string_equal(out, ", there was a little girl named ");
+
 	snprintf(cmd, sizeof(cmd), "%s tokenize --model %s 'Once upon a time'", GPUD_BIN, STORIES);
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_string_equal(out, "1 403 407 261 378\n");
