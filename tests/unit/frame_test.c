@@ -10,8 +10,12 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "common/err.h"
 #include "proto/frame.h"
+#include "proto/shm.h"
 
 static char g_err[256];
 
@@ -243,6 +247,41 @@ static void test_le_helpers(void **state)
 	assert_int_equal(proto_get32(b), 0xBFC00000u);
 }
 
+/* DESIGN §4: a version mismatch -> an error frame carrying SW_EVERSION,
+ * then the server closes. Played over a real socketpair. */
+static void test_version_mismatch_flow(void **state)
+{
+	(void)state;
+	int sv[2]; /* [0] client, [1] server */
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	struct proto_frame hello, got;
+	proto_frame_init(&hello, PROTO_T_HELLO, 0);
+	hello.version = PROTO_VERSION + 1; /* a newer client */
+	assert_int_equal(proto_send_frame(sv[0], &hello, -1), 0);
+
+	uint8_t b[PROTO_FRAME_SIZE];
+	assert_int_equal(proto_recv_frame(sv[1], b, NULL), 0);
+	assert_int_equal(proto_frame_decode(b, sizeof(b), &got, g_err, sizeof(g_err)),
+			 SW_EVERSION);
+	struct proto_frame reply;
+	proto_frame_init(&reply, PROTO_T_ERROR, got.request_id);
+	reply.aux = (uint32_t)-SW_EVERSION;
+	assert_int_equal(proto_send_frame(sv[1], &reply, -1), 0);
+	close(sv[1]);
+
+	int fd;
+	assert_int_equal(proto_recv_frame(sv[0], b, &fd), 0);
+	assert_int_equal(fd, -1);
+	/* this test's "client" speaks the same code, so the reply decodes;
+	 * a real newer client gets SW_EVERSION from decode, the same answer */
+	assert_int_equal(proto_frame_decode(b, sizeof(b), &got, NULL, 0), 0);
+	assert_int_equal(got.type, PROTO_T_ERROR);
+	assert_int_equal(-(int)got.aux, SW_EVERSION);
+	assert_string_equal(sw_errname(-(int)got.aux), "SW_EVERSION");
+	assert_int_equal(proto_recv_frame(sv[0], b, &fd), SW_ECLOSED);
+	close(sv[0]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -253,6 +292,7 @@ int main(void)
 		cmocka_unit_test(test_span_check),
 		cmocka_unit_test(test_payload),
 		cmocka_unit_test(test_le_helpers),
+		cmocka_unit_test(test_version_mismatch_flow),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
