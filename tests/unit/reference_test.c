@@ -560,6 +560,57 @@ static void test_engine_vs_ref_scaling_metadata(void **state)
 	unlink(dst);
 }
 
+/* Embeddings: the engine's mean-pooled, L2-normalized final hidden states
+ * against the same computed from the reference's hidden states. */
+static void test_embed_vs_ref(void **state)
+{
+	(void)state;
+	struct gpud_model *model = NULL;
+	struct gpud_engine *e = NULL;
+	struct ref_llama *ref = NULL;
+	struct gpud_engine_params ep;
+	char err[256];
+	int32_t tok[37];
+	uint32_t n = 37;
+
+	assert_int_equal(gpud_model_load(&model, STORIES, err, sizeof(err)), 0);
+	assert_int_equal(ref_llama_load(&ref, STORIES, err, sizeof(err)), 0);
+	gpud_engine_params_default(&ep);
+	ep.n_threads = 2;
+	ep.max_batch_tokens = 16; /* forces chunked prefill inside embed */
+	ep.n_ctx = 128;
+	assert_int_equal(gpud_engine_create(&e, model, &ep, err, sizeof(err)), 0);
+	uint32_t dim = gpud_engine_dim(e);
+	assert_int_equal(dim, ref_llama_info(ref)->dim);
+	rng_state = 77;
+	tok[0] = 1;
+	for (uint32_t i = 1; i < n; i++)
+		tok[i] = (int32_t)rnd(ref_llama_info(ref)->n_vocab);
+	float *emb = malloc(sizeof(float) * dim);
+	double *hid = malloc(sizeof(double) * n * dim), *mean = calloc(dim, sizeof(double));
+	double *lg = malloc(sizeof(double) * n * ref_llama_info(ref)->n_vocab), norm = 0, md = 0;
+	if (gpud_engine_embed_tokens(e, tok, n, emb, err, sizeof(err)))
+		fail_msg("embed: %s", err);
+	assert_int_equal(ref_llama_forward(ref, tok, n, NULL, NULL, lg, hid), 0);
+	for (uint32_t t = 0; t < n; t++)
+		for (uint32_t i = 0; i < dim; i++)
+			mean[i] += hid[(size_t)t * dim + i] / n;
+	for (uint32_t i = 0; i < dim; i++)
+		norm += mean[i] * mean[i];
+	norm = sqrt(norm);
+	for (uint32_t i = 0; i < dim; i++)
+		md = fmax(md, fabs(emb[i] - mean[i] / norm));
+	print_message("embedding: max abs difference of unit vectors %.3g\n", md);
+	assert_true(md < 1e-5);
+	free(emb);
+	free(hid);
+	free(mean);
+	free(lg);
+	gpud_engine_destroy(e);
+	gpud_model_free(model);
+	ref_llama_free(ref);
+}
+
 static int teardown_tmpdir(void **state)
 {
 	(void)state;
@@ -582,6 +633,7 @@ int main(void)
 		cmocka_unit_test(test_engine_vs_ref_q4_0),
 		cmocka_unit_test(test_engine_vs_ref_tied_scaled),
 		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
+		cmocka_unit_test(test_embed_vs_ref),
 	};
 	return cmocka_run_group_tests(tests, NULL, teardown_tmpdir);
 }
