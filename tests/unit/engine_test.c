@@ -23,6 +23,7 @@
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
 #include "gpud/mask.h"
+#include "gpud/mkmodel.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 
@@ -593,6 +594,55 @@ static void test_tied_embeddings(void **state)
 	gpud_model_free(tied);
 }
 
+/* Multi-query attention (1 KV head, 8 query heads) at a context long
+ * enough for attention to run on both threads: a decode step (items are
+ * single heads) gives the logits that the same token had inside a
+ * prefill (items are whole KV-head groups), and the reverse. */
+static void test_mqa_long_context(void **state)
+{
+	struct gpud_mkmodel_params mp;
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params p;
+	char path[128], err[256] = "";
+	int32_t toks[300];
+	static float ref[512];
+	uint32_t a, b, V;
+
+	snprintf(path, sizeof(path), "%s/mqa.gguf", tmpdir);
+	gpud_mkmodel_params_default(&mp);
+	mp.out = path;
+	mp.dim = 256;
+	mp.n_heads = 8;
+	mp.n_kv_heads = 1;
+	mp.ffn_dim = 256;
+	mp.n_ctx = 512;
+	if (gpud_mkmodel(&mp, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	if (gpud_model_load(&m, path, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_params_default(&p);
+	p.n_threads = 2;
+	p.max_seqs = 2;
+	p.max_logits = 300;
+	assert_int_equal(gpud_engine_create(&e, m, &p, err, sizeof(err)), 0);
+	V = gpud_engine_n_vocab(e);
+	assert_true(V <= 512);
+	for (int i = 0; i < 300; i++)
+		toks[i] = 3 + (i * 37) % (int)(V - 3);
+	/* a: 299 tokens of prefill, then token 300 as a decode step. */
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	step_ok(e, &(struct gpud_batch_entry){ a, toks, 299, GPUD_LOGITS_NONE }, 1);
+	step_ok(e, &(struct gpud_batch_entry){ a, toks + 299, 1, GPUD_LOGITS_LAST }, 1);
+	memcpy(ref, gpud_engine_logits(e, 0), V * sizeof(float));
+	/* b: all 300 in one prefill with every logit. */
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
+	step_ok(e, &(struct gpud_batch_entry){ b, toks, 300, GPUD_LOGITS_ALL }, 1);
+	assert_true(max_rel_diff(ref, gpud_engine_logits(e, 0) + 299 * (size_t)V, V) < 1e-4);
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+}
+
 /* --- the gpud binary ------------------------------------------------------- */
 
 /* Runs cmd with the shell, captures stdout into out; returns the exit code. */
@@ -697,6 +747,7 @@ int main(void)
 		cmocka_unit_test(test_mask_plumbing),
 		cmocka_unit_test(test_embed),
 		cmocka_unit_test(test_tied_embeddings),
+		cmocka_unit_test(test_mqa_long_context),
 		cmocka_unit_test(test_cli),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

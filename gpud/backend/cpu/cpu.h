@@ -3,7 +3,7 @@
  *
  * K/V are stored as F32. Matrix products go through gpud_matmul()
  * (kernels.h) once per weight per step over all tokens of the batch;
- * attention is parallel over (token, head) on the same thread pool.
+ * attention is parallel over (token, KV head group) on the same thread pool.
  */
 #ifndef GPUD_BACKEND_CPU_H
 #define GPUD_BACKEND_CPU_H

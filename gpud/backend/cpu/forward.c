@@ -48,7 +48,8 @@ struct cpu_ctx {
 	float *rope_cs;  /* (T, head_dim/2, 2) cos, sin at each token's position */
 	float *xl;       /* (max_logits, dim) final-normed rows that need logits */
 	float *logits;   /* (max_logits, n_vocab) */
-	float *att_tmp;  /* (nth, block_tokens) per-thread scores */
+	float *att_tmp;  /* (nth, att_tmp_stride) per-thread softmax state and scores */
+	size_t att_tmp_stride; /* g * (block_tokens + 2), g = heads per KV head */
 	uint32_t *tok_seq; /* (T) batch entry of each token */
 	uint32_t *tok_pos; /* (T) position of each token */
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
@@ -169,26 +170,33 @@ static void rope_store_run(void *arg, int ith, int nth)
 	}
 }
 
-/* Attention of one (token, head): online softmax over the visible
- * positions of the token's own sequence, block by block. */
-static void attend(struct cpu_ctx *c, uint32_t t, uint32_t h, float *scores)
+/* Attention of one token for query heads [h0, h1), which share KV head
+ * kh: online softmax over the visible positions of the token's own
+ * sequence, block by block, each K/V block read once for all those heads
+ * while it is in L1. tmp holds g * (block_tokens + 2) floats. */
+static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint32_t h1,
+		   float *tmp)
 {
 	const struct gpud_model_hparams *hp = c->hp;
 	const struct gpud_fwd_seq *s = &c->b->seqs[c->tok_seq[t]];
 	const struct gpud_mask *mask = s->mask;
 	uint32_t hd = hp->head_dim, bt = c->cfg.block_tokens;
-	uint32_t kh = h / (hp->n_heads / hp->n_kv_heads), pos = c->tok_pos[t];
-	const float *q = c->q + (size_t)t * c->q_dim + (size_t)h * hd;
-	float *out = c->att + (size_t)t * c->q_dim + (size_t)h * hd;
-	float scale = 1.0f / sqrtf((float)hd), m = -INFINITY, l = 0;
+	uint32_t g = h1 - h0, pos = c->tok_pos[t];
+	const float *q0 = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd;
+	float *out0 = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd;
+	float *m = tmp, *l = tmp + g, *scores = tmp + 2 * g;
+	float scale = 1.0f / sqrtf((float)hd);
 	unsigned qs = mask ? gpud_mask_seg(mask, pos) : 0;
 
-	memset(out, 0, hd * sizeof(float));
+	memset(out0, 0, (size_t)g * hd * sizeof(float));
+	for (uint32_t h = 0; h < g; h++) {
+		m[h] = -INFINITY;
+		l[h] = 0;
+	}
 	for (uint32_t b = 0; b <= pos / bt; b++) {
 		int vis = mask ? gpud_mask_block_vis(mask, qs, b) : 1;
 		const float *kb, *vb;
-		uint32_t n, j;
-		float mb = -INFINITY;
+		uint32_t n;
 
 		if (!vis)
 			continue;
@@ -196,50 +204,70 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t h, float *scores)
 		     (size_t)c->layer * c->layer_floats + kh * c->head_floats;
 		vb = kb + (size_t)hp->n_kv_heads * c->head_floats;
 		n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
-		for (j = 0; j < n; j++) {
-			if (vis == 2 && !gpud_mask_visible(mask, qs, b * bt + j)) {
-				scores[j] = -INFINITY;
-				continue;
+		for (uint32_t h = 0; h < g; h++) {
+			const float *q = q0 + (size_t)h * hd;
+			float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
+			float mb = -INFINITY;
+
+			for (uint32_t j = 0; j < n; j++) {
+				if (vis == 2 && !gpud_mask_visible(mask, qs, b * bt + j)) {
+					sc[j] = -INFINITY;
+					continue;
+				}
+				sc[j] = dot(q, kb + (size_t)j * hd, hd) * scale;
+				if (sc[j] > mb)
+					mb = sc[j];
 			}
-			scores[j] = dot(q, kb + (size_t)j * hd, hd) * scale;
-			if (scores[j] > mb)
-				mb = scores[j];
-		}
-		if (mb == -INFINITY)
-			continue;
-		if (mb > m) {
-			float corr = expf(m - mb); /* 0 on the first visible block */
-			l *= corr;
-			for (uint32_t i = 0; i < hd; i++)
-				out[i] *= corr;
-			m = mb;
-		}
-		for (j = 0; j < n; j++) {
-			if (scores[j] == -INFINITY)
+			if (mb == -INFINITY)
 				continue;
-			float p = expf(scores[j] - m);
-			const float *vr = vb + (size_t)j * hd;
-			l += p;
-			for (uint32_t i = 0; i < hd; i++)
-				out[i] += p * vr[i];
+			if (mb > m[h]) {
+				float corr = expf(m[h] - mb); /* 0 on the first visible block */
+				l[h] *= corr;
+				for (uint32_t i = 0; i < hd; i++)
+					out[i] *= corr;
+				m[h] = mb;
+			}
+			for (uint32_t j = 0; j < n; j++) {
+				if (sc[j] == -INFINITY)
+					continue;
+				float p = expf(sc[j] - m[h]);
+				const float *vr = vb + (size_t)j * hd;
+				l[h] += p;
+				for (uint32_t i = 0; i < hd; i++)
+					out[i] += p * vr[i];
+			}
 		}
 	}
 	/* l > 0: a token always sees itself. */
-	float inv = 1.0f / l;
-	for (uint32_t i = 0; i < hd; i++)
-		out[i] *= inv;
+	for (uint32_t h = 0; h < g; h++) {
+		float inv = 1.0f / l[h], *out = out0 + (size_t)h * hd;
+		for (uint32_t i = 0; i < hd; i++)
+			out[i] *= inv;
+	}
 }
 
 static void attn_run(void *arg, int ith, int nth)
 {
 	struct cpu_ctx *c = arg;
-	uint32_t nh = c->hp->n_heads;
-	float *scores = c->att_tmp + (size_t)ith * c->cfg.block_tokens;
+	uint32_t nkv = c->hp->n_kv_heads, nh = c->hp->n_heads, g = nh / nkv;
+	float *tmp = c->att_tmp + (size_t)ith * c->att_tmp_stride;
 	long lo, hi;
 
+	/* Items are (token, KV head) groups, or single (token, head) pairs
+	 * when there are too few groups to keep the threads busy. */
+	if ((long)c->b->n_tokens * nkv >= 2L * nth || g == 1) {
+		gpud_tp_range((long)c->b->n_tokens * nkv, ith, nth, 1, &lo, &hi);
+		for (long i = lo; i < hi; i++) {
+			uint32_t kh = (uint32_t)(i % nkv);
+			attend(c, (uint32_t)(i / nkv), kh, kh * g, (kh + 1) * g, tmp);
+		}
+		return;
+	}
 	gpud_tp_range((long)c->b->n_tokens * nh, ith, nth, 1, &lo, &hi);
-	for (long i = lo; i < hi; i++)
-		attend(c, (uint32_t)(i / nh), (uint32_t)(i % nh), scores);
+	for (long i = lo; i < hi; i++) {
+		uint32_t h = (uint32_t)(i % nh);
+		attend(c, (uint32_t)(i / nh), h / g, h, h + 1, tmp);
+	}
 }
 
 static void swiglu_run(void *arg, int ith, int nth)
@@ -499,6 +527,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	c->layer_floats = 2 * (size_t)hp->n_kv_heads * c->head_floats;
 	c->block_floats = hp->n_layers * c->layer_floats;
 	c->kv_bytes = (size_t)cfg->n_blocks * c->block_floats * sizeof(float);
+	c->att_tmp_stride = (size_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2);
 	rc = gpud_tp_create(&c->tp, cfg->n_threads);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "cpu backend: thread pool: %s", sw_strerror(rc));
@@ -537,7 +566,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		2 * SZ((size_t)T * c->kv_dim, float) + 2 * SZ((size_t)T * hp->ffn_dim, float) +
 		SZ((size_t)T * hp->head_dim, float) + SZ((size_t)NL * hp->dim, float) +
 		SZ((size_t)NL * hp->n_vocab, float) +
-		SZ((size_t)c->nth * cfg->block_tokens, float) + 2 * SZ(T, uint32_t) +
+		SZ((size_t)c->nth * c->att_tmp_stride, float) + 2 * SZ(T, uint32_t) +
 		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char) +
 		SZ((size_t)c->nth * c->mm1_stride + 1, char);
 #undef SZ
@@ -557,7 +586,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	CARVE(c->rope_cs, (size_t)T * hp->head_dim);
 	CARVE(c->xl, (size_t)NL * hp->dim);
 	CARVE(c->logits, (size_t)NL * hp->n_vocab);
-	CARVE(c->att_tmp, (size_t)c->nth * cfg->block_tokens);
+	CARVE(c->att_tmp, (size_t)c->nth * c->att_tmp_stride);
 	CARVE(c->tok_seq, T);
 	CARVE(c->tok_pos, T);
 	CARVE(c->logit_tok, NL);
