@@ -14,7 +14,13 @@
  * array data, tensor data, tensor names) lives until gpud_gguf_close().
  * Strings from the file are NOT NUL-terminated: use the returned length.
  * Array data and tensor data may be unaligned only where the file is; tensor
- * data is aligned to general.alignment (validated at open).
+ * data is aligned to general.alignment (validated at open). The file must
+ * not shrink while it is open: touching a page past its new end is SIGBUS.
+ *
+ * Stricter than the spec: keys must be 1..65535 bytes without NUL, tensor
+ * names 1..255 bytes without NUL, bools 0 or 1, arrays not nested
+ * (SW_EUNSUPPORTED), general.alignment a u32 power of two up to 2^24,
+ * tensors may neither overlap nor share a name, and every dimension is > 0.
  */
 #ifndef GPUD_GGUF_H
 #define GPUD_GGUF_H
