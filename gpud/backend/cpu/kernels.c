@@ -1,7 +1,8 @@
 /* kernels.c - portable weight formats and matmul, plus run-time dispatch.
  *
  * Everything here is the reference: plain C, one float accumulator per
- * output element, blocks in order. kernels_x86.c holds the vector versions.
+ * output element summing w * x column by column (w the weight's exact fp32
+ * value). kernels_x86.c holds the vector versions.
  */
 #include "gpud/backend/cpu/kernels.h"
 

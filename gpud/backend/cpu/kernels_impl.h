@@ -1,8 +1,9 @@
 /* kernels_impl.h - private to kernels.c and kernels_x86.c.
  *
  * The matmul job description, a helper both paths share and the entry
- * points of the x86 file. The x86 functions are compiled with target attributes and
- * may only be called once gpud_cpu_features() reported AVX2+FMA+F16C.
+ * points of the x86 file. The x86 functions are compiled with target
+ * attributes and may only be called once gpud_cpu_features() reported
+ * AVX2+FMA+F16C.
  */
 #ifndef GPUD_KERNELS_IMPL_H
 #define GPUD_KERNELS_IMPL_H
