@@ -594,6 +594,47 @@ static void test_tied_embeddings(void **state)
 	gpud_model_free(tied);
 }
 
+static void test_create_params(void **state)
+{
+	struct gpud_engine_params p;
+	struct gpud_engine *e = (void *)1;
+	const struct gpud_model_hparams *hp = gpud_model_hparams(model);
+	size_t block = (size_t)hp->n_layers * 2 * hp->n_kv_heads * 16 * hp->head_dim * 4;
+	char err[256] = "";
+
+	gpud_engine_params_default(&p);
+	p.max_batch_tokens = 0;
+	assert_int_equal(gpud_engine_create(&e, model, &p, err, sizeof(err)), -EINVAL);
+	assert_null(e);
+	assert_non_null(strstr(err, "max_batch_tokens"));
+	gpud_engine_params_default(&p);
+	p.kv_bytes = block - 1;
+	assert_int_equal(gpud_engine_create(&e, model, &p, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "KV budget"));
+
+	/* A byte budget gives floor(budget / block) blocks; n_ctx is capped
+	 * by the model's; max_logits defaults to max_seqs. */
+	p.kv_bytes = 10 * block + 5;
+	p.n_ctx = hp->n_ctx + 1000;
+	p.max_seqs = 3;
+	p.n_threads = 1;
+	assert_int_equal(gpud_engine_create(&e, model, &p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_params(e)->n_blocks, 10);
+	assert_int_equal(gpud_engine_params(e)->n_ctx, hp->n_ctx);
+	assert_int_equal(gpud_engine_params(e)->max_logits, 3);
+	assert_ptr_equal(gpud_engine_model(e), model);
+	gpud_engine_destroy(e);
+	gpud_engine_destroy(NULL);
+
+	/* Without n_blocks or a budget: enough for max_seqs full contexts. */
+	gpud_engine_params_default(&p);
+	p.max_seqs = 2;
+	p.n_ctx = 100;
+	assert_int_equal(gpud_engine_create(&e, model, &p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_params(e)->n_blocks, 2 * 7);
+	gpud_engine_destroy(e);
+}
+
 /* Multi-query attention (1 KV head, 8 query heads) at a context long
  * enough for attention to run on both threads: a decode step (items are
  * single heads) gives the logits that the same token had inside a
@@ -748,6 +789,7 @@ int main(void)
 		cmocka_unit_test(test_embed),
 		cmocka_unit_test(test_tied_embeddings),
 		cmocka_unit_test(test_mqa_long_context),
+		cmocka_unit_test(test_create_params),
 		cmocka_unit_test(test_cli),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
