@@ -97,8 +97,9 @@ void proto_frame_encode(const struct proto_frame *f, uint8_t out[PROTO_FRAME_SIZ
  *    *out is filled so the caller can log the peer's version);
  *  - type 0 or >= PROTO_T_LAST -> SW_EUNSUPPORTED (a newer peer; *out is
  *    filled so the caller can answer with an error for request_id).
- * The message (err may be NULL) names the field. On SW_EFORMAT *out holds
- * whatever was decoded and must not be used. Nothing is allocated. */
+ * -EINVAL when buf or out is NULL. The message (err may be NULL) names
+ * the field. On SW_EFORMAT *out holds whatever was decoded and must not be
+ * used. Nothing is allocated. */
 int proto_frame_decode(const uint8_t *buf, size_t len, struct proto_frame *out,
 		       char *err, size_t errlen);
 

@@ -53,8 +53,8 @@
 #define PROTO_MAX_ERROR_MSG 256 /* bytes including the NUL */
 
 /* Configured limits, checked by the decoders (gpud fills them from its
- * config). A field of 0 means the hard limit (or, for byte counts, the
- * default). */
+ * config). A field of 0 means its default; a value above a hard limit
+ * means the hard limit. */
 struct proto_limits {
 	uint32_t max_segments;   /* <= PROTO_MAX_SEGMENTS; default 64 */
 	uint32_t max_stop;       /* <= PROTO_MAX_STOP */
