@@ -379,6 +379,35 @@ static void test_quantize_roundtrip(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
+/* Non-finite input is garbage in, but must not be undefined behaviour
+ * (float to int casts) nor spill into the neighbouring blocks. */
+static void test_quantize_nonfinite(void **state)
+{
+	float x[96], y[96], ref[32];
+	uint8_t q[96 * 2], qref[64];
+
+	(void)state;
+	for (int pass = 0; pass < 2; pass++) {
+		gpud_cpu_set_features(pass ? ~0u : 0);
+		for (int k = 3; k < 5; k++) {
+			enum gpud_type t = all_types[k];
+
+			for (int i = 0; i < 96; i++)
+				x[i] = (float)(i % 7) - 3.0f;
+			x[3] = NAN;
+			x[40] = INFINITY;
+			x[41] = -INFINITY;
+			gpud_quantize_row(t, x, q, 96);
+			gpud_dequantize_row(t, q, y, 96);
+			/* block 2 is finite: same as quantized alone */
+			gpud_quantize_row(t, x + 64, qref, 32);
+			gpud_dequantize_row(t, qref, ref, 32);
+			assert_memory_equal(y + 64, ref, sizeof(ref));
+		}
+	}
+	gpud_cpu_set_features(~0u);
+}
+
 /* Known Q4_0/Q8_0 bytes: the layout is the file format. */
 static void test_block_layout(void **state)
 {
@@ -719,6 +748,7 @@ int main(void)
 		cmocka_unit_test(test_features_mask),
 		cmocka_unit_test(test_rows_vector_matches_portable_specials),
 		cmocka_unit_test(test_quantize_roundtrip),
+		cmocka_unit_test(test_quantize_nonfinite),
 		cmocka_unit_test(test_block_layout),
 		cmocka_unit_test(test_rows_vector_matches_portable),
 		cmocka_unit_test(test_get_row),

@@ -164,8 +164,13 @@ static void quantize_q8_0(const float *x, struct gpud_block_q8_0 *y, int64_t n)
 			amax = fmaxf(amax, fabsf(x[j]));
 		d = gpud__q8_scale(amax, &id);
 		y[i].d = gpud_fp32_to_fp16(d);
-		for (int j = 0; j < GPUD_QK; j++)
-			y[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+		for (int j = 0; j < GPUD_QK; j++) {
+			float v = nearbyintf(x[j] * id);
+
+			/* In range for finite input; NaN/Inf give -128 as the
+			 * vector conversion does, never an undefined cast. */
+			y[i].qs[j] = v >= -128.0f && v <= 127.0f ? (int8_t)v : -128;
+		}
 	}
 }
 
@@ -184,11 +189,11 @@ static void quantize_q4_0(const float *x, struct gpud_block_q4_0 *y, int64_t n)
 		id = d != 0.0f ? 1.0f / d : 0.0f;
 		y[i].d = gpud_fp32_to_fp16(d);
 		for (int j = 0; j < GPUD_QK / 2; j++) {
-			int a = (int)(x[j] * id + 8.5f);
-			int b = (int)(x[j + GPUD_QK / 2] * id + 8.5f);
+			float va = x[j] * id + 8.5f, vb = x[j + GPUD_QK / 2] * id + 8.5f;
+			/* min(15, trunc(v)); NaN (from Inf/NaN input) gives 0 */
+			int a = va >= 15.0f ? 15 : va > 0.0f ? (int)va : 0;
+			int b = vb >= 15.0f ? 15 : vb > 0.0f ? (int)vb : 0;
 
-			a = a < 0 ? 0 : a > 15 ? 15 : a;
-			b = b < 0 ? 0 : b > 15 ? 15 : b;
 			y[i].qs[j] = (uint8_t)(a | b << 4);
 		}
 	}
