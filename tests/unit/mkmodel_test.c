@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,40 @@ static void expect_tensor(struct gpud_gguf *g, const char *name, enum gpud_type 
 			 gpud_type_name(t->type), t->n_dims, (unsigned long long)t->ne[0],
 			 (unsigned long long)t->ne[1], gpud_type_name(type), n_dims,
 			 (unsigned long long)ne0, (unsigned long long)ne1);
+}
+
+/* Streaming: writing a 17 MB model raises the peak RSS by far less than
+ * the model's size. Runs first, before other tests raise the peak. */
+static void test_streaming_memory(void **state)
+{
+	(void)state;
+	char path[128];
+	path_in_tmp(path, sizeof(path), "stream.gguf");
+	struct gpud_mkmodel_params p;
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.dim = 256;
+	p.n_heads = 4;
+	p.n_kv_heads = 4;
+	p.ffn_dim = 1024;
+	p.n_layers = 4;
+	struct gpud_mkmodel_plan plan;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+	assert_true(plan.file_bytes > 17000000);
+	struct rusage before, after;
+	assert_int_equal(getrusage(RUSAGE_SELF, &before), 0);
+	int rc = gpud_mkmodel(&p, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	assert_int_equal(getrusage(RUSAGE_SELF, &after), 0);
+	long grew_kb = after.ru_maxrss - before.ru_maxrss;
+	if (grew_kb * 1024 > (long)plan.file_bytes / 3)
+		fail_msg("peak RSS grew by %ld KB writing a %llu-byte model", grew_kb,
+			 (unsigned long long)plan.file_bytes);
+	struct stat st;
+	assert_int_equal(stat(path, &st), 0);
+	assert_int_equal((uint64_t)st.st_size, plan.file_bytes);
+	unlink(path);
 }
 
 static void test_default_round_trip(void **state)
@@ -503,6 +538,7 @@ static void test_llama32_3b_plan(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_streaming_memory),
 		cmocka_unit_test(test_default_round_trip),
 		cmocka_unit_test(test_types_and_rope),
 		cmocka_unit_test(test_determinism),
