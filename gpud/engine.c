@@ -234,6 +234,19 @@ int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n)
 	return gpud_kv_truncate(e->kv, seq, n);
 }
 
+uint32_t gpud_engine_blocks_needed(const struct gpud_engine *e, uint32_t seq, uint32_t n)
+{
+	uint64_t bt = e->p.block_tokens, have = gpud_kv_seq_capacity(e->kv, seq);
+	uint64_t want = (uint64_t)gpud_kv_seq_len(e->kv, seq) + n;
+
+	return want <= have ? 0 : (uint32_t)((want - have + bt - 1) / bt);
+}
+
+uint32_t gpud_engine_free_blocks(const struct gpud_engine *e)
+{
+	return gpud_kv_free_blocks(e->kv);
+}
+
 /* Checks the whole batch before anything changes. */
 static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
 		       char *err, size_t errlen)

@@ -77,6 +77,12 @@ uint32_t gpud_engine_seq_len(const struct gpud_engine *e, uint32_t seq);
 /* Drops seq's positions >= n (and the blocks past them). 0 or -EINVAL. */
 int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n);
 
+/* For admission and scheduling: KV blocks a step appending n tokens to
+ * seq would take from the pool (0 when its last block has room; a seq not
+ * in use counts as empty), and blocks free now. */
+uint32_t gpud_engine_blocks_needed(const struct gpud_engine *e, uint32_t seq, uint32_t n);
+uint32_t gpud_engine_free_blocks(const struct gpud_engine *e);
+
 enum gpud_logits_mode {
 	GPUD_LOGITS_NONE = 0, /* e.g. a prefill chunk that is not the last */
 	GPUD_LOGITS_LAST = 1, /* the entry's last token */

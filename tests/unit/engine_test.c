@@ -349,6 +349,12 @@ static void test_kv_exhaustion(void **state)
 	step_ok(e, &(struct gpud_batch_entry){ a, toks, 48, GPUD_LOGITS_LAST }, 1);
 	gpud_engine_stats(e, &st);
 	assert_int_equal(st.kv.used, 3);
+	assert_int_equal(gpud_engine_free_blocks(e), 1);
+	assert_int_equal(gpud_engine_blocks_needed(e, a, 0), 0);
+	assert_int_equal(gpud_engine_blocks_needed(e, a, 1), 1);
+	assert_int_equal(gpud_engine_blocks_needed(e, a, 17), 2);
+	assert_int_equal(gpud_engine_blocks_needed(e, b, 32), 2);
+	assert_int_equal(gpud_engine_blocks_needed(e, b, 33), 3);
 	/* b needs 2 blocks, 1 is free: refused, nothing reserved. */
 	assert_int_equal(gpud_engine_step(e, &(struct gpud_batch_entry){ b, toks, 32, 0 }, 1, err,
 					  sizeof(err)), SW_EEXHAUSTED);
