@@ -9,7 +9,7 @@
  * GB/s counts weight bytes read once per call; GFLOP/s is 2*rows*cols*batch
  * per call; "x b1" is the aggregate speed-up over batch 1 (batch * t1 / tb).
  * Timings are the fastest single call out of 0.2 s of calls (0.05 s with
- * "quick"). Usage: bench_matmul [quick]
+ * "quick"). Usage: bench_matmul [quick|full] [type]   (type: f32 ... q4_0)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,6 +91,7 @@ static double time_calls(const struct setup *s, int cold, double min_s)
 int main(int argc, char **argv)
 {
 	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+	const char *only = argc > 2 ? argv[2] : NULL;
 	double min_s = quick ? 0.05 : 0.2;
 	size_t llc = bench_llc_bytes(), arena_bytes = 4 * llc;
 	char machine[512], date[64];
@@ -133,6 +134,8 @@ int main(int argc, char **argv)
 	printf("| type | rows x cols | thr | batch | cold GB/s | cold GFLOP/s | %% memcpy | x b1 | hot GB/s | hot GFLOP/s |\n");
 	printf("|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+		if (only && strcmp(only, tnames[ti]) != 0)
+			continue;
 		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 			long rows = shapes[si][0], cols = shapes[si][1];
 			size_t rb = row_bytes(types[ti], cols), wbytes = rb * (size_t)rows;

@@ -31,8 +31,12 @@
 #define TGT __attribute__((target("avx2,fma,f16c")))
 #define TGT_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
 
-/* Bytes ahead of the current weight block to prefetch. */
-#define PF_DIST 768
+/* Bytes ahead of the current weight block to prefetch, per row stream:
+ * about a DRAM latency's worth at batch-1 speed. 2048 beat 768 on 32000x768
+ * q8_0 cold reads in bench_matmul (noisy, shared machine). */
+#ifndef PF_DIST
+#define PF_DIST 2048
+#endif
 
 TGT_INLINE float hsum8(__m256 v)
 {
