@@ -26,6 +26,17 @@
  * full-context sequences would need more. */
 #define DEFAULT_KV_CAP ((size_t)1 << 30)
 
+/* Generation state of the one request gpud_engine_generate() runs. */
+struct gen_state {
+	const struct gpud_tokenizer *tok;
+	struct gpud_stop stop;
+	struct gpud_detok detok;
+	gpud_gen_emit_fn emit;
+	void *arg;
+	char piece[256];
+	char out[256 + GPUD_STOP_MAX_LEN];
+};
+
 struct gpud_engine {
 	const struct gpud_model *model;
 	const struct gpud_model_hparams *hp;
@@ -43,6 +54,8 @@ struct gpud_engine {
 	uint32_t last_n;            /* entries of the last successful step */
 
 	double *embed_acc;          /* (dim) */
+	struct gpud_sampler *smp;   /* generate's sampler, reset per request */
+	struct gen_state gen;
 	int32_t *req_ids;           /* (n_ctx) prompt ids of generate/embed */
 
 	uint64_t steps, step_tokens;
@@ -159,6 +172,13 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		rc = sw_seterr(err, errlen, -ENOMEM, "engine: out of memory");
 		goto out_free;
 	}
+	{
+		struct gpud_sampler_params sp;
+		gpud_sampler_params_default(&sp);
+		rc = gpud_sampler_create(&e->smp, (int32_t)e->hp->n_vocab, &sp, err, errlen);
+		if (rc)
+			goto out_free;
+	}
 	cfg = (struct gpud_backend_config){
 		.model = m,
 		.n_threads = e->p.n_threads,
@@ -194,6 +214,7 @@ void gpud_engine_destroy(struct gpud_engine *e)
 	free(e->in_batch);
 	free(e->embed_acc);
 	free(e->req_ids);
+	gpud_sampler_free(e->smp);
 	free(e);
 }
 
@@ -486,16 +507,6 @@ int gpud_engine_embed(struct gpud_engine *e, const char *text, size_t len, float
 
 /* --- generation ------------------------------------------------------------ */
 
-struct gen_state {
-	struct gpud_engine *e;
-	const struct gpud_tokenizer *tok;
-	struct gpud_stop stop;
-	struct gpud_detok detok;
-	gpud_gen_emit_fn emit;
-	void *arg;
-	char piece[256];
-	char out[256 + GPUD_STOP_MAX_LEN];
-};
 
 /* Passes released text to the caller; GPUD_GEN_STOP_CALLER when it asks to stop. */
 static int gen_emit(struct gen_state *g, const char *s, size_t n)
@@ -540,8 +551,8 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 			 const struct gpud_gen_params *p, gpud_gen_emit_fn emit, void *arg,
 			 struct gpud_gen_result *res, char *err, size_t errlen)
 {
-	struct gen_state *g;
-	struct gpud_sampler *smp = NULL;
+	struct gen_state *g = &e->gen;
+	struct gpud_sampler *smp = e->smp;
 	unsigned flags = 0;
 	size_t n_prompt = 0;
 	uint32_t seq, done = 0, chunk_max;
@@ -549,10 +560,7 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 	int rc, reason = GPUD_STOP_NONE;
 
 	memset(res, 0, sizeof(*res));
-	g = calloc(1, sizeof(*g));
-	if (!g)
-		return sw_seterr(err, errlen, -ENOMEM, "generate: out of memory");
-	g->e = e;
+	memset(g, 0, sizeof(*g));
 	g->tok = gpud_model_tokenizer(e->model);
 	g->emit = emit;
 	g->arg = arg;
@@ -562,28 +570,28 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 		rc = gpud_stop_add(&g->stop, p->stop[i], strlen(p->stop[i]));
 		if (rc) {
 			sw_seterr(err, errlen, rc, "generate: stop string %u: %s", i, sw_strerror(rc));
-			goto out_free;
+			goto out;
 		}
 	}
-	rc = gpud_sampler_create(&smp, (int32_t)e->hp->n_vocab, &p->sampling, err, errlen);
+	rc = gpud_sampler_reset(smp, &p->sampling, err, errlen);
 	if (rc)
-		goto out_free;
+		goto out;
 	if (!p->no_bos && gpud_tokenizer_add_bos(g->tok))
 		flags |= GPUD_TOK_ADD_BOS;
 	if (p->parse_special)
 		flags |= GPUD_TOK_PARSE_SPECIAL;
 	rc = tokenize_request(e, prompt, len, flags, &n_prompt, err, errlen);
 	if (rc)
-		goto out_free;
+		goto out;
 	if (!n_prompt) {
 		rc = sw_seterr(err, errlen, -EINVAL, "generate: empty prompt");
-		goto out_free;
+		goto out;
 	}
 	res->n_prompt = (uint32_t)n_prompt;
 	rc = gpud_engine_seq_add(e, NULL, &seq);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "generate: no free sequence slot");
-		goto out_free;
+		goto out;
 	}
 	for (size_t i = 0; i < n_prompt; i++)
 		gpud_sampler_accept(smp, e->req_ids[i]);
@@ -636,8 +644,6 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 out_free_seq:
 	gpud_engine_seq_free(e, seq);
 	e->last_n = 0;
-out_free:
-	gpud_sampler_free(smp);
-	free(g);
+out:
 	return rc;
 }

@@ -173,7 +173,9 @@ struct gpud_gen_result {
 
 /* Tokenizes prompt with the model's tokenizer, prefills it in chunks,
  * samples up to max_tokens tokens and streams their text through emit.
- * Uses one sequence slot, freed before returning. Returns 0 (res filled),
+ * Uses one sequence slot, freed before returning, and the engine's one
+ * sampler (made at creation, reset per call); the only allocation per
+ * call is the tokenizer's working arena. Returns 0 (res filled),
  * SW_ETOOLONG when the prompt does not fit the context, or another
  * negative code with a message in err. */
 int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
