@@ -2,8 +2,9 @@
  * an own xoshiro256** generator, and the stop-condition helper.
  *
  * Every array is sized for n_vocab at creation; a call to sample touches
- * only those. Selection and sorting are hand-written (quickselect and
- * heapsort) because libc qsort may allocate.
+ * only those. Selection and sorting are hand-written (quickselect for
+ * top-k, bucketing plus heapsort of one bucket for top-p) because libc
+ * qsort may allocate.
  */
 #include <errno.h>
 #include <math.h>
@@ -16,8 +17,11 @@
 struct cand {
 	float logit;
 	int32_t id;
-	double p; /* unnormalized probability once computed */
+	float p; /* exp((logit - max) / T) once computed: in (0, 1] */
 };
+
+#define TOPP_BUCKETS 256
+#define TOPP_BUCKET_NATS 0.0625 /* bucket width in -log(p) */
 
 struct gpud_sampler {
 	struct gpud_sampler_params p;
@@ -28,6 +32,8 @@ struct gpud_sampler {
 	uint32_t *stamp;    /* (n_vocab) marks tokens already penalized this call */
 	uint32_t cur_stamp;
 	int32_t *hist;      /* (GPUD_SAMPLER_MAX_PENALTY_LAST_N) ring of accepted ids */
+	uint16_t *bucket;   /* (n_vocab) top-p bucket of each candidate */
+	double bmass[TOPP_BUCKETS];
 	uint32_t hist_head; /* next slot to write */
 	uint32_t hist_n;    /* valid entries, <= penalty_last_n */
 };
@@ -138,7 +144,8 @@ int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
 	s->count = calloc((size_t)n_vocab, sizeof(*s->count));
 	s->stamp = calloc((size_t)n_vocab, sizeof(*s->stamp));
 	s->hist = calloc(GPUD_SAMPLER_MAX_PENALTY_LAST_N, sizeof(*s->hist));
-	if (!s->cand || !s->count || !s->stamp || !s->hist)
+	s->bucket = calloc((size_t)n_vocab, sizeof(*s->bucket));
+	if (!s->cand || !s->count || !s->stamp || !s->hist || !s->bucket)
 		goto out_free;
 	sampler_start(s, p);
 	*out = s;
@@ -158,6 +165,7 @@ void gpud_sampler_free(struct gpud_sampler *s)
 	free(s->count);
 	free(s->stamp);
 	free(s->hist);
+	free(s->bucket);
 	free(s);
 }
 
@@ -269,15 +277,21 @@ static void sort_best_first(struct cand *c, size_t n)
 
 /* --- sampling -------------------------------------------------------- */
 
+static bool penalties_on(const struct gpud_sampler *s)
+{
+	const struct gpud_sampler_params *p = &s->p;
+	return p->penalty_last_n > 0 && s->hist_n > 0 &&
+	       (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+		p->presence_penalty != 0.0f);
+}
+
+/* Penalizes each distinct token of the history once; cand[] is still
+ * indexed by id when this runs. */
 static void apply_penalties(struct gpud_sampler *s)
 {
 	const struct gpud_sampler_params *p = &s->p;
 	uint32_t i;
 
-	if (p->penalty_last_n == 0 || s->hist_n == 0 ||
-	    (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-	     p->presence_penalty == 0.0f))
-		return;
 	if (++s->cur_stamp == 0) {
 		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
 		s->cur_stamp = 1;
@@ -286,7 +300,7 @@ static void apply_penalties(struct gpud_sampler *s)
 		uint32_t slot = (s->hist_head + GPUD_SAMPLER_MAX_PENALTY_LAST_N - 1 - i) %
 				GPUD_SAMPLER_MAX_PENALTY_LAST_N;
 		int32_t id = s->hist[slot];
-		float *l = &s->cand[id].logit; /* cand[] is still indexed by id here */
+		float *l = &s->cand[id].logit;
 
 		if (s->stamp[id] == s->cur_stamp)
 			continue;
@@ -299,23 +313,102 @@ static void apply_penalties(struct gpud_sampler *s)
 	}
 }
 
+static inline bool usable(float l)
+{
+	return !isnan(l) && l != -INFINITY;
+}
+
+/* Arg max of the raw logits (lowest id among equal maxima), skipping NaN
+ * and -inf; -EINVAL when none is usable. */
+static int32_t argmax_raw(const float *l, int32_t n)
+{
+	int32_t best = -1;
+	for (int32_t i = 0; i < n; i++)
+		if (usable(l[i]) && (best < 0 || l[i] > l[best]))
+			best = i;
+	return best < 0 ? -EINVAL : best;
+}
+
+/* The nucleus in O(n) whatever its size: candidates are bucketed by
+ * -log(p); whole buckets are taken from the top while the mass stays
+ * below the target, and only the bucket where the target is reached is
+ * sorted to find the exact cut. Returns the nucleus size (its members
+ * first in c[], best first from the boundary bucket on) and its mass. */
+static size_t top_p_buckets(struct gpud_sampler *s, size_t n, float maxl, double inv_t,
+			    double target, double *mass)
+{
+	struct cand *c = s->cand;
+	size_t i, k = 0, m;
+	unsigned b, edge;
+	double acc = 0;
+
+	memset(s->bmass, 0, sizeof(s->bmass));
+	for (i = 0; i < n; i++) {
+		/* -log(p) = (max - logit) / T */
+		double nl = ((double)maxl - c[i].logit) * inv_t / TOPP_BUCKET_NATS;
+		b = nl < TOPP_BUCKETS - 1 ? (unsigned)nl : TOPP_BUCKETS - 1;
+		s->bucket[i] = (uint16_t)b;
+		s->bmass[b] += c[i].p;
+	}
+	for (edge = 0; edge < TOPP_BUCKETS - 1; edge++) {
+		if (acc + s->bmass[edge] >= target)
+			break;
+		acc += s->bmass[edge];
+	}
+	/* move buckets < edge to the front, then the edge bucket */
+	for (i = 0; i < n; i++)
+		if (s->bucket[i] < edge) {
+			swap_cand(&c[i], &c[k]);
+			uint16_t t = s->bucket[i];
+			s->bucket[i] = s->bucket[k];
+			s->bucket[k++] = t;
+		}
+	m = k;
+	for (i = k; i < n; i++)
+		if (s->bucket[i] == edge) {
+			swap_cand(&c[i], &c[m]);
+			uint16_t t = s->bucket[i];
+			s->bucket[i] = s->bucket[m];
+			s->bucket[m++] = t;
+		}
+	sort_best_first(c + k, m - k);
+	for (i = k; i < m; i++) {
+		acc += c[i].p;
+		if (acc >= target) {
+			i++;
+			break;
+		}
+	}
+	*mass = acc;
+	return i;
+}
+
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 {
 	const struct gpud_sampler_params *p = &s->p;
 	struct cand *c = s->cand;
-	size_t n = 0, i, k;
-	double maxl, sum, u, acc;
+	size_t n = 0, i, k, nv = (size_t)s->n_vocab;
+	bool pen = penalties_on(s), all_usable = true;
+	float maxl = -INFINITY, inv_t;
+	double sum, u, acc;
 
-	for (i = 0; i < (size_t)s->n_vocab; i++) {
+	if (p->temperature <= 0.0f && !pen)
+		return argmax_raw(logits, s->n_vocab);
+
+	for (i = 0; i < nv; i++) {
 		c[i].logit = logits[i];
 		c[i].id = (int32_t)i;
+		all_usable &= usable(logits[i]);
 	}
-	apply_penalties(s);
-
-	/* drop NaN and -inf, keeping id order */
-	for (i = 0; i < (size_t)s->n_vocab; i++)
-		if (!isnan(c[i].logit) && c[i].logit != -INFINITY)
-			c[n++] = c[i];
+	if (pen)
+		apply_penalties(s);
+	if (all_usable) {
+		n = nv;
+	} else {
+		for (i = 0; i < nv; i++)
+			if (usable(c[i].logit))
+				c[n++] = c[i];
+	}
 	if (n == 0)
 		return -EINVAL;
 
@@ -327,61 +420,40 @@ int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 		return c[best].id;
 	}
 
-	for (i = 0; i < n; i++)
-		c[i].logit /= p->temperature;
-
 	if (p->top_k > 0 && (size_t)p->top_k < n) {
 		select_top(c, n, (size_t)p->top_k);
 		n = (size_t)p->top_k;
 	}
 
-	maxl = -INFINITY;
 	for (i = 0; i < n; i++)
 		if (c[i].logit > maxl)
 			maxl = c[i].logit;
 	if (isinf(maxl)) {
-		/* +inf logits: they share all the mass */
+		/* +inf logits share all the mass */
 		k = 0;
 		for (i = 0; i < n; i++)
 			if (c[i].logit == INFINITY)
 				c[k++] = c[i];
 		n = k;
 		for (i = 0; i < n; i++)
-			c[i].p = 1.0;
+			c[i].p = 1.0f;
 	} else {
+		/* temperature applied here: p = exp((l - max) / T) */
+		inv_t = 1.0f / p->temperature;
 		for (i = 0; i < n; i++)
-			c[i].p = exp((double)c[i].logit - maxl);
+			c[i].p = expf((c[i].logit - maxl) * inv_t);
 	}
 	sum = 0;
 	for (i = 0; i < n; i++)
 		sum += c[i].p;
 
 	if (p->top_p < 1.0f) {
-		/* Sort only as much of the head as the mass needs, widening. */
-		size_t m = n < 64 ? n : 64;
-		for (;;) {
-			select_top(c, n, m);
-			sort_best_first(c, m);
-			acc = 0;
-			for (i = 0; i < m; i++) {
-				acc += c[i].p;
-				if (acc >= p->top_p * sum)
-					break;
-			}
-			if (i < m) {
-				n = i + 1;
-				break;
-			}
-			if (m == n)
-				break;
-			m = m * 4 < n ? m * 4 : n;
-		}
+		n = top_p_buckets(s, n, maxl, 1.0 / p->temperature, p->top_p * sum, &acc);
 		sum = acc;
 	}
 
 	if (p->min_p > 0.0f) {
-		/* the best candidate has p = 1 relative to the max logit */
-		double pmax = 0, thr;
+		float pmax = 0.0f, thr;
 		for (i = 0; i < n; i++)
 			if (c[i].p > pmax)
 				pmax = c[i].p;

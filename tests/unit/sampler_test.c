@@ -162,6 +162,56 @@ static void test_top_k(void **state)
 	gpud_sampler_free(s);
 }
 
+static const float *g_sort_logits;
+static int by_logit_desc(const void *a, const void *b)
+{
+	int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+	float lx = g_sort_logits[x], ly = g_sort_logits[y];
+	if (lx != ly)
+		return lx > ly ? -1 : 1;
+	return x < y ? -1 : 1;
+}
+
+/* Draws from a top_p sampler over n random logits in [-amp, amp] and
+ * checks every draw against the brute-force nucleus, whose size must lie
+ * in (min_nuc, max_nuc]. */
+static void check_nucleus(int n, float amp, float top_p, int min_nuc, int max_nuc)
+{
+	float *l = malloc(sizeof(float) * n);
+	int32_t *order = malloc(sizeof(int32_t) * n);
+	bool *in = calloc(n, sizeof(bool));
+	double sum = 0, acc = 0;
+	int n_nuc = 0;
+	struct gpud_sampler_params p;
+
+	srand((unsigned)n);
+	for (int i = 0; i < n; i++) {
+		l[i] = ((float)rand() / RAND_MAX * 2.0f - 1.0f) * amp;
+		sum += exp(l[i]);
+		order[i] = i;
+	}
+	g_sort_logits = l;
+	qsort(order, n, sizeof(*order), by_logit_desc);
+	for (int i = 0; i < n; i++) {
+		in[order[i]] = true;
+		n_nuc++;
+		acc += exp(l[order[i]]);
+		if (acc >= (double)top_p * sum)
+			break;
+	}
+	print_message("nucleus of %d: %d tokens\n", n, n_nuc);
+	assert_true(n_nuc > min_nuc && n_nuc <= max_nuc);
+	params(&p, 1.0f, 3);
+	p.top_p = top_p;
+	struct gpud_sampler *s = mk(n, &p);
+	for (int t = 0; t < 100; t++)
+		assert_true(in[gpud_sampler_sample(s, l)]);
+	gpud_sampler_free(s);
+	free(l);
+	free(order);
+	free(in);
+}
+
 static void test_top_p(void **state)
 {
 	(void)state;
@@ -186,44 +236,14 @@ static void test_top_p(void **state)
 		assert_int_equal(gpud_sampler_sample(s, l), 1);
 	gpud_sampler_free(s);
 
-	/* a large flat-ish vocabulary needs the widening sort: every token
-	 * drawn lies in the nucleus computed by brute force */
-	enum { N = 5000 };
-	static float big[N];
-	static double pr[N];
-	static int order[N];
-	rand_logits(big, N, 77);
-	double sum = 0;
-	for (int i = 0; i < N; i++) {
-		sum += pr[i] = exp(big[i]);
-		order[i] = i;
-	}
-	/* selection sort would be slow; bubble the order by insertion on
-	 * probabilities (N is small enough for a test) */
-	for (int i = 1; i < N; i++) {
-		int v = order[i], j = i;
-		while (j > 0 && pr[order[j - 1]] < pr[v]) {
-			order[j] = order[j - 1];
-			j--;
-		}
-		order[j] = v;
-	}
-	static bool in_nucleus[N];
-	double acc = 0;
-	int n_nuc = 0;
-	for (int i = 0; i < N; i++) {
-		in_nucleus[order[i]] = true;
-		n_nuc++;
-		acc += pr[order[i]];
-		if (acc >= 0.9 * sum)
-			break;
-	}
-	assert_true(n_nuc > 256); /* beyond the first widening steps */
-	p.top_p = 0.9f;
-	s = mk(N, &p);
-	for (int t = 0; t < 300; t++)
-		assert_true(in_nucleus[gpud_sampler_sample(s, big)]);
-	gpud_sampler_free(s);
+	/* large vocabularies: a peaked distribution (nucleus within the
+	 * sorted head of 64) and broad ones (the bucketed cut: hundreds to
+	 * tens of thousands of tokens); every token drawn lies in the nucleus
+	 * computed by brute force */
+	check_nucleus(5000, 60.0f, 0.5f, 1, 64);
+	check_nucleus(5000, 7.0f, 0.9f, 64, 1024);
+	check_nucleus(30000, 1.0f, 0.9f, 1024, 30000);
+	check_nucleus(30000, 1.0f, 0.3f, 1024, 30000);
 }
 
 static void test_min_p(void **state)
