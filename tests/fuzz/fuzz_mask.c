@@ -101,6 +101,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			CHECK(gpud_segset_has(&m.block_segs[b], gpud_mask_seg(&m, pos)));
 	if (causal_in)
 		CHECK(m.causal);
+	/* block test + token test == the definition, for small masks (a few
+	 * generated positions past the prompt included) */
+	if (total <= 64) {
+		for (uint32_t q = 0; q < total + 3; q++) {
+			unsigned qs = gpud_mask_seg(&m, q);
+			for (uint32_t k = 0; k <= q; k++) {
+				unsigned ks = gpud_mask_seg(&m, k);
+				bool want = ks == qs;
+				if (causal_in) {
+					want = true;
+				} else {
+					for (j = 0; j < rows[qs].n; j++)
+						want |= rows[qs].idx[j] == ks;
+				}
+				int bv = gpud_mask_block_vis(&m, qs, k / bt);
+				CHECK(bv >= 0 && bv <= 2);
+				CHECK((bv == 1 || (bv == 2 && gpud_mask_visible(&m, qs, k))) == want);
+			}
+		}
+	}
 	/* deterministic */
 	_Alignas(16) static uint8_t mem2[sizeof(mem)];
 	CHECK(gpud_mask_compile(&d, lens, bt, mem2, need, &m2) == 0);
