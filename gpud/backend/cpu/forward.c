@@ -76,24 +76,45 @@ struct cpu_ctx {
 
 /* --- small vector helpers (plain loops the compiler vectorizes) --------- */
 
+/* 8-float vectors (GCC/clang vector extensions): SSE pairs in the default
+ * build, one AVX register in the avx2 clone of attend(). Lane i sums
+ * elements i, i+8, ... exactly like eight scalar accumulators would, so
+ * every clone gives the same bits. */
+typedef float v8f __attribute__((vector_size(32)));
+
+/* A macro, not a function: returning a 32-byte vector from a function
+ * compiled without AVX is an ABI hazard (-Wpsabi). */
+#define load8(p)                               \
+	({                                     \
+		v8f v8_;                       \
+		memcpy(&v8_, (p), sizeof(v8_)); \
+		v8_;                           \
+	})
+
 static inline float dot(const float *a, const float *b, uint32_t n)
 {
-	float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
+	v8f acc = { 0 };
+	float t = 0;
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		acc += load8(a + i) * load8(b + i);
+	for (; i < n; i++)
+		t += a[i] * b[i];
+	return (((acc[0] + t) + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* y = y * s + p * x over n floats. */
+static inline void scale_axpy(float *y, float s, float p, const float *x, uint32_t n)
+{
 	uint32_t i = 0;
 
 	for (; i + 8 <= n; i += 8) {
-		s0 += a[i] * b[i];
-		s1 += a[i + 1] * b[i + 1];
-		s2 += a[i + 2] * b[i + 2];
-		s3 += a[i + 3] * b[i + 3];
-		s4 += a[i + 4] * b[i + 4];
-		s5 += a[i + 5] * b[i + 5];
-		s6 += a[i + 6] * b[i + 6];
-		s7 += a[i + 7] * b[i + 7];
+		v8f v = load8(y + i) * s + load8(x + i) * p;
+		memcpy(y + i, &v, sizeof(v));
 	}
 	for (; i < n; i++)
-		s0 += a[i] * b[i];
-	return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7));
+		y[i] = y[i] * s + p * x[i];
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
@@ -174,6 +195,7 @@ static void rope_store_run(void *arg, int ith, int nth)
  * kh: online softmax over the visible positions of the token's own
  * sequence, block by block, each K/V block read once for all those heads
  * while it is in L1. tmp holds g * (block_tokens + 2) floats. */
+__attribute__((target_clones("avx2", "default")))
 static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint32_t h1,
 		   float *tmp)
 {
@@ -220,21 +242,20 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 			}
 			if (mb == -INFINITY)
 				continue;
+			float corr = 1;
 			if (mb > m[h]) {
-				float corr = expf(m[h] - mb); /* 0 on the first visible block */
+				corr = expf(m[h] - mb); /* 0 on the first visible block */
 				l[h] *= corr;
-				for (uint32_t i = 0; i < hd; i++)
-					out[i] *= corr;
 				m[h] = mb;
 			}
 			for (uint32_t j = 0; j < n; j++) {
 				if (sc[j] == -INFINITY)
 					continue;
 				float p = expf(sc[j] - m[h]);
-				const float *vr = vb + (size_t)j * hd;
 				l[h] += p;
-				for (uint32_t i = 0; i < hd; i++)
-					out[i] += p * vr[i];
+				/* The rescale by corr rides along with the first value. */
+				scale_axpy(out, corr, p, vb + (size_t)j * hd, hd);
+				corr = 1;
 			}
 		}
 	}
