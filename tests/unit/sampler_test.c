@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "gpud/engine.h"
+#include "gpud/model.h"
 #include "gpud/sampler.h"
 
 static struct gpud_sampler *mk(int32_t n_vocab, const struct gpud_sampler_params *p)
@@ -500,6 +502,98 @@ static void test_stop_strings(void **state)
 	assert_int_equal(st.n_tokens, GPUD_STOP_MAX_LEN);
 }
 
+/* --- through the engine's generation loop (stories260K) ---------------- */
+
+#define STORIES "../shared/models/stories260K.gguf"
+#define GREEDY ", there was a little girl named Lily. She loved to play outside in the park."
+
+struct text {
+	char buf[2048];
+	size_t n;
+};
+
+static int collect(void *arg, const char *s, size_t len)
+{
+	struct text *t = arg;
+	assert_true(t->n + len < sizeof(t->buf));
+	memcpy(t->buf + t->n, s, len);
+	t->n += len;
+	t->buf[t->n] = 0;
+	return 0;
+}
+
+static void generate(struct gpud_engine *e, const struct gpud_gen_params *gp, struct text *t,
+		     struct gpud_gen_result *res)
+{
+	char err[256];
+	const char *prompt = "Once upon a time";
+	t->n = 0;
+	t->buf[0] = 0;
+	if (gpud_engine_generate(e, prompt, strlen(prompt), gp, collect, t, res, err, sizeof(err)))
+		fail_msg("generate: %s", err);
+}
+
+static void test_generate_seed_and_stop(void **state)
+{
+	(void)state;
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params ep;
+	struct gpud_gen_params gp;
+	struct gpud_gen_result res;
+	struct text *a = malloc(sizeof(*a)), *b = malloc(sizeof(*b));
+	char err[256];
+
+	if (gpud_model_load(&m, STORIES, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_params_default(&ep);
+	ep.n_threads = 2;
+	ep.max_seqs = 2;
+	ep.n_ctx = 256;
+	assert_int_equal(gpud_engine_create(&e, m, &ep, err, sizeof(err)), 0);
+
+	/* top-k 1 at a high temperature is the greedy text */
+	gpud_gen_params_default(&gp);
+	gp.max_tokens = 40;
+	gp.sampling.temperature = 1.5f;
+	gp.sampling.top_k = 1;
+	gp.sampling.seed = 99;
+	generate(e, &gp, a, &res);
+	assert_memory_equal(a->buf, GREEDY, strlen(GREEDY));
+
+	/* same seed, same text; another seed, another text */
+	gp.sampling.top_k = 0;
+	gp.sampling.temperature = 1.0f;
+	gp.sampling.top_p = 0.95f;
+	gp.sampling.seed = 7;
+	generate(e, &gp, a, &res);
+	assert_int_equal(res.n_gen, 40);
+	assert_int_equal(res.reason, GPUD_STOP_MAX_TOKENS);
+	generate(e, &gp, b, &res);
+	assert_string_equal(a->buf, b->buf);
+	gp.sampling.seed = 8;
+	generate(e, &gp, b, &res);
+	assert_true(strcmp(a->buf, b->buf) != 0);
+
+	/* a stop string spanning tokens: the text stops right before it */
+	const char *stop[] = { "named Lily" };
+	gpud_gen_params_default(&gp);
+	gp.max_tokens = 60;
+	gp.stop = stop;
+	gp.n_stop = 1;
+	generate(e, &gp, a, &res);
+	assert_int_equal(res.reason, GPUD_STOP_STRING);
+	assert_string_equal(a->buf, ", there was a little girl ");
+	struct gpud_engine_stats st;
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 0);
+
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+	free(a);
+	free(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -513,6 +607,7 @@ int main(void)
 		cmocka_unit_test(test_penalties),
 		cmocka_unit_test(test_params_errors),
 		cmocka_unit_test(test_stop_strings),
+		cmocka_unit_test(test_generate_seed_and_stop),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
