@@ -57,6 +57,7 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		       const struct gpud_engine_params *p, char *err, size_t errlen);
 void gpud_engine_destroy(struct gpud_engine *e); /* accepts NULL */
 
+/* The model the engine runs (borrowed at creation). */
 const struct gpud_model *gpud_engine_model(const struct gpud_engine *e);
 /* The effective parameters (defaults resolved, n_blocks computed). */
 const struct gpud_engine_params *gpud_engine_params(const struct gpud_engine *e);
@@ -116,6 +117,7 @@ int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents,
  * GPUD_LOGITS_ALL; NULL for GPUD_LOGITS_NONE or i out of range. Owned by
  * the engine, valid until the next step. */
 const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i);
+/* Floats per logits row (the model's vocabulary, token_embd rows). */
 uint32_t gpud_engine_n_vocab(const struct gpud_engine *e);
 
 /* Embedding of n tokens: the mean over tokens of the hidden states after
@@ -128,6 +130,7 @@ int gpud_engine_embed_tokens(struct gpud_engine *e, const int32_t *tokens, uint3
 /* Same for a text, tokenized with BOS as the vocabulary asks. */
 int gpud_engine_embed(struct gpud_engine *e, const char *text, size_t len,
 		      float *out, char *err, size_t errlen);
+/* Floats of an embedding (the model's dim). */
 uint32_t gpud_engine_dim(const struct gpud_engine *e);
 
 struct gpud_engine_stats {
@@ -139,6 +142,7 @@ struct gpud_engine_stats {
 	size_t scratch_high;          /* step scratch used, high-water */
 	struct gpud_kv_stats kv;
 };
+/* Fills *st; O(1), callable every step. */
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st);
 
 /* --- single-request generation (the CLI; the daemon has its own loop) --- */

@@ -51,6 +51,7 @@ int gpud_kv_seq_new(struct gpud_kv *kv, uint32_t *seq);
  * -EINVAL for a slot not in use (then nothing changes). */
 int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq);
 
+/* True when seq is a slot in use. */
 bool gpud_kv_seq_valid(const struct gpud_kv *kv, uint32_t seq);
 
 /* Makes seq's block table cover n_tokens positions in total (its current
@@ -69,6 +70,7 @@ int gpud_kv_set_len(struct gpud_kv *kv, uint32_t seq, uint32_t n);
  * the length is -EINVAL; nothing changes then. */
 int gpud_kv_truncate(struct gpud_kv *kv, uint32_t seq, uint32_t n);
 
+/* Positions written (0 for a slot not in use). */
 uint32_t gpud_kv_seq_len(const struct gpud_kv *kv, uint32_t seq);
 /* Positions seq's blocks cover (a multiple of block_tokens). */
 uint32_t gpud_kv_seq_capacity(const struct gpud_kv *kv, uint32_t seq);
@@ -77,6 +79,7 @@ uint32_t gpud_kv_seq_capacity(const struct gpud_kv *kv, uint32_t seq);
  * reserve/truncate/free of seq. */
 const uint32_t *gpud_kv_block_table(const struct gpud_kv *kv, uint32_t seq, uint32_t *n);
 
+/* Creation parameters and O(1) counters. */
 uint32_t gpud_kv_block_tokens(const struct gpud_kv *kv);
 uint32_t gpud_kv_max_seqs(const struct gpud_kv *kv);
 uint32_t gpud_kv_max_ctx(const struct gpud_kv *kv);

@@ -85,12 +85,14 @@ int gpud_model_load(struct gpud_model **out, const char *path, char *err, size_t
 
 void gpud_model_free(struct gpud_model *m); /* accepts NULL */
 
+/* Hyper-parameters and weights; owned by the model, valid until it is freed. */
 const struct gpud_model_hparams *gpud_model_hparams(const struct gpud_model *m);
 const struct gpud_model_weights *gpud_model_weights(const struct gpud_model *m);
 /* The tokenizer built from the file's metadata; owned by the model. */
 const struct gpud_tokenizer *gpud_model_tokenizer(const struct gpud_model *m);
 /* The underlying reader (metadata lookups); owned by the model. */
 const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m);
+/* The path given to gpud_model_load (a copy owned by the model). */
 const char *gpud_model_path(const struct gpud_model *m);
 /* Bytes of all weight tensors the forward pass reads once per step. */
 size_t gpud_model_weight_bytes(const struct gpud_model *m);
