@@ -3,11 +3,13 @@
  * One step runs every weight matrix once over all T tokens of the batch
  * (gpud_matmul), so weights are streamed once per step whatever the number
  * of sequences. Everything between the matmuls is done per token (norms,
- * RoPE, KV writes) or per (token, head) (attention) on the thread pool.
+ * RoPE, KV writes) or per (token, KV head) (attention) on the thread pool;
+ * sections too small to pay for waking the pool run on the caller, and a
+ * batch of one token fuses Q/K/V and gate/up into one section each.
  *
  * Memory: KV storage for n_blocks blocks and one scratch reservation sized
- * for max_batch_tokens / max_logits are made in cpu_init; a step only
- * carves nothing and allocates nothing.
+ * for max_batch_tokens / max_logits are made in cpu_init and carved once;
+ * a step allocates nothing.
  */
 #include "gpud/backend/cpu/cpu.h"
 
