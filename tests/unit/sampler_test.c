@@ -37,7 +37,7 @@ static void rand_logits(float *l, int n, unsigned seed)
 {
 	srand(seed);
 	for (int i = 0; i < n; i++)
-		l[i] = (float)rand() / RAND_MAX * 10.0f - 5.0f;
+		l[i] = (float)((double)rand() / RAND_MAX) * 10.0f - 5.0f;
 }
 
 static int argmax(const float *l, int n)
@@ -188,7 +188,7 @@ static void check_nucleus(int n, float amp, float top_p, int min_nuc, int max_nu
 
 	srand((unsigned)n);
 	for (int i = 0; i < n; i++) {
-		l[i] = ((float)rand() / RAND_MAX * 2.0f - 1.0f) * amp;
+		l[i] = ((float)((double)rand() / RAND_MAX) * 2.0f - 1.0f) * amp;
 		sum += exp(l[i]);
 		order[i] = i;
 	}
