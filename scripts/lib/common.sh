@@ -1,8 +1,8 @@
 # scripts/lib/common.sh - helpers shared by scripts/setup, test and demo.
+# shellcheck shell=bash
 # Sourced, never run. Callers have already done `set -euo pipefail`.
 
 SW_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-SW_PG_BIN=/usr/lib/postgresql/15/bin
 
 sw_log() { printf '%s: %s\n' "${0##*/}" "$*" >&2; }
 sw_die() { sw_log "error: $*"; exit 1; }

@@ -29,8 +29,8 @@ say() { printf 'test-servers: %s\n' "$*" >&2; }
 # Prints a TCP port on 127.0.0.1 that nothing answers on right now. The
 # caller still retries if the bind loses a race.
 pick_port() {
-	local p i
-	for i in $(seq 1 50); do
+	local p
+	for _ in $(seq 1 50); do
 		p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
 		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
 			echo "$p"
@@ -49,10 +49,10 @@ pg_run() {
 }
 
 start_redis() {
-	local dir=$1 port attempt i
+	local dir=$1 port
 	command -v redis-server >/dev/null || { say "redis-server not installed"; return 1; }
 	mkdir -p "$dir/redis"
-	for attempt in 1 2 3 4 5; do
+	for _ in 1 2 3 4 5; do
 		port=$(pick_port) || { say "no free port"; return 1; }
 		: >"$dir/redis/redis.log"
 		redis-server --port "$port" --bind 127.0.0.1 --protected-mode no \
@@ -60,7 +60,7 @@ start_redis() {
 			--dir "$dir/redis" --save '' --appendonly no \
 			--daemonize yes --pidfile "$dir/redis/redis.pid" \
 			--logfile "$dir/redis/redis.log" || true
-		for i in $(seq 1 100); do
+		for _ in $(seq 1 100); do
 			if [ "$(redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null)" = PONG ]; then
 				echo "SWARM_TEST_REDIS_URL=redis://127.0.0.1:$port" >>"$dir/env"
 				echo "SWARM_TEST_REDIS_SOCKET=$dir/redis/redis.sock" >>"$dir/env"
@@ -78,7 +78,7 @@ start_redis() {
 }
 
 start_pg() {
-	local dir=$1 port attempt
+	local dir=$1 port
 	[ -x "$PG_BIN/initdb" ] || { say "PostgreSQL 15 not installed ($PG_BIN)"; return 1; }
 	mkdir -p "$dir/pg"
 	if [ "$(id -u)" -eq 0 ]; then
@@ -91,7 +91,7 @@ start_pg() {
 		tail -n 20 "$dir/pg/initdb.log" >&2
 		return 1
 	fi
-	for attempt in 1 2 3 4 5; do
+	for _ in 1 2 3 4 5; do
 		port=$(pick_port) || { say "no free port"; return 1; }
 		if pg_run "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" \
 			-w -t 60 -s -o "-p $port -k $dir/pg -c listen_addresses=127.0.0.1 \
@@ -110,11 +110,11 @@ start_pg() {
 
 # Sends TERM to the pid in file $1 and waits (5 s) before KILL.
 kill_pidfile() {
-	local pid i
+	local pid
 	[ -s "$1" ] || return 0
 	pid=$(head -n 1 "$1")
 	kill "$pid" 2>/dev/null || return 0
-	for i in $(seq 1 50); do
+	for _ in $(seq 1 50); do
 		kill -0 "$pid" 2>/dev/null || return 0
 		sleep 0.1
 	done
@@ -146,7 +146,7 @@ cmd_stop() {
 }
 
 cmd_start() {
-	local owner= which=redis,pg opt
+	local owner="" which=redis,pg opt
 	OPTIND=1
 	while getopts o:s: opt; do
 		case $opt in
