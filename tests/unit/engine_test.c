@@ -756,6 +756,23 @@ static void test_cli(void **state)
 			fail_msg("%s: %s", types[i], out);
 		assert_non_null(strstr(out, "prompt tokens:"));
 	}
+	/* --chat: a Llama 3 vocabulary gets its header template (11 prompt
+	 * tokens for "Hi": BOS, 2 x (start, role, end, \n\n), "Hi", eot);
+	 * stories260K has no template, which is an error. */
+	snprintf(cmd, sizeof(cmd),
+		 "%s mkmodel --out %s/l3.gguf --dim 64 --layers 1 --heads 4 --kv-heads 1 --ffn 64 "
+		 "--vocab-from ../shared/tokenizer/ggml-vocab-llama-bpe.gguf --type q8_0 --tied "
+		 "--rope-scale 32 --rope-base 500000 --context 64 2>&1 && "
+		 "%s generate --model %s/l3.gguf --prompt Hi --chat --max-tokens 3 2>&1 >/dev/null",
+		 GPUD_BIN, tmpdir, GPUD_BIN, tmpdir);
+	if (run(cmd, out, sizeof(out)))
+		fail_msg("chat: %s", out);
+	assert_non_null(strstr(out, "prompt tokens: 11,"));
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --prompt Hi --chat 2>&1", GPUD_BIN,
+		 STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 1);
+	assert_non_null(strstr(out, "chat template"));
+
 	snprintf(cmd, sizeof(cmd), "%s mkmodel --dim 64 2>&1", GPUD_BIN);
 	assert_int_equal(run(cmd, out, sizeof(out)), 2); /* no --out */
 	snprintf(cmd, sizeof(cmd), "%s mkmodel --out %s/bad.gguf --dim 63 --heads 4 2>&1",
