@@ -144,14 +144,12 @@ void gpud_cpu_set_features(unsigned mask)
 	atomic_store_explicit(&g_mask, mask, memory_order_relaxed);
 }
 
+#ifdef GPUD_HAVE_X86
 static bool use_vec(void)
 {
-#ifdef GPUD_HAVE_X86
 	return (gpud_cpu_features() & FEAT_VEC) == FEAT_VEC;
-#else
-	return false;
-#endif
 }
+#endif
 
 /* ---- row formats ------------------------------------------------------- */
 

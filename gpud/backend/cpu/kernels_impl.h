@@ -32,7 +32,9 @@ static inline float gpud__q8_scale(float amax, float *id)
 	return d;
 }
 
-#if defined(__x86_64__) || defined(__i386__)
+/* -DGPUD_FORCE_PORTABLE_BUILD builds as on a non-x86 CPU (checks that the
+ * portable build stays warning-free and correct). */
+#if (defined(__x86_64__) || defined(__i386__)) && !defined(GPUD_FORCE_PORTABLE_BUILD)
 #define GPUD_HAVE_X86 1
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* Return false when the type has no vector version (caller falls back). */
