@@ -11,13 +11,14 @@
  * elements are in flight at once, never the order of operations inside
  * one element, so results do not depend on the tiling, the batch or the
  * thread count.
- *   batch 1:   tiles of 4 rows (4 weight streams in flight: the
- *              bandwidth-bound decode case);
- *   batch > 1: 3 rows x 4 columns (12 accumulators in registers, each
- *              weight loaded or unpacked once for 4 columns). Quantized
- *              weights: batches of 2 and 3 unpack in registers for 4x2 and
- *              3x3 tiles; from 4 on (bf16: 8) rows are unpacked once per
- *              chunk into an L1 buffer shared by up to 32 columns.
+ *   batch 1:   tiles of 4 rows (4 weight streams in flight, prefetched:
+ *              the decode case, bound by memory or by unpacking);
+ *   batch > 1: f32/f16/bf16 in 3 rows x 4 columns (12 accumulators in
+ *              registers, each weight converted once for 4 columns); q8_0/
+ *              q4_0 batches of 2 and 3 unpack in registers for 4x2 and 3x3
+ *              tiles; q8_0/q4_0 from batch 4 on and bf16 from 8 on unpack
+ *              rows once per chunk into an L1 buffer shared by up to 32
+ *              columns, then run 3x4 FMA tiles (FMA-bound).
  * Float types may have a width that is not a multiple of 8: the last
  * columns are added after hsum8(), in order, by tail_dot() in every path.
  */
