@@ -119,10 +119,9 @@ static unsigned probe_features(void)
 		f |= GPUD_CPU_AVX2;
 	if (__builtin_cpu_supports("fma"))
 		f |= GPUD_CPU_FMA;
-	/* GCC 12 has no "f16c" name for __builtin_cpu_supports: every CPU
-	 * with AVX2 has F16C (Haswell, Excavator and later), and the OS
-	 * enabling AVX state is what AVX2 detection already checked. */
-	if (f & GPUD_CPU_AVX2)
+	/* F16C uses the AVX register state, whose OS support the AVX2
+	 * check already covers. */
+	if (__builtin_cpu_supports("f16c") && (f & GPUD_CPU_AVX2))
 		f |= GPUD_CPU_F16C;
 #endif
 	return f;
