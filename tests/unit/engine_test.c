@@ -600,6 +600,76 @@ static void test_tied_embeddings(void **state)
 	gpud_model_free(tied);
 }
 
+/* A model big enough for the fused decode sections to run on both
+ * threads: four sequences decoded together give the logits they give
+ * decoded one at a time. */
+static void test_fused_decode_batch(void **state)
+{
+	struct gpud_mkmodel_params mp;
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params p;
+	char path[128], err[256] = "";
+	enum { NS = 4, NP = 7, ND = 5 };
+	int32_t prompt[NS][NP], next[NS];
+	static float alone[NS][ND][512];
+	uint32_t s[NS], V;
+
+	snprintf(path, sizeof(path), "%s/fused.gguf", tmpdir);
+	gpud_mkmodel_params_default(&mp);
+	mp.out = path;
+	mp.dim = 256;
+	mp.n_heads = 8;
+	mp.n_kv_heads = 2;
+	mp.ffn_dim = 512;
+	mp.type = GPUD_TYPE_Q8_0;
+	if (gpud_mkmodel(&mp, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	if (gpud_model_load(&m, path, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_params_default(&p);
+	p.n_threads = 2;
+	p.max_seqs = NS;
+	assert_int_equal(gpud_engine_create(&e, m, &p, err, sizeof(err)), 0);
+	V = gpud_engine_n_vocab(e);
+	assert_true(V <= 512);
+	for (int k = 0; k < NS; k++)
+		for (int i = 0; i < NP; i++)
+			prompt[k][i] = 3 + (k * 101 + i * 29) % (int)(V - 3);
+	/* One at a time; decode feeds the greedy token. */
+	for (int k = 0; k < NS; k++) {
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &s[k]), 0);
+		step_ok(e, &(struct gpud_batch_entry){ s[k], prompt[k], NP, GPUD_LOGITS_LAST }, 1);
+		for (int d = 0; d < ND; d++) {
+			memcpy(alone[k][d], gpud_engine_logits(e, 0), V * sizeof(float));
+			next[k] = argmax(alone[k][d], V);
+			step_ok(e, &(struct gpud_batch_entry){ s[k], &next[k], 1, GPUD_LOGITS_LAST },
+				1);
+		}
+		assert_int_equal(gpud_engine_seq_free(e, s[k]), 0);
+	}
+	/* Together: prefill all, then decode all four per step. */
+	struct gpud_batch_entry b[NS];
+	for (int k = 0; k < NS; k++) {
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &s[k]), 0);
+		b[k] = (struct gpud_batch_entry){ s[k], prompt[k], NP, GPUD_LOGITS_LAST };
+	}
+	step_ok(e, b, NS);
+	for (int d = 0; d < ND; d++) {
+		for (int k = 0; k < NS; k++) {
+			const float *lg = gpud_engine_logits(e, k);
+			if (max_rel_diff(alone[k][d], lg, V) > 1e-5)
+				fail_msg("seq %d step %d: batched logits differ (%g)", k, d,
+					 max_rel_diff(alone[k][d], lg, V));
+			next[k] = argmax(lg, V);
+			b[k] = (struct gpud_batch_entry){ s[k], &next[k], 1, GPUD_LOGITS_LAST };
+		}
+		step_ok(e, b, NS);
+	}
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+}
+
 static void test_create_params(void **state)
 {
 	struct gpud_engine_params p;
@@ -813,6 +883,7 @@ int main(void)
 		cmocka_unit_test(test_tied_embeddings),
 		cmocka_unit_test(test_mqa_long_context),
 		cmocka_unit_test(test_create_params),
+		cmocka_unit_test(test_fused_decode_batch),
 		cmocka_unit_test(test_cli),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -13,6 +13,7 @@
  */
 #include "gpud/backend/cpu/cpu.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
@@ -56,8 +57,13 @@ struct cpu_ctx {
 	uint32_t *tok_pos; /* (T) position of each token */
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
 	void *mm;        /* matmul scratch */
-	uint8_t *mm1;    /* (nth, mm1_stride) per-thread scratch of batch-1 fused matmuls */
+	/* Fused sections (steps of at most fuse_max_t tokens): per thread,
+	 * matmul scratch and two (fuse_max_t, slice rows) result buffers. */
+	uint32_t fuse_max_t;
+	uint8_t *mm1;    /* (nth, mm1_stride) */
 	size_t mm1_stride;
+	float *fuse_tmp; /* (nth, 2, fuse_tmp_floats) */
+	size_t fuse_tmp_floats;
 
 	/* The step being run, read by the workers. */
 	const struct gpud_fwd_batch *b;
@@ -325,6 +331,11 @@ static void logits_norm_run(void *arg, int ith, int nth)
  * oversubscribed and a worker has to wait for a time slice. */
 #define PAR_MIN_WORK 65536
 
+/* Steps of at most this many tokens (decode batches) run Q/K/V and
+ * gate/up as one parallel section each, every thread taking a slice of
+ * rows; larger steps (prefill) are compute-bound and use one matmul each. */
+#define FUSE_MAX_T 64
+
 static void par(struct cpu_ctx *c, gpud_tp_fn fn, uint64_t work)
 {
 	if (work < PAR_MIN_WORK || c->nth == 1)
@@ -336,32 +347,50 @@ static void par(struct cpu_ctx *c, gpud_tp_fn fn, uint64_t work)
 /* Batch-1 fusion: several matrices over the same input in one parallel
  * section, each thread taking one contiguous slice of their stacked rows.
  * Decode steps thus wake the pool 4 times per layer instead of 7+. */
-static void mm_slice(struct cpu_ctx *c, const struct mm_job *jb, long r0, long r1, int ith)
+/* Rows [r0, r1) of jb's matrix over the step's T inputs. With one token
+ * the result goes straight to y; otherwise to tmp as (T, r1 - r0) and the
+ * caller places it. Returns where it went. */
+static float *mm_slice(struct cpu_ctx *c, const struct mm_job *jb, long r0, long r1, int ith,
+		       float *tmp)
 {
 	const struct gpud_weight *w = jb->w;
+	uint32_t T = c->b->n_tokens;
+	float *dst = T == 1 ? jb->y + r0 : tmp;
 
+	assert(T == 1 || (size_t)T * (size_t)(r1 - r0) <= c->fuse_tmp_floats);
 	gpud_matmul(NULL, w->type,
 		    (const uint8_t *)w->data + (size_t)r0 * gpud_type_row_bytes(w->type, w->cols),
-		    r1 - r0, w->cols, jb->x, 1, jb->y + r0, c->mm1 + (size_t)ith * c->mm1_stride);
+		    r1 - r0, w->cols, jb->x, T, dst, c->mm1 + (size_t)ith * c->mm1_stride);
+	return dst;
 }
 
 static void fused_mm_run(void *arg, int ith, int nth)
 {
 	struct cpu_ctx *c = arg;
+	uint32_t T = c->b->n_tokens;
+	float *tmp_a = c->fuse_tmp + (size_t)ith * 2 * c->fuse_tmp_floats;
+	float *tmp_b = tmp_a + c->fuse_tmp_floats;
 	uint64_t total = 0, base = 0;
 	long lo, hi;
 
 	if (c->jobs_swiglu) {
 		/* gate and up share their rows: each thread does both for its
 		 * slice, then silu(gate) * up on it. */
-		gpud_tp_range(c->jobs[0].w->rows, ith, nth, 8, &lo, &hi);
+		long rows = c->jobs[0].w->rows, n;
+		const float *g, *u;
+
+		gpud_tp_range(rows, ith, nth, 8, &lo, &hi);
 		if (lo >= hi)
 			return;
-		mm_slice(c, &c->jobs[0], lo, hi, ith);
-		mm_slice(c, &c->jobs[1], lo, hi, ith);
-		for (long r = lo; r < hi; r++) {
-			float g = c->jobs[0].y[r];
-			c->jobs[0].y[r] = g / (1.0f + expf(-g)) * c->jobs[1].y[r];
+		n = hi - lo;
+		g = mm_slice(c, &c->jobs[0], lo, hi, ith, tmp_a);
+		u = mm_slice(c, &c->jobs[1], lo, hi, ith, tmp_b);
+		for (uint32_t b = 0; b < T; b++) {
+			float *y = c->jobs[0].y + (size_t)b * rows + lo;
+			for (long r = 0; r < n; r++) {
+				float gv = g[(size_t)b * n + r];
+				y[r] = gv / (1.0f + expf(-gv)) * u[(size_t)b * n + r];
+			}
 		}
 		return;
 	}
@@ -369,15 +398,22 @@ static void fused_mm_run(void *arg, int ith, int nth)
 		total += (uint64_t)c->jobs[j].w->rows;
 	gpud_tp_range((long)total, ith, nth, 8, &lo, &hi);
 	for (uint32_t j = 0; j < c->n_jobs; j++) {
-		long rows = c->jobs[j].w->rows, r0 = lo - (long)base, r1 = hi - (long)base;
+		const struct mm_job *jb = &c->jobs[j];
+		long rows = jb->w->rows, r0 = lo - (long)base, r1 = hi - (long)base;
+		const float *src;
 
 		base += (uint64_t)rows;
 		if (r0 < 0)
 			r0 = 0;
 		if (r1 > rows)
 			r1 = rows;
-		if (r0 < r1)
-			mm_slice(c, &c->jobs[j], r0, r1, ith);
+		if (r0 >= r1)
+			continue;
+		src = mm_slice(c, jb, r0, r1, ith, tmp_a);
+		if (T > 1)
+			for (uint32_t b = 0; b < T; b++)
+				memcpy(jb->y + (size_t)b * rows + r0, src + (size_t)b * (r1 - r0),
+				       (size_t)(r1 - r0) * sizeof(float));
 	}
 }
 
@@ -387,7 +423,8 @@ static void mm_fused(struct cpu_ctx *c, uint32_t n_jobs)
 
 	c->n_jobs = n_jobs;
 	for (uint32_t j = 0; j < n_jobs; j++)
-		work += (uint64_t)c->jobs[j].w->rows * (uint64_t)c->jobs[j].w->cols;
+		work += (uint64_t)c->jobs[j].w->rows * (uint64_t)c->jobs[j].w->cols *
+			c->b->n_tokens;
 	if (work < 4 * PAR_MIN_WORK || c->nth == 1)
 		fused_mm_run(c, 0, 1);
 	else
@@ -459,7 +496,7 @@ static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, siz
 		const struct gpud_layer_weights *L = &w->layers[l];
 
 		c->layer = l;
-		if (T == 1) {
+		if (T <= c->fuse_max_t) {
 			c->jobs[0] = (struct mm_job){ &L->wq, c->xb, c->q };
 			c->jobs[1] = (struct mm_job){ &L->wk, c->xb, c->k };
 			c->jobs[2] = (struct mm_job){ &L->wv, c->xb, c->v };
@@ -474,7 +511,7 @@ static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, siz
 		par(c, attn_run, c->attn_work);
 		matmul(c, &L->wo, c->att, T, c->xb);
 		run_add_norm(c, true, L->ffn_norm);
-		if (T == 1) {
+		if (T <= c->fuse_max_t) {
 			c->jobs[0] = (struct mm_job){ &L->w_gate, c->xb, c->hb };
 			c->jobs[1] = (struct mm_job){ &L->w_up, c->xb, c->hb2 };
 			c->jobs_swiglu = true;
@@ -574,15 +611,23 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		mm = mm_scratch(&L->w_down, T, mm);
 	}
 	mm = mm_scratch(&w->output, NL, mm);
+	c->fuse_max_t = T < FUSE_MAX_T ? T : FUSE_MAX_T;
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
 		const struct gpud_layer_weights *L = &w->layers[l];
-		c->mm1_stride = mm_scratch(&L->wq, 1, c->mm1_stride);
-		c->mm1_stride = mm_scratch(&L->wk, 1, c->mm1_stride);
-		c->mm1_stride = mm_scratch(&L->wv, 1, c->mm1_stride);
-		c->mm1_stride = mm_scratch(&L->w_gate, 1, c->mm1_stride);
-		c->mm1_stride = mm_scratch(&L->w_up, 1, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->wq, c->fuse_max_t, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->wk, c->fuse_max_t, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->wv, c->fuse_max_t, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->w_gate, c->fuse_max_t, c->mm1_stride);
+		c->mm1_stride = mm_scratch(&L->w_up, c->fuse_max_t, c->mm1_stride);
 	}
 	c->mm1_stride = (c->mm1_stride + 63) / 64 * 64;
+	{
+		/* A small section runs on one thread, which then takes every
+		 * row: size for the whole of the larger group. */
+		size_t qkv = c->q_dim + 2 * (size_t)c->kv_dim, ffn = hp->ffn_dim;
+		c->fuse_tmp_floats = (size_t)c->fuse_max_t * (qkv > ffn ? qkv : ffn);
+		c->fuse_tmp_floats = (c->fuse_tmp_floats + 15) / 16 * 16;
+	}
 	/* Exact sum of the carves below, each rounded up to 64 bytes. */
 #define SZ(n, type) (((size_t)(n) * sizeof(type) + 63) / 64 * 64)
 	total = 2 * SZ((size_t)T * hp->dim, float) + 2 * SZ((size_t)T * c->q_dim, float) +
@@ -591,7 +636,8 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		SZ((size_t)NL * hp->n_vocab, float) +
 		SZ((size_t)c->nth * c->att_tmp_stride, float) + 2 * SZ(T, uint32_t) +
 		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char) +
-		SZ((size_t)c->nth * c->mm1_stride + 1, char);
+		SZ((size_t)c->nth * c->mm1_stride + 1, char) +
+		SZ((size_t)c->nth * 2 * c->fuse_tmp_floats + 1, float);
 #undef SZ
 	rc = sw_arena_init(&c->arena, total);
 	if (rc) {
@@ -615,6 +661,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	CARVE(c->logit_tok, NL);
 	c->mm = sw_arena_alloc(&c->arena, mm ? mm : 1, 64);
 	CARVE(c->mm1, (size_t)c->nth * c->mm1_stride + 1);
+	CARVE(c->fuse_tmp, (size_t)c->nth * 2 * c->fuse_tmp_floats + 1);
 	if (!c->mm)
 		goto out_sizing;
 	c->st.kv_bytes = c->kv_bytes;
