@@ -397,13 +397,6 @@ static void test_no_alloc_after_warmup(void **state)
 		for (int j = 0; j < 20; j++)
 			prompt[i][j] = 1 + (i * 31 + j * 17) % 500;
 	}
-	/* Warm-up: one prefill step of three chunks. */
-	for (int i = 0; i < 3; i++)
-		b[i] = (struct gpud_batch_entry){ s[i], prompt[i], 8 + 4 * i, GPUD_LOGITS_LAST };
-	step_ok(e, b, 3);
-	for (int i = 0; i < 3; i++)
-		next[i] = argmax(gpud_engine_logits(e, i), 512);
-
 	atomic_store(&n_allocs, 0);
 	atomic_store(&counting, 1);
 	if (COUNT_ALLOCS) { /* the counter works */
@@ -412,6 +405,13 @@ static void test_no_alloc_after_warmup(void **state)
 		assert_int_equal(atomic_load(&n_allocs), 1);
 		atomic_store(&n_allocs, 0);
 	}
+	/* Counting starts before the first step: nothing is set up lazily.
+	 * One prefill step of three chunks, then decode. */
+	for (int i = 0; i < 3; i++)
+		b[i] = (struct gpud_batch_entry){ s[i], prompt[i], 8 + 4 * i, GPUD_LOGITS_LAST };
+	step_ok(e, b, 3);
+	for (int i = 0; i < 3; i++)
+		next[i] = argmax(gpud_engine_logits(e, i), 512);
 	for (int it = 0; it < 150; it++) {
 		uint32_t n = 0;
 		for (int i = 0; i < 3; i++) {
@@ -424,11 +424,23 @@ static void test_no_alloc_after_warmup(void **state)
 			next[b[k].seq == s[0] ? 0 : b[k].seq == s[1] ? 1 : 2] =
 				argmax(gpud_engine_logits(e, k), 512);
 	}
+	/* Embeddings of tokens, sequence churn and a refused step too. */
+	{
+		float v[64];
+		char err[128];
+		uint32_t extra;
+		int32_t bad = -1;
+		assert_int_equal(gpud_engine_embed_tokens(e, once, 5, v, err, sizeof(err)), 0);
+		assert_int_equal(gpud_engine_seq_add(e, NULL, &extra), 0);
+		assert_int_equal(gpud_engine_step(e, &(struct gpud_batch_entry){ extra, &bad, 1, 0 },
+						  1, err, sizeof(err)), -EINVAL);
+		assert_int_equal(gpud_engine_seq_free(e, extra), 0);
+	}
 	atomic_store(&counting, 0);
 	gpud_engine_stats(e, &st);
 	assert_int_equal(st.allocs_after_warmup, 0);
 	assert_int_equal(atomic_load(&n_allocs), 0);
-	assert_true(st.steps == 151);
+	assert_true(st.steps == 152); /* 151 + the embedding's one chunk */
 	assert_true(st.scratch_bytes > 0 && st.scratch_high <= st.scratch_bytes);
 	assert_true(st.kv_bytes > 0);
 	for (int i = 0; i < 3; i++)
