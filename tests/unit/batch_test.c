@@ -274,6 +274,12 @@ static void test_batch_q4_0(void **state)
 	check_generated(GPUD_TYPE_Q4_0, 0);
 }
 
+static void test_batch_bf16(void **state)
+{
+	(void)state;
+	check_generated(GPUD_TYPE_BF16, 0);
+}
+
 static void test_batch_f32(void **state)
 {
 	(void)state;
@@ -288,6 +294,7 @@ int main(void)
 		cmocka_unit_test(test_batch_q8_0),
 		cmocka_unit_test(test_batch_f16),
 		cmocka_unit_test(test_batch_f32),
+		cmocka_unit_test(test_batch_bf16),
 		cmocka_unit_test(test_batch_q4_0),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
