@@ -420,6 +420,11 @@ void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st
 	gpud_kv_stats(e->kv, &st->kv);
 }
 
+int gpud_engine_check(const struct gpud_engine *e, char *err, size_t errlen)
+{
+	return gpud_kv_check(e->kv, err, errlen);
+}
+
 /* --- embeddings ----------------------------------------------------------- */
 
 int gpud_engine_embed_tokens(struct gpud_engine *e, const int32_t *tokens, uint32_t n,

@@ -145,6 +145,12 @@ struct gpud_engine_stats {
 /* Fills *st; O(1), callable every step. */
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st);
 
+/* Full KV accounting check (`swarmctl mem --check`, tests): every block
+ * free or owned by exactly one live sequence, used + free == capacity,
+ * lengths within their blocks. O(n_blocks); allocates a bitmap. Returns 0
+ * or SW_EFORMAT (-ENOMEM) with a message. */
+int gpud_engine_check(const struct gpud_engine *e, char *err, size_t errlen);
+
 /* --- single-request generation (the CLI; the daemon has its own loop) --- */
 
 /* Why generation ended: enum gpud_stop_reason (gpud/sampler.h) or one of: */

@@ -166,6 +166,10 @@ static int sink_emit(void *arg, const char *text, size_t len)
 static void assert_pool_empty(struct gpud_engine *e)
 {
 	struct gpud_engine_stats st;
+	char err[256] = "";
+
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
 
 	gpud_engine_stats(e, &st);
 	assert_int_equal(st.kv.used, 0);
