@@ -230,6 +230,24 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 		float hi = LLAMA3_HIGH_FREQ_FACTOR, orig = LLAMA3_ORIG_CTX;
 		uint32_t orig_u = 0;
 
+		if (type.len == 6 && !memcmp(type.s, "linear", 6)) {
+			/* Positions interpolated: every frequency divided by factor. */
+			factor = 1;
+			if ((rc = meta_f32(m, "llama.rope.scaling.factor", &factor, err, errlen)))
+				return rc;
+			if (!(factor >= 1) || !isfinite(factor))
+				return sw_seterr(err, errlen, SW_EFORMAT,
+						 "%s: bad linear rope scaling factor %g", m->path, factor);
+			factors = malloc(half * sizeof(float));
+			if (!factors)
+				return -ENOMEM;
+			for (uint32_t i = 0; i < half; i++)
+				factors[i] = factor;
+			gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, factors);
+			hp->rope_scaled = factor != 1;
+			free(factors);
+			return 0;
+		}
 		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "%s: unsupported rope scaling type \"%.*s\"", m->path,

@@ -8,8 +8,10 @@
  *
  * Covered: Llama 2 and Llama 3.x (grouped-query attention via
  * head_count_kv, rope.freq_base, Llama 3 RoPE frequency scaling from a
- * rope_freqs.weight tensor or llama.rope.scaling.* metadata, output
- * projection tied to token_embd.weight when output.weight is absent).
+ * rope_freqs.weight tensor or llama.rope.scaling.* metadata with type
+ * "llama3", linear scaling (type "linear", llama.rope.scaling.factor),
+ * output projection tied to token_embd.weight when output.weight is
+ * absent). Other scaling types (yarn, longrope) are refused.
  *
  * RoPE convention (GGUF llama): adjacent pairs (x[2i], x[2i+1]) of each head
  * are rotated by pos * inv_freq[i], inv_freq[i] = base^(-2i/head_dim) divided

@@ -33,6 +33,7 @@ struct mod {
 	const char *arch;         /* general.architecture value */
 	const char *drop_key;     /* omit this metadata key */
 	const char *rope_scaling; /* llama.rope.scaling.type value */
+	float rope_factor;        /* llama.rope.scaling.factor, when not 0 */
 	bool rope_freqs;          /* add rope_freqs.weight = 1, 2, 3, 4 */
 };
 
@@ -61,6 +62,8 @@ static char *derive(const char *name, const struct mod *m)
 	assert_int_equal(gpud_gguf_w_copy_kv(w, src, skip_key, (void *)m), 0);
 	if (m->rope_scaling)
 		assert_int_equal(gpud_gguf_w_str(w, "llama.rope.scaling.type", m->rope_scaling), 0);
+	if (m->rope_factor)
+		assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.factor", m->rope_factor), 0);
 	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
 		uint64_t ne[4] = { t->ne[0], t->ne[1], t->ne[2], t->ne[3] };
@@ -288,6 +291,23 @@ static void test_rope_freqs_tensor(void **state)
 	gpud_model_free(m);
 }
 
+static void test_rope_linear(void **state)
+{
+	struct mod mo = { .rope_scaling = "linear", .rope_factor = 4 };
+	struct gpud_model *m = NULL;
+	char err[256] = "";
+
+	if (gpud_model_load(&m, derive("linear.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_true(gpud_model_hparams(m)->rope_scaled);
+	for (int i = 0; i < 4; i++)
+		assert_float_equal(gpud_model_weights(m)->rope_inv_freq[i],
+				   pow(gpud_model_hparams(m)->rope_base, -2.0 * i / 8) / 4, 1e-7);
+	gpud_model_free(m);
+	mo.rope_factor = 0.5f;
+	expect_error(derive("linear_bad.gguf", &mo), SW_EFORMAT, "linear");
+}
+
 static void test_rope_bad_scaling(void **state)
 {
 	struct mod m = { .rope_scaling = "yarn" };
@@ -322,6 +342,7 @@ int main(void)
 		cmocka_unit_test(test_tied_output),
 		cmocka_unit_test(test_rope_llama3_metadata),
 		cmocka_unit_test(test_rope_freqs_tensor),
+		cmocka_unit_test(test_rope_linear),
 		cmocka_unit_test(test_rope_bad_scaling),
 		cmocka_unit_test(test_rope_inv_freq_helper),
 	};
