@@ -232,13 +232,30 @@ static void test_batch_stories_1thread(void **state)
 	check_model(STORIES, 1, 0);
 }
 
+/* One temp dir for the generated models; the group teardown removes it
+ * even after a failed test. */
+static char g_dir[] = "/tmp/swarm-batch-XXXXXX";
+static char g_path[96];
+
+static int teardown_dir(void **state)
+{
+	(void)state;
+	if (g_path[0]) {
+		unlink(g_path);
+		rmdir(g_dir);
+	}
+	return 0;
+}
+
 static void check_generated(enum gpud_type type, double bound)
 {
-	char dir[] = "/tmp/swarm-batch-XXXXXX", path[96], err[256];
+	char *path = g_path, err[256];
 	struct gpud_mkmodel_params mp;
 
-	assert_non_null(mkdtemp(dir));
-	snprintf(path, sizeof(path), "%s/m.gguf", dir);
+	if (!g_path[0]) {
+		assert_non_null(mkdtemp(g_dir));
+		snprintf(g_path, sizeof(g_path), "%s/m.gguf", g_dir);
+	}
 	gpud_mkmodel_params_default(&mp);
 	mp.out = path;
 	mp.dim = 64;
@@ -253,7 +270,6 @@ static void check_generated(enum gpud_type type, double bound)
 		fail_msg("mkmodel: %s", err);
 	check_model(path, 2, bound);
 	unlink(path);
-	rmdir(dir);
 }
 
 static void test_batch_q8_0(void **state)
@@ -297,5 +313,5 @@ int main(void)
 		cmocka_unit_test(test_batch_bf16),
 		cmocka_unit_test(test_batch_q4_0),
 	};
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return cmocka_run_group_tests(tests, NULL, teardown_dir);
 }

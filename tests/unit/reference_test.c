@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -611,11 +612,24 @@ static void test_embed_vs_ref(void **state)
 	ref_llama_free(ref);
 }
 
+/* Removes the temp dir with whatever a failed test left in it. */
 static int teardown_tmpdir(void **state)
 {
 	(void)state;
-	if (g_tmpdir[0])
-		rmdir(g_tmpdir);
+	if (!g_tmpdir[0])
+		return 0;
+	DIR *d = opendir(g_tmpdir);
+	struct dirent *de;
+	char path[64 + 256 + 2];
+	while (d && (de = readdir(d))) {
+		if (de->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", g_tmpdir, de->d_name);
+		unlink(path);
+	}
+	if (d)
+		closedir(d);
+	rmdir(g_tmpdir);
 	return 0;
 }
 
