@@ -480,7 +480,7 @@ static int tokenize_request(struct gpud_engine *e, const char *text, size_t len,
 {
 	const struct gpud_tokenizer *tok = gpud_model_tokenizer(e->model);
 	struct sw_arena a;
-	size_t cap = 64 * len + ((size_t)1 << 20);
+	size_t cap = gpud_tokenizer_scratch_bytes(tok, len);
 	int rc;
 
 	rc = sw_arena_init(&a, cap);
@@ -569,7 +569,8 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 	g->tok = gpud_model_tokenizer(e->model);
 	g->emit = emit;
 	g->arg = arg;
-	gpud_detok_init(&g->detok);
+	/* The text continues the prompt: keep the first piece's leading space. */
+	gpud_detok_init_continuation(&g->detok);
 	gpud_stop_init(&g->stop, p->max_tokens);
 	for (uint32_t i = 0; i < p->n_stop; i++) {
 		rc = gpud_stop_add(&g->stop, p->stop[i], strlen(p->stop[i]));
