@@ -105,7 +105,7 @@ int main(int argc, char **argv)
 		arena_bytes = (size_t)1 << 30;
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
-	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c)\n",
+	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c, 8 avx-vnni)\n",
 	       date, machine, gpud_cpu_features());
 	for (int th = 1; th <= 2; th++) {
 		mc[th] = bench_memcpy_gbs(arena_bytes / 2, th);

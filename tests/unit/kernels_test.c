@@ -559,6 +559,32 @@ static double sum_abs(const struct mm_case *c, int64_t r, int64_t b)
 	return s;
 }
 
+static bool is_q(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+}
+
+/* Bound of the error q8_0/q4_0 matmuls add by quantizing x: each x is
+ * off by at most half its block's step d = max|x| / 127. */
+static double act_quant_err(const struct mm_case *c, int64_t r, int64_t b)
+{
+	double e = 0.0;
+
+	for (int64_t k0 = 0; k0 < c->cols; k0 += 32) {
+		double amax = 0.0, sw = 0.0;
+
+		for (int64_t k = k0; k < k0 + 32; k++) {
+			amax = fmax(amax, fabs(c->x[b * c->cols + k]));
+			sw += fabs(c->wd[r * c->cols + k]);
+		}
+		e += amax / 127.0 / 2.0 * sw;
+	}
+	return e;
+}
+
+/* q8_0/q4_0 use quantized activations: the error bound is the
+ * quantization step, not fp32 rounding; the measured error is also
+ * checked against sum|w*x| (worst seen ~1e-2 on these random cases). */
 static void test_matmul_vs_double(void **state)
 {
 	static const int64_t batches[] = { 1, 2, 4, 5, 17 };
@@ -585,6 +611,10 @@ static void test_matmul_vs_double(void **state)
 								want += (double)c.wd[r * c.cols + i] *
 									c.x[b * c.cols + i];
 							tol = 2.0 * c.cols * ldexp(1.0, -24) * sum_abs(&c, r, b);
+							if (is_q(t))
+								tol = 1.001 * act_quant_err(&c, r, b) +
+								      4.0 * c.cols * ldexp(1.0, -24) *
+									      sum_abs(&c, r, b);
 							if (fabs(c.y[b * c.rows + r] - want) > tol)
 								fail_msg("%s %s r=%ld b=%ld cols=%ld: got %.9g want %.9g tol %.3g",
 									 pass ? "vec" : "ref", tname(t),
@@ -610,6 +640,8 @@ static void test_matmul_vector_matches_portable(void **state)
 	for (size_t k = 0; k < N_TYPES; k++) {
 		enum gpud_type t = all_types[k];
 
+		if (is_q(t))
+			continue; /* bit-exact: test_matmul_int8_paths_identical */
 		for (size_t s = 0; s < N_SHAPES; s++) {
 			struct mm_case c;
 
@@ -725,13 +757,124 @@ static void test_matmul_odd_width_float(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
+/* q8_0/q4_0: portable, AVX2 (maddubs) and AVX-VNNI kernels compute the
+ * same exact integer block sums and the same fp32 operations: identical
+ * bits, for every batch, including extreme quants (q8_0 weights of -128
+ * and +127 against activations that quantize to +-127) and rows that are
+ * not a multiple of the 8-row tile. */
+static void test_matmul_int8_paths_identical(void **state)
+{
+	const unsigned base = GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C;
+	static const int64_t rshapes[][2] = { { 1, 32 }, { 13, 96 }, { 37, 160 }, { 19, 1184 } };
+
+	(void)state;
+	if (!have_vec()) {
+		print_message("no AVX2/FMA/F16C: vector int8 paths not tested\n");
+		return;
+	}
+	if (!(gpud_cpu_features() & GPUD_CPU_AVXVNNI))
+		print_message("no AVX-VNNI: only the AVX2 int8 path is compared\n");
+	for (int q = 0; q < 2; q++) {
+		enum gpud_type t = q ? GPUD_TYPE_Q4_0 : GPUD_TYPE_Q8_0;
+
+		for (size_t s = 0; s < 4; s++) {
+			struct mm_case c;
+			float *y3;
+
+			rng_state = 6000 + q * 10 + s;
+			mm_case_init(&c, t, rshapes[s][0], rshapes[s][1]);
+			y3 = malloc(sizeof(float) * 17 * c.rows);
+			assert_non_null(y3);
+			if (s == 1 && t == GPUD_TYPE_Q8_0) {
+				/* extreme weight quants in the first blocks */
+				for (int64_t r = 0; r < c.rows; r++) {
+					struct gpud_block_q8_0 *blk =
+						(struct gpud_block_q8_0 *)(c.w + tbytes(t, c.cols) * r);
+
+					for (int j = 0; j < 32; j++)
+						blk->qs[j] = (int8_t)((r + j) % 3 == 0 ? -128 : 127);
+				}
+			}
+			if (s == 1) {
+				/* activations at +-max in a block */
+				for (int64_t k = 0; k < 32; k++)
+					c.x[k] = (k & 1) ? -4.0f : 4.0f;
+			}
+			for (int64_t batch = 1; batch <= 17; batch++) {
+				gpud_cpu_set_features(0);
+				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
+				gpud_cpu_set_features(base);
+				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+				gpud_cpu_set_features(~0u);
+				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, y3, c.scratch);
+				assert_memory_equal(c.y, y3, sizeof(float) * batch * c.rows);
+			}
+			free(y3);
+			mm_case_free(&c);
+		}
+	}
+	gpud_cpu_set_features(~0u);
+}
+
+/* q8_0/q4_0: an activation block with NaN or Inf makes that column's
+ * outputs NaN (as fp32 would, instead of a finite garbage value), other
+ * columns are unaffected; an all-zero or tiny block contributes 0. */
+static void test_matmul_int8_specials(void **state)
+{
+	(void)state;
+	for (int pass = 0; pass < 2; pass++) {
+		gpud_cpu_set_features(pass ? ~0u : 0);
+		for (int q = 0; q < 2; q++) {
+			enum gpud_type t = q ? GPUD_TYPE_Q4_0 : GPUD_TYPE_Q8_0;
+			struct mm_case c;
+
+			rng_state = 7000 + q;
+			mm_case_init(&c, t, 9, 64);
+			gpud_matmul(NULL, t, c.w, 9, 64, c.x, 4, c.y, c.scratch);
+			c.x[0 * 64 + 40] = NAN;
+			c.x[1 * 64 + 3] = INFINITY;
+			for (int k = 0; k < 32; k++) {
+				c.x[2 * 64 + k] = 0.0f;     /* zero block */
+				c.x[3 * 64 + k] = 1e-35f;   /* tiny block: dropped */
+			}
+			gpud_matmul(NULL, t, c.w, 9, 64, c.x, 4, c.y2, c.scratch);
+			for (int64_t r = 0; r < 9; r++) {
+				assert_true(isnan(c.y2[0 * 9 + r]));
+				assert_true(isnan(c.y2[1 * 9 + r]));
+				assert_true(isfinite(c.y2[2 * 9 + r]));
+			}
+			/* the tiny block adds exactly nothing: same as zeros */
+			for (int k = 0; k < 32; k++)
+				c.x[3 * 64 + k] = 0.0f;
+			gpud_matmul(NULL, t, c.w, 9, 64, c.x + 2 * 64, 2, c.y, c.scratch);
+			assert_memory_equal(c.y + 9, c.y2 + 3 * 9, sizeof(float) * 9);
+			assert_memory_equal(c.y, c.y2 + 2 * 9, sizeof(float) * 9);
+			mm_case_free(&c);
+		}
+	}
+	gpud_cpu_set_features(~0u);
+}
+
 static void test_matmul_empty_and_scratch(void **state)
 {
 	float y = 42.0f;
 
 	(void)state;
-	for (size_t k = 0; k < N_TYPES; k++)
-		assert_int_equal(gpud_matmul_scratch_bytes(all_types[k], 768, 16), 0);
+	for (size_t k = 0; k < N_TYPES; k++) {
+		size_t n = gpud_matmul_scratch_bytes(all_types[k], 768, 16);
+
+		if (is_q(all_types[k])) {
+			/* x quants (16 x 768) + scale and offset per block */
+			assert_true(n >= 16 * 768 + 16 * 24 * 8 && n % 64 == 0);
+			assert_true(n < 16 * 768 + 16 * 24 * 8 + 64);
+			assert_true(gpud_matmul_scratch_bytes(all_types[k], 768, 1) <
+				    gpud_matmul_scratch_bytes(all_types[k], 768, 2));
+			assert_int_equal(gpud_matmul_scratch_bytes(all_types[k], 768, 0), 0);
+		} else {
+			assert_int_equal(n, 0);
+		}
+	}
 	/* zero rows or zero batch: nothing is read or written */
 	gpud_matmul(NULL, GPUD_TYPE_Q8_0, NULL, 0, 32, NULL, 1, &y, NULL);
 	gpud_matmul(NULL, GPUD_TYPE_F32, NULL, 4, 32, NULL, 0, &y, NULL);
@@ -756,6 +899,8 @@ int main(void)
 		cmocka_unit_test(test_matmul_vector_matches_portable),
 		cmocka_unit_test(test_matmul_deterministic),
 		cmocka_unit_test(test_matmul_odd_width_float),
+		cmocka_unit_test(test_matmul_int8_paths_identical),
+		cmocka_unit_test(test_matmul_int8_specials),
 		cmocka_unit_test(test_matmul_empty_and_scratch),
 	};
 

@@ -449,10 +449,9 @@ static void test_engine_vs_ref_f32(void **state)
 	check_type(GPUD_TYPE_F32, 1e-4);
 }
 
-/* Every weight type is exact in f32 once unpacked, and gpud_matmul does
- * not quantize activations, so only f32 arithmetic separates the paths:
- * the same 1e-4 bound holds for all types. (With Q8_0 activation
- * quantization, an earlier kernel measured about 1e-2 here.) */
+/* F16/BF16 weights are exact in f32 once unpacked, and gpud_matmul does
+ * not quantize activations for them, so only f32 arithmetic separates the
+ * paths: the same 1e-4 bound holds. (Q8_0/Q4_0: see below.) */
 static void test_engine_vs_ref_f16(void **state)
 {
 	(void)state;
@@ -465,16 +464,20 @@ static void test_engine_vs_ref_bf16(void **state)
 	check_type(GPUD_TYPE_BF16, 1e-4);
 }
 
+/* Q8_0/Q4_0 weights go through the int8 kernels, which quantize the
+ * activations to Q8_0-like blocks (fp32 scale): measured worst relative
+ * logits error 7.9e-3 (q8_0) and 9.0e-3 (q4_0) on these models (int8
+ * kernels, 2026-11-29); bound 2e-2. */
 static void test_engine_vs_ref_q8_0(void **state)
 {
 	(void)state;
-	check_type(GPUD_TYPE_Q8_0, 1e-4);
+	check_type(GPUD_TYPE_Q8_0, 2e-2);
 }
 
 static void test_engine_vs_ref_q4_0(void **state)
 {
 	(void)state;
-	check_type(GPUD_TYPE_Q4_0, 1e-4);
+	check_type(GPUD_TYPE_Q4_0, 2e-2);
 }
 
 /* Tied output and Llama 3 rope scaling (rope_freqs.weight), F32. */

@@ -1,8 +1,9 @@
 /* kernels.c - portable weight formats and matmul, plus run-time dispatch.
  *
  * Everything here is the reference: plain C, one float accumulator per
- * output element summing w * x column by column (w the weight's exact fp32
- * value). kernels_x86.c holds the vector versions.
+ * output element. Float-type weights: summing w * x column by column (w
+ * the weight's exact fp32 value). q8_0/q4_0: int8 block dot products (see
+ * "int8 path" below). kernels_x86.c holds the vector versions.
  */
 #include "gpud/backend/cpu/kernels.h"
 
@@ -13,6 +14,10 @@
 
 #include "gpud/backend/cpu/kernels_impl.h"
 #include "gpud/backend/cpu/threadpool.h"
+
+#ifdef GPUD_HAVE_X86
+#include <cpuid.h>
+#endif
 
 #define FEAT_VEC (GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C)
 
@@ -119,10 +124,23 @@ static unsigned probe_features(void)
 		f |= GPUD_CPU_AVX2;
 	if (__builtin_cpu_supports("fma"))
 		f |= GPUD_CPU_FMA;
-	/* F16C uses the AVX register state, whose OS support the AVX2
-	 * check already covers. */
-	if (__builtin_cpu_supports("f16c") && (f & GPUD_CPU_AVX2))
-		f |= GPUD_CPU_F16C;
+	/* F16C: CPUID leaf 1, ECX bit 29 (clang 14 has no "f16c" name for
+	 * __builtin_cpu_supports). It uses the AVX register state, whose OS
+	 * support the AVX2 check already covers. */
+	{
+		unsigned a, b, c, d;
+
+		if ((f & GPUD_CPU_AVX2) && __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)))
+			f |= GPUD_CPU_F16C;
+	}
+	/* AVX-VNNI (VEX vpdpbusd): CPUID leaf 7 subleaf 1, EAX bit 4 (gcc 12
+	 * has no __builtin_cpu_supports name for it). Same YMM state. */
+	{
+		unsigned a, b, c, d;
+
+		if ((f & GPUD_CPU_AVX2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)))
+			f |= GPUD_CPU_AVXVNNI;
+	}
 #endif
 	return f;
 }
@@ -323,12 +341,18 @@ static bool is_quant(enum gpud_type t)
 	return t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
 }
 
+/* Scratch layout for q8_0/q4_0: xd (batch, nb) floats, xc (batch, nb)
+ * int32, xq (batch, cols) int8; the total rounded up to 64 bytes so that
+ * per-thread scratch slices sized by this stay aligned. */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch)
 {
-	(void)wtype;
-	(void)cols;
-	(void)batch;
-	return 0; /* every path works in registers and on-stack tiles */
+	size_t nb, n;
+
+	if (!is_quant(wtype) || cols <= 0 || batch <= 0)
+		return 0;
+	nb = (size_t)(cols / GPUD_QK);
+	n = (size_t)batch * nb * (sizeof(float) + sizeof(int32_t)) + (size_t)batch * (size_t)cols;
+	return (n + 63) & ~(size_t)63;
 }
 
 /* Float-type weights: one sequential sum per element. */
@@ -376,31 +400,92 @@ static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
-/* Quantized weights: fp32 dot products over the dequantized row, 256
- * columns at a time; y holds the running sums so that each element is
- * still one sequential sum. */
-static void mm_rows_ref_float(const struct gpud__mm *m, int64_t r0, int64_t r1)
+/* ---- int8 path: q8_0/q4_0 weights x quantized activations -------------
+ * Each activation block of 32 is quantized like a q8_0 weight block but
+ * keeps its scale in fp32: d = max|x| / 127, q = round(x / d). For every
+ * (row, column) pair and weight block i the exact integer dot product
+ * isum = sum_j w_q[j] * x_q[j] is formed and folded into one fp32
+ * accumulator in block order:
+ *     acc = fma(d_w[i] * d_x[i], (float)isum, acc),   acc starting at 0.
+ * |isum| <= 32 * 128 * 127 < 2^24, so (float)isum is exact; d_w * d_x is
+ * one rounded fp32 product. The vector kernels compute the same isum (any
+ * exact integer method) and the same fp32 operations, so all paths give
+ * the same bits. */
+
+/* Activation quantization (the x86 version must give the same bytes). */
+static void quantize_act_ref(const float *x, int64_t n, int32_t off, int8_t *q, float *d,
+			     int32_t *c)
 {
-	enum { KC = 256 };
-	float w[KC];
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK, q += GPUD_QK) {
+		float amax = 0.0f, id;
+		bool bad = false;
+		int32_t sum = 0;
+
+		for (int j = 0; j < GPUD_QK; j++) {
+			bad |= !isfinite(x[j]);
+			amax = fmaxf(amax, fabsf(x[j]));
+		}
+		if (bad || amax < GPUD__ACT_TINY) {
+			memset(q, 0, GPUD_QK);
+			d[i] = bad ? NAN : 0.0f;
+			c[i] = 0;
+			continue;
+		}
+		d[i] = gpud__q8_scale(amax, &id);
+		for (int j = 0; j < GPUD_QK; j++) {
+			/* |x * id| <= 127 (plus rounding): in range */
+			q[j] = (int8_t)nearbyintf(x[j] * id);
+			sum += q[j];
+		}
+		c[i] = -off * sum;
+	}
+}
+
+static int32_t isum_ref(enum gpud_type t, const uint8_t *blk, const int8_t *xq)
+{
+	int32_t s = 0;
+
+	if (t == GPUD_TYPE_Q8_0) {
+		const int8_t *w = (const int8_t *)(blk + 2);
+
+		for (int j = 0; j < GPUD_QK; j++)
+			s += (int32_t)w[j] * xq[j];
+	} else {
+		const uint8_t *w = blk + 2;
+
+		for (int j = 0; j < GPUD_QK / 2; j++) {
+			s += ((int32_t)(w[j] & 0xf) - 8) * xq[j];
+			s += ((int32_t)(w[j] >> 4) - 8) * xq[j + GPUD_QK / 2];
+		}
+	}
+	return s;
+}
+
+static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+	const size_t bsz = m->wtype == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
+						      : sizeof(struct gpud_block_q4_0);
 
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = m->W + (size_t)r * m->wrow;
 
-		for (int64_t b = 0; b < m->batch; b++)
-			m->y[b * m->rows + r] = 0.0f;
-		for (int64_t k0 = 0; k0 < m->cols; k0 += KC) {
-			int64_t kc = m->cols - k0 < KC ? m->cols - k0 : KC;
+		for (int64_t b = 0; b < m->batch; b++) {
+			const int8_t *xq = m->xq + b * m->cols;
+			const float *xd = m->xd + b * nb;
+			float acc = 0.0f;
 
-			dequantize_row_ref(m->wtype, row + row_bytes(m->wtype, k0), w, kc);
-			for (int64_t b = 0; b < m->batch; b++) {
-				const float *x = m->x + b * m->cols + k0;
-				float acc = m->y[b * m->rows + r];
+			for (int64_t i = 0; i < nb; i++) {
+				const uint8_t *blk = row + (size_t)i * bsz;
+				uint16_t h;
+				float dw;
 
-				for (int64_t c = 0; c < kc; c++)
-					acc += w[c] * x[c];
-				m->y[b * m->rows + r] = acc;
+				memcpy(&h, blk, sizeof(h));
+				dw = gpud_fp16_to_fp32(h);
+				acc = fmaf(dw * xd[i], (float)isum_ref(m->wtype, blk, xq + i * GPUD_QK),
+					   acc);
 			}
+			m->y[b * m->rows + r] = acc;
 		}
 	}
 }
@@ -440,14 +525,40 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 	};
 	struct mm_job job = { .m = &m, .rows = mm_rows_ref };
 
-	(void)scratch;
 	if (rows <= 0 || batch <= 0)
 		return;
-	if (is_quant(wtype))
-		job.rows = mm_rows_ref_float;
 #ifdef GPUD_HAVE_X86
 	if (use_vec())
 		job.rows = gpud__x86_mm_rows;
 #endif
+	if (is_quant(wtype)) {
+		const int64_t nb = cols / GPUD_QK;
+		/* Offset the VNNI kernel folds in: q8_0 weights enter as
+		 * w + 128 (u8), q4_0 as their nibble w + 8. */
+		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128 : 8;
+		float *xd = scratch;
+		int32_t *xc = (int32_t *)(xd + batch * nb);
+		int8_t *xq = (int8_t *)(xc + batch * nb);
+
+		m.xd = xd;
+		m.xc = xc;
+		m.xq = xq;
+#ifdef GPUD_HAVE_X86
+		m.vnni = (gpud_cpu_features() & GPUD_CPU_AVXVNNI) != 0;
+#endif
+		for (int64_t b = 0; b < batch; b++) {
+#ifdef GPUD_HAVE_X86
+			if (use_vec()) {
+				gpud__x86_quantize_act(x + b * cols, cols, off, xq + b * cols,
+						       xd + b * nb, xc + b * nb);
+				continue;
+			}
+#endif
+			quantize_act_ref(x + b * cols, cols, off, xq + b * cols, xd + b * nb,
+					 xc + b * nb);
+		}
+		if (job.rows == mm_rows_ref)
+			job.rows = mm_rows_ref_i8;
+	}
 	gpud_tp_run(tp, mm_worker, &job);
 }

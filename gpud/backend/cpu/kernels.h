@@ -4,18 +4,22 @@
  *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
  *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
- * Quantized weights are used in place and unpacked on the fly: every
- * matmul is an fp32 matmul over the weights' exact fp32 values (d * q for
- * q8_0/q4_0, as gpud_dequantize_row gives them) with fp32 activations.
- * Activations are not quantized (unlike ggml's q8_0 x q8_0 dot): at batch
- * 1 unpacking takes ~1.5x the instructions of an integer dot product but
- * still outruns a core's share of memory bandwidth, from batch 4 on it is
- * shared by up to 32 columns and the FMAs beat the integer path, x keeps
- * full precision, and a column's result never depends on its batch.
+ * Quantized weights are used in place. Float-type weights (f32/f16/bf16)
+ * are multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
+ * int8 path at every batch size: each activation row is quantized once per
+ * gpud_matmul call to blocks of 32 int8 (fp32 scale d = max|x| / 127,
+ * q = round(x / d), into the caller's scratch), each (row, column) pair
+ * sums exact integer block dot products, and one fp32 accumulator per pair
+ * adds fma(d_w * d_x, isum, acc) block by block in order. The relative
+ * error against fp32 activations is ~1e-2 of sum|w*x| at worst (measured
+ * in reference_test/kernels_test); a column's result never depends on its
+ * batch, tile or thread. A block of x holding NaN/Inf makes its outputs
+ * NaN.
  *
- * Every kernel has a portable C version; AVX2/FMA/F16C versions are
- * chosen at run time (gpud_cpu_features()). The portable versions are the
- * reference the tests check the vector ones against.
+ * Every kernel has a portable C version; AVX2/FMA/F16C versions (plus
+ * AVX-VNNI for the int8 path) are chosen at run time (gpud_cpu_features()).
+ * The portable versions are the reference the tests check the vector ones
+ * against; for q8_0/q4_0 all paths give identical bits.
  *
  * None of these functions allocates, takes a lock or fails: arguments are
  * the caller's responsibility (types must be one of the five supported,
@@ -63,6 +67,7 @@ enum {
 	GPUD_CPU_AVX2 = 1 << 0,
 	GPUD_CPU_FMA = 1 << 1,
 	GPUD_CPU_F16C = 1 << 2,
+	GPUD_CPU_AVXVNNI = 1 << 3, /* VEX vpdpbusd; only used with the three above */
 };
 /* Features detected on this CPU (and usable by the OS), masked by the last
  * gpud_cpu_set_features(). The vector kernels run only when all three of
@@ -73,9 +78,9 @@ unsigned gpud_cpu_features(void);
  * Process-wide; do not call while kernels run on other threads. */
 void gpud_cpu_set_features(unsigned mask);
 
-/* Scratch bytes gpud_matmul needs for a weight type, width and batch.
- * Currently 0 for every type (kept so that a future kernel may need some
- * without changing callers). */
+/* Scratch bytes gpud_matmul needs for a weight type, width and batch:
+ * 0 for f32/f16/bf16; for q8_0/q4_0 the quantized activations,
+ * batch * (cols + 8 * cols / 32) rounded up to a multiple of 64. */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
@@ -89,8 +94,9 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
  * Uses about 10 KiB of stack per thread.
  * Deterministic, bit for bit: the result does not depend on the pool's
  * thread count (each y element is computed by one thread in a fixed order)
- * nor on the batch size or the other columns of the batch. It does depend
- * on the kernels in use (portable or AVX2: the summation order differs). */
+ * nor on the batch size or the other columns of the batch. For float types
+ * it does depend on the kernels in use (portable or AVX2: the summation
+ * order differs); for q8_0/q4_0 it does not. */
 void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);

@@ -20,6 +20,11 @@ struct gpud__mm {
 	int64_t rows, cols, batch;
 	const float *x;                  /* (batch, cols) */
 	float *y;                        /* (batch, rows) */
+	/* q8_0/q4_0 only: x quantized once per call (see kernels.h) */
+	const int8_t *xq;                /* (batch, cols) quants */
+	const float *xd;                 /* (batch, cols / 32) block scales */
+	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
+	bool vnni;                       /* use AVX-VNNI (else AVX2) */
 };
 
 /* Q8_0 scale of a block from its max |x|; *id is 1/d or 0. Shared so that
@@ -32,6 +37,11 @@ static inline float gpud__q8_scale(float amax, float *id)
 	return d;
 }
 
+/* Activation quantization for the int8 path, identical in both files:
+ * blocks whose max |x| is below this are all zero; a block holding a NaN
+ * or Inf gets d = NaN (so the outputs it feeds are NaN, as in fp32). */
+#define GPUD__ACT_TINY 1e-30f
+
 /* -DGPUD_FORCE_PORTABLE_BUILD builds as on a non-x86 CPU (checks that the
  * portable build stays warning-free and correct). */
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GPUD_FORCE_PORTABLE_BUILD)
@@ -40,6 +50,10 @@ void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* Return false when the type has no vector version (caller falls back). */
 bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
+/* One activation row of n (multiple of 32) floats to int8 blocks: q[n],
+ * d[n/32], c[n/32] = -off * sum of the block's quants. */
+void gpud__x86_quantize_act(const float *x, int64_t n, int32_t off, int8_t *q, float *d,
+			    int32_t *c);
 #endif
 
 #endif

@@ -1,24 +1,23 @@
 /* kernels_x86.c - AVX2/FMA/F16C kernels, chosen at run time.
  *
  * Every function carries a target attribute, so this file builds without
- * -mavx2 and nothing here runs unless kernels.c saw the features.
+ * -mavx2 and nothing here runs unless kernels.c saw the features. The one
+ * AVX-VNNI instruction is inline asm (see dpbusd_vex()), run only when
+ * CPUID reports AVX-VNNI.
  *
- * Matmul: every weight type is multiplied as fp32. Each output element
- * owns one 8-lane fp32 accumulator that walks its row 8 columns at a time,
- * fma(w[c..c+8], x[c..c+8], acc), and is reduced by hsum8() at the end;
- * w is the exact fp32 value of the weight (for q8_0/q4_0 d * q, the value
- * gpud_dequantize_row gives). The tile shape only decides how many
- * elements are in flight at once, never the order of operations inside
- * one element, so results do not depend on the tiling, the batch or the
- * thread count.
- *   batch 1:   tiles of 4 rows (4 weight streams in flight, prefetched:
- *              the decode case, bound by memory or by unpacking);
- *   batch > 1: f32/f16/bf16 in 3 rows x 4 columns (12 accumulators in
- *              registers, each weight converted once for 4 columns); q8_0/
- *              q4_0 batches of 2 and 3 unpack in registers for 4x2 and 3x3
- *              tiles; q8_0/q4_0 from batch 4 on and bf16 from 8 on unpack
- *              rows once per chunk into an L1 buffer shared by up to 32
- *              columns, then run 3x4 FMA tiles (FMA-bound).
+ * Matmul, float types (f32/f16/bf16): multiplied as fp32. Each output
+ * element owns one 8-lane fp32 accumulator that walks its row 8 columns at
+ * a time, fma(w[c..c+8], x[c..c+8], acc), and is reduced by hsum8() at the
+ * end. The tile shape only decides how many elements are in flight at
+ * once, never the order of operations inside one element, so results do
+ * not depend on the tiling, the batch or the thread count.
+ *   batch 1:   tiles of 4 rows (4 weight streams in flight, prefetched);
+ *   batch > 1: 3 rows x 4 columns (12 accumulators in registers, each
+ *              weight converted once for 4 columns); bf16 from batch 8 on
+ *              converts rows once per chunk into an L1 buffer shared by up
+ *              to 32 columns, then runs 3x4 FMA tiles.
+ * Matmul, q8_0/q4_0: the int8 path (8-row tiles, vpdpbusd with AVX-VNNI,
+ * maddubs/madd without), see "int8 path" below; same bits as portable.
  * Float types may have a width that is not a multiple of 8: the last
  * columns are added after hsum8(), in order, by tail_dot() in every path.
  */
@@ -63,82 +62,6 @@ TGT_INLINE __m256i unpack_q4(const uint8_t *qs)
 	__m256i v = _mm256_set_m128i(hi, lo);
 
 	return _mm256_sub_epi8(v, _mm256_set1_epi8(8));
-}
-
-/* One 32-weight block as four vectors of fp32 d * q (weight order). */
-TGT_INLINE void deq32(enum gpud_type QT, const uint8_t *blk, __m256 w[4])
-{
-	uint16_t h;
-	__m256 d;
-
-	memcpy(&h, blk, sizeof(h));
-	d = _mm256_set1_ps(h2f(h));
-	if (QT == GPUD_TYPE_Q8_0) {
-#pragma GCC unroll 4
-		for (int s = 0; s < 4; s++) {
-			__m128i q8 = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * s));
-
-			w[s] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8)));
-		}
-	} else {
-		/* Bytes 0-7 and 8-15 widened to 32 bits: low nibbles are
-		 * weights 0-15, high nibbles 16-31. n * d - 8 * d is exactly
-		 * (n - 8) * d (both fit in 24 bits), so one fma does the
-		 * offset and the scale, and only two shuffles are needed. */
-		const __m256 m8d = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
-		const __m256i mask = _mm256_set1_epi32(0xf);
-		__m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2)));
-		__m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 10)));
-
-		w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), d, m8d);
-		w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, mask)), d, m8d);
-		w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, m8d);
-		w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), d, m8d);
-	}
-}
-
-/* Small batches (1 to 3), quantized weights: RT rows unpacked block by
- * block in registers, each unpacked block used by the BT columns. */
-TGT_INLINE void tile_qr(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int RT,
-			int BT)
-{
-	const int64_t nb = m->cols / GPUD_QK;
-	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
-					       : sizeof(struct gpud_block_q4_0);
-	const uint8_t *w[4];
-	__m256 acc[4][3];
-
-#pragma GCC unroll 4
-	for (int r = 0; r < RT; r++) {
-		w[r] = m->W + (size_t)(r0 + r) * m->wrow;
-#pragma GCC unroll 4
-		for (int b = 0; b < BT; b++)
-			acc[r][b] = _mm256_setzero_ps();
-	}
-	for (int64_t i = 0; i < nb; i++) {
-#pragma GCC unroll 4
-		for (int r = 0; r < RT; r++) {
-			const uint8_t *blk = w[r] + (size_t)i * bsz;
-			__m256 wv[4];
-
-			_mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
-			deq32(QT, blk, wv);
-#pragma GCC unroll 4
-			for (int b = 0; b < BT; b++) {
-				const float *x = m->x + b * m->cols + i * GPUD_QK;
-
-#pragma GCC unroll 4
-				for (int s = 0; s < 4; s++)
-					acc[r][b] = _mm256_fmadd_ps(wv[s], _mm256_loadu_ps(x + 8 * s),
-								    acc[r][b]);
-			}
-		}
-	}
-#pragma GCC unroll 4
-	for (int r = 0; r < RT; r++)
-#pragma GCC unroll 4
-		for (int b = 0; b < BT; b++)
-			m->y[b * m->rows + r0 + r] = hsum8(acc[r][b]);
 }
 
 /* Eight weights of a float-type row as fp32. */
@@ -227,11 +150,10 @@ TGT_INLINE void tile_f(const struct gpud__mm *m, enum gpud_type FT, int64_t r0, 
 	}
 }
 
-/* ---- buffered path: q8_0/q4_0 from batch 4 on, bf16 from 8 on ----------
- * Three rows are converted to fp32 (for q8_0/q4_0 w = d * q, the
- * dequantize_row values) into a small buffer, QB_KC columns at a time, and
- * every batch column runs fp32 FMAs against it: 4 FMAs per 32 weights and
- * column, the unpacking paid once per row chunk for up to QB_BC columns.
+/* ---- buffered path: bf16 from batch 8 on ------------------------------
+ * Three rows are converted to fp32 into a small buffer, QB_KC columns at a
+ * time, and every batch column runs fp32 FMAs against it: the conversion
+ * is paid once per row chunk for up to QB_BC columns.
  * Partial accumulators wait in st.acc[] between column chunks, so each
  * element still sums its row in one fixed order. */
 #define QB_ROWS 3
@@ -285,27 +207,8 @@ TGT_INLINE void qb_tile(const struct gpud__mm *m, struct qb_state *st, int64_t k
 TGT_INLINE void buf_fill(enum gpud_type T, const uint8_t *row, int64_t k0, int64_t kc,
 			 float *out)
 {
-	const size_t bsz = T == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
-					      : sizeof(struct gpud_block_q4_0);
-
-	if (!row) {
-		for (int64_t c = 0; c < kc; c += 8)
-			_mm256_store_ps(out + c, _mm256_setzero_ps());
-		return;
-	}
-	if (T != GPUD_TYPE_Q8_0 && T != GPUD_TYPE_Q4_0) {
-		for (int64_t c = 0; c < kc; c += 8)
-			_mm256_store_ps(out + c, load8(T, row, k0 + c));
-		return;
-	}
-	for (int64_t i = 0; i < kc / GPUD_QK; i++) {
-		__m256 wv[4];
-
-		deq32(T, row + (size_t)(k0 / GPUD_QK + i) * bsz, wv);
-#pragma GCC unroll 4
-		for (int k = 0; k < 4; k++)
-			_mm256_store_ps(out + 32 * i + 8 * k, wv[k]);
-	}
+	for (int64_t c = 0; c < kc; c += 8)
+		_mm256_store_ps(out + c, row ? load8(T, row, k0 + c) : _mm256_setzero_ps());
 }
 
 TGT_INLINE void rows_buf(const struct gpud__mm *m, enum gpud_type T, int64_t r0, int64_t r1)
@@ -382,44 +285,223 @@ DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
 DEFINE_ROWS_F(rows_f16, GPUD_TYPE_F16)
 DEFINE_ROWS_F(rows_bf16, GPUD_TYPE_BF16)
 
-/* Quantized rows [r0, r1): batches of 1 to 3 in register tiles (4x1, 4x2,
- * 3x3), larger ones through the dequantized buffer. */
-#define ROWS_QR(RT, BT)                                 \
-	do {                                            \
-		for (; r + RT <= r1; r += RT)           \
-			tile_qr(m, QT, r, RT, BT);      \
-		for (; r < r1; r++)                     \
-			tile_qr(m, QT, r, 1, BT);       \
-	} while (0)
+/* ---- int8 path: q8_0/q4_0 weights, quantized activations ---------------
+ * The contract is in kernels.c ("int8 path"): per (row, column) pair and
+ * weight block i, acc = fma(d_w * d_x, (float)isum, acc) in block order,
+ * isum the exact integer dot product of the 32 quants.
+ *
+ * Tiles are 8 rows x the batch: the 8 rows' blocks i are loaded and
+ * transposed (8x8 dwords) so that T[g] holds, in lane r, the 4 weight
+ * bytes 4g..4g+3 of row r. A column's 4 quants 4g..4g+3 are broadcast to
+ * every lane, so one vpdpbusd adds 4 products of each of the 8 rows: 8
+ * instructions per block and column leave the 8 rows' isums in 8 lanes,
+ * and the fp32 work (cvt, mul, fma) is one instruction each per 8 pairs.
+ * Lane r of the column's accumulator is element (b, row r) itself: no
+ * horizontal sum, and the tile only decides which lanes are computed
+ * together, never the order of operations.
+ *
+ * vpdpbusd multiplies u8 by s8. VNNI: weights are the u8 operand, offset
+ * to be non-negative (q8_0: w ^ 0x80 = w + 128; q4_0: the raw nibble,
+ * w + 8) and the x quants (s8, |q| <= 127) the other; the offset is taken
+ * back by starting the integer sum at c = -off * sum(x_q) of the block,
+ * computed when x is quantized. AVX2 (no VNNI): maddubs + madd(1) give
+ * the same sums but maddubs saturates its 16-bit pair sums, so q8_0 uses
+ * |w| (u8, <= 128) times x with w's sign (|pair| <= 2 * 128 * 127 <
+ * 32767), q4_0 the nibble times x plus c as above (<= 2 * 15 * 128).
+ * Either way isum is exact, so every path gives the same bits. */
 
-TGT_INLINE void rows_q(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int64_t r1)
+#define I8_ROWS 8
+#define I8_BC 16 /* columns per pass over a row group (accumulators on stack) */
+
+TGT_INLINE __m256i dpbusd_vex(__m256i acc, __m256i a_u8, __m256i b_s8)
 {
-	int64_t r = r0;
+	/* Inline asm: the VNNI intrinsics would need a target attribute that
+	 * the shared code below cannot carry. Only run when CPUID says so. */
+	__asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a_u8), "x"(b_s8));
+	return acc;
+}
 
-	switch (m->batch) {
-	case 1:
-		ROWS_QR(4, 1);
-		break;
-	case 2:
-		ROWS_QR(4, 2);
-		break;
-	case 3:
-		ROWS_QR(3, 3);
-		break;
-	default:
-		rows_buf(m, QT, r0, r1);
-		break;
+TGT_INLINE __m256i bcast4(const int8_t *p)
+{
+	int32_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return _mm256_set1_epi32(v);
+}
+
+/* 8x8 transpose of 32-bit elements: out[g] lane r = in[r] lane g. */
+TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
+{
+	__m256i t[8], u[8];
+
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+		t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
 	}
+#pragma GCC unroll 2
+	for (int k = 0; k < 2; k++) {
+		u[4 * k + 0] = _mm256_unpacklo_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+		u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+	}
+#pragma GCC unroll 4
+	for (int k = 0; k < 4; k++) {
+		out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+		out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+	}
+}
+
+/* Block i of the 8 rows w[]: transposed weight bytes (see above; for q8_0
+ * on VNNI offset by 128, for q4_0 the nibbles) and the 8 scales. */
+TGT_INLINE void i8_load(enum gpud_type QT, bool vnni, const uint8_t *const w[I8_ROWS],
+			int64_t i, __m256i T[8], __m256 *dw)
+{
+	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
+					       : sizeof(struct gpud_block_q4_0);
+	__m256i R[I8_ROWS];
+	uint16_t h[I8_ROWS];
+
+#pragma GCC unroll 8
+	for (int r = 0; r < I8_ROWS; r++) {
+		const uint8_t *blk = w[r] + (size_t)i * bsz;
+
+		_mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+		memcpy(&h[r], blk, sizeof(h[r]));
+		if (QT == GPUD_TYPE_Q8_0) {
+			R[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+			if (vnni)
+				R[r] = _mm256_xor_si256(R[r], _mm256_set1_epi8((char)0x80));
+		} else {
+			__m128i b = _mm_loadu_si128((const __m128i *)(blk + 2));
+			__m128i mask = _mm_set1_epi8(0xf);
+
+			R[r] = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), mask),
+						_mm_and_si128(b, mask));
+		}
+	}
+	transpose8(R, T);
+	*dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
+}
+
+/* isum of the 8 rows (lanes) against one column's block xq[0..32). */
+TGT_INLINE __m256i i8_isum(enum gpud_type QT, bool vnni, const __m256i T[8], const int8_t *xq,
+			   int32_t c)
+{
+	if (vnni) {
+		/* two chains of 4 to halve the dependency on vpdpbusd latency */
+		__m256i s0 = _mm256_set1_epi32(c), s1 = _mm256_setzero_si256();
+
+#pragma GCC unroll 4
+		for (int g = 0; g < 8; g += 2) {
+			s0 = dpbusd_vex(s0, T[g], bcast4(xq + 4 * g));
+			s1 = dpbusd_vex(s1, T[g + 1], bcast4(xq + 4 * g + 4));
+		}
+		return _mm256_add_epi32(s0, s1);
+	}
+	const __m256i ones = _mm256_set1_epi16(1);
+	__m256i s0 = QT == GPUD_TYPE_Q8_0 ? _mm256_setzero_si256() : _mm256_set1_epi32(c);
+	__m256i s1 = _mm256_setzero_si256();
+
+#pragma GCC unroll 8
+	for (int g = 0; g < 8; g++) {
+		__m256i xb = bcast4(xq + 4 * g), p;
+
+		if (QT == GPUD_TYPE_Q8_0)
+			p = _mm256_maddubs_epi16(_mm256_abs_epi8(T[g]), _mm256_sign_epi8(xb, T[g]));
+		else
+			p = _mm256_maddubs_epi16(T[g], xb);
+		if (g & 1)
+			s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(p, ones));
+		else
+			s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(p, ones));
+	}
+	return _mm256_add_epi32(s0, s1);
+}
+
+TGT_INLINE void rows_i8(const struct gpud__mm *m, enum gpud_type QT, bool vnni, int64_t r0,
+			int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+
+	for (int64_t r = r0; r < r1; r += I8_ROWS) {
+		const int64_t nr = r1 - r < I8_ROWS ? r1 - r : I8_ROWS;
+		const uint8_t *w[I8_ROWS];
+
+		/* Rows past r1 repeat the last one; their lanes are dropped. */
+		for (int k = 0; k < I8_ROWS; k++)
+			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		for (int64_t b0 = 0; b0 < m->batch; b0 += I8_BC) {
+			const int64_t bc = m->batch - b0 < I8_BC ? m->batch - b0 : I8_BC;
+			__m256 acc[I8_BC];
+
+			for (int64_t b = 0; b < bc; b++)
+				acc[b] = _mm256_setzero_ps();
+			for (int64_t i = 0; i < nb; i++) {
+				__m256i T[8];
+				__m256 dw;
+
+				i8_load(QT, vnni, w, i, T, &dw);
+				for (int64_t b = 0; b < bc; b++) {
+					const int64_t col = b0 + b;
+					__m256i is = i8_isum(QT, vnni, T, m->xq + col * m->cols + i * GPUD_QK,
+							     m->xc[col * nb + i]);
+					__m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(m->xd[col * nb + i]));
+
+					acc[b] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(is), acc[b]);
+				}
+			}
+			for (int64_t b = 0; b < bc; b++) {
+				float *y = m->y + (b0 + b) * m->rows + r;
+
+				if (nr == I8_ROWS) {
+					_mm256_storeu_ps(y, acc[b]);
+				} else {
+					float tmp[I8_ROWS];
+
+					_mm256_storeu_ps(tmp, acc[b]);
+					memcpy(y, tmp, sizeof(float) * (size_t)nr);
+				}
+			}
+		}
+	}
+}
+
+TGT static void rows_i8_q8_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q8_0, true, r0, r1);
+}
+
+TGT static void rows_i8_q8_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q8_0, false, r0, r1);
+}
+
+TGT static void rows_i8_q4_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q4_0, true, r0, r1);
+}
+
+TGT static void rows_i8_q4_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q4_0, false, r0, r1);
 }
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	switch (m->wtype) {
 	case GPUD_TYPE_Q8_0:
-		rows_q(m, GPUD_TYPE_Q8_0, r0, r1);
+		if (m->vnni)
+			rows_i8_q8_vnni(m, r0, r1);
+		else
+			rows_i8_q8_avx2(m, r0, r1);
 		break;
 	case GPUD_TYPE_Q4_0:
-		rows_q(m, GPUD_TYPE_Q4_0, r0, r1);
+		if (m->vnni)
+			rows_i8_q4_vnni(m, r0, r1);
+		else
+			rows_i8_q4_avx2(m, r0, r1);
 		break;
 	case GPUD_TYPE_F32:
 		rows_f32(m, r0, r1);
@@ -500,6 +582,40 @@ TGT bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *vy, int6
 	}
 	default:
 		return false; /* f32 is a copy; bf16 and q4_0 stay portable */
+	}
+}
+
+/* Same bytes as quantize_act_ref() in kernels.c: the same scale, the same
+ * round-to-nearest-even of x * (1/d), the same special cases. */
+TGT void gpud__x86_quantize_act(const float *x, int64_t n, int32_t off, int8_t *q, float *d,
+				int32_t *c)
+{
+	const __m256 inf = _mm256_set1_ps(__builtin_inff()), sign = _mm256_set1_ps(-0.0f);
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK, q += GPUD_QK) {
+		__m256 v[4], bad = _mm256_setzero_ps();
+		float amax = amax32(x, v), id;
+		__m256i s;
+		__m128i s4;
+
+		for (int k = 0; k < 4; k++)
+			bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_andnot_ps(sign, v[k]), inf,
+							      _CMP_NLT_UQ));
+		if (_mm256_movemask_ps(bad) || !(amax >= GPUD__ACT_TINY)) {
+			memset(q, 0, GPUD_QK);
+			d[i] = _mm256_movemask_ps(bad) ? __builtin_nanf("") : 0.0f;
+			c[i] = 0;
+			continue;
+		}
+		d[i] = gpud__q8_scale(amax, &id);
+		round_store32(v, id, q);
+		s = _mm256_loadu_si256((const __m256i *)q);
+		s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), s),
+				      _mm256_set1_epi16(1));
+		s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+		s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+		s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+		c[i] = -off * _mm_cvtsi128_si32(s4);
 	}
 }
 
