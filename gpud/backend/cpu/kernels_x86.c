@@ -354,9 +354,10 @@ TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
 }
 
 /* Block i of the 8 rows w[]: transposed weight bytes (see above; for q8_0
- * on VNNI offset by 128, for q4_0 the nibbles) and the 8 scales. */
+ * on VNNI offset by 128, for q4_0 the nibbles) and the 8 scales. pfrow is
+ * the matrix's row stride in bytes. */
 TGT_INLINE void i8_load(enum gpud_type QT, bool vnni, const uint8_t *const w[I8_ROWS],
-			int64_t i, __m256i T[8], __m256 *dw)
+			int64_t i, __m256i T[8], __m256 *dw, size_t pfrow)
 {
 	const size_t bsz = QT == GPUD_TYPE_Q8_0 ? sizeof(struct gpud_block_q8_0)
 					       : sizeof(struct gpud_block_q4_0);
@@ -367,7 +368,12 @@ TGT_INLINE void i8_load(enum gpud_type QT, bool vnni, const uint8_t *const w[I8_
 	for (int r = 0; r < I8_ROWS; r++) {
 		const uint8_t *blk = w[r] + (size_t)i * bsz;
 
-		_mm_prefetch((const char *)blk + PF_DIST, _MM_HINT_T0);
+		/* The same block of the next row group (rows r + 8..r + 15),
+		 * read one group later: a whole group (8 rows) ahead. This beat
+		 * PF_DIST bytes along the row on cold batch-1 calls (768-column
+		 * rows are shorter than PF_DIST, so that landed in the current
+		 * group). Past the slice or the matrix it is a harmless hint. */
+		_mm_prefetch((const char *)blk + I8_ROWS * pfrow, _MM_HINT_T0);
 		memcpy(&h[r], blk, sizeof(h[r]));
 		if (QT == GPUD_TYPE_Q8_0) {
 			R[r] = _mm256_loadu_si256((const __m256i *)(blk + 2));
@@ -442,7 +448,7 @@ TGT_INLINE void rows_i8(const struct gpud__mm *m, enum gpud_type QT, bool vnni, 
 				__m256i T[8];
 				__m256 dw;
 
-				i8_load(QT, vnni, w, i, T, &dw);
+				i8_load(QT, vnni, w, i, T, &dw, m->wrow);
 				for (int64_t b = 0; b < bc; b++) {
 					const int64_t col = b0 + b;
 					__m256i is = i8_isum(QT, vnni, T, m->xq + col * m->cols + i * GPUD_QK,
