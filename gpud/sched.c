@@ -1,0 +1,714 @@
+/* sched.c - continuous-batching scheduler (see scheduler.h for the policy and
+ * the thread model). */
+#include "gpud/scheduler.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+
+enum slot_state {
+	SLOT_FREE = 0,
+	SLOT_WAITING, /* on its device's wait list, no engine sequence */
+	SLOT_RUNNING, /* has an engine sequence, on its device's run list */
+};
+
+#define PIECE_CAP 256
+#define OUT_CAP (PIECE_CAP + GPUD_STOP_MAX_LEN)
+
+struct slot {
+	enum slot_state state;
+	uint64_t id;
+	uint32_t dev;
+	uint32_t seq;           /* engine sequence while RUNNING */
+	int32_t *toks;          /* (tok_cap) prompt, then generated ids */
+	uint32_t n_prompt;
+	uint32_t n_toks;        /* prompt + generated ids appended */
+	uint32_t n_done;        /* ids in the engine's KV (while RUNNING) */
+	uint32_t max_gen;       /* 0: until EOG / context */
+	uint64_t arrival;       /* submit order (FCFS key) */
+	uint64_t wait_since;    /* device step count when it (re)started waiting */
+	uint32_t n_preempt;
+	bool in_batch;          /* part of the batch its device is running */
+	bool cancel_pending;    /* cancelled during its device's forward pass */
+	bool started;           /* scheduled at least once */
+	double t_submit, t_start, t_first;
+	const struct gpud_mask *mask;
+	gpud_sched_cb cb;
+	void *arg;
+	struct gpud_sampler *smp;
+	struct gpud_stop stop;
+	struct gpud_detok detok;
+	char piece[PIECE_CAP];
+	char out[2 * OUT_CAP];
+	char out2[OUT_CAP];
+};
+
+struct dev {
+	struct gpud_engine *e;
+	const struct gpud_tokenizer *tok;
+	uint32_t n_ctx, bt, n_blocks, max_engine_seqs;
+	uint32_t max_tokens;   /* per step */
+	uint32_t max_ents;     /* per step */
+	uint32_t free_blocks;  /* cached engine_free_blocks, updated under the lock */
+	uint64_t pending_blocks; /* blocks the waiting list's prefills will need */
+	uint64_t steps;
+	bool busy;             /* in a forward pass with the lock released */
+	uint32_t depth;        /* waiting + running */
+	struct slot **run;     /* (max_engine_seqs) by admission order */
+	uint32_t n_run;
+	struct slot **wait;    /* (max_requests) by arrival */
+	uint32_t n_wait;
+	struct gpud_batch_entry *ents; /* (max_ents) */
+	struct slot **ent_slot;        /* (max_ents) */
+};
+
+struct gpud_sched {
+	pthread_mutex_t lock;
+	struct gpud_sched_params p;
+	struct dev *devs;
+	uint32_t n_dev;
+	struct slot *slots;     /* (max_requests) */
+	int32_t *tok_mem;       /* max_requests * tok_cap */
+	uint32_t tok_cap;
+	uint32_t n_vocab;
+	uint64_t next_id, next_arrival;
+	struct gpud_sched_stats st;
+};
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b)
+{
+	return a < b ? a : b;
+}
+
+static uint32_t blocks_for(uint32_t n, uint32_t bt)
+{
+	return (uint32_t)(((uint64_t)n + bt - 1) / bt);
+}
+
+void gpud_sched_params_default(struct gpud_sched_params *p)
+{
+	*p = (struct gpud_sched_params){
+		.max_requests = 64,
+		.max_batch_tokens = 0,
+		.max_seqs = 0,
+		.aging_steps = 32,
+	};
+}
+
+void gpud_sched_destroy(struct gpud_sched *s)
+{
+	if (!s)
+		return;
+	if (s->slots) {
+		for (uint32_t i = 0; i < s->p.max_requests; i++) {
+			struct slot *sl = &s->slots[i];
+			if (sl->state == SLOT_RUNNING)
+				gpud_engine_seq_free(s->devs[sl->dev].e, sl->seq);
+			gpud_sampler_free(sl->smp);
+		}
+	}
+	if (s->devs) {
+		for (uint32_t d = 0; d < s->n_dev; d++) {
+			free(s->devs[d].run);
+			free(s->devs[d].wait);
+			free(s->devs[d].ents);
+			free(s->devs[d].ent_slot);
+		}
+	}
+	pthread_mutex_destroy(&s->lock);
+	free(s->slots);
+	free(s->tok_mem);
+	free(s->devs);
+	free(s);
+}
+
+static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, char *err,
+		    size_t errlen)
+{
+	const struct gpud_engine_params *ep = gpud_engine_params(e);
+
+	d->e = e;
+	d->tok = gpud_model_tokenizer(gpud_engine_model(e));
+	d->n_ctx = ep->n_ctx;
+	d->bt = ep->block_tokens;
+	d->n_blocks = ep->n_blocks;
+	d->max_engine_seqs = ep->max_seqs;
+	d->max_tokens = s->p.max_batch_tokens && s->p.max_batch_tokens < ep->max_batch_tokens ?
+			s->p.max_batch_tokens : ep->max_batch_tokens;
+	d->max_ents = min_u32(ep->max_seqs, ep->max_logits);
+	if (s->p.max_seqs && s->p.max_seqs < d->max_ents)
+		d->max_ents = s->p.max_seqs;
+	d->free_blocks = gpud_engine_free_blocks(e);
+	d->run = calloc(ep->max_seqs, sizeof(*d->run));
+	d->wait = calloc(s->p.max_requests, sizeof(*d->wait));
+	d->ents = calloc(d->max_ents, sizeof(*d->ents));
+	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
+	if (!d->run || !d->wait || !d->ents || !d->ent_slot)
+		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+	return 0;
+}
+
+int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engines, uint32_t n_dev,
+		      const struct gpud_sched_params *p, char *err, size_t errlen)
+{
+	struct gpud_sched *s;
+	struct gpud_sampler_params sp;
+	int rc;
+
+	*out = NULL;
+	if (!engines || !n_dev)
+		return sw_seterr(err, errlen, -EINVAL, "sched: no engines");
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+	pthread_mutex_init(&s->lock, NULL);
+	if (p)
+		s->p = *p;
+	else
+		gpud_sched_params_default(&s->p);
+	if (!s->p.max_requests || s->p.max_requests > (1u << 20)) {
+		rc = sw_seterr(err, errlen, -EINVAL, "sched: max_requests %u out of range",
+			       s->p.max_requests);
+		goto out_destroy;
+	}
+	s->n_dev = n_dev;
+	s->devs = calloc(n_dev, sizeof(*s->devs));
+	if (!s->devs) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+		goto out_destroy;
+	}
+	s->n_vocab = gpud_engine_n_vocab(engines[0]);
+	for (uint32_t d = 0; d < n_dev; d++) {
+		if (!engines[d] || gpud_engine_n_vocab(engines[d]) != s->n_vocab) {
+			rc = sw_seterr(err, errlen, -EINVAL,
+				       "sched: engine %u missing or of another vocabulary", d);
+			goto out_destroy;
+		}
+		rc = dev_init(s, &s->devs[d], engines[d], err, errlen);
+		if (rc)
+			goto out_destroy;
+		if (s->devs[d].n_ctx + 1 > s->tok_cap)
+			s->tok_cap = s->devs[d].n_ctx + 1;
+	}
+	s->slots = calloc(s->p.max_requests, sizeof(*s->slots));
+	s->tok_mem = calloc((size_t)s->p.max_requests * s->tok_cap, sizeof(*s->tok_mem));
+	if (!s->slots || !s->tok_mem) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "sched: out of memory for %u slots",
+			       s->p.max_requests);
+		goto out_destroy;
+	}
+	gpud_sampler_params_default(&sp);
+	for (uint32_t i = 0; i < s->p.max_requests; i++) {
+		s->slots[i].toks = s->tok_mem + (size_t)i * s->tok_cap;
+		rc = gpud_sampler_create(&s->slots[i].smp, (int32_t)s->n_vocab, &sp, err, errlen);
+		if (rc)
+			goto out_destroy;
+	}
+	s->next_id = 1;
+	*out = s;
+	return 0;
+
+out_destroy:
+	gpud_sched_destroy(s);
+	return rc;
+}
+
+/* --- lists (no allocation: arrays sized at creation) ---------------------- */
+
+static void wait_insert(struct dev *d, struct slot *sl)
+{
+	uint32_t i = d->n_wait;
+
+	while (i > 0 && d->wait[i - 1]->arrival > sl->arrival) {
+		d->wait[i] = d->wait[i - 1];
+		i--;
+	}
+	d->wait[i] = sl;
+	d->n_wait++;
+	d->pending_blocks += blocks_for(sl->n_toks, d->bt);
+}
+
+static void wait_remove(struct dev *d, struct slot *sl)
+{
+	for (uint32_t i = 0; i < d->n_wait; i++) {
+		if (d->wait[i] != sl)
+			continue;
+		memmove(&d->wait[i], &d->wait[i + 1], (d->n_wait - i - 1) * sizeof(*d->wait));
+		d->n_wait--;
+		d->pending_blocks -= blocks_for(sl->n_toks, d->bt);
+		return;
+	}
+}
+
+static void run_remove(struct dev *d, struct slot *sl)
+{
+	for (uint32_t i = 0; i < d->n_run; i++) {
+		if (d->run[i] != sl)
+			continue;
+		memmove(&d->run[i], &d->run[i + 1], (d->n_run - i - 1) * sizeof(*d->run));
+		d->n_run--;
+		return;
+	}
+}
+
+/* Ends a request: frees its engine sequence (the caller guarantees the
+ * device is not in a forward pass), sends DONE, frees the slot. */
+static void complete(struct gpud_sched *s, struct slot *sl, int status, int reason,
+		     const char *msg)
+{
+	struct dev *d = &s->devs[sl->dev];
+	double t = now_s();
+	struct gpud_sched_event ev = {
+		.kind = GPUD_SCHED_DONE, .id = sl->id, .status = status, .reason = reason,
+		.message = msg ? msg : "",
+	};
+
+	if (sl->state == SLOT_RUNNING) {
+		gpud_engine_seq_free(d->e, sl->seq);
+		run_remove(d, sl);
+		d->free_blocks = gpud_engine_free_blocks(d->e);
+	} else if (sl->state == SLOT_WAITING) {
+		wait_remove(d, sl);
+	}
+	ev.usage = (struct gpud_sched_usage){
+		.n_prompt = sl->n_prompt,
+		.n_gen = sl->stop.n_tokens, /* every sampled id, the last one too */
+		.n_preempt = sl->n_preempt,
+		.queue_s = sl->started ? sl->t_start - sl->t_submit : t - sl->t_submit,
+		.prefill_s = sl->started ? (sl->t_first ? sl->t_first : t) - sl->t_start : 0,
+		.decode_s = sl->t_first ? t - sl->t_first : 0,
+	};
+	d->depth--;
+	s->st.in_flight--;
+	s->st.completed++;
+	if (status == SW_ECANCELED)
+		s->st.cancelled++;
+	sl->state = SLOT_FREE;
+	sl->in_batch = false;
+	sl->cancel_pending = false;
+	sl->cb(sl->arg, &ev);
+}
+
+/* Sends ids [0, n_toks) back to waiting on the same device (recompute). */
+static void preempt(struct gpud_sched *s, struct dev *d, struct slot *sl)
+{
+	gpud_engine_seq_free(d->e, sl->seq);
+	run_remove(d, sl);
+	d->free_blocks = gpud_engine_free_blocks(d->e);
+	sl->state = SLOT_WAITING;
+	sl->n_done = 0;
+	sl->n_preempt++;
+	sl->wait_since = d->steps;
+	wait_insert(d, sl);
+	s->st.preemptions++;
+}
+
+/* --- submit / cancel ------------------------------------------------------- */
+
+/* Positions a request may write to the KV cache of a device, or 0 when it
+ * cannot run there at all (context). */
+static uint32_t max_positions(const struct dev *d, uint32_t n_prompt, uint32_t max_tokens)
+{
+	if (max_tokens)
+		return (uint64_t)n_prompt + max_tokens > d->n_ctx ? 0 : n_prompt + max_tokens - 1;
+	return n_prompt <= d->n_ctx ? d->n_ctx : 0;
+}
+
+int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint64_t *id,
+		      char *err, size_t errlen)
+{
+	struct slot *sl = NULL;
+	struct dev *best = NULL;
+	int64_t best_free = 0;
+	uint32_t best_dev = 0;
+	bool ctx_ok = false;
+	int rc = 0;
+
+	*id = 0;
+	pthread_mutex_lock(&s->lock);
+	if (!r->n_tokens || !r->tokens || !r->cb) {
+		rc = sw_seterr(err, errlen, -EINVAL, "sched: empty prompt or no callback");
+		goto out_refuse;
+	}
+	for (uint32_t i = 0; i < r->n_tokens; i++) {
+		if (r->tokens[i] < 0 || (uint32_t)r->tokens[i] >= s->n_vocab) {
+			rc = sw_seterr(err, errlen, -EINVAL,
+				       "sched: prompt token %u (id %d) outside the vocabulary of %u",
+				       i, r->tokens[i], s->n_vocab);
+			goto out_refuse;
+		}
+	}
+	if (r->mask && r->mask->n_prompt != r->n_tokens) {
+		rc = sw_seterr(err, errlen, -EINVAL,
+			       "sched: mask compiled for %u prompt tokens, request has %u",
+			       r->mask->n_prompt, r->n_tokens);
+		goto out_refuse;
+	}
+	rc = gpud_sampler_params_check(&r->sampling, err, errlen);
+	if (rc)
+		goto out_refuse;
+	/* Placement: most free blocks (less what queued prefills will take),
+	 * then the shortest queue, among the devices the request fits. */
+	for (uint32_t i = 0; i < s->n_dev; i++) {
+		struct dev *d = &s->devs[i];
+		uint32_t pos = max_positions(d, r->n_tokens, r->max_tokens);
+		int64_t eff;
+
+		if (!pos)
+			continue;
+		ctx_ok = true;
+		if (blocks_for(pos, d->bt) > d->n_blocks)
+			continue;
+		if (r->mask && r->mask->block_tokens != d->bt)
+			continue;
+		eff = (int64_t)d->free_blocks - (int64_t)d->pending_blocks;
+		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
+			best = d;
+			best_free = eff;
+			best_dev = i;
+		}
+	}
+	if (!best) {
+		if (!ctx_ok)
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "sched: prompt of %u tokens + max_tokens %u exceeds the context "
+				       "of every device (%u)", r->n_tokens, r->max_tokens,
+				       s->devs[0].n_ctx);
+		else if (r->mask)
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "sched: request of %u prompt tokens + max_tokens %u needs more "
+				       "KV blocks than a device owns, or its mask has block size %u",
+				       r->n_tokens, r->max_tokens, r->mask->block_tokens);
+		else
+			rc = sw_seterr(err, errlen, SW_ETOOLONG,
+				       "sched: request of %u prompt tokens + max_tokens %u needs more "
+				       "KV blocks than a device owns (%u)", r->n_tokens,
+				       r->max_tokens, s->devs[0].n_blocks);
+		goto out_refuse;
+	}
+	for (uint32_t i = 0; i < s->p.max_requests; i++) {
+		if (s->slots[i].state == SLOT_FREE) {
+			sl = &s->slots[i];
+			break;
+		}
+	}
+	if (!sl) {
+		rc = sw_seterr(err, errlen, SW_EBUSY, "sched: all %u request slots are in use",
+			       s->p.max_requests);
+		goto out_refuse;
+	}
+	gpud_stop_init(&sl->stop, r->max_tokens);
+	for (uint32_t i = 0; i < r->n_stop; i++) {
+		rc = gpud_stop_add(&sl->stop, r->stop[i], strlen(r->stop[i]));
+		if (rc) {
+			sw_seterr(err, errlen, rc, "sched: stop string %u: %s", i, sw_strerror(rc));
+			goto out_refuse;
+		}
+	}
+	rc = gpud_sampler_reset(sl->smp, &r->sampling, err, errlen);
+	if (rc)
+		goto out_refuse;
+	for (uint32_t i = 0; i < r->n_tokens; i++)
+		gpud_sampler_accept(sl->smp, r->tokens[i]);
+	memcpy(sl->toks, r->tokens, r->n_tokens * sizeof(*sl->toks));
+	gpud_detok_init_continuation(&sl->detok);
+	sl->state = SLOT_WAITING;
+	sl->id = s->next_id++;
+	sl->dev = best_dev;
+	sl->n_prompt = r->n_tokens;
+	sl->n_toks = r->n_tokens;
+	sl->n_done = 0;
+	sl->max_gen = r->max_tokens;
+	sl->arrival = s->next_arrival++;
+	sl->wait_since = best->steps;
+	sl->n_preempt = 0;
+	sl->in_batch = false;
+	sl->cancel_pending = false;
+	sl->started = false;
+	sl->t_submit = now_s();
+	sl->t_start = sl->t_first = 0;
+	sl->mask = r->mask;
+	sl->cb = r->cb;
+	sl->arg = r->arg;
+	wait_insert(best, sl);
+	best->depth++;
+	s->st.admitted++;
+	s->st.in_flight++;
+	*id = sl->id;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+
+out_refuse:
+	s->st.refused++;
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int gpud_sched_cancel(struct gpud_sched *s, uint64_t id)
+{
+	int rc = SW_ENOTFOUND;
+
+	pthread_mutex_lock(&s->lock);
+	for (uint32_t i = 0; i < s->p.max_requests && id; i++) {
+		struct slot *sl = &s->slots[i];
+
+		if (sl->state == SLOT_FREE || sl->id != id || sl->cancel_pending)
+			continue;
+		if (sl->state == SLOT_RUNNING && s->devs[sl->dev].busy)
+			sl->cancel_pending = true; /* its device completes it after the pass */
+		else
+			complete(s, sl, SW_ECANCELED, 0, "cancelled");
+		rc = 0;
+		break;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+/* --- step ------------------------------------------------------------------ */
+
+/* Tokens seq can take from its last block plus free blocks. */
+static uint32_t fit_tokens(const struct dev *d, uint32_t len, uint32_t free_blocks)
+{
+	uint32_t room = len % d->bt ? d->bt - len % d->bt : 0;
+	uint64_t n = room + (uint64_t)free_blocks * d->bt;
+
+	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+}
+
+static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chunk)
+{
+	d->ents[*n] = (struct gpud_batch_entry){
+		.seq = sl->seq, .tokens = sl->toks + sl->n_done, .n_tokens = chunk,
+		.logits = sl->n_done + chunk == sl->n_toks ? GPUD_LOGITS_LAST : GPUD_LOGITS_NONE,
+	};
+	d->ent_slot[*n] = sl;
+	sl->in_batch = true;
+	(*n)++;
+}
+
+/* Plans one batch (lock held). Returns the number of entries. */
+static uint32_t plan(struct gpud_sched *s, struct dev *d)
+{
+	uint32_t n, free_b, tok_left;
+
+again:
+	/* 1. decode entries of running sequences; preempt the most recently
+	 * admitted while their new blocks do not fit. */
+	n = 0;
+	free_b = d->free_blocks;
+	for (uint32_t i = 0; i < d->n_run; i++) {
+		struct slot *sl = d->run[i];
+		uint32_t need;
+
+		if (sl->n_toks - sl->n_done != 1)
+			continue;
+		need = gpud_engine_blocks_needed(d->e, sl->seq, 1);
+		if (need > free_b || n == d->max_ents || n == d->max_tokens) {
+			if (need > free_b) {
+				for (uint32_t j = 0; j < n; j++)
+					d->ent_slot[j]->in_batch = false;
+				preempt(s, d, d->run[d->n_run - 1]);
+				goto again;
+			}
+			break;
+		}
+		free_b -= need;
+		add_entry(d, &n, sl, 1);
+	}
+	tok_left = d->max_tokens - n;
+	/* 2. sequences part-way through their prefill. */
+	for (uint32_t i = 0; i < d->n_run && n < d->max_ents && tok_left; i++) {
+		struct slot *sl = d->run[i];
+		uint32_t rem = sl->n_toks - sl->n_done, chunk;
+
+		if (rem <= 1)
+			continue;
+		chunk = min_u32(min_u32(rem, tok_left), fit_tokens(d, sl->n_done, free_b));
+		if (!chunk)
+			continue;
+		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
+		tok_left -= chunk;
+		add_entry(d, &n, sl, chunk);
+	}
+	/* 3. waiting requests, FCFS; an aged one is never bypassed. */
+	for (uint32_t i = 0; i < d->n_wait && n < d->max_ents && tok_left;) {
+		struct slot *sl = d->wait[i];
+		uint32_t need = blocks_for(sl->n_toks, d->bt), chunk;
+		bool aged = !s->p.aging_steps || d->steps - sl->wait_since >= s->p.aging_steps;
+
+		if (d->n_run == d->max_engine_seqs || need > free_b ||
+		    gpud_engine_seq_add(d->e, sl->mask, &sl->seq)) {
+			if (aged)
+				break;
+			i++;
+			continue;
+		}
+		wait_remove(d, sl); /* shifts the list: i now names the next one */
+		d->run[d->n_run++] = sl;
+		sl->state = SLOT_RUNNING;
+		sl->n_done = 0;
+		if (!sl->started) {
+			sl->started = true;
+			sl->t_start = now_s();
+		}
+		chunk = min_u32(sl->n_toks, tok_left);
+		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
+		tok_left -= chunk;
+		add_entry(d, &n, sl, chunk);
+	}
+	return n;
+}
+
+/* Samples, streams and maybe completes entry i's request after a step. */
+static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
+{
+	struct slot *sl = d->ent_slot[i];
+	const struct gpud_batch_entry *b = &d->ents[i];
+	struct gpud_sched_event ev = { .kind = GPUD_SCHED_TOKEN, .id = sl->id };
+	size_t olen = 0, o2 = 0;
+	int32_t id;
+	int n = 0, reason, cbrc;
+	bool eog;
+
+	sl->in_batch = false;
+	sl->n_done += b->n_tokens;
+	if (b->logits != GPUD_LOGITS_LAST)
+		return;
+	id = gpud_sampler_sample(sl->smp, gpud_engine_logits(d->e, i));
+	if (id < 0) {
+		complete(s, sl, id, 0, "sched: no token can be sampled");
+		return;
+	}
+	gpud_sampler_accept(sl->smp, id);
+	s->st.generated++;
+	if (!sl->t_first)
+		sl->t_first = now_s();
+	eog = gpud_tokenizer_is_eog(d->tok, id);
+	if (!eog) {
+		n = gpud_detok_push(d->tok, &sl->detok, id, sl->piece, sizeof(sl->piece));
+		if (n < 0)
+			n = 0;
+	}
+	reason = gpud_stop_push(&sl->stop, eog, sl->piece, (size_t)n, sl->out, OUT_CAP, &olen);
+	if (reason == GPUD_STOP_NONE && sl->n_done >= d->n_ctx) {
+		/* Context full: release what is held back, as generate does. */
+		reason = GPUD_GEN_STOP_CONTEXT;
+		n = gpud_detok_flush(&sl->detok, sl->piece, sizeof(sl->piece));
+		gpud_stop_push(&sl->stop, true, sl->piece, n > 0 ? (size_t)n : 0, sl->out2,
+			       sizeof(sl->out2), &o2);
+		memcpy(sl->out + olen, sl->out2, o2);
+		olen += o2;
+	}
+	if (reason == GPUD_STOP_NONE)
+		sl->toks[sl->n_toks++] = id;
+	ev.token = id;
+	ev.text = sl->out;
+	ev.len = olen;
+	cbrc = sl->cb(sl->arg, &ev);
+	if (reason == GPUD_STOP_NONE && cbrc)
+		reason = GPUD_GEN_STOP_CALLER;
+	if (reason != GPUD_STOP_NONE)
+		complete(s, sl, 0, reason, NULL);
+}
+
+int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen)
+{
+	struct dev *d;
+	uint32_t n, tokens = 0;
+	int rc, tries = 0;
+
+	if (dev >= s->n_dev)
+		return sw_seterr(err, errlen, -EINVAL, "sched: no device %u", dev);
+	d = &s->devs[dev];
+	pthread_mutex_lock(&s->lock);
+retry:
+	n = plan(s, d);
+	if (!n) {
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	d->busy = true;
+	pthread_mutex_unlock(&s->lock);
+	rc = gpud_engine_step(d->e, d->ents, n, err, errlen);
+	pthread_mutex_lock(&s->lock);
+	d->busy = false;
+	if (rc == SW_EEXHAUSTED && tries++ < 4) {
+		/* The plan's block count was short (should not happen): recompute
+		 * the most recently admitted and plan again. */
+		for (uint32_t i = 0; i < n; i++)
+			d->ent_slot[i]->in_batch = false;
+		preempt(s, d, d->run[d->n_run - 1]);
+		goto retry;
+	}
+	if (rc) {
+		for (uint32_t i = 0; i < n; i++) {
+			struct slot *sl = d->ent_slot[i];
+			if (sl->state != SLOT_FREE)
+				complete(s, sl, rc, 0, err);
+		}
+		goto out;
+	}
+	d->steps++;
+	s->st.steps++;
+	for (uint32_t i = 0; i < n; i++)
+		tokens += d->ents[i].n_tokens;
+	s->st.tokens += tokens;
+	for (uint32_t i = 0; i < n; i++) {
+		struct slot *sl = d->ent_slot[i];
+
+		if (sl->cancel_pending) {
+			sl->in_batch = false;
+			complete(s, sl, SW_ECANCELED, 0, "cancelled");
+			continue;
+		}
+		finish_entry(s, d, i);
+	}
+	rc = (int)n;
+out:
+	/* Cancels that arrived during the pass for requests outside the batch. */
+	for (uint32_t i = 0; i < d->n_run;) {
+		struct slot *sl = d->run[i];
+		if (sl->cancel_pending)
+			complete(s, sl, SW_ECANCELED, 0, "cancelled");
+		else
+			i++;
+	}
+	d->free_blocks = gpud_engine_free_blocks(d->e);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+void gpud_sched_stats(struct gpud_sched *s, struct gpud_sched_stats *st)
+{
+	pthread_mutex_lock(&s->lock);
+	*st = s->st;
+	pthread_mutex_unlock(&s->lock);
+}
+
+uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev)
+{
+	uint32_t n;
+
+	if (dev >= s->n_dev)
+		return 0;
+	pthread_mutex_lock(&s->lock);
+	n = s->devs[dev].depth;
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}

@@ -1,0 +1,181 @@
+/* scheduler.h - continuous-batching scheduler over one or more engines
+ * (DESIGN §1-§2, issue 4, first piece). Named scheduler.h, not sched.h:
+ * meson puts gpud/ on the include path, where a sched.h would shadow the
+ * system <sched.h> that <pthread.h> includes.
+ *
+ * Requests arrive already tokenized (the daemon tokenizes). Each request
+ * takes one of max_requests slots reserved at creation; every per-request
+ * buffer (token ids of prompt + generated text, a sampler, the stop filter
+ * and detokenizer) lives in its slot, and every per-device step array is
+ * reserved at creation too, so submit, step and cancel never allocate.
+ *
+ * Scheduling, per device step (gpud_sched_step):
+ *   1. decode entries of running sequences (one token each), in admission
+ *      order; when the device's KV pool cannot hold them, the most
+ *      recently admitted running sequence is preempted by recompute: its
+ *      engine sequence is freed (all blocks back) and it goes back to
+ *      waiting with prompt + generated tokens as its new prefill. Its
+ *      sampler and stop filter keep their state, so it resumes exactly
+ *      where it was (greedy outputs are bitwise those of an unpreempted
+ *      run);
+ *   2. prefill chunks: sequences already part-way through their prefill,
+ *      then waiting requests in arrival order (FCFS), bounded by
+ *      max_batch_tokens and max_seqs (chunked prefill). A waiting request
+ *      that does not fit may be bypassed by a later one that does, unless
+ *      it has waited more than aging_steps device steps: then nothing that
+ *      arrived after it is admitted before it (no starvation);
+ *   3. one engine step over that ragged batch, logits only on decode
+ *      entries and last prefill chunks; sampling with the slot's own
+ *      sampler, stop handling with gpud_stop_*, detokenization with the
+ *      slot's gpud_detok (text is streamed alongside the token ids).
+ *
+ * Placement: a new request goes to the device with the most free KV
+ * blocks, counting the blocks its waiting requests will still need, and
+ * among equals the shortest queue (waiting + running requests).
+ *
+ * Thread model: one mutex per scheduler. Each device is driven by one
+ * thread calling gpud_sched_step(s, dev) in a loop (the daemon's device
+ * worker; several devices may step concurrently from their own threads).
+ * gpud_sched_submit / cancel / stats may be called from any thread (the
+ * server thread). The lock is held while a step plans its batch and while
+ * it processes results, and released during the engine's forward pass.
+ * A cancel of a request whose device is in the middle of a forward pass
+ * is completed by that device's thread right after the pass; otherwise
+ * the KV blocks are freed and the callback runs inside gpud_sched_cancel.
+ * Callbacks run with the scheduler lock held (on the device thread, or on
+ * the caller of submit/cancel): they must not call gpud_sched_* functions
+ * and should be quick; a TOKEN callback returning non-zero stops that
+ * request (done with reason GPUD_GEN_STOP_CALLER).
+ */
+#ifndef GPUD_SCHEDULER_H
+#define GPUD_SCHEDULER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/engine.h"
+#include "gpud/sampler.h"
+
+struct gpud_mask;
+struct gpud_sched;
+
+struct gpud_sched_params {
+	uint32_t max_requests;     /* request slots (submitted, not yet done); default 64 */
+	uint32_t max_batch_tokens; /* tokens per device step; 0 or more than an
+				    * engine allows: the engine's */
+	uint32_t max_seqs;         /* entries per device step; 0 or more than an
+				    * engine allows: the engine's */
+	uint32_t aging_steps;      /* device steps after which a waiting request
+				    * can no longer be bypassed; 0: never
+				    * bypassed (strict FCFS); default 32 */
+};
+
+/* Fills the defaults listed above. */
+void gpud_sched_params_default(struct gpud_sched_params *p);
+
+enum gpud_sched_event_kind {
+	GPUD_SCHED_TOKEN = 1, /* one generated token (and the text it released) */
+	GPUD_SCHED_DONE = 2,  /* the request ended: success or error */
+};
+
+struct gpud_sched_usage {
+	uint32_t n_prompt;  /* prompt tokens */
+	uint32_t n_gen;     /* generated tokens */
+	uint32_t n_preempt; /* times this request was preempted */
+	double queue_s;     /* submit to first scheduled step */
+	double prefill_s;   /* first scheduled step to first token */
+	double decode_s;    /* first token to done */
+};
+
+struct gpud_sched_event {
+	enum gpud_sched_event_kind kind;
+	uint64_t id;       /* the request id from gpud_sched_submit */
+	/* TOKEN: */
+	int32_t token;     /* the sampled id (also an EOG token that ends the request) */
+	const char *text;  /* UTF-8 text released by this token (not NUL-terminated;
+			    * held back while it may start a stop string; stop
+			    * strings are never released); valid during the call */
+	size_t len;
+	/* DONE: */
+	int status;        /* 0, SW_ECANCELED, or the error that ended it */
+	int reason;        /* enum gpud_stop_reason or GPUD_GEN_STOP_CONTEXT /
+			    * GPUD_GEN_STOP_CALLER when status is 0 */
+	const char *message; /* "" or an error message, valid during the call */
+	struct gpud_sched_usage usage;
+};
+
+/* Called on the device thread (or the canceller's thread) with the lock
+ * held; see the thread model above. The return value matters only for
+ * TOKEN events: non-zero ends the request. */
+typedef int (*gpud_sched_cb)(void *arg, const struct gpud_sched_event *ev);
+
+struct gpud_sched_req {
+	const int32_t *tokens;  /* (n_tokens) prompt ids, copied by submit */
+	uint32_t n_tokens;      /* > 0 */
+	const struct gpud_mask *mask; /* compiled for the engines' block_tokens and
+				       * these n_tokens, or NULL (causal);
+				       * borrowed until the DONE event */
+	struct gpud_sampler_params sampling;
+	uint32_t max_tokens;    /* generated tokens at most; 0: until EOG or
+				 * the context is full */
+	const char *const *stop; /* stop strings, copied by submit; may be NULL */
+	uint32_t n_stop;
+	gpud_sched_cb cb;       /* required */
+	void *arg;
+};
+
+/* Creates a scheduler over n_dev engines (borrowed: they must outlive it,
+ * and from now on only the scheduler drives them). All engines must run
+ * models with the same vocabulary size (tokens are sampled per device).
+ * Reserves max_requests slots, each with a token buffer of the largest
+ * engine n_ctx + 1 and a sampler, and per-device step arrays. Returns 0
+ * and *out, or -EINVAL / -ENOMEM with a message; *out is NULL on error. */
+int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engines, uint32_t n_dev,
+		      const struct gpud_sched_params *p, char *err, size_t errlen);
+
+/* Frees everything. Requests still in flight get no callback; their
+ * engine sequences are freed. Accepts NULL. Not concurrent with steps. */
+void gpud_sched_destroy(struct gpud_sched *s);
+
+/* Admits a request and places it on a device. Returns 0 and *id (unique,
+ * never 0), or, with nothing queued and no callback:
+ *   -EINVAL       empty prompt, no callback, bad sampling params, a token
+ *                 outside the vocabulary, a bad stop string (SW_ETOOLONG
+ *                 for too many or too long stop strings), a mask for
+ *                 another block size or prompt length;
+ *   SW_EBUSY      all max_requests slots are taken;
+ *   SW_ETOOLONG   the request can never fit: prompt + max_tokens beyond
+ *                 every device's n_ctx, or more KV blocks than any device
+ *                 owns. */
+int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint64_t *id,
+		      char *err, size_t errlen);
+
+/* Cancels request id: frees its KV blocks (at once, or right after the
+ * forward pass its device is in) and completes it with SW_ECANCELED.
+ * Returns 0, or SW_ENOTFOUND when no such request is in flight. */
+int gpud_sched_cancel(struct gpud_sched *s, uint64_t id);
+
+/* Runs one iteration on device dev: builds one batch, runs it, samples,
+ * streams and completes requests. Returns the number of batch entries run
+ * (0 when the device has nothing to do), -EINVAL for a bad dev, or the
+ * engine's error after completing the requests of that batch with it. */
+int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen);
+
+struct gpud_sched_stats {
+	uint64_t steps;       /* device steps that ran a batch */
+	uint64_t tokens;      /* tokens through the engines (prefill + decode) */
+	uint64_t generated;   /* tokens sampled */
+	uint64_t preemptions;
+	uint64_t admitted;
+	uint64_t refused;     /* submits that returned an error */
+	uint64_t cancelled;
+	uint64_t completed;   /* DONE events, any status */
+	uint32_t in_flight;   /* requests submitted and not done */
+};
+void gpud_sched_stats(struct gpud_sched *s, struct gpud_sched_stats *st);
+
+/* Requests placed on dev and not done (waiting + running); 0 for a bad dev. */
+uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev);
+
+#endif

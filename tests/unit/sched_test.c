@@ -1,0 +1,804 @@
+/* sched_test.c - the continuous-batching scheduler on stories260K: many
+ * concurrent greedy requests on two engines (each driven by its own
+ * thread) give the text of solo gpud_engine_generate runs; placement;
+ * chunked prefill; refusals and SW_EBUSY; cancel returns blocks;
+ * preemption under a tiny KV pool keeps outputs identical; aging stops
+ * bypassing; no allocation after warm-up. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/engine.h"
+#include "gpud/model.h"
+#include "gpud/scheduler.h"
+#include "gpud/tokenizer.h"
+
+#define STORIES "../shared/models/stories260K.gguf"
+
+static struct gpud_model *model;
+
+/* --- allocation counting (as in engine_test.c) ---------------------------- */
+#if defined(__SANITIZE_ADDRESS__)
+#define COUNT_ALLOCS 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COUNT_ALLOCS 0
+#endif
+#endif
+#ifndef COUNT_ALLOCS
+#define COUNT_ALLOCS 1
+#endif
+
+static atomic_int counting;
+static atomic_long n_allocs;
+
+#if COUNT_ALLOCS
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+static inline void count(void)
+{
+	if (atomic_load_explicit(&counting, memory_order_relaxed))
+		atomic_fetch_add(&n_allocs, 1);
+}
+void *malloc(size_t n)
+{
+	count();
+	return __libc_malloc(n);
+}
+void *calloc(size_t a, size_t b)
+{
+	count();
+	return __libc_calloc(a, b);
+}
+void *realloc(void *p, size_t n)
+{
+	count();
+	return __libc_realloc(p, n);
+}
+void *aligned_alloc(size_t al, size_t n)
+{
+	count();
+	return __libc_memalign(al, n);
+}
+int posix_memalign(void **p, size_t al, size_t n)
+{
+	count();
+	*p = __libc_memalign(al, n);
+	return *p ? 0 : ENOMEM;
+}
+#endif
+
+/* --- helpers --------------------------------------------------------------- */
+
+static bool under_valgrind(void)
+{
+	return getenv("SWARM_UNDER_VALGRIND") != NULL;
+}
+
+static const char *const prompts[] = {
+	"Once upon a time",
+	"The little dog",
+	"Lily and Ben went to the park",
+	"One day, a big bird",
+	"Tom had a red ball. He",
+	"The sun was shining and",
+	"Mom said",
+	"There was a cat named Tim who liked to play with his friends in the",
+	"A girl",
+	"The boy saw a tree",
+	"Sue wanted to",
+	"It was a cold day",
+};
+#define N_PROMPTS (sizeof(prompts) / sizeof(prompts[0]))
+
+/* Per-request results, written by the callback. */
+struct res {
+	char text[4096];
+	size_t len;
+	int32_t ids[512];
+	uint32_t n_ids;
+	bool done;
+	int status, reason;
+	struct gpud_sched_usage usage;
+	long first_step; /* value of *step_clock at the first token */
+	const long *step_clock;
+	int stop_after;  /* tokens; 0 = never */
+};
+
+static atomic_int n_done;
+
+static int on_event(void *arg, const struct gpud_sched_event *ev)
+{
+	struct res *r = arg;
+
+	if (ev->kind == GPUD_SCHED_TOKEN) {
+		assert_false(r->done);
+		if (r->n_ids == 0 && r->step_clock)
+			r->first_step = *r->step_clock;
+		if (r->n_ids < 512)
+			r->ids[r->n_ids++] = ev->token;
+		if (r->len + ev->len < sizeof(r->text)) {
+			memcpy(r->text + r->len, ev->text, ev->len);
+			r->len += ev->len;
+			r->text[r->len] = 0;
+		}
+		return r->stop_after && (int)r->n_ids >= r->stop_after;
+	}
+	assert_false(r->done);
+	r->done = true;
+	r->status = ev->status;
+	r->reason = ev->reason;
+	r->usage = ev->usage;
+	atomic_fetch_add(&n_done, 1);
+	return 0;
+}
+
+static struct gpud_engine *mk_engine(uint32_t max_batch, uint32_t max_seqs, uint32_t n_blocks)
+{
+	struct gpud_engine_params p;
+	struct gpud_engine *e = NULL;
+	char err[256] = "";
+
+	gpud_engine_params_default(&p);
+	p.n_threads = 1;
+	p.max_batch_tokens = max_batch;
+	p.max_seqs = max_seqs;
+	p.n_blocks = n_blocks;
+	if (gpud_engine_create(&e, model, &p, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	return e;
+}
+
+static struct gpud_sched *mk_sched(struct gpud_engine **e, uint32_t n, uint32_t max_req,
+				   uint32_t max_batch, uint32_t aging)
+{
+	struct gpud_sched_params p;
+	struct gpud_sched *s = NULL;
+	char err[256] = "";
+
+	gpud_sched_params_default(&p);
+	p.max_requests = max_req;
+	p.max_batch_tokens = max_batch;
+	p.aging_steps = aging;
+	if (gpud_sched_create(&s, e, n, &p, err, sizeof(err)))
+		fail_msg("sched: %s", err);
+	return s;
+}
+
+/* Prompt ids as gpud_engine_generate makes them (BOS as the vocab asks). */
+static uint32_t tokenize(const char *text, int32_t *ids, size_t cap)
+{
+	const struct gpud_tokenizer *t = gpud_model_tokenizer(model);
+	struct sw_arena a;
+	size_t n = 0;
+
+	assert_int_equal(sw_arena_init(&a, gpud_tokenizer_scratch_bytes(t, strlen(text))), 0);
+	assert_int_equal(gpud_tokenizer_encode(t, text, strlen(text),
+					       gpud_tokenizer_add_bos(t) ? GPUD_TOK_ADD_BOS : 0, ids,
+					       cap, &n, &a),
+			 0);
+	sw_arena_destroy(&a);
+	return (uint32_t)n;
+}
+
+struct sink {
+	char buf[4096];
+	size_t len;
+};
+
+static int sink_emit(void *arg, const char *text, size_t len)
+{
+	struct sink *s = arg;
+
+	if (s->len + len < sizeof(s->buf)) {
+		memcpy(s->buf + s->len, text, len);
+		s->len += len;
+		s->buf[s->len] = 0;
+	}
+	return 0;
+}
+
+/* Solo greedy reference through gpud_engine_generate. */
+static void reference(struct gpud_engine *e, const char *prompt, uint32_t max_tokens,
+		      struct sink *out, struct gpud_gen_result *res)
+{
+	struct gpud_gen_params gp;
+	char err[256] = "";
+
+	gpud_gen_params_default(&gp);
+	gp.max_tokens = max_tokens;
+	memset(out, 0, sizeof(*out));
+	if (gpud_engine_generate(e, prompt, strlen(prompt), &gp, sink_emit, out, res, err,
+				 sizeof(err)))
+		fail_msg("generate: %s", err);
+}
+
+static void req_init(struct gpud_sched_req *r, const int32_t *ids, uint32_t n, uint32_t max_tokens,
+		     struct res *out)
+{
+	memset(r, 0, sizeof(*r));
+	r->tokens = ids;
+	r->n_tokens = n;
+	gpud_sampler_params_default(&r->sampling);
+	r->max_tokens = max_tokens;
+	r->cb = on_event;
+	r->arg = out;
+}
+
+static uint64_t submit_ok(struct gpud_sched *s, const struct gpud_sched_req *r)
+{
+	char err[256] = "";
+	uint64_t id = 0;
+
+	if (gpud_sched_submit(s, r, &id, err, sizeof(err)))
+		fail_msg("submit: %s", err);
+	assert_true(id != 0);
+	return id;
+}
+
+static int step_ok(struct gpud_sched *s, uint32_t dev)
+{
+	char err[256] = "";
+	int n = gpud_sched_step(s, dev, err, sizeof(err));
+
+	if (n < 0)
+		fail_msg("step: %s", err);
+	return n;
+}
+
+static void assert_pool_empty(struct gpud_engine *e)
+{
+	struct gpud_engine_stats st;
+	char err[256] = "";
+
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 0);
+	assert_int_equal(st.kv.seqs, 0);
+}
+
+/* Steps every device in turn until nothing is left; returns steps run. */
+static long drain(struct gpud_sched *s, uint32_t n_dev, long *clock)
+{
+	long steps = 0;
+	int any;
+
+	do {
+		any = 0;
+		for (uint32_t d = 0; d < n_dev; d++) {
+			int n = step_ok(s, d);
+			any |= n;
+			if (n) {
+				steps++;
+				if (clock)
+					(*clock)++;
+			}
+		}
+		assert_true(steps < 100000);
+	} while (any);
+	return steps;
+}
+
+/* --- tests ----------------------------------------------------------------- */
+
+struct worker {
+	struct gpud_sched *s;
+	uint32_t dev;
+	int total;
+	int rc;
+};
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	char err[256];
+
+	while (atomic_load(&n_done) < w->total) {
+		int n = gpud_sched_step(w->s, w->dev, err, sizeof(err));
+		if (n < 0) {
+			w->rc = n;
+			break;
+		}
+	}
+	return NULL;
+}
+
+/* Many requests on two engines, each stepped by its own thread, submitted
+ * all at once: every output equals the solo generate text. */
+static void test_concurrent_matches_solo(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 6 : N_PROMPTS, max_tok = under_valgrind() ? 12 : 40;
+	struct gpud_engine *e[2] = { mk_engine(64, 8, 0), mk_engine(64, 8, 0) };
+	struct gpud_engine *ref = mk_engine(512, 1, 0);
+	struct gpud_sched *s = mk_sched(e, 2, 16, 0, 32);
+	static struct res out[N_PROMPTS];
+	static int32_t ids[N_PROMPTS][128];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	struct worker w[2];
+	pthread_t th[2];
+
+	memset(out, 0, sizeof(out));
+	atomic_store(&n_done, 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		uint32_t n = tokenize(prompts[i], ids[i], 128);
+		req_init(&r, ids[i], n, max_tok, &out[i]);
+		submit_ok(s, &r);
+	}
+	for (int d = 0; d < 2; d++) {
+		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = (int)n_req };
+		assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]), 0);
+	}
+	for (int d = 0; d < 2; d++) {
+		pthread_join(th[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+	for (uint32_t i = 0; i < n_req; i++) {
+		struct sink want;
+		struct gpud_gen_result gr;
+
+		reference(ref, prompts[i], max_tok, &want, &gr);
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_int_equal(out[i].reason, gr.reason);
+		assert_int_equal(out[i].usage.n_gen, gr.n_gen);
+		assert_int_equal(out[i].usage.n_prompt, gr.n_prompt);
+		assert_string_equal(out[i].text, want.buf);
+	}
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.admitted, n_req);
+	assert_int_equal(st.completed, n_req);
+	assert_int_equal(st.in_flight, 0);
+	assert_true(st.steps > 0);
+	assert_true(st.generated >= n_req);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+	assert_int_equal(gpud_sched_queue_depth(s, 1), 0);
+	assert_pool_empty(e[0]);
+	assert_pool_empty(e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+/* New requests go where most blocks are free (counting what queued
+ * prefills will take), then to the shorter queue. */
+static void test_placement(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 8, 64), mk_engine(64, 8, 64) };
+	struct gpud_engine *f[2] = { mk_engine(64, 8, 16), mk_engine(64, 8, 64) };
+	struct gpud_sched *s = mk_sched(e, 2, 16, 0, 32), *t = mk_sched(f, 2, 16, 0, 32);
+	static struct res out[12];
+	int32_t ids[40];
+	struct gpud_sched_req r;
+	uint32_t n = tokenize(prompts[7], ids, 40);
+
+	memset(out, 0, sizeof(out));
+	/* equal devices: alternate */
+	for (int i = 0; i < 6; i++) {
+		req_init(&r, ids, n, 8, &out[i]);
+		submit_ok(s, &r);
+		assert_int_equal(gpud_sched_queue_depth(s, 0), (uint32_t)(i / 2 + 1));
+		assert_int_equal(gpud_sched_queue_depth(s, 1), (uint32_t)((i + 1) / 2));
+	}
+	assert_int_equal(gpud_sched_queue_depth(s, 2), 0);
+	/* device 1 owns four times the blocks: it takes them all */
+	for (int i = 6; i < 12; i++) {
+		req_init(&r, ids, n, 8, &out[i]);
+		submit_ok(t, &r);
+	}
+	assert_int_equal(gpud_sched_queue_depth(t, 0), 0);
+	assert_int_equal(gpud_sched_queue_depth(t, 1), 6);
+	drain(s, 2, NULL);
+	drain(t, 2, NULL);
+	for (int i = 0; i < 12; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_string_equal(out[i].text, out[0].text);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_pool_empty(e[i]);
+		assert_pool_empty(f[i]);
+	}
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(t);
+	for (int i = 0; i < 2; i++) {
+		gpud_engine_destroy(e[i]);
+		gpud_engine_destroy(f[i]);
+	}
+}
+
+/* A prompt longer than max_batch_tokens is prefilled over several steps
+ * and still gives the solo text. */
+static void test_chunked_prefill(void **state)
+{
+	(void)state;
+	const char *long_prompt =
+		"Once upon a time, there was a little girl named Lily. She loved to play outside "
+		"in the park. One day, she saw a big, red ball. She wanted to play with it, but it "
+		"was too high. Lily asked her mom for help.";
+	struct gpud_engine *e = mk_engine(64, 4, 0), *ref = mk_engine(512, 1, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, 4, 8, 32);
+	static struct res out;
+	int32_t ids[256];
+	uint32_t n = tokenize(long_prompt, ids, 256);
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	struct sink want;
+	struct gpud_gen_result gr;
+	long steps;
+
+	assert_true(n > 24);
+	memset(&out, 0, sizeof(out));
+	req_init(&r, ids, n, 10, &out);
+	submit_ok(s, &r);
+	steps = drain(s, 1, NULL);
+	/* ceil(n / 8) prefill steps, then one per further token */
+	assert_int_equal(steps, (n + 7) / 8 + 9);
+	reference(ref, long_prompt, 10, &want, &gr);
+	assert_true(out.done);
+	assert_string_equal(out.text, want.buf);
+	assert_int_equal(out.usage.n_gen, 10);
+	assert_int_equal(out.reason, GPUD_STOP_MAX_TOKENS);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.tokens, n + 9);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e);
+}
+
+/* Requests that can never fit are refused with SW_ETOOLONG, bad ones
+ * with -EINVAL, and the slot limit gives SW_EBUSY; nothing is queued. */
+static void test_refusals(void **state)
+{
+	(void)state;
+	struct gpud_engine *e = mk_engine(64, 4, 4); /* 4 blocks of 16 */
+	struct gpud_sched *s = mk_sched(&e, 1, 2, 0, 32);
+	uint32_t n_ctx = gpud_engine_params(e)->n_ctx;
+	static struct res out[3];
+	static int32_t ids[1024];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	char err[256] = "";
+	uint64_t id = 7;
+	const char *const stops[] = { "" };
+
+	memset(out, 0, sizeof(out));
+	for (int i = 0; i < 1024; i++)
+		ids[i] = 1 + i % 200;
+	/* prompt + max_tokens beyond n_ctx */
+	req_init(&r, ids, n_ctx - 4, 5, &out[0]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_ETOOLONG);
+	assert_non_null(strstr(err, "context"));
+	assert_int_equal(id, 0);
+	/* 70 positions need 5 blocks; the device owns 4 */
+	req_init(&r, ids, 60, 11, &out[0]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_ETOOLONG);
+	assert_non_null(strstr(err, "KV blocks"));
+	/* max_tokens 0 means until the context is full: more than 4 blocks */
+	req_init(&r, ids, 3, 0, &out[0]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_ETOOLONG);
+	/* invalid requests */
+	req_init(&r, ids, 0, 4, &out[0]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	req_init(&r, ids, 3, 4, &out[0]);
+	r.cb = NULL;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	ids[1] = 1 << 20;
+	req_init(&r, ids, 3, 4, &out[0]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	ids[1] = 2;
+	req_init(&r, ids, 3, 4, &out[0]);
+	r.sampling.temperature = NAN;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	req_init(&r, ids, 3, 4, &out[0]);
+	r.stop = stops;
+	r.n_stop = 1;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+	/* 63 positions fit exactly in 4 blocks (the last id is never written) */
+	req_init(&r, ids, 60, 4, &out[0]);
+	submit_ok(s, &r);
+	req_init(&r, ids, 3, 4, &out[1]);
+	submit_ok(s, &r);
+	req_init(&r, ids, 3, 4, &out[2]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EBUSY);
+	assert_non_null(strstr(err, "slots"));
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 2);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.refused, 9);
+	assert_int_equal(st.admitted, 2);
+	drain(s, 1, NULL);
+	assert_true(out[0].done && out[1].done && !out[2].done);
+	assert_int_equal(out[0].status, 0);
+	assert_int_equal(out[0].usage.n_gen, 4);
+	assert_pool_empty(e);
+	/* a slot is free again */
+	req_init(&r, ids, 3, 4, &out[2]);
+	submit_ok(s, &r);
+	drain(s, 1, NULL);
+	assert_true(out[2].done);
+	assert_int_equal(gpud_sched_cancel(s, 12345), SW_ENOTFOUND);
+	assert_int_equal(gpud_sched_step(s, 1, err, sizeof(err)), -EINVAL);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e);
+}
+
+/* Cancel mid-generation frees the KV blocks at once and completes the
+ * request with SW_ECANCELED; cancelling a waiting request works too. */
+static void test_cancel(void **state)
+{
+	(void)state;
+	struct gpud_engine *e = mk_engine(64, 1, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, 4, 0, 32);
+	static struct res out[2];
+	int32_t ids[64];
+	uint32_t n = tokenize(prompts[7], ids, 64);
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	struct gpud_engine_stats es;
+	uint64_t a, b;
+
+	memset(out, 0, sizeof(out));
+	req_init(&r, ids, n, 100, &out[0]);
+	a = submit_ok(s, &r);
+	req_init(&r, ids, n, 100, &out[1]);
+	b = submit_ok(s, &r); /* waits: the engine has one sequence slot */
+	for (int i = 0; i < 5; i++)
+		assert_int_equal(step_ok(s, 0), 1);
+	assert_int_equal(out[0].n_ids, 5);
+	gpud_engine_stats(e, &es);
+	assert_true(es.kv.used > 0);
+	assert_int_equal(gpud_sched_cancel(s, a), 0);
+	assert_true(out[0].done);
+	assert_int_equal(out[0].status, SW_ECANCELED);
+	assert_int_equal(out[0].usage.n_gen, 5);
+	assert_pool_empty(e);
+	assert_int_equal(gpud_sched_cancel(s, a), SW_ENOTFOUND);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 1);
+	assert_int_equal(gpud_sched_cancel(s, b), 0);
+	assert_true(out[1].done);
+	assert_int_equal(out[1].status, SW_ECANCELED);
+	assert_int_equal(out[1].n_ids, 0);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+	assert_int_equal(step_ok(s, 0), 0);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.cancelled, 2);
+	assert_int_equal(st.in_flight, 0);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e);
+}
+
+/* A callback that returns non-zero ends its request. */
+static void test_caller_stop(void **state)
+{
+	(void)state;
+	struct gpud_engine *e = mk_engine(64, 4, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, 4, 0, 32);
+	static struct res out;
+	int32_t ids[64];
+	uint32_t n = tokenize(prompts[0], ids, 64);
+	struct gpud_sched_req r;
+
+	memset(&out, 0, sizeof(out));
+	out.stop_after = 3;
+	req_init(&r, ids, n, 50, &out);
+	submit_ok(s, &r);
+	drain(s, 1, NULL);
+	assert_true(out.done);
+	assert_int_equal(out.status, 0);
+	assert_int_equal(out.reason, GPUD_GEN_STOP_CALLER);
+	assert_int_equal(out.n_ids, 3);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e);
+}
+
+/* A tiny KV pool forces preemption by recompute; the greedy outputs are
+ * still exactly those of solo runs. */
+static void test_preemption(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 3 : 6, max_tok = 40;
+	/* 8 blocks of 16 = 128 positions; each request grows to ~50 */
+	struct gpud_engine *e = mk_engine(64, 8, 8), *ref = mk_engine(512, 1, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, 8, 0, 32);
+	static struct res out[N_PROMPTS];
+	static int32_t ids[N_PROMPTS][64];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	uint32_t preempted = 0;
+
+	memset(out, 0, sizeof(out));
+	for (uint32_t i = 0; i < n_req; i++) {
+		uint32_t n = tokenize(prompts[i], ids[i], 64);
+		req_init(&r, ids[i], n, max_tok, &out[i]);
+		submit_ok(s, &r);
+	}
+	drain(s, 1, NULL);
+	gpud_sched_stats(s, &st);
+	assert_true(st.preemptions > 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		struct sink want;
+		struct gpud_gen_result gr;
+
+		reference(ref, prompts[i], max_tok, &want, &gr);
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_int_equal(out[i].usage.n_gen, gr.n_gen);
+		assert_string_equal(out[i].text, want.buf);
+		preempted += out[i].usage.n_preempt;
+	}
+	assert_int_equal(preempted, st.preemptions);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e);
+}
+
+/* One run of the aging scenario: A holds most of the pool, B (big) cannot
+ * fit until A is done, small requests C keep arriving after B. Returns
+ * how many C submitted 3 or more steps after B got their first token in
+ * an earlier step than B. */
+static int aging_run(uint32_t aging)
+{
+	struct gpud_engine *e = mk_engine(128, 8, 10); /* 10 blocks of 16 */
+	struct gpud_sched *s = mk_sched(&e, 1, 16, 0, aging);
+	static struct res a, b, c[8];
+	static int32_t ids[128];
+	bool judged[8];
+	struct gpud_sched_req r;
+	long clock = 0, b_at;
+	int bypass = 0;
+
+	for (int i = 0; i < 128; i++)
+		ids[i] = 1 + (i * 37) % 300;
+	memset(&a, 0, sizeof(a));
+	memset(&b, 0, sizeof(b));
+	memset(c, 0, sizeof(c));
+	a.step_clock = b.step_clock = &clock;
+	req_init(&r, ids, 80, 40, &a); /* 5 blocks now, up to 8 */
+	submit_ok(s, &r);
+	clock += step_ok(s, 0) > 0;
+	req_init(&r, ids, 90, 2, &b); /* 6 blocks: does not fit next to A */
+	submit_ok(s, &r);
+	b_at = clock;
+	for (int i = 0; i < 8; i++) {
+		judged[i] = clock >= b_at + 3;
+		c[i].step_clock = &clock;
+		req_init(&r, ids + 100, 5, 3, &c[i]); /* one block */
+		submit_ok(s, &r);
+		clock += step_ok(s, 0) > 0;
+		clock += step_ok(s, 0) > 0;
+	}
+	drain(s, 1, &clock);
+	assert_true(a.done && b.done);
+	assert_int_equal(a.status, 0);
+	assert_int_equal(b.status, 0);
+	for (int i = 0; i < 8; i++) {
+		assert_true(c[i].done);
+		assert_int_equal(c[i].status, 0);
+		if (judged[i] && c[i].first_step < b.first_step)
+			bypass++;
+	}
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e);
+	return bypass;
+}
+
+static void test_aging(void **state)
+{
+	(void)state;
+	/* Without effective aging later small requests overtake B ... */
+	assert_true(aging_run(100000) > 0);
+	/* ... with it, none that arrives after B has aged does. */
+	assert_int_equal(aging_run(3), 0);
+}
+
+/* After creation, submit / step / cancel / completion allocate nothing. */
+static void test_no_alloc(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 8), mk_engine(64, 4, 8) };
+	struct gpud_sched *s = mk_sched(e, 2, 8, 16, 4);
+	static struct res out[8];
+	static int32_t ids[4][64];
+	uint32_t n[4];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	const char *const stops[] = { "zzz" };
+	uint64_t id;
+
+	for (int i = 0; i < 4; i++)
+		n[i] = tokenize(prompts[i + 4], ids[i], 64);
+	memset(out, 0, sizeof(out));
+	atomic_store(&n_allocs, 0);
+	atomic_store(&counting, 1);
+	if (COUNT_ALLOCS) {
+		void *volatile probe = malloc(16);
+		free(probe);
+		assert_int_equal(atomic_load(&n_allocs), 1);
+		atomic_store(&n_allocs, 0);
+	}
+	for (int i = 0; i < 8; i++) {
+		req_init(&r, ids[i % 4], n[i % 4], 30, &out[i]);
+		r.stop = stops;
+		r.n_stop = 1;
+		id = submit_ok(s, &r);
+		if (i == 5)
+			assert_int_equal(gpud_sched_cancel(s, id), 0);
+		step_ok(s, (uint32_t)i % 2);
+	}
+	drain(s, 2, NULL);
+	atomic_store(&counting, 0);
+	assert_int_equal(atomic_load(&n_allocs), 0);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.completed, 8);
+	assert_int_equal(st.cancelled, 1);
+	assert_true(st.preemptions > 0); /* 8 blocks for 4 x ~3 blocks */
+	for (int i = 0; i < 2; i++) {
+		struct gpud_engine_stats es;
+		gpud_engine_stats(e[i], &es);
+		assert_int_equal(es.allocs_after_warmup, 0);
+		assert_pool_empty(e[i]);
+	}
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+static int setup(void **state)
+{
+	char err[256] = "";
+
+	(void)state;
+	if (gpud_model_load(&model, STORIES, err, sizeof(err))) {
+		fprintf(stderr, "%s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	gpud_model_free(model);
+	return 0;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_concurrent_matches_solo),
+		cmocka_unit_test(test_placement),
+		cmocka_unit_test(test_chunked_prefill),
+		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_cancel),
+		cmocka_unit_test(test_caller_stop),
+		cmocka_unit_test(test_preemption),
+		cmocka_unit_test(test_aging),
+		cmocka_unit_test(test_no_alloc),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
