@@ -475,15 +475,16 @@ static void test_refusals(void **state)
 	struct gpud_sched *s = mk_sched(&e, 1, 2, 0, 32);
 	uint32_t n_ctx = gpud_engine_params(e)->n_ctx;
 	static struct res out[3];
-	static int32_t ids[1024];
+	static int32_t ids[8192];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
 	char err[256] = "";
 	uint64_t id = 7;
 	const char *const stops[] = { "" };
 
+	assert_true(n_ctx > 64 && n_ctx <= 8192);
 	memset(out, 0, sizeof(out));
-	for (int i = 0; i < 1024; i++)
+	for (int i = 0; i < 8192; i++)
 		ids[i] = 1 + i % 200;
 	/* prompt + max_tokens beyond n_ctx */
 	req_init(&r, ids, n_ctx - 4, 5, &out[0]);

@@ -1,0 +1,334 @@
+/* memwatch_test.c - trough watchdog: flat use, sawtooth back to the same
+ * low, a slowly rising trough under a sawtooth, recovery and a second
+ * episode, the threshold rule, clock steps back, gaps, many pools, the
+ * JSON report and its truncation. Time is simulated: no sleeping. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "gpud/memwatch.h"
+
+#define WIN 1000 /* ms */
+#define K 4
+
+static struct gpud_memwatch *make(uint32_t max_pools, double frac)
+{
+	struct gpud_memwatch_params p = {
+		.max_pools = max_pools, .window_ms = WIN, .k = K, .min_rise = 0,
+		.rise_fraction = frac,
+	};
+	struct gpud_memwatch *w = NULL;
+
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_non_null(w);
+	return w;
+}
+
+static struct gpud_memwatch_status status(struct gpud_memwatch *w, int id)
+{
+	struct gpud_memwatch_status st;
+
+	assert_int_equal(gpud_memwatch_status(w, id, &st), 0);
+	return st;
+}
+
+/* Ten samples per window: a sawtooth from low up to peak and back. */
+static void saw_window(struct gpud_memwatch *w, int id, uint64_t win, uint64_t low,
+		       uint64_t peak)
+{
+	for (uint64_t i = 0; i < 10; i++) {
+		uint64_t tooth = i < 5 ? i : 10 - i; /* 0 1 2 3 4 5 4 3 2 1 */
+		uint64_t used = low + (peak - low) * tooth / 5;
+
+		if (i == 0)
+			used = low;
+		assert_int_equal(gpud_memwatch_sample(w, id, win * WIN + i * 100, used), 0);
+	}
+}
+
+static void test_params_and_register(void **state)
+{
+	(void)state;
+	struct gpud_memwatch_params ok = { .max_pools = 2, .window_ms = 10, .k = 2 };
+	struct gpud_memwatch_params p;
+	struct gpud_memwatch *w = (struct gpud_memwatch *)0x1;
+	struct gpud_memwatch_status st;
+	char name[64];
+
+	assert_int_equal(gpud_memwatch_create(NULL, &ok), -EINVAL);
+	assert_int_equal(gpud_memwatch_create(&w, NULL), -EINVAL);
+	p = ok; p.max_pools = 0;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	p = ok; p.window_ms = 0;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	p = ok; p.k = 1;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	p = ok; p.k = GPUD_MEMWATCH_MAX_K + 1;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	p = ok; p.rise_fraction = -0.1;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	p = ok; p.rise_fraction = 1.5;
+	assert_int_equal(gpud_memwatch_create(&w, &p), -EINVAL);
+	assert_ptr_equal(w, (struct gpud_memwatch *)0x1);
+	gpud_memwatch_destroy(NULL);
+
+	assert_int_equal(gpud_memwatch_create(&w, &ok), 0);
+	assert_int_equal(gpud_memwatch_register(w, "", 10), -EINVAL);
+	assert_int_equal(gpud_memwatch_register(w, NULL, 10), -EINVAL);
+	assert_int_equal(gpud_memwatch_register(w, "a\"b", 10), -EINVAL);
+	assert_int_equal(gpud_memwatch_register(w, "a b", 10), -EINVAL);
+	memset(name, 'x', sizeof(name));
+	name[GPUD_MEMWATCH_NAME_MAX + 1] = '\0';
+	assert_int_equal(gpud_memwatch_register(w, name, 10), -EINVAL);
+	name[GPUD_MEMWATCH_NAME_MAX] = '\0';
+	assert_int_equal(gpud_memwatch_register(w, "kv", 0), -EINVAL);
+	assert_int_equal(gpud_memwatch_register(w, "kv", 10), 0);
+	assert_int_equal(gpud_memwatch_register(w, "kv", 10), -EEXIST);
+	assert_int_equal(gpud_memwatch_register(w, name, 10), 1); /* longest name */
+	assert_int_equal(gpud_memwatch_register(w, "mask", 10), SW_EEXHAUSTED);
+	assert_int_equal(gpud_memwatch_count(w), 2);
+
+	assert_int_equal(gpud_memwatch_sample(w, 2, 0, 1), -EINVAL);
+	assert_int_equal(gpud_memwatch_sample(w, -1, 0, 1), -EINVAL);
+	assert_int_equal(gpud_memwatch_sample(w, 0, 0, 11), -EINVAL); /* over capacity */
+	assert_int_equal(gpud_memwatch_status(w, 2, &st), -EINVAL);
+	assert_int_equal(gpud_memwatch_status(w, 0, NULL), -EINVAL);
+	st = status(w, 0);
+	assert_string_equal(st.name, "kv");
+	assert_int_equal(st.samples, 0);
+	assert_false(st.rising);
+	assert_string_equal(st.warning, "");
+	assert_int_equal(gpud_memwatch_report(w, NULL, 10), -EINVAL);
+	gpud_memwatch_destroy(w);
+}
+
+static void test_flat(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(1, 0.05);
+	int id = gpud_memwatch_register(w, "kv", 1000);
+	struct gpud_memwatch_status st;
+
+	for (uint64_t t = 0; t < 30 * WIN; t += 50)
+		assert_int_equal(gpud_memwatch_sample(w, id, t, 300), 0);
+	st = status(w, id);
+	assert_false(st.rising);
+	assert_int_equal(st.episodes, 0);
+	assert_int_equal(st.current, 300);
+	assert_int_equal(st.high, 300);
+	assert_int_equal(st.trough, 300);
+	assert_int_equal(st.trough_k_ago, 300);
+	assert_int_equal(st.windows, K);
+	assert_int_equal(st.samples, 30 * WIN / 50);
+	assert_false(gpud_memwatch_any_rising(w));
+	gpud_memwatch_destroy(w);
+}
+
+static void test_sawtooth_same_low(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(1, 0.05);
+	int id = gpud_memwatch_register(w, "kv", 1000);
+	struct gpud_memwatch_status st;
+
+	/* Peaks grow to nearly the whole pool, but every window returns to 10. */
+	for (uint64_t win = 0; win < 20; win++)
+		saw_window(w, id, win, 10, 100 + 40 * win);
+	st = status(w, id);
+	assert_false(st.rising);
+	assert_int_equal(st.episodes, 0);
+	assert_int_equal(st.high, 100 + 40 * 19);
+	assert_int_equal(st.trough_k_ago, 10);
+	assert_int_equal(st.trough, 10);
+	gpud_memwatch_destroy(w);
+}
+
+static void test_rising_then_recovery(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(1, 0); /* monotonic rule only */
+	int id = gpud_memwatch_register(w, "kv", 1000);
+	struct gpud_memwatch_status st;
+	uint64_t win = 0;
+
+	/* The low creeps up by 5 per window under a large sawtooth. Windows
+	 * 0..K-1 fill the ring; the close of window K-1 (at the first sample
+	 * of window K) is the first moment K troughs exist. */
+	for (; win < K; win++) {
+		saw_window(w, id, win, 10 + 5 * win, 900);
+		st = status(w, id);
+		assert_false(st.rising);
+		assert_int_equal(st.windows, win);
+	}
+	saw_window(w, id, win, 10 + 5 * win, 900);
+	st = status(w, id);
+	assert_true(st.rising);
+	assert_int_equal(st.episodes, 1);
+	assert_int_equal(st.trough_k_ago, 10);
+	assert_non_null(strstr(st.warning, "pool kv: trough rose from 10 to 25 of 1000"));
+	assert_true(gpud_memwatch_any_rising(w));
+
+	/* Still rising: the same episode, no second warning. */
+	for (win++; win < 10; win++)
+		saw_window(w, id, win, 10 + 5 * win, 900);
+	st = status(w, id);
+	assert_true(st.rising);
+	assert_int_equal(st.episodes, 1);
+
+	/* The low returns to 10: the next window close clears the flag. */
+	saw_window(w, id, win++, 10, 900);
+	saw_window(w, id, win++, 10, 900);
+	st = status(w, id);
+	assert_false(st.rising);
+	assert_string_equal(st.warning, "");
+	assert_int_equal(st.episodes, 1);
+
+	/* A new creep is a new episode. */
+	for (uint64_t i = 1; i <= K + 1; i++)
+		saw_window(w, id, win++, 10 + 3 * i, 900);
+	st = status(w, id);
+	assert_true(st.rising);
+	assert_int_equal(st.episodes, 2);
+	gpud_memwatch_destroy(w);
+}
+
+static void test_min_rise_and_threshold(void **state)
+{
+	(void)state;
+	struct gpud_memwatch_params p = {
+		.max_pools = 3, .window_ms = WIN, .k = K, .min_rise = 50, .rise_fraction = 0.1,
+	};
+	struct gpud_memwatch *w;
+	/* Troughs per window: a tiny monotonic creep, a big non-monotonic
+	 * jump, and the same jump spread out below the threshold. */
+	static const uint64_t creep[] = { 100, 110, 120, 130, 140, 140 };
+	static const uint64_t jump[] = { 100, 50, 300, 310, 320, 320 };
+	static const uint64_t wobble[] = { 100, 90, 150, 140, 190, 190 };
+
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "creep", 1000), 0);
+	assert_int_equal(gpud_memwatch_register(w, "jump", 1000), 1);
+	assert_int_equal(gpud_memwatch_register(w, "wobble", 1000), 2);
+	for (uint64_t win = 0; win < 6; win++) {
+		saw_window(w, 0, win, creep[win], 800);
+		saw_window(w, 1, win, jump[win], 800);
+		saw_window(w, 2, win, wobble[win], 800);
+	}
+	/* creep: 100 -> 130 over the first K troughs is below min_rise 50 and
+	 * below 10% of 1000; then 110 -> 140 likewise. */
+	assert_false(status(w, 0).rising);
+	/* jump: 50 -> 320 > 100 units although the troughs fell once. */
+	assert_true(status(w, 1).rising);
+	/* wobble: 90 -> 190 is not above 100, and it is not monotonic. */
+	assert_false(status(w, 2).rising);
+	gpud_memwatch_destroy(w);
+}
+
+static void test_clock_and_gaps(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(1, 0);
+	int id = gpud_memwatch_register(w, "kv", 1000);
+	struct gpud_memwatch_status st;
+
+	assert_int_equal(gpud_memwatch_sample(w, id, 5 * WIN + 500, 40), 0);
+	/* Back in time, even to an earlier window: counts in the open one. */
+	assert_int_equal(gpud_memwatch_sample(w, id, 5 * WIN + 100, 30), 0);
+	assert_int_equal(gpud_memwatch_sample(w, id, 2 * WIN, 20), 0);
+	st = status(w, id);
+	assert_int_equal(st.clock_backwards, 2);
+	assert_int_equal(st.windows, 0);
+	assert_int_equal(st.trough, 20);
+	assert_int_equal(st.current, 20);
+	assert_int_equal(st.high, 40);
+
+	/* A gap of 100 windows closes one window, not 100. */
+	assert_int_equal(gpud_memwatch_sample(w, id, 105 * WIN, 60), 0);
+	st = status(w, id);
+	assert_int_equal(st.windows, 1);
+	assert_int_equal(st.trough_k_ago, 20);
+	assert_int_equal(st.trough, 60);
+
+	/* Time 0 and the largest time both work. */
+	struct gpud_memwatch *w2 = make(1, 0);
+	int id2 = gpud_memwatch_register(w2, "x", 10);
+	assert_int_equal(gpud_memwatch_sample(w2, id2, 0, 1), 0);
+	assert_int_equal(gpud_memwatch_sample(w2, id2, UINT64_MAX, 2), 0);
+	assert_int_equal(status(w2, id2).windows, 1);
+	gpud_memwatch_destroy(w2);
+	gpud_memwatch_destroy(w);
+}
+
+static void test_many_pools_and_report(void **state)
+{
+	(void)state;
+	enum { N = 300 };
+	struct gpud_memwatch *w = make(N, 0);
+	char name[32];
+	static char buf[N * 400];
+	char small[64];
+
+	for (int i = 0; i < N; i++) {
+		snprintf(name, sizeof(name), "dev%d.kv", i);
+		assert_int_equal(gpud_memwatch_register(w, name, 10000), i);
+	}
+	/* Even pools creep, odd pools return to their low. */
+	for (uint64_t win = 0; win <= K; win++)
+		for (int i = 0; i < N; i++)
+			saw_window(w, i, win, 100 + (i % 2 ? 0 : 10 * win), 5000);
+	for (int i = 0; i < N; i++)
+		assert_int_equal(status(w, i).rising, i % 2 == 0);
+	assert_true(gpud_memwatch_any_rising(w));
+
+	int n = gpud_memwatch_report(w, buf, sizeof(buf));
+	assert_true(n > 0 && (size_t)n < sizeof(buf));
+	assert_int_equal(strlen(buf), n);
+	const char *head = "{\"window_ms\":1000,\"k\":4,\"pools\":[{\"name\":\"dev0.kv\"";
+	assert_int_equal(strncmp(buf, head, strlen(head)), 0);
+	assert_non_null(strstr(buf, "{\"name\":\"dev1.kv\",\"capacity\":10000,\"current\":1080,"
+				    "\"high\":5000,\"trough\":100,\"trough_k_ago\":100,\"windows\":4,"
+				    "\"rising\":false,\"episodes\":0,\"samples\":50,"
+				    "\"clock_backwards\":0,\"warning\":\"\"}"));
+	assert_non_null(strstr(buf, "\"name\":\"dev298.kv\""));
+	assert_non_null(strstr(buf, "\"rising\":true,\"episodes\":1"));
+	assert_string_equal(buf + n - 2, "]}");
+
+	/* Cut reports still say the full length and stay terminated. */
+	assert_int_equal(gpud_memwatch_report(w, small, sizeof(small)), n);
+	assert_int_equal(strlen(small), sizeof(small) - 1);
+	assert_memory_equal(small, buf, sizeof(small) - 1);
+	assert_int_equal(gpud_memwatch_report(w, NULL, 0), n);
+
+	/* An empty watchdog reports an empty list. */
+	struct gpud_memwatch *e = make(1, 0);
+	assert_int_equal(gpud_memwatch_report(e, small, sizeof(small)),
+			 (int)strlen("{\"window_ms\":1000,\"k\":4,\"pools\":[]}"));
+	assert_string_equal(small, "{\"window_ms\":1000,\"k\":4,\"pools\":[]}");
+	gpud_memwatch_destroy(e);
+	gpud_memwatch_destroy(w);
+}
+
+int main(void)
+{
+	/* The rising tests warn on purpose; keep the test log readable. */
+	sw_log_init("memwatch_test", SW_LOG_ERROR);
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_params_and_register),
+		cmocka_unit_test(test_flat),
+		cmocka_unit_test(test_sawtooth_same_low),
+		cmocka_unit_test(test_rising_then_recovery),
+		cmocka_unit_test(test_min_rise_and_threshold),
+		cmocka_unit_test(test_clock_and_gaps),
+		cmocka_unit_test(test_many_pools_and_report),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
