@@ -79,7 +79,8 @@ void gpud_maskcache_destroy(struct gpud_maskcache *c);
  * least recently used unpinned entries as the bounds require (a miss).
  * The caller must gpud_maskcache_release the handle exactly once.
  * Errors (nothing cached changes, *out untouched; only the counters move):
- *   SW_ETOOLONG   more segments or tokens than the cache was sized for;
+ *   SW_ETOOLONG   more segments or tokens than the cache was sized for,
+ *                 or a mask larger than max_bytes (it could never fit);
  *   SW_EFORMAT    invalid descriptor (see gpud_mask_validate);
  *   SW_EEXHAUSTED no room without evicting pinned entries;
  *   -EINVAL       NULL arguments, seg_tokens NULL with segments, or a

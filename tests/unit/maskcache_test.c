@@ -220,6 +220,16 @@ static void test_errors(void **state)
 	assert_int_equal(st.hits + st.misses, 0);
 	assert_consistent(c);
 
+	/* A mask bigger than the whole byte budget can never fit. */
+	struct gpud_maskcache *tiny = make(4, gpud_mask_bytes(2, 2, BT) - 1, 0);
+	assert_int_equal(gpud_maskcache_get_or_compile(tiny, &d, toks, BT, &e), SW_ETOOLONG);
+	assert_ptr_equal(e, (struct gpud_maskcache_entry *)0x1);
+	assert_consistent(tiny);
+	gpud_maskcache_stats(tiny, &st);
+	assert_int_equal(st.entries, 0);
+	assert_int_equal(st.misses, 1);
+	gpud_maskcache_destroy(tiny);
+
 	/* The largest admitted mask fits its slot. */
 	uint32_t full[8] = { 32, 32, 32, 32, 32, 32, 32, 32 };
 	struct gpud_mask_desc eight = causal(8);

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -201,6 +202,49 @@ static void test_rising_then_recovery(void **state)
 	gpud_memwatch_destroy(w);
 }
 
+/* Lines of path containing needle. */
+static int count_lines(const char *path, const char *needle)
+{
+	char line[1024];
+	int n = 0;
+	FILE *f = fopen(path, "r");
+
+	assert_non_null(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	fclose(f);
+	return n;
+}
+
+/* One log_warn per rising episode, not one per window. */
+static void test_warns_once_per_episode(void **state)
+{
+	(void)state;
+	char path[] = "/tmp/memwatch_test_XXXXXX";
+	int fd = mkstemp(path);
+	struct gpud_memwatch *w = make(1, 0);
+	int id = gpud_memwatch_register(w, "kv", 1000);
+	uint64_t win = 0;
+
+	assert_true(fd >= 0);
+	close(fd);
+	assert_int_equal(sw_log_open(path), 0);
+	sw_log_level = SW_LOG_WARN;
+	for (; win < 12; win++) /* rising from window K on */
+		saw_window(w, id, win, 10 + 5 * win, 900);
+	saw_window(w, id, win++, 10, 900);
+	saw_window(w, id, win++, 10, 900); /* recovered */
+	for (uint64_t i = 1; i <= K + 3; i++)
+		saw_window(w, id, win++, 10 + 3 * i, 900);
+	sw_log_level = SW_LOG_ERROR;
+	assert_int_equal(sw_log_open(NULL), 0);
+	assert_int_equal(status(w, id).episodes, 2);
+	assert_int_equal(count_lines(path, "pool kv: trough rose"), 2);
+	assert_int_equal(count_lines(path, "no longer rising"), 0); /* info: filtered */
+	unlink(path);
+	gpud_memwatch_destroy(w);
+}
+
 static void test_min_rise_and_threshold(void **state)
 {
 	(void)state;
@@ -326,6 +370,7 @@ int main(void)
 		cmocka_unit_test(test_flat),
 		cmocka_unit_test(test_sawtooth_same_low),
 		cmocka_unit_test(test_rising_then_recovery),
+		cmocka_unit_test(test_warns_once_per_episode),
 		cmocka_unit_test(test_min_rise_and_threshold),
 		cmocka_unit_test(test_clock_and_gaps),
 		cmocka_unit_test(test_many_pools_and_report),
