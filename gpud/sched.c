@@ -336,7 +336,7 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	struct dev *best = NULL;
 	int64_t best_free = 0;
 	uint32_t best_dev = 0;
-	bool ctx_ok = false;
+	bool ctx_ok = false, mask_ok = false;
 	int rc = 0;
 
 	*id = 0;
@@ -369,12 +369,13 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 		uint32_t pos = max_positions(d, r->n_tokens, r->max_tokens);
 		int64_t eff;
 
+		if (r->mask && r->mask->block_tokens != d->bt)
+			continue;
+		mask_ok = true;
 		if (!pos)
 			continue;
 		ctx_ok = true;
 		if (blocks_for(pos, d->bt) > d->n_blocks)
-			continue;
-		if (r->mask && r->mask->block_tokens != d->bt)
 			continue;
 		eff = (int64_t)d->free_blocks - (int64_t)d->pending_blocks;
 		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
@@ -384,16 +385,15 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 		}
 	}
 	if (!best) {
-		if (!ctx_ok)
+		if (!mask_ok)
+			rc = sw_seterr(err, errlen, -EINVAL,
+				       "sched: mask compiled for %u-token KV blocks, no device uses "
+				       "that size", r->mask->block_tokens);
+		else if (!ctx_ok)
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "sched: prompt of %u tokens + max_tokens %u exceeds the context "
 				       "of every device (%u)", r->n_tokens, r->max_tokens,
 				       s->devs[0].n_ctx);
-		else if (r->mask)
-			rc = sw_seterr(err, errlen, SW_ETOOLONG,
-				       "sched: request of %u prompt tokens + max_tokens %u needs more "
-				       "KV blocks than a device owns, or its mask has block size %u",
-				       r->n_tokens, r->max_tokens, r->mask->block_tokens);
 		else
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "sched: request of %u prompt tokens + max_tokens %u needs more "
@@ -505,9 +505,10 @@ static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chun
 /* Plans one batch (lock held). Returns the number of entries. */
 static uint32_t plan(struct gpud_sched *s, struct dev *d)
 {
-	uint32_t n, free_b, tok_left;
+	uint32_t n, free_b, adm_b, tok_left, later;
 
 again:
+	later = 0;
 	/* 1. decode entries of running sequences; preempt the most recently
 	 * admitted while their new blocks do not fit. */
 	n = 0;
@@ -518,15 +519,14 @@ again:
 
 		if (sl->n_toks - sl->n_done != 1)
 			continue;
-		need = gpud_engine_blocks_needed(d->e, sl->seq, 1);
-		if (need > free_b || n == d->max_ents || n == d->max_tokens) {
-			if (need > free_b) {
-				for (uint32_t j = 0; j < n; j++)
-					d->ent_slot[j]->in_batch = false;
-				preempt(s, d, d->run[d->n_run - 1]);
-				goto again;
-			}
+		if (n == d->max_ents || n == d->max_tokens)
 			break;
+		need = gpud_engine_blocks_needed(d->e, sl->seq, 1);
+		if (need > free_b) {
+			for (uint32_t j = 0; j < n; j++)
+				d->ent_slot[j]->in_batch = false;
+			preempt(s, d, d->run[d->n_run - 1]);
+			goto again;
 		}
 		free_b -= need;
 		add_entry(d, &n, sl, 1);
@@ -543,16 +543,20 @@ again:
 		if (!chunk)
 			continue;
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
+		/* blocks the rest of its prefill will take later */
+		later += blocks_for(sl->n_toks, d->bt) - blocks_for(sl->n_done + chunk, d->bt);
 		tok_left -= chunk;
 		add_entry(d, &n, sl, chunk);
 	}
-	/* 3. waiting requests, FCFS; an aged one is never bypassed. */
+	adm_b = free_b > later ? free_b - later : 0;
+	/* 3. waiting requests, FCFS; an aged one is never bypassed. A request
+	 * is admitted only when the blocks of its whole prefill are free. */
 	for (uint32_t i = 0; i < d->n_wait && n < d->max_ents && tok_left;) {
 		struct slot *sl = d->wait[i];
 		uint32_t need = blocks_for(sl->n_toks, d->bt), chunk;
 		bool aged = !s->p.aging_steps || d->steps - sl->wait_since >= s->p.aging_steps;
 
-		if (d->n_run == d->max_engine_seqs || need > free_b ||
+		if (d->n_run == d->max_engine_seqs || need > adm_b ||
 		    gpud_engine_seq_add(d->e, sl->mask, &sl->seq)) {
 			if (aged)
 				break;
@@ -568,9 +572,16 @@ again:
 			sl->t_start = now_s();
 		}
 		chunk = min_u32(sl->n_toks, tok_left);
+		adm_b -= need;
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 		tok_left -= chunk;
 		add_entry(d, &n, sl, chunk);
+	}
+	if (!n && d->n_run) {
+		/* Running sequences but none can make progress (prefills that
+		 * lack blocks): recompute the most recently admitted. */
+		preempt(s, d, d->run[d->n_run - 1]);
+		goto again;
 	}
 	return n;
 }

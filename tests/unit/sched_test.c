@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include "common/arena.h"
 #include "common/err.h"
 #include "gpud/engine.h"
+#include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/scheduler.h"
 #include "gpud/tokenizer.h"
@@ -716,6 +718,127 @@ static void test_aging(void **state)
 	assert_int_equal(aging_run(3), 0);
 }
 
+/* A request with a compiled mask (segment 1 does not see segment 0):
+ * solo on a roomy pool and four copies preempted on a tiny pool give the
+ * same text; a mask for another block size is refused. */
+static void test_mask_preempt(void **state)
+{
+	(void)state;
+	const char *text = "Lily and Ben went to the park. The sun was shining and";
+	static int32_t ids[64];
+	uint32_t n = tokenize(text, ids, 64), lens[2] = { 6, n - 6 };
+	struct gpud_mask_row rows[3];
+	uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 0, 1, 2 };
+	struct gpud_mask_desc desc = { .n_segments = 2, .rows = rows };
+	static _Alignas(16) uint8_t mem[2][4096];
+	struct gpud_mask mask, mask8;
+	struct gpud_engine *big = mk_engine(64, 4, 0), *tiny = mk_engine(64, 4, 8);
+	struct gpud_sched *s1 = mk_sched(&big, 1, 4, 0, 32), *s2 = mk_sched(&tiny, 1, 8, 0, 32);
+	static struct res solo, plain, out[4];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	char err[256] = "";
+	uint64_t id;
+
+	rows[0] = (struct gpud_mask_row){ r0, 1 };
+	rows[1] = (struct gpud_mask_row){ r1, 1 };
+	rows[2] = (struct gpud_mask_row){ r2, 3 };
+	assert_true(n > 10 && gpud_mask_bytes(2, n, 16) <= sizeof(mem[0]));
+	assert_int_equal(gpud_mask_compile(&desc, lens, 16, mem[0], sizeof(mem[0]), &mask), 0);
+	assert_int_equal(gpud_mask_compile(&desc, lens, 8, mem[1], sizeof(mem[1]), &mask8), 0);
+	assert_false(mask.causal);
+	memset(&solo, 0, sizeof(solo));
+	memset(&plain, 0, sizeof(plain));
+	memset(out, 0, sizeof(out));
+	req_init(&r, ids, n, 40, &solo);
+	r.mask = &mask;
+	submit_ok(s1, &r);
+	req_init(&r, ids, n, 40, &plain);
+	submit_ok(s1, &r);
+	drain(s1, 1, NULL);
+	assert_true(solo.done && plain.done);
+	assert_string_not_equal(solo.text, plain.text); /* the mask matters */
+	for (int i = 0; i < 4; i++) {
+		req_init(&r, ids, n, 40, &out[i]);
+		r.mask = &mask;
+		submit_ok(s2, &r);
+	}
+	drain(s2, 1, NULL);
+	gpud_sched_stats(s2, &st);
+	assert_true(st.preemptions > 0);
+	for (int i = 0; i < 4; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_string_equal(out[i].text, solo.text);
+	}
+	req_init(&r, ids, n, 40, &out[0]);
+	r.mask = &mask8;
+	assert_int_equal(gpud_sched_submit(s2, &r, &id, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "block"));
+	req_init(&r, ids, n - 1, 40, &out[0]);
+	r.mask = &mask;
+	assert_int_equal(gpud_sched_submit(s2, &r, &id, err, sizeof(err)), -EINVAL);
+	assert_pool_empty(big);
+	assert_pool_empty(tiny);
+	gpud_sched_destroy(s1);
+	gpud_sched_destroy(s2);
+	gpud_engine_destroy(big);
+	gpud_engine_destroy(tiny);
+}
+
+/* Submits and a cancel from this thread while two device threads step:
+ * the cancelled request ends with SW_ECANCELED, the others complete, the
+ * pools end empty. */
+static void test_threaded_cancel(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 0), mk_engine(64, 4, 0) };
+	struct gpud_sched *s = mk_sched(e, 2, 8, 0, 32);
+	static struct res out[6];
+	static int32_t ids[6][64];
+	struct gpud_sched_req r;
+	struct worker w[2];
+	pthread_t th[2];
+	uint64_t victim = 0;
+
+	memset(out, 0, sizeof(out));
+	atomic_store(&n_done, 0);
+	for (int i = 0; i < 6; i++) {
+		uint32_t n = tokenize(prompts[i], ids[i], 64);
+		req_init(&r, ids[i], n, i == 0 ? 400 : 12, &out[i]);
+		if (i == 0)
+			victim = submit_ok(s, &r);
+		else
+			submit_ok(s, &r);
+		if (i == 2)
+			for (int d = 0; d < 2; d++) {
+				w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = 6 };
+				assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]),
+						 0);
+			}
+	}
+	while (atomic_load(&n_done) < 5)
+		sched_yield();
+	assert_int_equal(gpud_sched_cancel(s, victim), 0);
+	for (int d = 0; d < 2; d++) {
+		pthread_join(th[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+	assert_true(out[0].done);
+	assert_int_equal(out[0].status, SW_ECANCELED);
+	assert_true(out[0].usage.n_gen > 0);
+	for (int i = 1; i < 6; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_int_equal(out[i].usage.n_gen, 12);
+	}
+	assert_pool_empty(e[0]);
+	assert_pool_empty(e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 /* After creation, submit / step / cancel / completion allocate nothing. */
 static void test_no_alloc(void **state)
 {
@@ -798,6 +921,8 @@ int main(void)
 		cmocka_unit_test(test_caller_stop),
 		cmocka_unit_test(test_preemption),
 		cmocka_unit_test(test_aging),
+		cmocka_unit_test(test_mask_preempt),
+		cmocka_unit_test(test_threaded_cancel),
 		cmocka_unit_test(test_no_alloc),
 	};
 
