@@ -648,6 +648,11 @@ int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen
 		return sw_seterr(err, errlen, -EINVAL, "sched: no device %u", dev);
 	d = &s->devs[dev];
 	pthread_mutex_lock(&s->lock);
+	if (d->busy) {
+		pthread_mutex_unlock(&s->lock);
+		return sw_seterr(err, errlen, SW_EBUSY,
+				 "sched: device %u is being stepped by another thread", dev);
+	}
 retry:
 	n = plan(s, d);
 	if (!n) {

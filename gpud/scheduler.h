@@ -47,6 +47,11 @@
  * and should be quick; a TOKEN callback returning non-zero stops that
  * request (done with reason GPUD_GEN_STOP_CALLER).
  */
+/* Not done yet (later pieces of issue 4): the device worker threads
+ * themselves and their wake-up on submit (the caller loops over
+ * gpud_sched_step), the prefix KV cache and mask cache (usage has no
+ * cached prompt tokens), SIGTERM draining, per-connection limits. A
+ * request is preempted whole (no swapping, no partial truncation). */
 #ifndef GPUD_SCHEDULER_H
 #define GPUD_SCHEDULER_H
 
@@ -157,9 +162,11 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 int gpud_sched_cancel(struct gpud_sched *s, uint64_t id);
 
 /* Runs one iteration on device dev: builds one batch, runs it, samples,
- * streams and completes requests. Returns the number of batch entries run
- * (0 when the device has nothing to do), -EINVAL for a bad dev, or the
- * engine's error after completing the requests of that batch with it. */
+ * streams and completes requests. One thread per device: a second thread
+ * stepping the same device meanwhile gets SW_EBUSY. Returns the number of
+ * batch entries run (0 when the device has nothing to do; the caller then
+ * waits for a submit), -EINVAL for a bad dev, or the engine's error after
+ * completing the requests of that batch with it. */
 int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen);
 
 struct gpud_sched_stats {
