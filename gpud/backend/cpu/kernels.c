@@ -8,6 +8,7 @@
 #include "gpud/backend/cpu/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <string.h>
@@ -145,13 +146,22 @@ static unsigned probe_features(void)
 	return f;
 }
 
+static pthread_once_t g_probe_once = PTHREAD_ONCE_INIT;
+
+static void probe_once(void)
+{
+	atomic_store_explicit(&g_detected, probe_features(), memory_order_relaxed);
+}
+
 unsigned gpud_cpu_features(void)
 {
 	unsigned d = atomic_load_explicit(&g_detected, memory_order_relaxed);
 
+	/* Probe once: __builtin_cpu_init() writes libgcc globals, so two
+	 * engines' threads must not run it at the same time. */
 	if (d == ~0u) {
-		d = probe_features();
-		atomic_store_explicit(&g_detected, d, memory_order_relaxed);
+		pthread_once(&g_probe_once, probe_once);
+		d = atomic_load_explicit(&g_detected, memory_order_relaxed);
 	}
 	return d & atomic_load_explicit(&g_mask, memory_order_relaxed);
 }
