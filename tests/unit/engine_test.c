@@ -11,7 +11,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +24,7 @@
 #include "gpud/mask.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"
+#include "tests/unit/alloc_count.h"
 #include "gpud/tokenizer.h"
 
 #define STORIES "../shared/models/stories260K.gguf"
@@ -36,63 +36,6 @@ static const int32_t once[] = { 1, 403, 407, 261, 378 }; /* "Once upon a time" *
 
 static struct gpud_model *model;
 static char tmpdir[64];
-
-/* --- allocation counting ----------------------------------------------------
- * Outside AddressSanitizer builds the test replaces malloc and friends
- * with counting wrappers around glibc's, so "no allocation per step" is
- * checked on the real process, not only on the engine's own counter. */
-#if defined(__SANITIZE_ADDRESS__)
-#define COUNT_ALLOCS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define COUNT_ALLOCS 0
-#endif
-#endif
-#ifndef COUNT_ALLOCS
-#define COUNT_ALLOCS 1
-#endif
-
-static atomic_int counting;
-static atomic_long n_allocs;
-
-#if COUNT_ALLOCS
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-
-static inline void count(void)
-{
-	if (atomic_load_explicit(&counting, memory_order_relaxed))
-		atomic_fetch_add(&n_allocs, 1);
-}
-void *malloc(size_t n)
-{
-	count();
-	return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b)
-{
-	count();
-	return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n)
-{
-	count();
-	return __libc_realloc(p, n);
-}
-void *aligned_alloc(size_t al, size_t n)
-{
-	count();
-	return __libc_memalign(al, n);
-}
-int posix_memalign(void **p, size_t al, size_t n)
-{
-	count();
-	*p = __libc_memalign(al, n);
-	return *p ? 0 : ENOMEM;
-}
-#endif
 
 /* --- helpers --------------------------------------------------------------- */
 
@@ -401,14 +344,7 @@ static void test_no_alloc_after_warmup(void **state)
 		for (int j = 0; j < 20; j++)
 			prompt[i][j] = 1 + (i * 31 + j * 17) % 500;
 	}
-	atomic_store(&n_allocs, 0);
-	atomic_store(&counting, 1);
-	if (COUNT_ALLOCS) { /* the counter works */
-		void *volatile probe = malloc(16);
-		free(probe);
-		assert_int_equal(atomic_load(&n_allocs), 1);
-		atomic_store(&n_allocs, 0);
-	}
+	assert_int_equal(alloc_count_start(), 0);
 	/* Counting starts before the first step: nothing is set up lazily.
 	 * One prefill step of three chunks, then decode. */
 	for (int i = 0; i < 3; i++)
@@ -440,10 +376,9 @@ static void test_no_alloc_after_warmup(void **state)
 						  1, err, sizeof(err)), -EINVAL);
 		assert_int_equal(gpud_engine_seq_free(e, extra), 0);
 	}
-	atomic_store(&counting, 0);
 	gpud_engine_stats(e, &st);
 	assert_int_equal(st.allocs_after_warmup, 0);
-	assert_int_equal(atomic_load(&n_allocs), 0);
+	assert_int_equal(alloc_count_stop(), 0);
 	assert_true(st.steps == 152); /* 151 + the embedding's one chunk */
 	assert_true(st.scratch_bytes > 0 && st.scratch_high <= st.scratch_bytes);
 	assert_true(st.kv_bytes > 0);

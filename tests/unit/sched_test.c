@@ -24,66 +24,13 @@
 #include "gpud/engine.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
+#include "tests/unit/alloc_count.h"
 #include "gpud/scheduler.h"
 #include "gpud/tokenizer.h"
 
 #define STORIES "../shared/models/stories260K.gguf"
 
 static struct gpud_model *model;
-
-/* --- allocation counting (as in engine_test.c) ---------------------------- */
-#if defined(__SANITIZE_ADDRESS__)
-#define COUNT_ALLOCS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define COUNT_ALLOCS 0
-#endif
-#endif
-#ifndef COUNT_ALLOCS
-#define COUNT_ALLOCS 1
-#endif
-
-static atomic_int counting;
-static atomic_long n_allocs;
-
-#if COUNT_ALLOCS
-extern void *__libc_malloc(size_t);
-extern void *__libc_calloc(size_t, size_t);
-extern void *__libc_realloc(void *, size_t);
-extern void *__libc_memalign(size_t, size_t);
-
-static inline void count(void)
-{
-	if (atomic_load_explicit(&counting, memory_order_relaxed))
-		atomic_fetch_add(&n_allocs, 1);
-}
-void *malloc(size_t n)
-{
-	count();
-	return __libc_malloc(n);
-}
-void *calloc(size_t a, size_t b)
-{
-	count();
-	return __libc_calloc(a, b);
-}
-void *realloc(void *p, size_t n)
-{
-	count();
-	return __libc_realloc(p, n);
-}
-void *aligned_alloc(size_t al, size_t n)
-{
-	count();
-	return __libc_memalign(al, n);
-}
-int posix_memalign(void **p, size_t al, size_t n)
-{
-	count();
-	*p = __libc_memalign(al, n);
-	return *p ? 0 : ENOMEM;
-}
-#endif
 
 /* --- helpers --------------------------------------------------------------- */
 
@@ -875,14 +822,7 @@ static void test_no_alloc(void **state)
 	for (int i = 0; i < 4; i++)
 		n[i] = tokenize(prompts[i + 4], ids[i], 64);
 	memset(out, 0, sizeof(out));
-	atomic_store(&n_allocs, 0);
-	atomic_store(&counting, 1);
-	if (COUNT_ALLOCS) {
-		void *volatile probe = malloc(16);
-		free(probe);
-		assert_int_equal(atomic_load(&n_allocs), 1);
-		atomic_store(&n_allocs, 0);
-	}
+	assert_int_equal(alloc_count_start(), 0);
 	for (int i = 0; i < 8; i++) {
 		req_init(&r, ids[i % 4], n[i % 4], 30, &out[i]);
 		r.stop = stops;
@@ -893,8 +833,7 @@ static void test_no_alloc(void **state)
 		step_ok(s, (uint32_t)i % 2);
 	}
 	drain(s, 2, NULL);
-	atomic_store(&counting, 0);
-	assert_int_equal(atomic_load(&n_allocs), 0);
+	assert_int_equal(alloc_count_stop(), 0);
 	gpud_sched_stats(s, &st);
 	assert_int_equal(st.completed, 8);
 	assert_int_equal(st.cancelled, 1);
