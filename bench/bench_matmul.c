@@ -26,21 +26,6 @@ static const char *const tnames[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
 static const long shapes[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
 static const int batches[] = { 1, 4, 16 };
 
-static size_t row_bytes(enum gpud_type t, long n)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		return (size_t)n * 4;
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return (size_t)n * 2;
-	case GPUD_TYPE_Q8_0:
-		return (size_t)n / 32 * sizeof(struct gpud_block_q8_0);
-	default:
-		return (size_t)n / 32 * sizeof(struct gpud_block_q4_0);
-	}
-}
-
 static uint64_t rng = 88172645463325252ull;
 
 static float rndf(void)
@@ -138,7 +123,7 @@ int main(int argc, char **argv)
 			continue;
 		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 			long rows = shapes[si][0], cols = shapes[si][1];
-			size_t rb = row_bytes(types[ti], cols), wbytes = rb * (size_t)rows;
+			size_t rb = gpud_type_row_bytes(types[ti], (uint64_t)cols), wbytes = rb * (size_t)rows;
 			long ncopies = (long)(arena_bytes / wbytes);
 
 			/* One real matrix, then copies of it across the arena. */

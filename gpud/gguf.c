@@ -65,38 +65,6 @@ static const char *const ggml_type_names[] = {
 };
 #define GGML_N_TYPES (sizeof(ggml_type_names) / sizeof(ggml_type_names[0]))
 
-uint32_t gpud_type_block_elems(enum gpud_type t)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return 1;
-	case GPUD_TYPE_Q8_0:
-	case GPUD_TYPE_Q4_0:
-		return 32;
-	default:
-		return 0;
-	}
-}
-
-uint32_t gpud_type_block_bytes(enum gpud_type t)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		return 4;
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return 2;
-	case GPUD_TYPE_Q8_0:
-		return 2 + 32;
-	case GPUD_TYPE_Q4_0:
-		return 2 + 16;
-	default:
-		return 0;
-	}
-}
-
 const char *gpud_type_name(enum gpud_type t)
 {
 	if ((unsigned)t < GGML_N_TYPES && ggml_type_names[t])
@@ -116,19 +84,6 @@ int gpud_type_parse(const char *s)
 		if (strcasecmp(s, gpud_type_name(supported[i])) == 0)
 			return (int)supported[i];
 	return -1;
-}
-
-size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n)
-{
-	uint32_t be = gpud_type_block_elems(t);
-	if (be == 0)
-		return 0;
-	return (size_t)(n / be) * gpud_type_block_bytes(t);
-}
-
-bool gpud_type_supported(enum gpud_type t)
-{
-	return gpud_type_block_elems(t) != 0;
 }
 
 /* Bytes of one scalar value of a metadata type; 0 for string/array/unknown. */

@@ -56,21 +56,6 @@ static float rndf(void)
 	return v;
 }
 
-static size_t tbytes(enum gpud_type t, int64_t n)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		return (size_t)n * 4;
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return (size_t)n * 2;
-	case GPUD_TYPE_Q8_0:
-		return (size_t)n / 32 * sizeof(struct gpud_block_q8_0);
-	default:
-		return (size_t)n / 32 * sizeof(struct gpud_block_q4_0);
-	}
-}
-
 static const char *tname(enum gpud_type t)
 {
 	switch (t) {
@@ -462,7 +447,7 @@ static void test_rows_vector_matches_portable(void **state)
 			gpud_quantize_row(t, x, qv, n);
 			gpud_cpu_set_features(0);
 			gpud_quantize_row(t, x, qp, n);
-			assert_memory_equal(qv, qp, tbytes(t, n));
+			assert_memory_equal(qv, qp, gpud_type_row_bytes(t, (uint64_t)n));
 			gpud_cpu_set_features(~0u);
 			gpud_dequantize_row(t, qp, yv, n);
 			gpud_cpu_set_features(0);
@@ -489,7 +474,7 @@ static void test_get_row(void **state)
 		gpud_quantize_row(t, w, q, ROWS * COLS);
 		for (int r = 0; r < ROWS; r++) {
 			gpud_get_row(t, q, COLS, r, out);
-			gpud_dequantize_row(t, q + tbytes(t, COLS) * r, ref, COLS);
+			gpud_dequantize_row(t, q + gpud_type_row_bytes(t, (uint64_t)COLS) * r, ref, COLS);
 			assert_memory_equal(out, ref, sizeof(out));
 		}
 	}
@@ -514,7 +499,7 @@ static void mm_case_init(struct mm_case *c, enum gpud_type t, int64_t rows, int6
 	c->cols = cols;
 	c->wf = malloc(sizeof(float) * rows * cols);
 	c->wd = malloc(sizeof(float) * rows * cols);
-	c->w = malloc(tbytes(t, cols) * rows);
+	c->w = malloc(gpud_type_row_bytes(t, (uint64_t)cols) * rows);
 	c->x = malloc(sizeof(float) * 17 * cols);
 	c->y = malloc(sizeof(float) * 17 * rows);
 	c->y2 = malloc(sizeof(float) * 17 * rows);
@@ -789,7 +774,7 @@ static void test_matmul_int8_paths_identical(void **state)
 				/* extreme weight quants in the first blocks */
 				for (int64_t r = 0; r < c.rows; r++) {
 					struct gpud_block_q8_0 *blk =
-						(struct gpud_block_q8_0 *)(c.w + tbytes(t, c.cols) * r);
+						(struct gpud_block_q8_0 *)(c.w + gpud_type_row_bytes(t, (uint64_t)c.cols) * r);
 
 					for (int j = 0; j < 32; j++)
 						blk->qs[j] = (int8_t)((r + j) % 3 == 0 ? -128 : 127);

@@ -322,26 +322,58 @@ void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n)
 	dequantize_row_ref(t, x, y, n);
 }
 
-static size_t row_bytes(enum gpud_type t, int64_t n)
+/* Block geometry of the supported types (declared in gguf.h; the file
+ * reader and the kernels share it). */
+uint32_t gpud_type_block_elems(enum gpud_type t)
 {
 	switch (t) {
 	case GPUD_TYPE_F32:
-		return (size_t)n * 4;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
-		return (size_t)n * 2;
+		return 1;
 	case GPUD_TYPE_Q8_0:
-		return (size_t)(n / GPUD_QK) * sizeof(struct gpud_block_q8_0);
 	case GPUD_TYPE_Q4_0:
-		return (size_t)(n / GPUD_QK) * sizeof(struct gpud_block_q4_0);
+		return 32;
 	default:
 		return 0;
 	}
 }
 
+uint32_t gpud_type_block_bytes(enum gpud_type t)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+		return 4;
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		return 2;
+	case GPUD_TYPE_Q8_0:
+		return 2 + 32;
+	case GPUD_TYPE_Q4_0:
+		return 2 + 16;
+	default:
+		return 0;
+	}
+}
+
+size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n)
+{
+	uint32_t be = gpud_type_block_elems(t);
+	if (be == 0)
+		return 0;
+	return (size_t)(n / be) * gpud_type_block_bytes(t);
+}
+
+bool gpud_type_supported(enum gpud_type t)
+{
+	return gpud_type_block_elems(t) != 0;
+}
+
 void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
 {
-	gpud_dequantize_row(t, (const uint8_t *)W + (size_t)r * row_bytes(t, cols), out, cols);
+	size_t rb = gpud_type_row_bytes(t, (uint64_t)cols);
+
+	gpud_dequantize_row(t, (const uint8_t *)W + (size_t)r * rb, out, cols);
 }
 
 /* ---- matmul ------------------------------------------------------------ */
@@ -526,7 +558,7 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 	struct gpud__mm m = {
 		.wtype = wtype,
 		.W = W,
-		.wrow = row_bytes(wtype, cols),
+		.wrow = gpud_type_row_bytes(wtype, (uint64_t)cols),
 		.rows = rows,
 		.cols = cols,
 		.batch = batch,
