@@ -74,6 +74,9 @@ struct gpud_sched_params {
 	uint32_t aging_steps;      /* device steps after which a waiting request
 				    * can no longer be bypassed; 0: never
 				    * bypassed (strict FCFS); default 32 */
+	size_t prefix_cache_bytes; /* per device: KV bytes the prefix cache may
+				    * keep in unreferenced blocks; 0: prefix
+				    * reuse off; default 0 */
 };
 
 /* Fills the defaults listed above. */
@@ -88,6 +91,8 @@ struct gpud_sched_usage {
 	uint32_t n_prompt;  /* prompt tokens */
 	uint32_t n_gen;     /* generated tokens */
 	uint32_t n_preempt; /* times this request was preempted */
+	uint32_t n_cached;  /* prompt tokens whose KV came from the prefix cache
+			     * (at first admission) */
 	double queue_s;     /* submit to first scheduled step */
 	double prefill_s;   /* first scheduled step to first token */
 	double decode_s;    /* first token to done */
@@ -128,6 +133,8 @@ struct gpud_sched_req {
 	uint32_t n_stop;
 	gpud_sched_cb cb;       /* required */
 	void *arg;
+	bool pin_device;        /* place on `device` instead of choosing */
+	uint32_t device;
 };
 
 /* Creates a scheduler over n_dev engines (borrowed: they must outlive it,
@@ -184,5 +191,53 @@ void gpud_sched_stats(struct gpud_sched *s, struct gpud_sched_stats *st);
 
 /* Requests placed on dev and not done (waiting + running); 0 for a bad dev. */
 uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev);
+
+/* The device gpud_sched_submit would choose now for a request of n_tokens
+ * prompt tokens and max_tokens (the daemon compiles the mask in that
+ * device's mask cache, then submits with pin_device). */
+uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens);
+
+/* Device worker support. gpud_sched_wait blocks the calling (device)
+ * thread until dev may have work (a submit placed on it, a cancel, a
+ * gpud_sched_wake) or timeout_ms passes; returns at once when dev already
+ * has work. gpud_sched_wake wakes every waiting device thread (shutdown). */
+void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms);
+void gpud_sched_wake(struct gpud_sched *s);
+
+/* Runs fn(engine, arg) on dev's engine from dev's own thread, between
+ * steps, as the scheduler's exclusive use of the engine (cancels arriving
+ * meanwhile are completed right after, as during a forward pass); the
+ * scheduler lock is not held during fn. For embeddings. Returns fn's
+ * return, or SW_EBUSY when another thread is stepping dev, -EINVAL for a
+ * bad dev. */
+int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
+			   int (*fn)(struct gpud_engine *e, void *arg), void *arg);
+
+struct gpud_sched_device_stats {
+	uint32_t queue;     /* waiting + running */
+	uint32_t running;   /* with an engine sequence */
+	uint64_t steps, tokens, generated, preemptions;
+	/* prefix cache of this device (all 0 when off) */
+	uint64_t prefix_hits;       /* full blocks reused */
+	uint64_t prefix_misses;     /* full prompt blocks looked up and not found */
+	uint64_t prefix_evictions;
+	uint64_t prefix_hit_tokens; /* prompt tokens served from the cache */
+	uint32_t prefix_blocks;     /* blocks held by the cache (referenced or not) */
+	uint32_t prefix_unreferenced; /* of those, held only by the cache */
+	size_t prefix_bytes, prefix_max_bytes; /* unreferenced cache bytes, bound */
+};
+/* -EINVAL for a bad dev. */
+int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
+			    struct gpud_sched_device_stats *st);
+
+/* Owner of every KV block of dev, for the memory dump: fn is called once
+ * per block in index order with kind "free", "request" (id = the request
+ * id from submit), "prefix" (held only by the prefix cache; id = the
+ * block's hash) or "shared" (a prefix block also used by requests; id =
+ * the hash). Under the scheduler lock: fn must not call gpud_sched_*.
+ * Returns 0 or -EINVAL. */
+int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
+			    void (*fn)(void *arg, uint32_t block, const char *kind, uint64_t id),
+			    void *arg);
 
 #endif

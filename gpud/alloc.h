@@ -1,0 +1,76 @@
+/* alloc.h - allocation accounting for gpud (DESIGN §2: "device/host
+ * allocations since warm-up must stay 0", counted for real).
+ *
+ * Host: gpud/alloc_hook.c replaces the process's malloc family (malloc,
+ * calloc, realloc, free, posix_memalign, aligned_alloc, memalign, valloc)
+ * with wrappers that count and forward to glibc (__libc_malloc etc.). It
+ * is linked (link_whole) into the gpud executable and into the tests that
+ * want it; every allocation of the process is seen - ours, libuv's,
+ * jansson's, libc's own. Under AddressSanitizer the wrappers are not
+ * compiled (ASan owns malloc); the counts come from
+ * __sanitizer_install_malloc_and_free_hooks instead. Without either,
+ * gpud_alloc_hooked() is false and every count stays 0 (reports say
+ * "not counted", never "0").
+ *
+ * Every thread has a role (thread-local, default OTHER). Counts are kept
+ * per role, lock-free (relaxed atomics; the wrappers never allocate and
+ * never take a lock), so the report can say *where* an allocation
+ * happened: DEVICE threads run the step path, the LOOP thread the request
+ * path (frames, decoding, tokenizing, replies).
+ *
+ * Device: backends report every device allocation they make
+ * (gpud_alloc_device_note: cudaMalloc in the CUDA backend, the KV and
+ * scratch reservations of the CPU backend), so "device allocations since
+ * warm-up" is counted at the single place that allocates.
+ *
+ * Warm-up: gpud_alloc_warmup_done() takes a snapshot; "since warm-up"
+ * counts are the differences. The daemon calls it once start-up has
+ * reserved every pool and each device has run one warm-up step.
+ */
+#ifndef GPUD_ALLOC_H
+#define GPUD_ALLOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum gpud_alloc_role {
+	GPUD_ALLOC_OTHER = 0,  /* start-up, helper threads, libraries' threads */
+	GPUD_ALLOC_LOOP = 1,   /* the server's event loop (request path) */
+	GPUD_ALLOC_DEVICE = 2, /* device workers (step path) */
+	GPUD_ALLOC_ROLES = 3,
+};
+
+/* Sets the calling thread's role (thread-local). */
+void gpud_alloc_set_role(enum gpud_alloc_role role);
+enum gpud_alloc_role gpud_alloc_role(void);
+
+/* True when host allocations are being counted (wrappers or ASan hooks
+ * installed). */
+bool gpud_alloc_hooked(void);
+
+/* Backends: one device allocation of bytes on device dev (0-based). */
+void gpud_alloc_device_note(int dev, size_t bytes);
+
+struct gpud_alloc_counts {
+	uint64_t host_allocs[GPUD_ALLOC_ROLES]; /* malloc-family calls that allocated
+						 * (realloc counts when it moves or grows) */
+	uint64_t host_frees[GPUD_ALLOC_ROLES];
+	uint64_t host_bytes[GPUD_ALLOC_ROLES];  /* bytes requested */
+	uint64_t device_allocs;
+	uint64_t device_bytes;
+};
+
+/* Counts since process start. Any thread; never allocates. */
+void gpud_alloc_counts(struct gpud_alloc_counts *c);
+
+/* Marks the end of warm-up (snapshot). Calling it again moves the mark. */
+void gpud_alloc_warmup_done(void);
+bool gpud_alloc_warm(void);
+
+/* Counts since the warm-up mark (all zero before the mark). */
+void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
+
+const char *gpud_alloc_role_name(enum gpud_alloc_role role); /* "other", "loop", "device" */
+
+#endif

@@ -1,0 +1,121 @@
+/* stats.h - gpud's numbers as one plain snapshot, rendered as the STATS /
+ * MEM JSON replies and as Prometheus text (issue 4, DESIGN §2).
+ *
+ * The daemon fills a struct gpud_stats_snapshot from its parts (server,
+ * scheduler, engines, caches, watchdog, allocation counters); this module
+ * only renders it. Rendering writes into a caller buffer and allocates
+ * nothing (a stats request must not show up in the allocation counters
+ * it reports).
+ *
+ * JSON schema (stable: swarmctl, the tests and the load tool read it;
+ * grow it, never rename). Counts are integers, rates and times floats:
+ *
+ * STATS:
+ * { "version": "0.4.0", "uptime_s": 12.5, "draining": false,
+ *   "requests": { "admitted", "completed", "errors", "cancelled", "busy",
+ *                 "refused", "in_flight" },
+ *   "tokens": { "prompt", "cached_prompt", "generated", "per_s" },
+ *   "connections": { "open", "high", "accepted", "bad_frames", "stalled" },
+ *   "alloc": { "counted": true, "warm": true,
+ *              "since_warmup": { "host": N, "host_loop": N, "host_device": N,
+ *                                "host_other": N, "device": N },
+ *              "total": { ...same keys... } },
+ *   "devices": [ { "name": "cpu0", "queue", "running", "steps", "tokens",
+ *                  "generated", "preemptions" } ],
+ *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
+ *                "capacity", "used", "free", "high", "largest_free_run",
+ *                "trough", "trough_k_ago", "rising", "warning" } ],
+ *   "caches": [ { "name": "mask", "hits", "misses", "evictions", "bytes",
+ *                 "max_bytes", "entries", "max_entries", "pinned",
+ *                 "hit_tokens" } ],
+ *   "watchdog": { "rising": false, "warnings": [ "..." ] } }
+ *
+ * MEM: the same object without "requests", "tokens", "connections" and
+ * "devices", plus "dump": "<path>" when an owner dump was written.
+ */
+#ifndef GPUD_STATS_H
+#define GPUD_STATS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/alloc.h"
+
+#define GPUD_STATS_MAX_DEVICES 16
+#define GPUD_STATS_MAX_POOLS 64
+#define GPUD_STATS_MAX_CACHES 32
+#define GPUD_STATS_NAME_MAX 32
+#define GPUD_STATS_WARN_MAX 192
+
+struct gpud_stats_pool {
+	char name[GPUD_STATS_NAME_MAX]; /* "cpu0.kv", "cpu0.scratch", "mask", ... */
+	const char *unit;               /* static: "blocks", "slots" or "bytes" */
+	uint64_t unit_bytes;            /* bytes per unit (1 for bytes) */
+	uint64_t capacity, used, free, high, largest_free_run;
+	uint64_t trough, trough_k_ago;  /* the watchdog's view (memwatch) */
+	bool rising;
+	char warning[GPUD_STATS_WARN_MAX]; /* "" when not rising */
+};
+
+struct gpud_stats_cache {
+	char name[GPUD_STATS_NAME_MAX]; /* "mask", "cpu0.prefix", ... */
+	uint64_t hits, misses, evictions;
+	uint64_t bytes, max_bytes;
+	uint64_t entries, max_entries, pinned;
+	uint64_t hit_tokens;            /* prefix caches: prompt tokens served from cache */
+};
+
+struct gpud_stats_device {
+	char name[GPUD_STATS_NAME_MAX]; /* "cpu0", "cuda:1" */
+	uint32_t queue;                 /* waiting + running requests */
+	uint32_t running;
+	uint64_t steps, tokens, generated, preemptions;
+};
+
+struct gpud_stats_snapshot {
+	const char *version;
+	double uptime_s;
+	bool draining;
+	struct {
+		uint64_t admitted, completed, errors, cancelled, busy, refused;
+		uint32_t in_flight;
+	} requests;
+	struct {
+		uint64_t prompt, cached_prompt, generated;
+		double per_s;                   /* generated tokens/s, recent */
+	} tokens;
+	struct {
+		uint32_t open, high;
+		uint64_t accepted, bad_frames, stalled;
+	} connections;
+	bool alloc_counted;
+	bool alloc_warm;
+	struct gpud_alloc_counts alloc_total;
+	struct gpud_alloc_counts alloc_since_warmup;
+	uint32_t n_devices;
+	struct gpud_stats_device devices[GPUD_STATS_MAX_DEVICES];
+	uint32_t n_pools;
+	struct gpud_stats_pool pools[GPUD_STATS_MAX_POOLS];
+	uint32_t n_caches;
+	struct gpud_stats_cache caches[GPUD_STATS_MAX_CACHES];
+	const char *dump_path;                  /* MEM with an owner dump, else NULL */
+};
+
+/* Renders the STATS object (mem false) or the MEM object (mem true) into
+ * buf (cap bytes, not NUL-terminated; *len bytes written). Strings are
+ * escaped. Returns 0, SW_ETOOLONG when cap is too small (nothing usable
+ * in buf), -EINVAL for NULL arguments. Never allocates. */
+int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, size_t cap,
+		    size_t *len);
+
+/* The same numbers in the Prometheus text exposition format (version
+ * 0.0.4): gpud_requests_total{status="completed"}, gpud_tokens_total,
+ * gpud_pool_used{pool="cpu0.kv"}, gpud_pool_capacity, gpud_pool_high,
+ * gpud_pool_trough, gpud_cache_hits_total{cache="mask"}, ...,
+ * gpud_alloc_since_warmup{kind="host",role="device"}, each with # HELP and
+ * # TYPE lines. Same returns as gpud_stats_json. */
+int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t cap,
+			  size_t *len);
+
+#endif
