@@ -32,6 +32,7 @@ enum kind {
 	K_FRAC,         /* double in (0, 1] */
 	K_LEVEL,        /* int, enum sw_log_level, as a name */
 	K_DEVICES,      /* devices[] + n_devices */
+	K_LISTEN,       /* char[size]: "", "127.0.0.1:PORT" or "unix:/path" */
 	K_OBJ,          /* nested table */
 };
 
@@ -57,6 +58,8 @@ struct field {
 #define U32(k, m, lo, hi, fl, e) { .key = k, .kind = K_U32, .off = OFF(m), \
 	.min = lo, .max = hi, .flags = fl, .env = e }
 #define BYTES(k, m, lo, hi) { .key = k, .kind = K_BYTES, .off = OFF(m), .min = lo, .max = hi }
+#define BYTES_POW2(k, m, lo, hi) { .key = k, .kind = K_BYTES, .off = OFF(m), .min = lo, \
+	.max = hi, .flags = F_POW2 }
 #define OBJ(k, t) { .key = k, .kind = K_OBJ, .sub = t }
 
 #define MS_HOUR 3600000u
@@ -86,6 +89,12 @@ static const struct field queue_fields[] = {
 	{ .key = NULL },
 };
 
+static const struct field watchdog_fields[] = {
+	U32("window_ms", gpud.watchdog.window_ms, 100, MS_DAY, 0, NULL),
+	U32("k", gpud.watchdog.k, 2, 256, 0, NULL),
+	{ .key = NULL },
+};
+
 static const struct field gpud_fields[] = {
 	STR("socket", gpud.socket, F_NONEMPTY, "SWARM_GPUD_SOCKET"),
 	STR("model", gpud.model, 0, "SWARM_MODEL"),
@@ -102,6 +111,14 @@ static const struct field gpud_fields[] = {
 	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
+	U32("max_connections", gpud.max_connections, 1, 65536, 0, NULL),
+	BYTES_POW2("ring_bytes", gpud.ring_bytes, 64u << 10, 1u << 30),
+	BYTES("request_bytes", gpud.request_bytes, 64u << 10, 1u << 30),
+	BYTES("stage_bytes", gpud.stage_bytes, 4u << 10, 64u << 20),
+	U32("stall_ms", gpud.stall_ms, 100, MS_HOUR, 0, NULL),
+	{ .key = "metrics", .kind = K_LISTEN, .off = OFF(gpud.metrics),
+	  .size = sizeof(((struct sw_config *)0)->gpud.metrics) },
+	OBJ("watchdog", watchdog_fields),
 	{ .key = NULL },
 };
 
@@ -153,6 +170,14 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;
 	cfg->gpud.shutdown_deadline_ms = 30000;
+	cfg->gpud.max_connections = 512;
+	cfg->gpud.ring_bytes = 1ull << 20;
+	cfg->gpud.request_bytes = 2ull << 20;
+	cfg->gpud.stage_bytes = 64ull << 10;
+	cfg->gpud.stall_ms = 10000;
+	cfg->gpud.metrics[0] = '\0';
+	cfg->gpud.watchdog.window_ms = 60000;
+	cfg->gpud.watchdog.k = 10;
 
 	cfg->agentd.workers = 4;
 	cfg->agentd.max_attempts = 5;
@@ -345,6 +370,19 @@ static bool redis_url_ok(const char *s)
 	       strncmp(s, "unix://", 7) == 0;
 }
 
+/* "" (off), "127.0.0.1:PORT" (PORT 1..65535) or "unix:/absolute/path". */
+static bool listen_ok(const char *s)
+{
+	uint64_t port;
+
+	if (!*s)
+		return true;
+	if (strncmp(s, "unix:/", 6) == 0)
+		return strlen(s + 5) < SW_CONFIG_SOCKET_MAX;
+	return strncmp(s, "127.0.0.1:", 10) == 0 && parse_u64(s + 10, &port) && port >= 1 &&
+	       port <= 65535 && s[10] != '0';
+}
+
 static bool pg_url_ok(const char *s)
 {
 	return strncmp(s, "postgres://", 11) == 0 || strncmp(s, "postgresql://", 13) == 0 ||
@@ -456,6 +494,15 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 	case K_PG_URL:
 		return set_string(f, base + f->off, v, path, err, errlen);
 
+	case K_LISTEN: {
+		static const char w[] =
+			"\"\" (off), \"127.0.0.1:PORT\" or \"unix:/path\" (at most 107 bytes of path)";
+		if (!json_is_string(v) || !listen_ok(json_string_value(v)))
+			return expected(err, errlen, json_is_string(v) ? -EINVAL : SW_ETYPE, path, w,
+					v);
+		return set_string(f, base + f->off, v, path, err, errlen);
+	}
+
 	case K_U32:
 		if (f->flags & F_POW2)
 			snprintf(what, sizeof(what), "a power of two in [%" PRIu64 ", %" PRIu64 "]",
@@ -475,8 +522,8 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 
 	case K_BYTES:
 		snprintf(what, sizeof(what),
-			 "a byte size in [%" PRIu64 ", %" PRIu64 "] (an integer or \"64MiB\")",
-			 f->min, f->max);
+			 "a %sbyte size in [%" PRIu64 ", %" PRIu64 "] (an integer or \"64MiB\")",
+			 (f->flags & F_POW2) ? "power-of-two " : "", f->min, f->max);
 		if (json_is_integer(v)) {
 			if (json_integer_value(v) < 0)
 				return expected(err, errlen, -EINVAL, path, what, v);
@@ -487,7 +534,7 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 		} else {
 			return expected(err, errlen, SW_ETYPE, path, what, v);
 		}
-		if (u < f->min || u > f->max)
+		if (u < f->min || u > f->max || ((f->flags & F_POW2) && (u & (u - 1))))
 			return expected(err, errlen, -EINVAL, path, what, v);
 		*(uint64_t *)(base + f->off) = u;
 		return 0;
@@ -802,6 +849,7 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 
 		switch (f->kind) {
 		case K_STR:
+		case K_LISTEN:
 			v = json_string(base + f->off);
 			break;
 		case K_REDIS_URL:

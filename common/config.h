@@ -25,6 +25,7 @@
 #define SW_CONFIG_URL_MAX 1024
 #define SW_CONFIG_SOCKET_MAX 108   /* sizeof(sockaddr_un.sun_path) */
 #define SW_CONFIG_MAX_DEVICES 16
+#define SW_CONFIG_METRICS_MAX (SW_CONFIG_SOCKET_MAX + 5) /* "unix:" + a socket path */
 
 enum sw_device_kind {
 	SW_DEVICE_CPU = 0,
@@ -72,6 +73,19 @@ struct sw_config {
 			uint32_t global;         /* queued requests in all */
 		} queue;
 		uint32_t shutdown_deadline_ms;
+		/* The server's reservations (gpud/server.h). */
+		uint32_t max_connections;       /* client connections open at once */
+		uint64_t ring_bytes;            /* response ring per connection, a power of two */
+		uint64_t request_bytes;         /* request area per connection */
+		uint64_t stage_bytes;           /* staging per request slot (slow clients) */
+		uint32_t stall_ms;              /* a client not reading this long is dropped */
+		/* Prometheus text endpoint: "" (off), "127.0.0.1:PORT" or
+		 * "unix:/path/to.sock". */
+		char metrics[SW_CONFIG_METRICS_MAX];
+		struct {
+			uint32_t window_ms;     /* trough window */
+			uint32_t k;             /* troughs compared, 2..256 */
+		} watchdog;
 	} gpud;
 
 	struct {

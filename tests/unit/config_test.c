@@ -497,6 +497,90 @@ static void test_files(void **state)
 	assert_int_equal(sw_config_load_string("{\"x\":1}", &c, NULL, 0), -EINVAL);
 }
 
+/* The daemon's keys (issue 4): defaults, overrides, every error. */
+static void test_daemon_keys(void **state)
+{
+	(void)state;
+	struct sw_config c;
+
+	sw_config_defaults(&c);
+	assert_int_equal(c.gpud.max_connections, 512);
+	assert_true(c.gpud.ring_bytes == 1u << 20);
+	assert_true(c.gpud.request_bytes == 2u << 20);
+	assert_true(c.gpud.stage_bytes == 64u << 10);
+	assert_int_equal(c.gpud.stall_ms, 10000);
+	assert_string_equal(c.gpud.metrics, "");
+	assert_int_equal(c.gpud.watchdog.window_ms, 60000);
+	assert_int_equal(c.gpud.watchdog.k, 10);
+
+	load_ok("{\"gpud\": {\"max_connections\": 256, \"ring_bytes\": \"4MiB\","
+		" \"request_bytes\": 100000, \"stage_bytes\": \"8KiB\", \"stall_ms\": 500,"
+		" \"metrics\": \"127.0.0.1:9464\","
+		" \"watchdog\": {\"window_ms\": 1000, \"k\": 2}}}", &c);
+	assert_int_equal(c.gpud.max_connections, 256);
+	assert_true(c.gpud.ring_bytes == 4u << 20);
+	assert_true(c.gpud.request_bytes == 100000);
+	assert_true(c.gpud.stage_bytes == 8u << 10);
+	assert_int_equal(c.gpud.stall_ms, 500);
+	assert_string_equal(c.gpud.metrics, "127.0.0.1:9464");
+	assert_int_equal(c.gpud.watchdog.window_ms, 1000);
+	assert_int_equal(c.gpud.watchdog.k, 2);
+	load_ok("{\"gpud\": {\"metrics\": \"unix:/run/swarm/m.sock\"}}", &c);
+	assert_string_equal(c.gpud.metrics, "unix:/run/swarm/m.sock");
+	load_ok("{\"gpud\": {\"metrics\": \"\"}}", &c);
+	assert_string_equal(c.gpud.metrics, "");
+
+	expect_error("{\"gpud\": {\"ring_bytes\": 100000}}", -EINVAL,
+		     "gpud.ring_bytes: expected a power-of-two byte size in [65536, 1073741824]"
+		     " (an integer or \"64MiB\"), got 100000");
+	expect_error("{\"gpud\": {\"ring_bytes\": \"32KiB\"}}", -EINVAL,
+		     "gpud.ring_bytes: expected a power-of-two byte size in [65536, 1073741824]"
+		     " (an integer or \"64MiB\"), got \"32KiB\"");
+	expect_error("{\"gpud\": {\"max_connections\": 0}}", -EINVAL,
+		     "gpud.max_connections: expected an integer in [1, 65536], got 0");
+	expect_error("{\"gpud\": {\"stall_ms\": 10}}", -EINVAL,
+		     "gpud.stall_ms: expected an integer in [100, 3600000], got 10");
+	expect_error("{\"gpud\": {\"stage_bytes\": \"1GiB\"}}", -EINVAL,
+		     "gpud.stage_bytes: expected a byte size in [4096, 67108864]"
+		     " (an integer or \"64MiB\"), got \"1GiB\"");
+	expect_error("{\"gpud\": {\"watchdog\": {\"k\": 1}}}", -EINVAL,
+		     "gpud.watchdog.k: expected an integer in [2, 256], got 1");
+	expect_error("{\"gpud\": {\"watchdog\": {\"windows_ms\": 1}}}", -EINVAL,
+		     "gpud.watchdog.windows_ms: unknown key (did you mean \"window_ms\"?)");
+	static const char *bad_metrics[] = { "0.0.0.0:9464", "127.0.0.1:", "127.0.0.1:0",
+					     "127.0.0.1:65536", "127.0.0.1:09", "unix:", "unix:rel",
+					     "localhost:9464" };
+	for (size_t i = 0; i < sizeof(bad_metrics) / sizeof(bad_metrics[0]); i++) {
+		char json[256], msg[256];
+		snprintf(json, sizeof(json), "{\"gpud\": {\"metrics\": \"%s\"}}", bad_metrics[i]);
+		snprintf(msg, sizeof(msg),
+			 "gpud.metrics: expected \"\" (off), \"127.0.0.1:PORT\" or \"unix:/path\""
+			 " (at most 107 bytes of path), got \"%s\"", bad_metrics[i]);
+		expect_error(json, -EINVAL, msg);
+	}
+	expect_error("{\"gpud\": {\"metrics\": 9464}}", SW_ETYPE,
+		     "gpud.metrics: expected \"\" (off), \"127.0.0.1:PORT\" or \"unix:/path\""
+		     " (at most 107 bytes of path), got 9464");
+	char json[512];
+	snprintf(json, sizeof(json), "{\"gpud\": {\"metrics\": \"unix:/%0120d\"}}", 0);
+	err[0] = '\0';
+	assert_int_equal(sw_config_load_string(json, &c, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "gpud.metrics: expected"));
+
+	/* The new keys survive the round trip through sw_config_to_json. */
+	struct sw_config back;
+	load_ok("{\"gpud\": {\"ring_bytes\": \"2MiB\", \"metrics\": \"unix:/tmp/m.sock\","
+		" \"watchdog\": {\"k\": 7}}}", &c);
+	char *js = sw_config_to_json(&c);
+	assert_non_null(js);
+	assert_non_null(strstr(js, "\"metrics\":\"unix:/tmp/m.sock\""));
+	load_ok(js, &back);
+	free(js);
+	assert_true(back.gpud.ring_bytes == 2u << 20);
+	assert_int_equal(back.gpud.watchdog.k, 7);
+	assert_string_equal(back.gpud.metrics, "unix:/tmp/m.sock");
+}
+
 static void test_to_json_round_trip(void **state)
 {
 	(void)state;
@@ -586,6 +670,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_env_overrides, clear_env),
 		cmocka_unit_test_teardown(test_env_errors, clear_env),
 		cmocka_unit_test(test_files),
+		cmocka_unit_test(test_daemon_keys),
 		cmocka_unit_test(test_to_json_round_trip),
 		cmocka_unit_test(test_redact),
 	};
