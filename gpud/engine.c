@@ -250,6 +250,11 @@ uint32_t gpud_engine_seq_len(const struct gpud_engine *e, uint32_t seq)
 	return gpud_kv_seq_len(e->kv, seq);
 }
 
+const uint32_t *gpud_engine_block_table(const struct gpud_engine *e, uint32_t seq, uint32_t *n)
+{
+	return gpud_kv_block_table(e->kv, seq, n);
+}
+
 int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n)
 {
 	return gpud_kv_truncate(e->kv, seq, n);

@@ -75,6 +75,12 @@ int gpud_engine_seq_free(struct gpud_engine *e, uint32_t seq);
 /* Positions already in seq's KV cache (its next token's position). */
 uint32_t gpud_engine_seq_len(const struct gpud_engine *e, uint32_t seq);
 
+/* seq's KV block table (*n entries; entry j holds positions
+ * [j*block_tokens, (j+1)*block_tokens)), for memory reports. Owned by the
+ * engine, valid until seq next changes; NULL and *n = 0 for a seq not in
+ * use. */
+const uint32_t *gpud_engine_block_table(const struct gpud_engine *e, uint32_t seq, uint32_t *n);
+
 /* Drops seq's positions >= n (and the blocks past them). 0 or -EINVAL. */
 int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n);
 

@@ -58,9 +58,13 @@ struct dev {
 	uint32_t max_ents;     /* per step */
 	uint32_t free_blocks;  /* cached engine_free_blocks, updated under the lock */
 	uint64_t pending_blocks; /* blocks the waiting list's prefills will need */
-	uint64_t steps;
-	bool busy;             /* in a forward pass with the lock released */
+	uint64_t steps, tokens, generated, preemptions;
+	bool busy;             /* in a forward pass or a device_exec, lock released */
 	uint32_t depth;        /* waiting + running */
+	uint64_t kick;         /* bumped by submit/cancel/wake on this device */
+	pthread_cond_t cond;   /* signalled with kick (gpud_sched_wait) */
+	bool cond_ok;
+	uint32_t *owner;       /* (n_blocks) scratch of gpud_sched_block_owners */
 	struct slot **run;     /* (max_engine_seqs) by admission order */
 	uint32_t n_run;
 	struct slot **wait;    /* (max_requests) by arrival */
@@ -71,6 +75,8 @@ struct dev {
 
 struct gpud_sched {
 	pthread_mutex_t lock;
+	pthread_cond_t idle;    /* a device left busy (block_owners waits on it) */
+	uint32_t idle_waiters;
 	struct gpud_sched_params p;
 	struct dev *devs;
 	uint32_t n_dev;
@@ -128,8 +134,12 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].wait);
 			free(s->devs[d].ents);
 			free(s->devs[d].ent_slot);
+			free(s->devs[d].owner);
+			if (s->devs[d].cond_ok)
+				pthread_cond_destroy(&s->devs[d].cond);
 		}
 	}
+	pthread_cond_destroy(&s->idle);
 	pthread_mutex_destroy(&s->lock);
 	free(s->slots);
 	free(s->tok_mem);
@@ -141,6 +151,8 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 		    size_t errlen)
 {
 	const struct gpud_engine_params *ep = gpud_engine_params(e);
+	pthread_condattr_t ca;
+	int rc;
 
 	d->e = e;
 	d->tok = gpud_model_tokenizer(gpud_engine_model(e));
@@ -158,8 +170,17 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	d->wait = calloc(s->p.max_requests, sizeof(*d->wait));
 	d->ents = calloc(d->max_ents, sizeof(*d->ents));
 	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
-	if (!d->run || !d->wait || !d->ents || !d->ent_slot)
+	d->owner = calloc(d->n_blocks, sizeof(*d->owner));
+	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->owner)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+	if (pthread_condattr_init(&ca))
+		return sw_seterr(err, errlen, -ENOMEM, "sched: condattr");
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	rc = pthread_cond_init(&d->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	if (rc)
+		return sw_seterr(err, errlen, -rc, "sched: cond init: %s", sw_strerror(-rc));
+	d->cond_ok = true;
 	return 0;
 }
 
@@ -177,6 +198,7 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	if (!s)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->idle, NULL);
 	if (p)
 		s->p = *p;
 	else
@@ -316,6 +338,7 @@ static void preempt(struct gpud_sched *s, struct dev *d, struct slot *sl)
 	sl->wait_since = d->steps;
 	wait_insert(d, sl);
 	s->st.preemptions++;
+	d->preemptions++;
 }
 
 /* --- submit / cancel ------------------------------------------------------- */
@@ -329,15 +352,75 @@ static uint32_t max_positions(const struct dev *d, uint32_t n_prompt, uint32_t m
 	return n_prompt <= d->n_ctx ? d->n_ctx : 0;
 }
 
+enum place_fail {
+	PLACE_NO_MASK_DEV = 1, /* no device uses the mask's block size */
+	PLACE_NO_CTX,          /* beyond every candidate's context */
+	PLACE_NO_BLOCKS,       /* more blocks than a candidate owns */
+};
+
+/* Placement (lock held): most free blocks (less what queued prefills will
+ * take), then the shortest queue, among the candidate devices (all, or
+ * only first when pinned) the request fits. mask_bt: the mask's block
+ * size, 0 without a mask. Returns the device, or -1 and *why. */
+static int place(const struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens,
+		 uint32_t mask_bt, uint32_t first, uint32_t end, enum place_fail *why)
+{
+	const struct dev *best = NULL;
+	int64_t best_free = 0;
+	int best_dev = -1;
+	bool ctx_ok = false, mask_ok = false;
+
+	for (uint32_t i = first; i < end; i++) {
+		const struct dev *d = &s->devs[i];
+		uint32_t pos = max_positions(d, n_tokens, max_tokens);
+		int64_t eff;
+
+		if (mask_bt && mask_bt != d->bt)
+			continue;
+		mask_ok = true;
+		if (!pos)
+			continue;
+		ctx_ok = true;
+		if (blocks_for(pos, d->bt) > d->n_blocks)
+			continue;
+		eff = (int64_t)d->free_blocks - (int64_t)d->pending_blocks;
+		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
+			best = d;
+			best_free = eff;
+			best_dev = (int)i;
+		}
+	}
+	if (!best)
+		*why = !mask_ok ? PLACE_NO_MASK_DEV : !ctx_ok ? PLACE_NO_CTX : PLACE_NO_BLOCKS;
+	return best_dev;
+}
+
+uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens)
+{
+	enum place_fail why;
+	int d;
+
+	pthread_mutex_lock(&s->lock);
+	d = place(s, n_tokens, max_tokens, 0, 0, s->n_dev, &why);
+	pthread_mutex_unlock(&s->lock);
+	return d < 0 ? 0 : (uint32_t)d;
+}
+
+/* Tells dev's thread (in gpud_sched_wait) that something changed. */
+static void kick(struct dev *d)
+{
+	d->kick++;
+	pthread_cond_broadcast(&d->cond);
+}
+
 int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint64_t *id,
 		      char *err, size_t errlen)
 {
 	struct slot *sl = NULL;
-	struct dev *best = NULL;
-	int64_t best_free = 0;
-	uint32_t best_dev = 0;
-	bool ctx_ok = false, mask_ok = false;
-	int rc = 0;
+	struct dev *best;
+	enum place_fail why = 0;
+	uint32_t first = 0, end = s->n_dev;
+	int best_dev, rc = 0;
 
 	*id = 0;
 	pthread_mutex_lock(&s->lock);
@@ -362,45 +445,35 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	rc = gpud_sampler_params_check(&r->sampling, err, errlen);
 	if (rc)
 		goto out_refuse;
-	/* Placement: most free blocks (less what queued prefills will take),
-	 * then the shortest queue, among the devices the request fits. */
-	for (uint32_t i = 0; i < s->n_dev; i++) {
-		struct dev *d = &s->devs[i];
-		uint32_t pos = max_positions(d, r->n_tokens, r->max_tokens);
-		int64_t eff;
-
-		if (r->mask && r->mask->block_tokens != d->bt)
-			continue;
-		mask_ok = true;
-		if (!pos)
-			continue;
-		ctx_ok = true;
-		if (blocks_for(pos, d->bt) > d->n_blocks)
-			continue;
-		eff = (int64_t)d->free_blocks - (int64_t)d->pending_blocks;
-		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
-			best = d;
-			best_free = eff;
-			best_dev = i;
+	if (r->pin_device) {
+		if (r->device >= s->n_dev) {
+			rc = sw_seterr(err, errlen, -EINVAL, "sched: pinned to device %u of %u",
+				       r->device, s->n_dev);
+			goto out_refuse;
 		}
+		first = r->device;
+		end = r->device + 1;
 	}
-	if (!best) {
-		if (!mask_ok)
+	best_dev = place(s, r->n_tokens, r->max_tokens, r->mask ? r->mask->block_tokens : 0,
+			 first, end, &why);
+	if (best_dev < 0) {
+		if (why == PLACE_NO_MASK_DEV)
 			rc = sw_seterr(err, errlen, -EINVAL,
 				       "sched: mask compiled for %u-token KV blocks, no device uses "
 				       "that size", r->mask->block_tokens);
-		else if (!ctx_ok)
+		else if (why == PLACE_NO_CTX)
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "sched: prompt of %u tokens + max_tokens %u exceeds the context "
 				       "of every device (%u)", r->n_tokens, r->max_tokens,
-				       s->devs[0].n_ctx);
+				       s->devs[first].n_ctx);
 		else
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "sched: request of %u prompt tokens + max_tokens %u needs more "
 				       "KV blocks than a device owns (%u)", r->n_tokens,
-				       r->max_tokens, s->devs[0].n_blocks);
+				       r->max_tokens, s->devs[first].n_blocks);
 		goto out_refuse;
 	}
+	best = &s->devs[best_dev];
 	for (uint32_t i = 0; i < s->p.max_requests; i++) {
 		if (s->slots[i].state == SLOT_FREE) {
 			sl = &s->slots[i];
@@ -429,7 +502,7 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	gpud_detok_init_continuation(&sl->detok);
 	sl->state = SLOT_WAITING;
 	sl->id = s->next_id++;
-	sl->dev = best_dev;
+	sl->dev = (uint32_t)best_dev;
 	sl->n_prompt = r->n_tokens;
 	sl->n_toks = r->n_tokens;
 	sl->n_done = 0;
@@ -447,6 +520,7 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	sl->arg = r->arg;
 	wait_insert(best, sl);
 	best->depth++;
+	kick(best);
 	s->st.admitted++;
 	s->st.in_flight++;
 	*id = sl->id;
@@ -473,6 +547,7 @@ int gpud_sched_cancel(struct gpud_sched *s, uint64_t id)
 			sl->cancel_pending = true; /* its device completes it after the pass */
 		else
 			complete(s, sl, SW_ECANCELED, 0, "cancelled");
+		kick(&s->devs[sl->dev]);
 		rc = 0;
 		break;
 	}
@@ -586,6 +661,28 @@ again:
 	return n;
 }
 
+/* The device's thread takes the engine back (lock held). */
+static void leave_busy(struct gpud_sched *s, struct dev *d)
+{
+	d->busy = false;
+	if (s->idle_waiters)
+		pthread_cond_broadcast(&s->idle);
+}
+
+/* Completes cancels that arrived while the device was busy, for requests
+ * outside the batch (lock held, device not busy). */
+static void finish_pending(struct gpud_sched *s, struct dev *d)
+{
+	for (uint32_t i = 0; i < d->n_run;) {
+		struct slot *sl = d->run[i];
+		if (sl->cancel_pending)
+			complete(s, sl, SW_ECANCELED, 0, "cancelled");
+		else
+			i++;
+	}
+	d->free_blocks = gpud_engine_free_blocks(d->e);
+}
+
 /* Samples, streams and maybe completes entry i's request after a step. */
 static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 {
@@ -608,6 +705,7 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 	}
 	gpud_sampler_accept(sl->smp, id);
 	s->st.generated++;
+	d->generated++;
 	if (!sl->t_first)
 		sl->t_first = now_s();
 	eog = gpud_tokenizer_is_eog(d->tok, id);
@@ -663,7 +761,7 @@ retry:
 	pthread_mutex_unlock(&s->lock);
 	rc = gpud_engine_step(d->e, d->ents, n, err, errlen);
 	pthread_mutex_lock(&s->lock);
-	d->busy = false;
+	leave_busy(s, d);
 	if (rc == SW_EEXHAUSTED && tries++ < 4) {
 		/* The plan's block count was short (should not happen): recompute
 		 * the most recently admitted and plan again. */
@@ -685,6 +783,7 @@ retry:
 	for (uint32_t i = 0; i < n; i++)
 		tokens += d->ents[i].n_tokens;
 	s->st.tokens += tokens;
+	d->tokens += tokens;
 	for (uint32_t i = 0; i < n; i++) {
 		struct slot *sl = d->ent_slot[i];
 
@@ -697,15 +796,7 @@ retry:
 	}
 	rc = (int)n;
 out:
-	/* Cancels that arrived during the pass for requests outside the batch. */
-	for (uint32_t i = 0; i < d->n_run;) {
-		struct slot *sl = d->run[i];
-		if (sl->cancel_pending)
-			complete(s, sl, SW_ECANCELED, 0, "cancelled");
-		else
-			i++;
-	}
-	d->free_blocks = gpud_engine_free_blocks(d->e);
+	finish_pending(s, d);
 	pthread_mutex_unlock(&s->lock);
 	return rc;
 }
@@ -727,4 +818,120 @@ uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev)
 	n = s->devs[dev].depth;
 	pthread_mutex_unlock(&s->lock);
 	return n;
+}
+
+void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms)
+{
+	struct timespec ts;
+	struct dev *d;
+	uint64_t gen;
+
+	if (dev >= s->n_dev)
+		return;
+	d = &s->devs[dev];
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&s->lock);
+	gen = d->kick;
+	while (!d->n_wait && !d->n_run && d->kick == gen) {
+		if (pthread_cond_timedwait(&d->cond, &s->lock, &ts) == ETIMEDOUT)
+			break;
+	}
+	pthread_mutex_unlock(&s->lock);
+}
+
+void gpud_sched_wake(struct gpud_sched *s)
+{
+	pthread_mutex_lock(&s->lock);
+	for (uint32_t d = 0; d < s->n_dev; d++)
+		kick(&s->devs[d]);
+	pthread_mutex_unlock(&s->lock);
+}
+
+int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
+			   int (*fn)(struct gpud_engine *e, void *arg), void *arg)
+{
+	struct dev *d;
+	int rc;
+
+	if (dev >= s->n_dev || !fn)
+		return -EINVAL;
+	d = &s->devs[dev];
+	pthread_mutex_lock(&s->lock);
+	if (d->busy) {
+		pthread_mutex_unlock(&s->lock);
+		return SW_EBUSY;
+	}
+	d->busy = true;
+	pthread_mutex_unlock(&s->lock);
+	rc = fn(d->e, arg);
+	pthread_mutex_lock(&s->lock);
+	leave_busy(s, d);
+	finish_pending(s, d);
+	pthread_mutex_unlock(&s->lock);
+	return rc;
+}
+
+int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
+			    struct gpud_sched_device_stats *st)
+{
+	const struct dev *d;
+
+	if (dev >= s->n_dev)
+		return -EINVAL;
+	d = &s->devs[dev];
+	memset(st, 0, sizeof(*st));
+	pthread_mutex_lock(&s->lock);
+	st->queue = d->depth;
+	st->running = d->n_run;
+	st->steps = d->steps;
+	st->tokens = d->tokens;
+	st->generated = d->generated;
+	st->preemptions = d->preemptions;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+#define OWNER_FREE UINT32_MAX
+
+int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
+			    void (*fn)(void *arg, uint32_t block, const char *kind, uint64_t id),
+			    void *arg)
+{
+	struct dev *d;
+
+	if (dev >= s->n_dev || !fn)
+		return -EINVAL;
+	d = &s->devs[dev];
+	pthread_mutex_lock(&s->lock);
+	/* The engine changes block tables during a pass: wait for its end. */
+	while (d->busy) {
+		s->idle_waiters++;
+		pthread_cond_wait(&s->idle, &s->lock);
+		s->idle_waiters--;
+	}
+	for (uint32_t b = 0; b < d->n_blocks; b++)
+		d->owner[b] = OWNER_FREE;
+	for (uint32_t i = 0; i < d->n_run; i++) {
+		const struct slot *sl = d->run[i];
+		uint32_t nb = 0;
+		const uint32_t *t = gpud_engine_block_table(d->e, sl->seq, &nb);
+
+		for (uint32_t j = 0; j < nb; j++)
+			if (t[j] < d->n_blocks)
+				d->owner[t[j]] = (uint32_t)(sl - s->slots);
+	}
+	for (uint32_t b = 0; b < d->n_blocks; b++) {
+		if (d->owner[b] == OWNER_FREE)
+			fn(arg, b, "free", 0);
+		else
+			fn(arg, b, "request", s->slots[d->owner[b]].id);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return 0;
 }

@@ -47,11 +47,10 @@
  * and should be quick; a TOKEN callback returning non-zero stops that
  * request (done with reason GPUD_GEN_STOP_CALLER).
  */
-/* Not done yet (later pieces of issue 4): the device worker threads
- * themselves and their wake-up on submit (the caller loops over
- * gpud_sched_step), the prefix KV cache and mask cache (usage has no
- * cached prompt tokens), SIGTERM draining, per-connection limits. A
- * request is preempted whole (no swapping, no partial truncation). */
+/* Not done here: the device worker threads themselves (the daemon loops
+ * over gpud_sched_step and gpud_sched_wait), SIGTERM draining,
+ * per-connection limits. A request is preempted whole (no swapping, no
+ * partial truncation). */
 #ifndef GPUD_SCHEDULER_H
 #define GPUD_SCHEDULER_H
 
@@ -194,22 +193,28 @@ uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev);
 
 /* The device gpud_sched_submit would choose now for a request of n_tokens
  * prompt tokens and max_tokens (the daemon compiles the mask in that
- * device's mask cache, then submits with pin_device). */
+ * device's mask cache, then submits with pin_device). Ignores masks (all
+ * devices are taken to share a block size). 0 when no device fits (the
+ * pinned submit then refuses with SW_ETOOLONG). */
 uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens);
 
 /* Device worker support. gpud_sched_wait blocks the calling (device)
  * thread until dev may have work (a submit placed on it, a cancel, a
  * gpud_sched_wake) or timeout_ms passes; returns at once when dev already
- * has work. gpud_sched_wake wakes every waiting device thread (shutdown). */
+ * has work (waiting or running requests), and at once for a bad dev.
+ * gpud_sched_wake wakes every waiting device thread (shutdown: set your
+ * own stop flag first, then wake). */
 void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms);
 void gpud_sched_wake(struct gpud_sched *s);
 
 /* Runs fn(engine, arg) on dev's engine from dev's own thread, between
  * steps, as the scheduler's exclusive use of the engine (cancels arriving
  * meanwhile are completed right after, as during a forward pass); the
- * scheduler lock is not held during fn. For embeddings. Returns fn's
- * return, or SW_EBUSY when another thread is stepping dev, -EINVAL for a
- * bad dev. */
+ * scheduler lock is not held during fn. For embeddings. fn may call
+ * submit/cancel/stats, but not gpud_sched_block_owners (it waits for the
+ * device). Returns fn's return, or SW_EBUSY when another thread is
+ * stepping dev (or a device_exec on it is running), -EINVAL for a bad dev
+ * or a NULL fn. */
 int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
 			   int (*fn)(struct gpud_engine *e, void *arg), void *arg);
 
@@ -230,7 +235,8 @@ struct gpud_sched_device_stats {
 int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 			    struct gpud_sched_device_stats *st);
 
-/* Owner of every KV block of dev, for the memory dump: fn is called once
+/* Owner of every KV block of dev, for the memory dump (waits for a forward
+ * pass or device_exec in progress on dev to end): fn is called once
  * per block in index order with kind "free", "request" (id = the request
  * id from submit), "prefix" (held only by the prefix cache; id = the
  * block's hash) or "shared" (a prefix block also used by requests; id =

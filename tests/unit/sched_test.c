@@ -849,6 +849,332 @@ static void test_no_alloc(void **state)
 	gpud_engine_destroy(e[1]);
 }
 
+/* Pinned requests go to their device; a bad pin is -EINVAL; pick_device
+ * follows the placement rule (most free blocks after queued prefills). */
+static void test_pinned(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 8, 64), mk_engine(64, 8, 64) };
+	struct gpud_sched *s = mk_sched(e, 2, 16, 0, 32);
+	static struct res out[5];
+	int32_t ids[40];
+	uint32_t n = tokenize(prompts[7], ids, 40);
+	struct gpud_sched_req r;
+	char err[256] = "";
+	uint64_t id = 9;
+
+	memset(out, 0, sizeof(out));
+	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0); /* equal: the first */
+	for (int i = 0; i < 3; i++) {
+		req_init(&r, ids, n, 8, &out[i]);
+		r.pin_device = true;
+		r.device = 1;
+		submit_ok(s, &r);
+	}
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+	assert_int_equal(gpud_sched_queue_depth(s, 1), 3);
+	/* device 1's queued prefills take blocks: device 0 is chosen */
+	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0);
+	req_init(&r, ids, n, 8, &out[3]);
+	r.pin_device = true;
+	r.device = 2;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	assert_int_equal(id, 0);
+	assert_non_null(strstr(err, "device"));
+	/* pinned to a device it cannot fit: the pinned device's refusal */
+	req_init(&r, ids, n, 64 * 16, &out[3]);
+	r.pin_device = true;
+	r.device = 0;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_ETOOLONG);
+	/* unpinned goes to device 0 now */
+	req_init(&r, ids, n, 8, &out[3]);
+	submit_ok(s, &r);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 1);
+	/* pinned to the fuller device still goes there */
+	req_init(&r, ids, n, 8, &out[4]);
+	r.pin_device = true;
+	r.device = 1;
+	submit_ok(s, &r);
+	assert_int_equal(gpud_sched_queue_depth(s, 1), 4);
+	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0);
+	drain(s, 2, NULL);
+	for (int i = 0; i < 5; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_string_equal(out[i].text, out[0].text);
+	}
+	assert_pool_empty(e[0]);
+	assert_pool_empty(e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+struct waiter {
+	struct gpud_sched *s;
+	uint32_t dev;
+	atomic_int entered;
+	uint32_t depth_after; /* queue depth seen when wait returned */
+};
+
+static void *waiter_main(void *arg)
+{
+	struct waiter *w = arg;
+
+	atomic_store(&w->entered, 1);
+	/* A lost wake-up would hang here past the test timeout. */
+	gpud_sched_wait(w->s, w->dev, 3600 * 1000);
+	w->depth_after = gpud_sched_queue_depth(w->s, w->dev);
+	return NULL;
+}
+
+/* A device thread waiting on an idle device returns when a request is
+ * placed on it, or on gpud_sched_wake; it returns at once when the device
+ * already has work. */
+static void test_wait_wake(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 0), mk_engine(64, 4, 0) };
+	struct gpud_sched *s = mk_sched(e, 2, 8, 0, 32);
+	static struct res out;
+	int32_t ids[40];
+	uint32_t n = tokenize(prompts[1], ids, 40);
+	struct gpud_sched_req r;
+	struct waiter w = { .s = s, .dev = 1 }, w2 = { .s = s, .dev = 0 };
+	pthread_t th;
+
+	memset(&out, 0, sizeof(out));
+	gpud_sched_wait(s, 0, 0);  /* idle, no timeout: returns */
+	gpud_sched_wait(s, 7, 10); /* bad device: returns */
+	assert_int_equal(pthread_create(&th, NULL, waiter_main, &w), 0);
+	while (!atomic_load(&w.entered))
+		usleep(100);
+	usleep(20000);
+	req_init(&r, ids, n, 4, &out);
+	r.pin_device = true;
+	r.device = 1;
+	submit_ok(s, &r);
+	pthread_join(th, NULL);
+	assert_int_equal(w.depth_after, 1); /* woken by the submit, not before it */
+	/* work queued: returns at once */
+	gpud_sched_wait(s, 1, 3600 * 1000);
+	drain(s, 2, NULL);
+	assert_true(out.done);
+	/* wake (shutdown) releases an idle waiter */
+	assert_int_equal(pthread_create(&th, NULL, waiter_main, &w2), 0);
+	while (!atomic_load(&w2.entered))
+		usleep(100);
+	usleep(20000);
+	gpud_sched_wake(s);
+	pthread_join(th, NULL);
+	assert_int_equal(w2.depth_after, 0);
+	assert_pool_empty(e[0]);
+	assert_pool_empty(e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+struct exec_ctx {
+	struct gpud_sched *s;
+	uint64_t victim;
+	struct res *victim_out;
+	const int32_t *ids;
+	uint32_t n;
+	float emb[512];
+	int cancel_rc, step_rc, nested_rc;
+	bool victim_done_inside;
+	uint32_t free_inside;
+};
+
+static int nested_fn(struct gpud_engine *e, void *arg)
+{
+	(void)e;
+	(void)arg;
+	return 1234;
+}
+
+static int exec_fn(struct gpud_engine *e, void *arg)
+{
+	struct exec_ctx *c = arg;
+	char err[256] = "";
+	int rc;
+
+	/* The cancel arrives while the device is in exclusive use: deferred. */
+	c->cancel_rc = gpud_sched_cancel(c->s, c->victim);
+	c->victim_done_inside = c->victim_out->done;
+	c->step_rc = gpud_sched_step(c->s, 0, err, sizeof(err));
+	c->nested_rc = gpud_sched_device_exec(c->s, 0, nested_fn, NULL);
+	c->free_inside = gpud_engine_free_blocks(e);
+	rc = gpud_engine_embed_tokens(e, c->ids, c->n, c->emb, err, sizeof(err));
+	if (rc)
+		print_message("embed: %s\n", err);
+	return rc ? rc : 77;
+}
+
+/* gpud_sched_device_exec runs an embedding on the device's engine while
+ * requests are in flight; a cancel arriving meanwhile completes after it
+ * (KV back), a step meanwhile is SW_EBUSY, the others finish as solo. */
+static void test_device_exec(void **state)
+{
+	(void)state;
+	struct gpud_engine *e = mk_engine(64, 4, 0), *ref = mk_engine(64, 4, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, 4, 0, 32);
+	static struct res out[2];
+	static struct exec_ctx c;
+	int32_t ids[2][64];
+	uint32_t n[2];
+	struct gpud_sched_req r;
+	struct gpud_engine_stats es;
+	float want[512];
+	char err[256] = "";
+	uint32_t dim = gpud_engine_dim(e);
+	struct sink solo;
+	struct gpud_gen_result gr;
+
+	assert_true(dim <= 512);
+	memset(out, 0, sizeof(out));
+	memset(&c, 0, sizeof(c));
+	for (int i = 0; i < 2; i++) {
+		n[i] = tokenize(prompts[i + 2], ids[i], 64);
+		req_init(&r, ids[i], n[i], 20, &out[i]);
+		if (i == 0)
+			c.victim = submit_ok(s, &r);
+		else
+			submit_ok(s, &r);
+	}
+	for (int i = 0; i < 3; i++)
+		assert_true(step_ok(s, 0) > 0);
+	c.s = s;
+	c.victim_out = &out[0];
+	c.ids = ids[1];
+	c.n = n[1];
+	assert_int_equal(gpud_sched_device_exec(s, 0, exec_fn, &c), 77);
+	assert_int_equal(c.cancel_rc, 0);
+	assert_false(c.victim_done_inside);
+	assert_int_equal(c.step_rc, SW_EBUSY);
+	assert_int_equal(c.nested_rc, SW_EBUSY);
+	/* the victim completed right after, its blocks are back */
+	assert_true(out[0].done);
+	assert_int_equal(out[0].status, SW_ECANCELED);
+	assert_int_equal(out[0].usage.n_gen, 3);
+	gpud_engine_stats(e, &es);
+	assert_int_equal(es.kv.seqs, 1);
+	assert_true(gpud_engine_free_blocks(e) > c.free_inside);
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+	/* the embedding is the one a fresh engine gives */
+	assert_int_equal(gpud_engine_embed_tokens(ref, ids[1], n[1], want, err, sizeof(err)), 0);
+	for (uint32_t i = 0; i < dim; i++)
+		assert_true(fabsf(want[i] - c.emb[i]) <= 1e-6f);
+	assert_int_equal(gpud_sched_device_exec(s, 1, nested_fn, NULL), -EINVAL);
+	assert_int_equal(gpud_sched_device_exec(s, 0, nested_fn, NULL), 1234);
+	drain(s, 1, NULL);
+	assert_true(out[1].done);
+	assert_int_equal(out[1].status, 0);
+	reference(ref, prompts[3], 20, &solo, &gr);
+	assert_string_equal(out[1].text, solo.buf);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e);
+}
+
+struct owners {
+	uint32_t n_calls, n_free, n_req, next;
+	uint64_t ids[4];
+	uint32_t per_id[4];
+	bool bad;
+};
+
+static void owner_fn(void *arg, uint32_t block, const char *kind, uint64_t id)
+{
+	struct owners *o = arg;
+
+	if (block != o->next++)
+		o->bad = true;
+	o->n_calls++;
+	if (!strcmp(kind, "free")) {
+		o->n_free++;
+		return;
+	}
+	if (strcmp(kind, "request")) {
+		o->bad = true;
+		return;
+	}
+	o->n_req++;
+	for (int i = 0; i < 4; i++)
+		if (o->ids[i] == id)
+			o->per_id[i]++;
+}
+
+/* Device stats and the block owner dump agree with the engine's KV stats. */
+static void test_stats_owners(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 32), mk_engine(64, 4, 32) };
+	struct gpud_sched *s = mk_sched(e, 2, 8, 0, 32);
+	static struct res out[3];
+	int32_t ids[3][64];
+	uint32_t n[3];
+	struct gpud_sched_req r;
+	struct gpud_sched_device_stats ds, ds1;
+	struct gpud_sched_stats st;
+	struct gpud_engine_stats es;
+	struct owners o;
+	int steps = 0;
+
+	memset(out, 0, sizeof(out));
+	memset(&o, 0, sizeof(o));
+	for (int i = 0; i < 3; i++) {
+		n[i] = tokenize(prompts[7 + i], ids[i], 64);
+		req_init(&r, ids[i], n[i], 10, &out[i]);
+		r.pin_device = true;
+		r.device = 0;
+		o.ids[i] = submit_ok(s, &r);
+	}
+	assert_int_equal(gpud_sched_device_stats(s, 2, &ds), -EINVAL);
+	assert_int_equal(gpud_sched_block_owners(s, 2, owner_fn, &o), -EINVAL);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.queue, 3);
+	assert_int_equal(ds.running, 0);
+	assert_int_equal(ds.steps, 0);
+	for (int i = 0; i < 4; i++)
+		steps += step_ok(s, 0) > 0;
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.queue, 3);
+	assert_int_equal(ds.running, 3);
+	assert_int_equal(ds.steps, (uint64_t)steps);
+	assert_int_equal(ds.generated, 3 * 4);
+	assert_int_equal(ds.tokens, n[0] + n[1] + n[2] + 3 * 3);
+	assert_int_equal(ds.prefix_hits, 0);
+	assert_int_equal(ds.prefix_blocks, 0);
+	assert_int_equal(gpud_sched_block_owners(s, 0, owner_fn, &o), 0);
+	gpud_engine_stats(e[0], &es);
+	assert_false(o.bad);
+	assert_int_equal(o.n_calls, 32);
+	assert_int_equal(o.n_free, es.kv.free);
+	assert_int_equal(o.n_req, es.kv.used);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(o.per_id[i], (n[i] + 4 + 15) / 16);
+	drain(s, 2, NULL);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(gpud_sched_device_stats(s, 1, &ds1), 0);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(ds.queue, 0);
+	assert_int_equal(ds.steps + ds1.steps, st.steps);
+	assert_int_equal(ds.generated, st.generated);
+	assert_int_equal(ds.tokens, st.tokens);
+	assert_int_equal(ds1.steps, 0);
+	memset(&o, 0, sizeof(o));
+	assert_int_equal(gpud_sched_block_owners(s, 0, owner_fn, &o), 0);
+	assert_int_equal(o.n_free, 32);
+	assert_pool_empty(e[0]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 static int setup(void **state)
 {
 	char err[256] = "";
@@ -882,6 +1208,10 @@ int main(void)
 		cmocka_unit_test(test_mask_preempt),
 		cmocka_unit_test(test_threaded_cancel),
 		cmocka_unit_test(test_no_alloc),
+		cmocka_unit_test(test_pinned),
+		cmocka_unit_test(test_wait_wake),
+		cmocka_unit_test(test_device_exec),
+		cmocka_unit_test(test_stats_owners),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
