@@ -1,0 +1,424 @@
+/* main.c - swarmctl, the operator's tool.
+ *
+ *   swarmctl [--config FILE] start | stop | status [--json] | check
+ *                            | mem [--dump] | logs [SERVICE] [-f]
+ *
+ * Without --config (or $SWARM_CONFIG) swarmctl runs managed local services
+ * in the state directory (services.h). Exit status: 0 success, 1 failure,
+ * 2 usage error. submit, results and top arrive with agentd (issue 5/6).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "proto/client.h"
+#include "swarmctl/proc.h"
+#include "swarmctl/services.h"
+
+#define EXIT_USAGE 2
+
+static const char *config_path;
+
+static void usage(FILE *f)
+{
+	fprintf(f,
+		"usage: swarmctl [--config FILE] COMMAND\n"
+		"  start              start Redis and PostgreSQL (managed), gpud, agentd\n"
+		"  stop               drain and stop agentd, gpud, then managed services\n"
+		"  status [--json]    processes, queue, gpud memory, caches, throughput\n"
+		"  check              validate the configuration\n"
+		"  mem [--dump]       gpud's memory report (--dump: every block's owner to a file)\n"
+		"  logs [SERVICE] [-f]  print (or follow) a service's log: gpud, agentd, redis,\n"
+		"                     postgres\n"
+		"Without --config (or $SWARM_CONFIG), services run managed in the state directory\n"
+		"($SWARM_STATE_DIR, default ~/.local/state/swarm; /var/lib/swarm for root).\n");
+}
+
+static int env_init(struct sc_env *e)
+{
+	char err[1024];
+
+	if (sc_env_init(e, config_path, err, sizeof(err)) != 0) {
+		fprintf(stderr, "swarmctl: %s\n", err);
+		return 1;
+	}
+	return 0;
+}
+
+static int cmd_check(void)
+{
+	struct sc_env e;
+
+	if (env_init(&e))
+		return 1;
+	printf("configuration OK (%s; state directory %s)\n",
+	       e.managed ? "managed local services" : e.user_config, e.state_dir);
+	return 0;
+}
+
+static int cmd_stop_env(struct sc_env *e)
+{
+	static const enum sc_service order[] = { SC_AGENTD, SC_GPUD, SC_REDIS, SC_POSTGRES };
+	char err[2048];
+	int status = 0;
+
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		enum sc_service s = order[i];
+		pid_t pid = sc_service_pid(e, s);
+		bool killed = false;
+
+		if (!sc_service_managed(e, s) || !pid)
+			continue;
+		printf("stopping %s (pid %d)\n", sc_service_name(s), (int)pid);
+		fflush(stdout);
+		if (sc_service_stop(e, s, &killed, err, sizeof(err)) != 0) {
+			fprintf(stderr, "swarmctl: %s\n", err);
+			status = 1;
+		} else if (killed) {
+			fprintf(stderr, "swarmctl: %s did not stop within its deadline: killed\n",
+				sc_service_name(s));
+		}
+	}
+	return status;
+}
+
+static int cmd_stop(void)
+{
+	struct sc_env e;
+	char err[1024];
+	int lock, rc;
+
+	if (env_init(&e))
+		return 1;
+	if (access(e.state_dir, F_OK) != 0) {
+		printf("nothing is running (no state directory %s)\n", e.state_dir);
+		return 0;
+	}
+	lock = sc_state_lock(&e, err, sizeof(err));
+	if (lock < 0) {
+		fprintf(stderr, "swarmctl: %s\n", err);
+		return 1;
+	}
+	bool any = false;
+
+	for (int s = 0; s < SC_N_SERVICES; s++)
+		any |= sc_service_pid(&e, s) != 0;
+	rc = any ? cmd_stop_env(&e) : 0;
+	if (!any)
+		printf("nothing is running\n");
+	close(lock);
+	return rc;
+}
+
+static int cmd_start(void)
+{
+	static const enum sc_service order[] = { SC_REDIS, SC_POSTGRES, SC_GPUD, SC_AGENTD };
+	struct sc_env e;
+	char err[4096];
+	int lock;
+
+	if (env_init(&e))
+		return 1;
+	if (sc_state_prepare(&e, err, sizeof(err)) != 0) {
+		fprintf(stderr, "swarmctl: %s\n", err);
+		return 1;
+	}
+	lock = sc_state_lock(&e, err, sizeof(err));
+	if (lock < 0) {
+		fprintf(stderr, "swarmctl: %s\n", err);
+		return 1;
+	}
+	pid_t g = sc_service_pid(&e, SC_GPUD), a = sc_service_pid(&e, SC_AGENTD);
+
+	if (g || a) {
+		fprintf(stderr, "swarmctl: swarm is already running in %s (gpud pid %d, agentd pid "
+			"%d); `swarmctl stop` first\n", e.state_dir, (int)g, (int)a);
+		close(lock);
+		return 1;
+	}
+	if (e.managed && e.builtin_model)
+		printf("note: no SWARM_MODEL set: gpud runs a built-in model with random weights, "
+		       "so its text is noise\n");
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		enum sc_service s = order[i];
+		int rc;
+
+		printf("%s %s ... ", sc_service_managed(&e, s) ? "starting" : "checking",
+		       sc_service_name(s));
+		fflush(stdout);
+		rc = sc_service_start(&e, s, err, sizeof(err));
+		if (rc) {
+			printf("failed\n");
+			fprintf(stderr, "swarmctl: %s: %s\n", sc_service_name(s), err);
+			cmd_stop_env(&e);
+			close(lock);
+			return 1;
+		}
+		pid_t pid = sc_service_pid(&e, s);
+
+		if (pid)
+			printf("ok (pid %d)\n", (int)pid);
+		else
+			printf("ok\n");
+	}
+	printf("swarm is running (state directory %s)\n", e.state_dir);
+	close(lock);
+	return 0;
+}
+
+/* gpud's stats or mem JSON, parsed; NULL with a message when unreachable. */
+static json_t *gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
+			 size_t errlen)
+{
+	struct proto_client_opts o;
+	struct proto_client *c;
+	char *text = NULL;
+	json_error_t je;
+	json_t *j = NULL;
+
+	proto_client_opts_default(&o);
+	o.timeout_ms = 5000;
+	if (proto_client_connect(&c, e->cfg.gpud.socket, &o, err, errlen) != 0)
+		return NULL;
+	if ((mem ? proto_client_mem(c, flags, &text, err, errlen)
+		 : proto_client_stats(c, &text, err, errlen)) == 0) {
+		j = json_loads(text, 0, &je);
+		if (!j)
+			snprintf(err, errlen, "gpud sent invalid JSON: %s", je.text);
+	}
+	free(text);
+	proto_client_close(c);
+	return j;
+}
+
+static void print_uptime(double s)
+{
+	if (s < 0)
+		printf("%-10s", "-");
+	else if (s < 120)
+		printf("%-10.0fs", s);
+	else if (s < 7200)
+		printf("%-10.1fm", s / 60);
+	else
+		printf("%-10.1fh", s / 3600);
+}
+
+static int cmd_status(bool as_json)
+{
+	struct sc_env e;
+	char err[1024];
+	json_t *out, *procs, *stats;
+	bool all_up = true;
+
+	if (env_init(&e))
+		return 1;
+	out = json_object();
+	procs = json_object();
+	for (int s = 0; s < SC_N_SERVICES; s++) {
+		json_t *p = json_object();
+		pid_t pid = sc_service_pid(&e, s);
+		bool up = pid != 0;
+
+		if (!sc_service_managed(&e, s)) {
+			up = sc_service_ping(&e, s, err, sizeof(err)) == 0;
+			json_object_set_new(p, "external", json_true());
+			if (!up)
+				json_object_set_new(p, "error", json_string(err));
+		}
+		json_object_set_new(p, "up", json_boolean(up));
+		if (pid) {
+			json_object_set_new(p, "pid", json_integer(pid));
+			json_object_set_new(p, "uptime_s", json_real(sc_proc_uptime_s(pid)));
+		}
+		all_up &= up;
+		json_object_set_new(procs, sc_service_name(s), p);
+	}
+	json_object_set_new(out, "state_dir", json_string(e.state_dir));
+	json_object_set_new(out, "managed", json_boolean(e.managed));
+	json_object_set_new(out, "processes", procs);
+	stats = gpud_json(&e, false, 0, err, sizeof(err));
+	if (stats)
+		json_object_set_new(out, "gpud", stats);
+	else
+		json_object_set_new(out, "gpud_error", json_string(err));
+
+	if (as_json) {
+		char *s = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS);
+
+		puts(s ? s : "{}");
+		free(s);
+		json_decref(out);
+		return all_up ? 0 : 1;
+	}
+	printf("state directory %s (%s)\n", e.state_dir,
+	       e.managed ? "managed services" : "external Redis/PostgreSQL");
+	printf("%-10s %-6s %-8s %s\n", "SERVICE", "STATE", "PID", "UPTIME");
+	for (int s = 0; s < SC_N_SERVICES; s++) {
+		json_t *p = json_object_get(procs, sc_service_name(s));
+		bool up = json_is_true(json_object_get(p, "up"));
+		json_t *pid = json_object_get(p, "pid");
+
+		printf("%-10s %-6s ", sc_service_name(s), up ? "up" : "down");
+		if (pid)
+			printf("%-8lld ", (long long)json_integer_value(pid));
+		else
+			printf("%-8s ", json_object_get(p, "external") ? "external" : "-");
+		print_uptime(pid ? json_real_value(json_object_get(p, "uptime_s")) : -1);
+		printf("\n");
+	}
+	if (stats) {
+		json_t *req = json_object_get(stats, "requests");
+		json_t *tok = json_object_get(stats, "tokens");
+		json_t *alloc = json_object_get(json_object_get(stats, "alloc"), "since_warmup");
+		size_t i;
+		json_t *v;
+
+		printf("\ngpud: %lld requests in flight, %lld completed, %.1f tokens/s; host "
+		       "allocations since warm-up: %lld\n",
+		       (long long)json_integer_value(json_object_get(req, "in_flight")),
+		       (long long)json_integer_value(json_object_get(req, "completed")),
+		       json_number_value(json_object_get(tok, "per_s")),
+		       (long long)json_integer_value(json_object_get(alloc, "host")));
+		printf("%-16s %12s %12s %12s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH");
+		json_array_foreach(json_object_get(stats, "pools"), i, v) {
+			printf("%-16s %12lld %12lld %12lld %lld%s\n",
+			       json_string_value(json_object_get(v, "name")),
+			       (long long)json_integer_value(json_object_get(v, "used")),
+			       (long long)json_integer_value(json_object_get(v, "high")),
+			       (long long)json_integer_value(json_object_get(v, "capacity")),
+			       (long long)json_integer_value(json_object_get(v, "trough")),
+			       json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
+		}
+		printf("%-16s %12s %12s %12s\n", "CACHE", "HITS", "MISSES", "HIT RATE");
+		json_array_foreach(json_object_get(stats, "caches"), i, v) {
+			double h = (double)json_integer_value(json_object_get(v, "hits"));
+			double m = (double)json_integer_value(json_object_get(v, "misses"));
+
+			printf("%-16s %12.0f %12.0f %11.1f%%\n",
+			       json_string_value(json_object_get(v, "name")), h, m,
+			       h + m > 0 ? 100 * h / (h + m) : 0.0);
+		}
+	} else {
+		printf("\ngpud: %s\n", err);
+	}
+	json_decref(out);
+	return all_up ? 0 : 1;
+}
+
+static int cmd_mem(bool dump)
+{
+	struct sc_env e;
+	char err[1024];
+	json_t *j;
+	char *s;
+
+	if (env_init(&e))
+		return 1;
+	j = gpud_json(&e, true, dump ? PROTO_MEM_DUMP_OWNERS : 0, err, sizeof(err));
+	if (!j) {
+		fprintf(stderr, "swarmctl: gpud: %s\n", err);
+		return 1;
+	}
+	s = json_dumps(j, JSON_INDENT(2) | JSON_SORT_KEYS);
+	puts(s ? s : "{}");
+	free(s);
+	json_decref(j);
+	return 0;
+}
+
+static int cmd_logs(const char *service, bool follow)
+{
+	struct sc_env e;
+	char path[PATH_MAX + 64], rel[64];
+
+	if (env_init(&e))
+		return 1;
+	if (!service)
+		service = "gpud";
+	if (strcmp(service, "gpud") && strcmp(service, "agentd") && strcmp(service, "redis") &&
+	    strcmp(service, "postgres") && strcmp(service, "model")) {
+		fprintf(stderr, "swarmctl: logs: unknown service \"%s\" (gpud, agentd, redis, "
+			"postgres)\n", service);
+		return EXIT_USAGE;
+	}
+	snprintf(rel, sizeof(rel), "logs/%s.log", service);
+	sc_path(&e, rel, path, sizeof(path));
+	if (access(path, R_OK) != 0) {
+		fprintf(stderr, "swarmctl: %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	char *argv[] = { "tail", "-n", "200", follow ? "-F" : path, follow ? path : NULL, NULL };
+
+	fflush(stdout);
+	execvp("tail", argv);
+	fprintf(stderr, "swarmctl: tail: %s\n", strerror(errno));
+	return 1;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "dump", no_argument, NULL, 'd' },
+		{ "follow", no_argument, NULL, 'f' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool as_json = false, dump = false, follow = false;
+	const char *cmd;
+	int c;
+
+	signal(SIGPIPE, SIG_IGN);
+	while ((c = getopt_long(argc, argv, "+c:jdfh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': config_path = optarg; break;
+		case 'j': as_json = true; break;
+		case 'd': dump = true; break;
+		case 'f': follow = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind >= argc) {
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	cmd = argv[optind++];
+	/* options may also follow the command */
+	while ((c = getopt_long(argc, argv, "+c:jdfh", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': config_path = optarg; break;
+		case 'j': as_json = true; break;
+		case 'd': dump = true; break;
+		case 'f': follow = true; break;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (!strcmp(cmd, "start"))
+		return cmd_start();
+	if (!strcmp(cmd, "stop"))
+		return cmd_stop();
+	if (!strcmp(cmd, "status"))
+		return cmd_status(as_json);
+	if (!strcmp(cmd, "check"))
+		return cmd_check();
+	if (!strcmp(cmd, "mem"))
+		return cmd_mem(dump);
+	if (!strcmp(cmd, "logs"))
+		return cmd_logs(optind < argc ? argv[optind] : NULL, follow);
+	if (!strcmp(cmd, "submit") || !strcmp(cmd, "results") || !strcmp(cmd, "top")) {
+		fprintf(stderr, "swarmctl: %s: not implemented yet (needs agentd, issue 5)\n", cmd);
+		return 1;
+	}
+	fprintf(stderr, "swarmctl: unknown command \"%s\"\n", cmd);
+	usage(stderr);
+	return EXIT_USAGE;
+}

@@ -1,0 +1,756 @@
+/* services.c - starting, stopping and probing the swarm's processes (see
+ * services.h). */
+#include "swarmctl/services.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <hiredis/hiredis.h>
+#include <libgen.h>
+#include <libpq-fe.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/time.h"
+#include "proto/client.h"
+#include "swarmctl/proc.h"
+
+#define REDIS_START_MS 15000
+#define PG_START_S 60
+#define GPUD_START_MS 180000 /* model load + warm-up of a large model */
+#define AGENTD_SETTLE_MS 1500
+#define AGENTD_DRAIN_MS 60000 /* workers finish or hand back their tasks */
+#define LOCK_WAIT_MS 60000
+
+/* The built-in model: random weights, byte vocabulary, small enough to run
+ * a demo on two cores. Its output is noise; every place that shows text
+ * says so. */
+static const char *const builtin_model_args[] = {
+	"--dim", "128", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "384",
+	"--vocab", "byte", "--type", "q8_0", "--seed", "20261129", "--context", "4096",
+	"--name", "swarm-builtin-random", NULL,
+};
+
+/* snprintf that reports truncation: 0 or -ENAMETOOLONG. */
+__attribute__((format(printf, 3, 4)))
+static int put(char *dst, size_t cap, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(dst, cap, fmt, ap);
+	va_end(ap);
+	return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
+}
+
+static const char *const names[SC_N_SERVICES] = { "redis", "postgres", "gpud", "agentd" };
+
+const char *sc_service_name(enum sc_service s)
+{
+	return (unsigned)s < SC_N_SERVICES ? names[s] : "?";
+}
+
+void sc_path(const struct sc_env *e, const char *rel, char *out, size_t cap)
+{
+	snprintf(out, cap, "%s/%s", e->state_dir, rel);
+}
+
+bool sc_service_managed(const struct sc_env *e, enum sc_service s)
+{
+	return s == SC_GPUD || s == SC_AGENTD || e->managed;
+}
+
+static bool is_exec(const char *p)
+{
+	return access(p, X_OK) == 0;
+}
+
+/* bin: $env_var, else next to our executable (install), else the build
+ * tree's <build>/<dir>/<name> relative to <build>/swarmctl/swarmctl. */
+static void find_bin(const char *env_var, const char *dir, const char *name, char *out,
+		     size_t cap)
+{
+	char self[PATH_MAX], cand[PATH_MAX + 64];
+	const char *v = getenv(env_var);
+	ssize_t n;
+
+	if (v && *v) {
+		snprintf(out, cap, "%s", v);
+		return;
+	}
+	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n > 0) {
+		self[n] = '\0';
+		char *d = dirname(self);
+
+		snprintf(cand, sizeof(cand), "%s/../%s/%s", d, dir, name);
+		if (is_exec(cand)) {
+			snprintf(out, cap, "%s", cand);
+			return;
+		}
+		snprintf(cand, sizeof(cand), "%s/%s", d, name);
+		if (is_exec(cand)) {
+			snprintf(out, cap, "%s", cand);
+			return;
+		}
+	}
+	snprintf(out, cap, "%s", name); /* from PATH */
+}
+
+static void find_pg_bindir(char *out, size_t cap)
+{
+	const char *v = getenv("SWARM_PG_BINDIR");
+	DIR *d;
+	struct dirent *de;
+	long best = -1;
+
+	if (v && *v) {
+		snprintf(out, cap, "%s", v);
+		return;
+	}
+	out[0] = '\0';
+	d = opendir("/usr/lib/postgresql");
+	if (!d)
+		return;
+	while ((de = readdir(d))) {
+		char p[PATH_MAX];
+		char *end;
+		long ver = strtol(de->d_name, &end, 10);
+
+		if (end == de->d_name || *end || ver <= best)
+			continue;
+		snprintf(p, sizeof(p), "/usr/lib/postgresql/%s/bin/initdb", de->d_name);
+		if (is_exec(p)) {
+			best = ver;
+			snprintf(out, cap, "/usr/lib/postgresql/%ld/bin", ver);
+		}
+	}
+	closedir(d);
+}
+
+static void default_state_dir(char *out, size_t cap)
+{
+	const char *v = getenv("SWARM_STATE_DIR"), *home = getenv("HOME");
+
+	if (v && *v)
+		snprintf(out, cap, "%s", v);
+	else if (geteuid() == 0)
+		snprintf(out, cap, "/var/lib/swarm");
+	else if (home && *home)
+		snprintf(out, cap, "%s/.local/state/swarm", home);
+	else
+		snprintf(out, cap, "/tmp/swarm-%d", (int)geteuid());
+}
+
+int sc_env_init(struct sc_env *e, const char *config_path, char *err, size_t errlen)
+{
+	const char *v;
+	int rc;
+
+	memset(e, 0, sizeof(*e));
+	if (!config_path || !*config_path)
+		config_path = getenv("SWARM_CONFIG");
+	find_bin("SWARM_GPUD_BIN", "gpud", "gpud", e->gpud_bin, sizeof(e->gpud_bin));
+	find_bin("SWARM_AGENTD_BIN", "agentd", "agentd", e->agentd_bin, sizeof(e->agentd_bin));
+	find_pg_bindir(e->pg_bindir, sizeof(e->pg_bindir));
+	e->pg_os_user = geteuid() == 0 ? "postgres" : NULL;
+
+	if (config_path && *config_path) {
+		e->managed = false;
+		if (!realpath(config_path, e->user_config))
+			return sw_seterr(err, errlen, -errno, "%s: %s (wrong config path?)",
+					 config_path, strerror(errno));
+		snprintf(e->config_path, sizeof(e->config_path), "%s", e->user_config);
+		rc = sw_config_load_file(e->user_config, &e->cfg, err, errlen);
+		if (rc)
+			return rc;
+		rc = sw_config_apply_env(&e->cfg, err, errlen);
+		if (rc)
+			return rc;
+		rc = sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
+		if (rc)
+			return rc;
+		snprintf(e->state_dir, sizeof(e->state_dir), "%s", e->cfg.state_dir);
+		return 0;
+	}
+
+	/* managed: defaults, then the environment, then our own locations */
+	e->managed = true;
+	default_state_dir(e->state_dir, sizeof(e->state_dir));
+	sw_config_defaults(&e->cfg);
+	rc = sw_config_apply_env(&e->cfg, err, errlen);
+	if (rc)
+		return rc;
+	v = getenv("SWARM_MODEL");
+	e->builtin_model = !(v && *v);
+	if (put(e->cfg.state_dir, sizeof(e->cfg.state_dir), "%s", e->state_dir) ||
+	    put(e->config_path, sizeof(e->config_path), "%s/swarm.json", e->state_dir) ||
+	    put(e->cfg.redis.url, sizeof(e->cfg.redis.url), "unix://%s/run/redis.sock",
+		e->state_dir) ||
+	    put(e->cfg.postgres.url, sizeof(e->cfg.postgres.url),
+		"host=%s/pg dbname=swarm user=swarm", e->state_dir) ||
+	    put(e->cfg.gpud.socket, sizeof(e->cfg.gpud.socket), "%s/run/gpud.sock",
+		e->state_dir) ||
+	    (e->builtin_model && put(e->cfg.gpud.model, sizeof(e->cfg.gpud.model),
+				     "%s/models/builtin.gguf", e->state_dir)))
+		return sw_seterr(err, errlen, -ENAMETOOLONG,
+				 "state directory %s: too long (a Unix socket path inside it must "
+				 "fit in %zu bytes; set SWARM_STATE_DIR to a shorter path)",
+				 e->state_dir, sizeof(e->cfg.gpud.socket));
+	if (!getenv("SWARM_WORKERS"))
+		e->cfg.agentd.workers = 2;
+	return sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
+}
+
+static int write_file(const char *path, const char *text, char *err, size_t errlen)
+{
+	char tmp[PATH_MAX + 8];
+	FILE *f;
+	int rc = 0;
+
+	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	f = fopen(tmp, "we");
+	if (!f)
+		return sw_seterr(err, errlen, -errno, "%s: %s", tmp, strerror(errno));
+	if (fputs(text, f) < 0 || fputc('\n', f) < 0)
+		rc = -EIO;
+	if (fclose(f) != 0 && !rc)
+		rc = -errno;
+	if (!rc && rename(tmp, path) != 0)
+		rc = -errno;
+	if (rc) {
+		unlink(tmp);
+		return sw_seterr(err, errlen, rc, "%s: %s", path, strerror(-rc));
+	}
+	return 0;
+}
+
+int sc_state_prepare(struct sc_env *e, char *err, size_t errlen)
+{
+	static const char *const dirs[] = { "", "/run", "/logs", "/redis", "/models" };
+	char p[PATH_MAX + 16];
+	int rc;
+
+	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
+		snprintf(p, sizeof(p), "%s%s", e->state_dir, dirs[i]);
+		rc = sc_mkdirs(p, 0755);
+		if (rc)
+			return sw_seterr(err, errlen, rc, "%s: %s", p, strerror(-rc));
+	}
+	if (e->managed) {
+		char *json = sw_config_to_json(&e->cfg);
+
+		if (!json)
+			return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+		rc = write_file(e->config_path, json, err, errlen);
+		free(json);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int sc_state_lock(struct sc_env *e, char *err, size_t errlen)
+{
+	char p[PATH_MAX + 32];
+	struct sw_deadline d = sw_deadline_in_ms(LOCK_WAIT_MS);
+	int fd;
+
+	sc_path(e, "swarmctl.lock", p, sizeof(p));
+	fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return sw_seterr(err, errlen, -errno, "%s: %s", p, strerror(errno));
+	while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+		if (errno != EWOULDBLOCK || sw_deadline_expired(d)) {
+			close(fd);
+			return sw_seterr(err, errlen, SW_EBUSY,
+					 "another swarmctl holds %s (start or stop in progress)", p);
+		}
+		sw_sleep_ms(100);
+	}
+	return fd;
+}
+
+static void pid_path(const struct sc_env *e, enum sc_service s, char *out, size_t cap)
+{
+	char rel[64];
+
+	snprintf(rel, sizeof(rel), "run/%s.pid", names[s]);
+	sc_path(e, rel, out, cap);
+}
+
+static void log_path(const struct sc_env *e, const char *name, char *out, size_t cap)
+{
+	char rel[64];
+
+	snprintf(rel, sizeof(rel), "logs/%s.log", name);
+	sc_path(e, rel, out, cap);
+}
+
+/* postmaster.pid's first line is the postmaster's pid. */
+static pid_t pg_pid(const struct sc_env *e)
+{
+	char p[PATH_MAX + 32];
+	int pid = 0;
+	FILE *f;
+
+	sc_path(e, "pg/data/postmaster.pid", p, sizeof(p));
+	f = fopen(p, "re");
+	if (!f)
+		return 0;
+	if (fscanf(f, "%d", &pid) != 1)
+		pid = 0;
+	fclose(f);
+	return pid > 0 && sc_proc_start_ticks(pid) ? pid : 0;
+}
+
+pid_t sc_service_pid(const struct sc_env *e, enum sc_service s)
+{
+	char p[PATH_MAX + 32];
+	pid_t pid;
+
+	if (!sc_service_managed(e, s))
+		return 0;
+	if (s == SC_POSTGRES)
+		return pg_pid(e);
+	pid_path(e, s, p, sizeof(p));
+	pid = sc_pidfile_live(p);
+	return pid > 0 ? pid : 0;
+}
+
+/* Appends ": last lines of LOG:\n<tail>" to a message. */
+static int fail_with_log(char *err, size_t errlen, int code, const char *log, const char *fmt,
+			 const char *what)
+{
+	char tail[2048];
+	size_t n;
+
+	sc_tail(log, 12, tail, sizeof(tail));
+	sw_seterr(err, errlen, code, fmt, what);
+	n = strlen(err);
+	if (tail[0] && n < errlen)
+		snprintf(err + n, errlen - n, "\nlast lines of %s:\n%s", log, tail);
+	return code;
+}
+
+/* --- Redis ------------------------------------------------------------- */
+
+static int redis_ping_url(const char *url, char *err, size_t errlen)
+{
+	struct timeval tv = { .tv_sec = 2 };
+	redisContext *c;
+	redisReply *r;
+	int rc = 0;
+
+	if (!strncmp(url, "unix://", 7)) {
+		c = redisConnectUnixWithTimeout(url + 7, tv);
+	} else {
+		char host[256] = "127.0.0.1";
+		int port = 6379;
+		const char *p = strstr(url, "://");
+
+		p = p ? p + 3 : url;
+		if (strchr(p, '@'))
+			p = strchr(p, '@') + 1;
+		if (sscanf(p, "%255[^:/]:%d", host, &port) < 1)
+			return sw_seterr(err, errlen, -EINVAL, "redis url %s: no host", url);
+		c = redisConnectWithTimeout(host, port, tv);
+	}
+	if (!c)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	if (c->err) {
+		rc = sw_seterr(err, errlen, -ECONNREFUSED, "redis at %s: %s", url, c->errstr);
+		redisFree(c);
+		return rc;
+	}
+	r = redisCommand(c, "PING");
+	if (!r || r->type == REDIS_REPLY_ERROR)
+		rc = sw_seterr(err, errlen, -EIO, "redis at %s: PING: %s", url,
+			       r ? r->str : c->errstr);
+	if (r)
+		freeReplyObject(r);
+	redisFree(c);
+	return rc;
+}
+
+static int start_redis(struct sc_env *e, char *err, size_t errlen)
+{
+	char log[PATH_MAX + 32], pidf[PATH_MAX + 32], sock[PATH_MAX + 32], dir[PATH_MAX + 32];
+	struct sw_deadline d = sw_deadline_in_ms(REDIS_START_MS);
+	pid_t pid;
+	int rc;
+
+	log_path(e, "redis", log, sizeof(log));
+	pid_path(e, SC_REDIS, pidf, sizeof(pidf));
+	sc_path(e, "run/redis.sock", sock, sizeof(sock));
+	sc_path(e, "redis", dir, sizeof(dir));
+	char *argv[] = {
+		"redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "770",
+		"--dir", dir, "--appendonly", "yes", "--appendfsync", "everysec",
+		"--save", "", "--daemonize", "no", NULL,
+	};
+
+	pid = sc_spawn(argv, NULL, log, NULL);
+	if (pid < 0)
+		return sw_seterr(err, errlen, pid, "redis-server: %s (is Redis installed? "
+				 "scripts/setup installs it)", strerror(-pid));
+	rc = sc_pidfile_write(pidf, pid);
+	if (rc) {
+		sc_stop_pid(pid, SIGTERM, 5000, NULL);
+		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
+	}
+	for (;;) {
+		char perr[256];
+
+		if (!sc_proc_start_ticks(pid)) {
+			unlink(pidf);
+			return fail_with_log(err, errlen, -ECHILD, log, "%s exited during start-up",
+					     "redis-server");
+		}
+		if (redis_ping_url(e->cfg.redis.url, perr, sizeof(perr)) == 0)
+			return 0;
+		if (sw_deadline_expired(d)) {
+			sc_stop_pid(pid, SIGTERM, 5000, NULL);
+			unlink(pidf);
+			return fail_with_log(err, errlen, -ETIMEDOUT, log,
+					     "%s did not answer PING in time", "redis-server");
+		}
+		sw_sleep_ms(50);
+	}
+}
+
+/* --- PostgreSQL --------------------------------------------------------- */
+
+static int pg_exec(PGconn *c, const char *sql, char *err, size_t errlen)
+{
+	PGresult *r = PQexec(c, sql);
+	int rc = 0;
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK && PQresultStatus(r) != PGRES_TUPLES_OK)
+		rc = sw_seterr(err, errlen, -EIO, "postgres: %s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	return rc;
+}
+
+static int pg_ping_conninfo(const char *conninfo, char *err, size_t errlen)
+{
+	PGconn *c = PQconnectdb(conninfo);
+	int rc = 0;
+
+	if (PQstatus(c) != CONNECTION_OK) {
+		char redacted[SW_CONFIG_URL_MAX];
+
+		sw_config_redact_url(conninfo, redacted, sizeof(redacted));
+		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres at %s: %s", redacted,
+			       PQerrorMessage(c));
+	}
+	PQfinish(c);
+	return rc;
+}
+
+/* Creates database swarm and the vector extension when missing. */
+static int pg_bootstrap(struct sc_env *e, char *err, size_t errlen)
+{
+	char ci[PATH_MAX + 64];
+	PGconn *c;
+	PGresult *r;
+	int rc = 0;
+	bool have;
+
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=postgres user=swarm", e->state_dir);
+	c = PQconnectdb(ci);
+	if (PQstatus(c) != CONNECTION_OK) {
+		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
+		PQfinish(c);
+		return rc;
+	}
+	r = PQexec(c, "SELECT 1 FROM pg_database WHERE datname = 'swarm'");
+	have = PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1;
+	PQclear(r);
+	if (!have)
+		rc = pg_exec(c, "CREATE DATABASE swarm", err, errlen);
+	PQfinish(c);
+	if (rc)
+		return rc;
+	c = PQconnectdb(e->cfg.postgres.url);
+	if (PQstatus(c) != CONNECTION_OK) {
+		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
+		PQfinish(c);
+		return rc;
+	}
+	rc = pg_exec(c, "CREATE EXTENSION IF NOT EXISTS vector", err, errlen);
+	if (rc)
+		snprintf(err + strlen(err), errlen - strlen(err),
+			 " (pgvector missing? scripts/setup builds it)");
+	PQfinish(c);
+	return rc;
+}
+
+static int start_postgres(struct sc_env *e, char *err, size_t errlen)
+{
+	char pgdir[PATH_MAX + 32], data[PATH_MAX + 32], log[PATH_MAX + 32], ver[PATH_MAX + 48];
+	char initdb[PATH_MAX + 16], pgctl[PATH_MAX + 16], opts[PATH_MAX + 128];
+	struct stat st;
+	int rc;
+
+	if (!e->pg_bindir[0])
+		return sw_seterr(err, errlen, -ENOENT, "PostgreSQL server binaries not found in "
+				 "/usr/lib/postgresql/*/bin (scripts/setup installs them; or set "
+				 "SWARM_PG_BINDIR)");
+	sc_path(e, "pg", pgdir, sizeof(pgdir));
+	sc_path(e, "pg/data", data, sizeof(data));
+	log_path(e, "postgres", log, sizeof(log));
+	snprintf(initdb, sizeof(initdb), "%s/initdb", e->pg_bindir);
+	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
+	snprintf(ver, sizeof(ver), "%s/PG_VERSION", data);
+
+	rc = sc_mkdirs(pgdir, 0755);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "%s: %s", pgdir, strerror(-rc));
+	if (e->pg_os_user) {
+		struct passwd *pw = getpwnam(e->pg_os_user);
+
+		if (!pw)
+			return sw_seterr(err, errlen, -ENOENT, "no '%s' user to run PostgreSQL as "
+					 "(it refuses to run as root)", e->pg_os_user);
+		if (chown(pgdir, pw->pw_uid, pw->pw_gid) != 0)
+			return sw_seterr(err, errlen, -errno, "chown %s: %s", pgdir,
+					 strerror(errno));
+		/* the server writes its log itself */
+		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+
+		if (fd >= 0) {
+			if (fchown(fd, pw->pw_uid, pw->pw_gid) != 0) {
+				/* reported by pg_ctl if it matters */
+			}
+			close(fd);
+		}
+	}
+	if (stat(ver, &st) != 0) {
+		char *argv[] = { initdb, "-D", data, "-U", "swarm", "--auth=trust", "-E", "UTF8",
+				 "--no-locale", NULL };
+
+		rc = sc_run(argv, log, e->pg_os_user);
+		if (rc != 0)
+			return fail_with_log(err, errlen, -EIO, log, "%s failed", "initdb");
+	}
+	snprintf(opts, sizeof(opts), "-k %s -c listen_addresses= -c unix_socket_permissions=0770",
+		 pgdir);
+	{
+		char t[16];
+
+		snprintf(t, sizeof(t), "%d", PG_START_S);
+		char *argv[] = { pgctl, "-D", data, "-l", log, "-w", "-t", t, "-o", opts, "start",
+				 NULL };
+
+		rc = sc_run(argv, NULL, e->pg_os_user);
+	}
+	if (rc != 0)
+		return fail_with_log(err, errlen, -EIO, log, "%s did not start", "postgres");
+	rc = pg_bootstrap(e, err, errlen);
+	if (rc) {
+		char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "stop", NULL };
+
+		sc_run(argv, NULL, e->pg_os_user);
+	}
+	return rc;
+}
+
+static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errlen)
+{
+	char data[PATH_MAX + 32], pgctl[PATH_MAX + 16];
+	pid_t pid = pg_pid(e);
+	int rc;
+
+	if (!pid)
+		return 0;
+	sc_path(e, "pg/data", data, sizeof(data));
+	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
+	char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "-t", "30", "stop", NULL };
+
+	rc = sc_run(argv, NULL, e->pg_os_user);
+	if (rc == 0 && !pg_pid(e))
+		return 0;
+	rc = sc_stop_pid(pid, SIGQUIT, 5000, killed);
+	if (rc && rc != -ESRCH)
+		return sw_seterr(err, errlen, rc, "postgres (pid %d) did not stop", (int)pid);
+	return 0;
+}
+
+/* --- gpud and agentd ---------------------------------------------------- */
+
+static int ensure_builtin_model(struct sc_env *e, char *err, size_t errlen)
+{
+	char log[PATH_MAX + 32], tmp[PATH_MAX + 16];
+	const char *argv[64];
+	size_t n = 0;
+	struct stat st;
+	int rc;
+
+	if (!e->builtin_model || stat(e->cfg.gpud.model, &st) == 0)
+		return 0;
+	log_path(e, "model", log, sizeof(log));
+	snprintf(tmp, sizeof(tmp), "%s.part", e->cfg.gpud.model);
+	argv[n++] = e->gpud_bin;
+	argv[n++] = "mkmodel";
+	argv[n++] = "--out";
+	argv[n++] = tmp;
+	for (size_t i = 0; builtin_model_args[i]; i++)
+		argv[n++] = builtin_model_args[i];
+	argv[n] = NULL;
+	rc = sc_run((char *const *)argv, log, NULL);
+	if (rc != 0)
+		return fail_with_log(err, errlen, -EIO, log, "%s failed", "gpud mkmodel");
+	if (rename(tmp, e->cfg.gpud.model) != 0)
+		return sw_seterr(err, errlen, -errno, "%s: %s", e->cfg.gpud.model,
+				 strerror(errno));
+	return 0;
+}
+
+/* gpud is up when its socket answers a stats request. */
+static int gpud_probe(const struct sc_env *e, char *err, size_t errlen)
+{
+	struct proto_client_opts o;
+	struct proto_client *c;
+	char *json = NULL;
+	int rc;
+
+	proto_client_opts_default(&o);
+	o.timeout_ms = 2000;
+	rc = proto_client_connect(&c, e->cfg.gpud.socket, &o, err, errlen);
+	if (rc)
+		return rc;
+	rc = proto_client_stats(c, &json, err, errlen);
+	free(json);
+	proto_client_close(c);
+	return rc;
+}
+
+static int start_daemon(struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+{
+	char log[PATH_MAX + 32], pidf[PATH_MAX + 32];
+	const char *bin = s == SC_GPUD ? e->gpud_bin : e->agentd_bin;
+	struct sw_deadline d = sw_deadline_in_ms(s == SC_GPUD ? GPUD_START_MS : AGENTD_SETTLE_MS);
+	pid_t pid;
+	int rc;
+
+	if (s == SC_GPUD) {
+		rc = ensure_builtin_model(e, err, errlen);
+		if (rc)
+			return rc;
+	}
+	log_path(e, names[s], log, sizeof(log));
+	pid_path(e, s, pidf, sizeof(pidf));
+	char *gpud_argv[] = { (char *)bin, "serve", "--config", e->config_path, NULL };
+	char *agentd_argv[] = { (char *)bin, "--config", e->config_path, NULL };
+
+	pid = sc_spawn(s == SC_GPUD ? gpud_argv : agentd_argv, NULL, log, NULL);
+	if (pid < 0)
+		return sw_seterr(err, errlen, pid, "%s: %s (not built? run ninja -C build)", bin,
+				 strerror(-pid));
+	rc = sc_pidfile_write(pidf, pid);
+	if (rc) {
+		sc_stop_pid(pid, SIGTERM, 5000, NULL);
+		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
+	}
+	for (;;) {
+		char perr[512];
+
+		if (!sc_proc_start_ticks(pid)) {
+			unlink(pidf);
+			return fail_with_log(err, errlen, -ECHILD, log, "%s exited during start-up",
+					     names[s]);
+		}
+		if (s == SC_GPUD && gpud_probe(e, perr, sizeof(perr)) == 0)
+			return 0;
+		if (sw_deadline_expired(d)) {
+			if (s == SC_AGENTD)
+				return 0; /* alive after its settling time */
+			sc_stop_pid(pid, SIGTERM, 5000, NULL);
+			unlink(pidf);
+			return fail_with_log(err, errlen, -ETIMEDOUT, log,
+					     "%s did not answer on its socket in time", names[s]);
+		}
+		sw_sleep_ms(100);
+	}
+}
+
+int sc_service_start(struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+{
+	if (!sc_service_managed(e, s))
+		return sc_service_ping(e, s, err, errlen);
+	if (sc_service_pid(e, s))
+		return 0;
+	switch (s) {
+	case SC_REDIS:
+		return start_redis(e, err, errlen);
+	case SC_POSTGRES:
+		return start_postgres(e, err, errlen);
+	case SC_GPUD:
+	case SC_AGENTD:
+		return start_daemon(e, s, err, errlen);
+	default:
+		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
+	}
+}
+
+int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err,
+		    size_t errlen)
+{
+	char pidf[PATH_MAX + 32];
+	uint32_t deadline_ms;
+	pid_t pid;
+	int rc;
+
+	if (killed)
+		*killed = false;
+	if (!sc_service_managed(e, s))
+		return 0;
+	if (s == SC_POSTGRES)
+		return stop_postgres(e, killed, err, errlen);
+	pid = sc_service_pid(e, s);
+	if (!pid)
+		return 0;
+	switch (s) {
+	case SC_GPUD:
+		deadline_ms = e->cfg.gpud.shutdown_deadline_ms + 5000;
+		break;
+	case SC_AGENTD:
+		deadline_ms = AGENTD_DRAIN_MS;
+		break;
+	default:
+		deadline_ms = 10000;
+		break;
+	}
+	rc = sc_stop_pid(pid, SIGTERM, deadline_ms, killed);
+	pid_path(e, s, pidf, sizeof(pidf));
+	if (rc == 0 || rc == -ESRCH) {
+		unlink(pidf);
+		return 0;
+	}
+	return sw_seterr(err, errlen, rc, "%s (pid %d) did not stop: %s", names[s], (int)pid,
+			 strerror(-rc));
+}
+
+int sc_service_ping(const struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+{
+	switch (s) {
+	case SC_REDIS:
+		return redis_ping_url(e->cfg.redis.url, err, errlen);
+	case SC_POSTGRES:
+		return pg_ping_conninfo(e->cfg.postgres.url, err, errlen);
+	case SC_GPUD:
+		return gpud_probe(e, err, errlen);
+	default:
+		return sc_service_pid(e, s) ? 0 : sw_seterr(err, errlen, -ESRCH, "not running");
+	}
+}

@@ -1,0 +1,100 @@
+/* services.h - the processes swarmctl starts, stops and inspects.
+ *
+ * Two modes:
+ *  - managed (no configuration file): everything lives in the state
+ *    directory ($SWARM_STATE_DIR, default ~/.local/state/swarm, or
+ *    /var/lib/swarm for root): a redis-server (AOF on, Unix socket only),
+ *    a PostgreSQL cluster (initdb on first start, Unix socket only,
+ *    database "swarm" with pgvector), gpud on a built-in random-weight
+ *    model that `gpud mkmodel` generates on first start (or $SWARM_MODEL),
+ *    and agentd. swarmctl writes the configuration they read to
+ *    <state>/swarm.json.
+ *  - external (--config FILE or $SWARM_CONFIG): Redis and PostgreSQL are
+ *    the ones the file names (swarmctl only checks they answer); gpud and
+ *    agentd get the file itself; state_dir comes from the file (or
+ *    $SWARM_STATE_DIR).
+ *
+ * State directory layout:
+ *   run/     pid files (redis.pid, gpud.pid, agentd.pid), gpud.sock, redis.sock
+ *   logs/    redis.log, postgres.log, gpud.log, agentd.log, model.log
+ *   redis/   Redis data (appendonly)
+ *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root)
+ *   models/  builtin.gguf
+ *   swarm.json, swarmctl.lock
+ */
+#ifndef SWARMCTL_SERVICES_H
+#define SWARMCTL_SERVICES_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "common/config.h"
+
+enum sc_service {
+	SC_REDIS = 0,
+	SC_POSTGRES = 1,
+	SC_GPUD = 2,
+	SC_AGENTD = 3,
+	SC_N_SERVICES = 4,
+};
+
+struct sc_env {
+	bool managed;
+	char state_dir[PATH_MAX];
+	char config_path[PATH_MAX];  /* the file gpud and agentd read */
+	char user_config[PATH_MAX];  /* "" in managed mode */
+	struct sw_config cfg;        /* effective */
+	char gpud_bin[PATH_MAX];
+	char agentd_bin[PATH_MAX];
+	char pg_bindir[PATH_MAX];
+	const char *pg_os_user;      /* "postgres" when we are root, else NULL */
+	bool builtin_model;          /* managed mode without $SWARM_MODEL */
+};
+
+/* Resolves the mode, the state directory, the configuration (loaded and
+ * validated; in managed mode built from defaults + environment), and the
+ * binaries (next to swarmctl's own executable in a build tree or an
+ * install, or $SWARM_GPUD_BIN / $SWARM_AGENTD_BIN). Creates nothing.
+ * Returns 0 or a negative code with a message. */
+int sc_env_init(struct sc_env *e, const char *config_path, char *err, size_t errlen);
+
+const char *sc_service_name(enum sc_service s);
+
+/* A path inside the state directory ("run/gpud.pid") into out. */
+void sc_path(const struct sc_env *e, const char *rel, char *out, size_t cap);
+
+/* True when swarmctl starts and stops s in this mode (Redis and
+ * PostgreSQL only when managed). */
+bool sc_service_managed(const struct sc_env *e, enum sc_service s);
+
+/* The live pid of a managed service, 0 when not running. */
+pid_t sc_service_pid(const struct sc_env *e, enum sc_service s);
+
+/* Starts s (managed services and gpud/agentd) and waits until it answers:
+ * Redis PING, PostgreSQL accepting connections with the swarm database and
+ * the vector extension, gpud answering `stats`, agentd alive after its
+ * start-up. Already running: 0 and nothing done. On failure the message
+ * gives the cause and the last lines of the service's log; whatever was
+ * spawned for s is stopped again. */
+int sc_service_start(struct sc_env *e, enum sc_service s, char *err, size_t errlen);
+
+/* Stops s: agentd and gpud with SIGTERM and their drain deadlines,
+ * Redis with SIGTERM, PostgreSQL with a fast shutdown; SIGKILL when the
+ * deadline passes (*killed then true). Not running: 0. */
+int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err,
+		    size_t errlen);
+
+/* For external services: whether it answers (Redis PING, PostgreSQL
+ * connect). Returns 0 or a negative code with the cause. */
+int sc_service_ping(const struct sc_env *e, enum sc_service s, char *err, size_t errlen);
+
+/* Creates the state directory tree (run, logs, ...). */
+int sc_state_prepare(struct sc_env *e, char *err, size_t errlen);
+
+/* Takes the state directory's lock (flock on swarmctl.lock), waiting up
+ * to 60 s. Returns the fd (close it to unlock) or a negative code. */
+int sc_state_lock(struct sc_env *e, char *err, size_t errlen);
+
+#endif
