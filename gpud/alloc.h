@@ -73,4 +73,11 @@ void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
 
 const char *gpud_alloc_role_name(enum gpud_alloc_role role); /* "other", "loop", "device" */
 
+/* For gpud/alloc_hook.c only: feed the counters (the calling thread's
+ * role; lock-free, never allocate) and say that a probe allocation was
+ * seen. */
+void gpud_alloc__host_alloc(size_t bytes);
+void gpud_alloc__host_free(void);
+void gpud_alloc__set_hooked(bool on);
+
 #endif

@@ -1,0 +1,159 @@
+/* alloc.c - allocation counters (gpud/alloc.h).
+ *
+ * The counters live here, in the daemon library; gpud/alloc_hook.c (the
+ * malloc wrappers or the sanitizer hooks) feeds them through
+ * gpud_alloc__host_alloc() / gpud_alloc__host_free(). A binary without the
+ * hook links this file alone: nothing feeds the counters and
+ * gpud_alloc_hooked() stays false.
+ */
+#include "gpud/alloc.h"
+
+#include <stdatomic.h>
+#include <string.h>
+
+/* One cache line per role so device threads and the loop thread do not
+ * bounce each other's line on every malloc. */
+struct role_counts {
+	_Atomic uint64_t allocs;
+	_Atomic uint64_t frees;
+	_Atomic uint64_t bytes;
+} __attribute__((aligned(64)));
+
+static struct role_counts host[GPUD_ALLOC_ROLES];
+static _Atomic uint64_t dev_allocs;
+static _Atomic uint64_t dev_bytes;
+static atomic_bool hooked;
+static atomic_bool warm;
+
+/* The warm-up mark. Written under a sequence counter so a reader never
+ * mixes two marks; the writer (gpud_alloc_warmup_done) is rare. */
+static _Atomic uint64_t mark_seq;
+static _Atomic uint64_t mark[3 * GPUD_ALLOC_ROLES + 2];
+
+/* initial-exec: reading the role never calls __tls_get_addr (which may
+ * allocate) from inside malloc. */
+static __thread enum gpud_alloc_role cur_role __attribute__((tls_model("initial-exec")));
+
+void gpud_alloc_set_role(enum gpud_alloc_role role)
+{
+	if ((unsigned)role >= GPUD_ALLOC_ROLES)
+		role = GPUD_ALLOC_OTHER;
+	cur_role = role;
+}
+
+enum gpud_alloc_role gpud_alloc_role(void)
+{
+	return cur_role;
+}
+
+const char *gpud_alloc_role_name(enum gpud_alloc_role role)
+{
+	switch (role) {
+	case GPUD_ALLOC_OTHER:
+		return "other";
+	case GPUD_ALLOC_LOOP:
+		return "loop";
+	case GPUD_ALLOC_DEVICE:
+		return "device";
+	default:
+		return "?";
+	}
+}
+
+void gpud_alloc__host_alloc(size_t bytes)
+{
+	struct role_counts *r = &host[cur_role];
+
+	atomic_fetch_add_explicit(&r->allocs, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&r->bytes, bytes, memory_order_relaxed);
+}
+
+void gpud_alloc__host_free(void)
+{
+	atomic_fetch_add_explicit(&host[cur_role].frees, 1, memory_order_relaxed);
+}
+
+void gpud_alloc__set_hooked(bool on)
+{
+	atomic_store(&hooked, on);
+}
+
+bool gpud_alloc_hooked(void)
+{
+	return atomic_load(&hooked);
+}
+
+void gpud_alloc_device_note(int dev, size_t bytes)
+{
+	(void)dev; /* one total for now; per-device counts would grow the struct */
+	atomic_fetch_add_explicit(&dev_allocs, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&dev_bytes, bytes, memory_order_relaxed);
+}
+
+void gpud_alloc_counts(struct gpud_alloc_counts *c)
+{
+	for (int i = 0; i < GPUD_ALLOC_ROLES; i++) {
+		c->host_allocs[i] = atomic_load_explicit(&host[i].allocs, memory_order_relaxed);
+		c->host_frees[i] = atomic_load_explicit(&host[i].frees, memory_order_relaxed);
+		c->host_bytes[i] = atomic_load_explicit(&host[i].bytes, memory_order_relaxed);
+	}
+	c->device_allocs = atomic_load_explicit(&dev_allocs, memory_order_relaxed);
+	c->device_bytes = atomic_load_explicit(&dev_bytes, memory_order_relaxed);
+}
+
+static void counts_to_array(const struct gpud_alloc_counts *c, uint64_t *a)
+{
+	for (int i = 0; i < GPUD_ALLOC_ROLES; i++) {
+		a[3 * i] = c->host_allocs[i];
+		a[3 * i + 1] = c->host_frees[i];
+		a[3 * i + 2] = c->host_bytes[i];
+	}
+	a[3 * GPUD_ALLOC_ROLES] = c->device_allocs;
+	a[3 * GPUD_ALLOC_ROLES + 1] = c->device_bytes;
+}
+
+void gpud_alloc_warmup_done(void)
+{
+	struct gpud_alloc_counts c;
+	uint64_t a[3 * GPUD_ALLOC_ROLES + 2];
+
+	gpud_alloc_counts(&c);
+	counts_to_array(&c, a);
+	atomic_fetch_add(&mark_seq, 1); /* odd: being written */
+	for (size_t i = 0; i < sizeof(a) / sizeof(a[0]); i++)
+		atomic_store(&mark[i], a[i]);
+	atomic_fetch_add(&mark_seq, 1);
+	atomic_store(&warm, true);
+}
+
+bool gpud_alloc_warm(void)
+{
+	return atomic_load(&warm);
+}
+
+void gpud_alloc_since_warmup(struct gpud_alloc_counts *c)
+{
+	uint64_t m[3 * GPUD_ALLOC_ROLES + 2];
+	uint64_t now[3 * GPUD_ALLOC_ROLES + 2];
+	struct gpud_alloc_counts cur;
+	uint64_t seq;
+
+	if (!gpud_alloc_warm()) {
+		memset(c, 0, sizeof(*c));
+		return;
+	}
+	do {
+		seq = atomic_load(&mark_seq);
+		for (size_t i = 0; i < sizeof(m) / sizeof(m[0]); i++)
+			m[i] = atomic_load(&mark[i]);
+	} while ((seq & 1) || seq != atomic_load(&mark_seq));
+	gpud_alloc_counts(&cur);
+	counts_to_array(&cur, now);
+	for (int i = 0; i < GPUD_ALLOC_ROLES; i++) {
+		c->host_allocs[i] = now[3 * i] - m[3 * i];
+		c->host_frees[i] = now[3 * i + 1] - m[3 * i + 1];
+		c->host_bytes[i] = now[3 * i + 2] - m[3 * i + 2];
+	}
+	c->device_allocs = now[3 * GPUD_ALLOC_ROLES] - m[3 * GPUD_ALLOC_ROLES];
+	c->device_bytes = now[3 * GPUD_ALLOC_ROLES + 1] - m[3 * GPUD_ALLOC_ROLES + 1];
+}

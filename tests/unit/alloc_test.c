@@ -1,0 +1,343 @@
+/* alloc_test.c - allocation accounting with the hook linked in: every
+ * malloc-family call counted in the calling thread's role, sizes, frees,
+ * realloc's rules, per-thread roles, the warm-up mark, device notes.
+ * Under valgrind the wrappers are bypassed (see gpud/alloc_hook.c): the
+ * test then checks that hooked() says so and that nothing is counted. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "gpud/alloc.h"
+
+/* The compiler may elide a malloc/free pair it can see; call through
+ * volatile pointers so every call reaches the allocator. */
+static void *(*volatile v_malloc)(size_t) = malloc;
+static void *(*volatile v_calloc)(size_t, size_t) = calloc;
+static void *(*volatile v_realloc)(void *, size_t) = realloc;
+static void (*volatile v_free)(void *) = free;
+static int (*volatile v_posix_memalign)(void **, size_t, size_t) = posix_memalign;
+static void *(*volatile v_aligned_alloc)(size_t, size_t) = aligned_alloc;
+static void *(*volatile v_memalign)(size_t, size_t) = memalign;
+static void *(*volatile v_valloc)(size_t) = valloc;
+
+/* ASan aborts on invalid alignments and absurd sizes instead of failing
+ * the call: those error paths are checked in the other builds only. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
+static bool under_valgrind(void)
+{
+	const char *p = getenv("LD_PRELOAD");
+
+	return p && strstr(p, "valgrind");
+}
+
+static struct gpud_alloc_counts counts(void)
+{
+	struct gpud_alloc_counts c;
+
+	gpud_alloc_counts(&c);
+	return c;
+}
+
+#define D_ALLOCS(a, b, r) ((b).host_allocs[r] - (a).host_allocs[r])
+#define D_FREES(a, b, r) ((b).host_frees[r] - (a).host_frees[r])
+#define D_BYTES(a, b, r) ((b).host_bytes[r] - (a).host_bytes[r])
+
+static void test_hooked(void **state)
+{
+	(void)state;
+	if (under_valgrind()) {
+		/* memcheck replaces our malloc: honestly "not counted" */
+		assert_false(gpud_alloc_hooked());
+		skip();
+	}
+	assert_true(gpud_alloc_hooked());
+}
+
+static void test_each_call_counted(void **state)
+{
+	struct gpud_alloc_counts a, b;
+	void *p, *q;
+	int r = GPUD_ALLOC_OTHER;
+
+	(void)state;
+	if (!gpud_alloc_hooked())
+		skip();
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+
+	a = counts();
+	p = v_malloc(100);
+	b = counts();
+	assert_non_null(p);
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 100);
+	assert_int_equal(D_FREES(a, b, r), 0);
+	a = counts();
+	v_free(p);
+	b = counts();
+	assert_int_equal(D_ALLOCS(a, b, r), 0);
+	assert_int_equal(D_FREES(a, b, r), 1);
+
+	a = counts();
+	v_free(NULL);
+	b = counts();
+	assert_int_equal(D_FREES(a, b, r), 0);
+
+	a = counts();
+	p = v_calloc(7, 9);
+	b = counts();
+	assert_non_null(p);
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 63);
+	v_free(p);
+
+	a = counts();
+	assert_int_equal(v_posix_memalign(&p, 64, 200), 0);
+	b = counts();
+	assert_int_equal((uintptr_t)p % 64, 0);
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 200);
+	v_free(p);
+
+	if (!SANITIZED) {
+		a = counts();
+		q = (void *)0x1;
+		assert_int_equal(v_posix_memalign(&q, 3, 200), EINVAL);
+		errno = 0;
+		assert_null(v_aligned_alloc(24, 48));
+		assert_int_equal(errno, EINVAL);
+		b = counts();
+		assert_ptr_equal(q, (void *)0x1); /* untouched on error */
+		assert_int_equal(D_ALLOCS(a, b, r), 0);
+	}
+
+	a = counts();
+	p = v_aligned_alloc(128, 256);
+	b = counts();
+	assert_non_null(p);
+	assert_int_equal((uintptr_t)p % 128, 0);
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 256);
+	v_free(p);
+
+	a = counts();
+	p = v_memalign(32, 40);
+	q = v_valloc(10);
+	b = counts();
+	assert_non_null(p);
+	assert_non_null(q);
+	assert_int_equal((uintptr_t)q % 4096, 0);
+	assert_int_equal(D_ALLOCS(a, b, r), 2);
+	assert_int_equal(D_BYTES(a, b, r), 50);
+	v_free(p);
+	v_free(q);
+
+	/* a failed allocation counts nothing */
+	if (!SANITIZED) {
+		a = counts();
+		p = v_malloc(SIZE_MAX / 2);
+		q = v_calloc(SIZE_MAX / 4, 8);
+		b = counts();
+		assert_null(p);
+		assert_null(q);
+		assert_int_equal(D_ALLOCS(a, b, r), 0);
+	}
+}
+
+static void test_realloc_rules(void **state)
+{
+	struct gpud_alloc_counts a, b;
+	int r = GPUD_ALLOC_OTHER;
+	char *p, *q;
+
+	(void)state;
+	if (!gpud_alloc_hooked())
+		skip();
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+
+	a = counts();
+	p = v_realloc(NULL, 64); /* = malloc */
+	b = counts();
+	assert_non_null(p);
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 64);
+	assert_int_equal(D_FREES(a, b, r), 0);
+	memset(p, 'x', 64);
+
+	a = counts();
+	q = v_realloc(p, 16);
+	b = counts();
+	assert_non_null(q);
+	if (SANITIZED) { /* ASan's realloc always moves: a malloc and a free */
+		assert_int_equal(D_ALLOCS(a, b, r), 1);
+		assert_int_equal(D_FREES(a, b, r), 1);
+	} else { /* shrink: in place, nothing counted */
+		assert_ptr_equal(q, p);
+		assert_int_equal(D_ALLOCS(a, b, r), 0);
+		assert_int_equal(D_FREES(a, b, r), 0);
+	}
+	p = q;
+
+	a = counts();
+	q = v_realloc(p, 1 << 20); /* grows past the chunk: free + alloc */
+	b = counts();
+	assert_non_null(q);
+	assert_int_equal(q[0], 'x');
+	assert_int_equal(D_ALLOCS(a, b, r), 1);
+	assert_int_equal(D_FREES(a, b, r), 1);
+	assert_int_equal(D_BYTES(a, b, r), 1 << 20);
+	p = q;
+
+	a = counts();
+	q = v_realloc(p, 0); /* glibc frees */
+	b = counts();
+	if (q) /* another libc might return a minimal block */
+		v_free(q);
+	else
+		assert_int_equal(D_FREES(a, b, r), 1);
+	assert_int_equal(D_ALLOCS(a, b, r), 0);
+}
+
+struct role_job {
+	enum gpud_alloc_role role;
+	int n;
+	enum gpud_alloc_role seen;
+};
+
+static void *role_thread(void *arg)
+{
+	struct role_job *j = arg;
+
+	j->seen = gpud_alloc_role(); /* a new thread starts as OTHER */
+	gpud_alloc_set_role(j->role);
+	for (int i = 0; i < j->n; i++)
+		v_free(v_malloc(32));
+	return NULL;
+}
+
+static void test_roles_per_thread(void **state)
+{
+	struct role_job jobs[2] = {
+		{ .role = GPUD_ALLOC_DEVICE, .n = 1000, .seen = GPUD_ALLOC_ROLES },
+		{ .role = GPUD_ALLOC_LOOP, .n = 300, .seen = GPUD_ALLOC_ROLES },
+	};
+	struct gpud_alloc_counts a, b;
+	pthread_t t[2];
+
+	(void)state;
+	if (!gpud_alloc_hooked())
+		skip();
+	gpud_alloc_set_role(GPUD_ALLOC_LOOP);
+	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_LOOP);
+	/* pthread_create allocates (the stack, in the creator's role); count
+	 * from after both threads exist, the jobs wait for nothing else */
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	a = counts();
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&t[i], NULL, role_thread, &jobs[i]), 0);
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_join(t[i], NULL), 0);
+	b = counts();
+	assert_int_equal(jobs[0].seen, GPUD_ALLOC_OTHER);
+	assert_int_equal(jobs[1].seen, GPUD_ALLOC_OTHER);
+	assert_int_equal(D_ALLOCS(a, b, GPUD_ALLOC_DEVICE), 1000);
+	assert_int_equal(D_FREES(a, b, GPUD_ALLOC_DEVICE), 1000);
+	assert_int_equal(D_BYTES(a, b, GPUD_ALLOC_DEVICE), 32000);
+	/* the loop thread allocated 300 blocks (and maybe its TLS/exit
+	 * bookkeeping in libc, which runs in its role: at least 300) */
+	assert_true(D_ALLOCS(a, b, GPUD_ALLOC_LOOP) >= 300);
+	assert_true(D_ALLOCS(a, b, GPUD_ALLOC_LOOP) <= 310);
+	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_OTHER); /* ours untouched */
+
+	/* an out-of-range role falls back to OTHER */
+	gpud_alloc_set_role((enum gpud_alloc_role)7);
+	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_OTHER);
+}
+
+static void test_warmup_and_device(void **state)
+{
+	struct gpud_alloc_counts s, t0, t1;
+	void *p;
+
+	(void)state;
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	/* before the mark: all zero even though the process allocated */
+	assert_false(gpud_alloc_warm());
+	memset(&s, 0xff, sizeof(s));
+	gpud_alloc_since_warmup(&s);
+	for (int i = 0; i < GPUD_ALLOC_ROLES; i++) {
+		assert_int_equal(s.host_allocs[i], 0);
+		assert_int_equal(s.host_frees[i], 0);
+		assert_int_equal(s.host_bytes[i], 0);
+	}
+	assert_int_equal(s.device_allocs, 0);
+
+	gpud_alloc_device_note(0, 1000);
+	gpud_alloc_warmup_done();
+	assert_true(gpud_alloc_warm());
+	gpud_alloc_since_warmup(&s);
+	assert_int_equal(s.device_allocs, 0);
+	assert_int_equal(s.host_allocs[GPUD_ALLOC_DEVICE], 0);
+
+	gpud_alloc_device_note(1, 4096);
+	gpud_alloc_device_note(0, 10);
+	gpud_alloc_counts(&t0);
+	assert_true(t0.device_allocs >= 3);
+	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
+	p = v_malloc(77);
+	v_free(p);
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	gpud_alloc_since_warmup(&s);
+	assert_int_equal(s.device_allocs, 2);
+	assert_int_equal(s.device_bytes, 4106);
+	if (gpud_alloc_hooked()) {
+		assert_int_equal(s.host_allocs[GPUD_ALLOC_DEVICE], 1);
+		assert_int_equal(s.host_frees[GPUD_ALLOC_DEVICE], 1);
+		assert_int_equal(s.host_bytes[GPUD_ALLOC_DEVICE], 77);
+	} else {
+		assert_int_equal(s.host_allocs[GPUD_ALLOC_DEVICE], 0);
+	}
+
+	/* moving the mark starts over */
+	gpud_alloc_warmup_done();
+	gpud_alloc_since_warmup(&s);
+	assert_int_equal(s.device_allocs, 0);
+	assert_int_equal(s.host_allocs[GPUD_ALLOC_DEVICE], 0);
+	gpud_alloc_counts(&t1);
+	assert_int_equal(t1.device_allocs, t0.device_allocs);
+}
+
+static void test_role_names(void **state)
+{
+	(void)state;
+	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_OTHER), "other");
+	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_LOOP), "loop");
+	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_DEVICE), "device");
+	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_ROLES), "?");
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_hooked),
+		cmocka_unit_test(test_each_call_counted),
+		cmocka_unit_test(test_realloc_rules),
+		cmocka_unit_test(test_roles_per_thread),
+		cmocka_unit_test(test_warmup_and_device),
+		cmocka_unit_test(test_role_names),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
