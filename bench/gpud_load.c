@@ -1,0 +1,892 @@
+/* gpud_load.c - gpud-load, a load generator for a running gpud (issue 4).
+ *
+ *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
+ *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
+ *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
+ *             [--timeout S] [--json]
+ *
+ * P processes (fork) each keep C requests in flight over K connections
+ * (default K = C: one connection per client, like agent workers) until
+ * the process's share of N requests has been sent. A request is random
+ * words (a fixed list of story words) cut into a random number of segments
+ * in MIN:MAX at random word boundaries, with a random valid descriptor:
+ * each row (G included) sees itself and each earlier segment with
+ * probability 1/2 (--causal: no descriptor). The word count comes from a
+ * tokens-per-word ratio measured once with proto_client_tokenize, so
+ * prompt lengths hit MIN:MAX approximately (the DONE usage gives the real
+ * count, which is what is reported).
+ *
+ * Each process sends its samples (status, usage, latency, time to first
+ * token) back through a pipe; the parent merges them and prints requests,
+ * errors by code, prompt/generated tokens, tokens/s over the wall time
+ * (first start to last end, CLOCK_MONOTONIC is shared by the processes),
+ * latency and TTFT p50/p99 (nearest rank, successful requests only), then
+ * the daemon's STATS after the run: allocations since warm-up, pools,
+ * caches, and the change of its request and token counters during the run
+ * next to the tool's own counts (they agree when nothing else uses the
+ * daemon). --json prints all of it as one JSON object instead.
+ *
+ * Exit status: 0 when every request succeeded, 1 when any failed (or the
+ * run could not be done), 2 for bad arguments.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "bench/bench_util.h"
+#include "common/err.h"
+#include "proto/client.h"
+
+#define MAX_PROCESSES 256
+#define MAX_CONCURRENCY 4096
+#define MAX_CODES 32
+#define CALIBRATION_WORDS 400
+
+static const char *const words[] = {
+	"once", "upon", "a", "time", "there", "was", "little", "girl", "named", "lily",
+	"she", "loved", "to", "play", "outside", "in", "the", "park", "one", "day",
+	"saw", "big", "red", "ball", "wanted", "with", "it", "but", "too", "high",
+	"boy", "tom", "dog", "cat", "bird", "tree", "sun", "happy", "sad", "friend",
+	"mom", "dad", "said", "went", "home", "and", "they", "were", "very", "good",
+	"toy", "car", "box", "house", "garden", "flower", "water", "jump", "run", "fast",
+	"slow", "small", "blue", "green", "yellow", "cake", "eat", "sleep", "bed", "night",
+	"moon", "star", "sky", "rain", "hat", "shoe", "book", "read", "sing", "song",
+	"fun", "smile", "laugh", "cry", "help", "share", "kind", "nice", "new", "old",
+	"look", "find", "lost", "found", "walk", "climb", "swim", "fish", "boat", "sea",
+};
+#define N_WORDS (sizeof(words) / sizeof(words[0]))
+
+struct opts {
+	const char *socket;
+	uint32_t requests, concurrency, processes, connections;
+	uint32_t prompt_min, prompt_max, max_tokens, seg_min, seg_max;
+	uint64_t seed;
+	float temperature;
+	double timeout_s;
+	bool causal, json;
+};
+
+/* One finished request, as sent back through the pipe. */
+struct sample {
+	int32_t status;
+	uint32_t prompt_tokens, cached_tokens, generated_tokens; /* DONE usage */
+	uint32_t streamed_tokens; /* ids received in TOKENS records */
+	float latency_us;         /* submit to DONE/ERROR */
+	float ttft_us;            /* submit to the first TOKENS record; < 0 none */
+};
+
+/* Head of a process's report, followed by n samples. */
+struct report {
+	double t_start, t_end;
+	uint32_t n;
+	int32_t fatal; /* a process that could not run (connect failed) */
+};
+
+static uint64_t rng_next(uint64_t *s)
+{
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in [lo, hi]. */
+static uint32_t rng_range(uint64_t *s, uint32_t lo, uint32_t hi)
+{
+	return lo + (uint32_t)(rng_next(s) % ((uint64_t)hi - lo + 1));
+}
+
+/* --- one process: C requests in flight --------------------------------------- */
+
+struct worker;
+
+/* A client: one request in flight at a time, with its own buffers for the
+ * request it builds (the library copies the request into the region at
+ * submit, so they are reused for the next one). */
+struct slot {
+	struct worker *w;
+	uint32_t conn;
+	double t0, t_first;
+	uint32_t streamed;
+	char *text;                        /* (text_cap) prompt bytes */
+	size_t text_cap;
+	struct proto_segment *seg;         /* (max segments) */
+	struct gpud_mask_row *rows;        /* (max segments + 1) */
+	uint16_t *idx;                     /* (S+1)(S+2)/2 */
+	uint32_t *cut;                     /* (max segments) word index of each start */
+};
+
+struct worker {
+	const struct opts *o;
+	double tokens_per_word;
+	uint64_t rng;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct slot *slots;  /* (concurrency) */
+	uint32_t *free_slots;
+	uint32_t n_free;
+	struct sample *samples;
+	uint32_t n_samples, cap_samples;
+	int32_t seen_codes[MAX_CODES];
+	uint32_t n_seen;
+};
+
+/* Prints the first message of each error code once per process. */
+static void note_error(struct worker *w, int code, const char *msg)
+{
+	for (uint32_t i = 0; i < w->n_seen; i++)
+		if (w->seen_codes[i] == code)
+			return;
+	if (w->n_seen < MAX_CODES)
+		w->seen_codes[w->n_seen++] = code;
+	fprintf(stderr, "gpud-load[%d]: %s: %s\n", (int)getpid(), sw_errname(code),
+		msg && *msg ? msg : sw_strerror(code));
+}
+
+/* Records a finished request and frees its slot; called with w->mu held. */
+static void finish(struct slot *s, int status, const struct proto_done *usage)
+{
+	struct worker *w = s->w;
+	struct sample *x = &w->samples[w->n_samples++];
+
+	memset(x, 0, sizeof(*x));
+	x->status = status;
+	if (usage) {
+		x->prompt_tokens = usage->prompt_tokens;
+		x->cached_tokens = usage->cached_prompt_tokens;
+		x->generated_tokens = usage->generated_tokens;
+	}
+	x->streamed_tokens = s->streamed;
+	x->latency_us = (float)((bench_now() - s->t0) * 1e6);
+	x->ttft_us = s->t_first > 0 ? (float)((s->t_first - s->t0) * 1e6) : -1.0f;
+	w->free_slots[w->n_free++] = (uint32_t)(s - w->slots);
+	pthread_cond_signal(&w->cv);
+}
+
+static int on_tokens(void *arg, uint64_t request_id, const struct proto_tokens *t)
+{
+	struct slot *s = arg;
+
+	if (t->n_ids > 0 && s->t_first == 0)
+		s->t_first = bench_now();
+	s->streamed += t->n_ids;
+	return 0;
+}
+
+static void on_done(void *arg, uint64_t request_id, int status, const struct proto_done *usage,
+		    const char *msg)
+{
+	struct slot *s = arg;
+	struct worker *w = s->w;
+
+	pthread_mutex_lock(&w->mu);
+	if (status)
+		note_error(w, status, msg);
+	finish(s, status, status ? NULL : usage);
+	pthread_mutex_unlock(&w->mu);
+}
+
+/* Fills the slot's request: random words cut into segments, and a random
+ * descriptor unless --causal. */
+static void build_request(struct worker *w, struct slot *s, struct proto_submit_req *req,
+			  struct gpud_mask_desc *desc)
+{
+	const struct opts *o = w->o;
+	uint32_t target = rng_range(&w->rng, o->prompt_min, o->prompt_max);
+	uint32_t n_words = (uint32_t)lround(target / w->tokens_per_word);
+	uint32_t n_seg = rng_range(&w->rng, o->seg_min, o->seg_max);
+
+	if (n_words < 1)
+		n_words = 1;
+	if (n_seg > n_words)
+		n_seg = n_words;
+	/* Segment starts: word 0, then n_seg - 1 distinct cuts in 1..n_words-1
+	 * (sorted insertion; n_seg is small). */
+	s->cut[0] = 0;
+	for (uint32_t i = 1; i < n_seg; i++) {
+		uint32_t c, j;
+		bool dup;
+		do {
+			c = rng_range(&w->rng, 1, n_words - 1);
+			dup = false;
+			for (j = 1; j < i; j++)
+				dup |= s->cut[j] == c;
+		} while (dup);
+		for (j = i; j > 1 && s->cut[j - 1] > c; j--)
+			s->cut[j] = s->cut[j - 1];
+		s->cut[j] = c;
+	}
+	size_t at = 0;
+	for (uint32_t i = 0; i < n_seg; i++) {
+		uint32_t end = i + 1 < n_seg ? s->cut[i + 1] : n_words;
+		size_t start = at;
+		for (uint32_t k = s->cut[i]; k < end; k++) {
+			const char *wd = words[rng_next(&w->rng) % N_WORDS];
+			size_t len = strlen(wd);
+			if (k > 0)
+				s->text[at++] = ' ';
+			memcpy(s->text + at, wd, len);
+			at += len;
+		}
+		s->seg[i].text = s->text + start;
+		s->seg[i].len = (uint32_t)(at - start);
+		s->seg[i].role = PROTO_ROLE_NONE;
+	}
+	memset(req, 0, sizeof(*req));
+	req->n_segments = n_seg;
+	req->segments = s->seg;
+	req->max_tokens = o->max_tokens;
+	req->sampling.temperature = o->temperature;
+	req->sampling.top_p = 1.0f;
+	req->sampling.repeat_penalty = 1.0f;
+	req->sampling.seed = rng_next(&w->rng);
+	if (o->causal)
+		return;
+	size_t k = 0;
+	for (uint32_t i = 0; i <= n_seg; i++) {
+		uint16_t *row = &s->idx[k];
+		uint32_t n = 0;
+		for (uint32_t j = 0; j < i; j++)
+			if (rng_next(&w->rng) & 1)
+				row[n++] = (uint16_t)j;
+		row[n++] = (uint16_t)i;
+		s->rows[i].idx = row;
+		s->rows[i].n = n;
+		k += n;
+	}
+	desc->n_segments = n_seg;
+	desc->rows = s->rows;
+	req->mask = desc;
+}
+
+static void worker_free(struct worker *w)
+{
+	if (w->slots) {
+		for (uint32_t i = 0; i < w->o->concurrency; i++) {
+			free(w->slots[i].text);
+			free(w->slots[i].seg);
+			free(w->slots[i].rows);
+			free(w->slots[i].idx);
+			free(w->slots[i].cut);
+		}
+	}
+	free(w->slots);
+	free(w->free_slots);
+	free(w->samples);
+	pthread_cond_destroy(&w->cv);
+	pthread_mutex_destroy(&w->mu);
+}
+
+static int worker_init(struct worker *w, const struct opts *o, double tpw, uint32_t n,
+		       uint64_t seed)
+{
+	uint32_t max_seg = o->seg_max;
+	size_t max_words = (size_t)ceil(o->prompt_max / tpw) + 2;
+	size_t longest = 0;
+
+	for (size_t i = 0; i < N_WORDS; i++)
+		if (strlen(words[i]) > longest)
+			longest = strlen(words[i]);
+	memset(w, 0, sizeof(*w));
+	w->o = o;
+	w->tokens_per_word = tpw;
+	w->rng = seed;
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	w->slots = calloc(o->concurrency, sizeof(*w->slots));
+	w->free_slots = calloc(o->concurrency, sizeof(*w->free_slots));
+	w->samples = calloc(n ? n : 1, sizeof(*w->samples));
+	w->cap_samples = n;
+	if (!w->slots || !w->free_slots || !w->samples)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < o->concurrency; i++) {
+		struct slot *s = &w->slots[i];
+		s->w = w;
+		s->conn = i % o->connections;
+		s->text_cap = max_words * (longest + 1) + 1;
+		s->text = malloc(s->text_cap);
+		s->seg = calloc(max_seg, sizeof(*s->seg));
+		s->rows = calloc(max_seg + 1, sizeof(*s->rows));
+		s->idx = calloc((size_t)(max_seg + 1) * (max_seg + 2) / 2, sizeof(*s->idx));
+		s->cut = calloc(max_seg, sizeof(*s->cut));
+		if (!s->text || !s->seg || !s->rows || !s->idx || !s->cut)
+			return -ENOMEM;
+		w->free_slots[w->n_free++] = o->concurrency - 1 - i;
+	}
+	return 0;
+}
+
+static void opts_client(const struct opts *o, struct proto_client_opts *co)
+{
+	proto_client_opts_default(co);
+	co->timeout_ms = (uint32_t)(o->timeout_s * 1000.0);
+}
+
+/* Runs n requests and fills *rep and w->samples. Returns 0, or a negative
+ * code when the connections could not be opened. */
+static int worker_run(struct worker *w, uint32_t n, struct report *rep)
+{
+	const struct opts *o = w->o;
+	struct proto_client **conns = calloc(o->connections, sizeof(*conns));
+	struct proto_client_opts co;
+	struct gpud_mask_desc *descs = calloc(o->concurrency, sizeof(*descs));
+	char err[256];
+	int rc = 0;
+
+	memset(rep, 0, sizeof(*rep));
+	if (!conns || !descs) {
+		rc = -ENOMEM;
+		goto out_free;
+	}
+	opts_client(o, &co);
+	for (uint32_t i = 0; i < o->connections; i++) {
+		rc = proto_client_connect(&conns[i], o->socket, &co, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "gpud-load: connect %s: %s\n", o->socket, err);
+			goto out_close;
+		}
+	}
+	rep->t_start = bench_now();
+	for (uint32_t i = 0; i < n; i++) {
+		struct proto_submit_req req;
+		struct slot *s;
+		uint32_t si;
+
+		pthread_mutex_lock(&w->mu);
+		while (w->n_free == 0)
+			pthread_cond_wait(&w->cv, &w->mu);
+		si = w->free_slots[--w->n_free];
+		pthread_mutex_unlock(&w->mu);
+		s = &w->slots[si];
+		build_request(w, s, &req, &descs[si]);
+		s->t0 = bench_now();
+		s->t_first = 0;
+		s->streamed = 0;
+		struct proto_client_events ev = { on_tokens, on_done, s };
+		int src = proto_client_submit(conns[s->conn], &req, &ev, NULL, err, sizeof(err));
+		if (src) {
+			pthread_mutex_lock(&w->mu);
+			note_error(w, src, err);
+			finish(s, src, NULL);
+			pthread_mutex_unlock(&w->mu);
+		}
+	}
+	pthread_mutex_lock(&w->mu);
+	while (w->n_free < o->concurrency)
+		pthread_cond_wait(&w->cv, &w->mu);
+	pthread_mutex_unlock(&w->mu);
+	rep->t_end = bench_now();
+	rep->n = w->n_samples;
+out_close:
+	for (uint32_t i = 0; i < o->connections; i++)
+		proto_client_close(conns[i]);
+out_free:
+	free(descs);
+	free(conns);
+	return rc;
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+
+	while (len > 0) {
+		ssize_t k = write(fd, p, len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -errno;
+		p += k;
+		len -= (size_t)k;
+	}
+	return 0;
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+
+	while (len > 0) {
+		ssize_t k = read(fd, p, len);
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k < 0)
+			return -errno;
+		if (k == 0)
+			return SW_ECLOSED;
+		p += k;
+		len -= (size_t)k;
+	}
+	return 0;
+}
+
+/* The child: runs its share and writes the report and samples to fd. */
+static int child_main(const struct opts *o, double tpw, uint32_t n, uint64_t seed, int fd)
+{
+	struct worker w;
+	struct report rep;
+	int rc = worker_init(&w, o, tpw, n, seed);
+
+	memset(&rep, 0, sizeof(rep));
+	if (rc == 0)
+		rc = worker_run(&w, n, &rep);
+	rep.fatal = rc;
+	if (rc)
+		rep.n = 0;
+	if (write_all(fd, &rep, sizeof(rep)) == 0 && rep.n > 0)
+		write_all(fd, w.samples, rep.n * sizeof(*w.samples));
+	worker_free(&w);
+	return rc ? 1 : 0;
+}
+
+/* --- daemon stats ---------------------------------------------------------------- */
+
+static json_t *fetch_stats(const struct opts *o)
+{
+	struct proto_client *c;
+	struct proto_client_opts co;
+	char err[256], *text = NULL;
+	json_error_t je;
+	json_t *root = NULL;
+
+	opts_client(o, &co);
+	if (proto_client_connect(&c, o->socket, &co, err, sizeof(err))) {
+		fprintf(stderr, "gpud-load: connect %s: %s\n", o->socket, err);
+		return NULL;
+	}
+	if (proto_client_stats(c, &text, err, sizeof(err)))
+		fprintf(stderr, "gpud-load: stats: %s\n", err);
+	else if (!(root = json_loads(text, 0, &je)))
+		fprintf(stderr, "gpud-load: stats reply is not JSON: %s\n", je.text);
+	free(text);
+	proto_client_close(c);
+	return root;
+}
+
+/* Integer at a dotted path ("requests.completed"); -1 when absent. */
+static json_int_t jget(const json_t *root, const char *path)
+{
+	char buf[128];
+	const json_t *v = root;
+
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *save = NULL, *k = strtok_r(buf, ".", &save); k && v;
+	     k = strtok_r(NULL, ".", &save))
+		v = json_object_get(v, k);
+	return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* Tokens per word of the word list under gpud's tokenizer. */
+static int calibrate(const struct opts *o, double *tpw)
+{
+	struct proto_client *c;
+	struct proto_client_opts co;
+	char err[256], text[CALIBRATION_WORDS * 8];
+	int32_t *ids = NULL;
+	uint32_t n = 0;
+	size_t at = 0;
+	uint64_t rng = o->seed ^ 0x5eedULL;
+	int rc;
+
+	opts_client(o, &co);
+	rc = proto_client_connect(&c, o->socket, &co, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "gpud-load: connect %s: %s\n", o->socket, err);
+		return rc;
+	}
+	for (int i = 0; i < CALIBRATION_WORDS; i++)
+		at += (size_t)snprintf(text + at, sizeof(text) - at, "%s%s", i ? " " : "",
+				       words[rng_next(&rng) % N_WORDS]);
+	rc = proto_client_tokenize(c, text, at, 0, &ids, &n, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "gpud-load: tokenize: %s\n", err);
+	else
+		*tpw = n > 0 ? (double)n / CALIBRATION_WORDS : 1.0;
+	free(ids);
+	proto_client_close(c);
+	return rc;
+}
+
+/* --- merging and printing ---------------------------------------------------------- */
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x > y) - (x < y);
+}
+
+/* Nearest-rank percentile of sorted v (n > 0). */
+static double pct(const float *v, size_t n, double p)
+{
+	size_t r = (size_t)ceil(p / 100.0 * (double)n);
+	return v[r > 0 ? r - 1 : 0];
+}
+
+struct summary {
+	uint64_t ok, errors;
+	int32_t codes[MAX_CODES];
+	uint64_t code_count[MAX_CODES];
+	uint32_t n_codes;
+	uint64_t prompt, cached, generated, streamed;
+	double wall_s;
+	double lat_p50, lat_p99, lat_max, ttft_p50, ttft_p99, ttft_max;
+	uint64_t n_ttft;
+};
+
+static void summarize(const struct sample *s, size_t n, double wall, struct summary *out)
+{
+	float *lat = malloc((n ? n : 1) * sizeof(float));
+	float *ttft = malloc((n ? n : 1) * sizeof(float));
+	size_t nl = 0, nt = 0;
+
+	memset(out, 0, sizeof(*out));
+	out->wall_s = wall;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i].status) {
+			uint32_t c;
+			out->errors++;
+			for (c = 0; c < out->n_codes && out->codes[c] != s[i].status; c++)
+				;
+			if (c == out->n_codes && c < MAX_CODES)
+				out->codes[out->n_codes++] = s[i].status;
+			if (c < MAX_CODES)
+				out->code_count[c]++;
+			continue;
+		}
+		out->ok++;
+		out->prompt += s[i].prompt_tokens;
+		out->cached += s[i].cached_tokens;
+		out->generated += s[i].generated_tokens;
+		out->streamed += s[i].streamed_tokens;
+		if (lat)
+			lat[nl++] = s[i].latency_us;
+		if (ttft && s[i].ttft_us >= 0)
+			ttft[nt++] = s[i].ttft_us;
+	}
+	if (nl) {
+		qsort(lat, nl, sizeof(float), cmp_float);
+		out->lat_p50 = pct(lat, nl, 50) / 1e3;
+		out->lat_p99 = pct(lat, nl, 99) / 1e3;
+		out->lat_max = lat[nl - 1] / 1e3;
+	}
+	if (nt) {
+		qsort(ttft, nt, sizeof(float), cmp_float);
+		out->ttft_p50 = pct(ttft, nt, 50) / 1e3;
+		out->ttft_p99 = pct(ttft, nt, 99) / 1e3;
+		out->ttft_max = ttft[nt - 1] / 1e3;
+	}
+	out->n_ttft = nt;
+	free(lat);
+	free(ttft);
+}
+
+static const char *const alloc_keys[] = { "host", "host_loop", "host_device", "host_other",
+					  "device" };
+static const char *const delta_keys[] = { "requests.admitted", "requests.completed",
+					  "requests.errors", "requests.cancelled",
+					  "requests.busy", "requests.refused",
+					  "tokens.prompt", "tokens.cached_prompt",
+					  "tokens.generated" };
+#define N_DELTA (sizeof(delta_keys) / sizeof(delta_keys[0]))
+
+static json_int_t delta(const json_t *before, const json_t *after, const char *key)
+{
+	json_int_t a = jget(after, key), b = jget(before, key);
+	return a < 0 || b < 0 ? -1 : a - b;
+}
+
+static void print_text(const struct opts *o, const struct summary *m, double tpw,
+		       const json_t *before, const json_t *after)
+{
+	printf("gpud-load: %u requests, %u processes x %u concurrent over %u connections each, "
+	       "prompt %u:%u tokens, %u:%u segments%s, max_tokens %u, temperature %.2f, "
+	       "seed %" PRIu64 "\n",
+	       o->requests, o->processes, o->concurrency, o->connections, o->prompt_min,
+	       o->prompt_max, o->seg_min, o->seg_max, o->causal ? " (causal)" : "",
+	       o->max_tokens, o->temperature, o->seed);
+	printf("calibration: %.3f tokens per word\n", tpw);
+	printf("requests: %" PRIu64 " ok, %" PRIu64 " errors\n", m->ok, m->errors);
+	for (uint32_t c = 0; c < m->n_codes; c++)
+		printf("  %s (%d): %" PRIu64 "\n", sw_errname(m->codes[c]), m->codes[c],
+		       m->code_count[c]);
+	printf("tokens: prompt %" PRIu64 " (cached %" PRIu64 "), generated %" PRIu64
+	       " (streamed ids %" PRIu64 ")\n",
+	       m->prompt, m->cached, m->generated, m->streamed);
+	printf("wall: %.3f s; generated tokens/s %.1f; prompt tokens/s %.1f; requests/s %.1f\n",
+	       m->wall_s, m->wall_s > 0 ? m->generated / m->wall_s : 0.0,
+	       m->wall_s > 0 ? m->prompt / m->wall_s : 0.0,
+	       m->wall_s > 0 ? m->ok / m->wall_s : 0.0);
+	printf("latency ms: p50 %.2f  p99 %.2f  max %.2f\n", m->lat_p50, m->lat_p99, m->lat_max);
+	printf("ttft ms:    p50 %.2f  p99 %.2f  max %.2f  (%" PRIu64 " requests streamed "
+	       "tokens)\n", m->ttft_p50, m->ttft_p99, m->ttft_max, m->n_ttft);
+	if (!after) {
+		printf("daemon stats: unavailable\n");
+		return;
+	}
+	if (before) {
+		printf("daemon counters during the run:");
+		for (size_t i = 0; i < N_DELTA; i++)
+			printf(" %s %+" JSON_INTEGER_FORMAT, delta_keys[i],
+			       delta(before, after, delta_keys[i]));
+		printf("\n");
+		bool match = delta(before, after, "requests.completed") == (json_int_t)m->ok &&
+			     delta(before, after, "tokens.generated") == (json_int_t)m->generated &&
+			     delta(before, after, "tokens.prompt") == (json_int_t)m->prompt;
+		printf("check against the daemon (completed, prompt and generated tokens): %s\n",
+		       match ? "match" : "MISMATCH (another client, or a miscount)");
+	}
+	printf("alloc since warm-up:");
+	for (size_t i = 0; i < sizeof(alloc_keys) / sizeof(alloc_keys[0]); i++) {
+		char k[64];
+		snprintf(k, sizeof(k), "alloc.since_warmup.%s", alloc_keys[i]);
+		printf(" %s %" JSON_INTEGER_FORMAT, alloc_keys[i], jget(after, k));
+	}
+	printf(" (counted %s)\n",
+	       json_is_true(json_object_get(json_object_get(after, "alloc"), "counted")) ? "yes"
+											  : "no");
+	size_t i;
+	json_t *v;
+	printf("pools:\n");
+	json_array_foreach(json_object_get(after, "pools"), i, v)
+		printf("  %-18s used %" JSON_INTEGER_FORMAT " high %" JSON_INTEGER_FORMAT
+		       " capacity %" JSON_INTEGER_FORMAT " %s%s\n",
+		       json_string_value(json_object_get(v, "name")), jget(v, "used"),
+		       jget(v, "high"), jget(v, "capacity"),
+		       json_string_value(json_object_get(v, "unit")) ?: "",
+		       json_is_true(json_object_get(v, "rising")) ? " RISING" : "");
+	printf("caches:\n");
+	json_array_foreach(json_object_get(after, "caches"), i, v)
+		printf("  %-18s hits %" JSON_INTEGER_FORMAT " misses %" JSON_INTEGER_FORMAT
+		       " evictions %" JSON_INTEGER_FORMAT " entries %" JSON_INTEGER_FORMAT
+		       " bytes %" JSON_INTEGER_FORMAT "/%" JSON_INTEGER_FORMAT
+		       " hit_tokens %" JSON_INTEGER_FORMAT "\n",
+		       json_string_value(json_object_get(v, "name")), jget(v, "hits"),
+		       jget(v, "misses"), jget(v, "evictions"), jget(v, "entries"),
+		       jget(v, "bytes"), jget(v, "max_bytes"), jget(v, "hit_tokens"));
+}
+
+static void print_json(const struct opts *o, const struct summary *m, double tpw,
+		       const json_t *before, json_t *after)
+{
+	json_t *root = json_object(), *codes = json_object(), *d = json_object();
+	double w = m->wall_s > 0 ? m->wall_s : 1.0;
+
+	for (uint32_t c = 0; c < m->n_codes; c++)
+		json_object_set_new(codes, sw_errname(m->codes[c]),
+				    json_integer((json_int_t)m->code_count[c]));
+	json_object_set_new(root, "requests", json_integer((json_int_t)(m->ok + m->errors)));
+	json_object_set_new(root, "ok", json_integer((json_int_t)m->ok));
+	json_object_set_new(root, "errors", json_integer((json_int_t)m->errors));
+	json_object_set_new(root, "error_codes", codes);
+	json_object_set_new(root, "processes", json_integer(o->processes));
+	json_object_set_new(root, "concurrency", json_integer(o->concurrency));
+	json_object_set_new(root, "connections", json_integer(o->connections));
+	json_object_set_new(root, "tokens_per_word", json_real(tpw));
+	json_object_set_new(root, "prompt_tokens", json_integer((json_int_t)m->prompt));
+	json_object_set_new(root, "cached_prompt_tokens", json_integer((json_int_t)m->cached));
+	json_object_set_new(root, "generated_tokens", json_integer((json_int_t)m->generated));
+	json_object_set_new(root, "streamed_tokens", json_integer((json_int_t)m->streamed));
+	json_object_set_new(root, "wall_s", json_real(m->wall_s));
+	json_object_set_new(root, "tokens_per_s", json_real(m->generated / w));
+	json_object_set_new(root, "prompt_tokens_per_s", json_real(m->prompt / w));
+	json_object_set_new(root, "latency_ms", json_pack("{s:f,s:f,s:f}", "p50", m->lat_p50,
+							  "p99", m->lat_p99, "max", m->lat_max));
+	json_object_set_new(root, "ttft_ms", json_pack("{s:f,s:f,s:f}", "p50", m->ttft_p50,
+						       "p99", m->ttft_p99, "max", m->ttft_max));
+	if (before && after) {
+		for (size_t i = 0; i < N_DELTA; i++)
+			json_object_set_new(d, delta_keys[i],
+					    json_integer(delta(before, after, delta_keys[i])));
+	}
+	json_object_set_new(root, "daemon_delta", d);
+	if (after) {
+		json_object_set(root, "alloc", json_object_get(after, "alloc"));
+		json_object_set(root, "pools", json_object_get(after, "pools"));
+		json_object_set(root, "caches", json_object_get(after, "caches"));
+	}
+	char *text = json_dumps(root, JSON_COMPACT);
+	if (text)
+		printf("%s\n", text);
+	free(text);
+	json_decref(root);
+}
+
+/* --- main ----------------------------------------------------------------------------- */
+
+static int parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (errno || end == s || *end || v < lo || v > hi)
+		return -EINVAL;
+	*out = (uint32_t)v;
+	return 0;
+}
+
+static int parse_range(const char *s, uint32_t lo, uint32_t hi, uint32_t *a, uint32_t *b)
+{
+	char buf[64], *colon;
+
+	snprintf(buf, sizeof(buf), "%s", s);
+	colon = strchr(buf, ':');
+	if (!colon)
+		return parse_u32(buf, lo, hi, a) || parse_u32(buf, lo, hi, b) ? -EINVAL : 0;
+	*colon = '\0';
+	if (parse_u32(buf, lo, hi, a) || parse_u32(colon + 1, lo, hi, b) || *a > *b)
+		return -EINVAL;
+	return 0;
+}
+
+static void usage(const char *argv0)
+{
+	fprintf(stderr,
+		"usage: %s --socket PATH --requests N --concurrency C [--processes P]\n"
+		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
+		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
+		"       [--timeout SECONDS] [--json]\n",
+		argv0);
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = {
+		.requests = 100, .concurrency = 1, .processes = 1, .prompt_min = 32,
+		.prompt_max = 256, .max_tokens = 64, .seg_min = 1, .seg_max = 8, .seed = 1,
+		.timeout_s = 300,
+	};
+	int bad = 0;
+
+	for (int i = 1; i < argc && !bad; i++) {
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+		bool takes = true;
+
+		if (!strcmp(a, "--json")) {
+			o.json = true;
+			takes = false;
+		} else if (!strcmp(a, "--causal")) {
+			o.causal = true;
+			takes = false;
+		} else if (!v) {
+			bad = 1;
+		} else if (!strcmp(a, "--socket")) {
+			o.socket = v;
+		} else if (!strcmp(a, "--requests")) {
+			bad = parse_u32(v, 1, UINT32_MAX / 2, &o.requests) != 0;
+		} else if (!strcmp(a, "--concurrency")) {
+			bad = parse_u32(v, 1, MAX_CONCURRENCY, &o.concurrency) != 0;
+		} else if (!strcmp(a, "--processes")) {
+			bad = parse_u32(v, 1, MAX_PROCESSES, &o.processes) != 0;
+		} else if (!strcmp(a, "--connections")) {
+			bad = parse_u32(v, 1, MAX_CONCURRENCY, &o.connections) != 0;
+		} else if (!strcmp(a, "--prompt-tokens")) {
+			bad = parse_range(v, 1, 1u << 20, &o.prompt_min, &o.prompt_max) != 0;
+		} else if (!strcmp(a, "--max-tokens")) {
+			bad = parse_u32(v, 0, 1u << 20, &o.max_tokens) != 0;
+		} else if (!strcmp(a, "--segments")) {
+			bad = parse_range(v, 1, PROTO_MAX_SEGMENTS, &o.seg_min, &o.seg_max) != 0;
+		} else if (!strcmp(a, "--seed")) {
+			o.seed = strtoull(v, NULL, 0);
+		} else if (!strcmp(a, "--temperature")) {
+			o.temperature = strtof(v, NULL);
+		} else if (!strcmp(a, "--timeout")) {
+			o.timeout_s = atof(v);
+		} else {
+			bad = 1;
+		}
+		if (takes)
+			i++;
+		if (bad)
+			fprintf(stderr, "gpud-load: bad argument: %s%s%s\n", a, takes ? " " : "",
+				takes && v ? v : "");
+	}
+	if (bad || !o.socket || o.timeout_s < 0) {
+		usage(argv[0]);
+		return 2;
+	}
+	if (!o.connections || o.connections > o.concurrency)
+		o.connections = o.concurrency;
+	if (o.processes > o.requests)
+		o.processes = o.requests;
+	signal(SIGPIPE, SIG_IGN);
+
+	double tpw = 1.0;
+	if (calibrate(&o, &tpw))
+		return 1;
+	json_t *before = fetch_stats(&o);
+
+	/* No client thread is alive here: the children start clean. */
+	pid_t pids[MAX_PROCESSES];
+	int fds[MAX_PROCESSES];
+	uint32_t share[MAX_PROCESSES];
+	for (uint32_t p = 0; p < o.processes; p++) {
+		int pfd[2];
+		share[p] = o.requests / o.processes + (p < o.requests % o.processes ? 1 : 0);
+		fflush(NULL);
+		if (pipe(pfd)) {
+			perror("gpud-load: pipe");
+			return 1;
+		}
+		pids[p] = fork();
+		if (pids[p] < 0) {
+			perror("gpud-load: fork");
+			return 1;
+		}
+		if (pids[p] == 0) {
+			close(pfd[0]);
+			for (uint32_t q = 0; q < p; q++)
+				close(fds[q]);
+			int rc = child_main(&o, tpw, share[p],
+					    o.seed * 0x100000001b3ULL + p * 0x9e3779b97f4a7c15ULL,
+					    pfd[1]);
+			close(pfd[1]);
+			_exit(rc);
+		}
+		close(pfd[1]);
+		fds[p] = pfd[0];
+	}
+
+	struct sample *all = calloc(o.requests, sizeof(*all));
+	size_t n_all = 0;
+	double t_start = 0, t_end = 0;
+	int failed = all ? 0 : 1;
+	for (uint32_t p = 0; p < o.processes; p++) {
+		struct report rep;
+		int status = 0;
+		if (read_all(fds[p], &rep, sizeof(rep)) || rep.fatal || rep.n > share[p] || !all ||
+		    read_all(fds[p], all + n_all, rep.n * sizeof(*all))) {
+			fprintf(stderr, "gpud-load: process %u gave no results\n", p);
+			failed = 1;
+		} else {
+			if (n_all == 0 || rep.t_start < t_start)
+				t_start = rep.t_start;
+			if (rep.t_end > t_end)
+				t_end = rep.t_end;
+			n_all += rep.n;
+		}
+		close(fds[p]);
+		waitpid(pids[p], &status, 0);
+	}
+
+	struct summary m;
+	summarize(all, n_all, t_end - t_start, &m);
+	json_t *after = fetch_stats(&o);
+	if (o.json)
+		print_json(&o, &m, tpw, before, after);
+	else
+		print_text(&o, &m, tpw, before, after);
+	json_decref(before);
+	json_decref(after);
+	free(all);
+	return failed || m.errors > 0 || n_all < o.requests ? 1 : 0;
+}
