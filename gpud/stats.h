@@ -18,8 +18,11 @@
  *   "connections": { "open", "high", "accepted", "bad_frames", "stalled" },
  *   "alloc": { "counted": true, "warm": true,
  *              "since_warmup": { "host": N, "host_loop": N, "host_device": N,
- *                                "host_other": N, "device": N },
+ *                                "host_other": N, "device": N, "host_frees": N,
+ *                                "host_bytes": N, "device_bytes": N },
  *              "total": { ...same keys... } },
+ *     (counted false: "since_warmup" and "total" are null - not counted is
+ *     not zero)
  *   "devices": [ { "name": "cpu0", "queue", "running", "steps", "tokens",
  *                  "generated", "preemptions" } ],
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
@@ -32,6 +35,13 @@
  *
  * MEM: the same object without "requests", "tokens", "connections" and
  * "devices", plus "dump": "<path>" when an owner dump was written.
+ *
+ * Floats are written with %.9g; NaN and infinities as null. A NULL version
+ * is null. Names are read up to their array size (no NUL needed); control
+ * characters are escaped and invalid UTF-8 bytes become U+FFFD. Counts
+ * beyond the arrays (n_pools > GPUD_STATS_MAX_POOLS, ...) are clamped.
+ * "watchdog.rising" is true when any pool rises; "warnings" lists the
+ * non-empty pool warnings in pool order.
  */
 #ifndef GPUD_STATS_H
 #define GPUD_STATS_H
@@ -114,7 +124,10 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
  * gpud_pool_used{pool="cpu0.kv"}, gpud_pool_capacity, gpud_pool_high,
  * gpud_pool_trough, gpud_cache_hits_total{cache="mask"}, ...,
  * gpud_alloc_since_warmup{kind="host",role="device"}, each with # HELP and
- * # TYPE lines. Same returns as gpud_stats_json. */
+ * # TYPE lines. Label values escape backslash, quote and newline; other
+ * control characters and invalid UTF-8 become U+FFFD. When allocations
+ * are not counted only gpud_alloc_counted 0 is written, no gpud_alloc_*
+ * count series. Same returns as gpud_stats_json. */
 int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t cap,
 			  size_t *len);
 
