@@ -1,0 +1,486 @@
+/* gpud_lifecycle_test.c - starting and stopping a real `gpud serve`:
+ * --check on a good and on bad configurations, the socket's mode, SIGTERM
+ * with requests in flight (drained, or cut at a tiny deadline with error
+ * frames), a second daemon on a live socket, a missing or corrupt model,
+ * and pools that cannot fit.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "proto/client.h"
+#include "tests/integration/gpud_harness.h"
+
+#define ONCE "Once upon a time"
+
+struct fix {
+	struct gpud_it d[2];
+	bool done;
+};
+
+static int setup(void **state)
+{
+	struct fix *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return -1;
+	f->d[0].status = f->d[1].status = -1;
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fix *f = *state;
+
+	for (int i = 0; i < 2; i++) {
+		if (!f->done && f->d[i].dir[0])
+			gpud_it_print_tail(&f->d[i], "test failed", 60);
+		gpud_it_free(&f->d[i]);
+	}
+	free(f);
+	return 0;
+}
+
+/* Runs `gpud serve --check --config d->config`; returns the exit code,
+ * output in out. */
+static int check_config(const struct gpud_it *d, char *out, size_t outlen)
+{
+	const char *args[] = { "serve", "--check", "--config", d->config, NULL };
+
+	return gpud_it_run_cmd(args, out, outlen, 60000);
+}
+
+/* True when the daemon's output or its log file mentions needle. */
+static bool said(const struct gpud_it *d, const char *out, const char *needle)
+{
+	return (out && strstr(out, needle)) || gpud_it_file_has(d->out, needle) ||
+	       gpud_it_file_has(d->log, needle);
+}
+
+static void test_check_ok(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
+	char out[16384];
+	int rc;
+
+	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+	rc = check_config(&f->d[0], out, sizeof(out));
+	printf("%s", out);
+	if (rc != 0)
+		fail_msg("gpud serve --check exited %d on a good configuration:\n%s", rc, out);
+	assert_non_null(strstr(out, "configuration OK"));
+	/* --check does not start a server */
+	assert_int_equal(access(f->d[0].socket, F_OK), -1);
+	f->done = true;
+}
+
+/* A bad configuration: --check exits 1 naming the key path. */
+static void bad_config(struct fix *f, const char *extra, const char *devices, const char *key)
+{
+	struct gpud_it_opts o = { .gpud_extra = extra, .devices = devices };
+	char out[16384];
+	int rc;
+
+	gpud_it_free(&f->d[0]);
+	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+	rc = check_config(&f->d[0], out, sizeof(out));
+	printf("    %s -> exit %d: %s", key, rc, out);
+	if (rc != 1)
+		fail_msg("--check exited %d on a bad %s (expected 1):\n%s", rc, key, out);
+	if (!strstr(out, key))
+		fail_msg("--check output does not name %s:\n%s", key, out);
+	if (strstr(out, "configuration OK"))
+		fail_msg("--check said OK on a bad %s", key);
+}
+
+static void test_check_bad(void **state)
+{
+	struct fix *f = *state;
+
+	bad_config(f, "\"thread\": 2", NULL, "gpud.thread");
+	bad_config(f, "\"kv_block_tokens\": 3", NULL, "gpud.kv_block_tokens");
+	bad_config(f, "\"max_segments\": 500", NULL, "gpud.max_segments");
+	bad_config(f, "\"queue\": { \"per_connection\": \"many\" }", NULL,
+		   "gpud.queue.per_connection");
+	bad_config(f, NULL, "[\"cpu\", \"gpu0\"]", "gpud.devices[1]");
+	/* not JSON at all */
+	{
+		struct gpud_it_opts o = { .raw_config = "{ \"gpud\": { \"model\": " };
+		char out[4096];
+		int rc;
+
+		gpud_it_free(&f->d[0]);
+		assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+		rc = check_config(&f->d[0], out, sizeof(out));
+		printf("    truncated JSON -> exit %d: %s", rc, out);
+		assert_int_equal(rc, 1);
+		assert_non_null(strstr(out, "line"));
+	}
+	/* no model */
+	{
+		struct gpud_it_opts o = {
+			.raw_config = "{ \"gpud\": { \"socket\": \"/tmp/gpud-it-none.sock\" } }",
+		};
+		char out[4096];
+		int rc;
+
+		gpud_it_free(&f->d[0]);
+		assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+		rc = check_config(&f->d[0], out, sizeof(out));
+		printf("    no model -> exit %d: %s", rc, out);
+		assert_int_equal(rc, 1);
+		assert_non_null(strstr(out, "gpud.model"));
+	}
+	f->done = true;
+}
+
+static void test_socket_mode(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
+	struct stat st;
+
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	printf("    ready %.2f s after spawn\n", f->d[0].ready_s);
+	assert_int_equal(stat(f->d[0].socket, &st), 0);
+	assert_true(S_ISSOCK(st.st_mode));
+	if ((st.st_mode & 07777) != 0660)
+		fail_msg("socket mode %04o, expected 0660", st.st_mode & 07777);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+	f->done = true;
+}
+
+/* --- SIGTERM ---------------------------------------------------------------- */
+
+struct ends {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int pending, ok, failed, first_token;
+	int codes[64];
+	char msg[64][PROTO_MAX_ERROR_MSG];
+};
+
+static int on_tokens(void *arg, uint64_t id, const struct proto_tokens *t)
+{
+	struct ends *e = arg;
+
+	pthread_mutex_lock(&e->mu);
+	e->first_token = 1;
+	pthread_cond_broadcast(&e->cv);
+	pthread_mutex_unlock(&e->mu);
+	return 0;
+}
+
+static void on_done(void *arg, uint64_t id, int status, const struct proto_done *u,
+		    const char *msg)
+{
+	struct ends *e = arg;
+
+	pthread_mutex_lock(&e->mu);
+	if (status == 0) {
+		e->ok++;
+	} else {
+		if (e->failed < 64) {
+			e->codes[e->failed] = status;
+			snprintf(e->msg[e->failed], sizeof(e->msg[0]), "%s", msg ? msg : "");
+		}
+		e->failed++;
+	}
+	e->pending--;
+	pthread_cond_broadcast(&e->cv);
+	pthread_mutex_unlock(&e->mu);
+}
+
+/* Submits n long generations (about 600 prompt tokens + max_tokens) and
+ * waits for the first token. */
+static void submit_long(struct proto_client *c, struct ends *e, int n, uint32_t max_tokens)
+{
+	static char prompt[8192];
+	struct proto_segment seg = { .text = prompt };
+	struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
+					.max_tokens = max_tokens };
+	struct proto_client_events ev = { .on_tokens = on_tokens, .on_done = on_done, .arg = e };
+	static const char *const w[] = { "the", "dog", "saw", "a", "big", "red", "ball", "and",
+					 "Lily", "was", "happy", "in", "park" };
+	size_t len = 0;
+	char err[256];
+
+	for (int i = 0; i < 600; i++)
+		len += (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%s", i ? " " : "",
+					w[(i * 5 + i / 13) % 13]);
+	seg.len = (uint32_t)len;
+	gpud_sampler_params_default(&req.sampling);
+	req.sampling.temperature = 1.0f;
+	for (int i = 0; i < n; i++) {
+		req.sampling.seed = (uint64_t)i + 7;
+		pthread_mutex_lock(&e->mu);
+		e->pending++;
+		pthread_mutex_unlock(&e->mu);
+		if (proto_client_submit(c, &req, &ev, NULL, err, sizeof(err)))
+			fail_msg("submit %d: %s", i, err);
+	}
+	pthread_mutex_lock(&e->mu);
+	while (!e->first_token && e->pending > 0)
+		pthread_cond_wait(&e->cv, &e->mu);
+	pthread_mutex_unlock(&e->mu);
+}
+
+static int wait_ends(struct ends *e, int timeout_s)
+{
+	struct timespec ts;
+	int left;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_s;
+	pthread_mutex_lock(&e->mu);
+	while (e->pending > 0)
+		if (pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT)
+			break;
+	left = e->pending;
+	pthread_mutex_unlock(&e->mu);
+	return left;
+}
+
+/* Polls STATS until "draining" is true. */
+static void wait_draining(struct proto_client *c)
+{
+	double deadline = gpud_it_now() + 30;
+
+	for (;;) {
+		json_t *st = gpud_it_stats(c, false);
+		bool d;
+
+		if (!st)
+			fail_msg("STATS failed while draining");
+		d = json_is_true(json_object_get(st, "draining"));
+		json_decref(st);
+		if (d)
+			return;
+		if (gpud_it_now() > deadline)
+			fail_msg("stats never said draining after SIGTERM");
+		usleep(5000);
+	}
+}
+
+static void test_sigterm_drains(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 2048, \"shutdown_deadline_ms\": 120000",
+	};
+	struct proto_client *c;
+	struct proto_client_result res;
+	struct ends e = { .pending = 0 };
+	char err[256] = "";
+	int rc;
+
+	pthread_mutex_init(&e.mu, NULL);
+	pthread_cond_init(&e.cv, NULL);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	submit_long(c, &e, 8, 400);
+	kill(f->d[0].pid, SIGTERM);
+	wait_draining(c);
+	/* new work is refused while draining */
+	{
+		struct proto_segment seg = { .text = ONCE, .len = sizeof(ONCE) - 1 };
+		struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
+						.max_tokens = 4 };
+
+		gpud_sampler_params_default(&req.sampling);
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(c, &req, &res, err, sizeof(err));
+		proto_client_result_free(&res);
+		printf("    submit while draining -> %s: %s\n", sw_errname(rc), err);
+		assert_int_equal(rc, SW_ECLOSED);
+	}
+	if (wait_ends(&e, 300))
+		fail_msg("requests in flight at SIGTERM did not end");
+	printf("    SIGTERM with 8 requests in flight: %d completed, %d failed\n", e.ok,
+	       e.failed);
+	for (int i = 0; i < e.failed && i < 64; i++)
+		printf("      failed: %s: %s\n", sw_errname(e.codes[i]), e.msg[i]);
+	assert_int_equal(e.ok, 8);
+	rc = gpud_it_wait_exit(&f->d[0], 60000);
+	if (rc != 0)
+		fail_msg("gpud exit status %d after draining (expected 0)", rc);
+	proto_client_close(c);
+	pthread_cond_destroy(&e.cv);
+	pthread_mutex_destroy(&e.mu);
+	f->done = true;
+}
+
+static void test_sigterm_deadline(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 4096, \"shutdown_deadline_ms\": 20",
+	};
+	struct proto_client *c;
+	struct ends e = { .pending = 0 };
+	int rc, closed = 0;
+
+	pthread_mutex_init(&e.mu, NULL);
+	pthread_cond_init(&e.cv, NULL);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	/* far more work than 20 ms: 32 x (600 prompt + 1000 generated) */
+	submit_long(c, &e, 32, 1000);
+	kill(f->d[0].pid, SIGTERM);
+	rc = gpud_it_wait_exit(&f->d[0], 60000);
+	if (wait_ends(&e, 60))
+		fail_msg("requests did not all end after the daemon exited");
+	printf("    SIGTERM, 20 ms deadline, 32 requests: %d completed, %d failed; exit %d\n",
+	       e.ok, e.failed, rc);
+	for (int i = 0; i < e.failed && i < 64; i++) {
+		if (i < 4)
+			printf("      failed: %s: %s\n", sw_errname(e.codes[i]), e.msg[i]);
+		closed += e.codes[i] == SW_ECLOSED && !strstr(e.msg[i], "shut");
+	}
+	if (rc != 0)
+		fail_msg("gpud exit status %d after the deadline (expected 0)", rc);
+	assert_int_equal(e.ok + e.failed, 32);
+	assert_true(e.failed > 0);
+	(void)closed;
+	proto_client_close(c);
+	pthread_cond_destroy(&e.cv);
+	pthread_mutex_destroy(&e.mu);
+	f->done = true;
+}
+
+/* --- refusals --------------------------------------------------------------- */
+
+static void test_second_daemon_refused(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
+	struct proto_client *c;
+	json_t *st;
+	int rc;
+
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	/* the second one: its own directory and log, the first one's config */
+	assert_int_equal(gpud_it_prepare(&f->d[1], &o), 0);
+	snprintf(f->d[1].config, sizeof(f->d[1].config), "%s", f->d[0].config);
+	assert_int_equal(gpud_it_spawn(&f->d[1], NULL), 0);
+	rc = gpud_it_wait_exit(&f->d[1], 60000);
+	gpud_it_print_tail(&f->d[1], "second daemon", 5);
+	if (rc != 1)
+		fail_msg("the second gpud on a live socket exited %d (expected 1)", rc);
+	if (!said(&f->d[1], NULL, f->d[0].socket))
+		fail_msg("the second gpud's message does not name the socket %s",
+			 f->d[0].socket);
+	/* the first one is untouched */
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	assert_non_null(st = gpud_it_stats(c, false));
+	json_decref(st);
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+	f->done = true;
+}
+
+static void test_bad_model(void **state)
+{
+	struct fix *f = *state;
+	char path[GPUD_IT_PATH_MAX + 32];
+	FILE *m;
+	int rc;
+
+	/* missing */
+	{
+		struct gpud_it_opts o = { .model = "/nonexistent/gpud-it/model.gguf",
+					  .no_wait = true };
+
+		assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+		rc = gpud_it_wait_exit(&f->d[0], 60000);
+		gpud_it_print_tail(&f->d[0], "missing model", 5);
+		if (rc != 1)
+			fail_msg("gpud with a missing model exited %d (expected 1)", rc);
+		assert_true(said(&f->d[0], NULL, "/nonexistent/gpud-it/model.gguf"));
+		assert_int_equal(access(f->d[0].socket, F_OK), -1);
+	}
+	/* corrupt: not a GGUF file */
+	{
+		struct gpud_it_opts o = { .no_wait = true };
+
+		snprintf(path, sizeof(path), "/tmp/gpud-it-corrupt-%d.gguf", (int)getpid());
+		m = fopen(path, "w");
+		assert_non_null(m);
+		for (int i = 0; i < 4096; i++)
+			fputc("GGUF but not really\n"[i % 20], m);
+		fclose(m);
+		o.model = path;
+		rc = gpud_it_start(&f->d[1], &o);
+		if (rc == 0)
+			rc = gpud_it_wait_exit(&f->d[1], 60000);
+		gpud_it_print_tail(&f->d[1], "corrupt model", 5);
+		unlink(path);
+		if (rc != 1)
+			fail_msg("gpud with a corrupt model exited %d (expected 1)", rc);
+		assert_true(said(&f->d[1], NULL, path));
+		assert_int_equal(access(f->d[1].socket, F_OK), -1);
+	}
+	f->done = true;
+}
+
+static void test_pools_do_not_fit(void **state)
+{
+	struct fix *f = *state;
+	/* 16 Mi blocks of 16 tokens of stories260K KV (20 KiB each) per
+	 * device: 320 GiB */
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 16777216", .no_wait = true };
+	char out[16384];
+	int rc;
+
+	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+	rc = check_config(&f->d[0], out, sizeof(out));
+	printf("    --check: exit %d: %s", rc, out);
+	assert_int_equal(rc, 1);
+	assert_non_null(strstr(out, "kv_blocks"));
+	assert_null(strstr(out, "configuration OK"));
+
+	assert_int_equal(gpud_it_spawn(&f->d[0], NULL), 0);
+	rc = gpud_it_wait_exit(&f->d[0], 60000);
+	gpud_it_print_tail(&f->d[0], "pools that do not fit", 5);
+	if (rc != 1)
+		fail_msg("gpud with pools that cannot fit exited %d (expected 1)", rc);
+	assert_true(said(&f->d[0], NULL, "kv_blocks"));
+	assert_true(said(&f->d[0], NULL, "16777216"));
+	assert_true(said(&f->d[0], NULL, "GiB"));
+	assert_int_equal(access(f->d[0].socket, F_OK), -1);
+	f->done = true;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_check_ok, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_check_bad, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_socket_mode, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigterm_drains, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigterm_deadline, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_model, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_pools_do_not_fit, setup, teardown),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1763 @@
+/* gpud_test.c - the daemon's integration tests (issue 4 "Tests" 1-6):
+ * a real `gpud serve` with stories260K on two cpu devices, driven through
+ * the client library (proto/client.h) and, for malformed input, through
+ * raw frames (proto/frame.h, proto/shm.h).
+ *
+ *  1. 64 concurrent greedy streams == the same requests one at a time.
+ *  2. 20,000 random requests (prompts 1-1000 tokens, random descriptors):
+ *     zero errors, no allocation after warm-up on the loop and device
+ *     threads, every pool back to empty when idle, high-water < capacity.
+ *     GPUD_IT_REQUESTS overrides the count for a quick local run.
+ *  3. Mask cache: same descriptor twice -> one entry and a hit; many
+ *     distinct descriptors under a small bound -> evictions, bytes never
+ *     above the bound (polled while the requests run).
+ *  4. Prefix cache: shared system prompt + same mask -> cached prompt
+ *     tokens; another mask -> none; outputs equal a daemon without it.
+ *  5. A client process killed mid-stream -> its KV blocks come back, the
+ *     others are unaffected.
+ *  6. Malformed frames, bad offsets, wrong version, oversized requests, a
+ *     client that never reads -> an error for that client only.
+ *
+ * Test 5 re-executes this binary as the client to be killed
+ * ("--stream-child SOCKET FD").
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/err.h"
+#include "proto/client.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
+#include "proto/shm.h"
+#include "tests/integration/gpud_harness.h"
+
+/* The reference continuation of the model card (../shared/models/README.md). */
+#define ONCE "Once upon a time"
+#define ONCE_GREEDY ", there was a little girl named Lily. She loved to play outside in the park."
+
+/* --- fixture --------------------------------------------------------------- */
+
+struct fix {
+	struct gpud_it d[2];
+	bool done; /* the test reached its end: no log tails at teardown */
+};
+
+static int setup(void **state)
+{
+	struct fix *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return -1;
+	f->d[0].status = f->d[1].status = -1;
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fix *f = *state;
+
+	for (int i = 0; i < 2; i++) {
+		if (!f->done && f->d[i].dir[0])
+			gpud_it_print_tail(&f->d[i], "test failed", 60);
+		gpud_it_free(&f->d[i]);
+	}
+	free(f);
+	return 0;
+}
+
+/* Stops daemon i with SIGTERM and checks it exits 0. */
+static void stop_ok(struct fix *f, int i)
+{
+	int rc = gpud_it_stop(&f->d[i], SIGTERM, 60000);
+
+	if (rc != 0)
+		fail_msg("gpud exited with %d after SIGTERM (expected 0)", rc);
+}
+
+/* --- words and requests ---------------------------------------------------- */
+
+static const char *const words[] = {
+	"the", "little", "girl", "boy", "dog", "cat", "ball", "park", "sun", "happy",
+	"big", "red", "tree", "play", "friend", "mom", "said", "was", "and", "to",
+	"a", "she", "he", "they", "saw", "went", "day", "time", "toy", "bird",
+	"fish", "blue", "jump", "run", "house", "box", "good", "sad", "look", "find",
+	"help", "water", "car", "boat", "flower", "garden", "cake", "king", "magic", "sky",
+	"Lily", "Tom", "Ben", "Sue", "wanted", "loved", "very", "with", "her", "his",
+	"one", "upon", "once", "there", "named", "outside", "inside", "small", "bright", "dark",
+	"night", "moon", "star", "rain", "snow", "cold", "warm", "soft", "hard", "fast",
+};
+#define N_WORDS (sizeof(words) / sizeof(words[0]))
+
+/* A request under construction: the storage proto_submit_req points into. */
+struct rbuf {
+	struct proto_segment seg[16];
+	struct gpud_mask_row rows[17];
+	uint16_t idx[17 * 17];
+	struct gpud_mask_desc desc;
+	char text[24576];
+	size_t used;
+	struct proto_submit_req req;
+};
+
+static void rbuf_init(struct rbuf *b, uint32_t max_tokens)
+{
+	memset(&b->req, 0, sizeof(b->req));
+	b->used = 0;
+	b->req.segments = b->seg;
+	gpud_sampler_params_default(&b->req.sampling); /* greedy */
+	b->req.max_tokens = max_tokens;
+}
+
+/* Appends a segment with a copy of text. */
+static void rbuf_seg(struct rbuf *b, const char *text)
+{
+	size_t n = strlen(text);
+	uint32_t i = b->req.n_segments;
+
+	assert_true(i < 16);
+	assert_true(b->used + n <= sizeof(b->text));
+	memcpy(b->text + b->used, text, n);
+	b->seg[i].text = b->text + b->used;
+	b->seg[i].len = (uint32_t)n;
+	b->seg[i].role = PROTO_ROLE_NONE;
+	b->used += n;
+	b->req.n_segments = i + 1;
+}
+
+/* vis rows from bit masks (bit j of vis[i]: row i sees segment j; bit i
+ * is forced). S + 1 rows; the request's segment count must be S. */
+static void rbuf_mask(struct rbuf *b, const uint32_t *vis)
+{
+	uint32_t S = b->req.n_segments, k = 0;
+
+	for (uint32_t i = 0; i <= S; i++) {
+		b->rows[i].idx = b->idx + k;
+		b->rows[i].n = 0;
+		for (uint32_t j = 0; j <= i; j++) {
+			if (j == i || (vis[i] >> j & 1)) {
+				b->idx[k++] = (uint16_t)j;
+				b->rows[i].n++;
+			}
+		}
+	}
+	b->desc.n_segments = S;
+	b->desc.rows = b->rows;
+	b->req.mask = &b->desc;
+}
+
+/* Collects one streamed request. */
+struct waiter {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	int pending;
+};
+
+struct collect {
+	struct waiter *w;
+	char text[8192];
+	size_t len;
+	int32_t ids[2048];
+	uint32_t n_ids;
+	bool overflow;
+	int status;
+	int calls_done;
+	struct proto_done usage;
+	char msg[PROTO_MAX_ERROR_MSG];
+};
+
+static void waiter_init(struct waiter *w)
+{
+	pthread_mutex_init(&w->mu, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	w->pending = 0;
+}
+
+static void waiter_destroy(struct waiter *w)
+{
+	pthread_cond_destroy(&w->cv);
+	pthread_mutex_destroy(&w->mu);
+}
+
+static void waiter_add(struct waiter *w, int n)
+{
+	pthread_mutex_lock(&w->mu);
+	w->pending += n;
+	pthread_mutex_unlock(&w->mu);
+}
+
+/* Waits until nothing is pending or timeout_s pass; returns what is left. */
+static int waiter_wait(struct waiter *w, double timeout_s)
+{
+	struct timespec ts;
+	int left;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += (time_t)timeout_s;
+	pthread_mutex_lock(&w->mu);
+	while (w->pending > 0)
+		if (pthread_cond_timedwait(&w->cv, &w->mu, &ts) == ETIMEDOUT)
+			break;
+	left = w->pending;
+	pthread_mutex_unlock(&w->mu);
+	return left;
+}
+
+static int on_tokens(void *arg, uint64_t id, const struct proto_tokens *t)
+{
+	struct collect *c = arg;
+
+	for (uint32_t i = 0; i < t->n_ids; i++) {
+		if (c->n_ids < sizeof(c->ids) / sizeof(c->ids[0]))
+			c->ids[c->n_ids++] = proto_tokens_id(t, i);
+		else
+			c->overflow = true;
+	}
+	if (c->len + t->text_len < sizeof(c->text)) {
+		memcpy(c->text + c->len, t->text, t->text_len);
+		c->len += t->text_len;
+		c->text[c->len] = '\0';
+	} else {
+		c->overflow = true;
+	}
+	return 0;
+}
+
+static void on_done(void *arg, uint64_t id, int status, const struct proto_done *u,
+		    const char *msg)
+{
+	struct collect *c = arg;
+
+	c->status = status;
+	c->calls_done++;
+	if (u)
+		c->usage = *u;
+	snprintf(c->msg, sizeof(c->msg), "%s", msg ? msg : "");
+	pthread_mutex_lock(&c->w->mu);
+	c->w->pending--;
+	pthread_cond_broadcast(&c->w->cv);
+	pthread_mutex_unlock(&c->w->mu);
+}
+
+static const struct proto_client_events collect_events = {
+	.on_tokens = on_tokens,
+	.on_done = on_done,
+};
+
+/* Submits req streaming into c (registered with c->w). */
+static int submit_collect(struct proto_client *cl, const struct proto_submit_req *req,
+			  struct collect *c, uint64_t *id)
+{
+	struct proto_client_events ev = collect_events;
+	char err[256] = "";
+	int rc;
+
+	ev.arg = c;
+	waiter_add(c->w, 1);
+	rc = proto_client_submit(cl, req, &ev, id, err, sizeof(err));
+	if (rc) {
+		waiter_add(c->w, -1);
+		fprintf(stderr, "submit: %s (%s)\n", err, sw_errname(rc));
+	}
+	return rc;
+}
+
+/* Blocking generate of one plain prompt; returns rc, fills res. */
+static int gen_text(struct proto_client *cl, const char *prompt, uint32_t max_tokens,
+		    struct proto_client_result *res, char *err, size_t errlen)
+{
+	struct rbuf *b = malloc(sizeof(*b));
+	int rc;
+
+	assert_non_null(b);
+	rbuf_init(b, max_tokens);
+	rbuf_seg(b, prompt);
+	memset(res, 0, sizeof(*res));
+	rc = proto_client_generate(cl, &b->req, res, err, errlen);
+	free(b);
+	return rc;
+}
+
+/* --- stats helpers ---------------------------------------------------------- */
+
+static int64_t jint(json_t *root, const char *path)
+{
+	int64_t v = 0;
+	int rc = gpud_it_jint(root, path, &v);
+
+	if (rc)
+		fail_msg("stats: %s: %s", path, rc == -ENOENT ? "absent" : "not an integer");
+	return v;
+}
+
+static int64_t jint_in(json_t *obj, const char *key)
+{
+	json_t *j = json_object_get(obj, key);
+	const char *name = json_string_value(json_object_get(obj, "name"));
+
+	if (!j || !json_is_number(j))
+		fail_msg("stats: %s.%s: absent or not a number", name ? name : "?", key);
+	return (int64_t)json_number_value(j);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+	size_t n = strlen(s), m = strlen(suffix);
+
+	return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Sum of "used" over the KV pools ("<dev>.kv"). */
+static int64_t kv_used(json_t *st)
+{
+	json_t *pools = json_object_get(st, "pools"), *p;
+	int64_t sum = 0;
+	size_t i;
+	int n = 0;
+
+	assert_true(json_is_array(pools));
+	json_array_foreach(pools, i, p) {
+		const char *name = json_string_value(json_object_get(p, "name"));
+
+		if (name && ends_with(name, ".kv")) {
+			sum += jint_in(p, "used");
+			n++;
+		}
+	}
+	if (n == 0)
+		fail_msg("stats: no \"<device>.kv\" pool in pools[]");
+	return sum;
+}
+
+/* Mask caches: "mask" or "<dev>.mask". Sums of the named field. */
+static int64_t mask_sum(json_t *st, const char *field, int *n_out)
+{
+	json_t *caches = json_object_get(st, "caches"), *c;
+	int64_t sum = 0;
+	size_t i;
+	int n = 0;
+
+	assert_true(json_is_array(caches));
+	json_array_foreach(caches, i, c) {
+		const char *name = json_string_value(json_object_get(c, "name"));
+
+		if (name && (!strcmp(name, "mask") || ends_with(name, ".mask"))) {
+			sum += jint_in(c, field);
+			n++;
+		}
+	}
+	if (n_out)
+		*n_out = n;
+	if (n == 0)
+		fail_msg("stats: no mask cache (\"mask\" or \"<device>.mask\") in caches[]");
+	return sum;
+}
+
+static json_t *stats(struct proto_client *c)
+{
+	json_t *st = gpud_it_stats(c, false);
+
+	if (!st)
+		fail_msg("STATS failed");
+	return st;
+}
+
+/* Polls STATS until requests.in_flight is 0 (bounded); returns the
+ * final snapshot. */
+static json_t *stats_idle(struct proto_client *c)
+{
+	double deadline = gpud_it_now() + 30;
+
+	for (;;) {
+		json_t *st = stats(c);
+
+		if (jint(st, "requests.in_flight") == 0)
+			return st;
+		if (gpud_it_now() > deadline)
+			fail_msg("requests.in_flight did not return to 0 within 30 s");
+		json_decref(st);
+		usleep(20000);
+	}
+}
+
+/* The idle-state checks of test 2 (and others): in flight 0, device
+ * queues empty, KV used == blocks the prefix cache holds (each device),
+ * no pinned mask entry, every pool's high-water under its capacity. */
+static void check_idle_pools(json_t *st, bool prefix_on)
+{
+	json_t *pools = json_object_get(st, "pools"), *caches = json_object_get(st, "caches");
+	json_t *devs = json_object_get(st, "devices"), *p;
+	size_t i;
+	int n_kv = 0;
+
+	assert_int_equal(jint(st, "requests.in_flight"), 0);
+	assert_true(json_is_array(devs) && json_array_size(devs) == 2);
+	json_array_foreach(devs, i, p) {
+		assert_int_equal(jint_in(p, "queue"), 0);
+		assert_int_equal(jint_in(p, "running"), 0);
+	}
+	assert_true(json_is_array(pools) && json_array_size(pools) > 0);
+	json_array_foreach(pools, i, p) {
+		const char *name = json_string_value(json_object_get(p, "name"));
+		int64_t cap = jint_in(p, "capacity"), used = jint_in(p, "used");
+		int64_t high = jint_in(p, "high"), free_ = jint_in(p, "free");
+
+		assert_non_null(name);
+		printf("    pool %-16s used %8" PRId64 " free %8" PRId64 " high %8" PRId64
+		       " capacity %8" PRId64 "\n", name, used, free_, high, cap);
+		if (used + free_ != cap)
+			fail_msg("pool %s: used %" PRId64 " + free %" PRId64 " != capacity %" PRId64,
+				 name, used, free_, cap);
+		if (!(high < cap))
+			fail_msg("pool %s: high-water %" PRId64 " not under capacity %" PRId64,
+				 name, high, cap);
+		if (used > high)
+			fail_msg("pool %s: used %" PRId64 " above its high-water %" PRId64, name,
+				 used, high);
+		if (ends_with(name, ".kv")) {
+			char cname[64];
+			json_t *pc;
+			int64_t held = 0;
+
+			n_kv++;
+			snprintf(cname, sizeof(cname), "%.*s.prefix", (int)(strlen(name) - 3), name);
+			pc = gpud_it_named(caches, cname);
+			if (prefix_on) {
+				if (!pc)
+					fail_msg("stats: prefix cache %s missing (prefix cache is on)",
+						 cname);
+				held = jint_in(pc, "entries");
+				assert_int_equal(jint_in(pc, "pinned"), 0);
+			} else if (pc) {
+				assert_int_equal(jint_in(pc, "entries"), 0);
+			}
+			if (used != held)
+				fail_msg("pool %s: %" PRId64 " blocks used when idle; the prefix cache "
+					 "holds %" PRId64 " (a leak)", name, used, held);
+		}
+	}
+	assert_int_equal(n_kv, 2);
+	assert_int_equal(mask_sum(st, "pinned", NULL), 0);
+}
+
+/* --- test 1: 64 concurrent greedy streams == one at a time ------------------ */
+
+#define T1_N 64
+#define T1_CONNS 4
+#define T1_MAX 48
+
+static void t1_prompt(int i, char *out, size_t outlen)
+{
+	if (i == 0) {
+		snprintf(out, outlen, ONCE);
+		return;
+	}
+	snprintf(out, outlen, "%s %s %s %s %s", words[(i * 7) % N_WORDS],
+		 words[(i * 13 + 3) % N_WORDS], words[(i * 29 + 5) % N_WORDS],
+		 i % 3 ? "Once upon a time" : "One day", words[i % N_WORDS]);
+}
+
+static void test_concurrent_equals_sequential(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 1024, \"max_seqs\": 64, \"prefix_cache_bytes\": 0",
+	};
+	struct proto_client *cl[T1_CONNS];
+	struct collect *col = calloc(T1_N, sizeof(*col));
+	struct rbuf *b = malloc(sizeof(*b) * T1_N);
+	struct waiter w;
+	double t0, t_conc, t_seq;
+	char prompt[256];
+
+	assert_non_null(col);
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	for (int k = 0; k < T1_CONNS; k++)
+		assert_non_null(cl[k] = gpud_it_connect(&f->d[0]));
+
+	waiter_init(&w);
+	for (int i = 0; i < T1_N; i++) {
+		t1_prompt(i, prompt, sizeof(prompt));
+		rbuf_init(&b[i], T1_MAX);
+		rbuf_seg(&b[i], prompt);
+		col[i].w = &w;
+	}
+	t0 = gpud_it_now();
+	for (int i = 0; i < T1_N; i++)
+		assert_int_equal(submit_collect(cl[i % T1_CONNS], &b[i].req, &col[i], NULL), 0);
+	if (waiter_wait(&w, 300) != 0)
+		fail_msg("concurrent requests did not all end within 300 s");
+	t_conc = gpud_it_now() - t0;
+
+	t0 = gpud_it_now();
+	for (int i = 0; i < T1_N; i++) {
+		struct proto_client_result res;
+		char err[256] = "";
+		int rc;
+
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl[0], &b[i].req, &res, err, sizeof(err));
+		if (rc)
+			fail_msg("sequential request %d: %s (%s)", i, err, sw_errname(rc));
+		if (col[i].status != 0)
+			fail_msg("concurrent request %d: status %s: %s", i,
+				 sw_errname(col[i].status), col[i].msg);
+		assert_int_equal(col[i].calls_done, 1);
+		assert_false(col[i].overflow);
+		if (res.text_len != col[i].len || memcmp(res.text, col[i].text, res.text_len))
+			fail_msg("request %d: concurrent text differs from sequential:\n"
+				 "  concurrent: \"%s\"\n  sequential: \"%s\"", i, col[i].text,
+				 res.text);
+		assert_int_equal(res.n_ids, col[i].n_ids);
+		assert_memory_equal(res.ids, col[i].ids, res.n_ids * sizeof(int32_t));
+		assert_int_equal(res.usage.generated_tokens, col[i].usage.generated_tokens);
+		assert_int_equal(res.usage.prompt_tokens, col[i].usage.prompt_tokens);
+		assert_true(res.n_ids >= 1 && res.n_ids <= T1_MAX);
+		assert_int_equal(res.usage.generated_tokens, res.n_ids);
+		if (i == 0 && strncmp(res.text, ONCE_GREEDY, strlen(ONCE_GREEDY)))
+			fail_msg("greedy \"" ONCE "\" gave \"%s\", the model card says \"%s...\"",
+				 res.text, ONCE_GREEDY);
+		if (i == 0)
+			assert_int_equal(res.usage.prompt_tokens, 5); /* [1, 403, 407, 261, 378] */
+		proto_client_result_free(&res);
+	}
+	t_seq = gpud_it_now() - t0;
+	printf("    test 1: %d requests x %d tokens: concurrent %.2f s, one at a time %.2f s\n",
+	       T1_N, T1_MAX, t_conc, t_seq);
+
+	for (int k = 0; k < T1_CONNS; k++)
+		proto_client_close(cl[k]);
+	waiter_destroy(&w);
+	free(b);
+	free(col);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
+/* --- test 2: 20,000 random requests ----------------------------------------- */
+
+#define T2_CONNS 4
+#define T2_THREADS 32
+
+struct t2 {
+	struct proto_client *cl[T2_CONNS];
+	uint32_t n;
+	uint32_t word_tokens[N_WORDS];
+	atomic_uint next;
+	atomic_uint errors, ok, masked;
+	atomic_uint min_prompt, max_prompt;
+	atomic_ullong prompt_sum, gen_sum;
+	pthread_mutex_t mu;
+	char first_error[512];
+};
+
+static uint64_t rng_next(uint64_t *s)
+{
+	/* splitmix64 */
+	uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+static uint32_t rng_below(uint64_t *s, uint32_t n)
+{
+	return (uint32_t)(rng_next(s) % n);
+}
+
+static void t2_error(struct t2 *t, const char *fmt, ...)
+{
+	va_list ap;
+
+	atomic_fetch_add(&t->errors, 1);
+	pthread_mutex_lock(&t->mu);
+	if (!t->first_error[0]) {
+		va_start(ap, fmt);
+		vsnprintf(t->first_error, sizeof(t->first_error), fmt, ap);
+		va_end(ap);
+	}
+	pthread_mutex_unlock(&t->mu);
+}
+
+/* Token count of one segment as gpud tokenizes it (BOS on the first). */
+static int count_tokens(struct proto_client *cl, const char *text, uint32_t len, bool bos,
+			uint32_t *n, char *err, size_t errlen)
+{
+	int32_t *ids = NULL;
+	int rc = proto_client_tokenize(cl, text, len, bos ? PROTO_TOK_ADD_BOS : 0, &ids, n, err,
+				       errlen);
+
+	free(ids);
+	return rc;
+}
+
+/* Builds request idx: target length 1..1000 tokens (estimated from the
+ * words' token counts, BOS included), 1..16 segments, a random valid
+ * descriptor (or none, one time in five), max_tokens 1..8, greedy or
+ * sampled. */
+static void t2_build(struct t2 *t, uint32_t idx, struct rbuf *b)
+{
+	uint64_t s = 0x5eed0000ull + idx;
+	uint32_t target = 1 + rng_below(&s, 1000);
+	uint32_t S = 1 + rng_below(&s, target < 16 ? target : 16);
+	uint32_t budget = target > 1 ? target - 1 : 1; /* BOS takes one */
+	uint32_t vis[17];
+
+	rbuf_init(b, 1 + rng_below(&s, 8));
+	if (rng_below(&s, 2)) {
+		b->req.sampling.temperature = 0.8f;
+		b->req.sampling.top_k = 40;
+		b->req.sampling.seed = idx;
+	}
+	for (uint32_t i = 0; i < S; i++) {
+		/* this segment's share of what is left, at least one word */
+		uint32_t share = budget / (S - i);
+		uint32_t got = 0;
+		char seg[8192];
+		size_t n = 0;
+
+		if (i + 1 < S && share > 1)
+			share = 1 + rng_below(&s, 2 * share - 1 < budget ? 2 * share - 1 : budget);
+		do {
+			uint32_t w = rng_below(&s, N_WORDS);
+			size_t wl = strlen(words[w]);
+
+			if (n + wl + 2 >= sizeof(seg))
+				break;
+			if (n)
+				seg[n++] = ' ';
+			memcpy(seg + n, words[w], wl);
+			n += wl;
+			got += t->word_tokens[w];
+		} while (got < share);
+		seg[n] = '\0';
+		rbuf_seg(b, seg);
+		budget = budget > got ? budget - got : 0;
+		if (budget == 0 && i + 1 < S) {
+			/* out of budget: stop with fewer segments */
+			break;
+		}
+	}
+	S = b->req.n_segments;
+	if (rng_below(&s, 5) != 0) {
+		for (uint32_t i = 0; i <= S; i++)
+			vis[i] = (uint32_t)rng_next(&s);
+		rbuf_mask(b, vis);
+	}
+}
+
+static void *t2_worker(void *arg)
+{
+	struct t2 *t = arg;
+	struct rbuf *b = malloc(sizeof(*b));
+	unsigned me = 0;
+
+	if (!b) {
+		t2_error(t, "out of memory");
+		return NULL;
+	}
+	for (;;) {
+		uint32_t idx = atomic_fetch_add(&t->next, 1);
+		struct proto_client *cl;
+		struct proto_client_result res;
+		uint32_t expect = 0;
+		char err[256] = "";
+		int rc;
+
+		if (idx >= t->n)
+			break;
+		cl = t->cl[(idx + me) % T2_CONNS];
+		t2_build(t, idx, b);
+		for (uint32_t i = 0; i < b->req.n_segments; i++) {
+			uint32_t n = 0;
+
+			rc = count_tokens(cl, b->seg[i].text, b->seg[i].len, i == 0, &n, err,
+					  sizeof(err));
+			if (rc) {
+				t2_error(t, "request %u: tokenize: %s (%s)", idx, err, sw_errname(rc));
+				goto next;
+			}
+			expect += n;
+		}
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, err, sizeof(err));
+		if (rc) {
+			t2_error(t, "request %u (%u segments, %u prompt tokens, mask %s): %s (%s)",
+				 idx, b->req.n_segments, expect, b->req.mask ? "yes" : "no", err,
+				 sw_errname(rc));
+		} else if (res.usage.prompt_tokens != expect) {
+			t2_error(t, "request %u: usage.prompt_tokens %u, tokenize says %u", idx,
+				 res.usage.prompt_tokens, expect);
+		} else if (res.usage.generated_tokens > b->req.max_tokens ||
+			   res.n_ids != res.usage.generated_tokens) {
+			t2_error(t, "request %u: %u tokens generated, %u ids, max_tokens %u", idx,
+				 res.usage.generated_tokens, res.n_ids, b->req.max_tokens);
+		} else {
+			unsigned cur;
+
+			atomic_fetch_add(&t->ok, 1);
+			if (b->req.mask)
+				atomic_fetch_add(&t->masked, 1);
+			atomic_fetch_add(&t->prompt_sum, expect);
+			atomic_fetch_add(&t->gen_sum, res.usage.generated_tokens);
+			cur = atomic_load(&t->min_prompt);
+			while (expect < cur && !atomic_compare_exchange_weak(&t->min_prompt, &cur,
+									    expect))
+				;
+			cur = atomic_load(&t->max_prompt);
+			while (expect > cur && !atomic_compare_exchange_weak(&t->max_prompt, &cur,
+									    expect))
+				;
+		}
+		proto_client_result_free(&res);
+next:
+		me++;
+	}
+	free(b);
+	return NULL;
+}
+
+static void test_20k_random_requests(void **state)
+{
+	struct fix *f = *state;
+	/* 32 in flight, up to ~1010 tokens each: 64 blocks of 16 tokens per
+	 * request; 2304 blocks per device hold all of them on one device. */
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 2304, \"max_seqs\": 40, \"max_batch_tokens\": 1024, "
+			      "\"prefix_cache_bytes\": \"1MiB\", \"mask_cache_bytes\": \"1MiB\"",
+	};
+	struct t2 *t = calloc(1, sizeof(*t));
+	pthread_t th[T2_THREADS];
+	const char *env = getenv("GPUD_IT_REQUESTS");
+	json_t *st;
+	double t0, el;
+	int64_t v;
+
+	assert_non_null(t);
+	t->n = env ? (uint32_t)strtoul(env, NULL, 10) : 20000;
+	atomic_init(&t->next, 0);
+	atomic_init(&t->min_prompt, UINT32_MAX);
+	atomic_init(&t->max_prompt, 0);
+	pthread_mutex_init(&t->mu, NULL);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	for (int k = 0; k < T2_CONNS; k++)
+		assert_non_null(t->cl[k] = gpud_it_connect(&f->d[0]));
+	for (size_t w = 0; w < N_WORDS; w++) {
+		char err[256] = "";
+		int rc = count_tokens(t->cl[0], words[w], (uint32_t)strlen(words[w]), false,
+				      &t->word_tokens[w], err, sizeof(err));
+
+		if (rc)
+			fail_msg("tokenize \"%s\": %s (%s)", words[w], err, sw_errname(rc));
+		assert_true(t->word_tokens[w] >= 1);
+	}
+
+	t0 = gpud_it_now();
+	for (int i = 0; i < T2_THREADS; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, t2_worker, t), 0);
+	for (int i = 0; i < T2_THREADS; i++)
+		pthread_join(th[i], NULL);
+	el = gpud_it_now() - t0;
+	printf("    test 2: %u requests (%u with a descriptor) in %.1f s (%.0f req/s), "
+	       "prompt tokens %u..%u, %llu prompt + %llu generated tokens, %u errors\n",
+	       t->n, atomic_load(&t->masked), el, t->n / el, atomic_load(&t->min_prompt),
+	       atomic_load(&t->max_prompt), (unsigned long long)atomic_load(&t->prompt_sum),
+	       (unsigned long long)atomic_load(&t->gen_sum), atomic_load(&t->errors));
+	if (atomic_load(&t->errors))
+		fail_msg("%u of %u requests failed; first: %s", atomic_load(&t->errors), t->n,
+			 t->first_error);
+	assert_int_equal(atomic_load(&t->ok), t->n);
+	if (t->n >= 1000) {
+		/* the random lengths really span 1..1000 tokens */
+		assert_true(atomic_load(&t->min_prompt) <= 4);
+		assert_true(atomic_load(&t->max_prompt) >= 950);
+	}
+
+	st = stats_idle(t->cl[0]);
+	if (!json_is_true(gpud_it_jget(st, "alloc.counted")))
+		fail_msg("stats: alloc.counted is not true: allocations after warm-up are not "
+			 "being counted, so \"0\" would prove nothing");
+	assert_true(json_is_true(gpud_it_jget(st, "alloc.warm")));
+	printf("    alloc.since_warmup: host %" PRId64 " (loop %" PRId64 ", device %" PRId64
+	       ", other %" PRId64 "), device %" PRId64 "\n",
+	       jint(st, "alloc.since_warmup.host"), jint(st, "alloc.since_warmup.host_loop"),
+	       jint(st, "alloc.since_warmup.host_device"),
+	       jint(st, "alloc.since_warmup.host_other"), jint(st, "alloc.since_warmup.device"));
+	assert_int_equal(jint(st, "alloc.since_warmup.host_loop"), 0);
+	assert_int_equal(jint(st, "alloc.since_warmup.host_device"), 0);
+	assert_int_equal(jint(st, "alloc.since_warmup.device"), 0);
+	v = jint(st, "requests.completed");
+	assert_true(v >= (int64_t)t->n);
+	assert_int_equal(jint(st, "requests.errors"), 0);
+	check_idle_pools(st, true);
+	json_decref(st);
+
+	for (int k = 0; k < T2_CONNS; k++)
+		proto_client_close(t->cl[k]);
+	pthread_mutex_destroy(&t->mu);
+	free(t);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
+/* --- test 3: mask cache ----------------------------------------------------- */
+
+struct poller {
+	struct proto_client *cl;
+	atomic_bool stop;
+	int64_t max_bytes_seen, bound;
+	int violations, polls, failures;
+	char what[256];
+};
+
+static void *poll_mask_bytes(void *arg)
+{
+	struct poller *p = arg;
+
+	while (!atomic_load(&p->stop)) {
+		json_t *st = gpud_it_stats(p->cl, false);
+		json_t *caches, *c;
+		size_t i;
+
+		if (!st) {
+			p->failures++;
+			break;
+		}
+		p->polls++;
+		caches = json_object_get(st, "caches");
+		json_array_foreach(caches, i, c) {
+			const char *name = json_string_value(json_object_get(c, "name"));
+			json_t *b = json_object_get(c, "bytes"), *m = json_object_get(c, "max_bytes");
+
+			if (!name || !(!strcmp(name, "mask") || ends_with(name, ".mask")))
+				continue;
+			if (!json_is_integer(b) || !json_is_integer(m)) {
+				p->failures++;
+				continue;
+			}
+			if (json_integer_value(b) > p->max_bytes_seen)
+				p->max_bytes_seen = json_integer_value(b);
+			if (json_integer_value(b) > json_integer_value(m) ||
+			    json_integer_value(m) > p->bound) {
+				if (!p->violations++)
+					snprintf(p->what, sizeof(p->what),
+						 "%s: bytes %" PRId64 " max_bytes %" PRId64
+						 " (configured %" PRId64 ")",
+						 name, (int64_t)json_integer_value(b),
+						 (int64_t)json_integer_value(m), p->bound);
+			}
+		}
+		json_decref(st);
+		usleep(2000);
+	}
+	return NULL;
+}
+
+/* A request of S segments with the given lengths in words and vis rows. */
+static void t3_req(struct rbuf *b, uint32_t S, const uint32_t *seg_words, const uint32_t *vis,
+		   uint32_t salt)
+{
+	rbuf_init(b, 2);
+	for (uint32_t i = 0; i < S; i++) {
+		char seg[2048];
+		size_t n = 0;
+
+		for (uint32_t k = 0; k < seg_words[i]; k++)
+			n += (size_t)snprintf(seg + n, sizeof(seg) - n, "%s%s", n ? " " : "",
+					      words[(salt + i * 5 + k) % N_WORDS]);
+		rbuf_seg(b, seg);
+	}
+	rbuf_mask(b, vis);
+}
+
+static void test_mask_cache(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 512, \"mask_cache_bytes\": 4096, "
+			      "\"prefix_cache_bytes\": 0",
+	};
+	struct proto_client *cl, *cl2;
+	struct rbuf *b = malloc(sizeof(*b));
+	struct poller p = { .bound = 4096 };
+	pthread_t th;
+	json_t *st;
+	int64_t hits0, miss0, ent0, ev0, hits1, miss1, ent1;
+	uint32_t seg_words[4] = { 12, 20, 9, 30 };
+	/* not causal: segment 2 does not see segment 1, G does not see 0 */
+	uint32_t vis[5] = { 0, 1, 1, 7, 14 };
+	char err[256];
+	int n_caches = 0;
+
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	assert_non_null(cl2 = gpud_it_connect(&f->d[0]));
+
+	/* the same descriptor twice, one at a time */
+	st = stats_idle(cl);
+	hits0 = mask_sum(st, "hits", &n_caches);
+	miss0 = mask_sum(st, "misses", NULL);
+	ent0 = mask_sum(st, "entries", NULL);
+	json_decref(st);
+	for (int k = 0; k < 2; k++) {
+		struct proto_client_result res;
+		int rc;
+
+		t3_req(b, 4, seg_words, vis, 1);
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, err, sizeof(err));
+		if (rc)
+			fail_msg("masked request %d: %s (%s)", k, err, sw_errname(rc));
+		proto_client_result_free(&res);
+	}
+	st = stats_idle(cl);
+	hits1 = mask_sum(st, "hits", NULL);
+	miss1 = mask_sum(st, "misses", NULL);
+	ent1 = mask_sum(st, "entries", NULL);
+	printf("    test 3: %d mask cache(s); same descriptor twice: hits +%" PRId64
+	       ", misses +%" PRId64 ", entries +%" PRId64 "\n",
+	       n_caches, hits1 - hits0, miss1 - miss0, ent1 - ent0);
+	assert_int_equal(miss1 - miss0, 1);
+	assert_int_equal(hits1 - hits0, 1);
+	assert_int_equal(ent1 - ent0, 1);
+	assert_int_equal(mask_sum(st, "pinned", NULL), 0);
+	ev0 = mask_sum(st, "evictions", NULL);
+	json_decref(st);
+
+	/* many distinct descriptors under a 4 KiB bound, polled meanwhile */
+	p.cl = cl2;
+	atomic_init(&p.stop, false);
+	assert_int_equal(pthread_create(&th, NULL, poll_mask_bytes, &p), 0);
+	{
+		struct waiter w;
+		struct collect *col = calloc(4, sizeof(*col));
+		struct rbuf *bs = malloc(4 * sizeof(*bs));
+		int failed = 0;
+
+		assert_non_null(col);
+		assert_non_null(bs);
+		waiter_init(&w);
+		for (uint32_t r = 0; r < 200; r += 4) {
+			for (uint32_t k = 0; k < 4; k++) {
+				uint32_t q = r + k;
+				uint32_t sw[4] = { 3 + q % 17, 5 + q % 11, 2 + q % 7, 4 + q % 13 };
+				uint32_t v[5] = { 0, q & 1, (q >> 1) & 3, (q >> 3) & 7,
+						  (q >> 2) & 15 };
+
+				memset(&col[k], 0, sizeof(col[k]));
+				col[k].w = &w;
+				t3_req(&bs[k], 4, sw, v, q);
+				assert_int_equal(submit_collect(cl, &bs[k].req, &col[k], NULL), 0);
+			}
+			if (waiter_wait(&w, 120) != 0)
+				fail_msg("masked requests did not end within 120 s");
+			for (uint32_t k = 0; k < 4; k++)
+				if (col[k].status && !failed++)
+					fprintf(stderr, "request %u: %s: %s\n", r + k,
+						sw_errname(col[k].status), col[k].msg);
+		}
+		waiter_destroy(&w);
+		free(bs);
+		free(col);
+		atomic_store(&p.stop, true);
+		pthread_join(th, NULL);
+		if (failed)
+			fail_msg("%d of 200 masked requests failed", failed);
+	}
+	st = stats_idle(cl);
+	printf("    test 3: 200 distinct descriptors: evictions +%" PRId64 ", %d polls, "
+	       "largest bytes seen %" PRId64 " (bound 4096)\n",
+	       mask_sum(st, "evictions", NULL) - ev0, p.polls, p.max_bytes_seen);
+	assert_int_equal(p.failures, 0);
+	assert_true(p.polls > 0);
+	if (p.violations)
+		fail_msg("mask cache above its bound %d time(s); first: %s", p.violations, p.what);
+	assert_true(mask_sum(st, "evictions", NULL) > ev0);
+	assert_true(mask_sum(st, "bytes", NULL) <= 4096 * n_caches);
+	assert_int_equal(mask_sum(st, "pinned", NULL), 0);
+	json_decref(st);
+
+	proto_client_close(cl2);
+	proto_client_close(cl);
+	free(b);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
+/* --- test 4: prefix cache --------------------------------------------------- */
+
+#define T4_SYSTEM                                                                   \
+	"You are a storyteller. Tell short and happy stories for small children about " \
+	"animals, friends and the park. Use simple words. Every story has a little girl " \
+	"named Lily or a boy named Tom, a big red ball, a dog, a cat and a sunny day in " \
+	"the park with many flowers and trees."
+
+/* [preface, system, question]. The preface is shorter than a KV block, so
+ * block 0 holds preface and system tokens. Mask A: everything sees
+ * everything before it. Mask B: the system prompt does not see the
+ * preface, so already block 0 has another attention pattern and no block
+ * of a mask-A prompt may be reused. */
+static void t4_req(struct rbuf *b, const char *question, bool mask_b)
+{
+	uint32_t vis_a[4] = { 0, 1, 3, 7 };
+	uint32_t vis_b[4] = { 0, 0, 2, 6 };
+
+	rbuf_init(b, 24);
+	rbuf_seg(b, "Story:");
+	rbuf_seg(b, T4_SYSTEM);
+	rbuf_seg(b, question);
+	rbuf_mask(b, mask_b ? vis_b : vis_a);
+}
+
+static const char *const t4_questions[] = {
+	" Once upon a time, Lily went to the park.",
+	" One day, Tom saw a big dog.",
+	" The cat was very happy.",
+};
+
+static void test_prefix_cache(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts on = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": \"4MiB\"",
+	};
+	struct gpud_it_opts off = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": 0",
+	};
+	struct proto_client *c_on, *c_off;
+	struct rbuf *b = malloc(sizeof(*b) * 4);
+	struct proto_client_result r_on[4], r_off[4];
+	struct collect *col = calloc(4, sizeof(*col));
+	struct waiter w;
+	char err[256];
+	int rc;
+
+	assert_non_null(b);
+	assert_non_null(col);
+	assert_int_equal(gpud_it_start(&f->d[0], &on), 0);
+	assert_int_equal(gpud_it_start(&f->d[1], &off), 0);
+	assert_non_null(c_on = gpud_it_connect(&f->d[0]));
+	assert_non_null(c_off = gpud_it_connect(&f->d[1]));
+
+	/* Fill the prefix cache of both devices: four copies of request 0 in
+	 * flight at once spread over the devices (placement by free blocks
+	 * and queue depth). */
+	waiter_init(&w);
+	for (int k = 0; k < 4; k++) {
+		t4_req(&b[k], t4_questions[0], false);
+		col[k].w = &w;
+		assert_int_equal(submit_collect(c_on, &b[k].req, &col[k], NULL), 0);
+	}
+	if (waiter_wait(&w, 120))
+		fail_msg("warm-up requests did not end");
+	for (int k = 0; k < 4; k++)
+		if (col[k].status)
+			fail_msg("warm-up request %d: %s: %s", k, sw_errname(col[k].status),
+				 col[k].msg);
+	waiter_destroy(&w);
+
+	/* r[0], r[1]: same system prompt, same mask, other questions; r[2]:
+	 * question 1 under mask B; r[3]: the same again under mask B. */
+	for (int k = 0; k < 4; k++) {
+		t4_req(&b[k], t4_questions[k == 0 ? 1 : k == 1 ? 2 : 1], k >= 2);
+		memset(&r_on[k], 0, sizeof(r_on[k]));
+		memset(&r_off[k], 0, sizeof(r_off[k]));
+		rc = proto_client_generate(c_on, &b[k].req, &r_on[k], err, sizeof(err));
+		if (rc)
+			fail_msg("cached daemon, request %d: %s (%s)", k, err, sw_errname(rc));
+		rc = proto_client_generate(c_off, &b[k].req, &r_off[k], err, sizeof(err));
+		if (rc)
+			fail_msg("uncached daemon, request %d: %s (%s)", k, err, sw_errname(rc));
+		printf("    test 4: request %d (mask %c): prompt %u, cached %u (uncached daemon: "
+		       "%u)\n",
+		       k, k >= 2 ? 'B' : 'A', r_on[k].usage.prompt_tokens,
+		       r_on[k].usage.cached_prompt_tokens, r_off[k].usage.cached_prompt_tokens);
+	}
+	/* the system prompt is several full blocks */
+	assert_true(r_on[0].usage.prompt_tokens >= 48);
+	assert_true(r_on[0].usage.cached_prompt_tokens > 0);
+	assert_true(r_on[1].usage.cached_prompt_tokens > 0);
+	assert_true(r_on[0].usage.cached_prompt_tokens < r_on[0].usage.prompt_tokens);
+	/* the same text under mask B reuses nothing */
+	assert_int_equal(r_on[2].usage.cached_prompt_tokens, 0);
+	for (int k = 0; k < 4; k++) {
+		assert_int_equal(r_off[k].usage.cached_prompt_tokens, 0);
+		if (r_on[k].text_len != r_off[k].text_len ||
+		    memcmp(r_on[k].text, r_off[k].text, r_on[k].text_len))
+			fail_msg("request %d: cached output \"%s\" != uncached \"%s\"", k,
+				 r_on[k].text, r_off[k].text);
+		assert_int_equal(r_on[k].n_ids, r_off[k].n_ids);
+		assert_memory_equal(r_on[k].ids, r_off[k].ids, r_on[k].n_ids * sizeof(int32_t));
+		proto_client_result_free(&r_on[k]);
+		proto_client_result_free(&r_off[k]);
+	}
+
+	proto_client_close(c_on);
+	proto_client_close(c_off);
+	free(col);
+	free(b);
+	stop_ok(f, 0);
+	stop_ok(f, 1);
+	f->done = true;
+}
+
+/* --- test 5: a client killed mid-stream ------------------------------------- */
+
+#define T5_REQS 48
+#define T5_MAX 1000
+
+/* The child: connects, submits T5_REQS long generations, writes one byte
+ * to fd at the first token, then keeps reading until killed. */
+static int on_tokens_signal(void *arg, uint64_t id, const struct proto_tokens *t)
+{
+	int *fd = arg;
+
+	if (*fd >= 0) {
+		char x = 'x';
+
+		if (write(*fd, &x, 1) != 1)
+			_exit(3);
+		close(*fd);
+		*fd = -1;
+	}
+	return 0;
+}
+
+static void on_done_child(void *arg, uint64_t id, int status, const struct proto_done *u,
+			  const char *msg)
+{
+}
+
+static int stream_child(const char *sock, int fd)
+{
+	struct proto_client_opts o;
+	struct proto_client *c = NULL;
+	struct proto_client_events ev = {
+		.on_tokens = on_tokens_signal, .on_done = on_done_child, .arg = &fd,
+	};
+	static char prompt[16384];
+	struct proto_segment seg = { .text = prompt };
+	struct proto_submit_req req = {
+		.n_segments = 1, .segments = &seg, .max_tokens = T5_MAX,
+	};
+	char err[256];
+	size_t n = 0;
+
+	/* about 800 prompt tokens: the prefills alone keep gpud busy for a
+	 * while, so most requests are in flight when the kill comes */
+	for (int i = 0; i < 700; i++)
+		n += (size_t)snprintf(prompt + n, sizeof(prompt) - n, "%s%s", i ? " " : "",
+				      words[(i * 7 + i / 80) % N_WORDS]);
+	seg.len = (uint32_t)n;
+
+	gpud_sampler_params_default(&req.sampling);
+	req.sampling.temperature = 1.0f; /* long, varied streams */
+	proto_client_opts_default(&o);
+	if (proto_client_connect(&c, sock, &o, err, sizeof(err))) {
+		fprintf(stderr, "child: connect: %s\n", err);
+		return 2;
+	}
+	for (int i = 0; i < T5_REQS; i++) {
+		req.sampling.seed = (uint64_t)i + 1;
+		if (proto_client_submit(c, &req, &ev, NULL, err, sizeof(err))) {
+			fprintf(stderr, "child: submit: %s\n", err);
+			return 2;
+		}
+	}
+	for (;;)
+		pause();
+}
+
+static char self_exe[4096];
+
+static void test_killed_client(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 4096, \"max_seqs\": 64, \"prefix_cache_bytes\": 0",
+	};
+	struct proto_client *cl;
+	struct proto_client_result ref, res;
+	struct collect *col = calloc(1, sizeof(*col));
+	struct rbuf *b = malloc(sizeof(*b));
+	struct waiter w;
+	json_t *st;
+	int64_t idle_used, busy_used, cancelled0, cancelled1;
+	int pfd[2], wst;
+	char fdarg[16], err[256], x;
+	pid_t child;
+	double deadline;
+
+	assert_non_null(col);
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	if (gen_text(cl, ONCE, 64, &ref, err, sizeof(err)))
+		fail_msg("reference run: %s", err);
+	st = stats_idle(cl);
+	idle_used = kv_used(st);
+	cancelled0 = jint(st, "requests.cancelled");
+	json_decref(st);
+	assert_int_equal(idle_used, 0);
+
+	assert_int_equal(pipe(pfd), 0);
+	snprintf(fdarg, sizeof(fdarg), "%d", pfd[1]);
+	fflush(stdout);
+	fflush(stderr);
+	child = fork();
+	assert_true(child >= 0);
+	if (child == 0) {
+		close(pfd[0]);
+		execl(self_exe, self_exe, "--stream-child", f->d[0].socket, fdarg, (char *)NULL);
+		_exit(127);
+	}
+	close(pfd[1]);
+	/* the first token reached the child: its requests are streaming */
+	if (read(pfd[0], &x, 1) != 1) {
+		waitpid(child, &wst, 0);
+		fail_msg("the streaming child ended before its first token (status 0x%x)", wst);
+	}
+	close(pfd[0]);
+
+	/* another client's request in flight while the child dies */
+	waiter_init(&w);
+	col->w = &w;
+	rbuf_init(b, 64);
+	rbuf_seg(b, ONCE);
+	assert_int_equal(submit_collect(cl, &b->req, col, NULL), 0);
+
+	st = stats(cl);
+	busy_used = kv_used(st);
+	json_decref(st);
+	kill(child, SIGKILL);
+	assert_int_equal(waitpid(child, &wst, 0), child);
+	assert_true(WIFSIGNALED(wst) && WTERMSIG(wst) == SIGKILL);
+	printf("    test 5: KV blocks used: idle %" PRId64 ", with the child streaming %" PRId64
+	       "\n", idle_used, busy_used);
+	assert_true(busy_used > idle_used);
+
+	if (waiter_wait(&w, 120))
+		fail_msg("the other client's request did not end");
+	if (col->status)
+		fail_msg("the other client's request failed: %s: %s", sw_errname(col->status),
+			 col->msg);
+	if (col->len != ref.text_len || memcmp(col->text, ref.text, ref.text_len))
+		fail_msg("the other client's text changed: \"%s\" vs \"%s\"", col->text, ref.text);
+	waiter_destroy(&w);
+
+	/* the child's blocks come back (poll, bounded) */
+	deadline = gpud_it_now() + 30;
+	for (;;) {
+		st = stats(cl);
+		if (kv_used(st) == idle_used && jint(st, "requests.in_flight") == 0)
+			break;
+		if (gpud_it_now() > deadline)
+			fail_msg("KV used %" PRId64 " (idle %" PRId64 "), in flight %" PRId64
+				 " 30 s after the client was killed",
+				 kv_used(st), idle_used, jint(st, "requests.in_flight"));
+		json_decref(st);
+		usleep(20000);
+	}
+	cancelled1 = jint(st, "requests.cancelled");
+	printf("    test 5: after the kill: KV used %" PRId64 ", requests cancelled +%" PRId64
+	       " (of %d the child had)\n", kv_used(st), cancelled1 - cancelled0, T5_REQS);
+	/* they ended by cancellation, not by finishing */
+	assert_true(cancelled1 - cancelled0 >= 1);
+	check_idle_pools(st, false);
+	json_decref(st);
+
+	/* and the daemon keeps serving */
+	if (gen_text(cl, ONCE, 64, &res, err, sizeof(err)))
+		fail_msg("after the kill: %s", err);
+	assert_int_equal(res.text_len, ref.text_len);
+	assert_memory_equal(res.text, ref.text, ref.text_len);
+	proto_client_result_free(&res);
+	proto_client_result_free(&ref);
+	proto_client_close(cl);
+	free(b);
+	free(col);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
+/* --- test 6: malformed input ------------------------------------------------ */
+
+/* A connection made by hand, below the client library. */
+struct raw {
+	int sock;
+	struct proto_shm *shm;
+	struct proto_ring *ring;
+	const struct proto_shm_layout *lay;
+};
+
+static int raw_socket(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	assert_true(s >= 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	assert_int_equal(connect(s, (struct sockaddr *)&a, sizeof(a)), 0);
+	return s;
+}
+
+/* Waits for a frame (timeout_ms); 0 and the decoded frame, SW_ECLOSED
+ * at EOF, -ETIMEDOUT. *fd gets a passed descriptor (or -1). */
+static int raw_recv(int sock, struct proto_frame *fr, int *fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = sock, .events = POLLIN };
+	uint8_t buf[PROTO_FRAME_SIZE];
+	char err[256];
+	int rc;
+
+	rc = poll(&p, 1, timeout_ms);
+	if (rc == 0)
+		return -ETIMEDOUT;
+	rc = proto_recv_frame(sock, buf, fd);
+	if (rc)
+		return rc;
+	rc = proto_frame_decode(buf, sizeof(buf), fr, err, sizeof(err));
+	if (rc)
+		fail_msg("gpud sent a bad frame: %s", err);
+	return 0;
+}
+
+static void raw_open(struct raw *r, const char *path)
+{
+	struct proto_frame fr;
+	char err[256];
+	int fd = -1;
+
+	memset(r, 0, sizeof(*r));
+	r->sock = raw_socket(path);
+	proto_frame_init(&fr, PROTO_T_HELLO, 0);
+	assert_int_equal(proto_send_frame(r->sock, &fr, -1), 0);
+	assert_int_equal(raw_recv(r->sock, &fr, &fd, 10000), 0);
+	assert_int_equal(fr.type, PROTO_T_HELLO_REPLY);
+	assert_true(fd >= 0);
+	if (proto_shm_attach(&r->shm, fd, 1u << 30, err, sizeof(err)))
+		fail_msg("attach: %s", err);
+	if (proto_shm_ring(r->shm, PROTO_RING_CONSUMER, &r->ring, err, sizeof(err)))
+		fail_msg("ring: %s", err);
+	r->lay = proto_shm_layout(r->shm);
+}
+
+static void raw_close(struct raw *r)
+{
+	proto_ring_close(r->ring);
+	proto_shm_destroy(r->shm);
+	if (r->sock >= 0)
+		close(r->sock);
+	r->sock = -1;
+}
+
+static void raw_send(struct raw *r, const struct proto_frame *fr)
+{
+	assert_int_equal(proto_send_frame(r->sock, fr, -1), 0);
+}
+
+static void raw_send_bytes(struct raw *r, const uint8_t *buf)
+{
+	assert_int_equal(send(r->sock, buf, PROTO_FRAME_SIZE, MSG_NOSIGNAL), PROTO_FRAME_SIZE);
+}
+
+/* Reads frames and ring records until the request `id` ends; returns its
+ * status (0 for DONE, the error code otherwise), SW_ECLOSED when the
+ * server closed the connection first. */
+static int raw_wait_end(struct raw *r, uint64_t id, char *msg, size_t msglen)
+{
+	double deadline = gpud_it_now() + 60;
+
+	if (msglen)
+		msg[0] = '\0';
+	for (;;) {
+		struct proto_record rec;
+		struct proto_frame fr;
+		int rc;
+
+		/* everything already in the ring */
+		while (proto_ring_peek(r->ring, &rec) == 0) {
+			int end = 1;
+
+			if (rec.request_id == id && rec.type == PROTO_T_ERROR) {
+				struct proto_error e;
+				char err[256];
+
+				if (proto_error_decode(rec.payload, rec.len, &e, err, sizeof(err)))
+					fail_msg("bad ERROR record: %s", err);
+				snprintf(msg, msglen, "%s", e.msg);
+				proto_ring_consume(r->ring);
+				return e.code;
+			}
+			if (rec.request_id == id && rec.type == PROTO_T_DONE) {
+				proto_ring_consume(r->ring);
+				return 0;
+			}
+			(void)end;
+			proto_ring_consume(r->ring);
+		}
+		if (gpud_it_now() > deadline)
+			fail_msg("no end for request %" PRIu64 " within 60 s", id);
+		rc = raw_recv(r->sock, &fr, NULL, 1000);
+		if (rc == -ETIMEDOUT)
+			continue;
+		if (rc == -ECONNRESET || rc == -EPIPE)
+			return SW_ECLOSED;
+		if (rc)
+			return rc;
+		if (!(fr.flags & PROTO_F_RING) && fr.type == PROTO_T_ERROR && fr.request_id == id) {
+			snprintf(msg, msglen, "(no payload)");
+			return -(int)fr.aux;
+		}
+	}
+}
+
+/* Writes a SUBMIT payload for text at the start of the request area and
+ * returns its length. */
+static size_t raw_put_submit(struct raw *r, const char *text, uint32_t max_tokens)
+{
+	struct proto_segment seg = { .text = text, .len = (uint32_t)strlen(text) };
+	struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
+					.max_tokens = max_tokens };
+	uint8_t *area = proto_shm_req_area(r->shm);
+	char err[256];
+	size_t len = 0;
+
+	gpud_sampler_params_default(&req.sampling);
+	if (proto_submit_encode(&req, area, r->lay->req_size, &len, err, sizeof(err)))
+		fail_msg("encode: %s", err);
+	return len;
+}
+
+static void submit_frame(struct raw *r, struct proto_frame *fr, uint64_t id, uint64_t off,
+			 uint64_t len)
+{
+	proto_frame_init(fr, PROTO_T_SUBMIT, id);
+	fr->payload_offset = off;
+	fr->payload_length = len;
+}
+
+/* A normal client is served (text == reference). */
+static void still_served(struct proto_client *cl, const struct proto_client_result *ref,
+			 const char *after)
+{
+	struct proto_client_result res;
+	char err[256] = "";
+	int rc = gen_text(cl, ONCE, 32, &res, err, sizeof(err));
+
+	if (rc)
+		fail_msg("after %s: the other client failed: %s (%s)", after, err, sw_errname(rc));
+	if (res.text_len != ref->text_len || memcmp(res.text, ref->text, ref->text_len))
+		fail_msg("after %s: the other client's text changed", after);
+	proto_client_result_free(&res);
+}
+
+static void expect_code(int got, int want, const char *what, const char *msg)
+{
+	if (got != want)
+		fail_msg("%s: got %s (%s), expected %s", what, sw_errname(got), msg,
+			 sw_errname(want));
+	printf("    test 6: %-34s -> %s: %s\n", what, sw_errname(got), msg);
+}
+
+static void test_malformed_input(void **state)
+{
+	struct fix *f = *state;
+	struct gpud_it_opts o = {
+		.gpud_extra = "\"kv_blocks\": 1024, \"prefix_cache_bytes\": 0, "
+			      "\"ring_bytes\": \"64KiB\", \"stage_bytes\": \"4KiB\", "
+			      "\"stall_ms\": 500",
+	};
+	struct proto_client *cl;
+	struct proto_client_result ref;
+	struct raw r;
+	struct proto_frame fr;
+	uint8_t bytes[PROTO_FRAME_SIZE];
+	char msg[PROTO_MAX_ERROR_MSG], err[256];
+	size_t len;
+	int rc;
+	json_t *st;
+
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	if (gen_text(cl, ONCE, 32, &ref, err, sizeof(err)))
+		fail_msg("reference: %s", err);
+
+	raw_open(&r, f->d[0].socket);
+	/* a sane request on the raw connection works */
+	len = raw_put_submit(&r, ONCE, 4);
+	submit_frame(&r, &fr, 1, r.lay->req_off, len);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 1, msg, sizeof(msg)), 0, "raw SUBMIT (valid)", msg);
+
+	/* bad magic */
+	proto_frame_init(&fr, PROTO_T_STATS, 101);
+	fr.magic = 0xdeadbeef;
+	proto_frame_encode(&fr, bytes);
+	raw_send_bytes(&r, bytes);
+	expect_code(raw_wait_end(&r, 101, msg, sizeof(msg)), SW_EFORMAT, "bad magic", msg);
+	/* unknown type */
+	proto_frame_init(&fr, PROTO_T_LAST + 40, 102);
+	proto_frame_encode(&fr, bytes);
+	raw_send_bytes(&r, bytes);
+	expect_code(raw_wait_end(&r, 102, msg, sizeof(msg)), SW_EUNSUPPORTED, "unknown type",
+		    msg);
+	/* reserved flag bits */
+	proto_frame_init(&fr, PROTO_T_STATS, 103);
+	fr.flags = 0x80;
+	proto_frame_encode(&fr, bytes);
+	raw_send_bytes(&r, bytes);
+	expect_code(raw_wait_end(&r, 103, msg, sizeof(msg)), SW_EFORMAT, "reserved flags", msg);
+	/* payload in the region header, not the request area */
+	submit_frame(&r, &fr, 104, 0, 64);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 104, msg, sizeof(msg)), SW_EFORMAT,
+		    "SUBMIT offset in the header", msg);
+	/* payload running past the end of the region */
+	submit_frame(&r, &fr, 105, r.lay->req_off + r.lay->req_size - 16, 4096);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 105, msg, sizeof(msg)), SW_EFORMAT,
+		    "SUBMIT past the region end", msg);
+	/* offset + length overflowing u64 */
+	submit_frame(&r, &fr, 106, UINT64_MAX - 8, 64);
+	proto_frame_encode(&fr, bytes);
+	raw_send_bytes(&r, bytes);
+	expect_code(raw_wait_end(&r, 106, msg, sizeof(msg)), SW_EFORMAT,
+		    "SUBMIT offset overflow", msg);
+	/* longer than the whole request area */
+	submit_frame(&r, &fr, 107, r.lay->req_off, r.lay->req_size + 4096);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 107, msg, sizeof(msg)), SW_EFORMAT,
+		    "SUBMIT longer than the area", msg);
+	/* garbage payload: a segment count over every limit */
+	memset(proto_shm_req_area(r.shm), 0xff, 256);
+	submit_frame(&r, &fr, 108, r.lay->req_off, 256);
+	raw_send(&r, &fr);
+	rc = raw_wait_end(&r, 108, msg, sizeof(msg));
+	if (rc != SW_EFORMAT && rc != SW_ETOOLONG)
+		fail_msg("garbage SUBMIT payload: got %s (%s)", sw_errname(rc), msg);
+	printf("    test 6: %-34s -> %s: %s\n", "garbage SUBMIT payload", sw_errname(rc), msg);
+	/* a valid payload with trailing bytes */
+	len = raw_put_submit(&r, ONCE, 4);
+	submit_frame(&r, &fr, 109, r.lay->req_off, len + 16);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 109, msg, sizeof(msg)), SW_EFORMAT,
+		    "SUBMIT with trailing bytes", msg);
+	/* after all that, the raw connection itself still works */
+	len = raw_put_submit(&r, ONCE, 4);
+	submit_frame(&r, &fr, 110, r.lay->req_off, len);
+	raw_send(&r, &fr);
+	expect_code(raw_wait_end(&r, 110, msg, sizeof(msg)), 0, "raw SUBMIT after errors", msg);
+	still_served(cl, &ref, "malformed frames");
+
+	/* a connection that keeps sending bad frames is closed */
+	for (int i = 0; i < 40; i++) {
+		proto_frame_init(&fr, PROTO_T_STATS, 200 + (uint64_t)i);
+		fr.magic = 1;
+		proto_frame_encode(&fr, bytes);
+		if (send(r.sock, bytes, sizeof(bytes), MSG_NOSIGNAL) != (ssize_t)sizeof(bytes))
+			break;
+	}
+	rc = raw_wait_end(&r, 999, msg, sizeof(msg));
+	expect_code(rc, SW_ECLOSED, "40 bad frames in a row", "connection closed");
+	raw_close(&r);
+	still_served(cl, &ref, "a connection closed for bad frames");
+
+	/* wrong version at HELLO: ERROR with aux SW_EVERSION, then closed */
+	{
+		int s = raw_socket(f->d[0].socket);
+		int fd = -1;
+
+		proto_frame_init(&fr, PROTO_T_HELLO, 0);
+		fr.version = PROTO_VERSION + 1;
+		proto_frame_encode(&fr, bytes);
+		assert_int_equal(send(s, bytes, sizeof(bytes), MSG_NOSIGNAL), sizeof(bytes));
+		rc = raw_recv(s, &fr, &fd, 10000);
+		if (rc)
+			fail_msg("wrong version: no reply (%s)", sw_errname(rc));
+		assert_int_equal(fr.type, PROTO_T_ERROR);
+		assert_int_equal(-(int)fr.aux, SW_EVERSION);
+		assert_int_equal(fd, -1);
+		assert_int_equal(raw_recv(s, &fr, NULL, 10000), SW_ECLOSED);
+		printf("    test 6: %-34s -> %s, closed\n", "HELLO version 2", sw_errname(SW_EVERSION));
+		close(s);
+	}
+	/* a frame before HELLO closes the connection */
+	{
+		int s = raw_socket(f->d[0].socket);
+
+		proto_frame_init(&fr, PROTO_T_STATS, 5);
+		proto_frame_encode(&fr, bytes);
+		assert_int_equal(send(s, bytes, sizeof(bytes), MSG_NOSIGNAL), sizeof(bytes));
+		for (;;) {
+			rc = raw_recv(s, &fr, NULL, 10000);
+			if (rc)
+				break;
+		}
+		expect_code(rc, SW_ECLOSED, "STATS before HELLO", "connection closed");
+		close(s);
+	}
+	still_served(cl, &ref, "bad HELLOs");
+
+	/* oversized and impossible requests through the library */
+	{
+		struct rbuf *b = malloc(sizeof(*b));
+		struct proto_client_result res;
+		size_t big = 2u << 20; /* 2 MiB of text: over max_text_bytes (1 MiB) */
+		char *text = malloc(big);
+		struct proto_segment seg;
+
+		assert_non_null(b);
+		assert_non_null(text);
+		for (size_t i = 0; i < big; i++)
+			text[i] = "abcd "[i % 5];
+		rbuf_init(b, 4);
+		seg.text = text;
+		seg.len = (uint32_t)big;
+		seg.role = 0;
+		b->req.segments = &seg;
+		b->req.n_segments = 1;
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, msg, sizeof(msg));
+		proto_client_result_free(&res);
+		expect_code(rc, SW_ETOOLONG, "2 MiB of segment text", msg);
+
+		/* about 3000 tokens: more than the 2048-token context */
+		seg.len = 0;
+		for (int i = 0; i < 3000; i++)
+			seg.len += (uint32_t)sprintf(text + seg.len, "%s ", words[i % N_WORDS]);
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, msg, sizeof(msg));
+		proto_client_result_free(&res);
+		expect_code(rc, SW_ETOOLONG, "prompt beyond the context", msg);
+
+		/* prompt fits, prompt + max_tokens does not */
+		rbuf_init(b, 4000);
+		rbuf_seg(b, ONCE);
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, msg, sizeof(msg));
+		proto_client_result_free(&res);
+		expect_code(rc, SW_ETOOLONG, "max_tokens beyond the context", msg);
+
+		/* bad sampling parameters */
+		rbuf_init(b, 4);
+		rbuf_seg(b, ONCE);
+		b->req.sampling.min_p = 2.0f;
+		b->req.sampling.temperature = 1.0f;
+		memset(&res, 0, sizeof(res));
+		rc = proto_client_generate(cl, &b->req, &res, msg, sizeof(msg));
+		proto_client_result_free(&res);
+		expect_code(rc, -EINVAL, "min_p 2", msg);
+		free(text);
+		free(b);
+	}
+	still_served(cl, &ref, "oversized requests");
+
+	/* a client that never reads its ring: long generations, no reads */
+	{
+		struct raw nr;
+		int64_t stalled0, stalled1;
+		double deadline;
+		bool closed = false;
+
+		st = stats(cl);
+		stalled0 = jint(st, "connections.stalled");
+		json_decref(st);
+		raw_open(&nr, f->d[0].socket);
+		len = raw_put_submit(&nr, ONCE, 1500);
+		for (int i = 0; i < 8; i++) {
+			/* the same payload bytes for every request: gpud copies
+			 * or tokenizes at admission */
+			submit_frame(&nr, &fr, 300 + (uint64_t)i, nr.lay->req_off, len);
+			raw_send(&nr, &fr);
+		}
+		/* others are served meanwhile */
+		still_served(cl, &ref, "a client stopped reading");
+		deadline = gpud_it_now() + 60;
+		for (;;) {
+			st = stats(cl);
+			stalled1 = jint(st, "connections.stalled");
+			json_decref(st);
+			if (stalled1 > stalled0)
+				break;
+			if (gpud_it_now() > deadline)
+				fail_msg("a client that never reads was not detected within 60 s "
+					 "(connections.stalled %" PRId64 ")", stalled1);
+			still_served(cl, &ref, "a client stopped reading");
+			usleep(100000);
+		}
+		/* the stalled connection is closed: socket EOF once the queued
+		 * doorbells are read */
+		deadline = gpud_it_now() + 30;
+		while (gpud_it_now() < deadline) {
+			rc = raw_recv(nr.sock, &fr, NULL, 1000);
+			if (rc == SW_ECLOSED || (rc && rc != -ETIMEDOUT)) {
+				closed = true;
+				break;
+			}
+		}
+		printf("    test 6: %-34s -> connections.stalled +%" PRId64 ", %s\n",
+		       "client that never reads", stalled1 - stalled0,
+		       closed ? "connection closed" : "connection still open");
+		assert_true(closed);
+		raw_close(&nr);
+		st = stats_idle(cl);
+		assert_int_equal(kv_used(st), 0);
+		json_decref(st);
+	}
+	still_served(cl, &ref, "a stalled client was dropped");
+
+	st = stats(cl);
+	printf("    test 6: connections.bad_frames %" PRId64 "\n", jint(st, "connections.bad_frames"));
+	assert_true(jint(st, "connections.bad_frames") >= 4);
+	json_decref(st);
+	proto_client_result_free(&ref);
+	proto_client_close(cl);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_concurrent_equals_sequential, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_20k_random_requests, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_mask_cache, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_prefix_cache, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_killed_client, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_malformed_input, setup, teardown),
+	};
+	ssize_t n;
+
+	if (argc == 4 && !strcmp(argv[1], "--stream-child"))
+		return stream_child(argv[2], atoi(argv[3]));
+	n = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
+	if (n <= 0)
+		return 1;
+	self_exe[n] = '\0';
+	signal(SIGPIPE, SIG_IGN);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
