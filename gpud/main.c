@@ -1,23 +1,28 @@
 /* main.c - the gpud command line.
  *
+ *   gpud serve --config FILE [--check]                   the daemon (gpud/daemon.h)
  *   gpud generate --model PATH --prompt TEXT [options]   text continuation
  *   gpud tokenize --model PATH [--no-bos] TEXT            token ids
  *   gpud mkmodel --out PATH [options]                     random-weight model
  *   gpud --version
  *
- * `gpud serve` (the daemon) comes with the next issue. Generated text goes
+ * Generated text goes
  * to stdout, everything else (timings, errors) to stderr; errors exit 1
  * (2 for usage errors).
  */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/arena.h"
+#include "common/config.h"
 #include "common/err.h"
+#include "common/log.h"
+#include "gpud/daemon.h"
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
 #include "gpud/model.h"
@@ -34,7 +39,8 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
+		"usage: gpud serve [--config FILE] [--check]\n"
+		"       gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
 		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
 		"                     [--stop STRING]...\n"
@@ -59,6 +65,57 @@ static double num(const char *opt, const char *s, double lo, double hi)
 		exit(EXIT_USAGE);
 	}
 	return v;
+}
+
+/* gpud serve: configuration from FILE (defaults without one), then the
+ * SWARM_* environment; --check (-n) validates and prints the memory plan. */
+static int cmd_serve(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "check", no_argument, NULL, 'n' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *path = NULL;
+	struct sw_config cfg;
+	char err[1024] = "";
+	bool check = false;
+	int c, rc;
+
+	while ((c = getopt_long(argc, argv, "c:n", opts, NULL)) != -1) {
+		switch (c) {
+		case 'c': path = optarg; break;
+		case 'n': check = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "gpud serve: unexpected argument \"%s\"\n", argv[optind]);
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	sw_config_defaults(&cfg);
+	rc = path ? sw_config_load_file(path, &cfg, err, sizeof(err)) : 0;
+	if (!rc)
+		rc = sw_config_apply_env(&cfg, err, sizeof(err));
+	if (!rc)
+		rc = sw_config_validate(&cfg, SW_CONFIG_NEED_MODEL, err, sizeof(err));
+	if (rc) {
+		fprintf(check ? stdout : stderr, "gpud: %s\n", err);
+		return 1;
+	}
+	sw_log_init("gpud", (enum sw_log_level)cfg.log.level);
+	if (!check && cfg.log.file[0]) {
+		rc = sw_log_open(cfg.log.file);
+		if (rc) {
+			fprintf(stderr, "gpud: log.file %s: %s\n", cfg.log.file, sw_strerror(rc));
+			return 1;
+		}
+	}
+	signal(SIGPIPE, SIG_IGN); /* a vanished client is an EPIPE, not a death */
+	return gpud_serve(&cfg, check, stdout);
 }
 
 static int emit_stdout(void *arg, const char *text, size_t len)
@@ -346,6 +403,8 @@ int main(int argc, char **argv)
 		usage(stdout);
 		return 0;
 	}
+	if (!strcmp(argv[1], "serve"))
+		return cmd_serve(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "generate"))
 		return cmd_generate(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "tokenize"))

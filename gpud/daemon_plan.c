@@ -1,0 +1,250 @@
+/* daemon_plan.c - the daemon's pure pieces: the memory plan and segment
+ * tokenization with chat formatting (gpud/daemon.h). No threads, no
+ * sockets: unit-tested on their own. */
+#include "gpud/daemon.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/model.h"
+
+void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
+{
+	static const char *const units[] = { "KiB", "MiB", "GiB", "TiB", "PiB" };
+	double v = (double)b;
+	int u = -1;
+
+	if (b < 1024) {
+		snprintf(out, outlen, "%" PRIu64 " B", b);
+		return;
+	}
+	while (v >= 1024 && u < 4) {
+		v /= 1024;
+		u++;
+	}
+	snprintf(out, outlen, "%.1f %s", v, units[u]);
+}
+
+#define SZ64(n) (((uint64_t)(n) + 63) / 64 * 64)
+
+/* Mirrors the cpu backend's scratch carve (backend/cpu/forward.c) closely
+ * enough to plan with; the real figure comes from the engine. */
+uint64_t gpud_plan_scratch_estimate(const struct gpud_model *m, uint32_t T, uint32_t NL,
+				    uint32_t nth)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const struct gpud_model_weights *w = gpud_model_weights(m);
+	uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
+	uint64_t mm = 0, f = 4, total;
+
+	if (!NL)
+		NL = 1;
+	if (!nth)
+		nth = 1;
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_weight *ws[] = { &w->layers[l].wq, &w->layers[l].wk,
+						   &w->layers[l].wv, &w->layers[l].wo,
+						   &w->layers[l].w_gate, &w->layers[l].w_up,
+						   &w->layers[l].w_down };
+		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
+			uint64_t s = gpud_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, T);
+			if (s > mm)
+				mm = s;
+		}
+	}
+	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
+		2 * SZ64((uint64_t)T * hp->ffn_dim * f) + SZ64((uint64_t)T * hp->head_dim * f) +
+		SZ64((uint64_t)NL * hp->dim * f) + SZ64((uint64_t)NL * hp->n_vocab * f) +
+		3 * SZ64((uint64_t)T * 4) + SZ64(mm);
+	/* Per-thread attention and fused-decode buffers: small next to the above. */
+	total += (uint64_t)nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
+	return total;
+}
+
+int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
+		      size_t errlen)
+{
+	char a[32], b[32], c[32], d[32], e[32];
+	uint64_t per_dev_fixed, n = in->n_devices, left;
+
+	if (!in->n_devices || !in->devices || !in->kv_block_bytes || !in->block_tokens ||
+	    !in->n_ctx || !in->max_seqs || !(in->memory_fraction > 0 && in->memory_fraction <= 1))
+		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
+	for (uint32_t i = 0; i < in->n_devices; i++)
+		if (in->devices[i].kind != SW_DEVICE_CPU)
+			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+					 "gpud.devices[%u]: cuda:%d: the cuda backend is not "
+					 "built/implemented yet (use \"cpu\")", i,
+					 in->devices[i].index);
+	memset(out, 0, sizeof(*out));
+	out->total = (uint64_t)(in->memory_fraction * (double)in->host_ram);
+	out->kv_blocks_full = (uint32_t)((uint64_t)in->max_seqs *
+					 ((in->n_ctx + in->block_tokens - 1) / in->block_tokens));
+	per_dev_fixed = in->scratch_bytes + in->mask_bytes;
+	out->fixed = in->weight_bytes + in->host_bytes + n * per_dev_fixed;
+	gpud_fmt_bytes(in->host_ram, b, sizeof(b));
+	gpud_fmt_bytes(out->total, c, sizeof(c));
+	if (out->fixed > out->total) {
+		gpud_fmt_bytes(out->fixed, a, sizeof(a));
+		gpud_fmt_bytes(in->weight_bytes, d, sizeof(d));
+		gpud_fmt_bytes(per_dev_fixed, e, sizeof(e));
+		return sw_seterr(err, errlen, SW_EEXHAUSTED,
+				 "memory plan: weights (%s) + scratch and mask pools (%s per device "
+				 "x %u) + host pools need %s; gpud.memory_fraction %g of %s "
+				 "is %s", d, e, in->n_devices, a, in->memory_fraction, b, c);
+	}
+	left = out->total - out->fixed;
+	out->kv_room = left / n;
+	if (in->kv_blocks) {
+		uint64_t need = (uint64_t)in->kv_blocks * in->kv_block_bytes;
+		if (need > out->kv_room) {
+			gpud_fmt_bytes(need, a, sizeof(a));
+			gpud_fmt_bytes(out->kv_room, d, sizeof(d));
+			gpud_fmt_bytes(out->fixed, e, sizeof(e));
+			return sw_seterr(err, errlen, SW_EEXHAUSTED,
+					 "gpud.kv_blocks=%u needs %s of KV per device; "
+					 "gpud.memory_fraction %g of %s (%s) leaves %s per device "
+					 "after weights and fixed pools (%s) on %u device%s "
+					 "(at most %" PRIu64 " blocks of %" PRIu64 " bytes)",
+					 in->kv_blocks, a, in->memory_fraction, b, c, d, e,
+					 in->n_devices, in->n_devices == 1 ? "" : "s",
+					 out->kv_room / in->kv_block_bytes, in->kv_block_bytes);
+		}
+		out->kv_blocks = in->kv_blocks;
+	} else {
+		uint64_t fit = out->kv_room / in->kv_block_bytes;
+		if (fit > out->kv_blocks_full)
+			fit = out->kv_blocks_full;
+		if (fit == 0) {
+			gpud_fmt_bytes(out->kv_room, d, sizeof(d));
+			return sw_seterr(err, errlen, SW_EEXHAUSTED,
+					 "memory plan: gpud.memory_fraction %g of %s (%s) leaves %s "
+					 "per device after weights and fixed pools: not one %" PRIu64
+					 "-byte KV block fits", in->memory_fraction, b, c, d,
+					 in->kv_block_bytes);
+		}
+		out->kv_blocks = (uint32_t)fit;
+	}
+	out->kv_bytes = (uint64_t)out->kv_blocks * in->kv_block_bytes;
+	out->used = out->fixed + n * out->kv_bytes;
+	return 0;
+}
+
+/* --- segments ------------------------------------------------------------- */
+
+/* Copies a segment's text (a view: may change under us, may hold NULs)
+ * NUL-terminated into dst. */
+static const char *seg_copy(const struct proto_segment *s, char *dst)
+{
+	memcpy(dst, s->text, s->len);
+	dst[s->len] = '\0';
+	return dst;
+}
+
+long gpud_chat_segment(enum gpud_chat_template tmpl, const struct proto_segment *segs,
+		       uint32_t i, bool last, char *out, size_t cap, char *copy, size_t copy_cap)
+{
+	struct gpud_chat_msg m[2];
+	uint32_t n = 0;
+	size_t need_copy = segs[i].len + 1 + (i ? segs[i - 1].len + 1 : 0);
+	long pre = 0, full;
+
+	if (tmpl == GPUD_CHAT_NONE)
+		return SW_EUNSUPPORTED;
+	if (need_copy > copy_cap)
+		return SW_ETOOLONG;
+	/* A template's text for message i depends on message i and, for a
+	 * deferred one (a Llama 2 system prompt), the message before it: the
+	 * segment's text is format(prev, cur) minus format(prev). Templates
+	 * only append, so the latter is a prefix of the former. */
+	if (i > 0) {
+		m[n].role = proto_role_name(segs[i - 1].role);
+		m[n].content = seg_copy(&segs[i - 1], copy);
+		copy += segs[i - 1].len + 1;
+		n++;
+	}
+	m[n].role = proto_role_name(segs[i].role);
+	m[n].content = seg_copy(&segs[i], copy);
+	n++;
+	if (!m[0].role || !m[n - 1].role)
+		return -EINVAL;
+	if (i > 0) {
+		pre = gpud_chat_format(tmpl, m, 1, false, NULL, 0);
+		if (pre < 0)
+			return pre;
+	}
+	full = gpud_chat_format(tmpl, m, n, last, out, cap);
+	if (full < 0)
+		return full;
+	if ((size_t)full >= cap)
+		return SW_ETOOLONG;
+	if (full < pre)
+		return -EINVAL;
+	memmove(out, out + pre, (size_t)(full - pre) + 1);
+	return full - pre;
+}
+
+int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_template tmpl,
+			   bool chat, const struct proto_segment *segs, uint32_t n,
+			   struct gpud_segtok_scratch *sc, int32_t *ids, uint32_t cap,
+			   uint32_t *seg_tokens, uint32_t *n_ids, char *err, size_t errlen)
+{
+	size_t total = 0;
+	bool over = false;
+
+	*n_ids = 0;
+	if (chat && tmpl == GPUD_CHAT_NONE)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "chat formatting: no chat template known for this model");
+	for (uint32_t i = 0; i < n; i++) {
+		const char *text = segs[i].text;
+		size_t len = segs[i].len, got = 0;
+		unsigned flags = 0;
+		int rc;
+
+		if (chat) {
+			if (!proto_role_name(segs[i].role))
+				return sw_seterr(err, errlen, -EINVAL,
+						 "segment %u: chat formatting needs a role "
+						 "(system, user or assistant)", i);
+			long l = gpud_chat_segment(tmpl, segs, i, i + 1 == n, sc->fmt,
+						   sc->fmt_cap, sc->copy, sc->copy_cap);
+			if (l < 0)
+				return sw_seterr(err, errlen, l == SW_ETOOLONG ? -EINVAL : (int)l,
+						 "segment %u: cannot format it as a chat message: %s",
+						 i, sw_strerror((int)l));
+			text = sc->fmt;
+			len = (size_t)l;
+			flags = GPUD_TOK_PARSE_SPECIAL; /* the template's tokens */
+		} else if (i == 0) {
+			flags = GPUD_TOK_ADD_BOS;
+		}
+		if (len == 0) {
+			seg_tokens[i] = 0;
+			continue;
+		}
+		rc = gpud_tokenizer_encode(tok, text, len, flags, over ? NULL : ids + total,
+					   over ? 0 : cap - total, &got, sc->arena);
+		if (rc == SW_ETOOLONG) {
+			over = true;
+		} else if (rc) {
+			return sw_seterr(err, errlen, rc == -ENOMEM ? -EINVAL : rc,
+					 "segment %u: tokenizer: %s (%zu bytes)", i,
+					 rc == -ENOMEM ? "text too long for the request scratch" :
+					 sw_strerror(rc), len);
+		}
+		seg_tokens[i] = (uint32_t)got;
+		total += got;
+	}
+	*n_ids = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
+	if (over)
+		return sw_seterr(err, errlen, SW_ETOOLONG,
+				 "prompt of %zu tokens is longer than the %u a request may have", total,
+				 cap);
+	return 0;
+}

@@ -1,0 +1,372 @@
+/* daemon_test.c - the daemon's pure pieces: memory plan arithmetic and its
+ * messages, byte formatting, the scratch estimate against a real engine,
+ * segment tokenization (plain and chat) with stories260K. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/arena.h"
+#include "common/err.h"
+#include "gpud/daemon.h"
+#include "gpud/engine.h"
+#include "gpud/model.h"
+#include "gpud/tokenizer.h"
+
+#define MODEL "../shared/models/stories260K.gguf"
+#define GiB (1ull << 30)
+#define MiB (1ull << 20)
+
+static char err[1024];
+
+static const struct sw_config_device cpu2[2] = { { SW_DEVICE_CPU, 0 }, { SW_DEVICE_CPU, 0 } };
+
+static struct gpud_plan_in base_in(void)
+{
+	return (struct gpud_plan_in){
+		.n_devices = 1,
+		.devices = cpu2,
+		.host_ram = 16 * GiB,
+		.memory_fraction = 0.5,
+		.weight_bytes = 2 * GiB,
+		.kv_block_bytes = 1 * MiB,
+		.kv_blocks = 0,
+		.max_seqs = 4,
+		.n_ctx = 1024,
+		.block_tokens = 16,
+		.scratch_bytes = 512 * MiB,
+		.mask_bytes = 64 * MiB,
+		.host_bytes = 448 * MiB,
+	};
+}
+
+static void test_fmt_bytes(void **state)
+{
+	char b[32];
+	(void)state;
+	gpud_fmt_bytes(0, b, sizeof(b));
+	assert_string_equal(b, "0 B");
+	gpud_fmt_bytes(1023, b, sizeof(b));
+	assert_string_equal(b, "1023 B");
+	gpud_fmt_bytes(1536, b, sizeof(b));
+	assert_string_equal(b, "1.5 KiB");
+	gpud_fmt_bytes(12ull * GiB + GiB / 2, b, sizeof(b));
+	assert_string_equal(b, "12.5 GiB");
+	gpud_fmt_bytes(3ull << 40, b, sizeof(b));
+	assert_string_equal(b, "3.0 TiB");
+}
+
+static void test_plan_derive(void **state)
+{
+	struct gpud_plan_in in = base_in();
+	struct gpud_plan p;
+	(void)state;
+
+	/* 8 GiB budget - (2 GiB + 448 MiB + 576 MiB) = 5 GiB of KV room, but
+	 * 4 full contexts need only 4 x 64 blocks: capped. */
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_true(p.total == 8 * GiB);
+	assert_true(p.fixed == 3 * GiB);
+	assert_true(p.kv_room == 5 * GiB);
+	assert_int_equal(p.kv_blocks_full, 256);
+	assert_int_equal(p.kv_blocks, 256);
+	assert_true(p.kv_bytes == 256 * MiB);
+	assert_true(p.used == 3 * GiB + 256 * MiB);
+
+	/* Without the cap the room decides: 5 GiB / 1 MiB. */
+	in.max_seqs = 1000;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.kv_blocks, 5120);
+	assert_true(p.used <= p.total);
+
+	/* Two cpu devices share RAM: weights once, fixed pools twice, the rest
+	 * split. (8 - 2 - 0.4375 - 2 x 0.5625) / 2 = 2.21875 GiB each. */
+	in.n_devices = 2;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_true(p.fixed == 2 * GiB + 448 * MiB + 2 * 576 * MiB);
+	assert_true(p.kv_room == (8 * GiB - p.fixed) / 2);
+	assert_int_equal(p.kv_blocks, 2272);
+	assert_true(p.used == p.fixed + 2 * 2272 * MiB);
+	assert_true(p.used <= p.total);
+}
+
+static void test_plan_configured(void **state)
+{
+	struct gpud_plan_in in = base_in();
+	struct gpud_plan p;
+	(void)state;
+
+	in.kv_blocks = 5120; /* exactly the room */
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.kv_blocks, 5120);
+	assert_true(p.used == p.total);
+
+	in.kv_blocks = 100000;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "gpud.kv_blocks=100000 needs 97.7 GiB of KV per device; "
+				 "gpud.memory_fraction 0.5 of 16.0 GiB (8.0 GiB) leaves 5.0 GiB per "
+				 "device after weights and fixed pools (3.0 GiB) on 1 device "
+				 "(at most 5120 blocks of 1048576 bytes)");
+
+	in.n_devices = 2;
+	in.kv_blocks = 5120;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_non_null(strstr(err, "on 2 devices (at most 2272 blocks"));
+}
+
+static void test_plan_errors(void **state)
+{
+	struct gpud_plan_in in = base_in();
+	struct sw_config_device mixed[2] = { { SW_DEVICE_CPU, 0 }, { SW_DEVICE_CUDA, 3 } };
+	struct gpud_plan p;
+	(void)state;
+
+	/* The fixed pools alone do not fit. */
+	in.weight_bytes = 9 * GiB;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: weights (9.0 GiB) + scratch and mask pools "
+				 "(576.0 MiB per device x 1) + host pools need 10.0 GiB; "
+				 "gpud.memory_fraction 0.5 of 16.0 GiB is 8.0 GiB");
+
+	/* Room for less than one block. */
+	in = base_in();
+	in.weight_bytes = 7 * GiB - 512 * 1024;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: gpud.memory_fraction 0.5 of 16.0 GiB (8.0 GiB) "
+				 "leaves 512.0 KiB per device after weights and fixed pools: not "
+				 "one 1048576-byte KV block fits");
+
+	/* cuda is refused with the device named. */
+	in = base_in();
+	in.n_devices = 2;
+	in.devices = mixed;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EUNSUPPORTED);
+	assert_string_equal(err, "gpud.devices[1]: cuda:3: the cuda backend is not "
+				 "built/implemented yet (use \"cpu\")");
+
+	/* Inconsistent input. */
+	in = base_in();
+	in.kv_block_bytes = 0;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), -EINVAL);
+	in = base_in();
+	in.n_devices = 0;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), -EINVAL);
+	in = base_in();
+	in.memory_fraction = 1.5;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), -EINVAL);
+}
+
+/* The estimate the plan uses before engines exist is close to what the
+ * cpu backend really reserves. */
+static void test_scratch_estimate(void **state)
+{
+	struct gpud_model *m = NULL;
+	struct gpud_engine *e = NULL;
+	struct gpud_engine_params ep;
+	struct gpud_engine_stats st;
+	uint64_t est;
+	(void)state;
+
+	assert_int_equal(gpud_model_load(&m, MODEL, err, sizeof(err)), 0);
+	gpud_engine_params_default(&ep);
+	ep.n_threads = 2;
+	ep.max_batch_tokens = 256;
+	ep.max_seqs = 9;
+	ep.n_blocks = 64;
+	assert_int_equal(gpud_engine_create(&e, m, &ep, err, sizeof(err)), 0);
+	gpud_engine_stats(e, &st);
+	est = gpud_plan_scratch_estimate(m, 256, 9, 2);
+	assert_true(est >= st.scratch_bytes * 9 / 10);
+	assert_true(est <= st.scratch_bytes * 2);
+	gpud_engine_destroy(e);
+	gpud_model_free(m);
+}
+
+struct seg_fixture {
+	struct gpud_model *m;
+	const struct gpud_tokenizer *tok;
+	struct sw_arena arena;
+	char fmt[4096], copy[4096];
+	struct gpud_segtok_scratch sc;
+};
+
+static int seg_setup(void **state)
+{
+	struct seg_fixture *f = calloc(1, sizeof(*f));
+	if (!f || gpud_model_load(&f->m, MODEL, err, sizeof(err)))
+		return -1;
+	f->tok = gpud_model_tokenizer(f->m);
+	if (sw_arena_init(&f->arena, gpud_tokenizer_scratch_bytes(f->tok, 2048)))
+		return -1;
+	f->sc = (struct gpud_segtok_scratch){ .fmt = f->fmt, .fmt_cap = sizeof(f->fmt),
+					      .copy = f->copy, .copy_cap = sizeof(f->copy),
+					      .arena = &f->arena };
+	*state = f;
+	return 0;
+}
+
+static int seg_teardown(void **state)
+{
+	struct seg_fixture *f = *state;
+	sw_arena_destroy(&f->arena);
+	gpud_model_free(f->m);
+	free(f);
+	return 0;
+}
+
+static void test_segments_plain(void **state)
+{
+	struct seg_fixture *f = *state;
+	struct proto_segment one[] = { { "Once upon a time", 16, PROTO_ROLE_NONE } };
+	struct proto_segment two[] = { { "Once upon", 9, PROTO_ROLE_NONE },
+				       { "", 0, PROTO_ROLE_NONE },
+				       { "a time", 6, PROTO_ROLE_USER } };
+	int32_t ids[64], want[64];
+	uint32_t seg[3], n;
+	size_t wn = 0;
+
+	/* One segment: exactly the model's known tokenization, BOS first. */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, one, 1, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 5);
+	assert_int_equal(seg[0], 5);
+	const int32_t known[] = { 1, 403, 407, 261, 378 };
+	assert_memory_equal(ids, known, sizeof(known));
+
+	/* Three segments: BOS once, an empty segment has 0 tokens, each
+	 * segment is tokenized on its own (roles ignored without chat). */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, two, 3, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(seg[1], 0);
+	assert_int_equal(n, seg[0] + seg[2]);
+	assert_int_equal(ids[0], 1);
+	assert_int_equal(gpud_tokenizer_encode(f->tok, "a time", 6, 0, want, 64, &wn, &f->arena), 0);
+	assert_int_equal(seg[2], wn);
+	assert_memory_equal(ids + seg[0], want, wn * sizeof(int32_t));
+	for (uint32_t i = 1; i < n; i++)
+		assert_int_not_equal(ids[i], 1);
+
+	/* Too long: SW_ETOOLONG with the number needed over all segments. */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, two, 3, &f->sc, ids,
+						3, seg, &n, err, sizeof(err)),
+			 SW_ETOOLONG);
+	assert_int_equal(n, seg[0] + seg[2]);
+	assert_true(n > 3);
+	char want_msg[128];
+	snprintf(want_msg, sizeof(want_msg),
+		 "prompt of %u tokens is longer than the 3 a request may have", n);
+	assert_string_equal(err, want_msg);
+
+	/* Chat without a template. */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, true, two, 3, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)),
+			 SW_EUNSUPPORTED);
+	assert_string_equal(err, "chat formatting: no chat template known for this model");
+}
+
+static void test_chat_segment_text(void **state)
+{
+	struct proto_segment s[] = { { "You are terse.  ", 16, PROTO_ROLE_SYSTEM },
+				     { "Hi", 2, PROTO_ROLE_USER },
+				     { "Hello!", 6, PROTO_ROLE_ASSISTANT },
+				     { "Bye", 3, PROTO_ROLE_USER } };
+	char out[512], copy[512];
+	long n;
+	(void)state;
+
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 0, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+				 "You are terse.<|eot_id|>");
+	assert_int_equal(n, (long)strlen(out));
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 1, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 3, true, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|start_header_id|>user<|end_header_id|>\n\nBye<|eot_id|>"
+				 "<|start_header_id|>assistant<|end_header_id|>\n\n");
+	assert_int_equal(n, (long)strlen(out));
+
+	/* Llama 2 puts the system prompt into the next [INST]: its own segment
+	 * is empty, the user segment carries it. */
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA2, s, 0, false, out, sizeof(out), copy, sizeof(copy));
+	assert_int_equal(n, 0);
+	assert_string_equal(out, "");
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA2, s, 1, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST]");
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA2, s, 2, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, " Hello! </s>");
+	n = gpud_chat_segment(GPUD_CHAT_LLAMA2, s, 3, true, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<s>[INST] Bye [/INST]");
+
+	/* Errors: no template, no role, buffers too small. */
+	assert_int_equal(gpud_chat_segment(GPUD_CHAT_NONE, s, 0, false, out, sizeof(out), copy,
+					   sizeof(copy)), SW_EUNSUPPORTED);
+	struct proto_segment bad[] = { { "x", 1, PROTO_ROLE_NONE } };
+	assert_int_equal(gpud_chat_segment(GPUD_CHAT_LLAMA3, bad, 0, false, out, sizeof(out), copy,
+					   sizeof(copy)), -EINVAL);
+	assert_int_equal(gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 1, false, out, 20, copy,
+					   sizeof(copy)), SW_ETOOLONG);
+	assert_int_equal(gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 1, false, out, sizeof(out), copy,
+					   10), SW_ETOOLONG);
+}
+
+static void test_segments_chat(void **state)
+{
+	struct seg_fixture *f = *state;
+	struct proto_segment s[] = { { "Be kind.", 8, PROTO_ROLE_SYSTEM },
+				     { "Tell a story.", 13, PROTO_ROLE_USER } };
+	struct proto_segment noroles[] = { { "a", 1, PROTO_ROLE_USER },
+					   { "b", 1, PROTO_ROLE_NONE } };
+	int32_t ids[512], want[512];
+	uint32_t seg[2], n;
+	size_t wn = 0;
+	char txt[512], copy[512];
+	long l;
+
+	/* Each segment is its formatted text, special tokens parsed, no BOS
+	 * added by the tokenizer (the template writes its own). */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_LLAMA3, true, s, 2, &f->sc, ids,
+						512, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, seg[0] + seg[1]);
+	assert_true(seg[0] > 0 && seg[1] > 0);
+	l = gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 1, true, txt, sizeof(txt), copy, sizeof(copy));
+	assert_true(l > 0);
+	assert_int_equal(gpud_tokenizer_encode(f->tok, txt, (size_t)l, GPUD_TOK_PARSE_SPECIAL, want,
+					       512, &wn, &f->arena), 0);
+	assert_int_equal(seg[1], wn);
+	assert_memory_equal(ids + seg[0], want, wn * sizeof(int32_t));
+	assert_int_not_equal(ids[0], gpud_tokenizer_bos(f->tok));
+
+	/* A segment without a role. */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_LLAMA3, true, noroles, 2, &f->sc,
+						ids, 512, seg, &n, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "segment 1: chat formatting needs a role (system, user or "
+				 "assistant)");
+
+	/* A segment too long for the formatting scratch. */
+	struct gpud_segtok_scratch small = f->sc;
+	small.fmt_cap = 40;
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_LLAMA3, true, s, 2, &small, ids,
+						512, seg, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "segment 0: cannot format it as a chat message"));
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_fmt_bytes),
+		cmocka_unit_test(test_plan_derive),
+		cmocka_unit_test(test_plan_configured),
+		cmocka_unit_test(test_plan_errors),
+		cmocka_unit_test(test_scratch_estimate),
+		cmocka_unit_test(test_chat_segment_text),
+		cmocka_unit_test_setup_teardown(test_segments_plain, seg_setup, seg_teardown),
+		cmocka_unit_test_setup_teardown(test_segments_chat, seg_setup, seg_teardown),
+	};
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
