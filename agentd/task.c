@@ -1,0 +1,271 @@
+/* task.c - task JSON parsing and validation (jansson). */
+#include "agentd/task.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "common/err.h"
+
+static const char *const kind_names[] = { "ingest", "summarize", "answer" };
+
+const char *agent_task_kind_name(enum agent_task_kind k)
+{
+	return (unsigned)k < 3 ? kind_names[k] : "unknown";
+}
+
+static const char *json_type_name(const json_t *v)
+{
+	switch (json_typeof(v)) {
+	case JSON_OBJECT: return "object";
+	case JSON_ARRAY: return "array";
+	case JSON_STRING: return "string";
+	case JSON_INTEGER: return "integer";
+	case JSON_REAL: return "number";
+	case JSON_TRUE:
+	case JSON_FALSE: return "boolean";
+	case JSON_NULL: return "null";
+	}
+	return "unknown";
+}
+
+/* A string field: absent -> *out NULL and 0 (the caller decides whether
+ * that is an error); present -> a non-empty string of at most max bytes. */
+static int get_string(json_t *root, const char *key, size_t max, const char **out,
+		      size_t *len, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(root, key);
+	size_t n;
+
+	*out = NULL;
+	if (len)
+		*len = 0;
+	if (!v)
+		return 0;
+	if (!json_is_string(v))
+		return sw_seterr(err, errlen, SW_ETYPE, "task.%s: expected a string, got %s", key,
+				 json_type_name(v));
+	n = json_string_length(v);
+	if (n == 0)
+		return sw_seterr(err, errlen, -EINVAL, "task.%s: must not be empty", key);
+	if (n > max)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "task.%s: %zu bytes exceeds the limit of %zu",
+				 key, n, max);
+	if (strlen(json_string_value(v)) != n)
+		return sw_seterr(err, errlen, -EINVAL, "task.%s: contains a NUL character", key);
+	*out = json_string_value(v);
+	if (len)
+		*len = n;
+	return 0;
+}
+
+/* An integer field in [min, max]; absent -> *out = def. */
+static int get_int(json_t *root, const char *key, int64_t min, int64_t max, int64_t def,
+		   int64_t *out, char *err, size_t errlen)
+{
+	json_t *v = json_object_get(root, key);
+	json_int_t x;
+
+	*out = def;
+	if (!v)
+		return 0;
+	if (!json_is_integer(v))
+		return sw_seterr(err, errlen, SW_ETYPE, "task.%s: expected an integer, got %s", key,
+				 json_type_name(v));
+	x = json_integer_value(v);
+	if (x < min || x > max)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "task.%s: expected an integer in [%lld, %lld], got %lld", key,
+				 (long long)min, (long long)max, (long long)x);
+	*out = x;
+	return 0;
+}
+
+static bool id_char_ok(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '.' || c == '_' || c == ':' || c == '-';
+}
+
+static int check_url(const char *key, const char *url, bool allow_file, char *err, size_t errlen)
+{
+	const char *colon = strstr(url, "://");
+	size_t n = colon ? (size_t)(colon - url) : 0;
+
+	if (!colon || n == 0)
+		return sw_seterr(err, errlen, -EINVAL, "task.%s: not a URL: \"%.64s\"", key, url);
+	if ((n == 4 && strncasecmp(url, "http", 4) == 0) ||
+	    (n == 5 && strncasecmp(url, "https", 5) == 0) ||
+	    (allow_file && n == 4 && strncasecmp(url, "file", 4) == 0))
+		return 0;
+	return sw_seterr(err, errlen, -EINVAL, "task.%s: unsupported scheme \"%.*s\" (expected %s)",
+			 key, (int)(n > 16 ? 16 : n), url,
+			 allow_file ? "http, https, file" : "http, https");
+}
+
+/* The keys each kind accepts, besides id, kind and callback_url. */
+static bool key_allowed(enum agent_task_kind k, const char *key)
+{
+	static const char *const ingest[] = { "text", "url", "source", NULL };
+	static const char *const summarize[] = { "document_id", "max_tokens", NULL };
+	static const char *const answer[] = { "question", "top_k", "document_id", "max_tokens",
+					      NULL };
+	const char *const *list = k == AGENT_KIND_INGEST ? ingest :
+				  k == AGENT_KIND_SUMMARIZE ? summarize : answer;
+
+	if (!strcmp(key, "id") || !strcmp(key, "kind") || !strcmp(key, "callback_url"))
+		return true;
+	for (; *list; list++)
+		if (!strcmp(*list, key))
+			return true;
+	return false;
+}
+
+static int parse_kind(json_t *root, enum agent_task_kind *kind, char *err, size_t errlen)
+{
+	const char *s;
+	int rc;
+
+	rc = get_string(root, "kind", 64, &s, NULL, err, errlen);
+	if (rc == SW_ETOOLONG)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "task.kind: unknown kind (expected ingest, summarize, answer)");
+	if (rc)
+		return rc;
+	if (!s)
+		return sw_seterr(err, errlen, -EINVAL, "task.kind: missing");
+	for (int i = 0; i < 3; i++)
+		if (!strcmp(s, kind_names[i])) {
+			*kind = (enum agent_task_kind)i;
+			return 0;
+		}
+	return sw_seterr(err, errlen, -EINVAL,
+			 "task.kind: unknown kind \"%s\" (expected ingest, summarize, answer)", s);
+}
+
+static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t errlen)
+{
+	const char *key;
+	json_t *v;
+	int64_t x;
+	int rc;
+
+	json_object_foreach(root, key, v) {
+		if (!key_allowed(t->kind, key))
+			return sw_seterr(err, errlen, -EINVAL, "task.%s: unknown key for kind %s",
+					 key, kind_names[t->kind]);
+	}
+	rc = get_string(root, "callback_url", AGENT_TASK_MAX_URL, &t->callback_url, NULL, err,
+			errlen);
+	if (!rc && t->callback_url)
+		rc = check_url("callback_url", t->callback_url, false, err, errlen);
+	if (rc)
+		return rc;
+
+	switch (t->kind) {
+	case AGENT_KIND_INGEST:
+		rc = get_string(root, "text", AGENT_TASK_MAX_TEXT, &t->text, &t->text_len, err,
+				errlen);
+		if (!rc)
+			rc = get_string(root, "url", AGENT_TASK_MAX_URL, &t->url, NULL, err, errlen);
+		if (!rc)
+			rc = get_string(root, "source", AGENT_TASK_MAX_URL, &t->source, NULL, err,
+					errlen);
+		if (rc)
+			return rc;
+		if (!t->text == !t->url)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task: kind ingest needs exactly one of text and url (%s)",
+					 t->text ? "both given" : "neither given");
+		if (t->url && (rc = check_url("url", t->url, true, err, errlen)))
+			return rc;
+		if (!t->source)
+			t->source = t->url ? t->url : "inline";
+		return 0;
+	case AGENT_KIND_SUMMARIZE:
+		if (!json_object_get(root, "document_id"))
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task.document_id: required for kind summarize");
+		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
+		if (!rc)
+			rc = get_int(root, "max_tokens", 1, AGENT_TASK_MAX_TOKENS,
+				     AGENT_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+		t->max_tokens = (uint32_t)x;
+		return rc;
+	case AGENT_KIND_ANSWER:
+		rc = get_string(root, "question", AGENT_TASK_MAX_QUESTION, &t->question,
+				&t->question_len, err, errlen);
+		if (rc)
+			return rc;
+		if (!t->question)
+			return sw_seterr(err, errlen, -EINVAL, "task.question: required for kind answer");
+		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
+		if (rc)
+			return rc;
+		rc = get_int(root, "top_k", 1, AGENT_TASK_MAX_TOP_K, AGENT_TASK_DEFAULT_TOP_K, &x,
+			     err, errlen);
+		t->top_k = (uint32_t)x;
+		if (rc)
+			return rc;
+		rc = get_int(root, "max_tokens", 1, AGENT_TASK_MAX_TOKENS,
+			     AGENT_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+		t->max_tokens = (uint32_t)x;
+		return rc;
+	}
+	return -EINVAL;
+}
+
+int agent_task_parse(const char *json, size_t len, struct agent_task *t, char *err,
+		     size_t errlen)
+{
+	json_error_t jerr;
+	json_t *root;
+	const char *id;
+	int rc;
+
+	memset(t, 0, sizeof(*t));
+	if (!json)
+		return sw_seterr(err, errlen, -EINVAL, "task: no payload");
+	if (len > AGENT_TASK_MAX_BYTES)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "task: %zu bytes exceeds the limit of %u",
+				 len, AGENT_TASK_MAX_BYTES);
+	root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
+	if (!root) {
+		if (json_error_code(&jerr) == json_error_out_of_memory)
+			return sw_seterr(err, errlen, -ENOMEM, "task: out of memory");
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "task: invalid JSON at line %d, column %d: %s", jerr.line,
+				 jerr.column, jerr.text);
+	}
+	t->root = root;
+	if (!json_is_object(root))
+		return sw_seterr(err, errlen, SW_EFORMAT, "task: expected an object, got %s",
+				 json_type_name(root));
+
+	rc = get_string(root, "id", AGENT_TASK_MAX_ID, &id, NULL, err, errlen);
+	if (rc)
+		return rc;
+	if (!id)
+		return sw_seterr(err, errlen, -EINVAL, "task.id: missing");
+	for (const char *p = id; *p; p++)
+		if (!id_char_ok(*p))
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task.id: character %ld is not one of [A-Za-z0-9._:-]",
+					 (long)(p - id));
+	t->id = id;
+
+	rc = parse_kind(root, &t->kind, err, errlen);
+	if (rc)
+		return rc;
+	return parse_fields(root, t, err, errlen);
+}
+
+void agent_task_free(struct agent_task *t)
+{
+	if (!t)
+		return;
+	json_decref(t->root);
+	memset(t, 0, sizeof(*t));
+}

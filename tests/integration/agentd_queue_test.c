@@ -1,0 +1,400 @@
+/* agentd_queue_test.c - agentd/queue.c against a real Redis: claim and
+ * ack, the consumer's own pending entries re-read after a restart,
+ * XAUTOCLAIM of an idle entry by another consumer, delivery counts,
+ * dead-lettering, result events, the lease held by touch, entries deleted
+ * under a consumer, a lost group and a lost connection.
+ *
+ * Every test uses streams of its own (swarm:it:agentd:<pid>:<n>:*).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "agentd/queue.h"
+#include "common/err.h"
+#include "tests/integration/harness.h"
+
+struct fx {
+	char stream[128], dead[128], results[128];
+	redisContext *admin;
+};
+
+static int counter;
+static char err[512];
+
+static redisReply *cmd(redisContext *c, const char *fmt, ...)
+{
+	va_list ap;
+	redisReply *r;
+
+	va_start(ap, fmt);
+	r = redisvCommand(c, fmt, ap);
+	va_end(ap);
+	if (!r)
+		fail_msg("redis: %s", c->errstr);
+	return r;
+}
+
+static long long integer(redisContext *c, const char *fmt, const char *a, const char *b)
+{
+	redisReply *r = cmd(c, fmt, a, b);
+	long long v;
+
+	assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+	v = r->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+/* Pending entries of the group, all consumers. */
+static long long pending(struct fx *f)
+{
+	redisReply *r = cmd(f->admin, "XPENDING %s agents", f->stream);
+	long long v;
+
+	assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+	v = r->element[0]->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+static int setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	char host[256];
+	int port;
+
+	snprintf(f->stream, sizeof(f->stream), "swarm:it:agentd:%d:%d:tasks", (int)getpid(), counter);
+	snprintf(f->dead, sizeof(f->dead), "swarm:it:agentd:%d:%d:dead", (int)getpid(), counter);
+	snprintf(f->results, sizeof(f->results), "swarm:it:agentd:%d:%d:results", (int)getpid(),
+		 counter);
+	counter++;
+	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
+		return -1;
+	f->admin = redisConnect(host, port);
+	if (!f->admin || f->admin->err)
+		return -1;
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+
+	freeReplyObject(cmd(f->admin, "DEL %s %s %s", f->stream, f->dead, f->results));
+	redisFree(f->admin);
+	free(f);
+	return 0;
+}
+
+static struct agent_queue *open_q(struct fx *f, const char *consumer, uint32_t lease_ms)
+{
+	struct agent_queue_opts o = {
+		.url = it_redis_url(),
+		.stream = f->stream,
+		.dead_stream = f->dead,
+		.results_stream = f->results,
+		.consumer = consumer,
+		.lease_ms = lease_ms,
+		.block_ms = 50,
+	};
+	struct agent_queue *q;
+
+	if (agent_queue_open(&q, &o, err, sizeof(err)) != 0)
+		fail_msg("open: %s", err);
+	return q;
+}
+
+static void add(struct fx *f, const char *task, char id[64])
+{
+	redisReply *r = cmd(f->admin, "XADD %s * task %s", f->stream, task);
+
+	assert_int_equal(r->type, REDIS_REPLY_STRING);
+	if (id)
+		snprintf(id, 64, "%s", r->str);
+	freeReplyObject(r);
+}
+
+static void test_claim_and_ack(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q = open_q(f, NULL, 60000);
+	struct agent_queue *q2 = open_q(f, "other", 60000); /* group exists: fine */
+	struct agent_msg m;
+	char id[64], name[300];
+
+	snprintf(name, sizeof(name), ":%d", (int)getpid());
+	assert_non_null(strstr(agent_queue_consumer(q), name));
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), SW_ENOTFOUND);
+	add(f, "{\"id\":\"a\"}", id);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, id);
+	assert_string_equal(m.payload, "{\"id\":\"a\"}");
+	assert_int_equal(m.len, 10);
+	assert_int_equal(m.deliveries, 1);
+	assert_int_equal(m.source, AGENT_MSG_NEW);
+	assert_int_equal(pending(f), 1);
+	/* The other consumer does not get it. */
+	assert_int_equal(agent_queue_claim(q2, &m, err, sizeof(err)), SW_ENOTFOUND);
+	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0);
+	assert_int_equal(pending(f), 0);
+	agent_msg_free(&m);
+	agent_msg_free(&m);
+	agent_msg_free(NULL);
+	agent_queue_close(q);
+	agent_queue_close(q2);
+	agent_queue_close(NULL);
+}
+
+static void test_own_pending_after_restart(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q = open_q(f, "w1", 60000);
+	struct agent_msg m;
+	char a[64], b[64];
+
+	add(f, "A", a);
+	add(f, "B", b);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, a);
+	agent_msg_free(&m);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, b);
+	agent_msg_free(&m);
+	agent_queue_close(q); /* "crash": nothing acknowledged */
+
+	q = open_q(f, "w1", 60000);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, a);
+	assert_int_equal(m.source, AGENT_MSG_OWN_PENDING);
+	assert_int_equal(m.deliveries, 2); /* re-reading history counts */
+	assert_int_equal(agent_queue_ack(q, m.id, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, b);
+	assert_int_equal(m.source, AGENT_MSG_OWN_PENDING);
+	agent_msg_free(&m);
+	/* Read once: an unacknowledged one is not handed out again at once. */
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), SW_ENOTFOUND);
+	assert_int_equal(pending(f), 1);
+	agent_queue_close(q);
+}
+
+static void test_autoclaim_idle(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *dead = open_q(f, "dead-worker", 100);
+	struct agent_queue *live = open_q(f, "live-worker", 100);
+	struct agent_msg m;
+	char id[64];
+
+	add(f, "T", id);
+	assert_int_equal(agent_queue_claim(dead, &m, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	agent_queue_close(dead);
+	/* Not idle long enough yet: new entries only, and none. */
+	assert_int_equal(agent_queue_claim(live, &m, err, sizeof(err)), SW_ENOTFOUND);
+	usleep(150 * 1000);
+	assert_int_equal(agent_queue_claim(live, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, id);
+	assert_string_equal(m.payload, "T");
+	assert_int_equal(m.source, AGENT_MSG_RECLAIMED);
+	assert_int_equal(m.deliveries, 2);
+	agent_msg_free(&m);
+	/* A failed attempt of our own comes back after the lease too. */
+	usleep(150 * 1000);
+	assert_int_equal(agent_queue_claim(live, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, id);
+	assert_int_equal(m.deliveries, 3);
+	agent_msg_free(&m);
+	agent_queue_close(live);
+}
+
+static void test_touch_holds_lease(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *a = open_q(f, "holder", 200);
+	struct agent_queue *b = open_q(f, "thief", 200);
+	struct agent_msg m, m2;
+	char id[64];
+
+	add(f, "long task", id);
+	assert_int_equal(agent_queue_claim(a, &m, err, sizeof(err)), 0);
+	for (int i = 0; i < 3; i++) {
+		usleep(120 * 1000);
+		assert_int_equal(agent_queue_touch(a, id, err, sizeof(err)), 0);
+		assert_int_equal(agent_queue_claim(b, &m2, err, sizeof(err)), SW_ENOTFOUND);
+	}
+	/* Touch does not count deliveries. */
+	usleep(250 * 1000);
+	assert_int_equal(agent_queue_claim(b, &m2, err, sizeof(err)), 0);
+	assert_int_equal(m2.deliveries, 2);
+	assert_int_equal(agent_queue_touch(a, id, err, sizeof(err)), SW_ENOTFOUND);
+	assert_non_null(strstr(err, "no longer held by holder"));
+	agent_msg_free(&m);
+	agent_msg_free(&m2);
+	agent_queue_close(a);
+	agent_queue_close(b);
+}
+
+static void test_dead_letter_and_results(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q = open_q(f, "w", 60000);
+	struct agent_msg m;
+	redisReply *r;
+	char id[64];
+
+	add(f, "{poison", id);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_dead(q, &m, "t-7", "task: invalid JSON", err, sizeof(err)), 0);
+	assert_int_equal(pending(f), 0);
+	r = cmd(f->admin, "XRANGE %s - +", f->dead);
+	assert_int_equal(r->elements, 1);
+	{
+		redisReply *fl = r->element[0]->element[1];
+
+		assert_int_equal(fl->elements, 10);
+		assert_string_equal(fl->element[0]->str, "task_id");
+		assert_string_equal(fl->element[1]->str, "t-7");
+		assert_string_equal(fl->element[3]->str, id);
+		assert_string_equal(fl->element[5]->str, "1");
+		assert_string_equal(fl->element[7]->str, "task: invalid JSON");
+		assert_string_equal(fl->element[9]->str, "{poison");
+	}
+	freeReplyObject(r);
+	agent_msg_free(&m);
+
+	assert_int_equal(agent_queue_result(q, "t-8", "completed", "documents/3", NULL, err,
+					    sizeof(err)),
+			 0);
+	r = cmd(f->admin, "XRANGE %s - +", f->results);
+	assert_int_equal(r->elements, 1);
+	assert_string_equal(r->element[0]->element[1]->element[1]->str, "t-8");
+	assert_string_equal(r->element[0]->element[1]->element[3]->str, "completed");
+	assert_string_equal(r->element[0]->element[1]->element[5]->str, "documents/3");
+	freeReplyObject(r);
+	agent_queue_close(q);
+}
+
+static void test_deleted_entry_skipped(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q = open_q(f, "w", 60000);
+	struct agent_msg m;
+	char a[64], b[64];
+
+	add(f, "gone", a);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	agent_queue_close(q);
+	assert_int_equal(integer(f->admin, "XDEL %s %s", f->stream, a), 1);
+	add(f, "next", b);
+	q = open_q(f, "w", 60000);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, b); /* "gone" acknowledged and skipped */
+	assert_string_equal(m.payload, "next");
+	assert_int_equal(agent_queue_ack(q, m.id, err, sizeof(err)), 0);
+	assert_int_equal(pending(f), 0);
+	agent_msg_free(&m);
+	agent_queue_close(q);
+}
+
+/* Kills the connection of consumer name (CLIENT SETNAME agentd:<name>),
+ * and no other client of the server. */
+static void kill_client(struct fx *f, const char *name)
+{
+	redisReply *r = cmd(f->admin, "CLIENT LIST");
+	char needle[300];
+	const char *line;
+	long long id = -1;
+
+	snprintf(needle, sizeof(needle), " name=agentd:%s ", name);
+	assert_int_equal(r->type, REDIS_REPLY_STRING);
+	line = strstr(r->str, needle);
+	assert_non_null(line);
+	while (line > r->str && line[-1] != '\n')
+		line--;
+	assert_int_equal(sscanf(line, "id=%lld", &id), 1);
+	freeReplyObject(r);
+	r = cmd(f->admin, "CLIENT KILL ID %lld", id);
+	assert_int_equal(r->integer, 1);
+	freeReplyObject(r);
+}
+
+static void test_lost_group_and_connection(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q;
+	struct agent_msg m;
+	redisReply *r;
+	char name[64];
+
+	snprintf(name, sizeof(name), "killme-%d", (int)getpid());
+	q = open_q(f, name, 60000);
+	r = cmd(f->admin, "XGROUP DESTROY %s agents", f->stream);
+	freeReplyObject(r);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), SW_ENOTFOUND);
+	add(f, "after", NULL);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.payload, "after");
+	agent_msg_free(&m);
+
+	kill_client(f, name);
+	assert_int_equal(agent_queue_ack(q, "0-1", err, sizeof(err)), SW_ECLOSED);
+	assert_non_null(strstr(err, "redis: "));
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), SW_ECLOSED);
+	assert_int_equal(agent_queue_reconnect(q, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_reconnect(q, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_ack(q, "0-1", err, sizeof(err)), 0);
+	agent_queue_close(q);
+}
+
+static void test_open_errors(void **state)
+{
+	struct agent_queue_opts o = { .url = "http://x" };
+	struct agent_queue *q;
+
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), -EINVAL);
+	assert_null(q);
+	o.url = "redis://127.0.0.1:notaport";
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), -EINVAL);
+	o.url = NULL;
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), -EINVAL);
+	o.url = "redis://127.0.0.1:1";
+	o.timeout_ms = 500;
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), SW_ECLOSED);
+	assert_non_null(strstr(err, "cannot connect to 127.0.0.1:1"));
+	o.url = "unix:///nonexistent/redis.sock";
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), SW_ECLOSED);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_claim_and_ack, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_own_pending_after_restart, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_autoclaim_idle, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_touch_holds_lease, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_dead_letter_and_results, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_deleted_entry_skipped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_lost_group_and_connection, setup, teardown),
+		cmocka_unit_test(test_open_errors),
+	};
+	int rc = it_start(IT_REDIS);
+
+	if (rc)
+		return rc;
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,276 @@
+/* agentd_task_test.c - task JSON validation: each kind parsed with its
+ * defaults, and one test per error with the exact message. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agentd/task.h"
+#include "common/err.h"
+
+static char err[512];
+
+/* Parses s and expects code with exactly msg; returns nothing. */
+static void expect_error(const char *s, int code, const char *msg)
+{
+	struct agent_task t;
+	int rc = agent_task_parse(s, strlen(s), &t, err, sizeof(err));
+
+	if (rc != code)
+		fail_msg("%s: expected %s, got %s (%s)", s, sw_errname(code), sw_errname(rc), err);
+	if (msg)
+		assert_string_equal(err, msg);
+	agent_task_free(&t);
+}
+
+static void test_ingest_text(void **state)
+{
+	static const char s[] = "{\"id\":\"doc-1\",\"kind\":\"ingest\",\"text\":\"hello world\"}";
+	struct agent_task t;
+
+	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
+	assert_string_equal(t.id, "doc-1");
+	assert_int_equal(t.kind, AGENT_KIND_INGEST);
+	assert_string_equal(t.text, "hello world");
+	assert_int_equal(t.text_len, 11);
+	assert_null(t.url);
+	assert_string_equal(t.source, "inline");
+	assert_null(t.callback_url);
+	agent_task_free(&t);
+	assert_null(t.root);
+	agent_task_free(&t); /* twice is fine */
+	agent_task_free(NULL);
+}
+
+static void test_ingest_url(void **state)
+{
+	static const char s[] = "{\"id\":\"a:b_c.d\",\"kind\":\"ingest\",\"url\":\"file:///tmp/x\","
+				"\"callback_url\":\"https://cb.example/done\"}";
+	struct agent_task t;
+
+	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
+	assert_string_equal(t.url, "file:///tmp/x");
+	assert_string_equal(t.source, "file:///tmp/x");
+	assert_string_equal(t.callback_url, "https://cb.example/done");
+	agent_task_free(&t);
+}
+
+static void test_summarize_and_answer(void **state)
+{
+	static const char s1[] = "{\"id\":\"s\",\"kind\":\"summarize\",\"document_id\":7}";
+	static const char s2[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"why?\","
+				 "\"top_k\":3,\"max_tokens\":64}";
+	static const char s3[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"how?\",\"document_id\":2}";
+	struct agent_task t;
+
+	assert_int_equal(agent_task_parse(s1, strlen(s1), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, AGENT_KIND_SUMMARIZE);
+	assert_int_equal(t.document_id, 7);
+	assert_int_equal(t.max_tokens, AGENT_TASK_DEFAULT_MAX_TOKENS);
+	agent_task_free(&t);
+
+	assert_int_equal(agent_task_parse(s2, strlen(s2), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, AGENT_KIND_ANSWER);
+	assert_string_equal(t.question, "why?");
+	assert_int_equal(t.question_len, 4);
+	assert_int_equal(t.top_k, 3);
+	assert_int_equal(t.max_tokens, 64);
+	assert_int_equal(t.document_id, 0);
+	agent_task_free(&t);
+
+	assert_int_equal(agent_task_parse(s3, strlen(s3), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.top_k, AGENT_TASK_DEFAULT_TOP_K);
+	assert_int_equal(t.document_id, 2);
+	agent_task_free(&t);
+	assert_string_equal(agent_task_kind_name(AGENT_KIND_ANSWER), "answer");
+	assert_string_equal(agent_task_kind_name((enum agent_task_kind)9), "unknown");
+}
+
+static void test_not_json(void **state)
+{
+	expect_error("{\"id\": \"x\",", SW_EFORMAT, NULL);
+	assert_non_null(strstr(err, "task: invalid JSON at line 1, column"));
+	expect_error("", SW_EFORMAT, NULL);
+}
+
+static void test_not_object(void **state)
+{
+	expect_error("[1,2]", SW_EFORMAT, "task: expected an object, got array");
+}
+
+static void test_duplicate_key(void **state)
+{
+	expect_error("{\"id\":\"a\",\"id\":\"b\"}", SW_EFORMAT, NULL);
+	assert_non_null(strstr(err, "duplicate"));
+}
+
+static void test_missing_id_keeps_no_id(void **state)
+{
+	struct agent_task t;
+	static const char s[] = "{\"kind\":\"ingest\",\"text\":\"x\"}";
+
+	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "task.id: missing");
+	assert_null(t.id);
+	agent_task_free(&t);
+}
+
+static void test_bad_id(void **state)
+{
+	char big[300];
+
+	expect_error("{\"id\":7,\"kind\":\"ingest\"}", SW_ETYPE, "task.id: expected a string, got integer");
+	expect_error("{\"id\":\"\",\"kind\":\"ingest\"}", -EINVAL, "task.id: must not be empty");
+	expect_error("{\"id\":\"a b\",\"kind\":\"ingest\"}", -EINVAL,
+		     "task.id: character 1 is not one of [A-Za-z0-9._:-]");
+	/* jansson refuses \u0000 in any string: no NUL reaches PostgreSQL. */
+	expect_error("{\"id\":\"a\\u0000b\",\"kind\":\"ingest\"}", SW_EFORMAT, NULL);
+	assert_non_null(strstr(err, "is not allowed"));
+	snprintf(big, sizeof(big), "{\"id\":\"%0200d\",\"kind\":\"ingest\"}", 1);
+	expect_error(big, SW_ETOOLONG, "task.id: 200 bytes exceeds the limit of 128");
+}
+
+static void test_unknown_kind_keeps_id(void **state)
+{
+	static const char s[] = "{\"id\":\"t9\",\"kind\":\"sumarize\",\"document_id\":1}";
+	struct agent_task t;
+
+	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err,
+			    "task.kind: unknown kind \"sumarize\" (expected ingest, summarize, answer)");
+	assert_string_equal(t.id, "t9"); /* the failure can be stored under it */
+	agent_task_free(&t);
+}
+
+static void test_kind_missing_or_wrong_type(void **state)
+{
+	expect_error("{\"id\":\"t\"}", -EINVAL, "task.kind: missing");
+	expect_error("{\"id\":\"t\",\"kind\":[]}", SW_ETYPE, "task.kind: expected a string, got array");
+}
+
+static void test_unknown_key(void **state)
+{
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"x\",\"colour\":1}", -EINVAL,
+		     "task.colour: unknown key for kind ingest");
+	/* A key of another kind is unknown here too. */
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":1,\"question\":\"q\"}",
+		     -EINVAL, "task.question: unknown key for kind summarize");
+}
+
+static void test_ingest_text_and_url(void **state)
+{
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\"}", -EINVAL,
+		     "task: kind ingest needs exactly one of text and url (neither given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"a\",\"url\":\"http://x/\"}", -EINVAL,
+		     "task: kind ingest needs exactly one of text and url (both given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":5}", SW_ETYPE,
+		     "task.text: expected a string, got integer");
+}
+
+static void test_bad_urls(void **state)
+{
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"url\":\"ftp://x/y\"}", -EINVAL,
+		     "task.url: unsupported scheme \"ftp\" (expected http, https, file)");
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"url\":\"example.com\"}", -EINVAL,
+		     "task.url: not a URL: \"example.com\"");
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"x\",\"callback_url\":\"file:///etc/passwd\"}",
+		     -EINVAL, "task.callback_url: unsupported scheme \"file\" (expected http, https)");
+}
+
+static void test_oversized(void **state)
+{
+	size_t n = AGENT_TASK_MAX_TEXT + 1, len;
+	char *s = malloc(n + 64), msg[128];
+	struct agent_task t;
+
+	assert_non_null(s);
+	len = (size_t)sprintf(s, "{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"");
+	memset(s + len, 'a', n);
+	len += n;
+	len += (size_t)sprintf(s + len, "\"}");
+	assert_int_equal(agent_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
+	snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
+		 AGENT_TASK_MAX_TEXT);
+	assert_string_equal(err, msg);
+	assert_string_equal(t.id, "t");
+	agent_task_free(&t);
+
+	/* The payload itself, before any parsing. */
+	assert_int_equal(agent_task_parse(s, AGENT_TASK_MAX_BYTES + 1, &t, err, sizeof(err)),
+			 SW_ETOOLONG);
+	snprintf(msg, sizeof(msg), "task: %u bytes exceeds the limit of %u",
+		 AGENT_TASK_MAX_BYTES + 1, AGENT_TASK_MAX_BYTES);
+	assert_string_equal(err, msg);
+	agent_task_free(&t);
+	free(s);
+}
+
+static void test_summarize_errors(void **state)
+{
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\"}", -EINVAL,
+		     "task.document_id: required for kind summarize");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":\"7\"}", SW_ETYPE,
+		     "task.document_id: expected an integer, got string");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":0}", -EINVAL,
+		     "task.document_id: expected an integer in [1, 9223372036854775807], got 0");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":1.5}",
+		     SW_ETYPE, "task.max_tokens: expected an integer, got number");
+}
+
+static void test_answer_errors(void **state)
+{
+	char big[AGENT_TASK_MAX_QUESTION + 100];
+
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\"}", -EINVAL,
+		     "task.question: required for kind answer");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":null}", SW_ETYPE,
+		     "task.question: expected a string, got null");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"top_k\":33}", -EINVAL,
+		     "task.top_k: expected an integer in [1, 32], got 33");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"top_k\":true}", SW_ETYPE,
+		     "task.top_k: expected an integer, got boolean");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"max_tokens\":0}", -EINVAL,
+		     "task.max_tokens: expected an integer in [1, 4096], got 0");
+	snprintf(big, sizeof(big), "{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"%0*d\"}",
+		 AGENT_TASK_MAX_QUESTION + 1, 0);
+	expect_error(big, SW_ETOOLONG, "task.question: 4097 bytes exceeds the limit of 4096");
+}
+
+static void test_null_payload(void **state)
+{
+	struct agent_task t;
+
+	assert_int_equal(agent_task_parse(NULL, 0, &t, err, sizeof(err)), -EINVAL);
+	agent_task_free(&t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_ingest_text),
+		cmocka_unit_test(test_ingest_url),
+		cmocka_unit_test(test_summarize_and_answer),
+		cmocka_unit_test(test_not_json),
+		cmocka_unit_test(test_not_object),
+		cmocka_unit_test(test_duplicate_key),
+		cmocka_unit_test(test_missing_id_keeps_no_id),
+		cmocka_unit_test(test_bad_id),
+		cmocka_unit_test(test_unknown_kind_keeps_id),
+		cmocka_unit_test(test_kind_missing_or_wrong_type),
+		cmocka_unit_test(test_unknown_key),
+		cmocka_unit_test(test_ingest_text_and_url),
+		cmocka_unit_test(test_bad_urls),
+		cmocka_unit_test(test_oversized),
+		cmocka_unit_test(test_summarize_errors),
+		cmocka_unit_test(test_answer_errors),
+		cmocka_unit_test(test_null_payload),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
