@@ -13,6 +13,10 @@
  *   "slow"         nothing until CANCEL
  *   "close"        one TOKENS batch, then the fake shuts the socket
  *   "corrupt"      the fake writes a corrupt ring head and rings
+ *   "badtokens"    a TOKENS record that does not decode, then as "slow"
+ *   "frameerr"     an ERROR frame (aux SW_EBUSY) with no ring record
+ *   "odd"          a record of an unknown type, one for an unknown id,
+ *                  then the normal answer
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -223,6 +227,27 @@ static bool fake_submit(struct fake *fk, const struct proto_frame *f, const uint
 		fake_tokens(fk, f->request_id, &id7, 1, "bye ");
 		shutdown(atomic_load(&fk->csock), SHUT_RDWR);
 		return false;
+	} else if (text_is(s0, "badtokens")) {
+		/* A TOKENS record too short to decode; then wait for the
+		 * client's CANCEL (answered, and dropped by the client). */
+		uint8_t junk[3] = { 1, 2, 3 };
+		fake_push(fk, PROTO_T_TOKENS, f->request_id, junk, sizeof(junk));
+		if (fk->n_held < FAKE_MAX_HELD)
+			fk->held[fk->n_held++] = f->request_id;
+	} else if (text_is(s0, "frameerr")) {
+		/* An ERROR frame without a ring record. */
+		struct proto_frame e;
+		proto_frame_init(&e, PROTO_T_ERROR, f->request_id);
+		e.aux = (uint32_t)-SW_EBUSY;
+		FAKE_OK(fk, proto_send_frame(atomic_load(&fk->csock), &e, -1));
+	} else if (text_is(s0, "odd")) {
+		/* A record type from the future and a record for an id that
+		 * does not exist, then a normal answer. */
+		uint8_t x[8] = { 0 };
+		fake_push(fk, 200, f->request_id, x, sizeof(x));
+		int32_t id9 = 9;
+		fake_tokens(fk, f->request_id + 100000, &id9, 1, "stray ");
+		fake_generate(fk, f->request_id, req);
 	} else if (text_is(s0, "corrupt")) {
 		/* A head that is not a multiple of 16: the consumer must
 		 * refuse it. */
@@ -1109,6 +1134,44 @@ static void test_corrupt_ring(void **state)
 	stream_fini(&s[1]);
 }
 
+static void test_odd_replies(void **state)
+{
+	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
+	struct proto_client *c = connect_ok(fk, NULL);
+	struct stream s[3];
+	uint64_t ids[3];
+	const char *modes[3] = { "badtokens", "frameerr", "odd" };
+	for (int i = 0; i < 3; i++) {
+		stream_init(&s[i]);
+		assert_int_equal(submit_stream(c, modes[i], 3, &s[i], &ids[i]), 0);
+		stream_wait(&s[i], true);
+		assert_int_equal(s[i].n_done, 1);
+		assert_int_equal(s[i].id, ids[i]);
+	}
+	/* An undecodable record ends its request and cancels it at gpud. */
+	assert_int_equal(s[0].status, SW_EFORMAT);
+	assert_int_equal(s[0].n_batches, 0);
+	wait_count(&fk->n_cancel, 1);
+	assert_int_equal(atomic_load(&fk->last_cancel_id), ids[0]);
+	/* A frame-level ERROR carries its code in aux. */
+	assert_int_equal(s[1].status, SW_EBUSY);
+	/* Unknown record types and ids are skipped. */
+	assert_int_equal(s[2].status, 0);
+	assert_string_equal(s[2].text, "t0 t1 t2 ");
+	assert_true(proto_client_alive(c));
+
+	/* The connection still works. */
+	char *json = NULL;
+	assert_int_equal(proto_client_stats(c, &json, g_err, sizeof(g_err)), 0);
+	free(json);
+	proto_client_close(c);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(s[i].n_done, 1);
+		stream_fini(&s[i]);
+	}
+	assert_int_equal(fake_stop(fk), 0);
+}
+
 static void test_generate_timeout(void **state)
 {
 	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
@@ -1202,6 +1265,7 @@ int main(void)
 		cmocka_unit_test(test_too_long),
 		cmocka_unit_test(test_concurrent_submits),
 		cmocka_unit_test(test_corrupt_ring),
+		cmocka_unit_test(test_odd_replies),
 		cmocka_unit_test(test_generate_timeout),
 		cmocka_unit_test(test_close_with_inflight),
 		cmocka_unit_test(test_close_wakes_blocked_caller),
