@@ -933,6 +933,17 @@ static int svc_mem(void *svc, uint32_t flags, char *buf, size_t cap, size_t *len
 	return 0;
 }
 
+#ifdef HAVE_METRICS
+/* GET /metrics, on the loop thread. */
+static int metrics_render(void *arg, char *buf, size_t cap, size_t *len)
+{
+	struct gpud_daemon *d = arg;
+
+	fill_snapshot(d, false);
+	return gpud_stats_prometheus(&d->snap, buf, cap, len);
+}
+#endif
+
 static const struct gpud_service_ops service_ops = {
 	.submit = svc_submit,
 	.embed = svc_embed,
@@ -1360,11 +1371,13 @@ static int server_build(struct gpud_daemon *d)
 		 (uint64_t)sp.stage_bytes, sp.priv_bytes);
 #ifdef HAVE_METRICS
 	if (g->metrics[0]) {
-		rc = gpud_metrics_create(&d->metrics, &d->loop, g->metrics, d, err, sizeof(err));
+		rc = gpud_metrics_create(&d->metrics, &d->loop, g->metrics, metrics_render, d, err,
+					 sizeof(err));
 		if (rc) {
 			log_error("metrics: %s", err);
 			return rc;
 		}
+		log_info("metrics: Prometheus text on %s (GET /metrics)", g->metrics);
 	}
 #else
 	if (g->metrics[0])
