@@ -79,6 +79,8 @@ struct entry {
 	enum entry_kind kind;
 	uint16_t req_type;  /* PROTO_T_SUBMIT, _TOKENIZE, ... */
 	bool sending;
+	bool replied;       /* a record came while `sending`: finish()
+			     * frees the span */
 	bool has_span;
 	uint64_t span_off;  /* in the request area */
 	struct proto_client_events ev;
@@ -446,6 +448,8 @@ static int finish(struct proto_client *c, uint32_t idx, uint64_t id, uint16_t ty
 	struct entry *e = &c->entries[idx];
 	e->sending = false;
 	c->n_sending--;
+	if (e->replied)
+		span_release(c, e);
 	if (e->kind == ENTRY_ENDED) {
 		/* Its replies all came in already (and were delivered). */
 		entry_release(c, idx);
@@ -504,7 +508,6 @@ static void end_request(struct proto_client *c, uint32_t idx, int status,
 		pthread_cond_broadcast(&c->reply);
 	}
 	if (e->sending) {
-		span_release(c, e);
 		e->kind = ENTRY_ENDED;
 	} else {
 		entry_release(c, idx);
@@ -635,8 +638,14 @@ static void dispatch(struct proto_client *c, const struct proto_record *rec)
 	}
 	uint32_t idx = (uint32_t)found;
 	struct entry *e = &c->entries[idx];
-	/* The first reply ends the loan of the request's bytes. */
-	span_release(c, e);
+	/* The first reply ends the loan of the request's bytes. While the
+	 * submitter is still in finish() the span is freed there, so that
+	 * its writes are ordered before the next owner's under c->mu (the
+	 * real order goes through gpud, which no race detector sees). */
+	if (e->sending)
+		e->replied = true;
+	else
+		span_release(c, e);
 
 	switch (rec->type) {
 	case PROTO_T_TOKENS: {
