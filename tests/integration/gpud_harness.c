@@ -222,10 +222,10 @@ bool gpud_it_running(struct gpud_it *d)
 static void tail_file(const char *path, int lines)
 {
 	FILE *f = fopen(path, "r");
-	long size, pos;
+	char *buf;
+	long size, from;
+	size_t n, start;
 	int seen = 0;
-	char buf[4096];
-	size_t n;
 
 	if (!f) {
 		fprintf(stderr, "    (%s: %s)\n", path, strerror(errno));
@@ -233,22 +233,31 @@ static void tail_file(const char *path, int lines)
 	}
 	fseek(f, 0, SEEK_END);
 	size = ftell(f);
-	/* Walk back to the start of the last `lines` lines. */
-	pos = size;
-	while (pos > 0 && seen <= lines) {
-		pos--;
-		fseek(f, pos, SEEK_SET);
-		if (fgetc(f) == '\n' && pos != size - 1)
-			seen++;
+	from = size > (1l << 20) ? size - (1l << 20) : 0; /* the last MiB is plenty */
+	fseek(f, from, SEEK_SET);
+	buf = malloc((size_t)(size - from) + 1);
+	if (!buf) {
+		fclose(f);
+		return;
 	}
-	if (seen > lines)
-		pos++;
-	fseek(f, pos, SEEK_SET);
-	while ((n = fread(buf, 1, sizeof(buf), f)) > 0)
-		fwrite(buf, 1, n, stderr);
-	if (size > 0)
-		fputc('\n', stderr);
+	n = fread(buf, 1, (size_t)(size - from), f);
 	fclose(f);
+	buf[n] = '\0';
+	/* back from the end over `lines` newlines (a final one not counted) */
+	start = n;
+	if (start > 0 && buf[start - 1] == '\n')
+		start--;
+	while (start > 0) {
+		if (buf[start - 1] == '\n' && ++seen == lines)
+			break;
+		start--;
+	}
+	if (n == 0)
+		fprintf(stderr, "    (%s is empty)\n", path);
+	fwrite(buf + start, 1, n - start, stderr);
+	if (n > 0 && buf[n - 1] != '\n')
+		fputc('\n', stderr);
+	free(buf);
 }
 
 void gpud_it_print_tail(const struct gpud_it *d, const char *what, int lines)
