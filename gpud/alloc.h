@@ -10,7 +10,10 @@
  * compiled (ASan owns malloc); the counts come from
  * __sanitizer_install_malloc_and_free_hooks instead. Without either,
  * gpud_alloc_hooked() is false and every count stays 0 (reports say
- * "not counted", never "0").
+ * "not counted", never "0"). Under valgrind memcheck bypasses the
+ * wrappers unless run with --soname-synonyms=somalloc=nouserintercepts
+ * (see alloc_hook.c); hooked() tells which, from a probe allocation made
+ * before main.
  *
  * Every thread has a role (thread-local, default OTHER). Counts are kept
  * per role, lock-free (relaxed atomics; the wrappers never allocate and

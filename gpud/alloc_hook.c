@@ -12,10 +12,15 @@
  * __sanitizer_install_malloc_and_free_hooks, which the sanitizer calls on
  * every user allocation and free (realloc shows as a malloc and a free).
  *
- * valgrind: memcheck replaces malloc in libc *and* in the main executable
- * (its default soname synonyms include the executable), so these wrappers
- * are not called. The constructor's probe sees that and
- * gpud_alloc_hooked() stays false: "not counted", not "0".
+ * valgrind (3.19, checked with --trace-redir=yes): memcheck redirects
+ * malloc in libc *and* in the main executable ("REDIR: (NONE:malloc)
+ * redirected to ... (malloc)"), so by default these wrappers are never
+ * called. The constructor's probe sees that and gpud_alloc_hooked() stays
+ * false: "not counted", not "0". With
+ * --soname-synonyms=somalloc=nouserintercepts memcheck leaves the
+ * executable's malloc alone: the wrappers run, forward to memcheck's
+ * __libc_* replacements, and counting works under valgrind too (memcheck's
+ * realloc always moves, so it counts as a free and an allocation).
  *
  * In both variants the constructor makes one probe allocation and sets
  * the hooked flag only if the counters moved.
