@@ -1,0 +1,201 @@
+/* ingest.c - text or URL -> token-aware chunks -> embeddings -> rows. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agentd/chunk.h"
+#include "agentd/tasks/tasks.h"
+#include "common/err.h"
+#include "common/log.h"
+
+#define DEFAULT_CHUNK_TOKENS 128
+
+/* Position of the first byte that breaks UTF-8, or len when valid. */
+static size_t utf8_invalid_at(const unsigned char *s, size_t len)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		unsigned char c = s[i];
+		size_t n;
+		uint32_t cp;
+
+		if (c < 0x80) {
+			if (c == 0)
+				return i;
+			i++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf) {
+			n = 1;
+			cp = c & 0x1f;
+		} else if (c >= 0xe0 && c <= 0xef) {
+			n = 2;
+			cp = c & 0x0f;
+		} else if (c >= 0xf0 && c <= 0xf4) {
+			n = 3;
+			cp = c & 0x07;
+		} else {
+			return i;
+		}
+		if (len - i <= n)
+			return i;
+		for (size_t k = 1; k <= n; k++) {
+			if ((s[i + k] & 0xc0) != 0x80)
+				return i;
+			cp = (cp << 6) | (s[i + k] & 0x3f);
+		}
+		if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
+		    (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+			return i;
+		i += n + 1;
+	}
+	return len;
+}
+
+struct counter {
+	const struct agent_llm *llm;
+	char *err;
+	size_t errlen;
+};
+
+static int count_cb(void *arg, const char *text, size_t len, uint32_t *n)
+{
+	struct counter *c = arg;
+
+	return c->llm->count_tokens(c->llm->ctx, text, len, n, c->err, c->errlen);
+}
+
+static void progress(struct agent_ctx *c)
+{
+	if (c->progress)
+		c->progress(c->progress_arg);
+}
+
+/* Embeds every chunk; all must have one width. */
+static int embed_all(struct agent_ctx *c, const char *text, const struct agent_chunk *ch,
+		     size_t n, float **vecs, uint32_t *dim, char *err, size_t errlen)
+{
+	for (size_t i = 0; i < n; i++) {
+		uint32_t d = 0;
+		int rc = c->llm->embed(c->llm->ctx, text + ch[i].off, ch[i].len, &vecs[i], &d, err,
+				       errlen);
+
+		if (rc)
+			return rc;
+		if (i == 0)
+			*dim = d;
+		else if (d != *dim)
+			return sw_seterr(err, errlen, SW_EFORMAT,
+					 "ingest: gpud returned embeddings of widths %u and %u", *dim,
+					 d);
+		progress(c);
+	}
+	return 0;
+}
+
+int agent_run_ingest(struct agent_ctx *c, const struct agent_task *t, char *location,
+		     size_t loclen, char *err, size_t errlen)
+{
+	struct counter cnt = { c->llm, err, errlen };
+	struct agent_chunk *ch = NULL;
+	float **vecs = NULL;
+	char *fetched = NULL;
+	const char *text = t->text;
+	size_t len = t->text_len, n = 0, bad;
+	uint32_t dim = 0, max = c->chunk_tokens ? c->chunk_tokens : DEFAULT_CHUNK_TOKENS;
+	int64_t doc_id;
+	bool created;
+	int rc;
+
+	if (t->url) {
+		struct agent_fetch_opts fo = c->fetch;
+
+		if (!fo.max_bytes)
+			fo.max_bytes = AGENT_TASK_MAX_TEXT;
+		rc = agent_fetch(t->url, &fo, &fetched, &len, err, errlen);
+		if (rc)
+			return rc;
+		text = fetched;
+	}
+	bad = utf8_invalid_at((const unsigned char *)text, len);
+	if (bad < len) {
+		rc = sw_seterr(err, errlen, SW_EFORMAT,
+			       "ingest: the document is not UTF-8 text (byte %zu of %zu)", bad, len);
+		goto out;
+	}
+
+	/* The same text stored before (by any task): nothing to do. */
+	rc = agent_db_doc_find(c->db, text, len, &doc_id, err, errlen);
+	if (rc == 0) {
+		log_info("task %s: document already stored as %" PRId64, t->id, doc_id);
+		goto done;
+	}
+	if (rc != SW_ENOTFOUND)
+		goto out;
+
+	rc = agent_chunk_text(text, len, max, c->chunk_overlap, count_cb, &cnt, &ch, &n, err, errlen);
+	if (rc)
+		goto out;
+	if (n == 0) {
+		rc = sw_seterr(err, errlen, -EINVAL, "ingest: the document has no text");
+		goto out;
+	}
+	vecs = calloc(n, sizeof(*vecs));
+	if (!vecs) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "ingest: out of memory");
+		goto out;
+	}
+	rc = embed_all(c, text, ch, n, vecs, &dim, err, errlen);
+	if (rc)
+		goto out;
+	rc = agent_db_embedding_prepare(c->db, dim, err, errlen);
+	if (rc)
+		goto out;
+
+	rc = agent_db_begin(c->db, err, errlen);
+	if (rc)
+		goto out;
+	rc = agent_db_doc_insert(c->db, t->id, t->source, text, len, (int)n, &doc_id, &created, err,
+				 errlen);
+	if (rc)
+		goto out_rollback;
+	if (!created) { /* another worker stored the same text meanwhile */
+		agent_db_rollback(c->db);
+		goto done;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char *piece = strndup(text + ch[i].off, ch[i].len);
+
+		if (!piece) {
+			rc = sw_seterr(err, errlen, -ENOMEM, "ingest: out of memory");
+			goto out_rollback;
+		}
+		rc = agent_db_chunk_insert(c->db, doc_id, (int)i, piece, (int)ch[i].n_tokens, vecs[i],
+					   dim, err, errlen);
+		free(piece);
+		if (rc)
+			goto out_rollback;
+	}
+	rc = agent_db_commit(c->db, err, errlen);
+	if (rc)
+		goto out;
+	log_info("task %s: document %" PRId64 " stored, %zu chunks, embedding width %u", t->id,
+		 doc_id, n, dim);
+done:
+	snprintf(location, loclen, "documents/%" PRId64, doc_id);
+	rc = 0;
+	goto out;
+out_rollback:
+	agent_db_rollback(c->db);
+out:
+	if (vecs)
+		for (size_t i = 0; i < n; i++)
+			free(vecs[i]);
+	free(vecs);
+	free(ch);
+	free(fetched);
+	return rc;
+}

@@ -1,0 +1,80 @@
+/* tasks.h - the three task kinds (issue 5, DESIGN §6).
+ *
+ * Each runs one parsed task against PostgreSQL (struct agent_db) and gpud
+ * (struct agent_llm) and, on success, writes where the result is into
+ * location ("documents/12", "summaries/12", "answers/<task id>").
+ *
+ * Idempotence: running a task twice (a redelivery) writes nothing twice.
+ * ingest keys the document by content hash and stores it with all its
+ * chunks in one transaction; summarize keys every partial summary by
+ * (document, level, position) and commits each as it is made, so a
+ * rerun resumes where the last one stopped; answer stores one row per
+ * task id.
+ *
+ * Errors: 0 or a negative code with a message. SW_ECLOSED (PostgreSQL or
+ * gpud gone) and SW_EBUSY (gpud full) mean "retry the task in hand after
+ * a reconnect"; agent_error_permanent() tells the errors a retry cannot
+ * cure (the task is then failed and acknowledged); everything else is
+ * worth another delivery, up to max_attempts.
+ */
+#ifndef AGENT_TASKS_H
+#define AGENT_TASKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "agentd/db.h"
+#include "agentd/fetch.h"
+#include "agentd/llm.h"
+#include "agentd/task.h"
+
+#define AGENT_LOCATION_MAX 256
+
+struct agent_ctx {
+	struct agent_db *db;
+	const struct agent_llm *llm;
+	struct agent_fetch_opts fetch;  /* ingest by URL */
+	uint32_t chunk_tokens;          /* 0 = 128 */
+	uint32_t chunk_overlap;         /* tokens; must be < chunk_tokens */
+	uint32_t summary_fanin;         /* summaries per reduce step; 0 = 4 */
+	/* Called between steps (each chunk, each partial summary) so the
+	 * worker can refresh its lease and heartbeat. May be NULL. */
+	void (*progress)(void *arg);
+	void *progress_arg;
+};
+
+int agent_run_ingest(struct agent_ctx *c, const struct agent_task *t, char *location,
+		     size_t loclen, char *err, size_t errlen);
+int agent_run_summarize(struct agent_ctx *c, const struct agent_task *t, char *location,
+			size_t loclen, char *err, size_t errlen);
+int agent_run_answer(struct agent_ctx *c, const struct agent_task *t, char *location,
+		     size_t loclen, char *err, size_t errlen);
+
+/* Dispatches on t->kind. */
+int agent_run_task(struct agent_ctx *c, const struct agent_task *t, char *location,
+		   size_t loclen, char *err, size_t errlen);
+
+/* True for errors no retry can cure: malformed or invalid input, a
+ * document that does not exist, a request that can never fit. */
+bool agent_error_permanent(int code);
+
+/* True for errors that mean "a server is away or full": retry the task
+ * in hand after a reconnect, without counting an attempt. */
+bool agent_error_outage(int code);
+
+/* The generation prompt of an answer (exposed for tests): segments
+ * [system, chunk 1..k, question] and a mask in which every chunk sees
+ * only the system prompt and itself, the question sees everything, and
+ * G sees the chunks and the question but not the system prompt. The
+ * arrays are the caller's (n_chunks + 2 segments, n_chunks + 3 rows, and
+ * 3 * n_chunks + 8 + n_chunks indices at least). */
+void agent_answer_prompt(const char *system, const char *const *chunks, const size_t *chunk_len,
+			 uint32_t n_chunks, const char *question, size_t question_len,
+			 struct proto_segment *seg, struct gpud_mask_row *rows, uint16_t *idx,
+			 struct gpud_mask_desc *mask);
+
+/* Greedy sampling, no penalties (no link to gpud's sampler code). */
+void agent_sampling_default(struct gpud_sampler_params *p);
+
+#endif
