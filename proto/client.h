@@ -18,7 +18,9 @@
  * a time, in the order the records arrive; they must not call
  * proto_client_close on their own connection, and should be quick (they
  * hold up every other request of the connection). They may call
- * proto_client_cancel and proto_client_submit.
+ * proto_client_cancel and proto_client_submit; a submit from a callback
+ * never waits for room (the room is freed by the thread it runs on): it
+ * returns SW_EBUSY at once when the table or the request area is full.
  *
  * Errors: functions return 0 or a negative code (common/err.h) with a
  * message in err. Codes from gpud's ERROR replies are passed through
@@ -65,6 +67,7 @@ void proto_client_opts_default(struct proto_client_opts *o);
  *   SW_EVERSION               gpud speaks another protocol version (the
  *                             message names both versions);
  *   SW_EFORMAT / -EPERM       a bad reply or region;
+ *   SW_ETOOLONG               the region is larger than opts.max_region;
  *   SW_EBUSY                  timeout_ms passed;
  *   other negated errnos.
  * *out is NULL on error and nothing stays open. */

@@ -25,6 +25,7 @@
 
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -600,6 +601,17 @@ static void wait_count(atomic_int *v, int n)
 	}
 }
 
+/* Waits until the fake has accepted its connection (hang guard). */
+static void wait_count_fd(struct fake *fk)
+{
+	uint64_t give_up = sw_now_ms() + 60000;
+	while (atomic_load(&fk->csock) < 0) {
+		if (sw_now_ms() > give_up)
+			fail_msg("the fake never accepted");
+		sw_sleep_ms(1);
+	}
+}
+
 /* --- tests ------------------------------------------------------------------ */
 
 static void test_connect_generate_stream(void **state)
@@ -849,6 +861,39 @@ static void test_not_listening(void **state)
 			 -ENAMETOOLONG);
 	proto_client_close(NULL);
 	assert_false(proto_client_alive(NULL));
+}
+
+/* Open descriptors of this process (to prove a failed connect leaks none). */
+static int count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	assert_non_null(d);
+	int n = 0;
+	struct dirent *e;
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+static void test_region_too_large(void **state)
+{
+	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
+	struct proto_client_opts o;
+	proto_client_opts_default(&o);
+	o.max_region = 4096;
+	struct proto_client *c = NULL;
+	int before = count_fds();
+	assert_int_equal(proto_client_connect(&c, fk->path, &o, g_err, sizeof(g_err)),
+			 SW_ETOOLONG);
+	assert_null(c);
+	assert_non_null(strstr(g_err, "region"));
+	/* The fake's accepted socket and its own memfd are the only new
+	 * descriptors: the client closed its socket and its copy of the
+	 * region's memfd. */
+	wait_count_fd(fk);
+	assert_int_equal(count_fds(), before + 2);
+	assert_int_equal(fake_stop(fk), 0);
 }
 
 static void test_connect_timeout(void **state)
@@ -1258,6 +1303,7 @@ int main(void)
 		cmocka_unit_test(test_error_reply),
 		cmocka_unit_test(test_version_mismatch),
 		cmocka_unit_test(test_not_listening),
+		cmocka_unit_test(test_region_too_large),
 		cmocka_unit_test(test_connect_timeout),
 		cmocka_unit_test(test_server_closes_midstream),
 		cmocka_unit_test(test_cancel),
