@@ -52,6 +52,7 @@
  * writes it (under c->mu) until `done`, or until the caller detaches it
  * after a timeout. */
 struct waiter {
+	pthread_cond_t cv;  /* signalled when done */
 	bool done;
 	int status;
 	char *text;         /* generated text or JSON, NUL-terminated */
@@ -112,7 +113,8 @@ struct proto_client {
 
 	pthread_mutex_t mu;
 	pthread_cond_t room;     /* an entry or span freed; the connection died */
-	pthread_cond_t reply;    /* a waiter done, a sender finished, a caller left */
+	pthread_cond_t reply;    /* a sender finished, a caller left */
+	pthread_condattr_t cattr; /* CLOCK_MONOTONIC, for every condvar */
 	pthread_mutex_t send_mu;
 
 	atomic_bool dead;
@@ -505,7 +507,7 @@ static void end_request(struct proto_client *c, uint32_t idx, int status,
 			snprintf(w->msg, sizeof(w->msg), "%s",
 				 buf[0] ? buf : sw_strerror(w->status));
 		w->done = true;
-		pthread_cond_broadcast(&c->reply);
+		pthread_cond_signal(&w->cv);
 	}
 	if (e->sending) {
 		e->kind = ENTRY_ENDED;
@@ -885,6 +887,7 @@ static void client_free(struct proto_client *c)
 		pthread_mutex_destroy(&c->send_mu);
 		pthread_cond_destroy(&c->room);
 		pthread_cond_destroy(&c->reply);
+		pthread_condattr_destroy(&c->cattr);
 	}
 	free(c->entries);
 	free(c->free_idx);
@@ -917,15 +920,13 @@ static int client_alloc(struct proto_client **out, const struct proto_client_opt
 		c->free_idx[i] = o->max_inflight - 1 - i;
 	c->n_free = o->max_inflight;
 
-	pthread_condattr_t ca;
-	if (pthread_condattr_init(&ca))
+	if (pthread_condattr_init(&c->cattr))
 		goto out_free;
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_condattr_setclock(&c->cattr, CLOCK_MONOTONIC);
 	pthread_mutex_init(&c->mu, NULL);
 	pthread_mutex_init(&c->send_mu, NULL);
-	pthread_cond_init(&c->room, &ca);
-	pthread_cond_init(&c->reply, &ca);
-	pthread_condattr_destroy(&ca);
+	pthread_cond_init(&c->room, &c->cattr);
+	pthread_cond_init(&c->reply, &c->cattr);
 	c->mu_init = true;
 	*out = c;
 	return 0;
@@ -1210,7 +1211,7 @@ static void wait_done(struct proto_client *c, uint32_t idx, uint64_t id, uint16_
 	bool timed_out = false;
 	pthread_mutex_lock(&c->mu);
 	while (!w->done) {
-		if (cond_wait_until(&c->reply, &c->mu, has_dl ? &ts : NULL) == SW_EBUSY &&
+		if (cond_wait_until(&w->cv, &c->mu, has_dl ? &ts : NULL) == SW_EBUSY &&
 		    !w->done) {
 			struct entry *e = &c->entries[idx];
 			e->kind = ENTRY_ORPHAN;
@@ -1243,6 +1244,7 @@ static int call(struct proto_client *c, uint16_t type, const struct req_args *a,
 	int rc = caller_enter(c, err, errlen);
 	if (rc)
 		return rc;
+	pthread_cond_init(&w->cv, &c->cattr);
 	rc = start(c, type, a, NULL, w, &idx, &id, err, errlen);
 	if (!rc) {
 		wait_done(c, idx, id, type, w);
@@ -1250,6 +1252,9 @@ static int call(struct proto_client *c, uint16_t type, const struct req_args *a,
 		if (rc)
 			sw_seterr(err, errlen, rc, "%s", w->msg[0] ? w->msg : sw_strerror(rc));
 	}
+	/* Whoever signalled did so holding c->mu, which wait_done took
+	 * after it: nobody touches cv any more. */
+	pthread_cond_destroy(&w->cv);
 	caller_leave(c);
 	return rc;
 }
