@@ -35,6 +35,13 @@ static void *(*volatile v_valloc)(size_t) = valloc;
 #else
 #define SANITIZED 0
 #endif
+/* GCC 12's TSan runs no malloc hook for the aligned family and answers
+ * realloc(p, 0) with a new block: those counts are not asserted there. */
+#if defined(__SANITIZE_THREAD__)
+#define TSAN 1
+#else
+#define TSAN 0
+#endif
 
 static bool under_valgrind(void)
 {
@@ -120,6 +127,8 @@ static void test_each_call_counted(void **state)
 	assert_int_equal(D_BYTES(a, b, r), 63);
 	v_free(p);
 
+	if (TSAN)
+		return;
 	a = counts();
 	assert_int_equal(v_posix_memalign(&p, 64, 200), 0);
 	b = counts();
@@ -221,11 +230,14 @@ static void test_realloc_rules(void **state)
 	a = counts();
 	q = v_realloc(p, 0); /* glibc frees */
 	b = counts();
-	if (q) /* another libc might return a minimal block */
+	if (q) { /* TSan (and other libcs) return a minimal block */
+		assert_true(D_ALLOCS(a, b, r) <= 1);
 		v_free(q);
-	else
+	} else {
 		assert_int_equal(D_FREES(a, b, r), 1);
-	assert_int_equal(D_ALLOCS(a, b, r), 0);
+		if (!TSAN)
+			assert_int_equal(D_ALLOCS(a, b, r), 0);
+	}
 }
 
 struct role_job {
