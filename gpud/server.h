@@ -16,9 +16,13 @@
  * connection slots (libuv handles, receive buffers, write requests), and
  * max_requests request slots (struct gpud_sreq), each with the storage to
  * decode a SUBMIT (struct proto_submit), a staging buffer of stage_bytes
- * and priv_bytes for the service. Accepting a connection creates its
- * memfd region (memfd_create + ftruncate + mmap: system calls, no malloc);
- * after that, frames, requests and replies allocate nothing.
+ * and priv_bytes for the service. A connection's HELLO creates its memfd
+ * region (memfd_create + ftruncate + mmap, plus proto_shm's two small
+ * handles: the only allocations of a connection, and libuv's when a client
+ * sends descriptors); after that, frames, requests and replies allocate
+ * nothing (server_test counts it).
+ *
+ * The process must ignore SIGPIPE (libuv writes doorbells with write(2)).
  *
  * Backpressure, never unbounded queues:
  *  - a SUBMIT or EMBED beyond max_per_connection requests in flight on its
@@ -34,7 +38,11 @@
  *    slot has room for one final record) and delivered when the client
  *    reads again, or dropped with the connection;
  *  - a request whose final record has waited stall_ms is abandoned and
- *    the connection is closed (a client that never reads).
+ *    the connection is closed (a client that never reads);
+ *  - errors the server makes itself (limits, decoders, bad frames) wait in
+ *    a small queue per connection (8) while the ring is full; a client
+ *    that lets that fill is closed. A TOKENIZE/STATS/MEM reply that does
+ *    not fit the ring now is answered ERROR SW_EBUSY instead.
  *
  * Errors on the wire: a frame that fails proto_frame_decode is answered
  * with an ERROR for its request id (SW_EFORMAT / SW_EUNSUPPORTED, message
@@ -98,8 +106,13 @@ struct gpud_service_ops {
 		      char *err, size_t errlen);
 	int (*embed)(void *svc, struct gpud_sreq *r, const struct proto_text_req *req,
 		     char *err, size_t errlen);
-	/* Client CANCEL, or its connection closed. Called at most once per
-	 * request, only before it has ended. */
+	/* Client CANCEL, its connection closed, or gpud_server_cancel_all.
+	 * Called at most once per request, never for one that had ended
+	 * when the server decided to cancel it; but the service may end it
+	 * on another thread while this call runs (the call is made with no
+	 * lock held). The slot, and its priv area, stay valid and are not
+	 * reused until cancel returns, so the service can check its own
+	 * state there. */
 	void (*cancel)(void *svc, struct gpud_sreq *r);
 	/* Synchronous (quick) requests: the service writes the reply into
 	 * caller buffers. tokenize writes at most cap ids and sets *n (return
@@ -136,11 +149,13 @@ void gpud_server_cancel_all(struct gpud_server *s);
 /* Requests accepted and not yet ended. Any thread. */
 uint32_t gpud_server_in_flight(const struct gpud_server *s);
 
-/* Stops listening, closes every connection (cancelling their requests),
- * and closes the server's handles; after the loop has run them closed
- * (uv_run until no more handles of the server), gpud_server_destroy frees
- * everything. The service must have ended every request by then
- * (gpud_server_in_flight() == 0). */
+/* Stops listening, removes the socket file (when this server bound it),
+ * closes every connection (cancelling their requests), and closes the
+ * server's handles; after the loop has run them closed (uv_run until no
+ * more handles of the server), gpud_server_destroy frees everything. The
+ * service must have ended every request by then (gpud_server_in_flight()
+ * == 0). destroy without close (a failed start) closes and runs the loop
+ * (UV_RUN_NOWAIT) until the server's handles are closed. */
 void gpud_server_close(struct gpud_server *s);
 void gpud_server_destroy(struct gpud_server *s); /* accepts NULL */
 
@@ -175,7 +190,10 @@ void *gpud_sreq_priv(struct gpud_sreq *r);
 /* Any thread. Streams a token batch (ids and the text they released).
  * Returns 0; SW_ECLOSED when the connection is gone, SW_EBUSY when the
  * client has stopped reading (ring and staging full): in both cases the
- * service should end the request (the batch is dropped). */
+ * service should end the request (the batch is dropped). Also SW_ETOOLONG
+ * for a batch larger than one ring record (ring_bytes / 2 - 16) and
+ * -EINVAL for NULL data with a nonzero count: the batch is dropped, the
+ * request goes on. */
 int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids,
 		     const char *text, size_t len);
 
