@@ -20,7 +20,9 @@
  * token) back through a pipe; the parent merges them and prints requests,
  * errors by code, prompt/generated tokens, tokens/s over the wall time
  * (first start to last end, CLOCK_MONOTONIC is shared by the processes),
- * latency and TTFT p50/p99 (nearest rank, successful requests only), then
+ * latency and TTFT p50/p99 (nearest rank, successful requests only), the
+ * p50/p99 of gpud's own timings from the DONE usage (queue, prefill,
+ * decode: where the latency went), then
  * the daemon's STATS after the run: allocations since warm-up, pools,
  * caches, and the change of its request and token counters during the run
  * next to the tool's own counts (they agree when nothing else uses the
@@ -83,6 +85,7 @@ struct sample {
 	uint32_t streamed_tokens; /* ids received in TOKENS records */
 	float latency_us;         /* submit to DONE/ERROR */
 	float ttft_us;            /* submit to the first TOKENS record; < 0 none */
+	float queue_us, prefill_us, decode_us; /* DONE usage: gpud's own timings */
 };
 
 /* Head of a process's report, followed by n samples. */
@@ -165,6 +168,9 @@ static void finish(struct slot *s, int status, const struct proto_done *usage)
 		x->prompt_tokens = usage->prompt_tokens;
 		x->cached_tokens = usage->cached_prompt_tokens;
 		x->generated_tokens = usage->generated_tokens;
+		x->queue_us = (float)usage->queue_us;
+		x->prefill_us = (float)usage->prefill_us;
+		x->decode_us = (float)usage->decode_us;
 	}
 	x->streamed_tokens = s->streamed;
 	x->latency_us = (float)((bench_now() - s->t0) * 1e6);
@@ -541,7 +547,17 @@ struct summary {
 	double wall_s;
 	double lat_p50, lat_p99, lat_max, ttft_p50, ttft_p99, ttft_max;
 	uint64_t n_ttft;
+	/* p50, p99 in ms of gpud's usage timings (successful requests) */
+	double queue[2], prefill[2], decode[2];
 };
+
+/* Sorts v (n > 0) and stores its p50 and p99 in ms (v in µs). */
+static void p50_p99(float *v, size_t n, double out[2])
+{
+	qsort(v, n, sizeof(float), cmp_float);
+	out[0] = pct(v, n, 50) / 1e3;
+	out[1] = pct(v, n, 99) / 1e3;
+}
 
 static void summarize(const struct sample *s, size_t n, double wall, struct summary *out)
 {
@@ -586,6 +602,24 @@ static void summarize(const struct sample *s, size_t n, double wall, struct summ
 		out->ttft_max = ttft[nt - 1] / 1e3;
 	}
 	out->n_ttft = nt;
+	/* gpud's timings, reusing lat (nl entries, all successful). */
+	if (lat && nl) {
+		size_t k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status)
+				lat[k++] = s[i].queue_us;
+		p50_p99(lat, k, out->queue);
+		k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status)
+				lat[k++] = s[i].prefill_us;
+		p50_p99(lat, k, out->prefill);
+		k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status)
+				lat[k++] = s[i].decode_us;
+		p50_p99(lat, k, out->decode);
+	}
 	free(lat);
 	free(ttft);
 }
@@ -629,6 +663,9 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 	printf("latency ms: p50 %.2f  p99 %.2f  max %.2f\n", m->lat_p50, m->lat_p99, m->lat_max);
 	printf("ttft ms:    p50 %.2f  p99 %.2f  max %.2f  (%" PRIu64 " requests streamed "
 	       "tokens)\n", m->ttft_p50, m->ttft_p99, m->ttft_max, m->n_ttft);
+	printf("gpud usage ms: queue p50 %.2f p99 %.2f; prefill p50 %.2f p99 %.2f; "
+	       "decode p50 %.2f p99 %.2f\n",
+	       m->queue[0], m->queue[1], m->prefill[0], m->prefill[1], m->decode[0], m->decode[1]);
 	if (!after) {
 		printf("daemon stats: unavailable\n");
 		return;
@@ -703,6 +740,11 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 							  "p99", m->lat_p99, "max", m->lat_max));
 	json_object_set_new(root, "ttft_ms", json_pack("{s:f,s:f,s:f}", "p50", m->ttft_p50,
 						       "p99", m->ttft_p99, "max", m->ttft_max));
+	json_object_set_new(root, "usage_ms",
+			    json_pack("{s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "queue", "p50",
+				      m->queue[0], "p99", m->queue[1], "prefill", "p50",
+				      m->prefill[0], "p99", m->prefill[1], "decode", "p50",
+				      m->decode[0], "p99", m->decode[1]));
 	if (before && after) {
 		for (size_t i = 0; i < N_DELTA; i++)
 			json_object_set_new(d, delta_keys[i],
