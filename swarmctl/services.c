@@ -61,7 +61,9 @@ const char *sc_service_name(enum sc_service s)
 
 void sc_path(const struct sc_env *e, const char *rel, char *out, size_t cap)
 {
-	snprintf(out, cap, "%s/%s", e->state_dir, rel);
+	/* state_dir is bounded at init so that every path swarmctl forms in
+	 * it fits; a truncation here would be a bug, and shows as ENOENT */
+	(void)put(out, cap, "%s/%s", e->state_dir, rel);
 }
 
 bool sc_service_managed(const struct sc_env *e, enum sc_service s)
@@ -92,14 +94,14 @@ static void find_bin(const char *env_var, const char *dir, const char *name, cha
 		self[n] = '\0';
 		char *d = dirname(self);
 
-		snprintf(cand, sizeof(cand), "%s/../%s/%s", d, dir, name);
+		(void)put(cand, sizeof(cand), "%s/../%s/%s", d, dir, name);
 		if (is_exec(cand)) {
-			snprintf(out, cap, "%s", cand);
+			(void)put(out, cap, "%s", cand);
 			return;
 		}
-		snprintf(cand, sizeof(cand), "%s/%s", d, name);
+		(void)put(cand, sizeof(cand), "%s/%s", d, name);
 		if (is_exec(cand)) {
-			snprintf(out, cap, "%s", cand);
+			(void)put(out, cap, "%s", cand);
 			return;
 		}
 	}
@@ -552,7 +554,7 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 		char *argv[] = { pgctl, "-D", data, "-l", log, "-w", "-t", t, "-o", opts, "start",
 				 NULL };
 
-		rc = sc_run(argv, NULL, e->pg_os_user);
+		rc = sc_run(argv, log, e->pg_os_user);
 	}
 	if (rc != 0)
 		return fail_with_log(err, errlen, -EIO, log, "%s did not start", "postgres");
@@ -560,14 +562,14 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 	if (rc) {
 		char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "stop", NULL };
 
-		sc_run(argv, NULL, e->pg_os_user);
+		sc_run(argv, log, e->pg_os_user);
 	}
 	return rc;
 }
 
 static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errlen)
 {
-	char data[PATH_MAX + 32], pgctl[PATH_MAX + 16];
+	char data[PATH_MAX + 32], pgctl[PATH_MAX + 16], log[PATH_MAX + 32];
 	pid_t pid = pg_pid(e);
 	int rc;
 
@@ -577,7 +579,8 @@ static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errle
 	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
 	char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "-t", "30", "stop", NULL };
 
-	rc = sc_run(argv, NULL, e->pg_os_user);
+	log_path(e, "postgres", log, sizeof(log));
+	rc = sc_run(argv, log, e->pg_os_user);
 	if (rc == 0 && !pg_pid(e))
 		return 0;
 	rc = sc_stop_pid(pid, SIGQUIT, 5000, killed);
