@@ -11,6 +11,8 @@
  * here would hide allocations from it. Instead a constructor installs
  * __sanitizer_install_malloc_and_free_hooks, which the sanitizer calls on
  * every user allocation and free (realloc shows as a malloc and a free).
+ * GCC 12's TSan runs no hook for posix_memalign/aligned_alloc/memalign:
+ * under TSan those are not counted.
  *
  * valgrind (3.19, checked with --trace-redir=yes): memcheck redirects
  * malloc in libc *and* in the main executable ("REDIR: (NONE:malloc)

@@ -121,6 +121,14 @@ static void json_watchdog(struct gpud_jsonw *w, const struct gpud_stats_snapshot
 	gpud_jsonw_obj_end(w);
 }
 
+void gpud_stats_fill_alloc(struct gpud_stats_snapshot *s)
+{
+	s->alloc_counted = gpud_alloc_hooked();
+	s->alloc_warm = gpud_alloc_warm();
+	gpud_alloc_counts(&s->alloc_total);
+	gpud_alloc_since_warmup(&s->alloc_since_warmup);
+}
+
 int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, size_t cap,
 		    size_t *len)
 {

@@ -112,6 +112,10 @@ struct gpud_stats_snapshot {
 	const char *dump_path;                  /* MEM with an owner dump, else NULL */
 };
 
+/* Fills the alloc_* fields of s from gpud/alloc.h (counted = hooked()).
+ * Any thread; never allocates. */
+void gpud_stats_fill_alloc(struct gpud_stats_snapshot *s);
+
 /* Renders the STATS object (mem false) or the MEM object (mem true) into
  * buf (cap bytes, not NUL-terminated; *len bytes written). Strings are
  * escaped. Returns 0, SW_ETOOLONG when cap is too small (nothing usable

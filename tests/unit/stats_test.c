@@ -614,6 +614,27 @@ static void test_no_allocation(void **state)
 		assert_int_equal(b.host_allocs[r] - a.host_allocs[r], 0);
 }
 
+static void test_fill_alloc(void **state)
+{
+	static struct gpud_stats_snapshot s;
+	struct gpud_alloc_counts c;
+
+	(void)state;
+	memset(&s, 0xff, sizeof(s));
+	gpud_alloc_device_note(0, 321);
+	gpud_stats_fill_alloc(&s);
+	assert_int_equal(s.alloc_counted, gpud_alloc_hooked());
+	assert_int_equal(s.alloc_warm, gpud_alloc_warm());
+	gpud_alloc_counts(&c);
+	assert_true(s.alloc_total.device_allocs >= 1);
+	assert_int_equal(s.alloc_total.device_allocs, c.device_allocs);
+	assert_int_equal(s.alloc_total.device_bytes, c.device_bytes);
+	if (!gpud_alloc_warm())
+		assert_int_equal(s.alloc_since_warmup.device_allocs, 0);
+	if (gpud_alloc_hooked()) /* the process has allocated by now (setup's buffer) */
+		assert_true(s.alloc_total.host_allocs[GPUD_ALLOC_OTHER] > 0);
+}
+
 static void test_jsonw_misuse(void **state)
 {
 	struct gpud_jsonw w;
@@ -680,6 +701,7 @@ int main(void)
 		cmocka_unit_test(test_too_small),
 		cmocka_unit_test(test_worst_case_size),
 		cmocka_unit_test(test_no_allocation),
+		cmocka_unit_test(test_fill_alloc),
 		cmocka_unit_test(test_jsonw_misuse),
 	};
 
