@@ -682,6 +682,21 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 		printf("check against the daemon (completed, prompt and generated tokens): %s\n",
 		       match ? "match" : "MISMATCH (another client, or a miscount)");
 	}
+	/* Per device during the run: steps and tokens per step show how much
+	 * the scheduler batched. */
+	json_t *da = json_object_get(after, "devices"), *db = json_object_get(before, "devices");
+	for (size_t i = 0; i < json_array_size(da); i++) {
+		const json_t *a = json_array_get(da, i), *b = json_array_get(db, i);
+		json_int_t steps = jget(a, "steps") - (b ? jget(b, "steps") : 0);
+		json_int_t toks = jget(a, "tokens") - (b ? jget(b, "tokens") : 0);
+		json_int_t gen = jget(a, "generated") - (b ? jget(b, "generated") : 0);
+		json_int_t pre = jget(a, "preemptions") - (b ? jget(b, "preemptions") : 0);
+		printf("device %s during the run: steps %" JSON_INTEGER_FORMAT
+		       " tokens %" JSON_INTEGER_FORMAT " generated %" JSON_INTEGER_FORMAT
+		       " preemptions %" JSON_INTEGER_FORMAT " tokens/step %.1f\n",
+		       json_string_value(json_object_get(a, "name")) ?: "?", steps, toks, gen, pre,
+		       steps > 0 ? (double)toks / (double)steps : 0.0);
+	}
 	printf("alloc since warm-up:");
 	for (size_t i = 0; i < sizeof(alloc_keys) / sizeof(alloc_keys[0]); i++) {
 		char k[64];
@@ -751,6 +766,21 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 					    json_integer(delta(before, after, delta_keys[i])));
 	}
 	json_object_set_new(root, "daemon_delta", d);
+	json_t *devs = json_array();
+	json_t *da = json_object_get(after, "devices"), *db = json_object_get(before, "devices");
+	for (size_t i = 0; i < json_array_size(da); i++) {
+		const json_t *a = json_array_get(da, i), *b = json_array_get(db, i);
+		json_array_append_new(
+			devs, json_pack("{s:s?,s:I,s:I,s:I,s:I}",
+					"name", json_string_value(json_object_get(a, "name")),
+					"steps", jget(a, "steps") - (b ? jget(b, "steps") : 0),
+					"tokens", jget(a, "tokens") - (b ? jget(b, "tokens") : 0),
+					"generated",
+					jget(a, "generated") - (b ? jget(b, "generated") : 0),
+					"preemptions",
+					jget(a, "preemptions") - (b ? jget(b, "preemptions") : 0)));
+	}
+	json_object_set_new(root, "devices_delta", devs);
 	if (after) {
 		json_object_set(root, "alloc", json_object_get(after, "alloc"));
 		json_object_set(root, "pools", json_object_get(after, "pools"));
