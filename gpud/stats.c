@@ -349,10 +349,10 @@ static void labelled_u64(struct prom *o, const char *name, const char *type, con
 	}
 }
 
-static void prom_alloc(struct prom *o, const char *name, const char *help,
+static void prom_alloc(struct prom *o, const char *name, const char *type, const char *help,
 		       const struct gpud_alloc_counts *c, bool bytes)
 {
-	family(o, name, bytes ? "counter" : "gauge", help);
+	family(o, name, type, help);
 	for (int r = 0; r < GPUD_ALLOC_ROLES; r++) {
 		const char *role = gpud_alloc_role_name((enum gpud_alloc_role)r);
 
@@ -431,16 +431,17 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 		"Connections dropped for not reading their replies.", s->connections.stalled);
 
 	one_u64(&o, "gpud_alloc_counted", "gauge",
-		"1 when host allocations are counted (0: the gpud_alloc_* series are absent).",
+		"1 when host allocations are counted (0: no allocation count series).",
 		s->alloc_counted);
 	one_u64(&o, "gpud_alloc_warm", "gauge", "1 once warm-up has ended.", s->alloc_warm);
 	if (s->alloc_counted) {
-		prom_alloc(&o, "gpud_alloc_since_warmup",
-			   "Allocations since warm-up (must stay 0).",
-			   &s->alloc_since_warmup, false);
-		prom_alloc(&o, "gpud_alloc_total", "Allocations since start.", &s->alloc_total,
+		/* a gauge: moving the warm-up mark takes it back to 0 */
+		prom_alloc(&o, "gpud_alloc_since_warmup", "gauge",
+			   "Allocations since warm-up (must stay 0).", &s->alloc_since_warmup,
 			   false);
-		prom_alloc(&o, "gpud_alloc_bytes_total", "Bytes allocated since start.",
+		prom_alloc(&o, "gpud_alloc_total", "counter", "Allocations since start.",
+			   &s->alloc_total, false);
+		prom_alloc(&o, "gpud_alloc_bytes_total", "counter", "Bytes allocated since start.",
 			   &s->alloc_total, true);
 	}
 

@@ -437,8 +437,12 @@ static void check_prometheus(const char *text, size_t len, int *n_samples)
 			assert_true(strlen(seen) + strlen(key) < sizeof(seen));
 			strcat(seen, key + 1);
 		} else if (regexec(&type, l, 2, m, 0) == 0) {
-			assert_int_equal((size_t)(m[1].rm_eo - m[1].rm_so), strlen(family));
-			assert_memory_equal(l + m[1].rm_so, family, strlen(family));
+			size_t fl = strlen(family);
+
+			assert_int_equal((size_t)(m[1].rm_eo - m[1].rm_so), fl);
+			assert_memory_equal(l + m[1].rm_so, family, fl);
+			if (strstr(l, " counter") && (fl < 6 || strcmp(family + fl - 6, "_total")))
+				fail_msg("counter %s does not end in _total", family);
 		} else if (regexec(&sample, l, 2, m, 0) == 0) {
 			assert_int_equal((size_t)(m[1].rm_eo - m[1].rm_so), strlen(family));
 			assert_memory_equal(l + m[1].rm_so, family, strlen(family));
@@ -472,6 +476,11 @@ static void test_prometheus(void **state)
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
+	assert_non_null(strstr(big, "\n# TYPE gpud_alloc_since_warmup gauge\n"));
+	assert_non_null(strstr(big, "\n# TYPE gpud_alloc_total counter\n"));
+	assert_non_null(strstr(big, "\n# TYPE gpud_alloc_bytes_total counter\n"));
+	assert_non_null(strstr(big, "\n# TYPE gpud_pool_used gauge\n"));
+	assert_non_null(strstr(big, "\n# TYPE gpud_cache_hits_total counter\n"));
 	assert_non_null(strstr(big, "\ngpud_requests_total{status=\"completed\"} 102\n"));
 	assert_non_null(strstr(big, "\ngpud_requests_in_flight 107\n"));
 	assert_non_null(strstr(big, "\ngpud_tokens_total{kind=\"generated\"} 18446744073709551615\n"));
