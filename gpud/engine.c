@@ -236,6 +236,42 @@ int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uin
 	return 0;
 }
 
+int gpud_engine_seq_add_prefix(struct gpud_engine *e, const struct gpud_mask *mask,
+			       const uint32_t *blocks, uint32_t n, uint32_t *seq)
+{
+	int rc;
+
+	if ((uint64_t)n * e->p.block_tokens > e->p.n_ctx)
+		return SW_ETOOLONG;
+	rc = gpud_engine_seq_add(e, mask, seq);
+	if (rc)
+		return rc;
+	rc = gpud_kv_seq_attach(e->kv, *seq, blocks, n);
+	if (rc)
+		gpud_engine_seq_free(e, *seq);
+	return rc;
+}
+
+int gpud_engine_block_hold(struct gpud_engine *e, uint32_t block)
+{
+	return gpud_kv_block_hold(e->kv, block);
+}
+
+int gpud_engine_block_release(struct gpud_engine *e, uint32_t block)
+{
+	return gpud_kv_block_release(e->kv, block);
+}
+
+size_t gpud_engine_block_bytes(const struct gpud_engine *e)
+{
+	return kv_block_bytes(e->hp, e->p.block_tokens);
+}
+
+const struct gpud_kv *gpud_engine_kv(const struct gpud_engine *e)
+{
+	return e->kv;
+}
+
 int gpud_engine_seq_free(struct gpud_engine *e, uint32_t seq)
 {
 	int rc = gpud_kv_seq_free(e->kv, seq);

@@ -69,7 +69,29 @@ const struct gpud_engine_params *gpud_engine_params(const struct gpud_engine *e)
  * block size. */
 int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uint32_t *seq);
 
-/* Frees the slot and returns all its KV blocks. 0 or -EINVAL. */
+/* Claims a sequence slot that starts with n full KV blocks already
+ * written (a cached prompt prefix: blocks referenced elsewhere, e.g. held
+ * by the prefix cache); its length is n * block_tokens and the next step
+ * appends after them (shared blocks are never written: a sequence only
+ * appends). The KV in those blocks must be what this sequence's first
+ * n * block_tokens tokens under mask would produce - the caller's promise
+ * (the prefix cache keys blocks by tokens and attention pattern). Returns 0
+ * and *seq, SW_EEXHAUSTED (no slot), SW_ETOOLONG (past n_ctx) or -EINVAL
+ * (mask of another block size, a free or bad block); nothing changes on
+ * error. */
+int gpud_engine_seq_add_prefix(struct gpud_engine *e, const struct gpud_mask *mask,
+			       const uint32_t *blocks, uint32_t n, uint32_t *seq);
+
+/* The prefix cache's holds on KV blocks (gpud_kv_block_hold/release). */
+int gpud_engine_block_hold(struct gpud_engine *e, uint32_t block);
+int gpud_engine_block_release(struct gpud_engine *e, uint32_t block);
+/* KV bytes of one block (every layer, K and V). */
+size_t gpud_engine_block_bytes(const struct gpud_engine *e);
+/* The engine's KV accounting, read-only (reports, tests). */
+const struct gpud_kv *gpud_engine_kv(const struct gpud_engine *e);
+
+/* Frees the slot and drops its references to its KV blocks (a block
+ * returns to the pool with its last reference). 0 or -EINVAL. */
 int gpud_engine_seq_free(struct gpud_engine *e, uint32_t seq);
 
 /* Positions already in seq's KV cache (its next token's position). */
@@ -152,9 +174,10 @@ struct gpud_engine_stats {
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st);
 
 /* Full KV accounting check (`swarmctl mem --check`, tests): every block
- * free or owned by exactly one live sequence, used + free == capacity,
- * lengths within their blocks. O(n_blocks); allocates a bitmap. Returns 0
- * or SW_EFORMAT (-ENOMEM) with a message. */
+ * free, or referenced exactly by the sequences holding it plus the prefix
+ * cache's holds; used + free == capacity, lengths within their blocks.
+ * O(n_blocks); allocates a counter array. Returns 0 or SW_EFORMAT
+ * (-ENOMEM) with a message. */
 int gpud_engine_check(const struct gpud_engine *e, char *err, size_t errlen);
 
 /* --- single-request generation (the CLI; the daemon has its own loop) --- */

@@ -1,9 +1,13 @@
 /* kv.c - paged KV cache accounting: free list of block indices and a
  * fixed-length block table per sequence slot, all reserved at creation.
  *
- * The free list is a stack of block indices (common/pool.h was not there
- * when this was written; it is small enough to keep private). The tables
- * of every slot live in one array of max_seqs * max_blocks_per_seq.
+ * The free list is an index pool (common/pool.h). The tables of every
+ * slot live in one array of max_seqs * max_blocks_seq. A block may be in
+ * several tables (an attached prefix) and held by outside owners (the
+ * prefix cache): ref[b] counts both, hold[b] the outside holds, and the
+ * block goes back to the pool when ref reaches 0. A block's pool owner tag
+ * is its sequence slot + 1 while one sequence alone has it, KV_TAG_SHARED
+ * once it was ever attached or held.
  */
 #include "gpud/kv.h"
 
@@ -24,6 +28,8 @@
 #define KV_ACCOUNT(kv) ((void)0)
 #endif
 
+#define KV_TAG_SHARED UINT64_MAX
+
 struct kv_seq {
 	uint32_t len;      /* positions written */
 	uint32_t n_blocks; /* entries of the block table in use */
@@ -34,7 +40,9 @@ struct gpud_kv {
 	struct gpud_kv_params p;
 	uint32_t max_blocks_seq; /* ceil(max_ctx / block_tokens) */
 	struct sw_pool *pool;    /* n_blocks indices; owner tag = slot + 1 */
-	uint32_t n_used;         /* blocks in tables, counted apart from the pool */
+	uint32_t n_used;         /* blocks with ref > 0, counted apart from the pool */
+	uint32_t *ref;           /* (n_blocks) tables holding the block + holds */
+	uint32_t *hold;          /* (n_blocks) outside holds */
 	uint32_t *tables;        /* (max_seqs, max_blocks_seq) */
 	struct kv_seq *seqs;     /* (max_seqs) */
 	uint32_t n_seqs;
@@ -56,7 +64,9 @@ int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p)
 	kv->max_blocks_seq = (p->max_ctx + p->block_tokens - 1) / p->block_tokens;
 	kv->tables = malloc(sizeof(*kv->tables) * (size_t)p->max_seqs * kv->max_blocks_seq);
 	kv->seqs = calloc(p->max_seqs, sizeof(*kv->seqs));
-	if (!kv->tables || !kv->seqs ||
+	kv->ref = calloc(p->n_blocks, sizeof(*kv->ref));
+	kv->hold = calloc(p->n_blocks, sizeof(*kv->hold));
+	if (!kv->tables || !kv->seqs || !kv->ref || !kv->hold ||
 	    sw_pool_create_index(&kv->pool, "kv", p->n_blocks)) {
 		gpud_kv_destroy(kv);
 		return -ENOMEM;
@@ -72,6 +82,8 @@ void gpud_kv_destroy(struct gpud_kv *kv)
 	sw_pool_destroy(kv->pool);
 	free(kv->tables);
 	free(kv->seqs);
+	free(kv->ref);
+	free(kv->hold);
 	free(kv);
 }
 
@@ -98,17 +110,30 @@ int gpud_kv_seq_new(struct gpud_kv *kv, uint32_t *seq)
 	return SW_EEXHAUSTED;
 }
 
-/* Pushes seq's table entries from index keep on back to the free list. */
+/* Drops one reference to block b; at 0 it goes back to the free list. */
+static void unref(struct gpud_kv *kv, uint32_t b)
+{
+	if (--kv->ref[b])
+		return;
+	sw_pool_free_index(kv->pool, b);
+	kv->n_used--;
+}
+
+/* Drops seq's table entries from index keep on (last first). */
 static void release_from(struct gpud_kv *kv, uint32_t seq, uint32_t keep)
 {
 	struct kv_seq *s = &kv->seqs[seq];
 	uint32_t *t = seq_table(kv, seq);
 
-	while (s->n_blocks > keep) {
-		sw_pool_free_index(kv->pool, t[--s->n_blocks]);
-		kv->n_used--;
-	}
+	while (s->n_blocks > keep)
+		unref(kv, t[--s->n_blocks]);
 	KV_ACCOUNT(kv);
+}
+
+/* True when block b is allocated and not this sequence's alone. */
+static bool shared(const struct gpud_kv *kv, uint32_t b)
+{
+	return kv->ref[b] > 1 || kv->hold[b];
 }
 
 int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq)
@@ -141,7 +166,8 @@ int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens)
 	t = seq_table(kv, seq);
 	while (s->n_blocks < need) {
 		/* Cannot fail: the free count was checked above. */
-		sw_pool_alloc_index(kv->pool, (uint64_t)seq + 1, &t[s->n_blocks++]);
+		sw_pool_alloc_index(kv->pool, (uint64_t)seq + 1, &t[s->n_blocks]);
+		kv->ref[t[s->n_blocks++]] = 1;
 		kv->n_used++;
 	}
 	if (kv->n_used > kv->high)
@@ -160,11 +186,68 @@ int gpud_kv_set_len(struct gpud_kv *kv, uint32_t seq, uint32_t n)
 
 int gpud_kv_truncate(struct gpud_kv *kv, uint32_t seq, uint32_t n)
 {
+	uint32_t bt = kv->p.block_tokens;
+
 	if (!gpud_kv_seq_valid(kv, seq) || n > kv->seqs[seq].len)
+		return -EINVAL;
+	/* A kept block cut in the middle would be written again: never a
+	 * shared one. */
+	if (n % bt && n / bt < kv->seqs[seq].n_blocks && n < kv->seqs[seq].len &&
+	    shared(kv, seq_table(kv, seq)[n / bt]))
 		return -EINVAL;
 	kv->seqs[seq].len = n;
 	release_from(kv, seq, (n + kv->p.block_tokens - 1) / kv->p.block_tokens);
 	return 0;
+}
+
+int gpud_kv_seq_attach(struct gpud_kv *kv, uint32_t seq, const uint32_t *blocks, uint32_t n)
+{
+	struct kv_seq *s;
+	uint32_t *t;
+
+	if (!gpud_kv_seq_valid(kv, seq) || kv->seqs[seq].n_blocks || kv->seqs[seq].len ||
+	    (n && !blocks))
+		return -EINVAL;
+	if ((uint64_t)n * kv->p.block_tokens > kv->p.max_ctx)
+		return SW_ETOOLONG;
+	for (uint32_t j = 0; j < n; j++)
+		if (blocks[j] >= kv->p.n_blocks || !kv->ref[blocks[j]])
+			return -EINVAL;
+	s = &kv->seqs[seq];
+	t = seq_table(kv, seq);
+	for (uint32_t j = 0; j < n; j++) {
+		t[j] = blocks[j];
+		kv->ref[blocks[j]]++;
+		sw_pool_set_owner(kv->pool, blocks[j], KV_TAG_SHARED);
+	}
+	s->n_blocks = n;
+	s->len = n * kv->p.block_tokens;
+	return 0;
+}
+
+int gpud_kv_block_hold(struct gpud_kv *kv, uint32_t block)
+{
+	if (block >= kv->p.n_blocks || !kv->ref[block])
+		return -EINVAL;
+	kv->ref[block]++;
+	kv->hold[block]++;
+	sw_pool_set_owner(kv->pool, block, KV_TAG_SHARED);
+	return 0;
+}
+
+int gpud_kv_block_release(struct gpud_kv *kv, uint32_t block)
+{
+	if (block >= kv->p.n_blocks || !kv->hold[block])
+		return -EINVAL;
+	kv->hold[block]--;
+	unref(kv, block);
+	KV_ACCOUNT(kv);
+	return 0;
+}
+
+uint32_t gpud_kv_block_refs(const struct gpud_kv *kv, uint32_t block)
+{
+	return block < kv->p.n_blocks ? kv->ref[block] : 0;
 }
 
 uint32_t gpud_kv_seq_len(const struct gpud_kv *kv, uint32_t seq)
@@ -205,7 +288,7 @@ void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st)
 int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 {
 	uint32_t n = kv->p.n_blocks, owned = 0, seqs = 0;
-	uint8_t *seen;
+	uint32_t *seen;
 	int rc;
 
 	/* The pool marks blocks while it walks its free list and restores
@@ -213,7 +296,7 @@ int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 	rc = sw_pool_check((struct sw_pool *)kv->pool, err, errlen);
 	if (rc)
 		return rc;
-	seen = calloc(n, 1);
+	seen = calloc(n, sizeof(*seen));
 	if (!seen)
 		return -ENOMEM;
 	for (uint32_t s = 0; s < kv->p.max_seqs && !rc; s++) {
@@ -232,16 +315,29 @@ int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen)
 		for (uint32_t j = 0; j < q->n_blocks && !rc; j++) {
 			uint32_t b = seq_table(kv, s)[j];
 			uint64_t owner = 0;
-			if (b >= n || seen[b]++ || sw_pool_owner(kv->pool, b, &owner) ||
-			    owner != (uint64_t)s + 1)
+			if (b >= n || sw_pool_owner(kv->pool, b, &owner) ||
+			    (owner != (uint64_t)s + 1 && owner != KV_TAG_SHARED)) {
 				rc = sw_seterr(err, errlen, SW_EFORMAT,
 					       "kv: seq %u entry %u (block %u) bad, free or owned "
-					       "twice", s, j, b);
-			owned++;
+					       "by another", s, j, b);
+				break;
+			}
+			seen[b]++;
 		}
 	}
+	/* every block: ref == tables holding it + outside holds; ref 0 xor
+	 * allocated in the pool */
+	for (uint32_t b = 0; b < n && !rc; b++) {
+		bool used = sw_pool_is_used(kv->pool, b);
+		if (kv->ref[b] != seen[b] + kv->hold[b] || used != (kv->ref[b] > 0))
+			rc = sw_seterr(err, errlen, SW_EFORMAT,
+				       "kv: block %u has %u references, %u tables + %u holds, %s",
+				       b, kv->ref[b], seen[b], kv->hold[b], used ? "used" : "free");
+		else if (used)
+			owned++;
+	}
 	if (!rc && (owned != kv->n_used || owned != sw_pool_used(kv->pool)))
-		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: tables hold %u blocks, counted %u, "
+		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: %u blocks referenced, counted %u, "
 			       "pool says %u", owned, kv->n_used, sw_pool_used(kv->pool));
 	if (!rc && seqs != kv->n_seqs)
 		rc = sw_seterr(err, errlen, SW_EFORMAT, "kv: %u slots in use, counted %u",

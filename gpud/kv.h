@@ -7,8 +7,16 @@
  * memory for the CPU backend, device memory for CUDA), addressed by block
  * index. Everything is reserved at creation: no call below allocates.
  *
+ * Blocks are reference counted: a full block may be in several sequences'
+ * tables (a shared prompt prefix, gpud_kv_seq_attach) and held by outside
+ * owners (the prefix cache, gpud_kv_block_hold); it returns to the free
+ * list when the last reference goes. Sharing is safe because only full
+ * blocks are shared and sequences only append (a truncate that would cut
+ * into a shared block is refused), so a shared block is never written.
+ *
  * Invariant, checked by gpud_kv_check(): used + free == n_blocks, and every
- * block is either free or in exactly one block table.
+ * block is either free (no reference) or has references == tables holding
+ * it + outside holds.
  *
  * Not thread-safe: one device worker owns a kv.
  */
@@ -28,7 +36,7 @@ struct gpud_kv_params {
 
 struct gpud_kv_stats {
 	uint32_t n_blocks;    /* capacity */
-	uint32_t used;        /* blocks in block tables */
+	uint32_t used;        /* blocks referenced (tables or holds) */
 	uint32_t free;        /* blocks on the free list */
 	uint32_t high;        /* largest `used` seen */
 	uint32_t seqs;        /* sequence slots in use */
@@ -65,10 +73,28 @@ int gpud_kv_reserve(struct gpud_kv *kv, uint32_t seq, uint32_t n_tokens);
  * its blocks. Returns 0 or -EINVAL. */
 int gpud_kv_set_len(struct gpud_kv *kv, uint32_t seq, uint32_t n);
 
-/* Shrinks seq to n positions and returns the blocks past
- * ceil(n / block_tokens) to the pool (rollback, preemption). n larger than
- * the length is -EINVAL; nothing changes then. */
+/* Shrinks seq to n positions and drops its references to the blocks past
+ * ceil(n / block_tokens) (rollback, preemption). n larger than the length,
+ * or an n that cuts into a shared block (referenced elsewhere too, so it
+ * must not be written again), is -EINVAL; nothing changes then. */
 int gpud_kv_truncate(struct gpud_kv *kv, uint32_t seq, uint32_t n);
+
+/* Gives an empty seq (length 0, no blocks) the n full blocks in blocks,
+ * which must be referenced already (in another table or held): each gets
+ * one more reference, and seq's length becomes n * block_tokens. Its next
+ * reserve adds fresh private blocks after them. Returns 0, SW_ETOOLONG
+ * (n blocks pass max_ctx), -EINVAL (bad or non-empty seq, a free or
+ * out-of-range block); nothing changes on error. */
+int gpud_kv_seq_attach(struct gpud_kv *kv, uint32_t seq, const uint32_t *blocks, uint32_t n);
+
+/* Outside holds (the prefix cache): hold adds a reference to an allocated
+ * block (-EINVAL for a free or out-of-range one); release drops one hold
+ * (-EINVAL when block has none) and frees the block when it was the last
+ * reference. */
+int gpud_kv_block_hold(struct gpud_kv *kv, uint32_t block);
+int gpud_kv_block_release(struct gpud_kv *kv, uint32_t block);
+/* References to block (tables + holds); 0 when free or out of range. */
+uint32_t gpud_kv_block_refs(const struct gpud_kv *kv, uint32_t block);
 
 /* Positions written (0 for a slot not in use). */
 uint32_t gpud_kv_seq_len(const struct gpud_kv *kv, uint32_t seq);
@@ -86,8 +112,10 @@ uint32_t gpud_kv_max_ctx(const struct gpud_kv *kv);
 uint32_t gpud_kv_free_blocks(const struct gpud_kv *kv);
 void gpud_kv_stats(const struct gpud_kv *kv, struct gpud_kv_stats *st);
 
-/* Full consistency check (every block free xor owned once, used + free ==
- * capacity). Returns 0 or SW_EFORMAT with a message. O(n_blocks). */
+/* Full consistency check (every block free with no reference, or
+ * referenced exactly by the tables holding it plus its holds; used + free
+ * == capacity). Returns 0, SW_EFORMAT with a message, or -ENOMEM.
+ * O(n_blocks + table entries); allocates a counter array. */
 int gpud_kv_check(const struct gpud_kv *kv, char *err, size_t errlen);
 
 #endif

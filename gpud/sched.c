@@ -11,6 +11,7 @@
 #include "common/err.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
+#include "gpud/prefix.h"
 #include "gpud/tokenizer.h"
 
 enum slot_state {
@@ -38,6 +39,13 @@ struct slot {
 	bool in_batch;          /* part of the batch its device is running */
 	bool cancel_pending;    /* cancelled during its device's forward pass */
 	bool started;           /* scheduled at least once */
+	uint32_t *pfx;          /* (pfx_cap) prefix cache entries of its first
+				 * blocks, in order, while RUNNING */
+	uint32_t n_pfx;
+	bool pfx_stop;          /* inserts no more blocks (another request
+				 * cached an identical one first) */
+	uint32_t n_cached;      /* prompt tokens served from the cache at
+				 * first admission */
 	double t_submit, t_start, t_first;
 	const struct gpud_mask *mask;
 	gpud_sched_cb cb;
@@ -65,6 +73,8 @@ struct dev {
 	pthread_cond_t cond;   /* signalled with kick (gpud_sched_wait) */
 	bool cond_ok;
 	uint32_t *owner;       /* (n_blocks) scratch of gpud_sched_block_owners */
+	struct gpud_prefix *pc; /* prefix cache index; NULL: reuse off */
+	uint32_t *pblocks;     /* (n_ctx / bt + 1) admission scratch: hit blocks */
 	struct slot **run;     /* (max_engine_seqs) by admission order */
 	uint32_t n_run;
 	struct slot **wait;    /* (max_requests) by arrival */
@@ -83,6 +93,8 @@ struct gpud_sched {
 	struct slot *slots;     /* (max_requests) */
 	int32_t *tok_mem;       /* max_requests * tok_cap */
 	uint32_t tok_cap;
+	uint32_t *pfx_mem;      /* max_requests * pfx_cap */
+	uint32_t pfx_cap;
 	uint32_t n_vocab;
 	uint64_t next_id, next_arrival;
 	struct gpud_sched_stats st;
@@ -125,6 +137,8 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			struct slot *sl = &s->slots[i];
 			if (sl->state == SLOT_RUNNING)
 				gpud_engine_seq_free(s->devs[sl->dev].e, sl->seq);
+			while (sl->n_pfx)
+				gpud_prefix_release(s->devs[sl->dev].pc, sl->pfx[--sl->n_pfx]);
 			gpud_sampler_free(sl->smp);
 		}
 	}
@@ -134,6 +148,14 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].wait);
 			free(s->devs[d].ents);
 			free(s->devs[d].ent_slot);
+			struct dev *dv = &s->devs[d];
+			uint32_t b;
+
+			/* every entry is unreferenced now: give the holds back */
+			while (dv->pc && !gpud_prefix_evict(dv->pc, &b))
+				gpud_engine_block_release(dv->e, b);
+			gpud_prefix_destroy(dv->pc);
+			free(dv->pblocks);
 			free(s->devs[d].owner);
 			if (s->devs[d].cond_ok)
 				pthread_cond_destroy(&s->devs[d].cond);
@@ -143,6 +165,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 	pthread_mutex_destroy(&s->lock);
 	free(s->slots);
 	free(s->tok_mem);
+	free(s->pfx_mem);
 	free(s->devs);
 	free(s);
 }
@@ -171,8 +194,20 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	d->ents = calloc(d->max_ents, sizeof(*d->ents));
 	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
 	d->owner = calloc(d->n_blocks, sizeof(*d->owner));
-	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->owner)
+	d->pblocks = calloc(d->n_ctx / d->bt + 1, sizeof(*d->pblocks));
+	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->owner || !d->pblocks)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+	if (s->p.prefix_cache_bytes) {
+		struct gpud_prefix_params pp = {
+			.n_blocks = d->n_blocks, .block_tokens = d->bt,
+			.block_bytes = gpud_engine_block_bytes(e),
+			.max_bytes = s->p.prefix_cache_bytes,
+		};
+		rc = gpud_prefix_create(&d->pc, &pp);
+		if (rc)
+			return sw_seterr(err, errlen, rc, "sched: prefix cache of %u blocks: %s",
+					 d->n_blocks, sw_strerror(rc));
+	}
 	if (pthread_condattr_init(&ca))
 		return sw_seterr(err, errlen, -ENOMEM, "sched: condattr");
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -226,10 +261,13 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 			goto out_destroy;
 		if (s->devs[d].n_ctx + 1 > s->tok_cap)
 			s->tok_cap = s->devs[d].n_ctx + 1;
+		if (s->devs[d].n_ctx / s->devs[d].bt + 1 > s->pfx_cap)
+			s->pfx_cap = s->devs[d].n_ctx / s->devs[d].bt + 1;
 	}
 	s->slots = calloc(s->p.max_requests, sizeof(*s->slots));
 	s->tok_mem = calloc((size_t)s->p.max_requests * s->tok_cap, sizeof(*s->tok_mem));
-	if (!s->slots || !s->tok_mem) {
+	s->pfx_mem = calloc((size_t)s->p.max_requests * s->pfx_cap, sizeof(*s->pfx_mem));
+	if (!s->slots || !s->tok_mem || !s->pfx_mem) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "sched: out of memory for %u slots",
 			       s->p.max_requests);
 		goto out_destroy;
@@ -237,6 +275,7 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	gpud_sampler_params_default(&sp);
 	for (uint32_t i = 0; i < s->p.max_requests; i++) {
 		s->slots[i].toks = s->tok_mem + (size_t)i * s->tok_cap;
+		s->slots[i].pfx = s->pfx_mem + (size_t)i * s->pfx_cap;
 		rc = gpud_sampler_create(&s->slots[i].smp, (int32_t)s->n_vocab, &sp, err, errlen);
 		if (rc)
 			goto out_destroy;
@@ -288,6 +327,117 @@ static void run_remove(struct dev *d, struct slot *sl)
 	}
 }
 
+/* --- prefix cache (lock held, device not busy: evictions change the
+ * engine's KV) ---------------------------------------------------------- */
+
+/* Evicts unreferenced cached blocks until want blocks are free again or
+ * none is left; returns the blocks freed. */
+static uint32_t reclaim(struct dev *d, uint32_t want)
+{
+	uint32_t before = gpud_engine_free_blocks(d->e), b;
+
+	while (d->pc && gpud_engine_free_blocks(d->e) - before < want &&
+	       !gpud_prefix_evict(d->pc, &b))
+		gpud_engine_block_release(d->e, b);
+	d->free_blocks = gpud_engine_free_blocks(d->e);
+	return d->free_blocks - before;
+}
+
+/* Blocks held only by the cache (freed by reclaim on demand). */
+static uint32_t evictable(const struct dev *d)
+{
+	struct gpud_prefix_stats st;
+
+	if (!d->pc)
+		return 0;
+	gpud_prefix_stats(d->pc, &st);
+	return st.unreferenced;
+}
+
+/* The request stops using its cached blocks (its engine sequence was just
+ * freed): release them last first, then trim the cache to its bound. */
+static void pfx_drop(struct dev *d, struct slot *sl)
+{
+	uint32_t b;
+
+	if (!d->pc)
+		return;
+	while (sl->n_pfx)
+		gpud_prefix_release(d->pc, sl->pfx[--sl->n_pfx]);
+	sl->pfx_stop = false;
+	while (!d->busy && gpud_prefix_over_bound(d->pc) && !gpud_prefix_evict(d->pc, &b))
+		gpud_engine_block_release(d->e, b);
+}
+
+/* Caches the request's prompt blocks written so far, in order, after its
+ * chain of cached blocks (the request keeps using them). */
+static void pfx_insert(struct dev *d, struct slot *sl)
+{
+	uint32_t lim, nb = 0, ent;
+	const uint32_t *t;
+
+	if (!d->pc || sl->pfx_stop)
+		return;
+	lim = min_u32(sl->n_done, sl->n_prompt) / d->bt;
+	if (sl->n_pfx >= lim)
+		return;
+	t = gpud_engine_block_table(d->e, sl->seq, &nb);
+	while (sl->n_pfx < lim && sl->n_pfx < nb) {
+		uint32_t j = sl->n_pfx;
+		uint32_t parent = j ? sl->pfx[j - 1] : GPUD_PREFIX_ROOT;
+
+		if (gpud_prefix_insert(d->pc, parent, sl->toks + (size_t)j * d->bt, sl->mask,
+				       j * d->bt, t[j], &ent)) {
+			sl->pfx_stop = true;
+			return;
+		}
+		gpud_engine_block_hold(d->e, t[j]);
+		sl->pfx[sl->n_pfx++] = ent;
+	}
+}
+
+/* Admission of sl on d: looks up its cached prompt blocks (never the whole
+ * prompt: its last token is computed so that logits exist), makes room
+ * (evicting unreferenced cached blocks only when that makes it fit) and
+ * claims an engine sequence with the hits attached. Returns 0 (sl->seq,
+ * sl->n_done = cached tokens; *adm_b and *free_b updated) or 1 when it
+ * does not fit now (nothing changed but the cache's LRU order). */
+static int admit(struct dev *d, struct slot *sl, uint32_t *adm_b, uint32_t *free_b)
+{
+	uint32_t hits = 0, max_hits = 0, need, got;
+
+	if (d->pc) {
+		max_hits = min_u32(sl->n_prompt, sl->n_toks - 1) / d->bt;
+		while (hits < max_hits) {
+			uint32_t parent = hits ? sl->pfx[hits - 1] : GPUD_PREFIX_ROOT, ent;
+
+			if (gpud_prefix_lookup(d->pc, parent, sl->toks + (size_t)hits * d->bt,
+					       sl->mask, hits * d->bt, &ent))
+				break;
+			sl->pfx[hits] = ent;
+			d->pblocks[hits] = gpud_prefix_block(d->pc, ent);
+			sl->n_pfx = ++hits;
+		}
+	}
+	need = blocks_for(sl->n_toks, d->bt) - hits;
+	if (need > *adm_b && need <= *adm_b + evictable(d)) {
+		got = reclaim(d, need - *adm_b);
+		*adm_b += got;
+		*free_b += got;
+	}
+	if (need > *adm_b ||
+	    gpud_engine_seq_add_prefix(d->e, sl->mask, d->pblocks, hits, &sl->seq)) {
+		while (sl->n_pfx)
+			gpud_prefix_release(d->pc, sl->pfx[--sl->n_pfx]);
+		return 1;
+	}
+	*adm_b -= need;
+	sl->n_done = hits * d->bt;
+	if (d->pc)
+		gpud_prefix_account(d->pc, hits, max_hits - hits);
+	return 0;
+}
+
 /* Ends a request: frees its engine sequence (the caller guarantees the
  * device is not in a forward pass), sends DONE, frees the slot. */
 static void complete(struct gpud_sched *s, struct slot *sl, int status, int reason,
@@ -302,6 +452,7 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 
 	if (sl->state == SLOT_RUNNING) {
 		gpud_engine_seq_free(d->e, sl->seq);
+		pfx_drop(d, sl);
 		run_remove(d, sl);
 		d->free_blocks = gpud_engine_free_blocks(d->e);
 	} else if (sl->state == SLOT_WAITING) {
@@ -311,6 +462,7 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 		.n_prompt = sl->n_prompt,
 		.n_gen = sl->stop.n_tokens, /* every sampled id, the last one too */
 		.n_preempt = sl->n_preempt,
+		.n_cached = sl->n_cached,
 		.queue_s = sl->started ? sl->t_start - sl->t_submit : t - sl->t_submit,
 		.prefill_s = sl->started ? (sl->t_first ? sl->t_first : t) - sl->t_start : 0,
 		.decode_s = sl->t_first ? t - sl->t_first : 0,
@@ -330,6 +482,7 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 static void preempt(struct gpud_sched *s, struct dev *d, struct slot *sl)
 {
 	gpud_engine_seq_free(d->e, sl->seq);
+	pfx_drop(d, sl);
 	run_remove(d, sl);
 	d->free_blocks = gpud_engine_free_blocks(d->e);
 	sl->state = SLOT_WAITING;
@@ -383,7 +536,7 @@ static int place(const struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tok
 		ctx_ok = true;
 		if (blocks_for(pos, d->bt) > d->n_blocks)
 			continue;
-		eff = (int64_t)d->free_blocks - (int64_t)d->pending_blocks;
+		eff = (int64_t)d->free_blocks + evictable(d) - (int64_t)d->pending_blocks;
 		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
 			best = d;
 			best_free = eff;
@@ -513,6 +666,9 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	sl->in_batch = false;
 	sl->cancel_pending = false;
 	sl->started = false;
+	sl->n_pfx = 0;
+	sl->pfx_stop = false;
+	sl->n_cached = 0;
 	sl->t_submit = now_s();
 	sl->t_start = sl->t_first = 0;
 	sl->mask = r->mask;
@@ -597,6 +753,8 @@ again:
 		if (n == d->max_ents || n == d->max_tokens)
 			break;
 		need = gpud_engine_blocks_needed(d->e, sl->seq, 1);
+		if (need > free_b)
+			free_b += reclaim(d, need - free_b);
 		if (need > free_b) {
 			for (uint32_t j = 0; j < n; j++)
 				d->ent_slot[j]->in_batch = false;
@@ -614,7 +772,12 @@ again:
 
 		if (rem <= 1)
 			continue;
-		chunk = min_u32(min_u32(rem, tok_left), fit_tokens(d, sl->n_done, free_b));
+		chunk = min_u32(rem, tok_left);
+		if (fit_tokens(d, sl->n_done, free_b) < chunk) {
+			uint32_t want = gpud_engine_blocks_needed(d->e, sl->seq, chunk);
+			free_b += reclaim(d, want - free_b);
+		}
+		chunk = min_u32(chunk, fit_tokens(d, sl->n_done, free_b));
 		if (!chunk)
 			continue;
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
@@ -628,11 +791,10 @@ again:
 	 * is admitted only when the blocks of its whole prefill are free. */
 	for (uint32_t i = 0; i < d->n_wait && n < d->max_ents && tok_left;) {
 		struct slot *sl = d->wait[i];
-		uint32_t need = blocks_for(sl->n_toks, d->bt), chunk;
+		uint32_t chunk;
 		bool aged = !s->p.aging_steps || d->steps - sl->wait_since >= s->p.aging_steps;
 
-		if (d->n_run == d->max_engine_seqs || need > adm_b ||
-		    gpud_engine_seq_add(d->e, sl->mask, &sl->seq)) {
+		if (d->n_run == d->max_engine_seqs || admit(d, sl, &adm_b, &free_b)) {
 			if (aged)
 				break;
 			i++;
@@ -641,13 +803,12 @@ again:
 		wait_remove(d, sl); /* shifts the list: i now names the next one */
 		d->run[d->n_run++] = sl;
 		sl->state = SLOT_RUNNING;
-		sl->n_done = 0;
 		if (!sl->started) {
 			sl->started = true;
 			sl->t_start = now_s();
+			sl->n_cached = sl->n_done;
 		}
-		chunk = min_u32(sl->n_toks, tok_left);
-		adm_b -= need;
+		chunk = min_u32(sl->n_toks - sl->n_done, tok_left);
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 		tok_left -= chunk;
 		add_entry(d, &n, sl, chunk);
@@ -696,6 +857,7 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 
 	sl->in_batch = false;
 	sl->n_done += b->n_tokens;
+	pfx_insert(d, sl);
 	if (b->logits != GPUD_LOGITS_LAST)
 		return;
 	id = gpud_sampler_sample(sl->smp, gpud_engine_logits(d->e, i));
@@ -893,6 +1055,19 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 	st->tokens = d->tokens;
 	st->generated = d->generated;
 	st->preemptions = d->preemptions;
+	if (d->pc) {
+		struct gpud_prefix_stats ps;
+
+		gpud_prefix_stats(d->pc, &ps);
+		st->prefix_hits = ps.hits;
+		st->prefix_misses = ps.misses;
+		st->prefix_evictions = ps.evictions;
+		st->prefix_hit_tokens = ps.hit_tokens;
+		st->prefix_blocks = ps.entries;
+		st->prefix_unreferenced = ps.unreferenced;
+		st->prefix_bytes = ps.bytes;
+		st->prefix_max_bytes = ps.max_bytes;
+	}
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }
@@ -927,7 +1102,12 @@ int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
 				d->owner[t[j]] = (uint32_t)(sl - s->slots);
 	}
 	for (uint32_t b = 0; b < d->n_blocks; b++) {
-		if (d->owner[b] == OWNER_FREE)
+		uint32_t ent = d->pc ? gpud_prefix_block_entry(d->pc, b) : GPUD_PREFIX_ROOT;
+
+		if (ent != GPUD_PREFIX_ROOT)
+			fn(arg, b, gpud_prefix_users(d->pc, ent) ? "shared" : "prefix",
+			   gpud_prefix_key(d->pc, ent));
+		else if (d->owner[b] == OWNER_FREE)
 			fn(arg, b, "free", 0);
 		else
 			fn(arg, b, "request", s->slots[d->owner[b]].id);

@@ -1175,6 +1175,311 @@ static void test_stats_owners(void **state)
 	gpud_engine_destroy(e[1]);
 }
 
+/* --- prefix KV cache ------------------------------------------------------- */
+
+static struct gpud_sched *mk_sched_pfx(struct gpud_engine **e, uint32_t n, uint32_t max_req,
+				       size_t pfx_bytes)
+{
+	struct gpud_sched_params p;
+	struct gpud_sched *s = NULL;
+	char err[256] = "";
+
+	gpud_sched_params_default(&p);
+	p.max_requests = max_req;
+	p.prefix_cache_bytes = pfx_bytes;
+	if (gpud_sched_create(&s, e, n, &p, err, sizeof(err)))
+		fail_msg("sched: %s", err);
+	return s;
+}
+
+static const char *const sys_prompt =
+	"Once upon a time, there was a little girl named Lily. She loved to play outside in "
+	"the park with her friends. One day, ";
+
+struct owner_count {
+	uint32_t free, request, prefix, shared;
+};
+
+static void count_owner(void *arg, uint32_t block, const char *kind, uint64_t id)
+{
+	struct owner_count *c = arg;
+
+	(void)block;
+	(void)id;
+	if (!strcmp(kind, "free"))
+		c->free++;
+	else if (!strcmp(kind, "request"))
+		c->request++;
+	else if (!strcmp(kind, "prefix"))
+		c->prefix++;
+	else if (!strcmp(kind, "shared"))
+		c->shared++;
+	else
+		fail_msg("kind %s", kind);
+}
+
+/* Idle device with the prefix cache on: every used block is held by the
+ * cache alone, the accounting checks, the owner dump agrees. */
+static void assert_pool_cache_only(struct gpud_sched *s, uint32_t dev, struct gpud_engine *e)
+{
+	struct gpud_engine_stats es;
+	struct gpud_sched_device_stats ds;
+	struct owner_count c = { 0 };
+	char err[256] = "";
+
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_stats(e, &es);
+	assert_int_equal(gpud_sched_device_stats(s, dev, &ds), 0);
+	assert_int_equal(es.kv.seqs, 0);
+	assert_int_equal(es.kv.used, ds.prefix_blocks);
+	assert_int_equal(ds.prefix_unreferenced, ds.prefix_blocks);
+	assert_int_equal(es.kv.used + es.kv.free, es.kv.n_blocks);
+	assert_true(ds.prefix_bytes <= ds.prefix_max_bytes);
+	assert_int_equal(gpud_sched_block_owners(s, dev, count_owner, &c), 0);
+	assert_int_equal(c.prefix, ds.prefix_blocks);
+	assert_int_equal(c.free, es.kv.free);
+	assert_int_equal(c.request + c.shared, 0);
+}
+
+/* One request through sched s (drained alone); the ids and text land in out. */
+static void run_one(struct gpud_sched *s, const int32_t *ids, uint32_t n,
+		    const struct gpud_mask *mask, uint32_t max_tok, struct res *out)
+{
+	struct gpud_sched_req r;
+
+	memset(out, 0, sizeof(*out));
+	req_init(&r, ids, n, max_tok, out);
+	r.mask = mask;
+	submit_ok(s, &r);
+	drain(s, 1, NULL);
+	assert_true(out->done);
+	assert_int_equal(out->status, 0);
+}
+
+static void assert_same_output(const struct res *a, const struct res *b)
+{
+	assert_int_equal(a->n_ids, b->n_ids);
+	assert_memory_equal(a->ids, b->ids, a->n_ids * sizeof(a->ids[0]));
+	assert_string_equal(a->text, b->text);
+}
+
+static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb)
+{
+	uint32_t i = 0;
+
+	while (i < na && i < nb && a[i] == b[i])
+		i++;
+	return i;
+}
+
+/* A shared system prompt: the second request reuses the first one's full
+ * blocks (n_cached > 0) and its greedy output is bitwise that of an
+ * uncached run; the same text under a mask that changes the first
+ * block's pattern gets nothing from the cache; a second request under
+ * that mask reuses the first masked one's blocks. */
+static void test_prefix_shared_prompt(void **state)
+{
+	(void)state;
+	static char text[3][512];
+	static int32_t ids[3][256];
+	static struct res out[6], plain[3];
+	struct gpud_engine *e = mk_engine(64, 4, 0), *u = mk_engine(64, 4, 0);
+	struct gpud_sched *s = mk_sched_pfx(&e, 1, 4, (size_t)64 << 20);
+	struct gpud_sched *nc = mk_sched(&u, 1, 4, 0, 32); /* no cache */
+	struct gpud_sched_device_stats ds;
+	uint32_t n[3], common, want, max_tok = under_valgrind() ? 8 : 24;
+	uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 0, 1, 2 };
+	struct gpud_mask_row rows[3] = { { r0, 1 }, { r1, 1 }, { r2, 3 } };
+	struct gpud_mask_desc desc = { .n_segments = 2, .rows = rows };
+	static _Alignas(16) uint8_t mem[2][8192];
+	struct gpud_mask mask[2];
+	uint32_t lens[2];
+
+	snprintf(text[0], sizeof(text[0]), "%s%s", sys_prompt, "she saw a big red ball.");
+	snprintf(text[1], sizeof(text[1]), "%s%s", sys_prompt, "a dog ran to her and");
+	snprintf(text[2], sizeof(text[2]), "%s%s", sys_prompt, "her mom made a cake.");
+	for (int i = 0; i < 3; i++)
+		n[i] = tokenize(text[i], ids[i], 256);
+	common = common_prefix(ids[0], n[0], ids[1], n[1]);
+	assert_true(common >= 32);
+	want = common / 16 * 16;
+
+	run_one(s, ids[0], n[0], NULL, max_tok, &out[0]);
+	assert_int_equal(out[0].usage.n_cached, 0);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.prefix_blocks, n[0] / 16); /* every full prompt block */
+	assert_int_equal(ds.prefix_hits, 0);
+	assert_int_equal(ds.prefix_misses, (n[0] - 1) / 16);
+	assert_pool_cache_only(s, 0, e);
+
+	run_one(s, ids[1], n[1], NULL, max_tok, &out[1]);
+	run_one(nc, ids[1], n[1], NULL, max_tok, &plain[1]);
+	assert_int_equal(out[1].usage.n_cached, want);
+	assert_int_equal(plain[1].usage.n_cached, 0);
+	assert_same_output(&out[1], &plain[1]);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.prefix_hits, want / 16);
+	assert_int_equal(ds.prefix_hit_tokens, want);
+	assert_pool_cache_only(s, 0, e);
+
+	/* the same request again: everything but the last block comes back */
+	run_one(s, ids[1], n[1], NULL, max_tok, &out[2]);
+	assert_int_equal(out[2].usage.n_cached, (n[1] - 1) / 16 * 16);
+	assert_same_output(&out[2], &plain[1]);
+
+	/* segment 1 starts at token 8 and does not see segment 0: block 0
+	 * has another pattern, so nothing is shared with the causal runs */
+	lens[0] = 8;
+	lens[1] = n[2] - 8;
+	assert_true(gpud_mask_bytes(2, n[2], 16) <= sizeof(mem[0]));
+	assert_int_equal(gpud_mask_compile(&desc, lens, 16, mem[0], sizeof(mem[0]), &mask[0]), 0);
+	run_one(s, ids[2], n[2], &mask[0], max_tok, &out[3]);
+	run_one(nc, ids[2], n[2], &mask[0], max_tok, &plain[2]);
+	assert_int_equal(out[3].usage.n_cached, 0);
+	assert_same_output(&out[3], &plain[2]);
+	/* and without the mask the same text does share with the first ones */
+	run_one(s, ids[2], n[2], NULL, max_tok, &out[4]);
+	assert_true(out[4].usage.n_cached >= 32);
+	run_one(nc, ids[2], n[2], NULL, max_tok, &plain[0]);
+	assert_same_output(&out[4], &plain[0]);
+	/* another prompt under an equal mask shares the masked blocks */
+	lens[1] = n[1] - 8;
+	assert_int_equal(gpud_mask_compile(&desc, lens, 16, mem[1], sizeof(mem[1]), &mask[1]), 0);
+	run_one(s, ids[1], n[1], &mask[1], max_tok, &out[5]);
+	assert_int_equal(out[5].usage.n_cached, want);
+	run_one(nc, ids[1], n[1], &mask[1], max_tok, &plain[1]);
+	assert_same_output(&out[5], &plain[1]);
+	assert_pool_cache_only(s, 0, e);
+	assert_pool_empty(u);
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(nc);
+	assert_pool_empty(e); /* destroy gave the cache's blocks back */
+	gpud_engine_destroy(e);
+	gpud_engine_destroy(u);
+}
+
+/* Cached blocks give way: under the byte bound at once, and to admissions
+ * when the pool runs short (evicted before anything is preempted). */
+static void test_prefix_eviction(void **state)
+{
+	(void)state;
+	static int32_t ids[4][256];
+	static struct res out[4], plain[4];
+	static char text[512];
+	struct gpud_engine *e = mk_engine(64, 4, 12), *b = mk_engine(64, 4, 0);
+	struct gpud_engine *u = mk_engine(64, 4, 12);
+	size_t bb = gpud_engine_block_bytes(e);
+	struct gpud_sched *s = mk_sched_pfx(&e, 1, 4, 64 * bb);
+	struct gpud_sched *sb = mk_sched_pfx(&b, 1, 4, 2 * bb); /* bound: 2 blocks */
+	struct gpud_sched *nc = mk_sched(&u, 1, 4, 0, 32);
+	struct gpud_sched_device_stats ds;
+	struct gpud_sched_stats st;
+	uint32_t n[4];
+
+	snprintf(text, sizeof(text), "%s%s", sys_prompt, "she saw a big red ball.");
+	n[0] = tokenize(text, ids[0], 256);
+	assert_true(n[0] >= 48 && n[0] < 80); /* 3-4 full blocks */
+	/* byte bound: the finished request leaves 2 blocks cached */
+	run_one(sb, ids[0], n[0], NULL, 8, &out[0]);
+	assert_int_equal(gpud_sched_device_stats(sb, 0, &ds), 0);
+	assert_int_equal(ds.prefix_blocks, 2);
+	assert_int_equal(ds.prefix_bytes, 2 * bb);
+	assert_int_equal(ds.prefix_evictions, n[0] / 16 - 2);
+	assert_pool_cache_only(sb, 0, b);
+	/* the two left are the chain's first blocks: a rerun hits them */
+	run_one(sb, ids[0], n[0], NULL, 8, &out[1]);
+	assert_int_equal(out[1].usage.n_cached, 32);
+	assert_same_output(&out[1], &out[0]);
+
+	/* a 12-block pool: the first request leaves its prompt blocks cached,
+	 * then unrelated requests need the pool: the cache gives way */
+	run_one(s, ids[0], n[0], NULL, 8, &out[0]);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.prefix_blocks, n[0] / 16);
+	for (int i = 1; i < 3; i++)
+		n[i] = tokenize(prompts[i + 6], ids[i], 256);
+	memset(out, 0, sizeof(out));
+	for (int i = 1; i < 3; i++) {
+		struct gpud_sched_req r;
+		req_init(&r, ids[i], n[i], 60, &out[i]);
+		submit_ok(s, &r);
+	}
+	drain(s, 1, NULL);
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_true(ds.prefix_evictions > 0);
+	gpud_sched_stats(s, &st);
+	for (int i = 1; i < 3; i++) {
+		run_one(nc, ids[i], n[i], NULL, 60, &plain[i]);
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_same_output(&out[i], &plain[i]);
+	}
+	assert_pool_cache_only(s, 0, e);
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(sb);
+	gpud_sched_destroy(nc);
+	assert_pool_empty(e);
+	assert_pool_empty(b);
+	gpud_engine_destroy(e);
+	gpud_engine_destroy(b);
+	gpud_engine_destroy(u);
+}
+
+/* Requests sharing a prefix on a tiny pool: preemption and recompute with
+ * cached blocks attached and released keeps every output bitwise that of
+ * an uncached solo run, and allocates nothing. */
+static void test_prefix_preempt_no_alloc(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 3 : 5, max_tok = 40;
+	static int32_t ids[6][256];
+	static char text[6][512];
+	static struct res out[6], plain[6];
+	static const char *const tails[6] = { "she saw a cat.", "a dog ran.", "she sang.",
+					      "the sun was hot.", "Tom came.", "it rained." };
+	struct gpud_engine *e = mk_engine(64, 8, 8), *u = mk_engine(64, 8, 0);
+	struct gpud_sched *s = mk_sched_pfx(&e, 1, 8, 8 * gpud_engine_block_bytes(e));
+	struct gpud_sched *nc = mk_sched(&u, 1, 8, 0, 32);
+	struct gpud_sched_stats st;
+	struct gpud_sched_device_stats ds;
+	struct gpud_sched_req r;
+	uint32_t n[6], cached = 0;
+
+	for (uint32_t i = 0; i < n_req; i++) {
+		snprintf(text[i], sizeof(text[i]), "%s%s", sys_prompt, tails[i]);
+		n[i] = tokenize(text[i], ids[i], 256);
+		run_one(nc, ids[i], n[i], NULL, max_tok, &plain[i]);
+	}
+	memset(out, 0, sizeof(out));
+	/* the first one alone fills the cache; the rest at once */
+	run_one(s, ids[0], n[0], NULL, max_tok, &out[0]);
+	assert_int_equal(alloc_count_start(), 0);
+	for (uint32_t i = 1; i < n_req; i++) {
+		req_init(&r, ids[i], n[i], max_tok, &out[i]);
+		submit_ok(s, &r);
+	}
+	drain(s, 1, NULL);
+	assert_int_equal(alloc_count_stop(), 0);
+	gpud_sched_stats(s, &st);
+	assert_true(st.preemptions > 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_same_output(&out[i], &plain[i]);
+		cached += out[i].usage.n_cached;
+	}
+	assert_true(cached >= 32 * (n_req - 1));
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_true(ds.prefix_hits > 0);
+	assert_pool_cache_only(s, 0, e);
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(nc);
+	assert_pool_empty(e);
+	gpud_engine_destroy(e);
+	gpud_engine_destroy(u);
+}
+
 static int setup(void **state)
 {
 	char err[256] = "";
@@ -1212,6 +1517,9 @@ int main(void)
 		cmocka_unit_test(test_wait_wake),
 		cmocka_unit_test(test_device_exec),
 		cmocka_unit_test(test_stats_owners),
+		cmocka_unit_test(test_prefix_shared_prompt),
+		cmocka_unit_test(test_prefix_eviction),
+		cmocka_unit_test(test_prefix_preempt_no_alloc),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
