@@ -25,6 +25,7 @@
 #include "common/err.h"
 #include "gpud/alloc.h"
 #include "gpud/metrics.h"
+#include "gpud/stats.h"
 
 #define BODY "# HELP gpud_test A test.\n# TYPE gpud_test gauge\ngpud_test 42\n"
 
@@ -475,6 +476,58 @@ static void test_close_with_open_connections(void **state)
 	}
 }
 
+/* The daemon's use: the body is gpud_stats_prometheus of a snapshot; the
+ * largest snapshot there can be fits the body buffer. */
+static struct gpud_stats_snapshot snap;
+
+static int render_stats(void *arg, char *buf, size_t cap, size_t *len)
+{
+	(void)arg;
+	return gpud_stats_prometheus(&snap, buf, cap, len);
+}
+
+static void test_stats_body(void **state)
+{
+	struct fixture *f = calloc(1, sizeof(*f));
+	static char want[GPUD_METRICS_BODY_MAX];
+	const char *body;
+	size_t len, want_len;
+	char err[256];
+
+	(void)state;
+	memset(&snap, 0, sizeof(snap));
+	snap.version = "0.4.0";
+	gpud_stats_fill_alloc(&snap);
+	snap.n_devices = GPUD_STATS_MAX_DEVICES;
+	snap.n_pools = GPUD_STATS_MAX_POOLS;
+	snap.n_caches = GPUD_STATS_MAX_CACHES;
+	for (int i = 0; i < GPUD_STATS_MAX_POOLS; i++) {
+		memset(snap.pools[i].name, '"', sizeof(snap.pools[i].name)); /* 2 bytes each */
+		snap.pools[i].unit = "blocks";
+		snap.pools[i].used = UINT64_MAX;
+	}
+	for (int i = 0; i < GPUD_STATS_MAX_CACHES; i++)
+		memset(snap.caches[i].name, '\\', sizeof(snap.caches[i].name));
+	for (int i = 0; i < GPUD_STATS_MAX_DEVICES; i++)
+		memset(snap.devices[i].name, '\n', sizeof(snap.devices[i].name));
+	assert_int_equal(gpud_stats_prometheus(&snap, want, sizeof(want), &want_len), 0);
+	print_message("largest Prometheus body: %zu bytes of %d\n", want_len,
+		      GPUD_METRICS_BODY_MAX);
+
+	assert_non_null(f);
+	assert_int_equal(uv_loop_init(&f->loop), 0);
+	assert_int_equal(uv_async_init(&f->loop, &f->stop, on_stop), 0);
+	f->stop.data = f;
+	if (gpud_metrics_create(&f->m, &f->loop, "127.0.0.1:0", render_stats, NULL, err,
+				sizeof(err)) != 0)
+		fail_msg("create: %s", err);
+	assert_int_equal(pthread_create(&f->thread, NULL, loop_main, f), 0);
+	assert_int_equal(request(f, "GET /metrics HTTP/1.0\r\n\r\n", &body, &len), 200);
+	assert_int_equal(len, want_len);
+	assert_memory_equal(body, want, len);
+	stop(f);
+}
+
 static void test_no_allocation(void **state)
 {
 	struct fixture *f = start("127.0.0.1:0");
@@ -506,6 +559,7 @@ int main(void)
 		cmocka_unit_test(test_bad_listen),
 		cmocka_unit_test(test_connection_bound_and_idle),
 		cmocka_unit_test(test_close_with_open_connections),
+		cmocka_unit_test(test_stats_body),
 		cmocka_unit_test(test_no_allocation),
 	};
 
