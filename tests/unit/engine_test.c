@@ -120,6 +120,85 @@ static void assert_pool_empty(struct gpud_engine *e)
 	assert_int_equal(st.kv.seqs, 0);
 }
 
+/* A sequence started on another one's full blocks (held, as the prefix
+ * cache holds them) continues exactly as one that computed them: logits
+ * bitwise equal to a sequence prefilled in the same chunks, close to one
+ * prefilled at once; errors change nothing; the holds keep blocks alive
+ * until released. */
+static void test_seq_add_prefix(void **state)
+{
+	(void)state;
+	struct gpud_engine *e = mk_engine(128, 64, 2, 12, 0);
+	const uint32_t V = 512;
+	static float one_chunk[512], two_chunks[512];
+	static _Alignas(16) uint8_t mem[1024];
+	struct gpud_mask m8;
+	uint32_t lens[1] = { 40 }, a, b, c, nb, blocks[2], bad[1] = { 11 };
+	struct gpud_engine_stats st;
+	const uint32_t *t;
+	int32_t ids[40];
+	char err[256] = "";
+
+	for (int i = 0; i < 40; i++)
+		ids[i] = 1 + (i * 37) % 400;
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	step_ok(e, &(struct gpud_batch_entry){ a, ids, 40, GPUD_LOGITS_LAST }, 1);
+	memcpy(one_chunk, gpud_engine_logits(e, 0), sizeof(one_chunk));
+	t = gpud_engine_block_table(e, a, &nb);
+	assert_int_equal(nb, 3);
+	blocks[0] = t[0];
+	blocks[1] = t[1];
+	assert_int_equal(gpud_engine_block_hold(e, blocks[0]), 0);
+	assert_int_equal(gpud_engine_block_hold(e, blocks[1]), 0);
+	assert_int_equal(gpud_kv_block_refs(gpud_engine_kv(e), blocks[0]), 2);
+	assert_int_equal(gpud_engine_seq_free(e, a), 0);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.used, 2); /* the held ones */
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+
+	/* errors: nothing claimed */
+	assert_int_equal(gpud_mask_compile(&(struct gpud_mask_desc){ 0, NULL }, lens, 8, mem,
+					   sizeof(mem), &m8), 0);
+	assert_int_equal(gpud_engine_seq_add_prefix(e, &m8, blocks, 2, &b), -EINVAL);
+	assert_int_equal(gpud_engine_seq_add_prefix(e, NULL, bad, 1, &b), -EINVAL); /* free */
+	assert_int_equal(gpud_engine_seq_add_prefix(e, NULL, blocks, 9, &b), SW_ETOOLONG);
+	gpud_engine_stats(e, &st);
+	assert_int_equal(st.kv.seqs, 0);
+	assert_int_equal(st.kv.used, 2);
+
+	/* b starts on the two blocks, c computes them in the same chunks */
+	assert_int_equal(gpud_engine_seq_add_prefix(e, NULL, blocks, 2, &b), 0);
+	assert_int_equal(gpud_engine_seq_len(e, b), 32);
+	assert_int_equal(gpud_engine_blocks_needed(e, b, 8), 1);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &c), 0);
+	step_ok(e, &(struct gpud_batch_entry){ c, ids, 32, GPUD_LOGITS_NONE }, 1);
+	step_ok(e, &(struct gpud_batch_entry){ c, ids + 32, 8, GPUD_LOGITS_LAST }, 1);
+	memcpy(two_chunks, gpud_engine_logits(e, 0), sizeof(two_chunks));
+	step_ok(e, &(struct gpud_batch_entry){ b, ids + 32, 8, GPUD_LOGITS_LAST }, 1);
+	assert_memory_equal(gpud_engine_logits(e, 0), two_chunks, sizeof(two_chunks));
+	assert_true(max_rel_diff(one_chunk, two_chunks, V) < 1e-4);
+	assert_int_equal(argmax(one_chunk, V), argmax(two_chunks, V));
+	/* a truncate into a shared block is refused; past it is fine */
+	assert_int_equal(gpud_engine_seq_truncate(e, b, 20), -EINVAL);
+	assert_int_equal(gpud_engine_seq_len(e, b), 40);
+	assert_int_equal(gpud_engine_seq_truncate(e, b, 36), 0);
+	assert_int_equal(gpud_engine_seq_truncate(e, b, 32), 0);
+	assert_int_equal(gpud_engine_seq_truncate(e, b, 16), 0); /* whole blocks dropped */
+	/* no slot left */
+	assert_int_equal(gpud_engine_seq_add_prefix(e, NULL, blocks, 1, &a), SW_EEXHAUSTED);
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_int_equal(gpud_engine_seq_free(e, b), 0);
+	assert_int_equal(gpud_engine_seq_free(e, c), 0);
+	assert_int_equal(gpud_engine_block_release(e, blocks[0]), 0);
+	assert_int_equal(gpud_engine_block_release(e, blocks[1]), 0);
+	assert_int_equal(gpud_engine_block_release(e, blocks[1]), -EINVAL);
+	assert_pool_empty(e);
+	assert_true(gpud_engine_block_bytes(e) > 0);
+	gpud_engine_destroy(e);
+}
+
 static int setup(void **state)
 {
 	char err[256] = "";
@@ -835,6 +914,7 @@ int main(void)
 		cmocka_unit_test(test_mqa_long_context),
 		cmocka_unit_test(test_create_params),
 		cmocka_unit_test(test_fused_decode_batch),
+		cmocka_unit_test(test_seq_add_prefix),
 		cmocka_unit_test(test_cli),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);

@@ -236,6 +236,85 @@ static void test_churn(void **state)
 	gpud_kv_destroy(kv);
 }
 
+/* Reference counts: blocks attached to a second sequence and held from
+ * outside live until the last reference goes; a truncate that would cut
+ * into a shared block is refused; the check counts every reference. */
+static void test_shared_blocks(void **state)
+{
+	(void)state;
+	struct gpud_kv *kv = mk(8, 4, 4, 32);
+	struct gpud_kv_stats st;
+	uint32_t a, b, c, n, blk[3], two[2], bad[1] = { 7 };
+	const uint32_t *t;
+
+	assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+	assert_int_equal(gpud_kv_reserve(kv, a, 10), 0);
+	assert_int_equal(gpud_kv_set_len(kv, a, 10), 0);
+	t = gpud_kv_block_table(kv, a, &n);
+	assert_int_equal(n, 3);
+	memcpy(blk, t, sizeof(blk));
+	assert_int_equal(gpud_kv_block_refs(kv, blk[0]), 1);
+	/* outside holds on the two full blocks */
+	assert_int_equal(gpud_kv_block_hold(kv, blk[0]), 0);
+	assert_int_equal(gpud_kv_block_hold(kv, blk[1]), 0);
+	assert_int_equal(gpud_kv_block_refs(kv, blk[1]), 2);
+	assert_int_equal(gpud_kv_block_hold(kv, bad[0]), -EINVAL); /* free */
+	assert_int_equal(gpud_kv_block_hold(kv, 8), -EINVAL);
+	assert_int_equal(gpud_kv_block_release(kv, blk[2]), -EINVAL); /* no hold */
+	assert_int_equal(gpud_kv_block_refs(kv, 99), 0);
+	check(kv);
+	/* b starts on them */
+	assert_int_equal(gpud_kv_seq_new(kv, &b), 0);
+	two[0] = blk[0];
+	two[1] = blk[1];
+	assert_int_equal(gpud_kv_seq_attach(kv, b, bad, 1), -EINVAL);
+	assert_int_equal(gpud_kv_seq_attach(kv, b, NULL, 1), -EINVAL);
+	assert_int_equal(gpud_kv_seq_attach(kv, b, two, 2), 0);
+	assert_int_equal(gpud_kv_seq_attach(kv, b, two, 2), -EINVAL); /* not empty */
+	assert_int_equal(gpud_kv_seq_len(kv, b), 8);
+	assert_int_equal(gpud_kv_seq_capacity(kv, b), 8);
+	assert_int_equal(gpud_kv_block_refs(kv, blk[0]), 3);
+	assert_int_equal(gpud_kv_seq_new(kv, &c), 0);
+	assert_int_equal(gpud_kv_seq_attach(kv, c, blk, 9), SW_ETOOLONG);
+	assert_int_equal(gpud_kv_seq_len(kv, c), 0);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 3);
+	assert_int_equal(st.free, 5);
+	check(kv);
+	/* b appends on a private block */
+	assert_int_equal(gpud_kv_reserve(kv, b, 11), 0);
+	assert_int_equal(gpud_kv_set_len(kv, b, 11), 0);
+	t = gpud_kv_block_table(kv, b, &n);
+	assert_int_equal(n, 3);
+	assert_int_not_equal(t[2], blk[2]);
+	assert_int_equal(gpud_kv_block_refs(kv, t[2]), 1);
+	/* cutting into a shared block: refused, nothing changes */
+	assert_int_equal(gpud_kv_truncate(kv, a, 6), -EINVAL);
+	assert_int_equal(gpud_kv_truncate(kv, b, 5), -EINVAL);
+	assert_int_equal(gpud_kv_seq_len(kv, a), 10);
+	/* to a block boundary or inside a private block: fine */
+	assert_int_equal(gpud_kv_truncate(kv, b, 9), 0);
+	assert_int_equal(gpud_kv_truncate(kv, a, 8), 0);
+	assert_int_equal(gpud_kv_block_refs(kv, blk[2]), 0); /* a's private block went back */
+	check(kv);
+	/* a and b go: the held blocks stay */
+	assert_int_equal(gpud_kv_seq_free(kv, a), 0);
+	assert_int_equal(gpud_kv_seq_free(kv, b), 0);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 2);
+	assert_int_equal(st.used + st.free, 8);
+	check(kv);
+	assert_int_equal(gpud_kv_block_release(kv, blk[0]), 0);
+	assert_int_equal(gpud_kv_block_release(kv, blk[0]), -EINVAL);
+	assert_int_equal(gpud_kv_block_release(kv, blk[1]), 0);
+	assert_int_equal(gpud_kv_seq_free(kv, c), 0);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 0);
+	assert_int_equal(st.free, 8);
+	check(kv);
+	gpud_kv_destroy(kv);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -246,6 +325,7 @@ int main(void)
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_truncate),
 		cmocka_unit_test(test_churn),
+		cmocka_unit_test(test_shared_blocks),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
