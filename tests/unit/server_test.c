@@ -1254,6 +1254,83 @@ static void test_no_malloc_on_requests(void **state)
 	env_stop(e);
 }
 
+/* A full ring: a quick reply becomes ERROR SW_EBUSY, an embedding waits
+ * in its slot, both arrive once the client reads; a client that lets the
+ * error queue overflow is closed. */
+static void test_ring_full_paths(void **state)
+{
+	(void)state;
+	struct gpud_server_params p;
+	env_params(&p);
+	p.ring_bytes = 4096;
+	p.stage_bytes = 512;
+	p.stall_ms = 60000;
+	struct env *e = env_start(&p);
+	fake_set(&e->fk, FAKE_STREAM, 100000);
+	struct cl *c = cl_open(e);
+	cl_submit(c, 1, 0, "flood");
+	WAIT_FOR(e, atomic_load(&e->fk.busy_seen) == 1);
+	cl_text_req(c, PROTO_T_TOKENIZE, 50, 256, "ab");
+	cl_text_req(c, PROTO_T_EMBED, 51, 512, "abcd");
+	WAIT_FOR(e, atomic_load(&e->fk.embeds) == 1);
+	WAIT_FOR(e, gpud_server_in_flight(e->s) == 0);
+
+	struct result r1 = { 0 }, r50 = { 0 }, r51 = { 0 };
+	int ended = 0;
+	while (ended < 3) {
+		struct proto_record rec;
+		assert_int_equal(cl_next(c, &rec), 0);
+		struct result *r = rec.request_id == 1 ? &r1 : rec.request_id == 50 ? &r50 : &r51;
+		assert_true(rec.request_id == 1 || rec.request_id == 50 || rec.request_id == 51);
+		ended += cl_apply(c, &rec, r);
+	}
+	assert_int_equal(r1.type, PROTO_T_ERROR);
+	assert_int_equal(r1.code, SW_EBUSY);
+	assert_true(r1.n_ids > 100); /* ring + staging, in order (cl_apply checks) */
+	assert_int_equal(r50.type, PROTO_T_ERROR);
+	assert_int_equal(r50.code, SW_EBUSY);
+	assert_non_null(strstr(r50.msg, "ring is full"));
+	assert_int_equal(r51.type, PROTO_T_EMBED_REPLY);
+	assert_int_equal(r51.dim, 4);
+
+	/* Full again; nine errors the server makes itself overflow the
+	 * queue of eight: closed. */
+	cl_submit(c, 2, 0, "flood again");
+	WAIT_FOR(e, atomic_load(&e->fk.busy_seen) == 2);
+	for (uint64_t id = 60; id < 69; id++)
+		cl_frame(c, PROTO_T_TOKENS, id, 0, 0);
+	assert_true(socket_closed(c->fd));
+	WAIT_FOR(e, env_stats(e).connections == 0);
+	assert_int_equal(env_stats(e).bad_frames, 9);
+	assert_int_equal(env_stats(e).stalled, 0);
+	cl_close(c);
+	env_stop(e);
+}
+
+/* Closing the server with requests in flight cancels them; destroy
+ * unmaps what the connections left once the service has ended them. */
+static void test_close_with_requests(void **state)
+{
+	(void)state;
+	struct gpud_server_params p;
+	env_params(&p);
+	struct env *e = env_start(&p);
+	fake_set(&e->fk, FAKE_HOLD, 1);
+	struct cl *a = cl_open(e), *b = cl_open(e);
+	cl_submit(a, 1, 0, "a1");
+	cl_submit(a, 2, 256, "a2");
+	cl_submit(b, 1, 0, "b1");
+	WAIT_FOR(e, gpud_server_in_flight(e->s) == 3);
+	env_stop(e); /* waits for in_flight 0 */
+	struct proto_record rec;
+	/* The clients see their sockets close; nothing more arrives. */
+	assert_true(socket_closed(a->fd));
+	assert_true(socket_closed(b->fd));
+	assert_int_equal(proto_ring_pop(a->ring, &rec, a->buf, sizeof(a->buf)), -EAGAIN);
+	cl_close(a);
+	cl_close(b);
+}
+
 int main(void)
 {
 	/* As in gpud: writes to a socket whose peer left must not kill us. */
@@ -1271,6 +1348,8 @@ int main(void)
 		cmocka_unit_test(test_socket_file),
 		cmocka_unit_test(test_descriptor_closes),
 		cmocka_unit_test(test_no_malloc_on_requests),
+		cmocka_unit_test(test_ring_full_paths),
+		cmocka_unit_test(test_close_with_requests),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
