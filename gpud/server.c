@@ -840,10 +840,13 @@ static int take_slot(struct sconn *c, uint64_t id, struct gpud_sreq **out)
 			break;
 		}
 	}
-	if (!rc && c->n_active >= s->p.max_per_connection)
+	/* Slots, not just active requests: one whose final record waits for
+	 * a client that does not read still holds its slot, and such a
+	 * client must not take the whole pool. */
+	if (!rc && c->n_slots >= s->p.max_per_connection)
 		rc = sw_seterr(msg, sizeof(msg), SW_EBUSY,
 			       "busy: %u requests in flight on this connection (limit %u)",
-			       c->n_active, s->p.max_per_connection);
+			       c->n_slots, s->p.max_per_connection);
 	if (!rc && atomic_load(&s->in_flight) >= s->p.max_requests)
 		rc = sw_seterr(msg, sizeof(msg), SW_EBUSY,
 			       "busy: %u requests in flight in gpud (limit %u)",

@@ -1331,6 +1331,33 @@ static void test_close_with_requests(void **state)
 	cl_close(b);
 }
 
+/* A client that corrupts the ring's tail is closed; the service is told
+ * SW_ECLOSED and the other connections are untouched. */
+static void test_corrupt_tail(void **state)
+{
+	(void)state;
+	struct gpud_server_params p;
+	env_params(&p);
+	struct env *e = env_start(&p);
+	fake_set(&e->fk, FAKE_STREAM, 3);
+	struct cl *c = cl_open(e), *ok = cl_open(e);
+	const struct proto_shm_layout *l = proto_shm_layout(c->shm);
+	_Atomic uint64_t *tail =
+		(_Atomic uint64_t *)(void *)(proto_shm_base(c->shm) + l->ring_off + 64);
+	atomic_store(tail, 12345); /* past head, not a multiple of 16 */
+	cl_submit(c, 1, 0, "doomed");
+	assert_true(socket_closed(c->fd));
+	WAIT_FOR(e, atomic_load(&e->fk.closed_seen) == 1);
+	WAIT_FOR(e, gpud_server_in_flight(e->s) == 0);
+	struct result res;
+	cl_submit(ok, 1, 0, "fine");
+	cl_wait(ok, 1, &res);
+	assert_int_equal(res.type, PROTO_T_DONE);
+	cl_close(c);
+	cl_close(ok);
+	env_stop(e);
+}
+
 int main(void)
 {
 	/* As in gpud: writes to a socket whose peer left must not kill us. */
@@ -1350,6 +1377,7 @@ int main(void)
 		cmocka_unit_test(test_no_malloc_on_requests),
 		cmocka_unit_test(test_ring_full_paths),
 		cmocka_unit_test(test_close_with_requests),
+		cmocka_unit_test(test_corrupt_tail),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
