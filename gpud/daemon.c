@@ -902,7 +902,10 @@ static int dump_owners(struct gpud_daemon *d, char *err, size_t errlen)
 
 		dump_put(d, "%s{\"name\":\"%s\",\"kv\":[", i ? "," : "", dv->name);
 		gpud_sched_block_owners(d->sched, i, dump_block, &c);
-		dump_put(d, "],\"embeddings_queued\":%u}", dv->n_jobs);
+		pthread_mutex_lock(&dv->lock);
+		uint32_t nj = dv->n_jobs;
+		pthread_mutex_unlock(&dv->lock);
+		dump_put(d, "],\"embeddings_queued\":%u}", nj);
 	}
 	dump_put(d, "]}\n");
 	dump_flush(d);
@@ -1303,6 +1306,25 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 		}
 	}
 
+	{
+		/* The plan used estimates; hold the engines' real figures to it. */
+		uint64_t real = gpud_model_weight_bytes(d->model) + z->host;
+		for (uint32_t i = 0; i < d->n_dev; i++) {
+			real += d->dev[i].est.kv_bytes + d->dev[i].est.scratch_bytes +
+				d->dev[i].mst.reserved_bytes;
+		}
+		gpud_fmt_bytes(real, a, sizeof(a));
+		gpud_fmt_bytes(d->plan.used, b, sizeof(b));
+		if (real > d->plan.total) {
+			char c[32];
+			gpud_fmt_bytes(d->plan.total, c, sizeof(c));
+			log_error("reserved %s in all, more than the budget of %s (plan %s): lower "
+				  "gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
+			return SW_EEXHAUSTED;
+		}
+		log_info("reserved %s in all (plan %s)", a, b);
+	}
+
 	gpud_sched_params_default(&sp);
 	sp.max_requests = g->queue.global + d->n_dev; /* + the warm-up requests */
 	sp.max_batch_tokens = g->max_batch_tokens;
@@ -1418,6 +1440,8 @@ static int warm_up(struct gpud_daemon *d)
 			return rc;
 		}
 		j = job_take(&d->dev[i], &slot);
+		if (!j)
+			return -EBUSY;
 		j->tokens[0] = tok[0];
 		j->tokens[1] = tok[1];
 		j->n_tokens = 2;
