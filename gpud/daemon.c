@@ -879,13 +879,34 @@ static void dump_block(void *arg, uint32_t block, const char *kind, uint64_t id)
 	c->first = false;
 }
 
+/* mkdir -p (0750); 0 or a negated errno. */
+static int make_dirs(const char *path)
+{
+	char p[SW_CONFIG_PATH_MAX];
+	size_t n = strlen(path);
+
+	if (n == 0 || n >= sizeof(p))
+		return -ENAMETOOLONG;
+	memcpy(p, path, n + 1);
+	for (size_t i = 1; i <= n; i++) {
+		if (p[i] != '/' && p[i] != '\0')
+			continue;
+		p[i] = '\0';
+		if (mkdir(p, 0750) < 0 && errno != EEXIST)
+			return -errno;
+		p[i] = i < n ? '/' : '\0';
+	}
+	return 0;
+}
+
 static int dump_owners(struct gpud_daemon *d, char *err, size_t errlen)
 {
 	time_t t = time(NULL);
+	int rc = make_dirs(d->cfg.state_dir);
 
-	if (mkdir(d->cfg.state_dir, 0750) < 0 && errno != EEXIST)
-		return sw_seterr(err, errlen, -errno, "mem: cannot create %s: %s", d->cfg.state_dir,
-				 strerror(errno));
+	if (rc)
+		return sw_seterr(err, errlen, rc, "mem: cannot create %s: %s", d->cfg.state_dir,
+				 strerror(-rc));
 	snprintf(d->dump_path, sizeof(d->dump_path), "%s/gpud-blocks-%lld.json", d->cfg.state_dir,
 		 (long long)t);
 	d->dump_fd = open(d->dump_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
