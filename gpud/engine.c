@@ -17,10 +17,16 @@
 #include "common/arena.h"
 #include "common/err.h"
 #include "gpud/backend.h"
+#include "gpud/alloc.h"
 #include "gpud/backend/cpu/cpu.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
+
+/* Device allocation accounting (gpud/alloc.h) lives in the daemon
+ * library; programs linked without it (tools, most tests) have no counter,
+ * so the engine reports to it only when it is linked in. */
+#pragma weak gpud_alloc_device_note
 
 /* KV budget when neither n_blocks nor kv_bytes is given and max_seqs
  * full-context sequences would need more. */
@@ -192,6 +198,14 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	rc = e->ops->init(&e->be, &cfg, err, errlen);
 	if (rc)
 		goto out_free;
+	if (gpud_alloc_device_note && e->ops->stats) {
+		/* the backend's reservations: KV storage and step scratch */
+		struct gpud_backend_stats bs = { 0 };
+
+		e->ops->stats(e->be, &bs);
+		gpud_alloc_device_note(e->p.device, bs.kv_bytes);
+		gpud_alloc_device_note(e->p.device, bs.scratch_bytes);
+	}
 	*out = e;
 	return 0;
 

@@ -44,6 +44,8 @@ struct gpud_engine_params {
 				    * that is 0 too, enough for max_seqs
 				    * full-context sequences */
 	size_t kv_bytes;           /* KV byte budget used when n_blocks is 0 */
+	int device;                /* device index in allocation reports
+				    * (gpud_alloc_device_note); default 0 */
 };
 
 /* Fills the defaults listed above. */

@@ -30,8 +30,23 @@
  *      slot's gpud_detok (text is streamed alongside the token ids).
  *
  * Placement: a new request goes to the device with the most free KV
- * blocks, counting the blocks its waiting requests will still need, and
- * among equals the shortest queue (waiting + running requests).
+ * blocks (blocks held only by the prefix cache count as free), less the
+ * blocks its waiting requests will still need, and among equals the
+ * shortest queue (waiting + running requests).
+ *
+ * Prefix KV cache (prefix_cache_bytes > 0; gpud/prefix.h): at admission a
+ * request's full prompt blocks are looked up in order (stopping at the
+ * first miss, and never covering the last prompt token, which is computed
+ * so that logits exist); the hits are attached to its engine sequence and
+ * only the rest is prefilled. After each step the prompt blocks it has
+ * fully written are inserted (it keeps using them). Blocks are keyed by
+ * (parent block, token ids, attention pattern of those tokens under the
+ * request's mask), verified on every hit, so the same text under another
+ * mask never shares KV. Blocks no request uses stay cached up to
+ * prefix_cache_bytes (LRU beyond that) and are evicted before anything is
+ * preempted when the pool runs short. A preempted request looks its blocks
+ * up again when it is readmitted. usage.n_cached counts the tokens served
+ * at first admission.
  *
  * Thread model: one mutex per scheduler. Each device is driven by one
  * thread calling gpud_sched_step(s, dev) in a loop (the daemon's device
