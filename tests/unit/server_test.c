@@ -19,7 +19,9 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <grp.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -1358,6 +1360,68 @@ static void test_corrupt_tail(void **state)
 	env_stop(e);
 }
 
+/* Child: becomes uid/gid 65534, connects, says HELLO. Exit 10 when closed
+ * without a reply, 11 on HELLO_REPLY, 12 on anything else. */
+static int peer_child(const char *path)
+{
+	if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+		return 12;
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)))
+		return 12;
+	struct proto_frame f;
+	proto_frame_init(&f, PROTO_T_HELLO, 0);
+	(void)proto_send_frame(fd, &f, -1);
+	uint8_t raw[PROTO_FRAME_SIZE];
+	int mfd = -1;
+	int rc = proto_recv_frame(fd, raw, &mfd);
+	if (rc == SW_ECLOSED || rc == -ECONNRESET)
+		return 10;
+	if (rc == 0 && proto_frame_decode(raw, sizeof(raw), &f, NULL, 0) == 0 &&
+	    f.type == PROTO_T_HELLO_REPLY && mfd >= 0)
+		return 11;
+	return 12;
+}
+
+static int run_peer_child(const char *path)
+{
+	pid_t pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(peer_child(path));
+	int st;
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_true(WIFEXITED(st));
+	return WEXITSTATUS(st);
+}
+
+/* SO_PEERCRED: another uid is refused unless its gid is allowed_gid.
+ * Needs root (to become someone else). */
+static void test_peer_policy(void **state)
+{
+	(void)state;
+	if (geteuid() != 0)
+		skip();
+	struct gpud_server_params p;
+	env_params(&p);
+	struct env *e = env_start(&p);
+	assert_int_equal(chmod(e->path, 0666), 0); /* let the child reach it */
+	assert_int_equal(run_peer_child(e->path), 10);
+	WAIT_FOR(e, env_stats(e).refused_peer == 1);
+	assert_int_equal(env_stats(e).accepted, 0);
+	env_stop(e);
+
+	p.allowed_gid = 65534;
+	e = env_start(&p);
+	assert_int_equal(chmod(e->path, 0666), 0);
+	assert_int_equal(run_peer_child(e->path), 11);
+	WAIT_FOR(e, env_stats(e).accepted == 1);
+	assert_int_equal(env_stats(e).refused_peer, 0);
+	env_stop(e);
+}
+
 int main(void)
 {
 	/* As in gpud: writes to a socket whose peer left must not kill us. */
@@ -1378,6 +1442,7 @@ int main(void)
 		cmocka_unit_test(test_ring_full_paths),
 		cmocka_unit_test(test_close_with_requests),
 		cmocka_unit_test(test_corrupt_tail),
+		cmocka_unit_test(test_peer_policy),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
