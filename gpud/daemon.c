@@ -135,7 +135,8 @@ struct gpud_daemon {
 	uv_signal_t sig_term, sig_int, sig_usr1;
 	uv_timer_t poll_timer, deadline_timer;
 	bool handles_ok;
-	bool draining, finishing;
+	atomic_bool draining;  /* SIGTERM seen (read by device threads) */
+	bool finishing;
 #ifdef HAVE_METRICS
 	struct gpud_metrics *metrics;
 #endif
@@ -226,7 +227,8 @@ static int run_jobs(struct device *dv)
 			atomic_fetch_sub(&d->warm_left, 1);
 		} else if (cancelled) {
 			atomic_fetch_add(&d->cancelled, 1);
-			gpud_sreq_error(r, SW_ECANCELED, "cancelled");
+			gpud_sreq_error(r, SW_ECANCELED, atomic_load(&d->draining) ?
+					"cancelled: gpud is shutting down" : "cancelled");
 		} else if (rc) {
 			atomic_fetch_add(&d->errors, 1);
 			gpud_sreq_error(r, rc, j->err[0] ? j->err : sw_strerror(rc));
@@ -369,7 +371,8 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 		gpud_sreq_done(r, &u); /* p is gone after this */
 	} else if (ev->status == SW_ECANCELED) {
 		atomic_fetch_add(&d->cancelled, 1);
-		gpud_sreq_error(r, SW_ECANCELED, "cancelled");
+		gpud_sreq_error(r, SW_ECANCELED, atomic_load(&d->draining) ?
+				"cancelled: gpud is shutting down" : "cancelled");
 	} else {
 		atomic_fetch_add(&d->errors, 1);
 		gpud_sreq_error(r, ev->status,
@@ -701,7 +704,7 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 	memset(s, 0, sizeof(*s));
 	s->version = SW_VERSION;
 	s->uptime_s = t - d->t_start;
-	s->draining = d->draining;
+	s->draining = atomic_load(&d->draining);
 	gpud_server_stats(d->server, &ss);
 	gpud_sched_stats(d->sched, &sch);
 	s->requests.admitted = ss.requests;
@@ -1041,13 +1044,13 @@ static void on_signal(uv_signal_t *h, int signum)
 			log_info("SIGUSR1: log reopened");
 		return;
 	}
-	if (d->draining) {
+	if (atomic_load(&d->draining)) {
 		log_warn("%s again: cancelling the %u requests in flight", strsignal(signum),
 			 gpud_server_in_flight(d->server));
 		gpud_server_cancel_all(d->server);
 		return;
 	}
-	d->draining = true;
+	atomic_store(&d->draining, true);
 	log_info("%s: draining (%u requests in flight, deadline %u ms)", strsignal(signum),
 		 gpud_server_in_flight(d->server), d->cfg.gpud.shutdown_deadline_ms);
 	gpud_server_drain(d->server);
