@@ -1283,11 +1283,10 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	s->listener.data = s->async.data = s->timer.data = s;
 	s->handles = 3;
 	s->async_live = true;
-	log_debug("server: %u connections, %u request slots of %zu bytes (%zu MiB), ring %zu, "
-		  "request area %zu, stage %zu",
-		  q.max_connections, q.max_requests, s->slot_size,
-		  (size_t)q.max_requests * s->slot_size >> 20, q.ring_bytes, q.req_bytes,
-		  q.stage_bytes);
+	log_info("server: reserved %u connection slots of %zu bytes, %u request slots of %zu "
+		 "bytes (%zu MiB, touched as used); per connection: ring %zu, request area %zu",
+		 q.max_connections, sizeof(struct sconn), q.max_requests, s->slot_size,
+		 (size_t)q.max_requests * s->slot_size >> 20, q.ring_bytes, q.req_bytes);
 	*out = s;
 	return 0;
 
