@@ -157,7 +157,8 @@ static int ensure_group(struct agent_queue *q, char *err, size_t errlen)
 	redisReply *r;
 	int rc;
 
-	rc = run_allow_error(q, &r, err, errlen, "XGROUP CREATE %s %s $ MKSTREAM", q->stream,
+	/* From 0: tasks added before the first worker ever ran are work too. */
+	rc = run_allow_error(q, &r, err, errlen, "XGROUP CREATE %s %s 0 MKSTREAM", q->stream,
 			     q->group);
 	if (rc)
 		return rc;

@@ -70,7 +70,8 @@ struct agent_msg {
 };
 
 /* Connects, checks the server answers, and creates the group
- * (XGROUP CREATE ... $ MKSTREAM; an existing group is fine). Returns 0 and
+ * (XGROUP CREATE ... 0 MKSTREAM: a new group delivers the entries already
+ * in the stream; an existing group is fine). Returns 0 and
  * *out, or SW_ECLOSED (unreachable), -EINVAL (bad URL), -EIO, -ENOMEM.
  * *out is NULL on error. */
 int agent_queue_open(struct agent_queue **out, const struct agent_queue_opts *o, char *err,

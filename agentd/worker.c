@@ -1,0 +1,666 @@
+/* worker.c - the agentd worker loop: claim -> run -> commit -> XACK ->
+ * event, with reconnects, heartbeats, callbacks and drain. */
+#include "agentd/worker.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+
+#include "agentd/db.h"
+#include "agentd/fetch.h"
+#include "agentd/queue.h"
+#include "agentd/task.h"
+#include "agentd/tasks/tasks.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "sw_config.h"
+
+#define ERR_MAX 1024
+#define CALLBACK_QUEUE 64
+#define CALLBACK_TRIES 3
+#define CALLBACK_DRAIN_MS 5000
+
+static volatile sig_atomic_t stop_requested;
+
+void agent_worker_stop(void)
+{
+	stop_requested = 1;
+}
+
+void agent_worker_reset(void)
+{
+	stop_requested = 0;
+}
+
+static void on_signal(int sig)
+{
+	stop_requested = 1;
+}
+
+/* --- callbacks: POSTs of completion events, off the main loop ------------- */
+
+struct callback {
+	char *url;
+	char *json;
+};
+
+struct callbacks {
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct callback q[CALLBACK_QUEUE];
+	unsigned head, n;
+	bool closing;
+	bool started;
+};
+
+static void *callback_thread(void *arg)
+{
+	struct callbacks *cb = arg;
+	char err[512];
+
+	pthread_mutex_lock(&cb->lock);
+	for (;;) {
+		struct callback c;
+		uint64_t delay = 500;
+		int rc = 0;
+
+		while (cb->n == 0 && !cb->closing)
+			pthread_cond_wait(&cb->cond, &cb->lock);
+		if (cb->n == 0)
+			break;
+		c = cb->q[cb->head];
+		cb->head = (cb->head + 1) % CALLBACK_QUEUE;
+		cb->n--;
+		pthread_mutex_unlock(&cb->lock);
+		for (int i = 0; i < CALLBACK_TRIES; i++) {
+			struct agent_fetch_opts o = { .timeout_ms = 5000, .connect_timeout_ms = 2000,
+						      .no_redirects = true };
+
+			rc = agent_fetch_post_json(c.url, c.json, strlen(c.json), &o, err, sizeof(err));
+			if (rc == 0 || agent_error_permanent(rc))
+				break;
+			if (i + 1 < CALLBACK_TRIES)
+				sw_sleep_ms(delay);
+			delay *= 2;
+		}
+		if (rc)
+			log_warn("callback %s failed: %s", c.url, err);
+		free(c.url);
+		free(c.json);
+		pthread_mutex_lock(&cb->lock);
+	}
+	pthread_mutex_unlock(&cb->lock);
+	return NULL;
+}
+
+/* Queues a POST; a full queue drops it with a warning (never blocks). */
+static void callback_post(struct callbacks *cb, const char *url, const char *task_id,
+			  const char *status, const char *location, const char *error)
+{
+	json_t *o;
+	char *json;
+
+	if (!url || !cb->started)
+		return;
+	o = json_pack("{s:s, s:s, s:s, s:s}", "task_id", task_id, "status", status, "location",
+		      location ? location : "", "error", error ? error : "");
+	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	pthread_mutex_lock(&cb->lock);
+	if (!json || cb->n == CALLBACK_QUEUE) {
+		pthread_mutex_unlock(&cb->lock);
+		log_warn("task %s: callback to %s dropped (%s)", task_id, url,
+			 json ? "queue full" : "out of memory");
+		free(json);
+		return;
+	}
+	cb->q[(cb->head + cb->n) % CALLBACK_QUEUE] = (struct callback){ strdup(url), json };
+	cb->n++;
+	pthread_cond_signal(&cb->cond);
+	pthread_mutex_unlock(&cb->lock);
+}
+
+/* --- the worker ------------------------------------------------------------ */
+
+struct worker {
+	const struct agent_worker_opts *o;
+	const struct sw_config *cfg;
+	struct agent_worker_stats st;
+	struct agent_db *db;
+	struct agent_queue *q;
+	struct agent_gpud *gpud;
+	const struct agent_llm *llm;
+	struct agent_ctx ctx;
+	struct callbacks cb;
+
+	/* shared with the heartbeat thread */
+	pthread_mutex_t lock;
+	char entry[64];              /* entry in hand, "" when idle */
+	_Atomic uint64_t progress_ms; /* last sign of life of the main loop */
+	_Atomic uint64_t done;
+	pthread_t hb;
+	bool hb_started;
+	_Atomic bool hb_stop;
+	struct agent_queue_opts qo;
+
+	/* outage bookkeeping: log once per episode */
+	bool in_outage;
+	uint64_t outage_since_ms;
+	uint32_t backoff_ms;
+};
+
+static void mark_progress(void *arg)
+{
+	struct worker *w = arg;
+
+	atomic_store(&w->progress_ms, sw_now_ms());
+}
+
+static void set_entry(struct worker *w, const char *id)
+{
+	pthread_mutex_lock(&w->lock);
+	snprintf(w->entry, sizeof(w->entry), "%s", id ? id : "");
+	pthread_mutex_unlock(&w->lock);
+	mark_progress(w);
+}
+
+static void *heartbeat_thread(void *arg)
+{
+	struct worker *w = arg;
+	struct agent_queue *q = NULL;
+	const uint32_t period = w->cfg->agentd.heartbeat_ms;
+	const uint32_t lease = w->cfg->agentd.lease_ms;
+	char err[512], entry[64], line[160];
+
+	while (!atomic_load(&w->hb_stop)) {
+		uint64_t now = sw_now_ms(), last = atomic_load(&w->progress_ms);
+		bool hung;
+
+		pthread_mutex_lock(&w->lock);
+		snprintf(entry, sizeof(entry), "%s", w->entry);
+		pthread_mutex_unlock(&w->lock);
+		hung = entry[0] && now - last > lease;
+		if (!hung) {
+			if (w->o->heartbeat_fd >= 0) {
+				int n = snprintf(line, sizeof(line), "hb %d %s %" PRIu64 " %s\n",
+						 (int)getpid(),
+						 stop_requested ? "drain" : entry[0] ? "busy" : "idle",
+						 atomic_load(&w->done), entry[0] ? entry : "-");
+
+				if (write(w->o->heartbeat_fd, line, (size_t)n) == n)
+					w->st.heartbeats++;
+			}
+			if (entry[0]) {
+				if (!q && agent_queue_open(&q, &w->qo, err, sizeof(err)) != 0)
+					q = NULL;
+				if (q) {
+					int rc = agent_queue_touch(q, entry, err, sizeof(err));
+
+					if (rc == SW_ENOTFOUND)
+						log_warn("%s", err);
+					else if (rc == SW_ECLOSED &&
+						 agent_queue_reconnect(q, err, sizeof(err)) != 0)
+						log_debug("lease refresh: %s", err);
+				}
+			}
+		}
+		for (uint32_t slept = 0; slept < period && !atomic_load(&w->hb_stop); slept += 50)
+			sw_sleep_ms(50);
+	}
+	agent_queue_close(q);
+	return NULL;
+}
+
+/* Sleeps for the current backoff (in slices, so a stop is seen) and
+ * doubles it. */
+static void backoff(struct worker *w)
+{
+	uint32_t ms = w->backoff_ms ? w->backoff_ms : AGENT_RECONNECT_MIN_MS;
+
+	for (uint32_t t = 0; t < ms && !stop_requested; t += 50)
+		sw_sleep_ms(50);
+	w->backoff_ms = ms * 2 > AGENT_RECONNECT_MAX_MS ? AGENT_RECONNECT_MAX_MS : ms * 2;
+}
+
+static void outage_begin(struct worker *w, const char *what)
+{
+	if (w->in_outage)
+		return;
+	w->in_outage = true;
+	w->outage_since_ms = sw_now_ms();
+	w->st.outages++;
+	log_warn("%s; reconnecting with backoff (%d..%d ms), the task in hand is kept", what,
+		 AGENT_RECONNECT_MIN_MS, AGENT_RECONNECT_MAX_MS);
+}
+
+static void outage_end(struct worker *w)
+{
+	if (!w->in_outage)
+		return;
+	w->in_outage = false;
+	w->backoff_ms = 0;
+	log_info("servers reachable again after %" PRIu64 " ms", sw_now_ms() - w->outage_since_ms);
+}
+
+/* Reconnects whatever is down. 0 when everything answers. */
+static int reconnect_all(struct worker *w, char *err, size_t errlen)
+{
+	int rc;
+
+	rc = agent_db_reconnect(w->db, err, errlen);
+	if (rc == 0)
+		rc = agent_queue_reconnect(w->q, err, errlen);
+	if (rc == 0 && w->gpud)
+		rc = agent_gpud_connect(w->gpud, err, errlen);
+	return rc;
+}
+
+/* Acknowledges and announces a finished task (also used for a redelivery
+ * of one finished earlier). */
+static int finish_out(struct worker *w, const struct agent_msg *m, const char *id,
+		      enum agent_task_status st, const char *location, const char *error,
+		      const char *callback_url, char *err, size_t errlen)
+{
+	int rc = agent_queue_ack(w->q, m->id, err, errlen);
+
+	if (rc)
+		return rc;
+	rc = agent_queue_result(w->q, id, agent_task_status_name(st), location, error, err, errlen);
+	if (rc)
+		return rc;
+	callback_post(&w->cb, callback_url, id, agent_task_status_name(st), location, error);
+	atomic_fetch_add(&w->done, 1);
+	return 0;
+}
+
+/* Handles one delivery. Returns 0 when the entry is dealt with (done, or
+ * left pending on purpose), or an outage code: retry after a reconnect. */
+static int handle(struct worker *w, const struct agent_msg *m, const struct agent_task *t,
+		  int parse_rc, const char *parse_err, char *err)
+{
+	const uint32_t max_attempts = w->cfg->agentd.max_attempts;
+	char id[AGENT_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
+	char last[ERR_MAX], msg[ERR_MAX + 64];
+	enum agent_task_status prev;
+	int attempts, rc;
+
+	if (t->id)
+		snprintf(id, sizeof(id), "%s", t->id);
+	else
+		snprintf(id, sizeof(id), "stream:%s", m->id);
+
+	rc = agent_db_task_start(w->db, id, parse_rc ? NULL : agent_task_kind_name(t->kind), m->id,
+				 &prev, &attempts, err, ERR_MAX);
+	if (rc)
+		return rc;
+	if (prev != AGENT_TASK_RUNNING) { /* finished before; the ack was lost */
+		rc = agent_db_task_get(w->db, id, &prev, NULL, last, sizeof(last), location,
+				       sizeof(location), err, ERR_MAX);
+		if (rc)
+			return rc;
+		log_info("task %s: redelivered after it ended %s; acknowledging", id,
+			 agent_task_status_name(prev));
+		return finish_out(w, m, id, prev, location, last[0] ? last : NULL,
+				  parse_rc ? NULL : t->callback_url, err, ERR_MAX);
+	}
+	if (parse_rc) {
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, parse_err, NULL, err,
+					  ERR_MAX);
+		if (rc)
+			return rc;
+		log_warn("task %s: %s", id, parse_err);
+		w->st.failed++;
+		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err,
+				  ERR_MAX);
+	}
+	if (m->deliveries > max_attempts) {
+		/* The worker that had the last allowed delivery died with it. */
+		rc = agent_db_task_get(w->db, id, NULL, NULL, last, sizeof(last), NULL, 0, err,
+				       ERR_MAX);
+		if (rc)
+			return rc;
+		snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s",
+			 m->deliveries - 1, last[0] ? last : "none recorded (the worker died)");
+		goto dead;
+	}
+
+	err[0] = '\0';
+	mark_progress(w);
+	rc = agent_run_task(&w->ctx, t, location, sizeof(location), err, ERR_MAX);
+	if (rc == 0) {
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_COMPLETED, NULL, location, err,
+					  ERR_MAX);
+		if (rc)
+			return rc;
+		w->st.completed++;
+		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url, err,
+				  ERR_MAX);
+	}
+	if (agent_error_outage(rc)) {
+		log_debug("task %s: %s", id, err);
+		return rc;
+	}
+	if (agent_error_permanent(rc)) {
+		log_warn("task %s failed: %s", id, err);
+		snprintf(msg, sizeof(msg), "%s", err);
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, msg, NULL, err, ERR_MAX);
+		if (rc)
+			return rc;
+		w->st.failed++;
+		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err,
+				  ERR_MAX);
+	}
+	if (m->deliveries < max_attempts) {
+		log_warn("task %s: attempt %u of %u failed: %s", id, m->deliveries, max_attempts, err);
+		snprintf(msg, sizeof(msg), "%s", err);
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_RUNNING, msg, NULL, err, ERR_MAX);
+		if (rc)
+			return rc;
+		w->st.retried++;
+		return 0; /* stays pending: reclaimed after the lease */
+	}
+	snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s", m->deliveries,
+		 err);
+dead:
+	log_warn("task %s: %s", id, msg);
+	rc = agent_db_task_finish(w->db, id, AGENT_TASK_DEAD, msg, NULL, err, ERR_MAX);
+	if (rc)
+		return rc;
+	rc = agent_queue_dead(w->q, m, id, msg, err, ERR_MAX);
+	if (rc)
+		return rc;
+	rc = agent_queue_result(w->q, id, "dead", NULL, msg, err, ERR_MAX);
+	if (rc)
+		return rc;
+	callback_post(&w->cb, t->callback_url, id, "dead", NULL, msg);
+	atomic_fetch_add(&w->done, 1);
+	w->st.dead++;
+	return 0;
+}
+
+/* Runs one claimed entry to its end, riding out outages. */
+static void process(struct worker *w, const struct agent_msg *m)
+{
+	char perr[ERR_MAX], err[ERR_MAX];
+	struct agent_task t;
+	int prc, rc;
+
+	set_entry(w, m->id);
+	prc = agent_task_parse(m->payload ? m->payload : "", m->payload ? m->len : 0, &t, perr,
+			       sizeof(perr));
+	if (!m->payload)
+		snprintf(perr, sizeof(perr), "task: the entry has no \"%s\" field", AGENT_QUEUE_FIELD);
+	for (;;) {
+		rc = handle(w, m, &t, prc, perr, err);
+		if (!agent_error_outage(rc))
+			break;
+		outage_begin(w, err);
+		if (stop_requested) {
+			log_warn("draining during an outage: entry %s stays pending for another worker",
+				 m->id);
+			break;
+		}
+		do {
+			backoff(w);
+		} while (!stop_requested && reconnect_all(w, err, ERR_MAX) != 0);
+		if (!stop_requested)
+			outage_end(w);
+	}
+	if (rc && !agent_error_outage(rc))
+		log_error("entry %s: %s", m->id, sw_strerror(rc));
+	agent_task_free(&t);
+	set_entry(w, NULL);
+}
+
+/* Opens PostgreSQL (and migrates) and Redis, waiting out servers that
+ * are not up yet. Returns 0, a permanent error, or SW_ECANCELED when
+ * stopped first. */
+static int start(struct worker *w, char *err, size_t errlen)
+{
+	const char *dir = w->o->sql_dir ? w->o->sql_dir : SW_SOURCE_ROOT "/config/sql";
+	int rc;
+
+	for (;;) {
+		if (!w->db)
+			rc = agent_db_open(&w->db, w->cfg->postgres.url, err, errlen);
+		else
+			rc = agent_db_reconnect(w->db, err, errlen);
+		if (rc == 0)
+			rc = agent_db_migrate(w->db, dir, NULL, err, errlen);
+		if (rc == 0 && !w->q)
+			rc = agent_queue_open(&w->q, &w->qo, err, errlen);
+		if (rc == 0) {
+			outage_end(w);
+			return 0;
+		}
+		if (rc != SW_ECLOSED)
+			return rc;
+		outage_begin(w, err);
+		if (stop_requested)
+			return SW_ECANCELED;
+		backoff(w);
+	}
+}
+
+int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stats *stats,
+		     char *err, size_t errlen)
+{
+	struct worker *w;
+	const struct sw_config *cfg = o->cfg;
+	int rc;
+
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return sw_seterr(err, errlen, -ENOMEM, "worker: out of memory");
+	w->o = o;
+	w->cfg = cfg;
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_mutex_init(&w->cb.lock, NULL);
+	pthread_cond_init(&w->cb.cond, NULL);
+	mark_progress(w);
+	w->qo = (struct agent_queue_opts){
+		.url = cfg->redis.url,
+		.stream = o->stream,
+		.dead_stream = o->dead_stream,
+		.results_stream = o->results_stream,
+		.consumer = o->consumer,
+		.lease_ms = cfg->agentd.lease_ms,
+		.block_ms = o->block_ms ? o->block_ms : AGENT_DEFAULT_BLOCK_MS,
+	};
+	if (o->handle_signals) {
+		struct sigaction sa = { .sa_handler = on_signal };
+
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGTERM, &sa, NULL);
+		sigaction(SIGINT, &sa, NULL);
+		signal(SIGPIPE, SIG_IGN);
+	}
+	if (o->heartbeat_fd >= 0)
+		fcntl(o->heartbeat_fd, F_SETFL, fcntl(o->heartbeat_fd, F_GETFL) | O_NONBLOCK);
+
+	rc = start(w, err, errlen);
+	if (rc == SW_ECANCELED) {
+		rc = 0; /* stopped before the servers came: a clean exit */
+		goto out;
+	}
+	if (rc)
+		goto out;
+	/* The consumer name the heartbeat connection must use is ours. */
+	w->qo.consumer = agent_queue_consumer(w->q);
+	if (o->llm) {
+		w->llm = o->llm;
+	} else {
+		rc = agent_gpud_open(&w->gpud, cfg->gpud.socket, 0);
+		if (rc) {
+			sw_seterr(err, errlen, rc, "worker: out of memory");
+			goto out;
+		}
+		w->llm = agent_gpud_llm(w->gpud);
+	}
+	w->ctx = (struct agent_ctx){
+		.db = w->db,
+		.llm = w->llm,
+		.fetch = { .max_bytes = AGENT_TASK_MAX_TEXT,
+			   .timeout_ms = o->fetch_timeout_ms ? o->fetch_timeout_ms : 30000 },
+		.chunk_tokens = o->chunk_tokens ? o->chunk_tokens : AGENT_DEFAULT_CHUNK_TOKENS,
+		.chunk_overlap = o->chunk_overlap ? o->chunk_overlap : AGENT_DEFAULT_CHUNK_OVERLAP,
+		.summary_fanin = o->summary_fanin ? o->summary_fanin : AGENT_DEFAULT_SUMMARY_FANIN,
+		.progress = mark_progress,
+		.progress_arg = w,
+	};
+	if (w->ctx.chunk_overlap >= w->ctx.chunk_tokens)
+		w->ctx.chunk_overlap = w->ctx.chunk_tokens / 4;
+	w->cb.started = pthread_create(&w->cb.thread, NULL, callback_thread, &w->cb) == 0;
+	w->hb_started = pthread_create(&w->hb, NULL, heartbeat_thread, w) == 0;
+	log_info("worker %s: claiming from %s (lease %u ms, max_attempts %u)",
+		 agent_queue_consumer(w->q), o->stream ? o->stream : AGENT_QUEUE_STREAM,
+		 cfg->agentd.lease_ms, cfg->agentd.max_attempts);
+
+	while (!stop_requested) {
+		struct agent_msg m;
+
+		if (cfg->agentd.max_tasks_per_worker &&
+		    atomic_load(&w->done) >= cfg->agentd.max_tasks_per_worker) {
+			log_info("worker: %u tasks done, exiting to be recycled",
+				 cfg->agentd.max_tasks_per_worker);
+			break;
+		}
+		mark_progress(w);
+		rc = agent_queue_claim(w->q, &m, err, errlen);
+		if (rc == SW_ENOTFOUND)
+			continue;
+		if (rc) {
+			outage_begin(w, err);
+			backoff(w);
+			if (reconnect_all(w, err, errlen) == 0)
+				outage_end(w);
+			continue;
+		}
+		outage_end(w);
+		w->st.claimed++;
+		process(w, &m);
+		agent_msg_free(&m);
+	}
+	rc = 0;
+	log_info("worker %s: drained (%" PRIu64 " completed, %" PRIu64 " failed, %" PRIu64
+		 " dead, %" PRIu64 " retried)",
+		 agent_queue_consumer(w->q), w->st.completed, w->st.failed, w->st.dead,
+		 w->st.retried);
+out:
+	if (w->hb_started) {
+		atomic_store(&w->hb_stop, true);
+		pthread_join(w->hb, NULL);
+	}
+	if (w->cb.started) {
+		pthread_mutex_lock(&w->cb.lock);
+		w->cb.closing = true;
+		pthread_cond_signal(&w->cb.cond);
+		pthread_mutex_unlock(&w->cb.lock);
+		pthread_join(w->cb.thread, NULL);
+	}
+	if (stats)
+		*stats = w->st;
+	agent_gpud_close(w->gpud);
+	agent_queue_close(w->q);
+	agent_db_close(w->db);
+	pthread_cond_destroy(&w->cb.cond);
+	pthread_mutex_destroy(&w->cb.lock);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
+	return rc;
+}
+
+/* --- `agentd worker` ---------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR]\n");
+}
+
+int agentd_worker_main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "heartbeat-fd", required_argument, NULL, 'H' },
+		{ "sql-dir", required_argument, NULL, 's' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct agent_worker_opts o = { .heartbeat_fd = -1, .handle_signals = true };
+	struct agent_worker_stats st;
+	struct sw_config cfg;
+	const char *config = NULL, *hb = getenv("SWARM_HEARTBEAT_FD");
+	char err[ERR_MAX];
+	int c, rc;
+
+	optind = 1;
+	while ((c = getopt_long(argc, argv, "c:H:s:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'c': config = optarg; break;
+		case 'H': hb = optarg; break;
+		case 's': o.sql_dir = optarg; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (!config || optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	if (hb && hb[0]) {
+		char *end;
+		long fd = strtol(hb, &end, 10);
+
+		if (*end || fd < 0 || fd > 65535) {
+			fprintf(stderr, "agentd worker: bad heartbeat fd \"%s\"\n", hb);
+			return 2;
+		}
+		o.heartbeat_fd = (int)fd;
+	}
+	if (sw_config_load_file(config, &cfg, err, ERR_MAX) != 0 ||
+	    sw_config_apply_env(&cfg, err, ERR_MAX) != 0 ||
+	    sw_config_validate(&cfg, 0, err, ERR_MAX) != 0) {
+		fprintf(stderr, "agentd worker: %s\n", err);
+		return 1;
+	}
+	sw_log_init("agentd-worker", (enum sw_log_level)cfg.log.level);
+	if (cfg.log.file[0] && sw_log_open(cfg.log.file) != 0)
+		fprintf(stderr, "agentd worker: cannot open log file %s; logging to stderr\n",
+			cfg.log.file);
+	sw_log_install_sigusr1();
+	if (agent_fetch_global_init() != 0) {
+		log_error("libcurl initialization failed");
+		return 1;
+	}
+	{
+		char red_pg[256], red_redis[256];
+
+		sw_config_redact_url(cfg.postgres.url, red_pg, sizeof(red_pg));
+		sw_config_redact_url(cfg.redis.url, red_redis, sizeof(red_redis));
+		log_info("agentd worker %s (libpq %d, hiredis %d.%d.%d, %s): postgres %s, redis %s, "
+			 "gpud %s",
+			 SW_VERSION, PQlibVersion(), HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH,
+			 curl_version(), red_pg, red_redis, cfg.gpud.socket);
+	}
+	o.cfg = &cfg;
+	rc = agent_worker_run(&o, &st, err, ERR_MAX);
+	if (rc) {
+		log_error("worker: %s", err);
+		return 1;
+	}
+	return 0;
+}

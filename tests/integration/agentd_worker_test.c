@@ -1,0 +1,536 @@
+/* agentd_worker_test.c - the worker loop end to end against real Redis
+ * and PostgreSQL, with a fake gpud (struct agent_llm):
+ *   - a mixed batch: ingest (twice the same text, and the same task id
+ *     redelivered), summarize, answer, malformed JSON, unknown kind, an
+ *     entry without a task, an oversized question, an unreachable URL
+ *     that is retried and dead-lettered after max_attempts; every task
+ *     ends with the right status, error, event; nothing stays pending;
+ *     heartbeats arrive on the pipe;
+ *   - kill -9 of a worker process in the middle of a summarize: another
+ *     worker reclaims the entry after the lease and finishes it, reusing
+ *     the partial summaries; exactly one final summary;
+ *   - drain: a stop while a task is in hand finishes that task, claims
+ *     no other, acknowledges nothing unfinished;
+ *   - PostgreSQL dropping the worker's connection: logged, reconnected,
+ *     the task completes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+#include "agentd/db.h"
+#include "agentd/fetch.h"
+#include "agentd/tasks/tasks.h"
+#include "agentd/worker.h"
+#include "common/err.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "tests/integration/harness.h"
+
+#define DIM 8
+
+/* --- fake gpud -------------------------------------------------------------- */
+
+static _Atomic int gen_calls;
+static _Atomic int gen_sleep_ms;
+
+static int fake_count(void *ctx, const char *s, size_t len, uint32_t *n, char *err, size_t el)
+{
+	bool in = false;
+
+	*n = 0;
+	for (size_t i = 0; i < len; i++) {
+		bool sp = s[i] == ' ';
+
+		if (!sp && !in)
+			(*n)++;
+		in = !sp;
+	}
+	return 0;
+}
+
+static int fake_embed(void *ctx, const char *s, size_t len, float **vec, uint32_t *dim,
+		      char *err, size_t el)
+{
+	float *v = calloc(DIM, sizeof(*v));
+
+	for (size_t i = 0; i < len; i++)
+		v[(unsigned char)s[i] % DIM] += 1;
+	*vec = v;
+	*dim = DIM;
+	return 0;
+}
+
+static int fake_generate(void *ctx, const struct proto_submit_req *req, char **text, char *err,
+			 size_t el)
+{
+	char buf[64];
+
+	if (gen_sleep_ms)
+		sw_sleep_ms((uint64_t)gen_sleep_ms);
+	snprintf(buf, sizeof(buf), "generated %d", ++gen_calls);
+	*text = strdup(buf);
+	return 0;
+}
+
+static const struct agent_llm fake_llm = {
+	.count_tokens = fake_count,
+	.embed = fake_embed,
+	.generate = fake_generate,
+};
+
+/* --- fixture ------------------------------------------------------------------ */
+
+struct fx {
+	char dbname[64], dburl[1024];
+	char stream[128], dead[128], results[128];
+	redisContext *redis;
+	PGconn *pg;
+	struct sw_config cfg;
+	int hb[2];
+	struct agent_worker_opts o;
+	struct agent_worker_stats st;
+	pthread_t thread;
+	int rc;
+	char err[512];
+};
+
+static int counter;
+
+static void admin(const char *sql)
+{
+	PGconn *c = PQconnectdb(it_pg_url());
+	PGresult *r = PQexec(c, sql);
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		fail_msg("%s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+}
+
+static int setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	const char *base = it_pg_url(), *path;
+	char sql[128], host[256];
+	int port, n = counter++;
+
+	snprintf(f->dbname, sizeof(f->dbname), "agentd_worker_%d_%d", (int)getpid(), n);
+	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
+	admin(sql);
+	path = strchr(strstr(base, "://") + 3, '/');
+	snprintf(f->dburl, sizeof(f->dburl), "%.*s/%s", (int)(path - base), base, f->dbname);
+	f->pg = PQconnectdb(f->dburl);
+	if (PQstatus(f->pg) != CONNECTION_OK)
+		return -1;
+	snprintf(f->stream, sizeof(f->stream), "swarm:it:agentd:w:%d:%d:tasks", (int)getpid(), n);
+	snprintf(f->dead, sizeof(f->dead), "swarm:it:agentd:w:%d:%d:dead", (int)getpid(), n);
+	snprintf(f->results, sizeof(f->results), "swarm:it:agentd:w:%d:%d:results", (int)getpid(),
+		 n);
+	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
+		return -1;
+	f->redis = redisConnect(host, port);
+	if (!f->redis || f->redis->err)
+		return -1;
+
+	sw_config_defaults(&f->cfg);
+	snprintf(f->cfg.redis.url, sizeof(f->cfg.redis.url), "%s", it_redis_url());
+	snprintf(f->cfg.postgres.url, sizeof(f->cfg.postgres.url), "%s", f->dburl);
+	f->cfg.agentd.max_attempts = 2;
+	f->cfg.agentd.lease_ms = 400;
+	f->cfg.agentd.heartbeat_ms = 100;
+	f->cfg.agentd.max_tasks_per_worker = 0;
+	if (pipe2(f->hb, O_CLOEXEC) != 0)
+		return -1;
+	f->o = (struct agent_worker_opts){
+		.cfg = &f->cfg,
+		.sql_dir = "config/sql",
+		.heartbeat_fd = f->hb[1],
+		.consumer = "w1",
+		.stream = f->stream,
+		.dead_stream = f->dead,
+		.results_stream = f->results,
+		.block_ms = 50,
+		.llm = &fake_llm,
+		.chunk_tokens = 8,
+		.chunk_overlap = 2,
+		.fetch_timeout_ms = 2000,
+	};
+	gen_calls = 0;
+	gen_sleep_ms = 0;
+	agent_worker_reset();
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+	char sql[128];
+	redisReply *r;
+
+	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
+	freeReplyObject(r);
+	redisFree(f->redis);
+	PQfinish(f->pg);
+	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
+	admin(sql);
+	close(f->hb[0]);
+	close(f->hb[1]);
+	free(f);
+	return 0;
+}
+
+static void *worker_thread(void *arg)
+{
+	struct fx *f = arg;
+
+	f->rc = agent_worker_run(&f->o, &f->st, f->err, sizeof(f->err));
+	return NULL;
+}
+
+static void start_worker(struct fx *f)
+{
+	agent_worker_reset();
+	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
+}
+
+static void stop_worker(struct fx *f)
+{
+	agent_worker_stop();
+	pthread_join(f->thread, NULL);
+	if (f->rc)
+		fail_msg("worker: %s", f->err);
+}
+
+static void xadd(struct fx *f, const char *task)
+{
+	redisReply *r = redisCommand(f->redis, "XADD %s * task %s", f->stream, task);
+
+	assert_non_null(r);
+	assert_int_equal(r->type, REDIS_REPLY_STRING);
+	freeReplyObject(r);
+}
+
+static long long pg_int(struct fx *f, const char *sql)
+{
+	PGresult *r = PQexec(f->pg, sql);
+	long long v = -1;
+
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+/* The value of a one-row query, "" when none; static buffer. */
+static const char *pg_text(struct fx *f, const char *fmt, const char *arg)
+{
+	static char out[1024];
+	const char *params[1] = { arg };
+	PGresult *r = PQexecParams(f->pg, fmt, 1, NULL, params, NULL, NULL, 0);
+
+	out[0] = '\0';
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		snprintf(out, sizeof(out), "%s", PQgetvalue(r, 0, 0));
+	PQclear(r);
+	return out;
+}
+
+/* Waits until sql returns want (at most ms). */
+static bool wait_for(struct fx *f, const char *sql, long long want, int ms)
+{
+	for (int t = 0; t < ms; t += 50) {
+		if (pg_int(f, sql) == want)
+			return true;
+		sw_sleep_ms(50);
+	}
+	return false;
+}
+
+static long long redis_int(struct fx *f, const char *fmt, const char *a)
+{
+	redisReply *r = redisCommand(f->redis, fmt, a);
+	long long v;
+
+	assert_non_null(r);
+	v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
+	freeReplyObject(r);
+	return v;
+}
+
+static long long pending(struct fx *f)
+{
+	redisReply *r = redisCommand(f->redis, "XPENDING %s agents", f->stream);
+	long long v;
+
+	assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+	v = r->element[0]->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+/* Number of events on the results stream for task id with status. */
+static int events(struct fx *f, const char *id, const char *status)
+{
+	redisReply *r = redisCommand(f->redis, "XRANGE %s - +", f->results);
+	int n = 0;
+
+	for (size_t i = 0; i < r->elements; i++) {
+		redisReply *fl = r->element[i]->element[1];
+
+		if (!strcmp(fl->element[1]->str, id) && !strcmp(fl->element[3]->str, status))
+			n++;
+	}
+	freeReplyObject(r);
+	return n;
+}
+
+static const char doc_text[] =
+	"The river runs north. The apple tree stands by it. Birds sing in the morning. "
+	"Fish swim under the bridge. The mill turns all day. Children play near the bank.";
+
+static void test_mixed_batch(void **state)
+{
+	struct fx *f = *state;
+	char task[6000], id[32];
+	char buf[4096];
+	ssize_t got;
+	redisReply *r;
+
+	snprintf(task, sizeof(task), "{\"id\":\"in-1\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	xadd(f, task);
+	snprintf(task, sizeof(task), "{\"id\":\"in-2\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	xadd(f, task);
+	snprintf(task, sizeof(task), "{\"id\":\"in-1\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	xadd(f, task); /* the same task delivered again */
+	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1}");
+	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"where is the river?\",\"top_k\":2}");
+	xadd(f, "{not json");
+	xadd(f, "{\"id\":\"bad-kind\",\"kind\":\"sumarize\",\"document_id\":1}");
+	xadd(f, "{\"id\":\"unreach\",\"kind\":\"ingest\",\"url\":\"http://127.0.0.1:1/doc\"}");
+	snprintf(task, sizeof(task), "{\"id\":\"big\",\"kind\":\"answer\",\"question\":\"%05000d\"}", 7);
+	xadd(f, task);
+	r = redisCommand(f->redis, "XADD %s * other field", f->stream);
+	freeReplyObject(r);
+
+	start_worker(f);
+	/* 7 ids + 2 entries without a usable id, all final. */
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status <> 'running'", 9, 20000))
+		fail_msg("not all tasks finished: %lld", pg_int(f, "SELECT count(*) FROM tasks"));
+	/* The worker acknowledges after the commit: give it a moment. */
+	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+		sw_sleep_ms(50);
+	stop_worker(f);
+
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "in-1"), "completed");
+	assert_string_equal(pg_text(f, "SELECT attempts FROM tasks WHERE id = $1", "in-1"), "2");
+	assert_string_equal(pg_text(f, "SELECT location FROM tasks WHERE id = $1", "in-2"),
+			    "documents/1");
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM documents"), 1);
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "sum"), "completed");
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "ask"), "completed");
+	assert_string_equal(pg_text(f, "SELECT location FROM tasks WHERE id = $1", "ask"),
+			    "answers/ask");
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 1);
+
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "bad-kind"),
+			    "failed");
+	assert_string_equal(pg_text(f, "SELECT error FROM tasks WHERE id = $1", "bad-kind"),
+			    "task.kind: unknown kind \"sumarize\" (expected ingest, summarize, answer)");
+	assert_string_equal(pg_text(f, "SELECT error FROM tasks WHERE id = $1", "big"),
+			    "task.question: 5000 bytes exceeds the limit of 4096");
+	assert_non_null(strstr(pg_text(f, "SELECT error FROM tasks WHERE id LIKE $1 AND error LIKE"
+					  " 'task: invalid JSON%'", "stream:%"),
+			       "task: invalid JSON at line 1"));
+	assert_string_equal(pg_text(f, "SELECT error FROM tasks WHERE id LIKE $1 AND error LIKE"
+				       " '%field%'", "stream:%"),
+			    "task: the entry has no \"task\" field");
+
+	/* Retried once after the lease, then dead with its last error. */
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "unreach"), "dead");
+	assert_non_null(strstr(pg_text(f, "SELECT error FROM tasks WHERE id = $1", "unreach"),
+			       "gave up after 2 deliveries; last error: fetch: http://127.0.0.1:1/doc:"
+			       " cannot connect"));
+	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 1);
+	assert_int_equal(events(f, "unreach", "dead"), 1);
+
+	assert_int_equal(pending(f), 0);
+	assert_int_equal(events(f, "in-1", "completed"), 2); /* at least once: twice here */
+	assert_int_equal(events(f, "in-2", "completed"), 1);
+	assert_int_equal(events(f, "sum", "completed"), 1);
+	assert_int_equal(events(f, "ask", "completed"), 1);
+	assert_int_equal(events(f, "bad-kind", "failed"), 1);
+	assert_int_equal(events(f, "big", "failed"), 1);
+	assert_int_equal(f->st.completed, 4); /* the redelivered in-1 is only acknowledged */
+	assert_int_equal(f->st.dead, 1);
+	assert_int_equal(f->st.retried, 1);
+	assert_int_equal(f->st.failed, 4);
+
+	snprintf(id, sizeof(id), "hb %d ", (int)getpid());
+	fcntl(f->hb[0], F_SETFL, O_NONBLOCK);
+	got = read(f->hb[0], buf, sizeof(buf) - 1);
+	assert_true(got > 0);
+	buf[got] = '\0';
+	assert_non_null(strstr(buf, id));
+	assert_true(f->st.heartbeats >= 1);
+}
+
+/* Runs a worker in a child process until killed. */
+static pid_t spawn_victim(struct fx *f)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct agent_worker_opts o = f->o;
+		char err[512];
+
+		o.consumer = "victim";
+		o.heartbeat_fd = -1;
+		gen_sleep_ms = 100;
+		agent_worker_run(&o, NULL, err, sizeof(err));
+		_exit(0);
+	}
+	return pid;
+}
+
+static void test_kill9_during_summarize(void **state)
+{
+	struct fx *f = *state;
+	char task[4096];
+	int status;
+	pid_t victim;
+	long long total;
+	bool ok;
+
+	f->cfg.agentd.max_attempts = 3;
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	xadd(f, task);
+	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1}");
+
+	victim = spawn_victim(f);
+	assert_true(victim > 0);
+	ok = wait_for(f, "SELECT (count(*) >= 3)::int FROM summaries", 1, 20000);
+	kill(victim, SIGKILL); /* before any assertion: never leave it running */
+	waitpid(victim, &status, 0);
+	if (!ok)
+		fail_msg("the victim made no summaries");
+	assert_true(WIFSIGNALED(status));
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "sum"), "running");
+	total = pg_int(f, "SELECT count(*) FROM summaries");
+	assert_int_equal(pending(f), 1);
+
+	/* Another worker reclaims it after the lease and resumes. */
+	gen_calls = 0;
+	f->o.consumer = "rescuer";
+	start_worker(f);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'", 1,
+		      20000))
+		fail_msg("the summarize task was not finished");
+	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+		sw_sleep_ms(50);
+	stop_worker(f);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(pending(f), 0);
+	assert_int_equal(events(f, "sum", "completed"), 1);
+	/* Only what was missing was generated again. */
+	assert_int_equal(gen_calls, pg_int(f, "SELECT count(*) FROM summaries") - total);
+	assert_true(total >= 3);
+	assert_string_equal(pg_text(f, "SELECT attempts FROM tasks WHERE id = $1", "sum"), "2");
+}
+
+static void test_drain_finishes_task_in_hand(void **state)
+{
+	struct fx *f = *state;
+	struct agent_ctx ctx;
+	struct agent_db *db;
+	struct agent_task t;
+	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
+
+	/* A document to ask about, stored directly. */
+	assert_int_equal(agent_db_open(&db, f->dburl, err, sizeof(err)), 0);
+	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
+	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 8, .chunk_overlap = 2 };
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	assert_int_equal(agent_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
+	assert_int_equal(agent_run_task(&ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	agent_task_free(&t);
+	agent_db_close(db);
+
+	gen_sleep_ms = 500;
+	xadd(f, "{\"id\":\"a1\",\"kind\":\"answer\",\"question\":\"river?\"}");
+	xadd(f, "{\"id\":\"a2\",\"kind\":\"answer\",\"question\":\"apple?\"}");
+	xadd(f, "{\"id\":\"a3\",\"kind\":\"answer\",\"question\":\"birds?\"}");
+	start_worker(f);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'a1'", 1, 10000))
+		fail_msg("a1 was not claimed");
+	stop_worker(f); /* mid-generation */
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "a1"), "completed");
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE id IN ('a2', 'a3')"), 0);
+	assert_int_equal(pending(f), 0);
+	assert_int_equal(events(f, "a1", "completed"), 1);
+	assert_int_equal(f->st.claimed, 1);
+	assert_int_equal(f->st.completed, 1);
+}
+
+static void test_postgres_drop_is_ridden_out(void **state)
+{
+	struct fx *f = *state;
+	char task[4096];
+	PGresult *r;
+
+	start_worker(f);
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	xadd(f, task);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1, 10000))
+		fail_msg("first task not done");
+	/* End every backend of the worker's database but ours. */
+	r = PQexec(f->pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+			  " WHERE datname = current_database() AND pid <> pg_backend_pid()");
+	PQclear(r);
+	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"river?\"}");
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'ask' AND status = 'completed'", 1,
+		      15000))
+		fail_msg("the task after the drop was not done");
+	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+		sw_sleep_ms(50);
+	stop_worker(f);
+	assert_true(f->st.outages >= 1);
+	assert_int_equal(f->st.completed, 2);
+	assert_int_equal(pending(f), 0);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_mixed_batch, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_kill9_during_summarize, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain_finishes_task_in_hand, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_postgres_drop_is_ridden_out, setup, teardown),
+	};
+	int rc = it_start(IT_REDIS | IT_PG);
+
+	if (rc)
+		return rc;
+	signal(SIGPIPE, SIG_IGN);
+	sw_log_init("agentd-worker-test", SW_LOG_WARN);
+	agent_fetch_global_init();
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
