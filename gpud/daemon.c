@@ -666,33 +666,6 @@ static int svc_tokenize(void *svc, const struct proto_text_req *req, int32_t *id
 
 /* --- stats -------------------------------------------------------------------- */
 
-static void pool_watch(struct gpud_daemon *d, struct gpud_stats_pool *sp, int wid)
-{
-	struct gpud_memwatch_status ws;
-
-	pthread_mutex_lock(&d->watch_lock);
-	if (gpud_memwatch_status(d->watch, wid, &ws) == 0) {
-		sp->trough = ws.trough;
-		sp->trough_k_ago = ws.trough_k_ago;
-		sp->rising = ws.rising;
-		snprintf(sp->warning, sizeof(sp->warning), "%s", ws.warning ? ws.warning : "");
-	}
-	pthread_mutex_unlock(&d->watch_lock);
-}
-
-static struct gpud_stats_pool *pool_add(struct gpud_stats_snapshot *s, const char *dev,
-					const char *what)
-{
-	struct gpud_stats_pool *p;
-
-	if (s->n_pools >= GPUD_STATS_MAX_POOLS)
-		return NULL;
-	p = &s->pools[s->n_pools++];
-	memset(p, 0, sizeof(*p));
-	snprintf(p->name, sizeof(p->name), "%s.%s", dev, what);
-	return p;
-}
-
 static void fill_snapshot(struct gpud_daemon *d, bool mem)
 {
 	struct gpud_stats_snapshot *s = &d->snap;
@@ -734,87 +707,21 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 	gpud_alloc_counts(&s->alloc_total);
 	gpud_alloc_since_warmup(&s->alloc_since_warmup);
 
-	for (uint32_t i = 0; i < d->n_dev && i < GPUD_STATS_MAX_DEVICES; i++) {
+	for (uint32_t i = 0; i < d->n_dev; i++) {
 		struct device *dv = &d->dev[i];
-		struct gpud_sched_device_stats ds;
-		struct gpud_stats_device *sd = &s->devices[s->n_devices++];
-		struct gpud_engine_stats est;
-		struct gpud_maskcache_stats ms;
-		struct gpud_stats_pool *p;
-		struct gpud_stats_cache *c;
-		uint32_t mask_high;
+		struct gpud_dev_numbers n = { .name = dv->name, .kv_block_bytes = d->kv_block_bytes };
 
-		memset(&ds, 0, sizeof(ds));
-		gpud_sched_device_stats(d->sched, i, &ds);
-		snprintf(sd->name, sizeof(sd->name), "%s", dv->name);
-		sd->queue = ds.queue;
-		sd->running = ds.running;
-		sd->steps = ds.steps;
-		sd->tokens = ds.tokens;
-		sd->generated = ds.generated;
-		sd->preemptions = ds.preemptions;
-
+		gpud_sched_device_stats(d->sched, i, &n.sched);
 		pthread_mutex_lock(&dv->lock);
-		est = dv->est;
-		gpud_maskcache_stats(dv->masks, &ms);
-		mask_high = dv->mask_high > ms.pool_used ? dv->mask_high : ms.pool_used;
+		n.engine = dv->est;
+		gpud_maskcache_stats(dv->masks, &n.mask);
+		n.mask_high = dv->mask_high > n.mask.pool_used ? dv->mask_high : n.mask.pool_used;
 		pthread_mutex_unlock(&dv->lock);
-
-		if ((p = pool_add(s, dv->name, "kv"))) {
-			p->unit = "blocks";
-			p->unit_bytes = d->kv_block_bytes;
-			p->capacity = est.kv.n_blocks;
-			p->used = est.kv.used;
-			p->free = est.kv.free;
-			p->high = est.kv.high;
-			p->largest_free_run = est.kv.free; /* fixed blocks: any free one fits */
-			pool_watch(d, p, dv->wd_kv);
-		}
-		if ((p = pool_add(s, dv->name, "scratch"))) {
-			p->unit = "bytes";
-			p->unit_bytes = 1;
-			p->capacity = est.scratch_bytes;
-			p->used = est.scratch_high; /* carved once at start */
-			p->free = est.scratch_bytes - est.scratch_high;
-			p->high = est.scratch_high;
-			p->largest_free_run = p->free;
-			p->trough = p->trough_k_ago = p->used;
-		}
-		if ((p = pool_add(s, dv->name, "mask"))) {
-			p->unit = "slots";
-			p->unit_bytes = ms.slot_bytes;
-			p->capacity = ms.pool_capacity;
-			p->used = ms.pool_used;
-			p->free = ms.pool_free;
-			p->high = mask_high;
-			p->largest_free_run = ms.pool_free;
-			pool_watch(d, p, dv->wd_mask);
-		}
-		if (s->n_caches + 2 <= GPUD_STATS_MAX_CACHES) {
-			c = &s->caches[s->n_caches++];
-			memset(c, 0, sizeof(*c));
-			snprintf(c->name, sizeof(c->name), "%s.mask", dv->name);
-			c->hits = ms.hits;
-			c->misses = ms.misses;
-			c->evictions = ms.evictions;
-			c->bytes = ms.bytes;
-			c->max_bytes = ms.max_bytes;
-			c->entries = ms.entries;
-			c->max_entries = ms.max_entries;
-			c->pinned = ms.pinned;
-			c = &s->caches[s->n_caches++];
-			memset(c, 0, sizeof(*c));
-			snprintf(c->name, sizeof(c->name), "%s.prefix", dv->name);
-			c->hits = ds.prefix_hits;
-			c->misses = ds.prefix_misses;
-			c->evictions = ds.prefix_evictions;
-			c->bytes = ds.prefix_bytes;
-			c->max_bytes = ds.prefix_max_bytes;
-			c->entries = ds.prefix_blocks;
-			c->max_entries = est.kv.n_blocks;
-			c->pinned = ds.prefix_blocks - ds.prefix_unreferenced;
-			c->hit_tokens = ds.prefix_hit_tokens;
-		}
+		pthread_mutex_lock(&d->watch_lock);
+		n.have_watch = gpud_memwatch_status(d->watch, dv->wd_kv, &n.kv_watch) == 0 &&
+			       gpud_memwatch_status(d->watch, dv->wd_mask, &n.mask_watch) == 0;
+		gpud_snapshot_add_device(s, &n); /* copies the warnings while locked */
+		pthread_mutex_unlock(&d->watch_lock);
 	}
 	(void)mem;
 }

@@ -20,6 +20,11 @@
 #include <stdio.h>
 
 #include "common/config.h"
+#include "gpud/engine.h"
+#include "gpud/maskcache.h"
+#include "gpud/memwatch.h"
+#include "gpud/scheduler.h"
+#include "gpud/stats.h"
 #include "gpud/tokenizer.h"
 #include "proto/msg.h"
 
@@ -88,6 +93,27 @@ void gpud_fmt_bytes(uint64_t bytes, char *out, size_t outlen);
  * figure is logged after creation). */
 uint64_t gpud_plan_scratch_estimate(const struct gpud_model *m, uint32_t max_batch_tokens,
 				    uint32_t max_logits, uint32_t n_threads);
+
+/* --- stats snapshot ----------------------------------------------------------- */
+
+/* One device's numbers, as the daemon samples them. */
+struct gpud_dev_numbers {
+	const char *name;                    /* "cpu0" */
+	uint64_t kv_block_bytes;
+	struct gpud_engine_stats engine;     /* KV pool and scratch */
+	struct gpud_maskcache_stats mask;
+	uint32_t mask_high;                  /* most mask slots used at once */
+	struct gpud_sched_device_stats sched; /* queue, steps, prefix cache */
+	bool have_watch;                     /* kv_watch and mask_watch are set */
+	struct gpud_memwatch_status kv_watch, mask_watch;
+};
+
+/* Appends dev's entry to s->devices, its pools "<name>.kv" (blocks),
+ * "<name>.scratch" (bytes), "<name>.mask" (slots) to s->pools and its
+ * caches "<name>.mask" and "<name>.prefix" to s->caches. Entries that do
+ * not fit the snapshot's arrays are left out (the counts stay within
+ * their maxima). Copies every string (warnings included). */
+void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_dev_numbers *n);
 
 /* --- segment tokenization ----------------------------------------------------- */
 

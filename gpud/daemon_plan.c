@@ -135,6 +135,119 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	return 0;
 }
 
+/* --- stats snapshot ---------------------------------------------------------- */
+
+static struct gpud_stats_pool *pool_add(struct gpud_stats_snapshot *s, const char *dev,
+					const char *what)
+{
+	struct gpud_stats_pool *p;
+
+	if (s->n_pools >= GPUD_STATS_MAX_POOLS)
+		return NULL;
+	p = &s->pools[s->n_pools++];
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "%.20s.%s", dev, what);
+	return p;
+}
+
+static void pool_watch(struct gpud_stats_pool *p, bool have, const struct gpud_memwatch_status *w)
+{
+	if (!have) {
+		p->trough = p->trough_k_ago = p->used;
+		return;
+	}
+	p->trough = w->trough;
+	p->trough_k_ago = w->trough_k_ago;
+	p->rising = w->rising;
+	snprintf(p->warning, sizeof(p->warning), "%s", w->warning ? w->warning : "");
+}
+
+static struct gpud_stats_cache *cache_add(struct gpud_stats_snapshot *s, const char *dev,
+					  const char *what)
+{
+	struct gpud_stats_cache *c;
+
+	if (s->n_caches >= GPUD_STATS_MAX_CACHES)
+		return NULL;
+	c = &s->caches[s->n_caches++];
+	memset(c, 0, sizeof(*c));
+	snprintf(c->name, sizeof(c->name), "%.20s.%s", dev, what);
+	return c;
+}
+
+void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_dev_numbers *n)
+{
+	const struct gpud_kv_stats *kv = &n->engine.kv;
+	const struct gpud_maskcache_stats *ms = &n->mask;
+	const struct gpud_sched_device_stats *ds = &n->sched;
+	struct gpud_stats_pool *p;
+	struct gpud_stats_cache *c;
+
+	if (s->n_devices < GPUD_STATS_MAX_DEVICES) {
+		struct gpud_stats_device *sd = &s->devices[s->n_devices++];
+		memset(sd, 0, sizeof(*sd));
+		snprintf(sd->name, sizeof(sd->name), "%s", n->name);
+		sd->queue = ds->queue;
+		sd->running = ds->running;
+		sd->steps = ds->steps;
+		sd->tokens = ds->tokens;
+		sd->generated = ds->generated;
+		sd->preemptions = ds->preemptions;
+	}
+	if ((p = pool_add(s, n->name, "kv"))) {
+		p->unit = "blocks";
+		p->unit_bytes = n->kv_block_bytes;
+		p->capacity = kv->n_blocks;
+		p->used = kv->used;
+		p->free = kv->free;
+		p->high = kv->high;
+		p->largest_free_run = kv->free; /* fixed-size blocks: any free one fits */
+		pool_watch(p, n->have_watch, &n->kv_watch);
+	}
+	if ((p = pool_add(s, n->name, "scratch"))) {
+		/* Carved once at start; a step reuses the same carve. */
+		p->unit = "bytes";
+		p->unit_bytes = 1;
+		p->capacity = n->engine.scratch_bytes;
+		p->used = n->engine.scratch_high;
+		p->free = p->capacity > p->used ? p->capacity - p->used : 0;
+		p->high = n->engine.scratch_high;
+		p->largest_free_run = p->free;
+		pool_watch(p, false, NULL);
+	}
+	if ((p = pool_add(s, n->name, "mask"))) {
+		p->unit = "slots";
+		p->unit_bytes = ms->slot_bytes;
+		p->capacity = ms->pool_capacity;
+		p->used = ms->pool_used;
+		p->free = ms->pool_free;
+		p->high = n->mask_high;
+		p->largest_free_run = ms->pool_free; /* equal slots: any free one fits */
+		pool_watch(p, n->have_watch, &n->mask_watch);
+	}
+	if ((c = cache_add(s, n->name, "mask"))) {
+		c->hits = ms->hits;
+		c->misses = ms->misses;
+		c->evictions = ms->evictions;
+		c->bytes = ms->bytes;
+		c->max_bytes = ms->max_bytes;
+		c->entries = ms->entries;
+		c->max_entries = ms->max_entries;
+		c->pinned = ms->pinned;
+	}
+	if ((c = cache_add(s, n->name, "prefix"))) {
+		c->hits = ds->prefix_hits;
+		c->misses = ds->prefix_misses;
+		c->evictions = ds->prefix_evictions;
+		c->bytes = ds->prefix_bytes;
+		c->max_bytes = ds->prefix_max_bytes;
+		c->entries = ds->prefix_blocks;
+		c->max_entries = kv->n_blocks;
+		c->pinned = ds->prefix_blocks - ds->prefix_unreferenced;
+		c->hit_tokens = ds->prefix_hit_tokens;
+	}
+}
+
 /* --- segments ------------------------------------------------------------- */
 
 /* Copies a segment's text (a view: may change under us, may hold NULs)

@@ -356,6 +356,88 @@ static void test_segments_chat(void **state)
 	assert_non_null(strstr(err, "segment 0: cannot format it as a chat message"));
 }
 
+/* Fake numbers in, the snapshot's entries (and its JSON) out. */
+static void test_snapshot_device(void **state)
+{
+	static struct gpud_stats_snapshot s;
+	static char json[1 << 16];
+	struct gpud_dev_numbers n;
+	size_t len = 0;
+	(void)state;
+
+	memset(&s, 0, sizeof(s));
+	memset(&n, 0, sizeof(n));
+	n.name = "cpu1";
+	n.kv_block_bytes = 20480;
+	n.engine.kv = (struct gpud_kv_stats){ .n_blocks = 100, .used = 30, .free = 70, .high = 55 };
+	n.engine.scratch_bytes = 4096;
+	n.engine.scratch_high = 4000;
+	n.mask = (struct gpud_maskcache_stats){ .hits = 7, .misses = 3, .evictions = 1,
+						 .bytes = 900, .max_bytes = 8192, .entries = 2,
+						 .max_entries = 10, .pinned = 1, .slot_bytes = 512,
+						 .pool_used = 2, .pool_free = 9, .pool_capacity = 11 };
+	n.mask_high = 5;
+	n.sched = (struct gpud_sched_device_stats){ .queue = 4, .running = 3, .steps = 11,
+						    .tokens = 12, .generated = 13,
+						    .preemptions = 2, .prefix_hits = 21,
+						    .prefix_misses = 22, .prefix_evictions = 23,
+						    .prefix_hit_tokens = 336, .prefix_blocks = 25,
+						    .prefix_unreferenced = 20, .prefix_bytes = 409600,
+						    .prefix_max_bytes = 1 << 20 };
+	n.have_watch = true;
+	n.kv_watch = (struct gpud_memwatch_status){ .trough = 10, .trough_k_ago = 4, .rising = true,
+						    .warning = "cpu1.kv trough rose" };
+	n.mask_watch = (struct gpud_memwatch_status){ .trough = 1, .trough_k_ago = 1, .warning = "" };
+	gpud_snapshot_add_device(&s, &n);
+
+	assert_int_equal(s.n_devices, 1);
+	assert_string_equal(s.devices[0].name, "cpu1");
+	assert_int_equal(s.devices[0].queue, 4);
+	assert_int_equal(s.devices[0].preemptions, 2);
+	assert_int_equal(s.n_pools, 3);
+	assert_string_equal(s.pools[0].name, "cpu1.kv");
+	assert_string_equal(s.pools[0].unit, "blocks");
+	assert_int_equal(s.pools[0].unit_bytes, 20480);
+	assert_int_equal(s.pools[0].capacity, 100);
+	assert_int_equal(s.pools[0].used + s.pools[0].free, s.pools[0].capacity);
+	assert_int_equal(s.pools[0].high, 55);
+	assert_int_equal(s.pools[0].trough, 10);
+	assert_int_equal(s.pools[0].trough_k_ago, 4);
+	assert_true(s.pools[0].rising);
+	assert_string_equal(s.pools[0].warning, "cpu1.kv trough rose");
+	assert_string_equal(s.pools[1].name, "cpu1.scratch");
+	assert_int_equal(s.pools[1].free, 96);
+	assert_int_equal(s.pools[1].trough, 4000);
+	assert_false(s.pools[1].rising);
+	assert_string_equal(s.pools[2].name, "cpu1.mask");
+	assert_int_equal(s.pools[2].unit_bytes, 512);
+	assert_int_equal(s.pools[2].capacity, 11);
+	assert_int_equal(s.pools[2].high, 5);
+	assert_int_equal(s.n_caches, 2);
+	assert_string_equal(s.caches[0].name, "cpu1.mask");
+	assert_int_equal(s.caches[0].hits, 7);
+	assert_int_equal(s.caches[0].max_bytes, 8192);
+	assert_string_equal(s.caches[1].name, "cpu1.prefix");
+	assert_int_equal(s.caches[1].hits, 21);
+	assert_int_equal(s.caches[1].pinned, 5);
+	assert_int_equal(s.caches[1].hit_tokens, 336);
+	assert_int_equal(s.caches[1].max_entries, 100);
+
+	/* It renders. */
+	s.version = "test";
+	assert_int_equal(gpud_stats_json(&s, false, json, sizeof(json), &len), 0);
+	json[len] = '\0';
+	assert_non_null(strstr(json, "\"name\":\"cpu1.prefix\""));
+	assert_non_null(strstr(json, "cpu1.kv trough rose"));
+
+	/* Full arrays: entries that do not fit are left out, counts bounded. */
+	for (int i = 0; i < 40; i++)
+		gpud_snapshot_add_device(&s, &n);
+	assert_int_equal(s.n_devices, GPUD_STATS_MAX_DEVICES);
+	assert_true(s.n_pools <= GPUD_STATS_MAX_POOLS);
+	assert_int_equal(s.n_caches, GPUD_STATS_MAX_CACHES);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -364,6 +446,7 @@ int main(void)
 		cmocka_unit_test(test_plan_configured),
 		cmocka_unit_test(test_plan_errors),
 		cmocka_unit_test(test_scratch_estimate),
+		cmocka_unit_test(test_snapshot_device),
 		cmocka_unit_test(test_chat_segment_text),
 		cmocka_unit_test_setup_teardown(test_segments_plain, seg_setup, seg_teardown),
 		cmocka_unit_test_setup_teardown(test_segments_chat, seg_setup, seg_teardown),
