@@ -86,6 +86,7 @@ struct sample {
 	float latency_us;         /* submit to DONE/ERROR */
 	float ttft_us;            /* submit to the first TOKENS record; < 0 none */
 	float queue_us, prefill_us, decode_us; /* DONE usage: gpud's own timings */
+	float total_us;                        /* DONE usage: gpud's whole time */
 };
 
 /* Head of a process's report, followed by n samples. */
@@ -171,6 +172,7 @@ static void finish(struct slot *s, int status, const struct proto_done *usage)
 		x->queue_us = (float)usage->queue_us;
 		x->prefill_us = (float)usage->prefill_us;
 		x->decode_us = (float)usage->decode_us;
+		x->total_us = (float)usage->total_us;
 	}
 	x->streamed_tokens = s->streamed;
 	x->latency_us = (float)((bench_now() - s->t0) * 1e6);
@@ -549,6 +551,9 @@ struct summary {
 	uint64_t n_ttft;
 	/* p50, p99 in ms of gpud's usage timings (successful requests) */
 	double queue[2], prefill[2], decode[2];
+	double admit[2]; /* total - queue - prefill - decode: gpud before queuing */
+	double outside[2]; /* latency - total: the client library and the wire */
+	double first_gap[2]; /* ttft - queue - prefill: the first token's way out */
 };
 
 /* Sorts v (n > 0) and stores its p50 and p99 in ms (v in µs). */
@@ -619,6 +624,23 @@ static void summarize(const struct sample *s, size_t n, double wall, struct summ
 			if (!s[i].status)
 				lat[k++] = s[i].decode_us;
 		p50_p99(lat, k, out->decode);
+		k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status)
+				lat[k++] = s[i].total_us - s[i].queue_us - s[i].prefill_us -
+					   s[i].decode_us;
+		p50_p99(lat, k, out->admit);
+		k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status)
+				lat[k++] = s[i].latency_us - s[i].total_us;
+		p50_p99(lat, k, out->outside);
+		k = 0;
+		for (size_t i = 0; i < n; i++)
+			if (!s[i].status && s[i].ttft_us >= 0)
+				lat[k++] = s[i].ttft_us - s[i].queue_us - s[i].prefill_us;
+		if (k)
+			p50_p99(lat, k, out->first_gap);
 	}
 	free(lat);
 	free(ttft);
@@ -666,6 +688,10 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 	printf("gpud usage ms: queue p50 %.2f p99 %.2f; prefill p50 %.2f p99 %.2f; "
 	       "decode p50 %.2f p99 %.2f\n",
 	       m->queue[0], m->queue[1], m->prefill[0], m->prefill[1], m->decode[0], m->decode[1]);
+	printf("  gpud before queuing (total - queue - prefill - decode) p50 %.2f p99 %.2f; "
+	       "outside gpud's total (latency - total) p50 %.2f p99 %.2f\n",
+	       m->admit[0], m->admit[1], m->outside[0], m->outside[1]);
+	printf("  ttft - queue - prefill p50 %.2f p99 %.2f\n", m->first_gap[0], m->first_gap[1]);
 	if (!after) {
 		printf("daemon stats: unavailable\n");
 		return;
@@ -756,10 +782,12 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	json_object_set_new(root, "ttft_ms", json_pack("{s:f,s:f,s:f}", "p50", m->ttft_p50,
 						       "p99", m->ttft_p99, "max", m->ttft_max));
 	json_object_set_new(root, "usage_ms",
-			    json_pack("{s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}", "queue", "p50",
-				      m->queue[0], "p99", m->queue[1], "prefill", "p50",
-				      m->prefill[0], "p99", m->prefill[1], "decode", "p50",
-				      m->decode[0], "p99", m->decode[1]));
+			    json_pack("{s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f},s:{s:f,s:f}}",
+				      "queue", "p50", m->queue[0], "p99", m->queue[1], "prefill",
+				      "p50", m->prefill[0], "p99", m->prefill[1], "decode", "p50",
+				      m->decode[0], "p99", m->decode[1], "before_queue", "p50",
+				      m->admit[0], "p99", m->admit[1], "outside", "p50",
+				      m->outside[0], "p99", m->outside[1]));
 	if (before && after) {
 		for (size_t i = 0; i < N_DELTA; i++)
 			json_object_set_new(d, delta_keys[i],
