@@ -2,10 +2,11 @@
  *
  *   swarmctl [--config FILE] start | stop | status [--json] | check
  *                            | mem [--dump] | logs [SERVICE] [-f]
+ *                            | submit ... | results [ID] | top
  *
  * Without --config (or $SWARM_CONFIG) swarmctl runs managed local services
  * in the state directory (services.h). Exit status: 0 success, 1 failure,
- * 2 usage error. submit, results and top arrive with agentd (issue 5/6).
+ * 2 usage error. submit and results: tasks.h; status and top: view.h.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -21,6 +22,8 @@
 #include "proto/client.h"
 #include "swarmctl/proc.h"
 #include "swarmctl/services.h"
+#include "swarmctl/tasks.h"
+#include "swarmctl/view.h"
 
 #define EXIT_USAGE 2
 
@@ -37,6 +40,11 @@ static void usage(FILE *f)
 		"  mem [--dump]       gpud's memory report (--dump: every block's owner to a file)\n"
 		"  logs [SERVICE] [-f]  print (or follow) a service's log: gpud, agentd, redis,\n"
 		"                     postgres\n"
+		"  submit FILE|URL|- ... [--kind summarize|answer|ingest] [--question Q] [--wait]\n"
+		"                     [--timeout S] [--max-tokens N]   queue tasks (--wait: and\n"
+		"                     print their results)\n"
+		"  results [TASK_ID] [--json] [--limit N]   a task's result, or the latest tasks\n"
+		"  top [--interval S] [--iterations N]      live view (q quits)\n"
 		"Without --config (or $SWARM_CONFIG), services run managed in the state directory\n"
 		"($SWARM_STATE_DIR, default ~/.local/state/swarm; /var/lib/swarm for root).\n");
 }
@@ -173,49 +181,29 @@ static int cmd_start(void)
 	return 0;
 }
 
-/* gpud's stats or mem JSON, parsed; NULL with a message when unreachable. */
-static json_t *gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
-			 size_t errlen)
-{
-	struct proto_client_opts o;
-	struct proto_client *c;
-	char *text = NULL;
-	json_error_t je;
-	json_t *j = NULL;
-
-	proto_client_opts_default(&o);
-	o.timeout_ms = 5000;
-	if (proto_client_connect(&c, e->cfg.gpud.socket, &o, err, errlen) != 0)
-		return NULL;
-	if ((mem ? proto_client_mem(c, flags, &text, err, errlen)
-		 : proto_client_stats(c, &text, err, errlen)) == 0) {
-		j = json_loads(text, 0, &je);
-		if (!j)
-			snprintf(err, errlen, "gpud sent invalid JSON: %s", je.text);
-	}
-	free(text);
-	proto_client_close(c);
-	return j;
-}
-
 static void print_uptime(double s)
 {
+	char b[32];
+
 	if (s < 0)
-		printf("%-10s", "-");
+		snprintf(b, sizeof(b), "-");
 	else if (s < 120)
-		printf("%-10.0fs", s);
+		snprintf(b, sizeof(b), "%.0fs", s);
 	else if (s < 7200)
-		printf("%-10.1fm", s / 60);
+		snprintf(b, sizeof(b), "%.1fm", s / 60);
 	else
-		printf("%-10.1fh", s / 3600);
+		snprintf(b, sizeof(b), "%.1fh", s / 3600);
+	printf("%s", b);
 }
 
 static int cmd_status(bool as_json)
 {
 	struct sc_env e;
 	char err[1024];
+	char qerr[1024];
 	json_t *out, *procs, *stats;
-	bool all_up = true;
+	struct sc_queue_stats q;
+	bool all_up = true, any_up = false, have_queue;
 
 	if (env_init(&e))
 		return 1;
@@ -238,16 +226,26 @@ static int cmd_status(bool as_json)
 			json_object_set_new(p, "uptime_s", json_real(sc_proc_uptime_s(pid)));
 		}
 		all_up &= up;
+		any_up |= up;
 		json_object_set_new(procs, sc_service_name(s), p);
 	}
 	json_object_set_new(out, "state_dir", json_string(e.state_dir));
 	json_object_set_new(out, "managed", json_boolean(e.managed));
 	json_object_set_new(out, "processes", procs);
-	stats = gpud_json(&e, false, 0, err, sizeof(err));
-	if (stats)
+	stats = sc_gpud_json(&e, false, 0, err, sizeof(err));
+	if (stats) {
 		json_object_set_new(out, "gpud", stats);
-	else
+		json_object_set_new(out, "device_memory", sc_device_memory(stats));
+	} else {
 		json_object_set_new(out, "gpud_error", json_string(err));
+	}
+	have_queue = sc_queue_stats(e.cfg.redis.url, &q, qerr, sizeof(qerr)) == 0;
+	if (have_queue)
+		json_object_set_new(out, "queue", json_pack("{s:I, s:I, s:I, s:I}", "length",
+			(json_int_t)q.length, "waiting", (json_int_t)q.undelivered, "pending",
+			(json_int_t)q.pending, "dead", (json_int_t)q.dead));
+	else
+		json_object_set_new(out, "queue_error", json_string(qerr));
 
 	if (as_json) {
 		char *s = json_dumps(out, JSON_INDENT(2) | JSON_SORT_KEYS);
@@ -273,41 +271,17 @@ static int cmd_status(bool as_json)
 		print_uptime(pid ? json_real_value(json_object_get(p, "uptime_s")) : -1);
 		printf("\n");
 	}
-	if (stats) {
-		json_t *req = json_object_get(stats, "requests");
-		json_t *tok = json_object_get(stats, "tokens");
-		json_t *alloc = json_object_get(json_object_get(stats, "alloc"), "since_warmup");
-		size_t i;
-		json_t *v;
-
-		printf("\ngpud: %lld requests in flight, %lld completed, %.1f tokens/s; host "
-		       "allocations since warm-up: %lld\n",
-		       (long long)json_integer_value(json_object_get(req, "in_flight")),
-		       (long long)json_integer_value(json_object_get(req, "completed")),
-		       json_number_value(json_object_get(tok, "per_s")),
-		       (long long)json_integer_value(json_object_get(alloc, "host")));
-		printf("%-16s %12s %12s %12s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH");
-		json_array_foreach(json_object_get(stats, "pools"), i, v) {
-			printf("%-16s %12lld %12lld %12lld %lld%s\n",
-			       json_string_value(json_object_get(v, "name")),
-			       (long long)json_integer_value(json_object_get(v, "used")),
-			       (long long)json_integer_value(json_object_get(v, "high")),
-			       (long long)json_integer_value(json_object_get(v, "capacity")),
-			       (long long)json_integer_value(json_object_get(v, "trough")),
-			       json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
-		}
-		printf("%-16s %12s %12s %12s\n", "CACHE", "HITS", "MISSES", "HIT RATE");
-		json_array_foreach(json_object_get(stats, "caches"), i, v) {
-			double h = (double)json_integer_value(json_object_get(v, "hits"));
-			double m = (double)json_integer_value(json_object_get(v, "misses"));
-
-			printf("%-16s %12.0f %12.0f %11.1f%%\n",
-			       json_string_value(json_object_get(v, "name")), h, m,
-			       h + m > 0 ? 100 * h / (h + m) : 0.0);
-		}
-	} else {
-		printf("\ngpud: %s\n", err);
-	}
+	printf("\n");
+	if (have_queue)
+		sc_print_queue(stdout, &q);
+	else if (any_up)
+		printf("queue: %s\n", qerr);
+	if (stats)
+		sc_print_gpud(stdout, stats);
+	else if (any_up)
+		printf("gpud: %s\n", err);
+	if (!any_up)
+		printf("nothing is running (`swarmctl start` starts the swarm)\n");
 	json_decref(out);
 	return all_up ? 0 : 1;
 }
@@ -321,7 +295,7 @@ static int cmd_mem(bool dump)
 
 	if (env_init(&e))
 		return 1;
-	j = gpud_json(&e, true, dump ? PROTO_MEM_DUMP_OWNERS : 0, err, sizeof(err));
+	j = sc_gpud_json(&e, true, dump ? PROTO_MEM_DUMP_OWNERS : 0, err, sizeof(err));
 	if (!j) {
 		fprintf(stderr, "swarmctl: gpud: %s\n", err);
 		return 1;
@@ -392,6 +366,20 @@ int main(int argc, char **argv)
 		return EXIT_USAGE;
 	}
 	cmd = argv[optind++];
+	if (!strcmp(cmd, "submit") || !strcmp(cmd, "results") || !strcmp(cmd, "top")) {
+		/* their own options; argv[0] becomes the command's name */
+		struct sc_env e;
+		int sub_argc = argc - optind + 1;
+		char **sub_argv = argv + optind - 1;
+
+		if (env_init(&e))
+			return 1;
+		if (!strcmp(cmd, "submit"))
+			return sc_cmd_submit(&e, sub_argc, sub_argv);
+		if (!strcmp(cmd, "results"))
+			return sc_cmd_results(&e, sub_argc, sub_argv);
+		return sc_cmd_top(&e, sub_argc, sub_argv);
+	}
 	/* options may also follow the command */
 	while ((c = getopt_long(argc, argv, "+c:jdfh", opts, NULL)) != -1) {
 		switch (c) {
@@ -414,10 +402,6 @@ int main(int argc, char **argv)
 		return cmd_mem(dump);
 	if (!strcmp(cmd, "logs"))
 		return cmd_logs(optind < argc ? argv[optind] : NULL, follow);
-	if (!strcmp(cmd, "submit") || !strcmp(cmd, "results") || !strcmp(cmd, "top")) {
-		fprintf(stderr, "swarmctl: %s: not implemented yet (needs agentd, issue 5)\n", cmd);
-		return 1;
-	}
 	fprintf(stderr, "swarmctl: unknown command \"%s\"\n", cmd);
 	usage(stderr);
 	return EXIT_USAGE;

@@ -21,6 +21,7 @@
 #include "common/err.h"
 #include "common/time.h"
 #include "proto/client.h"
+#include "swarmctl/clients.h"
 #include "swarmctl/proc.h"
 
 #define REDIS_START_MS 15000
@@ -348,37 +349,14 @@ static int fail_with_log(char *err, size_t errlen, int code, const char *log, co
 
 static int redis_ping_url(const char *url, char *err, size_t errlen)
 {
-	struct timeval tv = { .tv_sec = 2 };
 	redisContext *c;
 	redisReply *r;
-	int rc = 0;
+	int rc = sc_redis_open(url, 2000, &c, err, errlen);
 
-	if (!strncmp(url, "unix://", 7)) {
-		c = redisConnectUnixWithTimeout(url + 7, tv);
-	} else {
-		char host[256] = "127.0.0.1";
-		int port = 6379;
-		const char *p = strstr(url, "://");
-
-		p = p ? p + 3 : url;
-		if (strchr(p, '@'))
-			p = strchr(p, '@') + 1;
-		if (sscanf(p, "%255[^:/]:%d", host, &port) < 1)
-			return sw_seterr(err, errlen, -EINVAL, "redis url %s: no host", url);
-		c = redisConnectWithTimeout(host, port, tv);
-	}
-	if (!c)
-		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
-	if (c->err) {
-		rc = sw_seterr(err, errlen, -ECONNREFUSED, "redis at %s: %s", url, c->errstr);
-		redisFree(c);
+	if (rc)
 		return rc;
-	}
-	r = redisCommand(c, "PING");
-	if (!r || r->type == REDIS_REPLY_ERROR)
-		rc = sw_seterr(err, errlen, -EIO, "redis at %s: PING: %s", url,
-			       r ? r->str : c->errstr);
-	if (r)
+	rc = sc_redis_cmd(c, &r, err, errlen, "PING");
+	if (!rc)
 		freeReplyObject(r);
 	redisFree(c);
 	return rc;

@@ -1,0 +1,1034 @@
+/* tasks.c - submit and results (see tasks.h). */
+#include "swarmctl/tasks.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agentd/queue.h"
+#include "agentd/task.h"
+#include "agentd/worker.h"
+#include "common/err.h"
+#include "common/time.h"
+#include "swarmctl/clients.h"
+
+#define EXIT_USAGE 2
+#define POLL_MS 250
+#define REDIS_TIMEOUT_MS 5000
+#define ID_MAX 96
+
+enum sub_kind { K_SUMMARIZE, K_ANSWER, K_INGEST };
+
+static const char *const kind_names[] = { "summarize", "answer", "ingest" };
+
+/* One input and the tasks made for it; input NULL is the answer over all
+ * documents (--question with no input, or with summarize). */
+struct job {
+	const char *input;
+	enum sub_kind kind;
+	char *ingest_json;          /* built before anything is queued; freed once sent */
+	char id[ID_MAX];            /* the final task ("" for --kind ingest) */
+	char ingest_id[ID_MAX + 8]; /* "" when there is no ingest step */
+	char ingest_status[16];     /* "" = queued, not started by a worker yet */
+	char final_status[16];
+	char error[512];
+	int64_t doc_id;             /* 0 until the ingest completed */
+	bool final_sent;
+	long n_chunks, summaries;   /* progress of a summarize */
+	bool failed;                /* the job ended without its result */
+};
+
+struct submit {
+	struct sc_env *e;
+	enum sub_kind kind;
+	const char *question;
+	unsigned max_tokens;
+	bool wait, tty;
+	struct job *jobs;
+	size_t n;
+	redisContext *rc;
+	PGconn *pg;
+	uint64_t t0_ms;
+};
+
+static bool is_final_status(const char *s)
+{
+	return !strcmp(s, "completed") || !strcmp(s, "failed") || !strcmp(s, "dead");
+}
+
+/* Prints text with control characters (other than newline and tab) shown
+ * as '.': model output may be any bytes, the terminal must survive it. */
+static void print_text(const char *s)
+{
+	for (; *s; s++)
+		putchar((unsigned char)*s < 0x20 && *s != '\n' && *s != '\t' ? '.' : *s);
+}
+
+static int read_all(FILE *f, const char *what, char **out, size_t *len, char *err,
+		    size_t errlen)
+{
+	size_t cap = 64 << 10, n = 0;
+	char *buf = malloc(cap);
+
+	if (!buf)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	for (;;) {
+		size_t r;
+
+		if (n + 1 == cap) {
+			char *nb;
+
+			if (cap > AGENT_TASK_MAX_TEXT) {
+				free(buf);
+				return sw_seterr(err, errlen, SW_ETOOLONG,
+						 "%s: larger than the %u bytes a task may carry", what,
+						 AGENT_TASK_MAX_TEXT);
+			}
+			nb = realloc(buf, cap * 2);
+			if (!nb) {
+				free(buf);
+				return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+			}
+			buf = nb;
+			cap *= 2;
+		}
+		r = fread(buf + n, 1, cap - 1 - n, f);
+		n += r;
+		if (r == 0)
+			break;
+	}
+	if (ferror(f)) {
+		free(buf);
+		return sw_seterr(err, errlen, -EIO, "%s: read error", what);
+	}
+	if (n > AGENT_TASK_MAX_TEXT) {
+		free(buf);
+		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: %zu bytes exceeds the %u bytes a "
+				 "task may carry", what, n, AGENT_TASK_MAX_TEXT);
+	}
+	buf[n] = '\0';
+	*out = buf;
+	*len = n;
+	return 0;
+}
+
+static bool is_url(const char *s)
+{
+	return !strncmp(s, "http://", 7) || !strncmp(s, "https://", 8) ||
+	       !strncmp(s, "file://", 7);
+}
+
+/* The ingest task JSON for j->input. */
+static int build_ingest(struct job *j, char *err, size_t errlen)
+{
+	json_t *o = json_object(), *text = NULL;
+	char *data = NULL, src[PATH_MAX + 8];
+	size_t len = 0;
+	int rc = 0;
+
+	if (!o)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	json_object_set_new(o, "id", json_string(j->ingest_id));
+	json_object_set_new(o, "kind", json_string("ingest"));
+	if (is_url(j->input)) {
+		if (strlen(j->input) > AGENT_TASK_MAX_URL) {
+			rc = sw_seterr(err, errlen, SW_ETOOLONG, "%.64s...: URL longer than %d bytes",
+				       j->input, AGENT_TASK_MAX_URL);
+			goto out;
+		}
+		json_object_set_new(o, "url", json_string(j->input));
+	} else {
+		FILE *f = strcmp(j->input, "-") ? fopen(j->input, "re") : stdin;
+
+		if (!f) {
+			rc = sw_seterr(err, errlen, -errno, "%s: %s", j->input, strerror(errno));
+			goto out;
+		}
+		rc = read_all(f, strcmp(j->input, "-") ? j->input : "standard input", &data, &len,
+			      err, errlen);
+		if (f != stdin)
+			fclose(f);
+		if (rc)
+			goto out;
+		if (len == 0) {
+			rc = sw_seterr(err, errlen, -EINVAL, "%s: empty", j->input);
+			goto out;
+		}
+		text = json_stringn(data, len);
+		if (!text) {
+			rc = sw_seterr(err, errlen, SW_EFORMAT, "%s: not UTF-8 text", j->input);
+			goto out;
+		}
+		json_object_set_new(o, "text", text);
+		if (!strcmp(j->input, "-") || !realpath(j->input, src))
+			snprintf(src, sizeof(src), "%s", strcmp(j->input, "-") ? j->input : "stdin");
+		json_object_set_new(o, "source", json_string(src));
+	}
+	j->ingest_json = json_dumps(o, JSON_COMPACT);
+	if (!j->ingest_json)
+		rc = sw_seterr(err, errlen, -ENOMEM, "out of memory");
+out:
+	free(data);
+	json_decref(o);
+	return rc;
+}
+
+static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
+{
+	redisReply *r;
+	int rc = sc_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", AGENT_QUEUE_STREAM,
+			      AGENT_QUEUE_FIELD, json);
+
+	if (!rc)
+		freeReplyObject(r);
+	return rc;
+}
+
+/* Queues the summarize or answer of j (doc_id 0: every document). */
+static int send_final(struct submit *s, struct job *j, char *err, size_t errlen)
+{
+	json_t *o;
+	char *json;
+	int rc;
+
+	if (j->kind == K_SUMMARIZE)
+		o = json_pack("{s:s, s:s, s:I}", "id", j->id, "kind", "summarize", "document_id",
+			      (json_int_t)j->doc_id);
+	else
+		o = json_pack("{s:s, s:s, s:s}", "id", j->id, "kind", "answer", "question",
+			      s->question);
+	if (o && j->kind == K_ANSWER && j->doc_id)
+		json_object_set_new(o, "document_id", json_integer(j->doc_id));
+	if (o && s->max_tokens)
+		json_object_set_new(o, "max_tokens", json_integer(s->max_tokens));
+	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!json)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	rc = xadd(s, json, err, errlen);
+	free(json);
+	if (!rc) {
+		j->final_sent = true;
+		if (!s->tty)
+			printf("queued %s %s%s%s\n", kind_names[j->kind], j->id,
+			       j->input ? " for " : " over all documents", j->input ? j->input : "");
+	}
+	return rc;
+}
+
+/* "{"a","b"}" for = ANY($1::text[]); ids are [A-Za-z0-9._:-] only. */
+static char *id_array(const struct submit *s)
+{
+	size_t cap = 3 + s->n * 2 * (ID_MAX + 12), o = 0;
+	char *a = malloc(cap);
+
+	if (!a)
+		return NULL;
+	a[o++] = '{';
+	for (size_t i = 0; i < s->n; i++) {
+		const struct job *j = &s->jobs[i];
+
+		if (j->ingest_id[0])
+			o += (size_t)snprintf(a + o, cap - o, "%s\"%s\"", o > 1 ? "," : "",
+					      j->ingest_id);
+		if (j->id[0])
+			o += (size_t)snprintf(a + o, cap - o, "%s\"%s\"", o > 1 ? "," : "", j->id);
+	}
+	snprintf(a + o, cap - o, "}");
+	return a;
+}
+
+static long expected_summaries(long n_chunks)
+{
+	long rows = n_chunks, n = n_chunks;
+
+	while (n > 1) {
+		n = (n + AGENT_DEFAULT_SUMMARY_FANIN - 1) / AGENT_DEFAULT_SUMMARY_FANIN;
+		rows += n;
+	}
+	return rows > 0 ? rows : 1;
+}
+
+/* Reads the state of every task of the submission from PostgreSQL. */
+static int poll_state(struct submit *s, char *err, size_t errlen)
+{
+	char *ids = id_array(s), docs[4096];
+	const char *params[1] = { ids };
+	PGresult *r;
+	size_t o = 0;
+	int rc;
+
+	if (!ids)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	rc = sc_pg_query(s->pg, &r, err, errlen,
+			 "SELECT id, status, coalesce(location, ''), coalesce(error, ''), attempts "
+			 "FROM tasks WHERE id = ANY($1::text[])", 1, params);
+	free(ids);
+	if (rc)
+		return rc;
+	for (int row = 0; row < PQntuples(r); row++) {
+		const char *id = PQgetvalue(r, row, 0), *st = PQgetvalue(r, row, 1);
+		const char *loc = PQgetvalue(r, row, 2), *e = PQgetvalue(r, row, 3);
+
+		for (size_t i = 0; i < s->n; i++) {
+			struct job *j = &s->jobs[i];
+			char *dst = !strcmp(id, j->ingest_id) ? j->ingest_status
+				    : !strcmp(id, j->id) ? j->final_status : NULL;
+
+			if (!dst)
+				continue;
+			if (strcmp(dst, st) && !s->tty)
+				printf("%s %s: %s%s%s\n", dst == j->ingest_status ? "ingest" :
+				       kind_names[j->kind], id, st, e[0] ? " - " : "", e);
+			snprintf(dst, 16, "%s", st);
+			if (e[0])
+				snprintf(j->error, sizeof(j->error), "%s", e);
+			if (dst == j->ingest_status && !strcmp(st, "completed") && !j->doc_id &&
+			    sscanf(loc, "documents/%" SCNd64, &j->doc_id) != 1) {
+				snprintf(j->error, sizeof(j->error),
+					 "ingest completed with an unexpected location \"%s\"", loc);
+				j->failed = true;
+			}
+		}
+	}
+	PQclear(r);
+
+	/* summarize progress: partial summaries made per document */
+	docs[o++] = '{';
+	for (size_t i = 0; i < s->n; i++)
+		if (s->jobs[i].kind == K_SUMMARIZE && s->jobs[i].doc_id && o < sizeof(docs) - 24)
+			o += (size_t)snprintf(docs + o, sizeof(docs) - o, "%s%" PRId64,
+					      o > 1 ? "," : "", s->jobs[i].doc_id);
+	docs[o++] = '}';
+	docs[o] = '\0';
+	if (o == 2)
+		return 0;
+	params[0] = docs;
+	rc = sc_pg_query(s->pg, &r, err, errlen,
+			 "SELECT d.id, d.n_chunks, (SELECT count(*) FROM summaries m "
+			 "WHERE m.document_id = d.id) FROM documents d WHERE d.id = ANY($1::bigint[])",
+			 1, params);
+	if (rc)
+		return rc;
+	for (int row = 0; row < PQntuples(r); row++) {
+		int64_t id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
+
+		for (size_t i = 0; i < s->n; i++)
+			if (s->jobs[i].doc_id == id) {
+				s->jobs[i].n_chunks = strtol(PQgetvalue(r, row, 1), NULL, 10);
+				s->jobs[i].summaries = strtol(PQgetvalue(r, row, 2), NULL, 10);
+			}
+	}
+	PQclear(r);
+	return 0;
+}
+
+/* Queues what became ready; marks jobs whose ingest failed. Returns true
+ * when there is nothing left to wait for. */
+static int advance(struct submit *s, bool *done, char *err, size_t errlen)
+{
+	bool ingests_over = true, any_doc = false;
+	int rc;
+
+	*done = true;
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
+
+		if (!j->ingest_id[0])
+			continue;
+		if (!is_final_status(j->ingest_status) && !j->failed) {
+			ingests_over = false;
+			continue;
+		}
+		if (strcmp(j->ingest_status, "completed"))
+			j->failed = true;
+		any_doc |= j->doc_id != 0;
+		if (!j->failed && j->id[0] && !j->final_sent) {
+			rc = send_final(s, j, err, errlen);
+			if (rc)
+				return rc;
+		}
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
+
+		if (j->input || j->final_sent || j->failed)
+			continue;
+		/* the answer over all documents waits for this submission's
+		 * ingests so that it can see them */
+		if (!ingests_over) {
+			*done = false;
+			continue;
+		}
+		if (s->n > 1 && !any_doc) {
+			j->failed = true;
+			snprintf(j->error, sizeof(j->error), "no document was ingested");
+			continue;
+		}
+		rc = send_final(s, j, err, errlen);
+		if (rc)
+			return rc;
+	}
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
+
+		if (j->failed)
+			continue;
+		if (!j->id[0]) { /* --kind ingest */
+			if (s->wait && !is_final_status(j->ingest_status))
+				*done = false;
+			continue;
+		}
+		if (!j->final_sent || (s->wait && !is_final_status(j->final_status)))
+			*done = false;
+		else if (is_final_status(j->final_status) && strcmp(j->final_status, "completed"))
+			j->failed = true;
+	}
+	return 0;
+}
+
+static void draw_progress(const struct submit *s, bool last)
+{
+	double total = 0, done = 0;
+	unsigned ing = 0, ing_done = 0, fin = 0, fin_done = 0, failed = 0;
+	char bar[41];
+	int filled;
+
+	for (size_t i = 0; i < s->n; i++) {
+		const struct job *j = &s->jobs[i];
+		bool fd = is_final_status(j->final_status);
+
+		failed += j->failed;
+		if (j->ingest_id[0]) {
+			ing++;
+			total += 1;
+			if (is_final_status(j->ingest_status) || j->failed) {
+				ing_done++;
+				done += 1;
+			}
+		}
+		if (!j->id[0])
+			continue;
+		fin++;
+		fin_done += fd || j->failed;
+		if (j->kind == K_SUMMARIZE) {
+			long exp = j->n_chunks ? expected_summaries(j->n_chunks) : 1;
+
+			total += (double)exp;
+			done += fd || j->failed ? (double)exp
+						: (double)(j->summaries < exp ? j->summaries : exp);
+		} else {
+			total += 1;
+			done += fd || j->failed;
+		}
+	}
+	filled = total > 0 ? (int)(40 * done / total) : 40;
+	for (int i = 0; i < 40; i++)
+		bar[i] = i < filled ? '#' : '-';
+	bar[40] = '\0';
+	printf("\r\033[K[%s] %3.0f%%  ingest %u/%u", bar, total > 0 ? 100 * done / total : 100,
+	       ing_done, ing);
+	if (fin)
+		printf("  %s %u/%u", s->kind == K_ANSWER ? "answer" :
+		       s->question ? "summarize/answer" : "summarize", fin_done, fin);
+	if (failed)
+		printf("  %u failed", failed);
+	printf("  %.0fs%s", (double)(sw_now_ms() - s->t0_ms) / 1000, last ? "\n" : "");
+	fflush(stdout);
+}
+
+/* --- results ------------------------------------------------------------ */
+
+static bool noise_note(const struct sc_env *e)
+{
+	return e->managed && e->builtin_model;
+}
+
+/* The result of one task as JSON (task row + what its location names);
+ * SW_ENOTFOUND when no worker has recorded the task. */
+static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **out, char *err,
+		       size_t errlen)
+{
+	const char *params[3] = { id };
+	char dbuf[32], lbuf[32];
+	PGresult *r;
+	json_t *o, *res = NULL;
+	const char *kind, *loc;
+	int64_t doc;
+	int level, rc;
+
+	*out = NULL;
+	rc = sc_pg_query(pg, &r, err, errlen,
+			 "SELECT id, coalesce(kind, ''), status, attempts, coalesce(error, ''), "
+			 "coalesce(location, ''), created_at::text, coalesce(finished_at::text, ''), "
+			 "extract(epoch from coalesce(finished_at, now()) - "
+			 "coalesce(started_at, created_at))::float8 FROM tasks WHERE id = $1",
+			 1, params);
+	if (rc)
+		return rc;
+	if (PQntuples(r) != 1) {
+		PQclear(r);
+		return sw_seterr(err, errlen, SW_ENOTFOUND, "task %s: not found (still queued, or "
+				 "an unknown id; `swarmctl results` lists the latest)", id);
+	}
+	o = json_pack("{s:s, s:s, s:s, s:i, s:s, s:s, s:s, s:s, s:f}", "id", PQgetvalue(r, 0, 0),
+		      "kind", PQgetvalue(r, 0, 1), "status", PQgetvalue(r, 0, 2), "attempts",
+		      atoi(PQgetvalue(r, 0, 3)), "error", PQgetvalue(r, 0, 4), "location",
+		      PQgetvalue(r, 0, 5), "created_at", PQgetvalue(r, 0, 6), "finished_at",
+		      PQgetvalue(r, 0, 7), "seconds", strtod(PQgetvalue(r, 0, 8), NULL));
+	PQclear(r);
+	if (!o)
+		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	kind = json_string_value(json_object_get(o, "kind"));
+	loc = json_string_value(json_object_get(o, "location"));
+	if (noise_note(e))
+		json_object_set_new(o, "note", json_string("built-in random-weight model: the "
+							   "generated text is noise"));
+	if (!strcmp(kind, "ingest") && sscanf(loc, "documents/%" SCNd64, &doc) == 1) {
+		snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc);
+		params[0] = dbuf;
+		rc = sc_pg_query(pg, &r, err, errlen, "SELECT id, source, n_chunks, "
+				 "octet_length(text) FROM documents WHERE id = $1", 1, params);
+		if (!rc && PQntuples(r) == 1)
+			res = json_pack("{s:I, s:s, s:i, s:I}", "document_id", (json_int_t)doc,
+					"source", PQgetvalue(r, 0, 1), "chunks",
+					atoi(PQgetvalue(r, 0, 2)), "bytes",
+					(json_int_t)strtoll(PQgetvalue(r, 0, 3), NULL, 10));
+	} else if (!strcmp(kind, "summarize") &&
+		   sscanf(loc, "summaries/%" SCNd64 "/%d/0", &doc, &level) == 2) {
+		snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc);
+		snprintf(lbuf, sizeof(lbuf), "%d", level);
+		params[0] = dbuf;
+		params[1] = lbuf;
+		rc = sc_pg_query(pg, &r, err, errlen, "SELECT m.text, d.source, d.n_chunks FROM "
+				 "summaries m JOIN documents d ON d.id = m.document_id WHERE "
+				 "m.document_id = $1 AND m.level = $2 AND m.position = 0", 2, params);
+		if (!rc && PQntuples(r) == 1)
+			res = json_pack("{s:I, s:s, s:i, s:i, s:s}", "document_id", (json_int_t)doc,
+					"source", PQgetvalue(r, 0, 1), "chunks",
+					atoi(PQgetvalue(r, 0, 2)), "levels", level + 1, "summary",
+					PQgetvalue(r, 0, 0));
+	} else if (!strcmp(kind, "answer") && !strncmp(loc, "answers/", 8)) {
+		params[0] = id;
+		rc = sc_pg_query(pg, &r, err, errlen, "SELECT question, text, chunk_ids::text "
+				 "FROM answers WHERE task_id = $1", 1, params);
+		if (!rc && PQntuples(r) == 1)
+			res = json_pack("{s:s, s:s, s:s}", "question", PQgetvalue(r, 0, 0), "answer",
+					PQgetvalue(r, 0, 1), "chunk_ids", PQgetvalue(r, 0, 2));
+	} else {
+		r = NULL;
+	}
+	if (rc) {
+		json_decref(o);
+		return rc;
+	}
+	PQclear(r);
+	if (res)
+		json_object_set_new(o, "result", res);
+	*out = o;
+	return 0;
+}
+
+static void print_result(const json_t *o)
+{
+	const json_t *res = json_object_get(o, "result");
+	const char *st = json_string_value(json_object_get(o, "status"));
+	const char *kind = json_string_value(json_object_get(o, "kind"));
+	const char *e = json_string_value(json_object_get(o, "error"));
+
+	printf("== %s (%s): %s after %d attempt%s, %.1f s\n",
+	       json_string_value(json_object_get(o, "id")), kind, st,
+	       (int)json_integer_value(json_object_get(o, "attempts")),
+	       json_integer_value(json_object_get(o, "attempts")) == 1 ? "" : "s",
+	       json_real_value(json_object_get(o, "seconds")));
+	if (e && e[0])
+		printf("%s: %s\n", strcmp(st, "completed") ? "error" : "last error", e);
+	if (!res) {
+		if (!strcmp(st, "completed"))
+			printf("(result at %s not found)\n",
+			       json_string_value(json_object_get(o, "location")));
+		return;
+	}
+	if (!strcmp(kind, "ingest")) {
+		printf("document %lld: %s, %lld bytes, %lld chunks\n",
+		       (long long)json_integer_value(json_object_get(res, "document_id")),
+		       json_string_value(json_object_get(res, "source")),
+		       (long long)json_integer_value(json_object_get(res, "bytes")),
+		       (long long)json_integer_value(json_object_get(res, "chunks")));
+		return;
+	}
+	if (json_object_get(o, "note"))
+		printf("(%s)\n", json_string_value(json_object_get(o, "note")));
+	if (!strcmp(kind, "summarize")) {
+		printf("summary of document %lld (%s; %lld chunks, %lld levels):\n",
+		       (long long)json_integer_value(json_object_get(res, "document_id")),
+		       json_string_value(json_object_get(res, "source")),
+		       (long long)json_integer_value(json_object_get(res, "chunks")),
+		       (long long)json_integer_value(json_object_get(res, "levels")));
+		print_text(json_string_value(json_object_get(res, "summary")));
+	} else {
+		printf("question: ");
+		print_text(json_string_value(json_object_get(res, "question")));
+		printf("\nanswer (from chunks %s):\n",
+		       json_string_value(json_object_get(res, "chunk_ids")));
+		print_text(json_string_value(json_object_get(res, "answer")));
+	}
+	printf("\n");
+}
+
+/* Connects to PostgreSQL with the hint an operator needs on failure. */
+static int open_pg(struct sc_env *e, PGconn **pg)
+{
+	char err[1024];
+
+	if (sc_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) == 0)
+		return 0;
+	fprintf(stderr, "swarmctl: %s\n", err);
+	if (e->managed)
+		fprintf(stderr, "swarmctl: is the swarm running? (`swarmctl status`; state "
+			"directory %s)\n", e->state_dir);
+	return 1;
+}
+
+static int open_redis(struct sc_env *e, redisContext **rc)
+{
+	char err[1024];
+
+	if (sc_redis_open(e->cfg.redis.url, REDIS_TIMEOUT_MS, rc, err, sizeof(err)) == 0)
+		return 0;
+	fprintf(stderr, "swarmctl: %s\n", err);
+	if (e->managed)
+		fprintf(stderr, "swarmctl: is the swarm running? (`swarmctl status`; state "
+			"directory %s)\n", e->state_dir);
+	return 1;
+}
+
+/* The final tasks' results, or the ingests' for --kind ingest. */
+static int print_results(struct submit *s)
+{
+	char err[1024];
+	int status = 0;
+
+	printf("\n");
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
+		const char *id = j->id[0] && j->final_sent ? j->id : j->ingest_id;
+		json_t *o;
+
+		if (!id[0]) {
+			printf("== %s (%s): not run: %s\n", j->id, kind_names[j->kind], j->error);
+			status = 1;
+			continue;
+		}
+		if (result_json(s->e, s->pg, id, &o, err, sizeof(err)) != 0) {
+			printf("== %s: %s\n", id, err);
+			status = 1;
+			continue;
+		}
+		print_result(o);
+		if (strcmp(json_string_value(json_object_get(o, "status")), "completed") ||
+		    (j->id[0] && !j->final_sent))
+			status = 1;
+		json_decref(o);
+	}
+	return status;
+}
+
+static void make_base_id(char *out, size_t cap, enum sub_kind k, size_t i)
+{
+	static const char *const prefix[] = { "sum", "ask", "ing" };
+	static uint16_t salt;
+	time_t now = time(NULL);
+	struct tm tm;
+
+	if (!salt && getrandom(&salt, sizeof(salt), 0) != sizeof(salt))
+		salt = (uint16_t)(getpid() ^ now);
+	gmtime_r(&now, &tm);
+	snprintf(out, cap, "%s-%04d%02d%02d-%02d%02d%02d-%d-%04x-%zu", prefix[k], tm.tm_year + 1900,
+		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), salt,
+		 i + 1);
+}
+
+static void submit_usage(FILE *f)
+{
+	fprintf(f, "usage: swarmctl submit FILE|URL|- ... [--kind summarize|answer|ingest]\n"
+		   "                       [--question Q] [--wait] [--timeout SECONDS] "
+		   "[--max-tokens N]\n"
+		   "  summarize (default): ingest each input, then summarize it; with --question\n"
+		   "  also one answer over all documents. answer: ingest each input, then answer\n"
+		   "  --question from it (no input: from every document).\n");
+}
+
+int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "kind", required_argument, NULL, 'k' },
+		{ "question", required_argument, NULL, 'q' },
+		{ "wait", no_argument, NULL, 'w' },
+		{ "timeout", required_argument, NULL, 't' },
+		{ "max-tokens", required_argument, NULL, 'm' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct submit s = { .e = e, .kind = K_SUMMARIZE };
+	struct sw_deadline deadline = sw_deadline_in_ms(UINT64_MAX);
+	bool kind_set = false, ingest_wait;
+	size_t n_inputs;
+	char err[2048];
+	int c, status = 1;
+	char *end;
+
+	optind = 0;
+	while ((c = getopt_long(argc, argv, "k:q:wt:m:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'k':
+			kind_set = true;
+			if (!strcmp(optarg, "summarize"))
+				s.kind = K_SUMMARIZE;
+			else if (!strcmp(optarg, "answer"))
+				s.kind = K_ANSWER;
+			else if (!strcmp(optarg, "ingest"))
+				s.kind = K_INGEST;
+			else {
+				fprintf(stderr, "swarmctl: submit: unknown kind \"%s\" (summarize, "
+					"answer, ingest)\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'q':
+			s.question = optarg;
+			break;
+		case 'w':
+			s.wait = true;
+			break;
+		case 't': {
+			double t = strtod(optarg, &end);
+
+			if (end == optarg || *end || t <= 0) {
+				fprintf(stderr, "swarmctl: submit: --timeout wants seconds > 0\n");
+				return EXIT_USAGE;
+			}
+			deadline = sw_deadline_in_ms((uint64_t)(t * 1000));
+			break;
+		}
+		case 'm': {
+			unsigned long m = strtoul(optarg, &end, 10);
+
+			if (end == optarg || *end || m == 0 || m > AGENT_TASK_MAX_TOKENS) {
+				fprintf(stderr, "swarmctl: submit: --max-tokens wants 1..%d\n",
+					AGENT_TASK_MAX_TOKENS);
+				return EXIT_USAGE;
+			}
+			s.max_tokens = (unsigned)m;
+			break;
+		}
+		case 'h':
+			submit_usage(stdout);
+			return 0;
+		default:
+			submit_usage(stderr);
+			return EXIT_USAGE;
+		}
+	}
+	n_inputs = (size_t)(argc - optind);
+	if (!kind_set && !n_inputs && s.question)
+		s.kind = K_ANSWER;
+	if (!n_inputs && !(s.kind == K_ANSWER && s.question)) {
+		fprintf(stderr, "swarmctl: submit: nothing to submit: give FILE, URL or - (or "
+			"--question Q for an answer over every document)\n");
+		submit_usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (s.kind == K_ANSWER && !s.question) {
+		fprintf(stderr, "swarmctl: submit: --kind answer needs --question Q\n");
+		return EXIT_USAGE;
+	}
+	if (s.question && s.kind == K_INGEST) {
+		fprintf(stderr, "swarmctl: submit: --question does not go with --kind ingest\n");
+		return EXIT_USAGE;
+	}
+	if (s.question && (!s.question[0] || strlen(s.question) > AGENT_TASK_MAX_QUESTION)) {
+		fprintf(stderr, "swarmctl: submit: the question must be 1..%d bytes\n",
+			AGENT_TASK_MAX_QUESTION);
+		return EXIT_USAGE;
+	}
+	if (s.question && !json_string(s.question)) {
+		fprintf(stderr, "swarmctl: submit: the question is not UTF-8\n");
+		return EXIT_USAGE;
+	}
+
+	/* every input read and checked before anything is queued */
+	s.n = n_inputs + (s.question && (s.kind == K_SUMMARIZE || !n_inputs));
+	s.jobs = calloc(s.n, sizeof(*s.jobs));
+	if (!s.jobs) {
+		fprintf(stderr, "swarmctl: out of memory\n");
+		return 1;
+	}
+	for (size_t i = 0; i < s.n; i++) {
+		struct job *j = &s.jobs[i];
+
+		if (i < n_inputs) {
+			j->input = argv[optind + (int)i];
+			j->kind = s.kind;
+			make_base_id(j->id, sizeof(j->id), s.kind, i);
+			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
+			if (s.kind == K_INGEST) {
+				snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
+				j->id[0] = '\0';
+			}
+			if (build_ingest(j, err, sizeof(err)) != 0) {
+				fprintf(stderr, "swarmctl: submit: %s\n", err);
+				goto out;
+			}
+		} else {
+			j->kind = K_ANSWER;
+			make_base_id(j->id, sizeof(j->id), K_ANSWER, i);
+		}
+	}
+	if (open_redis(e, &s.rc))
+		goto out;
+	ingest_wait = s.kind != K_INGEST && n_inputs;
+	if ((s.wait || ingest_wait) && open_pg(e, &s.pg))
+		goto out;
+	if (e->managed && !sc_service_pid(e, SC_AGENTD)) {
+		fprintf(stderr, "swarmctl: warning: agentd is not running in %s: tasks wait in "
+			"the queue until it runs%s\n", e->state_dir,
+			s.wait || ingest_wait ? " (and this command waits for them)" : "");
+	}
+	s.tty = s.wait && isatty(STDOUT_FILENO);
+	s.t0_ms = sw_now_ms();
+	for (size_t i = 0; i < s.n; i++) {
+		struct job *j = &s.jobs[i];
+
+		if (!j->ingest_json)
+			continue;
+		if (xadd(&s, j->ingest_json, err, sizeof(err)) != 0) {
+			fprintf(stderr, "swarmctl: submit: %s\n", err);
+			goto out;
+		}
+		free(j->ingest_json);
+		j->ingest_json = NULL;
+		printf("queued ingest %s for %s\n", j->ingest_id, j->input);
+	}
+	if (n_inputs && s.kind != K_INGEST && !s.wait)
+		printf("waiting for the ingests to finish before queueing %s\n",
+		       kind_names[s.kind]);
+	fflush(stdout);
+	for (;;) {
+		bool done;
+
+		if ((s.pg && poll_state(&s, err, sizeof(err)) != 0) ||
+		    advance(&s, &done, err, sizeof(err)) != 0) {
+			if (s.tty)
+				printf("\n");
+			fprintf(stderr, "swarmctl: submit: %s\n", err);
+			goto out;
+		}
+		if (s.tty)
+			draw_progress(&s, done);
+		fflush(stdout);
+		if (done)
+			break;
+		if (sw_deadline_expired(deadline)) {
+			if (s.tty)
+				printf("\n");
+			fprintf(stderr, "swarmctl: submit: timed out; the tasks stay queued (see "
+				"`swarmctl results`)\n");
+			goto out;
+		}
+		sw_sleep_ms(POLL_MS);
+	}
+	status = 0;
+	for (size_t i = 0; i < s.n; i++)
+		if (s.jobs[i].failed) {
+			if (!s.wait)
+				fprintf(stderr, "swarmctl: submit: %s %s: %s\n",
+					s.jobs[i].input ? s.jobs[i].input : "answer",
+					s.jobs[i].ingest_status[0] ? s.jobs[i].ingest_status
+								   : "failed",
+					s.jobs[i].error);
+			status = 1;
+		}
+	if (s.wait)
+		status |= print_results(&s);
+out:
+	if (s.pg)
+		PQfinish(s.pg);
+	if (s.rc)
+		redisFree(s.rc);
+	for (size_t i = 0; i < s.n; i++)
+		free(s.jobs[i].ingest_json);
+	free(s.jobs);
+	return status;
+}
+
+int sc_cmd_results(struct sc_env *e, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "json", no_argument, NULL, 'j' },
+		{ "limit", required_argument, NULL, 'n' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	bool as_json = false;
+	const char *limit = "20";
+	char err[1024];
+	PGconn *pg;
+	int c, status = 1;
+
+	optind = 0;
+	while ((c = getopt_long(argc, argv, "jn:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'j': as_json = true; break;
+		case 'n': limit = optarg; break;
+		case 'h':
+			printf("usage: swarmctl results [TASK_ID] [--json] [--limit N]\n");
+			return 0;
+		default:
+			fprintf(stderr, "usage: swarmctl results [TASK_ID] [--json] [--limit N]\n");
+			return EXIT_USAGE;
+		}
+	}
+	if (argc - optind > 1 || atoi(limit) <= 0) {
+		fprintf(stderr, "usage: swarmctl results [TASK_ID] [--json] [--limit N]\n");
+		return EXIT_USAGE;
+	}
+	if (open_pg(e, &pg))
+		return 1;
+	if (optind < argc) {
+		json_t *o;
+
+		if (result_json(e, pg, argv[optind], &o, err, sizeof(err)) != 0) {
+			fprintf(stderr, "swarmctl: %s\n", err);
+			goto out;
+		}
+		if (as_json) {
+			char *t = json_dumps(o, JSON_INDENT(2) | JSON_SORT_KEYS);
+
+			puts(t ? t : "{}");
+			free(t);
+		} else {
+			print_result(o);
+		}
+		status = strcmp(json_string_value(json_object_get(o, "status")), "completed") != 0;
+		json_decref(o);
+	} else {
+		const char *params[1] = { limit };
+		PGresult *r;
+		json_t *arr;
+
+		if (sc_pg_query(pg, &r, err, sizeof(err),
+				"SELECT id, coalesce(kind, ''), status, attempts, coalesce(location, ''), "
+				"coalesce(error, ''), created_at::text FROM tasks ORDER BY created_at "
+				"DESC, id LIMIT $1::int", 1, params) != 0) {
+			fprintf(stderr, "swarmctl: %s\n", err);
+			if (strstr(err, "does not exist"))
+				fprintf(stderr, "swarmctl: no task has run yet (agentd creates the "
+					"tables when it starts)\n");
+			goto out;
+		}
+		arr = json_array();
+		for (int i = 0; i < PQntuples(r); i++)
+			json_array_append_new(arr, json_pack("{s:s, s:s, s:s, s:i, s:s, s:s, s:s}",
+				"id", PQgetvalue(r, i, 0), "kind", PQgetvalue(r, i, 1), "status",
+				PQgetvalue(r, i, 2), "attempts", atoi(PQgetvalue(r, i, 3)),
+				"location", PQgetvalue(r, i, 4), "error", PQgetvalue(r, i, 5),
+				"created_at", PQgetvalue(r, i, 6)));
+		PQclear(r);
+		if (as_json) {
+			char *t = json_dumps(arr, JSON_INDENT(2));
+
+			puts(t ? t : "[]");
+			free(t);
+		} else if (!json_array_size(arr)) {
+			printf("no tasks yet\n");
+		} else {
+			size_t i;
+			json_t *v;
+
+			printf("%-44s %-9s %-9s %4s  %s\n", "TASK", "KIND", "STATUS", "TRY",
+			       "RESULT / ERROR");
+			json_array_foreach(arr, i, v) {
+				const char *er = json_string_value(json_object_get(v, "error"));
+				const char *st = json_string_value(json_object_get(v, "status"));
+
+				printf("%-44s %-9s %-9s %4lld  %.70s\n",
+				       json_string_value(json_object_get(v, "id")),
+				       json_string_value(json_object_get(v, "kind")), st,
+				       (long long)json_integer_value(json_object_get(v, "attempts")),
+				       strcmp(st, "completed") && er[0] ? er :
+				       json_string_value(json_object_get(v, "location")));
+			}
+		}
+		json_decref(arr);
+		status = 0;
+	}
+out:
+	PQfinish(pg);
+	return status;
+}
+
+int sc_queue_stats(const char *url, struct sc_queue_stats *q, char *err, size_t errlen)
+{
+	redisContext *c;
+	redisReply *r;
+	int rc;
+
+	memset(q, 0, sizeof(*q));
+	q->undelivered = -1;
+	rc = sc_redis_open(url, 2000, &c, err, errlen);
+	if (rc)
+		return rc;
+	rc = sc_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_STREAM);
+	if (rc)
+		goto out;
+	q->length = r->integer;
+	freeReplyObject(r);
+	rc = sc_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_DEAD);
+	if (rc)
+		goto out;
+	q->dead = r->integer;
+	freeReplyObject(r);
+	if (q->length == 0) {
+		q->undelivered = 0;
+		goto out;
+	}
+	/* XINFO GROUPS: pending and (Redis 7) lag of our group; none yet =
+	 * nothing delivered */
+	if (sc_redis_cmd(c, &r, err, errlen, "XINFO GROUPS %s", AGENT_QUEUE_STREAM) != 0) {
+		rc = 0;
+		q->undelivered = q->length;
+		goto out;
+	}
+	q->undelivered = q->length;
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+		redisReply *g = r->element[i];
+		bool ours = false;
+
+		for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k + 1 < g->elements; k += 2) {
+			const char *key = g->element[k]->str;
+			redisReply *v = g->element[k + 1];
+
+			if (!key)
+				continue;
+			if (!strcmp(key, "name") && v->str && !strcmp(v->str, AGENT_QUEUE_GROUP))
+				ours = true;
+			else if (ours && !strcmp(key, "pending") && v->type == REDIS_REPLY_INTEGER)
+				q->pending = v->integer;
+			else if (ours && !strcmp(key, "lag"))
+				q->undelivered = v->type == REDIS_REPLY_INTEGER ? v->integer : -1;
+		}
+	}
+	freeReplyObject(r);
+out:
+	redisFree(c);
+	return rc;
+}

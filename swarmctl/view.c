@@ -1,0 +1,312 @@
+/* view.c - gpud stats, queue and throughput views for status and top (see
+ * view.h). */
+#include "swarmctl/view.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/err.h"
+#include "common/time.h"
+#include "proto/client.h"
+#include "swarmctl/clients.h"
+
+#define EXIT_USAGE 2
+
+json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
+		     size_t errlen)
+{
+	struct proto_client_opts o;
+	struct proto_client *c;
+	char *text = NULL;
+	json_error_t je;
+	json_t *j = NULL;
+
+	proto_client_opts_default(&o);
+	o.timeout_ms = 5000;
+	if (proto_client_connect(&c, e->cfg.gpud.socket, &o, err, errlen) != 0)
+		return NULL;
+	if ((mem ? proto_client_mem(c, flags, &text, err, errlen)
+		 : proto_client_stats(c, &text, err, errlen)) == 0) {
+		j = json_loads(text, 0, &je);
+		if (!j)
+			snprintf(err, errlen, "gpud sent invalid JSON: %s", je.text);
+	}
+	free(text);
+	proto_client_close(c);
+	return j;
+}
+
+static uint64_t u64(const json_t *o, const char *key)
+{
+	json_t *v = json_object_get(o, key);
+
+	return json_is_integer(v) && json_integer_value(v) > 0 ? (uint64_t)json_integer_value(v)
+							       : 0;
+}
+
+json_t *sc_device_memory(const json_t *stats)
+{
+	json_t *out = json_array(), *pool;
+	size_t i;
+
+	json_array_foreach(json_object_get(stats, "pools"), i, pool) {
+		const char *name = json_string_value(json_object_get(pool, "name"));
+		uint64_t unit = u64(pool, "unit_bytes");
+		char dev[64];
+		const char *dot;
+		json_t *d = NULL, *v;
+		size_t k;
+
+		if (!name)
+			continue;
+		if (!unit)
+			unit = 1;
+		dot = strchr(name, '.');
+		snprintf(dev, sizeof(dev), "%.*s", dot ? (int)(dot - name) : 6,
+			 dot ? name : "shared");
+		json_array_foreach(out, k, v)
+			if (!strcmp(json_string_value(json_object_get(v, "device")), dev))
+				d = v;
+		if (!d) {
+			d = json_pack("{s:s, s:I, s:I, s:I, s:I}", "device", dev, "used_bytes",
+				      (json_int_t)0, "high_bytes", (json_int_t)0, "capacity_bytes",
+				      (json_int_t)0, "trough_bytes", (json_int_t)0);
+			json_array_append_new(out, d);
+		}
+		static const char *const keys[][2] = {
+			{ "used", "used_bytes" }, { "high", "high_bytes" },
+			{ "capacity", "capacity_bytes" }, { "trough", "trough_bytes" },
+		};
+		for (size_t q = 0; q < 4; q++) {
+			uint64_t sum = u64(d, keys[q][1]) + u64(pool, keys[q][0]) * unit;
+
+			json_object_set_new(d, keys[q][1], json_integer((json_int_t)sum));
+		}
+	}
+	return out;
+}
+
+static double mib(uint64_t b)
+{
+	return (double)b / (1024.0 * 1024.0);
+}
+
+void sc_print_gpud(FILE *f, const json_t *stats)
+{
+	const json_t *req = json_object_get(stats, "requests");
+	const json_t *tok = json_object_get(stats, "tokens");
+	const json_t *alloc = json_object_get(json_object_get(stats, "alloc"), "since_warmup");
+	json_t *mem = sc_device_memory(stats), *v;
+	size_t i;
+
+	fprintf(f, "gpud: %llu requests in flight, %llu completed, %llu errors; %.1f tokens/s; "
+		"allocations since warm-up: ",
+		(unsigned long long)u64(req, "in_flight"), (unsigned long long)u64(req, "completed"),
+		(unsigned long long)u64(req, "errors"),
+		json_number_value(json_object_get(tok, "per_s")));
+	if (json_is_object(alloc))
+		fprintf(f, "%llu host, %llu device\n", (unsigned long long)u64(alloc, "host"),
+			(unsigned long long)u64(alloc, "device"));
+	else
+		fprintf(f, "not counted\n");
+	fprintf(f, "%-10s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "HIGH MiB", "TROUGH MiB",
+		"CAPACITY MiB");
+	json_array_foreach(mem, i, v)
+		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f\n",
+			json_string_value(json_object_get(v, "device")), mib(u64(v, "used_bytes")),
+			mib(u64(v, "high_bytes")), mib(u64(v, "trough_bytes")),
+			mib(u64(v, "capacity_bytes")));
+	json_decref(mem);
+	fprintf(f, "%-16s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
+		"UNIT");
+	json_array_foreach(json_object_get(stats, "pools"), i, v) {
+		fprintf(f, "%-16s %10llu %10llu %10llu %10llu %s%s\n",
+			json_string_value(json_object_get(v, "name")),
+			(unsigned long long)u64(v, "used"), (unsigned long long)u64(v, "high"),
+			(unsigned long long)u64(v, "capacity"), (unsigned long long)u64(v, "trough"),
+			json_string_value(json_object_get(v, "unit")) ?: "",
+			json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
+	}
+	fprintf(f, "%-16s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
+		"ENTRIES");
+	json_array_foreach(json_object_get(stats, "caches"), i, v) {
+		double h = (double)u64(v, "hits"), m = (double)u64(v, "misses");
+
+		fprintf(f, "%-16s %10.0f %10.0f %9.1f%% %10llu\n",
+			json_string_value(json_object_get(v, "name")), h, m,
+			h + m > 0 ? 100 * h / (h + m) : 0.0, (unsigned long long)u64(v, "entries"));
+	}
+	json_array_foreach(json_object_get(json_object_get(stats, "watchdog"), "warnings"), i, v)
+		fprintf(f, "WARNING: %s\n", json_string_value(v));
+}
+
+void sc_print_queue(FILE *f, const struct sc_queue_stats *q)
+{
+	fprintf(f, "queue: ");
+	if (q->undelivered >= 0)
+		fprintf(f, "%lld waiting, ", (long long)q->undelivered);
+	fprintf(f, "%lld pending (claimed, not acknowledged), %lld entries in swarm:tasks, "
+		"%lld dead-lettered\n", (long long)q->pending, (long long)q->length,
+		(long long)q->dead);
+}
+
+/* --- top ------------------------------------------------------------------ */
+
+static volatile sig_atomic_t top_stop;
+static struct termios saved_tio;
+static bool tio_saved;
+
+static void on_sigint(int sig)
+{
+	(void)sig;
+	top_stop = 1;
+}
+
+static void restore_tty(void)
+{
+	if (tio_saved)
+		tcsetattr(STDIN_FILENO, TCSANOW, &saved_tio);
+	tio_saved = false;
+}
+
+/* Task counts and completions over the last 10 s from PostgreSQL. */
+static void print_tasks(FILE *f, PGconn **pg, const struct sc_env *e)
+{
+	char err[512];
+	PGresult *r;
+
+	if (!*pg && sc_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) != 0) {
+		fprintf(f, "tasks: %s\n", err);
+		return;
+	}
+	if (sc_pg_query(*pg, &r, err, sizeof(err),
+			"SELECT count(*) FILTER (WHERE status = 'completed' AND "
+			"finished_at > now() - interval '10 seconds'), "
+			"count(*) FILTER (WHERE status = 'running'), "
+			"count(*) FILTER (WHERE status = 'completed'), "
+			"count(*) FILTER (WHERE status = 'failed'), "
+			"count(*) FILTER (WHERE status = 'dead') FROM tasks", 0, NULL) != 0) {
+		fprintf(f, "tasks: %s\n", strstr(err, "does not exist") ?
+			"none yet (agentd creates the tables when it starts)" : err);
+		if (PQstatus(*pg) != CONNECTION_OK) {
+			PQfinish(*pg);
+			*pg = NULL;
+		}
+		return;
+	}
+	fprintf(f, "tasks: %.1f/s completed (last 10 s); %s running, %s completed, %s failed, "
+		"%s dead\n", strtod(PQgetvalue(r, 0, 0), NULL) / 10, PQgetvalue(r, 0, 1),
+		PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 4));
+	PQclear(r);
+}
+
+int sc_cmd_top(struct sc_env *e, int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "interval", required_argument, NULL, 'i' },
+		{ "iterations", required_argument, NULL, 'n' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	double interval = 1.0;
+	long iterations = 0;
+	bool tty = isatty(STDOUT_FILENO), keys = tty && isatty(STDIN_FILENO);
+	PGconn *pg = NULL;
+	char *end;
+	int c;
+
+	optind = 0;
+	while ((c = getopt_long(argc, argv, "i:n:h", opts, NULL)) != -1) {
+		switch (c) {
+		case 'i':
+			interval = strtod(optarg, &end);
+			if (end == optarg || *end || interval < 0.1 || interval > 3600) {
+				fprintf(stderr, "swarmctl: top: --interval wants 0.1..3600 seconds\n");
+				return EXIT_USAGE;
+			}
+			break;
+		case 'n':
+			iterations = strtol(optarg, &end, 10);
+			if (end == optarg || *end || iterations < 1) {
+				fprintf(stderr, "swarmctl: top: --iterations wants a count >= 1\n");
+				return EXIT_USAGE;
+			}
+			break;
+		case 'h':
+			printf("usage: swarmctl top [--interval S] [--iterations N]  (q quits)\n");
+			return 0;
+		default:
+			fprintf(stderr, "usage: swarmctl top [--interval S] [--iterations N]\n");
+			return EXIT_USAGE;
+		}
+	}
+	signal(SIGINT, on_sigint);
+	signal(SIGTERM, on_sigint);
+	if (keys && tcgetattr(STDIN_FILENO, &saved_tio) == 0) {
+		struct termios t = saved_tio;
+
+		t.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+		t.c_cc[VMIN] = 0;
+		t.c_cc[VTIME] = 0;
+		tio_saved = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+		atexit(restore_tty);
+	}
+	for (long it = 0; !top_stop && (!iterations || it < iterations); it++) {
+		struct sc_queue_stats q;
+		char err[1024], when[32];
+		time_t now = time(NULL);
+		json_t *stats;
+
+		strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
+		if (tty)
+			printf("\033[H\033[J");
+		else if (it)
+			printf("\n");
+		printf("swarm top - %s - %s - every %.1f s%s\n", when, e->state_dir, interval,
+		       keys ? " - q quits" : "");
+		print_tasks(stdout, &pg, e);
+		if (sc_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0)
+			sc_print_queue(stdout, &q);
+		else
+			printf("queue: %s\n", err);
+		stats = sc_gpud_json(e, false, 0, err, sizeof(err));
+		if (stats) {
+			sc_print_gpud(stdout, stats);
+			json_decref(stats);
+		} else {
+			printf("gpud: %s\n", err);
+		}
+		fflush(stdout);
+		if (iterations && it + 1 >= iterations)
+			break;
+		/* wait for the interval or a key */
+		struct sw_deadline d = sw_deadline_in_ms((uint64_t)(interval * 1000));
+
+		while (!top_stop && !sw_deadline_expired(d)) {
+			struct pollfd p = { .fd = STDIN_FILENO, .events = POLLIN };
+			int ms = (int)sw_deadline_remaining_ms(d);
+
+			if (!keys) {
+				sw_sleep_ms((uint64_t)ms);
+				break;
+			}
+			if (poll(&p, 1, ms) > 0) {
+				char ch;
+
+				if (read(STDIN_FILENO, &ch, 1) == 1 && (ch == 'q' || ch == 'Q'))
+					top_stop = 1;
+			}
+		}
+	}
+	restore_tty();
+	if (pg)
+		PQfinish(pg);
+	return 0;
+}

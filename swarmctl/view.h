@@ -1,0 +1,41 @@
+/* view.h - what `swarmctl status` and `swarmctl top` show: gpud's stats
+ * (per-device memory, pools with their troughs, caches), the task queue
+ * and task throughput (issue 6).
+ */
+#ifndef SWARMCTL_VIEW_H
+#define SWARMCTL_VIEW_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "swarmctl/services.h"
+#include "swarmctl/tasks.h"
+
+/* gpud's STATS (mem false) or MEM reply (flags: PROTO_MEM_*), parsed.
+ * NULL with a message in err when gpud cannot be reached or answers
+ * nonsense. The caller json_decref()s the result. */
+json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
+		     size_t errlen);
+
+/* Per-device memory from a STATS object: pools grouped by the device
+ * prefix of their name ("cpu0.kv" -> cpu0; pools without one -> "shared"),
+ * in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
+ * capacity_bytes, trough_bytes} (new reference; empty when stats has no
+ * pools). */
+json_t *sc_device_memory(const json_t *stats);
+
+/* Prints the gpud part of status/top: requests, tokens/s, per-device
+ * memory, pools (with trough and RISING), caches with hit rates. */
+void sc_print_gpud(FILE *f, const json_t *stats);
+
+/* Prints the queue line. */
+void sc_print_queue(FILE *f, const struct sc_queue_stats *q);
+
+/* `swarmctl top [--interval S] [--iterations N]`: refreshes in place on a
+ * terminal until q (or N iterations); plain successive reports
+ * otherwise. argv[0] is "top". Returns the exit status. */
+int sc_cmd_top(struct sc_env *e, int argc, char **argv);
+
+#endif
