@@ -1480,6 +1480,64 @@ static void test_prefix_preempt_no_alloc(void **state)
 	gpud_engine_destroy(u);
 }
 
+/* Requests sharing a system prompt on two engines stepped by their own
+ * threads, with the prefix cache on: every output is the solo text, the
+ * later ones reuse cached blocks, both pools end cache-only. */
+static void test_prefix_concurrent(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 4 : 10, max_tok = under_valgrind() ? 8 : 24;
+	struct gpud_engine *e[2] = { mk_engine(64, 8, 0), mk_engine(64, 8, 0) };
+	struct gpud_engine *ref = mk_engine(512, 1, 0);
+	struct gpud_sched *s = mk_sched_pfx(e, 2, 16, (size_t)64 << 20);
+	static char text[N_PROMPTS][512];
+	static int32_t ids[N_PROMPTS][256];
+	static struct res out[N_PROMPTS];
+	struct gpud_sched_req r;
+	struct worker w[2];
+	pthread_t th[2];
+	uint32_t cached = 0;
+
+	memset(out, 0, sizeof(out));
+	atomic_store(&n_done, 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		snprintf(text[i], sizeof(text[i]), "%s%s", sys_prompt, prompts[i]);
+		req_init(&r, ids[i], tokenize(text[i], ids[i], 256), max_tok, &out[i]);
+		submit_ok(s, &r);
+		if (i == 1)
+			for (int d = 0; d < 2; d++) {
+				w[d] = (struct worker){ .s = s, .dev = (uint32_t)d,
+							.total = (int)n_req };
+				assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]),
+						 0);
+			}
+		if (i == 1)
+			while (atomic_load(&n_done) < 2)
+				usleep(200);
+	}
+	for (int d = 0; d < 2; d++) {
+		pthread_join(th[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+	for (uint32_t i = 0; i < n_req; i++) {
+		struct sink want;
+		struct gpud_gen_result gr;
+
+		reference(ref, text[i], max_tok, &want, &gr);
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+		assert_string_equal(out[i].text, want.buf);
+		cached += out[i].usage.n_cached;
+	}
+	assert_true(cached > 0);
+	assert_pool_cache_only(s, 0, e[0]);
+	assert_pool_cache_only(s, 1, e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 static int setup(void **state)
 {
 	char err[256] = "";
@@ -1520,6 +1578,7 @@ int main(void)
 		cmocka_unit_test(test_prefix_shared_prompt),
 		cmocka_unit_test(test_prefix_eviction),
 		cmocka_unit_test(test_prefix_preempt_no_alloc),
+		cmocka_unit_test(test_prefix_concurrent),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
