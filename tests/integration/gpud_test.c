@@ -482,6 +482,20 @@ static void check_idle_pools(json_t *st, bool prefix_on)
 
 /* --- test 1: 64 concurrent greedy streams == one at a time ------------------ */
 
+/* Sums of devices[].steps and devices[].tokens. */
+static void dev_sums(json_t *st, int64_t *steps, int64_t *tokens)
+{
+	json_t *devs = json_object_get(st, "devices"), *d;
+	size_t i;
+
+	*steps = *tokens = 0;
+	assert_true(json_is_array(devs));
+	json_array_foreach(devs, i, d) {
+		*steps += jint_in(d, "steps");
+		*tokens += jint_in(d, "tokens");
+	}
+}
+
 #define T1_N 64
 #define T1_CONNS 4
 #define T1_MAX 48
@@ -509,6 +523,8 @@ static void test_concurrent_equals_sequential(void **state)
 	struct waiter w;
 	double t0, t_conc, t_seq;
 	char prompt[256];
+	int64_t steps0, tokens0, steps1, tokens1;
+	json_t *st;
 
 	assert_non_null(col);
 	assert_non_null(b);
@@ -523,12 +539,23 @@ static void test_concurrent_equals_sequential(void **state)
 		rbuf_seg(&b[i], prompt);
 		col[i].w = &w;
 	}
+	st = stats_idle(cl[0]);
+	dev_sums(st, &steps0, &tokens0);
+	json_decref(st);
 	t0 = gpud_it_now();
 	for (int i = 0; i < T1_N; i++)
 		assert_int_equal(submit_collect(cl[i % T1_CONNS], &b[i].req, &col[i], NULL), 0);
 	if (waiter_wait(&w, 300) != 0)
 		fail_msg("concurrent requests did not all end within 300 s");
 	t_conc = gpud_it_now() - t0;
+	st = stats_idle(cl[0]);
+	dev_sums(st, &steps1, &tokens1);
+	json_decref(st);
+	/* they really ran batched: more tokens than forward steps */
+	printf("    test 1: concurrent phase: %" PRId64 " tokens in %" PRId64 " device steps\n",
+	       tokens1 - tokens0, steps1 - steps0);
+	assert_true(steps1 > steps0);
+	assert_true(tokens1 - tokens0 > 2 * (steps1 - steps0));
 
 	t0 = gpud_it_now();
 	for (int i = 0; i < T1_N; i++) {
