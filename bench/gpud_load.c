@@ -495,7 +495,31 @@ static json_int_t jget(const json_t *root, const char *path)
 }
 
 /* Tokens per word of the word list under gpud's tokenizer. */
-static int calibrate(const struct opts *o, double *tpw)
+/* CPU seconds (user + system) the process pid has used, from
+ * /proc/PID/stat; < 0 when it cannot be read (gpud in another namespace). */
+static double proc_cpu_s(int pid)
+{
+	char path[64], line[1024];
+	unsigned long long ut, st;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return -1;
+	size_t n = fread(line, 1, sizeof(line) - 1, f);
+	fclose(f);
+	line[n] = '\0';
+	/* The command name may hold spaces and parentheses: fields count
+	 * from the last ')'. utime and stime are fields 14 and 15. */
+	char *p = strrchr(line, ')');
+	if (!p || sscanf(p + 1, " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu",
+			 &ut, &st) != 2)
+		return -1;
+	return (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+}
+
+static int calibrate(const struct opts *o, double *tpw, int *server_pid)
 {
 	struct proto_client *c;
 	struct proto_client_opts co;
@@ -515,6 +539,7 @@ static int calibrate(const struct opts *o, double *tpw)
 	for (int i = 0; i < CALIBRATION_WORDS; i++)
 		at += (size_t)snprintf(text + at, sizeof(text) - at, "%s%s", i ? " " : "",
 				       words[rng_next(&rng) % N_WORDS]);
+	*server_pid = proto_client_server_pid(c);
 	rc = proto_client_tokenize(c, text, at, 0, &ids, &n, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "gpud-load: tokenize: %s\n", err);
@@ -549,6 +574,7 @@ struct summary {
 	double wall_s;
 	double lat_p50, lat_p99, lat_max, ttft_p50, ttft_p99, ttft_max;
 	uint64_t n_ttft;
+	double gpud_cpu_s; /* gpud's user + system CPU time during the run; < 0 unknown */
 	/* p50, p99 in ms of gpud's usage timings (successful requests) */
 	double queue[2], prefill[2], decode[2];
 	double admit[2]; /* total - queue - prefill - decode: gpud before queuing */
@@ -682,6 +708,13 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 	       m->wall_s, m->wall_s > 0 ? m->generated / m->wall_s : 0.0,
 	       m->wall_s > 0 ? m->prompt / m->wall_s : 0.0,
 	       m->wall_s > 0 ? m->ok / m->wall_s : 0.0);
+	if (m->gpud_cpu_s >= 0)
+		printf("gpud cpu: %.2f s (user + system) = %.2f cores busy on average; "
+		       "generated tokens per gpud cpu-second %.1f, all tokens %.1f\n",
+		       m->gpud_cpu_s, m->wall_s > 0 ? m->gpud_cpu_s / m->wall_s : 0.0,
+		       m->gpud_cpu_s > 0 ? m->generated / m->gpud_cpu_s : 0.0,
+		       m->gpud_cpu_s > 0 ? (m->generated + m->prompt - m->cached) / m->gpud_cpu_s
+					 : 0.0);
 	printf("latency ms: p50 %.2f  p99 %.2f  max %.2f\n", m->lat_p50, m->lat_p99, m->lat_max);
 	printf("ttft ms:    p50 %.2f  p99 %.2f  max %.2f  (%" PRIu64 " requests streamed "
 	       "tokens)\n", m->ttft_p50, m->ttft_p99, m->ttft_max, m->n_ttft);
@@ -775,6 +808,7 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	json_object_set_new(root, "generated_tokens", json_integer((json_int_t)m->generated));
 	json_object_set_new(root, "streamed_tokens", json_integer((json_int_t)m->streamed));
 	json_object_set_new(root, "wall_s", json_real(m->wall_s));
+	json_object_set_new(root, "gpud_cpu_s", json_real(m->gpud_cpu_s));
 	json_object_set_new(root, "tokens_per_s", json_real(m->generated / w));
 	json_object_set_new(root, "prompt_tokens_per_s", json_real(m->prompt / w));
 	json_object_set_new(root, "latency_ms", json_pack("{s:f,s:f,s:f}", "p50", m->lat_p50,
@@ -921,9 +955,11 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 
 	double tpw = 1.0;
-	if (calibrate(&o, &tpw))
+	int server_pid = 0;
+	if (calibrate(&o, &tpw, &server_pid))
 		return 1;
 	json_t *before = fetch_stats(&o);
+	double cpu0 = proc_cpu_s(server_pid);
 
 	/* No client thread is alive here: the children start clean. */
 	pid_t pids[MAX_PROCESSES];
@@ -980,6 +1016,8 @@ int main(int argc, char **argv)
 
 	struct summary m;
 	summarize(all, n_all, t_end - t_start, &m);
+	double cpu1 = proc_cpu_s(server_pid);
+	m.gpud_cpu_s = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
 	json_t *after = fetch_stats(&o);
 	if (o.json)
 		print_json(&o, &m, tpw, before, after);
