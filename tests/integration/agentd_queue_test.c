@@ -131,7 +131,7 @@ static void test_claim_and_ack(void **state)
 	struct fx *f = *state;
 	struct agent_queue *q = open_q(f, NULL, 60000);
 	struct agent_queue *q2 = open_q(f, "other", 60000); /* group exists: fine */
-	struct agent_msg m;
+	struct agent_msg m, m2;
 	char id[64], name[300];
 
 	snprintf(name, sizeof(name), ":%d", (int)getpid());
@@ -146,7 +146,8 @@ static void test_claim_and_ack(void **state)
 	assert_int_equal(m.source, AGENT_MSG_NEW);
 	assert_int_equal(pending(f), 1);
 	/* The other consumer does not get it. */
-	assert_int_equal(agent_queue_claim(q2, &m, err, sizeof(err)), SW_ENOTFOUND);
+	assert_int_equal(agent_queue_claim(q2, &m2, err, sizeof(err)), SW_ENOTFOUND);
+	assert_null(m2.payload);
 	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0);
 	assert_int_equal(pending(f), 0);
 	agent_msg_free(&m);

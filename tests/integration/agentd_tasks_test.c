@@ -229,6 +229,8 @@ static char *make_doc(const char *topic_a, const char *topic_b, int n)
 	size_t cap = (size_t)n * 64, off = 0;
 	char *s = malloc(cap);
 
+	if (!s)
+		abort();
 	for (int i = 0; i < n; i++)
 		off += (size_t)snprintf(s + off, cap - off, "s%d %s %s. ", i,
 					i < n / 2 ? topic_a : topic_b, i % 2 ? "x" : "y");
@@ -240,6 +242,8 @@ static char *ingest_json(const char *id, const char *text)
 	size_t cap = strlen(text) + 128;
 	char *s = malloc(cap);
 
+	if (!s || !text)
+		abort();
 	snprintf(s, cap, "{\"id\":\"%s\",\"kind\":\"ingest\",\"text\":\"%s\"}", id, text);
 	return s;
 }

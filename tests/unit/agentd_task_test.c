@@ -185,15 +185,16 @@ static void test_bad_urls(void **state)
 
 static void test_oversized(void **state)
 {
-	size_t n = AGENT_TASK_MAX_TEXT + 1, len;
-	char *s = malloc(n + 64), msg[128];
+	static const char head[] = "{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"";
+	size_t n = AGENT_TASK_MAX_TEXT + 1, len = sizeof(head) - 1 + n + 2;
+	char *s = malloc(len + 1), msg[128];
 	struct agent_task t;
 
-	assert_non_null(s);
-	len = (size_t)sprintf(s, "{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"");
-	memset(s + len, 'a', n);
-	len += n;
-	len += (size_t)sprintf(s + len, "\"}");
+	if (!s)
+		abort();
+	memset(s, 'a', len);
+	memcpy(s, head, sizeof(head) - 1);
+	memcpy(s + len - 2, "\"}", 3);
 	assert_int_equal(agent_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
 	snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
 		 AGENT_TASK_MAX_TEXT);
