@@ -617,6 +617,7 @@ struct t2 {
 	atomic_ullong prompt_sum, gen_sum;
 	pthread_mutex_t mu;
 	char first_error[512];
+	double t0;
 };
 
 static uint64_t rng_next(uint64_t *s)
@@ -762,9 +763,11 @@ static void *t2_worker(void *arg)
 			t2_error(t, "request %u: %u tokens generated, %u ids, max_tokens %u", idx,
 				 res.usage.generated_tokens, res.n_ids, b->req.max_tokens);
 		} else {
-			unsigned cur;
+			unsigned cur, done = atomic_fetch_add(&t->ok, 1) + 1;
 
-			atomic_fetch_add(&t->ok, 1);
+			if (done % 2000 == 0)
+				printf("    test 2: %u requests done after %.0f s\n", done,
+				       gpud_it_now() - t->t0);
 			if (b->req.mask)
 				atomic_fetch_add(&t->masked, 1);
 			atomic_fetch_add(&t->prompt_sum, expect);
@@ -829,7 +832,7 @@ static void test_20k_random_requests(void **state)
 	dev0 = jint(st, "alloc.since_warmup.host_device");
 	json_decref(st);
 
-	t0 = gpud_it_now();
+	t0 = t->t0 = gpud_it_now();
 	for (int i = 0; i < T2_THREADS; i++)
 		assert_int_equal(pthread_create(&th[i], NULL, t2_worker, t), 0);
 	for (int i = 0; i < T2_THREADS; i++)
