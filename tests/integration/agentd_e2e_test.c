@@ -1,0 +1,281 @@
+/* agentd_e2e_test.c - issue 5 through the whole stack: a worker against
+ * real Redis, PostgreSQL + pgvector and a real `gpud serve` with
+ * stories260K (tests/integration/gpud_harness.h).
+ *   1. ingest a multi-chunk document, summarize it, answer a question:
+ *      rows (embeddings of gpud's width, one final summary, the answer
+ *      with its chunk ids) and stream events all there;
+ *   2. gpud stopped and started again in the middle of 20 tasks: every
+ *      task completes, none is lost or stored twice.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+#include "agentd/fetch.h"
+#include "agentd/worker.h"
+#include "common/log.h"
+#include "common/time.h"
+#include "tests/integration/gpud_harness.h"
+#include "tests/integration/harness.h"
+
+struct fx {
+	char dbname[64];
+	char stream[128], dead[128], results[128];
+	redisContext *redis;
+	PGconn *pg;
+	struct gpud_it gpud;
+	struct sw_config cfg;
+	struct agent_worker_opts o;
+	struct agent_worker_stats st;
+	pthread_t thread;
+	int rc;
+	char err[512];
+};
+
+static void admin(const char *sql)
+{
+	PGconn *c = PQconnectdb(it_pg_url());
+	PGresult *r = PQexec(c, sql);
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		fail_msg("%s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+}
+
+static int counter;
+
+static int setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	const char *base = it_pg_url(), *path;
+	char sql[128], host[256], url[1024];
+	int port, n = counter++;
+
+	if (gpud_it_start(&f->gpud, NULL) != 0) {
+		gpud_it_free(&f->gpud);
+		free(f);
+		return -1;
+	}
+	snprintf(f->dbname, sizeof(f->dbname), "agentd_e2e_%d_%d", (int)getpid(), n);
+	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
+	admin(sql);
+	path = strchr(strstr(base, "://") + 3, '/');
+	snprintf(url, sizeof(url), "%.*s/%s", (int)(path - base), base, f->dbname);
+	f->pg = PQconnectdb(url);
+	snprintf(f->stream, sizeof(f->stream), "swarm:it:agentd:e2e:%d:%d:tasks", (int)getpid(), n);
+	snprintf(f->dead, sizeof(f->dead), "swarm:it:agentd:e2e:%d:%d:dead", (int)getpid(), n);
+	snprintf(f->results, sizeof(f->results), "swarm:it:agentd:e2e:%d:%d:results",
+		 (int)getpid(), n);
+	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
+		return -1;
+	f->redis = redisConnect(host, port);
+
+	sw_config_defaults(&f->cfg);
+	snprintf(f->cfg.redis.url, sizeof(f->cfg.redis.url), "%s", it_redis_url());
+	snprintf(f->cfg.postgres.url, sizeof(f->cfg.postgres.url), "%s", url);
+	if (strlen(f->gpud.socket) >= sizeof(f->cfg.gpud.socket))
+		return -1;
+	memcpy(f->cfg.gpud.socket, f->gpud.socket, strlen(f->gpud.socket) + 1);
+	f->cfg.agentd.max_attempts = 3;
+	f->cfg.agentd.lease_ms = 5000;
+	f->cfg.agentd.heartbeat_ms = 500;
+	f->cfg.agentd.max_tasks_per_worker = 0;
+	f->o = (struct agent_worker_opts){
+		.cfg = &f->cfg,
+		.sql_dir = "config/sql",
+		.heartbeat_fd = -1,
+		.stream = f->stream,
+		.dead_stream = f->dead,
+		.results_stream = f->results,
+		.block_ms = 100,
+		.chunk_tokens = 32,
+		.chunk_overlap = 8,
+	};
+	*state = f;
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+	char sql[128];
+	redisReply *r;
+
+	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
+	freeReplyObject(r);
+	redisFree(f->redis);
+	PQfinish(f->pg);
+	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
+	admin(sql);
+	if (f->gpud.pid)
+		gpud_it_stop(&f->gpud, SIGTERM, 20000);
+	gpud_it_free(&f->gpud);
+	free(f);
+	return 0;
+}
+
+static void *worker_thread(void *arg)
+{
+	struct fx *f = arg;
+
+	f->rc = agent_worker_run(&f->o, &f->st, f->err, sizeof(f->err));
+	return NULL;
+}
+
+static void xadd(struct fx *f, const char *task)
+{
+	redisReply *r = redisCommand(f->redis, "XADD %s * task %s", f->stream, task);
+
+	assert_int_equal(r->type, REDIS_REPLY_STRING);
+	freeReplyObject(r);
+}
+
+static long long pg_int(struct fx *f, const char *sql)
+{
+	PGresult *r = PQexec(f->pg, sql);
+	long long v = -1;
+
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+static bool wait_for(struct fx *f, const char *sql, long long want, int ms)
+{
+	for (int t = 0; t < ms; t += 100) {
+		if (pg_int(f, sql) == want)
+			return true;
+		sw_sleep_ms(100);
+	}
+	return false;
+}
+
+static long long xlen(struct fx *f, const char *key)
+{
+	redisReply *r = redisCommand(f->redis, "XLEN %s", key);
+	long long v = r->integer;
+
+	freeReplyObject(r);
+	return v;
+}
+
+static void stop_worker(struct fx *f)
+{
+	agent_worker_stop();
+	pthread_join(f->thread, NULL);
+	if (f->rc)
+		fail_msg("worker: %s", f->err);
+}
+
+static const char story[] =
+	"Once upon a time there was a little cat named Tom. Tom liked to play in the garden. "
+	"One day he saw a big red ball under the tree. He ran to the ball and pushed it. "
+	"The ball rolled down the hill and Tom ran after it. At the bottom of the hill he met a "
+	"dog named Max. Max was friendly and wanted to play too. Together they played with the "
+	"ball all afternoon. When the sun went down Tom went home. His mom gave him milk and he "
+	"fell asleep happy. The next morning Tom ran back to the hill to find Max again.";
+
+static void test_ingest_summarize_answer(void **state)
+{
+	struct fx *f = *state;
+	char task[2048];
+
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
+	xadd(f, task);
+	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":24}");
+	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"What did Tom find?\","
+		"\"top_k\":3,\"max_tokens\":24}");
+	agent_worker_reset();
+	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status <> 'running'", 3, 120000)) {
+		stop_worker(f);
+		gpud_it_print_tail(&f->gpud, "gpud", 30);
+		fail_msg("tasks not finished");
+	}
+	sw_sleep_ms(300);
+	stop_worker(f);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"), 3);
+	assert_true(pg_int(f, "SELECT count(*) FROM chunks WHERE embedding IS NOT NULL") >= 3);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM chunks WHERE embedding IS NULL"), 0);
+	fprintf(stderr, "e2e: %lld chunks, embedding width %lld, %lld summaries\n",
+		pg_int(f, "SELECT count(*) FROM chunks"), pg_int(f, "SELECT dim FROM embedding_space"),
+		pg_int(f, "SELECT count(*) FROM summaries"));
+	assert_true(pg_int(f, "SELECT dim FROM embedding_space") > 0);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(pg_int(f, "SELECT array_length(chunk_ids, 1) FROM answers"), 3);
+	assert_int_equal(xlen(f, f->results), 3);
+	assert_int_equal(xlen(f, f->dead), 0);
+	assert_int_equal(f->st.completed, 3);
+}
+
+static void test_gpud_restart_mid_run(void **state)
+{
+	struct fx *f = *state;
+	char task[2048];
+	int rc;
+
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
+	xadd(f, task);
+	for (int i = 0; i < 20; i++) {
+		snprintf(task, sizeof(task),
+			 "{\"id\":\"q%d\",\"kind\":\"answer\",\"question\":\"Who is Max? (%d)\","
+			 "\"max_tokens\":16}",
+			 i, i);
+		xadd(f, task);
+	}
+	agent_worker_reset();
+	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
+	if (!wait_for(f, "SELECT (count(*) >= 5)::int FROM tasks WHERE status = 'completed'", 1,
+		      60000)) {
+		stop_worker(f);
+		fail_msg("no progress before the restart");
+	}
+	rc = gpud_it_stop(&f->gpud, SIGTERM, 20000);
+	fprintf(stderr, "e2e: gpud stopped (%d) with %lld tasks completed\n", rc,
+		pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+	sw_sleep_ms(1000);
+	assert_int_equal(gpud_it_spawn(&f->gpud, NULL), 0);
+	assert_int_equal(gpud_it_wait_ready(&f->gpud, 30000), 0);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 21, 120000)) {
+		stop_worker(f);
+		fail_msg("not every task completed after the restart");
+	}
+	sw_sleep_ms(300);
+	stop_worker(f);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 20);
+	assert_int_equal(pg_int(f, "SELECT count(DISTINCT task_id) FROM answers"), 20);
+	assert_int_equal(xlen(f, f->dead), 0);
+	assert_int_equal(xlen(f, f->results), 21);
+	assert_true(f->st.outages >= 1);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_ingest_summarize_answer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gpud_restart_mid_run, setup, teardown),
+	};
+	int rc = it_start(IT_REDIS | IT_PG);
+
+	if (rc)
+		return rc;
+	signal(SIGPIPE, SIG_IGN);
+	sw_log_init("agentd-e2e", SW_LOG_WARN);
+	agent_fetch_global_init();
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
