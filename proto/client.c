@@ -1241,6 +1241,11 @@ static int call(struct proto_client *c, uint16_t type, const struct req_args *a,
 {
 	uint32_t idx;
 	uint64_t id;
+	/* The reader thread would wait for itself. */
+	if (pthread_equal(pthread_self(), c->reader))
+		return sw_seterr(err, errlen, -EDEADLK,
+				 "%s: blocking call from a callback of the same connection",
+				 proto_type_name(type));
 	int rc = caller_enter(c, err, errlen);
 	if (rc)
 		return rc;

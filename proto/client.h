@@ -21,6 +21,8 @@
  * proto_client_cancel and proto_client_submit; a submit from a callback
  * never waits for room (the room is freed by the thread it runs on): it
  * returns SW_EBUSY at once when the table or the request area is full.
+ * The blocking helpers (generate, tokenize, embed, stats, mem) called from
+ * a callback would wait for the thread they run on: they return -EDEADLK.
  *
  * Errors: functions return 0 or a negative code (common/err.h) with a
  * message in err. Codes from gpud's ERROR replies are passed through

@@ -987,6 +987,106 @@ static void test_cancel(void **state)
 	stream_fini(&s);
 }
 
+/* A callback that tries a blocking call and a submit on its own
+ * connection. */
+struct reentrant {
+	struct proto_client *c;
+	int blocking_rc;
+	int submit_rc;
+	struct stream inner;
+	struct stream outer;
+};
+
+static void on_done_reentrant(void *arg, uint64_t id, int status,
+			      const struct proto_done *usage, const char *msg)
+{
+	struct reentrant *r = arg;
+	char *json = NULL;
+	char err[128];
+	r->blocking_rc = proto_client_stats(r->c, &json, err, sizeof(err));
+	free(json);
+	struct proto_submit_req req;
+	struct proto_segment seg;
+	one_segment(&req, &seg, "inner", 5, 2);
+	struct proto_client_events ev = { .on_tokens = on_tokens, .on_done = on_done,
+					  .arg = &r->inner };
+	r->submit_rc = proto_client_submit(r->c, &req, &ev, NULL, err, sizeof(err));
+	on_done(&r->outer, id, status, usage, msg);
+}
+
+static void test_callback_reentry(void **state)
+{
+	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
+	struct proto_client *c = connect_ok(fk, NULL);
+	struct reentrant r = { .c = c, .blocking_rc = 1, .submit_rc = 1 };
+	stream_init(&r.inner);
+	stream_init(&r.outer);
+	struct proto_submit_req req;
+	struct proto_segment seg;
+	one_segment(&req, &seg, "outer", 5, 1);
+	struct proto_client_events ev = { .on_done = on_done_reentrant, .arg = &r };
+	assert_int_equal(proto_client_submit(c, &req, &ev, NULL, g_err, sizeof(g_err)), 0);
+	stream_wait(&r.outer, true);
+	assert_int_equal(r.outer.status, 0);
+	assert_int_equal(r.blocking_rc, -EDEADLK);
+	/* A submit from a callback works when there is room. */
+	assert_int_equal(r.submit_rc, 0);
+	stream_wait(&r.inner, true);
+	assert_int_equal(r.inner.status, 0);
+	assert_string_equal(r.inner.text, "t0 t1 ");
+	proto_client_close(c);
+	assert_int_equal(fake_stop(fk), 0);
+	stream_fini(&r.inner);
+	stream_fini(&r.outer);
+}
+
+static int on_tokens_submit(void *arg, uint64_t id, const struct proto_tokens *t)
+{
+	struct reentrant *r = arg;
+	struct proto_submit_req req;
+	struct proto_segment seg;
+	char err[128];
+	one_segment(&req, &seg, "inner", 5, 2);
+	struct proto_client_events ev = { .on_done = on_done, .arg = &r->inner };
+	r->submit_rc = proto_client_submit(r->c, &req, &ev, NULL, err, sizeof(err));
+	return 1; /* and cancel the held request */
+}
+
+static void on_done_outer(void *arg, uint64_t id, int status, const struct proto_done *usage,
+			  const char *msg)
+{
+	struct reentrant *r = arg;
+	on_done(&r->outer, id, status, usage, msg);
+}
+
+static void test_callback_submit_no_room(void **state)
+{
+	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
+	struct proto_client_opts o;
+	proto_client_opts_default(&o);
+	o.max_inflight = 1;
+	struct proto_client *c = connect_ok(fk, &o);
+	struct reentrant r = { .c = c, .submit_rc = 1 };
+	stream_init(&r.inner);
+	stream_init(&r.outer);
+	struct proto_submit_req req;
+	struct proto_segment seg;
+	one_segment(&req, &seg, "hold", 4, 8);
+	struct proto_client_events ev = { .on_tokens = on_tokens_submit, .on_done = on_done_outer,
+					  .arg = &r };
+	assert_int_equal(proto_client_submit(c, &req, &ev, NULL, g_err, sizeof(g_err)), 0);
+	stream_wait(&r.outer, true);
+	/* The only table entry was the running request's: no waiting on
+	 * the reader thread, SW_EBUSY at once. */
+	assert_int_equal(r.submit_rc, SW_EBUSY);
+	assert_int_equal(r.outer.status, SW_ECANCELED);
+	proto_client_close(c);
+	assert_int_equal(r.inner.n_done, 0);
+	assert_int_equal(fake_stop(fk), 0);
+	stream_fini(&r.inner);
+	stream_fini(&r.outer);
+}
+
 static void test_on_tokens_cancels(void **state)
 {
 	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
@@ -1308,6 +1408,8 @@ int main(void)
 		cmocka_unit_test(test_server_closes_midstream),
 		cmocka_unit_test(test_cancel),
 		cmocka_unit_test(test_on_tokens_cancels),
+		cmocka_unit_test(test_callback_reentry),
+		cmocka_unit_test(test_callback_submit_no_room),
 		cmocka_unit_test(test_too_long),
 		cmocka_unit_test(test_concurrent_submits),
 		cmocka_unit_test(test_corrupt_ring),
