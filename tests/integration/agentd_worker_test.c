@@ -27,6 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -517,6 +520,163 @@ static void test_postgres_drop_is_ridden_out(void **state)
 	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 1);
 }
 
+struct multi {
+	struct fx *f;
+	struct agent_worker_opts o;
+	struct agent_worker_stats st;
+	int rc;
+	char err[256];
+};
+
+static void *multi_thread(void *arg)
+{
+	struct multi *m = arg;
+
+	m->rc = agent_worker_run(&m->o, &m->st, m->err, sizeof(m->err));
+	return NULL;
+}
+
+/* Stores doc_text directly (no task row) so tasks can refer to doc 1. */
+static void store_doc(struct fx *f)
+{
+	struct agent_ctx ctx;
+	struct agent_db *db;
+	struct agent_task t;
+	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
+
+	assert_int_equal(agent_db_open(&db, f->dburl, err, sizeof(err)), 0);
+	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
+	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 8, .chunk_overlap = 2 };
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
+	assert_int_equal(agent_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
+	assert_int_equal(agent_run_task(&ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	agent_task_free(&t);
+	agent_db_close(db);
+}
+
+static void test_four_workers_no_duplicates(void **state)
+{
+	struct fx *f = *state;
+	struct multi m[4];
+	pthread_t th[4];
+	char task[512], names[4][16];
+	uint64_t claimed = 0;
+
+	store_doc(f);
+	for (int i = 0; i < 30; i++) {
+		snprintf(task, sizeof(task),
+			 "{\"id\":\"q%d\",\"kind\":\"answer\",\"question\":\"question %d?\"}", i, i);
+		xadd(f, task);
+		xadd(f, task); /* every answer delivered twice */
+	}
+	for (int i = 0; i < 5; i++) {
+		snprintf(task, sizeof(task),
+			 "{\"id\":\"s%d\",\"kind\":\"summarize\",\"document_id\":1}", i);
+		xadd(f, task);
+		snprintf(task, sizeof(task),
+			 "{\"id\":\"d%d\",\"kind\":\"ingest\",\"text\":\"one more text. same for all.\"}", i);
+		xadd(f, task);
+	}
+	agent_worker_reset();
+	for (int i = 0; i < 4; i++) {
+		snprintf(names[i], sizeof(names[i]), "c%d", i);
+		m[i] = (struct multi){ .f = f, .o = f->o };
+		m[i].o.consumer = names[i];
+		m[i].o.heartbeat_fd = -1;
+		assert_int_equal(pthread_create(&th[i], NULL, multi_thread, &m[i]), 0);
+	}
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40, 30000))
+		fprintf(stderr, "only %lld completed\n",
+			pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+	for (int t = 0; t < 3000 && pending(f) != 0; t += 50)
+		sw_sleep_ms(50);
+	agent_worker_stop();
+	for (int i = 0; i < 4; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(m[i].rc, 0);
+		claimed += m[i].st.claimed;
+	}
+	assert_int_equal(claimed, 70);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"), 40);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 30);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM documents"), 2);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM (SELECT document_id, level, position"
+				   " FROM summaries GROUP BY 1, 2, 3 HAVING count(*) > 1) d"), 0);
+	assert_int_equal(pending(f), 0);
+	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
+}
+
+/* --- callbacks ------------------------------------------------------------------ */
+
+static int cb_fd = -1;
+static char cb_body[1024];
+static _Atomic int cb_count;
+
+static void *cb_server(void *arg)
+{
+	static const char reply[] = "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n";
+
+	for (;;) {
+		char req[4096] = "";
+		size_t got = 0;
+		char *body;
+		int fd = accept(cb_fd, NULL, NULL);
+
+		if (fd < 0)
+			return NULL;
+		while (got < sizeof(req) - 1) {
+			ssize_t r = read(fd, req + got, sizeof(req) - 1 - got);
+
+			if (r <= 0)
+				break;
+			got += (size_t)r;
+			req[got] = '\0';
+			body = strstr(req, "\r\n\r\n");
+			if (body && strchr(body + 4, '}'))
+				break;
+		}
+		body = strstr(req, "\r\n\r\n");
+		if (body)
+			snprintf(cb_body, sizeof(cb_body), "%s", body + 4);
+		cb_count++;
+		if (send(fd, reply, sizeof(reply) - 1, MSG_NOSIGNAL) < 0)
+			perror("send");
+		close(fd);
+	}
+}
+
+static void test_callback_posted(void **state)
+{
+	struct fx *f = *state;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t alen = sizeof(a);
+	pthread_t srv;
+	char task[512];
+
+	cb_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_int_equal(bind(cb_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(cb_fd, 4), 0);
+	assert_int_equal(getsockname(cb_fd, (struct sockaddr *)&a, &alen), 0);
+	assert_int_equal(pthread_create(&srv, NULL, cb_server, NULL), 0);
+
+	snprintf(task, sizeof(task),
+		 "{\"id\":\"cb\",\"kind\":\"ingest\",\"text\":\"called back.\","
+		 "\"callback_url\":\"http://127.0.0.1:%d/done\"}", ntohs(a.sin_port));
+	xadd(f, task);
+	start_worker(f);
+	for (int t = 0; t < 10000 && cb_count == 0; t += 50)
+		sw_sleep_ms(50);
+	stop_worker(f);
+	shutdown(cb_fd, SHUT_RDWR);
+	pthread_join(srv, NULL);
+	close(cb_fd);
+	assert_int_equal(cb_count, 1);
+	assert_non_null(strstr(cb_body, "\"task_id\":\"cb\""));
+	assert_non_null(strstr(cb_body, "\"status\":\"completed\""));
+	assert_non_null(strstr(cb_body, "\"location\":\"documents/1\""));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -524,6 +684,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_kill9_during_summarize, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_drain_finishes_task_in_hand, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_postgres_drop_is_ridden_out, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_four_workers_no_duplicates, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_callback_posted, setup, teardown),
 	};
 	int rc = it_start(IT_REDIS | IT_PG);
 
