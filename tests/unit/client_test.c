@@ -17,6 +17,8 @@
  *   "frameerr"     an ERROR frame (aux SW_EBUSY) with no ring record
  *   "odd"          a record of an unknown type, one for an unknown id,
  *                  then the normal answer
+ *   "garbage"      eight records of random reply types and bytes, then
+ *                  the normal answer
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -248,6 +250,28 @@ static bool fake_submit(struct fake *fk, const struct proto_frame *f, const uint
 		fake_push(fk, 200, f->request_id, x, sizeof(x));
 		int32_t id9 = 9;
 		fake_tokens(fk, f->request_id + 100000, &id9, 1, "stray ");
+		fake_generate(fk, f->request_id, req);
+	} else if (text_is(s0, "garbage")) {
+		/* Records of every reply type with random payloads (the ring
+		 * stays well-formed): whatever the client makes of the first
+		 * one, it must end the request once and drop the rest. */
+		static const uint16_t types[] = {
+			PROTO_T_TOKENS, PROTO_T_DONE, PROTO_T_ERROR, PROTO_T_TOKENIZE_REPLY,
+			PROTO_T_EMBED_REPLY, PROTO_T_STATS_REPLY, PROTO_T_MEM_REPLY,
+		};
+		uint64_t x = f->request_id * 0x9e3779b97f4a7c15ull + 1;
+		for (int k = 0; k < 8; k++) {
+			uint8_t junk[64];
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			size_t len = (size_t)(x % sizeof(junk));
+			for (size_t b = 0; b < len; b++) {
+				x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+				junk[b] = (uint8_t)(x >> 24);
+			}
+			if (len >= 8 && (x & 1)) /* plausible counts now and then */
+				memset(junk, 0, 8);
+			fake_push(fk, types[(x >> 8) % 7], f->request_id, junk, len);
+		}
 		fake_generate(fk, f->request_id, req);
 	} else if (text_is(s0, "corrupt")) {
 		/* A head that is not a multiple of 16: the consumer must
@@ -1317,6 +1341,47 @@ static void test_odd_replies(void **state)
 	assert_int_equal(fake_stop(fk), 0);
 }
 
+static void test_garbage_records(void **state)
+{
+	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
+	struct proto_client *c = connect_ok(fk, NULL);
+	enum { N = 40 };
+	struct stream *s = calloc(N, sizeof(*s));
+	assert_non_null(s);
+	for (int i = 0; i < N; i++) {
+		stream_init(&s[i]);
+		assert_int_equal(submit_stream(c, "garbage", 2, &s[i], NULL), 0);
+	}
+	for (int i = 0; i < N; i++)
+		stream_wait(&s[i], true);
+	/* A blocking call of each kind through the same noise. */
+	struct proto_submit_req req;
+	struct proto_segment seg;
+	struct proto_client_result res;
+	one_segment(&req, &seg, "garbage", 7, 2);
+	int rc = proto_client_generate(c, &req, &res, g_err, sizeof(g_err));
+	assert_true(rc <= 0);
+	proto_client_result_free(&res);
+	assert_true(proto_client_alive(c));
+	char *json = NULL;
+	assert_int_equal(proto_client_stats(c, &json, g_err, sizeof(g_err)), 0);
+	assert_string_equal(json, "{\"requests\":7}");
+	free(json);
+	proto_client_close(c);
+	int n_format = 0;
+	for (int i = 0; i < N; i++) {
+		assert_int_equal(s[i].n_done, 1);
+		assert_true(s[i].status <= 0);
+		n_format += s[i].status == SW_EFORMAT;
+		stream_fini(&s[i]);
+	}
+	free(s);
+	/* The bytes are fixed (seeded by request id): most records do not
+	 * decode, or are the wrong reply type for a generation. */
+	assert_true(n_format > 0);
+	assert_int_equal(fake_stop(fk), 0);
+}
+
 static void test_generate_timeout(void **state)
 {
 	struct fake *fk = fake_start(HELLO_OK, 4096, 65536);
@@ -1414,6 +1479,7 @@ int main(void)
 		cmocka_unit_test(test_concurrent_submits),
 		cmocka_unit_test(test_corrupt_ring),
 		cmocka_unit_test(test_odd_replies),
+		cmocka_unit_test(test_garbage_records),
 		cmocka_unit_test(test_generate_timeout),
 		cmocka_unit_test(test_close_with_inflight),
 		cmocka_unit_test(test_close_wakes_blocked_caller),
