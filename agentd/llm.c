@@ -39,11 +39,13 @@ int agent_gpud_connect(struct agent_gpud *g, char *err, size_t errlen)
 }
 
 /* A call that saw the connection break leaves it for the next connect. */
-static int after(struct agent_gpud *g, int rc)
+static int after(struct agent_gpud *g, int rc, char *err, size_t errlen)
 {
 	if (rc == SW_ECLOSED || (g->c && !proto_client_alive(g->c))) {
 		proto_client_close(g->c);
 		g->c = NULL;
+		if (err && errlen && !err[0])
+			snprintf(err, errlen, "gpud: connection to %s closed", g->socket);
 		return SW_ECLOSED;
 	}
 	return rc;
@@ -58,9 +60,11 @@ static int gpud_count(void *ctx, const char *text, size_t len, uint32_t *n, char
 
 	if (rc)
 		return rc;
+	if (err && errlen)
+		err[0] = '\0';
 	rc = proto_client_tokenize(g->c, text, len, 0, &ids, n, err, errlen);
 	free(ids);
-	return after(g, rc);
+	return after(g, rc, err, errlen);
 }
 
 static int gpud_embed(void *ctx, const char *text, size_t len, float **vec, uint32_t *dim,
@@ -71,8 +75,10 @@ static int gpud_embed(void *ctx, const char *text, size_t len, float **vec, uint
 
 	if (rc)
 		return rc;
+	if (err && errlen)
+		err[0] = '\0';
 	rc = proto_client_embed(g->c, text, len, vec, dim, err, errlen);
-	return after(g, rc);
+	return after(g, rc, err, errlen);
 }
 
 static int gpud_generate(void *ctx, const struct proto_submit_req *req, char **text, char *err,
@@ -85,6 +91,8 @@ static int gpud_generate(void *ctx, const struct proto_submit_req *req, char **t
 	*text = NULL;
 	if (rc)
 		return rc;
+	if (err && errlen)
+		err[0] = '\0';
 	rc = proto_client_generate(g->c, req, &res, err, errlen);
 	if (rc == 0) {
 		*text = res.text ? res.text : strdup("");
@@ -93,7 +101,7 @@ static int gpud_generate(void *ctx, const struct proto_submit_req *req, char **t
 			rc = -ENOMEM;
 	}
 	proto_client_result_free(&res);
-	return after(g, rc);
+	return after(g, rc, err, errlen);
 }
 
 int agent_gpud_open(struct agent_gpud **out, const char *socket_path, uint32_t timeout_ms)

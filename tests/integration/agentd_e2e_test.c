@@ -14,11 +14,13 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
@@ -264,11 +266,169 @@ static void test_gpud_restart_mid_run(void **state)
 	assert_true(f->st.outages >= 1);
 }
 
+/* --- the `agentd worker` process ------------------------------------------------ */
+
+#define REDIS_DB 3 /* the binary uses the default stream names: keep them apart */
+
+struct proc {
+	pid_t pid;
+	int hb;       /* read end of its heartbeat pipe */
+};
+
+static void write_config(struct fx *f, const char *dir, char *path, size_t len)
+{
+	char url[1024];
+	const char *base = it_pg_url(), *p = strchr(strstr(base, "://") + 3, '/');
+	FILE *fp;
+
+	snprintf(path, len, "%s/agentd.json", dir);
+	snprintf(url, sizeof(url), "%.*s/%s", (int)(p - base), base, f->dbname);
+	fp = fopen(path, "w");
+	assert_non_null(fp);
+	fprintf(fp,
+		"{\"state_dir\": \"%s\", \"log\": {\"level\": \"info\", \"file\": \"%s/worker.log\"},"
+		" \"redis\": {\"url\": \"%s/%d\"}, \"postgres\": {\"url\": \"%s\"},"
+		" \"gpud\": {\"socket\": \"%s\"},"
+		" \"agentd\": {\"max_attempts\": 3, \"lease_ms\": 1000, \"heartbeat_ms\": 200}}\n",
+		dir, dir, it_redis_url(), REDIS_DB, url, f->gpud.socket);
+	fclose(fp);
+}
+
+static struct proc spawn_worker(const char *config)
+{
+	struct proc p = { 0 };
+	int fds[2];
+
+	assert_int_equal(pipe(fds), 0);
+	p.pid = fork();
+	assert_true(p.pid >= 0);
+	if (p.pid == 0) {
+		dup2(fds[1], 3);
+		if (fds[0] != 3)
+			close(fds[0]);
+		execl(AGENTD_BIN, "agentd", "worker", "--config", config, "--heartbeat-fd", "3",
+		      "--sql-dir", "config/sql", (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	p.hb = fds[0];
+	return p;
+}
+
+static void test_worker_process_kill9_then_sigterm(void **state)
+{
+	struct fx *f = *state;
+	char dir[] = "/tmp/agentd-e2e-XXXXXX", config[256], task[16384], buf[4096];
+	redisContext *r = f->redis;
+	redisReply *rep;
+	struct proc a, b;
+	size_t off = 0;
+	int status;
+	bool ok;
+	ssize_t got;
+
+	assert_non_null(mkdtemp(dir));
+	write_config(f, dir, config, sizeof(config));
+	rep = redisCommand(r, "SELECT %d", REDIS_DB);
+	freeReplyObject(rep);
+	rep = redisCommand(r, "FLUSHDB");
+	freeReplyObject(rep);
+
+	/* A long document: many chunks, many partial summaries. */
+	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
+	for (int i = 0; i < 8; i++)
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+	snprintf(task + off, sizeof(task) - off, "\"}");
+	rep = redisCommand(r, "XADD swarm:tasks * task %s", task);
+	freeReplyObject(rep);
+	rep = redisCommand(r, "XADD swarm:tasks * task %s",
+			   "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
+	freeReplyObject(rep);
+
+	a = spawn_worker(config);
+	ok = wait_for(f, "SELECT (count(*) >= 4)::int FROM summaries", 1, 60000);
+	kill(a.pid, SIGKILL);
+	waitpid(a.pid, &status, 0);
+	if (!ok)
+		fail_msg("the first worker made no summaries (log in %s)", dir);
+	fprintf(stderr, "e2e: worker killed with %lld summaries made, sum %s\n",
+		pg_int(f, "SELECT count(*) FROM summaries"),
+		pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") ?
+			"already completed" : "in progress");
+	got = read(a.hb, buf, sizeof(buf) - 1);
+	assert_true(got > 0);
+	buf[got] = '\0';
+	assert_int_equal(strncmp(buf, "hb ", 3), 0);
+	close(a.hb);
+
+	/* Another process reclaims the entry after the 1 s lease. */
+	b = spawn_worker(config);
+	ok = wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'", 1,
+		      60000);
+	sw_sleep_ms(300);
+	kill(b.pid, SIGTERM);
+	for (int t = 0; t < 10000 && waitpid(b.pid, &status, WNOHANG) == 0; t += 50)
+		sw_sleep_ms(50);
+	if (!ok)
+		fail_msg("the summarize task was not completed (log in %s)", dir);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0); /* drained on SIGTERM */
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(pg_int(f, "SELECT attempts FROM tasks WHERE id = 'sum'"), 2);
+	rep = redisCommand(r, "XPENDING swarm:tasks agents");
+	assert_int_equal(rep->element[0]->integer, 0);
+	freeReplyObject(rep);
+	rep = redisCommand(r, "XLEN swarm:results");
+	assert_int_equal(rep->integer, 2);
+	freeReplyObject(rep);
+	got = read(b.hb, buf, sizeof(buf) - 1);
+	assert_true(got > 0);
+	close(b.hb);
+
+	rep = redisCommand(r, "FLUSHDB");
+	freeReplyObject(rep);
+	rep = redisCommand(r, "SELECT 0");
+	freeReplyObject(rep);
+	snprintf(buf, sizeof(buf), "rm -rf %s", dir);
+	assert_int_equal(system(buf), 0);
+}
+
+static void test_worker_usage_errors(void **state)
+{
+	char out[512];
+	int status;
+	pid_t pid;
+
+	(void)out;
+	pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+
+		dup2(null, 2);
+		execl(AGENTD_BIN, "agentd", "worker", (char *)NULL);
+		_exit(127);
+	}
+	waitpid(pid, &status, 0);
+	assert_int_equal(WEXITSTATUS(status), 2);
+	pid = fork();
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+
+		dup2(null, 2);
+		execl(AGENTD_BIN, "agentd", "worker", "--config", "/nonexistent.json", (char *)NULL);
+		_exit(127);
+	}
+	waitpid(pid, &status, 0);
+	assert_int_equal(WEXITSTATUS(status), 1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_ingest_summarize_answer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gpud_restart_mid_run, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_worker_process_kill9_then_sigterm, setup, teardown),
+		cmocka_unit_test(test_worker_usage_errors),
 	};
 	int rc = it_start(IT_REDIS | IT_PG);
 
