@@ -154,6 +154,12 @@ out_free:
 	return rc;
 }
 
+static void pg_quiet(void *arg, const char *msg)
+{
+	(void)arg;
+	(void)msg;
+}
+
 int sc_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 {
 	const char *keys[] = { "dbname", "connect_timeout", "application_name", NULL };
@@ -178,6 +184,8 @@ int sc_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 		PQfinish(c);
 		return sw_seterr(err, errlen, SW_ECLOSED, "postgres at %s: %s", redacted, msg);
 	}
+	/* swarmctl's queries need no NOTICEs on the operator's terminal */
+	PQsetNoticeProcessor(c, pg_quiet, NULL);
 	*out = c;
 	return 0;
 }

@@ -437,6 +437,12 @@ static int pg_ping_conninfo(const char *conninfo, char *err, size_t errlen)
 	return rc;
 }
 
+static void pg_quiet(void *arg, const char *msg)
+{
+	(void)arg;
+	(void)msg;
+}
+
 /* Creates database swarm and the vector extension when missing. */
 static int pg_bootstrap(struct sc_env *e, char *err, size_t errlen)
 {
@@ -467,6 +473,8 @@ static int pg_bootstrap(struct sc_env *e, char *err, size_t errlen)
 		PQfinish(c);
 		return rc;
 	}
+	/* "extension already exists" is not news on every start */
+	PQsetNoticeProcessor(c, pg_quiet, NULL);
 	rc = pg_exec(c, "CREATE EXTENSION IF NOT EXISTS vector", err, errlen);
 	if (rc)
 		snprintf(err + strlen(err), errlen - strlen(err),
