@@ -269,6 +269,8 @@ static int cmd_status(bool as_json)
 		else
 			printf("%-8s ", json_object_get(p, "external") ? "external" : "-");
 		print_uptime(pid ? json_real_value(json_object_get(p, "uptime_s")) : -1);
+		if (json_object_get(p, "error"))
+			printf("  %s", json_string_value(json_object_get(p, "error")));
 		printf("\n");
 	}
 	printf("\n");

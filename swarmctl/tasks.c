@@ -19,6 +19,7 @@
 #include "common/err.h"
 #include "common/time.h"
 #include "swarmctl/clients.h"
+#include "swarmctl/proc.h"
 
 #define EXIT_USAGE 2
 #define POLL_MS 250
@@ -799,9 +800,14 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 	if ((s.wait || ingest_wait) && open_pg(e, &s.pg))
 		goto out;
 	if (e->managed && !sc_service_pid(e, SC_AGENTD)) {
-		fprintf(stderr, "swarmctl: warning: agentd is not running in %s: tasks wait in "
-			"the queue until it runs%s\n", e->state_dir,
-			s.wait || ingest_wait ? " (and this command waits for them)" : "");
+		if (s.wait || ingest_wait) {
+			fprintf(stderr, "swarmctl: submit: agentd is not running in %s, so nothing "
+				"would run these tasks; nothing queued (`swarmctl status`, `swarmctl "
+				"logs agentd`)\n", e->state_dir);
+			goto out;
+		}
+		fprintf(stderr, "swarmctl: warning: agentd is not running in %s: the tasks wait "
+			"in the queue until it runs\n", e->state_dir);
 	}
 	s.tty = s.wait && isatty(STDOUT_FILENO);
 	s.t0_ms = sw_now_ms();
@@ -837,6 +843,21 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 		fflush(stdout);
 		if (done)
 			break;
+		if (e->managed && !sc_service_pid(e, SC_AGENTD)) {
+			char log[PATH_MAX + 32], tail[2048];
+
+			if (s.tty)
+				printf("\n");
+			sc_path(e, "logs/agentd.log", log, sizeof(log));
+			sc_tail(log, 8, tail, sizeof(tail));
+			fprintf(stderr, "swarmctl: submit: agentd stopped while its tasks were in "
+				"flight; they stay queued (`swarmctl results`)%s%s%s\n",
+				tail[0] ? "\nlast lines of " : "", tail[0] ? log : "",
+				tail[0] ? ":" : "");
+			if (tail[0])
+				fprintf(stderr, "%s\n", tail);
+			goto out;
+		}
 		if (sw_deadline_expired(deadline)) {
 			if (s.tty)
 				printf("\n");

@@ -11,7 +11,7 @@
 # cause and nothing left running; then twice in the same state directory:
 # start, status, submit --wait, results, top, double start refused, stop,
 # stop again - the second round reuses the cluster and still has the first
-# round's results.
+# round's results, and refuses a submit --wait once agentd is gone.
 #
 # agentd's supervisor (`agentd --config FILE`) is not written yet: while
 # `agentd` says so, one worker (`agentd worker`) stands in for it through
@@ -196,8 +196,20 @@ for round in 1 2; do
 	check "round $round: results of an unknown id" 1 "not found" -- ctl results no-such-task
 	check "round $round: top --iterations 2" 0 "swarm top" "tasks: [0-9.]+/s" \
 		"queue: " "tokens/s" "POOL" -- ctl top --iterations 2 --interval 0.2
-	check "round $round: stop" 0 "stopping agentd" "stopping gpud" "stopping redis" \
-		"stopping postgres" -- ctl stop
+	if [ $round = 2 ]; then
+		read -r apid _ <"$state/run/agentd.pid"
+		kill -TERM "$apid"
+		for _ in $(seq 1 100); do
+			kill -0 "$apid" 2>/dev/null || break
+			sleep 0.1
+		done
+		check "round 2: submit --wait with agentd gone: refused, nothing queued" 1 \
+			"agentd is not running" "nothing queued" \
+			-- ctl submit "$samples/tides.txt" --wait
+		check "round 2: status shows agentd down" 1 "agentd +down" "gpud +up" -- ctl status
+	fi
+	check "round $round: stop" 0 "stopping gpud" "stopping redis" "stopping postgres" \
+		-- ctl stop
 	check "round $round: stop when stopped" 0 "nothing is running" -- ctl stop
 	for f in "$state"/run/*.pid; do
 		if [ -f "$f" ]; then
