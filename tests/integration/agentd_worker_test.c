@@ -677,6 +677,23 @@ static void test_callback_posted(void **state)
 	assert_non_null(strstr(cb_body, "\"location\":\"documents/1\""));
 }
 
+static void test_recycle_after_max_tasks(void **state)
+{
+	struct fx *f = *state;
+
+	f->cfg.agentd.max_tasks_per_worker = 2;
+	xadd(f, "{bad 1");
+	xadd(f, "{bad 2");
+	xadd(f, "{bad 3");
+	agent_worker_reset();
+	/* Returns by itself after two tasks: the supervisor starts a new one. */
+	worker_thread(f);
+	assert_int_equal(f->rc, 0);
+	assert_int_equal(f->st.claimed, 2);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks"), 2);
+	assert_int_equal(pending(f), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -686,6 +703,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_postgres_drop_is_ridden_out, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_four_workers_no_duplicates, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_callback_posted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_recycle_after_max_tasks, setup, teardown),
 	};
 	int rc = it_start(IT_REDIS | IT_PG);
 
