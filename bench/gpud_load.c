@@ -20,13 +20,16 @@
  * token) back through a pipe; the parent merges them and prints requests,
  * errors by code, prompt/generated tokens, tokens/s over the wall time
  * (first start to last end, CLOCK_MONOTONIC is shared by the processes),
- * latency and TTFT p50/p99 (nearest rank, successful requests only), the
- * p50/p99 of gpud's own timings from the DONE usage (queue, prefill,
- * decode: where the latency went), then
- * the daemon's STATS after the run: allocations since warm-up, pools,
- * caches, and the change of its request and token counters during the run
- * next to the tool's own counts (they agree when nothing else uses the
- * daemon). --json prints all of it as one JSON object instead.
+ * gpud's CPU time over the run (/proc/PID/stat of the server's pid: cores
+ * busy, tokens per CPU-second, which a shared machine distorts less than
+ * wall time), latency and TTFT p50/p99 (nearest rank, successful requests
+ * only), and the p50/p99 of gpud's own timings from the DONE usage (queue,
+ * prefill, decode, and what lies outside them: where the latency went).
+ * Then the daemon's STATS: the change of its request and token counters
+ * during the run next to the tool's own counts (they agree when nothing
+ * else uses the daemon), steps and tokens per step of each device during
+ * the run, allocations since warm-up, pools and caches after it. --json
+ * prints all of it as one JSON object instead.
  *
  * Exit status: 0 when every request succeeded, 1 when any failed (or the
  * run could not be done), 2 for bad arguments.
