@@ -231,6 +231,9 @@ static void backoff(struct worker *w)
 {
 	uint32_t ms = w->backoff_ms ? w->backoff_ms : AGENT_RECONNECT_MIN_MS;
 
+	/* Waiting out an outage is not a hang: keep the heartbeat going (a
+	 * restart would not bring the server back). */
+	mark_progress(w);
 	for (uint32_t t = 0; t < ms && !stop_requested; t += 50)
 		sw_sleep_ms(50);
 	w->backoff_ms = ms * 2 > AGENT_RECONNECT_MAX_MS ? AGENT_RECONNECT_MAX_MS : ms * 2;
@@ -588,7 +591,8 @@ out:
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR]\n");
+	fprintf(f, "usage: agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR] [-n]\n"
+		   "  -n, --check   load and validate the configuration, print \"configuration OK\"\n");
 }
 
 int agentd_worker_main(int argc, char **argv)
@@ -597,6 +601,7 @@ int agentd_worker_main(int argc, char **argv)
 		{ "config", required_argument, NULL, 'c' },
 		{ "heartbeat-fd", required_argument, NULL, 'H' },
 		{ "sql-dir", required_argument, NULL, 's' },
+		{ "check", no_argument, NULL, 'n' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -604,13 +609,15 @@ int agentd_worker_main(int argc, char **argv)
 	struct agent_worker_stats st;
 	struct sw_config cfg;
 	const char *config = NULL, *hb = getenv("SWARM_HEARTBEAT_FD");
-	char err[ERR_MAX];
+	bool check = false;
+	char err[ERR_MAX], *json;
 	int c, rc;
 
 	optind = 1;
-	while ((c = getopt_long(argc, argv, "c:H:s:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "c:H:s:nh", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'c': config = optarg; break;
+		case 'n': check = true; break;
 		case 'H': hb = optarg; break;
 		case 's': o.sql_dir = optarg; break;
 		case 'h': usage(stdout); return 0;
@@ -637,6 +644,10 @@ int agentd_worker_main(int argc, char **argv)
 		fprintf(stderr, "agentd worker: %s\n", err);
 		return 1;
 	}
+	if (check) {
+		printf("configuration OK\n");
+		return 0;
+	}
 	sw_log_init("agentd-worker", (enum sw_log_level)cfg.log.level);
 	if (cfg.log.file[0] && sw_log_open(cfg.log.file) != 0)
 		fprintf(stderr, "agentd worker: cannot open log file %s; logging to stderr\n",
@@ -656,6 +667,10 @@ int agentd_worker_main(int argc, char **argv)
 			 SW_VERSION, PQlibVersion(), HIREDIS_MAJOR, HIREDIS_MINOR, HIREDIS_PATCH,
 			 curl_version(), red_pg, red_redis, cfg.gpud.socket);
 	}
+	json = sw_config_to_json(&cfg); /* passwords redacted */
+	if (json)
+		log_info("effective configuration: %s", json);
+	free(json);
 	o.cfg = &cfg;
 	rc = agent_worker_run(&o, &st, err, ERR_MAX);
 	if (rc) {

@@ -91,10 +91,13 @@ void agent_worker_stop(void);
  * process). */
 void agent_worker_reset(void);
 
-/* `agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR]`:
+/* `agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR] [-n]`:
  * loads the configuration (file, then SWARM_* overrides), sets up
- * logging, runs the worker with signal handling. Returns the process exit
- * status: 0 drained, 1 start-up failure, 2 usage. */
+ * logging, logs versions and the effective configuration, runs the
+ * worker with signal handling. -n (--check) only validates the
+ * configuration and prints "configuration OK". Returns the process exit
+ * status: 0 drained (or configuration OK), 1 start-up failure or a bad
+ * configuration, 2 usage. */
 int agentd_worker_main(int argc, char **argv);
 
 #endif

@@ -420,6 +420,8 @@ static void test_worker_usage_errors(void **state)
 	}
 	waitpid(pid, &status, 0);
 	assert_int_equal(WEXITSTATUS(status), 1);
+	/* -n validates a configuration without touching any server. */
+	assert_int_equal(system(AGENTD_BIN " worker -n --config config/swarm.json >/dev/null"), 0);
 }
 
 int main(void)
