@@ -761,9 +761,14 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 			AGENT_TASK_MAX_QUESTION);
 		return EXIT_USAGE;
 	}
-	if (s.question && !json_string(s.question)) {
-		fprintf(stderr, "swarmctl: submit: the question is not UTF-8\n");
-		return EXIT_USAGE;
+	if (s.question) {
+		json_t *q = json_string(s.question);
+
+		if (!q) {
+			fprintf(stderr, "swarmctl: submit: the question is not UTF-8\n");
+			return EXIT_USAGE;
+		}
+		json_decref(q);
 	}
 
 	/* every input read and checked before anything is queued */
