@@ -30,11 +30,14 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -91,6 +94,9 @@ struct sconn {
 	gid_t gid;
 	pid_t pid;
 	uint64_t serial;
+	/* handle storage: a region and its ring cost no malloc */
+	_Alignas(16) uint8_t shm_store[PROTO_SHM_STORAGE];
+	_Alignas(16) uint8_t ring_store[PROTO_RING_STORAGE];
 	/* under lock */
 	pthread_mutex_t lock;
 	bool open;          /* replies accepted */
@@ -147,6 +153,7 @@ struct gpud_server {
 	uv_pipe_t refuse; /* accepts and closes a connection over the limit */
 	uv_async_t async;
 	uv_timer_t timer;
+	uv_poll_t widen;  /* see reserve_watchers */
 	int handles;      /* handles of ours not yet closed */
 	bool bound, listening, closed, draining;
 	bool refuse_busy, accept_pending;
@@ -771,9 +778,11 @@ static void handle_hello(struct sconn *c, const struct proto_frame *f, int rc, c
 	char msg[ERRLEN];
 	struct proto_shm *shm = NULL;
 	struct proto_ring *ring = NULL;
-	rc = proto_shm_create(&shm, s->p.ring_bytes, s->p.req_bytes, msg, sizeof(msg));
+	rc = proto_shm_create_in(c->shm_store, sizeof(c->shm_store), &shm, s->p.ring_bytes,
+				 s->p.req_bytes, msg, sizeof(msg));
 	if (rc == 0)
-		rc = proto_shm_ring(shm, PROTO_RING_PRODUCER, &ring, msg, sizeof(msg));
+		rc = proto_shm_ring_in(c->ring_store, sizeof(c->ring_store), shm,
+				       PROTO_RING_PRODUCER, &ring, msg, sizeof(msg));
 	if (rc) {
 		log_error("conn %llu: region: %s", (unsigned long long)c->serial, msg);
 		proto_shm_destroy(shm);
@@ -1191,6 +1200,42 @@ static void on_server_handle_close(uv_handle_t *h)
 	s->handles--;
 }
 
+static void on_widen(uv_poll_t *h, int status, int events)
+{
+	(void)h;
+	(void)status;
+	(void)events;
+}
+
+/* libuv grows its loop's watcher table (realloc) the first time it sees a
+ * descriptor number above any before, so connections accepted after
+ * warm-up would allocate there. Show it now the highest number they can
+ * take: a socket and a memfd per connection, plus slack, within
+ * RLIMIT_NOFILE. */
+static void reserve_watchers(struct gpud_server *s)
+{
+	long want = 3L * s->p.max_connections + 64;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+	    (long)rl.rlim_cur - 1 < want)
+		want = (long)rl.rlim_cur - 1;
+	int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (efd < 0)
+		return;
+	int hi = fcntl(efd, F_DUPFD_CLOEXEC, (int)want);
+	close(efd);
+	if (hi < 0)
+		return;
+	if (uv_poll_init(s->loop, &s->widen, hi) == 0) {
+		s->widen.data = s;
+		s->handles++;
+		uv_poll_start(&s->widen, UV_READABLE, on_widen);
+		uv_poll_stop(&s->widen);
+		uv_close((uv_handle_t *)&s->widen, on_server_handle_close);
+	}
+	close(hi);
+}
+
 int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 		       const struct gpud_server_params *p, const struct gpud_service_ops *ops,
 		       void *svc, char *err, size_t errlen)
@@ -1283,6 +1328,7 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	s->listener.data = s->async.data = s->timer.data = s;
 	s->handles = 3;
 	s->async_live = true;
+	reserve_watchers(s);
 	log_info("server: reserved %u connection slots of %zu bytes, %u request slots of %zu "
 		 "bytes (%zu MiB, touched as used); per connection: ring %zu, request area %zu",
 		 q.max_connections, sizeof(struct sconn), q.max_requests, s->slot_size,

@@ -17,10 +17,11 @@
  * max_requests request slots (struct gpud_sreq), each with the storage to
  * decode a SUBMIT (struct proto_submit), a staging buffer of stage_bytes
  * and priv_bytes for the service. A connection's HELLO creates its memfd
- * region (memfd_create + ftruncate + mmap, plus proto_shm's two small
- * handles: the only allocations of a connection, and libuv's when a client
- * sends descriptors); after that, frames, requests and replies allocate
- * nothing (server_test counts it).
+ * region (memfd_create + ftruncate + mmap: system calls; the region and
+ * ring handles live in the connection slot). Accepting, serving and
+ * closing connections, frames, requests and replies allocate nothing
+ * (server_test counts it; libuv allocates only for a client that sends
+ * descriptors, which is then closed).
  *
  * The process must ignore SIGPIPE (libuv writes doorbells with write(2)).
  *

@@ -44,6 +44,7 @@ struct proto_shm {
 	int fd;
 	uint8_t *base;
 	struct proto_shm_layout lay;
+	bool in_storage; /* the caller's memory: not freed */
 };
 
 struct proto_ring {
@@ -56,7 +57,16 @@ struct proto_ring {
 	uint64_t reserved; /* producer: reserved record bytes at pos, 0 = none */
 	uint64_t res_len;  /* producer: payload bytes asked for by reserve */
 	uint64_t peeked;   /* consumer: bytes the peeked record spans, 0 = none */
+	bool in_storage;   /* the caller's memory: not freed */
 };
+
+static_assert(sizeof(struct proto_shm) <= PROTO_SHM_STORAGE, "PROTO_SHM_STORAGE");
+static_assert(sizeof(struct proto_ring) <= PROTO_RING_STORAGE, "PROTO_RING_STORAGE");
+
+static bool storage_ok(const void *storage, size_t len, size_t need)
+{
+	return storage && len >= need && (uintptr_t)storage % 16 == 0;
+}
 
 static bool is_pow2(uint64_t v)
 {
@@ -76,8 +86,8 @@ static uint64_t page_size(void)
 
 /* --- region -------------------------------------------------------------- */
 
-int proto_shm_create(struct proto_shm **out, size_t ring_cap, size_t req_size,
-		     char *err, size_t errlen)
+static int shm_create(void *storage, struct proto_shm **out, size_t ring_cap,
+		      size_t req_size, char *err, size_t errlen)
 {
 	if (!out)
 		return sw_seterr(err, errlen, -EINVAL, "shm: NULL argument");
@@ -97,9 +107,13 @@ int proto_shm_create(struct proto_shm **out, size_t ring_cap, size_t req_size,
 	lay.size = align_up(lay.req_off + req_size, page_size());
 	lay.req_size = lay.size - lay.req_off;
 
-	struct proto_shm *shm = calloc(1, sizeof(*shm));
+	struct proto_shm *shm = storage ? storage : calloc(1, sizeof(*shm));
 	if (!shm)
 		return sw_seterr(err, errlen, -ENOMEM, "shm: out of memory");
+	if (storage) {
+		memset(shm, 0, sizeof(*shm));
+		shm->in_storage = true;
+	}
 	int rc;
 	shm->fd = memfd_create("swarm-conn", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (shm->fd < 0) {
@@ -144,8 +158,28 @@ out_unmap:
 out_close:
 	close(shm->fd);
 out_free:
-	free(shm);
+	if (!shm->in_storage)
+		free(shm);
 	return rc;
+}
+
+int proto_shm_create(struct proto_shm **out, size_t ring_cap, size_t req_size,
+		     char *err, size_t errlen)
+{
+	return shm_create(NULL, out, ring_cap, req_size, err, errlen);
+}
+
+int proto_shm_create_in(void *storage, size_t len, struct proto_shm **out, size_t ring_cap,
+			size_t req_size, char *err, size_t errlen)
+{
+	if (!storage_ok(storage, len, sizeof(struct proto_shm))) {
+		if (out)
+			*out = NULL;
+		return sw_seterr(err, errlen, -EINVAL,
+				 "shm: handle storage %p (%zu bytes) is NULL, short or misaligned",
+				 storage, len);
+	}
+	return shm_create(storage, out, ring_cap, req_size, err, errlen);
 }
 
 /* Checks a layout read from a peer against the real file size. */
@@ -264,7 +298,8 @@ void proto_shm_destroy(struct proto_shm *shm)
 		return;
 	munmap(shm->base, shm->lay.size);
 	close(shm->fd);
-	free(shm);
+	if (!shm->in_storage)
+		free(shm);
 }
 
 int proto_shm_fd(const struct proto_shm *shm)
@@ -315,8 +350,8 @@ static bool span_ok(uint64_t head, uint64_t tail, uint64_t cap)
 	return head - tail <= cap && head % PROTO_RING_ALIGN == 0 && tail % PROTO_RING_ALIGN == 0;
 }
 
-int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_ring_role role,
-		    char *err, size_t errlen)
+static int ring_open(void *storage, struct proto_ring **out, void *mem, size_t len,
+		     enum proto_ring_role role, char *err, size_t errlen)
 {
 	if (!out)
 		return sw_seterr(err, errlen, -EINVAL, "ring: NULL argument");
@@ -328,9 +363,13 @@ int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_r
 				 "+ a power-of-two capacity", len, mem);
 	if (role != PROTO_RING_PRODUCER && role != PROTO_RING_CONSUMER)
 		return sw_seterr(err, errlen, -EINVAL, "ring: bad role %d", (int)role);
-	struct proto_ring *r = calloc(1, sizeof(*r));
+	struct proto_ring *r = storage ? storage : calloc(1, sizeof(*r));
 	if (!r)
 		return sw_seterr(err, errlen, -ENOMEM, "ring: out of memory");
+	if (storage) {
+		memset(r, 0, sizeof(*r));
+		r->in_storage = true;
+	}
 	r->role = role;
 	r->head = (_Atomic uint64_t *)((uint8_t *)mem + RING_HEAD);
 	r->tail = (_Atomic uint64_t *)((uint8_t *)mem + RING_TAIL);
@@ -339,7 +378,8 @@ int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_r
 	uint64_t head = atomic_load_explicit(r->head, memory_order_acquire);
 	uint64_t tail = atomic_load_explicit(r->tail, memory_order_acquire);
 	if (!span_ok(head, tail, cap)) {
-		free(r);
+		if (!r->in_storage)
+			free(r);
 		return sw_seterr(err, errlen, SW_EFORMAT,
 				 "ring: head %" PRIu64 " / tail %" PRIu64 " corrupt (capacity %"
 				 PRIu64 ")", head, tail, cap);
@@ -347,6 +387,28 @@ int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_r
 	r->pos = role == PROTO_RING_PRODUCER ? head : tail;
 	*out = r;
 	return 0;
+}
+
+int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_ring_role role,
+		    char *err, size_t errlen)
+{
+	return ring_open(NULL, out, mem, len, role, err, errlen);
+}
+
+int proto_shm_ring_in(void *storage, size_t len, struct proto_shm *shm,
+		      enum proto_ring_role role, struct proto_ring **out, char *err,
+		      size_t errlen)
+{
+	if (out)
+		*out = NULL;
+	if (!shm)
+		return sw_seterr(err, errlen, -EINVAL, "ring: NULL region");
+	if (!storage_ok(storage, len, sizeof(struct proto_ring)))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "ring: handle storage %p (%zu bytes) is NULL, short or misaligned",
+				 storage, len);
+	return ring_open(storage, out, shm->base + shm->lay.ring_off,
+			 PROTO_RING_CTL + shm->lay.ring_cap, role, err, errlen);
 }
 
 int proto_shm_ring(struct proto_shm *shm, enum proto_ring_role role, struct proto_ring **out,
@@ -363,7 +425,8 @@ int proto_shm_ring(struct proto_shm *shm, enum proto_ring_role role, struct prot
 
 void proto_ring_close(struct proto_ring *r)
 {
-	free(r);
+	if (r && !r->in_storage)
+		free(r);
 }
 
 size_t proto_ring_capacity(const struct proto_ring *r)

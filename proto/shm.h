@@ -89,6 +89,19 @@ int proto_shm_attach(struct proto_shm **out, int fd, size_t max_size,
  * be closed first. */
 void proto_shm_destroy(struct proto_shm *shm);
 
+/* Handle storage a caller can reserve up front (gpud reserves one per
+ * connection slot), so that creating a region and opening its ring make
+ * no heap allocation: bytes, 16-byte aligned. */
+#define PROTO_SHM_STORAGE 64
+#define PROTO_RING_STORAGE 96
+
+/* As proto_shm_create, with the handle built in storage (len >=
+ * PROTO_SHM_STORAGE bytes, 16-byte aligned, owned by the caller and kept
+ * until proto_shm_destroy, which then unmaps and closes but frees
+ * nothing). -EINVAL for storage that is NULL, short or misaligned. */
+int proto_shm_create_in(void *storage, size_t len, struct proto_shm **out, size_t ring_cap,
+			size_t req_size, char *err, size_t errlen);
+
 /* The descriptor (owned by the region: dup it to keep it). */
 int proto_shm_fd(const struct proto_shm *shm);
 /* Start of the mapping; valid until destroy. */
@@ -137,6 +150,13 @@ int proto_ring_open(struct proto_ring **out, void *mem, size_t len, enum proto_r
 /* Same on a region's ring. */
 int proto_shm_ring(struct proto_shm *shm, enum proto_ring_role role, struct proto_ring **out,
 		   char *err, size_t errlen);
+
+/* As proto_shm_ring, with the handle in storage (len >=
+ * PROTO_RING_STORAGE bytes, 16-byte aligned, owned by the caller until
+ * proto_ring_close, which then frees nothing). */
+int proto_shm_ring_in(void *storage, size_t len, struct proto_shm *shm,
+		      enum proto_ring_role role, struct proto_ring **out, char *err,
+		      size_t errlen);
 
 /* Frees the handle (the shared ring is untouched). Accepts NULL. */
 void proto_ring_close(struct proto_ring *r);
