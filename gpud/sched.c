@@ -1029,6 +1029,10 @@ int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
 		pthread_mutex_unlock(&s->lock);
 		return SW_EBUSY;
 	}
+	/* fn may need a sequence of up to a full context (an embedding):
+	 * cached blocks no request uses give way when fewer are free. */
+	if (d->free_blocks < blocks_for(d->n_ctx, d->bt))
+		reclaim(d, blocks_for(d->n_ctx, d->bt) - d->free_blocks);
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
 	rc = fn(d->e, arg);

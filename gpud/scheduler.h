@@ -225,7 +225,9 @@ void gpud_sched_wake(struct gpud_sched *s);
 /* Runs fn(engine, arg) on dev's engine from dev's own thread, between
  * steps, as the scheduler's exclusive use of the engine (cancels arriving
  * meanwhile are completed right after, as during a forward pass); the
- * scheduler lock is not held during fn. For embeddings. fn may call
+ * scheduler lock is not held during fn. For embeddings: before fn, while
+ * fewer KV blocks than a full context (n_ctx) are free, blocks held only
+ * by the prefix cache are evicted to make room. fn may call
  * submit/cancel/stats, but not gpud_sched_block_owners (it waits for the
  * device). Returns fn's return, or SW_EBUSY when another thread is
  * stepping dev (or a device_exec on it is running), -EINVAL for a bad dev

@@ -1012,6 +1012,17 @@ static int exec_fn(struct gpud_engine *e, void *arg)
 	return rc ? rc : 77;
 }
 
+static int embed_fn(struct gpud_engine *e, void *arg)
+{
+	struct exec_ctx *c = arg;
+	char err[256] = "";
+	int rc = gpud_engine_embed_tokens(e, c->ids, c->n, c->emb, err, sizeof(err));
+
+	if (rc)
+		print_message("embed: %s\n", err);
+	return rc;
+}
+
 /* gpud_sched_device_exec runs an embedding on the device's engine while
  * requests are in flight; a cancel arriving meanwhile completes after it
  * (KV back), a step meanwhile is SW_EBUSY, the others finish as solo. */
@@ -1416,6 +1427,22 @@ static void test_prefix_eviction(void **state)
 		assert_same_output(&out[i], &plain[i]);
 	}
 	assert_pool_cache_only(s, 0, e);
+	/* an embedding through device_exec gets the cache's blocks */
+	{
+		static struct exec_ctx c;
+
+		memset(&c, 0, sizeof(c));
+		assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+		assert_true(ds.prefix_blocks > 0);
+		c.ids = ids[0];
+		c.n = 12 * 16; /* the whole pool */
+		for (uint32_t i = n[0]; i < c.n; i++)
+			ids[0][i] = 1 + (int32_t)(i * 7 % 300);
+		assert_int_equal(gpud_sched_device_exec(s, 0, embed_fn, &c), 0);
+		assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+		assert_int_equal(ds.prefix_blocks, 0);
+		assert_pool_empty(e);
+	}
 	gpud_sched_destroy(s);
 	gpud_sched_destroy(sb);
 	gpud_sched_destroy(nc);
