@@ -154,6 +154,14 @@ static int cmd_start(void)
 	if (e.managed && e.builtin_model)
 		printf("note: no SWARM_MODEL set: gpud runs a built-in model with random weights, "
 		       "so its text is noise\n");
+	/* a wrong model path is the commonest mistake: say so before
+	 * starting anything */
+	if (!e.builtin_model && access(e.cfg.gpud.model, R_OK) != 0) {
+		fprintf(stderr, "swarmctl: gpud.model %s: %s (%s)\n", e.cfg.gpud.model,
+			strerror(errno), e.managed ? "SWARM_MODEL" : e.user_config);
+		close(lock);
+		return 1;
+	}
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		enum sc_service s = order[i];
 		int rc;

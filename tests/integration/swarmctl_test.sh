@@ -140,6 +140,17 @@ check "submit usage: unknown kind" 2 "unknown kind" -- ctl submit --kind sumariz
 check "submit: missing file, nothing queued" 1 "no-such.txt: No such file" \
 	-- ctl submit "$top/no-such.txt"
 
+check "a missing model: refused before anything starts" 1 \
+	"gpud.model $top/no-such.gguf: No such file or directory \(SWARM_MODEL\)" \
+	-- env SWARM_STATE_DIR="$top/bad" SWARM_MODEL="$top/no-such.gguf" "$swarmctl" start
+n=$((n + 1))
+if ls "$top/bad/run/"*.pid >/dev/null 2>&1 || [ -e "$top/bad/pg" ]; then
+	echo "not ok $n - the missing model started something"
+	failures=$((failures + 1))
+else
+	echo "ok $n - the missing model started nothing"
+fi
+
 # --- a service that cannot start: gpud on a corrupt model ------------------
 head -c 4096 /dev/urandom >"$top/corrupt.gguf"
 check "gpud on a corrupt model: start fails with the cause" 1 \
