@@ -1446,6 +1446,54 @@ static void test_peer_policy(void **state)
 	env_stop(e);
 }
 
+/* The handle-in-storage region calls the server relies on (proto/shm.h). */
+static void test_shm_in_storage(void **state)
+{
+	(void)state;
+	_Alignas(16) uint8_t hs[PROTO_SHM_STORAGE + 16], rs[PROTO_RING_STORAGE + 16];
+	struct proto_shm *shm = (void *)1;
+	struct proto_ring *r = (void *)1;
+	assert_int_equal(proto_shm_create_in(NULL, sizeof(hs), &shm, 4096, 4096, g_err,
+					     sizeof(g_err)),
+			 -EINVAL);
+	assert_null(shm);
+	assert_int_equal(proto_shm_create_in(hs, PROTO_SHM_STORAGE - 1, &shm, 4096, 4096, g_err,
+					     sizeof(g_err)),
+			 -EINVAL);
+	assert_int_equal(proto_shm_create_in(hs + 8, sizeof(hs) - 8, &shm, 4096, 4096, g_err,
+					     sizeof(g_err)),
+			 -EINVAL);
+	assert_int_equal(proto_shm_create_in(hs, sizeof(hs), &shm, 1000, 4096, g_err,
+					     sizeof(g_err)),
+			 -EINVAL); /* the old checks still apply */
+	assert_int_equal(proto_shm_create_in(hs, sizeof(hs), &shm, 4096, 4096, g_err,
+					     sizeof(g_err)),
+			 0);
+	assert_ptr_equal(shm, (void *)hs);
+	assert_int_equal(proto_shm_ring_in(rs + 4, sizeof(rs) - 4, shm, PROTO_RING_PRODUCER, &r,
+					   g_err, sizeof(g_err)),
+			 -EINVAL);
+	assert_null(r);
+	assert_int_equal(proto_shm_ring_in(rs, sizeof(rs), NULL, PROTO_RING_PRODUCER, &r, g_err,
+					   sizeof(g_err)),
+			 -EINVAL);
+	assert_int_equal(proto_shm_ring_in(rs, sizeof(rs), shm, PROTO_RING_PRODUCER, &r, g_err,
+					   sizeof(g_err)),
+			 0);
+	assert_ptr_equal(r, (void *)rs);
+	assert_int_equal(proto_ring_push(r, PROTO_T_DONE, 7, "x", 1), 0);
+	/* A consumer on a second, malloc'd handle sees the record. */
+	struct proto_ring *cons;
+	assert_int_equal(proto_shm_ring(shm, PROTO_RING_CONSUMER, &cons, g_err, sizeof(g_err)), 0);
+	struct proto_record rec;
+	uint8_t buf[16];
+	assert_int_equal(proto_ring_pop(cons, &rec, buf, sizeof(buf)), 0);
+	assert_int_equal(rec.request_id, 7);
+	proto_ring_close(cons);
+	proto_ring_close(r);     /* frees nothing (ASan/valgrind would see it) */
+	proto_shm_destroy(shm);  /* unmaps and closes, frees nothing */
+}
+
 int main(void)
 {
 	/* As in gpud: writes to a socket whose peer left must not kill us. */
@@ -1467,6 +1515,7 @@ int main(void)
 		cmocka_unit_test(test_close_with_requests),
 		cmocka_unit_test(test_corrupt_tail),
 		cmocka_unit_test(test_peer_policy),
+		cmocka_unit_test(test_shm_in_storage),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
