@@ -483,6 +483,34 @@ static int pg_bootstrap(struct sc_env *e, char *err, size_t errlen)
 	return rc;
 }
 
+/* As root, PostgreSQL runs as another user, who must be able to reach
+ * path: every directory above it searchable by that user. A private
+ * mktemp -d state directory is the usual way to get this wrong. */
+static int check_traversable(const char *path, const struct passwd *pw, char *err,
+			     size_t errlen)
+{
+	char p[PATH_MAX + 64];
+	struct stat st;
+
+	snprintf(p, sizeof(p), "%s", path);
+	for (char *slash = strrchr(p, '/'); slash && slash != p; slash = strrchr(p, '/')) {
+		bool ok;
+
+		*slash = '\0';
+		if (stat(p, &st) != 0)
+			return sw_seterr(err, errlen, -errno, "%s: %s", p, strerror(errno));
+		ok = st.st_uid == pw->pw_uid ? (st.st_mode & S_IXUSR)
+		     : st.st_gid == pw->pw_gid ? (st.st_mode & S_IXGRP)
+		     : (st.st_mode & S_IXOTH);
+		if (!ok)
+			return sw_seterr(err, errlen, -EACCES, "PostgreSQL runs as the user %s "
+					 "(it refuses root), who cannot enter %s (mode %03o): chmod "
+					 "o+x %s, or choose another SWARM_STATE_DIR", pw->pw_name, p,
+					 (unsigned)(st.st_mode & 0777), p);
+	}
+	return 0;
+}
+
 static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 {
 	char pgdir[PATH_MAX + 32], data[PATH_MAX + 32], log[PATH_MAX + 32], ver[PATH_MAX + 48];
@@ -510,6 +538,9 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 		if (!pw)
 			return sw_seterr(err, errlen, -ENOENT, "no '%s' user to run PostgreSQL as "
 					 "(it refuses to run as root)", e->pg_os_user);
+		rc = check_traversable(pgdir, pw, err, errlen);
+		if (rc)
+			return rc;
 		if (chown(pgdir, pw->pw_uid, pw->pw_gid) != 0)
 			return sw_seterr(err, errlen, -errno, "chown %s: %s", pgdir,
 					 strerror(errno));

@@ -151,6 +151,14 @@ else
 	echo "ok $n - the missing model started nothing"
 fi
 
+if [ "$(id -u)" = 0 ]; then
+	mkdir -m 700 "$top/private"
+	check "as root, a state directory postgres cannot enter" 1 \
+		"PostgreSQL runs as the user postgres.*cannot enter $top/private \(mode 700\)" \
+		-- env SWARM_STATE_DIR="$top/private/s" "$swarmctl" start
+	reap "$top/private/s"
+fi
+
 # --- a service that cannot start: gpud on a corrupt model ------------------
 head -c 4096 /dev/urandom >"$top/corrupt.gguf"
 check "gpud on a corrupt model: start fails with the cause" 1 \
