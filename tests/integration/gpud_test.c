@@ -849,7 +849,7 @@ static void test_20k_random_requests(void **state)
 	assert_int_equal(atomic_load(&t->ok), t->n);
 	if (t->n >= 1000) {
 		/* the random lengths really span 1..1000 tokens */
-		assert_true(atomic_load(&t->min_prompt) <= 4);
+		assert_true(atomic_load(&t->min_prompt) <= 6);
 		assert_true(atomic_load(&t->max_prompt) >= 950);
 	}
 
@@ -1492,8 +1492,6 @@ static int raw_wait_end(struct raw *r, uint64_t id, char *msg, size_t msglen)
 
 		/* everything already in the ring */
 		while (proto_ring_peek(r->ring, &rec) == 0) {
-			int end = 1;
-
 			if (rec.request_id == id && rec.type == PROTO_T_ERROR) {
 				struct proto_error e;
 				char err[256];
@@ -1508,8 +1506,7 @@ static int raw_wait_end(struct raw *r, uint64_t id, char *msg, size_t msglen)
 				proto_ring_consume(r->ring);
 				return 0;
 			}
-			(void)end;
-			proto_ring_consume(r->ring);
+			proto_ring_consume(r->ring); /* another request's record */
 		}
 		if (gpud_it_now() > deadline)
 			fail_msg("no end for request %" PRIu64 " within 60 s", id);
