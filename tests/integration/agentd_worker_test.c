@@ -694,6 +694,42 @@ static void test_recycle_after_max_tasks(void **state)
 	assert_int_equal(pending(f), 0);
 }
 
+/* Reads what the heartbeat pipe holds now ("" when nothing). */
+static const char *read_beats(struct fx *f)
+{
+	static char buf[8192];
+	ssize_t got;
+
+	fcntl(f->hb[0], F_SETFL, O_NONBLOCK);
+	got = read(f->hb[0], buf, sizeof(buf) - 1);
+	buf[got > 0 ? got : 0] = '\0';
+	return buf;
+}
+
+static void test_heartbeat_stops_while_hung(void **state)
+{
+	struct fx *f = *state;
+
+	store_doc(f);
+	f->cfg.agentd.lease_ms = 300;
+	f->cfg.agentd.heartbeat_ms = 50;
+	gen_sleep_ms = 1800; /* one generation far longer than the lease */
+	xadd(f, "{\"id\":\"slow\",\"kind\":\"answer\",\"question\":\"river?\"}");
+	start_worker(f);
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'slow'", 1, 10000))
+		fail_msg("the task was not claimed");
+	sw_sleep_ms(800);
+	assert_non_null(strstr(read_beats(f), " busy ")); /* beats until the lease passed */
+	sw_sleep_ms(400);
+	assert_string_equal(read_beats(f), "");           /* then silence: hung */
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'slow' AND status = 'completed'", 1,
+		      10000))
+		fail_msg("the slow task did not complete");
+	sw_sleep_ms(300);
+	assert_non_null(strstr(read_beats(f), " idle ")); /* alive again */
+	stop_worker(f);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -704,6 +740,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_four_workers_no_duplicates, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_callback_posted, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_recycle_after_max_tasks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_heartbeat_stops_while_hung, setup, teardown),
 	};
 	int rc = it_start(IT_REDIS | IT_PG);
 
