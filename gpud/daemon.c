@@ -1017,9 +1017,13 @@ static void size_pools(const struct sw_config *cfg, const struct gpud_model *m, 
 						z->threads_per_dev);
 	z->mask_slot = (gpud_mask_bytes(g->max_segments, z->n_ctx, g->kv_block_tokens) +
 			4ull * g->max_segments + 63) / 64 * 64;
+	/* Slots are sized for the largest mask; the cache also bounds the
+	 * bytes of the masks it holds (most are far smaller). Every running
+	 * sequence may pin a mask of its own: at least max_seqs slots. Waiting
+	 * requests pin too; beyond the slots a submit gets SW_EBUSY. */
 	z->mask_entries = (uint32_t)(g->mask_cache_bytes / z->mask_slot);
-	if (z->mask_entries < 1)
-		z->mask_entries = 1;
+	if (z->mask_entries < g->max_seqs)
+		z->mask_entries = g->max_seqs;
 	if (z->mask_entries > 65536)
 		z->mask_entries = 65536;
 	z->mask_pool = z->mask_slot * (z->mask_entries + 1ull);
