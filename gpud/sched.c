@@ -69,8 +69,8 @@ struct dev {
 	uint64_t steps, tokens, generated, preemptions;
 	bool busy;             /* in a forward pass or a device_exec, lock released */
 	uint32_t depth;        /* waiting + running */
-	uint64_t kick;         /* bumped by submit/cancel/wake on this device */
-	pthread_cond_t cond;   /* signalled with kick (gpud_sched_wait) */
+	bool kicked;           /* submit/cancel/wake since the last wait returned */
+	pthread_cond_t cond;   /* signalled with kicked (gpud_sched_wait) */
 	bool cond_ok;
 	uint32_t *owner;       /* (n_blocks) scratch of gpud_sched_block_owners */
 	struct gpud_prefix *pc; /* prefix cache index; NULL: reuse off */
@@ -562,7 +562,7 @@ uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_
 /* Tells dev's thread (in gpud_sched_wait) that something changed. */
 static void kick(struct dev *d)
 {
-	d->kick++;
+	d->kicked = true;
 	pthread_cond_broadcast(&d->cond);
 }
 
@@ -986,7 +986,6 @@ void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms)
 {
 	struct timespec ts;
 	struct dev *d;
-	uint64_t gen;
 
 	if (dev >= s->n_dev)
 		return;
@@ -999,11 +998,13 @@ void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms)
 		ts.tv_nsec -= 1000000000L;
 	}
 	pthread_mutex_lock(&s->lock);
-	gen = d->kick;
-	while (!d->n_wait && !d->n_run && d->kick == gen) {
+	/* A kick while this thread was not waiting is remembered (kicked), so
+	 * a stop flag set before gpud_sched_wake is never missed. */
+	while (!d->n_wait && !d->n_run && !d->kicked) {
 		if (pthread_cond_timedwait(&d->cond, &s->lock, &ts) == ETIMEDOUT)
 			break;
 	}
+	d->kicked = false;
 	pthread_mutex_unlock(&s->lock);
 }
 

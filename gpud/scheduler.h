@@ -218,7 +218,10 @@ uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_
  * gpud_sched_wake) or timeout_ms passes; returns at once when dev already
  * has work (waiting or running requests), and at once for a bad dev.
  * gpud_sched_wake wakes every waiting device thread (shutdown: set your
- * own stop flag first, then wake). */
+ * own stop flag first, then wake). Nothing is lost between a thread's
+ * last look at its own state and its wait: a submit/cancel/wake for dev
+ * that comes while its thread is not waiting makes the next wait return
+ * at once (one spurious return at most). */
 void gpud_sched_wait(struct gpud_sched *s, uint32_t dev, uint32_t timeout_ms);
 void gpud_sched_wake(struct gpud_sched *s);
 

@@ -914,6 +914,7 @@ struct waiter {
 	struct gpud_sched *s;
 	uint32_t dev;
 	atomic_int entered;
+	atomic_int returned;
 	uint32_t depth_after; /* queue depth seen when wait returned */
 };
 
@@ -925,6 +926,7 @@ static void *waiter_main(void *arg)
 	/* A lost wake-up would hang here past the test timeout. */
 	gpud_sched_wait(w->s, w->dev, 3600 * 1000);
 	w->depth_after = gpud_sched_queue_depth(w->s, w->dev);
+	atomic_store(&w->returned, 1);
 	return NULL;
 }
 
@@ -950,6 +952,7 @@ static void test_wait_wake(void **state)
 	while (!atomic_load(&w.entered))
 		usleep(100);
 	usleep(20000);
+	assert_false(atomic_load(&w.returned)); /* idle device: still waiting */
 	req_init(&r, ids, n, 4, &out);
 	r.pin_device = true;
 	r.device = 1;
@@ -965,9 +968,15 @@ static void test_wait_wake(void **state)
 	while (!atomic_load(&w2.entered))
 		usleep(100);
 	usleep(20000);
+	assert_false(atomic_load(&w2.returned)); /* idle device: still waiting */
 	gpud_sched_wake(s);
 	pthread_join(th, NULL);
 	assert_int_equal(w2.depth_after, 0);
+	/* a wake while nobody waits is remembered: the next wait returns at
+	 * once (a stop flag set before the wake is never missed) */
+	gpud_sched_wake(s);
+	gpud_sched_wait(s, 0, 3600 * 1000);
+	gpud_sched_wait(s, 1, 3600 * 1000);
 	assert_pool_empty(e[0]);
 	assert_pool_empty(e[1]);
 	gpud_sched_destroy(s);
