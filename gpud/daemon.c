@@ -77,6 +77,7 @@ struct req_priv {
 	uint32_t dev;
 	uint32_t job;                      /* REQ_EMBED: slot in dev's jobs */
 	enum req_kind kind;
+	int reply_err;                     /* a token batch the server refused */
 };
 
 struct embed_job {
@@ -342,8 +343,11 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 	struct gpud_daemon *d = p->d;
 	struct gpud_sreq *r = p->r;
 
-	if (ev->kind == GPUD_SCHED_TOKEN)
-		return gpud_sreq_tokens(r, &ev->token, 1, ev->text, ev->len) ? 1 : 0;
+	if (ev->kind == GPUD_SCHED_TOKEN) {
+		/* SW_EBUSY (the client stopped reading) or SW_ECLOSED: stop it. */
+		p->reply_err = gpud_sreq_tokens(r, &ev->token, 1, ev->text, ev->len);
+		return p->reply_err ? 1 : 0;
+	}
 
 	if (p->mask) {
 		struct device *dv = &d->dev[p->dev];
@@ -355,7 +359,11 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 	atomic_fetch_add(&d->tok_prompt, ev->usage.n_prompt);
 	atomic_fetch_add(&d->tok_cached, ev->usage.n_cached);
 	atomic_fetch_add(&d->tok_generated, ev->usage.n_gen);
-	if (ev->status == 0) {
+	if (ev->status == 0 && p->reply_err) {
+		atomic_fetch_add(&d->errors, 1);
+		gpud_sreq_error(r, p->reply_err, p->reply_err == SW_EBUSY ?
+				"client is not reading its ring" : "connection closed");
+	} else if (ev->status == 0) {
 		struct proto_done u = {
 			.prompt_tokens = ev->usage.n_prompt,
 			.cached_prompt_tokens = ev->usage.n_cached <= ev->usage.n_prompt ?
