@@ -29,6 +29,7 @@
 enum sub_kind { K_SUMMARIZE, K_ANSWER, K_INGEST };
 
 static const char *const kind_names[] = { "summarize", "answer", "ingest" };
+static const char *const id_prefix[] = { "sum", "ask", "ing" };
 
 /* One input and the tasks made for it; input NULL is the answer over all
  * documents (--question with no input, or with summarize). */
@@ -127,59 +128,77 @@ static bool is_url(const char *s)
 	       !strncmp(s, "file://", 7);
 }
 
-/* The ingest task JSON for j->input. */
-static int build_ingest(struct job *j, char *err, size_t errlen)
+int sc_task_ingest_json(const char *id, const char *input, char **json, char *err,
+			size_t errlen)
 {
 	json_t *o = json_object(), *text = NULL;
 	char *data = NULL, src[PATH_MAX + 8];
+	bool is_stdin = !strcmp(input, "-");
 	size_t len = 0;
 	int rc = 0;
 
+	*json = NULL;
 	if (!o)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
-	json_object_set_new(o, "id", json_string(j->ingest_id));
+	json_object_set_new(o, "id", json_string(id));
 	json_object_set_new(o, "kind", json_string("ingest"));
-	if (is_url(j->input)) {
-		if (strlen(j->input) > AGENT_TASK_MAX_URL) {
+	if (is_url(input)) {
+		if (strlen(input) > AGENT_TASK_MAX_URL) {
 			rc = sw_seterr(err, errlen, SW_ETOOLONG, "%.64s...: URL longer than %d bytes",
-				       j->input, AGENT_TASK_MAX_URL);
+				       input, AGENT_TASK_MAX_URL);
 			goto out;
 		}
-		json_object_set_new(o, "url", json_string(j->input));
+		json_object_set_new(o, "url", json_string(input));
 	} else {
-		FILE *f = strcmp(j->input, "-") ? fopen(j->input, "re") : stdin;
+		FILE *f = is_stdin ? stdin : fopen(input, "re");
 
 		if (!f) {
-			rc = sw_seterr(err, errlen, -errno, "%s: %s", j->input, strerror(errno));
+			rc = sw_seterr(err, errlen, -errno, "%s: %s", input, strerror(errno));
 			goto out;
 		}
-		rc = read_all(f, strcmp(j->input, "-") ? j->input : "standard input", &data, &len,
-			      err, errlen);
+		rc = read_all(f, is_stdin ? "standard input" : input, &data, &len, err, errlen);
 		if (f != stdin)
 			fclose(f);
 		if (rc)
 			goto out;
 		if (len == 0) {
-			rc = sw_seterr(err, errlen, -EINVAL, "%s: empty", j->input);
+			rc = sw_seterr(err, errlen, -EINVAL, "%s: empty", input);
 			goto out;
 		}
 		text = json_stringn(data, len);
 		if (!text) {
-			rc = sw_seterr(err, errlen, SW_EFORMAT, "%s: not UTF-8 text", j->input);
+			rc = sw_seterr(err, errlen, SW_EFORMAT, "%s: not UTF-8 text", input);
 			goto out;
 		}
 		json_object_set_new(o, "text", text);
-		if (!strcmp(j->input, "-") || !realpath(j->input, src))
-			snprintf(src, sizeof(src), "%s", strcmp(j->input, "-") ? j->input : "stdin");
+		if (is_stdin || !realpath(input, src))
+			snprintf(src, sizeof(src), "%s", is_stdin ? "stdin" : input);
 		json_object_set_new(o, "source", json_string(src));
 	}
-	j->ingest_json = json_dumps(o, JSON_COMPACT);
-	if (!j->ingest_json)
+	*json = json_dumps(o, JSON_COMPACT);
+	if (!*json)
 		rc = sw_seterr(err, errlen, -ENOMEM, "out of memory");
 out:
 	free(data);
 	json_decref(o);
 	return rc;
+}
+
+char *sc_task_final_json(const char *id, const char *kind, int64_t doc_id,
+			 const char *question, unsigned max_tokens)
+{
+	json_t *o = json_pack("{s:s, s:s}", "id", id, "kind", kind);
+	char *json;
+
+	if (o && doc_id)
+		json_object_set_new(o, "document_id", json_integer(doc_id));
+	if (o && question)
+		json_object_set_new(o, "question", json_string(question));
+	if (o && max_tokens)
+		json_object_set_new(o, "max_tokens", json_integer(max_tokens));
+	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return json;
 }
 
 static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
@@ -196,22 +215,10 @@ static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 /* Queues the summarize or answer of j (doc_id 0: every document). */
 static int send_final(struct submit *s, struct job *j, char *err, size_t errlen)
 {
-	json_t *o;
-	char *json;
+	char *json = sc_task_final_json(j->id, kind_names[j->kind], j->doc_id,
+					j->kind == K_ANSWER ? s->question : NULL, s->max_tokens);
 	int rc;
 
-	if (j->kind == K_SUMMARIZE)
-		o = json_pack("{s:s, s:s, s:I}", "id", j->id, "kind", "summarize", "document_id",
-			      (json_int_t)j->doc_id);
-	else
-		o = json_pack("{s:s, s:s, s:s}", "id", j->id, "kind", "answer", "question",
-			      s->question);
-	if (o && j->kind == K_ANSWER && j->doc_id)
-		json_object_set_new(o, "document_id", json_integer(j->doc_id));
-	if (o && s->max_tokens)
-		json_object_set_new(o, "max_tokens", json_integer(s->max_tokens));
-	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
 	if (!json)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
 	rc = xadd(s, json, err, errlen);
@@ -247,12 +254,14 @@ static char *id_array(const struct submit *s)
 	return a;
 }
 
-static long expected_summaries(long n_chunks)
+long sc_expected_summaries(long n_chunks, unsigned fanin)
 {
 	long rows = n_chunks, n = n_chunks;
 
+	if (fanin < 2)
+		return n_chunks > 0 ? n_chunks : 1;
 	while (n > 1) {
-		n = (n + AGENT_DEFAULT_SUMMARY_FANIN - 1) / AGENT_DEFAULT_SUMMARY_FANIN;
+		n = (n + (long)fanin - 1) / (long)fanin;
 		rows += n;
 	}
 	return rows > 0 ? rows : 1;
@@ -421,7 +430,7 @@ static void draw_progress(const struct submit *s, bool last)
 		fin++;
 		fin_done += fd || j->failed;
 		if (j->kind == K_SUMMARIZE) {
-			long exp = j->n_chunks ? expected_summaries(j->n_chunks) : 1;
+			long exp = j->n_chunks ? sc_expected_summaries(j->n_chunks, AGENT_DEFAULT_SUMMARY_FANIN) : 1;
 
 			total += (double)exp;
 			done += fd || j->failed ? (double)exp
@@ -643,9 +652,8 @@ static int print_results(struct submit *s)
 	return status;
 }
 
-static void make_base_id(char *out, size_t cap, enum sub_kind k, size_t i)
+void sc_task_id(char *out, size_t cap, const char *prefix, size_t i)
 {
-	static const char *const prefix[] = { "sum", "ask", "ing" };
 	static uint16_t salt;
 	time_t now = time(NULL);
 	struct tm tm;
@@ -653,7 +661,7 @@ static void make_base_id(char *out, size_t cap, enum sub_kind k, size_t i)
 	if (!salt && getrandom(&salt, sizeof(salt), 0) != sizeof(salt))
 		salt = (uint16_t)(getpid() ^ now);
 	gmtime_r(&now, &tm);
-	snprintf(out, cap, "%s-%04d%02d%02d-%02d%02d%02d-%d-%04x-%zu", prefix[k], tm.tm_year + 1900,
+	snprintf(out, cap, "%s-%04d%02d%02d-%02d%02d%02d-%d-%04x-%zu", prefix, tm.tm_year + 1900,
 		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)getpid(), salt,
 		 i + 1);
 }
@@ -784,19 +792,20 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 		if (i < n_inputs) {
 			j->input = argv[optind + (int)i];
 			j->kind = s.kind;
-			make_base_id(j->id, sizeof(j->id), s.kind, i);
+			sc_task_id(j->id, sizeof(j->id), id_prefix[s.kind], i);
 			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
 			if (s.kind == K_INGEST) {
 				snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
 				j->id[0] = '\0';
 			}
-			if (build_ingest(j, err, sizeof(err)) != 0) {
+			if (sc_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
+						sizeof(err)) != 0) {
 				fprintf(stderr, "swarmctl: submit: %s\n", err);
 				goto out;
 			}
 		} else {
 			j->kind = K_ANSWER;
-			make_base_id(j->id, sizeof(j->id), K_ANSWER, i);
+			sc_task_id(j->id, sizeof(j->id), id_prefix[K_ANSWER], i);
 		}
 	}
 	if (open_redis(e, &s.rc))

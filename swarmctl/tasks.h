@@ -15,6 +15,7 @@
 #ifndef SWARMCTL_TASKS_H
 #define SWARMCTL_TASKS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "swarmctl/services.h"
@@ -28,6 +29,32 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv);
 /* `swarmctl results [TASK_ID] [--json] [--limit N]`: one task with its
  * result, or the latest tasks. Exit status as above; an unknown id is 1. */
 int sc_cmd_results(struct sc_env *e, int argc, char **argv);
+
+/* The ingest task JSON (agentd/task.h) for input: an http, https or file
+ * URL (fetched by agentd), "-" (standard input) or a file, whose text
+ * goes inline with its real path as "source". On success *json is a
+ * malloc'd string the caller frees; on error *json is NULL and err says
+ * why: -errno (cannot open), SW_ETOOLONG (over AGENT_TASK_MAX_TEXT, or a
+ * URL over AGENT_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty),
+ * -ENOMEM. */
+int sc_task_ingest_json(const char *id, const char *input, char **json, char *err,
+			size_t errlen);
+
+/* The JSON of a summarize or answer task (kind "summarize" or "answer");
+ * doc_id 0, question NULL and max_tokens 0 are left out. malloc'd, NULL
+ * when out of memory. */
+char *sc_task_final_json(const char *id, const char *kind, int64_t doc_id,
+			 const char *question, unsigned max_tokens);
+
+/* A new task id "<prefix>-<UTC yyyymmdd-hhmmss>-<pid>-<salt>-<i + 1>"
+ * into out: [A-Za-z0-9._:-] only when prefix is, unique per host for
+ * distinct (time, pid, i). */
+void sc_task_id(char *out, size_t cap, const char *prefix, size_t i);
+
+/* How many summary rows agentd's map-reduce makes for n_chunks chunks
+ * with the given fan-in (the chunks' own, then each level's groups, up
+ * to the single final one); at least 1. */
+long sc_expected_summaries(long n_chunks, unsigned fanin);
 
 struct sc_queue_stats {
 	int64_t length;      /* XLEN swarm:tasks: every entry still in the stream */

@@ -1,0 +1,263 @@
+/* swarmctl_tasks_test.c - the task JSON swarmctl submits is what agentd's
+ * parser accepts (agentd/task.h), with every input error caught before
+ * anything is queued; task ids; the summary count behind the progress
+ * bar. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "agentd/task.h"
+#include "common/err.h"
+#include "swarmctl/tasks.h"
+
+static char dir[] = "/tmp/swarmctl_tasks_test.XXXXXX";
+
+static void write_file(const char *path, const void *data, size_t len)
+{
+	FILE *f = fopen(path, "wb");
+
+	assert_non_null(f);
+	assert_int_equal(fwrite(data, 1, len, f), len);
+	assert_int_equal(fclose(f), 0);
+}
+
+static void path_in(char *out, size_t cap, const char *name)
+{
+	assert_true((size_t)snprintf(out, cap, "%s/%s", dir, name) < cap);
+}
+
+/* Parses json with agentd's parser; the task is freed by the caller. */
+static void parse_ok(const char *json, struct agent_task *t)
+{
+	char err[512] = "";
+	int rc = agent_task_parse(json, strlen(json), t, err, sizeof(err));
+
+	if (rc)
+		print_error("agent_task_parse: %s\n", err);
+	assert_int_equal(rc, 0);
+}
+
+static void test_ingest_file(void **state)
+{
+	const char text[] = "The tide comes in twice a day.\nIt goes out twice too.\n";
+	char p[PATH_MAX], real[PATH_MAX], err[256];
+	struct agent_task t;
+	char *json;
+
+	(void)state;
+	path_in(p, sizeof(p), "tides.txt");
+	write_file(p, text, strlen(text));
+	assert_int_equal(sc_task_ingest_json("sum-1:ingest", p, &json, err, sizeof(err)), 0);
+	parse_ok(json, &t);
+	assert_string_equal(t.id, "sum-1:ingest");
+	assert_int_equal(t.kind, AGENT_KIND_INGEST);
+	assert_int_equal(t.text_len, strlen(text));
+	assert_memory_equal(t.text, text, strlen(text));
+	assert_null(t.url);
+	assert_non_null(realpath(p, real));
+	assert_string_equal(t.source, real);
+	agent_task_free(&t);
+	free(json);
+}
+
+static void test_ingest_url(void **state)
+{
+	char err[256];
+	struct agent_task t;
+	char *json;
+
+	(void)state;
+	assert_int_equal(sc_task_ingest_json("ing-2", "https://example.org/a.txt", &json, err,
+					     sizeof(err)), 0);
+	parse_ok(json, &t);
+	assert_string_equal(t.url, "https://example.org/a.txt");
+	assert_null(t.text);
+	agent_task_free(&t);
+	free(json);
+}
+
+static void test_ingest_errors(void **state)
+{
+	char p[PATH_MAX], err[256], *json = (char *)1, *big;
+	const unsigned char bad_utf8[] = { 'o', 'k', 0xff, 0xfe, '\n' };
+	size_t n = AGENT_TASK_MAX_TEXT + 1;
+
+	(void)state;
+	path_in(p, sizeof(p), "missing.txt");
+	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), -ENOENT);
+	assert_null(json);
+	assert_non_null(strstr(err, "missing.txt"));
+
+	path_in(p, sizeof(p), "empty.txt");
+	write_file(p, "", 0);
+	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "empty"));
+
+	path_in(p, sizeof(p), "latin1.txt");
+	write_file(p, bad_utf8, sizeof(bad_utf8));
+	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), SW_EFORMAT);
+	assert_non_null(strstr(err, "UTF-8"));
+
+	path_in(p, sizeof(p), "big.txt");
+	big = malloc(n);
+	assert_non_null(big);
+	memset(big, 'a', n);
+	write_file(p, big, n);
+	free(big);
+	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), SW_ETOOLONG);
+	assert_null(json);
+
+	/* a directory cannot be read as text */
+	assert_int_not_equal(sc_task_ingest_json("x", dir, &json, err, sizeof(err)), 0);
+	assert_null(json);
+
+	big = malloc(AGENT_TASK_MAX_URL + 32);
+	assert_non_null(big);
+	strcpy(big, "https://example.org/");
+	memset(big + 20, 'a', AGENT_TASK_MAX_URL);
+	big[AGENT_TASK_MAX_URL + 20] = '\0';
+	assert_int_equal(sc_task_ingest_json("x", big, &json, err, sizeof(err)), SW_ETOOLONG);
+	free(big);
+}
+
+/* Exactly the limit is accepted, by swarmctl and by agentd. */
+static void test_ingest_at_limit(void **state)
+{
+	char p[PATH_MAX], err[256], *json, *big;
+	struct agent_task t;
+
+	(void)state;
+	path_in(p, sizeof(p), "limit.txt");
+	big = malloc(AGENT_TASK_MAX_TEXT);
+	assert_non_null(big);
+	memset(big, 'b', AGENT_TASK_MAX_TEXT);
+	write_file(p, big, AGENT_TASK_MAX_TEXT);
+	free(big);
+	assert_int_equal(sc_task_ingest_json("lim", p, &json, err, sizeof(err)), 0);
+	parse_ok(json, &t);
+	assert_int_equal(t.text_len, AGENT_TASK_MAX_TEXT);
+	agent_task_free(&t);
+	free(json);
+	unlink(p);
+}
+
+static void test_final_json(void **state)
+{
+	struct agent_task t;
+	char *json;
+
+	(void)state;
+	json = sc_task_final_json("sum-1", "summarize", 42, NULL, 0);
+	assert_non_null(json);
+	parse_ok(json, &t);
+	assert_int_equal(t.kind, AGENT_KIND_SUMMARIZE);
+	assert_int_equal(t.document_id, 42);
+	assert_int_equal(t.max_tokens, AGENT_TASK_DEFAULT_MAX_TOKENS);
+	agent_task_free(&t);
+	free(json);
+
+	json = sc_task_final_json("sum-2", "summarize", 7, NULL, 64);
+	parse_ok(json, &t);
+	assert_int_equal(t.max_tokens, 64);
+	agent_task_free(&t);
+	free(json);
+
+	/* answer over every document: no document_id */
+	json = sc_task_final_json("ask-1", "answer", 0, "Why \"tides\"?\n", 16);
+	assert_null(strstr(json, "document_id"));
+	parse_ok(json, &t);
+	assert_int_equal(t.kind, AGENT_KIND_ANSWER);
+	assert_string_equal(t.question, "Why \"tides\"?\n");
+	assert_int_equal(t.document_id, 0);
+	assert_int_equal(t.max_tokens, 16);
+	agent_task_free(&t);
+	free(json);
+
+	json = sc_task_final_json("ask-2", "answer", 9, "Which one?", 0);
+	parse_ok(json, &t);
+	assert_int_equal(t.document_id, 9);
+	agent_task_free(&t);
+	free(json);
+}
+
+static void test_task_id(void **state)
+{
+	char a[96], b[96], err[256];
+	struct agent_task t;
+	char *json;
+
+	(void)state;
+	sc_task_id(a, sizeof(a), "sum", 0);
+	sc_task_id(b, sizeof(b), "sum", 1);
+	assert_string_not_equal(a, b);
+	assert_int_equal(strncmp(a, "sum-", 4), 0);
+	assert_int_equal(a[strlen(a) - 1], '1');
+	assert_int_equal(b[strlen(b) - 1], '2');
+	assert_true(strlen(a) <= AGENT_TASK_MAX_ID);
+	assert_int_equal(strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+				"0123456789._:-"), strlen(a));
+	/* agentd accepts it, with the ":ingest" suffix too */
+	strcat(a, ":ingest");
+	assert_int_equal(sc_task_ingest_json(a, "https://example.org/", &json, err,
+					     sizeof(err)), 0);
+	parse_ok(json, &t);
+	assert_string_equal(t.id, a);
+	agent_task_free(&t);
+	free(json);
+}
+
+static void test_expected_summaries(void **state)
+{
+	(void)state;
+	assert_int_equal(sc_expected_summaries(0, 4), 1);
+	assert_int_equal(sc_expected_summaries(1, 4), 1);
+	assert_int_equal(sc_expected_summaries(4, 4), 5);   /* 4 + 1 */
+	assert_int_equal(sc_expected_summaries(5, 4), 8);   /* 5 + 2 + 1 */
+	assert_int_equal(sc_expected_summaries(9, 4), 13);  /* 9 + 3 + 1 */
+	assert_int_equal(sc_expected_summaries(51, 4), 69); /* 51 + 13 + 4 + 1 */
+	assert_int_equal(sc_expected_summaries(3, 1), 3);
+}
+
+static int setup(void **state)
+{
+	(void)state;
+	return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+	static const char *const names[] = { "tides.txt", "empty.txt", "latin1.txt", "big.txt",
+					     "limit.txt" };
+	char p[PATH_MAX];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		snprintf(p, sizeof(p), "%s/%s", dir, names[i]);
+		unlink(p);
+	}
+	return rmdir(dir);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_ingest_file),
+		cmocka_unit_test(test_ingest_url),
+		cmocka_unit_test(test_ingest_errors),
+		cmocka_unit_test(test_ingest_at_limit),
+		cmocka_unit_test(test_final_json),
+		cmocka_unit_test(test_task_id),
+		cmocka_unit_test(test_expected_summaries),
+	};
+
+	return cmocka_run_group_tests(tests, setup, teardown);
+}
