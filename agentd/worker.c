@@ -64,6 +64,7 @@ struct callbacks {
 	struct callback q[CALLBACK_QUEUE];
 	unsigned head, n;
 	bool closing;
+	uint64_t deadline_ms;      /* when closing: drop what is left after this */
 	bool started;
 };
 
@@ -85,6 +86,14 @@ static void *callback_thread(void *arg)
 		c = cb->q[cb->head];
 		cb->head = (cb->head + 1) % CALLBACK_QUEUE;
 		cb->n--;
+		if (cb->closing && sw_now_ms() > cb->deadline_ms) {
+			pthread_mutex_unlock(&cb->lock);
+			log_warn("callback %s dropped: drain deadline passed", c.url);
+			free(c.url);
+			free(c.json);
+			pthread_mutex_lock(&cb->lock);
+			continue;
+		}
 		pthread_mutex_unlock(&cb->lock);
 		for (int i = 0; i < CALLBACK_TRIES; i++) {
 			struct agent_fetch_opts o = { .timeout_ms = 5000, .connect_timeout_ms = 2000,
@@ -571,6 +580,7 @@ out:
 	if (w->cb.started) {
 		pthread_mutex_lock(&w->cb.lock);
 		w->cb.closing = true;
+		w->cb.deadline_ms = sw_now_ms() + CALLBACK_DRAIN_MS;
 		pthread_cond_signal(&w->cb.cond);
 		pthread_mutex_unlock(&w->cb.lock);
 		pthread_join(w->cb.thread, NULL);
