@@ -6,9 +6,10 @@
 #   swarmctl_test.sh SWARMCTL [AGENTD]
 #
 # Cases: the usual mistakes while nothing runs (stop, status, submit, a
-# wrong config path, a state directory too long for its sockets); a
-# service that cannot start (gpud on a corrupt model) reported with its
-# cause and nothing left running; then twice in the same state directory:
+# wrong config path, a state directory too long for its sockets, a missing
+# model, as root a state directory PostgreSQL cannot enter); a service
+# that cannot start (gpud on a corrupt model; in external mode, gpud's
+# metrics port taken) reported with its cause and nothing left running; then twice in the same state directory:
 # start, status, submit --wait, results, top, double start refused, stop,
 # stop again - the second round reuses the cluster and still has the first
 # round's results, and refuses a submit --wait once agentd is gone.
@@ -69,7 +70,10 @@ reap() {
 		kill -KILL "$pid" 2>/dev/null
 	fi
 }
+holder=
 cleanup() {
+	[ -n "$holder" ] && kill "$holder" 2>/dev/null
+	reap "$top/ext"
 	reap "$state"
 	reap "$top/bad"
 	rm -rf "$top"
@@ -216,6 +220,30 @@ for round in 1 2; do
 	check "round $round: top --iterations 2" 0 "swarm top" "tasks: [0-9.]+/s" \
 		"queue: " "tokens/s" "POOL" -- ctl top --iterations 2 --interval 0.2
 	if [ $round = 2 ]; then
+		# external mode against this swarm's Redis and PostgreSQL, with
+		# gpud's metrics port held by another process
+		python3 -c 'import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True); time.sleep(120)' >"$top/port" &
+		holder=$!
+		for _ in $(seq 1 50); do
+			[ -s "$top/port" ] && break
+			sleep 0.1
+		done
+		cat >"$top/ext.json" <<-EOF
+		{ "state_dir": "$top/ext",
+		  "redis": { "url": "unix://$state/run/redis.sock" },
+		  "postgres": { "url": "host=$state/pg dbname=swarm user=swarm" },
+		  "gpud": { "socket": "$top/ext/g.sock", "model": "$state/models/builtin.gguf",
+		            "metrics": "127.0.0.1:$(cat "$top/port")" } }
+		EOF
+		check "external mode, a port taken: reported with its cause" 1 \
+			"checking redis \.\.\. ok" "checking postgres \.\.\. ok" \
+			"gpud exited during start-up" "Address already in use" \
+			-- "$swarmctl" --config "$top/ext.json" start
+		kill "$holder" 2>/dev/null
+		wait "$holder" 2>/dev/null
+		holder=
 		read -r apid _ <"$state/run/agentd.pid"
 		kill -TERM "$apid"
 		for _ in $(seq 1 100); do
