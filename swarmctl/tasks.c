@@ -482,8 +482,12 @@ static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **ou
 			 "extract(epoch from coalesce(finished_at, now()) - "
 			 "coalesce(started_at, created_at))::float8 FROM tasks WHERE id = $1",
 			 1, params);
-	if (rc)
+	if (rc) {
+		if (strstr(err, "does not exist"))
+			return sw_seterr(err, errlen, SW_ENOTFOUND, "task %s: not found (no task "
+					 "has run yet: agentd creates the tables when it starts)", id);
 		return rc;
+	}
 	if (PQntuples(r) != 1) {
 		PQclear(r);
 		return sw_seterr(err, errlen, SW_ENOTFOUND, "task %s: not found (still queued, or "
