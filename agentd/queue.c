@@ -559,3 +559,59 @@ int agent_queue_touch(struct agent_queue *q, const char *id, char *err, size_t e
 	freeReplyObject(r);
 	return 0;
 }
+
+int agent_queue_prune(struct agent_queue *q, uint32_t min_idle_ms, unsigned *removed, char *err,
+		      size_t errlen)
+{
+	redisReply *r, *d;
+	unsigned n = 0;
+	int rc;
+
+	if (removed)
+		*removed = 0;
+	rc = run(q, &r, err, errlen, "XINFO CONSUMERS %s %s", q->stream, q->group);
+	if (rc)
+		return rc;
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+		const redisReply *c = r->element[i];
+		const char *name = NULL;
+		long long pending = -1, idle = -1;
+
+		/* A flat list of field, value pairs: name, pending, idle, ... */
+		for (size_t k = 0; c->type == REDIS_REPLY_ARRAY && k + 1 < c->elements; k += 2) {
+			const redisReply *key = c->element[k], *val = c->element[k + 1];
+
+			if (key->type != REDIS_REPLY_STRING)
+				continue;
+			if (!strcmp(key->str, "name") && val->type == REDIS_REPLY_STRING)
+				name = val->str;
+			else if (!strcmp(key->str, "pending") && val->type == REDIS_REPLY_INTEGER)
+				pending = val->integer;
+			else if (!strcmp(key->str, "idle") && val->type == REDIS_REPLY_INTEGER)
+				idle = val->integer;
+		}
+		if (!name || pending != 0 || idle < (long long)min_idle_ms ||
+		    !strcmp(name, q->consumer))
+			continue;
+		rc = run(q, &d, err, errlen, "XGROUP DELCONSUMER %s %s %s", q->stream, q->group, name);
+		if (rc)
+			break;
+		/* The reply is the pending count it had. Redis drops those
+		 * entries from the pending list, so a consumer that claimed
+		 * something between XINFO and here would orphan it: that is
+		 * why only consumers silent for min_idle_ms (a live worker
+		 * reads every block_ms) are candidates. Say so if it happens. */
+		if (d->type == REDIS_REPLY_INTEGER && d->integer > 0)
+			log_error("consumer %s claimed %lld entries while being removed; they are no "
+				  "longer pending (re-add them from swarm:tasks)",
+				  name, d->integer);
+		freeReplyObject(d);
+		n++;
+	}
+	freeReplyObject(r);
+	if (removed)
+		*removed = n;
+	if (n)
+		log_info("removed %u idle consumers without pending entries from %s", n, q->group);
+	return rc;
+}

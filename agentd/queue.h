@@ -112,6 +112,17 @@ int agent_queue_result(struct agent_queue *q, const char *task_id, const char *s
  * worker reclaimed it). */
 int agent_queue_touch(struct agent_queue *q, const char *id, char *err, size_t errlen);
 
+/* Deletes consumers of the group (other than this one) that hold no
+ * pending entry and have not been seen for min_idle_ms: every restarted
+ * worker is a new "<host>:<pid>", and without this the group would
+ * collect them forever. A consumer that comes back is re-created by its
+ * next read. Redis forgets the pending entries of a deleted consumer, so
+ * min_idle_ms must be far above the claim period of a live worker (the
+ * worker uses max(4 * lease_ms, 1 h)). *removed (may be NULL) counts
+ * them. Returns 0 or an error. */
+int agent_queue_prune(struct agent_queue *q, uint32_t min_idle_ms, unsigned *removed, char *err,
+		      size_t errlen);
+
 /* Frees what m holds and zeroes it. Accepts NULL. */
 void agent_msg_free(struct agent_msg *m);
 

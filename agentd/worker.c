@@ -513,6 +513,16 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 		goto out;
 	/* The consumer name the heartbeat connection must use is ours. */
 	w->qo.consumer = agent_queue_consumer(w->q);
+	{
+		uint64_t idle = 4ull * cfg->agentd.lease_ms;
+
+		if (idle < AGENT_PRUNE_MIN_IDLE_MS)
+			idle = AGENT_PRUNE_MIN_IDLE_MS;
+		if (idle > UINT32_MAX)
+			idle = UINT32_MAX;
+		if (agent_queue_prune(w->q, (uint32_t)idle, NULL, err, errlen) != 0)
+			log_warn("pruning old consumers: %s", err); /* housekeeping only */
+	}
 	if (o->llm) {
 		w->llm = o->llm;
 	} else {

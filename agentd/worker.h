@@ -52,6 +52,8 @@
 #define AGENT_DEFAULT_CHUNK_OVERLAP 16
 #define AGENT_DEFAULT_SUMMARY_FANIN 4
 #define AGENT_DEFAULT_BLOCK_MS 1000
+#define AGENT_PRUNE_MIN_IDLE_MS 3600000 /* consumers silent this long (and
+					  * 4 leases) are removed at start */
 
 struct agent_worker_opts {
 	const struct sw_config *cfg;   /* redis.url, postgres.url, gpud.socket, agentd.* */

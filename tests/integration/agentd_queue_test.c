@@ -362,6 +362,40 @@ static void test_lost_group_and_connection(void **state)
 	agent_queue_close(q);
 }
 
+static void test_prune_idle_consumers(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *gone = open_q(f, "gone", 60000);
+	struct agent_queue *busy = open_q(f, "busy", 60000);
+	struct agent_queue *me = open_q(f, "me", 60000);
+	struct agent_msg m;
+	unsigned removed = 9;
+	redisReply *r;
+
+	add(f, "one", NULL);
+	add(f, "two", NULL);
+	assert_int_equal(agent_queue_claim(gone, &m, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_ack(gone, m.id, err, sizeof(err)), 0); /* nothing pending */
+	agent_msg_free(&m);
+	assert_int_equal(agent_queue_claim(busy, &m, err, sizeof(err)), 0); /* one pending */
+	agent_msg_free(&m);
+	/* me becomes a consumer by reading (nothing is left). */
+	assert_int_equal(agent_queue_claim(me, &m, err, sizeof(err)), SW_ENOTFOUND);
+	agent_queue_close(gone);
+	agent_queue_close(busy);
+	/* Nobody has been silent for a minute yet. */
+	assert_int_equal(agent_queue_prune(me, 60000, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 0);
+	usleep(150 * 1000);
+	assert_int_equal(agent_queue_prune(me, 100, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 1);
+	r = cmd(f->admin, "XINFO CONSUMERS %s agents", f->stream);
+	assert_int_equal(r->elements, 2); /* busy (it holds an entry) and me */
+	freeReplyObject(r);
+	assert_int_equal(pending(f), 1);
+	agent_queue_close(me);
+}
+
 static void test_open_errors(void **state)
 {
 	struct agent_queue_opts o = { .url = "http://x" };
@@ -391,6 +425,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_dead_letter_and_results, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_deleted_entry_skipped, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_group_and_connection, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_prune_idle_consumers, setup, teardown),
 		cmocka_unit_test(test_open_errors),
 	};
 	int rc = it_start(IT_REDIS);
