@@ -22,7 +22,8 @@
  * (first start to last end, CLOCK_MONOTONIC is shared by the processes),
  * gpud's CPU time over the run (/proc/PID/stat of the server's pid: cores
  * busy, tokens per CPU-second, which a shared machine distorts less than
- * wall time), latency and TTFT p50/p99 (nearest rank, successful requests
+ * wall time; the loop thread's share; and the load processes' own CPU),
+ * latency and TTFT p50/p99 (nearest rank, successful requests
  * only), and the p50/p99 of gpud's own timings from the DONE usage (queue,
  * prefill, decode, and what lies outside them: where the latency went).
  * Then the daemon's STATS: the change of its request and token counters
@@ -43,6 +44,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -499,14 +501,19 @@ static json_int_t jget(const json_t *root, const char *path)
 
 /* Tokens per word of the word list under gpud's tokenizer. */
 /* CPU seconds (user + system) the process pid has used, from
- * /proc/PID/stat; < 0 when it cannot be read (gpud in another namespace). */
-static double proc_cpu_s(int pid)
+ * /proc/PID/stat, or with thread_only its main thread alone (gpud's loop
+ * thread), from /proc/PID/task/PID/stat; < 0 when it cannot be read (gpud
+ * in another pid namespace). */
+static double proc_cpu_s(int pid, bool thread_only)
 {
 	char path[64], line[1024];
 	unsigned long long ut, st;
 	FILE *f;
 
-	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	if (thread_only)
+		snprintf(path, sizeof(path), "/proc/%d/task/%d/stat", pid, pid);
+	else
+		snprintf(path, sizeof(path), "/proc/%d/stat", pid);
 	f = fopen(path, "r");
 	if (!f)
 		return -1;
@@ -578,6 +585,8 @@ struct summary {
 	double lat_p50, lat_p99, lat_max, ttft_p50, ttft_p99, ttft_max;
 	uint64_t n_ttft;
 	double gpud_cpu_s; /* gpud's user + system CPU time during the run; < 0 unknown */
+	double gpud_loop_cpu_s; /* of which gpud's main (loop) thread */
+	double tool_cpu_s; /* the load processes' own CPU time (children) */
 	/* p50, p99 in ms of gpud's usage timings (successful requests) */
 	double queue[2], prefill[2], decode[2];
 	double admit[2]; /* total - queue - prefill - decode: gpud before queuing */
@@ -718,6 +727,10 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 		       m->gpud_cpu_s > 0 ? m->generated / m->gpud_cpu_s : 0.0,
 		       m->gpud_cpu_s > 0 ? (m->generated + m->prompt - m->cached) / m->gpud_cpu_s
 					 : 0.0);
+	if (m->gpud_loop_cpu_s >= 0)
+		printf("gpud cpu by thread: loop (main thread) %.2f s, other threads "
+		       "(devices) %.2f s; load tool processes %.2f s\n",
+		       m->gpud_loop_cpu_s, m->gpud_cpu_s - m->gpud_loop_cpu_s, m->tool_cpu_s);
 	printf("latency ms: p50 %.2f  p99 %.2f  max %.2f\n", m->lat_p50, m->lat_p99, m->lat_max);
 	printf("ttft ms:    p50 %.2f  p99 %.2f  max %.2f  (%" PRIu64 " requests streamed "
 	       "tokens)\n", m->ttft_p50, m->ttft_p99, m->ttft_max, m->n_ttft);
@@ -812,6 +825,8 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	json_object_set_new(root, "streamed_tokens", json_integer((json_int_t)m->streamed));
 	json_object_set_new(root, "wall_s", json_real(m->wall_s));
 	json_object_set_new(root, "gpud_cpu_s", json_real(m->gpud_cpu_s));
+	json_object_set_new(root, "gpud_loop_cpu_s", json_real(m->gpud_loop_cpu_s));
+	json_object_set_new(root, "tool_cpu_s", json_real(m->tool_cpu_s));
 	json_object_set_new(root, "tokens_per_s", json_real(m->generated / w));
 	json_object_set_new(root, "prompt_tokens_per_s", json_real(m->prompt / w));
 	json_object_set_new(root, "latency_ms", json_pack("{s:f,s:f,s:f}", "p50", m->lat_p50,
@@ -962,7 +977,7 @@ int main(int argc, char **argv)
 	if (calibrate(&o, &tpw, &server_pid))
 		return 1;
 	json_t *before = fetch_stats(&o);
-	double cpu0 = proc_cpu_s(server_pid);
+	double cpu0 = proc_cpu_s(server_pid, false), loop0 = proc_cpu_s(server_pid, true);
 
 	/* No client thread is alive here: the children start clean. */
 	pid_t pids[MAX_PROCESSES];
@@ -1019,8 +1034,14 @@ int main(int argc, char **argv)
 
 	struct summary m;
 	summarize(all, n_all, t_end - t_start, &m);
-	double cpu1 = proc_cpu_s(server_pid);
+	double cpu1 = proc_cpu_s(server_pid, false), loop1 = proc_cpu_s(server_pid, true);
 	m.gpud_cpu_s = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
+	m.gpud_loop_cpu_s = loop0 >= 0 && loop1 >= 0 ? loop1 - loop0 : -1;
+	struct rusage ru;
+	m.tool_cpu_s = -1;
+	if (getrusage(RUSAGE_CHILDREN, &ru) == 0)
+		m.tool_cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
+			       (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
 	json_t *after = fetch_stats(&o);
 	if (o.json)
 		print_json(&o, &m, tpw, before, after);
