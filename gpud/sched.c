@@ -1019,6 +1019,12 @@ void gpud_sched_wake(struct gpud_sched *s)
 int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
 			   int (*fn)(struct gpud_engine *e, void *arg), void *arg)
 {
+	return gpud_sched_device_exec_blocks(s, dev, 0, fn, arg);
+}
+
+int gpud_sched_device_exec_blocks(struct gpud_sched *s, uint32_t dev, uint32_t blocks,
+				  int (*fn)(struct gpud_engine *e, void *arg), void *arg)
+{
 	struct dev *d;
 	int rc;
 
@@ -1030,10 +1036,9 @@ int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
 		pthread_mutex_unlock(&s->lock);
 		return SW_EBUSY;
 	}
-	/* fn may need a sequence of up to a full context (an embedding):
-	 * cached blocks no request uses give way when fewer are free. */
-	if (d->free_blocks < blocks_for(d->n_ctx, d->bt))
-		reclaim(d, blocks_for(d->n_ctx, d->bt) - d->free_blocks);
+	/* cached blocks no request uses give way to what fn needs */
+	if (d->free_blocks < blocks)
+		reclaim(d, blocks - d->free_blocks);
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
 	rc = fn(d->e, arg);

@@ -228,15 +228,19 @@ void gpud_sched_wake(struct gpud_sched *s);
 /* Runs fn(engine, arg) on dev's engine from dev's own thread, between
  * steps, as the scheduler's exclusive use of the engine (cancels arriving
  * meanwhile are completed right after, as during a forward pass); the
- * scheduler lock is not held during fn. For embeddings: before fn, while
- * fewer KV blocks than a full context (n_ctx) are free, blocks held only
- * by the prefix cache are evicted to make room. fn may call
- * submit/cancel/stats, but not gpud_sched_block_owners (it waits for the
- * device). Returns fn's return, or SW_EBUSY when another thread is
+ * scheduler lock is not held during fn. For embeddings and for sampling
+ * engine stats. fn may call submit/cancel/stats, but not
+ * gpud_sched_block_owners (it waits for the device). Returns fn's return, or SW_EBUSY when another thread is
  * stepping dev (or a device_exec on it is running), -EINVAL for a bad dev
  * or a NULL fn. */
 int gpud_sched_device_exec(struct gpud_sched *s, uint32_t dev,
 			   int (*fn)(struct gpud_engine *e, void *arg), void *arg);
+/* The same, but first, while fewer than `blocks` KV blocks are free,
+ * evicts blocks held only by the prefix cache (an embedding of n tokens
+ * needs ceil(n / block_tokens) blocks; with the cache on, the pool may be
+ * full of cached blocks that plain device_exec leaves alone). */
+int gpud_sched_device_exec_blocks(struct gpud_sched *s, uint32_t dev, uint32_t blocks,
+				  int (*fn)(struct gpud_engine *e, void *arg), void *arg);
 
 struct gpud_sched_device_stats {
 	uint32_t queue;     /* waiting + running */

@@ -1436,7 +1436,8 @@ static void test_prefix_eviction(void **state)
 		assert_same_output(&out[i], &plain[i]);
 	}
 	assert_pool_cache_only(s, 0, e);
-	/* an embedding through device_exec gets the cache's blocks */
+	/* an embedding through device_exec_blocks gets the cache's blocks;
+	 * plain device_exec leaves the cache alone (the embedding fails) */
 	{
 		static struct exec_ctx c;
 
@@ -1447,9 +1448,13 @@ static void test_prefix_eviction(void **state)
 		c.n = 12 * 16; /* the whole pool */
 		for (uint32_t i = n[0]; i < c.n; i++)
 			ids[0][i] = 1 + (int32_t)(i * 7 % 300);
-		assert_int_equal(gpud_sched_device_exec(s, 0, embed_fn, &c), 0);
+		assert_int_equal(gpud_sched_device_exec(s, 0, embed_fn, &c), SW_EEXHAUSTED);
+		assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+		assert_true(ds.prefix_blocks > 0);
+		assert_int_equal(gpud_sched_device_exec_blocks(s, 0, 12, embed_fn, &c), 0);
 		assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
 		assert_int_equal(ds.prefix_blocks, 0);
+		assert_int_equal(gpud_sched_device_exec_blocks(s, 9, 1, embed_fn, &c), -EINVAL);
 		assert_pool_empty(e);
 	}
 	gpud_sched_destroy(s);
