@@ -215,7 +215,10 @@ static int run_jobs(struct device *dv)
 			return ran;
 
 		j->err[0] = '\0';
-		rc = gpud_sched_device_exec(d->sched, dv->idx, embed_fn, j);
+		/* The pool may be full of prefix-cache blocks: make room first. */
+		rc = gpud_sched_device_exec_blocks(d->sched, dv->idx,
+						   (j->n_tokens + d->block_tokens - 1) /
+						   d->block_tokens, embed_fn, j);
 		pthread_mutex_lock(&dv->lock);
 		r = j->r;
 		cancelled = j->cancelled;
