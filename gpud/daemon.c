@@ -950,6 +950,11 @@ static void on_deadline(uv_timer_t *t)
 	}
 }
 
+static const char *sig_name(int signum)
+{
+	return signum == SIGTERM ? "SIGTERM" : signum == SIGINT ? "SIGINT" : "signal";
+}
+
 static void on_signal(uv_signal_t *h, int signum)
 {
 	struct gpud_daemon *d = h->data;
@@ -963,13 +968,13 @@ static void on_signal(uv_signal_t *h, int signum)
 		return;
 	}
 	if (atomic_load(&d->draining)) {
-		log_warn("%s again: cancelling the %u requests in flight", strsignal(signum),
+		log_warn("%s again: cancelling the %u requests in flight", sig_name(signum),
 			 gpud_server_in_flight(d->server));
 		gpud_server_cancel_all(d->server);
 		return;
 	}
 	atomic_store(&d->draining, true);
-	log_info("%s: draining (%u requests in flight, deadline %u ms)", strsignal(signum),
+	log_info("%s: draining (%u requests in flight, deadline %u ms)", sig_name(signum),
 		 gpud_server_in_flight(d->server), d->cfg.gpud.shutdown_deadline_ms);
 	gpud_server_drain(d->server);
 	uv_timer_start(&d->deadline_timer, on_deadline, d->cfg.gpud.shutdown_deadline_ms, 0);
