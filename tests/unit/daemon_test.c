@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -438,6 +439,67 @@ static void test_snapshot_device(void **state)
 	assert_int_equal(s.n_caches, GPUD_STATS_MAX_CACHES);
 }
 
+/* gpud serve --check: "configuration OK" and one line per pool, or the
+ * reason and 1; nothing is reserved either way. */
+static void test_check_mode(void **state)
+{
+	struct sw_config cfg;
+	char *out = NULL;
+	size_t len = 0;
+	FILE *f;
+	(void)state;
+
+	sw_config_defaults(&cfg);
+	snprintf(cfg.gpud.model, sizeof(cfg.gpud.model), "%s", MODEL);
+	cfg.gpud.devices[1] = cfg.gpud.devices[0];
+	cfg.gpud.n_devices = 2;
+	cfg.gpud.max_seqs = 8;
+	f = open_memstream(&out, &len);
+	assert_non_null(f);
+	assert_int_equal(gpud_serve(&cfg, true, f), 0);
+	fclose(f);
+	assert_true(strncmp(out, "configuration OK\n", 17) == 0);
+	assert_non_null(strstr(out, "5 layers, dim 64"));
+	assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks x 20480 bytes = 20.0 MiB"));
+	assert_non_null(strstr(out, "  cpu1.kv: 1024 blocks"));
+	assert_non_null(strstr(out, "  cpu1.mask: "));
+	assert_non_null(strstr(out, "  server: "));
+	free(out);
+
+	/* Does not fit (on any machine with less than 300 GiB of RAM): the
+	 * numbers, exit status 1. */
+	if ((double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) < 300.0 * GiB) {
+		cfg.gpud.kv_blocks = 16777216;
+		out = NULL;
+		f = open_memstream(&out, &len);
+		assert_int_equal(gpud_serve(&cfg, true, f), 1);
+		fclose(f);
+		assert_true(strncmp(out, "gpud.kv_blocks=16777216 needs 320.0 GiB of KV per device",
+				    56) == 0);
+		free(out);
+	}
+
+	/* A cuda device. */
+	cfg.gpud.kv_blocks = 0;
+	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 0 };
+	out = NULL;
+	f = open_memstream(&out, &len);
+	assert_int_equal(gpud_serve(&cfg, true, f), 1);
+	fclose(f);
+	assert_string_equal(out, "gpud.devices[1]: cuda:0: the cuda backend is not "
+				 "built/implemented yet (use \"cpu\")\n");
+	free(out);
+
+	/* A missing model. */
+	snprintf(cfg.gpud.model, sizeof(cfg.gpud.model), "/nonexistent/m.gguf");
+	out = NULL;
+	f = open_memstream(&out, &len);
+	assert_int_equal(gpud_serve(&cfg, true, f), 1);
+	fclose(f);
+	assert_true(strncmp(out, "gpud.model: /nonexistent/m.gguf", 31) == 0);
+	free(out);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -447,6 +509,7 @@ int main(void)
 		cmocka_unit_test(test_plan_errors),
 		cmocka_unit_test(test_scratch_estimate),
 		cmocka_unit_test(test_snapshot_device),
+		cmocka_unit_test(test_check_mode),
 		cmocka_unit_test(test_chat_segment_text),
 		cmocka_unit_test_setup_teardown(test_segments_plain, seg_setup, seg_teardown),
 		cmocka_unit_test_setup_teardown(test_segments_chat, seg_setup, seg_teardown),
