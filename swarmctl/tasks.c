@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,14 @@ struct submit {
 	PGconn *pg;
 	uint64_t t0_ms;
 };
+
+static volatile sig_atomic_t interrupted;
+
+static void on_interrupt(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
 
 static bool is_final_status(const char *s)
 {
@@ -828,6 +837,8 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 			"in the queue until it runs\n", e->state_dir);
 	}
 	s.tty = s.wait && isatty(STDOUT_FILENO);
+	signal(SIGINT, on_interrupt);
+	signal(SIGTERM, on_interrupt);
 	s.t0_ms = sw_now_ms();
 	for (size_t i = 0; i < s.n; i++) {
 		struct job *j = &s.jobs[i];
@@ -874,6 +885,14 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 				tail[0] ? ":" : "");
 			if (tail[0])
 				fprintf(stderr, "%s\n", tail);
+			goto out;
+		}
+		if (interrupted) {
+			if (s.tty)
+				printf("\n");
+			fprintf(stderr, "swarmctl: submit: interrupted; what was queued carries on "
+				"(`swarmctl results` shows it)\n");
+			status = 130;
 			goto out;
 		}
 		if (sw_deadline_expired(deadline)) {

@@ -93,6 +93,13 @@ json_t *sc_device_memory(const json_t *stats)
 	return out;
 }
 
+static const char *str(const json_t *o, const char *key)
+{
+	const char *v = json_string_value(json_object_get(o, key));
+
+	return v ? v : "?";
+}
+
 static double mib(uint64_t b)
 {
 	return (double)b / (1024.0 * 1024.0);
@@ -119,19 +126,18 @@ void sc_print_gpud(FILE *f, const json_t *stats)
 	fprintf(f, "%-10s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "HIGH MiB", "TROUGH MiB",
 		"CAPACITY MiB");
 	json_array_foreach(mem, i, v)
-		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f\n",
-			json_string_value(json_object_get(v, "device")), mib(u64(v, "used_bytes")),
+		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f\n", str(v, "device"),
+			mib(u64(v, "used_bytes")),
 			mib(u64(v, "high_bytes")), mib(u64(v, "trough_bytes")),
 			mib(u64(v, "capacity_bytes")));
 	json_decref(mem);
 	fprintf(f, "%-16s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
 		"UNIT");
 	json_array_foreach(json_object_get(stats, "pools"), i, v) {
-		fprintf(f, "%-16s %10llu %10llu %10llu %10llu %s%s\n",
-			json_string_value(json_object_get(v, "name")),
+		fprintf(f, "%-16s %10llu %10llu %10llu %10llu %s%s\n", str(v, "name"),
 			(unsigned long long)u64(v, "used"), (unsigned long long)u64(v, "high"),
 			(unsigned long long)u64(v, "capacity"), (unsigned long long)u64(v, "trough"),
-			json_string_value(json_object_get(v, "unit")) ?: "",
+			json_string_value(json_object_get(v, "unit")) ? str(v, "unit") : "",
 			json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
 	}
 	fprintf(f, "%-16s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
@@ -139,12 +145,12 @@ void sc_print_gpud(FILE *f, const json_t *stats)
 	json_array_foreach(json_object_get(stats, "caches"), i, v) {
 		double h = (double)u64(v, "hits"), m = (double)u64(v, "misses");
 
-		fprintf(f, "%-16s %10.0f %10.0f %9.1f%% %10llu\n",
-			json_string_value(json_object_get(v, "name")), h, m,
+		fprintf(f, "%-16s %10.0f %10.0f %9.1f%% %10llu\n", str(v, "name"), h, m,
 			h + m > 0 ? 100 * h / (h + m) : 0.0, (unsigned long long)u64(v, "entries"));
 	}
 	json_array_foreach(json_object_get(json_object_get(stats, "watchdog"), "warnings"), i, v)
-		fprintf(f, "WARNING: %s\n", json_string_value(v));
+		if (json_is_string(v))
+			fprintf(f, "WARNING: %s\n", json_string_value(v));
 }
 
 void sc_print_queue(FILE *f, const struct sc_queue_stats *q)

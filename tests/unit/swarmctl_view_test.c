@@ -1,0 +1,176 @@
+/* swarmctl_view_test.c - what status and top make of gpud's STATS JSON
+ * (gpud/stats.h schema): per-device memory in bytes from pools of mixed
+ * units, the pool, cache and warning lines, the queue line; and input
+ * missing fields or of the wrong type. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "swarmctl/view.h"
+
+static const char stats_json[] =
+	"{\"version\": \"0.4.0\", \"uptime_s\": 12.5, \"draining\": false,"
+	" \"requests\": {\"admitted\": 10, \"completed\": 9, \"errors\": 1, \"cancelled\": 0,"
+	"   \"busy\": 0, \"refused\": 0, \"in_flight\": 2},"
+	" \"tokens\": {\"prompt\": 100, \"cached_prompt\": 20, \"generated\": 50, \"per_s\": 237.5},"
+	" \"alloc\": {\"counted\": true, \"warm\": true,"
+	"   \"since_warmup\": {\"host\": 0, \"device\": 0}, \"total\": {\"host\": 9}},"
+	" \"pools\": ["
+	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
+	"   \"used\": 10, \"free\": 90, \"high\": 12, \"trough\": 4, \"rising\": false},"
+	"  {\"name\": \"cpu0.scratch\", \"unit\": \"bytes\", \"unit_bytes\": 1, \"capacity\": 4096,"
+	"   \"used\": 1024, \"high\": 2048, \"trough\": 1024, \"rising\": false},"
+	"  {\"name\": \"cuda:1.kv\", \"unit\": \"blocks\", \"unit_bytes\": 1048576, \"capacity\": 8,"
+	"   \"used\": 3, \"high\": 5, \"trough\": 2, \"rising\": true},"
+	"  {\"name\": \"mask\", \"unit\": \"slots\", \"unit_bytes\": 100, \"capacity\": 10,"
+	"   \"used\": 1, \"high\": 1, \"trough\": 0}"
+	" ],"
+	" \"caches\": [{\"name\": \"cpu0.prefix\", \"hits\": 3, \"misses\": 1, \"entries\": 4}],"
+	" \"watchdog\": {\"rising\": true, \"warnings\": [\"cuda:1.kv trough rising\"]}}";
+
+static json_t *find_dev(json_t *arr, const char *name)
+{
+	size_t i;
+	json_t *v;
+
+	json_array_foreach(arr, i, v)
+		if (!strcmp(json_string_value(json_object_get(v, "device")), name))
+			return v;
+	return NULL;
+}
+
+static long long field(json_t *o, const char *k)
+{
+	return (long long)json_integer_value(json_object_get(o, k));
+}
+
+static void test_device_memory(void **state)
+{
+	json_error_t je;
+	json_t *stats = json_loads(stats_json, 0, &je), *mem, *d;
+
+	(void)state;
+	assert_non_null(stats);
+	mem = sc_device_memory(stats);
+	assert_int_equal(json_array_size(mem), 3);
+	d = find_dev(mem, "cpu0");
+	assert_non_null(d);
+	assert_int_equal(field(d, "used_bytes"), 10 * 32768 + 1024);
+	assert_int_equal(field(d, "high_bytes"), 12 * 32768 + 2048);
+	assert_int_equal(field(d, "trough_bytes"), 4 * 32768 + 1024);
+	assert_int_equal(field(d, "capacity_bytes"), 100 * 32768 + 4096);
+	d = find_dev(mem, "cuda:1");
+	assert_non_null(d);
+	assert_int_equal(field(d, "used_bytes"), 3 * 1048576);
+	assert_int_equal(field(d, "capacity_bytes"), 8 * 1048576);
+	d = find_dev(mem, "shared");
+	assert_non_null(d);
+	assert_int_equal(field(d, "used_bytes"), 100);
+	json_decref(mem);
+	json_decref(stats);
+}
+
+static void test_device_memory_odd_input(void **state)
+{
+	json_t *mem, *stats;
+
+	(void)state;
+	/* no pools, pools not an array, pools without names or numbers */
+	stats = json_object();
+	mem = sc_device_memory(stats);
+	assert_int_equal(json_array_size(mem), 0);
+	json_decref(mem);
+	json_object_set_new(stats, "pools", json_string("nope"));
+	mem = sc_device_memory(stats);
+	assert_int_equal(json_array_size(mem), 0);
+	json_decref(mem);
+	json_object_set_new(stats, "pools", json_pack("[{s:i}, {s:s, s:s, s:i}]", "used", 5,
+						      "name", "cpu0.kv", "used", "many",
+						      "capacity", -3));
+	mem = sc_device_memory(stats);
+	assert_int_equal(json_array_size(mem), 1);
+	assert_int_equal(field(json_array_get(mem, 0), "used_bytes"), 0);
+	assert_int_equal(field(json_array_get(mem, 0), "capacity_bytes"), 0);
+	json_decref(mem);
+	json_decref(stats);
+}
+
+static char *render(const json_t *stats, const struct sc_queue_stats *q)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	assert_non_null(f);
+	if (stats)
+		sc_print_gpud(f, stats);
+	if (q)
+		sc_print_queue(f, q);
+	assert_int_equal(fclose(f), 0);
+	return buf;
+}
+
+static void test_print_gpud(void **state)
+{
+	json_error_t je;
+	json_t *stats = json_loads(stats_json, 0, &je);
+	char *out;
+
+	(void)state;
+	out = render(stats, NULL);
+	assert_non_null(strstr(out, "2 requests in flight, 9 completed, 1 errors; 237.5 tokens/s"));
+	assert_non_null(strstr(out, "allocations since warm-up: 0 host, 0 device"));
+	assert_non_null(strstr(out, "cuda:1"));
+	assert_non_null(strstr(out, "RISING"));
+	assert_non_null(strstr(out, "75.0%")); /* 3 hits, 1 miss */
+	assert_non_null(strstr(out, "WARNING: cuda:1.kv trough rising"));
+	free(out);
+
+	/* allocations not counted: null is not zero */
+	json_object_set_new(json_object_get(stats, "alloc"), "since_warmup", json_null());
+	out = render(stats, NULL);
+	assert_non_null(strstr(out, "allocations since warm-up: not counted"));
+	free(out);
+	json_decref(stats);
+
+	/* an empty object prints zeros, not garbage */
+	stats = json_object();
+	out = render(stats, NULL);
+	assert_non_null(strstr(out, "0 requests in flight"));
+	free(out);
+	json_decref(stats);
+}
+
+static void test_print_queue(void **state)
+{
+	struct sc_queue_stats q = { .length = 12, .undelivered = 3, .pending = 2, .dead = 1 };
+	char *out;
+
+	(void)state;
+	out = render(NULL, &q);
+	assert_string_equal(out, "queue: 3 waiting, 2 pending (claimed, not acknowledged), "
+			    "12 entries in swarm:tasks, 1 dead-lettered\n");
+	free(out);
+	q.undelivered = -1; /* Redis without lag */
+	out = render(NULL, &q);
+	assert_null(strstr(out, "waiting"));
+	free(out);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_device_memory),
+		cmocka_unit_test(test_device_memory_odd_input),
+		cmocka_unit_test(test_print_gpud),
+		cmocka_unit_test(test_print_queue),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
