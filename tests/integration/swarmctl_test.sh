@@ -209,6 +209,10 @@ for round in 1 2; do
 			'"status": "completed"' -- ctl results --json "$sum_id"
 		check "round 1: results lists the task and its ingest" 0 "$sum_id +summarize" \
 			"$sum_id:ingest +ingest +completed" -- ctl results
+		check "round 1: a failing ingest: its error, exit 1" 1 \
+			"ingest sum-[^ ]+:ingest: failed - fetch: file:///nonexistent/x.txt" \
+			"\(ingest\): failed after 1 attempt" \
+			-- ctl submit file:///nonexistent/x.txt --wait --timeout 120
 	else
 		check "round 2: submit --wait (answer over every document)" 0 \
 			"queued answer ask-" "answer ask-[^ ]+: completed" "question: Why" \
