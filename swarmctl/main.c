@@ -209,7 +209,7 @@ static int cmd_status(bool as_json)
 	struct sc_env e;
 	char err[1024];
 	char qerr[1024];
-	json_t *out, *procs, *stats;
+	json_t *out, *procs, *stats, *agentd_st;
 	struct sc_queue_stats q;
 	bool all_up = true, any_up = false, have_queue;
 
@@ -247,6 +247,9 @@ static int cmd_status(bool as_json)
 	} else {
 		json_object_set_new(out, "gpud_error", json_string(err));
 	}
+	agentd_st = sc_service_pid(&e, SC_AGENTD) ? sc_agentd_status(&e) : NULL;
+	if (agentd_st)
+		json_object_set_new(out, "agentd", json_incref(agentd_st));
 	have_queue = sc_queue_stats(e.cfg.redis.url, &q, qerr, sizeof(qerr)) == 0;
 	if (have_queue)
 		json_object_set_new(out, "queue", json_pack("{s:I, s:I, s:I, s:I}", "length",
@@ -260,6 +263,7 @@ static int cmd_status(bool as_json)
 
 		puts(s ? s : "{}");
 		free(s);
+		json_decref(agentd_st);
 		json_decref(out);
 		return all_up ? 0 : 1;
 	}
@@ -282,6 +286,9 @@ static int cmd_status(bool as_json)
 		printf("\n");
 	}
 	printf("\n");
+	if (agentd_st)
+		sc_print_agentd(stdout, agentd_st);
+	json_decref(agentd_st);
 	if (have_queue)
 		sc_print_queue(stdout, &q);
 	else if (any_up)

@@ -3,6 +3,7 @@
 #include "swarmctl/view.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <getopt.h>
 #include <poll.h>
 #include <signal.h>
@@ -163,6 +164,59 @@ void sc_print_queue(FILE *f, const struct sc_queue_stats *q)
 		(long long)q->dead);
 }
 
+json_t *sc_agentd_status(const struct sc_env *e)
+{
+	char p[PATH_MAX + 32];
+	json_error_t je;
+	json_t *j;
+
+	sc_path(e, "agentd.status.json", p, sizeof(p));
+	j = json_load_file(p, 0, &je);
+	if (j && !json_is_object(j)) {
+		json_decref(j);
+		j = NULL;
+	}
+	return j;
+}
+
+void sc_print_agentd(FILE *f, const json_t *st)
+{
+	static const char *const states[] = { "running", "starting", "backoff", "failed",
+					      "stopped" };
+	unsigned count[5] = { 0 };
+	uint64_t done = 0, crashes = 0, hangs = 0;
+	const char *last = NULL;
+	bool first = true;
+	size_t i;
+	json_t *w;
+
+	json_array_foreach(json_object_get(st, "workers"), i, w) {
+		const char *ws = json_string_value(json_object_get(w, "state"));
+		const char *le = json_string_value(json_object_get(w, "last_exit"));
+
+		for (size_t k = 0; ws && k < 5; k++)
+			count[k] += !strcmp(ws, states[k]);
+		done += u64(w, "done");
+		crashes += u64(w, "crashes");
+		hangs += u64(w, "hangs");
+		if (le && le[0])
+			last = le;
+	}
+	fprintf(f, "agentd %s: %zu workers", str(st, "state"),
+		json_array_size(json_object_get(st, "workers")));
+	for (size_t k = 0; k < 5; k++) {
+		if (!count[k])
+			continue;
+		fprintf(f, "%s%u %s", first ? " (" : ", ", count[k], states[k]);
+		first = false;
+	}
+	fprintf(f, "%s; %llu tasks done, %llu crashes, %llu hangs", first ? "" : ")",
+		(unsigned long long)done, (unsigned long long)crashes, (unsigned long long)hangs);
+	if (last)
+		fprintf(f, "; last exit: %s", last);
+	fprintf(f, "\n");
+}
+
 /* --- top ------------------------------------------------------------------ */
 
 static volatile sig_atomic_t top_stop;
@@ -278,6 +332,13 @@ int sc_cmd_top(struct sc_env *e, int argc, char **argv)
 		printf("swarm top - %s - %s - every %.1f s%s\n", when, e->state_dir, interval,
 		       keys ? " - q quits" : "");
 		print_tasks(stdout, &pg, e);
+		if (sc_service_pid(e, SC_AGENTD)) {
+			json_t *as = sc_agentd_status(e);
+
+			if (as)
+				sc_print_agentd(stdout, as);
+			json_decref(as);
+		}
 		if (sc_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0)
 			sc_print_queue(stdout, &q);
 		else

@@ -33,6 +33,15 @@ void sc_print_gpud(FILE *f, const json_t *stats);
 /* Prints the queue line. */
 void sc_print_queue(FILE *f, const struct sc_queue_stats *q);
 
+/* agentd's supervisor status file (<state_dir>/agentd.status.json,
+ * agentd/supervisor.h), parsed; NULL when absent or unreadable. The
+ * caller json_decref()s it. */
+json_t *sc_agentd_status(const struct sc_env *e);
+
+/* Prints one line about the workers in an agentd status object:
+ * "agentd workers: 2 running, 1 backoff; 14 tasks done, 1 crash (...)". */
+void sc_print_agentd(FILE *f, const json_t *st);
+
 /* `swarmctl top [--interval S] [--iterations N]`: refreshes in place on a
  * terminal until q (or N iterations); plain successive reports
  * otherwise. argv[0] is "top". Returns the exit status. */

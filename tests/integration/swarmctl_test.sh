@@ -194,6 +194,10 @@ for round in 1 2; do
 	check "round $round: status" 0 "redis +up" "postgres +up" "gpud +up" "agentd +up" \
 		"queue: [0-9]+ waiting, [0-9]+ pending" "DEVICE +USED MiB" "cpu0 " \
 		"CACHE +HITS" -- ctl status
+	if [ -z "${SWARM_AGENTD_BIN:-}" ]; then # the real supervisor
+		check "round $round: status shows agentd's workers" 0 "agentd [a-z]+: 2 workers" \
+			-- ctl status
+	fi
 	check "round $round: status --json" 0 '"device_memory"' '"queue"' '"pending"' \
 		'"up": true' -- ctl status --json
 	check "round $round: double start refused" 1 "already running" -- ctl start

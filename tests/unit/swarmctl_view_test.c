@@ -1,16 +1,19 @@
 /* swarmctl_view_test.c - what status and top make of gpud's STATS JSON
  * (gpud/stats.h schema): per-device memory in bytes from pools of mixed
- * units, the pool, cache and warning lines, the queue line; and input
- * missing fields or of the wrong type. */
+ * units, the pool, cache and warning lines, the queue line, agentd's
+ * supervisor status file; and input missing fields or of the wrong
+ * type. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "swarmctl/view.h"
 
@@ -163,6 +166,56 @@ static void test_print_queue(void **state)
 	free(out);
 }
 
+static void test_agentd_status(void **state)
+{
+	struct sc_env e;
+	char p[PATH_MAX + 32], *out = NULL;
+	size_t len = 0;
+	json_t *st;
+	FILE *f;
+
+	(void)state;
+	memset(&e, 0, sizeof(e));
+	snprintf(e.state_dir, sizeof(e.state_dir), "/tmp/swarmctl_view_test.XXXXXX");
+	assert_non_null(mkdtemp(e.state_dir));
+	assert_null(sc_agentd_status(&e)); /* no file */
+
+	snprintf(p, sizeof(p), "%s/agentd.status.json", e.state_dir);
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fputs("{\"pid\": 7, \"state\": \"running\", \"workers\": ["
+	      "{\"slot\": 0, \"pid\": 8, \"state\": \"running\", \"done\": 10, \"crashes\": 0,"
+	      " \"hangs\": 0, \"last_exit\": \"\"},"
+	      "{\"slot\": 1, \"pid\": 0, \"state\": \"backoff\", \"done\": 4, \"crashes\": 2,"
+	      " \"hangs\": 1, \"last_exit\": \"signal 9\"},"
+	      "{\"slot\": 2, \"pid\": 9, \"state\": \"running\", \"done\": 0}]}", f);
+	assert_int_equal(fclose(f), 0);
+	st = sc_agentd_status(&e);
+	assert_non_null(st);
+	f = open_memstream(&out, &len);
+	assert_non_null(f);
+	sc_print_agentd(f, st);
+	assert_int_equal(fclose(f), 0);
+	assert_string_equal(out, "agentd running: 3 workers (2 running, 1 backoff); 14 tasks "
+			    "done, 2 crashes, 1 hangs; last exit: signal 9\n");
+	free(out);
+	json_decref(st);
+
+	/* not an object, or not JSON: ignored */
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fputs("[1, 2]", f);
+	assert_int_equal(fclose(f), 0);
+	assert_null(sc_agentd_status(&e));
+	f = fopen(p, "w");
+	assert_non_null(f);
+	fputs("{\"pid\": ", f);
+	assert_int_equal(fclose(f), 0);
+	assert_null(sc_agentd_status(&e));
+	assert_int_equal(unlink(p), 0);
+	assert_int_equal(rmdir(e.state_dir), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -170,6 +223,7 @@ int main(void)
 		cmocka_unit_test(test_device_memory_odd_input),
 		cmocka_unit_test(test_print_gpud),
 		cmocka_unit_test(test_print_queue),
+		cmocka_unit_test(test_agentd_status),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
