@@ -20,7 +20,8 @@
  *   redis/   Redis data (appendonly)
  *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root)
  *   models/  builtin.gguf
- *   swarm.json, swarmctl.lock
+ *   swarm.json, swarmctl.lock, agentd.status.json (written by agentd's
+ *   supervisor: its workers, read by status and top)
  */
 #ifndef SWARMCTL_SERVICES_H
 #define SWARMCTL_SERVICES_H
