@@ -135,6 +135,8 @@ struct gpud_daemon {
 	struct gpud_server *server;
 	uv_signal_t sig_term, sig_int, sig_usr1;
 	uv_timer_t poll_timer, deadline_timer;
+	uv_timer_t sample_timer;   /* the server's pools, for the watchdog */
+	int wd_req, wd_conn;       /* watchdog ids of server.requests / .connections */
 	bool handles_ok;
 	atomic_bool draining;  /* SIGTERM seen (read by device threads) */
 	bool finishing;
@@ -677,6 +679,35 @@ static int svc_tokenize(void *svc, const struct proto_text_req *req, int32_t *id
 
 /* --- stats -------------------------------------------------------------------- */
 
+static void server_pool(struct gpud_daemon *d, struct gpud_stats_snapshot *s, const char *name,
+			int wid, uint64_t cap, uint64_t used, uint64_t high, uint64_t unit_bytes)
+{
+	struct gpud_memwatch_status ws;
+	struct gpud_stats_pool *p;
+
+	if (s->n_pools >= GPUD_STATS_MAX_POOLS)
+		return;
+	p = &s->pools[s->n_pools++];
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->unit = "slots";
+	p->unit_bytes = unit_bytes;
+	p->capacity = cap;
+	p->used = used <= cap ? used : cap;
+	p->free = cap - p->used;
+	p->high = high;
+	p->largest_free_run = p->free;
+	p->trough = p->trough_k_ago = p->used;
+	pthread_mutex_lock(&d->watch_lock);
+	if (gpud_memwatch_status(d->watch, wid, &ws) == 0) {
+		p->trough = ws.trough;
+		p->trough_k_ago = ws.trough_k_ago;
+		p->rising = ws.rising;
+		snprintf(p->warning, sizeof(p->warning), "%s", ws.warning ? ws.warning : "");
+	}
+	pthread_mutex_unlock(&d->watch_lock);
+}
+
 static void fill_snapshot(struct gpud_daemon *d, bool mem)
 {
 	struct gpud_stats_snapshot *s = &d->snap;
@@ -734,6 +765,13 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 		gpud_snapshot_add_device(s, &n); /* copies the warnings while locked */
 		pthread_mutex_unlock(&d->watch_lock);
 	}
+	server_pool(d, s, "server.requests", d->wd_req, d->cfg.gpud.queue.global, ss.in_flight,
+		    ss.in_flight_high,
+		    sizeof(struct proto_submit) + d->cfg.gpud.stage_bytes +
+		    (sizeof(struct req_priv) + 15) / 16 * 16);
+	server_pool(d, s, "server.connections", d->wd_conn, d->cfg.gpud.max_connections,
+		    ss.connections, ss.connections_high,
+		    d->cfg.gpud.ring_bytes + d->cfg.gpud.request_bytes);
 	(void)mem;
 }
 
@@ -916,6 +954,8 @@ static void finish(struct gpud_daemon *d)
 	if (d->handles_ok) {
 		uv_timer_stop(&d->poll_timer);
 		uv_timer_stop(&d->deadline_timer);
+		uv_timer_stop(&d->sample_timer);
+		uv_close((uv_handle_t *)&d->sample_timer, on_close_noop);
 		uv_close((uv_handle_t *)&d->sig_term, on_close_noop);
 		uv_close((uv_handle_t *)&d->sig_int, on_close_noop);
 		uv_close((uv_handle_t *)&d->sig_usr1, on_close_noop);
@@ -926,6 +966,22 @@ static void finish(struct gpud_daemon *d)
 	if (d->metrics)
 		gpud_metrics_close(d->metrics);
 #endif
+}
+
+/* The server's slot pools feed the watchdog like the devices' pools do:
+ * a request or connection slot that never comes back shows as a rising
+ * trough. */
+static void on_sample(uv_timer_t *t)
+{
+	struct gpud_daemon *d = t->data;
+	struct gpud_server_stats ss;
+	uint64_t now = now_ms();
+
+	gpud_server_stats(d->server, &ss);
+	pthread_mutex_lock(&d->watch_lock);
+	gpud_memwatch_sample(d->watch, d->wd_req, now, ss.in_flight);
+	gpud_memwatch_sample(d->watch, d->wd_conn, now, ss.connections);
+	pthread_mutex_unlock(&d->watch_lock);
 }
 
 static void on_poll(uv_timer_t *t)
@@ -1176,7 +1232,7 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 	struct gpud_engine *engines[SW_CONFIG_MAX_DEVICES];
 	struct gpud_sched_params sp;
 	struct gpud_memwatch_params wp = {
-		.max_pools = 2 * SW_CONFIG_MAX_DEVICES,
+		.max_pools = 2 * SW_CONFIG_MAX_DEVICES + 2,
 		.window_ms = g->watchdog.window_ms,
 		.k = g->watchdog.k,
 		.min_rise = 1,
@@ -1274,6 +1330,13 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 			return SW_EEXHAUSTED;
 		}
 		log_info("reserved %s in all (plan %s)", a, b);
+	}
+
+	d->wd_req = gpud_memwatch_register(d->watch, "server.requests", g->queue.global);
+	d->wd_conn = gpud_memwatch_register(d->watch, "server.connections", g->max_connections);
+	if (d->wd_req < 0 || d->wd_conn < 0) {
+		log_error("watchdog registration failed");
+		return -EINVAL;
 	}
 
 	gpud_sched_params_default(&sp);
@@ -1523,8 +1586,9 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	uv_signal_init(&d->loop, &d->sig_usr1);
 	uv_timer_init(&d->loop, &d->poll_timer);
 	uv_timer_init(&d->loop, &d->deadline_timer);
+	uv_timer_init(&d->loop, &d->sample_timer);
 	d->sig_term.data = d->sig_int.data = d->sig_usr1.data = d;
-	d->poll_timer.data = d->deadline_timer.data = d;
+	d->poll_timer.data = d->deadline_timer.data = d->sample_timer.data = d;
 	d->handles_ok = true;
 	uv_signal_start(&d->sig_term, on_signal, SIGTERM);
 	uv_signal_start(&d->sig_int, on_signal, SIGINT);
@@ -1536,6 +1600,7 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 		goto out_fail;
 	}
 	d->last_rate_t = now_s();
+	uv_timer_start(&d->sample_timer, on_sample, IDLE_WAIT_MS, IDLE_WAIT_MS);
 	gpud_alloc_warmup_done();
 	log_info("listening on %s (%u device%s) after %.2f s of start-up", cfg->gpud.socket,
 		 d->n_dev, d->n_dev == 1 ? "" : "s", now_s() - t0);
