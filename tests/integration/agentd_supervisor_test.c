@@ -1,0 +1,619 @@
+/* agentd_supervisor_test.c - `agentd --config FILE` (agentd/supervisor.h)
+ * as a process, against real Redis, PostgreSQL + pgvector and one real
+ * `gpud serve` (stories260K) shared by the tests:
+ *   - N workers kept alive; kill -9 of one: restarted after the backoff,
+ *     the others untouched; SIGTERM: exit 0, no worker left;
+ *   - a crash loop (a migration that fails: every worker exits 1 at
+ *     start): marked failed after crash_limit, supervisor exits 1;
+ *   - a hung worker (SIGSTOP): killed and restarted;
+ *   - SIGTERM with a summarize task in flight: it finishes or stays
+ *     pending, nothing acknowledged unfinished, exit 0;
+ *   - recycling after max_tasks_per_worker (exit 0, not a crash);
+ *   - the supervisor killed with -9: its workers drain by themselves;
+ *   - usage and configuration errors.
+ * The binary uses the default stream names, so the tests use Redis
+ * database REDIS_DB (flushed) and a fresh PostgreSQL database each.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "common/log.h"
+#include "common/time.h"
+#include "tests/integration/gpud_harness.h"
+#include "tests/integration/harness.h"
+
+#define REDIS_DB 5 /* agentd_e2e uses 3 */
+#define MAX_W 8
+
+static struct gpud_it gpud;
+
+struct fx {
+	char dir[64];
+	char dbname[64];
+	char pg_url[1024];
+	char config[256], status[256], log[256], out[256];
+	redisContext *redis;
+	PGconn *pg;
+	pid_t sup;
+};
+
+static void admin(const char *sql)
+{
+	PGconn *c = PQconnectdb(it_pg_url());
+	PGresult *r = PQexec(c, sql);
+
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		fail_msg("%s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+}
+
+static void redis_cmd(struct fx *f, const char *cmd)
+{
+	redisReply *r = redisCommand(f->redis, cmd);
+
+	assert_non_null(r);
+	freeReplyObject(r);
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	return gpud_it_start(&gpud, NULL) == 0 ? 0 : -1;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	if (gpud.pid)
+		gpud_it_stop(&gpud, SIGTERM, 20000);
+	gpud_it_free(&gpud);
+	return 0;
+}
+
+static int counter;
+
+static int setup(void **state)
+{
+	struct fx *f = calloc(1, sizeof(*f));
+	const char *base = it_pg_url(), *path;
+	char sql[128], host[256];
+	int port;
+
+	snprintf(f->dir, sizeof(f->dir), "/tmp/agentd-sup-XXXXXX");
+	if (!mkdtemp(f->dir))
+		return -1;
+	snprintf(f->dbname, sizeof(f->dbname), "agentd_sup_%d_%d", (int)getpid(), counter++);
+	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
+	admin(sql);
+	path = strchr(strstr(base, "://") + 3, '/');
+	snprintf(f->pg_url, sizeof(f->pg_url), "%.*s/%s", (int)(path - base), base, f->dbname);
+	f->pg = PQconnectdb(f->pg_url);
+	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
+		return -1;
+	f->redis = redisConnect(host, port);
+	if (!f->redis || f->redis->err)
+		return -1;
+	snprintf(sql, sizeof(sql), "SELECT %d", REDIS_DB);
+	redis_cmd(f, sql);
+	redis_cmd(f, "FLUSHDB");
+	snprintf(f->config, sizeof(f->config), "%s/agentd.json", f->dir);
+	snprintf(f->status, sizeof(f->status), "%s/state/agentd.status.json", f->dir);
+	snprintf(f->log, sizeof(f->log), "%s/agentd.log", f->dir);
+	snprintf(f->out, sizeof(f->out), "%s/agentd.out", f->dir);
+	*state = f;
+	return 0;
+}
+
+static void print_tail(const char *path, int lines)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "tail -n %d %s | cut -c1-300 >&2", lines, path);
+	if (system(cmd) != 0)
+		fprintf(stderr, "(no %s)\n", path);
+}
+
+static int teardown(void **state)
+{
+	struct fx *f = *state;
+	char sql[128], cmd[128];
+	int status;
+
+	if (f->sup > 0) { /* a failed test: take everything down */
+		kill(f->sup, SIGKILL);
+		waitpid(f->sup, &status, 0);
+		print_tail(f->log, 40);
+		print_tail(f->out, 10);
+	}
+	redis_cmd(f, "FLUSHDB");
+	redisFree(f->redis);
+	PQfinish(f->pg);
+	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
+	admin(sql);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", f->dir);
+	free(f);
+	return 0;
+}
+
+/* The agentd members every test sets itself (a key may appear once). */
+#define BASE "\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, \"crash_limit\": 3, "
+
+/* agentd members beyond the common ones ("\"workers\": 2, ..."). */
+static void write_config(struct fx *f, const char *agentd)
+{
+	FILE *fp = fopen(f->config, "w");
+
+	assert_non_null(fp);
+	fprintf(fp,
+		"{\"state_dir\": \"%s/state\", \"log\": {\"level\": \"info\", \"file\": \"%s\"},"
+		" \"redis\": {\"url\": \"%s/%d\"}, \"postgres\": {\"url\": \"%s\"},"
+		" \"gpud\": {\"socket\": \"%s\"},"
+		" \"agentd\": {\"max_attempts\": 3, \"heartbeat_ms\": 200,"
+		" \"restart_backoff_max_ms\": 2000, \"crash_window_ms\": 10000, %s}}\n",
+		f->dir, f->log, it_redis_url(), REDIS_DB, f->pg_url, gpud.socket, agentd);
+	fclose(fp);
+}
+
+static void start_sup(struct fx *f, const char *sql_dir)
+{
+	f->sup = fork();
+	assert_true(f->sup >= 0);
+	if (f->sup == 0) {
+		int out = open(f->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+
+		dup2(out, 1);
+		dup2(out, 2);
+		execl(AGENTD_BIN, "agentd", "--config", f->config, "--sql-dir", sql_dir,
+		      (char *)NULL);
+		_exit(127);
+	}
+}
+
+/* Waits up to ms for the supervisor to exit; returns its wait status or
+ * -1 (still running). */
+static int wait_sup(struct fx *f, int ms)
+{
+	int status;
+
+	for (int t = 0; t <= ms; t += 50) {
+		if (waitpid(f->sup, &status, WNOHANG) == f->sup) {
+			f->sup = 0;
+			return status;
+		}
+		sw_sleep_ms(50);
+	}
+	return -1;
+}
+
+static void stop_sup(struct fx *f)
+{
+	int status;
+
+	kill(f->sup, SIGTERM);
+	status = wait_sup(f, 40000);
+	if (status == -1)
+		fail_msg("the supervisor did not exit within 40 s of SIGTERM");
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+}
+
+/* One worker slot as the status file shows it. */
+struct wstat {
+	int pid;
+	char state[16];
+	long long spawns, crashes, recycles, hangs, done;
+	char last_exit[32];
+};
+
+/* Reads the status file into w[] (up to MAX_W) and its "state" into
+ * sup_state. Returns the number of workers, or -1 when it cannot be read. */
+static int read_status(struct fx *f, struct wstat *w, char *sup_state, size_t len)
+{
+	json_t *root = json_load_file(f->status, 0, NULL), *arr, *e;
+	size_t i;
+	int n = 0;
+
+	if (!root)
+		return -1;
+	if (sup_state)
+		snprintf(sup_state, len, "%s", json_string_value(json_object_get(root, "state")));
+	arr = json_object_get(root, "workers");
+	json_array_foreach(arr, i, e) {
+		if (n >= MAX_W)
+			break;
+		w[n].pid = (int)json_integer_value(json_object_get(e, "pid"));
+		snprintf(w[n].state, sizeof(w[n].state), "%s",
+			 json_string_value(json_object_get(e, "state")));
+		w[n].spawns = json_integer_value(json_object_get(e, "spawns"));
+		w[n].crashes = json_integer_value(json_object_get(e, "crashes"));
+		w[n].recycles = json_integer_value(json_object_get(e, "recycles"));
+		w[n].hangs = json_integer_value(json_object_get(e, "hangs"));
+		w[n].done = json_integer_value(json_object_get(e, "done"));
+		snprintf(w[n].last_exit, sizeof(w[n].last_exit), "%s",
+			 json_string_value(json_object_get(e, "last_exit")));
+		n++;
+	}
+	json_decref(root);
+	return n;
+}
+
+/* Waits until every one of n workers is "running" (it has beaten). */
+static bool wait_all_running(struct fx *f, int n, struct wstat *w, int ms)
+{
+	for (int t = 0; t < ms; t += 50) {
+		int got = read_status(f, w, NULL, 0), running = 0;
+
+		for (int i = 0; i < got; i++)
+			running += strcmp(w[i].state, "running") == 0;
+		if (got == n && running == n)
+			return true;
+		sw_sleep_ms(50);
+	}
+	return false;
+}
+
+static bool alive(pid_t pid)
+{
+	char path[64], buf[256];
+	FILE *fp;
+	char *p;
+	bool z = false;
+
+	if (kill(pid, 0) != 0)
+		return false;
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fp = fopen(path, "r");
+	if (!fp)
+		return false;
+	if (fgets(buf, sizeof(buf), fp) && (p = strrchr(buf, ')')) && p[1] == ' ')
+		z = p[2] == 'Z' || p[2] == 'X';
+	fclose(fp);
+	return !z;
+}
+
+static bool file_has(const char *path, const char *needle)
+{
+	return gpud_it_file_has(path, needle);
+}
+
+static long long pg_int(struct fx *f, const char *sql)
+{
+	PGresult *r = PQexec(f->pg, sql);
+	long long v = -1;
+
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+static bool wait_pg(struct fx *f, const char *sql, long long want, int ms)
+{
+	for (int t = 0; t < ms; t += 100) {
+		if (pg_int(f, sql) == want)
+			return true;
+		sw_sleep_ms(100);
+	}
+	return false;
+}
+
+static long long redis_int(struct fx *f, const char *cmd)
+{
+	redisReply *r = redisCommand(f->redis, cmd);
+	long long v = -1;
+
+	if (r && r->type == REDIS_REPLY_INTEGER)
+		v = r->integer;
+	else if (r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
+		 r->element[0]->type == REDIS_REPLY_INTEGER)
+		v = r->element[0]->integer; /* XPENDING summary: the count */
+	freeReplyObject(r);
+	return v;
+}
+
+static void xadd(struct fx *f, const char *task)
+{
+	redisReply *r = redisCommand(f->redis, "XADD swarm:tasks * task %s", task);
+
+	assert_non_null(r);
+	assert_int_equal(r->type, REDIS_REPLY_STRING);
+	freeReplyObject(r);
+}
+
+static const char story[] =
+	"Once upon a time there was a little cat named Tom. Tom liked to play in the garden. "
+	"One day he saw a big red ball under the tree. He ran to the ball and pushed it. "
+	"The ball rolled down the hill and Tom ran after it. At the bottom of the hill he met a "
+	"dog named Max. Max was friendly and wanted to play too. Together they played with the "
+	"ball all afternoon. When the sun went down Tom went home. His mom gave him milk and he "
+	"fell asleep happy. The next morning Tom ran back to the hill to find Max again.";
+
+/* --- tests ---------------------------------------------------------------- */
+
+static void test_keeps_n_alive_and_restarts_killed(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W], v[MAX_W];
+	char sup_state[32];
+	bool ok;
+
+	write_config(f, BASE "\"workers\": 3");
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 3, w, 30000));
+	for (int i = 0; i < 3; i++) {
+		assert_true(alive(w[i].pid));
+		assert_int_equal(w[i].spawns, 1);
+		assert_int_equal(w[i].crashes, 0);
+	}
+	assert_int_equal(kill(w[1].pid, SIGKILL), 0);
+	ok = false;
+	for (int t = 0; t < 20000 && !ok; t += 50) {
+		sw_sleep_ms(50);
+		ok = read_status(f, v, NULL, 0) == 3 && v[1].pid != w[1].pid && v[1].pid != 0 &&
+		     strcmp(v[1].state, "running") == 0;
+	}
+	assert_true(ok);
+	assert_int_equal(v[1].spawns, 2);
+	assert_int_equal(v[1].crashes, 1);
+	assert_string_equal(v[1].last_exit, "signal 9");
+	assert_int_equal(v[0].pid, w[0].pid); /* the others untouched */
+	assert_int_equal(v[2].pid, w[2].pid);
+	assert_int_equal(v[0].crashes + v[2].crashes, 0);
+	assert_true(file_has(f->log, "worker 1 (pid"));
+	assert_true(file_has(f->log, "signal 9 after"));
+	assert_true(file_has(f->log, "restarting in 300 ms"));
+	assert_false(alive(w[1].pid));
+
+	stop_sup(f);
+	for (int i = 0; i < 3; i++)
+		assert_false(alive(v[i].pid));
+	assert_int_equal(read_status(f, v, sup_state, sizeof(sup_state)), 3);
+	assert_string_equal(sup_state, "stopped");
+	for (int i = 0; i < 3; i++) {
+		assert_string_equal(v[i].state, "stopped");
+		assert_int_equal(v[i].pid, 0);
+	}
+	assert_true(file_has(f->log, "drained: every worker has exited"));
+}
+
+static void test_crash_loop_marked_failed(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	char sql_dir[128], path[192], sup_state[32];
+	FILE *fp;
+	int status;
+
+	/* A migration that always fails: `agentd worker` exits 1 at start. */
+	snprintf(sql_dir, sizeof(sql_dir), "%s/sql", f->dir);
+	assert_int_equal(mkdir(sql_dir, 0755), 0);
+	snprintf(path, sizeof(path), "%s/001_broken.sql", sql_dir);
+	fp = fopen(path, "w");
+	assert_non_null(fp);
+	fprintf(fp, "THIS IS NOT SQL;\n");
+	fclose(fp);
+	write_config(f, "\"lease_ms\": 2000, \"workers\": 2, \"restart_backoff_min_ms\": 50, "
+			 "\"crash_limit\": 2");
+	start_sup(f, sql_dir);
+	status = wait_sup(f, 60000);
+	if (status == -1)
+		fail_msg("the supervisor did not give up on crash-looping workers");
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 1);
+	assert_int_equal(read_status(f, w, sup_state, sizeof(sup_state)), 2);
+	assert_string_equal(sup_state, "failed");
+	for (int i = 0; i < 2; i++) {
+		assert_string_equal(w[i].state, "failed");
+		assert_int_equal(w[i].crashes, 3); /* more than crash_limit */
+		assert_int_equal(w[i].spawns, 3);
+		assert_string_equal(w[i].last_exit, "exit 1");
+		assert_int_equal(w[i].pid, 0);
+	}
+	assert_true(file_has(f->log, "marked failed, not restarted"));
+	assert_true(file_has(f->log, "restarting in 50 ms"));
+	assert_true(file_has(f->log, "restarting in 100 ms")); /* doubled */
+	assert_true(file_has(f->log, "every worker (2) has failed"));
+}
+
+static void test_hung_worker_killed_and_restarted(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W], v[MAX_W];
+	bool ok = false;
+
+	write_config(f, BASE "\"workers\": 1");
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 1, w, 30000));
+	assert_int_equal(kill(w[0].pid, SIGSTOP), 0);
+	for (int t = 0; t < 20000 && !ok; t += 50) {
+		sw_sleep_ms(50);
+		ok = read_status(f, v, NULL, 0) == 1 && v[0].pid != w[0].pid && v[0].pid != 0 &&
+		     strcmp(v[0].state, "running") == 0;
+	}
+	assert_true(ok);
+	assert_int_equal(v[0].hangs, 1);
+	assert_int_equal(v[0].crashes, 1);
+	assert_string_equal(v[0].last_exit, "signal 9");
+	assert_true(file_has(f->log, "hung, killing it"));
+	assert_true(file_has(f->log, "(killed: hung)"));
+	assert_false(alive(w[0].pid));
+	stop_sup(f);
+}
+
+static void test_drain_with_task_in_flight(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	char task[16384];
+	size_t off;
+	long long done, pending, results, before;
+
+	write_config(f, "\"restart_backoff_min_ms\": 300, \"crash_limit\": 3, \"workers\": 2, "
+			 "\"lease_ms\": 20000");
+	/* A long document: many chunks, many partial summaries. */
+	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
+	for (int i = 0; i < 8; i++)
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+	snprintf(task + off, sizeof(task) - off, "\"}");
+	xadd(f, task);
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 2, w, 30000));
+	/* after the ingest, or another worker would find no document yet */
+	if (!wait_pg(f, "SELECT count(*) FROM tasks WHERE id = 'in' AND status = 'completed'", 1,
+		     60000))
+		fail_msg("the ingest did not complete");
+	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
+	if (!wait_pg(f, "SELECT (count(*) >= 2)::int FROM summaries", 1, 60000))
+		fail_msg("no summaries made");
+	before = pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
+	stop_sup(f);
+	for (int i = 0; i < 2; i++)
+		assert_false(alive(w[i].pid));
+	done = pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
+	pending = redis_int(f, "XPENDING swarm:tasks agents");
+	results = redis_int(f, "XLEN swarm:results");
+	fprintf(stderr, "drain: summarize %s at SIGTERM, %s after; %lld pending, %lld summaries, "
+		"%lld results\n", before ? "completed" : "in flight",
+		done ? "completed" : "not completed", pending,
+		pg_int(f, "SELECT count(*) FROM summaries"), results);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'in' AND "
+				   "status = 'completed'"), 1);
+	if (done) {
+		assert_int_equal(pending, 0);
+		assert_int_equal(results, 2);
+		assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	} else {
+		/* handed back: still pending, not acknowledged, no event */
+		assert_int_equal(pending, 1);
+		assert_int_equal(results, 1);
+		assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 0);
+	}
+	assert_int_equal(redis_int(f, "XLEN swarm:dead"), 0);
+	assert_true(file_has(f->log, "SIGTERM: draining 2 workers"));
+}
+
+static void test_recycle_after_max_tasks(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	char task[512];
+	bool ok = false;
+
+	write_config(f, BASE "\"workers\": 1, \"max_tasks_per_worker\": 2");
+	for (int i = 0; i < 5; i++) {
+		snprintf(task, sizeof(task),
+			 "{\"id\":\"t%d\",\"kind\":\"ingest\",\"text\":\"Sentence number %d about "
+			 "a cat.\"}",
+			 i, i);
+		xadd(f, task);
+	}
+	start_sup(f, "config/sql");
+	if (!wait_pg(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 5, 60000))
+		fail_msg("the tasks did not complete");
+	for (int t = 0; t < 10000 && !ok; t += 50) {
+		sw_sleep_ms(50);
+		ok = read_status(f, w, NULL, 0) == 1 && w[0].recycles >= 2 && w[0].pid != 0;
+	}
+	assert_true(ok);
+	assert_int_equal(w[0].crashes, 0);
+	assert_int_equal(w[0].spawns, w[0].recycles + 1);
+	assert_true(file_has(f->log, "recycled, restarting now"));
+	assert_false(file_has(f->log, "restarting in"));
+	stop_sup(f);
+	assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 0);
+}
+
+static void test_supervisor_killed_workers_drain(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	bool gone = false;
+	int status;
+
+	write_config(f, BASE "\"workers\": 2");
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 2, w, 30000));
+	kill(f->sup, SIGKILL);
+	waitpid(f->sup, &status, 0);
+	f->sup = 0;
+	for (int t = 0; t < 20000 && !gone; t += 50) {
+		sw_sleep_ms(50);
+		gone = !alive(w[0].pid) && !alive(w[1].pid);
+	}
+	assert_true(gone);
+	assert_true(file_has(f->log, "drained"));
+}
+
+static int run_bin(const char *const *args)
+{
+	int status;
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		int null = open("/dev/null", O_WRONLY);
+
+		dup2(null, 1);
+		dup2(null, 2);
+		execv(AGENTD_BIN, (char *const *)args);
+		_exit(127);
+	}
+	waitpid(pid, &status, 0);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+static void test_usage_errors(void **state)
+{
+	const char *none[] = { "agentd", NULL };
+	const char *extra[] = { "agentd", "--config", "config/swarm.json", "stray", NULL };
+	const char *missing[] = { "agentd", "--config", "/nonexistent.json", NULL };
+	const char *check[] = { "agentd", "-n", "--config", "config/swarm.json", NULL };
+
+	(void)state;
+	assert_int_equal(run_bin(none), 2);
+	assert_int_equal(run_bin(extra), 2);
+	assert_int_equal(run_bin(missing), 1);
+	assert_int_equal(run_bin(check), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_usage_errors),
+		cmocka_unit_test_setup_teardown(test_keeps_n_alive_and_restarts_killed, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_crash_loop_marked_failed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_hung_worker_killed_and_restarted, setup,
+						teardown),
+		cmocka_unit_test_setup_teardown(test_recycle_after_max_tasks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_drain_with_task_in_flight, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_supervisor_killed_workers_drain, setup,
+						teardown),
+	};
+	int rc = it_start(IT_REDIS | IT_PG);
+
+	if (rc)
+		return rc;
+	signal(SIGPIPE, SIG_IGN);
+	sw_log_init("agentd-sup-test", SW_LOG_WARN);
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
