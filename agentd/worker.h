@@ -1,7 +1,7 @@
 /* worker.h - one agentd worker process: claim -> run -> commit -> XACK
  * -> event, for as long as it is told (issue 5, DESIGN §6).
  *
- * The supervisor (later) runs `agentd worker --config FILE
+ * The supervisor (supervisor.h) runs `agentd worker --config FILE
  * [--heartbeat-fd N]`; agentd_worker_main() is that command.
  *
  * Heartbeats: when a heartbeat fd is given (--heartbeat-fd N, or the
