@@ -52,6 +52,25 @@ static uint64_t u64(const json_t *o, const char *key)
 							       : 0;
 }
 
+/* True when name is one of STATS' devices; without a device list every
+ * pool prefix counts as one. */
+static bool is_device(const json_t *stats, const char *name)
+{
+	const json_t *devs = json_object_get(stats, "devices");
+	size_t i;
+	json_t *d;
+
+	if (!json_is_array(devs))
+		return true;
+	json_array_foreach(devs, i, d) {
+		const char *n = json_string_value(json_object_get(d, "name"));
+
+		if (n && !strcmp(n, name))
+			return true;
+	}
+	return false;
+}
+
 json_t *sc_device_memory(const json_t *stats)
 {
 	json_t *out = json_array(), *pool;
@@ -70,8 +89,9 @@ json_t *sc_device_memory(const json_t *stats)
 		if (!unit)
 			unit = 1;
 		dot = strchr(name, '.');
-		snprintf(dev, sizeof(dev), "%.*s", dot ? (int)(dot - name) : 6,
-			 dot ? name : "shared");
+		snprintf(dev, sizeof(dev), "%.*s", dot ? (int)(dot - name) : 4, dot ? name : "host");
+		if (!is_device(stats, dev))
+			snprintf(dev, sizeof(dev), "host");
 		json_array_foreach(out, k, v)
 			if (!strcmp(json_string_value(json_object_get(v, "device")), dev))
 				d = v;
@@ -132,21 +152,21 @@ void sc_print_gpud(FILE *f, const json_t *stats)
 			mib(u64(v, "high_bytes")), mib(u64(v, "trough_bytes")),
 			mib(u64(v, "capacity_bytes")));
 	json_decref(mem);
-	fprintf(f, "%-16s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
+	fprintf(f, "%-20s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
 		"UNIT");
 	json_array_foreach(json_object_get(stats, "pools"), i, v) {
-		fprintf(f, "%-16s %10llu %10llu %10llu %10llu %s%s\n", str(v, "name"),
+		fprintf(f, "%-20s %10llu %10llu %10llu %10llu %s%s\n", str(v, "name"),
 			(unsigned long long)u64(v, "used"), (unsigned long long)u64(v, "high"),
 			(unsigned long long)u64(v, "capacity"), (unsigned long long)u64(v, "trough"),
 			json_string_value(json_object_get(v, "unit")) ? str(v, "unit") : "",
 			json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
 	}
-	fprintf(f, "%-16s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
+	fprintf(f, "%-20s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
 		"ENTRIES");
 	json_array_foreach(json_object_get(stats, "caches"), i, v) {
 		double h = (double)u64(v, "hits"), m = (double)u64(v, "misses");
 
-		fprintf(f, "%-16s %10.0f %10.0f %9.1f%% %10llu\n", str(v, "name"), h, m,
+		fprintf(f, "%-20s %10.0f %10.0f %9.1f%% %10llu\n", str(v, "name"), h, m,
 			h + m > 0 ? 100 * h / (h + m) : 0.0, (unsigned long long)u64(v, "entries"));
 	}
 	json_array_foreach(json_object_get(json_object_get(stats, "watchdog"), "warnings"), i, v)

@@ -20,8 +20,8 @@ json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err
 		     size_t errlen);
 
 /* Per-device memory from a STATS object: pools grouped by the device
- * prefix of their name ("cpu0.kv" -> cpu0; pools without one -> "shared"),
- * in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
+ * prefix of their name ("cpu0.kv" -> cpu0), pools of no device in
+ * "devices" ("server.requests", "mask") under "host"; in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
  * capacity_bytes, trough_bytes} (new reference; empty when stats has no
  * pools). */
 json_t *sc_device_memory(const json_t *stats);

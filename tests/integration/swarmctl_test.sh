@@ -3,7 +3,7 @@
 # (issue 6): redis-server, a PostgreSQL cluster with pgvector, gpud on the
 # built-in model, agentd, all in a temporary state directory.
 #
-#   swarmctl_test.sh SWARMCTL [AGENTD]
+#   swarmctl_test.sh SWARMCTL
 #
 # Cases: the usual mistakes while nothing runs (stop, status, submit, a
 # wrong config path, a state directory too long for its sockets, a missing
@@ -14,17 +14,12 @@
 # stop again - the second round reuses the cluster and still has the first
 # round's results, and refuses a submit --wait once agentd is gone.
 #
-# agentd's supervisor (`agentd --config FILE`) is not written yet: while
-# `agentd` says so, one worker (`agentd worker`) stands in for it through
-# SWARM_AGENTD_BIN, so submit --wait has something to run its tasks.
-#
 # Exit: 0 pass, 1 fail, 77 skip (no redis-server, PostgreSQL or pgvector
 # on a developer machine; under CI=true a missing server fails).
 # Every process the test started is stopped on any exit.
 set -uo pipefail
 
-swarmctl=$(realpath "${1:?usage: swarmctl_test.sh SWARMCTL [AGENTD]}")
-agentd=${2:-$(dirname "$swarmctl")/../agentd/agentd}
+swarmctl=$(realpath "${1:?usage: swarmctl_test.sh SWARMCTL}")
 samples=docs/samples
 failures=0
 n=0
@@ -118,12 +113,6 @@ check() {
 
 ctl() { SWARM_STATE_DIR=$state "$swarmctl" "$@"; }
 
-if [[ $("$agentd" 2>&1 || true) == *"not implemented yet"* ]]; then
-	echo "# agentd's supervisor is not implemented yet: one agentd worker stands in"
-	printf '#!/bin/sh\nexec %q worker "$@"\n' "$(realpath "$agentd")" >"$top/agentd"
-	chmod 755 "$top/agentd"
-	export SWARM_AGENTD_BIN=$top/agentd
-fi
 unset SWARM_MODEL SWARM_CONFIG
 
 # --- the usual mistakes, nothing running ------------------------------------
@@ -194,10 +183,8 @@ for round in 1 2; do
 	check "round $round: status" 0 "redis +up" "postgres +up" "gpud +up" "agentd +up" \
 		"queue: [0-9]+ waiting, [0-9]+ pending" "DEVICE +USED MiB" "cpu0 " \
 		"CACHE +HITS" -- ctl status
-	if [ -z "${SWARM_AGENTD_BIN:-}" ]; then # the real supervisor
-		check "round $round: status shows agentd's workers" 0 "agentd [a-z]+: 2 workers" \
-			-- ctl status
-	fi
+	check "round $round: status shows agentd's workers" 0 "agentd [a-z]+: 2 workers" \
+		-- ctl status
 	check "round $round: status --json" 0 '"device_memory"' '"queue"' '"pending"' \
 		'"up": true' -- ctl status --json
 	check "round $round: double start refused" 1 "already running" -- ctl start

@@ -24,6 +24,7 @@ static const char stats_json[] =
 	" \"tokens\": {\"prompt\": 100, \"cached_prompt\": 20, \"generated\": 50, \"per_s\": 237.5},"
 	" \"alloc\": {\"counted\": true, \"warm\": true,"
 	"   \"since_warmup\": {\"host\": 0, \"device\": 0}, \"total\": {\"host\": 9}},"
+	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1}, {\"name\": \"cuda:1\"}],"
 	" \"pools\": ["
 	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
 	"   \"used\": 10, \"free\": 90, \"high\": 12, \"trough\": 4, \"rising\": false},"
@@ -32,7 +33,9 @@ static const char stats_json[] =
 	"  {\"name\": \"cuda:1.kv\", \"unit\": \"blocks\", \"unit_bytes\": 1048576, \"capacity\": 8,"
 	"   \"used\": 3, \"high\": 5, \"trough\": 2, \"rising\": true},"
 	"  {\"name\": \"mask\", \"unit\": \"slots\", \"unit_bytes\": 100, \"capacity\": 10,"
-	"   \"used\": 1, \"high\": 1, \"trough\": 0}"
+	"   \"used\": 1, \"high\": 1, \"trough\": 0},"
+	"  {\"name\": \"server.requests\", \"unit\": \"slots\", \"unit_bytes\": 1000,"
+	"   \"capacity\": 4, \"used\": 2, \"high\": 3, \"trough\": 1}"
 	" ],"
 	" \"caches\": [{\"name\": \"cpu0.prefix\", \"hits\": 3, \"misses\": 1, \"entries\": 4}],"
 	" \"watchdog\": {\"rising\": true, \"warnings\": [\"cuda:1.kv trough rising\"]}}";
@@ -72,9 +75,12 @@ static void test_device_memory(void **state)
 	assert_non_null(d);
 	assert_int_equal(field(d, "used_bytes"), 3 * 1048576);
 	assert_int_equal(field(d, "capacity_bytes"), 8 * 1048576);
-	d = find_dev(mem, "shared");
+	/* "mask" and "server.requests" belong to no device */
+	d = find_dev(mem, "host");
 	assert_non_null(d);
-	assert_int_equal(field(d, "used_bytes"), 100);
+	assert_int_equal(field(d, "used_bytes"), 100 + 2000);
+	assert_int_equal(field(d, "capacity_bytes"), 1000 + 4000);
+	assert_null(find_dev(mem, "server"));
 	json_decref(mem);
 	json_decref(stats);
 }
