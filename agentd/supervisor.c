@@ -537,9 +537,19 @@ static int sup_init(struct sup *sp, const struct agent_sup_opts *o, char *err, s
 	sp->tick_ms = sp->hang_ms / 4 ? sp->hang_ms / 4 : 1;
 	if (sp->tick_ms > 1000)
 		sp->tick_ms = 1000;
-	if (snprintf(sp->exe, sizeof(sp->exe), "%s", o->exe ? o->exe : "/proc/self/exe") >=
-	    (int)sizeof(sp->exe))
-		return sw_seterr(err, errlen, -ENAMETOOLONG, "executable path too long");
+	if (o->exe) {
+		if (snprintf(sp->exe, sizeof(sp->exe), "%s", o->exe) >= (int)sizeof(sp->exe))
+			return sw_seterr(err, errlen, -ENAMETOOLONG, "executable path too long");
+	} else {
+		/* The path this binary was started from (valgrind maps the
+		 * link to its client; /proc/self/exe itself would be the tool). */
+		ssize_t n = readlink("/proc/self/exe", sp->exe, sizeof(sp->exe) - 1);
+
+		if (n <= 0 || n >= (ssize_t)sizeof(sp->exe) - 1)
+			snprintf(sp->exe, sizeof(sp->exe), "/proc/self/exe");
+		else
+			sp->exe[n] = '\0';
+	}
 	if (o->sql_dir && snprintf(sp->sql_dir, sizeof(sp->sql_dir), "%s", o->sql_dir) >=
 				  (int)sizeof(sp->sql_dir))
 		return sw_seterr(err, errlen, -ENAMETOOLONG, "--sql-dir too long");

@@ -54,7 +54,7 @@
 struct agent_sup_opts {
 	const struct sw_config *cfg;  /* agentd.*, state_dir; borrowed for the run */
 	const char *config_path;      /* passed to the workers as --config */
-	const char *exe;              /* NULL = /proc/self/exe */
+	const char *exe;              /* NULL = this binary (readlink of /proc/self/exe) */
 	const char *sql_dir;          /* passed as --sql-dir; NULL = worker default */
 	const char *status_path;      /* NULL = <state_dir>/agentd.status.json;
 				       * "" = no status file */

@@ -329,6 +329,22 @@ static void test_chaos_200_tasks(void **state)
 	assert_true(count(&c, "SELECT count(*) FROM documents") <= n_ingest + 1);
 	assert_int_equal(count(&c, "SELECT count(*) FROM (SELECT document_id, position FROM chunks "
 				   "GROUP BY 1, 2 HAVING count(*) > 1) d"), 0);
+	/* no worker crashed or hung, and each drained cleanly (exit 0; under
+	 * the sanitizers a leak would make it non-zero) */
+	{
+		json_t *root = json_load_file(status, 0, NULL), *e;
+		size_t i;
+
+		assert_non_null(root);
+		assert_string_equal(json_string_value(json_object_get(root, "state")), "stopped");
+		json_array_foreach(json_object_get(root, "workers"), i, e) {
+			assert_int_equal(json_integer_value(json_object_get(e, "crashes")), 0);
+			assert_string_equal(json_string_value(json_object_get(e, "last_exit")),
+					    "exit 0");
+		}
+		assert_int_equal(json_array_size(json_object_get(root, "workers")), N_WORKERS);
+		json_decref(root);
+	}
 	/* the restarts really happened under load */
 	assert_true(gpud_it_file_has(log, "reconnecting with backoff"));
 
