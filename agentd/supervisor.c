@@ -60,6 +60,7 @@ struct slot {
 	uint64_t crash_ms[CRASH_RING]; /* ring of crash times */
 	uint32_t crash_head;
 	uint64_t spawns, crashes, recycles, hangs, done;
+	char activity[16];        /* idle, busy or drain from the last beat; "" */
 	char last_exit[32];
 	char line[HB_LINE_MAX];   /* partial heartbeat line */
 	size_t line_len;
@@ -75,6 +76,7 @@ struct sup {
 	uint32_t n;
 	uint32_t drain_ms, hang_ms, tick_ms;
 	bool draining, killed_all, all_failed, closing;
+	bool dirty;               /* a beat changed what the status file shows */
 	char exe[PATH_MAX];
 	char status_path[PATH_MAX];
 	char sql_dir[PATH_MAX];
@@ -91,6 +93,7 @@ static void write_status(struct sup *sp)
 	json_t *root, *arr;
 	char tmp[PATH_MAX + 8];
 
+	sp->dirty = false;
 	if (!sp->status_path[0])
 		return;
 	root = json_object();
@@ -102,7 +105,7 @@ static void write_status(struct sup *sp)
 	for (uint32_t i = 0; i < sp->n; i++) {
 		const struct slot *s = &sp->slots[i];
 
-		json_array_append_new(arr, json_pack("{s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:s}",
+		json_array_append_new(arr, json_pack("{s:i, s:i, s:s, s:I, s:I, s:I, s:I, s:I, s:s, s:s}",
 						     "slot", s->index, "pid", s->pid, "state",
 						     slot_state_names[s->state], "spawns",
 						     (json_int_t)s->spawns, "crashes",
@@ -110,7 +113,7 @@ static void write_status(struct sup *sp)
 						     (json_int_t)s->recycles, "hangs",
 						     (json_int_t)s->hangs, "done",
 						     (json_int_t)s->done, "last_exit",
-						     s->last_exit));
+						     s->last_exit, "activity", s->activity));
 	}
 	json_object_set(root, "workers", arr);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", sp->status_path);
@@ -203,7 +206,11 @@ static void parse_beat(struct slot *s, const char *line)
 		return;
 	}
 	s->last_beat_ms = sw_now_ms();
-	s->done = done;
+	if (s->done != done || strcmp(s->activity, state) != 0) {
+		s->done = done;
+		snprintf(s->activity, sizeof(s->activity), "%s", state);
+		s->sup->dirty = true;
+	}
 	if (s->state == SLOT_STARTING) {
 		s->state = SLOT_RUNNING;
 		log_debug("worker %d (pid %d): first heartbeat (%s)", s->index, s->pid, state);
@@ -296,6 +303,7 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
 	}
 	s->pid = 0;
 	s->line_len = 0;
+	s->activity[0] = '\0';
 
 	if (sp->draining) {
 		log_info("worker %d (pid %d): %s after %" PRIu64 " ms (drain)", s->index, pid,
@@ -306,12 +314,17 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
 		return;
 	}
 	if (!crash && !s->killed_hung) {
+		/* A clean exit right after the start is no recycle (a worker
+		 * that has nothing to do and says so): wait the minimum backoff
+		 * instead of spinning. */
+		uint32_t delay = ran < AGENT_SUP_QUICK_EXIT_MS ? cfg->agentd.restart_backoff_min_ms : 0;
+
 		s->recycles++;
 		log_info("worker %d (pid %d): exit 0 after %" PRIu64 " ms, %" PRIu64
-			 " tasks done: recycled, restarting now",
-			 s->index, pid, ran, s->done);
+			 " tasks done: recycled, restarting %s",
+			 s->index, pid, ran, s->done, delay ? "after the minimum backoff" : "now");
 		s->state = SLOT_BACKOFF;
-		uv_timer_start(&s->restart, on_restart_timer, 0, 0);
+		uv_timer_start(&s->restart, on_restart_timer, delay, 0);
 		write_status(sp);
 		return;
 	}
@@ -439,6 +452,9 @@ static void on_tick(uv_timer_t *t)
 {
 	struct sup *sp = t->data;
 	uint64_t now = sw_now_ms();
+
+	if (sp->dirty)
+		write_status(sp); /* beats: at most once a tick */
 
 	for (uint32_t i = 0; i < sp->n; i++) {
 		struct slot *s = &sp->slots[i];

@@ -17,8 +17,9 @@
  *                 logged as an error with the last exit status, not
  *                 restarted; the others keep running. When every worker
  *                 has failed the supervisor exits 1;
- *   recycled      exit 0 (max_tasks_per_worker reached): restarted at once,
- *                 not a crash;
+ *   recycled      exit 0 (max_tasks_per_worker reached): restarted at once
+ *                 (after restart_backoff_min_ms when it ran less than
+ *                 AGENT_SUP_QUICK_EXIT_MS, so it cannot spin), not a crash;
  *   hung          no heartbeat for hang_ms (3 x heartbeat_ms) after the
  *                 first one: SIGKILL, then a crash like any other. Before
  *                 its first beat a worker is waiting for its servers
@@ -32,12 +33,15 @@
  *                 SIGINT kills them at once. Exit 0 once all are gone.
  *
  * Status: <state_dir>/agentd.status.json is rewritten (write + rename) on
- * every change (spawn, exit, restart, failed, first beat, drain):
+ * every change (spawn, exit, restart, failed, first beat, drain) and, when
+ * a beat changed a worker's done count or activity, at most once per
+ * check tick (min(hang_ms / 4, 1 s)):
  *   {"pid": N, "state": "running"|"draining"|"stopped"|"failed",
  *    "workers": [{"slot": i, "pid": N (0 = none), "state": "starting"|
  *      "running"|"backoff"|"failed"|"stopped", "spawns": n, "crashes": n,
- *      "recycles": n, "hangs": n, "done": n, "last_exit": "exit 1" |
- *      "signal 9" | ""}]}
+ *      "recycles": n, "hangs": n, "done": n (its last beat's count),
+ *      "activity": "idle"|"busy"|"drain"|"" (its last beat's),
+ *      "last_exit": "exit 1" | "signal 9" | ""}]}
  */
 #ifndef AGENT_SUPERVISOR_H
 #define AGENT_SUPERVISOR_H
@@ -50,6 +54,7 @@
 #define AGENT_SUP_DRAIN_MAX_MS 30000 /* [MIN, MAX] (swarmctl waits 60 s) */
 #define AGENT_SUP_HANG_BEATS 3       /* silent this many heartbeat periods = hung */
 #define AGENT_SUP_STATUS_FILE "agentd.status.json"
+#define AGENT_SUP_QUICK_EXIT_MS 1000 /* an exit 0 sooner waits restart_backoff_min_ms */
 
 struct agent_sup_opts {
 	const struct sw_config *cfg;  /* agentd.*, state_dir; borrowed for the run */

@@ -223,6 +223,7 @@ struct wstat {
 	char state[16];
 	long long spawns, crashes, recycles, hangs, done;
 	char last_exit[32];
+	char activity[16];
 };
 
 /* Reads the status file into w[] (up to MAX_W) and its "state" into
@@ -251,6 +252,8 @@ static int read_status(struct fx *f, struct wstat *w, char *sup_state, size_t le
 		w[n].done = json_integer_value(json_object_get(e, "done"));
 		snprintf(w[n].last_exit, sizeof(w[n].last_exit), "%s",
 			 json_string_value(json_object_get(e, "last_exit")));
+		snprintf(w[n].activity, sizeof(w[n].activity), "%s",
+			 json_string_value(json_object_get(e, "activity")));
 		n++;
 	}
 	json_decref(root);
@@ -364,6 +367,7 @@ static void test_keeps_n_alive_and_restarts_killed(void **state)
 		assert_true(alive(w[i].pid));
 		assert_int_equal(w[i].spawns, 1);
 		assert_int_equal(w[i].crashes, 0);
+		assert_string_equal(w[i].activity, "idle"); /* from its first beat */
 	}
 	assert_int_equal(kill(w[1].pid, SIGKILL), 0);
 	ok = false;
@@ -537,7 +541,7 @@ static void test_recycle_after_max_tasks(void **state)
 	assert_true(ok);
 	assert_int_equal(w[0].crashes, 0);
 	assert_int_equal(w[0].spawns, w[0].recycles + 1);
-	assert_true(file_has(f->log, "recycled, restarting now"));
+	assert_true(file_has(f->log, "tasks done: recycled, restarting"));
 	assert_false(file_has(f->log, "restarting in"));
 	stop_sup(f);
 	assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 0);
