@@ -156,7 +156,9 @@ static int teardown(void **state)
 }
 
 /* The agentd members every test sets itself (a key may appear once). */
-#define BASE "\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, \"crash_limit\": 3, "
+#define BASE                                                                           \
+	"\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, \"restart_backoff_max_ms\": 2000, " \
+	"\"crash_limit\": 3, "
 
 /* agentd members beyond the common ones ("\"workers\": 2, ..."). */
 static void write_config(struct fx *f, const char *agentd)
@@ -169,7 +171,7 @@ static void write_config(struct fx *f, const char *agentd)
 		" \"redis\": {\"url\": \"%s/%d\"}, \"postgres\": {\"url\": \"%s\"},"
 		" \"gpud\": {\"socket\": \"%s\"},"
 		" \"agentd\": {\"max_attempts\": 3, \"heartbeat_ms\": 200,"
-		" \"restart_backoff_max_ms\": 2000, \"crash_window_ms\": 10000, %s}}\n",
+		" \"crash_window_ms\": 10000, %s}}\n",
 		f->dir, f->log, it_redis_url(), REDIS_DB, f->pg_url, gpud.socket, agentd);
 	fclose(fp);
 }
@@ -299,6 +301,21 @@ static bool file_has(const char *path, const char *needle)
 	return gpud_it_file_has(path, needle);
 }
 
+/* Lines of path containing needle. */
+static int count_lines(const char *path, const char *needle)
+{
+	char line[4096];
+	FILE *fp = fopen(path, "r");
+	int n = 0;
+
+	if (!fp)
+		return -1;
+	while (fgets(line, sizeof(line), fp))
+		n += strstr(line, needle) != NULL;
+	fclose(fp);
+	return n;
+}
+
 static long long pg_int(struct fx *f, const char *sql)
 {
 	PGresult *r = PQexec(f->pg, sql);
@@ -416,8 +433,9 @@ static void test_crash_loop_marked_failed(void **state)
 	assert_non_null(fp);
 	fprintf(fp, "THIS IS NOT SQL;\n");
 	fclose(fp);
+	/* backoff 50, 100, then capped at 100; the 4th crash is over the limit */
 	write_config(f, "\"lease_ms\": 2000, \"workers\": 2, \"restart_backoff_min_ms\": 50, "
-			 "\"crash_limit\": 2");
+			 "\"restart_backoff_max_ms\": 100, \"crash_limit\": 3");
 	start_sup(f, sql_dir);
 	status = wait_sup(f, 60000);
 	if (status == -1)
@@ -428,14 +446,16 @@ static void test_crash_loop_marked_failed(void **state)
 	assert_string_equal(sup_state, "failed");
 	for (int i = 0; i < 2; i++) {
 		assert_string_equal(w[i].state, "failed");
-		assert_int_equal(w[i].crashes, 3); /* more than crash_limit */
-		assert_int_equal(w[i].spawns, 3);
+		assert_int_equal(w[i].crashes, 4); /* more than crash_limit */
+		assert_int_equal(w[i].spawns, 4);
 		assert_string_equal(w[i].last_exit, "exit 1");
 		assert_int_equal(w[i].pid, 0);
 	}
 	assert_true(file_has(f->log, "marked failed, not restarted"));
 	assert_true(file_has(f->log, "restarting in 50 ms"));
-	assert_true(file_has(f->log, "restarting in 100 ms")); /* doubled */
+	assert_int_equal(count_lines(f->log, "restarting in 50 ms"), 2);  /* one per worker */
+	assert_int_equal(count_lines(f->log, "restarting in 100 ms"), 4); /* doubled, capped */
+	assert_int_equal(count_lines(f->log, "restarting in"), 6);
 	assert_true(file_has(f->log, "every worker (2) has failed"));
 }
 
@@ -472,8 +492,8 @@ static void test_drain_with_task_in_flight(void **state)
 	size_t off;
 	long long done, pending, results, before;
 
-	write_config(f, "\"restart_backoff_min_ms\": 300, \"crash_limit\": 3, \"workers\": 2, "
-			 "\"lease_ms\": 20000");
+	write_config(f, "\"restart_backoff_min_ms\": 300, \"restart_backoff_max_ms\": 2000, "
+			 "\"crash_limit\": 3, \"workers\": 2, \"lease_ms\": 20000");
 	/* A long document: many chunks, many partial summaries. */
 	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
 	for (int i = 0; i < 8; i++)
