@@ -439,6 +439,17 @@ static void check_idle_pools(json_t *st, bool prefix_on)
 		if (used > high)
 			fail_msg("pool %s: used %" PRId64 " above its high-water %" PRId64, name,
 				 used, high);
+		if (!strcmp(name, "server.requests") && used != 0)
+			fail_msg("pool server.requests: %" PRId64 " request slots used when idle",
+				 used);
+		if (ends_with(name, ".mask")) {
+			/* idle: every slot in use holds a cached mask, none leaked */
+			json_t *mc = gpud_it_named(caches, name);
+
+			if (mc && jint_in(mc, "entries") != used)
+				fail_msg("pool %s: %" PRId64 " slots used when idle, the cache holds %"
+					 PRId64 " masks", name, used, jint_in(mc, "entries"));
+		}
 		if (ends_with(name, ".kv")) {
 			char cname[64];
 			json_t *pc;
