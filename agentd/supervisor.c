@@ -28,9 +28,6 @@
 #include "sw_config.h"
 
 #define HB_LINE_MAX 256
-#define CRASH_RING 64   /* crash times remembered per slot (crash_limit <= 1000;
-			 * more than this many are never needed within a window
-			 * for the limits used, and the count saturates) */
 
 enum slot_state {
 	SLOT_STARTING,
@@ -57,8 +54,8 @@ struct slot {
 	int pid;                  /* 0 when none */
 	uint64_t started_ms, last_beat_ms;
 	uint32_t backoff_ms;      /* next crash delay */
-	uint64_t crash_ms[CRASH_RING]; /* ring of crash times */
-	uint32_t crash_head;
+	uint64_t *crash_ms;       /* (crash_limit + 1) ring of crash times */
+	uint32_t crash_head;      /* crashes recorded so far */
 	uint64_t spawns, crashes, recycles, hangs, done;
 	char activity[16];        /* idle, busy or drain from the last beat; "" */
 	char last_exit[32];
@@ -73,6 +70,7 @@ struct sup {
 	uv_signal_t sig_term, sig_int;
 	uv_timer_t tick, drain_timer;
 	struct slot *slots;
+	uint64_t *crash_times;    /* (n, crash_limit + 1): the slots' rings */
 	uint32_t n;
 	uint32_t drain_ms, hang_ms, tick_ms;
 	bool draining, killed_all, all_failed, closing;
@@ -243,14 +241,21 @@ static void on_hb_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 
 /* --- exits and restarts --------------------------------------------------- */
 
-/* Crashes of s within the window ending now (the one just recorded
- * included). */
-static uint32_t crashes_in_window(const struct slot *s, uint64_t now, uint32_t window)
+/* Records a crash of s at now; returns the crashes within the window
+ * ending now, this one included (at most crash_limit + 1: all the limit
+ * test needs). */
+static uint32_t record_crash(struct slot *s, uint64_t now)
 {
-	uint32_t n = 0, have = s->crash_head < CRASH_RING ? s->crash_head : CRASH_RING;
+	const uint32_t ring = s->sup->cfg->agentd.crash_limit + 1;
+	const uint32_t window = s->sup->cfg->agentd.crash_window_ms;
+	uint32_t n = 0, have;
 
+	s->crashes++;
+	s->crash_ms[s->crash_head % ring] = now;
+	s->crash_head++;
+	have = s->crash_head < ring ? s->crash_head : ring;
 	for (uint32_t i = 0; i < have; i++) {
-		uint64_t t = s->crash_ms[(s->crash_head - 1 - i) % CRASH_RING];
+		uint64_t t = s->crash_ms[(s->crash_head - 1 - i) % ring];
 
 		if (now - t > window)
 			break;
@@ -329,12 +334,9 @@ static void on_worker_exit(uv_process_t *p, int64_t exit_status, int term_signal
 		return;
 	}
 
-	s->crashes++;
 	if (ran >= cfg->agentd.crash_window_ms)
 		s->backoff_ms = cfg->agentd.restart_backoff_min_ms; /* it had been healthy */
-	s->crash_ms[s->crash_head % CRASH_RING] = now;
-	s->crash_head++;
-	if (crashes_in_window(s, now, cfg->agentd.crash_window_ms) > cfg->agentd.crash_limit) {
+	if (record_crash(s, now) > cfg->agentd.crash_limit) {
 		s->state = SLOT_FAILED;
 		log_error("worker %d (pid %d): %s; more than %u crashes within %u ms: marked failed, "
 			  "not restarted",
@@ -424,20 +426,12 @@ out_retry:
 	log_error("worker %d: cannot spawn %s: %s", s->index, sp->exe, uv_strerror(rc));
 	s->started_ms = sw_now_ms();
 	s->state = SLOT_BACKOFF;
-	{
-		uint64_t now = sw_now_ms();
-
-		s->crashes++;
-		s->crash_ms[s->crash_head % CRASH_RING] = now;
-		s->crash_head++;
-		if (crashes_in_window(s, now, sp->cfg->agentd.crash_window_ms) >
-		    sp->cfg->agentd.crash_limit) {
-			s->state = SLOT_FAILED;
-			log_error("worker %d: marked failed (%s)", s->index, s->last_exit);
-			write_status(sp);
-			all_failed_check(sp);
-			return;
-		}
+	if (record_crash(s, sw_now_ms()) > sp->cfg->agentd.crash_limit) {
+		s->state = SLOT_FAILED;
+		log_error("worker %d: marked failed (%s)", s->index, s->last_exit);
+		write_status(sp);
+		all_failed_check(sp);
+		return;
 	}
 	uv_timer_start(&s->restart, on_restart_timer, s->backoff_ms, 0);
 	s->backoff_ms = s->backoff_ms > sp->cfg->agentd.restart_backoff_max_ms / 2 ?
@@ -580,13 +574,15 @@ static int sup_init(struct sup *sp, const struct agent_sup_opts *o, char *err, s
 			return sw_seterr(err, errlen, -ENAMETOOLONG, "state_dir too long");
 	}
 	sp->slots = calloc(sp->n, sizeof(*sp->slots));
-	if (!sp->slots)
-		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	sp->crash_times = calloc((size_t)sp->n * (cfg->agentd.crash_limit + 1), sizeof(uint64_t));
+	if (!sp->slots || !sp->crash_times) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "out of memory");
+		goto out_free;
+	}
 	rc = uv_loop_init(&sp->loop);
 	if (rc) {
-		free(sp->slots);
-		sp->slots = NULL;
-		return sw_seterr(err, errlen, -EIO, "uv_loop_init: %s", uv_strerror(rc));
+		rc = sw_seterr(err, errlen, -EIO, "uv_loop_init: %s", uv_strerror(rc));
+		goto out_free;
 	}
 	uv_signal_init(&sp->loop, &sp->sig_term);
 	uv_signal_init(&sp->loop, &sp->sig_int);
@@ -600,10 +596,18 @@ static int sup_init(struct sup *sp, const struct agent_sup_opts *o, char *err, s
 		s->sup = sp;
 		s->index = (int)i;
 		s->backoff_ms = cfg->agentd.restart_backoff_min_ms;
+		s->crash_ms = sp->crash_times + (size_t)i * (cfg->agentd.crash_limit + 1);
 		uv_timer_init(&sp->loop, &s->restart);
 		s->restart.data = s;
 	}
 	return 0;
+
+out_free:
+	free(sp->crash_times);
+	free(sp->slots);
+	sp->crash_times = NULL;
+	sp->slots = NULL;
+	return rc;
 }
 
 int agent_sup_run(const struct agent_sup_opts *o, char *err, size_t errlen)
@@ -647,6 +651,7 @@ int agent_sup_run(const struct agent_sup_opts *o, char *err, size_t errlen)
 		log_warn("uv_loop_close: %s", uv_strerror(rc));
 	unsetenv("SWARM_SUPERVISOR_PID");
 	rc = sp.all_failed ? sw_seterr(err, errlen, -EIO, "every worker failed (see the log)") : 0;
+	free(sp.crash_times);
 	free(sp.slots);
 	return rc;
 }
