@@ -10,6 +10,10 @@
  *     pending, nothing acknowledged unfinished, exit 0;
  *   - recycling after max_tasks_per_worker (exit 0, not a crash);
  *   - the supervisor killed with -9: its workers drain by themselves;
+ *   - the backoff doubles on quick crashes and starts over after a
+ *     worker ran crash_window_ms;
+ *   - a second SIGTERM kills the workers at once (the entry in hand
+ *     stays pending);
  *   - usage and configuration errors.
  * The binary uses the default stream names, so the tests use Redis
  * database REDIS_DB (flushed) and a fresh PostgreSQL database each.
@@ -158,7 +162,7 @@ static int teardown(void **state)
 /* The agentd members every test sets itself (a key may appear once). */
 #define BASE                                                                           \
 	"\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, \"restart_backoff_max_ms\": 2000, " \
-	"\"crash_limit\": 3, "
+	"\"crash_limit\": 3, \"crash_window_ms\": 10000, "
 
 /* agentd members beyond the common ones ("\"workers\": 2, ..."). */
 static void write_config(struct fx *f, const char *agentd)
@@ -171,7 +175,7 @@ static void write_config(struct fx *f, const char *agentd)
 		" \"redis\": {\"url\": \"%s/%d\"}, \"postgres\": {\"url\": \"%s\"},"
 		" \"gpud\": {\"socket\": \"%s\"},"
 		" \"agentd\": {\"max_attempts\": 3, \"heartbeat_ms\": 200,"
-		" \"crash_window_ms\": 10000, %s}}\n",
+		" %s}}\n",
 		f->dir, f->log, it_redis_url(), REDIS_DB, f->pg_url, gpud.socket, agentd);
 	fclose(fp);
 }
@@ -435,7 +439,7 @@ static void test_crash_loop_marked_failed(void **state)
 	fclose(fp);
 	/* backoff 50, 100, then capped at 100; the 4th crash is over the limit */
 	write_config(f, "\"lease_ms\": 2000, \"workers\": 2, \"restart_backoff_min_ms\": 50, "
-			 "\"restart_backoff_max_ms\": 100, \"crash_limit\": 3");
+			 "\"restart_backoff_max_ms\": 100, \"crash_limit\": 3, \"crash_window_ms\": 10000");
 	start_sup(f, sql_dir);
 	status = wait_sup(f, 60000);
 	if (status == -1)
@@ -493,7 +497,8 @@ static void test_drain_with_task_in_flight(void **state)
 	long long done, pending, results, before;
 
 	write_config(f, "\"restart_backoff_min_ms\": 300, \"restart_backoff_max_ms\": 2000, "
-			 "\"crash_limit\": 3, \"workers\": 2, \"lease_ms\": 20000");
+			 "\"crash_limit\": 3, \"crash_window_ms\": 10000, \"workers\": 2, "
+			 "\"lease_ms\": 20000");
 	/* A long document: many chunks, many partial summaries. */
 	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
 	for (int i = 0; i < 8; i++)
@@ -588,6 +593,90 @@ static void test_supervisor_killed_workers_drain(void **state)
 	assert_true(file_has(f->log, "drained"));
 }
 
+/* Waits until slot's pid differs from old and is not 0; returns it or 0. */
+static int wait_new_pid(struct fx *f, int slot, int old, bool running, int ms)
+{
+	struct wstat v[MAX_W];
+
+	for (int t = 0; t < ms; t += 20) {
+		if (read_status(f, v, NULL, 0) > slot && v[slot].pid != old && v[slot].pid != 0 &&
+		    (!running || strcmp(v[slot].state, "running") == 0))
+			return v[slot].pid;
+		sw_sleep_ms(20);
+	}
+	return 0;
+}
+
+static void test_backoff_doubles_then_resets(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	int pid;
+
+	/* crash_window_ms 1000: a worker that ran 1 s before its crash had
+	 * been healthy, and its backoff starts again at the minimum */
+	write_config(f, "\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, "
+			"\"restart_backoff_max_ms\": 5000, \"crash_limit\": 5, "
+			"\"crash_window_ms\": 1000, \"workers\": 1");
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 1, w, 30000));
+	sw_sleep_ms(1100);
+	kill(w[0].pid, SIGKILL);                       /* ran > 1 s: 300 ms */
+	pid = wait_new_pid(f, 0, w[0].pid, false, 20000);
+	assert_true(pid > 0);
+	kill(pid, SIGKILL);                            /* at once: doubled, 600 ms */
+	pid = wait_new_pid(f, 0, pid, true, 20000);
+	assert_true(pid > 0);
+	sw_sleep_ms(1100);
+	kill(pid, SIGKILL);                            /* ran > 1 s: back to 300 ms */
+	assert_true(wait_new_pid(f, 0, pid, true, 20000) > 0);
+	assert_int_equal(count_lines(f->log, "restarting in 300 ms"), 2);
+	assert_int_equal(count_lines(f->log, "restarting in 600 ms"), 1);
+	assert_int_equal(count_lines(f->log, "restarting in"), 3);
+	stop_sup(f);
+}
+
+static void test_second_sigterm_kills_at_once(void **state)
+{
+	struct fx *f = *state;
+	struct wstat w[MAX_W];
+	char task[16384];
+	size_t off;
+	int status;
+
+	write_config(f, BASE "\"workers\": 1");
+	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
+	for (int i = 0; i < 8; i++)
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+	snprintf(task + off, sizeof(task) - off, "\"}");
+	xadd(f, task);
+	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
+	start_sup(f, "config/sql");
+	assert_true(wait_all_running(f, 1, w, 30000));
+	if (!wait_pg(f, "SELECT (count(*) >= 1)::int FROM summaries", 1, 60000))
+		fail_msg("no summaries made");
+	kill(f->sup, SIGTERM);
+	sw_sleep_ms(20);
+	kill(f->sup, SIGTERM);
+	status = wait_sup(f, 10000);
+	assert_int_not_equal(status, -1);
+	assert_true(WIFEXITED(status));
+	assert_int_equal(WEXITSTATUS(status), 0);
+	assert_false(alive(w[0].pid));
+	assert_true(file_has(f->log, "SIGTERM again: killing the workers now"));
+	fprintf(stderr, "second SIGTERM: summarize %s\n",
+		pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") ?
+			"completed" : "killed mid-task");
+	if (pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") == 0) {
+		/* killed mid-task: the entry is still pending for another
+		 * consumer, nothing acknowledged or announced */
+		assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 1);
+		assert_int_equal(redis_int(f, "XLEN swarm:results"), 1);
+	} else {
+		assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 0);
+	}
+}
+
 static int run_bin(const char *const *args)
 {
 	int status;
@@ -632,6 +721,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_drain_with_task_in_flight, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_supervisor_killed_workers_drain, setup,
 						teardown),
+		cmocka_unit_test_setup_teardown(test_backoff_doubles_then_resets, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_second_sigterm_kills_at_once, setup, teardown),
 	};
 	int rc = it_start(IT_REDIS | IT_PG);
 
