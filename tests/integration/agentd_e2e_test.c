@@ -4,7 +4,7 @@
  *   1. ingest a multi-chunk document, summarize it, answer a question:
  *      rows (embeddings of gpud's width, one final summary, the answer
  *      with its chunk ids) and stream events all there;
- *   2. gpud stopped and started again in the middle of 20 tasks: every
+ *   2. gpud stopped and started again in the middle of 200 tasks: every
  *      task completes, none is lost or stored twice.
  */
 #include <setjmp.h>
@@ -225,6 +225,8 @@ static void test_ingest_summarize_answer(void **state)
 	assert_int_equal(f->st.completed, 3);
 }
 
+#define N_RESTART_TASKS 200
+
 static void test_gpud_restart_mid_run(void **state)
 {
 	struct fx *f = *state;
@@ -233,7 +235,9 @@ static void test_gpud_restart_mid_run(void **state)
 
 	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
 	xadd(f, task);
-	for (int i = 0; i < 20; i++) {
+	/* enough tasks that the stop lands mid-run (20 could all finish
+	 * while gpud drained on a quiet machine) */
+	for (int i = 0; i < N_RESTART_TASKS; i++) {
 		snprintf(task, sizeof(task),
 			 "{\"id\":\"q%d\",\"kind\":\"answer\",\"question\":\"Who is Max? (%d)\","
 			 "\"max_tokens\":16}",
@@ -253,16 +257,17 @@ static void test_gpud_restart_mid_run(void **state)
 	sw_sleep_ms(1000);
 	assert_int_equal(gpud_it_spawn(&f->gpud, NULL), 0);
 	assert_int_equal(gpud_it_wait_ready(&f->gpud, 30000), 0);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 21, 120000)) {
+	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'",
+		      N_RESTART_TASKS + 1, 120000)) {
 		stop_worker(f);
 		fail_msg("not every task completed after the restart");
 	}
 	sw_sleep_ms(300);
 	stop_worker(f);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 20);
-	assert_int_equal(pg_int(f, "SELECT count(DISTINCT task_id) FROM answers"), 20);
+	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), N_RESTART_TASKS);
+	assert_int_equal(pg_int(f, "SELECT count(DISTINCT task_id) FROM answers"), N_RESTART_TASKS);
 	assert_int_equal(xlen(f, f->dead), 0);
-	assert_int_equal(xlen(f, f->results), 21);
+	assert_int_equal(xlen(f, f->results), N_RESTART_TASKS + 1);
 	assert_true(f->st.outages >= 1);
 }
 
