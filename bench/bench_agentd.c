@@ -354,8 +354,12 @@ int main(int argc, char **argv)
 		usage();
 		return 2;
 	}
-	for (const char *p = list; *p && o.n_runs < MAX_RUNS; p += strcspn(p, ",") + (p[strcspn(p, ",")] ? 1 : 0))
+	for (const char *p = list; *p && o.n_runs < MAX_RUNS;) {
+		size_t len = strcspn(p, ",");
+
 		o.workers[o.n_runs++] = atoi(p);
+		p += len + (p[len] ? 1 : 0);
+	}
 	clk_tck = sysconf(_SC_CLK_TCK);
 	if (sscanf(redis_url, "redis://%255[^:/]:%d", host, &port) < 1) {
 		fprintf(stderr, "bench_agentd: SWARM_TEST_REDIS_URL: expected redis://HOST:PORT\n");
