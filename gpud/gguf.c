@@ -404,8 +404,8 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 {
 	struct gpud_gguf_tensor *t = &g->t[idx];
 	size_t at = c->pos;
-	const uint8_t *name;
-	uint64_t nlen;
+	const uint8_t *name = NULL;
+	uint64_t nlen = 0;
 	uint32_t nd, type;
 	char what[64];
 	int rc;
