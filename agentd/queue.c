@@ -14,14 +14,11 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/redis_url.h"
 
 struct agent_queue {
 	redisContext *c;
-	char host[256];
-	char unix_path[256];
-	int port;
-	int db;
-	char password[128];
+	struct sw_redis_url addr;
 	char stream[AGENT_QUEUE_NAME_MAX];
 	char group[AGENT_QUEUE_NAME_MAX];
 	char dead[AGENT_QUEUE_NAME_MAX];
@@ -33,65 +30,6 @@ struct agent_queue {
 	uint32_t lease_ms, block_ms, timeout_ms;
 	bool nogroup;             /* the last error reply was NOGROUP */
 };
-
-/* Parses redis://[[user]:password@]host[:port][/db] or unix:///path. */
-static int parse_url(struct agent_queue *q, const char *url, char *err, size_t errlen)
-{
-	const char *h, *at, *end;
-	size_t n;
-
-	q->port = 6379;
-	if (!url)
-		return sw_seterr(err, errlen, -EINVAL, "redis: no URL");
-	if (strncmp(url, "unix://", 7) == 0) {
-		if (strlen(url + 7) == 0 || strlen(url + 7) >= sizeof(q->unix_path))
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad socket path in \"%s\"", url);
-		snprintf(q->unix_path, sizeof(q->unix_path), "%s", url + 7);
-		return 0;
-	}
-	if (strncmp(url, "redis://", 8) != 0)
-		return sw_seterr(err, errlen, -EINVAL,
-				 "redis: unsupported URL (expected redis:// or unix://)");
-	h = url + 8;
-	end = h + strcspn(h, "/");
-	at = memchr(h, '@', (size_t)(end - h));
-	if (at) {
-		const char *colon = memchr(h, ':', (size_t)(at - h));
-
-		if (colon) {
-			n = (size_t)(at - colon - 1);
-			if (n >= sizeof(q->password))
-				return sw_seterr(err, errlen, -EINVAL, "redis: password too long");
-			memcpy(q->password, colon + 1, n);
-			q->password[n] = '\0';
-		}
-		h = at + 1;
-	}
-	n = strcspn(h, ":/");
-	if (n == 0 || n >= sizeof(q->host))
-		return sw_seterr(err, errlen, -EINVAL, "redis: no host in URL");
-	memcpy(q->host, h, n);
-	q->host[n] = '\0';
-	h += n;
-	if (*h == ':') {
-		char *stop;
-		long p = strtol(h + 1, &stop, 10);
-
-		if (stop == h + 1 || p < 1 || p > 65535 || (*stop && *stop != '/'))
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad port in URL");
-		q->port = (int)p;
-		h = stop;
-	}
-	if (*h == '/' && h[1]) {
-		char *stop;
-		long d = strtol(h + 1, &stop, 10);
-
-		if (stop == h + 1 || *stop || d < 0 || d > 1000000)
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad database number in URL");
-		q->db = (int)d;
-	}
-	return 0;
-}
 
 static struct timeval ms_tv(uint32_t ms)
 {
@@ -171,33 +109,34 @@ static int ensure_group(struct agent_queue *q, char *err, size_t errlen)
 
 static int connect_now(struct agent_queue *q, char *err, size_t errlen)
 {
+	const struct sw_redis_url *a = &q->addr;
 	struct timeval tv = ms_tv(q->timeout_ms);
 	redisReply *r;
 	int rc;
 
 	if (q->c)
 		redisFree(q->c);
-	q->c = q->unix_path[0] ? redisConnectUnixWithTimeout(q->unix_path, tv) :
-				 redisConnectWithTimeout(q->host, q->port, tv);
+	q->c = a->unix_path[0] ? redisConnectUnixWithTimeout(a->unix_path, tv) :
+				 redisConnectWithTimeout(a->host, a->port, tv);
 	if (!q->c)
 		return sw_seterr(err, errlen, -ENOMEM, "redis: out of memory");
 	if (q->c->err) {
 		rc = sw_seterr(err, errlen, SW_ECLOSED, "redis: cannot connect to %s%s%.0d: %s",
-			       q->unix_path[0] ? q->unix_path : q->host, q->unix_path[0] ? "" : ":",
-			       q->unix_path[0] ? 0 : q->port, q->c->errstr);
+			       a->unix_path[0] ? a->unix_path : a->host, a->unix_path[0] ? "" : ":",
+			       a->unix_path[0] ? 0 : a->port, q->c->errstr);
 		redisFree(q->c);
 		q->c = NULL;
 		return rc;
 	}
 	redisSetTimeout(q->c, tv);
-	if (q->password[0]) {
-		rc = run(q, &r, err, errlen, "AUTH %s", q->password);
+	if (q->addr.password[0]) {
+		rc = run(q, &r, err, errlen, "AUTH %s", q->addr.password);
 		if (rc)
 			return rc;
 		freeReplyObject(r);
 	}
-	if (q->db) {
-		rc = run(q, &r, err, errlen, "SELECT %d", q->db);
+	if (q->addr.db) {
+		rc = run(q, &r, err, errlen, "SELECT %d", q->addr.db);
 		if (rc)
 			return rc;
 		freeReplyObject(r);
@@ -226,9 +165,13 @@ int agent_queue_open(struct agent_queue **out, const struct agent_queue_opts *o,
 	q = calloc(1, sizeof(*q));
 	if (!q)
 		return sw_seterr(err, errlen, -ENOMEM, "redis: out of memory");
-	rc = parse_url(q, o->url, err, errlen);
+	rc = sw_redis_url_parse(o->url, &q->addr, err, errlen);
 	if (rc)
 		goto out_free;
+	if (q->addr.tls) {
+		rc = sw_seterr(err, errlen, -EINVAL, "redis: rediss:// (TLS) is not supported");
+		goto out_free;
+	}
 	copy_name(q->stream, o->stream, AGENT_QUEUE_STREAM);
 	copy_name(q->group, o->group, AGENT_QUEUE_GROUP);
 	copy_name(q->dead, o->dead_stream, AGENT_QUEUE_DEAD);

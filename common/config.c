@@ -19,6 +19,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/redis_url.h"
 
 #define CONFIG_FILE_MAX (16u << 20) /* a config is kilobytes; refuse monsters */
 #define PATH_BUF 256                 /* longest key path in an error message */
@@ -364,10 +365,12 @@ void sw_config_device_name(const struct sw_config_device *d, char *out, size_t o
 		snprintf(out, outlen, "cpu");
 }
 
+/* The full parse, so a bad host, port or database fails at load time. */
 static bool redis_url_ok(const char *s)
 {
-	return strncmp(s, "redis://", 8) == 0 || strncmp(s, "rediss://", 9) == 0 ||
-	       strncmp(s, "unix://", 7) == 0;
+	struct sw_redis_url u;
+
+	return sw_redis_url_parse(s, &u, NULL, 0) == 0;
 }
 
 /* "" (off), "127.0.0.1:PORT" (PORT 1..65535) or "unix:/absolute/path". */

@@ -10,70 +10,7 @@
 
 #include "common/config.h"
 #include "common/err.h"
-
-struct redis_addr {
-	char unix_path[4096];
-	char host[256];
-	char password[256];
-	int port, db;
-};
-
-/* redis://[[user]:password@]host[:port][/db] or unix:///path */
-static int parse_redis_url(const char *url, struct redis_addr *a, char *err, size_t errlen)
-{
-	const char *h, *at, *end;
-	size_t n;
-
-	memset(a, 0, sizeof(*a));
-	a->port = 6379;
-	if (!strncmp(url, "unix://", 7)) {
-		if (!url[7] || strlen(url + 7) >= sizeof(a->unix_path))
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad socket path in \"%s\"",
-					 url);
-		snprintf(a->unix_path, sizeof(a->unix_path), "%s", url + 7);
-		return 0;
-	}
-	if (strncmp(url, "redis://", 8) != 0)
-		return sw_seterr(err, errlen, -EINVAL, "redis: unsupported URL \"%s\" (expected "
-				 "redis:// or unix://)", url);
-	h = url + 8;
-	end = h + strcspn(h, "/");
-	at = memchr(h, '@', (size_t)(end - h));
-	if (at) {
-		const char *colon = memchr(h, ':', (size_t)(at - h));
-
-		if (colon) {
-			n = (size_t)(at - colon - 1);
-			if (n >= sizeof(a->password))
-				return sw_seterr(err, errlen, -EINVAL, "redis: password too long");
-			memcpy(a->password, colon + 1, n);
-		}
-		h = at + 1;
-	}
-	n = strcspn(h, ":/");
-	if (n == 0 || n >= sizeof(a->host))
-		return sw_seterr(err, errlen, -EINVAL, "redis: no host in URL");
-	memcpy(a->host, h, n);
-	h += n;
-	if (*h == ':') {
-		char *stop;
-		long p = strtol(h + 1, &stop, 10);
-
-		if (stop == h + 1 || p < 1 || p > 65535 || (*stop && *stop != '/'))
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad port in URL");
-		a->port = (int)p;
-		h = stop;
-	}
-	if (*h == '/' && h[1]) {
-		char *stop;
-		long d = strtol(h + 1, &stop, 10);
-
-		if (stop == h + 1 || *stop || d < 0 || d > 1000000)
-			return sw_seterr(err, errlen, -EINVAL, "redis: bad database number in URL");
-		a->db = (int)d;
-	}
-	return 0;
-}
+#include "common/redis_url.h"
 
 static int vcmd(redisContext *c, redisReply **out, char *err, size_t errlen, const char *fmt,
 		va_list ap)
@@ -111,15 +48,17 @@ int sc_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char
 {
 	struct timeval tv = { .tv_sec = timeout_ms / 1000,
 			      .tv_usec = (timeout_ms % 1000) * 1000 };
-	struct redis_addr a;
+	struct sw_redis_url a;
 	redisContext *c;
 	redisReply *r;
 	int rc;
 
 	*out = NULL;
-	rc = parse_redis_url(url, &a, err, errlen);
+	rc = sw_redis_url_parse(url, &a, err, errlen);
 	if (rc)
 		return rc;
+	if (a.tls)
+		return sw_seterr(err, errlen, -EINVAL, "redis: rediss:// (TLS) is not supported");
 	c = a.unix_path[0] ? redisConnectUnixWithTimeout(a.unix_path, tv)
 			   : redisConnectWithTimeout(a.host, a.port, tv);
 	if (!c)
