@@ -34,59 +34,16 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "sw_config.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/gpud_harness.h"
 #include "tests/integration/harness.h"
 
-#define PG_CTL "/usr/lib/postgresql/15/bin/pg_ctl"
 #define REDIS_DB 6 /* agentd_e2e 3, agentd_supervisor 5 */
 #define N_TASKS 200
 #define N_WORKERS 4
 #define INGEST_EVERY 10 /* every 10th task is an ingest of a new text */
 
-static char pg_dir[64];
-static char pg_url[512];
-
-static int start_pg(void)
-{
-	char cmd[512], line[512];
-	FILE *p;
-
-	snprintf(pg_dir, sizeof(pg_dir), "/tmp/agentd-chaos-pg-XXXXXX");
-	if (!mkdtemp(pg_dir))
-		return -1;
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s pg %s",
-		 SW_SOURCE_ROOT, (int)getpid(), pg_dir);
-	p = popen(cmd, "r");
-	if (!p)
-		return -1;
-	while (fgets(line, sizeof(line), p))
-		if (strncmp(line, "SWARM_TEST_PG_URL=", 18) == 0)
-			snprintf(pg_url, sizeof(pg_url), "%.*s", (int)strcspn(line + 18, "\n"),
-				 line + 18);
-	return pclose(p) == 0 && pg_url[0] ? 0 : -1;
-}
-
-static void stop_pg(void)
-{
-	char cmd[512];
-
-	if (!pg_dir[0])
-		return;
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh stop %s >/dev/null 2>&1",
-		 SW_SOURCE_ROOT, pg_dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "stopping the private PostgreSQL failed\n");
-	pg_dir[0] = '\0';
-}
-
-static void restart_pg(void)
-{
-	char cmd[512];
-
-	snprintf(cmd, sizeof(cmd), "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
-		 getuid() == 0 ? "runuser -u postgres --" : "", PG_CTL, pg_dir);
-	assert_int_equal(system(cmd), 0);
-}
+static struct at_pg pg;
 
 static long long count(PGconn **c, const char *sql)
 {
@@ -201,7 +158,7 @@ static void test_chaos_200_tasks(void **state)
 		" \"agentd\": {\"workers\": %d, \"max_attempts\": 3, \"lease_ms\": 5000,"
 		" \"heartbeat_ms\": 250, \"max_tasks_per_worker\": 0,"
 		" \"restart_backoff_min_ms\": 200, \"restart_backoff_max_ms\": 2000}}\n",
-		dir, log, it_redis_url(), REDIS_DB, pg_url, gpud.socket, N_WORKERS);
+		dir, log, it_redis_url(), REDIS_DB, pg.url, gpud.socket, N_WORKERS);
 	fclose(fp);
 
 	/* A document to ask about first (an answer before it would find no
@@ -219,7 +176,7 @@ static void test_chaos_200_tasks(void **state)
 		      (char *)NULL);
 		_exit(127);
 	}
-	c = PQconnectdb(pg_url);
+	c = PQconnectdb(pg.url);
 	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1, 120000)) {
 		print_tail(log, 30);
 		print_tail(out, 10);
@@ -255,7 +212,7 @@ static void test_chaos_200_tasks(void **state)
 	t_pg = gpud_it_now() - t0;
 	fprintf(stderr, "chaos: restarting PostgreSQL at %.1f s with %lld completed\n", t_pg,
 		count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
-	restart_pg();
+	at_pg_restart(&pg);
 	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 110, 120000)) {
 		print_tail(log, 30);
 		kill(sup, SIGKILL);
@@ -367,14 +324,14 @@ int main(void)
 
 	if (rc)
 		return rc;
-	if (start_pg() != 0) {
+	if (at_pg_start(&pg, "/tmp/agentd-chaos-pg-XXXXXX") != 0) {
 		fprintf(stderr, "could not start a private PostgreSQL\n");
-		stop_pg();
+		at_pg_stop(&pg);
 		return it_ci() ? IT_EXIT_FAIL : IT_EXIT_SKIP;
 	}
 	signal(SIGPIPE, SIG_IGN);
 	sw_log_init("agentd-chaos-test", SW_LOG_WARN);
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
-	stop_pg();
+	at_pg_stop(&pg);
 	return rc;
 }

@@ -25,6 +25,7 @@
 
 #include "agentd/db.h"
 #include "common/err.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/harness.h"
 
 #define SQL_DIR "config/sql"
@@ -48,19 +49,6 @@ static void url_with_db(const char *base, const char *name, char *out, size_t le
 	snprintf(out, len, "%.*s/%s%s", (int)(path - base), base, name, query ? query : "");
 }
 
-static void admin(const char *sql)
-{
-	PGconn *c = PQconnectdb(it_pg_url());
-	PGresult *r;
-
-	assert_int_equal(PQstatus(c), CONNECTION_OK);
-	r = PQexec(c, sql);
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQerrorMessage(c));
-	PQclear(r);
-	PQfinish(c);
-}
-
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
@@ -68,7 +56,7 @@ static int setup(void **state)
 
 	snprintf(f->name, sizeof(f->name), "agentd_it_%d_%d", (int)getpid(), db_counter++);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->name);
-	admin(sql);
+	at_admin(sql);
 	url_with_db(it_pg_url(), f->name, f->url, sizeof(f->url));
 	if (agent_db_open(&f->db, f->url, err, sizeof(err)) != 0) {
 		fprintf(stderr, "open: %s\n", err);
@@ -85,7 +73,7 @@ static int teardown(void **state)
 
 	agent_db_close(f->db);
 	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->name);
-	admin(sql);
+	at_admin(sql);
 	free(f);
 	return 0;
 }

@@ -30,6 +30,7 @@
 #include "agentd/worker.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/gpud_harness.h"
 #include "tests/integration/harness.h"
 
@@ -47,17 +48,6 @@ struct fx {
 	char err[512];
 };
 
-static void admin(const char *sql)
-{
-	PGconn *c = PQconnectdb(it_pg_url());
-	PGresult *r = PQexec(c, sql);
-
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQerrorMessage(c));
-	PQclear(r);
-	PQfinish(c);
-}
-
 static int counter;
 
 static int setup(void **state)
@@ -74,7 +64,7 @@ static int setup(void **state)
 	}
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_e2e_%d_%d", (int)getpid(), n);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	path = strchr(strstr(base, "://") + 3, '/');
 	snprintf(url, sizeof(url), "%.*s/%s", (int)(path - base), base, f->dbname);
 	f->pg = PQconnectdb(url);
@@ -122,7 +112,7 @@ static int teardown(void **state)
 	redisFree(f->redis);
 	PQfinish(f->pg);
 	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	if (f->gpud.pid)
 		gpud_it_stop(&f->gpud, SIGTERM, 20000);
 	gpud_it_free(&f->gpud);

@@ -31,14 +31,13 @@
 #include "common/log.h"
 #include "common/time.h"
 #include "sw_config.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/harness.h"
 
-#define PG_CTL "/usr/lib/postgresql/15/bin/pg_ctl"
 #define N_TASKS 200
 #define N_WORKERS 2
 
-static char pg_dir[64];
-static char pg_url[512];
+static struct at_pg pg;
 
 static int fake_count(void *ctx, const char *s, size_t len, uint32_t *n, char *err, size_t el)
 {
@@ -70,51 +69,6 @@ static const struct agent_llm fake_llm = {
 	.embed = fake_embed,
 	.generate = fake_generate,
 };
-
-/* Starts a private PostgreSQL; fills pg_dir and pg_url. */
-static int start_pg(void)
-{
-	char cmd[512], line[512];
-	FILE *p;
-
-	snprintf(pg_dir, sizeof(pg_dir), "/tmp/agentd-pg-XXXXXX");
-	if (!mkdtemp(pg_dir))
-		return -1;
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s pg %s",
-		 SW_SOURCE_ROOT, (int)getpid(), pg_dir);
-	p = popen(cmd, "r");
-	if (!p)
-		return -1;
-	while (fgets(line, sizeof(line), p))
-		if (strncmp(line, "SWARM_TEST_PG_URL=", 18) == 0)
-			snprintf(pg_url, sizeof(pg_url), "%.*s", (int)strcspn(line + 18, "\n"),
-				 line + 18);
-	return pclose(p) == 0 && pg_url[0] ? 0 : -1;
-}
-
-static void stop_pg(void)
-{
-	char cmd[512];
-
-	if (!pg_dir[0])
-		return;
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh stop %s >/dev/null 2>&1",
-		 SW_SOURCE_ROOT, pg_dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "stopping the private PostgreSQL failed\n");
-	pg_dir[0] = '\0';
-}
-
-/* pg_ctl restart -m fast: every session is terminated, the server is
- * down for a moment, then back with the same options. */
-static void restart_pg(void)
-{
-	char cmd[512];
-
-	snprintf(cmd, sizeof(cmd), "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
-		 getuid() == 0 ? "runuser -u postgres --" : "", PG_CTL, pg_dir);
-	assert_int_equal(system(cmd), 0);
-}
 
 struct th {
 	struct agent_worker_opts o;
@@ -174,7 +128,7 @@ static void test_two_restarts_under_200_tasks(void **state)
 	/* A document to ask about. */
 	static const char doc[] = "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"a b c. d e f.\"}";
 
-	assert_int_equal(agent_db_open(&db, pg_url, err, sizeof(err)), 0);
+	assert_int_equal(agent_db_open(&db, pg.url, err, sizeof(err)), 0);
 	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
 	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 16 };
 	assert_int_equal(agent_task_parse(doc, strlen(doc), &t, err, sizeof(err)), 0);
@@ -197,7 +151,7 @@ static void test_two_restarts_under_200_tasks(void **state)
 
 	sw_config_defaults(&cfg);
 	snprintf(cfg.redis.url, sizeof(cfg.redis.url), "%s", it_redis_url());
-	snprintf(cfg.postgres.url, sizeof(cfg.postgres.url), "%s", pg_url);
+	snprintf(cfg.postgres.url, sizeof(cfg.postgres.url), "%s", pg.url);
 	cfg.agentd.max_attempts = 5;
 	cfg.agentd.lease_ms = 2000;
 	cfg.agentd.heartbeat_ms = 200;
@@ -214,11 +168,11 @@ static void test_two_restarts_under_200_tasks(void **state)
 		assert_int_equal(pthread_create(&tid[i], NULL, run, &th[i]), 0);
 	}
 
-	c = PQconnectdb(pg_url);
+	c = PQconnectdb(pg.url);
 	assert_true(wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40, 30000));
-	restart_pg();
+	at_pg_restart(&pg);
 	assert_true(wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 120, 30000));
-	restart_pg();
+	at_pg_restart(&pg);
 	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'", N_TASKS, 60000))
 		fprintf(stderr, "only %lld of %d tasks finished\n",
 			count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"), N_TASKS);
@@ -266,15 +220,15 @@ int main(void)
 
 	if (rc)
 		return rc;
-	if (start_pg() != 0) {
+	if (at_pg_start(&pg, "/tmp/agentd-pg-XXXXXX") != 0) {
 		fprintf(stderr, "could not start a private PostgreSQL\n");
-		stop_pg();
+		at_pg_stop(&pg);
 		return it_ci() ? IT_EXIT_FAIL : IT_EXIT_SKIP;
 	}
 	signal(SIGPIPE, SIG_IGN);
 	sw_log_init("agentd-restart-test", SW_LOG_ERROR);
 	agent_fetch_global_init();
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
-	stop_pg();
+	at_pg_stop(&pg);
 	return rc;
 }

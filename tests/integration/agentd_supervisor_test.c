@@ -40,6 +40,7 @@
 
 #include "common/log.h"
 #include "common/time.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/gpud_harness.h"
 #include "tests/integration/harness.h"
 
@@ -57,17 +58,6 @@ struct fx {
 	PGconn *pg;
 	pid_t sup;
 };
-
-static void admin(const char *sql)
-{
-	PGconn *c = PQconnectdb(it_pg_url());
-	PGresult *r = PQexec(c, sql);
-
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQerrorMessage(c));
-	PQclear(r);
-	PQfinish(c);
-}
 
 static void redis_cmd(struct fx *f, const char *cmd)
 {
@@ -106,7 +96,7 @@ static int setup(void **state)
 		return -1;
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_sup_%d_%d", (int)getpid(), counter++);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	path = strchr(strstr(base, "://") + 3, '/');
 	snprintf(f->pg_url, sizeof(f->pg_url), "%.*s/%s", (int)(path - base), base, f->dbname);
 	f->pg = PQconnectdb(f->pg_url);
@@ -151,7 +141,7 @@ static int teardown(void **state)
 	redisFree(f->redis);
 	PQfinish(f->pg);
 	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", f->dir);

@@ -26,6 +26,7 @@
 #include "agentd/db.h"
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/harness.h"
 
 #define DIM 16
@@ -152,17 +153,6 @@ struct fx {
 static int counter;
 static char err[512];
 
-static void admin(const char *sql)
-{
-	PGconn *c = PQconnectdb(it_pg_url());
-	PGresult *r = PQexec(c, sql);
-
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQerrorMessage(c));
-	PQclear(r);
-	PQfinish(c);
-}
-
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
@@ -171,7 +161,7 @@ static int setup(void **state)
 
 	snprintf(f->name, sizeof(f->name), "agentd_tasks_%d_%d", (int)getpid(), counter++);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->name);
-	admin(sql);
+	at_admin(sql);
 	path = strchr(strstr(base, "://") + 3, '/');
 	snprintf(url, sizeof(url), "%.*s/%s", (int)(path - base), base, f->name);
 	if (agent_db_open(&f->db, url, err, sizeof(err)) != 0 ||
@@ -199,7 +189,7 @@ static int teardown(void **state)
 
 	agent_db_close(f->db);
 	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->name);
-	admin(sql);
+	at_admin(sql);
 	free(f);
 	return 0;
 }

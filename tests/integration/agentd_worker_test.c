@@ -43,6 +43,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/harness.h"
 
 #define DIM 8
@@ -115,17 +116,6 @@ struct fx {
 
 static int counter;
 
-static void admin(const char *sql)
-{
-	PGconn *c = PQconnectdb(it_pg_url());
-	PGresult *r = PQexec(c, sql);
-
-	if (PQresultStatus(r) != PGRES_COMMAND_OK)
-		fail_msg("%s: %s", sql, PQerrorMessage(c));
-	PQclear(r);
-	PQfinish(c);
-}
-
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
@@ -135,7 +125,7 @@ static int setup(void **state)
 
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_worker_%d_%d", (int)getpid(), n);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	path = strchr(strstr(base, "://") + 3, '/');
 	snprintf(f->dburl, sizeof(f->dburl), "%.*s/%s", (int)(path - base), base, f->dbname);
 	f->pg = PQconnectdb(f->dburl);
@@ -192,7 +182,7 @@ static int teardown(void **state)
 	redisFree(f->redis);
 	PQfinish(f->pg);
 	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	admin(sql);
+	at_admin(sql);
 	close(f->hb[0]);
 	close(f->hb[1]);
 	free(f);

@@ -1,0 +1,78 @@
+/* agentd_testlib.c - see agentd_testlib.h. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <libpq-fe.h>
+
+#include "sw_config.h"
+#include "tests/integration/agentd_testlib.h"
+#include "tests/integration/harness.h"
+
+#define PG_CTL "/usr/lib/postgresql/15/bin/pg_ctl"
+
+void at_admin(const char *sql)
+{
+	PGconn *c = PQconnectdb(it_pg_url());
+	PGresult *r;
+
+	if (PQstatus(c) != CONNECTION_OK)
+		fail_msg("connecting for %s: %s", sql, PQerrorMessage(c));
+	r = PQexec(c, sql);
+	if (PQresultStatus(r) != PGRES_COMMAND_OK)
+		fail_msg("%s: %s", sql, PQerrorMessage(c));
+	PQclear(r);
+	PQfinish(c);
+}
+
+int at_pg_start(struct at_pg *pg, const char *tmpl)
+{
+	char cmd[512], line[512];
+	FILE *p;
+
+	pg->url[0] = '\0';
+	snprintf(pg->dir, sizeof(pg->dir), "%s", tmpl);
+	if (!mkdtemp(pg->dir)) {
+		pg->dir[0] = '\0';
+		return -1;
+	}
+	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s pg %s",
+		 SW_SOURCE_ROOT, (int)getpid(), pg->dir);
+	p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	while (fgets(line, sizeof(line), p))
+		if (strncmp(line, "SWARM_TEST_PG_URL=", 18) == 0)
+			snprintf(pg->url, sizeof(pg->url), "%.*s", (int)strcspn(line + 18, "\n"),
+				 line + 18);
+	return pclose(p) == 0 && pg->url[0] ? 0 : -1;
+}
+
+void at_pg_stop(struct at_pg *pg)
+{
+	char cmd[512];
+
+	if (!pg->dir[0])
+		return;
+	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh stop %s >/dev/null 2>&1",
+		 SW_SOURCE_ROOT, pg->dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "stopping the private PostgreSQL failed\n");
+	pg->dir[0] = '\0';
+}
+
+void at_pg_restart(const struct at_pg *pg)
+{
+	char cmd[512];
+
+	snprintf(cmd, sizeof(cmd), "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
+		 getuid() == 0 ? "runuser -u postgres --" : "", PG_CTL, pg->dir);
+	assert_int_equal(system(cmd), 0);
+}
