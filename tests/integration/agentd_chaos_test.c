@@ -45,30 +45,6 @@
 
 static struct at_pg pg;
 
-static long long count(PGconn **c, const char *sql)
-{
-	PGresult *r;
-	long long v = -1;
-
-	if (PQstatus(*c) != CONNECTION_OK)
-		PQreset(*c);
-	r = PQexec(*c, sql);
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	PQclear(r);
-	return v;
-}
-
-static bool wait_count(PGconn **c, const char *sql, long long at_least, int ms)
-{
-	for (int t = 0; t < ms; t += 100) {
-		if (count(c, sql) >= at_least)
-			return true;
-		sw_sleep_ms(100);
-	}
-	return false;
-}
-
 static long long redis_int(redisContext *r, const char *cmd)
 {
 	redisReply *rep = redisCommand(r, cmd);
@@ -177,7 +153,8 @@ static void test_chaos_200_tasks(void **state)
 		_exit(127);
 	}
 	c = PQconnectdb(pg.url);
-	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1, 120000)) {
+	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1,
+				 120000, 100)) {
 		print_tail(log, 30);
 		print_tail(out, 10);
 		kill(sup, SIGKILL);
@@ -203,7 +180,8 @@ static void test_chaos_200_tasks(void **state)
 		freeReplyObject(rep);
 	}
 
-	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40, 120000)) {
+	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40,
+				 120000, 100)) {
 		print_tail(log, 30);
 		print_tail(out, 10);
 		kill(sup, SIGKILL);
@@ -211,28 +189,30 @@ static void test_chaos_200_tasks(void **state)
 	}
 	t_pg = gpud_it_now() - t0;
 	fprintf(stderr, "chaos: restarting PostgreSQL at %.1f s with %lld completed\n", t_pg,
-		count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+		at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
 	at_pg_restart(&pg);
-	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 110, 120000)) {
+	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 110,
+				 120000, 100)) {
 		print_tail(log, 30);
 		kill(sup, SIGKILL);
 		fail_msg("no progress after the PostgreSQL restart");
 	}
 	t_gpud = gpud_it_now() - t0;
 	fprintf(stderr, "chaos: restarting gpud at %.1f s with %lld completed\n", t_gpud,
-		count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+		at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
 	/* tasks are left for the restarted gpud */
-	assert_true(count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'") < N_TASKS + 1);
+	assert_true(at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'") <
+		    N_TASKS + 1);
 	assert_int_equal(gpud_it_stop(&gpud, SIGTERM, 20000), 0);
 	sw_sleep_ms(500);
 	assert_int_equal(gpud_it_spawn(&gpud, NULL), 0);
 	assert_int_equal(gpud_it_wait_ready(&gpud, 30000), 0);
-	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'", N_TASKS + 1,
-			180000)) {
+	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'",
+				 N_TASKS + 1, 180000, 100)) {
 		print_tail(log, 40);
 		kill(sup, SIGKILL);
 		fail_msg("only %lld of %d tasks finished",
-			 count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"),
+			 at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"),
 			 N_TASKS + 1);
 	}
 	for (int i = 0; i < 100 && redis_int(r, "XPENDING swarm:tasks agents") != 0; i++)
@@ -250,8 +230,8 @@ static void test_chaos_200_tasks(void **state)
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
 
-	completed = count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'");
-	dead = count(&c, "SELECT count(*) FROM tasks WHERE status = 'dead'");
+	completed = at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'");
+	dead = at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'dead'");
 	results_ids(r, &distinct, &events);
 	fprintf(stderr,
 		"chaos: %d tasks + 1 in %.1f s: %lld completed, %lld dead; %lld events for %lld "
@@ -265,27 +245,31 @@ static void test_chaos_200_tasks(void **state)
 		fprintf(stderr, "chaos: no status file\n");
 
 	/* none lost: every id has a final row, an event, nothing pending */
-	assert_int_equal(count(&c, "SELECT count(*) FROM tasks"), N_TASKS + 1);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM tasks"), N_TASKS + 1);
 	assert_int_equal(completed + dead, N_TASKS + 1);
-	assert_int_equal(count(&c, "SELECT count(*) FROM tasks WHERE status = 'dead' AND "
-				   "(error IS NULL OR error = '')"), 0);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'dead' AND "
+					 "(error IS NULL OR error = '')"),
+			 0);
 	assert_int_equal(redis_int(r, "XPENDING swarm:tasks agents"), 0);
 	assert_int_equal(redis_int(r, "XLEN swarm:dead"), dead);
 	assert_int_equal(distinct, N_TASKS + 1);
 	assert_true(events >= N_TASKS + 1); /* at least once */
 	/* none duplicated: one answer per completed answer task, one document
 	 * per ingested text, one chunk set per document */
-	assert_int_equal(count(&c, "SELECT count(*) FROM answers"),
-			 count(&c, "SELECT count(DISTINCT task_id) FROM answers"));
-	assert_int_equal(count(&c, "SELECT count(*) FROM answers"),
-			 count(&c, "SELECT count(*) FROM tasks t JOIN answers a ON a.task_id = t.id "
-				   "WHERE t.status = 'completed'"));
-	assert_true(count(&c, "SELECT count(*) FROM answers") <= n_answer);
-	assert_int_equal(count(&c, "SELECT count(*) FROM documents"),
-			 count(&c, "SELECT count(DISTINCT content_hash) FROM documents"));
-	assert_true(count(&c, "SELECT count(*) FROM documents") <= n_ingest + 1);
-	assert_int_equal(count(&c, "SELECT count(*) FROM (SELECT document_id, position FROM chunks "
-				   "GROUP BY 1, 2 HAVING count(*) > 1) d"), 0);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM answers"),
+			 at_pg_count(&c, "SELECT count(DISTINCT task_id) FROM answers"));
+	assert_int_equal(
+		at_pg_count(&c, "SELECT count(*) FROM answers"),
+		at_pg_count(&c, "SELECT count(*) FROM tasks t JOIN answers a ON a.task_id = t.id "
+				"WHERE t.status = 'completed'"));
+	assert_true(at_pg_count(&c, "SELECT count(*) FROM answers") <= n_answer);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM documents"),
+			 at_pg_count(&c, "SELECT count(DISTINCT content_hash) FROM documents"));
+	assert_true(at_pg_count(&c, "SELECT count(*) FROM documents") <= n_ingest + 1);
+	assert_int_equal(
+		at_pg_count(&c, "SELECT count(*) FROM (SELECT document_id, position FROM chunks "
+				"GROUP BY 1, 2 HAVING count(*) > 1) d"),
+		0);
 	/* no worker crashed or hung, and each drained cleanly (exit 0; under
 	 * the sanitizers a leak would make it non-zero) */
 	{

@@ -53,8 +53,7 @@ static int counter;
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	const char *base = it_pg_url(), *path;
-	char sql[128], host[256], url[1024];
+	char host[256], url[1024];
 	int port, n = counter++;
 
 	if (gpud_it_start(&f->gpud, NULL) != 0) {
@@ -63,10 +62,7 @@ static int setup(void **state)
 		return -1;
 	}
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_e2e_%d_%d", (int)getpid(), n);
-	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	at_admin(sql);
-	path = strchr(strstr(base, "://") + 3, '/');
-	snprintf(url, sizeof(url), "%.*s/%s", (int)(path - base), base, f->dbname);
+	at_db_create(f->dbname, url, sizeof(url));
 	f->pg = PQconnectdb(url);
 	snprintf(f->stream, sizeof(f->stream), "swarm:it:agentd:e2e:%d:%d:tasks", (int)getpid(), n);
 	snprintf(f->dead, sizeof(f->dead), "swarm:it:agentd:e2e:%d:%d:dead", (int)getpid(), n);
@@ -104,15 +100,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	char sql[128];
 	redisReply *r;
 
 	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
 	freeReplyObject(r);
 	redisFree(f->redis);
 	PQfinish(f->pg);
-	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	at_admin(sql);
+	at_db_drop(f->dbname);
 	if (f->gpud.pid)
 		gpud_it_stop(&f->gpud, SIGTERM, 20000);
 	gpud_it_free(&f->gpud);
@@ -134,27 +128,6 @@ static void xadd(struct fx *f, const char *task)
 
 	assert_int_equal(r->type, REDIS_REPLY_STRING);
 	freeReplyObject(r);
-}
-
-static long long pg_int(struct fx *f, const char *sql)
-{
-	PGresult *r = PQexec(f->pg, sql);
-	long long v = -1;
-
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	PQclear(r);
-	return v;
-}
-
-static bool wait_for(struct fx *f, const char *sql, long long want, int ms)
-{
-	for (int t = 0; t < ms; t += 100) {
-		if (pg_int(f, sql) == want)
-			return true;
-		sw_sleep_ms(100);
-	}
-	return false;
 }
 
 static long long xlen(struct fx *f, const char *key)
@@ -194,22 +167,27 @@ static void test_ingest_summarize_answer(void **state)
 		"\"top_k\":3,\"max_tokens\":24}");
 	agent_worker_reset();
 	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status <> 'running'", 3, 120000)) {
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status <> 'running'", 3, 120000,
+			   100)) {
 		stop_worker(f);
 		gpud_it_print_tail(&f->gpud, "gpud", 30);
 		fail_msg("tasks not finished");
 	}
 	sw_sleep_ms(300);
 	stop_worker(f);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"), 3);
-	assert_true(pg_int(f, "SELECT count(*) FROM chunks WHERE embedding IS NOT NULL") >= 3);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM chunks WHERE embedding IS NULL"), 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"),
+			 3);
+	assert_true(at_pg_int(f->pg, "SELECT count(*) FROM chunks WHERE embedding IS NOT NULL") >=
+		    3);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM chunks WHERE embedding IS NULL"),
+			 0);
 	fprintf(stderr, "e2e: %lld chunks, embedding width %lld, %lld summaries\n",
-		pg_int(f, "SELECT count(*) FROM chunks"), pg_int(f, "SELECT dim FROM embedding_space"),
-		pg_int(f, "SELECT count(*) FROM summaries"));
-	assert_true(pg_int(f, "SELECT dim FROM embedding_space") > 0);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
-	assert_int_equal(pg_int(f, "SELECT array_length(chunk_ids, 1) FROM answers"), 3);
+		at_pg_int(f->pg, "SELECT count(*) FROM chunks"),
+		at_pg_int(f->pg, "SELECT dim FROM embedding_space"),
+		at_pg_int(f->pg, "SELECT count(*) FROM summaries"));
+	assert_true(at_pg_int(f->pg, "SELECT dim FROM embedding_space") > 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT array_length(chunk_ids, 1) FROM answers"), 3);
 	assert_int_equal(xlen(f, f->results), 3);
 	assert_int_equal(xlen(f, f->dead), 0);
 	assert_int_equal(f->st.completed, 3);
@@ -236,26 +214,28 @@ static void test_gpud_restart_mid_run(void **state)
 	}
 	agent_worker_reset();
 	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
-	if (!wait_for(f, "SELECT (count(*) >= 5)::int FROM tasks WHERE status = 'completed'", 1,
-		      60000)) {
+	if (!at_pg_wait_eq(f->pg,
+			   "SELECT (count(*) >= 5)::int FROM tasks WHERE status = 'completed'", 1,
+			   60000, 100)) {
 		stop_worker(f);
 		fail_msg("no progress before the restart");
 	}
 	rc = gpud_it_stop(&f->gpud, SIGTERM, 20000);
 	fprintf(stderr, "e2e: gpud stopped (%d) with %lld tasks completed\n", rc,
-		pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+		at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
 	sw_sleep_ms(1000);
 	assert_int_equal(gpud_it_spawn(&f->gpud, NULL), 0);
 	assert_int_equal(gpud_it_wait_ready(&f->gpud, 30000), 0);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'",
-		      N_RESTART_TASKS + 1, 120000)) {
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'",
+			   N_RESTART_TASKS + 1, 120000, 100)) {
 		stop_worker(f);
 		fail_msg("not every task completed after the restart");
 	}
 	sw_sleep_ms(300);
 	stop_worker(f);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), N_RESTART_TASKS);
-	assert_int_equal(pg_int(f, "SELECT count(DISTINCT task_id) FROM answers"), N_RESTART_TASKS);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM answers"), N_RESTART_TASKS);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(DISTINCT task_id) FROM answers"),
+			 N_RESTART_TASKS);
 	assert_int_equal(xlen(f, f->dead), 0);
 	assert_int_equal(xlen(f, f->results), N_RESTART_TASKS + 1);
 	assert_true(f->st.outages >= 1);
@@ -341,15 +321,17 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 	freeReplyObject(rep);
 
 	a = spawn_worker(config);
-	ok = wait_for(f, "SELECT (count(*) >= 4)::int FROM summaries", 1, 60000);
+	ok = at_pg_wait_eq(f->pg, "SELECT (count(*) >= 4)::int FROM summaries", 1, 60000, 100);
 	kill(a.pid, SIGKILL);
 	waitpid(a.pid, &status, 0);
 	if (!ok)
 		fail_msg("the first worker made no summaries (log in %s)", dir);
 	fprintf(stderr, "e2e: worker killed with %lld summaries made, sum %s\n",
-		pg_int(f, "SELECT count(*) FROM summaries"),
-		pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") ?
-			"already completed" : "in progress");
+		at_pg_int(f->pg, "SELECT count(*) FROM summaries"),
+		at_pg_int(f->pg,
+			  "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'")
+			? "already completed"
+			: "in progress");
 	got = read(a.hb, buf, sizeof(buf) - 1);
 	assert_true(got > 0);
 	buf[got] = '\0';
@@ -358,8 +340,9 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 
 	/* Another process reclaims the entry after the 1 s lease. */
 	b = spawn_worker(config);
-	ok = wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'", 1,
-		      60000);
+	ok = at_pg_wait_eq(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'",
+			   1, 60000, 100);
 	sw_sleep_ms(300);
 	kill(b.pid, SIGTERM);
 	for (int t = 0; t < 10000 && waitpid(b.pid, &status, WNOHANG) == 0; t += 50)
@@ -368,8 +351,8 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 		fail_msg("the summarize task was not completed (log in %s)", dir);
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0); /* drained on SIGTERM */
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
-	assert_int_equal(pg_int(f, "SELECT attempts FROM tasks WHERE id = 'sum'"), 2);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT attempts FROM tasks WHERE id = 'sum'"), 2);
 	rep = redisCommand(r, "XPENDING swarm:tasks agents");
 	assert_int_equal(rep->element[0]->integer, 0);
 	freeReplyObject(rep);

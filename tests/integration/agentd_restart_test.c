@@ -86,30 +86,6 @@ static void *run(void *arg)
 	return NULL;
 }
 
-static long long count(PGconn **c, const char *sql)
-{
-	PGresult *r;
-	long long v = -1;
-
-	if (PQstatus(*c) != CONNECTION_OK)
-		PQreset(*c);
-	r = PQexec(*c, sql);
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	PQclear(r);
-	return v;
-}
-
-static bool wait_count(PGconn **c, const char *sql, long long at_least, int ms)
-{
-	for (int t = 0; t < ms; t += 20) {
-		if (count(c, sql) >= at_least)
-			return true;
-		sw_sleep_ms(20);
-	}
-	return false;
-}
-
 static void test_two_restarts_under_200_tasks(void **state)
 {
 	char stream[96], dead[96], results[96], host[256], task[256], err[256], loc[256];
@@ -169,13 +145,17 @@ static void test_two_restarts_under_200_tasks(void **state)
 	}
 
 	c = PQconnectdb(pg.url);
-	assert_true(wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40, 30000));
+	assert_true(at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'",
+					40, 30000, 20));
 	at_pg_restart(&pg);
-	assert_true(wait_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 120, 30000));
+	assert_true(at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'",
+					120, 30000, 20));
 	at_pg_restart(&pg);
-	if (!wait_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'", N_TASKS, 60000))
+	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'",
+				 N_TASKS, 60000, 20))
 		fprintf(stderr, "only %lld of %d tasks finished\n",
-			count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"), N_TASKS);
+			at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"),
+			N_TASKS);
 	for (int i = 0; i < 100; i++) { /* the last acks follow the last commits */
 		rep = redisCommand(r, "XPENDING %s agents", stream);
 		if (rep->element[0]->integer == 0) {
@@ -194,8 +174,9 @@ static void test_two_restarts_under_200_tasks(void **state)
 	fprintf(stderr, "restart: %llu outage episodes over %d workers\n",
 		(unsigned long long)outages, N_WORKERS);
 	assert_true(outages >= 2);
-	assert_int_equal(count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"), N_TASKS);
-	assert_int_equal(count(&c, "SELECT count(*) FROM answers"), N_TASKS);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'"),
+			 N_TASKS);
+	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM answers"), N_TASKS);
 	rep = redisCommand(r, "XPENDING %s agents", stream);
 	assert_int_equal(rep->element[0]->integer, 0);
 	freeReplyObject(rep);

@@ -87,7 +87,6 @@ static int counter;
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	const char *base = it_pg_url(), *path;
 	char sql[128], host[256];
 	int port;
 
@@ -95,10 +94,7 @@ static int setup(void **state)
 	if (!mkdtemp(f->dir))
 		return -1;
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_sup_%d_%d", (int)getpid(), counter++);
-	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	at_admin(sql);
-	path = strchr(strstr(base, "://") + 3, '/');
-	snprintf(f->pg_url, sizeof(f->pg_url), "%.*s/%s", (int)(path - base), base, f->dbname);
+	at_db_create(f->dbname, f->pg_url, sizeof(f->pg_url));
 	f->pg = PQconnectdb(f->pg_url);
 	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
 		return -1;
@@ -128,7 +124,7 @@ static void print_tail(const char *path, int lines)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	char sql[128], cmd[128];
+	char cmd[128];
 	int status;
 
 	if (f->sup > 0) { /* a failed test: take everything down */
@@ -140,8 +136,7 @@ static int teardown(void **state)
 	redis_cmd(f, "FLUSHDB");
 	redisFree(f->redis);
 	PQfinish(f->pg);
-	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	at_admin(sql);
+	at_db_drop(f->dbname);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", f->dir);
@@ -308,27 +303,6 @@ static int count_lines(const char *path, const char *needle)
 		n += strstr(line, needle) != NULL;
 	fclose(fp);
 	return n;
-}
-
-static long long pg_int(struct fx *f, const char *sql)
-{
-	PGresult *r = PQexec(f->pg, sql);
-	long long v = -1;
-
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	PQclear(r);
-	return v;
-}
-
-static bool wait_pg(struct fx *f, const char *sql, long long want, int ms)
-{
-	for (int t = 0; t < ms; t += 100) {
-		if (pg_int(f, sql) == want)
-			return true;
-		sw_sleep_ms(100);
-	}
-	return false;
 }
 
 static long long redis_int(struct fx *f, const char *cmd)
@@ -498,34 +472,41 @@ static void test_drain_with_task_in_flight(void **state)
 	start_sup(f, "config/sql");
 	assert_true(wait_all_running(f, 2, w, 30000));
 	/* after the ingest, or another worker would find no document yet */
-	if (!wait_pg(f, "SELECT count(*) FROM tasks WHERE id = 'in' AND status = 'completed'", 1,
-		     60000))
+	if (!at_pg_wait_eq(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'in' AND status = 'completed'", 1,
+			   60000, 100))
 		fail_msg("the ingest did not complete");
 	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
-	if (!wait_pg(f, "SELECT (count(*) >= 2)::int FROM summaries", 1, 60000))
+	if (!at_pg_wait_eq(f->pg, "SELECT (count(*) >= 2)::int FROM summaries", 1, 60000, 100))
 		fail_msg("no summaries made");
-	before = pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
+	before = at_pg_int(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
 	stop_sup(f);
 	for (int i = 0; i < 2; i++)
 		assert_false(alive(w[i].pid));
-	done = pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
+	done = at_pg_int(f->pg,
+			 "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
 	pending = redis_int(f, "XPENDING swarm:tasks agents");
 	results = redis_int(f, "XLEN swarm:results");
-	fprintf(stderr, "drain: summarize %s at SIGTERM, %s after; %lld pending, %lld summaries, "
-		"%lld results\n", before ? "completed" : "in flight",
-		done ? "completed" : "not completed", pending,
-		pg_int(f, "SELECT count(*) FROM summaries"), results);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'in' AND "
-				   "status = 'completed'"), 1);
+	fprintf(stderr,
+		"drain: summarize %s at SIGTERM, %s after; %lld pending, %lld summaries, "
+		"%lld results\n",
+		before ? "completed" : "in flight", done ? "completed" : "not completed", pending,
+		at_pg_int(f->pg, "SELECT count(*) FROM summaries"), results);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE id = 'in' AND "
+					  "status = 'completed'"),
+			 1);
 	if (done) {
 		assert_int_equal(pending, 0);
 		assert_int_equal(results, 2);
-		assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+		assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"),
+				 1);
 	} else {
 		/* handed back: still pending, not acknowledged, no event */
 		assert_int_equal(pending, 1);
 		assert_int_equal(results, 1);
-		assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 0);
+		assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"),
+				 0);
 	}
 	assert_int_equal(redis_int(f, "XLEN swarm:dead"), 0);
 	assert_true(file_has(f->log, "SIGTERM: draining 2 workers"));
@@ -547,7 +528,8 @@ static void test_recycle_after_max_tasks(void **state)
 		xadd(f, task);
 	}
 	start_sup(f, "config/sql");
-	if (!wait_pg(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 5, 60000))
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'", 5, 60000,
+			   100))
 		fail_msg("the tasks did not complete");
 	for (int t = 0; t < 10000 && !ok; t += 50) {
 		sw_sleep_ms(50);
@@ -643,7 +625,7 @@ static void test_second_sigterm_kills_at_once(void **state)
 	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
 	start_sup(f, "config/sql");
 	assert_true(wait_all_running(f, 1, w, 30000));
-	if (!wait_pg(f, "SELECT (count(*) >= 1)::int FROM summaries", 1, 60000))
+	if (!at_pg_wait_eq(f->pg, "SELECT (count(*) >= 1)::int FROM summaries", 1, 60000, 100))
 		fail_msg("no summaries made");
 	kill(f->sup, SIGTERM);
 	sw_sleep_ms(20);
@@ -655,9 +637,13 @@ static void test_second_sigterm_kills_at_once(void **state)
 	assert_false(alive(w[0].pid));
 	assert_true(file_has(f->log, "SIGTERM again: killing the workers now"));
 	fprintf(stderr, "second SIGTERM: summarize %s\n",
-		pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") ?
-			"completed" : "killed mid-task");
-	if (pg_int(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") == 0) {
+		at_pg_int(f->pg,
+			  "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'")
+			? "completed"
+			: "killed mid-task");
+	if (at_pg_int(f->pg,
+		      "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'") ==
+	    0) {
 		/* killed mid-task: the entry is still pending for another
 		 * consumer, nothing acknowledged or announced */
 		assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 1);

@@ -156,14 +156,10 @@ static char err[512];
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	const char *base = it_pg_url(), *path;
-	char sql[128], url[1024];
+	char url[1024];
 
 	snprintf(f->name, sizeof(f->name), "agentd_tasks_%d_%d", (int)getpid(), counter++);
-	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->name);
-	at_admin(sql);
-	path = strchr(strstr(base, "://") + 3, '/');
-	snprintf(url, sizeof(url), "%.*s/%s", (int)(path - base), base, f->name);
+	at_db_create(f->name, url, sizeof(url));
 	if (agent_db_open(&f->db, url, err, sizeof(err)) != 0 ||
 	    agent_db_migrate(f->db, "config/sql", NULL, err, sizeof(err)) != 0) {
 		fprintf(stderr, "setup: %s\n", err);
@@ -185,11 +181,9 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	char sql[128];
 
 	agent_db_close(f->db);
-	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->name);
-	at_admin(sql);
+	at_db_drop(f->name);
 	free(f);
 	return 0;
 }

@@ -72,7 +72,65 @@ void at_pg_restart(const struct at_pg *pg)
 {
 	char cmd[512];
 
-	snprintf(cmd, sizeof(cmd), "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
+	snprintf(cmd, sizeof(cmd),
+		 "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
 		 getuid() == 0 ? "runuser -u postgres --" : "", PG_CTL, pg->dir);
 	assert_int_equal(system(cmd), 0);
+}
+
+void at_db_create(const char *name, char *url, size_t urllen)
+{
+	const char *base = it_pg_url(), *path;
+	char sql[256];
+
+	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", name);
+	at_admin(sql);
+	path = strchr(strstr(base, "://") + 3, '/');
+	snprintf(url, urllen, "%.*s/%s", (int)(path - base), base, name);
+}
+
+void at_db_drop(const char *name)
+{
+	char sql[256];
+
+	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", name);
+	at_admin(sql);
+}
+
+long long at_pg_int(PGconn *c, const char *sql)
+{
+	PGresult *r = PQexec(c, sql);
+	long long v = -1;
+
+	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
+		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return v;
+}
+
+bool at_pg_wait_eq(PGconn *c, const char *sql, long long want, int ms, int poll_ms)
+{
+	for (int t = 0; t < ms; t += poll_ms) {
+		if (at_pg_int(c, sql) == want)
+			return true;
+		usleep((useconds_t)poll_ms * 1000);
+	}
+	return false;
+}
+
+long long at_pg_count(PGconn **c, const char *sql)
+{
+	if (PQstatus(*c) != CONNECTION_OK)
+		PQreset(*c);
+	return at_pg_int(*c, sql);
+}
+
+bool at_pg_wait_at_least(PGconn **c, const char *sql, long long at_least, int ms, int poll_ms)
+{
+	for (int t = 0; t < ms; t += poll_ms) {
+		if (at_pg_count(c, sql) >= at_least)
+			return true;
+		usleep((useconds_t)poll_ms * 1000);
+	}
+	return false;
 }

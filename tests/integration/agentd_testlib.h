@@ -30,4 +30,33 @@ void at_pg_stop(struct at_pg *pg);
  * restart fails. */
 void at_pg_restart(const struct at_pg *pg);
 
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <libpq-fe.h>
+
+/* Creates database name on it_pg_url() (the test fails if it cannot) and
+ * writes a URL for it into url (it_pg_url() with its database replaced). */
+void at_db_create(const char *name, char *url, size_t urllen);
+
+/* Drops database name if it exists, ending its sessions. */
+void at_db_drop(const char *name);
+
+/* The integer value of a one-row, one-column query on c, -1 when the
+ * query fails or returns another shape. */
+long long at_pg_int(PGconn *c, const char *sql);
+
+/* Polls at_pg_int(c, sql) every poll_ms until it equals want; false when
+ * ms passed first. */
+bool at_pg_wait_eq(PGconn *c, const char *sql, long long want, int ms, int poll_ms);
+
+/* at_pg_int() that first reconnects *c if its connection broke (a
+ * restarted server). */
+long long at_pg_count(PGconn **c, const char *sql);
+
+/* Polls at_pg_count(c, sql) every poll_ms until it is at least at_least;
+ * false when ms passed first. */
+bool at_pg_wait_at_least(PGconn **c, const char *sql, long long at_least, int ms,
+			 int poll_ms);
+
 #endif

@@ -119,15 +119,11 @@ static int counter;
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	const char *base = it_pg_url(), *path;
-	char sql[128], host[256];
+	char host[256];
 	int port, n = counter++;
 
 	snprintf(f->dbname, sizeof(f->dbname), "agentd_worker_%d_%d", (int)getpid(), n);
-	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->dbname);
-	at_admin(sql);
-	path = strchr(strstr(base, "://") + 3, '/');
-	snprintf(f->dburl, sizeof(f->dburl), "%.*s/%s", (int)(path - base), base, f->dbname);
+	at_db_create(f->dbname, f->dburl, sizeof(f->dburl));
 	f->pg = PQconnectdb(f->dburl);
 	if (PQstatus(f->pg) != CONNECTION_OK)
 		return -1;
@@ -174,15 +170,13 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	char sql[128];
 	redisReply *r;
 
 	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
 	freeReplyObject(r);
 	redisFree(f->redis);
 	PQfinish(f->pg);
-	snprintf(sql, sizeof(sql), "DROP DATABASE IF EXISTS %s WITH (FORCE)", f->dbname);
-	at_admin(sql);
+	at_db_drop(f->dbname);
 	close(f->hb[0]);
 	close(f->hb[1]);
 	free(f);
@@ -220,17 +214,6 @@ static void xadd(struct fx *f, const char *task)
 	freeReplyObject(r);
 }
 
-static long long pg_int(struct fx *f, const char *sql)
-{
-	PGresult *r = PQexec(f->pg, sql);
-	long long v = -1;
-
-	if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1)
-		v = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-	PQclear(r);
-	return v;
-}
-
 /* The value of a one-row query, "" when none; static buffer. */
 static const char *pg_text(struct fx *f, const char *fmt, const char *arg)
 {
@@ -243,17 +226,6 @@ static const char *pg_text(struct fx *f, const char *fmt, const char *arg)
 		snprintf(out, sizeof(out), "%s", PQgetvalue(r, 0, 0));
 	PQclear(r);
 	return out;
-}
-
-/* Waits until sql returns want (at most ms). */
-static bool wait_for(struct fx *f, const char *sql, long long want, int ms)
-{
-	for (int t = 0; t < ms; t += 50) {
-		if (pg_int(f, sql) == want)
-			return true;
-		sw_sleep_ms(50);
-	}
-	return false;
 }
 
 static long long redis_int(struct fx *f, const char *fmt, const char *a)
@@ -324,8 +296,10 @@ static void test_mixed_batch(void **state)
 
 	start_worker(f);
 	/* 7 ids + 2 entries without a usable id, all final. */
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status <> 'running'", 9, 20000))
-		fail_msg("not all tasks finished: %lld", pg_int(f, "SELECT count(*) FROM tasks"));
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status <> 'running'", 9, 20000,
+			   50))
+		fail_msg("not all tasks finished: %lld",
+			 at_pg_int(f->pg, "SELECT count(*) FROM tasks"));
 	/* The worker acknowledges after the commit: give it a moment. */
 	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
 		sw_sleep_ms(50);
@@ -335,13 +309,13 @@ static void test_mixed_batch(void **state)
 	assert_string_equal(pg_text(f, "SELECT attempts FROM tasks WHERE id = $1", "in-1"), "2");
 	assert_string_equal(pg_text(f, "SELECT location FROM tasks WHERE id = $1", "in-2"),
 			    "documents/1");
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM documents"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 1);
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "sum"), "completed");
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "ask"), "completed");
 	assert_string_equal(pg_text(f, "SELECT location FROM tasks WHERE id = $1", "ask"),
 			    "answers/ask");
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM answers"), 1);
 
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "bad-kind"),
 			    "failed");
@@ -419,31 +393,32 @@ static void test_kill9_during_summarize(void **state)
 
 	victim = spawn_victim(f);
 	assert_true(victim > 0);
-	ok = wait_for(f, "SELECT (count(*) >= 3)::int FROM summaries", 1, 20000);
+	ok = at_pg_wait_eq(f->pg, "SELECT (count(*) >= 3)::int FROM summaries", 1, 20000, 50);
 	kill(victim, SIGKILL); /* before any assertion: never leave it running */
 	waitpid(victim, &status, 0);
 	if (!ok)
 		fail_msg("the victim made no summaries");
 	assert_true(WIFSIGNALED(status));
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "sum"), "running");
-	total = pg_int(f, "SELECT count(*) FROM summaries");
+	total = at_pg_int(f->pg, "SELECT count(*) FROM summaries");
 	assert_int_equal(pending(f), 1);
 
 	/* Another worker reclaims it after the lease and resumes. */
 	gen_calls = 0;
 	f->o.consumer = "rescuer";
 	start_worker(f);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'", 1,
-		      20000))
+	if (!at_pg_wait_eq(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'",
+			   1, 20000, 50))
 		fail_msg("the summarize task was not finished");
 	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
 		sw_sleep_ms(50);
 	stop_worker(f);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
 	assert_int_equal(pending(f), 0);
 	assert_int_equal(events(f, "sum", "completed"), 1);
 	/* Only what was missing was generated again. */
-	assert_int_equal(gen_calls, pg_int(f, "SELECT count(*) FROM summaries") - total);
+	assert_int_equal(gen_calls, at_pg_int(f->pg, "SELECT count(*) FROM summaries") - total);
 	assert_true(total >= 3);
 	assert_string_equal(pg_text(f, "SELECT attempts FROM tasks WHERE id = $1", "sum"), "2");
 }
@@ -471,11 +446,12 @@ static void test_drain_finishes_task_in_hand(void **state)
 	xadd(f, "{\"id\":\"a2\",\"kind\":\"answer\",\"question\":\"apple?\"}");
 	xadd(f, "{\"id\":\"a3\",\"kind\":\"answer\",\"question\":\"birds?\"}");
 	start_worker(f);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'a1'", 1, 10000))
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE id = 'a1'", 1, 10000, 50))
 		fail_msg("a1 was not claimed");
 	stop_worker(f); /* mid-generation */
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "a1"), "completed");
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE id IN ('a2', 'a3')"), 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE id IN ('a2', 'a3')"),
+			 0);
 	assert_int_equal(pending(f), 0);
 	assert_int_equal(events(f, "a1", "completed"), 1);
 	assert_int_equal(f->st.claimed, 1);
@@ -491,15 +467,17 @@ static void test_postgres_drop_is_ridden_out(void **state)
 	start_worker(f);
 	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
 	xadd(f, task);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1, 10000))
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1, 10000,
+			   50))
 		fail_msg("first task not done");
 	/* End every backend of the worker's database but ours. */
 	r = PQexec(f->pg, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
 			  " WHERE datname = current_database() AND pid <> pg_backend_pid()");
 	PQclear(r);
 	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"river?\"}");
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'ask' AND status = 'completed'", 1,
-		      15000))
+	if (!at_pg_wait_eq(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'ask' AND status = 'completed'",
+			   1, 15000, 50))
 		fail_msg("the task after the drop was not done");
 	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
 		sw_sleep_ms(50);
@@ -507,7 +485,7 @@ static void test_postgres_drop_is_ridden_out(void **state)
 	assert_true(f->st.outages >= 1);
 	assert_int_equal(f->st.completed, 2);
 	assert_int_equal(pending(f), 0);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM answers"), 1);
 }
 
 struct multi {
@@ -575,9 +553,10 @@ static void test_four_workers_no_duplicates(void **state)
 		m[i].o.heartbeat_fd = -1;
 		assert_int_equal(pthread_create(&th[i], NULL, multi_thread, &m[i]), 0);
 	}
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40, 30000))
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40,
+			   30000, 50))
 		fprintf(stderr, "only %lld completed\n",
-			pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
+			at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
 	for (int t = 0; t < 3000 && pending(f) != 0; t += 50)
 		sw_sleep_ms(50);
 	agent_worker_stop();
@@ -587,12 +566,15 @@ static void test_four_workers_no_duplicates(void **state)
 		claimed += m[i].st.claimed;
 	}
 	assert_int_equal(claimed, 70);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks WHERE status = 'completed'"), 40);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM answers"), 30);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM documents"), 2);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM (SELECT document_id, level, position"
-				   " FROM summaries GROUP BY 1, 2, 3 HAVING count(*) > 1) d"), 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"),
+			 40);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM answers"), 30);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 2);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg,
+				   "SELECT count(*) FROM (SELECT document_id, level, position"
+				   " FROM summaries GROUP BY 1, 2, 3 HAVING count(*) > 1) d"),
+			 0);
 	assert_int_equal(pending(f), 0);
 	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
 }
@@ -680,7 +662,7 @@ static void test_recycle_after_max_tasks(void **state)
 	worker_thread(f);
 	assert_int_equal(f->rc, 0);
 	assert_int_equal(f->st.claimed, 2);
-	assert_int_equal(pg_int(f, "SELECT count(*) FROM tasks"), 2);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks"), 2);
 	assert_int_equal(pending(f), 0);
 }
 
@@ -706,14 +688,15 @@ static void test_heartbeat_stops_while_hung(void **state)
 	gen_sleep_ms = 1800; /* one generation far longer than the lease */
 	xadd(f, "{\"id\":\"slow\",\"kind\":\"answer\",\"question\":\"river?\"}");
 	start_worker(f);
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'slow'", 1, 10000))
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE id = 'slow'", 1, 10000, 50))
 		fail_msg("the task was not claimed");
 	sw_sleep_ms(800);
 	assert_non_null(strstr(read_beats(f), " busy ")); /* beats until the lease passed */
 	sw_sleep_ms(400);
 	assert_string_equal(read_beats(f), "");           /* then silence: hung */
-	if (!wait_for(f, "SELECT count(*) FROM tasks WHERE id = 'slow' AND status = 'completed'", 1,
-		      10000))
+	if (!at_pg_wait_eq(f->pg,
+			   "SELECT count(*) FROM tasks WHERE id = 'slow' AND status = 'completed'",
+			   1, 10000, 50))
 		fail_msg("the slow task did not complete");
 	sw_sleep_ms(300);
 	assert_non_null(strstr(read_beats(f), " idle ")); /* alive again */
