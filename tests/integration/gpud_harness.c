@@ -597,3 +597,27 @@ json_t *gpud_it_named(json_t *arr, const char *name)
 	}
 	return NULL;
 }
+
+int gpud_it_fix_setup(void **state)
+{
+	struct gpud_it_fix *f = calloc(1, sizeof(*f));
+
+	if (!f)
+		return -1;
+	f->d[0].status = f->d[1].status = -1;
+	*state = f;
+	return 0;
+}
+
+int gpud_it_fix_teardown(void **state)
+{
+	struct gpud_it_fix *f = *state;
+
+	for (int i = 0; i < 2; i++) {
+		if (!f->done && f->d[i].dir[0])
+			gpud_it_print_tail(&f->d[i], "test failed", 60);
+		gpud_it_free(&f->d[i]);
+	}
+	free(f);
+	return 0;
+}

@@ -135,4 +135,23 @@ json_t *gpud_it_named(json_t *arr, const char *name);
 /* Monotonic seconds. */
 double gpud_it_now(void);
 
+
+/* A cmocka fixture of two daemon slots shared by the gpud tests. */
+struct gpud_it_fix {
+	struct gpud_it d[2];
+	bool done; /* the test reached its end: no log tails at teardown */
+};
+
+/* cmocka setup: *state gets a zeroed struct gpud_it_fix (no daemon
+ * started). Returns 0, or -1 when out of memory. */
+int gpud_it_fix_setup(void **state);
+
+/* cmocka teardown: prints each slot's log tail unless done was set,
+ * stops and frees both slots, frees the fixture. Returns 0. */
+int gpud_it_fix_teardown(void **state);
+
+/* A cmocka test entry run with the fixture above. */
+#define GPUD_IT_FIX_TEST(fn) \
+	cmocka_unit_test_setup_teardown(fn, gpud_it_fix_setup, gpud_it_fix_teardown)
+
 #endif

@@ -27,35 +27,6 @@
 
 #define ONCE "Once upon a time"
 
-struct fix {
-	struct gpud_it d[2];
-	bool done;
-};
-
-static int setup(void **state)
-{
-	struct fix *f = calloc(1, sizeof(*f));
-
-	if (!f)
-		return -1;
-	f->d[0].status = f->d[1].status = -1;
-	*state = f;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct fix *f = *state;
-
-	for (int i = 0; i < 2; i++) {
-		if (!f->done && f->d[i].dir[0])
-			gpud_it_print_tail(&f->d[i], "test failed", 60);
-		gpud_it_free(&f->d[i]);
-	}
-	free(f);
-	return 0;
-}
-
 /* Runs `gpud serve --check --config d->config`; returns the exit code,
  * output in out. */
 static int check_config(const struct gpud_it *d, char *out, size_t outlen)
@@ -74,7 +45,7 @@ static bool said(const struct gpud_it *d, const char *out, const char *needle)
 
 static void test_check_ok(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
 	char out[16384];
 	int rc;
@@ -91,7 +62,8 @@ static void test_check_ok(void **state)
 }
 
 /* A bad configuration: --check exits 1 naming the key path. */
-static void bad_config(struct fix *f, const char *extra, const char *devices, const char *key)
+static void bad_config(struct gpud_it_fix *f, const char *extra, const char *devices,
+		       const char *key)
 {
 	struct gpud_it_opts o = { .gpud_extra = extra, .devices = devices };
 	char out[16384];
@@ -111,7 +83,7 @@ static void bad_config(struct fix *f, const char *extra, const char *devices, co
 
 static void test_check_bad(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 
 	bad_config(f, "\"thread\": 2", NULL, "gpud.thread");
 	bad_config(f, "\"kv_block_tokens\": 3", NULL, "gpud.kv_block_tokens");
@@ -152,7 +124,7 @@ static void test_check_bad(void **state)
 
 static void test_socket_mode(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
 	struct stat st;
 
@@ -280,7 +252,7 @@ static void wait_draining(struct proto_client *c)
 
 static void test_sigterm_drains(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 2048, \"shutdown_deadline_ms\": 120000",
 	};
@@ -328,7 +300,7 @@ static void test_sigterm_drains(void **state)
 
 static void test_sigterm_deadline(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 4096, \"shutdown_deadline_ms\": 20",
 	};
@@ -396,7 +368,7 @@ static int replace_in_file(const char *path, const char *from, const char *to)
 
 static void test_second_daemon_refused(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
 	struct proto_client *c;
 	json_t *st;
@@ -425,7 +397,7 @@ static void test_second_daemon_refused(void **state)
 
 static void test_bad_model(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	char path[GPUD_IT_PATH_MAX + 32];
 	FILE *m;
 	int rc;
@@ -469,7 +441,7 @@ static void test_bad_model(void **state)
 
 static void test_pools_do_not_fit(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	/* 16 Mi blocks of 16 tokens of stories260K KV (20 KiB each) per
 	 * device: 320 GiB */
 	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 16777216", .no_wait = true };
@@ -498,14 +470,14 @@ static void test_pools_do_not_fit(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_check_ok, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_check_bad, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_socket_mode, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_sigterm_drains, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_sigterm_deadline, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_second_daemon_refused, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_bad_model, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_pools_do_not_fit, setup, teardown),
+		GPUD_IT_FIX_TEST(test_check_ok),
+		GPUD_IT_FIX_TEST(test_check_bad),
+		GPUD_IT_FIX_TEST(test_socket_mode),
+		GPUD_IT_FIX_TEST(test_sigterm_drains),
+		GPUD_IT_FIX_TEST(test_sigterm_deadline),
+		GPUD_IT_FIX_TEST(test_second_daemon_refused),
+		GPUD_IT_FIX_TEST(test_bad_model),
+		GPUD_IT_FIX_TEST(test_pools_do_not_fit),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -57,37 +57,8 @@
 
 /* --- fixture --------------------------------------------------------------- */
 
-struct fix {
-	struct gpud_it d[2];
-	bool done; /* the test reached its end: no log tails at teardown */
-};
-
-static int setup(void **state)
-{
-	struct fix *f = calloc(1, sizeof(*f));
-
-	if (!f)
-		return -1;
-	f->d[0].status = f->d[1].status = -1;
-	*state = f;
-	return 0;
-}
-
-static int teardown(void **state)
-{
-	struct fix *f = *state;
-
-	for (int i = 0; i < 2; i++) {
-		if (!f->done && f->d[i].dir[0])
-			gpud_it_print_tail(&f->d[i], "test failed", 60);
-		gpud_it_free(&f->d[i]);
-	}
-	free(f);
-	return 0;
-}
-
 /* Stops daemon i with SIGTERM and checks it exits 0. */
-static void stop_ok(struct fix *f, int i)
+static void stop_ok(struct gpud_it_fix *f, int i)
 {
 	int rc = gpud_it_stop(&f->d[i], SIGTERM, 60000);
 
@@ -524,7 +495,7 @@ static void t1_prompt(int i, char *out, size_t outlen)
 
 static void test_concurrent_equals_sequential(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 1024, \"max_seqs\": 64, \"prefix_cache_bytes\": 0",
 	};
@@ -802,7 +773,7 @@ next:
 
 static void test_20k_random_requests(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	/* 32 in flight, up to ~1010 tokens each: 64 blocks of 16 tokens per
 	 * request; 2304 blocks per device hold all of them on one device. */
 	struct gpud_it_opts o = {
@@ -976,7 +947,7 @@ static void t3_req(struct rbuf *b, uint32_t S, const uint32_t *seg_words, const 
 
 static void test_mask_cache(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 512, \"mask_cache_bytes\": \"32KiB\", "
 			      "\"prefix_cache_bytes\": 0",
@@ -1123,7 +1094,7 @@ static const char *const t4_questions[] = {
 
 static void test_prefix_cache(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts on = {
 		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": \"4MiB\"",
 	};
@@ -1291,7 +1262,7 @@ static char self_exe[4096];
 
 static void test_killed_client(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 4096, \"max_seqs\": 64, \"prefix_cache_bytes\": 0",
 	};
@@ -1585,7 +1556,7 @@ static void expect_code(int got, int want, const char *what, const char *msg)
 
 static void test_malformed_input(void **state)
 {
-	struct fix *f = *state;
+	struct gpud_it_fix *f = *state;
 	struct gpud_it_opts o = {
 		.gpud_extra = "\"kv_blocks\": 1024, \"prefix_cache_bytes\": 0, "
 			      "\"ring_bytes\": \"64KiB\", \"stage_bytes\": \"4KiB\", "
@@ -1843,12 +1814,12 @@ static void test_malformed_input(void **state)
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_concurrent_equals_sequential, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_20k_random_requests, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_mask_cache, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_prefix_cache, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_killed_client, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_malformed_input, setup, teardown),
+		GPUD_IT_FIX_TEST(test_concurrent_equals_sequential),
+		GPUD_IT_FIX_TEST(test_20k_random_requests),
+		GPUD_IT_FIX_TEST(test_mask_cache),
+		GPUD_IT_FIX_TEST(test_prefix_cache),
+		GPUD_IT_FIX_TEST(test_killed_client),
+		GPUD_IT_FIX_TEST(test_malformed_input),
 	};
 	ssize_t n;
 
