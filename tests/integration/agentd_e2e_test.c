@@ -100,10 +100,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	redisReply *r;
 
-	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
-	freeReplyObject(r);
+	at_streams_del(f->redis, f->stream, f->dead, f->results);
 	redisFree(f->redis);
 	PQfinish(f->pg);
 	at_db_drop(f->dbname);
@@ -147,20 +145,13 @@ static void stop_worker(struct fx *f)
 		fail_msg("worker: %s", f->err);
 }
 
-static const char story[] =
-	"Once upon a time there was a little cat named Tom. Tom liked to play in the garden. "
-	"One day he saw a big red ball under the tree. He ran to the ball and pushed it. "
-	"The ball rolled down the hill and Tom ran after it. At the bottom of the hill he met a "
-	"dog named Max. Max was friendly and wanted to play too. Together they played with the "
-	"ball all afternoon. When the sun went down Tom went home. His mom gave him milk and he "
-	"fell asleep happy. The next morning Tom ran back to the hill to find Max again.";
-
 static void test_ingest_summarize_answer(void **state)
 {
 	struct fx *f = *state;
 	char task[2048];
 
-	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}",
+		 at_story);
 	xadd(f, task);
 	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":24}");
 	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"What did Tom find?\","
@@ -201,7 +192,8 @@ static void test_gpud_restart_mid_run(void **state)
 	char task[2048];
 	int rc;
 
-	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
+	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}",
+		 at_story);
 	xadd(f, task);
 	/* enough tasks that the stop lands mid-run (20 could all finish
 	 * while gpud drained on a quiet machine) */
@@ -312,7 +304,8 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 	/* A long document: many chunks, many partial summaries. */
 	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
 	for (int i = 0; i < 8; i++)
-		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i,
+					at_story);
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	rep = redisCommand(r, "XADD swarm:tasks * task %s", task);
 	freeReplyObject(rep);

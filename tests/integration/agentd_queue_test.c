@@ -22,6 +22,7 @@
 
 #include "agentd/queue.h"
 #include "common/err.h"
+#include "tests/integration/agentd_testlib.h"
 #include "tests/integration/harness.h"
 
 struct fx {
@@ -56,18 +57,6 @@ static long long integer(redisContext *c, const char *fmt, const char *a, const 
 	return v;
 }
 
-/* Pending entries of the group, all consumers. */
-static long long pending(struct fx *f)
-{
-	redisReply *r = cmd(f->admin, "XPENDING %s agents", f->stream);
-	long long v;
-
-	assert_int_equal(r->type, REDIS_REPLY_ARRAY);
-	v = r->element[0]->integer;
-	freeReplyObject(r);
-	return v;
-}
-
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
@@ -92,7 +81,7 @@ static int teardown(void **state)
 {
 	struct fx *f = *state;
 
-	freeReplyObject(cmd(f->admin, "DEL %s %s %s", f->stream, f->dead, f->results));
+	at_streams_del(f->admin, f->stream, f->dead, f->results);
 	redisFree(f->admin);
 	free(f);
 	return 0;
@@ -144,12 +133,12 @@ static void test_claim_and_ack(void **state)
 	assert_int_equal(m.len, 10);
 	assert_int_equal(m.deliveries, 1);
 	assert_int_equal(m.source, AGENT_MSG_NEW);
-	assert_int_equal(pending(f), 1);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 1);
 	/* The other consumer does not get it. */
 	assert_int_equal(agent_queue_claim(q2, &m2, err, sizeof(err)), SW_ENOTFOUND);
 	assert_null(m2.payload);
 	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
 	agent_msg_free(&m);
 	agent_msg_free(&m);
 	agent_msg_free(NULL);
@@ -188,7 +177,7 @@ static void test_own_pending_after_restart(void **state)
 	agent_msg_free(&m);
 	/* Read once: an unacknowledged one is not handed out again at once. */
 	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), SW_ENOTFOUND);
-	assert_int_equal(pending(f), 1);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 1);
 	agent_queue_close(q);
 }
 
@@ -260,7 +249,7 @@ static void test_dead_letter_and_results(void **state)
 	add(f, "{poison", id);
 	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
 	assert_int_equal(agent_queue_dead(q, &m, "t-7", "task: invalid JSON", err, sizeof(err)), 0);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
 	r = cmd(f->admin, "XRANGE %s - +", f->dead);
 	assert_int_equal(r->elements, 1);
 	{
@@ -307,7 +296,7 @@ static void test_deleted_entry_skipped(void **state)
 	assert_string_equal(m.id, b); /* "gone" acknowledged and skipped */
 	assert_string_equal(m.payload, "next");
 	assert_int_equal(agent_queue_ack(q, m.id, err, sizeof(err)), 0);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
 	agent_msg_free(&m);
 	agent_queue_close(q);
 }
@@ -392,7 +381,7 @@ static void test_prune_idle_consumers(void **state)
 	r = cmd(f->admin, "XINFO CONSUMERS %s agents", f->stream);
 	assert_int_equal(r->elements, 2); /* busy (it holds an entry) and me */
 	freeReplyObject(r);
-	assert_int_equal(pending(f), 1);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 1);
 	agent_queue_close(me);
 }
 

@@ -328,14 +328,6 @@ static void xadd(struct fx *f, const char *task)
 	freeReplyObject(r);
 }
 
-static const char story[] =
-	"Once upon a time there was a little cat named Tom. Tom liked to play in the garden. "
-	"One day he saw a big red ball under the tree. He ran to the ball and pushed it. "
-	"The ball rolled down the hill and Tom ran after it. At the bottom of the hill he met a "
-	"dog named Max. Max was friendly and wanted to play too. Together they played with the "
-	"ball all afternoon. When the sun went down Tom went home. His mom gave him milk and he "
-	"fell asleep happy. The next morning Tom ran back to the hill to find Max again.";
-
 /* --- tests ---------------------------------------------------------------- */
 
 static void test_keeps_n_alive_and_restarts_killed(void **state)
@@ -466,7 +458,8 @@ static void test_drain_with_task_in_flight(void **state)
 	/* A long document: many chunks, many partial summaries. */
 	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
 	for (int i = 0; i < 8; i++)
-		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i,
+					at_story);
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	xadd(f, task);
 	start_sup(f, "config/sql");
@@ -619,7 +612,8 @@ static void test_second_sigterm_kills_at_once(void **state)
 	write_config(f, BASE "\"workers\": 1");
 	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
 	for (int i = 0; i < 8; i++)
-		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i, story);
+		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i,
+					at_story);
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	xadd(f, task);
 	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");

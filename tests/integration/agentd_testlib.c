@@ -18,6 +18,14 @@
 
 #define PG_CTL "/usr/lib/postgresql/15/bin/pg_ctl"
 
+const char at_story[] =
+	"Once upon a time there was a little cat named Tom. Tom liked to play in the garden. "
+	"One day he saw a big red ball under the tree. He ran to the ball and pushed it. "
+	"The ball rolled down the hill and Tom ran after it. At the bottom of the hill he met a "
+	"dog named Max. Max was friendly and wanted to play too. Together they played with the "
+	"ball all afternoon. When the sun went down Tom went home. His mom gave him milk and he "
+	"fell asleep happy. The next morning Tom ran back to the hill to find Max again.";
+
 void at_admin(const char *sql)
 {
 	PGconn *c = PQconnectdb(it_pg_url());
@@ -133,4 +141,22 @@ bool at_pg_wait_at_least(PGconn **c, const char *sql, long long at_least, int ms
 		usleep((useconds_t)poll_ms * 1000);
 	}
 	return false;
+}
+
+long long at_redis_pending(redisContext *r, const char *stream)
+{
+	redisReply *rep = redisCommand(r, "XPENDING %s agents", stream);
+	long long v;
+
+	if (!rep)
+		fail_msg("redis: %s", r->errstr);
+	assert_int_equal(rep->type, REDIS_REPLY_ARRAY);
+	v = rep->element[0]->integer;
+	freeReplyObject(rep);
+	return v;
+}
+
+void at_streams_del(redisContext *r, const char *stream, const char *dead, const char *results)
+{
+	freeReplyObject(redisCommand(r, "DEL %s %s %s", stream, dead, results));
 }

@@ -59,4 +59,20 @@ long long at_pg_count(PGconn **c, const char *sql);
 bool at_pg_wait_at_least(PGconn **c, const char *sql, long long at_least, int ms,
 			 int poll_ms);
 
+
+#include <hiredis/hiredis.h>
+
+/* A short English story (~600 bytes, no quotes or backslashes) for ingest
+ * and summarize tasks. */
+extern const char at_story[];
+
+/* Entries pending in consumer group `agents` of stream (XPENDING), all
+ * consumers; a lost connection or a non-array reply fails the test. */
+long long at_redis_pending(redisContext *r, const char *stream);
+
+/* Deletes the three streams of a test (DEL stream dead results); errors
+ * are ignored. */
+void at_streams_del(redisContext *r, const char *stream, const char *dead,
+		    const char *results);
+
 #endif

@@ -170,10 +170,8 @@ static int setup(void **state)
 static int teardown(void **state)
 {
 	struct fx *f = *state;
-	redisReply *r;
 
-	r = redisCommand(f->redis, "DEL %s %s %s", f->stream, f->dead, f->results);
-	freeReplyObject(r);
+	at_streams_del(f->redis, f->stream, f->dead, f->results);
 	redisFree(f->redis);
 	PQfinish(f->pg);
 	at_db_drop(f->dbname);
@@ -239,17 +237,6 @@ static long long redis_int(struct fx *f, const char *fmt, const char *a)
 	return v;
 }
 
-static long long pending(struct fx *f)
-{
-	redisReply *r = redisCommand(f->redis, "XPENDING %s agents", f->stream);
-	long long v;
-
-	assert_int_equal(r->type, REDIS_REPLY_ARRAY);
-	v = r->element[0]->integer;
-	freeReplyObject(r);
-	return v;
-}
-
 /* Number of events on the results stream for task id with status. */
 static int events(struct fx *f, const char *id, const char *status)
 {
@@ -301,7 +288,7 @@ static void test_mixed_batch(void **state)
 		fail_msg("not all tasks finished: %lld",
 			 at_pg_int(f->pg, "SELECT count(*) FROM tasks"));
 	/* The worker acknowledges after the commit: give it a moment. */
-	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+	for (int t = 0; t < 2000 && at_redis_pending(f->redis, f->stream) != 0; t += 50)
 		sw_sleep_ms(50);
 	stop_worker(f);
 
@@ -338,7 +325,7 @@ static void test_mixed_batch(void **state)
 	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 1);
 	assert_int_equal(events(f, "unreach", "dead"), 1);
 
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 	assert_int_equal(events(f, "in-1", "completed"), 2); /* at least once: twice here */
 	assert_int_equal(events(f, "in-2", "completed"), 1);
 	assert_int_equal(events(f, "sum", "completed"), 1);
@@ -401,7 +388,7 @@ static void test_kill9_during_summarize(void **state)
 	assert_true(WIFSIGNALED(status));
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "sum"), "running");
 	total = at_pg_int(f->pg, "SELECT count(*) FROM summaries");
-	assert_int_equal(pending(f), 1);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 1);
 
 	/* Another worker reclaims it after the lease and resumes. */
 	gen_calls = 0;
@@ -411,11 +398,11 @@ static void test_kill9_during_summarize(void **state)
 			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'",
 			   1, 20000, 50))
 		fail_msg("the summarize task was not finished");
-	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+	for (int t = 0; t < 2000 && at_redis_pending(f->redis, f->stream) != 0; t += 50)
 		sw_sleep_ms(50);
 	stop_worker(f);
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 	assert_int_equal(events(f, "sum", "completed"), 1);
 	/* Only what was missing was generated again. */
 	assert_int_equal(gen_calls, at_pg_int(f->pg, "SELECT count(*) FROM summaries") - total);
@@ -452,7 +439,7 @@ static void test_drain_finishes_task_in_hand(void **state)
 	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "a1"), "completed");
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE id IN ('a2', 'a3')"),
 			 0);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 	assert_int_equal(events(f, "a1", "completed"), 1);
 	assert_int_equal(f->st.claimed, 1);
 	assert_int_equal(f->st.completed, 1);
@@ -479,12 +466,12 @@ static void test_postgres_drop_is_ridden_out(void **state)
 			   "SELECT count(*) FROM tasks WHERE id = 'ask' AND status = 'completed'",
 			   1, 15000, 50))
 		fail_msg("the task after the drop was not done");
-	for (int t = 0; t < 2000 && pending(f) != 0; t += 50)
+	for (int t = 0; t < 2000 && at_redis_pending(f->redis, f->stream) != 0; t += 50)
 		sw_sleep_ms(50);
 	stop_worker(f);
 	assert_true(f->st.outages >= 1);
 	assert_int_equal(f->st.completed, 2);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM answers"), 1);
 }
 
@@ -557,7 +544,7 @@ static void test_four_workers_no_duplicates(void **state)
 			   30000, 50))
 		fprintf(stderr, "only %lld completed\n",
 			at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"));
-	for (int t = 0; t < 3000 && pending(f) != 0; t += 50)
+	for (int t = 0; t < 3000 && at_redis_pending(f->redis, f->stream) != 0; t += 50)
 		sw_sleep_ms(50);
 	agent_worker_stop();
 	for (int i = 0; i < 4; i++) {
@@ -575,7 +562,7 @@ static void test_four_workers_no_duplicates(void **state)
 				   "SELECT count(*) FROM (SELECT document_id, level, position"
 				   " FROM summaries GROUP BY 1, 2, 3 HAVING count(*) > 1) d"),
 			 0);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
 }
 
@@ -663,7 +650,7 @@ static void test_recycle_after_max_tasks(void **state)
 	assert_int_equal(f->rc, 0);
 	assert_int_equal(f->st.claimed, 2);
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks"), 2);
-	assert_int_equal(pending(f), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
 }
 
 /* Reads what the heartbeat pipe holds now ("" when nothing). */
