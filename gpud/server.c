@@ -1236,6 +1236,23 @@ static void reserve_watchers(struct gpud_server *s)
 	close(hi);
 }
 
+/* Frees what gpud_server_create reserved, and s itself (shared by its
+ * failure path and gpud_server_destroy). */
+static void free_server(struct gpud_server *s)
+{
+	sw_pool_destroy(s->slots);
+	free(s->slot_mem);
+	free(s->reply);
+	free(s->scratch);
+	free(s->work);
+	free(s->pend);
+	free(s->conns);
+	pthread_mutex_destroy(&s->stat_lock);
+	pthread_mutex_destroy(&s->pend_lock);
+	pthread_mutex_destroy(&s->slot_lock);
+	free(s);
+}
+
 int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 		       const struct gpud_server_params *p, const struct gpud_service_ops *ops,
 		       void *svc, char *err, size_t errlen)
@@ -1337,17 +1354,7 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	return 0;
 
 out_free:
-	sw_pool_destroy(s->slots);
-	free(s->slot_mem);
-	free(s->reply);
-	free(s->scratch);
-	free(s->work);
-	free(s->pend);
-	free(s->conns);
-	pthread_mutex_destroy(&s->stat_lock);
-	pthread_mutex_destroy(&s->pend_lock);
-	pthread_mutex_destroy(&s->slot_lock);
-	free(s);
+	free_server(s);
 	return sw_seterr(err, errlen, rc, "server: cannot reserve %u request slots of %zu bytes",
 			 q.max_requests, align16(sizeof(struct gpud_sreq)) + priv + stage);
 }
@@ -1478,17 +1485,7 @@ void gpud_server_destroy(struct gpud_server *s)
 	}
 	for (uint32_t i = 0; i < s->p.max_connections; i++)
 		pthread_mutex_destroy(&s->conns[i].lock);
-	sw_pool_destroy(s->slots);
-	free(s->slot_mem);
-	free(s->reply);
-	free(s->scratch);
-	free(s->work);
-	free(s->pend);
-	free(s->conns);
-	pthread_mutex_destroy(&s->stat_lock);
-	pthread_mutex_destroy(&s->pend_lock);
-	pthread_mutex_destroy(&s->slot_lock);
-	free(s);
+	free_server(s);
 }
 
 void gpud_server_stats(const struct gpud_server *s, struct gpud_server_stats *st)
