@@ -93,18 +93,6 @@ static void *thread_main(void *p)
 	return NULL;
 }
 
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x > y) - (x < y);
-}
-
-static double pct(const float *v, size_t n, double p)
-{
-	size_t r = (size_t)ceil(p / 100.0 * (double)n);
-	return v[r > 0 ? r - 1 : 0];
-}
-
 static int do_run(const char *socket, struct run *r, bool stats, double seconds)
 {
 	struct proto_client *conns[MAX_THREADS] = { 0 };
@@ -164,11 +152,11 @@ static int do_run(const char *socket, struct run *r, bool stats, double seconds)
 		memcpy(all + k, args[i].samples, args[i].n * sizeof(float));
 		k += args[i].n;
 	}
-	qsort(all, total, sizeof(float), cmp_float);
+	bench_sort_floats(all, total);
 	r->n = total;
 	if (total) {
-		r->p50 = pct(all, total, 50);
-		r->p99 = pct(all, total, 99);
+		r->p50 = bench_pct(all, total, 50);
+		r->p99 = bench_pct(all, total, 99);
 		r->max = all[total - 1];
 	}
 	r->msgs_per_s = wall > 0 ? total / wall : 0;

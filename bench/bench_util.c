@@ -173,3 +173,25 @@ void bench_date(char *buf, size_t len)
 	gmtime_r(&now, &tm);
 	strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tm);
 }
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return (x > y) - (x < y);
+}
+
+void bench_sort_floats(float *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_float);
+}
+
+double bench_pct(const float *v, size_t n, double p)
+{
+	double x = p / 100.0 * (double)n;
+	size_t r = (size_t)x;
+
+	if ((double)r < x) /* ceil without libm */
+		r++;
+	return v[r > 0 ? r - 1 : 0];
+}

@@ -30,6 +30,12 @@ double bench_memcpy_gbs(size_t bytes, int threads);
  * NUL-terminated). */
 void bench_machine(char *buf, size_t len);
 
+/* Sorts n floats ascending in place (qsort). */
+void bench_sort_floats(float *v, size_t n);
+
+/* Nearest-rank percentile p (0..100) of v sorted ascending, n > 0. */
+double bench_pct(const float *v, size_t n, double p);
+
 /* Current UTC date and time, "YYYY-MM-DD HH:MM:SS UTC", into buf. */
 void bench_date(char *buf, size_t len);
 

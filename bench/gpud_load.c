@@ -562,19 +562,6 @@ static int calibrate(const struct opts *o, double *tpw, int *server_pid)
 
 /* --- merging and printing ---------------------------------------------------------- */
 
-static int cmp_float(const void *a, const void *b)
-{
-	float x = *(const float *)a, y = *(const float *)b;
-	return (x > y) - (x < y);
-}
-
-/* Nearest-rank percentile of sorted v (n > 0). */
-static double pct(const float *v, size_t n, double p)
-{
-	size_t r = (size_t)ceil(p / 100.0 * (double)n);
-	return v[r > 0 ? r - 1 : 0];
-}
-
 struct summary {
 	uint64_t ok, errors;
 	int32_t codes[MAX_CODES];
@@ -597,9 +584,9 @@ struct summary {
 /* Sorts v (n > 0) and stores its p50 and p99 in ms (v in µs). */
 static void p50_p99(float *v, size_t n, double out[2])
 {
-	qsort(v, n, sizeof(float), cmp_float);
-	out[0] = pct(v, n, 50) / 1e3;
-	out[1] = pct(v, n, 99) / 1e3;
+	bench_sort_floats(v, n);
+	out[0] = bench_pct(v, n, 50) / 1e3;
+	out[1] = bench_pct(v, n, 99) / 1e3;
 }
 
 static void summarize(const struct sample *s, size_t n, double wall, struct summary *out)
@@ -633,15 +620,15 @@ static void summarize(const struct sample *s, size_t n, double wall, struct summ
 			ttft[nt++] = s[i].ttft_us;
 	}
 	if (nl) {
-		qsort(lat, nl, sizeof(float), cmp_float);
-		out->lat_p50 = pct(lat, nl, 50) / 1e3;
-		out->lat_p99 = pct(lat, nl, 99) / 1e3;
+		bench_sort_floats(lat, nl);
+		out->lat_p50 = bench_pct(lat, nl, 50) / 1e3;
+		out->lat_p99 = bench_pct(lat, nl, 99) / 1e3;
 		out->lat_max = lat[nl - 1] / 1e3;
 	}
 	if (nt) {
-		qsort(ttft, nt, sizeof(float), cmp_float);
-		out->ttft_p50 = pct(ttft, nt, 50) / 1e3;
-		out->ttft_p99 = pct(ttft, nt, 99) / 1e3;
+		bench_sort_floats(ttft, nt);
+		out->ttft_p50 = bench_pct(ttft, nt, 50) / 1e3;
+		out->ttft_p99 = bench_pct(ttft, nt, 99) / 1e3;
 		out->ttft_max = ttft[nt - 1] / 1e3;
 	}
 	out->n_ttft = nt;
