@@ -39,7 +39,7 @@ int main(int argc, char **argv)
 			fprintf(stderr, "agentd worker: the supervisor is gone; not starting\n");
 			return 0;
 		}
-		return agentd_worker_main(argc - 1, argv + 1);
+		return agent_worker_main(argc - 1, argv + 1);
 	}
-	return agentd_supervisor_main(argc, argv);
+	return agent_supervisor_main(argc, argv);
 }

@@ -664,7 +664,7 @@ static void usage(FILE *f)
 		   "       agentd worker --config FILE [--heartbeat-fd N] [--sql-dir DIR] [-n]\n");
 }
 
-int agentd_supervisor_main(int argc, char **argv)
+int agent_supervisor_main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "config", required_argument, NULL, 'c' },

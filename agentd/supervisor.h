@@ -81,6 +81,6 @@ int agent_sup_run(const struct agent_sup_opts *o, char *err, size_t errlen);
  * the effective configuration, runs the supervisor. -n only validates the
  * configuration. Returns the exit status: 0 drained, 1 a bad
  * configuration or every worker failed, 2 usage. */
-int agentd_supervisor_main(int argc, char **argv);
+int agent_supervisor_main(int argc, char **argv);
 
 #endif

@@ -615,7 +615,7 @@ static void usage(FILE *f)
 		   "  -n, --check   load and validate the configuration, print \"configuration OK\"\n");
 }
 
-int agentd_worker_main(int argc, char **argv)
+int agent_worker_main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "config", required_argument, NULL, 'c' },

@@ -2,7 +2,7 @@
  * -> event, for as long as it is told (issue 5, DESIGN §6).
  *
  * The supervisor (supervisor.h) runs `agentd worker --config FILE
- * [--heartbeat-fd N]`; agentd_worker_main() is that command.
+ * [--heartbeat-fd N]`; agent_worker_main() is that command.
  *
  * Heartbeats: when a heartbeat fd is given (--heartbeat-fd N, or the
  * environment variable SWARM_HEARTBEAT_FD, normally the write end of a
@@ -100,6 +100,6 @@ void agent_worker_reset(void);
  * configuration and prints "configuration OK". Returns the process exit
  * status: 0 drained (or configuration OK), 1 start-up failure or a bad
  * configuration, 2 usage. */
-int agentd_worker_main(int argc, char **argv);
+int agent_worker_main(int argc, char **argv);
 
 #endif

@@ -31,7 +31,7 @@ static int vcmd(redisContext *c, redisReply **out, char *err, size_t errlen, con
 	return 0;
 }
 
-int sc_redis_cmd(redisContext *c, redisReply **out, char *err, size_t errlen,
+int ctl_redis_cmd(redisContext *c, redisReply **out, char *err, size_t errlen,
 		 const char *fmt, ...)
 {
 	va_list ap;
@@ -43,7 +43,7 @@ int sc_redis_cmd(redisContext *c, redisReply **out, char *err, size_t errlen,
 	return rc;
 }
 
-int sc_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char *err,
+int ctl_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char *err,
 		  size_t errlen)
 {
 	struct timeval tv = { .tv_sec = timeout_ms / 1000,
@@ -75,13 +75,13 @@ int sc_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char
 	}
 	redisSetTimeout(c, tv);
 	if (a.password[0]) {
-		rc = sc_redis_cmd(c, &r, err, errlen, "AUTH %s", a.password);
+		rc = ctl_redis_cmd(c, &r, err, errlen, "AUTH %s", a.password);
 		if (rc)
 			goto out_free;
 		freeReplyObject(r);
 	}
 	if (a.db) {
-		rc = sc_redis_cmd(c, &r, err, errlen, "SELECT %d", a.db);
+		rc = ctl_redis_cmd(c, &r, err, errlen, "SELECT %d", a.db);
 		if (rc)
 			goto out_free;
 		freeReplyObject(r);
@@ -99,7 +99,7 @@ static void pg_quiet(void *arg, const char *msg)
 	(void)msg;
 }
 
-int sc_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
+int ctl_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 {
 	const char *keys[] = { "dbname", "connect_timeout", "application_name", NULL };
 	const char *vals[] = { url, "5", "swarmctl", NULL };
@@ -129,7 +129,7 @@ int sc_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 	return 0;
 }
 
-int sc_pg_query(PGconn *c, PGresult **out, char *err, size_t errlen, const char *sql,
+int ctl_pg_query(PGconn *c, PGresult **out, char *err, size_t errlen, const char *sql,
 		int n_params, const char *const *params)
 {
 	PGresult *r = PQexecParams(c, sql, n_params, NULL, params, NULL, NULL, 0);

@@ -18,24 +18,24 @@
  * connect and for every command. Returns 0 and *out (redisFree it), or
  * -EINVAL (bad URL), SW_ECLOSED (unreachable), -EIO (AUTH/SELECT refused),
  * -ENOMEM, with the message in err; *out is NULL on error. */
-int sc_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char *err,
+int ctl_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, char *err,
 		  size_t errlen);
 
 /* Runs a command; an error reply or a broken connection is an error
  * (-EIO / SW_ECLOSED, message in err). On success *out is the reply
  * (freeReplyObject it). */
-int sc_redis_cmd(redisContext *c, redisReply **out, char *err, size_t errlen,
+int ctl_redis_cmd(redisContext *c, redisReply **out, char *err, size_t errlen,
 		 const char *fmt, ...);
 
 /* Connects to a postgres URL or conninfo (5 s connect timeout). Returns 0
  * and *out (PQfinish it), or SW_ECLOSED with libpq's reason (the URL's
  * password redacted); *out is NULL on error. */
-int sc_pg_open(const char *url, PGconn **out, char *err, size_t errlen);
+int ctl_pg_open(const char *url, PGconn **out, char *err, size_t errlen);
 
 /* PQexecParams with text parameters; a result that is neither
  * COMMAND_OK nor TUPLES_OK is -EIO with the server's message (the result
  * is then cleared). On success *out is the result (PQclear it). */
-int sc_pg_query(PGconn *c, PGresult **out, char *err, size_t errlen, const char *sql,
+int ctl_pg_query(PGconn *c, PGresult **out, char *err, size_t errlen, const char *sql,
 		int n_params, const char *const *params);
 
 #endif

@@ -49,11 +49,11 @@ static void usage(FILE *f)
 		"($SWARM_STATE_DIR, default ~/.local/state/swarm; /var/lib/swarm for root).\n");
 }
 
-static int env_init(struct sc_env *e)
+static int env_init(struct ctl_env *e)
 {
 	char err[1024];
 
-	if (sc_env_init(e, config_path, err, sizeof(err)) != 0) {
+	if (ctl_env_init(e, config_path, err, sizeof(err)) != 0) {
 		fprintf(stderr, "swarmctl: %s\n", err);
 		return 1;
 	}
@@ -62,7 +62,7 @@ static int env_init(struct sc_env *e)
 
 static int cmd_check(void)
 {
-	struct sc_env e;
+	struct ctl_env e;
 
 	if (env_init(&e))
 		return 1;
@@ -71,27 +71,27 @@ static int cmd_check(void)
 	return 0;
 }
 
-static int cmd_stop_env(struct sc_env *e)
+static int cmd_stop_env(struct ctl_env *e)
 {
-	static const enum sc_service order[] = { SC_AGENTD, SC_GPUD, SC_REDIS, SC_POSTGRES };
+	static const enum ctl_service order[] = { CTL_AGENTD, CTL_GPUD, CTL_REDIS, CTL_POSTGRES };
 	char err[2048];
 	int status = 0;
 
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-		enum sc_service s = order[i];
-		pid_t pid = sc_service_pid(e, s);
+		enum ctl_service s = order[i];
+		pid_t pid = ctl_service_pid(e, s);
 		bool killed = false;
 
-		if (!sc_service_managed(e, s) || !pid)
+		if (!ctl_service_managed(e, s) || !pid)
 			continue;
-		printf("stopping %s (pid %d)\n", sc_service_name(s), (int)pid);
+		printf("stopping %s (pid %d)\n", ctl_service_name(s), (int)pid);
 		fflush(stdout);
-		if (sc_service_stop(e, s, &killed, err, sizeof(err)) != 0) {
+		if (ctl_service_stop(e, s, &killed, err, sizeof(err)) != 0) {
 			fprintf(stderr, "swarmctl: %s\n", err);
 			status = 1;
 		} else if (killed) {
 			fprintf(stderr, "swarmctl: %s did not stop within its deadline: killed\n",
-				sc_service_name(s));
+				ctl_service_name(s));
 		}
 	}
 	return status;
@@ -99,7 +99,7 @@ static int cmd_stop_env(struct sc_env *e)
 
 static int cmd_stop(void)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char err[1024];
 	int lock, rc;
 
@@ -109,15 +109,15 @@ static int cmd_stop(void)
 		printf("nothing is running (no state directory %s)\n", e.state_dir);
 		return 0;
 	}
-	lock = sc_state_lock(&e, err, sizeof(err));
+	lock = ctl_state_lock(&e, err, sizeof(err));
 	if (lock < 0) {
 		fprintf(stderr, "swarmctl: %s\n", err);
 		return 1;
 	}
 	bool any = false;
 
-	for (int s = 0; s < SC_N_SERVICES; s++)
-		any |= sc_service_pid(&e, s) != 0;
+	for (int s = 0; s < CTL_N_SERVICES; s++)
+		any |= ctl_service_pid(&e, s) != 0;
 	rc = any ? cmd_stop_env(&e) : 0;
 	if (!any)
 		printf("nothing is running\n");
@@ -127,23 +127,23 @@ static int cmd_stop(void)
 
 static int cmd_start(void)
 {
-	static const enum sc_service order[] = { SC_REDIS, SC_POSTGRES, SC_GPUD, SC_AGENTD };
-	struct sc_env e;
+	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
+	struct ctl_env e;
 	char err[4096];
 	int lock;
 
 	if (env_init(&e))
 		return 1;
-	if (sc_state_prepare(&e, err, sizeof(err)) != 0) {
+	if (ctl_state_prepare(&e, err, sizeof(err)) != 0) {
 		fprintf(stderr, "swarmctl: %s\n", err);
 		return 1;
 	}
-	lock = sc_state_lock(&e, err, sizeof(err));
+	lock = ctl_state_lock(&e, err, sizeof(err));
 	if (lock < 0) {
 		fprintf(stderr, "swarmctl: %s\n", err);
 		return 1;
 	}
-	pid_t g = sc_service_pid(&e, SC_GPUD), a = sc_service_pid(&e, SC_AGENTD);
+	pid_t g = ctl_service_pid(&e, CTL_GPUD), a = ctl_service_pid(&e, CTL_AGENTD);
 
 	if (g || a) {
 		fprintf(stderr, "swarmctl: swarm is already running in %s (gpud pid %d, agentd pid "
@@ -163,21 +163,21 @@ static int cmd_start(void)
 		return 1;
 	}
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
-		enum sc_service s = order[i];
+		enum ctl_service s = order[i];
 		int rc;
 
-		printf("%s %s ... ", sc_service_managed(&e, s) ? "starting" : "checking",
-		       sc_service_name(s));
+		printf("%s %s ... ", ctl_service_managed(&e, s) ? "starting" : "checking",
+		       ctl_service_name(s));
 		fflush(stdout);
-		rc = sc_service_start(&e, s, err, sizeof(err));
+		rc = ctl_service_start(&e, s, err, sizeof(err));
 		if (rc) {
 			printf("failed\n");
-			fprintf(stderr, "swarmctl: %s: %s\n", sc_service_name(s), err);
+			fprintf(stderr, "swarmctl: %s: %s\n", ctl_service_name(s), err);
 			cmd_stop_env(&e);
 			close(lock);
 			return 1;
 		}
-		pid_t pid = sc_service_pid(&e, s);
+		pid_t pid = ctl_service_pid(&e, s);
 
 		if (pid)
 			printf("ok (pid %d)\n", (int)pid);
@@ -206,24 +206,24 @@ static void print_uptime(double s)
 
 static int cmd_status(bool as_json)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char err[1024];
 	char qerr[1024];
 	json_t *out, *procs, *stats, *agentd_st;
-	struct sc_queue_stats q;
+	struct ctl_queue_stats q;
 	bool all_up = true, any_up = false, have_queue;
 
 	if (env_init(&e))
 		return 1;
 	out = json_object();
 	procs = json_object();
-	for (int s = 0; s < SC_N_SERVICES; s++) {
+	for (int s = 0; s < CTL_N_SERVICES; s++) {
 		json_t *p = json_object();
-		pid_t pid = sc_service_pid(&e, s);
+		pid_t pid = ctl_service_pid(&e, s);
 		bool up = pid != 0;
 
-		if (!sc_service_managed(&e, s)) {
-			up = sc_service_ping(&e, s, err, sizeof(err)) == 0;
+		if (!ctl_service_managed(&e, s)) {
+			up = ctl_service_ping(&e, s, err, sizeof(err)) == 0;
 			json_object_set_new(p, "external", json_true());
 			if (!up)
 				json_object_set_new(p, "error", json_string(err));
@@ -231,26 +231,26 @@ static int cmd_status(bool as_json)
 		json_object_set_new(p, "up", json_boolean(up));
 		if (pid) {
 			json_object_set_new(p, "pid", json_integer(pid));
-			json_object_set_new(p, "uptime_s", json_real(sc_proc_uptime_s(pid)));
+			json_object_set_new(p, "uptime_s", json_real(ctl_proc_uptime_s(pid)));
 		}
 		all_up &= up;
 		any_up |= up;
-		json_object_set_new(procs, sc_service_name(s), p);
+		json_object_set_new(procs, ctl_service_name(s), p);
 	}
 	json_object_set_new(out, "state_dir", json_string(e.state_dir));
 	json_object_set_new(out, "managed", json_boolean(e.managed));
 	json_object_set_new(out, "processes", procs);
-	stats = sc_gpud_json(&e, false, 0, err, sizeof(err));
+	stats = ctl_gpud_json(&e, false, 0, err, sizeof(err));
 	if (stats) {
 		json_object_set_new(out, "gpud", stats);
-		json_object_set_new(out, "device_memory", sc_device_memory(stats));
+		json_object_set_new(out, "device_memory", ctl_device_memory(stats));
 	} else {
 		json_object_set_new(out, "gpud_error", json_string(err));
 	}
-	agentd_st = sc_service_pid(&e, SC_AGENTD) ? sc_agentd_status(&e) : NULL;
+	agentd_st = ctl_service_pid(&e, CTL_AGENTD) ? ctl_agentd_status(&e) : NULL;
 	if (agentd_st)
 		json_object_set_new(out, "agentd", json_incref(agentd_st));
-	have_queue = sc_queue_stats(e.cfg.redis.url, &q, qerr, sizeof(qerr)) == 0;
+	have_queue = ctl_queue_stats(e.cfg.redis.url, &q, qerr, sizeof(qerr)) == 0;
 	if (have_queue)
 		json_object_set_new(out, "queue", json_pack("{s:I, s:I, s:I, s:I}", "length",
 			(json_int_t)q.length, "waiting", (json_int_t)q.undelivered, "pending",
@@ -270,12 +270,12 @@ static int cmd_status(bool as_json)
 	printf("state directory %s (%s)\n", e.state_dir,
 	       e.managed ? "managed services" : "external Redis/PostgreSQL");
 	printf("%-10s %-6s %-8s %s\n", "SERVICE", "STATE", "PID", "UPTIME");
-	for (int s = 0; s < SC_N_SERVICES; s++) {
-		json_t *p = json_object_get(procs, sc_service_name(s));
+	for (int s = 0; s < CTL_N_SERVICES; s++) {
+		json_t *p = json_object_get(procs, ctl_service_name(s));
 		bool up = json_is_true(json_object_get(p, "up"));
 		json_t *pid = json_object_get(p, "pid");
 
-		printf("%-10s %-6s ", sc_service_name(s), up ? "up" : "down");
+		printf("%-10s %-6s ", ctl_service_name(s), up ? "up" : "down");
 		if (pid)
 			printf("%-8lld ", (long long)json_integer_value(pid));
 		else
@@ -287,14 +287,14 @@ static int cmd_status(bool as_json)
 	}
 	printf("\n");
 	if (agentd_st)
-		sc_print_agentd(stdout, agentd_st);
+		ctl_print_agentd(stdout, agentd_st);
 	json_decref(agentd_st);
 	if (have_queue)
-		sc_print_queue(stdout, &q);
+		ctl_print_queue(stdout, &q);
 	else if (any_up)
 		printf("queue: %s\n", qerr);
 	if (stats)
-		sc_print_gpud(stdout, stats);
+		ctl_print_gpud(stdout, stats);
 	else if (any_up)
 		printf("gpud: %s\n", err);
 	if (!any_up)
@@ -305,14 +305,14 @@ static int cmd_status(bool as_json)
 
 static int cmd_mem(bool dump)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char err[1024];
 	json_t *j;
 	char *s;
 
 	if (env_init(&e))
 		return 1;
-	j = sc_gpud_json(&e, true, dump ? PROTO_MEM_DUMP_OWNERS : 0, err, sizeof(err));
+	j = ctl_gpud_json(&e, true, dump ? PROTO_MEM_DUMP_OWNERS : 0, err, sizeof(err));
 	if (!j) {
 		fprintf(stderr, "swarmctl: gpud: %s\n", err);
 		return 1;
@@ -326,7 +326,7 @@ static int cmd_mem(bool dump)
 
 static int cmd_logs(const char *service, bool follow)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char path[PATH_MAX + 64], rel[64];
 
 	if (env_init(&e))
@@ -340,7 +340,7 @@ static int cmd_logs(const char *service, bool follow)
 		return EXIT_USAGE;
 	}
 	snprintf(rel, sizeof(rel), "logs/%s.log", service);
-	sc_path(&e, rel, path, sizeof(path));
+	ctl_path(&e, rel, path, sizeof(path));
 	if (access(path, R_OK) != 0) {
 		fprintf(stderr, "swarmctl: %s: %s\n", path, strerror(errno));
 		return 1;
@@ -385,17 +385,17 @@ int main(int argc, char **argv)
 	cmd = argv[optind++];
 	if (!strcmp(cmd, "submit") || !strcmp(cmd, "results") || !strcmp(cmd, "top")) {
 		/* their own options; argv[0] becomes the command's name */
-		struct sc_env e;
+		struct ctl_env e;
 		int sub_argc = argc - optind + 1;
 		char **sub_argv = argv + optind - 1;
 
 		if (env_init(&e))
 			return 1;
 		if (!strcmp(cmd, "submit"))
-			return sc_cmd_submit(&e, sub_argc, sub_argv);
+			return ctl_cmd_submit(&e, sub_argc, sub_argv);
 		if (!strcmp(cmd, "results"))
-			return sc_cmd_results(&e, sub_argc, sub_argv);
-		return sc_cmd_top(&e, sub_argc, sub_argv);
+			return ctl_cmd_results(&e, sub_argc, sub_argv);
+		return ctl_cmd_top(&e, sub_argc, sub_argv);
 	}
 	/* options may also follow the command */
 	while ((c = getopt_long(argc, argv, "+c:jdfh", opts, NULL)) != -1) {

@@ -18,7 +18,7 @@
 
 extern char **environ;
 
-uint64_t sc_proc_start_ticks(pid_t pid)
+uint64_t ctl_proc_start_ticks(pid_t pid)
 {
 	char path[64], buf[1024];
 	unsigned long long start = 0;
@@ -55,9 +55,9 @@ uint64_t sc_proc_start_ticks(pid_t pid)
 	return start ? start : 1;
 }
 
-double sc_proc_uptime_s(pid_t pid)
+double ctl_proc_uptime_s(pid_t pid)
 {
-	uint64_t start = sc_proc_start_ticks(pid);
+	uint64_t start = ctl_proc_start_ticks(pid);
 	double up;
 	long hz = sysconf(_SC_CLK_TCK);
 	FILE *f;
@@ -76,7 +76,7 @@ double sc_proc_uptime_s(pid_t pid)
 	return up < 0 ? 0 : up;
 }
 
-int sc_pidfile_write(const char *path, pid_t pid)
+int ctl_pidfile_write(const char *path, pid_t pid)
 {
 	char tmp[4096];
 	FILE *f;
@@ -87,7 +87,7 @@ int sc_pidfile_write(const char *path, pid_t pid)
 	f = fopen(tmp, "we");
 	if (!f)
 		return -errno;
-	if (fprintf(f, "%d %llu\n", (int)pid, (unsigned long long)sc_proc_start_ticks(pid)) < 0)
+	if (fprintf(f, "%d %llu\n", (int)pid, (unsigned long long)ctl_proc_start_ticks(pid)) < 0)
 		err = -EIO;
 	if (fclose(f) != 0 && !err)
 		err = -errno;
@@ -98,7 +98,7 @@ int sc_pidfile_write(const char *path, pid_t pid)
 	return err;
 }
 
-pid_t sc_pidfile_live(const char *path)
+pid_t ctl_pidfile_live(const char *path)
 {
 	unsigned long long start = 0;
 	int pid = 0, n;
@@ -108,7 +108,7 @@ pid_t sc_pidfile_live(const char *path)
 		return errno == ENOENT ? 0 : -errno;
 	n = fscanf(f, "%d %llu", &pid, &start);
 	fclose(f);
-	if (n == 2 && pid > 0 && start && sc_proc_start_ticks(pid) == start)
+	if (n == 2 && pid > 0 && start && ctl_proc_start_ticks(pid) == start)
 		return pid;
 	unlink(path); /* stale: the process is gone or the pid was reused */
 	return 0;
@@ -207,12 +207,12 @@ static pid_t spawn(char *const argv[], char *const env[], const char *log_path,
 	return pid;
 }
 
-pid_t sc_spawn(char *const argv[], char *const env[], const char *log_path, const char *run_as)
+pid_t ctl_spawn(char *const argv[], char *const env[], const char *log_path, const char *run_as)
 {
 	return spawn(argv, env, log_path, run_as, true);
 }
 
-int sc_run(char *const argv[], const char *log_path, const char *run_as)
+int ctl_run(char *const argv[], const char *log_path, const char *run_as)
 {
 	pid_t pid = spawn(argv, NULL, log_path, run_as, false);
 	int st;
@@ -234,7 +234,7 @@ static bool gone(pid_t pid, uint64_t start)
 
 	if (waitpid(pid, &st, WNOHANG) == pid)
 		return true;
-	return sc_proc_start_ticks(pid) != start;
+	return ctl_proc_start_ticks(pid) != start;
 }
 
 static bool wait_gone(pid_t pid, uint64_t start, uint32_t ms)
@@ -249,9 +249,9 @@ static bool wait_gone(pid_t pid, uint64_t start, uint32_t ms)
 	return true;
 }
 
-int sc_stop_pid(pid_t pid, int sig, uint32_t deadline_ms, bool *killed)
+int ctl_stop_pid(pid_t pid, int sig, uint32_t deadline_ms, bool *killed)
 {
-	uint64_t start = sc_proc_start_ticks(pid);
+	uint64_t start = ctl_proc_start_ticks(pid);
 
 	if (killed)
 		*killed = false;
@@ -267,7 +267,7 @@ int sc_stop_pid(pid_t pid, int sig, uint32_t deadline_ms, bool *killed)
 	return wait_gone(pid, start, 5000) ? 0 : -ETIMEDOUT;
 }
 
-void sc_tail(const char *path, unsigned n, char *out, size_t cap)
+void ctl_tail(const char *path, unsigned n, char *out, size_t cap)
 {
 	char buf[8192];
 	size_t len = 0, o = 0;
@@ -312,7 +312,7 @@ void sc_tail(const char *path, unsigned n, char *out, size_t cap)
 	out[o] = '\0';
 }
 
-int sc_mkdirs(const char *path, mode_t mode)
+int ctl_mkdirs(const char *path, mode_t mode)
 {
 	char buf[4096];
 	size_t len = strlen(path);

@@ -17,19 +17,19 @@
 
 /* Start time of pid in clock ticks since boot, or 0 when it does not
  * exist (or is a zombie). */
-uint64_t sc_proc_start_ticks(pid_t pid);
+uint64_t ctl_proc_start_ticks(pid_t pid);
 
 /* Seconds pid has been running, or -1. */
-double sc_proc_uptime_s(pid_t pid);
+double ctl_proc_uptime_s(pid_t pid);
 
 /* Writes "<pid> <start>\n" to path atomically (temp + rename). Returns 0
  * or a negated errno. */
-int sc_pidfile_write(const char *path, pid_t pid);
+int ctl_pidfile_write(const char *path, pid_t pid);
 
 /* Reads path: the pid when the file exists and that process is the one
  * that wrote it (same start time); 0 when the file is missing or stale
  * (a stale file is removed); a negated errno on read errors. */
-pid_t sc_pidfile_live(const char *path);
+pid_t ctl_pidfile_live(const char *path);
 
 /* Spawns argv detached: own session (setsid), stdin from /dev/null,
  * stdout and stderr appended to log_path, environment plus the
@@ -38,27 +38,27 @@ pid_t sc_pidfile_live(const char *path);
  * Returns the pid, or a negated errno (exec failure is reported through a
  * close-on-exec pipe, so a missing binary is an error here, not a dead
  * child later). */
-pid_t sc_spawn(char *const argv[], char *const env[], const char *log_path,
+pid_t ctl_spawn(char *const argv[], char *const env[], const char *log_path,
 	       const char *run_as);
 
 /* Runs argv to completion (stdout and stderr appended to log_path, or
  * inherited when NULL), as run_as when root. Returns its exit status
  * (0..255), 128 + signal, or a negated errno. */
-int sc_run(char *const argv[], const char *log_path, const char *run_as);
+int ctl_run(char *const argv[], const char *log_path, const char *run_as);
 
 /* Sends sig to pid, waits up to deadline_ms for it to exit (reaping it if
  * it is our child), then SIGKILL and waits 5 s more. Returns 0 when it is
  * gone (*killed says whether SIGKILL was needed), -ESRCH when it was not
  * running, -ETIMEDOUT when even SIGKILL did not end it. */
-int sc_stop_pid(pid_t pid, int sig, uint32_t deadline_ms, bool *killed);
+int ctl_stop_pid(pid_t pid, int sig, uint32_t deadline_ms, bool *killed);
 
 /* Copies the last n lines of the file at path into out (NUL-terminated,
  * at most cap bytes, each line indented by two spaces). "" when the file
  * is missing or empty. */
-void sc_tail(const char *path, unsigned n, char *out, size_t cap);
+void ctl_tail(const char *path, unsigned n, char *out, size_t cap);
 
 /* mkdir -p with mode for the directories it creates. Returns 0 or a
  * negated errno. */
-int sc_mkdirs(const char *path, mode_t mode);
+int ctl_mkdirs(const char *path, mode_t mode);
 
 #endif

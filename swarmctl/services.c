@@ -53,23 +53,23 @@ static int put(char *dst, size_t cap, const char *fmt, ...)
 	return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
 }
 
-static const char *const names[SC_N_SERVICES] = { "redis", "postgres", "gpud", "agentd" };
+static const char *const names[CTL_N_SERVICES] = { "redis", "postgres", "gpud", "agentd" };
 
-const char *sc_service_name(enum sc_service s)
+const char *ctl_service_name(enum ctl_service s)
 {
-	return (unsigned)s < SC_N_SERVICES ? names[s] : "?";
+	return (unsigned)s < CTL_N_SERVICES ? names[s] : "?";
 }
 
-void sc_path(const struct sc_env *e, const char *rel, char *out, size_t cap)
+void ctl_path(const struct ctl_env *e, const char *rel, char *out, size_t cap)
 {
 	/* state_dir is bounded at init so that every path swarmctl forms in
 	 * it fits; a truncation here would be a bug, and shows as ENOENT */
 	(void)put(out, cap, "%s/%s", e->state_dir, rel);
 }
 
-bool sc_service_managed(const struct sc_env *e, enum sc_service s)
+bool ctl_service_managed(const struct ctl_env *e, enum ctl_service s)
 {
-	return s == SC_GPUD || s == SC_AGENTD || e->managed;
+	return s == CTL_GPUD || s == CTL_AGENTD || e->managed;
 }
 
 static bool is_exec(const char *p)
@@ -154,7 +154,7 @@ static void default_state_dir(char *out, size_t cap)
 		snprintf(out, cap, "/tmp/swarm-%d", (int)geteuid());
 }
 
-int sc_env_init(struct sc_env *e, const char *config_path, char *err, size_t errlen)
+int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t errlen)
 {
 	const char *v;
 	int rc;
@@ -237,7 +237,7 @@ static int write_file(const char *path, const char *text, char *err, size_t errl
 	return 0;
 }
 
-int sc_state_prepare(struct sc_env *e, char *err, size_t errlen)
+int ctl_state_prepare(struct ctl_env *e, char *err, size_t errlen)
 {
 	static const char *const dirs[] = { "", "/run", "/logs", "/redis", "/models" };
 	char p[PATH_MAX + 16];
@@ -245,7 +245,7 @@ int sc_state_prepare(struct sc_env *e, char *err, size_t errlen)
 
 	for (size_t i = 0; i < sizeof(dirs) / sizeof(dirs[0]); i++) {
 		snprintf(p, sizeof(p), "%s%s", e->state_dir, dirs[i]);
-		rc = sc_mkdirs(p, 0755);
+		rc = ctl_mkdirs(p, 0755);
 		if (rc)
 			return sw_seterr(err, errlen, rc, "%s: %s", p, strerror(-rc));
 	}
@@ -262,13 +262,13 @@ int sc_state_prepare(struct sc_env *e, char *err, size_t errlen)
 	return 0;
 }
 
-int sc_state_lock(struct sc_env *e, char *err, size_t errlen)
+int ctl_state_lock(struct ctl_env *e, char *err, size_t errlen)
 {
 	char p[PATH_MAX + 32];
 	struct sw_deadline d = sw_deadline_in_ms(LOCK_WAIT_MS);
 	int fd;
 
-	sc_path(e, "swarmctl.lock", p, sizeof(p));
+	ctl_path(e, "swarmctl.lock", p, sizeof(p));
 	fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
 	if (fd < 0)
 		return sw_seterr(err, errlen, -errno, "%s: %s", p, strerror(errno));
@@ -283,50 +283,50 @@ int sc_state_lock(struct sc_env *e, char *err, size_t errlen)
 	return fd;
 }
 
-static void pid_path(const struct sc_env *e, enum sc_service s, char *out, size_t cap)
+static void pid_path(const struct ctl_env *e, enum ctl_service s, char *out, size_t cap)
 {
 	char rel[64];
 
 	snprintf(rel, sizeof(rel), "run/%s.pid", names[s]);
-	sc_path(e, rel, out, cap);
+	ctl_path(e, rel, out, cap);
 }
 
-static void log_path(const struct sc_env *e, const char *name, char *out, size_t cap)
+static void log_path(const struct ctl_env *e, const char *name, char *out, size_t cap)
 {
 	char rel[64];
 
 	snprintf(rel, sizeof(rel), "logs/%s.log", name);
-	sc_path(e, rel, out, cap);
+	ctl_path(e, rel, out, cap);
 }
 
 /* postmaster.pid's first line is the postmaster's pid. */
-static pid_t pg_pid(const struct sc_env *e)
+static pid_t pg_pid(const struct ctl_env *e)
 {
 	char p[PATH_MAX + 32];
 	int pid = 0;
 	FILE *f;
 
-	sc_path(e, "pg/data/postmaster.pid", p, sizeof(p));
+	ctl_path(e, "pg/data/postmaster.pid", p, sizeof(p));
 	f = fopen(p, "re");
 	if (!f)
 		return 0;
 	if (fscanf(f, "%d", &pid) != 1)
 		pid = 0;
 	fclose(f);
-	return pid > 0 && sc_proc_start_ticks(pid) ? pid : 0;
+	return pid > 0 && ctl_proc_start_ticks(pid) ? pid : 0;
 }
 
-pid_t sc_service_pid(const struct sc_env *e, enum sc_service s)
+pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s)
 {
 	char p[PATH_MAX + 32];
 	pid_t pid;
 
-	if (!sc_service_managed(e, s))
+	if (!ctl_service_managed(e, s))
 		return 0;
-	if (s == SC_POSTGRES)
+	if (s == CTL_POSTGRES)
 		return pg_pid(e);
 	pid_path(e, s, p, sizeof(p));
-	pid = sc_pidfile_live(p);
+	pid = ctl_pidfile_live(p);
 	return pid > 0 ? pid : 0;
 }
 
@@ -337,7 +337,7 @@ static int fail_with_log(char *err, size_t errlen, int code, const char *log, co
 	char tail[2048];
 	size_t n;
 
-	sc_tail(log, 12, tail, sizeof(tail));
+	ctl_tail(log, 12, tail, sizeof(tail));
 	sw_seterr(err, errlen, code, fmt, what);
 	n = strlen(err);
 	if (tail[0] && n < errlen)
@@ -351,18 +351,18 @@ static int redis_ping_url(const char *url, char *err, size_t errlen)
 {
 	redisContext *c;
 	redisReply *r;
-	int rc = sc_redis_open(url, 2000, &c, err, errlen);
+	int rc = ctl_redis_open(url, 2000, &c, err, errlen);
 
 	if (rc)
 		return rc;
-	rc = sc_redis_cmd(c, &r, err, errlen, "PING");
+	rc = ctl_redis_cmd(c, &r, err, errlen, "PING");
 	if (!rc)
 		freeReplyObject(r);
 	redisFree(c);
 	return rc;
 }
 
-static int start_redis(struct sc_env *e, char *err, size_t errlen)
+static int start_redis(struct ctl_env *e, char *err, size_t errlen)
 {
 	char log[PATH_MAX + 32], pidf[PATH_MAX + 32], sock[PATH_MAX + 32], dir[PATH_MAX + 32];
 	struct sw_deadline d = sw_deadline_in_ms(REDIS_START_MS);
@@ -370,28 +370,28 @@ static int start_redis(struct sc_env *e, char *err, size_t errlen)
 	int rc;
 
 	log_path(e, "redis", log, sizeof(log));
-	pid_path(e, SC_REDIS, pidf, sizeof(pidf));
-	sc_path(e, "run/redis.sock", sock, sizeof(sock));
-	sc_path(e, "redis", dir, sizeof(dir));
+	pid_path(e, CTL_REDIS, pidf, sizeof(pidf));
+	ctl_path(e, "run/redis.sock", sock, sizeof(sock));
+	ctl_path(e, "redis", dir, sizeof(dir));
 	char *argv[] = {
 		"redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "770",
 		"--dir", dir, "--appendonly", "yes", "--appendfsync", "everysec",
 		"--save", "", "--daemonize", "no", NULL,
 	};
 
-	pid = sc_spawn(argv, NULL, log, NULL);
+	pid = ctl_spawn(argv, NULL, log, NULL);
 	if (pid < 0)
 		return sw_seterr(err, errlen, pid, "redis-server: %s (is Redis installed? "
 				 "scripts/setup installs it)", strerror(-pid));
-	rc = sc_pidfile_write(pidf, pid);
+	rc = ctl_pidfile_write(pidf, pid);
 	if (rc) {
-		sc_stop_pid(pid, SIGTERM, 5000, NULL);
+		ctl_stop_pid(pid, SIGTERM, 5000, NULL);
 		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
 	}
 	for (;;) {
 		char perr[256];
 
-		if (!sc_proc_start_ticks(pid)) {
+		if (!ctl_proc_start_ticks(pid)) {
 			unlink(pidf);
 			return fail_with_log(err, errlen, -ECHILD, log, "%s exited during start-up",
 					     "redis-server");
@@ -399,7 +399,7 @@ static int start_redis(struct sc_env *e, char *err, size_t errlen)
 		if (redis_ping_url(e->cfg.redis.url, perr, sizeof(perr)) == 0)
 			return 0;
 		if (sw_deadline_expired(d)) {
-			sc_stop_pid(pid, SIGTERM, 5000, NULL);
+			ctl_stop_pid(pid, SIGTERM, 5000, NULL);
 			unlink(pidf);
 			return fail_with_log(err, errlen, -ETIMEDOUT, log,
 					     "%s did not answer PING in time", "redis-server");
@@ -444,7 +444,7 @@ static void pg_quiet(void *arg, const char *msg)
 }
 
 /* Creates database swarm and the vector extension when missing. */
-static int pg_bootstrap(struct sc_env *e, char *err, size_t errlen)
+static int pg_bootstrap(struct ctl_env *e, char *err, size_t errlen)
 {
 	char ci[PATH_MAX + 64];
 	PGconn *c;
@@ -511,7 +511,7 @@ static int check_traversable(const char *path, const struct passwd *pw, char *er
 	return 0;
 }
 
-static int start_postgres(struct sc_env *e, char *err, size_t errlen)
+static int start_postgres(struct ctl_env *e, char *err, size_t errlen)
 {
 	char pgdir[PATH_MAX + 32], data[PATH_MAX + 32], log[PATH_MAX + 32], ver[PATH_MAX + 48];
 	char initdb[PATH_MAX + 16], pgctl[PATH_MAX + 16], opts[PATH_MAX + 128];
@@ -522,14 +522,14 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 		return sw_seterr(err, errlen, -ENOENT, "PostgreSQL server binaries not found in "
 				 "/usr/lib/postgresql/*/bin (scripts/setup installs them; or set "
 				 "SWARM_PG_BINDIR)");
-	sc_path(e, "pg", pgdir, sizeof(pgdir));
-	sc_path(e, "pg/data", data, sizeof(data));
+	ctl_path(e, "pg", pgdir, sizeof(pgdir));
+	ctl_path(e, "pg/data", data, sizeof(data));
 	log_path(e, "postgres", log, sizeof(log));
 	snprintf(initdb, sizeof(initdb), "%s/initdb", e->pg_bindir);
 	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
 	snprintf(ver, sizeof(ver), "%s/PG_VERSION", data);
 
-	rc = sc_mkdirs(pgdir, 0755);
+	rc = ctl_mkdirs(pgdir, 0755);
 	if (rc)
 		return sw_seterr(err, errlen, rc, "%s: %s", pgdir, strerror(-rc));
 	if (e->pg_os_user) {
@@ -558,7 +558,7 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 		char *argv[] = { initdb, "-D", data, "-U", "swarm", "--auth=trust", "-E", "UTF8",
 				 "--no-locale", NULL };
 
-		rc = sc_run(argv, log, e->pg_os_user);
+		rc = ctl_run(argv, log, e->pg_os_user);
 		if (rc != 0)
 			return fail_with_log(err, errlen, -EIO, log, "%s failed", "initdb");
 	}
@@ -571,7 +571,7 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 		char *argv[] = { pgctl, "-D", data, "-l", log, "-w", "-t", t, "-o", opts, "start",
 				 NULL };
 
-		rc = sc_run(argv, log, e->pg_os_user);
+		rc = ctl_run(argv, log, e->pg_os_user);
 	}
 	if (rc != 0)
 		return fail_with_log(err, errlen, -EIO, log, "%s did not start", "postgres");
@@ -579,12 +579,12 @@ static int start_postgres(struct sc_env *e, char *err, size_t errlen)
 	if (rc) {
 		char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "stop", NULL };
 
-		sc_run(argv, log, e->pg_os_user);
+		ctl_run(argv, log, e->pg_os_user);
 	}
 	return rc;
 }
 
-static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errlen)
+static int stop_postgres(struct ctl_env *e, bool *killed, char *err, size_t errlen)
 {
 	char data[PATH_MAX + 32], pgctl[PATH_MAX + 16], log[PATH_MAX + 32];
 	pid_t pid = pg_pid(e);
@@ -592,15 +592,15 @@ static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errle
 
 	if (!pid)
 		return 0;
-	sc_path(e, "pg/data", data, sizeof(data));
+	ctl_path(e, "pg/data", data, sizeof(data));
 	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
 	char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "-t", "30", "stop", NULL };
 
 	log_path(e, "postgres", log, sizeof(log));
-	rc = sc_run(argv, log, e->pg_os_user);
+	rc = ctl_run(argv, log, e->pg_os_user);
 	if (rc == 0 && !pg_pid(e))
 		return 0;
-	rc = sc_stop_pid(pid, SIGQUIT, 5000, killed);
+	rc = ctl_stop_pid(pid, SIGQUIT, 5000, killed);
 	if (rc && rc != -ESRCH)
 		return sw_seterr(err, errlen, rc, "postgres (pid %d) did not stop", (int)pid);
 	return 0;
@@ -608,7 +608,7 @@ static int stop_postgres(struct sc_env *e, bool *killed, char *err, size_t errle
 
 /* --- gpud and agentd ---------------------------------------------------- */
 
-static int ensure_builtin_model(struct sc_env *e, char *err, size_t errlen)
+static int ensure_builtin_model(struct ctl_env *e, char *err, size_t errlen)
 {
 	char log[PATH_MAX + 32], tmp[PATH_MAX + 16];
 	const char *argv[64];
@@ -627,7 +627,7 @@ static int ensure_builtin_model(struct sc_env *e, char *err, size_t errlen)
 	for (size_t i = 0; builtin_model_args[i]; i++)
 		argv[n++] = builtin_model_args[i];
 	argv[n] = NULL;
-	rc = sc_run((char *const *)argv, log, NULL);
+	rc = ctl_run((char *const *)argv, log, NULL);
 	if (rc != 0)
 		return fail_with_log(err, errlen, -EIO, log, "%s failed", "gpud mkmodel");
 	if (rename(tmp, e->cfg.gpud.model) != 0)
@@ -637,7 +637,7 @@ static int ensure_builtin_model(struct sc_env *e, char *err, size_t errlen)
 }
 
 /* gpud is up when its socket answers a stats request. */
-static int gpud_probe(const struct sc_env *e, char *err, size_t errlen)
+static int gpud_probe(const struct ctl_env *e, char *err, size_t errlen)
 {
 	struct proto_client_opts o;
 	struct proto_client *c;
@@ -655,15 +655,15 @@ static int gpud_probe(const struct sc_env *e, char *err, size_t errlen)
 	return rc;
 }
 
-static int start_daemon(struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+static int start_daemon(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen)
 {
 	char log[PATH_MAX + 32], pidf[PATH_MAX + 32];
-	const char *bin = s == SC_GPUD ? e->gpud_bin : e->agentd_bin;
-	struct sw_deadline d = sw_deadline_in_ms(s == SC_GPUD ? GPUD_START_MS : AGENTD_SETTLE_MS);
+	const char *bin = s == CTL_GPUD ? e->gpud_bin : e->agentd_bin;
+	struct sw_deadline d = sw_deadline_in_ms(s == CTL_GPUD ? GPUD_START_MS : AGENTD_SETTLE_MS);
 	pid_t pid;
 	int rc;
 
-	if (s == SC_GPUD) {
+	if (s == CTL_GPUD) {
 		rc = ensure_builtin_model(e, err, errlen);
 		if (rc)
 			return rc;
@@ -673,29 +673,29 @@ static int start_daemon(struct sc_env *e, enum sc_service s, char *err, size_t e
 	char *gpud_argv[] = { (char *)bin, "serve", "--config", e->config_path, NULL };
 	char *agentd_argv[] = { (char *)bin, "--config", e->config_path, NULL };
 
-	pid = sc_spawn(s == SC_GPUD ? gpud_argv : agentd_argv, NULL, log, NULL);
+	pid = ctl_spawn(s == CTL_GPUD ? gpud_argv : agentd_argv, NULL, log, NULL);
 	if (pid < 0)
 		return sw_seterr(err, errlen, pid, "%s: %s (not built? run ninja -C build)", bin,
 				 strerror(-pid));
-	rc = sc_pidfile_write(pidf, pid);
+	rc = ctl_pidfile_write(pidf, pid);
 	if (rc) {
-		sc_stop_pid(pid, SIGTERM, 5000, NULL);
+		ctl_stop_pid(pid, SIGTERM, 5000, NULL);
 		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
 	}
 	for (;;) {
 		char perr[512];
 
-		if (!sc_proc_start_ticks(pid)) {
+		if (!ctl_proc_start_ticks(pid)) {
 			unlink(pidf);
 			return fail_with_log(err, errlen, -ECHILD, log, "%s exited during start-up",
 					     names[s]);
 		}
-		if (s == SC_GPUD && gpud_probe(e, perr, sizeof(perr)) == 0)
+		if (s == CTL_GPUD && gpud_probe(e, perr, sizeof(perr)) == 0)
 			return 0;
 		if (sw_deadline_expired(d)) {
-			if (s == SC_AGENTD)
+			if (s == CTL_AGENTD)
 				return 0; /* alive after its settling time */
-			sc_stop_pid(pid, SIGTERM, 5000, NULL);
+			ctl_stop_pid(pid, SIGTERM, 5000, NULL);
 			unlink(pidf);
 			return fail_with_log(err, errlen, -ETIMEDOUT, log,
 					     "%s did not answer on its socket in time", names[s]);
@@ -704,26 +704,26 @@ static int start_daemon(struct sc_env *e, enum sc_service s, char *err, size_t e
 	}
 }
 
-int sc_service_start(struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen)
 {
-	if (!sc_service_managed(e, s))
-		return sc_service_ping(e, s, err, errlen);
-	if (sc_service_pid(e, s))
+	if (!ctl_service_managed(e, s))
+		return ctl_service_ping(e, s, err, errlen);
+	if (ctl_service_pid(e, s))
 		return 0;
 	switch (s) {
-	case SC_REDIS:
+	case CTL_REDIS:
 		return start_redis(e, err, errlen);
-	case SC_POSTGRES:
+	case CTL_POSTGRES:
 		return start_postgres(e, err, errlen);
-	case SC_GPUD:
-	case SC_AGENTD:
+	case CTL_GPUD:
+	case CTL_AGENTD:
 		return start_daemon(e, s, err, errlen);
 	default:
 		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
 	}
 }
 
-int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err,
+int ctl_service_stop(struct ctl_env *e, enum ctl_service s, bool *killed, char *err,
 		    size_t errlen)
 {
 	char pidf[PATH_MAX + 32];
@@ -733,25 +733,25 @@ int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err
 
 	if (killed)
 		*killed = false;
-	if (!sc_service_managed(e, s))
+	if (!ctl_service_managed(e, s))
 		return 0;
-	if (s == SC_POSTGRES)
+	if (s == CTL_POSTGRES)
 		return stop_postgres(e, killed, err, errlen);
-	pid = sc_service_pid(e, s);
+	pid = ctl_service_pid(e, s);
 	if (!pid)
 		return 0;
 	switch (s) {
-	case SC_GPUD:
+	case CTL_GPUD:
 		deadline_ms = e->cfg.gpud.shutdown_deadline_ms + 5000;
 		break;
-	case SC_AGENTD:
+	case CTL_AGENTD:
 		deadline_ms = AGENTD_DRAIN_MS;
 		break;
 	default:
 		deadline_ms = 10000;
 		break;
 	}
-	rc = sc_stop_pid(pid, SIGTERM, deadline_ms, killed);
+	rc = ctl_stop_pid(pid, SIGTERM, deadline_ms, killed);
 	pid_path(e, s, pidf, sizeof(pidf));
 	if (rc == 0 || rc == -ESRCH) {
 		unlink(pidf);
@@ -761,16 +761,16 @@ int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err
 			 strerror(-rc));
 }
 
-int sc_service_ping(const struct sc_env *e, enum sc_service s, char *err, size_t errlen)
+int ctl_service_ping(const struct ctl_env *e, enum ctl_service s, char *err, size_t errlen)
 {
 	switch (s) {
-	case SC_REDIS:
+	case CTL_REDIS:
 		return redis_ping_url(e->cfg.redis.url, err, errlen);
-	case SC_POSTGRES:
+	case CTL_POSTGRES:
 		return pg_ping_conninfo(e->cfg.postgres.url, err, errlen);
-	case SC_GPUD:
+	case CTL_GPUD:
 		return gpud_probe(e, err, errlen);
 	default:
-		return sc_service_pid(e, s) ? 0 : sw_seterr(err, errlen, -ESRCH, "not running");
+		return ctl_service_pid(e, s) ? 0 : sw_seterr(err, errlen, -ESRCH, "not running");
 	}
 }

@@ -33,15 +33,15 @@
 
 #include "common/config.h"
 
-enum sc_service {
-	SC_REDIS = 0,
-	SC_POSTGRES = 1,
-	SC_GPUD = 2,
-	SC_AGENTD = 3,
-	SC_N_SERVICES = 4,
+enum ctl_service {
+	CTL_REDIS = 0,
+	CTL_POSTGRES = 1,
+	CTL_GPUD = 2,
+	CTL_AGENTD = 3,
+	CTL_N_SERVICES = 4,
 };
 
-struct sc_env {
+struct ctl_env {
 	bool managed;
 	char state_dir[PATH_MAX];
 	char config_path[PATH_MAX];  /* the file gpud and agentd read */
@@ -59,19 +59,19 @@ struct sc_env {
  * binaries (next to swarmctl's own executable in a build tree or an
  * install, or $SWARM_GPUD_BIN / $SWARM_AGENTD_BIN). Creates nothing.
  * Returns 0 or a negative code with a message. */
-int sc_env_init(struct sc_env *e, const char *config_path, char *err, size_t errlen);
+int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t errlen);
 
-const char *sc_service_name(enum sc_service s);
+const char *ctl_service_name(enum ctl_service s);
 
 /* A path inside the state directory ("run/gpud.pid") into out. */
-void sc_path(const struct sc_env *e, const char *rel, char *out, size_t cap);
+void ctl_path(const struct ctl_env *e, const char *rel, char *out, size_t cap);
 
 /* True when swarmctl starts and stops s in this mode (Redis and
  * PostgreSQL only when managed). */
-bool sc_service_managed(const struct sc_env *e, enum sc_service s);
+bool ctl_service_managed(const struct ctl_env *e, enum ctl_service s);
 
 /* The live pid of a managed service, 0 when not running. */
-pid_t sc_service_pid(const struct sc_env *e, enum sc_service s);
+pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s);
 
 /* Starts s (managed services and gpud/agentd) and waits until it answers:
  * Redis PING, PostgreSQL accepting connections with the swarm database and
@@ -79,23 +79,23 @@ pid_t sc_service_pid(const struct sc_env *e, enum sc_service s);
  * start-up. Already running: 0 and nothing done. On failure the message
  * gives the cause and the last lines of the service's log; whatever was
  * spawned for s is stopped again. */
-int sc_service_start(struct sc_env *e, enum sc_service s, char *err, size_t errlen);
+int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
 
 /* Stops s: agentd and gpud with SIGTERM and their drain deadlines,
  * Redis with SIGTERM, PostgreSQL with a fast shutdown; SIGKILL when the
  * deadline passes (*killed then true). Not running: 0. */
-int sc_service_stop(struct sc_env *e, enum sc_service s, bool *killed, char *err,
+int ctl_service_stop(struct ctl_env *e, enum ctl_service s, bool *killed, char *err,
 		    size_t errlen);
 
 /* For external services: whether it answers (Redis PING, PostgreSQL
  * connect). Returns 0 or a negative code with the cause. */
-int sc_service_ping(const struct sc_env *e, enum sc_service s, char *err, size_t errlen);
+int ctl_service_ping(const struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
 
 /* Creates the state directory tree (run, logs, ...). */
-int sc_state_prepare(struct sc_env *e, char *err, size_t errlen);
+int ctl_state_prepare(struct ctl_env *e, char *err, size_t errlen);
 
 /* Takes the state directory's lock (flock on swarmctl.lock), waiting up
  * to 60 s. Returns the fd (close it to unlock) or a negative code. */
-int sc_state_lock(struct sc_env *e, char *err, size_t errlen);
+int ctl_state_lock(struct ctl_env *e, char *err, size_t errlen);
 
 #endif

@@ -50,7 +50,7 @@ struct job {
 };
 
 struct submit {
-	struct sc_env *e;
+	struct ctl_env *e;
 	enum sub_kind kind;
 	const char *question;
 	unsigned max_tokens;
@@ -137,7 +137,7 @@ static bool is_url(const char *s)
 	       !strncmp(s, "file://", 7);
 }
 
-int sc_task_ingest_json(const char *id, const char *input, char **json, char *err,
+int ctl_task_ingest_json(const char *id, const char *input, char **json, char *err,
 			size_t errlen)
 {
 	json_t *o = json_object(), *text = NULL;
@@ -193,7 +193,7 @@ out:
 	return rc;
 }
 
-char *sc_task_final_json(const char *id, const char *kind, int64_t doc_id,
+char *ctl_task_final_json(const char *id, const char *kind, int64_t doc_id,
 			 const char *question, unsigned max_tokens)
 {
 	json_t *o = json_pack("{s:s, s:s}", "id", id, "kind", kind);
@@ -213,7 +213,7 @@ char *sc_task_final_json(const char *id, const char *kind, int64_t doc_id,
 static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 {
 	redisReply *r;
-	int rc = sc_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", AGENT_QUEUE_STREAM,
+	int rc = ctl_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", AGENT_QUEUE_STREAM,
 			      AGENT_QUEUE_FIELD, json);
 
 	if (!rc)
@@ -224,7 +224,7 @@ static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 /* Queues the summarize or answer of j (doc_id 0: every document). */
 static int send_final(struct submit *s, struct job *j, char *err, size_t errlen)
 {
-	char *json = sc_task_final_json(j->id, kind_names[j->kind], j->doc_id,
+	char *json = ctl_task_final_json(j->id, kind_names[j->kind], j->doc_id,
 					j->kind == K_ANSWER ? s->question : NULL, s->max_tokens);
 	int rc;
 
@@ -263,7 +263,7 @@ static char *id_array(const struct submit *s)
 	return a;
 }
 
-long sc_expected_summaries(long n_chunks, unsigned fanin)
+long ctl_expected_summaries(long n_chunks, unsigned fanin)
 {
 	long rows = n_chunks, n = n_chunks;
 
@@ -287,7 +287,7 @@ static int poll_state(struct submit *s, char *err, size_t errlen)
 
 	if (!ids)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
-	rc = sc_pg_query(s->pg, &r, err, errlen,
+	rc = ctl_pg_query(s->pg, &r, err, errlen,
 			 "SELECT id, status, coalesce(location, ''), coalesce(error, ''), attempts "
 			 "FROM tasks WHERE id = ANY($1::text[])", 1, params);
 	free(ids);
@@ -331,7 +331,7 @@ static int poll_state(struct submit *s, char *err, size_t errlen)
 	if (o == 2)
 		return 0;
 	params[0] = docs;
-	rc = sc_pg_query(s->pg, &r, err, errlen,
+	rc = ctl_pg_query(s->pg, &r, err, errlen,
 			 "SELECT d.id, d.n_chunks, (SELECT count(*) FROM summaries m "
 			 "WHERE m.document_id = d.id) FROM documents d WHERE d.id = ANY($1::bigint[])",
 			 1, params);
@@ -439,7 +439,7 @@ static void draw_progress(const struct submit *s, bool last)
 		fin++;
 		fin_done += fd || j->failed;
 		if (j->kind == K_SUMMARIZE) {
-			long exp = j->n_chunks ? sc_expected_summaries(j->n_chunks, AGENT_DEFAULT_SUMMARY_FANIN) : 1;
+			long exp = j->n_chunks ? ctl_expected_summaries(j->n_chunks, AGENT_DEFAULT_SUMMARY_FANIN) : 1;
 
 			total += (double)exp;
 			done += fd || j->failed ? (double)exp
@@ -466,14 +466,14 @@ static void draw_progress(const struct submit *s, bool last)
 
 /* --- results ------------------------------------------------------------ */
 
-static bool noise_note(const struct sc_env *e)
+static bool noise_note(const struct ctl_env *e)
 {
 	return e->managed && e->builtin_model;
 }
 
 /* The result of one task as JSON (task row + what its location names);
  * SW_ENOTFOUND when no worker has recorded the task. */
-static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **out, char *err,
+static int result_json(struct ctl_env *e, PGconn *pg, const char *id, json_t **out, char *err,
 		       size_t errlen)
 {
 	const char *params[3] = { id };
@@ -485,7 +485,7 @@ static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **ou
 	int level, rc;
 
 	*out = NULL;
-	rc = sc_pg_query(pg, &r, err, errlen,
+	rc = ctl_pg_query(pg, &r, err, errlen,
 			 "SELECT id, coalesce(kind, ''), status, attempts, coalesce(error, ''), "
 			 "coalesce(location, ''), created_at::text, coalesce(finished_at::text, ''), "
 			 "extract(epoch from coalesce(finished_at, now()) - "
@@ -518,7 +518,7 @@ static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **ou
 	if (!strcmp(kind, "ingest") && sscanf(loc, "documents/%" SCNd64, &doc) == 1) {
 		snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc);
 		params[0] = dbuf;
-		rc = sc_pg_query(pg, &r, err, errlen, "SELECT id, source, n_chunks, "
+		rc = ctl_pg_query(pg, &r, err, errlen, "SELECT id, source, n_chunks, "
 				 "octet_length(text) FROM documents WHERE id = $1", 1, params);
 		if (!rc && PQntuples(r) == 1)
 			res = json_pack("{s:I, s:s, s:i, s:I}", "document_id", (json_int_t)doc,
@@ -531,7 +531,7 @@ static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **ou
 		snprintf(lbuf, sizeof(lbuf), "%d", level);
 		params[0] = dbuf;
 		params[1] = lbuf;
-		rc = sc_pg_query(pg, &r, err, errlen, "SELECT m.text, d.source, d.n_chunks FROM "
+		rc = ctl_pg_query(pg, &r, err, errlen, "SELECT m.text, d.source, d.n_chunks FROM "
 				 "summaries m JOIN documents d ON d.id = m.document_id WHERE "
 				 "m.document_id = $1 AND m.level = $2 AND m.position = 0", 2, params);
 		if (!rc && PQntuples(r) == 1)
@@ -541,7 +541,7 @@ static int result_json(struct sc_env *e, PGconn *pg, const char *id, json_t **ou
 					PQgetvalue(r, 0, 0));
 	} else if (!strcmp(kind, "answer") && !strncmp(loc, "answers/", 8)) {
 		params[0] = id;
-		rc = sc_pg_query(pg, &r, err, errlen, "SELECT question, text, chunk_ids::text "
+		rc = ctl_pg_query(pg, &r, err, errlen, "SELECT question, text, chunk_ids::text "
 				 "FROM answers WHERE task_id = $1", 1, params);
 		if (!rc && PQntuples(r) == 1)
 			res = json_pack("{s:s, s:s, s:s}", "question", PQgetvalue(r, 0, 0), "answer",
@@ -608,11 +608,11 @@ static void print_result(const json_t *o)
 }
 
 /* Connects to PostgreSQL with the hint an operator needs on failure. */
-static int open_pg(struct sc_env *e, PGconn **pg)
+static int open_pg(struct ctl_env *e, PGconn **pg)
 {
 	char err[1024];
 
-	if (sc_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) == 0)
+	if (ctl_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) == 0)
 		return 0;
 	fprintf(stderr, "swarmctl: %s\n", err);
 	if (e->managed)
@@ -621,11 +621,11 @@ static int open_pg(struct sc_env *e, PGconn **pg)
 	return 1;
 }
 
-static int open_redis(struct sc_env *e, redisContext **rc)
+static int open_redis(struct ctl_env *e, redisContext **rc)
 {
 	char err[1024];
 
-	if (sc_redis_open(e->cfg.redis.url, REDIS_TIMEOUT_MS, rc, err, sizeof(err)) == 0)
+	if (ctl_redis_open(e->cfg.redis.url, REDIS_TIMEOUT_MS, rc, err, sizeof(err)) == 0)
 		return 0;
 	fprintf(stderr, "swarmctl: %s\n", err);
 	if (e->managed)
@@ -665,7 +665,7 @@ static int print_results(struct submit *s)
 	return status;
 }
 
-void sc_task_id(char *out, size_t cap, const char *prefix, size_t i)
+void ctl_task_id(char *out, size_t cap, const char *prefix, size_t i)
 {
 	static uint16_t salt;
 	time_t now = time(NULL);
@@ -689,7 +689,7 @@ static void submit_usage(FILE *f)
 		   "  --question from it (no input: from every document).\n");
 }
 
-int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
+int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "kind", required_argument, NULL, 'k' },
@@ -805,20 +805,20 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 		if (i < n_inputs) {
 			j->input = argv[optind + (int)i];
 			j->kind = s.kind;
-			sc_task_id(j->id, sizeof(j->id), id_prefix[s.kind], i);
+			ctl_task_id(j->id, sizeof(j->id), id_prefix[s.kind], i);
 			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
 			if (s.kind == K_INGEST) {
 				snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
 				j->id[0] = '\0';
 			}
-			if (sc_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
+			if (ctl_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
 						sizeof(err)) != 0) {
 				fprintf(stderr, "swarmctl: submit: %s\n", err);
 				goto out;
 			}
 		} else {
 			j->kind = K_ANSWER;
-			sc_task_id(j->id, sizeof(j->id), id_prefix[K_ANSWER], i);
+			ctl_task_id(j->id, sizeof(j->id), id_prefix[K_ANSWER], i);
 		}
 	}
 	if (open_redis(e, &s.rc))
@@ -826,7 +826,7 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 	ingest_wait = s.kind != K_INGEST && n_inputs;
 	if ((s.wait || ingest_wait) && open_pg(e, &s.pg))
 		goto out;
-	if (e->managed && !sc_service_pid(e, SC_AGENTD)) {
+	if (e->managed && !ctl_service_pid(e, CTL_AGENTD)) {
 		if (s.wait || ingest_wait) {
 			fprintf(stderr, "swarmctl: submit: agentd is not running in %s, so nothing "
 				"would run these tasks; nothing queued (`swarmctl status`, `swarmctl "
@@ -872,13 +872,13 @@ int sc_cmd_submit(struct sc_env *e, int argc, char **argv)
 		fflush(stdout);
 		if (done)
 			break;
-		if (e->managed && !sc_service_pid(e, SC_AGENTD)) {
+		if (e->managed && !ctl_service_pid(e, CTL_AGENTD)) {
 			char log[PATH_MAX + 32], tail[2048];
 
 			if (s.tty)
 				printf("\n");
-			sc_path(e, "logs/agentd.log", log, sizeof(log));
-			sc_tail(log, 8, tail, sizeof(tail));
+			ctl_path(e, "logs/agentd.log", log, sizeof(log));
+			ctl_tail(log, 8, tail, sizeof(tail));
 			fprintf(stderr, "swarmctl: submit: agentd stopped while its tasks were in "
 				"flight; they stay queued (`swarmctl results`)%s%s%s\n",
 				tail[0] ? "\nlast lines of " : "", tail[0] ? log : "",
@@ -928,7 +928,7 @@ out:
 	return status;
 }
 
-int sc_cmd_results(struct sc_env *e, int argc, char **argv)
+int ctl_cmd_results(struct ctl_env *e, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "json", no_argument, NULL, 'j' },
@@ -983,7 +983,7 @@ int sc_cmd_results(struct sc_env *e, int argc, char **argv)
 		PGresult *r;
 		json_t *arr;
 
-		if (sc_pg_query(pg, &r, err, sizeof(err),
+		if (ctl_pg_query(pg, &r, err, sizeof(err),
 				"SELECT id, coalesce(kind, ''), status, attempts, coalesce(location, ''), "
 				"coalesce(error, ''), created_at::text FROM tasks ORDER BY created_at "
 				"DESC, id LIMIT $1::int", 1, params) != 0) {
@@ -1034,7 +1034,7 @@ out:
 	return status;
 }
 
-int sc_queue_stats(const char *url, struct sc_queue_stats *q, char *err, size_t errlen)
+int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_t errlen)
 {
 	redisContext *c;
 	redisReply *r;
@@ -1042,15 +1042,15 @@ int sc_queue_stats(const char *url, struct sc_queue_stats *q, char *err, size_t 
 
 	memset(q, 0, sizeof(*q));
 	q->undelivered = -1;
-	rc = sc_redis_open(url, 2000, &c, err, errlen);
+	rc = ctl_redis_open(url, 2000, &c, err, errlen);
 	if (rc)
 		return rc;
-	rc = sc_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_STREAM);
+	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_STREAM);
 	if (rc)
 		goto out;
 	q->length = r->integer;
 	freeReplyObject(r);
-	rc = sc_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_DEAD);
+	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_DEAD);
 	if (rc)
 		goto out;
 	q->dead = r->integer;
@@ -1061,7 +1061,7 @@ int sc_queue_stats(const char *url, struct sc_queue_stats *q, char *err, size_t 
 	}
 	/* XINFO GROUPS: pending and (Redis 7) lag of our group; none yet =
 	 * nothing delivered */
-	if (sc_redis_cmd(c, &r, err, errlen, "XINFO GROUPS %s", AGENT_QUEUE_STREAM) != 0) {
+	if (ctl_redis_cmd(c, &r, err, errlen, "XINFO GROUPS %s", AGENT_QUEUE_STREAM) != 0) {
 		rc = 0;
 		q->undelivered = q->length;
 		goto out;

@@ -24,11 +24,11 @@
  * [--question Q] [--wait] [--timeout S] [--max-tokens N]`; argv[0] is
  * "submit". Returns the exit status: 0 every task submitted (and with
  * --wait completed), 1 a failure (message on stderr), 2 usage. */
-int sc_cmd_submit(struct sc_env *e, int argc, char **argv);
+int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv);
 
 /* `swarmctl results [TASK_ID] [--json] [--limit N]`: one task with its
  * result, or the latest tasks. Exit status as above; an unknown id is 1. */
-int sc_cmd_results(struct sc_env *e, int argc, char **argv);
+int ctl_cmd_results(struct ctl_env *e, int argc, char **argv);
 
 /* The ingest task JSON (agentd/task.h) for input: an http, https or file
  * URL (fetched by agentd), "-" (standard input) or a file, whose text
@@ -37,26 +37,26 @@ int sc_cmd_results(struct sc_env *e, int argc, char **argv);
  * why: -errno (cannot open), SW_ETOOLONG (over AGENT_TASK_MAX_TEXT, or a
  * URL over AGENT_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty),
  * -ENOMEM. */
-int sc_task_ingest_json(const char *id, const char *input, char **json, char *err,
+int ctl_task_ingest_json(const char *id, const char *input, char **json, char *err,
 			size_t errlen);
 
 /* The JSON of a summarize or answer task (kind "summarize" or "answer");
  * doc_id 0, question NULL and max_tokens 0 are left out. malloc'd, NULL
  * when out of memory. */
-char *sc_task_final_json(const char *id, const char *kind, int64_t doc_id,
+char *ctl_task_final_json(const char *id, const char *kind, int64_t doc_id,
 			 const char *question, unsigned max_tokens);
 
 /* A new task id "<prefix>-<UTC yyyymmdd-hhmmss>-<pid>-<salt>-<i + 1>"
  * into out: [A-Za-z0-9._:-] only when prefix is, unique per host for
  * distinct (time, pid, i). */
-void sc_task_id(char *out, size_t cap, const char *prefix, size_t i);
+void ctl_task_id(char *out, size_t cap, const char *prefix, size_t i);
 
 /* How many summary rows agentd's map-reduce makes for n_chunks chunks
  * with the given fan-in (the chunks' own, then each level's groups, up
  * to the single final one); at least 1. */
-long sc_expected_summaries(long n_chunks, unsigned fanin);
+long ctl_expected_summaries(long n_chunks, unsigned fanin);
 
-struct sc_queue_stats {
+struct ctl_queue_stats {
 	int64_t length;      /* XLEN swarm:tasks: every entry still in the stream */
 	int64_t undelivered; /* entries the group has not delivered yet (lag); -1 unknown */
 	int64_t pending;     /* delivered to a worker, not acknowledged */
@@ -66,6 +66,6 @@ struct sc_queue_stats {
 /* Reads the queue numbers from Redis at url. A stream or group that does
  * not exist yet counts as 0. Returns 0 or a negative code with a message
  * (SW_ECLOSED: Redis unreachable). */
-int sc_queue_stats(const char *url, struct sc_queue_stats *q, char *err, size_t errlen);
+int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_t errlen);
 
 #endif

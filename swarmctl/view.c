@@ -20,7 +20,7 @@
 
 #define EXIT_USAGE 2
 
-json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
+json_t *ctl_gpud_json(const struct ctl_env *e, bool mem, uint32_t flags, char *err,
 		     size_t errlen)
 {
 	struct proto_client_opts o;
@@ -71,7 +71,7 @@ static bool is_device(const json_t *stats, const char *name)
 	return false;
 }
 
-json_t *sc_device_memory(const json_t *stats)
+json_t *ctl_device_memory(const json_t *stats)
 {
 	json_t *out = json_array(), *pool;
 	size_t i;
@@ -126,12 +126,12 @@ static double mib(uint64_t b)
 	return (double)b / (1024.0 * 1024.0);
 }
 
-void sc_print_gpud(FILE *f, const json_t *stats)
+void ctl_print_gpud(FILE *f, const json_t *stats)
 {
 	const json_t *req = json_object_get(stats, "requests");
 	const json_t *tok = json_object_get(stats, "tokens");
 	const json_t *alloc = json_object_get(json_object_get(stats, "alloc"), "since_warmup");
-	json_t *mem = sc_device_memory(stats), *v;
+	json_t *mem = ctl_device_memory(stats), *v;
 	size_t i;
 
 	fprintf(f, "gpud: %llu requests in flight, %llu completed, %llu errors; %.1f tokens/s; "
@@ -174,7 +174,7 @@ void sc_print_gpud(FILE *f, const json_t *stats)
 			fprintf(f, "WARNING: %s\n", json_string_value(v));
 }
 
-void sc_print_queue(FILE *f, const struct sc_queue_stats *q)
+void ctl_print_queue(FILE *f, const struct ctl_queue_stats *q)
 {
 	fprintf(f, "queue: ");
 	if (q->undelivered >= 0)
@@ -184,13 +184,13 @@ void sc_print_queue(FILE *f, const struct sc_queue_stats *q)
 		(long long)q->dead);
 }
 
-json_t *sc_agentd_status(const struct sc_env *e)
+json_t *ctl_agentd_status(const struct ctl_env *e)
 {
 	char p[PATH_MAX + 32];
 	json_error_t je;
 	json_t *j;
 
-	sc_path(e, "agentd.status.json", p, sizeof(p));
+	ctl_path(e, "agentd.status.json", p, sizeof(p));
 	j = json_load_file(p, 0, &je);
 	if (j && !json_is_object(j)) {
 		json_decref(j);
@@ -199,7 +199,7 @@ json_t *sc_agentd_status(const struct sc_env *e)
 	return j;
 }
 
-void sc_print_agentd(FILE *f, const json_t *st)
+void ctl_print_agentd(FILE *f, const json_t *st)
 {
 	static const char *const states[] = { "running", "starting", "backoff", "failed",
 					      "stopped" };
@@ -257,16 +257,16 @@ static void restore_tty(void)
 }
 
 /* Task counts and completions over the last 10 s from PostgreSQL. */
-static void print_tasks(FILE *f, PGconn **pg, const struct sc_env *e)
+static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e)
 {
 	char err[512];
 	PGresult *r;
 
-	if (!*pg && sc_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) != 0) {
+	if (!*pg && ctl_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) != 0) {
 		fprintf(f, "tasks: %s\n", err);
 		return;
 	}
-	if (sc_pg_query(*pg, &r, err, sizeof(err),
+	if (ctl_pg_query(*pg, &r, err, sizeof(err),
 			"SELECT count(*) FILTER (WHERE status = 'completed' AND "
 			"finished_at > now() - interval '10 seconds'), "
 			"count(*) FILTER (WHERE status = 'running'), "
@@ -287,7 +287,7 @@ static void print_tasks(FILE *f, PGconn **pg, const struct sc_env *e)
 	PQclear(r);
 }
 
-int sc_cmd_top(struct sc_env *e, int argc, char **argv)
+int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "interval", required_argument, NULL, 'i' },
@@ -339,7 +339,7 @@ int sc_cmd_top(struct sc_env *e, int argc, char **argv)
 		atexit(restore_tty);
 	}
 	for (long it = 0; !top_stop && (!iterations || it < iterations); it++) {
-		struct sc_queue_stats q;
+		struct ctl_queue_stats q;
 		char err[1024], when[32];
 		time_t now = time(NULL);
 		json_t *stats;
@@ -352,20 +352,20 @@ int sc_cmd_top(struct sc_env *e, int argc, char **argv)
 		printf("swarm top - %s - %s - every %.1f s%s\n", when, e->state_dir, interval,
 		       keys ? " - q quits" : "");
 		print_tasks(stdout, &pg, e);
-		if (sc_service_pid(e, SC_AGENTD)) {
-			json_t *as = sc_agentd_status(e);
+		if (ctl_service_pid(e, CTL_AGENTD)) {
+			json_t *as = ctl_agentd_status(e);
 
 			if (as)
-				sc_print_agentd(stdout, as);
+				ctl_print_agentd(stdout, as);
 			json_decref(as);
 		}
-		if (sc_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0)
-			sc_print_queue(stdout, &q);
+		if (ctl_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0)
+			ctl_print_queue(stdout, &q);
 		else
 			printf("queue: %s\n", err);
-		stats = sc_gpud_json(e, false, 0, err, sizeof(err));
+		stats = ctl_gpud_json(e, false, 0, err, sizeof(err));
 		if (stats) {
-			sc_print_gpud(stdout, stats);
+			ctl_print_gpud(stdout, stats);
 			json_decref(stats);
 		} else {
 			printf("gpud: %s\n", err);

@@ -16,7 +16,7 @@
 /* gpud's STATS (mem false) or MEM reply (flags: PROTO_MEM_*), parsed.
  * NULL with a message in err when gpud cannot be reached or answers
  * nonsense. The caller json_decref()s the result. */
-json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err,
+json_t *ctl_gpud_json(const struct ctl_env *e, bool mem, uint32_t flags, char *err,
 		     size_t errlen);
 
 /* Per-device memory from a STATS object: pools grouped by the device
@@ -24,27 +24,27 @@ json_t *sc_gpud_json(const struct sc_env *e, bool mem, uint32_t flags, char *err
  * "devices" ("server.requests", "mask") under "host"; in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
  * capacity_bytes, trough_bytes} (new reference; empty when stats has no
  * pools). */
-json_t *sc_device_memory(const json_t *stats);
+json_t *ctl_device_memory(const json_t *stats);
 
 /* Prints the gpud part of status/top: requests, tokens/s, per-device
  * memory, pools (with trough and RISING), caches with hit rates. */
-void sc_print_gpud(FILE *f, const json_t *stats);
+void ctl_print_gpud(FILE *f, const json_t *stats);
 
 /* Prints the queue line. */
-void sc_print_queue(FILE *f, const struct sc_queue_stats *q);
+void ctl_print_queue(FILE *f, const struct ctl_queue_stats *q);
 
 /* agentd's supervisor status file (<state_dir>/agentd.status.json,
  * agentd/supervisor.h), parsed; NULL when absent or unreadable. The
  * caller json_decref()s it. */
-json_t *sc_agentd_status(const struct sc_env *e);
+json_t *ctl_agentd_status(const struct ctl_env *e);
 
 /* Prints one line about the workers in an agentd status object:
  * "agentd workers: 2 running, 1 backoff; 14 tasks done, 1 crash (...)". */
-void sc_print_agentd(FILE *f, const json_t *st);
+void ctl_print_agentd(FILE *f, const json_t *st);
 
 /* `swarmctl top [--interval S] [--iterations N]`: refreshes in place on a
  * terminal until q (or N iterations); plain successive reports
  * otherwise. argv[0] is "top". Returns the exit status. */
-int sc_cmd_top(struct sc_env *e, int argc, char **argv);
+int ctl_cmd_top(struct ctl_env *e, int argc, char **argv);
 
 #endif

@@ -31,7 +31,7 @@ static void test_redis_bad_urls(void **state)
 	(void)state;
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		err[0] = '\0';
-		assert_int_equal(sc_redis_open(bad[i], 500, &c, err, sizeof(err)), -EINVAL);
+		assert_int_equal(ctl_redis_open(bad[i], 500, &c, err, sizeof(err)), -EINVAL);
 		assert_null(c);
 		assert_true(strncmp(err, "redis: ", 7) == 0);
 	}
@@ -43,12 +43,12 @@ static void test_redis_unreachable(void **state)
 	redisContext *c = (redisContext *)1;
 
 	(void)state;
-	assert_int_equal(sc_redis_open("unix:///nonexistent/redis.sock", 500, &c, err,
+	assert_int_equal(ctl_redis_open("unix:///nonexistent/redis.sock", 500, &c, err,
 				       sizeof(err)), SW_ECLOSED);
 	assert_null(c);
 	assert_non_null(strstr(err, "/nonexistent/redis.sock"));
 	/* port 1 on loopback: refused at once, with the password parsed off */
-	assert_int_equal(sc_redis_open("redis://:secret@127.0.0.1:1/2", 500, &c, err,
+	assert_int_equal(ctl_redis_open("redis://:secret@127.0.0.1:1/2", 500, &c, err,
 				       sizeof(err)), SW_ECLOSED);
 	assert_non_null(strstr(err, "127.0.0.1:1"));
 	assert_null(strstr(err, "secret"));
@@ -60,12 +60,12 @@ static void test_pg_unreachable(void **state)
 	PGconn *c = (PGconn *)1;
 
 	(void)state;
-	assert_int_equal(sc_pg_open("host=/nonexistent dbname=swarm user=swarm", &c, err,
+	assert_int_equal(ctl_pg_open("host=/nonexistent dbname=swarm user=swarm", &c, err,
 				    sizeof(err)), SW_ECLOSED);
 	assert_null(c);
 	assert_non_null(strstr(err, "postgres at "));
 	assert_non_null(strstr(err, "/nonexistent"));
-	assert_int_equal(sc_pg_open("postgresql://swarm:hunter2@127.0.0.1:1/swarm", &c, err,
+	assert_int_equal(ctl_pg_open("postgresql://swarm:hunter2@127.0.0.1:1/swarm", &c, err,
 				    sizeof(err)), SW_ECLOSED);
 	assert_null(strstr(err, "hunter2")); /* redacted */
 }
@@ -82,13 +82,13 @@ static void clear_env(void)
 
 static void test_env_managed(void **state)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char err[512];
 
 	(void)state;
 	clear_env();
 	setenv("SWARM_STATE_DIR", "/tmp/sc-unit", 1);
-	assert_int_equal(sc_env_init(&e, NULL, err, sizeof(err)), 0);
+	assert_int_equal(ctl_env_init(&e, NULL, err, sizeof(err)), 0);
 	assert_true(e.managed);
 	assert_true(e.builtin_model);
 	assert_string_equal(e.state_dir, "/tmp/sc-unit");
@@ -98,14 +98,14 @@ static void test_env_managed(void **state)
 	assert_non_null(strstr(e.cfg.postgres.url, "host=/tmp/sc-unit/pg"));
 	assert_string_equal(e.config_path, "/tmp/sc-unit/swarm.json");
 	assert_int_equal(e.cfg.agentd.workers, 2);
-	assert_true(sc_service_managed(&e, SC_REDIS));
-	assert_true(sc_service_managed(&e, SC_POSTGRES));
+	assert_true(ctl_service_managed(&e, CTL_REDIS));
+	assert_true(ctl_service_managed(&e, CTL_POSTGRES));
 	/* nothing runs there */
-	for (int s = 0; s < SC_N_SERVICES; s++)
-		assert_int_equal(sc_service_pid(&e, s), 0);
+	for (int s = 0; s < CTL_N_SERVICES; s++)
+		assert_int_equal(ctl_service_pid(&e, s), 0);
 
 	setenv("SWARM_MODEL", "/models/real.gguf", 1);
-	assert_int_equal(sc_env_init(&e, NULL, err, sizeof(err)), 0);
+	assert_int_equal(ctl_env_init(&e, NULL, err, sizeof(err)), 0);
 	assert_false(e.builtin_model);
 	assert_string_equal(e.cfg.gpud.model, "/models/real.gguf");
 	clear_env();
@@ -114,7 +114,7 @@ static void test_env_managed(void **state)
 static void test_env_state_dir_too_long(void **state)
 {
 	char longdir[200], err[512];
-	struct sc_env e;
+	struct ctl_env e;
 
 	(void)state;
 	clear_env();
@@ -122,7 +122,7 @@ static void test_env_state_dir_too_long(void **state)
 	longdir[0] = '/';
 	longdir[sizeof(longdir) - 1] = '\0';
 	setenv("SWARM_STATE_DIR", longdir, 1);
-	assert_int_equal(sc_env_init(&e, NULL, err, sizeof(err)), -ENAMETOOLONG);
+	assert_int_equal(ctl_env_init(&e, NULL, err, sizeof(err)), -ENAMETOOLONG);
 	assert_non_null(strstr(err, "too long"));
 	assert_non_null(strstr(err, "SWARM_STATE_DIR"));
 	unsetenv("SWARM_STATE_DIR");
@@ -131,13 +131,13 @@ static void test_env_state_dir_too_long(void **state)
 static void test_env_config_file(void **state)
 {
 	char path[] = "/tmp/swarmctl_clients_test.XXXXXX", err[512];
-	struct sc_env e;
+	struct ctl_env e;
 	FILE *f;
 	int fd;
 
 	(void)state;
 	clear_env();
-	assert_int_equal(sc_env_init(&e, "/nonexistent/swarm.json", err, sizeof(err)), -ENOENT);
+	assert_int_equal(ctl_env_init(&e, "/nonexistent/swarm.json", err, sizeof(err)), -ENOENT);
 	assert_non_null(strstr(err, "wrong config path"));
 
 	fd = mkstemp(path);
@@ -148,22 +148,22 @@ static void test_env_config_file(void **state)
 	      " \"postgres\": {\"url\": \"host=/tmp dbname=swarm\"},"
 	      " \"gpud\": {\"model\": \"/m.gguf\", \"socket\": \"/tmp/sc-ext/g.sock\"}}", f);
 	assert_int_equal(fclose(f), 0);
-	assert_int_equal(sc_env_init(&e, path, err, sizeof(err)), 0);
+	assert_int_equal(ctl_env_init(&e, path, err, sizeof(err)), 0);
 	assert_false(e.managed);
 	assert_false(e.builtin_model);
 	assert_string_equal(e.state_dir, "/tmp/sc-ext");
 	assert_string_equal(e.cfg.redis.url, "redis://r:6380/1");
-	assert_false(sc_service_managed(&e, SC_REDIS));
-	assert_false(sc_service_managed(&e, SC_POSTGRES));
-	assert_true(sc_service_managed(&e, SC_GPUD));
-	assert_int_equal(sc_service_pid(&e, SC_REDIS), 0);
+	assert_false(ctl_service_managed(&e, CTL_REDIS));
+	assert_false(ctl_service_managed(&e, CTL_POSTGRES));
+	assert_true(ctl_service_managed(&e, CTL_GPUD));
+	assert_int_equal(ctl_service_pid(&e, CTL_REDIS), 0);
 
 	/* an unknown key is refused with its name */
 	f = fopen(path, "w");
 	assert_non_null(f);
 	fputs("{\"gpud\": {\"model\": \"/m.gguf\", \"modle\": 1}}", f);
 	assert_int_equal(fclose(f), 0);
-	assert_int_not_equal(sc_env_init(&e, path, err, sizeof(err)), 0);
+	assert_int_not_equal(ctl_env_init(&e, path, err, sizeof(err)), 0);
 	assert_non_null(strstr(err, "modle"));
 	unlink(path);
 }

@@ -39,11 +39,11 @@ static void write_text(const char *path, const char *text)
 static void test_start_ticks(void **state)
 {
 	(void)state;
-	assert_true(sc_proc_start_ticks(getpid()) > 0);
-	assert_int_equal(sc_proc_start_ticks(0), 0);
-	assert_int_equal(sc_proc_start_ticks(-5), 0);
-	assert_true(sc_proc_uptime_s(getpid()) >= 0);
-	assert_true(sc_proc_uptime_s(0) < 0);
+	assert_true(ctl_proc_start_ticks(getpid()) > 0);
+	assert_int_equal(ctl_proc_start_ticks(0), 0);
+	assert_int_equal(ctl_proc_start_ticks(-5), 0);
+	assert_true(ctl_proc_uptime_s(getpid()) >= 0);
+	assert_true(ctl_proc_uptime_s(0) < 0);
 }
 
 static void test_pidfile(void **state)
@@ -54,15 +54,15 @@ static void test_pidfile(void **state)
 
 	(void)state;
 	path_in(p, sizeof(p), "self.pid");
-	assert_int_equal(sc_pidfile_write(p, getpid()), 0);
-	assert_int_equal(sc_pidfile_live(p), getpid());
+	assert_int_equal(ctl_pidfile_write(p, getpid()), 0);
+	assert_int_equal(ctl_pidfile_live(p), getpid());
 
 	/* same pid, another start time: a reused pid reads as dead, and the
 	 * stale file goes */
 	snprintf(text, sizeof(text), "%d %llu\n", (int)getpid(),
-		 (unsigned long long)sc_proc_start_ticks(getpid()) + 1);
+		 (unsigned long long)ctl_proc_start_ticks(getpid()) + 1);
 	write_text(p, text);
-	assert_int_equal(sc_pidfile_live(p), 0);
+	assert_int_equal(ctl_pidfile_live(p), 0);
 	assert_int_equal(access(p, F_OK), -1);
 
 	/* a process that exited */
@@ -73,14 +73,14 @@ static void test_pidfile(void **state)
 	assert_int_equal(waitpid(child, &st, 0), child);
 	snprintf(text, sizeof(text), "%d 12345\n", (int)child);
 	write_text(p, text);
-	assert_int_equal(sc_pidfile_live(p), 0);
+	assert_int_equal(ctl_pidfile_live(p), 0);
 
 	/* garbage and absence */
 	write_text(p, "not a pid\n");
-	assert_int_equal(sc_pidfile_live(p), 0);
-	assert_int_equal(sc_pidfile_live(p), 0); /* removed: missing is 0 too */
+	assert_int_equal(ctl_pidfile_live(p), 0);
+	assert_int_equal(ctl_pidfile_live(p), 0); /* removed: missing is 0 too */
 	path_in(p, sizeof(p), "no-such-dir/x.pid");
-	assert_int_equal(sc_pidfile_write(p, getpid()), -ENOENT);
+	assert_int_equal(ctl_pidfile_write(p, getpid()), -ENOENT);
 }
 
 static void test_run(void **state)
@@ -92,13 +92,13 @@ static void test_run(void **state)
 
 	(void)state;
 	path_in(log, sizeof(log), "run.log");
-	assert_int_equal(sc_run(ok, log, NULL), 3);
-	sc_tail(log, 10, tail, sizeof(tail));
+	assert_int_equal(ctl_run(ok, log, NULL), 3);
+	ctl_tail(log, 10, tail, sizeof(tail));
 	assert_string_equal(tail, "  hello\n  oops");
-	assert_int_equal(sc_run(sig, log, NULL), 128 + SIGKILL);
+	assert_int_equal(ctl_run(sig, log, NULL), 128 + SIGKILL);
 	/* exec failure is an error here, not a dead child later */
-	assert_int_equal(sc_run(missing, log, NULL), -ENOENT);
-	assert_int_equal(sc_spawn(missing, NULL, log, NULL), -ENOENT);
+	assert_int_equal(ctl_run(missing, log, NULL), -ENOENT);
+	assert_int_equal(ctl_spawn(missing, NULL, log, NULL), -ENOENT);
 }
 
 static void test_spawn_env_and_stop(void **state)
@@ -111,10 +111,10 @@ static void test_spawn_env_and_stop(void **state)
 
 	(void)state;
 	path_in(log, sizeof(log), "spawn.log");
-	pid = sc_spawn(argv, env, log, NULL);
+	pid = ctl_spawn(argv, env, log, NULL);
 	assert_true(pid > 0);
 	for (int i = 0; i < 200; i++) {
-		sc_tail(log, 1, tail, sizeof(tail));
+		ctl_tail(log, 1, tail, sizeof(tail));
 		if (tail[0])
 			break;
 		usleep(10000);
@@ -122,10 +122,10 @@ static void test_spawn_env_and_stop(void **state)
 	assert_string_equal(tail, "  v=42");
 	/* its own session: not our process group */
 	assert_int_equal(getpgid(pid), pid);
-	assert_int_equal(sc_stop_pid(pid, SIGTERM, 5000, &killed), 0);
+	assert_int_equal(ctl_stop_pid(pid, SIGTERM, 5000, &killed), 0);
 	assert_false(killed);
-	assert_int_equal(sc_proc_start_ticks(pid), 0);
-	assert_int_equal(sc_stop_pid(pid, SIGTERM, 100, &killed), -ESRCH);
+	assert_int_equal(ctl_proc_start_ticks(pid), 0);
+	assert_int_equal(ctl_stop_pid(pid, SIGTERM, 100, &killed), -ESRCH);
 }
 
 static void test_stop_needs_kill(void **state)
@@ -138,18 +138,18 @@ static void test_stop_needs_kill(void **state)
 
 	(void)state;
 	path_in(log, sizeof(log), "stubborn.log");
-	pid = sc_spawn(argv, NULL, log, NULL);
+	pid = ctl_spawn(argv, NULL, log, NULL);
 	assert_true(pid > 0);
 	for (int i = 0; i < 200; i++) {
-		sc_tail(log, 1, tail, sizeof(tail));
+		ctl_tail(log, 1, tail, sizeof(tail));
 		if (tail[0])
 			break;
 		usleep(10000);
 	}
 	assert_string_equal(tail, "  ready");
-	assert_int_equal(sc_stop_pid(pid, SIGTERM, 200, &killed), 0);
+	assert_int_equal(ctl_stop_pid(pid, SIGTERM, 200, &killed), 0);
 	assert_true(killed);
-	assert_int_equal(sc_proc_start_ticks(pid), 0);
+	assert_int_equal(ctl_proc_start_ticks(pid), 0);
 }
 
 static void test_tail(void **state)
@@ -158,21 +158,21 @@ static void test_tail(void **state)
 
 	(void)state;
 	path_in(p, sizeof(p), "tail.log");
-	sc_tail(p, 3, out, sizeof(out)); /* missing */
+	ctl_tail(p, 3, out, sizeof(out)); /* missing */
 	assert_string_equal(out, "");
 	write_text(p, "");
-	sc_tail(p, 3, out, sizeof(out));
+	ctl_tail(p, 3, out, sizeof(out));
 	assert_string_equal(out, "");
 	write_text(p, "a\nb\nc\nd\n\n\n");
-	sc_tail(p, 2, out, sizeof(out));
+	ctl_tail(p, 2, out, sizeof(out));
 	assert_string_equal(out, "  c\n  d");
-	sc_tail(p, 10, out, sizeof(out));
+	ctl_tail(p, 10, out, sizeof(out));
 	assert_string_equal(out, "  a\n  b\n  c\n  d");
 	write_text(p, "no newline");
-	sc_tail(p, 1, out, sizeof(out));
+	ctl_tail(p, 1, out, sizeof(out));
 	assert_string_equal(out, "  no newline");
 	/* the output is bounded by cap */
-	sc_tail(p, 1, out, 6);
+	ctl_tail(p, 1, out, 6);
 	assert_true(strlen(out) < 6);
 	/* a file larger than the tail buffer: its end */
 	memset(big, 'x', sizeof(big) - 1);
@@ -184,7 +184,7 @@ static void test_tail(void **state)
 	{
 		char line[256];
 
-		sc_tail(p, 1, line, sizeof(line));
+		ctl_tail(p, 1, line, sizeof(line));
 		assert_int_equal(strlen(line), 2 + 98); /* "  " + the last line */
 		assert_non_null(strstr(line, "LAST"));
 		assert_int_equal(strncmp(line, "  x", 3), 0);
@@ -198,16 +198,16 @@ static void test_mkdirs(void **state)
 
 	(void)state;
 	path_in(p, sizeof(p), "a/b/c");
-	assert_int_equal(sc_mkdirs(p, 0750), 0);
+	assert_int_equal(ctl_mkdirs(p, 0750), 0);
 	assert_int_equal(stat(p, &st), 0);
 	assert_true(S_ISDIR(st.st_mode));
-	assert_int_equal(sc_mkdirs(p, 0750), 0); /* exists: fine */
-	assert_int_equal(sc_mkdirs("", 0750), -EINVAL);
+	assert_int_equal(ctl_mkdirs(p, 0750), 0); /* exists: fine */
+	assert_int_equal(ctl_mkdirs("", 0750), -EINVAL);
 	/* a component that is a file */
 	path_in(p, sizeof(p), "file");
 	write_text(p, "");
 	path_in(p, sizeof(p), "file/sub");
-	assert_int_equal(sc_mkdirs(p, 0750), -ENOTDIR);
+	assert_int_equal(ctl_mkdirs(p, 0750), -ENOTDIR);
 }
 
 static int setup(void **state)

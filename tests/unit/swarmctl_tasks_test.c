@@ -56,7 +56,7 @@ static void test_ingest_file(void **state)
 	(void)state;
 	path_in(p, sizeof(p), "tides.txt");
 	write_file(p, text, strlen(text));
-	assert_int_equal(sc_task_ingest_json("sum-1:ingest", p, &json, err, sizeof(err)), 0);
+	assert_int_equal(ctl_task_ingest_json("sum-1:ingest", p, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.id, "sum-1:ingest");
 	assert_int_equal(t.kind, AGENT_KIND_INGEST);
@@ -76,7 +76,7 @@ static void test_ingest_url(void **state)
 	char *json;
 
 	(void)state;
-	assert_int_equal(sc_task_ingest_json("ing-2", "https://example.org/a.txt", &json, err,
+	assert_int_equal(ctl_task_ingest_json("ing-2", "https://example.org/a.txt", &json, err,
 					     sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.url, "https://example.org/a.txt");
@@ -93,18 +93,18 @@ static void test_ingest_errors(void **state)
 
 	(void)state;
 	path_in(p, sizeof(p), "missing.txt");
-	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), -ENOENT);
+	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), -ENOENT);
 	assert_null(json);
 	assert_non_null(strstr(err, "missing.txt"));
 
 	path_in(p, sizeof(p), "empty.txt");
 	write_file(p, "", 0);
-	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), -EINVAL);
+	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "empty"));
 
 	path_in(p, sizeof(p), "latin1.txt");
 	write_file(p, bad_utf8, sizeof(bad_utf8));
-	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), SW_EFORMAT);
+	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), SW_EFORMAT);
 	assert_non_null(strstr(err, "UTF-8"));
 
 	path_in(p, sizeof(p), "big.txt");
@@ -113,11 +113,11 @@ static void test_ingest_errors(void **state)
 	memset(big, 'a', n);
 	write_file(p, big, n);
 	free(big);
-	assert_int_equal(sc_task_ingest_json("x", p, &json, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), SW_ETOOLONG);
 	assert_null(json);
 
 	/* a directory cannot be read as text */
-	assert_int_not_equal(sc_task_ingest_json("x", dir, &json, err, sizeof(err)), 0);
+	assert_int_not_equal(ctl_task_ingest_json("x", dir, &json, err, sizeof(err)), 0);
 	assert_null(json);
 
 	big = malloc(AGENT_TASK_MAX_URL + 32);
@@ -125,7 +125,7 @@ static void test_ingest_errors(void **state)
 	strcpy(big, "https://example.org/");
 	memset(big + 20, 'a', AGENT_TASK_MAX_URL);
 	big[AGENT_TASK_MAX_URL + 20] = '\0';
-	assert_int_equal(sc_task_ingest_json("x", big, &json, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(ctl_task_ingest_json("x", big, &json, err, sizeof(err)), SW_ETOOLONG);
 	free(big);
 }
 
@@ -142,7 +142,7 @@ static void test_ingest_at_limit(void **state)
 	memset(big, 'b', AGENT_TASK_MAX_TEXT);
 	write_file(p, big, AGENT_TASK_MAX_TEXT);
 	free(big);
-	assert_int_equal(sc_task_ingest_json("lim", p, &json, err, sizeof(err)), 0);
+	assert_int_equal(ctl_task_ingest_json("lim", p, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_int_equal(t.text_len, AGENT_TASK_MAX_TEXT);
 	agent_task_free(&t);
@@ -156,7 +156,7 @@ static void test_final_json(void **state)
 	char *json;
 
 	(void)state;
-	json = sc_task_final_json("sum-1", "summarize", 42, NULL, 0);
+	json = ctl_task_final_json("sum-1", "summarize", 42, NULL, 0);
 	assert_non_null(json);
 	parse_ok(json, &t);
 	assert_int_equal(t.kind, AGENT_KIND_SUMMARIZE);
@@ -165,14 +165,14 @@ static void test_final_json(void **state)
 	agent_task_free(&t);
 	free(json);
 
-	json = sc_task_final_json("sum-2", "summarize", 7, NULL, 64);
+	json = ctl_task_final_json("sum-2", "summarize", 7, NULL, 64);
 	parse_ok(json, &t);
 	assert_int_equal(t.max_tokens, 64);
 	agent_task_free(&t);
 	free(json);
 
 	/* answer over every document: no document_id */
-	json = sc_task_final_json("ask-1", "answer", 0, "Why \"tides\"?\n", 16);
+	json = ctl_task_final_json("ask-1", "answer", 0, "Why \"tides\"?\n", 16);
 	assert_null(strstr(json, "document_id"));
 	parse_ok(json, &t);
 	assert_int_equal(t.kind, AGENT_KIND_ANSWER);
@@ -182,7 +182,7 @@ static void test_final_json(void **state)
 	agent_task_free(&t);
 	free(json);
 
-	json = sc_task_final_json("ask-2", "answer", 9, "Which one?", 0);
+	json = ctl_task_final_json("ask-2", "answer", 9, "Which one?", 0);
 	parse_ok(json, &t);
 	assert_int_equal(t.document_id, 9);
 	agent_task_free(&t);
@@ -196,8 +196,8 @@ static void test_task_id(void **state)
 	char *json;
 
 	(void)state;
-	sc_task_id(a, sizeof(a), "sum", 0);
-	sc_task_id(b, sizeof(b), "sum", 1);
+	ctl_task_id(a, sizeof(a), "sum", 0);
+	ctl_task_id(b, sizeof(b), "sum", 1);
 	assert_string_not_equal(a, b);
 	assert_int_equal(strncmp(a, "sum-", 4), 0);
 	assert_int_equal(a[strlen(a) - 1], '1');
@@ -207,7 +207,7 @@ static void test_task_id(void **state)
 				"0123456789._:-"), strlen(a));
 	/* agentd accepts it, with the ":ingest" suffix too */
 	strcat(a, ":ingest");
-	assert_int_equal(sc_task_ingest_json(a, "https://example.org/", &json, err,
+	assert_int_equal(ctl_task_ingest_json(a, "https://example.org/", &json, err,
 					     sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.id, a);
@@ -218,13 +218,13 @@ static void test_task_id(void **state)
 static void test_expected_summaries(void **state)
 {
 	(void)state;
-	assert_int_equal(sc_expected_summaries(0, 4), 1);
-	assert_int_equal(sc_expected_summaries(1, 4), 1);
-	assert_int_equal(sc_expected_summaries(4, 4), 5);   /* 4 + 1 */
-	assert_int_equal(sc_expected_summaries(5, 4), 8);   /* 5 + 2 + 1 */
-	assert_int_equal(sc_expected_summaries(9, 4), 13);  /* 9 + 3 + 1 */
-	assert_int_equal(sc_expected_summaries(51, 4), 69); /* 51 + 13 + 4 + 1 */
-	assert_int_equal(sc_expected_summaries(3, 1), 3);
+	assert_int_equal(ctl_expected_summaries(0, 4), 1);
+	assert_int_equal(ctl_expected_summaries(1, 4), 1);
+	assert_int_equal(ctl_expected_summaries(4, 4), 5);   /* 4 + 1 */
+	assert_int_equal(ctl_expected_summaries(5, 4), 8);   /* 5 + 2 + 1 */
+	assert_int_equal(ctl_expected_summaries(9, 4), 13);  /* 9 + 3 + 1 */
+	assert_int_equal(ctl_expected_summaries(51, 4), 69); /* 51 + 13 + 4 + 1 */
+	assert_int_equal(ctl_expected_summaries(3, 1), 3);
 }
 
 static int setup(void **state)

@@ -63,7 +63,7 @@ static void test_device_memory(void **state)
 
 	(void)state;
 	assert_non_null(stats);
-	mem = sc_device_memory(stats);
+	mem = ctl_device_memory(stats);
 	assert_int_equal(json_array_size(mem), 3);
 	d = find_dev(mem, "cpu0");
 	assert_non_null(d);
@@ -92,17 +92,17 @@ static void test_device_memory_odd_input(void **state)
 	(void)state;
 	/* no pools, pools not an array, pools without names or numbers */
 	stats = json_object();
-	mem = sc_device_memory(stats);
+	mem = ctl_device_memory(stats);
 	assert_int_equal(json_array_size(mem), 0);
 	json_decref(mem);
 	json_object_set_new(stats, "pools", json_string("nope"));
-	mem = sc_device_memory(stats);
+	mem = ctl_device_memory(stats);
 	assert_int_equal(json_array_size(mem), 0);
 	json_decref(mem);
 	json_object_set_new(stats, "pools", json_pack("[{s:i}, {s:s, s:s, s:i}]", "used", 5,
 						      "name", "cpu0.kv", "used", "many",
 						      "capacity", -3));
-	mem = sc_device_memory(stats);
+	mem = ctl_device_memory(stats);
 	assert_int_equal(json_array_size(mem), 1);
 	assert_int_equal(field(json_array_get(mem, 0), "used_bytes"), 0);
 	assert_int_equal(field(json_array_get(mem, 0), "capacity_bytes"), 0);
@@ -110,7 +110,7 @@ static void test_device_memory_odd_input(void **state)
 	json_decref(stats);
 }
 
-static char *render(const json_t *stats, const struct sc_queue_stats *q)
+static char *render(const json_t *stats, const struct ctl_queue_stats *q)
 {
 	char *buf = NULL;
 	size_t len = 0;
@@ -118,9 +118,9 @@ static char *render(const json_t *stats, const struct sc_queue_stats *q)
 
 	assert_non_null(f);
 	if (stats)
-		sc_print_gpud(f, stats);
+		ctl_print_gpud(f, stats);
 	if (q)
-		sc_print_queue(f, q);
+		ctl_print_queue(f, q);
 	assert_int_equal(fclose(f), 0);
 	return buf;
 }
@@ -158,7 +158,7 @@ static void test_print_gpud(void **state)
 
 static void test_print_queue(void **state)
 {
-	struct sc_queue_stats q = { .length = 12, .undelivered = 3, .pending = 2, .dead = 1 };
+	struct ctl_queue_stats q = { .length = 12, .undelivered = 3, .pending = 2, .dead = 1 };
 	char *out;
 
 	(void)state;
@@ -174,7 +174,7 @@ static void test_print_queue(void **state)
 
 static void test_agentd_status(void **state)
 {
-	struct sc_env e;
+	struct ctl_env e;
 	char p[PATH_MAX + 32], *out = NULL;
 	size_t len = 0;
 	json_t *st;
@@ -184,7 +184,7 @@ static void test_agentd_status(void **state)
 	memset(&e, 0, sizeof(e));
 	snprintf(e.state_dir, sizeof(e.state_dir), "/tmp/swarmctl_view_test.XXXXXX");
 	assert_non_null(mkdtemp(e.state_dir));
-	assert_null(sc_agentd_status(&e)); /* no file */
+	assert_null(ctl_agentd_status(&e)); /* no file */
 
 	snprintf(p, sizeof(p), "%s/agentd.status.json", e.state_dir);
 	f = fopen(p, "w");
@@ -196,11 +196,11 @@ static void test_agentd_status(void **state)
 	      " \"hangs\": 1, \"last_exit\": \"signal 9\"},"
 	      "{\"slot\": 2, \"pid\": 9, \"state\": \"running\", \"done\": 0}]}", f);
 	assert_int_equal(fclose(f), 0);
-	st = sc_agentd_status(&e);
+	st = ctl_agentd_status(&e);
 	assert_non_null(st);
 	f = open_memstream(&out, &len);
 	assert_non_null(f);
-	sc_print_agentd(f, st);
+	ctl_print_agentd(f, st);
 	assert_int_equal(fclose(f), 0);
 	assert_string_equal(out, "agentd running: 3 workers (2 running, 1 backoff); 14 tasks "
 			    "done, 2 crashes, 1 hangs; last exit: signal 9\n");
@@ -212,12 +212,12 @@ static void test_agentd_status(void **state)
 	assert_non_null(f);
 	fputs("[1, 2]", f);
 	assert_int_equal(fclose(f), 0);
-	assert_null(sc_agentd_status(&e));
+	assert_null(ctl_agentd_status(&e));
 	f = fopen(p, "w");
 	assert_non_null(f);
 	fputs("{\"pid\": ", f);
 	assert_int_equal(fclose(f), 0);
-	assert_null(sc_agentd_status(&e));
+	assert_null(ctl_agentd_status(&e));
 	assert_int_equal(unlink(p), 0);
 	assert_int_equal(rmdir(e.state_dir), 0);
 }
