@@ -45,17 +45,13 @@
 #include "gpud/mask.h"
 #include "gpud/maskcache.h"
 #include "gpud/memwatch.h"
+#include "gpud/metrics.h"
 #include "gpud/model.h"
 #include "gpud/scheduler.h"
 #include "gpud/server.h"
 #include "gpud/stats.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
-
-#if __has_include("gpud/metrics.h")
-#include "gpud/metrics.h"
-#define HAVE_METRICS 1
-#endif
 
 #define EMBED_SLOTS 8          /* queued + running embeddings per device */
 #define IDLE_WAIT_MS 100       /* device thread sleep when idle */
@@ -140,9 +136,7 @@ struct gpud_daemon {
 	bool handles_ok;
 	atomic_bool draining;  /* SIGTERM seen (read by device threads) */
 	bool finishing;
-#ifdef HAVE_METRICS
 	struct gpud_metrics *metrics;
-#endif
 
 	/* Loop-thread scratch. */
 	int32_t *ids;                       /* (n_ctx) */
@@ -916,7 +910,6 @@ static int svc_mem(void *svc, uint32_t flags, char *buf, size_t cap, size_t *len
 	return 0;
 }
 
-#ifdef HAVE_METRICS
 /* GET /metrics, on the loop thread. */
 static int metrics_render(void *arg, char *buf, size_t cap, size_t *len)
 {
@@ -925,7 +918,6 @@ static int metrics_render(void *arg, char *buf, size_t cap, size_t *len)
 	fill_snapshot(d, false);
 	return gpud_stats_prometheus(&d->snap, buf, cap, len);
 }
-#endif
 
 static const struct gpud_service_ops service_ops = {
 	.submit = svc_submit,
@@ -962,10 +954,8 @@ static void finish(struct gpud_daemon *d)
 		uv_close((uv_handle_t *)&d->poll_timer, on_close_noop);
 		uv_close((uv_handle_t *)&d->deadline_timer, on_close_noop);
 	}
-#ifdef HAVE_METRICS
 	if (d->metrics)
 		gpud_metrics_close(d->metrics);
-#endif
 }
 
 /* The server's slot pools feed the watchdog like the devices' pools do:
@@ -1195,9 +1185,7 @@ static void daemon_free(struct gpud_daemon *d)
 		if (d->dev[i].started)
 			pthread_join(d->dev[i].thread, NULL);
 	gpud_server_destroy(d->server);
-#ifdef HAVE_METRICS
 	gpud_metrics_destroy(d->metrics);
-#endif
 	if (d->loop_ok) {
 		uv_run(&d->loop, UV_RUN_DEFAULT); /* run pending closes */
 		if (uv_loop_close(&d->loop))
@@ -1405,7 +1393,6 @@ static int server_build(struct gpud_daemon *d)
 		 "area, made at accept), %u request slots x (%zu + %" PRIu64 " staging + %zu) bytes",
 		 sp.max_connections, a, b, sp.max_requests, sizeof(struct proto_submit),
 		 (uint64_t)sp.stage_bytes, sp.priv_bytes);
-#ifdef HAVE_METRICS
 	if (g->metrics[0]) {
 		rc = gpud_metrics_create(&d->metrics, &d->loop, g->metrics, metrics_render, d, err,
 					 sizeof(err));
@@ -1415,10 +1402,6 @@ static int server_build(struct gpud_daemon *d)
 		}
 		log_info("metrics: Prometheus text on %s (GET /metrics)", g->metrics);
 	}
-#else
-	if (g->metrics[0])
-		log_warn("gpud.metrics \"%s\": this build has no Prometheus endpoint", g->metrics);
-#endif
 	return 0;
 }
 

@@ -25,14 +25,10 @@
 #include "gpud/daemon.h"
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
+#include "gpud/mkmodel.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
-
-#if __has_include("gpud/mkmodel.h")
-#include "gpud/mkmodel.h"
-#define HAVE_MKMODEL 1
-#endif
 
 #define EXIT_USAGE 2
 
@@ -299,7 +295,6 @@ out:
 	return rc ? 1 : 0;
 }
 
-#ifdef HAVE_MKMODEL
 static int cmd_mkmodel(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -387,7 +382,6 @@ static int cmd_mkmodel(int argc, char **argv)
 	}
 	return 0;
 }
-#endif
 
 int main(int argc, char **argv)
 {
@@ -409,10 +403,8 @@ int main(int argc, char **argv)
 		return cmd_generate(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "tokenize"))
 		return cmd_tokenize(argc - 1, argv + 1);
-#ifdef HAVE_MKMODEL
 	if (!strcmp(argv[1], "mkmodel"))
 		return cmd_mkmodel(argc - 1, argv + 1);
-#endif
 	fprintf(stderr, "gpud: unknown command \"%s\"\n", argv[1]);
 	usage(stderr);
 	return EXIT_USAGE;

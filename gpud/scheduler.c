@@ -1,4 +1,4 @@
-/* sched.c - continuous-batching scheduler (see scheduler.h for the policy and
+/* scheduler.c - continuous-batching scheduler (see scheduler.h for the policy and
  * the thread model). */
 #include "gpud/scheduler.h"
 

@@ -1,7 +1,7 @@
 /* scheduler.h - continuous-batching scheduler over one or more engines
- * (DESIGN §1-§2, issue 4, first piece). Named scheduler.h, not sched.h:
- * meson puts gpud/ on the include path, where a sched.h would shadow the
- * system <sched.h> that <pthread.h> includes.
+ * (DESIGN §1-§2). Named scheduler, not sched: meson puts gpud/ on the
+ * include path, where a sched.h would shadow the system <sched.h> that
+ * <pthread.h> includes.
  *
  * Requests arrive already tokenized (the daemon tokenizes). Each request
  * takes one of max_requests slots reserved at creation; every per-request

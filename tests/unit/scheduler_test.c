@@ -1,4 +1,4 @@
-/* sched_test.c - the continuous-batching scheduler on stories260K: many
+/* scheduler_test.c - the continuous-batching scheduler on stories260K: many
  * concurrent greedy requests on two engines (each driven by its own
  * thread) give the text of solo gpud_engine_generate runs; placement;
  * chunked prefill; refusals and SW_EBUSY; cancel returns blocks;
