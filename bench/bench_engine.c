@@ -28,9 +28,10 @@
 #include "gpud/engine.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
-#define VOCAB32K "../shared/tokenizer/ggml-vocab-llama-spm.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
+#define VOCAB32K SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf"
 #define MAXB 16
 #define PROMPT 32   /* prefill tokens per sequence */
 #define MAX_DECODE 96

@@ -25,6 +25,7 @@
 #include "common/err.h"
 #include "gpud/gguf.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
 /* Linked with -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc (see
  * bench/meson.build): counts heap allocations made while `counting` is set,
@@ -125,7 +126,7 @@ static char *make_prose(size_t len)
 
 static char *make_mixed(size_t len)
 {
-	FILE *f = fopen("../shared/tokenizer/ggml-vocab-llama-spm.gguf.inp", "rb");
+	FILE *f = fopen(SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf.inp", "rb");
 	char src[8192];
 	size_t sl;
 	char *s;
@@ -225,9 +226,9 @@ static void bench_text(const struct gpud_tokenizer *t, const char *vname, const 
 int main(int argc, char **argv)
 {
 	static const char *const defaults[] = {
-		"../shared/tokenizer/ggml-vocab-llama-spm.gguf",
-		"../shared/tokenizer/ggml-vocab-llama-bpe.gguf",
-		"../shared/tokenizer/ggml-vocab-gpt-2.gguf",
+		SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf",
+		SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-bpe.gguf",
+		SW_SHARED_DIR "/tokenizer/ggml-vocab-gpt-2.gguf",
 	};
 	const char *const *paths = argc > 1 ? (const char *const *)argv + 1 : defaults;
 	int np = argc > 1 ? argc - 1 : 3;

@@ -29,9 +29,10 @@
 #include <sys/types.h>
 
 #include "proto/client.h"
+#include "sw_config.h"
 
 #define GPUD_IT_PATH_MAX 256
-#define GPUD_IT_MODEL "../shared/models/stories260K.gguf"
+#define GPUD_IT_MODEL SW_SHARED_DIR "/models/stories260K.gguf"
 
 /* What the configuration says beyond the defaults above. */
 struct gpud_it_opts {

@@ -30,8 +30,9 @@
 #include "gpud/engine.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 #define K 6
 #define DECODE 8
 #define MAXP 40

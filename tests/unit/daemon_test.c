@@ -19,8 +19,9 @@
 #include "gpud/engine.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
-#define MODEL "../shared/models/stories260K.gguf"
+#define MODEL SW_SHARED_DIR "/models/stories260K.gguf"
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
 

@@ -26,8 +26,9 @@
 #include "gpud/model.h"
 #include "tests/unit/alloc_count.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 #define GREEDY                                                                          \
 	", there was a little girl named Lily. She loved to play outside in the park. " \
 	"One day, she saw a big, red ball. She wanted to play with it, but it was too high."

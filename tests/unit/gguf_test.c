@@ -21,8 +21,9 @@
 #include "common/err.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
 static char errbuf[512];
 
@@ -317,7 +318,7 @@ static void test_tokenizer_files(void **state)
 {
 	(void)state;
 	glob_t gl;
-	assert_int_equal(glob("../shared/tokenizer/*.gguf", 0, NULL, &gl), 0);
+	assert_int_equal(glob(SW_SHARED_DIR "/tokenizer/*.gguf", 0, NULL, &gl), 0);
 	assert_true(gl.gl_pathc >= 5);
 	for (size_t k = 0; k < gl.gl_pathc; k++) {
 		struct gpud_gguf *g = NULL;
@@ -1157,7 +1158,7 @@ static void test_writer_copy_kv(void **state)
 	char path[128];
 	tmp_path(path, sizeof(path), "copy.gguf");
 	struct gpud_gguf *src;
-	assert_int_equal(gpud_gguf_open(&src, "../shared/tokenizer/ggml-vocab-llama-bpe.gguf",
+	assert_int_equal(gpud_gguf_open(&src, SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-bpe.gguf",
 					errbuf, sizeof(errbuf)), 0);
 	struct gpud_gguf_writer *w;
 	assert_int_equal(gpud_gguf_writer_new(&w), 0);

@@ -21,8 +21,9 @@
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "tests/ref/ref_llama.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 #define BT 4 /* small KV blocks: segments straddle blocks, mixed blocks abound */
 #define MAXT 64
 

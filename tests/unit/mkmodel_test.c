@@ -20,6 +20,7 @@
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
 #include "gpud/mkmodel.h"
+#include "sw_config.h"
 
 static char errbuf[512];
 static char dir[64];
@@ -365,7 +366,7 @@ static void test_vocab_from(void **state)
 	(void)state;
 	char path[128];
 	path_in_tmp(path, sizeof(path), "spm.gguf");
-	const char *src_path = "../shared/tokenizer/ggml-vocab-llama-spm.gguf";
+	const char *src_path = SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf";
 	struct gpud_mkmodel_params p;
 	gpud_mkmodel_params_default(&p);
 	p.out = path;
@@ -419,7 +420,7 @@ static void test_vocab_from(void **state)
 	unlink(path);
 
 	/* A source without a vocabulary is refused. */
-	p.vocab_from = "../shared/models/README.md";
+	p.vocab_from = SW_SHARED_DIR "/models/README.md";
 	assert_true(gpud_mkmodel(&p, errbuf, sizeof(errbuf)) < 0);
 	assert_non_null(strstr(errbuf, "README.md"));
 	assert_int_equal(access(path, F_OK), -1);
@@ -510,7 +511,7 @@ static void test_llama32_3b_plan(void **state)
 	struct gpud_mkmodel_plan plan;
 	gpud_mkmodel_params_default(&p);
 	assert_int_equal(gpud_mkmodel_preset(&p, "llama-3.2-3b"), 0);
-	p.vocab_from = "../shared/tokenizer/ggml-vocab-llama-bpe.gguf";
+	p.vocab_from = SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-bpe.gguf";
 	int rc = gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf));
 	if (rc)
 		fail_msg("%s", errbuf);

@@ -20,8 +20,9 @@
 #include "gpud/gguf.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
 static char tmpdir[64];
 

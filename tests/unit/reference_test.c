@@ -28,8 +28,9 @@
 #include "gpud/model.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "tests/ref/ref_llama.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
 /* Decodes ids with the file's own vocabulary strings: "▁" is a space,
  * "<0xXX>" a byte. Enough for the stories260K check, independent of

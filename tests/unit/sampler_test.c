@@ -16,6 +16,7 @@
 #include "gpud/engine.h"
 #include "gpud/model.h"
 #include "gpud/sampler.h"
+#include "sw_config.h"
 
 static struct gpud_sampler *mk(int32_t n_vocab, const struct gpud_sampler_params *p)
 {
@@ -504,7 +505,7 @@ static void test_stop_strings(void **state)
 
 /* --- through the engine's generation loop (stories260K) ---------------- */
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 #define GREEDY ", there was a little girl named Lily. She loved to play outside in the park."
 
 struct text {

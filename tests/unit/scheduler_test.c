@@ -27,8 +27,9 @@
 #include "tests/unit/alloc_count.h"
 #include "gpud/scheduler.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
-#define STORIES "../shared/models/stories260K.gguf"
+#define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
 static struct gpud_model *model;
 

@@ -18,8 +18,9 @@
 #include "common/err.h"
 #include "gpud/gguf.h"
 #include "gpud/tokenizer.h"
+#include "sw_config.h"
 
-#define VOCAB_DIR "../shared/tokenizer/"
+#define VOCAB_DIR SW_SHARED_DIR "/tokenizer/"
 #define SEP "\n__ggml_vocab_test__\n"
 
 static char *read_file(const char *path, size_t *len)
@@ -235,7 +236,7 @@ static void test_vectors_llama_bpe(void **state)
 static void test_stories260k(void **state)
 {
 	(void)state;
-	struct gpud_tokenizer *t = load_path("../shared/models/stories260K.gguf");
+	struct gpud_tokenizer *t = load_path(SW_SHARED_DIR "/models/stories260K.gguf");
 	const int32_t want[] = { 1, 403, 407, 261, 378 };
 	int32_t ids[16];
 	char back[64];
