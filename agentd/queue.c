@@ -15,6 +15,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/redis_url.h"
+#include "proto/task.h"
 
 struct agent_queue {
 	redisContext *c;
@@ -172,10 +173,10 @@ int agent_queue_open(struct agent_queue **out, const struct agent_queue_opts *o,
 		rc = sw_seterr(err, errlen, -EINVAL, "redis: rediss:// (TLS) is not supported");
 		goto out_free;
 	}
-	copy_name(q->stream, o->stream, AGENT_QUEUE_STREAM);
-	copy_name(q->group, o->group, AGENT_QUEUE_GROUP);
-	copy_name(q->dead, o->dead_stream, AGENT_QUEUE_DEAD);
-	copy_name(q->results, o->results_stream, AGENT_QUEUE_RESULTS);
+	copy_name(q->stream, o->stream, PROTO_TASK_STREAM);
+	copy_name(q->group, o->group, PROTO_TASK_GROUP);
+	copy_name(q->dead, o->dead_stream, PROTO_TASK_DEAD_STREAM);
+	copy_name(q->results, o->results_stream, PROTO_TASK_RESULTS_STREAM);
 	if (o->consumer) {
 		copy_name(q->consumer, o->consumer, NULL);
 	} else {
@@ -244,7 +245,7 @@ static int entry_to_msg(const redisReply *e, struct agent_msg *m)
 	f = e->element[1];
 	for (size_t i = 0; i + 1 < f->elements; i += 2) {
 		if (f->element[i]->type != REDIS_REPLY_STRING ||
-		    strcmp(f->element[i]->str, AGENT_QUEUE_FIELD) != 0 ||
+		    strcmp(f->element[i]->str, PROTO_TASK_FIELD) != 0 ||
 		    f->element[i + 1]->type != REDIS_REPLY_STRING)
 			continue;
 		m->payload = malloc(f->element[i + 1]->len + 1);

@@ -2,9 +2,10 @@
  * hiredis; DESIGN §6, issue 5).
  *
  * Tasks are entries of the stream "swarm:tasks" with a field "task"
- * holding the JSON. Workers form the consumer group "agents"; each is the
- * consumer "<host>:<pid>". agent_queue_claim() hands out one entry at a
- * time, in this order of preference:
+ * holding the JSON; the names and the format are proto/task.h's. Workers
+ * form the consumer group "agents"; each is the consumer "<host>:<pid>".
+ * agent_queue_claim() hands out one entry at a time, in this order of
+ * preference:
  *   1. the consumer's own pending entries (delivered to an earlier
  *      process of the same name and never acknowledged), once, at start;
  *   2. entries of any consumer idle longer than lease_ms (XAUTOCLAIM):
@@ -31,21 +32,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define AGENT_QUEUE_STREAM "swarm:tasks"
-#define AGENT_QUEUE_GROUP "agents"
-#define AGENT_QUEUE_DEAD "swarm:dead"
-#define AGENT_QUEUE_RESULTS "swarm:results"
-#define AGENT_QUEUE_FIELD "task"
 #define AGENT_QUEUE_NAME_MAX 256
 
 struct agent_queue;
 
 struct agent_queue_opts {
 	const char *url;            /* redis://[:password@]host[:port][/db] or unix:///path */
-	const char *stream;         /* NULL = AGENT_QUEUE_STREAM */
-	const char *group;          /* NULL = AGENT_QUEUE_GROUP */
-	const char *dead_stream;    /* NULL = AGENT_QUEUE_DEAD */
-	const char *results_stream; /* NULL = AGENT_QUEUE_RESULTS */
+	const char *stream;         /* NULL = PROTO_TASK_STREAM */
+	const char *group;          /* NULL = PROTO_TASK_GROUP */
+	const char *dead_stream;    /* NULL = PROTO_TASK_DEAD_STREAM */
+	const char *results_stream; /* NULL = PROTO_TASK_RESULTS_STREAM */
 	const char *consumer;       /* NULL = "<host>:<pid>" */
 	uint32_t lease_ms;          /* XAUTOCLAIM min idle; 0 = 300000 */
 	uint32_t block_ms;          /* XREADGROUP BLOCK; 0 = 1000 */

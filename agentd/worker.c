@@ -21,11 +21,11 @@
 #include "agentd/db.h"
 #include "agentd/fetch.h"
 #include "agentd/queue.h"
-#include "agentd/task.h"
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "proto/task.h"
 #include "sw_config.h"
 
 #define ERR_MAX 1024
@@ -301,11 +301,11 @@ static int finish_out(struct worker *w, const struct agent_msg *m, const char *i
 
 /* Handles one delivery. Returns 0 when the entry is dealt with (done, or
  * left pending on purpose), or an outage code: retry after a reconnect. */
-static int handle(struct worker *w, const struct agent_msg *m, const struct agent_task *t,
+static int handle(struct worker *w, const struct agent_msg *m, const struct proto_task *t,
 		  int parse_rc, const char *parse_err, char *err)
 {
 	const uint32_t max_attempts = w->cfg->agentd.max_attempts;
-	char id[AGENT_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
+	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
 	char last[ERR_MAX], msg[ERR_MAX + 64];
 	enum agent_task_status prev;
 	int attempts, rc;
@@ -315,7 +315,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct agen
 	else
 		snprintf(id, sizeof(id), "stream:%s", m->id);
 
-	rc = agent_db_task_start(w->db, id, parse_rc ? NULL : agent_task_kind_name(t->kind), m->id,
+	rc = agent_db_task_start(w->db, id, parse_rc ? NULL : proto_task_kind_name(t->kind), m->id,
 				 &prev, &attempts, err, ERR_MAX);
 	if (rc)
 		return rc;
@@ -408,14 +408,14 @@ dead:
 static void process(struct worker *w, const struct agent_msg *m)
 {
 	char perr[ERR_MAX], err[ERR_MAX];
-	struct agent_task t;
+	struct proto_task t;
 	int prc, rc;
 
 	set_entry(w, m->id);
-	prc = agent_task_parse(m->payload ? m->payload : "", m->payload ? m->len : 0, &t, perr,
+	prc = proto_task_parse(m->payload ? m->payload : "", m->payload ? m->len : 0, &t, perr,
 			       sizeof(perr));
 	if (!m->payload)
-		snprintf(perr, sizeof(perr), "task: the entry has no \"%s\" field", AGENT_QUEUE_FIELD);
+		snprintf(perr, sizeof(perr), "task: the entry has no \"%s\" field", PROTO_TASK_FIELD);
 	for (;;) {
 		rc = handle(w, m, &t, prc, perr, err);
 		if (!agent_error_outage(rc))
@@ -434,7 +434,7 @@ static void process(struct worker *w, const struct agent_msg *m)
 	}
 	if (rc && !agent_error_outage(rc))
 		log_error("entry %s: %s", m->id, sw_strerror(rc));
-	agent_task_free(&t);
+	proto_task_free(&t);
 	set_entry(w, NULL);
 }
 
@@ -536,7 +536,7 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	w->ctx = (struct agent_ctx){
 		.db = w->db,
 		.llm = w->llm,
-		.fetch = { .max_bytes = AGENT_TASK_MAX_TEXT,
+		.fetch = { .max_bytes = PROTO_TASK_MAX_TEXT,
 			   .timeout_ms = o->fetch_timeout_ms ? o->fetch_timeout_ms : 30000 },
 		.chunk_tokens = o->chunk_tokens ? o->chunk_tokens : AGENT_DEFAULT_CHUNK_TOKENS,
 		.chunk_overlap = o->chunk_overlap ? o->chunk_overlap : AGENT_DEFAULT_CHUNK_OVERLAP,
@@ -549,7 +549,7 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	w->cb.started = pthread_create(&w->cb.thread, NULL, callback_thread, &w->cb) == 0;
 	w->hb_started = pthread_create(&w->hb, NULL, heartbeat_thread, w) == 0;
 	log_info("worker %s: claiming from %s (lease %u ms, max_attempts %u)",
-		 agent_queue_consumer(w->q), o->stream ? o->stream : AGENT_QUEUE_STREAM,
+		 agent_queue_consumer(w->q), o->stream ? o->stream : PROTO_TASK_STREAM,
 		 cfg->agentd.lease_ms, cfg->agentd.max_attempts);
 
 	while (!stop_requested) {

@@ -45,12 +45,13 @@
 
 #include "agentd/llm.h"
 #include "common/config.h"
+#include "proto/task.h"
 
 #define AGENT_RECONNECT_MIN_MS 100
 #define AGENT_RECONNECT_MAX_MS 5000
 #define AGENT_DEFAULT_CHUNK_TOKENS 128
 #define AGENT_DEFAULT_CHUNK_OVERLAP 16
-#define AGENT_DEFAULT_SUMMARY_FANIN 4
+#define AGENT_DEFAULT_SUMMARY_FANIN PROTO_TASK_SUMMARY_FANIN
 #define AGENT_DEFAULT_BLOCK_MS 1000
 #define AGENT_PRUNE_MIN_IDLE_MS 3600000 /* consumers silent this long (and
 					  * 4 leases) are removed at start */

@@ -14,11 +14,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agentd/queue.h"
-#include "agentd/task.h"
-#include "agentd/worker.h"
 #include "common/err.h"
 #include "common/time.h"
+#include "proto/task.h"
 #include "swarmctl/clients.h"
 #include "swarmctl/proc.h"
 
@@ -97,11 +95,11 @@ static int read_all(FILE *f, const char *what, char **out, size_t *len, char *er
 		if (n + 1 == cap) {
 			char *nb;
 
-			if (cap > AGENT_TASK_MAX_TEXT) {
+			if (cap > PROTO_TASK_MAX_TEXT) {
 				free(buf);
 				return sw_seterr(err, errlen, SW_ETOOLONG,
 						 "%s: larger than the %u bytes a task may carry", what,
-						 AGENT_TASK_MAX_TEXT);
+						 PROTO_TASK_MAX_TEXT);
 			}
 			nb = realloc(buf, cap * 2);
 			if (!nb) {
@@ -120,10 +118,10 @@ static int read_all(FILE *f, const char *what, char **out, size_t *len, char *er
 		free(buf);
 		return sw_seterr(err, errlen, -EIO, "%s: read error", what);
 	}
-	if (n > AGENT_TASK_MAX_TEXT) {
+	if (n > PROTO_TASK_MAX_TEXT) {
 		free(buf);
 		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: %zu bytes exceeds the %u bytes a "
-				 "task may carry", what, n, AGENT_TASK_MAX_TEXT);
+				 "task may carry", what, n, PROTO_TASK_MAX_TEXT);
 	}
 	buf[n] = '\0';
 	*out = buf;
@@ -152,9 +150,9 @@ int ctl_task_ingest_json(const char *id, const char *input, char **json, char *e
 	json_object_set_new(o, "id", json_string(id));
 	json_object_set_new(o, "kind", json_string("ingest"));
 	if (is_url(input)) {
-		if (strlen(input) > AGENT_TASK_MAX_URL) {
+		if (strlen(input) > PROTO_TASK_MAX_URL) {
 			rc = sw_seterr(err, errlen, SW_ETOOLONG, "%.64s...: URL longer than %d bytes",
-				       input, AGENT_TASK_MAX_URL);
+				       input, PROTO_TASK_MAX_URL);
 			goto out;
 		}
 		json_object_set_new(o, "url", json_string(input));
@@ -213,8 +211,8 @@ char *ctl_task_final_json(const char *id, const char *kind, int64_t doc_id,
 static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 {
 	redisReply *r;
-	int rc = ctl_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", AGENT_QUEUE_STREAM,
-			      AGENT_QUEUE_FIELD, json);
+	int rc = ctl_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", PROTO_TASK_STREAM,
+			      PROTO_TASK_FIELD, json);
 
 	if (!rc)
 		freeReplyObject(r);
@@ -439,7 +437,7 @@ static void draw_progress(const struct submit *s, bool last)
 		fin++;
 		fin_done += fd || j->failed;
 		if (j->kind == K_SUMMARIZE) {
-			long exp = j->n_chunks ? ctl_expected_summaries(j->n_chunks, AGENT_DEFAULT_SUMMARY_FANIN) : 1;
+			long exp = j->n_chunks ? ctl_expected_summaries(j->n_chunks, PROTO_TASK_SUMMARY_FANIN) : 1;
 
 			total += (double)exp;
 			done += fd || j->failed ? (double)exp
@@ -744,9 +742,9 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 		case 'm': {
 			unsigned long m = strtoul(optarg, &end, 10);
 
-			if (end == optarg || *end || m == 0 || m > AGENT_TASK_MAX_TOKENS) {
+			if (end == optarg || *end || m == 0 || m > PROTO_TASK_MAX_TOKENS) {
 				fprintf(stderr, "swarmctl: submit: --max-tokens wants 1..%d\n",
-					AGENT_TASK_MAX_TOKENS);
+					PROTO_TASK_MAX_TOKENS);
 				return EXIT_USAGE;
 			}
 			s.max_tokens = (unsigned)m;
@@ -777,9 +775,9 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 		fprintf(stderr, "swarmctl: submit: --question does not go with --kind ingest\n");
 		return EXIT_USAGE;
 	}
-	if (s.question && (!s.question[0] || strlen(s.question) > AGENT_TASK_MAX_QUESTION)) {
+	if (s.question && (!s.question[0] || strlen(s.question) > PROTO_TASK_MAX_QUESTION)) {
 		fprintf(stderr, "swarmctl: submit: the question must be 1..%d bytes\n",
-			AGENT_TASK_MAX_QUESTION);
+			PROTO_TASK_MAX_QUESTION);
 		return EXIT_USAGE;
 	}
 	if (s.question) {
@@ -1045,12 +1043,12 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 	rc = ctl_redis_open(url, 2000, &c, err, errlen);
 	if (rc)
 		return rc;
-	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_STREAM);
+	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", PROTO_TASK_STREAM);
 	if (rc)
 		goto out;
 	q->length = r->integer;
 	freeReplyObject(r);
-	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", AGENT_QUEUE_DEAD);
+	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", PROTO_TASK_DEAD_STREAM);
 	if (rc)
 		goto out;
 	q->dead = r->integer;
@@ -1061,7 +1059,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 	}
 	/* XINFO GROUPS: pending and (Redis 7) lag of our group; none yet =
 	 * nothing delivered */
-	if (ctl_redis_cmd(c, &r, err, errlen, "XINFO GROUPS %s", AGENT_QUEUE_STREAM) != 0) {
+	if (ctl_redis_cmd(c, &r, err, errlen, "XINFO GROUPS %s", PROTO_TASK_STREAM) != 0) {
 		rc = 0;
 		q->undelivered = q->length;
 		goto out;
@@ -1077,7 +1075,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 
 			if (!key)
 				continue;
-			if (!strcmp(key, "name") && v->str && !strcmp(v->str, AGENT_QUEUE_GROUP))
+			if (!strcmp(key, "name") && v->str && !strcmp(v->str, PROTO_TASK_GROUP))
 				ours = true;
 			else if (ours && !strcmp(key, "pending") && v->type == REDIS_REPLY_INTEGER)
 				q->pending = v->integer;

@@ -2,7 +2,7 @@
  * queue numbers status and top show (issue 6).
  *
  * Tasks go to the Redis stream swarm:tasks (field "task", the JSON of
- * agentd/task.h). Results are read from PostgreSQL (config/sql/): the
+ * proto/task.h). Results are read from PostgreSQL (config/sql/): the
  * tasks table, then documents, summaries or answers by the task's
  * location.
  *
@@ -30,12 +30,12 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv);
  * result, or the latest tasks. Exit status as above; an unknown id is 1. */
 int ctl_cmd_results(struct ctl_env *e, int argc, char **argv);
 
-/* The ingest task JSON (agentd/task.h) for input: an http, https or file
+/* The ingest task JSON (proto/task.h) for input: an http, https or file
  * URL (fetched by agentd), "-" (standard input) or a file, whose text
  * goes inline with its real path as "source". On success *json is a
  * malloc'd string the caller frees; on error *json is NULL and err says
- * why: -errno (cannot open), SW_ETOOLONG (over AGENT_TASK_MAX_TEXT, or a
- * URL over AGENT_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty),
+ * why: -errno (cannot open), SW_ETOOLONG (over PROTO_TASK_MAX_TEXT, or a
+ * URL over PROTO_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty),
  * -ENOMEM. */
 int ctl_task_ingest_json(const char *id, const char *input, char **json, char *err,
 			size_t errlen);

@@ -50,10 +50,10 @@ void agent_answer_prompt(const char *system, const char *const *chunks, const si
 	*mask = (struct gpud_mask_desc){ .n_segments = S, .rows = rows };
 }
 
-int agent_run_answer(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *location,
 		     size_t loclen, char *err, size_t errlen)
 {
-	enum { K = AGENT_TASK_MAX_TOP_K };
+	enum { K = PROTO_TASK_MAX_TOP_K };
 	struct proto_segment seg[K + 2];
 	struct gpud_mask_row rows[K + 3];
 	uint16_t idx[5 * K + 16];

@@ -5,15 +5,15 @@
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 
-int agent_run_task(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_task(struct agent_ctx *c, const struct proto_task *t, char *location,
 		   size_t loclen, char *err, size_t errlen)
 {
 	switch (t->kind) {
-	case AGENT_KIND_INGEST:
+	case PROTO_TASK_INGEST:
 		return agent_run_ingest(c, t, location, loclen, err, errlen);
-	case AGENT_KIND_SUMMARIZE:
+	case PROTO_TASK_SUMMARIZE:
 		return agent_run_summarize(c, t, location, loclen, err, errlen);
-	case AGENT_KIND_ANSWER:
+	case PROTO_TASK_ANSWER:
 		return agent_run_answer(c, t, location, loclen, err, errlen);
 	}
 	return sw_seterr(err, errlen, -EINVAL, "task: unknown kind %d", (int)t->kind);

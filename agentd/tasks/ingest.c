@@ -96,7 +96,7 @@ static int embed_all(struct agent_ctx *c, const char *text, const struct agent_c
 	return 0;
 }
 
-int agent_run_ingest(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_ingest(struct agent_ctx *c, const struct proto_task *t, char *location,
 		     size_t loclen, char *err, size_t errlen)
 {
 	struct counter cnt = { c->llm, err, errlen };
@@ -114,7 +114,7 @@ int agent_run_ingest(struct agent_ctx *c, const struct agent_task *t, char *loca
 		struct agent_fetch_opts fo = c->fetch;
 
 		if (!fo.max_bytes)
-			fo.max_bytes = AGENT_TASK_MAX_TEXT;
+			fo.max_bytes = PROTO_TASK_MAX_TEXT;
 		rc = agent_fetch(t->url, &fo, &fetched, &len, err, errlen);
 		if (rc)
 			return rc;

@@ -44,7 +44,7 @@ static int summarize_text(struct agent_ctx *c, const char *text, size_t len, uin
 
 /* Gets summary (level, pos) from the table, or makes it from input and
  * stores it. *out malloc'd. */
-static int get_or_make(struct agent_ctx *c, const struct agent_task *t, int level, int pos,
+static int get_or_make(struct agent_ctx *c, const struct proto_task *t, int level, int pos,
 		       bool is_final, const char *input, size_t len, char **out, char *err,
 		       size_t errlen)
 {
@@ -76,7 +76,7 @@ static void free_all(char **v, size_t n)
 	free(v);
 }
 
-int agent_run_summarize(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *location,
 			size_t loclen, char *err, size_t errlen)
 {
 	size_t fanin = c->summary_fanin ? c->summary_fanin : DEFAULT_FANIN;

@@ -27,7 +27,7 @@
 #include "agentd/db.h"
 #include "agentd/fetch.h"
 #include "agentd/llm.h"
-#include "agentd/task.h"
+#include "proto/task.h"
 
 #define AGENT_LOCATION_MAX 256
 
@@ -44,15 +44,15 @@ struct agent_ctx {
 	void *progress_arg;
 };
 
-int agent_run_ingest(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_ingest(struct agent_ctx *c, const struct proto_task *t, char *location,
 		     size_t loclen, char *err, size_t errlen);
-int agent_run_summarize(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *location,
 			size_t loclen, char *err, size_t errlen);
-int agent_run_answer(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *location,
 		     size_t loclen, char *err, size_t errlen);
 
 /* Dispatches on t->kind. */
-int agent_run_task(struct agent_ctx *c, const struct agent_task *t, char *location,
+int agent_run_task(struct agent_ctx *c, const struct proto_task *t, char *location,
 		   size_t loclen, char *err, size_t errlen);
 
 /* True for errors no retry can cure: malformed or invalid input, a

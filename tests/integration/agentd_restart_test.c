@@ -94,7 +94,7 @@ static void test_two_restarts_under_200_tasks(void **state)
 	struct sw_config cfg;
 	struct agent_db *db;
 	struct agent_ctx ctx;
-	struct agent_task t;
+	struct proto_task t;
 	redisContext *r;
 	redisReply *rep;
 	uint64_t outages = 0;
@@ -107,9 +107,9 @@ static void test_two_restarts_under_200_tasks(void **state)
 	assert_int_equal(agent_db_open(&db, pg.url, err, sizeof(err)), 0);
 	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
 	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 16 };
-	assert_int_equal(agent_task_parse(doc, strlen(doc), &t, err, sizeof(err)), 0);
+	assert_int_equal(proto_task_parse(doc, strlen(doc), &t, err, sizeof(err)), 0);
 	assert_int_equal(agent_run_task(&ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	agent_db_close(db);
 
 	snprintf(stream, sizeof(stream), "swarm:it:agentd:r:%d:tasks", (int)getpid());

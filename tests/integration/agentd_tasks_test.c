@@ -201,9 +201,9 @@ static long long scalar(struct fx *f, const char *sql)
 }
 
 /* Parses json into t (the test owns both). */
-static void parse(const char *json, struct agent_task *t)
+static void parse(const char *json, struct proto_task *t)
 {
-	if (agent_task_parse(json, strlen(json), t, err, sizeof(err)) != 0)
+	if (proto_task_parse(json, strlen(json), t, err, sizeof(err)) != 0)
 		fail_msg("%s: %s", json, err);
 }
 
@@ -237,7 +237,7 @@ static void test_ingest_once(void **state)
 	struct fx *f = *state;
 	char *doc = make_doc("apple", "river", 20), *j1 = ingest_json("in-1", doc);
 	char *j2 = ingest_json("in-2", doc), loc[AGENT_LOCATION_MAX], loc2[AGENT_LOCATION_MAX];
-	struct agent_task t;
+	struct proto_task t;
 	long long chunks;
 
 	parse(j1, &t);
@@ -252,11 +252,11 @@ static void test_ingest_once(void **state)
 	/* The same task again, and another task with the same text. */
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc2, sizeof(loc2), err, sizeof(err)), 0);
 	assert_string_equal(loc2, loc);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	parse(j2, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc2, sizeof(loc2), err, sizeof(err)), 0);
 	assert_string_equal(loc2, loc);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM chunks"), chunks);
 	free(doc);
@@ -268,14 +268,14 @@ static void test_ingest_errors(void **state)
 {
 	struct fx *f = *state;
 	char loc[AGENT_LOCATION_MAX], path[] = "/tmp/agentd_bin_XXXXXX", json[256];
-	struct agent_task t;
+	struct proto_task t;
 	int fd;
 
 	parse("{\"id\":\"blank\",\"kind\":\"ingest\",\"text\":\"  \\n \"}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), -EINVAL);
 	assert_string_equal(err, "ingest: the document has no text");
 	assert_true(agent_error_permanent(-EINVAL));
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	fd = mkstemp(path);
 	assert_true(fd >= 0);
@@ -285,38 +285,38 @@ static void test_ingest_errors(void **state)
 	parse(json, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), SW_EFORMAT);
 	assert_string_equal(err, "ingest: the document is not UTF-8 text (byte 3 of 12)");
-	agent_task_free(&t);
+	proto_task_free(&t);
 	unlink(path);
 
 	parse(json, &t); /* now the file is gone */
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ENOTFOUND);
 	assert_non_null(strstr(err, "cannot read file"));
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	parse("{\"id\":\"down\",\"kind\":\"ingest\",\"url\":\"http://127.0.0.1:1/doc\"}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 -ECONNREFUSED);
 	assert_false(agent_error_permanent(-ECONNREFUSED));
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	fk.embed_fail = SW_ECLOSED;
 	parse("{\"id\":\"gone\",\"kind\":\"ingest\",\"text\":\"a b c.\"}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), SW_ECLOSED);
 	assert_true(agent_error_outage(SW_ECLOSED));
-	agent_task_free(&t);
+	proto_task_free(&t);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 0);
 }
 
 static void ingest_doc(struct fx *f, const char *id, const char *text, int64_t *doc)
 {
 	char *j = ingest_json(id, text), loc[AGENT_LOCATION_MAX];
-	struct agent_task t;
+	struct proto_task t;
 
 	parse(j, &t);
 	if (agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)) != 0)
 		fail_msg("ingest: %s", err);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(j);
 	*doc = strtoll(loc + 10, NULL, 10);
 }
@@ -325,7 +325,7 @@ static void test_summarize_tree_and_resume(void **state)
 {
 	struct fx *f = *state;
 	char *doc = make_doc("apple", "river", 20), json[128], loc[AGENT_LOCATION_MAX];
-	struct agent_task t;
+	struct proto_task t;
 	int64_t id;
 
 	ingest_doc(f, "in", doc, &id);
@@ -357,13 +357,13 @@ static void test_summarize_tree_and_resume(void **state)
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	assert_int_equal(fk.generate_calls, 0);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries"), 14);
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	parse("{\"id\":\"sum-2\",\"kind\":\"summarize\",\"document_id\":999999}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ENOTFOUND);
 	assert_string_equal(err, "document 999999: no such document");
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(doc);
 }
 
@@ -371,7 +371,7 @@ static void test_summarize_single_chunk(void **state)
 {
 	struct fx *f = *state;
 	char json[128], loc[AGENT_LOCATION_MAX];
-	struct agent_task t;
+	struct proto_task t;
 	int64_t id;
 
 	ingest_doc(f, "one", "just one short chunk.", &id);
@@ -381,14 +381,14 @@ static void test_summarize_single_chunk(void **state)
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	assert_int_equal(fk.generate_calls, 1);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries WHERE is_final AND level = 0"), 1);
-	agent_task_free(&t);
+	proto_task_free(&t);
 }
 
 static void test_answer(void **state)
 {
 	struct fx *f = *state;
 	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX];
-	struct agent_task t;
+	struct proto_task t;
 	PGresult *r;
 	int64_t id;
 
@@ -396,7 +396,7 @@ static void test_answer(void **state)
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ENOTFOUND);
 	assert_string_equal(err, "answer: no document has been ingested yet");
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	ingest_doc(f, "in", doc, &id);
 	parse("{\"id\":\"ask-1\",\"kind\":\"answer\",\"question\":\"where is the river?\",\"top_k\":3}",
@@ -426,13 +426,13 @@ static void test_answer(void **state)
 	/* Redelivered: still one answer. */
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 1);
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	parse("{\"id\":\"ask-2\",\"kind\":\"answer\",\"question\":\"q\",\"document_id\":424242}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ENOTFOUND);
 	assert_string_equal(err, "answer: no chunk to retrieve in that document");
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	fk.fail_after = 0;
 	fk.fail_code = SW_ETOOLONG;
@@ -440,7 +440,7 @@ static void test_answer(void **state)
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ETOOLONG);
 	assert_true(agent_error_permanent(SW_ETOOLONG));
-	agent_task_free(&t);
+	proto_task_free(&t);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 1);
 	free(doc);
 }

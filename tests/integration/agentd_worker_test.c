@@ -415,7 +415,7 @@ static void test_drain_finishes_task_in_hand(void **state)
 	struct fx *f = *state;
 	struct agent_ctx ctx;
 	struct agent_db *db;
-	struct agent_task t;
+	struct proto_task t;
 	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
 
 	/* A document to ask about, stored directly. */
@@ -423,9 +423,9 @@ static void test_drain_finishes_task_in_hand(void **state)
 	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
 	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 8, .chunk_overlap = 2 };
 	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
-	assert_int_equal(agent_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
+	assert_int_equal(proto_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
 	assert_int_equal(agent_run_task(&ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	agent_db_close(db);
 
 	gen_sleep_ms = 500;
@@ -496,16 +496,16 @@ static void store_doc(struct fx *f)
 {
 	struct agent_ctx ctx;
 	struct agent_db *db;
-	struct agent_task t;
+	struct proto_task t;
 	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
 
 	assert_int_equal(agent_db_open(&db, f->dburl, err, sizeof(err)), 0);
 	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);
 	ctx = (struct agent_ctx){ .db = db, .llm = &fake_llm, .chunk_tokens = 8, .chunk_overlap = 2 };
 	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}", doc_text);
-	assert_int_equal(agent_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
+	assert_int_equal(proto_task_parse(task, strlen(task), &t, err, sizeof(err)), 0);
 	assert_int_equal(agent_run_task(&ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	agent_db_close(db);
 }
 

@@ -1,7 +1,7 @@
-/* swarmctl_tasks_test.c - the task JSON swarmctl submits is what agentd's
- * parser accepts (agentd/task.h), with every input error caught before
- * anything is queued; task ids; the summary count behind the progress
- * bar. */
+/* swarmctl_tasks_test.c - the task JSON swarmctl submits is what the
+ * workers' parser accepts (proto/task.h), with every input error caught
+ * before anything is queued; task ids; the summary count behind the
+ * progress bar. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,8 +15,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "agentd/task.h"
 #include "common/err.h"
+#include "proto/task.h"
 #include "swarmctl/tasks.h"
 
 static char dir[] = "/tmp/swarmctl_tasks_test.XXXXXX";
@@ -35,14 +35,14 @@ static void path_in(char *out, size_t cap, const char *name)
 	assert_true((size_t)snprintf(out, cap, "%s/%s", dir, name) < cap);
 }
 
-/* Parses json with agentd's parser; the task is freed by the caller. */
-static void parse_ok(const char *json, struct agent_task *t)
+/* Parses json with the workers' parser; the caller frees the task. */
+static void parse_ok(const char *json, struct proto_task *t)
 {
 	char err[512] = "";
-	int rc = agent_task_parse(json, strlen(json), t, err, sizeof(err));
+	int rc = proto_task_parse(json, strlen(json), t, err, sizeof(err));
 
 	if (rc)
-		print_error("agent_task_parse: %s\n", err);
+		print_error("proto_task_parse: %s\n", err);
 	assert_int_equal(rc, 0);
 }
 
@@ -50,7 +50,7 @@ static void test_ingest_file(void **state)
 {
 	const char text[] = "The tide comes in twice a day.\nIt goes out twice too.\n";
 	char p[PATH_MAX], real[PATH_MAX], err[256];
-	struct agent_task t;
+	struct proto_task t;
 	char *json;
 
 	(void)state;
@@ -59,20 +59,20 @@ static void test_ingest_file(void **state)
 	assert_int_equal(ctl_task_ingest_json("sum-1:ingest", p, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.id, "sum-1:ingest");
-	assert_int_equal(t.kind, AGENT_KIND_INGEST);
+	assert_int_equal(t.kind, PROTO_TASK_INGEST);
 	assert_int_equal(t.text_len, strlen(text));
 	assert_memory_equal(t.text, text, strlen(text));
 	assert_null(t.url);
 	assert_non_null(realpath(p, real));
 	assert_string_equal(t.source, real);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 }
 
 static void test_ingest_url(void **state)
 {
 	char err[256];
-	struct agent_task t;
+	struct proto_task t;
 	char *json;
 
 	(void)state;
@@ -81,7 +81,7 @@ static void test_ingest_url(void **state)
 	parse_ok(json, &t);
 	assert_string_equal(t.url, "https://example.org/a.txt");
 	assert_null(t.text);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 }
 
@@ -89,7 +89,7 @@ static void test_ingest_errors(void **state)
 {
 	char p[PATH_MAX], err[256], *json = (char *)1, *big;
 	const unsigned char bad_utf8[] = { 'o', 'k', 0xff, 0xfe, '\n' };
-	size_t n = AGENT_TASK_MAX_TEXT + 1;
+	size_t n = PROTO_TASK_MAX_TEXT + 1;
 
 	(void)state;
 	path_in(p, sizeof(p), "missing.txt");
@@ -120,11 +120,11 @@ static void test_ingest_errors(void **state)
 	assert_int_not_equal(ctl_task_ingest_json("x", dir, &json, err, sizeof(err)), 0);
 	assert_null(json);
 
-	big = malloc(AGENT_TASK_MAX_URL + 32);
+	big = malloc(PROTO_TASK_MAX_URL + 32);
 	assert_non_null(big);
 	strcpy(big, "https://example.org/");
-	memset(big + 20, 'a', AGENT_TASK_MAX_URL);
-	big[AGENT_TASK_MAX_URL + 20] = '\0';
+	memset(big + 20, 'a', PROTO_TASK_MAX_URL);
+	big[PROTO_TASK_MAX_URL + 20] = '\0';
 	assert_int_equal(ctl_task_ingest_json("x", big, &json, err, sizeof(err)), SW_ETOOLONG);
 	free(big);
 }
@@ -133,66 +133,66 @@ static void test_ingest_errors(void **state)
 static void test_ingest_at_limit(void **state)
 {
 	char p[PATH_MAX], err[256], *json, *big;
-	struct agent_task t;
+	struct proto_task t;
 
 	(void)state;
 	path_in(p, sizeof(p), "limit.txt");
-	big = malloc(AGENT_TASK_MAX_TEXT);
+	big = malloc(PROTO_TASK_MAX_TEXT);
 	assert_non_null(big);
-	memset(big, 'b', AGENT_TASK_MAX_TEXT);
-	write_file(p, big, AGENT_TASK_MAX_TEXT);
+	memset(big, 'b', PROTO_TASK_MAX_TEXT);
+	write_file(p, big, PROTO_TASK_MAX_TEXT);
 	free(big);
 	assert_int_equal(ctl_task_ingest_json("lim", p, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
-	assert_int_equal(t.text_len, AGENT_TASK_MAX_TEXT);
-	agent_task_free(&t);
+	assert_int_equal(t.text_len, PROTO_TASK_MAX_TEXT);
+	proto_task_free(&t);
 	free(json);
 	unlink(p);
 }
 
 static void test_final_json(void **state)
 {
-	struct agent_task t;
+	struct proto_task t;
 	char *json;
 
 	(void)state;
 	json = ctl_task_final_json("sum-1", "summarize", 42, NULL, 0);
 	assert_non_null(json);
 	parse_ok(json, &t);
-	assert_int_equal(t.kind, AGENT_KIND_SUMMARIZE);
+	assert_int_equal(t.kind, PROTO_TASK_SUMMARIZE);
 	assert_int_equal(t.document_id, 42);
-	assert_int_equal(t.max_tokens, AGENT_TASK_DEFAULT_MAX_TOKENS);
-	agent_task_free(&t);
+	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
+	proto_task_free(&t);
 	free(json);
 
 	json = ctl_task_final_json("sum-2", "summarize", 7, NULL, 64);
 	parse_ok(json, &t);
 	assert_int_equal(t.max_tokens, 64);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 
 	/* answer over every document: no document_id */
 	json = ctl_task_final_json("ask-1", "answer", 0, "Why \"tides\"?\n", 16);
 	assert_null(strstr(json, "document_id"));
 	parse_ok(json, &t);
-	assert_int_equal(t.kind, AGENT_KIND_ANSWER);
+	assert_int_equal(t.kind, PROTO_TASK_ANSWER);
 	assert_string_equal(t.question, "Why \"tides\"?\n");
 	assert_int_equal(t.document_id, 0);
 	assert_int_equal(t.max_tokens, 16);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 
 	json = ctl_task_final_json("ask-2", "answer", 9, "Which one?", 0);
 	parse_ok(json, &t);
 	assert_int_equal(t.document_id, 9);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 }
 
 static void test_task_id(void **state)
 {
 	char a[96], b[96], err[256];
-	struct agent_task t;
+	struct proto_task t;
 	char *json;
 
 	(void)state;
@@ -202,7 +202,7 @@ static void test_task_id(void **state)
 	assert_int_equal(strncmp(a, "sum-", 4), 0);
 	assert_int_equal(a[strlen(a) - 1], '1');
 	assert_int_equal(b[strlen(b) - 1], '2');
-	assert_true(strlen(a) <= AGENT_TASK_MAX_ID);
+	assert_true(strlen(a) <= PROTO_TASK_MAX_ID);
 	assert_int_equal(strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 				"0123456789._:-"), strlen(a));
 	/* agentd accepts it, with the ":ingest" suffix too */
@@ -211,7 +211,7 @@ static void test_task_id(void **state)
 					     sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.id, a);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(json);
 }
 

@@ -1,5 +1,6 @@
-/* agentd_task_test.c - task JSON validation: each kind parsed with its
- * defaults, and one test per error with the exact message. */
+/* proto_task_test.c - task JSON validation (proto/task.h): each kind
+ * parsed with its defaults, and one test per error with the exact
+ * message. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agentd/task.h"
+#include "proto/task.h"
 #include "common/err.h"
 
 static char err[512];
@@ -19,46 +20,46 @@ static char err[512];
 /* Parses s and expects code with exactly msg; returns nothing. */
 static void expect_error(const char *s, int code, const char *msg)
 {
-	struct agent_task t;
-	int rc = agent_task_parse(s, strlen(s), &t, err, sizeof(err));
+	struct proto_task t;
+	int rc = proto_task_parse(s, strlen(s), &t, err, sizeof(err));
 
 	if (rc != code)
 		fail_msg("%s: expected %s, got %s (%s)", s, sw_errname(code), sw_errname(rc), err);
 	if (msg)
 		assert_string_equal(err, msg);
-	agent_task_free(&t);
+	proto_task_free(&t);
 }
 
 static void test_ingest_text(void **state)
 {
 	static const char s[] = "{\"id\":\"doc-1\",\"kind\":\"ingest\",\"text\":\"hello world\"}";
-	struct agent_task t;
+	struct proto_task t;
 
-	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
+	assert_int_equal(proto_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
 	assert_string_equal(t.id, "doc-1");
-	assert_int_equal(t.kind, AGENT_KIND_INGEST);
+	assert_int_equal(t.kind, PROTO_TASK_INGEST);
 	assert_string_equal(t.text, "hello world");
 	assert_int_equal(t.text_len, 11);
 	assert_null(t.url);
 	assert_string_equal(t.source, "inline");
 	assert_null(t.callback_url);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	assert_null(t.root);
-	agent_task_free(&t); /* twice is fine */
-	agent_task_free(NULL);
+	proto_task_free(&t); /* twice is fine */
+	proto_task_free(NULL);
 }
 
 static void test_ingest_url(void **state)
 {
 	static const char s[] = "{\"id\":\"a:b_c.d\",\"kind\":\"ingest\",\"url\":\"file:///tmp/x\","
 				"\"callback_url\":\"https://cb.example/done\"}";
-	struct agent_task t;
+	struct proto_task t;
 
-	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
+	assert_int_equal(proto_task_parse(s, strlen(s), &t, err, sizeof(err)), 0);
 	assert_string_equal(t.url, "file:///tmp/x");
 	assert_string_equal(t.source, "file:///tmp/x");
 	assert_string_equal(t.callback_url, "https://cb.example/done");
-	agent_task_free(&t);
+	proto_task_free(&t);
 }
 
 static void test_summarize_and_answer(void **state)
@@ -67,29 +68,29 @@ static void test_summarize_and_answer(void **state)
 	static const char s2[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"why?\","
 				 "\"top_k\":3,\"max_tokens\":64}";
 	static const char s3[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"how?\",\"document_id\":2}";
-	struct agent_task t;
+	struct proto_task t;
 
-	assert_int_equal(agent_task_parse(s1, strlen(s1), &t, err, sizeof(err)), 0);
-	assert_int_equal(t.kind, AGENT_KIND_SUMMARIZE);
+	assert_int_equal(proto_task_parse(s1, strlen(s1), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, PROTO_TASK_SUMMARIZE);
 	assert_int_equal(t.document_id, 7);
-	assert_int_equal(t.max_tokens, AGENT_TASK_DEFAULT_MAX_TOKENS);
-	agent_task_free(&t);
+	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
+	proto_task_free(&t);
 
-	assert_int_equal(agent_task_parse(s2, strlen(s2), &t, err, sizeof(err)), 0);
-	assert_int_equal(t.kind, AGENT_KIND_ANSWER);
+	assert_int_equal(proto_task_parse(s2, strlen(s2), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, PROTO_TASK_ANSWER);
 	assert_string_equal(t.question, "why?");
 	assert_int_equal(t.question_len, 4);
 	assert_int_equal(t.top_k, 3);
 	assert_int_equal(t.max_tokens, 64);
 	assert_int_equal(t.document_id, 0);
-	agent_task_free(&t);
+	proto_task_free(&t);
 
-	assert_int_equal(agent_task_parse(s3, strlen(s3), &t, err, sizeof(err)), 0);
-	assert_int_equal(t.top_k, AGENT_TASK_DEFAULT_TOP_K);
+	assert_int_equal(proto_task_parse(s3, strlen(s3), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.top_k, PROTO_TASK_DEFAULT_TOP_K);
 	assert_int_equal(t.document_id, 2);
-	agent_task_free(&t);
-	assert_string_equal(agent_task_kind_name(AGENT_KIND_ANSWER), "answer");
-	assert_string_equal(agent_task_kind_name((enum agent_task_kind)9), "unknown");
+	proto_task_free(&t);
+	assert_string_equal(proto_task_kind_name(PROTO_TASK_ANSWER), "answer");
+	assert_string_equal(proto_task_kind_name((enum proto_task_kind)9), "unknown");
 }
 
 static void test_not_json(void **state)
@@ -112,13 +113,13 @@ static void test_duplicate_key(void **state)
 
 static void test_missing_id_keeps_no_id(void **state)
 {
-	struct agent_task t;
+	struct proto_task t;
 	static const char s[] = "{\"kind\":\"ingest\",\"text\":\"x\"}";
 
-	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
 	assert_string_equal(err, "task.id: missing");
 	assert_null(t.id);
-	agent_task_free(&t);
+	proto_task_free(&t);
 }
 
 static void test_bad_id(void **state)
@@ -139,13 +140,13 @@ static void test_bad_id(void **state)
 static void test_unknown_kind_keeps_id(void **state)
 {
 	static const char s[] = "{\"id\":\"t9\",\"kind\":\"sumarize\",\"document_id\":1}";
-	struct agent_task t;
+	struct proto_task t;
 
-	assert_int_equal(agent_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
+	assert_int_equal(proto_task_parse(s, strlen(s), &t, err, sizeof(err)), -EINVAL);
 	assert_string_equal(err,
 			    "task.kind: unknown kind \"sumarize\" (expected ingest, summarize, answer)");
 	assert_string_equal(t.id, "t9"); /* the failure can be stored under it */
-	agent_task_free(&t);
+	proto_task_free(&t);
 }
 
 static void test_kind_missing_or_wrong_type(void **state)
@@ -186,29 +187,29 @@ static void test_bad_urls(void **state)
 static void test_oversized(void **state)
 {
 	static const char head[] = "{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"";
-	size_t n = AGENT_TASK_MAX_TEXT + 1, len = sizeof(head) - 1 + n + 2;
+	size_t n = PROTO_TASK_MAX_TEXT + 1, len = sizeof(head) - 1 + n + 2;
 	char *s = malloc(len + 1), msg[128];
-	struct agent_task t;
+	struct proto_task t;
 
 	if (!s)
 		abort();
 	memset(s, 'a', len);
 	memcpy(s, head, sizeof(head) - 1);
 	memcpy(s + len - 2, "\"}", 3);
-	assert_int_equal(agent_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(proto_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
 	snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
-		 AGENT_TASK_MAX_TEXT);
+		 PROTO_TASK_MAX_TEXT);
 	assert_string_equal(err, msg);
 	assert_string_equal(t.id, "t");
-	agent_task_free(&t);
+	proto_task_free(&t);
 
 	/* The payload itself, before any parsing. */
-	assert_int_equal(agent_task_parse(s, AGENT_TASK_MAX_BYTES + 1, &t, err, sizeof(err)),
+	assert_int_equal(proto_task_parse(s, PROTO_TASK_MAX_BYTES + 1, &t, err, sizeof(err)),
 			 SW_ETOOLONG);
 	snprintf(msg, sizeof(msg), "task: %u bytes exceeds the limit of %u",
-		 AGENT_TASK_MAX_BYTES + 1, AGENT_TASK_MAX_BYTES);
+		 PROTO_TASK_MAX_BYTES + 1, PROTO_TASK_MAX_BYTES);
 	assert_string_equal(err, msg);
-	agent_task_free(&t);
+	proto_task_free(&t);
 	free(s);
 }
 
@@ -226,7 +227,7 @@ static void test_summarize_errors(void **state)
 
 static void test_answer_errors(void **state)
 {
-	char big[AGENT_TASK_MAX_QUESTION + 100];
+	char big[PROTO_TASK_MAX_QUESTION + 100];
 
 	expect_error("{\"id\":\"t\",\"kind\":\"answer\"}", -EINVAL,
 		     "task.question: required for kind answer");
@@ -239,16 +240,16 @@ static void test_answer_errors(void **state)
 	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"max_tokens\":0}", -EINVAL,
 		     "task.max_tokens: expected an integer in [1, 4096], got 0");
 	snprintf(big, sizeof(big), "{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"%0*d\"}",
-		 AGENT_TASK_MAX_QUESTION + 1, 0);
+		 PROTO_TASK_MAX_QUESTION + 1, 0);
 	expect_error(big, SW_ETOOLONG, "task.question: 4097 bytes exceeds the limit of 4096");
 }
 
 static void test_null_payload(void **state)
 {
-	struct agent_task t;
+	struct proto_task t;
 
-	assert_int_equal(agent_task_parse(NULL, 0, &t, err, sizeof(err)), -EINVAL);
-	agent_task_free(&t);
+	assert_int_equal(proto_task_parse(NULL, 0, &t, err, sizeof(err)), -EINVAL);
+	proto_task_free(&t);
 }
 
 int main(void)

@@ -1,5 +1,7 @@
-/* task.c - task JSON parsing and validation (jansson). */
-#include "agentd/task.h"
+/* task.c - parsing and validation of the task JSON on swarm:tasks
+ * (task.h), with jansson. The workers parse every entry with it; clients
+ * may use it to check what they submit. */
+#include "proto/task.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -11,7 +13,7 @@
 
 static const char *const kind_names[] = { "ingest", "summarize", "answer" };
 
-const char *agent_task_kind_name(enum agent_task_kind k)
+const char *proto_task_kind_name(enum proto_task_kind k)
 {
 	return (unsigned)k < 3 ? kind_names[k] : "unknown";
 }
@@ -106,14 +108,14 @@ static int check_url(const char *key, const char *url, bool allow_file, char *er
 }
 
 /* The keys each kind accepts, besides id, kind and callback_url. */
-static bool key_allowed(enum agent_task_kind k, const char *key)
+static bool key_allowed(enum proto_task_kind k, const char *key)
 {
 	static const char *const ingest[] = { "text", "url", "source", NULL };
 	static const char *const summarize[] = { "document_id", "max_tokens", NULL };
 	static const char *const answer[] = { "question", "top_k", "document_id", "max_tokens",
 					      NULL };
-	const char *const *list = k == AGENT_KIND_INGEST ? ingest :
-				  k == AGENT_KIND_SUMMARIZE ? summarize : answer;
+	const char *const *list = k == PROTO_TASK_INGEST ? ingest :
+				  k == PROTO_TASK_SUMMARIZE ? summarize : answer;
 
 	if (!strcmp(key, "id") || !strcmp(key, "kind") || !strcmp(key, "callback_url"))
 		return true;
@@ -123,7 +125,7 @@ static bool key_allowed(enum agent_task_kind k, const char *key)
 	return false;
 }
 
-static int parse_kind(json_t *root, enum agent_task_kind *kind, char *err, size_t errlen)
+static int parse_kind(json_t *root, enum proto_task_kind *kind, char *err, size_t errlen)
 {
 	const char *s;
 	int rc;
@@ -138,14 +140,14 @@ static int parse_kind(json_t *root, enum agent_task_kind *kind, char *err, size_
 		return sw_seterr(err, errlen, -EINVAL, "task.kind: missing");
 	for (int i = 0; i < 3; i++)
 		if (!strcmp(s, kind_names[i])) {
-			*kind = (enum agent_task_kind)i;
+			*kind = (enum proto_task_kind)i;
 			return 0;
 		}
 	return sw_seterr(err, errlen, -EINVAL,
 			 "task.kind: unknown kind \"%s\" (expected ingest, summarize, answer)", s);
 }
 
-static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t errlen)
+static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t errlen)
 {
 	const char *key;
 	json_t *v;
@@ -157,7 +159,7 @@ static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t er
 			return sw_seterr(err, errlen, -EINVAL, "task.%s: unknown key for kind %s",
 					 key, kind_names[t->kind]);
 	}
-	rc = get_string(root, "callback_url", AGENT_TASK_MAX_URL, &t->callback_url, NULL, err,
+	rc = get_string(root, "callback_url", PROTO_TASK_MAX_URL, &t->callback_url, NULL, err,
 			errlen);
 	if (!rc && t->callback_url)
 		rc = check_url("callback_url", t->callback_url, false, err, errlen);
@@ -165,13 +167,13 @@ static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t er
 		return rc;
 
 	switch (t->kind) {
-	case AGENT_KIND_INGEST:
-		rc = get_string(root, "text", AGENT_TASK_MAX_TEXT, &t->text, &t->text_len, err,
+	case PROTO_TASK_INGEST:
+		rc = get_string(root, "text", PROTO_TASK_MAX_TEXT, &t->text, &t->text_len, err,
 				errlen);
 		if (!rc)
-			rc = get_string(root, "url", AGENT_TASK_MAX_URL, &t->url, NULL, err, errlen);
+			rc = get_string(root, "url", PROTO_TASK_MAX_URL, &t->url, NULL, err, errlen);
 		if (!rc)
-			rc = get_string(root, "source", AGENT_TASK_MAX_URL, &t->source, NULL, err,
+			rc = get_string(root, "source", PROTO_TASK_MAX_URL, &t->source, NULL, err,
 					errlen);
 		if (rc)
 			return rc;
@@ -184,18 +186,18 @@ static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t er
 		if (!t->source)
 			t->source = t->url ? t->url : "inline";
 		return 0;
-	case AGENT_KIND_SUMMARIZE:
+	case PROTO_TASK_SUMMARIZE:
 		if (!json_object_get(root, "document_id"))
 			return sw_seterr(err, errlen, -EINVAL,
 					 "task.document_id: required for kind summarize");
 		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
 		if (!rc)
-			rc = get_int(root, "max_tokens", 1, AGENT_TASK_MAX_TOKENS,
-				     AGENT_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+			rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
+				     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
 		t->max_tokens = (uint32_t)x;
 		return rc;
-	case AGENT_KIND_ANSWER:
-		rc = get_string(root, "question", AGENT_TASK_MAX_QUESTION, &t->question,
+	case PROTO_TASK_ANSWER:
+		rc = get_string(root, "question", PROTO_TASK_MAX_QUESTION, &t->question,
 				&t->question_len, err, errlen);
 		if (rc)
 			return rc;
@@ -204,20 +206,20 @@ static int parse_fields(json_t *root, struct agent_task *t, char *err, size_t er
 		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
 		if (rc)
 			return rc;
-		rc = get_int(root, "top_k", 1, AGENT_TASK_MAX_TOP_K, AGENT_TASK_DEFAULT_TOP_K, &x,
+		rc = get_int(root, "top_k", 1, PROTO_TASK_MAX_TOP_K, PROTO_TASK_DEFAULT_TOP_K, &x,
 			     err, errlen);
 		t->top_k = (uint32_t)x;
 		if (rc)
 			return rc;
-		rc = get_int(root, "max_tokens", 1, AGENT_TASK_MAX_TOKENS,
-			     AGENT_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+		rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
+			     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
 		t->max_tokens = (uint32_t)x;
 		return rc;
 	}
 	return -EINVAL;
 }
 
-int agent_task_parse(const char *json, size_t len, struct agent_task *t, char *err,
+int proto_task_parse(const char *json, size_t len, struct proto_task *t, char *err,
 		     size_t errlen)
 {
 	json_error_t jerr;
@@ -228,9 +230,9 @@ int agent_task_parse(const char *json, size_t len, struct agent_task *t, char *e
 	memset(t, 0, sizeof(*t));
 	if (!json)
 		return sw_seterr(err, errlen, -EINVAL, "task: no payload");
-	if (len > AGENT_TASK_MAX_BYTES)
+	if (len > PROTO_TASK_MAX_BYTES)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "task: %zu bytes exceeds the limit of %u",
-				 len, AGENT_TASK_MAX_BYTES);
+				 len, PROTO_TASK_MAX_BYTES);
 	root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
 	if (!root) {
 		if (json_error_code(&jerr) == json_error_out_of_memory)
@@ -244,7 +246,7 @@ int agent_task_parse(const char *json, size_t len, struct agent_task *t, char *e
 		return sw_seterr(err, errlen, SW_EFORMAT, "task: expected an object, got %s",
 				 json_type_name(root));
 
-	rc = get_string(root, "id", AGENT_TASK_MAX_ID, &id, NULL, err, errlen);
+	rc = get_string(root, "id", PROTO_TASK_MAX_ID, &id, NULL, err, errlen);
 	if (rc)
 		return rc;
 	if (!id)
@@ -262,7 +264,7 @@ int agent_task_parse(const char *json, size_t len, struct agent_task *t, char *e
 	return parse_fields(root, t, err, errlen);
 }
 
-void agent_task_free(struct agent_task *t)
+void proto_task_free(struct proto_task *t)
 {
 	if (!t)
 		return;

@@ -1,0 +1,106 @@
+/* task.h - the task format on swarm:tasks: the second wire protocol of
+ * the swarm, between whoever submits work (swarmctl, any Redis client)
+ * and the agentd workers. It lives here, not in agentd, because both
+ * ends include it (DESIGN §6, §7).
+ *
+ * Streams (Redis Streams):
+ *   swarm:tasks    entries with one field "task" holding the JSON below;
+ *                  the workers read it as the consumer group "agents".
+ *   swarm:results  one entry per finished task:
+ *                  task_id <id> status completed|failed|dead
+ *                  location <where the result is> error <message or "">.
+ *   swarm:dead     entries that used up their deliveries:
+ *                  task_id <id> entry <stream id> deliveries <n>
+ *                  error <last error> task <the JSON as submitted>.
+ *
+ * The task JSON:
+ *   {"id": "doc-42", "kind": "ingest", "text": "..."}            inline text
+ *   {"id": "doc-43", "kind": "ingest", "url": "https://..."}     fetched
+ *   {"id": "sum-42", "kind": "summarize", "document_id": 7}
+ *   {"id": "ask-1", "kind": "answer", "question": "...",
+ *    "top_k": 4, "document_id": 7, "max_tokens": 128}
+ *
+ * Every kind also takes "callback_url" (http or https) and ingest takes
+ * "source" (a label stored with the document; default the URL or
+ * "inline"). Unknown keys are errors. The id is 1..128 bytes of
+ * [A-Za-z0-9._:-]; it keys every row the task writes.
+ *
+ * Errors name the field and what was expected, e.g.
+ *   task.kind: unknown kind "sumarize" (expected ingest, summarize, answer)
+ *   task.question: required for kind answer
+ *   task.top_k: expected an integer, got string
+ *   task.text: 9000000 bytes exceeds the limit of 8388608
+ */
+#ifndef PROTO_TASK_H
+#define PROTO_TASK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PROTO_TASK_STREAM "swarm:tasks"
+#define PROTO_TASK_GROUP "agents"            /* the workers' consumer group */
+#define PROTO_TASK_FIELD "task"              /* the entry field with the JSON */
+#define PROTO_TASK_RESULTS_STREAM "swarm:results"
+#define PROTO_TASK_DEAD_STREAM "swarm:dead"
+
+#define PROTO_TASK_MAX_BYTES (16u << 20)   /* the whole JSON payload */
+#define PROTO_TASK_MAX_TEXT (8u << 20)     /* inline ingest text, and a fetched URL's body */
+#define PROTO_TASK_MAX_QUESTION 4096       /* bytes */
+#define PROTO_TASK_MAX_URL 2048            /* bytes, url and callback_url */
+#define PROTO_TASK_MAX_ID 128
+#define PROTO_TASK_MAX_TOP_K 32            /* segments: system + k + question */
+#define PROTO_TASK_DEFAULT_TOP_K 4
+#define PROTO_TASK_MAX_TOKENS 4096
+#define PROTO_TASK_DEFAULT_MAX_TOKENS 128
+/* summarize reduces groups of this many partial summaries per level
+ * (the workers' default): a document of n chunks makes
+ * n + ceil(n/4) + ... + 1 summary rows, from which clients show progress. */
+#define PROTO_TASK_SUMMARY_FANIN 4
+
+enum proto_task_kind {
+	PROTO_TASK_INGEST = 0,
+	PROTO_TASK_SUMMARIZE = 1,
+	PROTO_TASK_ANSWER = 2,
+};
+
+/* A parsed task. The strings point into the parsed JSON, which the
+ * struct owns: they live until proto_task_free. */
+struct proto_task {
+	void *root;                 /* json_t *, owned */
+	const char *id;             /* NULL when the JSON had no valid id */
+	enum proto_task_kind kind;
+	const char *callback_url;   /* NULL when absent */
+	/* ingest */
+	const char *text;           /* exactly one of text and url */
+	size_t text_len;
+	const char *url;
+	const char *source;         /* label stored with the document */
+	/* summarize, answer (answer: 0 = all documents) */
+	int64_t document_id;
+	/* answer */
+	const char *question;
+	size_t question_len;
+	uint32_t top_k;
+	uint32_t max_tokens;        /* summarize and answer */
+};
+
+/* "ingest", "summarize", "answer"; "unknown" otherwise. */
+const char *proto_task_kind_name(enum proto_task_kind k);
+
+/* Parses and validates len bytes of task JSON into *t. Returns 0, or
+ *   SW_ETOOLONG  the payload or a field exceeds its limit;
+ *   SW_EFORMAT   not JSON ("task: invalid JSON at line L, column C: ...")
+ *                or not an object;
+ *   SW_ETYPE     a field of the wrong type;
+ *   -EINVAL      a missing field, an unknown key or kind, a bad value;
+ *   -ENOMEM.
+ * with the message in err. Call proto_task_free on *t in every case: on
+ * error t->id still holds the task's id when that much was valid (so the
+ * failure can be stored under it), else NULL. */
+int proto_task_parse(const char *json, size_t len, struct proto_task *t, char *err,
+		     size_t errlen);
+
+/* Releases what *t holds and zeroes it. Accepts NULL and a zeroed task. */
+void proto_task_free(struct proto_task *t);
+
+#endif
