@@ -49,10 +49,16 @@ struct job {
 
 struct submit {
 	struct ctl_env *e;
+	/* the command line */
 	enum sub_kind kind;
 	const char *question;
 	unsigned max_tokens;
-	bool wait, tty;
+	bool wait;
+	struct sw_deadline deadline;  /* --timeout; never by default */
+	char **inputs;                /* FILE, URL or - each */
+	size_t n_inputs;
+	/* the run */
+	bool tty;                     /* --wait on a terminal: a progress bar */
 	struct job *jobs;
 	size_t n;
 	redisContext *rc;
@@ -687,7 +693,16 @@ static void submit_usage(FILE *f)
 		   "  --question from it (no input: from every document).\n");
 }
 
-int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
+/* --- submit, step by step --------------------------------------------------- */
+
+/* What a step returns when the command goes on to the next one; any other
+ * value is the command's exit status. */
+#define SUBMIT_GO_ON (-1)
+
+/* Reads submit's options into s; the inputs are what follows them. Returns
+ * SUBMIT_GO_ON, or the exit status when the command ends here (--help,
+ * a usage error). */
+static int parse_submit_options(struct submit *s, int argc, char **argv)
 {
 	static const struct option opts[] = {
 		{ "kind", required_argument, NULL, 'k' },
@@ -698,13 +713,9 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	struct submit s = { .e = e, .kind = K_SUMMARIZE };
-	struct sw_deadline deadline = sw_deadline_in_ms(UINT64_MAX);
-	bool kind_set = false, ingest_wait;
-	size_t n_inputs;
-	char err[2048];
-	int c, status = 1;
+	bool kind_set = false;
 	char *end;
+	int c;
 
 	optind = 0;
 	while ((c = getopt_long(argc, argv, "k:q:wt:m:h", opts, NULL)) != -1) {
@@ -712,11 +723,11 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 		case 'k':
 			kind_set = true;
 			if (!strcmp(optarg, "summarize"))
-				s.kind = K_SUMMARIZE;
+				s->kind = K_SUMMARIZE;
 			else if (!strcmp(optarg, "answer"))
-				s.kind = K_ANSWER;
+				s->kind = K_ANSWER;
 			else if (!strcmp(optarg, "ingest"))
-				s.kind = K_INGEST;
+				s->kind = K_INGEST;
 			else {
 				fprintf(stderr, "swarmctl: submit: unknown kind \"%s\" (summarize, "
 					"answer, ingest)\n", optarg);
@@ -724,10 +735,10 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 			}
 			break;
 		case 'q':
-			s.question = optarg;
+			s->question = optarg;
 			break;
 		case 'w':
-			s.wait = true;
+			s->wait = true;
 			break;
 		case 't': {
 			double t = strtod(optarg, &end);
@@ -736,7 +747,7 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 				fprintf(stderr, "swarmctl: submit: --timeout wants seconds > 0\n");
 				return EXIT_USAGE;
 			}
-			deadline = sw_deadline_in_ms((uint64_t)(t * 1000));
+			s->deadline = sw_deadline_in_ms((uint64_t)(t * 1000));
 			break;
 		}
 		case 'm': {
@@ -747,7 +758,7 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 					PROTO_TASK_MAX_TOKENS);
 				return EXIT_USAGE;
 			}
-			s.max_tokens = (unsigned)m;
+			s->max_tokens = (unsigned)m;
 			break;
 		}
 		case 'h':
@@ -758,30 +769,38 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 			return EXIT_USAGE;
 		}
 	}
-	n_inputs = (size_t)(argc - optind);
-	if (!kind_set && !n_inputs && s.question)
-		s.kind = K_ANSWER;
-	if (!n_inputs && !(s.kind == K_ANSWER && s.question)) {
+	s->inputs = argv + optind;
+	s->n_inputs = (size_t)(argc - optind);
+	if (!kind_set && !s->n_inputs && s->question)
+		s->kind = K_ANSWER;
+	return SUBMIT_GO_ON;
+}
+
+/* Refuses the combinations of options and inputs that make no task.
+ * Returns SUBMIT_GO_ON or EXIT_USAGE. */
+static int check_submit_options(const struct submit *s)
+{
+	if (!s->n_inputs && !(s->kind == K_ANSWER && s->question)) {
 		fprintf(stderr, "swarmctl: submit: nothing to submit: give FILE, URL or - (or "
 			"--question Q for an answer over every document)\n");
 		submit_usage(stderr);
 		return EXIT_USAGE;
 	}
-	if (s.kind == K_ANSWER && !s.question) {
+	if (s->kind == K_ANSWER && !s->question) {
 		fprintf(stderr, "swarmctl: submit: --kind answer needs --question Q\n");
 		return EXIT_USAGE;
 	}
-	if (s.question && s.kind == K_INGEST) {
+	if (s->question && s->kind == K_INGEST) {
 		fprintf(stderr, "swarmctl: submit: --question does not go with --kind ingest\n");
 		return EXIT_USAGE;
 	}
-	if (s.question && (!s.question[0] || strlen(s.question) > PROTO_TASK_MAX_QUESTION)) {
+	if (s->question && (!s->question[0] || strlen(s->question) > PROTO_TASK_MAX_QUESTION)) {
 		fprintf(stderr, "swarmctl: submit: the question must be 1..%d bytes\n",
 			PROTO_TASK_MAX_QUESTION);
 		return EXIT_USAGE;
 	}
-	if (s.question) {
-		json_t *q = json_string(s.question);
+	if (s->question) {
+		json_t *q = json_string(s->question);
 
 		if (!q) {
 			fprintf(stderr, "swarmctl: submit: the question is not UTF-8\n");
@@ -789,140 +808,219 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 		}
 		json_decref(q);
 	}
+	return SUBMIT_GO_ON;
+}
 
-	/* every input read and checked before anything is queued */
-	s.n = n_inputs + (s.question && (s.kind == K_SUMMARIZE || !n_inputs));
-	s.jobs = calloc(s.n, sizeof(*s.jobs));
-	if (!s.jobs) {
+/* Makes a job per input (plus the answer over all documents) with its
+ * task ids, and reads and checks every input, so that nothing is queued
+ * when one of them is bad. Returns 0, or 1 after saying why. */
+static int make_jobs(struct submit *s)
+{
+	char err[2048];
+
+	s->n = s->n_inputs + (s->question && (s->kind == K_SUMMARIZE || !s->n_inputs));
+	s->jobs = calloc(s->n, sizeof(*s->jobs));
+	if (!s->jobs) {
 		fprintf(stderr, "swarmctl: out of memory\n");
 		return 1;
 	}
-	for (size_t i = 0; i < s.n; i++) {
-		struct job *j = &s.jobs[i];
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
 
-		if (i < n_inputs) {
-			j->input = argv[optind + (int)i];
-			j->kind = s.kind;
-			ctl_task_id(j->id, sizeof(j->id), id_prefix[s.kind], i);
-			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
-			if (s.kind == K_INGEST) {
-				snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
-				j->id[0] = '\0';
-			}
-			if (ctl_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
-						sizeof(err)) != 0) {
-				fprintf(stderr, "swarmctl: submit: %s\n", err);
-				goto out;
-			}
-		} else {
+		if (i >= s->n_inputs) {
 			j->kind = K_ANSWER;
 			ctl_task_id(j->id, sizeof(j->id), id_prefix[K_ANSWER], i);
+			continue;
+		}
+		j->input = s->inputs[i];
+		j->kind = s->kind;
+		ctl_task_id(j->id, sizeof(j->id), id_prefix[s->kind], i);
+		snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
+		if (s->kind == K_INGEST) {
+			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
+			j->id[0] = '\0';
+		}
+		if (ctl_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
+					 sizeof(err)) != 0) {
+			fprintf(stderr, "swarmctl: submit: %s\n", err);
+			return 1;
 		}
 	}
-	if (open_redis(e, &s.rc))
-		goto out;
-	ingest_wait = s.kind != K_INGEST && n_inputs;
-	if ((s.wait || ingest_wait) && open_pg(e, &s.pg))
-		goto out;
+	return 0;
+}
+
+/* Connects to Redis, and to PostgreSQL when submit will wait for a task;
+ * in a managed swarm, refuses to wait on tasks no agentd would run.
+ * Returns 0, or 1 after saying why. */
+static int open_servers(struct submit *s)
+{
+	struct ctl_env *e = s->e;
+	bool ingest_wait = s->kind != K_INGEST && s->n_inputs;
+
+	if (open_redis(e, &s->rc))
+		return 1;
+	if ((s->wait || ingest_wait) && open_pg(e, &s->pg))
+		return 1;
 	if (e->managed && !ctl_service_pid(e, CTL_AGENTD)) {
-		if (s.wait || ingest_wait) {
+		if (s->wait || ingest_wait) {
 			fprintf(stderr, "swarmctl: submit: agentd is not running in %s, so nothing "
 				"would run these tasks; nothing queued (`swarmctl status`, `swarmctl "
 				"logs agentd`)\n", e->state_dir);
-			goto out;
+			return 1;
 		}
 		fprintf(stderr, "swarmctl: warning: agentd is not running in %s: the tasks wait "
 			"in the queue until it runs\n", e->state_dir);
 	}
-	s.tty = s.wait && isatty(STDOUT_FILENO);
-	signal(SIGINT, on_interrupt);
-	signal(SIGTERM, on_interrupt);
-	s.t0_ms = sw_now_ms();
-	for (size_t i = 0; i < s.n; i++) {
-		struct job *j = &s.jobs[i];
+	return 0;
+}
+
+/* Queues every ingest (each JSON is freed once sent). Returns 0, or 1
+ * after saying why. */
+static int queue_ingests(struct submit *s)
+{
+	char err[2048];
+
+	for (size_t i = 0; i < s->n; i++) {
+		struct job *j = &s->jobs[i];
 
 		if (!j->ingest_json)
 			continue;
-		if (xadd(&s, j->ingest_json, err, sizeof(err)) != 0) {
+		if (xadd(s, j->ingest_json, err, sizeof(err)) != 0) {
 			fprintf(stderr, "swarmctl: submit: %s\n", err);
-			goto out;
+			return 1;
 		}
 		free(j->ingest_json);
 		j->ingest_json = NULL;
 		printf("queued ingest %s for %s\n", j->ingest_id, j->input);
 	}
-	if (n_inputs && s.kind != K_INGEST && !s.wait)
+	if (s->n_inputs && s->kind != K_INGEST && !s->wait)
 		printf("waiting for the ingests to finish before queueing %s\n",
-		       kind_names[s.kind]);
+		       kind_names[s->kind]);
 	fflush(stdout);
+	return 0;
+}
+
+/* Says that agentd stopped with tasks in flight, with the last lines of
+ * its log. */
+static void report_agentd_gone(const struct submit *s)
+{
+	char log[PATH_MAX + 32], tail[2048];
+
+	if (s->tty)
+		printf("\n");
+	ctl_path(s->e, "logs/agentd.log", log, sizeof(log));
+	ctl_tail(log, 8, tail, sizeof(tail));
+	fprintf(stderr, "swarmctl: submit: agentd stopped while its tasks were in "
+		"flight; they stay queued (`swarmctl results`)%s%s%s\n",
+		tail[0] ? "\nlast lines of " : "", tail[0] ? log : "", tail[0] ? ":" : "");
+	if (tail[0])
+		fprintf(stderr, "%s\n", tail);
+}
+
+/* Polls PostgreSQL and queues each summarize or answer once its ingest
+ * completed, until nothing is left to wait for. Returns SUBMIT_GO_ON
+ * then, or the exit status when it stops first: an error, agentd gone,
+ * an interrupt (130) or the --timeout. */
+static int wait_for_tasks(struct submit *s)
+{
+	char err[2048];
+
 	for (;;) {
 		bool done;
 
-		if ((s.pg && poll_state(&s, err, sizeof(err)) != 0) ||
-		    advance(&s, &done, err, sizeof(err)) != 0) {
-			if (s.tty)
+		if ((s->pg && poll_state(s, err, sizeof(err)) != 0) ||
+		    advance(s, &done, err, sizeof(err)) != 0) {
+			if (s->tty)
 				printf("\n");
 			fprintf(stderr, "swarmctl: submit: %s\n", err);
-			goto out;
+			return 1;
 		}
-		if (s.tty)
-			draw_progress(&s, done);
+		if (s->tty)
+			draw_progress(s, done);
 		fflush(stdout);
 		if (done)
-			break;
-		if (e->managed && !ctl_service_pid(e, CTL_AGENTD)) {
-			char log[PATH_MAX + 32], tail[2048];
-
-			if (s.tty)
-				printf("\n");
-			ctl_path(e, "logs/agentd.log", log, sizeof(log));
-			ctl_tail(log, 8, tail, sizeof(tail));
-			fprintf(stderr, "swarmctl: submit: agentd stopped while its tasks were in "
-				"flight; they stay queued (`swarmctl results`)%s%s%s\n",
-				tail[0] ? "\nlast lines of " : "", tail[0] ? log : "",
-				tail[0] ? ":" : "");
-			if (tail[0])
-				fprintf(stderr, "%s\n", tail);
-			goto out;
+			return SUBMIT_GO_ON;
+		if (s->e->managed && !ctl_service_pid(s->e, CTL_AGENTD)) {
+			report_agentd_gone(s);
+			return 1;
 		}
 		if (interrupted) {
-			if (s.tty)
+			if (s->tty)
 				printf("\n");
 			fprintf(stderr, "swarmctl: submit: interrupted; what was queued carries on "
 				"(`swarmctl results` shows it)\n");
-			status = 130;
-			goto out;
+			return 130;
 		}
-		if (sw_deadline_expired(deadline)) {
-			if (s.tty)
+		if (sw_deadline_expired(s->deadline)) {
+			if (s->tty)
 				printf("\n");
 			fprintf(stderr, "swarmctl: submit: timed out; the tasks stay queued (see "
 				"`swarmctl results`)\n");
-			goto out;
+			return 1;
 		}
 		sw_sleep_ms(POLL_MS);
 	}
-	status = 0;
-	for (size_t i = 0; i < s.n; i++)
-		if (s.jobs[i].failed) {
-			if (!s.wait)
-				fprintf(stderr, "swarmctl: submit: %s %s: %s\n",
-					s.jobs[i].input ? s.jobs[i].input : "answer",
-					s.jobs[i].ingest_status[0] ? s.jobs[i].ingest_status
-								   : "failed",
-					s.jobs[i].error);
-			status = 1;
-		}
-	if (s.wait)
-		status |= print_results(&s);
+}
+
+/* The exit status once every task is over: 1 when a job failed (said on
+ * stderr, or with --wait by the results printed), else 0. */
+static int submit_outcome(struct submit *s)
+{
+	int status = 0;
+
+	for (size_t i = 0; i < s->n; i++) {
+		const struct job *j = &s->jobs[i];
+
+		if (!j->failed)
+			continue;
+		if (!s->wait)
+			fprintf(stderr, "swarmctl: submit: %s %s: %s\n",
+				j->input ? j->input : "answer",
+				j->ingest_status[0] ? j->ingest_status : "failed", j->error);
+		status = 1;
+	}
+	if (s->wait)
+		status |= print_results(s);
+	return status;
+}
+
+static void submit_free(struct submit *s)
+{
+	if (s->pg)
+		PQfinish(s->pg);
+	if (s->rc)
+		redisFree(s->rc);
+	for (size_t i = 0; i < s->n; i++)
+		free(s->jobs[i].ingest_json);
+	free(s->jobs);
+}
+
+int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
+{
+	struct submit s = { .e = e, .kind = K_SUMMARIZE,
+			    .deadline = sw_deadline_in_ms(UINT64_MAX) };
+	int status;
+
+	status = parse_submit_options(&s, argc, argv);
+	if (status == SUBMIT_GO_ON)
+		status = check_submit_options(&s);
+	if (status != SUBMIT_GO_ON)
+		return status;
+
+	status = 1;
+	if (make_jobs(&s) != 0 || open_servers(&s) != 0)
+		goto out;
+	s.tty = s.wait && isatty(STDOUT_FILENO);
+	signal(SIGINT, on_interrupt);
+	signal(SIGTERM, on_interrupt);
+	s.t0_ms = sw_now_ms();
+	if (queue_ingests(&s) != 0)
+		goto out;
+	status = wait_for_tasks(&s);
+	if (status == SUBMIT_GO_ON)
+		status = submit_outcome(&s);
 out:
-	if (s.pg)
-		PQfinish(s.pg);
-	if (s.rc)
-		redisFree(s.rc);
-	for (size_t i = 0; i < s.n; i++)
-		free(s.jobs[i].ingest_json);
-	free(s.jobs);
+	submit_free(&s);
 	return status;
 }
 
