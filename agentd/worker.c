@@ -468,13 +468,17 @@ static int start(struct worker *w, char *err, size_t errlen)
 	}
 }
 
-int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stats *stats,
-		     char *err, size_t errlen)
-{
-	struct worker *w;
-	const struct sw_config *cfg = o->cfg;
-	int rc;
+/* --- agent_worker_run, step by step ----------------------------------------- */
 
+/* Allocates the worker and the locks its threads share. Returns 0 and
+ * *out, or -ENOMEM. */
+static int worker_new(struct worker **out, const struct agent_worker_opts *o, char *err,
+		      size_t errlen)
+{
+	const struct sw_config *cfg = o->cfg;
+	struct worker *w;
+
+	*out = NULL;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return sw_seterr(err, errlen, -ENOMEM, "worker: out of memory");
@@ -493,6 +497,28 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 		.lease_ms = cfg->agentd.lease_ms,
 		.block_ms = o->block_ms ? o->block_ms : AGENT_DEFAULT_BLOCK_MS,
 	};
+	*out = w;
+	return 0;
+}
+
+/* Closes the connections and frees w (its threads are stopped). */
+static void worker_free(struct worker *w)
+{
+	agent_gpud_close(w->gpud);
+	agent_queue_close(w->q);
+	agent_db_close(w->db);
+	pthread_cond_destroy(&w->cb.cond);
+	pthread_mutex_destroy(&w->cb.lock);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
+}
+
+/* The drain signals (when asked for) and a heartbeat fd that never
+ * blocks. */
+static void setup_process(struct worker *w)
+{
+	const struct agent_worker_opts *o = w->o;
+
 	if (o->handle_signals) {
 		struct sigaction sa = { .sa_handler = on_signal };
 
@@ -503,36 +529,52 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	}
 	if (o->heartbeat_fd >= 0)
 		fcntl(o->heartbeat_fd, F_SETFL, fcntl(o->heartbeat_fd, F_GETFL) | O_NONBLOCK);
+}
 
-	rc = start(w, err, errlen);
-	if (rc == SW_ECANCELED) {
-		rc = 0; /* stopped before the servers came: a clean exit */
-		goto out;
+/* Removes the group's long-silent consumers; housekeeping only, so a
+ * failure is logged and start-up goes on. */
+static void prune_consumers(struct worker *w)
+{
+	uint64_t idle = 4ull * w->cfg->agentd.lease_ms;
+	char err[ERR_MAX];
+
+	if (idle < AGENT_PRUNE_MIN_IDLE_MS)
+		idle = AGENT_PRUNE_MIN_IDLE_MS;
+	if (idle > UINT32_MAX)
+		idle = UINT32_MAX;
+	if (agent_queue_prune(w->q, (uint32_t)idle, NULL, err, sizeof(err)) != 0)
+		log_warn("pruning old consumers: %s", err);
+}
+
+/* The model the tasks use: the one in the options, else gpud's client. */
+static int open_llm(struct worker *w, char *err, size_t errlen)
+{
+	int rc;
+
+	if (w->o->llm) {
+		w->llm = w->o->llm;
+		return 0;
 	}
+	rc = agent_gpud_open(&w->gpud, w->cfg->gpud.socket, 0);
 	if (rc)
-		goto out;
-	/* The consumer name the heartbeat connection must use is ours. */
-	w->qo.consumer = agent_queue_consumer(w->q);
-	{
-		uint64_t idle = 4ull * cfg->agentd.lease_ms;
+		return sw_seterr(err, errlen, rc, "worker: out of memory");
+	w->llm = agent_gpud_llm(w->gpud);
+	return 0;
+}
 
-		if (idle < AGENT_PRUNE_MIN_IDLE_MS)
-			idle = AGENT_PRUNE_MIN_IDLE_MS;
-		if (idle > UINT32_MAX)
-			idle = UINT32_MAX;
-		if (agent_queue_prune(w->q, (uint32_t)idle, NULL, err, errlen) != 0)
-			log_warn("pruning old consumers: %s", err); /* housekeeping only */
-	}
-	if (o->llm) {
-		w->llm = o->llm;
-	} else {
-		rc = agent_gpud_open(&w->gpud, cfg->gpud.socket, 0);
-		if (rc) {
-			sw_seterr(err, errlen, rc, "worker: out of memory");
-			goto out;
-		}
-		w->llm = agent_gpud_llm(w->gpud);
-	}
+/* What comes after the servers answer: the consumer name the heartbeat
+ * connection must use (ours), old consumers pruned, the model, and the
+ * context the tasks run in. */
+static int prepare(struct worker *w, char *err, size_t errlen)
+{
+	const struct agent_worker_opts *o = w->o;
+	int rc;
+
+	w->qo.consumer = agent_queue_consumer(w->q);
+	prune_consumers(w);
+	rc = open_llm(w, err, errlen);
+	if (rc)
+		return rc;
 	w->ctx = (struct agent_ctx){
 		.db = w->db,
 		.llm = w->llm,
@@ -546,11 +588,39 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	};
 	if (w->ctx.chunk_overlap >= w->ctx.chunk_tokens)
 		w->ctx.chunk_overlap = w->ctx.chunk_tokens / 4;
+	return 0;
+}
+
+static void start_threads(struct worker *w)
+{
 	w->cb.started = pthread_create(&w->cb.thread, NULL, callback_thread, &w->cb) == 0;
 	w->hb_started = pthread_create(&w->hb, NULL, heartbeat_thread, w) == 0;
-	log_info("worker %s: claiming from %s (lease %u ms, max_attempts %u)",
-		 agent_queue_consumer(w->q), o->stream ? o->stream : PROTO_TASK_STREAM,
-		 cfg->agentd.lease_ms, cfg->agentd.max_attempts);
+}
+
+/* Stops the threads that started: the heartbeat at once, the callbacks
+ * once their queue is empty or CALLBACK_DRAIN_MS have passed. */
+static void stop_threads(struct worker *w)
+{
+	if (w->hb_started) {
+		atomic_store(&w->hb_stop, true);
+		pthread_join(w->hb, NULL);
+	}
+	if (w->cb.started) {
+		pthread_mutex_lock(&w->cb.lock);
+		w->cb.closing = true;
+		w->cb.deadline_ms = sw_now_ms() + CALLBACK_DRAIN_MS;
+		pthread_cond_signal(&w->cb.cond);
+		pthread_mutex_unlock(&w->cb.lock);
+		pthread_join(w->cb.thread, NULL);
+	}
+}
+
+/* Claims and runs entries until stopped, or until max_tasks_per_worker
+ * are done; a failed claim is an outage, ridden out with backoff. */
+static void claim_loop(struct worker *w, char *err, size_t errlen)
+{
+	const struct sw_config *cfg = w->cfg;
+	int rc;
 
 	while (!stop_requested) {
 		struct agent_msg m;
@@ -577,33 +647,42 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 		process(w, &m);
 		agent_msg_free(&m);
 	}
-	rc = 0;
+}
+
+int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stats *stats,
+		     char *err, size_t errlen)
+{
+	struct worker *w;
+	int rc;
+
+	rc = worker_new(&w, o, err, errlen);
+	if (rc)
+		return rc;
+	setup_process(w);
+	rc = start(w, err, errlen);
+	if (rc == SW_ECANCELED) {
+		rc = 0; /* stopped before the servers came: a clean exit */
+		goto out;
+	}
+	if (rc)
+		goto out;
+	rc = prepare(w, err, errlen);
+	if (rc)
+		goto out;
+	start_threads(w);
+	log_info("worker %s: claiming from %s (lease %u ms, max_attempts %u)",
+		 agent_queue_consumer(w->q), o->stream ? o->stream : PROTO_TASK_STREAM,
+		 w->cfg->agentd.lease_ms, w->cfg->agentd.max_attempts);
+	claim_loop(w, err, errlen);
 	log_info("worker %s: drained (%" PRIu64 " completed, %" PRIu64 " failed, %" PRIu64
 		 " dead, %" PRIu64 " retried)",
 		 agent_queue_consumer(w->q), w->st.completed, w->st.failed, w->st.dead,
 		 w->st.retried);
 out:
-	if (w->hb_started) {
-		atomic_store(&w->hb_stop, true);
-		pthread_join(w->hb, NULL);
-	}
-	if (w->cb.started) {
-		pthread_mutex_lock(&w->cb.lock);
-		w->cb.closing = true;
-		w->cb.deadline_ms = sw_now_ms() + CALLBACK_DRAIN_MS;
-		pthread_cond_signal(&w->cb.cond);
-		pthread_mutex_unlock(&w->cb.lock);
-		pthread_join(w->cb.thread, NULL);
-	}
+	stop_threads(w);
 	if (stats)
 		*stats = w->st;
-	agent_gpud_close(w->gpud);
-	agent_queue_close(w->q);
-	agent_db_close(w->db);
-	pthread_cond_destroy(&w->cb.cond);
-	pthread_mutex_destroy(&w->cb.lock);
-	pthread_mutex_destroy(&w->lock);
-	free(w);
+	worker_free(w);
 	return rc;
 }
 
