@@ -187,13 +187,73 @@ static void set_entry(struct worker *w, const char *id)
 	mark_progress(w);
 }
 
+/* The heartbeat thread's own Redis connection, which keeps the lease of
+ * the entry in hand. */
+struct lease {
+	struct agent_queue *q;   /* opened on first use */
+	bool failing;            /* the last refresh failed: already reported */
+};
+
+/* Reports a failed lease refresh: a warning when it starts failing, then
+ * debug lines until a refresh succeeds again. */
+static void lease_failed(struct lease *l, const char *entry, const char *why)
+{
+	if (l->failing)
+		log_debug("lease refresh of entry %s: %s", entry, why);
+	else
+		log_warn("lease refresh of entry %s: %s (retried every heartbeat)", entry, why);
+	l->failing = true;
+}
+
+/* Resets the idle time of entry so that no other worker reclaims it. */
+static void refresh_lease(struct worker *w, struct lease *l, const char *entry)
+{
+	char err[512];
+	int rc;
+
+	if (!l->q) {
+		rc = agent_queue_open(&l->q, &w->qo, err, sizeof(err));
+		if (rc) {
+			lease_failed(l, entry, err);
+			return;
+		}
+	}
+	rc = agent_queue_touch(l->q, entry, err, sizeof(err));
+	switch (rc) {
+	case 0:
+		l->failing = false;
+		break;
+	case SW_ENOTFOUND: /* another worker reclaimed it */
+		log_warn("%s", err);
+		break;
+	case SW_ECLOSED: /* an outage, which the main loop reports */
+		if (agent_queue_reconnect(l->q, err, sizeof(err)) != 0)
+			log_debug("lease refresh: %s", err);
+		break;
+	default:
+		lease_failed(l, entry, err);
+	}
+}
+
+/* Writes one heartbeat line; a full pipe drops it. */
+static void beat(struct worker *w, const char *entry)
+{
+	char line[160];
+	int n = snprintf(line, sizeof(line), "hb %d %s %" PRIu64 " %s\n", (int)getpid(),
+			 stop_requested ? "drain" : entry[0] ? "busy" : "idle",
+			 atomic_load(&w->done), entry[0] ? entry : "-");
+
+	if (write(w->o->heartbeat_fd, line, (size_t)n) == n)
+		w->st.heartbeats++;
+}
+
 static void *heartbeat_thread(void *arg)
 {
 	struct worker *w = arg;
-	struct agent_queue *q = NULL;
+	struct lease lease = { 0 };
 	const uint32_t period = w->cfg->agentd.heartbeat_ms;
-	const uint32_t lease = w->cfg->agentd.lease_ms;
-	char err[512], entry[64], line[160];
+	const uint32_t lease_ms = w->cfg->agentd.lease_ms;
+	char entry[64];
 
 	while (!atomic_load(&w->hb_stop)) {
 		uint64_t now = sw_now_ms(), last = atomic_load(&w->progress_ms);
@@ -202,35 +262,17 @@ static void *heartbeat_thread(void *arg)
 		pthread_mutex_lock(&w->lock);
 		snprintf(entry, sizeof(entry), "%s", w->entry);
 		pthread_mutex_unlock(&w->lock);
-		hung = entry[0] && now - last > lease;
+		hung = entry[0] && now - last > lease_ms;
 		if (!hung) {
-			if (w->o->heartbeat_fd >= 0) {
-				int n = snprintf(line, sizeof(line), "hb %d %s %" PRIu64 " %s\n",
-						 (int)getpid(),
-						 stop_requested ? "drain" : entry[0] ? "busy" : "idle",
-						 atomic_load(&w->done), entry[0] ? entry : "-");
-
-				if (write(w->o->heartbeat_fd, line, (size_t)n) == n)
-					w->st.heartbeats++;
-			}
-			if (entry[0]) {
-				if (!q && agent_queue_open(&q, &w->qo, err, sizeof(err)) != 0)
-					q = NULL;
-				if (q) {
-					int rc = agent_queue_touch(q, entry, err, sizeof(err));
-
-					if (rc == SW_ENOTFOUND)
-						log_warn("%s", err);
-					else if (rc == SW_ECLOSED &&
-						 agent_queue_reconnect(q, err, sizeof(err)) != 0)
-						log_debug("lease refresh: %s", err);
-				}
-			}
+			if (w->o->heartbeat_fd >= 0)
+				beat(w, entry);
+			if (entry[0])
+				refresh_lease(w, &lease, entry);
 		}
 		for (uint32_t slept = 0; slept < period && !atomic_load(&w->hb_stop); slept += 50)
 			sw_sleep_ms(50);
 	}
-	agent_queue_close(q);
+	agent_queue_close(lease.q);
 	return NULL;
 }
 
@@ -471,22 +513,34 @@ static int start(struct worker *w, char *err, size_t errlen)
 /* --- agent_worker_run, step by step ----------------------------------------- */
 
 /* Allocates the worker and the locks its threads share. Returns 0 and
- * *out, or -ENOMEM. */
+ * *out, or -ENOMEM or the code of the lock that could not be made (*out
+ * NULL, nothing held). */
 static int worker_new(struct worker **out, const struct agent_worker_opts *o, char *err,
 		      size_t errlen)
 {
 	const struct sw_config *cfg = o->cfg;
+	const char *what;
 	struct worker *w;
+	int rc;
 
 	*out = NULL;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return sw_seterr(err, errlen, -ENOMEM, "worker: out of memory");
+	what = "the entry lock";
+	rc = pthread_mutex_init(&w->lock, NULL);
+	if (rc)
+		goto out_free;
+	what = "the callback queue lock";
+	rc = pthread_mutex_init(&w->cb.lock, NULL);
+	if (rc)
+		goto out_lock;
+	what = "the callback queue condition";
+	rc = pthread_cond_init(&w->cb.cond, NULL);
+	if (rc)
+		goto out_cb_lock;
 	w->o = o;
 	w->cfg = cfg;
-	pthread_mutex_init(&w->lock, NULL);
-	pthread_mutex_init(&w->cb.lock, NULL);
-	pthread_cond_init(&w->cb.cond, NULL);
 	mark_progress(w);
 	w->qo = (struct agent_queue_opts){
 		.url = cfg->redis.url,
@@ -499,6 +553,15 @@ static int worker_new(struct worker **out, const struct agent_worker_opts *o, ch
 	};
 	*out = w;
 	return 0;
+
+out_cb_lock:
+	pthread_mutex_destroy(&w->cb.lock);
+out_lock:
+	pthread_mutex_destroy(&w->lock);
+out_free:
+	free(w);
+	return sw_seterr(err, errlen, -rc, "worker: cannot initialize %s: %s", what,
+			 sw_strerror(-rc));
 }
 
 /* Closes the connections and frees w (its threads are stopped). */
@@ -513,12 +576,23 @@ static void worker_free(struct worker *w)
 	free(w);
 }
 
-/* The drain signals (when asked for) and a heartbeat fd that never
- * blocks. */
-static void setup_process(struct worker *w)
+/* A heartbeat fd that never blocks, and the drain signals (when asked
+ * for). Returns 0, or the fcntl error of a heartbeat fd that is not
+ * open. */
+static int setup_process(struct worker *w, char *err, size_t errlen)
 {
 	const struct agent_worker_opts *o = w->o;
 
+	if (o->heartbeat_fd >= 0) {
+		int fl = fcntl(o->heartbeat_fd, F_GETFL);
+
+		if (fl < 0 || fcntl(o->heartbeat_fd, F_SETFL, fl | O_NONBLOCK) != 0) {
+			int rc = -errno;
+
+			return sw_seterr(err, errlen, rc, "worker: heartbeat fd %d: %s",
+					 o->heartbeat_fd, sw_strerror(rc));
+		}
+	}
 	if (o->handle_signals) {
 		struct sigaction sa = { .sa_handler = on_signal };
 
@@ -527,8 +601,7 @@ static void setup_process(struct worker *w)
 		sigaction(SIGINT, &sa, NULL);
 		signal(SIGPIPE, SIG_IGN);
 	}
-	if (o->heartbeat_fd >= 0)
-		fcntl(o->heartbeat_fd, F_SETFL, fcntl(o->heartbeat_fd, F_GETFL) | O_NONBLOCK);
+	return 0;
 }
 
 /* Removes the group's long-silent consumers; housekeeping only, so a
@@ -557,7 +630,8 @@ static int open_llm(struct worker *w, char *err, size_t errlen)
 	}
 	rc = agent_gpud_open(&w->gpud, w->cfg->gpud.socket, 0);
 	if (rc)
-		return sw_seterr(err, errlen, rc, "worker: out of memory");
+		return sw_seterr(err, errlen, rc, "worker: gpud client for %s: %s",
+				 w->cfg->gpud.socket, sw_strerror(rc));
 	w->llm = agent_gpud_llm(w->gpud);
 	return 0;
 }
@@ -591,10 +665,24 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 	return 0;
 }
 
-static void start_threads(struct worker *w)
+/* Starts the callback and heartbeat threads. Returns 0, or the code of
+ * the one that could not start; the one that did is marked started, for
+ * stop_threads. */
+static int start_threads(struct worker *w, char *err, size_t errlen)
 {
-	w->cb.started = pthread_create(&w->cb.thread, NULL, callback_thread, &w->cb) == 0;
-	w->hb_started = pthread_create(&w->hb, NULL, heartbeat_thread, w) == 0;
+	int rc;
+
+	rc = pthread_create(&w->cb.thread, NULL, callback_thread, &w->cb);
+	if (rc)
+		return sw_seterr(err, errlen, -rc, "worker: cannot start the callback thread: %s",
+				 sw_strerror(-rc));
+	w->cb.started = true;
+	rc = pthread_create(&w->hb, NULL, heartbeat_thread, w);
+	if (rc)
+		return sw_seterr(err, errlen, -rc, "worker: cannot start the heartbeat thread: %s",
+				 sw_strerror(-rc));
+	w->hb_started = true;
+	return 0;
 }
 
 /* Stops the threads that started: the heartbeat at once, the callbacks
@@ -658,7 +746,9 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	rc = worker_new(&w, o, err, errlen);
 	if (rc)
 		return rc;
-	setup_process(w);
+	rc = setup_process(w, err, errlen);
+	if (rc)
+		goto out;
 	rc = start(w, err, errlen);
 	if (rc == SW_ECANCELED) {
 		rc = 0; /* stopped before the servers came: a clean exit */
@@ -669,7 +759,9 @@ int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stat
 	rc = prepare(w, err, errlen);
 	if (rc)
 		goto out;
-	start_threads(w);
+	rc = start_threads(w, err, errlen);
+	if (rc)
+		goto out;
 	log_info("worker %s: claiming from %s (lease %u ms, max_attempts %u)",
 		 agent_queue_consumer(w->q), o->stream ? o->stream : PROTO_TASK_STREAM,
 		 w->cfg->agentd.lease_ms, w->cfg->agentd.max_attempts);
@@ -748,9 +840,9 @@ int agent_worker_main(int argc, char **argv)
 		return 0;
 	}
 	sw_log_init("agentd-worker", (enum sw_log_level)cfg.log.level);
-	if (cfg.log.file[0] && sw_log_open(cfg.log.file) != 0)
-		fprintf(stderr, "agentd worker: cannot open log file %s; logging to stderr\n",
-			cfg.log.file);
+	if (cfg.log.file[0] && (rc = sw_log_open(cfg.log.file)) != 0)
+		fprintf(stderr, "agentd worker: cannot open log file %s: %s; logging to stderr\n",
+			cfg.log.file, sw_strerror(rc));
 	sw_log_install_sigusr1();
 	if (agent_fetch_global_init() != 0) {
 		log_error("libcurl initialization failed");

@@ -81,8 +81,11 @@ struct agent_worker_stats {
 
 /* Runs the loop until drained (or max_tasks_per_worker tasks are done).
  * Returns 0 after a clean drain, or a negative code when start-up fails
- * for good (bad migrations: -EIO, bad URL: -EINVAL) with the message in
- * err. Servers unreachable at start are waited for (with backoff) until
+ * for good, with the message in err naming what failed: bad migrations
+ * (-EIO), a bad URL (-EINVAL), a heartbeat fd that is not open (-EBADF),
+ * a lock, the gpud client or the callback or heartbeat thread that could
+ * not be made (its code, e.g. -EAGAIN); nothing is left running or held
+ * then. Servers unreachable at start are waited for (with backoff) until
  * stopped. stats may be NULL. */
 int agent_worker_run(const struct agent_worker_opts *o, struct agent_worker_stats *stats,
 		     char *err, size_t errlen);
