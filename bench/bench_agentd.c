@@ -33,6 +33,7 @@
 
 #include "bench/bench_util.h"
 #include "proto/client.h"
+#include "proto/task.h"
 
 #define REDIS_DB 7
 #define MAX_RUNS 8
@@ -229,7 +230,8 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 	fclose(f);
 
 	snprintf(task, sizeof(task), "{\"id\":\"doc\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
-	freeReplyObject(redisCommand(r, "XADD swarm:tasks * task %s", task));
+	freeReplyObject(redisCommand(r, "XADD %s * %s %s", PROTO_TASK_STREAM, PROTO_TASK_FIELD,
+				     task));
 	sup = fork();
 	if (sup < 0)
 		goto out_db;
@@ -261,7 +263,8 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 				 "{\"id\":\"t%d\",\"kind\":\"answer\",\"question\":\"Who is Max? (%d)\","
 				 "\"top_k\":3,\"max_tokens\":%d}",
 				 i, i, o->max_tokens);
-		freeReplyObject(redisCommand(r, "XADD swarm:tasks * task %s", task));
+		freeReplyObject(redisCommand(r, "XADD %s * %s %s", PROTO_TASK_STREAM,
+					     PROTO_TASK_FIELD, task));
 	}
 	if (!wait_done(c, o->tasks + 1, 600000)) {
 		fprintf(stderr, "bench_agentd: tasks did not finish (log in %s)\n", dir);
