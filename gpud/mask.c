@@ -23,7 +23,7 @@ static uint32_t effective_max(uint32_t max_segments)
 	return max_segments;
 }
 
-int gpud_mask_validate(const struct gpud_mask_desc *desc, uint32_t max_segments,
+int gpud_mask_validate(const struct proto_mask_desc *desc, uint32_t max_segments,
 		       char *err, size_t errlen)
 {
 	uint32_t max = effective_max(max_segments);
@@ -38,7 +38,7 @@ int gpud_mask_validate(const struct gpud_mask_desc *desc, uint32_t max_segments,
 	if (!desc->rows)
 		return 0;
 	for (i = 0; i <= s; i++) {
-		const struct gpud_mask_row *r = &desc->rows[i];
+		const struct proto_mask_row *r = &desc->rows[i];
 
 		if (r->n > 0 && !r->idx)
 			return sw_seterr(err, errlen, SW_EFORMAT,
@@ -91,7 +91,7 @@ static bool hides_nothing(const gpud_segset *vis, const uint32_t *seg_tokens, ui
 	return true;
 }
 
-int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+int gpud_mask_compile(const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      uint32_t block_tokens, void *mem, size_t memlen, struct gpud_mask *out)
 {
 	gpud_segset *vis, *bsegs;
@@ -126,7 +126,7 @@ int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tok
 
 	for (i = 0; i <= s; i++) {
 		if (desc->rows) {
-			const struct gpud_mask_row *r = &desc->rows[i];
+			const struct proto_mask_row *r = &desc->rows[i];
 
 			for (j = 0; j < r->n; j++)
 				gpud_segset_add(&vis[i], r->idx[j]);

@@ -85,7 +85,7 @@ void gpud_maskcache_destroy(struct gpud_maskcache *c);
  *   SW_EEXHAUSTED no room without evicting pinned entries;
  *   -EINVAL       NULL arguments, seg_tokens NULL with segments, or a
  *                 block_tokens below the one given at create. */
-int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct gpud_mask_desc *desc,
+int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct proto_mask_desc *desc,
 				  const uint32_t *seg_tokens, uint32_t block_tokens,
 				  struct gpud_maskcache_entry **out);
 

@@ -70,6 +70,11 @@ static struct proto_limits effective(const struct proto_limits *lim)
 	return e;
 }
 
+void proto_sampling_default(struct proto_sampling *p)
+{
+	*p = (struct proto_sampling){ .top_p = 1.0f, .repeat_penalty = 1.0f };
+}
+
 const char *proto_role_name(uint8_t role)
 {
 	switch (role) {
@@ -149,7 +154,7 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 	}
 	uint32_t rows = 0;
 	uint64_t idx = 0;
-	const struct gpud_mask_desc *m = req->mask;
+	const struct proto_mask_desc *m = req->mask;
 	if (m && m->rows) {
 		if (m->n_segments != req->n_segments)
 			return sw_seterr(err, errlen, -EINVAL, "submit: mask has %" PRIu32
@@ -157,7 +162,7 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 					 req->n_segments);
 		rows = m->n_segments + 1;
 		for (uint32_t i = 0; i < rows; i++) {
-			const struct gpud_mask_row *r = &m->rows[i];
+			const struct proto_mask_row *r = &m->rows[i];
 			if (r->n && !r->idx)
 				return sw_seterr(err, errlen, -EINVAL, "submit: mask row %" PRIu32
 						 ": idx NULL", i);
@@ -211,8 +216,8 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	if (total > cap)
 		return sw_seterr(err, errlen, -ENOSPC, "submit: needs %" PRIu64
 				 " bytes, buffer has %zu", total, cap);
-	const struct gpud_mask_desc *m = req->mask && req->mask->rows ? req->mask : NULL;
-	const struct gpud_sampler_params *sp = &req->sampling;
+	const struct proto_mask_desc *m = req->mask && req->mask->rows ? req->mask : NULL;
+	const struct proto_sampling *sp = &req->sampling;
 	uint8_t *h = buf;
 	memset(h, 0, SUB_HEADER);
 	proto_put32(h + SUB_N_SEGMENTS, req->n_segments);
@@ -302,7 +307,7 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 	req->flags = flags;
 	req->max_tokens = proto_get32(h + SUB_MAX_TOKENS);
 	req->n_stop = n_stop;
-	struct gpud_sampler_params *sp = &req->sampling;
+	struct proto_sampling *sp = &req->sampling;
 	sp->temperature = proto_getf32(h + SUB_TEMPERATURE);
 	sp->top_k = (int32_t)proto_get32(h + SUB_TOP_K);
 	sp->top_p = proto_getf32(h + SUB_TOP_P);

@@ -39,12 +39,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static struct gpud_mask_row rows[MAXS];
+	static struct proto_mask_row rows[MAXS];
 	static uint16_t idx[MAXS][16];
 	static uint32_t lens[MAXS];
 	static _Alignas(16) uint8_t mem[(MAXS + 1 + MAXS * 15) * sizeof(gpud_segset) + MAXS * 15];
 	struct reader r = { data, size, 0 };
-	struct gpud_mask_desc d;
+	struct proto_mask_desc d;
 	struct gpud_mask m, m2;
 	char err[160];
 	uint32_t s, max, bt, i, j, total = 0;

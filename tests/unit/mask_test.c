@@ -19,9 +19,9 @@ static _Alignas(16) uint8_t g_mem[64 * 1024];
 
 /* Builds rows from a compact table: vis[i] lists indices, -1 terminated. */
 struct desc_buf {
-	struct gpud_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
+	struct proto_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
 	uint16_t idx[GPUD_MASK_MAX_SEGMENTS + 2][GPUD_MASK_MAX_SEGMENTS + 2];
-	struct gpud_mask_desc d;
+	struct proto_mask_desc d;
 };
 
 static void desc_init(struct desc_buf *b, uint32_t s)
@@ -47,7 +47,7 @@ static void desc_all(struct desc_buf *b, uint32_t s)
 			desc_add(b, i, (uint16_t)j);
 }
 
-static void compile_ok(const struct gpud_mask_desc *d, const uint32_t *lens, uint32_t bt,
+static void compile_ok(const struct proto_mask_desc *d, const uint32_t *lens, uint32_t bt,
 		       struct gpud_mask *m)
 {
 	uint32_t n = 0;
@@ -63,7 +63,7 @@ static void test_validate_ok(void **state)
 	(void)state;
 	struct desc_buf *b = malloc(sizeof(*b));
 	char err[128] = "";
-	struct gpud_mask_desc none = { .n_segments = 5, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 5, .rows = NULL };
 
 	assert_int_equal(gpud_mask_validate(&none, 64, err, sizeof(err)), 0);
 	desc_all(b, 4);
@@ -133,7 +133,7 @@ static void test_validate_errors(void **state)
 static void test_compile_causal(void **state)
 {
 	(void)state;
-	struct gpud_mask_desc none = { .n_segments = 3, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 3, .rows = NULL };
 	uint32_t lens[3] = { 5, 0, 7 };
 	struct gpud_mask m;
 
@@ -264,7 +264,7 @@ static void test_hash(void **state)
 	struct desc_buf *b = malloc(sizeof(*b));
 	struct gpud_mask m;
 	uint32_t lens[4] = { 3, 5, 2, 7 };
-	struct gpud_mask_desc none = { .n_segments = 4, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 4, .rows = NULL };
 	uint64_t h_none, h_all, h;
 
 	compile_ok(&none, lens, 16, &m);
@@ -334,7 +334,7 @@ static void test_hash(void **state)
 static void test_compile_args(void **state)
 {
 	(void)state;
-	struct gpud_mask_desc none = { .n_segments = 2, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 2, .rows = NULL };
 	uint32_t lens[2] = { 10, 10 };
 	struct gpud_mask m;
 	size_t need = gpud_mask_bytes(2, 20, 16);
@@ -352,7 +352,7 @@ static void test_compile_args(void **state)
 	assert_int_equal(gpud_mask_compile(&none, big, 16, g_mem, sizeof(g_mem), &m), SW_ETOOLONG);
 
 	/* zero segments: only G */
-	struct gpud_mask_desc zero = { .n_segments = 0, .rows = NULL };
+	struct proto_mask_desc zero = { .n_segments = 0, .rows = NULL };
 	assert_int_equal(gpud_mask_compile(&zero, NULL, 16, g_mem, gpud_mask_bytes(0, 0, 16), &m), 0);
 	assert_int_equal(m.n_prompt, 0);
 	assert_int_equal(m.n_prompt_blocks, 0);

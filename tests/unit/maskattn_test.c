@@ -73,8 +73,8 @@ static int teardown(void **state)
 
 /* A descriptor with its storage. */
 struct desc {
-	struct gpud_mask_desc d;
-	struct gpud_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
+	struct proto_mask_desc d;
+	struct proto_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
 	uint16_t idx[GPUD_MASK_MAX_SEGMENTS + 2][8];
 	uint32_t lens[GPUD_MASK_MAX_SEGMENTS + 1];
 	_Alignas(16) uint8_t mem[4096];
