@@ -53,7 +53,7 @@ int gpud_admit_submit(const struct proto_submit_req *q, uint32_t max_segments,
 			return sw_seterr(err, errlen, SW_EFORMAT,
 					 "mask: descriptor for %u segments, request has %u",
 					 desc->n_segments, q->n_segments);
-		rc = gpud_mask_validate(desc, max_segments, err, errlen);
+		rc = proto_mask_validate(desc, max_segments, err, errlen);
 		if (rc)
 			return rc;
 	}

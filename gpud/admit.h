@@ -41,7 +41,8 @@ void gpud_sampling_from_proto(struct gpud_sampler_params *out, const struct prot
  *   SW_ETOOLONG   more segments than max_segments, or too many stop
  *                 strings;
  *   SW_EFORMAT    a descriptor for another number of segments, or one
- *                 that breaks the rules of gpud_mask_validate.
+ *                 that breaks the rules of proto_mask_validate (which
+ *                 also gives -EINVAL for a row without its indices).
  * On error *out is unspecified. */
 int gpud_admit_submit(const struct proto_submit_req *q, uint32_t max_segments,
 		      struct gpud_admit *out, char *err, size_t errlen);

@@ -11,7 +11,8 @@
  * descriptor type and one statement of its rules.
  *
  * Lifecycle: a descriptor arrives with the request and is validated at
- * admission (gpud_mask_validate). After tokenization it is compiled once
+ * admission (proto_mask_validate, against gpud.max_segments). After
+ * tokenization it is compiled once
  * (gpud_mask_compile) into caller-provided memory of gpud_mask_bytes();
  * every prefill chunk and decode step then only reads the compiled mask.
  * Nothing here allocates. No dense mask exists: memory is
@@ -54,16 +55,6 @@ static inline bool gpud_segset_covers(const gpud_segset *a, const gpud_segset *b
 	return ((b->w[0] & ~a->w[0]) | (b->w[1] & ~a->w[1])) == 0;
 }
 
-/* Checks desc against max_segments (<= GPUD_MASK_MAX_SEGMENTS; 0 or a
- * larger value means the hard limit): segment count in range, every index
- * in range (<= S), no forward reference (index > i), no NULL index array
- * with n > 0. Duplicate indices are allowed. rows == NULL is valid.
- * Returns 0, SW_ETOOLONG (too many segments), SW_EFORMAT or -EINVAL (desc
- * NULL), with a message naming the row and entry ("mask: row 3, entry 1:
- * forward reference to segment 5"). Nothing is modified. */
-int gpud_mask_validate(const struct proto_mask_desc *desc, uint32_t max_segments,
-		       char *err, size_t errlen);
-
 /* The compiled form. All arrays point into the memory given to compile. */
 struct gpud_mask {
 	uint32_t n_segments;      /* S; G is S */
@@ -91,10 +82,10 @@ size_t gpud_mask_bytes(uint32_t n_segments, uint32_t n_prompt, uint32_t block_to
  * owns mem; the mask is valid while mem is). Identical (seg_tokens, vis
  * rows) give identical hashes; rows == NULL and an explicit all-visible
  * descriptor compile to the same mask and hash. desc is validated again
- * against the hard limit. Returns 0; SW_EFORMAT / SW_ETOOLONG for an
- * invalid desc; SW_ETOOLONG when the token total overflows u32; -EINVAL
- * for NULL arguments, block_tokens 0, misaligned or too small mem. On
- * error *out and mem are unspecified but nothing else changes. */
+ * against the hard limit. Returns 0; what proto_mask_validate returns for
+ * an invalid desc; SW_ETOOLONG when the token total overflows u32;
+ * -EINVAL for NULL arguments, block_tokens 0, misaligned or too small
+ * mem. On error *out and mem are unspecified but nothing else changes. */
 int gpud_mask_compile(const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      uint32_t block_tokens, void *mem, size_t memlen, struct gpud_mask *out);
 

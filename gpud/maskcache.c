@@ -186,7 +186,7 @@ int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct proto_m
 
 	if (!c || !desc || !out || block_tokens < c->block_tokens)
 		return -EINVAL;
-	rc = gpud_mask_validate(desc, c->max_segments, NULL, 0);
+	rc = proto_mask_validate(desc, c->max_segments, NULL, 0);
 	if (rc)
 		return rc;
 	if (desc->n_segments > 0 && !seg_tokens)

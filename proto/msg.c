@@ -107,6 +107,16 @@ static const uint8_t *take(struct cursor *c, uint64_t n)
 
 /* --- submit -------------------------------------------------------------- */
 
+/* The descriptor's rules (proto_mask_validate), reported as a submit
+ * error: "submit: mask: row 1, entry 0: forward reference to segment 2". */
+static int submit_mask_check(const struct proto_mask_desc *m, uint32_t max_segments,
+			     char *err, size_t errlen)
+{
+	char why[128];
+	int rc = proto_mask_validate(m, max_segments, why, sizeof(why));
+	return rc ? sw_seterr(err, errlen, rc, "submit: %s", why) : 0;
+}
+
 /* Checks req against the hard limits and computes its encoded size. */
 static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint32_t *n_idx,
 			uint64_t *text_total, char *err, size_t errlen)
@@ -160,20 +170,12 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 			return sw_seterr(err, errlen, -EINVAL, "submit: mask has %" PRIu32
 					 " segments, the request %" PRIu32, m->n_segments,
 					 req->n_segments);
+		int rc = submit_mask_check(m, PROTO_MAX_SEGMENTS, err, errlen);
+		if (rc)
+			return rc;
 		rows = m->n_segments + 1;
-		for (uint32_t i = 0; i < rows; i++) {
-			const struct proto_mask_row *r = &m->rows[i];
-			if (r->n && !r->idx)
-				return sw_seterr(err, errlen, -EINVAL, "submit: mask row %" PRIu32
-						 ": idx NULL", i);
-			for (uint32_t j = 0; j < r->n; j++)
-				if (r->idx[j] > i)
-					return sw_seterr(err, errlen, SW_EFORMAT,
-							 "submit: mask row %" PRIu32 ", entry %"
-							 PRIu32 ": forward reference to segment %u",
-							 i, j, r->idx[j]);
-			idx += r->n;
-		}
+		for (uint32_t i = 0; i < rows; i++)
+			idx += m->rows[i].n;
 		if (idx > PROTO_MAX_MASK_IDX)
 			return sw_seterr(err, errlen, SW_ETOOLONG, "submit: mask has %" PRIu64
 					 " indices, at most %d", idx, PROTO_MAX_MASK_IDX);
@@ -368,14 +370,8 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 						 PRIu32 ": %" PRIu32 " entries, only %" PRIu64
 						 " of n_mask_idx left", i, n, n_idx - at);
 			uint16_t *row = out->idx + at;
-			for (uint32_t j = 0; j < n; j++) {
+			for (uint32_t j = 0; j < n; j++)
 				row[j] = proto_get16((const uint8_t *)&row[j]);
-				if (row[j] > i)
-					return sw_seterr(err, errlen, SW_EFORMAT,
-							 "submit: mask row %" PRIu32 ", entry %"
-							 PRIu32 ": forward reference to segment %u",
-							 i, j, row[j]);
-			}
 			out->rows[i].idx = row;
 			out->rows[i].n = n;
 			at += n;
@@ -385,6 +381,9 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 					 PRIu64 " indices, n_mask_idx says %" PRIu32, at, n_idx);
 		out->mask.n_segments = n_seg;
 		out->mask.rows = out->rows;
+		int rc = submit_mask_check(&out->mask, L.max_segments, err, errlen);
+		if (rc)
+			return rc;
 		req->mask = &out->mask;
 	}
 

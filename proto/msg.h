@@ -149,10 +149,10 @@ struct proto_submit {
 };
 
 /* Bytes the encoded request takes (*size). Also the check an encoder
- * runs first. Checks the request against the hard
- * limits (segments, stop strings and their lengths, mask shape, indices
- * in range and not forward, flags, roles, sizes overflowing u32): returns
- * 0, -EINVAL (NULL where data is needed, mask n_segments mismatch) or
+ * runs first. Checks the request against the hard limits (segments, stop
+ * strings and their lengths, the descriptor as proto_mask_validate does
+ * and its index total, flags, roles, sizes overflowing u32): returns 0,
+ * -EINVAL (NULL where data is needed, mask n_segments mismatch) or
  * SW_EFORMAT / SW_ETOOLONG with a message. */
 int proto_submit_size(const struct proto_submit_req *req, size_t *size, char *err,
 		      size_t errlen);
@@ -166,9 +166,10 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 /* Decodes a SUBMIT payload (len bytes, normally in the request area) into
  * *out, checking against lim (NULL: defaults). Returns 0, SW_EFORMAT,
  * SW_ETOOLONG or -EINVAL (NULL arguments), with a message naming the
- * field. The mask descriptor is checked for shape, range and forward
- * references; the sampling parameters are copied unchecked (their ranges
- * are gpud's to check). On error *out is unspecified. */
+ * field. The mask descriptor's copy is checked for shape and then by
+ * proto_mask_validate against lim's max_segments; the sampling parameters
+ * are copied unchecked (their ranges are gpud's to check). On error *out
+ * is unspecified. */
 int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 			struct proto_submit *out, char *err, size_t errlen);
 

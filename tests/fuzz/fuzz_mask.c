@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	d.rows = causal_in ? NULL : rows;
 
 	err[0] = 0;
-	rc = gpud_mask_validate(&d, max, err, sizeof(err));
+	rc = proto_mask_validate(&d, max, err, sizeof(err));
 	CHECK(rc == 0 || rc == SW_ETOOLONG || rc == SW_EFORMAT);
 	CHECK(rc == 0 || err[0] != 0); /* every refusal says why */
 	if (rc)

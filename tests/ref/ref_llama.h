@@ -35,7 +35,7 @@ const struct ref_llama_info *ref_llama_info(const struct ref_llama *m);
 /* Dense visibility: vis[q * n + k] = k <= q and seg(k) in vis-row of
  * seg(q) (self always), where segment i covers seg_tokens[i] positions in
  * order and every position past them belongs to G (index S). desc NULL or
- * desc->rows NULL: plain causal. desc must be valid (gpud_mask_validate). */
+ * desc->rows NULL: plain causal. desc must be valid (proto_mask_validate). */
 void ref_mask_dense(const struct proto_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
 		    bool *vis);
 

@@ -200,6 +200,7 @@ static void test_submit_largest(void **state)
 	lim.max_segments = PROTO_MAX_SEGMENTS;
 	assert_int_equal(proto_submit_decode(g_buf, len, &lim, &g_sub, g_err, sizeof(g_err)), 0);
 	assert_req_equal(&req, &g_sub.req);
+	assert_int_equal(proto_mask_validate(g_sub.req.mask, 0, g_err, sizeof(g_err)), 0);
 	/* a limit above the hard limit means the hard limit */
 	lim.max_segments = 1000;
 	assert_int_equal(proto_submit_decode(g_buf, len, &lim, &g_sub, NULL, 0), 0);
@@ -261,8 +262,9 @@ static void test_submit_decode_errors(void **state)
 		{ "seg text past", O_SEGTAB + 16, 4, 100, SW_EFORMAT, "segment 2: text of 100" },
 		{ "row count", O_ROWS + 4, 4, 9, SW_EFORMAT, "mask row 1: 9 entries" },
 		{ "forward ref", O_IDX + 4, 2, 2, SW_EFORMAT,
-		  "mask row 1, entry 1: forward reference to segment 2" },
-		{ "index huge", O_IDX, 2, 0xFFFF, SW_EFORMAT, "mask row 0, entry 0" },
+		  "submit: mask: row 1, entry 1: forward reference to segment 2" },
+		{ "index huge", O_IDX, 2, 0xFFFF, SW_EFORMAT,
+		  "submit: mask: row 0, entry 0: segment 65535 out of range" },
 		{ "stop empty", O_STOPLEN, 4, 0, SW_EFORMAT, "stop string 0 is empty" },
 		{ "stop long", O_STOPLEN + 4, 4, 65, SW_ETOOLONG, "stop string 1: 65 bytes" },
 		{ "stop past", O_STOPLEN + 4, 4, 64, SW_EFORMAT, "stop string 1: 64 bytes run past" },
@@ -344,10 +346,15 @@ static void test_submit_encode_errors(void **state)
 	full_req_init(&f);
 	f.idx[1][1] = 2;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
-	assert_non_null(strstr(g_err, "forward reference"));
+	assert_string_equal(g_err, "submit: mask: row 1, entry 1: forward reference to segment 2");
+	full_req_init(&f);
+	f.idx[3][2] = 4;
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 4 out of range (0..3)"));
 	full_req_init(&f);
 	f.rows[2].idx = NULL;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), -EINVAL);
+	assert_non_null(strstr(g_err, "row 2: 2 indices but no index array"));
 	full_req_init(&f);
 	f.req.n_segments = PROTO_MAX_SEGMENTS + 1;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_ETOOLONG);

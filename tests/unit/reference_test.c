@@ -230,7 +230,7 @@ static void plan_init(struct plan *p, uint32_t n_vocab, uint32_t n_prompt, uint3
 		size_t need = gpud_mask_bytes(p->desc.n_segments, n_prompt, BLOCK);
 		p->mem = aligned_alloc(16, (need + 15) & ~(size_t)15);
 		assert_non_null(p->mem);
-		assert_int_equal(gpud_mask_validate(&p->desc, 64, NULL, 0), 0);
+		assert_int_equal(proto_mask_validate(&p->desc, 64, NULL, 0), 0);
 		assert_int_equal(gpud_mask_compile(&p->desc, p->lens, BLOCK, p->mem, need, &p->mask),
 				 0);
 	}
