@@ -37,8 +37,8 @@ enum shape { SHAPE_CAUSAL, SHAPE_BLOCK, SHAPE_NO_S0, N_SHAPES };
 static const char *const shape_name[N_SHAPES] = { "causal", "block", "no-s0" };
 
 struct desc_store {
-	struct gpud_mask_desc desc;
-	struct gpud_mask_row rows[MAX_ROWS];
+	struct proto_mask_desc desc;
+	struct proto_mask_row rows[MAX_ROWS];
 	uint16_t idx[MAX_ROWS * MAX_ROWS];
 	uint32_t seg_tokens[GPUD_MASK_MAX_SEGMENTS];
 };

@@ -130,7 +130,7 @@ struct slot {
 	char *text;                        /* (text_cap) prompt bytes */
 	size_t text_cap;
 	struct proto_segment *seg;         /* (max segments) */
-	struct gpud_mask_row *rows;        /* (max segments + 1) */
+	struct proto_mask_row *rows;       /* (max segments + 1) */
 	uint16_t *idx;                     /* (S+1)(S+2)/2 */
 	uint32_t *cut;                     /* (max segments) word index of each start */
 };
@@ -212,7 +212,7 @@ static void on_done(void *arg, uint64_t request_id, int status, const struct pro
 /* Fills the slot's request: random words cut into segments, and a random
  * descriptor unless --causal. */
 static void build_request(struct worker *w, struct slot *s, struct proto_submit_req *req,
-			  struct gpud_mask_desc *desc)
+			  struct proto_mask_desc *desc)
 {
 	const struct opts *o = w->o;
 	uint32_t target = rng_range(&w->rng, o->prompt_min, o->prompt_max);
@@ -352,7 +352,7 @@ static int worker_run(struct worker *w, uint32_t n, struct report *rep)
 	const struct opts *o = w->o;
 	struct proto_client **conns = calloc(o->connections, sizeof(*conns));
 	struct proto_client_opts co;
-	struct gpud_mask_desc *descs = calloc(o->concurrency, sizeof(*descs));
+	struct proto_mask_desc *descs = calloc(o->concurrency, sizeof(*descs));
 	char err[256];
 	int rc = 0;
 

@@ -40,6 +40,7 @@
 #include "common/arena.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "gpud/admit.h"
 #include "gpud/alloc.h"
 #include "gpud/engine.h"
 #include "gpud/mask.h"
@@ -145,8 +146,7 @@ struct gpud_daemon {
 	char *fmt, *copy;
 	struct gpud_segtok_scratch segtok;
 	uint32_t max_text;
-	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN + 1];
-	const char *stop_ptr[PROTO_MAX_STOP];
+	struct gpud_admit admit;
 	struct gpud_stats_snapshot snap;
 	char *dump_buf;
 	size_t dump_len;
@@ -408,34 +408,18 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 {
 	struct gpud_daemon *d = svc;
 	const struct proto_submit_req *q = &ps->req;
-	const struct gpud_mask_desc *desc = q->mask && q->mask->rows ? q->mask : NULL;
+	struct gpud_admit *a = &d->admit;
+	const struct proto_mask_desc *desc;
 	struct req_priv *p = gpud_sreq_priv(r);
 	struct gpud_sched_req sr;
 	struct device *dv;
 	uint32_t n = 0;
 	int rc;
 
-	rc = gpud_sampler_params_check(&q->sampling, err, errlen);
+	rc = gpud_admit_submit(q, d->cfg.gpud.max_segments, a, err, errlen);
 	if (rc)
 		return rc;
-	if (q->n_segments == 0)
-		return sw_seterr(err, errlen, -EINVAL, "submit: no segments");
-	if (q->n_segments > d->cfg.gpud.max_segments)
-		return sw_seterr(err, errlen, SW_ETOOLONG,
-				 "submit: %u segments, at most %u (gpud.max_segments)", q->n_segments,
-				 d->cfg.gpud.max_segments);
-	if (desc) {
-		if (desc->n_segments != q->n_segments)
-			return sw_seterr(err, errlen, SW_EFORMAT,
-					 "mask: descriptor for %u segments, request has %u",
-					 desc->n_segments, q->n_segments);
-		rc = gpud_mask_validate(desc, d->cfg.gpud.max_segments, err, errlen);
-		if (rc)
-			return rc;
-	}
-	if (q->n_stop > PROTO_MAX_STOP)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %u stop strings, at most %d",
-				 q->n_stop, PROTO_MAX_STOP);
+	desc = a->mask;
 	rc = gpud_segments_tokenize(d->tok, d->tmpl, q->flags & PROTO_SUBMIT_CHAT, q->segments,
 				    q->n_segments, &d->segtok, d->ids, d->n_ctx, d->seg_tokens, &n,
 				    err, errlen);
@@ -472,22 +456,14 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 		if (rc)
 			return sw_seterr(err, errlen, rc, "mask: %s", sw_strerror(rc));
 	}
-	for (uint32_t i = 0; i < q->n_stop; i++) {
-		uint32_t len = q->stop[i].len;
-		if (len > PROTO_MAX_STOP_LEN)
-			len = PROTO_MAX_STOP_LEN;
-		memcpy(d->stop_buf[i], q->stop[i].p, len);
-		d->stop_buf[i][len] = '\0';
-		d->stop_ptr[i] = d->stop_buf[i];
-	}
 	sr = (struct gpud_sched_req){
 		.tokens = d->ids,
 		.n_tokens = n,
 		.mask = p->mask ? gpud_maskcache_mask(p->mask) : NULL,
-		.sampling = q->sampling,
-		.max_tokens = q->max_tokens,
-		.stop = q->n_stop ? d->stop_ptr : NULL,
-		.n_stop = q->n_stop,
+		.sampling = a->sampling,
+		.max_tokens = a->max_tokens,
+		.stop = a->n_stop ? a->stop : NULL,
+		.n_stop = a->n_stop,
 		.cb = on_event,
 		.arg = p,
 		.pin_device = true,

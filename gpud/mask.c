@@ -1,4 +1,5 @@
-/* mask.c - validation and compilation of attention mask descriptors.
+/* mask.c - compilation of attention mask descriptors (the descriptor and
+ * its validation are proto's: proto/mask.h).
  *
  * The compiled mask lives in one caller-provided block, laid out as
  *   vis        (S + 1) gpud_segset
@@ -15,49 +16,6 @@
 #include "gpud/mask.h"
 
 #define MASK_HASH_SEED 0x6d61736b2d763031ULL /* "mask-v01" */
-
-static uint32_t effective_max(uint32_t max_segments)
-{
-	if (max_segments == 0 || max_segments > GPUD_MASK_MAX_SEGMENTS)
-		return GPUD_MASK_MAX_SEGMENTS;
-	return max_segments;
-}
-
-int gpud_mask_validate(const struct gpud_mask_desc *desc, uint32_t max_segments,
-		       char *err, size_t errlen)
-{
-	uint32_t max = effective_max(max_segments);
-	uint32_t s, i, j;
-
-	if (!desc)
-		return sw_seterr(err, errlen, -EINVAL, "mask: no descriptor");
-	s = desc->n_segments;
-	if (s > max)
-		return sw_seterr(err, errlen, SW_ETOOLONG,
-				 "mask: %u segments exceed the maximum of %u", s, max);
-	if (!desc->rows)
-		return 0;
-	for (i = 0; i <= s; i++) {
-		const struct gpud_mask_row *r = &desc->rows[i];
-
-		if (r->n > 0 && !r->idx)
-			return sw_seterr(err, errlen, SW_EFORMAT,
-					 "mask: row %u: %u indices but no index array", i, r->n);
-		for (j = 0; j < r->n; j++) {
-			uint32_t v = r->idx[j];
-
-			if (v > s)
-				return sw_seterr(err, errlen, SW_EFORMAT,
-						 "mask: row %u, entry %u: segment %u out of range (0..%u)",
-						 i, j, v, s);
-			if (v > i)
-				return sw_seterr(err, errlen, SW_EFORMAT,
-						 "mask: row %u, entry %u: forward reference to segment %u",
-						 i, j, v);
-		}
-	}
-	return 0;
-}
 
 static size_t n_blocks_for(uint32_t n_prompt, uint32_t block_tokens)
 {
@@ -91,7 +49,7 @@ static bool hides_nothing(const gpud_segset *vis, const uint32_t *seg_tokens, ui
 	return true;
 }
 
-int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+int gpud_mask_compile(const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      uint32_t block_tokens, void *mem, size_t memlen, struct gpud_mask *out)
 {
 	gpud_segset *vis, *bsegs;
@@ -103,7 +61,7 @@ int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tok
 
 	if (!desc || !out || !mem || block_tokens == 0 || ((uintptr_t)mem & 15))
 		return -EINVAL;
-	rc = gpud_mask_validate(desc, GPUD_MASK_MAX_SEGMENTS, NULL, 0);
+	rc = proto_mask_validate(desc, 0, NULL, 0); /* 0: the wire's hard limit, within ours */
 	if (rc)
 		return rc;
 	s = desc->n_segments;
@@ -126,7 +84,7 @@ int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tok
 
 	for (i = 0; i <= s; i++) {
 		if (desc->rows) {
-			const struct gpud_mask_row *r = &desc->rows[i];
+			const struct proto_mask_row *r = &desc->rows[i];
 
 			for (j = 0; j < r->n; j++)
 				gpud_segset_add(&vis[i], r->idx[j]);

@@ -6,8 +6,13 @@
  * seg(k) is in vis[seg(q)]. A segment always sees itself. Positions past
  * the prompt belong to G. BOS, when present, belongs to s0.
  *
- * Lifecycle: a gpud_mask_desc arrives with the request and is validated at
- * admission (gpud_mask_validate). After tokenization it is compiled once
+ * The descriptor is proto's wire type (struct proto_mask_desc,
+ * proto/mask.h): gpud compiles what the client sent, so there is one
+ * descriptor type and one statement of its rules.
+ *
+ * Lifecycle: a descriptor arrives with the request and is validated at
+ * admission (proto_mask_validate, against gpud.max_segments). After
+ * tokenization it is compiled once
  * (gpud_mask_compile) into caller-provided memory of gpud_mask_bytes();
  * every prefill chunk and decode step then only reads the compiled mask.
  * Nothing here allocates. No dense mask exists: memory is
@@ -20,9 +25,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/mask.h"
+
 /* Hard limit of the bitset width: 127 segments plus G. The configured
  * maximum (gpud.max_segments, default 64) may be lower. */
 #define GPUD_MASK_MAX_SEGMENTS 127
+_Static_assert(PROTO_MAX_SEGMENTS <= GPUD_MASK_MAX_SEGMENTS,
+	       "every descriptor the wire can carry fits the bitsets");
 
 typedef struct {
 	uint64_t w[2];
@@ -45,28 +54,6 @@ static inline bool gpud_segset_covers(const gpud_segset *a, const gpud_segset *b
 {
 	return ((b->w[0] & ~a->w[0]) | (b->w[1] & ~a->w[1])) == 0;
 }
-
-/* The descriptor as a request carries it: for row i in 0..n_segments
- * (row n_segments is G), a list of visible segment indices. rows == NULL
- * means "no descriptor": plain causal attention. */
-struct gpud_mask_row {
-	const uint16_t *idx; /* indices into 0..i */
-	uint32_t n;
-};
-struct gpud_mask_desc {
-	uint32_t n_segments;              /* S, not counting G */
-	const struct gpud_mask_row *rows; /* S + 1 rows, or NULL */
-};
-
-/* Checks desc against max_segments (<= GPUD_MASK_MAX_SEGMENTS; 0 or a
- * larger value means the hard limit): segment count in range, every index
- * in range (<= S), no forward reference (index > i), no NULL index array
- * with n > 0. Duplicate indices are allowed. rows == NULL is valid.
- * Returns 0, SW_ETOOLONG (too many segments), SW_EFORMAT or -EINVAL (desc
- * NULL), with a message naming the row and entry ("mask: row 3, entry 1:
- * forward reference to segment 5"). Nothing is modified. */
-int gpud_mask_validate(const struct gpud_mask_desc *desc, uint32_t max_segments,
-		       char *err, size_t errlen);
 
 /* The compiled form. All arrays point into the memory given to compile. */
 struct gpud_mask {
@@ -95,11 +82,11 @@ size_t gpud_mask_bytes(uint32_t n_segments, uint32_t n_prompt, uint32_t block_to
  * owns mem; the mask is valid while mem is). Identical (seg_tokens, vis
  * rows) give identical hashes; rows == NULL and an explicit all-visible
  * descriptor compile to the same mask and hash. desc is validated again
- * against the hard limit. Returns 0; SW_EFORMAT / SW_ETOOLONG for an
- * invalid desc; SW_ETOOLONG when the token total overflows u32; -EINVAL
- * for NULL arguments, block_tokens 0, misaligned or too small mem. On
- * error *out and mem are unspecified but nothing else changes. */
-int gpud_mask_compile(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+ * against the hard limit. Returns 0; what proto_mask_validate returns for
+ * an invalid desc; SW_ETOOLONG when the token total overflows u32;
+ * -EINVAL for NULL arguments, block_tokens 0, misaligned or too small
+ * mem. On error *out and mem are unspecified but nothing else changes. */
+int gpud_mask_compile(const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      uint32_t block_tokens, void *mem, size_t memlen, struct gpud_mask *out);
 
 /* Segment of absolute position pos (G past the prompt). */

@@ -141,7 +141,7 @@ void gpud_maskcache_destroy(struct gpud_maskcache *c)
 /* The vis rows exactly as gpud_mask_compile builds them, so that the key
  * and the equality test see rows == NULL and an explicit all-visible
  * descriptor as the same mask. desc is valid. */
-static void build_vis(const struct gpud_mask_desc *desc, gpud_segset *vis)
+static void build_vis(const struct proto_mask_desc *desc, gpud_segset *vis)
 {
 	uint32_t s = desc->n_segments, i, j;
 
@@ -170,7 +170,7 @@ static uint64_t probe_key(const struct gpud_maskcache *c, const struct probe *p)
 	return h & c->key_mask;
 }
 
-int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct gpud_mask_desc *desc,
+int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct proto_mask_desc *desc,
 				  const uint32_t *seg_tokens, uint32_t block_tokens,
 				  struct gpud_maskcache_entry **out)
 {
@@ -186,7 +186,7 @@ int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct gpud_ma
 
 	if (!c || !desc || !out || block_tokens < c->block_tokens)
 		return -EINVAL;
-	rc = gpud_mask_validate(desc, c->max_segments, NULL, 0);
+	rc = proto_mask_validate(desc, c->max_segments, NULL, 0);
 	if (rc)
 		return rc;
 	if (desc->n_segments > 0 && !seg_tokens)

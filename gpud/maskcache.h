@@ -81,11 +81,12 @@ void gpud_maskcache_destroy(struct gpud_maskcache *c);
  * Errors (nothing cached changes, *out untouched; only the counters move):
  *   SW_ETOOLONG   more segments or tokens than the cache was sized for,
  *                 or a mask larger than max_bytes (it could never fit);
- *   SW_EFORMAT    invalid descriptor (see gpud_mask_validate);
+ *   SW_EFORMAT    invalid descriptor (see proto_mask_validate);
  *   SW_EEXHAUSTED no room without evicting pinned entries;
- *   -EINVAL       NULL arguments, seg_tokens NULL with segments, or a
- *                 block_tokens below the one given at create. */
-int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct gpud_mask_desc *desc,
+ *   -EINVAL       NULL arguments (a descriptor row's indices included),
+ *                 seg_tokens NULL with segments, or a block_tokens below
+ *                 the one given at create. */
+int gpud_maskcache_get_or_compile(struct gpud_maskcache *c, const struct proto_mask_desc *desc,
 				  const uint32_t *seg_tokens, uint32_t block_tokens,
 				  struct gpud_maskcache_entry **out);
 

@@ -70,6 +70,11 @@ static struct proto_limits effective(const struct proto_limits *lim)
 	return e;
 }
 
+void proto_sampling_default(struct proto_sampling *p)
+{
+	*p = (struct proto_sampling){ .top_p = 1.0f, .repeat_penalty = 1.0f };
+}
+
 const char *proto_role_name(uint8_t role)
 {
 	switch (role) {
@@ -101,6 +106,16 @@ static const uint8_t *take(struct cursor *c, uint64_t n)
 }
 
 /* --- submit -------------------------------------------------------------- */
+
+/* The descriptor's rules (proto_mask_validate), reported as a submit
+ * error: "submit: mask: row 1, entry 0: forward reference to segment 2". */
+static int submit_mask_check(const struct proto_mask_desc *m, uint32_t max_segments,
+			     char *err, size_t errlen)
+{
+	char why[128];
+	int rc = proto_mask_validate(m, max_segments, why, sizeof(why));
+	return rc ? sw_seterr(err, errlen, rc, "submit: %s", why) : 0;
+}
 
 /* Checks req against the hard limits and computes its encoded size. */
 static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint32_t *n_idx,
@@ -149,26 +164,18 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 	}
 	uint32_t rows = 0;
 	uint64_t idx = 0;
-	const struct gpud_mask_desc *m = req->mask;
+	const struct proto_mask_desc *m = req->mask;
 	if (m && m->rows) {
 		if (m->n_segments != req->n_segments)
 			return sw_seterr(err, errlen, -EINVAL, "submit: mask has %" PRIu32
 					 " segments, the request %" PRIu32, m->n_segments,
 					 req->n_segments);
+		int rc = submit_mask_check(m, PROTO_MAX_SEGMENTS, err, errlen);
+		if (rc)
+			return rc;
 		rows = m->n_segments + 1;
-		for (uint32_t i = 0; i < rows; i++) {
-			const struct gpud_mask_row *r = &m->rows[i];
-			if (r->n && !r->idx)
-				return sw_seterr(err, errlen, -EINVAL, "submit: mask row %" PRIu32
-						 ": idx NULL", i);
-			for (uint32_t j = 0; j < r->n; j++)
-				if (r->idx[j] > i)
-					return sw_seterr(err, errlen, SW_EFORMAT,
-							 "submit: mask row %" PRIu32 ", entry %"
-							 PRIu32 ": forward reference to segment %u",
-							 i, j, r->idx[j]);
-			idx += r->n;
-		}
+		for (uint32_t i = 0; i < rows; i++)
+			idx += m->rows[i].n;
 		if (idx > PROTO_MAX_MASK_IDX)
 			return sw_seterr(err, errlen, SW_ETOOLONG, "submit: mask has %" PRIu64
 					 " indices, at most %d", idx, PROTO_MAX_MASK_IDX);
@@ -211,8 +218,8 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	if (total > cap)
 		return sw_seterr(err, errlen, -ENOSPC, "submit: needs %" PRIu64
 				 " bytes, buffer has %zu", total, cap);
-	const struct gpud_mask_desc *m = req->mask && req->mask->rows ? req->mask : NULL;
-	const struct gpud_sampler_params *sp = &req->sampling;
+	const struct proto_mask_desc *m = req->mask && req->mask->rows ? req->mask : NULL;
+	const struct proto_sampling *sp = &req->sampling;
 	uint8_t *h = buf;
 	memset(h, 0, SUB_HEADER);
 	proto_put32(h + SUB_N_SEGMENTS, req->n_segments);
@@ -259,50 +266,18 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	return 0;
 }
 
-int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
-			struct proto_submit *out, char *err, size_t errlen)
-{
-	if (!out || (!payload && len))
-		return sw_seterr(err, errlen, -EINVAL, "submit: NULL argument");
-	struct proto_limits L = effective(lim);
-	struct cursor c = { payload, len, 0 };
-	const uint8_t *src = take(&c, SUB_HEADER);
-	if (!src)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: payload of %zu bytes, the "
-				 "header alone takes %d", len, SUB_HEADER);
-	uint8_t h[SUB_HEADER];
-	proto_copy_in(h, src, sizeof(h));
-	uint32_t n_seg = proto_get32(h + SUB_N_SEGMENTS);
-	uint32_t flags = proto_get32(h + SUB_FLAGS);
-	uint32_t n_stop = proto_get32(h + SUB_N_STOP);
-	uint32_t n_idx = proto_get32(h + SUB_N_MASK_IDX);
-	uint32_t n_rows = proto_get32(h + SUB_N_MASK_ROWS);
-	if (flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: unknown bits 0x%" PRIx32,
-				 flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
-	if (n_seg > L.max_segments)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_segments %" PRIu32
-				 " over the limit %" PRIu32, n_seg, L.max_segments);
-	if (n_stop > L.max_stop)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_stop %" PRIu32
-				 " over the limit %" PRIu32, n_stop, L.max_stop);
-	if (n_rows != 0 && n_rows != n_seg + 1)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_rows %" PRIu32
-				 ", must be 0 or n_segments + 1 = %" PRIu32, n_rows, n_seg + 1);
-	if (n_rows == 0 && n_idx != 0)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_idx %" PRIu32
-				 " without mask rows", n_idx);
-	if (n_idx > PROTO_MAX_MASK_IDX)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_mask_idx %" PRIu32
-				 " over the limit %d", n_idx, PROTO_MAX_MASK_IDX);
+/* Decoding a SUBMIT, one step per part of the payload in the order of
+ * the README (§4.1). Each step takes its part from the cursor, copies
+ * what must be private, checks it and fills its share of *out. */
 
-	struct proto_submit_req *req = &out->req;
-	memset(req, 0, sizeof(*req));
-	req->n_segments = n_seg;
-	req->flags = flags;
-	req->max_tokens = proto_get32(h + SUB_MAX_TOKENS);
-	req->n_stop = n_stop;
-	struct gpud_sampler_params *sp = &req->sampling;
+/* The header's counts, which size every later part. */
+struct sub_counts {
+	uint32_t n_seg, flags, n_stop, n_idx, n_rows;
+};
+
+/* The sampling fields of a header copy. */
+static void sub_sampling(const uint8_t *h, struct proto_sampling *sp)
+{
 	sp->temperature = proto_getf32(h + SUB_TEMPERATURE);
 	sp->top_k = (int32_t)proto_get32(h + SUB_TOP_K);
 	sp->top_p = proto_getf32(h + SUB_TOP_P);
@@ -312,17 +287,70 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 	sp->repeat_penalty = proto_getf32(h + SUB_REPEAT);
 	sp->frequency_penalty = proto_getf32(h + SUB_FREQUENCY);
 	sp->presence_penalty = proto_getf32(h + SUB_PRESENCE);
+}
 
-	/* Segment table: lengths and roles, copied. */
-	src = take(&c, (uint64_t)n_seg * SUB_SEG_ENTRY);
+/* Header: flags, counts against the limits and the mask's shape; fills
+ * req's fixed fields (req is cleared first). */
+static int sub_header(struct cursor *c, const struct proto_limits *L, struct sub_counts *k,
+		      struct proto_submit_req *req, char *err, size_t errlen)
+{
+	const uint8_t *src = take(c, SUB_HEADER);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: payload of %zu bytes, the "
+				 "header alone takes %d", c->len, SUB_HEADER);
+	uint8_t h[SUB_HEADER];
+	proto_copy_in(h, src, sizeof(h));
+	*k = (struct sub_counts){
+		.n_seg = proto_get32(h + SUB_N_SEGMENTS),
+		.flags = proto_get32(h + SUB_FLAGS),
+		.n_stop = proto_get32(h + SUB_N_STOP),
+		.n_idx = proto_get32(h + SUB_N_MASK_IDX),
+		.n_rows = proto_get32(h + SUB_N_MASK_ROWS),
+	};
+	if (k->flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: unknown bits 0x%" PRIx32,
+				 k->flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	if (k->n_seg > L->max_segments)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_segments %" PRIu32
+				 " over the limit %" PRIu32, k->n_seg, L->max_segments);
+	if (k->n_stop > L->max_stop)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_stop %" PRIu32
+				 " over the limit %" PRIu32, k->n_stop, L->max_stop);
+	if (k->n_rows != 0 && k->n_rows != k->n_seg + 1)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_rows %" PRIu32
+				 ", must be 0 or n_segments + 1 = %" PRIu32, k->n_rows,
+				 k->n_seg + 1);
+	if (k->n_rows == 0 && k->n_idx != 0)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: n_mask_idx %" PRIu32
+				 " without mask rows", k->n_idx);
+	if (k->n_idx > PROTO_MAX_MASK_IDX)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_mask_idx %" PRIu32
+				 " over the limit %d", k->n_idx, PROTO_MAX_MASK_IDX);
+
+	memset(req, 0, sizeof(*req));
+	req->n_segments = k->n_seg;
+	req->flags = k->flags;
+	req->max_tokens = proto_get32(h + SUB_MAX_TOKENS);
+	req->n_stop = k->n_stop;
+	sub_sampling(h, &req->sampling);
+	return 0;
+}
+
+/* Segment table: lengths and roles, copied; the text total against the
+ * limit. */
+static int sub_segment_table(struct cursor *c, const struct proto_limits *L,
+			     const struct sub_counts *k, struct proto_submit *out, char *err,
+			     size_t errlen)
+{
+	const uint8_t *src = take(c, (uint64_t)k->n_seg * SUB_SEG_ENTRY);
 	if (!src)
 		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment table (%" PRIu32
-				 " entries) runs past the payload", n_seg);
+				 " entries) runs past the payload", k->n_seg);
 	uint8_t segtab[PROTO_MAX_SEGMENTS * SUB_SEG_ENTRY];
-	proto_copy_in(segtab, src, (size_t)n_seg * SUB_SEG_ENTRY);
-	bool chat = flags & PROTO_SUBMIT_CHAT;
+	proto_copy_in(segtab, src, (size_t)k->n_seg * SUB_SEG_ENTRY);
+	bool chat = k->flags & PROTO_SUBMIT_CHAT;
 	uint64_t text_total = 0;
-	for (uint32_t i = 0; i < n_seg; i++) {
+	for (uint32_t i = 0; i < k->n_seg; i++) {
 		const uint8_t *e = segtab + (size_t)i * SUB_SEG_ENTRY;
 		uint8_t role = e[4];
 		if (e[5] || e[6] || e[7])
@@ -337,60 +365,69 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 		out->seg[i].role = role;
 		text_total += out->seg[i].len;
 	}
-	if (text_total > L.max_text_bytes)
+	if (text_total > L->max_text_bytes)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu64
 				 " bytes of segment text over the limit %" PRIu32, text_total,
-				 L.max_text_bytes);
+				 L->max_text_bytes);
+	return 0;
+}
 
-	/* Mask rows and indices, copied, then checked on the copy. */
-	if (n_rows) {
-		src = take(&c, (uint64_t)n_rows * 4);
-		if (!src)
-			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row counts (%"
-					 PRIu32 ") run past the payload", n_rows);
-		uint8_t counts[(PROTO_MAX_SEGMENTS + 1) * 4];
-		proto_copy_in(counts, src, (size_t)n_rows * 4);
-		const uint8_t *isrc = take(&c, (uint64_t)n_idx * 2);
-		if (!isrc)
-			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask indices (%" PRIu32
-					 ") run past the payload", n_idx);
-		proto_copy_in(out->idx, isrc, (size_t)n_idx * 2);
-		uint64_t at = 0;
-		for (uint32_t i = 0; i < n_rows; i++) {
-			uint32_t n = proto_get32(counts + 4 * (size_t)i);
-			if (n > n_idx - at)
-				return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row %"
-						 PRIu32 ": %" PRIu32 " entries, only %" PRIu64
-						 " of n_mask_idx left", i, n, n_idx - at);
-			uint16_t *row = out->idx + at;
-			for (uint32_t j = 0; j < n; j++) {
-				row[j] = proto_get16((const uint8_t *)&row[j]);
-				if (row[j] > i)
-					return sw_seterr(err, errlen, SW_EFORMAT,
-							 "submit: mask row %" PRIu32 ", entry %"
-							 PRIu32 ": forward reference to segment %u",
-							 i, j, row[j]);
-			}
-			out->rows[i].idx = row;
-			out->rows[i].n = n;
-			at += n;
-		}
-		if (at != n_idx)
-			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask rows hold %"
-					 PRIu64 " indices, n_mask_idx says %" PRIu32, at, n_idx);
-		out->mask.n_segments = n_seg;
-		out->mask.rows = out->rows;
-		req->mask = &out->mask;
+/* Mask row counts and indices, copied; the rows carved from the copy
+ * must use up n_mask_idx exactly, then the descriptor's rules are
+ * checked on the copy. No rows: no descriptor (req->mask stays NULL). */
+static int sub_mask(struct cursor *c, const struct proto_limits *L, const struct sub_counts *k,
+		    struct proto_submit *out, char *err, size_t errlen)
+{
+	if (!k->n_rows)
+		return 0;
+	const uint8_t *src = take(c, (uint64_t)k->n_rows * 4);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row counts (%"
+				 PRIu32 ") run past the payload", k->n_rows);
+	uint8_t counts[(PROTO_MAX_SEGMENTS + 1) * 4];
+	proto_copy_in(counts, src, (size_t)k->n_rows * 4);
+	const uint8_t *isrc = take(c, (uint64_t)k->n_idx * 2);
+	if (!isrc)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask indices (%" PRIu32
+				 ") run past the payload", k->n_idx);
+	proto_copy_in(out->idx, isrc, (size_t)k->n_idx * 2);
+	uint64_t at = 0;
+	for (uint32_t i = 0; i < k->n_rows; i++) {
+		uint32_t n = proto_get32(counts + 4 * (size_t)i);
+		if (n > k->n_idx - at)
+			return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask row %" PRIu32
+					 ": %" PRIu32 " entries, only %" PRIu64
+					 " of n_mask_idx left", i, n, k->n_idx - at);
+		uint16_t *row = out->idx + at;
+		for (uint32_t j = 0; j < n; j++)
+			row[j] = proto_get16((const uint8_t *)&row[j]);
+		out->rows[i].idx = row;
+		out->rows[i].n = n;
+		at += n;
 	}
+	if (at != k->n_idx)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: mask rows hold %" PRIu64
+				 " indices, n_mask_idx says %" PRIu32, at, k->n_idx);
+	out->mask.n_segments = k->n_seg;
+	out->mask.rows = out->rows;
+	int rc = submit_mask_check(&out->mask, L->max_segments, err, errlen);
+	if (rc)
+		return rc;
+	out->req.mask = &out->mask;
+	return 0;
+}
 
-	/* Stop string lengths, copied. */
-	src = take(&c, (uint64_t)n_stop * 4);
+/* Stop string lengths, copied: each 1..PROTO_MAX_STOP_LEN. */
+static int sub_stop_lengths(struct cursor *c, const struct sub_counts *k,
+			    struct proto_submit *out, char *err, size_t errlen)
+{
+	const uint8_t *src = take(c, (uint64_t)k->n_stop * 4);
 	if (!src)
 		return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop lengths (%" PRIu32
-				 ") run past the payload", n_stop);
+				 ") run past the payload", k->n_stop);
 	uint8_t stoplen[PROTO_MAX_STOP * 4];
-	proto_copy_in(stoplen, src, (size_t)n_stop * 4);
-	for (uint32_t i = 0; i < n_stop; i++) {
+	proto_copy_in(stoplen, src, (size_t)k->n_stop * 4);
+	for (uint32_t i = 0; i < k->n_stop; i++) {
 		uint32_t l = proto_get32(stoplen + 4 * (size_t)i);
 		if (l == 0)
 			return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop string %" PRIu32
@@ -401,21 +438,31 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 					 PROTO_MAX_STOP_LEN);
 		out->stop[i].len = l;
 	}
+	return 0;
+}
 
-	/* Segment text: views. */
-	for (uint32_t i = 0; i < n_seg; i++) {
-		src = take(&c, out->seg[i].len);
+/* Segment text: views into the payload. */
+static int sub_segment_text(struct cursor *c, const struct sub_counts *k,
+			    struct proto_submit *out, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < k->n_seg; i++) {
+		const uint8_t *src = take(c, out->seg[i].len);
 		if (!src)
 			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
 					 ": text of %" PRIu32 " bytes runs past the payload", i,
 					 out->seg[i].len);
 		out->seg[i].text = (const char *)src;
 	}
-	req->segments = n_seg ? out->seg : NULL;
+	out->req.segments = k->n_seg ? out->seg : NULL;
+	return 0;
+}
 
-	/* Stop strings: copies. */
-	for (uint32_t i = 0; i < n_stop; i++) {
-		src = take(&c, out->stop[i].len);
+/* Stop strings: copies. */
+static int sub_stop_strings(struct cursor *c, const struct sub_counts *k,
+			    struct proto_submit *out, char *err, size_t errlen)
+{
+	for (uint32_t i = 0; i < k->n_stop; i++) {
+		const uint8_t *src = take(c, out->stop[i].len);
 		if (!src)
 			return sw_seterr(err, errlen, SW_EFORMAT, "submit: stop string %" PRIu32
 					 ": %" PRIu32 " bytes run past the payload", i,
@@ -423,8 +470,38 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 		proto_copy_in(out->stop_buf[i], src, out->stop[i].len);
 		out->stop[i].p = out->stop_buf[i];
 	}
-	req->stop = n_stop ? out->stop : NULL;
+	out->req.stop = k->n_stop ? out->stop : NULL;
+	return 0;
+}
 
+int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			struct proto_submit *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "submit: NULL argument");
+	struct proto_limits L = effective(lim);
+	struct cursor c = { payload, len, 0 };
+	struct sub_counts k;
+	int rc;
+
+	rc = sub_header(&c, &L, &k, &out->req, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_segment_table(&c, &L, &k, out, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_mask(&c, &L, &k, out, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_stop_lengths(&c, &k, out, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_segment_text(&c, &k, out, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_stop_strings(&c, &k, out, err, errlen);
+	if (rc)
+		return rc;
 	if (c.at != c.len)
 		return sw_seterr(err, errlen, SW_EFORMAT, "submit: %zu trailing bytes after the "
 				 "last field", c.len - c.at);

@@ -40,16 +40,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpud/mask.h"
-#include "gpud/sampler.h"
 #include "proto/frame.h"
+#include "proto/mask.h"
 
-/* Hard limits of the format (struct proto_limits may only lower them). */
-#define PROTO_MAX_SEGMENTS GPUD_MASK_MAX_SEGMENTS
+/* Hard limits of the format (struct proto_limits may only lower them);
+ * PROTO_MAX_SEGMENTS is in proto/mask.h. gpud's own limits may be wider
+ * but never narrower (it asserts so where it converts). */
 /* Index storage for a full descriptor: row i can name i + 1 segments. */
 #define PROTO_MAX_MASK_IDX ((PROTO_MAX_SEGMENTS + 1) * (PROTO_MAX_SEGMENTS + 2) / 2)
-#define PROTO_MAX_STOP GPUD_STOP_MAX_STRINGS
-#define PROTO_MAX_STOP_LEN GPUD_STOP_MAX_LEN
+#define PROTO_MAX_STOP 8      /* stop strings per request */
+#define PROTO_MAX_STOP_LEN 64 /* bytes per stop string */
 #define PROTO_MAX_ERROR_MSG 256 /* bytes including the NUL */
 
 /* Configured limits, checked by the decoders (gpud fills them from its
@@ -97,6 +97,27 @@ struct proto_segment {
 	uint8_t role;     /* enum proto_role */
 };
 
+/* Sampling parameters as the wire carries them; gpud checks their ranges
+ * and applies them in this order: penalties, temperature, top-k, top-p,
+ * min-p, draw. */
+struct proto_sampling {
+	float temperature;       /* 0 (or less) = greedy */
+	int32_t top_k;           /* <= 0 = off */
+	float top_p;             /* >= 1 = off; keeps the smallest set whose mass >= top_p */
+	float min_p;             /* <= 0 = off; drops p < min_p * p_max */
+	uint64_t seed;
+	/* Penalties over the last penalty_last_n tokens (optional): repeat
+	 * (positive logits divided, negative multiplied), frequency (minus
+	 * f * count), presence (minus p once). */
+	int32_t penalty_last_n;  /* 0 = off; gpud's limit is 4096 */
+	float repeat_penalty;    /* 1 = off */
+	float frequency_penalty; /* 0 = off */
+	float presence_penalty;  /* 0 = off */
+};
+
+/* Fills *p with the defaults: greedy, no filters, no penalties, seed 0. */
+void proto_sampling_default(struct proto_sampling *p);
+
 /* A generation request, as the client fills it to encode and as decode
  * presents it. */
 struct proto_submit_req {
@@ -105,8 +126,8 @@ struct proto_submit_req {
 	/* NULL, or rows NULL: no descriptor (plain causal). Otherwise
 	 * n_segments must equal the request's n_segments and rows holds
 	 * n_segments + 1 rows (the last is G). */
-	const struct gpud_mask_desc *mask;
-	struct gpud_sampler_params sampling;
+	const struct proto_mask_desc *mask;
+	struct proto_sampling sampling;
 	uint32_t max_tokens;
 	uint32_t flags;                /* PROTO_SUBMIT_* */
 	uint32_t n_stop;
@@ -120,18 +141,18 @@ struct proto_submit_req {
 struct proto_submit {
 	struct proto_submit_req req;
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];
-	struct gpud_mask_desc mask;
-	struct gpud_mask_row rows[PROTO_MAX_SEGMENTS + 1];
+	struct proto_mask_desc mask;
+	struct proto_mask_row rows[PROTO_MAX_SEGMENTS + 1];
 	uint16_t idx[PROTO_MAX_MASK_IDX];
 	struct proto_text stop[PROTO_MAX_STOP];
 	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN];
 };
 
 /* Bytes the encoded request takes (*size). Also the check an encoder
- * runs first. Checks the request against the hard
- * limits (segments, stop strings and their lengths, mask shape, indices
- * in range and not forward, flags, roles, sizes overflowing u32): returns
- * 0, -EINVAL (NULL where data is needed, mask n_segments mismatch) or
+ * runs first. Checks the request against the hard limits (segments, stop
+ * strings and their lengths, the descriptor as proto_mask_validate does
+ * and its index total, flags, roles, sizes overflowing u32): returns 0,
+ * -EINVAL (NULL where data is needed, mask n_segments mismatch) or
  * SW_EFORMAT / SW_ETOOLONG with a message. */
 int proto_submit_size(const struct proto_submit_req *req, size_t *size, char *err,
 		      size_t errlen);
@@ -145,10 +166,10 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 /* Decodes a SUBMIT payload (len bytes, normally in the request area) into
  * *out, checking against lim (NULL: defaults). Returns 0, SW_EFORMAT,
  * SW_ETOOLONG or -EINVAL (NULL arguments), with a message naming the
- * field. The mask descriptor is checked for shape, range and forward
- * references as gpud_mask_validate does; the sampling parameters are
- * copied unchecked (gpud_sampler_params_check is gpud's job). On error
- * *out is unspecified. */
+ * field. The mask descriptor's copy is checked for shape and then by
+ * proto_mask_validate against lim's max_segments; the sampling parameters
+ * are copied unchecked (their ranges are gpud's to check). On error *out
+ * is unspecified. */
 int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 			struct proto_submit *out, char *err, size_t errlen);
 
@@ -190,14 +211,20 @@ struct proto_done {
 	uint32_t prompt_tokens;
 	uint32_t cached_prompt_tokens; /* <= prompt_tokens */
 	uint32_t generated_tokens;
-	uint32_t stop_reason;          /* enum gpud_stop_reason, or 4 = canceled */
+	uint32_t stop_reason;          /* enum proto_stop_reason */
 	uint64_t queue_us;             /* admission to first scheduled step */
 	uint64_t prefill_us;
 	uint64_t decode_us;
 	uint64_t total_us;
 };
 
-#define PROTO_STOP_CANCELED 4
+/* Why generation ended; grow at the end. */
+enum proto_stop_reason {
+	PROTO_STOP_EOG = 1,        /* end-of-generation token */
+	PROTO_STOP_STRING = 2,     /* a stop string appeared */
+	PROTO_STOP_MAX_TOKENS = 3, /* max_tokens generated, or the context is full */
+	PROTO_STOP_CANCELED = 4,
+};
 
 /* Encodes PROTO_DONE_SIZE bytes. Returns 0, -EINVAL or -ENOSPC. */
 int proto_done_encode(uint8_t *buf, size_t cap, const struct proto_done *d, size_t *len);

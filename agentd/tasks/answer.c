@@ -19,8 +19,8 @@ static const char answer_system[] =
 
 void agent_answer_prompt(const char *system, const char *const *chunks, const size_t *chunk_len,
 			 uint32_t n_chunks, const char *question, size_t question_len,
-			 struct proto_segment *seg, struct gpud_mask_row *rows, uint16_t *idx,
-			 struct gpud_mask_desc *mask)
+			 struct proto_segment *seg, struct proto_mask_row *rows, uint16_t *idx,
+			 struct proto_mask_desc *mask)
 {
 	uint32_t S = n_chunks + 2, q = n_chunks + 1, k = 0;
 
@@ -30,24 +30,24 @@ void agent_answer_prompt(const char *system, const char *const *chunks, const si
 	seg[q] = (struct proto_segment){ .text = question, .len = (uint32_t)question_len };
 
 	/* s0: itself. */
-	rows[0] = (struct gpud_mask_row){ .idx = idx + k, .n = 1 };
+	rows[0] = (struct proto_mask_row){ .idx = idx + k, .n = 1 };
 	idx[k++] = 0;
 	/* Each chunk: the system prompt and itself, never another chunk. */
 	for (uint32_t i = 1; i <= n_chunks; i++) {
-		rows[i] = (struct gpud_mask_row){ .idx = idx + k, .n = 2 };
+		rows[i] = (struct proto_mask_row){ .idx = idx + k, .n = 2 };
 		idx[k++] = 0;
 		idx[k++] = (uint16_t)i;
 	}
 	/* The question: everything before it. */
-	rows[q] = (struct gpud_mask_row){ .idx = idx + k, .n = q + 1 };
+	rows[q] = (struct proto_mask_row){ .idx = idx + k, .n = q + 1 };
 	for (uint32_t i = 0; i <= q; i++)
 		idx[k++] = (uint16_t)i;
 	/* G: the chunks, the question and itself; not the system prompt. */
-	rows[S] = (struct gpud_mask_row){ .idx = idx + k, .n = q + 1 };
+	rows[S] = (struct proto_mask_row){ .idx = idx + k, .n = q + 1 };
 	for (uint32_t i = 1; i <= q; i++)
 		idx[k++] = (uint16_t)i;
 	idx[k++] = (uint16_t)S;
-	*mask = (struct gpud_mask_desc){ .n_segments = S, .rows = rows };
+	*mask = (struct proto_mask_desc){ .n_segments = S, .rows = rows };
 }
 
 int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *location,
@@ -55,9 +55,9 @@ int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *loca
 {
 	enum { K = PROTO_TASK_MAX_TOP_K };
 	struct proto_segment seg[K + 2];
-	struct gpud_mask_row rows[K + 3];
+	struct proto_mask_row rows[K + 3];
 	uint16_t idx[5 * K + 16];
-	struct gpud_mask_desc mask;
+	struct proto_mask_desc mask;
 	const char *chunk_text[K];
 	size_t chunk_len[K];
 	int64_t chunk_ids[K];
@@ -102,7 +102,7 @@ int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *loca
 	req.segments = seg;
 	req.mask = &mask;
 	req.max_tokens = t->max_tokens;
-	agent_sampling_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	rc = c->llm->generate(c->llm->ctx, &req, &answer, err, errlen);
 	if (rc)
 		goto out;

@@ -1,6 +1,5 @@
 /* common.c - dispatch and error classes shared by the task kinds. */
 #include <errno.h>
-#include <string.h>
 
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
@@ -38,12 +37,4 @@ bool agent_error_permanent(int code)
 bool agent_error_outage(int code)
 {
 	return code == SW_ECLOSED || code == SW_EBUSY;
-}
-
-void agent_sampling_default(struct gpud_sampler_params *p)
-{
-	memset(p, 0, sizeof(*p));
-	p->temperature = 0;
-	p->top_p = 1;
-	p->repeat_penalty = 1;
 }

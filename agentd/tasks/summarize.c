@@ -38,7 +38,7 @@ static int summarize_text(struct agent_ctx *c, const char *text, size_t len, uin
 
 	if (len > MAX_SUMMARY_INPUT)
 		len = seg[1].len = MAX_SUMMARY_INPUT; /* a bounded prompt; the chunker keeps them small */
-	agent_sampling_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	return c->llm->generate(c->llm->ctx, &req, out, err, errlen);
 }
 

@@ -71,10 +71,7 @@ bool agent_error_outage(int code);
  * 3 * n_chunks + 8 + n_chunks indices at least). */
 void agent_answer_prompt(const char *system, const char *const *chunks, const size_t *chunk_len,
 			 uint32_t n_chunks, const char *question, size_t question_len,
-			 struct proto_segment *seg, struct gpud_mask_row *rows, uint16_t *idx,
-			 struct gpud_mask_desc *mask);
-
-/* Greedy sampling, no penalties (no link to gpud's sampler code). */
-void agent_sampling_default(struct gpud_sampler_params *p);
+			 struct proto_segment *seg, struct proto_mask_row *rows, uint16_t *idx,
+			 struct proto_mask_desc *mask);
 
 #endif

@@ -13,8 +13,9 @@
  *  - a payload the frame check accepts lies inside the region;
  *  - every view a decoder returns lies inside the payload it was given;
  *  - a decoded SUBMIT re-encodes to exactly the bytes it came from, and
- *    its mask passes gpud_mask_validate (so gpud could never index a
- *    bitset out of range with it); TOKENS re-encode identically too;
+ *    its mask passes proto_mask_validate at the hard limit (so gpud could
+ *    never index a bitset out of range with it); TOKENS re-encode
+ *    identically too;
  *  - ring records the consumer returns lie inside the ring's data area.
  */
 #include <stdbool.h>
@@ -24,7 +25,6 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "gpud/mask.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
 #include "proto/shm.h"
@@ -55,7 +55,7 @@ static void decode_submit(const uint8_t *p, size_t n, const struct proto_limits 
 	for (uint32_t i = 0; i < r->n_segments; i++)
 		CHECK(inside(r->segments[i].text, r->segments[i].len, p, n));
 	if (r->mask)
-		CHECK(gpud_mask_validate(r->mask, 0, NULL, 0) == 0);
+		CHECK(proto_mask_validate(r->mask, 0, NULL, 0) == 0);
 	/* Decoding is the exact inverse of encoding. The copies were taken
 	 * once; the payload is not shared here, so it has not moved. */
 	size_t len;

@@ -39,12 +39,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	static struct gpud_mask_row rows[MAXS];
+	static struct proto_mask_row rows[MAXS];
 	static uint16_t idx[MAXS][16];
 	static uint32_t lens[MAXS];
 	static _Alignas(16) uint8_t mem[(MAXS + 1 + MAXS * 15) * sizeof(gpud_segset) + MAXS * 15];
 	struct reader r = { data, size, 0 };
-	struct gpud_mask_desc d;
+	struct proto_mask_desc d;
 	struct gpud_mask m, m2;
 	char err[160];
 	uint32_t s, max, bt, i, j, total = 0;
@@ -72,7 +72,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	d.rows = causal_in ? NULL : rows;
 
 	err[0] = 0;
-	rc = gpud_mask_validate(&d, max, err, sizeof(err));
+	rc = proto_mask_validate(&d, max, err, sizeof(err));
 	CHECK(rc == 0 || rc == SW_ETOOLONG || rc == SW_EFORMAT);
 	CHECK(rc == 0 || err[0] != 0); /* every refusal says why */
 	if (rc)

@@ -102,7 +102,7 @@ static int fake_embed(void *ctx, const char *s, size_t len, float **vec, uint32_
 	return 0;
 }
 
-static bool row_has(const struct gpud_mask_row *r, unsigned seg)
+static bool row_has(const struct proto_mask_row *r, unsigned seg)
 {
 	for (uint32_t i = 0; i < r->n; i++)
 		if (r->idx[i] == seg)
@@ -450,9 +450,9 @@ static void test_answer_prompt_shape(void **state)
 	const char *chunks[2] = { "c1", "c2" };
 	const size_t lens[2] = { 2, 2 };
 	struct proto_segment seg[4];
-	struct gpud_mask_row rows[5];
+	struct proto_mask_row rows[5];
 	uint16_t idx[32];
-	struct gpud_mask_desc m;
+	struct proto_mask_desc m;
 
 	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, seg, rows, idx, &m);
 	assert_int_equal(m.n_segments, 4);

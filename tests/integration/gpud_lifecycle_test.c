@@ -197,7 +197,7 @@ static void submit_long(struct proto_client *c, struct ends *e, int n, uint32_t 
 		len += (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%s", i ? " " : "",
 					w[(i * 5 + i / 13) % 13]);
 	seg.len = (uint32_t)len;
-	gpud_sampler_params_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	req.sampling.temperature = 1.0f;
 	for (int i = 0; i < n; i++) {
 		req.sampling.seed = (uint64_t)i + 7;
@@ -275,7 +275,7 @@ static void test_sigterm_drains(void **state)
 		struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
 						.max_tokens = 4 };
 
-		gpud_sampler_params_default(&req.sampling);
+		proto_sampling_default(&req.sampling);
 		memset(&res, 0, sizeof(res));
 		rc = proto_client_generate(c, &req, &res, err, sizeof(err));
 		proto_client_result_free(&res);

@@ -83,9 +83,9 @@ static const char *const words[] = {
 /* A request under construction: the storage proto_submit_req points into. */
 struct rbuf {
 	struct proto_segment seg[16];
-	struct gpud_mask_row rows[17];
+	struct proto_mask_row rows[17];
 	uint16_t idx[17 * 17];
-	struct gpud_mask_desc desc;
+	struct proto_mask_desc desc;
 	char text[24576];
 	size_t used;
 	struct proto_submit_req req;
@@ -96,7 +96,7 @@ static void rbuf_init(struct rbuf *b, uint32_t max_tokens)
 	memset(&b->req, 0, sizeof(b->req));
 	b->used = 0;
 	b->req.segments = b->seg;
-	gpud_sampler_params_default(&b->req.sampling); /* greedy */
+	proto_sampling_default(&b->req.sampling); /* greedy */
 	b->req.max_tokens = max_tokens;
 }
 
@@ -1240,7 +1240,7 @@ static int stream_child(const char *sock, int fd)
 				      words[(i * 7 + i / 80) % N_WORDS]);
 	seg.len = (uint32_t)n;
 
-	gpud_sampler_params_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	req.sampling.temperature = 1.0f; /* long, varied streams */
 	proto_client_opts_default(&o);
 	if (proto_client_connect(&c, sock, &o, err, sizeof(err))) {
@@ -1517,7 +1517,7 @@ static size_t raw_put_submit(struct raw *r, const char *text, uint32_t max_token
 	char err[256];
 	size_t len = 0;
 
-	gpud_sampler_params_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	if (proto_submit_encode(&req, area, r->lay->req_size, &len, err, sizeof(err)))
 		fail_msg("encode: %s", err);
 	return len;

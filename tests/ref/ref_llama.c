@@ -385,7 +385,7 @@ const struct ref_llama_info *ref_llama_info(const struct ref_llama *m)
 
 /* --- the forward pass ------------------------------------------------- */
 
-void ref_mask_dense(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
+void ref_mask_dense(const struct proto_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
 		    bool *vis)
 {
 	uint32_t s = desc ? desc->n_segments : 0, q, k, i, pos = 0;
@@ -405,7 +405,7 @@ void ref_mask_dense(const struct gpud_mask_desc *desc, const uint32_t *seg_token
 				if (!desc || !desc->rows || seg[k] == seg[q]) {
 					v = true;
 				} else {
-					const struct gpud_mask_row *r = &desc->rows[seg[q]];
+					const struct proto_mask_row *r = &desc->rows[seg[q]];
 					for (i = 0; i < r->n; i++)
 						v |= r->idx[i] == seg[k];
 				}
@@ -452,7 +452,7 @@ static void rope(const struct ref_llama *m, double *vec, uint32_t n_heads, uint3
 }
 
 int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t n,
-		      const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+		      const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      double *logits, double *hidden)
 {
 	const struct ref_llama_info *in = &m->info;

@@ -35,8 +35,8 @@ const struct ref_llama_info *ref_llama_info(const struct ref_llama *m);
 /* Dense visibility: vis[q * n + k] = k <= q and seg(k) in vis-row of
  * seg(q) (self always), where segment i covers seg_tokens[i] positions in
  * order and every position past them belongs to G (index S). desc NULL or
- * desc->rows NULL: plain causal. desc must be valid (gpud_mask_validate). */
-void ref_mask_dense(const struct gpud_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
+ * desc->rows NULL: plain causal. desc must be valid (proto_mask_validate). */
+void ref_mask_dense(const struct proto_mask_desc *desc, const uint32_t *seg_tokens, uint32_t n,
 		    bool *vis);
 
 /* Runs tokens[0..n) at positions 0..n-1 and writes n rows of n_vocab
@@ -45,7 +45,7 @@ void ref_mask_dense(const struct gpud_mask_desc *desc, const uint32_t *seg_token
  * (normed) hidden states. Returns 0, -EINVAL for a token out of range, or
  * -ENOMEM. */
 int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t n,
-		      const struct gpud_mask_desc *desc, const uint32_t *seg_tokens,
+		      const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      double *logits, double *hidden);
 
 /* Dequantizes one tensor row of n elements of ggml type `type` (the

@@ -652,8 +652,8 @@ static void test_connect_generate_stream(void **state)
 		{ .text = "question", .len = 8, .role = PROTO_ROLE_USER },
 	};
 	uint16_t r0[] = { 0 }, r1[] = { 0, 1 }, rg[] = { 1 };
-	struct gpud_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 1 } };
-	struct gpud_mask_desc mask = { .n_segments = 2, .rows = rows };
+	struct proto_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 1 } };
+	struct proto_mask_desc mask = { .n_segments = 2, .rows = rows };
 	struct proto_text stop = { .p = "END", .len = 3 };
 	struct proto_submit_req req = {
 		.n_segments = 2,

@@ -159,7 +159,7 @@ static void test_seq_add_prefix(void **state)
 		fail_msg("%s", err);
 
 	/* errors: nothing claimed */
-	assert_int_equal(gpud_mask_compile(&(struct gpud_mask_desc){ 0, NULL }, lens, 8, mem,
+	assert_int_equal(gpud_mask_compile(&(struct proto_mask_desc){ 0, NULL }, lens, 8, mem,
 					   sizeof(mem), &m8), 0);
 	assert_int_equal(gpud_engine_seq_add_prefix(e, &m8, blocks, 2, &b), -EINVAL);
 	assert_int_equal(gpud_engine_seq_add_prefix(e, NULL, bad, 1, &b), -EINVAL); /* free */
@@ -517,8 +517,8 @@ static void test_mask_plumbing(void **state)
 {
 	struct gpud_engine *e = mk_engine(128, 64, 2, 0, 0);
 	uint16_t r0[] = { 0 }, r1[] = { 0, 1 }, rg[] = { 0, 1, 2 };
-	struct gpud_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 3 } };
-	struct gpud_mask_desc d = { .n_segments = 2, .rows = rows };
+	struct proto_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 3 } };
+	struct proto_mask_desc d = { .n_segments = 2, .rows = rows };
 	uint32_t seg_tokens[2] = { 2, 3 }, a, b;
 	struct gpud_mask m8, m16;
 	static uint8_t mem8[4096] __attribute__((aligned(16)));

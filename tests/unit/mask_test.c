@@ -1,4 +1,4 @@
-/* mask_test.c - descriptor validation and compilation (gpud/mask.h). */
+/* mask_test.c - descriptor compilation (gpud/mask.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,9 +19,9 @@ static _Alignas(16) uint8_t g_mem[64 * 1024];
 
 /* Builds rows from a compact table: vis[i] lists indices, -1 terminated. */
 struct desc_buf {
-	struct gpud_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
+	struct proto_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
 	uint16_t idx[GPUD_MASK_MAX_SEGMENTS + 2][GPUD_MASK_MAX_SEGMENTS + 2];
-	struct gpud_mask_desc d;
+	struct proto_mask_desc d;
 };
 
 static void desc_init(struct desc_buf *b, uint32_t s)
@@ -47,7 +47,7 @@ static void desc_all(struct desc_buf *b, uint32_t s)
 			desc_add(b, i, (uint16_t)j);
 }
 
-static void compile_ok(const struct gpud_mask_desc *d, const uint32_t *lens, uint32_t bt,
+static void compile_ok(const struct proto_mask_desc *d, const uint32_t *lens, uint32_t bt,
 		       struct gpud_mask *m)
 {
 	uint32_t n = 0;
@@ -58,82 +58,30 @@ static void compile_ok(const struct gpud_mask_desc *d, const uint32_t *lens, uin
 	assert_int_equal(gpud_mask_compile(d, lens, bt, g_mem, need, m), 0);
 }
 
-static void test_validate_ok(void **state)
+/* compile validates again (the rules themselves: proto_mask_test.c) */
+static void test_compile_refuses_invalid(void **state)
 {
 	(void)state;
 	struct desc_buf *b = malloc(sizeof(*b));
-	char err[128] = "";
-	struct gpud_mask_desc none = { .n_segments = 5, .rows = NULL };
-
-	assert_int_equal(gpud_mask_validate(&none, 64, err, sizeof(err)), 0);
-	desc_all(b, 4);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), 0);
-	/* empty rows are fine (self is implicit), duplicates too */
-	desc_init(b, 3);
-	desc_add(b, 2, 0);
-	desc_add(b, 2, 0);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), 0);
-	/* exactly the maximum */
-	desc_all(b, 64);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), 0);
-	/* 0 means the hard limit */
-	desc_all(b, GPUD_MASK_MAX_SEGMENTS);
-	assert_int_equal(gpud_mask_validate(&b->d, 0, err, sizeof(err)), 0);
-	free(b);
-}
-
-static void test_validate_errors(void **state)
-{
-	(void)state;
-	struct desc_buf *b = malloc(sizeof(*b));
-	char err[128];
-
-	/* too many segments */
-	desc_all(b, 65);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), SW_ETOOLONG);
-	assert_non_null(strstr(err, "65 segments exceed the maximum of 64"));
-	desc_init(b, GPUD_MASK_MAX_SEGMENTS + 1);
-	b->d.rows = NULL;
-	assert_int_equal(gpud_mask_validate(&b->d, 1000, err, sizeof(err)), SW_ETOOLONG);
-	assert_non_null(strstr(err, "maximum of 127"));
-
-	/* forward reference: row 1 names segment 2 */
-	desc_all(b, 3);
-	desc_add(b, 1, 2);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), SW_EFORMAT);
-	assert_string_equal(err, "mask: row 1, entry 2: forward reference to segment 2");
-
-	/* index out of range (beyond G) */
-	desc_all(b, 3);
-	desc_add(b, 3, 9);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), SW_EFORMAT);
-	assert_string_equal(err, "mask: row 3, entry 4: segment 9 out of range (0..3)");
-	/* in G's row too */
-	desc_all(b, 3);
-	desc_add(b, 3, 4);
-	assert_int_equal(gpud_mask_validate(&b->d, 64, NULL, 0), SW_EFORMAT);
-
-	/* NULL index array with a count */
-	desc_all(b, 2);
-	b->rows[1].idx = NULL;
-	assert_int_equal(gpud_mask_validate(&b->d, 64, err, sizeof(err)), SW_EFORMAT);
-	assert_non_null(strstr(err, "row 1"));
-
-	assert_int_equal(gpud_mask_validate(NULL, 64, err, sizeof(err)), -EINVAL);
-
-	/* compile refuses what validate refuses */
-	desc_all(b, 3);
-	desc_add(b, 0, 1);
 	struct gpud_mask m;
 	uint32_t lens[3] = { 1, 1, 1 };
+
+	desc_all(b, 3);
+	desc_add(b, 0, 1); /* forward */
 	assert_int_equal(gpud_mask_compile(&b->d, lens, 4, g_mem, sizeof(g_mem), &m), SW_EFORMAT);
+	desc_all(b, 3);
+	desc_add(b, 3, 9); /* past G */
+	assert_int_equal(gpud_mask_compile(&b->d, lens, 4, g_mem, sizeof(g_mem), &m), SW_EFORMAT);
+	desc_init(b, PROTO_MAX_SEGMENTS + 1);
+	b->d.rows = NULL;
+	assert_int_equal(gpud_mask_compile(&b->d, lens, 4, g_mem, sizeof(g_mem), &m), SW_ETOOLONG);
 	free(b);
 }
 
 static void test_compile_causal(void **state)
 {
 	(void)state;
-	struct gpud_mask_desc none = { .n_segments = 3, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 3, .rows = NULL };
 	uint32_t lens[3] = { 5, 0, 7 };
 	struct gpud_mask m;
 
@@ -264,7 +212,7 @@ static void test_hash(void **state)
 	struct desc_buf *b = malloc(sizeof(*b));
 	struct gpud_mask m;
 	uint32_t lens[4] = { 3, 5, 2, 7 };
-	struct gpud_mask_desc none = { .n_segments = 4, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 4, .rows = NULL };
 	uint64_t h_none, h_all, h;
 
 	compile_ok(&none, lens, 16, &m);
@@ -334,7 +282,7 @@ static void test_hash(void **state)
 static void test_compile_args(void **state)
 {
 	(void)state;
-	struct gpud_mask_desc none = { .n_segments = 2, .rows = NULL };
+	struct proto_mask_desc none = { .n_segments = 2, .rows = NULL };
 	uint32_t lens[2] = { 10, 10 };
 	struct gpud_mask m;
 	size_t need = gpud_mask_bytes(2, 20, 16);
@@ -352,7 +300,7 @@ static void test_compile_args(void **state)
 	assert_int_equal(gpud_mask_compile(&none, big, 16, g_mem, sizeof(g_mem), &m), SW_ETOOLONG);
 
 	/* zero segments: only G */
-	struct gpud_mask_desc zero = { .n_segments = 0, .rows = NULL };
+	struct proto_mask_desc zero = { .n_segments = 0, .rows = NULL };
 	assert_int_equal(gpud_mask_compile(&zero, NULL, 16, g_mem, gpud_mask_bytes(0, 0, 16), &m), 0);
 	assert_int_equal(m.n_prompt, 0);
 	assert_int_equal(m.n_prompt_blocks, 0);
@@ -409,8 +357,7 @@ static void test_compile_random_vs_definition(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_validate_ok),
-		cmocka_unit_test(test_validate_errors),
+		cmocka_unit_test(test_compile_refuses_invalid),
 		cmocka_unit_test(test_compile_causal),
 		cmocka_unit_test(test_compile_block_attention),
 		cmocka_unit_test(test_compile_tail_block_has_g),

@@ -73,8 +73,8 @@ static int teardown(void **state)
 
 /* A descriptor with its storage. */
 struct desc {
-	struct gpud_mask_desc d;
-	struct gpud_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
+	struct proto_mask_desc d;
+	struct proto_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
 	uint16_t idx[GPUD_MASK_MAX_SEGMENTS + 2][8];
 	uint32_t lens[GPUD_MASK_MAX_SEGMENTS + 1];
 	_Alignas(16) uint8_t mem[4096];
@@ -103,7 +103,7 @@ static void compile(struct desc *d)
 	char err[128];
 	for (uint32_t i = 0; i < d->d.n_segments; i++)
 		n += d->lens[i];
-	if (gpud_mask_validate(&d->d, 64, err, sizeof(err)))
+	if (proto_mask_validate(&d->d, 64, err, sizeof(err)))
 		fail_msg("validate: %s", err);
 	assert_int_equal(gpud_mask_compile(&d->d, d->lens, BT, d->mem,
 					   gpud_mask_bytes(d->d.n_segments, n, BT), &d->mask),
@@ -288,7 +288,7 @@ static void test_block_attention(void **state)
 /* Invalid descriptors are refused at admission with a message naming the
  * row and entry; a mask compiled for another KV block size is refused by
  * the engine. The engine takes compiled masks only, so admission is
- * gpud_mask_validate against the configured maximum, then compile. */
+ * proto_mask_validate against the configured maximum, then compile. */
 static void test_invalid_descriptors(void **state)
 {
 	struct fix *f = *state;
@@ -299,7 +299,7 @@ static void test_invalid_descriptors(void **state)
 	/* forward reference */
 	desc_init(d, 3, lens);
 	see(d, 1, 2);
-	assert_int_equal(gpud_mask_validate(&d->d, 64, err, sizeof(err)), SW_EFORMAT);
+	assert_int_equal(proto_mask_validate(&d->d, 64, err, sizeof(err)), SW_EFORMAT);
 	assert_string_equal(err, "mask: row 1, entry 0: forward reference to segment 2");
 	assert_int_equal(gpud_mask_compile(&d->d, lens, BT, d->mem, sizeof(d->mem), &d->mask),
 			 SW_EFORMAT);
@@ -307,17 +307,17 @@ static void test_invalid_descriptors(void **state)
 	desc_init(d, 3, lens);
 	see(d, 3, 0);
 	see(d, 3, 7);
-	assert_int_equal(gpud_mask_validate(&d->d, 64, err, sizeof(err)), SW_EFORMAT);
+	assert_int_equal(proto_mask_validate(&d->d, 64, err, sizeof(err)), SW_EFORMAT);
 	assert_string_equal(err, "mask: row 3, entry 1: segment 7 out of range (0..3)");
 	/* too many segments for the configured maximum */
 	uint32_t many[70] = { 0 };
 	desc_init(d, 70, many);
-	assert_int_equal(gpud_mask_validate(&d->d, 64, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(proto_mask_validate(&d->d, 64, err, sizeof(err)), SW_ETOOLONG);
 	assert_string_equal(err, "mask: 70 segments exceed the maximum of 64");
 	/* beyond the hard limit even when configured higher */
 	d->d.n_segments = GPUD_MASK_MAX_SEGMENTS + 1;
 	d->d.rows = NULL;
-	assert_int_equal(gpud_mask_validate(&d->d, 500, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(proto_mask_validate(&d->d, 500, err, sizeof(err)), SW_ETOOLONG);
 
 	/* a mask for another block size */
 	desc_init(d, 3, lens);

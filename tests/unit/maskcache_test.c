@@ -53,13 +53,13 @@ static struct gpud_maskcache *make(uint32_t max_entries, size_t max_bytes, unsig
 }
 
 /* A causal descriptor over segments of the given lengths. */
-static struct gpud_mask_desc causal(uint32_t s)
+static struct proto_mask_desc causal(uint32_t s)
 {
-	return (struct gpud_mask_desc){ .n_segments = s, .rows = NULL };
+	return (struct proto_mask_desc){ .n_segments = s, .rows = NULL };
 }
 
 /* The mask must be what gpud_mask_compile makes of the same input. */
-static void assert_mask_is(const struct gpud_mask *m, const struct gpud_mask_desc *d,
+static void assert_mask_is(const struct gpud_mask *m, const struct proto_mask_desc *d,
 			   const uint32_t *toks, uint32_t bt)
 {
 	static _Alignas(16) unsigned char mem[8192];
@@ -119,16 +119,16 @@ static void test_sharing(void **state)
 	struct gpud_maskcache_stats st;
 	uint32_t toks[3] = { 5, 20, 7 };
 	uint32_t toks2[3] = { 5, 21, 7 };
-	struct gpud_mask_desc d = causal(3);
+	struct proto_mask_desc d = causal(3);
 	/* The same mask spelled out row by row. */
 	static const uint16_t r0[] = { 0 }, r1[] = { 0, 1 }, r2[] = { 0, 1, 2 },
 			      r3[] = { 0, 1, 2, 3 };
-	struct gpud_mask_row rows[4] = { { r0, 1 }, { r1, 2 }, { r2, 3 }, { r3, 4 } };
-	struct gpud_mask_desc explicit_rows = { 3, rows };
+	struct proto_mask_row rows[4] = { { r0, 1 }, { r1, 2 }, { r2, 3 }, { r3, 4 } };
+	struct proto_mask_desc explicit_rows = { 3, rows };
 	/* Chunks 1 and 2 hidden from each other: a different mask. */
 	static const uint16_t b2[] = { 0, 2 };
-	struct gpud_mask_row brows[4] = { { r0, 1 }, { r1, 2 }, { b2, 2 }, { r3, 4 } };
-	struct gpud_mask_desc block = { 3, brows };
+	struct proto_mask_row brows[4] = { { r0, 1 }, { r1, 2 }, { b2, 2 }, { r3, 4 } };
+	struct proto_mask_desc block = { 3, brows };
 
 	assert_int_equal(gpud_maskcache_get_or_compile(c, &d, toks, BT, &a), 0);
 	assert_consistent(c);
@@ -167,7 +167,7 @@ static void test_sharing(void **state)
 	assert_consistent(c);
 
 	/* No segments at all (a prompt-less request) is a mask too. */
-	struct gpud_mask_desc empty = causal(0);
+	struct proto_mask_desc empty = causal(0);
 	assert_int_equal(gpud_maskcache_get_or_compile(c, &empty, NULL, BT, &x), 0);
 	assert_mask_is(gpud_maskcache_mask(x), &empty, NULL, BT);
 	assert_int_equal(gpud_maskcache_release(x), 0);
@@ -199,12 +199,12 @@ static void test_errors(void **state)
 	struct gpud_maskcache_stats st;
 	uint32_t toks[9] = { 1, 1, 1, 1, 1, 1, 1, 1, 1 };
 	uint32_t big[2] = { 200, 57 }; /* 257 > 256 tokens */
-	struct gpud_mask_desc d = causal(2);
-	struct gpud_mask_desc nine = causal(9);
+	struct proto_mask_desc d = causal(2);
+	struct proto_mask_desc nine = causal(9);
 	static const uint16_t fwd[] = { 1 };
 	static const uint16_t r1[] = { 1 }, r2[] = { 2 };
-	struct gpud_mask_row rows[3] = { { fwd, 1 }, { r1, 1 }, { r2, 1 } };
-	struct gpud_mask_desc bad = { 2, rows };
+	struct proto_mask_row rows[3] = { { fwd, 1 }, { r1, 1 }, { r2, 1 } };
+	struct proto_mask_desc bad = { 2, rows };
 
 	assert_int_equal(gpud_maskcache_get_or_compile(c, &d, big, BT, &e), SW_ETOOLONG);
 	assert_int_equal(gpud_maskcache_get_or_compile(c, &nine, toks, BT, &e), SW_ETOOLONG);
@@ -232,7 +232,7 @@ static void test_errors(void **state)
 
 	/* The largest admitted mask fits its slot. */
 	uint32_t full[8] = { 32, 32, 32, 32, 32, 32, 32, 32 };
-	struct gpud_mask_desc eight = causal(8);
+	struct proto_mask_desc eight = causal(8);
 	assert_int_equal(gpud_maskcache_get_or_compile(c, &eight, full, BT, &e), 0);
 	assert_mask_is(gpud_maskcache_mask(e), &eight, full, BT);
 	assert_int_equal(gpud_maskcache_release(e), 0);
@@ -244,7 +244,7 @@ static void test_errors(void **state)
 static int get_n(struct gpud_maskcache *c, uint32_t i, struct gpud_maskcache_entry **e)
 {
 	uint32_t toks[1] = { i + 1 };
-	struct gpud_mask_desc d = causal(1);
+	struct proto_mask_desc d = causal(1);
 
 	return gpud_maskcache_get_or_compile(c, &d, toks, BT, e);
 }
@@ -353,7 +353,7 @@ static void test_byte_bound(void **state)
 	struct gpud_maskcache *c = make(16, 2 * one + one / 2, 0);
 	struct gpud_maskcache_entry *e[4];
 	struct gpud_maskcache_stats st;
-	struct gpud_mask_desc d = causal(1);
+	struct proto_mask_desc d = causal(1);
 
 	for (uint32_t i = 0; i < 4; i++) {
 		uint32_t toks[1] = { 100 };
@@ -387,11 +387,11 @@ static void test_collisions(void **state)
 	struct gpud_maskcache_entry *e[12], *again;
 	struct gpud_maskcache_stats st;
 	static const uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 0, 2 };
-	struct gpud_mask_row hide[3] = { { r0, 1 }, { r1, 1 }, { r2, 2 } };
+	struct proto_mask_row hide[3] = { { r0, 1 }, { r1, 1 }, { r2, 2 } };
 
 	for (uint32_t i = 0; i < 12; i++) {
 		uint32_t toks[2] = { 1 + i % 6, 3 };
-		struct gpud_mask_desc d = causal(2);
+		struct proto_mask_desc d = causal(2);
 
 		if (i >= 6)
 			d.rows = hide; /* same lengths, other vis rows */
@@ -406,7 +406,7 @@ static void test_collisions(void **state)
 	assert_int_equal(st.entries, 12);
 	for (uint32_t i = 0; i < 12; i++) {
 		uint32_t toks[2] = { 1 + i % 6, 3 };
-		struct gpud_mask_desc d = causal(2);
+		struct proto_mask_desc d = causal(2);
 
 		if (i >= 6)
 			d.rows = hide;
@@ -441,7 +441,7 @@ static void test_churn(void **state)
 	struct gpud_maskcache *c = make(CAP, 1 << 20, 3); /* 8 keys: collisions too */
 	struct model m = { 0 };
 	uint32_t toks[N_DESC][3];
-	struct gpud_mask_desc desc[N_DESC];
+	struct proto_mask_desc desc[N_DESC];
 	uint32_t held[MAX_HELD], n_held = 0;
 	uint64_t hits = 0, misses = 0, evictions = 0, clock = 0, rng = 12345;
 	struct gpud_maskcache_stats st;

@@ -12,8 +12,6 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "gpud/mask.h"
-#include "gpud/sampler.h"
 #include "proto/msg.h"
 
 static char g_err[256];
@@ -26,8 +24,8 @@ static struct proto_submit g_sub; /* about 23 KiB: not on the stack */
 struct full_req {
 	struct proto_segment seg[3];
 	uint16_t idx[4][4];
-	struct gpud_mask_row rows[4];
-	struct gpud_mask_desc mask;
+	struct proto_mask_row rows[4];
+	struct proto_mask_desc mask;
 	struct proto_text stop[2];
 	struct proto_submit_req req;
 };
@@ -42,9 +40,9 @@ static void full_req_init(struct full_req *f)
 	static const uint32_t nvis[4] = { 1, 2, 2, 3 };
 	for (int i = 0; i < 4; i++) {
 		memcpy(f->idx[i], vis[i], sizeof(vis[i]));
-		f->rows[i] = (struct gpud_mask_row){ f->idx[i], nvis[i] };
+		f->rows[i] = (struct proto_mask_row){ f->idx[i], nvis[i] };
 	}
-	f->mask = (struct gpud_mask_desc){ 3, f->rows };
+	f->mask = (struct proto_mask_desc){ 3, f->rows };
 	f->stop[0] = (struct proto_text){ "\n\n", 2 };
 	f->stop[1] = (struct proto_text){ "User:", 5 };
 	f->req = (struct proto_submit_req){
@@ -56,7 +54,7 @@ static void full_req_init(struct full_req *f)
 		.n_stop = 2,
 		.stop = f->stop,
 	};
-	gpud_sampler_params_default(&f->req.sampling);
+	proto_sampling_default(&f->req.sampling);
 	f->req.sampling.temperature = 0.7f;
 	f->req.sampling.top_k = 40;
 	f->req.sampling.top_p = 0.9f;
@@ -131,13 +129,6 @@ static void test_submit_roundtrip(void **state)
 	/* ...and the views see the change, as documented */
 	g_buf[64 + 3 * 8 + 16 + 16 + 8] = 'y';
 	assert_int_equal(g_sub.req.segments[0].text[0], 'y');
-
-	/* The decoded parts are what gpud's own checks accept. */
-	full_req_init(&f);
-	len = encode_ok(&f.req);
-	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)), 0);
-	assert_int_equal(gpud_mask_validate(g_sub.req.mask, 64, g_err, sizeof(g_err)), 0);
-	assert_int_equal(gpud_sampler_params_check(&g_sub.req.sampling, g_err, sizeof(g_err)), 0);
 }
 
 static void test_submit_minimal(void **state)
@@ -145,7 +136,7 @@ static void test_submit_minimal(void **state)
 	(void)state;
 	/* no segments, no mask, no stop strings */
 	struct proto_submit_req req = { 0 };
-	gpud_sampler_params_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	size_t len = encode_ok(&req);
 	assert_int_equal(len, 64);
 	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)), 0);
@@ -156,7 +147,7 @@ static void test_submit_minimal(void **state)
 
 	/* empty segments, mask with rows NULL (= none), plain text */
 	struct proto_segment seg[2] = { { NULL, 0, 0 }, { "x", 1, 0 } };
-	struct gpud_mask_desc none = { 2, NULL };
+	struct proto_mask_desc none = { 2, NULL };
 	req.n_segments = 2;
 	req.segments = seg;
 	req.mask = &none;
@@ -168,8 +159,8 @@ static void test_submit_minimal(void **state)
 
 	/* zero segments with a mask: one row, G sees itself */
 	uint16_t g0 = 0;
-	struct gpud_mask_row row = { &g0, 1 };
-	struct gpud_mask_desc m0 = { 0, &row };
+	struct proto_mask_row row = { &g0, 1 };
+	struct proto_mask_desc m0 = { 0, &row };
 	req.n_segments = 0;
 	req.segments = NULL;
 	req.mask = &m0;
@@ -185,7 +176,7 @@ static void test_submit_largest(void **state)
 	(void)state;
 	static struct proto_segment seg[PROTO_MAX_SEGMENTS];
 	static uint16_t idx[PROTO_MAX_MASK_IDX];
-	static struct gpud_mask_row rows[PROTO_MAX_SEGMENTS + 1];
+	static struct proto_mask_row rows[PROTO_MAX_SEGMENTS + 1];
 	uint32_t at = 0;
 	for (uint32_t i = 0; i <= PROTO_MAX_SEGMENTS; i++) {
 		rows[i].idx = idx + at;
@@ -196,7 +187,7 @@ static void test_submit_largest(void **state)
 			seg[i] = (struct proto_segment){ "seg", 3, 0 };
 	}
 	assert_int_equal(at, PROTO_MAX_MASK_IDX);
-	struct gpud_mask_desc m = { PROTO_MAX_SEGMENTS, rows };
+	struct proto_mask_desc m = { PROTO_MAX_SEGMENTS, rows };
 	struct proto_submit_req req = { .n_segments = PROTO_MAX_SEGMENTS, .segments = seg,
 					.mask = &m };
 	size_t len = encode_ok(&req);
@@ -209,7 +200,7 @@ static void test_submit_largest(void **state)
 	lim.max_segments = PROTO_MAX_SEGMENTS;
 	assert_int_equal(proto_submit_decode(g_buf, len, &lim, &g_sub, g_err, sizeof(g_err)), 0);
 	assert_req_equal(&req, &g_sub.req);
-	assert_int_equal(gpud_mask_validate(g_sub.req.mask, 0, g_err, sizeof(g_err)), 0);
+	assert_int_equal(proto_mask_validate(g_sub.req.mask, 0, g_err, sizeof(g_err)), 0);
 	/* a limit above the hard limit means the hard limit */
 	lim.max_segments = 1000;
 	assert_int_equal(proto_submit_decode(g_buf, len, &lim, &g_sub, NULL, 0), 0);
@@ -217,11 +208,11 @@ static void test_submit_largest(void **state)
 	/* one index more than the storage holds cannot be encoded */
 	static uint16_t idx2[PROTO_MAX_MASK_IDX + 1];
 	memcpy(idx2, idx, sizeof(idx));
-	static struct gpud_mask_row rows2[PROTO_MAX_SEGMENTS + 1];
+	static struct proto_mask_row rows2[PROTO_MAX_SEGMENTS + 1];
 	memcpy(rows2, rows, sizeof(rows));
 	rows2[PROTO_MAX_SEGMENTS].idx = idx2 + (at - (PROTO_MAX_SEGMENTS + 1));
 	rows2[PROTO_MAX_SEGMENTS].n++;
-	struct gpud_mask_desc m2 = { PROTO_MAX_SEGMENTS, rows2 };
+	struct proto_mask_desc m2 = { PROTO_MAX_SEGMENTS, rows2 };
 	req.mask = &m2;
 	size_t size;
 	assert_int_equal(proto_submit_size(&req, &size, g_err, sizeof(g_err)), SW_ETOOLONG);
@@ -271,8 +262,9 @@ static void test_submit_decode_errors(void **state)
 		{ "seg text past", O_SEGTAB + 16, 4, 100, SW_EFORMAT, "segment 2: text of 100" },
 		{ "row count", O_ROWS + 4, 4, 9, SW_EFORMAT, "mask row 1: 9 entries" },
 		{ "forward ref", O_IDX + 4, 2, 2, SW_EFORMAT,
-		  "mask row 1, entry 1: forward reference to segment 2" },
-		{ "index huge", O_IDX, 2, 0xFFFF, SW_EFORMAT, "mask row 0, entry 0" },
+		  "submit: mask: row 1, entry 1: forward reference to segment 2" },
+		{ "index huge", O_IDX, 2, 0xFFFF, SW_EFORMAT,
+		  "submit: mask: row 0, entry 0: segment 65535 out of range" },
 		{ "stop empty", O_STOPLEN, 4, 0, SW_EFORMAT, "stop string 0 is empty" },
 		{ "stop long", O_STOPLEN + 4, 4, 65, SW_ETOOLONG, "stop string 1: 65 bytes" },
 		{ "stop past", O_STOPLEN + 4, 4, 64, SW_EFORMAT, "stop string 1: 64 bytes run past" },
@@ -354,10 +346,15 @@ static void test_submit_encode_errors(void **state)
 	full_req_init(&f);
 	f.idx[1][1] = 2;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
-	assert_non_null(strstr(g_err, "forward reference"));
+	assert_string_equal(g_err, "submit: mask: row 1, entry 1: forward reference to segment 2");
+	full_req_init(&f);
+	f.idx[3][2] = 4;
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 4 out of range (0..3)"));
 	full_req_init(&f);
 	f.rows[2].idx = NULL;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), -EINVAL);
+	assert_non_null(strstr(g_err, "row 2: 2 indices but no index array"));
 	full_req_init(&f);
 	f.req.n_segments = PROTO_MAX_SEGMENTS + 1;
 	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_ETOOLONG);
@@ -443,7 +440,7 @@ static void test_tokens(void **state)
 static void test_done(void **state)
 {
 	(void)state;
-	struct proto_done d = { 120, 64, 33, GPUD_STOP_STRING, 11, 2200, 30000, 32500 }, e;
+	struct proto_done d = { 120, 64, 33, PROTO_STOP_STRING, 11, 2200, 30000, 32500 }, e;
 	size_t len;
 	assert_int_equal(proto_done_encode(g_buf, sizeof(g_buf), &d, &len), 0);
 	assert_int_equal(len, PROTO_DONE_SIZE);
@@ -608,10 +605,18 @@ static void test_limits_and_roles(void **state)
 	assert_string_equal(proto_role_name(PROTO_ROLE_ASSISTANT), "assistant");
 	assert_null(proto_role_name(PROTO_ROLE_NONE));
 	assert_null(proto_role_name(PROTO_ROLE_LAST));
-	/* the hard limits agree with gpud's */
-	assert_int_equal(PROTO_MAX_SEGMENTS, GPUD_MASK_MAX_SEGMENTS);
-	assert_int_equal(PROTO_MAX_STOP, GPUD_STOP_MAX_STRINGS);
-	assert_int_equal(PROTO_MAX_STOP_LEN, GPUD_STOP_MAX_LEN);
+	/* the hard limits the README documents */
+	assert_int_equal(PROTO_MAX_SEGMENTS, 127);
+	assert_int_equal(PROTO_MAX_STOP, 8);
+	assert_int_equal(PROTO_MAX_STOP_LEN, 64);
+	/* the default sampling is greedy with every filter off */
+	struct proto_sampling sp;
+	memset(&sp, 0xAB, sizeof(sp));
+	proto_sampling_default(&sp);
+	assert_true(sp.temperature == 0.0f && sp.top_k == 0 && sp.top_p == 1.0f &&
+		    sp.min_p == 0.0f && sp.seed == 0 && sp.penalty_last_n == 0 &&
+		    sp.repeat_penalty == 1.0f && sp.frequency_penalty == 0.0f &&
+		    sp.presence_penalty == 0.0f);
 }
 
 int main(void)

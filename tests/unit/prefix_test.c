@@ -131,12 +131,12 @@ static void test_mask_pattern(void **state)
 	static _Alignas(16) uint8_t mem[5][1024];
 	struct gpud_mask m_sep, m_sep_g, m_vis, m_cut, m_one;
 	uint16_t r0[] = { 0 }, r1[] = { 1 }, r01[] = { 0, 1 }, r2[] = { 0, 1, 2 }, r2b[] = { 2 };
-	struct gpud_mask_row sep[3] = { { r0, 1 }, { r1, 1 }, { r2, 3 } };
-	struct gpud_mask_row sep_g[3] = { { r0, 1 }, { r1, 1 }, { r2b, 1 } };
-	struct gpud_mask_row vis[3] = { { r0, 1 }, { r01, 2 }, { r2, 3 } };
-	struct gpud_mask_desc d_sep = { 2, sep }, d_sep_g = { 2, sep_g }, d_vis = { 2, vis };
-	struct gpud_mask_row one[2] = { { r0, 1 }, { r01, 2 } };
-	struct gpud_mask_desc d_one = { 1, one };
+	struct proto_mask_row sep[3] = { { r0, 1 }, { r1, 1 }, { r2, 3 } };
+	struct proto_mask_row sep_g[3] = { { r0, 1 }, { r1, 1 }, { r2b, 1 } };
+	struct proto_mask_row vis[3] = { { r0, 1 }, { r01, 2 }, { r2, 3 } };
+	struct proto_mask_desc d_sep = { 2, sep }, d_sep_g = { 2, sep_g }, d_vis = { 2, vis };
+	struct proto_mask_row one[2] = { { r0, 1 }, { r01, 2 } };
+	struct proto_mask_desc d_one = { 1, one };
 	uint32_t l44[2] = { 4, 4 }, l26[2] = { 2, 6 }, l8[1] = { 8 };
 	uint32_t e0, e1, e;
 

@@ -146,8 +146,8 @@ static void test_reference_mask_dense(void **state)
 	(void)state;
 	/* s0 = 2 tokens, s1 = 2 tokens sees nothing but itself, G sees s1 only */
 	uint16_t r2[] = { 1 };
-	struct gpud_mask_row rows[3] = { { NULL, 0 }, { NULL, 0 }, { r2, 1 } };
-	struct gpud_mask_desc d = { .n_segments = 2, .rows = rows };
+	struct proto_mask_row rows[3] = { { NULL, 0 }, { NULL, 0 }, { r2, 1 } };
+	struct proto_mask_desc d = { .n_segments = 2, .rows = rows };
 	uint32_t lens[2] = { 2, 2 };
 	bool vis[36];
 	static const bool want[36] = {
@@ -178,10 +178,10 @@ struct plan {
 	uint32_t n_prompt, n_decode, fed;
 	int32_t tok[MAX_TOK];
 	bool masked;
-	struct gpud_mask_row rows[MAX_SEG + 1];
+	struct proto_mask_row rows[MAX_SEG + 1];
 	uint16_t idx[MAX_SEG + 1][MAX_SEG + 1];
 	uint32_t lens[MAX_SEG];
-	struct gpud_mask_desc desc;
+	struct proto_mask_desc desc;
 	void *mem;
 	struct gpud_mask mask;
 	uint32_t seq;
@@ -230,7 +230,7 @@ static void plan_init(struct plan *p, uint32_t n_vocab, uint32_t n_prompt, uint3
 		size_t need = gpud_mask_bytes(p->desc.n_segments, n_prompt, BLOCK);
 		p->mem = aligned_alloc(16, (need + 15) & ~(size_t)15);
 		assert_non_null(p->mem);
-		assert_int_equal(gpud_mask_validate(&p->desc, 64, NULL, 0), 0);
+		assert_int_equal(proto_mask_validate(&p->desc, 64, NULL, 0), 0);
 		assert_int_equal(gpud_mask_compile(&p->desc, p->lens, BLOCK, p->mem, need, &p->mask),
 				 0);
 	}

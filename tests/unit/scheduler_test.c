@@ -682,9 +682,9 @@ static void test_mask_preempt(void **state)
 	const char *text = "Lily and Ben went to the park. The sun was shining and";
 	static int32_t ids[64];
 	uint32_t n = tokenize(text, ids, 64), lens[2] = { 6, n - 6 };
-	struct gpud_mask_row rows[3];
+	struct proto_mask_row rows[3];
 	uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 0, 1, 2 };
-	struct gpud_mask_desc desc = { .n_segments = 2, .rows = rows };
+	struct proto_mask_desc desc = { .n_segments = 2, .rows = rows };
 	static _Alignas(16) uint8_t mem[2][4096];
 	struct gpud_mask mask, mask8;
 	struct gpud_engine *big = mk_engine(64, 4, 0), *tiny = mk_engine(64, 4, 8);
@@ -695,9 +695,9 @@ static void test_mask_preempt(void **state)
 	char err[256] = "";
 	uint64_t id;
 
-	rows[0] = (struct gpud_mask_row){ r0, 1 };
-	rows[1] = (struct gpud_mask_row){ r1, 1 };
-	rows[2] = (struct gpud_mask_row){ r2, 3 };
+	rows[0] = (struct proto_mask_row){ r0, 1 };
+	rows[1] = (struct proto_mask_row){ r1, 1 };
+	rows[2] = (struct proto_mask_row){ r2, 3 };
 	assert_true(n > 10 && gpud_mask_bytes(2, n, 16) <= sizeof(mem[0]));
 	assert_int_equal(gpud_mask_compile(&desc, lens, 16, mem[0], sizeof(mem[0]), &mask), 0);
 	assert_int_equal(gpud_mask_compile(&desc, lens, 8, mem[1], sizeof(mem[1]), &mask8), 0);
@@ -1311,8 +1311,8 @@ static void test_prefix_shared_prompt(void **state)
 	struct gpud_sched_device_stats ds;
 	uint32_t n[3], common, want, max_tok = under_valgrind() ? 8 : 24;
 	uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 0, 1, 2 };
-	struct gpud_mask_row rows[3] = { { r0, 1 }, { r1, 1 }, { r2, 3 } };
-	struct gpud_mask_desc desc = { .n_segments = 2, .rows = rows };
+	struct proto_mask_row rows[3] = { { r0, 1 }, { r1, 1 }, { r2, 3 } };
+	struct proto_mask_desc desc = { .n_segments = 2, .rows = rows };
 	static _Alignas(16) uint8_t mem[2][8192];
 	struct gpud_mask mask[2];
 	uint32_t lens[2];

@@ -505,7 +505,7 @@ static void cl_submit(struct cl *c, uint64_t id, size_t at, const char *text)
 {
 	struct proto_segment seg = { .text = text, .len = (uint32_t)strlen(text) };
 	struct proto_submit_req req = { .n_segments = 1, .segments = &seg, .max_tokens = 16 };
-	gpud_sampler_params_default(&req.sampling);
+	proto_sampling_default(&req.sampling);
 	size_t len;
 	assert_int_equal(proto_submit_encode(&req, c->req + at, c->req_size - at, &len, g_err,
 					     sizeof(g_err)),
@@ -829,7 +829,7 @@ static void test_bad_frames(void **state)
 	{
 		struct proto_segment seg = { .text = "ok", .len = 2 };
 		struct proto_submit_req rq = { .n_segments = 1, .segments = &seg };
-		gpud_sampler_params_default(&rq.sampling);
+		proto_sampling_default(&rq.sampling);
 		assert_int_equal(proto_submit_encode(&rq, c->req, c->req_size, &good_len, g_err,
 						     sizeof(g_err)),
 				 0);

@@ -1,0 +1,171 @@
+/* server_sreq.c - the request handle: how the service, from any thread,
+ * streams tokens and ends a request (gpud_sreq_* in gpud/server.h).
+ * Replies go into the ring under the connection's lock, or wait in the
+ * slot's staging buffer while the ring is full. Shared state:
+ * gpud/server_impl.h.
+ */
+#include <errno.h>
+#include <stdio.h>
+
+#include "common/err.h"
+#include "common/time.h"
+#include "gpud/server_impl.h"
+
+uint64_t gpud_sreq_client_id(const struct gpud_sreq *r)
+{
+	return r->client_id;
+}
+
+uint64_t gpud_sreq_conn_id(const struct gpud_sreq *r)
+{
+	return r->conn_serial;
+}
+
+pid_t gpud_sreq_peer_pid(const struct gpud_sreq *r)
+{
+	return r->pid;
+}
+
+void *gpud_sreq_priv(struct gpud_sreq *r)
+{
+	return r->priv;
+}
+
+int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, const char *text,
+		     size_t len)
+{
+	struct sconn *c = r->c;
+	struct gpud_server *s = c->s;
+	if (len > UINT32_MAX || (n_ids && !ids) || (len && !text))
+		return -EINVAL;
+	size_t need = proto_tokens_size(n_ids, (uint32_t)len);
+	if (!need || need > s->ring_max)
+		return SW_ETOOLONG;
+	pthread_mutex_lock(&c->lock);
+	if (!c->open) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_ECLOSED;
+	}
+	int rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
+	if (rc == 0) {
+		uint8_t *dst;
+		rc = proto_ring_reserve(c->ring, need, &dst);
+		if (rc == 0) {
+			size_t l;
+			proto_tokens_encode(dst, need, ids, n_ids, text, (uint32_t)len, &l);
+			proto_ring_commit(c->ring, PROTO_T_TOKENS, r->client_id, l);
+			gpud__doorbell_locked(c, PROTO_T_TOKENS, r->client_id);
+			pthread_mutex_unlock(&c->lock);
+			return 0;
+		}
+		gpud__ring_fail_locked(c, rc);
+	}
+	if (rc != SW_EBUSY) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_ECLOSED;
+	}
+	if (r->stage_len + need > s->stage_cap) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_EBUSY;
+	}
+	size_t l;
+	proto_tokens_encode(r->stage + r->stage_len, need, ids, n_ids, text, (uint32_t)len, &l);
+	r->stage_len += l;
+	size_t used = r->stage_len;
+	gpud__update_backlog_locked(r);
+	pthread_mutex_unlock(&c->lock);
+	STAT(s, {
+		s->st.staged++;
+		if (used > s->st.stage_high)
+			s->st.stage_high = used;
+	});
+	return 0;
+}
+
+/* c->lock held, r ended, r->fin (or the stage) holds the final record:
+ * write it now, or leave it waiting for the timer. */
+static void finish_locked(struct sconn *c, struct gpud_sreq *r, uint16_t type, size_t len,
+			  bool in_stage)
+{
+	r->fin_type = type;
+	r->fin_len = (uint32_t)len;
+	r->fin_in_stage = in_stage;
+	r->fin_pending = true;
+	r->fin_since_ns = sw_now_ns();
+	if (gpud__flush_req_locked(c, r) == SW_EBUSY)
+		STAT(c->s, c->s->st.staged++);
+}
+
+void gpud_sreq_done(struct gpud_sreq *r, const struct proto_done *usage)
+{
+	struct sconn *c = r->c;
+	pthread_mutex_lock(&c->lock);
+	gpud__end_active_locked(r);
+	size_t len;
+	if (c->open && proto_done_encode(r->fin, sizeof(r->fin), usage, &len) == 0)
+		finish_locked(c, r, PROTO_T_DONE, len, false);
+	gpud__maybe_release_locked(r);
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* c->lock held. */
+static void error_locked(struct sconn *c, struct gpud_sreq *r, int code, const char *msg)
+{
+	size_t len;
+	if (code >= 0)
+		code = -EIO;
+	if (!msg)
+		msg = sw_strerror(code);
+	proto_error_encode(r->fin, sizeof(r->fin), code, msg, &len);
+	finish_locked(c, r, PROTO_T_ERROR, len, false);
+}
+
+void gpud_sreq_error(struct gpud_sreq *r, int code, const char *msg)
+{
+	struct sconn *c = r->c;
+	pthread_mutex_lock(&c->lock);
+	gpud__end_active_locked(r);
+	if (c->open)
+		error_locked(c, r, code, msg);
+	gpud__maybe_release_locked(r);
+	pthread_mutex_unlock(&c->lock);
+}
+
+void gpud_sreq_embedding(struct gpud_sreq *r, const float *v, uint32_t dim)
+{
+	struct sconn *c = r->c;
+	struct gpud_server *s = c->s;
+	size_t need = proto_embedding_size(dim);
+	pthread_mutex_lock(&c->lock);
+	gpud__end_active_locked(r);
+	if (!c->open)
+		goto out;
+	if (!need || need > s->ring_max || (dim && !v)) {
+		char msg[ERRLEN];
+		snprintf(msg, sizeof(msg), "embedding of dim %u does not fit the response ring", dim);
+		error_locked(c, r, SW_ETOOLONG, msg);
+		goto out;
+	}
+	int rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
+	size_t len;
+	if (rc == 0) {
+		uint8_t *dst;
+		rc = proto_ring_reserve(c->ring, need, &dst);
+		if (rc == 0) {
+			proto_embedding_encode(dst, need, v, dim, &len);
+			proto_ring_commit(c->ring, PROTO_T_EMBED_REPLY, r->client_id, len);
+			gpud__doorbell_locked(c, PROTO_T_EMBED_REPLY, r->client_id);
+			goto out;
+		}
+		gpud__ring_fail_locked(c, rc);
+	}
+	if (rc == SW_EBUSY && r->stage_len == 0 && need <= s->p.stage_bytes) {
+		proto_embedding_encode(r->stage, need, v, dim, &len);
+		finish_locked(c, r, PROTO_T_EMBED_REPLY, len, true);
+	} else {
+		error_locked(c, r, SW_EBUSY, "client is not reading its ring");
+	}
+out:
+	gpud__maybe_release_locked(r);
+	pthread_mutex_unlock(&c->lock);
+}
