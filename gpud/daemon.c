@@ -41,6 +41,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "gpud/alloc.h"
+#include "gpud/backend.h"
 #include "gpud/engine.h"
 #include "gpud/mask.h"
 #include "gpud/maskcache.h"
@@ -1058,6 +1059,34 @@ static void model_desc(const struct gpud_model *m, char *name, size_t namelen, u
 	*type = gpud_type_name(gpud_model_weights(m)->layers[0].wq.type);
 }
 
+/* Step scratch per device: the most any configured device's backend asks
+ * for with the engine parameters daemon_build will give it. A device
+ * without a backend counts nothing (the plan refuses it). */
+static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_model *m,
+			      uint32_t threads_per_dev)
+{
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+	uint64_t most = 0;
+
+	for (uint32_t i = 0; i < g->n_devices; i++) {
+		const struct gpud_backend_ops *ops = gpud_backend_for(g->devices[i].kind);
+		struct gpud_backend_config bc = {
+			.model = m,
+			.ordinal = g->devices[i].index,
+			.n_threads = (int)threads_per_dev,
+			.block_tokens = g->kv_block_tokens,
+			.max_batch_tokens = g->max_batch_tokens,
+			.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
+			.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
+		};
+		uint64_t s = ops ? ops->scratch_bytes(&bc) : 0;
+
+		if (s > most)
+			most = s;
+	}
+	return most;
+}
+
 /* Everything the plan needs that depends on the model and the config. */
 struct sizing {
 	uint32_t n_ctx, threads_per_dev, mask_entries, max_text;
@@ -1075,8 +1104,7 @@ static void size_pools(const struct sw_config *cfg, const struct gpud_model *m, 
 	memset(z, 0, sizeof(*z));
 	z->n_ctx = g->context && g->context < hp->n_ctx ? g->context : hp->n_ctx;
 	z->threads_per_dev = threads / g->n_devices ? threads / g->n_devices : 1;
-	z->scratch = gpud_plan_scratch_estimate(m, g->max_batch_tokens, g->max_seqs + 1,
-						z->threads_per_dev);
+	z->scratch = scratch_bytes(cfg, m, z->threads_per_dev);
 	z->mask_slot = (gpud_mask_bytes(g->max_segments, z->n_ctx, g->kv_block_tokens) +
 			4ull * g->max_segments + 63) / 64 * 64;
 	/* Slots are sized for the largest mask; the cache also bounds the
@@ -1249,6 +1277,9 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 		ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
 		ep.block_tokens = g->kv_block_tokens;
 		ep.n_blocks = d->plan.kv_blocks;
+		ep.device = (int)i;
+		ep.kind = g->devices[i].kind;
+		ep.ordinal = g->devices[i].index;
 		rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
 		if (rc) {
 			log_error("%s: engine: %s", dv->name, err);

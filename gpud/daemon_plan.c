@@ -10,7 +10,7 @@
 
 #include "common/arena.h"
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
+#include "gpud/backend.h"
 #include "gpud/model.h"
 
 void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
@@ -30,42 +30,6 @@ void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
 	snprintf(out, outlen, "%.1f %s", v, units[u]);
 }
 
-#define SZ64(n) (((uint64_t)(n) + 63) / 64 * 64)
-
-/* Mirrors the cpu backend's scratch carve (backend/cpu/forward.c) closely
- * enough to plan with; the real figure comes from the engine. */
-uint64_t gpud_plan_scratch_estimate(const struct gpud_model *m, uint32_t T, uint32_t NL,
-				    uint32_t nth)
-{
-	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
-	const struct gpud_model_weights *w = gpud_model_weights(m);
-	uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
-	uint64_t mm = 0, f = 4, total;
-
-	if (!NL)
-		NL = 1;
-	if (!nth)
-		nth = 1;
-	for (uint32_t l = 0; l < hp->n_layers; l++) {
-		const struct gpud_weight *ws[] = { &w->layers[l].wq, &w->layers[l].wk,
-						   &w->layers[l].wv, &w->layers[l].wo,
-						   &w->layers[l].w_gate, &w->layers[l].w_up,
-						   &w->layers[l].w_down };
-		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
-			uint64_t s = gpud_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, T);
-			if (s > mm)
-				mm = s;
-		}
-	}
-	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
-		2 * SZ64((uint64_t)T * hp->ffn_dim * f) + SZ64((uint64_t)T * hp->head_dim * f) +
-		SZ64((uint64_t)NL * hp->dim * f) + SZ64((uint64_t)NL * hp->n_vocab * f) +
-		3 * SZ64((uint64_t)T * 4) + SZ64(mm);
-	/* Per-thread attention and fused-decode buffers: small next to the above. */
-	total += (uint64_t)nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
-	return total;
-}
-
 int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
 		      size_t errlen)
 {
@@ -75,12 +39,16 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	if (!in->n_devices || !in->devices || !in->kv_block_bytes || !in->block_tokens ||
 	    !in->n_ctx || !in->max_seqs || !(in->memory_fraction > 0 && in->memory_fraction <= 1))
 		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
-	for (uint32_t i = 0; i < in->n_devices; i++)
-		if (in->devices[i].kind != SW_DEVICE_CPU)
-			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-					 "gpud.devices[%u]: cuda:%d: the cuda backend is not "
-					 "built/implemented yet (use \"cpu\")", i,
-					 in->devices[i].index);
+	for (uint32_t i = 0; i < in->n_devices; i++) {
+		char dev[32];
+
+		if (gpud_backend_for(in->devices[i].kind))
+			continue;
+		sw_config_device_name(&in->devices[i], dev, sizeof(dev));
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "gpud.devices[%u]: %s: the %.*s backend is not built/implemented "
+				 "yet (use \"cpu\")", i, dev, (int)strcspn(dev, ":"), dev);
+	}
 	memset(out, 0, sizeof(*out));
 	out->total = (uint64_t)(in->memory_fraction * (double)in->host_ram);
 	out->kv_blocks_full = (uint32_t)((uint64_t)in->max_seqs *
