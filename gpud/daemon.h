@@ -1,15 +1,17 @@
 /* daemon.h - `gpud serve`: the daemon that ties the engines, the scheduler,
- * the mask caches, the trough watchdog and the server together (issue 4,
- * DESIGN §1-§5).
+ * the mask caches, the trough watchdog and the server together (DESIGN
+ * §1-§5).
  *
  * gpud_serve() is the whole daemon: configuration checks, the memory plan,
  * one engine + mask cache + worker thread per device, one scheduler over
  * all of them, warm-up, the libuv loop with the server and the signal
  * handlers, and an orderly shutdown. It returns the process exit status.
  *
- * The pure pieces below (the memory plan and segment tokenization with
- * chat formatting) are exposed so that their arithmetic and messages are
- * unit-tested without a running daemon (tests/unit/daemon_test.c).
+ * The pure pieces below (the memory plan, a device's stats entry and
+ * segment tokenization with chat formatting) are exposed so that their
+ * arithmetic and messages are unit-tested without a running daemon
+ * (tests/unit/daemon_test.c). Implementation: daemon*.c, listed in
+ * gpud/daemon_impl.h.
  */
 #ifndef GPUD_DAEMON_H
 #define GPUD_DAEMON_H
