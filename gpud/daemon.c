@@ -108,12 +108,12 @@ static void daemon_free(struct gpud_daemon *d)
 	free(d);
 }
 
-/* Builds every part after the plan. Returns 0 or logs why not. */
-static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
+/* --- building the parts (after the plan, before the loop) ------------------- */
+
+/* The trough watchdog, with room for every pool the daemon registers. */
+static int watch_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
-	struct gpud_engine *engines[SW_CONFIG_MAX_DEVICES];
-	struct gpud_sched_params sp;
 	struct gpud_memwatch_params wp = {
 		.max_pools = 2 * SW_CONFIG_MAX_DEVICES + 2,
 		.window_ms = g->watchdog.window_ms,
@@ -121,102 +121,128 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 		.min_rise = 1,
 		.rise_fraction = 0,
 	};
-	char err[512] = "", a[32], b[32];
 	int rc;
 
 	rc = gpud_memwatch_create(&d->watch, &wp);
-	if (rc) {
+	if (rc)
 		log_error("watchdog: %s", sw_strerror(rc));
+	return rc;
+}
+
+/* dv's engine: a backend instance of the device's kind with the planned
+ * KV blocks, its scratch, and its thread pool. */
+static int engine_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z)
+{
+	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
+	struct gpud_engine_params ep;
+	char err[512] = "", a[32], b[32];
+	int rc;
+
+	gpud_engine_params_default(&ep);
+	ep.n_threads = (int)z->threads_per_dev;
+	ep.n_ctx = d->n_ctx;
+	ep.max_batch_tokens = g->max_batch_tokens;
+	ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
+	ep.block_tokens = g->kv_block_tokens;
+	ep.n_blocks = d->plan.kv_blocks;
+	ep.device = (int)dv->idx;
+	ep.kind = g->devices[dv->idx].kind;
+	ep.ordinal = g->devices[dv->idx].index;
+	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
+	if (rc) {
+		log_error("%s: engine: %s", dv->name, err);
 		return rc;
 	}
-	for (uint32_t i = 0; i < d->n_dev; i++) {
-		struct device *dv = &d->dev[i];
-		struct gpud_engine_params ep;
-		struct gpud_maskcache_params mp;
-		struct gpud_engine_stats st;
-		struct gpud_maskcache_stats ms;
-		char wname[GPUD_STATS_NAME_MAX + 8];
+	gpud_engine_stats(dv->engine, &dv->est);
+	gpud_fmt_bytes(dv->est.kv_bytes, a, sizeof(a));
+	gpud_fmt_bytes(dv->est.scratch_bytes, b, sizeof(b));
+	log_info("%s: reserved KV %u blocks x %" PRIu64 " bytes = %s, scratch %s, %d threads",
+		 dv->name, dv->est.kv.n_blocks, d->kv_block_bytes, a, b, ep.n_threads);
+	return 0;
+}
 
-		gpud_engine_params_default(&ep);
-		ep.n_threads = (int)z->threads_per_dev;
-		ep.n_ctx = d->n_ctx;
-		ep.max_batch_tokens = g->max_batch_tokens;
-		ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
-		ep.block_tokens = g->kv_block_tokens;
-		ep.n_blocks = d->plan.kv_blocks;
-		ep.device = (int)i;
-		ep.kind = g->devices[i].kind;
-		ep.ordinal = g->devices[i].index;
-		rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
-		if (rc) {
-			log_error("%s: engine: %s", dv->name, err);
-			return rc;
-		}
-		engines[i] = dv->engine;
-		gpud_engine_stats(dv->engine, &st);
-		dv->est = st;
-		gpud_fmt_bytes(st.kv_bytes, a, sizeof(a));
-		gpud_fmt_bytes(st.scratch_bytes, b, sizeof(b));
-		log_info("%s: reserved KV %u blocks x %" PRIu64 " bytes = %s, scratch %s, %d threads",
-			 dv->name, st.kv.n_blocks, d->kv_block_bytes, a, b, ep.n_threads);
+/* dv's mask cache and its pool of equal slots. */
+static int masks_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z)
+{
+	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
+	struct gpud_maskcache_params mp;
+	char wname[GPUD_STATS_NAME_MAX + 8], a[32], b[32];
+	int rc;
 
-		snprintf(wname, sizeof(wname), "%s.mask", dv->name);
-		mp = (struct gpud_maskcache_params){
-			.name = wname,
-			.max_segments = g->max_segments,
-			.max_prompt_tokens = d->n_ctx,
-			.block_tokens = g->kv_block_tokens,
-			.max_entries = z->mask_entries,
-			.max_bytes = g->mask_cache_bytes,
-		};
-		rc = gpud_maskcache_create(&dv->masks, &mp);
-		if (rc) {
-			log_error("%s: mask cache of %u entries: %s", dv->name, z->mask_entries,
-				  sw_strerror(rc));
-			return rc;
-		}
-		gpud_maskcache_stats(dv->masks, &ms);
-		dv->mst = ms;
-		gpud_fmt_bytes(ms.reserved_bytes, a, sizeof(a));
-		gpud_fmt_bytes(ms.max_bytes, b, sizeof(b));
-		log_info("%s: reserved mask pool %u slots x %zu bytes = %s (cache bound %u entries, "
-			 "%s)", dv->name, ms.pool_capacity, ms.slot_bytes, a, ms.max_entries, b);
-		for (uint32_t j = 0; j < EMBED_SLOTS; j++) {
-			dv->jobs[j].tokens = malloc((size_t)d->n_ctx * sizeof(int32_t));
-			dv->jobs[j].out = malloc((size_t)d->dim * sizeof(float));
-			if (!dv->jobs[j].tokens || !dv->jobs[j].out) {
-				log_error("%s: out of memory for embedding slots", dv->name);
-				return -ENOMEM;
-			}
-		}
-		snprintf(wname, sizeof(wname), "%s.kv", dv->name);
-		dv->wd_kv = gpud_memwatch_register(d->watch, wname, st.kv.n_blocks);
-		snprintf(wname, sizeof(wname), "%s.mask", dv->name);
-		dv->wd_mask = gpud_memwatch_register(d->watch, wname, ms.pool_capacity);
-		if (dv->wd_kv < 0 || dv->wd_mask < 0) {
-			log_error("%s: watchdog registration failed", dv->name);
-			return -EINVAL;
+	snprintf(wname, sizeof(wname), "%s.mask", dv->name);
+	mp = (struct gpud_maskcache_params){
+		.name = wname,
+		.max_segments = g->max_segments,
+		.max_prompt_tokens = d->n_ctx,
+		.block_tokens = g->kv_block_tokens,
+		.max_entries = z->mask_entries,
+		.max_bytes = g->mask_cache_bytes,
+	};
+	rc = gpud_maskcache_create(&dv->masks, &mp);
+	if (rc) {
+		log_error("%s: mask cache of %u entries: %s", dv->name, z->mask_entries,
+			  sw_strerror(rc));
+		return rc;
+	}
+	gpud_maskcache_stats(dv->masks, &dv->mst);
+	gpud_fmt_bytes(dv->mst.reserved_bytes, a, sizeof(a));
+	gpud_fmt_bytes(dv->mst.max_bytes, b, sizeof(b));
+	log_info("%s: reserved mask pool %u slots x %zu bytes = %s (cache bound %u entries, %s)",
+		 dv->name, dv->mst.pool_capacity, dv->mst.slot_bytes, a, dv->mst.max_entries, b);
+	return 0;
+}
+
+/* dv's embedding job slots: a prompt and an output vector each. */
+static int jobs_build(struct gpud_daemon *d, struct device *dv)
+{
+	for (uint32_t j = 0; j < EMBED_SLOTS; j++) {
+		dv->jobs[j].tokens = malloc((size_t)d->n_ctx * sizeof(int32_t));
+		dv->jobs[j].out = malloc((size_t)d->dim * sizeof(float));
+		if (!dv->jobs[j].tokens || !dv->jobs[j].out) {
+			log_error("%s: out of memory for embedding slots", dv->name);
+			return -ENOMEM;
 		}
 	}
+	return 0;
+}
 
-	{
-		/* The plan used estimates; hold the engines' real figures to it. */
-		uint64_t real = gpud_model_weight_bytes(d->model) + z->host;
-		for (uint32_t i = 0; i < d->n_dev; i++) {
-			real += d->dev[i].est.kv_bytes + d->dev[i].est.scratch_bytes +
-				d->dev[i].mst.reserved_bytes;
-		}
-		gpud_fmt_bytes(real, a, sizeof(a));
-		gpud_fmt_bytes(d->plan.used, b, sizeof(b));
-		if (real > d->plan.total) {
-			char c[32];
-			gpud_fmt_bytes(d->plan.total, c, sizeof(c));
-			log_error("reserved %s in all, more than the budget of %s (plan %s): lower "
-				  "gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
-			return SW_EEXHAUSTED;
-		}
-		log_info("reserved %s in all (plan %s)", a, b);
+/* dv's KV and mask pools under the trough watchdog. */
+static int device_watch(struct gpud_daemon *d, struct device *dv)
+{
+	char wname[GPUD_STATS_NAME_MAX + 8];
+
+	snprintf(wname, sizeof(wname), "%s.kv", dv->name);
+	dv->wd_kv = gpud_memwatch_register(d->watch, wname, dv->est.kv.n_blocks);
+	snprintf(wname, sizeof(wname), "%s.mask", dv->name);
+	dv->wd_mask = gpud_memwatch_register(d->watch, wname, dv->mst.pool_capacity);
+	if (dv->wd_kv < 0 || dv->wd_mask < 0) {
+		log_error("%s: watchdog registration failed", dv->name);
+		return -EINVAL;
 	}
+	return 0;
+}
+
+/* Everything one device owns. */
+static int device_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z)
+{
+	int rc;
+
+	rc = engine_build(d, dv, z);
+	if (rc)
+		return rc;
+	rc = masks_build(d, dv, z);
+	if (rc)
+		return rc;
+	rc = jobs_build(d, dv);
+	if (rc)
+		return rc;
+	return device_watch(d, dv);
+}
+
+/* The server's request and connection slots under the trough watchdog. */
+static int server_watch(struct gpud_daemon *d)
+{
+	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 
 	d->wd_req = gpud_memwatch_register(d->watch, "server.requests", g->queue.global);
 	d->wd_conn = gpud_memwatch_register(d->watch, "server.connections", g->max_connections);
@@ -224,7 +250,20 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 		log_error("watchdog registration failed");
 		return -EINVAL;
 	}
+	return 0;
+}
 
+/* One scheduler over every device's engine. */
+static int sched_build(struct gpud_daemon *d)
+{
+	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
+	struct gpud_engine *engines[SW_CONFIG_MAX_DEVICES];
+	struct gpud_sched_params sp;
+	char err[512] = "";
+	int rc;
+
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		engines[i] = d->dev[i].engine;
 	gpud_sched_params_default(&sp);
 	sp.max_requests = g->queue.global + d->n_dev; /* + the warm-up requests */
 	sp.max_batch_tokens = g->max_batch_tokens;
@@ -238,8 +277,15 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 	log_info("scheduler: %u request slots, max_batch_tokens %u, max_seqs %u, prefix cache "
 		 "%" PRIu64 " bytes per device", sp.max_requests, sp.max_batch_tokens, sp.max_seqs,
 		 (uint64_t)sp.prefix_cache_bytes);
+	return 0;
+}
 
-	/* Loop scratch. */
+/* The loop thread's scratch: prompt ids, chat buffers, tokenizer arena,
+ * the owner dump's buffer. */
+static int loop_scratch_build(struct gpud_daemon *d, const struct sizing *z)
+{
+	char a[32];
+
 	d->max_text = z->max_text;
 	d->ids = malloc((size_t)d->n_ctx * sizeof(int32_t));
 	d->segtok.fmt_cap = 2 * (size_t)z->max_text + 512;
@@ -260,6 +306,33 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 	return 0;
 }
 
+/* Builds every part after the plan, in this order. Returns 0 or logs why
+ * not (what was built is freed by daemon_free). */
+static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
+{
+	int rc;
+
+	rc = watch_build(d);
+	if (rc)
+		return rc;
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		rc = device_build(d, &d->dev[i], z);
+		if (rc)
+			return rc;
+	}
+	rc = gpud__plan_check(d, z);
+	if (rc)
+		return rc;
+	rc = server_watch(d);
+	if (rc)
+		return rc;
+	rc = sched_build(d);
+	if (rc)
+		return rc;
+	return loop_scratch_build(d, z);
+}
+
+/* The server on d's loop, with the service ops. */
 static int server_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
@@ -291,14 +364,176 @@ static int server_build(struct gpud_daemon *d)
 		 "area, made at accept), %u request slots x (%zu + %" PRIu64 " staging + %zu) bytes",
 		 sp.max_connections, a, b, sp.max_requests, sizeof(struct proto_submit),
 		 (uint64_t)sp.stage_bytes, sp.priv_bytes);
-	if (g->metrics[0]) {
-		rc = gpud_metrics_create(&d->metrics, &d->loop, g->metrics, gpud__metrics_render, d, err,
-					 sizeof(err));
+	return 0;
+}
+
+/* The Prometheus endpoint on d's loop, when configured. */
+static int metrics_build(struct gpud_daemon *d)
+{
+	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
+	char err[512] = "";
+	int rc;
+
+	if (!g->metrics[0])
+		return 0;
+	rc = gpud_metrics_create(&d->metrics, &d->loop, g->metrics, gpud__metrics_render, d, err,
+				 sizeof(err));
+	if (rc) {
+		log_error("metrics: %s", err);
+		return rc;
+	}
+	log_info("metrics: Prometheus text on %s (GET /metrics)", g->metrics);
+	return 0;
+}
+
+/* --- start-up steps, in the order gpud_serve runs them ----------------------- */
+
+/* What start-up learns before it reserves anything. */
+struct start {
+	double t0;                /* when gpud_serve began */
+	char name[256];           /* the model's general.name */
+	uint64_t params;          /* the model's parameters */
+	const char *type;         /* its weight type (first layer's wq) */
+	struct sizing z;          /* every pool's size */
+	uint64_t kv_block_bytes;  /* one KV block, all layers */
+};
+
+/* The daemon before anything is loaded; NULL when out of memory. */
+static struct gpud_daemon *daemon_new(const struct sw_config *cfg, double t0)
+{
+	struct gpud_daemon *d = calloc(1, sizeof(*d));
+
+	if (!d)
+		return NULL;
+	d->cfg = *cfg;
+	d->t_start = t0;
+	d->dump_fd = -1;
+	pthread_mutex_init(&d->watch_lock, NULL);
+	return d;
+}
+
+/* The version, library versions and effective config (STYLE: logging). */
+static void log_start(const struct sw_config *cfg)
+{
+	char *js;
+
+	log_info("gpud %s starting (pid %d)", SW_VERSION, (int)getpid());
+	log_info("libraries: libuv %s, jansson %s, glibc %s", uv_version_string(),
+		 JANSSON_VERSION, gnu_get_libc_version());
+	js = sw_config_to_json(cfg);
+	log_info("config: %s", js ? js : "(out of memory)");
+	free(js);
+}
+
+/* Opens the model and describes it into st. The error goes to out when
+ * check_only, else to the log. */
+static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
+{
+	char err[1024] = "";
+	int rc;
+
+	rc = gpud_model_load(&d->model, d->cfg.gpud.model, err, sizeof(err));
+	if (rc) {
+		if (check_only)
+			fprintf(out, "gpud.model: %s\n", err);
+		else
+			log_error("gpud.model: %s", err);
+		return rc;
+	}
+	d->tok = gpud_model_tokenizer(d->model);
+	d->tmpl = gpud_tokenizer_chat_template(d->tok);
+	model_desc(d->model, st->name, sizeof(st->name), &st->params, &st->type);
+	return 0;
+}
+
+/* Sizes the pools and computes the memory plan into st and d->plan. The
+ * error (with its numbers) goes to out when check_only, else to the log. */
+static int plan_memory(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
+{
+	char err[1024] = "";
+	int rc;
+
+	gpud__size_pools(&d->cfg, d->model, &st->z);
+	rc = gpud__make_plan(&d->cfg, d->model, &st->z, &d->plan, &st->kv_block_bytes, err,
+			     sizeof(err));
+	if (rc) {
+		if (check_only)
+			fprintf(out, "%s\n", err);
+		else
+			log_error("%s", err);
+	}
+	return rc;
+}
+
+/* `gpud serve --check`'s report. */
+static void print_check(const struct gpud_daemon *d, const struct start *st, FILE *out)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(d->model);
+
+	fprintf(out, "configuration OK\n");
+	fprintf(out, "model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, "
+		"n_ctx %u (using %u)\n", st->name, d->cfg.gpud.model, st->params, st->type,
+		hp->n_layers, hp->dim, hp->n_ctx, st->z.n_ctx);
+	gpud__print_plan(out, &d->cfg, &st->z, &d->plan, st->kv_block_bytes,
+			 gpud_model_weight_bytes(d->model));
+}
+
+/* The model and the plan, to the log. */
+static void log_model_plan(const struct gpud_daemon *d, const struct start *st)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(d->model);
+
+	log_info("model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, heads "
+		 "%u/%u, vocab %u, n_ctx %u (using %u), chat template %s", st->name,
+		 d->cfg.gpud.model, st->params, st->type, hp->n_layers, hp->dim, hp->n_heads,
+		 hp->n_kv_heads, hp->n_vocab, hp->n_ctx, st->z.n_ctx,
+		 d->tmpl == GPUD_CHAT_LLAMA3 ? "llama3" :
+		 d->tmpl == GPUD_CHAT_LLAMA2 ? "llama2" : "none");
+	gpud__log_plan(&d->cfg, &st->z, &d->plan, st->kv_block_bytes,
+		       gpud_model_weight_bytes(d->model));
+}
+
+/* The planned figures onto d, and each device's name and lock. */
+static void devices_init(struct gpud_daemon *d, const struct start *st)
+{
+	d->dim = gpud_model_hparams(d->model)->dim;
+	d->n_ctx = st->z.n_ctx;
+	d->n_dev = d->cfg.gpud.n_devices;
+	d->block_tokens = d->cfg.gpud.kv_block_tokens;
+	d->kv_block_bytes = st->kv_block_bytes;
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		d->dev[i].d = d;
+		d->dev[i].idx = i;
+		snprintf(d->dev[i].name, sizeof(d->dev[i].name), "cpu%u", i);
+		pthread_mutex_init(&d->dev[i].lock, NULL);
+	}
+}
+
+/* The libuv loop the server, metrics, signals and timers live on. */
+static int loop_init(struct gpud_daemon *d)
+{
+	int rc = uv_loop_init(&d->loop);
+
+	if (rc) {
+		log_error("libuv: %s", uv_strerror(rc));
+		return rc;
+	}
+	d->loop_ok = true;
+	return 0;
+}
+
+/* One thread per device (gpud__device_main). */
+static int devices_start(struct gpud_daemon *d)
+{
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		int rc = -pthread_create(&d->dev[i].thread, NULL, gpud__device_main, &d->dev[i]);
+
 		if (rc) {
-			log_error("metrics: %s", err);
+			log_error("%s: cannot start the device thread: %s", d->dev[i].name,
+				  strerror(-rc));
 			return rc;
 		}
-		log_info("metrics: Prometheus text on %s (GET /metrics)", g->metrics);
+		d->dev[i].started = true;
 	}
 	return 0;
 }
@@ -355,113 +590,9 @@ static int warm_up(struct gpud_daemon *d)
 	return 0;
 }
 
-int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
+/* The signal handlers and the loop's timers (daemon_signal.c). */
+static void signals_start(struct gpud_daemon *d)
 {
-	struct gpud_daemon *d;
-	struct sizing z;
-	char err[1024] = "", name[256];
-	const char *type;
-	uint64_t params, bb;
-	double t0 = now_s();
-	char *js;
-	int rc;
-
-	d = calloc(1, sizeof(*d));
-	if (!d) {
-		fprintf(out, "gpud: out of memory\n");
-		return 1;
-	}
-	d->cfg = *cfg;
-	d->t_start = t0;
-	d->dump_fd = -1;
-	pthread_mutex_init(&d->watch_lock, NULL);
-
-	if (!check_only) {
-		log_info("gpud %s starting (pid %d)", SW_VERSION, (int)getpid());
-		log_info("libraries: libuv %s, jansson %s, glibc %s", uv_version_string(),
-			 JANSSON_VERSION, gnu_get_libc_version());
-		js = sw_config_to_json(cfg);
-		log_info("config: %s", js ? js : "(out of memory)");
-		free(js);
-	}
-	rc = gpud_model_load(&d->model, cfg->gpud.model, err, sizeof(err));
-	if (rc) {
-		if (check_only)
-			fprintf(out, "gpud.model: %s\n", err);
-		else
-			log_error("gpud.model: %s", err);
-		goto out_fail;
-	}
-	d->tok = gpud_model_tokenizer(d->model);
-	d->tmpl = gpud_tokenizer_chat_template(d->tok);
-	model_desc(d->model, name, sizeof(name), &params, &type);
-	gpud__size_pools(cfg, d->model, &z);
-	rc = gpud__make_plan(cfg, d->model, &z, &d->plan, &bb, err, sizeof(err));
-	if (rc) {
-		if (check_only)
-			fprintf(out, "%s\n", err);
-		else
-			log_error("%s", err);
-		goto out_fail;
-	}
-	if (check_only) {
-		const struct gpud_model_hparams *hp = gpud_model_hparams(d->model);
-		fprintf(out, "configuration OK\n");
-		fprintf(out, "model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, "
-			"n_ctx %u (using %u)\n", name, cfg->gpud.model, params, type, hp->n_layers,
-			hp->dim, hp->n_ctx, z.n_ctx);
-		gpud__print_plan(out, cfg, &z, &d->plan, bb, gpud_model_weight_bytes(d->model));
-		daemon_free(d);
-		return 0;
-	}
-	{
-		const struct gpud_model_hparams *hp = gpud_model_hparams(d->model);
-		log_info("model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, heads "
-			 "%u/%u, vocab %u, n_ctx %u (using %u), chat template %s", name,
-			 cfg->gpud.model, params, type, hp->n_layers, hp->dim, hp->n_heads,
-			 hp->n_kv_heads, hp->n_vocab, hp->n_ctx, z.n_ctx,
-			 d->tmpl == GPUD_CHAT_LLAMA3 ? "llama3" :
-			 d->tmpl == GPUD_CHAT_LLAMA2 ? "llama2" : "none");
-		d->dim = hp->dim;
-	}
-	gpud__log_plan(cfg, &z, &d->plan, bb, gpud_model_weight_bytes(d->model));
-	d->n_ctx = z.n_ctx;
-	d->n_dev = cfg->gpud.n_devices;
-	d->block_tokens = cfg->gpud.kv_block_tokens;
-	d->kv_block_bytes = bb;
-	for (uint32_t i = 0; i < d->n_dev; i++) {
-		d->dev[i].d = d;
-		d->dev[i].idx = i;
-		snprintf(d->dev[i].name, sizeof(d->dev[i].name), "cpu%u", i);
-		pthread_mutex_init(&d->dev[i].lock, NULL);
-	}
-	rc = daemon_build(d, &z);
-	if (rc)
-		goto out_fail;
-
-	rc = uv_loop_init(&d->loop);
-	if (rc) {
-		log_error("libuv: %s", uv_strerror(rc));
-		goto out_fail;
-	}
-	d->loop_ok = true;
-	rc = server_build(d);
-	if (rc)
-		goto out_fail;
-
-	for (uint32_t i = 0; i < d->n_dev; i++) {
-		rc = -pthread_create(&d->dev[i].thread, NULL, gpud__device_main, &d->dev[i]);
-		if (rc) {
-			log_error("%s: cannot start the device thread: %s", d->dev[i].name,
-				  strerror(-rc));
-			goto out_fail;
-		}
-		d->dev[i].started = true;
-	}
-	rc = warm_up(d);
-	if (rc)
-		goto out_fail;
-
 	uv_signal_init(&d->loop, &d->sig_term);
 	uv_signal_init(&d->loop, &d->sig_int);
 	uv_signal_init(&d->loop, &d->sig_usr1);
@@ -474,33 +605,103 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	uv_signal_start(&d->sig_term, gpud__on_signal, SIGTERM);
 	uv_signal_start(&d->sig_int, gpud__on_signal, SIGINT);
 	uv_signal_start(&d->sig_usr1, gpud__on_signal, SIGUSR1);
+}
+
+/* Opens the socket; from here on the allocation counters say "since
+ * warm-up". */
+static int server_listen(struct gpud_daemon *d, double t0)
+{
+	char err[1024] = "";
+	int rc;
 
 	rc = gpud_server_listen(d->server, err, sizeof(err));
 	if (rc) {
 		log_error("server: %s", err);
-		goto out_fail;
+		return rc;
 	}
 	d->last_rate_t = now_s();
 	uv_timer_start(&d->sample_timer, gpud__on_sample, IDLE_WAIT_MS, IDLE_WAIT_MS);
 	gpud_alloc_warmup_done();
-	log_info("listening on %s (%u device%s) after %.2f s of start-up", cfg->gpud.socket,
+	log_info("listening on %s (%u device%s) after %.2f s of start-up", d->cfg.gpud.socket,
 		 d->n_dev, d->n_dev == 1 ? "" : "s", now_s() - t0);
+	return 0;
+}
 
+/* Serves until the signal handlers close every handle. */
+static void loop_run(struct gpud_daemon *d)
+{
 	gpud_alloc_set_role(GPUD_ALLOC_LOOP);
 	uv_run(&d->loop, UV_RUN_DEFAULT);
 	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+}
 
-	{
-		struct gpud_alloc_counts c;
-		gpud_alloc_since_warmup(&c);
-		log_info("stopped: %" PRIu64 " requests completed, %" PRIu64 " errors, %" PRIu64
-			 " cancelled; host allocations since warm-up: loop %" PRIu64 ", device %"
-			 PRIu64 "%s", (uint64_t)atomic_load(&d->completed) +
-			 atomic_load(&d->embeds), (uint64_t)atomic_load(&d->errors),
-			 (uint64_t)atomic_load(&d->cancelled), c.host_allocs[GPUD_ALLOC_LOOP],
-			 c.host_allocs[GPUD_ALLOC_DEVICE],
-			 gpud_alloc_hooked() ? "" : " (not counted in this build)");
+/* The totals, and the allocations the request path made (must be 0). */
+static void log_stopped(struct gpud_daemon *d)
+{
+	struct gpud_alloc_counts c;
+
+	gpud_alloc_since_warmup(&c);
+	log_info("stopped: %" PRIu64 " requests completed, %" PRIu64 " errors, %" PRIu64
+		 " cancelled; host allocations since warm-up: loop %" PRIu64 ", device %"
+		 PRIu64 "%s", (uint64_t)atomic_load(&d->completed) +
+		 atomic_load(&d->embeds), (uint64_t)atomic_load(&d->errors),
+		 (uint64_t)atomic_load(&d->cancelled), c.host_allocs[GPUD_ALLOC_LOOP],
+		 c.host_allocs[GPUD_ALLOC_DEVICE],
+		 gpud_alloc_hooked() ? "" : " (not counted in this build)");
+}
+
+int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
+{
+	struct gpud_daemon *d;
+	struct start st = { .t0 = now_s() };
+	int rc;
+
+	d = daemon_new(cfg, st.t0);
+	if (!d) {
+		fprintf(out, "gpud: out of memory\n");
+		return 1;
 	}
+	if (!check_only)
+		log_start(cfg);
+	rc = model_open(d, &st, check_only, out);
+	if (rc)
+		goto out_fail;
+	rc = plan_memory(d, &st, check_only, out);
+	if (rc)
+		goto out_fail;
+	if (check_only) {
+		print_check(d, &st, out);
+		daemon_free(d);
+		return 0;
+	}
+	log_model_plan(d, &st);
+
+	devices_init(d, &st);
+	rc = daemon_build(d, &st.z);
+	if (rc)
+		goto out_fail;
+	rc = loop_init(d);
+	if (rc)
+		goto out_fail;
+	rc = server_build(d);
+	if (rc)
+		goto out_fail;
+	rc = metrics_build(d);
+	if (rc)
+		goto out_fail;
+	rc = devices_start(d);
+	if (rc)
+		goto out_fail;
+	rc = warm_up(d);
+	if (rc)
+		goto out_fail;
+	signals_start(d);
+	rc = server_listen(d, st.t0);
+	if (rc)
+		goto out_fail;
+
+	loop_run(d);
+	log_stopped(d);
 	daemon_free(d);
 	log_info("gpud exits");
 	return 0;

@@ -160,10 +160,20 @@ struct gpud_daemon {
 	double t_start;
 };
 
-/* Everything the plan needs that depends on the model and the config. */
+/* Everything the plan needs that depends on the model and the config
+ * (gpud__size_pools); bytes unless said otherwise. */
 struct sizing {
-	uint32_t n_ctx, threads_per_dev, mask_entries, max_text;
-	uint64_t scratch, mask_slot, mask_pool, server, tok_scratch, host;
+	uint32_t n_ctx;           /* positions per sequence */
+	uint32_t threads_per_dev; /* backend threads of each device */
+	uint32_t mask_entries;    /* mask cache entries per device */
+	uint32_t max_text;        /* text bytes of one request */
+	uint64_t scratch;         /* step scratch per device (its backend's figure) */
+	uint64_t mask_slot;       /* one mask pool slot */
+	uint64_t mask_pool;       /* mask pool per device: mask_entries + 1 slots */
+	uint64_t server;          /* connection regions and request slots */
+	uint64_t tok_scratch;     /* the loop's tokenizer arena */
+	uint64_t host;            /* every host-only pool (server, loop scratch,
+				   * embedding slots) */
 };
 
 static inline double now_s(void)
@@ -195,6 +205,12 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 		      const struct gpud_plan *p, uint64_t bb, uint64_t weights);
 void gpud__log_plan(const struct sw_config *cfg, const struct sizing *z,
 		    const struct gpud_plan *p, uint64_t bb, uint64_t weights);
+
+/* The plan used estimates: holds what the devices really reserved (their
+ * engines' and mask pools' figures, d->dev[].est and .mst) plus the
+ * weights and host pools to its budget. Logs the total; SW_EEXHAUSTED
+ * (logged) when it passes. */
+int gpud__plan_check(const struct gpud_daemon *d, const struct sizing *z);
 
 /* --- daemon_device.c: device threads and their embedding queues ------------ */
 

@@ -256,3 +256,23 @@ void gpud__log_plan(const struct sw_config *cfg, const struct sizing *z,
 		log_info("%s", line);
 	free(buf);
 }
+
+int gpud__plan_check(const struct gpud_daemon *d, const struct sizing *z)
+{
+	uint64_t real = gpud_model_weight_bytes(d->model) + z->host;
+	char a[32], b[32], c[32];
+
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		real += d->dev[i].est.kv_bytes + d->dev[i].est.scratch_bytes +
+			d->dev[i].mst.reserved_bytes;
+	gpud_fmt_bytes(real, a, sizeof(a));
+	gpud_fmt_bytes(d->plan.used, b, sizeof(b));
+	if (real > d->plan.total) {
+		gpud_fmt_bytes(d->plan.total, c, sizeof(c));
+		log_error("reserved %s in all, more than the budget of %s (plan %s): lower "
+			  "gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
+		return SW_EEXHAUSTED;
+	}
+	log_info("reserved %s in all (plan %s)", a, b);
+	return 0;
+}
