@@ -504,7 +504,7 @@ static void devices_init(struct gpud_daemon *d, const struct start *st)
 	for (uint32_t i = 0; i < d->n_dev; i++) {
 		d->dev[i].d = d;
 		d->dev[i].idx = i;
-		snprintf(d->dev[i].name, sizeof(d->dev[i].name), "cpu%u", i);
+		gpud__device_name(&d->cfg, i, d->dev[i].name, sizeof(d->dev[i].name));
 		pthread_mutex_init(&d->dev[i].lock, NULL);
 	}
 }

@@ -90,7 +90,7 @@ struct embed_job {
 struct device {
 	struct gpud_daemon *d;
 	uint32_t idx;
-	char name[16];         /* "cpu0" */
+	char name[16];         /* "cpu0" (gpud__device_name) */
 	struct gpud_engine *engine;
 	pthread_mutex_t lock;  /* masks, jobs, n_jobs, job_seq, sample */
 	struct gpud_maskcache *masks;
@@ -199,6 +199,10 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		    const struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
 		    char *err, size_t errlen);
+
+/* Device i's name in logs, stats and the plan: its backend's name and its
+ * index in gpud.devices ("cpu0", "cpu1", ...). */
+void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_t outlen);
 
 /* The plan, one line per pool, to out (`gpud serve --check`) or the log. */
 void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizing *z,

@@ -206,6 +206,13 @@ int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 	return gpud_plan_compute(&in, plan, err, errlen);
 }
 
+void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_t outlen)
+{
+	const struct gpud_backend_ops *ops = gpud_backend_for(cfg->gpud.devices[i].kind);
+
+	snprintf(out, outlen, "%s%u", ops ? ops->name : "dev", i);
+}
+
 void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizing *z,
 		      const struct gpud_plan *p, uint64_t bb, uint64_t weights)
 {
@@ -218,19 +225,22 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 	gpud_fmt_bytes(weights, a, sizeof(a));
 	fprintf(out, "  weights: %s (mapped once, shared by the devices)\n", a);
 	for (uint32_t i = 0; i < cfg->gpud.n_devices; i++) {
+		char dev[16];
+
+		gpud__device_name(cfg, i, dev, sizeof(dev));
 		gpud_fmt_bytes(p->kv_bytes, a, sizeof(a));
-		fprintf(out, "  cpu%u.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; "
-			"%u blocks hold max_seqs %u full contexts)\n", i, p->kv_blocks, bb, a,
+		fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; "
+			"%u blocks hold max_seqs %u full contexts)\n", dev, p->kv_blocks, bb, a,
 			cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
 		gpud_fmt_bytes(z->scratch, a, sizeof(a));
-		fprintf(out, "  cpu%u.scratch: %s (max_batch_tokens %u, estimate)\n", i, a,
+		fprintf(out, "  %s.scratch: %s (max_batch_tokens %u, estimate)\n", dev, a,
 			cfg->gpud.max_batch_tokens);
 		gpud_fmt_bytes(z->mask_pool, a, sizeof(a));
-		fprintf(out, "  cpu%u.mask: %u + 1 slots x %" PRIu64 " bytes = %s\n", i,
+		fprintf(out, "  %s.mask: %u + 1 slots x %" PRIu64 " bytes = %s\n", dev,
 			z->mask_entries, z->mask_slot, a);
 		gpud_fmt_bytes(cfg->gpud.prefix_cache_bytes, a, sizeof(a));
-		fprintf(out, "  cpu%u.prefix: at most %s of unreferenced KV (inside cpu%u.kv)\n", i,
-			a, i);
+		fprintf(out, "  %s.prefix: at most %s of unreferenced KV (inside %s.kv)\n", dev,
+			a, dev);
 	}
 	gpud_fmt_bytes(z->server, a, sizeof(a));
 	gpud_fmt_bytes(cfg->gpud.ring_bytes, b, sizeof(b));
