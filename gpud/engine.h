@@ -2,8 +2,9 @@
  *
  * An engine binds a loaded model to a backend instance and a paged KV
  * pool; the kind of device in its parameters picks the backend
- * (gpud_backend_for, gpud/backend.h). Everything is reserved in gpud_engine_create(): KV
- * storage, the block tables of max_seqs sequence slots, step scratch for
+ * (gpud_backend_for, gpud/backend.h). Everything is reserved in
+ * gpud_engine_create(): KV storage, the block tables of max_seqs sequence
+ * slots, step scratch for
  * max_batch_tokens tokens and max_logits logits rows. gpud_engine_step()
  * allocates nothing (stats.allocs_after_warmup counts any allocation made
  * by the engine or backend after creation; it must stay 0).
