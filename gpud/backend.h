@@ -1,10 +1,23 @@
-/* backend.h - the ops table every compute backend implements (ggml-style).
+/* backend.h - the ops table every compute backend implements (ggml-style),
+ * and the registry that picks a table by device kind.
  *
- * A backend instance holds, for one device: the KV storage for n_blocks
- * blocks, a scratch area sized for the largest step (max_batch_tokens
- * tokens, max_seqs sequences, max_logits logits rows), and whatever it
- * needs to run the model (thread pool, streams, handles). All of it is
- * reserved in init; forward() allocates nothing.
+ * A backend instance runs the model on one device: gpud has one instance
+ * per configured device (engine.h), each with its own pools. An instance
+ * holds the KV storage for n_blocks blocks, a scratch area sized for the
+ * largest step (max_batch_tokens tokens, max_seqs sequences, max_logits
+ * logits rows), and whatever it needs to run the model (thread pool,
+ * streams, handles). All of it is reserved in init; forward() allocates
+ * nothing.
+ *
+ * Host and device backends. The CPU backend works in host RAM: it reads
+ * the weights through the model's mapping (shared by every instance) and
+ * its KV and scratch are host memory. A device backend (CUDA) fits the
+ * same slots: init uploads the weights to its device (once per instance,
+ * so once per device) and reserves KV and scratch there from per-device
+ * pools; forward() leaves logits (and hidden states) in host buffers of
+ * its own, so logits() and hidden() look the same to the engine; stats()
+ * counts its device allocations. cfg.ordinal says which device of its kind
+ * an instance runs on.
  *
  * KV block bookkeeping is not the backend's: the engine owns a gpud_kv
  * (gpud/kv.h) and passes each sequence's block table with every step.
@@ -12,8 +25,9 @@
  * (n_kv_heads, block_tokens, head_dim) floats (the CPU layout; other
  * backends may choose their own).
  *
- * Slots marked "optional" may be NULL. The CPU backend (backend/cpu/cpu.h)
- * implements every slot and is the reference for the others.
+ * Slots marked "optional" may be NULL; every other slot is required. The
+ * CPU backend (backend/cpu/cpu.h) implements every slot and is the
+ * reference for the others.
  */
 #ifndef GPUD_BACKEND_H
 #define GPUD_BACKEND_H
@@ -22,12 +36,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/config.h"
+
 struct gpud_model;
 struct gpud_mask;
 
 struct gpud_backend_config {
 	const struct gpud_model *model; /* borrowed; outlives the backend */
-	int n_threads;                  /* <= 0: one per online CPU */
+	int ordinal;                    /* which device of the backend's kind:
+					 * N of "cuda:N"; 0 for cpu */
+	int n_threads;                  /* host threads; <= 0: one per online CPU */
 	uint32_t n_blocks;              /* KV blocks to store */
 	uint32_t block_tokens;          /* positions per KV block */
 	uint32_t max_batch_tokens;      /* tokens per step at most */
@@ -69,8 +87,17 @@ struct gpud_backend_stats {
 struct gpud_backend_ops {
 	const char *name; /* "cpu", "cuda" */
 
-	/* Creates an instance for cfg. Returns 0 and *ctx, or a negative code
-	 * with a message in err (nothing is left allocated). */
+	/* Step scratch bytes an instance made from cfg will reserve, known
+	 * before any instance exists: the memory plan (gpud/daemon.h) sizes
+	 * each device with it. Reads cfg's model, n_threads, max_batch_tokens,
+	 * max_seqs and max_logits (0: one row). An estimate within a small
+	 * factor of the real figure, which stats() reports once the instance
+	 * exists. */
+	uint64_t (*scratch_bytes)(const struct gpud_backend_config *cfg);
+
+	/* Creates an instance for cfg: reserves everything its steps will use
+	 * (a device backend uploads the weights here). Returns 0 and *ctx, or
+	 * a negative code with a message in err (nothing is left allocated). */
 	int (*init)(void **ctx, const struct gpud_backend_config *cfg, char *err, size_t errlen);
 
 	/* Frees everything init reserved; accepts NULL. */
@@ -96,8 +123,16 @@ struct gpud_backend_ops {
 	 * copy-on-write). Returns 0 or a negative code. */
 	int (*kv_copy)(void *ctx, uint32_t dst, uint32_t src);
 
-	/* optional */
+	/* optional: fills *st (O(1), callable every step). */
 	void (*stats)(void *ctx, struct gpud_backend_stats *st);
 };
+
+/* --- the registry ---------------------------------------------------------- */
+
+/* The ops table that runs devices of kind (config "cpu" -> the CPU
+ * backend), or NULL when this build has no backend for it ("cuda:N" until
+ * the CUDA backend lands). The table is static; a new backend adds its row
+ * to the registry (gpud/backend.c) and nothing else changes. */
+const struct gpud_backend_ops *gpud_backend_for(enum sw_device_kind kind);
 
 #endif

@@ -1,15 +1,17 @@
 /* daemon.h - `gpud serve`: the daemon that ties the engines, the scheduler,
- * the mask caches, the trough watchdog and the server together (issue 4,
- * DESIGN §1-§5).
+ * the mask caches, the trough watchdog and the server together (DESIGN
+ * §1-§5).
  *
  * gpud_serve() is the whole daemon: configuration checks, the memory plan,
  * one engine + mask cache + worker thread per device, one scheduler over
  * all of them, warm-up, the libuv loop with the server and the signal
  * handlers, and an orderly shutdown. It returns the process exit status.
  *
- * The pure pieces below (the memory plan and segment tokenization with
- * chat formatting) are exposed so that their arithmetic and messages are
- * unit-tested without a running daemon (tests/unit/daemon_test.c).
+ * The pure pieces below (the memory plan, a device's stats entry and
+ * segment tokenization with chat formatting) are exposed so that their
+ * arithmetic and messages are unit-tested without a running daemon
+ * (tests/unit/daemon_test.c). Implementation: daemon*.c, listed in
+ * gpud/daemon_impl.h.
  */
 #ifndef GPUD_DAEMON_H
 #define GPUD_DAEMON_H
@@ -29,7 +31,6 @@
 #include "proto/msg.h"
 
 struct sw_arena;
-struct gpud_model;
 
 /* --- the daemon ------------------------------------------------------------ */
 
@@ -55,7 +56,8 @@ struct gpud_plan_in {
 	uint32_t max_seqs;          /* sequences in flight per device */
 	uint32_t n_ctx;             /* positions per sequence */
 	uint32_t block_tokens;      /* positions per KV block */
-	uint64_t scratch_bytes;     /* step scratch, per device */
+	uint64_t scratch_bytes;     /* step scratch per device, as its backend
+				     * sizes it (gpud_backend_ops.scratch_bytes) */
 	uint64_t mask_bytes;        /* mask cache pool, per device */
 	uint64_t host_bytes;        /* host-only pools: server slots and regions,
 				     * tokenizer scratch (counted against RAM) */
@@ -77,7 +79,8 @@ struct gpud_plan {
  * fixed pools. kv_blocks 0 derives the largest count that fits, capped at
  * kv_blocks_full. Returns 0 and *out, or with a message giving the numbers
  * (*out then unspecified):
- *   SW_EUNSUPPORTED  a cuda device ("cuda backend not built/implemented");
+ *   SW_EUNSUPPORTED  a device this build has no backend for (cuda: "the
+ *                    cuda backend is not built/implemented yet");
  *   SW_EEXHAUSTED    the configured kv_blocks, or the fixed pools alone,
  *                    do not fit, or not one block fits;
  *   -EINVAL          inconsistent input (no device, zero sizes). */
@@ -86,13 +89,6 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 
 /* "512 B", "1.5 KiB", "12.5 GiB" (one decimal above 1 KiB). */
 void gpud_fmt_bytes(uint64_t bytes, char *out, size_t outlen);
-
-/* Step scratch bytes the cpu backend will reserve for a model with
- * max_batch_tokens tokens and max_logits logits rows per step (an
- * estimate used by the plan before any engine exists; the engine's real
- * figure is logged after creation). */
-uint64_t gpud_plan_scratch_estimate(const struct gpud_model *m, uint32_t max_batch_tokens,
-				    uint32_t max_logits, uint32_t n_threads);
 
 /* --- stats snapshot ----------------------------------------------------------- */
 

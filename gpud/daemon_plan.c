@@ -1,17 +1,25 @@
-/* daemon_plan.c - the daemon's pure pieces: the memory plan and segment
- * tokenization with chat formatting (gpud/daemon.h). No threads, no
- * sockets: unit-tested on their own. */
-#include "gpud/daemon.h"
-
+/* daemon_plan.c - the memory sizing of `gpud serve` (DESIGN §2): the size
+ * of every pool from the config and the model, the plan that divides
+ * memory_fraction of RAM between the weights, the fixed pools and each
+ * device's KV (gpud_plan_compute, gpud/daemon.h), its report, and the
+ * check that what the engines really reserved stays within it.
+ * gpud_plan_compute and gpud_fmt_bytes are pure and unit-tested.
+ */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
-#include "common/arena.h"
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
+#include "common/log.h"
+#include "gpud/backend.h"
+#include "gpud/daemon_impl.h"
+#include "gpud/mask.h"
 #include "gpud/model.h"
+#include "gpud/tokenizer.h"
+#include "proto/msg.h"
 
 void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
 {
@@ -30,42 +38,6 @@ void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
 	snprintf(out, outlen, "%.1f %s", v, units[u]);
 }
 
-#define SZ64(n) (((uint64_t)(n) + 63) / 64 * 64)
-
-/* Mirrors the cpu backend's scratch carve (backend/cpu/forward.c) closely
- * enough to plan with; the real figure comes from the engine. */
-uint64_t gpud_plan_scratch_estimate(const struct gpud_model *m, uint32_t T, uint32_t NL,
-				    uint32_t nth)
-{
-	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
-	const struct gpud_model_weights *w = gpud_model_weights(m);
-	uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
-	uint64_t mm = 0, f = 4, total;
-
-	if (!NL)
-		NL = 1;
-	if (!nth)
-		nth = 1;
-	for (uint32_t l = 0; l < hp->n_layers; l++) {
-		const struct gpud_weight *ws[] = { &w->layers[l].wq, &w->layers[l].wk,
-						   &w->layers[l].wv, &w->layers[l].wo,
-						   &w->layers[l].w_gate, &w->layers[l].w_up,
-						   &w->layers[l].w_down };
-		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
-			uint64_t s = gpud_matmul_scratch_bytes(ws[i]->type, ws[i]->cols, T);
-			if (s > mm)
-				mm = s;
-		}
-	}
-	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
-		2 * SZ64((uint64_t)T * hp->ffn_dim * f) + SZ64((uint64_t)T * hp->head_dim * f) +
-		SZ64((uint64_t)NL * hp->dim * f) + SZ64((uint64_t)NL * hp->n_vocab * f) +
-		3 * SZ64((uint64_t)T * 4) + SZ64(mm);
-	/* Per-thread attention and fused-decode buffers: small next to the above. */
-	total += (uint64_t)nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
-	return total;
-}
-
 int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
 		      size_t errlen)
 {
@@ -75,12 +47,16 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	if (!in->n_devices || !in->devices || !in->kv_block_bytes || !in->block_tokens ||
 	    !in->n_ctx || !in->max_seqs || !(in->memory_fraction > 0 && in->memory_fraction <= 1))
 		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
-	for (uint32_t i = 0; i < in->n_devices; i++)
-		if (in->devices[i].kind != SW_DEVICE_CPU)
-			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-					 "gpud.devices[%u]: cuda:%d: the cuda backend is not "
-					 "built/implemented yet (use \"cpu\")", i,
-					 in->devices[i].index);
+	for (uint32_t i = 0; i < in->n_devices; i++) {
+		char dev[32];
+
+		if (gpud_backend_for(in->devices[i].kind))
+			continue;
+		sw_config_device_name(&in->devices[i], dev, sizeof(dev));
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "gpud.devices[%u]: %s: the %.*s backend is not built/implemented "
+				 "yet (use \"cpu\")", i, dev, (int)strcspn(dev, ":"), dev);
+	}
 	memset(out, 0, sizeof(*out));
 	out->total = (uint64_t)(in->memory_fraction * (double)in->host_ram);
 	out->kv_blocks_full = (uint32_t)((uint64_t)in->max_seqs *
@@ -135,229 +111,178 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	return 0;
 }
 
-/* --- stats snapshot ---------------------------------------------------------- */
+/* --- sizing and the plan of one configuration -------------------------------- */
 
-static struct gpud_stats_pool *pool_add(struct gpud_stats_snapshot *s, const char *dev,
-					const char *what)
+static uint64_t host_ram(void)
 {
-	struct gpud_stats_pool *p;
+	long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
 
-	if (s->n_pools >= GPUD_STATS_MAX_POOLS)
-		return NULL;
-	p = &s->pools[s->n_pools++];
-	memset(p, 0, sizeof(*p));
-	snprintf(p->name, sizeof(p->name), "%.20s.%s", dev, what);
-	return p;
+	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-static void pool_watch(struct gpud_stats_pool *p, bool have, const struct gpud_memwatch_status *w)
+/* Step scratch per device: the most any configured device's backend asks
+ * for with the engine parameters daemon_build will give it. A device
+ * without a backend counts nothing (the plan refuses it). */
+static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_model *m,
+			      uint32_t threads_per_dev)
 {
-	if (!have) {
-		p->trough = p->trough_k_ago = p->used;
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+	uint64_t most = 0;
+
+	for (uint32_t i = 0; i < g->n_devices; i++) {
+		const struct gpud_backend_ops *ops = gpud_backend_for(g->devices[i].kind);
+		struct gpud_backend_config bc = {
+			.model = m,
+			.ordinal = g->devices[i].index,
+			.n_threads = (int)threads_per_dev,
+			.block_tokens = g->kv_block_tokens,
+			.max_batch_tokens = g->max_batch_tokens,
+			.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
+			.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
+		};
+		uint64_t s = ops ? ops->scratch_bytes(&bc) : 0;
+
+		if (s > most)
+			most = s;
+	}
+	return most;
+}
+
+void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, struct sizing *z)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+	long online = sysconf(_SC_NPROCESSORS_ONLN);
+	uint32_t threads = g->threads ? g->threads : (uint32_t)(online > 0 ? online : 1);
+	uint64_t priv = REQ_PRIV_BYTES;
+
+	memset(z, 0, sizeof(*z));
+	z->n_ctx = g->context && g->context < hp->n_ctx ? g->context : hp->n_ctx;
+	z->threads_per_dev = threads / g->n_devices ? threads / g->n_devices : 1;
+	z->scratch = scratch_bytes(cfg, m, z->threads_per_dev);
+	z->mask_slot = (gpud_mask_bytes(g->max_segments, z->n_ctx, g->kv_block_tokens) +
+			4ull * g->max_segments + 63) / 64 * 64;
+	/* Slots are sized for the largest mask; the cache also bounds the
+	 * bytes of the masks it holds (most are far smaller). Every running
+	 * sequence may pin a mask of its own: at least max_seqs slots. Waiting
+	 * requests pin too; beyond the slots a submit gets SW_EBUSY. */
+	z->mask_entries = (uint32_t)(g->mask_cache_bytes / z->mask_slot);
+	if (z->mask_entries < g->max_seqs)
+		z->mask_entries = g->max_seqs;
+	if (z->mask_entries > 65536)
+		z->mask_entries = 65536;
+	z->mask_pool = z->mask_slot * (z->mask_entries + 1ull);
+	z->max_text = g->request_bytes < MAX_TEXT_CAP ? (uint32_t)g->request_bytes : MAX_TEXT_CAP;
+	z->tok_scratch = gpud_tokenizer_scratch_bytes(gpud_model_tokenizer(m), z->max_text + 512);
+	z->server = (uint64_t)g->max_connections * (g->ring_bytes + g->request_bytes) +
+		    (uint64_t)g->queue.global * (sizeof(struct proto_submit) + g->stage_bytes + priv);
+	z->host = z->server + z->tok_scratch + 2ull * (2 * z->max_text + 512) +
+		  (uint64_t)g->n_devices * EMBED_SLOTS * ((uint64_t)z->n_ctx * 4 + hp->dim * 4);
+}
+
+int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
+		    const struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
+		    char *err, size_t errlen)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	struct gpud_plan_in in = {
+		.n_devices = cfg->gpud.n_devices,
+		.devices = cfg->gpud.devices,
+		.host_ram = host_ram(),
+		.memory_fraction = cfg->gpud.memory_fraction,
+		.weight_bytes = gpud_model_weight_bytes(m),
+		.kv_block_bytes = (uint64_t)hp->n_layers * 2 * hp->n_kv_heads *
+				  cfg->gpud.kv_block_tokens * hp->head_dim * sizeof(float),
+		.kv_blocks = cfg->gpud.kv_blocks,
+		.max_seqs = cfg->gpud.max_seqs,
+		.n_ctx = z->n_ctx,
+		.block_tokens = cfg->gpud.kv_block_tokens,
+		.scratch_bytes = z->scratch,
+		.mask_bytes = z->mask_pool,
+		.host_bytes = z->host,
+	};
+
+	*kv_block_bytes = in.kv_block_bytes;
+	return gpud_plan_compute(&in, plan, err, errlen);
+}
+
+void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_t outlen)
+{
+	const struct gpud_backend_ops *ops = gpud_backend_for(cfg->gpud.devices[i].kind);
+
+	snprintf(out, outlen, "%s%u", ops ? ops->name : "dev", i);
+}
+
+void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizing *z,
+		      const struct gpud_plan *p, uint64_t bb, uint64_t weights)
+{
+	char a[32], b[32], c[32];
+
+	gpud_fmt_bytes(p->total, a, sizeof(a));
+	gpud_fmt_bytes(p->used, b, sizeof(b));
+	fprintf(out, "memory plan: %s of %s budget (gpud.memory_fraction %g)\n", b, a,
+		cfg->gpud.memory_fraction);
+	gpud_fmt_bytes(weights, a, sizeof(a));
+	fprintf(out, "  weights: %s (mapped once, shared by the devices)\n", a);
+	for (uint32_t i = 0; i < cfg->gpud.n_devices; i++) {
+		char dev[16];
+
+		gpud__device_name(cfg, i, dev, sizeof(dev));
+		gpud_fmt_bytes(p->kv_bytes, a, sizeof(a));
+		fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; "
+			"%u blocks hold max_seqs %u full contexts)\n", dev, p->kv_blocks, bb, a,
+			cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
+		gpud_fmt_bytes(z->scratch, a, sizeof(a));
+		fprintf(out, "  %s.scratch: %s (max_batch_tokens %u, estimate)\n", dev, a,
+			cfg->gpud.max_batch_tokens);
+		gpud_fmt_bytes(z->mask_pool, a, sizeof(a));
+		fprintf(out, "  %s.mask: %u + 1 slots x %" PRIu64 " bytes = %s\n", dev,
+			z->mask_entries, z->mask_slot, a);
+		gpud_fmt_bytes(cfg->gpud.prefix_cache_bytes, a, sizeof(a));
+		fprintf(out, "  %s.prefix: at most %s of unreferenced KV (inside %s.kv)\n", dev,
+			a, dev);
+	}
+	gpud_fmt_bytes(z->server, a, sizeof(a));
+	gpud_fmt_bytes(cfg->gpud.ring_bytes, b, sizeof(b));
+	gpud_fmt_bytes(cfg->gpud.request_bytes, c, sizeof(c));
+	fprintf(out, "  server: %s (%u connections x (%s ring + %s request area), %u request "
+		"slots)\n", a, cfg->gpud.max_connections, b, c, cfg->gpud.queue.global);
+	gpud_fmt_bytes(z->tok_scratch, a, sizeof(a));
+	fprintf(out, "  tokenizer scratch: %s (requests up to %u bytes of text)\n", a, z->max_text);
+}
+
+void gpud__log_plan(const struct sw_config *cfg, const struct sizing *z,
+		    const struct gpud_plan *p, uint64_t bb, uint64_t weights)
+{
+	char *buf = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&buf, &len);
+
+	if (!f)
 		return;
-	}
-	p->trough = w->trough;
-	p->trough_k_ago = w->trough_k_ago;
-	p->rising = w->rising;
-	snprintf(p->warning, sizeof(p->warning), "%s", w->warning ? w->warning : "");
+	gpud__print_plan(f, cfg, z, p, bb, weights);
+	fclose(f);
+	for (char *line = strtok(buf, "\n"); line; line = strtok(NULL, "\n"))
+		log_info("%s", line);
+	free(buf);
 }
 
-static struct gpud_stats_cache *cache_add(struct gpud_stats_snapshot *s, const char *dev,
-					  const char *what)
+int gpud__plan_check(const struct gpud_daemon *d, const struct sizing *z)
 {
-	struct gpud_stats_cache *c;
+	uint64_t real = gpud_model_weight_bytes(d->model) + z->host;
+	char a[32], b[32], c[32];
 
-	if (s->n_caches >= GPUD_STATS_MAX_CACHES)
-		return NULL;
-	c = &s->caches[s->n_caches++];
-	memset(c, 0, sizeof(*c));
-	snprintf(c->name, sizeof(c->name), "%.20s.%s", dev, what);
-	return c;
-}
-
-void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_dev_numbers *n)
-{
-	const struct gpud_kv_stats *kv = &n->engine.kv;
-	const struct gpud_maskcache_stats *ms = &n->mask;
-	const struct gpud_sched_device_stats *ds = &n->sched;
-	struct gpud_stats_pool *p;
-	struct gpud_stats_cache *c;
-
-	if (s->n_devices < GPUD_STATS_MAX_DEVICES) {
-		struct gpud_stats_device *sd = &s->devices[s->n_devices++];
-		memset(sd, 0, sizeof(*sd));
-		snprintf(sd->name, sizeof(sd->name), "%s", n->name);
-		sd->queue = ds->queue;
-		sd->running = ds->running;
-		sd->steps = ds->steps;
-		sd->tokens = ds->tokens;
-		sd->generated = ds->generated;
-		sd->preemptions = ds->preemptions;
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		real += d->dev[i].est.kv_bytes + d->dev[i].est.scratch_bytes +
+			d->dev[i].mst.reserved_bytes;
+	gpud_fmt_bytes(real, a, sizeof(a));
+	gpud_fmt_bytes(d->plan.used, b, sizeof(b));
+	if (real > d->plan.total) {
+		gpud_fmt_bytes(d->plan.total, c, sizeof(c));
+		log_error("reserved %s in all, more than the budget of %s (plan %s): lower "
+			  "gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
+		return SW_EEXHAUSTED;
 	}
-	if ((p = pool_add(s, n->name, "kv"))) {
-		p->unit = "blocks";
-		p->unit_bytes = n->kv_block_bytes;
-		p->capacity = kv->n_blocks;
-		p->used = kv->used;
-		p->free = kv->free;
-		p->high = kv->high;
-		p->largest_free_run = kv->free; /* fixed-size blocks: any free one fits */
-		pool_watch(p, n->have_watch, &n->kv_watch);
-	}
-	if ((p = pool_add(s, n->name, "scratch"))) {
-		/* Carved once at start; a step reuses the same carve. */
-		p->unit = "bytes";
-		p->unit_bytes = 1;
-		p->capacity = n->engine.scratch_bytes;
-		p->used = n->engine.scratch_high;
-		p->free = p->capacity > p->used ? p->capacity - p->used : 0;
-		p->high = n->engine.scratch_high;
-		p->largest_free_run = p->free;
-		pool_watch(p, false, NULL);
-	}
-	if ((p = pool_add(s, n->name, "mask"))) {
-		p->unit = "slots";
-		p->unit_bytes = ms->slot_bytes;
-		p->capacity = ms->pool_capacity;
-		p->used = ms->pool_used;
-		p->free = ms->pool_free;
-		p->high = n->mask_high;
-		p->largest_free_run = ms->pool_free; /* equal slots: any free one fits */
-		pool_watch(p, n->have_watch, &n->mask_watch);
-	}
-	if ((c = cache_add(s, n->name, "mask"))) {
-		c->hits = ms->hits;
-		c->misses = ms->misses;
-		c->evictions = ms->evictions;
-		c->bytes = ms->bytes;
-		c->max_bytes = ms->max_bytes;
-		c->entries = ms->entries;
-		c->max_entries = ms->max_entries;
-		c->pinned = ms->pinned;
-	}
-	if ((c = cache_add(s, n->name, "prefix"))) {
-		c->hits = ds->prefix_hits;
-		c->misses = ds->prefix_misses;
-		c->evictions = ds->prefix_evictions;
-		c->bytes = ds->prefix_bytes;
-		c->max_bytes = ds->prefix_max_bytes;
-		c->entries = ds->prefix_blocks;
-		c->max_entries = kv->n_blocks;
-		c->pinned = ds->prefix_blocks - ds->prefix_unreferenced;
-		c->hit_tokens = ds->prefix_hit_tokens;
-	}
-}
-
-/* --- segments ------------------------------------------------------------- */
-
-/* Copies a segment's text (a view: may change under us, may hold NULs)
- * NUL-terminated into dst. */
-static const char *seg_copy(const struct proto_segment *s, char *dst)
-{
-	memcpy(dst, s->text, s->len);
-	dst[s->len] = '\0';
-	return dst;
-}
-
-long gpud_chat_segment(enum gpud_chat_template tmpl, const struct proto_segment *segs,
-		       uint32_t i, bool last, char *out, size_t cap, char *copy, size_t copy_cap)
-{
-	struct gpud_chat_msg m[2];
-	uint32_t n = 0;
-	size_t need_copy = segs[i].len + 1 + (i ? segs[i - 1].len + 1 : 0);
-	long pre = 0, full;
-
-	if (tmpl == GPUD_CHAT_NONE)
-		return SW_EUNSUPPORTED;
-	if (need_copy > copy_cap)
-		return SW_ETOOLONG;
-	/* A template's text for message i depends on message i and, for a
-	 * deferred one (a Llama 2 system prompt), the message before it: the
-	 * segment's text is format(prev, cur) minus format(prev). Templates
-	 * only append, so the latter is a prefix of the former. */
-	if (i > 0) {
-		m[n].role = proto_role_name(segs[i - 1].role);
-		m[n].content = seg_copy(&segs[i - 1], copy);
-		copy += segs[i - 1].len + 1;
-		n++;
-	}
-	m[n].role = proto_role_name(segs[i].role);
-	m[n].content = seg_copy(&segs[i], copy);
-	n++;
-	if (!m[0].role || !m[n - 1].role)
-		return -EINVAL;
-	if (i > 0) {
-		pre = gpud_chat_format(tmpl, m, 1, false, NULL, 0);
-		if (pre < 0)
-			return pre;
-	}
-	full = gpud_chat_format(tmpl, m, n, last, out, cap);
-	if (full < 0)
-		return full;
-	if ((size_t)full >= cap)
-		return SW_ETOOLONG;
-	if (full < pre)
-		return -EINVAL;
-	memmove(out, out + pre, (size_t)(full - pre) + 1);
-	return full - pre;
-}
-
-int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_template tmpl,
-			   bool chat, const struct proto_segment *segs, uint32_t n,
-			   struct gpud_segtok_scratch *sc, int32_t *ids, uint32_t cap,
-			   uint32_t *seg_tokens, uint32_t *n_ids, char *err, size_t errlen)
-{
-	size_t total = 0;
-	bool over = false;
-
-	*n_ids = 0;
-	if (chat && tmpl == GPUD_CHAT_NONE)
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "chat formatting: no chat template known for this model");
-	for (uint32_t i = 0; i < n; i++) {
-		const char *text = segs[i].text;
-		size_t len = segs[i].len, got = 0;
-		unsigned flags = 0;
-		int rc;
-
-		if (chat) {
-			if (!proto_role_name(segs[i].role))
-				return sw_seterr(err, errlen, -EINVAL,
-						 "segment %u: chat formatting needs a role "
-						 "(system, user or assistant)", i);
-			long l = gpud_chat_segment(tmpl, segs, i, i + 1 == n, sc->fmt,
-						   sc->fmt_cap, sc->copy, sc->copy_cap);
-			if (l < 0)
-				return sw_seterr(err, errlen, l == SW_ETOOLONG ? -EINVAL : (int)l,
-						 "segment %u: cannot format it as a chat message: %s",
-						 i, sw_strerror((int)l));
-			text = sc->fmt;
-			len = (size_t)l;
-			flags = GPUD_TOK_PARSE_SPECIAL; /* the template's tokens */
-		} else if (i == 0) {
-			flags = GPUD_TOK_ADD_BOS;
-		}
-		if (len == 0) {
-			seg_tokens[i] = 0;
-			continue;
-		}
-		rc = gpud_tokenizer_encode(tok, text, len, flags, over ? NULL : ids + total,
-					   over ? 0 : cap - total, &got, sc->arena);
-		if (rc == SW_ETOOLONG) {
-			over = true;
-		} else if (rc) {
-			return sw_seterr(err, errlen, rc == -ENOMEM ? -EINVAL : rc,
-					 "segment %u: tokenizer: %s (%zu bytes)", i,
-					 rc == -ENOMEM ? "text too long for the request scratch" :
-					 sw_strerror(rc), len);
-		}
-		seg_tokens[i] = (uint32_t)got;
-		total += got;
-	}
-	*n_ids = total > UINT32_MAX ? UINT32_MAX : (uint32_t)total;
-	if (over)
-		return sw_seterr(err, errlen, SW_ETOOLONG,
-				 "prompt of %zu tokens is longer than the %u a request may have", total,
-				 cap);
+	log_info("reserved %s in all (plan %s)", a, b);
 	return 0;
 }

@@ -16,9 +16,8 @@
 
 #include "common/arena.h"
 #include "common/err.h"
-#include "gpud/backend.h"
 #include "gpud/alloc.h"
-#include "gpud/backend/cpu/cpu.h"
+#include "gpud/backend.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
@@ -86,6 +85,8 @@ void gpud_engine_params_default(struct gpud_engine_params *p)
 		.block_tokens = 16,
 		.n_blocks = 0,
 		.kv_bytes = 0,
+		.kind = SW_DEVICE_CPU,
+		.ordinal = 0,
 	};
 }
 
@@ -141,6 +142,21 @@ static int resolve_params(struct gpud_engine *e, const struct gpud_engine_params
 	return 0;
 }
 
+/* e->ops: the backend for the kind of device in e->p (the registry in
+ * gpud/backend.c); SW_EUNSUPPORTED with a message when this build has none. */
+static int pick_backend(struct gpud_engine *e, char *err, size_t errlen)
+{
+	char dev[32];
+
+	e->ops = gpud_backend_for(e->p.kind);
+	if (e->ops)
+		return 0;
+	sw_config_device_name(&(struct sw_config_device){ e->p.kind, e->p.ordinal }, dev,
+			      sizeof(dev));
+	return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+			 "engine: %s: no backend for this kind of device in this build", dev);
+}
+
 int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		       const struct gpud_engine_params *p, char *err, size_t errlen)
 {
@@ -156,6 +172,9 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	e->model = m;
 	e->hp = gpud_model_hparams(m);
 	rc = resolve_params(e, p, err, errlen);
+	if (rc)
+		goto out_free;
+	rc = pick_backend(e, err, errlen);
 	if (rc)
 		goto out_free;
 	kp = (struct gpud_kv_params){ .n_blocks = e->p.n_blocks, .block_tokens = e->p.block_tokens,
@@ -187,6 +206,7 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	}
 	cfg = (struct gpud_backend_config){
 		.model = m,
+		.ordinal = e->p.ordinal,
 		.n_threads = e->p.n_threads,
 		.n_blocks = e->p.n_blocks,
 		.block_tokens = e->p.block_tokens,
@@ -194,7 +214,6 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		.max_seqs = e->p.max_seqs,
 		.max_logits = e->p.max_logits,
 	};
-	e->ops = &gpud_cpu_backend;
 	rc = e->ops->init(&e->be, &cfg, err, errlen);
 	if (rc)
 		goto out_free;

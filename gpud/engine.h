@@ -1,8 +1,10 @@
 /* engine.h - one device's model runner: sequences, paged KV, batched steps.
  *
- * An engine binds a loaded model to a backend instance (CPU for now) and a
- * paged KV pool. Everything is reserved in gpud_engine_create(): KV
- * storage, the block tables of max_seqs sequence slots, step scratch for
+ * An engine binds a loaded model to a backend instance and a paged KV
+ * pool; the kind of device in its parameters picks the backend
+ * (gpud_backend_for, gpud/backend.h). Everything is reserved in
+ * gpud_engine_create(): KV storage, the block tables of max_seqs sequence
+ * slots, step scratch for
  * max_batch_tokens tokens and max_logits logits rows. gpud_engine_step()
  * allocates nothing (stats.allocs_after_warmup counts any allocation made
  * by the engine or backend after creation; it must stay 0).
@@ -25,6 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/config.h"
 #include "gpud/kv.h"
 #include "gpud/sampler.h"
 
@@ -46,6 +49,9 @@ struct gpud_engine_params {
 	size_t kv_bytes;           /* KV byte budget used when n_blocks is 0 */
 	int device;                /* device index in allocation reports
 				    * (gpud_alloc_device_note); default 0 */
+	enum sw_device_kind kind;  /* picks the backend; default SW_DEVICE_CPU */
+	int ordinal;               /* which device of that kind (N of
+				    * "cuda:N"); default 0 */
 };
 
 /* Fills the defaults listed above. */
@@ -53,8 +59,9 @@ void gpud_engine_params_default(struct gpud_engine_params *p);
 
 /* Creates an engine on m (borrowed: it must outlive the engine).
  * p NULL means defaults. Returns 0 and *out, or a negative code with a
- * message in err (-EINVAL for inconsistent params, -ENOMEM); on failure
- * *out is NULL and nothing stays allocated. */
+ * message in err (-EINVAL for inconsistent params, SW_EUNSUPPORTED for a
+ * kind of device this build has no backend for, -ENOMEM, or the backend's
+ * own); on failure *out is NULL and nothing stays allocated. */
 int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		       const struct gpud_engine_params *p, char *err, size_t errlen);
 void gpud_engine_destroy(struct gpud_engine *e); /* accepts NULL */

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/arena.h"
 #include "common/err.h"
@@ -543,6 +544,46 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 	return n > cur ? n : cur;
 }
 
+/* The plan's figure (gpud_backend_ops.scratch_bytes): the carve of
+ * cpu_init below with the per-thread attention and fused-section buffers
+ * estimated, since the thread pool does not exist yet. Within a small
+ * factor of cpu_init's exact total (tests/unit/backend_test.c). */
+static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
+{
+#define SZ64(n) (((uint64_t)(n) + 63) / 64 * 64)
+	const struct gpud_model_hparams *hp = gpud_model_hparams(cfg->model);
+	const struct gpud_model_weights *w = gpud_model_weights(cfg->model);
+	uint64_t q = (uint64_t)hp->n_heads * hp->head_dim, kv = (uint64_t)hp->n_kv_heads * hp->head_dim;
+	uint64_t T = cfg->max_batch_tokens, NL = cfg->max_logits ? cfg->max_logits : 1;
+	uint64_t nth = 1, mm = 0, f = 4, total;
+
+	if (cfg->n_threads > 0) {
+		nth = (uint64_t)cfg->n_threads;
+	} else {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		nth = n > 0 ? (uint64_t)n : 1;
+	}
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_weight *ws[] = { &w->layers[l].wq, &w->layers[l].wk,
+						   &w->layers[l].wv, &w->layers[l].wo,
+						   &w->layers[l].w_gate, &w->layers[l].w_up,
+						   &w->layers[l].w_down };
+		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++) {
+			uint64_t s = gpud_matmul_scratch_bytes(ws[i]->type, ws[i]->cols,
+							       (uint32_t)T);
+			if (s > mm)
+				mm = s;
+		}
+	}
+	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
+		2 * SZ64(T * hp->ffn_dim * f) + SZ64(T * hp->head_dim * f) +
+		SZ64(NL * hp->dim * f) + SZ64(NL * hp->n_vocab * f) + 3 * SZ64(T * 4) + SZ64(mm);
+	/* Per-thread attention and fused-decode buffers: small next to the above. */
+	total += nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
+	return total;
+#undef SZ64
+}
+
 static void cpu_destroy(void *ctx)
 {
 	struct cpu_ctx *c = ctx;
@@ -707,6 +748,7 @@ static void cpu_stats(void *ctx, struct gpud_backend_stats *st)
 
 const struct gpud_backend_ops gpud_cpu_backend = {
 	.name = "cpu",
+	.scratch_bytes = cpu_scratch_bytes,
 	.init = cpu_init,
 	.destroy = cpu_destroy,
 	.forward = cpu_forward,

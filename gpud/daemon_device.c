@@ -1,0 +1,232 @@
+/* daemon_device.c - the device threads of `gpud serve` and their
+ * embedding queues (daemon_impl.h).
+ *
+ * A device thread steps the scheduler on its device, runs the embeddings
+ * queued on it (inside gpud_sched_device_exec, so the engine is its own),
+ * samples its pools for the watchdog, and sleeps when idle. The loop
+ * thread fills embedding job slots and queues them here.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "common/log.h"
+#include "gpud/alloc.h"
+#include "gpud/daemon_impl.h"
+#include "gpud/engine.h"
+#include "gpud/maskcache.h"
+#include "gpud/memwatch.h"
+#include "gpud/scheduler.h"
+#include "gpud/server.h"
+
+/* --- the device thread ------------------------------------------------------ */
+
+static int embed_fn(struct gpud_engine *e, void *arg)
+{
+	struct embed_job *j = arg;
+
+	return gpud_engine_embed_tokens(e, j->tokens, j->n_tokens, j->out, j->err, sizeof(j->err));
+}
+
+/* Runs every queued embedding of dv, oldest first. Returns how many ran. */
+static int run_jobs(struct device *dv)
+{
+	struct gpud_daemon *d = dv->d;
+	int ran = 0;
+
+	for (;;) {
+		struct embed_job *j = NULL;
+		struct gpud_sreq *r;
+		bool cancelled, warmup;
+		int rc;
+
+		pthread_mutex_lock(&dv->lock);
+		for (uint32_t i = 0; i < EMBED_SLOTS; i++) {
+			struct embed_job *c = &dv->jobs[i];
+			if (c->queued && !c->running && (!j || c->seq < j->seq))
+				j = c;
+		}
+		if (j)
+			j->running = true;
+		pthread_mutex_unlock(&dv->lock);
+		if (!j)
+			return ran;
+
+		j->err[0] = '\0';
+		/* The pool may be full of prefix-cache blocks: make room first. */
+		rc = gpud_sched_device_exec_blocks(d->sched, dv->idx,
+						   (j->n_tokens + d->block_tokens - 1) /
+						   d->block_tokens, embed_fn, j);
+		pthread_mutex_lock(&dv->lock);
+		r = j->r;
+		cancelled = j->cancelled;
+		warmup = j->warmup;
+		pthread_mutex_unlock(&dv->lock);
+		if (warmup) {
+			if (rc)
+				log_error("%s: warm-up embedding: %s", dv->name,
+					  j->err[0] ? j->err : sw_strerror(rc));
+			atomic_fetch_sub(&d->warm_left, 1);
+		} else if (cancelled) {
+			atomic_fetch_add(&d->cancelled, 1);
+			gpud_sreq_error(r, SW_ECANCELED, atomic_load(&d->draining) ?
+					"cancelled: gpud is shutting down" : "cancelled");
+		} else if (rc) {
+			atomic_fetch_add(&d->errors, 1);
+			gpud_sreq_error(r, rc, j->err[0] ? j->err : sw_strerror(rc));
+		} else {
+			atomic_fetch_add(&d->embeds, 1);
+			gpud_sreq_embedding(r, j->out, d->dim);
+		}
+		pthread_mutex_lock(&dv->lock);
+		j->r = NULL;
+		j->busy = j->queued = j->running = j->cancelled = j->warmup = false;
+		dv->n_jobs--;
+		dv->embeds++;
+		pthread_mutex_unlock(&dv->lock);
+		ran++;
+	}
+}
+
+/* Inside gpud_sched_device_exec: the engine is ours, its numbers steady. */
+static int sample_fn(struct gpud_engine *e, void *arg)
+{
+	struct device *dv = arg;
+	struct gpud_daemon *d = dv->d;
+	struct gpud_engine_stats st;
+	struct gpud_maskcache_stats ms;
+	uint64_t t = now_ms();
+
+	gpud_engine_stats(e, &st);
+#ifdef SW_DEBUG
+	/* O(1) per-step accounting check (DESIGN §2); the full check is
+	 * gpud_engine_check / gpud_maskcache_check. */
+	if (st.kv.used + st.kv.free != st.kv.n_blocks) {
+		log_error("%s: KV pool accounting broken: used %u + free %u != %u", dv->name,
+			  st.kv.used, st.kv.free, st.kv.n_blocks);
+		abort();
+	}
+#endif
+	pthread_mutex_lock(&dv->lock);
+	gpud_maskcache_stats(dv->masks, &ms);
+#ifdef SW_DEBUG
+	if (ms.pool_used + ms.pool_free != ms.pool_capacity) {
+		log_error("%s: mask pool accounting broken: used %u + free %u != %u", dv->name,
+			  ms.pool_used, ms.pool_free, ms.pool_capacity);
+		abort();
+	}
+#endif
+	dv->est = st;
+	dv->mst = ms;
+	if (ms.pool_used > dv->mask_high)
+		dv->mask_high = ms.pool_used;
+	pthread_mutex_unlock(&dv->lock);
+	pthread_mutex_lock(&d->watch_lock);
+	gpud_memwatch_sample(d->watch, dv->wd_kv, t, st.kv.used);
+	gpud_memwatch_sample(d->watch, dv->wd_mask, t, ms.pool_used);
+	pthread_mutex_unlock(&d->watch_lock);
+	return 0;
+}
+
+void *gpud__device_main(void *arg)
+{
+	struct device *dv = arg;
+	struct gpud_daemon *d = dv->d;
+	double last_err = 0, last_sample = 0;
+	char err[256];
+
+	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
+	while (!atomic_load(&d->stopping)) {
+		int n = gpud_sched_step(d->sched, dv->idx, err, sizeof(err));
+		int jobs = run_jobs(dv);
+		double t = now_s();
+
+		if (n < 0) {
+			dv->step_errors++;
+			if (t - last_err > 1.0) { /* one line a second at most */
+				log_error("%s: step failed: %s (%" PRIu64 " failures so far)", dv->name,
+					  err[0] ? err : sw_strerror(n), dv->step_errors);
+				last_err = t;
+			}
+		}
+		/* Every step while busy (the debug check is per step), and at
+		 * least every idle wait so the watchdog sees the quiet times. */
+		if (n > 0 || jobs > 0 || t - last_sample >= IDLE_WAIT_MS / 1000.0) {
+			gpud_sched_device_exec(d->sched, dv->idx, sample_fn, dv);
+			last_sample = t;
+		}
+		if (n <= 0 && jobs == 0)
+			gpud_sched_wait(d->sched, dv->idx, IDLE_WAIT_MS);
+	}
+	return NULL;
+}
+
+/* --- embedding job slots (loop thread) ------------------------------------- */
+
+/* The device with a free embed slot and the shortest queue; -1 if none. */
+int gpud__embed_device(struct gpud_daemon *d)
+{
+	int best = -1;
+	uint64_t best_load = UINT64_MAX;
+
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		struct device *dv = &d->dev[i];
+		uint64_t load;
+		uint32_t nj;
+
+		pthread_mutex_lock(&dv->lock);
+		nj = dv->n_jobs;
+		pthread_mutex_unlock(&dv->lock);
+		if (nj >= EMBED_SLOTS)
+			continue;
+		load = (uint64_t)gpud_sched_queue_depth(d->sched, i) + nj;
+		if (load < best_load) {
+			best_load = load;
+			best = (int)i;
+		}
+	}
+	return best;
+}
+
+/* Takes a free job slot of dv (busy, not queued); NULL when full. */
+struct embed_job *gpud__job_take(struct device *dv, uint32_t *slot)
+{
+	struct embed_job *j = NULL;
+
+	pthread_mutex_lock(&dv->lock);
+	for (uint32_t i = 0; i < EMBED_SLOTS; i++) {
+		if (!dv->jobs[i].busy) {
+			j = &dv->jobs[i];
+			j->busy = true;
+			dv->n_jobs++;
+			*slot = i;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&dv->lock);
+	return j;
+}
+
+void gpud__job_queue(struct device *dv, struct embed_job *j, struct gpud_sreq *r, bool warmup)
+{
+	pthread_mutex_lock(&dv->lock);
+	j->r = r;
+	j->warmup = warmup;
+	j->queued = true;
+	j->seq = ++dv->job_seq;
+	pthread_mutex_unlock(&dv->lock);
+	gpud_sched_wake(dv->d->sched);
+}
+
+void gpud__job_drop(struct device *dv, struct embed_job *j)
+{
+	pthread_mutex_lock(&dv->lock);
+	j->r = NULL;
+	j->busy = j->queued = j->running = j->cancelled = j->warmup = false;
+	dv->n_jobs--;
+	pthread_mutex_unlock(&dv->lock);
+}
