@@ -47,9 +47,14 @@ static size_t on_data(char *p, size_t size, size_t n, void *arg)
 	return add;
 }
 
-int agent_fetch_global_init(void)
+int agent_fetch_global_init(char *err, size_t errlen)
 {
-	return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK ? 0 : -EIO;
+	CURLcode cc = curl_global_init(CURL_GLOBAL_DEFAULT);
+
+	if (cc != CURLE_OK)
+		return sw_seterr(err, errlen, -EIO, "fetch: libcurl initialization failed: %s",
+				 curl_easy_strerror(cc));
+	return 0;
 }
 
 bool agent_fetch_transient(int code)

@@ -36,8 +36,8 @@ struct agent_fetch_opts {
 };
 
 /* Initializes libcurl once for the process (call from main before any
- * thread starts). Returns 0 or -EIO. */
-int agent_fetch_global_init(void);
+ * thread starts). Returns 0, or -EIO with libcurl's reason in err. */
+int agent_fetch_global_init(char *err, size_t errlen);
 
 /* Fetches url into a malloc'd, NUL-terminated *body of *len bytes (the
  * caller frees it). opts NULL = defaults. On error *body is NULL. */

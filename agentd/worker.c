@@ -844,8 +844,8 @@ int agent_worker_main(int argc, char **argv)
 		fprintf(stderr, "agentd worker: cannot open log file %s: %s; logging to stderr\n",
 			cfg.log.file, sw_strerror(rc));
 	sw_log_install_sigusr1();
-	if (agent_fetch_global_init() != 0) {
-		log_error("libcurl initialization failed");
+	if (agent_fetch_global_init(err, sizeof(err)) != 0) {
+		log_error("%s", err);
 		return 1;
 	}
 	{

@@ -409,6 +409,6 @@ int main(void)
 		return rc;
 	signal(SIGPIPE, SIG_IGN);
 	sw_log_init("agentd-e2e", SW_LOG_WARN);
-	agent_fetch_global_init();
+	agent_fetch_global_init(NULL, 0);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

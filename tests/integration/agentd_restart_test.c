@@ -208,7 +208,7 @@ int main(void)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	sw_log_init("agentd-restart-test", SW_LOG_ERROR);
-	agent_fetch_global_init();
+	agent_fetch_global_init(NULL, 0);
 	rc = cmocka_run_group_tests(tests, NULL, NULL);
 	at_pg_stop(&pg);
 	return rc;

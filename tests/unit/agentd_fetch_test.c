@@ -137,7 +137,7 @@ static int start_server(void **state)
 	    listen(listen_fd, 8) != 0 || getsockname(listen_fd, (struct sockaddr *)&a, &alen) != 0)
 		return -1;
 	port = ntohs(a.sin_port);
-	if (agent_fetch_global_init() != 0)
+	if (agent_fetch_global_init(NULL, 0) != 0)
 		return -1;
 	return pthread_create(&server, NULL, serve, NULL);
 }
