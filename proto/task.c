@@ -194,8 +194,10 @@ static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t er
 		if (!rc)
 			rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
 				     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+		if (rc)
+			return rc;
 		t->max_tokens = (uint32_t)x;
-		return rc;
+		return 0;
 	case PROTO_TASK_ANSWER:
 		rc = get_string(root, "question", PROTO_TASK_MAX_QUESTION, &t->question,
 				&t->question_len, err, errlen);
@@ -208,13 +210,15 @@ static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t er
 			return rc;
 		rc = get_int(root, "top_k", 1, PROTO_TASK_MAX_TOP_K, PROTO_TASK_DEFAULT_TOP_K, &x,
 			     err, errlen);
-		t->top_k = (uint32_t)x;
 		if (rc)
 			return rc;
+		t->top_k = (uint32_t)x;
 		rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
 			     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
+		if (rc)
+			return rc;
 		t->max_tokens = (uint32_t)x;
-		return rc;
+		return 0;
 	}
 	return -EINVAL;
 }
