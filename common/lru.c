@@ -271,10 +271,17 @@ int sw_lru_erase(struct sw_lru *l, struct sw_lru_entry *e)
 
 void sw_lru_clear(struct sw_lru *l)
 {
-	while (l->lru != NIL) {
-		remove_entry(l, l->lru);
-		l->evictions++;
-	}
+	while (sw_lru_evict_one(l) == 0)
+		;
+}
+
+int sw_lru_evict_one(struct sw_lru *l)
+{
+	if (l->lru == NIL)
+		return SW_ENOTFOUND;
+	remove_entry(l, l->lru);
+	l->evictions++;
+	return 0;
 }
 
 void *sw_lru_value(const struct sw_lru_entry *e)
@@ -310,4 +317,58 @@ void sw_lru_stats(const struct sw_lru *l, struct sw_lru_stats *st)
 	st->pinned = l->pinned;
 	st->max_bytes = l->max_bytes;
 	st->max_entries = l->max_entries;
+}
+
+int sw_lru_check(const struct sw_lru *l, char *err, size_t errlen)
+{
+	uint32_t live = 0, pinned = 0, hashed = 0, listed = 0, n_free = 0;
+	size_t bytes = 0, pinned_bytes = 0;
+
+	for (uint32_t i = 0; i < l->max_entries; i++) {
+		const struct sw_lru_entry *e = &l->e[i];
+
+		if (!e->live)
+			continue;
+		live++;
+		bytes += e->bytes;
+		if (e->refs) {
+			pinned++;
+			pinned_bytes += e->bytes;
+		}
+	}
+	for (uint32_t b = 0; b < (1u << l->bucket_bits); b++) {
+		for (uint32_t i = l->bucket[b]; i != NIL; i = l->e[i].hnext) {
+			if (i >= l->max_entries || !l->e[i].live ||
+			    bucket_of(l, l->e[i].key) != b || ++hashed > live)
+				return sw_seterr(err, errlen, SW_EFORMAT,
+						 "%s: bucket %u holds a bad entry %u", l->name, b,
+						 i);
+		}
+	}
+	for (uint32_t i = l->mru, prev = NIL; i != NIL; prev = i, i = l->e[i].next) {
+		if (i >= l->max_entries || !l->e[i].live || l->e[i].refs ||
+		    l->e[i].prev != prev || ++listed > live)
+			return sw_seterr(err, errlen, SW_EFORMAT,
+					 "%s: recency list holds a bad entry %u", l->name, i);
+		if (l->e[i].next == NIL && l->lru != i)
+			return sw_seterr(err, errlen, SW_EFORMAT,
+					 "%s: recency list ends at %u, lru is %u", l->name, i,
+					 l->lru);
+	}
+	if (l->mru == NIL && l->lru != NIL)
+		return sw_seterr(err, errlen, SW_EFORMAT, "%s: empty recency list, lru %u",
+				 l->name, l->lru);
+	for (uint32_t i = l->free_head; i != NIL; i = l->e[i].hnext)
+		if (i >= l->max_entries || l->e[i].live || ++n_free > l->max_entries)
+			return sw_seterr(err, errlen, SW_EFORMAT,
+					 "%s: free list holds a bad entry %u", l->name, i);
+	if (live != l->count || pinned != l->pinned || hashed != live ||
+	    listed != live - pinned || live + n_free != l->max_entries ||
+	    bytes != l->bytes || pinned_bytes != l->pinned_bytes)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: %u live (count %u), %u pinned (count %u), %u hashed, "
+				 "%u listed, %u free, %zu bytes (count %zu), %zu pinned bytes "
+				 "(count %zu)", l->name, live, l->count, pinned, l->pinned, hashed,
+				 listed, n_free, bytes, l->bytes, pinned_bytes, l->pinned_bytes);
+	return 0;
 }

@@ -99,6 +99,12 @@ int sw_lru_erase(struct sw_lru *l, struct sw_lru_entry *e);
 /* Evicts every unpinned entry through the callback (counted). */
 void sw_lru_clear(struct sw_lru *l);
 
+/* Evicts the least recently used unpinned entry through the callback
+ * (counted), for owners that bound the cache by something of their own
+ * (free memory elsewhere, a bound on unpinned bytes). Returns 0, or
+ * SW_ENOTFOUND when no entry is unpinned (nothing changes). */
+int sw_lru_evict_one(struct sw_lru *l);
+
 /* Accessors for a handle. */
 void *sw_lru_value(const struct sw_lru_entry *e);
 uint64_t sw_lru_key(const struct sw_lru_entry *e);
@@ -106,5 +112,11 @@ size_t sw_lru_bytes(const struct sw_lru_entry *e);
 uint32_t sw_lru_refs(const struct sw_lru_entry *e);
 
 void sw_lru_stats(const struct sw_lru *l, struct sw_lru_stats *st);
+
+/* Consistency (tests): the hash chains hold exactly the cached entries,
+ * each under its key's bucket; the recency list exactly the unpinned
+ * ones, linked both ways; the free list the rest; the counts and byte
+ * sums agree. Returns 0, or SW_EFORMAT with a message in err. */
+int sw_lru_check(const struct sw_lru *l, char *err, size_t errlen);
 
 #endif

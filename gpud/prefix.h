@@ -17,10 +17,10 @@
  * it inserts it (gpud_kv_block_hold) and releases that hold for every
  * block an eviction returns. Entries have a user count (sequences using
  * the block, maintained by the caller through lookup/insert/release);
- * entries with no user are on an LRU list, are bounded in bytes by
- * max_bytes, and are what eviction takes (least recently released first;
- * a sequence releases its blocks last first, so a chain is evicted from
- * its end).
+ * entries with no user are on an LRU list (they are the unpinned entries
+ * of a common/lru cache), are bounded in bytes by max_bytes, and are what
+ * eviction takes (least recently released first; a sequence releases its
+ * blocks last first, so a chain is evicted from its end).
  *
  * Everything is reserved at create: nothing below allocates. Not
  * thread-safe (the scheduler lock covers it).

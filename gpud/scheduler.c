@@ -15,9 +15,11 @@
 #include "gpud/tokenizer.h"
 
 enum slot_state {
-	SLOT_FREE = 0,
-	SLOT_WAITING, /* on its device's wait list, no engine sequence */
-	SLOT_RUNNING, /* has an engine sequence, on its device's run list */
+	SLOT_FREE = 0, /* on the free-slot stack */
+	SLOT_WAITING,  /* on its device's wait list, no engine sequence */
+	SLOT_RUNNING,  /* has an engine sequence, on its device's run list */
+	SLOT_RESERVED, /* taken by a submit that fills it without the lock: on
+			* no list, and only that submit touches it */
 };
 
 #define PIECE_CAP 256
@@ -83,6 +85,9 @@ struct dev {
 	struct slot **ent_slot;        /* (max_ents) */
 };
 
+/* Under the lock: everything below that changes after create. Read without
+ * it: p, devs[].e/tok/n_ctx/bt/n_blocks (fixed at create), n_dev, n_vocab,
+ * tok_cap, and a slot the caller holds in SLOT_RESERVED. */
 struct gpud_sched {
 	pthread_mutex_t lock;
 	pthread_cond_t idle;    /* a device left busy (block_owners waits on it) */
@@ -91,6 +96,8 @@ struct gpud_sched {
 	struct dev *devs;
 	uint32_t n_dev;
 	struct slot *slots;     /* (max_requests) */
+	uint32_t *free_slots;   /* (max_requests) stack of SLOT_FREE indices */
+	uint32_t n_free;
 	int32_t *tok_mem;       /* max_requests * tok_cap */
 	uint32_t tok_cap;
 	uint32_t *pfx_mem;      /* max_requests * pfx_cap */
@@ -164,6 +171,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 	pthread_cond_destroy(&s->idle);
 	pthread_mutex_destroy(&s->lock);
 	free(s->slots);
+	free(s->free_slots);
 	free(s->tok_mem);
 	free(s->pfx_mem);
 	free(s->devs);
@@ -265,13 +273,17 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 			s->pfx_cap = s->devs[d].n_ctx / s->devs[d].bt + 1;
 	}
 	s->slots = calloc(s->p.max_requests, sizeof(*s->slots));
+	s->free_slots = calloc(s->p.max_requests, sizeof(*s->free_slots));
 	s->tok_mem = calloc((size_t)s->p.max_requests * s->tok_cap, sizeof(*s->tok_mem));
 	s->pfx_mem = calloc((size_t)s->p.max_requests * s->pfx_cap, sizeof(*s->pfx_mem));
-	if (!s->slots || !s->tok_mem || !s->pfx_mem) {
+	if (!s->slots || !s->free_slots || !s->tok_mem || !s->pfx_mem) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "sched: out of memory for %u slots",
 			       s->p.max_requests);
 		goto out_destroy;
 	}
+	/* slot 0 on top: a fresh scheduler hands slots out in index order */
+	for (uint32_t i = 0; i < s->p.max_requests; i++)
+		s->free_slots[s->n_free++] = s->p.max_requests - 1 - i;
 	gpud_sampler_params_default(&sp);
 	for (uint32_t i = 0; i < s->p.max_requests; i++) {
 		s->slots[i].toks = s->tok_mem + (size_t)i * s->tok_cap;
@@ -290,6 +302,26 @@ out_destroy:
 }
 
 /* --- lists (no allocation: arrays sized at creation) ---------------------- */
+
+/* Takes a free slot (lock held): O(1) from the stack, the most recently
+ * freed first. NULL when all max_requests are in use. */
+static struct slot *slot_take(struct gpud_sched *s)
+{
+	struct slot *sl;
+
+	if (!s->n_free)
+		return NULL;
+	sl = &s->slots[s->free_slots[--s->n_free]];
+	sl->state = SLOT_RESERVED;
+	return sl;
+}
+
+/* Gives a slot back to the stack (lock held). */
+static void slot_give(struct gpud_sched *s, struct slot *sl)
+{
+	sl->state = SLOT_FREE;
+	s->free_slots[s->n_free++] = (uint32_t)(sl - s->slots);
+}
 
 static void wait_insert(struct dev *d, struct slot *sl)
 {
@@ -472,10 +504,10 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 	s->st.completed++;
 	if (status == SW_ECANCELED)
 		s->st.cancelled++;
-	sl->state = SLOT_FREE;
 	sl->in_batch = false;
 	sl->cancel_pending = false;
-	sl->cb(sl->arg, &ev);
+	slot_give(s, sl);
+	sl->cb(sl->arg, &ev); /* lock held: nobody can take the slot meanwhile */
 }
 
 /* Sends ids [0, n_toks) back to waiting on the same device (recompute). */
@@ -511,6 +543,25 @@ enum place_fail {
 	PLACE_NO_BLOCKS,       /* more blocks than a candidate owns */
 };
 
+/* Whether d could ever take the request: 0, or the first test it fails.
+ * Reads only what is fixed at create (no lock needed). Over a set of
+ * candidates the highest answer is the refusal to report: no device of the
+ * mask's block size, else none with the context, else none with the
+ * blocks. */
+static enum place_fail dev_refuses(const struct dev *d, uint32_t n_tokens, uint32_t max_tokens,
+				   uint32_t mask_bt)
+{
+	uint32_t pos = max_positions(d, n_tokens, max_tokens);
+
+	if (mask_bt && mask_bt != d->bt)
+		return PLACE_NO_MASK_DEV;
+	if (!pos)
+		return PLACE_NO_CTX;
+	if (blocks_for(pos, d->bt) > d->n_blocks)
+		return PLACE_NO_BLOCKS;
+	return 0;
+}
+
 /* Placement (lock held): most free blocks (less what queued prefills will
  * take), then the shortest queue, among the candidate devices (all, or
  * only first when pinned) the request fits. mask_bt: the mask's block
@@ -521,21 +572,18 @@ static int place(const struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tok
 	const struct dev *best = NULL;
 	int64_t best_free = 0;
 	int best_dev = -1;
-	bool ctx_ok = false, mask_ok = false;
+	enum place_fail worst = 0;
 
 	for (uint32_t i = first; i < end; i++) {
 		const struct dev *d = &s->devs[i];
-		uint32_t pos = max_positions(d, n_tokens, max_tokens);
+		enum place_fail f = dev_refuses(d, n_tokens, max_tokens, mask_bt);
 		int64_t eff;
 
-		if (mask_bt && mask_bt != d->bt)
+		if (f) {
+			if (f > worst)
+				worst = f;
 			continue;
-		mask_ok = true;
-		if (!pos)
-			continue;
-		ctx_ok = true;
-		if (blocks_for(pos, d->bt) > d->n_blocks)
-			continue;
+		}
 		eff = (int64_t)d->free_blocks + evictable(d) - (int64_t)d->pending_blocks;
 		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
 			best = d;
@@ -544,7 +592,7 @@ static int place(const struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tok
 		}
 	}
 	if (!best)
-		*why = !mask_ok ? PLACE_NO_MASK_DEV : !ctx_ok ? PLACE_NO_CTX : PLACE_NO_BLOCKS;
+		*why = worst;
 	return best_dev;
 }
 
@@ -566,102 +614,97 @@ static void kick(struct dev *d)
 	pthread_cond_broadcast(&d->cond);
 }
 
-int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint64_t *id,
-		      char *err, size_t errlen)
+/* The devices r may go to: [*first, *end). */
+static void candidates(const struct gpud_sched *s, const struct gpud_sched_req *r,
+		       uint32_t *first, uint32_t *end)
 {
-	struct slot *sl = NULL;
-	struct dev *best;
-	enum place_fail why = 0;
-	uint32_t first = 0, end = s->n_dev;
-	int best_dev, rc = 0;
+	*first = r->pin_device ? r->device : 0;
+	*end = r->pin_device ? r->device + 1 : s->n_dev;
+}
 
-	*id = 0;
-	pthread_mutex_lock(&s->lock);
-	if (!r->n_tokens || !r->tokens || !r->cb) {
-		rc = sw_seterr(err, errlen, -EINVAL, "sched: empty prompt or no callback");
-		goto out_refuse;
-	}
+static int place_error(const struct gpud_sched *s, const struct gpud_sched_req *r,
+		       uint32_t first, enum place_fail why, char *err, size_t errlen)
+{
+	if (why == PLACE_NO_MASK_DEV)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "sched: mask compiled for %u-token KV blocks, no device uses "
+				 "that size", r->mask->block_tokens);
+	if (why == PLACE_NO_CTX)
+		return sw_seterr(err, errlen, SW_ETOOLONG,
+				 "sched: prompt of %u tokens + max_tokens %u exceeds the context "
+				 "of every device (%u)", r->n_tokens, r->max_tokens,
+				 s->devs[first].n_ctx);
+	return sw_seterr(err, errlen, SW_ETOOLONG,
+			 "sched: request of %u prompt tokens + max_tokens %u needs more "
+			 "KV blocks than a device owns (%u)", r->n_tokens, r->max_tokens,
+			 s->devs[first].n_blocks);
+}
+
+/* Submit, step 1 (no lock: it reads the request and what is fixed at
+ * create, and scans the whole prompt): the request is well formed and
+ * some candidate device could ever hold it. */
+static int submit_check(const struct gpud_sched *s, const struct gpud_sched_req *r, char *err,
+			size_t errlen)
+{
+	enum place_fail why = 0;
+	uint32_t first, end;
+	int rc;
+
+	if (!r->n_tokens || !r->tokens || !r->cb)
+		return sw_seterr(err, errlen, -EINVAL, "sched: empty prompt or no callback");
 	for (uint32_t i = 0; i < r->n_tokens; i++) {
-		if (r->tokens[i] < 0 || (uint32_t)r->tokens[i] >= s->n_vocab) {
-			rc = sw_seterr(err, errlen, -EINVAL,
-				       "sched: prompt token %u (id %d) outside the vocabulary of %u",
-				       i, r->tokens[i], s->n_vocab);
-			goto out_refuse;
-		}
+		if (r->tokens[i] < 0 || (uint32_t)r->tokens[i] >= s->n_vocab)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "sched: prompt token %u (id %d) outside the vocabulary "
+					 "of %u", i, r->tokens[i], s->n_vocab);
 	}
-	if (r->mask && r->mask->n_prompt != r->n_tokens) {
-		rc = sw_seterr(err, errlen, -EINVAL,
-			       "sched: mask compiled for %u prompt tokens, request has %u",
-			       r->mask->n_prompt, r->n_tokens);
-		goto out_refuse;
-	}
+	if (r->mask && r->mask->n_prompt != r->n_tokens)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "sched: mask compiled for %u prompt tokens, request has %u",
+				 r->mask->n_prompt, r->n_tokens);
 	rc = gpud_sampler_params_check(&r->sampling, err, errlen);
 	if (rc)
-		goto out_refuse;
-	if (r->pin_device) {
-		if (r->device >= s->n_dev) {
-			rc = sw_seterr(err, errlen, -EINVAL, "sched: pinned to device %u of %u",
-				       r->device, s->n_dev);
-			goto out_refuse;
-		}
-		first = r->device;
-		end = r->device + 1;
+		return rc;
+	if (r->pin_device && r->device >= s->n_dev)
+		return sw_seterr(err, errlen, -EINVAL, "sched: pinned to device %u of %u",
+				 r->device, s->n_dev);
+	candidates(s, r, &first, &end);
+	for (uint32_t i = first; i < end; i++) {
+		enum place_fail f = dev_refuses(&s->devs[i], r->n_tokens, r->max_tokens,
+						r->mask ? r->mask->block_tokens : 0);
+		if (!f)
+			return 0;
+		if (f > why)
+			why = f;
 	}
-	best_dev = place(s, r->n_tokens, r->max_tokens, r->mask ? r->mask->block_tokens : 0,
-			 first, end, &why);
-	if (best_dev < 0) {
-		if (why == PLACE_NO_MASK_DEV)
-			rc = sw_seterr(err, errlen, -EINVAL,
-				       "sched: mask compiled for %u-token KV blocks, no device uses "
-				       "that size", r->mask->block_tokens);
-		else if (why == PLACE_NO_CTX)
-			rc = sw_seterr(err, errlen, SW_ETOOLONG,
-				       "sched: prompt of %u tokens + max_tokens %u exceeds the context "
-				       "of every device (%u)", r->n_tokens, r->max_tokens,
-				       s->devs[first].n_ctx);
-		else
-			rc = sw_seterr(err, errlen, SW_ETOOLONG,
-				       "sched: request of %u prompt tokens + max_tokens %u needs more "
-				       "KV blocks than a device owns (%u)", r->n_tokens,
-				       r->max_tokens, s->devs[first].n_blocks);
-		goto out_refuse;
-	}
-	best = &s->devs[best_dev];
-	for (uint32_t i = 0; i < s->p.max_requests; i++) {
-		if (s->slots[i].state == SLOT_FREE) {
-			sl = &s->slots[i];
-			break;
-		}
-	}
-	if (!sl) {
-		rc = sw_seterr(err, errlen, SW_EBUSY, "sched: all %u request slots are in use",
-			       s->p.max_requests);
-		goto out_refuse;
-	}
+	return place_error(s, r, first, why, err, errlen);
+}
+
+/* Submit, step 3 (no lock: sl is SLOT_RESERVED, this submit's alone):
+ * the stop filter, the sampler with the prompt in its penalty window, the
+ * prompt copy and the per-request state. Nothing another thread reads. */
+static int slot_fill(struct slot *sl, const struct gpud_sched_req *r, char *err, size_t errlen)
+{
+	int rc;
+
 	gpud_stop_init(&sl->stop, r->max_tokens);
 	for (uint32_t i = 0; i < r->n_stop; i++) {
 		rc = gpud_stop_add(&sl->stop, r->stop[i], strlen(r->stop[i]));
-		if (rc) {
-			sw_seterr(err, errlen, rc, "sched: stop string %u: %s", i, sw_strerror(rc));
-			goto out_refuse;
-		}
+		if (rc)
+			return sw_seterr(err, errlen, rc, "sched: stop string %u: %s", i,
+					 sw_strerror(rc));
 	}
 	rc = gpud_sampler_reset(sl->smp, &r->sampling, err, errlen);
 	if (rc)
-		goto out_refuse;
+		return rc;
 	for (uint32_t i = 0; i < r->n_tokens; i++)
 		gpud_sampler_accept(sl->smp, r->tokens[i]);
 	memcpy(sl->toks, r->tokens, r->n_tokens * sizeof(*sl->toks));
 	gpud_detok_init_continuation(&sl->detok);
-	sl->state = SLOT_WAITING;
-	sl->id = s->next_id++;
-	sl->dev = (uint32_t)best_dev;
 	sl->n_prompt = r->n_tokens;
 	sl->n_toks = r->n_tokens;
 	sl->n_done = 0;
 	sl->max_gen = r->max_tokens;
-	sl->arrival = s->next_arrival++;
-	sl->wait_since = best->steps;
 	sl->n_preempt = 0;
 	sl->in_batch = false;
 	sl->cancel_pending = false;
@@ -669,21 +712,84 @@ int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint
 	sl->n_pfx = 0;
 	sl->pfx_stop = false;
 	sl->n_cached = 0;
-	sl->t_submit = now_s();
 	sl->t_start = sl->t_first = 0;
 	sl->mask = r->mask;
 	sl->cb = r->cb;
 	sl->arg = r->arg;
-	wait_insert(best, sl);
-	best->depth++;
-	kick(best);
+	return 0;
+}
+
+/* Submit, step 4 (lock held): places the filled slot on a device and
+ * queues it; from here on it is visible to steps and cancels. Returns 0
+ * and *id, or the placement error (cannot happen after submit_check:
+ * whether a device fits does not change after create). */
+static int submit_enqueue(struct gpud_sched *s, struct slot *sl, const struct gpud_sched_req *r,
+			  uint64_t *id, char *err, size_t errlen)
+{
+	enum place_fail why = 0;
+	uint32_t first, end;
+	struct dev *d;
+	int dev;
+
+	candidates(s, r, &first, &end);
+	dev = place(s, r->n_tokens, r->max_tokens, r->mask ? r->mask->block_tokens : 0, first,
+		    end, &why);
+	if (dev < 0)
+		return place_error(s, r, first, why, err, errlen);
+	d = &s->devs[dev];
+	sl->state = SLOT_WAITING;
+	sl->id = s->next_id++;
+	sl->dev = (uint32_t)dev;
+	sl->arrival = s->next_arrival++;
+	sl->wait_since = d->steps;
+	sl->t_submit = now_s();
+	wait_insert(d, sl);
+	d->depth++;
+	kick(d);
 	s->st.admitted++;
 	s->st.in_flight++;
 	*id = sl->id;
-	pthread_mutex_unlock(&s->lock);
 	return 0;
+}
+
+/* In steps, so that nothing proportional to the prompt or the vocabulary
+ * runs under the scheduler lock: check (no lock), take a slot (lock), fill
+ * it (no lock), place and queue (lock). A request with several faults is
+ * refused for the first of: malformed, can never fit, no free slot, bad
+ * stop string. */
+int gpud_sched_submit(struct gpud_sched *s, const struct gpud_sched_req *r, uint64_t *id,
+		      char *err, size_t errlen)
+{
+	struct slot *sl = NULL;
+	int rc;
+
+	*id = 0;
+	rc = submit_check(s, r, err, errlen);
+	if (rc)
+		goto out_refuse;
+	pthread_mutex_lock(&s->lock);
+	sl = slot_take(s); /* step 2 */
+	pthread_mutex_unlock(&s->lock);
+	if (!sl) {
+		rc = sw_seterr(err, errlen, SW_EBUSY, "sched: all %u request slots are in use",
+			       s->p.max_requests);
+		goto out_refuse;
+	}
+	rc = slot_fill(sl, r, err, errlen);
+	if (rc)
+		goto out_refuse;
+	pthread_mutex_lock(&s->lock);
+	rc = submit_enqueue(s, sl, r, id, err, errlen);
+	if (!rc) {
+		pthread_mutex_unlock(&s->lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&s->lock);
 
 out_refuse:
+	pthread_mutex_lock(&s->lock);
+	if (sl)
+		slot_give(s, sl);
 	s->st.refused++;
 	pthread_mutex_unlock(&s->lock);
 	return rc;
@@ -697,7 +803,9 @@ int gpud_sched_cancel(struct gpud_sched *s, uint64_t id)
 	for (uint32_t i = 0; i < s->p.max_requests && id; i++) {
 		struct slot *sl = &s->slots[i];
 
-		if (sl->state == SLOT_FREE || sl->id != id || sl->cancel_pending)
+		/* a slot being filled by a submit has no id yet: skip it unread */
+		if ((sl->state != SLOT_WAITING && sl->state != SLOT_RUNNING) || sl->id != id ||
+		    sl->cancel_pending)
 			continue;
 		if (sl->state == SLOT_RUNNING && s->devs[sl->dev].busy)
 			sl->cancel_pending = true; /* its device completes it after the pass */

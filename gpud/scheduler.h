@@ -54,6 +54,9 @@
  * gpud_sched_submit / cancel / stats may be called from any thread (the
  * server thread). The lock is held while a step plans its batch and while
  * it processes results, and released during the engine's forward pass.
+ * A submit holds it only to take a request slot and to queue the request:
+ * its checks (the prompt against the vocabulary) and the filling of its
+ * slot (prompt copy, sampler reset) run outside it.
  * A cancel of a request whose device is in the middle of a forward pass
  * is completed by that device's thread right after the pass; otherwise
  * the KV blocks are freed and the callback runs inside gpud_sched_cancel.

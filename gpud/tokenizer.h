@@ -9,6 +9,7 @@
  * A tokenizer is immutable after load and safe to share between threads.
  * Encoding needs working memory proportional to the text; it comes from
  * the caller's arena, so the request path never calls malloc.
+ * Chat prompt formatting is in chat.h (included here).
  */
 #ifndef GPUD_TOKENIZER_H
 #define GPUD_TOKENIZER_H
@@ -16,6 +17,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "gpud/chat.h" /* the templates, for gpud_tokenizer_chat_template */
 
 struct gpud_gguf;
 struct sw_arena;
@@ -99,23 +102,9 @@ int gpud_detok_push(const struct gpud_tokenizer *t, struct gpud_detok *d, int32_
 /* Flushes what is held back at the end of generation (as U+FFFD). */
 int gpud_detok_flush(struct gpud_detok *d, char *out, size_t cap);
 
-/* Chat prompts. */
-enum gpud_chat_template {
-	GPUD_CHAT_NONE = 0,
-	GPUD_CHAT_LLAMA3 = 1,  /* <|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|> */
-	GPUD_CHAT_LLAMA2 = 2,  /* <s>[INST] <<SYS>>\n...\n<</SYS>>\n\n... [/INST] */
-};
-struct gpud_chat_msg {
-	const char *role; /* "system", "user", "assistant" */
-	const char *content;
-};
-/* Picks the template from tokenizer.chat_template or the vocabulary. */
+/* The chat template the model's metadata names (tokenizer.chat_template)
+ * or, without one, its vocabulary implies; GPUD_CHAT_NONE when neither
+ * matches a template gpud_chat_format writes (chat.h). */
 enum gpud_chat_template gpud_tokenizer_chat_template(const struct gpud_tokenizer *t);
-/* Formats msgs as text (to be encoded with GPUD_TOK_PARSE_SPECIAL and
- * without ADD_BOS where the template writes BOS itself). Returns the length
- * needed; writes at most cap bytes (NUL-terminated when room). Negative on
- * an unknown role. */
-long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *msgs,
-		      size_t n, bool add_assistant_header, char *out, size_t cap);
 
 #endif

@@ -1,5 +1,6 @@
 /* lru_test.c - bounded LRU: byte and entry bounds, LRU order, pinning,
- * refused inserts that change nothing, eq-checked collisions, counters. */
+ * refused inserts that change nothing, eq-checked collisions, counters,
+ * evicting one entry on demand, the consistency check. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,6 +46,14 @@ static struct sw_lru *make(size_t max_bytes, uint32_t max_entries, struct evlog 
 
 static int vals[64];
 #define V(i) ((void *)&vals[i])
+
+static void check(const struct sw_lru *l)
+{
+	char err[256] = "";
+
+	if (sw_lru_check(l, err, sizeof(err)))
+		fail_msg("%s", err);
+}
 
 static void test_create_errors(void **state)
 {
@@ -184,6 +193,7 @@ static void test_pinned_never_evicted(void **state)
 	/* Bytes, not entries: pinned bytes alone block a big insert. */
 	assert_int_equal(sw_lru_insert(l, 7, NULL, V(7), 50, false, NULL), SW_EPINNED);
 	assert_int_equal(ev.n, 3); /* 6 was not evicted in vain */
+	check(l);
 	sw_lru_destroy(l);
 	assert_int_equal(ev.n, 6); /* 1, 4 (pinned) and 6 leave on destroy */
 }
@@ -278,7 +288,65 @@ static void test_eq_collisions(void **state)
 	sw_lru_unpin(l, e);
 	assert_null(sw_lru_get(l, 42, "gamma"));
 	assert_null(sw_lru_get(l, 43, "alpha"));
+	check(l); /* two entries chained under one key */
 	sw_lru_destroy(l); /* no evict callback: fine */
+}
+
+/* sw_lru_evict_one takes the least recently used unpinned entry, through
+ * the callback and counted; pinned entries are stepped over; with none
+ * unpinned it is SW_ENOTFOUND and nothing changes. */
+static void test_evict_one(void **state)
+{
+	(void)state;
+	struct evlog ev = { 0 };
+	struct sw_lru *l = make(1000, 8, &ev);
+	struct sw_lru_entry *e[4];
+	struct sw_lru_stats st;
+
+	assert_int_equal(sw_lru_evict_one(l), SW_ENOTFOUND);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal(sw_lru_insert(l, 10 + (uint64_t)i, NULL, V(i), 10, false, &e[i]),
+				 0);
+	check(l);
+	sw_lru_pin(l, e[0]);            /* oldest, but pinned */
+	assert_non_null(sw_lru_get(l, 11, NULL)); /* e[1] pinned, then... */
+	assert_int_equal(sw_lru_unpin(l, e[1]), 0); /* ...most recent */
+	check(l);
+	/* unpinned, least recent first: 12, 13, 11 */
+	assert_int_equal(sw_lru_evict_one(l), 0);
+	assert_int_equal(ev.n, 1);
+	assert_int_equal(ev.keys[0], 12);
+	assert_ptr_equal(ev.values[0], V(2));
+	assert_int_equal(ev.bytes[0], 10);
+	check(l);
+	assert_int_equal(sw_lru_evict_one(l), 0);
+	assert_int_equal(sw_lru_evict_one(l), 0);
+	assert_int_equal(ev.n, 3);
+	assert_int_equal(ev.keys[1], 13);
+	assert_int_equal(ev.keys[2], 11);
+	/* only the pinned entry is left */
+	assert_int_equal(sw_lru_evict_one(l), SW_ENOTFOUND);
+	assert_int_equal(ev.n, 3);
+	sw_lru_stats(l, &st);
+	assert_int_equal(st.evictions, 3);
+	assert_int_equal(st.entries, 1);
+	assert_int_equal(st.pinned, 1);
+	assert_int_equal(st.bytes, 10);
+	check(l);
+	assert_int_equal(sw_lru_unpin(l, e[0]), 0);
+	assert_int_equal(sw_lru_evict_one(l), 0);
+	assert_int_equal(ev.keys[3], 10);
+	sw_lru_stats(l, &st);
+	assert_int_equal(st.entries, 0);
+	assert_int_equal(st.bytes, 0);
+	check(l);
+	/* the freed entries are reused */
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(sw_lru_insert(l, 100 + (uint64_t)i, NULL, V(i), 1, false, NULL),
+				 0);
+	check(l);
+	sw_lru_destroy(l);
+	assert_int_equal(ev.n, 12);
 }
 
 /* Many keys through a small cache: bounds hold at every step and every
@@ -319,7 +387,10 @@ static void test_churn(void **state)
 		assert_true(st.entries <= 37);
 		assert_true(st.bytes <= 4096);
 		assert_int_equal(st.pinned, held ? 1 : 0);
+		if (i % 97 == 0)
+			check(l);
 	}
+	check(l);
 	if (held)
 		sw_lru_unpin(l, held);
 	struct sw_lru_stats st;
@@ -341,6 +412,7 @@ int main(void)
 		cmocka_unit_test(test_unpin_makes_most_recent),
 		cmocka_unit_test(test_erase_clear_dup),
 		cmocka_unit_test(test_eq_collisions),
+		cmocka_unit_test(test_evict_one),
 		cmocka_unit_test(test_churn),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

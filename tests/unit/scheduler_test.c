@@ -1,7 +1,8 @@
 /* scheduler_test.c - the continuous-batching scheduler on stories260K: many
  * concurrent greedy requests on two engines (each driven by its own
  * thread) give the text of solo gpud_engine_generate runs; placement;
- * chunked prefill; refusals and SW_EBUSY; cancel returns blocks;
+ * chunked prefill; refusals and SW_EBUSY; slots reused, also under
+ * concurrent submitters; cancel returns blocks;
  * preemption under a tiny KV pool keeps outputs identical; aging stops
  * bypassing; no allocation after warm-up. */
 #include <setjmp.h>
@@ -499,6 +500,225 @@ static void test_refusals(void **state)
 	assert_int_equal(gpud_sched_step(s, 1, err, sizeof(err)), -EINVAL);
 	gpud_sched_destroy(s);
 	gpud_engine_destroy(e);
+}
+
+/* The slot limit: with every slot taken a malformed or oversized request
+ * still gets its own error, any other SW_EBUSY (even one with a bad stop
+ * string: slots are checked first); a submit that fails after taking a
+ * slot gives it back; cancelled and completed requests free their slots
+ * for reuse, round after round, with fresh ids. */
+static void test_slot_exhaustion_reuse(void **state)
+{
+	(void)state;
+	enum { MAX_REQ = 3, ROUNDS = 20 };
+	struct gpud_engine *e = mk_engine(64, 4, 0);
+	struct gpud_sched *s = mk_sched(&e, 1, MAX_REQ, 0, 32);
+	uint32_t n_ctx = gpud_engine_params(e)->n_ctx;
+	static struct res out[MAX_REQ * (ROUNDS + 3)];
+	static int32_t ids[8192];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	char err[256] = "";
+	uint64_t id = 7, got[MAX_REQ], last = 0;
+	const char *const bad_stop[] = { "" };
+	uint32_t k = 0;
+
+	memset(out, 0, sizeof(out));
+	for (int i = 0; i < 8192; i++)
+		ids[i] = 1 + i % 200;
+	for (int i = 0; i < MAX_REQ; i++) {
+		req_init(&r, ids, 3, 4, &out[k++]);
+		got[i] = submit_ok(s, &r);
+		assert_true(got[i] > last);
+		last = got[i];
+	}
+	req_init(&r, ids, 3, 4, &out[k]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EBUSY);
+	assert_non_null(strstr(err, "slots"));
+	assert_int_equal(id, 0);
+	req_init(&r, ids, 0, 4, &out[k]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	req_init(&r, ids, n_ctx - 4, 5, &out[k]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_ETOOLONG);
+	req_init(&r, ids, 3, 4, &out[k]);
+	r.stop = bad_stop;
+	r.n_stop = 1;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EBUSY);
+
+	/* one slot free: a bad stop string takes it and gives it back */
+	assert_int_equal(gpud_sched_cancel(s, got[1]), 0);
+	assert_true(out[1].done);
+	assert_int_equal(out[1].status, SW_ECANCELED);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "stop string"));
+	assert_int_equal(id, 0);
+	req_init(&r, ids, 3, 4, &out[k++]);
+	got[1] = submit_ok(s, &r);
+	assert_true(got[1] > last);
+	last = got[1];
+	req_init(&r, ids, 3, 4, &out[k]);
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EBUSY);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), MAX_REQ);
+
+	/* rounds of cancel-all / refill: every slot comes back every time */
+	for (int round = 0; round < ROUNDS; round++) {
+		for (int i = 0; i < MAX_REQ; i++)
+			assert_int_equal(gpud_sched_cancel(s, got[i]), 0);
+		assert_int_equal(gpud_sched_cancel(s, got[0]), SW_ENOTFOUND);
+		assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+		for (int i = 0; i < MAX_REQ; i++) {
+			req_init(&r, ids + round, 3, 4, &out[k++]);
+			got[i] = submit_ok(s, &r);
+			assert_true(got[i] > last);
+			last = got[i];
+		}
+		req_init(&r, ids, 3, 4, &out[k]);
+		assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EBUSY);
+	}
+	/* the last round runs to completion, and then its slots are free too */
+	drain(s, 1, NULL);
+	for (uint32_t i = 0; i < k; i++)
+		assert_true(out[i].done);
+	for (uint32_t i = k - MAX_REQ; i < k; i++) {
+		assert_int_equal(out[i].status, 0);
+		assert_int_equal(out[i].usage.n_gen, 4);
+	}
+	assert_pool_empty(e);
+	for (int i = 0; i < MAX_REQ; i++) {
+		req_init(&r, ids, 3, 1, &out[k++]);
+		submit_ok(s, &r);
+	}
+	drain(s, 1, NULL);
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.admitted, k);
+	assert_int_equal(st.completed, k);
+	assert_int_equal(st.cancelled, 1 + MAX_REQ * ROUNDS);
+	assert_int_equal(st.refused, 6 + ROUNDS);
+	assert_int_equal(st.in_flight, 0);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e);
+}
+
+struct submitter {
+	struct gpud_sched *s;
+	const int32_t *ids;
+	uint32_t n_ids;
+	struct res *out;  /* (n) */
+	uint64_t *got;    /* (n) ids from submit */
+	int n;
+	int busy;         /* SW_EBUSY answers (retried) */
+	int rc;
+};
+
+/* Submits n requests, retrying on SW_EBUSY, and cancels every third. */
+static void *submitter_main(void *arg)
+{
+	struct submitter *t = arg;
+	char err[256];
+
+	for (int i = 0; i < t->n; i++) {
+		struct gpud_sched_req r;
+		int rc;
+
+		req_init(&r, t->ids, t->n_ids, 3, &t->out[i]);
+		while ((rc = gpud_sched_submit(t->s, &r, &t->got[i], err, sizeof(err))) ==
+		       SW_EBUSY) {
+			t->busy++;
+			usleep(100);
+		}
+		if (rc) {
+			t->rc = rc;
+			return NULL;
+		}
+		if (i % 3 == 2) {
+			rc = gpud_sched_cancel(t->s, t->got[i]);
+			if (rc && rc != SW_ENOTFOUND) { /* ENOTFOUND: it ended first */
+				t->rc = rc;
+				return NULL;
+			}
+		}
+	}
+	return NULL;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Several threads submit and cancel at once against fewer slots than
+ * requests while two device threads step: every request is admitted once
+ * with a unique id and ends once; the slots all come back. */
+static void test_concurrent_submit(void **state)
+{
+	(void)state;
+	enum { N_SUB = 4, MAX_REQ = 5 };
+	int per = under_valgrind() ? 6 : 40;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 0), mk_engine(64, 4, 0) };
+	struct gpud_sched *s = mk_sched(e, 2, MAX_REQ, 0, 32);
+	static struct res out[N_SUB][40];
+	static uint64_t got[N_SUB * 40];
+	static int32_t ids[N_SUB][64];
+	struct submitter sub[N_SUB];
+	pthread_t th[N_SUB], dth[2];
+	struct worker w[2];
+	struct gpud_sched_stats st;
+	int busy = 0;
+
+	memset(out, 0, sizeof(out));
+	atomic_store(&n_done, 0);
+	for (int d = 0; d < 2; d++) {
+		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = N_SUB * per };
+		assert_int_equal(pthread_create(&dth[d], NULL, worker_main, &w[d]), 0);
+	}
+	for (int i = 0; i < N_SUB; i++) {
+		sub[i] = (struct submitter){
+			.s = s, .ids = ids[i], .n_ids = tokenize(prompts[i], ids[i], 64),
+			.out = out[i], .got = got + i * per, .n = per,
+		};
+		assert_int_equal(pthread_create(&th[i], NULL, submitter_main, &sub[i]), 0);
+	}
+	for (int i = 0; i < N_SUB; i++) {
+		pthread_join(th[i], NULL);
+		assert_int_equal(sub[i].rc, 0);
+		busy += sub[i].busy;
+	}
+	for (int d = 0; d < 2; d++) {
+		pthread_join(dth[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+	for (int i = 0; i < N_SUB; i++)
+		for (int j = 0; j < per; j++) {
+			assert_true(out[i][j].done);
+			if (j % 3 != 2)
+				assert_int_equal(out[i][j].status, 0);
+		}
+	qsort(got, (size_t)(N_SUB * per), sizeof(got[0]), cmp_u64);
+	for (int i = 0; i < N_SUB * per; i++)
+		assert_true(got[i] != 0 && (i == 0 || got[i] != got[i - 1]));
+	gpud_sched_stats(s, &st);
+	assert_int_equal(st.admitted, N_SUB * per);
+	assert_int_equal(st.completed, N_SUB * per);
+	assert_int_equal(st.refused, busy);
+	assert_int_equal(st.in_flight, 0);
+	print_message("%d submits answered SW_EBUSY and retried\n", busy);
+	/* every slot is free again */
+	for (int i = 0; i < MAX_REQ; i++) {
+		struct gpud_sched_req r;
+
+		memset(&out[0][i], 0, sizeof(out[0][i]));
+		req_init(&r, ids[0], sub[0].n_ids, 1, &out[0][i]);
+		submit_ok(s, &r);
+	}
+	drain(s, 2, NULL);
+	assert_pool_empty(e[0]);
+	assert_pool_empty(e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
 }
 
 /* Cancel mid-generation frees the KV blocks at once and completes the
@@ -1606,6 +1826,8 @@ int main(void)
 		cmocka_unit_test(test_placement),
 		cmocka_unit_test(test_chunked_prefill),
 		cmocka_unit_test(test_refusals),
+		cmocka_unit_test(test_slot_exhaustion_reuse),
+		cmocka_unit_test(test_concurrent_submit),
 		cmocka_unit_test(test_cancel),
 		cmocka_unit_test(test_caller_stop),
 		cmocka_unit_test(test_preemption),
