@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # install_test.sh - `meson install` into a DESTDIR, then the installed
-# programs run from there (issue 10).
+# programs run from there.
 #
 #   install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR
 #
