@@ -21,6 +21,7 @@
 #include "agentd/db.h"
 #include "agentd/fetch.h"
 #include "agentd/queue.h"
+#include "agentd/sql_dir.h"
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 #include "common/log.h"
@@ -485,7 +486,7 @@ static void process(struct worker *w, const struct agent_msg *m)
  * stopped first. */
 static int start(struct worker *w, char *err, size_t errlen)
 {
-	const char *dir = w->o->sql_dir ? w->o->sql_dir : SW_SOURCE_ROOT "/config/sql";
+	const char *dir = w->o->sql_dir ? w->o->sql_dir : agent_sql_dir_default();
 	int rc;
 
 	for (;;) {

@@ -58,7 +58,7 @@
 
 struct agent_worker_opts {
 	const struct sw_config *cfg;   /* redis.url, postgres.url, gpud.socket, agentd.* */
-	const char *sql_dir;           /* migrations; NULL = SW_SOURCE_ROOT/config/sql */
+	const char *sql_dir;           /* migrations; NULL = agent_sql_dir_default() */
 	int heartbeat_fd;              /* -1 = no heartbeats */
 	const char *consumer;          /* NULL = "<host>:<pid>" */
 	const char *stream, *dead_stream, *results_stream; /* NULL = the swarm:* names */

@@ -23,6 +23,7 @@ static struct role_counts host[GPUD_ALLOC_ROLES];
 static _Atomic uint64_t dev_allocs;
 static _Atomic uint64_t dev_bytes;
 static atomic_bool hooked;
+static atomic_bool linked;
 static atomic_bool warm;
 
 /* The warm-up mark. Written under a sequence counter so a reader never
@@ -76,6 +77,12 @@ void gpud_alloc__host_free(void)
 void gpud_alloc__set_hooked(bool on)
 {
 	atomic_store(&hooked, on);
+	atomic_store(&linked, true);
+}
+
+bool gpud_alloc_hook_linked(void)
+{
+	return atomic_load(&linked);
 }
 
 bool gpud_alloc_hooked(void)
@@ -99,6 +106,15 @@ void gpud_alloc_counts(struct gpud_alloc_counts *c)
 	}
 	c->device_allocs = atomic_load_explicit(&dev_allocs, memory_order_relaxed);
 	c->device_bytes = atomic_load_explicit(&dev_bytes, memory_order_relaxed);
+}
+
+uint64_t gpud_alloc_host_allocs(void)
+{
+	uint64_t n = 0;
+
+	for (int i = 0; i < GPUD_ALLOC_ROLES; i++)
+		n += atomic_load_explicit(&host[i].allocs, memory_order_relaxed);
+	return n;
 }
 
 static void counts_to_array(const struct gpud_alloc_counts *c, uint64_t *a)

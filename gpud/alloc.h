@@ -4,8 +4,9 @@
  * Host: gpud/alloc_hook.c replaces the process's malloc family (malloc,
  * calloc, realloc, free, posix_memalign, aligned_alloc, memalign, valloc)
  * with wrappers that count and forward to glibc (__libc_malloc etc.). It
- * is linked (link_whole) into the gpud executable and into the tests that
- * want it; every allocation of the process is seen - ours, libuv's,
+ * is linked (link_whole) into the gpud executable, the tests that count
+ * allocations and bench_tokenizer (the one counting mechanism of the
+ * project); every allocation of the process is seen - ours, libuv's,
  * jansson's, libc's own. Under AddressSanitizer the wrappers are not
  * compiled (ASan owns malloc); the counts come from
  * __sanitizer_install_malloc_and_free_hooks instead. Without either,
@@ -67,6 +68,21 @@ struct gpud_alloc_counts {
 /* Counts since process start. Any thread; never allocates. */
 void gpud_alloc_counts(struct gpud_alloc_counts *c);
 
+/* Host allocations of every role, i.e. of every thread, since process
+ * start (the sum of gpud_alloc_counts' host_allocs). Tests and
+ * benchmarks that check that a region allocates nothing read it before
+ * and after the region. Stays 0 while gpud_alloc_hooked() is false. Any
+ * thread; never allocates. */
+uint64_t gpud_alloc_host_allocs(void);
+
+/* True when gpud/alloc_hook.c is linked into the process and installed
+ * itself (its probe ran before main), whether or not the probe was
+ * counted: with the hook linked, gpud_alloc_hooked() is false only when
+ * something else redirects malloc past it (valgrind's memcheck by
+ * default). A test that counts asserts this, so that a count of 0 can
+ * never come from a missing hook. */
+bool gpud_alloc_hook_linked(void);
+
 /* Marks the end of warm-up (snapshot). Calling it again moves the mark. */
 void gpud_alloc_warmup_done(void);
 bool gpud_alloc_warm(void);
@@ -77,8 +93,9 @@ void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
 const char *gpud_alloc_role_name(enum gpud_alloc_role role); /* "other", "loop", "device" */
 
 /* For gpud/alloc_hook.c only: feed the counters (the calling thread's
- * role; lock-free, never allocate) and say that a probe allocation was
- * seen. */
+ * role; lock-free, never allocate) and report the probe: called once,
+ * with whether the probe allocation was seen (this also marks the hook
+ * linked). */
 void gpud_alloc__host_alloc(size_t bytes);
 void gpud_alloc__host_free(void);
 void gpud_alloc__set_hooked(bool on);

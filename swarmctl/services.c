@@ -77,8 +77,10 @@ static bool is_exec(const char *p)
 	return access(p, X_OK) == 0;
 }
 
-/* bin: $env_var, else next to our executable (install), else the build
- * tree's <build>/<dir>/<name> relative to <build>/swarmctl/swarmctl. */
+/* bin: $env_var, else the build tree's <build>/<dir>/<name> relative to
+ * <build>/swarmctl/swarmctl, else next to our executable (an install:
+ * <bindir>/<name>, under DESTDIR too), else from PATH. Each agentd finds
+ * its own SQL migrations (agentd/sql_dir.h). */
 static void find_bin(const char *env_var, const char *dir, const char *name, char *out,
 		     size_t cap)
 {

@@ -1,6 +1,7 @@
 /* alloc_nohook_test.c - the counters without gpud/alloc_hook.c linked:
- * hooked() is false and host counts stay 0 however much the process
- * allocates; device notes and the warm-up mark still work. */
+ * hooked() and hook_linked() are false and host counts stay 0 however
+ * much the process allocates; device notes and the warm-up mark still
+ * work. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@ static void test_not_hooked(void **state)
 
 	(void)state;
 	assert_false(gpud_alloc_hooked());
+	assert_false(gpud_alloc_hook_linked());
 	for (int r = 0; r < GPUD_ALLOC_ROLES; r++) {
 		gpud_alloc_set_role((enum gpud_alloc_role)r);
 		for (int i = 0; i < 8; i++)
@@ -34,6 +36,7 @@ static void test_not_hooked(void **state)
 		assert_int_equal(c.host_frees[r], 0);
 		assert_int_equal(c.host_bytes[r], 0);
 	}
+	assert_int_equal(gpud_alloc_host_allocs(), 0);
 	gpud_alloc_device_note(0, 5);
 	gpud_alloc_warmup_done();
 	gpud_alloc_device_note(0, 6);

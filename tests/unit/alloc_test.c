@@ -1,6 +1,7 @@
 /* alloc_test.c - allocation accounting with the hook linked in: every
  * malloc-family call counted in the calling thread's role, sizes, frees,
- * realloc's rules, per-thread roles, the warm-up mark, device notes.
+ * realloc's rules, per-thread roles, the warm-up mark, device notes, the
+ * all-threads total that tests and benchmarks read around a region.
  * Under valgrind the wrappers are bypassed (see gpud/alloc_hook.c): the
  * test then checks that hooked() says so and that nothing is counted. */
 #include <setjmp.h>
@@ -349,6 +350,51 @@ static void test_warmup_and_device(void **state)
 	assert_int_equal(t1.device_allocs, t0.device_allocs);
 }
 
+static void *alloc_in_thread(void *arg)
+{
+	gpud_alloc_set_role(*(enum gpud_alloc_role *)arg);
+	return v_malloc(40);
+}
+
+/* What the zero-allocation tests and bench_tokenizer read around a
+ * region: allocations of every role and thread, frees not included. */
+static void test_host_allocs_region(void **state)
+{
+	enum gpud_alloc_role roles[2] = { GPUD_ALLOC_LOOP, GPUD_ALLOC_DEVICE };
+	struct gpud_alloc_counts c;
+	uint64_t a, b, sum = 0;
+	void *p[3];
+
+	(void)state;
+	assert_true(gpud_alloc_hook_linked());
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	a = gpud_alloc_host_allocs();
+	gpud_alloc_counts(&c);
+	for (int r = 0; r < GPUD_ALLOC_ROLES; r++)
+		sum += c.host_allocs[r];
+	assert_true(sum >= a); /* read after it */
+	if (gpud_alloc_hooked())
+		assert_true(a > 0); /* at least the probe */
+	b = gpud_alloc_host_allocs();
+	assert_int_equal(b - a, 0); /* a region that allocates nothing */
+
+	p[0] = v_malloc(8);
+	for (int i = 0; i < 2; i++) {
+		pthread_t th;
+
+		assert_int_equal(pthread_create(&th, NULL, alloc_in_thread, &roles[i]), 0);
+		assert_int_equal(pthread_join(th, &p[1 + i]), 0);
+	}
+	b = gpud_alloc_host_allocs();
+	for (int i = 0; i < 3; i++)
+		v_free(p[i]);
+	assert_int_equal(gpud_alloc_host_allocs(), b); /* frees are not allocations */
+	if (gpud_alloc_hooked())
+		assert_true(b - a >= 3); /* ours, the threads' (and pthread's own) */
+	else
+		assert_int_equal(b, 0);
+}
+
 static void test_role_names(void **state)
 {
 	(void)state;
@@ -366,6 +412,7 @@ int main(void)
 		cmocka_unit_test(test_realloc_rules),
 		cmocka_unit_test(test_roles_per_thread),
 		cmocka_unit_test(test_warmup_and_device),
+		cmocka_unit_test(test_host_allocs_region),
 		cmocka_unit_test(test_role_names),
 	};
 

@@ -22,10 +22,10 @@
 
 #include "common/arena.h"
 #include "common/err.h"
+#include "gpud/alloc.h"
 #include "gpud/engine.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
-#include "tests/unit/alloc_count.h"
 #include "gpud/scheduler.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
@@ -1043,7 +1043,8 @@ static void test_no_alloc(void **state)
 	for (int i = 0; i < 4; i++)
 		n[i] = tokenize(prompts[i + 4], ids[i], 64);
 	memset(out, 0, sizeof(out));
-	assert_int_equal(alloc_count_start(), 0);
+	assert_true(gpud_alloc_hook_linked());
+	uint64_t allocs = gpud_alloc_host_allocs();
 	for (int i = 0; i < 8; i++) {
 		req_init(&r, ids[i % 4], n[i % 4], 30, &out[i]);
 		r.stop = stops;
@@ -1054,7 +1055,7 @@ static void test_no_alloc(void **state)
 		step_ok(s, (uint32_t)i % 2);
 	}
 	drain(s, 2, NULL);
-	assert_int_equal(alloc_count_stop(), 0);
+	assert_int_equal(gpud_alloc_host_allocs() - allocs, 0);
 	gpud_sched_stats(s, &st);
 	assert_int_equal(st.completed, 8);
 	assert_int_equal(st.cancelled, 1);
@@ -1716,13 +1717,14 @@ static void test_prefix_preempt_no_alloc(void **state)
 	memset(out, 0, sizeof(out));
 	/* the first one alone fills the cache; the rest at once */
 	run_one(s, ids[0], n[0], NULL, max_tok, &out[0]);
-	assert_int_equal(alloc_count_start(), 0);
+	assert_true(gpud_alloc_hook_linked());
+	uint64_t allocs = gpud_alloc_host_allocs();
 	for (uint32_t i = 1; i < n_req; i++) {
 		req_init(&r, ids[i], n[i], max_tok, &out[i]);
 		submit_ok(s, &r);
 	}
 	drain(s, 1, NULL);
-	assert_int_equal(alloc_count_stop(), 0);
+	assert_int_equal(gpud_alloc_host_allocs() - allocs, 0);
 	gpud_sched_stats(s, &st);
 	assert_true(st.preemptions > 0);
 	for (uint32_t i = 0; i < n_req; i++) {

@@ -25,9 +25,9 @@
 #include <unistd.h>
 #include <uv.h>
 
-#include "alloc_count.h"
 #include "common/err.h"
 #include "common/time.h"
+#include "gpud/alloc.h"
 #include "gpud/server.h"
 #include "proto/frame.h"
 #include "proto/msg.h"
@@ -1237,7 +1237,8 @@ static void test_no_malloc_on_requests(void **state)
 		cl_submit(c, id, 0, "warm");
 		cl_wait(c, id, &res);
 	}
-	assert_int_equal(alloc_count_start(), 0);
+	assert_true(gpud_alloc_hook_linked());
+	uint64_t allocs = gpud_alloc_host_allocs();
 	for (uint64_t id = 10; id < 60; id++) {
 		cl_submit(c, id, 0, "counted");
 		cl_wait(c, id, &res);
@@ -1249,9 +1250,8 @@ static void test_no_malloc_on_requests(void **state)
 		cl_frame(c, PROTO_T_STATS, id + 3000, 0, 0);
 		cl_wait(c, id + 3000, &res);
 	}
-	long n = alloc_count_stop();
-	if (ALLOC_COUNT_ENABLED)
-		assert_int_equal(n, 0);
+	uint64_t n = gpud_alloc_host_allocs() - allocs;
+	assert_int_equal(n, 0);
 
 	/* New connections after warm-up: accept, HELLO (region), a request,
 	 * close and reap. Only this client's own attach is left uncounted
@@ -1259,22 +1259,21 @@ static void test_no_malloc_on_requests(void **state)
 	for (int k = 0; k < 3; k++) {
 		struct cl *c2 = calloc(1, sizeof(*c2));
 		assert_non_null(c2);
-		assert_int_equal(alloc_count_start(), 0);
+		allocs = gpud_alloc_host_allocs();
 		int fd = cl_connect(e->path);
 		send_hello(fd, PROTO_VERSION);
 		wait_readable(fd);
-		n = alloc_count_stop();
+		n = gpud_alloc_host_allocs() - allocs;
 		cl_attach(c2, fd);
-		assert_int_equal(alloc_count_start(), 0);
+		allocs = gpud_alloc_host_allocs();
 		cl_submit(c2, 1, 0, "new connection");
 		cl_wait(c2, 1, &res);
 		assert_int_equal(res.type, PROTO_T_DONE);
 		cl_close(c2);
 		WAIT_FOR(e, env_stats(e).connections == 1);
 		WAIT_FOR(e, env_stats(e).accepted == 2 + (uint64_t)k);
-		n += alloc_count_stop();
-		if (ALLOC_COUNT_ENABLED)
-			assert_int_equal(n, 0);
+		n += gpud_alloc_host_allocs() - allocs;
+		assert_int_equal(n, 0);
 	}
 	cl_close(c);
 	env_stop(e);

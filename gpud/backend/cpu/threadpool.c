@@ -44,6 +44,7 @@ struct gpud_tp {
 	_Atomic int gen_sleepers;  /* workers in (or entering) futex_wait(gen) */
 	_Atomic int done_sleeper;  /* caller in (or entering) futex_wait(pending) */
 	_Atomic int stop;
+	_Atomic uint32_t starting; /* futex word: workers not yet running */
 	struct tp_worker *workers; /* (nth - 1) */
 };
 
@@ -108,6 +109,8 @@ static void *worker_main(void *p)
 	struct gpud_tp *tp = w->tp;
 	uint32_t seen = 0;
 
+	if (atomic_fetch_sub(&tp->starting, 1) == 1)
+		futex_wake_all(&tp->starting);
 	for (;;) {
 		seen = wait_gen(tp, seen);
 		if (atomic_load_explicit(&tp->stop, memory_order_acquire))
@@ -181,6 +184,7 @@ int gpud_tp_create(struct gpud_tp **out, int n_threads)
 			goto out_free;
 		}
 	}
+	atomic_store(&tp->starting, (uint32_t)n_threads - 1);
 	for (int i = 0; i < n_threads - 1; i++) {
 		struct tp_worker *w = &tp->workers[i];
 
@@ -193,6 +197,11 @@ int gpud_tp_create(struct gpud_tp **out, int n_threads)
 		}
 		started++;
 	}
+	/* Returns with every worker running, so that no thread start-up
+	 * overlaps the caller's first run (the sanitizers allocate in a
+	 * starting thread: a test counting allocations would see it). */
+	for (uint32_t left; (left = atomic_load(&tp->starting)) != 0;)
+		futex_wait(&tp->starting, left);
 	*out = tp;
 	return 0;
 
