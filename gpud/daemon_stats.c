@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "common/err.h"
-#include "gpud/alloc.h"
 #include "gpud/daemon_impl.h"
 #include "gpud/maskcache.h"
 #include "gpud/memwatch.h"
@@ -198,10 +197,7 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 	s->connections.accepted = ss.accepted;
 	s->connections.bad_frames = ss.bad_frames;
 	s->connections.stalled = ss.stalled;
-	s->alloc_counted = gpud_alloc_hooked();
-	s->alloc_warm = gpud_alloc_warm();
-	gpud_alloc_counts(&s->alloc_total);
-	gpud_alloc_since_warmup(&s->alloc_since_warmup);
+	gpud_stats_fill_alloc(s);
 
 	for (uint32_t i = 0; i < d->n_dev; i++) {
 		struct device *dv = &d->dev[i];
