@@ -17,7 +17,6 @@
 #include "common/err.h"
 #include "common/log.h"
 
-#define DEFAULT_FANIN 4
 #define MAX_SUMMARY_INPUT (64u << 10) /* bytes of text one step may read */
 
 static const char summarize_system[] = "Summarize the following text in a few sentences.\n";
@@ -79,7 +78,7 @@ static void free_all(char **v, size_t n)
 int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *location,
 			size_t loclen, char *err, size_t errlen)
 {
-	size_t fanin = c->summary_fanin ? c->summary_fanin : DEFAULT_FANIN;
+	size_t fanin = c->summary_fanin ? c->summary_fanin : PROTO_TASK_SUMMARY_FANIN;
 	PGresult *chunks = NULL;
 	char **cur = NULL, **next = NULL;
 	size_t n, nn = 0;

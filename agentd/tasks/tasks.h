@@ -37,7 +37,7 @@ struct agent_ctx {
 	struct agent_fetch_opts fetch;  /* ingest by URL */
 	uint32_t chunk_tokens;          /* 0 = 128 */
 	uint32_t chunk_overlap;         /* tokens; must be < chunk_tokens */
-	uint32_t summary_fanin;         /* summaries per reduce step; 0 = 4 */
+	uint32_t summary_fanin;         /* summaries per reduce step; 0 = PROTO_TASK_SUMMARY_FANIN */
 	/* Called between steps (each chunk, each partial summary) so the
 	 * worker can refresh its lease and heartbeat. May be NULL. */
 	void (*progress)(void *arg);
