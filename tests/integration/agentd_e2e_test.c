@@ -28,6 +28,7 @@
 
 #include "agentd/fetch.h"
 #include "agentd/worker.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "tests/integration/agentd_testlib.h"
@@ -45,7 +46,7 @@ struct fx {
 	struct agent_worker_stats st;
 	pthread_t thread;
 	int rc;
-	char err[512];
+	char err[SW_ERR_MAX];
 };
 
 static int counter;

@@ -18,7 +18,7 @@
 #include "common/err.h"
 #include "common/log.h"
 
-static char err[512];
+static char err[SW_ERR_MAX];
 
 /* Loads json, expects failure with code and exactly msg, and checks that
  * the config passed in was not touched. */
