@@ -1,4 +1,4 @@
-/* bench_ipc.c - round trip of a no-op request to a running gpud (issue 4).
+/* bench_ipc.c - round trip of a no-op request to a running gpud.
  *
  * The no-op is a TOKENIZE of an empty text (--stats: a STATS request
  * instead, which also renders the stats JSON): one frame and an 8-byte

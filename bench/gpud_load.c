@@ -1,4 +1,4 @@
-/* gpud_load.c - gpud-load, a load generator for a running gpud (issue 4).
+/* gpud_load.c - gpud-load, a load generator for a running gpud.
  *
  *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]

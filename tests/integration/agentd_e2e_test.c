@@ -1,4 +1,4 @@
-/* agentd_e2e_test.c - issue 5 through the whole stack: a worker against
+/* agentd_e2e_test.c - agentd through the whole stack: a worker against
  * real Redis, PostgreSQL + pgvector and a real `gpud serve` with
  * stories260K (tests/integration/gpud_harness.h).
  *   1. ingest a multi-chunk document, summarize it, answer a question:

@@ -1,8 +1,8 @@
-/* agentd_restart_test.c - issue 5 test 3, PostgreSQL half: two workers
- * run 200 tasks while PostgreSQL is restarted twice under them. Every
- * task ends completed (none lost), no answer is stored twice, nothing
- * stays pending. gpud is a fake here (agentd_e2e_test restarts the real
- * one).
+/* agentd_restart_test.c - no task lost across restarts, PostgreSQL
+ * half: two workers run 200 tasks while PostgreSQL is restarted twice
+ * under them. Every task ends completed (none lost), no answer is stored
+ * twice, nothing stays pending. gpud is a fake here (agentd_e2e_test
+ * restarts the real one).
  *
  * The test starts a PostgreSQL of its own with scripts/lib/test-servers.sh
  * (so it may restart it with pg_ctl) and uses the harness's Redis.

@@ -1,4 +1,4 @@
-/* gpud_test.c - the daemon's integration tests (issue 4 "Tests" 1-6):
+/* gpud_test.c - the daemon's integration tests (1-6 below):
  * a real `gpud serve` with stories260K on two cpu devices, driven through
  * the client library (proto/client.h) and, for malformed input, through
  * raw frames (proto/frame.h, proto/shm.h).
@@ -857,7 +857,7 @@ static void test_20k_random_requests(void **state)
 	assert_true(v >= (int64_t)t->n);
 	assert_int_equal(jint(st, "requests.errors"), 0);
 	check_idle_pools(st, true);
-	/* Last, since the cause lies outside the request path: the issue
+	/* Last, since the cause lies outside the request path: DESIGN §2
 	 * says allocations after warm-up stay 0, and gpud/server.h promises
 	 * that accepting a connection mallocs nothing either. */
 	if (jint(st, "alloc.since_warmup.host_loop") != 0)
