@@ -1,4 +1,4 @@
-/* chunk.h - token-aware chunking with overlap (ingest, issue 5).
+/* chunk.h - token-aware chunking with overlap (ingest).
  *
  * The text is cut into units at sentence and paragraph ends (". ", "! ",
  * "? ", a newline); each unit's tokens are counted with a callback (gpud's

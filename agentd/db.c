@@ -59,7 +59,7 @@ static void notice_to_log(void *arg, const char *msg)
 /* libpq messages end with a newline; drop it for ours. */
 static const char *pq_msg(PGconn *c)
 {
-	static __thread char buf[512];
+	static __thread char buf[SW_ERR_MAX];
 	size_t n;
 
 	snprintf(buf, sizeof(buf), "%s", c ? PQerrorMessage(c) : "no connection");
@@ -272,7 +272,7 @@ static int read_file(const char *path, char **out, char *err, size_t errlen)
 static int migrate_one(struct agent_db *db, const char *dir, const struct migration *m,
 		       bool *done, char *err, size_t errlen)
 {
-	char path[4096], ver[32], lock[32], e[512];
+	char path[4096], ver[32], lock[32], e[SW_ERR_MAX];
 	const char *params[2] = { ver, m->name };
 	const char *lockp[1] = { lock };
 	char *sql = NULL;

@@ -1,5 +1,5 @@
 /* db.h - agentd's PostgreSQL side: one connection, migrations, and the
- * handful of statements the task kinds need (DESIGN §6, issue 5).
+ * handful of statements the task kinds need (DESIGN §6).
  *
  * Every statement is parameterized (PQexecParams); no value is ever
  * pasted into SQL text. Every write is an upsert or an insert that

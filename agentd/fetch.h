@@ -1,4 +1,4 @@
-/* fetch.h - documents by URL for ingest (libcurl; issue 5).
+/* fetch.h - documents by URL for ingest (libcurl).
  *
  * http, https and file only; redirects are followed up to max_redirects
  * and only to http or https (a web page never gets to redirect into the

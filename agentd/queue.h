@@ -1,5 +1,5 @@
 /* queue.h - the task stream as one worker sees it (Redis Streams,
- * hiredis; DESIGN §6, issue 5).
+ * hiredis; DESIGN §6).
  *
  * Tasks are entries of the stream "swarm:tasks" with a field "task"
  * holding the JSON; the names and the format are proto/task.h's. Workers

@@ -676,7 +676,7 @@ int agent_supervisor_main(int argc, char **argv)
 	struct agent_sup_opts o = { 0 };
 	struct sw_config cfg;
 	const char *config = NULL;
-	char err[1024], *json;
+	char err[SW_ERR_MAX], *json;
 	bool check = false;
 	int c, rc;
 

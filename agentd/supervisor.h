@@ -1,5 +1,5 @@
 /* supervisor.h - `agentd --config FILE`: keeps agentd.workers worker
- * processes alive (issue 5, DESIGN §6).
+ * processes alive (DESIGN §6).
  *
  * Each worker is the same binary run as
  *     <exe> worker --config FILE --heartbeat-fd 3 [--sql-dir DIR]

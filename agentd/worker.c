@@ -29,7 +29,6 @@
 #include "proto/task.h"
 #include "sw_config.h"
 
-#define ERR_MAX 1024
 #define CALLBACK_QUEUE 64
 #define CALLBACK_TRIES 3
 #define CALLBACK_DRAIN_MS 5000
@@ -72,7 +71,7 @@ struct callbacks {
 static void *callback_thread(void *arg)
 {
 	struct callbacks *cb = arg;
-	char err[512];
+	char err[SW_ERR_MAX];
 
 	pthread_mutex_lock(&cb->lock);
 	for (;;) {
@@ -209,7 +208,7 @@ static void lease_failed(struct lease *l, const char *entry, const char *why)
 /* Resets the idle time of entry so that no other worker reclaims it. */
 static void refresh_lease(struct worker *w, struct lease *l, const char *entry)
 {
-	char err[512];
+	char err[SW_ERR_MAX];
 	int rc;
 
 	if (!l->q) {
@@ -343,13 +342,14 @@ static int finish_out(struct worker *w, const struct agent_msg *m, const char *i
 }
 
 /* Handles one delivery. Returns 0 when the entry is dealt with (done, or
- * left pending on purpose), or an outage code: retry after a reconnect. */
+ * left pending on purpose), or an outage code: retry after a reconnect,
+ * with the reason in err (SW_ERR_MAX bytes). */
 static int handle(struct worker *w, const struct agent_msg *m, const struct proto_task *t,
 		  int parse_rc, const char *parse_err, char *err)
 {
 	const uint32_t max_attempts = w->cfg->agentd.max_attempts;
 	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
-	char last[ERR_MAX], msg[ERR_MAX + 64];
+	char last[SW_ERR_MAX], msg[SW_ERR_MAX + 64];
 	enum agent_task_status prev;
 	int attempts, rc;
 
@@ -359,33 +359,33 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		snprintf(id, sizeof(id), "stream:%s", m->id);
 
 	rc = agent_db_task_start(w->db, id, parse_rc ? NULL : proto_task_kind_name(t->kind), m->id,
-				 &prev, &attempts, err, ERR_MAX);
+				 &prev, &attempts, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
 	if (prev != AGENT_TASK_RUNNING) { /* finished before; the ack was lost */
 		rc = agent_db_task_get(w->db, id, &prev, NULL, last, sizeof(last), location,
-				       sizeof(location), err, ERR_MAX);
+				       sizeof(location), err, SW_ERR_MAX);
 		if (rc)
 			return rc;
 		log_info("task %s: redelivered after it ended %s; acknowledging", id,
 			 agent_task_status_name(prev));
 		return finish_out(w, m, id, prev, location, last[0] ? last : NULL,
-				  parse_rc ? NULL : t->callback_url, err, ERR_MAX);
+				  parse_rc ? NULL : t->callback_url, err, SW_ERR_MAX);
 	}
 	if (parse_rc) {
 		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, parse_err, NULL, err,
-					  ERR_MAX);
+					  SW_ERR_MAX);
 		if (rc)
 			return rc;
 		log_warn("task %s: %s", id, parse_err);
 		w->st.failed++;
 		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err,
-				  ERR_MAX);
+				  SW_ERR_MAX);
 	}
 	if (m->deliveries > max_attempts) {
 		/* The worker that had the last allowed delivery died with it. */
 		rc = agent_db_task_get(w->db, id, NULL, NULL, last, sizeof(last), NULL, 0, err,
-				       ERR_MAX);
+				       SW_ERR_MAX);
 		if (rc)
 			return rc;
 		snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s",
@@ -395,15 +395,15 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 
 	err[0] = '\0';
 	mark_progress(w);
-	rc = agent_run_task(&w->ctx, t, location, sizeof(location), err, ERR_MAX);
+	rc = agent_run_task(&w->ctx, t, location, sizeof(location), err, SW_ERR_MAX);
 	if (rc == 0) {
 		rc = agent_db_task_finish(w->db, id, AGENT_TASK_COMPLETED, NULL, location, err,
-					  ERR_MAX);
+					  SW_ERR_MAX);
 		if (rc)
 			return rc;
 		w->st.completed++;
 		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url, err,
-				  ERR_MAX);
+				  SW_ERR_MAX);
 	}
 	if (agent_error_outage(rc)) {
 		log_debug("task %s: %s", id, err);
@@ -412,17 +412,17 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 	if (agent_error_permanent(rc)) {
 		log_warn("task %s failed: %s", id, err);
 		snprintf(msg, sizeof(msg), "%s", err);
-		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, msg, NULL, err, ERR_MAX);
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, msg, NULL, err, SW_ERR_MAX);
 		if (rc)
 			return rc;
 		w->st.failed++;
 		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err,
-				  ERR_MAX);
+				  SW_ERR_MAX);
 	}
 	if (m->deliveries < max_attempts) {
 		log_warn("task %s: attempt %u of %u failed: %s", id, m->deliveries, max_attempts, err);
 		snprintf(msg, sizeof(msg), "%s", err);
-		rc = agent_db_task_finish(w->db, id, AGENT_TASK_RUNNING, msg, NULL, err, ERR_MAX);
+		rc = agent_db_task_finish(w->db, id, AGENT_TASK_RUNNING, msg, NULL, err, SW_ERR_MAX);
 		if (rc)
 			return rc;
 		w->st.retried++;
@@ -432,13 +432,13 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		 err);
 dead:
 	log_warn("task %s: %s", id, msg);
-	rc = agent_db_task_finish(w->db, id, AGENT_TASK_DEAD, msg, NULL, err, ERR_MAX);
+	rc = agent_db_task_finish(w->db, id, AGENT_TASK_DEAD, msg, NULL, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	rc = agent_queue_dead(w->q, m, id, msg, err, ERR_MAX);
+	rc = agent_queue_dead(w->q, m, id, msg, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	rc = agent_queue_result(w->q, id, "dead", NULL, msg, err, ERR_MAX);
+	rc = agent_queue_result(w->q, id, "dead", NULL, msg, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
 	callback_post(&w->cb, t->callback_url, id, "dead", NULL, msg);
@@ -450,7 +450,7 @@ dead:
 /* Runs one claimed entry to its end, riding out outages. */
 static void process(struct worker *w, const struct agent_msg *m)
 {
-	char perr[ERR_MAX], err[ERR_MAX];
+	char perr[SW_ERR_MAX], err[SW_ERR_MAX];
 	struct proto_task t;
 	int prc, rc;
 
@@ -471,7 +471,7 @@ static void process(struct worker *w, const struct agent_msg *m)
 		}
 		do {
 			backoff(w);
-		} while (!stop_requested && reconnect_all(w, err, ERR_MAX) != 0);
+		} while (!stop_requested && reconnect_all(w, err, SW_ERR_MAX) != 0);
 		if (!stop_requested)
 			outage_end(w);
 	}
@@ -610,7 +610,7 @@ static int setup_process(struct worker *w, char *err, size_t errlen)
 static void prune_consumers(struct worker *w)
 {
 	uint64_t idle = 4ull * w->cfg->agentd.lease_ms;
-	char err[ERR_MAX];
+	char err[SW_ERR_MAX];
 
 	if (idle < AGENT_PRUNE_MIN_IDLE_MS)
 		idle = AGENT_PRUNE_MIN_IDLE_MS;
@@ -802,7 +802,7 @@ int agent_worker_main(int argc, char **argv)
 	struct sw_config cfg;
 	const char *config = NULL, *hb = getenv("SWARM_HEARTBEAT_FD");
 	bool check = false;
-	char err[ERR_MAX], *json;
+	char err[SW_ERR_MAX], *json;
 	int c, rc;
 
 	optind = 1;
@@ -830,9 +830,9 @@ int agent_worker_main(int argc, char **argv)
 		}
 		o.heartbeat_fd = (int)fd;
 	}
-	if (sw_config_load_file(config, &cfg, err, ERR_MAX) != 0 ||
-	    sw_config_apply_env(&cfg, err, ERR_MAX) != 0 ||
-	    sw_config_validate(&cfg, 0, err, ERR_MAX) != 0) {
+	if (sw_config_load_file(config, &cfg, err, SW_ERR_MAX) != 0 ||
+	    sw_config_apply_env(&cfg, err, SW_ERR_MAX) != 0 ||
+	    sw_config_validate(&cfg, 0, err, SW_ERR_MAX) != 0) {
 		fprintf(stderr, "agentd worker: %s\n", err);
 		return 1;
 	}
@@ -864,7 +864,7 @@ int agent_worker_main(int argc, char **argv)
 		log_info("effective configuration: %s", json);
 	free(json);
 	o.cfg = &cfg;
-	rc = agent_worker_run(&o, &st, err, ERR_MAX);
+	rc = agent_worker_run(&o, &st, err, SW_ERR_MAX);
 	if (rc) {
 		log_error("worker: %s", err);
 		return 1;

@@ -1,5 +1,5 @@
 /* worker.h - one agentd worker process: claim -> run -> commit -> XACK
- * -> event, for as long as it is told (issue 5, DESIGN §6).
+ * -> event, for as long as it is told (DESIGN §6).
  *
  * The supervisor (supervisor.h) runs `agentd worker --config FILE
  * [--heartbeat-fd N]`; agent_worker_main() is that command.

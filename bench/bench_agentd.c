@@ -32,6 +32,7 @@
 #include <libpq-fe.h>
 
 #include "bench/bench_util.h"
+#include "common/err.h"
 #include "proto/client.h"
 #include "proto/task.h"
 
@@ -161,7 +162,7 @@ static int gpud_pid(const char *socket)
 {
 	struct proto_client_opts o;
 	struct proto_client *c;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int pid;
 
 	proto_client_opts_default(&o);

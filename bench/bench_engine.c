@@ -64,7 +64,7 @@ static int32_t rnd_tok(uint32_t nv)
 
 static int step_or_die(struct gpud_engine *e, struct gpud_batch_entry *b, uint32_t n)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc = gpud_engine_step(e, b, n, err, sizeof(err));
 	if (rc)
 		fprintf(stderr, "bench_engine: step: %s\n", err);
@@ -155,7 +155,7 @@ static int bench_model(const char *path, const char *label, const char *type,
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
 	struct gpud_engine_params ep;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc;
 
 	if ((rc = gpud_model_load(&m, path, err, sizeof(err)))) {
@@ -204,7 +204,7 @@ static int make_110m(const char *dir, const char *tname, char *path, size_t cap)
 {
 	struct gpud_mkmodel_params p;
 	struct stat sb;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int t = gpud_type_parse(tname), rc;
 
 	if (t < 0) {

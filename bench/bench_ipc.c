@@ -1,4 +1,4 @@
-/* bench_ipc.c - round trip of a no-op request to a running gpud (issue 4).
+/* bench_ipc.c - round trip of a no-op request to a running gpud.
  *
  * The no-op is a TOKENIZE of an empty text (--stats: a STATS request
  * instead, which also renders the stats JSON): one frame and an 8-byte
@@ -68,7 +68,7 @@ static int noop(struct proto_client *c, bool stats, char *err, size_t errlen)
 static void *thread_main(void *p)
 {
 	struct thread_arg *a = p;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	for (int i = 0; i < WARMUP; i++)
 		if (noop(a->c, a->stats, err, sizeof(err)))
@@ -101,7 +101,7 @@ static int do_run(const char *socket, struct run *r, bool stats, double seconds)
 	pthread_barrier_t start;
 	float *all = NULL;
 	int n_conns = r->conn_per_thread ? r->threads : 1, rc = 0;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	memset(args, 0, sizeof(args));
 	for (int i = 0; i < n_conns; i++) {

@@ -1,4 +1,4 @@
-/* bench_mask.c - compiled mask descriptors vs dense masks (issue 4).
+/* bench_mask.c - compiled mask descriptors vs dense masks.
  *
  * For 1k/4k/16k prompt tokens x 8/64 segments and three descriptor shapes,
  * measures gpud_mask_compile (time, and gpud_mask_bytes per request) next

@@ -226,7 +226,7 @@ int main(int argc, char **argv)
 	struct gpud_tokenizer *toks[16] = { 0 };
 	for (int i = 0; i < np && i < 16; i++) {
 		struct gpud_gguf *g = NULL;
-		char err[256];
+		char err[SW_ERR_MAX];
 		double best = 1e30, best_cpu = 1e30;
 		for (int rep = 0; rep < 3; rep++) {
 			double t0 = now(), c0 = cpu_now();

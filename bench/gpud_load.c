@@ -1,4 +1,4 @@
-/* gpud_load.c - gpud-load, a load generator for a running gpud (issue 4).
+/* gpud_load.c - gpud-load, a load generator for a running gpud.
  *
  *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
@@ -353,7 +353,7 @@ static int worker_run(struct worker *w, uint32_t n, struct report *rep)
 	struct proto_client **conns = calloc(o->connections, sizeof(*conns));
 	struct proto_client_opts co;
 	struct proto_mask_desc *descs = calloc(o->concurrency, sizeof(*descs));
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc = 0;
 
 	memset(rep, 0, sizeof(*rep));
@@ -468,7 +468,7 @@ static json_t *fetch_stats(const struct opts *o)
 {
 	struct proto_client *c;
 	struct proto_client_opts co;
-	char err[256], *text = NULL;
+	char err[SW_ERR_MAX], *text = NULL;
 	json_error_t je;
 	json_t *root = NULL;
 
@@ -533,7 +533,7 @@ static int calibrate(const struct opts *o, double *tpw, int *server_pid)
 {
 	struct proto_client *c;
 	struct proto_client_opts co;
-	char err[256], text[CALIBRATION_WORDS * 8];
+	char err[SW_ERR_MAX], text[CALIBRATION_WORDS * 8];
 	int32_t *ids = NULL;
 	uint32_t n = 0;
 	size_t at = 0;

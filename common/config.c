@@ -634,7 +634,7 @@ int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, si
 
 int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen)
 {
-	char msg[512];
+	char msg[SW_ERR_MAX];
 	struct stat st;
 	char *buf;
 	size_t n;

@@ -15,6 +15,14 @@
 
 #define SW_EBASE (-4096)
 
+/* The size of every error-message buffer a caller passes as (err, errlen).
+ * The longest messages name a file (a model, a config, a socket: paths are
+ * at most a few hundred bytes in practice) and wrap an inner message with
+ * a line of context, so 1024 holds them whole; a longer one is cut short
+ * by snprintf, never overflowed. A buffer that composes two messages is
+ * sized as an expression of this one (2 * SW_ERR_MAX), not a new number. */
+#define SW_ERR_MAX 1024
+
 enum sw_err {
 	SW_OK = 0,
 	SW_EFORMAT = SW_EBASE - 1,      /* malformed input (file, frame, JSON) */

@@ -135,7 +135,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 	struct gpud_engine_params ep;
-	char err[512] = "", a[32], b[32];
+	char err[SW_ERR_MAX] = "", a[32], b[32];
 	int rc;
 
 	gpud_engine_params_default(&ep);
@@ -259,7 +259,7 @@ static int sched_build(struct gpud_daemon *d)
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 	struct gpud_engine *engines[SW_CONFIG_MAX_DEVICES];
 	struct gpud_sched_params sp;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	for (uint32_t i = 0; i < d->n_dev; i++)
@@ -337,7 +337,7 @@ static int server_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 	struct gpud_server_params sp;
-	char err[512] = "", a[32], b[32];
+	char err[SW_ERR_MAX] = "", a[32], b[32];
 	int rc;
 
 	gpud_server_params_default(&sp);
@@ -371,7 +371,7 @@ static int server_build(struct gpud_daemon *d)
 static int metrics_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	if (!g->metrics[0])
@@ -429,7 +429,7 @@ static void log_start(const struct sw_config *cfg)
  * check_only, else to the log. */
 static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
 {
-	char err[1024] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	rc = gpud_model_load(&d->model, d->cfg.gpud.model, err, sizeof(err));
@@ -450,7 +450,7 @@ static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, 
  * error (with its numbers) goes to out when check_only, else to the log. */
 static int plan_memory(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
 {
-	char err[1024] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	gpud__size_pools(&d->cfg, d->model, &st->z);
@@ -543,7 +543,7 @@ static int warm_up(struct gpud_daemon *d)
 {
 	int32_t tok[2] = { gpud_tokenizer_bos(d->tok), 1 };
 	double t0 = now_s();
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	if (tok[0] < 0)
 		tok[0] = 1;
@@ -611,7 +611,7 @@ static void signals_start(struct gpud_daemon *d)
  * warm-up". */
 static int server_listen(struct gpud_daemon *d, double t0)
 {
-	char err[1024] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	rc = gpud_server_listen(d->server, err, sizeof(err));

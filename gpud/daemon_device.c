@@ -137,7 +137,7 @@ void *gpud__device_main(void *arg)
 	struct device *dv = arg;
 	struct gpud_daemon *d = dv->d;
 	double last_err = 0, last_sample = 0;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
 	while (!atomic_load(&d->stopping)) {

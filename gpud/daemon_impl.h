@@ -44,6 +44,7 @@
 
 #include "common/arena.h"
 #include "common/config.h"
+#include "common/err.h"
 #include "gpud/admit.h"
 #include "gpud/daemon.h"
 #include "gpud/server.h"
@@ -85,7 +86,7 @@ struct embed_job {
 	int32_t *tokens;       /* (n_ctx) */
 	float *out;            /* (dim) */
 	int rc;
-	char err[160];
+	char err[SW_ERR_MAX];
 };
 
 struct device {

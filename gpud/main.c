@@ -75,7 +75,7 @@ static int cmd_serve(int argc, char **argv)
 	};
 	const char *path = NULL;
 	struct sw_config cfg;
-	char err[1024] = "";
+	char err[SW_ERR_MAX] = "";
 	bool check = false;
 	int c, rc;
 
@@ -145,7 +145,7 @@ static int cmd_generate(int argc, char **argv)
 	struct gpud_gen_result res;
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
-	char err[512] = "", *chat = NULL;
+	char err[SW_ERR_MAX] = "", *chat = NULL;
 	bool use_chat = false;
 	int c, rc;
 
@@ -248,7 +248,7 @@ static int cmd_tokenize(int argc, char **argv)
 	struct sw_arena a = { 0 };
 	int32_t *ids = NULL;
 	size_t cap, n = 0;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	bool bos = true;
 	int c, rc;
 
@@ -318,7 +318,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		{ 0 },
 	};
 	struct gpud_mkmodel_params p;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int c, rc, t;
 
 	gpud_mkmodel_params_default(&p);

@@ -1,4 +1,4 @@
-/* maskcache.h - cache of compiled attention masks (DESIGN §3, issue 4).
+/* maskcache.h - cache of compiled attention masks (DESIGN §3).
  *
  * Identical descriptors (same segment token lengths, same vis rows, same
  * KV block size) share one compiled mask. Entries are refcounted while

@@ -1,4 +1,4 @@
-/* memwatch.h - trough watchdog for fixed pools (DESIGN §2, issue 4).
+/* memwatch.h - trough watchdog for fixed pools (DESIGN §2).
  *
  * The incident swarm exists to prevent showed up as memory whose *low*
  * point rose for hours: peaks say little (a busy step is allowed to fill

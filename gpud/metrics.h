@@ -1,4 +1,4 @@
-/* metrics.h - the optional Prometheus endpoint (issue 4; off by default).
+/* metrics.h - the optional Prometheus endpoint (off by default).
  *
  * A minimal HTTP/1.0 responder on the server's libuv loop: it reads one
  * request head (at most GPUD_METRICS_HEAD_MAX bytes, else 431), answers

@@ -1,5 +1,5 @@
 /* prefix.h - prefix KV cache index of one device (DESIGN §3 "Prefix KV
- * cache", issue 4).
+ * cache").
  *
  * Entries name full KV blocks of prompts. An entry's identity is its
  * parent entry (the block before it in the prompt; GPUD_PREFIX_ROOT for

@@ -30,7 +30,7 @@ static void handle_hello(struct sconn *c, const struct proto_frame *f, int rc, c
 		gpud__close_conn(c, "frame before HELLO");
 		return;
 	}
-	char msg[ERRLEN];
+	char msg[SW_ERR_MAX];
 	struct proto_shm *shm = NULL;
 	struct proto_ring *ring = NULL;
 	rc = proto_shm_create_in(c->shm_store, sizeof(c->shm_store), &shm, s->p.ring_bytes,
@@ -87,7 +87,7 @@ static void bad_frame(struct sconn *c, uint64_t id, int rc, const char *err)
 static int take_slot(struct sconn *c, uint64_t id, struct gpud_sreq **out)
 {
 	struct gpud_server *s = c->s;
-	char msg[ERRLEN];
+	char msg[SW_ERR_MAX];
 	int rc = 0;
 	uint32_t idx = 0;
 	if (s->draining) {
@@ -179,7 +179,7 @@ static void on_submit(struct sconn *c, const struct proto_frame *f, const uint8_
 {
 	struct gpud_server *s = c->s;
 	struct gpud_sreq *r;
-	char err[ERRLEN] = "";
+	char err[SW_ERR_MAX] = "";
 	if (take_slot(c, f->request_id, &r))
 		return;
 	int rc = proto_submit_decode(payload, f->payload_length, &s->p.limits, &r->sub, err,
@@ -202,7 +202,7 @@ static void on_embed(struct sconn *c, const struct proto_frame *f, const uint8_t
 	struct gpud_server *s = c->s;
 	struct proto_text_req req;
 	struct gpud_sreq *r;
-	char err[ERRLEN] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = proto_text_req_decode(PROTO_T_EMBED, payload, f->payload_length, &s->p.limits,
 				       &req, err, sizeof(err));
 	if (rc) {
@@ -258,7 +258,7 @@ static void on_tokenize(struct sconn *c, const struct proto_frame *f, const uint
 {
 	struct gpud_server *s = c->s;
 	struct proto_text_req req;
-	char err[ERRLEN] = "";
+	char err[SW_ERR_MAX] = "";
 	uint32_t n = 0;
 	/* Ids are decoded into the reply buffer past the header, then
 	 * rewritten in place as little-endian. */
@@ -287,7 +287,7 @@ static void on_tokenize(struct sconn *c, const struct proto_frame *f, const uint
 static void on_json(struct sconn *c, const struct proto_frame *f, const uint8_t *payload)
 {
 	struct gpud_server *s = c->s;
-	char err[ERRLEN] = "";
+	char err[SW_ERR_MAX] = "";
 	size_t len = 0;
 	size_t cap = s->reply_cap - 4;
 	uint16_t reply_type;
@@ -323,7 +323,7 @@ void gpud__handle_frame(struct sconn *c, const uint8_t *raw)
 {
 	struct gpud_server *s = c->s;
 	struct proto_frame f;
-	char err[ERRLEN] = "";
+	char err[SW_ERR_MAX] = "";
 	STAT(s, s->st.frames_in++);
 	int rc = proto_frame_decode(raw, PROTO_FRAME_SIZE, &f, err, sizeof(err));
 	if (!c->hello) {

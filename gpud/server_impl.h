@@ -60,7 +60,6 @@
 #define ERR_REC_MAX (8 + PROTO_MAX_ERROR_MSG) /* largest ERROR payload */
 #define FIN_MAX ERR_REC_MAX                   /* DONE (48) or ERROR */
 #define TIMER_MS 2                            /* staging retry period */
-#define ERRLEN 256
 
 static_assert(FIN_MAX >= PROTO_DONE_SIZE, "a DONE fits the final record");
 

@@ -141,7 +141,7 @@ void gpud_sreq_embedding(struct gpud_sreq *r, const float *v, uint32_t dim)
 	if (!c->open)
 		goto out;
 	if (!need || need > s->ring_max || (dim && !v)) {
-		char msg[ERRLEN];
+		char msg[SW_ERR_MAX];
 		snprintf(msg, sizeof(msg), "embedding of dim %u does not fit the response ring", dim);
 		error_locked(c, r, SW_ETOOLONG, msg);
 		goto out;

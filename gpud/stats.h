@@ -1,5 +1,5 @@
 /* stats.h - gpud's numbers as one plain snapshot, rendered as the STATS /
- * MEM JSON replies and as Prometheus text (issue 4, DESIGN §2).
+ * MEM JSON replies and as Prometheus text (DESIGN §2).
  *
  * The daemon fills a struct gpud_stats_snapshot from its parts (server,
  * scheduler, engines, caches, watchdog, allocation counters); this module

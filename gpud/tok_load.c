@@ -489,7 +489,8 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 
 static void mark_eog(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 {
-	/* <|end|> ends a Phi-3 turn; the others are from the issue. */
+	/* Turn and text ends: Llama 3 (eot, eom, end_of_text), SentencePiece
+	 * (</s>), GPT-2 (endoftext), ChatML (im_end), Phi-3 (<|end|>). */
 	static const char *const names[] = {
 		"<|eot_id|>", "<|eom_id|>", "<|end_of_text|>", "</s>", "<|endoftext|>",
 		"<|im_end|>", "<|end|>",

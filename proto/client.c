@@ -46,7 +46,6 @@
 #define SPAN_ALIGN 16u
 #define DEFAULT_MAX_INFLIGHT 256u
 #define DEFAULT_MAX_REGION ((size_t)1 << 30)
-#define DEAD_MSG_LEN 192
 
 /* What a blocking call collects; lives on the caller's stack. The reader
  * writes it (under c->mu) until `done`, or until the caller detaches it
@@ -119,7 +118,7 @@ struct proto_client {
 
 	atomic_bool dead;
 	bool closing;
-	char dead_msg[DEAD_MSG_LEN];
+	char dead_msg[SW_ERR_MAX];
 	uint64_t next_id;
 	uint32_t n_sending;
 	uint32_t n_callers;
@@ -772,7 +771,7 @@ static int read_frames(struct proto_client *c, char *why, size_t whylen)
 	for (;;) {
 		uint8_t buf[PROTO_FRAME_SIZE];
 		struct proto_frame f;
-		char ferr[128];
+		char ferr[SW_ERR_MAX];
 		int rc = proto_recv_frame(c->sock, buf, NULL);
 		if (rc == -EAGAIN)
 			return 0;
@@ -805,7 +804,7 @@ static int read_frames(struct proto_client *c, char *why, size_t whylen)
  * either failed by its submitter (no callback) or here. */
 static void fail_all(struct proto_client *c)
 {
-	char msg[DEAD_MSG_LEN + 32];
+	char msg[SW_ERR_MAX + 32]; /* a prefix, then dead_msg */
 	pthread_mutex_lock(&c->mu);
 	while (c->n_sending)
 		pthread_cond_wait(&c->reply, &c->mu);
@@ -838,7 +837,7 @@ static void mark_dead(struct proto_client *c, const char *why)
 static void *reader_main(void *arg)
 {
 	struct proto_client *c = arg;
-	char why[DEAD_MSG_LEN] = "";
+	char why[SW_ERR_MAX] = "";
 	for (;;) {
 		struct pollfd p[2] = {
 			{ .fd = c->sock, .events = POLLIN },
@@ -988,7 +987,7 @@ static int hello(struct proto_client *c, const char *path, const struct timespec
 {
 	struct proto_frame f;
 	uint8_t buf[PROTO_FRAME_SIZE];
-	char ferr[128];
+	char ferr[SW_ERR_MAX];
 	int rc;
 
 	*fd = -1;
@@ -1052,7 +1051,7 @@ int proto_client_connect(struct proto_client **out, const char *socket_path,
 	struct proto_client_opts o;
 	struct proto_client *c = NULL;
 	struct timespec ts = { 0 };
-	char aerr[160];
+	char aerr[SW_ERR_MAX];
 	uint64_t size = 0;
 	int fd = -1;
 	int rc;

@@ -112,7 +112,7 @@ static const uint8_t *take(struct cursor *c, uint64_t n)
 static int submit_mask_check(const struct proto_mask_desc *m, uint32_t max_segments,
 			     char *err, size_t errlen)
 {
-	char why[128];
+	char why[SW_ERR_MAX];
 	int rc = proto_mask_validate(m, max_segments, why, sizeof(why));
 	return rc ? sw_seterr(err, errlen, rc, "submit: %s", why) : 0;
 }

@@ -112,7 +112,7 @@ int ctl_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 	if (!c)
 		return sw_seterr(err, errlen, -ENOMEM, "postgres: out of memory");
 	if (PQstatus(c) != CONNECTION_OK) {
-		char redacted[SW_CONFIG_URL_MAX], msg[512];
+		char redacted[SW_CONFIG_URL_MAX], msg[SW_ERR_MAX];
 		size_t n;
 
 		snprintf(msg, sizeof(msg), "%s", PQerrorMessage(c));
@@ -137,7 +137,7 @@ int ctl_pg_query(PGconn *c, PGresult **out, char *err, size_t errlen, const char
 
 	*out = NULL;
 	if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-		char msg[512];
+		char msg[SW_ERR_MAX];
 		size_t n;
 
 		snprintf(msg, sizeof(msg), "%s", PQerrorMessage(c));

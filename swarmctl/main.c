@@ -51,7 +51,7 @@ static void usage(FILE *f)
 
 static int env_init(struct ctl_env *e)
 {
-	char err[1024];
+	char err[SW_ERR_MAX];
 
 	if (ctl_env_init(e, config_path, err, sizeof(err)) != 0) {
 		fprintf(stderr, "swarmctl: %s\n", err);
@@ -74,7 +74,7 @@ static int cmd_check(void)
 static int cmd_stop_env(struct ctl_env *e)
 {
 	static const enum ctl_service order[] = { CTL_AGENTD, CTL_GPUD, CTL_REDIS, CTL_POSTGRES };
-	char err[2048];
+	char err[SW_ERR_MAX];
 	int status = 0;
 
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
@@ -100,7 +100,7 @@ static int cmd_stop_env(struct ctl_env *e)
 static int cmd_stop(void)
 {
 	struct ctl_env e;
-	char err[1024];
+	char err[SW_ERR_MAX];
 	int lock, rc;
 
 	if (env_init(&e))
@@ -129,7 +129,7 @@ static int cmd_start(void)
 {
 	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
 	struct ctl_env e;
-	char err[4096];
+	char err[CTL_START_ERR_MAX];
 	int lock;
 
 	if (env_init(&e))
@@ -207,8 +207,8 @@ static void print_uptime(double s)
 static int cmd_status(bool as_json)
 {
 	struct ctl_env e;
-	char err[1024];
-	char qerr[1024];
+	char err[SW_ERR_MAX];
+	char qerr[SW_ERR_MAX];
 	json_t *out, *procs, *stats, *agentd_st;
 	struct ctl_queue_stats q;
 	bool all_up = true, any_up = false, have_queue;
@@ -306,7 +306,7 @@ static int cmd_status(bool as_json)
 static int cmd_mem(bool dump)
 {
 	struct ctl_env e;
-	char err[1024];
+	char err[SW_ERR_MAX];
 	json_t *j;
 	char *s;
 

@@ -332,11 +332,11 @@ pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s)
 	return pid > 0 ? pid : 0;
 }
 
-/* Appends ": last lines of LOG:\n<tail>" to a message. */
+/* Appends "\nlast lines of LOG:\n<tail>" to a message. */
 static int fail_with_log(char *err, size_t errlen, int code, const char *log, const char *fmt,
 			 const char *what)
 {
-	char tail[2048];
+	char tail[2 * SW_ERR_MAX]; /* half of CTL_START_ERR_MAX: the rest is for the cause */
 	size_t n;
 
 	ctl_tail(log, 12, tail, sizeof(tail));
@@ -391,7 +391,7 @@ static int start_redis(struct ctl_env *e, char *err, size_t errlen)
 		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
 	}
 	for (;;) {
-		char perr[256];
+		char perr[SW_ERR_MAX];
 
 		if (!ctl_proc_start_ticks(pid)) {
 			unlink(pidf);
@@ -685,7 +685,7 @@ static int start_daemon(struct ctl_env *e, enum ctl_service s, char *err, size_t
 		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
 	}
 	for (;;) {
-		char perr[512];
+		char perr[SW_ERR_MAX];
 
 		if (!ctl_proc_start_ticks(pid)) {
 			unlink(pidf);

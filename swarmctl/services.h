@@ -32,6 +32,11 @@
 #include <sys/types.h>
 
 #include "common/config.h"
+#include "common/err.h"
+
+/* ctl_service_start's message: the cause (up to SW_ERR_MAX), the path of
+ * the service's log, and up to 2 * SW_ERR_MAX bytes of its last lines. */
+#define CTL_START_ERR_MAX (4 * SW_ERR_MAX)
 
 enum ctl_service {
 	CTL_REDIS = 0,
@@ -77,8 +82,9 @@ pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s);
  * Redis PING, PostgreSQL accepting connections with the swarm database and
  * the vector extension, gpud answering `stats`, agentd alive after its
  * start-up. Already running: 0 and nothing done. On failure the message
- * gives the cause and the last lines of the service's log; whatever was
- * spawned for s is stopped again. */
+ * gives the cause and the last lines of the service's log (err of
+ * CTL_START_ERR_MAX bytes holds it whole); whatever was spawned for s is
+ * stopped again. */
 int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
 
 /* Stops s: agentd and gpud with SIGTERM and their drain deadlines,

@@ -40,7 +40,7 @@ struct job {
 	char ingest_id[ID_MAX + 8]; /* "" when there is no ingest step */
 	char ingest_status[16];     /* "" = queued, not started by a worker yet */
 	char final_status[16];
-	char error[512];
+	char error[SW_ERR_MAX];
 	int64_t doc_id;             /* 0 until the ingest completed */
 	bool final_sent;
 	long n_chunks, summaries;   /* progress of a summarize */
@@ -614,7 +614,7 @@ static void print_result(const json_t *o)
 /* Connects to PostgreSQL with the hint an operator needs on failure. */
 static int open_pg(struct ctl_env *e, PGconn **pg)
 {
-	char err[1024];
+	char err[SW_ERR_MAX];
 
 	if (ctl_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) == 0)
 		return 0;
@@ -627,7 +627,7 @@ static int open_pg(struct ctl_env *e, PGconn **pg)
 
 static int open_redis(struct ctl_env *e, redisContext **rc)
 {
-	char err[1024];
+	char err[SW_ERR_MAX];
 
 	if (ctl_redis_open(e->cfg.redis.url, REDIS_TIMEOUT_MS, rc, err, sizeof(err)) == 0)
 		return 0;
@@ -641,7 +641,7 @@ static int open_redis(struct ctl_env *e, redisContext **rc)
 /* The final tasks' results, or the ingests' for --kind ingest. */
 static int print_results(struct submit *s)
 {
-	char err[1024];
+	char err[SW_ERR_MAX];
 	int status = 0;
 
 	printf("\n");
@@ -816,7 +816,7 @@ static int check_submit_options(const struct submit *s)
  * when one of them is bad. Returns 0, or 1 after saying why. */
 static int make_jobs(struct submit *s)
 {
-	char err[2048];
+	char err[SW_ERR_MAX];
 
 	s->n = s->n_inputs + (s->question && (s->kind == K_SUMMARIZE || !s->n_inputs));
 	s->jobs = calloc(s->n, sizeof(*s->jobs));
@@ -878,7 +878,7 @@ static int open_servers(struct submit *s)
  * after saying why. */
 static int queue_ingests(struct submit *s)
 {
-	char err[2048];
+	char err[SW_ERR_MAX];
 
 	for (size_t i = 0; i < s->n; i++) {
 		struct job *j = &s->jobs[i];
@@ -923,7 +923,7 @@ static void report_agentd_gone(const struct submit *s)
  * an interrupt (130) or the --timeout. */
 static int wait_for_tasks(struct submit *s)
 {
-	char err[2048];
+	char err[SW_ERR_MAX];
 
 	for (;;) {
 		bool done;
@@ -1034,7 +1034,7 @@ int ctl_cmd_results(struct ctl_env *e, int argc, char **argv)
 	};
 	bool as_json = false;
 	const char *limit = "20";
-	char err[1024];
+	char err[SW_ERR_MAX];
 	PGconn *pg;
 	int c, status = 1;
 

@@ -1,5 +1,5 @@
 /* tasks.h - swarmctl's side of the task stream: submit, results, and the
- * queue numbers status and top show (issue 6).
+ * queue numbers status and top show.
  *
  * Tasks go to the Redis stream swarm:tasks (field "task", the JSON of
  * proto/task.h). Results are read from PostgreSQL (config/sql/): the

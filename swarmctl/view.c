@@ -259,7 +259,7 @@ static void restore_tty(void)
 /* Task counts and completions over the last 10 s from PostgreSQL. */
 static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e)
 {
-	char err[512];
+	char err[SW_ERR_MAX];
 	PGresult *r;
 
 	if (!*pg && ctl_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) != 0) {
@@ -340,7 +340,7 @@ int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 	}
 	for (long it = 0; !top_stop && (!iterations || it < iterations); it++) {
 		struct ctl_queue_stats q;
-		char err[1024], when[32];
+		char err[SW_ERR_MAX], when[32];
 		time_t now = time(NULL);
 		json_t *stats;
 

@@ -1,6 +1,6 @@
 /* view.h - what `swarmctl status` and `swarmctl top` show: gpud's stats
  * (per-device memory, pools with their troughs, caches), the task queue
- * and task throughput (issue 6).
+ * and task throughput.
  */
 #ifndef SWARMCTL_VIEW_H
 #define SWARMCTL_VIEW_H

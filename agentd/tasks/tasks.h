@@ -1,4 +1,4 @@
-/* tasks.h - the three task kinds (issue 5, DESIGN §6).
+/* tasks.h - the three task kinds (DESIGN §6).
  *
  * Each runs one parsed task against PostgreSQL (struct agent_db) and gpud
  * (struct agent_llm) and, on success, writes where the result is into

@@ -48,7 +48,7 @@ static bool inside(const void *p, size_t n, const uint8_t *base, size_t len)
 
 static void decode_submit(const uint8_t *p, size_t n, const struct proto_limits *lim)
 {
-	char err[128];
+	char err[SW_ERR_MAX];
 	if (proto_submit_decode(p, n, lim, &g_sub, err, sizeof(err)) != 0)
 		return;
 	const struct proto_submit_req *r = &g_sub.req;
@@ -67,7 +67,7 @@ static void decode_submit(const uint8_t *p, size_t n, const struct proto_limits 
 
 static void decode_all(uint16_t type, const uint8_t *p, size_t n, const struct proto_limits *lim)
 {
-	char err[128];
+	char err[SW_ERR_MAX];
 	struct proto_tokens t;
 	struct proto_done d;
 	struct proto_error e;
@@ -160,7 +160,7 @@ static void consume_ring(const uint8_t *region, size_t len)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct proto_frame f;
-	char err[160];
+	char err[SW_ERR_MAX];
 	if (size < PROTO_FRAME_SIZE) {
 		CHECK(proto_frame_decode(data, size, &f, err, sizeof(err)) == SW_EFORMAT);
 		return 0;

@@ -46,7 +46,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	struct reader r = { data, size, 0 };
 	struct proto_mask_desc d;
 	struct gpud_mask m, m2;
-	char err[160];
+	char err[SW_ERR_MAX];
 	uint32_t s, max, bt, i, j, total = 0;
 	bool causal_in;
 	int rc;

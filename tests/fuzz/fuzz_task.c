@@ -113,7 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static const struct proto_task zero;
 	struct proto_task t;
-	char err[512], small[16];
+	char err[SW_ERR_MAX], small[16];
 	int rc, rc2;
 
 	/* Fill patterns, so a message that is never written is noticed. */

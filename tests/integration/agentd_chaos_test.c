@@ -1,12 +1,13 @@
-/* agentd_chaos_test.c - issue 5 test 3 in one run: 200 tasks through
- * `agentd --config FILE` (the supervisor, 4 worker processes) against
- * real Redis, a private PostgreSQL + pgvector and a real `gpud serve`
- * (stories260K), while PostgreSQL is restarted (pg_ctl -m fast) and then
- * gpud is stopped and started again. Afterwards every task has ended
- * completed or dead-lettered with an error: none lost (every id has a
- * row, nothing pending, every id has an event), none duplicated (one
- * answer per answer task, one document per ingested text, one row per
- * id), and the supervisor drains and exits 0.
+/* agentd_chaos_test.c - no task lost or duplicated across restarts, in
+ * one run (agentd_restart_test and agentd_e2e_test do it in halves): 200
+ * tasks through `agentd --config FILE` (the supervisor, 4 worker
+ * processes) against real Redis, a private PostgreSQL + pgvector and a
+ * real `gpud serve` (stories260K), while PostgreSQL is restarted
+ * (pg_ctl -m fast) and then gpud is stopped and started again.
+ * Afterwards every task has ended completed or dead-lettered with an
+ * error: none lost (every id has a row, nothing pending, every id has an
+ * event), none duplicated (one answer per answer task, one document per
+ * ingested text, one row per id), and the supervisor drains and exits 0.
  *
  * The PostgreSQL is started here with scripts/lib/test-servers.sh so it
  * may be restarted; Redis comes from the harness (database REDIS_DB,

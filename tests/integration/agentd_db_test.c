@@ -52,7 +52,7 @@ static void url_with_db(const char *base, const char *name, char *out, size_t le
 static int setup(void **state)
 {
 	struct fx *f = calloc(1, sizeof(*f));
-	char sql[128], err[256];
+	char sql[128], err[SW_ERR_MAX];
 
 	snprintf(f->name, sizeof(f->name), "agentd_it_%d_%d", (int)getpid(), db_counter++);
 	snprintf(sql, sizeof(sql), "CREATE DATABASE %s", f->name);
@@ -80,7 +80,7 @@ static int teardown(void **state)
 
 static void migrate_ok(struct agent_db *db)
 {
-	char err[512];
+	char err[SW_ERR_MAX];
 	int rc = agent_db_migrate(db, SQL_DIR, NULL, err, sizeof(err));
 
 	if (rc)
@@ -89,7 +89,7 @@ static void migrate_ok(struct agent_db *db)
 
 static long long scalar(struct agent_db *db, const char *sql)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	PGresult *r;
 	long long v;
 
@@ -104,7 +104,7 @@ static long long scalar(struct agent_db *db, const char *sql)
 static void test_migrate_twice(void **state)
 {
 	struct fx *f = *state;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int applied = -1;
 
 	assert_int_equal(agent_db_migrate(f->db, SQL_DIR, &applied, err, sizeof(err)), 0);
@@ -122,7 +122,7 @@ struct racer {
 	const char *url;
 	int applied;
 	int rc;
-	char err[256];
+	char err[SW_ERR_MAX];
 	pthread_barrier_t *go;
 };
 
@@ -177,7 +177,7 @@ static void write_file(const char *path, const char *text)
 static void test_migrate_errors(void **state)
 {
 	struct fx *f = *state;
-	char dir[] = "/tmp/agentd_mig_XXXXXX", path[256], err[512];
+	char dir[] = "/tmp/agentd_mig_XXXXXX", path[256], err[SW_ERR_MAX];
 	int applied = -1;
 
 	assert_int_equal(agent_db_migrate(f->db, "/nonexistent/sql", NULL, err, sizeof(err)),
@@ -214,7 +214,7 @@ static void test_tasks(void **state)
 {
 	struct fx *f = *state;
 	enum agent_task_status st, prev;
-	char err[256], error[64], loc[64];
+	char err[SW_ERR_MAX], error[64], loc[64];
 	int attempts;
 
 	migrate_ok(f->db);
@@ -265,7 +265,7 @@ static void test_documents_chunks_topk(void **state)
 			  { 0, 1, 0, 0, 0, 0, 0, 0 },
 			  { 0.9f, 0.1f, 0, 0, 0, 0, 0, 0 } };
 	float q[8] = { 1, 0.05f, 0, 0, 0, 0, 0, 0 };
-	char err[256];
+	char err[SW_ERR_MAX];
 	int64_t id, id2;
 	uint32_t dim;
 	bool created;
@@ -342,7 +342,7 @@ static void test_halfvec(void **state)
 	struct fx *f = *state;
 	enum { D = 2048 };
 	static float v[D], q[D];
-	char err[256];
+	char err[SW_ERR_MAX];
 	int64_t id;
 	bool created;
 	PGresult *r;
@@ -370,7 +370,7 @@ static void test_summaries_answers(void **state)
 {
 	struct fx *f = *state;
 	const int64_t ids[3] = { 5, 3, 9 };
-	char err[256], *text;
+	char err[SW_ERR_MAX], *text;
 	int64_t id;
 	bool created;
 	PGresult *r;
@@ -415,7 +415,7 @@ static void test_errors_and_reconnect(void **state)
 {
 	struct fx *f = *state;
 	struct agent_db *bad;
-	char err[256], sql[256];
+	char err[SW_ERR_MAX], sql[256];
 	PGresult *r;
 
 	assert_int_equal(agent_db_exec(f->db, "SELEC 1", 0, NULL, &r, err, sizeof(err)), -EIO);

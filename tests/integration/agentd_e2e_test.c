@@ -1,4 +1,4 @@
-/* agentd_e2e_test.c - issue 5 through the whole stack: a worker against
+/* agentd_e2e_test.c - agentd through the whole stack: a worker against
  * real Redis, PostgreSQL + pgvector and a real `gpud serve` with
  * stories260K (tests/integration/gpud_harness.h).
  *   1. ingest a multi-chunk document, summarize it, answer a question:
@@ -28,6 +28,7 @@
 
 #include "agentd/fetch.h"
 #include "agentd/worker.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "tests/integration/agentd_testlib.h"
@@ -45,7 +46,7 @@ struct fx {
 	struct agent_worker_stats st;
 	pthread_t thread;
 	int rc;
-	char err[512];
+	char err[SW_ERR_MAX];
 };
 
 static int counter;

@@ -31,7 +31,7 @@ struct fx {
 };
 
 static int counter;
-static char err[512];
+static char err[SW_ERR_MAX];
 
 static redisReply *cmd(redisContext *c, const char *fmt, ...)
 {

@@ -1,8 +1,8 @@
-/* agentd_restart_test.c - issue 5 test 3, PostgreSQL half: two workers
- * run 200 tasks while PostgreSQL is restarted twice under them. Every
- * task ends completed (none lost), no answer is stored twice, nothing
- * stays pending. gpud is a fake here (agentd_e2e_test restarts the real
- * one).
+/* agentd_restart_test.c - no task lost across restarts, PostgreSQL
+ * half: two workers run 200 tasks while PostgreSQL is restarted twice
+ * under them. Every task ends completed (none lost), no answer is stored
+ * twice, nothing stays pending. gpud is a fake here (agentd_e2e_test
+ * restarts the real one).
  *
  * The test starts a PostgreSQL of its own with scripts/lib/test-servers.sh
  * (so it may restart it with pg_ctl) and uses the harness's Redis.
@@ -28,6 +28,7 @@
 #include "agentd/fetch.h"
 #include "agentd/tasks/tasks.h"
 #include "agentd/worker.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
 #include "sw_config.h"
@@ -74,7 +75,7 @@ struct th {
 	struct agent_worker_opts o;
 	struct agent_worker_stats st;
 	char name[16];
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc;
 };
 
@@ -88,7 +89,7 @@ static void *run(void *arg)
 
 static void test_two_restarts_under_200_tasks(void **state)
 {
-	char stream[96], dead[96], results[96], host[256], task[256], err[256], loc[256];
+	char stream[96], dead[96], results[96], host[256], task[256], err[SW_ERR_MAX], loc[256];
 	struct th th[N_WORKERS];
 	pthread_t tid[N_WORKERS];
 	struct sw_config cfg;

@@ -151,7 +151,7 @@ struct fx {
 };
 
 static int counter;
-static char err[512];
+static char err[SW_ERR_MAX];
 
 static int setup(void **state)
 {

@@ -96,7 +96,7 @@ struct fx {
 	redisContext *redis;
 	struct sw_config cfg;
 	struct agent_worker_opts o;
-	char err[512];
+	char err[SW_ERR_MAX];
 };
 
 static int counter;

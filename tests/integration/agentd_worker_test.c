@@ -111,7 +111,7 @@ struct fx {
 	struct agent_worker_stats st;
 	pthread_t thread;
 	int rc;
-	char err[512];
+	char err[SW_ERR_MAX];
 };
 
 static int counter;
@@ -353,7 +353,7 @@ static pid_t spawn_victim(struct fx *f)
 
 	if (pid == 0) {
 		struct agent_worker_opts o = f->o;
-		char err[512];
+		char err[SW_ERR_MAX];
 
 		o.consumer = "victim";
 		o.heartbeat_fd = -1;
@@ -416,7 +416,7 @@ static void test_drain_finishes_task_in_hand(void **state)
 	struct agent_ctx ctx;
 	struct agent_db *db;
 	struct proto_task t;
-	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
+	char task[4096], loc[AGENT_LOCATION_MAX], err[SW_ERR_MAX];
 
 	/* A document to ask about, stored directly. */
 	assert_int_equal(agent_db_open(&db, f->dburl, err, sizeof(err)), 0);
@@ -480,7 +480,7 @@ struct multi {
 	struct agent_worker_opts o;
 	struct agent_worker_stats st;
 	int rc;
-	char err[256];
+	char err[SW_ERR_MAX];
 };
 
 static void *multi_thread(void *arg)
@@ -497,7 +497,7 @@ static void store_doc(struct fx *f)
 	struct agent_ctx ctx;
 	struct agent_db *db;
 	struct proto_task t;
-	char task[4096], loc[AGENT_LOCATION_MAX], err[256];
+	char task[4096], loc[AGENT_LOCATION_MAX], err[SW_ERR_MAX];
 
 	assert_int_equal(agent_db_open(&db, f->dburl, err, sizeof(err)), 0);
 	assert_int_equal(agent_db_migrate(db, "config/sql", NULL, err, sizeof(err)), 0);

@@ -275,7 +275,7 @@ struct proto_client *gpud_it_connect(const struct gpud_it *d)
 {
 	struct proto_client_opts o;
 	struct proto_client *c = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	proto_client_opts_default(&o);
@@ -291,7 +291,7 @@ struct proto_client *gpud_it_connect(const struct gpud_it *d)
 
 json_t *gpud_it_stats(struct proto_client *c, bool mem)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	char *text = NULL;
 	json_error_t jerr;
 	json_t *root;
@@ -320,7 +320,7 @@ int gpud_it_wait_ready(struct gpud_it *d, uint32_t timeout_ms)
 	for (;;) {
 		struct proto_client_opts o;
 		struct proto_client *c = NULL;
-		char err[256];
+		char err[SW_ERR_MAX];
 
 		if (!gpud_it_running(d)) {
 			fprintf(stderr, "gpud_it: gpud exited before answering (exit %d)\n",

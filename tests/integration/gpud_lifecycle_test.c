@@ -191,7 +191,7 @@ static void submit_long(struct proto_client *c, struct ends *e, int n, uint32_t 
 	static const char *const w[] = { "the", "dog", "saw", "a", "big", "red", "ball", "and",
 					 "Lily", "was", "happy", "in", "park" };
 	size_t len = 0;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	for (int i = 0; i < 600; i++)
 		len += (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%s", i ? " " : "",
@@ -259,7 +259,7 @@ static void test_sigterm_drains(void **state)
 	struct proto_client *c;
 	struct proto_client_result res;
 	struct ends e = { .pending = 0 };
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	pthread_mutex_init(&e.mu, NULL);

@@ -1,4 +1,4 @@
-/* gpud_test.c - the daemon's integration tests (issue 4 "Tests" 1-6):
+/* gpud_test.c - the daemon's integration tests (1-6 below):
  * a real `gpud serve` with stories260K on two cpu devices, driven through
  * the client library (proto/client.h) and, for malformed input, through
  * raw frames (proto/frame.h, proto/shm.h).
@@ -240,7 +240,7 @@ static int submit_collect(struct proto_client *cl, const struct proto_submit_req
 			  struct collect *c, uint64_t *id)
 {
 	struct proto_client_events ev = collect_events;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	ev.arg = c;
@@ -542,7 +542,7 @@ static void test_concurrent_equals_sequential(void **state)
 	t0 = gpud_it_now();
 	for (int i = 0; i < T1_N; i++) {
 		struct proto_client_result res;
-		char err[256] = "";
+		char err[SW_ERR_MAX] = "";
 		int rc;
 
 		memset(&res, 0, sizeof(res));
@@ -598,7 +598,7 @@ struct t2 {
 	atomic_uint min_prompt, max_prompt;
 	atomic_ullong prompt_sum, gen_sum;
 	pthread_mutex_t mu;
-	char first_error[512];
+	char first_error[SW_ERR_MAX];
 	double t0;
 };
 
@@ -713,7 +713,7 @@ static void *t2_worker(void *arg)
 		struct proto_client *cl;
 		struct proto_client_result res;
 		uint32_t expect = 0;
-		char err[256] = "";
+		char err[SW_ERR_MAX] = "";
 		int rc;
 
 		if (idx >= t->n)
@@ -797,7 +797,7 @@ static void test_20k_random_requests(void **state)
 	for (int k = 0; k < T2_CONNS; k++)
 		assert_non_null(t->cl[k] = gpud_it_connect(&f->d[0]));
 	for (size_t w = 0; w < N_WORDS; w++) {
-		char err[256] = "";
+		char err[SW_ERR_MAX] = "";
 		int rc = count_tokens(t->cl[0], words[w], (uint32_t)strlen(words[w]), false,
 				      &t->word_tokens[w], err, sizeof(err));
 
@@ -857,7 +857,7 @@ static void test_20k_random_requests(void **state)
 	assert_true(v >= (int64_t)t->n);
 	assert_int_equal(jint(st, "requests.errors"), 0);
 	check_idle_pools(st, true);
-	/* Last, since the cause lies outside the request path: the issue
+	/* Last, since the cause lies outside the request path: DESIGN §2
 	 * says allocations after warm-up stay 0, and gpud/server.h promises
 	 * that accepting a connection mallocs nothing either. */
 	if (jint(st, "alloc.since_warmup.host_loop") != 0)
@@ -961,7 +961,7 @@ static void test_mask_cache(void **state)
 	uint32_t seg_words[4] = { 12, 20, 9, 30 };
 	/* not causal: segment 2 does not see segment 1, G does not see 0 */
 	uint32_t vis[5] = { 0, 1, 1, 7, 14 };
-	char err[256];
+	char err[SW_ERR_MAX];
 	int n_caches = 0;
 
 	assert_non_null(b);
@@ -1106,7 +1106,7 @@ static void test_prefix_cache(void **state)
 	struct proto_client_result r_on[4], r_off[4];
 	struct collect *col = calloc(4, sizeof(*col));
 	struct waiter w;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc;
 
 	assert_non_null(b);
@@ -1230,7 +1230,7 @@ static int stream_child(const char *sock, int fd)
 	struct proto_submit_req req = {
 		.n_segments = 1, .segments = &seg, .max_tokens = T5_MAX,
 	};
-	char err[256];
+	char err[SW_ERR_MAX];
 	size_t n = 0;
 
 	/* 400 words, ~600 prompt tokens: the prefills alone keep gpud busy for a
@@ -1274,7 +1274,7 @@ static void test_killed_client(void **state)
 	json_t *st;
 	int64_t idle_used, busy_used, cancelled0, cancelled1;
 	int pfd[2], wst;
-	char fdarg[16], err[256], x;
+	char fdarg[16], err[SW_ERR_MAX], x;
 	pid_t child;
 	double deadline;
 
@@ -1404,7 +1404,7 @@ static int raw_recv(int sock, struct proto_frame *fr, int *fd, int timeout_ms)
 {
 	struct pollfd p = { .fd = sock, .events = POLLIN };
 	uint8_t buf[PROTO_FRAME_SIZE];
-	char err[256];
+	char err[SW_ERR_MAX];
 	int rc;
 
 	rc = poll(&p, 1, timeout_ms);
@@ -1422,7 +1422,7 @@ static int raw_recv(int sock, struct proto_frame *fr, int *fd, int timeout_ms)
 static void raw_open(struct raw *r, const char *path)
 {
 	struct proto_frame fr;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int fd = -1;
 
 	memset(r, 0, sizeof(*r));
@@ -1476,7 +1476,7 @@ static int raw_wait_end(struct raw *r, uint64_t id, char *msg, size_t msglen)
 		while (proto_ring_peek(r->ring, &rec) == 0) {
 			if (rec.request_id == id && rec.type == PROTO_T_ERROR) {
 				struct proto_error e;
-				char err[256];
+				char err[SW_ERR_MAX];
 
 				if (proto_error_decode(rec.payload, rec.len, &e, err, sizeof(err)))
 					fail_msg("bad ERROR record: %s", err);
@@ -1514,7 +1514,7 @@ static size_t raw_put_submit(struct raw *r, const char *text, uint32_t max_token
 	struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
 					.max_tokens = max_tokens };
 	uint8_t *area = proto_shm_req_area(r->shm);
-	char err[256];
+	char err[SW_ERR_MAX];
 	size_t len = 0;
 
 	proto_sampling_default(&req.sampling);
@@ -1536,7 +1536,7 @@ static void still_served(struct proto_client *cl, const struct proto_client_resu
 			 const char *after)
 {
 	struct proto_client_result res;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = gen_text(cl, ONCE, 32, &res, err, sizeof(err));
 
 	if (rc)
@@ -1567,7 +1567,7 @@ static void test_malformed_input(void **state)
 	struct raw r;
 	struct proto_frame fr;
 	uint8_t bytes[PROTO_FRAME_SIZE];
-	char msg[PROTO_MAX_ERROR_MSG], err[256];
+	char msg[PROTO_MAX_ERROR_MSG], err[SW_ERR_MAX];
 	size_t len;
 	int rc;
 	json_t *st;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# swarmctl_test.sh - swarmctl's lifecycle against real managed services
-# (issue 6): redis-server, a PostgreSQL cluster with pgvector, gpud on the
+# swarmctl_test.sh - swarmctl's lifecycle against real managed services:
+# redis-server, a PostgreSQL cluster with pgvector, gpud on the
 # built-in model, agentd, all in a temporary state directory.
 #
 #   swarmctl_test.sh SWARMCTL

@@ -13,7 +13,7 @@
 #include "common/err.h"
 #include "gpud/admit.h"
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 static uint8_t g_buf[4096];
 static struct proto_submit g_sub;
 static struct gpud_admit g_adm;

@@ -38,7 +38,7 @@ static int count_fails(void *arg, const char *s, size_t len, uint32_t *n)
 	return SW_ECLOSED;
 }
 
-static char err[256];
+static char err[SW_ERR_MAX];
 
 /* The text of chunk i as a NUL-terminated copy in buf. */
 static const char *span(const char *text, const struct agent_chunk *c, char *buf, size_t len)

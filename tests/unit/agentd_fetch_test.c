@@ -27,7 +27,7 @@ static int listen_fd = -1;
 static int port;
 static pthread_t server;
 static char posted[256];
-static char err[512];
+static char err[SW_ERR_MAX];
 
 static void reply(int fd, const char *status, const char *headers, const char *body, size_t len)
 {

@@ -27,6 +27,7 @@
 #include <jansson.h>
 
 #include "agentd/supervisor.h"
+#include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
 
@@ -114,7 +115,7 @@ static void start_drain(struct run *r, const char *mode, uint32_t workers, const
 	r->pid = fork();
 	assert_true(r->pid >= 0);
 	if (r->pid == 0) {
-		char err[256];
+		char err[SW_ERR_MAX];
 		int rc = agent_sup_run(&r->o, err, sizeof(err));
 
 		if (rc && rc != -EIO)

@@ -22,7 +22,7 @@
 #define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
 static struct gpud_model *model;
-static char err[256];
+static char err[SW_ERR_MAX];
 
 static int setup(void **state)
 {

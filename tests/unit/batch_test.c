@@ -64,7 +64,7 @@ static struct gpud_engine *mk_engine(const struct gpud_model *m, int threads)
 {
 	struct gpud_engine_params ep;
 	struct gpud_engine *e = NULL;
-	char err[256];
+	char err[SW_ERR_MAX];
 	gpud_engine_params_default(&ep);
 	ep.n_threads = threads;
 	ep.max_batch_tokens = 256;
@@ -79,7 +79,7 @@ static struct gpud_engine *mk_engine(const struct gpud_model *m, int threads)
 
 static void step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	if (gpud_engine_step(e, ents, n, err, sizeof(err)))
 		fail_msg("step: %s", err);
 }
@@ -163,7 +163,7 @@ static double rel_diff(const float *a, const float *b, uint32_t rows, uint32_t n
 static void check_model(const char *path, int threads, double bound)
 {
 	struct gpud_model *m = NULL;
-	char err[256];
+	char err[SW_ERR_MAX];
 	struct run *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
 
 	if (gpud_model_load(&m, path, err, sizeof(err)))
@@ -250,7 +250,7 @@ static int teardown_dir(void **state)
 
 static void check_generated(enum gpud_type type, double bound)
 {
-	char *path = g_path, err[256];
+	char *path = g_path, err[SW_ERR_MAX];
 	struct gpud_mkmodel_params mp;
 
 	if (!g_path[0]) {

@@ -195,7 +195,7 @@ static void fake_generate(struct fake *fk, uint64_t id, const struct proto_submi
 /* Returns false when the fake should stop serving. */
 static bool fake_submit(struct fake *fk, const struct proto_frame *f, const uint8_t *payload)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	if (proto_submit_decode(payload, f->payload_length, NULL, fk->sub, err, sizeof(err))) {
 		fake_error(fk, f->request_id, SW_EFORMAT, err);
 		fk->bad++;
@@ -305,7 +305,7 @@ static void fake_cancel(struct fake *fk, uint64_t id)
 static void fake_text_req(struct fake *fk, const struct proto_frame *f, const uint8_t *payload)
 {
 	struct proto_text_req tr;
-	char err[256];
+	char err[SW_ERR_MAX];
 	if (proto_text_req_decode(f->type, payload, f->payload_length, NULL, &tr, err,
 				  sizeof(err))) {
 		fk->bad++;
@@ -335,7 +335,7 @@ static bool fake_hello(struct fake *fk, int cs)
 {
 	uint8_t buf[PROTO_FRAME_SIZE];
 	struct proto_frame f;
-	char err[256];
+	char err[SW_ERR_MAX];
 	if (proto_recv_frame(cs, buf, NULL) ||
 	    proto_frame_decode(buf, sizeof(buf), &f, err, sizeof(err)) ||
 	    f.type != PROTO_T_HELLO) {
@@ -376,7 +376,7 @@ static void *fake_main(void *arg)
 	for (;;) {
 		uint8_t buf[PROTO_FRAME_SIZE];
 		struct proto_frame f;
-		char err[256];
+		char err[SW_ERR_MAX];
 		if (proto_recv_frame(cs, buf, NULL))
 			break;
 		if (proto_frame_decode(buf, sizeof(buf), &f, err, sizeof(err))) {
@@ -481,7 +481,7 @@ static int fake_stop(struct fake *fk)
 
 /* --- client-side helpers ---------------------------------------------------- */
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 
 static struct proto_client *connect_ok(struct fake *fk, const struct proto_client_opts *o)
 {
@@ -1026,7 +1026,7 @@ static void on_done_reentrant(void *arg, uint64_t id, int status,
 {
 	struct reentrant *r = arg;
 	char *json = NULL;
-	char err[128];
+	char err[SW_ERR_MAX];
 	r->blocking_rc = proto_client_stats(r->c, &json, err, sizeof(err));
 	free(json);
 	struct proto_submit_req req;
@@ -1069,7 +1069,7 @@ static int on_tokens_submit(void *arg, uint64_t id, const struct proto_tokens *t
 	struct reentrant *r = arg;
 	struct proto_submit_req req;
 	struct proto_segment seg;
-	char err[128];
+	char err[SW_ERR_MAX];
 	one_segment(&req, &seg, "inner", 5, 2);
 	struct proto_client_events ev = { .on_done = on_done, .arg = &r->inner };
 	r->submit_rc = proto_client_submit(r->c, &req, &ev, NULL, err, sizeof(err));
@@ -1195,7 +1195,7 @@ static void *worker_main(void *arg)
 		struct proto_segment seg;
 		one_segment(&req, &seg, text, len, max_tokens);
 		expected_text(max_tokens, want, sizeof(want));
-		char err[256];
+		char err[SW_ERR_MAX];
 		if (j % 2 == 0) {
 			struct proto_client_result res;
 			int rc = proto_client_generate(w->c, &req, &res, err, sizeof(err));
@@ -1438,7 +1438,7 @@ static void *blocked_main(void *arg)
 	struct proto_submit_req req;
 	struct proto_segment seg;
 	struct proto_client_result res;
-	char err[256];
+	char err[SW_ERR_MAX];
 	one_segment(&req, &seg, "slow", 4, 4);
 	b->rc = proto_client_generate(b->c, &req, &res, err, sizeof(err));
 	proto_client_result_free(&res);

@@ -18,7 +18,7 @@
 #include "common/err.h"
 #include "common/log.h"
 
-static char err[512];
+static char err[SW_ERR_MAX];
 
 /* Loads json, expects failure with code and exactly msg, and checks that
  * the config passed in was not touched. */
@@ -497,7 +497,7 @@ static void test_files(void **state)
 	assert_int_equal(sw_config_load_string("{\"x\":1}", &c, NULL, 0), -EINVAL);
 }
 
-/* The daemon's keys (issue 4): defaults, overrides, every error. */
+/* The daemon's keys (gpud.*): defaults, overrides, every error. */
 static void test_daemon_keys(void **state)
 {
 	(void)state;

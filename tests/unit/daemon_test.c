@@ -25,7 +25,7 @@
 #define GiB (1ull << 30)
 #define MiB (1ull << 20)
 
-static char err[1024];
+static char err[SW_ERR_MAX];
 
 static const struct sw_config_device cpu2[2] = { { SW_DEVICE_CPU, 0 }, { SW_DEVICE_CPU, 0 } };
 

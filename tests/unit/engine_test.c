@@ -45,7 +45,7 @@ static struct gpud_engine *mk_engine(uint32_t n_ctx, uint32_t max_batch, uint32_
 {
 	struct gpud_engine_params p;
 	struct gpud_engine *e = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_engine_params_default(&p);
 	p.n_threads = 2;
@@ -61,7 +61,7 @@ static struct gpud_engine *mk_engine(uint32_t n_ctx, uint32_t max_batch, uint32_
 
 static void step_ok(struct gpud_engine *e, const struct gpud_batch_entry *b, uint32_t n)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_engine_step(e, b, n, err, sizeof(err)))
 		fail_msg("step: %s", err);
@@ -110,7 +110,7 @@ static int sink_emit(void *arg, const char *text, size_t len)
 static void assert_pool_empty(struct gpud_engine *e)
 {
 	struct gpud_engine_stats st;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_engine_check(e, err, sizeof(err)))
 		fail_msg("%s", err);
@@ -138,7 +138,7 @@ static void test_seq_add_prefix(void **state)
 	struct gpud_engine_stats st;
 	const uint32_t *t;
 	int32_t ids[40];
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	for (int i = 0; i < 40; i++)
 		ids[i] = 1 + (i * 37) % 400;
@@ -202,7 +202,7 @@ static void test_seq_add_prefix(void **state)
 
 static int setup(void **state)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/engine_test.XXXXXX");
 	if (!mkdtemp(tmpdir))
@@ -231,7 +231,7 @@ static void test_greedy_text(void **state)
 	struct gpud_gen_params gp;
 	struct gpud_gen_result res;
 	struct sink s = { 0 };
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_gen_params_default(&gp);
 	gp.max_tokens = 60;
@@ -283,7 +283,7 @@ static void test_prompt_too_long(void **state)
 	struct gpud_gen_params gp;
 	struct gpud_gen_result res;
 	struct sink s = { 0 };
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	const char *p = "Once upon a time there was a little girl named Lily who liked cats";
 
 	gpud_gen_params_default(&gp);
@@ -310,7 +310,7 @@ static void test_step_errors_change_nothing(void **state)
 	int32_t toks[16] = { 1, 403, 407, 261, 378, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11 };
 	int32_t bad[1] = { 512 };
 	uint32_t a, b, c;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
 	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
@@ -366,7 +366,7 @@ static void test_kv_exhaustion(void **state)
 	int32_t toks[64];
 	struct gpud_engine_stats st;
 	uint32_t a, b;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	for (int i = 0; i < 64; i++)
 		toks[i] = 3 + i * 7 % 500;
@@ -448,7 +448,7 @@ static void test_no_alloc_after_warmup(void **state)
 	/* Embeddings of tokens, sequence churn and a refused step too. */
 	{
 		float v[64];
-		char err[128];
+		char err[SW_ERR_MAX];
 		uint32_t extra;
 		int32_t bad = -1;
 		assert_int_equal(gpud_engine_embed_tokens(e, once, 5, v, err, sizeof(err)), 0);
@@ -543,7 +543,7 @@ static void test_embed(void **state)
 	struct gpud_engine *e = mk_engine(64, 4, 2, 0, 0);
 	float v1[64], v2[64], v3[64];
 	double n = 0, dot12 = 0;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int32_t many[65];
 
 	assert_int_equal(gpud_engine_dim(e), 64);
@@ -582,7 +582,7 @@ static void test_tied_embeddings(void **state)
 	struct gpud_model *tied = NULL;
 	struct gpud_engine *e = NULL;
 	struct gpud_engine_params p;
-	char path[128], err[256] = "";
+	char path[128], err[SW_ERR_MAX] = "";
 	float emb[64], row[64], ratio = 0;
 	const float *lg;
 	uint32_t s;
@@ -641,7 +641,7 @@ static void test_fused_decode_batch(void **state)
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
 	struct gpud_engine_params p;
-	char path[128], err[256] = "";
+	char path[128], err[SW_ERR_MAX] = "";
 	enum { NS = 4, NP = 7, ND = 5 };
 	int32_t prompt[NS][NP], next[NS];
 	static float alone[NS][ND][512];
@@ -708,7 +708,7 @@ static void test_create_params(void **state)
 	struct gpud_engine *e = (void *)1;
 	const struct gpud_model_hparams *hp = gpud_model_hparams(model);
 	size_t block = (size_t)hp->n_layers * 2 * hp->n_kv_heads * 16 * hp->head_dim * 4;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_engine_params_default(&p);
 	p.max_batch_tokens = 0;
@@ -753,7 +753,7 @@ static void test_mqa_long_context(void **state)
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
 	struct gpud_engine_params p;
-	char path[128], err[256] = "";
+	char path[128], err[SW_ERR_MAX] = "";
 	int32_t toks[300];
 	static float ref[512];
 	uint32_t a, b, V;

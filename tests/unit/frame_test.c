@@ -17,7 +17,7 @@
 #include "proto/frame.h"
 #include "proto/shm.h"
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 
 static struct proto_frame sample(void)
 {

@@ -25,7 +25,7 @@ static struct gpud_kv *mk(uint32_t n_blocks, uint32_t bt, uint32_t seqs, uint32_
 
 static void check(const struct gpud_kv *kv)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = gpud_kv_check(kv, err, sizeof(err));
 
 	if (rc)

@@ -49,7 +49,7 @@ static int vals[64];
 
 static void check(const struct sw_lru *l)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (sw_lru_check(l, err, sizeof(err)))
 		fail_msg("%s", err);

@@ -38,7 +38,7 @@ static int setup(void **state)
 {
 	struct fix *f = calloc(1, sizeof(*f));
 	struct gpud_engine_params ep;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	if (gpud_model_load(&f->m, STORIES, err, sizeof(err)) ||
 	    ref_llama_load(&f->ref, STORIES, err, sizeof(err))) {
@@ -100,7 +100,7 @@ static void see(struct desc *d, uint32_t row, uint16_t seg)
 static void compile(struct desc *d)
 {
 	uint32_t n = 0;
-	char err[128];
+	char err[SW_ERR_MAX];
 	for (uint32_t i = 0; i < d->d.n_segments; i++)
 		n += d->lens[i];
 	if (proto_mask_validate(&d->d, 64, err, sizeof(err)))
@@ -117,7 +117,7 @@ static void run(struct fix *f, const struct gpud_mask *mask, const int32_t *toke
 		uint32_t n_prompt, float *out)
 {
 	uint32_t seq;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	assert_int_equal(gpud_engine_seq_add(f->e, mask, &seq), 0);
 	for (uint32_t at = 0; at < n;) {
@@ -294,7 +294,7 @@ static void test_invalid_descriptors(void **state)
 	struct fix *f = *state;
 	struct desc *d = malloc(sizeof(*d));
 	uint32_t lens[3] = { 2, 2, 2 }, seq;
-	char err[160];
+	char err[SW_ERR_MAX];
 
 	/* forward reference */
 	desc_init(d, 3, lens);

@@ -21,7 +21,7 @@
 static void assert_consistent(struct gpud_maskcache *c)
 {
 	struct gpud_maskcache_stats st;
-	char err[160] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_maskcache_check(c, err, sizeof(err)))
 		fail_msg("maskcache check: %s", err);

@@ -82,7 +82,7 @@ static void *loop_main(void *arg)
 static struct fixture *start_idle(const char *listen_addr, unsigned idle_ms)
 {
 	struct fixture *f = calloc(1, sizeof(*f));
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	assert_non_null(f);
 	assert_int_equal(uv_loop_init(&f->loop), 0);
@@ -339,7 +339,7 @@ static void test_unix(void **state)
 	{
 		struct gpud_metrics *m2 = (struct gpud_metrics *)0x1;
 		uv_loop_t loop2;
-		char err[256];
+		char err[SW_ERR_MAX];
 
 		assert_int_equal(uv_loop_init(&loop2), 0);
 		assert_int_equal(gpud_metrics_create(&m2, &loop2, addr, render, NULL, err,
@@ -360,7 +360,7 @@ static void test_bad_listen(void **state)
 		"[::1]:9464", "unix:", " 127.0.0.1:1", "tcp://127.0.0.1:1",
 	};
 	struct gpud_metrics *m = NULL, *m2 = NULL;
-	char err[256], addr[64], longpath[200];
+	char err[SW_ERR_MAX], addr[64], longpath[200];
 	uv_loop_t loop;
 
 	(void)state;
@@ -492,7 +492,7 @@ static void test_stats_body(void **state)
 	static char want[GPUD_METRICS_BODY_MAX];
 	const char *body;
 	size_t len, want_len;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	(void)state;
 	memset(&snap, 0, sizeof(snap));

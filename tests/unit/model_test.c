@@ -53,7 +53,7 @@ static char *derive(const char *name, const struct mod *m)
 	static char path[256];
 	struct gpud_gguf *src = NULL;
 	struct gpud_gguf_writer *w = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
 	assert_int_equal(gpud_gguf_open(&src, STORIES, err, sizeof(err)), 0);
@@ -118,7 +118,7 @@ static int teardown(void **state)
 static void test_stories_hparams(void **state)
 {
 	struct gpud_model *m = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	const struct gpud_model_hparams *hp;
 	const struct gpud_model_weights *w;
 
@@ -157,7 +157,7 @@ static void test_stories_hparams(void **state)
 static void expect_error(const char *path, int code, const char *needle)
 {
 	struct gpud_model *m = (void *)1;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = gpud_model_load(&m, path, err, sizeof(err));
 
 	assert_int_equal(rc, code);
@@ -172,7 +172,7 @@ static void test_missing_file(void **state)
 
 	snprintf(path, sizeof(path), "%s/nope.gguf", tmpdir);
 	struct gpud_model *m = (void *)1;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	assert_true(gpud_model_load(&m, path, err, sizeof(err)) < 0);
 	assert_null(m);
 	assert_non_null(strstr(err, path));
@@ -218,7 +218,7 @@ static void test_f16_matrix_loads(void **state)
 {
 	struct mod mo = { .f16_tensor = "blk.2.attn_q.weight" };
 	struct gpud_model *m = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_model_load(&m, derive("f16q.gguf", &mo), err, sizeof(err)))
 		fail_msg("%s", err);
@@ -231,7 +231,7 @@ static void test_tied_output(void **state)
 	struct mod mo = { .drop_tensor = "output.weight" };
 	struct gpud_model *m = NULL;
 	const struct gpud_model_weights *w;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_model_load(&m, derive("tied.gguf", &mo), err, sizeof(err)))
 		fail_msg("%s", err);
@@ -248,7 +248,7 @@ static void test_rope_llama3_metadata(void **state)
 	struct gpud_model *m = NULL;
 	const struct gpud_model_hparams *hp;
 	const float *inv;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_model_load(&m, derive("llama3.gguf", &mo), err, sizeof(err)))
 		fail_msg("%s", err);
@@ -279,7 +279,7 @@ static void test_rope_freqs_tensor(void **state)
 	struct mod mo = { .rope_freqs = true };
 	struct gpud_model *m = NULL;
 	const float *inv;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_model_load(&m, derive("ropefreqs.gguf", &mo), err, sizeof(err)))
 		fail_msg("%s", err);
@@ -296,7 +296,7 @@ static void test_rope_linear(void **state)
 {
 	struct mod mo = { .rope_scaling = "linear", .rope_factor = 4 };
 	struct gpud_model *m = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_model_load(&m, derive("linear.gguf", &mo), err, sizeof(err)))
 		fail_msg("%s", err);

@@ -14,7 +14,7 @@
 #include "common/err.h"
 #include "proto/msg.h"
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 static uint8_t g_buf[64 * 1024];
 static struct proto_submit g_sub; /* about 23 KiB: not on the stack */
 

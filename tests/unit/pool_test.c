@@ -15,7 +15,7 @@
 
 static void assert_consistent(struct sw_pool *p)
 {
-	char err[128] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = sw_pool_check(p, err, sizeof(err));
 	if (rc)
 		fail_msg("pool check: %s", err);

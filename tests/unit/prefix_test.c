@@ -32,7 +32,7 @@ static struct gpud_prefix *mk(uint32_t n_blocks, size_t max_bytes, uint32_t key_
 
 static void check(const struct gpud_prefix *pc)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_prefix_check(pc, err, sizeof(err)))
 		fail_msg("%s", err);

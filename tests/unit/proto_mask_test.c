@@ -48,7 +48,7 @@ static void test_validate_ok(void **state)
 {
 	(void)state;
 	struct desc_buf *b = malloc(sizeof(*b));
-	char err[128] = "";
+	char err[SW_ERR_MAX] = "";
 	struct proto_mask_desc none = { .n_segments = 5, .rows = NULL };
 
 	assert_int_equal(proto_mask_validate(&none, 64, err, sizeof(err)), 0);
@@ -77,7 +77,7 @@ static void test_validate_errors(void **state)
 {
 	(void)state;
 	struct desc_buf *b = malloc(sizeof(*b));
-	char err[128];
+	char err[SW_ERR_MAX];
 
 	/* too many segments */
 	desc_all(b, 65);

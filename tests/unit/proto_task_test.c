@@ -15,7 +15,7 @@
 #include "proto/task.h"
 #include "common/err.h"
 
-static char err[512];
+static char err[SW_ERR_MAX];
 
 /* Parses s and expects code with exactly msg; returns nothing. */
 static void expect_error(const char *s, int code, const char *msg)

@@ -10,11 +10,12 @@
 
 #include <cmocka.h>
 
+#include "common/err.h"
 #include "common/redis_url.h"
 
 static void parse_ok(const char *url, struct sw_redis_url *u)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	assert_int_equal(sw_redis_url_parse(url, u, err, sizeof(err)), 0);
 	assert_string_equal(err, "");
@@ -23,7 +24,7 @@ static void parse_ok(const char *url, struct sw_redis_url *u)
 static void parse_fails(const char *url, const char *msg)
 {
 	struct sw_redis_url u;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	memset(&u, 0x5a, sizeof(u));
 	assert_int_equal(sw_redis_url_parse(url, &u, err, sizeof(err)), -EINVAL);

@@ -82,7 +82,7 @@ static void test_reference_stories_greedy(void **state)
 			   "the park.";
 	struct ref_llama *m = NULL;
 	struct gpud_gguf *g = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int32_t ids[64] = { 1, 403, 407, 261, 378 };
 	uint32_t n = 5;
 	char text[1024];
@@ -252,7 +252,7 @@ static void run_engine(struct gpud_engine *e, struct plan *ps, uint32_t n, uint3
 {
 	struct gpud_batch_entry ents[16];
 	uint32_t map[16], nv = gpud_engine_n_vocab(e);
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	for (uint32_t i = 0; i < n; i++)
 		assert_int_equal(gpud_engine_seq_add(e, ps[i].masked ? &ps[i].mask : NULL, &ps[i].seq),
@@ -334,7 +334,7 @@ static double engine_vs_ref(const char *path, uint64_t seed)
 	struct gpud_engine *e = NULL;
 	struct ref_llama *ref = NULL;
 	struct gpud_engine_params ep;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	double worst = 0, r;
 	struct plan *ps = calloc(6, sizeof(*ps));
 
@@ -400,7 +400,7 @@ static void make_model(const char *file, enum gpud_type type, bool tied, float r
 		       char *path, size_t cap)
 {
 	struct gpud_mkmodel_params mp;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (!g_tmpdir[0]) {
 		strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
@@ -488,7 +488,7 @@ static void test_engine_vs_ref_tied_scaled(void **state)
 	char path[128];
 	make_model("tied-scaled.gguf", GPUD_TYPE_F32, true, 8.0f, path, sizeof(path));
 	struct ref_llama *ref = NULL;
-	char err[256];
+	char err[SW_ERR_MAX];
 	assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
 	assert_true(ref_llama_info(ref)->tied_output);
 	assert_true(ref_llama_info(ref)->rope_scaled);
@@ -505,7 +505,7 @@ static void test_engine_vs_ref_tied_scaled(void **state)
 static void test_engine_vs_ref_scaling_metadata(void **state)
 {
 	(void)state;
-	char src[128], dst[160], err[256];
+	char src[128], dst[160], err[SW_ERR_MAX];
 	struct gpud_gguf *g = NULL;
 	struct gpud_gguf_writer *w = NULL;
 
@@ -574,7 +574,7 @@ static void test_embed_vs_ref(void **state)
 	struct gpud_engine *e = NULL;
 	struct ref_llama *ref = NULL;
 	struct gpud_engine_params ep;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int32_t tok[37];
 	uint32_t n = 37;
 

@@ -21,7 +21,7 @@
 static struct gpud_sampler *mk(int32_t n_vocab, const struct gpud_sampler_params *p)
 {
 	struct gpud_sampler *s = NULL;
-	char err[128];
+	char err[SW_ERR_MAX];
 	assert_int_equal(gpud_sampler_create(&s, n_vocab, p, err, sizeof(err)), 0);
 	assert_non_null(s);
 	return s;
@@ -359,7 +359,7 @@ static void test_params_errors(void **state)
 	(void)state;
 	struct gpud_sampler_params p;
 	struct gpud_sampler *s = (void *)1;
-	char err[128];
+	char err[SW_ERR_MAX];
 
 	params(&p, 1.0f, 0);
 	assert_int_equal(gpud_sampler_create(&s, 0, &p, err, sizeof(err)), -EINVAL);
@@ -526,7 +526,7 @@ static int collect(void *arg, const char *s, size_t len)
 static void generate(struct gpud_engine *e, const struct gpud_gen_params *gp, struct text *t,
 		     struct gpud_gen_result *res)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	const char *prompt = "Once upon a time";
 	t->n = 0;
 	t->buf[0] = 0;
@@ -543,7 +543,7 @@ static void test_generate_seed_and_stop(void **state)
 	struct gpud_gen_params gp;
 	struct gpud_gen_result res;
 	struct text *a = malloc(sizeof(*a)), *b = malloc(sizeof(*b));
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	if (gpud_model_load(&m, STORIES, err, sizeof(err)))
 		fail_msg("%s", err);

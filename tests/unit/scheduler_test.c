@@ -108,7 +108,7 @@ static struct gpud_engine *mk_engine(uint32_t max_batch, uint32_t max_seqs, uint
 {
 	struct gpud_engine_params p;
 	struct gpud_engine *e = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_engine_params_default(&p);
 	p.n_threads = 1;
@@ -125,7 +125,7 @@ static struct gpud_sched *mk_sched(struct gpud_engine **e, uint32_t n, uint32_t 
 {
 	struct gpud_sched_params p;
 	struct gpud_sched *s = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_sched_params_default(&p);
 	p.max_requests = max_req;
@@ -174,7 +174,7 @@ static void reference(struct gpud_engine *e, const char *prompt, uint32_t max_to
 		      struct sink *out, struct gpud_gen_result *res)
 {
 	struct gpud_gen_params gp;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_gen_params_default(&gp);
 	gp.max_tokens = max_tokens;
@@ -198,7 +198,7 @@ static void req_init(struct gpud_sched_req *r, const int32_t *ids, uint32_t n, u
 
 static uint64_t submit_ok(struct gpud_sched *s, const struct gpud_sched_req *r)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint64_t id = 0;
 
 	if (gpud_sched_submit(s, r, &id, err, sizeof(err)))
@@ -209,7 +209,7 @@ static uint64_t submit_ok(struct gpud_sched *s, const struct gpud_sched_req *r)
 
 static int step_ok(struct gpud_sched *s, uint32_t dev)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int n = gpud_sched_step(s, dev, err, sizeof(err));
 
 	if (n < 0)
@@ -220,7 +220,7 @@ static int step_ok(struct gpud_sched *s, uint32_t dev)
 static void assert_pool_empty(struct gpud_engine *e)
 {
 	struct gpud_engine_stats st;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_engine_check(e, err, sizeof(err)))
 		fail_msg("%s", err);
@@ -263,7 +263,7 @@ struct worker {
 static void *worker_main(void *arg)
 {
 	struct worker *w = arg;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	while (atomic_load(&n_done) < w->total) {
 		int n = gpud_sched_step(w->s, w->dev, err, sizeof(err));
@@ -436,7 +436,7 @@ static void test_refusals(void **state)
 	static int32_t ids[8192];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint64_t id = 7;
 	const char *const stops[] = { "" };
 
@@ -518,7 +518,7 @@ static void test_slot_exhaustion_reuse(void **state)
 	static int32_t ids[8192];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint64_t id = 7, got[MAX_REQ], last = 0;
 	const char *const bad_stop[] = { "" };
 	uint32_t k = 0;
@@ -615,7 +615,7 @@ struct submitter {
 static void *submitter_main(void *arg)
 {
 	struct submitter *t = arg;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	for (int i = 0; i < t->n; i++) {
 		struct gpud_sched_req r;
@@ -912,7 +912,7 @@ static void test_mask_preempt(void **state)
 	static struct res solo, plain, out[4];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint64_t id;
 
 	rows[0] = (struct proto_mask_row){ r0, 1 };
@@ -1082,7 +1082,7 @@ static void test_pinned(void **state)
 	int32_t ids[40];
 	uint32_t n = tokenize(prompts[7], ids, 40);
 	struct gpud_sched_req r;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint64_t id = 9;
 
 	memset(out, 0, sizeof(out));
@@ -1228,7 +1228,7 @@ static int nested_fn(struct gpud_engine *e, void *arg)
 static int exec_fn(struct gpud_engine *e, void *arg)
 {
 	struct exec_ctx *c = arg;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc;
 
 	/* The cancel arrives while the device is in exclusive use: deferred. */
@@ -1246,7 +1246,7 @@ static int exec_fn(struct gpud_engine *e, void *arg)
 static int embed_fn(struct gpud_engine *e, void *arg)
 {
 	struct exec_ctx *c = arg;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = gpud_engine_embed_tokens(e, c->ids, c->n, c->emb, err, sizeof(err));
 
 	if (rc)
@@ -1269,7 +1269,7 @@ static void test_device_exec(void **state)
 	struct gpud_sched_req r;
 	struct gpud_engine_stats es;
 	float want[512];
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 	uint32_t dim = gpud_engine_dim(e);
 	struct sink solo;
 	struct gpud_gen_result gr;
@@ -1424,7 +1424,7 @@ static struct gpud_sched *mk_sched_pfx(struct gpud_engine **e, uint32_t n, uint3
 {
 	struct gpud_sched_params p;
 	struct gpud_sched *s = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	gpud_sched_params_default(&p);
 	p.max_requests = max_req;
@@ -1467,7 +1467,7 @@ static void assert_pool_cache_only(struct gpud_sched *s, uint32_t dev, struct gp
 	struct gpud_engine_stats es;
 	struct gpud_sched_device_stats ds;
 	struct owner_count c = { 0 };
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_engine_check(e, err, sizeof(err)))
 		fail_msg("%s", err);
@@ -1804,7 +1804,7 @@ static void test_prefix_concurrent(void **state)
 
 static int setup(void **state)
 {
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	(void)state;
 	if (gpud_model_load(&model, STORIES, err, sizeof(err))) {

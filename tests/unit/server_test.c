@@ -255,7 +255,7 @@ struct env {
 	bool fn_done;
 };
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 static int g_serial;
 
 static void on_call(uv_async_t *h)

@@ -39,7 +39,7 @@ static uint64_t scaled(uint64_t n)
 	return RUNNING_ON_VALGRIND || getenv("SWARM_UNDER_VALGRIND") ? n / 10 : n;
 }
 
-static char g_err[256];
+static char g_err[SW_ERR_MAX];
 
 /* Open descriptors of this process (to prove nothing leaks). */
 static int count_fds(void)

@@ -25,7 +25,7 @@ static void test_redis_bad_urls(void **state)
 		"http://localhost:6379", "redis://", "redis://host:0", "redis://host:70000",
 		"redis://host:12x", "redis://host/abc", "unix://", "localhost:6379",
 	};
-	char err[256];
+	char err[SW_ERR_MAX];
 	redisContext *c = (redisContext *)1;
 
 	(void)state;
@@ -39,7 +39,7 @@ static void test_redis_bad_urls(void **state)
 
 static void test_redis_unreachable(void **state)
 {
-	char err[512];
+	char err[SW_ERR_MAX];
 	redisContext *c = (redisContext *)1;
 
 	(void)state;
@@ -56,7 +56,7 @@ static void test_redis_unreachable(void **state)
 
 static void test_pg_unreachable(void **state)
 {
-	char err[1024];
+	char err[SW_ERR_MAX];
 	PGconn *c = (PGconn *)1;
 
 	(void)state;
@@ -83,7 +83,7 @@ static void clear_env(void)
 static void test_env_managed(void **state)
 {
 	struct ctl_env e;
-	char err[512];
+	char err[SW_ERR_MAX];
 
 	(void)state;
 	clear_env();
@@ -113,7 +113,7 @@ static void test_env_managed(void **state)
 
 static void test_env_state_dir_too_long(void **state)
 {
-	char longdir[200], err[512];
+	char longdir[200], err[SW_ERR_MAX];
 	struct ctl_env e;
 
 	(void)state;
@@ -130,7 +130,7 @@ static void test_env_state_dir_too_long(void **state)
 
 static void test_env_config_file(void **state)
 {
-	char path[] = "/tmp/swarmctl_clients_test.XXXXXX", err[512];
+	char path[] = "/tmp/swarmctl_clients_test.XXXXXX", err[SW_ERR_MAX];
 	struct ctl_env e;
 	FILE *f;
 	int fd;

@@ -38,7 +38,7 @@ static void path_in(char *out, size_t cap, const char *name)
 /* Parses json with the workers' parser; the caller frees the task. */
 static void parse_ok(const char *json, struct proto_task *t)
 {
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = proto_task_parse(json, strlen(json), t, err, sizeof(err));
 
 	if (rc)
@@ -49,7 +49,7 @@ static void parse_ok(const char *json, struct proto_task *t)
 static void test_ingest_file(void **state)
 {
 	const char text[] = "The tide comes in twice a day.\nIt goes out twice too.\n";
-	char p[PATH_MAX], real[PATH_MAX], err[256];
+	char p[PATH_MAX], real[PATH_MAX], err[SW_ERR_MAX];
 	struct proto_task t;
 	char *json;
 
@@ -71,7 +71,7 @@ static void test_ingest_file(void **state)
 
 static void test_ingest_url(void **state)
 {
-	char err[256];
+	char err[SW_ERR_MAX];
 	struct proto_task t;
 	char *json;
 
@@ -87,7 +87,7 @@ static void test_ingest_url(void **state)
 
 static void test_ingest_errors(void **state)
 {
-	char p[PATH_MAX], err[256], *json = (char *)1, *big;
+	char p[PATH_MAX], err[SW_ERR_MAX], *json = (char *)1, *big;
 	const unsigned char bad_utf8[] = { 'o', 'k', 0xff, 0xfe, '\n' };
 	size_t n = PROTO_TASK_MAX_TEXT + 1;
 
@@ -132,7 +132,7 @@ static void test_ingest_errors(void **state)
 /* Exactly the limit is accepted, by swarmctl and by agentd. */
 static void test_ingest_at_limit(void **state)
 {
-	char p[PATH_MAX], err[256], *json, *big;
+	char p[PATH_MAX], err[SW_ERR_MAX], *json, *big;
 	struct proto_task t;
 
 	(void)state;
@@ -191,7 +191,7 @@ static void test_final_json(void **state)
 
 static void test_task_id(void **state)
 {
-	char a[96], b[96], err[256];
+	char a[96], b[96], err[SW_ERR_MAX];
 	struct proto_task t;
 	char *json;
 

@@ -50,7 +50,7 @@ static struct gpud_tokenizer *load_path(const char *path)
 {
 	struct gpud_gguf *g = NULL;
 	struct gpud_tokenizer *t = NULL;
-	char err[256] = "";
+	char err[SW_ERR_MAX] = "";
 
 	if (gpud_gguf_open(&g, path, err, sizeof(err)) != 0)
 		fail_msg("%s", err);
@@ -641,7 +641,7 @@ static void test_synthetic_bpe(void **state)
 	struct vspec v = { VSPEC_DEFAULTS, .model = "gpt2", .tokens = toks, .n = n,
 			   .types = types, .n_types = n, .merges = merges, .n_merges = 5 };
 	struct gpud_tokenizer *t;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int32_t ids[16];
 
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
@@ -728,7 +728,7 @@ static void test_synthetic_spm(void **state)
 			   .scores = scores, .n_scores = 13, .types = types, .n_types = 13,
 			   .add_bos = -1, .add_space_prefix = -1, .bos = 1, .eos = 2, .eot = -1 };
 	struct gpud_tokenizer *t;
-	char err[256];
+	char err[SW_ERR_MAX];
 	int32_t ids[16];
 
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
@@ -863,7 +863,7 @@ static void random_vs_naive(const char *path, const char *const *alphabet, size_
 {
 	struct gpud_gguf *g = NULL;
 	struct gpud_tokenizer *t = NULL;
-	char err[256], text[200];
+	char err[SW_ERR_MAX], text[200];
 	int32_t a[600], b[600];
 	uint64_t x = 88172645463325252ULL;
 
@@ -915,7 +915,7 @@ static void test_spm_random_vs_naive(void **state)
 			   .add_bos = -1, .add_space_prefix = -1, .bos = 1, .eos = 2, .eot = -1 };
 	struct gpud_gguf_writer *w = NULL;
 	struct gpud_gguf_str strs[12];
-	char err[256];
+	char err[SW_ERR_MAX];
 	assert_int_equal(gpud_gguf_writer_new(&w), 0);
 	assert_int_equal(gpud_gguf_w_str(w, "tokenizer.ggml.model", v.model), 0);
 	for (size_t i = 0; i < v.n; i++)
@@ -1250,7 +1250,7 @@ static void test_chat_detect(void **state)
 			   .chat_template = "{% for m in messages %}[INST] {{ m }} [/INST]"
 					    "{% endfor %}" };
 	struct gpud_tokenizer *t;
-	char err[256];
+	char err[SW_ERR_MAX];
 
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
 	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_LLAMA2);
