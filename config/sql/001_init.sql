@@ -1,4 +1,4 @@
--- 001_init.sql - agentd's tables (issue 5, DESIGN §6).
+-- 001_init.sql - agentd's tables (DESIGN §6).
 --
 -- Applied once, in one transaction, by agent_db_migrate (agentd/db.c),
 -- which records it in schema_migrations. Never edit an applied migration:
