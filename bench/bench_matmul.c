@@ -18,6 +18,7 @@
 #include "bench/bench_util.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/backend/cpu/threadpool.h"
+#include "gpud/quant.h"
 
 static const enum gpud_type types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,

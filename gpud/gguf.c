@@ -12,7 +12,8 @@
  * The reader walks the header once with a bounds-checked cursor, indexes
  * keys and tensor names in sorted arrays (binary search) and string arrays
  * in pointer tables (O(1) element access), then validates the tensor layout
- * as a whole. Nothing in the data section is read.
+ * as a whole. Nothing in the data section is read. Tensor types and their
+ * block sizes are gpud/quant.h's.
  */
 #include "gpud/gguf.h"
 
@@ -20,7 +21,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +29,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
+#include "gpud/quant.h"
 
 #define GGUF_HEADER_BYTES 24     /* magic, version, n_tensors, n_kv */
 #define GGUF_MAX_KEY_LEN 65535   /* spec limit */
@@ -45,46 +45,7 @@
  * type, offset. */
 #define GGUF_MIN_TENSOR_BYTES (8 + 1 + 4 + 8 + 4 + 8)
 
-/* --- types ---------------------------------------------------------------- */
-
-/* ggml type names by id, including types this engine cannot run, so that a
- * rejection names what the file holds. NULL = id never assigned. */
-static const char *const ggml_type_names[] = {
-	[0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1",
-	[4] = "q4_2 (removed)", [5] = "q4_3 (removed)", [6] = "q5_0",
-	[7] = "q5_1", [8] = "q8_0", [9] = "q8_1", [10] = "q2_k",
-	[11] = "q3_k", [12] = "q4_k", [13] = "q5_k", [14] = "q6_k",
-	[15] = "q8_k", [16] = "iq2_xxs", [17] = "iq2_xs", [18] = "iq3_xxs",
-	[19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s",
-	[23] = "iq4_xs", [24] = "i8", [25] = "i16", [26] = "i32",
-	[27] = "i64", [28] = "f64", [29] = "iq1_m", [30] = "bf16",
-	[31] = "q4_0_4_4 (removed)", [32] = "q4_0_4_8 (removed)",
-	[33] = "q4_0_8_8 (removed)", [34] = "tq1_0", [35] = "tq2_0",
-	[36] = "iq4_nl_4_4 (removed)", [37] = "iq4_nl_4_8 (removed)",
-	[38] = "iq4_nl_8_8 (removed)", [39] = "mxfp4",
-};
-#define GGML_N_TYPES (sizeof(ggml_type_names) / sizeof(ggml_type_names[0]))
-
-const char *gpud_type_name(enum gpud_type t)
-{
-	if ((unsigned)t < GGML_N_TYPES && ggml_type_names[t])
-		return ggml_type_names[t];
-	return "?";
-}
-
-int gpud_type_parse(const char *s)
-{
-	static const enum gpud_type supported[] = {
-		GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16,
-		GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
-	};
-	if (!s)
-		return -1;
-	for (size_t i = 0; i < sizeof(supported) / sizeof(supported[0]); i++)
-		if (strcasecmp(s, gpud_type_name(supported[i])) == 0)
-			return (int)supported[i];
-	return -1;
-}
+/* --- metadata value types ------------------------------------------------- */
 
 /* Bytes of one scalar value of a metadata type; 0 for string/array/unknown. */
 static uint32_t vtype_size(uint32_t t)
@@ -449,20 +410,20 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 	size_t tpos = c->pos;
 	if ((rc = cur_u32(c, &type, "tensor type")))
 		return rc;
-	if (type >= GGML_N_TYPES || !ggml_type_names[type])
+	if (!gpud_type_known(type))
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: tensor %" PRIu64 " '%s': unknown ggml type %" PRIu32 " at offset %zu",
 				 c->name, idx, t->name, type, tpos);
 	if (!gpud_type_supported(type))
 		return sw_seterr(c->err, c->errlen, SW_EUNSUPPORTED,
-				 "%s: tensor %" PRIu64 " '%s': type %s (%" PRIu32 ") is not supported (f32, f16, bf16, q8_0, q4_0 are) at offset %zu",
-				 c->name, idx, t->name, ggml_type_names[type], type, tpos);
+				 "%s: tensor %" PRIu64 " '%s': type %s (%" PRIu32 ") is not supported (" GPUD_TYPE_SUPPORTED_NAMES " are) at offset %zu",
+				 c->name, idx, t->name, gpud_type_name(type), type, tpos);
 	t->type = type;
 	uint32_t be = gpud_type_block_elems(type);
 	if (t->ne[0] % be)
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: tensor %" PRIu64 " '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32 " at offset %zu",
-				 c->name, idx, t->name, t->ne[0], ggml_type_names[type], be, ndpos + 4);
+				 c->name, idx, t->name, t->ne[0], gpud_type_name(type), be, ndpos + 4);
 	/* nel / be * block_bytes cannot overflow: nel <= 2^63, bytes/elem <= 4. */
 	t->nbytes = nel / be * gpud_type_block_bytes(type);
 	size_t opos = c->pos;

@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpud/quant.h" /* enum gpud_type and its traits */
+
 #define GPUD_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 #define GPUD_GGUF_VERSION 3
 #define GPUD_GGUF_DEFAULT_ALIGNMENT 32
@@ -51,28 +53,6 @@ enum gpud_gguf_vtype {
 	GPUD_GGUF_F64 = 12,
 };
 
-/* Tensor element types, numbered as in ggml. Only those marked are
- * supported by the engine; others are rejected at open with SW_EUNSUPPORTED. */
-enum gpud_type {
-	GPUD_TYPE_F32 = 0,   /* supported */
-	GPUD_TYPE_F16 = 1,   /* supported */
-	GPUD_TYPE_Q4_0 = 2,  /* supported: 32 weights = f16 d + 16 bytes of nibbles */
-	GPUD_TYPE_Q8_0 = 8,  /* supported: 32 weights = f16 d + 32 int8 */
-	GPUD_TYPE_BF16 = 30, /* supported */
-	GPUD_TYPE_COUNT = 31,
-};
-
-/* Elements per block and bytes per block of a supported type; 0 if not. */
-uint32_t gpud_type_block_elems(enum gpud_type t);
-uint32_t gpud_type_block_bytes(enum gpud_type t);
-const char *gpud_type_name(enum gpud_type t); /* "q8_0"; "?" when unknown */
-/* Parses "f32", "f16", "bf16", "q8_0", "q4_0"; returns -1 when unknown. */
-int gpud_type_parse(const char *s);
-/* Bytes of one row of n elements (n must be a multiple of the block). */
-size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
-/* True for the five types the engine runs. gpud_type_name() also names the
- * other ggml types ("q4_k"), so messages can say what a file holds. */
-bool gpud_type_supported(enum gpud_type t);
 /* "u32", "string", ...; "?" when unknown. */
 const char *gpud_gguf_vtype_name(enum gpud_gguf_vtype t);
 
@@ -164,7 +144,7 @@ const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, 
  * set). All functions return 0 or a negative code: -EINVAL (bad argument:
  * empty name, n_dims not 1..4, a zero dim, ne[0] not a multiple of the
  * block, nbytes not matching), -EEXIST (duplicate key or tensor name),
- * SW_EUNSUPPORTED (tensor type not one of the five), -ENOMEM. A failed call
+ * SW_EUNSUPPORTED (tensor type not supported by gpud/quant.h), -ENOMEM. A failed call
  * leaves the writer as it was; it may still be used or freed. */
 struct gpud_gguf_writer;
 

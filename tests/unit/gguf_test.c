@@ -19,8 +19,8 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
+#include "gpud/quant.h"
 #include "sw_config.h"
 
 #define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
