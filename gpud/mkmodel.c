@@ -15,6 +15,7 @@
 
 #include "common/err.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 
 #define MK_MAX_LAYERS 4096
 #define MK_MAX_DIM (1u << 20)

@@ -20,6 +20,7 @@
 
 #include "common/err.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 #include "gpud/quant.h"
 #include "sw_config.h"
 
