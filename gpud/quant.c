@@ -28,6 +28,9 @@ static inline float round_even(float v)
 #endif
 }
 
+/* A Q8_0/Q4_0 block holding a NaN or an Inf: scale NaN, quants 0. */
+#define FP16_NAN 0x7e00
+
 static void quantize_f32(const float *x, void *y, int64_t n)
 {
 	memcpy(y, x, (size_t)n * sizeof(float));
@@ -76,11 +79,18 @@ static void quantize_q8_0(const float *x, void *vy, int64_t n)
 
 	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
 		float amax = 0.0f, d, id;
+		bool finite = true;
 
 		for (int j = 0; j < GPUD_QK; j++) {
 			float a = fabsf(x[j]);
 
-			amax = a > amax ? a : amax; /* fmaxf(): NaN is skipped */
+			finite &= a <= FLT_MAX;
+			amax = a > amax ? a : amax;
+		}
+		if (!finite) {
+			y[i].d = FP16_NAN;
+			memset(y[i].qs, 0, sizeof(y[i].qs));
+			continue;
 		}
 		d = amax / 127.0f;
 		id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -88,8 +98,9 @@ static void quantize_q8_0(const float *x, void *vy, int64_t n)
 		for (int j = 0; j < GPUD_QK; j++) {
 			float v = round_even(x[j] * id);
 
-			/* In range for finite input; NaN/Inf give -128, never
-			 * an undefined cast. */
+			/* In range, except in blocks so tiny (max |x| < 127 *
+			 * 2^-128) that 1/d overflows: their fp16 d is 0, so the
+			 * quants do not matter; -128, never an undefined cast. */
 			y[i].qs[j] = v >= -128.0f && v <= 127.0f ? (int8_t)v : -128;
 		}
 	}
@@ -113,21 +124,31 @@ static void quantize_q4_0(const float *x, void *vy, int64_t n)
 
 	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
 		float amax = 0.0f, m = 0.0f, d, id;
+		bool finite = true;
 
 		for (int j = 0; j < GPUD_QK; j++) {
 			float a = fabsf(x[j]);
 
+			finite &= a <= FLT_MAX;
 			if (a > amax) {
 				amax = a;
 				m = x[j];
 			}
+		}
+		if (!finite) {
+			y[i].d = FP16_NAN;
+			memset(y[i].qs, 0x88, sizeof(y[i].qs));
+			continue;
 		}
 		d = m / -8.0f;
 		id = d != 0.0f ? 1.0f / d : 0.0f;
 		y[i].d = gpud_fp32_to_fp16(d);
 		for (int j = 0; j < GPUD_QK / 2; j++) {
 			float va = x[j] * id + 8.5f, vb = x[j + GPUD_QK / 2] * id + 8.5f;
-			/* min(15, trunc(v)); NaN (from Inf/NaN input) gives 0 */
+			/* min(15, trunc(v)), never an undefined cast: in blocks
+			 * so tiny (max |x| < 8 * 2^-128) that 1/d overflows, v is
+			 * +-Inf or NaN (0 * Inf), giving 15 or 0; their fp16 d is
+			 * 0, so the quants do not matter. */
 			int a = va >= 15.0f ? 15 : va > 0.0f ? (int)va : 0;
 			int b = vb >= 15.0f ? 15 : vb > 0.0f ? (int)vb : 0;
 

@@ -101,7 +101,15 @@ size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
  *   Q8_0: d = max|x| / 127, q = x * (1/d) rounded to nearest even.
  *   Q4_0: d = m / -8 where m is the first x of largest |x|,
  *         q = min(15, trunc(x * (1/d) + 8.5)).
- *   Both store d as fp16 (the quants use the fp32 d). */
+ *   Both store d as fp16 (the quants use the fp32 d) and give an all-zero
+ *   block d = 0 and quants 0. A block whose scale overflows fp16 (max |x|
+ *   above about 65504 * 127 for Q8_0, 65504 * 8 for Q4_0) stores d = +-Inf:
+ *   it dequantizes to +-Inf, and to NaN where q = 0.
+ *   Non-finite input: a Q8_0/Q4_0 block holding a NaN or an Inf is stored
+ *   as d = NaN (0x7e00) with quants 0 (Q4_0 nibbles 8), so all of it
+ *   dequantizes to NaN: a NaN or Inf weight is never turned into a finite
+ *   one, and it never reaches another block. F16/BF16 keep NaN (quiet) and
+ *   +-Inf; F32 is copied bit for bit. */
 void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
 /* Inverse: expands n elements of type t into floats, w = d * q for the
  * block types (an fp32 product of the fp16 scale and the integer quant). */

@@ -419,29 +419,121 @@ static void test_quantize_roundtrip(void **state)
 	}
 }
 
-/* Non-finite input is garbage in, but must not be undefined behaviour
- * (float to int casts) nor spill into the neighbouring blocks. */
+/* Non-finite input (quant.h): a Q8_0/Q4_0 block holding a NaN or an Inf
+ * becomes d = NaN with quants 0, whatever the position of the bad value,
+ * and dequantizes to NaN; it never spills into the other blocks. F16/BF16
+ * keep NaN and Inf element by element, F32 keeps the bits. */
+static void check_nonfinite_block(enum gpud_type t, const uint8_t *blk, const float *y)
+{
+	static const uint8_t zero8[32] = { 0 };
+	static const uint8_t zero4[16] = {
+		0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
+		0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88, 0x88,
+	};
+	uint16_t d;
+
+	memcpy(&d, blk, sizeof(d));
+	assert_int_equal(d, 0x7e00);
+	if (t == GPUD_TYPE_Q8_0)
+		assert_memory_equal(blk + 2, zero8, sizeof(zero8));
+	else
+		assert_memory_equal(blk + 2, zero4, sizeof(zero4));
+	for (int j = 0; j < 32; j++)
+		assert_true(isnan(y[j]));
+}
+
 static void test_quantize_nonfinite(void **state)
 {
-	float x[96], y[96], ref[32];
-	uint8_t q[96 * 2], qref[64];
+	float x[160], y[160], ref[32];
+	uint8_t q[160 * 4], qref[64];
 
 	(void)state;
 	for (int k = 3; k < 5; k++) {
 		enum gpud_type t = all_types[k];
+		size_t bb = gpud_type_block_bytes(t);
 
-		for (int i = 0; i < 96; i++)
+		/* blocks: NaN, +-Inf, finite, -Inf alone, -NaN */
+		for (int i = 0; i < 160; i++)
 			x[i] = (float)(i % 7) - 3.0f;
 		x[3] = NAN;
 		x[40] = INFINITY;
 		x[41] = -INFINITY;
-		gpud_quantize_row(t, x, q, 96);
-		gpud_dequantize_row(t, q, y, 96);
+		x[127] = -INFINITY;
+		x[128] = -NAN;
+		gpud_quantize_row(t, x, q, 160);
+		gpud_dequantize_row(t, q, y, 160);
+		for (int b = 0; b < 5; b++)
+			if (b != 2)
+				check_nonfinite_block(t, q + b * bb, y + b * 32);
 		/* block 2 is finite: same as quantized alone */
 		gpud_quantize_row(t, x + 64, qref, 32);
+		assert_memory_equal(q + 2 * bb, qref, bb);
 		gpud_dequantize_row(t, qref, ref, 32);
 		assert_memory_equal(y + 64, ref, sizeof(ref));
+		for (int j = 0; j < 32; j++)
+			assert_true(isfinite(ref[j]));
+		/* wherever the bad value sits, beside the largest finite one or
+		 * alone in a block of zeros */
+		for (int j = 0; j < 32; j++) {
+			for (int kind = 0; kind < 3; kind++) {
+				for (int i = 0; i < 32; i++)
+					x[i] = kind == 2 ? 0.0f : (float)(i % 5) - 2.0f;
+				x[j] = kind == 1 ? -INFINITY : kind == 2 ? INFINITY : NAN;
+				gpud_quantize_row(t, x, q, 32);
+				gpud_dequantize_row(t, q, y, 32);
+				check_nonfinite_block(t, q, y);
+			}
+		}
 	}
+	/* Float types element by element. */
+	for (int k = 0; k < 3; k++) {
+		enum gpud_type t = all_types[k];
+
+		for (int i = 0; i < 32; i++)
+			x[i] = (float)i - 16.0f;
+		x[1] = NAN;
+		x[2] = INFINITY;
+		x[3] = -INFINITY;
+		x[4] = -NAN;
+		gpud_quantize_row(t, x, q, 32);
+		gpud_dequantize_row(t, q, y, 32);
+		assert_true(isnan(y[1]) && isnan(y[4]) && signbit(y[4]));
+		assert_true(isinf(y[2]) && y[2] > 0 && isinf(y[3]) && y[3] < 0);
+		for (int i = 5; i < 32; i++)
+			assert_true(y[i] == x[i]);
+		if (t == GPUD_TYPE_F32)
+			assert_memory_equal(q, x, sizeof(float) * 32);
+	}
+}
+
+/* Finite blocks whose scale overflows fp16 store d = +-Inf (quant.h):
+ * their elements dequantize to +-Inf, and to NaN where q = 0. */
+static void test_quantize_scale_overflow(void **state)
+{
+	float x[32], y[32];
+	struct gpud_block_q8_0 b8;
+	struct gpud_block_q4_0 b4;
+
+	(void)state;
+	for (int i = 0; i < 32; i++)
+		x[i] = 0.0f;
+	x[0] = 1e7f;   /* q8_0 d = 78740 > 65504 */
+	x[1] = -1e7f;
+	x[2] = 5e6f;
+	gpud_quantize_row(GPUD_TYPE_Q8_0, x, &b8, 32);
+	assert_int_equal(b8.d, 0x7c00);
+	assert_int_equal(b8.qs[0], 127);
+	assert_int_equal(b8.qs[1], -127);
+	assert_int_equal(b8.qs[2], 64); /* 63.5, tie to even */
+	gpud_dequantize_row(GPUD_TYPE_Q8_0, &b8, y, 32);
+	assert_true(isinf(y[0]) && y[0] > 0 && isinf(y[1]) && y[1] < 0 && isinf(y[2]));
+	assert_true(isnan(y[3]));
+	x[1] = -1e6f;  /* q4_0: m = 1e7, d = -1.25e6 */
+	gpud_quantize_row(GPUD_TYPE_Q4_0, x, &b4, 32);
+	assert_int_equal(b4.d, 0xfc00);
+	gpud_dequantize_row(GPUD_TYPE_Q4_0, &b4, y, 32);
+	assert_true(isinf(y[0]) && y[0] > 0); /* q = -8: -Inf * -8 */
+	assert_true(isnan(y[3]));             /* q = 0 */
 }
 
 /* Known Q4_0/Q8_0 bytes: the layout is the file format. */
@@ -549,6 +641,7 @@ int main(void)
 		cmocka_unit_test(test_bf16_edges),
 		cmocka_unit_test(test_quantize_roundtrip),
 		cmocka_unit_test(test_quantize_nonfinite),
+		cmocka_unit_test(test_quantize_scale_overflow),
 		cmocka_unit_test(test_block_layout),
 		cmocka_unit_test(test_quantize_golden),
 	};
