@@ -131,6 +131,30 @@ static void test_traits_table(void **state)
 	assert_int_equal(gpud_type_parse(NULL), -1);
 }
 
+/* The shorthands on known values (moved from gguf_test with the table). */
+static void test_type_helpers(void **state)
+{
+	(void)state;
+	assert_int_equal(gpud_type_block_elems(GPUD_TYPE_Q4_0), 32);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q4_0), 18);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q8_0), 34);
+	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_BF16), 2);
+	assert_int_equal(gpud_type_block_elems((enum gpud_type)12), 0);
+	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_Q8_0, 64), 68);
+	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_F16, 3), 6);
+	assert_int_equal(gpud_type_row_bytes((enum gpud_type)3, 64), 0);
+	assert_string_equal(gpud_type_name(GPUD_TYPE_BF16), "bf16");
+	assert_string_equal(gpud_type_name((enum gpud_type)14), "q6_k");
+	assert_string_equal(gpud_type_name((enum gpud_type)1000), "?");
+	assert_int_equal(gpud_type_parse("q4_0"), GPUD_TYPE_Q4_0);
+	assert_int_equal(gpud_type_parse("F16"), GPUD_TYPE_F16);
+	assert_int_equal(gpud_type_parse("q4_k"), -1);
+	assert_int_equal(gpud_type_parse(""), -1);
+	assert_int_equal(gpud_type_parse(NULL), -1);
+	assert_true(gpud_type_supported(GPUD_TYPE_F32));
+	assert_false(gpud_type_supported((enum gpud_type)3));
+}
+
 /* The block structs are the file layout. */
 static void test_block_sizes(void **state)
 {
@@ -633,6 +657,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_traits_table),
+		cmocka_unit_test(test_type_helpers),
 		cmocka_unit_test(test_block_sizes),
 		cmocka_unit_test(test_row_bytes),
 		cmocka_unit_test(test_fp16_edges),
