@@ -181,14 +181,15 @@ static inline uint16_t gpud_fp32_to_fp16(float f)
 		r = mant >> shift;
 		rem = mant & ((1u << shift) - 1);
 		half = 1u << (shift - 1);
-		if (rem > half || (rem == half && (r & 1)))
-			r++;
+		r += rem + (r & 1) > half; /* rem > half, or a tie and r odd */
 		return (uint16_t)(sign | r);
 	}
 	r = (e - 112) << 10 | (u & 0x7fffff) >> 13;
 	rem = u & 0x1fff;
-	if (rem > 0x1000 || (rem == 0x1000 && (r & 1)))
-		r++; /* a carry into the exponent is right, up to Inf */
+	/* Up when rem > half, or a tie and r odd (branch-free: rounding is
+	 * random data's coin toss); a carry into the exponent is right, up to
+	 * Inf. */
+	r += rem + (r & 1) > 0x1000;
 	return (uint16_t)(sign | r);
 }
 
