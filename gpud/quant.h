@@ -21,8 +21,9 @@
  *         high one.
  *
  * Nothing here allocates, takes a lock or fails; every function is safe
- * from any thread. Row functions trust their arguments: a supported type,
- * n a multiple of the block, buffers of the row's size.
+ * from any thread. Row functions trust their sizes (n a multiple of the
+ * block, buffers of the row's size); for an unsupported type they do
+ * nothing.
  */
 #ifndef GPUD_QUANT_H
 #define GPUD_QUANT_H
@@ -41,7 +42,7 @@ enum gpud_type {
 	GPUD_TYPE_Q4_0 = 2,  /* 32 weights = f16 d + 16 bytes of nibbles */
 	GPUD_TYPE_Q8_0 = 8,  /* 32 weights = f16 d + 32 int8 */
 	GPUD_TYPE_BF16 = 30,
-	GPUD_TYPE_COUNT = 31, /* one past the largest supported id */
+	GPUD_TYPE_COUNT = 31, /* one past the largest supported id (sizes the table) */
 };
 
 /* The supported types, in the order messages list them. */
@@ -94,8 +95,8 @@ int gpud_type_parse(const char *s);
  * for an unsupported type. */
 size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
 
-/* Converts n floats into type t (t supported, n a multiple of its block;
- * y holds gpud_type_row_bytes(t, n) bytes). Used by the GGUF writer and
+/* Converts n floats into type t (n a multiple of its block; y holds
+ * gpud_type_row_bytes(t, n) bytes). Used by the GGUF writer and
  * mkmodel; every backend's results are checked against it.
  *   F32: copied. F16, BF16: gpud_fp32_to_fp16/bf16() per element.
  *   Q8_0: d = max|x| / 127, q = x * (1/d) rounded to nearest even.
