@@ -18,11 +18,11 @@
 #include "bench/bench_util.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/backend/cpu/threadpool.h"
+#include "gpud/quant.h"
 
 static const enum gpud_type types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
 };
-static const char *const tnames[] = { "f32", "f16", "bf16", "q8_0", "q4_0" };
 static const long shapes[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
 static const int batches[] = { 1, 4, 16 };
 
@@ -119,7 +119,7 @@ int main(int argc, char **argv)
 	printf("| type | rows x cols | thr | batch | cold GB/s | cold GFLOP/s | %% memcpy | x b1 | hot GB/s | hot GFLOP/s |\n");
 	printf("|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-		if (only && strcmp(only, tnames[ti]) != 0)
+		if (only && strcmp(only, gpud_type_name(types[ti])) != 0)
 			continue;
 		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
 			long rows = shapes[si][0], cols = shapes[si][1];
@@ -151,7 +151,7 @@ int main(int argc, char **argv)
 					if (bi == 0)
 						t1 = tc;
 					printf("| %s | %ldx%ld | %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n",
-					       tnames[ti], rows, cols, th, batches[bi],
+					       gpud_type_name(types[ti]), rows, cols, th, batches[bi],
 					       wbytes / tc * 1e-9, flop / tc * 1e-9,
 					       100.0 * (wbytes / tc * 1e-9) / mc[th],
 					       batches[bi] * t1 / tc,

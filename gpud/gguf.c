@@ -1,4 +1,4 @@
-/* gguf.c - GGUF v2/v3 reader over mmap, and a streaming writer.
+/* gguf.c - GGUF v2/v3 reader over mmap.
  *
  * File layout (GGUF spec, little-endian):
  *   u32 magic "GGUF", u32 version, u64 n_tensors, u64 n_kv,
@@ -12,7 +12,8 @@
  * The reader walks the header once with a bounds-checked cursor, indexes
  * keys and tensor names in sorted arrays (binary search) and string arrays
  * in pointer tables (O(1) element access), then validates the tensor layout
- * as a whole. Nothing in the data section is read.
+ * as a whole. Nothing in the data section is read. Tensor types and their
+ * block sizes are gpud/quant.h's; the writer is gguf_write.c.
  */
 #include "gpud/gguf.h"
 
@@ -20,7 +21,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,12 +29,9 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
+#include "gpud/gguf_impl.h"
+#include "gpud/quant.h"
 
-#define GGUF_HEADER_BYTES 24     /* magic, version, n_tensors, n_kv */
-#define GGUF_MAX_KEY_LEN 65535   /* spec limit */
-#define GGUF_MAX_NAME_LEN 255    /* ggml uses 63; be lenient, but bounded */
-#define GGUF_MAX_ALIGNMENT (1u << 24)
 /* Real files hold tens of keys and at most tens of thousands of tensors;
  * the caps bound what a hostile header can make us allocate. */
 #define GGUF_MAX_KV (1u << 20)
@@ -45,49 +42,9 @@
  * type, offset. */
 #define GGUF_MIN_TENSOR_BYTES (8 + 1 + 4 + 8 + 4 + 8)
 
-/* --- types ---------------------------------------------------------------- */
+/* --- metadata value types ------------------------------------------------- */
 
-/* ggml type names by id, including types this engine cannot run, so that a
- * rejection names what the file holds. NULL = id never assigned. */
-static const char *const ggml_type_names[] = {
-	[0] = "f32", [1] = "f16", [2] = "q4_0", [3] = "q4_1",
-	[4] = "q4_2 (removed)", [5] = "q4_3 (removed)", [6] = "q5_0",
-	[7] = "q5_1", [8] = "q8_0", [9] = "q8_1", [10] = "q2_k",
-	[11] = "q3_k", [12] = "q4_k", [13] = "q5_k", [14] = "q6_k",
-	[15] = "q8_k", [16] = "iq2_xxs", [17] = "iq2_xs", [18] = "iq3_xxs",
-	[19] = "iq1_s", [20] = "iq4_nl", [21] = "iq3_s", [22] = "iq2_s",
-	[23] = "iq4_xs", [24] = "i8", [25] = "i16", [26] = "i32",
-	[27] = "i64", [28] = "f64", [29] = "iq1_m", [30] = "bf16",
-	[31] = "q4_0_4_4 (removed)", [32] = "q4_0_4_8 (removed)",
-	[33] = "q4_0_8_8 (removed)", [34] = "tq1_0", [35] = "tq2_0",
-	[36] = "iq4_nl_4_4 (removed)", [37] = "iq4_nl_4_8 (removed)",
-	[38] = "iq4_nl_8_8 (removed)", [39] = "mxfp4",
-};
-#define GGML_N_TYPES (sizeof(ggml_type_names) / sizeof(ggml_type_names[0]))
-
-const char *gpud_type_name(enum gpud_type t)
-{
-	if ((unsigned)t < GGML_N_TYPES && ggml_type_names[t])
-		return ggml_type_names[t];
-	return "?";
-}
-
-int gpud_type_parse(const char *s)
-{
-	static const enum gpud_type supported[] = {
-		GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16,
-		GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
-	};
-	if (!s)
-		return -1;
-	for (size_t i = 0; i < sizeof(supported) / sizeof(supported[0]); i++)
-		if (strcasecmp(s, gpud_type_name(supported[i])) == 0)
-			return (int)supported[i];
-	return -1;
-}
-
-/* Bytes of one scalar value of a metadata type; 0 for string/array/unknown. */
-static uint32_t vtype_size(uint32_t t)
+uint32_t gpud__gguf_vtype_size(uint32_t t)
 {
 	switch (t) {
 	case GPUD_GGUF_U8:
@@ -283,14 +240,14 @@ static int parse_array(struct cur *c, struct gguf_kv *kv, uint64_t idx)
 		return sw_seterr(c->err, c->errlen, SW_EUNSUPPORTED,
 				 "%s: kv %" PRIu64 " '%s': nested arrays are not supported at offset %zu",
 				 c->name, idx, kv->key, at);
-	if (et != GPUD_GGUF_STRING && vtype_size(et) == 0)
+	if (et != GPUD_GGUF_STRING && gpud__gguf_vtype_size(et) == 0)
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: kv %" PRIu64 " '%s': unknown array element type %" PRIu32 " at offset %zu",
 				 c->name, idx, kv->key, et, at);
 	kv->elem = et;
 	kv->n = n;
 	if (et != GPUD_GGUF_STRING) {
-		uint32_t es = vtype_size(et);
+		uint32_t es = gpud__gguf_vtype_size(et);
 		if (n > cur_left(c) / es)
 			return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 					 "%s: kv %" PRIu64 " '%s': array of %" PRIu64 " %s runs past end of file (%zu bytes remain) at offset %zu",
@@ -377,7 +334,7 @@ static int parse_kv(struct cur *c, struct gguf_kv *kv, uint64_t idx)
 			return rc;
 		break;
 	default: {
-		uint32_t sz = vtype_size(t);
+		uint32_t sz = gpud__gguf_vtype_size(t);
 		if (sz == 0)
 			return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 					 "%s: kv %" PRIu64 " '%s': unknown value type %" PRIu32 " at offset %zu",
@@ -449,20 +406,20 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 	size_t tpos = c->pos;
 	if ((rc = cur_u32(c, &type, "tensor type")))
 		return rc;
-	if (type >= GGML_N_TYPES || !ggml_type_names[type])
+	if (!gpud_type_known(type))
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: tensor %" PRIu64 " '%s': unknown ggml type %" PRIu32 " at offset %zu",
 				 c->name, idx, t->name, type, tpos);
 	if (!gpud_type_supported(type))
 		return sw_seterr(c->err, c->errlen, SW_EUNSUPPORTED,
-				 "%s: tensor %" PRIu64 " '%s': type %s (%" PRIu32 ") is not supported (f32, f16, bf16, q8_0, q4_0 are) at offset %zu",
-				 c->name, idx, t->name, ggml_type_names[type], type, tpos);
+				 "%s: tensor %" PRIu64 " '%s': type %s (%" PRIu32 ") is not supported (" GPUD_TYPE_SUPPORTED_NAMES " are) at offset %zu",
+				 c->name, idx, t->name, gpud_type_name(type), type, tpos);
 	t->type = type;
 	uint32_t be = gpud_type_block_elems(type);
 	if (t->ne[0] % be)
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: tensor %" PRIu64 " '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32 " at offset %zu",
-				 c->name, idx, t->name, t->ne[0], ggml_type_names[type], be, ndpos + 4);
+				 c->name, idx, t->name, t->ne[0], gpud_type_name(type), be, ndpos + 4);
 	/* nel / be * block_bytes cannot overflow: nel <= 2^63, bytes/elem <= 4. */
 	t->nbytes = nel / be * gpud_type_block_bytes(type);
 	size_t opos = c->pos;
@@ -960,7 +917,7 @@ int gpud_gguf_arr_i32(const struct gpud_gguf *g, const char *key, uint64_t i, in
 	int rc = arr_elem(g, key, i, &kv);
 	if (rc)
 		return rc;
-	uint32_t es = vtype_size(kv->elem);
+	uint32_t es = gpud__gguf_vtype_size(kv->elem);
 	if (es == 0 || kv->elem == GPUD_GGUF_BOOL)
 		return SW_ETYPE;
 	uint64_t u;
@@ -977,7 +934,7 @@ int gpud_gguf_arr_f32(const struct gpud_gguf *g, const char *key, uint64_t i, fl
 	int rc = arr_elem(g, key, i, &kv);
 	if (rc)
 		return rc;
-	uint32_t es = vtype_size(kv->elem);
+	uint32_t es = gpud__gguf_vtype_size(kv->elem);
 	if (es == 0)
 		return SW_ETYPE;
 	return read_float(kv->elem, kv->val + i * es, out);
@@ -1036,526 +993,16 @@ const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, 
 	return NULL;
 }
 
-/* --- writer --------------------------------------------------------------- */
+/* --- for the writer (gguf_impl.h) ------------------------------------------ */
 
-struct wkv {
-	char *key;
-	uint32_t type;
-	uint8_t *val;   /* serialized value, as in the file */
-	size_t len;
-};
-
-struct wtensor {
-	char *name;
-	enum gpud_type type;
-	uint32_t n_dims;
-	uint64_t ne[GPUD_GGUF_MAX_DIMS];
-	uint64_t nbytes;
-	uint64_t offset;         /* assigned at layout time */
-	void *data;              /* owned copy, or NULL for a fill tensor */
-	gpud_gguf_fill_fn fill;
-	void *arg;
-};
-
-struct gpud_gguf_writer {
-	struct wkv *kv;          /* (n_kv) */
-	size_t n_kv, cap_kv;
-	struct wtensor *t;       /* (n_t) */
-	size_t n_t, cap_t;
-	uint32_t alignment;
-};
-
-int gpud_gguf_writer_new(struct gpud_gguf_writer **out)
+int gpud__gguf_kv_raw(const struct gpud_gguf *g, uint64_t i, const char **key, uint32_t *type,
+		      const void **val, uint64_t *len)
 {
-	struct gpud_gguf_writer *w = calloc(1, sizeof(*w));
-	*out = NULL;
-	if (!w)
-		return -ENOMEM;
-	w->alignment = GPUD_GGUF_DEFAULT_ALIGNMENT;
-	*out = w;
+	if (!g || i >= g->n_kv)
+		return -ERANGE;
+	*key = g->kv[i].key;
+	*type = g->kv[i].type;
+	*val = g->base + g->kv[i].val_off;
+	*len = g->kv[i].val_len;
 	return 0;
-}
-
-void gpud_gguf_writer_free(struct gpud_gguf_writer *w)
-{
-	if (!w)
-		return;
-	for (size_t i = 0; i < w->n_kv; i++) {
-		free(w->kv[i].key);
-		free(w->kv[i].val);
-	}
-	for (size_t i = 0; i < w->n_t; i++) {
-		free(w->t[i].name);
-		free(w->t[i].data);
-	}
-	free(w->kv);
-	free(w->t);
-	free(w);
-}
-
-/* Takes ownership of val (freed on error too). */
-static int w_add(struct gpud_gguf_writer *w, const char *key, uint32_t type,
-		 uint8_t *val, size_t len)
-{
-	int rc;
-	if (!w || !key || !*key || strlen(key) > GGUF_MAX_KEY_LEN) {
-		rc = -EINVAL;
-		goto out_free;
-	}
-	for (size_t i = 0; i < w->n_kv; i++) {
-		if (strcmp(w->kv[i].key, key) == 0) {
-			rc = -EEXIST;
-			goto out_free;
-		}
-	}
-	if (strcmp(key, "general.alignment") == 0) {
-		uint32_t a;
-		if (type != GPUD_GGUF_U32) {
-			rc = SW_ETYPE;
-			goto out_free;
-		}
-		memcpy(&a, val, 4);
-		if (a == 0 || (a & (a - 1)) || a > GGUF_MAX_ALIGNMENT) {
-			rc = -EINVAL;
-			goto out_free;
-		}
-		w->alignment = a;
-	}
-	if (w->n_kv == w->cap_kv) {
-		size_t cap = w->cap_kv ? 2 * w->cap_kv : 32;
-		struct wkv *kv = realloc(w->kv, cap * sizeof(*kv));
-		if (!kv) {
-			rc = -ENOMEM;
-			goto out_free;
-		}
-		w->kv = kv;
-		w->cap_kv = cap;
-	}
-	char *k = strdup(key);
-	if (!k) {
-		rc = -ENOMEM;
-		goto out_free;
-	}
-	w->kv[w->n_kv++] = (struct wkv){ .key = k, .type = type, .val = val, .len = len };
-	return 0;
-
-out_free:
-	free(val);
-	return rc;
-}
-
-static int w_scalar(struct gpud_gguf_writer *w, const char *key, uint32_t type,
-		    const void *v, size_t n)
-{
-	uint8_t *val = malloc(n);
-	if (!val)
-		return -ENOMEM;
-	memcpy(val, v, n);
-	return w_add(w, key, type, val, n);
-}
-
-int gpud_gguf_w_u32(struct gpud_gguf_writer *w, const char *key, uint32_t v)
-{
-	return w_scalar(w, key, GPUD_GGUF_U32, &v, 4);
-}
-
-int gpud_gguf_w_i32(struct gpud_gguf_writer *w, const char *key, int32_t v)
-{
-	return w_scalar(w, key, GPUD_GGUF_I32, &v, 4);
-}
-
-int gpud_gguf_w_u64(struct gpud_gguf_writer *w, const char *key, uint64_t v)
-{
-	return w_scalar(w, key, GPUD_GGUF_U64, &v, 8);
-}
-
-int gpud_gguf_w_f32(struct gpud_gguf_writer *w, const char *key, float v)
-{
-	return w_scalar(w, key, GPUD_GGUF_F32, &v, 4);
-}
-
-int gpud_gguf_w_bool(struct gpud_gguf_writer *w, const char *key, bool v)
-{
-	uint8_t b = v;
-	return w_scalar(w, key, GPUD_GGUF_BOOL, &b, 1);
-}
-
-int gpud_gguf_w_str(struct gpud_gguf_writer *w, const char *key, const char *v)
-{
-	if (!v)
-		return -EINVAL;
-	uint64_t n = strlen(v);
-	uint8_t *val = malloc(8 + n);
-	if (!val)
-		return -ENOMEM;
-	memcpy(val, &n, 8);
-	memcpy(val + 8, v, n);
-	return w_add(w, key, GPUD_GGUF_STRING, val, 8 + n);
-}
-
-int gpud_gguf_w_arr(struct gpud_gguf_writer *w, const char *key,
-		    enum gpud_gguf_vtype elem_type, const void *data, uint64_t n)
-{
-	uint32_t es = vtype_size(elem_type);
-	uint32_t et = elem_type;
-	if (es == 0 || (n && !data) || n > (SIZE_MAX - 12) / es)
-		return -EINVAL;
-	if (elem_type == GPUD_GGUF_BOOL)
-		for (uint64_t i = 0; i < n; i++)
-			if (((const uint8_t *)data)[i] > 1)
-				return -EINVAL;
-	size_t len = 12 + (size_t)n * es;
-	uint8_t *val = malloc(len);
-	if (!val)
-		return -ENOMEM;
-	memcpy(val, &et, 4);
-	memcpy(val + 4, &n, 8);
-	if (n)
-		memcpy(val + 12, data, (size_t)n * es);
-	return w_add(w, key, GPUD_GGUF_ARRAY, val, len);
-}
-
-int gpud_gguf_w_arr_str(struct gpud_gguf_writer *w, const char *key,
-			const struct gpud_gguf_str *v, uint64_t n)
-{
-	size_t len = 12;
-	uint32_t et = GPUD_GGUF_STRING;
-	if (n && !v)
-		return -EINVAL;
-	for (uint64_t i = 0; i < n; i++) {
-		if (v[i].len && !v[i].s)
-			return -EINVAL;
-		if (__builtin_add_overflow(len, 8, &len) ||
-		    __builtin_add_overflow(len, v[i].len, &len))
-			return -EOVERFLOW;
-	}
-	uint8_t *val = malloc(len);
-	if (!val)
-		return -ENOMEM;
-	memcpy(val, &et, 4);
-	memcpy(val + 4, &n, 8);
-	size_t at = 12;
-	for (uint64_t i = 0; i < n; i++) {
-		memcpy(val + at, &v[i].len, 8);
-		if (v[i].len)
-			memcpy(val + at + 8, v[i].s, v[i].len);
-		at += 8 + v[i].len;
-	}
-	return w_add(w, key, GPUD_GGUF_ARRAY, val, len);
-}
-
-int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
-			bool (*skip)(const char *key, void *arg), void *arg)
-{
-	if (!w || !src)
-		return -EINVAL;
-	for (uint64_t i = 0; i < src->n_kv; i++) {
-		const struct gguf_kv *kv = &src->kv[i];
-		if (skip && skip(kv->key, arg))
-			continue;
-		uint8_t *val = malloc(kv->val_len ? kv->val_len : 1);
-		if (!val)
-			return -ENOMEM;
-		memcpy(val, src->base + kv->val_off, kv->val_len);
-		int rc = w_add(w, kv->key, kv->type, val, kv->val_len);
-		if (rc)
-			return rc;
-	}
-	return 0;
-}
-
-/* Common checks of a new tensor; fills t on success. */
-static int w_tensor_new(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-			uint32_t n_dims, const uint64_t *ne, struct wtensor **out)
-{
-	uint64_t nel = 1;
-	if (!w || !name || !*name || strlen(name) > GGUF_MAX_NAME_LEN || !ne ||
-	    n_dims < 1 || n_dims > GPUD_GGUF_MAX_DIMS)
-		return -EINVAL;
-	if (!gpud_type_supported(type))
-		return SW_EUNSUPPORTED;
-	for (uint32_t d = 0; d < n_dims; d++)
-		if (ne[d] == 0 || __builtin_mul_overflow(nel, ne[d], &nel) || nel > INT64_MAX)
-			return -EINVAL;
-	if (ne[0] % gpud_type_block_elems(type))
-		return -EINVAL;
-	for (size_t i = 0; i < w->n_t; i++)
-		if (strcmp(w->t[i].name, name) == 0)
-			return -EEXIST;
-	if (w->n_t == w->cap_t) {
-		size_t cap = w->cap_t ? 2 * w->cap_t : 64;
-		struct wtensor *t = realloc(w->t, cap * sizeof(*t));
-		if (!t)
-			return -ENOMEM;
-		w->t = t;
-		w->cap_t = cap;
-	}
-	struct wtensor *t = &w->t[w->n_t];
-	memset(t, 0, sizeof(*t));
-	t->name = strdup(name);
-	if (!t->name)
-		return -ENOMEM;
-	t->type = type;
-	t->n_dims = n_dims;
-	for (uint32_t d = 0; d < GPUD_GGUF_MAX_DIMS; d++)
-		t->ne[d] = d < n_dims ? ne[d] : 1;
-	t->nbytes = nel / gpud_type_block_elems(type) * gpud_type_block_bytes(type);
-	*out = t;
-	return 0;
-}
-
-int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
-{
-	struct wtensor *t;
-	int rc = w_tensor_new(w, name, type, n_dims, ne, &t);
-	if (rc)
-		return rc;
-	if (t->nbytes != nbytes || !data || nbytes > SIZE_MAX) {
-		free(t->name);
-		return -EINVAL;
-	}
-	t->data = malloc(nbytes);
-	if (!t->data) {
-		free(t->name);
-		return -ENOMEM;
-	}
-	memcpy(t->data, data, nbytes);
-	w->n_t++;
-	return 0;
-}
-
-int gpud_gguf_w_tensor_fill(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-			    uint32_t n_dims, const uint64_t *ne, gpud_gguf_fill_fn fill, void *arg)
-{
-	struct wtensor *t;
-	if (!fill)
-		return -EINVAL;
-	int rc = w_tensor_new(w, name, type, n_dims, ne, &t);
-	if (rc)
-		return rc;
-	if (t->ne[0] > (1u << 28)) { /* one row is buffered as floats */
-		free(t->name);
-		return -EINVAL;
-	}
-	t->fill = fill;
-	t->arg = arg;
-	w->n_t++;
-	return 0;
-}
-
-static uint64_t align_up(uint64_t x, uint32_t a)
-{
-	return (x + a - 1) / a * a;
-}
-
-/* Assigns tensor offsets; returns the header size and the file size. */
-static void w_layout(struct gpud_gguf_writer *w, uint64_t *header, uint64_t *total)
-{
-	uint64_t h = GGUF_HEADER_BYTES;
-	for (size_t i = 0; i < w->n_kv; i++)
-		h += 8 + strlen(w->kv[i].key) + 4 + w->kv[i].len;
-	for (size_t i = 0; i < w->n_t; i++)
-		h += 8 + strlen(w->t[i].name) + 4 + 8ull * w->t[i].n_dims + 4 + 8;
-	uint64_t off = 0;
-	for (size_t i = 0; i < w->n_t; i++) {
-		w->t[i].offset = off;
-		off = align_up(off + w->t[i].nbytes, w->alignment);
-	}
-	*header = h;
-	/* No padding after the last tensor; a file without tensors ends at
-	 * its header (as vocab-only files do). */
-	if (w->n_t == 0)
-		*total = h;
-	else
-		*total = align_up(h, w->alignment) + w->t[w->n_t - 1].offset + w->t[w->n_t - 1].nbytes;
-}
-
-int gpud_gguf_w_size(struct gpud_gguf_writer *w, uint64_t *bytes)
-{
-	uint64_t h;
-	if (!w)
-		return -EINVAL;
-	w_layout(w, &h, bytes);
-	return 0;
-}
-
-static int w_put(FILE *f, const void *p, size_t n)
-{
-	if (n && fwrite(p, 1, n, f) != n)
-		return errno ? -errno : -EIO;
-	return 0;
-}
-
-static int w_zeros(FILE *f, uint64_t n)
-{
-	static const uint8_t z[256];
-	while (n) {
-		size_t k = n < sizeof(z) ? (size_t)n : sizeof(z);
-		int rc = w_put(f, z, k);
-		if (rc)
-			return rc;
-		n -= k;
-	}
-	return 0;
-}
-
-static int w_str(FILE *f, const char *s)
-{
-	uint64_t n = strlen(s);
-	int rc = w_put(f, &n, 8);
-	return rc ? rc : w_put(f, s, n);
-}
-
-/* Streams a fill tensor row by row: one row of floats and one converted row
- * are the only buffers. */
-static int w_fill_rows(FILE *f, const struct wtensor *t, char *err, size_t errlen,
-		       const char *path)
-{
-	uint64_t cols = t->ne[0];
-	uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-	size_t rb = gpud_type_row_bytes(t->type, cols);
-	float *row = malloc(cols * sizeof(*row));
-	void *q = t->type == GPUD_TYPE_F32 ? NULL : malloc(rb);
-	int rc = 0;
-	if (!row || (t->type != GPUD_TYPE_F32 && !q)) {
-		rc = sw_seterr(err, errlen, -ENOMEM, "%s: out of memory for a row of '%s'",
-			       path, t->name);
-		goto out_free;
-	}
-	for (uint64_t r = 0; r < rows; r++) {
-		rc = t->fill(t->arg, r, row, cols);
-		if (rc) {
-			sw_seterr(err, errlen, rc < 0 ? rc : -EIO,
-				  "%s: fill callback failed for '%s' row %" PRIu64 ": %s",
-				  path, t->name, r, sw_strerror(rc));
-			rc = rc < 0 ? rc : -EIO;
-			goto out_free;
-		}
-		if (t->type == GPUD_TYPE_F32) {
-			rc = w_put(f, row, rb);
-		} else {
-			gpud_quantize_row(t->type, row, q, (int64_t)cols);
-			rc = w_put(f, q, rb);
-		}
-		if (rc) {
-			sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-			goto out_free;
-		}
-	}
-out_free:
-	free(q);
-	free(row);
-	return rc;
-}
-
-static int w_contents(struct gpud_gguf_writer *w, FILE *f, const char *path,
-		      char *err, size_t errlen)
-{
-	uint64_t header, total;
-	uint32_t u32;
-	uint64_t u64;
-	int rc = 0;
-
-	w_layout(w, &header, &total);
-	u32 = GPUD_GGUF_MAGIC;
-	rc = rc ? rc : w_put(f, &u32, 4);
-	u32 = GPUD_GGUF_VERSION;
-	rc = rc ? rc : w_put(f, &u32, 4);
-	u64 = w->n_t;
-	rc = rc ? rc : w_put(f, &u64, 8);
-	u64 = w->n_kv;
-	rc = rc ? rc : w_put(f, &u64, 8);
-	for (size_t i = 0; i < w->n_kv && !rc; i++) {
-		rc = w_str(f, w->kv[i].key);
-		rc = rc ? rc : w_put(f, &w->kv[i].type, 4);
-		rc = rc ? rc : w_put(f, w->kv[i].val, w->kv[i].len);
-	}
-	for (size_t i = 0; i < w->n_t && !rc; i++) {
-		const struct wtensor *t = &w->t[i];
-		uint32_t type = t->type;
-		rc = w_str(f, t->name);
-		rc = rc ? rc : w_put(f, &t->n_dims, 4);
-		rc = rc ? rc : w_put(f, t->ne, 8ull * t->n_dims);
-		rc = rc ? rc : w_put(f, &type, 4);
-		rc = rc ? rc : w_put(f, &t->offset, 8);
-	}
-	if (rc)
-		return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-	if (w->n_t == 0)
-		return 0;
-
-	uint64_t pos = align_up(header, w->alignment);
-	if ((rc = w_zeros(f, pos - header)))
-		return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-	pos = 0;
-	for (size_t i = 0; i < w->n_t; i++) {
-		const struct wtensor *t = &w->t[i];
-		if ((rc = w_zeros(f, t->offset - pos)))
-			return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-		if (t->data)
-			rc = w_put(f, t->data, t->nbytes);
-		else
-			rc = w_fill_rows(f, t, err, errlen, path);
-		if (rc) {
-			if (t->data)
-				sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-			return rc;
-		}
-		pos = t->offset + t->nbytes;
-	}
-	return 0;
-}
-
-int gpud_gguf_w_write(struct gpud_gguf_writer *w, const char *path, char *err, size_t errlen)
-{
-	char *tmp;
-	FILE *f;
-	int fd, rc;
-
-	if (!w || !path)
-		return sw_seterr(err, errlen, -EINVAL, "gguf writer: no writer or path");
-	if (asprintf(&tmp, "%s.tmp.XXXXXX", path) < 0)
-		return sw_seterr(err, errlen, -ENOMEM, "%s: out of memory", path);
-	fd = mkstemp(tmp);
-	if (fd < 0) {
-		rc = sw_seterr(err, errlen, -errno, "%s: cannot create %s: %s", path, tmp,
-			       strerror(errno));
-		goto out_free;
-	}
-	if (fchmod(fd, 0644) < 0) {
-		rc = sw_seterr(err, errlen, -errno, "%s: fchmod: %s", tmp, strerror(errno));
-		close(fd);
-		goto out_unlink;
-	}
-	f = fdopen(fd, "wb");
-	if (!f) {
-		rc = sw_seterr(err, errlen, -errno, "%s: fdopen: %s", tmp, strerror(errno));
-		close(fd);
-		goto out_unlink;
-	}
-	setvbuf(f, NULL, _IOFBF, 1 << 20);
-	errno = 0;
-	rc = w_contents(w, f, path, err, errlen);
-	if (!rc && fflush(f) != 0)
-		rc = sw_seterr(err, errlen, -errno, "%s: write: %s", tmp, strerror(errno));
-	if (!rc && fsync(fileno(f)) != 0)
-		rc = sw_seterr(err, errlen, -errno, "%s: fsync: %s", tmp, strerror(errno));
-	if (fclose(f) != 0 && !rc)
-		rc = sw_seterr(err, errlen, -errno, "%s: close: %s", tmp, strerror(errno));
-	if (rc)
-		goto out_unlink;
-	if (rename(tmp, path) < 0) {
-		rc = sw_seterr(err, errlen, -errno, "%s: rename from %s: %s", path, tmp,
-			       strerror(errno));
-		goto out_unlink;
-	}
-	free(tmp);
-	return 0;
-
-out_unlink:
-	unlink(tmp);
-out_free:
-	free(tmp);
-	return rc;
 }

@@ -1,4 +1,4 @@
-/* gguf.h - GGUF v3 model file reader (over mmap) and writer.
+/* gguf.h - GGUF v3 model file reader (over mmap); the writer is gguf_write.h.
  *
  * gpud_gguf_open() validates the whole header before any data is touched:
  * magic, version, counts, every string and array length, value types,
@@ -29,6 +29,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpud/quant.h" /* enum gpud_type and its traits */
+
 #define GPUD_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
 #define GPUD_GGUF_VERSION 3
 #define GPUD_GGUF_DEFAULT_ALIGNMENT 32
@@ -51,28 +53,6 @@ enum gpud_gguf_vtype {
 	GPUD_GGUF_F64 = 12,
 };
 
-/* Tensor element types, numbered as in ggml. Only those marked are
- * supported by the engine; others are rejected at open with SW_EUNSUPPORTED. */
-enum gpud_type {
-	GPUD_TYPE_F32 = 0,   /* supported */
-	GPUD_TYPE_F16 = 1,   /* supported */
-	GPUD_TYPE_Q4_0 = 2,  /* supported: 32 weights = f16 d + 16 bytes of nibbles */
-	GPUD_TYPE_Q8_0 = 8,  /* supported: 32 weights = f16 d + 32 int8 */
-	GPUD_TYPE_BF16 = 30, /* supported */
-	GPUD_TYPE_COUNT = 31,
-};
-
-/* Elements per block and bytes per block of a supported type; 0 if not. */
-uint32_t gpud_type_block_elems(enum gpud_type t);
-uint32_t gpud_type_block_bytes(enum gpud_type t);
-const char *gpud_type_name(enum gpud_type t); /* "q8_0"; "?" when unknown */
-/* Parses "f32", "f16", "bf16", "q8_0", "q4_0"; returns -1 when unknown. */
-int gpud_type_parse(const char *s);
-/* Bytes of one row of n elements (n must be a multiple of the block). */
-size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
-/* True for the five types the engine runs. gpud_type_name() also names the
- * other ggml types ("q4_k"), so messages can say what a file holds. */
-bool gpud_type_supported(enum gpud_type t);
 /* "u32", "string", ...; "?" when unknown. */
 const char *gpud_gguf_vtype_name(enum gpud_gguf_vtype t);
 
@@ -153,60 +133,5 @@ int gpud_gguf_arr_data(const struct gpud_gguf *g, const char *key,
  * gpud_gguf_find_tensor() is a binary search over the names. */
 const struct gpud_gguf_tensor *gpud_gguf_tensor(const struct gpud_gguf *g, uint64_t i);
 const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, const char *name);
-
-/* --- writer (gpud mkmodel, tests) ----------------------------------------
- * Collects metadata and tensors in memory, then writes a GGUF v3 file in
- * one pass. Tensor data passed to gpud_gguf_w_tensor is copied; tensors
- * added with gpud_gguf_w_tensor_fill are produced row by row at write time,
- * so a model of any size is written with O(one row) of memory. Keys are
- * written in the order added, tensors in the order added, each tensor's data
- * aligned to general.alignment (32, or what a u32 "general.alignment" key
- * set). All functions return 0 or a negative code: -EINVAL (bad argument:
- * empty name, n_dims not 1..4, a zero dim, ne[0] not a multiple of the
- * block, nbytes not matching), -EEXIST (duplicate key or tensor name),
- * SW_EUNSUPPORTED (tensor type not one of the five), -ENOMEM. A failed call
- * leaves the writer as it was; it may still be used or freed. */
-struct gpud_gguf_writer;
-
-int gpud_gguf_writer_new(struct gpud_gguf_writer **out);
-void gpud_gguf_writer_free(struct gpud_gguf_writer *w); /* accepts NULL */
-int gpud_gguf_w_u32(struct gpud_gguf_writer *w, const char *key, uint32_t v);
-int gpud_gguf_w_u64(struct gpud_gguf_writer *w, const char *key, uint64_t v);
-int gpud_gguf_w_i32(struct gpud_gguf_writer *w, const char *key, int32_t v);
-int gpud_gguf_w_f32(struct gpud_gguf_writer *w, const char *key, float v);
-int gpud_gguf_w_bool(struct gpud_gguf_writer *w, const char *key, bool v);
-int gpud_gguf_w_str(struct gpud_gguf_writer *w, const char *key, const char *v);
-/* Array of n elements of a numeric type (data in that type's layout). */
-int gpud_gguf_w_arr(struct gpud_gguf_writer *w, const char *key,
-		    enum gpud_gguf_vtype elem_type, const void *data, uint64_t n);
-int gpud_gguf_w_arr_str(struct gpud_gguf_writer *w, const char *key,
-			const struct gpud_gguf_str *v, uint64_t n);
-/* Copies every key/value of src except those for which skip(key) is true
- * (used to borrow a tokenizer from another model). skip may be NULL. */
-int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
-			bool (*skip)(const char *key, void *arg), void *arg);
-int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes);
-
-/* Produces row `row` (0 <= row < ne[1]*ne[2]*ne[3]) of a streamed tensor as
- * `cols` = ne[0] floats into out. Returns 0, or a negative code that aborts
- * the write (the code is returned by gpud_gguf_w_write). */
-typedef int (*gpud_gguf_fill_fn)(void *arg, uint64_t row, float *out, uint64_t cols);
-
-/* A tensor whose rows fill() produces during gpud_gguf_w_write(), in row
- * order, converted to type with gpud_quantize_row() (F32 is written as is).
- * arg must stay valid until the write. */
-int gpud_gguf_w_tensor_fill(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-			    uint32_t n_dims, const uint64_t *ne, gpud_gguf_fill_fn fill, void *arg);
-
-/* Exact size in bytes of the file gpud_gguf_w_write() would write now. */
-int gpud_gguf_w_size(struct gpud_gguf_writer *w, uint64_t *bytes);
-
-/* Writes to path atomically: a temp file "<path>.tmp.XXXXXX" in the same
- * directory, every write checked, fsync, then rename over path. On error
- * the temp file is removed, path is untouched, err says what failed. The
- * writer is not consumed and may be written again (fill callbacks are then
- * called again). */
-int gpud_gguf_w_write(struct gpud_gguf_writer *w, const char *path, char *err, size_t errlen);
 
 #endif

@@ -14,6 +14,8 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 
 #define MK_MAX_LAYERS 4096
 #define MK_MAX_DIM (1u << 20)
@@ -270,7 +272,7 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	uint32_t be = gpud_type_block_elems(p->type);
 	if (be == 0)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "mkmodel: type %s (%d) is not one of f32, f16, bf16, q8_0, q4_0",
+				 "mkmodel: type %s (%d) is not one of " GPUD_TYPE_SUPPORTED_NAMES,
 				 gpud_type_name(p->type), (int)p->type);
 	if (p->dim == 0 || p->dim > MK_MAX_DIM)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: dim %" PRIu32 " not in 1..%u",

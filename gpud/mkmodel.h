@@ -18,7 +18,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpud/gguf.h"
+#include "gpud/quant.h"
 
 struct gpud_mkmodel_params {
 	const char *out;        /* output path (written atomically) */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "gpud/quant.h"
 #include "gpud/tokenizer.h"
 
 struct gpud_model {
@@ -91,12 +92,6 @@ static int meta_f32(struct gpud_model *m, const char *key, float *out, char *err
 	return 0;
 }
 
-static bool is_matrix_type(enum gpud_type t)
-{
-	return t == GPUD_TYPE_F32 || t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 ||
-	       t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
-}
-
 /* Finds name and checks it is (rows, cols) in a supported matrix type. */
 static int get_matrix(struct gpud_model *m, const char *name, int64_t rows, int64_t cols,
 		      struct gpud_weight *w, char *err, size_t errlen)
@@ -111,7 +106,7 @@ static int get_matrix(struct gpud_model *m, const char *name, int64_t rows, int6
 				 m->path, name, (unsigned long long)t->ne[0],
 				 (unsigned long long)t->ne[1], t->n_dims, (long long)cols,
 				 (long long)rows);
-	if (!is_matrix_type(t->type))
+	if (!gpud_type_traits(t->type) || !gpud_type_traits(t->type)->matmul)
 		return sw_seterr(err, errlen, SW_ETYPE, "%s: tensor %s has unsupported type %s",
 				 m->path, name, gpud_type_name(t->type));
 	if (gpud_type_block_elems(t->type) > 1 && cols % gpud_type_block_elems(t->type))

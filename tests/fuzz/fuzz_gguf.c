@@ -16,6 +16,7 @@
 
 #include "common/err.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

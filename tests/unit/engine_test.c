@@ -22,6 +22,7 @@
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 #include "gpud/mask.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"

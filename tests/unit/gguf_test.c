@@ -19,8 +19,9 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
+#include "gpud/quant.h"
 #include "sw_config.h"
 
 #define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
@@ -514,25 +515,7 @@ static void test_conversions(void **state)
 	gpud_gguf_close(g);
 	free(r.p);
 
-	/* Type helpers. */
-	assert_int_equal(gpud_type_block_elems(GPUD_TYPE_Q4_0), 32);
-	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q4_0), 18);
-	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q8_0), 34);
-	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_BF16), 2);
-	assert_int_equal(gpud_type_block_elems((enum gpud_type)12), 0);
-	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_Q8_0, 64), 68);
-	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_F16, 3), 6);
-	assert_int_equal(gpud_type_row_bytes((enum gpud_type)3, 64), 0);
-	assert_string_equal(gpud_type_name(GPUD_TYPE_BF16), "bf16");
-	assert_string_equal(gpud_type_name((enum gpud_type)14), "q6_k");
-	assert_string_equal(gpud_type_name((enum gpud_type)1000), "?");
-	assert_int_equal(gpud_type_parse("q4_0"), GPUD_TYPE_Q4_0);
-	assert_int_equal(gpud_type_parse("F16"), GPUD_TYPE_F16);
-	assert_int_equal(gpud_type_parse("q4_k"), -1);
-	assert_int_equal(gpud_type_parse(""), -1);
-	assert_int_equal(gpud_type_parse(NULL), -1);
-	assert_true(gpud_type_supported(GPUD_TYPE_F32));
-	assert_false(gpud_type_supported((enum gpud_type)3));
+	/* Metadata value type names (weight types: quant_test). */
 	assert_string_equal(gpud_gguf_vtype_name(GPUD_GGUF_STRING), "string");
 	assert_string_equal(gpud_gguf_vtype_name((enum gpud_gguf_vtype)13), "?");
 }

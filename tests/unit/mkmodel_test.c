@@ -17,9 +17,9 @@
 #include <unistd.h>
 
 #include "common/err.h"
-#include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
 #include "gpud/mkmodel.h"
+#include "gpud/quant.h"
 #include "sw_config.h"
 
 static char errbuf[512];

@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"

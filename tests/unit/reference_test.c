@@ -23,6 +23,7 @@
 #include "common/err.h"
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 #include "gpud/mask.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"

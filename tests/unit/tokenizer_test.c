@@ -17,6 +17,7 @@
 #include "common/arena.h"
 #include "common/err.h"
 #include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
 

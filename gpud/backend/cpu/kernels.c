@@ -1,9 +1,10 @@
-/* kernels.c - portable weight formats and matmul, plus run-time dispatch.
+/* kernels.c - portable matmul and row expansion, plus run-time dispatch.
  *
  * Everything here is the reference: plain C, one float accumulator per
  * output element. Float-type weights: summing w * x column by column (w
  * the weight's exact fp32 value). q8_0/q4_0: int8 block dot products (see
- * "int8 path" below). kernels_x86.c holds the vector versions.
+ * "int8 path" below). kernels_x86.c holds the vector versions; the
+ * formats and their scalar conversions are gpud/quant.c's.
  */
 #include "gpud/backend/cpu/kernels.h"
 
@@ -21,94 +22,6 @@
 #endif
 
 #define FEAT_VEC (GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C)
-
-/* ---- scalar conversions ------------------------------------------------ */
-
-static inline uint32_t f2u(float f)
-{
-	uint32_t u;
-
-	memcpy(&u, &f, sizeof(u));
-	return u;
-}
-
-static inline float u2f(uint32_t u)
-{
-	float f;
-
-	memcpy(&f, &u, sizeof(f));
-	return f;
-}
-
-float gpud_fp16_to_fp32(uint16_t h)
-{
-	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
-	uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
-
-	if (e == 0) {
-		if (m == 0)
-			return u2f(sign);
-		/* Subnormal: m * 2^-24, renormalized (2^-14 is fp32 exponent 113). */
-		e = 113;
-		while (!(m & 0x400)) {
-			m <<= 1;
-			e--;
-		}
-		return u2f(sign | e << 23 | (m & 0x3ff) << 13);
-	}
-	if (e == 31)
-		return u2f(sign | 0x7f800000 | m << 13 | (m ? 0x400000 : 0));
-	return u2f(sign | (e + 112) << 23 | m << 13);
-}
-
-uint16_t gpud_fp32_to_fp16(float f)
-{
-	uint32_t u = f2u(f);
-	uint32_t sign = (u >> 16) & 0x8000, e, r, rem, half;
-
-	u &= 0x7fffffff;
-	if (u >= 0x7f800000) {
-		if (u > 0x7f800000)
-			return (uint16_t)(sign | 0x7e00 | ((u >> 13) & 0x3ff));
-		return (uint16_t)(sign | 0x7c00);
-	}
-	if (u >= 0x47800000) /* >= 2^16: beyond rounding range of 65504 */
-		return (uint16_t)(sign | 0x7c00);
-	e = u >> 23;
-	if (e < 113) {
-		/* Result is subnormal (or rounds up to the smallest normal):
-		 * value / 2^-24 = mant * 2^(e - 126). */
-		uint32_t mant = (u & 0x7fffff) | 0x800000, shift = 126 - e;
-
-		if (shift > 24)
-			return (uint16_t)sign;
-		r = mant >> shift;
-		rem = mant & ((1u << shift) - 1);
-		half = 1u << (shift - 1);
-		if (rem > half || (rem == half && (r & 1)))
-			r++;
-		return (uint16_t)(sign | r);
-	}
-	r = (e - 112) << 10 | (u & 0x7fffff) >> 13;
-	rem = u & 0x1fff;
-	if (rem > 0x1000 || (rem == 0x1000 && (r & 1)))
-		r++; /* a carry into the exponent is right, up to Inf */
-	return (uint16_t)(sign | r);
-}
-
-float gpud_bf16_to_fp32(uint16_t h)
-{
-	return u2f((uint32_t)h << 16);
-}
-
-uint16_t gpud_fp32_to_bf16(float f)
-{
-	uint32_t u = f2u(f);
-
-	if ((u & 0x7fffffff) > 0x7f800000)
-		return (uint16_t)((u >> 16) | 0x40);
-	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
 
 /* ---- run-time features ------------------------------------------------- */
 
@@ -178,202 +91,17 @@ static bool use_vec(void)
 }
 #endif
 
-/* ---- row formats ------------------------------------------------------- */
-
-static void quantize_q8_0(const float *x, struct gpud_block_q8_0 *y, int64_t n)
-{
-	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
-		float amax = 0.0f, d, id;
-
-		for (int j = 0; j < GPUD_QK; j++)
-			amax = fmaxf(amax, fabsf(x[j]));
-		d = gpud__q8_scale(amax, &id);
-		y[i].d = gpud_fp32_to_fp16(d);
-		for (int j = 0; j < GPUD_QK; j++) {
-			float v = nearbyintf(x[j] * id);
-
-			/* In range for finite input; NaN/Inf give -128 as the
-			 * vector conversion does, never an undefined cast. */
-			y[i].qs[j] = v >= -128.0f && v <= 127.0f ? (int8_t)v : -128;
-		}
-	}
-}
-
-static void quantize_q4_0(const float *x, struct gpud_block_q4_0 *y, int64_t n)
-{
-	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
-		float amax = 0.0f, m = 0.0f, d, id;
-
-		for (int j = 0; j < GPUD_QK; j++) {
-			if (fabsf(x[j]) > amax) {
-				amax = fabsf(x[j]);
-				m = x[j];
-			}
-		}
-		d = m / -8.0f;
-		id = d != 0.0f ? 1.0f / d : 0.0f;
-		y[i].d = gpud_fp32_to_fp16(d);
-		for (int j = 0; j < GPUD_QK / 2; j++) {
-			float va = x[j] * id + 8.5f, vb = x[j + GPUD_QK / 2] * id + 8.5f;
-			/* min(15, trunc(v)); NaN (from Inf/NaN input) gives 0 */
-			int a = va >= 15.0f ? 15 : va > 0.0f ? (int)va : 0;
-			int b = vb >= 15.0f ? 15 : vb > 0.0f ? (int)vb : 0;
-
-			y[i].qs[j] = (uint8_t)(a | b << 4);
-		}
-	}
-}
-
-static void quantize_row_ref(enum gpud_type t, const float *x, void *vy, int64_t n)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		memcpy(vy, x, (size_t)n * sizeof(float));
-		break;
-	case GPUD_TYPE_F16: {
-		uint16_t *y = vy;
-
-		for (int64_t i = 0; i < n; i++)
-			y[i] = gpud_fp32_to_fp16(x[i]);
-		break;
-	}
-	case GPUD_TYPE_BF16: {
-		uint16_t *y = vy;
-
-		for (int64_t i = 0; i < n; i++)
-			y[i] = gpud_fp32_to_bf16(x[i]);
-		break;
-	}
-	case GPUD_TYPE_Q8_0:
-		quantize_q8_0(x, vy, n);
-		break;
-	case GPUD_TYPE_Q4_0:
-		quantize_q4_0(x, vy, n);
-		break;
-	default:
-		break;
-	}
-}
-
-static void dequantize_row_ref(enum gpud_type t, const void *vx, float *y, int64_t n)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		memcpy(y, vx, (size_t)n * sizeof(float));
-		break;
-	case GPUD_TYPE_F16: {
-		const uint16_t *x = vx;
-
-		for (int64_t i = 0; i < n; i++)
-			y[i] = gpud_fp16_to_fp32(x[i]);
-		break;
-	}
-	case GPUD_TYPE_BF16: {
-		const uint16_t *x = vx;
-
-		for (int64_t i = 0; i < n; i++)
-			y[i] = gpud_bf16_to_fp32(x[i]);
-		break;
-	}
-	case GPUD_TYPE_Q8_0: {
-		const struct gpud_block_q8_0 *x = vx;
-
-		for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
-			float d = gpud_fp16_to_fp32(x[i].d);
-
-			for (int j = 0; j < GPUD_QK; j++)
-				y[j] = d * (float)x[i].qs[j];
-		}
-		break;
-	}
-	case GPUD_TYPE_Q4_0: {
-		const struct gpud_block_q4_0 *x = vx;
-
-		for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
-			float d = gpud_fp16_to_fp32(x[i].d);
-
-			for (int j = 0; j < GPUD_QK / 2; j++) {
-				y[j] = d * (float)((x[i].qs[j] & 0xf) - 8);
-				y[j + GPUD_QK / 2] = d * (float)((x[i].qs[j] >> 4) - 8);
-			}
-		}
-		break;
-	}
-	default:
-		break;
-	}
-}
-
-void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n)
-{
-#ifdef GPUD_HAVE_X86
-	if (use_vec() && gpud__x86_quantize_row(t, x, y, n))
-		return;
-#endif
-	quantize_row_ref(t, x, y, n);
-}
-
-void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n)
-{
-#ifdef GPUD_HAVE_X86
-	if (use_vec() && gpud__x86_dequantize_row(t, x, y, n))
-		return;
-#endif
-	dequantize_row_ref(t, x, y, n);
-}
-
-/* Block geometry of the supported types (declared in gguf.h; the file
- * reader and the kernels share it). */
-uint32_t gpud_type_block_elems(enum gpud_type t)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return 1;
-	case GPUD_TYPE_Q8_0:
-	case GPUD_TYPE_Q4_0:
-		return 32;
-	default:
-		return 0;
-	}
-}
-
-uint32_t gpud_type_block_bytes(enum gpud_type t)
-{
-	switch (t) {
-	case GPUD_TYPE_F32:
-		return 4;
-	case GPUD_TYPE_F16:
-	case GPUD_TYPE_BF16:
-		return 2;
-	case GPUD_TYPE_Q8_0:
-		return 2 + 32;
-	case GPUD_TYPE_Q4_0:
-		return 2 + 16;
-	default:
-		return 0;
-	}
-}
-
-size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n)
-{
-	uint32_t be = gpud_type_block_elems(t);
-	if (be == 0)
-		return 0;
-	return (size_t)(n / be) * gpud_type_block_bytes(t);
-}
-
-bool gpud_type_supported(enum gpud_type t)
-{
-	return gpud_type_block_elems(t) != 0;
-}
+/* ---- rows -------------------------------------------------------------- */
 
 void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
 {
-	size_t rb = gpud_type_row_bytes(t, (uint64_t)cols);
+	const uint8_t *row = (const uint8_t *)W + (size_t)r * gpud_type_row_bytes(t, (uint64_t)cols);
 
-	gpud_dequantize_row(t, (const uint8_t *)W + (size_t)r * rb, out, cols);
+#ifdef GPUD_HAVE_X86
+	if (use_vec() && gpud__x86_dequantize_row(t, row, out, cols))
+		return;
+#endif
+	gpud_dequantize_row(t, row, out, cols);
 }
 
 /* ---- matmul ------------------------------------------------------------ */

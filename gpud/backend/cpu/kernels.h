@@ -1,11 +1,9 @@
-/* kernels.h - CPU weight formats and matrix kernels.
+/* kernels.h - the CPU backend's matrix kernels.
  *
- * Block formats follow ggml (facts of the file format):
- *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];       w = d * q
- *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];
- *         q = nibble - 8, weight j in low nibbles of qs[j], j+16 in high.
- * Quantized weights are used in place. Float-type weights (f32/f16/bf16)
- * are multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
+ * The weight formats themselves (traits, block layouts, quantize,
+ * dequantize) are gpud/quant.h's; this file multiplies them. Quantized
+ * weights are used in place. Float-type weights (f32/f16/bf16) are
+ * multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
  * int8 path at every batch size: each activation row is quantized once per
  * gpud_matmul call to blocks of 32 int8 (fp32 scale d = max|x| / 127,
  * q = round(x / d), into the caller's scratch), each (row, column) pair
@@ -19,11 +17,13 @@
  * Every kernel has a portable C version; AVX2/FMA/F16C versions (plus
  * AVX-VNNI for the int8 path) are chosen at run time (gpud_cpu_features()).
  * The portable versions are the reference the tests check the vector ones
- * against; for q8_0/q4_0 all paths give identical bits.
+ * against; for q8_0/q4_0 all paths give identical bits, and rows expanded
+ * by gpud_get_row() are those of gpud_dequantize_row() on every path.
  *
  * None of these functions allocates, takes a lock or fails: arguments are
- * the caller's responsibility (types must be one of the five supported,
- * sizes multiples of the block). They are safe to call from any thread.
+ * the caller's responsibility (types must be supported with the matmul
+ * trait, sizes multiples of the block). They are safe to call from any
+ * thread.
  */
 #ifndef GPUD_KERNELS_H
 #define GPUD_KERNELS_H
@@ -31,37 +31,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpud/gguf.h"
+#include "gpud/quant.h"
 
 struct gpud_tp;
-
-#define GPUD_QK 32 /* weights per quantized block */
-
-struct gpud_block_q8_0 {
-	uint16_t d; /* fp16 */
-	int8_t qs[GPUD_QK];
-};
-
-struct gpud_block_q4_0 {
-	uint16_t d; /* fp16 */
-	uint8_t qs[GPUD_QK / 2];
-};
-
-/* Scalar conversions, round to nearest even. Subnormals are kept, overflow
- * gives Inf, NaN stays NaN (made quiet, sign and top payload bits kept). */
-float gpud_fp16_to_fp32(uint16_t h);
-uint16_t gpud_fp32_to_fp16(float f); /* round to nearest even */
-float gpud_bf16_to_fp32(uint16_t h);
-uint16_t gpud_fp32_to_bf16(float f); /* round to nearest even */
-
-/* Converts n floats (n a multiple of the type's block) into type t.
- * Used by mkmodel and the GGUF writer. Q8_0: d = max|x| / 127, q = x * (1/d)
- * rounded to nearest even. Q4_0: d = m / -8 where m is the x of largest
- * |x|, q = min(15, trunc(x * (1/d) + 8.5)). The scale is stored as fp16
- * (the quants use the fp32 d). y must hold the row's bytes. */
-void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
-/* Inverse: expands n elements of type t into floats. */
-void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
 
 enum {
 	GPUD_CPU_AVX2 = 1 << 0,
@@ -101,7 +73,8 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);
 
-/* Row r of an embedding table (type t, width cols) into floats. */
+/* Row r of an embedding table (type t, width cols) into floats: the bits
+ * of gpud_dequantize_row() on that row, vectorized where the CPU can. */
 void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out);
 
 #endif

@@ -27,8 +27,8 @@ struct gpud__mm {
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
 };
 
-/* Q8_0 scale of a block from its max |x|; *id is 1/d or 0. Shared so that
- * both paths produce bit-identical quants. */
+/* Activation block scale from its max |x| (as Q8_0's, kept in fp32); *id
+ * is 1/d or 0. Shared so that both paths produce bit-identical quants. */
 static inline float gpud__q8_scale(float amax, float *id)
 {
 	float d = amax / 127.0f;
@@ -47,8 +47,8 @@ static inline float gpud__q8_scale(float amax, float *id)
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GPUD_FORCE_PORTABLE_BUILD)
 #define GPUD_HAVE_X86 1
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
-/* Return false when the type has no vector version (caller falls back). */
-bool gpud__x86_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
+/* gpud_dequantize_row()'s bits, vectorized; false when the type has no
+ * vector version (the caller falls back to gpud_dequantize_row()). */
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
 /* One activation row of n (multiple of 32) floats to int8 blocks: q[n],
  * d[n/32], c[n/32] = -off * sum of the block's quants. */

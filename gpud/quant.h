@@ -1,0 +1,211 @@
+/* quant.h - weight types: traits, scalar conversions, quantize, dequantize.
+ *
+ * The one definition of every weight format gpud knows, free of any
+ * backend: the GGUF reader and writer, mkmodel and every backend (cpu
+ * today, cuda later) share it. Backends keep only their fast kernels
+ * (matmul, dot products, their own vector row conversions, which must give
+ * the bits of the functions here).
+ *
+ * Type ids are ggml's, which the GGUF file stores: a value never changes
+ * and new types only add enumerators. Adding a type is one row of the
+ * traits table in quant.c, its quantize and dequantize functions (and, for
+ * the messages, its name in GPUD_TYPE_SUPPORTED_NAMES); quant_test checks
+ * the table against the functions. A type whose `matmul` trait is false
+ * can be read and written but no backend multiplies it yet.
+ *
+ * Block formats (facts of the file format, as ggml lays them out):
+ *   F32, F16, BF16: one element per block.
+ *   Q8_0: 32 weights per block: fp16 scale d, int8 q[32];        w = d * q
+ *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];      w = d * q
+ *         q = nibble - 8, weight j in the low nibble of qs[j], j+16 in the
+ *         high one.
+ *
+ * Nothing here allocates, takes a lock or fails; every function is safe
+ * from any thread. Row functions trust their sizes (n a multiple of the
+ * block, buffers of the row's size); for an unsupported type they do
+ * nothing.
+ */
+#ifndef GPUD_QUANT_H
+#define GPUD_QUANT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Tensor element types, numbered as in ggml. Only those listed are
+ * supported; gpud_type_name() also names the other ggml ids ("q4_k") so
+ * that messages can say what a file holds. */
+enum gpud_type {
+	GPUD_TYPE_F32 = 0,
+	GPUD_TYPE_F16 = 1,
+	GPUD_TYPE_Q4_0 = 2,  /* 32 weights = f16 d + 16 bytes of nibbles */
+	GPUD_TYPE_Q8_0 = 8,  /* 32 weights = f16 d + 32 int8 */
+	GPUD_TYPE_BF16 = 30,
+	GPUD_TYPE_COUNT = 31, /* one past the largest supported id (sizes the table) */
+};
+
+/* The supported types, in the order messages list them. */
+#define GPUD_TYPE_SUPPORTED_NAMES "f32, f16, bf16, q8_0, q4_0"
+
+#define GPUD_QK 32 /* weights per Q8_0/Q4_0 block */
+
+struct gpud_block_q8_0 {
+	uint16_t d; /* fp16 */
+	int8_t qs[GPUD_QK];
+};
+
+struct gpud_block_q4_0 {
+	uint16_t d; /* fp16 */
+	uint8_t qs[GPUD_QK / 2];
+};
+
+/* Quantize n floats x into y / expand n elements x into floats y, n a
+ * multiple of the block. */
+typedef void (*gpud_quantize_fn)(const float *x, void *y, int64_t n);
+typedef void (*gpud_dequantize_fn)(const void *x, float *y, int64_t n);
+
+struct gpud_type_traits {
+	const char *name;          /* "q8_0", as ggml names it */
+	uint32_t block_elems;      /* elements per block: 1 for float types */
+	uint32_t block_bytes;      /* bytes per block */
+	bool quantized;            /* integer quants with a per-block scale */
+	bool matmul;               /* backends multiply it in place (model matrices) */
+	gpud_quantize_fn quantize; /* from fp32: the reference, bit for bit */
+	gpud_dequantize_fn dequantize;
+};
+
+/* Traits of a supported type; NULL for any other value (unknown or
+ * unsupported ids, out-of-range values from a file). */
+const struct gpud_type_traits *gpud_type_traits(enum gpud_type t);
+
+/* Shorthands over the traits. Elements and bytes per block: 0 when the
+ * type is not supported. */
+uint32_t gpud_type_block_elems(enum gpud_type t);
+uint32_t gpud_type_block_bytes(enum gpud_type t);
+bool gpud_type_supported(enum gpud_type t);
+/* True for every id ggml has assigned, supported or not (gguf tells
+ * "unknown type" from "unsupported type" with it). */
+bool gpud_type_known(enum gpud_type t);
+const char *gpud_type_name(enum gpud_type t); /* "q8_0"; "?" when unknown */
+/* Parses a supported type's name, any case ("F16"); -1 when unknown,
+ * unsupported or NULL. */
+int gpud_type_parse(const char *s);
+/* Bytes of one row of n elements (n must be a multiple of the block); 0
+ * for an unsupported type. */
+size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
+
+/* Converts n floats into type t (n a multiple of its block; y holds
+ * gpud_type_row_bytes(t, n) bytes). Used by the GGUF writer and
+ * mkmodel; every backend's results are checked against it.
+ *   F32: copied. F16, BF16: gpud_fp32_to_fp16/bf16() per element.
+ *   Q8_0: d = max|x| / 127, q = x * (1/d) rounded to nearest even.
+ *   Q4_0: d = m / -8 where m is the first x of largest |x|,
+ *         q = min(15, trunc(x * (1/d) + 8.5)).
+ *   Both store d as fp16 (the quants use the fp32 d) and give an all-zero
+ *   block d = 0 and quants 0. A block whose scale overflows fp16 (max |x|
+ *   above about 65504 * 127 for Q8_0, 65504 * 8 for Q4_0) stores d = +-Inf:
+ *   it dequantizes to +-Inf, and to NaN where q = 0.
+ *   Non-finite input: a Q8_0/Q4_0 block holding a NaN or an Inf is stored
+ *   as d = NaN (0x7e00) with quants 0 (Q4_0 nibbles 8), so all of it
+ *   dequantizes to NaN: a NaN or Inf weight is never turned into a finite
+ *   one, and it never reaches another block. F16/BF16 keep NaN (quiet) and
+ *   +-Inf; F32 is copied bit for bit. */
+void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
+/* Inverse: expands n elements of type t into floats, w = d * q for the
+ * block types (an fp32 product of the fp16 scale and the integer quant). */
+void gpud_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
+
+/* ---- scalar conversions ------------------------------------------------
+ * Round to nearest even. Subnormals are kept, overflow gives Inf, NaN stays
+ * NaN (made quiet, sign and top payload bits kept). Inline so that every
+ * backend's scalar loops compile them in place. */
+
+static inline uint32_t gpud__f2u(float f)
+{
+	uint32_t u;
+
+	memcpy(&u, &f, sizeof(u));
+	return u;
+}
+
+static inline float gpud__u2f(uint32_t u)
+{
+	float f;
+
+	memcpy(&f, &u, sizeof(f));
+	return f;
+}
+
+static inline float gpud_fp16_to_fp32(uint16_t h)
+{
+	uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+	uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+
+	if (e == 0) {
+		if (m == 0)
+			return gpud__u2f(sign);
+		/* Subnormal: m * 2^-24, renormalized (2^-14 is fp32 exponent 113). */
+		e = 113;
+		while (!(m & 0x400)) {
+			m <<= 1;
+			e--;
+		}
+		return gpud__u2f(sign | e << 23 | (m & 0x3ff) << 13);
+	}
+	if (e == 31)
+		return gpud__u2f(sign | 0x7f800000 | m << 13 | (m ? 0x400000 : 0));
+	return gpud__u2f(sign | (e + 112) << 23 | m << 13);
+}
+
+static inline uint16_t gpud_fp32_to_fp16(float f)
+{
+	uint32_t u = gpud__f2u(f);
+	uint32_t sign = (u >> 16) & 0x8000, e, r, rem, half;
+
+	u &= 0x7fffffff;
+	if (u >= 0x7f800000) {
+		if (u > 0x7f800000)
+			return (uint16_t)(sign | 0x7e00 | ((u >> 13) & 0x3ff));
+		return (uint16_t)(sign | 0x7c00);
+	}
+	if (u >= 0x47800000) /* >= 2^16: beyond rounding range of 65504 */
+		return (uint16_t)(sign | 0x7c00);
+	e = u >> 23;
+	if (e < 113) {
+		/* Result is subnormal (or rounds up to the smallest normal):
+		 * value / 2^-24 = mant * 2^(e - 126). */
+		uint32_t mant = (u & 0x7fffff) | 0x800000, shift = 126 - e;
+
+		if (shift > 24)
+			return (uint16_t)sign;
+		r = mant >> shift;
+		rem = mant & ((1u << shift) - 1);
+		half = 1u << (shift - 1);
+		r += rem + (r & 1) > half; /* rem > half, or a tie and r odd */
+		return (uint16_t)(sign | r);
+	}
+	r = (e - 112) << 10 | (u & 0x7fffff) >> 13;
+	rem = u & 0x1fff;
+	/* Up when rem > half, or a tie and r odd (branch-free: rounding is
+	 * random data's coin toss); a carry into the exponent is right, up to
+	 * Inf. */
+	r += rem + (r & 1) > 0x1000;
+	return (uint16_t)(sign | r);
+}
+
+static inline float gpud_bf16_to_fp32(uint16_t h)
+{
+	return gpud__u2f((uint32_t)h << 16);
+}
+
+static inline uint16_t gpud_fp32_to_bf16(float f)
+{
+	uint32_t u = gpud__f2u(f);
+
+	if ((u & 0x7fffffff) > 0x7f800000)
+		return (uint16_t)((u >> 16) | 0x40);
+	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+#endif
