@@ -81,7 +81,7 @@ static void walk_key(const struct gpud_gguf *g, const char *key)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct gpud_gguf *g = NULL;
-	char err[512] = "";
+	char err[SW_ERR_MAX] = "";
 	int rc = gpud_gguf_open_mem(&g, data, size, "fuzz", err, sizeof(err));
 	if (rc) {
 		CHECK(rc < 0 && g == NULL);

@@ -26,7 +26,7 @@
 
 #define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 
-static char errbuf[512];
+static char errbuf[SW_ERR_MAX];
 
 /* --- helpers ---------------------------------------------------------------- */
 

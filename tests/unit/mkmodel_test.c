@@ -22,7 +22,7 @@
 #include "gpud/quant.h"
 #include "sw_config.h"
 
-static char errbuf[512];
+static char errbuf[SW_ERR_MAX];
 static char dir[64];
 
 static void path_in_tmp(char *buf, size_t n, const char *name)
