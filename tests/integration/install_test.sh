@@ -29,8 +29,7 @@ set -uo pipefail
 
 build=$(realpath "${1:?usage: install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR}")
 bindir=${2:?} sqldir=${3:?} confdir=${4:?} unitdir=${5:?}
-failures=0
-n=0
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 top=$(mktemp -d /tmp/swarm-install.XXXXXX)
 chmod 755 "$top"
@@ -63,53 +62,6 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
-
-# check NAME EXPECTED_RC PATTERN... -- CMD...: runs CMD (stdout+stderr to
-# $out), checks its exit status and that every PATTERN (grep -E) occurs.
-check() {
-	local name=$1 want=$2 rc ok=1
-	shift 2
-	local pats=()
-	while [ "$1" != -- ]; do
-		pats+=("$1")
-		shift
-	done
-	shift
-	n=$((n + 1))
-	"$@" >"$out" 2>&1
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		ok=0
-		echo "not ok $n - $name: exit $rc, expected $want"
-	fi
-	for p in "${pats[@]}"; do
-		if ! grep -Eq -- "$p" "$out"; then
-			[ $ok = 1 ] && echo "not ok $n - $name"
-			ok=0
-			echo "#   missing: $p"
-		fi
-	done
-	if [ $ok = 1 ]; then
-		echo "ok $n - $name"
-	else
-		failures=$((failures + 1))
-		sed 's/^/#   | /' "$out" | tail -n 40
-	fi
-	return $((1 - ok))
-}
-
-# ok NAME CMD...: a case that is only an exit status.
-ok() {
-	local name=$1
-	shift
-	n=$((n + 1))
-	if "$@"; then
-		echo "ok $n - $name"
-	else
-		echo "not ok $n - $name"
-		failures=$((failures + 1))
-	fi
-}
 
 done_or_skip() {
 	if [ "$failures" -gt 0 ]; then

@@ -21,8 +21,7 @@ set -uo pipefail
 
 swarmctl=$(realpath "${1:?usage: swarmctl_test.sh SWARMCTL}")
 samples=docs/samples
-failures=0
-n=0
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 skip_or_fail() {
 	if [ "${CI:-}" = true ]; then
@@ -76,41 +75,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-# check NAME EXPECTED_RC PATTERN... -- CMD...: runs CMD (stdout+stderr to
-# $out), checks its exit status and that every PATTERN (grep -E) occurs.
 out=$top/out
-check() {
-	local name=$1 want=$2 rc ok=1
-	shift 2
-	local pats=()
-	while [ "$1" != -- ]; do
-		pats+=("$1")
-		shift
-	done
-	shift
-	n=$((n + 1))
-	"$@" >"$out" 2>&1
-	rc=$?
-	if [ "$rc" != "$want" ]; then
-		ok=0
-		echo "not ok $n - $name: exit $rc, expected $want"
-	fi
-	for p in "${pats[@]}"; do
-		if ! grep -Eq -- "$p" "$out"; then
-			[ $ok = 1 ] && echo "not ok $n - $name"
-			ok=0
-			echo "#   missing: $p"
-		fi
-	done
-	if [ $ok = 1 ]; then
-		echo "ok $n - $name"
-	else
-		failures=$((failures + 1))
-		sed 's/^/#   | /' "$out" | tail -n 40
-	fi
-	return $((1 - ok))
-}
-
 ctl() { SWARM_STATE_DIR=$state "$swarmctl" "$@"; }
 
 unset SWARM_MODEL SWARM_CONFIG
