@@ -28,14 +28,7 @@
 #include "proto/frame.h"
 #include "proto/msg.h"
 #include "proto/shm.h"
-
-#define CHECK(c)                          \
-	do {                              \
-		if (!(c))                 \
-			__builtin_trap(); \
-	} while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "tests/fuzz/fuzz.h"
 
 static struct proto_submit g_sub;
 static uint8_t g_enc[1 << 16];

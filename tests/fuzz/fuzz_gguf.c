@@ -17,10 +17,7 @@
 #include "common/err.h"
 #include "gpud/gguf.h"
 #include "gpud/gguf_write.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond) do { if (!(cond)) __builtin_trap(); } while (0)
+#include "tests/fuzz/fuzz.h"
 
 static volatile uint8_t sink;
 

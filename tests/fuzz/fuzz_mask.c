@@ -16,6 +16,7 @@
 
 #include "common/err.h"
 #include "gpud/mask.h"
+#include "tests/fuzz/fuzz.h"
 
 #define MAXS (GPUD_MASK_MAX_SEGMENTS + 3)
 
@@ -28,14 +29,6 @@ static uint8_t next(struct reader *r)
 {
 	return r->at < r->n ? r->p[r->at++] : 0;
 }
-
-#define CHECK(c)                          \
-	do {                              \
-		if (!(c))                 \
-			__builtin_trap(); \
-	} while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -26,14 +26,7 @@
 
 #include "common/err.h"
 #include "proto/task.h"
-
-#define CHECK(c)                          \
-	do {                              \
-		if (!(c))                 \
-			__builtin_trap(); \
-	} while (0)
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "tests/fuzz/fuzz.h"
 
 /* s is NUL-terminated within max bytes and not empty; returns its length. */
 static size_t bounded(const char *s, size_t max)

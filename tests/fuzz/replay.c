@@ -15,7 +15,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+#include "tests/fuzz/fuzz.h"
+
 int LLVMFuzzerInitialize(int *argc, char ***argv) __attribute__((weak));
 
 static int run_file(const char *path)

@@ -25,6 +25,7 @@
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/backend/cpu/threadpool.h"
 #include "gpud/quant.h"
+#include "tests/unit/test_rand.h"
 
 #define VEC (GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C)
 
@@ -32,26 +33,6 @@ static const enum gpud_type all_types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
 };
 #define N_TYPES (sizeof(all_types) / sizeof(all_types[0]))
-
-static uint64_t rng_state;
-
-static uint32_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)(rng_state >> 16);
-}
-
-/* Uniform in [-1, 1) with an occasional outlier, as real activations. */
-static float rndf(void)
-{
-	float v = (float)(rnd() & 0xffffff) / 8388608.0f - 1.0f;
-
-	if ((rnd() & 63) == 0)
-		v *= 8.0f;
-	return v;
-}
 
 /* The vector kernels' tests are skipped (cmocka's skip(), reported as
  * such) on a CPU without AVX2, FMA and F16C. */

@@ -13,39 +13,10 @@
 
 #include "common/err.h"
 #include "gpud/mask.h"
+#include "tests/unit/test_desc.h"
 
 /* Room for any mask the tests build (127 segments, a few thousand tokens). */
 static _Alignas(16) uint8_t g_mem[64 * 1024];
-
-/* Builds rows from a compact table: vis[i] lists indices, -1 terminated. */
-struct desc_buf {
-	struct proto_mask_row rows[GPUD_MASK_MAX_SEGMENTS + 2];
-	uint16_t idx[GPUD_MASK_MAX_SEGMENTS + 2][GPUD_MASK_MAX_SEGMENTS + 2];
-	struct proto_mask_desc d;
-};
-
-static void desc_init(struct desc_buf *b, uint32_t s)
-{
-	memset(b, 0, sizeof(*b));
-	b->d.n_segments = s;
-	b->d.rows = b->rows;
-	for (uint32_t i = 0; i <= s; i++)
-		b->rows[i].idx = b->idx[i];
-}
-
-static void desc_add(struct desc_buf *b, uint32_t row, uint16_t v)
-{
-	b->idx[row][b->rows[row].n++] = v;
-}
-
-/* Row i sees every j <= i: plain causal written out. */
-static void desc_all(struct desc_buf *b, uint32_t s)
-{
-	desc_init(b, s);
-	for (uint32_t i = 0; i <= s; i++)
-		for (uint32_t j = 0; j <= i; j++)
-			desc_add(b, i, (uint16_t)j);
-}
 
 static void compile_ok(const struct proto_mask_desc *d, const uint32_t *lens, uint32_t bt,
 		       struct gpud_mask *m)

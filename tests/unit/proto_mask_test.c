@@ -12,37 +12,7 @@
 
 #include "common/err.h"
 #include "proto/mask.h"
-
-/* Rows built from calls to desc_add; room for the largest descriptor plus
- * a few past the limit. */
-struct desc_buf {
-	struct proto_mask_row rows[PROTO_MAX_SEGMENTS + 2];
-	uint16_t idx[PROTO_MAX_SEGMENTS + 2][PROTO_MAX_SEGMENTS + 2];
-	struct proto_mask_desc d;
-};
-
-static void desc_init(struct desc_buf *b, uint32_t s)
-{
-	memset(b, 0, sizeof(*b));
-	b->d.n_segments = s;
-	b->d.rows = b->rows;
-	for (uint32_t i = 0; i <= s && i < PROTO_MAX_SEGMENTS + 2; i++)
-		b->rows[i].idx = b->idx[i];
-}
-
-static void desc_add(struct desc_buf *b, uint32_t row, uint16_t v)
-{
-	b->idx[row][b->rows[row].n++] = v;
-}
-
-/* Row i sees every j <= i: plain causal written out. */
-static void desc_all(struct desc_buf *b, uint32_t s)
-{
-	desc_init(b, s);
-	for (uint32_t i = 0; i <= s; i++)
-		for (uint32_t j = 0; j <= i; j++)
-			desc_add(b, i, (uint16_t)j);
-}
+#include "tests/unit/test_desc.h"
 
 static void test_validate_ok(void **state)
 {

@@ -23,31 +23,12 @@
 #include <string.h>
 
 #include "gpud/quant.h"
+#include "tests/unit/test_rand.h"
 
 static const enum gpud_type all_types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
 };
 #define N_TYPES (sizeof(all_types) / sizeof(all_types[0]))
-
-static uint64_t rng_state;
-
-static uint32_t rnd(void)
-{
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return (uint32_t)(rng_state >> 16);
-}
-
-/* Uniform in [-1, 1) with an occasional outlier, as real activations. */
-static float rndf(void)
-{
-	float v = (float)(rnd() & 0xffffff) / 8388608.0f - 1.0f;
-
-	if ((rnd() & 63) == 0)
-		v *= 8.0f;
-	return v;
-}
 
 static float u2f(uint32_t u)
 {
