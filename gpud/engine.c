@@ -22,11 +22,6 @@
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 
-/* Device allocation accounting (gpud/alloc.h) lives in the daemon
- * library; programs linked without it (tools, most tests) have no counter,
- * so the engine reports to it only when it is linked in. */
-#pragma weak gpud_alloc_device_note
-
 /* KV budget when neither n_blocks nor kv_bytes is given and max_seqs
  * full-context sequences would need more. */
 #define DEFAULT_KV_CAP ((size_t)1 << 30)
@@ -217,7 +212,7 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	rc = e->ops->init(&e->be, &cfg, err, errlen);
 	if (rc)
 		goto out_free;
-	if (gpud_alloc_device_note && e->ops->stats) {
+	if (e->ops->stats) {
 		/* the backend's reservations: KV storage and step scratch */
 		struct gpud_backend_stats bs = { 0 };
 
