@@ -395,6 +395,9 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 				       SW_ERR_MAX);
 		if (rc)
 			return rc;
+		rc = agent_db_task_document(w->db, id, &doc, err, SW_ERR_MAX);
+		if (rc && rc != SW_ENOTFOUND)
+			return rc;
 		snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s",
 			 m->deliveries - 1, last[0] ? last : "none recorded (the worker died)");
 		goto dead;
