@@ -2,6 +2,7 @@
 #include "agentd/queue.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -466,13 +467,18 @@ out_discard:
 }
 
 int agent_queue_result(struct agent_queue *q, const char *task_id, const char *status,
-		       const char *location, const char *error, char *err, size_t errlen)
+		       const char *location, int64_t document_id, const char *error, char *err,
+		       size_t errlen)
 {
+	char doc[24] = "";
 	redisReply *r;
 	int rc;
 
-	rc = run(q, &r, err, errlen, "XADD %s * task_id %s status %s location %s error %s",
-		 q->results, task_id, status, location ? location : "", error ? error : "");
+	if (document_id > 0)
+		snprintf(doc, sizeof(doc), "%" PRId64, document_id);
+	rc = run(q, &r, err, errlen,
+		 "XADD %s * task_id %s status %s location %s error %s document_id %s", q->results,
+		 task_id, status, location ? location : "", error ? error : "", doc);
 	if (rc)
 		return rc;
 	freeReplyObject(r);

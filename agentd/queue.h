@@ -99,9 +99,11 @@ int agent_queue_dead(struct agent_queue *q, const struct agent_msg *m, const cha
 		     const char *error, char *err, size_t errlen);
 
 /* XADD results * task_id <id> status <status> location <location>
- * [error <error>]. location and error may be NULL (omitted / ""). */
+ * error <error> document_id <document_id>. location and error may be
+ * NULL (""); document_id 0 is "" (the task used no document). */
 int agent_queue_result(struct agent_queue *q, const char *task_id, const char *status,
-		       const char *location, const char *error, char *err, size_t errlen);
+		       const char *location, int64_t document_id, const char *error, char *err,
+		       size_t errlen);
 
 /* Resets the idle time of entry id held by this consumer (lease refresh).
  * Returns 0, or SW_ENOTFOUND when the entry is no longer ours (another

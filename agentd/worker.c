@@ -118,15 +118,17 @@ static void *callback_thread(void *arg)
 
 /* Queues a POST; a full queue drops it with a warning (never blocks). */
 static void callback_post(struct callbacks *cb, const char *url, const char *task_id,
-			  const char *status, const char *location, const char *error)
+			  const char *status, const char *location, int64_t document_id,
+			  const char *error)
 {
 	json_t *o;
 	char *json;
 
 	if (!url || !cb->started)
 		return;
-	o = json_pack("{s:s, s:s, s:s, s:s}", "task_id", task_id, "status", status, "location",
-		      location ? location : "", "error", error ? error : "");
+	o = json_pack("{s:s, s:s, s:s, s:s, s:o}", "task_id", task_id, "status", status,
+		      "location", location ? location : "", "error", error ? error : "",
+		      "document_id", document_id > 0 ? json_integer(document_id) : json_null());
 	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	pthread_mutex_lock(&cb->lock);
@@ -326,17 +328,18 @@ static int reconnect_all(struct worker *w, char *err, size_t errlen)
 /* Acknowledges and announces a finished task (also used for a redelivery
  * of one finished earlier). */
 static int finish_out(struct worker *w, const struct agent_msg *m, const char *id,
-		      enum agent_task_status st, const char *location, const char *error,
-		      const char *callback_url, char *err, size_t errlen)
+		      enum agent_task_status st, const char *location, int64_t doc,
+		      const char *error, const char *callback_url, char *err, size_t errlen)
 {
 	int rc = agent_queue_ack(w->q, m->id, err, errlen);
 
 	if (rc)
 		return rc;
-	rc = agent_queue_result(w->q, id, agent_task_status_name(st), location, error, err, errlen);
+	rc = agent_queue_result(w->q, id, agent_task_status_name(st), location, doc, error, err,
+				errlen);
 	if (rc)
 		return rc;
-	callback_post(&w->cb, callback_url, id, agent_task_status_name(st), location, error);
+	callback_post(&w->cb, callback_url, id, agent_task_status_name(st), location, doc, error);
 	atomic_fetch_add(&w->done, 1);
 	return 0;
 }
@@ -351,6 +354,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
 	char last[SW_ERR_MAX], msg[SW_ERR_MAX + 64];
 	enum agent_task_status prev;
+	int64_t doc = 0;
 	int attempts, rc;
 
 	if (t->id)
@@ -367,9 +371,12 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 				       sizeof(location), err, SW_ERR_MAX);
 		if (rc)
 			return rc;
+		rc = agent_db_task_document(w->db, id, &doc, err, SW_ERR_MAX);
+		if (rc && rc != SW_ENOTFOUND)
+			return rc;
 		log_info("task %s: redelivered after it ended %s; acknowledging", id,
 			 agent_task_status_name(prev));
-		return finish_out(w, m, id, prev, location, last[0] ? last : NULL,
+		return finish_out(w, m, id, prev, location, doc, last[0] ? last : NULL,
 				  parse_rc ? NULL : t->callback_url, err, SW_ERR_MAX);
 	}
 	if (parse_rc) {
@@ -379,7 +386,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_warn("task %s: %s", id, parse_err);
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err,
+		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, 0, parse_err, NULL, err,
 				  SW_ERR_MAX);
 	}
 	if (m->deliveries > max_attempts) {
@@ -387,6 +394,9 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		rc = agent_db_task_get(w->db, id, NULL, NULL, last, sizeof(last), NULL, 0, err,
 				       SW_ERR_MAX);
 		if (rc)
+			return rc;
+		rc = agent_db_task_document(w->db, id, &doc, err, SW_ERR_MAX);
+		if (rc && rc != SW_ENOTFOUND)
 			return rc;
 		snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s",
 			 m->deliveries - 1, last[0] ? last : "none recorded (the worker died)");
@@ -396,14 +406,14 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 	err[0] = '\0';
 	mark_progress(w);
 	rc = agent_run_task(&w->ctx, t, location, sizeof(location), err, SW_ERR_MAX);
+	doc = w->ctx.document_id;
 	if (rc == 0) {
-		rc = agent_db_task_finish(w->db, id, AGENT_TASK_COMPLETED, NULL, location, err,
-					  SW_ERR_MAX);
+		rc = agent_db_task_complete(w->db, id, location, doc, err, SW_ERR_MAX);
 		if (rc)
 			return rc;
 		w->st.completed++;
-		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url, err,
-				  SW_ERR_MAX);
+		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, doc, NULL, t->callback_url,
+				  err, SW_ERR_MAX);
 	}
 	if (agent_error_outage(rc)) {
 		log_debug("task %s: %s", id, err);
@@ -416,7 +426,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err,
+		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, doc, msg, t->callback_url, err,
 				  SW_ERR_MAX);
 	}
 	if (m->deliveries < max_attempts) {
@@ -438,10 +448,10 @@ dead:
 	rc = agent_queue_dead(w->q, m, id, msg, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	rc = agent_queue_result(w->q, id, "dead", NULL, msg, err, SW_ERR_MAX);
+	rc = agent_queue_result(w->q, id, "dead", NULL, doc, msg, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	callback_post(&w->cb, t->callback_url, id, "dead", NULL, msg);
+	callback_post(&w->cb, t->callback_url, id, "dead", NULL, doc, msg);
 	atomic_fetch_add(&w->done, 1);
 	w->st.dead++;
 	return 0;

@@ -266,7 +266,7 @@ static void test_dead_letter_and_results(void **state)
 	freeReplyObject(r);
 	agent_msg_free(&m);
 
-	assert_int_equal(agent_queue_result(q, "t-8", "completed", "documents/3", NULL, err,
+	assert_int_equal(agent_queue_result(q, "t-8", "completed", "documents/3", 3, NULL, err,
 					    sizeof(err)),
 			 0);
 	r = cmd(f->admin, "XRANGE %s - +", f->results);
@@ -274,6 +274,7 @@ static void test_dead_letter_and_results(void **state)
 	assert_string_equal(r->element[0]->element[1]->element[1]->str, "t-8");
 	assert_string_equal(r->element[0]->element[1]->element[3]->str, "completed");
 	assert_string_equal(r->element[0]->element[1]->element[5]->str, "documents/3");
+	assert_string_equal(r->element[0]->element[1]->element[9]->str, "3"); /* document_id */
 	freeReplyObject(r);
 	agent_queue_close(q);
 }
