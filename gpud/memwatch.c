@@ -167,9 +167,9 @@ static void close_window(struct gpud_memwatch *w, struct mw_pool *mp)
 		mp->episodes++;
 		if (mp->cache_bound)
 			snprintf(mp->warning, sizeof(mp->warning),
-				 "pool %s: trough of what live requests hold rose from %" PRIu64
-				 " to %" PRIu64 " of %" PRIu64 " over the last %u windows of %" PRIu64
-				 " ms (not counting the %" PRIu64 " its cache keeps, bound %" PRIu64 ")",
+				 "pool %s: trough held by live requests rose from %" PRIu64 " to %"
+				 PRIu64 " of %" PRIu64 " over the last %u windows of %" PRIu64
+				 " ms (its cache keeps %" PRIu64 " more, bound %" PRIu64 ")",
 				 mp->name, oldest, newest, mp->capacity, w->p.k, w->p.window_ms,
 				 mp->cached, mp->cache_bound);
 		else

@@ -325,9 +325,9 @@ static void test_full_cache_hides_no_leak(void **state)
 	assert_int_equal(st.episodes, 1);
 	assert_int_equal(st.trough_k_ago, 0);
 	assert_string_equal(st.warning,
-			    "pool cpu0.mask: trough of what live requests hold rose from 0 to 6 of "
-			    "100 over the last 4 windows of 1000 ms (not counting the 92 its cache "
-			    "keeps, bound 100)");
+			    "pool cpu0.mask: trough held by live requests rose from 0 to 6 of 100 "
+			    "over the last 4 windows of 1000 ms (its cache keeps 92 more, bound "
+			    "100)");
 	gpud_memwatch_destroy(w);
 }
 
