@@ -110,7 +110,10 @@ static void daemon_free(struct gpud_daemon *d)
 
 /* --- building the parts (after the plan, before the loop) ------------------- */
 
-/* The trough watchdog, with room for every pool the daemon registers. */
+/* The trough watchdog, with room for every pool the daemon registers.
+ * It watches what live requests hold, whose trough also follows the load:
+ * a load that steps up and stays lifts it once, a leak again and again,
+ * hence two rising windows at least (min_steps). */
 static int watch_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
@@ -119,6 +122,7 @@ static int watch_build(struct gpud_daemon *d)
 		.window_ms = g->watchdog.window_ms,
 		.k = g->watchdog.k,
 		.min_rise = 1,
+		.min_steps = 2,
 		.rise_fraction = 0,
 	};
 	int rc;

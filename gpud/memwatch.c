@@ -49,6 +49,10 @@ int gpud_memwatch_create(struct gpud_memwatch **out, const struct gpud_memwatch_
 	w->p = *p;
 	if (w->p.min_rise == 0)
 		w->p.min_rise = 1;
+	if (w->p.min_steps == 0)
+		w->p.min_steps = 1;
+	if (w->p.min_steps > w->p.k - 1)
+		w->p.min_steps = w->p.k - 1;
 	w->pools = calloc(p->max_pools, sizeof(*w->pools));
 	if (!w->pools)
 		goto out_free_w;
@@ -141,13 +145,17 @@ static bool troughs_rising(const struct gpud_memwatch *w, const struct mw_pool *
 {
 	uint64_t oldest = ring_at(w, mp, 0), newest = ring_at(w, mp, w->p.k - 1);
 	bool monotonic = true;
-	uint32_t i;
+	uint32_t i, steps = 0;
 
 	if (newest <= oldest)
 		return false;
-	for (i = 1; i < w->p.k && monotonic; i++)
-		monotonic = ring_at(w, mp, i) >= ring_at(w, mp, i - 1);
-	if (monotonic && newest - oldest >= w->p.min_rise)
+	for (i = 1; i < w->p.k && monotonic; i++) {
+		uint64_t a = ring_at(w, mp, i - 1), b = ring_at(w, mp, i);
+
+		monotonic = b >= a;
+		steps += b > a;
+	}
+	if (monotonic && steps >= w->p.min_steps && newest - oldest >= w->p.min_rise)
 		return true;
 	return w->p.rise_fraction > 0.0 &&
 	       (double)(newest - oldest) > w->p.rise_fraction * (double)mp->capacity;

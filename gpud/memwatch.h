@@ -9,8 +9,11 @@
  * [w * window_ms, (w + 1) * window_ms)) and a ring of the last k closed
  * window minima ("troughs"). When a window closes and the ring is full,
  * the pool is *rising* if
- *   - the k troughs never fall from one window to the next and the newest
- *     is at least min_rise above the oldest, or
+ *   - the k troughs never fall from one window to the next, rise from one
+ *     to the next at least min_steps times, and the newest is at least
+ *     min_rise above the oldest (a leak rises window after window; a load
+ *     that steps up once and stays, which lifts the trough of what live
+ *     requests hold, rises once: min_steps 2 tells them apart), or
  *   - the newest trough is more than rise_fraction * capacity above the
  *     oldest (rise_fraction > 0), however it got there.
  * The first window close that finds a pool rising starts an episode: one
@@ -57,6 +60,8 @@ struct gpud_memwatch_params {
 	uint64_t window_ms;    /* > 0 */
 	uint32_t k;            /* troughs compared, 2..GPUD_MEMWATCH_MAX_K */
 	uint64_t min_rise;     /* monotonic rule: least total rise; 0 means 1 */
+	uint32_t min_steps;    /* monotonic rule: least windows that rise;
+				* 0 means 1, more than k - 1 means k - 1 */
 	double rise_fraction;  /* threshold rule, of capacity; 0 disables it */
 };
 

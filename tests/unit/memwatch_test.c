@@ -1,6 +1,7 @@
 /* memwatch_test.c - trough watchdog: flat use, sawtooth back to the same
  * low, a slowly rising trough under a sawtooth, recovery and a second
- * episode, the threshold rule, clock steps back, gaps, many pools, the
+ * episode, the threshold rule, one load step against a leak (min_steps),
+ * clock steps back, gaps, many pools, the
  * JSON report and its truncation; pools a cache shares: a cache filling
  * to its bound raises nothing, a leak behind a full cache is reported.
  * Time is simulated: no sleeping. */
@@ -406,6 +407,49 @@ static void test_min_rise_and_threshold(void **state)
 	gpud_memwatch_destroy(w);
 }
 
+/* min_steps 2: a load that steps up once and stays lifts the trough once
+ * (no warning, however high); a leak rises again (a warning). Clamped to
+ * the k - 1 transitions a ring has. */
+static void test_min_steps(void **state)
+{
+	(void)state;
+	struct gpud_memwatch_params p = {
+		.max_pools = 2, .window_ms = WIN, .k = K, .min_steps = 2,
+	};
+	struct gpud_memwatch *w;
+	static const uint64_t step[] = { 0, 0, 0, 0, 40, 40, 40, 40, 40, 40 };
+	static const uint64_t leak[] = { 0, 0, 0, 0, 1, 1, 2, 2, 2, 2 };
+	bool step_rose = false;
+
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "step", 100), 0);
+	assert_int_equal(gpud_memwatch_register(w, "leak", 100), 1);
+	for (uint64_t win = 0; win < 10; win++) {
+		saw_window(w, 0, win, step[win], 90);
+		saw_window(w, 1, win, leak[win], 90);
+		step_rose |= status(w, 0).rising;
+		/* troughs 0 1 1 2 close at window 7: two rises; one window
+		 * later 1 1 2 2 has one left, and the episode ends (a leak
+		 * that goes on starts the next) */
+		assert_int_equal(status(w, 1).rising, win == 7);
+	}
+	assert_false(step_rose);
+	assert_int_equal(status(w, 0).episodes, 0);
+	assert_int_equal(status(w, 1).episodes, 1);
+	gpud_memwatch_destroy(w);
+
+	/* k 2 has one transition: min_steps 5 means 1 */
+	p.k = 2;
+	p.min_steps = 5;
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "x", 100), 0);
+	saw_window(w, 0, 0, 0, 50);
+	saw_window(w, 0, 1, 3, 50);
+	saw_window(w, 0, 2, 3, 50);
+	assert_true(status(w, 0).rising);
+	gpud_memwatch_destroy(w);
+}
+
 static void test_clock_and_gaps(void **state)
 {
 	(void)state;
@@ -502,6 +546,7 @@ int main(void)
 		cmocka_unit_test(test_rising_then_recovery),
 		cmocka_unit_test(test_warns_once_per_episode),
 		cmocka_unit_test(test_min_rise_and_threshold),
+		cmocka_unit_test(test_min_steps),
 		cmocka_unit_test(test_clock_and_gaps),
 		cmocka_unit_test(test_many_pools_and_report),
 		cmocka_unit_test(test_split_params),
