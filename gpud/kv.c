@@ -140,6 +140,8 @@ int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq)
 {
 	if (!gpud_kv_seq_valid(kv, seq))
 		return -EINVAL;
+	if (kv->p.test_leak && kv->seqs[seq].n_blocks) /* the planted leak (kv.h) */
+		gpud_kv_block_hold(kv, seq_table(kv, seq)[kv->seqs[seq].n_blocks - 1]);
 	release_from(kv, seq, 0);
 	kv->seqs[seq] = (struct kv_seq){ 0 };
 	kv->n_seqs--;
