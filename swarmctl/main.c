@@ -163,7 +163,7 @@ static void append_log_tail(char *err, size_t errlen, const char *log)
 /* What the supervisor says about service s: 0 and *pid once it runs,
  * -EAGAIN while it is on its way, or a negative code with the reason
  * (and the end of its log) when it died during start-up (a crash count
- * above base) or failed. */
+ * above base). */
 static int service_progress(const struct ctl_env *e, pid_t sup, enum ctl_service s,
 			    json_int_t base, pid_t *pid, bool *adopted, char *err, size_t errlen)
 {
@@ -184,8 +184,9 @@ static int service_progress(const struct ctl_env *e, pid_t sup, enum ctl_service
 		rc = 0;
 		goto out;
 	}
-	if (strcmp(state, "failed") != 0 &&
-	    json_integer_value(json_object_get(v, "crashes")) <= base)
+	/* a death since base (failed implies one): not a state, which may
+	 * still say "failed" from before a retry */
+	if (json_integer_value(json_object_get(v, "crashes")) <= base)
 		goto out;
 	last = json_string_value(json_object_get(v, "last_exit"));
 	why = json_string_value(json_object_get(v, "error"));

@@ -14,7 +14,7 @@
 # stop again - the second round reuses the cluster and still has the first
 # round's results, and refuses a submit --wait once agentd is gone (its
 # supervisor killed first, then agentd; stop then works without the
-# supervisor). What the supervisor heals: swarmctl_supervise_test.sh.
+# supervisor). What the supervisor heals: swarmctl_heal_test.sh.
 #
 # Exit: 0 pass, 1 fail, 77 skip (no redis-server, PostgreSQL or pgvector
 # on a developer machine; under CI=true a missing server fails).

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# swarmctl_supervise_test.sh - the managed swarm heals itself: the
+# swarmctl_heal_test.sh - the managed swarm heals itself: the
 # supervisor `swarmctl start` leaves running, against real redis-server,
 # PostgreSQL with pgvector, gpud on the built-in model and agentd, in a
 # temporary state directory.
 #
-#   swarmctl_supervise_test.sh SWARMCTL
+#   swarmctl_heal_test.sh SWARMCTL
 #
 # Cases, in one swarm:
 #   - start: Redis runs with maxmemory (SWARM_REDIS_MAXMEMORY) and
@@ -30,7 +30,7 @@
 # on a developer machine; under CI=true a missing server fails).
 set -uo pipefail
 
-swarmctl=$(realpath "${1:?usage: swarmctl_supervise_test.sh SWARMCTL}")
+swarmctl=$(realpath "${1:?usage: swarmctl_heal_test.sh SWARMCTL}")
 samples=docs/samples
 . "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
