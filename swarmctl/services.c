@@ -799,9 +799,14 @@ static int agentd_probe(const struct ctl_env *e, pid_t pid, char *err, size_t er
 	char p[PATH_MAX + 32];
 	json_t *st;
 	json_int_t have;
+	int fd;
 
+	/* close-on-exec: the supervisor may spawn while this thread reads */
 	ctl_path(e, "agentd.status.json", p, sizeof(p));
-	st = json_load_file(p, 0, NULL);
+	fd = open(p, O_RDONLY | O_CLOEXEC);
+	st = fd >= 0 ? json_loadfd(fd, 0, NULL) : NULL;
+	if (fd >= 0)
+		close(fd);
 	have = json_integer_value(json_object_get(st, "pid"));
 	json_decref(st);
 	if (have != (json_int_t)pid)
