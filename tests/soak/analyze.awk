@@ -17,10 +17,14 @@
 #   check     regular expression of the series to judge
 #   ignore    regular expression of series not to judge after all
 #             (optional)
-#   tol       tolerances, "PREFIX=ABS:REL,..." (longest matching prefix
-#             wins): a series passes when the rise its troughs' fitted
-#             line makes over the judged span is at most
-#             max(ABS bytes, REL * the mean trough)
+#   tol       tolerances, "PREFIX=ABS:REL[:SERIES:FACTOR],..." (longest
+#             matching prefix wins): a series passes when the rise its
+#             troughs' fitted line makes over the judged span is at most
+#             max(ABS bytes, REL * the mean trough), plus FACTOR times
+#             what SERIES rose over the same span when it rose (memory
+#             that grows with something bounded, not with time: gpud's
+#             bookkeeping of each pool block it touches for the first
+#             time)
 #   troughs   optional file: every series' troughs over the whole run
 #             ("SERIES T TROUGH", for the plots)
 #
@@ -35,6 +39,7 @@
 #
 # Output, one line per judged series, tab-separated:
 #   SERIES VERDICT TROUGHS MEAN SLOPE_PER_S RISE TOL RESTARTS FIRST LAST
+#   ALLOWANCE (the part of TOL from the companion series)
 # VERDICT is ok, RISING (rise > tol) or SHORT (too little to judge).
 # Exit status 0 when every series is ok, 1 otherwise.
 
@@ -69,6 +74,21 @@ function role_of(name) {
 	V[s, k] = v
 	if (s ~ /^pid\./)
 		PID[role_of(s), t] = v
+}
+
+# What series c rose from its first to its last sample in [t1, t2]
+# (0 when it fell or has no samples there).
+function rise_of(c, t1, t2,    i, first, last, seen) {
+	seen = 0
+	for (i = 0; i < n_of[c]; i++) {
+		if (T[c, i] < t1 || T[c, i] > t2)
+			continue
+		if (!seen)
+			first = V[c, i]
+		last = V[c, i]
+		seen = 1
+	}
+	return (seen && last > first) ? last - first : 0
 }
 
 # Troughs of series s over samples [a, b) from time t0 on: fills wt[],
@@ -147,6 +167,7 @@ END {
 		m = 0
 		mean = slope = rise = 0
 		tl = tol_of(s)
+		delete at
 		split(tl, at, ":")
 		if (a < 0 || T[s, b - 1] - T[s, start] < 0.5 * (to - from)) {
 			verdict = "SHORT"
@@ -175,13 +196,17 @@ END {
 		limit = at[1] + 0
 		if (at[2] * mean > limit)
 			limit = at[2] * mean
+		allow = 0
+		if (at[3] != "" && verdict == "ok")
+			allow = at[4] * rise_of(at[3], T[s, start], T[s, b - 1])
+		limit += allow
 		if (verdict == "ok" && rise > limit)
 			verdict = "RISING"
 		if (verdict != "ok")
 			bad = 1
-		printf "%s\t%s\t%d\t%.0f\t%.6g\t%.0f\t%.0f\t%d\t%.17g\t%.17g\n", s, verdict, m,
-			mean, slope, rise, limit, restarts, (a < 0 ? 0 : V[s, a]),
-			(a < 0 ? 0 : V[s, b - 1])
+		printf "%s\t%s\t%d\t%.0f\t%.6g\t%.0f\t%.0f\t%d\t%.17g\t%.17g\t%.0f\n", s, verdict,
+			m, mean, slope, rise, limit, restarts, (a < 0 ? 0 : V[s, a]),
+			(a < 0 ? 0 : V[s, b - 1]), allow
 	}
 	exit bad
 }

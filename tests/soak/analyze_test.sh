@@ -35,6 +35,12 @@ awk 'BEGIN {
 		# falls: a cache trimmed, never a failure
 		printf "%d pid.fall 105\n", t
 		printf "%d rss.fall %d\n", t, 200 * 1048576 - 20000 * t + noise
+		# grows with a bounded pool, not with time: 2 MiB while
+		# pool.bk (no pid series) touches 40 MiB over 600..1200 s
+		printf "%d pid.bk 106\n", t
+		pool = (t < 600 ? 0 : (t - 600) / 600 * 40 * 1048576)
+		printf "%d pool.bk %d\n", t, pool
+		printf "%d unpooled.bk %d\n", t, 60 * 1048576 + pool * 0.05 + noise
 		# no pid series: a server-side counter
 		printf "%d used_memory.redis_nopid %d\n", t, 2000000 + (t % 15) * 1000
 	}
@@ -68,6 +74,9 @@ expect rss.leak "rss.=1048576:0.05,rss.leak=1048576:0.01" RISING "the longer pre
 expect rss.restart "$abs1m" ok "leaked until a restart at 700 s, flat after"
 expect rss.late "$abs1m" SHORT "restarted at 1000 s: 200 s left of 600"
 expect rss.fall "$abs1m" ok "falling"
+expect unpooled.bk "unpooled.=1048576:0" RISING "2 MiB against 1 MiB"
+expect unpooled.bk "unpooled.=1048576:0:pool.bk:0.1" ok "plus 10% of the pool's 40 MiB"
+expect unpooled.bk "unpooled.=1048576:0:pool.bk:0.01" RISING "plus 1% of it"
 expect used_memory.redis_nopid "used_memory.=262144:0" ok "no pid series: one process"
 
 # Restarts are counted; the slope of the leak is about 8192 B/s.
