@@ -1,5 +1,6 @@
-/* worker.c - the agentd worker loop: claim -> run -> commit -> XACK ->
- * event, with reconnects, heartbeats, callbacks and drain. */
+/* worker.c - the agentd worker loop: claim -> run -> commit -> event ->
+ * acknowledge (and delete), with reconnects, heartbeats, callbacks and
+ * drain. */
 #include "agentd/worker.h"
 
 #include <errno.h>
@@ -323,29 +324,101 @@ static int reconnect_all(struct worker *w, char *err, size_t errlen)
 	return rc;
 }
 
-/* Acknowledges and announces a finished task (also used for a redelivery
- * of one finished earlier). */
-static int finish_out(struct worker *w, const struct agent_msg *m, const char *id,
-		      enum agent_task_status st, const char *location, const char *error,
-		      const char *callback_url, char *err, size_t errlen)
-{
-	int rc = agent_queue_ack(w->q, m->id, err, errlen);
+/* What a task whose outcome is committed in PostgreSQL still owes:
+ * the move to swarm:dead, the event on swarm:results, the
+ * acknowledgement that deletes its entry, the callback. Kept across an
+ * outage so that the retry does only what is left (and does not count
+ * another delivery in PostgreSQL). */
+struct outcome {
+	bool set;                          /* committed; deliver() owes the rest */
+	enum agent_task_status status;
+	bool dead_letter;                  /* status dead: move the entry to swarm:dead */
+	char id[PROTO_TASK_MAX_ID + 80];
+	char location[AGENT_LOCATION_MAX];
+	char error[SW_ERR_MAX + 64];       /* "" = none */
+	const char *callback_url;          /* the task's (lives as long as it), or NULL */
+	bool acked, announced;             /* steps done */
+	uint32_t tries;                    /* deliver() calls so far */
+};
 
-	if (rc)
-		return rc;
-	rc = agent_queue_result(w->q, id, agent_task_status_name(st), location, error, err, errlen);
-	if (rc)
-		return rc;
-	callback_post(&w->cb, callback_url, id, agent_task_status_name(st), location, error);
+/* Delivers what o owes, in this order: a dead task's entry moves to
+ * swarm:dead (one transaction that also deletes the original); the event
+ * goes to swarm:results; the entry is acknowledged and deleted; the
+ * callback is queued. Event before acknowledgement, so that a crash
+ * between them repeats the event (at least once) instead of losing it.
+ * When Redis refuses the event for lack of memory the entry is
+ * acknowledged anyway, which frees its memory (PostgreSQL has the
+ * outcome), and the event waits for the retry. Returns 0, or the
+ * (outage) code of the step that failed, with its message in err. */
+static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *o, char *err)
+{
+	const char *status = agent_task_status_name(o->status);
+	const char *error = o->error[0] ? o->error : NULL;
+	int rc;
+
+	if (o->dead_letter && !o->acked) {
+		/* After a lost reply the transaction may have happened: then
+		 * the entry is no longer ours, and doing it again would make
+		 * a second dead entry. */
+		rc = o->tries ? agent_queue_holds(w->q, m->id, err, SW_ERR_MAX) : 0;
+		if (rc == 0)
+			rc = agent_queue_dead(w->q, m, o->id, error, err, SW_ERR_MAX);
+		else if (rc == SW_ENOTFOUND)
+			rc = 0;
+		o->tries++;
+		if (rc)
+			return rc;
+		o->acked = true;
+	}
+	if (!o->announced) {
+		rc = agent_queue_result(w->q, o->id, status, o->location, error, err, SW_ERR_MAX);
+		o->tries++;
+		if (rc == SW_EBUSY && !o->acked) {
+			char aerr[SW_ERR_MAX];
+
+			if (agent_queue_ack(w->q, m->id, aerr, sizeof(aerr)) == 0)
+				o->acked = true;
+			return rc;
+		}
+		if (rc)
+			return rc;
+		o->announced = true;
+	}
+	if (!o->acked) {
+		rc = agent_queue_ack(w->q, m->id, err, SW_ERR_MAX);
+		o->tries++;
+		if (rc)
+			return rc;
+		o->acked = true;
+	}
+	callback_post(&w->cb, o->callback_url, o->id, status, o->location[0] ? o->location : NULL,
+		      error);
 	atomic_fetch_add(&w->done, 1);
+	o->set = false;
 	return 0;
+}
+
+/* Records in o what a task committed with status st owes, and delivers
+ * it (deliver()'s return). location and error may be NULL. */
+static int settle(struct worker *w, const struct agent_msg *m, struct outcome *o,
+		  const char *id, enum agent_task_status st, const char *location,
+		  const char *error, const char *callback_url, char *err)
+{
+	*o = (struct outcome){ .set = true, .status = st, .dead_letter = st == AGENT_TASK_DEAD,
+			       .callback_url = callback_url };
+	snprintf(o->id, sizeof(o->id), "%s", id);
+	snprintf(o->location, sizeof(o->location), "%s", location ? location : "");
+	snprintf(o->error, sizeof(o->error), "%s", error ? error : "");
+	return deliver(w, m, o, err);
 }
 
 /* Handles one delivery. Returns 0 when the entry is dealt with (done, or
  * left pending on purpose), or an outage code: retry after a reconnect,
- * with the reason in err (SW_ERR_MAX bytes). */
+ * with the reason in err (SW_ERR_MAX bytes). When the outcome is
+ * committed but not yet delivered, o is set: retry deliver(o) then, not
+ * this. */
 static int handle(struct worker *w, const struct agent_msg *m, const struct proto_task *t,
-		  int parse_rc, const char *parse_err, char *err)
+		  int parse_rc, const char *parse_err, struct outcome *o, char *err)
 {
 	const uint32_t max_attempts = w->cfg->agentd.max_attempts;
 	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
@@ -369,8 +442,10 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_info("task %s: redelivered after it ended %s; acknowledging", id,
 			 agent_task_status_name(prev));
-		return finish_out(w, m, id, prev, location, last[0] ? last : NULL,
-				  parse_rc ? NULL : t->callback_url, err, SW_ERR_MAX);
+		/* A dead one was never moved (the move is what acknowledges):
+		 * move it now, so its JSON is kept in swarm:dead. */
+		return settle(w, m, o, id, prev, location, last[0] ? last : NULL,
+			      parse_rc ? NULL : t->callback_url, err);
 	}
 	if (parse_rc) {
 		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, parse_err, NULL, err,
@@ -379,8 +454,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_warn("task %s: %s", id, parse_err);
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err,
-				  SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err);
 	}
 	if (m->deliveries > max_attempts) {
 		/* The worker that had the last allowed delivery died with it. */
@@ -402,8 +476,8 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.completed++;
-		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url, err,
-				  SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url,
+			      err);
 	}
 	if (agent_error_outage(rc)) {
 		log_debug("task %s: %s", id, err);
@@ -416,8 +490,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err,
-				  SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err);
 	}
 	if (m->deliveries < max_attempts) {
 		log_warn("task %s: attempt %u of %u failed: %s", id, m->deliveries, max_attempts, err);
@@ -435,22 +508,17 @@ dead:
 	rc = agent_db_task_finish(w->db, id, AGENT_TASK_DEAD, msg, NULL, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	rc = agent_queue_dead(w->q, m, id, msg, err, SW_ERR_MAX);
-	if (rc)
-		return rc;
-	rc = agent_queue_result(w->q, id, "dead", NULL, msg, err, SW_ERR_MAX);
-	if (rc)
-		return rc;
-	callback_post(&w->cb, t->callback_url, id, "dead", NULL, msg);
-	atomic_fetch_add(&w->done, 1);
 	w->st.dead++;
-	return 0;
+	return settle(w, m, o, id, AGENT_TASK_DEAD, NULL, msg, t->callback_url, err);
 }
 
-/* Runs one claimed entry to its end, riding out outages. */
+/* Runs one claimed entry to its end, riding out outages: until the
+ * outcome is committed the whole handling is retried; after that, only
+ * what is left to deliver. */
 static void process(struct worker *w, const struct agent_msg *m)
 {
 	char perr[SW_ERR_MAX], err[SW_ERR_MAX];
+	struct outcome o = { 0 };
 	struct proto_task t;
 	int prc, rc;
 
@@ -460,21 +528,28 @@ static void process(struct worker *w, const struct agent_msg *m)
 	if (!m->payload)
 		snprintf(perr, sizeof(perr), "task: the entry has no \"%s\" field", PROTO_TASK_FIELD);
 	for (;;) {
-		rc = handle(w, m, &t, prc, perr, err);
+		rc = o.set ? deliver(w, m, &o, err) : handle(w, m, &t, prc, perr, &o, err);
 		if (!agent_error_outage(rc))
 			break;
 		outage_begin(w, err);
 		if (stop_requested) {
-			log_warn("draining during an outage: entry %s stays pending for another worker",
-				 m->id);
+			if (o.set && o.acked)
+				log_warn("draining during an outage: the event of task %s (%s) is not "
+					 "announced; PostgreSQL has its outcome", o.id,
+					 agent_task_status_name(o.status));
+			else
+				log_warn("draining during an outage: entry %s stays pending for "
+					 "another worker", m->id);
 			break;
 		}
 		do {
 			backoff(w);
 		} while (!stop_requested && reconnect_all(w, err, SW_ERR_MAX) != 0);
-		if (!stop_requested)
-			outage_end(w);
 	}
+	/* The outage is over once the task in hand got through, not when the
+	 * connections answer again: a Redis refusing writes answers. */
+	if (!agent_error_outage(rc))
+		outage_end(w);
 	if (rc && !agent_error_outage(rc))
 		log_error("entry %s: %s", m->id, sw_strerror(rc));
 	proto_task_free(&t);
@@ -502,7 +577,7 @@ static int start(struct worker *w, char *err, size_t errlen)
 			outage_end(w);
 			return 0;
 		}
-		if (rc != SW_ECLOSED)
+		if (!agent_error_outage(rc)) /* SW_EBUSY: Redis full, group missing */
 			return rc;
 		outage_begin(w, err);
 		if (stop_requested)
@@ -551,6 +626,8 @@ static int worker_new(struct worker **out, const struct agent_worker_opts *o, ch
 		.consumer = o->consumer,
 		.lease_ms = cfg->agentd.lease_ms,
 		.block_ms = o->block_ms ? o->block_ms : AGENT_DEFAULT_BLOCK_MS,
+		.results_maxlen = cfg->agentd.results_maxlen,
+		.dead_maxlen = cfg->agentd.dead_maxlen,
 	};
 	*out = w;
 	return 0;
@@ -620,6 +697,17 @@ static void prune_consumers(struct worker *w)
 		log_warn("pruning old consumers: %s", err);
 }
 
+/* Removes entries of swarm:tasks acknowledged but never deleted (by an
+ * agentd from before deletion on acknowledgement, or a tool that only
+ * XACKs); housekeeping like prune_consumers. */
+static void sweep_stream(struct worker *w)
+{
+	char err[SW_ERR_MAX];
+
+	if (agent_queue_sweep(w->q, NULL, err, sizeof(err)) != 0)
+		log_warn("sweeping acknowledged entries: %s", err);
+}
+
 /* The model the tasks use: the one in the options, else gpud's client. */
 static int open_llm(struct worker *w, char *err, size_t errlen)
 {
@@ -647,6 +735,7 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 
 	w->qo.consumer = agent_queue_consumer(w->q);
 	prune_consumers(w);
+	sweep_stream(w);
 	rc = open_llm(w, err, errlen);
 	if (rc)
 		return rc;
@@ -722,16 +811,16 @@ static void claim_loop(struct worker *w, char *err, size_t errlen)
 		}
 		mark_progress(w);
 		rc = agent_queue_claim(w->q, &m, err, errlen);
+		if (rc == 0 || rc == SW_ENOTFOUND)
+			outage_end(w);
 		if (rc == SW_ENOTFOUND)
 			continue;
 		if (rc) {
 			outage_begin(w, err);
 			backoff(w);
-			if (reconnect_all(w, err, errlen) == 0)
-				outage_end(w);
+			reconnect_all(w, err, errlen);
 			continue;
 		}
-		outage_end(w);
 		w->st.claimed++;
 		process(w, &m);
 		agent_msg_free(&m);

@@ -133,6 +133,8 @@ static const struct field agentd_fields[] = {
 	U32("restart_backoff_max_ms", agentd.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
 	U32("crash_window_ms", agentd.crash_window_ms, 1000, MS_DAY, 0, NULL),
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
+	U32("results_maxlen", agentd.results_maxlen, 1, 1u << 30, 0, NULL),
+	U32("dead_maxlen", agentd.dead_maxlen, 1, 1u << 30, 0, NULL),
 	{ .key = NULL },
 };
 
@@ -189,6 +191,12 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->agentd.restart_backoff_max_ms = 30000;
 	cfg->agentd.crash_window_ms = 60000;
 	cfg->agentd.crash_limit = 5;
+	/* An event is ~100-250 bytes (1 KiB with a long error): 10-25 MB, and
+	 * minutes of events at the fastest measured rate, days of summaries. */
+	cfg->agentd.results_maxlen = 100000;
+	/* A dead entry carries its whole task (up to 16 MiB of JSON); dead
+	 * tasks are rare, and PostgreSQL keeps every one's id and error. */
+	cfg->agentd.dead_maxlen = 1000;
 }
 
 /* ---- messages ------------------------------------------------------- */

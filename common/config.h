@@ -98,6 +98,8 @@ struct sw_config {
 		uint32_t restart_backoff_max_ms;
 		uint32_t crash_window_ms;
 		uint32_t crash_limit;           /* crashes per window before failed */
+		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
+		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
 	} agentd;
 };
 

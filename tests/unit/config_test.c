@@ -65,6 +65,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.gpud.queue.global, 1024);
 	assert_int_equal(c.agentd.workers, 4);
 	assert_true(c.agentd.heartbeat_ms < c.agentd.lease_ms);
+	assert_int_equal(c.agentd.results_maxlen, 100000);
+	assert_int_equal(c.agentd.dead_maxlen, 1000);
 
 	/* Defaults pass every check except the one thing without a default. */
 	assert_int_equal(sw_config_validate(&c, 0, err, sizeof(err)), 0);
@@ -96,7 +98,8 @@ static void test_overrides(void **state)
 		" \"agentd\": {\"workers\": 32, \"max_attempts\": 3, \"lease_ms\": 1000,"
 		"   \"max_tasks_per_worker\": 0, \"heartbeat_ms\": 999,"
 		"   \"restart_backoff_min_ms\": 50, \"restart_backoff_max_ms\": 50,"
-		"   \"crash_window_ms\": 5000, \"crash_limit\": 2}}",
+		"   \"crash_window_ms\": 5000, \"crash_limit\": 2, \"results_maxlen\": 1,"
+		"   \"dead_maxlen\": 1073741824}}",
 		&c);
 	assert_string_equal(c.state_dir, "/srv/swarm");
 	assert_int_equal(c.log.level, SW_LOG_DEBUG);
@@ -134,6 +137,8 @@ static void test_overrides(void **state)
 	assert_int_equal(c.agentd.restart_backoff_max_ms, 50);
 	assert_int_equal(c.agentd.crash_window_ms, 5000);
 	assert_int_equal(c.agentd.crash_limit, 2);
+	assert_int_equal(c.agentd.results_maxlen, 1);
+	assert_int_equal(c.agentd.dead_maxlen, 1u << 30);
 
 	/* Keys not given keep their defaults; "//" keys are comments. */
 	load_ok("{\"//\": \"hi\", \"gpud\": {\"// threads\": [1, 2], \"threads\": 3}}", &c);
@@ -227,6 +232,12 @@ static void test_value_errors(void **state)
 		     "gpud.threads: expected an integer in [0, 1024], got null");
 	expect_error("{\"agentd\": {\"max_tasks_per_worker\": 4294967296}}", -EINVAL,
 		     "agentd.max_tasks_per_worker: expected an integer in [0, 4294967295], got 4294967296");
+	expect_error("{\"agentd\": {\"results_maxlen\": 0}}", -EINVAL,
+		     "agentd.results_maxlen: expected an integer in [1, 1073741824], got 0");
+	expect_error("{\"agentd\": {\"dead_maxlen\": 1073741825}}", -EINVAL,
+		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got 1073741825");
+	expect_error("{\"agentd\": {\"dead_maxlen\": \"1000\"}}", SW_ETYPE,
+		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got \"1000\"");
 	expect_error("{\"gpud\": {\"max_segments\": 63}}", -EINVAL,
 		     "gpud.max_segments: expected an integer in [64, 127], got 63");
 	expect_error("{\"gpud\": {\"max_segments\": 128}}", -EINVAL,
@@ -453,6 +464,8 @@ static void test_files(void **state)
 	assert_int_equal(c.gpud.mask_cache_bytes, 64u << 20);
 	assert_true(c.gpud.prefix_cache_bytes == 4ull << 30);
 	assert_int_equal(c.agentd.workers, 8);
+	assert_int_equal(c.agentd.results_maxlen, 100000);
+	assert_int_equal(c.agentd.dead_maxlen, 1000);
 	assert_true(strncmp(c.redis.url, "redis://", 8) == 0);
 
 	struct sw_config before;
