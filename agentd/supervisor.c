@@ -50,6 +50,7 @@ struct slot {
 	uv_pipe_t hb;
 	uv_timer_t restart;
 	bool proc_open, hb_open, killed_hung;
+	bool reopen_pending;      /* owes a SIGUSR1 at its first beat */
 	int n_closing;            /* handles whose close callback is pending */
 	int pid;                  /* 0 when none */
 	uint64_t started_ms, last_beat_ms;
@@ -67,7 +68,7 @@ struct sup {
 	const struct agent_sup_opts *o;
 	const struct sw_config *cfg;
 	uv_loop_t loop;
-	uv_signal_t sig_term, sig_int;
+	uv_signal_t sig_term, sig_int, sig_usr1;
 	uv_timer_t tick, drain_timer;
 	struct slot *slots;
 	uint64_t *crash_times;    /* (n, crash_limit + 1): the slots' rings */
@@ -160,6 +161,7 @@ static void close_all(struct sup *sp)
 	sp->closing = true;
 	uv_close((uv_handle_t *)&sp->sig_term, on_noop_close);
 	uv_close((uv_handle_t *)&sp->sig_int, on_noop_close);
+	uv_close((uv_handle_t *)&sp->sig_usr1, on_noop_close);
 	uv_close((uv_handle_t *)&sp->tick, on_noop_close);
 	uv_close((uv_handle_t *)&sp->drain_timer, on_noop_close);
 	for (uint32_t i = 0; i < sp->n; i++) {
@@ -212,6 +214,9 @@ static void parse_beat(struct slot *s, const char *line)
 	if (s->state == SLOT_STARTING) {
 		s->state = SLOT_RUNNING;
 		log_debug("worker %d (pid %d): first heartbeat (%s)", s->index, s->pid, state);
+		if (s->reopen_pending)
+			uv_process_kill(&s->proc, SIGUSR1);
+		s->reopen_pending = false;
 		write_status(s->sup);
 	}
 }
@@ -525,6 +530,34 @@ static void on_signal(uv_signal_t *h, int signum)
 	maybe_finish(sp);
 }
 
+/* SIGUSR1 (logrotate): reopen our log and have every worker reopen its.
+ * A worker signals readiness with its first beat; before that its
+ * handler may not be installed yet and SIGUSR1 would kill it, so it gets
+ * the signal with that beat. */
+static void on_usr1(uv_signal_t *h, int signum)
+{
+	struct sup *sp = h->data;
+	uint32_t now = 0, later = 0;
+	int rc = sw_log_reopen();
+
+	(void)signum;
+	for (uint32_t i = 0; i < sp->n; i++) {
+		struct slot *s = &sp->slots[i];
+
+		if (s->proc_open && s->state == SLOT_RUNNING)
+			now += uv_process_kill(&s->proc, SIGUSR1) == 0;
+		else if (s->proc_open) {
+			s->reopen_pending = true;
+			later++;
+		}
+	}
+	if (rc)
+		log_error("SIGUSR1: cannot reopen the log: %s", sw_strerror(rc));
+	else
+		log_info("SIGUSR1: log reopened; forwarded to %u workers (%u more at their first "
+			 "heartbeat)", now, later);
+}
+
 /* --- the run -------------------------------------------------------------- */
 
 static int sup_init(struct sup *sp, const struct agent_sup_opts *o, char *err, size_t errlen)
@@ -586,9 +619,10 @@ static int sup_init(struct sup *sp, const struct agent_sup_opts *o, char *err, s
 	}
 	uv_signal_init(&sp->loop, &sp->sig_term);
 	uv_signal_init(&sp->loop, &sp->sig_int);
+	uv_signal_init(&sp->loop, &sp->sig_usr1);
 	uv_timer_init(&sp->loop, &sp->tick);
 	uv_timer_init(&sp->loop, &sp->drain_timer);
-	sp->sig_term.data = sp->sig_int.data = sp;
+	sp->sig_term.data = sp->sig_int.data = sp->sig_usr1.data = sp;
 	sp->tick.data = sp->drain_timer.data = sp;
 	for (uint32_t i = 0; i < sp->n; i++) {
 		struct slot *s = &sp->slots[i];
@@ -624,6 +658,7 @@ int agent_sup_run(const struct agent_sup_opts *o, char *err, size_t errlen)
 	setenv("SWARM_SUPERVISOR_PID", pid, 1);
 	uv_signal_start(&sp.sig_term, on_signal, SIGTERM);
 	uv_signal_start(&sp.sig_int, on_signal, SIGINT);
+	uv_signal_start(&sp.sig_usr1, on_usr1, SIGUSR1);
 	signal(SIGPIPE, SIG_IGN);
 	uv_timer_start(&sp.tick, on_tick, sp.tick_ms, sp.tick_ms);
 	log_info("supervising %u workers (%s worker --config %s; backoff %u..%u ms, %u crashes "

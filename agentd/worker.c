@@ -284,10 +284,12 @@ static void backoff(struct worker *w)
 	uint32_t ms = w->backoff_ms ? w->backoff_ms : AGENT_RECONNECT_MIN_MS;
 
 	/* Waiting out an outage is not a hang: keep the heartbeat going (a
-	 * restart would not bring the server back). */
-	mark_progress(w);
-	for (uint32_t t = 0; t < ms && !stop_requested; t += 50)
+	 * restart would not bring the server back), also when the backoff
+	 * is longer than the lease. */
+	for (uint32_t t = 0; t < ms && !stop_requested; t += 50) {
+		mark_progress(w);
 		sw_sleep_ms(50);
+	}
 	w->backoff_ms = ms * 2 > AGENT_RECONNECT_MAX_MS ? AGENT_RECONNECT_MAX_MS : ms * 2;
 }
 
@@ -311,15 +313,16 @@ static void outage_end(struct worker *w)
 	log_info("servers reachable again after %" PRIu64 " ms", sw_now_ms() - w->outage_since_ms);
 }
 
-/* Reconnects whatever is down. 0 when everything answers. */
-static int reconnect_all(struct worker *w, char *err, size_t errlen)
+/* Reconnects whatever is down (gpud only when the work in hand may need
+ * it). 0 when everything answers. */
+static int reconnect_all(struct worker *w, bool gpud, char *err, size_t errlen)
 {
 	int rc;
 
 	rc = agent_db_reconnect(w->db, err, errlen);
 	if (rc == 0)
 		rc = agent_queue_reconnect(w->q, err, errlen);
-	if (rc == 0 && w->gpud)
+	if (rc == 0 && gpud && w->gpud)
 		rc = agent_gpud_connect(w->gpud, err, errlen);
 	return rc;
 }
@@ -369,6 +372,7 @@ static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *
 		if (rc)
 			return rc;
 		o->acked = true;
+		set_entry(w, NULL); /* no lease left to hold */
 	}
 	if (!o->announced) {
 		rc = agent_queue_result(w->q, o->id, status, o->location, error, err, SW_ERR_MAX);
@@ -376,8 +380,10 @@ static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *
 		if (rc == SW_EBUSY && !o->acked) {
 			char aerr[SW_ERR_MAX];
 
-			if (agent_queue_ack(w->q, m->id, aerr, sizeof(aerr)) == 0)
+			if (agent_queue_ack(w->q, m->id, aerr, sizeof(aerr)) == 0) {
 				o->acked = true;
+				set_entry(w, NULL); /* no lease left to hold */
+			}
 			return rc;
 		}
 		if (rc)
@@ -544,7 +550,7 @@ static void process(struct worker *w, const struct agent_msg *m)
 		}
 		do {
 			backoff(w);
-		} while (!stop_requested && reconnect_all(w, err, SW_ERR_MAX) != 0);
+		} while (!stop_requested && reconnect_all(w, !o.set, err, SW_ERR_MAX) != 0);
 	}
 	/* The outage is over once the task in hand got through, not when the
 	 * connections answer again: a Redis refusing writes answers. */
@@ -818,7 +824,7 @@ static void claim_loop(struct worker *w, char *err, size_t errlen)
 		if (rc) {
 			outage_begin(w, err);
 			backoff(w);
-			reconnect_all(w, err, errlen);
+			reconnect_all(w, true, err, errlen);
 			continue;
 		}
 		w->st.claimed++;

@@ -58,7 +58,8 @@ long ctl_expected_summaries(long n_chunks, unsigned fanin);
 
 struct ctl_queue_stats {
 	int64_t length;      /* XLEN swarm:tasks: every entry still in the stream */
-	int64_t undelivered; /* entries the group has not delivered yet (lag); -1 unknown */
+	int64_t undelivered; /* entries the group has not delivered yet (lag, or
+			      * length - pending when Redis cannot tell); -1 unknown */
 	int64_t pending;     /* delivered to a worker, not acknowledged */
 	int64_t dead;        /* XLEN swarm:dead */
 };
