@@ -38,7 +38,7 @@ struct sw_config_device {
 };
 
 struct sw_config {
-	char state_dir[SW_CONFIG_PATH_MAX];     /* checkpoints, pid files */
+	char state_dir[SW_CONFIG_PATH_MAX];     /* status file, dumps; managed: everything */
 
 	struct {
 		int level;                      /* enum sw_log_level */
