@@ -150,6 +150,7 @@ struct gpud_daemon {
 	int dump_fd;
 	bool dump_failed;
 	char dump_path[SW_CONFIG_PATH_MAX + 64];
+	uint32_t dumps;          /* owner dumps written; the file is slot dumps % GPUD_DUMPS_KEPT */
 	double last_rate_t;
 	uint64_t last_rate_gen;
 	double rate;
@@ -240,8 +241,12 @@ int gpud__svc_mem(void *svc, uint32_t flags, char *buf, size_t cap, size_t *len,
 		  size_t errlen);
 /* GET /metrics (gpud_metrics render callback; arg is the daemon). */
 int gpud__metrics_render(void *arg, char *buf, size_t cap, size_t *len);
-/* Writes every KV block's owner to a JSON file under state_dir; its path
- * in d->dump_path. 0, or a negative code with the message. */
+/* Writes every KV block's owner to a JSON file under state_dir,
+ * gpud-blocks-<slot>.json with slot 0..GPUD_DUMPS_KEPT-1 in turn, so
+ * repeated dumps (a monitoring script) keep the last few and never fill
+ * the disk; its path in d->dump_path. 0, or a negative code with the
+ * message. */
+#define GPUD_DUMPS_KEPT 8
 int gpud__dump_owners(struct gpud_daemon *d, char *err, size_t errlen);
 
 /* --- daemon_signal.c: signals and shutdown ---------------------------------- */
