@@ -663,6 +663,40 @@ int agent_queue_touch(struct agent_queue *q, const char *id, char *err, size_t e
 	return 0;
 }
 
+/* The value of "field:" in INFO text into out ("" when absent). */
+static void info_value(const char *info, const char *field, char *out, size_t cap)
+{
+	size_t n = strlen(field);
+
+	out[0] = '\0';
+	for (const char *p = info; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, field, n) && p[n] == ':') {
+			snprintf(out, cap, "%.*s", (int)strcspn(p + n + 1, "\r\n"), p + n + 1);
+			return;
+		}
+}
+
+int agent_queue_memory_policy(struct agent_queue *q, uint64_t *maxmemory, char *policy,
+			      size_t cap, char *err, size_t errlen)
+{
+	char max[32];
+	redisReply *r;
+	int rc;
+
+	rc = run(q, &r, err, errlen, "INFO memory");
+	if (rc)
+		return rc;
+	if (r->type != REDIS_REPLY_STRING) {
+		freeReplyObject(r);
+		return sw_seterr(err, errlen, -EIO, "redis: unexpected INFO reply");
+	}
+	info_value(r->str, "maxmemory", max, sizeof(max));
+	info_value(r->str, "maxmemory_policy", policy, cap);
+	*maxmemory = strtoull(max, NULL, 10);
+	freeReplyObject(r);
+	return 0;
+}
+
 /* --- the sweep -------------------------------------------------------------- */
 
 static bool parse_id(const char *s, struct entry_id *id)

@@ -161,6 +161,13 @@ int agent_queue_touch(struct agent_queue *q, const char *id, char *err, size_t e
 int agent_queue_prune(struct agent_queue *q, uint32_t min_idle_ms, unsigned *removed, char *err,
 		      size_t errlen);
 
+/* Redis's memory limit and eviction policy (INFO memory): *maxmemory
+ * (bytes, 0 = none) and the policy's name ("noeviction", "allkeys-lru",
+ * ...) into policy. At maxmemory an evicting policy drops stream entries,
+ * that is tasks: agentd warns unless it is noeviction. 0 or an error. */
+int agent_queue_memory_policy(struct agent_queue *q, uint64_t *maxmemory, char *policy,
+			      size_t cap, char *err, size_t errlen);
+
 /* Frees what m holds and zeroes it. Accepts NULL. */
 void agent_msg_free(struct agent_msg *m);
 

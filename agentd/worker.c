@@ -714,6 +714,22 @@ static void sweep_stream(struct worker *w)
 		log_warn("sweeping acknowledged entries: %s", err);
 }
 
+/* Warns when Redis would evict keys at its memory limit: stream entries
+ * evicted are tasks lost. noeviction makes it refuse writes instead,
+ * which the submitters see and the workers ride out. */
+static void check_memory_policy(struct worker *w)
+{
+	char err[SW_ERR_MAX], policy[64];
+	uint64_t max;
+
+	if (agent_queue_memory_policy(w->q, &max, policy, sizeof(policy), err, sizeof(err)) != 0)
+		log_warn("reading Redis's memory policy: %s", err);
+	else if (max && strcmp(policy, "noeviction") != 0)
+		log_warn("Redis evicts keys at its maxmemory limit (%" PRIu64 " bytes, policy %s): "
+			 "queued tasks can be evicted and lost; set maxmemory-policy noeviction",
+			 max, policy);
+}
+
 /* The model the tasks use: the one in the options, else gpud's client. */
 static int open_llm(struct worker *w, char *err, size_t errlen)
 {
@@ -742,6 +758,7 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 	w->qo.consumer = agent_queue_consumer(w->q);
 	prune_consumers(w);
 	sweep_stream(w);
+	check_memory_policy(w);
 	rc = open_llm(w, err, errlen);
 	if (rc)
 		return rc;

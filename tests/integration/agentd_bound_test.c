@@ -374,6 +374,7 @@ static void test_agentd_at_maxmemory(void **state)
 	assert_int_equal(xlen(f, "swarm:results"), 0);
 	assert_int_equal(xlen(f, "swarm:dead"), 0);
 	assert_no_restart(f, 2);
+	assert_int_equal(count_lines(f->log, "evicts keys", (const char *)NULL), 0);
 
 	maxmemory(f, "0");
 	for (int t = 0; t < 20000 && (xlen(f, "swarm:results") < 4 || xlen(f, "swarm:dead") < 1 ||

@@ -487,7 +487,8 @@ static void test_maxmemory(void **state)
 	struct at_redis srv;
 	redisContext *admin;
 	struct agent_msg ma, mb, mc;
-	char a[64], b[64], c[64];
+	char a[64], b[64], c[64], policy[64];
+	uint64_t max = 9;
 	redisReply *r;
 
 	if (at_redis_start(&srv, "/tmp/agentd-redis-XXXXXX") != 0) {
@@ -506,6 +507,20 @@ static void test_maxmemory(void **state)
 	assert_int_equal(agent_queue_claim(q, &ma, err, sizeof(err)), 0);
 	assert_int_equal(agent_queue_claim(q, &mb, err, sizeof(err)), 0);
 
+	assert_int_equal(agent_queue_memory_policy(q, &max, policy, sizeof(policy), err,
+						   sizeof(err)),
+			 0);
+	assert_true(max == 0);
+	assert_string_equal(policy, "noeviction"); /* Redis's default */
+	/* What agentd warns about (at a limit Redis would evict the stream). */
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory-policy allkeys-lru"));
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 1000000000"));
+	assert_int_equal(agent_queue_memory_policy(q, &max, policy, sizeof(policy), err,
+						   sizeof(err)),
+			 0);
+	assert_true(max == 1000000000);
+	assert_string_equal(policy, "allkeys-lru");
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory-policy noeviction"));
 	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 1"));
 	r = cmd(admin, "XADD %s * task D", f->stream);
 	assert_int_equal(r->type, REDIS_REPLY_ERROR);
