@@ -126,9 +126,11 @@ struct gpud_daemon {
 	struct gpud_memwatch *watch;
 	pthread_mutex_t watch_lock;
 	/* The planted leaks of the watchdog's tests (GPUD_TEST_LEAK, read at
-	 * start, see daemon.c): a finished request keeps its mask pinned; a
-	 * freed KV sequence keeps its last block (gpud_kv_params.test_leak). */
-	bool leak_masks, leak_kv;
+	 * start, see daemon.c), one in leak_* (0: none): a finished request
+	 * keeps its mask pinned; a freed KV sequence keeps its last block
+	 * (gpud_kv_params.test_leak). */
+	uint32_t leak_masks, leak_kv;
+	atomic_uint_fast64_t mask_ends;  /* requests with a mask that ended */
 	atomic_bool stopping;
 
 	uv_loop_t loop;
