@@ -96,17 +96,21 @@ json_t *ctl_device_memory(const json_t *stats)
 			if (!strcmp(json_string_value(json_object_get(v, "device")), dev))
 				d = v;
 		if (!d) {
-			d = json_pack("{s:s, s:I, s:I, s:I, s:I}", "device", dev, "used_bytes",
-				      (json_int_t)0, "high_bytes", (json_int_t)0, "capacity_bytes",
-				      (json_int_t)0, "trough_bytes", (json_int_t)0);
+			d = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "device", dev,
+				      "used_bytes", (json_int_t)0, "high_bytes", (json_int_t)0,
+				      "capacity_bytes", (json_int_t)0, "trough_bytes", (json_int_t)0,
+				      "live_bytes", (json_int_t)0, "cached_bytes", (json_int_t)0);
 			json_array_append_new(out, d);
 		}
 		static const char *const keys[][2] = {
 			{ "used", "used_bytes" }, { "high", "high_bytes" },
 			{ "capacity", "capacity_bytes" }, { "trough", "trough_bytes" },
+			{ "live", "live_bytes" }, { "cached", "cached_bytes" },
 		};
-		for (size_t q = 0; q < 4; q++) {
-			uint64_t sum = u64(d, keys[q][1]) + u64(pool, keys[q][0]) * unit;
+		for (size_t q = 0; q < 6; q++) {
+			/* a gpud from before "live": all of used is live */
+			const char *key = q == 4 && !json_object_get(pool, "live") ? "used" : keys[q][0];
+			uint64_t sum = u64(d, keys[q][1]) + u64(pool, key) * unit;
 
 			json_object_set_new(d, keys[q][1], json_integer((json_int_t)sum));
 		}
@@ -144,30 +148,43 @@ void ctl_print_gpud(FILE *f, const json_t *stats)
 			(unsigned long long)u64(alloc, "device"));
 	else
 		fprintf(f, "not counted\n");
-	fprintf(f, "%-10s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "HIGH MiB", "TROUGH MiB",
-		"CAPACITY MiB");
+	/* LIVE: held by live requests (what can leak; the watchdog's TROUGH is
+	 * its rolling minimum); CACHED: kept by a bounded cache beside it. */
+	fprintf(f, "%-10s %12s %12s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "LIVE MiB",
+		"CACHED MiB", "HIGH MiB", "TROUGH MiB", "CAPACITY MiB");
 	json_array_foreach(mem, i, v)
-		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f\n", str(v, "device"),
-			mib(u64(v, "used_bytes")),
-			mib(u64(v, "high_bytes")), mib(u64(v, "trough_bytes")),
-			mib(u64(v, "capacity_bytes")));
+		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", str(v, "device"),
+			mib(u64(v, "used_bytes")), mib(u64(v, "live_bytes")),
+			mib(u64(v, "cached_bytes")), mib(u64(v, "high_bytes")),
+			mib(u64(v, "trough_bytes")), mib(u64(v, "capacity_bytes")));
 	json_decref(mem);
-	fprintf(f, "%-20s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
-		"UNIT");
+	fprintf(f, "%-20s %10s %10s %10s %10s %10s %10s %10s %s\n", "POOL", "USED", "LIVE",
+		"CACHED", "CACHE MAX", "HIGH", "CAPACITY", "TROUGH", "UNIT");
 	json_array_foreach(json_object_get(stats, "pools"), i, v) {
-		fprintf(f, "%-20s %10llu %10llu %10llu %10llu %s%s\n", str(v, "name"),
-			(unsigned long long)u64(v, "used"), (unsigned long long)u64(v, "high"),
-			(unsigned long long)u64(v, "capacity"), (unsigned long long)u64(v, "trough"),
+		bool has_live = json_object_get(v, "live") != NULL;
+		char bound[24] = "-";
+
+		if (u64(v, "cache_bound"))
+			snprintf(bound, sizeof(bound), "%llu", (unsigned long long)u64(v, "cache_bound"));
+		fprintf(f, "%-20s %10llu %10llu %10llu %10s %10llu %10llu %10llu %s%s\n",
+			str(v, "name"), (unsigned long long)u64(v, "used"),
+			(unsigned long long)u64(v, has_live ? "live" : "used"),
+			(unsigned long long)u64(v, "cached"), bound,
+			(unsigned long long)u64(v, "high"), (unsigned long long)u64(v, "capacity"),
+			(unsigned long long)u64(v, "trough"),
 			json_string_value(json_object_get(v, "unit")) ? str(v, "unit") : "",
 			json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
 	}
-	fprintf(f, "%-20s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
-		"ENTRIES");
+	fprintf(f, "%-20s %10s %10s %10s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES",
+		"HIT RATE", "ENTRIES", "MAX", "MiB", "MAX MiB");
 	json_array_foreach(json_object_get(stats, "caches"), i, v) {
 		double h = (double)u64(v, "hits"), m = (double)u64(v, "misses");
 
-		fprintf(f, "%-20s %10.0f %10.0f %9.1f%% %10llu\n", str(v, "name"), h, m,
-			h + m > 0 ? 100 * h / (h + m) : 0.0, (unsigned long long)u64(v, "entries"));
+		fprintf(f, "%-20s %10.0f %10.0f %9.1f%% %10llu %10llu %10.1f %10.1f\n",
+			str(v, "name"), h, m, h + m > 0 ? 100 * h / (h + m) : 0.0,
+			(unsigned long long)u64(v, "entries"),
+			(unsigned long long)u64(v, "max_entries"), mib(u64(v, "bytes")),
+			mib(u64(v, "max_bytes")));
 	}
 	json_array_foreach(json_object_get(json_object_get(stats, "watchdog"), "warnings"), i, v)
 		if (json_is_string(v))

@@ -22,12 +22,14 @@ json_t *ctl_gpud_json(const struct ctl_env *e, bool mem, uint32_t flags, char *e
 /* Per-device memory from a STATS object: pools grouped by the device
  * prefix of their name ("cpu0.kv" -> cpu0), pools of no device in
  * "devices" ("server.requests", "mask") under "host"; in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
- * capacity_bytes, trough_bytes} (new reference; empty when stats has no
- * pools). */
+ * capacity_bytes, trough_bytes, live_bytes, cached_bytes} (new
+ * reference; empty when stats has no pools; live is used for a gpud that
+ * does not report it). */
 json_t *ctl_device_memory(const json_t *stats);
 
 /* Prints the gpud part of status/top: requests, tokens/s, per-device
- * memory, pools (with trough and RISING), caches with hit rates. */
+ * memory, pools (live and cached parts, cache bound, trough and RISING),
+ * caches with hit rates and occupancy against their bounds. */
 void ctl_print_gpud(FILE *f, const json_t *stats);
 
 /* Prints the queue line. */
