@@ -143,6 +143,7 @@ static const struct field supervisor_fields[] = {
 	U32("restart_backoff_max_ms", supervisor.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
 	U32("crash_window_ms", supervisor.crash_window_ms, 1000, MS_DAY, 0, NULL),
 	U32("crash_limit", supervisor.crash_limit, 1, 1000, 0, NULL),
+	U32("hang_ms", supervisor.hang_ms, 0, MS_DAY, 0, "SWARM_SUPERVISOR_HANG_MS"),
 	{ .key = "log_max_bytes", .kind = K_BYTES, .off = OFF(supervisor.log_max_bytes),
 	  .min = 64u << 10, .max = 1ull << 40, .env = "SWARM_LOG_MAX_BYTES" },
 	U32("log_keep", supervisor.log_keep, 0, 100, 0, NULL),
@@ -212,6 +213,10 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->supervisor.restart_backoff_max_ms = 30000;
 	cfg->supervisor.crash_window_ms = 60000;
 	cfg->supervisor.crash_limit = 5;
+	/* A minute without an answer (Redis PING, PostgreSQL accepting or
+	 * refusing connections, gpud stats; probed every 5 s) is a hang,
+	 * not load: each answers from its event loop, not its work. */
+	cfg->supervisor.hang_ms = 60000;
 	cfg->supervisor.log_max_bytes = 8ull << 20;
 	cfg->supervisor.log_keep = 2;
 	/* Managed Redis holds only work in flight (acknowledged entries are

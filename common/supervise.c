@@ -27,6 +27,7 @@
 #define BEAT_LINE_MAX 256
 #define ROTATE_CHECK_MS 1000   /* how often log files are measured */
 #define DEFAULT_PROBE_MS 100
+#define DEFAULT_LIVE_PROBE_MS 5000
 #define CLOSE_RETRY_MS 10      /* a respawn waits this long for handles to close */
 
 #ifndef SYS_pidfd_open
@@ -57,6 +58,7 @@ struct child {
 	uint32_t crash_head;      /* crashes recorded since the last reset */
 	/* the probe in flight: set before queueing, read after it ran */
 	int probe_pid;
+	bool probe_live;
 	uint64_t probe_gen;
 	int probe_rc;
 	char probe_err[SW_ERR_MAX];
@@ -73,7 +75,7 @@ struct sw_sup {
 	struct child *ch;
 	uint64_t *crash_times;    /* (n, crash_limit + 1): the children's rings */
 	unsigned n;
-	uint32_t tick_ms, probe_ms;
+	uint32_t tick_ms, probe_ms, live_probe_ms;
 	uint64_t last_rotate_ms;
 	bool draining, killed_all, all_failed, closing;
 	bool dirty;               /* the status changed but was not written */
@@ -315,6 +317,7 @@ static void become_ready(struct child *c)
 	c->info.state = SW_SUP_RUNNING;
 	c->info.error[0] = '\0';
 	c->last_beat_ms = sw_now_ms();
+	c->beaten = true; /* the hang clock runs from here */
 	log_debug("%s (pid %d): ready after %" PRIu64 " ms", c->spec->name, c->info.pid,
 		  c->last_beat_ms - c->started_ms);
 	write_status(sp);
@@ -375,8 +378,8 @@ static void probe_work(uv_work_t *w)
 	struct sw_sup *sp = c->sup;
 
 	c->probe_err[0] = '\0';
-	c->probe_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_err,
-				     sizeof(c->probe_err));
+	c->probe_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_live,
+				     c->probe_err, sizeof(c->probe_err));
 }
 
 static void probe_done(uv_work_t *w, int status)
@@ -386,19 +389,24 @@ static void probe_done(uv_work_t *w, int status)
 	c->probing = false;
 	if (status != 0 || c->sup->closing || c->sup->draining)
 		return;
-	if (c->info.state != SW_SUP_STARTING || c->probe_gen != c->info.spawns || !c->proc_open)
+	if (c->probe_gen != c->info.spawns || c->probe_pid != c->info.pid || !has_process(c))
 		return; /* an answer about an earlier process */
-	if (c->probe_rc == 0)
+	if (c->probe_rc != 0)
+		return; /* probe_err says why; the start or hang clock decides */
+	if (c->probe_live && c->info.state == SW_SUP_RUNNING)
+		c->last_beat_ms = sw_now_ms();
+	else if (!c->probe_live && c->info.state == SW_SUP_STARTING)
 		become_ready(c);
 }
 
-static void start_probe(struct child *c, uint64_t now)
+static void start_probe(struct child *c, uint64_t now, bool live)
 {
 	struct sw_sup *sp = c->sup;
 
-	if (c->probing || now - c->last_probe_ms < sp->probe_ms)
+	if (c->probing || now - c->last_probe_ms < (live ? sp->live_probe_ms : sp->probe_ms))
 		return;
 	c->last_probe_ms = now;
+	c->probe_live = live;
 	c->probe_pid = c->info.pid;
 	c->probe_gen = c->info.spawns;
 	c->probe_req.data = c;
@@ -725,6 +733,7 @@ static int adopt_child(struct child *c, pid_t pid)
 	c->info.started_at_ms = 0;
 	c->info.state = SW_SUP_RUNNING;
 	started(c);
+	c->beaten = true; /* the hang clock runs from the adoption */
 	log_info("%s: adopted running pid %d", c->spec->name, (int)pid);
 	write_status(sp);
 	return 0;
@@ -804,6 +813,7 @@ static void on_tick(uv_timer_t *t)
 	struct sw_sup *sp = t->data;
 	const struct sw_sup_policy *p = &sp->pol;
 	uint64_t now = sw_now_ms();
+	uint32_t hang;
 
 	if (sp->dirty)
 		write_status(sp); /* beats: at most once a tick */
@@ -816,7 +826,7 @@ static void on_tick(uv_timer_t *t)
 		}
 		if (c->info.state == SW_SUP_STARTING && c->proc_open && !c->killed_start) {
 			if (HAS_OP(sp, probe))
-				start_probe(c, now);
+				start_probe(c, now, false);
 			if (c->spec->start_timeout_ms &&
 			    now - c->started_ms > c->spec->start_timeout_ms) {
 				snprintf(c->info.error, sizeof(c->info.error),
@@ -829,18 +839,22 @@ static void on_tick(uv_timer_t *t)
 			}
 			continue;
 		}
+		hang = c->spec->hang_ms ? c->spec->hang_ms : p->hang_ms;
+		if (!hang || c->info.state != SW_SUP_RUNNING || !has_process(c) || c->killed_hung ||
+		    (!c->spec->beat_pipe && !HAS_OP(sp, probe)))
+			continue; /* no limit, or nothing that could beat */
+		if (!c->spec->beat_pipe && HAS_OP(sp, probe))
+			start_probe(c, now, true);
 		/* A stopped (SIGSTOP) child is hung as well: SIGKILL works on it. */
-		if (!p->hang_ms || c->info.state != SW_SUP_RUNNING || !c->proc_open ||
-		    !c->beaten || c->killed_hung)
+		if (!c->beaten || now - c->last_beat_ms <= hang)
 			continue;
-		if (now - c->last_beat_ms <= p->hang_ms)
-			continue;
-		log_error("%s (pid %d): no heartbeat for %" PRIu64 " ms (limit %u): hung, "
-			  "killing it",
-			  c->spec->name, c->info.pid, now - c->last_beat_ms, p->hang_ms);
+		log_error("%s (pid %d): no %s for %" PRIu64 " ms (limit %u)%s%.900s: hung, killing it",
+			  c->spec->name, c->info.pid, c->spec->beat_pipe ? "heartbeat" : "answer",
+			  now - c->last_beat_ms, hang, c->probe_err[0] ? ", last: " : "",
+			  c->probe_err);
 		c->killed_hung = true;
 		c->info.hangs++;
-		uv_process_kill(&c->proc, SIGKILL);
+		signal_child(c, SIGKILL);
 	}
 	if (sp->o->log_max_bytes && now - sp->last_rotate_ms >= ROTATE_CHECK_MS) {
 		sp->last_rotate_ms = now;
@@ -945,9 +959,14 @@ static int sup_init(struct sw_sup *sp, const struct sw_sup_opts *o, char *err, s
 	sp->noun = o->noun ? o->noun : "child";
 	sp->nouns = o->nouns ? o->nouns : "children";
 	sp->probe_ms = o->probe_ms ? o->probe_ms : DEFAULT_PROBE_MS;
+	sp->live_probe_ms = o->live_probe_ms ? o->live_probe_ms : DEFAULT_LIVE_PROBE_MS;
 	sp->tick_ms = 1000;
-	if (sp->pol.hang_ms && sp->pol.hang_ms / 4 < sp->tick_ms)
-		sp->tick_ms = sp->pol.hang_ms / 4 ? sp->pol.hang_ms / 4 : 1;
+	for (unsigned i = 0; i <= sp->n; i++) {
+		uint32_t hang = i < sp->n ? o->children[i].hang_ms : sp->pol.hang_ms;
+
+		if (hang && hang / 4 < sp->tick_ms)
+			sp->tick_ms = hang / 4 ? hang / 4 : 1;
+	}
 	if (o->ops && o->ops->probe && sp->probe_ms < sp->tick_ms)
 		sp->tick_ms = sp->probe_ms;
 	sp->ch = calloc(sp->n, sizeof(*sp->ch));

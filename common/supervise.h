@@ -19,8 +19,11 @@
  *   starting   spawned (or adopted), not yet ready: ready is the first
  *              sw_sup_beat() or the first ops->probe that succeeds; a
  *              child with neither op is ready at once;
- *   running    ready. With policy.hang_ms, a child that beat once and
- *              then stays silent hang_ms is SIGKILLed: a crash ("hangs");
+ *   running    ready. With a hang limit (child.hang_ms, else
+ *              policy.hang_ms), a child that beat once and then stays
+ *              silent that long is SIGKILLed: a crash ("hangs"). A child
+ *              without a beat pipe beats by answering ops->probe with
+ *              live set, asked every opts.live_probe_ms;
  *   backoff    exited; restarted after a delay (below);
  *   failed     more than policy.crash_limit crashes within
  *              policy.crash_window_ms: not restarted, the others keep
@@ -116,6 +119,7 @@ struct sw_sup_child {
 	gid_t gid;
 	uint32_t start_timeout_ms;  /* not ready this long after a spawn: killed, a
 				     * crash; 0 = wait for ever */
+	uint32_t hang_ms;           /* 0 = policy.hang_ms */
 	pid_t adopt;                /* > 0: watch this running process (first start only) */
 };
 
@@ -150,11 +154,14 @@ struct sw_sup_ops {
 	/* Child i's process pid exited; info->last_exit says how. Called
 	 * before the restart decision. */
 	void (*on_exit)(struct sw_sup *sup, unsigned i, int pid, void *user);
-	/* Is child i (process pid) ready? 0 yes, else a negative code with
-	 * the reason in err. Runs on libuv's thread pool, every probe_ms
-	 * while the child is starting (one call in flight per child): touch
-	 * only what is safe from another thread. */
-	int (*probe)(void *user, unsigned i, int pid, char *err, size_t errlen);
+	/* live false: is child i (process pid) ready? Asked every probe_ms
+	 * while it is starting. live true: is it still answering? Asked
+	 * every live_probe_ms while it runs, when it has a hang limit and no
+	 * beat pipe; a yes is a beat. 0 yes, else a negative code with the
+	 * reason in err. Runs on libuv's thread pool (one call in flight per
+	 * child): touch only what is safe from another thread, and bound
+	 * every wait (a stop waits for a probe in flight). */
+	int (*probe)(void *user, unsigned i, int pid, bool live, char *err, size_t errlen);
 	/* Appends to an exit's log line (", 14 tasks done"); out holds cap. */
 	void (*exit_note)(void *user, unsigned i, char *out, size_t cap);
 	/* The status document (a new reference), or NULL to skip this write. */
@@ -174,7 +181,8 @@ struct sw_sup_opts {
 	bool ordered;                       /* start child i after 0..i-1 (above) */
 	bool exit_when_all_failed;          /* return -EIO once every child failed */
 	bool hup_retries;                   /* SIGHUP: sw_sup_retry_failed */
-	uint32_t probe_ms;                  /* probe period; 0 = 100 */
+	uint32_t probe_ms;                  /* probe period while starting; 0 = 100 */
+	uint32_t live_probe_ms;             /* while running (above); 0 = 5000 */
 	uint64_t log_max_bytes;             /* rotate log files past this; 0 = never */
 	unsigned log_keep;                  /* rotated copies kept: PATH.1 .. PATH.keep */
 	const char *const *extra_logs;      /* NULL-terminated; more files to bound */

@@ -330,6 +330,7 @@ static const char *env_names[] = {
 	"SWARM_STATE_DIR", "SWARM_LOG_LEVEL", "SWARM_LOG_FILE", "SWARM_REDIS_URL",
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
+	"SWARM_SUPERVISOR_HANG_MS",
 };
 
 static int clear_env(void **state)
@@ -510,18 +511,21 @@ static void test_supervisor_keys(void **state)
 	assert_int_equal(c.supervisor.restart_backoff_max_ms, 30000);
 	assert_int_equal(c.supervisor.crash_window_ms, 60000);
 	assert_int_equal(c.supervisor.crash_limit, 5);
+	assert_int_equal(c.supervisor.hang_ms, 60000);
 	assert_true(c.supervisor.log_max_bytes == 8u << 20);
 	assert_int_equal(c.supervisor.log_keep, 2);
 
 	load_ok("{\"redis\": {\"maxmemory\": \"1GiB\"}, \"supervisor\": {"
 		"\"restart_backoff_min_ms\": 50, \"restart_backoff_max_ms\": 800,"
-		" \"crash_window_ms\": 5000, \"crash_limit\": 2, \"log_max_bytes\": \"64KiB\","
+		" \"crash_window_ms\": 5000, \"crash_limit\": 2, \"hang_ms\": 0,"
+		" \"log_max_bytes\": \"64KiB\","
 		" \"log_keep\": 0}}", &c);
 	assert_true(c.redis.maxmemory == 1u << 30);
 	assert_int_equal(c.supervisor.restart_backoff_min_ms, 50);
 	assert_int_equal(c.supervisor.restart_backoff_max_ms, 800);
 	assert_int_equal(c.supervisor.crash_window_ms, 5000);
 	assert_int_equal(c.supervisor.crash_limit, 2);
+	assert_int_equal(c.supervisor.hang_ms, 0); /* off */
 	assert_true(c.supervisor.log_max_bytes == 64u << 10);
 	assert_int_equal(c.supervisor.log_keep, 0);
 	load_ok("{\"redis\": {\"maxmemory\": 0}}", &c); /* no limit */
@@ -544,16 +548,19 @@ static void test_supervisor_keys(void **state)
 		     "redis.maxmemory: expected a byte size in [0, 1099511627776]"
 		     " (an integer or \"64MiB\"), got \"lots\"");
 
-	/* managed mode has no file: the two knobs an operator turns come
-	 * from the environment */
+	/* managed mode has no file: the knobs an operator turns come from
+	 * the environment */
 	sw_config_defaults(&c);
 	setenv("SWARM_REDIS_MAXMEMORY", "512MiB", 1);
 	setenv("SWARM_LOG_MAX_BYTES", "1048576", 1);
+	setenv("SWARM_SUPERVISOR_HANG_MS", "0", 1);
 	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
 	assert_true(c.redis.maxmemory == 512u << 20);
 	assert_true(c.supervisor.log_max_bytes == 1u << 20);
+	assert_int_equal(c.supervisor.hang_ms, 0);
 	unsetenv("SWARM_REDIS_MAXMEMORY");
 	unsetenv("SWARM_LOG_MAX_BYTES");
+	unsetenv("SWARM_SUPERVISOR_HANG_MS");
 	expect_env_error("SWARM_LOG_MAX_BYTES", "1KiB", -EINVAL,
 			 "SWARM_LOG_MAX_BYTES: expected a byte size in [65536, 1099511627776]"
 			 " (an integer or \"64MiB\"), got \"1KiB\"");

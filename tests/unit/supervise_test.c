@@ -10,7 +10,8 @@
  * Each supervisor runs in a forked child (it owns SIGTERM there); the test
  * reads its status file (the default document) and signals it. The probe
  * of a supervisor says child 0 is ready once DIR/go exists, and any other
- * child at once.
+ * child at once; and that a running child is alive unless DIR/sick
+ * exists.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -93,12 +94,14 @@ struct run {
 	bool fail_before_spawn;
 };
 
-static int probe(void *user, unsigned i, int pid, char *err, size_t errlen)
+static int probe(void *user, unsigned i, int pid, bool live, char *err, size_t errlen)
 {
 	struct run *r = user;
 
 	(void)pid;
-	if (i == 0 && !exists(r->dir, "go"))
+	if (live && exists(r->dir, "sick"))
+		return sw_seterr(err, errlen, -ETIMEDOUT, "no answer (sick)");
+	if (!live && i == 0 && !exists(r->dir, "go"))
 		return sw_seterr(err, errlen, -EAGAIN, "no %s/go yet", r->dir);
 	return 0;
 }
@@ -431,6 +434,42 @@ static void test_start_timeout_kills(void **state)
 	cleanup(&r);
 }
 
+static void test_hang_by_probe(void **state)
+{
+	struct run r;
+	char s[SW_ERR_MAX];
+
+	(void)state;
+	prepare(&r, 2, "run");
+	r.o.ops = &probe_ops;
+	r.o.live_probe_ms = 20;
+	r.o.policy.hang_ms = 10000; /* c1: never within the test */
+	r.ch[0].hang_ms = 200;
+	touch(&r, "go");
+	launch(&r);
+	assert_true(wait_state(&r, 0, "running", 20000));
+	assert_true(wait_state(&r, 1, "running", 20000));
+	sw_sleep_ms(400); /* twice the limit: answering, so not hung */
+	assert_int_equal(cint(&r, 0, "hangs"), 0);
+	assert_int_equal(cint(&r, 0, "spawns"), 1);
+
+	/* c0 stops answering: killed after 200 ms, a crash, restarted */
+	touch(&r, "sick");
+	assert_true(wait_int(&r, 0, "hangs", 1, 20000));
+	snprintf(s, sizeof(s), "%s/sick", r.dir);
+	assert_int_equal(unlink(s), 0);
+	assert_true(wait_int(&r, 0, "spawns", 2, 20000));
+	assert_true(wait_state(&r, 0, "running", 20000));
+	cstr(&r, 0, "last_exit", s, sizeof(s));
+	assert_string_equal(s, "signal 9");
+	assert_true(cint(&r, 0, "crashes") >= 1);
+	assert_int_equal(cint(&r, 0, "hangs"), cint(&r, 0, "crashes")); /* every death a hang */
+	assert_int_equal(cint(&r, 1, "hangs"), 0);
+	kill(r.pid, SIGTERM);
+	assert_int_equal(finish(&r, 20000), 0);
+	cleanup(&r);
+}
+
 static void test_sighup_retries_failed(void **state)
 {
 	struct run r;
@@ -642,6 +681,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_spawn_failures_count),
 		cmocka_unit_test(test_ordered_start_waits_for_probe),
 		cmocka_unit_test(test_start_timeout_kills),
+		cmocka_unit_test(test_hang_by_probe),
 		cmocka_unit_test(test_sighup_retries_failed),
 		cmocka_unit_test(test_adopt_and_release),
 		cmocka_unit_test(test_adopt_gone_pid_spawns),
