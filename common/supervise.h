@@ -16,9 +16,9 @@
  *   waiting    due to start; with opts.ordered it starts only once every
  *              earlier child is running, failed or stopped (dependency
  *              order: Redis before agentd);
- *   starting   spawned (or adopted), not yet ready: ready is the first
- *              sw_sup_beat() or the first ops->probe that succeeds; a
- *              child with neither op is ready at once;
+ *   starting   spawned, not yet ready: ready is the first sw_sup_beat()
+ *              or the first ops->probe that succeeds; a child with
+ *              neither is ready at once, and so is an adopted process;
  *   running    ready. With a hang limit (child.hang_ms, else
  *              policy.hang_ms), a child that beat once and then stays
  *              silent that long is SIGKILLed: a crash ("hangs"). A child
@@ -52,9 +52,9 @@
  * back takes over running services whose parent it is not. Their exit
  * status is unknown ("last_exit": "gone").
  *
- * Logs: a child with log_path gets stdin from /dev/null and stdout and
- * stderr appended (O_APPEND) to that file, opened by the supervisor at
- * each spawn. With opts.log_max_bytes the supervisor checks each such
+ * Logs: every child's stdin is /dev/null; a child with log_path gets
+ * stdout and stderr appended (O_APPEND) to that file, opened by the
+ * supervisor at each spawn (else it inherits the supervisor's). With opts.log_max_bytes the supervisor checks each such
  * file (and opts.extra_logs) about once a second and rotates one that
  * outgrew the bound by copy and truncate (sw_sup_rotate): the child's
  * descriptor stays valid, nothing it writes blocks on the supervisor, and
