@@ -551,7 +551,8 @@ static void child_gone(struct child *c, int64_t exit_status, int term_signal, bo
 	}
 	log_warn("%s (pid %d): %s%s after %" PRIu64 " ms; restarting in %u ms", c->spec->name,
 		 pid, c->info.last_exit,
-		 c->killed_hung ? " (killed: hung)" : c->killed_start ? " (killed: not ready)" : "",
+		 c->killed_hung ? " (killed: hung)" : c->killed_start ? " (killed: not ready)" :
+		 !known ? " (adopted: its exit status is not ours to read)" : "",
 		 ran, c->backoff_ms);
 	c->info.state = SW_SUP_BACKOFF;
 	uv_timer_start(&c->restart, on_restart_timer, c->backoff_ms, 0);
