@@ -1,5 +1,7 @@
 /* supervisor.h - `agentd --config FILE`: keeps agentd.workers worker
- * processes alive (DESIGN §6).
+ * processes alive (DESIGN §6), on the shared supervision loop
+ * (common/supervise.h); the rules below are that loop's, with agentd's
+ * settings.
  *
  * Each worker is the same binary run as
  *     <exe> worker --config FILE --heartbeat-fd 3 [--sql-dir DIR]

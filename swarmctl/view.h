@@ -13,6 +13,26 @@
 #include "swarmctl/services.h"
 #include "swarmctl/tasks.h"
 
+/* The process table of status and top: an object keyed by service name
+ * ("supervisor" first in managed mode, then redis, postgres, gpud,
+ * agentd). Each: "up" (a live pid; for an external service, whether it
+ * answers), "pid", "uptime_s", "external" and "error" (why an external
+ * one does not answer); in managed mode, from the supervisor's status
+ * while it runs: "state" (starting|running|backoff|waiting|failed),
+ * "restarts", "crashes", "last_exit", "last_exit_ago_s", "adopted", and
+ * for a service that failed or could not start "start_error" and
+ * "last_lines" (the end of its log at its last death) with "log".
+ * *all_up: every entry up (the supervisor included); *any_up: any
+ * service up. A new reference; NULL when out of memory. */
+json_t *ctl_processes_json(const struct ctl_env *e, bool *all_up, bool *any_up);
+
+/* Prints the table of ctl_processes_json: SERVICE STATE PID UPTIME
+ * RESTARTS LAST EXIT, then what is wrong: a failed service's reason and
+ * last log lines, a supervisor that does not run. STATE is "up" or
+ * "down", or the supervisor's word for a service on its way up or down
+ * (starting, backoff, waiting, failed). */
+void ctl_print_processes(FILE *f, const struct ctl_env *e, const json_t *procs);
+
 /* gpud's STATS (mem false) or MEM reply (flags: PROTO_MEM_*), parsed.
  * NULL with a message in err when gpud cannot be reached or answers
  * nonsense. The caller json_decref()s the result. */

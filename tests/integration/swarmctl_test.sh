@@ -12,7 +12,9 @@
 # metrics port taken) reported with its cause and nothing left running; then twice in the same state directory:
 # start, status, submit --wait, results, top, double start refused, stop,
 # stop again - the second round reuses the cluster and still has the first
-# round's results, and refuses a submit --wait once agentd is gone.
+# round's results, and refuses a submit --wait once agentd is gone (its
+# supervisor killed first, then agentd; stop then works without the
+# supervisor). What the supervisor heals: swarmctl_heal_test.sh.
 # submit makes one task per input: a summarize of a file is one task that
 # names its document, the same file again is the same document, a
 # swarmctl killed right after queueing loses nothing, and with --question
@@ -251,6 +253,9 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$top/port" &
 		kill "$holder" 2>/dev/null
 		wait "$holder" 2>/dev/null
 		holder=
+		# agentd gone for good: the supervisor first (it would restart it)
+		read -r spid _ <"$state/run/supervisor.pid"
+		kill -KILL "$spid"
 		read -r apid _ <"$state/run/agentd.pid"
 		kill -TERM "$apid"
 		for _ in $(seq 1 100); do
@@ -260,7 +265,8 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$top/port" &
 		check "round 2: submit --wait with agentd gone: refused, nothing queued" 1 \
 			"agentd is not running" "nothing queued" \
 			-- ctl submit "$samples/tides.txt" --wait
-		check "round 2: status shows agentd down" 1 "agentd +down" "gpud +up" -- ctl status
+		check "round 2: status shows agentd down" 1 "agentd +down" "gpud +up" \
+			"supervisor +down" -- ctl status
 	fi
 	check "round $round: stop" 0 "stopping gpud" "stopping redis" "stopping postgres" \
 		-- ctl stop
