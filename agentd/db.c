@@ -443,6 +443,62 @@ int agent_db_task_finish(struct agent_db *db, const char *id, enum agent_task_st
 	return 0;
 }
 
+int agent_db_task_complete(struct agent_db *db, const char *id, const char *location,
+			   int64_t doc_id, char *err, size_t errlen)
+{
+	static const char sql[] =
+		"UPDATE tasks SET status = 'completed', location = $2,"
+		" document_id = COALESCE($3::bigint, document_id), finished_at = now()"
+		" WHERE id = $1";
+	char dbuf[24];
+	const char *params[3] = { id, location, NULL };
+	PGresult *r;
+	int rc;
+
+	if (doc_id > 0) {
+		snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc_id);
+		params[2] = dbuf;
+	}
+	rc = agent_db_exec(db, sql, 3, params, &r, err, errlen);
+	if (rc)
+		return rc;
+	rc = strcmp(PQcmdTuples(r), "0") == 0 ? SW_ENOTFOUND : 0;
+	PQclear(r);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "task %s: no such task", id);
+	return 0;
+}
+
+int agent_db_task_document(struct agent_db *db, const char *id, int64_t *doc_id, char *err,
+			   size_t errlen)
+{
+	const char *params[1] = { id };
+	PGresult *r;
+	int rc;
+
+	*doc_id = 0;
+	rc = agent_db_exec(db, "SELECT document_id FROM tasks WHERE id = $1", 1, params, &r, err,
+			   errlen);
+	if (rc)
+		return rc;
+	rc = PQntuples(r) == 1 && !PQgetisnull(r, 0, 0) ? 0 : SW_ENOTFOUND;
+	if (rc == 0)
+		*doc_id = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+	PQclear(r);
+	return rc;
+}
+
+int agent_db_task_set_document(struct agent_db *db, const char *id, int64_t doc_id, char *err,
+			       size_t errlen)
+{
+	char dbuf[24];
+	const char *params[2] = { id, dbuf };
+
+	snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc_id);
+	return agent_db_exec(db, "UPDATE tasks SET document_id = $2 WHERE id = $1", 2, params, NULL,
+			     err, errlen);
+}
+
 static void copy_field(PGresult *r, int col, char *dst, size_t len)
 {
 	if (dst && len)

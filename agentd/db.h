@@ -110,6 +110,26 @@ int agent_db_task_start(struct agent_db *db, const char *id, const char *kind,
 int agent_db_task_finish(struct agent_db *db, const char *id, enum agent_task_status status,
 			 const char *error, const char *location, char *err, size_t errlen);
 
+/* Marks the task completed with its location and the document it used
+ * (doc_id 0 keeps what the row has: the one its ingest recorded, or
+ * NULL). SW_ENOTFOUND when no row has that id. */
+int agent_db_task_complete(struct agent_db *db, const char *id, const char *location,
+			   int64_t doc_id, char *err, size_t errlen);
+
+/* The document recorded for task id (agent_db_task_set_document) in
+ * *doc_id; SW_ENOTFOUND (*doc_id 0) when the task has no row or no
+ * document yet. A redelivered task that brings its document finds here
+ * the one its first delivery stored. */
+int agent_db_task_document(struct agent_db *db, const char *id, int64_t *doc_id, char *err,
+			   size_t errlen);
+
+/* Records doc_id as the document of task id. Call it inside the
+ * transaction that stores the document, so both commit or neither. A
+ * task without a row (a task run outside a worker) records nothing and
+ * that is not an error. */
+int agent_db_task_set_document(struct agent_db *db, const char *id, int64_t doc_id, char *err,
+			       size_t errlen);
+
 /* Reads a task's status; error and location are copied (truncated,
  * NUL-terminated; "" when NULL in the table) when their buffers are not
  * NULL. SW_ENOTFOUND when absent. */

@@ -608,19 +608,26 @@ int agent_queue_dead(struct agent_queue *q, const struct agent_msg *m, const cha
 }
 
 int agent_queue_result(struct agent_queue *q, const char *task_id, const char *status,
-		       const char *location, const char *error, char *err, size_t errlen)
+		       const char *location, int64_t document_id, const char *error, char *err,
+		       size_t errlen)
 {
+	char doc[24] = "";
 	redisReply *r;
 	int rc;
 
+	if (document_id > 0)
+		snprintf(doc, sizeof(doc), "%" PRId64, document_id);
 	if (q->results_maxlen)
 		rc = run(q, &r, err, errlen,
-			 "XADD %s MAXLEN ~ %u * task_id %s status %s location %s error %s",
+			 "XADD %s MAXLEN ~ %u * task_id %s status %s location %s error %s "
+			 "document_id %s",
 			 q->results, q->results_maxlen, task_id, status, location ? location : "",
-			 error ? error : "");
+			 error ? error : "", doc);
 	else
-		rc = run(q, &r, err, errlen, "XADD %s * task_id %s status %s location %s error %s",
-			 q->results, task_id, status, location ? location : "", error ? error : "");
+		rc = run(q, &r, err, errlen,
+			 "XADD %s * task_id %s status %s location %s error %s document_id %s",
+			 q->results, task_id, status, location ? location : "", error ? error : "",
+			 doc);
 	if (rc)
 		return rc;
 	freeReplyObject(r);

@@ -128,10 +128,12 @@ int agent_queue_dead(struct agent_queue *q, const struct agent_msg *m, const cha
 		     const char *error, char *err, size_t errlen);
 
 /* XADD results MAXLEN ~ results_maxlen * task_id <id> status <status>
- * location <location> error <error>. location and error may be NULL
- * (""). SW_EBUSY when Redis is out of memory (nothing added). */
+ * location <location> error <error> document_id <document_id>. location
+ * and error may be NULL (""); document_id 0 is "" (the task used no
+ * document). SW_EBUSY when Redis is out of memory (nothing added). */
 int agent_queue_result(struct agent_queue *q, const char *task_id, const char *status,
-		       const char *location, const char *error, char *err, size_t errlen);
+		       const char *location, int64_t document_id, const char *error, char *err,
+		       size_t errlen);
 
 /* 0 when entry id is pending for this consumer, SW_ENOTFOUND when it is
  * not (acknowledged, or another worker reclaimed it), or an error. */

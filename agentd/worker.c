@@ -119,15 +119,17 @@ static void *callback_thread(void *arg)
 
 /* Queues a POST; a full queue drops it with a warning (never blocks). */
 static void callback_post(struct callbacks *cb, const char *url, const char *task_id,
-			  const char *status, const char *location, const char *error)
+			  const char *status, const char *location, int64_t document_id,
+			  const char *error)
 {
 	json_t *o;
 	char *json;
 
 	if (!url || !cb->started)
 		return;
-	o = json_pack("{s:s, s:s, s:s, s:s}", "task_id", task_id, "status", status, "location",
-		      location ? location : "", "error", error ? error : "");
+	o = json_pack("{s:s, s:s, s:s, s:s, s:o}", "task_id", task_id, "status", status,
+		      "location", location ? location : "", "error", error ? error : "",
+		      "document_id", document_id > 0 ? json_integer(document_id) : json_null());
 	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
 	json_decref(o);
 	pthread_mutex_lock(&cb->lock);
@@ -338,6 +340,7 @@ struct outcome {
 	bool dead_letter;                  /* status dead: move the entry to swarm:dead */
 	char id[PROTO_TASK_MAX_ID + 80];
 	char location[AGENT_LOCATION_MAX];
+	int64_t doc;                       /* the document it stored or read; 0 = none */
 	char error[SW_ERR_MAX + 64];       /* "" = none */
 	const char *callback_url;          /* the task's (lives as long as it), or NULL */
 	bool acked, announced;             /* steps done */
@@ -375,7 +378,8 @@ static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *
 		set_entry(w, NULL); /* no lease left to hold */
 	}
 	if (!o->announced) {
-		rc = agent_queue_result(w->q, o->id, status, o->location, error, err, SW_ERR_MAX);
+		rc = agent_queue_result(w->q, o->id, status, o->location, o->doc, error, err,
+					SW_ERR_MAX);
 		o->tries++;
 		if (rc == SW_EBUSY && !o->acked) {
 			char aerr[SW_ERR_MAX];
@@ -398,20 +402,20 @@ static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *
 		o->acked = true;
 	}
 	callback_post(&w->cb, o->callback_url, o->id, status, o->location[0] ? o->location : NULL,
-		      error);
+		      o->doc, error);
 	atomic_fetch_add(&w->done, 1);
 	o->set = false;
 	return 0;
 }
 
 /* Records in o what a task committed with status st owes, and delivers
- * it (deliver()'s return). location and error may be NULL. */
+ * it (deliver()'s return). location and error may be NULL, doc 0. */
 static int settle(struct worker *w, const struct agent_msg *m, struct outcome *o,
-		  const char *id, enum agent_task_status st, const char *location,
+		  const char *id, enum agent_task_status st, const char *location, int64_t doc,
 		  const char *error, const char *callback_url, char *err)
 {
 	*o = (struct outcome){ .set = true, .status = st, .dead_letter = st == AGENT_TASK_DEAD,
-			       .callback_url = callback_url };
+			       .doc = doc, .callback_url = callback_url };
 	snprintf(o->id, sizeof(o->id), "%s", id);
 	snprintf(o->location, sizeof(o->location), "%s", location ? location : "");
 	snprintf(o->error, sizeof(o->error), "%s", error ? error : "");
@@ -430,6 +434,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
 	char last[SW_ERR_MAX], msg[SW_ERR_MAX + 64];
 	enum agent_task_status prev;
+	int64_t doc = 0;
 	int attempts, rc;
 
 	if (t->id)
@@ -446,11 +451,14 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 				       sizeof(location), err, SW_ERR_MAX);
 		if (rc)
 			return rc;
+		rc = agent_db_task_document(w->db, id, &doc, err, SW_ERR_MAX);
+		if (rc && rc != SW_ENOTFOUND)
+			return rc;
 		log_info("task %s: redelivered after it ended %s; acknowledging", id,
 			 agent_task_status_name(prev));
 		/* A dead one was never moved (the move is what acknowledges):
 		 * move it now, so its JSON is kept in swarm:dead. */
-		return settle(w, m, o, id, prev, location, last[0] ? last : NULL,
+		return settle(w, m, o, id, prev, location, doc, last[0] ? last : NULL,
 			      parse_rc ? NULL : t->callback_url, err);
 	}
 	if (parse_rc) {
@@ -460,13 +468,16 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_warn("task %s: %s", id, parse_err);
 		w->st.failed++;
-		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, parse_err, NULL, err);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, 0, parse_err, NULL, err);
 	}
 	if (m->deliveries > max_attempts) {
 		/* The worker that had the last allowed delivery died with it. */
 		rc = agent_db_task_get(w->db, id, NULL, NULL, last, sizeof(last), NULL, 0, err,
 				       SW_ERR_MAX);
 		if (rc)
+			return rc;
+		rc = agent_db_task_document(w->db, id, &doc, err, SW_ERR_MAX);
+		if (rc && rc != SW_ENOTFOUND)
 			return rc;
 		snprintf(msg, sizeof(msg), "gave up after %u deliveries; last error: %s",
 			 m->deliveries - 1, last[0] ? last : "none recorded (the worker died)");
@@ -476,14 +487,14 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 	err[0] = '\0';
 	mark_progress(w);
 	rc = agent_run_task(&w->ctx, t, location, sizeof(location), err, SW_ERR_MAX);
+	doc = w->ctx.document_id;
 	if (rc == 0) {
-		rc = agent_db_task_finish(w->db, id, AGENT_TASK_COMPLETED, NULL, location, err,
-					  SW_ERR_MAX);
+		rc = agent_db_task_complete(w->db, id, location, doc, err, SW_ERR_MAX);
 		if (rc)
 			return rc;
 		w->st.completed++;
-		return settle(w, m, o, id, AGENT_TASK_COMPLETED, location, NULL, t->callback_url,
-			      err);
+		return settle(w, m, o, id, AGENT_TASK_COMPLETED, location, doc, NULL,
+			      t->callback_url, err);
 	}
 	if (agent_error_outage(rc)) {
 		log_debug("task %s: %s", id, err);
@@ -496,7 +507,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.failed++;
-		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, msg, t->callback_url, err);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, doc, msg, t->callback_url, err);
 	}
 	if (m->deliveries < max_attempts) {
 		log_warn("task %s: attempt %u of %u failed: %s", id, m->deliveries, max_attempts, err);
@@ -515,7 +526,7 @@ dead:
 	if (rc)
 		return rc;
 	w->st.dead++;
-	return settle(w, m, o, id, AGENT_TASK_DEAD, NULL, msg, t->callback_url, err);
+	return settle(w, m, o, id, AGENT_TASK_DEAD, NULL, doc, msg, t->callback_url, err);
 }
 
 /* Runs one claimed entry to its end, riding out outages: until the

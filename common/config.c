@@ -75,6 +75,8 @@ static const struct field log_fields[] = {
 static const struct field redis_fields[] = {
 	{ .key = "url", .kind = K_REDIS_URL, .off = OFF(redis.url),
 	  .size = sizeof(((struct sw_config *)0)->redis.url), .env = "SWARM_REDIS_URL" },
+	{ .key = "maxmemory", .kind = K_BYTES, .off = OFF(redis.maxmemory), .min = 0,
+	  .max = 1ull << 40, .env = "SWARM_REDIS_MAXMEMORY" },
 	{ .key = NULL },
 };
 
@@ -138,6 +140,18 @@ static const struct field agentd_fields[] = {
 	{ .key = NULL },
 };
 
+static const struct field supervisor_fields[] = {
+	U32("restart_backoff_min_ms", supervisor.restart_backoff_min_ms, 1, MS_HOUR, 0, NULL),
+	U32("restart_backoff_max_ms", supervisor.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
+	U32("crash_window_ms", supervisor.crash_window_ms, 1000, MS_DAY, 0, NULL),
+	U32("crash_limit", supervisor.crash_limit, 1, 1000, 0, NULL),
+	U32("hang_ms", supervisor.hang_ms, 0, MS_DAY, 0, "SWARM_SUPERVISOR_HANG_MS"),
+	{ .key = "log_max_bytes", .kind = K_BYTES, .off = OFF(supervisor.log_max_bytes),
+	  .min = 64u << 10, .max = 1ull << 40, .env = "SWARM_LOG_MAX_BYTES" },
+	U32("log_keep", supervisor.log_keep, 0, 100, 0, NULL),
+	{ .key = NULL },
+};
+
 static const struct field root_fields[] = {
 	STR("state_dir", state_dir, F_NONEMPTY, "SWARM_STATE_DIR"),
 	OBJ("log", log_fields),
@@ -145,6 +159,7 @@ static const struct field root_fields[] = {
 	OBJ("postgres", postgres_fields),
 	OBJ("gpud", gpud_fields),
 	OBJ("agentd", agentd_fields),
+	OBJ("supervisor", supervisor_fields),
 	{ .key = NULL },
 };
 
@@ -197,6 +212,27 @@ void sw_config_defaults(struct sw_config *cfg)
 	/* A dead entry carries its whole task (up to 16 MiB of JSON); dead
 	 * tasks are rare, and PostgreSQL keeps every one's id and error. */
 	cfg->agentd.dead_maxlen = 1000;
+
+	/* A service restarts after 0.25 s, 0.5 s, 1 s ... 30 s; six quick
+	 * deaths in a minute (about 8 s of backoff) mark it failed. The
+	 * minimum is above agentd's 0.1 s: a killed postmaster's backends
+	 * need a moment to go before a new one may start. */
+	cfg->supervisor.restart_backoff_min_ms = 250;
+	cfg->supervisor.restart_backoff_max_ms = 30000;
+	cfg->supervisor.crash_window_ms = 60000;
+	cfg->supervisor.crash_limit = 5;
+	/* A minute without an answer (Redis PING, PostgreSQL accepting or
+	 * refusing connections, gpud stats; probed every 5 s) is a hang,
+	 * not load: each answers from its event loop, not its work. */
+	cfg->supervisor.hang_ms = 60000;
+	cfg->supervisor.log_max_bytes = 8ull << 20;
+	cfg->supervisor.log_keep = 2;
+	/* Managed Redis holds only work in flight (acknowledged entries are
+	 * deleted, results and dead letters capped): 256 MiB is tens of
+	 * thousands of queued documents, hours of work for one node, yet
+	 * small beside the model and PostgreSQL; past it a submit is refused
+	 * (noeviction), which is back-pressure, not loss. */
+	cfg->redis.maxmemory = 256ull << 20;
 }
 
 /* ---- messages ------------------------------------------------------- */
@@ -605,6 +641,11 @@ int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, s
 		return sw_seterr(err, errlen, -EINVAL,
 				 "agentd.restart_backoff_min_ms: expected at most agentd.restart_backoff_max_ms (%u), got %u",
 				 a->restart_backoff_max_ms, a->restart_backoff_min_ms);
+	if (cfg->supervisor.restart_backoff_min_ms > cfg->supervisor.restart_backoff_max_ms)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "supervisor.restart_backoff_min_ms: expected at most supervisor.restart_backoff_max_ms (%u), got %u",
+				 cfg->supervisor.restart_backoff_max_ms,
+				 cfg->supervisor.restart_backoff_min_ms);
 	if (a->heartbeat_ms >= a->lease_ms)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "agentd.heartbeat_ms: expected less than agentd.lease_ms (%u), got %u",

@@ -47,6 +47,7 @@ struct sw_config {
 
 	struct {
 		char url[SW_CONFIG_URL_MAX];    /* redis://, rediss:// or unix:// */
+		uint64_t maxmemory;             /* managed Redis only; 0 = no limit */
 	} redis;
 
 	struct {
@@ -101,6 +102,18 @@ struct sw_config {
 		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
 		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
 	} agentd;
+
+	/* swarmctl's managed-mode supervisor (Redis, PostgreSQL, gpud,
+	 * agentd); systemd's job in external mode. */
+	struct {
+		uint32_t restart_backoff_min_ms;
+		uint32_t restart_backoff_max_ms;
+		uint32_t crash_window_ms;
+		uint32_t crash_limit;           /* crashes per window before failed */
+		uint32_t hang_ms;               /* not answering this long: killed; 0 = off */
+		uint64_t log_max_bytes;         /* a service's log is rotated past this */
+		uint32_t log_keep;              /* rotated copies kept (NAME.log.1 ..) */
+	} supervisor;
 };
 
 /* Flags for sw_config_validate. */
@@ -126,13 +139,15 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  * variable is ignored; a set one, even empty, must be valid):
  *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
  *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
- *   SWARM_THREADS SWARM_WORKERS
+ *   SWARM_THREADS SWARM_WORKERS SWARM_REDIS_MAXMEMORY SWARM_LOG_MAX_BYTES
+ *   SWARM_SUPERVISOR_HANG_MS
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);
 
 /* Cross-field checks (queue.per_connection <= queue.global, backoff
- * min <= max, heartbeat < lease, no duplicate device) and, with
+ * min <= max (agentd and supervisor), heartbeat < lease, no duplicate
+ * device) and, with
  * SW_CONFIG_NEED_MODEL, that gpud.model is set. Returns 0 or -EINVAL. */
 int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, size_t errlen);
 

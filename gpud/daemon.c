@@ -110,7 +110,10 @@ static void daemon_free(struct gpud_daemon *d)
 
 /* --- building the parts (after the plan, before the loop) ------------------- */
 
-/* The trough watchdog, with room for every pool the daemon registers. */
+/* The trough watchdog, with room for every pool the daemon registers.
+ * It watches what live requests hold, whose trough also follows the load:
+ * a load that steps up and stays lifts it once, a leak again and again,
+ * hence two rising windows at least (min_steps). */
 static int watch_build(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
@@ -119,6 +122,7 @@ static int watch_build(struct gpud_daemon *d)
 		.window_ms = g->watchdog.window_ms,
 		.k = g->watchdog.k,
 		.min_rise = 1,
+		.min_steps = 2,
 		.rise_fraction = 0,
 	};
 	int rc;
@@ -148,6 +152,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.device = (int)dv->idx;
 	ep.kind = g->devices[dv->idx].kind;
 	ep.ordinal = g->devices[dv->idx].index;
+	ep.test_leak_kv = d->leak_kv;
 	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
 	if (rc) {
 		log_error("%s: engine: %s", dv->name, err);
@@ -206,15 +211,23 @@ static int jobs_build(struct gpud_daemon *d, struct device *dv)
 	return 0;
 }
 
-/* dv's KV and mask pools under the trough watchdog. */
+/* dv's KV and mask pools under the trough watchdog, which watches what
+ * live requests hold in each and reports what its cache keeps beside it:
+ * the prefix cache's blocks no request uses (bounded by
+ * prefix_cache_bytes), the mask cache's unpinned masks (bounded by its
+ * entries). */
 static int device_watch(struct gpud_daemon *d, struct device *dv)
 {
+	uint64_t n_blocks = dv->est.kv.n_blocks;
+	uint64_t kv_bound = d->cfg.gpud.prefix_cache_bytes / d->kv_block_bytes;
 	char wname[GPUD_STATS_NAME_MAX + 8];
 
 	snprintf(wname, sizeof(wname), "%s.kv", dv->name);
-	dv->wd_kv = gpud_memwatch_register(d->watch, wname, dv->est.kv.n_blocks);
+	dv->wd_kv = gpud_memwatch_register_cached(d->watch, wname, n_blocks,
+						  kv_bound < n_blocks ? kv_bound : n_blocks);
 	snprintf(wname, sizeof(wname), "%s.mask", dv->name);
-	dv->wd_mask = gpud_memwatch_register(d->watch, wname, dv->mst.pool_capacity);
+	dv->wd_mask = gpud_memwatch_register_cached(d->watch, wname, dv->mst.pool_capacity,
+						    dv->mst.max_entries);
 	if (dv->wd_kv < 0 || dv->wd_mask < 0) {
 		log_error("%s: watchdog registration failed", dv->name);
 		return -EINVAL;
@@ -493,6 +506,58 @@ static void log_model_plan(const struct gpud_daemon *d, const struct start *st)
 		       gpud_model_weight_bytes(d->model));
 }
 
+/* GPUD_TEST_LEAK: the planted leaks of the trough watchdog's tests
+ * (tests/integration/gpud_watch_test.c), a comma-separated list of
+ * "mask" (every finished request keeps its mask pinned) and "kv" (every
+ * freed KV sequence keeps a hold on its last block), each optionally
+ * ":N" for one in N instead of every one (so that the rest fill the
+ * caches to their bounds and the leak must show behind them). An
+ * environment variable, not a configuration key, so that no swarm.json,
+ * SWARM_* override, systemd unit or `swarmctl start` can turn it on: only
+ * a test that sets it for the daemon it spawns; and in the shipped
+ * binary, so that the tests prove the watchdog of the binary that runs
+ * (it costs a branch per finished request and per freed sequence). Unset
+ * or empty: nothing. Anything else refuses to start. */
+static int test_leaks_read(struct gpud_daemon *d)
+{
+	const char *v = getenv("GPUD_TEST_LEAK");
+
+	while (v && *v) {
+		size_t n = strcspn(v, ",");
+		size_t w = strcspn(v, ",:");
+		unsigned long every = 1;
+		uint32_t *slot = NULL;
+
+		if (w == 4 && !strncmp(v, "mask", 4))
+			slot = &d->leak_masks;
+		else if (w == 2 && !strncmp(v, "kv", 2))
+			slot = &d->leak_kv;
+		if (slot && w < n) { /* ":N" */
+			char *end;
+
+			every = strtoul(v + w + 1, &end, 10);
+			if (end != v + n || v[w + 1] < '0' || v[w + 1] > '9' || every < 1 ||
+			    every > 1000000)
+				slot = NULL;
+		}
+		if (!slot && n) {
+			log_error("GPUD_TEST_LEAK: unknown leak \"%.*s\" (expected mask, kv, "
+				  "mask:N or kv:N, comma-separated)", (int)(n < 64 ? n : 64), v);
+			return -EINVAL;
+		}
+		if (slot)
+			*slot = (uint32_t)every;
+		v += n + (v[n] == ',');
+	}
+	if (d->leak_masks)
+		log_warn("GPUD_TEST_LEAK: leaking on purpose, for the watchdog's tests: one "
+			 "finished request in %u keeps its mask pinned", d->leak_masks);
+	if (d->leak_kv)
+		log_warn("GPUD_TEST_LEAK: leaking on purpose, for the watchdog's tests: one freed "
+			 "KV sequence in %u keeps its last block", d->leak_kv);
+	return 0;
+}
+
 /* The planned figures onto d, and each device's name and lock. */
 static void devices_init(struct gpud_daemon *d, const struct start *st)
 {
@@ -675,6 +740,9 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 		return 0;
 	}
 	log_model_plan(d, &st);
+	rc = test_leaks_read(d);
+	if (rc)
+		goto out_fail;
 
 	devices_init(d, &st);
 	rc = daemon_build(d, &st.z);

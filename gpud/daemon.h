@@ -97,6 +97,10 @@ struct gpud_dev_numbers {
 	const char *name;                    /* "cpu0" */
 	uint64_t kv_block_bytes;
 	struct gpud_engine_stats engine;     /* KV pool and scratch */
+	uint32_t kv_live, kv_cached;         /* engine.kv.used split as the
+					      * watchdog sees it: blocks live
+					      * requests hold, blocks only the
+					      * prefix cache keeps */
 	struct gpud_maskcache_stats mask;
 	uint32_t mask_high;                  /* most mask slots used at once */
 	struct gpud_sched_device_stats sched; /* queue, steps, prefix cache */
@@ -106,7 +110,10 @@ struct gpud_dev_numbers {
 
 /* Appends dev's entry to s->devices, its pools "<name>.kv" (blocks),
  * "<name>.scratch" (bytes), "<name>.mask" (slots) to s->pools and its
- * caches "<name>.mask" and "<name>.prefix" to s->caches. Entries that do
+ * caches "<name>.mask" and "<name>.prefix" to s->caches. The kv pool's
+ * live and cached parts are kv_live and kv_cached (the prefix cache's,
+ * bounded by prefix_max_bytes in blocks), the mask pool's the pinned and
+ * unpinned masks (bounded by the cache's max_entries). Entries that do
  * not fit the snapshot's arrays are left out (the counts stay within
  * their maxima). Copies every string (warnings included). */
 void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_dev_numbers *n);

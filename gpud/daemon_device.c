@@ -92,42 +92,59 @@ static int run_jobs(struct device *dv)
 	}
 }
 
-/* Inside gpud_sched_device_exec: the engine is ours, its numbers steady. */
+/* Inside gpud_sched_device_exec: the engine is ours, its numbers steady,
+ * and so is the device's prefix cache (the scheduler changes it only
+ * while the device is not busy). What the watchdog watches is what live
+ * requests hold; what the caches keep goes beside it:
+ *   KV:    live = used - blocks of prefix entries no sequence uses (only
+ *          the cache keeps those; a hold leaked on one shows once the
+ *          cache evicts it, which a full cache keeps doing);
+ *   masks: live = slots of pinned masks, cached = the unpinned ones.
+ * O(1) and no allocation: this runs after every step. */
 static int sample_fn(struct gpud_engine *e, void *arg)
 {
 	struct device *dv = arg;
 	struct gpud_daemon *d = dv->d;
 	struct gpud_engine_stats st;
-	struct gpud_maskcache_stats ms;
+	struct gpud_sched_device_stats ds;
+	struct gpud_maskcache_counts mc;
+	uint32_t kv_cached;
 	uint64_t t = now_ms();
 
 	gpud_engine_stats(e, &st);
+	gpud_sched_device_stats(d->sched, dv->idx, &ds);
+	kv_cached = ds.prefix_unreferenced <= st.kv.used ? ds.prefix_unreferenced : st.kv.used;
 #ifdef SW_DEBUG
 	/* O(1) per-step accounting check (DESIGN §2); the full check is
 	 * gpud_engine_check / gpud_maskcache_check. */
-	if (st.kv.used + st.kv.free != st.kv.n_blocks) {
-		log_error("%s: KV pool accounting broken: used %u + free %u != %u", dv->name,
-			  st.kv.used, st.kv.free, st.kv.n_blocks);
+	if (st.kv.used + st.kv.free != st.kv.n_blocks ||
+	    ds.prefix_unreferenced > st.kv.used) {
+		log_error("%s: KV pool accounting broken: used %u + free %u != %u, or %u "
+			  "blocks cached unused", dv->name, st.kv.used, st.kv.free,
+			  st.kv.n_blocks, ds.prefix_unreferenced);
 		abort();
 	}
 #endif
 	pthread_mutex_lock(&dv->lock);
-	gpud_maskcache_stats(dv->masks, &ms);
+	gpud_maskcache_counts(dv->masks, &mc);
 #ifdef SW_DEBUG
-	if (ms.pool_used + ms.pool_free != ms.pool_capacity) {
-		log_error("%s: mask pool accounting broken: used %u + free %u != %u", dv->name,
-			  ms.pool_used, ms.pool_free, ms.pool_capacity);
+	if (mc.pool_used != mc.entries || mc.pinned > mc.entries ||
+	    mc.pool_used >= mc.pool_capacity) {
+		log_error("%s: mask pool accounting broken: %u slots used, %u masks cached, %u "
+			  "pinned, %u slots", dv->name, mc.pool_used, mc.entries, mc.pinned,
+			  mc.pool_capacity);
 		abort();
 	}
 #endif
 	dv->est = st;
-	dv->mst = ms;
-	if (ms.pool_used > dv->mask_high)
-		dv->mask_high = ms.pool_used;
+	dv->kv_live = st.kv.used - kv_cached;
+	dv->kv_cached = kv_cached;
+	if (mc.pool_used > dv->mask_high)
+		dv->mask_high = mc.pool_used;
 	pthread_mutex_unlock(&dv->lock);
 	pthread_mutex_lock(&d->watch_lock);
-	gpud_memwatch_sample(d->watch, dv->wd_kv, t, st.kv.used);
-	gpud_memwatch_sample(d->watch, dv->wd_mask, t, ms.pool_used);
+	gpud_memwatch_sample_split(d->watch, dv->wd_kv, t, st.kv.used - kv_cached, kv_cached);
+	gpud_memwatch_sample_split(d->watch, dv->wd_mask, t, mc.pinned, mc.entries - mc.pinned);
 	pthread_mutex_unlock(&d->watch_lock);
 	return 0;
 }

@@ -102,9 +102,12 @@ struct device {
 	pthread_t thread;
 	bool started;
 	int wd_kv, wd_mask;    /* watchdog pool ids */
-	/* Last sample taken by the device thread (under lock). */
+	/* Last sample taken by the device thread (under lock). est.kv.used
+	 * = kv_live (blocks of live sequences, prefix entries in use and
+	 * whatever leaked) + kv_cached (blocks only the prefix cache keeps). */
 	struct gpud_engine_stats est;
-	struct gpud_maskcache_stats mst;
+	uint32_t kv_live, kv_cached;
+	struct gpud_maskcache_stats mst; /* at build: the pool's figures */
 	uint32_t mask_high;
 	uint64_t step_errors;
 	uint64_t embeds;
@@ -122,6 +125,12 @@ struct gpud_daemon {
 	struct gpud_sched *sched;
 	struct gpud_memwatch *watch;
 	pthread_mutex_t watch_lock;
+	/* The planted leaks of the watchdog's tests (GPUD_TEST_LEAK, read at
+	 * start, see daemon.c), one in leak_* (0: none): a finished request
+	 * keeps its mask pinned; a freed KV sequence keeps its last block
+	 * (gpud_kv_params.test_leak). */
+	uint32_t leak_masks, leak_kv;
+	atomic_uint_fast64_t mask_ends;  /* requests with a mask that ended */
 	atomic_bool stopping;
 
 	uv_loop_t loop;

@@ -48,13 +48,15 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 		return p->reply_err ? 1 : 0;
 	}
 
-	if (p->mask) {
+	/* leak_masks: the planted leak (daemon_impl.h) */
+	if (p->mask && (!d->leak_masks || (atomic_fetch_add(&d->mask_ends, 1) + 1) %
+					  d->leak_masks)) {
 		struct device *dv = &d->dev[p->dev];
 		pthread_mutex_lock(&dv->lock);
 		gpud_maskcache_release(p->mask);
 		pthread_mutex_unlock(&dv->lock);
-		p->mask = NULL;
 	}
+	p->mask = NULL;
 	atomic_fetch_add(&d->tok_prompt, ev->usage.n_prompt);
 	atomic_fetch_add(&d->tok_cached, ev->usage.n_cached);
 	atomic_fetch_add(&d->tok_generated, ev->usage.n_gen);

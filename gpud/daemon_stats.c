@@ -32,10 +32,12 @@ static struct gpud_stats_pool *pool_add(struct gpud_stats_snapshot *s, const cha
 	return p;
 }
 
+/* The watchdog's view of p (of its live part), or without one the live
+ * part now. */
 static void pool_watch(struct gpud_stats_pool *p, bool have, const struct gpud_memwatch_status *w)
 {
 	if (!have) {
-		p->trough = p->trough_k_ago = p->used;
+		p->trough = p->trough_k_ago = p->live;
 		return;
 	}
 	p->trough = w->trough;
@@ -77,6 +79,8 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->preemptions = ds->preemptions;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
+		uint64_t bound = n->kv_block_bytes ? ds->prefix_max_bytes / n->kv_block_bytes : 0;
+
 		p->unit = "blocks";
 		p->unit_bytes = n->kv_block_bytes;
 		p->capacity = kv->n_blocks;
@@ -84,6 +88,12 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		p->free = kv->free;
 		p->high = kv->high;
 		p->largest_free_run = kv->free; /* fixed-size blocks: any free one fits */
+		p->cached = n->kv_cached <= kv->used ? n->kv_cached : kv->used;
+		p->live = kv->used - p->cached;
+		if (bound) {
+			snprintf(p->cache, sizeof(p->cache), "%.20s.prefix", n->name);
+			p->cache_bound = bound < kv->n_blocks ? bound : kv->n_blocks;
+		}
 		pool_watch(p, n->have_watch, &n->kv_watch);
 	}
 	if ((p = pool_add(s, n->name, "scratch"))) {
@@ -95,6 +105,7 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		p->free = p->capacity > p->used ? p->capacity - p->used : 0;
 		p->high = n->engine.scratch_high;
 		p->largest_free_run = p->free;
+		p->live = p->used;
 		pool_watch(p, false, NULL);
 	}
 	if ((p = pool_add(s, n->name, "mask"))) {
@@ -105,6 +116,10 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		p->free = ms->pool_free;
 		p->high = n->mask_high;
 		p->largest_free_run = ms->pool_free; /* equal slots: any free one fits */
+		p->live = ms->pinned <= ms->pool_used ? ms->pinned : ms->pool_used;
+		p->cached = ms->pool_used - p->live;
+		snprintf(p->cache, sizeof(p->cache), "%.20s.mask", n->name);
+		p->cache_bound = ms->max_entries;
 		pool_watch(p, n->have_watch, &n->mask_watch);
 	}
 	if ((c = cache_add(s, n->name, "mask"))) {
@@ -150,6 +165,7 @@ static void server_pool(struct gpud_daemon *d, struct gpud_stats_snapshot *s, co
 	p->free = cap - p->used;
 	p->high = high;
 	p->largest_free_run = p->free;
+	p->live = p->used; /* no cache: every slot in use is a live request's */
 	p->trough = p->trough_k_ago = p->used;
 	pthread_mutex_lock(&d->watch_lock);
 	if (gpud_memwatch_status(d->watch, wid, &ws) == 0) {
@@ -171,6 +187,8 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 
 	memset(s, 0, sizeof(*s));
 	s->version = SW_VERSION;
+	s->watchdog_window_ms = d->cfg.gpud.watchdog.window_ms;
+	s->watchdog_k = d->cfg.gpud.watchdog.k;
 	s->uptime_s = t - d->t_start;
 	s->draining = atomic_load(&d->draining);
 	gpud_server_stats(d->server, &ss);
@@ -206,6 +224,8 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 		gpud_sched_device_stats(d->sched, i, &n.sched);
 		pthread_mutex_lock(&dv->lock);
 		n.engine = dv->est;
+		n.kv_live = dv->kv_live;
+		n.kv_cached = dv->kv_cached;
 		gpud_maskcache_stats(dv->masks, &n.mask);
 		n.mask_high = dv->mask_high > n.mask.pool_used ? dv->mask_high : n.mask.pool_used;
 		pthread_mutex_unlock(&dv->lock);

@@ -173,7 +173,8 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	if (rc)
 		goto out_free;
 	kp = (struct gpud_kv_params){ .n_blocks = e->p.n_blocks, .block_tokens = e->p.block_tokens,
-				      .max_seqs = e->p.max_seqs, .max_ctx = e->p.n_ctx };
+				      .max_seqs = e->p.max_seqs, .max_ctx = e->p.n_ctx,
+				      .test_leak = e->p.test_leak_kv };
 	rc = gpud_kv_create(&e->kv, &kp);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "engine: KV pool of %u blocks: %s", kp.n_blocks,

@@ -283,6 +283,19 @@ void gpud_maskcache_stats(const struct gpud_maskcache *c, struct gpud_maskcache_
 	};
 }
 
+void gpud_maskcache_counts(const struct gpud_maskcache *c, struct gpud_maskcache_counts *n)
+{
+	struct sw_lru_stats ls;
+
+	sw_lru_stats(c->lru, &ls);
+	*n = (struct gpud_maskcache_counts){
+		.entries = ls.entries,
+		.pinned = ls.pinned,
+		.pool_used = sw_pool_used(c->pool),
+		.pool_capacity = sw_pool_capacity(c->pool),
+	};
+}
+
 int gpud_maskcache_check(struct gpud_maskcache *c, char *err, size_t errlen)
 {
 	struct sw_lru_stats ls;

@@ -108,6 +108,16 @@ void gpud_maskcache_clear(struct gpud_maskcache *c);
 /* Fills *st. O(1) apart from the pool's own stats (O(slots)). */
 void gpud_maskcache_stats(const struct gpud_maskcache *c, struct gpud_maskcache_stats *st);
 
+/* What the trough watchdog samples after every step, in O(1): slots of
+ * cached masks (entries; pool_used equals it but while a compilation
+ * holds the spare), of those the ones pinned by a request (what can leak)
+ * and the pool's capacity. */
+struct gpud_maskcache_counts {
+	uint32_t entries, pinned;
+	uint32_t pool_used, pool_capacity;
+};
+void gpud_maskcache_counts(const struct gpud_maskcache *c, struct gpud_maskcache_counts *n);
+
 /* Full consistency check: the pool's own check (used + free == capacity,
  * free list sound), one used slot per cached entry and no other, bytes
  * equal to the sum of the cached masks. Returns 0 or SW_EFORMAT with a

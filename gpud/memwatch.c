@@ -13,7 +13,9 @@
 struct mw_pool {
 	char name[GPUD_MEMWATCH_NAME_MAX + 1];
 	uint64_t capacity;
-	uint64_t current, high;
+	uint64_t cache_bound;   /* 0: no cache shares the pool */
+	uint64_t current, high; /* of the live part */
+	uint64_t cached, cached_high;
 	uint64_t win_idx;       /* open window: [win_idx * window_ms, +window_ms) */
 	uint64_t win_min;       /* minimum of the open window */
 	uint64_t last_ms;
@@ -47,6 +49,10 @@ int gpud_memwatch_create(struct gpud_memwatch **out, const struct gpud_memwatch_
 	w->p = *p;
 	if (w->p.min_rise == 0)
 		w->p.min_rise = 1;
+	if (w->p.min_steps == 0)
+		w->p.min_steps = 1;
+	if (w->p.min_steps > w->p.k - 1)
+		w->p.min_steps = w->p.k - 1;
 	w->pools = calloc(p->max_pools, sizeof(*w->pools));
 	if (!w->pools)
 		goto out_free_w;
@@ -95,10 +101,16 @@ static bool name_ok(const char *name)
 
 int gpud_memwatch_register(struct gpud_memwatch *w, const char *name, uint64_t capacity)
 {
+	return gpud_memwatch_register_cached(w, name, capacity, 0);
+}
+
+int gpud_memwatch_register_cached(struct gpud_memwatch *w, const char *name, uint64_t capacity,
+				  uint64_t cache_bound)
+{
 	struct mw_pool *mp;
 	uint32_t i;
 
-	if (!w || !name_ok(name) || capacity == 0)
+	if (!w || !name_ok(name) || capacity == 0 || cache_bound > capacity)
 		return -EINVAL;
 	for (i = 0; i < w->n_pools; i++)
 		if (strcmp(w->pools[i].name, name) == 0)
@@ -108,6 +120,7 @@ int gpud_memwatch_register(struct gpud_memwatch *w, const char *name, uint64_t c
 	mp = &w->pools[w->n_pools];
 	strcpy(mp->name, name); /* length checked by name_ok */
 	mp->capacity = capacity;
+	mp->cache_bound = cache_bound;
 	return (int)w->n_pools++;
 }
 
@@ -132,13 +145,17 @@ static bool troughs_rising(const struct gpud_memwatch *w, const struct mw_pool *
 {
 	uint64_t oldest = ring_at(w, mp, 0), newest = ring_at(w, mp, w->p.k - 1);
 	bool monotonic = true;
-	uint32_t i;
+	uint32_t i, steps = 0;
 
 	if (newest <= oldest)
 		return false;
-	for (i = 1; i < w->p.k && monotonic; i++)
-		monotonic = ring_at(w, mp, i) >= ring_at(w, mp, i - 1);
-	if (monotonic && newest - oldest >= w->p.min_rise)
+	for (i = 1; i < w->p.k && monotonic; i++) {
+		uint64_t a = ring_at(w, mp, i - 1), b = ring_at(w, mp, i);
+
+		monotonic = b >= a;
+		steps += b > a;
+	}
+	if (monotonic && steps >= w->p.min_steps && newest - oldest >= w->p.min_rise)
 		return true;
 	return w->p.rise_fraction > 0.0 &&
 	       (double)(newest - oldest) > w->p.rise_fraction * (double)mp->capacity;
@@ -156,10 +173,18 @@ static void close_window(struct gpud_memwatch *w, struct mw_pool *mp)
 		uint64_t oldest = ring_at(w, mp, 0), newest = ring_at(w, mp, w->p.k - 1);
 
 		mp->episodes++;
-		snprintf(mp->warning, sizeof(mp->warning),
-			 "pool %s: trough rose from %" PRIu64 " to %" PRIu64 " of %" PRIu64
-			 " over the last %u windows of %" PRIu64 " ms",
-			 mp->name, oldest, newest, mp->capacity, w->p.k, w->p.window_ms);
+		if (mp->cache_bound)
+			snprintf(mp->warning, sizeof(mp->warning),
+				 "pool %s: trough held by live requests rose from %" PRIu64 " to %"
+				 PRIu64 " of %" PRIu64 " over the last %u windows of %" PRIu64
+				 " ms (its cache keeps %" PRIu64 " more, bound %" PRIu64 ")",
+				 mp->name, oldest, newest, mp->capacity, w->p.k, w->p.window_ms,
+				 mp->cached, mp->cache_bound);
+		else
+			snprintf(mp->warning, sizeof(mp->warning),
+				 "pool %s: trough rose from %" PRIu64 " to %" PRIu64 " of %" PRIu64
+				 " over the last %u windows of %" PRIu64 " ms",
+				 mp->name, oldest, newest, mp->capacity, w->p.k, w->p.window_ms);
 		log_warn("memwatch: %s", mp->warning);
 	} else if (!rising && mp->rising) {
 		mp->warning[0] = '\0';
@@ -171,14 +196,25 @@ static void close_window(struct gpud_memwatch *w, struct mw_pool *mp)
 
 int gpud_memwatch_sample(struct gpud_memwatch *w, int id, uint64_t now_ms, uint64_t used)
 {
+	return gpud_memwatch_sample_split(w, id, now_ms, used, 0);
+}
+
+int gpud_memwatch_sample_split(struct gpud_memwatch *w, int id, uint64_t now_ms, uint64_t used,
+			       uint64_t cached)
+{
 	struct mw_pool *mp;
 	uint64_t win;
 
 	if (!w || id < 0 || (uint32_t)id >= w->n_pools)
 		return -EINVAL;
 	mp = &w->pools[id];
-	if (used > mp->capacity)
+	if (used > mp->capacity || cached > mp->capacity - used)
 		return -EINVAL;
+	/* Before the window closes, so that a warning names the cache as it
+	 * is now. */
+	mp->cached = cached;
+	if (cached > mp->cached_high)
+		mp->cached_high = cached;
 	if (!mp->started) {
 		mp->started = true;
 		mp->win_idx = now_ms / w->p.window_ms;
@@ -226,6 +262,9 @@ int gpud_memwatch_status(const struct gpud_memwatch *w, int id, struct gpud_memw
 		.episodes = mp->episodes,
 		.samples = mp->samples,
 		.clock_backwards = mp->backwards,
+		.cached = mp->cached,
+		.cached_high = mp->cached_high,
+		.cache_bound = mp->cache_bound,
 		.warning = mp->warning,
 	};
 	return 0;
@@ -280,10 +319,12 @@ int gpud_memwatch_report(const struct gpud_memwatch *w, char *buf, size_t len)
 		    "%s{\"name\":\"%s\",\"capacity\":%" PRIu64 ",\"current\":%" PRIu64
 		    ",\"high\":%" PRIu64 ",\"trough\":%" PRIu64 ",\"trough_k_ago\":%" PRIu64
 		    ",\"windows\":%u,\"rising\":%s,\"episodes\":%" PRIu64 ",\"samples\":%" PRIu64
-		    ",\"clock_backwards\":%" PRIu64 ",\"warning\":\"%s\"}",
+		    ",\"clock_backwards\":%" PRIu64 ",\"cached\":%" PRIu64 ",\"cached_high\":%" PRIu64
+		    ",\"cache_bound\":%" PRIu64 ",\"warning\":\"%s\"}",
 		    i ? "," : "", st.name, st.capacity, st.current, st.high, st.trough,
 		    st.trough_k_ago, st.windows, st.rising ? "true" : "false", st.episodes,
-		    st.samples, st.clock_backwards, st.warning);
+		    st.samples, st.clock_backwards, st.cached, st.cached_high, st.cache_bound,
+		    st.warning);
 	}
 	put(buf, len, &off, "]}");
 	if (off > INT32_MAX)

@@ -71,6 +71,10 @@ static void json_pools(struct gpud_jsonw *w, const struct gpud_stats_snapshot *s
 		gpud_jsonw_u64(w, "free", p->free);
 		gpud_jsonw_u64(w, "high", p->high);
 		gpud_jsonw_u64(w, "largest_free_run", p->largest_free_run);
+		gpud_jsonw_u64(w, "live", p->live);
+		gpud_jsonw_u64(w, "cached", p->cached);
+		gpud_jsonw_strn(w, "cache", NAME(p->cache));
+		gpud_jsonw_u64(w, "cache_bound", p->cache_bound);
 		gpud_jsonw_u64(w, "trough", p->trough);
 		gpud_jsonw_u64(w, "trough_k_ago", p->trough_k_ago);
 		gpud_jsonw_bool(w, "rising", p->rising);
@@ -118,6 +122,8 @@ static void json_watchdog(struct gpud_jsonw *w, const struct gpud_stats_snapshot
 		if (s->pools[i].warning[0])
 			gpud_jsonw_strn(w, NULL, NAME(s->pools[i].warning));
 	gpud_jsonw_arr_end(w);
+	gpud_jsonw_u64(w, "window_ms", s->watchdog_window_ms);
+	gpud_jsonw_u64(w, "k", s->watchdog_k);
 	gpud_jsonw_obj_end(w);
 }
 
@@ -475,8 +481,14 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	    high);
 	PER(&o, s->pools, np, "pool", "gpud_pool_largest_free_run", "gauge",
 	    "Largest run of free units.", largest_free_run);
+	PER(&o, s->pools, np, "pool", "gpud_pool_live", "gauge",
+	    "Units held by live requests (what can leak).", live);
+	PER(&o, s->pools, np, "pool", "gpud_pool_cached", "gauge",
+	    "Units kept by the pool's cache (used - live).", cached);
+	PER(&o, s->pools, np, "pool", "gpud_pool_cache_bound", "gauge",
+	    "Most units the pool's cache keeps (0: no cache).", cache_bound);
 	PER(&o, s->pools, np, "pool", "gpud_pool_trough", "gauge",
-	    "Rolling minimum of units in use (trough watchdog).", trough);
+	    "Rolling minimum of units held by live requests (trough watchdog).", trough);
 	PER(&o, s->pools, np, "pool", "gpud_pool_trough_k_ago", "gauge",
 	    "The trough k windows ago.", trough_k_ago);
 	PER(&o, s->pools, np, "pool", "gpud_pool_rising", "gauge",
@@ -503,6 +515,10 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	for (uint32_t i = 0; i < np; i++)
 		rising |= s->pools[i].rising;
 	one_u64(&o, "gpud_watchdog_rising", "gauge", "1 while any pool's trough rises.", rising);
+	one_u64(&o, "gpud_watchdog_window_ms", "gauge", "Trough watchdog window.",
+		s->watchdog_window_ms);
+	one_u64(&o, "gpud_watchdog_k", "gauge", "Trough watchdog: windows compared.",
+		s->watchdog_k);
 
 	*len = o.overflow ? 0 : o.len;
 	return o.overflow ? SW_ETOOLONG : 0;

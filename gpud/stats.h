@@ -27,11 +27,23 @@
  *                  "generated", "preemptions" } ],
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
+ *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
  *                "trough", "trough_k_ago", "rising", "warning" } ],
  *   "caches": [ { "name": "mask", "hits", "misses", "evictions", "bytes",
  *                 "max_bytes", "entries", "max_entries", "pinned",
  *                 "hit_tokens" } ],
- *   "watchdog": { "rising": false, "warnings": [ "..." ] } }
+ *   "watchdog": { "rising": false, "warnings": [ "..." ], "window_ms": N,
+ *                 "k": N } }
+ *
+ * A pool's "used" units are "live" (held by live requests: what can leak)
+ * plus "cached" (kept by the cache named "cache", at most "cache_bound"
+ * units; "" and 0 for a pool no cache shares). The watchdog watches the
+ * live part (DESIGN §2): "trough" and "trough_k_ago" are its rolling
+ * minima, "rising"/"warning" its verdict. For the kv pools the cache is
+ * the prefix cache and cached counts its blocks no request uses (bound:
+ * prefix_cache_bytes in blocks); for the mask pools the mask cache and
+ * its unpinned masks (bound: its entries). The "caches" entries give the
+ * same caches' own counters and bounds (bytes, entries).
  *
  * MEM: the same object without "requests", "tokens", "connections" and
  * "devices", plus "dump": "<path>" when an owner dump was written.
@@ -63,7 +75,10 @@ struct gpud_stats_pool {
 	const char *unit;               /* static: "blocks", "slots" or "bytes" */
 	uint64_t unit_bytes;            /* bytes per unit (1 for bytes) */
 	uint64_t capacity, used, free, high, largest_free_run;
-	uint64_t trough, trough_k_ago;  /* the watchdog's view (memwatch) */
+	uint64_t live, cached;          /* used = live + cached (see above) */
+	char cache[GPUD_STATS_NAME_MAX]; /* the cache keeping `cached`, or "" */
+	uint64_t cache_bound;           /* most units that cache keeps; 0: none */
+	uint64_t trough, trough_k_ago;  /* the watchdog's view of live (memwatch) */
 	bool rising;
 	char warning[GPUD_STATS_WARN_MAX]; /* "" when not rising */
 };
@@ -85,6 +100,8 @@ struct gpud_stats_device {
 
 struct gpud_stats_snapshot {
 	const char *version;
+	uint64_t watchdog_window_ms;    /* gpud.watchdog.window_ms */
+	uint32_t watchdog_k;            /* gpud.watchdog.k */
 	double uptime_s;
 	bool draining;
 	struct {
@@ -126,6 +143,7 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 /* The same numbers in the Prometheus text exposition format (version
  * 0.0.4): gpud_requests_total{status="completed"}, gpud_tokens_total,
  * gpud_pool_used{pool="cpu0.kv"}, gpud_pool_capacity, gpud_pool_high,
+ * gpud_pool_live, gpud_pool_cached, gpud_pool_cache_bound,
  * gpud_pool_trough, gpud_cache_hits_total{cache="mask"}, ...,
  * gpud_alloc_since_warmup{kind="host",role="device"}, each with # HELP and
  * # TYPE lines. Label values escape backslash, quote and newline; other

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <jansson.h>
@@ -111,9 +112,10 @@ static int check_url(const char *key, const char *url, bool allow_file, char *er
 static bool key_allowed(enum proto_task_kind k, const char *key)
 {
 	static const char *const ingest[] = { "text", "url", "source", NULL };
-	static const char *const summarize[] = { "document_id", "max_tokens", NULL };
-	static const char *const answer[] = { "question", "top_k", "document_id", "max_tokens",
-					      NULL };
+	static const char *const summarize[] = { "document_id", "text", "url", "source",
+						 "max_tokens", NULL };
+	static const char *const answer[] = { "question", "top_k", "document_id", "text", "url",
+					      "source", "max_tokens", NULL };
 	const char *const *list = k == PROTO_TASK_INGEST ? ingest :
 				  k == PROTO_TASK_SUMMARIZE ? summarize : answer;
 
@@ -147,12 +149,53 @@ static int parse_kind(json_t *root, enum proto_task_kind *kind, char *err, size_
 			 "task.kind: unknown kind \"%s\" (expected ingest, summarize, answer)", s);
 }
 
+/* "document_id and text", "text and url", "document_id, text and url":
+ * the inputs present, for the error that says there are too many. */
+static const char *inputs_given(const struct proto_task *t, char *buf, size_t len)
+{
+	const char *names[3];
+	int n = 0;
+
+	if (t->document_id)
+		names[n++] = "document_id";
+	if (t->text)
+		names[n++] = "text";
+	if (t->url)
+		names[n++] = "url";
+	if (n == 3)
+		snprintf(buf, len, "%s, %s and %s", names[0], names[1], names[2]);
+	else if (n == 2)
+		snprintf(buf, len, "%s and %s", names[0], names[1]);
+	else
+		snprintf(buf, len, "%s", n ? names[0] : "none");
+	return buf;
+}
+
+/* The document a task names: text, url, source and (summarize, answer)
+ * document_id, each checked alone; parse_fields checks the combination. */
+static int parse_document(json_t *root, struct proto_task *t, char *err, size_t errlen)
+{
+	int rc;
+
+	rc = get_string(root, "text", PROTO_TASK_MAX_TEXT, &t->text, &t->text_len, err, errlen);
+	if (!rc)
+		rc = get_string(root, "url", PROTO_TASK_MAX_URL, &t->url, NULL, err, errlen);
+	if (!rc)
+		rc = get_string(root, "source", PROTO_TASK_MAX_URL, &t->source, NULL, err, errlen);
+	if (!rc && t->kind != PROTO_TASK_INGEST)
+		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
+	if (!rc && t->url)
+		rc = check_url("url", t->url, true, err, errlen);
+	return rc;
+}
+
 static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t errlen)
 {
 	const char *key;
+	char given[64];
 	json_t *v;
 	int64_t x;
-	int rc;
+	int n_inputs, rc;
 
 	json_object_foreach(root, key, v) {
 		if (!key_allowed(t->kind, key))
@@ -165,62 +208,60 @@ static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t er
 		rc = check_url("callback_url", t->callback_url, false, err, errlen);
 	if (rc)
 		return rc;
-
-	switch (t->kind) {
-	case PROTO_TASK_INGEST:
-		rc = get_string(root, "text", PROTO_TASK_MAX_TEXT, &t->text, &t->text_len, err,
-				errlen);
-		if (!rc)
-			rc = get_string(root, "url", PROTO_TASK_MAX_URL, &t->url, NULL, err, errlen);
-		if (!rc)
-			rc = get_string(root, "source", PROTO_TASK_MAX_URL, &t->source, NULL, err,
-					errlen);
-		if (rc)
-			return rc;
-		if (!t->text == !t->url)
-			return sw_seterr(err, errlen, -EINVAL,
-					 "task: kind ingest needs exactly one of text and url (%s)",
-					 t->text ? "both given" : "neither given");
-		if (t->url && (rc = check_url("url", t->url, true, err, errlen)))
-			return rc;
-		if (!t->source)
-			t->source = t->url ? t->url : "inline";
-		return 0;
-	case PROTO_TASK_SUMMARIZE:
-		if (!json_object_get(root, "document_id"))
-			return sw_seterr(err, errlen, -EINVAL,
-					 "task.document_id: required for kind summarize");
-		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
-		if (!rc)
-			rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
-				     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
-		if (rc)
-			return rc;
-		t->max_tokens = (uint32_t)x;
-		return 0;
-	case PROTO_TASK_ANSWER:
+	if (t->kind == PROTO_TASK_ANSWER) { /* the question first: it is what answer is about */
 		rc = get_string(root, "question", PROTO_TASK_MAX_QUESTION, &t->question,
 				&t->question_len, err, errlen);
 		if (rc)
 			return rc;
 		if (!t->question)
 			return sw_seterr(err, errlen, -EINVAL, "task.question: required for kind answer");
-		rc = get_int(root, "document_id", 1, INT64_MAX, 0, &t->document_id, err, errlen);
-		if (rc)
-			return rc;
+	}
+	rc = parse_document(root, t, err, errlen);
+	if (rc)
+		return rc;
+	n_inputs = !!t->text + !!t->url + !!t->document_id;
+
+	switch (t->kind) {
+	case PROTO_TASK_INGEST:
+		if (n_inputs != 1)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task: kind ingest needs exactly one of text and url (%s)",
+					 t->text ? "both given" : "neither given");
+		break;
+	case PROTO_TASK_SUMMARIZE:
+		if (n_inputs != 1)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task: kind summarize needs exactly one of document_id, "
+					 "text and url (%s given)",
+					 inputs_given(t, given, sizeof(given)));
+		break;
+	case PROTO_TASK_ANSWER:
+		if (n_inputs > 1)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "task: kind answer takes at most one of document_id, text "
+					 "and url (%s given)",
+					 inputs_given(t, given, sizeof(given)));
 		rc = get_int(root, "top_k", 1, PROTO_TASK_MAX_TOP_K, PROTO_TASK_DEFAULT_TOP_K, &x,
 			     err, errlen);
 		if (rc)
 			return rc;
 		t->top_k = (uint32_t)x;
+		break;
+	default:
+		return -EINVAL;
+	}
+	if (t->source && !proto_task_has_document(t))
+		return sw_seterr(err, errlen, -EINVAL, "task.source: only with text or url");
+	if (proto_task_has_document(t) && !t->source)
+		t->source = t->url ? t->url : "inline";
+	if (t->kind != PROTO_TASK_INGEST) {
 		rc = get_int(root, "max_tokens", 1, PROTO_TASK_MAX_TOKENS,
 			     PROTO_TASK_DEFAULT_MAX_TOKENS, &x, err, errlen);
 		if (rc)
 			return rc;
 		t->max_tokens = (uint32_t)x;
-		return 0;
 	}
-	return -EINVAL;
+	return 0;
 }
 
 int proto_task_parse(const char *json, size_t len, struct proto_task *t, char *err,

@@ -10,7 +10,10 @@
  *                  stream holds work in flight only, never outcomes.
  *   swarm:results  one entry per finished task:
  *                  task_id <id> status completed|failed|dead
- *                  location <where the result is> error <message or "">.
+ *                  location <where the result is> error <message or "">
+ *                  document_id <the document the task stored or read, or
+ *                  "" when none: an answer over every document, or a task
+ *                  that failed before it had one>.
  *                  Capped (agentd.results_maxlen): an outcome missed or
  *                  trimmed is in PostgreSQL (tasks.status, the record).
  *   swarm:dead     entries that used up their deliveries, moved here
@@ -22,13 +25,24 @@
  * The task JSON:
  *   {"id": "doc-42", "kind": "ingest", "text": "..."}            inline text
  *   {"id": "doc-43", "kind": "ingest", "url": "https://..."}     fetched
- *   {"id": "sum-42", "kind": "summarize", "document_id": 7}
+ *   {"id": "sum-42", "kind": "summarize", "document_id": 7}      stored before
+ *   {"id": "sum-43", "kind": "summarize", "text": "..."}         ingest + summarize
+ *   {"id": "sum-44", "kind": "summarize", "url": "https://..."}
  *   {"id": "ask-1", "kind": "answer", "question": "...",
  *    "top_k": 4, "document_id": 7, "max_tokens": 128}
+ *   {"id": "ask-2", "kind": "answer", "question": "...", "text": "..."}
  *
- * Every kind also takes "callback_url" (http or https) and ingest takes
- * "source" (a label stored with the document; default the URL or
- * "inline"). Unknown keys are errors. The id is 1..128 bytes of
+ * One task per document: summarize takes exactly one of document_id,
+ * text and url; answer at most one (none: retrieve from every document).
+ * With text or url the worker first ingests the document exactly as an
+ * ingest task would (content-hashed: a text stored before, by any task,
+ * is not stored again) and then summarizes or answers from it, all in
+ * the one task; a redelivery reuses the document the first delivery
+ * stored. No client has to chain an ingest and a summarize.
+ *
+ * Every kind also takes "callback_url" (http or https); a kind given text
+ * or url takes "source" (a label stored with the document; default the
+ * URL or "inline"). Unknown keys are errors. The id is 1..128 bytes of
  * [A-Za-z0-9._:-]; it keys every row the task writes.
  *
  * Errors name the field and what was expected, e.g.
@@ -36,10 +50,14 @@
  *   task.question: required for kind answer
  *   task.top_k: expected an integer, got string
  *   task.text: 9000000 bytes exceeds the limit of 8388608
+ *   task: kind summarize needs exactly one of document_id, text and url
+ *     (document_id and text given)
+ *   task.source: only with text or url
  */
 #ifndef PROTO_TASK_H
 #define PROTO_TASK_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,7 +68,7 @@
 #define PROTO_TASK_DEAD_STREAM "swarm:dead"
 
 #define PROTO_TASK_MAX_BYTES (16u << 20)   /* the whole JSON payload */
-#define PROTO_TASK_MAX_TEXT (8u << 20)     /* inline ingest text, and a fetched URL's body */
+#define PROTO_TASK_MAX_TEXT (8u << 20)     /* inline text, and a fetched URL's body */
 #define PROTO_TASK_MAX_QUESTION 4096       /* bytes */
 #define PROTO_TASK_MAX_URL 2048            /* bytes, url and callback_url */
 #define PROTO_TASK_MAX_ID 128
@@ -76,13 +94,14 @@ struct proto_task {
 	const char *id;             /* NULL when the JSON had no valid id */
 	enum proto_task_kind kind;
 	const char *callback_url;   /* NULL when absent */
-	/* ingest */
-	const char *text;           /* exactly one of text and url */
+	/* The document: ingest has exactly one of text and url; summarize
+	 * exactly one of text, url and document_id; answer at most one. */
+	const char *text;           /* NULL when absent */
 	size_t text_len;
-	const char *url;
-	const char *source;         /* label stored with the document */
-	/* summarize, answer (answer: 0 = all documents) */
-	int64_t document_id;
+	const char *url;            /* NULL when absent */
+	const char *source;         /* label stored with the document; NULL
+				     * unless text or url is given */
+	int64_t document_id;        /* 0 when absent (answer: every document) */
 	/* answer */
 	const char *question;
 	size_t question_len;
@@ -92,6 +111,13 @@ struct proto_task {
 
 /* "ingest", "summarize", "answer"; "unknown" otherwise. */
 const char *proto_task_kind_name(enum proto_task_kind k);
+
+/* True when the task brings its document (text or url): the worker
+ * ingests it before it summarizes or answers. Always true for ingest. */
+static inline bool proto_task_has_document(const struct proto_task *t)
+{
+	return t->text || t->url;
+}
 
 /* Parses and validates len bytes of task JSON into *t. Returns 0, or
  *   SW_ETOOLONG  the payload or a field exceeds its limit;

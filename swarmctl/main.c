@@ -3,10 +3,12 @@
  *   swarmctl [--config FILE] start | stop | status [--json] | check
  *                            | mem [--dump] | logs [SERVICE] [-f]
  *                            | submit ... | results [ID] | top
+ *   swarmctl supervise       (what `start` leaves running; supervise.h)
  *
  * Without --config (or $SWARM_CONFIG) swarmctl runs managed local services
- * in the state directory (services.h). Exit status: 0 success, 1 failure,
- * 2 usage error. submit and results: tasks.h; status and top: view.h.
+ * in the state directory (services.h) under its supervisor (supervise.h).
+ * Exit status: 0 success, 1 failure, 2 usage error. submit and results:
+ * tasks.h; status and top: view.h.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -21,7 +23,9 @@
 #include "common/err.h"
 #include "proto/client.h"
 #include "swarmctl/proc.h"
+#include "common/time.h"
 #include "swarmctl/services.h"
+#include "swarmctl/supervise.h"
 #include "swarmctl/tasks.h"
 #include "swarmctl/view.h"
 
@@ -34,19 +38,21 @@ static void usage(FILE *f)
 	fprintf(f,
 		"usage: swarmctl [--config FILE] COMMAND\n"
 		"  start              start Redis and PostgreSQL (managed), gpud, agentd\n"
-		"  stop               drain and stop agentd, gpud, then managed services\n"
+		"  stop               stop the supervisor, drain and stop agentd, gpud, then\n"
+		"                     managed services\n"
 		"  status [--json]    processes, queue, gpud memory, caches, throughput\n"
 		"  check              validate the configuration\n"
 		"  mem [--dump]       gpud's memory report (--dump: every block's owner to a file)\n"
 		"  logs [SERVICE] [-f]  print (or follow) a service's log: gpud, agentd, redis,\n"
-		"                     postgres\n"
+		"                     postgres, supervisor\n"
 		"  submit FILE|URL|- ... [--kind summarize|answer|ingest] [--question Q] [--wait]\n"
-		"                     [--timeout S] [--max-tokens N]   queue tasks (--wait: and\n"
-		"                     print their results)\n"
+		"                     [--timeout S] [--max-tokens N]   queue one task per input\n"
+		"                     (--wait: and print the results)\n"
 		"  results [TASK_ID] [--json] [--limit N]   a task's result, or the latest tasks\n"
 		"  top [--interval S] [--iterations N]      live view (q quits)\n"
 		"Without --config (or $SWARM_CONFIG), services run managed in the state directory\n"
-		"($SWARM_STATE_DIR, default ~/.local/state/swarm; /var/lib/swarm for root).\n");
+		"($SWARM_STATE_DIR, default ~/.local/state/swarm; /var/lib/swarm for root), under\n"
+		"a supervisor (`swarmctl supervise`, which start runs) that restarts any that dies.\n");
 }
 
 static int env_init(struct ctl_env *e)
@@ -75,8 +81,26 @@ static int cmd_stop_env(struct ctl_env *e)
 {
 	static const enum ctl_service order[] = { CTL_AGENTD, CTL_GPUD, CTL_REDIS, CTL_POSTGRES };
 	char err[SW_ERR_MAX];
+	pid_t sup = e->managed ? ctl_supervisor_pid(e) : 0;
 	int status = 0;
 
+	/* first the supervisor, so that nothing is restarted while stopping */
+	if (sup) {
+		bool killed = false;
+		int rc;
+
+		printf("stopping supervisor (pid %d)\n", (int)sup);
+		fflush(stdout);
+		rc = ctl_supervisor_stop(e, &killed);
+		if (rc) {
+			fprintf(stderr, "swarmctl: supervisor (pid %d) did not stop: %s\n", (int)sup,
+				strerror(-rc));
+			return 1; /* it would restart what we stop */
+		}
+		if (killed)
+			fprintf(stderr, "swarmctl: the supervisor did not stop within %d s: killed\n",
+				CTL_SUP_STOP_MS / 1000);
+	}
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		enum ctl_service s = order[i];
 		pid_t pid = ctl_service_pid(e, s);
@@ -114,7 +138,7 @@ static int cmd_stop(void)
 		fprintf(stderr, "swarmctl: %s\n", err);
 		return 1;
 	}
-	bool any = false;
+	bool any = e.managed && ctl_supervisor_pid(&e) != 0;
 
 	for (int s = 0; s < CTL_N_SERVICES; s++)
 		any |= ctl_service_pid(&e, s) != 0;
@@ -125,12 +149,186 @@ static int cmd_stop(void)
 	return rc;
 }
 
+/* Appends "\nlast lines of LOG:\n<its end>" to the message in err. */
+static void append_log_tail(char *err, size_t errlen, const char *log)
+{
+	char tail[2 * SW_ERR_MAX];
+	size_t n = strlen(err);
+
+	ctl_tail(log, 12, tail, sizeof(tail));
+	if (tail[0] && n + 1 < errlen)
+		snprintf(err + n, errlen - n, "\nlast lines of %.1024s:\n%.2000s", log, tail);
+}
+
+/* What the supervisor says about service s: 0 and *pid once it runs,
+ * -EAGAIN while it is on its way, or a negative code with the reason
+ * (and the end of its log) when it died during start-up (a crash count
+ * above base). */
+static int service_progress(const struct ctl_env *e, pid_t sup, enum ctl_service s,
+			    json_int_t base, pid_t *pid, bool *adopted, char *err, size_t errlen)
+{
+	json_t *st = ctl_supervisor_status(e), *v;
+	const char *state, *last, *why;
+	char log[PATH_MAX + 32];
+	int rc = -EAGAIN;
+
+	if (json_integer_value(json_object_get(st, "pid")) != sup)
+		goto out; /* not written by this supervisor yet */
+	v = ctl_supervisor_service(st, s);
+	state = json_string_value(json_object_get(v, "state"));
+	if (!state)
+		goto out;
+	if (!strcmp(state, "running")) {
+		*pid = (pid_t)json_integer_value(json_object_get(v, "pid"));
+		*adopted = json_is_true(json_object_get(v, "adopted"));
+		rc = 0;
+		goto out;
+	}
+	/* a death since base (failed implies one): not a state, which may
+	 * still say "failed" from before a retry */
+	if (json_integer_value(json_object_get(v, "crashes")) <= base)
+		goto out;
+	last = json_string_value(json_object_get(v, "last_exit"));
+	why = json_string_value(json_object_get(v, "error"));
+	last = last ? last : "";
+	why = why ? why : "";
+	if (!strncmp(last, "spawn:", 6))
+		rc = sw_seterr(err, errlen, -EIO, "cannot start %s: %s", ctl_service_name(s), why);
+	else if (!strncmp(why, "not ready", 9))
+		rc = sw_seterr(err, errlen, -ETIMEDOUT, "%s did not answer in time (%s)",
+			       ctl_service_name(s), why);
+	else
+		rc = sw_seterr(err, errlen, -ECHILD, "%s exited during start-up (%s)",
+			       ctl_service_name(s), last);
+	ctl_service_log_path(e, ctl_service_name(s), log, sizeof(log));
+	append_log_tail(err, errlen, log);
+out:
+	json_decref(st);
+	return rc;
+}
+
+/* Waits (printing as each comes up) until the supervisor sup reports
+ * every service running. base: each service's crash count before. */
+static int wait_services(const struct ctl_env *e, pid_t sup, const json_int_t *base, char *err,
+			 size_t errlen)
+{
+	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
+
+	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
+		enum ctl_service s = order[i];
+		struct ctl_command cmd;
+		struct sw_deadline d;
+		bool adopted = false;
+		pid_t pid = 0;
+		int rc;
+
+		printf("starting %s ... ", ctl_service_name(s));
+		fflush(stdout);
+		rc = ctl_service_command(e, s, &cmd, err, errlen);
+		/* the supervisor enforces the start-up deadline; this one only
+		 * covers a supervisor that stopped writing its status */
+		d = sw_deadline_in_ms((uint64_t)cmd.start_timeout_ms + 15000);
+		while (!rc) {
+			char log[PATH_MAX + 32];
+
+			rc = service_progress(e, sup, s, base[s], &pid, &adopted, err, errlen);
+			if (rc != -EAGAIN)
+				break;
+			rc = 0;
+			if (ctl_proc_start_ticks(sup) && !sw_deadline_expired(d)) {
+				sw_sleep_ms(100);
+				continue;
+			}
+			rc = sw_seterr(err, errlen, -ETIMEDOUT, ctl_proc_start_ticks(sup) ?
+				       "the supervisor (pid %d) did not report it in time" :
+				       "the supervisor (pid %d) exited", (int)sup);
+			ctl_service_log_path(e, "supervisor", log, sizeof(log));
+			append_log_tail(err, errlen, log);
+		}
+		if (rc) {
+			printf("failed\n");
+			fprintf(stderr, "swarmctl: %s: %s\n", ctl_service_name(s), err);
+			return rc;
+		}
+		printf("ok (pid %d%s)\n", (int)pid, adopted ? ", already running" : "");
+	}
+	return 0;
+}
+
+/* Managed start: one-time preparations, then the supervisor, which
+ * starts (or adopts) the services; or, with a supervisor running, a
+ * retry of the services it marked failed. */
+static int cmd_start_managed(struct ctl_env *e)
+{
+	char err[CTL_START_ERR_MAX], pidf[PATH_MAX + 32];
+	json_int_t base[CTL_N_SERVICES] = { 0 };
+	pid_t sup = ctl_supervisor_pid(e), running[CTL_N_SERVICES];
+	bool any_running = false, retry = false;
+	int rc;
+
+	for (int s = 0; s < CTL_N_SERVICES; s++) {
+		running[s] = ctl_service_pid(e, s);
+		any_running |= running[s] != 0;
+	}
+	if (sup) {
+		json_t *st = ctl_supervisor_status(e);
+
+		if (json_integer_value(json_object_get(st, "pid")) == sup) {
+			for (int s = 0; s < CTL_N_SERVICES; s++) {
+				json_t *v = ctl_supervisor_service(st, s);
+
+				base[s] = json_integer_value(json_object_get(v, "crashes"));
+				if (!strcmp(json_string_value(json_object_get(v, "state")) ?: "",
+					    "failed")) {
+					printf("%s failed: starting it again\n", ctl_service_name(s));
+					retry = true;
+				}
+			}
+		}
+		json_decref(st);
+		if (!retry) {
+			fprintf(stderr, "swarmctl: swarm is already running in %s (supervisor pid %d, "
+				"gpud pid %d, agentd pid %d); `swarmctl stop` first\n", e->state_dir,
+				(int)sup, (int)running[CTL_GPUD], (int)running[CTL_AGENTD]);
+			return 1;
+		}
+		kill(sup, SIGHUP);
+	} else {
+		if (any_running)
+			printf("the supervisor is not running: starting one; it adopts the running "
+			       "services\n");
+		rc = ctl_managed_prepare(e, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "swarmctl: %s\n", err);
+			return 1;
+		}
+		sup = ctl_supervisor_spawn(e, err, sizeof(err));
+		if (sup < 0) {
+			fprintf(stderr, "swarmctl: %s\n", err);
+			return 1;
+		}
+		/* the supervisor writes it too; this one is there at once for
+		 * a stop that follows a failure */
+		ctl_path(e, "run/supervisor.pid", pidf, sizeof(pidf));
+		ctl_pidfile_write(pidf, sup);
+	}
+	rc = wait_services(e, sup, base, err, sizeof(err));
+	if (rc) {
+		if (!any_running && !retry)
+			cmd_stop_env(e); /* a fresh start leaves nothing behind */
+		return 1;
+	}
+	printf("swarm is running (state directory %s; supervisor pid %d restarts any service "
+	       "that dies)\n", e->state_dir, (int)sup);
+	return 0;
+}
+
 static int cmd_start(void)
 {
 	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
 	struct ctl_env e;
 	char err[CTL_START_ERR_MAX];
-	int lock;
+	int lock, rc;
 
 	if (env_init(&e))
 		return 1;
@@ -145,7 +343,7 @@ static int cmd_start(void)
 	}
 	pid_t g = ctl_service_pid(&e, CTL_GPUD), a = ctl_service_pid(&e, CTL_AGENTD);
 
-	if (g || a) {
+	if (!e.managed && (g || a)) {
 		fprintf(stderr, "swarmctl: swarm is already running in %s (gpud pid %d, agentd pid "
 			"%d); `swarmctl stop` first\n", e.state_dir, (int)g, (int)a);
 		close(lock);
@@ -162,9 +360,13 @@ static int cmd_start(void)
 		close(lock);
 		return 1;
 	}
+	if (e.managed) {
+		rc = cmd_start_managed(&e);
+		close(lock);
+		return rc;
+	}
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		enum ctl_service s = order[i];
-		int rc;
 
 		printf("%s %s ... ", ctl_service_managed(&e, s) ? "starting" : "checking",
 		       ctl_service_name(s));
@@ -189,21 +391,6 @@ static int cmd_start(void)
 	return 0;
 }
 
-static void print_uptime(double s)
-{
-	char b[32];
-
-	if (s < 0)
-		snprintf(b, sizeof(b), "-");
-	else if (s < 120)
-		snprintf(b, sizeof(b), "%.0fs", s);
-	else if (s < 7200)
-		snprintf(b, sizeof(b), "%.1fm", s / 60);
-	else
-		snprintf(b, sizeof(b), "%.1fh", s / 3600);
-	printf("%s", b);
-}
-
 static int cmd_status(bool as_json)
 {
 	struct ctl_env e;
@@ -216,27 +403,7 @@ static int cmd_status(bool as_json)
 	if (env_init(&e))
 		return 1;
 	out = json_object();
-	procs = json_object();
-	for (int s = 0; s < CTL_N_SERVICES; s++) {
-		json_t *p = json_object();
-		pid_t pid = ctl_service_pid(&e, s);
-		bool up = pid != 0;
-
-		if (!ctl_service_managed(&e, s)) {
-			up = ctl_service_ping(&e, s, err, sizeof(err)) == 0;
-			json_object_set_new(p, "external", json_true());
-			if (!up)
-				json_object_set_new(p, "error", json_string(err));
-		}
-		json_object_set_new(p, "up", json_boolean(up));
-		if (pid) {
-			json_object_set_new(p, "pid", json_integer(pid));
-			json_object_set_new(p, "uptime_s", json_real(ctl_proc_uptime_s(pid)));
-		}
-		all_up &= up;
-		any_up |= up;
-		json_object_set_new(procs, ctl_service_name(s), p);
-	}
+	procs = ctl_processes_json(&e, &all_up, &any_up);
 	json_object_set_new(out, "state_dir", json_string(e.state_dir));
 	json_object_set_new(out, "managed", json_boolean(e.managed));
 	json_object_set_new(out, "processes", procs);
@@ -269,22 +436,7 @@ static int cmd_status(bool as_json)
 	}
 	printf("state directory %s (%s)\n", e.state_dir,
 	       e.managed ? "managed services" : "external Redis/PostgreSQL");
-	printf("%-10s %-6s %-8s %s\n", "SERVICE", "STATE", "PID", "UPTIME");
-	for (int s = 0; s < CTL_N_SERVICES; s++) {
-		json_t *p = json_object_get(procs, ctl_service_name(s));
-		bool up = json_is_true(json_object_get(p, "up"));
-		json_t *pid = json_object_get(p, "pid");
-
-		printf("%-10s %-6s ", ctl_service_name(s), up ? "up" : "down");
-		if (pid)
-			printf("%-8lld ", (long long)json_integer_value(pid));
-		else
-			printf("%-8s ", json_object_get(p, "external") ? "external" : "-");
-		print_uptime(pid ? json_real_value(json_object_get(p, "uptime_s")) : -1);
-		if (json_object_get(p, "error"))
-			printf("  %s", json_string_value(json_object_get(p, "error")));
-		printf("\n");
-	}
+	ctl_print_processes(stdout, &e, procs);
 	printf("\n");
 	if (agentd_st)
 		ctl_print_agentd(stdout, agentd_st);
@@ -334,9 +486,10 @@ static int cmd_logs(const char *service, bool follow)
 	if (!service)
 		service = "gpud";
 	if (strcmp(service, "gpud") && strcmp(service, "agentd") && strcmp(service, "redis") &&
-	    strcmp(service, "postgres") && strcmp(service, "model")) {
+	    strcmp(service, "postgres") && strcmp(service, "model") &&
+	    strcmp(service, "supervisor")) {
 		fprintf(stderr, "swarmctl: logs: unknown service \"%s\" (gpud, agentd, redis, "
-			"postgres)\n", service);
+			"postgres, supervisor)\n", service);
 		return EXIT_USAGE;
 	}
 	snprintf(rel, sizeof(rel), "logs/%s.log", service);
@@ -417,6 +570,13 @@ int main(int argc, char **argv)
 		return cmd_check();
 	if (!strcmp(cmd, "mem"))
 		return cmd_mem(dump);
+	if (!strcmp(cmd, "supervise")) {
+		struct ctl_env e;
+
+		if (env_init(&e))
+			return 1;
+		return ctl_cmd_supervise(&e);
+	}
 	if (!strcmp(cmd, "logs"))
 		return cmd_logs(optind < argc ? argv[optind] : NULL, follow);
 	fprintf(stderr, "swarmctl: unknown command \"%s\"\n", cmd);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <jansson.h>
 #include <libgen.h>
 #include <libpq-fe.h>
 #include <pwd.h>
@@ -28,6 +29,8 @@
 #define PG_START_S 60
 #define GPUD_START_MS 180000 /* model load + warm-up of a large model */
 #define AGENTD_SETTLE_MS 1500
+#define AGENTD_START_MS 30000 /* until its status file names it */
+#define PG_PROBE_TIMEOUT_S 5
 #define AGENTD_DRAIN_MS 60000 /* workers finish or hand back their tasks */
 #define LOCK_WAIT_MS 60000
 
@@ -301,8 +304,35 @@ static void log_path(const struct ctl_env *e, const char *name, char *out, size_
 	ctl_path(e, rel, out, cap);
 }
 
-/* postmaster.pid's first line is the postmaster's pid. */
-static pid_t pg_pid(const struct ctl_env *e)
+/* True when pid is a postmaster of the cluster in data: its working
+ * directory is the data directory (a postmaster chdirs there), or, where
+ * that link is not ours to read, its name is postgres. A pid that a
+ * reboot handed to another process is not. */
+static bool is_postmaster_of(pid_t pid, const char *data)
+{
+	char link[64], cwd[PATH_MAX], real[PATH_MAX], comm[32] = "";
+	ssize_t n;
+	FILE *f;
+
+	snprintf(link, sizeof(link), "/proc/%d/cwd", (int)pid);
+	n = readlink(link, cwd, sizeof(cwd) - 1);
+	if (n > 0) {
+		cwd[n] = '\0';
+		return realpath(data, real) && strcmp(cwd, real) == 0;
+	}
+	snprintf(link, sizeof(link), "/proc/%d/comm", (int)pid);
+	f = fopen(link, "re");
+	if (!f)
+		return false;
+	if (!fgets(comm, sizeof(comm), f))
+		comm[0] = '\0';
+	fclose(f);
+	return strcmp(comm, "postgres\n") == 0;
+}
+
+/* postmaster.pid's first line: the pid it names (0 when none), whether or
+ * not that process lives. */
+static pid_t pg_pidfile_pid(const struct ctl_env *e)
 {
 	char p[PATH_MAX + 32];
 	int pid = 0;
@@ -315,7 +345,17 @@ static pid_t pg_pid(const struct ctl_env *e)
 	if (fscanf(f, "%d", &pid) != 1)
 		pid = 0;
 	fclose(f);
-	return pid > 0 && ctl_proc_start_ticks(pid) ? pid : 0;
+	return pid > 0 ? pid : 0;
+}
+
+/* The live postmaster of the managed cluster, or 0. */
+static pid_t pg_pid(const struct ctl_env *e)
+{
+	char data[PATH_MAX + 32];
+	pid_t pid = pg_pidfile_pid(e);
+
+	ctl_path(e, "pg/data", data, sizeof(data));
+	return pid && ctl_proc_start_ticks(pid) && is_postmaster_of(pid, data) ? pid : 0;
 }
 
 pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s)
@@ -364,52 +404,6 @@ static int redis_ping_url(const char *url, char *err, size_t errlen)
 	return rc;
 }
 
-static int start_redis(struct ctl_env *e, char *err, size_t errlen)
-{
-	char log[PATH_MAX + 32], pidf[PATH_MAX + 32], sock[PATH_MAX + 32], dir[PATH_MAX + 32];
-	struct sw_deadline d = sw_deadline_in_ms(REDIS_START_MS);
-	pid_t pid;
-	int rc;
-
-	log_path(e, "redis", log, sizeof(log));
-	pid_path(e, CTL_REDIS, pidf, sizeof(pidf));
-	ctl_path(e, "run/redis.sock", sock, sizeof(sock));
-	ctl_path(e, "redis", dir, sizeof(dir));
-	char *argv[] = {
-		"redis-server", "--port", "0", "--unixsocket", sock, "--unixsocketperm", "770",
-		"--dir", dir, "--appendonly", "yes", "--appendfsync", "everysec",
-		"--save", "", "--daemonize", "no", NULL,
-	};
-
-	pid = ctl_spawn(argv, NULL, log, NULL);
-	if (pid < 0)
-		return sw_seterr(err, errlen, pid, "redis-server: %s (is Redis installed? "
-				 "scripts/setup installs it)", strerror(-pid));
-	rc = ctl_pidfile_write(pidf, pid);
-	if (rc) {
-		ctl_stop_pid(pid, SIGTERM, 5000, NULL);
-		return sw_seterr(err, errlen, rc, "%s: %s", pidf, strerror(-rc));
-	}
-	for (;;) {
-		char perr[SW_ERR_MAX];
-
-		if (!ctl_proc_start_ticks(pid)) {
-			unlink(pidf);
-			return fail_with_log(err, errlen, -ECHILD, log, "%s exited during start-up",
-					     "redis-server");
-		}
-		if (redis_ping_url(e->cfg.redis.url, perr, sizeof(perr)) == 0)
-			return 0;
-		if (sw_deadline_expired(d)) {
-			ctl_stop_pid(pid, SIGTERM, 5000, NULL);
-			unlink(pidf);
-			return fail_with_log(err, errlen, -ETIMEDOUT, log,
-					     "%s did not answer PING in time", "redis-server");
-		}
-		sw_sleep_ms(50);
-	}
-}
-
 /* --- PostgreSQL --------------------------------------------------------- */
 
 static int pg_exec(PGconn *c, const char *sql, char *err, size_t errlen)
@@ -446,15 +440,17 @@ static void pg_quiet(void *arg, const char *msg)
 }
 
 /* Creates database swarm and the vector extension when missing. */
-static int pg_bootstrap(struct ctl_env *e, char *err, size_t errlen)
+static int pg_bootstrap(const struct ctl_env *e, char *err, size_t errlen)
 {
-	char ci[PATH_MAX + 64];
+	char ci[PATH_MAX + 96];
 	PGconn *c;
 	PGresult *r;
 	int rc = 0;
 	bool have;
 
-	snprintf(ci, sizeof(ci), "host=%s/pg dbname=postgres user=swarm", e->state_dir);
+	/* bounded: the supervisor's stop waits for a probe in flight */
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=postgres user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
 	c = PQconnectdb(ci);
 	if (PQstatus(c) != CONNECTION_OK) {
 		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
@@ -469,7 +465,9 @@ static int pg_bootstrap(struct ctl_env *e, char *err, size_t errlen)
 	PQfinish(c);
 	if (rc)
 		return rc;
-	c = PQconnectdb(e->cfg.postgres.url);
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=swarm user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
+	c = PQconnectdb(ci);
 	if (PQstatus(c) != CONNECTION_OK) {
 		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
 		PQfinish(c);
@@ -513,10 +511,12 @@ static int check_traversable(const char *path, const struct passwd *pw, char *er
 	return 0;
 }
 
-static int start_postgres(struct ctl_env *e, char *err, size_t errlen)
+/* Everything PostgreSQL needs before its first start: its directory
+ * (owned by the postgres user when we are root), and a cluster (initdb). */
+static int prepare_postgres(struct ctl_env *e, char *err, size_t errlen)
 {
 	char pgdir[PATH_MAX + 32], data[PATH_MAX + 32], log[PATH_MAX + 32], ver[PATH_MAX + 48];
-	char initdb[PATH_MAX + 16], pgctl[PATH_MAX + 16], opts[PATH_MAX + 128];
+	char initdb[PATH_MAX + 16];
 	struct stat st;
 	int rc;
 
@@ -528,7 +528,6 @@ static int start_postgres(struct ctl_env *e, char *err, size_t errlen)
 	ctl_path(e, "pg/data", data, sizeof(data));
 	log_path(e, "postgres", log, sizeof(log));
 	snprintf(initdb, sizeof(initdb), "%s/initdb", e->pg_bindir);
-	snprintf(pgctl, sizeof(pgctl), "%s/pg_ctl", e->pg_bindir);
 	snprintf(ver, sizeof(ver), "%s/PG_VERSION", data);
 
 	rc = ctl_mkdirs(pgdir, 0755);
@@ -546,15 +545,6 @@ static int start_postgres(struct ctl_env *e, char *err, size_t errlen)
 		if (chown(pgdir, pw->pw_uid, pw->pw_gid) != 0)
 			return sw_seterr(err, errlen, -errno, "chown %s: %s", pgdir,
 					 strerror(errno));
-		/* the server writes its log itself */
-		int fd = open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
-
-		if (fd >= 0) {
-			if (fchown(fd, pw->pw_uid, pw->pw_gid) != 0) {
-				/* reported by pg_ctl if it matters */
-			}
-			close(fd);
-		}
 	}
 	if (stat(ver, &st) != 0) {
 		char *argv[] = { initdb, "-D", data, "-U", "swarm", "--auth=trust", "-E", "UTF8",
@@ -564,26 +554,7 @@ static int start_postgres(struct ctl_env *e, char *err, size_t errlen)
 		if (rc != 0)
 			return fail_with_log(err, errlen, -EIO, log, "%s failed", "initdb");
 	}
-	snprintf(opts, sizeof(opts), "-k %s -c listen_addresses= -c unix_socket_permissions=0770",
-		 pgdir);
-	{
-		char t[16];
-
-		snprintf(t, sizeof(t), "%d", PG_START_S);
-		char *argv[] = { pgctl, "-D", data, "-l", log, "-w", "-t", t, "-o", opts, "start",
-				 NULL };
-
-		rc = ctl_run(argv, log, e->pg_os_user);
-	}
-	if (rc != 0)
-		return fail_with_log(err, errlen, -EIO, log, "%s did not start", "postgres");
-	rc = pg_bootstrap(e, err, errlen);
-	if (rc) {
-		char *argv[] = { pgctl, "-D", data, "-m", "fast", "-w", "stop", NULL };
-
-		ctl_run(argv, log, e->pg_os_user);
-	}
-	return rc;
+	return 0;
 }
 
 static int stop_postgres(struct ctl_env *e, bool *killed, char *err, size_t errlen)
@@ -712,17 +683,222 @@ int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t e
 		return ctl_service_ping(e, s, err, errlen);
 	if (ctl_service_pid(e, s))
 		return 0;
+	if (e->managed)
+		return sw_seterr(err, errlen, -ENOTSUP, "%s: managed services are started by the "
+				 "supervisor (swarmctl start)", names[s]);
+	if (s != CTL_GPUD && s != CTL_AGENTD)
+		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
+	return start_daemon(e, s, err, errlen);
+}
+
+/* --- managed services under the supervisor ------------------------------ */
+
+int ctl_managed_prepare(struct ctl_env *e, char *err, size_t errlen)
+{
+	int rc;
+
+	if (!e->managed)
+		return sw_seterr(err, errlen, -EINVAL, "not in managed mode");
+	rc = prepare_postgres(e, err, errlen);
+	if (rc)
+		return rc;
+	return ensure_builtin_model(e, err, errlen);
+}
+
+/* Appends a copy of str to c's argv. */
+static int push_arg(struct ctl_command *c, size_t *argc, const char *str)
+{
+	size_t len = strlen(str) + 1;
+
+	if (*argc + 1 >= sizeof(c->argv) / sizeof(c->argv[0]) ||
+	    c->used + len > sizeof(c->buf))
+		return -ENAMETOOLONG;
+	memcpy(c->buf + c->used, str, len);
+	c->argv[(*argc)++] = c->buf + c->used;
+	c->argv[*argc] = NULL;
+	c->used += len;
+	return 0;
+}
+
+int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_command *c,
+			char *err, size_t errlen)
+{
+	char a[PATH_MAX + 64], b[PATH_MAX + 64], mem[32];
+	size_t n = 0;
+	int rc = 0;
+
+	memset(c, 0, sizeof(*c));
+	log_path(e, ctl_service_name(s), c->log, sizeof(c->log));
 	switch (s) {
 	case CTL_REDIS:
-		return start_redis(e, err, errlen);
+		/* foreground, Unix socket only, AOF; a full Redis refuses
+		 * writes (a submit fails) rather than evicting stream entries */
+		ctl_path(e, "run/redis.sock", a, sizeof(a));
+		ctl_path(e, "redis", b, sizeof(b));
+		snprintf(mem, sizeof(mem), "%llu", (unsigned long long)e->cfg.redis.maxmemory);
+		{
+			const char *argv[] = { "redis-server", "--port", "0", "--unixsocket", a,
+					       "--unixsocketperm", "770", "--dir", b,
+					       "--appendonly", "yes", "--appendfsync", "everysec",
+					       "--save", "", "--daemonize", "no", "--maxmemory", mem,
+					       "--maxmemory-policy", "noeviction", NULL };
+
+			for (size_t i = 0; argv[i] && !rc; i++)
+				rc = push_arg(c, &n, argv[i]);
+		}
+		c->start_timeout_ms = REDIS_START_MS;
+		break;
 	case CTL_POSTGRES:
-		return start_postgres(e, err, errlen);
+		/* the postmaster itself, not pg_ctl's daemon: its exit is the
+		 * supervisor's child's exit */
+		if (!e->pg_bindir[0])
+			return sw_seterr(err, errlen, -ENOENT, "PostgreSQL server binaries not found");
+		snprintf(a, sizeof(a), "%s/postgres", e->pg_bindir);
+		rc = push_arg(c, &n, a);
+		ctl_path(e, "pg/data", a, sizeof(a));
+		ctl_path(e, "pg", b, sizeof(b));
+		{
+			const char *argv[] = { "-D", a, "-k", b, "-c", "listen_addresses=", "-c",
+					       "unix_socket_permissions=0770", NULL };
+
+			for (size_t i = 0; argv[i] && !rc; i++)
+				rc = push_arg(c, &n, argv[i]);
+		}
+		if (e->pg_os_user) {
+			struct passwd *pw = getpwnam(e->pg_os_user);
+
+			if (!pw)
+				return sw_seterr(err, errlen, -ENOENT, "no '%s' user to run "
+						 "PostgreSQL as", e->pg_os_user);
+			c->set_ids = true;
+			c->uid = pw->pw_uid;
+			c->gid = pw->pw_gid;
+		}
+		c->start_timeout_ms = PG_START_S * 1000;
+		break;
 	case CTL_GPUD:
+		rc = push_arg(c, &n, e->gpud_bin);
+		rc = rc ? rc : push_arg(c, &n, "serve");
+		rc = rc ? rc : push_arg(c, &n, "--config");
+		rc = rc ? rc : push_arg(c, &n, e->config_path);
+		c->start_timeout_ms = GPUD_START_MS;
+		break;
 	case CTL_AGENTD:
-		return start_daemon(e, s, err, errlen);
+		rc = push_arg(c, &n, e->agentd_bin);
+		rc = rc ? rc : push_arg(c, &n, "--config");
+		rc = rc ? rc : push_arg(c, &n, e->config_path);
+		c->start_timeout_ms = AGENTD_START_MS;
+		break;
 	default:
 		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
 	}
+	if (rc)
+		return sw_seterr(err, errlen, rc, "%s: command line too long", names[s]);
+	return 0;
+}
+
+/* agentd is up once its supervisor wrote agentd.status.json under its
+ * own pid (a file from an earlier agentd names another). */
+static int agentd_probe(const struct ctl_env *e, pid_t pid, char *err, size_t errlen)
+{
+	char p[PATH_MAX + 32];
+	json_t *st;
+	json_int_t have;
+	int fd;
+
+	/* close-on-exec: the supervisor may spawn while this thread reads */
+	ctl_path(e, "agentd.status.json", p, sizeof(p));
+	fd = open(p, O_RDONLY | O_CLOEXEC);
+	st = fd >= 0 ? json_loadfd(fd, 0, NULL) : NULL;
+	if (fd >= 0)
+		close(fd);
+	have = json_integer_value(json_object_get(st, "pid"));
+	json_decref(st);
+	if (have != (json_int_t)pid)
+		return sw_seterr(err, errlen, -EAGAIN, "agentd (pid %d) has not written %s yet",
+				 (int)pid, p);
+	return 0;
+}
+
+/* Redis answers at all: any reply, an error reply (LOADING, OOM) too. */
+static int redis_alive(const char *url, char *err, size_t errlen)
+{
+	int rc = redis_ping_url(url, err, errlen);
+
+	return rc == -EIO ? 0 : rc;
+}
+
+/* The postmaster answers at all: accepting connections, or refusing them
+ * (starting up, in recovery, too many clients) is alive; no answer is
+ * not. */
+static int pg_alive(const struct ctl_env *e, char *err, size_t errlen)
+{
+	char ci[PATH_MAX + 96];
+
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=swarm user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
+	if (PQping(ci) != PQPING_NO_RESPONSE)
+		return 0;
+	return sw_seterr(err, errlen, -ECONNREFUSED, "postgres: no answer on %s/pg",
+			 e->state_dir);
+}
+
+int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bool live,
+		      char *err, size_t errlen)
+{
+	if (live) {
+		switch (s) {
+		case CTL_REDIS:
+			return redis_alive(e->cfg.redis.url, err, errlen);
+		case CTL_POSTGRES:
+			return pg_alive(e, err, errlen);
+		case CTL_GPUD:
+			return gpud_probe(e, err, errlen);
+		default:
+			return 0; /* agentd's supervisor watches its workers; nothing to ask */
+		}
+	}
+	switch (s) {
+	case CTL_REDIS:
+		return redis_ping_url(e->cfg.redis.url, err, errlen);
+	case CTL_POSTGRES:
+		return pg_bootstrap(e, err, errlen); /* the database and pgvector too */
+	case CTL_GPUD:
+		return gpud_probe(e, err, errlen);
+	case CTL_AGENTD:
+		return agentd_probe(e, pid, err, errlen);
+	default:
+		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
+	}
+}
+
+int ctl_service_clear_stale(const struct ctl_env *e, enum ctl_service s, char *err,
+			    size_t errlen)
+{
+	char p[PATH_MAX + 48];
+	pid_t pid;
+
+	if (s != CTL_POSTGRES)
+		return 0;
+	pid = pg_pidfile_pid(e);
+	if (!pid || !ctl_proc_start_ticks(pid))
+		return 0; /* none, or a dead pid: PostgreSQL handles that itself */
+	if (pg_pid(e))
+		return sw_seterr(err, errlen, -EBUSY, "a postmaster (pid %d) already runs on %s/pg/data",
+				 (int)pid, e->state_dir);
+	/* The pid now belongs to another process (a reboot): PostgreSQL would
+	 * take it for a live postmaster and refuse to start. */
+	ctl_path(e, "pg/data/postmaster.pid", p, sizeof(p));
+	if (unlink(p) != 0 && errno != ENOENT)
+		return sw_seterr(err, errlen, -errno, "%s: %s", p, strerror(errno));
+	ctl_path(e, "pg/.s.PGSQL.5432.lock", p, sizeof(p));
+	unlink(p);
+	return 1;
+}
+
+void ctl_service_log_path(const struct ctl_env *e, const char *name, char *out, size_t cap)
+{
+	log_path(e, name, out, cap);
 }
 
 int ctl_service_stop(struct ctl_env *e, enum ctl_service s, bool *killed, char *err,

@@ -3,25 +3,32 @@
  * Two modes:
  *  - managed (no configuration file): everything lives in the state
  *    directory ($SWARM_STATE_DIR, default ~/.local/state/swarm, or
- *    /var/lib/swarm for root): a redis-server (AOF on, Unix socket only),
- *    a PostgreSQL cluster (initdb on first start, Unix socket only,
- *    database "swarm" with pgvector), gpud on a built-in random-weight
- *    model that `gpud mkmodel` generates on first start (or $SWARM_MODEL),
- *    and agentd. swarmctl writes the configuration they read to
- *    <state>/swarm.json.
+ *    /var/lib/swarm for root): a redis-server (AOF on, Unix socket only,
+ *    maxmemory with noeviction), a PostgreSQL cluster (initdb on first
+ *    start, Unix socket only, database "swarm" with pgvector), gpud on a
+ *    built-in random-weight model that `gpud mkmodel` generates on first
+ *    start (or $SWARM_MODEL), and agentd. swarmctl writes the
+ *    configuration they read to <state>/swarm.json. They run in the
+ *    foreground as children of the supervisor (swarmctl/supervise.h),
+ *    which starts them with ctl_service_command, waits for
+ *    ctl_service_ready and restarts them.
  *  - external (--config FILE or $SWARM_CONFIG): Redis and PostgreSQL are
  *    the ones the file names (swarmctl only checks they answer); gpud and
- *    agentd get the file itself; state_dir comes from the file (or
- *    $SWARM_STATE_DIR).
+ *    agentd get the file itself and are started detached by
+ *    ctl_service_start (under systemd, by their units); state_dir comes
+ *    from the file (or $SWARM_STATE_DIR).
  *
  * State directory layout:
- *   run/     pid files (redis.pid, gpud.pid, agentd.pid), gpud.sock, redis.sock
- *   logs/    redis.log, postgres.log, gpud.log, agentd.log, model.log
+ *   run/     pid files (supervisor.pid, redis.pid, gpud.pid, agentd.pid),
+ *            supervisor.lock, gpud.sock, redis.sock
+ *   logs/    redis.log, postgres.log, gpud.log, agentd.log, supervisor.log,
+ *            model.log; NAME.log.1 .. rotated copies (supervisor.log_keep)
  *   redis/   Redis data (appendonly)
  *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root)
  *   models/  builtin.gguf
  *   swarm.json, swarmctl.lock, agentd.status.json (written by agentd's
- *   supervisor: its workers, read by status and top)
+ *   supervisor: its workers), supervisor.status.json (written by the
+ *   managed-mode supervisor: its services); status and top read both
  */
 #ifndef SWARMCTL_SERVICES_H
 #define SWARMCTL_SERVICES_H
@@ -29,6 +36,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "common/config.h"
@@ -78,14 +86,70 @@ bool ctl_service_managed(const struct ctl_env *e, enum ctl_service s);
 /* The live pid of a managed service, 0 when not running. */
 pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s);
 
-/* Starts s (managed services and gpud/agentd) and waits until it answers:
- * Redis PING, PostgreSQL accepting connections with the swarm database and
- * the vector extension, gpud answering `stats`, agentd alive after its
- * start-up. Already running: 0 and nothing done. On failure the message
- * gives the cause and the last lines of the service's log (err of
- * CTL_START_ERR_MAX bytes holds it whole); whatever was spawned for s is
- * stopped again. */
+/* External mode: checks that Redis and PostgreSQL answer, starts gpud or
+ * agentd detached and waits until it answers (gpud `stats`; agentd alive
+ * after its start-up). Already running: 0 and nothing done. On failure
+ * the message gives the cause and the last lines of the service's log
+ * (err of CTL_START_ERR_MAX bytes holds it whole); whatever was spawned
+ * for s is stopped again. In managed mode a service not running is
+ * -ENOTSUP: the supervisor starts those. */
 int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
+
+/* Managed mode, before the supervisor starts: PostgreSQL's directory (and
+ * its owner when root) and cluster (initdb on the first start), and the
+ * built-in model (gpud mkmodel) when no SWARM_MODEL is set. Nothing is
+ * done twice. Returns 0 or a negative code; the message (err of
+ * CTL_START_ERR_MAX bytes) ends in the last lines of the failing tool's
+ * log. */
+int ctl_managed_prepare(struct ctl_env *e, char *err, size_t errlen);
+
+#define CTL_COMMAND_ARGS 32
+
+/* How the supervisor runs a managed service: in the foreground, stdout
+ * and stderr appended to log. */
+struct ctl_command {
+	char *argv[CTL_COMMAND_ARGS];  /* NULL-terminated; argv[0] is the executable */
+	char log[PATH_MAX + 32];       /* <state>/logs/NAME.log */
+	bool set_ids;                  /* PostgreSQL as root: runs as uid/gid */
+	uid_t uid;
+	gid_t gid;
+	uint32_t start_timeout_ms;     /* killed when not ready by then */
+	char buf[4 * PATH_MAX];        /* the strings argv points into */
+	size_t used;
+};
+
+/* Fills c for managed service s: redis-server --daemonize no with
+ * --maxmemory redis.maxmemory --maxmemory-policy noeviction; postgres -D
+ * (the postmaster itself, as the postgres user when root); gpud serve;
+ * agentd. c is self-contained (no pointers into e). Returns 0 or a
+ * negative code with a message. */
+int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_command *c,
+			char *err, size_t errlen);
+
+/* live false: whether managed service s, running as pid, is ready:
+ * Redis answers PING; PostgreSQL accepts connections, and the swarm
+ * database and the vector extension exist (created when missing); gpud
+ * answers `stats`; agentd's supervisor wrote agentd.status.json under
+ * pid. live true: whether it still answers at all (the supervisor's hang
+ * check): any Redis reply, PostgreSQL accepting or refusing a connection
+ * (starting up, in recovery, full), gpud answering `stats`; agentd always
+ * (its own supervisor watches its workers). Returns 0 or a negative code
+ * with the reason. Every wait is bounded (2 to 5 s). Safe to call from
+ * any thread (it reads e only). */
+int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bool live,
+		      char *err, size_t errlen);
+
+/* Before managed service s starts: a postmaster.pid whose pid a reboot
+ * gave to another process is removed (with the socket's lock file), since
+ * PostgreSQL would take it for a live postmaster and refuse to start; a
+ * dead pid is left to PostgreSQL. Returns 1 when it removed something, 0
+ * when there was nothing to do, -EBUSY (a postmaster already runs on the
+ * cluster) or another negative code with a message. */
+int ctl_service_clear_stale(const struct ctl_env *e, enum ctl_service s, char *err,
+			    size_t errlen);
+
+/* <state>/logs/NAME.log into out. */
+void ctl_service_log_path(const struct ctl_env *e, const char *name, char *out, size_t cap);
 
 /* Stops s: agentd and gpud with SIGTERM and their drain deadlines,
  * Redis with SIGTERM, PostgreSQL with a fast shutdown; SIGKILL when the

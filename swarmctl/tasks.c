@@ -30,19 +30,21 @@ enum sub_kind { K_SUMMARIZE, K_ANSWER, K_INGEST };
 static const char *const kind_names[] = { "summarize", "answer", "ingest" };
 static const char *const id_prefix[] = { "sum", "ask", "ing" };
 
-/* One input and the tasks made for it; input NULL is the answer over all
- * documents (--question with no input, or with summarize). */
+/* One task: an input and what to do with it, in one task on the stream
+ * (proto/task.h: the worker ingests the input itself). input NULL is the
+ * answer over every document (--question with no input, or with
+ * summarize). */
 struct job {
 	const char *input;
 	enum sub_kind kind;
-	char *ingest_json;          /* built before anything is queued; freed once sent */
-	char id[ID_MAX];            /* the final task ("" for --kind ingest) */
-	char ingest_id[ID_MAX + 8]; /* "" when there is no ingest step */
-	char ingest_status[16];     /* "" = queued, not started by a worker yet */
-	char final_status[16];
+	char *json;                 /* built before anything is queued; freed once sent */
+	char id[ID_MAX];
+	char status[16];            /* "" = queued, not started by a worker yet */
 	char error[SW_ERR_MAX];
-	int64_t doc_id;             /* 0 until the ingest completed */
-	bool final_sent;
+	int64_t doc_id;             /* 0 until its document is stored */
+	bool sent;
+	bool deferred;              /* the answer over every document after summarizes:
+				     * queued once their documents are stored */
 	long n_chunks, summaries;   /* progress of a summarize */
 	bool failed;                /* the job ended without its result */
 };
@@ -141,21 +143,39 @@ static bool is_url(const char *s)
 	       !strncmp(s, "file://", 7);
 }
 
-int ctl_task_ingest_json(const char *id, const char *input, char **json, char *err,
-			size_t errlen)
+int ctl_task_json(const char *id, const char *kind, const char *input, const char *question,
+		  unsigned max_tokens, char **json, char *err, size_t errlen)
 {
 	json_t *o = json_object(), *text = NULL;
 	char *data = NULL, src[PATH_MAX + 8];
-	bool is_stdin = !strcmp(input, "-");
+	bool is_ingest = !strcmp(kind, "ingest"), is_answer = !strcmp(kind, "answer");
 	size_t len = 0;
 	int rc = 0;
 
 	*json = NULL;
 	if (!o)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	if (!is_ingest && !is_answer && strcmp(kind, "summarize")) {
+		rc = sw_seterr(err, errlen, -EINVAL, "unknown kind \"%s\"", kind);
+		goto out;
+	}
+	if (!input && !is_answer) {
+		rc = sw_seterr(err, errlen, -EINVAL, "kind %s needs an input", kind);
+		goto out;
+	}
+	if (is_answer != (question != NULL)) {
+		rc = sw_seterr(err, errlen, -EINVAL, "a question goes with kind answer only");
+		goto out;
+	}
 	json_object_set_new(o, "id", json_string(id));
-	json_object_set_new(o, "kind", json_string("ingest"));
-	if (is_url(input)) {
+	json_object_set_new(o, "kind", json_string(kind));
+	if (question)
+		json_object_set_new(o, "question", json_string(question));
+	if (max_tokens && !is_ingest)
+		json_object_set_new(o, "max_tokens", json_integer(max_tokens));
+	if (!input) {
+		/* the answer over every document */
+	} else if (is_url(input)) {
 		if (strlen(input) > PROTO_TASK_MAX_URL) {
 			rc = sw_seterr(err, errlen, SW_ETOOLONG, "%.64s...: URL longer than %d bytes",
 				       input, PROTO_TASK_MAX_URL);
@@ -163,6 +183,7 @@ int ctl_task_ingest_json(const char *id, const char *input, char **json, char *e
 		}
 		json_object_set_new(o, "url", json_string(input));
 	} else {
+		bool is_stdin = !strcmp(input, "-");
 		FILE *f = is_stdin ? stdin : fopen(input, "re");
 
 		if (!f) {
@@ -195,23 +216,6 @@ out:
 	free(data);
 	json_decref(o);
 	return rc;
-}
-
-char *ctl_task_final_json(const char *id, const char *kind, int64_t doc_id,
-			 const char *question, unsigned max_tokens)
-{
-	json_t *o = json_pack("{s:s, s:s}", "id", id, "kind", kind);
-	char *json;
-
-	if (o && doc_id)
-		json_object_set_new(o, "document_id", json_integer(doc_id));
-	if (o && question)
-		json_object_set_new(o, "question", json_string(question));
-	if (o && max_tokens)
-		json_object_set_new(o, "max_tokens", json_integer(max_tokens));
-	json = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	return json;
 }
 
 /* Copies the value of "field:" in INFO text into out ("?" when absent). */
@@ -271,44 +275,35 @@ static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 	return 0;
 }
 
-/* Queues the summarize or answer of j (doc_id 0: every document). */
-static int send_final(struct submit *s, struct job *j, char *err, size_t errlen)
+/* Queues job j (its JSON is freed once sent). */
+static int send_job(struct submit *s, struct job *j, char *err, size_t errlen)
 {
-	char *json = ctl_task_final_json(j->id, kind_names[j->kind], j->doc_id,
-					j->kind == K_ANSWER ? s->question : NULL, s->max_tokens);
-	int rc;
+	int rc = xadd(s, j->json, err, errlen);
 
-	if (!json)
-		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
-	rc = xadd(s, json, err, errlen);
-	free(json);
-	if (!rc) {
-		j->final_sent = true;
-		if (!s->tty)
-			printf("queued %s %s%s%s\n", kind_names[j->kind], j->id,
-			       j->input ? " for " : " over all documents", j->input ? j->input : "");
-	}
-	return rc;
+	if (rc)
+		return rc;
+	free(j->json);
+	j->json = NULL;
+	j->sent = true;
+	if (!s->tty)
+		printf("queued %s %s%s%s\n", kind_names[j->kind], j->id,
+		       j->input ? " for " : " over every document", j->input ? j->input : "");
+	return 0;
 }
 
 /* "{"a","b"}" for = ANY($1::text[]); ids are [A-Za-z0-9._:-] only. */
 static char *id_array(const struct submit *s)
 {
-	size_t cap = 3 + s->n * 2 * (ID_MAX + 12), o = 0;
+	size_t cap = 3 + s->n * (ID_MAX + 4), o = 0;
 	char *a = malloc(cap);
 
 	if (!a)
 		return NULL;
 	a[o++] = '{';
-	for (size_t i = 0; i < s->n; i++) {
-		const struct job *j = &s->jobs[i];
-
-		if (j->ingest_id[0])
+	for (size_t i = 0; i < s->n; i++)
+		if (s->jobs[i].sent)
 			o += (size_t)snprintf(a + o, cap - o, "%s\"%s\"", o > 1 ? "," : "",
-					      j->ingest_id);
-		if (j->id[0])
-			o += (size_t)snprintf(a + o, cap - o, "%s\"%s\"", o > 1 ? "," : "", j->id);
-	}
+					      s->jobs[i].id);
 	snprintf(a + o, cap - o, "}");
 	return a;
 }
@@ -326,139 +321,99 @@ long ctl_expected_summaries(long n_chunks, unsigned fanin)
 	return rows > 0 ? rows : 1;
 }
 
-/* Reads the state of every task of the submission from PostgreSQL. */
+/* Takes one row of poll_state's query into job j, saying what changed
+ * (without a progress bar). */
+static void take_row(struct submit *s, struct job *j, PGresult *r, int row)
+{
+	const char *st = PQgetvalue(r, row, 1), *e = PQgetvalue(r, row, 2);
+	int64_t doc = strtoll(PQgetvalue(r, row, 3), NULL, 10);
+
+	if (doc && !j->doc_id && j->input && !s->tty)
+		printf("%s %s: document %" PRId64 " stored\n", kind_names[j->kind], j->id, doc);
+	if (strcmp(j->status, st) && !s->tty)
+		printf("%s %s: %s%s%s\n", kind_names[j->kind], j->id, st, e[0] ? " - " : "", e);
+	snprintf(j->status, sizeof(j->status), "%s", st);
+	if (e[0])
+		snprintf(j->error, sizeof(j->error), "%s", e);
+	j->doc_id = doc;
+	j->n_chunks = strtol(PQgetvalue(r, row, 4), NULL, 10);
+	j->summaries = strtol(PQgetvalue(r, row, 5), NULL, 10);
+}
+
+/* Reads the state of every queued task of the submission from
+ * PostgreSQL: status, error, the document its ingest stored (the task
+ * row's document_id, written with the document), and for the progress
+ * of a summarize the document's chunks and the partial summaries made
+ * so far. Tables that do not exist yet (agentd has not migrated) read
+ * as nothing recorded. */
 static int poll_state(struct submit *s, char *err, size_t errlen)
 {
-	char *ids = id_array(s), docs[4096];
+	char *ids = id_array(s);
 	const char *params[1] = { ids };
 	PGresult *r;
-	size_t o = 0;
 	int rc;
 
 	if (!ids)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
 	rc = ctl_pg_query(s->pg, &r, err, errlen,
-			 "SELECT id, status, coalesce(location, ''), coalesce(error, ''), attempts "
-			 "FROM tasks WHERE id = ANY($1::text[])", 1, params);
+			 "SELECT t.id, t.status, coalesce(t.error, ''), coalesce(t.document_id, 0), "
+			 "coalesce(d.n_chunks, 0), (SELECT count(*) FROM summaries m "
+			 "WHERE m.document_id = t.document_id) "
+			 "FROM tasks t LEFT JOIN documents d ON d.id = t.document_id "
+			 "WHERE t.id = ANY($1::text[])", 1, params);
 	free(ids);
 	if (rc)
-		return rc;
-	for (int row = 0; row < PQntuples(r); row++) {
-		const char *id = PQgetvalue(r, row, 0), *st = PQgetvalue(r, row, 1);
-		const char *loc = PQgetvalue(r, row, 2), *e = PQgetvalue(r, row, 3);
-
-		for (size_t i = 0; i < s->n; i++) {
-			struct job *j = &s->jobs[i];
-			char *dst = !strcmp(id, j->ingest_id) ? j->ingest_status
-				    : !strcmp(id, j->id) ? j->final_status : NULL;
-
-			if (!dst)
-				continue;
-			if (strcmp(dst, st) && !s->tty)
-				printf("%s %s: %s%s%s\n", dst == j->ingest_status ? "ingest" :
-				       kind_names[j->kind], id, st, e[0] ? " - " : "", e);
-			snprintf(dst, 16, "%s", st);
-			if (e[0])
-				snprintf(j->error, sizeof(j->error), "%s", e);
-			if (dst == j->ingest_status && !strcmp(st, "completed") && !j->doc_id &&
-			    sscanf(loc, "documents/%" SCNd64, &j->doc_id) != 1) {
-				snprintf(j->error, sizeof(j->error),
-					 "ingest completed with an unexpected location \"%s\"", loc);
-				j->failed = true;
-			}
-		}
-	}
-	PQclear(r);
-
-	/* summarize progress: partial summaries made per document */
-	docs[o++] = '{';
-	for (size_t i = 0; i < s->n; i++)
-		if (s->jobs[i].kind == K_SUMMARIZE && s->jobs[i].doc_id && o < sizeof(docs) - 24)
-			o += (size_t)snprintf(docs + o, sizeof(docs) - o, "%s%" PRId64,
-					      o > 1 ? "," : "", s->jobs[i].doc_id);
-	docs[o++] = '}';
-	docs[o] = '\0';
-	if (o == 2)
-		return 0;
-	params[0] = docs;
-	rc = ctl_pg_query(s->pg, &r, err, errlen,
-			 "SELECT d.id, d.n_chunks, (SELECT count(*) FROM summaries m "
-			 "WHERE m.document_id = d.id) FROM documents d WHERE d.id = ANY($1::bigint[])",
-			 1, params);
-	if (rc)
-		return rc;
-	for (int row = 0; row < PQntuples(r); row++) {
-		int64_t id = strtoll(PQgetvalue(r, row, 0), NULL, 10);
-
+		return strstr(err, "does not exist") ? 0 : rc;
+	for (int row = 0; row < PQntuples(r); row++)
 		for (size_t i = 0; i < s->n; i++)
-			if (s->jobs[i].doc_id == id) {
-				s->jobs[i].n_chunks = strtol(PQgetvalue(r, row, 1), NULL, 10);
-				s->jobs[i].summaries = strtol(PQgetvalue(r, row, 2), NULL, 10);
-			}
-	}
+			if (!strcmp(PQgetvalue(r, row, 0), s->jobs[i].id))
+				take_row(s, &s->jobs[i], r, row);
 	PQclear(r);
 	return 0;
 }
 
-/* Queues what became ready; marks jobs whose ingest failed. Returns true
- * when there is nothing left to wait for. */
+/* Queues the deferred answer once every summarize has its document
+ * stored or has ended; marks jobs that ended without their result.
+ * *done is true when there is nothing left to wait for. */
 static int advance(struct submit *s, bool *done, char *err, size_t errlen)
 {
-	bool ingests_over = true, any_doc = false;
+	bool docs_over = true, any_doc = false;
 	int rc;
 
 	*done = true;
 	for (size_t i = 0; i < s->n; i++) {
+		const struct job *j = &s->jobs[i];
+
+		if (!j->input)
+			continue;
+		if (!j->doc_id && !is_final_status(j->status))
+			docs_over = false;
+		any_doc |= j->doc_id != 0;
+	}
+	for (size_t i = 0; i < s->n; i++) {
 		struct job *j = &s->jobs[i];
 
-		if (!j->ingest_id[0])
-			continue;
-		if (!is_final_status(j->ingest_status) && !j->failed) {
-			ingests_over = false;
-			continue;
-		}
-		if (strcmp(j->ingest_status, "completed"))
-			j->failed = true;
-		any_doc |= j->doc_id != 0;
-		if (!j->failed && j->id[0] && !j->final_sent) {
-			rc = send_final(s, j, err, errlen);
+		if (j->deferred && !j->sent && !j->failed) {
+			/* the answer over every document must see this
+			 * submission's documents */
+			if (!docs_over) {
+				*done = false;
+				continue;
+			}
+			if (!any_doc) {
+				j->failed = true;
+				snprintf(j->error, sizeof(j->error), "no document was stored");
+				continue;
+			}
+			rc = send_job(s, j, err, errlen);
 			if (rc)
 				return rc;
 		}
-	}
-	for (size_t i = 0; i < s->n; i++) {
-		struct job *j = &s->jobs[i];
-
-		if (j->input || j->final_sent || j->failed)
-			continue;
-		/* the answer over all documents waits for this submission's
-		 * ingests so that it can see them */
-		if (!ingests_over) {
-			*done = false;
-			continue;
-		}
-		if (s->n > 1 && !any_doc) {
-			j->failed = true;
-			snprintf(j->error, sizeof(j->error), "no document was ingested");
-			continue;
-		}
-		rc = send_final(s, j, err, errlen);
-		if (rc)
-			return rc;
-	}
-	for (size_t i = 0; i < s->n; i++) {
-		struct job *j = &s->jobs[i];
-
 		if (j->failed)
 			continue;
-		if (!j->id[0]) { /* --kind ingest */
-			if (s->wait && !is_final_status(j->ingest_status))
-				*done = false;
-			continue;
-		}
-		if (!j->final_sent || (s->wait && !is_final_status(j->final_status)))
+		if (s->wait && !is_final_status(j->status))
 			*done = false;
-		else if (is_final_status(j->final_status) && strcmp(j->final_status, "completed"))
+		else if (is_final_status(j->status) && strcmp(j->status, "completed"))
 			j->failed = true;
 	}
 	return 0;
@@ -467,47 +422,60 @@ static int advance(struct submit *s, bool *done, char *err, size_t errlen)
 static void draw_progress(const struct submit *s, bool last)
 {
 	double total = 0, done = 0;
-	unsigned ing = 0, ing_done = 0, fin = 0, fin_done = 0, failed = 0;
+	unsigned docs = 0, docs_done = 0, sum = 0, sum_done = 0, ans = 0, ans_done = 0;
+	unsigned ing = 0, ing_done = 0, failed = 0;
 	char bar[41];
 	int filled;
 
 	for (size_t i = 0; i < s->n; i++) {
 		const struct job *j = &s->jobs[i];
-		bool fd = is_final_status(j->final_status);
+		bool over = is_final_status(j->status) || j->failed;
 
 		failed += j->failed;
-		if (j->ingest_id[0]) {
-			ing++;
+		if (j->input && j->kind != K_INGEST) { /* the ingest inside the task */
+			docs++;
+			docs_done += j->doc_id || over;
 			total += 1;
-			if (is_final_status(j->ingest_status) || j->failed) {
-				ing_done++;
-				done += 1;
-			}
+			done += j->doc_id || over;
 		}
-		if (!j->id[0])
-			continue;
-		fin++;
-		fin_done += fd || j->failed;
-		if (j->kind == K_SUMMARIZE) {
-			long exp = j->n_chunks ? ctl_expected_summaries(j->n_chunks, PROTO_TASK_SUMMARY_FANIN) : 1;
+		switch (j->kind) {
+		case K_SUMMARIZE: {
+			long exp = j->n_chunks ? ctl_expected_summaries(j->n_chunks,
+									PROTO_TASK_SUMMARY_FANIN) : 1;
 
+			sum++;
+			sum_done += over;
 			total += (double)exp;
-			done += fd || j->failed ? (double)exp
-						: (double)(j->summaries < exp ? j->summaries : exp);
-		} else {
+			done += over ? (double)exp : (double)(j->summaries < exp ? j->summaries : exp);
+			break;
+		}
+		case K_ANSWER:
+			ans++;
+			ans_done += over;
 			total += 1;
-			done += fd || j->failed;
+			done += over;
+			break;
+		case K_INGEST:
+			ing++;
+			ing_done += over;
+			total += 1;
+			done += over;
+			break;
 		}
 	}
 	filled = total > 0 ? (int)(40 * done / total) : 40;
 	for (int i = 0; i < 40; i++)
 		bar[i] = i < filled ? '#' : '-';
 	bar[40] = '\0';
-	printf("\r\033[K[%s] %3.0f%%  ingest %u/%u", bar, total > 0 ? 100 * done / total : 100,
-	       ing_done, ing);
-	if (fin)
-		printf("  %s %u/%u", s->kind == K_ANSWER ? "answer" :
-		       s->question ? "summarize/answer" : "summarize", fin_done, fin);
+	printf("\r\033[K[%s] %3.0f%%", bar, total > 0 ? 100 * done / total : 100);
+	if (docs)
+		printf("  documents %u/%u", docs_done, docs);
+	if (ing)
+		printf("  ingest %u/%u", ing_done, ing);
+	if (sum)
+		printf("  summarize %u/%u", sum_done, sum);
+	if (ans)
+		printf("  answer %u/%u", ans_done, ans);
 	if (failed)
 		printf("  %u failed", failed);
 	printf("  %.0fs%s", (double)(sw_now_ms() - s->t0_ms) / 1000, last ? "\n" : "");
@@ -539,8 +507,8 @@ static int result_json(struct ctl_env *e, PGconn *pg, const char *id, json_t **o
 			 "SELECT id, coalesce(kind, ''), status, attempts, coalesce(error, ''), "
 			 "coalesce(location, ''), created_at::text, coalesce(finished_at::text, ''), "
 			 "extract(epoch from coalesce(finished_at, now()) - "
-			 "coalesce(started_at, created_at))::float8 FROM tasks WHERE id = $1",
-			 1, params);
+			 "coalesce(started_at, created_at))::float8, coalesce(document_id, 0) "
+			 "FROM tasks WHERE id = $1", 1, params);
 	if (rc) {
 		if (strstr(err, "does not exist"))
 			return sw_seterr(err, errlen, SW_ENOTFOUND, "task %s: not found (no task "
@@ -557,9 +525,12 @@ static int result_json(struct ctl_env *e, PGconn *pg, const char *id, json_t **o
 		      atoi(PQgetvalue(r, 0, 3)), "error", PQgetvalue(r, 0, 4), "location",
 		      PQgetvalue(r, 0, 5), "created_at", PQgetvalue(r, 0, 6), "finished_at",
 		      PQgetvalue(r, 0, 7), "seconds", strtod(PQgetvalue(r, 0, 8), NULL));
+	doc = strtoll(PQgetvalue(r, 0, 9), NULL, 10);
 	PQclear(r);
 	if (!o)
 		return sw_seterr(err, errlen, -ENOMEM, "out of memory");
+	/* the document the task stored or read; null for none */
+	json_object_set_new(o, "document_id", doc ? json_integer(doc) : json_null());
 	kind = json_string_value(json_object_get(o, "kind"));
 	loc = json_string_value(json_object_get(o, "location"));
 	if (noise_note(e))
@@ -648,10 +619,14 @@ static void print_result(const json_t *o)
 		       (long long)json_integer_value(json_object_get(res, "levels")));
 		print_text(json_string_value(json_object_get(res, "summary")));
 	} else {
+		json_int_t doc = json_integer_value(json_object_get(o, "document_id"));
+
 		printf("question: ");
 		print_text(json_string_value(json_object_get(res, "question")));
-		printf("\nanswer (from chunks %s):\n",
-		       json_string_value(json_object_get(res, "chunk_ids")));
+		printf("\nanswer (");
+		if (doc)
+			printf("document %lld, ", (long long)doc);
+		printf("from chunks %s):\n", json_string_value(json_object_get(res, "chunk_ids")));
 		print_text(json_string_value(json_object_get(res, "answer")));
 	}
 	printf("\n");
@@ -684,7 +659,7 @@ static int open_redis(struct ctl_env *e, redisContext **rc)
 	return 1;
 }
 
-/* The final tasks' results, or the ingests' for --kind ingest. */
+/* The results of every task (with --wait), or why one never ran. */
 static int print_results(struct submit *s)
 {
 	char err[SW_ERR_MAX];
@@ -693,22 +668,20 @@ static int print_results(struct submit *s)
 	printf("\n");
 	for (size_t i = 0; i < s->n; i++) {
 		struct job *j = &s->jobs[i];
-		const char *id = j->id[0] && j->final_sent ? j->id : j->ingest_id;
 		json_t *o;
 
-		if (!id[0]) {
+		if (!j->sent) {
 			printf("== %s (%s): not run: %s\n", j->id, kind_names[j->kind], j->error);
 			status = 1;
 			continue;
 		}
-		if (result_json(s->e, s->pg, id, &o, err, sizeof(err)) != 0) {
-			printf("== %s: %s\n", id, err);
+		if (result_json(s->e, s->pg, j->id, &o, err, sizeof(err)) != 0) {
+			printf("== %s: %s\n", j->id, err);
 			status = 1;
 			continue;
 		}
 		print_result(o);
-		if (strcmp(json_string_value(json_object_get(o, "status")), "completed") ||
-		    (j->id[0] && !j->final_sent))
+		if (strcmp(json_string_value(json_object_get(o, "status")), "completed"))
 			status = 1;
 		json_decref(o);
 	}
@@ -734,9 +707,11 @@ static void submit_usage(FILE *f)
 	fprintf(f, "usage: swarmctl submit FILE|URL|- ... [--kind summarize|answer|ingest]\n"
 		   "                       [--question Q] [--wait] [--timeout SECONDS] "
 		   "[--max-tokens N]\n"
-		   "  summarize (default): ingest each input, then summarize it; with --question\n"
-		   "  also one answer over all documents. answer: ingest each input, then answer\n"
-		   "  --question from it (no input: from every document).\n");
+		   "  one task per input, which agentd ingests and then works on:\n"
+		   "  summarize (default): summarize each input; with --question also one answer\n"
+		   "  over every document, queued once the inputs are stored. answer: answer\n"
+		   "  --question from each input (no input: from every document). ingest: store\n"
+		   "  each input only.\n");
 }
 
 /* --- submit, step by step --------------------------------------------------- */
@@ -857,9 +832,9 @@ static int check_submit_options(const struct submit *s)
 	return SUBMIT_GO_ON;
 }
 
-/* Makes a job per input (plus the answer over all documents) with its
- * task ids, and reads and checks every input, so that nothing is queued
- * when one of them is bad. Returns 0, or 1 after saying why. */
+/* Makes a job per input (plus the answer over every document) with its
+ * task id and JSON, reading and checking every input, so that nothing is
+ * queued when one of them is bad. Returns 0, or 1 after saying why. */
 static int make_jobs(struct submit *s)
 {
 	char err[SW_ERR_MAX];
@@ -873,26 +848,28 @@ static int make_jobs(struct submit *s)
 	for (size_t i = 0; i < s->n; i++) {
 		struct job *j = &s->jobs[i];
 
-		if (i >= s->n_inputs) {
-			j->kind = K_ANSWER;
-			ctl_task_id(j->id, sizeof(j->id), id_prefix[K_ANSWER], i);
-			continue;
-		}
-		j->input = s->inputs[i];
-		j->kind = s->kind;
-		ctl_task_id(j->id, sizeof(j->id), id_prefix[s->kind], i);
-		snprintf(j->ingest_id, sizeof(j->ingest_id), "%s:ingest", j->id);
-		if (s->kind == K_INGEST) {
-			snprintf(j->ingest_id, sizeof(j->ingest_id), "%s", j->id);
-			j->id[0] = '\0';
-		}
-		if (ctl_task_ingest_json(j->ingest_id, j->input, &j->ingest_json, err,
-					 sizeof(err)) != 0) {
+		j->input = i < s->n_inputs ? s->inputs[i] : NULL;
+		j->kind = j->input ? s->kind : K_ANSWER;
+		j->deferred = !j->input && s->n_inputs;
+		ctl_task_id(j->id, sizeof(j->id), id_prefix[j->kind], i);
+		if (ctl_task_json(j->id, kind_names[j->kind], j->input,
+				  j->kind == K_ANSWER ? s->question : NULL, s->max_tokens, &j->json,
+				  err, sizeof(err)) != 0) {
 			fprintf(stderr, "swarmctl: submit: %s\n", err);
 			return 1;
 		}
 	}
 	return 0;
+}
+
+/* True when submit stays to queue the answer over every document after
+ * the summarizes (it must not run before their documents are stored). */
+static bool has_deferred(const struct submit *s)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->jobs[i].deferred)
+			return true;
+	return false;
 }
 
 /* Connects to Redis, and to PostgreSQL when submit will wait for a task;
@@ -901,14 +878,14 @@ static int make_jobs(struct submit *s)
 static int open_servers(struct submit *s)
 {
 	struct ctl_env *e = s->e;
-	bool ingest_wait = s->kind != K_INGEST && s->n_inputs;
+	bool stays = s->wait || has_deferred(s);
 
 	if (open_redis(e, &s->rc))
 		return 1;
-	if ((s->wait || ingest_wait) && open_pg(e, &s->pg))
+	if (stays && open_pg(e, &s->pg))
 		return 1;
 	if (e->managed && !ctl_service_pid(e, CTL_AGENTD)) {
-		if (s->wait || ingest_wait) {
+		if (stays) {
 			fprintf(stderr, "swarmctl: submit: agentd is not running in %s, so nothing "
 				"would run these tasks; nothing queued (`swarmctl status`, `swarmctl "
 				"logs agentd`)\n", e->state_dir);
@@ -920,28 +897,25 @@ static int open_servers(struct submit *s)
 	return 0;
 }
 
-/* Queues every ingest (each JSON is freed once sent). Returns 0, or 1
- * after saying why. */
-static int queue_ingests(struct submit *s)
+/* Queues every task but the deferred answer: one XADD per input, each a
+ * whole task, so nothing depends on this process from here on. Returns
+ * 0, or 1 after saying why. */
+static int queue_tasks(struct submit *s)
 {
 	char err[SW_ERR_MAX];
 
 	for (size_t i = 0; i < s->n; i++) {
 		struct job *j = &s->jobs[i];
 
-		if (!j->ingest_json)
+		if (j->deferred)
 			continue;
-		if (xadd(s, j->ingest_json, err, sizeof(err)) != 0) {
+		if (send_job(s, j, err, sizeof(err)) != 0) {
 			fprintf(stderr, "swarmctl: submit: %s\n", err);
 			return 1;
 		}
-		free(j->ingest_json);
-		j->ingest_json = NULL;
-		printf("queued ingest %s for %s\n", j->ingest_id, j->input);
 	}
-	if (s->n_inputs && s->kind != K_INGEST && !s->wait)
-		printf("waiting for the ingests to finish before queueing %s\n",
-		       kind_names[s->kind]);
+	if (has_deferred(s) && !s->tty)
+		printf("the answer over every document is queued once the documents are stored\n");
 	fflush(stdout);
 	return 0;
 }
@@ -963,10 +937,20 @@ static void report_agentd_gone(const struct submit *s)
 		fprintf(stderr, "%s\n", tail);
 }
 
-/* Polls PostgreSQL and queues each summarize or answer once its ingest
- * completed, until nothing is left to wait for. Returns SUBMIT_GO_ON
- * then, or the exit status when it stops first: an error, agentd gone,
- * an interrupt (130) or the --timeout. */
+/* What stopping early leaves behind, after the reason. */
+static void report_stop(const struct submit *s, const char *why)
+{
+	if (s->tty)
+		printf("\n");
+	fprintf(stderr, "swarmctl: submit: %s; what was queued carries on (`swarmctl results` "
+		"shows it)%s\n", why, has_deferred(s) && !s->jobs[s->n - 1].sent ?
+		"; the answer over every document was not queued" : "");
+}
+
+/* Polls PostgreSQL (and queues the deferred answer once it may run)
+ * until nothing is left to wait for. Returns SUBMIT_GO_ON then, or the
+ * exit status when it stops first: an error, agentd gone, an interrupt
+ * (130) or the --timeout. */
 static int wait_for_tasks(struct submit *s)
 {
 	char err[SW_ERR_MAX];
@@ -991,17 +975,11 @@ static int wait_for_tasks(struct submit *s)
 			return 1;
 		}
 		if (interrupted) {
-			if (s->tty)
-				printf("\n");
-			fprintf(stderr, "swarmctl: submit: interrupted; what was queued carries on "
-				"(`swarmctl results` shows it)\n");
+			report_stop(s, "interrupted");
 			return 130;
 		}
 		if (sw_deadline_expired(s->deadline)) {
-			if (s->tty)
-				printf("\n");
-			fprintf(stderr, "swarmctl: submit: timed out; the tasks stay queued (see "
-				"`swarmctl results`)\n");
+			report_stop(s, "timed out");
 			return 1;
 		}
 		sw_sleep_ms(POLL_MS);
@@ -1020,9 +998,9 @@ static int submit_outcome(struct submit *s)
 		if (!j->failed)
 			continue;
 		if (!s->wait)
-			fprintf(stderr, "swarmctl: submit: %s %s: %s\n",
-				j->input ? j->input : "answer",
-				j->ingest_status[0] ? j->ingest_status : "failed", j->error);
+			fprintf(stderr, "swarmctl: submit: %s %s (%s): %s\n", kind_names[j->kind],
+				j->id, j->input ? j->input : "every document",
+				j->error[0] ? j->error : j->status);
 		status = 1;
 	}
 	if (s->wait)
@@ -1037,7 +1015,7 @@ static void submit_free(struct submit *s)
 	if (s->rc)
 		redisFree(s->rc);
 	for (size_t i = 0; i < s->n; i++)
-		free(s->jobs[i].ingest_json);
+		free(s->jobs[i].json);
 	free(s->jobs);
 }
 
@@ -1060,8 +1038,11 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv)
 	signal(SIGINT, on_interrupt);
 	signal(SIGTERM, on_interrupt);
 	s.t0_ms = sw_now_ms();
-	if (queue_ingests(&s) != 0)
+	if (queue_tasks(&s) != 0)
 		goto out;
+	status = 0;
+	if (!s.wait && !has_deferred(&s))
+		goto out; /* queued: agentd does the rest */
 	status = wait_for_tasks(&s);
 	if (status == SUBMIT_GO_ON)
 		status = submit_outcome(&s);

@@ -6,11 +6,16 @@
  * tasks table, then documents, summaries or answers by the task's
  * location.
  *
- * summarize or answer of a FILE, URL or stdin is two tasks: an ingest
- * "<id>:ingest" and, once it completed (its location "documents/N" names
- * the document), the summarize or answer "<id>" on document N. So submit
- * waits for the ingests even without --wait; --wait also waits for the
- * final tasks and prints their results.
+ * One task per input (proto/task.h): a summarize or answer of a FILE, URL
+ * or stdin is a single task that carries its input (text inline, or the
+ * URL agentd fetches); agentd ingests it and goes on in the same task.
+ * Once its XADD returned, nothing depends on swarmctl: it may exit, or
+ * die. Without --wait, submit returns as soon as the tasks are queued;
+ * the one exception is --question alongside summarize, whose answer
+ * over every document must not run before the inputs are stored: submit
+ * stays until each summarize has stored its document (the task row's
+ * document_id), then queues the answer. --wait waits for every task and
+ * prints the results.
  */
 #ifndef SWARMCTL_TASKS_H
 #define SWARMCTL_TASKS_H
@@ -30,21 +35,19 @@ int ctl_cmd_submit(struct ctl_env *e, int argc, char **argv);
  * result, or the latest tasks. Exit status as above; an unknown id is 1. */
 int ctl_cmd_results(struct ctl_env *e, int argc, char **argv);
 
-/* The ingest task JSON (proto/task.h) for input: an http, https or file
- * URL (fetched by agentd), "-" (standard input) or a file, whose text
- * goes inline with its real path as "source". On success *json is a
- * malloc'd string the caller frees; on error *json is NULL and err says
- * why: -errno (cannot open), SW_ETOOLONG (over PROTO_TASK_MAX_TEXT, or a
- * URL over PROTO_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty),
- * -ENOMEM. */
-int ctl_task_ingest_json(const char *id, const char *input, char **json, char *err,
-			size_t errlen);
-
-/* The JSON of a summarize or answer task (kind "summarize" or "answer");
- * doc_id 0, question NULL and max_tokens 0 are left out. malloc'd, NULL
- * when out of memory. */
-char *ctl_task_final_json(const char *id, const char *kind, int64_t doc_id,
-			 const char *question, unsigned max_tokens);
+/* The JSON of one task (proto/task.h) of kind "ingest", "summarize" or
+ * "answer" for input: an http, https or file URL (fetched by agentd),
+ * "-" (standard input) or a file, whose text goes inline with its real
+ * path as "source"; NULL for none (an answer over every document).
+ * question goes with answer only; max_tokens 0 is agentd's default
+ * (ignored for ingest). On success *json is a malloc'd string the caller
+ * frees; on error *json is NULL and err says why: -errno (cannot open),
+ * SW_ETOOLONG (over PROTO_TASK_MAX_TEXT, or a URL over
+ * PROTO_TASK_MAX_URL), SW_EFORMAT (not UTF-8), -EINVAL (empty; an unknown
+ * kind; no input for ingest or summarize; a question without answer or
+ * an answer without one), -ENOMEM. */
+int ctl_task_json(const char *id, const char *kind, const char *input, const char *question,
+		  unsigned max_tokens, char **json, char *err, size_t errlen);
 
 /* A new task id "<prefix>-<UTC yyyymmdd-hhmmss>-<pid>-<salt>-<i + 1>"
  * into out: [A-Za-z0-9._:-] only when prefix is, unique per host for

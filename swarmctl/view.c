@@ -17,8 +17,177 @@
 #include "common/time.h"
 #include "proto/client.h"
 #include "swarmctl/clients.h"
+#include "swarmctl/proc.h"
+#include "swarmctl/supervise.h"
 
 #define EXIT_USAGE 2
+
+/* --- the process table ---------------------------------------------------- */
+
+static const char *str_or(const json_t *o, const char *key, const char *dflt)
+{
+	const char *v = json_string_value(json_object_get(o, key));
+
+	return v ? v : dflt;
+}
+
+/* Adds what the supervisor knows about service s (from its status st) to
+ * p. */
+static void add_supervised(json_t *p, const json_t *st, enum ctl_service s)
+{
+	const json_t *v = ctl_supervisor_service(st, s);
+	json_int_t exited = json_integer_value(json_object_get(v, "exited_at"));
+	const char *state = str_or(v, "state", "");
+
+	if (!v)
+		return;
+	json_object_set_new(p, "state", json_string(state));
+	json_object_set(p, "restarts", json_object_get(v, "restarts"));
+	json_object_set(p, "crashes", json_object_get(v, "crashes"));
+	json_object_set(p, "adopted", json_object_get(v, "adopted"));
+	json_object_set_new(p, "last_exit", json_string(str_or(v, "last_exit", "")));
+	if (exited > 0) {
+		double ago = ((double)sw_realtime_ms() - (double)exited) / 1000.0;
+
+		json_object_set_new(p, "last_exit_ago_s", json_real(ago < 0 ? 0 : ago));
+	}
+	if (!strcmp(state, "failed") || str_or(v, "error", "")[0]) {
+		json_object_set_new(p, "start_error", json_string(str_or(v, "error", "")));
+		json_object_set_new(p, "last_lines", json_string(str_or(v, "last_lines", "")));
+		json_object_set_new(p, "log", json_string(str_or(v, "log", "")));
+	}
+}
+
+json_t *ctl_processes_json(const struct ctl_env *e, bool *all_up, bool *any_up)
+{
+	json_t *procs = json_object(), *st = NULL;
+	pid_t sup = e->managed ? ctl_supervisor_pid(e) : 0;
+	char err[SW_ERR_MAX];
+
+	*all_up = true;
+	*any_up = false;
+	if (!procs)
+		return NULL;
+	if (e->managed) {
+		json_t *p = json_object();
+
+		json_object_set_new(p, "up", json_boolean(sup != 0));
+		if (sup) {
+			json_object_set_new(p, "pid", json_integer(sup));
+			json_object_set_new(p, "uptime_s", json_real(ctl_proc_uptime_s(sup)));
+			st = ctl_supervisor_status(e);
+			if (json_integer_value(json_object_get(st, "pid")) != sup) {
+				json_decref(st); /* a dead supervisor's */
+				st = NULL;
+			}
+		}
+		*all_up &= sup != 0;
+		json_object_set_new(procs, "supervisor", p);
+	}
+	for (int s = 0; s < CTL_N_SERVICES; s++) {
+		json_t *p = json_object();
+		pid_t pid = ctl_service_pid(e, s);
+		bool up = pid != 0;
+
+		if (!ctl_service_managed(e, s)) {
+			up = ctl_service_ping(e, s, err, sizeof(err)) == 0;
+			json_object_set_new(p, "external", json_true());
+			if (!up)
+				json_object_set_new(p, "error", json_string(err));
+		}
+		json_object_set_new(p, "up", json_boolean(up));
+		if (pid) {
+			json_object_set_new(p, "pid", json_integer(pid));
+			json_object_set_new(p, "uptime_s", json_real(ctl_proc_uptime_s(pid)));
+		}
+		if (st)
+			add_supervised(p, st, s);
+		*all_up &= up;
+		*any_up |= up;
+		json_object_set_new(procs, ctl_service_name(s), p);
+	}
+	json_decref(st);
+	return procs;
+}
+
+static void fmt_duration(double s, char *b, size_t cap)
+{
+	if (s < 0)
+		snprintf(b, cap, "-");
+	else if (s < 120)
+		snprintf(b, cap, "%.0fs", s);
+	else if (s < 7200)
+		snprintf(b, cap, "%.1fm", s / 60);
+	else if (s < 172800)
+		snprintf(b, cap, "%.1fh", s / 3600);
+	else
+		snprintf(b, cap, "%.1fd", s / 86400);
+}
+
+static void print_process(FILE *f, const char *name, const json_t *p)
+{
+	bool up = json_is_true(json_object_get(p, "up"));
+	const char *state = str_or(p, "state", ""), *shown;
+	const json_t *pid = json_object_get(p, "pid"), *restarts = json_object_get(p, "restarts");
+	char upt[32], ago[32], pidbuf[32];
+
+	if (up)
+		shown = !strcmp(state, "starting") ? "starting" : "up";
+	else if (!strcmp(state, "backoff") || !strcmp(state, "failed") ||
+		 !strcmp(state, "waiting") || !strcmp(state, "starting"))
+		shown = state;
+	else
+		shown = "down";
+	if (pid)
+		snprintf(pidbuf, sizeof(pidbuf), "%lld", (long long)json_integer_value(pid));
+	else
+		snprintf(pidbuf, sizeof(pidbuf), "%s", json_object_get(p, "external") ? "external" : "-");
+	fmt_duration(pid ? json_real_value(json_object_get(p, "uptime_s")) : -1, upt, sizeof(upt));
+	fprintf(f, "%-10s %-8s %-8s %-7s ", name, shown, pidbuf, upt);
+	if (restarts)
+		fprintf(f, "%-8lld ", (long long)json_integer_value(restarts));
+	else
+		fprintf(f, "%-8s ", "-");
+	if (str_or(p, "last_exit", "")[0]) {
+		fmt_duration(json_real_value(json_object_get(p, "last_exit_ago_s")), ago, sizeof(ago));
+		fprintf(f, "%s, %s ago", str_or(p, "last_exit", ""), ago);
+	} else {
+		fprintf(f, "-");
+	}
+	if (json_object_get(p, "error"))
+		fprintf(f, "  %s", str_or(p, "error", ""));
+	fprintf(f, "\n");
+}
+
+void ctl_print_processes(FILE *f, const struct ctl_env *e, const json_t *procs)
+{
+	const json_t *sup = json_object_get(procs, "supervisor");
+	bool any_up = false;
+	const char *name;
+	json_t *p;
+
+	fprintf(f, "%-10s %-8s %-8s %-7s %-8s %s\n", "SERVICE", "STATE", "PID", "UPTIME",
+		"RESTARTS", "LAST EXIT");
+	json_object_foreach((json_t *)procs, name, p) {
+		print_process(f, name, p);
+		if (strcmp(name, "supervisor") != 0)
+			any_up |= json_is_true(json_object_get(p, "up"));
+	}
+	json_object_foreach((json_t *)procs, name, p) {
+		const char *why = str_or(p, "start_error", ""), *lines = str_or(p, "last_lines", "");
+
+		if (strcmp(str_or(p, "state", ""), "failed") != 0)
+			continue;
+		fprintf(f, "%s failed: %s%smore than %u deaths within %u ms, not restarted (fix the "
+			"cause, then `swarmctl start`)\n", name, why, why[0] ? "; " : "",
+			e->cfg.supervisor.crash_limit, e->cfg.supervisor.crash_window_ms);
+		if (lines[0])
+			fprintf(f, "last lines of %s:\n%s\n", str_or(p, "log", "its log"), lines);
+	}
+	if (sup && !json_is_true(json_object_get(sup, "up")) && any_up)
+		fprintf(f, "the supervisor is not running: a service that dies stays down "
+			"(`swarmctl start` brings it back)\n");
+}
 
 json_t *ctl_gpud_json(const struct ctl_env *e, bool mem, uint32_t flags, char *err,
 		     size_t errlen)
@@ -96,17 +265,21 @@ json_t *ctl_device_memory(const json_t *stats)
 			if (!strcmp(json_string_value(json_object_get(v, "device")), dev))
 				d = v;
 		if (!d) {
-			d = json_pack("{s:s, s:I, s:I, s:I, s:I}", "device", dev, "used_bytes",
-				      (json_int_t)0, "high_bytes", (json_int_t)0, "capacity_bytes",
-				      (json_int_t)0, "trough_bytes", (json_int_t)0);
+			d = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "device", dev,
+				      "used_bytes", (json_int_t)0, "high_bytes", (json_int_t)0,
+				      "capacity_bytes", (json_int_t)0, "trough_bytes", (json_int_t)0,
+				      "live_bytes", (json_int_t)0, "cached_bytes", (json_int_t)0);
 			json_array_append_new(out, d);
 		}
 		static const char *const keys[][2] = {
 			{ "used", "used_bytes" }, { "high", "high_bytes" },
 			{ "capacity", "capacity_bytes" }, { "trough", "trough_bytes" },
+			{ "live", "live_bytes" }, { "cached", "cached_bytes" },
 		};
-		for (size_t q = 0; q < 4; q++) {
-			uint64_t sum = u64(d, keys[q][1]) + u64(pool, keys[q][0]) * unit;
+		for (size_t q = 0; q < 6; q++) {
+			/* a gpud from before "live": all of used is live */
+			const char *key = q == 4 && !json_object_get(pool, "live") ? "used" : keys[q][0];
+			uint64_t sum = u64(d, keys[q][1]) + u64(pool, key) * unit;
 
 			json_object_set_new(d, keys[q][1], json_integer((json_int_t)sum));
 		}
@@ -144,30 +317,43 @@ void ctl_print_gpud(FILE *f, const json_t *stats)
 			(unsigned long long)u64(alloc, "device"));
 	else
 		fprintf(f, "not counted\n");
-	fprintf(f, "%-10s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "HIGH MiB", "TROUGH MiB",
-		"CAPACITY MiB");
+	/* LIVE: held by live requests (what can leak; the watchdog's TROUGH is
+	 * its rolling minimum); CACHED: kept by a bounded cache beside it. */
+	fprintf(f, "%-10s %12s %12s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "LIVE MiB",
+		"CACHED MiB", "HIGH MiB", "TROUGH MiB", "CAPACITY MiB");
 	json_array_foreach(mem, i, v)
-		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f\n", str(v, "device"),
-			mib(u64(v, "used_bytes")),
-			mib(u64(v, "high_bytes")), mib(u64(v, "trough_bytes")),
-			mib(u64(v, "capacity_bytes")));
+		fprintf(f, "%-10s %12.1f %12.1f %12.1f %12.1f %12.1f %12.1f\n", str(v, "device"),
+			mib(u64(v, "used_bytes")), mib(u64(v, "live_bytes")),
+			mib(u64(v, "cached_bytes")), mib(u64(v, "high_bytes")),
+			mib(u64(v, "trough_bytes")), mib(u64(v, "capacity_bytes")));
 	json_decref(mem);
-	fprintf(f, "%-20s %10s %10s %10s %10s %s\n", "POOL", "USED", "HIGH", "CAPACITY", "TROUGH",
-		"UNIT");
+	fprintf(f, "%-20s %10s %10s %10s %10s %10s %10s %10s %s\n", "POOL", "USED", "LIVE",
+		"CACHED", "CACHE MAX", "HIGH", "CAPACITY", "TROUGH", "UNIT");
 	json_array_foreach(json_object_get(stats, "pools"), i, v) {
-		fprintf(f, "%-20s %10llu %10llu %10llu %10llu %s%s\n", str(v, "name"),
-			(unsigned long long)u64(v, "used"), (unsigned long long)u64(v, "high"),
-			(unsigned long long)u64(v, "capacity"), (unsigned long long)u64(v, "trough"),
+		bool has_live = json_object_get(v, "live") != NULL;
+		char bound[24] = "-";
+
+		if (u64(v, "cache_bound"))
+			snprintf(bound, sizeof(bound), "%llu", (unsigned long long)u64(v, "cache_bound"));
+		fprintf(f, "%-20s %10llu %10llu %10llu %10s %10llu %10llu %10llu %s%s\n",
+			str(v, "name"), (unsigned long long)u64(v, "used"),
+			(unsigned long long)u64(v, has_live ? "live" : "used"),
+			(unsigned long long)u64(v, "cached"), bound,
+			(unsigned long long)u64(v, "high"), (unsigned long long)u64(v, "capacity"),
+			(unsigned long long)u64(v, "trough"),
 			json_string_value(json_object_get(v, "unit")) ? str(v, "unit") : "",
 			json_is_true(json_object_get(v, "rising")) ? "  RISING" : "");
 	}
-	fprintf(f, "%-20s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES", "HIT RATE",
-		"ENTRIES");
+	fprintf(f, "%-20s %10s %10s %10s %10s %10s %10s %10s\n", "CACHE", "HITS", "MISSES",
+		"HIT RATE", "ENTRIES", "MAX", "MiB", "MAX MiB");
 	json_array_foreach(json_object_get(stats, "caches"), i, v) {
 		double h = (double)u64(v, "hits"), m = (double)u64(v, "misses");
 
-		fprintf(f, "%-20s %10.0f %10.0f %9.1f%% %10llu\n", str(v, "name"), h, m,
-			h + m > 0 ? 100 * h / (h + m) : 0.0, (unsigned long long)u64(v, "entries"));
+		fprintf(f, "%-20s %10.0f %10.0f %9.1f%% %10llu %10llu %10.1f %10.1f\n",
+			str(v, "name"), h, m, h + m > 0 ? 100 * h / (h + m) : 0.0,
+			(unsigned long long)u64(v, "entries"),
+			(unsigned long long)u64(v, "max_entries"), mib(u64(v, "bytes")),
+			mib(u64(v, "max_bytes")));
 	}
 	json_array_foreach(json_object_get(json_object_get(stats, "watchdog"), "warnings"), i, v)
 		if (json_is_string(v))
@@ -351,6 +537,14 @@ int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 			printf("\n");
 		printf("swarm top - %s - %s - every %.1f s%s\n", when, e->state_dir, interval,
 		       keys ? " - q quits" : "");
+		{
+			bool all_up, any_up;
+			json_t *procs = ctl_processes_json(e, &all_up, &any_up);
+
+			if (procs)
+				ctl_print_processes(stdout, e, procs);
+			json_decref(procs);
+		}
 		print_tasks(stdout, &pg, e);
 		if (ctl_service_pid(e, CTL_AGENTD)) {
 			json_t *as = ctl_agentd_status(e);

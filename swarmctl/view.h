@@ -13,6 +13,26 @@
 #include "swarmctl/services.h"
 #include "swarmctl/tasks.h"
 
+/* The process table of status and top: an object keyed by service name
+ * ("supervisor" first in managed mode, then redis, postgres, gpud,
+ * agentd). Each: "up" (a live pid; for an external service, whether it
+ * answers), "pid", "uptime_s", "external" and "error" (why an external
+ * one does not answer); in managed mode, from the supervisor's status
+ * while it runs: "state" (starting|running|backoff|waiting|failed),
+ * "restarts", "crashes", "last_exit", "last_exit_ago_s", "adopted", and
+ * for a service that failed or could not start "start_error" and
+ * "last_lines" (the end of its log at its last death) with "log".
+ * *all_up: every entry up (the supervisor included); *any_up: any
+ * service up. A new reference; NULL when out of memory. */
+json_t *ctl_processes_json(const struct ctl_env *e, bool *all_up, bool *any_up);
+
+/* Prints the table of ctl_processes_json: SERVICE STATE PID UPTIME
+ * RESTARTS LAST EXIT, then what is wrong: a failed service's reason and
+ * last log lines, a supervisor that does not run. STATE is "up" or
+ * "down", or the supervisor's word for a service on its way up or down
+ * (starting, backoff, waiting, failed). */
+void ctl_print_processes(FILE *f, const struct ctl_env *e, const json_t *procs);
+
 /* gpud's STATS (mem false) or MEM reply (flags: PROTO_MEM_*), parsed.
  * NULL with a message in err when gpud cannot be reached or answers
  * nonsense. The caller json_decref()s the result. */
@@ -22,12 +42,14 @@ json_t *ctl_gpud_json(const struct ctl_env *e, bool mem, uint32_t flags, char *e
 /* Per-device memory from a STATS object: pools grouped by the device
  * prefix of their name ("cpu0.kv" -> cpu0), pools of no device in
  * "devices" ("server.requests", "mask") under "host"; in bytes. Returns a JSON array of {device, used_bytes, high_bytes,
- * capacity_bytes, trough_bytes} (new reference; empty when stats has no
- * pools). */
+ * capacity_bytes, trough_bytes, live_bytes, cached_bytes} (new
+ * reference; empty when stats has no pools; live is used for a gpud that
+ * does not report it). */
 json_t *ctl_device_memory(const json_t *stats);
 
 /* Prints the gpud part of status/top: requests, tokens/s, per-device
- * memory, pools (with trough and RISING), caches with hit rates. */
+ * memory, pools (live and cached parts, cache bound, trough and RISING),
+ * caches with hit rates and occupancy against their bounds. */
 void ctl_print_gpud(FILE *f, const json_t *stats);
 
 /* Prints the queue line. */

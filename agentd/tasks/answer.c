@@ -1,4 +1,6 @@
-/* answer.c - retrieve the top-k chunks, generate with a block mask. */
+/* answer.c - retrieve the top-k chunks, generate with a block mask. A
+ * task that brings its document (text or url) ingests it first and
+ * retrieves from it alone. */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -66,13 +68,20 @@ int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *loca
 	char *qtext = NULL, *answer = NULL;
 	float *qvec = NULL;
 	uint32_t dim = 0, n;
+	int64_t doc = t->document_id;
 	size_t qlen;
 	int rc;
 
+	if (proto_task_has_document(t)) {
+		rc = agent_ingest_document(c, t, &doc, err, errlen);
+		if (rc)
+			return rc;
+		c->document_id = doc;
+	}
 	rc = c->llm->embed(c->llm->ctx, t->question, t->question_len, &qvec, &dim, err, errlen);
 	if (rc)
 		return rc;
-	rc = agent_db_topk(c->db, qvec, dim, (int)t->top_k, t->document_id, &top, err, errlen);
+	rc = agent_db_topk(c->db, qvec, dim, (int)t->top_k, doc, &top, err, errlen);
 	if (rc == SW_ENOTFOUND)
 		sw_seterr(err, errlen, rc, "answer: no document has been ingested yet");
 	if (rc)
@@ -80,9 +89,10 @@ int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *loca
 	n = (uint32_t)PQntuples(top);
 	if (n == 0) {
 		rc = sw_seterr(err, errlen, SW_ENOTFOUND, "answer: no chunk to retrieve%s",
-			       t->document_id ? " in that document" : "");
+			       doc ? " in that document" : "");
 		goto out;
 	}
+	c->document_id = doc;
 	for (uint32_t i = 0; i < n; i++) {
 		chunk_ids[i] = strtoll(PQgetvalue(top, (int)i, 0), NULL, 10);
 		chunk_text[i] = PQgetvalue(top, (int)i, 2);

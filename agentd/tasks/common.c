@@ -7,6 +7,7 @@
 int agent_run_task(struct agent_ctx *c, const struct proto_task *t, char *location,
 		   size_t loclen, char *err, size_t errlen)
 {
+	c->document_id = 0;
 	switch (t->kind) {
 	case PROTO_TASK_INGEST:
 		return agent_run_ingest(c, t, location, loclen, err, errlen);

@@ -6,6 +6,8 @@
  * task (first, resumed after a crash, or concurrent) addresses the same
  * (document, level, position) keys: a summary already stored is read
  * back instead of generated, and each one made is committed at once.
+ * A task that brings its document (text or url) ingests it first
+ * (agent_ingest_document), in the same task.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -43,19 +45,18 @@ static int summarize_text(struct agent_ctx *c, const char *text, size_t len, uin
 
 /* Gets summary (level, pos) from the table, or makes it from input and
  * stores it. *out malloc'd. */
-static int get_or_make(struct agent_ctx *c, const struct proto_task *t, int level, int pos,
-		       bool is_final, const char *input, size_t len, char **out, char *err,
+static int get_or_make(struct agent_ctx *c, const struct proto_task *t, int64_t doc, int level,
+		       int pos, bool is_final, const char *input, size_t len, char **out, char *err,
 		       size_t errlen)
 {
-	int rc = agent_db_summary_get(c->db, t->document_id, level, pos, out, err, errlen);
+	int rc = agent_db_summary_get(c->db, doc, level, pos, out, err, errlen);
 
 	if (rc != SW_ENOTFOUND)
 		return rc; /* 0: made by an earlier run */
 	rc = summarize_text(c, input, len, t->max_tokens, out, err, errlen);
 	if (rc)
 		return rc;
-	rc = agent_db_summary_put(c->db, t->document_id, level, pos, *out, is_final, t->id, err,
-				  errlen);
+	rc = agent_db_summary_put(c->db, doc, level, pos, *out, is_final, t->id, err, errlen);
 	if (rc) {
 		free(*out);
 		*out = NULL;
@@ -82,18 +83,25 @@ int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *l
 	PGresult *chunks = NULL;
 	char **cur = NULL, **next = NULL;
 	size_t n, nn = 0;
+	int64_t doc = t->document_id;
 	int level = 0, rc;
 
 	if (fanin < 2)
 		return sw_seterr(err, errlen, -EINVAL, "summarize: fan-in must be at least 2");
-	rc = agent_db_chunks(c->db, t->document_id, &chunks, err, errlen);
+	if (proto_task_has_document(t)) {
+		rc = agent_ingest_document(c, t, &doc, err, errlen);
+		if (rc)
+			return rc;
+	}
+	rc = agent_db_chunks(c->db, doc, &chunks, err, errlen);
 	if (rc)
 		return rc;
+	c->document_id = doc;
 	n = (size_t)PQntuples(chunks);
 	if (n == 0) {
 		PQclear(chunks);
 		return sw_seterr(err, errlen, SW_ENOTFOUND,
-				 "summarize: document %" PRId64 " has no chunks", t->document_id);
+				 "summarize: document %" PRId64 " has no chunks", doc);
 	}
 	cur = calloc(n, sizeof(*cur));
 	if (!cur) {
@@ -104,7 +112,8 @@ int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *l
 	for (size_t i = 0; i < n; i++) {
 		const char *text = PQgetvalue(chunks, (int)i, 2);
 
-		rc = get_or_make(c, t, 0, (int)i, n == 1, text, strlen(text), &cur[i], err, errlen);
+		rc = get_or_make(c, t, doc, 0, (int)i, n == 1, text, strlen(text), &cur[i], err,
+				 errlen);
 		if (rc)
 			goto out;
 	}
@@ -137,8 +146,8 @@ int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *l
 				len += l + 1;
 			}
 			joined[len] = '\0';
-			rc = get_or_make(c, t, level, (int)j, nn == 1, joined, len, &next[j], err,
-					 errlen);
+			rc = get_or_make(c, t, doc, level, (int)j, nn == 1, joined, len, &next[j],
+					 err, errlen);
 			free(joined);
 			if (rc)
 				goto out;
@@ -148,9 +157,8 @@ int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *l
 		next = NULL;
 		n = nn;
 	}
-	snprintf(location, loclen, "summaries/%" PRId64 "/%d/0", t->document_id, level);
-	log_info("task %s: document %" PRId64 " summarized (%d levels)", t->id, t->document_id,
-		 level + 1);
+	snprintf(location, loclen, "summaries/%" PRId64 "/%d/0", doc, level);
+	log_info("task %s: document %" PRId64 " summarized (%d levels)", t->id, doc, level + 1);
 out:
 	free_all(next, nn);
 	free_all(cur, n);

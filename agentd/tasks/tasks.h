@@ -2,14 +2,23 @@
  *
  * Each runs one parsed task against PostgreSQL (struct agent_db) and gpud
  * (struct agent_llm) and, on success, writes where the result is into
- * location ("documents/12", "summaries/12", "answers/<task id>").
+ * location ("documents/12", "summaries/12/2/0", "answers/<task id>") and
+ * the document it used into c->document_id.
+ *
+ * One task per document: a summarize or answer that brings its document
+ * (text or url, proto_task_has_document) first ingests it exactly as an
+ * ingest task does (agent_ingest_document), then goes on from it.
  *
  * Idempotence: running a task twice (a redelivery) writes nothing twice.
- * ingest keys the document by content hash and stores it with all its
- * chunks in one transaction; summarize keys every partial summary by
- * (document, level, position) and commits each as it is made, so a
- * rerun resumes where the last one stopped; answer stores one row per
- * task id.
+ * Ingest keys the document by content hash and stores it with all its
+ * chunks and the task row's document_id in one transaction; a rerun
+ * finds the document in the task's row (so a URL is not fetched again)
+ * or by its hash. summarize keys every partial summary by (document,
+ * level, position) and commits each as it is made, so a rerun resumes
+ * where the last one stopped; answer stores one row per task id. A crash
+ * at any point of a summarize with text therefore resumes: before the
+ * ingest committed nothing is stored and the rerun ingests; after it,
+ * the rerun reads the document back and summarizes what is missing.
  *
  * Errors: 0 or a negative code with a message. SW_ECLOSED (PostgreSQL or
  * gpud gone) and SW_EBUSY (gpud full) mean "retry the task in hand after
@@ -42,6 +51,10 @@ struct agent_ctx {
 	 * worker can refresh its lease and heartbeat. May be NULL. */
 	void (*progress)(void *arg);
 	void *progress_arg;
+	/* Out: set by agent_run_task to the document the task stored or read
+	 * (also on failure, once known), 0 when none (an answer over every
+	 * document, or a failure before the document was known). */
+	int64_t document_id;
 };
 
 int agent_run_ingest(struct agent_ctx *c, const struct proto_task *t, char *location,
@@ -51,7 +64,17 @@ int agent_run_summarize(struct agent_ctx *c, const struct proto_task *t, char *l
 int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *location,
 		     size_t loclen, char *err, size_t errlen);
 
-/* Dispatches on t->kind. */
+/* The document t brings (text, or url fetched with c->fetch), stored
+ * unless it is already: the one recorded in the task's row by an earlier
+ * delivery, else the one with the same content hash, else a new one
+ * (document, chunks with their embeddings, and the task row's
+ * document_id in one transaction). *doc_id is its id. Errors as the
+ * ingest kind's: SW_EFORMAT (not UTF-8), -EINVAL (no text), fetch errors,
+ * gpud and PostgreSQL errors. */
+int agent_ingest_document(struct agent_ctx *c, const struct proto_task *t, int64_t *doc_id,
+			  char *err, size_t errlen);
+
+/* Dispatches on t->kind; c->document_id starts at 0. */
 int agent_run_task(struct agent_ctx *c, const struct proto_task *t, char *location,
 		   size_t loclen, char *err, size_t errlen);
 

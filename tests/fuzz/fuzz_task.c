@@ -11,8 +11,11 @@
  *  - on success every string is NUL-terminated within its PROTO_TASK_MAX_*
  *    limit and agrees with its length field, the id is 1..128 bytes of
  *    [A-Za-z0-9._:-], the kind is one of the three, the fields of the other
- *    kinds are unset, and integers lie in their ranges; URLs have the
- *    schemes the header allows;
+ *    kinds are unset, the document is given as each kind allows (ingest:
+ *    text or url; summarize: exactly one of document_id, text and url;
+ *    answer: at most one) with a source exactly when text or url is
+ *    there, and integers lie in their ranges; URLs have the schemes the
+ *    header allows;
  *  - on error t->id is NULL or a valid id;
  *  - proto_task_free zeroes the task, and afterwards nothing is left
  *    allocated (LeakSanitizer checks in the libFuzzer build).
@@ -70,34 +73,43 @@ static void check_ok(const struct proto_task *t)
 		bounded(t->callback_url, PROTO_TASK_MAX_URL);
 		CHECK(has_scheme(t->callback_url, "http") || has_scheme(t->callback_url, "https"));
 	}
+	/* The document: text or url (with a source), or neither. */
+	CHECK(!(t->text && t->url));
+	if (t->text) {
+		CHECK(bounded(t->text, PROTO_TASK_MAX_TEXT) == t->text_len);
+	} else {
+		CHECK(t->text_len == 0);
+	}
+	if (t->url) {
+		bounded(t->url, PROTO_TASK_MAX_URL);
+		CHECK(has_scheme(t->url, "http") || has_scheme(t->url, "https") ||
+		      has_scheme(t->url, "file"));
+	}
+	if (t->text || t->url)
+		bounded(t->source, PROTO_TASK_MAX_URL); /* "inline" by default */
+	else
+		CHECK(!t->source);
+	CHECK(proto_task_has_document(t) == (t->text || t->url));
 	switch (t->kind) {
 	case PROTO_TASK_INGEST:
-		CHECK(!t->text != !t->url);
-		if (t->text) {
-			CHECK(bounded(t->text, PROTO_TASK_MAX_TEXT) == t->text_len);
-		} else {
-			CHECK(t->text_len == 0);
-			bounded(t->url, PROTO_TASK_MAX_URL);
-			CHECK(has_scheme(t->url, "http") || has_scheme(t->url, "https") ||
-			      has_scheme(t->url, "file"));
-		}
-		/* "inline" is the default for text; a given source obeys the URL limit. */
-		bounded(t->source, PROTO_TASK_MAX_URL);
+		CHECK(t->text || t->url);
 		CHECK(!t->question && t->question_len == 0 && t->document_id == 0 &&
 		      t->top_k == 0 && t->max_tokens == 0);
 		break;
 	case PROTO_TASK_SUMMARIZE:
-		CHECK(t->document_id >= 1);
+		/* exactly one of document_id, text and url */
+		CHECK((t->document_id >= 1) + !!t->text + !!t->url == 1);
+		CHECK(t->document_id >= 0);
 		CHECK(t->max_tokens >= 1 && t->max_tokens <= PROTO_TASK_MAX_TOKENS);
-		CHECK(!t->text && t->text_len == 0 && !t->url && !t->source && !t->question &&
-		      t->question_len == 0 && t->top_k == 0);
+		CHECK(!t->question && t->question_len == 0 && t->top_k == 0);
 		break;
 	case PROTO_TASK_ANSWER:
 		CHECK(bounded(t->question, PROTO_TASK_MAX_QUESTION) == t->question_len);
+		/* at most one of document_id, text and url */
 		CHECK(t->document_id >= 0);
+		CHECK((t->document_id >= 1) + !!t->text + !!t->url <= 1);
 		CHECK(t->top_k >= 1 && t->top_k <= PROTO_TASK_MAX_TOP_K);
 		CHECK(t->max_tokens >= 1 && t->max_tokens <= PROTO_TASK_MAX_TOKENS);
-		CHECK(!t->text && t->text_len == 0 && !t->url && !t->source);
 		break;
 	}
 }

@@ -1,11 +1,15 @@
 /* agentd_e2e_test.c - agentd through the whole stack: a worker against
  * real Redis, PostgreSQL + pgvector and a real `gpud serve` with
  * stories260K (tests/integration/gpud_harness.h).
- *   1. ingest a multi-chunk document, summarize it, answer a question:
- *      rows (embeddings of gpud's width, one final summary, the answer
- *      with its chunk ids) and stream events all there;
+ *   1. one task per document: a summarize and an answer that bring the
+ *      same multi-chunk text, and an ingest of it: one document
+ *      (embeddings of gpud's width), one final summary, the answer with
+ *      its chunk ids, and every row and event naming the document;
  *   2. gpud stopped and started again in the middle of 200 tasks: every
- *      task completes, none is lost or stored twice.
+ *      task completes, none is lost or stored twice;
+ *   3. the `agentd worker` binary killed with -9 right after the ingest of
+ *      a summarize-with-text committed: another worker resumes it from
+ *      the stored document (no second document) and drains on SIGTERM.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -146,17 +150,54 @@ static void stop_worker(struct fx *f)
 		fail_msg("worker: %s", f->err);
 }
 
-static void test_ingest_summarize_answer(void **state)
+/* The value of field key in the swarm:results event of task id ("" when
+ * it has no event; the test fails when the event lacks the field). */
+static void event_field(redisContext *r, const char *stream, const char *id, const char *key,
+			char *out, size_t len)
+{
+	redisReply *rep = redisCommand(r, "XRANGE %s - +", stream);
+	bool found = false, has_key = false;
+
+	out[0] = '\0';
+	assert_non_null(rep);
+	for (size_t i = 0; i < rep->elements && !found; i++) {
+		redisReply *fl = rep->element[i]->element[1];
+
+		for (size_t k = 0; k + 1 < fl->elements; k += 2)
+			if (!strcmp(fl->element[k]->str, "task_id") &&
+			    !strcmp(fl->element[k + 1]->str, id))
+				found = true;
+		for (size_t k = 0; found && k + 1 < fl->elements; k += 2)
+			if (!strcmp(fl->element[k]->str, key)) {
+				snprintf(out, len, "%s", fl->element[k + 1]->str);
+				has_key = true;
+			}
+	}
+	freeReplyObject(rep);
+	if (found && !has_key)
+		fail_msg("the event of %s has no field %s", id, key);
+}
+
+/* One task per document: a summarize and an answer that bring the same
+ * text, and an ingest of it, are three tasks and one document; every row
+ * and every event names it. */
+static void test_one_task_per_document(void **state)
 {
 	struct fx *f = *state;
-	char task[2048];
+	char task[2048], want[32], got[32];
+	long long doc;
 
+	snprintf(task, sizeof(task),
+		 "{\"id\":\"sum\",\"kind\":\"summarize\",\"text\":\"%s\",\"max_tokens\":24}",
+		 at_story);
+	xadd(f, task);
+	snprintf(task, sizeof(task),
+		 "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"What did Tom find?\","
+		 "\"top_k\":3,\"max_tokens\":24,\"text\":\"%s\"}", at_story);
+	xadd(f, task);
 	snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"%s\"}",
 		 at_story);
 	xadd(f, task);
-	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":24}");
-	xadd(f, "{\"id\":\"ask\",\"kind\":\"answer\",\"question\":\"What did Tom find?\","
-		"\"top_k\":3,\"max_tokens\":24}");
 	agent_worker_reset();
 	assert_int_equal(pthread_create(&f->thread, NULL, worker_thread, f), 0);
 	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status <> 'running'", 3, 120000,
@@ -169,10 +210,17 @@ static void test_ingest_summarize_answer(void **state)
 	stop_worker(f);
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'"),
 			 3);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 1);
+	doc = at_pg_int(f->pg, "SELECT id FROM documents WHERE task_id = 'sum'");
+	assert_true(doc > 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE document_id = "
+					  "(SELECT id FROM documents)"), 3);
 	assert_true(at_pg_int(f->pg, "SELECT count(*) FROM chunks WHERE embedding IS NOT NULL") >=
 		    3);
 	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM chunks WHERE embedding IS NULL"),
 			 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM chunks"),
+			 at_pg_int(f->pg, "SELECT n_chunks FROM documents"));
 	fprintf(stderr, "e2e: %lld chunks, embedding width %lld, %lld summaries\n",
 		at_pg_int(f->pg, "SELECT count(*) FROM chunks"),
 		at_pg_int(f->pg, "SELECT dim FROM embedding_space"),
@@ -183,6 +231,13 @@ static void test_ingest_summarize_answer(void **state)
 	assert_int_equal(xlen(f, f->results), 3);
 	assert_int_equal(xlen(f, f->dead), 0);
 	assert_int_equal(f->st.completed, 3);
+	snprintf(want, sizeof(want), "%lld", doc);
+	event_field(f->redis, f->results, "sum", "document_id", got, sizeof(got));
+	assert_string_equal(got, want);
+	event_field(f->redis, f->results, "ask", "document_id", got, sizeof(got));
+	assert_string_equal(got, want);
+	event_field(f->redis, f->results, "in", "document_id", got, sizeof(got));
+	assert_string_equal(got, want);
 }
 
 #define N_RESTART_TASKS 200
@@ -286,10 +341,11 @@ static struct proc spawn_worker(const char *config)
 static void test_worker_process_kill9_then_sigterm(void **state)
 {
 	struct fx *f = *state;
-	char dir[] = "/tmp/agentd-e2e-XXXXXX", config[256], task[16384], buf[4096];
+	char dir[] = "/tmp/agentd-e2e-XXXXXX", config[256], task[16384], buf[4096], want[32];
 	redisContext *r = f->redis;
 	redisReply *rep;
 	struct proc a, b;
+	long long doc;
 	size_t off = 0;
 	int status;
 	bool ok;
@@ -302,37 +358,41 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 	rep = redisCommand(r, "FLUSHDB");
 	freeReplyObject(rep);
 
-	/* A long document: many chunks, many partial summaries. */
-	off = (size_t)snprintf(task, sizeof(task), "{\"id\":\"in\",\"kind\":\"ingest\",\"text\":\"");
+	/* One task: a summarize that brings a long text (many chunks, many
+	 * partial summaries). */
+	off = (size_t)snprintf(task, sizeof(task),
+			       "{\"id\":\"sum\",\"kind\":\"summarize\",\"max_tokens\":96,\"text\":\"");
 	for (int i = 0; i < 8; i++)
 		off += (size_t)snprintf(task + off, sizeof(task) - off, "Part %d. %s ", i,
 					at_story);
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	rep = redisCommand(r, "XADD swarm:tasks * task %s", task);
 	freeReplyObject(rep);
-	rep = redisCommand(r, "XADD swarm:tasks * task %s",
-			   "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
-	freeReplyObject(rep);
 
+	/* Killed the moment its ingest committed (the document is there),
+	 * before the summary is done. */
 	a = spawn_worker(config);
-	ok = at_pg_wait_eq(f->pg, "SELECT (count(*) >= 4)::int FROM summaries", 1, 60000, 100);
+	ok = at_pg_wait_eq(f->pg, "SELECT count(*) FROM documents", 1, 60000, 10);
 	kill(a.pid, SIGKILL);
 	waitpid(a.pid, &status, 0);
 	if (!ok)
-		fail_msg("the first worker made no summaries (log in %s)", dir);
-	fprintf(stderr, "e2e: worker killed with %lld summaries made, sum %s\n",
+		fail_msg("the first worker stored no document (log in %s)", dir);
+	fprintf(stderr, "e2e: worker killed after the ingest with %lld summaries made, sum %s\n",
 		at_pg_int(f->pg, "SELECT count(*) FROM summaries"),
 		at_pg_int(f->pg,
 			  "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'")
 			? "already completed"
 			: "in progress");
+	doc = at_pg_int(f->pg, "SELECT id FROM documents");
+	assert_int_equal(at_pg_int(f->pg, "SELECT document_id FROM tasks WHERE id = 'sum'"), doc);
 	got = read(a.hb, buf, sizeof(buf) - 1);
 	assert_true(got > 0);
 	buf[got] = '\0';
 	assert_int_equal(strncmp(buf, "hb ", 3), 0);
 	close(a.hb);
 
-	/* Another process reclaims the entry after the 1 s lease. */
+	/* Another process reclaims the entry after the 1 s lease and resumes
+	 * from the stored document. */
 	b = spawn_worker(config);
 	ok = at_pg_wait_eq(f->pg,
 			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'",
@@ -345,14 +405,27 @@ static void test_worker_process_kill9_then_sigterm(void **state)
 		fail_msg("the summarize task was not completed (log in %s)", dir);
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0); /* drained on SIGTERM */
-	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
 	assert_int_equal(at_pg_int(f->pg, "SELECT attempts FROM tasks WHERE id = 'sum'"), 2);
+	/* no second document, no second set of chunks */
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM chunks"),
+			 at_pg_int(f->pg, "SELECT n_chunks FROM documents"));
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE document_id <> "
+					  "(SELECT id FROM documents)"), 0);
+	snprintf(buf, sizeof(buf), "grep -q 'task sum: document %lld stored by an earlier "
+		 "delivery' %s/worker.log", doc, dir);
+	if (system(buf) != 0)
+		fail_msg("the second worker did not take the stored document (log in %s)", dir);
 	rep = redisCommand(r, "XPENDING swarm:tasks agents");
 	assert_int_equal(rep->element[0]->integer, 0);
 	freeReplyObject(rep);
 	rep = redisCommand(r, "XLEN swarm:results");
-	assert_int_equal(rep->integer, 2);
+	assert_int_equal(rep->integer, 1);
 	freeReplyObject(rep);
+	snprintf(want, sizeof(want), "%lld", doc);
+	event_field(r, "swarm:results", "sum", "document_id", buf, sizeof(buf));
+	assert_string_equal(buf, want);
 	got = read(b.hb, buf, sizeof(buf) - 1);
 	assert_true(got > 0);
 	close(b.hb);
@@ -399,7 +472,7 @@ static void test_worker_usage_errors(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_setup_teardown(test_ingest_summarize_answer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_one_task_per_document, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gpud_restart_mid_run, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_worker_process_kill9_then_sigterm, setup, teardown),
 		cmocka_unit_test(test_worker_usage_errors),

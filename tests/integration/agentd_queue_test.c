@@ -304,7 +304,7 @@ static void test_dead_letter_and_results(void **state)
 	freeReplyObject(r);
 	agent_msg_free(&m);
 
-	assert_int_equal(agent_queue_result(q, "t-8", "completed", "documents/3", NULL, err,
+	assert_int_equal(agent_queue_result(q, "t-8", "completed", "documents/3", 3, NULL, err,
 					    sizeof(err)),
 			 0);
 	r = cmd(f->admin, "XRANGE %s - +", f->results);
@@ -312,6 +312,7 @@ static void test_dead_letter_and_results(void **state)
 	assert_string_equal(r->element[0]->element[1]->element[1]->str, "t-8");
 	assert_string_equal(r->element[0]->element[1]->element[3]->str, "completed");
 	assert_string_equal(r->element[0]->element[1]->element[5]->str, "documents/3");
+	assert_string_equal(r->element[0]->element[1]->element[9]->str, "3"); /* document_id */
 	freeReplyObject(r);
 	agent_queue_close(q);
 }
@@ -367,12 +368,23 @@ static void test_streams_capped(void **state)
 	q = open_opts(&o);
 	for (int i = 0; i < 600; i++) {
 		snprintf(id, sizeof(id), "t-%d", i);
-		assert_int_equal(agent_queue_result(q, id, "completed", "documents/1", NULL, err,
-						    sizeof(err)),
+		assert_int_equal(agent_queue_result(q, id, "completed", "documents/1", i + 1, NULL,
+						    err, sizeof(err)),
 				 0);
 	}
 	n = xlen(f->admin, f->results);
 	assert_true(n >= 50 && n <= 50 + slack);
+	{
+		/* a capped event is whole: the newest one ends with its document */
+		redisReply *r = cmd(f->admin, "XREVRANGE %s + - COUNT 1", f->results);
+
+		assert_int_equal(r->elements, 1);
+		assert_int_equal(r->element[0]->element[1]->elements, 10);
+		assert_string_equal(r->element[0]->element[1]->element[1]->str, "t-599");
+		assert_string_equal(r->element[0]->element[1]->element[8]->str, "document_id");
+		assert_string_equal(r->element[0]->element[1]->element[9]->str, "600");
+		freeReplyObject(r);
+	}
 	for (int i = 0; i < 150; i++) {
 		add(f, "{poison", NULL);
 		assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
@@ -388,7 +400,8 @@ static void test_streams_capped(void **state)
 	o.results_maxlen = 0;
 	q = open_opts(&o);
 	for (int i = 0; i < 300; i++)
-		assert_int_equal(agent_queue_result(q, "t", "failed", NULL, "e", err, sizeof(err)), 0);
+		assert_int_equal(agent_queue_result(q, "t", "failed", NULL, 0, "e", err, sizeof(err)),
+				 0);
 	assert_true(xlen(f->admin, f->results) >= 300);
 	agent_queue_close(q);
 }
@@ -526,7 +539,7 @@ static void test_maxmemory(void **state)
 	assert_int_equal(r->type, REDIS_REPLY_ERROR);
 	freeReplyObject(r);
 
-	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", NULL, err,
+	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", 1, NULL, err,
 					    sizeof(err)),
 			 SW_EBUSY);
 	assert_non_null(strstr(err, "OOM command not allowed"));
@@ -558,7 +571,7 @@ static void test_maxmemory(void **state)
 	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 0"));
 	assert_int_equal(agent_queue_dead(q, &mb, "t-2", "bad", err, sizeof(err)), 0);
 	assert_int_equal(xlen(admin, f->dead), 1);
-	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", NULL, err,
+	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", 1, NULL, err,
 					    sizeof(err)),
 			 0);
 	assert_int_equal(xlen(admin, f->results), 1);

@@ -2,7 +2,12 @@
  * fake gpud (struct agent_llm): ingest stores a document once however
  * often it runs, summarize builds the map-reduce tree and resumes after a
  * failure without redoing what was committed, answer retrieves by
- * embedding and sends the block mask, and errors come out precise.
+ * embedding and sends the block mask, and errors come out precise. One
+ * task per document: a summarize or answer with its text (or a URL)
+ * ingests and summarizes in one run, the same text is one document
+ * however many tasks bring it, and a rerun after a failure on either side
+ * of the ingest's commit resumes with the document the first run stored
+ * (even when the URL now returns something else).
  *
  * The fake tokenizer counts words; the fake embedding is a bag of words
  * hashed into 16 buckets and normalized, so retrieval by shared words
@@ -15,6 +20,7 @@
 #include <cmocka.h>
 
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,6 +39,7 @@
 
 struct fake {
 	int generate_calls;
+	int embed_calls;
 	int fail_after;       /* generate fails with fail_code after this many; -1 never */
 	int fail_code;
 	int embed_fail;       /* embed returns this when non-zero */
@@ -81,6 +88,7 @@ static int fake_embed(void *ctx, const char *s, size_t len, float **vec, uint32_
 
 	if (fk.embed_fail)
 		return sw_seterr(err, el, fk.embed_fail, "fake gpud: embed failed");
+	fk.embed_calls++;
 	v = calloc(DIM, sizeof(*v));
 	while (i < len) {
 		size_t j = i;
@@ -445,6 +453,259 @@ static void test_answer(void **state)
 	free(doc);
 }
 
+/* A JSON string body for text: the fixtures are plain words, so only
+ * the quotes of the format matter. */
+static char *task_json(const char *fmt, const char *id, const char *text)
+{
+	size_t cap = strlen(text) + strlen(fmt) + strlen(id) + 1;
+	char *s = malloc(cap);
+
+	if (!s)
+		abort();
+	snprintf(s, cap, fmt, id, text);
+	return s;
+}
+
+/* The row a worker makes when it claims a task (agent_db_task_start), so
+ * that what the kinds record in it can be seen. */
+static void task_row(struct fx *f, const char *id, const char *kind)
+{
+	if (agent_db_task_start(f->db, id, kind, "0-1", NULL, NULL, err, sizeof(err)) != 0)
+		fail_msg("task_start %s: %s", id, err);
+}
+
+static long long task_doc(struct fx *f, const char *id)
+{
+	char sql[256];
+
+	snprintf(sql, sizeof(sql), "SELECT coalesce(document_id, 0) FROM tasks WHERE id = '%s'",
+		 id);
+	return scalar(f, sql);
+}
+
+/* summarize with inline text: one run stores the document and
+ * summarizes it; the same text again (summarize, ingest, answer) is the
+ * same document, and nothing is generated twice. */
+static void test_summarize_text_one_task(void **state)
+{
+	struct fx *f = *state;
+	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX], want[64];
+	char *j;
+	struct proto_task t;
+	int64_t id;
+
+	task_row(f, "sum-t", "summarize");
+	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-t", doc);
+	parse(j, &t);
+	free(j);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
+	id = scalar(f, "SELECT id FROM documents");
+	assert_int_equal(f->ctx.document_id, id);
+	snprintf(want, sizeof(want), "summaries/%lld/2/0", (long long)id);
+	assert_string_equal(loc, want);
+	/* the task stored it, and its row says so */
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents WHERE task_id = 'sum-t'"
+				   " AND source = 'inline'"), 1);
+	assert_int_equal(task_doc(f, "sum-t"), id);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM chunks"), 10);
+	assert_int_equal(fk.embed_calls, 10);
+	assert_int_equal(fk.generate_calls, 14); /* 10 + 3 + 1 */
+	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+
+	/* Another summarize task with the same text: same document, nothing
+	 * embedded or generated again. */
+	fk.embed_calls = fk.generate_calls = 0;
+	task_row(f, "sum-t2", "summarize");
+	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\",\"max_tokens\":8}",
+		      "sum-t2", doc);
+	parse(j, &t);
+	free(j);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_string_equal(loc, want);
+	assert_int_equal(task_doc(f, "sum-t2"), id);
+	assert_int_equal(fk.embed_calls, 0);
+	assert_int_equal(fk.generate_calls, 0);
+
+	/* An ingest and an answer of the same text: the same document. */
+	ingest_doc(f, "in-same", doc, &id);
+	assert_int_equal(id, scalar(f, "SELECT id FROM documents"));
+	j = task_json("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"where is the river?\","
+		      "\"top_k\":2,\"text\":\"%s\"}", "ask-t", doc);
+	parse(j, &t);
+	free(j);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_string_equal(loc, "answers/ask-t");
+	assert_int_equal(f->ctx.document_id, id);
+	assert_int_equal(fk.n_segments, 4); /* system + 2 chunks + question */
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM chunks"), 10);
+	free(doc);
+}
+
+/* An answer with its text retrieves from that document alone, even
+ * when another document matches the question better. */
+static void test_answer_text_own_document(void **state)
+{
+	struct fx *f = *state;
+	char *other = make_doc("river", "river", 20), *mine = make_doc("apple", "pear", 8);
+	char loc[AGENT_LOCATION_MAX], *j;
+	struct proto_task t;
+	int64_t other_id;
+
+	ingest_doc(f, "other", other, &other_id);
+	j = task_json("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"river river?\","
+		      "\"text\":\"%s\",\"source\":\"mine.txt\"}", "ask-own", mine);
+	parse(j, &t);
+	free(j);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_int_not_equal(f->ctx.document_id, other_id);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents WHERE source = 'mine.txt'"), 1);
+	/* every chunk shown to the model is of the new document */
+	assert_int_equal(scalar(f, "SELECT count(*) FROM answers a, unnest(a.chunk_ids) c(id),"
+				   " chunks ch, documents d WHERE ch.id = c.id"
+				   " AND d.id = ch.document_id AND d.source <> 'mine.txt'"), 0);
+	assert_true(scalar(f, "SELECT array_length(chunk_ids, 1) FROM answers") >= 1);
+	free(other);
+	free(mine);
+}
+
+/* A summarize with text that fails on either side of the ingest's commit
+ * (gpud gone while embedding; gpud gone after some summaries) resumes on
+ * the rerun without a second document or a second embedding. */
+static void test_summarize_text_resume(void **state)
+{
+	struct fx *f = *state;
+	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX], *j;
+	struct proto_task t;
+	int64_t id;
+
+	task_row(f, "sum-r", "summarize");
+	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-r", doc);
+	parse(j, &t);
+	free(j);
+
+	/* Before the commit: nothing stored, nothing recorded. */
+	fk.embed_fail = SW_ECLOSED;
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
+			 SW_ECLOSED);
+	assert_int_equal(f->ctx.document_id, 0);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 0);
+	assert_int_equal(task_doc(f, "sum-r"), 0);
+
+	/* After the commit: the document and its row stay, with the 4
+	 * summaries made before the failure. */
+	fk.embed_fail = 0;
+	fk.fail_after = 4;
+	fk.fail_code = SW_ECLOSED;
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
+			 SW_ECLOSED);
+	id = scalar(f, "SELECT id FROM documents");
+	assert_int_equal(f->ctx.document_id, id); /* known, though the task failed */
+	assert_int_equal(task_doc(f, "sum-r"), id);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries"), 4);
+	assert_int_equal(fk.embed_calls, 10);
+
+	/* The rerun: no second ingest, only the 10 missing summaries. */
+	fk.fail_after = -1;
+	fk.embed_calls = fk.generate_calls = 0;
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	assert_int_equal(fk.embed_calls, 0);
+	assert_int_equal(fk.generate_calls, 10);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM chunks"), 10);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries"), 14);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+	proto_task_free(&t);
+	free(doc);
+}
+
+/* A redelivered summarize of a URL uses the document its first delivery
+ * stored, although the URL now returns another text (nothing is fetched
+ * again); a new task of the same URL stores what it returns now. */
+static void test_summarize_url_redelivery(void **state)
+{
+	struct fx *f = *state;
+	char path[] = "/tmp/agentd_url_XXXXXX", json[256], loc[AGENT_LOCATION_MAX];
+	char *first = make_doc("apple", "river", 20), *second = make_doc("stone", "cloud", 6);
+	struct proto_task t;
+	int64_t id;
+	int fd;
+
+	fd = mkstemp(path);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, first, strlen(first)), (ssize_t)strlen(first));
+	close(fd);
+	snprintf(json, sizeof(json),
+		 "{\"id\":\"sum-u\",\"kind\":\"summarize\",\"url\":\"file://%s\"}", path);
+	task_row(f, "sum-u", "summarize");
+	parse(json, &t);
+	fk.fail_after = 2;
+	fk.fail_code = SW_ECLOSED;
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
+			 SW_ECLOSED);
+	id = scalar(f, "SELECT id FROM documents");
+	snprintf(json, sizeof(json), "SELECT count(*) FROM documents WHERE source = 'file://%s'",
+		 path);
+	assert_int_equal(scalar(f, json), 1);
+
+	/* The file changes; the task comes again. */
+	fd = open(path, O_WRONLY | O_TRUNC);
+	assert_true(fd >= 0);
+	assert_int_equal(write(fd, second, strlen(second)), (ssize_t)strlen(second));
+	close(fd);
+	fk.fail_after = -1;
+	fk.embed_calls = 0;
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_int_equal(f->ctx.document_id, id);
+	assert_int_equal(fk.embed_calls, 0);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM summaries WHERE is_final"), 1);
+
+	/* A new task of the URL: what it returns now is a new document. */
+	snprintf(json, sizeof(json),
+		 "{\"id\":\"sum-u2\",\"kind\":\"summarize\",\"url\":\"file://%s\"}", path);
+	task_row(f, "sum-u2", "summarize");
+	parse(json, &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	proto_task_free(&t);
+	assert_int_not_equal(f->ctx.document_id, id);
+	assert_int_equal(task_doc(f, "sum-u2"), f->ctx.document_id);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 2);
+	unlink(path);
+	free(first);
+	free(second);
+}
+
+/* The ingest's errors, as the summarize or answer that brought the
+ * document: precise, and nothing stored. */
+static void test_document_errors(void **state)
+{
+	struct fx *f = *state;
+	char loc[AGENT_LOCATION_MAX];
+	struct proto_task t;
+
+	parse("{\"id\":\"sum-blank\",\"kind\":\"summarize\",\"text\":\"  \\n \"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "ingest: the document has no text");
+	assert_int_equal(f->ctx.document_id, 0);
+	proto_task_free(&t);
+
+	parse("{\"id\":\"ask-gone\",\"kind\":\"answer\",\"question\":\"q\","
+	      "\"url\":\"file:///nonexistent/agentd-doc.txt\"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
+			 SW_ENOTFOUND);
+	assert_non_null(strstr(err, "cannot read file"));
+	assert_int_equal(fk.embed_calls, 0); /* not even the question */
+	proto_task_free(&t);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 0);
+}
+
 static void test_answer_prompt_shape(void **state)
 {
 	const char *chunks[2] = { "c1", "c2" };
@@ -477,6 +738,11 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_summarize_tree_and_resume, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_summarize_single_chunk, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_answer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_summarize_text_one_task, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_answer_text_own_document, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_summarize_text_resume, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_summarize_url_redelivery, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_document_errors, setup, teardown),
 		cmocka_unit_test(test_answer_prompt_shape),
 	};
 	int rc = it_start(IT_PG);

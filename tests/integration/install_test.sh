@@ -166,12 +166,13 @@ if check "swarmctl start: the installed gpud and agentd" 0 \
 		ok "$s runs from the DESTDIR" test "$(readlink "/proc/$pid/exe")" = "$D$bindir/$s"
 	done
 	applied=
+	want="001_init.sql 002_task_document.sql"
 	for _ in $(seq 1 300); do
-		applied=$(psql -tA "$dburl" -c "SELECT name FROM schema_migrations" 2>/dev/null)
-		[ -n "$applied" ] && break
+		applied=$(psql -tA "$dburl" -c "SELECT string_agg(name, ' ' ORDER BY version) FROM schema_migrations" 2>/dev/null)
+		[ "$applied" = "$want" ] && break
 		sleep 0.1
 	done
-	ok "agentd applied the installed migrations" test "$applied" = 001_init.sql
+	ok "agentd applied the installed migrations" test "$applied" = "$want"
 	check "swarmctl status" 0 "gpud +up" "agentd +up" -- ctl status
 	check "swarmctl stop" 0 "stopping agentd" "stopping gpud" -- ctl stop
 fi

@@ -12,7 +12,13 @@
 # metrics port taken) reported with its cause and nothing left running; then twice in the same state directory:
 # start, status, submit --wait, results, top, double start refused, stop,
 # stop again - the second round reuses the cluster and still has the first
-# round's results, and refuses a submit --wait once agentd is gone.
+# round's results, and refuses a submit --wait once agentd is gone (its
+# supervisor killed first, then agentd; stop then works without the
+# supervisor). What the supervisor heals: swarmctl_heal_test.sh.
+# submit makes one task per input: a summarize of a file is one task that
+# names its document, the same file again is the same document, a
+# swarmctl killed right after queueing loses nothing, and with --question
+# the answer over every document is queued once the document is stored.
 #
 # Exit: 0 pass, 1 fail, 77 skip (no redis-server, PostgreSQL or pgvector
 # on a developer machine; under CI=true a missing server fails).
@@ -154,27 +160,70 @@ for round in 1 2; do
 		'"up": true' -- ctl status --json
 	check "round $round: double start refused" 1 "already running" -- ctl start
 	if [ $round = 1 ]; then
-		check "round 1: submit --wait (summarize)" 0 "queued ingest sum-" \
+		check "round 1: submit --wait (summarize): one task for the file" 0 \
+			"queued summarize sum-[^ ]+ for .*sourdough.txt" \
+			"summarize sum-[^ ]+: document [0-9]+ stored" \
 			"summarize sum-[^ ]+: completed" "summary of document [0-9]+" \
 			"text is noise" -- ctl submit "$samples/sourdough.txt" --wait --max-tokens 16 \
 			--timeout 300
 		sum_id=$(sed -n 's/^queued summarize \(sum-[^ ]*\) .*/\1/p' "$out" | head -n 1)
+		doc_id=$(sed -n 's/^summary of document \([0-9]*\) .*/\1/p' "$out" | head -n 1)
+		ok "round 1: one task queued for one file" test "$(grep -c '^queued ' "$out")" = 1
 		check "round 1: results ID" 0 "completed after 1 attempt" "summary of document" \
 			-- ctl results "$sum_id"
 		check "round 1: results --json ID" 0 '"kind": "summarize"' '"summary":' \
-			'"status": "completed"' -- ctl results --json "$sum_id"
-		check "round 1: results lists the task and its ingest" 0 "$sum_id +summarize" \
-			"$sum_id:ingest +ingest +completed" -- ctl results
-		check "round 1: a failing ingest: its error, exit 1" 1 \
-			"ingest sum-[^ ]+:ingest: failed - fetch: file:///nonexistent/x.txt" \
-			"\(ingest\): failed after 1 attempt" \
+			'"status": "completed"' "\"document_id\": $doc_id" -- ctl results --json "$sum_id"
+		check "round 1: results lists the one task" 0 "$sum_id +summarize +completed" \
+			-- ctl results
+		ok "round 1: no separate ingest task" test "$(grep -c "$sum_id" "$out")" = 1
+		check "round 1: the same file again (--kind ingest): the same document" 0 \
+			"queued ingest ing-" "ingest ing-[^ ]+: completed" "document $doc_id: " \
+			-- ctl submit "$samples/sourdough.txt" --kind ingest --wait --timeout 120
+		check "round 1: a failing fetch: its error, exit 1" 1 \
+			"summarize sum-[^ ]+: failed - fetch: file:///nonexistent/x.txt" \
+			"\(summarize\): failed after 1 attempt" \
 			-- ctl submit file:///nonexistent/x.txt --wait --timeout 120
+		# swarmctl killed right after queueing: the task needs nothing more from it
+		ctl submit "$samples/lighthouses.txt" --wait --max-tokens 16 >"$top/bg.out" 2>&1 &
+		bg=$!
+		for _ in $(seq 1 100); do
+			grep -q '^queued summarize' "$top/bg.out" && break
+			sleep 0.1
+		done
+		kill -KILL "$bg" 2>/dev/null
+		wait "$bg" 2>/dev/null
+		bg_id=$(sed -n 's/^queued summarize \(sum-[^ ]*\) .*/\1/p' "$top/bg.out")
+		for _ in $(seq 1 600); do
+			[ -n "$bg_id" ] && ctl results "$bg_id" >/dev/null 2>&1 && break
+			sleep 0.5
+		done
+		check "round 1: swarmctl killed after queueing: the summarize completes anyway" 0 \
+			"$bg_id \(summarize\): completed after 1 attempt" "summary of document [0-9]+" \
+			-- ctl results "${bg_id:-none-queued}"
+		check "round 1: submit without --wait returns once queued" 0 \
+			"queued summarize sum-[^ ]+ for .*tides.txt" \
+			-- ctl submit "$samples/tides.txt" --max-tokens 16
+		ok "round 1: ... having waited for nothing" test "$(grep -c ': completed' "$out")" = 0
 	else
 		check "round 2: submit --wait (answer over every document)" 0 \
 			"queued answer ask-" "answer ask-[^ ]+: completed" "question: Why" \
 			"answer \(from chunks \{[0-9,]+\}\)" \
 			-- ctl submit --question "Why does sourdough keep?" --wait --max-tokens 16 \
 			--timeout 300
+		check "round 2: summarize with --question: the answer follows the document" 0 \
+			"queued summarize sum-[^ ]+ for .*lighthouses.txt" \
+			"queued answer ask-[^ ]+ over every document" "summarize sum-[^ ]+: completed" \
+			"answer ask-[^ ]+: completed" "question: What" \
+			-- ctl submit "$samples/lighthouses.txt" --question "What do lighthouses do?" \
+			--wait --max-tokens 16 --timeout 300
+		n=$((n + 1))
+		if [ "$(grep -n 'document [0-9]* stored' "$out" | head -n 1 | cut -d: -f1)" -lt \
+			"$(grep -n '^queued answer' "$out" | cut -d: -f1)" ]; then
+			echo "ok $n - round 2: the answer was queued after the document was stored"
+		else
+			echo "not ok $n - round 2: the answer was queued before the document was stored"
+			failures=$((failures + 1))
+		fi
 	fi
 	check "round $round: results of an unknown id" 1 "not found" -- ctl results no-such-task
 	check "round $round: top --iterations 2" 0 "swarm top" "tasks: [0-9.]+/s" \
@@ -204,6 +253,9 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$top/port" &
 		kill "$holder" 2>/dev/null
 		wait "$holder" 2>/dev/null
 		holder=
+		# agentd gone for good: the supervisor first (it would restart it)
+		read -r spid _ <"$state/run/supervisor.pid"
+		kill -KILL "$spid"
 		read -r apid _ <"$state/run/agentd.pid"
 		kill -TERM "$apid"
 		for _ in $(seq 1 100); do
@@ -213,7 +265,8 @@ print(s.getsockname()[1], flush=True); time.sleep(120)' >"$top/port" &
 		check "round 2: submit --wait with agentd gone: refused, nothing queued" 1 \
 			"agentd is not running" "nothing queued" \
 			-- ctl submit "$samples/tides.txt" --wait
-		check "round 2: status shows agentd down" 1 "agentd +down" "gpud +up" -- ctl status
+		check "round 2: status shows agentd down" 1 "agentd +down" "gpud +up" \
+			"supervisor +down" -- ctl status
 	fi
 	check "round $round: stop" 0 "stopping gpud" "stopping redis" "stopping postgres" \
 		-- ctl stop

@@ -340,7 +340,8 @@ static void test_bad_json(void **state)
 static const char *env_names[] = {
 	"SWARM_STATE_DIR", "SWARM_LOG_LEVEL", "SWARM_LOG_FILE", "SWARM_REDIS_URL",
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
-	"SWARM_THREADS", "SWARM_WORKERS",
+	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
+	"SWARM_SUPERVISOR_HANG_MS",
 };
 
 static int clear_env(void **state)
@@ -508,6 +509,74 @@ static void test_files(void **state)
 	/* NULL err is fine. */
 	assert_int_equal(sw_config_load_file("/nonexistent", &c, NULL, 0), -ENOENT);
 	assert_int_equal(sw_config_load_string("{\"x\":1}", &c, NULL, 0), -EINVAL);
+}
+
+/* The managed-mode keys: redis.maxmemory and supervisor.*: defaults,
+ * overrides (file and environment), every error. */
+static void test_supervisor_keys(void **state)
+{
+	(void)state;
+	struct sw_config c;
+
+	sw_config_defaults(&c);
+	assert_true(c.redis.maxmemory == 256u << 20);
+	assert_int_equal(c.supervisor.restart_backoff_min_ms, 250);
+	assert_int_equal(c.supervisor.restart_backoff_max_ms, 30000);
+	assert_int_equal(c.supervisor.crash_window_ms, 60000);
+	assert_int_equal(c.supervisor.crash_limit, 5);
+	assert_int_equal(c.supervisor.hang_ms, 60000);
+	assert_true(c.supervisor.log_max_bytes == 8u << 20);
+	assert_int_equal(c.supervisor.log_keep, 2);
+
+	load_ok("{\"redis\": {\"maxmemory\": \"1GiB\"}, \"supervisor\": {"
+		"\"restart_backoff_min_ms\": 50, \"restart_backoff_max_ms\": 800,"
+		" \"crash_window_ms\": 5000, \"crash_limit\": 2, \"hang_ms\": 0,"
+		" \"log_max_bytes\": \"64KiB\","
+		" \"log_keep\": 0}}", &c);
+	assert_true(c.redis.maxmemory == 1u << 30);
+	assert_int_equal(c.supervisor.restart_backoff_min_ms, 50);
+	assert_int_equal(c.supervisor.restart_backoff_max_ms, 800);
+	assert_int_equal(c.supervisor.crash_window_ms, 5000);
+	assert_int_equal(c.supervisor.crash_limit, 2);
+	assert_int_equal(c.supervisor.hang_ms, 0); /* off */
+	assert_true(c.supervisor.log_max_bytes == 64u << 10);
+	assert_int_equal(c.supervisor.log_keep, 0);
+	load_ok("{\"redis\": {\"maxmemory\": 0}}", &c); /* no limit */
+	assert_true(c.redis.maxmemory == 0);
+
+	expect_error("{\"supervisor\": {\"log_max_bytes\": 1000}}", -EINVAL,
+		     "supervisor.log_max_bytes: expected a byte size in [65536, 1099511627776]"
+		     " (an integer or \"64MiB\"), got 1000");
+	expect_error("{\"supervisor\": {\"log_keep\": 101}}", -EINVAL,
+		     "supervisor.log_keep: expected an integer in [0, 100], got 101");
+	expect_error("{\"supervisor\": {\"crash_limit\": 0}}", -EINVAL,
+		     "supervisor.crash_limit: expected an integer in [1, 1000], got 0");
+	expect_error("{\"supervisor\": {\"restart_backoff_min_ms\": 5000,"
+		     " \"restart_backoff_max_ms\": 1000}}", -EINVAL,
+		     "supervisor.restart_backoff_min_ms: expected at most"
+		     " supervisor.restart_backoff_max_ms (1000), got 5000");
+	expect_error("{\"supervisor\": {\"log_kep\": 1}}", -EINVAL,
+		     "supervisor.log_kep: unknown key (did you mean \"log_keep\"?)");
+	expect_error("{\"redis\": {\"maxmemory\": \"lots\"}}", -EINVAL,
+		     "redis.maxmemory: expected a byte size in [0, 1099511627776]"
+		     " (an integer or \"64MiB\"), got \"lots\"");
+
+	/* managed mode has no file: the knobs an operator turns come from
+	 * the environment */
+	sw_config_defaults(&c);
+	setenv("SWARM_REDIS_MAXMEMORY", "512MiB", 1);
+	setenv("SWARM_LOG_MAX_BYTES", "1048576", 1);
+	setenv("SWARM_SUPERVISOR_HANG_MS", "0", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_true(c.redis.maxmemory == 512u << 20);
+	assert_true(c.supervisor.log_max_bytes == 1u << 20);
+	assert_int_equal(c.supervisor.hang_ms, 0);
+	unsetenv("SWARM_REDIS_MAXMEMORY");
+	unsetenv("SWARM_LOG_MAX_BYTES");
+	unsetenv("SWARM_SUPERVISOR_HANG_MS");
+	expect_env_error("SWARM_LOG_MAX_BYTES", "1KiB", -EINVAL,
+			 "SWARM_LOG_MAX_BYTES: expected a byte size in [65536, 1099511627776]"
+			 " (an integer or \"64MiB\"), got \"1KiB\"");
 }
 
 /* The daemon's keys (gpud.*): defaults, overrides, every error. */
@@ -684,6 +753,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_env_errors, clear_env),
 		cmocka_unit_test(test_files),
 		cmocka_unit_test(test_daemon_keys),
+		cmocka_unit_test_teardown(test_supervisor_keys, clear_env),
 		cmocka_unit_test(test_to_json_round_trip),
 		cmocka_unit_test(test_redact),
 	};

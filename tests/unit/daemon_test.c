@@ -346,6 +346,8 @@ static void test_snapshot_device(void **state)
 	n.name = "cpu1";
 	n.kv_block_bytes = 20480;
 	n.engine.kv = (struct gpud_kv_stats){ .n_blocks = 100, .used = 30, .free = 70, .high = 55 };
+	n.kv_live = 10;
+	n.kv_cached = 20;
 	n.engine.scratch_bytes = 4096;
 	n.engine.scratch_high = 4000;
 	n.mask = (struct gpud_maskcache_stats){ .hits = 7, .misses = 3, .evictions = 1,
@@ -381,14 +383,29 @@ static void test_snapshot_device(void **state)
 	assert_int_equal(s.pools[0].trough_k_ago, 4);
 	assert_true(s.pools[0].rising);
 	assert_string_equal(s.pools[0].warning, "cpu1.kv trough rose");
+	/* used = live + what the prefix cache keeps, against its bound in
+	 * blocks (1 MiB of 20 KiB blocks) */
+	assert_int_equal(s.pools[0].live, 10);
+	assert_int_equal(s.pools[0].cached, 20);
+	assert_string_equal(s.pools[0].cache, "cpu1.prefix");
+	assert_int_equal(s.pools[0].cache_bound, 51);
 	assert_string_equal(s.pools[1].name, "cpu1.scratch");
 	assert_int_equal(s.pools[1].free, 96);
 	assert_int_equal(s.pools[1].trough, 4000);
+	assert_int_equal(s.pools[1].live, 4000);
+	assert_int_equal(s.pools[1].cached, 0);
+	assert_string_equal(s.pools[1].cache, "");
 	assert_false(s.pools[1].rising);
 	assert_string_equal(s.pools[2].name, "cpu1.mask");
 	assert_int_equal(s.pools[2].unit_bytes, 512);
 	assert_int_equal(s.pools[2].capacity, 11);
 	assert_int_equal(s.pools[2].high, 5);
+	/* one mask pinned by a request, one kept by the cache of 10 */
+	assert_int_equal(s.pools[2].live, 1);
+	assert_int_equal(s.pools[2].cached, 1);
+	assert_string_equal(s.pools[2].cache, "cpu1.mask");
+	assert_int_equal(s.pools[2].cache_bound, 10);
+	assert_int_equal(s.pools[2].trough, 1);
 	assert_int_equal(s.n_caches, 2);
 	assert_string_equal(s.caches[0].name, "cpu1.mask");
 	assert_int_equal(s.caches[0].hits, 7);

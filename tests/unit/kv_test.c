@@ -1,5 +1,6 @@
 /* kv_test.c - paged KV accounting: reservation, exhaustion without side
- * effects, full return of blocks, truncation, slot limits, consistency. */
+ * effects, full return of blocks, truncation, slot limits, consistency,
+ * the watchdog tests' planted leak. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -315,6 +316,59 @@ static void test_shared_blocks(void **state)
 	gpud_kv_destroy(kv);
 }
 
+/* The planted leak of the watchdog's tests: a freed sequence leaves a
+ * hold on its last block, forever; the accounting stays consistent (the
+ * block is used, held from outside) and nothing else changes. */
+static void test_planted_leak(void **state)
+{
+	(void)state;
+	struct gpud_kv_params p = { .n_blocks = 8, .block_tokens = 4, .max_seqs = 2,
+				    .max_ctx = 32, .test_leak = 1 };
+	struct gpud_kv *kv = NULL;
+	struct gpud_kv_stats st;
+	uint32_t a, n, last;
+	const uint32_t *t;
+
+	assert_int_equal(gpud_kv_create(&kv, &p), 0);
+	/* no block, nothing to leak */
+	assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+	assert_int_equal(gpud_kv_seq_free(kv, a), 0);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 0);
+	for (uint32_t i = 1; i <= 3; i++) {
+		assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+		assert_int_equal(gpud_kv_reserve(kv, a, 10), 0); /* 3 blocks */
+		assert_int_equal(gpud_kv_set_len(kv, a, 10), 0);
+		t = gpud_kv_block_table(kv, a, &n);
+		last = t[n - 1];
+		assert_int_equal(gpud_kv_seq_free(kv, a), 0);
+		assert_int_equal(gpud_kv_block_refs(kv, last), 1);
+		gpud_kv_stats(kv, &st);
+		assert_int_equal(st.used, i);
+		assert_int_equal(st.seqs, 0);
+		check(kv);
+	}
+	/* the leaked blocks are what is missing: 5 free, a 6-block sequence
+	 * does not fit */
+	assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+	assert_int_equal(gpud_kv_reserve(kv, a, 24), SW_EEXHAUSTED);
+	assert_int_equal(gpud_kv_reserve(kv, a, 20), 0);
+	gpud_kv_destroy(kv);
+
+	/* one in 2: the 2nd and 4th sequences with blocks leak */
+	p.test_leak = 2;
+	assert_int_equal(gpud_kv_create(&kv, &p), 0);
+	for (uint32_t i = 1; i <= 4; i++) {
+		assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+		assert_int_equal(gpud_kv_reserve(kv, a, 5), 0);
+		assert_int_equal(gpud_kv_seq_free(kv, a), 0);
+		gpud_kv_stats(kv, &st);
+		assert_int_equal(st.used, i / 2);
+		check(kv);
+	}
+	gpud_kv_destroy(kv);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -326,6 +380,7 @@ int main(void)
 		cmocka_unit_test(test_truncate),
 		cmocka_unit_test(test_churn),
 		cmocka_unit_test(test_shared_blocks),
+		cmocka_unit_test(test_planted_leak),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

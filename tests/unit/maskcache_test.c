@@ -21,11 +21,18 @@
 static void assert_consistent(struct gpud_maskcache *c)
 {
 	struct gpud_maskcache_stats st;
+	struct gpud_maskcache_counts n;
 	char err[SW_ERR_MAX] = "";
 
 	if (gpud_maskcache_check(c, err, sizeof(err)))
 		fail_msg("maskcache check: %s", err);
 	gpud_maskcache_stats(c, &st);
+	/* the watchdog's O(1) counts say what the full stats say */
+	gpud_maskcache_counts(c, &n);
+	assert_int_equal(n.entries, st.entries);
+	assert_int_equal(n.pinned, st.pinned);
+	assert_int_equal(n.pool_used, st.pool_used);
+	assert_int_equal(n.pool_capacity, st.pool_capacity);
 	assert_int_equal(st.pool_used + st.pool_free, st.pool_capacity);
 	assert_int_equal(st.pool_used, st.entries);
 	assert_true(st.bytes <= st.max_bytes);
@@ -305,6 +312,50 @@ static void test_eviction_order(void **state)
 	gpud_maskcache_destroy(c);
 }
 
+/* What the watchdog reads: a cache full of unpinned masks keeps its slots
+ * (entries at the bound, nothing pinned: no leak); a pin that is never
+ * released keeps its slot through any churn of other masks, and only
+ * pinned slots count as held by requests. */
+static void test_counts_cache_vs_pins(void **state)
+{
+	(void)state;
+	struct gpud_maskcache *c = make(4, 1 << 20, 0);
+	struct gpud_maskcache_entry *e, *leaked[2];
+	struct gpud_maskcache_counts n;
+
+	for (uint32_t i = 0; i < 20; i++) {
+		assert_int_equal(get_n(c, i, &e), 0);
+		gpud_maskcache_counts(c, &n);
+		assert_int_equal(n.pinned, 1);
+		assert_int_equal(gpud_maskcache_release(e), 0);
+		assert_consistent(c);
+	}
+	gpud_maskcache_counts(c, &n);
+	assert_int_equal(n.entries, 4);
+	assert_int_equal(n.pinned, 0);
+	assert_int_equal(n.pool_used, 4);
+	assert_int_equal(n.pool_capacity, 5); /* + the spare */
+
+	/* two masks "leak" (pinned, never released), then churn */
+	assert_int_equal(get_n(c, 100, &leaked[0]), 0);
+	assert_int_equal(get_n(c, 101, &leaked[1]), 0);
+	for (uint32_t i = 0; i < 20; i++) {
+		assert_int_equal(get_n(c, 200 + i, &e), 0);
+		assert_int_equal(gpud_maskcache_release(e), 0);
+	}
+	assert_consistent(c);
+	gpud_maskcache_counts(c, &n);
+	assert_int_equal(n.entries, 4);
+	assert_int_equal(n.pinned, 2);
+	assert_int_equal(gpud_maskcache_refs(leaked[0]), 1);
+	assert_int_equal(gpud_maskcache_refs(leaked[1]), 1);
+	assert_int_equal(gpud_maskcache_release(leaked[0]), 0);
+	assert_int_equal(gpud_maskcache_release(leaked[1]), 0);
+	gpud_maskcache_counts(c, &n);
+	assert_int_equal(n.pinned, 0);
+	gpud_maskcache_destroy(c);
+}
+
 static void test_pinned_and_exhaustion(void **state)
 {
 	(void)state;
@@ -528,6 +579,7 @@ int main(void)
 		cmocka_unit_test(test_errors),
 		cmocka_unit_test(test_eviction_order),
 		cmocka_unit_test(test_pinned_and_exhaustion),
+		cmocka_unit_test(test_counts_cache_vs_pins),
 		cmocka_unit_test(test_byte_bound),
 		cmocka_unit_test(test_collisions),
 		cmocka_unit_test(test_churn),

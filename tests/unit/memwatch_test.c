@@ -1,7 +1,10 @@
 /* memwatch_test.c - trough watchdog: flat use, sawtooth back to the same
  * low, a slowly rising trough under a sawtooth, recovery and a second
- * episode, the threshold rule, clock steps back, gaps, many pools, the
- * JSON report and its truncation. Time is simulated: no sleeping. */
+ * episode, the threshold rule, one load step against a leak (min_steps),
+ * clock steps back, gaps, many pools, the
+ * JSON report and its truncation; pools a cache shares: a cache filling
+ * to its bound raises nothing, a leak behind a full cache is reported.
+ * Time is simulated: no sleeping. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -202,6 +205,133 @@ static void test_rising_then_recovery(void **state)
 	gpud_memwatch_destroy(w);
 }
 
+/* A pool a cache shares: the cache's part is recorded beside the live
+ * part, bounded only by the pool; the arguments are checked. */
+static void test_split_params(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(3, 0);
+	struct gpud_memwatch_status st;
+	char buf[1024];
+
+	assert_int_equal(gpud_memwatch_register_cached(w, "kv", 100, 101), -EINVAL);
+	assert_int_equal(gpud_memwatch_register_cached(w, "kv", 0, 0), -EINVAL);
+	assert_int_equal(gpud_memwatch_register_cached(NULL, "kv", 100, 10), -EINVAL);
+	assert_int_equal(gpud_memwatch_register_cached(w, "kv", 100, 60), 0);
+	assert_int_equal(gpud_memwatch_register_cached(w, "kv", 100, 60), -EEXIST);
+	assert_int_equal(gpud_memwatch_register_cached(w, "plain", 100, 0), 1);
+	st = status(w, 0);
+	assert_int_equal(st.cache_bound, 60);
+	assert_int_equal(st.cached, 0);
+	assert_int_equal(status(w, 1).cache_bound, 0);
+
+	/* live + cached may fill the pool, not pass it; cached may pass its
+	 * bound (an owner trims after the fact). Refused samples change
+	 * nothing. */
+	assert_int_equal(gpud_memwatch_sample_split(w, 0, 0, 30, 70), 0);
+	assert_int_equal(gpud_memwatch_sample_split(w, 0, 10, 31, 70), -EINVAL);
+	assert_int_equal(gpud_memwatch_sample_split(w, 0, 10, 101, 0), -EINVAL);
+	assert_int_equal(gpud_memwatch_sample_split(w, 0, 10, 0, UINT64_MAX), -EINVAL);
+	assert_int_equal(gpud_memwatch_sample_split(w, 2, 10, 0, 0), -EINVAL);
+	st = status(w, 0);
+	assert_int_equal(st.samples, 1);
+	assert_int_equal(st.current, 30);
+	assert_int_equal(st.cached, 70);
+	assert_int_equal(gpud_memwatch_sample_split(w, 0, 20, 5, 10), 0);
+	st = status(w, 0);
+	assert_int_equal(st.current, 5);
+	assert_int_equal(st.high, 30);
+	assert_int_equal(st.trough, 5);
+	assert_int_equal(st.cached, 10);
+	assert_int_equal(st.cached_high, 70);
+
+	/* A plain sample is a split one with nothing cached. */
+	assert_int_equal(gpud_memwatch_sample(w, 0, 30, 7), 0);
+	assert_int_equal(status(w, 0).cached, 0);
+	assert_int_equal(status(w, 0).cached_high, 70);
+
+	assert_true(gpud_memwatch_report(w, buf, sizeof(buf)) < (int)sizeof(buf));
+	assert_non_null(strstr(buf, "\"name\":\"kv\",\"capacity\":100,\"current\":7,"));
+	assert_non_null(strstr(buf, "\"cached\":0,\"cached_high\":70,\"cache_bound\":60,"));
+	gpud_memwatch_destroy(w);
+}
+
+/* The same pool fed two ways, window after window: live requests come
+ * and go (their part returns to 0 in every window) while the cache fills
+ * to its bound and then stays full, evicting. Watching the sum, as the
+ * watchdog once did, reads the filling as a rising trough; watching the
+ * live part raises nothing. */
+static void test_cache_filling_is_no_leak(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(2, 0);
+	int sum = gpud_memwatch_register(w, "sum", 200);
+	int split = gpud_memwatch_register_cached(w, "split", 200, 150);
+	struct gpud_memwatch_status st;
+
+	for (uint64_t win = 0; win < 40; win++) {
+		uint64_t cached = win * 10 < 150 ? win * 10 : 150;
+
+		for (uint64_t i = 0; i < 10; i++) {
+			uint64_t t = win * WIN + i * 100;
+			uint64_t live = i % 5 == 0 ? 0 : 10 + 5 * (i % 5); /* 0 .. 30 */
+
+			assert_int_equal(gpud_memwatch_sample(w, sum, t, live + cached), 0);
+			assert_int_equal(gpud_memwatch_sample_split(w, split, t, live, cached), 0);
+			st = status(w, split);
+			assert_false(st.rising);
+			assert_string_equal(st.warning, "");
+		}
+	}
+	st = status(w, split);
+	assert_int_equal(st.episodes, 0);
+	assert_int_equal(st.trough_k_ago, 0);
+	assert_int_equal(st.cached, 150);
+	assert_int_equal(st.cached_high, 150);
+	assert_int_equal(st.high, 30);
+	/* the sum rose while the cache filled, then the flag cleared */
+	st = status(w, sum);
+	assert_int_equal(st.episodes, 1);
+	assert_false(st.rising);
+	gpud_memwatch_destroy(w);
+}
+
+/* A leak behind a full cache: the pool stays full (the cache gives up one
+ * unit for every unit that leaks), so the sum never moves, but the live
+ * part's trough rises and the warning says what the cache keeps. */
+static void test_full_cache_hides_no_leak(void **state)
+{
+	(void)state;
+	struct gpud_memwatch *w = make(2, 0);
+	int sum = gpud_memwatch_register(w, "sum", 100);
+	int split = gpud_memwatch_register_cached(w, "cpu0.mask", 100, 100);
+	struct gpud_memwatch_status st;
+	uint64_t win;
+
+	for (win = 0; win <= K; win++) {
+		uint64_t leaked = 2 * win;
+
+		for (uint64_t i = 0; i < 10; i++) {
+			uint64_t t = win * WIN + i * 100;
+			uint64_t live = leaked + (i % 3); /* requests come and go */
+
+			assert_int_equal(gpud_memwatch_sample(w, sum, t, 100), 0);
+			assert_int_equal(gpud_memwatch_sample_split(w, split, t, live, 100 - live), 0);
+		}
+		st = status(w, split);
+		assert_int_equal(st.rising, win == K); /* the first full ring */
+	}
+	assert_false(status(w, sum).rising);
+	st = status(w, split);
+	assert_int_equal(st.episodes, 1);
+	assert_int_equal(st.trough_k_ago, 0);
+	assert_string_equal(st.warning,
+			    "pool cpu0.mask: trough held by live requests rose from 0 to 6 of 100 "
+			    "over the last 4 windows of 1000 ms (its cache keeps 92 more, bound "
+			    "100)");
+	gpud_memwatch_destroy(w);
+}
+
 /* Lines of path containing needle. */
 static int count_lines(const char *path, const char *needle)
 {
@@ -277,6 +407,49 @@ static void test_min_rise_and_threshold(void **state)
 	gpud_memwatch_destroy(w);
 }
 
+/* min_steps 2: a load that steps up once and stays lifts the trough once
+ * (no warning, however high); a leak rises again (a warning). Clamped to
+ * the k - 1 transitions a ring has. */
+static void test_min_steps(void **state)
+{
+	(void)state;
+	struct gpud_memwatch_params p = {
+		.max_pools = 2, .window_ms = WIN, .k = K, .min_steps = 2,
+	};
+	struct gpud_memwatch *w;
+	static const uint64_t step[] = { 0, 0, 0, 0, 40, 40, 40, 40, 40, 40 };
+	static const uint64_t leak[] = { 0, 0, 0, 0, 1, 1, 2, 2, 2, 2 };
+	bool step_rose = false;
+
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "step", 100), 0);
+	assert_int_equal(gpud_memwatch_register(w, "leak", 100), 1);
+	for (uint64_t win = 0; win < 10; win++) {
+		saw_window(w, 0, win, step[win], 90);
+		saw_window(w, 1, win, leak[win], 90);
+		step_rose |= status(w, 0).rising;
+		/* troughs 0 1 1 2 close at window 7: two rises; one window
+		 * later 1 1 2 2 has one left, and the episode ends (a leak
+		 * that goes on starts the next) */
+		assert_int_equal(status(w, 1).rising, win == 7);
+	}
+	assert_false(step_rose);
+	assert_int_equal(status(w, 0).episodes, 0);
+	assert_int_equal(status(w, 1).episodes, 1);
+	gpud_memwatch_destroy(w);
+
+	/* k 2 has one transition: min_steps 5 means 1 */
+	p.k = 2;
+	p.min_steps = 5;
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "x", 100), 0);
+	saw_window(w, 0, 0, 0, 50);
+	saw_window(w, 0, 1, 3, 50);
+	saw_window(w, 0, 2, 3, 50);
+	assert_true(status(w, 0).rising);
+	gpud_memwatch_destroy(w);
+}
+
 static void test_clock_and_gaps(void **state)
 {
 	(void)state;
@@ -341,7 +514,8 @@ static void test_many_pools_and_report(void **state)
 	assert_non_null(strstr(buf, "{\"name\":\"dev1.kv\",\"capacity\":10000,\"current\":1080,"
 				    "\"high\":5000,\"trough\":100,\"trough_k_ago\":100,\"windows\":4,"
 				    "\"rising\":false,\"episodes\":0,\"samples\":50,"
-				    "\"clock_backwards\":0,\"warning\":\"\"}"));
+				    "\"clock_backwards\":0,\"cached\":0,\"cached_high\":0,"
+				    "\"cache_bound\":0,\"warning\":\"\"}"));
 	assert_non_null(strstr(buf, "\"name\":\"dev298.kv\""));
 	assert_non_null(strstr(buf, "\"rising\":true,\"episodes\":1"));
 	assert_string_equal(buf + n - 2, "]}");
@@ -372,8 +546,12 @@ int main(void)
 		cmocka_unit_test(test_rising_then_recovery),
 		cmocka_unit_test(test_warns_once_per_episode),
 		cmocka_unit_test(test_min_rise_and_threshold),
+		cmocka_unit_test(test_min_steps),
 		cmocka_unit_test(test_clock_and_gaps),
 		cmocka_unit_test(test_many_pools_and_report),
+		cmocka_unit_test(test_split_params),
+		cmocka_unit_test(test_cache_filling_is_no_leak),
+		cmocka_unit_test(test_full_cache_hides_no_leak),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,9 @@
 /* prefix_test.c - the prefix KV cache index: keys by (parent, tokens,
  * attention pattern), verified hits, misses under another mask, users and
  * the LRU list, eviction under the byte bound, forced hash collisions,
- * stale parents after eviction, exhaustion and bad arguments. */
+ * stale parents after eviction, exhaustion and bad arguments; beside a
+ * KV pool, the blocks live requests hold (what the trough watchdog
+ * watches) apart from those only the cache keeps, leaks included. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "gpud/kv.h"
 #include "gpud/mask.h"
 #include "gpud/prefix.h"
 
@@ -284,6 +287,171 @@ static void test_stale_parent_and_exhaustion(void **state)
 	gpud_prefix_destroy(pc);
 }
 
+/* --- what the trough watchdog reads (gpud/daemon_device.c) ------------------
+ * KV blocks held by live requests = kv used - prefix entries with no user
+ * (blocks only the cache keeps). Below, requests go through the KV pool
+ * and the index the way the scheduler drives them; live() must equal the
+ * blocks in live sequences' tables plus whatever leaked, however full the
+ * cache is. */
+
+struct wreq {
+	uint32_t seq, ent[8], n_ent;
+};
+
+static uint32_t live(const struct gpud_kv *kv, const struct gpud_prefix *pc, uint32_t *cached)
+{
+	struct gpud_kv_stats ks;
+	struct gpud_prefix_stats ps;
+
+	gpud_kv_stats(kv, &ks);
+	gpud_prefix_stats(pc, &ps);
+	*cached = ps.unreferenced;
+	return ks.used - ps.unreferenced;
+}
+
+/* Admits a prompt of n full blocks (token t + j in block j) plus one
+ * partial block: hits attached, the rest reserved, the full ones cached. */
+static void wreq_run(struct gpud_kv *kv, struct gpud_prefix *pc, struct wreq *r, int32_t t,
+		     uint32_t n)
+{
+	uint32_t hits = 0, blocks[8], nb, e;
+	const uint32_t *tab;
+	int32_t tok[8][BT];
+
+	assert_true(n < 8);
+	for (uint32_t j = 0; j < n; j++)
+		for (uint32_t i = 0; i < BT; i++)
+			tok[j][i] = t + (int32_t)j;
+	r->n_ent = 0;
+	while (hits < n && !gpud_prefix_lookup(pc, hits ? r->ent[hits - 1] : NONE, tok[hits],
+					       NULL, hits * BT, &e)) {
+		r->ent[r->n_ent++] = e;
+		blocks[hits++] = gpud_prefix_block(pc, e);
+	}
+	assert_int_equal(gpud_kv_seq_new(kv, &r->seq), 0);
+	assert_int_equal(gpud_kv_seq_attach(kv, r->seq, blocks, hits), 0);
+	assert_int_equal(gpud_kv_reserve(kv, r->seq, n * BT + 2), 0);
+	assert_int_equal(gpud_kv_set_len(kv, r->seq, n * BT + 2), 0);
+	tab = gpud_kv_block_table(kv, r->seq, &nb);
+	for (uint32_t j = hits; j < n; j++) {
+		if (gpud_prefix_insert(pc, j ? r->ent[j - 1] : NONE, tok[j], NULL, j * BT, tab[j],
+				       &e))
+			break;
+		assert_int_equal(gpud_kv_block_hold(kv, tab[j]), 0);
+		r->ent[r->n_ent++] = e;
+	}
+}
+
+/* Ends it (keep_users: entries it fails to release, a leak), then trims
+ * the cache to its bound. */
+static void wreq_end(struct gpud_kv *kv, struct gpud_prefix *pc, struct wreq *r,
+		     uint32_t keep_users)
+{
+	uint32_t b;
+
+	assert_int_equal(gpud_kv_seq_free(kv, r->seq), 0);
+	while (r->n_ent > keep_users)
+		gpud_prefix_release(pc, r->ent[--r->n_ent]);
+	while (gpud_prefix_over_bound(pc) && !gpud_prefix_evict(pc, &b))
+		assert_int_equal(gpud_kv_block_release(kv, b), 0);
+}
+
+static struct gpud_kv *wkv(bool leak)
+{
+	struct gpud_kv_params p = { .n_blocks = 64, .block_tokens = BT, .max_seqs = 4,
+				    .max_ctx = 64, .test_leak = leak ? 1 : 0 };
+	struct gpud_kv *kv = NULL;
+
+	assert_int_equal(gpud_kv_create(&kv, &p), 0);
+	return kv;
+}
+
+static void wdrain(struct gpud_kv *kv, struct gpud_prefix *pc)
+{
+	uint32_t b;
+
+	while (!gpud_prefix_evict(pc, &b))
+		gpud_kv_block_release(kv, b);
+	gpud_prefix_destroy(pc);
+	gpud_kv_destroy(kv);
+}
+
+/* Shared prefixes and a cache filling to its bound and evicting: live is
+ * what running requests hold and 0 between them, whatever the cache
+ * keeps. */
+static void test_live_blocks_beside_cache(void **state)
+{
+	(void)state;
+	struct gpud_kv *kv = wkv(false);
+	struct gpud_prefix *pc = mk(64, 1000, 0); /* 10 unreferenced blocks */
+	struct gpud_prefix_stats ps;
+	struct wreq a, b;
+	uint32_t cached;
+
+	wreq_run(kv, pc, &a, 100, 3); /* 4 blocks, 3 cached */
+	assert_int_equal(live(kv, pc, &cached), 4);
+	assert_int_equal(cached, 0);
+	wreq_run(kv, pc, &b, 100, 3); /* 3 hits shared + 1 private */
+	assert_int_equal(b.n_ent, 3);
+	assert_int_equal(live(kv, pc, &cached), 5);
+	wreq_end(kv, pc, &a, 0);
+	assert_int_equal(live(kv, pc, &cached), 4); /* a's private block went */
+	wreq_end(kv, pc, &b, 0);
+	assert_int_equal(live(kv, pc, &cached), 0);
+	assert_int_equal(cached, 3);
+	for (int32_t i = 0; i < 40; i++) {
+		wreq_run(kv, pc, &a, 1000 + 10 * i, 2);
+		assert_int_equal(live(kv, pc, &cached), 3);
+		wreq_end(kv, pc, &a, 0);
+		assert_int_equal(live(kv, pc, &cached), 0);
+		assert_true(cached <= 10);
+	}
+	gpud_prefix_stats(pc, &ps);
+	assert_int_equal(ps.unreferenced, 10); /* full */
+	assert_true(ps.evictions >= 70);
+	check(pc);
+	wdrain(kv, pc);
+}
+
+/* Leaks behind a full cache: a request that keeps its first cached block
+ * (a user never released), and KV's planted leak (a hold on each freed
+ * sequence's last block). Each leaked block counts as live at once and
+ * stays live through any churn. */
+static void test_live_blocks_count_leaks(void **state)
+{
+	(void)state;
+	struct gpud_kv *kv = wkv(false);
+	struct gpud_prefix *pc = mk(64, 500, 0); /* 5 unreferenced blocks */
+	struct wreq a;
+	uint32_t cached;
+
+	for (int32_t i = 0; i < 30; i++) { /* fill the cache */
+		wreq_run(kv, pc, &a, 10 * i, 2);
+		wreq_end(kv, pc, &a, 0);
+	}
+	for (uint32_t i = 0; i < 6; i++) {
+		wreq_run(kv, pc, &a, 5000 + 10 * (int32_t)i, 2);
+		wreq_end(kv, pc, &a, 1); /* its first block stays in use */
+		assert_int_equal(live(kv, pc, &cached), i + 1);
+		assert_int_equal(cached, 5);
+		wreq_run(kv, pc, &a, 9000 + 10 * (int32_t)i, 3); /* churn */
+		wreq_end(kv, pc, &a, 0);
+		assert_int_equal(live(kv, pc, &cached), i + 1);
+	}
+	wdrain(kv, pc);
+
+	kv = wkv(true);
+	pc = mk(64, 500, 0);
+	for (uint32_t i = 0; i < 20; i++) {
+		wreq_run(kv, pc, &a, 10 * (int32_t)i, 2);
+		wreq_end(kv, pc, &a, 0);
+		assert_int_equal(live(kv, pc, &cached), i + 1);
+		assert_true(cached <= 5);
+	}
+	assert_int_equal(cached, 5);
+	wdrain(kv, pc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -293,6 +461,8 @@ int main(void)
 		cmocka_unit_test(test_lru_bound),
 		cmocka_unit_test(test_forced_collisions),
 		cmocka_unit_test(test_stale_parent_and_exhaustion),
+		cmocka_unit_test(test_live_blocks_beside_cache),
+		cmocka_unit_test(test_live_blocks_count_leaks),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,6 +1,7 @@
 /* proto_task_test.c - task JSON validation (proto/task.h): each kind
- * parsed with its defaults, and one test per error with the exact
- * message. */
+ * parsed with its defaults, summarize and answer with their document
+ * inline, by URL or by id (every valid and invalid combination), and one
+ * test per error with the exact message. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -216,7 +217,8 @@ static void test_oversized(void **state)
 static void test_summarize_errors(void **state)
 {
 	expect_error("{\"id\":\"t\",\"kind\":\"summarize\"}", -EINVAL,
-		     "task.document_id: required for kind summarize");
+		     "task: kind summarize needs exactly one of document_id, text and url (none "
+		     "given)");
 	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":\"7\"}", SW_ETYPE,
 		     "task.document_id: expected an integer, got string");
 	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":0}", -EINVAL,
@@ -242,6 +244,157 @@ static void test_answer_errors(void **state)
 	snprintf(big, sizeof(big), "{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"%0*d\"}",
 		 PROTO_TASK_MAX_QUESTION + 1, 0);
 	expect_error(big, SW_ETOOLONG, "task.question: 4097 bytes exceeds the limit of 4096");
+}
+
+/* summarize and answer with the document inline or by URL: one task
+ * that ingests and then summarizes or answers. */
+static void test_document_inline(void **state)
+{
+	static const char s1[] = "{\"id\":\"s\",\"kind\":\"summarize\",\"text\":\"a b c.\","
+				 "\"max_tokens\":32}";
+	static const char s2[] = "{\"id\":\"s\",\"kind\":\"summarize\","
+				 "\"url\":\"https://example.org/a.txt\",\"source\":\"web\"}";
+	static const char s3[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"why?\","
+				 "\"text\":\"because.\",\"top_k\":2}";
+	static const char s4[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"why?\","
+				 "\"url\":\"file:///srv/a.txt\",\"callback_url\":\"http://cb/x\"}";
+	struct proto_task t;
+
+	assert_int_equal(proto_task_parse(s1, strlen(s1), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, PROTO_TASK_SUMMARIZE);
+	assert_string_equal(t.text, "a b c.");
+	assert_int_equal(t.text_len, 6);
+	assert_null(t.url);
+	assert_int_equal(t.document_id, 0);
+	assert_string_equal(t.source, "inline");
+	assert_int_equal(t.max_tokens, 32);
+	assert_true(proto_task_has_document(&t));
+	proto_task_free(&t);
+
+	assert_int_equal(proto_task_parse(s2, strlen(s2), &t, err, sizeof(err)), 0);
+	assert_null(t.text);
+	assert_string_equal(t.url, "https://example.org/a.txt");
+	assert_string_equal(t.source, "web");
+	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
+	proto_task_free(&t);
+
+	assert_int_equal(proto_task_parse(s3, strlen(s3), &t, err, sizeof(err)), 0);
+	assert_int_equal(t.kind, PROTO_TASK_ANSWER);
+	assert_string_equal(t.question, "why?");
+	assert_string_equal(t.text, "because.");
+	assert_string_equal(t.source, "inline");
+	assert_int_equal(t.top_k, 2);
+	assert_int_equal(t.document_id, 0);
+	proto_task_free(&t);
+
+	assert_int_equal(proto_task_parse(s4, strlen(s4), &t, err, sizeof(err)), 0);
+	assert_string_equal(t.url, "file:///srv/a.txt");
+	assert_string_equal(t.source, "file:///srv/a.txt"); /* the URL by default */
+	assert_string_equal(t.callback_url, "http://cb/x");
+	proto_task_free(&t);
+}
+
+/* The document forms without text or url: no source, no document. */
+static void test_document_by_id(void **state)
+{
+	static const char s1[] = "{\"id\":\"s\",\"kind\":\"summarize\",\"document_id\":3}";
+	static const char s2[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"q\"}";
+	struct proto_task t;
+
+	assert_int_equal(proto_task_parse(s1, strlen(s1), &t, err, sizeof(err)), 0);
+	assert_false(proto_task_has_document(&t));
+	assert_null(t.source);
+	proto_task_free(&t);
+	assert_int_equal(proto_task_parse(s2, strlen(s2), &t, err, sizeof(err)), 0);
+	assert_false(proto_task_has_document(&t));
+	assert_null(t.source);
+	assert_int_equal(t.document_id, 0);
+	proto_task_free(&t);
+}
+
+static void test_document_combinations(void **state)
+{
+	/* summarize: exactly one of the three */
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":1,\"text\":\"x\"}",
+		     -EINVAL, "task: kind summarize needs exactly one of document_id, text and url "
+		     "(document_id and text given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"text\":\"x\",\"url\":\"http://h/\"}",
+		     -EINVAL, "task: kind summarize needs exactly one of document_id, text and url "
+		     "(text and url given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":2,"
+		     "\"url\":\"http://h/\"}",
+		     -EINVAL, "task: kind summarize needs exactly one of document_id, text and url "
+		     "(document_id and url given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":2,\"text\":\"x\","
+		     "\"url\":\"http://h/\"}",
+		     -EINVAL, "task: kind summarize needs exactly one of document_id, text and url "
+		     "(document_id, text and url given)");
+	/* answer: at most one */
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"document_id\":1,"
+		     "\"text\":\"x\"}",
+		     -EINVAL, "task: kind answer takes at most one of document_id, text and url "
+		     "(document_id and text given)");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"text\":\"x\","
+		     "\"url\":\"https://h/\"}",
+		     -EINVAL, "task: kind answer takes at most one of document_id, text and url "
+		     "(text and url given)");
+	/* the question is still required, and checked first */
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"text\":\"x\",\"url\":\"https://h/\"}",
+		     -EINVAL, "task.question: required for kind answer");
+	/* source belongs to a text or a URL */
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"document_id\":1,\"source\":\"s\"}",
+		     -EINVAL, "task.source: only with text or url");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"source\":\"s\"}",
+		     -EINVAL, "task.source: only with text or url");
+	/* ingest still takes no document_id */
+	expect_error("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"x\",\"document_id\":1}",
+		     -EINVAL, "task.document_id: unknown key for kind ingest");
+	/* each field is checked as for ingest */
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"url\":\"ftp://h/x\"}", -EINVAL,
+		     "task.url: unsupported scheme \"ftp\" (expected http, https, file)");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"text\":\"\"}",
+		     -EINVAL, "task.text: must not be empty");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"text\":[\"x\"]}", SW_ETYPE,
+		     "task.text: expected a string, got array");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"text\":\"x\",\"source\":7}", SW_ETYPE,
+		     "task.source: expected a string, got integer");
+	expect_error("{\"id\":\"t\",\"kind\":\"summarize\",\"text\":\"x\",\"top_k\":2}", -EINVAL,
+		     "task.top_k: unknown key for kind summarize");
+}
+
+/* The text limit holds for summarize and answer as it does for ingest. */
+static void test_document_oversized(void **state)
+{
+	static const char *const heads[] = {
+		"{\"id\":\"t\",\"kind\":\"summarize\",\"text\":\"",
+		"{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"text\":\"",
+	};
+	size_t n = PROTO_TASK_MAX_TEXT + 1;
+	char msg[128];
+
+	for (size_t h = 0; h < 2; h++) {
+		size_t hl = strlen(heads[h]), len = hl + n + 2;
+		char *s = malloc(len + 1);
+		struct proto_task t;
+
+		if (!s)
+			abort();
+		memset(s, 'a', len);
+		memcpy(s, heads[h], hl);
+		memcpy(s + len - 2, "\"}", 3);
+		assert_int_equal(proto_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
+		snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
+			 PROTO_TASK_MAX_TEXT);
+		assert_string_equal(err, msg);
+		assert_string_equal(t.id, "t");
+		proto_task_free(&t);
+		/* exactly the limit is accepted */
+		memcpy(s + len - 3, "\"}", 3);
+		assert_int_equal(proto_task_parse(s, len - 1, &t, err, sizeof(err)), 0);
+		assert_int_equal(t.text_len, PROTO_TASK_MAX_TEXT);
+		proto_task_free(&t);
+		free(s);
+	}
 }
 
 static void test_null_payload(void **state)
@@ -271,6 +424,10 @@ int main(void)
 		cmocka_unit_test(test_oversized),
 		cmocka_unit_test(test_summarize_errors),
 		cmocka_unit_test(test_answer_errors),
+		cmocka_unit_test(test_document_inline),
+		cmocka_unit_test(test_document_by_id),
+		cmocka_unit_test(test_document_combinations),
+		cmocka_unit_test(test_document_oversized),
 		cmocka_unit_test(test_null_payload),
 	};
 

@@ -29,6 +29,8 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 {
 	memset(s, 0, sizeof(*s));
 	s->version = "0.4.0";
+	s->watchdog_window_ms = 60000;
+	s->watchdog_k = 10;
 	s->uptime_s = 12.5;
 	s->draining = true;
 	s->requests.admitted = 101;
@@ -85,6 +87,11 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 		p->free = 100 * i + 3;
 		p->high = 100 * i + 4;
 		p->largest_free_run = 100 * i + 5;
+		p->live = 100 * i + 1;
+		p->cached = 1;
+		if (i % 2)
+			snprintf(p->cache, sizeof(p->cache), "cpu%u.prefix", i);
+		p->cache_bound = i % 2 ? 50 : 0;
 		p->trough = 100 * i + 6;
 		p->trough_k_ago = 100 * i + 7;
 		p->rising = i == 1;
@@ -164,7 +171,7 @@ static void check_common(json_t *j, const struct gpud_stats_snapshot *s)
 		json_t *p = json_array_get(arr, i);
 		const struct gpud_stats_pool *e = &s->pools[i];
 
-		assert_int_equal(json_object_size(p), 12);
+		assert_int_equal(json_object_size(p), 16);
 		assert_string_equal(json_string_value(json_object_get(p, "name")), e->name);
 		assert_string_equal(json_string_value(json_object_get(p, "unit")), e->unit);
 		assert_int_equal(u(p, "unit_bytes"), e->unit_bytes);
@@ -173,6 +180,10 @@ static void check_common(json_t *j, const struct gpud_stats_snapshot *s)
 		assert_int_equal(u(p, "free"), e->free);
 		assert_int_equal(u(p, "high"), e->high);
 		assert_int_equal(u(p, "largest_free_run"), e->largest_free_run);
+		assert_int_equal(u(p, "live"), e->live);
+		assert_int_equal(u(p, "cached"), e->cached);
+		assert_string_equal(json_string_value(json_object_get(p, "cache")), e->cache);
+		assert_int_equal(u(p, "cache_bound"), e->cache_bound);
 		assert_int_equal(u(p, "trough"), e->trough);
 		assert_int_equal(u(p, "trough_k_ago"), e->trough_k_ago);
 		assert_int_equal(json_is_true(json_object_get(p, "rising")), e->rising);
@@ -197,7 +208,9 @@ static void check_common(json_t *j, const struct gpud_stats_snapshot *s)
 		assert_int_equal(u(c, "hit_tokens"), e->hit_tokens);
 	}
 	w = json_object_get(j, "watchdog");
-	assert_int_equal(json_object_size(w), 2);
+	assert_int_equal(json_object_size(w), 4);
+	assert_int_equal(u(w, "window_ms"), s->watchdog_window_ms);
+	assert_int_equal(u(w, "k"), s->watchdog_k);
 	arr = json_object_get(w, "warnings");
 	if (s->n_pools > 1) {
 		assert_true(json_is_true(json_object_get(w, "rising")));
@@ -470,9 +483,9 @@ static void test_prometheus(void **state)
 	s.tokens.generated = UINT64_MAX; /* all 20 digits */
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
-	/* 13 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 4, 6 per device, 9 per pool, 9 per cache */
-	assert_int_equal(n, 13 + 6 + 3 + 3 * 4 + 6 * 2 + 9 * 3 + 9 * 2);
+	/* 15 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
+	 * families of 4, 6 per device, 12 per pool, 9 per cache */
+	assert_int_equal(n, 15 + 6 + 3 + 3 * 4 + 6 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
@@ -503,6 +516,12 @@ static void test_prometheus(void **state)
 	assert_non_null(strstr(big, "\ngpud_cache_hits_total{cache=\"cache1\"} 1001\n"));
 	assert_non_null(strstr(big, "\ngpud_cache_hit_tokens_total{cache=\"cache0\"} 9\n"));
 	assert_non_null(strstr(big, "\ngpud_watchdog_rising 1\n"));
+	assert_non_null(strstr(big, "\ngpud_watchdog_window_ms 60000\n"));
+	assert_non_null(strstr(big, "\ngpud_watchdog_k 10\n"));
+	assert_non_null(strstr(big, "\ngpud_pool_live{pool=\"cpu1.kv\"} 101\n"));
+	assert_non_null(strstr(big, "\ngpud_pool_cached{pool=\"cpu1.kv\"} 1\n"));
+	assert_non_null(strstr(big, "\ngpud_pool_cache_bound{pool=\"cpu1.kv\"} 50\n"));
+	assert_non_null(strstr(big, "\ngpud_pool_cache_bound{pool=\"cpu0.kv\"} 0\n"));
 }
 
 /* At every cap below the full size: SW_ETOOLONG, never a write past cap
@@ -581,6 +600,7 @@ static void test_worst_case_size(void **state)
 		memset(s.devices[i].name, 1, sizeof(s.devices[i].name));
 	for (int i = 0; i < GPUD_STATS_MAX_POOLS; i++) {
 		memset(s.pools[i].name, 1, sizeof(s.pools[i].name));
+		memset(s.pools[i].cache, 1, sizeof(s.pools[i].cache));
 		memset(s.pools[i].warning, 2, sizeof(s.pools[i].warning) - 1);
 		s.pools[i].warning[sizeof(s.pools[i].warning) - 1] = 0;
 		s.pools[i].rising = true;

@@ -1,7 +1,8 @@
 /* swarmctl_tasks_test.c - the task JSON swarmctl submits is what the
- * workers' parser accepts (proto/task.h), with every input error caught
- * before anything is queued; task ids; the summary count behind the
- * progress bar. */
+ * workers' parser accepts (proto/task.h): one task per input, the input
+ * inside the summarize or answer (text inline or URL), with every input
+ * error caught before anything is queued; task ids; the summary count
+ * behind the progress bar. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -56,9 +57,9 @@ static void test_ingest_file(void **state)
 	(void)state;
 	path_in(p, sizeof(p), "tides.txt");
 	write_file(p, text, strlen(text));
-	assert_int_equal(ctl_task_ingest_json("sum-1:ingest", p, &json, err, sizeof(err)), 0);
+	assert_int_equal(ctl_task_json("ing-1", "ingest", p, NULL, 0, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
-	assert_string_equal(t.id, "sum-1:ingest");
+	assert_string_equal(t.id, "ing-1");
 	assert_int_equal(t.kind, PROTO_TASK_INGEST);
 	assert_int_equal(t.text_len, strlen(text));
 	assert_memory_equal(t.text, text, strlen(text));
@@ -76,8 +77,8 @@ static void test_ingest_url(void **state)
 	char *json;
 
 	(void)state;
-	assert_int_equal(ctl_task_ingest_json("ing-2", "https://example.org/a.txt", &json, err,
-					     sizeof(err)), 0);
+	assert_int_equal(ctl_task_json("ing-2", "ingest", "https://example.org/a.txt", NULL, 0,
+				       &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.url, "https://example.org/a.txt");
 	assert_null(t.text);
@@ -93,18 +94,21 @@ static void test_ingest_errors(void **state)
 
 	(void)state;
 	path_in(p, sizeof(p), "missing.txt");
-	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), -ENOENT);
+	assert_int_equal(ctl_task_json("x", "ingest", p, NULL, 0, &json, err, sizeof(err)),
+			 -ENOENT);
 	assert_null(json);
 	assert_non_null(strstr(err, "missing.txt"));
 
 	path_in(p, sizeof(p), "empty.txt");
 	write_file(p, "", 0);
-	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), -EINVAL);
+	assert_int_equal(ctl_task_json("x", "ingest", p, NULL, 0, &json, err, sizeof(err)),
+			 -EINVAL);
 	assert_non_null(strstr(err, "empty"));
 
 	path_in(p, sizeof(p), "latin1.txt");
 	write_file(p, bad_utf8, sizeof(bad_utf8));
-	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), SW_EFORMAT);
+	assert_int_equal(ctl_task_json("x", "ingest", p, NULL, 0, &json, err, sizeof(err)),
+			 SW_EFORMAT);
 	assert_non_null(strstr(err, "UTF-8"));
 
 	path_in(p, sizeof(p), "big.txt");
@@ -113,11 +117,13 @@ static void test_ingest_errors(void **state)
 	memset(big, 'a', n);
 	write_file(p, big, n);
 	free(big);
-	assert_int_equal(ctl_task_ingest_json("x", p, &json, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(ctl_task_json("x", "ingest", p, NULL, 0, &json, err, sizeof(err)),
+			 SW_ETOOLONG);
 	assert_null(json);
 
 	/* a directory cannot be read as text */
-	assert_int_not_equal(ctl_task_ingest_json("x", dir, &json, err, sizeof(err)), 0);
+	assert_int_not_equal(ctl_task_json("x", "ingest", dir, NULL, 0, &json, err, sizeof(err)),
+			     0);
 	assert_null(json);
 
 	big = malloc(PROTO_TASK_MAX_URL + 32);
@@ -125,7 +131,8 @@ static void test_ingest_errors(void **state)
 	strcpy(big, "https://example.org/");
 	memset(big + 20, 'a', PROTO_TASK_MAX_URL);
 	big[PROTO_TASK_MAX_URL + 20] = '\0';
-	assert_int_equal(ctl_task_ingest_json("x", big, &json, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(ctl_task_json("x", "ingest", big, NULL, 0, &json, err, sizeof(err)),
+			 SW_ETOOLONG);
 	free(big);
 }
 
@@ -142,7 +149,7 @@ static void test_ingest_at_limit(void **state)
 	memset(big, 'b', PROTO_TASK_MAX_TEXT);
 	write_file(p, big, PROTO_TASK_MAX_TEXT);
 	free(big);
-	assert_int_equal(ctl_task_ingest_json("lim", p, &json, err, sizeof(err)), 0);
+	assert_int_equal(ctl_task_json("lim", "ingest", p, NULL, 0, &json, err, sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_int_equal(t.text_len, PROTO_TASK_MAX_TEXT);
 	proto_task_free(&t);
@@ -150,43 +157,98 @@ static void test_ingest_at_limit(void **state)
 	unlink(p);
 }
 
-static void test_final_json(void **state)
+/* summarize and answer carry their input: one task each. */
+static void test_task_with_input(void **state)
 {
+	const char text[] = "Sourdough keeps because it is acidic.\n";
+	char p[PATH_MAX], real[PATH_MAX], err[SW_ERR_MAX];
 	struct proto_task t;
 	char *json;
 
 	(void)state;
-	json = ctl_task_final_json("sum-1", "summarize", 42, NULL, 0);
-	assert_non_null(json);
+	path_in(p, sizeof(p), "tides.txt");
+	write_file(p, text, strlen(text));
+	assert_int_equal(ctl_task_json("sum-1", "summarize", p, NULL, 64, &json, err, sizeof(err)),
+			 0);
 	parse_ok(json, &t);
+	assert_string_equal(t.id, "sum-1");
 	assert_int_equal(t.kind, PROTO_TASK_SUMMARIZE);
-	assert_int_equal(t.document_id, 42);
-	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
-	proto_task_free(&t);
-	free(json);
-
-	json = ctl_task_final_json("sum-2", "summarize", 7, NULL, 64);
-	parse_ok(json, &t);
+	assert_true(proto_task_has_document(&t));
+	assert_memory_equal(t.text, text, strlen(text));
+	assert_int_equal(t.document_id, 0);
+	assert_non_null(realpath(p, real));
+	assert_string_equal(t.source, real);
 	assert_int_equal(t.max_tokens, 64);
 	proto_task_free(&t);
 	free(json);
 
-	/* answer over every document: no document_id */
-	json = ctl_task_final_json("ask-1", "answer", 0, "Why \"tides\"?\n", 16);
-	assert_null(strstr(json, "document_id"));
+	assert_int_equal(ctl_task_json("sum-2", "summarize", "https://example.org/a.txt", NULL, 0,
+				       &json, err, sizeof(err)), 0);
+	parse_ok(json, &t);
+	assert_string_equal(t.url, "https://example.org/a.txt");
+	assert_null(t.text);
+	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
+	proto_task_free(&t);
+	free(json);
+
+	assert_int_equal(ctl_task_json("ask-1", "answer", p, "Why \"keep\"?\n", 16, &json, err,
+				       sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_int_equal(t.kind, PROTO_TASK_ANSWER);
-	assert_string_equal(t.question, "Why \"tides\"?\n");
-	assert_int_equal(t.document_id, 0);
+	assert_string_equal(t.question, "Why \"keep\"?\n");
+	assert_memory_equal(t.text, text, strlen(text));
 	assert_int_equal(t.max_tokens, 16);
 	proto_task_free(&t);
 	free(json);
 
-	json = ctl_task_final_json("ask-2", "answer", 9, "Which one?", 0);
+	/* ingest takes no max_tokens: it is left out */
+	assert_int_equal(ctl_task_json("ing-1", "ingest", p, NULL, 64, &json, err, sizeof(err)), 0);
+	assert_null(strstr(json, "max_tokens"));
 	parse_ok(json, &t);
-	assert_int_equal(t.document_id, 9);
 	proto_task_free(&t);
 	free(json);
+}
+
+/* The answer over every document: no input, no document_id. */
+static void test_answer_over_every_document(void **state)
+{
+	char err[SW_ERR_MAX];
+	struct proto_task t;
+	char *json;
+
+	(void)state;
+	assert_int_equal(ctl_task_json("ask-2", "answer", NULL, "Which one?", 0, &json, err,
+				       sizeof(err)), 0);
+	assert_null(strstr(json, "document_id"));
+	parse_ok(json, &t);
+	assert_false(proto_task_has_document(&t));
+	assert_int_equal(t.document_id, 0);
+	assert_int_equal(t.max_tokens, PROTO_TASK_DEFAULT_MAX_TOKENS);
+	proto_task_free(&t);
+	free(json);
+}
+
+/* What makes no task is refused before anything is queued. */
+static void test_task_json_errors(void **state)
+{
+	char err[SW_ERR_MAX], *json = (char *)1;
+
+	(void)state;
+	assert_int_equal(ctl_task_json("x", "summarize", NULL, NULL, 0, &json, err, sizeof(err)),
+			 -EINVAL);
+	assert_null(json);
+	assert_string_equal(err, "kind summarize needs an input");
+	assert_int_equal(ctl_task_json("x", "ingest", NULL, NULL, 0, &json, err, sizeof(err)),
+			 -EINVAL);
+	assert_int_equal(ctl_task_json("x", "answer", NULL, NULL, 0, &json, err, sizeof(err)),
+			 -EINVAL);
+	assert_string_equal(err, "a question goes with kind answer only");
+	assert_int_equal(ctl_task_json("x", "summarize", "https://h/", "q", 0, &json, err,
+				       sizeof(err)), -EINVAL);
+	assert_int_equal(ctl_task_json("x", "sumarize", "https://h/", NULL, 0, &json, err,
+				       sizeof(err)), -EINVAL);
+	assert_string_equal(err, "unknown kind \"sumarize\"");
+	assert_null(json);
 }
 
 static void test_task_id(void **state)
@@ -205,10 +267,9 @@ static void test_task_id(void **state)
 	assert_true(strlen(a) <= PROTO_TASK_MAX_ID);
 	assert_int_equal(strspn(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 				"0123456789._:-"), strlen(a));
-	/* agentd accepts it, with the ":ingest" suffix too */
-	strcat(a, ":ingest");
-	assert_int_equal(ctl_task_ingest_json(a, "https://example.org/", &json, err,
-					     sizeof(err)), 0);
+	/* agentd accepts it */
+	assert_int_equal(ctl_task_json(a, "summarize", "https://example.org/", NULL, 0, &json, err,
+				       sizeof(err)), 0);
 	parse_ok(json, &t);
 	assert_string_equal(t.id, a);
 	proto_task_free(&t);
@@ -254,7 +315,9 @@ int main(void)
 		cmocka_unit_test(test_ingest_url),
 		cmocka_unit_test(test_ingest_errors),
 		cmocka_unit_test(test_ingest_at_limit),
-		cmocka_unit_test(test_final_json),
+		cmocka_unit_test(test_task_with_input),
+		cmocka_unit_test(test_answer_over_every_document),
+		cmocka_unit_test(test_task_json_errors),
 		cmocka_unit_test(test_task_id),
 		cmocka_unit_test(test_expected_summaries),
 	};

@@ -27,7 +27,8 @@ static const char stats_json[] =
 	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1}, {\"name\": \"cuda:1\"}],"
 	" \"pools\": ["
 	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
-	"   \"used\": 10, \"free\": 90, \"high\": 12, \"trough\": 4, \"rising\": false},"
+	"   \"used\": 10, \"free\": 90, \"high\": 12, \"live\": 4, \"cached\": 6,"
+	"   \"cache\": \"cpu0.prefix\", \"cache_bound\": 64, \"trough\": 4, \"rising\": false},"
 	"  {\"name\": \"cpu0.scratch\", \"unit\": \"bytes\", \"unit_bytes\": 1, \"capacity\": 4096,"
 	"   \"used\": 1024, \"high\": 2048, \"trough\": 1024, \"rising\": false},"
 	"  {\"name\": \"cuda:1.kv\", \"unit\": \"blocks\", \"unit_bytes\": 1048576, \"capacity\": 8,"
@@ -37,7 +38,8 @@ static const char stats_json[] =
 	"  {\"name\": \"server.requests\", \"unit\": \"slots\", \"unit_bytes\": 1000,"
 	"   \"capacity\": 4, \"used\": 2, \"high\": 3, \"trough\": 1}"
 	" ],"
-	" \"caches\": [{\"name\": \"cpu0.prefix\", \"hits\": 3, \"misses\": 1, \"entries\": 4}],"
+	" \"caches\": [{\"name\": \"cpu0.prefix\", \"hits\": 3, \"misses\": 1, \"entries\": 4,"
+	"   \"max_entries\": 100, \"bytes\": 1048576, \"max_bytes\": 2097152}],"
 	" \"watchdog\": {\"rising\": true, \"warnings\": [\"cuda:1.kv trough rising\"]}}";
 
 static json_t *find_dev(json_t *arr, const char *name)
@@ -71,6 +73,10 @@ static void test_device_memory(void **state)
 	assert_int_equal(field(d, "high_bytes"), 12 * 32768 + 2048);
 	assert_int_equal(field(d, "trough_bytes"), 4 * 32768 + 1024);
 	assert_int_equal(field(d, "capacity_bytes"), 100 * 32768 + 4096);
+	/* live and cached parts; a pool without "live" (scratch here, any
+	 * pool of an older gpud) is live as a whole */
+	assert_int_equal(field(d, "live_bytes"), 4 * 32768 + 1024);
+	assert_int_equal(field(d, "cached_bytes"), 6 * 32768);
 	d = find_dev(mem, "cuda:1");
 	assert_non_null(d);
 	assert_int_equal(field(d, "used_bytes"), 3 * 1048576);
@@ -138,6 +144,12 @@ static void test_print_gpud(void **state)
 	assert_non_null(strstr(out, "cuda:1"));
 	assert_non_null(strstr(out, "RISING"));
 	assert_non_null(strstr(out, "75.0%")); /* 3 hits, 1 miss */
+	/* pool: used 10 = live 4 + cached 6 of the cache's 64; cache: 4 of
+	 * 100 entries, 1 of 2 MiB */
+	assert_non_null(strstr(out, "LIVE"));
+	assert_non_null(strstr(out, "cpu0.kv                      10          4          6         64"));
+	assert_non_null(strstr(out, "server.requests               2          2          0          -"));
+	assert_non_null(strstr(out, "         4        100        1.0        2.0\n"));
 	assert_non_null(strstr(out, "WARNING: cuda:1.kv trough rising"));
 	free(out);
 
