@@ -1165,6 +1165,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 
 	memset(q, 0, sizeof(*q));
 	q->undelivered = -1;
+	q->dead = -1;
 	rc = ctl_redis_open(url, 2000, &c, err, errlen);
 	if (rc)
 		return rc;
@@ -1176,7 +1177,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", PROTO_TASK_DEAD_STREAM);
 	if (rc)
 		goto out;
-	q->dead = r->integer;
+	q->dead_kept = r->integer;
 	freeReplyObject(r);
 	if (q->length == 0) {
 		q->undelivered = 0;
@@ -1216,5 +1217,28 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 		q->undelivered = q->length - q->pending;
 out:
 	redisFree(c);
+	return rc;
+}
+
+int ctl_dead_count(const char *url, int64_t *n, char *err, size_t errlen)
+{
+	PGconn *pg = NULL;
+	PGresult *r;
+	int rc;
+
+	*n = -1;
+	rc = ctl_pg_open(url, &pg, err, errlen);
+	if (rc)
+		return rc;
+	rc = ctl_pg_query(pg, &r, err, errlen, "SELECT count(*) FROM tasks WHERE status = 'dead'",
+			  0, NULL);
+	if (rc && strstr(err, "does not exist")) {
+		*n = 0; /* no tasks table yet: nothing died */
+		rc = 0;
+	} else if (!rc) {
+		*n = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+		PQclear(r);
+	}
+	PQfinish(pg);
 	return rc;
 }

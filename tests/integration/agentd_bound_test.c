@@ -11,7 +11,9 @@
  *     entries and frees memory) though the events are refused, keeps a
  *     dead-letter pending until Redis takes it, crashes no worker and
  *     counts no extra delivery; once Redis has room every event and the
- *     dead letter arrive and swarm:tasks is empty;
+ *     dead letter arrive and swarm:tasks is empty; `swarmctl status`
+ *     counts the dead task from PostgreSQL once swarm:dead's cap dropped
+ *     its entry;
  *   - `swarmctl submit` on a full Redis says so plainly, queues nothing
  *     and exits 1; the same submit works once Redis has room.
  */
@@ -342,6 +344,8 @@ static void add_exhausted(struct fx *f, int deliveries)
 	freeReplyObject(r);
 }
 
+static int swarmctl(struct fx *f, const char *args, char *out, size_t cap);
+
 static void test_agentd_at_maxmemory(void **state)
 {
 	struct fx *f = *state;
@@ -392,6 +396,20 @@ static void test_agentd_at_maxmemory(void **state)
 			 1);
 	assert_int_equal(at_pg_int(f->pg, "SELECT attempts FROM tasks WHERE id = 'dead-1'"), 1);
 	assert_no_restart(f, 2);
+
+	/* swarm:dead is capped: once its cap dropped the entry, swarmctl
+	 * still counts the dead task, from PostgreSQL (exit 1: no gpud) */
+	{
+		char out[8192];
+
+		freeReplyObject(cmd(f, "XTRIM swarm:dead MAXLEN 0"));
+		assert_int_equal(swarmctl(f, "status", out, sizeof(out)), 1);
+		if (!strstr(out, "1 dead-lettered (0 kept in swarm:dead)"))
+			fail_msg("swarmctl status said: %s", out);
+		assert_int_equal(swarmctl(f, "status --json", out, sizeof(out)), 1);
+		if (!strstr(out, "\"dead\": 1,") || !strstr(out, "\"dead_kept\": 0,"))
+			fail_msg("swarmctl status --json said: %s", out);
+	}
 }
 
 /* Runs `swarmctl --config F args...` with its output in out; returns its
