@@ -1,4 +1,6 @@
-/* queue.c - Redis Streams consumer for agentd (hiredis). */
+/* queue.c - Redis Streams consumer for agentd (hiredis): claims, the
+ * acknowledgement that deletes, capped result and dead-letter streams,
+ * and the sweep of entries an older agentd acknowledged without deleting. */
 #include "agentd/queue.h"
 
 #include <errno.h>
@@ -30,7 +32,13 @@ struct agent_queue {
 	bool own_done;            /* own pending list fully read */
 	char claim_cursor[64];    /* XAUTOCLAIM scan position */
 	uint32_t lease_ms, block_ms, timeout_ms;
+	uint32_t results_maxlen, dead_maxlen; /* 0 = not capped */
 	bool nogroup;             /* the last error reply was NOGROUP */
+};
+
+/* An id of a stream entry, "<ms>-<seq>". */
+struct entry_id {
+	uint64_t ms, seq;
 };
 
 static struct timeval ms_tv(uint32_t ms)
@@ -38,9 +46,34 @@ static struct timeval ms_tv(uint32_t ms)
 	return (struct timeval){ .tv_sec = ms / 1000, .tv_usec = (ms % 1000) * 1000 };
 }
 
+/* The connection broke: drop it. Returns SW_ECLOSED with the reason. */
+static int conn_lost(struct agent_queue *q, char *err, size_t errlen)
+{
+	sw_seterr(err, errlen, SW_ECLOSED, "redis: connection lost: %s",
+		  q->c->errstr[0] ? q->c->errstr : "no reply");
+	redisFree(q->c);
+	q->c = NULL;
+	return SW_ECLOSED;
+}
+
+static bool is_oom(const redisReply *r)
+{
+	return r->type == REDIS_REPLY_ERROR && strncmp(r->str, "OOM ", 4) == 0;
+}
+
+/* The code of an error reply: SW_EBUSY for a write refused at the
+ * maxmemory limit (noeviction), else -EIO; the message has Redis's text. */
+static int reply_error(const redisReply *r, char *err, size_t errlen)
+{
+	if (is_oom(r))
+		return sw_seterr(err, errlen, SW_EBUSY, "redis: %s (Redis is at its maxmemory "
+				 "limit and refuses writes; retried)", r->str);
+	return sw_seterr(err, errlen, -EIO, "redis: %s", r->str);
+}
+
 /* Runs a command (printf-style, hiredis %s/%b); a NULL reply means the
  * connection broke: SW_ECLOSED, and the context is dropped. An error
- * reply is -EIO unless allow_error. *out gets the reply. */
+ * reply is reply_error()'s code unless allow_error. *out gets the reply. */
 static int vrun(struct agent_queue *q, redisReply **out, bool allow_error, char *err,
 		size_t errlen, const char *fmt, va_list ap)
 {
@@ -50,22 +83,74 @@ static int vrun(struct agent_queue *q, redisReply **out, bool allow_error, char 
 	if (!q->c)
 		return sw_seterr(err, errlen, SW_ECLOSED, "redis: not connected");
 	r = redisvCommand(q->c, fmt, ap);
-	if (!r) {
-		sw_seterr(err, errlen, SW_ECLOSED, "redis: connection lost: %s",
-			  q->c->errstr[0] ? q->c->errstr : "no reply");
-		redisFree(q->c);
-		q->c = NULL;
-		return SW_ECLOSED;
-	}
+	if (!r)
+		return conn_lost(q, err, errlen);
 	q->nogroup = r->type == REDIS_REPLY_ERROR && strncmp(r->str, "NOGROUP", 7) == 0;
 	if (r->type == REDIS_REPLY_ERROR && !allow_error) {
-		int rc = sw_seterr(err, errlen, -EIO, "redis: %s", r->str);
+		int rc = reply_error(r, err, errlen);
 
 		freeReplyObject(r);
 		return rc;
 	}
 	*out = r;
 	return 0;
+}
+
+/* Appends one command to the pipeline of q (sent by pipe_replies). A
+ * failed append (out of memory) leaves commands half queued: the
+ * connection is dropped. */
+static int pipe_add(struct agent_queue *q, char *err, size_t errlen, const char *fmt, ...)
+{
+	va_list ap;
+	int ok;
+
+	if (!q->c)
+		return sw_seterr(err, errlen, SW_ECLOSED, "redis: not connected");
+	va_start(ap, fmt);
+	ok = redisvAppendCommand(q->c, fmt, ap) == REDIS_OK;
+	va_end(ap);
+	if (ok)
+		return 0;
+	redisFree(q->c);
+	q->c = NULL;
+	return sw_seterr(err, errlen, -ENOMEM, "redis: out of memory");
+}
+
+/* Sends what pipe_add queued and reads its n replies into r, all of them
+ * so the connection stays in step. Returns 0, the code of the first
+ * error reply (every reply is still in r: free them with pipe_free), or
+ * SW_ECLOSED (the connection dropped, r all NULL). */
+static int pipe_replies(struct agent_queue *q, redisReply **r, size_t n, char *err,
+			size_t errlen)
+{
+	int rc = 0;
+
+	for (size_t i = 0; i < n; i++)
+		r[i] = NULL;
+	if (!q->c)
+		return sw_seterr(err, errlen, SW_ECLOSED, "redis: not connected");
+	for (size_t i = 0; i < n; i++) {
+		void *reply;
+
+		if (redisGetReply(q->c, &reply) != REDIS_OK || !reply) {
+			for (size_t k = 0; k < i; k++) {
+				freeReplyObject(r[k]);
+				r[k] = NULL;
+			}
+			return conn_lost(q, err, errlen);
+		}
+		r[i] = reply;
+		if (!rc && r[i]->type == REDIS_REPLY_ERROR)
+			rc = reply_error(r[i], err, errlen);
+	}
+	return rc;
+}
+
+static void pipe_free(redisReply **r, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (r[i])
+			freeReplyObject(r[i]);
 }
 
 static int run(struct agent_queue *q, redisReply **out, char *err, size_t errlen,
@@ -92,6 +177,29 @@ static int run_allow_error(struct agent_queue *q, redisReply **out, char *err, s
 	return rc;
 }
 
+/* True when group exists on the stream (XINFO GROUPS, which needs no
+ * memory). */
+static bool group_exists(struct agent_queue *q)
+{
+	redisReply *r;
+	bool found = false;
+
+	if (run_allow_error(q, &r, NULL, 0, "XINFO GROUPS %s", q->stream) != 0)
+		return false;
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+		const redisReply *g = r->element[i];
+
+		for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k + 1 < g->elements; k += 2)
+			if (g->element[k]->type == REDIS_REPLY_STRING &&
+			    !strcmp(g->element[k]->str, "name") &&
+			    g->element[k + 1]->type == REDIS_REPLY_STRING &&
+			    !strcmp(g->element[k + 1]->str, q->group))
+				found = true;
+	}
+	freeReplyObject(r);
+	return found;
+}
+
 static int ensure_group(struct agent_queue *q, char *err, size_t errlen)
 {
 	redisReply *r;
@@ -102,9 +210,14 @@ static int ensure_group(struct agent_queue *q, char *err, size_t errlen)
 			     q->group);
 	if (rc)
 		return rc;
-	if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0)
-		rc = sw_seterr(err, errlen, -EIO, "redis: XGROUP CREATE %s %s: %s", q->stream,
-			       q->group, r->str);
+	/* At maxmemory Redis refuses XGROUP CREATE before looking: an
+	 * existing group is all a worker needs, and workers that cannot
+	 * start cannot acknowledge, which is what frees memory. */
+	if (r->type == REDIS_REPLY_ERROR && strncmp(r->str, "BUSYGROUP", 9) != 0 &&
+	    !(is_oom(r) && group_exists(q)))
+		rc = is_oom(r) ? reply_error(r, err, errlen) :
+				 sw_seterr(err, errlen, -EIO, "redis: XGROUP CREATE %s %s: %s",
+					   q->stream, q->group, r->str);
 	freeReplyObject(r);
 	return rc;
 }
@@ -189,6 +302,8 @@ int agent_queue_open(struct agent_queue **out, const struct agent_queue_opts *o,
 	q->lease_ms = o->lease_ms ? o->lease_ms : 300000;
 	q->block_ms = o->block_ms ? o->block_ms : 1000;
 	q->timeout_ms = o->timeout_ms ? o->timeout_ms : 5000;
+	q->results_maxlen = o->results_maxlen;
+	q->dead_maxlen = o->dead_maxlen;
 	snprintf(q->own_cursor, sizeof(q->own_cursor), "0");
 	snprintf(q->claim_cursor, sizeof(q->claim_cursor), "0-0");
 	rc = connect_now(q, err, errlen);
@@ -421,48 +536,74 @@ int agent_queue_claim(struct agent_queue *q, struct agent_msg *m, char *err, siz
 
 int agent_queue_ack(struct agent_queue *q, const char *id, char *err, size_t errlen)
 {
-	redisReply *r;
-	int rc = run(q, &r, err, errlen, "XACK %s %s %s", q->stream, q->group, id);
+	redisReply *r[2];
+	int rc;
 
+	/* XDEL first: a break between the two leaves a deleted entry that is
+	 * still pending, which XAUTOCLAIM and the own-pending read clean up;
+	 * the other order would leave an acknowledged entry nobody deletes. */
+	rc = pipe_add(q, err, errlen, "XDEL %s %s", q->stream, id);
+	if (!rc)
+		rc = pipe_add(q, err, errlen, "XACK %s %s %s", q->stream, q->group, id);
 	if (rc)
 		return rc;
-	freeReplyObject(r);
-	return 0;
+	rc = pipe_replies(q, r, 2, err, errlen);
+	pipe_free(r, 2);
+	return rc;
+}
+
+/* Appends the XADD of m to the dead-letter stream, capped when asked. */
+static int dead_xadd(struct agent_queue *q, const struct agent_msg *m, const char *task_id,
+		     const char *error, char *err, size_t errlen)
+{
+	const char *payload = m->payload ? m->payload : "";
+	size_t len = m->payload ? m->len : 0;
+	char n[16];
+
+	snprintf(n, sizeof(n), "%u", m->deliveries);
+	if (q->dead_maxlen)
+		return pipe_add(q, err, errlen,
+				"XADD %s MAXLEN ~ %u * task_id %s entry %s deliveries %s error %s "
+				"task %b",
+				q->dead, q->dead_maxlen, task_id ? task_id : "", m->id, n,
+				error ? error : "", payload, len);
+	return pipe_add(q, err, errlen,
+			"XADD %s * task_id %s entry %s deliveries %s error %s task %b", q->dead,
+			task_id ? task_id : "", m->id, n, error ? error : "", payload, len);
 }
 
 int agent_queue_dead(struct agent_queue *q, const struct agent_msg *m, const char *task_id,
 		     const char *error, char *err, size_t errlen)
 {
-	redisReply *r;
-	char n[16];
+	redisReply *r[5];
 	int rc;
 
-	snprintf(n, sizeof(n), "%u", m->deliveries);
-	rc = run(q, &r, err, errlen, "MULTI");
+	/* A transaction, unlike the plain acknowledgement: the dead entry and
+	 * the deletion of the original happen together or not at all. At
+	 * maxmemory Redis refuses it whole (EXECABORT), and the entry stays. */
+	rc = pipe_add(q, err, errlen, "MULTI");
+	if (!rc)
+		rc = dead_xadd(q, m, task_id, error, err, errlen);
+	if (!rc)
+		rc = pipe_add(q, err, errlen, "XDEL %s %s", q->stream, m->id);
+	if (!rc)
+		rc = pipe_add(q, err, errlen, "XACK %s %s %s", q->stream, q->group, m->id);
+	if (!rc)
+		rc = pipe_add(q, err, errlen, "EXEC");
 	if (rc)
 		return rc;
-	freeReplyObject(r);
-	rc = run(q, &r, err, errlen, "XADD %s * task_id %s entry %s deliveries %s error %s task %b",
-		 q->dead, task_id ? task_id : "", m->id, n, error ? error : "",
-		 m->payload ? m->payload : "", m->payload ? m->len : (size_t)0);
-	if (rc)
-		goto out_discard;
-	freeReplyObject(r);
-	rc = run(q, &r, err, errlen, "XACK %s %s %s", q->stream, q->group, m->id);
-	if (rc)
-		goto out_discard;
-	freeReplyObject(r);
-	rc = run(q, &r, err, errlen, "EXEC");
-	if (rc)
+	rc = pipe_replies(q, r, 5, err, errlen);
+	if (rc == SW_ECLOSED)
 		return rc;
-	if (r->type != REDIS_REPLY_ARRAY || r->elements != 2 ||
-	    r->element[0]->type == REDIS_REPLY_ERROR || r->element[1]->type == REDIS_REPLY_ERROR)
+	/* The first error is the one to report: an OOM refusal of a queued
+	 * command comes before the EXECABORT it causes. */
+	if (!rc && (r[4]->type != REDIS_REPLY_ARRAY || r[4]->elements != 3))
 		rc = sw_seterr(err, errlen, -EIO, "redis: dead-letter transaction failed");
-	freeReplyObject(r);
-	return rc;
-out_discard:
-	if (q->c && run(q, &r, NULL, 0, "DISCARD") == 0)
-		freeReplyObject(r);
+	for (size_t i = 0; !rc && i < 3; i++)
+		if (r[4]->element[i]->type == REDIS_REPLY_ERROR)
+			rc = sw_seterr(err, errlen, -EIO, "redis: dead-letter transaction: %s",
+				       r[4]->element[i]->str);
+	pipe_free(r, 5);
 	return rc;
 }
 
@@ -476,12 +617,36 @@ int agent_queue_result(struct agent_queue *q, const char *task_id, const char *s
 
 	if (document_id > 0)
 		snprintf(doc, sizeof(doc), "%" PRId64, document_id);
-	rc = run(q, &r, err, errlen,
-		 "XADD %s * task_id %s status %s location %s error %s document_id %s", q->results,
-		 task_id, status, location ? location : "", error ? error : "", doc);
+	if (q->results_maxlen)
+		rc = run(q, &r, err, errlen,
+			 "XADD %s MAXLEN ~ %u * task_id %s status %s location %s error %s "
+			 "document_id %s",
+			 q->results, q->results_maxlen, task_id, status, location ? location : "",
+			 error ? error : "", doc);
+	else
+		rc = run(q, &r, err, errlen,
+			 "XADD %s * task_id %s status %s location %s error %s document_id %s",
+			 q->results, task_id, status, location ? location : "", error ? error : "",
+			 doc);
 	if (rc)
 		return rc;
 	freeReplyObject(r);
+	return 0;
+}
+
+int agent_queue_holds(struct agent_queue *q, const char *id, char *err, size_t errlen)
+{
+	redisReply *r;
+	int rc;
+
+	rc = run(q, &r, err, errlen, "XPENDING %s %s %s %s 1 %s", q->stream, q->group, id, id,
+		 q->consumer);
+	if (rc)
+		return rc;
+	rc = r->type == REDIS_REPLY_ARRAY && r->elements == 1 ? 0 : SW_ENOTFOUND;
+	freeReplyObject(r);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "entry %s: no longer held by %s", id, q->consumer);
 	return 0;
 }
 
@@ -494,19 +659,182 @@ int agent_queue_touch(struct agent_queue *q, const char *id, char *err, size_t e
 	 * count alone. Only an entry still in the group's PEL is claimed;
 	 * one another consumer took is taken back only if we still list it,
 	 * so check the owner first. */
-	rc = run(q, &r, err, errlen, "XPENDING %s %s %s %s 1 %s", q->stream, q->group, id, id,
-		 q->consumer);
+	rc = agent_queue_holds(q, id, err, errlen);
 	if (rc)
 		return rc;
-	rc = r->type == REDIS_REPLY_ARRAY && r->elements == 1 ? 0 : SW_ENOTFOUND;
-	freeReplyObject(r);
-	if (rc)
-		return sw_seterr(err, errlen, rc, "entry %s: no longer held by %s", id, q->consumer);
 	rc = run(q, &r, err, errlen, "XCLAIM %s %s %s 0 %s JUSTID", q->stream, q->group,
 		 q->consumer, id);
 	if (rc)
 		return rc;
 	freeReplyObject(r);
+	return 0;
+}
+
+/* The value of "field:" in INFO text into out ("" when absent). */
+static void info_value(const char *info, const char *field, char *out, size_t cap)
+{
+	size_t n = strlen(field);
+
+	out[0] = '\0';
+	for (const char *p = info; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+		if (!strncmp(p, field, n) && p[n] == ':') {
+			snprintf(out, cap, "%.*s", (int)strcspn(p + n + 1, "\r\n"), p + n + 1);
+			return;
+		}
+}
+
+int agent_queue_memory_policy(struct agent_queue *q, uint64_t *maxmemory, char *policy,
+			      size_t cap, char *err, size_t errlen)
+{
+	char max[32];
+	redisReply *r;
+	int rc;
+
+	rc = run(q, &r, err, errlen, "INFO memory");
+	if (rc)
+		return rc;
+	if (r->type != REDIS_REPLY_STRING) {
+		freeReplyObject(r);
+		return sw_seterr(err, errlen, -EIO, "redis: unexpected INFO reply");
+	}
+	info_value(r->str, "maxmemory", max, sizeof(max));
+	info_value(r->str, "maxmemory_policy", policy, cap);
+	*maxmemory = strtoull(max, NULL, 10);
+	freeReplyObject(r);
+	return 0;
+}
+
+/* --- the sweep -------------------------------------------------------------- */
+
+static bool parse_id(const char *s, struct entry_id *id)
+{
+	char *end;
+
+	if (!s)
+		return false;
+	errno = 0;
+	id->ms = strtoull(s, &end, 10);
+	if (errno || end == s || *end != '-')
+		return false;
+	s = end + 1;
+	id->seq = strtoull(s, &end, 10);
+	return !errno && end != s && *end == '\0';
+}
+
+static bool id_less(struct entry_id a, struct entry_id b)
+{
+	return a.ms < b.ms || (a.ms == b.ms && a.seq < b.seq);
+}
+
+/* The id right after a (ids are ordered by ms, then seq). */
+static struct entry_id id_next(struct entry_id a)
+{
+	if (a.seq == UINT64_MAX)
+		return (struct entry_id){ a.ms + 1, 0 };
+	return (struct entry_id){ a.ms, a.seq + 1 };
+}
+
+/* The oldest entry some group still wants: per group the oldest pending
+ * entry, else the one after the last delivered. *found is false when the
+ * stream has no group (then nothing may be trimmed). */
+static int sweep_bound(struct agent_queue *q, struct entry_id *bound, bool *found, char *err,
+		       size_t errlen)
+{
+	redisReply *r, *p;
+	int rc;
+
+	*found = false;
+	rc = run(q, &r, err, errlen, "XINFO GROUPS %s", q->stream);
+	if (rc)
+		return rc;
+	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
+		const redisReply *g = r->element[i];
+		const char *name = NULL, *last = NULL;
+		struct entry_id want, oldest;
+		long long pending = -1;
+
+		for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k + 1 < g->elements; k += 2) {
+			const redisReply *key = g->element[k], *val = g->element[k + 1];
+
+			if (key->type != REDIS_REPLY_STRING)
+				continue;
+			if (!strcmp(key->str, "name") && val->type == REDIS_REPLY_STRING)
+				name = val->str;
+			else if (!strcmp(key->str, "last-delivered-id") &&
+				 val->type == REDIS_REPLY_STRING)
+				last = val->str;
+			else if (!strcmp(key->str, "pending") && val->type == REDIS_REPLY_INTEGER)
+				pending = val->integer;
+		}
+		if (!name || !parse_id(last, &want) || pending < 0) {
+			rc = sw_seterr(err, errlen, -EIO, "redis: unexpected XINFO GROUPS reply");
+			break;
+		}
+		want = id_next(want);
+		if (pending > 0) {
+			/* summary form: [count, smallest id, greatest id, consumers] */
+			rc = run(q, &p, err, errlen, "XPENDING %s %s", q->stream, name);
+			if (rc)
+				break;
+			if (p->type == REDIS_REPLY_ARRAY && p->elements >= 2 &&
+			    p->element[1]->type == REDIS_REPLY_STRING &&
+			    parse_id(p->element[1]->str, &oldest) && id_less(oldest, want))
+				want = oldest;
+			freeReplyObject(p);
+		}
+		if (!*found || id_less(want, *bound))
+			*bound = want;
+		*found = true;
+	}
+	freeReplyObject(r);
+	return rc;
+}
+
+int agent_queue_sweep(struct agent_queue *q, uint64_t *removed, char *err, size_t errlen)
+{
+	struct entry_id bound = { 0, 0 };
+	uint64_t n = 0;
+	char id[48];
+	bool found;
+	int rc;
+
+	if (removed)
+		*removed = 0;
+	rc = sweep_bound(q, &bound, &found, err, errlen);
+	if (rc || !found)
+		return rc;
+	snprintf(id, sizeof(id), "%" PRIu64 "-%" PRIu64, bound.ms, bound.seq);
+	/* Whole nodes first, a slice at a time (~ with LIMIT), so a stream of
+	 * millions of old entries does not stall Redis; then the exact trim
+	 * of what is left below the bound. */
+	for (;;) {
+		redisReply *r;
+
+		rc = run(q, &r, err, errlen, "XTRIM %s MINID ~ %s LIMIT 1000", q->stream, id);
+		if (rc)
+			return rc;
+		n += r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
+		if (r->type != REDIS_REPLY_INTEGER || r->integer <= 0) {
+			freeReplyObject(r);
+			break;
+		}
+		freeReplyObject(r);
+	}
+	{
+		redisReply *r;
+
+		rc = run(q, &r, err, errlen, "XTRIM %s MINID %s", q->stream, id);
+		if (rc)
+			return rc;
+		n += r->type == REDIS_REPLY_INTEGER && r->integer > 0 ? (uint64_t)r->integer : 0;
+		freeReplyObject(r);
+	}
+	if (removed)
+		*removed = n;
+	if (n)
+		log_info("removed %" PRIu64 " acknowledged entries from %s (left by an older agentd "
+			 "or a client that acknowledges without deleting)",
+			 n, q->stream);
 	return 0;
 }
 

@@ -1,8 +1,9 @@
 /* supervisor.c - agentd's supervisor: N worker slots on the shared
  * supervision loop (common/supervise.h), which spawns, restarts with
- * backoff, marks crash loops failed, kills hung workers and drains. What
- * is agentd's own stays here: the worker's command line, the heartbeat
- * line ("hb <pid> <state> <done> <entry>"), the recycle rule and the
+ * backoff, marks crash loops failed, kills hung workers, drains and
+ * passes SIGUSR1 (log reopening) on to the workers. What is agentd's own
+ * stays here: the worker's command line, the heartbeat line
+ * ("hb <pid> <state> <done> <entry>"), the recycle rule and the
  * agentd.status.json format.
  */
 #include "agentd/supervisor.h"
@@ -211,6 +212,9 @@ int agent_sup_run(const struct agent_sup_opts *o, char *err, size_t errlen)
 	so.status_path = status_path;
 	so.stop = SW_SUP_STOP_DRAIN;
 	so.exit_when_all_failed = true;
+	/* logrotate: reopen ours, then each worker's once it has beaten (its
+	 * handler is installed before its first heartbeat) */
+	so.usr1_reopens = true;
 
 	/* `agentd worker` asks for a drain when this process dies. */
 	snprintf(pid, sizeof(pid), "%d", (int)getpid());

@@ -32,7 +32,11 @@
  *                 SIGKILL (drain_ms: lease_ms clamped to 5..30 s; their
  *                 entries stay pending and are reclaimed
  *                 after the lease: nothing is lost). A second SIGTERM or
- *                 SIGINT kills them at once. Exit 0 once all are gone.
+ *                 SIGINT kills them at once. Exit 0 once all are gone;
+ *   log reopening SIGUSR1 (logrotate): the supervisor reopens log.file and
+ *                 sends SIGUSR1 to every worker that has beaten; one that
+ *                 has not yet gets it with its first heartbeat (before,
+ *                 its handler may not be installed).
  *
  * Status: <state_dir>/agentd.status.json is rewritten (write + rename) on
  * every change (spawn, exit, restart, failed, first beat, drain) and, when

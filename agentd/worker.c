@@ -1,5 +1,6 @@
-/* worker.c - the agentd worker loop: claim -> run -> commit -> XACK ->
- * event, with reconnects, heartbeats, callbacks and drain. */
+/* worker.c - the agentd worker loop: claim -> run -> commit -> event ->
+ * acknowledge (and delete), with reconnects, heartbeats, callbacks and
+ * drain. */
 #include "agentd/worker.h"
 
 #include <errno.h>
@@ -285,10 +286,12 @@ static void backoff(struct worker *w)
 	uint32_t ms = w->backoff_ms ? w->backoff_ms : AGENT_RECONNECT_MIN_MS;
 
 	/* Waiting out an outage is not a hang: keep the heartbeat going (a
-	 * restart would not bring the server back). */
-	mark_progress(w);
-	for (uint32_t t = 0; t < ms && !stop_requested; t += 50)
+	 * restart would not bring the server back), also when the backoff
+	 * is longer than the lease. */
+	for (uint32_t t = 0; t < ms && !stop_requested; t += 50) {
+		mark_progress(w);
 		sw_sleep_ms(50);
+	}
 	w->backoff_ms = ms * 2 > AGENT_RECONNECT_MAX_MS ? AGENT_RECONNECT_MAX_MS : ms * 2;
 }
 
@@ -312,43 +315,120 @@ static void outage_end(struct worker *w)
 	log_info("servers reachable again after %" PRIu64 " ms", sw_now_ms() - w->outage_since_ms);
 }
 
-/* Reconnects whatever is down. 0 when everything answers. */
-static int reconnect_all(struct worker *w, char *err, size_t errlen)
+/* Reconnects whatever is down (gpud only when the work in hand may need
+ * it). 0 when everything answers. */
+static int reconnect_all(struct worker *w, bool gpud, char *err, size_t errlen)
 {
 	int rc;
 
 	rc = agent_db_reconnect(w->db, err, errlen);
 	if (rc == 0)
 		rc = agent_queue_reconnect(w->q, err, errlen);
-	if (rc == 0 && w->gpud)
+	if (rc == 0 && gpud && w->gpud)
 		rc = agent_gpud_connect(w->gpud, err, errlen);
 	return rc;
 }
 
-/* Acknowledges and announces a finished task (also used for a redelivery
- * of one finished earlier). */
-static int finish_out(struct worker *w, const struct agent_msg *m, const char *id,
-		      enum agent_task_status st, const char *location, int64_t doc,
-		      const char *error, const char *callback_url, char *err, size_t errlen)
-{
-	int rc = agent_queue_ack(w->q, m->id, err, errlen);
+/* What a task whose outcome is committed in PostgreSQL still owes:
+ * the move to swarm:dead, the event on swarm:results, the
+ * acknowledgement that deletes its entry, the callback. Kept across an
+ * outage so that the retry does only what is left (and does not count
+ * another delivery in PostgreSQL). */
+struct outcome {
+	bool set;                          /* committed; deliver() owes the rest */
+	enum agent_task_status status;
+	bool dead_letter;                  /* status dead: move the entry to swarm:dead */
+	char id[PROTO_TASK_MAX_ID + 80];
+	char location[AGENT_LOCATION_MAX];
+	int64_t doc;                       /* the document it stored or read; 0 = none */
+	char error[SW_ERR_MAX + 64];       /* "" = none */
+	const char *callback_url;          /* the task's (lives as long as it), or NULL */
+	bool acked, announced;             /* steps done */
+	uint32_t tries;                    /* deliver() calls so far */
+};
 
-	if (rc)
-		return rc;
-	rc = agent_queue_result(w->q, id, agent_task_status_name(st), location, doc, error, err,
-				errlen);
-	if (rc)
-		return rc;
-	callback_post(&w->cb, callback_url, id, agent_task_status_name(st), location, doc, error);
+/* Delivers what o owes, in this order: a dead task's entry moves to
+ * swarm:dead (one transaction that also deletes the original); the event
+ * goes to swarm:results; the entry is acknowledged and deleted; the
+ * callback is queued. Event before acknowledgement, so that a crash
+ * between them repeats the event (at least once) instead of losing it.
+ * When Redis refuses the event for lack of memory the entry is
+ * acknowledged anyway, which frees its memory (PostgreSQL has the
+ * outcome), and the event waits for the retry. Returns 0, or the
+ * (outage) code of the step that failed, with its message in err. */
+static int deliver(struct worker *w, const struct agent_msg *m, struct outcome *o, char *err)
+{
+	const char *status = agent_task_status_name(o->status);
+	const char *error = o->error[0] ? o->error : NULL;
+	int rc;
+
+	if (o->dead_letter && !o->acked) {
+		/* After a lost reply the transaction may have happened: then
+		 * the entry is no longer ours, and doing it again would make
+		 * a second dead entry. */
+		rc = o->tries ? agent_queue_holds(w->q, m->id, err, SW_ERR_MAX) : 0;
+		if (rc == 0)
+			rc = agent_queue_dead(w->q, m, o->id, error, err, SW_ERR_MAX);
+		else if (rc == SW_ENOTFOUND)
+			rc = 0;
+		o->tries++;
+		if (rc)
+			return rc;
+		o->acked = true;
+		set_entry(w, NULL); /* no lease left to hold */
+	}
+	if (!o->announced) {
+		rc = agent_queue_result(w->q, o->id, status, o->location, o->doc, error, err,
+					SW_ERR_MAX);
+		o->tries++;
+		if (rc == SW_EBUSY && !o->acked) {
+			char aerr[SW_ERR_MAX];
+
+			if (agent_queue_ack(w->q, m->id, aerr, sizeof(aerr)) == 0) {
+				o->acked = true;
+				set_entry(w, NULL); /* no lease left to hold */
+			}
+			return rc;
+		}
+		if (rc)
+			return rc;
+		o->announced = true;
+	}
+	if (!o->acked) {
+		rc = agent_queue_ack(w->q, m->id, err, SW_ERR_MAX);
+		o->tries++;
+		if (rc)
+			return rc;
+		o->acked = true;
+	}
+	callback_post(&w->cb, o->callback_url, o->id, status, o->location[0] ? o->location : NULL,
+		      o->doc, error);
 	atomic_fetch_add(&w->done, 1);
+	o->set = false;
 	return 0;
+}
+
+/* Records in o what a task committed with status st owes, and delivers
+ * it (deliver()'s return). location and error may be NULL, doc 0. */
+static int settle(struct worker *w, const struct agent_msg *m, struct outcome *o,
+		  const char *id, enum agent_task_status st, const char *location, int64_t doc,
+		  const char *error, const char *callback_url, char *err)
+{
+	*o = (struct outcome){ .set = true, .status = st, .dead_letter = st == AGENT_TASK_DEAD,
+			       .doc = doc, .callback_url = callback_url };
+	snprintf(o->id, sizeof(o->id), "%s", id);
+	snprintf(o->location, sizeof(o->location), "%s", location ? location : "");
+	snprintf(o->error, sizeof(o->error), "%s", error ? error : "");
+	return deliver(w, m, o, err);
 }
 
 /* Handles one delivery. Returns 0 when the entry is dealt with (done, or
  * left pending on purpose), or an outage code: retry after a reconnect,
- * with the reason in err (SW_ERR_MAX bytes). */
+ * with the reason in err (SW_ERR_MAX bytes). When the outcome is
+ * committed but not yet delivered, o is set: retry deliver(o) then, not
+ * this. */
 static int handle(struct worker *w, const struct agent_msg *m, const struct proto_task *t,
-		  int parse_rc, const char *parse_err, char *err)
+		  int parse_rc, const char *parse_err, struct outcome *o, char *err)
 {
 	const uint32_t max_attempts = w->cfg->agentd.max_attempts;
 	char id[PROTO_TASK_MAX_ID + 80], location[AGENT_LOCATION_MAX] = "";
@@ -376,8 +456,10 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_info("task %s: redelivered after it ended %s; acknowledging", id,
 			 agent_task_status_name(prev));
-		return finish_out(w, m, id, prev, location, doc, last[0] ? last : NULL,
-				  parse_rc ? NULL : t->callback_url, err, SW_ERR_MAX);
+		/* A dead one was never moved (the move is what acknowledges):
+		 * move it now, so its JSON is kept in swarm:dead. */
+		return settle(w, m, o, id, prev, location, doc, last[0] ? last : NULL,
+			      parse_rc ? NULL : t->callback_url, err);
 	}
 	if (parse_rc) {
 		rc = agent_db_task_finish(w->db, id, AGENT_TASK_FAILED, parse_err, NULL, err,
@@ -386,8 +468,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 			return rc;
 		log_warn("task %s: %s", id, parse_err);
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, 0, parse_err, NULL, err,
-				  SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, 0, parse_err, NULL, err);
 	}
 	if (m->deliveries > max_attempts) {
 		/* The worker that had the last allowed delivery died with it. */
@@ -412,8 +493,8 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.completed++;
-		return finish_out(w, m, id, AGENT_TASK_COMPLETED, location, doc, NULL, t->callback_url,
-				  err, SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_COMPLETED, location, doc, NULL,
+			      t->callback_url, err);
 	}
 	if (agent_error_outage(rc)) {
 		log_debug("task %s: %s", id, err);
@@ -426,8 +507,7 @@ static int handle(struct worker *w, const struct agent_msg *m, const struct prot
 		if (rc)
 			return rc;
 		w->st.failed++;
-		return finish_out(w, m, id, AGENT_TASK_FAILED, NULL, doc, msg, t->callback_url, err,
-				  SW_ERR_MAX);
+		return settle(w, m, o, id, AGENT_TASK_FAILED, NULL, doc, msg, t->callback_url, err);
 	}
 	if (m->deliveries < max_attempts) {
 		log_warn("task %s: attempt %u of %u failed: %s", id, m->deliveries, max_attempts, err);
@@ -445,22 +525,17 @@ dead:
 	rc = agent_db_task_finish(w->db, id, AGENT_TASK_DEAD, msg, NULL, err, SW_ERR_MAX);
 	if (rc)
 		return rc;
-	rc = agent_queue_dead(w->q, m, id, msg, err, SW_ERR_MAX);
-	if (rc)
-		return rc;
-	rc = agent_queue_result(w->q, id, "dead", NULL, doc, msg, err, SW_ERR_MAX);
-	if (rc)
-		return rc;
-	callback_post(&w->cb, t->callback_url, id, "dead", NULL, doc, msg);
-	atomic_fetch_add(&w->done, 1);
 	w->st.dead++;
-	return 0;
+	return settle(w, m, o, id, AGENT_TASK_DEAD, NULL, doc, msg, t->callback_url, err);
 }
 
-/* Runs one claimed entry to its end, riding out outages. */
+/* Runs one claimed entry to its end, riding out outages: until the
+ * outcome is committed the whole handling is retried; after that, only
+ * what is left to deliver. */
 static void process(struct worker *w, const struct agent_msg *m)
 {
 	char perr[SW_ERR_MAX], err[SW_ERR_MAX];
+	struct outcome o = { 0 };
 	struct proto_task t;
 	int prc, rc;
 
@@ -470,21 +545,28 @@ static void process(struct worker *w, const struct agent_msg *m)
 	if (!m->payload)
 		snprintf(perr, sizeof(perr), "task: the entry has no \"%s\" field", PROTO_TASK_FIELD);
 	for (;;) {
-		rc = handle(w, m, &t, prc, perr, err);
+		rc = o.set ? deliver(w, m, &o, err) : handle(w, m, &t, prc, perr, &o, err);
 		if (!agent_error_outage(rc))
 			break;
 		outage_begin(w, err);
 		if (stop_requested) {
-			log_warn("draining during an outage: entry %s stays pending for another worker",
-				 m->id);
+			if (o.set && o.acked)
+				log_warn("draining during an outage: the event of task %s (%s) is not "
+					 "announced; PostgreSQL has its outcome", o.id,
+					 agent_task_status_name(o.status));
+			else
+				log_warn("draining during an outage: entry %s stays pending for "
+					 "another worker", m->id);
 			break;
 		}
 		do {
 			backoff(w);
-		} while (!stop_requested && reconnect_all(w, err, SW_ERR_MAX) != 0);
-		if (!stop_requested)
-			outage_end(w);
+		} while (!stop_requested && reconnect_all(w, !o.set, err, SW_ERR_MAX) != 0);
 	}
+	/* The outage is over once the task in hand got through, not when the
+	 * connections answer again: a Redis refusing writes answers. */
+	if (!agent_error_outage(rc))
+		outage_end(w);
 	if (rc && !agent_error_outage(rc))
 		log_error("entry %s: %s", m->id, sw_strerror(rc));
 	proto_task_free(&t);
@@ -512,7 +594,7 @@ static int start(struct worker *w, char *err, size_t errlen)
 			outage_end(w);
 			return 0;
 		}
-		if (rc != SW_ECLOSED)
+		if (!agent_error_outage(rc)) /* SW_EBUSY: Redis full, group missing */
 			return rc;
 		outage_begin(w, err);
 		if (stop_requested)
@@ -561,6 +643,8 @@ static int worker_new(struct worker **out, const struct agent_worker_opts *o, ch
 		.consumer = o->consumer,
 		.lease_ms = cfg->agentd.lease_ms,
 		.block_ms = o->block_ms ? o->block_ms : AGENT_DEFAULT_BLOCK_MS,
+		.results_maxlen = cfg->agentd.results_maxlen,
+		.dead_maxlen = cfg->agentd.dead_maxlen,
 	};
 	*out = w;
 	return 0;
@@ -630,6 +714,33 @@ static void prune_consumers(struct worker *w)
 		log_warn("pruning old consumers: %s", err);
 }
 
+/* Removes entries of swarm:tasks acknowledged but never deleted (by an
+ * agentd from before deletion on acknowledgement, or a tool that only
+ * XACKs); housekeeping like prune_consumers. */
+static void sweep_stream(struct worker *w)
+{
+	char err[SW_ERR_MAX];
+
+	if (agent_queue_sweep(w->q, NULL, err, sizeof(err)) != 0)
+		log_warn("sweeping acknowledged entries: %s", err);
+}
+
+/* Warns when Redis would evict keys at its memory limit: stream entries
+ * evicted are tasks lost. noeviction makes it refuse writes instead,
+ * which the submitters see and the workers ride out. */
+static void check_memory_policy(struct worker *w)
+{
+	char err[SW_ERR_MAX], policy[64];
+	uint64_t max;
+
+	if (agent_queue_memory_policy(w->q, &max, policy, sizeof(policy), err, sizeof(err)) != 0)
+		log_warn("reading Redis's memory policy: %s", err);
+	else if (max && strcmp(policy, "noeviction") != 0)
+		log_warn("Redis evicts keys at its maxmemory limit (%" PRIu64 " bytes, policy %s): "
+			 "queued tasks can be evicted and lost; set maxmemory-policy noeviction",
+			 max, policy);
+}
+
 /* The model the tasks use: the one in the options, else gpud's client. */
 static int open_llm(struct worker *w, char *err, size_t errlen)
 {
@@ -657,6 +768,8 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 
 	w->qo.consumer = agent_queue_consumer(w->q);
 	prune_consumers(w);
+	sweep_stream(w);
+	check_memory_policy(w);
 	rc = open_llm(w, err, errlen);
 	if (rc)
 		return rc;
@@ -732,16 +845,16 @@ static void claim_loop(struct worker *w, char *err, size_t errlen)
 		}
 		mark_progress(w);
 		rc = agent_queue_claim(w->q, &m, err, errlen);
+		if (rc == 0 || rc == SW_ENOTFOUND)
+			outage_end(w);
 		if (rc == SW_ENOTFOUND)
 			continue;
 		if (rc) {
 			outage_begin(w, err);
 			backoff(w);
-			if (reconnect_all(w, err, errlen) == 0)
-				outage_end(w);
+			reconnect_all(w, true, err, errlen);
 			continue;
 		}
-		outage_end(w);
 		w->st.claimed++;
 		process(w, &m);
 		agent_msg_free(&m);

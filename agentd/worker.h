@@ -1,5 +1,5 @@
-/* worker.h - one agentd worker process: claim -> run -> commit -> XACK
- * -> event, for as long as it is told (DESIGN §6).
+/* worker.h - one agentd worker process: claim -> run -> commit -> event
+ * -> XACK (and XDEL), for as long as it is told (DESIGN §6).
  *
  * The supervisor (supervisor.h) runs `agentd worker --config FILE
  * [--heartbeat-fd N]`; agent_worker_main() is that command.
@@ -17,20 +17,26 @@
  * full pipe drops the beat; SIGPIPE is ignored).
  *
  * Task outcome rules (tasks table, swarm:results, swarm:dead):
- *   completed            rows committed, then XACK, then an event;
+ *   completed            rows committed, then an event, then the entry is
+ *                        acknowledged and deleted (XDEL + XACK);
  *   failed               a permanent error (bad JSON, unknown kind,
  *                        missing document, oversized input): the error is
- *                        stored, XACK, event - never retried;
+ *                        stored, event, XDEL + XACK - never retried;
  *   retried              any other error: stored as the last error, the
  *                        entry stays pending and comes back after the
  *                        lease (XAUTOCLAIM), up to max_attempts deliveries;
  *   dead                 the last allowed delivery failed, or a delivery
  *                        beyond max_attempts arrives (the worker holding
- *                        it died): XADD swarm:dead + XACK, event;
- *   outage               PostgreSQL, Redis or gpud away (SW_ECLOSED) or
- *                        gpud full (SW_EBUSY): logged once, reconnect with
- *                        backoff, the task in hand is retried; nothing is
- *                        acknowledged that was not committed.
+ *                        it died): XADD swarm:dead + XDEL + XACK in one
+ *                        transaction, event;
+ *   outage               PostgreSQL, Redis or gpud away (SW_ECLOSED), gpud
+ *                        full or Redis at its maxmemory limit (SW_EBUSY):
+ *                        logged once, reconnect with backoff, the task in
+ *                        hand is retried (once committed, only what is
+ *                        left to deliver); nothing is acknowledged that
+ *                        was not committed. A Redis refusing the event
+ *                        for memory gets the acknowledgement first (it
+ *                        frees memory) and the event when it has room.
  * Events are at least once: a redelivered finished task is acknowledged
  * and its event sent again (consumers dedupe by task_id).
  *

@@ -7,7 +7,8 @@
  * window.
  *
  *   bench_agentd --agentd BIN --gpud-socket PATH [--tasks N] [--workers 1,4,16]
- *                [--max-tokens T] [--kind answer|ingest]
+ *                [--max-tokens T] [--kind answer|ingest] [--text-bytes B]
+ *                [--results-maxlen N]
  *
  * Servers: SWARM_TEST_REDIS_URL (redis://HOST:PORT; database 7 is used
  * and flushed) and SWARM_TEST_PG_URL (a superuser URL: one database is
@@ -15,6 +16,14 @@
  * the postmaster pid). Each run: one ingest of a short story (untimed),
  * then N tasks queued at once; the clock runs from the XADDs to the last
  * task's row. Prints a table; asserts nothing on a time.
+ *
+ * Redis memory (issue 11, "nothing grows without bound"): after each run
+ * a second line gives Redis's used_memory before the N tasks were queued,
+ * with all N queued (the peak a backlog costs), and once they are done,
+ * per task; and what each stream still holds (XLEN, MEMORY USAGE).
+ * --text-bytes B makes each ingest carry B bytes of inline text (distinct
+ * per task; default one sentence); --results-maxlen sets
+ * agentd.results_maxlen (default: agentd's).
  */
 #include <ctype.h>
 #include <dirent.h>
@@ -45,7 +54,7 @@ static const char *const group_names[N_GROUPS] = { "agentd", "redis", "postgres"
 
 struct opts {
 	const char *agentd, *gpud_socket, *kind;
-	int tasks, max_tokens;
+	int tasks, max_tokens, text_bytes, results_maxlen;
 	int workers[MAX_RUNS], n_runs;
 };
 
@@ -175,6 +184,52 @@ static int gpud_pid(const char *socket)
 	return pid;
 }
 
+/* A field of INFO memory as a number, -1 when absent. */
+static long long redis_info_int(redisContext *r, const char *field)
+{
+	redisReply *rep = redisCommand(r, "INFO memory");
+	long long v = -1;
+	char key[64];
+	const char *p;
+
+	snprintf(key, sizeof(key), "\n%s:", field);
+	if (rep && rep->type == REDIS_REPLY_STRING && (p = strstr(rep->str, key)))
+		v = atoll(p + strlen(key));
+	freeReplyObject(rep);
+	return v;
+}
+
+/* The integer reply of a command (XLEN, MEMORY USAGE), 0 for nil or an
+ * error (a stream that does not exist). */
+static long long redis_int(redisContext *r, const char *cmd, const char *key)
+{
+	redisReply *rep = redisCommand(r, cmd, key);
+	long long v = rep && rep->type == REDIS_REPLY_INTEGER ? rep->integer : 0;
+
+	freeReplyObject(rep);
+	return v;
+}
+
+/* Writes the task JSON of ingest i with about bytes of text (plain ASCII
+ * sentences, distinct per task) into a malloc'd string. */
+static char *ingest_json(int i, int bytes)
+{
+	static const char filler[] = " The cat met the dog on the hill and they played with the "
+				     "red ball until the sun went down.";
+	size_t cap = (size_t)bytes + 256, n;
+	char *s = malloc(cap);
+
+	if (!s)
+		return NULL;
+	n = (size_t)snprintf(s, cap, "{\"id\":\"t%d\",\"kind\":\"ingest\",\"text\":\"Note %d:", i,
+			     i);
+	for (size_t start = n; n - start + sizeof(filler) - 1 < (size_t)bytes;
+	     n += sizeof(filler) - 1)
+		memcpy(s + n, filler, sizeof(filler) - 1);
+	snprintf(s + n, cap - n, "\"}");
+	return s;
+}
+
 static bool wait_done(PGconn *c, long long want, int ms)
 {
 	for (int t = 0; t < ms; t += 5) {
@@ -196,8 +251,8 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 		   const int *pids)
 {
 	char dir[] = "/tmp/bench-agentd-XXXXXX", config[128], db[64], url[1200], sql[128];
-	char task[1024], host_part[1024];
-	long long cpu0[N_GROUPS], cpu1[N_GROUPS];
+	char task[1024], host_part[1024], maxlen[64] = "";
+	long long cpu0[N_GROUPS], cpu1[N_GROUPS], mem0, mem_queued, mem1;
 	const char *slash;
 	double t0, t1;
 	int rc = -1, st, sup_pid;
@@ -221,13 +276,16 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 	f = fopen(config, "w");
 	if (!f)
 		goto out_db;
+	if (o->results_maxlen > 0)
+		snprintf(maxlen, sizeof(maxlen), ", \"results_maxlen\": %d", o->results_maxlen);
 	fprintf(f,
 		"{\"state_dir\": \"%s\", \"log\": {\"level\": \"warn\", \"file\": \"%s/agentd.log\"},"
 		" \"redis\": {\"url\": \"%s/%d\"}, \"postgres\": {\"url\": \"%s\"},"
 		" \"gpud\": {\"socket\": \"%s\"},"
 		" \"agentd\": {\"workers\": %d, \"max_tasks_per_worker\": 0, \"lease_ms\": 30000,"
-		" \"heartbeat_ms\": 1000}}\n",
-		dir, dir, getenv("SWARM_TEST_REDIS_URL"), REDIS_DB, url, o->gpud_socket, workers);
+		" \"heartbeat_ms\": 1000%s}}\n",
+		dir, dir, getenv("SWARM_TEST_REDIS_URL"), REDIS_DB, url, o->gpud_socket, workers,
+		maxlen);
 	fclose(f);
 
 	snprintf(task, sizeof(task), "{\"id\":\"doc\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
@@ -248,12 +306,24 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 	}
 	usleep(300000); /* every worker past its start-up */
 
+	mem0 = redis_info_int(r, "used_memory");
 	cpu0[G_AGENTD] = tree_cpu(sup_pid);
 	cpu0[G_REDIS] = tree_cpu(pids[G_REDIS]);
 	cpu0[G_PG] = tree_cpu(pids[G_PG]);
 	cpu0[G_GPUD] = tree_cpu(pids[G_GPUD]);
 	t0 = bench_now();
+	mem_queued = 0;
 	for (int i = 0; i < o->tasks; i++) {
+		if (strcmp(o->kind, "ingest") == 0 && o->text_bytes > 0) {
+			char *t = ingest_json(i, o->text_bytes);
+
+			if (!t)
+				goto out_sup;
+			freeReplyObject(redisCommand(r, "XADD %s * %s %s", PROTO_TASK_STREAM,
+						     PROTO_TASK_FIELD, t));
+			free(t);
+			continue;
+		}
 		if (strcmp(o->kind, "ingest") == 0)
 			snprintf(task, sizeof(task),
 				 "{\"id\":\"t%d\",\"kind\":\"ingest\",\"text\":\"Note %d: the cat met "
@@ -267,6 +337,9 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 		freeReplyObject(redisCommand(r, "XADD %s * %s %s", PROTO_TASK_STREAM,
 					     PROTO_TASK_FIELD, task));
 	}
+	/* The workers start at once, so this is a little under the cost of
+	 * the whole backlog. */
+	mem_queued = redis_info_int(r, "used_memory");
 	if (!wait_done(c, o->tasks + 1, 600000)) {
 		fprintf(stderr, "bench_agentd: tasks did not finish (log in %s)\n", dir);
 		goto out_sup;
@@ -294,6 +367,16 @@ static int run_one(const struct opts *o, int workers, redisContext *r, const cha
 	       pg_int(c, "SELECT count(*) FROM tasks WHERE status = 'completed'") - 1,
 	       pg_int(c, "SELECT count(*) FROM tasks WHERE status = 'failed'"),
 	       pg_int(c, "SELECT count(*) FROM tasks WHERE status = 'dead'"));
+	usleep(200000); /* the last acknowledgement follows the last row */
+	mem1 = redis_info_int(r, "used_memory");
+	printf("|         |       |         |         | redis used_memory: before %lld, all queued "
+	       "%+lld (%+.0f B/task), done %+lld (%+.0f B/task); swarm:tasks %lld entries %lld B, "
+	       "swarm:results %lld entries %lld B |\n",
+	       mem0, mem_queued - mem0, (double)(mem_queued - mem0) / o->tasks, mem1 - mem0,
+	       (double)(mem1 - mem0) / o->tasks, redis_int(r, "XLEN %s", PROTO_TASK_STREAM),
+	       redis_int(r, "MEMORY USAGE %s SAMPLES 0", PROTO_TASK_STREAM),
+	       redis_int(r, "XLEN %s", PROTO_TASK_RESULTS_STREAM),
+	       redis_int(r, "MEMORY USAGE %s SAMPLES 0", PROTO_TASK_RESULTS_STREAM));
 	fflush(stdout);
 	rc = 0;
 out_sup:
@@ -319,6 +402,7 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: bench_agentd --agentd BIN --gpud-socket PATH [--tasks N] "
 			"[--workers 1,4,16] [--max-tokens T] [--kind answer|ingest]\n"
+			"       [--text-bytes B] [--results-maxlen N]\n"
 			"(SWARM_TEST_REDIS_URL and SWARM_TEST_PG_URL name the servers)\n");
 }
 
@@ -349,6 +433,10 @@ int main(int argc, char **argv)
 			o.max_tokens = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--kind") == 0)
 			o.kind = argv[++i];
+		else if (strcmp(argv[i], "--text-bytes") == 0)
+			o.text_bytes = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--results-maxlen") == 0)
+			o.results_maxlen = atoi(argv[++i]);
 		else {
 			usage();
 			return 2;
@@ -389,8 +477,9 @@ int main(int argc, char **argv)
 
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
-	printf("# bench_agentd: %d %s tasks (max_tokens %d) through agentd + redis + postgres + gpud\n",
-	       o.tasks, o.kind, o.max_tokens);
+	printf("# bench_agentd: %d %s tasks (max_tokens %d, text bytes %d) through agentd + redis + "
+	       "postgres + gpud\n",
+	       o.tasks, o.kind, o.max_tokens, o.text_bytes);
 	printf("# %s\n# %s\n", machine, date);
 	{
 		double load[3];

@@ -135,6 +135,8 @@ static const struct field agentd_fields[] = {
 	U32("restart_backoff_max_ms", agentd.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
 	U32("crash_window_ms", agentd.crash_window_ms, 1000, MS_DAY, 0, NULL),
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
+	U32("results_maxlen", agentd.results_maxlen, 1, 1u << 30, 0, NULL),
+	U32("dead_maxlen", agentd.dead_maxlen, 1, 1u << 30, 0, NULL),
 	{ .key = NULL },
 };
 
@@ -143,6 +145,7 @@ static const struct field supervisor_fields[] = {
 	U32("restart_backoff_max_ms", supervisor.restart_backoff_max_ms, 1, MS_DAY, 0, NULL),
 	U32("crash_window_ms", supervisor.crash_window_ms, 1000, MS_DAY, 0, NULL),
 	U32("crash_limit", supervisor.crash_limit, 1, 1000, 0, NULL),
+	U32("hang_ms", supervisor.hang_ms, 0, MS_DAY, 0, "SWARM_SUPERVISOR_HANG_MS"),
 	{ .key = "log_max_bytes", .kind = K_BYTES, .off = OFF(supervisor.log_max_bytes),
 	  .min = 64u << 10, .max = 1ull << 40, .env = "SWARM_LOG_MAX_BYTES" },
 	U32("log_keep", supervisor.log_keep, 0, 100, 0, NULL),
@@ -203,6 +206,12 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->agentd.restart_backoff_max_ms = 30000;
 	cfg->agentd.crash_window_ms = 60000;
 	cfg->agentd.crash_limit = 5;
+	/* An event is ~100-250 bytes (1 KiB with a long error): 10-25 MB, and
+	 * minutes of events at the fastest measured rate, days of summaries. */
+	cfg->agentd.results_maxlen = 100000;
+	/* A dead entry carries its whole task (up to 16 MiB of JSON); dead
+	 * tasks are rare, and PostgreSQL keeps every one's id and error. */
+	cfg->agentd.dead_maxlen = 1000;
 
 	/* A service restarts after 0.25 s, 0.5 s, 1 s ... 30 s; six quick
 	 * deaths in a minute (about 8 s of backoff) mark it failed. The
@@ -212,6 +221,10 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->supervisor.restart_backoff_max_ms = 30000;
 	cfg->supervisor.crash_window_ms = 60000;
 	cfg->supervisor.crash_limit = 5;
+	/* A minute without an answer (Redis PING, PostgreSQL accepting or
+	 * refusing connections, gpud stats; probed every 5 s) is a hang,
+	 * not load: each answers from its event loop, not its work. */
+	cfg->supervisor.hang_ms = 60000;
 	cfg->supervisor.log_max_bytes = 8ull << 20;
 	cfg->supervisor.log_keep = 2;
 	/* Managed Redis holds only work in flight (acknowledged entries are

@@ -38,7 +38,7 @@ struct sw_config_device {
 };
 
 struct sw_config {
-	char state_dir[SW_CONFIG_PATH_MAX];     /* checkpoints, pid files */
+	char state_dir[SW_CONFIG_PATH_MAX];     /* status file, dumps; managed: everything */
 
 	struct {
 		int level;                      /* enum sw_log_level */
@@ -99,6 +99,8 @@ struct sw_config {
 		uint32_t restart_backoff_max_ms;
 		uint32_t crash_window_ms;
 		uint32_t crash_limit;           /* crashes per window before failed */
+		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
+		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
 	} agentd;
 
 	/* swarmctl's managed-mode supervisor (Redis, PostgreSQL, gpud,
@@ -108,6 +110,7 @@ struct sw_config {
 		uint32_t restart_backoff_max_ms;
 		uint32_t crash_window_ms;
 		uint32_t crash_limit;           /* crashes per window before failed */
+		uint32_t hang_ms;               /* not answering this long: killed; 0 = off */
 		uint64_t log_max_bytes;         /* a service's log is rotated past this */
 		uint32_t log_keep;              /* rotated copies kept (NAME.log.1 ..) */
 	} supervisor;
@@ -137,6 +140,7 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
  *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
  *   SWARM_THREADS SWARM_WORKERS SWARM_REDIS_MAXMEMORY SWARM_LOG_MAX_BYTES
+ *   SWARM_SUPERVISOR_HANG_MS
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);

@@ -27,6 +27,7 @@
 #define BEAT_LINE_MAX 256
 #define ROTATE_CHECK_MS 1000   /* how often log files are measured */
 #define DEFAULT_PROBE_MS 100
+#define DEFAULT_LIVE_PROBE_MS 5000
 #define CLOSE_RETRY_MS 10      /* a respawn waits this long for handles to close */
 
 #ifndef SYS_pidfd_open
@@ -49,6 +50,7 @@ struct child {
 	bool proc_open, beat_open, watch_open, probing;
 	bool adopt_poll;          /* adopted without a pidfd: kill(pid, 0) every tick */
 	bool killed_hung, killed_start, beaten, ever_ran;
+	uint64_t pending_sigs;    /* owed once ready: bit sig - 1 (sw_sup_signal_started) */
 	int pidfd;                /* adopted: the pidfd (-1 none) */
 	int n_closing;            /* handles whose close callback is pending */
 	uint64_t started_ms, last_beat_ms, last_probe_ms;
@@ -57,6 +59,7 @@ struct child {
 	uint32_t crash_head;      /* crashes recorded since the last reset */
 	/* the probe in flight: set before queueing, read after it ran */
 	int probe_pid;
+	bool probe_live;
 	uint64_t probe_gen;
 	int probe_rc;
 	char probe_err[SW_ERR_MAX];
@@ -68,12 +71,12 @@ struct sw_sup {
 	const struct sw_sup_opts *o;
 	struct sw_sup_policy pol;
 	uv_loop_t loop;
-	uv_signal_t sig_term, sig_int, sig_hup;
+	uv_signal_t sig_term, sig_int, sig_hup, sig_usr1;
 	uv_timer_t tick, drain_timer;
 	struct child *ch;
 	uint64_t *crash_times;    /* (n, crash_limit + 1): the children's rings */
 	unsigned n;
-	uint32_t tick_ms, probe_ms;
+	uint32_t tick_ms, probe_ms, live_probe_ms;
 	uint64_t last_rotate_ms;
 	bool draining, killed_all, all_failed, closing;
 	bool dirty;               /* the status changed but was not written */
@@ -223,14 +226,17 @@ static bool any_process(const struct sw_sup *sp)
 	return false;
 }
 
-static void signal_child(struct child *c, int sig)
+/* Returns 0, or a negative code when there is no process or the
+ * signal could not be sent. */
+static int signal_child(struct child *c, int sig)
 {
 	if (c->proc_open)
-		uv_process_kill(&c->proc, sig); /* SIGKILL ends a stopped one too */
-	else if (c->watch_open)
-		syscall(SYS_pidfd_send_signal, c->pidfd, sig, NULL, 0);
-	else if (c->adopt_poll && c->info.pid > 0)
-		kill(c->info.pid, sig);
+		return uv_process_kill(&c->proc, sig); /* SIGKILL ends a stopped one too */
+	if (c->watch_open)
+		return syscall(SYS_pidfd_send_signal, c->pidfd, sig, NULL, 0) == 0 ? 0 : -errno;
+	if (c->adopt_poll && c->info.pid > 0)
+		return kill(c->info.pid, sig) == 0 ? 0 : -errno;
+	return -ESRCH;
 }
 
 static void kill_all(struct sw_sup *sp, int sig)
@@ -255,6 +261,8 @@ static void close_all(struct sw_sup *sp)
 	uv_close((uv_handle_t *)&sp->sig_int, on_noop_close);
 	if (sp->o->hup_retries)
 		uv_close((uv_handle_t *)&sp->sig_hup, on_noop_close);
+	if (sp->o->usr1_reopens)
+		uv_close((uv_handle_t *)&sp->sig_usr1, on_noop_close);
 	uv_close((uv_handle_t *)&sp->tick, on_noop_close);
 	uv_close((uv_handle_t *)&sp->drain_timer, on_noop_close);
 	for (unsigned i = 0; i < sp->n; i++) {
@@ -315,8 +323,17 @@ static void become_ready(struct child *c)
 	c->info.state = SW_SUP_RUNNING;
 	c->info.error[0] = '\0';
 	c->last_beat_ms = sw_now_ms();
+	c->beaten = true; /* the hang clock runs from here */
 	log_debug("%s (pid %d): ready after %" PRIu64 " ms", c->spec->name, c->info.pid,
 		  c->last_beat_ms - c->started_ms);
+	for (int sig = 1; c->pending_sigs && sig <= 64; sig++) {
+		if (!(c->pending_sigs & (UINT64_C(1) << (sig - 1))))
+			continue;
+		c->pending_sigs &= ~(UINT64_C(1) << (sig - 1));
+		if (signal_child(c, sig) != 0)
+			log_warn("%s (pid %d): cannot send it signal %d", c->spec->name, c->info.pid,
+				 sig);
+	}
 	write_status(sp);
 	kick(sp);
 }
@@ -375,8 +392,8 @@ static void probe_work(uv_work_t *w)
 	struct sw_sup *sp = c->sup;
 
 	c->probe_err[0] = '\0';
-	c->probe_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_err,
-				     sizeof(c->probe_err));
+	c->probe_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_live,
+				     c->probe_err, sizeof(c->probe_err));
 }
 
 static void probe_done(uv_work_t *w, int status)
@@ -386,19 +403,24 @@ static void probe_done(uv_work_t *w, int status)
 	c->probing = false;
 	if (status != 0 || c->sup->closing || c->sup->draining)
 		return;
-	if (c->info.state != SW_SUP_STARTING || c->probe_gen != c->info.spawns || !c->proc_open)
+	if (c->probe_gen != c->info.spawns || c->probe_pid != c->info.pid || !has_process(c))
 		return; /* an answer about an earlier process */
-	if (c->probe_rc == 0)
+	if (c->probe_rc != 0)
+		return; /* probe_err says why; the start or hang clock decides */
+	if (c->probe_live && c->info.state == SW_SUP_RUNNING)
+		c->last_beat_ms = sw_now_ms();
+	else if (!c->probe_live && c->info.state == SW_SUP_STARTING)
 		become_ready(c);
 }
 
-static void start_probe(struct child *c, uint64_t now)
+static void start_probe(struct child *c, uint64_t now, bool live)
 {
 	struct sw_sup *sp = c->sup;
 
-	if (c->probing || now - c->last_probe_ms < sp->probe_ms)
+	if (c->probing || now - c->last_probe_ms < (live ? sp->live_probe_ms : sp->probe_ms))
 		return;
 	c->last_probe_ms = now;
+	c->probe_live = live;
 	c->probe_pid = c->info.pid;
 	c->probe_gen = c->info.spawns;
 	c->probe_req.data = c;
@@ -543,7 +565,8 @@ static void child_gone(struct child *c, int64_t exit_status, int term_signal, bo
 	}
 	log_warn("%s (pid %d): %s%s after %" PRIu64 " ms; restarting in %u ms", c->spec->name,
 		 pid, c->info.last_exit,
-		 c->killed_hung ? " (killed: hung)" : c->killed_start ? " (killed: not ready)" : "",
+		 c->killed_hung ? " (killed: hung)" : c->killed_start ? " (killed: not ready)" :
+		 !known ? " (adopted: its exit status is not ours to read)" : "",
 		 ran, c->backoff_ms);
 	c->info.state = SW_SUP_BACKOFF;
 	uv_timer_start(&c->restart, on_restart_timer, c->backoff_ms, 0);
@@ -596,6 +619,7 @@ static void started(struct child *c)
 	c->started_ms = c->last_beat_ms = sw_now_ms();
 	c->last_probe_ms = 0;
 	c->killed_hung = c->killed_start = c->beaten = false;
+	c->pending_sigs = 0;
 	c->line_len = 0;
 	c->probe_err[0] = '\0';
 	if (HAS_OP(sp, on_start))
@@ -725,6 +749,7 @@ static int adopt_child(struct child *c, pid_t pid)
 	c->info.started_at_ms = 0;
 	c->info.state = SW_SUP_RUNNING;
 	started(c);
+	c->beaten = true; /* the hang clock runs from the adoption */
 	log_info("%s: adopted running pid %d", c->spec->name, (int)pid);
 	write_status(sp);
 	return 0;
@@ -748,6 +773,32 @@ static void try_start(struct child *c)
 		return;
 	}
 	spawn_child(c);
+}
+
+unsigned sw_sup_signal_started(struct sw_sup *sp, int sig, unsigned *later)
+{
+	unsigned now = 0, owed = 0;
+
+	if (later)
+		*later = 0;
+	if (sig < 1 || sig > 64)
+		return 0;
+	for (unsigned i = 0; i < sp->n; i++) {
+		struct child *c = &sp->ch[i];
+
+		if (!has_process(c) || c->killed_hung || c->killed_start)
+			continue;
+		if (c->info.state == SW_SUP_RUNNING) {
+			if (signal_child(c, sig) == 0)
+				now++;
+		} else if (c->info.state == SW_SUP_STARTING) {
+			c->pending_sigs |= UINT64_C(1) << (sig - 1);
+			owed++;
+		}
+	}
+	if (later)
+		*later = owed;
+	return now;
 }
 
 unsigned sw_sup_retry_failed(struct sw_sup *sp)
@@ -804,6 +855,7 @@ static void on_tick(uv_timer_t *t)
 	struct sw_sup *sp = t->data;
 	const struct sw_sup_policy *p = &sp->pol;
 	uint64_t now = sw_now_ms();
+	uint32_t hang;
 
 	if (sp->dirty)
 		write_status(sp); /* beats: at most once a tick */
@@ -816,7 +868,7 @@ static void on_tick(uv_timer_t *t)
 		}
 		if (c->info.state == SW_SUP_STARTING && c->proc_open && !c->killed_start) {
 			if (HAS_OP(sp, probe))
-				start_probe(c, now);
+				start_probe(c, now, false);
 			if (c->spec->start_timeout_ms &&
 			    now - c->started_ms > c->spec->start_timeout_ms) {
 				snprintf(c->info.error, sizeof(c->info.error),
@@ -829,18 +881,22 @@ static void on_tick(uv_timer_t *t)
 			}
 			continue;
 		}
+		hang = c->spec->hang_ms ? c->spec->hang_ms : p->hang_ms;
+		if (!hang || c->info.state != SW_SUP_RUNNING || !has_process(c) || c->killed_hung ||
+		    (!c->spec->beat_pipe && !HAS_OP(sp, probe)))
+			continue; /* no limit, or nothing that could beat */
+		if (!c->spec->beat_pipe && HAS_OP(sp, probe))
+			start_probe(c, now, true);
 		/* A stopped (SIGSTOP) child is hung as well: SIGKILL works on it. */
-		if (!p->hang_ms || c->info.state != SW_SUP_RUNNING || !c->proc_open ||
-		    !c->beaten || c->killed_hung)
+		if (!c->beaten || now - c->last_beat_ms <= hang)
 			continue;
-		if (now - c->last_beat_ms <= p->hang_ms)
-			continue;
-		log_error("%s (pid %d): no heartbeat for %" PRIu64 " ms (limit %u): hung, "
-			  "killing it",
-			  c->spec->name, c->info.pid, now - c->last_beat_ms, p->hang_ms);
+		log_error("%s (pid %d): no %s for %" PRIu64 " ms (limit %u)%s%.900s: hung, killing it",
+			  c->spec->name, c->info.pid, c->spec->beat_pipe ? "heartbeat" : "answer",
+			  now - c->last_beat_ms, hang, c->probe_err[0] ? ", last: " : "",
+			  c->probe_err);
 		c->killed_hung = true;
 		c->info.hangs++;
-		uv_process_kill(&c->proc, SIGKILL);
+		signal_child(c, SIGKILL);
 	}
 	if (sp->o->log_max_bytes && now - sp->last_rotate_ms >= ROTATE_CHECK_MS) {
 		sp->last_rotate_ms = now;
@@ -908,6 +964,25 @@ static void on_signal(uv_signal_t *h, int signum)
 	maybe_finish(sp);
 }
 
+/* SIGUSR1 (opts.usr1_reopens): logrotate moved the log files. */
+static void on_usr1(uv_signal_t *h, int signum)
+{
+	struct sw_sup *sp = h->data;
+	unsigned now, later;
+	int rc;
+
+	(void)signum;
+	if (sp->closing)
+		return;
+	rc = sw_log_reopen();
+	now = sw_sup_signal_started(sp, SIGUSR1, &later);
+	if (rc)
+		log_error("SIGUSR1: cannot reopen the log: %s", sw_strerror(rc));
+	else
+		log_info("SIGUSR1: log reopened; forwarded to %u %s (%u more once ready)", now,
+			 now == 1 ? sp->noun : sp->nouns, later);
+}
+
 /* --- the run -------------------------------------------------------------- */
 
 static int check_opts(const struct sw_sup_opts *o, char *err, size_t errlen)
@@ -945,9 +1020,14 @@ static int sup_init(struct sw_sup *sp, const struct sw_sup_opts *o, char *err, s
 	sp->noun = o->noun ? o->noun : "child";
 	sp->nouns = o->nouns ? o->nouns : "children";
 	sp->probe_ms = o->probe_ms ? o->probe_ms : DEFAULT_PROBE_MS;
+	sp->live_probe_ms = o->live_probe_ms ? o->live_probe_ms : DEFAULT_LIVE_PROBE_MS;
 	sp->tick_ms = 1000;
-	if (sp->pol.hang_ms && sp->pol.hang_ms / 4 < sp->tick_ms)
-		sp->tick_ms = sp->pol.hang_ms / 4 ? sp->pol.hang_ms / 4 : 1;
+	for (unsigned i = 0; i <= sp->n; i++) {
+		uint32_t hang = i < sp->n ? o->children[i].hang_ms : sp->pol.hang_ms;
+
+		if (hang && hang / 4 < sp->tick_ms)
+			sp->tick_ms = hang / 4 ? hang / 4 : 1;
+	}
 	if (o->ops && o->ops->probe && sp->probe_ms < sp->tick_ms)
 		sp->tick_ms = sp->probe_ms;
 	sp->ch = calloc(sp->n, sizeof(*sp->ch));
@@ -965,9 +1045,11 @@ static int sup_init(struct sw_sup *sp, const struct sw_sup_opts *o, char *err, s
 	uv_signal_init(&sp->loop, &sp->sig_int);
 	if (o->hup_retries)
 		uv_signal_init(&sp->loop, &sp->sig_hup);
+	if (o->usr1_reopens)
+		uv_signal_init(&sp->loop, &sp->sig_usr1);
 	uv_timer_init(&sp->loop, &sp->tick);
 	uv_timer_init(&sp->loop, &sp->drain_timer);
-	sp->sig_term.data = sp->sig_int.data = sp->sig_hup.data = sp;
+	sp->sig_term.data = sp->sig_int.data = sp->sig_hup.data = sp->sig_usr1.data = sp;
 	sp->tick.data = sp->drain_timer.data = sp;
 	for (unsigned i = 0; i < sp->n; i++) {
 		struct child *c = &sp->ch[i];
@@ -1004,6 +1086,8 @@ int sw_sup_run(const struct sw_sup_opts *o, char *err, size_t errlen)
 	uv_signal_start(&sp.sig_int, on_signal, SIGINT);
 	if (o->hup_retries)
 		uv_signal_start(&sp.sig_hup, on_signal, SIGHUP);
+	if (o->usr1_reopens)
+		uv_signal_start(&sp.sig_usr1, on_usr1, SIGUSR1);
 	signal(SIGPIPE, SIG_IGN);
 	uv_timer_start(&sp.tick, on_tick, sp.tick_ms, sp.tick_ms);
 

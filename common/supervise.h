@@ -16,11 +16,14 @@
  *   waiting    due to start; with opts.ordered it starts only once every
  *              earlier child is running, failed or stopped (dependency
  *              order: Redis before agentd);
- *   starting   spawned (or adopted), not yet ready: ready is the first
- *              sw_sup_beat() or the first ops->probe that succeeds; a
- *              child with neither op is ready at once;
- *   running    ready. With policy.hang_ms, a child that beat once and
- *              then stays silent hang_ms is SIGKILLed: a crash ("hangs");
+ *   starting   spawned, not yet ready: ready is the first sw_sup_beat()
+ *              or the first ops->probe that succeeds; a child with
+ *              neither is ready at once, and so is an adopted process;
+ *   running    ready. With a hang limit (child.hang_ms, else
+ *              policy.hang_ms), a child that beat once and then stays
+ *              silent that long is SIGKILLed: a crash ("hangs"). A child
+ *              without a beat pipe beats by answering ops->probe with
+ *              live set, asked every opts.live_probe_ms;
  *   backoff    exited; restarted after a delay (below);
  *   failed     more than policy.crash_limit crashes within
  *              policy.crash_window_ms: not restarted, the others keep
@@ -49,13 +52,24 @@
  * back takes over running services whose parent it is not. Their exit
  * status is unknown ("last_exit": "gone").
  *
- * Logs: a child with log_path gets stdin from /dev/null and stdout and
- * stderr appended (O_APPEND) to that file, opened by the supervisor at
- * each spawn. With opts.log_max_bytes the supervisor checks each such
+ * Logs: every child's stdin is /dev/null; a child with log_path gets
+ * stdout and stderr appended (O_APPEND) to that file, opened by the
+ * supervisor at each spawn (else it inherits the supervisor's). With opts.log_max_bytes the supervisor checks each such
  * file (and opts.extra_logs) about once a second and rotates one that
  * outgrew the bound by copy and truncate (sw_sup_rotate): the child's
  * descriptor stays valid, nothing it writes blocks on the supervisor, and
  * an adopted child keeps logging whether or not a supervisor runs.
+ *
+ * Signals to the children: sw_sup_signal_started() sends a signal to
+ * every child that has started: at once to a running one, and to one
+ * still starting at the moment it becomes ready (until then its handler
+ * may not be installed, and a signal such as SIGUSR1 would kill it). With
+ * opts.usr1_reopens the loop does that for SIGUSR1 (logrotate): it
+ * reopens this process's own log file (sw_log_reopen) and passes SIGUSR1
+ * on, so one `kill -USR1` reaches every process that writes a log file.
+ * Only for children that handle SIGUSR1 (agentd's workers do; Redis
+ * would die of it: a supervisor of such children bounds their output by
+ * log_path and log_max_bytes instead).
  *
  * Status: with opts.status_path the supervisor rewrites that file (write
  * to PATH.tmp, then rename) on every change: spawn, ready, exit, restart,
@@ -116,6 +130,7 @@ struct sw_sup_child {
 	gid_t gid;
 	uint32_t start_timeout_ms;  /* not ready this long after a spawn: killed, a
 				     * crash; 0 = wait for ever */
+	uint32_t hang_ms;           /* 0 = policy.hang_ms */
 	pid_t adopt;                /* > 0: watch this running process (first start only) */
 };
 
@@ -150,11 +165,14 @@ struct sw_sup_ops {
 	/* Child i's process pid exited; info->last_exit says how. Called
 	 * before the restart decision. */
 	void (*on_exit)(struct sw_sup *sup, unsigned i, int pid, void *user);
-	/* Is child i (process pid) ready? 0 yes, else a negative code with
-	 * the reason in err. Runs on libuv's thread pool, every probe_ms
-	 * while the child is starting (one call in flight per child): touch
-	 * only what is safe from another thread. */
-	int (*probe)(void *user, unsigned i, int pid, char *err, size_t errlen);
+	/* live false: is child i (process pid) ready? Asked every probe_ms
+	 * while it is starting. live true: is it still answering? Asked
+	 * every live_probe_ms while it runs, when it has a hang limit and no
+	 * beat pipe; a yes is a beat. 0 yes, else a negative code with the
+	 * reason in err. Runs on libuv's thread pool (one call in flight per
+	 * child): touch only what is safe from another thread, and bound
+	 * every wait (a stop waits for a probe in flight). */
+	int (*probe)(void *user, unsigned i, int pid, bool live, char *err, size_t errlen);
 	/* Appends to an exit's log line (", 14 tasks done"); out holds cap. */
 	void (*exit_note)(void *user, unsigned i, char *out, size_t cap);
 	/* The status document (a new reference), or NULL to skip this write. */
@@ -174,16 +192,21 @@ struct sw_sup_opts {
 	bool ordered;                       /* start child i after 0..i-1 (above) */
 	bool exit_when_all_failed;          /* return -EIO once every child failed */
 	bool hup_retries;                   /* SIGHUP: sw_sup_retry_failed */
-	uint32_t probe_ms;                  /* probe period; 0 = 100 */
+	uint32_t probe_ms;                  /* probe period while starting; 0 = 100 */
+	uint32_t live_probe_ms;             /* while running (above); 0 = 5000 */
 	uint64_t log_max_bytes;             /* rotate log files past this; 0 = never */
 	unsigned log_keep;                  /* rotated copies kept: PATH.1 .. PATH.keep */
 	const char *const *extra_logs;      /* NULL-terminated; more files to bound */
+	bool usr1_reopens;                  /* SIGUSR1: sw_log_reopen() here, and
+					     * sw_sup_signal_started(SIGUSR1) */
 };
 
 /* Runs the supervisor until it stops (SIGTERM/SIGINT, above) or, with
  * exit_when_all_failed, until every child failed. Installs its own
- * SIGTERM, SIGINT (and with hup_retries SIGHUP) handling for the
- * duration and ignores SIGPIPE. Returns 0 after a stop, -EIO when every
+ * SIGTERM and SIGINT handling (with hup_retries SIGHUP's, with
+ * usr1_reopens SIGUSR1's) for the duration and ignores SIGPIPE; a
+ * SIGUSR1 handler installed before (sw_log_install_sigusr1) is replaced
+ * meanwhile. Returns 0 after a stop, -EIO when every
  * child failed, or a negative code when the loop could not be set up
  * (message in err in both error cases; -EINVAL for bad options). With
  * SW_SUP_STOP_DRAIN no child process is left behind by a return: those
@@ -201,6 +224,15 @@ void sw_sup_beat(struct sw_sup *sup, unsigned i);
 /* Something the status shows changed (not a state): rewrite the status
  * file at the next tick rather than now. */
 void sw_sup_status_dirty(struct sw_sup *sup);
+
+/* Sends signal sig (1..64) to every child that has started: now to each
+ * running one (ready, or adopted), and to each one still starting at the
+ * moment it becomes ready; a child that dies before it is ready, or is
+ * being killed (hung, not ready in time), is owed nothing. A child in
+ * backoff, waiting, failed or stopped has no process and gets nothing.
+ * Returns how many were signalled now; *later (may be NULL) is set to how
+ * many get it once ready. A bad sig: 0, nothing sent. */
+unsigned sw_sup_signal_started(struct sw_sup *sup, int sig, unsigned *later);
 
 /* Every failed child starts again from a clean crash count (in order,
  * with opts.ordered). Returns how many were failed. */

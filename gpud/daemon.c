@@ -509,34 +509,52 @@ static void log_model_plan(const struct gpud_daemon *d, const struct start *st)
 /* GPUD_TEST_LEAK: the planted leaks of the trough watchdog's tests
  * (tests/integration/gpud_watch_test.c), a comma-separated list of
  * "mask" (every finished request keeps its mask pinned) and "kv" (every
- * freed KV sequence keeps a hold on its last block). An environment
- * variable, not a configuration key, so that no swarm.json, SWARM_*
- * override, systemd unit or `swarmctl start` can turn it on: only a test
- * that sets it for the daemon it spawns; and in the shipped binary, so
- * that the tests prove the watchdog of the binary that runs. Unset or
- * empty: nothing. An unknown word refuses to start. */
+ * freed KV sequence keeps a hold on its last block), each optionally
+ * ":N" for one in N instead of every one (so that the rest fill the
+ * caches to their bounds and the leak must show behind them). An
+ * environment variable, not a configuration key, so that no swarm.json,
+ * SWARM_* override, systemd unit or `swarmctl start` can turn it on: only
+ * a test that sets it for the daemon it spawns; and in the shipped
+ * binary, so that the tests prove the watchdog of the binary that runs
+ * (it costs a branch per finished request and per freed sequence). Unset
+ * or empty: nothing. Anything else refuses to start. */
 static int test_leaks_read(struct gpud_daemon *d)
 {
 	const char *v = getenv("GPUD_TEST_LEAK");
 
 	while (v && *v) {
 		size_t n = strcspn(v, ",");
+		size_t w = strcspn(v, ",:");
+		unsigned long every = 1;
+		uint32_t *slot = NULL;
 
-		if (n == 4 && !strncmp(v, "mask", 4)) {
-			d->leak_masks = true;
-		} else if (n == 2 && !strncmp(v, "kv", 2)) {
-			d->leak_kv = true;
-		} else if (n) {
-			log_error("GPUD_TEST_LEAK: unknown leak \"%.*s\" (expected mask, kv or "
-				  "both, comma-separated)", (int)(n < 64 ? n : 64), v);
+		if (w == 4 && !strncmp(v, "mask", 4))
+			slot = &d->leak_masks;
+		else if (w == 2 && !strncmp(v, "kv", 2))
+			slot = &d->leak_kv;
+		if (slot && w < n) { /* ":N" */
+			char *end;
+
+			every = strtoul(v + w + 1, &end, 10);
+			if (end != v + n || v[w + 1] < '0' || v[w + 1] > '9' || every < 1 ||
+			    every > 1000000)
+				slot = NULL;
+		}
+		if (!slot && n) {
+			log_error("GPUD_TEST_LEAK: unknown leak \"%.*s\" (expected mask, kv, "
+				  "mask:N or kv:N, comma-separated)", (int)(n < 64 ? n : 64), v);
 			return -EINVAL;
 		}
+		if (slot)
+			*slot = (uint32_t)every;
 		v += n + (v[n] == ',');
 	}
-	if (d->leak_masks || d->leak_kv)
-		log_warn("GPUD_TEST_LEAK: leaking on purpose, for the watchdog's tests:%s%s",
-			 d->leak_masks ? " every finished request keeps its mask pinned;" : "",
-			 d->leak_kv ? " every freed KV sequence keeps its last block;" : "");
+	if (d->leak_masks)
+		log_warn("GPUD_TEST_LEAK: leaking on purpose, for the watchdog's tests: one "
+			 "finished request in %u keeps its mask pinned", d->leak_masks);
+	if (d->leak_kv)
+		log_warn("GPUD_TEST_LEAK: leaking on purpose, for the watchdog's tests: one freed "
+			 "KV sequence in %u keeps its last block", d->leak_kv);
 	return 0;
 }
 

@@ -1,7 +1,8 @@
 /* daemon_dump.c - the block owner dump of `gpud serve` (MEM with
  * PROTO_MEM_DUMP_OWNERS): every KV block of every device and who holds it,
  * as JSON in a file under state_dir, written through a buffer reserved at
- * start (loop thread; open(2), no malloc).
+ * start (loop thread; open(2), no malloc). The files take GPUD_DUMPS_KEPT
+ * names in turn (the time is inside), so dumps never pile up.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -96,8 +97,8 @@ int gpud__dump_owners(struct gpud_daemon *d, char *err, size_t errlen)
 	if (rc)
 		return sw_seterr(err, errlen, rc, "mem: cannot create %s: %s", d->cfg.state_dir,
 				 strerror(-rc));
-	snprintf(d->dump_path, sizeof(d->dump_path), "%s/gpud-blocks-%lld.json", d->cfg.state_dir,
-		 (long long)t);
+	snprintf(d->dump_path, sizeof(d->dump_path), "%s/gpud-blocks-%u.json", d->cfg.state_dir,
+		 d->dumps++ % GPUD_DUMPS_KEPT);
 	d->dump_fd = open(d->dump_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
 	if (d->dump_fd < 0)
 		return sw_seterr(err, errlen, -errno, "mem: cannot write %s: %s", d->dump_path,

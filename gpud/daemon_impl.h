@@ -126,9 +126,11 @@ struct gpud_daemon {
 	struct gpud_memwatch *watch;
 	pthread_mutex_t watch_lock;
 	/* The planted leaks of the watchdog's tests (GPUD_TEST_LEAK, read at
-	 * start, see daemon.c): a finished request keeps its mask pinned; a
-	 * freed KV sequence keeps its last block (gpud_kv_params.test_leak). */
-	bool leak_masks, leak_kv;
+	 * start, see daemon.c), one in leak_* (0: none): a finished request
+	 * keeps its mask pinned; a freed KV sequence keeps its last block
+	 * (gpud_kv_params.test_leak). */
+	uint32_t leak_masks, leak_kv;
+	atomic_uint_fast64_t mask_ends;  /* requests with a mask that ended */
 	atomic_bool stopping;
 
 	uv_loop_t loop;
@@ -157,6 +159,7 @@ struct gpud_daemon {
 	int dump_fd;
 	bool dump_failed;
 	char dump_path[SW_CONFIG_PATH_MAX + 64];
+	uint32_t dumps;          /* owner dumps written; the file is slot dumps % GPUD_DUMPS_KEPT */
 	double last_rate_t;
 	uint64_t last_rate_gen;
 	double rate;
@@ -247,8 +250,12 @@ int gpud__svc_mem(void *svc, uint32_t flags, char *buf, size_t cap, size_t *len,
 		  size_t errlen);
 /* GET /metrics (gpud_metrics render callback; arg is the daemon). */
 int gpud__metrics_render(void *arg, char *buf, size_t cap, size_t *len);
-/* Writes every KV block's owner to a JSON file under state_dir; its path
- * in d->dump_path. 0, or a negative code with the message. */
+/* Writes every KV block's owner to a JSON file under state_dir,
+ * gpud-blocks-<slot>.json with slot 0..GPUD_DUMPS_KEPT-1 in turn, so
+ * repeated dumps (a monitoring script) keep the last few and never fill
+ * the disk; its path in d->dump_path. 0, or a negative code with the
+ * message. */
+#define GPUD_DUMPS_KEPT 8
 int gpud__dump_owners(struct gpud_daemon *d, char *err, size_t errlen);
 
 /* --- daemon_signal.c: signals and shutdown ---------------------------------- */

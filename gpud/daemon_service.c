@@ -48,7 +48,9 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 		return p->reply_err ? 1 : 0;
 	}
 
-	if (p->mask && !d->leak_masks) { /* leak_masks: the planted leak (daemon_impl.h) */
+	/* leak_masks: the planted leak (daemon_impl.h) */
+	if (p->mask && (!d->leak_masks || (atomic_fetch_add(&d->mask_ends, 1) + 1) %
+					  d->leak_masks)) {
 		struct device *dv = &d->dev[p->dev];
 		pthread_mutex_lock(&dv->lock);
 		gpud_maskcache_release(p->mask);

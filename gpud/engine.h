@@ -52,7 +52,7 @@ struct gpud_engine_params {
 	enum sw_device_kind kind;  /* picks the backend; default SW_DEVICE_CPU */
 	int ordinal;               /* which device of that kind (N of
 				    * "cuda:N"); default 0 */
-	bool test_leak_kv;         /* tests only: gpud_kv_params.test_leak */
+	uint32_t test_leak_kv;     /* tests only: gpud_kv_params.test_leak */
 };
 
 /* Fills the defaults listed above. */

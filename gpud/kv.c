@@ -48,6 +48,7 @@ struct gpud_kv {
 	uint32_t n_seqs;
 	uint32_t high;
 	uint64_t exhausted;
+	uint64_t n_freed;        /* sequences with blocks freed (test_leak) */
 };
 
 int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p)
@@ -140,8 +141,8 @@ int gpud_kv_seq_free(struct gpud_kv *kv, uint32_t seq)
 {
 	if (!gpud_kv_seq_valid(kv, seq))
 		return -EINVAL;
-	if (kv->p.test_leak && kv->seqs[seq].n_blocks) /* the planted leak (kv.h) */
-		gpud_kv_block_hold(kv, seq_table(kv, seq)[kv->seqs[seq].n_blocks - 1]);
+	if (kv->p.test_leak && kv->seqs[seq].n_blocks && ++kv->n_freed % kv->p.test_leak == 0)
+		gpud_kv_block_hold(kv, seq_table(kv, seq)[kv->seqs[seq].n_blocks - 1]); /* kv.h */
 	release_from(kv, seq, 0);
 	kv->seqs[seq] = (struct kv_seq){ 0 };
 	kv->n_seqs--;

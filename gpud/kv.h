@@ -33,10 +33,11 @@ struct gpud_kv_params {
 	uint32_t max_seqs;     /* sequence slots (> 0) */
 	uint32_t max_ctx;      /* positions per sequence at most (> 0) */
 	/* Tests only: the planted leak of the trough watchdog's tests
-	 * (gpud serve under GPUD_TEST_LEAK=kv). gpud_kv_seq_free then leaves
-	 * an outside hold on the sequence's last block (its newest positions,
+	 * (gpud serve under GPUD_TEST_LEAK=kv[:N]). Every test_leak-th
+	 * gpud_kv_seq_free of a sequence with blocks (1: each; 0: none)
+	 * leaves an outside hold on its last block (its newest positions,
 	 * which a prefix cache never shares) that nothing ever releases. */
-	bool test_leak;
+	uint32_t test_leak;
 };
 
 struct gpud_kv_stats {

@@ -5,16 +5,22 @@
  *
  * Streams (Redis Streams):
  *   swarm:tasks    entries with one field "task" holding the JSON below;
- *                  the workers read it as the consumer group "agents".
+ *                  the workers read it as the consumer group "agents"
+ *                  and delete an entry when they acknowledge it: the
+ *                  stream holds work in flight only, never outcomes.
  *   swarm:results  one entry per finished task:
  *                  task_id <id> status completed|failed|dead
  *                  location <where the result is> error <message or "">
  *                  document_id <the document the task stored or read, or
  *                  "" when none: an answer over every document, or a task
  *                  that failed before it had one>.
- *   swarm:dead     entries that used up their deliveries:
+ *                  Capped (agentd.results_maxlen): an outcome missed or
+ *                  trimmed is in PostgreSQL (tasks.status, the record).
+ *   swarm:dead     entries that used up their deliveries, moved here
+ *                  from swarm:tasks:
  *                  task_id <id> entry <stream id> deliveries <n>
  *                  error <last error> task <the JSON as submitted>.
+ *                  Capped (agentd.dead_maxlen).
  *
  * The task JSON:
  *   {"id": "doc-42", "kind": "ingest", "text": "..."}            inline text

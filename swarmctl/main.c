@@ -418,11 +418,16 @@ static int cmd_status(bool as_json)
 	if (agentd_st)
 		json_object_set_new(out, "agentd", json_incref(agentd_st));
 	have_queue = ctl_queue_stats(e.cfg.redis.url, &q, qerr, sizeof(qerr)) == 0;
-	if (have_queue)
-		json_object_set_new(out, "queue", json_pack("{s:I, s:I, s:I, s:I}", "length",
+	if (have_queue) {
+		char derr[SW_ERR_MAX];
+
+		/* swarm:dead is capped: the count is PostgreSQL's (-1 unknown) */
+		ctl_dead_count(e.cfg.postgres.url, &q.dead, derr, sizeof(derr));
+		json_object_set_new(out, "queue", json_pack("{s:I, s:I, s:I, s:I, s:I}", "length",
 			(json_int_t)q.length, "waiting", (json_int_t)q.undelivered, "pending",
-			(json_int_t)q.pending, "dead", (json_int_t)q.dead));
-	else
+			(json_int_t)q.pending, "dead", (json_int_t)q.dead, "dead_kept",
+			(json_int_t)q.dead_kept));
+	} else
 		json_object_set_new(out, "queue_error", json_string(qerr));
 
 	if (as_json) {

@@ -30,6 +30,7 @@
 #define GPUD_START_MS 180000 /* model load + warm-up of a large model */
 #define AGENTD_SETTLE_MS 1500
 #define AGENTD_START_MS 30000 /* until its status file names it */
+#define PG_PROBE_TIMEOUT_S 5
 #define AGENTD_DRAIN_MS 60000 /* workers finish or hand back their tasks */
 #define LOCK_WAIT_MS 60000
 
@@ -441,13 +442,15 @@ static void pg_quiet(void *arg, const char *msg)
 /* Creates database swarm and the vector extension when missing. */
 static int pg_bootstrap(const struct ctl_env *e, char *err, size_t errlen)
 {
-	char ci[PATH_MAX + 64];
+	char ci[PATH_MAX + 96];
 	PGconn *c;
 	PGresult *r;
 	int rc = 0;
 	bool have;
 
-	snprintf(ci, sizeof(ci), "host=%s/pg dbname=postgres user=swarm", e->state_dir);
+	/* bounded: the supervisor's stop waits for a probe in flight */
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=postgres user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
 	c = PQconnectdb(ci);
 	if (PQstatus(c) != CONNECTION_OK) {
 		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
@@ -462,7 +465,9 @@ static int pg_bootstrap(const struct ctl_env *e, char *err, size_t errlen)
 	PQfinish(c);
 	if (rc)
 		return rc;
-	c = PQconnectdb(e->cfg.postgres.url);
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=swarm user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
+	c = PQconnectdb(ci);
 	if (PQstatus(c) != CONNECTION_OK) {
 		rc = sw_seterr(err, errlen, -ECONNREFUSED, "postgres: %s", PQerrorMessage(c));
 		PQfinish(c);
@@ -815,9 +820,44 @@ static int agentd_probe(const struct ctl_env *e, pid_t pid, char *err, size_t er
 	return 0;
 }
 
-int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, char *err,
-		      size_t errlen)
+/* Redis answers at all: any reply, an error reply (LOADING, OOM) too. */
+static int redis_alive(const char *url, char *err, size_t errlen)
 {
+	int rc = redis_ping_url(url, err, errlen);
+
+	return rc == -EIO ? 0 : rc;
+}
+
+/* The postmaster answers at all: accepting connections, or refusing them
+ * (starting up, in recovery, too many clients) is alive; no answer is
+ * not. */
+static int pg_alive(const struct ctl_env *e, char *err, size_t errlen)
+{
+	char ci[PATH_MAX + 96];
+
+	snprintf(ci, sizeof(ci), "host=%s/pg dbname=swarm user=swarm connect_timeout=%d",
+		 e->state_dir, PG_PROBE_TIMEOUT_S);
+	if (PQping(ci) != PQPING_NO_RESPONSE)
+		return 0;
+	return sw_seterr(err, errlen, -ECONNREFUSED, "postgres: no answer on %s/pg",
+			 e->state_dir);
+}
+
+int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bool live,
+		      char *err, size_t errlen)
+{
+	if (live) {
+		switch (s) {
+		case CTL_REDIS:
+			return redis_alive(e->cfg.redis.url, err, errlen);
+		case CTL_POSTGRES:
+			return pg_alive(e, err, errlen);
+		case CTL_GPUD:
+			return gpud_probe(e, err, errlen);
+		default:
+			return 0; /* agentd's supervisor watches its workers; nothing to ask */
+		}
+	}
 	switch (s) {
 	case CTL_REDIS:
 		return redis_ping_url(e->cfg.redis.url, err, errlen);

@@ -126,14 +126,18 @@ struct ctl_command {
 int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_command *c,
 			char *err, size_t errlen);
 
-/* Whether managed service s, running as pid, is ready: Redis answers
- * PING; PostgreSQL accepts connections, and the swarm database and the
- * vector extension exist (created when missing); gpud answers `stats`;
- * agentd's supervisor wrote agentd.status.json under pid. Returns 0 or a
- * negative code with the reason. Safe to call from any thread (it reads
- * e only). */
-int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, char *err,
-		      size_t errlen);
+/* live false: whether managed service s, running as pid, is ready:
+ * Redis answers PING; PostgreSQL accepts connections, and the swarm
+ * database and the vector extension exist (created when missing); gpud
+ * answers `stats`; agentd's supervisor wrote agentd.status.json under
+ * pid. live true: whether it still answers at all (the supervisor's hang
+ * check): any Redis reply, PostgreSQL accepting or refusing a connection
+ * (starting up, in recovery, full), gpud answering `stats`; agentd always
+ * (its own supervisor watches its workers). Returns 0 or a negative code
+ * with the reason. Every wait is bounded (2 to 5 s). Safe to call from
+ * any thread (it reads e only). */
+int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bool live,
+		      char *err, size_t errlen);
 
 /* Before managed service s starts: a postmaster.pid whose pid a reboot
  * gave to another process is removed (with the socket's lock file), since

@@ -149,11 +149,11 @@ static void on_service_exit(struct sw_sup *sup, unsigned i, int pid, void *user)
 	ctl_tail(cs->cmd[i].log, TAIL_LINES, cs->last_lines[i], sizeof(cs->last_lines[i]));
 }
 
-static int probe(void *user, unsigned i, int pid, char *err, size_t errlen)
+static int probe(void *user, unsigned i, int pid, bool live, char *err, size_t errlen)
 {
 	struct ctl_sup *cs = user;
 
-	return ctl_service_ready(cs->e, (enum ctl_service)i, pid, err, errlen);
+	return ctl_service_ready(cs->e, (enum ctl_service)i, pid, live, err, errlen);
 }
 
 static json_t *status_json(struct sw_sup *sup, void *user)
@@ -282,6 +282,7 @@ int ctl_cmd_supervise(struct ctl_env *e)
 		.backoff_max_ms = e->cfg.supervisor.restart_backoff_max_ms,
 		.crash_window_ms = e->cfg.supervisor.crash_window_ms,
 		.crash_limit = e->cfg.supervisor.crash_limit,
+		.hang_ms = e->cfg.supervisor.hang_ms,
 	};
 	so.ops = &ctl_sup_ops;
 	so.user = cs;
@@ -292,15 +293,19 @@ int ctl_cmd_supervise(struct ctl_env *e)
 	so.stop = SW_SUP_STOP_RELEASE;
 	so.ordered = true;
 	so.hup_retries = true;
+	/* a few answers per hang limit: one slow answer is no hang */
+	so.live_probe_ms = e->cfg.supervisor.hang_ms / 4 < 5000 ? e->cfg.supervisor.hang_ms / 4 : 5000;
+	if (so.live_probe_ms < 100)
+		so.live_probe_ms = 100;
 	so.log_max_bytes = e->cfg.supervisor.log_max_bytes;
 	so.log_keep = e->cfg.supervisor.log_keep;
 	so.extra_logs = extra;
 
 	log_info("swarm supervisor %s (state directory %s): redis, postgres, gpud, agentd; "
-		 "backoff %u..%u ms, more than %u deaths in %u ms = failed; logs bounded at "
-		 "%llu bytes + %u rotated",
+		 "backoff %u..%u ms, more than %u deaths in %u ms = failed, hung after %u ms "
+		 "without an answer (0 = never); logs bounded at %llu bytes + %u rotated",
 		 SW_VERSION, e->state_dir, so.policy.backoff_min_ms, so.policy.backoff_max_ms,
-		 so.policy.crash_limit, so.policy.crash_window_ms,
+		 so.policy.crash_limit, so.policy.crash_window_ms, so.policy.hang_ms,
 		 (unsigned long long)so.log_max_bytes, so.log_keep);
 	json = sw_config_to_json(&e->cfg); /* passwords redacted */
 	if (json)

@@ -16,7 +16,11 @@
  * Signals: SIGTERM or SIGINT stops the supervisor and leaves the services
  * running (`swarmctl stop` then stops them in its order: agentd drains,
  * gpud, Redis, PostgreSQL); SIGHUP starts the failed services again
- * (`swarmctl start` sends it).
+ * (`swarmctl start` sends it). SIGUSR1 is not passed on (no
+ * usr1_reopens): every service writes to its O_APPEND stdout, which
+ * copy-and-truncate bounds without a reopen, none opens a log file by
+ * name in managed mode, and Redis dies of SIGUSR1 (PostgreSQL's
+ * postmaster uses it between its own processes).
  *
  * A supervisor that starts while services run (the last one died) adopts
  * them: it watches each through a pidfd and restarts it as its own child

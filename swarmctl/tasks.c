@@ -218,15 +218,61 @@ out:
 	return rc;
 }
 
+/* Copies the value of "field:" in INFO text into out ("?" when absent). */
+static void info_field(const char *info, const char *field, char *out, size_t cap)
+{
+	size_t n = strlen(field);
+	const char *p = info;
+
+	snprintf(out, cap, "?");
+	while (p && *p) {
+		if (!strncmp(p, field, n) && p[n] == ':') {
+			snprintf(out, cap, "%.*s", (int)strcspn(p + n + 1, "\r\n"), p + n + 1);
+			return;
+		}
+		p = strchr(p, '\n');
+		p = p ? p + 1 : NULL;
+	}
+}
+
+/* Says plainly that Redis refused a task for memory (maxmemory with
+ * noeviction: "OOM command not allowed ..."), with its figures, and what
+ * this command had queued before. Returns SW_EBUSY. */
+static int refused_for_memory(redisContext *c, unsigned long queued, char *err, size_t errlen)
+{
+	char used[32] = "?", max[32] = "?", policy[32] = "?";
+	redisReply *r;
+
+	if (ctl_redis_cmd(c, &r, NULL, 0, "INFO memory") == 0) {
+		if (r->type == REDIS_REPLY_STRING) {
+			info_field(r->str, "used_memory_human", used, sizeof(used));
+			info_field(r->str, "maxmemory_human", max, sizeof(max));
+			info_field(r->str, "maxmemory_policy", policy, sizeof(policy));
+		}
+		freeReplyObject(r);
+	}
+	return sw_seterr(err, errlen, SW_EBUSY,
+			 "Redis refused the task: it is at its maxmemory limit (used_memory %s, "
+			 "maxmemory %s, policy %s); %s. The workers free memory as they finish "
+			 "tasks: submit again later, or raise Redis's maxmemory",
+			 used, max, policy, queued ? "the tasks queued above stay queued, this one "
+			 "and the rest were not" : "nothing was queued");
+}
+
 static int xadd(struct submit *s, const char *json, char *err, size_t errlen)
 {
+	static unsigned long queued; /* by this command so far */
 	redisReply *r;
 	int rc = ctl_redis_cmd(s->rc, &r, err, errlen, "XADD %s * %s %s", PROTO_TASK_STREAM,
 			      PROTO_TASK_FIELD, json);
 
-	if (!rc)
-		freeReplyObject(r);
-	return rc;
+	if (rc == -EIO && !strncmp(err, "redis: OOM ", 11))
+		return refused_for_memory(s->rc, queued, err, errlen);
+	if (rc)
+		return rc;
+	freeReplyObject(r);
+	queued++;
+	return 0;
 }
 
 /* Queues job j (its JSON is freed once sent). */
@@ -1119,6 +1165,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 
 	memset(q, 0, sizeof(*q));
 	q->undelivered = -1;
+	q->dead = -1;
 	rc = ctl_redis_open(url, 2000, &c, err, errlen);
 	if (rc)
 		return rc;
@@ -1130,7 +1177,7 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 	rc = ctl_redis_cmd(c, &r, err, errlen, "XLEN %s", PROTO_TASK_DEAD_STREAM);
 	if (rc)
 		goto out;
-	q->dead = r->integer;
+	q->dead_kept = r->integer;
 	freeReplyObject(r);
 	if (q->length == 0) {
 		q->undelivered = 0;
@@ -1163,7 +1210,35 @@ int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_
 		}
 	}
 	freeReplyObject(r);
+	/* Redis reports no lag once entries were deleted after the group's
+	 * last read, which is the rule now that acknowledged entries are
+	 * deleted: what the stream holds is then pending or waiting. */
+	if (q->undelivered < 0 && q->length >= q->pending)
+		q->undelivered = q->length - q->pending;
 out:
 	redisFree(c);
+	return rc;
+}
+
+int ctl_dead_count(const char *url, int64_t *n, char *err, size_t errlen)
+{
+	PGconn *pg = NULL;
+	PGresult *r;
+	int rc;
+
+	*n = -1;
+	rc = ctl_pg_open(url, &pg, err, errlen);
+	if (rc)
+		return rc;
+	rc = ctl_pg_query(pg, &r, err, errlen, "SELECT count(*) FROM tasks WHERE status = 'dead'",
+			  0, NULL);
+	if (rc && strstr(err, "does not exist")) {
+		*n = 0; /* no tasks table yet: nothing died */
+		rc = 0;
+	} else if (!rc) {
+		*n = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
+		PQclear(r);
+	}
+	PQfinish(pg);
 	return rc;
 }

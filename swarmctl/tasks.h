@@ -61,14 +61,23 @@ long ctl_expected_summaries(long n_chunks, unsigned fanin);
 
 struct ctl_queue_stats {
 	int64_t length;      /* XLEN swarm:tasks: every entry still in the stream */
-	int64_t undelivered; /* entries the group has not delivered yet (lag); -1 unknown */
+	int64_t undelivered; /* entries the group has not delivered yet (lag, or
+			      * length - pending when Redis cannot tell); -1 unknown */
 	int64_t pending;     /* delivered to a worker, not acknowledged */
-	int64_t dead;        /* XLEN swarm:dead */
+	int64_t dead;        /* dead tasks in PostgreSQL (every one); -1 unknown */
+	int64_t dead_kept;   /* XLEN swarm:dead: the last agentd.dead_maxlen or so */
 };
 
 /* Reads the queue numbers from Redis at url. A stream or group that does
- * not exist yet counts as 0. Returns 0 or a negative code with a message
- * (SW_ECLOSED: Redis unreachable). */
+ * not exist yet counts as 0. dead is left -1: swarm:dead is capped, so
+ * only PostgreSQL knows how many tasks died (ctl_dead_count). Returns 0
+ * or a negative code with a message (SW_ECLOSED: Redis unreachable). */
 int ctl_queue_stats(const char *url, struct ctl_queue_stats *q, char *err, size_t errlen);
+
+/* The number of dead tasks (tasks.status = 'dead') in PostgreSQL at url,
+ * the record of truth, into *n; 0 before agentd created its tables.
+ * Returns 0 or a negative code with a message (SW_ECLOSED: unreachable);
+ * *n is then -1. */
+int ctl_dead_count(const char *url, int64_t *n, char *err, size_t errlen);
 
 #endif

@@ -365,9 +365,15 @@ void ctl_print_queue(FILE *f, const struct ctl_queue_stats *q)
 	fprintf(f, "queue: ");
 	if (q->undelivered >= 0)
 		fprintf(f, "%lld waiting, ", (long long)q->undelivered);
-	fprintf(f, "%lld pending (claimed, not acknowledged), %lld entries in swarm:tasks, "
-		"%lld dead-lettered\n", (long long)q->pending, (long long)q->length,
-		(long long)q->dead);
+	fprintf(f, "%lld pending (claimed, not acknowledged), %lld entries in swarm:tasks, ",
+		(long long)q->pending, (long long)q->length);
+	/* swarm:dead is capped: the count of dead tasks is PostgreSQL's */
+	if (q->dead >= 0)
+		fprintf(f, "%lld dead-lettered (%lld kept in swarm:dead)\n", (long long)q->dead,
+			(long long)q->dead_kept);
+	else
+		fprintf(f, "%lld kept in swarm:dead (dead-lettered in all: PostgreSQL "
+			"unreachable)\n", (long long)q->dead_kept);
 }
 
 json_t *ctl_agentd_status(const struct ctl_env *e)
@@ -442,12 +448,14 @@ static void restore_tty(void)
 	tio_saved = false;
 }
 
-/* Task counts and completions over the last 10 s from PostgreSQL. */
-static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e)
+/* Task counts and completions over the last 10 s from PostgreSQL; *dead
+ * is the count of dead tasks (-1 when PostgreSQL did not answer). */
+static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e, int64_t *dead)
 {
 	char err[SW_ERR_MAX];
 	PGresult *r;
 
+	*dead = -1;
 	if (!*pg && ctl_pg_open(e->cfg.postgres.url, pg, err, sizeof(err)) != 0) {
 		fprintf(f, "tasks: %s\n", err);
 		return;
@@ -459,6 +467,8 @@ static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e)
 			"count(*) FILTER (WHERE status = 'completed'), "
 			"count(*) FILTER (WHERE status = 'failed'), "
 			"count(*) FILTER (WHERE status = 'dead') FROM tasks", 0, NULL) != 0) {
+		if (strstr(err, "does not exist"))
+			*dead = 0;
 		fprintf(f, "tasks: %s\n", strstr(err, "does not exist") ?
 			"none yet (agentd creates the tables when it starts)" : err);
 		if (PQstatus(*pg) != CONNECTION_OK) {
@@ -470,6 +480,7 @@ static void print_tasks(FILE *f, PGconn **pg, const struct ctl_env *e)
 	fprintf(f, "tasks: %.1f/s completed (last 10 s); %s running, %s completed, %s failed, "
 		"%s dead\n", strtod(PQgetvalue(r, 0, 0), NULL) / 10, PQgetvalue(r, 0, 1),
 		PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3), PQgetvalue(r, 0, 4));
+	*dead = strtoll(PQgetvalue(r, 0, 4), NULL, 10);
 	PQclear(r);
 }
 
@@ -527,6 +538,7 @@ int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 	for (long it = 0; !top_stop && (!iterations || it < iterations); it++) {
 		struct ctl_queue_stats q;
 		char err[SW_ERR_MAX], when[32];
+		int64_t dead;
 		time_t now = time(NULL);
 		json_t *stats;
 
@@ -545,7 +557,7 @@ int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 				ctl_print_processes(stdout, e, procs);
 			json_decref(procs);
 		}
-		print_tasks(stdout, &pg, e);
+		print_tasks(stdout, &pg, e, &dead);
 		if (ctl_service_pid(e, CTL_AGENTD)) {
 			json_t *as = ctl_agentd_status(e);
 
@@ -553,9 +565,10 @@ int ctl_cmd_top(struct ctl_env *e, int argc, char **argv)
 				ctl_print_agentd(stdout, as);
 			json_decref(as);
 		}
-		if (ctl_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0)
+		if (ctl_queue_stats(e->cfg.redis.url, &q, err, sizeof(err)) == 0) {
+			q.dead = dead; /* PostgreSQL's: swarm:dead is capped */
 			ctl_print_queue(stdout, &q);
-		else
+		} else
 			printf("queue: %s\n", err);
 		stats = ctl_gpud_json(e, false, 0, err, sizeof(err));
 		if (stats) {

@@ -52,7 +52,10 @@ json_t *ctl_device_memory(const json_t *stats);
  * caches with hit rates and occupancy against their bounds. */
 void ctl_print_gpud(FILE *f, const json_t *stats);
 
-/* Prints the queue line. */
+/* Prints the queue line: waiting, pending, entries in swarm:tasks, and
+ * the dead-lettered count, PostgreSQL's (q->dead; swarm:dead is capped,
+ * what it keeps is shown beside it), or only what swarm:dead keeps when
+ * q->dead is -1 (PostgreSQL unreachable). */
 void ctl_print_queue(FILE *f, const struct ctl_queue_stats *q);
 
 /* agentd's supervisor status file (<state_dir>/agentd.status.json,

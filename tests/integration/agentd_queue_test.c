@@ -1,8 +1,13 @@
 /* agentd_queue_test.c - agentd/queue.c against a real Redis: claim and
- * ack, the consumer's own pending entries re-read after a restart,
- * XAUTOCLAIM of an idle entry by another consumer, delivery counts,
- * dead-lettering, result events, the lease held by touch, entries deleted
- * under a consumer, a lost group and a lost connection.
+ * ack (which deletes the entry), the consumer's own pending entries
+ * re-read after a restart, XAUTOCLAIM of an idle entry by another
+ * consumer, delivery counts, dead-lettering (which deletes the original),
+ * result events, the caps of the result and dead-letter streams, the
+ * sweep of entries acknowledged without deletion, the lease held by
+ * touch, entries deleted under a consumer, a lost group and a lost
+ * connection; and, on a private Redis at its maxmemory limit, every
+ * write that needs memory refused as SW_EBUSY with nothing changed while
+ * acknowledgements and claims go on.
  *
  * Every test uses streams of its own (swarm:it:agentd:<pid>:<n>:*).
  */
@@ -87,9 +92,9 @@ static int teardown(void **state)
 	return 0;
 }
 
-static struct agent_queue *open_q(struct fx *f, const char *consumer, uint32_t lease_ms)
+static struct agent_queue_opts opts(struct fx *f, const char *consumer, uint32_t lease_ms)
 {
-	struct agent_queue_opts o = {
+	return (struct agent_queue_opts){
 		.url = it_redis_url(),
 		.stream = f->stream,
 		.dead_stream = f->dead,
@@ -98,21 +103,49 @@ static struct agent_queue *open_q(struct fx *f, const char *consumer, uint32_t l
 		.lease_ms = lease_ms,
 		.block_ms = 50,
 	};
+}
+
+static struct agent_queue *open_opts(const struct agent_queue_opts *o)
+{
 	struct agent_queue *q;
 
-	if (agent_queue_open(&q, &o, err, sizeof(err)) != 0)
+	if (agent_queue_open(&q, o, err, sizeof(err)) != 0)
 		fail_msg("open: %s", err);
 	return q;
 }
 
-static void add(struct fx *f, const char *task, char id[64])
+static struct agent_queue *open_q(struct fx *f, const char *consumer, uint32_t lease_ms)
 {
-	redisReply *r = cmd(f->admin, "XADD %s * task %s", f->stream, task);
+	struct agent_queue_opts o = opts(f, consumer, lease_ms);
+
+	return open_opts(&o);
+}
+
+/* XLEN of stream (0 when it does not exist). */
+static long long xlen(redisContext *c, const char *stream)
+{
+	redisReply *r = cmd(c, "XLEN %s", stream);
+	long long v;
+
+	assert_int_equal(r->type, REDIS_REPLY_INTEGER);
+	v = r->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+static void add_to(redisContext *c, const char *stream, const char *task, char id[64])
+{
+	redisReply *r = cmd(c, "XADD %s * task %s", stream, task);
 
 	assert_int_equal(r->type, REDIS_REPLY_STRING);
 	if (id)
 		snprintf(id, 64, "%s", r->str);
 	freeReplyObject(r);
+}
+
+static void add(struct fx *f, const char *task, char id[64])
+{
+	add_to(f->admin, f->stream, task, id);
 }
 
 static void test_claim_and_ack(void **state)
@@ -137,8 +170,12 @@ static void test_claim_and_ack(void **state)
 	/* The other consumer does not get it. */
 	assert_int_equal(agent_queue_claim(q2, &m2, err, sizeof(err)), SW_ENOTFOUND);
 	assert_null(m2.payload);
+	assert_int_equal(xlen(f->admin, f->stream), 1);
 	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0);
 	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
+	/* Acknowledged means gone: Redis keeps no finished task. */
+	assert_int_equal(xlen(f->admin, f->stream), 0);
+	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0); /* idempotent */
 	agent_msg_free(&m);
 	agent_msg_free(&m);
 	agent_msg_free(NULL);
@@ -250,6 +287,7 @@ static void test_dead_letter_and_results(void **state)
 	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
 	assert_int_equal(agent_queue_dead(q, &m, "t-7", "task: invalid JSON", err, sizeof(err)), 0);
 	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
+	assert_int_equal(xlen(f->admin, f->stream), 0); /* moved, not copied */
 	r = cmd(f->admin, "XRANGE %s - +", f->dead);
 	assert_int_equal(r->elements, 1);
 	{
@@ -300,6 +338,253 @@ static void test_deleted_entry_skipped(void **state)
 	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
 	agent_msg_free(&m);
 	agent_queue_close(q);
+}
+
+/* stream-node-max-entries: how far past its cap an XADD MAXLEN ~ may
+ * leave a stream (it trims whole nodes only). */
+static long long node_entries(redisContext *c)
+{
+	redisReply *r = cmd(c, "CONFIG GET stream-node-max-entries");
+	long long n;
+
+	assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+	assert_int_equal(r->elements, 2);
+	n = atoll(r->element[1]->str);
+	freeReplyObject(r);
+	return n;
+}
+
+static void test_streams_capped(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue_opts o = opts(f, "w", 60000);
+	struct agent_queue *q;
+	long long slack = node_entries(f->admin), n;
+	struct agent_msg m;
+	char id[32];
+
+	o.results_maxlen = 50;
+	o.dead_maxlen = 20;
+	q = open_opts(&o);
+	for (int i = 0; i < 600; i++) {
+		snprintf(id, sizeof(id), "t-%d", i);
+		assert_int_equal(agent_queue_result(q, id, "completed", "documents/1", i + 1, NULL,
+						    err, sizeof(err)),
+				 0);
+	}
+	n = xlen(f->admin, f->results);
+	assert_true(n >= 50 && n <= 50 + slack);
+	{
+		/* a capped event is whole: the newest one ends with its document */
+		redisReply *r = cmd(f->admin, "XREVRANGE %s + - COUNT 1", f->results);
+
+		assert_int_equal(r->elements, 1);
+		assert_int_equal(r->element[0]->element[1]->elements, 10);
+		assert_string_equal(r->element[0]->element[1]->element[1]->str, "t-599");
+		assert_string_equal(r->element[0]->element[1]->element[8]->str, "document_id");
+		assert_string_equal(r->element[0]->element[1]->element[9]->str, "600");
+		freeReplyObject(r);
+	}
+	for (int i = 0; i < 150; i++) {
+		add(f, "{poison", NULL);
+		assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+		assert_int_equal(agent_queue_dead(q, &m, "t", "bad", err, sizeof(err)), 0);
+		agent_msg_free(&m);
+	}
+	n = xlen(f->admin, f->dead);
+	assert_true(n >= 20 && n <= 20 + slack);
+	assert_int_equal(xlen(f->admin, f->stream), 0);
+	agent_queue_close(q);
+
+	/* 0: not capped. */
+	o.results_maxlen = 0;
+	q = open_opts(&o);
+	for (int i = 0; i < 300; i++)
+		assert_int_equal(agent_queue_result(q, "t", "failed", NULL, 0, "e", err, sizeof(err)),
+				 0);
+	assert_true(xlen(f->admin, f->results) >= 300);
+	agent_queue_close(q);
+}
+
+/* Entries acknowledged without XDEL (an older agentd, a tool that only
+ * XACKs) go at the sweep; pending and undelivered ones stay, for every
+ * group of the stream. */
+static void test_sweep(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *q = open_q(f, "w", 60000);
+	char a[64], b[64], c[64], d[64], e[64];
+	struct agent_msg m;
+	uint64_t removed = 9;
+	redisReply *r;
+
+	assert_int_equal(agent_queue_sweep(q, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 0); /* an empty stream */
+	add(f, "A", a);
+	add(f, "B", b);
+	add(f, "C", c);
+	add(f, "D", d);
+	add(f, "E", e);
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+		agent_msg_free(&m);
+	}
+	assert_int_equal(integer(f->admin, "XACK %s agents %s", f->stream, a), 1);
+	assert_int_equal(integer(f->admin, "XACK %s agents %s", f->stream, c), 1);
+	/* B is pending: only A is below it. */
+	assert_int_equal(agent_queue_sweep(q, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 1);
+	assert_int_equal(xlen(f->admin, f->stream), 4);
+	assert_int_equal(integer(f->admin, "XACK %s agents %s", f->stream, b), 1);
+	/* Nothing pending: everything delivered goes, D and E were not. */
+	assert_int_equal(agent_queue_sweep(q, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 2);
+	r = cmd(f->admin, "XRANGE %s - +", f->stream);
+	assert_int_equal(r->elements, 2);
+	assert_string_equal(r->element[0]->element[0]->str, d);
+	freeReplyObject(r);
+	/* Another group that has read nothing keeps everything. */
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_ack(q, m.id, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	r = cmd(f->admin, "XGROUP CREATE %s other 0", f->stream);
+	freeReplyObject(r);
+	assert_int_equal(integer(f->admin, "XACK %s agents %s", f->stream, e), 0);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, e);
+	assert_int_equal(integer(f->admin, "XACK %s agents %s", f->stream, e), 1); /* old style */
+	agent_msg_free(&m);
+	assert_int_equal(agent_queue_sweep(q, &removed, err, sizeof(err)), 0);
+	assert_int_equal(removed, 0);
+	assert_int_equal(xlen(f->admin, f->stream), 1);
+	agent_queue_close(q);
+}
+
+/* A worker that dies between the XDEL and the XACK of its
+ * acknowledgement leaves a deleted entry pending: the next XAUTOCLAIM
+ * drops it, and nothing is handed out twice. */
+static void test_deleted_pending_dropped(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue *dead = open_q(f, "died", 100);
+	struct agent_queue *live = open_q(f, "live", 100);
+	struct agent_msg m;
+	char a[64], b[64];
+
+	add(f, "A", a);
+	assert_int_equal(agent_queue_claim(dead, &m, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	agent_queue_close(dead);
+	assert_int_equal(integer(f->admin, "XDEL %s %s", f->stream, a), 1);
+	add(f, "B", b);
+	usleep(150 * 1000);
+	assert_int_equal(agent_queue_claim(live, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, b);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 1); /* B only */
+	assert_int_equal(agent_queue_ack(live, m.id, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	assert_int_equal(at_redis_pending(f->admin, f->stream), 0);
+	assert_int_equal(xlen(f->admin, f->stream), 0);
+	agent_queue_close(live);
+}
+
+/* A private Redis at maxmemory (noeviction, Redis's default policy):
+ * writes that need memory are SW_EBUSY and change nothing; what frees
+ * memory (XDEL + XACK) and what a worker needs to go on (claims, an
+ * existing group) still work. */
+static void test_maxmemory(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue_opts o = opts(f, "w", 60000), o2;
+	struct agent_queue *q, *q2, *q3;
+	struct at_redis srv;
+	redisContext *admin;
+	struct agent_msg ma, mb, mc;
+	char a[64], b[64], c[64], policy[64];
+	uint64_t max = 9;
+	redisReply *r;
+
+	if (at_redis_start(&srv, "/tmp/agentd-redis-XXXXXX") != 0) {
+		at_redis_stop(&srv);
+		fail_msg("cannot start a private Redis");
+	}
+	admin = redisConnect(srv.host, srv.port);
+	assert_true(admin && !admin->err);
+	o.url = srv.url;
+	o.results_maxlen = 100;
+	o.dead_maxlen = 100;
+	q = open_opts(&o);
+	add_to(admin, f->stream, "A", a);
+	add_to(admin, f->stream, "B", b);
+	add_to(admin, f->stream, "C", c);
+	assert_int_equal(agent_queue_claim(q, &ma, err, sizeof(err)), 0);
+	assert_int_equal(agent_queue_claim(q, &mb, err, sizeof(err)), 0);
+
+	assert_int_equal(agent_queue_memory_policy(q, &max, policy, sizeof(policy), err,
+						   sizeof(err)),
+			 0);
+	assert_true(max == 0);
+	assert_string_equal(policy, "noeviction"); /* Redis's default */
+	/* What agentd warns about (at a limit Redis would evict the stream). */
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory-policy allkeys-lru"));
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 1000000000"));
+	assert_int_equal(agent_queue_memory_policy(q, &max, policy, sizeof(policy), err,
+						   sizeof(err)),
+			 0);
+	assert_true(max == 1000000000);
+	assert_string_equal(policy, "allkeys-lru");
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory-policy noeviction"));
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 1"));
+	r = cmd(admin, "XADD %s * task D", f->stream);
+	assert_int_equal(r->type, REDIS_REPLY_ERROR);
+	freeReplyObject(r);
+
+	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", 1, NULL, err,
+					    sizeof(err)),
+			 SW_EBUSY);
+	assert_non_null(strstr(err, "OOM command not allowed"));
+	assert_non_null(strstr(err, "maxmemory"));
+	assert_int_equal(xlen(admin, f->results), 0);
+	/* The dead-letter transaction is refused whole: B stays pending. */
+	assert_int_equal(agent_queue_dead(q, &mb, "t-2", "bad", err, sizeof(err)), SW_EBUSY);
+	assert_non_null(strstr(err, "OOM command not allowed"));
+	assert_int_equal(xlen(admin, f->dead), 0);
+	assert_int_equal(at_redis_pending(admin, f->stream), 2);
+	/* The connection is still in step after the refused pipeline. */
+	assert_int_equal(agent_queue_holds(q, mb.id, err, sizeof(err)), 0);
+	/* Acknowledging frees memory and needs none. */
+	assert_int_equal(agent_queue_ack(q, ma.id, err, sizeof(err)), 0);
+	assert_int_equal(xlen(admin, f->stream), 2);
+	assert_int_equal(at_redis_pending(admin, f->stream), 1);
+	/* A worker starting now finds its group and claims. */
+	o2 = o;
+	o2.consumer = "w2";
+	q2 = open_opts(&o2);
+	assert_int_equal(agent_queue_claim(q2, &mc, err, sizeof(err)), 0);
+	assert_string_equal(mc.id, c);
+	/* ... but a group that does not exist cannot be made. */
+	o2.stream = "swarm:it:agentd:nogroup";
+	assert_int_equal(agent_queue_open(&q3, &o2, err, sizeof(err)), SW_EBUSY);
+	assert_null(q3);
+	assert_non_null(strstr(err, "maxmemory"));
+
+	freeReplyObject(cmd(admin, "CONFIG SET maxmemory 0"));
+	assert_int_equal(agent_queue_dead(q, &mb, "t-2", "bad", err, sizeof(err)), 0);
+	assert_int_equal(xlen(admin, f->dead), 1);
+	assert_int_equal(agent_queue_result(q, "t-1", "completed", "documents/1", 1, NULL, err,
+					    sizeof(err)),
+			 0);
+	assert_int_equal(xlen(admin, f->results), 1);
+	assert_int_equal(agent_queue_ack(q2, mc.id, err, sizeof(err)), 0);
+	assert_int_equal(xlen(admin, f->stream), 0);
+	assert_int_equal(at_redis_pending(admin, f->stream), 0);
+	agent_msg_free(&ma);
+	agent_msg_free(&mb);
+	agent_msg_free(&mc);
+	agent_queue_close(q);
+	agent_queue_close(q2);
+	redisFree(admin);
+	at_redis_stop(&srv);
 }
 
 /* Kills the connection of consumer name (CLIENT SETNAME agentd:<name>),
@@ -414,6 +699,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_touch_holds_lease, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_dead_letter_and_results, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_deleted_entry_skipped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_streams_capped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sweep, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_deleted_pending_dropped, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_maxmemory, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_group_and_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_prune_idle_consumers, setup, teardown),
 		cmocka_unit_test(test_open_errors),

@@ -40,40 +40,56 @@ void at_admin(const char *sql)
 	PQfinish(c);
 }
 
-int at_pg_start(struct at_pg *pg, const char *tmpl)
+/* Runs `test-servers.sh start -s what dir`; copies the value of the
+ * line starting with key into val. Returns 0 when it started and printed
+ * the key. */
+static int servers_start(const char *what, const char *dir, const char *key, char *val,
+			 size_t vallen)
 {
+	size_t klen = strlen(key);
 	char cmd[512], line[512];
 	FILE *p;
 
+	val[0] = '\0';
+	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s %s %s",
+		 SW_SOURCE_ROOT, (int)getpid(), what, dir);
+	p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	while (fgets(line, sizeof(line), p))
+		if (strncmp(line, key, klen) == 0)
+			snprintf(val, vallen, "%.*s", (int)strcspn(line + klen, "\n"), line + klen);
+	return pclose(p) == 0 && val[0] ? 0 : -1;
+}
+
+int at_pg_start(struct at_pg *pg, const char *tmpl)
+{
 	pg->url[0] = '\0';
 	snprintf(pg->dir, sizeof(pg->dir), "%s", tmpl);
 	if (!mkdtemp(pg->dir)) {
 		pg->dir[0] = '\0';
 		return -1;
 	}
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s pg %s",
-		 SW_SOURCE_ROOT, (int)getpid(), pg->dir);
-	p = popen(cmd, "r");
-	if (!p)
-		return -1;
-	while (fgets(line, sizeof(line), p))
-		if (strncmp(line, "SWARM_TEST_PG_URL=", 18) == 0)
-			snprintf(pg->url, sizeof(pg->url), "%.*s", (int)strcspn(line + 18, "\n"),
-				 line + 18);
-	return pclose(p) == 0 && pg->url[0] ? 0 : -1;
+	return servers_start("pg", pg->dir, "SWARM_TEST_PG_URL=", pg->url, sizeof(pg->url));
+}
+
+/* Stops what servers_start left in dir and removes it; dir becomes "". */
+static void servers_stop(char *dir, const char *what)
+{
+	char cmd[512];
+
+	if (!dir[0])
+		return;
+	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh stop %s >/dev/null 2>&1",
+		 SW_SOURCE_ROOT, dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "stopping the private %s failed\n", what);
+	dir[0] = '\0';
 }
 
 void at_pg_stop(struct at_pg *pg)
 {
-	char cmd[512];
-
-	if (!pg->dir[0])
-		return;
-	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh stop %s >/dev/null 2>&1",
-		 SW_SOURCE_ROOT, pg->dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "stopping the private PostgreSQL failed\n");
-	pg->dir[0] = '\0';
+	servers_stop(pg->dir, "PostgreSQL");
 }
 
 void at_pg_restart(const struct at_pg *pg)
@@ -84,6 +100,24 @@ void at_pg_restart(const struct at_pg *pg)
 		 "%s %s -D %s/pg/data -m fast -w -t 60 -s restart >/dev/null 2>&1",
 		 getuid() == 0 ? "runuser -u postgres --" : "", PG_CTL, pg->dir);
 	assert_int_equal(system(cmd), 0);
+}
+
+int at_redis_start(struct at_redis *r, const char *tmpl)
+{
+	r->url[0] = '\0';
+	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
+	if (!mkdtemp(r->dir)) {
+		r->dir[0] = '\0';
+		return -1;
+	}
+	if (servers_start("redis", r->dir, "SWARM_TEST_REDIS_URL=", r->url, sizeof(r->url)) != 0)
+		return -1;
+	return it_parse_redis_url(r->url, r->host, sizeof(r->host), &r->port);
+}
+
+void at_redis_stop(struct at_redis *r)
+{
+	servers_stop(r->dir, "Redis");
 }
 
 void at_db_create(const char *name, char *url, size_t urllen)

@@ -30,6 +30,23 @@ void at_pg_stop(struct at_pg *pg);
  * restart fails. */
 void at_pg_restart(const struct at_pg *pg);
 
+/* A private Redis started by scripts/lib/test-servers.sh, for a test
+ * that changes the server's configuration (CONFIG SET maxmemory). */
+struct at_redis {
+	char dir[64];   /* its state directory, "" when none */
+	char url[512];  /* redis://127.0.0.1:PORT */
+	char host[64];
+	int port;
+};
+
+/* Starts a private Redis in a fresh directory made from tmpl (as
+ * at_pg_start). Returns 0, or -1 when it could not start; call
+ * at_redis_stop() either way. */
+int at_redis_start(struct at_redis *r, const char *tmpl);
+
+/* Stops the server and removes its directory. Idempotent. */
+void at_redis_stop(struct at_redis *r);
+
 #include <stdbool.h>
 #include <stddef.h>
 

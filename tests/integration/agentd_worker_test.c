@@ -5,7 +5,8 @@
  *     entry without a task, an oversized question, an unreachable URL
  *     that is retried and dead-lettered after max_attempts; every task
  *     ends with the right status, error, event; nothing stays pending;
- *     heartbeats arrive on the pipe;
+ *     heartbeats arrive on the pipe; every entry is deleted from the
+ *     stream once acknowledged;
  *   - kill -9 of a worker process in the middle of a summarize: another
  *     worker reclaims the entry after the lease and finishes it, reusing
  *     the partial summaries; exactly one final summary;
@@ -326,6 +327,8 @@ static void test_mixed_batch(void **state)
 	assert_int_equal(events(f, "unreach", "dead"), 1);
 
 	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
+	/* Acknowledged entries leave the stream: Redis keeps no finished task. */
+	assert_int_equal(redis_int(f, "XLEN %s", f->stream), 0);
 	assert_int_equal(events(f, "in-1", "completed"), 2); /* at least once: twice here */
 	assert_int_equal(events(f, "in-2", "completed"), 1);
 	assert_int_equal(events(f, "sum", "completed"), 1);

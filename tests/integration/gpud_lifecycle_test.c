@@ -2,7 +2,8 @@
  * --check on a good and on bad configurations, the socket's mode, SIGTERM
  * with requests in flight (drained, or cut at a tiny deadline with error
  * frames), a second daemon on a live socket, a missing or corrupt model,
- * and pools that cannot fit.
+ * pools that cannot fit, and block-owner dumps that never pile up in
+ * state_dir.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +21,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <dirent.h>
 
 #include "common/err.h"
 #include "proto/client.h"
@@ -134,6 +136,54 @@ static void test_socket_mode(void **state)
 	assert_true(S_ISSOCK(st.st_mode));
 	if ((st.st_mode & 07777) != 0660)
 		fail_msg("socket mode %04o, expected 0660", st.st_mode & 07777);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+	f->done = true;
+}
+
+/* Files in dir whose name starts with prefix. */
+static int count_files(const char *dir, const char *prefix)
+{
+	DIR *d = opendir(dir);
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)))
+		n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+	closedir(d);
+	return n;
+}
+
+/* `swarmctl mem --dump` run every few seconds (a monitoring script) must
+ * not fill state_dir: the dumps take GPUD_DUMPS_KEPT (8) names in turn. */
+static void test_dumps_bounded(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
+	char err[SW_ERR_MAX], *json = NULL;
+	struct proto_client *c;
+	json_t *root;
+	const char *path;
+
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	for (int i = 0; i < 20; i++) {
+		free(json);
+		json = NULL;
+		if (proto_client_mem(c, PROTO_MEM_DUMP_OWNERS, &json, err, sizeof(err)) != 0)
+			fail_msg("mem --dump %d: %s", i, err);
+	}
+	assert_int_equal(count_files(f->d[0].state, "gpud-blocks-"), 8);
+	root = json_loads(json, 0, NULL);
+	assert_non_null(root);
+	path = json_string_value(json_object_get(root, "dump"));
+	assert_non_null(path);
+	assert_non_null(strstr(path, "/gpud-blocks-3.json")); /* the 20th: slot 19 % 8 */
+	assert_true(gpud_it_file_has(path, "\"devices\""));
+	json_decref(root);
+	free(json);
+	proto_client_close(c);
 	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
 	f->done = true;
 }
@@ -478,6 +528,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_second_daemon_refused),
 		GPUD_IT_FIX_TEST(test_bad_model),
 		GPUD_IT_FIX_TEST(test_pools_do_not_fit),
+		GPUD_IT_FIX_TEST(test_dumps_bounded),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

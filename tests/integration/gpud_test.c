@@ -413,6 +413,13 @@ static void check_idle_pools(json_t *st, bool prefix_on)
 		if (!strcmp(name, "server.requests") && used != 0)
 			fail_msg("pool server.requests: %" PRId64 " request slots used when idle",
 				 used);
+		/* idle: nothing is held for a live request (what the watchdog
+		 * watches); the kv and mask pools hold what their caches keep */
+		if ((ends_with(name, ".kv") || ends_with(name, ".mask")) &&
+		    (jint_in(p, "live") != 0 || jint_in(p, "cached") != used))
+			fail_msg("pool %s: live %" PRId64 " + cached %" PRId64 " when idle, used %"
+				 PRId64 " (expected 0 + used)", name, jint_in(p, "live"),
+				 jint_in(p, "cached"), used);
 		if (ends_with(name, ".mask")) {
 			/* idle: every slot in use holds a cached mask, none leaked */
 			json_t *mc = gpud_it_named(caches, name);

@@ -10,10 +10,12 @@
  *     rises, no warning in STATS or in the log; at rest the kv and mask
  *     pools hold exactly what their caches keep (live 0, cached = used,
  *     within the bound and > 0).
- *  2. a planted mask leak (GPUD_TEST_LEAK=mask: every finished request
- *     keeps its mask pinned) under the same stream: cpu0.mask rises, with
- *     the warning in STATS and the log, before the leaked pins fill the
- *     mask cache; cpu0.kv does not rise.
+ *  2. a planted mask leak (GPUD_TEST_LEAK=mask:2: one finished request in
+ *     two keeps its mask pinned) under the same stream: the others fill
+ *     the mask cache to its bound, and once it is full and evicting (its
+ *     pool's use flat at the bound, what the watchdog once watched)
+ *     cpu0.mask is reported rising, with the warning in STATS and the
+ *     log, before the leaked pins take every slot; cpu0.kv does not rise.
  *  3. a planted KV leak (GPUD_TEST_LEAK=kv: every freed sequence keeps its
  *     last block) behind a full, evicting prefix cache: cpu0.kv rises.
  *  4. a GPUD_TEST_LEAK gpud does not know refuses to start.
@@ -296,14 +298,14 @@ static void test_caches_fill_no_warning(void **state)
 /* --- 2, 3: planted leaks are reported --------------------------------------- */
 
 /* Runs the stream on a daemon started with GPUD_TEST_LEAK=leak until
- * pool `leaking` rises; at most max_leaks requests. The other pool must
- * not rise. */
+ * pool `leaking` is rising while its cache (`cache`) is full and evicting;
+ * at most max_requests requests. The other pool must not rise. */
 static void leak_reported(struct gpud_it_fix *f, const char *leak, const char *leaking,
-			  const char *other, uint32_t max_leaks, const char *what)
+			  const char *cache_name, const char *other, uint32_t max_requests)
 {
 	struct proto_client *cl;
 	json_t *st = NULL, *p;
-	uint32_t idx = 0;
+	uint32_t idx = 0, first_rise = 0, full_at = 0;
 	char needle[128];
 	double t0;
 
@@ -320,18 +322,31 @@ static void leak_reported(struct gpud_it_fix *f, const char *leak, const char *l
 			print_pool("rose", pool(st, other));
 			fail_msg("%s: pool %s rose, not %s", leak, other, leaking);
 		}
-		if (rising(p))
+		if (rising(p) && !first_rise) {
+			first_rise = idx;
+			print_pool("first rise", p);
+		}
+		if (num(cache(st, cache_name), "evictions") > 0 && !full_at) {
+			full_at = idx;
+			print_pool("cache full", p);
+		}
+		if (rising(p) && full_at)
 			break;
-		if (idx >= max_leaks) {
+		if (idx >= max_requests) {
 			print_pool("after the leaks", p);
-			fail_msg("%s: %u requests leaked %s and pool %s never rose", leak, idx, what,
-				 leaking);
+			fail_msg("%s: after %u requests pool %s was not reported rising behind a "
+				 "full cache (first rise at request %u, cache full at %u)", leak, idx,
+				 leaking, first_rise, full_at);
 		}
 		json_decref(st);
 	}
 	print_pool("rising", p);
-	printf("    GPUD_TEST_LEAK=%s: reported after %u requests, %.1f windows of %d ms\n", leak,
-	       idx, (gpud_it_now() - t0) * 1000.0 / WINDOW_MS, WINDOW_MS);
+	printf("    GPUD_TEST_LEAK=%s: first reported after %u requests; reported behind the "
+	       "full cache (full from request %u) after %u, %.1f windows of %d ms\n", leak,
+	       first_rise, full_at, idx, (gpud_it_now() - t0) * 1000.0 / WINDOW_MS, WINDOW_MS);
+	/* the pool is full up to its cache's bound: its use alone says nothing */
+	assert_true(num(p, "used") >= num(p, "cache_bound"));
+	assert_true(num(p, "cached") > 0);
 	snprintf(needle, sizeof(needle), "pool %s: trough held by live requests rose from ",
 		 leaking);
 	assert_non_null(strstr(json_string_value(json_object_get(p, "warning")), needle));
@@ -351,14 +366,18 @@ static void leak_reported(struct gpud_it_fix *f, const char *leak, const char *l
 
 static void test_mask_leak_reported(void **state)
 {
-	/* before the leaked pins fill the cache (a new mask is then refused) */
-	leak_reported(*state, "mask", "cpu0.mask", "cpu0.kv", MASK_ENTRIES - 4, "a mask pin");
+	/* the cache is full after MASK_ENTRIES requests, half of them leaked;
+	 * the leaked pins take every slot MASK_ENTRIES more requests later
+	 * (a new mask is then refused) */
+	leak_reported(*state, "mask:2", "cpu0.mask", "cpu0.mask", "cpu0.kv",
+		      2 * MASK_ENTRIES - 8);
 }
 
 static void test_kv_leak_reported(void **state)
 {
-	/* the prefix cache is full after two requests: the leak is behind it */
-	leak_reported(*state, "kv", "cpu0.kv", "cpu0.mask", 100, "a KV block");
+	/* the prefix cache is full after a few requests: the leak is behind
+	 * it; 100 leaked blocks of 256 at most */
+	leak_reported(*state, "kv", "cpu0.kv", "cpu0.prefix", "cpu0.mask", 100);
 }
 
 /* --- 4: a leak gpud does not know ------------------------------------------- */
@@ -370,12 +389,27 @@ static void test_bad_leak_refused(void **state)
 	int rc;
 
 	o.no_wait = true;
-	setenv("GPUD_TEST_LEAK", "mask,sockets", 1);
-	rc = gpud_it_start(&f->d[0], &o);
-	unsetenv("GPUD_TEST_LEAK");
-	assert_int_equal(rc, 0);
-	assert_int_equal(gpud_it_wait_exit(&f->d[0], 60000), 1);
-	assert_true(gpud_it_file_has(f->d[0].log, "GPUD_TEST_LEAK: unknown leak \"sockets\""));
+	static const char *const bad[][2] = {
+		{ "mask,sockets", "\"sockets\"" },
+		{ "kv:0", "\"kv:0\"" },
+		{ "mask:2x", "\"mask:2x\"" },
+	};
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char needle[96];
+
+		o.no_wait = true;
+		setenv("GPUD_TEST_LEAK", bad[i][0], 1);
+		rc = gpud_it_start(&f->d[i % 2], &o);
+		unsetenv("GPUD_TEST_LEAK");
+		assert_int_equal(rc, 0);
+		assert_int_equal(gpud_it_wait_exit(&f->d[i % 2], 60000), 1);
+		snprintf(needle, sizeof(needle), "GPUD_TEST_LEAK: unknown leak %s", bad[i][1]);
+		if (!gpud_it_file_has(f->d[i % 2].log, needle))
+			fail_msg("GPUD_TEST_LEAK=%s: no \"%s\" in the log", bad[i][0], needle);
+		gpud_it_free(&f->d[i % 2]);
+		memset(&f->d[i % 2], 0, sizeof(f->d[i % 2]));
+	}
 	f->done = true;
 }
 

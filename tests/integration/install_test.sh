@@ -2,7 +2,7 @@
 # install_test.sh - `meson install` into a DESTDIR, then the installed
 # programs run from there.
 #
-#   install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR
+#   install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR LOGROTATEDIR
 #
 # The directories are the absolute install paths meson computed; the
 # test's DESTDIR goes on top of them. Cases: every file lands where the
@@ -27,8 +27,8 @@
 # server is a failure). Everything the test started is stopped on exit.
 set -uo pipefail
 
-build=$(realpath "${1:?usage: install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR}")
-bindir=${2:?} sqldir=${3:?} confdir=${4:?} unitdir=${5:?}
+build=$(realpath "${1:?usage: install_test.sh BUILD_DIR BINDIR SQLDIR CONFDIR UNITDIR LOGROTATEDIR}")
+bindir=${2:?} sqldir=${3:?} confdir=${4:?} unitdir=${5:?} logrotatedir=${6:?}
 . "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 top=$(mktemp -d /tmp/swarm-install.XXXXXX)
@@ -86,6 +86,7 @@ for p in gpud agentd swarmctl gpud-load; do
 done
 ok "migrations in $sqldir" test -f "$D$sqldir/001_init.sql"
 ok "the shipped configuration in $confdir" cmp -s config/swarm.json "$D$confdir/swarm.json"
+ok "the logrotate snippet in $logrotatedir" cmp -s config/logrotate/swarm "$D$logrotatedir/swarm"
 for u in gpud agentd; do
 	args="--config $confdir/swarm.json"
 	[ $u = gpud ] && args="serve $args"

@@ -152,12 +152,13 @@ for round in 1 2; do
 			-- ctl results "$sum_id"
 	fi
 	check "round $round: status" 0 "redis +up" "postgres +up" "gpud +up" "agentd +up" \
-		"queue: [0-9]+ waiting, [0-9]+ pending" "DEVICE +USED MiB" "cpu0 " \
+		"queue: [0-9]+ waiting, [0-9]+ pending" \
+		"[0-9]+ dead-lettered \([0-9]+ kept in swarm:dead\)" "DEVICE +USED MiB" "cpu0 " \
 		"CACHE +HITS" -- ctl status
 	check "round $round: status shows agentd's workers" 0 "agentd [a-z]+: 2 workers" \
 		-- ctl status
 	check "round $round: status --json" 0 '"device_memory"' '"queue"' '"pending"' \
-		'"up": true' -- ctl status --json
+		'"dead": [0-9]+' '"dead_kept": [0-9]+' '"up": true' -- ctl status --json
 	check "round $round: double start refused" 1 "already running" -- ctl start
 	if [ $round = 1 ]; then
 		check "round 1: submit --wait (summarize): one task for the file" 0 \

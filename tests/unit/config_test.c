@@ -65,6 +65,8 @@ static void test_defaults(void **state)
 	assert_int_equal(c.gpud.queue.global, 1024);
 	assert_int_equal(c.agentd.workers, 4);
 	assert_true(c.agentd.heartbeat_ms < c.agentd.lease_ms);
+	assert_int_equal(c.agentd.results_maxlen, 100000);
+	assert_int_equal(c.agentd.dead_maxlen, 1000);
 
 	/* Defaults pass every check except the one thing without a default. */
 	assert_int_equal(sw_config_validate(&c, 0, err, sizeof(err)), 0);
@@ -96,7 +98,8 @@ static void test_overrides(void **state)
 		" \"agentd\": {\"workers\": 32, \"max_attempts\": 3, \"lease_ms\": 1000,"
 		"   \"max_tasks_per_worker\": 0, \"heartbeat_ms\": 999,"
 		"   \"restart_backoff_min_ms\": 50, \"restart_backoff_max_ms\": 50,"
-		"   \"crash_window_ms\": 5000, \"crash_limit\": 2}}",
+		"   \"crash_window_ms\": 5000, \"crash_limit\": 2, \"results_maxlen\": 1,"
+		"   \"dead_maxlen\": 1073741824}}",
 		&c);
 	assert_string_equal(c.state_dir, "/srv/swarm");
 	assert_int_equal(c.log.level, SW_LOG_DEBUG);
@@ -134,6 +137,8 @@ static void test_overrides(void **state)
 	assert_int_equal(c.agentd.restart_backoff_max_ms, 50);
 	assert_int_equal(c.agentd.crash_window_ms, 5000);
 	assert_int_equal(c.agentd.crash_limit, 2);
+	assert_int_equal(c.agentd.results_maxlen, 1);
+	assert_int_equal(c.agentd.dead_maxlen, 1u << 30);
 
 	/* Keys not given keep their defaults; "//" keys are comments. */
 	load_ok("{\"//\": \"hi\", \"gpud\": {\"// threads\": [1, 2], \"threads\": 3}}", &c);
@@ -227,6 +232,12 @@ static void test_value_errors(void **state)
 		     "gpud.threads: expected an integer in [0, 1024], got null");
 	expect_error("{\"agentd\": {\"max_tasks_per_worker\": 4294967296}}", -EINVAL,
 		     "agentd.max_tasks_per_worker: expected an integer in [0, 4294967295], got 4294967296");
+	expect_error("{\"agentd\": {\"results_maxlen\": 0}}", -EINVAL,
+		     "agentd.results_maxlen: expected an integer in [1, 1073741824], got 0");
+	expect_error("{\"agentd\": {\"dead_maxlen\": 1073741825}}", -EINVAL,
+		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got 1073741825");
+	expect_error("{\"agentd\": {\"dead_maxlen\": \"1000\"}}", SW_ETYPE,
+		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got \"1000\"");
 	expect_error("{\"gpud\": {\"max_segments\": 63}}", -EINVAL,
 		     "gpud.max_segments: expected an integer in [64, 127], got 63");
 	expect_error("{\"gpud\": {\"max_segments\": 128}}", -EINVAL,
@@ -330,6 +341,7 @@ static const char *env_names[] = {
 	"SWARM_STATE_DIR", "SWARM_LOG_LEVEL", "SWARM_LOG_FILE", "SWARM_REDIS_URL",
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
+	"SWARM_SUPERVISOR_HANG_MS",
 };
 
 static int clear_env(void **state)
@@ -453,6 +465,8 @@ static void test_files(void **state)
 	assert_int_equal(c.gpud.mask_cache_bytes, 64u << 20);
 	assert_true(c.gpud.prefix_cache_bytes == 4ull << 30);
 	assert_int_equal(c.agentd.workers, 8);
+	assert_int_equal(c.agentd.results_maxlen, 100000);
+	assert_int_equal(c.agentd.dead_maxlen, 1000);
 	assert_true(strncmp(c.redis.url, "redis://", 8) == 0);
 
 	struct sw_config before;
@@ -510,18 +524,21 @@ static void test_supervisor_keys(void **state)
 	assert_int_equal(c.supervisor.restart_backoff_max_ms, 30000);
 	assert_int_equal(c.supervisor.crash_window_ms, 60000);
 	assert_int_equal(c.supervisor.crash_limit, 5);
+	assert_int_equal(c.supervisor.hang_ms, 60000);
 	assert_true(c.supervisor.log_max_bytes == 8u << 20);
 	assert_int_equal(c.supervisor.log_keep, 2);
 
 	load_ok("{\"redis\": {\"maxmemory\": \"1GiB\"}, \"supervisor\": {"
 		"\"restart_backoff_min_ms\": 50, \"restart_backoff_max_ms\": 800,"
-		" \"crash_window_ms\": 5000, \"crash_limit\": 2, \"log_max_bytes\": \"64KiB\","
+		" \"crash_window_ms\": 5000, \"crash_limit\": 2, \"hang_ms\": 0,"
+		" \"log_max_bytes\": \"64KiB\","
 		" \"log_keep\": 0}}", &c);
 	assert_true(c.redis.maxmemory == 1u << 30);
 	assert_int_equal(c.supervisor.restart_backoff_min_ms, 50);
 	assert_int_equal(c.supervisor.restart_backoff_max_ms, 800);
 	assert_int_equal(c.supervisor.crash_window_ms, 5000);
 	assert_int_equal(c.supervisor.crash_limit, 2);
+	assert_int_equal(c.supervisor.hang_ms, 0); /* off */
 	assert_true(c.supervisor.log_max_bytes == 64u << 10);
 	assert_int_equal(c.supervisor.log_keep, 0);
 	load_ok("{\"redis\": {\"maxmemory\": 0}}", &c); /* no limit */
@@ -544,16 +561,19 @@ static void test_supervisor_keys(void **state)
 		     "redis.maxmemory: expected a byte size in [0, 1099511627776]"
 		     " (an integer or \"64MiB\"), got \"lots\"");
 
-	/* managed mode has no file: the two knobs an operator turns come
-	 * from the environment */
+	/* managed mode has no file: the knobs an operator turns come from
+	 * the environment */
 	sw_config_defaults(&c);
 	setenv("SWARM_REDIS_MAXMEMORY", "512MiB", 1);
 	setenv("SWARM_LOG_MAX_BYTES", "1048576", 1);
+	setenv("SWARM_SUPERVISOR_HANG_MS", "0", 1);
 	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
 	assert_true(c.redis.maxmemory == 512u << 20);
 	assert_true(c.supervisor.log_max_bytes == 1u << 20);
+	assert_int_equal(c.supervisor.hang_ms, 0);
 	unsetenv("SWARM_REDIS_MAXMEMORY");
 	unsetenv("SWARM_LOG_MAX_BYTES");
+	unsetenv("SWARM_SUPERVISOR_HANG_MS");
 	expect_env_error("SWARM_LOG_MAX_BYTES", "1KiB", -EINVAL,
 			 "SWARM_LOG_MAX_BYTES: expected a byte size in [65536, 1099511627776]"
 			 " (an integer or \"64MiB\"), got \"1KiB\"");

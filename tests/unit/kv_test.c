@@ -323,7 +323,7 @@ static void test_planted_leak(void **state)
 {
 	(void)state;
 	struct gpud_kv_params p = { .n_blocks = 8, .block_tokens = 4, .max_seqs = 2,
-				    .max_ctx = 32, .test_leak = true };
+				    .max_ctx = 32, .test_leak = 1 };
 	struct gpud_kv *kv = NULL;
 	struct gpud_kv_stats st;
 	uint32_t a, n, last;
@@ -353,6 +353,19 @@ static void test_planted_leak(void **state)
 	assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
 	assert_int_equal(gpud_kv_reserve(kv, a, 24), SW_EEXHAUSTED);
 	assert_int_equal(gpud_kv_reserve(kv, a, 20), 0);
+	gpud_kv_destroy(kv);
+
+	/* one in 2: the 2nd and 4th sequences with blocks leak */
+	p.test_leak = 2;
+	assert_int_equal(gpud_kv_create(&kv, &p), 0);
+	for (uint32_t i = 1; i <= 4; i++) {
+		assert_int_equal(gpud_kv_seq_new(kv, &a), 0);
+		assert_int_equal(gpud_kv_reserve(kv, a, 5), 0);
+		assert_int_equal(gpud_kv_seq_free(kv, a), 0);
+		gpud_kv_stats(kv, &st);
+		assert_int_equal(st.used, i / 2);
+		check(kv);
+	}
 	gpud_kv_destroy(kv);
 }
 

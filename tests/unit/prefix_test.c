@@ -359,7 +359,7 @@ static void wreq_end(struct gpud_kv *kv, struct gpud_prefix *pc, struct wreq *r,
 static struct gpud_kv *wkv(bool leak)
 {
 	struct gpud_kv_params p = { .n_blocks = 64, .block_tokens = BT, .max_seqs = 4,
-				    .max_ctx = 64, .test_leak = leak };
+				    .max_ctx = 64, .test_leak = leak ? 1 : 0 };
 	struct gpud_kv *kv = NULL;
 
 	assert_int_equal(gpud_kv_create(&kv, &p), 0);

@@ -6,11 +6,13 @@
  *   stay      as run, and outlives its supervisor (the others die with it);
  *   chatty    writes a 100-byte line to stdout every millisecond until
  *             SIGTERM;
- *   fixable   exits 3 unless DIR/fixed exists, else as run.
+ *   fixable   exits 3 unless DIR/fixed exists, else as run;
+ *   usr1      as run, and counts the SIGUSR1s it gets in DIR/usr1-PID.
  * Each supervisor runs in a forked child (it owns SIGTERM there); the test
  * reads its status file (the default document) and signals it. The probe
  * of a supervisor says child 0 is ready once DIR/go exists, and any other
- * child at once.
+ * child at once; and that a running child is alive unless DIR/sick
+ * exists.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -41,12 +43,34 @@ static char self[4096];
 
 /* --- the fake child ------------------------------------------------------- */
 
-static volatile sig_atomic_t term;
+static volatile sig_atomic_t term, usr1s;
 
 static void on_term(int sig)
 {
 	(void)sig;
 	term = 1;
+}
+
+static void on_usr1(int sig)
+{
+	(void)sig;
+	usr1s++;
+}
+
+/* DIR/usr1-PID holds n (written whole, then renamed). */
+static void write_count(const char *dir, int n)
+{
+	char p[512], tmp[520];
+	FILE *f;
+
+	snprintf(p, sizeof(p), "%s/usr1-%d", dir, (int)getpid());
+	snprintf(tmp, sizeof(tmp), "%s.tmp", p);
+	f = fopen(tmp, "w");
+	if (!f)
+		return;
+	fprintf(f, "%d\n", n);
+	fclose(f);
+	rename(tmp, p);
 }
 
 static bool exists(const char *dir, const char *name)
@@ -64,6 +88,8 @@ static int fake_child(const char *mode, const char *dir)
 	if (strcmp(mode, "stay") != 0)
 		prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphans from a failed test */
 	signal(SIGTERM, on_term);
+	if (strcmp(mode, "usr1") == 0)
+		signal(SIGUSR1, on_usr1);
 	if (strcmp(mode, "crash") == 0 || (strcmp(mode, "fixable") == 0 && !exists(dir, "fixed")))
 		return 3;
 	memset(line, 'x', sizeof(line) - 1);
@@ -75,6 +101,10 @@ static int fake_child(const char *mode, const char *dir)
 				return 4;
 			sw_sleep_ms(1);
 		} else {
+			int seen = usr1s;
+
+			if (seen)
+				write_count(dir, seen);
 			sw_sleep_ms(20);
 		}
 	}
@@ -85,6 +115,7 @@ static int fake_child(const char *mode, const char *dir)
 
 struct run {
 	char dir[64], status[128], log[128];
+	char sup_log[128];  /* "": the supervisor logs to stderr */
 	pid_t pid;
 	char *argv[MAXC][5];
 	char names[MAXC][16];
@@ -93,12 +124,14 @@ struct run {
 	bool fail_before_spawn;
 };
 
-static int probe(void *user, unsigned i, int pid, char *err, size_t errlen)
+static int probe(void *user, unsigned i, int pid, bool live, char *err, size_t errlen)
 {
 	struct run *r = user;
 
 	(void)pid;
-	if (i == 0 && !exists(r->dir, "go"))
+	if (live && exists(r->dir, "sick"))
+		return sw_seterr(err, errlen, -ETIMEDOUT, "no answer (sick)");
+	if (!live && i == 0 && !exists(r->dir, "go"))
 		return sw_seterr(err, errlen, -EAGAIN, "no %s/go yet", r->dir);
 	return 0;
 }
@@ -158,6 +191,8 @@ static void launch(struct run *r)
 		int rc;
 
 		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive a failed test */
+		if (r->sup_log[0] && sw_log_open(r->sup_log) != 0)
+			_exit(7);
 		rc = sw_sup_run(&r->o, err, sizeof(err));
 		if (rc && rc != -EIO)
 			fprintf(stderr, "supervisor: %s\n", err);
@@ -431,6 +466,42 @@ static void test_start_timeout_kills(void **state)
 	cleanup(&r);
 }
 
+static void test_hang_by_probe(void **state)
+{
+	struct run r;
+	char s[SW_ERR_MAX];
+
+	(void)state;
+	prepare(&r, 2, "run");
+	r.o.ops = &probe_ops;
+	r.o.live_probe_ms = 20;
+	r.o.policy.hang_ms = 10000; /* c1: never within the test */
+	r.ch[0].hang_ms = 200;
+	touch(&r, "go");
+	launch(&r);
+	assert_true(wait_state(&r, 0, "running", 20000));
+	assert_true(wait_state(&r, 1, "running", 20000));
+	sw_sleep_ms(400); /* twice the limit: answering, so not hung */
+	assert_int_equal(cint(&r, 0, "hangs"), 0);
+	assert_int_equal(cint(&r, 0, "spawns"), 1);
+
+	/* c0 stops answering: killed after 200 ms, a crash, restarted */
+	touch(&r, "sick");
+	assert_true(wait_int(&r, 0, "hangs", 1, 20000));
+	snprintf(s, sizeof(s), "%s/sick", r.dir);
+	assert_int_equal(unlink(s), 0);
+	assert_true(wait_int(&r, 0, "spawns", 2, 20000));
+	assert_true(wait_state(&r, 0, "running", 20000));
+	cstr(&r, 0, "last_exit", s, sizeof(s));
+	assert_string_equal(s, "signal 9");
+	assert_true(cint(&r, 0, "crashes") >= 1);
+	assert_int_equal(cint(&r, 0, "hangs"), cint(&r, 0, "crashes")); /* every death a hang */
+	assert_int_equal(cint(&r, 1, "hangs"), 0);
+	kill(r.pid, SIGTERM);
+	assert_int_equal(finish(&r, 20000), 0);
+	cleanup(&r);
+}
+
 static void test_sighup_retries_failed(void **state)
 {
 	struct run r;
@@ -515,6 +586,117 @@ static void test_adopt_gone_pid_spawns(void **state)
 	assert_false(cbool(&r, 0, "adopted"));
 	assert_int_equal(cint(&r, 0, "spawns"), 1);
 	assert_int_equal(cint(&r, 0, "restarts"), 0);
+	kill(r.pid, SIGTERM);
+	assert_int_equal(finish(&r, 20000), 0);
+	cleanup(&r);
+}
+
+/* The SIGUSR1s child process pid counted (usr1 mode); 0 before the first. */
+static int usr1_count(struct run *r, long long pid)
+{
+	char p[160];
+	int n = 0;
+	FILE *f;
+
+	snprintf(p, sizeof(p), "%s/usr1-%lld", r->dir, pid);
+	f = fopen(p, "r");
+	if (!f)
+		return 0;
+	if (fscanf(f, "%d", &n) != 1)
+		n = 0;
+	fclose(f);
+	return n;
+}
+
+static bool wait_usr1(struct run *r, long long pid, int n, int ms)
+{
+	for (int t = 0; t < ms; t += 10) {
+		if (usr1_count(r, pid) >= n)
+			return true;
+		sw_sleep_ms(10);
+	}
+	return false;
+}
+
+static void test_usr1_reaches_started_children(void **state)
+{
+	struct run r;
+	char old[160];
+	long long c0, c1;
+	struct stat st;
+
+	(void)state;
+	prepare(&r, 3, "usr1");
+	r.argv[2][2] = "crash"; /* no process to signal once failed */
+	r.o.ops = &probe_ops;   /* c0 starting until DIR/go exists */
+	r.o.usr1_reopens = true;
+	snprintf(r.sup_log, sizeof(r.sup_log), "%s/sup.log", r.dir);
+	launch(&r);
+	assert_true(wait_state(&r, 1, "running", 20000));
+	assert_true(wait_state(&r, 2, "failed", 20000));
+	assert_true(wait_state(&r, 0, "starting", 10));
+	c0 = cint(&r, 0, "pid");
+	c1 = cint(&r, 1, "pid");
+	assert_true(c0 > 0 && c1 > 0);
+
+	/* logrotate moved the supervisor's log: SIGUSR1 reopens it, reaches
+	 * the running c1 now, and c0 not before it is ready */
+	snprintf(old, sizeof(old), "%s.old", r.sup_log);
+	assert_int_equal(rename(r.sup_log, old), 0);
+	kill(r.pid, SIGUSR1);
+	assert_true(wait_usr1(&r, c1, 1, 20000));
+	for (int t = 0; t < 20000 && stat(r.sup_log, &st) != 0; t += 10)
+		sw_sleep_ms(10);
+	assert_int_equal(stat(r.sup_log, &st), 0);
+	sw_sleep_ms(200); /* ten of c0's loops: time enough to have counted one */
+	assert_int_equal(usr1_count(&r, c0), 0);
+	assert_true(alive((pid_t)c0));
+
+	/* c0 becomes ready: it gets the SIGUSR1 it is owed, once */
+	touch(&r, "go");
+	assert_true(wait_state(&r, 0, "running", 20000));
+	assert_true(wait_usr1(&r, c0, 1, 20000));
+	assert_int_equal(cint(&r, 0, "pid"), c0);
+
+	/* a second one: both at once; nobody got one twice */
+	kill(r.pid, SIGUSR1);
+	assert_true(wait_usr1(&r, c0, 2, 20000));
+	assert_true(wait_usr1(&r, c1, 2, 20000));
+	sw_sleep_ms(100);
+	assert_int_equal(usr1_count(&r, c0), 2);
+	assert_int_equal(usr1_count(&r, c1), 2);
+	assert_int_equal(cint(&r, 0, "spawns"), 1);
+	assert_int_equal(cint(&r, 1, "spawns"), 1);
+	kill(r.pid, SIGTERM);
+	assert_int_equal(finish(&r, 20000), 0);
+	cleanup(&r);
+}
+
+/* A child that dies while it is owed a signal owes nothing to its next
+ * process (which might not handle it yet either). */
+static void test_usr1_owed_dies_with_the_process(void **state)
+{
+	struct run r;
+	long long first, second;
+
+	(void)state;
+	prepare(&r, 1, "usr1");
+	r.o.ops = &probe_ops;
+	r.o.usr1_reopens = true;
+	launch(&r);
+	assert_true(wait_state(&r, 0, "starting", 20000));
+	first = cint(&r, 0, "pid");
+	assert_true(first > 0);
+	kill(r.pid, SIGUSR1);
+	sw_sleep_ms(100); /* the supervisor handles it (no observable effect yet) */
+	kill((pid_t)first, SIGKILL);
+	assert_true(wait_int(&r, 0, "spawns", 2, 20000));
+	second = cint(&r, 0, "pid");
+	assert_true(second > 0 && second != first);
+	touch(&r, "go");
+	assert_true(wait_state(&r, 0, "running", 20000));
+	sw_sleep_ms(200);
+	assert_int_equal(usr1_count(&r, second), 0);
 	kill(r.pid, SIGTERM);
 	assert_int_equal(finish(&r, 20000), 0);
 	cleanup(&r);
@@ -642,9 +824,12 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_spawn_failures_count),
 		cmocka_unit_test(test_ordered_start_waits_for_probe),
 		cmocka_unit_test(test_start_timeout_kills),
+		cmocka_unit_test(test_hang_by_probe),
 		cmocka_unit_test(test_sighup_retries_failed),
 		cmocka_unit_test(test_adopt_and_release),
 		cmocka_unit_test(test_adopt_gone_pid_spawns),
+		cmocka_unit_test(test_usr1_reaches_started_children),
+		cmocka_unit_test(test_usr1_owed_dies_with_the_process),
 		cmocka_unit_test(test_child_log_bounded),
 		cmocka_unit_test(test_rotate),
 	};

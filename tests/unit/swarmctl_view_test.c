@@ -170,14 +170,24 @@ static void test_print_gpud(void **state)
 
 static void test_print_queue(void **state)
 {
-	struct ctl_queue_stats q = { .length = 12, .undelivered = 3, .pending = 2, .dead = 1 };
+	struct ctl_queue_stats q = { .length = 12, .undelivered = 3, .pending = 2, .dead = 1500,
+				     .dead_kept = 1003 };
 	char *out;
 
 	(void)state;
+	/* the count is PostgreSQL's; the capped stream keeps fewer */
 	out = render(NULL, &q);
 	assert_string_equal(out, "queue: 3 waiting, 2 pending (claimed, not acknowledged), "
-			    "12 entries in swarm:tasks, 1 dead-lettered\n");
+			    "12 entries in swarm:tasks, 1500 dead-lettered (1003 kept in "
+			    "swarm:dead)\n");
 	free(out);
+	q.dead = -1; /* PostgreSQL unreachable: no count passed off as the total */
+	out = render(NULL, &q);
+	assert_string_equal(out, "queue: 3 waiting, 2 pending (claimed, not acknowledged), "
+			    "12 entries in swarm:tasks, 1003 kept in swarm:dead (dead-lettered in "
+			    "all: PostgreSQL unreachable)\n");
+	free(out);
+	q.dead = 1500;
 	q.undelivered = -1; /* Redis without lag */
 	out = render(NULL, &q);
 	assert_null(strstr(out, "waiting"));
