@@ -807,7 +807,25 @@ int agent_db_topk(struct agent_db *db, const float *q, uint32_t dim, int k, int6
 	params[0] = vec;
 	snprintf(ks, sizeof(ks), "%d", k);
 	snprintf(ids, sizeof(ids), "%" PRId64, doc_id);
-	if (db->vec_half)
+	if (doc_id > 0)
+		/* Within one document the search is exact: the subquery (fenced
+		 * by OFFSET 0, so the ORDER BY stays outside it) reads the
+		 * document's chunks through their (document_id, position)
+		 * index. Through the HNSW index the planner would take the
+		 * ef_search chunks nearest of all documents and then filter,
+		 * which finds nothing of a document far from the question. */
+		rc = agent_db_exec(db,
+				   db->vec_half ?
+				   "SELECT id, document_id, text, embedding <=> $1::halfvec AS d"
+				   " FROM (SELECT id, document_id, text, embedding FROM chunks"
+				   " WHERE document_id = $3 AND embedding IS NOT NULL OFFSET 0) c"
+				   " ORDER BY d LIMIT $2" :
+				   "SELECT id, document_id, text, embedding <=> $1::vector AS d"
+				   " FROM (SELECT id, document_id, text, embedding FROM chunks"
+				   " WHERE document_id = $3 AND embedding IS NOT NULL OFFSET 0) c"
+				   " ORDER BY d LIMIT $2",
+				   3, params, res, err, errlen);
+	else if (db->vec_half)
 		rc = agent_db_exec(db,
 				   "SELECT id, document_id, text, embedding <=> $1::halfvec AS d"
 				   " FROM chunks WHERE embedding IS NOT NULL"

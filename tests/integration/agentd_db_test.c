@@ -337,6 +337,64 @@ static void test_documents_chunks_topk(void **state)
 	assert_int_equal(agent_db_chunks(f->db, id + 1000, &r, err, sizeof(err)), SW_ENOTFOUND);
 }
 
+/* The k nearest of one document are found however far that document is
+ * from the question. With a far document of 2000 chunks beside 19 near
+ * ones of 100, the planner read "nearest of the far document" through the
+ * HNSW index, filtering afterwards, and the index's ef_search (40)
+ * nearest are all of the near documents: that search found none (what
+ * the soak found: "answer: no chunk to retrieve in that document"). */
+static void test_topk_far_document(void **state)
+{
+	struct fx *f = *state;
+	enum { DOCS = 20, N = 100, N_FAR = 2000 };
+	float e[8], q[8] = { 1, 0, 0, 0, 0, 0, 0, 0 };
+	char err[SW_ERR_MAX], t[32];
+	int64_t doc = 0, far = 0;
+	bool created;
+	PGresult *r;
+
+	migrate_ok(f->db);
+	assert_int_equal(agent_db_embedding_prepare(f->db, 8, err, sizeof(err)), 0);
+	assert_int_equal(agent_db_exec(f->db, "BEGIN", 0, NULL, NULL, err, sizeof(err)), 0);
+	for (int d = 0; d < DOCS; d++) {
+		snprintf(t, sizeof(t), "document %d", d);
+		assert_int_equal(agent_db_doc_insert(f->db, t, "inline", t, strlen(t), N, &doc,
+						     &created, err, sizeof(err)),
+				 0);
+		for (int i = 0; i < (d == DOCS - 1 ? N_FAR : N); i++) {
+			memset(e, 0, sizeof(e));
+			if (d == DOCS - 1) {
+				/* cosine distance 0.9 and more, rising with i */
+				e[0] = 0.1f - 0.00004f * (float)i;
+				e[2] = 1;
+				snprintf(t, sizeof(t), "far %d", i);
+			} else {
+				e[0] = 1;
+				e[1] = 0.001f * (float)(d * N + i);
+				snprintf(t, sizeof(t), "near %d.%d", d, i);
+			}
+			assert_int_equal(agent_db_chunk_insert(f->db, doc, i, t, 2, e, 8, err,
+							       sizeof(err)),
+					 0);
+		}
+		far = doc;
+	}
+	assert_int_equal(agent_db_exec(f->db, "COMMIT", 0, NULL, NULL, err, sizeof(err)), 0);
+	assert_int_equal(agent_db_exec(f->db, "ANALYZE chunks", 0, NULL, NULL, err, sizeof(err)), 0);
+
+	assert_int_equal(agent_db_topk(f->db, q, 8, 3, far, &r, err, sizeof(err)), 0);
+	assert_int_equal(PQntuples(r), 3);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(strtoll(PQgetvalue(r, i, 1), NULL, 10), far);
+	assert_string_equal(PQgetvalue(r, 0, 2), "far 0"); /* the nearest of them */
+	PQclear(r);
+	/* Over every document the near ones' chunks come first. */
+	assert_int_equal(agent_db_topk(f->db, q, 8, 3, 0, &r, err, sizeof(err)), 0);
+	assert_int_equal(PQntuples(r), 3);
+	assert_string_equal(PQgetvalue(r, 0, 2), "near 0.0");
+	PQclear(r);
+}
+
 static void test_halfvec(void **state)
 {
 	struct fx *f = *state;
@@ -463,6 +521,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_migrate_errors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tasks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_documents_chunks_topk, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_topk_far_document, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_halfvec, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_summaries_answers, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_errors_and_reconnect, setup, teardown),
