@@ -206,7 +206,7 @@ for _ in $(seq 1 300); do
 	sleep 0.1
 done
 n=$((n + 1))
-nul=$(($(stat -c %s "$state/logs/redis.log") - $(tr -d '\0' <"$state/logs/redis.log" | wc -c)))
+nul=$(tr -cd '\0' <"$state/logs/redis.log" | wc -c) # one read: Redis may be writing
 if ! grep -q "rewrit" "$state/logs/redis.log"; then
 	echo "not ok $n - no line from Redis in redis.log within 30 s of the rotation"
 	failures=$((failures + 1))
