@@ -89,13 +89,10 @@ static int group_teardown(void **state)
 
 static int setup(void **state)
 {
-	struct at_agentd *f = calloc(1, sizeof(*f));
+	struct at_agentd *f = at_agentd_new("bound", srv.host, srv.port);
 
-	if (at_agentd_init(f, "bound", srv.host, srv.port) != 0) {
-		at_agentd_fini(f);
-		free(f);
+	if (!f)
 		return -1;
-	}
 	maxmemory(f, "0");
 	freeReplyObject(cmd(f, "FLUSHALL"));
 	*state = f;
@@ -104,12 +101,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	struct at_agentd *f = *state;
-
-	at_agentd_kill(f); /* a failed test's */
-	maxmemory(f, "0");
-	at_agentd_fini(f);
-	free(f);
+	at_agentd_free(*state, "CONFIG SET maxmemory 0");
 	return 0;
 }
 

@@ -72,16 +72,15 @@ static int group_teardown(void **state)
 
 static int setup(void **state)
 {
-	struct at_agentd *f = calloc(1, sizeof(*f));
+	struct at_agentd *f;
 	char sql[128], host[256];
 	int port;
 
-	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0 ||
-	    at_agentd_init(f, "sup", host, port) != 0) {
-		at_agentd_fini(f);
-		free(f);
+	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
 		return -1;
-	}
+	f = at_agentd_new("sup", host, port);
+	if (!f)
+		return -1;
 	snprintf(sql, sizeof(sql), "SELECT %d", REDIS_DB);
 	redis_cmd(f, sql);
 	redis_cmd(f, "FLUSHDB");
@@ -91,12 +90,7 @@ static int setup(void **state)
 
 static int teardown(void **state)
 {
-	struct at_agentd *f = *state;
-
-	at_agentd_kill(f); /* a failed test's */
-	redis_cmd(f, "FLUSHDB");
-	at_agentd_fini(f);
-	free(f);
+	at_agentd_free(*state, "FLUSHDB");
 	return 0;
 }
 

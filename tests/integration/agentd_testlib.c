@@ -277,14 +277,16 @@ int at_wait_pid(pid_t pid, int ms)
 
 static int agentd_counter;
 
-int at_agentd_init(struct at_agentd *a, const char *name, const char *redis_host,
-		   int redis_port)
+struct at_agentd *at_agentd_new(const char *name, const char *redis_host, int redis_port)
 {
-	memset(a, 0, sizeof(*a));
+	struct at_agentd *a = calloc(1, sizeof(*a));
+
+	if (!a)
+		return NULL;
 	snprintf(a->dir, sizeof(a->dir), "/tmp/agentd-%s-XXXXXX", name);
 	if (!mkdtemp(a->dir)) {
-		a->dir[0] = '\0';
-		return -1;
+		free(a);
+		return NULL;
 	}
 	snprintf(a->dbname, sizeof(a->dbname), "agentd_%s_%d_%d", name, (int)getpid(),
 		 agentd_counter++);
@@ -295,7 +297,11 @@ int at_agentd_init(struct at_agentd *a, const char *name, const char *redis_host
 	snprintf(a->log, sizeof(a->log), "%s/agentd.log", a->dir);
 	snprintf(a->out, sizeof(a->out), "%s/agentd.out", a->dir);
 	a->redis = redisConnect(redis_host, redis_port);
-	return a->redis && !a->redis->err ? 0 : -1;
+	if (!a->redis || a->redis->err) {
+		at_agentd_free(a, NULL);
+		return NULL;
+	}
+	return a;
 }
 
 void at_agentd_start(struct at_agentd *a, const char *sql_dir)
@@ -324,37 +330,28 @@ void at_agentd_stop(struct at_agentd *a)
 		fail_msg("agentd: wait status %d", status);
 }
 
-void at_agentd_kill(struct at_agentd *a)
-{
-	int status;
-
-	if (a->sup <= 0)
-		return;
-	kill(a->sup, SIGKILL);
-	waitpid(a->sup, &status, 0);
-	a->sup = 0;
-	at_print_tail(a->log, 40);
-	at_print_tail(a->out, 10);
-}
-
-void at_agentd_fini(struct at_agentd *a)
+void at_agentd_free(struct at_agentd *a, const char *redis_reset)
 {
 	char cmd[128];
+	int status;
 
-	at_agentd_kill(a);
-	redisFree(a->redis);
-	a->redis = NULL;
-	PQfinish(a->pg);
-	a->pg = NULL;
-	if (a->dbname[0])
-		at_db_drop(a->dbname);
-	a->dbname[0] = '\0';
-	if (!a->dir[0])
+	if (!a)
 		return;
+	if (a->sup > 0) {
+		kill(a->sup, SIGKILL);
+		waitpid(a->sup, &status, 0);
+		at_print_tail(a->log, 40);
+		at_print_tail(a->out, 10);
+	}
+	if (redis_reset && a->redis && !a->redis->err)
+		freeReplyObject(redisCommand(a->redis, redis_reset));
+	redisFree(a->redis);
+	PQfinish(a->pg);
+	at_db_drop(a->dbname);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", a->dir);
 	if (system(cmd) != 0)
 		fprintf(stderr, "could not remove %s\n", a->dir);
-	a->dir[0] = '\0';
+	free(a);
 }
 
 /* The string member key of o copied into out ("" when absent). */

@@ -122,31 +122,28 @@ pid_t at_agentd_spawn(const char *config, const char *sql_dir, const char *out);
 int at_wait_pid(pid_t pid, int ms);
 
 /* One test's `agentd --config`: a fresh directory for its files, a fresh
- * database, connections to both servers. The test writes the
- * configuration (naming log and status's directory) before
- * at_agentd_start(). */
+ * database, connections to both servers. The test writes config (its
+ * state_dir dir/state, its log file log) before at_agentd_start(). */
 struct at_agentd {
-	char dir[64];         /* made by at_agentd_init(), removed by at_agentd_fini() */
-	char dbname[64];      /* on it_pg_url(), dropped by at_agentd_fini() */
+	char dir[64];         /* removed by at_agentd_free() */
+	char dbname[64];      /* on it_pg_url(), dropped by at_agentd_free() */
 	char pg_url[1024];    /* dbname's URL */
 	char config[256];     /* dir/swarm.json */
 	char status[256];     /* dir/state/agentd.status.json (state_dir = dir/state) */
 	char log[256];        /* dir/agentd.log */
 	char out[256];        /* dir/agentd.out: the process's stdout and stderr */
-	redisContext *redis;  /* connected to the Redis named at init */
+	redisContext *redis;  /* connected to the Redis at_agentd_new() was given */
 	PGconn *pg;           /* connected to pg_url */
 	pid_t sup;            /* the running agentd, 0 when none */
 };
 
 /*
- * Makes a's directory (/tmp/agentd-NAME-XXXXXX) and database
- * (agentd_NAME_PID_N) and connects to them and to Redis at host:port.
- * Returns 0, or -1 when the directory or the Redis connection could not be
- * made (a failed CREATE DATABASE fails the test); call at_agentd_fini()
- * either way.
+ * A new at_agentd: its directory (/tmp/agentd-NAME-XXXXXX) and database
+ * (agentd_NAME_PID_N) made, connected to them and to Redis at host:port.
+ * NULL when the directory or the Redis connection could not be made
+ * (nothing is left); a failed CREATE DATABASE fails the test.
  */
-int at_agentd_init(struct at_agentd *a, const char *name, const char *redis_host,
-		   int redis_port);
+struct at_agentd *at_agentd_new(const char *name, const char *redis_host, int redis_port);
 
 /* Spawns agentd on a->config (at_agentd_spawn) into a->sup. */
 void at_agentd_start(struct at_agentd *a, const char *sql_dir);
@@ -157,13 +154,12 @@ int at_agentd_wait(struct at_agentd *a, int ms);
 /* SIGTERM, then waits up to 40 s: the test fails unless agentd exits 0. */
 void at_agentd_stop(struct at_agentd *a);
 
-/* What a failed test leaves: kill -9 of a running agentd (its workers
- * drain by themselves), then the tails of its log and output. Idempotent. */
-void at_agentd_kill(struct at_agentd *a);
-
-/* at_agentd_kill(), then closes the connections, drops the database and
- * removes the directory. Accepts what a failed at_agentd_init() left. */
-void at_agentd_fini(struct at_agentd *a);
+/* Frees a (NULL is fine): a running agentd, what a failed test leaves, is
+ * killed (-9; its workers drain by themselves) and the tails of its log
+ * and output are printed; then redis_reset (a Redis command to undo what
+ * the test changed; NULL: none) runs, the connections close, the database
+ * is dropped and the directory removed. */
+void at_agentd_free(struct at_agentd *a, const char *redis_reset);
 
 /* The most worker slots at_agentd_workers() reads. */
 #define AT_MAX_WORKERS 8
