@@ -45,17 +45,23 @@ void at_admin(const char *sql)
 	PQfinish(c);
 }
 
-/* Runs `test-servers.sh start -s what dir`; copies the value of the
- * line starting with key into val. Returns 0 when it started and printed
- * the key. */
-static int servers_start(const char *what, const char *dir, const char *key, char *val,
-			 size_t vallen)
+/* Makes dir from the mkdtemp template tmpl and starts a private server in
+ * it (`test-servers.sh start -s what dir`); copies the value of the line
+ * it printed starting with key into val. Returns 0 when it started and printed the
+ * key; dir is "" when it could not be made. */
+static int servers_start(const char *what, char *dir, size_t dirlen, const char *tmpl,
+			 const char *key, char *val, size_t vallen)
 {
 	size_t klen = strlen(key);
 	char cmd[512], line[512];
 	FILE *p;
 
 	val[0] = '\0';
+	snprintf(dir, dirlen, "%s", tmpl);
+	if (!mkdtemp(dir)) {
+		dir[0] = '\0';
+		return -1;
+	}
 	snprintf(cmd, sizeof(cmd), "%s/scripts/lib/test-servers.sh start -o %d -s %s %s",
 		 SW_SOURCE_ROOT, (int)getpid(), what, dir);
 	p = popen(cmd, "r");
@@ -69,13 +75,8 @@ static int servers_start(const char *what, const char *dir, const char *key, cha
 
 int at_pg_start(struct at_pg *pg, const char *tmpl)
 {
-	pg->url[0] = '\0';
-	snprintf(pg->dir, sizeof(pg->dir), "%s", tmpl);
-	if (!mkdtemp(pg->dir)) {
-		pg->dir[0] = '\0';
-		return -1;
-	}
-	return servers_start("pg", pg->dir, "SWARM_TEST_PG_URL=", pg->url, sizeof(pg->url));
+	return servers_start("pg", pg->dir, sizeof(pg->dir), tmpl, "SWARM_TEST_PG_URL=", pg->url,
+			     sizeof(pg->url));
 }
 
 /* Stops what servers_start left in dir and removes it; dir becomes "". */
@@ -109,13 +110,8 @@ void at_pg_restart(const struct at_pg *pg)
 
 int at_redis_start(struct at_redis *r, const char *tmpl)
 {
-	r->url[0] = '\0';
-	snprintf(r->dir, sizeof(r->dir), "%s", tmpl);
-	if (!mkdtemp(r->dir)) {
-		r->dir[0] = '\0';
-		return -1;
-	}
-	if (servers_start("redis", r->dir, "SWARM_TEST_REDIS_URL=", r->url, sizeof(r->url)) != 0)
+	if (servers_start("redis", r->dir, sizeof(r->dir), tmpl, "SWARM_TEST_REDIS_URL=", r->url,
+			  sizeof(r->url)) != 0)
 		return -1;
 	return it_parse_redis_url(r->url, r->host, sizeof(r->host), &r->port);
 }
