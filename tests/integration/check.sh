@@ -1,6 +1,6 @@
-# check.sh - TAP-style checks for the shell integration tests (sourced by
-# swarmctl_test.sh, swarmctl_heal_test.sh and install_test.sh), and how
-# such a test skips.
+# check.sh - TAP-style checks for the shell integration tests, and how
+# such a test skips (sourced by install_test.sh, and through managed.sh by
+# swarmctl_test.sh and swarmctl_heal_test.sh).
 #
 # The sourcing script sets $out (a file for a command's output); n and
 # failures count the checks and the failed ones.

@@ -3,8 +3,12 @@
 # installed, and whatever a state directory still runs is stopped at the
 # end.
 #
-# Sourced after check.sh (skip_or_fail); the sourcing script sets
-# $swarmctl (the binary under test) and $samples (docs/samples).
+# It sources check.sh and sets $samples (the documents the tests submit,
+# relative to the project root); the sourcing script sets $swarmctl (the
+# binary under test).
+
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
+samples=docs/samples
 
 # need_managed_servers: skips (fails under CI=true) unless redis-server,
 # PostgreSQL's server binaries (SWARM_PG_BINDIR, else the newest under

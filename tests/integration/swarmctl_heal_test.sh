@@ -33,9 +33,7 @@
 set -uo pipefail
 
 swarmctl=$(realpath "${1:?usage: swarmctl_heal_test.sh SWARMCTL}")
-samples=docs/samples
-. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
-. "$(dirname "${BASH_SOURCE[0]}")/managed.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/managed.sh" # check.sh, $samples
 need_managed_servers
 command -v redis-cli >/dev/null || skip_or_fail "redis-cli not installed"
 

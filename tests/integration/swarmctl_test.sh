@@ -26,9 +26,7 @@
 set -uo pipefail
 
 swarmctl=$(realpath "${1:?usage: swarmctl_test.sh SWARMCTL}")
-samples=docs/samples
-. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
-. "$(dirname "${BASH_SOURCE[0]}")/managed.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/managed.sh" # check.sh, $samples
 need_managed_servers
 
 top=$(mktemp -d /tmp/swarmctl-it.XXXXXX)
