@@ -421,6 +421,24 @@ int agent_db_task_start(struct agent_db *db, const char *id, const char *kind,
 	return 0;
 }
 
+/* An UPDATE of the task whose id is params[0]: SW_ENOTFOUND (with the
+ * message) when no row has that id. */
+static int task_update(struct agent_db *db, const char *sql, int n_params,
+		       const char *const *params, char *err, size_t errlen)
+{
+	PGresult *r;
+	int rc;
+
+	rc = agent_db_exec(db, sql, n_params, params, &r, err, errlen);
+	if (rc)
+		return rc;
+	rc = strcmp(PQcmdTuples(r), "0") == 0 ? SW_ENOTFOUND : 0;
+	PQclear(r);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "task %s: no such task", params[0]);
+	return 0;
+}
+
 int agent_db_task_finish(struct agent_db *db, const char *id, enum agent_task_status status,
 			 const char *error, const char *location, char *err, size_t errlen)
 {
@@ -430,17 +448,8 @@ int agent_db_task_finish(struct agent_db *db, const char *id, enum agent_task_st
 		" finished_at = CASE WHEN $2 = 'running' THEN NULL ELSE now() END"
 		" WHERE id = $1";
 	const char *params[4] = { id, agent_task_status_name(status), error, location };
-	PGresult *r;
-	int rc;
 
-	rc = agent_db_exec(db, sql, 4, params, &r, err, errlen);
-	if (rc)
-		return rc;
-	rc = strcmp(PQcmdTuples(r), "0") == 0 ? SW_ENOTFOUND : 0;
-	PQclear(r);
-	if (rc)
-		return sw_seterr(err, errlen, rc, "task %s: no such task", id);
-	return 0;
+	return task_update(db, sql, 4, params, err, errlen);
 }
 
 int agent_db_task_complete(struct agent_db *db, const char *id, const char *location,
@@ -452,21 +461,12 @@ int agent_db_task_complete(struct agent_db *db, const char *id, const char *loca
 		" WHERE id = $1";
 	char dbuf[24];
 	const char *params[3] = { id, location, NULL };
-	PGresult *r;
-	int rc;
 
 	if (doc_id > 0) {
 		snprintf(dbuf, sizeof(dbuf), "%" PRId64, doc_id);
 		params[2] = dbuf;
 	}
-	rc = agent_db_exec(db, sql, 3, params, &r, err, errlen);
-	if (rc)
-		return rc;
-	rc = strcmp(PQcmdTuples(r), "0") == 0 ? SW_ENOTFOUND : 0;
-	PQclear(r);
-	if (rc)
-		return sw_seterr(err, errlen, rc, "task %s: no such task", id);
-	return 0;
+	return task_update(db, sql, 3, params, err, errlen);
 }
 
 int agent_db_task_document(struct agent_db *db, const char *id, int64_t *doc_id, char *err,

@@ -704,6 +704,35 @@ int agent_queue_memory_policy(struct agent_queue *q, uint64_t *maxmemory, char *
 	return 0;
 }
 
+/* The value of field name in a flat list of field, value pairs (an
+ * element of XINFO GROUPS or XINFO CONSUMERS) if it has the given type;
+ * NULL when absent or of another type. */
+static const redisReply *pair_value(const redisReply *pairs, const char *name, int type)
+{
+	for (size_t k = 0; pairs->type == REDIS_REPLY_ARRAY && k + 1 < pairs->elements; k += 2) {
+		const redisReply *key = pairs->element[k], *val = pairs->element[k + 1];
+
+		if (key->type == REDIS_REPLY_STRING && !strcmp(key->str, name))
+			return val->type == type ? val : NULL;
+	}
+	return NULL;
+}
+
+static const char *pair_str(const redisReply *pairs, const char *name)
+{
+	const redisReply *v = pair_value(pairs, name, REDIS_REPLY_STRING);
+
+	return v ? v->str : NULL;
+}
+
+/* -1 when absent (the integers read are counts and times). */
+static long long pair_int(const redisReply *pairs, const char *name)
+{
+	const redisReply *v = pair_value(pairs, name, REDIS_REPLY_INTEGER);
+
+	return v ? v->integer : -1;
+}
+
 /* --- the sweep -------------------------------------------------------------- */
 
 static bool parse_id(const char *s, struct entry_id *id)
@@ -749,23 +778,10 @@ static int sweep_bound(struct agent_queue *q, struct entry_id *bound, bool *foun
 		return rc;
 	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
 		const redisReply *g = r->element[i];
-		const char *name = NULL, *last = NULL;
+		const char *name = pair_str(g, "name"), *last = pair_str(g, "last-delivered-id");
+		long long pending = pair_int(g, "pending");
 		struct entry_id want, oldest;
-		long long pending = -1;
 
-		for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k + 1 < g->elements; k += 2) {
-			const redisReply *key = g->element[k], *val = g->element[k + 1];
-
-			if (key->type != REDIS_REPLY_STRING)
-				continue;
-			if (!strcmp(key->str, "name") && val->type == REDIS_REPLY_STRING)
-				name = val->str;
-			else if (!strcmp(key->str, "last-delivered-id") &&
-				 val->type == REDIS_REPLY_STRING)
-				last = val->str;
-			else if (!strcmp(key->str, "pending") && val->type == REDIS_REPLY_INTEGER)
-				pending = val->integer;
-		}
 		if (!name || !parse_id(last, &want) || pending < 0) {
 			rc = sw_seterr(err, errlen, -EIO, "redis: unexpected XINFO GROUPS reply");
 			break;
@@ -852,22 +868,9 @@ int agent_queue_prune(struct agent_queue *q, uint32_t min_idle_ms, unsigned *rem
 		return rc;
 	for (size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; i++) {
 		const redisReply *c = r->element[i];
-		const char *name = NULL;
-		long long pending = -1, idle = -1;
+		const char *name = pair_str(c, "name");
+		long long pending = pair_int(c, "pending"), idle = pair_int(c, "idle");
 
-		/* A flat list of field, value pairs: name, pending, idle, ... */
-		for (size_t k = 0; c->type == REDIS_REPLY_ARRAY && k + 1 < c->elements; k += 2) {
-			const redisReply *key = c->element[k], *val = c->element[k + 1];
-
-			if (key->type != REDIS_REPLY_STRING)
-				continue;
-			if (!strcmp(key->str, "name") && val->type == REDIS_REPLY_STRING)
-				name = val->str;
-			else if (!strcmp(key->str, "pending") && val->type == REDIS_REPLY_INTEGER)
-				pending = val->integer;
-			else if (!strcmp(key->str, "idle") && val->type == REDIS_REPLY_INTEGER)
-				idle = val->integer;
-		}
 		if (!name || pending != 0 || idle < (long long)min_idle_ms ||
 		    !strcmp(name, q->consumer))
 			continue;

@@ -82,14 +82,10 @@ static void exit_note(void *user, unsigned i, char *out, size_t cap)
 static json_t *status_json(struct sw_sup *sup, void *user)
 {
 	struct agent_sup *as = user;
-	json_t *root = json_pack("{s:i, s:s}", "pid", (int)getpid(), "state",
-				 sw_sup_run_state(sup));
-	json_t *arr = json_array();
+	json_t *arr, *root = sw_sup_status_doc(sup, "workers", &arr);
 
-	if (!root || !arr || json_object_set_new(root, "workers", arr)) {
-		json_decref(root);
+	if (!root)
 		return NULL;
-	}
 	for (unsigned i = 0; i < as->n; i++) {
 		const struct sw_sup_info *f = sw_sup_info(sup, i);
 

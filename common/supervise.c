@@ -125,17 +125,20 @@ json_t *sw_sup_info_json(const struct sw_sup *sp, unsigned i)
 			 "error", f->error);
 }
 
+json_t *sw_sup_status_doc(const struct sw_sup *sp, const char *key, json_t **arr)
+{
+	json_t *root = json_pack("{s:i, s:s, s:[]}", "pid", (int)getpid(), "state",
+				 sw_sup_run_state(sp), key);
+
+	*arr = root ? json_object_get(root, key) : NULL;
+	return root;
+}
+
 static json_t *default_status(struct sw_sup *sp)
 {
-	json_t *root = json_pack("{s:i, s:s}", "pid", (int)getpid(), "state",
-				 sw_sup_run_state(sp));
-	json_t *arr = json_array();
+	json_t *arr, *root = sw_sup_status_doc(sp, "children", &arr);
 
-	if (!root || !arr || json_object_set_new(root, "children", arr)) {
-		json_decref(root);
-		return NULL;
-	}
-	for (unsigned i = 0; i < sp->n; i++)
+	for (unsigned i = 0; root && i < sp->n; i++)
 		json_array_append_new(arr, sw_sup_info_json(sp, i));
 	return root;
 }

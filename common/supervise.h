@@ -252,6 +252,12 @@ const char *sw_sup_state_name(enum sw_sup_state s);
  * when out of memory. */
 json_t *sw_sup_info_json(const struct sw_sup *sup, unsigned i);
 
+/* The start of a status document: {"pid": this process, "state":
+ * sw_sup_run_state(sup), key: []}, *arr being that empty array (borrowed)
+ * for the caller to fill. A new reference; NULL when out of memory
+ * (nothing to free). */
+json_t *sw_sup_status_doc(const struct sw_sup *sup, const char *key, json_t **arr);
+
 /* Bounds the log file at path by copy and truncate: when it holds more
  * than max_bytes, PATH.(k) becomes PATH.(k+1) for k = keep-1 .. 1
  * (PATH.keep is dropped), PATH is copied to PATH.1, and PATH is

@@ -159,13 +159,11 @@ static int probe(void *user, unsigned i, int pid, bool live, char *err, size_t e
 static json_t *status_json(struct sw_sup *sup, void *user)
 {
 	struct ctl_sup *cs = user;
-	json_t *root = json_pack("{s:i, s:s, s:I}", "pid", (int)getpid(), "state",
-				 sw_sup_run_state(sup), "started_at", (json_int_t)cs->started_at);
-	json_t *arr = json_array();
+	json_t *arr, *root = sw_sup_status_doc(sup, "services", &arr);
 
-	if (!root || !arr || json_object_set_new(root, "services", arr)) {
+	if (!root ||
+	    json_object_set_new(root, "started_at", json_integer((json_int_t)cs->started_at))) {
 		json_decref(root);
-		json_decref(arr);
 		return NULL;
 	}
 	for (unsigned i = 0; i < CTL_N_SERVICES; i++) {

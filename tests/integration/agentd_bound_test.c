@@ -23,18 +23,14 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
-#include <jansson.h>
 #include <libpq-fe.h>
 
 #include "common/time.h"
@@ -43,17 +39,7 @@
 
 static struct at_redis srv;
 
-struct fx {
-	char dir[64];
-	char dbname[64];
-	char pg_url[1024];
-	char config[256], status[256], log[256], out[256];
-	redisContext *redis;
-	PGconn *pg;
-	pid_t sup;
-};
-
-static redisReply *cmd(struct fx *f, const char *fmt, ...)
+static redisReply *cmd(struct at_agentd *f, const char *fmt, ...)
 {
 	va_list ap;
 	redisReply *r;
@@ -66,7 +52,7 @@ static redisReply *cmd(struct fx *f, const char *fmt, ...)
 	return r;
 }
 
-static long long xlen(struct fx *f, const char *stream)
+static long long xlen(struct at_agentd *f, const char *stream)
 {
 	redisReply *r = cmd(f, "XLEN %s", stream);
 	long long v = r->type == REDIS_REPLY_INTEGER ? r->integer : -1;
@@ -75,7 +61,7 @@ static long long xlen(struct fx *f, const char *stream)
 	return v;
 }
 
-static void maxmemory(struct fx *f, const char *bytes)
+static void maxmemory(struct at_agentd *f, const char *bytes)
 {
 	redisReply *r = cmd(f, "CONFIG SET maxmemory %s", bytes);
 
@@ -101,65 +87,26 @@ static int group_teardown(void **state)
 	return 0;
 }
 
-static int counter;
-
 static int setup(void **state)
 {
-	struct fx *f = calloc(1, sizeof(*f));
+	struct at_agentd *f = at_agentd_new("bound", srv.host, srv.port);
 
-	snprintf(f->dir, sizeof(f->dir), "/tmp/agentd-bound-XXXXXX");
-	if (!mkdtemp(f->dir))
-		return -1;
-	snprintf(f->dbname, sizeof(f->dbname), "agentd_bound_%d_%d", (int)getpid(), counter++);
-	at_db_create(f->dbname, f->pg_url, sizeof(f->pg_url));
-	f->pg = PQconnectdb(f->pg_url);
-	f->redis = redisConnect(srv.host, srv.port);
-	if (!f->redis || f->redis->err)
+	if (!f)
 		return -1;
 	maxmemory(f, "0");
 	freeReplyObject(cmd(f, "FLUSHALL"));
-	snprintf(f->config, sizeof(f->config), "%s/swarm.json", f->dir);
-	snprintf(f->status, sizeof(f->status), "%s/state/agentd.status.json", f->dir);
-	snprintf(f->log, sizeof(f->log), "%s/agentd.log", f->dir);
-	snprintf(f->out, sizeof(f->out), "%s/agentd.out", f->dir);
 	*state = f;
 	return 0;
 }
 
-static void print_tail(const char *path, int lines)
-{
-	char c[512];
-
-	snprintf(c, sizeof(c), "tail -n %d %s | cut -c1-300 >&2", lines, path);
-	if (system(c) != 0)
-		fprintf(stderr, "(no %s)\n", path);
-}
-
 static int teardown(void **state)
 {
-	struct fx *f = *state;
-	char c[128];
-	int status;
-
-	if (f->sup > 0) { /* a failed test: take everything down */
-		kill(f->sup, SIGKILL);
-		waitpid(f->sup, &status, 0);
-		print_tail(f->log, 40);
-		print_tail(f->out, 10);
-	}
-	maxmemory(f, "0");
-	redisFree(f->redis);
-	PQfinish(f->pg);
-	at_db_drop(f->dbname);
-	snprintf(c, sizeof(c), "rm -rf %s", f->dir);
-	if (system(c) != 0)
-		fprintf(stderr, "could not remove %s\n", f->dir);
-	free(f);
+	at_agentd_free(*state, "CONFIG SET maxmemory 0");
 	return 0;
 }
 
 /* The configuration agentd and swarmctl read (external mode). */
-static void write_config(struct fx *f, const char *agentd)
+static void write_config(struct at_agentd *f, const char *agentd)
 {
 	FILE *fp = fopen(f->config, "w");
 
@@ -174,160 +121,63 @@ static void write_config(struct fx *f, const char *agentd)
 	fclose(fp);
 }
 
-static void start_sup(struct fx *f)
-{
-	f->sup = fork();
-	assert_true(f->sup >= 0);
-	if (f->sup == 0) {
-		int out = open(f->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		dup2(out, 1);
-		dup2(out, 2);
-		execl(AGENTD_BIN, "agentd", "--config", f->config, "--sql-dir", "config/sql",
-		      (char *)NULL);
-		_exit(127);
-	}
-}
-
-/* SIGTERM, then the exit status, which must be 0. */
-static void stop_sup(struct fx *f)
-{
-	int status = -1;
-
-	kill(f->sup, SIGTERM);
-	for (int t = 0; t < 30000; t += 50) {
-		if (waitpid(f->sup, &status, WNOHANG) == f->sup)
-			break;
-		sw_sleep_ms(50);
-	}
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-		fail_msg("agentd: wait status %d", status);
-	f->sup = 0;
-}
-
-/* The status file's workers, or NULL when it cannot be read yet. */
-static json_t *workers(struct fx *f)
-{
-	json_t *root = json_load_file(f->status, 0, NULL), *w;
-
-	if (!root)
-		return NULL;
-	w = json_incref(json_object_get(root, "workers"));
-	json_decref(root);
-	return w;
-}
-
-/* Waits until every one of n workers is running; fails after 20 s. */
-static void wait_running(struct fx *f, size_t n)
-{
-	for (int t = 0; t < 20000; t += 50) {
-		json_t *ws = workers(f), *w;
-		size_t i, running = 0;
-
-		json_array_foreach(ws, i, w)
-			running += !strcmp(json_string_value(json_object_get(w, "state")), "running");
-		json_decref(ws);
-		if (running == n)
-			return;
-		sw_sleep_ms(50);
-	}
-	fail_msg("the workers did not all start");
-}
-
 /* Every worker was spawned once and never crashed. */
-static void assert_no_restart(struct fx *f, size_t n)
+static void assert_no_restart(struct at_agentd *f, int n)
 {
-	json_t *ws = workers(f), *w;
-	size_t i;
+	struct at_worker w[AT_MAX_WORKERS];
 
-	assert_non_null(ws);
-	assert_int_equal(json_array_size(ws), n);
-	json_array_foreach(ws, i, w) {
-		assert_int_equal(json_integer_value(json_object_get(w, "spawns")), 1);
-		assert_int_equal(json_integer_value(json_object_get(w, "crashes")), 0);
+	assert_int_equal(at_agentd_workers(f, w, NULL, 0), n);
+	for (int i = 0; i < n; i++) {
+		assert_int_equal(w[i].spawns, 1);
+		assert_int_equal(w[i].crashes, 0);
 	}
-	json_decref(ws);
-}
-
-/* Lines of file path containing every one of the NULL-terminated
- * needles. */
-static int count_lines(const char *path, ...)
-{
-	char line[4096];
-	int n = 0;
-	FILE *fp = fopen(path, "r");
-
-	if (!fp)
-		return 0;
-	while (fgets(line, sizeof(line), fp)) {
-		const char *needle;
-		bool all = true;
-		va_list ap;
-
-		va_start(ap, path);
-		while ((needle = va_arg(ap, const char *)))
-			all &= strstr(line, needle) != NULL;
-		va_end(ap);
-		n += all;
-	}
-	fclose(fp);
-	return n;
-}
-
-static bool wait_lines(const char *path, int want, const char *a, const char *b)
-{
-	for (int t = 0; t < 20000; t += 50) {
-		if (count_lines(path, a, b, (const char *)NULL) >= want)
-			return true;
-		sw_sleep_ms(50);
-	}
-	return false;
 }
 
 static void test_sigusr1_reopens_every_log(void **state)
 {
-	struct fx *f = *state;
+	struct at_agentd *f = *state;
 	char old[300];
 
 	write_config(f, "\"workers\": 2");
-	start_sup(f);
+	at_agentd_start(f, "config/sql");
 	/* The status file is written once the supervisor handles signals. */
 	for (int t = 0; t < 10000 && access(f->status, F_OK) != 0; t += 10)
 		sw_sleep_ms(10);
 	assert_int_equal(access(f->status, F_OK), 0);
 	/* Most likely before the workers' first beats: deferred, not fatal. */
 	kill(f->sup, SIGUSR1);
-	wait_running(f, 2);
-	assert_true(wait_lines(f->log, 1, "SIGUSR1: log reopened", NULL));
+	assert_true(at_agentd_wait_running(f, 2, NULL, 20000));
+	assert_true(at_wait_lines(f->log, 1, "SIGUSR1: log reopened", NULL, 20000));
 
 	/* logrotate: rename, then signal. */
 	snprintf(old, sizeof(old), "%s.1", f->log);
 	assert_int_equal(rename(f->log, old), 0);
 	kill(f->sup, SIGUSR1);
-	assert_true(wait_lines(f->log, 1, "SIGUSR1: log reopened; forwarded to 2 workers", NULL));
+	assert_true(at_wait_lines(f->log, 1, "SIGUSR1: log reopened; forwarded to 2 workers", NULL,
+				  20000));
 	/* Work for the workers (malformed: no gpud needed), each logs. */
 	for (int i = 0; i < 6; i++)
 		freeReplyObject(cmd(f, "XADD swarm:tasks * task {broken-%d", i));
 	assert_true(at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'failed'", 6,
 				  20000, 50));
-	stop_sup(f);
+	at_agentd_stop(f);
 
 	/* Every worker's last words (the drain) and the task warnings are in
 	 * the new file; the old one got nothing after the rename. */
-	assert_int_equal(count_lines(f->log, "agentd-worker[", "drained", (const char *)NULL), 2);
-	assert_int_equal(count_lines(f->log, "agentd-worker[", "invalid JSON", (const char *)NULL),
+	assert_int_equal(at_count_lines(f->log, "agentd-worker[", "drained"), 2);
+	assert_int_equal(at_count_lines(f->log, "agentd-worker[", "invalid JSON"),
 			 6);
-	assert_int_equal(count_lines(f->log, "agentd[", "supervisor: exit 0", (const char *)NULL),
+	assert_int_equal(at_count_lines(f->log, "agentd[", "supervisor: exit 0"),
 			 1);
-	assert_int_equal(count_lines(old, "invalid JSON", (const char *)NULL), 0);
-	assert_int_equal(count_lines(old, "drained", (const char *)NULL), 0);
-	assert_int_equal(count_lines(old, "SIGUSR1", (const char *)NULL), 1); /* the first one */
+	assert_int_equal(at_count_lines(old, "invalid JSON", NULL), 0);
+	assert_int_equal(at_count_lines(old, "drained", NULL), 0);
+	assert_int_equal(at_count_lines(old, "SIGUSR1", NULL), 1); /* the first one */
 	assert_no_restart(f, 2);
 }
 
 /* One entry pending for a consumer that died with it after max_attempts
  * deliveries: the next claim dead-letters it without running it. */
-static void add_exhausted(struct fx *f, int deliveries)
+static void add_exhausted(struct at_agentd *f, int deliveries)
 {
 	redisReply *r = cmd(f, "XADD swarm:tasks * task %s",
 			    "{\"id\":\"dead-1\",\"kind\":\"summarize\",\"document_id\":1}");
@@ -344,11 +194,11 @@ static void add_exhausted(struct fx *f, int deliveries)
 	freeReplyObject(r);
 }
 
-static int swarmctl(struct fx *f, const char *args, char *out, size_t cap);
+static int swarmctl(struct at_agentd *f, const char *args, char *out, size_t cap);
 
 static void test_agentd_at_maxmemory(void **state)
 {
-	struct fx *f = *state;
+	struct at_agentd *f = *state;
 
 	write_config(f, "\"workers\": 2, \"max_attempts\": 3, \"lease_ms\": 1000");
 	freeReplyObject(cmd(f, "XGROUP CREATE swarm:tasks agents 0 MKSTREAM"));
@@ -357,8 +207,8 @@ static void test_agentd_at_maxmemory(void **state)
 		freeReplyObject(cmd(f, "XADD swarm:tasks * task {broken-%d", i));
 	maxmemory(f, "1"); /* full: every write that needs memory is refused */
 
-	start_sup(f);
-	wait_running(f, 2);
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 2, NULL, 20000));
 	/* Each worker's first claim: one takes the exhausted entry (idle
 	 * entries come first), the other the first broken one. Both outcomes
 	 * are recorded; then each worker waits, holding its task, for Redis
@@ -367,7 +217,7 @@ static void test_agentd_at_maxmemory(void **state)
 				  20000, 50));
 	assert_true(at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'failed'", 1,
 				  20000, 50));
-	assert_true(wait_lines(f->log, 2, "OOM command not allowed", "maxmemory"));
+	assert_true(at_wait_lines(f->log, 2, "OOM command not allowed", "maxmemory", 20000));
 	sw_sleep_ms(1500); /* a few retries (100, 200, 400, 800 ms) */
 	/* The failed task's entry left the stream though its event was
 	 * refused (the acknowledgement frees memory); the dead one stays
@@ -378,7 +228,7 @@ static void test_agentd_at_maxmemory(void **state)
 	assert_int_equal(xlen(f, "swarm:results"), 0);
 	assert_int_equal(xlen(f, "swarm:dead"), 0);
 	assert_no_restart(f, 2);
-	assert_int_equal(count_lines(f->log, "evicts keys", (const char *)NULL), 0);
+	assert_int_equal(at_count_lines(f->log, "evicts keys", NULL), 0);
 
 	maxmemory(f, "0");
 	for (int t = 0; t < 20000 && (xlen(f, "swarm:results") < 4 || xlen(f, "swarm:dead") < 1 ||
@@ -389,8 +239,8 @@ static void test_agentd_at_maxmemory(void **state)
 	assert_int_equal(xlen(f, "swarm:dead"), 1);
 	assert_int_equal(xlen(f, "swarm:tasks"), 0);
 	assert_int_equal(at_redis_pending(f->redis, "swarm:tasks"), 0);
-	assert_true(wait_lines(f->log, 1, "servers reachable again", NULL));
-	stop_sup(f);
+	assert_true(at_wait_lines(f->log, 1, "servers reachable again", NULL, 20000));
+	at_agentd_stop(f);
 	/* Retrying the delivery does not count deliveries. */
 	assert_int_equal(at_pg_int(f->pg, "SELECT max(attempts) FROM tasks WHERE status = 'failed'"),
 			 1);
@@ -414,7 +264,7 @@ static void test_agentd_at_maxmemory(void **state)
 
 /* Runs `swarmctl --config F args...` with its output in out; returns its
  * exit status. */
-static int swarmctl(struct fx *f, const char *args, char *out, size_t cap)
+static int swarmctl(struct at_agentd *f, const char *args, char *out, size_t cap)
 {
 	char c[1024];
 	size_t n;
@@ -432,7 +282,7 @@ static int swarmctl(struct fx *f, const char *args, char *out, size_t cap)
 
 static void test_submit_refused_at_maxmemory(void **state)
 {
-	struct fx *f = *state;
+	struct at_agentd *f = *state;
 	char doc[300], args[400], out[4096];
 	FILE *fp;
 

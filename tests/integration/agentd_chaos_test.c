@@ -20,7 +20,6 @@
 #include <cmocka.h>
 
 #include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,29 +44,6 @@
 #define INGEST_EVERY 10 /* every 10th task is an ingest of a new text */
 
 static struct at_pg pg;
-
-static long long redis_int(redisContext *r, const char *cmd)
-{
-	redisReply *rep = redisCommand(r, cmd);
-	long long v = -1;
-
-	if (rep && rep->type == REDIS_REPLY_INTEGER)
-		v = rep->integer;
-	else if (rep && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
-		 rep->element[0]->type == REDIS_REPLY_INTEGER)
-		v = rep->element[0]->integer;
-	freeReplyObject(rep);
-	return v;
-}
-
-static void print_tail(const char *path, int lines)
-{
-	char cmd[512];
-
-	snprintf(cmd, sizeof(cmd), "tail -n %d %s | cut -c1-300 >&2", lines, path);
-	if (system(cmd) != 0)
-		fprintf(stderr, "(no %s)\n", path);
-}
 
 /* Distinct task ids among the events of swarm:results, and the events. */
 static void results_ids(redisContext *r, long long *distinct, long long *events)
@@ -142,22 +118,12 @@ static void test_chaos_200_tasks(void **state)
 	 * chunks), then the 200 tasks. */
 	snprintf(task, sizeof(task), "{\"id\":\"doc\",\"kind\":\"ingest\",\"text\":\"%s\"}", story);
 	freeReplyObject(redisCommand(r, "XADD swarm:tasks * task %s", task));
-	sup = fork();
-	assert_true(sup >= 0);
-	if (sup == 0) {
-		int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		dup2(fd, 1);
-		dup2(fd, 2);
-		execl(AGENTD_BIN, "agentd", "--config", config, "--sql-dir", "config/sql",
-		      (char *)NULL);
-		_exit(127);
-	}
+	sup = at_agentd_spawn(config, "config/sql", out);
 	c = PQconnectdb(pg.url);
 	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 1,
 				 120000, 100)) {
-		print_tail(log, 30);
-		print_tail(out, 10);
+		at_print_tail(log, 30);
+		at_print_tail(out, 10);
 		kill(sup, SIGKILL);
 		fail_msg("the first ingest did not complete");
 	}
@@ -183,8 +149,8 @@ static void test_chaos_200_tasks(void **state)
 
 	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 40,
 				 120000, 100)) {
-		print_tail(log, 30);
-		print_tail(out, 10);
+		at_print_tail(log, 30);
+		at_print_tail(out, 10);
 		kill(sup, SIGKILL);
 		fail_msg("no progress before the PostgreSQL restart");
 	}
@@ -194,7 +160,7 @@ static void test_chaos_200_tasks(void **state)
 	at_pg_restart(&pg);
 	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status = 'completed'", 110,
 				 120000, 100)) {
-		print_tail(log, 30);
+		at_print_tail(log, 30);
 		kill(sup, SIGKILL);
 		fail_msg("no progress after the PostgreSQL restart");
 	}
@@ -210,20 +176,19 @@ static void test_chaos_200_tasks(void **state)
 	assert_int_equal(gpud_it_wait_ready(&gpud, 30000), 0);
 	if (!at_pg_wait_at_least(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'",
 				 N_TASKS + 1, 180000, 100)) {
-		print_tail(log, 40);
+		at_print_tail(log, 40);
 		kill(sup, SIGKILL);
 		fail_msg("only %lld of %d tasks finished",
 			 at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status <> 'running'"),
 			 N_TASKS + 1);
 	}
-	for (int i = 0; i < 100 && redis_int(r, "XPENDING swarm:tasks agents") != 0; i++)
+	for (int i = 0; i < 100 && at_redis_int(r, "XPENDING swarm:tasks agents") != 0; i++)
 		sw_sleep_ms(50); /* the last acks follow the last commits */
 	t_end = gpud_it_now() - t0;
 
 	kill(sup, SIGTERM);
-	for (int t = 0; t < 40000 && waitpid(sup, &st, WNOHANG) == 0; t += 50)
-		sw_sleep_ms(50);
-	if (kill(sup, 0) == 0) {
+	st = at_wait_pid(sup, 40000);
+	if (st == -1) {
 		kill(sup, SIGKILL);
 		waitpid(sup, &st, 0);
 		fail_msg("the supervisor did not drain within 40 s");
@@ -251,8 +216,8 @@ static void test_chaos_200_tasks(void **state)
 	assert_int_equal(at_pg_count(&c, "SELECT count(*) FROM tasks WHERE status = 'dead' AND "
 					 "(error IS NULL OR error = '')"),
 			 0);
-	assert_int_equal(redis_int(r, "XPENDING swarm:tasks agents"), 0);
-	assert_int_equal(redis_int(r, "XLEN swarm:dead"), dead);
+	assert_int_equal(at_redis_int(r, "XPENDING swarm:tasks agents"), 0);
+	assert_int_equal(at_redis_int(r, "XLEN swarm:dead"), dead);
 	assert_int_equal(distinct, N_TASKS + 1);
 	assert_true(events >= N_TASKS + 1); /* at least once */
 	/* none duplicated: one answer per completed answer task, one document

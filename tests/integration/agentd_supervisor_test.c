@@ -35,7 +35,6 @@
 #include <unistd.h>
 
 #include <hiredis/hiredis.h>
-#include <jansson.h>
 #include <libpq-fe.h>
 
 #include "common/log.h"
@@ -45,21 +44,10 @@
 #include "tests/integration/harness.h"
 
 #define REDIS_DB 5 /* agentd_e2e uses 3 */
-#define MAX_W 8
 
 static struct gpud_it gpud;
 
-struct fx {
-	char dir[64];
-	char dbname[64];
-	char pg_url[1024];
-	char config[256], status[256], log[256], out[256];
-	redisContext *redis;
-	PGconn *pg;
-	pid_t sup;
-};
-
-static void redis_cmd(struct fx *f, const char *cmd)
+static void redis_cmd(struct at_agentd *f, const char *cmd)
 {
 	redisReply *r = redisCommand(f->redis, cmd);
 
@@ -82,65 +70,27 @@ static int group_teardown(void **state)
 	return 0;
 }
 
-static int counter;
-
 static int setup(void **state)
 {
-	struct fx *f = calloc(1, sizeof(*f));
+	struct at_agentd *f;
 	char sql[128], host[256];
 	int port;
 
-	snprintf(f->dir, sizeof(f->dir), "/tmp/agentd-sup-XXXXXX");
-	if (!mkdtemp(f->dir))
-		return -1;
-	snprintf(f->dbname, sizeof(f->dbname), "agentd_sup_%d_%d", (int)getpid(), counter++);
-	at_db_create(f->dbname, f->pg_url, sizeof(f->pg_url));
-	f->pg = PQconnectdb(f->pg_url);
 	if (it_parse_redis_url(it_redis_url(), host, sizeof(host), &port) != 0)
 		return -1;
-	f->redis = redisConnect(host, port);
-	if (!f->redis || f->redis->err)
+	f = at_agentd_new("sup", host, port);
+	if (!f)
 		return -1;
 	snprintf(sql, sizeof(sql), "SELECT %d", REDIS_DB);
 	redis_cmd(f, sql);
 	redis_cmd(f, "FLUSHDB");
-	snprintf(f->config, sizeof(f->config), "%s/agentd.json", f->dir);
-	snprintf(f->status, sizeof(f->status), "%s/state/agentd.status.json", f->dir);
-	snprintf(f->log, sizeof(f->log), "%s/agentd.log", f->dir);
-	snprintf(f->out, sizeof(f->out), "%s/agentd.out", f->dir);
 	*state = f;
 	return 0;
 }
 
-static void print_tail(const char *path, int lines)
-{
-	char cmd[512];
-
-	snprintf(cmd, sizeof(cmd), "tail -n %d %s | cut -c1-300 >&2", lines, path);
-	if (system(cmd) != 0)
-		fprintf(stderr, "(no %s)\n", path);
-}
-
 static int teardown(void **state)
 {
-	struct fx *f = *state;
-	char cmd[128];
-	int status;
-
-	if (f->sup > 0) { /* a failed test: take everything down */
-		kill(f->sup, SIGKILL);
-		waitpid(f->sup, &status, 0);
-		print_tail(f->log, 40);
-		print_tail(f->out, 10);
-	}
-	redis_cmd(f, "FLUSHDB");
-	redisFree(f->redis);
-	PQfinish(f->pg);
-	at_db_drop(f->dbname);
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", f->dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "could not remove %s\n", f->dir);
-	free(f);
+	at_agentd_free(*state, "FLUSHDB");
 	return 0;
 }
 
@@ -150,7 +100,7 @@ static int teardown(void **state)
 	"\"crash_limit\": 3, \"crash_window_ms\": 10000, "
 
 /* agentd members beyond the common ones ("\"workers\": 2, ..."). */
-static void write_config(struct fx *f, const char *agentd)
+static void write_config(struct at_agentd *f, const char *agentd)
 {
 	FILE *fp = fopen(f->config, "w");
 
@@ -163,107 +113,6 @@ static void write_config(struct fx *f, const char *agentd)
 		" %s}}\n",
 		f->dir, f->log, it_redis_url(), REDIS_DB, f->pg_url, gpud.socket, agentd);
 	fclose(fp);
-}
-
-static void start_sup(struct fx *f, const char *sql_dir)
-{
-	f->sup = fork();
-	assert_true(f->sup >= 0);
-	if (f->sup == 0) {
-		int out = open(f->out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-
-		dup2(out, 1);
-		dup2(out, 2);
-		execl(AGENTD_BIN, "agentd", "--config", f->config, "--sql-dir", sql_dir,
-		      (char *)NULL);
-		_exit(127);
-	}
-}
-
-/* Waits up to ms for the supervisor to exit; returns its wait status or
- * -1 (still running). */
-static int wait_sup(struct fx *f, int ms)
-{
-	int status;
-
-	for (int t = 0; t <= ms; t += 50) {
-		if (waitpid(f->sup, &status, WNOHANG) == f->sup) {
-			f->sup = 0;
-			return status;
-		}
-		sw_sleep_ms(50);
-	}
-	return -1;
-}
-
-static void stop_sup(struct fx *f)
-{
-	int status;
-
-	kill(f->sup, SIGTERM);
-	status = wait_sup(f, 40000);
-	if (status == -1)
-		fail_msg("the supervisor did not exit within 40 s of SIGTERM");
-	assert_true(WIFEXITED(status));
-	assert_int_equal(WEXITSTATUS(status), 0);
-}
-
-/* One worker slot as the status file shows it. */
-struct wstat {
-	int pid;
-	char state[16];
-	long long spawns, crashes, recycles, hangs, done;
-	char last_exit[32];
-	char activity[16];
-};
-
-/* Reads the status file into w[] (up to MAX_W) and its "state" into
- * sup_state. Returns the number of workers, or -1 when it cannot be read. */
-static int read_status(struct fx *f, struct wstat *w, char *sup_state, size_t len)
-{
-	json_t *root = json_load_file(f->status, 0, NULL), *arr, *e;
-	size_t i;
-	int n = 0;
-
-	if (!root)
-		return -1;
-	if (sup_state)
-		snprintf(sup_state, len, "%s", json_string_value(json_object_get(root, "state")));
-	arr = json_object_get(root, "workers");
-	json_array_foreach(arr, i, e) {
-		if (n >= MAX_W)
-			break;
-		w[n].pid = (int)json_integer_value(json_object_get(e, "pid"));
-		snprintf(w[n].state, sizeof(w[n].state), "%s",
-			 json_string_value(json_object_get(e, "state")));
-		w[n].spawns = json_integer_value(json_object_get(e, "spawns"));
-		w[n].crashes = json_integer_value(json_object_get(e, "crashes"));
-		w[n].recycles = json_integer_value(json_object_get(e, "recycles"));
-		w[n].hangs = json_integer_value(json_object_get(e, "hangs"));
-		w[n].done = json_integer_value(json_object_get(e, "done"));
-		snprintf(w[n].last_exit, sizeof(w[n].last_exit), "%s",
-			 json_string_value(json_object_get(e, "last_exit")));
-		snprintf(w[n].activity, sizeof(w[n].activity), "%s",
-			 json_string_value(json_object_get(e, "activity")));
-		n++;
-	}
-	json_decref(root);
-	return n;
-}
-
-/* Waits until every one of n workers is "running" (it has beaten). */
-static bool wait_all_running(struct fx *f, int n, struct wstat *w, int ms)
-{
-	for (int t = 0; t < ms; t += 50) {
-		int got = read_status(f, w, NULL, 0), running = 0;
-
-		for (int i = 0; i < got; i++)
-			running += strcmp(w[i].state, "running") == 0;
-		if (got == n && running == n)
-			return true;
-		sw_sleep_ms(50);
-	}
-	return false;
 }
 
 static bool alive(pid_t pid)
@@ -290,36 +139,7 @@ static bool file_has(const char *path, const char *needle)
 	return gpud_it_file_has(path, needle);
 }
 
-/* Lines of path containing needle. */
-static int count_lines(const char *path, const char *needle)
-{
-	char line[4096];
-	FILE *fp = fopen(path, "r");
-	int n = 0;
-
-	if (!fp)
-		return -1;
-	while (fgets(line, sizeof(line), fp))
-		n += strstr(line, needle) != NULL;
-	fclose(fp);
-	return n;
-}
-
-static long long redis_int(struct fx *f, const char *cmd)
-{
-	redisReply *r = redisCommand(f->redis, cmd);
-	long long v = -1;
-
-	if (r && r->type == REDIS_REPLY_INTEGER)
-		v = r->integer;
-	else if (r && r->type == REDIS_REPLY_ARRAY && r->elements > 0 &&
-		 r->element[0]->type == REDIS_REPLY_INTEGER)
-		v = r->element[0]->integer; /* XPENDING summary: the count */
-	freeReplyObject(r);
-	return v;
-}
-
-static void xadd(struct fx *f, const char *task)
+static void xadd(struct at_agentd *f, const char *task)
 {
 	redisReply *r = redisCommand(f->redis, "XADD swarm:tasks * task %s", task);
 
@@ -332,14 +152,14 @@ static void xadd(struct fx *f, const char *task)
 
 static void test_keeps_n_alive_and_restarts_killed(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W], v[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS], v[AT_MAX_WORKERS];
 	char sup_state[32];
 	bool ok;
 
 	write_config(f, BASE "\"workers\": 3");
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 3, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 3, w, 30000));
 	for (int i = 0; i < 3; i++) {
 		assert_true(alive(w[i].pid));
 		assert_int_equal(w[i].spawns, 1);
@@ -350,8 +170,8 @@ static void test_keeps_n_alive_and_restarts_killed(void **state)
 	ok = false;
 	for (int t = 0; t < 20000 && !ok; t += 50) {
 		sw_sleep_ms(50);
-		ok = read_status(f, v, NULL, 0) == 3 && v[1].pid != w[1].pid && v[1].pid != 0 &&
-		     strcmp(v[1].state, "running") == 0;
+		ok = at_agentd_workers(f, v, NULL, 0) == 3 && v[1].pid != w[1].pid &&
+		     v[1].pid != 0 && strcmp(v[1].state, "running") == 0;
 	}
 	assert_true(ok);
 	assert_int_equal(v[1].spawns, 2);
@@ -365,10 +185,10 @@ static void test_keeps_n_alive_and_restarts_killed(void **state)
 	assert_true(file_has(f->log, "restarting in 300 ms"));
 	assert_false(alive(w[1].pid));
 
-	stop_sup(f);
+	at_agentd_stop(f);
 	for (int i = 0; i < 3; i++)
 		assert_false(alive(v[i].pid));
-	assert_int_equal(read_status(f, v, sup_state, sizeof(sup_state)), 3);
+	assert_int_equal(at_agentd_workers(f, v, sup_state, sizeof(sup_state)), 3);
 	assert_string_equal(sup_state, "stopped");
 	for (int i = 0; i < 3; i++) {
 		assert_string_equal(v[i].state, "stopped");
@@ -379,8 +199,8 @@ static void test_keeps_n_alive_and_restarts_killed(void **state)
 
 static void test_crash_loop_marked_failed(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	char sql_dir[128], path[192], sup_state[32];
 	FILE *fp;
 	int status;
@@ -396,13 +216,13 @@ static void test_crash_loop_marked_failed(void **state)
 	/* backoff 50, 100, then capped at 100; the 4th crash is over the limit */
 	write_config(f, "\"lease_ms\": 2000, \"workers\": 2, \"restart_backoff_min_ms\": 50, "
 			 "\"restart_backoff_max_ms\": 100, \"crash_limit\": 3, \"crash_window_ms\": 10000");
-	start_sup(f, sql_dir);
-	status = wait_sup(f, 60000);
+	at_agentd_start(f, sql_dir);
+	status = at_agentd_wait(f, 60000);
 	if (status == -1)
 		fail_msg("the supervisor did not give up on crash-looping workers");
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 1);
-	assert_int_equal(read_status(f, w, sup_state, sizeof(sup_state)), 2);
+	assert_int_equal(at_agentd_workers(f, w, sup_state, sizeof(sup_state)), 2);
 	assert_string_equal(sup_state, "failed");
 	for (int i = 0; i < 2; i++) {
 		assert_string_equal(w[i].state, "failed");
@@ -413,26 +233,27 @@ static void test_crash_loop_marked_failed(void **state)
 	}
 	assert_true(file_has(f->log, "marked failed, not restarted"));
 	assert_true(file_has(f->log, "restarting in 50 ms"));
-	assert_int_equal(count_lines(f->log, "restarting in 50 ms"), 2);  /* one per worker */
-	assert_int_equal(count_lines(f->log, "restarting in 100 ms"), 4); /* doubled, capped */
-	assert_int_equal(count_lines(f->log, "restarting in"), 6);
+	/* one per worker, then doubled and capped */
+	assert_int_equal(at_count_lines(f->log, "restarting in 50 ms", NULL), 2);
+	assert_int_equal(at_count_lines(f->log, "restarting in 100 ms", NULL), 4);
+	assert_int_equal(at_count_lines(f->log, "restarting in", NULL), 6);
 	assert_true(file_has(f->log, "every worker (2) has failed"));
 }
 
 static void test_hung_worker_killed_and_restarted(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W], v[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS], v[AT_MAX_WORKERS];
 	bool ok = false;
 
 	write_config(f, BASE "\"workers\": 1");
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 1, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 1, w, 30000));
 	assert_int_equal(kill(w[0].pid, SIGSTOP), 0);
 	for (int t = 0; t < 20000 && !ok; t += 50) {
 		sw_sleep_ms(50);
-		ok = read_status(f, v, NULL, 0) == 1 && v[0].pid != w[0].pid && v[0].pid != 0 &&
-		     strcmp(v[0].state, "running") == 0;
+		ok = at_agentd_workers(f, v, NULL, 0) == 1 && v[0].pid != w[0].pid &&
+		     v[0].pid != 0 && strcmp(v[0].state, "running") == 0;
 	}
 	assert_true(ok);
 	assert_int_equal(v[0].hangs, 1);
@@ -441,13 +262,13 @@ static void test_hung_worker_killed_and_restarted(void **state)
 	assert_true(file_has(f->log, "hung, killing it"));
 	assert_true(file_has(f->log, "(killed: hung)"));
 	assert_false(alive(w[0].pid));
-	stop_sup(f);
+	at_agentd_stop(f);
 }
 
 static void test_drain_with_task_in_flight(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	char task[16384];
 	size_t off;
 	long long done, pending, results, before;
@@ -462,8 +283,8 @@ static void test_drain_with_task_in_flight(void **state)
 					at_story);
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	xadd(f, task);
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 2, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 2, w, 30000));
 	/* after the ingest, or another worker would find no document yet */
 	if (!at_pg_wait_eq(f->pg,
 			   "SELECT count(*) FROM tasks WHERE id = 'in' AND status = 'completed'", 1,
@@ -474,13 +295,13 @@ static void test_drain_with_task_in_flight(void **state)
 		fail_msg("no summaries made");
 	before = at_pg_int(f->pg,
 			   "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
-	stop_sup(f);
+	at_agentd_stop(f);
 	for (int i = 0; i < 2; i++)
 		assert_false(alive(w[i].pid));
 	done = at_pg_int(f->pg,
 			 "SELECT count(*) FROM tasks WHERE id = 'sum' AND status = 'completed'");
-	pending = redis_int(f, "XPENDING swarm:tasks agents");
-	results = redis_int(f, "XLEN swarm:results");
+	pending = at_redis_int(f->redis, "XPENDING swarm:tasks agents");
+	results = at_redis_int(f->redis, "XLEN swarm:results");
 	fprintf(stderr,
 		"drain: summarize %s at SIGTERM, %s after; %lld pending, %lld summaries, "
 		"%lld results\n",
@@ -501,14 +322,14 @@ static void test_drain_with_task_in_flight(void **state)
 		assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM summaries WHERE is_final"),
 				 0);
 	}
-	assert_int_equal(redis_int(f, "XLEN swarm:dead"), 0);
+	assert_int_equal(at_redis_int(f->redis, "XLEN swarm:dead"), 0);
 	assert_true(file_has(f->log, "SIGTERM: draining 2 workers"));
 }
 
 static void test_recycle_after_max_tasks(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	char task[512];
 	bool ok = false;
 
@@ -520,33 +341,33 @@ static void test_recycle_after_max_tasks(void **state)
 			 i, i);
 		xadd(f, task);
 	}
-	start_sup(f, "config/sql");
+	at_agentd_start(f, "config/sql");
 	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status = 'completed'", 5, 60000,
 			   100))
 		fail_msg("the tasks did not complete");
 	for (int t = 0; t < 10000 && !ok; t += 50) {
 		sw_sleep_ms(50);
-		ok = read_status(f, w, NULL, 0) == 1 && w[0].recycles >= 2 && w[0].pid != 0;
+		ok = at_agentd_workers(f, w, NULL, 0) == 1 && w[0].recycles >= 2 && w[0].pid != 0;
 	}
 	assert_true(ok);
 	assert_int_equal(w[0].crashes, 0);
 	assert_int_equal(w[0].spawns, w[0].recycles + 1);
 	assert_true(file_has(f->log, "tasks done: recycled, restarting"));
 	assert_false(file_has(f->log, "restarting in"));
-	stop_sup(f);
-	assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 0);
+	at_agentd_stop(f);
+	assert_int_equal(at_redis_int(f->redis, "XPENDING swarm:tasks agents"), 0);
 }
 
 static void test_supervisor_killed_workers_drain(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	bool gone = false;
 	int status;
 
 	write_config(f, BASE "\"workers\": 2");
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 2, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 2, w, 30000));
 	kill(f->sup, SIGKILL);
 	waitpid(f->sup, &status, 0);
 	f->sup = 0;
@@ -559,13 +380,13 @@ static void test_supervisor_killed_workers_drain(void **state)
 }
 
 /* Waits until slot's pid differs from old and is not 0; returns it or 0. */
-static int wait_new_pid(struct fx *f, int slot, int old, bool running, int ms)
+static int wait_new_pid(struct at_agentd *f, int slot, int old, bool running, int ms)
 {
-	struct wstat v[MAX_W];
+	struct at_worker v[AT_MAX_WORKERS];
 
 	for (int t = 0; t < ms; t += 20) {
-		if (read_status(f, v, NULL, 0) > slot && v[slot].pid != old && v[slot].pid != 0 &&
-		    (!running || strcmp(v[slot].state, "running") == 0))
+		if (at_agentd_workers(f, v, NULL, 0) > slot && v[slot].pid != old &&
+		    v[slot].pid != 0 && (!running || strcmp(v[slot].state, "running") == 0))
 			return v[slot].pid;
 		sw_sleep_ms(20);
 	}
@@ -574,8 +395,8 @@ static int wait_new_pid(struct fx *f, int slot, int old, bool running, int ms)
 
 static void test_backoff_doubles_then_resets(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	int pid;
 
 	/* crash_window_ms 1000: a worker that ran 1 s before its crash had
@@ -583,8 +404,8 @@ static void test_backoff_doubles_then_resets(void **state)
 	write_config(f, "\"lease_ms\": 2000, \"restart_backoff_min_ms\": 300, "
 			"\"restart_backoff_max_ms\": 5000, \"crash_limit\": 5, "
 			"\"crash_window_ms\": 1000, \"workers\": 1");
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 1, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 1, w, 30000));
 	sw_sleep_ms(1100);
 	kill(w[0].pid, SIGKILL);                       /* ran > 1 s: 300 ms */
 	pid = wait_new_pid(f, 0, w[0].pid, false, 20000);
@@ -595,16 +416,16 @@ static void test_backoff_doubles_then_resets(void **state)
 	sw_sleep_ms(1100);
 	kill(pid, SIGKILL);                            /* ran > 1 s: back to 300 ms */
 	assert_true(wait_new_pid(f, 0, pid, true, 20000) > 0);
-	assert_int_equal(count_lines(f->log, "restarting in 300 ms"), 2);
-	assert_int_equal(count_lines(f->log, "restarting in 600 ms"), 1);
-	assert_int_equal(count_lines(f->log, "restarting in"), 3);
-	stop_sup(f);
+	assert_int_equal(at_count_lines(f->log, "restarting in 300 ms", NULL), 2);
+	assert_int_equal(at_count_lines(f->log, "restarting in 600 ms", NULL), 1);
+	assert_int_equal(at_count_lines(f->log, "restarting in", NULL), 3);
+	at_agentd_stop(f);
 }
 
 static void test_second_sigterm_kills_at_once(void **state)
 {
-	struct fx *f = *state;
-	struct wstat w[MAX_W];
+	struct at_agentd *f = *state;
+	struct at_worker w[AT_MAX_WORKERS];
 	char task[16384];
 	size_t off;
 	int status;
@@ -617,14 +438,14 @@ static void test_second_sigterm_kills_at_once(void **state)
 	snprintf(task + off, sizeof(task) - off, "\"}");
 	xadd(f, task);
 	xadd(f, "{\"id\":\"sum\",\"kind\":\"summarize\",\"document_id\":1,\"max_tokens\":96}");
-	start_sup(f, "config/sql");
-	assert_true(wait_all_running(f, 1, w, 30000));
+	at_agentd_start(f, "config/sql");
+	assert_true(at_agentd_wait_running(f, 1, w, 30000));
 	if (!at_pg_wait_eq(f->pg, "SELECT (count(*) >= 1)::int FROM summaries", 1, 60000, 100))
 		fail_msg("no summaries made");
 	kill(f->sup, SIGTERM);
 	sw_sleep_ms(20);
 	kill(f->sup, SIGTERM);
-	status = wait_sup(f, 10000);
+	status = at_agentd_wait(f, 10000);
 	assert_int_not_equal(status, -1);
 	assert_true(WIFEXITED(status));
 	assert_int_equal(WEXITSTATUS(status), 0);
@@ -640,10 +461,10 @@ static void test_second_sigterm_kills_at_once(void **state)
 	    0) {
 		/* killed mid-task: the entry is still pending for another
 		 * consumer, nothing acknowledged or announced */
-		assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 1);
-		assert_int_equal(redis_int(f, "XLEN swarm:results"), 1);
+		assert_int_equal(at_redis_int(f->redis, "XPENDING swarm:tasks agents"), 1);
+		assert_int_equal(at_redis_int(f->redis, "XLEN swarm:results"), 1);
 	} else {
-		assert_int_equal(redis_int(f, "XPENDING swarm:tasks agents"), 0);
+		assert_int_equal(at_redis_int(f->redis, "XPENDING swarm:tasks agents"), 0);
 	}
 }
 

@@ -453,9 +453,10 @@ static void test_answer(void **state)
 	free(doc);
 }
 
-/* A JSON string body for text: the fixtures are plain words, so only
- * the quotes of the format matter. */
-static char *task_json(const char *fmt, const char *id, const char *text)
+/* Parses the task fmt makes of id and text (its two %s, in that order)
+ * into t. text goes into a JSON string as it is: the fixtures are plain
+ * words, so only the quotes of the format matter. */
+static void parse_fmt(const char *fmt, const char *id, const char *text, struct proto_task *t)
 {
 	size_t cap = strlen(text) + strlen(fmt) + strlen(id) + 1;
 	char *s = malloc(cap);
@@ -463,7 +464,8 @@ static char *task_json(const char *fmt, const char *id, const char *text)
 	if (!s)
 		abort();
 	snprintf(s, cap, fmt, id, text);
-	return s;
+	parse(s, t);
+	free(s);
 }
 
 /* The row a worker makes when it claims a task (agent_db_task_start), so
@@ -490,14 +492,11 @@ static void test_summarize_text_one_task(void **state)
 {
 	struct fx *f = *state;
 	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX], want[64];
-	char *j;
 	struct proto_task t;
 	int64_t id;
 
 	task_row(f, "sum-t", "summarize");
-	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-t", doc);
-	parse(j, &t);
-	free(j);
+	parse_fmt("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-t", doc, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	proto_task_free(&t);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 1);
@@ -518,10 +517,8 @@ static void test_summarize_text_one_task(void **state)
 	 * embedded or generated again. */
 	fk.embed_calls = fk.generate_calls = 0;
 	task_row(f, "sum-t2", "summarize");
-	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\",\"max_tokens\":8}",
-		      "sum-t2", doc);
-	parse(j, &t);
-	free(j);
+	parse_fmt("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\",\"max_tokens\":8}",
+		  "sum-t2", doc, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	proto_task_free(&t);
 	assert_string_equal(loc, want);
@@ -532,10 +529,8 @@ static void test_summarize_text_one_task(void **state)
 	/* An ingest and an answer of the same text: the same document. */
 	ingest_doc(f, "in-same", doc, &id);
 	assert_int_equal(id, scalar(f, "SELECT id FROM documents"));
-	j = task_json("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"where is the river?\","
-		      "\"top_k\":2,\"text\":\"%s\"}", "ask-t", doc);
-	parse(j, &t);
-	free(j);
+	parse_fmt("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"where is the river?\","
+		  "\"top_k\":2,\"text\":\"%s\"}", "ask-t", doc, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	proto_task_free(&t);
 	assert_string_equal(loc, "answers/ask-t");
@@ -552,15 +547,13 @@ static void test_answer_text_own_document(void **state)
 {
 	struct fx *f = *state;
 	char *other = make_doc("river", "river", 20), *mine = make_doc("apple", "pear", 8);
-	char loc[AGENT_LOCATION_MAX], *j;
+	char loc[AGENT_LOCATION_MAX];
 	struct proto_task t;
 	int64_t other_id;
 
 	ingest_doc(f, "other", other, &other_id);
-	j = task_json("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"river river?\","
-		      "\"text\":\"%s\",\"source\":\"mine.txt\"}", "ask-own", mine);
-	parse(j, &t);
-	free(j);
+	parse_fmt("{\"id\":\"%s\",\"kind\":\"answer\",\"question\":\"river river?\","
+		  "\"text\":\"%s\",\"source\":\"mine.txt\"}", "ask-own", mine, &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
 	proto_task_free(&t);
 	assert_int_not_equal(f->ctx.document_id, other_id);
@@ -580,14 +573,12 @@ static void test_answer_text_own_document(void **state)
 static void test_summarize_text_resume(void **state)
 {
 	struct fx *f = *state;
-	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX], *j;
+	char *doc = make_doc("apple", "river", 20), loc[AGENT_LOCATION_MAX];
 	struct proto_task t;
 	int64_t id;
 
 	task_row(f, "sum-r", "summarize");
-	j = task_json("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-r", doc);
-	parse(j, &t);
-	free(j);
+	parse_fmt("{\"id\":\"%s\",\"kind\":\"summarize\",\"text\":\"%s\"}", "sum-r", doc, &t);
 
 	/* Before the commit: nothing stored, nothing recorded. */
 	fk.embed_fail = SW_ECLOSED;

@@ -1,5 +1,7 @@
 /* agentd_testlib.h - setup shared by the agentd integration tests: admin
- * SQL on the test server, and a private PostgreSQL that a test may restart. */
+ * SQL on the test server, a private PostgreSQL that a test may restart, and
+ * `agentd --config` run as a process (AGENTD_BIN) with its status file and
+ * log read back. */
 #ifndef AGENTD_TESTLIB_H
 #define AGENTD_TESTLIB_H
 
@@ -91,5 +93,95 @@ long long at_redis_pending(redisContext *r, const char *stream);
  * are ignored. */
 void at_streams_del(redisContext *r, const char *stream, const char *dead,
 		    const char *results);
+
+#include <sys/types.h>
+
+/* Prints the last `lines` lines of path to stderr, each cut to 300
+ * columns, or "(no PATH)": what a failed test shows of a log. */
+void at_print_tail(const char *path, int lines);
+
+/* Lines of path containing a and, when b is not NULL, b too; 0 when path
+ * cannot be read. */
+int at_count_lines(const char *path, const char *a, const char *b);
+
+/* Polls at_count_lines() every 50 ms until it is at least want; false
+ * when ms passed first. */
+bool at_wait_lines(const char *path, int want, const char *a, const char *b, int ms);
+
+/* The integer reply of cmd on r (the first element of an array reply: an
+ * XPENDING summary's count); -1 for any other reply or none. */
+long long at_redis_int(redisContext *r, const char *cmd);
+
+/* Forks `AGENTD_BIN --config config --sql-dir sql_dir` (the supervisor)
+ * with its stdout and stderr in out (truncated). Returns its pid; a failed
+ * fork fails the test. The caller reaps it. */
+pid_t at_agentd_spawn(const char *config, const char *sql_dir, const char *out);
+
+/* Waits up to ms for pid to exit (polling every 50 ms); returns its wait
+ * status, or -1 while it still runs. */
+int at_wait_pid(pid_t pid, int ms);
+
+/* One test's `agentd --config`: a fresh directory for its files, a fresh
+ * database, connections to both servers. The test writes config (its
+ * state_dir dir/state, its log file log) before at_agentd_start(). */
+struct at_agentd {
+	char dir[64];         /* removed by at_agentd_free() */
+	char dbname[64];      /* on it_pg_url(), dropped by at_agentd_free() */
+	char pg_url[1024];    /* dbname's URL */
+	char config[256];     /* dir/swarm.json */
+	char status[256];     /* dir/state/agentd.status.json (state_dir = dir/state) */
+	char log[256];        /* dir/agentd.log */
+	char out[256];        /* dir/agentd.out: the process's stdout and stderr */
+	redisContext *redis;  /* connected to the Redis at_agentd_new() was given */
+	PGconn *pg;           /* connected to pg_url */
+	pid_t sup;            /* the running agentd, 0 when none */
+};
+
+/*
+ * A new at_agentd: its directory (/tmp/agentd-NAME-XXXXXX) and database
+ * (agentd_NAME_PID_N) made, connected to them and to Redis at host:port.
+ * NULL when the directory or the Redis connection could not be made
+ * (nothing is left); a failed CREATE DATABASE fails the test.
+ */
+struct at_agentd *at_agentd_new(const char *name, const char *redis_host, int redis_port);
+
+/* Spawns agentd on a->config (at_agentd_spawn) into a->sup. */
+void at_agentd_start(struct at_agentd *a, const char *sql_dir);
+
+/* at_wait_pid() on a->sup; a->sup becomes 0 once it exited. */
+int at_agentd_wait(struct at_agentd *a, int ms);
+
+/* SIGTERM, then waits up to 40 s: the test fails unless agentd exits 0. */
+void at_agentd_stop(struct at_agentd *a);
+
+/* Frees a (NULL is fine): a running agentd, what a failed test leaves, is
+ * killed (-9; its workers drain by themselves) and the tails of its log
+ * and output are printed; then redis_reset (a Redis command to undo what
+ * the test changed; NULL: none) runs, the connections close, the database
+ * is dropped and the directory removed. */
+void at_agentd_free(struct at_agentd *a, const char *redis_reset);
+
+/* The most worker slots at_agentd_workers() reads. */
+#define AT_MAX_WORKERS 8
+
+/* One worker slot as agentd's status file shows it. */
+struct at_worker {
+	int pid;
+	char state[16];
+	long long spawns, crashes, recycles, hangs, done;
+	char last_exit[32];
+	char activity[16];
+};
+
+/* Reads a->status into w[] (up to AT_MAX_WORKERS) and, when sup_state is
+ * not NULL, its "state" into sup_state. Returns the number of workers, or
+ * -1 when the file cannot be read (not written yet). */
+int at_agentd_workers(const struct at_agentd *a, struct at_worker *w, char *sup_state,
+		      size_t len);
+
+/* Polls until the status file shows n workers, every one "running" (it
+ * has beaten); w (NULL: not wanted) holds what was read last. False when
+ * ms passed first. */
+bool at_agentd_wait_running(const struct at_agentd *a, int n, struct at_worker *w, int ms);
 
 #endif

@@ -1,5 +1,6 @@
-# check.sh - TAP-style checks for the shell integration tests (sourced by
-# swarmctl_test.sh and install_test.sh).
+# check.sh - TAP-style checks for the shell integration tests, and how
+# such a test skips (sourced by install_test.sh, and through managed.sh by
+# swarmctl_test.sh and swarmctl_heal_test.sh).
 #
 # The sourcing script sets $out (a file for a command's output); n and
 # failures count the checks and the failed ones.
@@ -53,4 +54,15 @@ ok() {
 		echo "not ok $n - $name"
 		failures=$((failures + 1))
 	fi
+}
+
+# skip_or_fail REASON: a server the test needs is missing: exit 77 (skip)
+# on a developer machine, 1 under CI=true.
+skip_or_fail() {
+	if [ "${CI:-}" = true ]; then
+		echo "FAIL: $* (CI=true: a missing server is a failure)"
+		exit 1
+	fi
+	echo "SKIP: $*"
+	exit 77
 }

@@ -26,50 +26,13 @@
 set -uo pipefail
 
 swarmctl=$(realpath "${1:?usage: swarmctl_test.sh SWARMCTL}")
-samples=docs/samples
-. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
-
-skip_or_fail() {
-	if [ "${CI:-}" = true ]; then
-		echo "FAIL: $* (CI=true: a missing server is a failure)"
-		exit 1
-	fi
-	echo "SKIP: $*"
-	exit 77
-}
-
-command -v redis-server >/dev/null || skip_or_fail "redis-server not installed"
-pgbin=
-for d in /usr/lib/postgresql/*/bin; do
-	[ -x "$d/initdb" ] && pgbin=$d
-done
-[ -n "${SWARM_PG_BINDIR:-}" ] && pgbin=$SWARM_PG_BINDIR
-[ -n "$pgbin" ] || skip_or_fail "PostgreSQL server binaries not found"
-sharedir=$("$pgbin/pg_config" --sharedir 2>/dev/null || echo /usr/share/postgresql/15)
-[ -f "$sharedir/extension/vector.control" ] || skip_or_fail "pgvector not installed"
-[ -d "$samples" ] || { echo "FAIL: run from the project root ($samples missing)"; exit 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/managed.sh" # check.sh, $samples
+need_managed_servers
 
 top=$(mktemp -d /tmp/swarmctl-it.XXXXXX)
 chmod 755 "$top" # PostgreSQL runs as postgres when we are root
 state=$top/s
 
-# Stops whatever a state directory still runs, by its pid files only.
-reap() {
-	local dir=$1 f pid
-	[ -d "$dir" ] || return 0
-	SWARM_STATE_DIR=$dir "$swarmctl" stop >/dev/null 2>&1
-	for f in "$dir"/run/*.pid; do
-		[ -f "$f" ] || continue
-		read -r pid _ <"$f" || continue
-		kill -KILL "$pid" 2>/dev/null
-	done
-	if [ -f "$dir/pg/data/postmaster.pid" ]; then
-		read -r pid <"$dir/pg/data/postmaster.pid"
-		kill -QUIT "$pid" 2>/dev/null
-		sleep 1
-		kill -KILL "$pid" 2>/dev/null
-	fi
-}
 holder=
 cleanup() {
 	[ -n "$holder" ] && kill "$holder" 2>/dev/null

@@ -30,18 +30,11 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/time.h"
+#include "tests/unit/test_sup.h"
 
 static char self[4096];
 
 /* --- the fake worker ------------------------------------------------------ */
-
-static volatile sig_atomic_t term;
-
-static void on_term(int sig)
-{
-	(void)sig;
-	term = 1;
-}
 
 static void beat(int n)
 {
@@ -72,8 +65,8 @@ static int fake_worker(const char *mode)
 	if (strcmp(mode, "deaf") == 0)
 		signal(SIGTERM, SIG_IGN);
 	else
-		signal(SIGTERM, on_term);
-	for (int i = 0; !term; i++) {
+		signal(SIGTERM, tsup_on_term);
+	for (int i = 0; !tsup_term; i++) {
 		beat(i);
 		sw_sleep_ms(50);
 	}
@@ -118,9 +111,7 @@ static void start_drain(struct run *r, const char *mode, uint32_t workers, const
 		char err[SW_ERR_MAX];
 		int rc = agent_sup_run(&r->o, err, sizeof(err));
 
-		if (rc && rc != -EIO)
-			fprintf(stderr, "supervisor: %s\n", err);
-		_exit(rc == 0 ? 0 : rc == -EIO ? 5 : 6);
+		_exit(tsup_exit_code(rc, err));
 	}
 }
 
@@ -129,69 +120,31 @@ static void start(struct run *r, const char *mode, uint32_t workers, const char 
 	start_drain(r, mode, workers, exe, 300);
 }
 
-/* Waits for the supervisor's exit; returns its exit code or -1. */
 static int finish(struct run *r, int ms)
 {
-	int status;
-
-	for (int t = 0; t < ms; t += 10) {
-		if (waitpid(r->pid, &status, WNOHANG) == r->pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-		sw_sleep_ms(10);
-	}
-	kill(r->pid, SIGKILL);
-	waitpid(r->pid, &status, 0);
-	return -1;
+	return tsup_finish(r->pid, ms);
 }
 
 static void cleanup(struct run *r)
 {
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", r->dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "could not remove %s\n", r->dir);
+	tsup_rmdir(r->dir);
 }
 
 /* Integer field of worker `slot` in the status file; -1 when unreadable. */
 static long long wint(struct run *r, int slot, const char *key)
 {
-	json_t *root = json_load_file(r->status, 0, NULL);
-	long long v = -1;
-
-	if (root) {
-		json_t *w = json_array_get(json_object_get(root, "workers"), (size_t)slot);
-
-		if (w)
-			v = json_integer_value(json_object_get(w, key));
-		json_decref(root);
-	}
-	return v;
+	return tsup_int(r->status, "workers", slot, key);
 }
 
 /* String field ("" when absent) of worker slot, or of the root when slot < 0. */
 static void wstr(struct run *r, int slot, const char *key, char *out, size_t len)
 {
-	json_t *root = json_load_file(r->status, 0, NULL), *o = root;
-
-	out[0] = '\0';
-	if (!root)
-		return;
-	if (slot >= 0)
-		o = json_array_get(json_object_get(root, "workers"), (size_t)slot);
-	if (o && json_string_value(json_object_get(o, key)))
-		snprintf(out, len, "%s", json_string_value(json_object_get(o, key)));
-	json_decref(root);
+	tsup_str(r->status, "workers", slot, key, out, len);
 }
 
 static bool wait_int(struct run *r, int slot, const char *key, long long at_least, int ms)
 {
-	for (int t = 0; t < ms; t += 10) {
-		if (wint(r, slot, key) >= at_least)
-			return true;
-		sw_sleep_ms(10);
-	}
-	return false;
+	return tsup_wait_int(r->status, "workers", slot, key, at_least, ms);
 }
 
 /* --- tests ---------------------------------------------------------------- */
@@ -328,15 +281,12 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_drain_then_deadline_kill),
 		cmocka_unit_test(test_second_sigterm_kills),
 	};
-	ssize_t n;
 
 	/* <self> worker --config MODE --heartbeat-fd 3 */
 	if (argc == 6 && strcmp(argv[1], "worker") == 0)
 		return fake_worker(argv[3]);
-	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (n <= 0)
+	if (tsup_self(self, sizeof(self)) != 0)
 		return 1;
-	self[n] = '\0';
 	sw_log_init("agentd-sup-test", SW_LOG_ERROR);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

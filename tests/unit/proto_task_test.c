@@ -185,24 +185,44 @@ static void test_bad_urls(void **state)
 		     -EINVAL, "task.callback_url: unsupported scheme \"file\" (expected http, https)");
 }
 
-static void test_oversized(void **state)
+/* head ("{...\"text\":\""), PROTO_TASK_MAX_TEXT + 1 bytes of text, then
+ * "\"}": a task whose text is one byte over the limit. *len: its length. */
+static char *text_over_limit(const char *head, size_t *len)
 {
-	static const char head[] = "{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"";
-	size_t n = PROTO_TASK_MAX_TEXT + 1, len = sizeof(head) - 1 + n + 2;
-	char *s = malloc(len + 1), msg[128];
-	struct proto_task t;
+	size_t hl = strlen(head);
+	char *s;
 
+	*len = hl + PROTO_TASK_MAX_TEXT + 1 + 2;
+	s = malloc(*len + 1);
 	if (!s)
 		abort();
-	memset(s, 'a', len);
-	memcpy(s, head, sizeof(head) - 1);
-	memcpy(s + len - 2, "\"}", 3);
+	memset(s, 'a', *len);
+	memcpy(s, head, hl);
+	memcpy(s + *len - 2, "\"}", 3);
+	return s;
+}
+
+/* s (a task with id "t") is refused for its text's size, the id read. */
+static void expect_text_too_long(const char *s, size_t len)
+{
+	struct proto_task t;
+	char msg[128];
+
 	assert_int_equal(proto_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
-	snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
-		 PROTO_TASK_MAX_TEXT);
+	snprintf(msg, sizeof(msg), "task.text: %u bytes exceeds the limit of %u",
+		 PROTO_TASK_MAX_TEXT + 1, PROTO_TASK_MAX_TEXT);
 	assert_string_equal(err, msg);
 	assert_string_equal(t.id, "t");
 	proto_task_free(&t);
+}
+
+static void test_oversized(void **state)
+{
+	size_t len;
+	char *s = text_over_limit("{\"id\":\"t\",\"kind\":\"ingest\",\"text\":\"", &len), msg[128];
+	struct proto_task t;
+
+	expect_text_too_long(s, len);
 
 	/* The payload itself, before any parsing. */
 	assert_int_equal(proto_task_parse(s, PROTO_TASK_MAX_BYTES + 1, &t, err, sizeof(err)),
@@ -369,25 +389,12 @@ static void test_document_oversized(void **state)
 		"{\"id\":\"t\",\"kind\":\"summarize\",\"text\":\"",
 		"{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"text\":\"",
 	};
-	size_t n = PROTO_TASK_MAX_TEXT + 1;
-	char msg[128];
-
 	for (size_t h = 0; h < 2; h++) {
-		size_t hl = strlen(heads[h]), len = hl + n + 2;
-		char *s = malloc(len + 1);
+		size_t len;
+		char *s = text_over_limit(heads[h], &len);
 		struct proto_task t;
 
-		if (!s)
-			abort();
-		memset(s, 'a', len);
-		memcpy(s, heads[h], hl);
-		memcpy(s + len - 2, "\"}", 3);
-		assert_int_equal(proto_task_parse(s, len, &t, err, sizeof(err)), SW_ETOOLONG);
-		snprintf(msg, sizeof(msg), "task.text: %zu bytes exceeds the limit of %u", n,
-			 PROTO_TASK_MAX_TEXT);
-		assert_string_equal(err, msg);
-		assert_string_equal(t.id, "t");
-		proto_task_free(&t);
+		expect_text_too_long(s, len);
 		/* exactly the limit is accepted */
 		memcpy(s + len - 3, "\"}", 3);
 		assert_int_equal(proto_task_parse(s, len - 1, &t, err, sizeof(err)), 0);

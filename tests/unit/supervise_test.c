@@ -36,6 +36,7 @@
 #include "common/log.h"
 #include "common/supervise.h"
 #include "common/time.h"
+#include "tests/unit/test_sup.h"
 
 #define MAXC 4
 
@@ -43,13 +44,7 @@ static char self[4096];
 
 /* --- the fake child ------------------------------------------------------- */
 
-static volatile sig_atomic_t term, usr1s;
-
-static void on_term(int sig)
-{
-	(void)sig;
-	term = 1;
-}
+static volatile sig_atomic_t usr1s;
 
 static void on_usr1(int sig)
 {
@@ -87,7 +82,7 @@ static int fake_child(const char *mode, const char *dir)
 
 	if (strcmp(mode, "stay") != 0)
 		prctl(PR_SET_PDEATHSIG, SIGKILL); /* no orphans from a failed test */
-	signal(SIGTERM, on_term);
+	signal(SIGTERM, tsup_on_term);
 	if (strcmp(mode, "usr1") == 0)
 		signal(SIGUSR1, on_usr1);
 	if (strcmp(mode, "crash") == 0 || (strcmp(mode, "fixable") == 0 && !exists(dir, "fixed")))
@@ -95,7 +90,7 @@ static int fake_child(const char *mode, const char *dir)
 	memset(line, 'x', sizeof(line) - 1);
 	line[sizeof(line) - 2] = '\n';
 	line[sizeof(line) - 1] = '\0';
-	while (!term) {
+	while (!tsup_term) {
 		if (strcmp(mode, "chatty") == 0) {
 			if (fputs(line, stdout) < 0 || fflush(stdout) != 0)
 				return 4;
@@ -194,34 +189,18 @@ static void launch(struct run *r)
 		if (r->sup_log[0] && sw_log_open(r->sup_log) != 0)
 			_exit(7);
 		rc = sw_sup_run(&r->o, err, sizeof(err));
-		if (rc && rc != -EIO)
-			fprintf(stderr, "supervisor: %s\n", err);
-		_exit(rc == 0 ? 0 : rc == -EIO ? 5 : 6);
+		_exit(tsup_exit_code(rc, err));
 	}
 }
 
-/* Waits for the supervisor's exit; returns its exit code or -1. */
 static int finish(struct run *r, int ms)
 {
-	int status;
-
-	for (int t = 0; t < ms; t += 10) {
-		if (waitpid(r->pid, &status, WNOHANG) == r->pid)
-			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-		sw_sleep_ms(10);
-	}
-	kill(r->pid, SIGKILL);
-	waitpid(r->pid, &status, 0);
-	return -1;
+	return tsup_finish(r->pid, ms);
 }
 
 static void cleanup(struct run *r)
 {
-	char cmd[128];
-
-	snprintf(cmd, sizeof(cmd), "rm -rf %s", r->dir);
-	if (system(cmd) != 0)
-		fprintf(stderr, "could not remove %s\n", r->dir);
+	tsup_rmdir(r->dir);
 }
 
 static void touch(struct run *r, const char *name)
@@ -235,31 +214,15 @@ static void touch(struct run *r, const char *name)
 	fclose(f);
 }
 
-static json_t *child_json(struct run *r, int i, json_t **root)
-{
-	*root = json_load_file(r->status, 0, NULL);
-	if (!*root)
-		return NULL;
-	if (i < 0)
-		return *root;
-	return json_array_get(json_object_get(*root, "children"), (size_t)i);
-}
-
 /* Integer field of child i (of the root when i < 0); -1 when unreadable. */
 static long long cint(struct run *r, int i, const char *key)
 {
-	json_t *root, *c = child_json(r, i, &root);
-	long long v = -1;
-
-	if (c && json_is_integer(json_object_get(c, key)))
-		v = json_integer_value(json_object_get(c, key));
-	json_decref(root);
-	return v;
+	return tsup_int(r->status, "children", i, key);
 }
 
 static bool cbool(struct run *r, int i, const char *key)
 {
-	json_t *root, *c = child_json(r, i, &root);
+	json_t *root, *c = tsup_entry(r->status, "children", i, &root);
 	bool v = c && json_is_true(json_object_get(c, key));
 
 	json_decref(root);
@@ -269,12 +232,7 @@ static bool cbool(struct run *r, int i, const char *key)
 /* String field of child i (of the root when i < 0); "" when absent. */
 static void cstr(struct run *r, int i, const char *key, char *out, size_t len)
 {
-	json_t *root, *c = child_json(r, i, &root);
-
-	out[0] = '\0';
-	if (c && json_string_value(json_object_get(c, key)))
-		snprintf(out, len, "%s", json_string_value(json_object_get(c, key)));
-	json_decref(root);
+	tsup_str(r->status, "children", i, key, out, len);
 }
 
 static bool wait_state(struct run *r, int i, const char *state, int ms)
@@ -292,12 +250,7 @@ static bool wait_state(struct run *r, int i, const char *state, int ms)
 
 static bool wait_int(struct run *r, int i, const char *key, long long at_least, int ms)
 {
-	for (int t = 0; t < ms; t += 10) {
-		if (cint(r, i, key) >= at_least)
-			return true;
-		sw_sleep_ms(10);
-	}
-	return false;
+	return tsup_wait_int(r->status, "children", i, key, at_least, ms);
 }
 
 static bool alive(pid_t pid)
@@ -833,15 +786,12 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_child_log_bounded),
 		cmocka_unit_test(test_rotate),
 	};
-	ssize_t n;
 
 	/* <self> child MODE DIR */
 	if (argc == 4 && strcmp(argv[1], "child") == 0)
 		return fake_child(argv[2], argv[3]);
-	n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-	if (n <= 0)
+	if (tsup_self(self, sizeof(self)) != 0)
 		return 1;
-	self[n] = '\0';
 	sw_log_init("supervise-test", SW_LOG_ERROR);
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
