@@ -7,8 +7,9 @@
 # per document; "document": summarize names a stored document), doc_id
 # (a stored document the producer found; empty while none is stored, and
 # then a summarize by document or an answer without text becomes an
-# ingest), max_tokens, mix ("INGEST:SUMMARIZE:ANSWER:MALFORMED"
-# percentages).
+# ingest), max_tokens, mix ("INGEST:SUMMARIZE:ANSWER:MALFORMED": the
+# first three weigh the valid kinds; MALFORMED percent of the tasks, at
+# fixed places, are malformed). seed is taken modulo 100000.
 #
 # Output: "CLASS KIND BYTES" on the first line (CLASS valid or
 # malformed-WHAT, KIND ingest, summarize or answer, BYTES the document's
@@ -56,21 +57,24 @@ function question(    q) {
 }
 
 BEGIN {
-	srand(seed * 100003 + n)
+	# awk's srand takes a 32-bit seed: keep seed * 10007 + n under 2^31.
+	srand((seed % 100000) * 10007 + n)
 	words_init()
 	split(mix, m, ":")
 	id = prefix "-" n
-	r = rand() * 100
+	r = rand() * (m[1] + m[2] + m[3])
 	bytes = 1024 + int(rand() * 50177)   # 1 KiB .. 50 KiB
-	if (r < m[1]) {
+	if (r < m[1])
 		kind = "ingest"
-	} else if (r < m[1] + m[2]) {
+	else if (r < m[1] + m[2])
 		kind = "summarize"
-	} else if (r < m[1] + m[2] + m[3]) {
+	else
 		kind = "answer"
-	} else {
+	# Malformed: one task in every 100/MALFORMED, at fixed places, so that
+	# every run of a few minutes has some (a draw may well have none).
+	every = m[4] > 0 ? int(100 / m[4]) : 0
+	if (every > 0 && n % every == int(every / 2))
 		kind = "malformed"
-	}
 	# One answer in three brings its own document (text mode only).
 	answer_text = doc_mode == "text" && rand() < 1 / 3
 	# Nothing stored yet: what would name or search a document is an
@@ -107,7 +111,7 @@ BEGIN {
 	} else {
 		# Rotating through the ways a task can be wrong; each must end
 		# "failed" with its error, never retried.
-		w = n % 5
+		w = int(n / every) % 5
 		if (w == 0) {
 			print "malformed-json ingest 0"
 			printf "{\"id\": \"%s\", \"kind\": \"ingest\", \"text\": \"unterminated\n", id
