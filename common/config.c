@@ -128,7 +128,7 @@ static const struct field gpud_fields[] = {
 static const struct field agentd_fields[] = {
 	U32("workers", agentd.workers, 1, 4096, 0, "SWARM_WORKERS"),
 	U32("max_attempts", agentd.max_attempts, 1, 1000, 0, NULL),
-	U32("lease_ms", agentd.lease_ms, 1000, MS_DAY, 0, NULL),
+	U32("lease_ms", agentd.lease_ms, 1000, MS_DAY, 0, "SWARM_LEASE_MS"),
 	U32("max_tasks_per_worker", agentd.max_tasks_per_worker, 0, UINT32_MAX, 0, NULL),
 	U32("heartbeat_ms", agentd.heartbeat_ms, 100, MS_HOUR, 0, NULL),
 	U32("restart_backoff_min_ms", agentd.restart_backoff_min_ms, 1, MS_HOUR, 0, NULL),

@@ -341,7 +341,7 @@ static const char *env_names[] = {
 	"SWARM_STATE_DIR", "SWARM_LOG_LEVEL", "SWARM_LOG_FILE", "SWARM_REDIS_URL",
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
-	"SWARM_SUPERVISOR_HANG_MS",
+	"SWARM_SUPERVISOR_HANG_MS", "SWARM_LEASE_MS",
 };
 
 static int clear_env(void **state)
@@ -447,6 +447,36 @@ static void test_env_errors(void **state)
 	setenv("SWARM_WORKERS", "many", 1);
 	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), SW_ETYPE);
 	assert_memory_equal(&c, &before, sizeof(c));
+}
+
+/* SWARM_LEASE_MS: the workers' lease where no file can set it (managed
+ * mode), with the range and the heartbeat rule of agentd.lease_ms. */
+static void test_env_lease(void **state)
+{
+	(void)state;
+	struct sw_config c;
+
+	sw_config_defaults(&c);
+	assert_int_equal(c.agentd.lease_ms, 300000);
+	setenv("SWARM_LEASE_MS", "20000", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.agentd.lease_ms, 20000);
+	assert_int_equal(sw_config_validate(&c, 0, err, sizeof(err)), 0);
+	/* it beats the file */
+	load_ok("{\"agentd\": {\"lease_ms\": 60000, \"heartbeat_ms\": 1000}}", &c);
+	setenv("SWARM_LEASE_MS", "5000", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.agentd.lease_ms, 5000);
+	assert_int_equal(c.agentd.heartbeat_ms, 1000);
+	unsetenv("SWARM_LEASE_MS");
+
+	expect_env_error("SWARM_LEASE_MS", "999", -EINVAL,
+			 "SWARM_LEASE_MS: expected an integer in [1000, 86400000], got 999");
+	expect_env_error("SWARM_LEASE_MS", "20s", SW_ETYPE,
+			 "SWARM_LEASE_MS: expected an integer in [1000, 86400000], got \"20s\"");
+	/* not above the default heartbeat (10 s): refused, nothing applied */
+	expect_env_error("SWARM_LEASE_MS", "10000", -EINVAL,
+			 "agentd.heartbeat_ms: expected less than agentd.lease_ms (10000), got 10000");
 }
 
 static void test_files(void **state)
@@ -751,6 +781,7 @@ int main(void)
 		cmocka_unit_test(test_bad_json),
 		cmocka_unit_test_teardown(test_env_overrides, clear_env),
 		cmocka_unit_test_teardown(test_env_errors, clear_env),
+		cmocka_unit_test_teardown(test_env_lease, clear_env),
 		cmocka_unit_test(test_files),
 		cmocka_unit_test(test_daemon_keys),
 		cmocka_unit_test_teardown(test_supervisor_keys, clear_env),
