@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/mem.h"
 #include "common/pool.h"
 
 /* Debug builds check the pool accounting after every change (DESIGN §2). */
@@ -67,7 +68,12 @@ int gpud_kv_create(struct gpud_kv **out, const struct gpud_kv_params *p)
 	kv->seqs = calloc(p->max_seqs, sizeof(*kv->seqs));
 	kv->ref = calloc(p->n_blocks, sizeof(*kv->ref));
 	kv->hold = calloc(p->n_blocks, sizeof(*kv->hold));
+	/* Backed now: tables and counts are written as blocks are used. */
 	if (!kv->tables || !kv->seqs || !kv->ref || !kv->hold ||
+	    sw_mem_prefault(kv->tables, sizeof(*kv->tables) * (size_t)p->max_seqs *
+					kv->max_blocks_seq) ||
+	    sw_mem_prefault(kv->ref, sizeof(*kv->ref) * p->n_blocks) ||
+	    sw_mem_prefault(kv->hold, sizeof(*kv->hold) * p->n_blocks) ||
 	    sw_pool_create_index(&kv->pool, "kv", p->n_blocks)) {
 		gpud_kv_destroy(kv);
 		return -ENOMEM;

@@ -12,6 +12,7 @@
 #include "common/err.h"
 #include "common/hash.h"
 #include "common/lru.h"
+#include "common/mem.h"
 #include "common/pool.h"
 #include "gpud/maskcache.h"
 
@@ -101,6 +102,12 @@ int gpud_maskcache_create(struct gpud_maskcache **out, const struct gpud_maskcac
 	rc = sw_pool_create(&c->pool, p->name ? p->name : "mask", c->slot_bytes, n_slots, 64);
 	if (rc)
 		goto out_free_ent;
+	/* Backed now: slots are written as masks are compiled, for hours. */
+	rc = sw_mem_prefault(sw_pool_ptr(c->pool, 0), c->slot_bytes * n_slots);
+	if (!rc)
+		rc = sw_mem_prefault(c->ent, n_slots * sizeof(*c->ent));
+	if (rc)
+		goto out_destroy_pool;
 	lp = (struct sw_lru_params){
 		.name = p->name ? p->name : "mask",
 		.max_bytes = p->max_bytes,

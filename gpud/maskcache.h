@@ -16,7 +16,8 @@
  * segments and 4096 tokens with 16-token blocks is about 10 KiB. The pool
  * has max_entries + 1 slots; the spare one receives a new compilation
  * before the cache knows whether it can keep it, so a refused insert
- * changes nothing cached. Everything is reserved at create: nothing is
+ * changes nothing cached. Everything is reserved and backed at create
+ * (common/mem.h: the pages are the process's from the start): nothing is
  * allocated afterwards.
  *
  * Keys: a 64-bit hash of (S, block_tokens, segment lengths, vis rows),
@@ -63,8 +64,9 @@ struct gpud_maskcache_stats {
 	uint32_t pool_used, pool_free, pool_capacity; /* slots */
 };
 
-/* Creates a cache and reserves its pool. Returns 0 and sets *out;
- * -EINVAL for a parameter out of range, -ENOMEM; *out untouched on error.
+/* Creates a cache and reserves its pool, backed at once. Returns 0 and
+ * sets *out; -EINVAL for a parameter out of range, -ENOMEM (also when the
+ * kernel cannot back the pool); *out untouched on error.
  * Free with gpud_maskcache_destroy. */
 int gpud_maskcache_create(struct gpud_maskcache **out, const struct gpud_maskcache_params *p);
 

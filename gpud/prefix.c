@@ -22,6 +22,7 @@
 #include "common/err.h"
 #include "common/hash.h"
 #include "common/lru.h"
+#include "common/mem.h"
 #include "gpud/mask.h"
 
 #define NONE UINT32_MAX
@@ -123,7 +124,11 @@ int gpud_prefix_create(struct gpud_prefix **out, const struct gpud_prefix_params
 		.name = "prefix", .max_bytes = SIZE_MAX, .max_entries = p->n_blocks,
 		.evict = entry_evicted, .eq = entry_eq, .ctx = pc,
 	};
+	/* Entries and records are written as blocks are cached, for hours:
+	 * backed now, so that the RSS does not climb as the cache fills. */
 	if (!pc->ents || !pc->recs || !pc->probe || !pc->by_block ||
+	    sw_mem_prefault(pc->ents, sizeof(*pc->ents) * p->n_blocks) ||
+	    sw_mem_prefault(pc->recs, pc->rec_bytes * p->n_blocks) ||
 	    sw_lru_create(&pc->lru, &lp)) {
 		gpud_prefix_destroy(pc);
 		return -ENOMEM;

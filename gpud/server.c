@@ -18,6 +18,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/mem.h"
 #include "gpud/server_impl.h"
 
 static size_t align16(size_t v)
@@ -176,6 +177,14 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	s->slot_mem = calloc(q.max_requests, s->slot_size);
 	if (!s->conns || !s->pend || !s->work || !s->scratch || !s->reply || !s->slot_mem)
 		goto out_free;
+	/* Backed now, not as requests and connections first use them. */
+	if ((rc = sw_mem_prefault(s->slot_mem, (size_t)q.max_requests * s->slot_size)) ||
+	    (rc = sw_mem_prefault(s->conns, q.max_connections * sizeof(*s->conns))) ||
+	    (rc = sw_mem_prefault(s->pend, q.max_connections * sizeof(*s->pend))) ||
+	    (rc = sw_mem_prefault(s->work, q.max_connections * sizeof(*s->work))) ||
+	    (rc = sw_mem_prefault(s->scratch, q.max_requests * sizeof(*s->scratch))) ||
+	    (rc = sw_mem_prefault(s->reply, s->reply_cap)))
+		goto out_free;
 	rc = sw_pool_create_index(&s->slots, "server requests", q.max_requests);
 	if (rc)
 		goto out_free;
@@ -199,7 +208,7 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	s->async_live = true;
 	reserve_watchers(s);
 	log_info("server: reserved %u connection slots of %zu bytes, %u request slots of %zu "
-		 "bytes (%zu MiB, touched as used); per connection: ring %zu, request area %zu",
+		 "bytes (%zu MiB, backed now); per connection: ring %zu, request area %zu",
 		 q.max_connections, sizeof(struct sconn), q.max_requests, s->slot_size,
 		 (size_t)q.max_requests * s->slot_size >> 20, q.ring_bytes, q.req_bytes);
 	*out = s;
@@ -207,8 +216,11 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 
 out_free:
 	free_server(s);
-	return sw_seterr(err, errlen, rc, "server: cannot reserve %u request slots of %zu bytes",
-			 q.max_requests, align16(sizeof(struct gpud_sreq)) + priv + stage);
+	size_t slot = align16(sizeof(struct gpud_sreq)) + priv + stage;
+	return sw_seterr(err, errlen, rc, "server: cannot reserve %u request slots of %zu bytes "
+			 "(%.1f MiB) and %u connection slots: %s", q.max_requests, slot,
+			 (double)q.max_requests * (double)slot / (1 << 20), q.max_connections,
+			 sw_strerror(rc));
 }
 
 /* Replaces a stale socket file; refuses a live one. */

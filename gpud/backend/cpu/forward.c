@@ -8,8 +8,9 @@
  * batch of one token fuses Q/K/V and gate/up into one section each.
  *
  * Memory: KV storage for n_blocks blocks and one scratch reservation sized
- * for max_batch_tokens / max_logits are made in cpu_init and carved once;
- * a step allocates nothing.
+ * for max_batch_tokens / max_logits are made in cpu_init, backed there
+ * (sw_mem_prefault: the RSS is the plan from the start, not as blocks
+ * fill) and carved once; a step allocates nothing.
  */
 #include "gpud/backend/cpu/cpu.h"
 
@@ -22,6 +23,7 @@
 
 #include "common/arena.h"
 #include "common/err.h"
+#include "common/mem.h"
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/backend/cpu/threadpool.h"
 #include "gpud/mask.h"
@@ -636,9 +638,11 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	}
 	c->nth = gpud_tp_size(c->tp);
 	c->kv = aligned_alloc(64, (c->kv_bytes + 63) / 64 * 64);
-	if (!c->kv) {
-		rc = sw_seterr(err, errlen, -ENOMEM, "cpu backend: cannot reserve %zu bytes of KV",
-			       c->kv_bytes);
+	rc = c->kv ? sw_mem_prefault(c->kv, c->kv_bytes) : -ENOMEM;
+	if (rc) {
+		rc = sw_seterr(err, errlen, rc, "cpu backend: cannot %s %zu bytes (%.1f MiB) of KV "
+			       "storage: %s", c->kv ? "back" : "reserve", c->kv_bytes,
+			       (double)c->kv_bytes / (1 << 20), sw_strerror(rc));
 		goto out_free;
 	}
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -681,8 +685,12 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		SZ((size_t)c->nth * 2 * c->fuse_tmp_floats + 1, float);
 #undef SZ
 	rc = sw_arena_init(&c->arena, total);
+	if (!rc)
+		rc = sw_mem_prefault(c->arena.base, c->arena.cap);
 	if (rc) {
-		sw_seterr(err, errlen, rc, "cpu backend: cannot reserve %zu bytes of scratch", total);
+		sw_seterr(err, errlen, rc, "cpu backend: cannot %s %zu bytes (%.1f MiB) of step "
+			  "scratch: %s", c->arena.base ? "back" : "reserve", total,
+			  (double)total / (1 << 20), sw_strerror(rc));
 		goto out_free;
 	}
 	CARVE(c->x, (size_t)T * hp->dim);
