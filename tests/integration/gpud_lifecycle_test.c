@@ -3,7 +3,9 @@
  * with requests in flight (drained, or cut at a tiny deadline with error
  * frames), a second daemon on a live socket, a missing or corrupt model,
  * pools that cannot fit, and block-owner dumps that never pile up in
- * state_dir.
+ * state_dir; the pools resident from start-up on (RSS at least what STATS
+ * says they hold, and flat as the caches fill), and a pool the machine
+ * cannot give refused at start naming it (--check reserves nothing).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,6 +27,7 @@
 #include <dirent.h>
 
 #include "common/err.h"
+#include "common/mem.h"
 #include "proto/client.h"
 #include "tests/integration/gpud_harness.h"
 
@@ -517,6 +521,166 @@ static void test_pools_do_not_fit(void **state)
 	f->done = true;
 }
 
+/* --- memory reserved at start --------------------------------------------- */
+
+/* Bytes of the pools STATS lists that start-up backs: every one but the
+ * per-connection regions, which are made at accept. */
+static uint64_t pool_bytes(struct proto_client *c)
+{
+	json_t *st = gpud_it_stats(c, false), *pools, *p;
+	uint64_t sum = 0;
+	size_t i;
+
+	assert_non_null(st);
+	pools = json_object_get(st, "pools");
+	assert_true(json_array_size(pools) > 0);
+	json_array_foreach(pools, i, p) {
+		const char *name = json_string_value(json_object_get(p, "name"));
+		int64_t cap, unit;
+
+		assert_non_null(name);
+		assert_int_equal(gpud_it_jint(p, "capacity", &cap), 0);
+		assert_int_equal(gpud_it_jint(p, "unit_bytes", &unit), 0);
+		if (!strcmp(name, "server.connections"))
+			continue;
+		printf("    pool %-20s %10.1f MiB\n", name, (double)(cap * unit) / (1 << 20));
+		sum += (uint64_t)(cap * unit);
+	}
+	json_decref(st);
+	return sum;
+}
+
+/* n requests of about 300 tokens, every prompt its own (seeded words), so
+ * that their blocks fill the prefix cache; waits for them all. */
+static void fill_caches(struct proto_client *c, int n)
+{
+	static const char *const w[] = { "the", "dog", "saw", "a", "big", "red", "ball", "and",
+					 "Lily", "was", "happy", "in", "park", "Tim", "sun" };
+	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+	struct proto_client_events ev = { .on_done = on_done, .arg = &e };
+	static char prompt[4096];
+	struct proto_segment seg = { .text = prompt };
+	struct proto_submit_req req = { .n_segments = 1, .segments = &seg, .max_tokens = 2 };
+	char err[SW_ERR_MAX];
+	uint64_t x = 88172645463325252ull;
+
+	proto_sampling_default(&req.sampling);
+	for (int i = 0; i < n; i++) {
+		size_t len = 0;
+
+		for (int k = 0; k < 300; k++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17; /* xorshift64 */
+			len += (size_t)snprintf(prompt + len, sizeof(prompt) - len, "%s%s",
+						k ? " " : "", w[x % 15]);
+		}
+		seg.len = (uint32_t)len;
+		pthread_mutex_lock(&e.mu);
+		e.pending++;
+		pthread_mutex_unlock(&e.mu);
+		if (proto_client_submit(c, &req, &ev, NULL, err, sizeof(err)))
+			fail_msg("submit %d: %s", i, err);
+		if (i % 16 == 15 && wait_ends(&e, 120) != 0)
+			fail_msg("requests did not finish");
+	}
+	if (wait_ends(&e, 120) != 0)
+		fail_msg("requests did not finish");
+	if (e.failed)
+		fail_msg("%d of %d requests failed: %s", e.failed, n, e.msg[0]);
+}
+
+/* The pools are the daemon's from the start (DESIGN §2, common/mem.h):
+ * right after start-up its private RSS holds every pool STATS reports
+ * (bar the per-connection regions), and requests that fill the prefix
+ * and mask caches to far past their first blocks do not make it grow. */
+static void test_rss_is_the_plan(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	/* 4096 blocks of stories260K KV (20 KiB each): 80 MiB per device */
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 4096" };
+	struct sw_mem_rss r0, r1;
+	struct proto_client *c;
+	uint64_t pools, slack;
+
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	pools = pool_bytes(c);
+	assert_int_equal(sw_mem_rss(f->d[0].pid, &r0), 0);
+	printf("    pools %.1f MiB; after start-up RSS %.1f MiB, private %.1f MiB\n",
+	       (double)pools / (1 << 20), (double)r0.rss / (1 << 20), (double)r0.anon / (1 << 20));
+	if (r0.anon < pools)
+		fail_msg("private RSS %" PRIu64 " bytes right after start-up, less than the %" PRIu64
+			 " bytes of pools reserved: pools not backed", r0.anon, pools);
+
+	fill_caches(c, 256); /* 256 x ~300 tokens: ~4800 blocks over the two devices */
+	assert_int_equal(sw_mem_rss(f->d[0].pid, &r1), 0);
+	printf("    after 256 requests: RSS %.1f MiB, private %.1f MiB\n",
+	       (double)r1.rss / (1 << 20), (double)r1.anon / (1 << 20));
+	/* what is not pooled (libuv's buffers, a thread's malloc arena) may
+	 * take a few pages: 4 MiB. Unbacked pools would add tens of MiB. */
+	slack = 4u << 20;
+	if (r1.anon > r0.anon + slack)
+		fail_msg("private RSS grew by %.1f MiB while the caches filled (at most %.1f)",
+			 (double)(r1.anon - r0.anon) / (1 << 20), (double)slack / (1 << 20));
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+	f->done = true;
+}
+
+/* A pool the machine cannot give: with 1 GiB of address space (RLIMIT_AS,
+ * as a container or `ulimit -v` sets it) and 2 GiB of KV, `gpud serve`
+ * exits 1 at start-up naming the pool and its size, while --check, which
+ * reserves nothing, says the configuration is OK. RLIMIT_AS refuses the
+ * reservation itself; the kernel refusing to back a reservation (a memory
+ * cgroup, a machine out of memory) takes the same path out
+ * (common/mem.h), which only those conditions can show. */
+static void test_pool_refused_at_start(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	/* 104858 blocks of 20 KiB: 2.0 GiB of KV on one device */
+	struct gpud_it_opts o = { .devices = "[\"cpu\"]", .gpud_extra = "\"kv_blocks\": 104858" };
+	const char *check[] = { "serve", "--check", "--config", f->d[0].config, NULL };
+	const char *serve[] = { "serve", "--config", f->d[0].config, NULL };
+	struct rlimit old, lim;
+	char out[16384], out2[16384];
+	int rc_check, rc_serve;
+
+#if defined(__SANITIZE_ADDRESS__)
+	printf("    AddressSanitizer maps terabytes of shadow: skipped\n");
+	f->done = true;
+	return;
+#endif
+	if (getenv("SWARM_UNDER_VALGRIND")) {
+		printf("    under valgrind: skipped\n");
+		f->done = true;
+		return;
+	}
+	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+	/* The limit is inherited by the children; this process only forks and
+	 * reads their output meanwhile (no new mapping). */
+	assert_int_equal(getrlimit(RLIMIT_AS, &old), 0);
+	lim = old;
+	lim.rlim_cur = 1ull << 30;
+	if (old.rlim_cur != RLIM_INFINITY && old.rlim_cur < lim.rlim_cur)
+		lim.rlim_cur = old.rlim_cur;
+	assert_int_equal(setrlimit(RLIMIT_AS, &lim), 0);
+	rc_check = gpud_it_run_cmd(check, out, sizeof(out), 60000);
+	rc_serve = gpud_it_run_cmd(serve, out2, sizeof(out2), 60000);
+	assert_int_equal(setrlimit(RLIMIT_AS, &old), 0);
+
+	printf("    --check under RLIMIT_AS 1 GiB: exit %d\n", rc_check);
+	if (rc_check != 0 || !strstr(out, "configuration OK"))
+		fail_msg("--check under RLIMIT_AS exited %d:\n%s", rc_check, out);
+	assert_non_null(strstr(out, "2.0 GiB"));
+	printf("    gpud serve under RLIMIT_AS 1 GiB: exit %d\n", rc_serve);
+	if (rc_serve != 1)
+		fail_msg("gpud serve under RLIMIT_AS exited %d (expected 1):\n%s", rc_serve, out2);
+	assert_true(said(&f->d[0], out2, "cpu0: engine: cpu backend: cannot reserve"));
+	assert_true(said(&f->d[0], out2, "(2048.0 MiB) of KV storage"));
+	assert_false(said(&f->d[0], out2, "listening on"));
+	assert_int_equal(access(f->d[0].socket, F_OK), -1);
+	f->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -529,6 +693,8 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_bad_model),
 		GPUD_IT_FIX_TEST(test_pools_do_not_fit),
 		GPUD_IT_FIX_TEST(test_dumps_bounded),
+		GPUD_IT_FIX_TEST(test_rss_is_the_plan),
+		GPUD_IT_FIX_TEST(test_pool_refused_at_start),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
