@@ -111,7 +111,7 @@ static void start_drain(struct run *r, const char *mode, uint32_t workers, const
 		char err[SW_ERR_MAX];
 		int rc = agent_sup_run(&r->o, err, sizeof(err));
 
-		_exit(tsup_exit_code(rc, err));
+		tsup_exit(rc, err);
 	}
 }
 

@@ -189,7 +189,7 @@ static void launch(struct run *r)
 		if (r->sup_log[0] && sw_log_open(r->sup_log) != 0)
 			_exit(7);
 		rc = sw_sup_run(&r->o, err, sizeof(err));
-		_exit(tsup_exit_code(rc, err));
+		tsup_exit(rc, err);
 	}
 }
 
