@@ -17,6 +17,7 @@
 #include <strings.h>
 #include <sys/stat.h>
 
+#include "common/addr.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/redis_url.h"
@@ -34,18 +35,22 @@ enum kind {
 	K_LEVEL,        /* int, enum sw_log_level, as a name */
 	K_DEVICES,      /* devices[] + n_devices */
 	K_LISTEN,       /* char[size]: "", "127.0.0.1:PORT" or "unix:/path" */
+	K_LIST,         /* char[max][size] strings + a uint32_t count at off_n */
 	K_OBJ,          /* nested table */
 };
 
 enum {
 	F_NONEMPTY = 1u << 0,
 	F_POW2 = 1u << 1,
+	F_ABSPATH = 1u << 2,            /* K_LIST: absolute paths */
+	F_CIDR = 1u << 3,               /* K_LIST: sw_cidr_parse accepts each */
 };
 
 struct field {
 	const char *key;
 	enum kind kind;
 	size_t off;                     /* offsetof(struct sw_config, ...) */
+	size_t off_n;                   /* K_LIST: offset of its count */
 	size_t size;                    /* K_STR / URL buffer size */
 	uint64_t min, max;
 	unsigned flags;
@@ -62,6 +67,10 @@ struct field {
 #define BYTES_POW2(k, m, lo, hi) { .key = k, .kind = K_BYTES, .off = OFF(m), .min = lo, \
 	.max = hi, .flags = F_POW2 }
 #define OBJ(k, t) { .key = k, .kind = K_OBJ, .sub = t }
+#define LIST(k, m, mn, fl, e) { .key = k, .kind = K_LIST, .off = OFF(m), .off_n = OFF(mn), \
+	.size = sizeof(((struct sw_config *)0)->m[0]), \
+	.max = sizeof(((struct sw_config *)0)->m) / sizeof(((struct sw_config *)0)->m[0]), \
+	.flags = fl, .env = e }
 
 #define MS_HOUR 3600000u
 #define MS_DAY 86400000u
@@ -125,6 +134,14 @@ static const struct field gpud_fields[] = {
 	{ .key = NULL },
 };
 
+static const struct field fetch_fields[] = {
+	LIST("file_dirs", agentd.fetch.file_dirs, agentd.fetch.n_file_dirs, F_ABSPATH,
+	     "SWARM_FETCH_FILE_DIRS"),
+	LIST("allow_cidrs", agentd.fetch.allow_cidrs, agentd.fetch.n_allow_cidrs, F_CIDR,
+	     "SWARM_FETCH_ALLOW_CIDRS"),
+	{ .key = NULL },
+};
+
 static const struct field agentd_fields[] = {
 	U32("workers", agentd.workers, 1, 4096, 0, "SWARM_WORKERS"),
 	U32("max_attempts", agentd.max_attempts, 1, 1000, 0, NULL),
@@ -137,6 +154,7 @@ static const struct field agentd_fields[] = {
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
 	U32("results_maxlen", agentd.results_maxlen, 1, 1u << 30, 0, NULL),
 	U32("dead_maxlen", agentd.dead_maxlen, 1, 1u << 30, 0, NULL),
+	OBJ("fetch", fetch_fields),
 	{ .key = NULL },
 };
 
@@ -499,6 +517,51 @@ static int set_devices(struct sw_config *cfg, const json_t *v, const char *path,
 	return 0;
 }
 
+/* An array of strings into char[max][size] and its count; all or
+ * nothing. */
+static int set_list(struct sw_config *cfg, const struct field *f, const json_t *v,
+		    const char *path, char *err, size_t errlen)
+{
+	const char *w = (f->flags & F_ABSPATH) ? "an array of absolute paths" :
+			(f->flags & F_CIDR) ? "an array of CIDRs (\"10.0.0.0/8\", \"::1/128\")" :
+			"an array of strings";
+	char *base = (char *)cfg, ipath[PATH_BUF], what[64], msg[SW_ERR_MAX];
+	size_t i;
+	json_t *item;
+
+	if (!json_is_array(v))
+		return expected(err, errlen, SW_ETYPE, path, w, v);
+	if (json_array_size(v) > f->max) {
+		snprintf(what, sizeof(what), "at most %" PRIu64 " entries", f->max);
+		return expected(err, errlen, -EINVAL, path, what, NULL);
+	}
+	json_array_foreach(v, i, item) {
+		const char *s = json_string_value(item);
+
+		snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
+		if (!json_is_string(item))
+			return expected(err, errlen, SW_ETYPE, ipath, "a string", item);
+		if (strlen(s) >= f->size) {
+			snprintf(what, sizeof(what), "a string of at most %zu bytes", f->size - 1);
+			return expected(err, errlen, -EINVAL, ipath, what, NULL);
+		}
+		if ((f->flags & F_ABSPATH) && s[0] != '/')
+			return expected(err, errlen, -EINVAL, ipath, "an absolute path", item);
+		if (f->flags & F_CIDR) {
+			struct sw_cidr c;
+
+			if (sw_cidr_parse(s, &c, msg, sizeof(msg)))
+				return sw_seterr(err, errlen, -EINVAL, "%s: %s", ipath, msg);
+		}
+	}
+	memset(base + f->off, 0, f->max * f->size); /* a replaced list leaves nothing behind */
+	json_array_foreach(v, i, item)
+		memcpy(base + f->off + i * f->size, json_string_value(item),
+		       strlen(json_string_value(item)) + 1);
+	*(uint32_t *)(base + f->off_n) = (uint32_t)json_array_size(v);
+	return 0;
+}
+
 static int set_field(struct sw_config *cfg, const struct field *f, const json_t *v,
 		     const char *path, char *err, size_t errlen);
 
@@ -609,6 +672,9 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 
 	case K_DEVICES:
 		return set_devices(cfg, v, path, err, errlen);
+
+	case K_LIST:
+		return set_list(cfg, f, v, path, err, errlen);
 
 	case K_OBJ:
 		return set_object(cfg, f->sub, v, path, err, errlen);
@@ -750,11 +816,12 @@ static json_t *env_value(const struct field *f, const char *s)
 		if (parse_u64(s, &u) && u <= INT64_MAX)
 			return json_integer((json_int_t)u);
 		return json_string(s);
-	case K_DEVICES: {
+	case K_DEVICES:
+	case K_LIST: {
 		json_t *arr = json_array();
 		const char *p = s;
 		if (!arr || !*s)
-			return arr; /* "" -> [] -> "expected at least one device" */
+			return arr; /* "" -> []: no device (an error), an empty list */
 		for (;;) {
 			const char *comma = strchr(p, ',');
 			size_t len = comma ? (size_t)(comma - p) : strlen(p);
@@ -930,6 +997,14 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 					v = NULL;
 				}
 			}
+			break;
+		case K_LIST:
+			v = json_array();
+			for (uint32_t i = 0; v && i < *(const uint32_t *)(base + f->off_n); i++)
+				if (json_array_append_new(v, json_string(base + f->off + i * f->size))) {
+					json_decref(v);
+					v = NULL;
+				}
 			break;
 		case K_OBJ:
 			v = table_to_json(cfg, f->sub);

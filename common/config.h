@@ -26,6 +26,9 @@
 #define SW_CONFIG_SOCKET_MAX 108   /* sizeof(sockaddr_un.sun_path) */
 #define SW_CONFIG_MAX_DEVICES 16
 #define SW_CONFIG_METRICS_MAX (SW_CONFIG_SOCKET_MAX + 5) /* "unix:" + a socket path */
+#define SW_CONFIG_FETCH_DIRS_MAX 16
+#define SW_CONFIG_FETCH_CIDRS_MAX 64
+#define SW_CONFIG_CIDR_MAX 64      /* = SW_CIDR_STR_MAX (common/addr.h) */
 
 enum sw_device_kind {
 	SW_DEVICE_CPU = 0,
@@ -101,6 +104,17 @@ struct sw_config {
 		uint32_t crash_limit;           /* crashes per window before failed */
 		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
 		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
+		/* What a task's URL or callback may reach (agentd/fetch.h). */
+		struct {
+			/* file:// only below these (absolute) directories;
+			 * none = file:// refused. */
+			char file_dirs[SW_CONFIG_FETCH_DIRS_MAX][SW_CONFIG_PATH_MAX];
+			uint32_t n_file_dirs;
+			/* Networks opened despite the default deny list
+			 * (loopback, private, ...), each a valid CIDR text. */
+			char allow_cidrs[SW_CONFIG_FETCH_CIDRS_MAX][SW_CONFIG_CIDR_MAX];
+			uint32_t n_allow_cidrs;
+		} fetch;
 	} agentd;
 
 	/* swarmctl's managed-mode supervisor (Redis, PostgreSQL, gpud,
@@ -141,6 +155,8 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
  *   SWARM_THREADS SWARM_WORKERS SWARM_REDIS_MAXMEMORY SWARM_LOG_MAX_BYTES
  *   SWARM_SUPERVISOR_HANG_MS
+ *   SWARM_FETCH_FILE_DIRS SWARM_FETCH_ALLOW_CIDRS (comma-separated lists;
+ *   "" = none)
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);

@@ -341,7 +341,8 @@ static const char *env_names[] = {
 	"SWARM_STATE_DIR", "SWARM_LOG_LEVEL", "SWARM_LOG_FILE", "SWARM_REDIS_URL",
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
-	"SWARM_SUPERVISOR_HANG_MS", "SWARM_LEASE_MS",
+	"SWARM_SUPERVISOR_HANG_MS", "SWARM_LEASE_MS", "SWARM_FETCH_FILE_DIRS",
+	"SWARM_FETCH_ALLOW_CIDRS",
 };
 
 static int clear_env(void **state)
@@ -609,6 +610,102 @@ static void test_supervisor_keys(void **state)
 			 " (an integer or \"64MiB\"), got \"1KiB\"");
 }
 
+/* agentd.fetch: the lists of directories and CIDRs, from the file and
+ * from the environment, and every error. */
+static void test_fetch_keys(void **state)
+{
+	(void)state;
+	struct sw_config c, d;
+	char *s;
+
+	sw_config_defaults(&c);
+	assert_int_equal(c.agentd.fetch.n_file_dirs, 0); /* file:// off */
+	assert_int_equal(c.agentd.fetch.n_allow_cidrs, 0); /* nothing internal */
+
+	load_ok("{\"agentd\": {\"fetch\": {\"file_dirs\": [\"/srv/docs\", \"/data\"],"
+		" \"allow_cidrs\": [\"127.0.0.1/32\", \"10.1.0.0/16\", \"fd00::/8\", \"::1\"]}}}", &c);
+	assert_int_equal(c.agentd.fetch.n_file_dirs, 2);
+	assert_string_equal(c.agentd.fetch.file_dirs[0], "/srv/docs");
+	assert_string_equal(c.agentd.fetch.file_dirs[1], "/data");
+	assert_int_equal(c.agentd.fetch.n_allow_cidrs, 4);
+	assert_string_equal(c.agentd.fetch.allow_cidrs[0], "127.0.0.1/32");
+	assert_string_equal(c.agentd.fetch.allow_cidrs[3], "::1");
+	s = sw_config_to_json(&c);
+	assert_non_null(s);
+	assert_non_null(strstr(s, "\"fetch\":{\"allow_cidrs\":[\"127.0.0.1/32\",\"10.1.0.0/16\","
+				  "\"fd00::/8\",\"::1\"],\"file_dirs\":[\"/srv/docs\",\"/data\"]}"));
+	load_ok(s, &d);
+	assert_memory_equal(&c, &d, sizeof(c));
+	free(s);
+	load_ok("{\"agentd\": {\"fetch\": {\"file_dirs\": [], \"allow_cidrs\": []}}}", &c);
+	assert_int_equal(c.agentd.fetch.n_file_dirs, 0);
+	assert_int_equal(c.agentd.fetch.n_allow_cidrs, 0);
+
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": \"127.0.0.1/32\"}}}", SW_ETYPE,
+		     "agentd.fetch.allow_cidrs: expected an array of CIDRs (\"10.0.0.0/8\","
+		     " \"::1/128\"), got \"127.0.0.1/32\"");
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": [\"127.0.0.1/32\", 8]}}}",
+		     SW_ETYPE, "agentd.fetch.allow_cidrs[1]: expected a string, got 8");
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": [\"10.0.0.1/8\"]}}}", -EINVAL,
+		     "agentd.fetch.allow_cidrs[0]: \"10.0.0.1/8\": host bits are set"
+		     " (did you mean 10.0.0.0/8?)");
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": [\"::1\", \"localhost\"]}}}",
+		     -EINVAL,
+		     "agentd.fetch.allow_cidrs[1]: \"localhost\": \"localhost\" is not an IPv4 address"
+		     " (a.b.c.d) or an IPv6 address");
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": [\"10.0.0.0/33\"]}}}", -EINVAL,
+		     "agentd.fetch.allow_cidrs[0]: \"10.0.0.0/33\": prefix length 33 is above 32");
+	expect_error("{\"agentd\": {\"fetch\": {\"allow_cidrs\": [\"\"]}}}", -EINVAL,
+		     "agentd.fetch.allow_cidrs[0]: \"\": expected an address or ADDRESS/PREFIX"
+		     " (10.0.0.0/8, fd00::/8)");
+	expect_error("{\"agentd\": {\"fetch\": {\"file_dirs\": [\"docs\"]}}}", -EINVAL,
+		     "agentd.fetch.file_dirs[0]: expected an absolute path, got \"docs\"");
+	expect_error("{\"agentd\": {\"fetch\": {\"file_dirs\": [\"\"]}}}", -EINVAL,
+		     "agentd.fetch.file_dirs[0]: expected an absolute path, got \"\"");
+	expect_error("{\"agentd\": {\"fetch\": {\"file_dirs\": {\"a\": 1}}}}", SW_ETYPE,
+		     "agentd.fetch.file_dirs: expected an array of absolute paths, got an object");
+	expect_error("{\"agentd\": {\"fetch\": {\"file_dir\": []}}}", -EINVAL,
+		     "agentd.fetch.file_dir: unknown key (did you mean \"file_dirs\"?)");
+	{
+		char json[8192];
+		size_t n = (size_t)snprintf(json, sizeof(json),
+					    "{\"agentd\": {\"fetch\": {\"file_dirs\": [");
+
+		for (int i = 0; i < 17; i++)
+			n += (size_t)snprintf(json + n, sizeof(json) - n, "%s\"/d%d\"", i ? "," : "", i);
+		snprintf(json + n, sizeof(json) - n, "]}}}");
+		expect_error(json, -EINVAL, "agentd.fetch.file_dirs: expected at most 16 entries");
+		memset(json, 0, sizeof(json));
+		n = (size_t)snprintf(json, sizeof(json), "{\"agentd\": {\"fetch\": {\"file_dirs\": [\"/");
+		memset(json + n, 'x', 1100);
+		snprintf(json + n + 1100, sizeof(json) - n - 1100, "\"]}}}");
+		expect_error(json, -EINVAL,
+			     "agentd.fetch.file_dirs[0]: expected a string of at most 1023 bytes");
+	}
+
+	/* From the environment: comma-separated, blanks trimmed, "" = none. */
+	sw_config_defaults(&c);
+	setenv("SWARM_FETCH_ALLOW_CIDRS", "127.0.0.1/32, ::1/128", 1);
+	setenv("SWARM_FETCH_FILE_DIRS", "/srv/a,/srv/b", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.agentd.fetch.n_allow_cidrs, 2);
+	assert_string_equal(c.agentd.fetch.allow_cidrs[1], "::1/128");
+	assert_int_equal(c.agentd.fetch.n_file_dirs, 2);
+	assert_string_equal(c.agentd.fetch.file_dirs[1], "/srv/b");
+	setenv("SWARM_FETCH_ALLOW_CIDRS", "", 1);
+	unsetenv("SWARM_FETCH_FILE_DIRS");
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_int_equal(c.agentd.fetch.n_allow_cidrs, 0);
+	assert_string_equal(c.agentd.fetch.allow_cidrs[0], ""); /* nothing left behind */
+	assert_int_equal(c.agentd.fetch.n_file_dirs, 2);
+	unsetenv("SWARM_FETCH_ALLOW_CIDRS");
+	expect_env_error("SWARM_FETCH_ALLOW_CIDRS", "127.0.0.1/32,10.0.0.1/8", -EINVAL,
+			 "SWARM_FETCH_ALLOW_CIDRS[1]: \"10.0.0.1/8\": host bits are set"
+			 " (did you mean 10.0.0.0/8?)");
+	expect_env_error("SWARM_FETCH_FILE_DIRS", "relative/dir", -EINVAL,
+			 "SWARM_FETCH_FILE_DIRS[0]: expected an absolute path, got \"relative/dir\"");
+}
+
 /* The daemon's keys (gpud.*): defaults, overrides, every error. */
 static void test_daemon_keys(void **state)
 {
@@ -784,6 +881,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_env_lease, clear_env),
 		cmocka_unit_test(test_files),
 		cmocka_unit_test(test_daemon_keys),
+		cmocka_unit_test_teardown(test_fetch_keys, clear_env),
 		cmocka_unit_test_teardown(test_supervisor_keys, clear_env),
 		cmocka_unit_test(test_to_json_round_trip),
 		cmocka_unit_test(test_redact),
