@@ -1,4 +1,4 @@
-/* fetch.h - documents by URL for ingest (libcurl).
+/* fetch.h - documents by URL for ingest, callback POSTs (libcurl).
  *
  * http, https and file only; redirects are followed up to max_redirects
  * and only to http or https (a web page never gets to redirect into the
@@ -6,8 +6,28 @@
  * Content-Length is refused before the transfer, a body that grows past
  * the cap is cut off. Connect and total timeouts bound every fetch.
  *
+ * Trust boundary (DESIGN §6a): a URL comes from whoever can write a task,
+ * so what it may reach is the policy's, never the URL's:
+ *   - file:// reads only files whose path, after resolving symlinks, lies
+ *     below one of policy->file_dirs (whole components: /data does not
+ *     hold /data2/x); the file actually opened is checked again, so a
+ *     symlink swapped in meanwhile gains nothing. No directories: file://
+ *     is refused.
+ *   - http(s): every address libcurl connects to (after DNS, at each
+ *     connect, each redirect hop included) must be public
+ *     (common/addr.h) or inside one of policy->allow; a refused address
+ *     is never connected to. Proxies from the environment are ignored
+ *     (through a proxy the address of the target could not be checked).
+ *     A host written as an IPv4 number in another form than a.b.c.d
+ *     (0x7f000001, 2130706433, 127.1) is refused.
+ *
  * Errors (with the URL and the reason in err):
- *   -EINVAL        not a URL, or a scheme other than http, https, file;
+ *   -EACCES        the policy refuses it: "fetch: URL: 10.0.0.5 is a
+ *                  private address; allow it with agentd.fetch.allow_cidrs",
+ *                  or a file outside agentd.fetch.file_dirs;
+ *   -EINVAL        not a URL, a scheme other than http, https, file, a
+ *                  file URL naming a host, a non-standard IPv4 host, a file
+ *                  that is not a regular file;
  *   SW_ETOOLONG    the body exceeds max_bytes;
  *   SW_ENOTFOUND   HTTP 404 or 410, or no such file;
  *   -ELOOP         more than max_redirects redirects;
@@ -26,6 +46,23 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/addr.h"
+#include "common/config.h"
+
+/* What fetches may reach, from agentd.fetch in the configuration. Plain
+ * data; zeroed = the default (no file://, public addresses only). */
+struct agent_fetch_policy {
+	char file_dirs[SW_CONFIG_FETCH_DIRS_MAX][SW_CONFIG_PATH_MAX]; /* absolute */
+	uint32_t n_file_dirs;
+	struct sw_cidr allow[SW_CONFIG_FETCH_CIDRS_MAX];
+	uint32_t n_allow;
+};
+
+/* Fills *p from cfg->agentd.fetch. Returns 0, or -EINVAL naming the
+ * entry (a config that passed sw_config_load never fails here). */
+int agent_fetch_policy_init(struct agent_fetch_policy *p, const struct sw_config *cfg,
+			    char *err, size_t errlen);
+
 struct agent_fetch_opts {
 	size_t max_bytes;            /* 0 = 8 MiB */
 	uint32_t connect_timeout_ms; /* 0 = 5000 */
@@ -33,6 +70,9 @@ struct agent_fetch_opts {
 	uint32_t max_redirects;      /* default 5 when the struct is zeroed
 				      * and no_redirects is false */
 	bool no_redirects;           /* refuse any redirect */
+	/* Borrowed; NULL = the default policy (no file://, public addresses
+	 * only). */
+	const struct agent_fetch_policy *policy;
 };
 
 /* Initializes libcurl once for the process (call from main before any
@@ -50,7 +90,7 @@ int agent_fetch_post_json(const char *url, const char *json, size_t len,
 			  const struct agent_fetch_opts *opts, char *err, size_t errlen);
 
 /* True for errors a later retry may cure: timeouts, refused or
- * unreachable hosts, -EAGAIN. */
+ * unreachable hosts, -EAGAIN. Never a policy refusal (-EACCES). */
 bool agent_fetch_transient(int code);
 
 #endif

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -67,6 +68,7 @@ struct callbacks {
 	bool closing;
 	uint64_t deadline_ms;      /* when closing: drop what is left after this */
 	bool started;
+	const struct agent_fetch_policy *policy; /* what a callback may reach */
 };
 
 static void *callback_thread(void *arg)
@@ -98,7 +100,7 @@ static void *callback_thread(void *arg)
 		pthread_mutex_unlock(&cb->lock);
 		for (int i = 0; i < CALLBACK_TRIES; i++) {
 			struct agent_fetch_opts o = { .timeout_ms = 5000, .connect_timeout_ms = 2000,
-						      .no_redirects = true };
+						      .no_redirects = true, .policy = cb->policy };
 
 			rc = agent_fetch_post_json(c.url, c.json, strlen(c.json), &o, err, sizeof(err));
 			if (rc == 0 || agent_error_permanent(rc))
@@ -158,6 +160,7 @@ struct worker {
 	const struct agent_llm *llm;
 	struct agent_ctx ctx;
 	struct callbacks cb;
+	struct agent_fetch_policy fetch_policy; /* agentd.fetch: URLs and callbacks */
 
 	/* shared with the heartbeat thread */
 	pthread_mutex_t lock;
@@ -620,6 +623,20 @@ static int worker_new(struct worker **out, const struct agent_worker_opts *o, ch
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return sw_seterr(err, errlen, -ENOMEM, "worker: out of memory");
+	rc = agent_fetch_policy_init(&w->fetch_policy, cfg, err, errlen);
+	if (rc) {
+		free(w);
+		return rc;
+	}
+	for (uint32_t i = 0; i < w->fetch_policy.n_file_dirs; i++) {
+		struct stat st;
+
+		if (stat(w->fetch_policy.file_dirs[i], &st) != 0 || !S_ISDIR(st.st_mode))
+			log_warn("agentd.fetch.file_dirs[%u]: %s is not a directory (now): no file "
+				 "is read there",
+				 i, w->fetch_policy.file_dirs[i]);
+	}
+	w->cb.policy = &w->fetch_policy;
 	what = "the entry lock";
 	rc = pthread_mutex_init(&w->lock, NULL);
 	if (rc)
@@ -777,7 +794,8 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 		.db = w->db,
 		.llm = w->llm,
 		.fetch = { .max_bytes = PROTO_TASK_MAX_TEXT,
-			   .timeout_ms = o->fetch_timeout_ms ? o->fetch_timeout_ms : 30000 },
+			   .timeout_ms = o->fetch_timeout_ms ? o->fetch_timeout_ms : 30000,
+			   .policy = &w->fetch_policy },
 		.chunk_tokens = o->chunk_tokens ? o->chunk_tokens : AGENT_DEFAULT_CHUNK_TOKENS,
 		.chunk_overlap = o->chunk_overlap ? o->chunk_overlap : AGENT_DEFAULT_CHUNK_OVERLAP,
 		.summary_fanin = o->summary_fanin ? o->summary_fanin : AGENT_DEFAULT_SUMMARY_FANIN,

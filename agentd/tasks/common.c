@@ -29,6 +29,7 @@ bool agent_error_permanent(int code)
 	case SW_ENOTFOUND:
 	case -EINVAL:
 	case -ELOOP:
+	case -EACCES: /* a fetch the policy refuses (agentd.fetch) */
 		return true;
 	default:
 		return false;

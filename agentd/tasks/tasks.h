@@ -79,7 +79,8 @@ int agent_run_task(struct agent_ctx *c, const struct proto_task *t, char *locati
 		   size_t loclen, char *err, size_t errlen);
 
 /* True for errors no retry can cure: malformed or invalid input, a
- * document that does not exist, a request that can never fit. */
+ * document that does not exist, a request that can never fit, a URL
+ * the fetch policy refuses (-EACCES). */
 bool agent_error_permanent(int code);
 
 /* True for errors that mean "a server is away or full": retry the task
