@@ -160,6 +160,9 @@ struct fx {
 
 static int counter;
 static char err[SW_ERR_MAX];
+/* Not this test's subject (agentd_fetch_test and agentd_worker_test
+ * cover it): files anywhere, the test's 127.0.0.1. */
+static struct agent_fetch_policy open_policy;
 
 static int setup(void **state)
 {
@@ -179,7 +182,13 @@ static int setup(void **state)
 		.chunk_tokens = 8,
 		.chunk_overlap = 2,
 		.summary_fanin = 4,
+		.fetch = { .policy = &open_policy },
 	};
+	snprintf(open_policy.file_dirs[0], sizeof(open_policy.file_dirs[0]), "/");
+	open_policy.n_file_dirs = 1;
+	if (sw_cidr_parse("127.0.0.1/32", &open_policy.allow[0], err, sizeof(err)) != 0)
+		return -1;
+	open_policy.n_allow = 1;
 	memset(&fk, 0, sizeof(fk));
 	fk.fail_after = -1;
 	*state = f;

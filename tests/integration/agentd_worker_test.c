@@ -13,7 +13,17 @@
  *   - drain: a stop while a task is in hand finishes that task, claims
  *     no other, acknowledges nothing unfinished;
  *   - PostgreSQL dropping the worker's connection: logged, reconnected,
- *     the task completes.
+ *     the task completes;
+ *   - the fetch policy (agentd.fetch) on real tasks, against an HTTP
+ *     server of this test on 127.0.0.1 (every packet stays there: a
+ *     refused address is never connected to): the default config
+ *     refuses it; with allow_cidrs 127.0.0.1/32 it is fetched, while
+ *     127.0.0.2, [::1], 0x7f000001 and a redirect to 127.0.0.2 are
+ *     refused (localhost reaches 127.0.0.1: libcurl resolves it to ::1,
+ *     refused, and 127.0.0.1); file:// inside file_dirs, outside, and
+ *     through a symlink out; a callback to a refused address. A refused
+ *     task is failed at its first delivery, its error naming the rule,
+ *     and stores no document.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -31,6 +41,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -145,6 +156,11 @@ static int setup(void **state)
 	f->cfg.agentd.lease_ms = 400;
 	f->cfg.agentd.heartbeat_ms = 100;
 	f->cfg.agentd.max_tasks_per_worker = 0;
+	/* This test's own servers are on 127.0.0.1: opened as a deployment
+	 * opens its internal ranges (the policy tests set their own). */
+	snprintf(f->cfg.agentd.fetch.allow_cidrs[0], sizeof(f->cfg.agentd.fetch.allow_cidrs[0]),
+		 "127.0.0.1/32");
+	f->cfg.agentd.fetch.n_allow_cidrs = 1;
 	if (pipe2(f->hb, O_CLOEXEC) != 0)
 		return -1;
 	f->o = (struct agent_worker_opts){
@@ -569,6 +585,226 @@ static void test_four_workers_no_duplicates(void **state)
 	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
 }
 
+/* --- the fetch policy ------------------------------------------------------------ */
+
+static int doc_fd = -1, doc_port;
+static _Atomic int doc_conns; /* connections the document server accepted */
+
+/* Serves /doc (doc_text), /to2 (a redirect to 127.0.0.2) and anything
+ * else as 204 (callbacks), one request per connection. */
+static void *doc_server(void *arg)
+{
+	for (;;) {
+		char req[4096] = "", path[128] = "", head[512];
+		size_t got = 0;
+		int fd = accept(doc_fd, NULL, NULL), n;
+
+		if (fd < 0)
+			return NULL;
+		doc_conns++;
+		while (got < sizeof(req) - 1 && !strstr(req, "\r\n\r\n")) {
+			ssize_t r = read(fd, req + got, sizeof(req) - 1 - got);
+
+			if (r <= 0)
+				break;
+			got += (size_t)r;
+			req[got] = '\0';
+		}
+		sscanf(req, "%*s %127s", path);
+		if (!strcmp(path, "/doc"))
+			n = snprintf(head, sizeof(head),
+				     "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %zu\r\n\r\n",
+				     strlen(doc_text));
+		else if (!strcmp(path, "/to2"))
+			n = snprintf(head, sizeof(head),
+				     "HTTP/1.1 302 Found\r\nConnection: close\r\nLocation: "
+				     "http://127.0.0.2:%d/doc\r\nContent-Length: 0\r\n\r\n",
+				     doc_port);
+		else
+			n = snprintf(head, sizeof(head),
+				     "HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n");
+		if (send(fd, head, (size_t)n, MSG_NOSIGNAL) == n && !strcmp(path, "/doc") &&
+		    send(fd, doc_text, strlen(doc_text), MSG_NOSIGNAL) < 0)
+			perror("send");
+		close(fd);
+	}
+}
+
+static void doc_server_start(pthread_t *t)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t alen = sizeof(a);
+
+	doc_conns = 0;
+	doc_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	assert_int_equal(bind(doc_fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(listen(doc_fd, 8), 0);
+	assert_int_equal(getsockname(doc_fd, (struct sockaddr *)&a, &alen), 0);
+	doc_port = ntohs(a.sin_port);
+	assert_int_equal(pthread_create(t, NULL, doc_server, NULL), 0);
+}
+
+static void doc_server_stop(pthread_t t)
+{
+	shutdown(doc_fd, SHUT_RDWR);
+	pthread_join(t, NULL);
+	close(doc_fd);
+}
+
+/* Queues an ingest of url with id. */
+static void xadd_url(struct fx *f, const char *id, const char *url)
+{
+	char task[2048];
+
+	snprintf(task, sizeof(task), "{\"id\":\"%s\",\"kind\":\"ingest\",\"url\":\"%s\"}", id, url);
+	xadd(f, task);
+}
+
+/* Runs the worker until n tasks are final and acknowledged. */
+static void run_until_final(struct fx *f, int n)
+{
+	start_worker(f);
+	if (!at_pg_wait_eq(f->pg, "SELECT count(*) FROM tasks WHERE status <> 'running'", n, 20000,
+			   50))
+		fail_msg("not all tasks finished: %lld",
+			 at_pg_int(f->pg, "SELECT count(*) FROM tasks WHERE status <> 'running'"));
+	for (int t = 0; t < 2000 && at_redis_pending(f->redis, f->stream) != 0; t += 50)
+		sw_sleep_ms(50);
+	stop_worker(f);
+}
+
+/* Task id failed at its first delivery, with want in its error, and an
+ * event saying so. */
+static void expect_refused_task(struct fx *f, const char *id, const char *want)
+{
+	const char *e;
+
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", id), "failed");
+	assert_string_equal(pg_text(f, "SELECT attempts FROM tasks WHERE id = $1", id), "1");
+	e = pg_text(f, "SELECT error FROM tasks WHERE id = $1", id);
+	if (!strstr(e, want))
+		fail_msg("task %s: error \"%s\" lacks \"%s\"", id, e, want);
+	assert_int_equal(events(f, id, "failed"), 1);
+}
+
+/* The default configuration: nothing on loopback, no file://. */
+static void test_fetch_default_refuses(void **state)
+{
+	struct fx *f = *state;
+	char u[128], want[256];
+	pthread_t srv;
+
+	f->cfg.agentd.fetch.n_allow_cidrs = 0;
+	doc_server_start(&srv);
+	snprintf(u, sizeof(u), "http://127.0.0.1:%d/doc", doc_port);
+	xadd_url(f, "lo", u);
+	xadd_url(f, "file", "file:///etc/hostname");
+	run_until_final(f, 2);
+	doc_server_stop(srv);
+
+	snprintf(want, sizeof(want),
+		 "fetch: %s: 127.0.0.1 is a loopback address; allow it with "
+		 "agentd.fetch.allow_cidrs",
+		 u);
+	assert_string_equal(pg_text(f, "SELECT error FROM tasks WHERE id = $1", "lo"), want);
+	expect_refused_task(f, "lo", want);
+	expect_refused_task(f, "file", "fetch: file:///etc/hostname: file:// is off (list the "
+				       "directories it may read in agentd.fetch.file_dirs)");
+	assert_int_equal(doc_conns, 0); /* not one connection */
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 0);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM chunks"), 0);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
+	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
+}
+
+/* allow_cidrs 127.0.0.1/32 and file_dirs: what each lets through. */
+static void test_fetch_allow_list(void **state)
+{
+	struct fx *f = *state;
+	char u[1024], dir[] = "/tmp/agentd_worker_files_XXXXXX", p[512];
+	pthread_t srv;
+	FILE *fp;
+
+	assert_non_null(mkdtemp(dir));
+	snprintf(p, sizeof(p), "%s/docs", dir);
+	assert_int_equal(mkdir(p, 0700), 0);
+	snprintf(p, sizeof(p), "%s/docs/a.txt", dir);
+	assert_non_null(fp = fopen(p, "w"));
+	fputs("A file inside the allowed directory. It has two sentences.", fp);
+	fclose(fp);
+	snprintf(p, sizeof(p), "%s/secret.txt", dir);
+	assert_non_null(fp = fopen(p, "w"));
+	fputs("A file outside. Never stored.", fp);
+	fclose(fp);
+	snprintf(p, sizeof(p), "%s/docs/link.txt", dir);
+	assert_int_equal(symlink("../secret.txt", p), 0);
+	snprintf(f->cfg.agentd.fetch.file_dirs[0], sizeof(f->cfg.agentd.fetch.file_dirs[0]),
+		 "%s/docs", dir);
+	f->cfg.agentd.fetch.n_file_dirs = 1;
+
+	doc_server_start(&srv);
+	snprintf(u, sizeof(u), "http://127.0.0.1:%d/doc", doc_port);
+	xadd_url(f, "ok", u);
+	snprintf(u, sizeof(u), "http://localhost:%d/doc", doc_port);
+	xadd_url(f, "name", u);
+	snprintf(u, sizeof(u), "http://127.0.0.2:%d/doc", doc_port);
+	xadd_url(f, "lo2", u);
+	snprintf(u, sizeof(u), "http://[::1]:%d/doc", doc_port);
+	xadd_url(f, "v6", u);
+	snprintf(u, sizeof(u), "http://0x7f000001:%d/doc", doc_port);
+	xadd_url(f, "hex", u);
+	snprintf(u, sizeof(u), "http://127.0.0.1:%d/to2", doc_port);
+	xadd_url(f, "redir", u);
+	snprintf(u, sizeof(u), "file://%s/docs/a.txt", dir);
+	xadd_url(f, "file-in", u);
+	snprintf(u, sizeof(u), "file://%s/secret.txt", dir);
+	xadd_url(f, "file-out", u);
+	snprintf(u, sizeof(u), "file://%s/docs/link.txt", dir);
+	xadd_url(f, "file-link", u);
+	snprintf(u, sizeof(u), "file://%s/docs/../secret.txt", dir);
+	xadd_url(f, "file-dots", u);
+	/* A callback to a refused address: the task completes, the POST is
+	 * refused before it connects (logged), nothing else happens. */
+	snprintf(u, sizeof(u),
+		 "{\"id\":\"cb\",\"kind\":\"ingest\",\"text\":\"called back.\","
+		 "\"callback_url\":\"http://127.0.0.2:%d/done\"}", doc_port);
+	xadd(f, u);
+	run_until_final(f, 11);
+	doc_server_stop(srv);
+
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "ok"), "completed");
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "name"),
+			    "completed");
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "file-in"),
+			    "completed");
+	assert_string_equal(pg_text(f, "SELECT status FROM tasks WHERE id = $1", "cb"), "completed");
+	expect_refused_task(f, "lo2", "127.0.0.2 is a loopback address; allow it with "
+				      "agentd.fetch.allow_cidrs");
+	expect_refused_task(f, "v6", ": ::1 is a loopback address; allow it with "
+				     "agentd.fetch.allow_cidrs");
+	expect_refused_task(f, "hex", "host \"0x7f000001\" is an IPv4 address in a non-standard "
+				      "form");
+	snprintf(u, sizeof(u), "/to2: redirected to http://127.0.0.2:%d/doc: 127.0.0.2 is a "
+			       "loopback address; allow it with agentd.fetch.allow_cidrs", doc_port);
+	expect_refused_task(f, "redir", u);
+	snprintf(u, sizeof(u), ": %s/secret.txt is not under a directory of agentd.fetch.file_dirs",
+		 dir);
+	expect_refused_task(f, "file-out", u);
+	expect_refused_task(f, "file-link", u);
+	expect_refused_task(f, "file-dots", u);
+	/* ok and name: the same text, one document; file-in; cb's text. */
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents"), 3);
+	assert_int_equal(at_pg_int(f->pg, "SELECT count(*) FROM documents WHERE text LIKE "
+					  "'%outside%'"), 0);
+	/* ok, name, the first hop of redir: nothing else reached the server. */
+	assert_int_equal(doc_conns, 3);
+	assert_int_equal(at_redis_pending(f->redis, f->stream), 0);
+	assert_int_equal(redis_int(f, "XLEN %s", f->dead), 0);
+
+	snprintf(p, sizeof(p), "rm -rf '%s'", dir);
+	assert_int_equal(system(p), 0);
+}
+
 /* --- callbacks ------------------------------------------------------------------ */
 
 static int cb_fd = -1;
@@ -702,6 +938,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_postgres_drop_is_ridden_out, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_four_workers_no_duplicates, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_callback_posted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_default_refuses, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fetch_allow_list, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_recycle_after_max_tasks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_heartbeat_stops_while_hung, setup, teardown),
 	};
