@@ -134,7 +134,7 @@ static int check_host(const char *url, char *err, size_t errlen)
 {
 	const char *h = strstr(url, "://") + 3, *end, *at;
 	char host[256];
-	struct in_addr a;
+	struct in_addr a, b;
 	size_t n;
 
 	end = h + strcspn(h, "/?#");
@@ -150,11 +150,15 @@ static int check_host(const char *url, char *err, size_t errlen)
 		return 0;
 	memcpy(host, h, n);
 	host[n] = '\0';
-	if (inet_aton(host, &a) && inet_pton(AF_INET, host, &a) != 1)
+	if (inet_aton(host, &a) && inet_pton(AF_INET, host, &b) != 1) {
+		char canon[INET_ADDRSTRLEN];
+
+		inet_ntop(AF_INET, &a, canon, sizeof(canon)); /* not inet_ntoa: threads */
 		return sw_seterr(err, errlen, -EINVAL,
 				 "fetch: %s: host \"%s\" is an IPv4 address in a non-standard form "
 				 "(write it as a.b.c.d: %s)",
-				 url, host, inet_ntoa(a));
+				 url, host, canon);
+	}
 	return 0;
 }
 
