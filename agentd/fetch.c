@@ -508,14 +508,22 @@ static int transfer(const char *url, const struct agent_fetch_opts *opts, const 
 	h = curl_easy_init();
 	if (!h)
 		return sw_seterr(err, errlen, -ENOMEM, "fetch: cannot create a curl handle");
+	/* The boundary fails closed: a libcurl that refuses one of these
+	 * options (too old at run time) fetches nothing. */
+	if (curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https") != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https") != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_checked) != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, &g) != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, connected) != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_PREREQDATA, &g) != CURLE_OK ||
+	    curl_easy_setopt(h, CURLOPT_PROXY, "") != CURLE_OK) { /* no proxy from the env */
+		curl_easy_cleanup(h);
+		return sw_seterr(err, errlen, -EIO,
+				 "fetch: %s: libcurl %s lacks an option the address check needs "
+				 "(7.85 or later is required)",
+				 url, curl_version_info(CURLVERSION_NOW)->version);
+	}
 	curl_easy_setopt(h, CURLOPT_URL, url);
-	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, open_checked);
-	curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, &g);
-	curl_easy_setopt(h, CURLOPT_PREREQFUNCTION, connected);
-	curl_easy_setopt(h, CURLOPT_PREREQDATA, &g);
-	curl_easy_setopt(h, CURLOPT_PROXY, ""); /* no proxy from the environment */
 	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, o.no_redirects ? 0L : 1L);
 	curl_easy_setopt(h, CURLOPT_MAXREDIRS, (long)o.max_redirects);
 	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)o.connect_timeout_ms);
