@@ -125,6 +125,17 @@ static int check_scheme(const char *url, bool post, enum scheme *kind, char *err
 			 url, (int)(n > 16 ? 16 : n), url);
 }
 
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 /* Refuses a host written as an IPv4 number in another form than a.b.c.d
  * (0x7f000001, 2130706433, 0177.0.0.1, 127.1): libcurl and the resolver
  * read it as an address, people never write it on purpose, and it is
@@ -148,8 +159,22 @@ static int check_host(const char *url, char *err, size_t errlen)
 	n = strcspn(h, ":/?#");
 	if (n == 0 || n >= sizeof(host))
 		return 0;
-	memcpy(host, h, n);
-	host[n] = '\0';
+	/* libcurl decodes %-escapes in a host name: so does this check. */
+	for (size_t i = 0, o = 0;; i++) {
+		int hi = i + 2 < n && h[i] == '%' ? hexval(h[i + 1]) : -1;
+		int lo = hi < 0 ? -1 : hexval(h[i + 2]);
+
+		if (i >= n) {
+			host[o] = '\0';
+			break;
+		}
+		if (lo >= 0) {
+			host[o++] = (char)(hi * 16 + lo);
+			i += 2;
+		} else {
+			host[o++] = h[i];
+		}
+	}
 	if (inet_aton(host, &a) && inet_pton(AF_INET, host, &b) != 1) {
 		char canon[INET_ADDRSTRLEN];
 
@@ -163,17 +188,6 @@ static int check_host(const char *url, char *err, size_t errlen)
 }
 
 /* ---- file:// ------------------------------------------------------- */
-
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
 
 /* The local path of a file URL, percent-decoded, into out[PATH_MAX]:
  * file:///p or file://localhost/p; the query and fragment are not part

@@ -370,6 +370,8 @@ static void test_policy_allow_list(void **state)
 	expect_refused(u, -EINVAL, "host \"2130706433\" is an IPv4 address in a non-standard");
 	snprintf(u, sizeof(u), "http://127.1:%d/ok", port);
 	expect_refused(u, -EINVAL, "host \"127.1\" is an IPv4 address in a non-standard");
+	snprintf(u, sizeof(u), "http://%%30x7f000001:%d/ok", port); /* libcurl decodes it */
+	expect_refused(u, -EINVAL, "host \"0x7f000001\" is an IPv4 address in a non-standard");
 	snprintf(u, sizeof(u), "http://0177.0.0.1:%d/ok", port);
 	expect_refused(u, -EINVAL, "host \"0177.0.0.1\" is an IPv4 address in a non-standard");
 	/* A redirect is checked at its hop. */
