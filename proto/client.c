@@ -1028,6 +1028,10 @@ static int hello(struct proto_client *c, const char *path, const struct timespec
 		rc = sw_seterr(err, errlen, SW_EVERSION,
 			       "gpud at %s refused protocol version %u (this client's)", path,
 			       PROTO_VERSION);
+	else if (f.type == PROTO_T_ERROR && f.aux == EACCES)
+		rc = sw_seterr(err, errlen, -EACCES, "gpud at %s refused this client (uid %u, gid "
+			       "%u): not admitted by gpud.allowed_uids / gpud.allowed_gids",
+			       path, (unsigned)geteuid(), (unsigned)getegid());
 	else if (f.type == PROTO_T_ERROR && f.aux)
 		rc = sw_seterr(err, errlen, -(int)f.aux, "gpud at %s refused the connection: %s",
 			       path, sw_strerror(-(int)f.aux));
