@@ -993,7 +993,9 @@ static int hello(struct proto_client *c, const char *path, const struct timespec
 	*fd = -1;
 	proto_frame_init(&f, PROTO_T_HELLO, 0);
 	rc = send_frame(c, &f);
-	if (rc)
+	/* A peer gpud refuses is told so at once and closed: its ERROR may
+	 * wait to be read even when the HELLO could not be sent. */
+	if (rc && rc != SW_ECLOSED)
 		return sw_seterr(err, errlen, rc, "send HELLO to %s: %s", path, sw_strerror(rc));
 	for (;;) {
 		struct pollfd p = { .fd = c->sock, .events = POLLIN };
