@@ -278,16 +278,19 @@ static int finish_socket_file(struct gpud_server *s, char *err, size_t errlen)
 		return sw_seterr(err, errlen, -EPERM, "%s changed under gpud after bind (not a "
 				 "socket owned by uid %u)", s->path, (unsigned)geteuid());
 	}
-	if (s->p.socket_gid != (gid_t)-1 && st.st_gid != s->p.socket_gid) {
+	/* Our own group by default, even in a set-group-ID directory (whose
+	 * group a new file takes). */
+	gid_t gid = s->p.socket_gid != (gid_t)-1 ? s->p.socket_gid : getegid();
+	if (st.st_gid != gid) {
 		/* lchown: never follows a link someone put in its place. */
-		if (lchown(s->path, (uid_t)-1, s->p.socket_gid) != 0) {
+		if (lchown(s->path, (uid_t)-1, gid) != 0) {
 			int e = errno;
 			return sw_seterr(err, errlen, -e, "cannot give %s to group %u (gpud.socket_group):"
-					 " %s%s", s->path, (unsigned)s->p.socket_gid, strerror(e),
+					 " %s%s", s->path, (unsigned)gid, strerror(e),
 					 e == EPERM ? " (gpud must be root or a member of that group)"
 						    : "");
 		}
-		st.st_gid = s->p.socket_gid;
+		st.st_gid = gid;
 	}
 	if ((st.st_mode & 07777) != mode) {
 		log_info("%s: bound with mode %04o (a default ACL?); setting %04o before listening",

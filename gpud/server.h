@@ -91,7 +91,8 @@ struct gpud_server_params {
 	struct proto_limits limits;  /* decoder limits (0 fields = defaults) */
 	/* Who may connect (DESIGN §6a). The socket file is created with
 	 * socket_mode (0: 0660) and group socket_gid ((gid_t)-1: the
-	 * server's egid) before it listens. SO_PEERCRED then admits: root
+	 * server's egid, even in a set-group-ID directory) before it
+	 * listens. SO_PEERCRED then admits: root
 	 * (it can read any process's memory anyway), the server's own euid
 	 * (read at accept: the same holds for it), the socket's group when
 	 * socket_mode gives the group rw (the admission matches what the

@@ -1512,10 +1512,34 @@ static void test_socket_mode_group(void **state)
 		env_stop(e);
 	}
 
-	/* Modes the server refuses. */
 	uv_loop_t loop;
 	struct gpud_server *s;
 	assert_int_equal(uv_loop_init(&loop), 0);
+
+	/* In a set-group-ID directory the file would take the directory's
+	 * group: the default is still the server's own. */
+	if (geteuid() == 0) {
+		char dir[64], path[108];
+		snprintf(dir, sizeof(dir), "/tmp/sw-server-test-%d-sgid", (int)getpid());
+		assert_int_equal(mkdir(dir, 0700), 0);
+		assert_int_equal(chown(dir, (uid_t)-1, 4343), 0);
+		assert_int_equal(chmod(dir, 02770), 0);
+		snprintf(path, sizeof(path), "%s/s.sock", dir);
+		env_params(&p);
+		p.socket_path = path;
+		assert_int_equal(gpud_server_create(&s, &loop, &p, &fake_ops, NULL, g_err,
+						    sizeof(g_err)), 0);
+		assert_int_equal(gpud_server_listen(s, g_err, sizeof(g_err)), 0);
+		assert_int_equal(lstat(path, &st), 0);
+		assert_int_equal(st.st_gid, getegid());
+		assert_int_equal(st.st_mode & 07777, 0660);
+		gpud_server_close(s);
+		uv_run(&loop, UV_RUN_DEFAULT);
+		gpud_server_destroy(s);
+		assert_int_equal(rmdir(dir), 0);
+	}
+
+	/* Modes the server refuses. */
 	env_params(&p);
 	p.socket_path = "/tmp/sw-server-test-never.sock";
 	static const uint32_t bad[] = { 0400, 0200, 01660, 0066 };
