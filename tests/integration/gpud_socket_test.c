@@ -11,7 +11,9 @@
  *     --check` names;
  *  3. a hostile client rewrites its request area while gpud decodes and
  *     tokenizes it (a thread flipping bytes over it while the client
- *     submits in a loop): gpud does not crash, and an honest client
+ *     submits in a loop, and now and then garbage in its ring's consumer
+ *     index, which gpud answers by closing that connection): gpud does
+ *     not crash, and an honest client
  *     running at the same time gets exactly the outputs it gets alone
  *     (greedy sampling).
  *
@@ -274,8 +276,9 @@ static void honest_run(const struct gpud_it *d, struct outputs *out)
 
 /* The request area of the one connection this process has: the memfd
  * mapping named in /proc/self/maps, its layout from the region header
- * (proto/README.md §3). */
-static uint8_t *find_request_area(size_t *size)
+ * (proto/README.md §3); *tail gets the ring's consumer index, which the
+ * client writes too. */
+static uint8_t *find_request_area(size_t *size, uint8_t **tail)
 {
 	FILE *fp = fopen("/proc/self/maps", "re");
 	char line[512];
@@ -294,11 +297,14 @@ static uint8_t *find_request_area(size_t *size)
 	if (!base)
 		return NULL;
 	*size = (size_t)proto_get64(base + 40);
+	*tail = base + proto_get64(base + 16) + 64;
 	return base + proto_get64(base + 32);
 }
 
 struct flipper {
 	uint8_t *area;
+	uint8_t *tail;      /* the ring's consumer index */
+	uint64_t tails;     /* times it was overwritten */
 	size_t span;        /* bytes at the start of the area the requests use */
 	atomic_bool stop;
 	uint64_t flips;
@@ -309,7 +315,9 @@ struct flipper {
  * decode with a few bytes changed, some with their tables torn, some
  * while gpud reads them): a quarter in the header and tables, the rest
  * anywhere; half of them become spaces (what makes a SentencePiece
- * encoder's text longer). */
+ * encoder's text longer). Once in 2048 bursts it also writes garbage
+ * into the ring's consumer index (gpud must close that connection, and
+ * only that one; the hostile client then connects again). */
 static void *flip_main(void *arg)
 {
 	struct flipper *fl = arg;
@@ -319,6 +327,10 @@ static void *flip_main(void *arg)
 		struct timespec pause = { 0, (long)((x >> 24) % 100000) };
 		int burst = 1 + (int)((x >> 4) & 63);
 		nanosleep(&pause, NULL);
+		if (((x >> 32) & 2047) == 0) {
+			memcpy(fl->tail, &x, sizeof(x));
+			fl->tails++;
+		}
 		for (int k = 0; k < burst; k++) {
 			x ^= x << 13;
 			x ^= x >> 7;
@@ -359,7 +371,7 @@ static int hostile(const char *sock, int ready, int ctl)
 		fprintf(stderr, "hostile: connect: %s\n", err);
 		return 1;
 	}
-	fl.area = find_request_area(&fl.span);
+	fl.area = find_request_area(&fl.span, &fl.tail);
 	if (!fl.area) {
 		fprintf(stderr, "hostile: no request area in /proc/self/maps\n");
 		return 1;
@@ -405,20 +417,21 @@ static int hostile(const char *sock, int ready, int ctl)
 				return 1;
 		}
 		if (!proto_client_alive(c)) {
-			/* Whatever broke it, a hostile client just comes back. */
+			/* Whatever broke it, a hostile client just comes back
+			 * (the flipper stops first: close unmaps the region). */
+			atomic_store(&fl.stop, true);
+			pthread_join(th, NULL);
+			atomic_store(&fl.stop, false);
 			proto_client_close(c);
 			c = NULL;
 			reconnects++;
 			if (proto_client_connect(&c, sock, &o, err, sizeof(err))) {
 				fprintf(stderr, "hostile: reconnect: %s\n", err);
-				break;
+				return 1;
 			}
-			atomic_store(&fl.stop, true);
-			pthread_join(th, NULL);
-			atomic_store(&fl.stop, false);
-			fl.area = find_request_area(&fl.span);
+			fl.area = find_request_area(&fl.span, &fl.tail);
 			if (!fl.area)
-				break;
+				return 1;
 			fl.span = fl.span < LONG_TEXT + 4096 ? fl.span : LONG_TEXT + 4096;
 			if (pthread_create(&th, NULL, flip_main, &fl))
 				return 1;
@@ -427,8 +440,8 @@ static int hostile(const char *sock, int ready, int ctl)
 	atomic_store(&fl.stop, true);
 	pthread_join(th, NULL);
 	printf("    hostile client: %" PRIu64 " submits (%" PRIu64 " generated, %" PRIu64
-	       " failed), %" PRIu64 " reconnects, %" PRIu64 " bytes flipped\n", n, ok, failed,
-	       reconnects, fl.flips);
+	       " failed), %" PRIu64 " reconnects, %" PRIu64 " bytes flipped, ring index "
+	       "overwritten %" PRIu64 " times\n", n, ok, failed, reconnects, fl.flips, fl.tails);
 	proto_client_close(c);
 	free(text);
 	return 0;
