@@ -8,8 +8,10 @@
 #include "common/config.h"
 
 #include <errno.h>
+#include <grp.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +38,9 @@ enum kind {
 	K_DEVICES,      /* devices[] + n_devices */
 	K_LISTEN,       /* char[size]: "", "127.0.0.1:PORT" or "unix:/path" */
 	K_LIST,         /* char[max][size] strings + a uint32_t count at off_n */
+	K_MODE,         /* uint32_t permission bits, as an octal string "0660" */
+	K_GROUP,        /* char[size]: "" or a group that exists (name or gid) */
+	K_IDS,          /* struct sw_config_ids: user (or, F_GROUP, group) names or ids */
 	K_OBJ,          /* nested table */
 };
 
@@ -44,6 +49,7 @@ enum {
 	F_POW2 = 1u << 1,
 	F_ABSPATH = 1u << 2,            /* K_LIST: absolute paths */
 	F_CIDR = 1u << 3,               /* K_LIST: sw_cidr_parse accepts each */
+	F_GROUP = 1u << 4,              /* K_IDS: groups, not users */
 };
 
 struct field {
@@ -109,6 +115,11 @@ static const struct field watchdog_fields[] = {
 
 static const struct field gpud_fields[] = {
 	STR("socket", gpud.socket, F_NONEMPTY, "SWARM_GPUD_SOCKET"),
+	{ .key = "socket_mode", .kind = K_MODE, .off = OFF(gpud.socket_mode) },
+	{ .key = "socket_group", .kind = K_GROUP, .off = OFF(gpud.socket_group),
+	  .size = sizeof(((struct sw_config *)0)->gpud.socket_group) },
+	{ .key = "allowed_uids", .kind = K_IDS, .off = OFF(gpud.allowed_uids) },
+	{ .key = "allowed_gids", .kind = K_IDS, .off = OFF(gpud.allowed_gids), .flags = F_GROUP },
 	STR("model", gpud.model, 0, "SWARM_MODEL"),
 	{ .key = "devices", .kind = K_DEVICES, .off = OFF(gpud.devices), .env = "SWARM_DEVICES" },
 	U32("threads", gpud.threads, 0, 1024, 0, "SWARM_THREADS"),
@@ -191,6 +202,7 @@ void sw_config_defaults(struct sw_config *cfg)
 		 "postgresql://swarm@127.0.0.1:5432/swarm");
 
 	snprintf(cfg->gpud.socket, sizeof(cfg->gpud.socket), "/run/swarm/gpud.sock");
+	cfg->gpud.socket_mode = 0660; /* socket_group "", no ids: gpud's own uid and group */
 	cfg->gpud.devices[0] = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
 	cfg->gpud.n_devices = 1;
 	cfg->gpud.threads = 0;
@@ -454,6 +466,93 @@ static bool pg_url_ok(const char *s)
 	       (s[0] && strchr(s, '=') && !strstr(s, "://"));
 }
 
+/* "0660", "660", "0600": octal permission bits that give the owner rw
+ * (gpud's own clients must reach it) and nothing beyond 0777. */
+static bool parse_mode(const char *s, uint32_t *out)
+{
+	uint32_t v = 0;
+	size_t n = strlen(s);
+
+	if (n < 3 || n > 4)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		if (s[i] < '0' || s[i] > '7')
+			return false;
+		v = v * 8 + (uint32_t)(s[i] - '0');
+	}
+	if (v > 0777 || (v & 0600) != 0600)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* Runs getpwnam_r (user) or getgrnam_r (group) with a buffer that grows
+ * on ERANGE. Returns 0 and *id, -ENOENT when no such name, or a negated
+ * errno from the lookup. */
+static int lookup_name(const char *name, bool group, uint32_t *id)
+{
+	size_t cap = 16384;
+	int rc;
+
+	for (;;) {
+		char *buf = malloc(cap);
+		if (!buf)
+			return -ENOMEM;
+		if (group) {
+			struct group gr, *res = NULL;
+			rc = getgrnam_r(name, &gr, buf, cap, &res);
+			if (rc == 0 && res)
+				*id = (uint32_t)res->gr_gid;
+			else if (rc == 0)
+				rc = ENOENT;
+		} else {
+			struct passwd pw, *res = NULL;
+			rc = getpwnam_r(name, &pw, buf, cap, &res);
+			if (rc == 0 && res)
+				*id = (uint32_t)res->pw_uid;
+			else if (rc == 0)
+				rc = ENOENT;
+		}
+		free(buf);
+		if (rc != ERANGE || cap >= (1u << 24))
+			break;
+		cap *= 4;
+	}
+	/* Some NSS modules say "not found" with these. */
+	if (rc == ESRCH || rc == EBADF || rc == EPERM)
+		rc = ENOENT;
+	return -rc;
+}
+
+/* A decimal id, or a name looked up; (uint32_t)-1 is not an id (chown's
+ * "leave it"). */
+static int resolve_id(const char *s, bool group, uint32_t *id, char *err, size_t errlen)
+{
+	const char *what = group ? "group" : "user";
+	uint64_t v;
+
+	if (!*s)
+		return sw_seterr(err, errlen, -EINVAL, "an empty %s name", what);
+	if (parse_u64(s, &v)) {
+		if (v >= UINT32_MAX)
+			return sw_seterr(err, errlen, -EINVAL, "%s id %s out of range", what, s);
+		*id = (uint32_t)v;
+		return 0;
+	}
+	int rc = lookup_name(s, group, id);
+	if (rc == -ENOENT)
+		return sw_seterr(err, errlen, -ENOENT, "no %s named \"%s\"", what, s);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "looking up %s \"%s\": %s", what, s,
+				 strerror(-rc));
+	return 0;
+}
+
+int sw_config_group_id(const char *s, uint32_t *gid, char *err, size_t errlen)
+{
+	return resolve_id(s ? s : "", true, gid, err, errlen);
+}
+
 /* ---- setting one field ---------------------------------------------- */
 
 static int set_string(const struct field *f, char *dst, const json_t *v, const char *path,
@@ -675,6 +774,71 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 
 	case K_LIST:
 		return set_list(cfg, f, v, path, err, errlen);
+
+	case K_MODE: {
+		static const char w[] = "an octal mode string from \"0600\" to \"0777\" that "
+					"gives the owner rw, such as \"0660\"";
+		uint32_t m;
+		if (!json_is_string(v))
+			return expected(err, errlen, SW_ETYPE, path, w, v);
+		if (!parse_mode(json_string_value(v), &m))
+			return expected(err, errlen, -EINVAL, path, w, v);
+		*(uint32_t *)(base + f->off) = m;
+		return 0;
+	}
+
+	case K_GROUP: {
+		char why[SW_ERR_MAX];
+		uint32_t gid;
+		if (!json_is_string(v))
+			return expected(err, errlen, SW_ETYPE, path,
+					"a group name or gid as a string (\"\" = gpud's own group)", v);
+		const char *g = json_string_value(v);
+		if (*g) {
+			int rc = resolve_id(g, true, &gid, why, sizeof(why));
+			if (rc)
+				return sw_seterr(err, errlen, rc == -ENOENT ? -EINVAL : rc, "%s: %s",
+						 path, why);
+		}
+		return set_string(f, base + f->off, v, path, err, errlen);
+	}
+
+	case K_IDS: {
+		bool group = f->flags & F_GROUP;
+		struct sw_config_ids ids = { 0 };
+		char ipath[PATH_BUF], why[SW_ERR_MAX];
+		size_t i;
+		json_t *item;
+		snprintf(what, sizeof(what), "an array of at most %d %s names or %s", SW_CONFIG_MAX_IDS,
+			 group ? "group" : "user", group ? "gids" : "uids");
+		if (!json_is_array(v))
+			return expected(err, errlen, SW_ETYPE, path, what, v);
+		if (json_array_size(v) > SW_CONFIG_MAX_IDS)
+			return expected(err, errlen, -EINVAL, path, what, NULL);
+		json_array_foreach(v, i, item) {
+			int rc;
+			snprintf(ipath, sizeof(ipath), "%s[%zu]", path, i);
+			if (json_is_integer(item)) {
+				json_int_t n = json_integer_value(item);
+				if (n < 0 || n >= (json_int_t)UINT32_MAX)
+					return expected(err, errlen, -EINVAL, ipath,
+							group ? "a gid in [0, 4294967294]"
+							      : "a uid in [0, 4294967294]", item);
+				ids.id[i] = (uint32_t)n;
+				continue;
+			}
+			if (!json_is_string(item))
+				return expected(err, errlen, SW_ETYPE, ipath,
+						group ? "a group name or gid" : "a user name or uid", item);
+			rc = resolve_id(json_string_value(item), group, &ids.id[i], why, sizeof(why));
+			if (rc)
+				return sw_seterr(err, errlen, rc == -ENOENT ? -EINVAL : rc, "%s: %s",
+						 ipath, why);
+		}
+		ids.n = (uint32_t)i;
+		*(struct sw_config_ids *)(base + f->off) = ids;
+		return 0;
+	}
 
 	case K_OBJ:
 		return set_object(cfg, f->sub, v, path, err, errlen);
@@ -969,8 +1133,24 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 		switch (f->kind) {
 		case K_STR:
 		case K_LISTEN:
+		case K_GROUP:
 			v = json_string(base + f->off);
 			break;
+		case K_MODE:
+			snprintf(buf, sizeof(buf), "%04" PRIo32, *(const uint32_t *)(base + f->off));
+			v = json_string(buf);
+			break;
+		case K_IDS: {
+			const struct sw_config_ids *ids = (const void *)(base + f->off);
+			v = json_array();
+			for (uint32_t i = 0; v && i < ids->n; i++) {
+				if (json_array_append_new(v, json_integer(ids->id[i]))) {
+					json_decref(v);
+					v = NULL;
+				}
+			}
+			break;
+		}
 		case K_REDIS_URL:
 		case K_PG_URL:
 			sw_config_redact_url(base + f->off, buf, sizeof(buf));

@@ -29,6 +29,8 @@
 #define SW_CONFIG_FETCH_DIRS_MAX 16
 #define SW_CONFIG_FETCH_CIDRS_MAX 64
 #define SW_CONFIG_CIDR_MAX 64      /* = SW_CIDR_STR_MAX (common/addr.h) */
+#define SW_CONFIG_NAME_MAX 64      /* a user or group name */
+#define SW_CONFIG_MAX_IDS 64       /* gpud.allowed_uids, gpud.allowed_gids */
 
 enum sw_device_kind {
 	SW_DEVICE_CPU = 0,
@@ -38,6 +40,12 @@ enum sw_device_kind {
 struct sw_config_device {
 	enum sw_device_kind kind;
 	int index;                              /* CUDA ordinal; 0 for cpu */
+};
+
+/* A list of numeric user or group ids (names are resolved at load). */
+struct sw_config_ids {
+	uint32_t n;
+	uint32_t id[SW_CONFIG_MAX_IDS];
 };
 
 struct sw_config {
@@ -59,6 +67,15 @@ struct sw_config {
 
 	struct {
 		char socket[SW_CONFIG_SOCKET_MAX];
+		/* Who may use the socket (DESIGN §6a). The file is created with
+		 * socket_mode and owned by socket_group; gpud then admits, by
+		 * SO_PEERCRED: root, its own uid, the socket's group when the
+		 * mode gives the group rw, and the ids listed here (a peer's
+		 * gid or one of its supplementary groups). */
+		uint32_t socket_mode;           /* permission bits: owner rw, <= 0777 */
+		char socket_group[SW_CONFIG_NAME_MAX]; /* name or gid; "" = gpud's own */
+		struct sw_config_ids allowed_uids; /* user names or uids, resolved */
+		struct sw_config_ids allowed_gids; /* group names or gids, resolved */
 		char model[SW_CONFIG_PATH_MAX]; /* GGUF file; required by gpud */
 		struct sw_config_device devices[SW_CONFIG_MAX_DEVICES];
 		uint32_t n_devices;             /* >= 1 */
@@ -178,6 +195,12 @@ char *sw_config_to_json(const struct sw_config *cfg);
  * (conninfo keyword or query parameter). Always NUL-terminates (when
  * outlen > 0); truncates to fit. */
 void sw_config_redact_url(const char *url, char *out, size_t outlen);
+
+/* A group given by name or as a decimal gid (gpud.socket_group): 0 and
+ * *gid, or -ENOENT ("no group named \"x\"") / -EINVAL (empty) with a
+ * message. A number is taken as is, whether or not a group has it. Looks
+ * names up with getgrnam_r (NSS: may consult a directory service). */
+int sw_config_group_id(const char *s, uint32_t *gid, char *err, size_t errlen);
 
 /* "cpu" or "cuda:N" into out. */
 void sw_config_device_name(const struct sw_config_device *d, char *out, size_t outlen);

@@ -380,6 +380,21 @@ static int server_build(struct gpud_daemon *d)
 	proto_limits_default(&sp.limits);
 	sp.limits.max_segments = g->max_segments;
 	sp.limits.max_text_bytes = d->max_text;
+	sp.socket_mode = g->socket_mode;
+	if (g->socket_group[0]) {
+		uint32_t gid;
+		rc = sw_config_group_id(g->socket_group, &gid, err, sizeof(err));
+		if (rc) {
+			log_error("gpud.socket_group: %s", err);
+			return rc;
+		}
+		sp.socket_gid = (gid_t)gid;
+	}
+	_Static_assert(GPUD_SERVER_MAX_IDS >= SW_CONFIG_MAX_IDS, "every configured id fits");
+	sp.n_allowed_uids = g->allowed_uids.n;
+	sp.n_allowed_gids = g->allowed_gids.n;
+	memcpy(sp.allowed_uids, g->allowed_uids.id, g->allowed_uids.n * sizeof(uint32_t));
+	memcpy(sp.allowed_gids, g->allowed_gids.id, g->allowed_gids.n * sizeof(uint32_t));
 	rc = gpud_server_create(&d->server, &d->loop, &sp, &gpud__service_ops, d, err, sizeof(err));
 	if (rc) {
 		log_error("server: %s", err);

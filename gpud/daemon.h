@@ -122,7 +122,9 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 
 /* Working memory of gpud_segments_tokenize, reserved once (the daemon keeps
  * one for its loop thread). fmt holds formatted chat text, copy the
- * NUL-terminated copies of two segments. */
+ * NUL-terminated copies of two chat segments, or the private copy of a
+ * plain one (its text may sit in memory a client can rewrite meanwhile:
+ * the tokenizer reads only copies). */
 struct gpud_segtok_scratch {
 	char *fmt;
 	size_t fmt_cap;   /* >= 2 * max segment bytes + 256 */

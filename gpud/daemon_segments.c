@@ -96,8 +96,20 @@ int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_temp
 			text = sc->fmt;
 			len = (size_t)l;
 			flags = GPUD_TOK_PARSE_SPECIAL; /* the template's tokens */
-		} else if (i == 0) {
-			flags = GPUD_TOK_ADD_BOS;
+		} else {
+			/* The text is a view into the client's request area, which
+			 * the client may rewrite while we read it, and the
+			 * tokenizer reads its input more than once (the
+			 * SentencePiece encoder counts spaces to size its buffer,
+			 * then fills it): it gets a private copy, taken once. */
+			if (len > sc->copy_cap)
+				return sw_seterr(err, errlen, -EINVAL,
+						 "segment %u: %zu bytes, more than the %zu a "
+						 "segment may have", i, len, sc->copy_cap);
+			memcpy(sc->copy, text, len);
+			text = sc->copy;
+			if (i == 0)
+				flags = GPUD_TOK_ADD_BOS;
 		}
 		if (len == 0) {
 			seg_tokens[i] = 0;

@@ -170,6 +170,19 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 	return rc;
 }
 
+/* A private copy of a TOKENIZE or EMBED text, taken once: the text is a
+ * view into the client's request area, which the client may rewrite
+ * while the tokenizer reads it more than once (see
+ * gpud_segments_tokenize). NULL when it is longer than the scratch (the
+ * decoder's limit keeps it shorter). */
+static const char *private_text(struct gpud_daemon *d, const struct proto_text_req *req)
+{
+	if (req->len > d->segtok.copy_cap)
+		return NULL;
+	memcpy(d->segtok.copy, req->text, req->len);
+	return d->segtok.copy;
+}
+
 static int svc_embed(void *svc, struct gpud_sreq *r, const struct proto_text_req *req, char *err,
 		     size_t errlen)
 {
@@ -189,8 +202,9 @@ static int svc_embed(void *svc, struct gpud_sreq *r, const struct proto_text_req
 	j = gpud__job_take(dv, &slot);
 	if (!j)
 		return sw_seterr(err, errlen, SW_EBUSY, "busy: no embedding slot on %s", dv->name);
-	rc = gpud_tokenizer_encode(d->tok, req->text, req->len, GPUD_TOK_ADD_BOS, j->tokens,
-				   d->n_ctx, &n, &d->tok_arena);
+	const char *text = private_text(d, req);
+	rc = text ? gpud_tokenizer_encode(d->tok, text, req->len, GPUD_TOK_ADD_BOS, j->tokens,
+					  d->n_ctx, &n, &d->tok_arena) : -ENOMEM;
 	if (rc == SW_ETOOLONG)
 		rc = sw_seterr(err, errlen, SW_ETOOLONG,
 			       "embed: text of %zu tokens does not fit the context of %u positions",
@@ -258,8 +272,9 @@ static int svc_tokenize(void *svc, const struct proto_text_req *req, int32_t *id
 		flags |= GPUD_TOK_ADD_BOS;
 	if (req->flags & PROTO_TOK_PARSE_SPECIAL)
 		flags |= GPUD_TOK_PARSE_SPECIAL;
-	rc = gpud_tokenizer_encode(d->tok, req->text, req->len, flags, ids, cap, &got,
-				   &d->tok_arena);
+	const char *text = private_text(d, req);
+	rc = text ? gpud_tokenizer_encode(d->tok, text, req->len, flags, ids, cap, &got,
+					  &d->tok_arena) : -ENOMEM;
 	*n = got > UINT32_MAX ? UINT32_MAX : (uint32_t)got;
 	if (rc == SW_ETOOLONG)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "tokenize: %zu tokens, room for %u", got,

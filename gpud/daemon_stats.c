@@ -213,6 +213,7 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 	s->connections.open = ss.connections;
 	s->connections.high = ss.connections_high;
 	s->connections.accepted = ss.accepted;
+	s->connections.refused_peer = ss.refused_peer;
 	s->connections.bad_frames = ss.bad_frames;
 	s->connections.stalled = ss.stalled;
 	gpud_stats_fill_alloc(s);

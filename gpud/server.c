@@ -44,7 +44,8 @@ void gpud_server_params_default(struct gpud_server_params *p)
 	p->stall_ms = 10000;
 	p->max_bad_frames = 16;
 	proto_limits_default(&p->limits);
-	p->allowed_gid = (gid_t)-1;
+	p->socket_mode = 0660;
+	p->socket_gid = (gid_t)-1;
 }
 
 static void on_server_handle_close(uv_handle_t *h)
@@ -145,6 +146,14 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 	if (q.req_bytes > PROTO_SHM_MAX_REQ)
 		return sw_seterr(err, errlen, -EINVAL, "server: req_bytes %zu over %u",
 				 q.req_bytes, PROTO_SHM_MAX_REQ);
+	if (!q.socket_mode)
+		q.socket_mode = d.socket_mode;
+	if (q.socket_mode > 0777 || (q.socket_mode & 0600) != 0600)
+		return sw_seterr(err, errlen, -EINVAL, "server: socket_mode %04o: expected owner "
+				 "rw and nothing beyond 0777", q.socket_mode);
+	if (q.n_allowed_uids > GPUD_SERVER_MAX_IDS || q.n_allowed_gids > GPUD_SERVER_MAX_IDS)
+		return sw_seterr(err, errlen, -EINVAL, "server: more than %d allowed uids or gids",
+				 GPUD_SERVER_MAX_IDS);
 	if (q.max_connections > (1u << 20) || q.max_requests > (1u << 24))
 		return sw_seterr(err, errlen, -EINVAL,
 				 "server: max_connections / max_requests out of range");
@@ -253,6 +262,47 @@ static int clear_stale(const char *path, char *err, size_t errlen)
 	return 0;
 }
 
+/* Gives the freshly bound (not yet listening) socket file its group,
+ * then checks that path is still that file: a socket of ours, with the
+ * mode and group asked for. A default ACL on the directory can override
+ * the umask: then the mode is set by chmod, still before listen. */
+static int finish_socket_file(struct gpud_server *s, char *err, size_t errlen)
+{
+	struct stat st;
+	mode_t mode = (mode_t)s->p.socket_mode;
+
+	if (lstat(s->path, &st) != 0)
+		return sw_seterr(err, errlen, -errno, "%s: %s", s->path, strerror(errno));
+	if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+		s->bound = false; /* not ours to remove */
+		return sw_seterr(err, errlen, -EPERM, "%s changed under gpud after bind (not a "
+				 "socket owned by uid %u)", s->path, (unsigned)geteuid());
+	}
+	/* Our own group by default, even in a set-group-ID directory (whose
+	 * group a new file takes). */
+	gid_t gid = s->p.socket_gid != (gid_t)-1 ? s->p.socket_gid : getegid();
+	if (st.st_gid != gid) {
+		/* lchown: never follows a link someone put in its place. */
+		if (lchown(s->path, (uid_t)-1, gid) != 0) {
+			int e = errno;
+			return sw_seterr(err, errlen, -e, "cannot give %s to group %u (gpud.socket_group):"
+					 " %s%s", s->path, (unsigned)gid, strerror(e),
+					 e == EPERM ? " (gpud must be root or a member of that group)"
+						    : "");
+		}
+		st.st_gid = gid;
+	}
+	if ((st.st_mode & 07777) != mode) {
+		log_info("%s: bound with mode %04o (a default ACL?); setting %04o before listening",
+			 s->path, (unsigned)(st.st_mode & 07777), (unsigned)mode);
+		if (chmod(s->path, mode) != 0)
+			return sw_seterr(err, errlen, -errno, "chmod %s: %s", s->path, strerror(errno));
+	}
+	s->sock_gid = st.st_gid;
+	s->group_rw = (mode & 0060) == 0060;
+	return 0;
+}
+
 int gpud_server_listen(struct gpud_server *s, char *err, size_t errlen)
 {
 	if (!s || s->closed || s->listening)
@@ -260,20 +310,45 @@ int gpud_server_listen(struct gpud_server *s, char *err, size_t errlen)
 	int rc = clear_stale(s->path, err, errlen);
 	if (rc)
 		return rc;
+	/* The file is born with its final mode: bind applies the umask, so
+	 * for the length of this one call the umask is the complement of
+	 * socket_mode. (A umask is per process: a file another thread
+	 * created meanwhile could only get fewer permissions, and none does
+	 * at this point of start-up. The alternative, bind in a private 0700
+	 * directory and rename into place, needs a longer path than the
+	 * 107 bytes a socket name may have, and leaves the directory behind
+	 * when gpud dies in between.) Nothing can connect before listen, so
+	 * the group is set after bind and before listen. */
+	mode_t old = umask(~(mode_t)s->p.socket_mode & 0777);
 	rc = uv_pipe_bind(&s->listener, s->path);
+	umask(old);
 	if (rc)
 		return sw_seterr(err, errlen, rc, "bind %s: %s", s->path, uv_strerror(rc));
 	s->bound = true;
-	/* After bind, whatever the umask made of it. */
-	if (chmod(s->path, 0660) != 0)
-		return sw_seterr(err, errlen, -errno, "chmod %s: %s", s->path, strerror(errno));
-	rc = uv_listen((uv_stream_t *)&s->listener, (int)s->p.max_connections, gpud__on_connection);
+	rc = finish_socket_file(s, err, errlen);
 	if (rc)
-		return sw_seterr(err, errlen, rc, "listen %s: %s", s->path, uv_strerror(rc));
+		goto out_unlink;
+	rc = uv_listen((uv_stream_t *)&s->listener, (int)s->p.max_connections, gpud__on_connection);
+	if (rc) {
+		rc = sw_seterr(err, errlen, rc, "listen %s: %s", s->path, uv_strerror(rc));
+		goto out_unlink;
+	}
 	s->listening = true;
-	log_info("listening on %s (%u connections, %u requests, %u per connection)", s->path,
-		 s->p.max_connections, s->p.max_requests, s->p.max_per_connection);
+	char grp[48] = "";
+	if (s->group_rw)
+		snprintf(grp, sizeof(grp), ", group %u", (unsigned)s->sock_gid);
+	log_info("listening on %s (mode %04o, group %u; admits root, uid %u%s, %u allowed_uids, "
+		 "%u allowed_gids; %u connections, %u requests, %u per connection)", s->path,
+		 s->p.socket_mode, (unsigned)s->sock_gid, (unsigned)geteuid(), grp,
+		 s->p.n_allowed_uids, s->p.n_allowed_gids, s->p.max_connections,
+		 s->p.max_requests, s->p.max_per_connection);
 	return 0;
+
+out_unlink:
+	if (s->bound) /* ours: finish_socket_file checked it */
+		unlink(s->path);
+	s->bound = false;
+	return rc;
 }
 
 void gpud_server_drain(struct gpud_server *s)

@@ -73,6 +73,8 @@ struct uv_loop_s;
 struct gpud_server;
 struct gpud_sreq; /* one request in flight: a slot of the server's pool */
 
+#define GPUD_SERVER_MAX_IDS 64 /* allowed_uids, allowed_gids */
+
 struct gpud_server_params {
 	const char *socket_path;     /* required; copied */
 	uint32_t max_connections;    /* default 512 (>= 256 always supported) */
@@ -87,10 +89,23 @@ struct gpud_server_params {
 	uint32_t stall_ms;           /* default 10000 */
 	uint32_t max_bad_frames;     /* default 16 */
 	struct proto_limits limits;  /* decoder limits (0 fields = defaults) */
-	/* Peers allowed by SO_PEERCRED: root, the server's own uid, and any
-	 * process whose gid is allowed_gid (when not (gid_t)-1, the default).
-	 * Others are logged and closed at once. */
-	gid_t allowed_gid;
+	/* Who may connect (DESIGN §6a). The socket file is created with
+	 * socket_mode (0: 0660) and group socket_gid ((gid_t)-1: the
+	 * server's egid, even in a set-group-ID directory) before it
+	 * listens. SO_PEERCRED then admits: root
+	 * (it can read any process's memory anyway), the server's own euid
+	 * (read at accept: the same holds for it), the socket's group when
+	 * socket_mode gives the group rw (the admission matches what the
+	 * file grants), a uid in allowed_uids, and a peer whose gid or one
+	 * of whose supplementary groups (SO_PEERGROUPS) is in allowed_gids.
+	 * Anyone else gets an ERROR frame (aux = EACCES, no payload) and the
+	 * connection is closed: counted in refused_peer, logged at warn (at
+	 * most a line a second, with how many went unlogged). */
+	uint32_t socket_mode;
+	gid_t socket_gid;
+	uint32_t n_allowed_uids, n_allowed_gids;
+	uint32_t allowed_uids[GPUD_SERVER_MAX_IDS];
+	uint32_t allowed_gids[GPUD_SERVER_MAX_IDS];
 };
 
 void gpud_server_params_default(struct gpud_server_params *p);
@@ -134,9 +149,14 @@ int gpud_server_create(struct gpud_server **out, struct uv_loop_s *loop,
 		       const struct gpud_server_params *p, const struct gpud_service_ops *ops,
 		       void *svc, char *err, size_t errlen);
 
-/* Binds and listens (mode 0660). A stale socket file (nothing accepts on
- * it) is replaced; a live one is -EADDRINUSE ("another gpud is listening
- * on PATH"). Returns 0 or a negated errno with a message. */
+/* Binds and listens. The socket file has its final mode and group before
+ * anything can connect: it is bound under a umask that leaves exactly
+ * socket_mode, given to socket_gid (lchown), checked (a socket, ours,
+ * that mode, that group), and only then listened on. A stale socket file
+ * (nothing accepts on it) is replaced; a live one is -EADDRINUSE
+ * ("another gpud is listening on PATH"); a group the server may not give
+ * the file is -EPERM naming it. Returns 0 or a negated errno with a
+ * message (the file is removed again). */
 int gpud_server_listen(struct gpud_server *s, char *err, size_t errlen);
 
 /* Draining (SIGTERM): new SUBMIT and EMBED requests are refused with
@@ -164,7 +184,7 @@ struct gpud_server_stats {
 	uint32_t connections;     /* open now */
 	uint32_t connections_high;
 	uint64_t accepted;        /* connections accepted */
-	uint64_t refused_peer;    /* closed by the SO_PEERCRED check */
+	uint64_t refused_peer;    /* refused by the SO_PEERCRED check */
 	uint64_t refused_conns;   /* closed because max_connections were open */
 	uint32_t in_flight;       /* requests accepted, not ended */
 	uint32_t in_flight_high;

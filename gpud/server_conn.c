@@ -1,13 +1,19 @@
 /* server_conn.c - a connection's life cycle on the loop thread: accept (or
- * refuse) and the SO_PEERCRED check, reading frames, closing (every
+ * refuse) and the peer check (SO_PEERCRED, SO_PEERGROUPS; who is admitted
+ * is in server.h), reading frames, closing (every
  * request in flight cancelled) and reaping the slot once its requests are
  * gone. Shared state: gpud/server_impl.h.
  */
+#include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "common/log.h"
+#include "common/time.h"
 #include "gpud/server_impl.h"
+
+#define REFUSE_LOG_NS 1000000000ull /* at most one refused-peer line a second */
 
 /* Calls ops.cancel on each of n pinned requests, then lets their slots go. */
 void gpud__cancel_batch(struct gpud_server *s, struct gpud_sreq **reqs, uint32_t n)
@@ -141,10 +147,75 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 	c->rlen -= off;
 }
 
-static bool peer_allowed(const struct gpud_server *s, uid_t uid, gid_t gid)
+static bool id_listed(const uint32_t *ids, uint32_t n, uint32_t id)
 {
-	return uid == 0 || uid == geteuid() ||
-	       (s->p.allowed_gid != (gid_t)-1 && gid == s->p.allowed_gid);
+	for (uint32_t i = 0; i < n; i++)
+		if (ids[i] == id)
+			return true;
+	return false;
+}
+
+static bool gid_admitted(const struct gpud_server *s, gid_t g)
+{
+	return (s->group_rw && g == s->sock_gid) ||
+	       id_listed(s->p.allowed_gids, s->p.n_allowed_gids, (uint32_t)g);
+}
+
+/* The rules in server.h. The supplementary groups are asked for only
+ * when the uid and gid did not settle it; more than PEER_GROUPS_MAX of
+ * them (or a kernel without SO_PEERGROUPS) leaves the gid alone to
+ * decide. */
+static bool peer_allowed(struct gpud_server *s, int fd, uid_t uid, gid_t gid)
+{
+	if (uid == 0 || uid == geteuid() ||
+	    id_listed(s->p.allowed_uids, s->p.n_allowed_uids, (uint32_t)uid) ||
+	    gid_admitted(s, gid))
+		return true;
+	if (!s->group_rw && !s->p.n_allowed_gids)
+		return false;
+	socklen_t len = sizeof(s->peer_groups);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, s->peer_groups, &len) != 0) {
+		log_debug("SO_PEERGROUPS: %s", strerror(errno));
+		return false;
+	}
+	for (size_t i = 0; i < len / sizeof(gid_t); i++)
+		if (gid_admitted(s, s->peer_groups[i]))
+			return true;
+	return false;
+}
+
+/* A warn line per refused peer, but at most one a second: a peer that
+ * retries in a loop must not flood the log. */
+static void log_refused(struct gpud_server *s, const struct sconn *c)
+{
+	uint64_t now = sw_now_ns();
+	if (s->refuse_log_ns && now - s->refuse_log_ns < REFUSE_LOG_NS) {
+		s->refuse_unlogged++;
+		return;
+	}
+	char more[64] = "";
+	if (s->refuse_unlogged)
+		snprintf(more, sizeof(more), " (and %llu more since the last such line)",
+			 (unsigned long long)s->refuse_unlogged);
+	log_warn("refused peer pid %d uid %u gid %u: not root, not uid %u, not in the socket's "
+		 "group or gpud.allowed_uids / gpud.allowed_gids%s", (int)c->pid,
+		 (unsigned)c->uid, (unsigned)c->gid, (unsigned)geteuid(), more);
+	s->refuse_log_ns = now;
+	s->refuse_unlogged = 0;
+}
+
+/* Tells a refused peer why (ERROR, aux = EACCES, before any HELLO: the
+ * client library reports it as such) and closes once that is out. */
+static void refuse_peer(struct sconn *c)
+{
+	struct gpud_server *s = c->s;
+	log_refused(s, c);
+	STAT(s, s->st.refused_peer++);
+	struct proto_frame e;
+	proto_frame_init(&e, PROTO_T_ERROR, 0);
+	e.aux = EACCES;
+	if (gpud__send_frame(c, &e, true))
+		gpud__close_conn(c, "peer refused");
 }
 
 static void on_refuse_close(uv_handle_t *h)
@@ -210,12 +281,8 @@ void gpud__accept_one(struct gpud_server *s)
 		gpud__close_conn(c, "accept failed");
 		return;
 	}
-	if (!peer_allowed(s, c->uid, c->gid)) {
-		log_warn("refused peer pid %d uid %u gid %u: not root, not uid %u, not gid %d",
-			 (int)c->pid, (unsigned)c->uid, (unsigned)c->gid, (unsigned)geteuid(),
-			 s->p.allowed_gid == (gid_t)-1 ? -1 : (int)s->p.allowed_gid);
-		STAT(s, s->st.refused_peer++);
-		gpud__close_conn(c, "peer refused");
+	if (!peer_allowed(s, fd, c->uid, c->gid)) {
+		refuse_peer(c);
 		return;
 	}
 	pthread_mutex_lock(&c->lock);

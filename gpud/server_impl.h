@@ -60,6 +60,7 @@
 #define ERR_REC_MAX (8 + PROTO_MAX_ERROR_MSG) /* largest ERROR payload */
 #define FIN_MAX ERR_REC_MAX                   /* DONE (48) or ERROR */
 #define TIMER_MS 2                            /* staging retry period */
+#define PEER_GROUPS_MAX 1024 /* supplementary groups of a peer we look at */
 
 static_assert(FIN_MAX >= PROTO_DONE_SIZE, "a DONE fits the final record");
 
@@ -160,6 +161,11 @@ struct gpud_server {
 	int handles;      /* handles of ours not yet closed */
 	bool bound, listening, closed, draining;
 	bool refuse_busy, accept_pending;
+	gid_t sock_gid;     /* the socket file's group, set at listen */
+	bool group_rw;      /* socket_mode gives that group rw: it is admitted */
+	uint64_t refuse_log_ns;   /* last refused-peer log line */
+	uint64_t refuse_unlogged; /* refused since, not logged */
+	gid_t peer_groups[PEER_GROUPS_MAX]; /* SO_PEERGROUPS scratch (loop) */
 	uint32_t next_conn; /* where the free-slot search starts */
 	uint64_t next_serial;
 	struct sconn *conns;          /* (max_connections) */

@@ -170,6 +170,7 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 		gpud_jsonw_u64(&w, "open", s->connections.open);
 		gpud_jsonw_u64(&w, "high", s->connections.high);
 		gpud_jsonw_u64(&w, "accepted", s->connections.accepted);
+		gpud_jsonw_u64(&w, "refused_peer", s->connections.refused_peer);
 		gpud_jsonw_u64(&w, "bad_frames", s->connections.bad_frames);
 		gpud_jsonw_u64(&w, "stalled", s->connections.stalled);
 		gpud_jsonw_obj_end(&w);
@@ -431,6 +432,9 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 		s->connections.high);
 	one_u64(&o, "gpud_connections_accepted_total", "counter", "Connections accepted.",
 		s->connections.accepted);
+	one_u64(&o, "gpud_connections_refused_peer_total", "counter",
+		"Connections refused by the peer check (gpud.allowed_uids / allowed_gids).",
+		s->connections.refused_peer);
 	one_u64(&o, "gpud_bad_frames_total", "counter", "Malformed frames received.",
 		s->connections.bad_frames);
 	one_u64(&o, "gpud_connections_stalled_total", "counter",

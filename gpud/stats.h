@@ -15,7 +15,8 @@
  *   "requests": { "admitted", "completed", "errors", "cancelled", "busy",
  *                 "refused", "in_flight" },
  *   "tokens": { "prompt", "cached_prompt", "generated", "per_s" },
- *   "connections": { "open", "high", "accepted", "bad_frames", "stalled" },
+ *   "connections": { "open", "high", "accepted", "refused_peer", "bad_frames",
+ *                    "stalled" },
  *   "alloc": { "counted": true, "warm": true,
  *              "since_warmup": { "host": N, "host_loop": N, "host_device": N,
  *                                "host_other": N, "device": N, "host_frees": N,
@@ -114,7 +115,7 @@ struct gpud_stats_snapshot {
 	} tokens;
 	struct {
 		uint32_t open, high;
-		uint64_t accepted, bad_frames, stalled;
+		uint64_t accepted, refused_peer, bad_frames, stalled;
 	} connections;
 	bool alloc_counted;
 	bool alloc_warm;

@@ -58,7 +58,9 @@ int32_t gpud_tokenizer_find(const struct gpud_tokenizer *t, const char *text, si
  * len bytes of text (size the request arena with it). */
 size_t gpud_tokenizer_scratch_bytes(const struct gpud_tokenizer *t, size_t len);
 
-/* Encodes len bytes of text. Writes at most cap ids and sets *n_out to the
+/* Encodes len bytes of text, which must not change during the call (it is
+ * read more than once: never pass memory a client can write, such as a
+ * request area, but a copy of it). Writes at most cap ids and sets *n_out to the
  * number the text needs; returns 0, or SW_ETOOLONG when *n_out > cap (ids
  * then holds the first cap), or -ENOMEM when the arena is too small
  * (*n_out is then 0). Working memory comes from scratch and is released

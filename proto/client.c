@@ -993,7 +993,9 @@ static int hello(struct proto_client *c, const char *path, const struct timespec
 	*fd = -1;
 	proto_frame_init(&f, PROTO_T_HELLO, 0);
 	rc = send_frame(c, &f);
-	if (rc)
+	/* A peer gpud refuses is told so at once and closed: its ERROR may
+	 * wait to be read even when the HELLO could not be sent. */
+	if (rc && rc != SW_ECLOSED)
 		return sw_seterr(err, errlen, rc, "send HELLO to %s: %s", path, sw_strerror(rc));
 	for (;;) {
 		struct pollfd p = { .fd = c->sock, .events = POLLIN };
@@ -1028,6 +1030,10 @@ static int hello(struct proto_client *c, const char *path, const struct timespec
 		rc = sw_seterr(err, errlen, SW_EVERSION,
 			       "gpud at %s refused protocol version %u (this client's)", path,
 			       PROTO_VERSION);
+	else if (f.type == PROTO_T_ERROR && f.aux == EACCES)
+		rc = sw_seterr(err, errlen, -EACCES, "gpud at %s refused this client (uid %u, gid "
+			       "%u): not admitted by gpud.allowed_uids / gpud.allowed_gids",
+			       path, (unsigned)geteuid(), (unsigned)getegid());
 	else if (f.type == PROTO_T_ERROR && f.aux)
 		rc = sw_seterr(err, errlen, -(int)f.aux, "gpud at %s refused the connection: %s",
 			       path, sw_strerror(-(int)f.aux));

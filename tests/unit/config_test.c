@@ -790,6 +790,101 @@ static void test_daemon_keys(void **state)
 	assert_string_equal(back.gpud.metrics, "unix:/tmp/m.sock");
 }
 
+/* The socket's mode and group and the admitted peers: octal strings,
+ * names resolved at load (root and nobody exist everywhere the tests
+ * run), numbers taken as they are, every error naming the key. */
+static void test_socket_keys(void **state)
+{
+	(void)state;
+	struct sw_config c, back;
+
+	sw_config_defaults(&c);
+	assert_int_equal(c.gpud.socket_mode, 0660);
+	assert_string_equal(c.gpud.socket_group, "");
+	assert_int_equal(c.gpud.allowed_uids.n, 0);
+	assert_int_equal(c.gpud.allowed_gids.n, 0);
+
+	load_ok("{\"gpud\": {\"socket_mode\": \"0600\", \"socket_group\": \"root\","
+		" \"allowed_uids\": [\"nobody\", 1001], \"allowed_gids\": [0, \"root\"]}}", &c);
+	assert_int_equal(c.gpud.socket_mode, 0600);
+	assert_string_equal(c.gpud.socket_group, "root");
+	assert_int_equal(c.gpud.allowed_uids.n, 2);
+	assert_int_equal(c.gpud.allowed_uids.id[0], 65534);
+	assert_int_equal(c.gpud.allowed_uids.id[1], 1001);
+	assert_int_equal(c.gpud.allowed_gids.n, 2);
+	assert_int_equal(c.gpud.allowed_gids.id[0], 0);
+	assert_int_equal(c.gpud.allowed_gids.id[1], 0);
+	load_ok("{\"gpud\": {\"socket_mode\": \"777\", \"socket_group\": \"4242\","
+		" \"allowed_uids\": []}}", &c);
+	assert_int_equal(c.gpud.socket_mode, 0777);
+	assert_string_equal(c.gpud.socket_group, "4242"); /* a gid needs no group entry */
+	assert_int_equal(c.gpud.allowed_uids.n, 0);
+
+	/* The round trip: ids as numbers, the mode as an octal string. */
+	load_ok("{\"gpud\": {\"socket_mode\": \"0640\", \"socket_group\": \"root\","
+		" \"allowed_uids\": [\"nobody\"], \"allowed_gids\": [7, 8]}}", &c);
+	char *js = sw_config_to_json(&c);
+	assert_non_null(js);
+	assert_non_null(strstr(js, "\"socket_mode\":\"0640\""));
+	assert_non_null(strstr(js, "\"allowed_uids\":[65534]"));
+	assert_non_null(strstr(js, "\"allowed_gids\":[7,8]"));
+	assert_non_null(strstr(js, "\"socket_group\":\"root\""));
+	load_ok(js, &back);
+	free(js);
+	assert_memory_equal(&c, &back, sizeof(c));
+
+	static const char mode_want[] = "gpud.socket_mode: expected an octal mode string from "
+					"\"0600\" to \"0777\" that gives the owner rw, such as \"0660\"";
+	static const char *bad_modes[] = { "0400", "0066", "1660", "0668", "66", "06600", "", "rw" };
+	for (size_t i = 0; i < sizeof(bad_modes) / sizeof(bad_modes[0]); i++) {
+		char json[128], msg[256];
+		snprintf(json, sizeof(json), "{\"gpud\": {\"socket_mode\": \"%s\"}}", bad_modes[i]);
+		snprintf(msg, sizeof(msg), "%s, got \"%s\"", mode_want, bad_modes[i]);
+		expect_error(json, -EINVAL, msg);
+	}
+	char msg[256];
+	snprintf(msg, sizeof(msg), "%s, got 432", mode_want);
+	expect_error("{\"gpud\": {\"socket_mode\": 432}}", SW_ETYPE, msg);
+
+	expect_error("{\"gpud\": {\"socket_group\": \"no-such-group-i13\"}}", -EINVAL,
+		     "gpud.socket_group: no group named \"no-such-group-i13\"");
+	expect_error("{\"gpud\": {\"socket_group\": 0}}", SW_ETYPE,
+		     "gpud.socket_group: expected a group name or gid as a string (\"\" = gpud's "
+		     "own group), got 0");
+	expect_error("{\"gpud\": {\"socket_group\": \"4294967295\"}}", -EINVAL,
+		     "gpud.socket_group: group id 4294967295 out of range");
+	expect_error("{\"gpud\": {\"allowed_uids\": [0, \"no-such-user-i13\"]}}", -EINVAL,
+		     "gpud.allowed_uids[1]: no user named \"no-such-user-i13\"");
+	expect_error("{\"gpud\": {\"allowed_gids\": [\"no-such-group-i13\"]}}", -EINVAL,
+		     "gpud.allowed_gids[0]: no group named \"no-such-group-i13\"");
+	expect_error("{\"gpud\": {\"allowed_uids\": [-1]}}", -EINVAL,
+		     "gpud.allowed_uids[0]: expected a uid in [0, 4294967294], got -1");
+	expect_error("{\"gpud\": {\"allowed_gids\": [4294967295]}}", -EINVAL,
+		     "gpud.allowed_gids[0]: expected a gid in [0, 4294967294], got 4294967295");
+	expect_error("{\"gpud\": {\"allowed_uids\": [true]}}", SW_ETYPE,
+		     "gpud.allowed_uids[0]: expected a user name or uid, got true");
+	expect_error("{\"gpud\": {\"allowed_uids\": [\"\"]}}", -EINVAL,
+		     "gpud.allowed_uids[0]: an empty user name");
+	expect_error("{\"gpud\": {\"allowed_gids\": 5}}", SW_ETYPE,
+		     "gpud.allowed_gids: expected an array of at most 64 group names or gids, got 5");
+	char big[1024];
+	size_t n = (size_t)snprintf(big, sizeof(big), "{\"gpud\": {\"allowed_uids\": [");
+	for (int i = 0; i < 65; i++)
+		n += (size_t)snprintf(big + n, sizeof(big) - n, "%s%d", i ? "," : "", i);
+	snprintf(big + n, sizeof(big) - n, "]}}");
+	expect_error(big, -EINVAL,
+		     "gpud.allowed_uids: expected an array of at most 64 user names or uids");
+
+	uint32_t gid = 1;
+	assert_int_equal(sw_config_group_id("root", &gid, err, sizeof(err)), 0);
+	assert_int_equal(gid, 0);
+	assert_int_equal(sw_config_group_id("77", &gid, err, sizeof(err)), 0);
+	assert_int_equal(gid, 77);
+	assert_int_equal(sw_config_group_id("no-such-group-i13", &gid, err, sizeof(err)), -ENOENT);
+	assert_string_equal(err, "no group named \"no-such-group-i13\"");
+	assert_int_equal(sw_config_group_id("", &gid, err, sizeof(err)), -EINVAL);
+}
+
 static void test_to_json_round_trip(void **state)
 {
 	(void)state;
@@ -883,6 +978,7 @@ int main(void)
 		cmocka_unit_test(test_daemon_keys),
 		cmocka_unit_test_teardown(test_fetch_keys, clear_env),
 		cmocka_unit_test_teardown(test_supervisor_keys, clear_env),
+		cmocka_unit_test(test_socket_keys),
 		cmocka_unit_test(test_to_json_round_trip),
 		cmocka_unit_test(test_redact),
 	};

@@ -1383,11 +1383,14 @@ static void test_corrupt_tail(void **state)
 	env_stop(e);
 }
 
-/* Child: becomes uid/gid 65534, connects, says HELLO. Exit 10 when closed
- * without a reply, 11 on HELLO_REPLY, 12 on anything else. */
-static int peer_child(const char *path)
+/* Child: becomes uid/gid 65534 (with supplementary group extra_gid when
+ * not 0), connects, says HELLO. Exit 10 when closed without a reply, 11
+ * on HELLO_REPLY, 13 on ERROR aux = EACCES (refused by the peer check),
+ * 12 on anything else. */
+static int peer_child(const char *path, gid_t extra_gid)
 {
-	if (setgroups(0, NULL) || setgid(65534) || setuid(65534))
+	gid_t extra[1] = { extra_gid };
+	if (setgroups(extra_gid ? 1 : 0, extra) || setgid(65534) || setuid(65534))
 		return 12;
 	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
 	struct sockaddr_un sa = { .sun_family = AF_UNIX };
@@ -1405,23 +1408,48 @@ static int peer_child(const char *path)
 	if (rc == 0 && proto_frame_decode(raw, sizeof(raw), &f, NULL, 0) == 0 &&
 	    f.type == PROTO_T_HELLO_REPLY && mfd >= 0)
 		return 11;
+	if (rc == 0 && f.type == PROTO_T_ERROR && f.aux == EACCES && mfd < 0)
+		return 13;
 	return 12;
 }
 
-static int run_peer_child(const char *path)
+static int run_peer_child(const char *path, gid_t extra_gid)
 {
 	pid_t pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0)
-		_exit(peer_child(path));
+		_exit(peer_child(path, extra_gid));
 	int st;
 	assert_int_equal(waitpid(pid, &st, 0), pid);
 	assert_true(WIFEXITED(st));
 	return WEXITSTATUS(st);
 }
 
-/* SO_PEERCRED: another uid is refused unless its gid is allowed_gid.
- * Needs root (to become someone else). */
+/* One server with params p; a 65534 child (supplementary group
+ * extra_gid) connects. chmod_all: open the file to everyone, so that
+ * only the peer check decides. Returns the child's exit code; the
+ * counters are checked against it. */
+static int peer_case(struct gpud_server_params *p, gid_t extra_gid, bool chmod_all)
+{
+	struct env *e = env_start(p);
+	if (chmod_all)
+		assert_int_equal(chmod(e->path, 0666), 0);
+	int rc = run_peer_child(e->path, extra_gid);
+	if (rc == 13) {
+		WAIT_FOR(e, env_stats(e).refused_peer == 1);
+		assert_int_equal(env_stats(e).accepted, 0);
+	} else if (rc == 11) {
+		WAIT_FOR(e, env_stats(e).accepted == 1);
+		assert_int_equal(env_stats(e).refused_peer, 0);
+	}
+	env_stop(e);
+	return rc;
+}
+
+/* The peer check (server.h): another uid is refused with ERROR EACCES
+ * unless its uid or gid is listed, one of its supplementary groups is
+ * listed, or it is in the socket's group and the mode gives that group
+ * rw. Needs root (to become someone else). */
 static void test_peer_policy(void **state)
 {
 	(void)state;
@@ -1429,20 +1457,134 @@ static void test_peer_policy(void **state)
 		skip();
 	struct gpud_server_params p;
 	env_params(&p);
-	struct env *e = env_start(&p);
-	assert_int_equal(chmod(e->path, 0666), 0); /* let the child reach it */
-	assert_int_equal(run_peer_child(e->path), 10);
-	WAIT_FOR(e, env_stats(e).refused_peer == 1);
-	assert_int_equal(env_stats(e).accepted, 0);
-	env_stop(e);
+	assert_int_equal(peer_case(&p, 0, true), 13);
 
-	p.allowed_gid = 65534;
-	e = env_start(&p);
-	assert_int_equal(chmod(e->path, 0666), 0);
-	assert_int_equal(run_peer_child(e->path), 11);
-	WAIT_FOR(e, env_stats(e).accepted == 1);
-	assert_int_equal(env_stats(e).refused_peer, 0);
-	env_stop(e);
+	p.allowed_gids[p.n_allowed_gids++] = 65534;
+	assert_int_equal(peer_case(&p, 0, true), 11);
+	p.n_allowed_gids = 0;
+
+	p.allowed_uids[p.n_allowed_uids++] = 12345;
+	p.allowed_uids[p.n_allowed_uids++] = 65534;
+	assert_int_equal(peer_case(&p, 0, true), 11);
+	p.n_allowed_uids = 0;
+
+	/* A supplementary group counts (SO_PEERGROUPS). */
+	p.allowed_gids[p.n_allowed_gids++] = 4242;
+	assert_int_equal(peer_case(&p, 4242, true), 11);
+	assert_int_equal(peer_case(&p, 4243, true), 13);
+	p.n_allowed_gids = 0;
+
+	/* The socket's group: the file (0660, group 65534) lets the child
+	 * in without a chmod, and the check admits what the file grants... */
+	p.socket_gid = 65534;
+	assert_int_equal(peer_case(&p, 0, false), 11);
+	/* ... but not when the mode gives the group nothing. */
+	p.socket_mode = 0600;
+	assert_int_equal(peer_case(&p, 0, true), 13);
+}
+
+/* The socket file is born with socket_mode whatever the umask, and with
+ * socket_gid as its group; the server refuses modes without owner rw. */
+static void test_socket_mode_group(void **state)
+{
+	(void)state;
+	static const struct {
+		uint32_t mode;
+		mode_t umask;
+	} cases[] = { { 0600, 0 }, { 0660, 0077 }, { 0666, 0777 }, { 0770, 0022 } };
+	struct gpud_server_params p;
+	struct stat st;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		env_params(&p);
+		p.socket_mode = cases[i].mode;
+		if (geteuid() == 0)
+			p.socket_gid = 4242 + (gid_t)i; /* root may give it any group */
+		mode_t old = umask(cases[i].umask);
+		struct env *e = env_start(&p);
+		assert_int_equal(umask(old), cases[i].umask); /* listen restored it */
+		assert_int_equal(lstat(e->path, &st), 0);
+		assert_true(S_ISSOCK(st.st_mode));
+		if ((st.st_mode & 07777) != cases[i].mode)
+			fail_msg("mode %04o under umask %04o, want %04o", st.st_mode & 07777,
+				 cases[i].umask, cases[i].mode);
+		assert_int_equal(st.st_gid, geteuid() == 0 ? 4242 + (gid_t)i : getegid());
+		env_stop(e);
+	}
+
+	uv_loop_t loop;
+	struct gpud_server *s;
+	assert_int_equal(uv_loop_init(&loop), 0);
+
+	/* In a set-group-ID directory the file would take the directory's
+	 * group: the default is still the server's own. */
+	if (geteuid() == 0) {
+		char dir[64], path[108];
+		snprintf(dir, sizeof(dir), "/tmp/sw-server-test-%d-sgid", (int)getpid());
+		assert_int_equal(mkdir(dir, 0700), 0);
+		assert_int_equal(chown(dir, (uid_t)-1, 4343), 0);
+		assert_int_equal(chmod(dir, 02770), 0);
+		snprintf(path, sizeof(path), "%s/s.sock", dir);
+		env_params(&p);
+		p.socket_path = path;
+		assert_int_equal(gpud_server_create(&s, &loop, &p, &fake_ops, NULL, g_err,
+						    sizeof(g_err)), 0);
+		assert_int_equal(gpud_server_listen(s, g_err, sizeof(g_err)), 0);
+		assert_int_equal(lstat(path, &st), 0);
+		assert_int_equal(st.st_gid, getegid());
+		assert_int_equal(st.st_mode & 07777, 0660);
+		gpud_server_close(s);
+		uv_run(&loop, UV_RUN_DEFAULT);
+		gpud_server_destroy(s);
+		assert_int_equal(rmdir(dir), 0);
+	}
+
+	/* Modes the server refuses. */
+	env_params(&p);
+	p.socket_path = "/tmp/sw-server-test-never.sock";
+	static const uint32_t bad[] = { 0400, 0200, 01660, 0066 };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		p.socket_mode = bad[i];
+		assert_int_equal(gpud_server_create(&s, &loop, &p, &fake_ops, NULL, g_err,
+						    sizeof(g_err)), -EINVAL);
+		assert_non_null(strstr(g_err, "socket_mode"));
+	}
+	p.socket_mode = 0660;
+	p.n_allowed_uids = GPUD_SERVER_MAX_IDS + 1;
+	assert_int_equal(gpud_server_create(&s, &loop, &p, &fake_ops, NULL, g_err, sizeof(g_err)),
+			 -EINVAL);
+
+	/* A group the server may not give the file: a clear error, no file
+	 * left behind. Only a non-root user can be refused: the child
+	 * becomes 65534 and asks for group 4242. */
+	if (geteuid() == 0) {
+		pid_t pid = fork();
+		assert_true(pid >= 0);
+		if (pid == 0) {
+			char path[108], msg[SW_ERR_MAX];
+			uv_loop_t cl; /* not the parent's (its epoll is shared) */
+			if (setgroups(0, NULL) || setgid(65534) || setuid(65534) || uv_loop_init(&cl))
+				_exit(2);
+			snprintf(path, sizeof(path), "/tmp/sw-server-test-%d-grp.sock", (int)getpid());
+			env_params(&p);
+			p.socket_path = path;
+			p.socket_gid = 4242;
+			if (gpud_server_create(&s, &cl, &p, &fake_ops, NULL, msg, sizeof(msg)))
+				_exit(3);
+			int rc = gpud_server_listen(s, msg, sizeof(msg));
+			bool gone = access(path, F_OK) != 0;
+			if (rc == -EPERM && strstr(msg, "group 4242") &&
+			    strstr(msg, "gpud.socket_group") && gone)
+				_exit(0);
+			fprintf(stderr, "listen: %d %s (file %s)\n", rc, msg, gone ? "gone" : "left");
+			_exit(4);
+		}
+		int wst;
+		assert_int_equal(waitpid(pid, &wst, 0), pid);
+		assert_true(WIFEXITED(wst));
+		assert_int_equal(WEXITSTATUS(wst), 0);
+	}
+	assert_int_equal(uv_loop_close(&loop), 0);
 }
 
 /* The handle-in-storage region calls the server relies on (proto/shm.h). */
@@ -1508,6 +1650,7 @@ int main(void)
 		cmocka_unit_test(test_drain),
 		cmocka_unit_test(test_many_connections),
 		cmocka_unit_test(test_socket_file),
+		cmocka_unit_test(test_socket_mode_group),
 		cmocka_unit_test(test_descriptor_closes),
 		cmocka_unit_test(test_no_malloc_on_requests),
 		cmocka_unit_test(test_ring_full_paths),

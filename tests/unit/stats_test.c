@@ -49,6 +49,7 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 	s->connections.accepted = 303;
 	s->connections.bad_frames = 304;
 	s->connections.stalled = 305;
+	s->connections.refused_peer = 306;
 	s->alloc_counted = true;
 	s->alloc_warm = true;
 	for (int r = 0; r < GPUD_ALLOC_ROLES; r++) {
@@ -251,12 +252,13 @@ static void test_stats_json(void **state)
 	assert_int_equal(u(o, "generated"), 9007199254740993ull);
 	assert_true(json_number_value(json_object_get(o, "per_s")) == 1234.25);
 	o = json_object_get(j, "connections");
-	assert_int_equal(json_object_size(o), 5);
+	assert_int_equal(json_object_size(o), 6);
 	assert_int_equal(u(o, "open"), 301);
 	assert_int_equal(u(o, "high"), 302);
 	assert_int_equal(u(o, "accepted"), 303);
 	assert_int_equal(u(o, "bad_frames"), 304);
 	assert_int_equal(u(o, "stalled"), 305);
+	assert_int_equal(u(o, "refused_peer"), 306);
 	arr = json_object_get(j, "devices");
 	assert_int_equal(json_array_size(arr), 2);
 	for (uint32_t i = 0; i < 2; i++) {
@@ -483,9 +485,9 @@ static void test_prometheus(void **state)
 	s.tokens.generated = UINT64_MAX; /* all 20 digits */
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
-	/* 15 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
+	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
 	 * families of 4, 6 per device, 12 per pool, 9 per cache */
-	assert_int_equal(n, 15 + 6 + 3 + 3 * 4 + 6 * 2 + 12 * 3 + 9 * 2);
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 6 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
