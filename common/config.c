@@ -120,7 +120,7 @@ static const struct field gpud_fields[] = {
 	BYTES("stage_bytes", gpud.stage_bytes, 4u << 10, 64u << 20),
 	U32("stall_ms", gpud.stall_ms, 100, MS_HOUR, 0, NULL),
 	{ .key = "metrics", .kind = K_LISTEN, .off = OFF(gpud.metrics),
-	  .size = sizeof(((struct sw_config *)0)->gpud.metrics) },
+	  .size = sizeof(((struct sw_config *)0)->gpud.metrics), .env = "SWARM_GPUD_METRICS" },
 	OBJ("watchdog", watchdog_fields),
 	{ .key = NULL },
 };

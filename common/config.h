@@ -140,7 +140,7 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
  *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
  *   SWARM_THREADS SWARM_WORKERS SWARM_REDIS_MAXMEMORY SWARM_LOG_MAX_BYTES
- *   SWARM_SUPERVISOR_HANG_MS
+ *   SWARM_SUPERVISOR_HANG_MS SWARM_GPUD_METRICS
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);
