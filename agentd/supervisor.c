@@ -24,6 +24,7 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/supervise.h"
 #include "sw_config.h"
 
@@ -269,7 +270,8 @@ int agent_supervisor_main(int argc, char **argv)
 	}
 	if (sw_config_load_file(config, &cfg, err, sizeof(err)) != 0 ||
 	    sw_config_apply_env(&cfg, err, sizeof(err)) != 0 ||
-	    sw_config_validate(&cfg, 0, err, sizeof(err)) != 0) {
+	    sw_config_validate(&cfg, 0, err, sizeof(err)) != 0 ||
+	    sw_secrets_load(&cfg, err, sizeof(err)) != 0) {
 		fprintf(stderr, "agentd: %s\n", err);
 		return 1;
 	}

@@ -26,6 +26,7 @@
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/secret.h"
 #include "common/time.h"
 #include "proto/task.h"
 #include "sw_config.h"
@@ -955,7 +956,8 @@ int agent_worker_main(int argc, char **argv)
 	}
 	if (sw_config_load_file(config, &cfg, err, SW_ERR_MAX) != 0 ||
 	    sw_config_apply_env(&cfg, err, SW_ERR_MAX) != 0 ||
-	    sw_config_validate(&cfg, 0, err, SW_ERR_MAX) != 0) {
+	    sw_config_validate(&cfg, 0, err, SW_ERR_MAX) != 0 ||
+	    sw_secrets_load(&cfg, err, SW_ERR_MAX) != 0) {
 		fprintf(stderr, "agentd worker: %s\n", err);
 		return 1;
 	}

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 #include "common/time.h"
 #include "proto/client.h"
 #include "swarmctl/clients.h"
@@ -187,6 +188,9 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 		rc = sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
 		if (rc)
 			return rc;
+		rc = sw_secrets_load(&e->cfg, err, errlen);
+		if (rc)
+			return rc;
 		snprintf(e->state_dir, sizeof(e->state_dir), "%s", e->cfg.state_dir);
 		return 0;
 	}
@@ -216,6 +220,13 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 				 e->state_dir, sizeof(e->cfg.gpud.socket));
 	if (!getenv("SWARM_WORKERS"))
 		e->cfg.agentd.workers = 2;
+	/* Managed Redis and PostgreSQL take no password (Unix sockets in the
+	 * state directory): none is read, and none reaches the children. */
+	e->cfg.redis.password_file[0] = e->cfg.postgres.password_file[0] = '\0';
+	unsetenv(SW_SECRET_REDIS_ENV);
+	unsetenv(SW_SECRET_PG_ENV);
+	unsetenv("SWARM_REDIS_PASSWORD_FILE");
+	unsetenv("SWARM_PG_PASSWORD_FILE");
 	return sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
 }
 
@@ -419,7 +430,10 @@ static int pg_exec(PGconn *c, const char *sql, char *err, size_t errlen)
 
 static int pg_ping_conninfo(const char *conninfo, char *err, size_t errlen)
 {
-	PGconn *c = PQconnectdb(conninfo);
+	/* a stored password (common/secret.h) wins over the URL's */
+	const char *keys[] = { "dbname", "password", NULL };
+	const char *vals[] = { conninfo, sw_secret_pg()[0] ? sw_secret_pg() : NULL, NULL };
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
 	int rc = 0;
 
 	if (PQstatus(c) != CONNECTION_OK) {
