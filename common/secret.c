@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +26,9 @@ static void wipe(void *p, size_t n)
 		*v++ = 0;
 }
 
-int sw_secret_read_file(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+/* As sw_secret_read_file; a file owned by also_uid is accepted too. */
+static int read_file(const char *path, uid_t also_uid, char *out, size_t outlen, char *err,
+		     size_t errlen)
 {
 	char buf[SW_SECRET_MAX + 2];
 	struct stat st;
@@ -53,7 +56,7 @@ int sw_secret_read_file(const char *path, char *out, size_t outlen, char *err, s
 			       "password; chmod 600 %s", path, (unsigned)(st.st_mode & 07777), path);
 		goto out_close;
 	}
-	if (st.st_uid != geteuid() && st.st_uid != 0) {
+	if (st.st_uid != geteuid() && st.st_uid != 0 && st.st_uid != also_uid) {
 		rc = sw_seterr(err, errlen, -EPERM, "%s: owned by uid %u, not by this process's "
 			       "user (uid %u) or root", path, (unsigned)st.st_uid,
 			       (unsigned)geteuid());
@@ -98,9 +101,14 @@ out_close:
 	return rc;
 }
 
+int sw_secret_read_file(const char *path, char *out, size_t outlen, char *err, size_t errlen)
+{
+	return read_file(path, geteuid(), out, outlen, err, errlen);
+}
+
 /* One password: env_var, else file (when set), else "". */
-static int resolve(const char *env_var, const char *file, const char *key, char *out,
-		   char *err, size_t errlen)
+static int resolve(const char *env_var, const char *file, uid_t also_uid, const char *key,
+		   char *out, char *err, size_t errlen)
 {
 	char msg[SW_ERR_MAX];
 	const char *v = getenv(env_var);
@@ -116,7 +124,7 @@ static int resolve(const char *env_var, const char *file, const char *key, char 
 	out[0] = '\0';
 	if (!file[0])
 		return 0;
-	rc = sw_secret_read_file(file, out, SW_SECRET_MAX, msg, sizeof(msg));
+	rc = read_file(file, also_uid, out, SW_SECRET_MAX, msg, sizeof(msg));
 	if (rc)
 		return sw_seterr(err, errlen, rc, "%s: %s", key, msg);
 	return 0;
@@ -124,13 +132,19 @@ static int resolve(const char *env_var, const char *file, const char *key, char 
 
 int sw_secrets_load(const struct sw_config *cfg, char *err, size_t errlen)
 {
-	char r[SW_SECRET_MAX], p[SW_SECRET_MAX];
+	char r[SW_SECRET_MAX], p[SW_SECRET_MAX], buf[4096];
+	struct passwd pw, *res = NULL;
+	uid_t also = geteuid();
 	int rc;
 
-	rc = resolve(SW_SECRET_REDIS_ENV, cfg->redis.password_file, "redis.password_file", r,
-		     err, errlen);
+	/* root may read a file of the service's user (a unit's User=) */
+	if (geteuid() == 0 && cfg->user[0] &&
+	    getpwnam_r(cfg->user, &pw, buf, sizeof(buf), &res) == 0 && res)
+		also = pw.pw_uid;
+	rc = resolve(SW_SECRET_REDIS_ENV, cfg->redis.password_file, also, "redis.password_file",
+		     r, err, errlen);
 	if (!rc)
-		rc = resolve(SW_SECRET_PG_ENV, cfg->postgres.password_file,
+		rc = resolve(SW_SECRET_PG_ENV, cfg->postgres.password_file, also,
 			     "postgres.password_file", p, err, errlen);
 	if (!rc) {
 		memcpy(redis_pw, r, sizeof(r));

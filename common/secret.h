@@ -6,7 +6,9 @@
  *   - SWARM_REDIS_PASSWORD / SWARM_PG_PASSWORD in the environment win;
  *   - else redis.password_file / postgres.password_file name a regular
  *     file of mode 0600 or stricter (no group or other bits), owned by
- *     the reading user or root; its contents, less one trailing newline,
+ *     the reading user or root (or, read by root, by the configured
+ *     `user`: swarmctl as root on a unit's files); its contents, less one
+ *     trailing newline,
  *     are the password;
  *   - else none: a password in the URL itself applies (the config loader
  *     accepts one only in a config file of mode 0600 or stricter).

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <errno.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +138,29 @@ static void test_load(void **state)
 	assert_string_equal(sw_secret_pg(), "");
 }
 
+/* As root: a file of another user is refused, unless it is the
+ * configured `user`'s (swarmctl as root on a unit's password file). */
+static void test_owner(void **state)
+{
+	struct passwd *nb = getpwnam("nobody");
+	struct sw_config c;
+	char err[SW_ERR_MAX] = "";
+	const char *p;
+
+	(void)state;
+	if (geteuid() != 0 || !nb)
+		skip();
+	sw_config_defaults(&c);
+	p = put("nb", "nb-secret", 9, 0600);
+	assert_int_equal(chown(p, nb->pw_uid, nb->pw_gid), 0);
+	snprintf(c.redis.password_file, sizeof(c.redis.password_file), "%s", p);
+	assert_int_equal(sw_secrets_load(&c, err, sizeof(err)), -EPERM);
+	assert_non_null(strstr(err, "owned by uid"));
+	snprintf(c.user, sizeof(c.user), "nobody");
+	assert_int_equal(sw_secrets_load(&c, err, sizeof(err)), 0);
+	assert_string_equal(sw_secret_redis(), "nb-secret");
+}
+
 static void test_config_url_password(void **state)
 {
 	static const char with_pw[] =
@@ -173,6 +197,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_read_ok, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_read_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_load, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_owner, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_config_url_password, setup, teardown),
 	};
 
