@@ -14,14 +14,19 @@
 #     nobody's, no supplementary group is root's, gpud's socket belongs to
 #     nobody; the workers, which cannot read the root-only password file,
 #     reach Redis with the password their supervisor read (the ingest of a
-#     document completes, through Redis, gpud and PostgreSQL).
+#     document completes, through Redis, gpud and PostgreSQL);
+#   - managed mode started by root with SWARM_USER set to a user that
+#     does not exist: swarmctl creates it (a system user, as PostgreSQL's
+#     package does), runs Redis, gpud, agentd and the workers as it
+#     (PostgreSQL as postgres), and a summarize completes; the user is
+#     removed again at the end.
 #
 # Exit: 0 pass, 1 fail, 77 skip (not root, no nobody user, or servers
 # missing on a developer machine; under CI=true a missing server fails).
 set -uo pipefail
 
 swarmctl=$(realpath "${1:?usage: privdrop_test.sh SWARMCTL}")
-. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/managed.sh" # check.sh, reap
 root=$(pwd)
 bindir=$(dirname "$swarmctl")/..
 gpud=$(realpath "$bindir/gpud/gpud")
@@ -29,6 +34,7 @@ agentd=$(realpath "$bindir/agentd/agentd")
 [ "$(id -u)" = 0 ] || { echo "SKIP: needs root"; exit 77; }
 id nobody >/dev/null 2>&1 || skip_or_fail "no user nobody"
 command -v redis-cli >/dev/null && command -v psql >/dev/null || skip_or_fail "redis-cli or psql missing"
+uname=nobody
 uid=$(id -u nobody)
 gid=$(id -g nobody)
 
@@ -40,7 +46,11 @@ out=$top/out
 cfg=$top/swarm.json
 gpid= apid=
 
+muser=swarm-it-$$
+mstate=$top/m
 cleanup() {
+	reap "$mstate"
+	id "$muser" >/dev/null 2>&1 && userdel "$muser" 2>/dev/null
 	[ -n "$apid" ] && kill -TERM "$apid" 2>/dev/null && sleep 2 && kill -KILL "$apid" 2>/dev/null
 	[ -n "$gpid" ] && kill -KILL "$gpid" 2>/dev/null
 	"$root/scripts/lib/test-servers.sh" stop "$srv" >/dev/null 2>&1
@@ -128,7 +138,7 @@ ids() {
 	n=$((n + 1))
 	if [ "$u" = "$uid $uid $uid $uid" ] && [ "$g" = "$gid $gid $gid $gid" ] &&
 		! echo " $grp " | grep -q ' 0 '; then
-		echo "ok $n - $name (pid $p) runs as nobody: Uid $u, Gid $g, Groups$grp"
+		echo "ok $n - $name (pid $p) runs as $uname: Uid $u, Gid $g, Groups$grp"
 	else
 		echo "not ok $n - $name (pid $p): Uid $u, Gid $g, Groups$grp"
 		failures=$((failures + 1))
@@ -150,6 +160,29 @@ ok "no worker crashed (none failed on the password file)" \
 kill -TERM "$apid" "$gpid"
 wait "$apid" "$gpid" 2>/dev/null
 apid= gpid=
+
+# --- managed mode as root with a service user it creates ----------------------
+swarmctl=$(realpath "$swarmctl")
+need_managed_servers
+ok "the user $muser does not exist yet" sh -c "! id $muser >/dev/null 2>&1"
+check "managed start with SWARM_USER=$muser" 0 "swarm is running" \
+	-- env SWARM_STATE_DIR="$mstate" SWARM_USER="$muser" SWARM_WORKERS=2 "$swarmctl" start
+ok "swarmctl created the user $muser" id "$muser"
+uname=$muser
+uid=$(id -u "$muser")
+gid=$(id -g "$muser")
+for f in redis gpud agentd; do
+	read -r pid _ <"$mstate/run/$f.pid"
+	ids "$pid" "managed $f"
+done
+read -r pid _ <"$mstate/run/agentd.pid"
+for w in $(pgrep -P "$pid"); do ids "$w" "managed agentd worker"; done
+read -r pgpid <"$mstate/pg/data/postmaster.pid"
+ok "PostgreSQL still runs as postgres" test "$(awk '/^Uid:/ { print $2 }' "/proc/$pgpid/status")" = "$(id -u postgres)"
+check "managed, as $muser: a summarize completes" 0 "completed" \
+	-- env SWARM_STATE_DIR="$mstate" "$swarmctl" submit docs/samples/sourdough.txt --wait \
+	--max-tokens 4 --timeout 300
+check "managed stop" 0 "" -- env SWARM_STATE_DIR="$mstate" "$swarmctl" stop
 
 echo "1..$n"
 [ "$failures" = 0 ] || { echo "FAIL: $failures of $n"; grep -n "Permission denied\|exit" "$top/agentd.log" | head; exit 1; }
