@@ -220,6 +220,11 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 				 e->state_dir, sizeof(e->cfg.gpud.socket));
 	if (!getenv("SWARM_WORKERS"))
 		e->cfg.agentd.workers = 2;
+	/* Started by root: Redis, gpud and agentd run as the dedicated user
+	 * "swarm" (created on first start), PostgreSQL as postgres;
+	 * SWARM_USER names another, SWARM_USER= keeps them root's. */
+	if (geteuid() == 0 && !getenv("SWARM_USER"))
+		snprintf(e->cfg.user, sizeof(e->cfg.user), "swarm");
 	/* Managed Redis and PostgreSQL take no password (Unix sockets in the
 	 * state directory): none is read, and none reaches the children. */
 	e->cfg.redis.password_file[0] = e->cfg.postgres.password_file[0] = '\0';

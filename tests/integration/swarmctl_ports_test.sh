@@ -15,7 +15,9 @@
 #     /proc/net/tcp and /proc/net/tcp6 whose inode is a socket one of the
 #     tree's processes holds (/proc/PID/fd), so the check does not rest on
 #     ss's process column;
-#   - without SWARM_GPUD_METRICS (a second start), no TCP socket at all.
+#   - without SWARM_GPUD_METRICS (a second start), no TCP socket at all;
+#   - as root, Redis, gpud and agentd run as the user swarm (managed mode's
+#     default; swarmctl creates it).
 # The metrics port is the positive control: it proves both methods see a
 # listening socket of the tree when there is one.
 #
@@ -33,7 +35,7 @@ chmod 755 "$top" # PostgreSQL runs as postgres when we are root
 state=$top/s
 out=$top/out
 
-unset SWARM_MODEL SWARM_CONFIG SWARM_GPUD_METRICS
+unset SWARM_MODEL SWARM_CONFIG SWARM_GPUD_METRICS SWARM_USER
 export SWARM_STATE_DIR=$state SWARM_WORKERS=2
 
 cleanup() {
@@ -129,6 +131,15 @@ for f in redis gpud agentd; do
 done
 read -r pgpid <"$state/pg/data/postmaster.pid"
 ok "the postmaster (pid $pgpid) is in the supervisor's tree" grep -qx "$pgpid" "$top/pids"
+if [ "$(id -u)" = 0 ]; then
+	# started by root: the services run as the dedicated user swarm
+	for f in redis gpud agentd; do
+		read -r pid _ <"$state/run/$f.pid"
+		ok "as root, $f runs as the user swarm" \
+			test "$(awk '/^Uid:/ { print $2 $3 $4 $5 }' "/proc/$pid/status")" = \
+			"$(id -u swarm)$(id -u swarm)$(id -u swarm)$(id -u swarm)"
+	done
+fi
 
 ss_listeners "$top/pids" >"$top/ss"
 n=$((n + 1))
