@@ -555,7 +555,8 @@ static int chown_tree(const char *path, uid_t uid, gid_t gid)
  * package does, when missing) and may use what it needs: Redis's data,
  * and in the state directory and run/ (root's, mode 1770/1775: the sticky
  * bit keeps it from replacing root's pid files and swarm.json) its own
- * files from an earlier run; PostgreSQL's socket directory is its group's
+ * files from an earlier run (sockets, agentd's status, gpud's dumps);
+ * PostgreSQL's socket directory is its group's
  * (mode 0750; the socket itself is then 0777). */
 static int prepare_service_user(struct ctl_env *e, char *err, size_t errlen)
 {
@@ -587,6 +588,17 @@ static int prepare_service_user(struct ctl_env *e, char *err, size_t errlen)
 		if (lchown(p, uid, gid) != 0 && errno != ENOENT)
 			rc = -errno;
 	}
+	/* gpud's block-owner dumps (gpud-blocks-N.json), rewritten in place */
+	DIR *d = rc ? NULL : opendir(e->state_dir);
+	for (struct dirent *de; d && !rc && (de = readdir(d));) {
+		if (strncmp(de->d_name, "gpud-blocks-", 12) != 0 || de->d_type != DT_REG)
+			continue;
+		if (snprintf(p, sizeof(p), "%s/%s", e->state_dir, de->d_name) < (int)sizeof(p) &&
+		    lchown(p, uid, gid) != 0 && errno != ENOENT)
+			rc = -errno;
+	}
+	if (d)
+		closedir(d);
 	if (!rc && (chown(e->state_dir, 0, gid) != 0 || chmod(e->state_dir, 01775) != 0))
 		rc = -errno;
 	ctl_path(e, "run", p, sizeof(p));

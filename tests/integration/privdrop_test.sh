@@ -15,10 +15,12 @@
 #     nobody; the workers, which cannot read the root-only password file,
 #     reach Redis with the password their supervisor read (the ingest of a
 #     document completes, through Redis, gpud and PostgreSQL);
-#   - managed mode started by root with SWARM_USER set to a user that
+#   - managed mode started by root with SWARM_USER= (all root, as before),
+#     then with SWARM_USER set to a user that
 #     does not exist: swarmctl creates it (a system user, as PostgreSQL's
 #     package does), runs Redis, gpud, agentd and the workers as it
-#     (PostgreSQL as postgres), and a summarize completes; the user is
+#     (PostgreSQL as postgres), takes over root's files of the first run
+#     (gpud rewrites its block-owner dump), and a summarize completes; the user is
 #     removed again at the end.
 #
 # Exit: 0 pass, 1 fail, 77 skip (not root, no nobody user, or servers
@@ -165,6 +167,14 @@ apid= gpid=
 swarmctl=$(realpath "$swarmctl")
 need_managed_servers
 ok "the user $muser does not exist yet" sh -c "! id $muser >/dev/null 2>&1"
+# first all root (SWARM_USER=), as before this user existed: the state
+# directory then holds root's files the service user must take over
+check "managed start with SWARM_USER= (all root)" 0 "swarm is running" \
+	-- env SWARM_STATE_DIR="$mstate" SWARM_USER= SWARM_WORKERS=2 "$swarmctl" start
+read -r pid _ <"$mstate/run/gpud.pid"
+ok "... gpud runs as root" test "$(awk '/^Uid:/ { print $2 }' "/proc/$pid/status")" = 0
+check "... gpud writes a block-owner dump" 0 "" -- env SWARM_STATE_DIR="$mstate" "$swarmctl" mem --dump
+check "... stop" 0 "" -- env SWARM_STATE_DIR="$mstate" "$swarmctl" stop
 check "managed start with SWARM_USER=$muser" 0 "swarm is running" \
 	-- env SWARM_STATE_DIR="$mstate" SWARM_USER="$muser" SWARM_WORKERS=2 "$swarmctl" start
 ok "swarmctl created the user $muser" id "$muser"
@@ -182,6 +192,10 @@ ok "PostgreSQL still runs as postgres" test "$(awk '/^Uid:/ { print $2 }' "/proc
 check "managed, as $muser: a summarize completes" 0 "completed" \
 	-- env SWARM_STATE_DIR="$mstate" "$swarmctl" submit docs/samples/sourdough.txt --wait \
 	--max-tokens 4 --timeout 300
+check "managed, as $muser: gpud rewrites root's block-owner dump" 0 "" \
+	-- env SWARM_STATE_DIR="$mstate" "$swarmctl" mem --dump
+ok "... now the user's" sh -c "ls '$mstate'/gpud-blocks-*.json >/dev/null &&
+	test -z \"\$(find '$mstate' -maxdepth 1 -name 'gpud-blocks-*.json' ! -user $muser)\""
 check "managed stop" 0 "" -- env SWARM_STATE_DIR="$mstate" "$swarmctl" stop
 
 echo "1..$n"
