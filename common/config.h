@@ -153,7 +153,8 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_SUPERVISOR_HANG_MS SWARM_GPUD_METRICS SWARM_USER
  *   SWARM_REDIS_PASSWORD_FILE SWARM_PG_PASSWORD_FILE
  * (the passwords themselves, SWARM_REDIS_PASSWORD and SWARM_PG_PASSWORD,
- * are read by common/secret.h, never stored here) * Errors name the variable ("SWARM_WORKERS: expected an integer in
+ * are read by common/secret.h, never stored here).
+ * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);
 
