@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/secret.h"
 
 /* Advisory lock keys (any constant; "swarm" in ASCII, then 1, 2). */
 #define LOCK_MIGRATE 0x737761726d01LL
@@ -71,9 +72,12 @@ static const char *pq_msg(PGconn *c)
 
 static int connect_now(struct agent_db *db, char *err, size_t errlen)
 {
+	/* a stored password (common/secret.h) follows dbname, so it wins
+	 * over the URL's; libpq ignores a NULL value */
 	static const char *const keys[] = { "dbname", "connect_timeout", "application_name",
-					    NULL };
-	const char *vals[] = { db->url, "5", "agentd", NULL };
+					    "password", NULL };
+	const char *vals[] = { db->url, "5", "agentd", sw_secret_pg()[0] ? sw_secret_pg() : NULL,
+			       NULL };
 	char red[256];
 
 	PQfinish(db->conn);

@@ -18,6 +18,7 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "common/redis_url.h"
+#include "common/secret.h"
 #include "proto/task.h"
 
 struct agent_queue {
@@ -283,6 +284,8 @@ int agent_queue_open(struct agent_queue **out, const struct agent_queue_opts *o,
 	rc = sw_redis_url_parse(o->url, &q->addr, err, errlen);
 	if (rc)
 		goto out_free;
+	if (sw_secret_redis()[0]) /* common/secret.h: wins over the URL's */
+		snprintf(q->addr.password, sizeof(q->addr.password), "%s", sw_secret_redis());
 	if (q->addr.tls) {
 		rc = sw_seterr(err, errlen, -EINVAL, "redis: rediss:// (TLS) is not supported");
 		goto out_free;

@@ -24,6 +24,8 @@
 
 #include "common/err.h"
 #include "common/log.h"
+#include "common/privdrop.h"
+#include "common/secret.h"
 #include "common/supervise.h"
 #include "sw_config.h"
 
@@ -231,6 +233,27 @@ out_free:
 
 /* --- the command ---------------------------------------------------------- */
 
+/* As root with `user` set: that user from here on (common/privdrop.h).
+ * The password files (0600, often root's) were read before; workers,
+ * which re-read the configuration as that user, get the passwords in
+ * their environment instead (common/secret.h: the environment wins),
+ * readable by that user and root only, like the files. */
+static int drop_root(const struct sw_config *cfg, char *err, size_t errlen)
+{
+	bool switched;
+	int rc = sw_privdrop(cfg->user, &switched, err, errlen);
+
+	if (rc || !switched)
+		return rc;
+	if (sw_secret_redis()[0])
+		setenv(SW_SECRET_REDIS_ENV, sw_secret_redis(), 1);
+	if (sw_secret_pg()[0])
+		setenv(SW_SECRET_PG_ENV, sw_secret_pg(), 1);
+	log_info("running as user %s (uid %u, gid %u)", cfg->user, (unsigned)getuid(),
+		 (unsigned)getgid());
+	return 0;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: agentd --config FILE [--sql-dir DIR] [-n]\n"
@@ -269,7 +292,8 @@ int agent_supervisor_main(int argc, char **argv)
 	}
 	if (sw_config_load_file(config, &cfg, err, sizeof(err)) != 0 ||
 	    sw_config_apply_env(&cfg, err, sizeof(err)) != 0 ||
-	    sw_config_validate(&cfg, 0, err, sizeof(err)) != 0) {
+	    sw_config_validate(&cfg, 0, err, sizeof(err)) != 0 ||
+	    sw_secrets_load(&cfg, err, sizeof(err)) != 0) {
 		fprintf(stderr, "agentd: %s\n", err);
 		return 1;
 	}
@@ -287,6 +311,12 @@ int agent_supervisor_main(int argc, char **argv)
 	if (json)
 		log_info("effective configuration: %s", json);
 	free(json);
+	rc = drop_root(&cfg, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "agentd: user: %s\n", err);
+		log_error("user: %s", err);
+		return 1;
+	}
 	o.cfg = &cfg;
 	o.config_path = config;
 	rc = agent_sup_run(&o, err, sizeof(err));

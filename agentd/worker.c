@@ -27,6 +27,8 @@
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/privdrop.h"
+#include "common/secret.h"
 #include "common/time.h"
 #include "proto/task.h"
 #include "sw_config.h"
@@ -973,7 +975,8 @@ int agent_worker_main(int argc, char **argv)
 	}
 	if (sw_config_load_file(config, &cfg, err, SW_ERR_MAX) != 0 ||
 	    sw_config_apply_env(&cfg, err, SW_ERR_MAX) != 0 ||
-	    sw_config_validate(&cfg, 0, err, SW_ERR_MAX) != 0) {
+	    sw_config_validate(&cfg, 0, err, SW_ERR_MAX) != 0 ||
+	    sw_secrets_load(&cfg, err, SW_ERR_MAX) != 0) {
 		fprintf(stderr, "agentd worker: %s\n", err);
 		return 1;
 	}
@@ -986,6 +989,11 @@ int agent_worker_main(int argc, char **argv)
 		fprintf(stderr, "agentd worker: cannot open log file %s: %s; logging to stderr\n",
 			cfg.log.file, sw_strerror(rc));
 	sw_log_install_sigusr1();
+	/* a worker of a supervisor that switched already runs as the user */
+	if ((rc = sw_privdrop(cfg.user, NULL, err, SW_ERR_MAX)) != 0) {
+		log_error("user: %s", err);
+		return 1;
+	}
 	if (agent_fetch_global_init(err, sizeof(err)) != 0) {
 		log_error("%s", err);
 		return 1;

@@ -90,6 +90,7 @@ static const struct field log_fields[] = {
 static const struct field redis_fields[] = {
 	{ .key = "url", .kind = K_REDIS_URL, .off = OFF(redis.url),
 	  .size = sizeof(((struct sw_config *)0)->redis.url), .env = "SWARM_REDIS_URL" },
+	STR("password_file", redis.password_file, 0, "SWARM_REDIS_PASSWORD_FILE"),
 	{ .key = "maxmemory", .kind = K_BYTES, .off = OFF(redis.maxmemory), .min = 0,
 	  .max = 1ull << 40, .env = "SWARM_REDIS_MAXMEMORY" },
 	{ .key = NULL },
@@ -98,6 +99,7 @@ static const struct field redis_fields[] = {
 static const struct field postgres_fields[] = {
 	{ .key = "url", .kind = K_PG_URL, .off = OFF(postgres.url),
 	  .size = sizeof(((struct sw_config *)0)->postgres.url), .env = "SWARM_PG_URL" },
+	STR("password_file", postgres.password_file, 0, "SWARM_PG_PASSWORD_FILE"),
 	{ .key = NULL },
 };
 
@@ -140,7 +142,7 @@ static const struct field gpud_fields[] = {
 	BYTES("stage_bytes", gpud.stage_bytes, 4u << 10, 64u << 20),
 	U32("stall_ms", gpud.stall_ms, 100, MS_HOUR, 0, NULL),
 	{ .key = "metrics", .kind = K_LISTEN, .off = OFF(gpud.metrics),
-	  .size = sizeof(((struct sw_config *)0)->gpud.metrics) },
+	  .size = sizeof(((struct sw_config *)0)->gpud.metrics), .env = "SWARM_GPUD_METRICS" },
 	OBJ("watchdog", watchdog_fields),
 	{ .key = NULL },
 };
@@ -183,6 +185,7 @@ static const struct field supervisor_fields[] = {
 
 static const struct field root_fields[] = {
 	STR("state_dir", state_dir, F_NONEMPTY, "SWARM_STATE_DIR"),
+	STR("user", user, 0, "SWARM_USER"),
 	OBJ("log", log_fields),
 	OBJ("redis", redis_fields),
 	OBJ("postgres", postgres_fields),
@@ -911,8 +914,18 @@ int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, si
 	return 0;
 }
 
+/* Whether url carries a password (the redaction would change it). */
+static bool url_has_password(const char *url)
+{
+	char red[SW_CONFIG_URL_MAX + 8];
+
+	sw_config_redact_url(url, red, sizeof(red));
+	return strcmp(red, url) != 0;
+}
+
 int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen)
 {
+	struct sw_config tmp;
 	char msg[SW_ERR_MAX];
 	struct stat st;
 	char *buf;
@@ -955,9 +968,22 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
 		rc = sw_seterr(err, errlen, SW_EFORMAT, "%s: contains a NUL byte", path);
 		goto out_free_buf;
 	}
-	rc = sw_config_load_string(buf, cfg, msg, sizeof(msg));
+	rc = sw_config_load_string(buf, &tmp, msg, sizeof(msg));
 	if (rc)
 		sw_seterr(err, errlen, rc, "%s: %s", path, msg);
+	else if ((st.st_mode & 077) && (url_has_password(tmp.redis.url) ||
+					url_has_password(tmp.postgres.url)))
+		rc = sw_seterr(err, errlen, -EPERM, "%s: %s holds a password, but the file's mode "
+			       "%04o lets group or others read it: put the password in %s "
+			       "(mode 0600) or %s, or chmod 600 %s", path,
+			       url_has_password(tmp.redis.url) ? "redis.url" : "postgres.url",
+			       (unsigned)(st.st_mode & 07777),
+			       url_has_password(tmp.redis.url) ? "redis.password_file"
+							       : "postgres.password_file",
+			       url_has_password(tmp.redis.url) ? "SWARM_REDIS_PASSWORD"
+							       : "SWARM_PG_PASSWORD", path);
+	else
+		*cfg = tmp;
 
 out_free_buf:
 	free(buf);

@@ -25,6 +25,7 @@
 #define SW_CONFIG_URL_MAX 1024
 #define SW_CONFIG_SOCKET_MAX 108   /* sizeof(sockaddr_un.sun_path) */
 #define SW_CONFIG_MAX_DEVICES 16
+#define SW_CONFIG_USER_MAX 64
 #define SW_CONFIG_METRICS_MAX (SW_CONFIG_SOCKET_MAX + 5) /* "unix:" + a socket path */
 #define SW_CONFIG_FETCH_DIRS_MAX 16
 #define SW_CONFIG_FETCH_CIDRS_MAX 64
@@ -50,6 +51,9 @@ struct sw_config_ids {
 
 struct sw_config {
 	char state_dir[SW_CONFIG_PATH_MAX];     /* status file, dumps; managed: everything */
+	/* gpud and agentd started as root switch to this user (its groups
+	 * too) once what needs root is open; "" = stay (common/privdrop.h) */
+	char user[SW_CONFIG_USER_MAX];
 
 	struct {
 		int level;                      /* enum sw_log_level */
@@ -58,11 +62,13 @@ struct sw_config {
 
 	struct {
 		char url[SW_CONFIG_URL_MAX];    /* redis://, rediss:// or unix:// */
+		char password_file[SW_CONFIG_PATH_MAX]; /* mode 0600; "" = none (common/secret.h) */
 		uint64_t maxmemory;             /* managed Redis only; 0 = no limit */
 	} redis;
 
 	struct {
 		char url[SW_CONFIG_URL_MAX];    /* postgres[ql]:// URL or key=value conninfo */
+		char password_file[SW_CONFIG_PATH_MAX]; /* mode 0600; "" = none (common/secret.h) */
 	} postgres;
 
 	struct {
@@ -163,7 +169,11 @@ void sw_config_defaults(struct sw_config *cfg);
 int sw_config_load_string(const char *json, struct sw_config *cfg, char *err, size_t errlen);
 
 /* As sw_config_load_string on the file's contents; messages start with
- * "<path>: ". A missing or unreadable file returns the negated errno. */
+ * "<path>: ". A missing or unreadable file returns the negated errno. A
+ * password inside redis.url or postgres.url is refused (-EPERM) unless
+ * the file itself is private (mode 0600 or stricter): a config file is
+ * usually world-readable, so the password belongs in a password_file or
+ * the environment (common/secret.h). */
 int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size_t errlen);
 
 /* Applies the SWARM_* overrides present in the environment (an unset
@@ -171,9 +181,12 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_STATE_DIR SWARM_LOG_LEVEL SWARM_LOG_FILE SWARM_REDIS_URL
  *   SWARM_PG_URL SWARM_MODEL SWARM_GPUD_SOCKET SWARM_DEVICES ("cpu, cuda:0")
  *   SWARM_THREADS SWARM_WORKERS SWARM_REDIS_MAXMEMORY SWARM_LOG_MAX_BYTES
- *   SWARM_SUPERVISOR_HANG_MS
+ *   SWARM_SUPERVISOR_HANG_MS SWARM_GPUD_METRICS SWARM_USER
+ *   SWARM_REDIS_PASSWORD_FILE SWARM_PG_PASSWORD_FILE
  *   SWARM_FETCH_FILE_DIRS SWARM_FETCH_ALLOW_CIDRS (comma-separated lists;
  *   "" = none)
+ * (the passwords themselves, SWARM_REDIS_PASSWORD and SWARM_PG_PASSWORD,
+ * are read by common/secret.h, never stored here).
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
  * [1, 4096], got \"lots\""); then cfg is unchanged. Returns as load. */
 int sw_config_apply_env(struct sw_config *cfg, char *err, size_t errlen);

@@ -22,6 +22,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/privdrop.h"
 #include "gpud/daemon.h"
 #include "gpud/engine.h"
 #include "gpud/gguf.h"
@@ -109,6 +110,21 @@ static int cmd_serve(int argc, char **argv)
 			fprintf(stderr, "gpud: log.file %s: %s\n", cfg.log.file, sw_strerror(rc));
 			return 1;
 		}
+	}
+	/* as root with `user` set: that user from here on, before the model
+	 * is read or the socket made (common/privdrop.h) */
+	if (!check) {
+		bool switched;
+
+		rc = sw_privdrop(cfg.user, &switched, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "gpud: user: %s\n", err);
+			log_error("user: %s", err);
+			return 1;
+		}
+		if (switched)
+			log_info("running as user %s (uid %u, gid %u)", cfg.user, (unsigned)getuid(),
+				 (unsigned)getgid());
 	}
 	signal(SIGPIPE, SIG_IGN); /* a vanished client is an EPIPE, not a death */
 	return gpud_serve(&cfg, check, stdout);

@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/err.h"
 #include "common/redis_url.h"
+#include "common/secret.h"
 
 static int vcmd(redisContext *c, redisReply **out, char *err, size_t errlen, const char *fmt,
 		va_list ap)
@@ -57,6 +58,8 @@ int ctl_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, cha
 	rc = sw_redis_url_parse(url, &a, err, errlen);
 	if (rc)
 		return rc;
+	if (sw_secret_redis()[0]) /* common/secret.h: wins over the URL's */
+		snprintf(a.password, sizeof(a.password), "%s", sw_secret_redis());
 	if (a.tls)
 		return sw_seterr(err, errlen, -EINVAL, "redis: rediss:// (TLS) is not supported");
 	c = a.unix_path[0] ? redisConnectUnixWithTimeout(a.unix_path, tv)
@@ -101,8 +104,10 @@ static void pg_quiet(void *arg, const char *msg)
 
 int ctl_pg_open(const char *url, PGconn **out, char *err, size_t errlen)
 {
-	const char *keys[] = { "dbname", "connect_timeout", "application_name", NULL };
-	const char *vals[] = { url, "5", "swarmctl", NULL };
+	/* a stored password (common/secret.h) wins over the URL's */
+	const char *keys[] = { "dbname", "connect_timeout", "application_name", "password", NULL };
+	const char *vals[] = { url, "5", "swarmctl", sw_secret_pg()[0] ? sw_secret_pg() : NULL,
+			       NULL };
 	PGconn *c;
 
 	*out = NULL;

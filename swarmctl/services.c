@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/secret.h"
 #include "common/time.h"
 #include "proto/client.h"
 #include "swarmctl/clients.h"
@@ -187,6 +188,9 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 		rc = sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
 		if (rc)
 			return rc;
+		rc = sw_secrets_load(&e->cfg, err, errlen);
+		if (rc)
+			return rc;
 		snprintf(e->state_dir, sizeof(e->state_dir), "%s", e->cfg.state_dir);
 		return 0;
 	}
@@ -216,6 +220,18 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 				 e->state_dir, sizeof(e->cfg.gpud.socket));
 	if (!getenv("SWARM_WORKERS"))
 		e->cfg.agentd.workers = 2;
+	/* Started by root: Redis, gpud and agentd run as the dedicated user
+	 * "swarm" (created on first start), PostgreSQL as postgres;
+	 * SWARM_USER names another, SWARM_USER= keeps them root's. */
+	if (geteuid() == 0 && !getenv("SWARM_USER"))
+		snprintf(e->cfg.user, sizeof(e->cfg.user), "swarm");
+	/* Managed Redis and PostgreSQL take no password (Unix sockets in the
+	 * state directory): none is read, and none reaches the children. */
+	e->cfg.redis.password_file[0] = e->cfg.postgres.password_file[0] = '\0';
+	unsetenv(SW_SECRET_REDIS_ENV);
+	unsetenv(SW_SECRET_PG_ENV);
+	unsetenv("SWARM_REDIS_PASSWORD_FILE");
+	unsetenv("SWARM_PG_PASSWORD_FILE");
 	return sw_config_validate(&e->cfg, SW_CONFIG_NEED_MODEL, err, errlen);
 }
 
@@ -419,7 +435,10 @@ static int pg_exec(PGconn *c, const char *sql, char *err, size_t errlen)
 
 static int pg_ping_conninfo(const char *conninfo, char *err, size_t errlen)
 {
-	PGconn *c = PQconnectdb(conninfo);
+	/* a stored password (common/secret.h) wins over the URL's */
+	const char *keys[] = { "dbname", "password", NULL };
+	const char *vals[] = { conninfo, sw_secret_pg()[0] ? sw_secret_pg() : NULL, NULL };
+	PGconn *c = PQconnectdbParams(keys, vals, 1);
 	int rc = 0;
 
 	if (PQstatus(c) != CONNECTION_OK) {
@@ -483,6 +502,114 @@ static int pg_bootstrap(const struct ctl_env *e, char *err, size_t errlen)
 	return rc;
 }
 
+/* --- the service user ---------------------------------------------------- */
+
+/* Managed mode as root with `user` set (SWARM_USER): Redis, gpud and
+ * agentd run as that user, PostgreSQL as postgres. 1 with its ids, 0 when
+ * everything runs as we do, -ENOENT when the user does not exist. */
+static int service_user(const struct ctl_env *e, uid_t *uid, gid_t *gid)
+{
+	struct passwd *pw;
+
+	if (!e->managed || geteuid() != 0 || !e->cfg.user[0])
+		return 0;
+	pw = getpwnam(e->cfg.user);
+	if (!pw)
+		return -ENOENT;
+	if (pw->pw_uid == 0)
+		return 0;
+	*uid = pw->pw_uid;
+	*gid = pw->pw_gid;
+	return 1;
+}
+
+/* chown -R path uid:gid, without following symlinks. */
+static int chown_tree(const char *path, uid_t uid, gid_t gid)
+{
+	struct dirent *de;
+	DIR *d;
+	int rc = 0;
+
+	if (lchown(path, uid, gid) != 0)
+		return errno == ENOENT ? 0 : -errno;
+	d = opendir(path);
+	if (!d)
+		return errno == ENOTDIR ? 0 : -errno;
+	while (!rc && (de = readdir(d))) {
+		char p[PATH_MAX];
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		if (snprintf(p, sizeof(p), "%s/%s", path, de->d_name) >= (int)sizeof(p))
+			rc = -ENAMETOOLONG;
+		else if (de->d_type == DT_DIR)
+			rc = chown_tree(p, uid, gid);
+		else if (lchown(p, uid, gid) != 0 && errno != ENOENT)
+			rc = -errno;
+	}
+	closedir(d);
+	return rc;
+}
+
+/* The service user exists (created as a system user, like PostgreSQL's
+ * package does, when missing) and may use what it needs: Redis's data,
+ * and in the state directory and run/ (root's, mode 1770/1775: the sticky
+ * bit keeps it from replacing root's pid files and swarm.json) its own
+ * files from an earlier run (sockets, agentd's status, gpud's dumps);
+ * PostgreSQL's socket directory is its group's
+ * (mode 0750; the socket itself is then 0777). */
+static int prepare_service_user(struct ctl_env *e, char *err, size_t errlen)
+{
+	static const char *const own[] = { "agentd.status.json", "agentd.status.json.tmp",
+					   "run/gpud.sock", "run/redis.sock" };
+	char p[PATH_MAX + 64], log[PATH_MAX + 32];
+	uid_t uid;
+	gid_t gid;
+	int rc = service_user(e, &uid, &gid);
+
+	if (rc == -ENOENT) {
+		char *argv[] = { "useradd", "--system", "--user-group", "--no-create-home",
+				 "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+				 e->cfg.user, NULL };
+
+		log_path(e, "supervisor", log, sizeof(log));
+		if (ctl_run(argv, log, NULL) != 0)
+			return fail_with_log(err, errlen, -EIO, log, "%s failed", "useradd");
+		rc = service_user(e, &uid, &gid);
+	}
+	if (rc < 0)
+		return sw_seterr(err, errlen, rc, "user %s: no such user", e->cfg.user);
+	if (rc == 0)
+		return 0;
+	ctl_path(e, "redis", p, sizeof(p));
+	rc = chown_tree(p, uid, gid);
+	for (size_t i = 0; !rc && i < sizeof(own) / sizeof(own[0]); i++) {
+		ctl_path(e, own[i], p, sizeof(p));
+		if (lchown(p, uid, gid) != 0 && errno != ENOENT)
+			rc = -errno;
+	}
+	/* gpud's block-owner dumps (gpud-blocks-N.json), rewritten in place */
+	DIR *d = rc ? NULL : opendir(e->state_dir);
+	for (struct dirent *de; d && !rc && (de = readdir(d));) {
+		if (strncmp(de->d_name, "gpud-blocks-", 12) != 0 || de->d_type != DT_REG)
+			continue;
+		if (snprintf(p, sizeof(p), "%s/%s", e->state_dir, de->d_name) < (int)sizeof(p) &&
+		    lchown(p, uid, gid) != 0 && errno != ENOENT)
+			rc = -errno;
+	}
+	if (d)
+		closedir(d);
+	if (!rc && (chown(e->state_dir, 0, gid) != 0 || chmod(e->state_dir, 01775) != 0))
+		rc = -errno;
+	ctl_path(e, "run", p, sizeof(p));
+	if (!rc && (chown(p, 0, gid) != 0 || chmod(p, 01770) != 0))
+		rc = -errno;
+	if (rc)
+		return sw_seterr(err, errlen, rc, "%s: giving user %s its files: %s", p,
+				 e->cfg.user, strerror(-rc));
+	return 0;
+}
+
 /* As root, PostgreSQL runs as another user, who must be able to reach
  * path: every directory above it searchable by that user. A private
  * mktemp -d state directory is the usual way to get this wrong. */
@@ -542,7 +669,14 @@ static int prepare_postgres(struct ctl_env *e, char *err, size_t errlen)
 		rc = check_traversable(pgdir, pw, err, errlen);
 		if (rc)
 			return rc;
-		if (chown(pgdir, pw->pw_uid, pw->pw_gid) != 0)
+		uid_t su, pg_uid = pw->pw_uid; /* pw is getpwnam's: service_user reuses it */
+		gid_t sg = pw->pw_gid;
+
+		/* with a service user: its group reaches the socket, no one else */
+		if (service_user(e, &su, &sg) == 1 && chmod(pgdir, 0750) != 0)
+			return sw_seterr(err, errlen, -errno, "chmod %s: %s", pgdir,
+					 strerror(errno));
+		if (chown(pgdir, pg_uid, sg) != 0)
 			return sw_seterr(err, errlen, -errno, "chown %s: %s", pgdir,
 					 strerror(errno));
 	}
@@ -699,6 +833,9 @@ int ctl_managed_prepare(struct ctl_env *e, char *err, size_t errlen)
 
 	if (!e->managed)
 		return sw_seterr(err, errlen, -EINVAL, "not in managed mode");
+	rc = prepare_service_user(e, err, errlen);
+	if (rc)
+		return rc;
 	rc = prepare_postgres(e, err, errlen);
 	if (rc)
 		return rc;
@@ -746,6 +883,8 @@ int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_
 			for (size_t i = 0; argv[i] && !rc; i++)
 				rc = push_arg(c, &n, argv[i]);
 		}
+		if (service_user(e, &c->uid, &c->gid) == 1)
+			c->set_ids = true; /* gpud and agentd switch by themselves */
 		c->start_timeout_ms = REDIS_START_MS;
 		break;
 	case CTL_POSTGRES:
@@ -758,8 +897,14 @@ int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_
 		ctl_path(e, "pg/data", a, sizeof(a));
 		ctl_path(e, "pg", b, sizeof(b));
 		{
+			uid_t su;
+			gid_t sg;
+			/* a service user reaches the socket through pg/'s group (0750) */
+			const char *perm = service_user(e, &su, &sg) == 1
+						   ? "unix_socket_permissions=0777"
+						   : "unix_socket_permissions=0770";
 			const char *argv[] = { "-D", a, "-k", b, "-c", "listen_addresses=", "-c",
-					       "unix_socket_permissions=0770", NULL };
+					       perm, NULL };
 
 			for (size_t i = 0; argv[i] && !rc; i++)
 				rc = push_arg(c, &n, argv[i]);

@@ -11,7 +11,9 @@
  *    configuration they read to <state>/swarm.json. They run in the
  *    foreground as children of the supervisor (swarmctl/supervise.h),
  *    which starts them with ctl_service_command, waits for
- *    ctl_service_ready and restarts them.
+ *    ctl_service_ready and restarts them. Started by root, Redis, gpud
+ *    and agentd run as the config's `user` (SWARM_USER, default "swarm",
+ *    created by ctl_managed_prepare when missing), PostgreSQL as postgres.
  *  - external (--config FILE or $SWARM_CONFIG): Redis and PostgreSQL are
  *    the ones the file names (swarmctl only checks they answer); gpud and
  *    agentd get the file itself and are started detached by
@@ -24,7 +26,8 @@
  *   logs/    redis.log, postgres.log, gpud.log, agentd.log, supervisor.log,
  *            model.log; NAME.log.1 .. rotated copies (supervisor.log_keep)
  *   redis/   Redis data (appendonly)
- *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root)
+ *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root;
+ *            group and mode 0750 of the service user's group with one)
  *   models/  builtin.gguf
  *   swarm.json, swarmctl.lock, agentd.status.json (written by agentd's
  *   supervisor: its workers), supervisor.status.json (written by the
@@ -95,8 +98,9 @@ pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s);
  * -ENOTSUP: the supervisor starts those. */
 int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
 
-/* Managed mode, before the supervisor starts: PostgreSQL's directory (and
- * its owner when root) and cluster (initdb on the first start), and the
+/* Managed mode, before the supervisor starts: the service user (created
+ * when missing) and its files, PostgreSQL's directory (and its owner when
+ * root) and cluster (initdb on the first start), and the
  * built-in model (gpud mkmodel) when no SWARM_MODEL is set. Nothing is
  * done twice. Returns 0 or a negative code; the message (err of
  * CTL_START_ERR_MAX bytes) ends in the last lines of the failing tool's

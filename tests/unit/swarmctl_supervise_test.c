@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,7 +95,10 @@ static void test_commands(void **state)
 	assert_string_equal(c.argv[i + 1], "no"); /* a child the supervisor sees exit */
 	snprintf(want, sizeof(want), "%s/logs/redis.log", dir);
 	assert_string_equal(c.log, want);
-	assert_false(c.set_ids);
+	/* as root, the service user "swarm" when it exists (created at start) */
+	assert_int_equal(c.set_ids, geteuid() == 0 && getpwnam("swarm") != NULL);
+	if (c.set_ids)
+		assert_int_equal(c.uid, getpwnam("swarm")->pw_uid);
 	assert_true(c.start_timeout_ms > 0);
 
 	assert_int_equal(ctl_service_command(&e, CTL_POSTGRES, &c, err, sizeof(err)), 0);
