@@ -21,7 +21,8 @@
  *    the text's end or after whitespace: cuts fall on ASCII bytes, never
  *    inside a UTF-8 sequence;
  *  - n_tokens is the count of the chunk's span; a chunk over max_tokens is
- *    one unbreakable word (no whitespace before its trailing run);
+ *    one unbreakable word (whitespace may only lead the text's first
+ *    chunk and trail any chunk);
  *  - the span two chunks share holds at most overlap tokens.
  */
 #include <errno.h>
@@ -86,6 +87,8 @@ static void check_chunks(const char *text, size_t len, uint32_t max, uint32_t ov
 		if (c[i].n_tokens > max) {
 			size_t w = off;
 
+			while (w < end && is_space(text[w])) /* the first chunk's */
+				w++;
 			while (w < end && !is_space(text[w]))
 				w++;
 			CHECK(tokens(text + w, end - w) == 0);
