@@ -46,12 +46,33 @@ static int push(struct units *u, size_t off, size_t len, uint32_t n)
 	return 0;
 }
 
-/* Counts one span and adds it, halving it at whitespace while it is over
- * budget. */
+/* The start of a word nearest the middle of s[0, len) that has a word
+ * before it (a space before, not a space at, some non-space earlier), or
+ * 0 when there is none: one word, with or without whitespace around it.
+ * Cutting there leaves the whitespace run with the first half. */
+static size_t cut_point(const char *s, size_t len)
+{
+	size_t first = 0, mid = len / 2;
+
+	while (first < len && is_space(s[first]))
+		first++;
+	for (size_t d = 0; mid + d < len || mid > first + d; d++) {
+		size_t hi = mid + d, lo = mid - d;
+
+		if (hi < len && hi > first && is_space(s[hi - 1]) && !is_space(s[hi]))
+			return hi;
+		if (mid >= d && lo > first && lo < len && is_space(s[lo - 1]) && !is_space(s[lo]))
+			return lo;
+	}
+	return 0;
+}
+
+/* Counts one span and adds it, halving it at the word start nearest its
+ * middle while it is over budget. */
 static int add_span(const char *text, size_t off, size_t len, uint32_t max, agent_count_fn count,
 		    void *arg, struct units *u)
 {
-	size_t mid, lo, hi;
+	size_t mid;
 	uint32_t n;
 	int rc;
 
@@ -60,29 +81,9 @@ static int add_span(const char *text, size_t off, size_t len, uint32_t max, agen
 		return rc;
 	if (n <= max)
 		return push(u, off, len, n);
-	/* Nearest whitespace to the middle, searching both ways; the cut goes
-	 * after the whitespace run so the second half starts at a word. */
-	mid = len / 2;
-	for (lo = mid, hi = mid; lo > 0 || hi < len; ) {
-		if (hi < len && is_space(text[off + hi])) {
-			mid = hi;
-			break;
-		}
-		if (lo > 0 && is_space(text[off + lo - 1])) {
-			mid = lo - 1;
-			break;
-		}
-		if (hi < len)
-			hi++;
-		if (lo > 0)
-			lo--;
-	}
-	if (!is_space(text[off + mid]))
+	mid = cut_point(text + off, len);
+	if (mid == 0)
 		return push(u, off, len, n); /* one unbreakable word */
-	while (mid < len && is_space(text[off + mid]))
-		mid++;
-	if (mid == len || all_space(text + off, mid))
-		return push(u, off, len, n);
 	rc = add_span(text, off, mid, max, count, arg, u);
 	if (rc)
 		return rc;

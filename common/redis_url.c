@@ -43,7 +43,10 @@ int sw_redis_url_parse(const char *url, struct sw_redis_url *out, char *err, siz
 			    "unsupported URL (expected redis://, rediss:// or unix://)");
 	}
 	end = h + strcspn(h, "/");
-	at = memchr(h, '@', (size_t)(end - h));
+	/* The userinfo ends at the last '@' before the path: a host never
+	 * holds one, an unencoded password may (and sw_config_redact_url
+	 * hides everything up to that '@'). */
+	at = memrchr(h, '@', (size_t)(end - h));
 	if (at) {
 		const char *colon = memchr(h, ':', (size_t)(at - h));
 

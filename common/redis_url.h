@@ -24,7 +24,9 @@ struct sw_redis_url {
 /*
  * Parses redis://[[user]:password@]host[:port][/db], the same with
  * rediss:// (sets tls), or unix:///absolute/path into *out (the user name
- * is accepted and ignored; an empty "/" database means 0). Returns 0, or
+ * is accepted and ignored; an empty "/" database means 0; the userinfo
+ * ends at the last '@' before the path, so a password may hold '@' and
+ * ':' but not '/'). Returns 0, or
  * -EINVAL with a message in err naming what is wrong: no URL, another
  * scheme, an empty or too long socket path, a too long password, a missing
  * or too long host, a bad port, a bad database number. The message never

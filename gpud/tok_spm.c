@@ -124,9 +124,17 @@ int gpud__tok_spm_encode(const struct gpud_tokenizer *t, const char *text, size_
 		}
 	}
 	for (size_t i = 0; i < n;) {
-		size_t k = gpud_utf8_lead_len((uint8_t)buf[i]);
-		if (k > n - i)
-			k = n - i;
+		/* A character takes only the continuation bytes its lead byte
+		 * announces: an invalid lead must not swallow the start of the
+		 * next character (a "▁" after a stray 0xC3 would fall back to
+		 * its three bytes and decode as "▁", not a space). Valid UTF-8
+		 * splits as SentencePiece splits it. */
+		size_t k = 1;
+		if ((uint8_t)buf[i] >= 0xC0) {
+			size_t want = gpud_utf8_lead_len((uint8_t)buf[i]);
+			while (k < want && i + k < n && ((uint8_t)buf[i + k] & 0xC0) == 0x80)
+				k++;
+		}
 		sy[nsym].start = (uint32_t)i;
 		sy[nsym].len = (uint32_t)k;
 		sy[nsym].prev = (int32_t)nsym - 1;

@@ -66,7 +66,8 @@ size_t gpud_utf8_encode(uint32_t cp, uint8_t out[4]);
 
 /* Length a UTF-8 sequence announces by its first byte: 1 for ASCII and for
  * stray continuation bytes, 2, 3 or 4 for lead bytes (0xF8.. give 4).
- * This is the SentencePiece character split; it does not validate. */
+ * The SentencePiece character split starts from it (tok_spm.c then stops
+ * at the first byte that is not a continuation byte); it does not validate. */
 static inline size_t gpud_utf8_lead_len(uint8_t c)
 {
 	static const uint8_t lens[16] = { 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4 };

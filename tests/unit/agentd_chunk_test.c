@@ -146,6 +146,29 @@ static void test_unbreakable_word(void **state)
 	free(c);
 }
 
+static void test_split_before_trailing_blanks(void **state)
+{
+	/* Two words over budget whose nearest whitespace to the middle is the
+	 * trailing run: the cut still goes at the word start before it (it
+	 * used to give up and keep the unit whole, over budget; found by
+	 * tests/fuzz/fuzz_chunk.c, corpus/chunk/blanks). */
+	static const char text[] = "then text.\n\n\n   ";
+	struct agent_chunk *c;
+	char buf[64];
+	size_t n;
+
+	assert_int_equal(agent_chunk_text(text, strlen(text), 7, 0, count_bytes, NULL, &c, &n, err,
+					  sizeof(err)),
+			 0);
+	assert_int_equal(n, 2);
+	assert_string_equal(span(text, &c[0], buf, sizeof(buf)), "then ");
+	assert_int_equal(c[0].n_tokens, 4);
+	assert_int_equal(c[1].off, 5);
+	assert_int_equal(c[1].len, strlen(text) - 5);
+	assert_int_equal(c[1].n_tokens, 8); /* count_bytes counts newlines */
+	free(c);
+}
+
 static void test_paragraphs_and_blanks(void **state)
 {
 	static const char text[] = "\n\n  first line\n\n\nsecond line\n   \n";
@@ -223,6 +246,7 @@ int main(void)
 		cmocka_unit_test(test_sentences_with_overlap),
 		cmocka_unit_test(test_long_sentence_is_split),
 		cmocka_unit_test(test_unbreakable_word),
+		cmocka_unit_test(test_split_before_trailing_blanks),
 		cmocka_unit_test(test_paragraphs_and_blanks),
 		cmocka_unit_test(test_empty),
 		cmocka_unit_test(test_errors),

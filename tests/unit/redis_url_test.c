@@ -57,6 +57,22 @@ static void test_defaults(void **state)
 	assert_int_equal(u.db, 0);
 }
 
+static void test_at_in_password(void **state)
+{
+	struct sw_redis_url u;
+
+	/* The last '@' ends the userinfo: "i@" was taken as the host, and
+	 * the config's redacted form of the URL then had no host left
+	 * (found by tests/fuzz/fuzz_config.c). */
+	(void)state;
+	parse_ok("redis://u:p@ss:w@rd@cache:6380/1", &u);
+	assert_string_equal(u.password, "p@ss:w@rd");
+	assert_string_equal(u.host, "cache");
+	assert_int_equal(u.port, 6380);
+	assert_int_equal(u.db, 1);
+	parse_fails("rediss://:secret@i@", "redis: no host in URL");
+}
+
 static void test_full(void **state)
 {
 	struct sw_redis_url u;
@@ -193,6 +209,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full),
+		cmocka_unit_test(test_at_in_password),
 		cmocka_unit_test(test_tls),
 		cmocka_unit_test(test_unix),
 		cmocka_unit_test(test_errors),

@@ -334,6 +334,31 @@ static void test_special_llama_bpe(void **state)
 	gpud_tokenizer_free(t);
 }
 
+static void test_spm_invalid_lead(void **state)
+{
+	/* A stray lead byte takes no byte that is not a continuation byte:
+	 * the "▁" a space becomes right after it stays one token and decodes
+	 * as a space (it used to be split into byte tokens and come back as
+	 * the raw "▁"; found by tests/fuzz/fuzz_tokenizer.c). */
+	(void)state;
+	struct gpud_tokenizer *t = load_path(VOCAB_DIR "ggml-vocab-llama-spm.gguf");
+	static const char text[] = "a\xc3 b\xe2\x82 c\xf0 d";
+	int32_t ids[64];
+	char buf[64], piece[64];
+	size_t n, len = 0;
+
+	n = enc(t, text, sizeof(text) - 1, 0, ids, 64);
+	for (size_t i = 0; i < n; i++) {
+		int k = gpud_tokenizer_piece(t, ids[i], false, piece, sizeof(piece));
+		assert_true(k >= 0 && len + (size_t)k <= sizeof(buf));
+		memcpy(buf + len, piece, (size_t)k);
+		len += (size_t)k;
+	}
+	assert_int_equal(len, sizeof(text)); /* the prefix space, then the text */
+	assert_memory_equal(buf, " a\xc3 b\xe2\x82 c\xf0 d", len);
+	gpud_tokenizer_free(t);
+}
+
 static void test_special_spm(void **state)
 {
 	(void)state;
@@ -1288,6 +1313,7 @@ int main(void)
 		cmocka_unit_test(test_synthetic_bpe),
 		cmocka_unit_test(test_synthetic_spm),
 		cmocka_unit_test(test_spm_random_vs_naive),
+		cmocka_unit_test(test_spm_invalid_lead),
 		cmocka_unit_test(test_random_text_properties),
 		cmocka_unit_test(test_concurrent_encode),
 		cmocka_unit_test(test_chat_format),
