@@ -1,6 +1,7 @@
-# check.sh - TAP-style checks for the shell integration tests, and how
-# such a test skips (sourced by install_test.sh, and through managed.sh by
-# swarmctl_test.sh and swarmctl_heal_test.sh).
+# check.sh - TAP-style checks for the shell integration tests, how such a
+# test skips, and its private servers (sourced by install_test.sh and
+# swarmctl_secrets_test.sh, and through managed.sh by the tests of a
+# managed swarm).
 #
 # The sourcing script sets $out (a file for a command's output); n and
 # failures count the checks and the failed ones.
@@ -65,4 +66,22 @@ skip_or_fail() {
 	fi
 	echo "SKIP: $*"
 	exit 77
+}
+
+# private_servers SRV ERRFILE: starts a private Redis and PostgreSQL under
+# the directory SRV (scripts/lib/test-servers.sh, stopped when this shell
+# exits), loads their URLs (SWARM_TEST_REDIS_URL, SWARM_TEST_PG_URL) and
+# sets rport and pgport from them; skips (fails under CI=true) when they
+# do not start, after printing ERRFILE (their start-up errors). Needs
+# $root, the project root.
+private_servers() {
+	local srv=$1 errfile=$2
+	if ! "$root/scripts/lib/test-servers.sh" start -o $$ -s redis,pg "$srv" >/dev/null 2>"$errfile"; then
+		cat "$errfile"
+		skip_or_fail "private Redis/PostgreSQL did not start"
+	fi
+	. "$srv/env"
+	rport=${SWARM_TEST_REDIS_URL##*:}
+	pgport=${SWARM_TEST_PG_URL##*:}
+	pgport=${pgport%%/*}
 }

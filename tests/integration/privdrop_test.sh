@@ -62,14 +62,7 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 unset SWARM_REDIS_PASSWORD SWARM_PG_PASSWORD SWARM_CONFIG SWARM_USER SWARM_STATE_DIR
 
-if ! "$root/scripts/lib/test-servers.sh" start -o $$ -s redis,pg "$srv" >/dev/null 2>"$top/srv.err"; then
-	cat "$top/srv.err"
-	skip_or_fail "private Redis/PostgreSQL did not start"
-fi
-. "$srv/env"
-rport=${SWARM_TEST_REDIS_URL##*:}
-pgport=${SWARM_TEST_PG_URL##*:}
-pgport=${pgport%%/*}
+private_servers "$srv" "$top/srv.err"
 rpw="pd-$RANDOM$RANDOM"
 redis-cli -p "$rport" CONFIG SET requirepass "$rpw" >/dev/null
 psql -X -q -v ON_ERROR_STOP=1 "$SWARM_TEST_PG_URL" -c "CREATE DATABASE privdrop_it" &&

@@ -60,14 +60,7 @@ trap 'exit 1' INT TERM
 unset SWARM_REDIS_PASSWORD SWARM_PG_PASSWORD SWARM_REDIS_PASSWORD_FILE SWARM_PG_PASSWORD_FILE \
 	SWARM_CONFIG SWARM_STATE_DIR SWARM_MODEL SWARM_REDIS_URL SWARM_PG_URL
 
-if ! "$root/scripts/lib/test-servers.sh" start -o $$ -s redis,pg "$srv" >"$top/srv.env" 2>"$top/srv.err"; then
-	cat "$top/srv.err"
-	skip_or_fail "private Redis/PostgreSQL did not start"
-fi
-. "$srv/env"
-rport=${SWARM_TEST_REDIS_URL##*:}
-pgport=${SWARM_TEST_PG_URL##*:}
-pgport=${pgport%%/*}
+private_servers "$srv" "$top/srv.err"
 
 # Passwords no log could hold by chance.
 rpw="rpw-$RANDOM$RANDOM-$(date +%N)"
