@@ -18,6 +18,7 @@
 
 #include <curl/curl.h>
 
+#include "common/config.h"
 #include "common/err.h"
 
 #define DEFAULT_MAX_BYTES (8u << 20)
@@ -426,16 +427,23 @@ static int result(CURL *h, CURLcode cc, const struct sink *s, const struct guard
 		  const char *url, const char *curl_msg, const struct agent_fetch_opts *o, char *err,
 		  size_t errlen)
 {
+	char shown[SW_ERR_MAX / 2]; /* the URL without its password: errors reach logs and rows */
 	long status = 0;
 
+	const char *raw = url;
+
+	sw_config_redact_url(raw, shown, sizeof(shown));
+	url = shown;
 	if (cc != CURLE_OK && g->refused && !g->allowed) {
-		char *last = NULL;
+		char *last = NULL, last_shown[SW_ERR_MAX / 4];
 
 		curl_easy_getinfo(h, CURLINFO_EFFECTIVE_URL, &last);
-		if (last && strcmp(last, url))
+		if (last && strcmp(last, raw)) {
+			sw_config_redact_url(last, last_shown, sizeof(last_shown));
 			return sw_seterr(err, errlen, -EACCES,
 					 "fetch: %s: redirected to %s: %s is %s; " ALLOW_HINT, url,
-					 last, g->addr, sw_addr_class_name(g->cls));
+					 last_shown, g->addr, sw_addr_class_name(g->cls));
+		}
 		return sw_seterr(err, errlen, -EACCES, "fetch: %s: %s is %s; " ALLOW_HINT, url,
 				 g->addr, sw_addr_class_name(g->cls));
 	}

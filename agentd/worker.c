@@ -25,6 +25,7 @@
 #include "agentd/queue.h"
 #include "agentd/sql_dir.h"
 #include "agentd/tasks/tasks.h"
+#include "common/config.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/privdrop.h"
@@ -73,10 +74,17 @@ struct callbacks {
 	const struct agent_fetch_policy *policy; /* what a callback may reach */
 };
 
+/* url without its password, in buf: what a log line may show. */
+static const char *shown_url(const char *url, char *buf, size_t len)
+{
+	sw_config_redact_url(url, buf, len);
+	return buf;
+}
+
 static void *callback_thread(void *arg)
 {
 	struct callbacks *cb = arg;
-	char err[SW_ERR_MAX];
+	char err[SW_ERR_MAX], shown[512];
 
 	pthread_mutex_lock(&cb->lock);
 	for (;;) {
@@ -93,7 +101,8 @@ static void *callback_thread(void *arg)
 		cb->n--;
 		if (cb->closing && sw_now_ms() > cb->deadline_ms) {
 			pthread_mutex_unlock(&cb->lock);
-			log_warn("callback %s dropped: drain deadline passed", c.url);
+			log_warn("callback %s dropped: drain deadline passed",
+				 shown_url(c.url, shown, sizeof(shown)));
 			free(c.url);
 			free(c.json);
 			pthread_mutex_lock(&cb->lock);
@@ -112,7 +121,7 @@ static void *callback_thread(void *arg)
 			delay *= 2;
 		}
 		if (rc)
-			log_warn("callback %s failed: %s", c.url, err);
+			log_warn("callback %s failed: %s", shown_url(c.url, shown, sizeof(shown)), err);
 		free(c.url);
 		free(c.json);
 		pthread_mutex_lock(&cb->lock);
@@ -139,7 +148,10 @@ static void callback_post(struct callbacks *cb, const char *url, const char *tas
 	pthread_mutex_lock(&cb->lock);
 	if (!json || cb->n == CALLBACK_QUEUE) {
 		pthread_mutex_unlock(&cb->lock);
-		log_warn("task %s: callback to %s dropped (%s)", task_id, url,
+		char shown[512];
+
+		log_warn("task %s: callback to %s dropped (%s)", task_id,
+			 shown_url(url, shown, sizeof(shown)),
 			 json ? "queue full" : "out of memory");
 		free(json);
 		return;

@@ -354,10 +354,18 @@ static void test_policy_allow_list(void **state)
 	assert_string_equal(body, "hello body");
 	free(body);
 
+	/* an error names the URL, never its password (it reaches logs and rows) */
+	snprintf(u, sizeof(u), "http://user:s3cret@127.0.0.1:%d/gone", port);
+	assert_int_equal(agent_fetch(u, &lo, &body, &len, err, sizeof(err)), SW_ENOTFOUND);
+	assert_non_null(strstr(err, "user:***@127.0.0.1"));
+	assert_null(strstr(err, "s3cret"));
 	before = served;
 	snprintf(u, sizeof(u), "http://127.0.0.2:%d/ok", port);
 	expect_refused(u, -EACCES, "127.0.0.2 is a loopback address; allow it with "
 				   "agentd.fetch.allow_cidrs");
+	snprintf(u, sizeof(u), "http://user:s3cret@127.0.0.2:%d/ok", port);
+	expect_refused(u, -EACCES, "fetch: http://user:***@127.0.0.2:");
+	assert_null(strstr(err, "s3cret"));
 	snprintf(u, sizeof(u), "http://[::1]:%d/ok", port);
 	expect_refused(u, -EACCES, ": ::1 is a loopback address; allow it with "
 				   "agentd.fetch.allow_cidrs");
