@@ -102,10 +102,11 @@ static size_t spm_piece_end(const struct gpud_tokenizer *t, const char *buf,
 int gpud__tok_spm_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
 			 bool space_prefix, struct emit *o, struct sw_arena *ar)
 {
-	size_t spaces = 0, n = 0, nsym = 0, longest = 0;
-	for (size_t i = 0; i < len; i++)
-		spaces += text[i] == ' ';
-	char *buf = sw_arena_alloc(ar, len + 2 * spaces + 3, 1);
+	size_t n = 0, nsym = 0, longest = 0;
+	/* Every byte may become a "▁" (3 bytes): sized for that, the text is
+	 * read once (what gpud__tok_spm_scratch budgets), so even text that
+	 * changed under the call could not overrun the buffer. */
+	char *buf = sw_arena_alloc(ar, 3 * len + 3, 1);
 	struct sym *sy = sw_arena_alloc(ar, (len + 1) * sizeof(*sy), _Alignof(struct sym));
 	struct heap h = { 0 };
 	if (!buf || !sy)
