@@ -44,8 +44,11 @@ out=$top/out
 stranger=
 
 unset SWARM_MODEL SWARM_CONFIG
+# A worker killed with agentd leaves its task pending until the lease runs
+# out: 20 s here, not agentd's 5 min, so the tasks of the kills complete
+# within all_completed's wait (the soak's CI stage does the same).
 export SWARM_STATE_DIR=$state SWARM_WORKERS=2 SWARM_REDIS_MAXMEMORY=64MiB \
-	SWARM_LOG_MAX_BYTES=65536 SWARM_SUPERVISOR_HANG_MS=6000
+	SWARM_LOG_MAX_BYTES=65536 SWARM_SUPERVISOR_HANG_MS=6000 SWARM_LEASE_MS=20000
 
 cleanup() {
 	[ -n "$stranger" ] && kill "$stranger" 2>/dev/null
