@@ -610,9 +610,13 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 		if (t->tok[id].type == TT_UNKNOWN)
 			t->unk = id; /* no key: the vocab's own unknown token */
 	mark_eog(t, g);
-	for (uint32_t k = 0; k < t->n_special; k++)
-		if (t->tok[t->special[k]].type == TT_USER && mergeable(t, t->special[k]))
+	for (uint32_t k = 0; k < t->n_special; k++) {
+		const struct tok_entry *e = &t->tok[t->special[k]];
+		if (e->type == TT_USER && mergeable(t, t->special[k])) {
 			t->plain_user = true;
+			t->plain_first[(uint8_t)t->blob[e->off]] = true;
+		}
+	}
 	t->spm_split = t->kind == KIND_SPM && spm_can_split(t);
 	detect_chat(t, g);
 	*out = t;

@@ -105,6 +105,10 @@ int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size
 	bool all = flags & GPUD_TOK_PARSE_SPECIAL;
 	if (all || t->plain_user) {
 		for (size_t i = 0; i < len;) {
+			if (!all && !t->plain_first[(uint8_t)text[i]]) {
+				i++; /* the common case in plain text: no candidate */
+				continue;
+			}
 			int32_t id = match_special(t, text, len, i, all);
 			if (id < 0) {
 				i++;

@@ -90,6 +90,7 @@ struct gpud_tokenizer {
 	uint32_t n_special;
 	uint32_t special_start[257]; /* special[special_start[b] .. special_start[b + 1]) */
 	bool plain_user;          /* some user-defined token is matched in plain text */
+	bool plain_first[256];    /* first bytes of those tokens */
 
 	int32_t bos, eos, unk;
 	bool add_bos, add_space_prefix, ignore_merges;
