@@ -1,7 +1,7 @@
 /* tok_bpe.c - byte-level BPE encoding ("gpt2" vocabularies).
  *
  * The text is cut into pre-tokens by the expression tokenizer.ggml.pre
- * names (GPT-2, Llama 3, StarCoder), written as hand-made matchers over
+ * names (GPT-2, Llama 3, StarCoder, Qwen2), written as hand-made matchers over
  * code points and their Unicode classes; each pre-token's bytes map to
  * GPT-2's printable code points and merge by rank, lowest first and
  * leftmost on ties, as in llama.cpp. Working memory comes from the
@@ -251,8 +251,10 @@ static size_t match_gpt2(const struct cps *c, size_t i, size_t end)
 }
 
 /* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
- *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static size_t match_llama3(const struct cps *c, size_t i, size_t end)
+ *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * Qwen2's expression is the same with \p{N} instead of \p{N}{1,3}: digits
+ * go one by one (max_digits 1). */
+static size_t match_llama3(const struct cps *c, size_t i, size_t end, size_t max_digits)
 {
 	size_t j = match_contraction(c, i, end, true);
 	if (j)
@@ -264,7 +266,7 @@ static size_t match_llama3(const struct cps *c, size_t i, size_t end)
 		return j;
 	}
 	if (is_n(c, i)) {
-		for (j = i + 1; j < end && j - i < 3 && is_n(c, j); j++)
+		for (j = i + 1; j < end && j - i < max_digits && is_n(c, j); j++)
 			;
 		return j;
 	}
@@ -323,8 +325,13 @@ int gpud__tok_bpe_encode(const struct gpud_tokenizer *t, const char *text, size_
 			}
 		}
 		while (i < end) {
-			size_t j = t->pre == PRE_LLAMA3 ? match_llama3(&c, i, end)
-							: match_gpt2(&c, i, end);
+			size_t j;
+			if (t->pre == PRE_LLAMA3)
+				j = match_llama3(&c, i, end, 3);
+			else if (t->pre == PRE_QWEN2)
+				j = match_llama3(&c, i, end, 1);
+			else
+				j = match_gpt2(&c, i, end);
 			rc = bpe_word(t, s + off[i], off[j] - off[i], o, ar);
 			if (rc)
 				return rc;

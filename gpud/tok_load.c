@@ -467,11 +467,14 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 			t->pre = PRE_LLAMA3;
 		} else if (str_is(&s, "starcoder")) {
 			t->pre = PRE_STARCODER;
+		} else if (str_is(&s, "qwen2") || str_is(&s, "deepseek-r1-qwen")) {
+			t->pre = PRE_QWEN2;
 		} else {
 			int n = s.len > 64 ? 64 : (int)s.len;
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "tokenizer.ggml.pre \"%.*s\" is not supported "
-					 "(default, gpt-2, llama-bpe, starcoder)", n, s.s);
+					 "(default, gpt-2, llama-bpe, starcoder, qwen2)",
+					 n, s.s);
 		}
 	}
 	/* Llama 3 (HF ignore_merges): a pre-token that is a whole token is
@@ -607,6 +610,13 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 		if (t->tok[id].type == TT_UNKNOWN)
 			t->unk = id; /* no key: the vocab's own unknown token */
 	mark_eog(t, g);
+	for (uint32_t k = 0; k < t->n_special; k++) {
+		const struct tok_entry *e = &t->tok[t->special[k]];
+		if (e->type == TT_USER && mergeable(t, t->special[k])) {
+			t->plain_user = true;
+			t->plain_first[(uint8_t)t->blob[e->off]] = true;
+		}
+	}
 	t->spm_split = t->kind == KIND_SPM && spm_can_split(t);
 	detect_chat(t, g);
 	*out = t;

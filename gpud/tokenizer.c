@@ -42,15 +42,19 @@ enum gpud_chat_template gpud_tokenizer_chat_template(const struct gpud_tokenizer
 
 /* --- encoding: entry point ------------------------------------------------- */
 
-/* Longest special token whose text starts at text[i], or -1. */
+/* Longest special token whose text starts at text[i], or -1. Without
+ * all, only the user-defined tokens plain text may hold (mergeable()). */
 static int32_t match_special(const struct gpud_tokenizer *t, const char *text, size_t len,
-			     size_t i)
+			     size_t i, bool all)
 {
 	uint8_t b = (uint8_t)text[i];
 	for (uint32_t k = t->special_start[b]; k < t->special_start[b + 1]; k++) {
-		const struct tok_entry *e = &t->tok[t->special[k]];
+		int32_t id = t->special[k];
+		const struct tok_entry *e = &t->tok[id];
+		if (!all && !(e->type == TT_USER && mergeable(t, id)))
+			continue;
 		if (e->len <= len - i && memcmp(t->blob + e->off, text + i, e->len) == 0)
-			return t->special[k];
+			return id;
 	}
 	return -1;
 }
@@ -96,9 +100,16 @@ int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size
 	}
 	if ((flags & GPUD_TOK_ADD_BOS) && gpud_tokenizer_add_bos(t))
 		emit(&o, t->bos);
-	if (flags & GPUD_TOK_PARSE_SPECIAL) {
+	/* User-defined tokens (Qwen2's <tool_call>) are matched in plain
+	 * text too, as llama.cpp does: merges could not build them. */
+	bool all = flags & GPUD_TOK_PARSE_SPECIAL;
+	if (all || t->plain_user) {
 		for (size_t i = 0; i < len;) {
-			int32_t id = match_special(t, text, len, i);
+			if (!all && !t->plain_first[(uint8_t)text[i]]) {
+				i++; /* the common case in plain text: no candidate */
+				continue;
+			}
+			int32_t id = match_special(t, text, len, i, all);
 			if (id < 0) {
 				i++;
 				continue;

@@ -67,9 +67,11 @@ size_t gpud_tokenizer_scratch_bytes(const struct gpud_tokenizer *t, size_t len);
  * before returning; nothing is allocated with malloc.
  * Special tokens: with GPUD_TOK_PARSE_SPECIAL, the texts of control,
  * user-defined and unknown tokens are matched first (longest match at the
- * leftmost position) and emitted as their ids. Without it, such text is
- * ordinary text, and merges never produce control, unknown, byte, unused
- * or end-of-generation tokens. Invalid UTF-8 is kept byte for byte (byte
+ * leftmost position) and emitted as their ids. Without it, only
+ * user-defined tokens that are not end-of-generation (Qwen2's <tool_call>)
+ * are matched so, as in llama.cpp; other such text is ordinary text, and
+ * merges never produce control, unknown, byte, unused or
+ * end-of-generation tokens. Invalid UTF-8 is kept byte for byte (byte
  * fallback); a byte the vocab cannot spell becomes the unknown token when
  * the vocab has one, else it is dropped. len above 1 GiB: SW_ETOOLONG. */
 int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size_t len,

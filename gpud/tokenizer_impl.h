@@ -37,7 +37,7 @@ enum {
 };
 
 enum tok_kind { KIND_SPM, KIND_BPE };
-enum tok_pre { PRE_GPT2, PRE_LLAMA3, PRE_STARCODER };
+enum tok_pre { PRE_GPT2, PRE_LLAMA3, PRE_STARCODER, PRE_QWEN2 };
 
 #define TF_EOG 0x01
 
@@ -89,6 +89,8 @@ struct gpud_tokenizer {
 	int32_t *special;         /* (n_special) ids, by first byte then length desc */
 	uint32_t n_special;
 	uint32_t special_start[257]; /* special[special_start[b] .. special_start[b + 1]) */
+	bool plain_user;          /* some user-defined token is matched in plain text */
+	bool plain_first[256];    /* first bytes of those tokens */
 
 	int32_t bos, eos, unk;
 	bool add_bos, add_space_prefix, ignore_merges;

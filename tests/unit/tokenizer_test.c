@@ -114,9 +114,9 @@ static void print_ids(const char *what, const int32_t *ids, size_t n)
 	fprintf(stderr, "\n");
 }
 
-/* Runs every case of one vocabulary; returns the number of mismatches
- * (each printed) and checks that decoding gives the text back. */
-static int run_vectors_out(const char *name, const char *out_name, bool verbose)
+/* Runs every case of one vocabulary (n_cases of them); returns the number
+ * of mismatches (each printed) and checks that decoding gives the text back. */
+static int run_vectors_out(const char *name, const char *out_name, int n_cases, bool verbose)
 {
 	char path[256], pinp[256], pout[256];
 	size_t linp = 0, lout = 0;
@@ -175,7 +175,7 @@ next:
 		ip = end + strlen(SEP);
 		op = nl + 1;
 	}
-	assert_int_equal(cases, 46);
+	assert_int_equal(cases, n_cases);
 	assert_int_equal(*ip, '\0'); /* the last case ends the file */
 	if (verbose)
 		fprintf(stderr, "  %s: %d cases, %d mismatches\n", name, cases, bad);
@@ -190,14 +190,14 @@ next:
 
 static int run_vectors(const char *name)
 {
-	return run_vectors_out(name, name, true);
+	return run_vectors_out(name, name, 46, true);
 }
 
 /* The harness itself must see a difference: GPT-2 ids are not StarCoder's. */
 static void test_vectors_harness_detects_mismatch(void **state)
 {
 	(void)state;
-	int bad = run_vectors_out("ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", false);
+	int bad = run_vectors_out("ggml-vocab-gpt-2.gguf", "ggml-vocab-starcoder.gguf", 46, false);
 	assert_true(bad > 20);
 }
 
@@ -229,6 +229,17 @@ static void test_vectors_llama_bpe(void **state)
 {
 	(void)state;
 	assert_int_equal(run_vectors("ggml-vocab-llama-bpe.gguf"), 0);
+}
+
+/* Qwen2/2.5: the 46 cases plus CJK, Arabic, long numbers (one digit per
+ * pre-token), code with tabs, ChatML text and a user-defined <tool_call>
+ * token, which plain text matches too. */
+static void test_vectors_qwen2(void **state)
+{
+	(void)state;
+	assert_int_equal(run_vectors_out("ggml-vocab-qwen2.gguf", "ggml-vocab-qwen2.gguf", 56,
+					  true),
+			 0);
 }
 
 
@@ -723,9 +734,10 @@ static void test_synthetic_bpe(void **state)
 	assert_int_equal(k, 2);
 	assert_int_equal(ids[0], 257);
 	gpud_tokenizer_free(t);
-	v.pre = "qwen2";
+	v.pre = "tekken";
 	assert_int_equal(build(&v, &t, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "qwen2"));
+	assert_non_null(strstr(err, "tekken"));
+	assert_non_null(strstr(err, "qwen2")); /* the list of supported names */
 	v.pre = NULL;
 
 	/* Broken merges. */
@@ -741,6 +753,65 @@ static void test_synthetic_bpe(void **state)
 	v.merges = NULL;
 	assert_int_equal(build(&v, &t, err, sizeof(err)), SW_EFORMAT);
 	assert_non_null(strstr(err, "merges"));
+}
+
+/* Qwen2: digits one per pre-token (Llama 3 takes up to three); its
+ * user-defined tokens are matched in plain text, but not one that ends
+ * generation, and control tokens only with PARSE_SPECIAL. */
+static void test_synthetic_qwen2(void **state)
+{
+	(void)state;
+	const char *toks[262];
+	fill_byte_chars(toks);
+	size_t n = 256;
+	toks[n++] = "12";          /* 256 */
+	toks[n++] = "<t>";         /* 257: user-defined */
+	toks[n++] = "</s>";        /* 258: user-defined, EOG by name */
+	toks[n++] = "<|c|>";       /* 259: control */
+	int32_t types[262];
+	for (size_t i = 0; i < n; i++)
+		types[i] = 1;
+	types[257] = types[258] = 4;
+	types[259] = 3;
+	const char *merges[] = { "1 2" };
+	struct vspec v = { VSPEC_DEFAULTS, .model = "gpt2", .pre = "qwen2", .tokens = toks,
+			   .n = n, .types = types, .n_types = n, .merges = merges,
+			   .n_merges = 1 };
+	struct gpud_tokenizer *t;
+	char err[SW_ERR_MAX];
+	int32_t ids[16];
+
+	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+	assert_false(gpud_tokenizer_add_bos(t));
+	size_t k = enc(t, "a12", 3, 0, ids, 16);
+	assert_int_equal(k, 3);
+	assert_int_equal(ids[1], '1');
+	assert_int_equal(ids[2], '2');
+	k = enc(t, "x<t>y", 5, 0, ids, 16);
+	assert_int_equal(k, 3);
+	assert_int_equal(ids[1], 257);
+	k = enc(t, "</s>", 4, 0, ids, 16);
+	assert_false(contains(ids, k, 258));
+	k = enc(t, "<|c|>", 5, 0, ids, 16);
+	assert_false(contains(ids, k, 259));
+	k = enc(t, "<|c|></s>", 9, GPUD_TOK_PARSE_SPECIAL, ids, 16);
+	assert_int_equal(k, 2);
+	assert_int_equal(ids[0], 259);
+	assert_int_equal(ids[1], 258);
+	gpud_tokenizer_free(t);
+
+	v.pre = "deepseek-r1-qwen"; /* the same expression */
+	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+	k = enc(t, "12", 2, 0, ids, 16);
+	assert_int_equal(k, 2);
+	gpud_tokenizer_free(t);
+	v.pre = "llama-bpe";
+	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+	k = enc(t, "12<t>", 5, 0, ids, 16);
+	assert_int_equal(k, 2);
+	assert_int_equal(ids[0], 256);
+	assert_int_equal(ids[1], 257);
+	gpud_tokenizer_free(t);
 }
 
 static void test_synthetic_spm(void **state)
@@ -1034,7 +1105,7 @@ static void test_random_text_properties(void **state)
 	(void)state;
 	static const char *const names[] = {
 		"ggml-vocab-llama-spm.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-gpt-2.gguf",
-		"ggml-vocab-starcoder.gguf", "ggml-vocab-llama-bpe.gguf",
+		"ggml-vocab-starcoder.gguf", "ggml-vocab-llama-bpe.gguf", "ggml-vocab-qwen2.gguf",
 	};
 	static const uint32_t pool[] = { ' ', ' ', ' ', '\n', '\t', '\r', 'a', 'Z', '0', '7', '\'',
 					 's', '!', 0xA0, 0x3000, 0x2581, 0xBD, 0x0301, 0x200D,
@@ -1305,12 +1376,14 @@ int main(void)
 		cmocka_unit_test(test_vectors_gpt2),
 		cmocka_unit_test(test_vectors_starcoder),
 		cmocka_unit_test(test_vectors_llama_bpe),
+		cmocka_unit_test(test_vectors_qwen2),
 		cmocka_unit_test(test_stories260k),
 		cmocka_unit_test(test_special_llama_bpe),
 		cmocka_unit_test(test_special_spm),
 		cmocka_unit_test(test_detok_stream),
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_synthetic_bpe),
+		cmocka_unit_test(test_synthetic_qwen2),
 		cmocka_unit_test(test_synthetic_spm),
 		cmocka_unit_test(test_spm_random_vs_naive),
 		cmocka_unit_test(test_spm_invalid_lead),
