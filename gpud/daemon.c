@@ -288,6 +288,7 @@ static int sched_build(struct gpud_daemon *d)
 	sp.max_batch_tokens = g->max_batch_tokens;
 	sp.max_seqs = g->max_seqs;
 	sp.prefix_cache_bytes = g->prefix_cache_bytes;
+	sp.placement_margin = g->placement_margin;
 	rc = gpud_sched_create(&d->sched, engines, d->n_dev, &sp, err, sizeof(err));
 	if (rc) {
 		log_error("scheduler: %s", err);
