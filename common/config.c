@@ -219,7 +219,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.context = 0;
 	cfg->gpud.mask_cache_bytes = 64ull << 20;
 	cfg->gpud.prefix_cache_bytes = 4ull << 30;
-	cfg->gpud.placement_margin = 4; /* as gpud_sched_params_default */
+	cfg->gpud.placement_margin = 8; /* as gpud_sched_params_default */
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;
 	cfg->gpud.shutdown_deadline_ms = 30000;

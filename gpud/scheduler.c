@@ -136,7 +136,7 @@ void gpud_sched_params_default(struct gpud_sched_params *p)
 		.max_batch_tokens = 0,
 		.max_seqs = 0,
 		.aging_steps = 32,
-		.placement_margin = 4,
+		.placement_margin = 8,
 	};
 }
 

@@ -109,7 +109,11 @@ struct gpud_sched_params {
 	uint32_t placement_margin; /* queued + running requests by which a device
 				    * caching a request's prefix may exceed the
 				    * least-loaded candidate and still get it;
-				    * default 4 */
+				    * default 8: a few more sequences in a
+				    * device's batch cost far less than
+				    * recomputing a prompt, and 8 keeps a burst
+				    * of repeats (8 agents' worth) on their
+				    * prefix (bench/results/placement-*.md) */
 	size_t prefix_cache_bytes; /* per device: KV bytes the prefix cache may
 				    * keep in unreferenced blocks; 0: prefix
 				    * reuse off; default 0 */

@@ -507,7 +507,7 @@ static void test_files(void **state)
 	assert_int_equal(c.gpud.devices[0].kind, SW_DEVICE_CUDA);
 	assert_int_equal(c.gpud.mask_cache_bytes, 64u << 20);
 	assert_true(c.gpud.prefix_cache_bytes == 4ull << 30);
-	assert_int_equal(c.gpud.placement_margin, 4);
+	assert_int_equal(c.gpud.placement_margin, 8);
 	assert_int_equal(c.agentd.workers, 8);
 	assert_int_equal(c.agentd.results_maxlen, 100000);
 	assert_int_equal(c.agentd.dead_maxlen, 1000);

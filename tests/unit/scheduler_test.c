@@ -1840,7 +1840,7 @@ static void test_prefix_placement(void **state)
 	uint32_t n[3], full, max_tok = 4;
 
 	gpud_sched_params_default(&p);
-	assert_int_equal(p.placement_margin, 4);
+	assert_int_equal(p.placement_margin, 8);
 	p.max_requests = 8;
 	p.prefix_cache_bytes = (size_t)64 << 20;
 	p.placement_margin = 1;
