@@ -98,7 +98,8 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
  * (or found) in device 0's cache first; when device 0 is chosen that
  * handle is kept in *mask, otherwise released. A failed probe compile
  * leaves the choice to load (the real compile then reports the error).
- * Returns the device; *placed says why. */
+ * With the prefix cache off there is nothing to probe: by load. Returns
+ * the device; *placed says why. */
 static uint32_t pick_device(struct gpud_daemon *d, const struct proto_mask_desc *desc,
 			    uint32_t n, uint32_t max_tokens, enum gpud_sched_placed *placed,
 			    struct gpud_maskcache_entry **mask)
@@ -108,7 +109,9 @@ static uint32_t pick_device(struct gpud_daemon *d, const struct proto_mask_desc 
 	uint32_t dev;
 
 	*mask = NULL;
-	if (desc && d->n_dev > 1) {
+	if (!d->cfg.gpud.prefix_cache_bytes)
+		ids = NULL; /* nothing to probe: placement by load */
+	else if (desc && d->n_dev > 1) {
 		pthread_mutex_lock(&d->dev[0].lock);
 		if (gpud_maskcache_get_or_compile(d->dev[0].masks, desc, d->seg_tokens,
 						  d->block_tokens, &probe))

@@ -70,6 +70,7 @@ struct dev {
 	uint64_t pending_blocks; /* blocks the waiting list's prefills will need */
 	uint64_t steps, tokens, generated, preemptions;
 	uint64_t placed_prefix, placed_load; /* requests queued here, by why */
+	uint64_t placed_tokens; /* prompt tokens of the requests queued here */
 	uint32_t pl_parent;    /* place() scratch: last matched cache entry */
 	uint32_t pl_hits;      /* place() scratch: full prompt blocks matched */
 	bool pl_alive;         /* place() scratch: still matching */
@@ -571,7 +572,9 @@ static enum place_fail dev_refuses(const struct dev *d, uint32_t n_tokens, uint3
 }
 
 /* The load order (lock held): a before b when a has more free blocks
- * (less what queued prefills will take), then a shorter queue. */
+ * (less what queued prefills will take), then a shorter queue, then fewer
+ * prompt tokens placed on it so far (idle devices tie on the first two:
+ * without the third the lowest index would take every such request). */
 static int64_t eff_free(const struct dev *d)
 {
 	return (int64_t)d->free_blocks + evictable(d) - (int64_t)d->pending_blocks;
@@ -581,7 +584,11 @@ static bool less_loaded(const struct dev *a, const struct dev *b)
 {
 	int64_t ea = eff_free(a), eb = eff_free(b);
 
-	return ea > eb || (ea == eb && a->depth < b->depth);
+	if (ea != eb)
+		return ea > eb;
+	if (a->depth != b->depth)
+		return a->depth < b->depth;
+	return a->placed_tokens < b->placed_tokens;
 }
 
 /* Prefix probe (lock held): how many of the prompt's full blocks each
@@ -628,8 +635,7 @@ static void prefix_probe(const struct gpud_sched *s, const int32_t *tokens, uint
 }
 
 /* Placement (lock held) among the candidate devices [first, end) the
- * request fits. By load: the most free blocks (less what queued prefills
- * will take), then the shortest queue. By prefix (tokens given, prefix
+ * request fits. By load: less_loaded's order. By prefix (tokens given, prefix
  * cache on): the device caching the most prompt tokens, among those whose
  * queue is at most placement_margin requests longer than the shortest
  * candidate queue (ties by load); load decides when no such device caches
@@ -845,6 +851,7 @@ static int submit_enqueue(struct gpud_sched *s, struct slot *sl, const struct gp
 	if (dev < 0)
 		return place_error(s, r, first, why, err, errlen);
 	d = &s->devs[dev];
+	d->placed_tokens += r->n_tokens;
 	if (!r->pin_device)
 		r_placed_count(d, by_prefix ? GPUD_SCHED_PLACED_PREFIX : GPUD_SCHED_PLACED_LOAD);
 	else

@@ -36,8 +36,9 @@
  * placement_margin longer than the shortest: then, and for prompts no
  * device caches, it goes to the device with the most free KV blocks
  * (blocks held only by the prefix cache count as free), less the blocks
- * its waiting requests will still need, and among equals the shortest
- * queue.
+ * its waiting requests will still need, among equals the shortest queue,
+ * and among those the fewest prompt tokens placed on it so far (idle
+ * devices always tie on the first two).
  *
  * Prefix KV cache (prefix_cache_bytes > 0; gpud/prefix.h): at admission a
  * request's full prompt blocks are looked up in order (stopping at the

@@ -8,7 +8,8 @@
  *     zero errors, no allocation after warm-up on the loop and device
  *     threads, every pool back to empty when idle, high-water < capacity.
  *     GPUD_IT_REQUESTS overrides the count for a quick local run.
- *  3. Mask cache: same descriptor twice -> one entry and a hit; many
+ *  3. Mask cache: same descriptor 4 times -> one entry per device that
+ *     got it, a hit for each other request (2 at least); many
  *     distinct descriptors under a small bound -> evictions, bytes never
  *     above the bound (polled while the requests run).
  *  4. Prefix cache: shared system prompt + same mask -> cached prompt
@@ -978,13 +979,15 @@ static void test_mask_cache(void **state)
 	assert_non_null(cl = gpud_it_connect(&f->d[0]));
 	assert_non_null(cl2 = gpud_it_connect(&f->d[0]));
 
-	/* the same descriptor twice, one at a time */
+	/* the same descriptor 4 times, one at a time: idle devices take turns
+	 * (placement breaks ties by tokens placed), so each device that got
+	 * it compiled it once and hit it after */
 	st = stats_idle(cl);
 	hits0 = mask_sum(st, "hits", &n_caches);
 	miss0 = mask_sum(st, "misses", NULL);
 	ent0 = mask_sum(st, "entries", NULL);
 	json_decref(st);
-	for (int k = 0; k < 2; k++) {
+	for (int k = 0; k < 4; k++) {
 		struct proto_client_result res;
 		int rc;
 
@@ -999,12 +1002,12 @@ static void test_mask_cache(void **state)
 	hits1 = mask_sum(st, "hits", NULL);
 	miss1 = mask_sum(st, "misses", NULL);
 	ent1 = mask_sum(st, "entries", NULL);
-	printf("    test 3: %d mask cache(s); same descriptor twice: hits +%" PRId64
+	printf("    test 3: %d mask cache(s); same descriptor 4 times: hits +%" PRId64
 	       ", misses +%" PRId64 ", entries +%" PRId64 "\n",
 	       n_caches, hits1 - hits0, miss1 - miss0, ent1 - ent0);
-	assert_int_equal(miss1 - miss0, 1);
-	assert_int_equal(hits1 - hits0, 1);
-	assert_int_equal(ent1 - ent0, 1);
+	assert_true(miss1 - miss0 >= 1 && miss1 - miss0 <= n_caches);
+	assert_int_equal(hits1 - hits0, 4 - (miss1 - miss0));
+	assert_int_equal(ent1 - ent0, miss1 - miss0);
 	assert_int_equal(mask_sum(st, "pinned", NULL), 0);
 	ev0 = mask_sum(st, "evictions", NULL);
 	json_decref(st);

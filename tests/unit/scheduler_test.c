@@ -1923,6 +1923,38 @@ static void test_prefix_placement(void **state)
 	gpud_engine_destroy(e[1]);
 }
 
+/* One request at a time on idle devices: every placement ties on free
+ * blocks and queue length, and the prompt tokens placed so far break the
+ * tie (the devices alternate instead of device 0 taking everything). */
+static void test_idle_placement_alternates(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 64), mk_engine(64, 4, 64) };
+	struct gpud_sched *s = mk_sched(e, 2, 4, 0, 32);
+	struct gpud_sched_device_stats ds[2];
+	static struct res out[6];
+	struct gpud_sched_req r;
+	int32_t ids[40];
+	uint32_t n = tokenize(prompts[7], ids, 40);
+
+	memset(out, 0, sizeof(out));
+	for (int i = 0; i < 6; i++) {
+		req_init(&r, ids, n, 4, &out[i]);
+		submit_ok(s, &r);
+		assert_int_equal(gpud_sched_queue_depth(s, (uint32_t)i % 2), 1);
+		drain(s, 2, NULL);
+		assert_true(out[i].done);
+	}
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds[0]), 0);
+	assert_int_equal(gpud_sched_device_stats(s, 1, &ds[1]), 0);
+	assert_int_equal(ds[0].placed_load, 3);
+	assert_int_equal(ds[1].placed_load, 3);
+	assert_int_equal(ds[0].placed_prefix + ds[1].placed_prefix, 0);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1948,6 +1980,7 @@ int main(void)
 		cmocka_unit_test(test_prefix_preempt_no_alloc),
 		cmocka_unit_test(test_prefix_concurrent),
 		cmocka_unit_test(test_prefix_placement),
+		cmocka_unit_test(test_idle_placement_alternates),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
