@@ -68,7 +68,8 @@ for pass in 1 2; do
 	jq -r --arg pass "$pass" '
 		"pass \($pass): prompt \(.prompt_tokens), cached \(.cached_prompt_tokens) (\(
 		  if .prompt_tokens > 0 then (1000 * .cached_prompt_tokens / .prompt_tokens
-		  | floor) / 10 else 0 end)%)",
+		  | floor) / 10 else 0 end)%), wall \(.wall_s * 1000 | floor) ms, gpud CPU \(
+		  .gpud_cpu_s * 1000 | floor) ms, TTFT p50 \(.ttft_ms.p50 | floor) ms",
 		(.devices_delta[] | "  \(.name): tokens \(.tokens), steps \(.steps), placed by prefix \(.placed_prefix), by load \(.placed_load)"),
 		"  tokens per device: max/min \(
 		  [.devices_delta[].tokens] as $t | if ($t | min) > 0 then
