@@ -295,8 +295,9 @@ static int sched_build(struct gpud_daemon *d)
 		return rc;
 	}
 	log_info("scheduler: %u request slots, max_batch_tokens %u, max_seqs %u, prefix cache "
-		 "%" PRIu64 " bytes per device", sp.max_requests, sp.max_batch_tokens, sp.max_seqs,
-		 (uint64_t)sp.prefix_cache_bytes);
+		 "%" PRIu64 " bytes per device, placement_margin %u", sp.max_requests,
+		 sp.max_batch_tokens, sp.max_seqs, (uint64_t)sp.prefix_cache_bytes,
+		 sp.placement_margin);
 	return 0;
 }
 
