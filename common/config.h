@@ -95,6 +95,9 @@ struct sw_config {
 		uint32_t context;               /* 0 = the model's trained context */
 		uint64_t mask_cache_bytes;
 		uint64_t prefix_cache_bytes;    /* 0 = prefix cache off */
+		uint32_t placement_margin;      /* requests a device caching a
+						 * prompt's prefix may queue beyond
+						 * the least-loaded one's */
 		struct {
 			uint32_t per_connection; /* queued requests per client */
 			uint32_t global;         /* queued requests in all */

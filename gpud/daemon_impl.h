@@ -47,6 +47,7 @@
 #include "common/err.h"
 #include "gpud/admit.h"
 #include "gpud/daemon.h"
+#include "gpud/scheduler.h"
 #include "gpud/server.h"
 
 #define EMBED_SLOTS 8          /* queued + running embeddings per device */
@@ -64,6 +65,7 @@ struct req_priv {
 	struct gpud_daemon *d;
 	struct gpud_sreq *r;
 	struct gpud_maskcache_entry *mask; /* pinned in dev's cache, or NULL (causal) */
+	enum gpud_sched_placed placed;     /* why dev was chosen (STATS) */
 	uint64_t sched_id;
 	double t0;
 	uint32_t dev;

@@ -92,6 +92,48 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 
 /* --- service ops (loop thread) ---------------------------------------------- */
 
+/* The device for a submit (loop thread): the scheduler's choice, with the
+ * prompt in d->ids for the prefix probe. The probe needs the request's
+ * attention pattern, so a request with a descriptor has its mask compiled
+ * (or found) in device 0's cache first; when device 0 is chosen that
+ * handle is kept in *mask, otherwise released. A failed probe compile
+ * leaves the choice to load (the real compile then reports the error).
+ * With the prefix cache off there is nothing to probe: by load. Returns
+ * the device; *placed says why. */
+static uint32_t pick_device(struct gpud_daemon *d, const struct proto_mask_desc *desc,
+			    uint32_t n, uint32_t max_tokens, enum gpud_sched_placed *placed,
+			    struct gpud_maskcache_entry **mask)
+{
+	struct gpud_maskcache_entry *probe = NULL;
+	const int32_t *ids = d->ids;
+	uint32_t dev;
+
+	*mask = NULL;
+	if (!d->cfg.gpud.prefix_cache_bytes)
+		ids = NULL; /* nothing to probe: placement by load */
+	else if (desc && d->n_dev > 1) {
+		pthread_mutex_lock(&d->dev[0].lock);
+		if (gpud_maskcache_get_or_compile(d->dev[0].masks, desc, d->seg_tokens,
+						  d->block_tokens, &probe))
+			probe = NULL;
+		pthread_mutex_unlock(&d->dev[0].lock);
+		if (!probe)
+			ids = NULL;
+	}
+	dev = gpud_sched_pick_device(d->sched, ids, n, max_tokens,
+				     probe ? gpud_maskcache_mask(probe) : NULL, placed);
+	if (dev >= d->n_dev)
+		dev = 0;
+	if (probe && dev == 0) {
+		*mask = probe;
+	} else if (probe) {
+		pthread_mutex_lock(&d->dev[0].lock);
+		gpud_maskcache_release(probe);
+		pthread_mutex_unlock(&d->dev[0].lock);
+	}
+	return dev;
+}
+
 static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit *ps, char *err,
 		      size_t errlen)
 {
@@ -130,11 +172,9 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 	p->r = r;
 	p->kind = REQ_SUBMIT;
 	p->t0 = now_s();
-	p->dev = gpud_sched_pick_device(d->sched, n, q->max_tokens);
-	if (p->dev >= d->n_dev)
-		p->dev = 0;
+	p->dev = pick_device(d, desc, n, q->max_tokens, &p->placed, &p->mask);
 	dv = &d->dev[p->dev];
-	if (desc) {
+	if (desc && !p->mask) {
 		pthread_mutex_lock(&dv->lock);
 		rc = gpud_maskcache_get_or_compile(dv->masks, desc, d->seg_tokens, d->block_tokens,
 						   &p->mask);
@@ -157,6 +197,7 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 		.arg = p,
 		.pin_device = true,
 		.device = p->dev,
+		.placed = p->placed,
 	};
 	/* A fast device may end the request before submit returns; p stays
 	 * valid for us since only this thread hands out slots. */

@@ -77,6 +77,8 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->tokens = ds->tokens;
 		sd->generated = ds->generated;
 		sd->preemptions = ds->preemptions;
+		sd->placed_prefix = ds->placed_prefix;
+		sd->placed_load = ds->placed_load;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
 		uint64_t bound = n->kv_block_bytes ? ds->prefix_max_bytes / n->kv_block_bytes : 0;

@@ -226,6 +226,20 @@ int gpud_prefix_lookup(struct gpud_prefix *pc, uint32_t parent, const int32_t *t
 	return 0;
 }
 
+int gpud_prefix_peek(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
+		     const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry)
+{
+	struct entry *e;
+
+	if (bad_parent(pc, parent))
+		return -EINVAL;
+	e = find(pc, make_probe(pc, parent, tokens, mask, pos0), parent);
+	if (!e)
+		return SW_ENOTFOUND;
+	*entry = idx_of(pc, e);
+	return 0;
+}
+
 int gpud_prefix_insert(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
 		       const struct gpud_mask *mask, uint32_t pos0, uint32_t block,
 		       uint32_t *entry)

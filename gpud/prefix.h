@@ -77,6 +77,13 @@ void gpud_prefix_destroy(struct gpud_prefix *pc);
 int gpud_prefix_lookup(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
 		       const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry);
 
+/* Placement probe: like gpud_prefix_lookup but read-only for the caller
+ * (no user taken, recency untouched; only the collision count may move).
+ * Returns 0 and *entry (valid as a parent for the next peek until the
+ * cache next changes), SW_ENOTFOUND, or -EINVAL for a bad parent. */
+int gpud_prefix_peek(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
+		     const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry);
+
 /* Adds block (just written by the caller's sequence, which becomes its one
  * user) as the child of parent with those tokens and pattern. Returns 0
  * and *entry; -EEXIST when an identical entry exists (the caller keeps its

@@ -69,6 +69,11 @@ struct dev {
 	uint32_t free_blocks;  /* cached engine_free_blocks, updated under the lock */
 	uint64_t pending_blocks; /* blocks the waiting list's prefills will need */
 	uint64_t steps, tokens, generated, preemptions;
+	uint64_t placed_prefix, placed_load; /* requests queued here, by why */
+	uint64_t placed_tokens; /* prompt tokens of the requests queued here */
+	uint32_t pl_parent;    /* place() scratch: last matched cache entry */
+	uint32_t pl_hits;      /* place() scratch: full prompt blocks matched */
+	bool pl_alive;         /* place() scratch: still matching */
 	bool busy;             /* in a forward pass or a device_exec, lock released */
 	uint32_t depth;        /* waiting + running */
 	bool kicked;           /* submit/cancel/wake since the last wait returned */
@@ -132,6 +137,7 @@ void gpud_sched_params_default(struct gpud_sched_params *p)
 		.max_batch_tokens = 0,
 		.max_seqs = 0,
 		.aging_steps = 32,
+		.placement_margin = 8,
 	};
 }
 
@@ -237,6 +243,9 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	*out = NULL;
 	if (!engines || !n_dev)
 		return sw_seterr(err, errlen, -EINVAL, "sched: no engines");
+	if (n_dev > GPUD_SCHED_MAX_DEVICES)
+		return sw_seterr(err, errlen, -EINVAL, "sched: %u engines, at most %u", n_dev,
+				 GPUD_SCHED_MAX_DEVICES);
 	s = calloc(1, sizeof(*s));
 	if (!s)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
@@ -562,48 +571,143 @@ static enum place_fail dev_refuses(const struct dev *d, uint32_t n_tokens, uint3
 	return 0;
 }
 
-/* Placement (lock held): most free blocks (less what queued prefills will
- * take), then the shortest queue, among the candidate devices (all, or
- * only first when pinned) the request fits. mask_bt: the mask's block
- * size, 0 without a mask. Returns the device, or -1 and *why. */
-static int place(const struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens,
-		 uint32_t mask_bt, uint32_t first, uint32_t end, enum place_fail *why)
+/* The load order (lock held): a before b when a has more free blocks
+ * (less what queued prefills will take), then a shorter queue, then fewer
+ * prompt tokens placed on it so far (idle devices tie on the first two:
+ * without the third the lowest index would take every such request). */
+static int64_t eff_free(const struct dev *d)
 {
-	const struct dev *best = NULL;
-	int64_t best_free = 0;
-	int best_dev = -1;
+	return (int64_t)d->free_blocks + evictable(d) - (int64_t)d->pending_blocks;
+}
+
+static bool less_loaded(const struct dev *a, const struct dev *b)
+{
+	int64_t ea = eff_free(a), eb = eff_free(b);
+
+	if (ea != eb)
+		return ea > eb;
+	if (a->depth != b->depth)
+		return a->depth < b->depth;
+	return a->placed_tokens < b->placed_tokens;
+}
+
+/* Prefix probe (lock held): how many of the prompt's full blocks each
+ * candidate device caches, in d->pl_hits (0 for a device that refuses).
+ * The devices are walked in lockstep, one block per round, each stopping
+ * at its first miss, and the walk ends as soon as at most one device still
+ * matches: that one holds the most, and by how much does not change the
+ * choice. Distinct prompts cost one block probe per device, repeated ones
+ * the shared depth plus one; nothing is allocated or pinned. */
+static void prefix_probe(const struct gpud_sched *s, const int32_t *tokens, uint32_t n_tokens,
+			 const struct gpud_mask *mask, uint32_t first, uint32_t end,
+			 const bool *ok)
+{
+	uint32_t alive = 0;
+
+	for (uint32_t i = first; i < end; i++) {
+		struct dev *d = &s->devs[i];
+
+		d->pl_hits = 0;
+		d->pl_parent = GPUD_PREFIX_ROOT;
+		d->pl_alive = ok[i - first] && d->pc && tokens;
+		alive += d->pl_alive;
+	}
+	for (uint32_t r = 0; alive > 1 || (alive == 1 && r == 0); r++) {
+		alive = 0;
+		for (uint32_t i = first; i < end; i++) {
+			struct dev *d = &s->devs[i];
+			uint32_t ent;
+
+			if (!d->pl_alive)
+				continue;
+			/* as admit(): the last prompt token is always computed */
+			if (r >= (n_tokens - 1) / d->bt ||
+			    gpud_prefix_peek(d->pc, d->pl_parent, tokens + (size_t)r * d->bt, mask,
+					     r * d->bt, &ent)) {
+				d->pl_alive = false;
+				continue;
+			}
+			d->pl_parent = ent;
+			d->pl_hits = r + 1;
+			alive++;
+		}
+	}
+}
+
+/* Placement (lock held) among the candidate devices [first, end) the
+ * request fits. By load: less_loaded's order. By prefix (tokens given, prefix
+ * cache on): the device caching the most prompt tokens, among those whose
+ * queue is at most placement_margin requests longer than the shortest
+ * candidate queue (ties by load); load decides when no such device caches
+ * a block. mask_bt: the mask's block size, 0 without a mask. Returns the
+ * device and *by_prefix, or -1 and *why. */
+static int place(const struct gpud_sched *s, const int32_t *tokens, uint32_t n_tokens,
+		 uint32_t max_tokens, const struct gpud_mask *mask, uint32_t first, uint32_t end,
+		 bool *by_prefix, enum place_fail *why)
+{
+	bool ok[GPUD_SCHED_MAX_DEVICES];
+	const struct dev *best = NULL, *pbest = NULL;
+	uint32_t min_depth = UINT32_MAX, mask_bt = mask ? mask->block_tokens : 0;
+	int best_dev = -1, pbest_dev = -1;
 	enum place_fail worst = 0;
 
+	*by_prefix = false;
 	for (uint32_t i = first; i < end; i++) {
 		const struct dev *d = &s->devs[i];
 		enum place_fail f = dev_refuses(d, n_tokens, max_tokens, mask_bt);
-		int64_t eff;
 
+		ok[i - first] = !f;
 		if (f) {
 			if (f > worst)
 				worst = f;
 			continue;
 		}
-		eff = (int64_t)d->free_blocks + evictable(d) - (int64_t)d->pending_blocks;
-		if (!best || eff > best_free || (eff == best_free && d->depth < best->depth)) {
+		if (d->depth < min_depth)
+			min_depth = d->depth;
+		if (!best || less_loaded(d, best)) {
 			best = d;
-			best_free = eff;
 			best_dev = (int)i;
 		}
 	}
-	if (!best)
+	if (!best) {
 		*why = worst;
-	return best_dev;
+		return -1;
+	}
+	if (!tokens || end - first < 2)
+		return best_dev;
+	prefix_probe(s, tokens, n_tokens, mask, first, end, ok);
+	for (uint32_t i = first; i < end; i++) {
+		const struct dev *d = &s->devs[i];
+		uint64_t have = (uint64_t)d->pl_hits * d->bt;
+		uint64_t top = pbest ? (uint64_t)pbest->pl_hits * pbest->bt : 0;
+
+		if (!ok[i - first] || !d->pl_hits ||
+		    d->depth > (uint64_t)min_depth + s->p.placement_margin)
+			continue;
+		if (!pbest || have > top || (have == top && less_loaded(d, pbest))) {
+			pbest = d;
+			pbest_dev = (int)i;
+		}
+	}
+	if (!pbest)
+		return best_dev;
+	*by_prefix = true;
+	return pbest_dev;
 }
 
-uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens)
+uint32_t gpud_sched_pick_device(struct gpud_sched *s, const int32_t *tokens, uint32_t n_tokens,
+				uint32_t max_tokens, const struct gpud_mask *mask,
+				enum gpud_sched_placed *placed)
 {
 	enum place_fail why;
+	bool by_prefix;
 	int d;
 
 	pthread_mutex_lock(&s->lock);
-	d = place(s, n_tokens, max_tokens, 0, 0, s->n_dev, &why);
+	d = place(s, tokens, n_tokens, max_tokens, mask, 0, s->n_dev, &by_prefix, &why);
 	pthread_mutex_unlock(&s->lock);
+	if (placed)
+		*placed = by_prefix ? GPUD_SCHED_PLACED_PREFIX : GPUD_SCHED_PLACED_LOAD;
 	return d < 0 ? 0 : (uint32_t)d;
 }
 
@@ -719,6 +823,15 @@ static int slot_fill(struct slot *sl, const struct gpud_sched_req *r, char *err,
 	return 0;
 }
 
+/* Counts a placement decision on the device it chose. */
+static void r_placed_count(struct dev *d, enum gpud_sched_placed why)
+{
+	if (why == GPUD_SCHED_PLACED_PREFIX)
+		d->placed_prefix++;
+	else if (why == GPUD_SCHED_PLACED_LOAD)
+		d->placed_load++;
+}
+
 /* Submit, step 4 (lock held): places the filled slot on a device and
  * queues it; from here on it is visible to steps and cancels. Returns 0
  * and *id, or the placement error (cannot happen after submit_check:
@@ -728,15 +841,21 @@ static int submit_enqueue(struct gpud_sched *s, struct slot *sl, const struct gp
 {
 	enum place_fail why = 0;
 	uint32_t first, end;
+	bool by_prefix;
 	struct dev *d;
 	int dev;
 
 	candidates(s, r, &first, &end);
-	dev = place(s, r->n_tokens, r->max_tokens, r->mask ? r->mask->block_tokens : 0, first,
-		    end, &why);
+	dev = place(s, r->tokens, r->n_tokens, r->max_tokens, r->mask, first, end, &by_prefix,
+		    &why);
 	if (dev < 0)
 		return place_error(s, r, first, why, err, errlen);
 	d = &s->devs[dev];
+	d->placed_tokens += r->n_tokens;
+	if (!r->pin_device)
+		r_placed_count(d, by_prefix ? GPUD_SCHED_PLACED_PREFIX : GPUD_SCHED_PLACED_LOAD);
+	else
+		r_placed_count(d, r->placed);
 	sl->state = SLOT_WAITING;
 	sl->id = s->next_id++;
 	sl->dev = (uint32_t)dev;
@@ -1173,6 +1292,8 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 	st->tokens = d->tokens;
 	st->generated = d->generated;
 	st->preemptions = d->preemptions;
+	st->placed_prefix = d->placed_prefix;
+	st->placed_load = d->placed_load;
 	if (d->pc) {
 		struct gpud_prefix_stats ps;
 

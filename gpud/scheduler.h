@@ -29,10 +29,16 @@
  *      sampler, stop handling with gpud_stop_*, detokenization with the
  *      slot's gpud_detok (text is streamed alongside the token ids).
  *
- * Placement: a new request goes to the device with the most free KV
- * blocks (blocks held only by the prefix cache count as free), less the
- * blocks its waiting requests will still need, and among equals the
- * shortest queue (waiting + running requests).
+ * Placement: with the prefix cache on, a new request goes to the device
+ * whose cache holds the most of its prompt (looked up block by block, all
+ * devices in lockstep, ending as soon as one device alone still matches),
+ * unless that device's queue (waiting + running requests) is more than
+ * placement_margin longer than the shortest: then, and for prompts no
+ * device caches, it goes to the device with the most free KV blocks
+ * (blocks held only by the prefix cache count as free), less the blocks
+ * its waiting requests will still need, among equals the shortest queue,
+ * and among those the fewest prompt tokens placed on it so far (idle
+ * devices always tie on the first two).
  *
  * Prefix KV cache (prefix_cache_bytes > 0; gpud/prefix.h): at admission a
  * request's full prompt blocks are looked up in order (stopping at the
@@ -82,6 +88,16 @@
 struct gpud_mask;
 struct gpud_sched;
 
+#define GPUD_SCHED_MAX_DEVICES 64 /* engines per scheduler */
+
+/* Why a request went to its device (STATS counts both per device). */
+enum gpud_sched_placed {
+	GPUD_SCHED_PLACED_NONE = 0,   /* pinned by the caller: counted nowhere */
+	GPUD_SCHED_PLACED_LOAD = 1,   /* least loaded: no usable device caches
+				       * a block of its prompt */
+	GPUD_SCHED_PLACED_PREFIX = 2, /* the device caching most of its prompt */
+};
+
 struct gpud_sched_params {
 	uint32_t max_requests;     /* request slots (submitted, not yet done); default 64 */
 	uint32_t max_batch_tokens; /* tokens per device step; 0 or more than an
@@ -91,6 +107,14 @@ struct gpud_sched_params {
 	uint32_t aging_steps;      /* device steps after which a waiting request
 				    * can no longer be bypassed; 0: never
 				    * bypassed (strict FCFS); default 32 */
+	uint32_t placement_margin; /* queued + running requests by which a device
+				    * caching a request's prefix may exceed the
+				    * least-loaded candidate and still get it;
+				    * default 8: a few more sequences in a
+				    * device's batch cost far less than
+				    * recomputing a prompt, and 8 keeps a burst
+				    * of repeats (8 agents' worth) on their
+				    * prefix (bench/results/placement-*.md) */
 	size_t prefix_cache_bytes; /* per device: KV bytes the prefix cache may
 				    * keep in unreferenced blocks; 0: prefix
 				    * reuse off; default 0 */
@@ -152,6 +176,9 @@ struct gpud_sched_req {
 	void *arg;
 	bool pin_device;        /* place on `device` instead of choosing */
 	uint32_t device;
+	enum gpud_sched_placed placed; /* with pin_device: why the caller chose
+					* `device` (gpud_sched_pick_device's
+					* answer), counted in its stats */
 };
 
 /* Creates a scheduler over n_dev engines (borrowed: they must outlive it,
@@ -211,10 +238,15 @@ uint32_t gpud_sched_queue_depth(struct gpud_sched *s, uint32_t dev);
 
 /* The device gpud_sched_submit would choose now for a request of n_tokens
  * prompt tokens and max_tokens (the daemon compiles the mask in that
- * device's mask cache, then submits with pin_device). Ignores masks (all
- * devices are taken to share a block size). 0 when no device fits (the
- * pinned submit then refuses with SW_ETOOLONG). */
-uint32_t gpud_sched_pick_device(struct gpud_sched *s, uint32_t n_tokens, uint32_t max_tokens);
+ * device's mask cache, then submits with pin_device and *placed). tokens
+ * (may be NULL: load only) and mask (NULL: causal; any device's copy of
+ * the request's mask: only its pattern is read) feed the prefix probe;
+ * the mask's block size is not checked (all devices are taken to share
+ * one). *placed (may be NULL) says why. 0 when no device fits (the pinned
+ * submit then refuses with SW_ETOOLONG). */
+uint32_t gpud_sched_pick_device(struct gpud_sched *s, const int32_t *tokens, uint32_t n_tokens,
+				uint32_t max_tokens, const struct gpud_mask *mask,
+				enum gpud_sched_placed *placed);
 
 /* Device worker support. gpud_sched_wait blocks the calling (device)
  * thread until dev may have work (a submit placed on it, a cancel, a
@@ -249,6 +281,8 @@ struct gpud_sched_device_stats {
 	uint32_t queue;     /* waiting + running */
 	uint32_t running;   /* with an engine sequence */
 	uint64_t steps, tokens, generated, preemptions;
+	uint64_t placed_prefix; /* requests placed here for their cached prefix */
+	uint64_t placed_load;   /* requests placed here by load */
 	/* prefix cache of this device (all 0 when off) */
 	uint64_t prefix_hits;       /* full blocks reused */
 	uint64_t prefix_misses;     /* full prompt blocks looked up and not found */

@@ -191,6 +191,8 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_u64(&w, "tokens", d->tokens);
 			gpud_jsonw_u64(&w, "generated", d->generated);
 			gpud_jsonw_u64(&w, "preemptions", d->preemptions);
+			gpud_jsonw_u64(&w, "placed_prefix", d->placed_prefix);
+			gpud_jsonw_u64(&w, "placed_load", d->placed_load);
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
@@ -467,6 +469,11 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	    "Tokens generated.", generated);
 	PER(&o, s->devices, nd, "device", "gpud_device_preemptions_total", "counter",
 	    "Requests preempted (recomputed later).", preemptions);
+	PER(&o, s->devices, nd, "device", "gpud_device_placed_prefix_total", "counter",
+	    "Requests placed on the device for the prompt prefix its cache holds.",
+	    placed_prefix);
+	PER(&o, s->devices, nd, "device", "gpud_device_placed_load_total", "counter",
+	    "Requests placed on the device by load.", placed_load);
 
 	family(&o, "gpud_pool_unit_bytes", "gauge", "Bytes per pool unit.");
 	for (uint32_t i = 0; i < np; i++) {

@@ -25,7 +25,8 @@
  *     (counted false: "since_warmup" and "total" are null - not counted is
  *     not zero)
  *   "devices": [ { "name": "cpu0", "queue", "running", "steps", "tokens",
- *                  "generated", "preemptions" } ],
+ *                  "generated", "preemptions", "placed_prefix",
+ *                  "placed_load" } ],
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
  *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
@@ -97,6 +98,8 @@ struct gpud_stats_device {
 	uint32_t queue;                 /* waiting + running requests */
 	uint32_t running;
 	uint64_t steps, tokens, generated, preemptions;
+	uint64_t placed_prefix;         /* requests placed here for a cached prefix */
+	uint64_t placed_load;           /* requests placed here by load */
 };
 
 struct gpud_stats_snapshot {

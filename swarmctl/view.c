@@ -299,6 +299,38 @@ static double mib(uint64_t b)
 	return (double)b / (1024.0 * 1024.0);
 }
 
+/* Prompt tokens the prefix cache of device name served ("<name>.prefix"
+ * in caches), 0 without one. */
+static uint64_t prefix_hit_tokens(const json_t *stats, const char *name)
+{
+	const json_t *v;
+	size_t i, n = strlen(name);
+
+	json_array_foreach(json_object_get(stats, "caches"), i, v) {
+		const char *c = json_string_value(json_object_get(v, "name"));
+
+		if (c && !strncmp(c, name, n) && !strcmp(c + n, ".prefix"))
+			return u64(v, "hit_tokens");
+	}
+	return 0;
+}
+
+/* Per device: queue, placements by prefix and by load, cached tokens. */
+static void print_placement(FILE *f, const json_t *stats)
+{
+	const json_t *v;
+	size_t i;
+
+	fprintf(f, "%-10s %8s %8s %14s %14s %14s\n", "DEVICE", "QUEUE", "RUNNING",
+		"PLACED PREFIX", "PLACED LOAD", "PREFIX TOKENS");
+	json_array_foreach(json_object_get(stats, "devices"), i, v)
+		fprintf(f, "%-10s %8llu %8llu %14llu %14llu %14llu\n", str(v, "name"),
+			(unsigned long long)u64(v, "queue"), (unsigned long long)u64(v, "running"),
+			(unsigned long long)u64(v, "placed_prefix"),
+			(unsigned long long)u64(v, "placed_load"),
+			(unsigned long long)prefix_hit_tokens(stats, str(v, "name")));
+}
+
 void ctl_print_gpud(FILE *f, const json_t *stats)
 {
 	const json_t *req = json_object_get(stats, "requests");
@@ -317,6 +349,7 @@ void ctl_print_gpud(FILE *f, const json_t *stats)
 			(unsigned long long)u64(alloc, "device"));
 	else
 		fprintf(f, "not counted\n");
+	print_placement(f, stats);
 	/* LIVE: held by live requests (what can leak; the watchdog's TROUGH is
 	 * its rolling minimum); CACHED: kept by a bounded cache beside it. */
 	fprintf(f, "%-10s %12s %12s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "LIVE MiB",

@@ -238,6 +238,18 @@ static void test_value_errors(void **state)
 		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got 1073741825");
 	expect_error("{\"agentd\": {\"dead_maxlen\": \"1000\"}}", SW_ETYPE,
 		     "agentd.dead_maxlen: expected an integer in [1, 1073741824], got \"1000\"");
+	struct sw_config c;
+
+	load_ok("{\"gpud\": {\"placement_margin\": 0}}", &c);
+	assert_int_equal(c.gpud.placement_margin, 0);
+	load_ok("{\"gpud\": {\"placement_margin\": 65536}}", &c);
+	assert_int_equal(c.gpud.placement_margin, 65536);
+	expect_error("{\"gpud\": {\"placement_margin\": 65537}}", -EINVAL,
+		     "gpud.placement_margin: expected an integer in [0, 65536], got 65537");
+	expect_error("{\"gpud\": {\"placement_margin\": -1}}", -EINVAL,
+		     "gpud.placement_margin: expected an integer in [0, 65536], got -1");
+	expect_error("{\"gpud\": {\"placement_margin\": \"4\"}}", SW_ETYPE,
+		     "gpud.placement_margin: expected an integer in [0, 65536], got \"4\"");
 	expect_error("{\"gpud\": {\"max_segments\": 63}}", -EINVAL,
 		     "gpud.max_segments: expected an integer in [64, 127], got 63");
 	expect_error("{\"gpud\": {\"max_segments\": 128}}", -EINVAL,
@@ -495,6 +507,7 @@ static void test_files(void **state)
 	assert_int_equal(c.gpud.devices[0].kind, SW_DEVICE_CUDA);
 	assert_int_equal(c.gpud.mask_cache_bytes, 64u << 20);
 	assert_true(c.gpud.prefix_cache_bytes == 4ull << 30);
+	assert_int_equal(c.gpud.placement_margin, 8);
 	assert_int_equal(c.agentd.workers, 8);
 	assert_int_equal(c.agentd.results_maxlen, 100000);
 	assert_int_equal(c.agentd.dead_maxlen, 1000);

@@ -123,6 +123,44 @@ static void test_chain_hits_and_misses(void **state)
 	gpud_prefix_destroy(pc);
 }
 
+/* A peek (placement's probe) finds the same chain as a lookup but takes
+ * no user and leaves the LRU order alone. */
+static void test_peek(void **state)
+{
+	(void)state;
+	struct gpud_prefix *pc = mk(8, 1000, 0);
+	int32_t a[BT] = { 1, 2, 3, 4 }, b[BT] = { 5, 6, 7, 8 }, c[BT] = { 1, 2, 3, 5 };
+	uint32_t ea, eb, e = 77, blk;
+	struct gpud_prefix_stats st;
+
+	assert_int_equal(gpud_prefix_peek(pc, NONE, a, NULL, 0, &e), SW_ENOTFOUND);
+	assert_int_equal(e, 77);
+	ea = insert_ok(pc, NONE, a, NULL, 0, 3);
+	eb = insert_ok(pc, ea, b, NULL, BT, 6);
+	gpud_prefix_release(pc, eb); /* last first: eb is the least recent */
+	gpud_prefix_release(pc, ea);
+	assert_int_equal(gpud_prefix_peek(pc, NONE, a, NULL, 0, &e), 0);
+	assert_int_equal(e, ea);
+	assert_int_equal(gpud_prefix_peek(pc, ea, b, NULL, BT, &e), 0);
+	assert_int_equal(e, eb);
+	assert_int_equal(gpud_prefix_peek(pc, NONE, c, NULL, 0, &e), SW_ENOTFOUND);
+	assert_int_equal(gpud_prefix_peek(pc, ea, a, NULL, BT, &e), SW_ENOTFOUND);
+	assert_int_equal(gpud_prefix_peek(pc, 99, a, NULL, 0, &e), -EINVAL);
+	assert_int_equal(gpud_prefix_users(pc, ea), 0);
+	assert_int_equal(gpud_prefix_users(pc, eb), 0);
+	gpud_prefix_stats(pc, &st);
+	assert_int_equal(st.unreferenced, 2);
+	assert_int_equal(st.hits + st.misses, 0);
+	check(pc);
+	/* the peeks did not refresh eb: it is still evicted first */
+	assert_int_equal(gpud_prefix_evict(pc, &blk), 0);
+	assert_int_equal(blk, 6);
+	assert_int_equal(gpud_prefix_evict(pc, &blk), 0);
+	assert_int_equal(blk, 3);
+	check(pc);
+	gpud_prefix_destroy(pc);
+}
+
 /* The key is the attention pattern of the block's tokens: another segment
  * boundary or another vis row misses; a mask that differs elsewhere (a
  * later segment, G's row) but gives these tokens the same pattern hits. */
@@ -457,6 +495,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_bad_params),
 		cmocka_unit_test(test_chain_hits_and_misses),
+		cmocka_unit_test(test_peek),
 		cmocka_unit_test(test_mask_pattern),
 		cmocka_unit_test(test_lru_bound),
 		cmocka_unit_test(test_forced_collisions),

@@ -1086,7 +1086,7 @@ static void test_pinned(void **state)
 	uint64_t id = 9;
 
 	memset(out, 0, sizeof(out));
-	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0); /* equal: the first */
+	assert_int_equal(gpud_sched_pick_device(s, NULL, n, 8, NULL, NULL), 0); /* equal: the first */
 	for (int i = 0; i < 3; i++) {
 		req_init(&r, ids, n, 8, &out[i]);
 		r.pin_device = true;
@@ -1096,7 +1096,7 @@ static void test_pinned(void **state)
 	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
 	assert_int_equal(gpud_sched_queue_depth(s, 1), 3);
 	/* device 1's queued prefills take blocks: device 0 is chosen */
-	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0);
+	assert_int_equal(gpud_sched_pick_device(s, NULL, n, 8, NULL, NULL), 0);
 	req_init(&r, ids, n, 8, &out[3]);
 	r.pin_device = true;
 	r.device = 2;
@@ -1118,7 +1118,7 @@ static void test_pinned(void **state)
 	r.device = 1;
 	submit_ok(s, &r);
 	assert_int_equal(gpud_sched_queue_depth(s, 1), 4);
-	assert_int_equal(gpud_sched_pick_device(s, n, 8), 0);
+	assert_int_equal(gpud_sched_pick_device(s, NULL, n, 8, NULL, NULL), 0);
 	drain(s, 2, NULL);
 	for (int i = 0; i < 5; i++) {
 		assert_true(out[i].done);
@@ -1821,6 +1821,140 @@ static int teardown(void **state)
 	return 0;
 }
 
+/* Placement follows the prefix: a repeated prompt goes to the device
+ * caching it unless that device's queue is more than placement_margin
+ * longer than the shortest; prompts no device caches go by load. */
+static void test_prefix_placement(void **state)
+{
+	(void)state;
+	static char text[3][512];
+	static int32_t ids[3][256];
+	static struct res out[5];
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 0), mk_engine(64, 4, 0) };
+	struct gpud_sched_params p;
+	struct gpud_sched *s = NULL;
+	struct gpud_sched_device_stats ds[2];
+	struct gpud_sched_req r;
+	enum gpud_sched_placed why = GPUD_SCHED_PLACED_NONE;
+	char err[SW_ERR_MAX] = "";
+	uint32_t n[3], full, max_tok = 4;
+
+	gpud_sched_params_default(&p);
+	assert_int_equal(p.placement_margin, 8);
+	p.max_requests = 8;
+	p.prefix_cache_bytes = (size_t)64 << 20;
+	p.placement_margin = 1;
+	if (gpud_sched_create(&s, e, 2, &p, err, sizeof(err)))
+		fail_msg("sched: %s", err);
+	snprintf(text[0], sizeof(text[0]), "%s%s", sys_prompt, "she saw a big red ball.");
+	snprintf(text[1], sizeof(text[1]), "The cat sat on the mat and looked at the moon "
+		 "for a long time, then it went to sleep in the warm sun by the door.");
+	snprintf(text[2], sizeof(text[2]), "Tom had a toy car. He liked to race it down the "
+		 "hill with his friend Sam every day after school.");
+	for (int i = 0; i < 3; i++)
+		n[i] = tokenize(text[i], ids[i], 256);
+	full = (n[0] - 1) / 16 * 16;
+	assert_true(full >= 32);
+	memset(out, 0, sizeof(out));
+
+	/* nothing cached: by load (equal: the first) */
+	assert_int_equal(gpud_sched_pick_device(s, ids[0], n[0], max_tok, NULL, &why), 0);
+	assert_int_equal(why, GPUD_SCHED_PLACED_LOAD);
+	/* prompt 0 computed on device 1 */
+	req_init(&r, ids[0], n[0], max_tok, &out[0]);
+	r.pin_device = true;
+	r.device = 1;
+	submit_ok(s, &r);
+	drain(s, 2, NULL);
+	assert_int_equal(gpud_sched_pick_device(s, ids[0], n[0], max_tok, NULL, &why), 1);
+	assert_int_equal(why, GPUD_SCHED_PLACED_PREFIX);
+	/* a prompt no device caches still goes by load */
+	assert_int_equal(gpud_sched_pick_device(s, ids[2], n[2], max_tok, NULL, &why), 0);
+	assert_int_equal(why, GPUD_SCHED_PLACED_LOAD);
+
+	/* device 1 one request ahead (within the margin): prompt 0 follows
+	 * its prefix there */
+	req_init(&r, ids[1], n[1], max_tok, &out[1]);
+	r.pin_device = true;
+	r.device = 1;
+	submit_ok(s, &r);
+	req_init(&r, ids[0], n[0], max_tok, &out[2]);
+	submit_ok(s, &r);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 0);
+	assert_int_equal(gpud_sched_queue_depth(s, 1), 2);
+	/* two ahead (beyond the margin): by load, to device 0 */
+	req_init(&r, ids[0], n[0], max_tok, &out[3]);
+	submit_ok(s, &r);
+	assert_int_equal(gpud_sched_queue_depth(s, 0), 1);
+	drain(s, 2, NULL);
+	for (int i = 0; i < 4; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+	}
+	assert_int_equal(out[0].usage.n_cached, 0);
+	assert_int_equal(out[2].usage.n_cached, full);
+	assert_int_equal(out[3].usage.n_cached, 0);
+	assert_string_equal(out[2].text, out[0].text);
+	assert_string_equal(out[3].text, out[0].text);
+
+	/* both devices cache prompt 0 now: the longer match, then load */
+	assert_int_equal(gpud_sched_pick_device(s, ids[0], n[0], max_tok, NULL, &why), 0);
+	assert_int_equal(why, GPUD_SCHED_PLACED_PREFIX);
+	/* a pinned submit counts what the caller says */
+	req_init(&r, ids[0], n[0], max_tok, &out[4]);
+	r.pin_device = true;
+	r.device = 1;
+	r.placed = GPUD_SCHED_PLACED_PREFIX;
+	submit_ok(s, &r);
+	drain(s, 2, NULL);
+	assert_int_equal(out[4].usage.n_cached, full);
+
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds[0]), 0);
+	assert_int_equal(gpud_sched_device_stats(s, 1, &ds[1]), 0);
+	assert_int_equal(ds[0].placed_prefix, 0);
+	assert_int_equal(ds[0].placed_load, 1);
+	assert_int_equal(ds[1].placed_prefix, 2);
+	assert_int_equal(ds[1].placed_load, 0); /* the pinned ones count nowhere */
+	assert_int_equal(ds[1].prefix_hit_tokens, 2 * full);
+	assert_pool_cache_only(s, 0, e[0]);
+	assert_pool_cache_only(s, 1, e[1]);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+/* One request at a time on idle devices: every placement ties on free
+ * blocks and queue length, and the prompt tokens placed so far break the
+ * tie (the devices alternate instead of device 0 taking everything). */
+static void test_idle_placement_alternates(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 64), mk_engine(64, 4, 64) };
+	struct gpud_sched *s = mk_sched(e, 2, 4, 0, 32);
+	struct gpud_sched_device_stats ds[2];
+	static struct res out[6];
+	struct gpud_sched_req r;
+	int32_t ids[40];
+	uint32_t n = tokenize(prompts[7], ids, 40);
+
+	memset(out, 0, sizeof(out));
+	for (int i = 0; i < 6; i++) {
+		req_init(&r, ids, n, 4, &out[i]);
+		submit_ok(s, &r);
+		assert_int_equal(gpud_sched_queue_depth(s, (uint32_t)i % 2), 1);
+		drain(s, 2, NULL);
+		assert_true(out[i].done);
+	}
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds[0]), 0);
+	assert_int_equal(gpud_sched_device_stats(s, 1, &ds[1]), 0);
+	assert_int_equal(ds[0].placed_load, 3);
+	assert_int_equal(ds[1].placed_load, 3);
+	assert_int_equal(ds[0].placed_prefix + ds[1].placed_prefix, 0);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1845,6 +1979,8 @@ int main(void)
 		cmocka_unit_test(test_prefix_eviction),
 		cmocka_unit_test(test_prefix_preempt_no_alloc),
 		cmocka_unit_test(test_prefix_concurrent),
+		cmocka_unit_test(test_prefix_placement),
+		cmocka_unit_test(test_idle_placement_alternates),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

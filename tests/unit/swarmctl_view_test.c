@@ -24,7 +24,8 @@ static const char stats_json[] =
 	" \"tokens\": {\"prompt\": 100, \"cached_prompt\": 20, \"generated\": 50, \"per_s\": 237.5},"
 	" \"alloc\": {\"counted\": true, \"warm\": true,"
 	"   \"since_warmup\": {\"host\": 0, \"device\": 0}, \"total\": {\"host\": 9}},"
-	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1}, {\"name\": \"cuda:1\"}],"
+	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1, \"placed_prefix\": 7,"
+	"   \"placed_load\": 5}, {\"name\": \"cuda:1\"}],"
 	" \"pools\": ["
 	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
 	"   \"used\": 10, \"free\": 90, \"high\": 12, \"live\": 4, \"cached\": 6,"
@@ -39,7 +40,8 @@ static const char stats_json[] =
 	"   \"capacity\": 4, \"used\": 2, \"high\": 3, \"trough\": 1}"
 	" ],"
 	" \"caches\": [{\"name\": \"cpu0.prefix\", \"hits\": 3, \"misses\": 1, \"entries\": 4,"
-	"   \"max_entries\": 100, \"bytes\": 1048576, \"max_bytes\": 2097152}],"
+	"   \"max_entries\": 100, \"bytes\": 1048576, \"max_bytes\": 2097152,"
+	"   \"hit_tokens\": 48}],"
 	" \"watchdog\": {\"rising\": true, \"warnings\": [\"cuda:1.kv trough rising\"]}}";
 
 static json_t *find_dev(json_t *arr, const char *name)
@@ -151,6 +153,12 @@ static void test_print_gpud(void **state)
 	assert_non_null(strstr(out, "server.requests               2          2          0          -"));
 	assert_non_null(strstr(out, "         4        100        1.0        2.0\n"));
 	assert_non_null(strstr(out, "WARNING: cuda:1.kv trough rising"));
+	/* placements per device, and the tokens its prefix cache served */
+	assert_non_null(strstr(out, "PLACED PREFIX"));
+	assert_non_null(strstr(out, "cpu0              1        0              7              5"
+				    "             48\n"));
+	assert_non_null(strstr(out, "cuda:1            0        0              0              0"
+				    "              0\n"));
 	free(out);
 
 	/* allocations not counted: null is not zero */
