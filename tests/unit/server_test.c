@@ -1455,6 +1455,11 @@ static void test_peer_policy(void **state)
 	(void)state;
 	if (geteuid() != 0)
 		skip();
+	/* The peer is a fork of this process, whose server threads it does
+	 * not have: valgrind counts their stacks as lost at its exit and
+	 * makes that its exit code. The ASan run and the plain one cover it. */
+	if (getenv("SWARM_UNDER_VALGRIND"))
+		skip();
 	struct gpud_server_params p;
 	env_params(&p);
 	assert_int_equal(peer_case(&p, 0, true), 13);
