@@ -211,21 +211,6 @@ static uint32_t n_unref(const struct gpud_prefix *pc)
 	return ls.entries - ls.pinned;
 }
 
-int gpud_prefix_lookup(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
-		       const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry)
-{
-	struct entry *e;
-
-	if (bad_parent(pc, parent))
-		return -EINVAL;
-	e = find(pc, make_probe(pc, parent, tokens, mask, pos0), parent);
-	if (!e)
-		return SW_ENOTFOUND;
-	sw_lru_pin(pc->lru, e->h); /* one more user: off the LRU list */
-	*entry = idx_of(pc, e);
-	return 0;
-}
-
 int gpud_prefix_peek(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
 		     const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry)
 {
@@ -238,6 +223,16 @@ int gpud_prefix_peek(struct gpud_prefix *pc, uint32_t parent, const int32_t *tok
 		return SW_ENOTFOUND;
 	*entry = idx_of(pc, e);
 	return 0;
+}
+
+int gpud_prefix_lookup(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
+		       const struct gpud_mask *mask, uint32_t pos0, uint32_t *entry)
+{
+	int rc = gpud_prefix_peek(pc, parent, tokens, mask, pos0, entry);
+
+	if (rc == 0)
+		sw_lru_pin(pc->lru, pc->ents[*entry].h); /* one more user: off the LRU list */
+	return rc;
 }
 
 int gpud_prefix_insert(struct gpud_prefix *pc, uint32_t parent, const int32_t *tokens,
