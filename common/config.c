@@ -123,6 +123,7 @@ static const struct field gpud_fields[] = {
 	{ .key = "allowed_uids", .kind = K_IDS, .off = OFF(gpud.allowed_uids) },
 	{ .key = "allowed_gids", .kind = K_IDS, .off = OFF(gpud.allowed_gids), .flags = F_GROUP },
 	STR("model", gpud.model, 0, "SWARM_MODEL"),
+	STR("chat_format", gpud.chat_format, F_NONEMPTY, "SWARM_CHAT_FORMAT"),
 	{ .key = "devices", .kind = K_DEVICES, .off = OFF(gpud.devices), .env = "SWARM_DEVICES" },
 	U32("threads", gpud.threads, 0, 1024, 0, "SWARM_THREADS"),
 	{ .key = "memory_fraction", .kind = K_FRAC, .off = OFF(gpud.memory_fraction) },
@@ -207,6 +208,7 @@ void sw_config_defaults(struct sw_config *cfg)
 
 	snprintf(cfg->gpud.socket, sizeof(cfg->gpud.socket), "/run/swarm/gpud.sock");
 	cfg->gpud.socket_mode = 0660; /* socket_group "", no ids: gpud's own uid and group */
+	snprintf(cfg->gpud.chat_format, sizeof(cfg->gpud.chat_format), "auto");
 	cfg->gpud.devices[0] = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
 	cfg->gpud.n_devices = 1;
 	cfg->gpud.threads = 0;

@@ -83,6 +83,10 @@ struct sw_config {
 		struct sw_config_ids allowed_uids; /* user names or uids, resolved */
 		struct sw_config_ids allowed_gids; /* group names or gids, resolved */
 		char model[SW_CONFIG_PATH_MAX]; /* GGUF file; required by gpud */
+		/* Chat format of chat requests: "auto" (from the model's
+		 * tokenizer.chat_template) or a name gpud_chat_parse knows
+		 * (gpud/chat.h; gpud checks it at start). */
+		char chat_format[32];
 		struct sw_config_device devices[SW_CONFIG_MAX_DEVICES];
 		uint32_t n_devices;             /* >= 1 */
 		uint32_t threads;               /* cpu backend threads; 0 = online CPUs */

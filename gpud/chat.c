@@ -1,5 +1,14 @@
-/* chat.c - chat prompts as text in the Llama 3 and Llama 2 formats (see
- * chat.h). Pure string work: no tokenizer, no allocation.
+/* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral
+ * and Phi-3 formats, and the recognition of those families from a
+ * tokenizer.chat_template text (see chat.h). Pure string work: no
+ * tokenizer, no allocation.
+ *
+ * The formats follow each family's published template: Llama 3 and
+ * Llama 2 trim message content (their templates do); ChatML and Phi-3
+ * write it as is; Mistral's spacing around [INST]/[/INST] differs by
+ * tokenizer version (v1, v3, v3-tekken, as Mistral's tokenization guide
+ * writes them; the HF template of Mistral 7B v0.1/v0.2 is its own
+ * variant), and only v3 trims the assistant's text.
  */
 #include "gpud/chat.h"
 
@@ -7,6 +16,102 @@
 #include <string.h>
 
 #include "common/err.h"
+
+/* --- recognition ------------------------------------------------------------ */
+
+static bool has(const char *s, size_t len, const char *lit)
+{
+	return memmem(s, len, lit, strlen(lit)) != NULL;
+}
+
+/* lit quoted with ' or " (a Jinja string literal). */
+static bool has_quoted(const char *s, size_t len, const char *lit)
+{
+	char buf[32];
+	size_t n = strlen(lit);
+
+	if (n + 2 > sizeof(buf))
+		return false;
+	memcpy(buf + 1, lit, n);
+	buf[0] = buf[n + 1] = '\'';
+	if (memmem(s, len, buf, n + 2))
+		return true;
+	buf[0] = buf[n + 1] = '"';
+	return memmem(s, len, buf, n + 2) != NULL;
+}
+
+/* The Mistral variant from how the template spells its markers. */
+static enum gpud_chat_template mistral_variant(const char *s, size_t len)
+{
+	if (has_quoted(s, len, " [INST] "))
+		return GPUD_CHAT_MISTRAL_V1;
+	if (has_quoted(s, len, "[INST]"))
+		return GPUD_CHAT_MISTRAL_TEKKEN;
+	if (has_quoted(s, len, "[/INST]"))
+		return GPUD_CHAT_MISTRAL_V3; /* "[INST] " ... "[/INST]" */
+	return GPUD_CHAT_MISTRAL;            /* "[INST] " ... " [/INST]" */
+}
+
+enum gpud_chat_template gpud_chat_detect(const char *s, size_t len)
+{
+	if (!s)
+		return GPUD_CHAT_NONE;
+	if (has(s, len, "<|start_header_id|>") && has(s, len, "<|end_header_id|>"))
+		return GPUD_CHAT_LLAMA3;
+	if (has(s, len, "<|im_start|>"))
+		return has(s, len, "<|im_sep|>") ? GPUD_CHAT_NONE : GPUD_CHAT_CHATML;
+	if (has(s, len, "<|user|>") && has(s, len, "<|assistant|>") && has(s, len, "<|end|>"))
+		return GPUD_CHAT_PHI3;
+	if (has(s, len, "[INST]") && has(s, len, "[/INST]")) {
+		if (has(s, len, "<<SYS>>"))
+			return GPUD_CHAT_LLAMA2;
+		if (has(s, len, "[SYSTEM_PROMPT]"))
+			return GPUD_CHAT_NONE; /* Mistral v7: another format */
+		return mistral_variant(s, len);
+	}
+	return GPUD_CHAT_NONE;
+}
+
+static const char *const names[] = {
+	[GPUD_CHAT_NONE] = "auto",
+	[GPUD_CHAT_LLAMA3] = "llama3",
+	[GPUD_CHAT_LLAMA2] = "llama2",
+	[GPUD_CHAT_CHATML] = "chatml",
+	[GPUD_CHAT_MISTRAL] = "mistral",
+	[GPUD_CHAT_MISTRAL_V1] = "mistral-v1",
+	[GPUD_CHAT_MISTRAL_V3] = "mistral-v3",
+	[GPUD_CHAT_MISTRAL_TEKKEN] = "mistral-v3-tekken",
+	[GPUD_CHAT_PHI3] = "phi3",
+};
+
+int gpud_chat_parse(const char *name, enum gpud_chat_template *out)
+{
+	for (size_t i = 0; name && i < sizeof(names) / sizeof(names[0]); i++) {
+		if (!strcmp(name, names[i])) {
+			*out = (enum gpud_chat_template)i;
+			return 0;
+		}
+	}
+	return -EINVAL;
+}
+
+const char *gpud_chat_name(enum gpud_chat_template t)
+{
+	return (unsigned)t < sizeof(names) / sizeof(names[0]) ? names[t] : "?";
+}
+
+bool gpud_chat_writes_bos(enum gpud_chat_template t)
+{
+	return t == GPUD_CHAT_LLAMA3 || t == GPUD_CHAT_LLAMA2 || gpud_chat_is_mistral(t);
+}
+
+bool gpud_chat_is_mistral(enum gpud_chat_template t)
+{
+	return t == GPUD_CHAT_MISTRAL || t == GPUD_CHAT_MISTRAL_V1 || t == GPUD_CHAT_MISTRAL_V3 ||
+	       t == GPUD_CHAT_MISTRAL_TEKKEN;
+}
+
+/* --- formatting ------------------------------------------------------------- */
 
 struct sbuf {
 	char *p;
@@ -29,7 +134,7 @@ static bool ascii_space(char c)
 	return c == ' ' || (c >= '\t' && c <= '\r');
 }
 
-/* Content with leading and trailing whitespace removed, as both official
+/* Content with leading and trailing whitespace removed, as the Llama
  * templates do (Jinja trim / Python strip; ASCII whitespace only here). */
 static void sb_trimmed(struct sbuf *b, const char *s)
 {
@@ -41,6 +146,121 @@ static void sb_trimmed(struct sbuf *b, const char *s)
 	while (n > 0 && ascii_space(s[n - 1]))
 		n--;
 	sb_put(b, s, n);
+}
+
+static void fmt_llama3(struct sbuf *b, const struct gpud_chat_msg *msgs, size_t n, bool ass)
+{
+	sb_str(b, "<|begin_of_text|>");
+	for (size_t i = 0; i < n; i++) {
+		sb_str(b, "<|start_header_id|>");
+		sb_str(b, msgs[i].role);
+		sb_str(b, "<|end_header_id|>\n\n");
+		sb_trimmed(b, msgs[i].content);
+		sb_str(b, "<|eot_id|>");
+	}
+	if (ass)
+		sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+static void fmt_llama2(struct sbuf *b, const struct gpud_chat_msg *msgs, size_t n)
+{
+	const char *sys = NULL;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *r = msgs[i].role;
+		if (!strcmp(r, "system")) {
+			sys = msgs[i].content;
+		} else if (!strcmp(r, "user")) {
+			sb_str(b, "<s>[INST] ");
+			if (sys) {
+				sb_str(b, "<<SYS>>\n");
+				sb_trimmed(b, sys);
+				sb_str(b, "\n<</SYS>>\n\n");
+				sys = NULL;
+			}
+			sb_trimmed(b, msgs[i].content);
+			sb_str(b, " [/INST]");
+		} else {
+			sb_str(b, " ");
+			sb_trimmed(b, msgs[i].content);
+			sb_str(b, " </s>");
+		}
+	}
+}
+
+/* ChatML and Phi-3: one block per message, no BOS, content as is. */
+static void fmt_blocks(struct sbuf *b, const struct gpud_chat_msg *msgs, size_t n, bool ass,
+		       bool chatml)
+{
+	for (size_t i = 0; i < n; i++) {
+		sb_str(b, chatml ? "<|im_start|>" : "<|");
+		sb_str(b, msgs[i].role);
+		sb_str(b, chatml ? "\n" : "|>\n");
+		sb_str(b, msgs[i].content);
+		sb_str(b, chatml ? "<|im_end|>\n" : "<|end|>\n");
+	}
+	if (ass)
+		sb_str(b, chatml ? "<|im_start|>assistant\n" : "<|assistant|>\n");
+}
+
+struct mistral_style {
+	const char *open, *close, *ass; /* before a user turn, after it, before an answer */
+	bool trim_ass;
+};
+
+static const struct mistral_style mistral_styles[] = {
+	[0] = { "[INST] ", " [/INST]", "", false },   /* GPUD_CHAT_MISTRAL */
+	[1] = { " [INST] ", " [/INST]", " ", false }, /* v1 */
+	[2] = { "[INST] ", "[/INST]", " ", true },    /* v3 */
+	[3] = { "[INST]", "[/INST]", "", false },     /* v3-tekken */
+};
+
+/* Mistral: no system role; the system text goes before the next user
+ * message, separated by a blank line (with add_assistant_header and no
+ * user message after it, it is the user turn). BOS once, before the
+ * first turn. */
+static void fmt_mistral(struct sbuf *b, enum gpud_chat_template tmpl,
+			const struct gpud_chat_msg *msgs, size_t n, bool ass)
+{
+	const struct mistral_style *st = &mistral_styles[tmpl - GPUD_CHAT_MISTRAL];
+	const char *sys = NULL;
+	bool bos = false;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *r = msgs[i].role;
+		if (!strcmp(r, "system")) {
+			sys = msgs[i].content;
+			continue;
+		}
+		if (!bos) {
+			sb_str(b, "<s>");
+			bos = true;
+		}
+		if (!strcmp(r, "user")) {
+			sb_str(b, st->open);
+			if (sys) {
+				sb_str(b, sys);
+				sb_str(b, "\n\n");
+				sys = NULL;
+			}
+			sb_str(b, msgs[i].content);
+			sb_str(b, st->close);
+		} else {
+			sb_str(b, st->ass);
+			if (st->trim_ass)
+				sb_trimmed(b, msgs[i].content);
+			else
+				sb_str(b, msgs[i].content);
+			sb_str(b, "</s>");
+		}
+	}
+	if (ass && sys) {
+		if (!bos)
+			sb_str(b, "<s>");
+		sb_str(b, st->open);
+		sb_str(b, sys);
+		sb_str(b, st->close);
+	}
 }
 
 long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *msgs, size_t n,
@@ -56,41 +276,21 @@ long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *
 	}
 	switch (tmpl) {
 	case GPUD_CHAT_LLAMA3:
-		sb_str(&b, "<|begin_of_text|>");
-		for (size_t i = 0; i < n; i++) {
-			sb_str(&b, "<|start_header_id|>");
-			sb_str(&b, msgs[i].role);
-			sb_str(&b, "<|end_header_id|>\n\n");
-			sb_trimmed(&b, msgs[i].content);
-			sb_str(&b, "<|eot_id|>");
-		}
-		if (add_assistant_header)
-			sb_str(&b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+		fmt_llama3(&b, msgs, n, add_assistant_header);
 		break;
-	case GPUD_CHAT_LLAMA2: {
-		const char *sys = NULL;
-		for (size_t i = 0; i < n; i++) {
-			const char *r = msgs[i].role;
-			if (!strcmp(r, "system")) {
-				sys = msgs[i].content;
-			} else if (!strcmp(r, "user")) {
-				sb_str(&b, "<s>[INST] ");
-				if (sys) {
-					sb_str(&b, "<<SYS>>\n");
-					sb_trimmed(&b, sys);
-					sb_str(&b, "\n<</SYS>>\n\n");
-					sys = NULL;
-				}
-				sb_trimmed(&b, msgs[i].content);
-				sb_str(&b, " [/INST]");
-			} else {
-				sb_str(&b, " ");
-				sb_trimmed(&b, msgs[i].content);
-				sb_str(&b, " </s>");
-			}
-		}
+	case GPUD_CHAT_LLAMA2:
+		fmt_llama2(&b, msgs, n);
 		break;
-	}
+	case GPUD_CHAT_CHATML:
+	case GPUD_CHAT_PHI3:
+		fmt_blocks(&b, msgs, n, add_assistant_header, tmpl == GPUD_CHAT_CHATML);
+		break;
+	case GPUD_CHAT_MISTRAL:
+	case GPUD_CHAT_MISTRAL_V1:
+	case GPUD_CHAT_MISTRAL_V3:
+	case GPUD_CHAT_MISTRAL_TEKKEN:
+		fmt_mistral(&b, tmpl, msgs, n, add_assistant_header);
+		break;
 	default:
 		return SW_EUNSUPPORTED;
 	}

@@ -485,7 +485,20 @@ static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, 
 		return rc;
 	}
 	d->tok = gpud_model_tokenizer(d->model);
-	d->tmpl = gpud_tokenizer_chat_template(d->tok);
+	/* gpud.chat_format: a bad name stops the start; a model whose format
+	 * is unknown still serves plain requests, and chat ones get the
+	 * error gpud_tokenizer_chat_resolve writes (daemon_segments.c). */
+	enum gpud_chat_template choice;
+	if (gpud_chat_parse(d->cfg.gpud.chat_format, &choice) != 0) {
+		if (check_only)
+			fprintf(out, "gpud.chat_format: unknown format \"%s\" (%s)\n",
+				d->cfg.gpud.chat_format, GPUD_CHAT_NAMES);
+		else
+			log_error("gpud.chat_format: unknown format \"%s\" (%s)",
+				  d->cfg.gpud.chat_format, GPUD_CHAT_NAMES);
+		return -EINVAL;
+	}
+	(void)gpud_tokenizer_chat_resolve(d->tok, choice, &d->tmpl, err, sizeof(err));
 	model_desc(d->model, st->name, sizeof(st->name), &st->params, &st->type);
 	return 0;
 }
@@ -531,8 +544,8 @@ static void log_model_plan(const struct gpud_daemon *d, const struct start *st)
 		 "%u/%u, vocab %u, n_ctx %u (using %u), chat template %s", st->name,
 		 d->cfg.gpud.model, st->params, st->type, hp->n_layers, hp->dim, hp->n_heads,
 		 hp->n_kv_heads, hp->n_vocab, hp->n_ctx, st->z.n_ctx,
-		 d->tmpl == GPUD_CHAT_LLAMA3 ? "llama3" :
-		 d->tmpl == GPUD_CHAT_LLAMA2 ? "llama2" : "none");
+		 d->tmpl == GPUD_CHAT_NONE ? "none (chat requests refused)" :
+		 gpud_chat_name(d->tmpl));
 	gpud__log_plan(&d->cfg, &st->z, &d->plan, st->kv_block_bytes,
 		       gpud_model_weight_bytes(d->model));
 }

@@ -73,9 +73,13 @@ int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_temp
 	bool over = false;
 
 	*n_ids = 0;
-	if (chat && tmpl == GPUD_CHAT_NONE)
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "chat formatting: no chat template known for this model");
+	if (chat && tmpl == GPUD_CHAT_NONE) {
+		/* its message: why, and --chat-format / gpud.chat_format */
+		enum gpud_chat_template t;
+		int rc = gpud_tokenizer_chat_resolve(tok, GPUD_CHAT_NONE, &t, err, errlen);
+		return rc ? rc : sw_seterr(err, errlen, SW_EUNSUPPORTED,
+					   "chat formatting: no chat format for this model");
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		const char *text = segs[i].text;
 		size_t len = segs[i].len, got = 0;
@@ -96,6 +100,8 @@ int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_temp
 			text = sc->fmt;
 			len = (size_t)l;
 			flags = GPUD_TOK_PARSE_SPECIAL; /* the template's tokens */
+			if (i == 0 && !gpud_chat_writes_bos(tmpl))
+				flags |= GPUD_TOK_ADD_BOS; /* as the vocab says */
 		} else {
 			/* The text is a view into the client's request area, which
 			 * the client may rewrite while we read it, and the

@@ -36,17 +36,18 @@
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: gpud serve [--config FILE] [--check]\n"
+		"usage: gpud serve [--config FILE] [--check] [--chat-format F]\n"
 		"       gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
 		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
-		"                     [--stop STRING]...\n"
+		"                     [--stop STRING]... [--chat-format F]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
 		"                     [--rope-scale F] [--preset tiny|llama-3.2-3b] [--name S]\n"
-		"       gpud --version\n");
+		"       gpud --version\n"
+		"chat formats (F): " GPUD_CHAT_NAMES "\n");
 }
 
 /* Parses a number or dies with a usage error naming the option. */
@@ -71,10 +72,11 @@ static int cmd_serve(int argc, char **argv)
 	static const struct option opts[] = {
 		{ "config", required_argument, NULL, 'c' },
 		{ "check", no_argument, NULL, 'n' },
+		{ "chat-format", required_argument, NULL, 'f' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	const char *path = NULL;
+	const char *path = NULL, *chat_format = NULL;
 	struct sw_config cfg;
 	char err[SW_ERR_MAX] = "";
 	bool check = false;
@@ -84,6 +86,7 @@ static int cmd_serve(int argc, char **argv)
 		switch (c) {
 		case 'c': path = optarg; break;
 		case 'n': check = true; break;
+		case 'f': chat_format = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return EXIT_USAGE;
 		}
@@ -97,6 +100,16 @@ static int cmd_serve(int argc, char **argv)
 	rc = path ? sw_config_load_file(path, &cfg, err, sizeof(err)) : 0;
 	if (!rc)
 		rc = sw_config_apply_env(&cfg, err, sizeof(err));
+	if (!rc && chat_format) { /* the command line over file and environment */
+		enum gpud_chat_template t;
+		if (gpud_chat_parse(chat_format, &t) != 0 ||
+		    strlen(chat_format) >= sizeof(cfg.gpud.chat_format)) {
+			fprintf(stderr, "gpud serve: --chat-format: unknown format \"%s\" (%s)\n",
+				chat_format, GPUD_CHAT_NAMES);
+			return EXIT_USAGE;
+		}
+		snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "%s", chat_format);
+	}
 	if (!rc)
 		rc = sw_config_validate(&cfg, SW_CONFIG_NEED_MODEL, err, sizeof(err));
 	if (rc) {
@@ -151,6 +164,7 @@ static int cmd_generate(int argc, char **argv)
 		{ "min-p", required_argument, NULL, 'M' },
 		{ "context", required_argument, NULL, 'c' },
 		{ "chat", no_argument, NULL, 'C' },
+		{ "chat-format", required_argument, NULL, 'f' },
 		{ "stop", required_argument, NULL, 'x' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -162,6 +176,7 @@ static int cmd_generate(int argc, char **argv)
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
 	char err[SW_ERR_MAX] = "", *chat = NULL;
+	enum gpud_chat_template choice = GPUD_CHAT_NONE; /* auto */
 	bool use_chat = false;
 	int c, rc;
 
@@ -181,6 +196,14 @@ static int cmd_generate(int argc, char **argv)
 		case 'M': gp.sampling.min_p = (float)num("min-p", optarg, 0, 1); break;
 		case 'c': ep.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
 		case 'C': use_chat = true; break;
+		case 'f': /* implies --chat */
+			if (gpud_chat_parse(optarg, &choice) != 0) {
+				fprintf(stderr, "gpud generate: --chat-format: unknown format "
+					"\"%s\" (%s)\n", optarg, GPUD_CHAT_NAMES);
+				return EXIT_USAGE;
+			}
+			use_chat = true;
+			break;
 		case 'x':
 			if (gp.n_stop == GPUD_STOP_MAX_STRINGS) {
 				fprintf(stderr, "gpud generate: at most %d --stop strings\n",
@@ -206,13 +229,13 @@ static int cmd_generate(int argc, char **argv)
 	}
 	if (use_chat) {
 		const struct gpud_tokenizer *tok = gpud_model_tokenizer(m);
-		enum gpud_chat_template tmpl = gpud_tokenizer_chat_template(tok);
+		enum gpud_chat_template tmpl;
 		struct gpud_chat_msg msg = { .role = "user", .content = prompt };
 		long n;
 
-		if (tmpl == GPUD_CHAT_NONE) {
-			fprintf(stderr, "gpud: %s: no chat template known for this model\n", model_path);
-			rc = 1;
+		rc = gpud_tokenizer_chat_resolve(tok, choice, &tmpl, err, sizeof(err));
+		if (rc) {
+			fprintf(stderr, "gpud: %s: %s\n", model_path, err);
 			goto out;
 		}
 		n = gpud_chat_format(tmpl, &msg, 1, true, NULL, 0);
@@ -224,7 +247,8 @@ static int cmd_generate(int argc, char **argv)
 		}
 		prompt = chat;
 		gp.parse_special = true;
-		gp.no_bos = true; /* the templates write BOS themselves */
+		/* BOS: written by the format, else the vocab's to add */
+		gp.no_bos = gpud_chat_writes_bos(tmpl);
 	}
 	rc = gpud_engine_create(&e, m, &ep, err, sizeof(err));
 	if (rc) {

@@ -360,11 +360,6 @@ static bool str_is(const struct gpud_gguf_str *s, const char *lit)
 	return s->len == n && memcmp(s->s, lit, n) == 0;
 }
 
-static bool mem_has(const char *s, size_t len, const char *lit)
-{
-	return memmem(s, len, lit, strlen(lit)) != NULL;
-}
-
 static int32_t get_id(const struct gpud_gguf *g, const struct gpud_tokenizer *t, const char *key)
 {
 	uint32_t v;
@@ -484,6 +479,8 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 	t->add_bos = t->kind == KIND_SPM || t->pre == PRE_LLAMA3;
 	if (gpud_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == 0)
 		t->add_bos = b;
+	if (gpud_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) == 0)
+		t->add_eos = b;
 	t->add_space_prefix = t->kind == KIND_SPM;
 	if (gpud_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b) == 0)
 		t->add_space_prefix = b;
@@ -499,11 +496,14 @@ static void mark_eog(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 		"<|im_end|>", "<|end|>",
 	};
 	int32_t eot = get_id(g, t, "tokenizer.ggml.eot_token_id");
+	int32_t eom = get_id(g, t, "tokenizer.ggml.eom_token_id");
 
 	if (t->eos >= 0)
 		t->tok[t->eos].flags |= TF_EOG;
 	if (eot >= 0)
 		t->tok[eot].flags |= TF_EOG;
+	if (eom >= 0)
+		t->tok[eom].flags |= TF_EOG;
 	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
 		int32_t id = vocab_lookup(t, names[i], strlen(names[i]));
 		/* only marker tokens: a normal token spelled "</s>" is text */
@@ -530,21 +530,56 @@ static bool spm_can_split(const struct gpud_tokenizer *t)
 	return true;
 }
 
+/* The family the template text names; without the key, Llama 3 when the
+ * vocab has its header tokens (files converted before templates were
+ * stored). chat_text records whether there was a text, for the error
+ * gpud_tokenizer_chat_resolve writes. */
 static void detect_chat(struct gpud_tokenizer *t, const struct gpud_gguf *g)
 {
 	struct gpud_gguf_str s;
 
 	t->chat = GPUD_CHAT_NONE;
-	if (gpud_gguf_get_str(g, "tokenizer.chat_template", &s) == 0) {
-		if (mem_has(s.s, s.len, "<|start_header_id|>"))
-			t->chat = GPUD_CHAT_LLAMA3;
-		else if (mem_has(s.s, s.len, "[INST]"))
-			t->chat = GPUD_CHAT_LLAMA2;
-		if (t->chat != GPUD_CHAT_NONE)
-			return;
+	t->chat_text = gpud_gguf_get_str(g, "tokenizer.chat_template", &s) == 0;
+	if (t->chat_text) {
+		t->chat = gpud_chat_detect(s.s, s.len);
+		return;
 	}
 	if (gpud_tokenizer_find(t, "<|start_header_id|>", 19) >= 0)
 		t->chat = GPUD_CHAT_LLAMA3;
+}
+
+/* Special tokens' lstrip/rstrip (whitespace next to them is dropped when
+ * they are matched in text). GGUF has no key for these attributes; as
+ * llama.cpp does, they come from the model: Phi-3 files (general.name
+ * "phi3"/"phi-3", or a Phi-3 chat template) have rstrip on their special
+ * tokens and "</s>", except <unk>, <s> and <|endoftext|> (its HF added
+ * tokens carry rstrip). */
+static void mark_strip(struct gpud_tokenizer *t, const struct gpud_gguf *g)
+{
+	static const char *const keep[] = { "<unk>", "<s>", "<|endoftext|>" };
+	struct gpud_gguf_str s;
+	char name[64];
+	bool phi3 = t->chat == GPUD_CHAT_PHI3;
+
+	if (gpud_gguf_get_str(g, "general.name", &s) == 0) {
+		size_t n = s.len < sizeof(name) - 1 ? s.len : sizeof(name) - 1;
+		for (size_t i = 0; i < n; i++)
+			name[i] = (char)(s.s[i] >= 'A' && s.s[i] <= 'Z' ? s.s[i] + 32 : s.s[i]);
+		name[n] = '\0';
+		phi3 = phi3 || strstr(name, "phi3") || strstr(name, "phi-3");
+	}
+	if (!phi3)
+		return;
+	for (uint32_t k = 0; k < t->n_special; k++)
+		t->tok[t->special[k]].flags |= TF_RSTRIP;
+	int32_t id = vocab_lookup(t, "</s>", 4);
+	if (id >= 0 && id < t->n_vocab)
+		t->tok[id].flags |= TF_RSTRIP;
+	for (size_t i = 0; i < sizeof(keep) / sizeof(keep[0]); i++) {
+		id = vocab_lookup(t, keep[i], strlen(keep[i]));
+		if (id >= 0 && id < t->n_vocab)
+			t->tok[id].flags &= (uint8_t)~TF_RSTRIP;
+	}
 }
 
 int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, char *err,
@@ -619,6 +654,7 @@ int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g, 
 	}
 	t->spm_split = t->kind == KIND_SPM && spm_can_split(t);
 	detect_chat(t, g);
+	mark_strip(t, g);
 	*out = t;
 	return 0;
 

@@ -40,7 +40,34 @@ enum gpud_chat_template gpud_tokenizer_chat_template(const struct gpud_tokenizer
 	return t->chat;
 }
 
+bool gpud_tokenizer_add_eos(const struct gpud_tokenizer *t) { return t->add_eos && t->eos >= 0; }
+
+int gpud_tokenizer_chat_resolve(const struct gpud_tokenizer *t, enum gpud_chat_template choice,
+				enum gpud_chat_template *out, char *err, size_t errlen)
+{
+	*out = choice;
+	if (choice == GPUD_CHAT_MISTRAL && gpud_chat_is_mistral(t->chat))
+		*out = t->chat; /* "mistral": the file's own spacing */
+	if (choice != GPUD_CHAT_NONE)
+		return 0;
+	*out = t->chat;
+	if (t->chat != GPUD_CHAT_NONE)
+		return 0;
+	return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+			 "chat formatting: %s; choose a format with --chat-format "
+			 "(or config gpud.chat_format): %s",
+			 t->chat_text ? "the model's tokenizer.chat_template is not one gpud "
+					"recognizes" : "the model has no tokenizer.chat_template",
+			 GPUD_CHAT_NAMES);
+}
+
 /* --- encoding: entry point ------------------------------------------------- */
+
+/* isspace in the C locale (what lstrip/rstrip drop). */
+static bool is_space(char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r');
+}
 
 /* Longest special token whose text starts at text[i], or -1. Without
  * all, only the user-defined tokens plain text may hold (mergeable()). */
@@ -114,15 +141,24 @@ int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size
 				i++;
 				continue;
 			}
-			rc = encode_run(t, text + run, i - run, &o, scratch);
+			size_t end = i;
+			if (t->tok[id].flags & TF_LSTRIP)
+				while (end > run && is_space(text[end - 1]))
+					end--;
+			rc = encode_run(t, text + run, end - run, &o, scratch);
 			if (rc)
 				goto out;
 			emit(&o, id);
 			i += t->tok[id].len;
+			if (t->tok[id].flags & TF_RSTRIP)
+				while (i < len && is_space(text[i]))
+					i++;
 			run = i;
 		}
 	}
 	rc = encode_run(t, text + run, len - run, &o, scratch);
+	if (!rc && (flags & GPUD_TOK_ADD_EOS) && t->add_eos && t->eos >= 0)
+		emit(&o, t->eos);
 out:
 	sw_arena_rewind(scratch, mark);
 	if (rc) {

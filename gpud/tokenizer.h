@@ -27,6 +27,8 @@ struct gpud_tokenizer;
 enum {
 	GPUD_TOK_ADD_BOS = 1 << 0,       /* prepend BOS when the vocab asks for it */
 	GPUD_TOK_PARSE_SPECIAL = 1 << 1, /* "<|eot_id|>" in text becomes the special id */
+	GPUD_TOK_ADD_EOS = 1 << 2,       /* append EOS when the vocab asks for it (not
+					  * for generation prompts: EOS would end them) */
 };
 
 /* Builds a tokenizer from g's metadata (works on vocab-only files). The
@@ -51,6 +53,10 @@ bool gpud_tokenizer_is_eog(const struct gpud_tokenizer *t, int32_t id);
  * and the vocab has a BOS id. */
 bool gpud_tokenizer_add_bos(const struct gpud_tokenizer *t);
 
+/* True when EOS is appended by default (tokenizer.ggml.add_eos_token,
+ * false without the key) and the vocab has an EOS id. */
+bool gpud_tokenizer_add_eos(const struct gpud_tokenizer *t);
+
 /* Id of the token whose text is exactly text[0..len), or -1. */
 int32_t gpud_tokenizer_find(const struct gpud_tokenizer *t, const char *text, size_t len);
 
@@ -71,9 +77,13 @@ size_t gpud_tokenizer_scratch_bytes(const struct gpud_tokenizer *t, size_t len);
  * user-defined tokens that are not end-of-generation (Qwen2's <tool_call>)
  * are matched so, as in llama.cpp; other such text is ordinary text, and
  * merges never produce control, unknown, byte, unused or
- * end-of-generation tokens. Invalid UTF-8 is kept byte for byte (byte
- * fallback); a byte the vocab cannot spell becomes the unknown token when
- * the vocab has one, else it is dropped. len above 1 GiB: SW_ETOOLONG. */
+ * end-of-generation tokens. A matched special token with lstrip (rstrip)
+ * drops the whitespace before (after) it; GGUF carries no such flags, so
+ * they follow the model as llama.cpp does: Phi-3 files have rstrip on
+ * their special tokens (see tok_load.c). Invalid UTF-8 is kept byte for
+ * byte (byte fallback); a byte the vocab cannot spell becomes the unknown
+ * token when the vocab has one, else it is dropped. With ADD_EOS, EOS is
+ * appended when the vocab asks for it. len above 1 GiB: SW_ETOOLONG. */
 int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
 			  unsigned flags, int32_t *ids, size_t cap, size_t *n_out,
 			  struct sw_arena *scratch);
@@ -106,9 +116,19 @@ int gpud_detok_push(const struct gpud_tokenizer *t, struct gpud_detok *d, int32_
 /* Flushes what is held back at the end of generation (as U+FFFD). */
 int gpud_detok_flush(struct gpud_detok *d, char *out, size_t cap);
 
-/* The chat template the model's metadata names (tokenizer.chat_template)
- * or, without one, its vocabulary implies; GPUD_CHAT_NONE when neither
- * matches a template gpud_chat_format writes (chat.h). */
+/* The chat format the model's tokenizer.chat_template text is recognized
+ * as (gpud_chat_detect) or, without that key, its vocabulary implies
+ * (Llama 3 header tokens); GPUD_CHAT_NONE when neither. */
 enum gpud_chat_template gpud_tokenizer_chat_template(const struct gpud_tokenizer *t);
+
+/* The format to use for chat requests: choice (from --chat-format or
+ * gpud.chat_format) unless it is GPUD_CHAT_NONE (auto), then the
+ * detected one; the choice "mistral" keeps the file's own Mistral
+ * variant when it has one. Returns 0 with *out set, or SW_EUNSUPPORTED
+ * (*out GPUD_CHAT_NONE) with a message in err that says whether the
+ * template was missing or unrecognized and names --chat-format, config
+ * gpud.chat_format and the values. */
+int gpud_tokenizer_chat_resolve(const struct gpud_tokenizer *t, enum gpud_chat_template choice,
+				enum gpud_chat_template *out, char *err, size_t errlen);
 
 #endif

@@ -40,6 +40,8 @@ enum tok_kind { KIND_SPM, KIND_BPE };
 enum tok_pre { PRE_GPT2, PRE_LLAMA3, PRE_STARCODER, PRE_QWEN2 };
 
 #define TF_EOG 0x01
+#define TF_LSTRIP 0x02 /* whitespace before it is dropped when matched as special */
+#define TF_RSTRIP 0x04 /* whitespace after it likewise */
 
 #define MAX_TOKEN_BYTES (1u << 16)
 
@@ -93,9 +95,10 @@ struct gpud_tokenizer {
 	bool plain_first[256];    /* first bytes of those tokens */
 
 	int32_t bos, eos, unk;
-	bool add_bos, add_space_prefix, ignore_merges;
+	bool add_bos, add_eos, add_space_prefix, ignore_merges;
 	bool spm_split;           /* no mergeable token has "▁" after another character */
-	enum gpud_chat_template chat;
+	enum gpud_chat_template chat; /* detected (gpud_chat_detect) */
+	bool chat_text;           /* the file has tokenizer.chat_template */
 };
 
 /* Tokens plain text may turn into through merges: normal and user-defined

@@ -874,7 +874,12 @@ static void test_cli(void **state)
 	snprintf(cmd, sizeof(cmd), "%s generate --model %s --prompt Hi --chat 2>&1", GPUD_BIN,
 		 STORIES);
 	assert_int_equal(run(cmd, out, sizeof(out)), 1);
-	assert_non_null(strstr(out, "chat template"));
+	assert_non_null(strstr(out, "has no tokenizer.chat_template"));
+	assert_non_null(strstr(out, "--chat-format"));
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --prompt Hi --chat-format vicuna 2>&1",
+		 GPUD_BIN, STORIES);
+	assert_int_equal(run(cmd, out, sizeof(out)), 2);
+	assert_non_null(strstr(out, "unknown format \"vicuna\""));
 
 	snprintf(cmd, sizeof(cmd), "%s mkmodel --dim 64 2>&1", GPUD_BIN);
 	assert_int_equal(run(cmd, out, sizeof(out)), 2); /* no --out */

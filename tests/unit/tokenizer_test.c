@@ -1328,8 +1328,8 @@ static void test_chat_format(void **state)
 	t = load_path(VOCAB_DIR "ggml-vocab-llama-spm.gguf");
 	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_NONE);
 	gpud_tokenizer_free(t);
-	t = load_path(VOCAB_DIR "ggml-vocab-phi-3.gguf"); /* its own template */
-	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_NONE);
+	t = load_path(VOCAB_DIR "ggml-vocab-phi-3.gguf"); /* Phi-3's template */
+	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_PHI3);
 	assert_true(gpud_tokenizer_is_eog(t, 32000));  /* EOS <|endoftext|> */
 	assert_true(gpud_tokenizer_is_eog(t, 32007));  /* <|end|> */
 	assert_true(gpud_tokenizer_is_eog(t, 2));      /* </s> (user-defined here) */
@@ -1350,7 +1350,7 @@ static void test_chat_detect(void **state)
 	char err[SW_ERR_MAX];
 
 	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
-	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_LLAMA2);
+	assert_int_equal(gpud_tokenizer_chat_template(t), GPUD_CHAT_MISTRAL); /* no <<SYS>> */
 	assert_true(gpud_tokenizer_is_eog(t, 2)); /* "</s>" by name, no eos key */
 	assert_false(gpud_tokenizer_is_eog(t, 4)); /* a normal token is only text */
 	assert_int_equal(gpud_tokenizer_bos(t), -1);
