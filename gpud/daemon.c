@@ -474,21 +474,12 @@ static void log_start(const struct sw_config *cfg)
 static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
 {
 	char err[SW_ERR_MAX] = "";
+	enum gpud_chat_template choice;
 	int rc;
 
-	rc = gpud_model_load(&d->model, d->cfg.gpud.model, err, sizeof(err));
-	if (rc) {
-		if (check_only)
-			fprintf(out, "gpud.model: %s\n", err);
-		else
-			log_error("gpud.model: %s", err);
-		return rc;
-	}
-	d->tok = gpud_model_tokenizer(d->model);
 	/* gpud.chat_format: a bad name stops the start; a model whose format
 	 * is unknown still serves plain requests, and chat ones get the
 	 * error gpud_tokenizer_chat_resolve writes (daemon_segments.c). */
-	enum gpud_chat_template choice;
 	if (gpud_chat_parse(d->cfg.gpud.chat_format, &choice) != 0) {
 		if (check_only)
 			fprintf(out, "gpud.chat_format: unknown format \"%s\" (%s)\n",
@@ -498,6 +489,16 @@ static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, 
 				  d->cfg.gpud.chat_format, GPUD_CHAT_NAMES);
 		return -EINVAL;
 	}
+	rc = gpud_model_load(&d->model, d->cfg.gpud.model, err, sizeof(err));
+	if (rc) {
+		if (check_only)
+			fprintf(out, "gpud.model: %s\n", err);
+		else
+			log_error("gpud.model: %s", err);
+		return rc;
+	}
+	d->tok = gpud_model_tokenizer(d->model);
+	/* unknown: GPUD_CHAT_NONE, said in the start's model line */
 	(void)gpud_tokenizer_chat_resolve(d->tok, choice, &d->tmpl, err, sizeof(err));
 	model_desc(d->model, st->name, sizeof(st->name), &st->params, &st->type);
 	return 0;
@@ -531,6 +532,9 @@ static void print_check(const struct gpud_daemon *d, const struct start *st, FIL
 	fprintf(out, "model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, "
 		"n_ctx %u (using %u)\n", st->name, d->cfg.gpud.model, st->params, st->type,
 		hp->n_layers, hp->dim, hp->n_ctx, st->z.n_ctx);
+	fprintf(out, "chat format: %s\n", d->tmpl == GPUD_CHAT_NONE ?
+		"none (chat requests are refused; choose one with --chat-format or "
+		"gpud.chat_format)" : gpud_chat_name(d->tmpl));
 	gpud__print_plan(out, &d->cfg, &st->z, &d->plan, st->kv_block_bytes,
 			 gpud_model_weight_bytes(d->model));
 }
@@ -541,7 +545,7 @@ static void log_model_plan(const struct gpud_daemon *d, const struct start *st)
 	const struct gpud_model_hparams *hp = gpud_model_hparams(d->model);
 
 	log_info("model: %s (%s): %" PRIu64 " parameters, %s, %u layers, dim %u, heads "
-		 "%u/%u, vocab %u, n_ctx %u (using %u), chat template %s", st->name,
+		 "%u/%u, vocab %u, n_ctx %u (using %u), chat format %s", st->name,
 		 d->cfg.gpud.model, st->params, st->type, hp->n_layers, hp->dim, hp->n_heads,
 		 hp->n_kv_heads, hp->n_vocab, hp->n_ctx, st->z.n_ctx,
 		 d->tmpl == GPUD_CHAT_NONE ? "none (chat requests refused)" :

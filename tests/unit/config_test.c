@@ -54,6 +54,7 @@ static void test_defaults(void **state)
 	assert_string_equal(c.postgres.url, "postgresql://swarm@127.0.0.1:5432/swarm");
 	assert_string_equal(c.gpud.socket, "/run/swarm/gpud.sock");
 	assert_string_equal(c.gpud.model, "");
+	assert_string_equal(c.gpud.chat_format, "auto");
 	assert_int_equal(c.gpud.n_devices, 1);
 	assert_int_equal(c.gpud.devices[0].kind, SW_DEVICE_CPU);
 	assert_true(c.gpud.memory_fraction == 0.9);
@@ -354,7 +355,7 @@ static const char *env_names[] = {
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
 	"SWARM_SUPERVISOR_HANG_MS", "SWARM_LEASE_MS", "SWARM_FETCH_FILE_DIRS",
-	"SWARM_FETCH_ALLOW_CIDRS",
+	"SWARM_FETCH_ALLOW_CIDRS", "SWARM_CHAT_FORMAT",
 };
 
 static int clear_env(void **state)
@@ -385,6 +386,7 @@ static void test_env_overrides(void **state)
 	setenv("SWARM_DEVICES", "cuda:0, cuda:1 ,cpu", 1);
 	setenv("SWARM_THREADS", "6", 1);
 	setenv("SWARM_WORKERS", "12", 1);
+	setenv("SWARM_CHAT_FORMAT", "chatml", 1);
 	snprintf(c.log.file, sizeof(c.log.file), "/var/log/x.log");
 	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
 	assert_string_equal(c.state_dir, "/data/swarm");
@@ -400,11 +402,14 @@ static void test_env_overrides(void **state)
 	assert_int_equal(c.gpud.devices[2].kind, SW_DEVICE_CPU);
 	assert_int_equal(c.gpud.threads, 6);
 	assert_int_equal(c.agentd.workers, 12);
+	assert_string_equal(c.gpud.chat_format, "chatml");
 	assert_int_equal(sw_config_validate(&c, SW_CONFIG_NEED_MODEL, err, sizeof(err)), 0);
 
 	/* Env beats the file: load, then apply. */
 	struct sw_config f;
-	load_ok("{\"agentd\": {\"workers\": 2}, \"gpud\": {\"max_seqs\": 7}}", &f);
+	load_ok("{\"agentd\": {\"workers\": 2}, \"gpud\": {\"max_seqs\": 7, "
+		"\"chat_format\": \"phi3\"}}", &f);
+	assert_string_equal(f.gpud.chat_format, "phi3");
 	assert_int_equal(sw_config_apply_env(&f, err, sizeof(err)), 0);
 	assert_int_equal(f.agentd.workers, 12);
 	assert_int_equal(f.gpud.max_seqs, 7);

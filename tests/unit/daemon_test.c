@@ -280,6 +280,28 @@ static void test_chat_segment_text(void **state)
 	n = gpud_chat_segment(GPUD_CHAT_LLAMA2, s, 3, true, out, sizeof(out), copy, sizeof(copy));
 	assert_string_equal(out, "<s>[INST] Bye [/INST]");
 
+	/* ChatML and Phi-3: one block per segment; Mistral v3: the system
+	 * text opens the first [INST], as with Llama 2. */
+	n = gpud_chat_segment(GPUD_CHAT_CHATML, s, 0, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|im_start|>system\nYou are terse.  <|im_end|>\n");
+	n = gpud_chat_segment(GPUD_CHAT_CHATML, s, 3, true, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n");
+	assert_int_equal(n, (long)strlen(out));
+	n = gpud_chat_segment(GPUD_CHAT_PHI3, s, 2, false, out, sizeof(out), copy, sizeof(copy));
+	assert_string_equal(out, "<|assistant|>\nHello!<|end|>\n");
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V3, s, 0, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_int_equal(n, 0);
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V3, s, 1, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "<s>[INST] You are terse.  \n\nHi[/INST]");
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V3, s, 2, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, " Hello!</s>");
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V3, s, 3, true, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "[INST] Bye[/INST]");
+
 	/* Errors: no template, no role, buffers too small. */
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_NONE, s, 0, false, out, sizeof(out), copy,
 					   sizeof(copy)), SW_EUNSUPPORTED);
@@ -318,6 +340,15 @@ static void test_segments_chat(void **state)
 	assert_int_equal(seg[1], wn);
 	assert_memory_equal(ids + seg[0], want, wn * sizeof(int32_t));
 	assert_int_not_equal(ids[0], gpud_tokenizer_bos(f->tok));
+
+	/* A format without BOS of its own (ChatML): the vocab's BOS, as it
+	 * asks, before the first segment only. */
+	assert_true(gpud_tokenizer_add_bos(f->tok));
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_CHATML, true, s, 2, &f->sc, ids,
+						512, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(ids[0], gpud_tokenizer_bos(f->tok));
+	for (uint32_t i = 1; i < n; i++)
+		assert_int_not_equal(ids[i], gpud_tokenizer_bos(f->tok));
 
 	/* A segment without a role. */
 	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_LLAMA3, true, noroles, 2, &f->sc,
@@ -457,7 +488,27 @@ static void test_check_mode(void **state)
 	assert_non_null(strstr(out, "  cpu1.kv: 1024 blocks"));
 	assert_non_null(strstr(out, "  cpu1.mask: "));
 	assert_non_null(strstr(out, "  server: "));
+	assert_non_null(strstr(out, "\nchat format: none (chat requests are refused; choose one "
+				    "with --chat-format or gpud.chat_format)\n"));
 	free(out);
+
+	/* gpud.chat_format: a choice is used, an unknown name stops the start. */
+	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "chatml");
+	out = NULL;
+	f = open_memstream(&out, &len);
+	assert_int_equal(gpud_serve(&cfg, true, f), 0);
+	fclose(f);
+	assert_non_null(strstr(out, "\nchat format: chatml\n"));
+	free(out);
+	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "vicuna");
+	out = NULL;
+	f = open_memstream(&out, &len);
+	assert_int_equal(gpud_serve(&cfg, true, f), 1);
+	fclose(f);
+	assert_string_equal(out, "gpud.chat_format: unknown format \"vicuna\" (" GPUD_CHAT_NAMES
+			    ")\n");
+	free(out);
+	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "auto");
 
 	/* Does not fit (on any machine with less than 300 GiB of RAM): the
 	 * numbers, exit status 1. */
