@@ -138,14 +138,16 @@ struct gpud_segtok_scratch {
  *  - plain (chat false): segment 0 gets BOS when the vocabulary asks for
  *    it, no later segment does; special-token text is ordinary text.
  *  - chat: segment i becomes message i (its role) in tmpl's format; the
- *    template's own BOS text comes once, at the start of segment 0, and the
- *    assistant header is appended to the last segment; special tokens are
- *    parsed (they are the template's). A message whose text the template
- *    defers (a Llama 2 system prompt goes into the next [INST]) gives 0
- *    tokens to its own segment.
+ *    template's own BOS text comes once, at the start of segment 0 (for a
+ *    format without one, ChatML and Phi-3, the vocabulary's BOS when it
+ *    asks), and the assistant header is appended to the last segment;
+ *    special tokens are parsed (they are the template's). A message whose
+ *    text the template defers (a Llama 2 or Mistral system prompt goes
+ *    into the next [INST]) gives 0 tokens to its own segment.
  * Returns 0, or with a message: SW_ETOOLONG (more than cap ids: *n_ids is
  * then the number needed, counting every segment), SW_EUNSUPPORTED (chat
- * with GPUD_CHAT_NONE), -EINVAL (a segment without a role in chat mode,
+ * with GPUD_CHAT_NONE: the message says why and names --chat-format and
+ * gpud.chat_format), -EINVAL (a segment without a role in chat mode,
  * text longer than the scratch allows), -ENOMEM (arena too small). */
 int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_template tmpl,
 			   bool chat, const struct proto_segment *segs, uint32_t n,
