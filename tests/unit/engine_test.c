@@ -876,6 +876,14 @@ static void test_cli(void **state)
 	assert_int_equal(run(cmd, out, sizeof(out)), 1);
 	assert_non_null(strstr(out, "has no tokenizer.chat_template"));
 	assert_non_null(strstr(out, "--chat-format"));
+	/* --chat-format chooses one (and implies --chat): ChatML's markers
+	 * are plain text in this vocabulary, but the prompt is formatted. */
+	snprintf(cmd, sizeof(cmd), "%s generate --model %s --prompt Hi --chat-format chatml "
+		 "--max-tokens 2 2>&1 >/dev/null", GPUD_BIN, STORIES);
+	if (run(cmd, out, sizeof(out)))
+		fail_msg("chatml: %s", out);
+	assert_non_null(strstr(out, "prompt tokens: "));
+	assert_null(strstr(out, "prompt tokens: 2,")); /* more than BOS + "Hi" */
 	snprintf(cmd, sizeof(cmd), "%s generate --model %s --prompt Hi --chat-format vicuna 2>&1",
 		 GPUD_BIN, STORIES);
 	assert_int_equal(run(cmd, out, sizeof(out)), 2);
