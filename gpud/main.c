@@ -45,7 +45,8 @@ static void usage(FILE *f)
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
-		"                     [--rope-scale F] [--preset tiny|llama-3.2-3b] [--name S]\n"
+		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
+		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b]\n"
 		"       gpud --version\n"
 		"chat formats (F): " GPUD_CHAT_NAMES "\n");
 }
@@ -353,6 +354,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		{ "tied", no_argument, NULL, 'T' },
 		{ "rope-scale", required_argument, NULL, 'S' },
 		{ "preset", required_argument, NULL, 'R' },
+		{ "arch", required_argument, NULL, 'A' },
 		{ "name", required_argument, NULL, 'N' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
@@ -392,6 +394,13 @@ static int cmd_mkmodel(int argc, char **argv)
 		case 'T': p.tied = true; break;
 		case 'S': p.rope_scale_factor = (float)num("rope-scale", optarg, 0, 1e6); break;
 		case 'N': p.name = optarg; break;
+		case 'A':
+			if (gpud_arch_parse(optarg, strlen(optarg), &p.arch)) {
+				fprintf(stderr, "gpud mkmodel: --arch: unknown \"%s\" "
+					"(llama or qwen2)\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
 		case 'R':
 			if (gpud_mkmodel_preset(&p, optarg)) {
 				fprintf(stderr, "gpud mkmodel: --preset: unknown \"%s\"\n", optarg);

@@ -1,4 +1,4 @@
-/* mkmodel.c - random-weight Llama GGUF files of any shape.
+/* mkmodel.c - random-weight Llama / Qwen2 GGUF files of any shape.
  *
  * Every tensor is a fill tensor of the GGUF writer: rows are generated at
  * write time from (seed, tensor index, row) so the model never exists in
@@ -20,6 +20,7 @@
 #define MK_MAX_LAYERS 4096
 #define MK_MAX_DIM (1u << 20)
 #define MK_WEIGHT_STD 0.02f
+#define MK_BIAS_STD 0.1f
 #define MK_UNIFORM_AMP 1.7320508f /* sqrt(3): uniform [-a, a] has std a/sqrt(3) */
 
 void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p)
@@ -41,12 +42,29 @@ int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name)
 {
 	if (name && strcmp(name, "tiny") == 0) {
 		const char *out = p->out, *vocab = p->vocab_from;
+		enum gpud_arch arch = p->arch;
 		gpud_mkmodel_params_default(p);
 		p->out = out;
 		p->vocab_from = vocab;
+		p->arch = arch;
+		return 0;
+	}
+	if (name && strcmp(name, "qwen2.5-3b") == 0) {
+		p->arch = GPUD_ARCH_QWEN2;
+		p->dim = 2048;
+		p->n_layers = 36;
+		p->n_heads = 16;
+		p->n_kv_heads = 2;
+		p->ffn_dim = 11008;
+		p->n_ctx = 32768;
+		p->rope_base = 1000000.0f;
+		p->norm_eps = 1e-6f;
+		p->tied = true;
+		p->rope_scale_factor = 0;
 		return 0;
 	}
 	if (name && strcmp(name, "llama-3.2-3b") == 0) {
+		p->arch = GPUD_ARCH_LLAMA;
 		p->dim = 3072;
 		p->n_layers = 28;
 		p->n_heads = 24;
@@ -307,6 +325,13 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	if (!(p->norm_eps > 0.0f) || !isfinite(p->norm_eps))
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: rms epsilon %g must be > 0",
 				 (double)p->norm_eps);
+	if (p->arch != GPUD_ARCH_LLAMA && p->arch != GPUD_ARCH_QWEN2)
+		return sw_seterr(err, errlen, -EINVAL, "mkmodel: unknown architecture %d",
+				 (int)p->arch);
+	if (p->rope_scale_factor != 0.0f && p->arch != GPUD_ARCH_LLAMA)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "mkmodel: Llama 3 rope scaling is for the llama architecture, not %s",
+				 gpud_arch_name(p->arch));
 	if (p->rope_scale_factor != 0.0f &&
 	    (!(p->rope_scale_factor >= 1.0f) || !isfinite(p->rope_scale_factor) ||
 	     !(p->rope_low_freq_factor > 0.0f) ||
@@ -367,30 +392,33 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	uint64_t n_vocab = 0;
 	uint32_t hd = p->dim / p->n_heads;
 	uint32_t kv_dim = p->n_kv_heads * hd;
-	char name[64];
+	const char *arch = gpud_arch_name(p->arch);
+	bool bias = p->arch == GPUD_ARCH_QWEN2 || p->qkv_bias;
+	char name[64], key[64];
 	int rc;
 
 	memset(b, 0, sizeof(*b));
 	if ((rc = validate(p, err, errlen)))
 		return rc;
-	b->cap = 4 + 9 * (size_t)p->n_layers;
+	b->cap = 4 + 12 * (size_t)p->n_layers;
 	b->args = calloc(b->cap, sizeof(*b->args));
 	if (!b->args || gpud_gguf_writer_new(&b->w))
 		return sw_seterr(err, errlen, -ENOMEM, "mkmodel: out of memory");
 
-	if ((rc = gpud_gguf_w_str(b->w, "general.architecture", "llama")) ||
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
+	if ((rc = gpud_gguf_w_str(b->w, "general.architecture", arch)) ||
 	    (rc = gpud_gguf_w_str(b->w, "general.name", p->name ? p->name : "mkmodel")) ||
 	    (rc = gpud_gguf_w_u32(b->w, "general.file_type", file_type(p->type))) ||
 	    (rc = gpud_gguf_w_u32(b->w, "general.quantization_version", 2)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.context_length", p->n_ctx)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.embedding_length", p->dim)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.block_count", p->n_layers)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.feed_forward_length", p->ffn_dim)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.attention.head_count", p->n_heads)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.attention.head_count_kv", p->n_kv_heads)) ||
-	    (rc = gpud_gguf_w_f32(b->w, "llama.rope.freq_base", p->rope_base)) ||
-	    (rc = gpud_gguf_w_u32(b->w, "llama.rope.dimension_count", hd)) ||
-	    (rc = gpud_gguf_w_f32(b->w, "llama.attention.layer_norm_rms_epsilon", p->norm_eps)))
+	    (rc = gpud_gguf_w_u32(b->w, KEY("context_length"), p->n_ctx)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("embedding_length"), p->dim)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("block_count"), p->n_layers)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("feed_forward_length"), p->ffn_dim)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("attention.head_count"), p->n_heads)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("attention.head_count_kv"), p->n_kv_heads)) ||
+	    (rc = gpud_gguf_w_f32(b->w, KEY("rope.freq_base"), p->rope_base)) ||
+	    (rc = gpud_gguf_w_u32(b->w, KEY("rope.dimension_count"), hd)) ||
+	    (rc = gpud_gguf_w_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), p->norm_eps)))
 		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
 
 	if (p->vocab_from) {
@@ -412,7 +440,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	} else if ((rc = write_byte_vocab(b->w, &n_vocab))) {
 		return sw_seterr(err, errlen, rc, "mkmodel: byte vocabulary: %s", sw_strerror(rc));
 	}
-	if ((rc = gpud_gguf_w_u32(b->w, "llama.vocab_size", (uint32_t)n_vocab)))
+	if ((rc = gpud_gguf_w_u32(b->w, KEY("vocab_size"), (uint32_t)n_vocab)))
 		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
 
 	float out_std = MK_WEIGHT_STD / sqrtf(2.0f * (float)p->n_layers);
@@ -428,17 +456,22 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	for (uint32_t l = 0; l < p->n_layers && !rc; l++) {
 		static const struct {
 			const char *name;
-			int shape;  /* 0 norm, 1 [dim,dim], 2 [dim,kv], 3 [dim,ffn], 4 [ffn,dim] */
+			int shape;  /* 0 norm, 1 [dim,dim], 2 [dim,kv], 3 [dim,ffn], 4 [ffn,dim],
+				     * 5 bias [dim], 6 bias [kv] */
 			bool residual_out;
 		} parts[] = {
 			{ "attn_norm", 0, false }, { "attn_q", 1, false },
 			{ "attn_k", 2, false }, { "attn_v", 2, false },
+			{ "attn_q", 5, false }, { "attn_k", 6, false }, { "attn_v", 6, false },
 			{ "attn_output", 1, true }, { "ffn_norm", 0, false },
 			{ "ffn_gate", 3, false }, { "ffn_up", 3, false },
 			{ "ffn_down", 4, true },
 		};
 		for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]) && !rc; k++) {
-			snprintf(name, sizeof(name), "blk.%" PRIu32 ".%s.weight", l, parts[k].name);
+			if (parts[k].shape >= 5 && !bias)
+				continue;
+			snprintf(name, sizeof(name), "blk.%" PRIu32 ".%s.%s", l, parts[k].name,
+				 parts[k].shape >= 5 ? "bias" : "weight");
 			float std = parts[k].residual_out ? out_std : MK_WEIGHT_STD;
 			switch (parts[k].shape) {
 			case 0:
@@ -453,12 +486,21 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 			case 3:
 				rc = add(b, p, name, p->type, 2, p->dim, p->ffn_dim, FILL_UNIFORM, std, hd);
 				break;
-			default:
+			case 4:
 				rc = add(b, p, name, p->type, 2, p->ffn_dim, p->dim, FILL_UNIFORM, std, hd);
+				break;
+			case 5:
+				rc = add(b, p, name, GPUD_TYPE_F32, 1, p->dim, 1, FILL_UNIFORM,
+					 MK_BIAS_STD, hd);
+				break;
+			default:
+				rc = add(b, p, name, GPUD_TYPE_F32, 1, kv_dim, 1, FILL_UNIFORM,
+					 MK_BIAS_STD, hd);
 				break;
 			}
 		}
 	}
+#undef KEY
 	if (rc)
 		return sw_seterr(err, errlen, rc, "mkmodel: tensor: %s", sw_strerror(rc));
 	if (plan) {

@@ -1,7 +1,7 @@
-/* mkmodel.h - write a Llama GGUF with deterministic random weights.
+/* mkmodel.h - write a Llama or Qwen2 GGUF with deterministic random weights.
  *
  * For tests and benchmarks that need a model of a given shape (up to
- * Llama-3.2-3B and beyond) without downloading one. Weights come from a
+ * Llama-3.2-3B, Qwen2.5-3B and beyond) without downloading one. Weights come from a
  * seeded counter-based PRNG (splitmix64 of seed, tensor and row), so the
  * same parameters always give byte-identical files, and each row is
  * produced on its own: the file is streamed through the GGUF writer's fill
@@ -9,7 +9,12 @@
  *
  * Weights are uniform with standard deviation 0.02 (residual output
  * projections attn_output and ffn_down scaled by 1/sqrt(2 * n_layers)),
- * norms are 1, so activations of a random model stay in range.
+ * norms are 1, so activations of a random model stay in range. Qwen2
+ * files (and llama files asking for them) also get F32 Q/K/V biases (blk.N.attn_{q,k,v}.bias), uniform with
+ * standard deviation 0.1 so that they matter next to the projections.
+ * The bytes of every tensor depend on its index in the file, not on the
+ * architecture: a qwen2 file and a llama file with biases of the same
+ * parameters hold the same tensors.
  */
 #ifndef GPUD_MKMODEL_H
 #define GPUD_MKMODEL_H
@@ -18,30 +23,34 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpud/model.h"
 #include "gpud/quant.h"
 
 struct gpud_mkmodel_params {
 	const char *out;        /* output path (written atomically) */
 	const char *name;       /* general.name; NULL = "mkmodel" */
-	uint32_t dim;           /* llama.embedding_length */
-	uint32_t n_layers;      /* llama.block_count */
-	uint32_t n_heads;       /* llama.attention.head_count; dim % n_heads == 0 */
-	uint32_t n_kv_heads;    /* llama.attention.head_count_kv; divides n_heads */
-	uint32_t ffn_dim;       /* llama.feed_forward_length */
-	uint32_t n_ctx;         /* llama.context_length */
-	float rope_base;        /* llama.rope.freq_base */
-	float norm_eps;         /* llama.attention.layer_norm_rms_epsilon */
+	enum gpud_arch arch;    /* general.architecture; keys below are "<arch>.*" */
+	uint32_t dim;           /* embedding_length */
+	uint32_t n_layers;      /* block_count */
+	uint32_t n_heads;       /* attention.head_count; dim % n_heads == 0 */
+	uint32_t n_kv_heads;    /* attention.head_count_kv; divides n_heads */
+	uint32_t ffn_dim;       /* feed_forward_length */
+	uint32_t n_ctx;         /* context_length */
+	float rope_base;        /* rope.freq_base */
+	float norm_eps;         /* attention.layer_norm_rms_epsilon */
 	enum gpud_type type;    /* token_embd, output and the layer matrices;
 				 * norms and rope_freqs are always F32 */
 	uint64_t seed;
 	bool tied;              /* omit output.weight (tied embeddings) */
+	bool qkv_bias;          /* write Q/K/V biases on a llama file too
+				 * (always written for qwen2) */
 	/* Vocabulary: all tokenizer.* keys of this GGUF, or when NULL the
 	 * built-in SentencePiece-style byte vocabulary ("<unk>", "<s>", "</s>",
 	 * "<0x00>".."<0xFF>", then common pieces; bos 1, eos 2). */
 	const char *vocab_from;
-	/* Llama 3 rope scaling; factor 0 = none. When set, a rope_freqs.weight
-	 * tensor (F32, head_dim/2 per-pair divisors, as llama.cpp converts
-	 * Llama 3.1+) is written. */
+	/* Llama 3 rope scaling (llama only); factor 0 = none. When set, a
+	 * rope_freqs.weight tensor (F32, head_dim/2 per-pair divisors, as
+	 * llama.cpp converts Llama 3.1+) is written. */
 	float rope_scale_factor;      /* Llama 3.2: 32 */
 	float rope_low_freq_factor;   /* 1 */
 	float rope_high_freq_factor;  /* 4 */
@@ -57,16 +66,20 @@ struct gpud_mkmodel_plan {
 	uint64_t file_bytes;    /* exact size of the file gpud_mkmodel writes */
 };
 
-/* A tiny default model: dim 64, 2 layers, 4 heads, 2 kv heads, ffn 128,
- * context 512, rope base 10000, eps 1e-5, F32, seed 1, byte vocabulary,
- * no output path. */
+/* A tiny default model: llama, dim 64, 2 layers, 4 heads, 2 kv heads,
+ * ffn 128, context 512, rope base 10000, eps 1e-5, F32, seed 1, byte
+ * vocabulary, no output path. */
 void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p);
 
-/* Fills p with a named shape: "tiny" (the default) or "llama-3.2-3b"
- * (dim 3072, 28 layers, 24 heads, 8 kv heads, ffn 8192, context 131072,
- * rope base 500000 with Llama 3 scaling, tied embeddings, F32; its
- * vocabulary must come from vocab_from, e.g. the 128256-token llama-bpe
- * GGUF). Other fields keep their values. Returns 0 or SW_ENOTFOUND. */
+/* Fills p with a named shape: "tiny" (the default shape; the architecture
+ * is kept), "llama-3.2-3b" (llama, dim 3072, 28 layers, 24 heads, 8 kv
+ * heads, ffn 8192, context 131072, rope base 500000 with Llama 3 scaling,
+ * eps 1e-5, tied embeddings; its vocabulary must come from vocab_from, e.g.
+ * the 128256-token llama-bpe GGUF) or "qwen2.5-3b" (qwen2, dim 2048, 36
+ * layers, 16 heads, 2 kv heads, ffn 11008, context 32768, rope base 1e6,
+ * eps 1e-6, tied embeddings, as Qwen2.5-3B's config; vocabulary from
+ * vocab_from, e.g. the qwen2 vocabulary GGUF). The type, seed, name and
+ * paths keep their values. Returns 0 or SW_ENOTFOUND. */
 int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name);
 
 /* Validates p (shape divisibility, block sizes of the chosen type, ranges),

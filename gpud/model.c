@@ -1,7 +1,8 @@
-/* model.c - Llama hyper-parameters and weights from a GGUF file.
+/* model.c - Llama / Qwen2 hyper-parameters and weights from a GGUF file.
  *
  * Weights stay in the reader's mapping; the model only records typed
- * pointers and shapes after checking every tensor it will read.
+ * pointers and shapes after checking every tensor it will read. The two
+ * architectures share the block; metadata keys are "<arch>.*".
  */
 #include "gpud/model.h"
 
@@ -17,6 +18,8 @@
 
 struct gpud_model {
 	char *path;
+	const char *arch;                  /* key prefix: gpud_arch_name(hp.arch) */
+	char key[96];                      /* the last key() built */
 	struct gpud_gguf *g;
 	struct gpud_tokenizer *tok;
 	struct gpud_model_hparams hp;
@@ -31,6 +34,40 @@ struct gpud_model {
 #define LLAMA3_LOW_FREQ_FACTOR 1.0f
 #define LLAMA3_HIGH_FREQ_FACTOR 4.0f
 #define LLAMA3_ORIG_CTX 8192.0f
+
+const char *gpud_arch_name(enum gpud_arch a)
+{
+	switch (a) {
+	case GPUD_ARCH_LLAMA: return "llama";
+	case GPUD_ARCH_QWEN2: return "qwen2";
+	}
+	return "?";
+}
+
+int gpud_arch_parse(const char *s, size_t len, enum gpud_arch *out)
+{
+	if (len == 5 && !memcmp(s, "llama", 5)) {
+		*out = GPUD_ARCH_LLAMA;
+		return 0;
+	}
+	if (len == 5 && !memcmp(s, "qwen2", 5)) {
+		*out = GPUD_ARCH_QWEN2;
+		return 0;
+	}
+	return SW_EUNSUPPORTED;
+}
+
+enum gpud_rope_style gpud_arch_rope_style(enum gpud_arch a)
+{
+	return a == GPUD_ARCH_QWEN2 ? GPUD_ROPE_NEOX : GPUD_ROPE_NORM;
+}
+
+/* "<arch>.<suffix>" in m->key (valid until the next call). */
+static const char *key(struct gpud_model *m, const char *suffix)
+{
+	snprintf(m->key, sizeof(m->key), "%s.%s", m->arch, suffix);
+	return m->key;
+}
 
 void gpud_rope_inv_freq(float *inv_freq, uint32_t head_dim, float base, const float *factors)
 {
@@ -153,23 +190,27 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	if (rc)
 		return sw_seterr(err, errlen, rc == SW_ENOTFOUND ? SW_EUNSUPPORTED : rc,
 				 "%s: no general.architecture (not a model file?)", m->path);
-	if (arch.len != 5 || memcmp(arch.s, "llama", 5))
+	if (gpud_arch_parse(arch.s, arch.len, &hp->arch))
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "%s: unsupported architecture \"%.*s\" (only llama)", m->path,
-				 (int)(arch.len > 64 ? 64 : arch.len), arch.s);
-	if ((rc = meta_u32(m, "llama.embedding_length", &hp->dim, true, err, errlen)) ||
-	    (rc = meta_u32(m, "llama.block_count", &hp->n_layers, true, err, errlen)) ||
-	    (rc = meta_u32(m, "llama.feed_forward_length", &hp->ffn_dim, true, err, errlen)) ||
-	    (rc = meta_u32(m, "llama.attention.head_count", &hp->n_heads, true, err, errlen)) ||
-	    (rc = meta_u32(m, "llama.context_length", &hp->n_ctx, true, err, errlen)))
+				 "%s: unsupported architecture \"%.*s\" (supported: llama, qwen2)",
+				 m->path, (int)(arch.len > 64 ? 64 : arch.len), arch.s);
+	m->arch = gpud_arch_name(hp->arch);
+	hp->rope_style = gpud_arch_rope_style(hp->arch);
+	if ((rc = meta_u32(m, key(m, "embedding_length"), &hp->dim, true, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "block_count"), &hp->n_layers, true, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "feed_forward_length"), &hp->ffn_dim, true, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "attention.head_count"), &hp->n_heads, true, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "context_length"), &hp->n_ctx, true, err, errlen)))
 		return rc;
 	hp->n_kv_heads = hp->n_heads;
 	hp->norm_eps = 1e-5f;
 	hp->rope_base = 10000.0f;
-	if ((rc = meta_u32(m, "llama.attention.head_count_kv", &hp->n_kv_heads, false, err, errlen)) ||
-	    (rc = meta_u32(m, "llama.rope.dimension_count", &rope_dims, false, err, errlen)) ||
-	    (rc = meta_f32(m, "llama.attention.layer_norm_rms_epsilon", &hp->norm_eps, err, errlen)) ||
-	    (rc = meta_f32(m, "llama.rope.freq_base", &hp->rope_base, err, errlen)))
+	if ((rc = meta_u32(m, key(m, "attention.head_count_kv"), &hp->n_kv_heads, false, err,
+			   errlen)) ||
+	    (rc = meta_u32(m, key(m, "rope.dimension_count"), &rope_dims, false, err, errlen)) ||
+	    (rc = meta_f32(m, key(m, "attention.layer_norm_rms_epsilon"), &hp->norm_eps, err,
+			   errlen)) ||
+	    (rc = meta_f32(m, key(m, "rope.freq_base"), &hp->rope_base, err, errlen)))
 		return rc;
 	if (!hp->dim || !hp->n_layers || !hp->ffn_dim || !hp->n_heads || !hp->n_kv_heads ||
 	    !hp->n_ctx || hp->dim % hp->n_heads || hp->n_heads % hp->n_kv_heads ||
@@ -193,7 +234,8 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 }
 
 /* Llama 3 scaling: a rope_freqs.weight tensor of per-pair factors wins;
- * otherwise llama.rope.scaling.type "llama3" with its parameters. */
+ * otherwise <arch>.rope.scaling.type "llama3" or "linear" with its
+ * parameters. */
 static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 {
 	struct gpud_model_hparams *hp = &m->hp;
@@ -219,7 +261,7 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 		hp->rope_scaled = true;
 		return 0;
 	}
-	rc = gpud_gguf_get_str(m->g, "llama.rope.scaling.type", &type);
+	rc = gpud_gguf_get_str(m->g, key(m, "rope.scaling.type"), &type);
 	if (rc == 0 && !(type.len == 4 && !memcmp(type.s, "none", 4))) {
 		float factor = LLAMA3_FACTOR, lo = LLAMA3_LOW_FREQ_FACTOR;
 		float hi = LLAMA3_HIGH_FREQ_FACTOR, orig = LLAMA3_ORIG_CTX;
@@ -228,7 +270,7 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 		if (type.len == 6 && !memcmp(type.s, "linear", 6)) {
 			/* Positions interpolated: every frequency divided by factor. */
 			factor = 1;
-			if ((rc = meta_f32(m, "llama.rope.scaling.factor", &factor, err, errlen)))
+			if ((rc = meta_f32(m, key(m, "rope.scaling.factor"), &factor, err, errlen)))
 				return rc;
 			if (!(factor >= 1) || !isfinite(factor))
 				return sw_seterr(err, errlen, SW_EFORMAT,
@@ -247,10 +289,10 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "%s: unsupported rope scaling type \"%.*s\"", m->path,
 					 (int)(type.len > 32 ? 32 : type.len), type.s);
-		if ((rc = meta_f32(m, "llama.rope.scaling.factor", &factor, err, errlen)) ||
-		    (rc = meta_f32(m, "llama.rope.scaling.low_freq_factor", &lo, err, errlen)) ||
-		    (rc = meta_f32(m, "llama.rope.scaling.high_freq_factor", &hi, err, errlen)) ||
-		    (rc = meta_u32(m, "llama.rope.scaling.original_context_length", &orig_u,
+		if ((rc = meta_f32(m, key(m, "rope.scaling.factor"), &factor, err, errlen)) ||
+		    (rc = meta_f32(m, key(m, "rope.scaling.low_freq_factor"), &lo, err, errlen)) ||
+		    (rc = meta_f32(m, key(m, "rope.scaling.high_freq_factor"), &hi, err, errlen)) ||
+		    (rc = meta_u32(m, key(m, "rope.scaling.original_context_length"), &orig_u,
 				   false, err, errlen)))
 			return rc;
 		if (orig_u)
@@ -269,9 +311,45 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 		return 0;
 	}
 	if (rc && rc != SW_ENOTFOUND)
-		return sw_seterr(err, errlen, rc, "%s: llama.rope.scaling.type: %s", m->path,
-				 sw_strerror(rc));
+		return sw_seterr(err, errlen, rc, "%s: %s.rope.scaling.type: %s", m->path,
+				 m->arch, sw_strerror(rc));
 	gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, NULL);
+	return 0;
+}
+
+/* The Q/K/V biases of layer l: required for qwen2; for llama all three
+ * or none (a file with only some of them is refused). */
+static int bind_biases(struct gpud_model *m, uint32_t l, struct gpud_layer_weights *L,
+		       char *err, size_t errlen)
+{
+	struct gpud_model_hparams *hp = &m->hp;
+	int64_t q_dim = (int64_t)hp->n_heads * hp->head_dim;
+	int64_t kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
+	char name[96];
+	int rc;
+
+	if (l == 0) {
+		snprintf(name, sizeof(name), "blk.0.attn_q.bias");
+		hp->qkv_bias = hp->arch == GPUD_ARCH_QWEN2 || gpud_gguf_find_tensor(m->g, name);
+	}
+	if (!hp->qkv_bias) {
+		static const char *const parts[] = { "attn_q", "attn_k", "attn_v" };
+		for (size_t i = 0; i < 3; i++) {
+			snprintf(name, sizeof(name), "blk.%u.%s.bias", l, parts[i]);
+			if (gpud_gguf_find_tensor(m->g, name))
+				return sw_seterr(err, errlen, SW_EFORMAT,
+						 "%s: tensor %s present but blk.0.attn_q.bias absent "
+						 "(Q/K/V biases must be on every layer or none)",
+						 m->path, name);
+		}
+		return 0;
+	}
+#define BIAS(suffix) (snprintf(name, sizeof(name), "blk.%u." suffix, l), name)
+	if ((rc = get_vector(m, BIAS("attn_q.bias"), q_dim, &L->bq, err, errlen)) ||
+	    (rc = get_vector(m, BIAS("attn_k.bias"), kv_dim, &L->bk, err, errlen)) ||
+	    (rc = get_vector(m, BIAS("attn_v.bias"), kv_dim, &L->bv, err, errlen)))
+		return rc;
+#undef BIAS
 	return 0;
 }
 
@@ -310,6 +388,8 @@ static int bind_weights(struct gpud_model *m, char *err, size_t errlen)
 		    (rc = get_matrix(m, BLK("ffn_gate.weight"), ffn, dim, &L->w_gate, err, errlen)) ||
 		    (rc = get_matrix(m, BLK("ffn_up.weight"), ffn, dim, &L->w_up, err, errlen)) ||
 		    (rc = get_matrix(m, BLK("ffn_down.weight"), dim, ffn, &L->w_down, err, errlen)))
+			return rc;
+		if ((rc = bind_biases(m, l, L, err, errlen)))
 			return rc;
 #undef BLK
 	}

@@ -1,21 +1,29 @@
-/* model.h - Llama-architecture models from GGUF files.
+/* model.h - Llama and Qwen2 architecture models from GGUF files.
  *
  * gpud_model_load() maps the file (through the GGUF reader), checks the
- * architecture ("llama"), reads the hyper-parameters and resolves every
- * weight tensor by its llama.cpp name, checking type and shape. Weights are
- * used in place inside the mapping: nothing is copied. Supported weight
- * types are those of gguf.h (F32, F16, BF16, Q8_0, Q4_0); norms must be F32.
+ * architecture ("llama" or "qwen2"), reads the hyper-parameters (keys
+ * "<arch>.*") and resolves every weight tensor by its llama.cpp name,
+ * checking type and shape. Weights are used in place inside the mapping:
+ * nothing is copied. Supported weight types are those of gguf.h (F32, F16,
+ * BF16, Q8_0, Q4_0); norms and biases must be F32.
  *
  * Covered: Llama 2 and Llama 3.x (grouped-query attention via
  * head_count_kv, rope.freq_base, Llama 3 RoPE frequency scaling from a
- * rope_freqs.weight tensor or llama.rope.scaling.* metadata with type
- * "llama3", linear scaling (type "linear", llama.rope.scaling.factor),
+ * rope_freqs.weight tensor or <arch>.rope.scaling.* metadata with type
+ * "llama3", linear scaling (type "linear", <arch>.rope.scaling.factor),
  * output projection tied to token_embd.weight when output.weight is
  * absent). Other scaling types (yarn, longrope) are refused.
+ * Qwen2 / Qwen2.5 ("qwen2"): the same block with F32 biases on the Q, K and
+ * V projections (blk.N.attn_{q,k,v}.bias, required) and NEOX-style RoPE;
+ * rope base, context, rms epsilon and tied output come from the file as for
+ * llama. A llama file may carry the same biases (used when present).
  *
- * RoPE convention (GGUF llama): adjacent pairs (x[2i], x[2i+1]) of each head
- * are rotated by pos * inv_freq[i], inv_freq[i] = base^(-2i/head_dim) divided
- * by the Llama 3 factor of pair i where scaling applies.
+ * RoPE: pair i of each head is rotated by pos * inv_freq[i],
+ * inv_freq[i] = base^(-2i/head_dim) divided by the scaling factor of pair i
+ * where scaling applies. Which elements form pair i is the model's
+ * rope_style (llama.cpp's rope types): llama uses NORM, adjacent pairs
+ * (x[2i], x[2i+1]) in GGUF's permuted Q/K layout; qwen2 uses NEOX, the
+ * halves (x[i], x[i + head_dim/2]) as the Hugging Face weights are.
  *
  * A loaded model is immutable and may be shared by several engines and
  * threads.
@@ -31,7 +39,22 @@
 
 struct gpud_tokenizer;
 
+/* The architectures gpud_model_load() accepts (general.architecture). */
+enum gpud_arch {
+	GPUD_ARCH_LLAMA = 0, /* "llama" */
+	GPUD_ARCH_QWEN2 = 1, /* "qwen2" */
+};
+
+/* Which elements of a head RoPE rotates together (llama.cpp's rope type). */
+enum gpud_rope_style {
+	GPUD_ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): llama */
+	GPUD_ROPE_NEOX = 1, /* halves (x[i], x[i + head_dim/2]): qwen2 */
+};
+
 struct gpud_model_hparams {
+	enum gpud_arch arch;
+	enum gpud_rope_style rope_style; /* fixed by the architecture */
+	bool qkv_bias;       /* layers carry attn_{q,k,v}.bias */
 	uint32_t n_vocab;    /* rows of token_embd */
 	uint32_t dim;        /* embedding_length */
 	uint32_t n_layers;   /* block_count */
@@ -60,6 +83,9 @@ struct gpud_layer_weights {
 	struct gpud_weight wq;    /* (n_heads*head_dim, dim) */
 	struct gpud_weight wk;    /* (n_kv_heads*head_dim, dim) */
 	struct gpud_weight wv;    /* (n_kv_heads*head_dim, dim) */
+	const float *bq;          /* (n_heads*head_dim) F32, or NULL: no biases */
+	const float *bk;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
+	const float *bv;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
 	struct gpud_weight wo;    /* (dim, n_heads*head_dim) */
 	const float *ffn_norm;    /* (dim) F32 */
 	struct gpud_weight w_gate; /* (ffn_dim, dim) */
@@ -98,6 +124,14 @@ const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m);
 const char *gpud_model_path(const struct gpud_model *m);
 /* Bytes of all weight tensors the forward pass reads once per step. */
 size_t gpud_model_weight_bytes(const struct gpud_model *m);
+
+/* "llama", "qwen2"; "?" for a value out of range. */
+const char *gpud_arch_name(enum gpud_arch a);
+/* The architecture named s (len bytes, not terminated): 0 and *out set,
+ * or SW_EUNSUPPORTED. */
+int gpud_arch_parse(const char *s, size_t len, enum gpud_arch *out);
+/* The RoPE style architecture a uses. */
+enum gpud_rope_style gpud_arch_rope_style(enum gpud_arch a);
 
 /* Fills inv_freq[head_dim/2] for base, applying Llama 3 scaling when
  * factors is not NULL (per-pair divisors). Exposed for the reference. */

@@ -21,6 +21,7 @@ struct ref_mat {
 struct ref_layer {
 	double *attn_norm; /* (dim) */
 	struct ref_mat wq, wk, wv, wo;
+	double *bq, *bk, *bv; /* (q dim), (kv dim), (kv dim); NULL without biases */
 	double *ffn_norm;  /* (dim) */
 	struct ref_mat gate, up, down;
 };
@@ -185,14 +186,17 @@ static int meta_f64(const struct gpud_gguf *g, const char *key, double *v, char 
 
 /* RoPE frequencies: base^(-2i/d), divided per pair by the Llama 3 factor
  * (from rope_freqs.weight, or computed from llama.rope.scaling.*). */
-static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, char *err, size_t errlen)
+static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, const char *arch,
+		     char *err, size_t errlen)
 {
 	struct ref_llama_info *in = &m->info;
 	uint32_t half = in->head_dim / 2, i;
 	struct gpud_gguf_str type;
 	double *factors = NULL;
+	char key[96];
 	int rc;
 
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
 	m->inv_freq = calloc(half, sizeof(double));
 	if (!m->inv_freq)
 		return -ENOMEM;
@@ -200,17 +204,17 @@ static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, char *err, 
 		rc = load_vec(g, "rope_freqs.weight", half, &factors, err, errlen);
 		if (rc)
 			return rc;
-	} else if (gpud_gguf_get_str(g, "llama.rope.scaling.type", &type) == 0 &&
+	} else if (gpud_gguf_get_str(g, KEY("rope.scaling.type"), &type) == 0 &&
 		   !(type.len == 4 && !memcmp(type.s, "none", 4))) {
 		double factor = 8, lo = 1, hi = 4, orig = 8192;
 		uint32_t orig_u = 0;
 
 		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: rope scaling type");
-		if ((rc = meta_f64(g, "llama.rope.scaling.factor", &factor, err, errlen)) ||
-		    (rc = meta_f64(g, "llama.rope.scaling.low_freq_factor", &lo, err, errlen)) ||
-		    (rc = meta_f64(g, "llama.rope.scaling.high_freq_factor", &hi, err, errlen)) ||
-		    (rc = meta_u32(g, "llama.rope.scaling.original_context_length", &orig_u,
+		if ((rc = meta_f64(g, KEY("rope.scaling.factor"), &factor, err, errlen)) ||
+		    (rc = meta_f64(g, KEY("rope.scaling.low_freq_factor"), &lo, err, errlen)) ||
+		    (rc = meta_f64(g, KEY("rope.scaling.high_freq_factor"), &hi, err, errlen)) ||
+		    (rc = meta_u32(g, KEY("rope.scaling.original_context_length"), &orig_u,
 				   false, err, errlen)))
 			return rc;
 		if (orig_u)
@@ -242,6 +246,7 @@ static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, char *err, 
 	in->rope_scaled = factors != NULL;
 	free(factors);
 	return 0;
+#undef KEY
 }
 
 static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, size_t errlen)
@@ -249,28 +254,38 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 	struct ref_llama_info *in = &m->info;
 	const struct gpud_gguf_tensor *emb;
 	struct gpud_gguf_str arch;
-	char name[96];
+	const char *a;
+	char name[96], key[96];
 	uint64_t qd, kvd;
 	int rc;
 
-	if (gpud_gguf_get_str(g, "general.architecture", &arch) ||
-	    !(arch.len == 5 && !memcmp(arch.s, "llama", 5)))
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: not a llama model");
+	if (gpud_gguf_get_str(g, "general.architecture", &arch))
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: no architecture");
+	if (arch.len == 5 && !memcmp(arch.s, "llama", 5))
+		a = "llama";
+	else if (arch.len == 5 && !memcmp(arch.s, "qwen2", 5))
+		a = "qwen2";
+	else
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: not a llama or qwen2 model");
+	in->neox = a[0] == 'q';
 	in->norm_eps = 1e-5;
 	in->rope_base = 10000;
-	if ((rc = meta_u32(g, "llama.embedding_length", &in->dim, true, err, errlen)) ||
-	    (rc = meta_u32(g, "llama.block_count", &in->n_layers, true, err, errlen)) ||
-	    (rc = meta_u32(g, "llama.feed_forward_length", &in->ffn_dim, true, err, errlen)) ||
-	    (rc = meta_u32(g, "llama.attention.head_count", &in->n_heads, true, err, errlen)) ||
-	    (rc = meta_u32(g, "llama.context_length", &in->n_ctx, true, err, errlen)) ||
-	    (rc = meta_f64(g, "llama.attention.layer_norm_rms_epsilon", &in->norm_eps, err,
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
+	if ((rc = meta_u32(g, KEY("embedding_length"), &in->dim, true, err, errlen)) ||
+	    (rc = meta_u32(g, KEY("block_count"), &in->n_layers, true, err, errlen)) ||
+	    (rc = meta_u32(g, KEY("feed_forward_length"), &in->ffn_dim, true, err, errlen)) ||
+	    (rc = meta_u32(g, KEY("attention.head_count"), &in->n_heads, true, err, errlen)) ||
+	    (rc = meta_u32(g, KEY("context_length"), &in->n_ctx, true, err, errlen)) ||
+	    (rc = meta_f64(g, KEY("attention.layer_norm_rms_epsilon"), &in->norm_eps, err,
 			   errlen)) ||
-	    (rc = meta_f64(g, "llama.rope.freq_base", &in->rope_base, err, errlen)))
+	    (rc = meta_f64(g, KEY("rope.freq_base"), &in->rope_base, err, errlen)))
 		return rc;
 	in->n_kv_heads = in->n_heads;
-	if ((rc = meta_u32(g, "llama.attention.head_count_kv", &in->n_kv_heads, false, err,
+	if ((rc = meta_u32(g, KEY("attention.head_count_kv"), &in->n_kv_heads, false, err,
 			   errlen)))
 		return rc;
+#undef KEY
+	in->qkv_bias = in->neox || gpud_gguf_find_tensor(g, "blk.0.attn_q.bias");
 	if (!in->n_heads || !in->n_kv_heads || in->dim % in->n_heads ||
 	    in->n_heads % in->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EFORMAT, "ref: bad head counts");
@@ -309,6 +324,17 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 		W(up, "ffn_up", in->ffn_dim, in->dim);
 		W(down, "ffn_down", in->dim, in->ffn_dim);
 #undef W
+		if (in->qkv_bias) {
+			snprintf(name, sizeof(name), "blk.%u.attn_q.bias", l);
+			if ((rc = load_vec(g, name, qd, &L->bq, err, errlen)))
+				return rc;
+			snprintf(name, sizeof(name), "blk.%u.attn_k.bias", l);
+			if ((rc = load_vec(g, name, kvd, &L->bk, err, errlen)))
+				return rc;
+			snprintf(name, sizeof(name), "blk.%u.attn_v.bias", l);
+			if ((rc = load_vec(g, name, kvd, &L->bv, err, errlen)))
+				return rc;
+		}
 	}
 	if ((rc = load_vec(g, "output_norm.weight", in->dim, &m->out_norm, err, errlen)))
 		return rc;
@@ -324,7 +350,7 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 				  errlen))) {
 		return rc;
 	}
-	return load_rope(m, g, err, errlen);
+	return load_rope(m, g, a, err, errlen);
 }
 
 int ref_llama_load(struct ref_llama **out, const char *path, char *err, size_t errlen)
@@ -365,6 +391,9 @@ void ref_llama_free(struct ref_llama *m)
 			free(L->wk.w);
 			free(L->wv.w);
 			free(L->wo.w);
+			free(L->bq);
+			free(L->bk);
+			free(L->bv);
 			free(L->gate.w);
 			free(L->up.w);
 			free(L->down.w);
@@ -436,7 +465,8 @@ static void rmsnorm(const double *x, const double *w, uint32_t n, double eps, do
 		y[i] = x[i] * ss * w[i];
 }
 
-/* Rotates the adjacent pairs of each head of vec at position pos. */
+/* Rotates pair i of each head of vec by pos * inv_freq[i]: elements
+ * (2i, 2i+1) for llama, (i, i + hd/2) for qwen2 (NEOX). */
 static void rope(const struct ref_llama *m, double *vec, uint32_t n_heads, uint32_t pos)
 {
 	uint32_t hd = m->info.head_dim;
@@ -444,11 +474,18 @@ static void rope(const struct ref_llama *m, double *vec, uint32_t n_heads, uint3
 		double *v = vec + (size_t)h * hd;
 		for (uint32_t i = 0; i < hd / 2; i++) {
 			double th = pos * m->inv_freq[i], c = cos(th), s = sin(th);
-			double a = v[2 * i], b = v[2 * i + 1];
-			v[2 * i] = a * c - b * s;
-			v[2 * i + 1] = a * s + b * c;
+			uint32_t i0 = m->info.neox ? i : 2 * i, i1 = m->info.neox ? i + hd / 2 : 2 * i + 1;
+			double a = v[i0], b = v[i1];
+			v[i0] = a * c - b * s;
+			v[i1] = a * s + b * c;
 		}
 	}
+}
+
+static void add_vec(double *y, const double *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		y[i] += b[i];
 }
 
 int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t n,
@@ -492,6 +529,11 @@ int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t
 			matvec(&L->wq, xb, q + t * qd);
 			matvec(&L->wk, xb, k + t * kvd);
 			matvec(&L->wv, xb, v + t * kvd);
+			if (L->bq) {
+				add_vec(q + t * qd, L->bq, qd);
+				add_vec(k + t * kvd, L->bk, kvd);
+				add_vec(v + t * kvd, L->bv, kvd);
+			}
 			rope(m, q + t * qd, nh, t);
 			rope(m, k + t * kvd, nkv, t);
 		}

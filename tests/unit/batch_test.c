@@ -248,7 +248,7 @@ static int teardown_dir(void **state)
 	return 0;
 }
 
-static void check_generated(enum gpud_type type, double bound)
+static void check_generated_arch(enum gpud_arch arch, enum gpud_type type, double bound)
 {
 	char *path = g_path, err[SW_ERR_MAX];
 	struct gpud_mkmodel_params mp;
@@ -266,11 +266,30 @@ static void check_generated(enum gpud_type type, double bound)
 	mp.ffn_dim = 128;
 	mp.n_ctx = 256;
 	mp.type = type;
+	mp.arch = arch;
 	mp.seed = 3;
 	if (gpud_mkmodel(&mp, err, sizeof(err)))
 		fail_msg("mkmodel: %s", err);
 	check_model(path, 2, bound);
 	unlink(path);
+}
+
+static void check_generated(enum gpud_type type, double bound)
+{
+	check_generated_arch(GPUD_ARCH_LLAMA, type, bound);
+}
+
+/* Qwen2: the biases and NEOX RoPE are per token, so batching stays exact. */
+static void test_batch_qwen2_q8_0(void **state)
+{
+	(void)state;
+	check_generated_arch(GPUD_ARCH_QWEN2, GPUD_TYPE_Q8_0, 0);
+}
+
+static void test_batch_qwen2_f32(void **state)
+{
+	(void)state;
+	check_generated_arch(GPUD_ARCH_QWEN2, GPUD_TYPE_F32, 0);
 }
 
 static void test_batch_q8_0(void **state)
@@ -313,6 +332,8 @@ int main(void)
 		cmocka_unit_test(test_batch_f32),
 		cmocka_unit_test(test_batch_bf16),
 		cmocka_unit_test(test_batch_q4_0),
+		cmocka_unit_test(test_batch_qwen2_q8_0),
+		cmocka_unit_test(test_batch_qwen2_f32),
 	};
 	return cmocka_run_group_tests(tests, NULL, teardown_dir);
 }

@@ -859,6 +859,21 @@ static void test_cli(void **state)
 			fail_msg("%s: %s", types[i], out);
 		assert_non_null(strstr(out, "prompt tokens:"));
 	}
+	/* --arch qwen2 with the Qwen2.5 vocabulary: biases, NEOX RoPE, the
+	 * qwen2 pre-tokenizer end to end; an unknown architecture is a usage
+	 * error. */
+	snprintf(cmd, sizeof(cmd),
+		 "%s mkmodel --out %s/qw.gguf --arch qwen2 --dim 64 --layers 1 --heads 4 "
+		 "--kv-heads 2 --ffn 64 --vocab-from ../shared/tokenizer/ggml-vocab-qwen2.gguf "
+		 "--type q8_0 --tied --rope-base 1000000 --context 64 2>&1 && "
+		 "%s generate --model %s/qw.gguf --prompt 'Hello 123' --max-tokens 4 2>&1 >/dev/null",
+		 GPUD_BIN, tmpdir, GPUD_BIN, tmpdir);
+	if (run(cmd, out, sizeof(out)))
+		fail_msg("qwen2: %s", out);
+	assert_non_null(strstr(out, "prompt tokens: 5,")); /* Hello, space, 1, 2, 3 */
+	snprintf(cmd, sizeof(cmd), "%s mkmodel --out %s/x.gguf --arch gpt2 2>&1", GPUD_BIN, tmpdir);
+	assert_int_equal(run(cmd, out, sizeof(out)), 2);
+	assert_non_null(strstr(out, "--arch"));
 	/* --chat: a Llama 3 vocabulary gets its header template (11 prompt
 	 * tokens for "Hi": BOS, 2 x (start, role, end, \n\n), "Hi", eot);
 	 * stories260K has no template, which is an error. */

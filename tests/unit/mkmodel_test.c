@@ -536,6 +536,118 @@ static void test_llama32_3b_plan(void **state)
 	assert_true(plan.file_bytes < q_bytes + f32_elems * 4 + 7900000);
 }
 
+/* --arch qwen2: qwen2.* keys, F32 Q/K/V biases of the right shapes, no
+ * rope_freqs; the same tensors as a llama file with biases of the same
+ * parameters; Llama 3 scaling refused. */
+static void test_qwen2_round_trip(void **state)
+{
+	(void)state;
+	char path[128], lpath[128];
+	struct gpud_mkmodel_params p;
+	struct gpud_mkmodel_plan plan;
+	struct gpud_gguf *g, *lg;
+	struct gpud_gguf_str s;
+	uint32_t v;
+	float f;
+
+	path_in_tmp(path, sizeof(path), "qwen2.gguf");
+	path_in_tmp(lpath, sizeof(lpath), "llama-bias.gguf");
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.arch = GPUD_ARCH_QWEN2;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(plan.n_tensors, 3 + 2 * 12); /* embd, out norm, output; 9 + 3 biases */
+	if (gpud_mkmodel(&p, errbuf, sizeof(errbuf)))
+		fail_msg("%s", errbuf);
+	assert_int_equal(gpud_gguf_open(&g, path, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_get_str(g, "general.architecture", &s), 0);
+	assert_true(str_eq(s, "qwen2"));
+	assert_int_equal(gpud_gguf_get_u32(g, "qwen2.block_count", &v), 0);
+	assert_int_equal(v, 2);
+	assert_int_equal(gpud_gguf_get_u32(g, "qwen2.attention.head_count_kv", &v), 0);
+	assert_int_equal(v, 2);
+	assert_int_equal(gpud_gguf_get_f32(g, "qwen2.rope.freq_base", &f), 0);
+	assert_int_equal(gpud_gguf_get_u32(g, "llama.block_count", &v), SW_ENOTFOUND);
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, "blk.1.attn_q.bias");
+	assert_non_null(t);
+	assert_int_equal(t->type, GPUD_TYPE_F32);
+	assert_int_equal(t->n_dims, 1);
+	assert_int_equal(t->ne[0], 64);
+	t = gpud_gguf_find_tensor(g, "blk.0.attn_k.bias");
+	assert_non_null(t);
+	assert_int_equal(t->ne[0], 32); /* 2 kv heads of 16 */
+	assert_non_null(gpud_gguf_find_tensor(g, "blk.0.attn_v.bias"));
+	assert_null(gpud_gguf_find_tensor(g, "rope_freqs.weight"));
+	/* biases are random, not zero */
+	const float *b = t->data;
+	assert_true(b[0] != 0 || b[1] != 0);
+
+	p.out = lpath;
+	p.arch = GPUD_ARCH_LLAMA;
+	p.qkv_bias = true;
+	if (gpud_mkmodel(&p, errbuf, sizeof(errbuf)))
+		fail_msg("%s", errbuf);
+	assert_int_equal(gpud_gguf_open(&lg, lpath, errbuf, sizeof(errbuf)), 0);
+	assert_int_equal(gpud_gguf_n_tensors(lg), gpud_gguf_n_tensors(g));
+	for (uint64_t i = 0; i < gpud_gguf_n_tensors(g); i++) {
+		const struct gpud_gguf_tensor *a = gpud_gguf_tensor(g, i);
+		const struct gpud_gguf_tensor *c = gpud_gguf_find_tensor(lg, a->name);
+		assert_non_null(c);
+		assert_int_equal(a->nbytes, c->nbytes);
+		assert_memory_equal(a->data, c->data, a->nbytes);
+	}
+	gpud_gguf_close(lg);
+	gpud_gguf_close(g);
+	unlink(path);
+	unlink(lpath);
+
+	p.arch = GPUD_ARCH_QWEN2;
+	p.rope_scale_factor = 8;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "qwen2"));
+	p.rope_scale_factor = 0;
+	p.arch = (enum gpud_arch)7;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "architecture"));
+}
+
+/* Qwen2.5-3B (Qwen's config.json: hidden 2048, 36 layers, 16 heads, 2 KV
+ * heads, intermediate 11008, vocab 151936, rope theta 1e6, rms eps 1e-6,
+ * tied embeddings): 3.09 B parameters. Planned only. */
+static void test_qwen25_3b_plan(void **state)
+{
+	(void)state;
+	struct gpud_mkmodel_params p;
+	struct gpud_mkmodel_plan plan;
+	gpud_mkmodel_params_default(&p);
+	p.arch = GPUD_ARCH_LLAMA;
+	assert_int_equal(gpud_mkmodel_preset(&p, "qwen2.5-3b"), 0);
+	assert_int_equal(p.arch, GPUD_ARCH_QWEN2);
+	assert_true(p.tied);
+	assert_float_equal(p.rope_base, 1e6f, 0);
+	assert_float_equal(p.norm_eps, 1e-6f, 0);
+	assert_int_equal(p.n_ctx, 32768);
+	p.vocab_from = SW_SHARED_DIR "/tokenizer/ggml-vocab-qwen2.gguf";
+	int rc = gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf));
+	if (rc)
+		fail_msg("%s", errbuf);
+	print_message("qwen2 vocabulary: %llu tokens\n", (unsigned long long)plan.n_vocab);
+	assert_int_equal(plan.head_dim, 128);
+	assert_int_equal(plan.n_tensors, 1 + 1 + 36 * 12);
+	uint64_t per_layer = 2048ull * 2048 * 2 + 2048ull * 256 * 2 + 3ull * 2048 * 11008 +
+			     2 * 2048 + 2048 + 2 * 256;
+	assert_int_equal(plan.n_params, plan.n_vocab * 2048 + 36 * per_layer + 2048);
+	/* with Qwen2.5's 151936 embedding rows: 3,085,938,688 parameters */
+	assert_int_equal(151936ull * 2048 + 36 * per_layer + 2048, 3085938688ull);
+	/* the llama preset switches the architecture back */
+	assert_int_equal(gpud_mkmodel_preset(&p, "llama-3.2-3b"), 0);
+	assert_int_equal(p.arch, GPUD_ARCH_LLAMA);
+	/* tiny keeps it */
+	p.arch = GPUD_ARCH_QWEN2;
+	assert_int_equal(gpud_mkmodel_preset(&p, "tiny"), 0);
+	assert_int_equal(p.arch, GPUD_ARCH_QWEN2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -546,6 +658,8 @@ int main(void)
 		cmocka_unit_test(test_vocab_from),
 		cmocka_unit_test(test_validation),
 		cmocka_unit_test(test_llama32_3b_plan),
+		cmocka_unit_test(test_qwen2_round_trip),
+		cmocka_unit_test(test_qwen25_3b_plan),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	if (dir[0])

@@ -1,7 +1,8 @@
-/* model_test.c - loading Llama GGUF files: hyper-parameters of the real
- * stories260K model, tied embeddings, RoPE frequencies (plain, Llama 3
- * metadata, rope_freqs tensor), and clear errors for broken files made by
- * rewriting stories260K with the GGUF writer. */
+/* model_test.c - loading Llama and Qwen2 GGUF files: hyper-parameters of
+ * the real stories260K model and of generated qwen2 files, tied
+ * embeddings, RoPE frequencies (plain, Llama 3 metadata, rope_freqs
+ * tensor) and style, Q/K/V biases, and clear errors for broken files made
+ * by rewriting stories260K or a generated file with the GGUF writer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +20,7 @@
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/gguf.h"
 #include "gpud/gguf_write.h"
+#include "gpud/mkmodel.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
@@ -29,7 +31,9 @@ static char tmpdir[64];
 
 /* What to change when rewriting stories260K. */
 struct mod {
+	const char *src;          /* the file to rewrite; NULL = stories260K */
 	const char *drop_tensor;  /* omit it */
+	const char *short_tensor; /* 1-D F32: keep only its first half */
 	const char *swap_tensor;  /* 2-D: write with ne[0] and ne[1] swapped */
 	const char *f16_tensor;   /* F32 tensor written as F16 */
 	const char *arch;         /* general.architecture value */
@@ -57,7 +61,7 @@ static char *derive(const char *name, const struct mod *m)
 	char err[SW_ERR_MAX] = "";
 
 	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
-	assert_int_equal(gpud_gguf_open(&src, STORIES, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_open(&src, m->src ? m->src : STORIES, err, sizeof(err)), 0);
 	assert_int_equal(gpud_gguf_writer_new(&w), 0);
 	if (m->arch)
 		assert_int_equal(gpud_gguf_w_str(w, "general.architecture", m->arch), 0);
@@ -72,6 +76,12 @@ static char *derive(const char *name, const struct mod *m)
 
 		if (m->drop_tensor && !strcmp(t->name, m->drop_tensor))
 			continue;
+		if (m->short_tensor && !strcmp(t->name, m->short_tensor)) {
+			ne[0] /= 2;
+			assert_int_equal(gpud_gguf_w_tensor(w, t->name, t->type, t->n_dims, ne,
+							    t->data, t->nbytes / 2), 0);
+			continue;
+		}
 		if (m->swap_tensor && !strcmp(t->name, m->swap_tensor)) {
 			ne[0] = t->ne[1];
 			ne[1] = t->ne[0];
@@ -329,6 +339,99 @@ static void test_rope_inv_freq_helper(void **state)
 	assert_float_equal(inv[2], pow(100, -4.0 / 6) * 2, 1e-7);
 }
 
+/* Writes tmpdir/name with mkmodel: the small default shape in arch, with
+ * Qwen2.5's rope base and epsilon; returns the path (static). */
+static const char *gen(const char *name, enum gpud_arch arch, bool bias, bool tied)
+{
+	static char path[256];
+	struct gpud_mkmodel_params p;
+	char err[SW_ERR_MAX] = "";
+
+	snprintf(path, sizeof(path), "%s/%s", tmpdir, name);
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.arch = arch;
+	p.qkv_bias = bias;
+	p.tied = tied;
+	p.rope_base = 1e6f;
+	p.norm_eps = 1e-6f;
+	p.n_ctx = 32768;
+	if (gpud_mkmodel(&p, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	return path;
+}
+
+static void test_qwen2_hparams(void **state)
+{
+	struct gpud_model *m = NULL;
+	char err[SW_ERR_MAX] = "";
+
+	if (gpud_model_load(&m, gen("qwen2.gguf", GPUD_ARCH_QWEN2, false, true), err, sizeof(err)))
+		fail_msg("%s", err);
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const struct gpud_model_weights *w = gpud_model_weights(m);
+	assert_int_equal(hp->arch, GPUD_ARCH_QWEN2);
+	assert_int_equal(hp->rope_style, GPUD_ROPE_NEOX);
+	assert_true(hp->qkv_bias);
+	assert_true(hp->tied_output);
+	assert_ptr_equal(w->output.data, w->tok_embd.data);
+	assert_int_equal(hp->n_ctx, 32768);
+	assert_float_equal(hp->rope_base, 1e6, 1e-3);
+	assert_float_equal(hp->norm_eps, 1e-6, 1e-12);
+	assert_int_equal(hp->head_dim, 16);
+	for (int i = 0; i < 8; i++)
+		assert_float_equal(w->rope_inv_freq[i], pow(1e6, -2.0 * i / 16), 1e-7);
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		assert_non_null(w->layers[l].bq);
+		assert_non_null(w->layers[l].bk);
+		assert_non_null(w->layers[l].bv);
+	}
+	gpud_model_free(m);
+	assert_string_equal(gpud_arch_name(GPUD_ARCH_QWEN2), "qwen2");
+	assert_string_equal(gpud_arch_name(GPUD_ARCH_LLAMA), "llama");
+	assert_int_equal(gpud_arch_rope_style(GPUD_ARCH_LLAMA), GPUD_ROPE_NORM);
+	enum gpud_arch a;
+	assert_int_equal(gpud_arch_parse("qwen2", 5, &a), 0);
+	assert_int_equal(a, GPUD_ARCH_QWEN2);
+	assert_int_equal(gpud_arch_parse("qwen", 4, &a), SW_EUNSUPPORTED);
+
+	/* llama: no biases, adjacent pairs; with biases when the file has them */
+	assert_int_equal(gpud_model_load(&m, gen("llama.gguf", GPUD_ARCH_LLAMA, false, false),
+					 err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_hparams(m)->rope_style, GPUD_ROPE_NORM);
+	assert_false(gpud_model_hparams(m)->qkv_bias);
+	assert_null(gpud_model_weights(m)->layers[0].bq);
+	gpud_model_free(m);
+	assert_int_equal(gpud_model_load(&m, gen("llamab.gguf", GPUD_ARCH_LLAMA, true, false),
+					 err, sizeof(err)), 0);
+	assert_true(gpud_model_hparams(m)->qkv_bias);
+	assert_non_null(gpud_model_weights(m)->layers[1].bv);
+	gpud_model_free(m);
+}
+
+/* A qwen2 file without one of its biases, or with a bias of the wrong
+ * shape or type, or without a qwen2.* key: clear errors naming it. */
+static void test_qwen2_bad_bias(void **state)
+{
+	char src[256];
+	snprintf(src, sizeof(src), "%s", gen("qsrc.gguf", GPUD_ARCH_QWEN2, false, false));
+	struct mod m1 = { .src = src, .drop_tensor = "blk.1.attn_k.bias" };
+	expect_error(derive("q-nobias.gguf", &m1), SW_ENOTFOUND, "blk.1.attn_k.bias");
+	struct mod m2 = { .src = src, .short_tensor = "blk.0.attn_v.bias" };
+	expect_error(derive("q-shortbias.gguf", &m2), SW_EFORMAT, "blk.0.attn_v.bias");
+	struct mod m4 = { .src = src, .f16_tensor = "blk.1.attn_q.bias" };
+	expect_error(derive("q-f16bias.gguf", &m4), SW_ETYPE, "blk.1.attn_q.bias");
+	struct mod m5 = { .src = src, .drop_key = "qwen2.embedding_length" };
+	expect_error(derive("q-nokey.gguf", &m5), SW_ENOTFOUND, "qwen2.embedding_length");
+	/* a llama file with some biases but not blk.0.attn_q.bias */
+	snprintf(src, sizeof(src), "%s", gen("lsrc.gguf", GPUD_ARCH_LLAMA, true, false));
+	struct mod m6 = { .src = src, .drop_tensor = "blk.0.attn_q.bias" };
+	expect_error(derive("l-partial.gguf", &m6), SW_EFORMAT, "blk.0.attn_k.bias");
+	/* the unknown architecture error names the supported ones */
+	struct mod m7 = { .src = src, .arch = "qwen3" };
+	expect_error(derive("qwen3.gguf", &m7), SW_EUNSUPPORTED, "supported: llama, qwen2");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -347,6 +450,8 @@ int main(void)
 		cmocka_unit_test(test_rope_linear),
 		cmocka_unit_test(test_rope_bad_scaling),
 		cmocka_unit_test(test_rope_inv_freq_helper),
+		cmocka_unit_test(test_qwen2_hparams),
+		cmocka_unit_test(test_qwen2_bad_bias),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -566,6 +566,119 @@ static void test_engine_vs_ref_scaling_metadata(void **state)
 	unlink(dst);
 }
 
+/* A qwen2-style model (Q/K/V biases) of the default small shape: arch
+ * qwen2, or llama with biases, same seed: the two files hold the same
+ * tensors and differ only in the architecture, hence the RoPE style. */
+static void make_biased(const char *file, enum gpud_arch arch, enum gpud_type type, bool tied,
+			char *path, size_t cap)
+{
+	struct gpud_mkmodel_params mp;
+	char err[SW_ERR_MAX] = "";
+
+	if (!g_tmpdir[0]) {
+		strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
+		assert_non_null(mkdtemp(g_tmpdir));
+	}
+	snprintf(path, cap, "%s/%s", g_tmpdir, file);
+	gpud_mkmodel_params_default(&mp);
+	mp.out = path;
+	mp.arch = arch;
+	mp.qkv_bias = true;
+	mp.n_ctx = 256;
+	mp.type = type;
+	mp.tied = tied;
+	mp.seed = 2000 + (uint64_t)type;
+	if (gpud_mkmodel(&mp, err, sizeof(err)))
+		fail_msg("mkmodel %s: %s", path, err);
+}
+
+/* Worst relative difference between the last logits rows of two
+ * reference models on the same 40 tokens. */
+static double ref_vs_ref(const char *pa, const char *pb)
+{
+	struct ref_llama *ra = NULL, *rb = NULL;
+	char err[SW_ERR_MAX];
+	assert_int_equal(ref_llama_load(&ra, pa, err, sizeof(err)), 0);
+	assert_int_equal(ref_llama_load(&rb, pb, err, sizeof(err)), 0);
+	uint32_t nv = ref_llama_info(ra)->n_vocab, n = 40;
+	int32_t tok[40];
+	double *a = malloc(sizeof(double) * n * nv), *b = malloc(sizeof(double) * n * nv);
+	double md = 0, mr = 0;
+	for (uint32_t i = 0; i < n; i++)
+		tok[i] = (int32_t)(3 + (i * 7919) % (nv - 3));
+	assert_int_equal(ref_llama_forward(ra, tok, n, NULL, NULL, a, NULL), 0);
+	assert_int_equal(ref_llama_forward(rb, tok, n, NULL, NULL, b, NULL), 0);
+	for (size_t i = (size_t)(n - 1) * nv; i < (size_t)n * nv; i++) {
+		md = fmax(md, fabs(a[i] - b[i]));
+		mr = fmax(mr, fabs(b[i]));
+	}
+	free(a);
+	free(b);
+	ref_llama_free(ra);
+	ref_llama_free(rb);
+	return md / mr;
+}
+
+/* Both RoPE styles against the reference on the same weights: the qwen2
+ * file (NEOX pairs, biases) and the llama file with the same tensors
+ * (adjacent pairs, biases). The styles must matter at the positions tested:
+ * the two references differ by more than ten times the engine's bound
+ * (measured 3.9e-3 against 1e-4), so a style mix-up could not pass. */
+static void test_engine_vs_ref_qwen2_f32(void **state)
+{
+	(void)state;
+	char pq[128], pl[128], err[SW_ERR_MAX];
+	struct ref_llama *ref = NULL;
+	struct gpud_model *m = NULL;
+
+	make_biased("qwen2.gguf", GPUD_ARCH_QWEN2, GPUD_TYPE_F32, false, pq, sizeof(pq));
+	make_biased("llama-bias.gguf", GPUD_ARCH_LLAMA, GPUD_TYPE_F32, false, pl, sizeof(pl));
+	assert_int_equal(ref_llama_load(&ref, pq, err, sizeof(err)), 0);
+	assert_true(ref_llama_info(ref)->neox);
+	assert_true(ref_llama_info(ref)->qkv_bias);
+	assert_false(ref_llama_info(ref)->tied_output);
+	ref_llama_free(ref);
+	assert_int_equal(gpud_model_load(&m, pq, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_hparams(m)->arch, GPUD_ARCH_QWEN2);
+	assert_int_equal(gpud_model_hparams(m)->rope_style, GPUD_ROPE_NEOX);
+	assert_true(gpud_model_hparams(m)->qkv_bias);
+	gpud_model_free(m);
+	assert_int_equal(gpud_model_load(&m, pl, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_hparams(m)->rope_style, GPUD_ROPE_NORM);
+	assert_true(gpud_model_hparams(m)->qkv_bias);
+	gpud_model_free(m);
+
+	double d = ref_vs_ref(pq, pl);
+	print_message("NEOX vs adjacent-pair RoPE on the same weights: last row differs by %.3g\n",
+		      d);
+	assert_true(d > 1e-3);
+	double wq = engine_vs_ref(pq, 61), wl = engine_vs_ref(pl, 62);
+	print_message("generated qwen2 f32 (NEOX, biases): worst relative error %.3g\n", wq);
+	print_message("generated llama f32 with biases (adjacent pairs): worst relative error %.3g\n",
+		      wl);
+	assert_true(wq < 1e-4);
+	assert_true(wl < 1e-4);
+	unlink(pq);
+	unlink(pl);
+}
+
+/* Qwen2 with tied output in a quantized type: the int8 kernels' bound. */
+static void test_engine_vs_ref_qwen2_q8_0_tied(void **state)
+{
+	(void)state;
+	char path[128], err[SW_ERR_MAX];
+	struct ref_llama *ref = NULL;
+
+	make_biased("qwen2-q8.gguf", GPUD_ARCH_QWEN2, GPUD_TYPE_Q8_0, true, path, sizeof(path));
+	assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
+	assert_true(ref_llama_info(ref)->tied_output);
+	ref_llama_free(ref);
+	double w = engine_vs_ref(path, 63);
+	print_message("generated qwen2 q8_0 tied: worst relative error %.3g (bound 2e-2)\n", w);
+	assert_true(w < 2e-2);
+	unlink(path);
+}
+
 /* Embeddings: the engine's mean-pooled, L2-normalized final hidden states
  * against the same computed from the reference's hidden states. */
 static void test_embed_vs_ref(void **state)
@@ -652,6 +765,8 @@ int main(void)
 		cmocka_unit_test(test_engine_vs_ref_q4_0),
 		cmocka_unit_test(test_engine_vs_ref_tied_scaled),
 		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
+		cmocka_unit_test(test_engine_vs_ref_qwen2_f32),
+		cmocka_unit_test(test_engine_vs_ref_qwen2_q8_0_tied),
 		cmocka_unit_test(test_embed_vs_ref),
 	};
 	return cmocka_run_group_tests(tests, NULL, teardown_tmpdir);

@@ -1,4 +1,4 @@
-/* forward.c - the CPU backend: Llama forward pass over a ragged batch.
+/* forward.c - the CPU backend: Llama / Qwen2 forward pass over a ragged batch.
  *
  * One step runs every weight matrix once over all T tokens of the batch
  * (gpud_matmul), so weights are streamed once per step whatever the number
@@ -25,6 +25,7 @@
 #include "common/err.h"
 #include "common/mem.h"
 #include "gpud/backend/cpu/kernels.h"
+#include "gpud/backend/cpu/rope.h"
 #include "gpud/backend/cpu/threadpool.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
@@ -139,18 +140,11 @@ static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, floa
 		out[i] = x[i] * scale * w[i];
 }
 
-/* Rotates adjacent pairs (x[2i], x[2i+1]) of each of n_heads heads. */
-static void rope(float *x, const float *cs, uint32_t n_heads, uint32_t head_dim)
+/* y += b over n floats. */
+static void add_bias(float *y, const float *b, uint32_t n)
 {
-	for (uint32_t h = 0; h < n_heads; h++) {
-		float *v = x + (size_t)h * head_dim;
-		for (uint32_t i = 0; i < head_dim / 2; i++) {
-			float c = cs[2 * i], s = cs[2 * i + 1];
-			float a = v[2 * i], b = v[2 * i + 1];
-			v[2 * i] = a * c - b * s;
-			v[2 * i + 1] = a * s + b * c;
-		}
-	}
+	for (uint32_t i = 0; i < n; i++)
+		y[i] += b[i];
 }
 
 /* --- parallel sections --------------------------------------------------- */
@@ -173,7 +167,8 @@ static void add_norm_run(void *arg, int ith, int nth)
 	}
 }
 
-/* RoPE on q and k of each token, then its k and v into its KV block. */
+/* Q/K/V biases (when the model has them) and RoPE on q and k of each
+ * token, then its k and v into its KV block. */
 static void rope_store_run(void *arg, int ith, int nth)
 {
 	struct cpu_ctx *c = arg;
@@ -187,12 +182,18 @@ static void rope_store_run(void *arg, int ith, int nth)
 		const float *cs = c->rope_cs + (size_t)t * hd;
 		uint32_t pos = c->tok_pos[t];
 		float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
-		const float *v = c->v + (size_t)t * c->kv_dim;
+		float *v = c->v + (size_t)t * c->kv_dim;
+		const struct gpud_layer_weights *L = &c->w->layers[c->layer];
 		float *blk = c->kv + (size_t)s->blocks[pos / bt] * c->block_floats +
 			     (size_t)c->layer * c->layer_floats;
 
-		rope(q, cs, hp->n_heads, hd);
-		rope(k, cs, hp->n_kv_heads, hd);
+		if (L->bq) {
+			add_bias(q, L->bq, c->q_dim);
+			add_bias(k, L->bk, c->kv_dim);
+			add_bias(v, L->bv, c->kv_dim);
+		}
+		gpud_rope_apply(q, cs, hp->n_heads, hd, hp->rope_style);
+		gpud_rope_apply(k, cs, hp->n_kv_heads, hd, hp->rope_style);
 		for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
 			float *kd = blk + h * c->head_floats + (size_t)(pos % bt) * hd;
 			float *vd = kd + (size_t)hp->n_kv_heads * c->head_floats;
@@ -469,14 +470,8 @@ static void prepare(struct cpu_ctx *c, const struct gpud_fwd_batch *b)
 	c->attn_work = 0;
 	for (uint32_t t = 0; t < b->n_tokens; t++)
 		c->attn_work += (uint64_t)(c->tok_pos[t] + 1) * c->hp->n_heads * c->hp->head_dim * 2;
-	for (uint32_t t = 0; t < b->n_tokens; t++) {
-		float *cs = c->rope_cs + (size_t)t * 2 * half;
-		for (uint32_t i = 0; i < half; i++) {
-			double a = (double)c->tok_pos[t] * (double)inv[i];
-			cs[2 * i] = (float)cos(a);
-			cs[2 * i + 1] = (float)sin(a);
-		}
-	}
+	for (uint32_t t = 0; t < b->n_tokens; t++)
+		gpud_rope_table(c->rope_cs + (size_t)t * 2 * half, inv, half, c->tok_pos[t]);
 }
 
 static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, size_t errlen)
