@@ -2,7 +2,13 @@
  * ops tables of gpud/backend.h (tests/gpu/run; built only with CUDA).
  *
  *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
+ *               [--device cuda:0|cpu]
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md]
+ *
+ * The device under test is cuda:0 (the registry's table for "cuda",
+ * gpud/backend.h); --device cpu puts a second CPU instance there instead,
+ * which checks this harness itself in any build (meson test
+ * backend_cmp_harness: the error must be 0 and nothing allocated).
  *
  * Compare (default): one CPU and one cuda:0 instance of the model, each
  * with its own KV; N rounds of random ragged batches - up to 8 sequences,
@@ -14,7 +20,9 @@
  * the worst error and exits 1 when it passes the bound (default 1e-3 for
  * F32 models, 1e-2 for the others: the engine tests' bounds), 0 else.
  * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
- * over the run too.
+ * over the run too. Then, on the device alone: hiding s0 from G changes
+ * only G's logits, and a prompt prefilled one KV block per step matches
+ * one whole prefill step (mask_props).
  *
  * Bench: cuda:0 only. Decode tokens/s at batch 1, 16 and 64 (each sequence
  * first prefilled with 32 tokens; median of the timed steps), prefill
@@ -34,6 +42,7 @@
 #include "gpud/backend.h"
 #include "gpud/backend/cpu/cpu.h"
 #include "gpud/backend/cuda/cuda.h"
+#include "sw_config.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
@@ -61,6 +70,7 @@ struct seq {
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt */
+static const struct gpud_backend_ops *dut; /* the backend under test */
 
 static uint32_t rnd(uint32_t n)
 {
@@ -157,6 +167,102 @@ static int forward(struct inst *in, const struct gpud_fwd_batch *b)
 	return rc;
 }
 
+/* Worst relative difference (max |a - b| / max |a| per row) of rows
+ * [r0, r1) of two (rows, nv) logits arrays. */
+static double rows_diff(const float *a, const float *b, uint32_t r0, uint32_t r1, uint32_t nv)
+{
+	double worst = 0;
+
+	for (uint32_t r = r0; r < r1; r++) {
+		double dmax = 0, amax = 0;
+
+		for (uint32_t v = 0; v < nv; v++) {
+			double d = fabs((double)a[(size_t)r * nv + v] - b[(size_t)r * nv + v]);
+
+			if (!(d == d))
+				d = INFINITY;
+			dmax = d > dmax ? d : dmax;
+			amax = fabs(a[(size_t)r * nv + v]) > amax ? fabs(a[(size_t)r * nv + v]) : amax;
+		}
+		if (amax > 0 && dmax / amax > worst)
+			worst = dmax / amax;
+	}
+	return worst;
+}
+
+#define PROP_SEG 16 /* tokens of each of the 3 segments */
+#define PROP_ROWS (3 * PROP_SEG + 1)
+
+/* The prompt (3 segments; s1 hides s0) then one G token, on region's KV
+ * blocks, in one prefill step or one step per segment; every row's logits
+ * into out (PROP_ROWS rows). G sees s0 unless hide. */
+static int prop_run(struct inst *g, const struct gpud_model *m, const int32_t *prompt,
+		    uint32_t region, bool hide, bool chunked, float *out)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	uint16_t r0[1] = { 0 }, r1[1] = { 1 }, r2[3] = { 0, 1, 2 }, ga[4] = { 0, 1, 2, 3 };
+	uint16_t gh[3] = { 1, 2, 3 };
+	struct proto_mask_row rows[4] = { { r0, 1 }, { r1, 1 }, { r2, 3 },
+					  { hide ? gh : ga, hide ? 3 : 4 } };
+	struct proto_mask_desc d = { .n_segments = 3, .rows = rows };
+	uint32_t st[3] = { PROP_SEG, PROP_SEG, PROP_SEG }, done = 0;
+	static struct seq s;
+	struct gpud_fwd_seq fs;
+
+	for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+		s.blocks[k] = region * SEQ_BLOCKS + k;
+	if (gpud_mask_compile(&d, st, BLOCK_TOKENS, s.mask_mem, sizeof(s.mask_mem), &s.mask))
+		return -1;
+	while (done < PROP_ROWS) {
+		uint32_t n = done == 3 * PROP_SEG ? 1 : chunked ? PROP_SEG : 3 * PROP_SEG;
+		struct gpud_fwd_batch b = { .tokens = prompt + done, .seqs = &fs, .n_seqs = 1,
+					    .n_tokens = n, .n_logits = n };
+
+		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .mask = &s.mask, .pos0 = done,
+					    .n_tokens = n, .n_logits = n };
+		if (forward(g, &b))
+			return -1;
+		memcpy(out + (size_t)done * hp->n_vocab, g->ops->logits(g->ctx),
+		       (size_t)n * hp->n_vocab * sizeof(float));
+		done += n;
+	}
+	return 0;
+}
+
+/* Mask properties on the device under test: hiding s0 from G changes G's
+ * logits and nothing else (the prompt rows agree within 1e-5: the same
+ * kernels on the same data); the prompt prefilled one segment (one KV
+ * block) per step gives the logits of one whole prefill step within
+ * bound. */
+static int mask_props(struct inst *g, const struct gpud_model *m, double bound)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	size_t n = (size_t)PROP_ROWS * hp->n_vocab;
+	float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+	float *c = malloc(n * sizeof(float));
+	int32_t prompt[PROP_ROWS];
+	double same = 0, g_moved = 0, chunks = 0;
+	int rc = 1;
+
+	for (uint32_t i = 0; i < PROP_ROWS; i++)
+		prompt[i] = (int32_t)rnd(hp->n_vocab);
+	if (!a || !b || !c || prop_run(g, m, prompt, 0, false, false, a) ||
+	    prop_run(g, m, prompt, 1, true, false, b) || prop_run(g, m, prompt, 2, false, true, c))
+		goto out;
+	same = rows_diff(a, b, 0, 3 * PROP_SEG, hp->n_vocab);
+	g_moved = rows_diff(a, b, 3 * PROP_SEG, PROP_ROWS, hp->n_vocab);
+	chunks = rows_diff(a, c, 0, PROP_ROWS, hp->n_vocab);
+	printf("backend_cmp: %s: hiding s0 from G: prompt rows moved %.3g (<= 1e-5), G moved "
+	       "%.3g (> 1e-4); prefill one block per step against one step: %.3g (<= %.3g)\n",
+	       g->ops->name, same, g_moved, chunks, bound);
+	rc = same <= 1e-5 && g_moved > 1e-4 && chunks <= bound ? 0 : 1;
+out:
+	free(a);
+	free(b);
+	free(c);
+	return rc;
+}
+
 static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 {
 	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
@@ -169,7 +275,7 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	int rc = 1;
 
 	if (inst_init(&cpu, &gpud_cpu_backend, m, 8) ||
-	    inst_init(&gpu, &gpud_cuda_backend, m, 8))
+	    inst_init(&gpu, dut, m, 8))
 		return 2;
 	a0 = allocs(&gpu);
 	for (uint32_t r = 0; r < rounds; r++) {
@@ -232,11 +338,13 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 			}
 		}
 	}
-	printf("backend_cmp: %s (%s): %u rounds of ragged masked batches: worst relative "
-	       "logits error %.3g (bound %.3g); cuda allocations after init %llu\n",
-	       gpud_model_path(m), type_of(m), rounds, worst, bound,
+	printf("backend_cmp: %s (%s), %s against cpu: %u rounds of ragged masked batches: "
+	       "worst relative logits error %.3g (bound %.3g); allocations after init %llu\n",
+	       gpud_model_path(m), type_of(m), dut->name, rounds, worst, bound,
 	       (unsigned long long)(allocs(&gpu) - a0));
 	rc = worst <= bound && allocs(&gpu) == a0 ? 0 : 1;
+	if (mask_props(&gpu, m, bound))
+		rc = 1;
 out:
 	cpu.ops->destroy(cpu.ctx);
 	gpu.ops->destroy(gpu.ctx);
@@ -326,7 +434,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	double best = 1e30, plain, masked;
 	uint64_t a0;
 
-	if (!out || inst_init(&g, &gpud_cuda_backend, m, MAX_SEQS))
+	if (!out || inst_init(&g, dut, m, MAX_SEQS))
 		return 2;
 	a0 = allocs(&g);
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
@@ -361,7 +469,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
 		plain * 1e3);
 	a0 = allocs(&g) - a0;
-	fprintf(out, "| %s | cuda allocations after init over the bench | %llu | |\n", label,
+	fprintf(out, "| %s | device allocations after init over the bench | %llu | |\n", label,
 		(unsigned long long)a0);
 	g.ops->destroy(g.ctx);
 	if (out != stdout)
@@ -371,7 +479,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 
 int main(int argc, char **argv)
 {
-	const char *path = NULL, *label = NULL, *out = NULL;
+	const char *path = NULL, *label = NULL, *out = NULL, *device = "cuda:0";
 	uint32_t rounds = 20;
 	double bound = -1;
 	bool do_bench = false;
@@ -390,6 +498,8 @@ int main(int argc, char **argv)
 			rng = strtoull(argv[++i], NULL, 10) | 1;
 		else if (!strcmp(argv[i], "--max-prompt") && i + 1 < argc)
 			max_prompt = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+			device = argv[++i];
 		else if (!strcmp(argv[i], "--bench"))
 			do_bench = true;
 		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
@@ -398,7 +508,7 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] | --model PATH --bench [--label NAME] [--out FILE]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE]\n",
 				argv[0]);
 			return 2;
 		}
@@ -407,8 +517,23 @@ int main(int argc, char **argv)
 		fprintf(stderr, "backend_cmp: --model is required; --max-prompt is 1..900\n");
 		return 2;
 	}
-	if (gpud_cuda_device_count() < 1) {
-		fprintf(stderr, "backend_cmp: no CUDA device (0 visible)\n");
+	if (!strcmp(device, "cpu")) {
+		dut = &gpud_cpu_backend;
+	} else if (!strcmp(device, "cuda:0")) {
+		dut = gpud_backend_for(SW_DEVICE_CUDA);
+		if (!dut) {
+			fprintf(stderr, "backend_cmp: this build has no CUDA backend "
+				"(meson setup -Dgpu=enabled)\n");
+			return 2;
+		}
+#if SW_HAVE_CUDA
+		if (gpud_cuda_device_count() < 1) {
+			fprintf(stderr, "backend_cmp: no CUDA device (0 visible)\n");
+			return 2;
+		}
+#endif
+	} else {
+		fprintf(stderr, "backend_cmp: --device is cuda:0 or cpu\n");
 		return 2;
 	}
 	rc = gpud_model_load(&m, path, err, sizeof(err));
