@@ -312,6 +312,8 @@ static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_mod
 	return most;
 }
 
+#define PLAN_PROBE_BLOCKS 4096u
+
 /* Whether every configured device can run here, and what each device with
  * memory of its own reports and would reserve (z->devmem). */
 static int query_devices(const struct sw_config *cfg, const struct gpud_model *m,
@@ -346,7 +348,9 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			if (rc)
 				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", i, why);
 			gpud_cuda_plan_for(&bc, &p0);
-			bc.n_blocks = 1;
+			/* Per block over many blocks: a pool rounded up to its
+			 * alignment does not pass for one block's size. */
+			bc.n_blocks = PLAN_PROBE_BLOCKS;
 			gpud_cuda_plan_for(&bc, &p1);
 			memset(dm, 0, sizeof(*dm));
 			snprintf(dm->name, sizeof(dm->name), "%s", info.name);
@@ -359,7 +363,7 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			dm->scratch = p0.scratch;
 			dm->workspace = p0.workspace;
 			dm->staging = p0.staging;
-			dm->kv_block_bytes = p1.kv - p0.kv;
+			dm->kv_block_bytes = (p1.kv - p0.kv + PLAN_PROBE_BLOCKS - 1) / PLAN_PROBE_BLOCKS;
 		}
 #else
 		(void)m;
