@@ -149,7 +149,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.max_batch_tokens = g->max_batch_tokens;
 	ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
 	ep.block_tokens = g->kv_block_tokens;
-	ep.n_blocks = d->plan.kv_blocks;
+	ep.n_blocks = d->plan.dev[dv->idx].kv_blocks;
 	ep.device = (int)dv->idx;
 	ep.kind = g->devices[dv->idx].kind;
 	ep.ordinal = g->devices[dv->idx].index;
@@ -164,7 +164,8 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	gpud_fmt_bytes(dv->est.scratch_bytes, b, sizeof(b));
 	log_info("%s: reserved and backed KV %u blocks x %" PRIu64 " bytes = %s, scratch %s, %d "
 		 "threads",
-		 dv->name, dv->est.kv.n_blocks, d->kv_block_bytes, a, b, ep.n_threads);
+		 dv->name, dv->est.kv.n_blocks, d->plan.dev[dv->idx].kv_block_bytes, a, b,
+		 ep.n_threads);
 	return 0;
 }
 
@@ -225,7 +226,8 @@ static int jobs_build(struct gpud_daemon *d, struct device *dv)
 static int device_watch(struct gpud_daemon *d, struct device *dv)
 {
 	uint64_t n_blocks = dv->est.kv.n_blocks;
-	uint64_t kv_bound = d->cfg.gpud.prefix_cache_bytes / d->kv_block_bytes;
+	uint64_t bb = d->plan.dev[dv->idx].kv_block_bytes;
+	uint64_t kv_bound = d->cfg.gpud.prefix_cache_bytes / bb;
 	char wname[GPUD_STATS_NAME_MAX + 8];
 
 	snprintf(wname, sizeof(wname), "%s.kv", dv->name);

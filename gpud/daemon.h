@@ -44,48 +44,110 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out);
 
 /* --- memory plan (DESIGN §2) ------------------------------------------------- */
 
+/* A device with memory of its own ("cuda:N"), as the plan sees it: what
+ * the device reports (gpud_cuda_device_info) and the pools its backend
+ * reserves there besides KV (gpud_cuda_plan_for). */
+struct gpud_plan_devmem {
+	char name[96];              /* "NVIDIA H200" */
+	int cc_major, cc_minor;     /* compute capability */
+	uint64_t total_bytes;       /* device memory (cudaMemGetInfo) */
+	uint64_t free_bytes;        /* of it free now */
+	uint64_t weights;           /* the uploaded model */
+	uint64_t masks;             /* the device mask pool */
+	uint64_t scratch;           /* step scratch */
+	uint64_t workspace;         /* cuBLAS workspace */
+	uint64_t kv_block_bytes;    /* one KV block as this backend stores it */
+	uint64_t staging;           /* pinned host staging: host RAM */
+};
+
+/* Device memory a device's plan leaves unplanned below what is free: the
+ * CUDA context's own growth (module loads, cuBLAS handle, graph
+ * instantiation) that no pool of ours holds. */
+#define GPUD_PLAN_DEVICE_RESERVE (256ull << 20)
+
 /* What the plan needs to know; all sizes in bytes. */
 struct gpud_plan_in {
 	uint32_t n_devices;
 	const struct sw_config_device *devices; /* (n_devices) */
+	const struct gpud_plan_devmem *devmem;  /* (n_devices): entry i is read for
+						 * every device that is not "cpu";
+						 * may be NULL when all are cpu */
 	uint64_t host_ram;          /* physical RAM (cpu devices share it) */
 	double memory_fraction;     /* 0 < x <= 1 */
 	uint64_t weight_bytes;      /* model weights, mapped once for all cpu devices */
-	uint64_t kv_block_bytes;    /* one KV block (all layers, K and V) */
+	uint64_t kv_block_bytes;    /* one KV block (all layers, K and V), cpu */
 	uint32_t kv_blocks;         /* configured blocks per device; 0 = derive */
 	uint32_t max_seqs;          /* sequences in flight per device */
 	uint32_t n_ctx;             /* positions per sequence */
 	uint32_t block_tokens;      /* positions per KV block */
-	uint64_t scratch_bytes;     /* step scratch per device, as its backend
+	uint64_t scratch_bytes;     /* step scratch per cpu device, as its backend
 				     * sizes it (gpud_backend_ops.scratch_bytes) */
-	uint64_t mask_bytes;        /* mask cache pool, per device */
+	uint64_t mask_bytes;        /* mask cache pool (host), per device of any kind */
 	uint64_t host_bytes;        /* host-only pools: server slots and regions,
 				     * tokenizer scratch (counted against RAM) */
 };
 
+/* One device's share of the plan. */
+struct gpud_plan_dev {
+	bool own_memory;            /* a device with memory of its own (cuda) */
+	uint32_t kv_blocks;
+	uint64_t kv_block_bytes;
+	uint64_t kv_bytes;          /* kv_blocks x kv_block_bytes */
+	/* own_memory only (0 for cpu devices, which share the host figures): */
+	uint64_t budget;            /* memory_fraction x total, at most free -
+				     * GPUD_PLAN_DEVICE_RESERVE */
+	uint64_t fixed;             /* weights + masks + scratch + workspace */
+	uint64_t kv_room;           /* budget - fixed */
+	uint64_t used;              /* fixed + kv_bytes */
+};
+
+/* The host figures cover host RAM: the cpu devices' KV, scratch and the
+ * weights they read, every device's host mask pool, the pinned staging of
+ * the device backends and the host pools. */
 struct gpud_plan {
 	uint64_t total;             /* memory_fraction x RAM */
-	uint64_t fixed;             /* weights + host pools + per-device scratch
-				     * and mask pools of every device */
-	uint64_t kv_room;           /* total - fixed, per device */
-	uint32_t kv_blocks;         /* per device */
+	uint64_t fixed;             /* weights (when a cpu device reads them) +
+				     * host pools + per-device mask pools of
+				     * every device + cpu devices' scratch +
+				     * pinned staging */
+	uint64_t kv_room;           /* total - fixed, per cpu device (0: none) */
+	uint32_t kv_blocks;         /* per cpu device (0: no cpu device) */
 	uint32_t kv_blocks_full;    /* what max_seqs full contexts need */
-	uint64_t kv_bytes;          /* kv_blocks x kv_block_bytes, per device */
-	uint64_t used;              /* fixed + every device's KV */
+	uint64_t kv_bytes;          /* kv_blocks x kv_block_bytes, per cpu device */
+	uint64_t used;              /* fixed + every cpu device's KV */
+	uint32_t n_cpu;             /* cpu devices */
+	struct gpud_plan_dev dev[SW_CONFIG_MAX_DEVICES]; /* (n_devices) */
 };
 
 /* Computes the plan: every cpu device gets an equal share of what
  * memory_fraction of RAM leaves after the weights (counted once) and the
- * fixed pools. kv_blocks 0 derives the largest count that fits, capped at
- * kv_blocks_full. Returns 0 and *out, or with a message giving the numbers
- * (*out then unspecified):
- *   SW_EUNSUPPORTED  a device this build has no backend for (cuda: "the
- *                    cuda backend is not built/implemented yet");
+ * fixed pools; every device with memory of its own gets what
+ * memory_fraction of its total memory (at most what is free less
+ * GPUD_PLAN_DEVICE_RESERVE) leaves after its own pools. kv_blocks 0
+ * derives the largest count that fits, capped at kv_blocks_full; a
+ * configured kv_blocks holds for every device. Returns 0 and *out, or with
+ * a message giving the numbers (*out then unspecified):
  *   SW_EEXHAUSTED    the configured kv_blocks, or the fixed pools alone,
- *                    do not fit, or not one block fits;
- *   -EINVAL          inconsistent input (no device, zero sizes). */
+ *                    do not fit host RAM or a device's budget, or not one
+ *                    block fits;
+ *   -EINVAL          inconsistent input (no device, zero sizes, too many
+ *                    devices, a device that is not cpu without devmem).
+ * Which devices this build and machine can run is gpud_plan_device_check's
+ * question, asked before. */
 int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
 		      size_t errlen);
+
+/* Whether gpud.devices[i] (dev) can run here: built says whether this
+ * build has a backend for its kind, n_visible how many devices of its kind
+ * the process sees (gpud_cuda_device_count; ignored for cpu). Returns 0,
+ * or with the message:
+ *   SW_EUNSUPPORTED  no backend in this build ("gpud.devices[1]: cuda:0:
+ *                    this gpud was built without the CUDA backend ...",
+ *                    saying how to build it);
+ *   -ENODEV          no such device ("gpud.devices[0]: cuda:0: no CUDA
+ *                    device (0 visible) ..."). */
+int gpud_plan_device_check(const struct sw_config_device *dev, uint32_t i, bool built,
+			   int n_visible, char *err, size_t errlen);
 
 /* "512 B", "1.5 KiB", "12.5 GiB" (one decimal above 1 KiB). */
 void gpud_fmt_bytes(uint64_t bytes, char *out, size_t outlen);

@@ -187,6 +187,9 @@ struct sizing {
 	uint64_t tok_scratch;     /* the loop's tokenizer arena */
 	uint64_t host;            /* every host-only pool (server, loop scratch,
 				   * embedding slots) */
+	struct gpud_plan_devmem devmem[SW_CONFIG_MAX_DEVICES]; /* devices with memory
+				   * of their own: what they report and reserve
+				   * (gpud__make_plan fills them) */
 };
 
 static inline double now_s(void)
@@ -207,10 +210,13 @@ static inline uint64_t now_ms(void)
 /* Sizes every pool from cfg and the model into *z (no allocation). */
 void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, struct sizing *z);
 
-/* The memory plan for cfg with z's pools (gpud_plan_compute); also gives
- * the bytes of one KV block. 0, or a negative code with the message. */
+/* The memory plan for cfg with z's pools (gpud_plan_compute), after
+ * checking that every device can run here (gpud_plan_device_check) and
+ * asking each device with memory of its own what it has and what its
+ * pools take (into z->devmem); also gives the bytes of one cpu KV block.
+ * 0, or a negative code with the message. */
 int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
-		    const struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
+		    struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
 		    char *err, size_t errlen);
 
 /* Device i's name in logs, stats and the plan: its backend's name and its

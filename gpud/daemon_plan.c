@@ -15,11 +15,13 @@
 #include "common/err.h"
 #include "common/log.h"
 #include "gpud/backend.h"
+#include "gpud/backend/cuda/cuda.h"
 #include "gpud/daemon_impl.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
 #include "proto/msg.h"
+#include "sw_config.h"
 
 void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
 {
@@ -38,42 +40,149 @@ void gpud_fmt_bytes(uint64_t b, char *out, size_t outlen)
 	snprintf(out, outlen, "%.1f %s", v, units[u]);
 }
 
-int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
-		      size_t errlen)
+static bool own_memory(const struct sw_config_device *dev)
 {
-	char a[32], b[32], c[32], d[32], e[32];
-	uint64_t per_dev_fixed, n = in->n_devices, left;
+	return dev->kind != SW_DEVICE_CPU;
+}
 
-	if (!in->n_devices || !in->devices || !in->kv_block_bytes || !in->block_tokens ||
-	    !in->n_ctx || !in->max_seqs || !(in->memory_fraction > 0 && in->memory_fraction <= 1))
-		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
-	for (uint32_t i = 0; i < in->n_devices; i++) {
-		char dev[32];
+int gpud_plan_device_check(const struct sw_config_device *dev, uint32_t i, bool built,
+			   int n_visible, char *err, size_t errlen)
+{
+	char name[32];
 
-		if (gpud_backend_for(in->devices[i].kind))
-			continue;
-		sw_config_device_name(&in->devices[i], dev, sizeof(dev));
+	sw_config_device_name(dev, name, sizeof(name));
+	if (!built) {
+		if (dev->kind == SW_DEVICE_CUDA)
+			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+					 "gpud.devices[%u]: %s: this gpud was built without the "
+					 "CUDA backend: rebuild with `meson setup -Dgpu=enabled` "
+					 "(needs nvcc and cuBLAS), or use \"cpu\"", i, name);
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "gpud.devices[%u]: %s: the %.*s backend is not built/implemented "
-				 "yet (use \"cpu\")", i, dev, (int)strcspn(dev, ":"), dev);
+				 "gpud.devices[%u]: %s: this gpud has no backend for it "
+				 "(use \"cpu\")", i, name);
 	}
-	memset(out, 0, sizeof(*out));
+	if (dev->kind == SW_DEVICE_CUDA && (n_visible <= 0 || dev->index >= n_visible)) {
+		if (n_visible <= 0)
+			return sw_seterr(err, errlen, -ENODEV,
+					 "gpud.devices[%u]: %s: no CUDA device (0 visible: no "
+					 "NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES hides "
+					 "them)", i, name);
+		return sw_seterr(err, errlen, -ENODEV,
+				 "gpud.devices[%u]: %s: no CUDA device (%d visible: cuda:0 to "
+				 "cuda:%d)", i, name, n_visible, n_visible - 1);
+	}
+	return 0;
+}
+
+/* Device i's own memory: its budget, its fixed pools and its KV. */
+static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_plan_dev *o,
+		       char *err, size_t errlen)
+{
+	const struct gpud_plan_devmem *m = &in->devmem[i];
+	uint64_t cap = (uint64_t)(in->memory_fraction * (double)m->total_bytes);
+	uint64_t avail = m->free_bytes > GPUD_PLAN_DEVICE_RESERVE ?
+			 m->free_bytes - GPUD_PLAN_DEVICE_RESERVE : 0;
+	char dev[32], what[256], t[32], f[32], b[32], a[32], c[32], w[32], k[32], s[32], x[32];
+
+	sw_config_device_name(&in->devices[i], dev, sizeof(dev));
+	gpud_fmt_bytes(m->total_bytes, t, sizeof(t));
+	gpud_fmt_bytes(m->free_bytes, f, sizeof(f));
+	o->own_memory = true;
+	o->kv_block_bytes = m->kv_block_bytes;
+	o->budget = cap < avail ? cap : avail;
+	gpud_fmt_bytes(o->budget, b, sizeof(b));
+	gpud_fmt_bytes(cap, c, sizeof(c));
+	if (cap <= avail)
+		snprintf(what, sizeof(what), "gpud.memory_fraction %g of %s is %s",
+			 in->memory_fraction, t, c);
+	else
+		snprintf(what, sizeof(what), "gpud.memory_fraction %g of %s is %s, but only %s "
+			 "is free (%s after the context reserve)", in->memory_fraction, t, c, f, b);
+	o->fixed = m->weights + m->masks + m->scratch + m->workspace;
+	if (o->fixed > o->budget) {
+		gpud_fmt_bytes(o->fixed, a, sizeof(a));
+		gpud_fmt_bytes(m->weights, w, sizeof(w));
+		gpud_fmt_bytes(m->masks, k, sizeof(k));
+		gpud_fmt_bytes(m->scratch, s, sizeof(s));
+		gpud_fmt_bytes(m->workspace, x, sizeof(x));
+		return sw_seterr(err, errlen, SW_EEXHAUSTED,
+				 "memory plan: gpud.devices[%u] %s (%s): weights (%s) + mask pool "
+				 "(%s) + scratch (%s) + cuBLAS workspace (%s) need %s; %s",
+				 i, dev, m->name, w, k, s, x, a, what);
+	}
+	o->kv_room = o->budget - o->fixed;
+	if (in->kv_blocks) {
+		uint64_t need = (uint64_t)in->kv_blocks * m->kv_block_bytes;
+
+		if (need > o->kv_room) {
+			gpud_fmt_bytes(need, a, sizeof(a));
+			gpud_fmt_bytes(o->kv_room, k, sizeof(k));
+			gpud_fmt_bytes(o->fixed, w, sizeof(w));
+			return sw_seterr(err, errlen, SW_EEXHAUSTED,
+					 "gpud.kv_blocks=%u needs %s of KV on gpud.devices[%u] %s "
+					 "(%s); %s, which leaves %s after its weights and fixed "
+					 "pools (%s) (at most %" PRIu64 " blocks of %" PRIu64
+					 " bytes)", in->kv_blocks, a, i, dev, m->name, what, k, w,
+					 o->kv_room / m->kv_block_bytes, m->kv_block_bytes);
+		}
+		o->kv_blocks = in->kv_blocks;
+	} else {
+		uint64_t fit = o->kv_room / m->kv_block_bytes;
+		uint64_t full = (uint64_t)in->max_seqs *
+				((in->n_ctx + in->block_tokens - 1) / in->block_tokens);
+
+		if (fit > full)
+			fit = full;
+		if (fit == 0) {
+			gpud_fmt_bytes(o->kv_room, k, sizeof(k));
+			return sw_seterr(err, errlen, SW_EEXHAUSTED,
+					 "memory plan: gpud.devices[%u] %s (%s): %s, which leaves "
+					 "%s after its weights and fixed pools: not one %" PRIu64
+					 "-byte KV block fits", i, dev, m->name, what, k,
+					 m->kv_block_bytes);
+		}
+		o->kv_blocks = (uint32_t)fit;
+	}
+	o->kv_bytes = (uint64_t)o->kv_blocks * m->kv_block_bytes;
+	o->used = o->fixed + o->kv_bytes;
+	return 0;
+}
+
+/* The host's figures: cpu devices share RAM with the host pools. */
+static int plan_host(const struct gpud_plan_in *in, struct gpud_plan *out, uint32_t n_own,
+		     uint64_t staging, char *err, size_t errlen)
+{
+	char a[32], b[32], c[32], d[32], e[32], f[32];
+	uint64_t n = out->n_cpu, left, per_dev_fixed = in->scratch_bytes + in->mask_bytes;
+
 	out->total = (uint64_t)(in->memory_fraction * (double)in->host_ram);
-	out->kv_blocks_full = (uint32_t)((uint64_t)in->max_seqs *
-					 ((in->n_ctx + in->block_tokens - 1) / in->block_tokens));
-	per_dev_fixed = in->scratch_bytes + in->mask_bytes;
-	out->fixed = in->weight_bytes + in->host_bytes + n * per_dev_fixed;
+	out->fixed = (n ? in->weight_bytes : 0) + in->host_bytes + n * per_dev_fixed +
+		     (uint64_t)n_own * in->mask_bytes + staging;
 	gpud_fmt_bytes(in->host_ram, b, sizeof(b));
 	gpud_fmt_bytes(out->total, c, sizeof(c));
 	if (out->fixed > out->total) {
 		gpud_fmt_bytes(out->fixed, a, sizeof(a));
 		gpud_fmt_bytes(in->weight_bytes, d, sizeof(d));
 		gpud_fmt_bytes(per_dev_fixed, e, sizeof(e));
+		if (!n_own)
+			return sw_seterr(err, errlen, SW_EEXHAUSTED,
+					 "memory plan: weights (%s) + scratch and mask pools (%s "
+					 "per device x %u) + host pools need %s; "
+					 "gpud.memory_fraction %g of %s is %s", d, e, out->n_cpu,
+					 a, in->memory_fraction, b, c);
+		gpud_fmt_bytes(in->mask_bytes, e, sizeof(e));
+		gpud_fmt_bytes(staging, f, sizeof(f));
 		return sw_seterr(err, errlen, SW_EEXHAUSTED,
-				 "memory plan: weights (%s) + scratch and mask pools (%s per device "
-				 "x %u) + host pools need %s; gpud.memory_fraction %g of %s "
-				 "is %s", d, e, in->n_devices, a, in->memory_fraction, b, c);
+				 "memory plan: host RAM: %s%s%s + mask pools (%s per device x %u) "
+				 "+ pinned staging (%s) + host pools need %s; "
+				 "gpud.memory_fraction %g of %s is %s",
+				 n ? "weights and cpu scratch for " : "", n ? d : "",
+				 n ? " per cpu device" : "no cpu device", e, in->n_devices, f, a,
+				 in->memory_fraction, b, c);
 	}
+	out->used = out->fixed;
+	if (!n)
+		return 0;
 	left = out->total - out->fixed;
 	out->kv_room = left / n;
 	if (in->kv_blocks) {
@@ -88,7 +197,7 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 					 "after weights and fixed pools (%s) on %u device%s "
 					 "(at most %" PRIu64 " blocks of %" PRIu64 " bytes)",
 					 in->kv_blocks, a, in->memory_fraction, b, c, d, e,
-					 in->n_devices, in->n_devices == 1 ? "" : "s",
+					 out->n_cpu, out->n_cpu == 1 ? "" : "s",
 					 out->kv_room / in->kv_block_bytes, in->kv_block_bytes);
 		}
 		out->kv_blocks = in->kv_blocks;
@@ -111,6 +220,50 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	return 0;
 }
 
+int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char *err,
+		      size_t errlen)
+{
+	uint64_t staging = 0;
+	uint32_t n_own = 0;
+	int rc;
+
+	if (!in->n_devices || in->n_devices > SW_CONFIG_MAX_DEVICES || !in->devices ||
+	    !in->kv_block_bytes || !in->block_tokens || !in->n_ctx || !in->max_seqs ||
+	    !(in->memory_fraction > 0 && in->memory_fraction <= 1))
+		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
+	memset(out, 0, sizeof(*out));
+	for (uint32_t i = 0; i < in->n_devices; i++) {
+		if (!own_memory(&in->devices[i])) {
+			out->n_cpu++;
+			continue;
+		}
+		if (!in->devmem || !in->devmem[i].kv_block_bytes)
+			return sw_seterr(err, errlen, -EINVAL,
+					 "memory plan: inconsistent input (gpud.devices[%u])", i);
+		n_own++;
+		staging += in->devmem[i].staging;
+	}
+	out->kv_blocks_full = (uint32_t)((uint64_t)in->max_seqs *
+					 ((in->n_ctx + in->block_tokens - 1) / in->block_tokens));
+	rc = plan_host(in, out, n_own, staging, err, errlen);
+	if (rc)
+		return rc;
+	for (uint32_t i = 0; i < in->n_devices; i++) {
+		struct gpud_plan_dev *o = &out->dev[i];
+
+		if (own_memory(&in->devices[i])) {
+			rc = plan_devmem(in, i, o, err, errlen);
+			if (rc)
+				return rc;
+			continue;
+		}
+		o->kv_blocks = out->kv_blocks;
+		o->kv_block_bytes = in->kv_block_bytes;
+		o->kv_bytes = out->kv_bytes;
+	}
+	return 0;
+}
+
 /* --- sizing and the plan of one configuration -------------------------------- */
 
 static uint64_t host_ram(void)
@@ -120,9 +273,28 @@ static uint64_t host_ram(void)
 	return pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
 }
 
-/* Step scratch per device: the most any configured device's backend asks
- * for with the engine parameters daemon_build will give it. A device
- * without a backend counts nothing (the plan refuses it). */
+/* The backend configuration daemon_build's engine for device i will have
+ * (the pools it asks for depend on it); n_blocks 0. */
+static struct gpud_backend_config backend_config(const struct sw_config *cfg,
+						 const struct gpud_model *m, uint32_t i,
+						 uint32_t threads_per_dev)
+{
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+
+	return (struct gpud_backend_config){
+		.model = m,
+		.ordinal = g->devices[i].index,
+		.n_threads = (int)threads_per_dev,
+		.block_tokens = g->kv_block_tokens,
+		.max_batch_tokens = g->max_batch_tokens,
+		.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
+		.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
+	};
+}
+
+/* Step scratch per cpu device: the most any configured cpu device's
+ * backend asks for with the engine parameters daemon_build will give it.
+ * Devices with memory of their own plan their scratch there (devmem). */
 static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_model *m,
 			      uint32_t threads_per_dev)
 {
@@ -131,21 +303,74 @@ static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_mod
 
 	for (uint32_t i = 0; i < g->n_devices; i++) {
 		const struct gpud_backend_ops *ops = gpud_backend_for(g->devices[i].kind);
-		struct gpud_backend_config bc = {
-			.model = m,
-			.ordinal = g->devices[i].index,
-			.n_threads = (int)threads_per_dev,
-			.block_tokens = g->kv_block_tokens,
-			.max_batch_tokens = g->max_batch_tokens,
-			.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
-			.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
-		};
-		uint64_t s = ops ? ops->scratch_bytes(&bc) : 0;
+		struct gpud_backend_config bc = backend_config(cfg, m, i, threads_per_dev);
+		uint64_t s = ops && g->devices[i].kind == SW_DEVICE_CPU ? ops->scratch_bytes(&bc) : 0;
 
 		if (s > most)
 			most = s;
 	}
 	return most;
+}
+
+#define PLAN_PROBE_BLOCKS 4096u
+
+/* Whether every configured device can run here, and what each device with
+ * memory of its own reports and would reserve (z->devmem). */
+static int query_devices(const struct sw_config *cfg, const struct gpud_model *m,
+			 struct sizing *z, char *err, size_t errlen)
+{
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+	int n_cuda = -1, rc;
+
+	for (uint32_t i = 0; i < g->n_devices; i++) {
+		const struct sw_config_device *dev = &g->devices[i];
+		bool built = gpud_backend_for(dev->kind) != NULL;
+
+		if (dev->kind == SW_DEVICE_CUDA && built && n_cuda < 0) {
+#if SW_HAVE_CUDA
+			n_cuda = gpud_cuda_device_count();
+#else
+			n_cuda = 0;
+#endif
+		}
+		rc = gpud_plan_device_check(dev, i, built, n_cuda, err, errlen);
+		if (rc)
+			return rc;
+#if SW_HAVE_CUDA
+		if (dev->kind == SW_DEVICE_CUDA) {
+			struct gpud_backend_config bc = backend_config(cfg, m, i, z->threads_per_dev);
+			struct gpud_plan_devmem *dm = &z->devmem[i];
+			struct gpud_cuda_devinfo info;
+			struct gpud_cuda_plan p0, p1;
+			char why[SW_ERR_MAX];
+
+			rc = gpud_cuda_device_info(dev->index, &info, why, sizeof(why));
+			if (rc)
+				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", i, why);
+			gpud_cuda_plan_for(&bc, &p0);
+			/* Per block over many blocks: a pool rounded up to its
+			 * alignment does not pass for one block's size. */
+			bc.n_blocks = PLAN_PROBE_BLOCKS;
+			gpud_cuda_plan_for(&bc, &p1);
+			memset(dm, 0, sizeof(*dm));
+			snprintf(dm->name, sizeof(dm->name), "%s", info.name);
+			dm->cc_major = info.cc_major;
+			dm->cc_minor = info.cc_minor;
+			dm->total_bytes = info.total_bytes;
+			dm->free_bytes = info.free_bytes;
+			dm->weights = p0.weights;
+			dm->masks = p0.masks;
+			dm->scratch = p0.scratch;
+			dm->workspace = p0.workspace;
+			dm->staging = p0.staging;
+			dm->kv_block_bytes = (p1.kv - p0.kv + PLAN_PROBE_BLOCKS - 1) / PLAN_PROBE_BLOCKS;
+		}
+#else
+		(void)m;
+		(void)z;
+#endif
+	}
+	return 0;
 }
 
 void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, struct sizing *z)
@@ -181,13 +406,14 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 }
 
 int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
-		    const struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
+		    struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
 		    char *err, size_t errlen)
 {
 	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
 	struct gpud_plan_in in = {
 		.n_devices = cfg->gpud.n_devices,
 		.devices = cfg->gpud.devices,
+		.devmem = z->devmem,
 		.host_ram = host_ram(),
 		.memory_fraction = cfg->gpud.memory_fraction,
 		.weight_bytes = gpud_model_weight_bytes(m),
@@ -202,7 +428,12 @@ int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		.host_bytes = z->host,
 	};
 
+	int rc;
+
 	*kv_block_bytes = in.kv_block_bytes;
+	rc = query_devices(cfg, m, z, err, errlen);
+	if (rc)
+		return rc;
 	return gpud_plan_compute(&in, plan, err, errlen);
 }
 
@@ -213,6 +444,45 @@ void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_
 	snprintf(out, outlen, "%s%u", ops ? ops->name : "dev", i);
 }
 
+/* A device with memory of its own: what it reports, its budget, each pool. */
+static void print_devmem(FILE *out, const struct sw_config *cfg, const struct sizing *z,
+			 const struct gpud_plan *p, uint32_t i, const char *dev)
+{
+	const struct gpud_plan_devmem *m = &z->devmem[i];
+	const struct gpud_plan_dev *o = &p->dev[i];
+	char cfgname[32], a[32], b[32], c[32];
+
+	sw_config_device_name(&cfg->gpud.devices[i], cfgname, sizeof(cfgname));
+	gpud_fmt_bytes(m->total_bytes, a, sizeof(a));
+	gpud_fmt_bytes(m->free_bytes, b, sizeof(b));
+	fprintf(out, "  %s: %s, %s (sm_%d%d): %s total, %s free\n", dev, cfgname, m->name,
+		m->cc_major, m->cc_minor, a, b);
+	gpud_fmt_bytes(o->budget, a, sizeof(a));
+	gpud_fmt_bytes(o->used, b, sizeof(b));
+	fprintf(out, "  %s.budget: %s of it (gpud.memory_fraction %g of total, at most free "
+		"less %llu MiB for the CUDA context), %s planned\n", dev, a,
+		cfg->gpud.memory_fraction, GPUD_PLAN_DEVICE_RESERVE >> 20, b);
+	gpud_fmt_bytes(m->weights, a, sizeof(a));
+	fprintf(out, "  %s.weights: %s (a full replica)\n", dev, a);
+	gpud_fmt_bytes(o->kv_bytes, a, sizeof(a));
+	fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; %u blocks "
+		"hold max_seqs %u full contexts)\n", dev, o->kv_blocks, o->kv_block_bytes, a,
+		cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
+	gpud_fmt_bytes(m->masks, a, sizeof(a));
+	gpud_fmt_bytes(z->mask_pool, b, sizeof(b));
+	fprintf(out, "  %s.mask: %s on the device, %s on the host (%u + 1 slots x %" PRIu64
+		" bytes)\n", dev, a, b, z->mask_entries, z->mask_slot);
+	gpud_fmt_bytes(m->scratch, a, sizeof(a));
+	fprintf(out, "  %s.scratch: %s (max_batch_tokens %u)\n", dev, a,
+		cfg->gpud.max_batch_tokens);
+	gpud_fmt_bytes(m->workspace, a, sizeof(a));
+	fprintf(out, "  %s.workspace: %s (cuBLAS)\n", dev, a);
+	gpud_fmt_bytes(m->staging, a, sizeof(a));
+	gpud_fmt_bytes(cfg->gpud.prefix_cache_bytes, c, sizeof(c));
+	fprintf(out, "  %s.staging: %s of pinned host memory\n", dev, a);
+	fprintf(out, "  %s.prefix: at most %s of unreferenced KV (inside %s.kv)\n", dev, c, dev);
+}
+
 void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizing *z,
 		      const struct gpud_plan *p, uint64_t bb, uint64_t weights)
 {
@@ -220,14 +490,21 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 
 	gpud_fmt_bytes(p->total, a, sizeof(a));
 	gpud_fmt_bytes(p->used, b, sizeof(b));
-	fprintf(out, "memory plan: %s of %s budget (gpud.memory_fraction %g)\n", b, a,
+	fprintf(out, "memory plan: %s of %s host budget (gpud.memory_fraction %g)\n", b, a,
 		cfg->gpud.memory_fraction);
 	gpud_fmt_bytes(weights, a, sizeof(a));
-	fprintf(out, "  weights: %s (mapped once, shared by the devices)\n", a);
+	if (p->n_cpu)
+		fprintf(out, "  weights: %s (mapped once, shared by the cpu devices)\n", a);
+	else
+		fprintf(out, "  weights: %s (mapped; read once per device at start)\n", a);
 	for (uint32_t i = 0; i < cfg->gpud.n_devices; i++) {
 		char dev[16];
 
 		gpud__device_name(cfg, i, dev, sizeof(dev));
+		if (p->dev[i].own_memory) {
+			print_devmem(out, cfg, z, p, i, dev);
+			continue;
+		}
 		gpud_fmt_bytes(p->kv_bytes, a, sizeof(a));
 		fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; "
 			"%u blocks hold max_seqs %u full contexts)\n", dev, p->kv_blocks, bb, a,
@@ -269,20 +546,45 @@ void gpud__log_plan(const struct sw_config *cfg, const struct sizing *z,
 
 int gpud__plan_check(const struct gpud_daemon *d, const struct sizing *z)
 {
-	uint64_t real = gpud_model_weight_bytes(d->model) + z->host;
+	uint64_t real = z->host;
 	char a[32], b[32], c[32];
 
-	for (uint32_t i = 0; i < d->n_dev; i++)
-		real += d->dev[i].est.kv_bytes + d->dev[i].est.scratch_bytes +
-			d->dev[i].mst.reserved_bytes;
+	if (d->plan.n_cpu)
+		real += gpud_model_weight_bytes(d->model);
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		const struct gpud_plan_dev *o = &d->plan.dev[i];
+		const struct device *dv = &d->dev[i];
+		uint64_t dreal;
+
+		real += dv->mst.reserved_bytes;
+		if (!o->own_memory) {
+			real += dv->est.kv_bytes + dv->est.scratch_bytes;
+			continue;
+		}
+		/* The device's own pools against its budget; its staging is host. */
+		dreal = o->fixed - z->devmem[i].scratch + dv->est.kv_bytes +
+				 dv->est.scratch_bytes;
+
+		real += z->devmem[i].staging;
+		gpud_fmt_bytes(dreal, a, sizeof(a));
+		gpud_fmt_bytes(o->used, b, sizeof(b));
+		if (dreal > o->budget) {
+			gpud_fmt_bytes(o->budget, c, sizeof(c));
+			log_error("%s: reserved %s on the device, more than its budget of %s "
+				  "(plan %s): lower gpud.kv_blocks or gpud.memory_fraction",
+				  dv->name, a, c, b);
+			return SW_EEXHAUSTED;
+		}
+		log_info("%s: reserved %s on the device (plan %s)", dv->name, a, b);
+	}
 	gpud_fmt_bytes(real, a, sizeof(a));
 	gpud_fmt_bytes(d->plan.used, b, sizeof(b));
 	if (real > d->plan.total) {
 		gpud_fmt_bytes(d->plan.total, c, sizeof(c));
-		log_error("reserved %s in all, more than the budget of %s (plan %s): lower "
-			  "gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
+		log_error("reserved %s of host memory in all, more than the budget of %s (plan "
+			  "%s): lower gpud.kv_blocks or gpud.memory_fraction's share", a, c, b);
 		return SW_EEXHAUSTED;
 	}
-	log_info("reserved %s in all (plan %s)", a, b);
+	log_info("reserved %s of host memory in all (plan %s)", a, b);
 	return 0;
 }

@@ -79,6 +79,7 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->preemptions = ds->preemptions;
 		sd->placed_prefix = ds->placed_prefix;
 		sd->placed_load = ds->placed_load;
+		sd->alloc_device = n->engine.allocs_after_warmup;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
 		uint64_t bound = n->kv_block_bytes ? ds->prefix_max_bytes / n->kv_block_bytes : 0;
@@ -222,7 +223,8 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 
 	for (uint32_t i = 0; i < d->n_dev; i++) {
 		struct device *dv = &d->dev[i];
-		struct gpud_dev_numbers n = { .name = dv->name, .kv_block_bytes = d->kv_block_bytes };
+		struct gpud_dev_numbers n = { .name = dv->name,
+					       .kv_block_bytes = d->plan.dev[i].kv_block_bytes };
 
 		gpud_sched_device_stats(d->sched, i, &n.sched);
 		pthread_mutex_lock(&dv->lock);

@@ -41,6 +41,7 @@ static void usage(FILE *f)
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
 		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
 		"                     [--stop STRING]... [--chat-format F]\n"
+		"                     [--device cpu|cuda:N]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
@@ -151,6 +152,28 @@ static int emit_stdout(void *arg, const char *text, size_t len)
 	return 0;
 }
 
+/* --device: "cpu" or "cuda:N" into ep's kind and ordinal; -EINVAL else. */
+static int parse_device(const char *s, struct gpud_engine_params *ep)
+{
+	char *end;
+	unsigned long n;
+
+	if (!strcmp(s, "cpu")) {
+		ep->kind = SW_DEVICE_CPU;
+		ep->ordinal = 0;
+		return 0;
+	}
+	if (strncmp(s, "cuda:", 5) || s[5] < '0' || s[5] > '9')
+		return -EINVAL;
+	errno = 0;
+	n = strtoul(s + 5, &end, 10);
+	if (errno || *end || n > 255)
+		return -EINVAL;
+	ep->kind = SW_DEVICE_CUDA;
+	ep->ordinal = (int)n;
+	return 0;
+}
+
 static int cmd_generate(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -167,6 +190,7 @@ static int cmd_generate(int argc, char **argv)
 		{ "chat", no_argument, NULL, 'C' },
 		{ "chat-format", required_argument, NULL, 'f' },
 		{ "stop", required_argument, NULL, 'x' },
+		{ "device", required_argument, NULL, 'd' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -204,6 +228,13 @@ static int cmd_generate(int argc, char **argv)
 				return EXIT_USAGE;
 			}
 			use_chat = true;
+			break;
+		case 'd':
+			if (parse_device(optarg, &ep)) {
+				fprintf(stderr, "gpud generate: --device: expected \"cpu\" or "
+					"\"cuda:N\", got \"%s\"\n", optarg);
+				return EXIT_USAGE;
+			}
 			break;
 		case 'x':
 			if (gp.n_stop == GPUD_STOP_MAX_STRINGS) {

@@ -193,6 +193,9 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_u64(&w, "preemptions", d->preemptions);
 			gpud_jsonw_u64(&w, "placed_prefix", d->placed_prefix);
 			gpud_jsonw_u64(&w, "placed_load", d->placed_load);
+			gpud_jsonw_obj_begin(&w, "alloc");
+			gpud_jsonw_u64(&w, "device", d->alloc_device);
+			gpud_jsonw_obj_end(&w);
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
@@ -474,6 +477,9 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	    placed_prefix);
 	PER(&o, s->devices, nd, "device", "gpud_device_placed_load_total", "counter",
 	    "Requests placed on the device by load.", placed_load);
+	PER(&o, s->devices, nd, "device", "gpud_device_alloc_device_total", "counter",
+	    "Device allocations the device's backend made after init (must stay 0).",
+	    alloc_device);
 
 	family(&o, "gpud_pool_unit_bytes", "gauge", "Bytes per pool unit.");
 	for (uint32_t i = 0; i < np; i++) {

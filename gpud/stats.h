@@ -26,7 +26,7 @@
  *     not zero)
  *   "devices": [ { "name": "cpu0", "queue", "running", "steps", "tokens",
  *                  "generated", "preemptions", "placed_prefix",
- *                  "placed_load" } ],
+ *                  "placed_load", "alloc": { "device": N } } ],
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
  *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
@@ -100,6 +100,9 @@ struct gpud_stats_device {
 	uint64_t steps, tokens, generated, preemptions;
 	uint64_t placed_prefix;         /* requests placed here for a cached prefix */
 	uint64_t placed_load;           /* requests placed here by load */
+	uint64_t alloc_device;          /* allocations its backend made after init
+					 * (struct gpud_backend_stats
+					 * allocs_after_init): must stay 0 */
 };
 
 struct gpud_stats_snapshot {

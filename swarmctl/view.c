@@ -321,14 +321,15 @@ static void print_placement(FILE *f, const json_t *stats)
 	const json_t *v;
 	size_t i;
 
-	fprintf(f, "%-10s %8s %8s %14s %14s %14s\n", "DEVICE", "QUEUE", "RUNNING",
-		"PLACED PREFIX", "PLACED LOAD", "PREFIX TOKENS");
+	fprintf(f, "%-10s %8s %8s %14s %14s %14s %10s\n", "DEVICE", "QUEUE", "RUNNING",
+		"PLACED PREFIX", "PLACED LOAD", "PREFIX TOKENS", "DEV ALLOCS");
 	json_array_foreach(json_object_get(stats, "devices"), i, v)
-		fprintf(f, "%-10s %8llu %8llu %14llu %14llu %14llu\n", str(v, "name"),
+		fprintf(f, "%-10s %8llu %8llu %14llu %14llu %14llu %10llu\n", str(v, "name"),
 			(unsigned long long)u64(v, "queue"), (unsigned long long)u64(v, "running"),
 			(unsigned long long)u64(v, "placed_prefix"),
 			(unsigned long long)u64(v, "placed_load"),
-			(unsigned long long)prefix_hit_tokens(stats, str(v, "name")));
+			(unsigned long long)prefix_hit_tokens(stats, str(v, "name")),
+			(unsigned long long)u64(json_object_get(v, "alloc"), "device"));
 }
 
 void ctl_print_gpud(FILE *f, const json_t *stats)

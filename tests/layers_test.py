@@ -95,7 +95,8 @@ def check(root):
     for d, dirs, files in os.walk(root):
         rel_d = os.path.relpath(d, root)
         dirs[:] = sorted(x for x in dirs if x not in SKIP_DIRS and
-                         not (rel_d == "." and x.startswith("build")))
+                         not (rel_d == "." and (x.startswith("build") or
+                                                x.startswith("."))))
         for fn in sorted(files):
             if not fn.endswith(SOURCES):
                 continue

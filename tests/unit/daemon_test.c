@@ -15,6 +15,8 @@
 
 #include "common/arena.h"
 #include "common/err.h"
+#include "gpud/backend.h"
+#include "gpud/backend/cuda/cuda.h"
 #include "gpud/daemon.h"
 #include "gpud/engine.h"
 #include "gpud/model.h"
@@ -144,13 +146,12 @@ static void test_plan_errors(void **state)
 				 "leaves 512.0 KiB per device after weights and fixed pools: not "
 				 "one 1048576-byte KV block fits");
 
-	/* cuda is refused with the device named. */
+	/* A device with memory of its own needs its devmem entry. */
 	in = base_in();
 	in.n_devices = 2;
 	in.devices = mixed;
-	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_string_equal(err, "gpud.devices[1]: cuda:3: the cuda backend is not "
-				 "built/implemented yet (use \"cpu\")");
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "memory plan: inconsistent input (gpud.devices[1])");
 
 	/* Inconsistent input. */
 	in = base_in();
@@ -162,6 +163,182 @@ static void test_plan_errors(void **state)
 	in = base_in();
 	in.memory_fraction = 1.5;
 	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), -EINVAL);
+}
+
+/* --- devices with memory of their own (cuda), with fake device infos ---- */
+
+static const struct sw_config_device cuda01[2] = { { SW_DEVICE_CUDA, 0 }, { SW_DEVICE_CUDA, 1 } };
+
+/* An H200-like device holding a 3B-shaped model. */
+static struct gpud_plan_devmem h200(void)
+{
+	return (struct gpud_plan_devmem){
+		.name = "NVIDIA H200",
+		.cc_major = 9,
+		.total_bytes = 140 * GiB,
+		.free_bytes = 139 * GiB,
+		.weights = 3 * GiB + 512 * MiB,
+		.masks = 64 * MiB,
+		.scratch = 512 * MiB,
+		.workspace = 32 * MiB,
+		.kv_block_bytes = 512 * 1024,
+		.staging = 256 * MiB,
+	};
+}
+
+static void test_device_check(void **state)
+{
+	const struct sw_config_device cpu = { SW_DEVICE_CPU, 0 }, c3 = { SW_DEVICE_CUDA, 3 };
+	(void)state;
+
+	assert_int_equal(gpud_plan_device_check(&cpu, 0, true, 0, err, sizeof(err)), 0);
+	assert_int_equal(gpud_plan_device_check(&c3, 1, true, 4, err, sizeof(err)), 0);
+	assert_int_equal(gpud_plan_device_check(&c3, 1, false, 4, err, sizeof(err)),
+			 SW_EUNSUPPORTED);
+	assert_string_equal(err, "gpud.devices[1]: cuda:3: this gpud was built without the CUDA "
+				 "backend: rebuild with `meson setup -Dgpu=enabled` (needs nvcc "
+				 "and cuBLAS), or use \"cpu\"");
+	assert_int_equal(gpud_plan_device_check(&c3, 2, true, 0, err, sizeof(err)), -ENODEV);
+	assert_string_equal(err, "gpud.devices[2]: cuda:3: no CUDA device (0 visible: no NVIDIA "
+				 "driver or GPU, or CUDA_VISIBLE_DEVICES hides them)");
+	assert_int_equal(gpud_plan_device_check(&c3, 0, true, 2, err, sizeof(err)), -ENODEV);
+	assert_string_equal(err, "gpud.devices[0]: cuda:3: no CUDA device (2 visible: cuda:0 "
+				 "to cuda:1)");
+}
+
+static void test_plan_cuda(void **state)
+{
+	struct gpud_plan_devmem dm[2] = { h200(), h200() };
+	struct gpud_plan_in in = base_in();
+	struct gpud_plan p;
+	uint64_t fixed = 4 * GiB + 96 * MiB, budget;
+	(void)state;
+
+	/* One device: 0.5 of 140 GiB; its own pools; KV capped at 4 full
+	 * contexts. The host holds its pools, the mask pool and staging, no
+	 * weights (no cpu device reads them). */
+	in.devices = cuda01;
+	in.devmem = dm;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.n_cpu, 0);
+	assert_true(p.fixed == 448 * MiB + 64 * MiB + 256 * MiB);
+	assert_true(p.used == p.fixed);
+	assert_int_equal(p.kv_blocks, 0);
+	assert_true(p.dev[0].own_memory);
+	assert_true(p.dev[0].budget == 70 * GiB);
+	assert_true(p.dev[0].fixed == fixed);
+	assert_true(p.dev[0].kv_room == 70 * GiB - fixed);
+	assert_int_equal(p.dev[0].kv_blocks, 256);
+	assert_true(p.dev[0].kv_block_bytes == 512 * 1024);
+	assert_true(p.dev[0].kv_bytes == 128 * MiB);
+	assert_true(p.dev[0].used == fixed + 128 * MiB);
+
+	/* Uncapped: the room decides, per device: the second has less free
+	 * memory than its fraction, so free less the context reserve. */
+	in.max_seqs = 1000000;
+	in.n_devices = 2;
+	dm[1].free_bytes = 20 * GiB;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.dev[0].kv_blocks, (70 * GiB - fixed) / (512 * 1024));
+	budget = 20 * GiB - GPUD_PLAN_DEVICE_RESERVE;
+	assert_true(p.dev[1].budget == budget);
+	assert_int_equal(p.dev[1].kv_blocks, (budget - fixed) / (512 * 1024));
+	assert_true(p.dev[1].used <= p.dev[1].budget);
+	assert_true(p.fixed == 448 * MiB + 2 * (64 * MiB + 256 * MiB));
+
+	/* A configured count holds for every device. */
+	in.kv_blocks = 1000;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.dev[0].kv_blocks, 1000);
+	assert_int_equal(p.dev[1].kv_blocks, 1000);
+	assert_true(p.dev[1].kv_bytes == 500 * MiB);
+}
+
+static void test_plan_mixed(void **state)
+{
+	const struct sw_config_device devs[3] = {
+		{ SW_DEVICE_CPU, 0 }, { SW_DEVICE_CUDA, 1 }, { SW_DEVICE_CUDA, 0 },
+	};
+	struct gpud_plan_devmem dm[3] = { { .name = "" }, h200(), h200() };
+	struct gpud_plan_in in = base_in();
+	struct gpud_plan p;
+	(void)state;
+
+	/* The cpu device gets the host's room: weights, its scratch and mask
+	 * pool, both cuda devices' host mask pools and staging, the host
+	 * pools; the cuda devices their own budgets. */
+	in.n_devices = 3;
+	in.devices = devs;
+	in.devmem = dm;
+	in.max_seqs = 1000000;
+	dm[2].kv_block_bytes = 256 * 1024;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), 0);
+	assert_int_equal(p.n_cpu, 1);
+	assert_true(p.fixed == 2 * GiB + 448 * MiB + 576 * MiB + 2 * (64 * MiB + 256 * MiB));
+	assert_true(p.kv_room == 8 * GiB - p.fixed);
+	assert_false(p.dev[0].own_memory);
+	assert_int_equal(p.dev[0].kv_blocks, p.kv_blocks);
+	assert_true(p.dev[0].kv_block_bytes == 1 * MiB);
+	assert_true(p.dev[1].own_memory && p.dev[2].own_memory);
+	assert_int_equal(p.dev[2].kv_blocks, 2 * p.dev[1].kv_blocks);
+	assert_true(p.used == p.fixed + p.kv_bytes);
+}
+
+static void test_plan_cuda_errors(void **state)
+{
+	struct gpud_plan_devmem dm[2] = { h200(), h200() };
+	struct gpud_plan_in in = base_in();
+	struct gpud_plan p;
+	(void)state;
+
+	in.devices = cuda01;
+	in.devmem = dm;
+	in.n_devices = 2;
+
+	/* The second device's own pools do not fit its budget. */
+	dm[1].weights = 70 * GiB;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: gpud.devices[1] cuda:1 (NVIDIA H200): weights "
+				 "(70.0 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) + "
+				 "cuBLAS workspace (32.0 MiB) need 70.6 GiB; "
+				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB");
+
+	/* Less free than the fraction: both figures. */
+	dm[1] = h200();
+	dm[1].free_bytes = 2 * GiB;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: gpud.devices[1] cuda:1 (NVIDIA H200): weights "
+				 "(3.5 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) + "
+				 "cuBLAS workspace (32.0 MiB) need 4.1 GiB; "
+				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB, but only "
+				 "2.0 GiB is free (1.8 GiB after the context reserve)");
+
+	/* A configured count too large for the device. */
+	dm[1] = h200();
+	in.kv_blocks = 1000000;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "gpud.kv_blocks=1000000 needs 488.3 GiB of KV on "
+				 "gpud.devices[0] cuda:0 (NVIDIA H200); gpud.memory_fraction 0.5 "
+				 "of 140.0 GiB is 70.0 GiB, which leaves 65.9 GiB after its "
+				 "weights and fixed pools (4.1 GiB) (at most 134976 blocks of "
+				 "524288 bytes)");
+
+	/* Not one block. */
+	in.kv_blocks = 0;
+	dm[0].weights = 70 * GiB - 608 * MiB - 1000;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: gpud.devices[0] cuda:0 (NVIDIA H200): "
+				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB, which leaves "
+				 "1000 B after its weights and fixed pools: not one 524288-byte KV "
+				 "block fits");
+
+	/* The host still holds its share: staging that does not fit RAM. */
+	dm[0] = h200();
+	dm[0].staging = 8 * GiB - 256 * MiB;
+	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+	assert_string_equal(err, "memory plan: host RAM: no cpu device + mask pools (64.0 MiB "
+				 "per device x 2) + pinned staging (8.0 GiB) + host pools need "
+				 "8.6 GiB; gpud.memory_fraction 0.5 of 16.0 GiB is 8.0 GiB");
 }
 
 struct seg_fixture {
@@ -465,9 +642,20 @@ static void test_snapshot_device(void **state)
 
 /* gpud serve --check: "configuration OK" and one line per pool, or the
  * reason and 1; nothing is reserved either way. */
+/* CUDA devices this process sees (0 in a build without the backend). */
+static int n_cuda(void)
+{
+#if SW_HAVE_CUDA
+	return gpud_cuda_device_count();
+#else
+	return 0;
+#endif
+}
+
 static void test_check_mode(void **state)
 {
 	struct sw_config cfg;
+	int rc;
 	char *out = NULL;
 	size_t len = 0;
 	FILE *f;
@@ -523,15 +711,31 @@ static void test_check_mode(void **state)
 		free(out);
 	}
 
-	/* A cuda device. */
+	/* A cuda device: refused in a build without the CUDA backend, and
+	 * on a machine without a device; planned per device where one is. */
 	cfg.gpud.kv_blocks = 0;
 	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 0 };
 	out = NULL;
 	f = open_memstream(&out, &len);
-	assert_int_equal(gpud_serve(&cfg, true, f), 1);
+	rc = gpud_serve(&cfg, true, f);
 	fclose(f);
-	assert_string_equal(out, "gpud.devices[1]: cuda:0: the cuda backend is not "
-				 "built/implemented yet (use \"cpu\")\n");
+	if (!gpud_backend_for(SW_DEVICE_CUDA)) {
+		assert_int_equal(rc, 1);
+		assert_string_equal(out, "gpud.devices[1]: cuda:0: this gpud was built without "
+					 "the CUDA backend: rebuild with `meson setup "
+					 "-Dgpu=enabled` (needs nvcc and cuBLAS), or use \"cpu\"\n");
+	} else if (n_cuda() == 0) {
+		assert_int_equal(rc, 1);
+		assert_string_equal(out, "gpud.devices[1]: cuda:0: no CUDA device (0 visible: no "
+					 "NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES hides "
+					 "them)\n");
+	} else {
+		assert_int_equal(rc, 0);
+		assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks"));
+		assert_non_null(strstr(out, "  cuda1: cuda:0, "));
+		assert_non_null(strstr(out, "  cuda1.kv: "));
+		assert_non_null(strstr(out, "  cuda1.workspace: "));
+	}
 	free(out);
 
 	/* A missing model. */
@@ -551,6 +755,10 @@ int main(void)
 		cmocka_unit_test(test_plan_derive),
 		cmocka_unit_test(test_plan_configured),
 		cmocka_unit_test(test_plan_errors),
+		cmocka_unit_test(test_device_check),
+		cmocka_unit_test(test_plan_cuda),
+		cmocka_unit_test(test_plan_mixed),
+		cmocka_unit_test(test_plan_cuda_errors),
 		cmocka_unit_test(test_snapshot_device),
 		cmocka_unit_test(test_check_mode),
 		cmocka_unit_test(test_chat_segment_text),

@@ -77,6 +77,7 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 		d->preemptions = 10 * i + 6;
 		d->placed_prefix = 10 * i + 7;
 		d->placed_load = 10 * i + 8;
+		d->alloc_device = 10 * i + 9;
 	}
 	s->n_pools = np;
 	for (uint32_t i = 0; i < np; i++) {
@@ -266,7 +267,7 @@ static void test_stats_json(void **state)
 	for (uint32_t i = 0; i < 2; i++) {
 		json_t *d = json_array_get(arr, i);
 
-		assert_int_equal(json_object_size(d), 9);
+		assert_int_equal(json_object_size(d), 10);
 		assert_string_equal(json_string_value(json_object_get(d, "name")), s.devices[i].name);
 		assert_int_equal(u(d, "queue"), 10 * i + 1);
 		assert_int_equal(u(d, "running"), 10 * i + 2);
@@ -276,6 +277,7 @@ static void test_stats_json(void **state)
 		assert_int_equal(u(d, "preemptions"), 10 * i + 6);
 		assert_int_equal(u(d, "placed_prefix"), 10 * i + 7);
 		assert_int_equal(u(d, "placed_load"), 10 * i + 8);
+		assert_int_equal(u(json_object_get(d, "alloc"), "device"), 10 * i + 9);
 	}
 	assert_null(json_object_get(j, "dump"));
 	json_decref(j);
@@ -490,8 +492,8 @@ static void test_prometheus(void **state)
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
 	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 4, 8 per device, 12 per pool, 9 per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 8 * 2 + 12 * 3 + 9 * 2);
+	 * families of 4, 9 per device, 12 per pool, 9 per cache */
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 9 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
@@ -515,6 +517,7 @@ static void test_prometheus(void **state)
 	assert_non_null(strstr(big, "\ngpud_device_steps_total{device=\"cpu1\"} 13\n"));
 	assert_non_null(strstr(big, "\ngpud_device_placed_prefix_total{device=\"cpu1\"} 17\n"));
 	assert_non_null(strstr(big, "\ngpud_device_placed_load_total{device=\"cpu1\"} 18\n"));
+	assert_non_null(strstr(big, "\ngpud_device_alloc_device_total{device=\"cpu1\"} 19\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_unit_bytes{pool=\"cpu0.kv\",unit=\"blocks\"} 4096\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_used{pool=\"cpu0.kv\"} 2\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_capacity{pool=\"cpu1.kv\"} 101\n"));

@@ -25,7 +25,8 @@ static const char stats_json[] =
 	" \"alloc\": {\"counted\": true, \"warm\": true,"
 	"   \"since_warmup\": {\"host\": 0, \"device\": 0}, \"total\": {\"host\": 9}},"
 	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1, \"placed_prefix\": 7,"
-	"   \"placed_load\": 5}, {\"name\": \"cuda:1\"}],"
+	"   \"placed_load\": 5, \"alloc\": {\"device\": 0}},"
+	"  {\"name\": \"cuda:1\", \"alloc\": {\"device\": 3}}],"
 	" \"pools\": ["
 	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
 	"   \"used\": 10, \"free\": 90, \"high\": 12, \"live\": 4, \"cached\": 6,"
@@ -155,10 +156,11 @@ static void test_print_gpud(void **state)
 	assert_non_null(strstr(out, "WARNING: cuda:1.kv trough rising"));
 	/* placements per device, and the tokens its prefix cache served */
 	assert_non_null(strstr(out, "PLACED PREFIX"));
+	assert_non_null(strstr(out, "DEV ALLOCS"));
 	assert_non_null(strstr(out, "cpu0              1        0              7              5"
-				    "             48\n"));
+				    "             48          0\n"));
 	assert_non_null(strstr(out, "cuda:1            0        0              0              0"
-				    "              0\n"));
+				    "              0          3\n"));
 	free(out);
 
 	/* allocations not counted: null is not zero */

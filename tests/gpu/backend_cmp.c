@@ -1,0 +1,549 @@
+/* backend_cmp.c - the CUDA backend against the CPU backend, through the
+ * ops tables of gpud/backend.h (tests/gpu/run; built only with CUDA).
+ *
+ *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
+ *               [--device cuda:0|cpu]
+ *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md]
+ *
+ * The device under test is cuda:0 (the registry's table for "cuda",
+ * gpud/backend.h); --device cpu puts a second CPU instance there instead,
+ * which checks this harness itself in any build (meson test
+ * backend_cmp_harness: the error must be 0 and nothing allocated).
+ *
+ * Compare (default): one CPU and one cuda:0 instance of the model, each
+ * with its own KV; N rounds of random ragged batches - up to 8 sequences,
+ * some in prefill (a random chunk of their prompt), the others decoding
+ * one token, each with a random compiled mask (random segments, each row
+ * seeing itself and each earlier segment with probability 1/2) or plain
+ * causal - run on both; every logits row is compared:
+ * max |cuda - cpu| / max |cpu| over the row, worst over the run. Prints
+ * the worst error and exits 1 when it passes the bound (default 1e-3 for
+ * F32 models, 1e-2 for the others: the engine tests' bounds), 0 else.
+ * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
+ * over the run too. Then, on the device alone: hiding s0 from G changes
+ * only G's logits, and a prompt prefilled one KV block per step matches
+ * one whole prefill step (mask_props).
+ *
+ * Bench: cuda:0 only. Decode tokens/s at batch 1, 16 and 64 (each sequence
+ * first prefilled with 32 tokens; median of the timed steps), prefill
+ * tokens/s (one 512-token chunk), and the cost of a compiled mask on a
+ * decode step (batch 16, the same cached mask every step, against plain
+ * causal): what a mask-cache hit costs on the device. Appends a markdown
+ * table row per figure to --out (stdout when absent).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/err.h"
+#include "gpud/backend.h"
+#include "gpud/backend/cpu/cpu.h"
+#include "gpud/backend/cuda/cuda.h"
+#include "sw_config.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+#include "gpud/quant.h"
+#include "proto/mask.h"
+
+#define MAX_SEQS 64
+#define BLOCK_TOKENS 16
+#define SEQ_BLOCKS 64  /* 1024 positions per sequence */
+#define MAX_BATCH 1024
+#define MAX_SEGS 8
+
+struct inst {
+	const struct gpud_backend_ops *ops;
+	void *ctx;
+};
+
+struct seq {
+	uint32_t blocks[SEQ_BLOCKS];
+	uint32_t len;      /* positions in KV */
+	uint32_t prompt;   /* prompt tokens (the mask's n_prompt) */
+	struct gpud_mask mask;
+	bool masked;
+	_Alignas(16) unsigned char mask_mem[8192];
+};
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt */
+static const struct gpud_backend_ops *dut; /* the backend under test */
+
+static uint32_t rnd(uint32_t n)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (uint32_t)(rng % n);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int inst_init(struct inst *in, const struct gpud_backend_ops *ops,
+		     const struct gpud_model *m, uint32_t n_seqs)
+{
+	struct gpud_backend_config bc = {
+		.model = m,
+		.ordinal = 0,
+		.n_threads = 0,
+		.n_blocks = n_seqs * SEQ_BLOCKS,
+		.block_tokens = BLOCK_TOKENS,
+		.max_batch_tokens = MAX_BATCH,
+		.max_seqs = n_seqs,
+		.max_logits = MAX_BATCH,
+	};
+	char err[SW_ERR_MAX] = "";
+	int rc;
+
+	in->ops = ops;
+	rc = ops->init(&in->ctx, &bc, err, sizeof(err));
+	if (rc)
+		fprintf(stderr, "backend_cmp: %s: init: %s\n", ops->name, err);
+	return rc;
+}
+
+static uint64_t allocs(const struct inst *in)
+{
+	struct gpud_backend_stats st = { 0 };
+
+	if (in->ops->stats)
+		in->ops->stats(in->ctx, &st);
+	return st.allocs_after_init;
+}
+
+/* A random mask over s's prompt: up to MAX_SEGS segments. */
+static void random_mask(struct seq *s)
+{
+	uint16_t idx[MAX_SEGS + 1][MAX_SEGS + 1];
+	struct proto_mask_row rows[MAX_SEGS + 1];
+	uint32_t seg_tokens[MAX_SEGS], n = 1 + rnd(MAX_SEGS), left = s->prompt;
+	struct proto_mask_desc d = { .n_segments = n, .rows = rows };
+
+	s->masked = rnd(4) != 0 && s->prompt >= n;
+	if (!s->masked)
+		return;
+	for (uint32_t i = 0; i < n; i++) {
+		seg_tokens[i] = i + 1 == n ? left : rnd(left - (n - 1 - i)) + 1;
+		if (seg_tokens[i] > left - (n - 1 - i))
+			seg_tokens[i] = left - (n - 1 - i);
+		left -= seg_tokens[i];
+	}
+	for (uint32_t i = 0; i <= n; i++) {
+		rows[i].idx = idx[i];
+		rows[i].n = 0;
+		for (uint32_t j = 0; j < i; j++)
+			if (rnd(2))
+				idx[i][rows[i].n++] = (uint16_t)j;
+		idx[i][rows[i].n++] = (uint16_t)i;
+	}
+	if (gpud_mask_compile(&d, seg_tokens, BLOCK_TOKENS, s->mask_mem, sizeof(s->mask_mem),
+			      &s->mask)) {
+		s->masked = false;
+		return;
+	}
+}
+
+static const char *type_of(const struct gpud_model *m)
+{
+	return gpud_type_name(gpud_model_weights(m)->layers[0].wq.type);
+}
+
+static int forward(struct inst *in, const struct gpud_fwd_batch *b)
+{
+	char err[SW_ERR_MAX] = "";
+	int rc = in->ops->forward(in->ctx, b, err, sizeof(err));
+
+	if (rc)
+		fprintf(stderr, "backend_cmp: %s: forward: %s\n", in->ops->name, err);
+	return rc;
+}
+
+/* Worst relative difference (max |a - b| / max |a| per row) of rows
+ * [r0, r1) of two (rows, nv) logits arrays. */
+static double rows_diff(const float *a, const float *b, uint32_t r0, uint32_t r1, uint32_t nv)
+{
+	double worst = 0;
+
+	for (uint32_t r = r0; r < r1; r++) {
+		double dmax = 0, amax = 0;
+
+		for (uint32_t v = 0; v < nv; v++) {
+			double d = fabs((double)a[(size_t)r * nv + v] - b[(size_t)r * nv + v]);
+
+			if (!(d == d))
+				d = INFINITY;
+			dmax = d > dmax ? d : dmax;
+			amax = fabs(a[(size_t)r * nv + v]) > amax ? fabs(a[(size_t)r * nv + v]) : amax;
+		}
+		if (amax > 0 && dmax / amax > worst)
+			worst = dmax / amax;
+	}
+	return worst;
+}
+
+#define PROP_SEG 16 /* tokens of each of the 3 segments */
+#define PROP_ROWS (3 * PROP_SEG + 1)
+
+/* The prompt (3 segments; s1 hides s0) then one G token, on region's KV
+ * blocks, in one prefill step or one step per segment; every row's logits
+ * into out (PROP_ROWS rows). G sees s0 unless hide. */
+static int prop_run(struct inst *g, const struct gpud_model *m, const int32_t *prompt,
+		    uint32_t region, bool hide, bool chunked, float *out)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	uint16_t r0[1] = { 0 }, r1[1] = { 1 }, r2[3] = { 0, 1, 2 }, ga[4] = { 0, 1, 2, 3 };
+	uint16_t gh[3] = { 1, 2, 3 };
+	struct proto_mask_row rows[4] = { { r0, 1 }, { r1, 1 }, { r2, 3 },
+					  { hide ? gh : ga, hide ? 3 : 4 } };
+	struct proto_mask_desc d = { .n_segments = 3, .rows = rows };
+	uint32_t st[3] = { PROP_SEG, PROP_SEG, PROP_SEG }, done = 0;
+	static struct seq s;
+	struct gpud_fwd_seq fs;
+
+	for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+		s.blocks[k] = region * SEQ_BLOCKS + k;
+	if (gpud_mask_compile(&d, st, BLOCK_TOKENS, s.mask_mem, sizeof(s.mask_mem), &s.mask))
+		return -1;
+	while (done < PROP_ROWS) {
+		uint32_t n = done == 3 * PROP_SEG ? 1 : chunked ? PROP_SEG : 3 * PROP_SEG;
+		struct gpud_fwd_batch b = { .tokens = prompt + done, .seqs = &fs, .n_seqs = 1,
+					    .n_tokens = n, .n_logits = n };
+
+		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .mask = &s.mask, .pos0 = done,
+					    .n_tokens = n, .n_logits = n };
+		if (forward(g, &b))
+			return -1;
+		memcpy(out + (size_t)done * hp->n_vocab, g->ops->logits(g->ctx),
+		       (size_t)n * hp->n_vocab * sizeof(float));
+		done += n;
+	}
+	return 0;
+}
+
+/* Mask properties on the device under test: hiding s0 from G changes G's
+ * logits and nothing else (the prompt rows agree within 1e-5: the same
+ * kernels on the same data); the prompt prefilled one segment (one KV
+ * block) per step gives the logits of one whole prefill step within
+ * bound. */
+static int mask_props(struct inst *g, const struct gpud_model *m, double bound)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	size_t n = (size_t)PROP_ROWS * hp->n_vocab;
+	float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+	float *c = malloc(n * sizeof(float));
+	int32_t prompt[PROP_ROWS];
+	double same = 0, g_moved = 0, chunks = 0;
+	int rc = 1;
+
+	for (uint32_t i = 0; i < PROP_ROWS; i++)
+		prompt[i] = (int32_t)rnd(hp->n_vocab);
+	if (!a || !b || !c || prop_run(g, m, prompt, 0, false, false, a) ||
+	    prop_run(g, m, prompt, 1, true, false, b) || prop_run(g, m, prompt, 2, false, true, c))
+		goto out;
+	same = rows_diff(a, b, 0, 3 * PROP_SEG, hp->n_vocab);
+	g_moved = rows_diff(a, b, 3 * PROP_SEG, PROP_ROWS, hp->n_vocab);
+	chunks = rows_diff(a, c, 0, PROP_ROWS, hp->n_vocab);
+	printf("backend_cmp: %s: hiding s0 from G: prompt rows moved %.3g (<= 1e-5), G moved "
+	       "%.3g (> 1e-4); prefill one block per step against one step: %.3g (<= %.3g)\n",
+	       g->ops->name, same, g_moved, chunks, bound);
+	rc = same <= 1e-5 && g_moved > 1e-4 && chunks <= bound ? 0 : 1;
+out:
+	free(a);
+	free(b);
+	free(c);
+	return rc;
+}
+
+static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	static struct seq seqs[8];
+	static int32_t toks[MAX_BATCH];
+	struct gpud_fwd_seq fs[8];
+	struct inst cpu, gpu;
+	double worst = 0;
+	uint64_t a0;
+	int rc = 1;
+
+	if (inst_init(&cpu, &gpud_cpu_backend, m, 8) ||
+	    inst_init(&gpu, dut, m, 8))
+		return 2;
+	a0 = allocs(&gpu);
+	for (uint32_t r = 0; r < rounds; r++) {
+		uint32_t n_seqs = 1 + rnd(8), steps = 2 + rnd(6);
+
+		for (uint32_t i = 0; i < n_seqs; i++) {
+			for (uint32_t b = 0; b < SEQ_BLOCKS; b++)
+				seqs[i].blocks[b] = i * SEQ_BLOCKS + b;
+			seqs[i].len = 0;
+			seqs[i].prompt = 1 + rnd(max_prompt);
+			random_mask(&seqs[i]);
+		}
+		for (uint32_t st = 0; st < steps; st++) {
+			struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs };
+			const float *lc, *lg;
+
+			for (uint32_t i = 0; i < n_seqs; i++) {
+				struct seq *s = &seqs[i];
+				uint32_t n = s->len < s->prompt ? 1 + rnd(s->prompt - s->len) : 1;
+
+				if (b.n_tokens + n > MAX_BATCH)
+					n = 1;
+				fs[b.n_seqs] = (struct gpud_fwd_seq){
+					.blocks = s->blocks,
+					.mask = s->masked ? &s->mask : NULL,
+					.pos0 = s->len,
+					.n_tokens = n,
+					.tok0 = b.n_tokens,
+					.logit0 = b.n_logits,
+					.n_logits = rnd(3) == 0 ? n : 1,
+				};
+				for (uint32_t t = 0; t < n; t++)
+					toks[b.n_tokens + t] = (int32_t)rnd(hp->n_vocab);
+				b.n_tokens += n;
+				b.n_logits += fs[b.n_seqs].n_logits;
+				b.n_seqs++;
+				s->len += n;
+			}
+			if (forward(&cpu, &b) || forward(&gpu, &b))
+				goto out;
+			lc = cpu.ops->logits(cpu.ctx);
+			lg = gpu.ops->logits(gpu.ctx);
+			for (uint32_t row = 0; row < b.n_logits; row++) {
+				const float *x = lc + (size_t)row * hp->n_vocab;
+				const float *y = lg + (size_t)row * hp->n_vocab;
+				double dmax = 0, xmax = 0;
+
+				for (uint32_t v = 0; v < hp->n_vocab; v++) {
+					double d = fabs((double)x[v] - y[v]);
+
+					if (!(d == d) || !isfinite(y[v]))
+						d = INFINITY;
+					if (d > dmax)
+						dmax = d;
+					if (fabs(x[v]) > xmax)
+						xmax = fabs(x[v]);
+				}
+				if (xmax > 0 && dmax / xmax > worst)
+					worst = dmax / xmax;
+			}
+		}
+	}
+	printf("backend_cmp: %s (%s), %s against cpu: %u rounds of ragged masked batches: "
+	       "worst relative logits error %.3g (bound %.3g); allocations after init %llu\n",
+	       gpud_model_path(m), type_of(m), dut->name, rounds, worst, bound,
+	       (unsigned long long)(allocs(&gpu) - a0));
+	rc = worst <= bound && allocs(&gpu) == a0 ? 0 : 1;
+	if (mask_props(&gpu, m, bound))
+		rc = 1;
+out:
+	cpu.ops->destroy(cpu.ctx);
+	gpu.ops->destroy(gpu.ctx);
+	return rc;
+}
+
+static int cmp_dbl(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Median seconds of a decode step of n_seqs sequences (prefilled with 32
+ * tokens), each with mask (or causal). */
+static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t n_seqs,
+			    bool masked)
+{
+	static struct seq seqs[MAX_SEQS];
+	static struct gpud_fwd_seq fs[MAX_SEQS];
+	static int32_t toks[MAX_BATCH];
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	double t[64];
+	uint32_t n_t = 0;
+
+	for (uint32_t i = 0; i < n_seqs; i++) {
+		struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs, .n_seqs = 1,
+					    .n_tokens = 32, .n_logits = 1 };
+
+		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+			seqs[i].blocks[k] = i * SEQ_BLOCKS + k;
+		seqs[i].prompt = 32;
+		seqs[i].len = 0;
+		seqs[i].masked = false;
+		if (masked) {
+			/* s0 10 tokens, s1 22; G hides s0: block 0 is mixed. */
+			uint16_t r0[1] = { 0 }, r1[2] = { 0, 1 }, rg[2] = { 1, 2 };
+			struct proto_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 2 } };
+			struct proto_mask_desc d = { .n_segments = 2, .rows = rows };
+			uint32_t st[2] = { 10, 22 };
+
+			seqs[i].masked = gpud_mask_compile(&d, st, BLOCK_TOKENS, seqs[i].mask_mem,
+							   sizeof(seqs[i].mask_mem),
+							   &seqs[i].mask) == 0;
+		}
+		fs[0] = (struct gpud_fwd_seq){ .blocks = seqs[i].blocks,
+					       .mask = seqs[i].masked ? &seqs[i].mask : NULL,
+					       .n_tokens = 32, .n_logits = 1 };
+		for (uint32_t k = 0; k < 32; k++)
+			toks[k] = (int32_t)rnd(hp->n_vocab);
+		if (forward(g, &b))
+			return -1;
+		seqs[i].len = 32;
+	}
+	for (uint32_t step = 0; step < 40; step++) {
+		struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs, .n_seqs = n_seqs,
+					    .n_tokens = n_seqs, .n_logits = n_seqs };
+		double t0;
+
+		for (uint32_t i = 0; i < n_seqs; i++) {
+			fs[i] = (struct gpud_fwd_seq){ .blocks = seqs[i].blocks,
+						       .mask = seqs[i].masked ? &seqs[i].mask : NULL,
+						       .pos0 = seqs[i].len, .n_tokens = 1,
+						       .tok0 = i, .logit0 = i, .n_logits = 1 };
+			toks[i] = (int32_t)rnd(hp->n_vocab);
+			seqs[i].len++;
+		}
+		t0 = now_s();
+		if (forward(g, &b))
+			return -1;
+		if (step >= 8) /* warm: graphs captured, caches filled */
+			t[n_t++] = now_s() - t0;
+	}
+	qsort(t, n_t, sizeof(t[0]), cmp_dbl);
+	return t[n_t / 2];
+}
+
+static int bench(const struct gpud_model *m, const char *label, const char *out_path)
+{
+	static const uint32_t batches[] = { 1, 16, 64 };
+	static int32_t toks[512];
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	FILE *out = out_path ? fopen(out_path, "a") : stdout;
+	struct gpud_fwd_seq fs;
+	struct seq s;
+	struct inst g;
+	double best = 1e30, plain, masked;
+	uint64_t a0;
+
+	if (!out || inst_init(&g, dut, m, MAX_SEQS))
+		return 2;
+	a0 = allocs(&g);
+	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
+		double step = decode_step_s(&g, m, batches[i], false);
+
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch %u | %.1f tok/s | %.3f ms/step |\n", label,
+			batches[i], batches[i] / step, step * 1e3);
+	}
+	for (uint32_t r = 0; r < 5; r++) { /* prefill: one 512-token chunk */
+		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
+					    .n_tokens = 512, .n_logits = 1 };
+		double t0;
+
+		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+			s.blocks[k] = k;
+		for (uint32_t k = 0; k < 512; k++)
+			toks[k] = (int32_t)rnd(hp->n_vocab);
+		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .n_tokens = 512, .n_logits = 1 };
+		t0 = now_s();
+		if (forward(&g, &b))
+			return 1;
+		if (r && now_s() - t0 < best)
+			best = now_s() - t0;
+	}
+	fprintf(out, "| %s | prefill 512 tokens | %.1f tok/s | %.3f ms |\n", label, 512 / best,
+		best * 1e3);
+	plain = decode_step_s(&g, m, 16, false);
+	masked = decode_step_s(&g, m, 16, true);
+	fprintf(out, "| %s | decode batch 16, cached compiled mask vs causal | %+.3f ms/step "
+		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
+		plain * 1e3);
+	a0 = allocs(&g) - a0;
+	fprintf(out, "| %s | device allocations after init over the bench | %llu | |\n", label,
+		(unsigned long long)a0);
+	g.ops->destroy(g.ctx);
+	if (out != stdout)
+		fclose(out);
+	return a0 == 0 ? 0 : 1;
+}
+
+int main(int argc, char **argv)
+{
+	const char *path = NULL, *label = NULL, *out = NULL, *device = "cuda:0";
+	uint32_t rounds = 20;
+	double bound = -1;
+	bool do_bench = false;
+	struct gpud_model *m = NULL;
+	char err[SW_ERR_MAX] = "";
+	int rc;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--model") && i + 1 < argc)
+			path = argv[++i];
+		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+			rounds = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--bound") && i + 1 < argc)
+			bound = atof(argv[++i]);
+		else if (!strcmp(argv[i], "--seed") && i + 1 < argc)
+			rng = strtoull(argv[++i], NULL, 10) | 1;
+		else if (!strcmp(argv[i], "--max-prompt") && i + 1 < argc)
+			max_prompt = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+			device = argv[++i];
+		else if (!strcmp(argv[i], "--bench"))
+			do_bench = true;
+		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
+			label = argv[++i];
+		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+			out = argv[++i];
+		else {
+			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE]\n",
+				argv[0]);
+			return 2;
+		}
+	}
+	if (!path || max_prompt < 1 || max_prompt > 900) {
+		fprintf(stderr, "backend_cmp: --model is required; --max-prompt is 1..900\n");
+		return 2;
+	}
+	if (!strcmp(device, "cpu")) {
+		dut = &gpud_cpu_backend;
+	} else if (!strcmp(device, "cuda:0")) {
+		dut = gpud_backend_for(SW_DEVICE_CUDA);
+		if (!dut) {
+			fprintf(stderr, "backend_cmp: this build has no CUDA backend "
+				"(meson setup -Dgpu=enabled)\n");
+			return 2;
+		}
+#if SW_HAVE_CUDA
+		if (gpud_cuda_device_count() < 1) {
+			fprintf(stderr, "backend_cmp: no CUDA device (0 visible)\n");
+			return 2;
+		}
+#endif
+	} else {
+		fprintf(stderr, "backend_cmp: --device is cuda:0 or cpu\n");
+		return 2;
+	}
+	rc = gpud_model_load(&m, path, err, sizeof(err));
+	if (rc) {
+		fprintf(stderr, "backend_cmp: %s\n", err);
+		return 2;
+	}
+	if (bound < 0)
+		bound = !strcmp(type_of(m), "f32") ? 1e-3 : 1e-2;
+	rc = do_bench ? bench(m, label ? label : type_of(m), out) : compare(m, rounds, bound);
+	gpud_model_free(m);
+	return rc;
+}
