@@ -144,6 +144,8 @@ static void test_plan_pools(void **state)
 	assert_int_equal(p.workspace, GPUD_CUDA_WORKSPACE);
 	assert_true(p.staging >= GPUD_CUDA_STAGING_MIN);
 	assert_true(p.masks > 0 && p.scratch > 0);
+	/* the ops table's figure is the plan's */
+	assert_int_equal(gpud_cuda_backend.scratch_bytes(&cfg), p.scratch);
 
 	/* KV grows with the blocks, scratch with the batch, masks with seqs */
 	cfg.n_blocks = 64;
