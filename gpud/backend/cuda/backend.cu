@@ -36,6 +36,18 @@ extern "C" {
 
 namespace {
 
+// Module loading: CUDA 12+ loads a kernel's code onto the device on its
+// first launch (lazy loading), which takes device memory while serving
+// the first time a batch size picks a new kernel (ours or cuBLAS's). Eager
+// loading puts it all there when the context is created, so the memory
+// used is flat from the first step. Read by the driver once, at its
+// initialization: set before the process's first CUDA call (each entry
+// point below may be the first); a value set by the user is kept.
+void eager_modules(void)
+{
+	setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+}
+
 struct dev_layer {
 	const float *attn_norm, *ffn_norm;
 	gpud_cuda_mat wq, wk, wv, wo, gate, up, down;
@@ -285,6 +297,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	const struct gpud_cuda_layout *L = &c->L;
 	int n = 0, rc;
 
+	eager_modules();
 	if (cudaGetDeviceCount(&n) != cudaSuccess)
 		n = 0;
 	if (c->dev < 0 || c->dev >= n)
@@ -595,8 +608,13 @@ int cuda_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, size_t er
 
 	CK(cudaSetDevice(c->dev), "cudaSetDevice");
 	rc = run_step(c, b, err, errlen);
-	if (rc)
+	if (rc) {
+		// Nothing of a failed step may still be in flight when the next
+		// one rewrites staging (after a fault this fails too: ignored).
+		cudaStreamSynchronize(c->stream);
+		cudaGetLastError();
 		return rc;
+	}
 	c->st.steps++;
 	c->st.tokens += b->n_tokens;
 	return 0;
@@ -642,6 +660,7 @@ extern "C" int gpud_cuda_device_count(void)
 {
 	int n = 0;
 
+	eager_modules();
 	if (cudaGetDeviceCount(&n) != cudaSuccess) {
 		cudaGetLastError(); // not sticky: clear it
 		return 0;
