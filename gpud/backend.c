@@ -9,14 +9,19 @@
 #include <stddef.h>
 
 #include "gpud/backend/cpu/cpu.h"
+#include "sw_config.h"
+#if SW_HAVE_CUDA
+#include "gpud/backend/cuda/cuda.h"
+#endif
 
 static const struct {
 	enum sw_device_kind kind;
 	const struct gpud_backend_ops *ops;
 } registry[] = {
 	{ SW_DEVICE_CPU, &gpud_cpu_backend },
-	/* { SW_DEVICE_CUDA, &gpud_cuda_backend }, under SW_HAVE_CUDA, with
-	 * backend/cuda/cuda.h, once that backend exists. */
+#if SW_HAVE_CUDA
+	{ SW_DEVICE_CUDA, &gpud_cuda_backend },
+#endif
 };
 
 const struct gpud_backend_ops *gpud_backend_for(enum sw_device_kind kind)

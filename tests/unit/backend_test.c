@@ -52,8 +52,22 @@ static void test_registry(void **state)
 	assert_non_null(cpu->logits);
 	/* Same table every time. */
 	assert_ptr_equal(gpud_backend_for(SW_DEVICE_CPU), cpu);
-	/* No CUDA backend yet: its row comes with it (gpud/backend.c). */
+#if SW_HAVE_CUDA
+	/* A build with the CUDA backend has its row (gpud/backend.c). */
+	{
+		const struct gpud_backend_ops *cuda = gpud_backend_for(SW_DEVICE_CUDA);
+
+		assert_non_null(cuda);
+		assert_string_equal(cuda->name, "cuda");
+		assert_non_null(cuda->scratch_bytes);
+		assert_non_null(cuda->init);
+		assert_non_null(cuda->destroy);
+		assert_non_null(cuda->forward);
+		assert_non_null(cuda->logits);
+	}
+#else
 	assert_null(gpud_backend_for(SW_DEVICE_CUDA));
+#endif
 	assert_null(gpud_backend_for((enum sw_device_kind)77));
 }
 
@@ -120,9 +134,18 @@ static void test_engine_kind(void **state)
 	ep.n_blocks = 8;
 	ep.kind = SW_DEVICE_CUDA;
 	ep.ordinal = 2;
+#if SW_HAVE_CUDA
+	/* The backend exists; a device it does not see is refused by init
+	 * (no GPU here, or one GPU on the test machines). */
+	ep.ordinal = 7;
+	assert_int_equal(gpud_engine_create(&e, model, &ep, err, sizeof(err)), -ENODEV);
+	assert_null(e);
+	assert_non_null(strstr(err, "cuda:7: no such device"));
+#else
 	assert_int_equal(gpud_engine_create(&e, model, &ep, err, sizeof(err)), SW_EUNSUPPORTED);
 	assert_null(e);
 	assert_string_equal(err, "engine: cuda:2: no backend for this kind of device in this build");
+#endif
 
 	ep.kind = SW_DEVICE_CPU;
 	ep.ordinal = 0;

@@ -1,0 +1,717 @@
+// backend.cu - the CUDA backend's instance (cuda.h): the ops table, the
+// device queries, init's reservations and the forward step.
+//
+// Memory (cuda.h, issue 12): init makes one cudaMalloc per pool (weights,
+// KV, masks, scratch, cuBLAS workspace) and one cudaHostAlloc (staging),
+// sized by gpud_cuda_layout_for (plan.c, the same figures the memory plan
+// prints). Every allocating call goes through cnt_malloc/cnt_host_alloc,
+// which count calls made after init into allocs_after_init. A step
+// allocates nothing: its metadata is built in staging and copied once,
+// masks go into device mask slots (an LRU, step.c) when first seen, and
+// cuBLAS runs on the workspace given to it.
+//
+// Threads: an instance is driven by one host thread at a time (the
+// engine's device worker); every entry point makes the instance's device
+// current first. All work goes to the instance's one non-default stream;
+// a step ends with one synchronization, where faults of its kernels show.
+//
+// Errors: every CUDA and cuBLAS call is checked; a message names the
+// device ("cuda:N"), the operation and the CUDA error string, and the code
+// comes from gpud_cuda_errcode (-ENOMEM, -ENODEV, -EIO).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "common/err.h"
+#include "gpud/model.h"
+#include "gpud/quant.h"
+}
+#include "gpud/backend/cuda/cuda.h"
+#include "gpud/backend/cuda/cuda_impl.h"
+#include "gpud/backend/cuda/kernels.cuh"
+
+namespace {
+
+// Module loading: CUDA 12+ loads a kernel's code onto the device on its
+// first launch (lazy loading), which takes device memory while serving
+// the first time a batch size picks a new kernel (ours or cuBLAS's). Eager
+// loading puts it all there when the context is created, so the memory
+// used is flat from the first step. Read by the driver once, at its
+// initialization: set before the process's first CUDA call (each entry
+// point below may be the first); a value set by the user is kept.
+void eager_modules(void)
+{
+	setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+}
+
+struct dev_layer {
+	const float *attn_norm, *ffn_norm;
+	gpud_cuda_mat wq, wk, wv, wo, gate, up, down;
+};
+
+struct cuda_ctx {
+	struct gpud_backend_config cfg;
+	const struct gpud_model_hparams *hp;
+	struct gpud_cuda_layout L;
+	int dev;
+	bool ready; // init done: allocations from now on count
+	cudaStream_t stream;
+	cublasHandle_t blas;
+
+	uint8_t *wpool, *kvpool, *mpool, *spool, *wspace, *staging;
+	uint64_t wused; // weight pool carved so far
+
+	gpud_cuda_mat tok_embd, output;
+	dev_layer *layers; // (n_layers), host
+	const float *out_norm, *rope_inv;
+
+	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+	int8_t *actq;
+	float *actd;
+	void *acth_hi, *acth_lo; // F16/BF16 prefill: activations split in two
+	float *ascale;           // (T) their per-token scales
+	uint32_t *meta;
+	gpud_cuda_meta dmeta;
+
+	float *h_logits, *h_hidden;
+	uint32_t *h_meta;
+	uint8_t *h_mask;
+	uint32_t *up_seq; // (max_seqs), host
+
+	struct gpud_cuda_slot *slots; // (mask_slots), host
+	uint64_t stamp;
+
+	struct gpud_backend_stats st;
+};
+
+int cuerr(const cuda_ctx *c, cudaError_t e, const char *op, char *err, size_t errlen)
+{
+	return sw_seterr(err, errlen, gpud_cuda_errcode((int)e), "cuda:%d: %s: %s",
+			 c->cfg.ordinal, op, cudaGetErrorString(e));
+}
+
+int blaserr(const cuda_ctx *c, cublasStatus_t s, const char *op, char *err, size_t errlen)
+{
+	return sw_seterr(err, errlen, s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO,
+			 "cuda:%d: %s: %s", c->cfg.ordinal, op, cublasGetStatusString(s));
+}
+
+#define CK(call, op)                                            \
+	do {                                                    \
+		cudaError_t e_ = (call);                        \
+		if (e_ != cudaSuccess)                          \
+			return cuerr(c, e_, (op), err, errlen); \
+	} while (0)
+
+#define CKB(call, op)                                             \
+	do {                                                      \
+		cublasStatus_t s_ = (call);                       \
+		if (s_ != CUBLAS_STATUS_SUCCESS)                  \
+			return blaserr(c, s_, (op), err, errlen); \
+	} while (0)
+
+// The counting wrappers: every allocating CUDA call of the backend.
+cudaError_t cnt_malloc(cuda_ctx *c, uint8_t **p, size_t n)
+{
+	if (c->ready)
+		c->st.allocs_after_init++;
+	return cudaMalloc((void **)p, n);
+}
+
+cudaError_t cnt_host_alloc(cuda_ctx *c, uint8_t **p, size_t n)
+{
+	if (c->ready)
+		c->st.allocs_after_init++;
+	return cudaHostAlloc((void **)p, n, cudaHostAllocDefault);
+}
+
+int reserve(cuda_ctx *c, uint8_t **p, uint64_t n, const char *what, char *err, size_t errlen)
+{
+	cudaError_t e = cnt_malloc(c, p, n ? n : GPUD_CUDA_ALIGN);
+
+	if (e != cudaSuccess) {
+		*p = nullptr;
+		return sw_seterr(err, errlen, gpud_cuda_errcode((int)e),
+				 "cuda:%d: cudaMalloc of the %s pool (%llu bytes, %.1f MiB): %s",
+				 c->cfg.ordinal, what, (unsigned long long)n, (double)n / (1 << 20),
+				 cudaGetErrorString(e));
+	}
+	return 0;
+}
+
+/* --- weight upload --------------------------------------------------------- */
+
+// Copies n bytes from host src to device dst through the staging buffer.
+int upload(cuda_ctx *c, uint8_t *dst, const void *src, uint64_t n, char *err, size_t errlen)
+{
+	const uint8_t *s = (const uint8_t *)src;
+
+	for (uint64_t off = 0; off < n;) {
+		uint64_t k = n - off < c->L.staging_bytes ? n - off : c->L.staging_bytes;
+		memcpy(c->staging, s + off, k);
+		CK(cudaMemcpyAsync(dst + off, c->staging, k, cudaMemcpyHostToDevice, c->stream),
+		   "weight upload");
+		CK(cudaStreamSynchronize(c->stream), "weight upload");
+		off += k;
+	}
+	return 0;
+}
+
+uint8_t *carve_w(cuda_ctx *c, uint64_t n)
+{
+	uint8_t *p = c->wpool + c->wused;
+
+	c->wused += (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
+	return p;
+}
+
+int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, char *err,
+	       size_t errlen)
+{
+	uint8_t *d = carve_w(c, n * 4);
+
+	*out = (const float *)d;
+	return upload(c, d, src, n * 4, err, errlen);
+}
+
+// A matrix in the device layout (cuda_impl.h): float types as they are,
+// Q8_0/Q4_0 split into quants and scales, repacked in staging by rows.
+int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char *err,
+	       size_t errlen)
+{
+	uint64_t qb = gpud_cuda_quants_bytes(w->type, w->rows, w->cols);
+	uint8_t *base = carve_w(c, gpud_cuda_tensor_bytes(w->type, w->rows, w->cols));
+
+	*m = gpud_cuda_mat{ (int)w->type, w->rows, w->cols, base, nullptr };
+	if (w->type != GPUD_TYPE_Q8_0 && w->type != GPUD_TYPE_Q4_0)
+		return upload(c, base, w->data, gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
+					       (uint64_t)w->rows, err, errlen);
+
+	uint64_t nb = (uint64_t)w->cols / GPUD_QK, qrow = w->type == GPUD_TYPE_Q8_0 ? 32 : 16;
+	uint64_t bsz = gpud_type_block_bytes(w->type), rowq = nb * qrow, rowd = nb * 2;
+	uint64_t chunk = c->L.staging_bytes / (rowq + rowd);
+	uint8_t *scales = base + qb;
+	const uint8_t *src = (const uint8_t *)w->data;
+
+	m->d = scales;
+	if (!chunk)
+		return sw_seterr(err, errlen, -EINVAL, "cuda:%d: staging too small for a row",
+				 c->cfg.ordinal);
+	for (uint64_t r0 = 0; r0 < (uint64_t)w->rows; r0 += chunk) {
+		uint64_t n = (uint64_t)w->rows - r0 < chunk ? (uint64_t)w->rows - r0 : chunk;
+		uint8_t *hq = c->staging, *hd = c->staging + n * rowq;
+
+		for (uint64_t r = 0; r < n; r++)
+			for (uint64_t i = 0; i < nb; i++) {
+				const uint8_t *blk = src + ((r0 + r) * nb + i) * bsz;
+				memcpy(hd + (r * nb + i) * 2, blk, 2);
+				memcpy(hq + r * rowq + i * qrow, blk + 2, qrow);
+			}
+		CK(cudaMemcpyAsync(base + r0 * rowq, hq, n * rowq, cudaMemcpyHostToDevice, c->stream),
+		   "weight upload");
+		CK(cudaMemcpyAsync(scales + r0 * rowd, hd, n * rowd, cudaMemcpyHostToDevice,
+				   c->stream), "weight upload");
+		CK(cudaStreamSynchronize(c->stream), "weight upload");
+	}
+	return 0;
+}
+
+int upload_model(cuda_ctx *c, char *err, size_t errlen)
+{
+	const struct gpud_model_weights *w = gpud_model_weights(c->cfg.model);
+	const struct gpud_model_hparams *hp = c->hp;
+	int rc;
+
+	// The order of plan.c's weights_bytes (the sum must match).
+	rc = upload_mat(c, &w->tok_embd, &c->tok_embd, err, errlen);
+	if (rc)
+		return rc;
+	if (w->output.data != w->tok_embd.data) {
+		rc = upload_mat(c, &w->output, &c->output, err, errlen);
+		if (rc)
+			return rc;
+	} else {
+		c->output = c->tok_embd;
+	}
+	for (uint32_t i = 0; i < hp->n_layers; i++) {
+		const struct gpud_layer_weights *L = &w->layers[i];
+		dev_layer *D = &c->layers[i];
+
+		if ((rc = upload_mat(c, &L->wq, &D->wq, err, errlen)) ||
+		    (rc = upload_mat(c, &L->wk, &D->wk, err, errlen)) ||
+		    (rc = upload_mat(c, &L->wv, &D->wv, err, errlen)) ||
+		    (rc = upload_mat(c, &L->wo, &D->wo, err, errlen)) ||
+		    (rc = upload_mat(c, &L->w_gate, &D->gate, err, errlen)) ||
+		    (rc = upload_mat(c, &L->w_up, &D->up, err, errlen)) ||
+		    (rc = upload_mat(c, &L->w_down, &D->down, err, errlen)) ||
+		    (rc = upload_vec(c, L->attn_norm, hp->dim, &D->attn_norm, err, errlen)) ||
+		    (rc = upload_vec(c, L->ffn_norm, hp->dim, &D->ffn_norm, err, errlen)))
+			return rc;
+	}
+	if ((rc = upload_vec(c, w->out_norm, hp->dim, &c->out_norm, err, errlen)) ||
+	    (rc = upload_vec(c, w->rope_inv_freq, hp->head_dim / 2, &c->rope_inv, err, errlen)))
+		return rc;
+	if (c->wused > c->L.weights_bytes)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "cuda:%d: weight upload overran its pool (%llu > %llu bytes)",
+				 c->cfg.ordinal, (unsigned long long)c->wused,
+				 (unsigned long long)c->L.weights_bytes);
+	return 0;
+}
+
+/* --- lifetime -------------------------------------------------------------- */
+
+void cuda_destroy(void *ctx)
+{
+	cuda_ctx *c = (cuda_ctx *)ctx;
+
+	if (!c)
+		return;
+	if (cudaSetDevice(c->dev) == cudaSuccess) {
+		if (c->stream)
+			cudaStreamSynchronize(c->stream);
+		if (c->blas)
+			cublasDestroy(c->blas);
+		if (c->stream)
+			cudaStreamDestroy(c->stream);
+		cudaFree(c->wpool);
+		cudaFree(c->kvpool);
+		cudaFree(c->mpool);
+		cudaFree(c->spool);
+		cudaFree(c->wspace);
+		if (c->staging)
+			cudaFreeHost(c->staging);
+	}
+	free(c->layers);
+	free(c->slots);
+	free(c->up_seq);
+	free(c);
+}
+
+int setup(cuda_ctx *c, char *err, size_t errlen)
+{
+	const struct gpud_cuda_layout *L = &c->L;
+	int n = 0, rc;
+
+	eager_modules();
+	if (cudaGetDeviceCount(&n) != cudaSuccess)
+		n = 0;
+	if (c->dev < 0 || c->dev >= n)
+		return sw_seterr(err, errlen, -ENODEV, "cuda:%d: no such device (%d visible)",
+				 c->dev, n);
+	CK(cudaSetDevice(c->dev), "cudaSetDevice");
+	CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
+	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
+	    (rc = reserve(c, &c->mpool, L->masks_bytes, "mask", err, errlen)) ||
+	    (rc = reserve(c, &c->spool, L->scratch_bytes, "scratch", err, errlen)) ||
+	    (rc = reserve(c, &c->wspace, L->workspace_bytes, "cuBLAS workspace", err, errlen)))
+		return rc;
+	{
+		cudaError_t e = cnt_host_alloc(c, &c->staging, L->staging_bytes);
+		if (e != cudaSuccess) {
+			c->staging = nullptr;
+			return sw_seterr(err, errlen, gpud_cuda_errcode((int)e),
+					 "cuda:%d: cudaHostAlloc of %llu bytes of staging: %s",
+					 c->dev, (unsigned long long)L->staging_bytes,
+					 cudaGetErrorString(e));
+		}
+	}
+	CKB(cublasCreate(&c->blas), "cublasCreate");
+	CKB(cublasSetStream(c->blas, c->stream), "cublasSetStream");
+	CKB(cublasSetWorkspace(c->blas, c->wspace, L->workspace_bytes), "cublasSetWorkspace");
+	CKB(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+	// KV blocks not yet written are never read; zero them anyway so that
+	// a bug shows as zeros, not as another request's data.
+	CK(cudaMemsetAsync(c->kvpool, 0, L->kv_bytes, c->stream), "KV clear");
+	CK(cudaMemsetAsync(c->spool, 0, L->scratch_bytes, c->stream), "scratch clear");
+
+	uint8_t *s = c->spool;
+	c->x = (float *)(s + L->x);
+	c->xb = (float *)(s + L->xb);
+	c->q = (float *)(s + L->q);
+	c->k = (float *)(s + L->k);
+	c->v = (float *)(s + L->v);
+	c->att = (float *)(s + L->att);
+	c->hb = (float *)(s + L->hb);
+	c->hb2 = (float *)(s + L->hb2);
+	c->xl = (float *)(s + L->xl);
+	c->logits = (float *)(s + L->logits);
+	c->actq = (int8_t *)(s + L->actq);
+	c->actd = (float *)(s + L->actd);
+	c->acth_hi = s + L->acth;
+	c->acth_lo = s + L->acth + (L->ascale - L->acth) / 2; // the second half
+	c->ascale = (float *)(s + L->ascale);
+	c->meta = (uint32_t *)(s + L->meta);
+	c->dmeta = gpud_cuda_meta{ (const int32_t *)(c->meta + L->m_tokens), c->meta + L->m_pos,
+				   c->meta + L->m_seq, c->meta + L->m_logit,
+				   c->meta + L->m_seqinfo, c->meta + L->m_btab };
+
+	rc = upload_model(c, err, errlen);
+	if (rc)
+		return rc;
+	c->h_logits = (float *)(c->staging + L->st_logits);
+	c->h_hidden = (float *)(c->staging + L->st_hidden);
+	c->h_meta = (uint32_t *)(c->staging + L->st_meta);
+	c->h_mask = c->staging + L->st_mask;
+	CK(cudaStreamSynchronize(c->stream), "init");
+	return 0;
+}
+
+int cuda_init(void **out, const struct gpud_backend_config *cfg, char *err, size_t errlen)
+{
+	cuda_ctx *c;
+	int rc;
+
+	*out = nullptr;
+	c = (cuda_ctx *)calloc(1, sizeof(*c));
+	if (!c)
+		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
+	c->cfg = *cfg;
+	c->dev = cfg->ordinal;
+	rc = gpud_cuda_layout_for(cfg, &c->L, err, errlen);
+	if (rc) {
+		free(c);
+		return rc;
+	}
+	c->cfg.max_logits = c->L.NL;
+	c->hp = gpud_model_hparams(cfg->model);
+	c->layers = (dev_layer *)calloc(c->hp->n_layers ? c->hp->n_layers : 1, sizeof(dev_layer));
+	c->slots = (struct gpud_cuda_slot *)calloc(c->L.mask_slots, sizeof(*c->slots));
+	c->up_seq = (uint32_t *)calloc(c->L.S, sizeof(uint32_t));
+	if (!c->layers || !c->slots || !c->up_seq) {
+		cuda_destroy(c);
+		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
+	}
+	rc = setup(c, err, errlen);
+	if (rc) {
+		cuda_destroy(c);
+		return rc;
+	}
+	c->st.kv_bytes = c->L.kv_bytes;
+	c->st.scratch_bytes = c->L.scratch_bytes;
+	c->st.scratch_high = c->L.scratch_bytes; // carved once: the step uses all of it
+	c->ready = true;
+	*out = c;
+	return 0;
+}
+
+uint64_t cuda_scratch_bytes(const struct gpud_backend_config *cfg)
+{
+	struct gpud_cuda_plan p;
+
+	gpud_cuda_plan_for(cfg, &p);
+	return p.scratch;
+}
+
+/* --- the step -------------------------------------------------------------- */
+
+// Below this many tokens float-type weights take the GEMV (gpud_k_mv_h).
+#define MV_MAX_T 8
+
+// y (T, rows) = W x (T, cols), activations already prepared for W's type
+// (prep: quantized for Q8_0/Q4_0, split for F16/BF16 prefill).
+int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y, char *err,
+       size_t errlen)
+{
+	switch (w->type) {
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0:
+		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y), "matmul (int8)");
+		return 0;
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		if (T <= MV_MAX_T) {
+			CK(gpud_k_mv_h(c->stream, w, x, T, y), "matmul (gemv)");
+			return 0;
+		}
+		break;
+	default:
+		break;
+	}
+	// Row-major W (rows x cols) is column-major W^T: y^T = op_T(W^T) x^T.
+	const float one = 1.0f, zero = 0.0f;
+	const int m = (int)w->rows, n = (int)T, k = (int)w->cols;
+	if (w->type == GPUD_TYPE_F32) {
+		CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, CUDA_R_32F,
+				 k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+				 CUBLAS_GEMM_DEFAULT), "cublasGemmEx (f32)");
+		return 0;
+	}
+	// y = W hi + W lo, then the per-token scales (F16) back on.
+	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
+			 t, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+	    "cublasGemmEx (hi)");
+	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_lo,
+			 t, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+	    "cublasGemmEx (lo)");
+	if (w->type == GPUD_TYPE_F16)
+		CK(gpud_k_scale_cols(c->stream, y, w->rows, T, c->ascale), "matmul scales");
+	return 0;
+}
+
+// Prepares activations x (T, cols) for matrices of w's type.
+int prep(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, char *err,
+	 size_t errlen)
+{
+	switch (w->type) {
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0:
+		CK(gpud_k_quantize_act(c->stream, x, T, (uint32_t)w->cols, c->actq, c->actd),
+		   "quantize activations");
+		break;
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		if (T > MV_MAX_T)
+			CK(gpud_k_split_act(c->stream, x, T, (uint32_t)w->cols, w->type, c->acth_hi,
+					    c->acth_lo, c->ascale), "split activations");
+		break;
+	default:
+		break;
+	}
+	return 0;
+}
+
+// Matrices ws[0..n) over the same input x: its preparation is shared by
+// consecutive matrices of the same type.
+int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int n, const float *x,
+	     uint32_t T, char *err, size_t errlen)
+{
+	int rc;
+
+	for (int i = 0; i < n; i++) {
+		if (i == 0 || ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols) {
+			rc = prep(c, ws[i], x, T, err, errlen);
+			if (rc)
+				return rc;
+		}
+		rc = mm(c, ws[i], x, T, ys[i], err, errlen);
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int add_norm(cuda_ctx *c, bool add, const float *w, uint32_t T, char *err, size_t errlen)
+{
+	CK(gpud_k_add_norm(c->stream, c->x, c->xb, w, add, nullptr, T, c->hp->dim,
+			   c->hp->norm_eps), "rmsnorm");
+	return 0;
+}
+
+int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errlen)
+{
+	const struct gpud_model_hparams *hp = c->hp;
+	const struct gpud_cuda_layout *L = &c->L;
+	uint32_t T = b->n_tokens, n_up = 0;
+	uint64_t n_words = 0;
+	int rc;
+
+	c->stamp++;
+	rc = gpud_cuda_meta_fill(L, c->cfg.block_tokens, b, c->slots, c->stamp, c->h_meta,
+				 &n_words, c->up_seq, &n_up, err, errlen);
+	for (uint32_t i = 0; !rc && i < n_up; i++) {
+		// A new mask: its image into its slot (rare: once per mask).
+		const struct gpud_fwd_seq *s = &b->seqs[c->up_seq[i]];
+		uint32_t slot = c->h_meta[L->m_seqinfo + (uint64_t)c->up_seq[i] * GPUD_CUDA_SEQ_WORDS +
+					  GPUD_CUDA_SI_SLOT];
+		size_t n = gpud_cuda_mask_image(L, c->cfg.block_tokens, s->mask, c->h_mask);
+		cudaError_t e;
+
+		if (!n) {
+			rc = sw_seterr(err, errlen, SW_ETOOLONG, "cuda:%d: mask does not fit a slot",
+				       c->dev);
+			break;
+		}
+		e = cudaMemcpyAsync(c->mpool + (uint64_t)slot * L->mask_slot_bytes, c->h_mask, n,
+				    cudaMemcpyHostToDevice, c->stream);
+		if (e == cudaSuccess)
+			e = cudaStreamSynchronize(c->stream); // h_mask is reused next
+		if (e != cudaSuccess)
+			rc = cuerr(c, e, "mask upload", err, errlen);
+	}
+	if (rc) {
+		// Slots taken by this step hold no image: forget them.
+		for (uint32_t i = 0; i < n_up; i++) {
+			uint32_t slot = c->h_meta[L->m_seqinfo +
+						  (uint64_t)c->up_seq[i] * GPUD_CUDA_SEQ_WORDS +
+						  GPUD_CUDA_SI_SLOT];
+			if (slot < L->mask_slots)
+				c->slots[slot].stamp = 0;
+		}
+		return rc;
+	}
+	CK(cudaMemcpyAsync(c->meta, c->h_meta, n_words * 4, cudaMemcpyHostToDevice,
+			   c->stream), "step metadata upload");
+
+	gpud_cuda_kvshape kv = { (float *)c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+				 c->cfg.block_tokens, 0, L->head_floats, L->layer_floats,
+				 L->block_floats };
+
+	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
+	if ((rc = add_norm(c, false, c->layers[0].attn_norm, T, err, errlen)))
+		return rc;
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const dev_layer *D = &c->layers[l];
+		const gpud_cuda_mat *qkv[3] = { &D->wq, &D->wk, &D->wv };
+		float *qkv_out[3] = { c->q, c->k, c->v };
+		const gpud_cuda_mat *gu[2] = { &D->gate, &D->up };
+		float *gu_out[2] = { c->hb, c->hb2 };
+
+		kv.layer = l;
+		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, err, errlen)))
+			return rc;
+		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
+		   "rope");
+		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
+				    L->mask_slot_bytes, L->max_prompt_blocks, T), "attention");
+		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
+		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
+		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||
+		    (rc = mm_group(c, gu, gu_out, 2, c->xb, T, err, errlen)))
+			return rc;
+		CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim), "swiglu");
+		if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
+		    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)) ||
+		    (rc = add_norm(c, true, l + 1 < hp->n_layers ? c->layers[l + 1].attn_norm : nullptr,
+				   T, err, errlen)))
+			return rc;
+	}
+	if (b->want_hidden) {
+		if ((rc = add_norm(c, false, c->out_norm, T, err, errlen)))
+			return rc;
+		CK(cudaMemcpyAsync(c->h_hidden, c->xb, (size_t)T * hp->dim * 4,
+				   cudaMemcpyDeviceToHost, c->stream), "hidden states download");
+	}
+	if (b->n_logits) {
+		CK(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
+				   b->n_logits, hp->dim, hp->norm_eps), "final norm");
+		if ((rc = prep(c, &c->output, c->xl, b->n_logits, err, errlen)) ||
+		    (rc = mm(c, &c->output, c->xl, b->n_logits, c->logits, err, errlen)))
+			return rc;
+		CK(cudaMemcpyAsync(c->h_logits, c->logits, (size_t)b->n_logits * hp->n_vocab * 4,
+				   cudaMemcpyDeviceToHost, c->stream), "logits download");
+	}
+	CK(cudaStreamSynchronize(c->stream), "step");
+	return 0;
+}
+
+int cuda_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, size_t errlen)
+{
+	cuda_ctx *c = (cuda_ctx *)ctx;
+	int rc;
+
+	CK(cudaSetDevice(c->dev), "cudaSetDevice");
+	rc = run_step(c, b, err, errlen);
+	if (rc) {
+		// Nothing of a failed step may still be in flight when the next
+		// one rewrites staging (after a fault this fails too: ignored).
+		cudaStreamSynchronize(c->stream);
+		cudaGetLastError();
+		return rc;
+	}
+	c->st.steps++;
+	c->st.tokens += b->n_tokens;
+	return 0;
+}
+
+const float *cuda_logits(void *ctx)
+{
+	return ((cuda_ctx *)ctx)->h_logits;
+}
+
+const float *cuda_hidden(void *ctx)
+{
+	return ((cuda_ctx *)ctx)->h_hidden;
+}
+
+int cuda_kv_copy(void *ctx, uint32_t dst, uint32_t src)
+{
+	cuda_ctx *c = (cuda_ctx *)ctx;
+	uint64_t n = c->L.block_floats * 4;
+
+	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks)
+		return -EINVAL;
+	if (dst == src)
+		return 0;
+	if (cudaSetDevice(c->dev) != cudaSuccess ||
+	    cudaMemcpyAsync(c->kvpool + dst * n, c->kvpool + src * n, n, cudaMemcpyDeviceToDevice,
+			    c->stream) != cudaSuccess ||
+	    cudaStreamSynchronize(c->stream) != cudaSuccess)
+		return -EIO;
+	return 0;
+}
+
+void cuda_stats(void *ctx, struct gpud_backend_stats *st)
+{
+	*st = ((cuda_ctx *)ctx)->st;
+}
+
+} // namespace
+
+/* --- device queries ---------------------------------------------------------- */
+
+extern "C" int gpud_cuda_device_count(void)
+{
+	int n = 0;
+
+	eager_modules();
+	if (cudaGetDeviceCount(&n) != cudaSuccess) {
+		cudaGetLastError(); // not sticky: clear it
+		return 0;
+	}
+	return n;
+}
+
+extern "C" int gpud_cuda_device_info(int ordinal, struct gpud_cuda_devinfo *info, char *err,
+				     size_t errlen)
+{
+	int n = gpud_cuda_device_count(), prev = -1;
+	cudaDeviceProp p;
+	size_t fr = 0, tot = 0;
+	cudaError_t e;
+
+	memset(info, 0, sizeof(*info));
+	if (ordinal < 0 || ordinal >= n)
+		return sw_seterr(err, errlen, -ENODEV, "cuda:%d: no such device (%d visible)",
+				 ordinal, n);
+	e = cudaGetDeviceProperties(&p, ordinal);
+	if (e != cudaSuccess)
+		return sw_seterr(err, errlen, gpud_cuda_errcode((int)e),
+				 "cuda:%d: cudaGetDeviceProperties: %s", ordinal,
+				 cudaGetErrorString(e));
+	memcpy(info->name, p.name, sizeof(info->name) - 1); // p.name is 256 bytes
+	info->name[sizeof(info->name) - 1] = '\0';
+	info->cc_major = p.major;
+	info->cc_minor = p.minor;
+	if (cudaGetDevice(&prev) != cudaSuccess)
+		prev = -1;
+	e = cudaSetDevice(ordinal);
+	if (e == cudaSuccess)
+		e = cudaMemGetInfo(&fr, &tot);
+	if (prev >= 0 && prev != ordinal)
+		cudaSetDevice(prev);
+	if (e != cudaSuccess)
+		return sw_seterr(err, errlen, gpud_cuda_errcode((int)e),
+				 "cuda:%d: cudaMemGetInfo: %s", ordinal, cudaGetErrorString(e));
+	info->total_bytes = tot;
+	info->free_bytes = fr;
+	return 0;
+}
+
+extern "C" const struct gpud_backend_ops gpud_cuda_backend = {
+	"cuda",
+	cuda_scratch_bytes,
+	cuda_init,
+	cuda_destroy,
+	cuda_forward,
+	cuda_logits,
+	cuda_hidden,
+	cuda_kv_copy,
+	cuda_stats,
+};

@@ -1,0 +1,154 @@
+/* cuda_impl.h - internal to the CUDA backend: the device memory layout,
+ * shared by the pure-C sizing (plan.c: what gpud_cuda_plan_for reports)
+ * and the instance (backend.cu: what init reserves), so that the plan and
+ * the reservations are one computation.
+ *
+ * Layout of an instance, per device:
+ *   weights  the model's tensors, each region 256-byte aligned. Float
+ *            types (F32/F16/BF16) as in the file; Q8_0/Q4_0 repacked at
+ *            upload into a quants region (rows*cols int8, or rows*cols/2
+ *            bytes of nibbles keeping each block's 16-byte order) and a
+ *            scales region (rows*cols/32 fp16), so kernels load aligned
+ *            16-byte vectors. A tied output shares token_embd.
+ *   kv       n_blocks blocks in the CPU layout (backend.h): per layer K
+ *            then V, (n_kv_heads, block_tokens, head_dim) floats.
+ *   masks    mask_slots equal slots, each: vis (128 segsets), block_segs
+ *            (max_prompt_blocks segsets), seg (max_prompt bytes).
+ *   scratch  the step's activations and the step's metadata (below).
+ *   workspace  cuBLAS workspace (cublasSetWorkspace).
+ *   staging  pinned host memory: logits, hidden states, metadata, one
+ *            mask's upload area; at init, the weight upload chunks.
+ *
+ * Step metadata (uint32 words, built in staging, one copy per step):
+ *   tokens[T] pos[T] seq[T] logit_tok[NL] seqinfo[S][GPUD_CUDA_SEQ_WORDS]
+ *   btab[max_btab]
+ * Every function here is pure (no CUDA call, no allocation).
+ */
+#ifndef GPUD_BACKEND_CUDA_IMPL_H
+#define GPUD_BACKEND_CUDA_IMPL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpud/backend.h"
+#include "gpud/quant.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gpud_mask;
+
+#define GPUD_CUDA_ALIGN 256u
+#define GPUD_CUDA_WORKSPACE (32u << 20) /* cuBLAS: 32 MiB covers Hopper's largest */
+#define GPUD_CUDA_STAGING_MIN (8u << 20) /* weight upload chunk at least */
+#define GPUD_CUDA_MAX_HEAD_DIM 256u
+#define GPUD_CUDA_MAX_STEP_TOKENS 65535u /* kernels put tokens on grid.y */
+#define GPUD_CUDA_VIS_SETS 128u /* GPUD_MASK_MAX_SEGMENTS + 1 */
+#define GPUD_CUDA_NO_MASK 0xffffffffu
+
+/* Per-sequence words of the step metadata. */
+enum {
+	GPUD_CUDA_SI_BTAB = 0,    /* offset of its block table in btab */
+	GPUD_CUDA_SI_SLOT = 1,    /* mask slot, or GPUD_CUDA_NO_MASK (causal) */
+	GPUD_CUDA_SI_NPROMPT = 2, /* mask: n_prompt */
+	GPUD_CUDA_SI_NSEG = 3,    /* mask: n_segments (G's index) */
+	GPUD_CUDA_SI_NPB = 4,     /* mask: n_prompt_blocks */
+	GPUD_CUDA_SEQ_WORDS = 8,
+};
+
+struct gpud_cuda_layout {
+	/* the model */
+	uint32_t dim, q_dim, kv_dim, ffn_dim, n_vocab, head_dim, max_cols;
+	/* step bounds */
+	uint32_t T, NL, S;
+	uint64_t max_pos;    /* positions one sequence can have */
+	uint64_t max_btab;   /* block-table words of one step */
+	/* kv */
+	uint64_t head_floats, layer_floats, block_floats, kv_bytes;
+	/* masks */
+	uint32_t mask_slots;
+	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
+	/* scratch offsets (bytes) */
+	uint64_t x, xb, q, k, v, att, hb, hb2, xl, logits, actq, actd, acth, ascale, meta;
+	uint64_t meta_words, scratch_bytes;
+	/* metadata word offsets */
+	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_btab;
+	/* staging offsets (bytes) */
+	uint64_t st_logits, st_hidden, st_meta, st_mask, staging_bytes;
+	uint64_t weights_bytes, workspace_bytes;
+};
+
+/* Device bytes of one matrix (rows x cols of type t) as uploaded: 0 for a
+ * type the backend cannot multiply. */
+uint64_t gpud_cuda_tensor_bytes(enum gpud_type t, int64_t rows, int64_t cols);
+
+/* Bytes of the scales region of a Q8_0/Q4_0 matrix's quants region, i.e.
+ * where its scales start (0 for float types). */
+uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols);
+
+/* Fills *l for cfg (its model's shape and the step bounds). Returns 0, or
+ * a negative code with a message when the model or cfg cannot run on the
+ * backend (head_dim above GPUD_CUDA_MAX_HEAD_DIM, a zero size, a weight
+ * type it cannot multiply). */
+int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda_layout *l,
+			 char *err, size_t errlen);
+
+/* --- the device mask slots: an LRU keyed by the host mask ----------------- */
+
+/* A slot holds one compiled mask's image (gpud_cuda_mask_image). Its key is
+ * the host mask's identity (address, array addresses) and content key
+ * (hash, sizes): the engine's masks are immutable while cached, and a mask
+ * recompiled in place differs in hash or sizes. */
+struct gpud_cuda_slot {
+	const void *id, *seg, *vis;
+	uint64_t hash;
+	uint32_t n_prompt, n_segments, n_blocks;
+	uint64_t stamp; /* step that last used it; 0: empty */
+};
+
+/* The slot for mask m in step `stamp` (stamps increase by one per step,
+ * starting at 1): a hit returns its slot with *miss false; otherwise the
+ * least recently used slot not used by this step is taken (an evicted
+ * mask's slot is reused, nothing is freed) and *miss is true: the caller
+ * uploads the image. Returns the slot index, or -1 when every slot is in
+ * use by this step (n > the step's sequences prevents it). */
+int gpud_cuda_slot_get(struct gpud_cuda_slot *slots, uint32_t n, const struct gpud_mask *m,
+		       uint64_t stamp, bool *miss);
+
+/* Writes m's slot image into img (layout->mask_slot_bytes): vis rows at 0,
+ * block_segs at GPUD_CUDA_VIS_SETS * 16, seg ids after max_prompt_blocks
+ * segsets. Returns the bytes to copy (the image up to its last seg id), or
+ * 0 when m does not fit a slot (more prompt tokens than max_prompt) or was
+ * compiled for another block size. */
+size_t gpud_cuda_mask_image(const struct gpud_cuda_layout *l, uint32_t block_tokens,
+			    const struct gpud_mask *m, uint8_t *img);
+
+/* Fills the step metadata words (layout above) for batch b: tokens,
+ * positions, sequence of each token, token of each logits row, each
+ * sequence's block-table offset and mask slot, and the block tables. The
+ * masks a sequence needs are looked up in slots (stamp as for
+ * gpud_cuda_slot_get); each miss is appended to up_seq[] (the sequence
+ * index; at most b->n_seqs) and *n_up counts them: the caller writes their
+ * images to their slots before the step's kernels run. *n_words is the
+ * part of the metadata the step uses (the words to copy: the block tables
+ * come last and are only as long as the step's). A mask that is
+ * causal (or absent) takes no slot. Returns 0, or a negative code with a
+ * message when the batch exceeds the layout (block tables longer than
+ * max_btab, a mask larger than a slot). */
+int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
+			const struct gpud_fwd_batch *b, struct gpud_cuda_slot *slots,
+			uint64_t stamp, uint32_t *meta, uint64_t *n_words, uint32_t *up_seq,
+			uint32_t *n_up, char *err, size_t errlen);
+
+/* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
+ * out-of-memory, -ENODEV for no device / invalid device / no driver,
+ * -EIO for anything else; 0 for success. */
+int gpud_cuda_errcode(int cuda_err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

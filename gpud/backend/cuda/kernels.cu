@@ -1,0 +1,786 @@
+// kernels.cu - the CUDA backend's kernels (kernels.cuh): embedding,
+// RMSNorm, RoPE + KV store, paged attention over the compiled mask,
+// SwiGLU, activation quantization and the Q8_0/Q4_0 matmuls.
+//
+// Simple first: each kernel is the CPU reference's loop (backend/cpu/
+// forward.c, kernels.c) spread over threads, elementwise arithmetic in
+// explicitly rounded operations where the CPU does not fuse them.
+#include "gpud/backend/cuda/kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+extern "C" {
+#include "gpud/quant.h"
+}
+#include "gpud/backend/cuda/cuda_impl.h"
+
+#define FULL 0xffffffffu
+
+static __device__ __forceinline__ float warp_max(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+	return v;
+}
+
+static __device__ __forceinline__ float warp_sum(float v)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(FULL, v, o);
+	return v;
+}
+
+static __device__ __forceinline__ float half_bits(uint16_t h)
+{
+	return __half2float(__ushort_as_half(h));
+}
+
+static __device__ __forceinline__ float bf16_bits(uint16_t h)
+{
+	return __uint_as_float((uint32_t)h << 16);
+}
+
+/* --- embedding ----------------------------------------------------------- */
+
+__global__ void embed_kernel(gpud_cuda_mat e, const int32_t *tokens, float *x)
+{
+	int64_t cols = e.cols, nb = cols / GPUD_QK;
+	int32_t tok = tokens[blockIdx.x];
+	float *out = x + (int64_t)blockIdx.x * cols;
+
+	for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+		float v = 0.0f;
+
+		if (tok >= 0 && tok < e.rows) {
+			int64_t r = tok;
+			switch (e.type) {
+			case GPUD_TYPE_F32:
+				v = ((const float *)e.q)[r * cols + c];
+				break;
+			case GPUD_TYPE_F16:
+				v = half_bits(((const uint16_t *)e.q)[r * cols + c]);
+				break;
+			case GPUD_TYPE_BF16:
+				v = bf16_bits(((const uint16_t *)e.q)[r * cols + c]);
+				break;
+			case GPUD_TYPE_Q8_0: {
+				float d = half_bits(((const uint16_t *)e.d)[r * nb + c / GPUD_QK]);
+				v = __fmul_rn(d, (float)((const int8_t *)e.q)[r * cols + c]);
+				break;
+			}
+			case GPUD_TYPE_Q4_0: {
+				float d = half_bits(((const uint16_t *)e.d)[r * nb + c / GPUD_QK]);
+				int j = (int)(c % GPUD_QK);
+				const uint8_t *qb = (const uint8_t *)e.q + r * cols / 2;
+				uint8_t by = qb[(c / GPUD_QK) * 16 + (j & 15)];
+				int nib = j < 16 ? (by & 15) : (by >> 4);
+				v = __fmul_rn(d, (float)(nib - 8));
+				break;
+			}
+			default:
+				break;
+			}
+		}
+		out[c] = v;
+	}
+}
+
+cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t *tokens,
+			 uint32_t T, float *x)
+{
+	embed_kernel<<<T, 256, 0, s>>>(*emb, tokens, x);
+	return cudaGetLastError();
+}
+
+/* --- RMSNorm (+ residual add) -------------------------------------------- */
+
+#define NORM_THREADS 256
+
+__global__ void __launch_bounds__(NORM_THREADS)
+add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *rows,
+		uint32_t dim, float eps)
+{
+	__shared__ double part[NORM_THREADS / 32];
+	uint32_t r = blockIdx.x, src = rows ? rows[r] : r;
+	float *xr = x + (size_t)src * dim, *o = out + (size_t)r * dim;
+	double ss = 0;
+
+	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
+		float v = xr[i];
+		if (add) {
+			v = __fadd_rn(v, o[i]);
+			xr[i] = v;
+		}
+		ss += (double)v * v;
+	}
+	if (!w)
+		return;
+	for (int of = 16; of; of >>= 1)
+		ss += __shfl_xor_sync(FULL, ss, of);
+	if ((threadIdx.x & 31) == 0)
+		part[threadIdx.x >> 5] = ss;
+	__syncthreads();
+	ss = 0;
+	for (int i = 0; i < NORM_THREADS / 32; i++)
+		ss += part[i];
+	float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
+	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS)
+		o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+}
+
+cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w, bool add,
+			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps)
+{
+	add_norm_kernel<<<n, NORM_THREADS, 0, s>>>(x, out, w, add ? 1 : 0, rows, dim, eps);
+	return cudaGetLastError();
+}
+
+/* --- RoPE and the KV store ----------------------------------------------- */
+
+__global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
+				  const float *inv, gpud_cuda_kvshape kv)
+{
+	__shared__ float cs[GPUD_CUDA_MAX_HEAD_DIM];
+	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
+	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd;
+	uint32_t seq = m.seq[t];
+	uint32_t blk = m.btab[m.seqinfo[(size_t)seq * GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_BTAB] +
+			      pos / kv.block_tokens];
+	float *base = kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
+		      (size_t)(pos % kv.block_tokens) * hd;
+	float *qt = q + (size_t)t * nh * hd;
+	const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
+
+	for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
+		double a = (double)pos * (double)inv[i];
+		cs[2 * i] = (float)cos(a);
+		cs[2 * i + 1] = (float)sin(a);
+	}
+	__syncthreads();
+	for (uint32_t p = threadIdx.x; p < nh * half; p += blockDim.x) {
+		uint32_t h = p / half, i = p % half;
+		float c = cs[2 * i], sn = cs[2 * i + 1];
+		float *e = qt + (size_t)h * hd + 2 * i;
+		float a = e[0], b = e[1];
+		e[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+		e[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+	}
+	for (uint32_t p = threadIdx.x; p < nkv * half; p += blockDim.x) {
+		uint32_t h = p / half, i = p % half;
+		float c = cs[2 * i], sn = cs[2 * i + 1];
+		const float *e = kt + (size_t)h * hd + 2 * i;
+		float a = e[0], b = e[1];
+		float *d = base + (size_t)h * kv.head_floats + 2 * i;
+		d[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+		d[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+	}
+	for (uint32_t e = threadIdx.x; e < kvd; e += blockDim.x) {
+		uint32_t h = e / hd, d = e % hd;
+		base[(size_t)(nkv + h) * kv.head_floats + d] = vt[e];
+	}
+}
+
+cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const float *v,
+			      const gpud_cuda_meta *m, const float *inv_freq,
+			      const gpud_cuda_kvshape *kv, uint32_t T)
+{
+	rope_store_kernel<<<T, 128, 0, s>>>(q, k, v, *m, inv_freq, *kv);
+	return cudaGetLastError();
+}
+
+/* --- attention ----------------------------------------------------------- */
+
+struct dmask {
+	const unsigned long long *vis;  /* (S+1) x 2 words */
+	const unsigned long long *bsegs; /* (n_prompt_blocks) x 2 words */
+	const uint8_t *seg;
+	uint32_t n_prompt, n_seg, npb;
+};
+
+/* gpud_mask_block_vis: 0 skip, 1 all visible, 2 test per token. */
+static __device__ int block_vis(const dmask &mk, uint32_t qs, uint32_t b)
+{
+	unsigned long long v0 = mk.vis[2 * qs], v1 = mk.vis[2 * qs + 1], b0 = 0, b1 = 0;
+
+	if (b < mk.npb) {
+		b0 = mk.bsegs[2 * b];
+		b1 = mk.bsegs[2 * b + 1];
+	} else if (mk.n_seg < 64) {
+		b0 = 1ull << mk.n_seg;
+	} else {
+		b1 = 1ull << (mk.n_seg - 64);
+	}
+	if (!((v0 & b0) | (v1 & b1)))
+		return 0;
+	return ((b0 & ~v0) | (b1 & ~v1)) == 0 ? 1 : 2;
+}
+
+/* gpud_mask_visible */
+static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
+{
+	uint32_t sg = kpos < mk.n_prompt ? mk.seg[kpos] : mk.n_seg;
+	unsigned long long w = mk.vis[2 * qs + (sg >> 6)];
+
+	return (w >> (sg & 63)) & 1;
+}
+
+template <int MAXD>
+__global__ void __launch_bounds__(32)
+attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
+		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks)
+{
+	__shared__ float sq[GPUD_CUDA_MAX_HEAD_DIM];
+	uint32_t h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x;
+	uint32_t hd = kv.head_dim, bt = kv.block_tokens, nh = kv.n_heads;
+	uint32_t kh = h / (nh / kv.n_kv_heads);
+	uint32_t pos = m.pos[t];
+	const uint32_t *si = m.seqinfo + (size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS;
+	const uint32_t *btab = m.btab + si[GPUD_CUDA_SI_BTAB];
+	uint32_t slot = si[GPUD_CUDA_SI_SLOT];
+	bool has_mask = slot != GPUD_CUDA_NO_MASK;
+	dmask mk = {};
+	uint32_t qs = 0;
+	const float *qt = q + ((size_t)t * nh + h) * hd;
+	float o[MAXD];
+	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
+
+	if (has_mask) {
+		const uint8_t *base = masks + (size_t)slot * slot_bytes;
+		mk.vis = (const unsigned long long *)base;
+		mk.bsegs = (const unsigned long long *)(base + GPUD_CUDA_VIS_SETS * 16);
+		mk.seg = base + GPUD_CUDA_VIS_SETS * 16 + max_prompt_blocks * 16;
+		mk.n_prompt = si[GPUD_CUDA_SI_NPROMPT];
+		mk.n_seg = si[GPUD_CUDA_SI_NSEG];
+		mk.npb = si[GPUD_CUDA_SI_NPB];
+		qs = pos < mk.n_prompt ? mk.seg[pos] : mk.n_seg;
+	}
+	for (uint32_t d = lane; d < hd; d += 32)
+		sq[d] = qt[d];
+	__syncwarp();
+#pragma unroll
+	for (int i = 0; i < MAXD; i++)
+		o[i] = 0.0f;
+	for (uint32_t b = 0; b <= pos / bt; b++) {
+		int vis = has_mask ? block_vis(mk, qs, b) : 1;
+		if (!vis)
+			continue;
+		const float *kb = kv.kv + (size_t)btab[b] * kv.block_floats +
+				  (size_t)kv.layer * kv.layer_floats + (size_t)kh * kv.head_floats;
+		const float *vb = kb + (size_t)kv.n_kv_heads * kv.head_floats;
+		uint32_t n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+
+		for (uint32_t c0 = 0; c0 < n; c0 += 32) {
+			uint32_t j = c0 + lane;
+			float sc = -INFINITY;
+
+			if (j < n && (vis == 1 || tok_visible(mk, qs, b * bt + j))) {
+				const float *kr = kb + (size_t)j * hd;
+				float acc = 0.0f;
+				for (uint32_t d = 0; d < hd; d++)
+					acc = fmaf(sq[d], kr[d], acc);
+				sc = acc * scale;
+			}
+			float mb = warp_max(sc);
+			if (mb == -INFINITY)
+				continue;
+			float mn = fmaxf(mx, mb);
+			float corr = expf(mx - mn); /* 0 on the first visible chunk */
+			float p = sc == -INFINITY ? 0.0f : expf(sc - mn);
+			l = l * corr + warp_sum(p);
+			mx = mn;
+#pragma unroll
+			for (int i = 0; i < MAXD; i++)
+				o[i] *= corr;
+			uint32_t cnt = n - c0 < 32 ? n - c0 : 32;
+			for (uint32_t jj = 0; jj < cnt; jj++) {
+				float pj = __shfl_sync(FULL, p, jj);
+				if (pj == 0.0f)
+					continue;
+				const float *vr = vb + (size_t)(c0 + jj) * hd;
+#pragma unroll
+				for (int i = 0; i < MAXD; i++) {
+					uint32_t d = lane + 32 * i;
+					if (d < hd)
+						o[i] = fmaf(pj, vr[d], o[i]);
+				}
+			}
+		}
+	}
+	/* l > 0: a token always sees itself. */
+	float inv = 1.0f / l;
+	float *ot = out + ((size_t)t * nh + h) * hd;
+#pragma unroll
+	for (int i = 0; i < MAXD; i++) {
+		uint32_t d = lane + 32 * i;
+		if (d < hd)
+			ot[d] = o[i] * inv;
+	}
+}
+
+cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
+			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
+			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
+			     uint32_t T)
+{
+	dim3 grid(kv->n_heads, T);
+
+	if (kv->head_dim <= 32)
+		attention_kernel<1><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							 max_prompt_blocks);
+	else if (kv->head_dim <= 64)
+		attention_kernel<2><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							 max_prompt_blocks);
+	else if (kv->head_dim <= 128)
+		attention_kernel<4><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							 max_prompt_blocks);
+	else
+		attention_kernel<8><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							 max_prompt_blocks);
+	return cudaGetLastError();
+}
+
+/* --- elementwise ----------------------------------------------------------- */
+
+__global__ void swiglu_kernel(float *hb, const float *hb2, uint64_t n)
+{
+	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+	     i += (uint64_t)gridDim.x * blockDim.x) {
+		float g = hb[i];
+		hb[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), hb2[i]);
+	}
+}
+
+static unsigned grid_for(uint64_t n, unsigned threads)
+{
+	uint64_t g = (n + threads - 1) / threads;
+	return g > 65535u * 16 ? 65535u * 16 : (g ? (unsigned)g : 1u);
+}
+
+cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n)
+{
+	swiglu_kernel<<<grid_for(n, 256), 256, 0, s>>>(hb, hb2, n);
+	return cudaGetLastError();
+}
+
+/* --- float-type weights (F16/BF16) ---------------------------------------
+ * Decode (T <= 8): a GEMV that widens each weight to fp32 and multiplies
+ * the fp32 activations, as the CPU does. Prefill: cuBLAS over activations
+ * split into two halves of the weight's type, x = hi + lo (hi = x rounded,
+ * lo = x - hi rounded), so the products keep ~16 bits of x and not 8 or
+ * 11; for F16 each token's row is first scaled by a power of two that
+ * keeps it below 2^14 (F16 overflows at 65504), undone on the result. */
+
+template <int TYPE>
+static __device__ __forceinline__ float wf(uint16_t h)
+{
+	return TYPE == GPUD_TYPE_BF16 ? bf16_bits(h) : half_bits(h);
+}
+
+template <int TYPE, int NT, bool VEC>
+__global__ void __launch_bounds__(256)
+gemv_h_kernel(const uint16_t *W, int64_t rows, int64_t cols, const float *x, uint32_t T,
+	      float *y)
+{
+	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+	uint32_t lane = threadIdx.x & 31;
+	float acc[NT];
+
+	if (r >= rows)
+		return;
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		acc[t] = 0.0f;
+	const uint16_t *wr = W + r * cols;
+	if (VEC) {
+		for (int64_t c = (int64_t)lane * 8; c < cols; c += 256) {
+			uint4 u = *(const uint4 *)(wr + c);
+			float w[8] = {
+				wf<TYPE>((uint16_t)(u.x & 0xffff)), wf<TYPE>((uint16_t)(u.x >> 16)),
+				wf<TYPE>((uint16_t)(u.y & 0xffff)), wf<TYPE>((uint16_t)(u.y >> 16)),
+				wf<TYPE>((uint16_t)(u.z & 0xffff)), wf<TYPE>((uint16_t)(u.z >> 16)),
+				wf<TYPE>((uint16_t)(u.w & 0xffff)), wf<TYPE>((uint16_t)(u.w >> 16)),
+			};
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if ((uint32_t)t < T) {
+					const float4 *xp = (const float4 *)(x + (int64_t)t * cols + c);
+					float4 a = xp[0], b = xp[1];
+					float v = acc[t];
+					v = fmaf(w[0], a.x, v);
+					v = fmaf(w[1], a.y, v);
+					v = fmaf(w[2], a.z, v);
+					v = fmaf(w[3], a.w, v);
+					v = fmaf(w[4], b.x, v);
+					v = fmaf(w[5], b.y, v);
+					v = fmaf(w[6], b.z, v);
+					v = fmaf(w[7], b.w, v);
+					acc[t] = v;
+				}
+			}
+		}
+	} else {
+		for (int64_t c = lane; c < cols; c += 32) {
+			float w = wf<TYPE>(wr[c]);
+#pragma unroll
+			for (int t = 0; t < NT; t++)
+				if ((uint32_t)t < T)
+					acc[t] = fmaf(w, x[(int64_t)t * cols + c], acc[t]);
+		}
+	}
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		float v = warp_sum(acc[t]);
+		if (lane == 0 && (uint32_t)t < T)
+			y[(int64_t)t * rows + r] = v;
+	}
+}
+
+template <int TYPE, bool VEC>
+static void launch_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y)
+{
+	unsigned g = (unsigned)((w->rows + 7) / 8);
+	const uint16_t *W = (const uint16_t *)w->q;
+
+#define GEMV_H(nt) gemv_h_kernel<TYPE, nt, VEC><<<g, 256, 0, s>>>(W, w->rows, w->cols, x, T, y)
+	if (T == 1)
+		GEMV_H(1);
+	else if (T == 2)
+		GEMV_H(2);
+	else if (T <= 4)
+		GEMV_H(4);
+	else
+		GEMV_H(8);
+#undef GEMV_H
+}
+
+cudaError_t gpud_k_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y)
+{
+	/* 16-byte loads need rows of a multiple of 8 elements */
+	bool vec = w->cols % 8 == 0;
+
+	if (T > 8)
+		return cudaErrorInvalidValue;
+	if (w->type == GPUD_TYPE_BF16)
+		vec ? launch_mv_h<GPUD_TYPE_BF16, true>(s, w, x, T, y)
+		    : launch_mv_h<GPUD_TYPE_BF16, false>(s, w, x, T, y);
+	else if (w->type == GPUD_TYPE_F16)
+		vec ? launch_mv_h<GPUD_TYPE_F16, true>(s, w, x, T, y)
+		    : launch_mv_h<GPUD_TYPE_F16, false>(s, w, x, T, y);
+	else
+		return cudaErrorInvalidValue;
+	return cudaGetLastError();
+}
+
+#define SPLIT_THREADS 256
+#define F16_ROW_MAX 16384.0f /* 2^14: hi + lo and their sums stay finite */
+
+/* One block per token: its scale (F16: a power of two), then hi and lo. */
+__global__ void __launch_bounds__(SPLIT_THREADS)
+split_act_kernel(const float *x, uint32_t cols, int type, void *hi, void *lo, float *scales)
+{
+	__shared__ float part[SPLIT_THREADS / 32];
+	const float *xr = x + (size_t)blockIdx.x * cols;
+	size_t base = (size_t)blockIdx.x * cols;
+	float amax = 0.0f, sc = 1.0f;
+
+	if (type == GPUD_TYPE_F16) {
+		for (uint32_t i = threadIdx.x; i < cols; i += SPLIT_THREADS)
+			amax = fmaxf(amax, fabsf(xr[i]));
+		amax = warp_max(amax);
+		if ((threadIdx.x & 31) == 0)
+			part[threadIdx.x >> 5] = amax;
+		__syncthreads();
+		amax = 0.0f;
+		for (int i = 0; i < SPLIT_THREADS / 32; i++)
+			amax = fmaxf(amax, part[i]);
+		/* NaN/Inf rows stay as they are: the result is NaN/Inf either way */
+		while (isfinite(amax) && amax / sc > F16_ROW_MAX)
+			sc *= 2.0f;
+	}
+	for (uint32_t i = threadIdx.x; i < cols; i += SPLIT_THREADS) {
+		float v = xr[i] / sc; /* exact: sc is a power of two */
+		if (type == GPUD_TYPE_BF16) {
+			__nv_bfloat16 h = __float2bfloat16_rn(v);
+			((__nv_bfloat16 *)hi)[base + i] = h;
+			((__nv_bfloat16 *)lo)[base + i] = __float2bfloat16_rn(v - __bfloat162float(h));
+		} else {
+			__half h = __float2half_rn(v);
+			((__half *)hi)[base + i] = h;
+			((__half *)lo)[base + i] = __float2half_rn(v - __half2float(h));
+		}
+	}
+	if (threadIdx.x == 0)
+		scales[blockIdx.x] = sc;
+}
+
+cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols, int type,
+			     void *hi, void *lo, float *scales)
+{
+	split_act_kernel<<<T, SPLIT_THREADS, 0, s>>>(x, cols, type, hi, lo, scales);
+	return cudaGetLastError();
+}
+
+__global__ void scale_cols_kernel(float *y, int64_t rows, const float *scales)
+{
+	float sc = scales[blockIdx.y];
+	float *yr = y + (int64_t)blockIdx.y * rows;
+
+	if (sc == 1.0f)
+		return;
+	for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
+	     r += (int64_t)gridDim.x * blockDim.x)
+		yr[r] *= sc;
+}
+
+cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T,
+			      const float *scales)
+{
+	int64_t g = (rows + 255) / 256;
+	dim3 grid((unsigned)(g > 1024 ? 1024 : g), T);
+
+	scale_cols_kernel<<<grid, 256, 0, s>>>(y, rows, scales);
+	return cudaGetLastError();
+}
+
+/* --- the int8 path ----------------------------------------------------------
+ * As the CPU's (kernels.c): each block of 32 activations is quantized with
+ * d = max|x| / 127, q = rint(x * (1/d)); a block holding a NaN or an Inf
+ * gets d = NaN and zero quants, one with max |x| below 1e-30 is all zero.
+ * Each output sums fma(d_w * d_x, (float)isum, acc) over the blocks. */
+
+#define ACT_TINY 1e-30f
+
+/* One warp per (token, block), lane j holding element j. */
+__global__ void quantize_act_kernel(const float *x, uint64_t n_blocks, int8_t *q, float *d)
+{
+	uint64_t blk = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	uint32_t lane = threadIdx.x & 31;
+
+	if (blk >= n_blocks)
+		return; /* whole warps leave together: blockDim is a multiple of 32 */
+	float v = x[blk * GPUD_QK + lane];
+	bool bad = __any_sync(FULL, !isfinite(v));
+	float amax = warp_max(fabsf(v));
+	int8_t qv = 0;
+	float dv;
+
+	if (bad || amax < ACT_TINY) {
+		dv = bad ? NAN : 0.0f;
+	} else {
+		dv = __fdiv_rn(amax, 127.0f);
+		float id = dv != 0.0f ? __fdiv_rn(1.0f, dv) : 0.0f;
+		qv = (int8_t)rintf(__fmul_rn(v, id));
+	}
+	q[blk * GPUD_QK + lane] = qv;
+	if (lane == 0)
+		d[blk] = dv;
+}
+
+cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols,
+				int8_t *q, float *d)
+{
+	uint64_t nb = (uint64_t)T * (cols / GPUD_QK);
+
+	quantize_act_kernel<<<(unsigned)((nb + 7) / 8), 256, 0, s>>>(x, nb, q, d);
+	return cudaGetLastError();
+}
+
+/* Eight int words (32 signed bytes) of weight block i of row r. */
+template <int TYPE>
+static __device__ __forceinline__ void load_wblock(const uint8_t *wq, int64_t r, int64_t cols,
+						   int64_t i, int w[8])
+{
+	if (TYPE == GPUD_TYPE_Q8_0) {
+		const int4 *p = (const int4 *)(wq + r * cols + i * GPUD_QK);
+		int4 a = p[0], b = p[1];
+		w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+		w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+	} else {
+		/* byte j: weight j in the low nibble, j + 16 in the high one */
+		int4 a = *(const int4 *)(wq + r * cols / 2 + i * (GPUD_QK / 2));
+		int v[4] = { a.x, a.y, a.z, a.w };
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			w[k] = (int)__vsub4((unsigned)v[k] & 0x0f0f0f0fu, 0x08080808u);
+			w[4 + k] = (int)__vsub4(((unsigned)v[k] >> 4) & 0x0f0f0f0fu, 0x08080808u);
+		}
+	}
+}
+
+#define GEMV_WARPS 8
+
+/* One warp per row; lanes take blocks lane, lane+32, ... and their partial
+ * sums are added at the end (the one place the bits may differ from the
+ * CPU's in-order sum). */
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_kernel(const uint8_t *wq, const uint16_t *wd, int64_t rows, int64_t cols,
+	      const int8_t *xq, const float *xd, uint32_t T, float *y)
+{
+	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	uint32_t lane = threadIdx.x & 31;
+	int64_t nb = cols / GPUD_QK;
+	float acc[NT];
+
+	if (r >= rows)
+		return;
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		acc[t] = 0.0f;
+	for (int64_t i = lane; i < nb; i += 32) {
+		int w[8];
+		float dw = half_bits(wd[r * nb + i]);
+
+		load_wblock<TYPE>(wq, r, cols, i, w);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			if ((uint32_t)t < T) {
+				const int4 *xp = (const int4 *)(xq + (int64_t)t * cols + i * GPUD_QK);
+				int4 a = xp[0], b = xp[1];
+				int s = 0;
+				s = __dp4a(w[0], a.x, s);
+				s = __dp4a(w[1], a.y, s);
+				s = __dp4a(w[2], a.z, s);
+				s = __dp4a(w[3], a.w, s);
+				s = __dp4a(w[4], b.x, s);
+				s = __dp4a(w[5], b.y, s);
+				s = __dp4a(w[6], b.z, s);
+				s = __dp4a(w[7], b.w, s);
+				acc[t] = fmaf(__fmul_rn(dw, xd[(int64_t)t * nb + i]), (float)s, acc[t]);
+			}
+		}
+	}
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		float v = warp_sum(acc[t]);
+		if (lane == 0 && (uint32_t)t < T)
+			y[(int64_t)t * rows + r] = v;
+	}
+}
+
+#define TILE 64
+
+/* 64 rows x 64 tokens per 256-thread block, 4 x 4 outputs per thread,
+ * one weight block (32 columns) per step of K, in order: each output is
+ * the CPU's sequential sum, bit for bit. */
+template <int TYPE>
+__global__ void __launch_bounds__(256)
+gemm_q_kernel(const uint8_t *wq, const uint16_t *wd, int64_t rows, int64_t cols,
+	      const int8_t *xq, const float *xd, uint32_t T, float *y)
+{
+	__shared__ int sw[TILE][9];
+	__shared__ int sx[TILE][9];
+	__shared__ float sdw[TILE], sdx[TILE];
+	uint32_t tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+	int64_t r0 = (int64_t)blockIdx.x * TILE, t0 = (int64_t)blockIdx.y * TILE;
+	int64_t nb = cols / GPUD_QK;
+	float acc[4][4];
+
+#pragma unroll
+	for (int a = 0; a < 4; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++)
+			acc[a][b] = 0.0f;
+	for (int64_t i = 0; i < nb; i++) {
+		if (TYPE == GPUD_TYPE_Q8_0) {
+			if (tid < 128) {
+				uint32_t row = tid >> 1, hf = tid & 1;
+				int4 a = make_int4(0, 0, 0, 0);
+				if (r0 + row < rows)
+					a = ((const int4 *)(wq + (r0 + row) * cols + i * GPUD_QK))[hf];
+				sw[row][4 * hf] = a.x;
+				sw[row][4 * hf + 1] = a.y;
+				sw[row][4 * hf + 2] = a.z;
+				sw[row][4 * hf + 3] = a.w;
+			}
+		} else if (tid < TILE) {
+			int w[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+			if (r0 + tid < rows)
+				load_wblock<TYPE>(wq, r0 + tid, cols, i, w);
+#pragma unroll
+			for (int k = 0; k < 8; k++)
+				sw[tid][k] = w[k];
+		}
+		if (tid >= 128) {
+			uint32_t tok = (tid - 128) >> 1, hf = tid & 1;
+			int4 a = make_int4(0, 0, 0, 0);
+			if (t0 + tok < T)
+				a = ((const int4 *)(xq + (t0 + tok) * cols + i * GPUD_QK))[hf];
+			sx[tok][4 * hf] = a.x;
+			sx[tok][4 * hf + 1] = a.y;
+			sx[tok][4 * hf + 2] = a.z;
+			sx[tok][4 * hf + 3] = a.w;
+		}
+		if (tid < TILE)
+			sdw[tid] = r0 + tid < rows ? half_bits(wd[(r0 + tid) * nb + i]) : 0.0f;
+		else if (tid < 2 * TILE)
+			sdx[tid - TILE] = t0 + tid - TILE < T ? xd[(t0 + tid - TILE) * nb + i] : 0.0f;
+		__syncthreads();
+#pragma unroll
+		for (int a = 0; a < 4; a++) {
+			uint32_t row = ty + 16 * a;
+#pragma unroll
+			for (int b = 0; b < 4; b++) {
+				uint32_t tok = tx + 16 * b;
+				int s = 0;
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					s = __dp4a(sw[row][k], sx[tok][k], s);
+				acc[a][b] = fmaf(__fmul_rn(sdw[row], sdx[tok]), (float)s, acc[a][b]);
+			}
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int a = 0; a < 4; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++) {
+			int64_t row = r0 + ty + 16 * a, tok = t0 + tx + 16 * b;
+			if (row < rows && tok < T)
+				y[tok * rows + row] = acc[a][b];
+		}
+}
+
+#define GEMV_MAX_T 8
+
+template <int TYPE>
+static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, const float *xd,
+		      uint32_t T, float *y)
+{
+	const uint8_t *q = (const uint8_t *)w->q;
+	const uint16_t *d = (const uint16_t *)w->d;
+
+	if (T <= GEMV_MAX_T) {
+		unsigned g = (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
+#define GEMV(nt) \
+	gemv_q_kernel<TYPE, nt><<<g, GEMV_WARPS * 32, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y)
+		if (T == 1)
+			GEMV(1);
+		else if (T == 2)
+			GEMV(2);
+		else if (T <= 4)
+			GEMV(4);
+		else
+			GEMV(8);
+#undef GEMV
+		return;
+	}
+	dim3 grid((unsigned)((w->rows + TILE - 1) / TILE), (T + TILE - 1) / TILE);
+	gemm_q_kernel<TYPE><<<grid, 256, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
+}
+
+cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
+			const float *xd, uint32_t T, float *y)
+{
+	if (w->type == GPUD_TYPE_Q8_0)
+		launch_mm<GPUD_TYPE_Q8_0>(s, w, xq, xd, T, y);
+	else if (w->type == GPUD_TYPE_Q4_0)
+		launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y);
+	else
+		return cudaErrorInvalidValue;
+	return cudaGetLastError();
+}

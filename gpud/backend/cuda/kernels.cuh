@@ -1,0 +1,91 @@
+// kernels.cuh - the CUDA backend's kernels as host-callable launchers
+// (kernels.cu), used by backend.cu. Internal to the backend.
+//
+// Every launcher enqueues on the given stream and returns the launch's
+// error (cudaGetLastError); faults inside a kernel show at the step's
+// synchronization. Shapes and layouts are those of cuda_impl.h and the
+// CPU reference (backend/cpu/forward.c), whose semantics each kernel
+// mirrors; the comments say where the bits may differ.
+#ifndef GPUD_BACKEND_CUDA_KERNELS_CUH
+#define GPUD_BACKEND_CUDA_KERNELS_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// One matrix on the device (cuda_impl.h's layout): rows x cols of type
+// (enum gpud_type); q the elements (or quants), d the fp16 scales of
+// Q8_0/Q4_0 (NULL otherwise).
+struct gpud_cuda_mat {
+	int type;
+	int64_t rows, cols;
+	const void *q;
+	const void *d;
+};
+
+// The step metadata on the device (cuda_impl.h).
+struct gpud_cuda_meta {
+	const int32_t *tokens;
+	const uint32_t *pos, *seq, *logit_tok, *seqinfo, *btab;
+};
+
+struct gpud_cuda_kvshape {
+	float *kv;
+	uint32_t n_heads, n_kv_heads, head_dim, block_tokens, layer;
+	uint64_t head_floats, layer_floats, block_floats;
+};
+
+// x[t] = row tokens[t] of the embedding (the bits of gpud_dequantize_row);
+// an out-of-range token gives a zero row.
+cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t *tokens,
+			 uint32_t T, float *x);
+
+// Per row r < n: src = rows ? rows[r] : r. With add: x[src] += out[r].
+// Then, when w: out[r] = rmsnorm(x[src]) * w (sum of squares in double,
+// as the CPU does). add and rows are exclusive.
+cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w, bool add,
+			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps);
+
+// RoPE (angles pos * inv_freq in double, as the CPU) on q in place and on
+// k, and k, v into each token's KV block at its position.
+cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const float *v,
+			      const gpud_cuda_meta *m, const float *inv_freq,
+			      const gpud_cuda_kvshape *kv, uint32_t T);
+
+// Attention of every (token, head): one warp each, online softmax over
+// the token's KV blocks in order, blocks the mask hides skipped, per-token
+// tests only in mixed blocks. masks: the mask pool.
+cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
+			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
+			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
+			     uint32_t T);
+
+// hb[i] = silu(hb[i]) * hb2[i].
+cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n);
+
+// Activations (T, cols) to int8 blocks of 32 with fp32 scales, exactly
+// as the CPU's int8 path: q (T, cols), d (T, cols/32).
+cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols,
+				int8_t *q, float *d);
+
+// y (T, rows) = W x for F16/BF16 W and fp32 x, T <= 8: each weight
+// widened to fp32 (the CPU's products; the sum's order differs).
+cudaError_t gpud_k_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y);
+
+// x (T, cols) into hi + lo of type (F16/BF16) for cuBLAS: per token, x/s
+// = hi + lo with s a power of two (F16: max |x/s| <= 2^14; BF16: s = 1);
+// scales[t] = s.
+cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols, int type,
+			     void *hi, void *lo, float *scales);
+
+// y[t*rows + r] *= scales[t].
+cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T,
+			      const float *scales);
+
+// y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
+// (warp per row, T <= 8) or a 64x64 tiled kernel (larger T, whose sums
+// are the CPU's bits).
+cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
+			const float *xd, uint32_t T, float *y);
+
+#endif

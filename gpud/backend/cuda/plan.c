@@ -1,0 +1,243 @@
+/* plan.c - the CUDA backend's host-side sizing: the device layout of an
+ * instance (cuda_impl.h), gpud_cuda_plan_for (cuda.h) and the mapping of
+ * CUDA errors to swarm codes. Pure: no CUDA call, nothing allocated, so
+ * the memory plan runs before any device is touched and the unit tests run
+ * on machines without one.
+ */
+#include "gpud/backend/cuda/cuda.h"
+#include "gpud/backend/cuda/cuda_impl.h"
+
+#include <driver_types.h>
+#include <errno.h>
+
+#include "common/err.h"
+#include "gpud/mask.h"
+#include "gpud/model.h"
+
+_Static_assert(GPUD_CUDA_VIS_SETS == GPUD_MASK_MAX_SEGMENTS + 1, "one vis row per segment and G");
+_Static_assert(sizeof(gpud_segset) == 16, "segsets are two words on the device too");
+
+static uint64_t up(uint64_t n)
+{
+	return (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
+}
+
+uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols)
+{
+	uint64_t n = (uint64_t)rows * (uint64_t)cols;
+
+	switch (t) {
+	case GPUD_TYPE_F32:
+		return up(n * 4);
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+		return up(n * 2);
+	case GPUD_TYPE_Q8_0:
+		return up(n);
+	case GPUD_TYPE_Q4_0:
+		return up(n / 2);
+	default:
+		return 0;
+	}
+}
+
+uint64_t gpud_cuda_tensor_bytes(enum gpud_type t, int64_t rows, int64_t cols)
+{
+	uint64_t q = gpud_cuda_quants_bytes(t, rows, cols);
+
+	if (t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0)
+		return q + up((uint64_t)rows * (uint64_t)(cols / GPUD_QK) * 2);
+	return q;
+}
+
+static int check_weight(const struct gpud_weight *w, const char *name, uint64_t *sum, char *err,
+			size_t errlen)
+{
+	uint64_t n = gpud_cuda_tensor_bytes(w->type, w->rows, w->cols);
+
+	if (!n)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "cuda backend: %s has type %s, which it cannot multiply", name,
+				 gpud_type_name(w->type));
+	if ((w->type == GPUD_TYPE_Q8_0 || w->type == GPUD_TYPE_Q4_0) && w->cols % GPUD_QK)
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "cuda backend: %s has %lld columns, not a multiple of %d", name,
+				 (long long)w->cols, GPUD_QK);
+	*sum += n;
+	return 0;
+}
+
+static int weights_bytes(const struct gpud_model *m, uint64_t *out, char *err, size_t errlen)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const struct gpud_model_weights *w = gpud_model_weights(m);
+	uint64_t sum = 0, norm = up((uint64_t)hp->dim * 4);
+	int rc;
+
+	rc = check_weight(&w->tok_embd, "token_embd", &sum, err, errlen);
+	if (!rc && w->output.data != w->tok_embd.data)
+		rc = check_weight(&w->output, "output", &sum, err, errlen);
+	for (uint32_t i = 0; !rc && i < hp->n_layers; i++) {
+		const struct gpud_layer_weights *L = &w->layers[i];
+		const struct gpud_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+						   &L->w_gate, &L->w_up, &L->w_down };
+
+		for (size_t j = 0; !rc && j < sizeof(ws) / sizeof(ws[0]); j++)
+			rc = check_weight(ws[j], "a layer matrix", &sum, err, errlen);
+		sum += 2 * norm;
+	}
+	if (rc)
+		return rc;
+	sum += norm + up((uint64_t)hp->head_dim / 2 * 4); /* out_norm, rope_inv_freq */
+	*out = sum;
+	return 0;
+}
+
+int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda_layout *l,
+			 char *err, size_t errlen)
+{
+	const struct gpud_model_hparams *hp;
+	uint64_t T, NL, S, bt, off;
+	int rc;
+
+	*l = (struct gpud_cuda_layout){ 0 };
+	if (!cfg || !cfg->model || !cfg->max_batch_tokens || !cfg->n_blocks ||
+	    !cfg->block_tokens || !cfg->max_seqs)
+		return sw_seterr(err, errlen, -EINVAL, "cuda backend: zero size in config");
+	if (cfg->max_batch_tokens > GPUD_CUDA_MAX_STEP_TOKENS ||
+	    cfg->max_logits > GPUD_CUDA_MAX_STEP_TOKENS)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "cuda backend: %u tokens / %u logits rows per step (at most %u)",
+				 cfg->max_batch_tokens, cfg->max_logits, GPUD_CUDA_MAX_STEP_TOKENS);
+	hp = gpud_model_hparams(cfg->model);
+	if (hp->head_dim > GPUD_CUDA_MAX_HEAD_DIM || hp->head_dim % 2 || !hp->n_kv_heads ||
+	    hp->n_heads % hp->n_kv_heads)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "cuda backend: head_dim %u (at most %u, even) with %u heads over "
+				 "%u KV heads is not supported", hp->head_dim,
+				 GPUD_CUDA_MAX_HEAD_DIM, hp->n_heads, hp->n_kv_heads);
+	rc = weights_bytes(cfg->model, &l->weights_bytes, err, errlen);
+	if (rc)
+		return rc;
+	l->dim = hp->dim;
+	l->q_dim = hp->n_heads * hp->head_dim;
+	l->kv_dim = hp->n_kv_heads * hp->head_dim;
+	l->ffn_dim = hp->ffn_dim;
+	l->n_vocab = hp->n_vocab;
+	l->head_dim = hp->head_dim;
+	l->max_cols = l->dim;
+	if (l->q_dim > l->max_cols)
+		l->max_cols = l->q_dim;
+	if (l->ffn_dim > l->max_cols)
+		l->max_cols = l->ffn_dim;
+	T = l->T = cfg->max_batch_tokens;
+	NL = l->NL = cfg->max_logits ? cfg->max_logits : 1;
+	S = l->S = cfg->max_seqs;
+	bt = cfg->block_tokens;
+
+	/* kv */
+	l->head_floats = bt * hp->head_dim;
+	l->layer_floats = 2 * (uint64_t)hp->n_kv_heads * l->head_floats;
+	l->block_floats = (uint64_t)hp->n_layers * l->layer_floats;
+	l->kv_bytes = up((uint64_t)cfg->n_blocks * l->block_floats * 4);
+
+	/* A sequence has at most every block (the engine stops at n_ctx;
+	 * a caller driving the ops table directly may not). */
+	l->max_pos = (uint64_t)cfg->n_blocks * bt;
+	l->max_btab = S * (uint64_t)cfg->n_blocks;
+
+	/* masks: every sequence of a step holds one slot; as many again cache.
+	 * A mask covers a prompt: at most n_ctx tokens, and at most the KV. */
+	l->mask_slots = (uint32_t)(2 * S < 4 ? 4 : 2 * S);
+	l->max_prompt = l->max_pos;
+	if (hp->n_ctx && hp->n_ctx < l->max_prompt)
+		l->max_prompt = hp->n_ctx;
+	l->max_prompt_blocks = (l->max_prompt + bt - 1) / bt;
+	l->mask_slot_bytes = up(GPUD_CUDA_VIS_SETS * 16 + l->max_prompt_blocks * 16 + l->max_prompt);
+	l->masks_bytes = (uint64_t)l->mask_slots * l->mask_slot_bytes;
+
+	/* step metadata */
+	l->m_tokens = 0;
+	l->m_pos = T;
+	l->m_seq = 2 * T;
+	l->m_logit = 3 * T;
+	l->m_seqinfo = 3 * T + NL;
+	l->m_btab = l->m_seqinfo + S * GPUD_CUDA_SEQ_WORDS;
+	l->meta_words = l->m_btab + l->max_btab;
+
+	/* scratch */
+	off = 0;
+#define CARVE(field, bytes)          \
+	do {                         \
+		l->field = off;      \
+		off += up(bytes);    \
+	} while (0)
+	CARVE(x, T * l->dim * 4);
+	CARVE(xb, T * l->dim * 4);
+	CARVE(q, T * l->q_dim * 4);
+	CARVE(k, T * l->kv_dim * 4);
+	CARVE(v, T * l->kv_dim * 4);
+	CARVE(att, T * l->q_dim * 4);
+	CARVE(hb, T * l->ffn_dim * 4);
+	CARVE(hb2, T * l->ffn_dim * 4);
+	CARVE(xl, NL * l->dim * 4);
+	CARVE(logits, NL * l->n_vocab * 4);
+	/* prepared activations: a step's tokens, or its logits rows */
+	CARVE(actq, (T > NL ? T : NL) * l->max_cols);
+	CARVE(actd, (T > NL ? T : NL) * (l->max_cols / GPUD_QK + 1) * 4);
+	CARVE(acth, 2 * (T > NL ? T : NL) * l->max_cols * 2); /* hi, then lo */
+	CARVE(ascale, (T > NL ? T : NL) * 4);
+	CARVE(meta, l->meta_words * 4);
+#undef CARVE
+	l->scratch_bytes = off;
+
+	/* staging (host, pinned) */
+	off = 0;
+	l->st_logits = off;
+	off += up(NL * l->n_vocab * 4);
+	l->st_hidden = off;
+	off += up(T * l->dim * 4);
+	l->st_meta = off;
+	off += up(l->meta_words * 4);
+	l->st_mask = off;
+	off += l->mask_slot_bytes;
+	l->staging_bytes = off < GPUD_CUDA_STAGING_MIN ? GPUD_CUDA_STAGING_MIN : off;
+
+	l->workspace_bytes = GPUD_CUDA_WORKSPACE;
+	return 0;
+}
+
+void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_plan *p)
+{
+	struct gpud_cuda_layout l;
+	char err[SW_ERR_MAX];
+
+	*p = (struct gpud_cuda_plan){ 0 };
+	if (gpud_cuda_layout_for(cfg, &l, err, sizeof(err)))
+		return; /* init will refuse the same cfg with the message */
+	p->weights = l.weights_bytes;
+	p->kv = l.kv_bytes;
+	p->masks = l.masks_bytes;
+	p->scratch = l.scratch_bytes;
+	p->workspace = l.workspace_bytes;
+	p->staging = l.staging_bytes;
+}
+
+int gpud_cuda_errcode(int cuda_err)
+{
+	switch (cuda_err) {
+	case cudaSuccess:
+		return 0;
+	case cudaErrorMemoryAllocation:
+		return -ENOMEM;
+	case cudaErrorNoDevice:
+	case cudaErrorInvalidDevice:
+	case cudaErrorInsufficientDriver:
+	case cudaErrorCallRequiresNewerDriver:
+	case cudaErrorDevicesUnavailable:
+	case cudaErrorSystemDriverMismatch:
+		return -ENODEV;
+	default:
+		return -EIO;
+	}
+}

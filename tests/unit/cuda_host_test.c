@@ -1,0 +1,413 @@
+/* cuda_host_test.c - the CUDA backend's host-side logic, without a device:
+ * the pool plan (gpud_cuda_plan_for and the layout behind it), the mask
+ * slot LRU, the mask slot image, the step metadata and the CUDA error
+ * mapping (gpud/backend/cuda/plan.c, step.c). Built only with the backend
+ * (-Dgpu=enabled); nothing here calls CUDA.
+ */
+#include <errno.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <driver_types.h>
+
+#include "common/err.h"
+#include "gpud/backend/cuda/cuda.h"
+#include "gpud/backend/cuda/cuda_impl.h"
+#include "gpud/mask.h"
+#include "gpud/mkmodel.h"
+#include "gpud/model.h"
+#include "test_desc.h"
+
+static char tmpdir[64];
+
+static int setup_dir(void **state)
+{
+	(void)state;
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/cuda_host_test.XXXXXX");
+	return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_dir(void **state)
+{
+	char cmd[128];
+
+	(void)state;
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/* The tiny preset in type t (tied or not), loaded. */
+static struct gpud_model *tiny(enum gpud_type t, bool tied)
+{
+	struct gpud_mkmodel_params p;
+	struct gpud_model *m = NULL;
+	char path[128], err[SW_ERR_MAX];
+
+	gpud_mkmodel_params_default(&p);
+	snprintf(path, sizeof(path), "%s/tiny-%d-%d.gguf", tmpdir, (int)t, (int)tied);
+	p.out = path;
+	p.type = t;
+	p.tied = tied;
+	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	return m;
+}
+
+static struct gpud_backend_config cfg_for(const struct gpud_model *m)
+{
+	return (struct gpud_backend_config){
+		.model = m, .n_blocks = 32, .block_tokens = 16, .max_batch_tokens = 64,
+		.max_seqs = 4, .max_logits = 8,
+	};
+}
+
+static uint64_t up256(uint64_t n)
+{
+	return (n + 255) / 256 * 256;
+}
+
+static void test_tensor_bytes(void **state)
+{
+	(void)state;
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_F32, 3, 64), 768);
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_F16, 3, 64), 512);
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_BF16, 4, 64), 512);
+	/* Q8_0: 2048 quants + 64 scales of 2 bytes, each region aligned */
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_Q8_0, 32, 64), 2048 + 256);
+	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_Q8_0, 32, 64), 2048);
+	/* Q4_0: 1024 bytes of nibbles + 128 bytes of scales */
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_Q4_0, 32, 64), 1024 + 256);
+	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_Q4_0, 32, 64), 1024);
+	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_F32, 3, 64), 768);
+	assert_int_equal(gpud_cuda_tensor_bytes((enum gpud_type)12, 32, 64), 0);
+}
+
+/* Weights: the sum of every tensor as uploaded, counted here the long way. */
+static void test_plan_weights(void **state)
+{
+	const enum gpud_type types[] = { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16,
+					 GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 };
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+		for (int tied = 0; tied < 2; tied++) {
+			struct gpud_model *m = tiny(types[i], tied);
+			const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+			const struct gpud_model_weights *w = gpud_model_weights(m);
+			struct gpud_backend_config cfg = cfg_for(m);
+			struct gpud_cuda_plan p;
+			uint64_t want = 0;
+
+#define MAT(x) gpud_cuda_tensor_bytes((x).type, (x).rows, (x).cols)
+			want += MAT(w->tok_embd);
+			if (!tied)
+				want += MAT(w->output);
+			for (uint32_t l = 0; l < hp->n_layers; l++) {
+				const struct gpud_layer_weights *L = &w->layers[l];
+				want += MAT(L->wq) + MAT(L->wk) + MAT(L->wv) + MAT(L->wo) +
+					MAT(L->w_gate) + MAT(L->w_up) + MAT(L->w_down) +
+					2 * up256(hp->dim * 4);
+			}
+#undef MAT
+			want += up256(hp->dim * 4) + up256(hp->head_dim / 2 * 4);
+			gpud_cuda_plan_for(&cfg, &p);
+			assert_int_equal(p.weights, want);
+			/* the quantized forms are smaller than the file's blocks
+			 * only by alignment: never more than F32 */
+			assert_true(p.weights <= 4 * gpud_model_weight_bytes(m) + 64 * 256);
+			gpud_model_free(m);
+		}
+	}
+}
+
+static void test_plan_pools(void **state)
+{
+	struct gpud_model *m = tiny(GPUD_TYPE_Q8_0, false);
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	struct gpud_backend_config cfg = cfg_for(m);
+	struct gpud_cuda_plan p, p2;
+	struct gpud_cuda_layout l;
+	char err[SW_ERR_MAX];
+	uint64_t kv_block;
+
+	(void)state;
+	gpud_cuda_plan_for(&cfg, &p);
+	kv_block = (uint64_t)hp->n_layers * 2 * hp->n_kv_heads * 16 * hp->head_dim * 4;
+	assert_int_equal(p.kv, up256(32 * kv_block));
+	assert_int_equal(p.workspace, GPUD_CUDA_WORKSPACE);
+	assert_true(p.staging >= GPUD_CUDA_STAGING_MIN);
+	assert_true(p.masks > 0 && p.scratch > 0);
+	/* the ops table's figure is the plan's */
+	assert_int_equal(gpud_cuda_backend.scratch_bytes(&cfg), p.scratch);
+
+	/* KV grows with the blocks, scratch with the batch, masks with seqs */
+	cfg.n_blocks = 64;
+	gpud_cuda_plan_for(&cfg, &p2);
+	assert_int_equal(p2.kv, up256(64 * kv_block));
+	cfg = cfg_for(m);
+	cfg.max_batch_tokens = 128;
+	gpud_cuda_plan_for(&cfg, &p2);
+	assert_true(p2.scratch > p.scratch);
+	cfg = cfg_for(m);
+	cfg.max_seqs = 8;
+	gpud_cuda_plan_for(&cfg, &p2);
+	assert_true(p2.masks > p.masks);
+
+	/* layout: regions aligned, in order, inside the totals */
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
+	{
+		const uint64_t offs[] = { l.x, l.xb, l.q, l.k, l.v, l.att, l.hb, l.hb2,
+					  l.xl, l.logits, l.actq, l.actd, l.acth, l.ascale,
+					  l.meta };
+		for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
+			assert_int_equal(offs[i] % 256, 0);
+			if (i)
+				assert_true(offs[i] > offs[i - 1]);
+		}
+		assert_true(l.meta + l.meta_words * 4 <= l.scratch_bytes);
+		assert_int_equal(l.xb - l.x, up256(64ull * hp->dim * 4));
+		assert_int_equal(l.logits - l.xl, up256(8ull * hp->dim * 4));
+	}
+	assert_true(l.st_mask + l.mask_slot_bytes <= l.staging_bytes);
+	assert_true(l.st_logits < l.st_hidden && l.st_hidden < l.st_meta && l.st_meta < l.st_mask);
+	assert_int_equal(l.mask_slots, 8);
+	assert_int_equal(l.max_pos, 32 * 16);
+	assert_int_equal(l.max_btab, 4 * 32);
+	assert_int_equal(l.max_prompt, hp->n_ctx < 32 * 16 ? hp->n_ctx : 32 * 16);
+	assert_int_equal(l.max_prompt_blocks, (l.max_prompt + 15) / 16);
+	assert_int_equal(l.masks_bytes, l.mask_slots * l.mask_slot_bytes);
+	assert_int_equal(l.m_btab, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
+
+	/* a config it cannot run: zeros, and init's message from layout_for */
+	cfg.n_blocks = 0;
+	gpud_cuda_plan_for(&cfg, &p2);
+	assert_int_equal(p2.weights + p2.kv + p2.scratch + p2.staging, 0);
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "zero size"));
+	gpud_model_free(m);
+}
+
+static void test_errcode(void **state)
+{
+	(void)state;
+	assert_int_equal(gpud_cuda_errcode(cudaSuccess), 0);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorMemoryAllocation), -ENOMEM);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorNoDevice), -ENODEV);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorInvalidDevice), -ENODEV);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorInsufficientDriver), -ENODEV);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorIllegalAddress), -EIO);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorLaunchFailure), -EIO);
+}
+
+/* A compiled mask: s0 (3 tokens), s1 (5 tokens); s1 sees s0 and itself,
+ * G sees s1 and itself only. Blocks of 4. */
+struct cmask {
+	_Alignas(16) uint8_t mem[4096];
+	struct gpud_mask m;
+};
+
+static void compile_mask(struct cmask *cm, bool g_sees_s0)
+{
+	static struct desc_buf b;
+	const uint32_t seg_tokens[2] = { 3, 5 };
+
+	desc_init(&b, 2);
+	desc_add(&b, 0, 0);
+	desc_add(&b, 1, 0);
+	desc_add(&b, 1, 1);
+	if (g_sees_s0)
+		desc_add(&b, 2, 0);
+	desc_add(&b, 2, 1);
+	desc_add(&b, 2, 2);
+	assert_true(gpud_mask_bytes(2, 8, 4) <= sizeof(cm->mem));
+	assert_int_equal(gpud_mask_compile(&b.d, seg_tokens, 4, cm->mem, sizeof(cm->mem), &cm->m), 0);
+}
+
+static void test_slots(void **state)
+{
+	struct gpud_cuda_slot slots[3];
+	struct cmask a, b, c, d;
+	bool miss;
+
+	(void)state;
+	memset(slots, 0, sizeof(slots));
+	compile_mask(&a, false);
+	compile_mask(&b, false);
+	compile_mask(&c, false);
+	compile_mask(&d, true);
+
+	/* step 1: a and b miss, a again hits */
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &a.m, 1, &miss), 0);
+	assert_true(miss);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &b.m, 1, &miss), 1);
+	assert_true(miss);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &a.m, 1, &miss), 0);
+	assert_false(miss);
+	/* step 2: c takes the empty slot; a hits */
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &c.m, 2, &miss), 2);
+	assert_true(miss);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &a.m, 2, &miss), 0);
+	assert_false(miss);
+	/* step 3: d evicts the least recently used (b, last used in step 1) */
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &d.m, 3, &miss), 1);
+	assert_true(miss);
+	/* b back: a and c were both last used in step 2, the lower slot goes */
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &b.m, 3, &miss), 0);
+	assert_true(miss);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &c.m, 3, &miss), 2);
+	assert_false(miss);
+	/* every slot used by step 3: none to take */
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &a.m, 3, &miss), -1);
+	assert_true(miss);
+	/* a mask recompiled in place with other content is a different key:
+	 * a miss (all slots last used in step 3: the lowest is taken) */
+	compile_mask(&d, false);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &d.m, 4, &miss), 0);
+	assert_true(miss);
+	assert_int_equal(gpud_cuda_slot_get(slots, 3, &d.m, 4, &miss), 0);
+	assert_false(miss);
+}
+
+static void test_mask_image(void **state)
+{
+	struct gpud_model *m = tiny(GPUD_TYPE_F32, false);
+	struct gpud_backend_config cfg = cfg_for(m);
+	struct gpud_cuda_layout l;
+	struct cmask cm;
+	char err[SW_ERR_MAX];
+	uint8_t *img;
+	size_t n, segs_at = GPUD_CUDA_VIS_SETS * 16, seg_at;
+
+	(void)state;
+	cfg.block_tokens = 4;
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
+	img = calloc(1, l.mask_slot_bytes);
+	assert_non_null(img);
+	compile_mask(&cm, false);
+	seg_at = segs_at + l.max_prompt_blocks * 16;
+	n = gpud_cuda_mask_image(&l, 4, &cm.m, img);
+	assert_int_equal(n, seg_at + 8);
+	assert_true(n <= l.mask_slot_bytes);
+	assert_memory_equal(img, cm.m.vis, 3 * 16);
+	assert_memory_equal(img + segs_at, cm.m.block_segs, 2 * 16);
+	assert_memory_equal(img + seg_at, cm.m.seg, 8);
+	assert_int_equal(img[seg_at + 2], 0);
+	assert_int_equal(img[seg_at + 3], 1);
+	/* compiled for another block size: refused */
+	assert_int_equal(gpud_cuda_mask_image(&l, 8, &cm.m, img), 0);
+	free(img);
+	gpud_model_free(m);
+}
+
+static void test_meta(void **state)
+{
+	struct gpud_model *m = tiny(GPUD_TYPE_F32, false);
+	struct gpud_backend_config cfg = cfg_for(m);
+	struct gpud_cuda_layout l;
+	struct gpud_cuda_slot slots[8];
+	struct cmask cm;
+	char err[SW_ERR_MAX];
+	uint32_t *meta, up[4], n_up;
+	uint64_t n_words;
+	const uint32_t bt0[] = { 7 }, bt1[] = { 3, 9, 5 };
+	const int32_t tokens[] = { 11, 12, 13, 14, 15 };
+	struct gpud_fwd_seq seqs[2] = {
+		/* a 4-token prefill from 0, masked, all logits */
+		{ .blocks = bt0, .mask = NULL, .pos0 = 0, .n_tokens = 4, .tok0 = 0,
+		  .logit0 = 0, .n_logits = 4 },
+		/* one decode token at position 9 (its third block), last logit */
+		{ .blocks = bt1, .mask = NULL, .pos0 = 9, .n_tokens = 1, .tok0 = 4,
+		  .logit0 = 4, .n_logits = 1 },
+	};
+	struct gpud_fwd_batch b = { .tokens = tokens, .n_tokens = 5, .seqs = seqs, .n_seqs = 2,
+				    .n_logits = 5 };
+
+	(void)state;
+	cfg.block_tokens = 4;
+	memset(slots, 0, sizeof(slots));
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
+	meta = calloc(l.meta_words, 4);
+	assert_non_null(meta);
+	compile_mask(&cm, false);
+	seqs[1].mask = &cm.m;
+
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 1, meta, &n_words, up, &n_up, err,
+					     sizeof(err)), 0);
+	for (uint32_t t = 0; t < 5; t++) {
+		assert_int_equal(meta[l.m_tokens + t], (uint32_t)tokens[t]);
+		assert_int_equal(meta[l.m_seq + t], t < 4 ? 0 : 1);
+		assert_int_equal(meta[l.m_pos + t], t < 4 ? t : 9);
+		assert_int_equal(meta[l.m_logit + t], t);
+	}
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SI_BTAB], 0);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SI_SLOT], GPUD_CUDA_NO_MASK);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_BTAB], 1);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_SLOT], 0);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPROMPT], 8);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NSEG], 2);
+	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPB], 2);
+	assert_int_equal(meta[l.m_btab + 0], 7);
+	assert_int_equal(meta[l.m_btab + 1], 3);
+	assert_int_equal(meta[l.m_btab + 2], 9);
+	assert_int_equal(meta[l.m_btab + 3], 5);
+	assert_int_equal(n_up, 1);
+	assert_int_equal(up[0], 1);
+	assert_int_equal(n_words, l.m_btab + 4);
+
+	/* the next step hits: nothing to upload */
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 2, meta, &n_words, up, &n_up, err,
+					     sizeof(err)), 0);
+	assert_int_equal(n_up, 0);
+
+	/* a causal mask takes no slot */
+	{
+		struct gpud_mask causal = cm.m;
+		causal.causal = true;
+		seqs[1].mask = &causal;
+		assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 3, meta, &n_words, up, &n_up, err,
+						     sizeof(err)), 0);
+		assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_SLOT],
+				 GPUD_CUDA_NO_MASK);
+		assert_int_equal(n_up, 0);
+	}
+
+	/* a mask compiled for another block size is refused with a message */
+	seqs[1].mask = &cm.m;
+	assert_int_equal(gpud_cuda_meta_fill(&l, 8, &b, slots, 4, meta, &n_words, up, &n_up, err,
+					     sizeof(err)), SW_ETOOLONG);
+	assert_non_null(strstr(err, "mask slot"));
+
+	/* too many tokens, positions past the limit */
+	b.n_tokens = l.T + 1;
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 5, meta, &n_words, up, &n_up, err,
+					     sizeof(err)), -EINVAL);
+	b.n_tokens = 5;
+	seqs[1].pos0 = (uint32_t)l.max_pos;
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 6, meta, &n_words, up, &n_up, err,
+					     sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "exceeds"));
+	free(meta);
+	gpud_model_free(m);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_tensor_bytes),
+		cmocka_unit_test(test_plan_weights),
+		cmocka_unit_test(test_plan_pools),
+		cmocka_unit_test(test_errcode),
+		cmocka_unit_test(test_slots),
+		cmocka_unit_test(test_mask_image),
+		cmocka_unit_test(test_meta),
+	};
+	return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+}
