@@ -195,6 +195,25 @@ static void test_plan_pools(void **state)
 	gpud_model_free(m);
 }
 
+/* Decode graphs: every batch size up to the smallest of 64 and the step's
+ * tokens, sequences and logits rows. */
+static void test_graph_sizes(void **state)
+{
+	struct gpud_cuda_layout l = { 0 };
+
+	(void)state;
+	l.T = 2048;
+	l.S = 256;
+	l.NL = 256;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), GPUD_CUDA_GRAPH_MAX_T);
+	l.S = 16;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 16);
+	l.NL = 8;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 8);
+	l.T = 1;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 1);
+}
+
 static void test_errcode(void **state)
 {
 	(void)state;
@@ -404,6 +423,7 @@ int main(void)
 		cmocka_unit_test(test_tensor_bytes),
 		cmocka_unit_test(test_plan_weights),
 		cmocka_unit_test(test_plan_pools),
+		cmocka_unit_test(test_graph_sizes),
 		cmocka_unit_test(test_errcode),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_mask_image),

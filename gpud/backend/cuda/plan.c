@@ -223,6 +223,19 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
 	p->staging = l.staging_bytes;
 }
 
+uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l)
+{
+	uint32_t n = GPUD_CUDA_GRAPH_MAX_T;
+
+	if (l->T < n)
+		n = l->T;
+	if (l->S < n)
+		n = l->S;
+	if (l->NL < n)
+		n = l->NL;
+	return n;
+}
+
 int gpud_cuda_errcode(int cuda_err)
 {
 	switch (cuda_err) {
