@@ -34,6 +34,7 @@
 
 extern "C" {
 #include "common/err.h"
+#include "common/log.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
 }
@@ -429,9 +430,19 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	CK(cudaStreamSynchronize(c->stream), "init");
 	{
 		char why[SW_ERR_MAX] = "";
+		uint32_t want = gpud_cuda_graph_max_t(L);
+
 		capture_graphs(c, why, sizeof(why));
+		if (c->n_graphs < want && why[0])
+			log_warn("cuda:%d: decode graphs for %u of %u batch sizes (the others "
+				 "run eagerly): %s", c->dev, c->n_graphs, want, why);
 	}
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
+	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f, masks %.1f (%u slots), scratch "
+		 "%.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs", c->dev,
+		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0,
+		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
+		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs);
 	return 0;
 }
 
