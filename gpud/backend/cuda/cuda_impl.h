@@ -64,7 +64,7 @@ struct gpud_cuda_layout {
 	uint32_t dim, q_dim, kv_dim, ffn_dim, n_vocab, head_dim, max_cols;
 	/* step bounds */
 	uint32_t T, NL, S;
-	uint64_t max_pos;    /* positions one sequence can have */
+	uint64_t max_pos;    /* positions one sequence can have: min(n_ctx, KV) */
 	uint64_t max_btab;   /* block-table words of one step */
 	/* kv */
 	uint64_t head_floats, layer_floats, block_floats, kv_bytes;
