@@ -494,7 +494,7 @@ uint64_t cuda_scratch_bytes(const struct gpud_backend_config *cfg)
 
 /* --- the step -------------------------------------------------------------- */
 
-// Below this many tokens float-type weights take the GEMV (gpud_k_mv_h).
+// Below this many tokens float-type weights take the GEMV (gpud_k_mv_f).
 #define MV_MAX_T 8
 
 // y (T, rows) = W x (T, cols), activations already prepared for W's type
@@ -507,25 +507,27 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	case GPUD_TYPE_Q4_0:
 		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y), "matmul (int8)");
 		return 0;
+	case GPUD_TYPE_F32:
+		if (T <= MV_MAX_T)
+			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
+		else
+			CK(gpud_k_mm_f32(c->stream, w, x, T, y), "matmul (f32)");
+		return 0;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
 		if (T <= MV_MAX_T) {
-			CK(gpud_k_mv_h(c->stream, w, x, T, y), "matmul (gemv)");
+			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
 			return 0;
 		}
 		break;
 	default:
-		break;
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "cuda:%d: matmul of type %s",
+				 c->dev, gpud_type_name((enum gpud_type)w->type));
 	}
-	// Row-major W (rows x cols) is column-major W^T: y^T = op_T(W^T) x^T.
+	// F16/BF16 prefill through cuBLAS. Row-major W (rows x cols) is
+	// column-major W^T: y^T = op_T(W^T) x^T.
 	const float one = 1.0f, zero = 0.0f;
 	const int m = (int)w->rows, n = (int)T, k = (int)w->cols;
-	if (w->type == GPUD_TYPE_F32) {
-		CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, CUDA_R_32F,
-				 k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-				 CUBLAS_GEMM_DEFAULT), "cublasGemmEx (f32)");
-		return 0;
-	}
 	// y = W hi + W lo, then the per-token scales (F16) back on.
 	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
 	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
