@@ -175,12 +175,24 @@ int upload(cuda_ctx *c, uint8_t *dst, const void *src, uint64_t n, char *err, si
 	return 0;
 }
 
+// The next n bytes of the weight pool, or NULL past its end (the plan and
+// the upload add up the same tensors: a bug, refused before any write).
 uint8_t *carve_w(cuda_ctx *c, uint64_t n)
 {
 	uint8_t *p = c->wpool + c->wused;
+	uint64_t a = (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
 
-	c->wused += (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
+	if (c->wused + a > c->L.weights_bytes)
+		return nullptr;
+	c->wused += a;
 	return p;
+}
+
+int overrun(cuda_ctx *c, char *err, size_t errlen)
+{
+	return sw_seterr(err, errlen, -EINVAL,
+			 "cuda:%d: the weights do not fit the pool their plan sized (%llu bytes)",
+			 c->dev, (unsigned long long)c->L.weights_bytes);
 }
 
 int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, char *err,
@@ -188,6 +200,8 @@ int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, cha
 {
 	uint8_t *d = carve_w(c, n * 4);
 
+	if (!d)
+		return overrun(c, err, errlen);
 	*out = (const float *)d;
 	return upload(c, d, src, n * 4, err, errlen);
 }
@@ -200,6 +214,8 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 	uint64_t qb = gpud_cuda_quants_bytes(w->type, w->rows, w->cols);
 	uint8_t *base = carve_w(c, gpud_cuda_tensor_bytes(w->type, w->rows, w->cols));
 
+	if (!base)
+		return overrun(c, err, errlen);
 	*m = gpud_cuda_mat{ (int)w->type, w->rows, w->cols, base, nullptr };
 	if (w->type != GPUD_TYPE_Q8_0 && w->type != GPUD_TYPE_Q4_0)
 		return upload(c, base, w->data, gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
@@ -269,11 +285,6 @@ int upload_model(cuda_ctx *c, char *err, size_t errlen)
 	if ((rc = upload_vec(c, w->out_norm, hp->dim, &c->out_norm, err, errlen)) ||
 	    (rc = upload_vec(c, w->rope_inv_freq, hp->head_dim / 2, &c->rope_inv, err, errlen)))
 		return rc;
-	if (c->wused > c->L.weights_bytes)
-		return sw_seterr(err, errlen, -EINVAL,
-				 "cuda:%d: weight upload overran its pool (%llu > %llu bytes)",
-				 c->cfg.ordinal, (unsigned long long)c->wused,
-				 (unsigned long long)c->L.weights_bytes);
 	return 0;
 }
 
