@@ -179,10 +179,16 @@ static void test_plan_pools(void **state)
 	assert_true(l.st_mask + l.mask_slot_bytes <= l.staging_bytes);
 	assert_true(l.st_logits < l.st_hidden && l.st_hidden < l.st_meta && l.st_meta < l.st_mask);
 	assert_int_equal(l.mask_slots, 8);
-	assert_int_equal(l.max_pos, 32 * 16);
-	assert_int_equal(l.max_btab, 4 * 32);
-	assert_int_equal(l.max_prompt, hp->n_ctx < 32 * 16 ? hp->n_ctx : 32 * 16);
+	assert_int_equal(l.max_pos, hp->n_ctx < 32 * 16 ? hp->n_ctx : 32 * 16);
+	assert_int_equal(l.max_btab, 4 * ((l.max_pos + 15) / 16));
+	assert_int_equal(l.max_prompt, l.max_pos);
 	assert_int_equal(l.max_prompt_blocks, (l.max_prompt + 15) / 16);
+	/* a context shorter than the KV bounds the block tables */
+	cfg.n_blocks = 4096;
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
+	assert_int_equal(l.max_pos, hp->n_ctx);
+	assert_int_equal(l.max_btab, 4 * ((hp->n_ctx + 15) / 16));
+	cfg.n_blocks = 32;
 	assert_int_equal(l.masks_bytes, l.mask_slots * l.mask_slot_bytes);
 	assert_int_equal(l.m_btab, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
 
@@ -193,6 +199,25 @@ static void test_plan_pools(void **state)
 	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "zero size"));
 	gpud_model_free(m);
+}
+
+/* Decode graphs: every batch size up to the smallest of 64 and the step's
+ * tokens, sequences and logits rows. */
+static void test_graph_sizes(void **state)
+{
+	struct gpud_cuda_layout l = { 0 };
+
+	(void)state;
+	l.T = 2048;
+	l.S = 256;
+	l.NL = 256;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), GPUD_CUDA_GRAPH_MAX_T);
+	l.S = 16;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 16);
+	l.NL = 8;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 8);
+	l.T = 1;
+	assert_int_equal(gpud_cuda_graph_max_t(&l), 1);
 }
 
 static void test_errcode(void **state)
@@ -404,6 +429,7 @@ int main(void)
 		cmocka_unit_test(test_tensor_bytes),
 		cmocka_unit_test(test_plan_weights),
 		cmocka_unit_test(test_plan_pools),
+		cmocka_unit_test(test_graph_sizes),
 		cmocka_unit_test(test_errcode),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_mask_image),

@@ -15,6 +15,13 @@
 // current first. All work goes to the instance's one non-default stream;
 // a step ends with one synchronization, where faults of its kernels show.
 //
+// Decode graphs: init captures one CUDA graph per decode batch size (1 ..
+// gpud_cuda_graph_max_t tokens, each with its logits row): the step's
+// kernels read everything step-specific (tokens, positions, block tables,
+// mask slots) from the device metadata, so a graph captured once replays
+// any decode step of its size. Other steps (prefill, mixed batches, hidden
+// states) run the same enqueue() eagerly.
+//
 // Errors: every CUDA and cuBLAS call is checked; a message names the
 // device ("cuda:N"), the operation and the CUDA error string, and the code
 // comes from gpud_cuda_errcode (-ENOMEM, -ENODEV, -EIO).
@@ -27,6 +34,7 @@
 
 extern "C" {
 #include "common/err.h"
+#include "common/log.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
 }
@@ -84,6 +92,12 @@ struct cuda_ctx {
 
 	struct gpud_cuda_slot *slots; // (mask_slots), host
 	uint64_t stamp;
+
+	// Decode graphs: graph[T] runs enqueue(T, T logits, no hidden) in one
+	// launch, for T = 1 .. gpud_cuda_graph_max_t (NULL where none).
+	cudaGraphExec_t graph[GPUD_CUDA_GRAPH_MAX_T + 1];
+	uint32_t n_graphs;
+	uint64_t graph_steps;
 
 	struct gpud_backend_stats st;
 };
@@ -161,12 +175,24 @@ int upload(cuda_ctx *c, uint8_t *dst, const void *src, uint64_t n, char *err, si
 	return 0;
 }
 
+// The next n bytes of the weight pool, or NULL past its end (the plan and
+// the upload add up the same tensors: a bug, refused before any write).
 uint8_t *carve_w(cuda_ctx *c, uint64_t n)
 {
 	uint8_t *p = c->wpool + c->wused;
+	uint64_t a = (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
 
-	c->wused += (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
+	if (c->wused + a > c->L.weights_bytes)
+		return nullptr;
+	c->wused += a;
 	return p;
+}
+
+int overrun(cuda_ctx *c, char *err, size_t errlen)
+{
+	return sw_seterr(err, errlen, -EINVAL,
+			 "cuda:%d: the weights do not fit the pool their plan sized (%llu bytes)",
+			 c->dev, (unsigned long long)c->L.weights_bytes);
 }
 
 int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, char *err,
@@ -174,6 +200,8 @@ int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, cha
 {
 	uint8_t *d = carve_w(c, n * 4);
 
+	if (!d)
+		return overrun(c, err, errlen);
 	*out = (const float *)d;
 	return upload(c, d, src, n * 4, err, errlen);
 }
@@ -186,6 +214,8 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 	uint64_t qb = gpud_cuda_quants_bytes(w->type, w->rows, w->cols);
 	uint8_t *base = carve_w(c, gpud_cuda_tensor_bytes(w->type, w->rows, w->cols));
 
+	if (!base)
+		return overrun(c, err, errlen);
 	*m = gpud_cuda_mat{ (int)w->type, w->rows, w->cols, base, nullptr };
 	if (w->type != GPUD_TYPE_Q8_0 && w->type != GPUD_TYPE_Q4_0)
 		return upload(c, base, w->data, gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
@@ -255,11 +285,6 @@ int upload_model(cuda_ctx *c, char *err, size_t errlen)
 	if ((rc = upload_vec(c, w->out_norm, hp->dim, &c->out_norm, err, errlen)) ||
 	    (rc = upload_vec(c, w->rope_inv_freq, hp->head_dim / 2, &c->rope_inv, err, errlen)))
 		return rc;
-	if (c->wused > c->L.weights_bytes)
-		return sw_seterr(err, errlen, -EINVAL,
-				 "cuda:%d: weight upload overran its pool (%llu > %llu bytes)",
-				 c->cfg.ordinal, (unsigned long long)c->wused,
-				 (unsigned long long)c->L.weights_bytes);
 	return 0;
 }
 
@@ -274,6 +299,9 @@ void cuda_destroy(void *ctx)
 	if (cudaSetDevice(c->dev) == cudaSuccess) {
 		if (c->stream)
 			cudaStreamSynchronize(c->stream);
+		for (uint32_t t = 0; t <= GPUD_CUDA_GRAPH_MAX_T; t++)
+			if (c->graph[t])
+				cudaGraphExecDestroy(c->graph[t]);
 		if (c->blas)
 			cublasDestroy(c->blas);
 		if (c->stream)
@@ -290,6 +318,58 @@ void cuda_destroy(void *ctx)
 	free(c->slots);
 	free(c->up_seq);
 	free(c);
+}
+
+int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *err,
+	    size_t errlen);
+
+// Captures the decode graphs (T tokens, T logits rows, no hidden states)
+// for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
+// so that a replay allocates nothing. Graphs are a speed-up only: a
+// capture that fails leaves that size and the larger ones to the eager
+// path, with the first failure kept in why. GPUD_CUDA_GRAPHS=0 turns
+// them off (every step eager).
+void capture_graphs(cuda_ctx *c, char *why, size_t whylen)
+{
+	uint32_t max_t = gpud_cuda_graph_max_t(&c->L);
+	const char *env = getenv("GPUD_CUDA_GRAPHS");
+
+	if (env && !strcmp(env, "0"))
+		return;
+	for (uint32_t T = 1; T <= max_t; T++) {
+		cudaGraph_t g = nullptr;
+		cudaGraphExec_t ex = nullptr;
+		cudaError_t e;
+		int rc;
+
+		e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+		if (e != cudaSuccess) {
+			cuerr(c, e, "cudaStreamBeginCapture", why, whylen);
+			break;
+		}
+		rc = enqueue(c, T, T, false, why, whylen);
+		e = cudaStreamEndCapture(c->stream, &g);
+		if (!rc && e != cudaSuccess)
+			cuerr(c, e, "cudaStreamEndCapture", why, whylen);
+		if (rc || e != cudaSuccess || !g) {
+			if (g)
+				cudaGraphDestroy(g);
+			break;
+		}
+		e = cudaGraphInstantiate(&ex, g, 0);
+		cudaGraphDestroy(g);
+		if (e == cudaSuccess)
+			e = cudaGraphUpload(ex, c->stream);
+		if (e != cudaSuccess) {
+			cuerr(c, e, "cudaGraphInstantiate", why, whylen);
+			if (ex)
+				cudaGraphExecDestroy(ex);
+			break;
+		}
+		c->graph[T] = ex;
+		c->n_graphs++;
+	}
+	cudaGetLastError(); // a failed capture leaves no error behind
 }
 
 int setup(cuda_ctx *c, char *err, size_t errlen)
@@ -359,6 +439,21 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->h_meta = (uint32_t *)(c->staging + L->st_meta);
 	c->h_mask = c->staging + L->st_mask;
 	CK(cudaStreamSynchronize(c->stream), "init");
+	{
+		char why[SW_ERR_MAX] = "";
+		uint32_t want = gpud_cuda_graph_max_t(L);
+
+		capture_graphs(c, why, sizeof(why));
+		if (c->n_graphs < want && why[0])
+			log_warn("cuda:%d: decode graphs for %u of %u batch sizes (the others "
+				 "run eagerly): %s", c->dev, c->n_graphs, want, why);
+	}
+	CK(cudaStreamSynchronize(c->stream), "graph capture");
+	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f, masks %.1f (%u slots), scratch "
+		 "%.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs", c->dev,
+		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0,
+		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
+		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs);
 	return 0;
 }
 
@@ -410,7 +505,7 @@ uint64_t cuda_scratch_bytes(const struct gpud_backend_config *cfg)
 
 /* --- the step -------------------------------------------------------------- */
 
-// Below this many tokens float-type weights take the GEMV (gpud_k_mv_h).
+// Below this many tokens float-type weights take the GEMV (gpud_k_mv_f).
 #define MV_MAX_T 8
 
 // y (T, rows) = W x (T, cols), activations already prepared for W's type
@@ -423,25 +518,27 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	case GPUD_TYPE_Q4_0:
 		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y), "matmul (int8)");
 		return 0;
+	case GPUD_TYPE_F32:
+		if (T <= MV_MAX_T)
+			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
+		else
+			CK(gpud_k_mm_f32(c->stream, w, x, T, y), "matmul (f32)");
+		return 0;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
 		if (T <= MV_MAX_T) {
-			CK(gpud_k_mv_h(c->stream, w, x, T, y), "matmul (gemv)");
+			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
 			return 0;
 		}
 		break;
 	default:
-		break;
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "cuda:%d: matmul of type %s",
+				 c->dev, gpud_type_name((enum gpud_type)w->type));
 	}
-	// Row-major W (rows x cols) is column-major W^T: y^T = op_T(W^T) x^T.
+	// F16/BF16 prefill through cuBLAS. Row-major W (rows x cols) is
+	// column-major W^T: y^T = op_T(W^T) x^T.
 	const float one = 1.0f, zero = 0.0f;
 	const int m = (int)w->rows, n = (int)T, k = (int)w->cols;
-	if (w->type == GPUD_TYPE_F32) {
-		CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, CUDA_R_32F,
-				 k, x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-				 CUBLAS_GEMM_DEFAULT), "cublasGemmEx (f32)");
-		return 0;
-	}
 	// y = W hi + W lo, then the per-token scales (F16) back on.
 	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
 	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
@@ -504,6 +601,61 @@ int add_norm(cuda_ctx *c, bool add, const float *w, uint32_t T, char *err, size_
 	return 0;
 }
 
+// The step's kernels for T tokens and n_logits logits rows, reading the
+// step from the device metadata; leaves the final-normed hidden states in
+// xb when want_hidden and the logits in c->logits. Enqueues only: the
+// same calls run a step or are captured into a graph (capture_graphs).
+int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *err,
+	    size_t errlen)
+{
+	const struct gpud_model_hparams *hp = c->hp;
+	const struct gpud_cuda_layout *L = &c->L;
+	gpud_cuda_kvshape kv = { (float *)c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+				 c->cfg.block_tokens, 0, L->head_floats, L->layer_floats,
+				 L->block_floats };
+	int rc;
+
+	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
+	if ((rc = add_norm(c, false, c->layers[0].attn_norm, T, err, errlen)))
+		return rc;
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const dev_layer *D = &c->layers[l];
+		const gpud_cuda_mat *qkv[3] = { &D->wq, &D->wk, &D->wv };
+		float *qkv_out[3] = { c->q, c->k, c->v };
+		const gpud_cuda_mat *gu[2] = { &D->gate, &D->up };
+		float *gu_out[2] = { c->hb, c->hb2 };
+		const float *next_norm = l + 1 < hp->n_layers ? c->layers[l + 1].attn_norm : nullptr;
+
+		kv.layer = l;
+		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, err, errlen)))
+			return rc;
+		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
+		   "rope");
+		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
+				    L->mask_slot_bytes, L->max_prompt_blocks, T), "attention");
+		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
+		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
+		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||
+		    (rc = mm_group(c, gu, gu_out, 2, c->xb, T, err, errlen)))
+			return rc;
+		CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim), "swiglu");
+		if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
+		    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)) ||
+		    (rc = add_norm(c, true, next_norm, T, err, errlen)))
+			return rc;
+	}
+	if (want_hidden && (rc = add_norm(c, false, c->out_norm, T, err, errlen)))
+		return rc;
+	if (n_logits) {
+		CK(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
+				   n_logits, hp->dim, hp->norm_eps), "final norm");
+		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
+		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
+			return rc;
+	}
+	return 0;
+}
+
 int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errlen)
 {
 	const struct gpud_model_hparams *hp = c->hp;
@@ -549,54 +701,20 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 	CK(cudaMemcpyAsync(c->meta, c->h_meta, n_words * 4, cudaMemcpyHostToDevice,
 			   c->stream), "step metadata upload");
 
-	gpud_cuda_kvshape kv = { (float *)c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-				 c->cfg.block_tokens, 0, L->head_floats, L->layer_floats,
-				 L->block_floats };
-
-	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
-	if ((rc = add_norm(c, false, c->layers[0].attn_norm, T, err, errlen)))
+	if (!b->want_hidden && b->n_logits == T && T <= GPUD_CUDA_GRAPH_MAX_T && c->graph[T]) {
+		// A decode batch of a captured size: the step's kernels in one
+		// launch (they read the step from the metadata just copied).
+		CK(cudaGraphLaunch(c->graph[T], c->stream), "cudaGraphLaunch");
+		c->graph_steps++;
+	} else if ((rc = enqueue(c, T, b->n_logits, b->want_hidden, err, errlen))) {
 		return rc;
-	for (uint32_t l = 0; l < hp->n_layers; l++) {
-		const dev_layer *D = &c->layers[l];
-		const gpud_cuda_mat *qkv[3] = { &D->wq, &D->wk, &D->wv };
-		float *qkv_out[3] = { c->q, c->k, c->v };
-		const gpud_cuda_mat *gu[2] = { &D->gate, &D->up };
-		float *gu_out[2] = { c->hb, c->hb2 };
-
-		kv.layer = l;
-		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, err, errlen)))
-			return rc;
-		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
-		   "rope");
-		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
-				    L->mask_slot_bytes, L->max_prompt_blocks, T), "attention");
-		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
-		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||
-		    (rc = mm_group(c, gu, gu_out, 2, c->xb, T, err, errlen)))
-			return rc;
-		CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim), "swiglu");
-		if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
-		    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, l + 1 < hp->n_layers ? c->layers[l + 1].attn_norm : nullptr,
-				   T, err, errlen)))
-			return rc;
 	}
-	if (b->want_hidden) {
-		if ((rc = add_norm(c, false, c->out_norm, T, err, errlen)))
-			return rc;
+	if (b->want_hidden)
 		CK(cudaMemcpyAsync(c->h_hidden, c->xb, (size_t)T * hp->dim * 4,
 				   cudaMemcpyDeviceToHost, c->stream), "hidden states download");
-	}
-	if (b->n_logits) {
-		CK(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
-				   b->n_logits, hp->dim, hp->norm_eps), "final norm");
-		if ((rc = prep(c, &c->output, c->xl, b->n_logits, err, errlen)) ||
-		    (rc = mm(c, &c->output, c->xl, b->n_logits, c->logits, err, errlen)))
-			return rc;
+	if (b->n_logits)
 		CK(cudaMemcpyAsync(c->h_logits, c->logits, (size_t)b->n_logits * hp->n_vocab * 4,
 				   cudaMemcpyDeviceToHost, c->stream), "logits download");
-	}
 	CK(cudaStreamSynchronize(c->stream), "step");
 	return 0;
 }

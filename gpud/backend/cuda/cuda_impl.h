@@ -47,6 +47,7 @@ struct gpud_mask;
 #define GPUD_CUDA_MAX_STEP_TOKENS 65535u /* kernels put tokens on grid.y */
 #define GPUD_CUDA_VIS_SETS 128u /* GPUD_MASK_MAX_SEGMENTS + 1 */
 #define GPUD_CUDA_NO_MASK 0xffffffffu
+#define GPUD_CUDA_GRAPH_MAX_T 64u /* decode graphs: batches of 1 .. 64 tokens */
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -63,7 +64,7 @@ struct gpud_cuda_layout {
 	uint32_t dim, q_dim, kv_dim, ffn_dim, n_vocab, head_dim, max_cols;
 	/* step bounds */
 	uint32_t T, NL, S;
-	uint64_t max_pos;    /* positions one sequence can have */
+	uint64_t max_pos;    /* positions one sequence can have: min(n_ctx, KV) */
 	uint64_t max_btab;   /* block-table words of one step */
 	/* kv */
 	uint64_t head_floats, layer_floats, block_floats, kv_bytes;
@@ -141,6 +142,12 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			const struct gpud_fwd_batch *b, struct gpud_cuda_slot *slots,
 			uint64_t stamp, uint32_t *meta, uint64_t *n_words, uint32_t *up_seq,
 			uint32_t *n_up, char *err, size_t errlen);
+
+/* The largest decode batch with a captured graph: every size 1 .. this
+ * gets one (a step of T tokens, each with its logits row, no hidden
+ * states); GPUD_CUDA_GRAPH_MAX_T bounded by the step's tokens, sequences
+ * (one token each) and logits rows. */
+uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l);
 
 /* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
  * out-of-memory, -ENODEV for no device / invalid device / no driver,

@@ -364,24 +364,51 @@ cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t 
 	return cudaGetLastError();
 }
 
-/* --- float-type weights (F16/BF16) ---------------------------------------
+/* --- float-type weights (F32/F16/BF16) -----------------------------------
  * Decode (T <= 8): a GEMV that widens each weight to fp32 and multiplies
- * the fp32 activations, as the CPU does. Prefill: cuBLAS over activations
- * split into two halves of the weight's type, x = hi + lo (hi = x rounded,
- * lo = x - hi rounded), so the products keep ~16 bits of x and not 8 or
- * 11; for F16 each token's row is first scaled by a power of two that
- * keeps it below 2^14 (F16 overflows at 65504), undone on the result. */
+ * the fp32 activations, as the CPU does. F32 prefill: a tiled fp32 kernel
+ * (no cuBLAS: its calls may allocate host memory for their heuristics the
+ * first time a shape comes, and an F32 model is the daemon's test model).
+ * F16/BF16 prefill: cuBLAS over activations split into two halves of the
+ * weight's type, x = hi + lo (hi = x rounded, lo = x - hi rounded), so the
+ * products keep ~16 bits of x and not 8 or 11; for F16 each token's row is
+ * first scaled by a power of two that keeps it below 2^14 (F16 overflows at
+ * 65504), undone on the result. */
 
 template <int TYPE>
-static __device__ __forceinline__ float wf(uint16_t h)
+static __device__ __forceinline__ float wf(const void *W, int64_t i)
 {
-	return TYPE == GPUD_TYPE_BF16 ? bf16_bits(h) : half_bits(h);
+	if (TYPE == GPUD_TYPE_F32)
+		return ((const float *)W)[i];
+	if (TYPE == GPUD_TYPE_BF16)
+		return bf16_bits(((const uint16_t *)W)[i]);
+	return half_bits(((const uint16_t *)W)[i]);
+}
+
+/* Eight consecutive weights from element i (a multiple of 8) as fp32. */
+template <int TYPE>
+static __device__ __forceinline__ void wf8(const void *W, int64_t i, float w[8])
+{
+	if (TYPE == GPUD_TYPE_F32) {
+		const float4 *p = (const float4 *)((const float *)W + i);
+		float4 a = p[0], b = p[1];
+		w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+		w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+	} else {
+		uint4 u = *(const uint4 *)((const uint16_t *)W + i);
+		uint32_t v[4] = { u.x, u.y, u.z, u.w };
+#pragma unroll
+		for (int k = 0; k < 4; k++) {
+			uint16_t lo = (uint16_t)(v[k] & 0xffff), hi = (uint16_t)(v[k] >> 16);
+			w[2 * k] = TYPE == GPUD_TYPE_BF16 ? bf16_bits(lo) : half_bits(lo);
+			w[2 * k + 1] = TYPE == GPUD_TYPE_BF16 ? bf16_bits(hi) : half_bits(hi);
+		}
+	}
 }
 
 template <int TYPE, int NT, bool VEC>
 __global__ void __launch_bounds__(256)
-gemv_h_kernel(const uint16_t *W, int64_t rows, int64_t cols, const float *x, uint32_t T,
-	      float *y)
+gemv_f_kernel(const void *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
 {
 	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
 	uint32_t lane = threadIdx.x & 31;
@@ -392,16 +419,11 @@ gemv_h_kernel(const uint16_t *W, int64_t rows, int64_t cols, const float *x, uin
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		acc[t] = 0.0f;
-	const uint16_t *wr = W + r * cols;
 	if (VEC) {
 		for (int64_t c = (int64_t)lane * 8; c < cols; c += 256) {
-			uint4 u = *(const uint4 *)(wr + c);
-			float w[8] = {
-				wf<TYPE>((uint16_t)(u.x & 0xffff)), wf<TYPE>((uint16_t)(u.x >> 16)),
-				wf<TYPE>((uint16_t)(u.y & 0xffff)), wf<TYPE>((uint16_t)(u.y >> 16)),
-				wf<TYPE>((uint16_t)(u.z & 0xffff)), wf<TYPE>((uint16_t)(u.z >> 16)),
-				wf<TYPE>((uint16_t)(u.w & 0xffff)), wf<TYPE>((uint16_t)(u.w >> 16)),
-			};
+			float w[8];
+
+			wf8<TYPE>(W, r * cols + c, w);
 #pragma unroll
 			for (int t = 0; t < NT; t++) {
 				if ((uint32_t)t < T) {
@@ -422,7 +444,7 @@ gemv_h_kernel(const uint16_t *W, int64_t rows, int64_t cols, const float *x, uin
 		}
 	} else {
 		for (int64_t c = lane; c < cols; c += 32) {
-			float w = wf<TYPE>(wr[c]);
+			float w = wf<TYPE>(W, r * cols + c);
 #pragma unroll
 			for (int t = 0; t < NT; t++)
 				if ((uint32_t)t < T)
@@ -438,40 +460,119 @@ gemv_h_kernel(const uint16_t *W, int64_t rows, int64_t cols, const float *x, uin
 }
 
 template <int TYPE, bool VEC>
-static void launch_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+static void launch_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			float *y)
 {
 	unsigned g = (unsigned)((w->rows + 7) / 8);
-	const uint16_t *W = (const uint16_t *)w->q;
 
-#define GEMV_H(nt) gemv_h_kernel<TYPE, nt, VEC><<<g, 256, 0, s>>>(W, w->rows, w->cols, x, T, y)
+#define GEMV_F(nt) gemv_f_kernel<TYPE, nt, VEC><<<g, 256, 0, s>>>(w->q, w->rows, w->cols, x, T, y)
 	if (T == 1)
-		GEMV_H(1);
+		GEMV_F(1);
 	else if (T == 2)
-		GEMV_H(2);
+		GEMV_F(2);
 	else if (T <= 4)
-		GEMV_H(4);
+		GEMV_F(4);
 	else
-		GEMV_H(8);
-#undef GEMV_H
+		GEMV_F(8);
+#undef GEMV_F
 }
 
-cudaError_t gpud_k_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+template <int TYPE>
+static void launch_mv_f_type(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			     float *y)
+{
+	/* 8-element loads need rows of a multiple of 8 elements */
+	if (w->cols % 8 == 0)
+		launch_mv_f<TYPE, true>(s, w, x, T, y);
+	else
+		launch_mv_f<TYPE, false>(s, w, x, T, y);
+}
+
+cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			float *y)
 {
-	/* 16-byte loads need rows of a multiple of 8 elements */
-	bool vec = w->cols % 8 == 0;
-
 	if (T > 8)
 		return cudaErrorInvalidValue;
-	if (w->type == GPUD_TYPE_BF16)
-		vec ? launch_mv_h<GPUD_TYPE_BF16, true>(s, w, x, T, y)
-		    : launch_mv_h<GPUD_TYPE_BF16, false>(s, w, x, T, y);
-	else if (w->type == GPUD_TYPE_F16)
-		vec ? launch_mv_h<GPUD_TYPE_F16, true>(s, w, x, T, y)
-		    : launch_mv_h<GPUD_TYPE_F16, false>(s, w, x, T, y);
-	else
+	switch (w->type) {
+	case GPUD_TYPE_F32:
+		launch_mv_f_type<GPUD_TYPE_F32>(s, w, x, T, y);
+		break;
+	case GPUD_TYPE_F16:
+		launch_mv_f_type<GPUD_TYPE_F16>(s, w, x, T, y);
+		break;
+	case GPUD_TYPE_BF16:
+		launch_mv_f_type<GPUD_TYPE_BF16>(s, w, x, T, y);
+		break;
+	default:
 		return cudaErrorInvalidValue;
+	}
+	return cudaGetLastError();
+}
+
+#define FT 64 /* rows and tokens per tile */
+#define FK 16 /* columns per step */
+
+/* y (T, rows) = W x for F32 W: 64 rows x 64 tokens per 256-thread block,
+ * 4 x 4 outputs per thread, each summed over the columns in order. */
+__global__ void __launch_bounds__(256)
+gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
+{
+	__shared__ float sw[FT][FK + 1];
+	__shared__ float sx[FT][FK + 1];
+	uint32_t tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
+	int64_t r0 = (int64_t)blockIdx.x * FT, t0 = (int64_t)blockIdx.y * FT;
+	float acc[4][4];
+
+#pragma unroll
+	for (int a = 0; a < 4; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++)
+			acc[a][b] = 0.0f;
+	for (int64_t k0 = 0; k0 < cols; k0 += FK) {
+		/* 64 x 16 of each operand: 4 elements per thread each */
+#pragma unroll
+		for (int e = 0; e < 4; e++) {
+			uint32_t idx = tid + 256 * e, row = idx / FK, kk = idx % FK;
+			int64_t k = k0 + kk;
+			sw[row][kk] = r0 + row < rows && k < cols ? W[(r0 + row) * cols + k] : 0.0f;
+			sx[row][kk] = t0 + row < T && k < cols ? x[(t0 + row) * cols + k] : 0.0f;
+		}
+		__syncthreads();
+#pragma unroll
+		for (int kk = 0; kk < FK; kk++) {
+			float wv[4], xv[4];
+#pragma unroll
+			for (int a = 0; a < 4; a++)
+				wv[a] = sw[ty + 16 * a][kk];
+#pragma unroll
+			for (int b = 0; b < 4; b++)
+				xv[b] = sx[tx + 16 * b][kk];
+#pragma unroll
+			for (int a = 0; a < 4; a++)
+#pragma unroll
+				for (int b = 0; b < 4; b++)
+					acc[a][b] = fmaf(wv[a], xv[b], acc[a][b]);
+		}
+		__syncthreads();
+	}
+#pragma unroll
+	for (int a = 0; a < 4; a++)
+#pragma unroll
+		for (int b = 0; b < 4; b++) {
+			int64_t row = r0 + ty + 16 * a, tok = t0 + tx + 16 * b;
+			if (row < rows && tok < T)
+				y[tok * rows + row] = acc[a][b];
+		}
+}
+
+cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			  float *y)
+{
+	dim3 grid((unsigned)((w->rows + FT - 1) / FT), (T + FT - 1) / FT);
+
+	if (w->type != GPUD_TYPE_F32)
+		return cudaErrorInvalidValue;
+	gemm_f32_kernel<<<grid, 256, 0, s>>>((const float *)w->q, w->rows, w->cols, x, T, y);
 	return cudaGetLastError();
 }
 

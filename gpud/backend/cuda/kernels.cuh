@@ -67,10 +67,14 @@ cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t 
 cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols,
 				int8_t *q, float *d);
 
-// y (T, rows) = W x for F16/BF16 W and fp32 x, T <= 8: each weight
+// y (T, rows) = W x for F32/F16/BF16 W and fp32 x, T <= 8: each weight
 // widened to fp32 (the CPU's products; the sum's order differs).
-cudaError_t gpud_k_mv_h(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			float *y);
+
+// y (T, rows) = W x for F32 W, any T: a 64 x 64 tiled fp32 kernel.
+cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			  float *y);
 
 // x (T, cols) into hi + lo of type (F16/BF16) for cuBLAS: per token, x/s
 // = hi + lo with s a power of two (F16: max |x/s| <= 2^14; BF16: s = 1);

@@ -141,17 +141,16 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	l->block_floats = (uint64_t)hp->n_layers * l->layer_floats;
 	l->kv_bytes = up((uint64_t)cfg->n_blocks * l->block_floats * 4);
 
-	/* A sequence has at most every block (the engine stops at n_ctx;
-	 * a caller driving the ops table directly may not). */
+	/* A sequence has at most every block and at most n_ctx positions
+	 * (the engine's limit too; forward refuses a step past it). */
 	l->max_pos = (uint64_t)cfg->n_blocks * bt;
-	l->max_btab = S * (uint64_t)cfg->n_blocks;
+	if (hp->n_ctx && hp->n_ctx < l->max_pos)
+		l->max_pos = hp->n_ctx;
+	l->max_btab = S * ((l->max_pos + bt - 1) / bt);
 
-	/* masks: every sequence of a step holds one slot; as many again cache.
-	 * A mask covers a prompt: at most n_ctx tokens, and at most the KV. */
+	/* masks: every sequence of a step holds one slot; as many again cache */
 	l->mask_slots = (uint32_t)(2 * S < 4 ? 4 : 2 * S);
 	l->max_prompt = l->max_pos;
-	if (hp->n_ctx && hp->n_ctx < l->max_prompt)
-		l->max_prompt = hp->n_ctx;
 	l->max_prompt_blocks = (l->max_prompt + bt - 1) / bt;
 	l->mask_slot_bytes = up(GPUD_CUDA_VIS_SETS * 16 + l->max_prompt_blocks * 16 + l->max_prompt);
 	l->masks_bytes = (uint64_t)l->mask_slots * l->mask_slot_bytes;
@@ -221,6 +220,19 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
 	p->scratch = l.scratch_bytes;
 	p->workspace = l.workspace_bytes;
 	p->staging = l.staging_bytes;
+}
+
+uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l)
+{
+	uint32_t n = GPUD_CUDA_GRAPH_MAX_T;
+
+	if (l->T < n)
+		n = l->T;
+	if (l->S < n)
+		n = l->S;
+	if (l->NL < n)
+		n = l->NL;
+	return n;
 }
 
 int gpud_cuda_errcode(int cuda_err)

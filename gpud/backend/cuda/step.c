@@ -86,7 +86,8 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 		    (uint64_t)s->logit0 + s->n_logits > b->n_logits || s->n_logits > s->n_tokens)
 			return sw_seterr(err, errlen, -EINVAL,
 					 "cuda forward: sequence %u (positions %u..%llu) exceeds "
-					 "the limits (%llu positions per sequence)", i, s->pos0,
+					 "the limits (%llu positions per sequence: the model's "
+					 "context or the KV)", i, s->pos0,
 					 (unsigned long long)end, (unsigned long long)l->max_pos);
 		memset(si, 0, GPUD_CUDA_SEQ_WORDS * sizeof(uint32_t));
 		si[GPUD_CUDA_SI_BTAB] = (uint32_t)bt_used;
