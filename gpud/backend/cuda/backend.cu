@@ -217,6 +217,16 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 	if (!base)
 		return overrun(c, err, errlen);
 	*m = gpud_cuda_mat{ (int)w->type, w->rows, w->cols, base, nullptr };
+	switch (w->type) {
+	case GPUD_TYPE_F32: case GPUD_TYPE_F16: case GPUD_TYPE_BF16:
+	case GPUD_TYPE_Q8_0: case GPUD_TYPE_Q4_0:
+		break;
+	default: // K-quants are CPU-only for now (issue 12 leaves them out)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "cuda:%d: weight type %s is not implemented by the CUDA backend "
+				 "(F32, F16, BF16, Q8_0, Q4_0 are); run this model on \"cpu\"",
+				 c->dev, gpud_type_name((enum gpud_type)w->type));
+	}
 	if (w->type != GPUD_TYPE_Q8_0 && w->type != GPUD_TYPE_Q4_0)
 		return upload(c, base, w->data, gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
 					       (uint64_t)w->rows, err, errlen);
@@ -468,6 +478,18 @@ int cuda_init(void **out, const struct gpud_backend_config *cfg, char *err, size
 		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
 	c->cfg = *cfg;
 	c->dev = cfg->ordinal;
+	{
+		const struct gpud_model_hparams *hp = gpud_model_hparams(cfg->model);
+
+		if (hp->qkv_bias || hp->rope_style != GPUD_ROPE_NORM) {
+			free(c);
+			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+					 "cuda:%d: the CUDA backend runs llama-style models only "
+					 "(no Q/K/V biases, adjacent-pair RoPE); this model (%s) "
+					 "runs on \"cpu\"", cfg->ordinal,
+					 hp->arch == GPUD_ARCH_QWEN2 ? "qwen2" : "llama with biases");
+		}
+	}
 	rc = gpud_cuda_layout_for(cfg, &c->L, err, errlen);
 	if (rc) {
 		free(c);
