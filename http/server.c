@@ -643,7 +643,6 @@ static void job_pump_inner(struct job *j)
 	bool done, overflow;
 	int status;
 
-	log_debug("pump %p c %p stream %d len %zu done %d", (void *)j, (void *)c, j->g.stream, j->len, j->done);
 
 	if (!c) {
 		pthread_mutex_lock(&s->mu);
@@ -1662,7 +1661,8 @@ static int bind_listen(struct srv *s, const char *listen, char *err, size_t errl
 				       "listen \"%s\": not a loopback address, and http.api_key_file is "
 				       "not set: without keys the API may only listen on 127.0.0.1 or "
 				       "[::1]", listen);
-			break;
+			freeaddrinfo(res);
+			return rc;
 		}
 		uv_tcp_init(&s->loop, &s->listener);
 		rc = uv_tcp_bind(&s->listener, ai->ai_addr, 0);
