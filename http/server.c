@@ -726,8 +726,15 @@ static void job_pump(struct job *j)
 		j->finished = j->done && !j->queued;
 		pthread_mutex_unlock(&j->s->mu);
 	}
-	if (j->finished)
-		job_free(j);
+	if (j->finished) {
+		/* DONE may have queued it again while we pumped: then on_wake
+		 * frees it when it takes it off the list. */
+		pthread_mutex_lock(&j->s->mu);
+		bool queued = j->queued;
+		pthread_mutex_unlock(&j->s->mu);
+		if (!queued)
+			job_free(j);
+	}
 }
 
 static void on_wake(uv_async_t *a)
@@ -746,7 +753,10 @@ static void on_wake(uv_async_t *a)
 		pthread_mutex_unlock(&s->mu);
 		if (!j)
 			break;
-		job_pump(j);
+		if (j->finished)
+			job_free(j); /* finished while it was queued */
+		else
+			job_pump(j);
 	}
 }
 
@@ -1256,11 +1266,17 @@ static void conn_parse(struct conn *c)
 		 * request runs, so a client's EOF is seen (and its request
 		 * cancelled); a pipelined request waits in the spare room */
 		if (c->req_len + 4096 > c->in_cap) {
+			size_t po = (size_t)(c->head.path - c->in);
+			size_t ao = c->head.auth ? (size_t)(c->head.auth - c->in) : 0;
 			char *nb = realloc(c->in, c->req_len + 4096);
 			if (!nb) {
 				conn_close(c);
 				return;
 			}
+			/* the head's views move with the buffer */
+			c->head.path = nb + po;
+			if (c->head.auth)
+				c->head.auth = nb + ao;
 			c->in = nb;
 			c->in_cap = c->req_len + 4096;
 		}

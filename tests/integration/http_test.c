@@ -278,7 +278,8 @@ static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
 		free(one);
 		p = e;
 	}
-	assert_true(done);
+	if (!done)
+		fail_msg("no [DONE] in the stream: %.3000s", body);
 	return out;
 }
 
@@ -459,7 +460,7 @@ static void expect_err(int port, const char *path, const char *json, int status,
 	int st = post(port, path, json, NULL, &b, NULL);
 
 	if (st != status)
-		fail_msg("%s %s: status %d, want %d: %s", path, json, st, status, b);
+		fail_msg("%s: status %d, want %d: %s (request %.200s)", path, st, status, b, json);
 	json_t *j = jparse(b);
 	json_t *e = json_object_get(j, "error");
 	assert_non_null(json_object_get(e, "message"));
