@@ -530,6 +530,90 @@ const char *http_finish_reason(uint32_t stop_reason)
 	return stop_reason == PROTO_STOP_MAX_TOKENS ? "length" : "stop";
 }
 
+/* Length of the valid UTF-8 sequence at s[0, n), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	size_t len;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return 1;
+	if ((s[0] & 0xe0) == 0xc0) {
+		len = 2;
+		cp = s[0] & 0x1f;
+	} else if ((s[0] & 0xf0) == 0xe0) {
+		len = 3;
+		cp = s[0] & 0x0f;
+	} else if ((s[0] & 0xf8) == 0xf0) {
+		len = 4;
+		cp = s[0] & 0x07;
+	} else {
+		return 0;
+	}
+	if (len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+/* dst = src with every byte that is not part of valid UTF-8 as '?'
+ * (messages quote the client's bytes, and JSON strings must be UTF-8). */
+static void utf8_clean(char *dst, const char *src, size_t cap)
+{
+	size_t n = strlen(src), i = 0, o = 0;
+
+	while (i < n && o + 4 < cap) {
+		size_t l = utf8_seq((const unsigned char *)src + i, n - i);
+		if (l == 0) {
+			dst[o++] = '?';
+			i++;
+			continue;
+		}
+		memcpy(dst + o, src + i, l);
+		o += l;
+		i += l;
+	}
+	dst[o] = '\0';
+}
+
+/* A JSON string of t[0, n): generated text is UTF-8, but should a
+ * batch ever end inside a character, its invalid bytes become U+FFFD
+ * instead of failing the response. NULL when out of memory. */
+static json_t *text_json(const char *t, size_t n)
+{
+	json_t *v = json_stringn(t, n);
+	char *c;
+	size_t i = 0, o = 0;
+
+	if (v || (n && !t))
+		return v;
+	c = malloc(3 * n + 1);
+	if (!c)
+		return NULL;
+	while (i < n) {
+		size_t l = utf8_seq((const unsigned char *)t + i, n - i);
+		if (l == 0) {
+			memcpy(c + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+			continue;
+		}
+		memcpy(c + o, t + i, l);
+		o += l;
+		i += l;
+	}
+	v = json_stringn(c, o);
+	free(c);
+	return v;
+}
+
 static json_t *usage_json(const struct proto_done *u)
 {
 	return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)u->prompt_tokens,
@@ -552,12 +636,12 @@ char *http_completion_json(enum http_kind kind, const char *id, long created, co
 	json_t *choice;
 
 	if (kind == HTTP_CHAT)
-		choice = json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
-				   "assistant", "content", text, text_len, "logprobs",
+		choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role",
+				   "assistant", "content", text_json(text, text_len), "logprobs",
 				   "finish_reason", http_finish_reason(usage->stop_reason));
 	else
-		choice = json_pack("{s:s%, s:i, s:n, s:s}", "text", text, text_len, "index", 0,
-				   "logprobs", "finish_reason",
+		choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text_json(text, text_len),
+				   "index", 0, "logprobs", "finish_reason",
 				   http_finish_reason(usage->stop_reason));
 	if (!choice)
 		return NULL;
@@ -591,10 +675,10 @@ char *http_chunk_json(enum http_kind kind, const char *id, long created, const c
 		if (role_first)
 			json_object_set_new(delta, "role", json_string("assistant"));
 		if (text_len || role_first)
-			json_object_set_new(delta, "content", json_stringn(text, text_len));
+			json_object_set_new(delta, "content", text_json(text, text_len));
 		choice = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", delta, "logprobs");
 	} else {
-		choice = json_pack("{s:s%, s:i, s:n}", "text", text, text_len, "index", 0,
+		choice = json_pack("{s:o, s:i, s:n}", "text", text_json(text, text_len), "index", 0,
 				   "logprobs");
 	}
 	if (!choice)
@@ -624,9 +708,13 @@ static const char *err_type(int status)
 
 char *http_error_json(const struct http_err *e)
 {
-	return dump(json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->msg, "type",
+	char msg[HTTP_MSG_MAX], param[HTTP_PARAM_MAX];
+
+	utf8_clean(msg, e->msg, sizeof(msg));
+	utf8_clean(param, e->param, sizeof(param));
+	return dump(json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type",
 			      err_type(e->status), "param",
-			      e->param[0] ? json_string(e->param) : json_null(), "code",
+			      param[0] ? json_string(param) : json_null(), "code",
 			      e->code[0] ? json_string(e->code) : json_null()));
 }
 

@@ -90,7 +90,7 @@ static void sse(const char *p, size_t n)
 {
 	size_t need = http_sse_event(NULL, 0, p, n);
 	char *out = malloc(need + 1), *back = malloc(n + 1);
-	size_t b = 0, i = 0;
+	size_t b = 0, i = 0, lines = 0;
 
 	CHECK(out && back);
 	CHECK(http_sse_event(out, need, p, n) == need);
@@ -100,7 +100,7 @@ static void sse(const char *p, size_t n)
 	while (i < need - 1) {
 		CHECK(memcmp(out + i, "data: ", 6) == 0);
 		i += 6;
-		if (b)
+		if (lines++)
 			back[b++] = '\n';
 		while (out[i] != '\n') {
 			CHECK(out[i] != '\r');

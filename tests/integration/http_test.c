@@ -759,6 +759,82 @@ static void test_busy(void **state)
 	fx->done = true;
 }
 
+
+/* Timeouts and the connection limit, with an http section of small
+ * values (gpud-http reads its own copy of the configuration). */
+static int dial(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void read_all(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+	ssize_t r;
+
+	while (n + 1 < cap && (r = read(fd, buf + n, cap - 1 - n)) > 0)
+		n += (size_t)r;
+	buf[n] = '\0';
+	close(fd);
+}
+
+static void test_limits(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct gpud_it_opts o = { .devices = "[\"cpu\"]", .threads = 1 };
+	struct gpud_it d2;
+	struct front f;
+	char path[GPUD_IT_PATH_MAX], buf[4096];
+	json_error_t je;
+
+	assert_int_equal(gpud_it_start(&fx->d[0], &o), 0);
+	json_t *cfg = json_load_file(fx->d[0].config, 0, &je);
+	assert_non_null(cfg);
+	json_object_set_new(cfg, "http", json_pack("{s:i, s:i, s:i}", "header_timeout_ms", 300,
+						   "idle_timeout_ms", 500, "max_connections", 2));
+	snprintf(path, sizeof(path), "%s/http.json", fx->d[0].dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	d2 = fx->d[0];
+	snprintf(d2.config, sizeof(d2.config), "%s", path);
+	spawn_front(&d2, &f, NULL);
+	wait_health(&f, 200);
+
+	/* a head that stops coming: 408, then closed */
+	int fd = dial(f.port);
+	assert_int_equal(write(fd, "GET /health HTTP/1.1\r\nHo", 24), 24);
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 408 ", 13) == 0);
+	/* a body that stops coming: 408 too */
+	fd = dial(f.port);
+	const char *p = "POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{";
+	assert_int_equal(write(fd, p, strlen(p)), (ssize_t)strlen(p));
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 408 ", 13) == 0);
+	/* an idle connection is closed without a word (the closed ones
+	 * above have left: they count against max_connections) */
+	usleep(200 * 1000);
+	fd = dial(f.port);
+	read_all(fd, buf, sizeof(buf));
+	assert_string_equal(buf, "");
+	/* the third connection at once: 503 */
+	usleep(200 * 1000);
+	int a = dial(f.port), b = dial(f.port);
+	fd = dial(f.port);
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 503 ", 13) == 0);
+	assert_non_null(strstr(buf, "too_many_connections"));
+	close(a);
+	close(b);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -768,6 +844,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_auth),
 		GPUD_IT_FIX_TEST(test_streams),
 		GPUD_IT_FIX_TEST(test_busy),
+		GPUD_IT_FIX_TEST(test_limits),
 	};
 	signal(SIGPIPE, SIG_IGN);
 	if (getenv("HTTP_IT_ONLY"))

@@ -336,7 +336,19 @@ static void test_json_out(void **state)
 	assert_non_null(strstr(s, "\"usage\":{"));
 	free(s);
 
+	/* invalid UTF-8 (a batch ending inside a character) becomes U+FFFD */
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "a\xe2\x82", 3, false, NULL, NULL);
+	assert_non_null(s);
+	assert_non_null(strstr(s, "\"text\":\"a\xef\xbf\xbd\xef\xbf\xbd\""));
+	free(s);
+
 	struct http_err e;
+	/* a message quoting the client's invalid bytes still makes JSON */
+	http_fail(&e, 400, NULL, NULL, "near '\xff\xfe'");
+	s = http_error_json(&e);
+	assert_non_null(s);
+	assert_non_null(strstr(s, "near '?" "?'"));
+	free(s);
 	http_fail(&e, 429, NULL, "busy", "slow %d", 1);
 	s = http_error_json(&e);
 	assert_string_equal(s, "{\"error\":{\"message\":\"slow 1\",\"type\":\"rate_limit_error\","
