@@ -1534,7 +1534,9 @@ static void connect_run(uv_work_t *w)
 	int rc;
 
 	proto_client_opts_default(&o);
-	o.timeout_ms = GEN_TIMEOUT_MS * 8; /* connect + HELLO */
+	/* connect + HELLO, and later the most a submit waits on the loop for
+	 * request-area room before it is a 429 */
+	o.timeout_ms = GEN_TIMEOUT_MS;
 	o.max_inflight = k->s->cfg->http.max_connections + 16;
 	rc = proto_client_connect(&k->gen, k->s->o->socket, &o, k->err, sizeof(k->err));
 	if (rc)
@@ -1565,7 +1567,6 @@ static void connect_done(uv_work_t *w, int status)
 		warned = false;
 		log_info("connected to gpud at %s (pid %d)", s->o->socket,
 			 proto_client_server_pid(s->gen));
-		/* Shorter waits for request-area room once connected. */
 	} else if (!warned) {
 		warned = true;
 		log_warn("gpud: %s; answering 503 and retrying every %d ms", k->err, RECONNECT_MS);
