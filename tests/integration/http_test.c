@@ -350,8 +350,27 @@ static void test_completions(void **state)
 	json_decref(j);
 	free(b);
 
-	/* The same prompt as swarm segments with a causal descriptor is the
-	 * same request. */
+	/* A prompt sent twice: the second reports the prefix cache's tokens
+	 * in usage.prompt_tokens_details.cached_tokens. */
+	const char *lp = "{\"model\":\"" MODEL_ID "\",\"max_tokens\":2,\"prompt\":\"Once upon a "
+			 "time there was a little girl named Lily who loved to play in the park "
+			 "with her friends every day. She had a red ball and a blue kite and a "
+			 "small dog called Max who followed her everywhere she went.\"}";
+	int64_t cached[2];
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(post(f.port, "/v1/completions", lp, NULL, &b, NULL), 200);
+		j = jparse(b);
+		cached[i] = json_integer_value(json_object_get(json_object_get(
+			json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+		json_decref(j);
+		free(b);
+	}
+	assert_int_equal(cached[0], 0);
+	assert_true(cached[1] > 0);
+
+	/* The prompt as swarm segments with an explicit causal descriptor
+	 * is answered (segments are tokenized one by one, so the text may
+	 * differ from the one-string prompt's). */
 	assert_int_equal(post(f.port, "/v1/completions",
 			      "{\"model\":\"" MODEL_ID "\",\"max_tokens\":40,\"temperature\":0,"
 			      "\"swarm\":{\"segments\":[\"Once upon\",\" a time\"],"
