@@ -42,6 +42,7 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -162,7 +163,8 @@ static uint64_t now_ns(void)
 
 /* ---- keys --------------------------------------------------------------- */
 
-int http_keys_load(const char *path, char ***keys, size_t *n, char *err, size_t errlen)
+int http_keys_load(const char *path, uid_t also_uid, char ***keys, size_t *n, char *err,
+		   size_t errlen)
 {
 	struct stat st;
 	char line[KEY_LEN_MAX + 3];
@@ -180,7 +182,8 @@ int http_keys_load(const char *path, char ***keys, size_t *n, char *err, size_t 
 		close(fd);
 		return sw_seterr(err, errlen, -EINVAL, "%s: not a regular file", path);
 	}
-	if ((st.st_mode & 077) || (st.st_uid != geteuid() && st.st_uid != 0)) {
+	if ((st.st_mode & 077) ||
+	    (st.st_uid != geteuid() && st.st_uid != 0 && st.st_uid != also_uid)) {
 		close(fd);
 		return sw_seterr(err, errlen, -EPERM,
 				 "%s: must be mode 0600 or stricter and owned by this user or root "
@@ -1717,7 +1720,14 @@ int http_serve(const struct http_server_opts *o, char *err, size_t errlen)
 	if (ml > 5 && strcmp(s->model_id + ml - 5, ".gguf") == 0)
 		s->model_id[ml - 5] = '\0';
 	if (o->cfg.http.api_key_file[0]) {
-		rc = http_keys_load(o->cfg.http.api_key_file, &s->keys, &n_keys, err, errlen);
+		/* root may read a file of the service's user (a unit's User=) */
+		uid_t also = geteuid();
+		struct passwd pw, *res = NULL;
+		char pwbuf[4096];
+		if (geteuid() == 0 && o->cfg.user[0] &&
+		    getpwnam_r(o->cfg.user, &pw, pwbuf, sizeof(pwbuf), &res) == 0 && res)
+			also = pw.pw_uid;
+		rc = http_keys_load(o->cfg.http.api_key_file, also, &s->keys, &n_keys, err, errlen);
 		if (rc) {
 			char m[SW_ERR_MAX];
 			snprintf(m, sizeof(m), "%s", err);

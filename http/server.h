@@ -6,6 +6,7 @@
 #define HTTP_SERVER_H
 
 #include <stddef.h>
+#include <sys/types.h>
 
 #include "common/config.h"
 
@@ -25,10 +26,12 @@ int http_serve(const struct http_server_opts *o, char *err, size_t errlen);
 /* Reads the key file: one key a line (blank lines and lines starting
  * with '#' skipped, surrounding blanks trimmed, at most 256 keys of at
  * most 255 bytes). The file must be regular, mode 0600 or stricter (no
- * group or other bits) and owned by the caller or root: -EPERM
- * otherwise, -EINVAL when it holds no key. Returns 0 and *keys (a
+ * group or other bits) and owned by the caller, root or also_uid (as
+ * common/secret.h: root reading the file of the configured `user`):
+ * -EPERM otherwise, -EINVAL when it holds no key. Returns 0 and *keys (a
  * malloc'd NULL-terminated array of malloc'd strings) and *n. */
-int http_keys_load(const char *path, char ***keys, size_t *n, char *err, size_t errlen);
+int http_keys_load(const char *path, uid_t also_uid, char ***keys, size_t *n, char *err,
+		   size_t errlen);
 
 /* Frees what http_keys_load returned (keys zeroed first). */
 void http_keys_free(char **keys);

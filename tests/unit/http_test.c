@@ -411,10 +411,10 @@ static void test_keys(void **state)
 	assert_int_equal(write(fd, "# c\n  sk-a  \n\nsk-b\r\n", 20), 20);
 	close(fd);
 	chmod(path, 0640);
-	assert_int_equal(http_keys_load(path, &keys, &n, err, sizeof(err)), -EPERM);
+	assert_int_equal(http_keys_load(path, geteuid(), &keys, &n, err, sizeof(err)), -EPERM);
 	assert_non_null(strstr(err, "0600"));
 	chmod(path, 0600);
-	assert_int_equal(http_keys_load(path, &keys, &n, err, sizeof(err)), 0);
+	assert_int_equal(http_keys_load(path, geteuid(), &keys, &n, err, sizeof(err)), 0);
 	assert_int_equal(n, 2);
 	assert_string_equal(keys[0], "sk-a");
 	assert_string_equal(keys[1], "sk-b");
@@ -425,12 +425,19 @@ static void test_keys(void **state)
 	assert_false(http_keys_check(keys, "Basic sk-a", 10));
 	assert_false(http_keys_check(keys, NULL, 0));
 	http_keys_free(keys);
+	/* as root: a file of another user only when it is the configured one */
+	if (geteuid() == 0 && chown(path, 65534, 65534) == 0) {
+		assert_int_equal(http_keys_load(path, geteuid(), &keys, &n, err, sizeof(err)), -EPERM);
+		assert_int_equal(http_keys_load(path, 65534, &keys, &n, err, sizeof(err)), 0);
+		http_keys_free(keys);
+		assert_int_equal(chown(path, 0, 0), 0);
+	}
 	fd = open(path, O_WRONLY | O_TRUNC);
 	assert_int_equal(write(fd, "# only a comment\n", 17), 17);
 	close(fd);
-	assert_int_equal(http_keys_load(path, &keys, &n, err, sizeof(err)), -EINVAL);
+	assert_int_equal(http_keys_load(path, geteuid(), &keys, &n, err, sizeof(err)), -EINVAL);
 	unlink(path);
-	assert_int_equal(http_keys_load("/nonexistent/keys", &keys, &n, err, sizeof(err)), -ENOENT);
+	assert_int_equal(http_keys_load("/nonexistent/keys", geteuid(), &keys, &n, err, sizeof(err)), -ENOENT);
 }
 
 int main(void)
