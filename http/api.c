@@ -1,0 +1,776 @@
+/* api.c - OpenAI-shaped JSON: request decoding, responses, errors, SSE
+ * framing (http/api.h). */
+#include "http/api.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/err.h"
+#include "proto/mask.h"
+
+int http_fail(struct http_err *e, int status, const char *param, const char *code,
+	      const char *fmt, ...)
+{
+	va_list ap;
+
+	e->status = status;
+	snprintf(e->param, sizeof(e->param), "%s", param ? param : "");
+	snprintf(e->code, sizeof(e->code), "%s", code ? code : "");
+	va_start(ap, fmt);
+	vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+	va_end(ap);
+	return -1;
+}
+
+static int bad(struct http_err *e, const char *param, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static int bad(struct http_err *e, const char *param, const char *fmt, ...)
+{
+	va_list ap;
+	char m[HTTP_MSG_MAX];
+
+	va_start(ap, fmt);
+	vsnprintf(m, sizeof(m), fmt, ap);
+	va_end(ap);
+	return http_fail(e, 400, param, "invalid_value", "%s", m);
+}
+
+static json_t *load(const char *body, size_t len, struct http_err *e)
+{
+	json_error_t je;
+	json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+
+	if (!root) {
+		http_fail(e, 400, NULL, "invalid_json", "invalid JSON body: line %d, column %d: %s",
+			  je.line, je.column, je.text);
+		return NULL;
+	}
+	if (!json_is_object(root)) {
+		json_decref(root);
+		http_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+		return NULL;
+	}
+	return root;
+}
+
+/* A member that is present and not null. */
+static json_t *member(json_t *o, const char *k)
+{
+	json_t *v = json_object_get(o, k);
+	return json_is_null(v) ? NULL : v;
+}
+
+static int number(json_t *root, const char *k, double lo, double hi, double *out,
+		  struct http_err *e)
+{
+	json_t *v = member(root, k);
+
+	if (!v)
+		return 0;
+	if (!json_is_number(v) || !isfinite(json_number_value(v)) ||
+	    json_number_value(v) < lo || json_number_value(v) > hi)
+		return bad(e, k, "%s: expected a number in [%g, %g]", k, lo, hi);
+	*out = json_number_value(v);
+	return 0;
+}
+
+static int model_of(json_t *root, const char **model, struct http_err *e)
+{
+	json_t *v = json_object_get(root, "model");
+
+	if (!json_is_string(v) || !json_string_length(v))
+		return http_fail(e, 400, "model", "missing_required_parameter",
+				 "model: required, a string naming the served model (GET /v1/models)");
+	*model = json_string_value(v);
+	return 0;
+}
+
+/* Segment text from a string, or from an array of {"type":"text","text"}
+ * parts (joined into g->parts). */
+static int content_of(struct http_gen *g, json_t *c, const char *param, const char **text,
+		      size_t *len, struct http_err *e)
+{
+	if (json_is_string(c)) {
+		*text = json_string_value(c);
+		*len = json_string_length(c);
+		return 0;
+	}
+	if (json_is_null(c) || !c) {
+		*text = "";
+		*len = 0;
+		return 0;
+	}
+	if (!json_is_array(c))
+		return bad(e, param, "%s: expected a string or an array of text parts", param);
+	size_t total = 0, i;
+	json_t *part;
+	json_array_foreach(c, i, part) {
+		json_t *t = json_object_get(part, "type"), *x = json_object_get(part, "text");
+		if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0 ||
+		    !json_is_string(x))
+			return bad(e, param, "%s[%zu]: only {\"type\": \"text\", \"text\": ...} parts "
+				   "are supported", param, i);
+		total += json_string_length(x);
+	}
+	/* g->parts is one buffer for every message's parts: grow it. The
+	 * segments already pointing into it are re-pointed by the caller
+	 * (content arrays are rare; recompute is simpler than offsets). */
+	size_t old = g->parts ? strlen(g->parts) : 0;
+	char *np = realloc(g->parts, old + total + 1);
+	if (!np)
+		return http_fail(e, 500, NULL, NULL, "out of memory");
+	if (np != g->parts) {
+		for (uint32_t s = 0; s < g->req.n_segments; s++)
+			if (g->parts && g->seg[s].text >= g->parts && g->seg[s].text <= g->parts + old)
+				g->seg[s].text = np + (g->seg[s].text - g->parts);
+	}
+	g->parts = np;
+	size_t at = old;
+	json_array_foreach(c, i, part) {
+		json_t *x = json_object_get(part, "text");
+		memcpy(np + at, json_string_value(x), json_string_length(x));
+		at += json_string_length(x);
+	}
+	np[at] = '\0';
+	*text = np + old;
+	*len = total;
+	return 0;
+}
+
+static int role_of(const char *r)
+{
+	if (strcmp(r, "system") == 0 || strcmp(r, "developer") == 0)
+		return PROTO_ROLE_SYSTEM;
+	if (strcmp(r, "user") == 0)
+		return PROTO_ROLE_USER;
+	if (strcmp(r, "assistant") == 0)
+		return PROTO_ROLE_ASSISTANT;
+	return -1;
+}
+
+static int decode_messages(struct http_gen *g, json_t *root, uint32_t max_segments,
+			   struct http_err *e)
+{
+	json_t *msgs = json_object_get(root, "messages"), *m;
+	size_t i;
+	char param[HTTP_PARAM_MAX];
+
+	if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+		return http_fail(e, 400, "messages", "missing_required_parameter",
+				 "messages: required, a non-empty array of {role, content}");
+	if (json_array_size(msgs) > max_segments)
+		return bad(e, "messages", "messages: at most %u messages (gpud.max_segments)",
+			   max_segments);
+	json_array_foreach(msgs, i, m) {
+		snprintf(param, sizeof(param), "messages[%zu].role", i);
+		json_t *r = json_object_get(m, "role");
+		if (!json_is_object(m))
+			return bad(e, "messages", "messages[%zu]: expected an object", i);
+		if (!json_is_string(r))
+			return bad(e, param, "%s: required, a string", param);
+		int role = role_of(json_string_value(r));
+		if (role < 0)
+			return bad(e, param, "%s: \"%s\" is not supported (system, developer, user, "
+				   "assistant)", param, json_string_value(r));
+		const char *text = "";
+		size_t len = 0;
+		snprintf(param, sizeof(param), "messages[%zu].content", i);
+		if (content_of(g, json_object_get(m, "content"), param, &text, &len, e))
+			return -1;
+		if (len > UINT32_MAX)
+			return bad(e, param, "%s: too long", param);
+		g->seg[i] = (struct proto_segment){ .text = text, .len = (uint32_t)len,
+						    .role = (uint8_t)role };
+		g->req.n_segments = (uint32_t)i + 1;
+	}
+	g->req.flags |= PROTO_SUBMIT_CHAT;
+	return 0;
+}
+
+static int decode_prompt(struct http_gen *g, json_t *root, json_t *swarm_segs,
+			 uint32_t max_segments, struct http_err *e)
+{
+	json_t *p = member(root, "prompt");
+
+	if (swarm_segs) {
+		size_t i, at = 0;
+		json_t *s;
+		if (!json_is_array(swarm_segs) || json_array_size(swarm_segs) == 0)
+			return bad(e, "swarm.segments", "swarm.segments: expected a non-empty array "
+				   "of strings");
+		if (json_array_size(swarm_segs) > max_segments)
+			return bad(e, "swarm.segments", "swarm.segments: at most %u segments "
+				   "(gpud.max_segments)", max_segments);
+		json_array_foreach(swarm_segs, i, s) {
+			if (!json_is_string(s))
+				return bad(e, "swarm.segments", "swarm.segments[%zu]: expected a string",
+					   i);
+			g->seg[i] = (struct proto_segment){ .text = json_string_value(s),
+							    .len = (uint32_t)json_string_length(s) };
+			g->req.n_segments = (uint32_t)i + 1;
+		}
+		/* A standard client may insist on a prompt: it must then be
+		 * the segments' concatenation, so both views agree. */
+		if (p) {
+			if (!json_is_string(p))
+				return bad(e, "prompt", "prompt: expected a string");
+			const char *t = json_string_value(p);
+			size_t n = json_string_length(p);
+			for (uint32_t k = 0; k < g->req.n_segments; k++) {
+				if (at + g->seg[k].len > n ||
+				    memcmp(t + at, g->seg[k].text, g->seg[k].len) != 0)
+					return bad(e, "prompt", "prompt: with swarm.segments, omit it or "
+						   "give the segments' concatenation");
+				at += g->seg[k].len;
+			}
+			if (at != n && n != 0)
+				return bad(e, "prompt", "prompt: with swarm.segments, omit it or "
+					   "give the segments' concatenation");
+		}
+		return 0;
+	}
+	if (p && json_is_array(p) && json_array_size(p) == 1 &&
+	    json_is_string(json_array_get(p, 0)))
+		p = json_array_get(p, 0);
+	if (!p)
+		return http_fail(e, 400, "prompt", "missing_required_parameter",
+				 "prompt: required, a string");
+	if (!json_is_string(p))
+		return bad(e, "prompt", "prompt: expected a string (one prompt per request; token "
+			   "arrays are not supported)");
+	g->seg[0] = (struct proto_segment){ .text = json_string_value(p),
+					    .len = (uint32_t)json_string_length(p) };
+	g->req.n_segments = 1;
+	return 0;
+}
+
+/* swarm.visibility -> the mask descriptor. */
+static int decode_visibility(struct http_gen *g, json_t *vis, struct http_err *e)
+{
+	uint32_t S = g->req.n_segments, used = 0;
+	size_t i, j;
+	json_t *row, *x;
+	char m[HTTP_MSG_MAX];
+
+	if (!json_is_array(vis) || json_array_size(vis) != (size_t)S + 1)
+		return bad(e, "swarm.visibility", "swarm.visibility: expected %u rows (one per "
+			   "segment and one for the generation), each an array of segment indices",
+			   S + 1);
+	json_array_foreach(vis, i, row) {
+		if (!json_is_array(row) || json_array_size(row) > (size_t)i + 1)
+			return bad(e, "swarm.visibility", "swarm.visibility[%zu]: expected an array "
+				   "of at most %zu segment indices", i, i + 1);
+		g->rows[i].idx = g->idx + used;
+		g->rows[i].n = (uint32_t)json_array_size(row);
+		json_array_foreach(row, j, x) {
+			if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+			    json_integer_value(x) > (json_int_t)i)
+				return bad(e, "swarm.visibility", "swarm.visibility[%zu][%zu]: expected "
+					   "a segment index in [0, %zu] (no forward reference)", i, j, i);
+			g->idx[used++] = (uint16_t)json_integer_value(x);
+		}
+	}
+	g->mask.n_segments = S;
+	g->mask.rows = g->rows;
+	if (proto_mask_validate(&g->mask, 0, m, sizeof(m)))
+		return bad(e, "swarm.visibility", "swarm.visibility: %s", m);
+	g->req.mask = &g->mask;
+	return 0;
+}
+
+static int decode_stop(struct http_gen *g, json_t *root, struct http_err *e)
+{
+	json_t *s = member(root, "stop"), *x;
+	size_t i;
+
+	if (!s)
+		return 0;
+	if (json_is_string(s)) {
+		x = s;
+		s = json_array();
+		json_array_append(s, x);
+		json_object_set_new(root, "stop", s); /* keeps the string alive */
+	}
+	if (!json_is_array(s) || json_array_size(s) > PROTO_MAX_STOP)
+		return bad(e, "stop", "stop: expected a string or an array of at most %d strings",
+			   PROTO_MAX_STOP);
+	json_array_foreach(s, i, x) {
+		if (!json_is_string(x) || json_string_length(x) < 1 ||
+		    json_string_length(x) > PROTO_MAX_STOP_LEN)
+			return bad(e, "stop", "stop[%zu]: expected a string of 1..%d bytes", i,
+				   PROTO_MAX_STOP_LEN);
+		g->stop[i] = (struct proto_text){ json_string_value(x),
+						  (uint32_t)json_string_length(x) };
+	}
+	g->req.n_stop = (uint32_t)json_array_size(s);
+	g->req.stop = g->stop;
+	return 0;
+}
+
+static int refuse_unsupported(json_t *root, enum http_kind kind, struct http_err *e)
+{
+	json_t *v;
+
+	v = member(root, "n");
+	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
+		return bad(e, "n", "n: only 1 is supported (send one request per choice)");
+	v = member(root, "best_of");
+	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
+		return bad(e, "best_of", "best_of: only 1 is supported");
+	v = member(root, "logprobs");
+	if (v && !json_is_false(v) && !(kind == HTTP_COMPLETION && json_is_integer(v) &&
+					 json_integer_value(v) == 0))
+		return bad(e, "logprobs", "logprobs: not supported");
+	v = member(root, "echo");
+	if (v && !json_is_false(v))
+		return bad(e, "echo", "echo: not supported");
+	v = member(root, "tools");
+	if (v && !(json_is_array(v) && json_array_size(v) == 0))
+		return bad(e, "tools", "tools: not supported");
+	v = member(root, "suffix");
+	if (v && !(json_is_string(v) && json_string_length(v) == 0))
+		return bad(e, "suffix", "suffix: not supported");
+	return 0;
+}
+
+int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t max_segments,
+		    struct http_gen *g, struct http_err *e)
+{
+	json_t *root, *v, *swarm;
+	double d;
+
+	memset(g, 0, offsetof(struct http_gen, seg));
+	g->kind = kind;
+	if (max_segments == 0 || max_segments > PROTO_MAX_SEGMENTS)
+		max_segments = PROTO_MAX_SEGMENTS;
+	root = load(body, len, e);
+	if (!root)
+		return -1;
+	g->root = root;
+	if (model_of(root, &g->model, e) || refuse_unsupported(root, kind, e))
+		goto fail;
+	swarm = member(root, "swarm");
+	if (swarm && !json_is_object(swarm)) {
+		bad(e, "swarm", "swarm: expected an object {\"segments\", \"visibility\"}");
+		goto fail;
+	}
+	if (kind == HTTP_CHAT) {
+		if (swarm && member(swarm, "segments")) {
+			bad(e, "swarm.segments", "swarm.segments: not for chat (the messages are the "
+			    "segments)");
+			goto fail;
+		}
+		if (decode_messages(g, root, max_segments, e))
+			goto fail;
+	} else if (decode_prompt(g, root, swarm ? member(swarm, "segments") : NULL, max_segments,
+				 e)) {
+		goto fail;
+	}
+	if (swarm && member(swarm, "visibility") &&
+	    decode_visibility(g, member(swarm, "visibility"), e))
+		goto fail;
+	if (swarm) {
+		const char *k;
+		json_t *x;
+		json_object_foreach(swarm, k, x) {
+			if (strcmp(k, "segments") && strcmp(k, "visibility")) {
+				bad(e, "swarm", "swarm.%s: unknown member (segments, visibility)", k);
+				goto fail;
+			}
+		}
+	}
+
+	proto_sampling_default(&g->req.sampling);
+	/* OpenAI's default temperature is 1; a request without one samples. */
+	g->req.sampling.temperature = 1.0f;
+	d = 1.0;
+	if (number(root, "temperature", 0, 2, &d, e))
+		goto fail;
+	g->req.sampling.temperature = (float)d;
+	d = 1.0;
+	if (number(root, "top_p", 0, 1, &d, e))
+		goto fail;
+	if (d <= 0) {
+		bad(e, "top_p", "top_p: expected a number in (0, 1]");
+		goto fail;
+	}
+	g->req.sampling.top_p = (float)d;
+	d = 0;
+	if (number(root, "presence_penalty", -2, 2, &d, e))
+		goto fail;
+	g->req.sampling.presence_penalty = (float)d;
+	d = 0;
+	if (number(root, "frequency_penalty", -2, 2, &d, e))
+		goto fail;
+	g->req.sampling.frequency_penalty = (float)d;
+	if (g->req.sampling.presence_penalty != 0 || g->req.sampling.frequency_penalty != 0)
+		g->req.sampling.penalty_last_n = 256;
+	v = member(root, "seed");
+	if (v) {
+		if (!json_is_integer(v)) {
+			bad(e, "seed", "seed: expected an integer");
+			goto fail;
+		}
+		g->req.sampling.seed = (uint64_t)json_integer_value(v);
+	}
+	g->req.max_tokens = kind == HTTP_COMPLETION ? 16 : 4096; /* OpenAI's defaults */
+	const char *mt = member(root, "max_completion_tokens") ? "max_completion_tokens"
+							       : "max_tokens";
+	v = member(root, mt);
+	if (v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+		    json_integer_value(v) > (json_int_t)HTTP_MAX_TOKENS_CAP) {
+			bad(e, mt, "%s: expected an integer in [1, %u]", mt, HTTP_MAX_TOKENS_CAP);
+			goto fail;
+		}
+		g->req.max_tokens = (uint32_t)json_integer_value(v);
+	}
+	if (decode_stop(g, root, e))
+		goto fail;
+	v = member(root, "stream");
+	if (v && !json_is_boolean(v)) {
+		bad(e, "stream", "stream: expected true or false");
+		goto fail;
+	}
+	g->stream = json_is_true(v);
+	v = member(root, "stream_options");
+	if (v) {
+		json_t *iu = member(v, "include_usage");
+		if (!json_is_object(v) || (iu && !json_is_boolean(iu))) {
+			bad(e, "stream_options", "stream_options: expected {\"include_usage\": bool}");
+			goto fail;
+		}
+		g->include_usage = json_is_true(iu);
+	}
+	g->req.segments = g->seg;
+	return 0;
+fail:
+	http_gen_free(g);
+	return -1;
+}
+
+void http_gen_free(struct http_gen *g)
+{
+	json_decref(g->root);
+	free(g->parts);
+	g->root = NULL;
+	g->parts = NULL;
+}
+
+int http_embed_decode(const char *body, size_t len, struct http_embed *x, struct http_err *e)
+{
+	json_t *in, *v;
+	size_t i;
+
+	memset(x, 0, sizeof(*x));
+	x->root = load(body, len, e);
+	if (!x->root)
+		return -1;
+	if (model_of(x->root, &x->model, e))
+		goto fail;
+	in = member(x->root, "input");
+	if (!in) {
+		http_fail(e, 400, "input", "missing_required_parameter",
+			  "input: required, a string or an array of strings");
+		goto fail;
+	}
+	if (json_is_string(in)) {
+		x->text[0] = json_string_value(in);
+		x->len[0] = (uint32_t)json_string_length(in);
+		x->n = 1;
+	} else if (json_is_array(in) && json_array_size(in) >= 1 &&
+		   json_array_size(in) <= HTTP_EMBED_MAX_INPUTS) {
+		json_array_foreach(in, i, v) {
+			if (!json_is_string(v)) {
+				bad(e, "input", "input[%zu]: expected a string (token arrays are not "
+				    "supported)", i);
+				goto fail;
+			}
+			x->text[i] = json_string_value(v);
+			x->len[i] = (uint32_t)json_string_length(v);
+		}
+		x->n = (uint32_t)json_array_size(in);
+	} else {
+		bad(e, "input", "input: expected a string or an array of 1..%d strings",
+		    HTTP_EMBED_MAX_INPUTS);
+		goto fail;
+	}
+	v = member(x->root, "encoding_format");
+	if (v) {
+		if (json_is_string(v) && strcmp(json_string_value(v), "float") == 0) {
+			x->base64 = false;
+		} else if (json_is_string(v) && strcmp(json_string_value(v), "base64") == 0) {
+			x->base64 = true;
+		} else {
+			bad(e, "encoding_format", "encoding_format: expected \"float\" or \"base64\"");
+			goto fail;
+		}
+	}
+	if (member(x->root, "dimensions")) {
+		bad(e, "dimensions", "dimensions: not supported (the model's own size is used)");
+		goto fail;
+	}
+	return 0;
+fail:
+	http_embed_free(x);
+	return -1;
+}
+
+void http_embed_free(struct http_embed *x)
+{
+	json_decref(x->root);
+	x->root = NULL;
+}
+
+const char *http_finish_reason(uint32_t stop_reason)
+{
+	return stop_reason == PROTO_STOP_MAX_TOKENS ? "length" : "stop";
+}
+
+/* Length of the valid UTF-8 sequence at s[0, n), or 0. */
+static size_t utf8_seq(const unsigned char *s, size_t n)
+{
+	size_t len;
+	uint32_t cp;
+
+	if (s[0] < 0x80)
+		return 1;
+	if ((s[0] & 0xe0) == 0xc0) {
+		len = 2;
+		cp = s[0] & 0x1f;
+	} else if ((s[0] & 0xf0) == 0xe0) {
+		len = 3;
+		cp = s[0] & 0x0f;
+	} else if ((s[0] & 0xf8) == 0xf0) {
+		len = 4;
+		cp = s[0] & 0x07;
+	} else {
+		return 0;
+	}
+	if (len > n)
+		return 0;
+	for (size_t i = 1; i < len; i++) {
+		if ((s[i] & 0xc0) != 0x80)
+			return 0;
+		cp = cp << 6 | (s[i] & 0x3f);
+	}
+	if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
+	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+		return 0;
+	return len;
+}
+
+/* dst = src with every byte that is not part of valid UTF-8 as '?'
+ * (messages quote the client's bytes, and JSON strings must be UTF-8). */
+static void utf8_clean(char *dst, const char *src, size_t cap)
+{
+	size_t n = strlen(src), i = 0, o = 0;
+
+	while (i < n && o + 4 < cap) {
+		size_t l = utf8_seq((const unsigned char *)src + i, n - i);
+		if (l == 0) {
+			dst[o++] = '?';
+			i++;
+			continue;
+		}
+		memcpy(dst + o, src + i, l);
+		o += l;
+		i += l;
+	}
+	dst[o] = '\0';
+}
+
+/* A JSON string of t[0, n): generated text is UTF-8, but should a
+ * batch ever end inside a character, its invalid bytes become U+FFFD
+ * instead of failing the response. NULL when out of memory. */
+static json_t *text_json(const char *t, size_t n)
+{
+	json_t *v = json_stringn(t, n);
+	char *c;
+	size_t i = 0, o = 0;
+
+	if (v || (n && !t))
+		return v;
+	c = malloc(3 * n + 1);
+	if (!c)
+		return NULL;
+	while (i < n) {
+		size_t l = utf8_seq((const unsigned char *)t + i, n - i);
+		if (l == 0) {
+			memcpy(c + o, "\xef\xbf\xbd", 3);
+			o += 3;
+			i++;
+			continue;
+		}
+		memcpy(c + o, t + i, l);
+		o += l;
+		i += l;
+	}
+	v = json_stringn(c, o);
+	free(c);
+	return v;
+}
+
+static json_t *usage_json(const struct proto_done *u)
+{
+	return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)u->prompt_tokens,
+			 "completion_tokens", (json_int_t)u->generated_tokens, "total_tokens",
+			 (json_int_t)u->prompt_tokens + (json_int_t)u->generated_tokens,
+			 "prompt_tokens_details", "cached_tokens",
+			 (json_int_t)u->cached_prompt_tokens);
+}
+
+static char *dump(json_t *o)
+{
+	char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	return s;
+}
+
+char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
+			   const char *text, size_t text_len, const struct proto_done *usage)
+{
+	json_t *choice;
+
+	if (kind == HTTP_CHAT)
+		choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role",
+				   "assistant", "content", text_json(text, text_len), "logprobs",
+				   "finish_reason", http_finish_reason(usage->stop_reason));
+	else
+		choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text_json(text, text_len),
+				   "index", 0, "logprobs", "finish_reason",
+				   http_finish_reason(usage->stop_reason));
+	if (!choice)
+		return NULL;
+	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+			      kind == HTTP_CHAT ? "chat.completion" : "text_completion", "created",
+			      (json_int_t)created, "model", model, "choices", choice, "usage",
+			      usage_json(usage)));
+}
+
+char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
+		      const char *text, size_t text_len, bool role_first, const char *finish,
+		      const struct proto_done *usage)
+{
+	json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
+			      kind == HTTP_CHAT ? "chat.completion.chunk" : "text_completion",
+			      "created", (json_int_t)created, "model", model);
+	json_t *choices = json_array(), *choice = NULL;
+
+	if (!o || !choices)
+		goto oom;
+	if (usage) {
+		if (json_object_set_new(o, "choices", choices) ||
+		    json_object_set_new(o, "usage", usage_json(usage)))
+			goto oom_o;
+		return dump(o);
+	}
+	if (kind == HTTP_CHAT) {
+		json_t *delta = json_object();
+		if (!delta)
+			goto oom;
+		if (role_first)
+			json_object_set_new(delta, "role", json_string("assistant"));
+		if (text_len || role_first)
+			json_object_set_new(delta, "content", text_json(text, text_len));
+		choice = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", delta, "logprobs");
+	} else {
+		choice = json_pack("{s:o, s:i, s:n}", "text", text_json(text, text_len), "index", 0,
+				   "logprobs");
+	}
+	if (!choice)
+		goto oom;
+	json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
+	if (json_array_append_new(choices, choice) || json_object_set_new(o, "choices", choices))
+		goto oom_o;
+	return dump(o);
+oom:
+	json_decref(choices);
+oom_o:
+	json_decref(o);
+	return NULL;
+}
+
+static const char *err_type(int status)
+{
+	switch (status) {
+	case 401: return "authentication_error";
+	case 403: return "permission_error";
+	case 404: return "not_found_error";
+	case 429: return "rate_limit_error";
+	case 503: return "service_unavailable";
+	default: return status >= 500 ? "server_error" : "invalid_request_error";
+	}
+}
+
+char *http_error_json(const struct http_err *e)
+{
+	char msg[HTTP_MSG_MAX], param[HTTP_PARAM_MAX];
+
+	utf8_clean(msg, e->msg, sizeof(msg));
+	utf8_clean(param, e->param, sizeof(param));
+	return dump(json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", msg, "type",
+			      err_type(e->status), "param",
+			      param[0] ? json_string(param) : json_null(), "code",
+			      e->code[0] ? json_string(e->code) : json_null()));
+}
+
+size_t http_sse_event(char *out, size_t cap, const char *data, size_t len)
+{
+	size_t n = 0, i = 0;
+
+#define PUT(c)                          \
+	do {                            \
+		char ch_ = (c);         \
+		if (n < cap)            \
+			out[n] = ch_;   \
+		n++;                    \
+	} while (0)
+	for (;;) {
+		for (const char *k = "data: "; *k; k++)
+			PUT(*k);
+		while (i < len && data[i] != '\r' && data[i] != '\n')
+			PUT(data[i++]);
+		PUT('\n');
+		if (i >= len)
+			break;
+		if (data[i] == '\r' && i + 1 < len && data[i + 1] == '\n')
+			i++;
+		i++;
+		if (i >= len) { /* a trailing line break: an empty last line */
+			for (const char *k = "data: "; *k; k++)
+				PUT(*k);
+			PUT('\n');
+			break;
+		}
+	}
+	PUT('\n');
+#undef PUT
+	return n;
+}
+
+size_t http_base64(const uint8_t *in, size_t n, char *out)
+{
+	static const char t[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	size_t o = 0, i;
+
+	for (i = 0; i + 2 < n; i += 3) {
+		uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
+		out[o++] = t[v >> 18];
+		out[o++] = t[(v >> 12) & 63];
+		out[o++] = t[(v >> 6) & 63];
+		out[o++] = t[v & 63];
+	}
+	if (i < n) {
+		uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < n ? (uint32_t)in[i + 1] << 8 : 0);
+		out[o++] = t[v >> 18];
+		out[o++] = t[(v >> 12) & 63];
+		out[o++] = i + 1 < n ? t[(v >> 6) & 63] : '=';
+		out[o++] = '=';
+	}
+	out[o] = '\0';
+	return o;
+}

@@ -1,0 +1,135 @@
+/* api.h - the OpenAI-shaped JSON of gpud-http: request decoding, response
+ * and error encoding, server-sent-event framing. Pure (jansson and the
+ * caller's memory; no sockets), so the unit tests and the fuzz target
+ * drive it directly.
+ *
+ * Requests:
+ *   chat        POST /v1/chat/completions: messages (each a segment with
+ *               its role, so gpud formats them with the model's chat
+ *               template exactly as `gpud generate --chat` does)
+ *   completion  POST /v1/completions: prompt (one string), or the swarm
+ *               extension's segments
+ *   embeddings  POST /v1/embeddings: input, a string or an array of them
+ * Parameters: model (required, must be the served model), max_tokens /
+ * max_completion_tokens, temperature [0, 2], top_p (0, 1], seed,
+ * stop (string or up to PROTO_MAX_STOP strings of 1..64 bytes),
+ * presence_penalty / frequency_penalty [-2, 2], n = 1 only, stream,
+ * stream_options.include_usage. Members no client of ours needs
+ * (user, logit_bias = {}, ...) are ignored; ones that would change the
+ * answer and are not supported (n > 1, logprobs, tools, best_of > 1,
+ * echo) are refused with 400 naming them.
+ *
+ * The swarm extension (DESIGN §3, README "HTTP API"):
+ *   "swarm": {"segments": ["sys", "chunk", "question"],
+ *             "visibility": [[0], [0, 1], [0, 2], [0, 2]]}
+ * segments (completions only; chat's segments are its messages) and
+ * visibility: S + 1 rows of segment indices, row i (and row S for the
+ * generation) naming the segments it may see; a row always sees itself.
+ * Without visibility the request is plain causal.
+ */
+#ifndef HTTP_API_H
+#define HTTP_API_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "proto/msg.h"
+
+#define HTTP_PARAM_MAX 64
+#define HTTP_MSG_MAX 256
+#define HTTP_EMBED_MAX_INPUTS 256
+#define HTTP_MAX_TOKENS_CAP 1000000u
+
+/* A client mistake: the status and the OpenAI error fields. */
+struct http_err {
+	int status;                     /* 400, 404, ... */
+	char param[HTTP_PARAM_MAX];     /* "" = null */
+	char code[32];                  /* "" = null */
+	char msg[HTTP_MSG_MAX];
+};
+
+enum http_kind {
+	HTTP_CHAT = 1,
+	HTTP_COMPLETION = 2,
+};
+
+/* A decoded generation request. Holds its parsed JSON: strings point into
+ * it. Large (the mask storage): allocate it. Free with http_gen_free. */
+struct http_gen {
+	enum http_kind kind;
+	json_t *root;
+	char *parts;                    /* joined content parts (owned), or NULL */
+	const char *model;
+	bool stream;
+	bool include_usage;
+	struct proto_submit_req req;    /* points into the members below */
+	struct proto_segment seg[PROTO_MAX_SEGMENTS];
+	struct proto_mask_desc mask;
+	struct proto_mask_row rows[PROTO_MAX_SEGMENTS + 1];
+	uint16_t idx[PROTO_MAX_MASK_IDX];
+	struct proto_text stop[PROTO_MAX_STOP];
+};
+
+/* Decodes a request body of len bytes (not NUL-terminated) as kind.
+ * max_segments bounds the segments (gpud.max_segments). Returns 0, or -1
+ * with *e filled (400, the param named). g must be zeroed or freed
+ * before; on error it holds nothing to free (http_gen_free is harmless). */
+int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t max_segments,
+		    struct http_gen *g, struct http_err *e);
+
+/* Releases what g holds and zeroes its pointers. */
+void http_gen_free(struct http_gen *g);
+
+/* A decoded embeddings request. */
+struct http_embed {
+	json_t *root;
+	const char *model;
+	bool base64;
+	uint32_t n;
+	const char *text[HTTP_EMBED_MAX_INPUTS];
+	uint32_t len[HTTP_EMBED_MAX_INPUTS];
+};
+
+int http_embed_decode(const char *body, size_t len, struct http_embed *x, struct http_err *e);
+void http_embed_free(struct http_embed *x);
+
+/* "stop" (end of generation, a stop string) or "length" (max_tokens or
+ * the context) for a proto_stop_reason. */
+const char *http_finish_reason(uint32_t stop_reason);
+
+/* The JSON bodies below are malloc'd NUL-terminated strings (NULL when out
+ * of memory). id is "chatcmpl-..." or "cmpl-...". */
+
+/* A whole (non-streamed) completion. */
+char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
+			   const char *text, size_t text_len, const struct proto_done *usage);
+
+/* A streamed chunk: text (may be empty) and, when finish is non-NULL, the
+ * finish reason; role_first adds delta.role (chat's first chunk). With
+ * usage non-NULL: the final usage chunk (choices empty). */
+char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
+		      const char *text, size_t text_len, bool role_first, const char *finish,
+		      const struct proto_done *usage);
+
+/* {"error": {"message", "type", "param", "code"}} for e (type derived from
+ * the status). */
+char *http_error_json(const struct http_err *e);
+
+/* Fills *e. Returns -1 (for `return http_fail(...)`). */
+int http_fail(struct http_err *e, int status, const char *param, const char *code,
+	      const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+/* Writes one server-sent event carrying data[0, len) into out (cap bytes):
+ * "data: " and each line of data (split at CRLF, CR or LF, which the
+ * event format cannot carry inside a field) then "\n", and a blank line
+ * ending the event. Returns the bytes the event needs (as snprintf: when
+ * that is > cap, out holds a prefix; nothing is NUL-terminated). */
+size_t http_sse_event(char *out, size_t cap, const char *data, size_t len);
+
+/* Standard base64 of n bytes into out (4 * ceil(n / 3) + 1 bytes, NUL
+ * added). Returns the length. */
+size_t http_base64(const uint8_t *in, size_t n, char *out);
+
+#endif

@@ -1,0 +1,872 @@
+/* http_test.c - gpud-http against a real gpud (stories260K), driven by
+ * curl (a third-party client: whole and streamed requests with -N) and by
+ * raw sockets where a test needs control curl does not give (a client
+ * that leaves mid-stream, 200 streams at once, malformed requests).
+ *
+ * Checked: greedy completions equal `gpud generate` for the same prompt;
+ * a streamed answer concatenated equals the whole one and ends with
+ * "data: [DONE]"; chat agrees with `gpud generate --chat` (stories260K
+ * has no chat template: both refuse, the front with 400); embeddings
+ * equal gpud's EMBED reply (float and base64); every error status (400
+ * naming the parameter, 401, 404, 405, 411, 413, 429 with Retry-After,
+ * 503 while gpud is away, 431, 408 is left to the unit of time and not
+ * waited for); a client leaving mid-stream leaves no request in gpud's
+ * STATS; 200 concurrent streams all complete with the same greedy text;
+ * /health, /metrics, /v1/models; start-up refusals (a key file of mode
+ * 0644, a non-loopback listener without keys, a bad address); exit 0 on
+ * SIGTERM.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "proto/frame.h"
+#include "tests/integration/gpud_harness.h"
+
+#ifndef GPUD_HTTP_BIN
+#error "GPUD_HTTP_BIN must name the gpud-http binary"
+#endif
+
+#define MODEL_ID "stories260K"
+#define PROMPT "Once upon a time"
+
+struct front {
+	pid_t pid;
+	int port;
+	char out[GPUD_IT_PATH_MAX];
+};
+
+static int free_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &sl), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+/* Runs gpud-http with args (NULL-terminated, after the binary). */
+static pid_t spawn_front(const struct gpud_it *d, struct front *f, const char *const *extra)
+{
+	const char *argv[16];
+	char listen[64];
+	int n = 0;
+
+	f->port = free_port();
+	snprintf(listen, sizeof(listen), "127.0.0.1:%d", f->port);
+	snprintf(f->out, sizeof(f->out), "%s/http.out", d->dir);
+	argv[n++] = GPUD_HTTP_BIN;
+	argv[n++] = "--config";
+	argv[n++] = d->config;
+	argv[n++] = "--listen";
+	argv[n++] = listen;
+	for (int i = 0; extra && extra[i]; i++)
+		argv[n++] = extra[i];
+	argv[n] = NULL;
+	f->pid = fork();
+	assert_true(f->pid >= 0);
+	if (f->pid == 0) {
+		int fd = open(f->out, O_WRONLY | O_CREAT | O_APPEND, 0644);
+		prctl(PR_SET_PDEATHSIG, SIGKILL);
+		dup2(fd, 1);
+		dup2(fd, 2);
+		execv(argv[0], (char **)argv);
+		_exit(127);
+	}
+	return f->pid;
+}
+
+/* A raw HTTP exchange: sends req, reads to EOF (the request says
+ * Connection: close). Returns the status; *body gets the body,
+ * de-chunked (malloc'd). */
+static int raw(int port, const char *req, size_t reqlen, char **body, char **head_out)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), st = -1;
+	size_t len = 0, cap = 1 << 16;
+	char *buf = malloc(cap + 1);
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(write(fd, req, reqlen), (ssize_t)reqlen);
+	for (;;) {
+		if (len == cap)
+			buf = realloc(buf, (cap *= 2) + 1);
+		ssize_t r = read(fd, buf + len, cap - len);
+		if (r <= 0)
+			break;
+		len += (size_t)r;
+	}
+	close(fd);
+	buf[len] = '\0';
+	sscanf(buf, "HTTP/1.1 %d", &st);
+	char *hend = strstr(buf, "\r\n\r\n");
+	if (!hend) {
+		free(buf);
+		*body = strdup("");
+		return st;
+	}
+	*hend = '\0';
+	char *b = hend + 4;
+	if (head_out)
+		*head_out = strdup(buf);
+	if (strcasestr(buf, "Transfer-Encoding: chunked")) {
+		char *out = malloc(strlen(b) + 1), *p = b;
+		size_t o = 0;
+		for (;;) {
+			unsigned long n = strtoul(p, &p, 16);
+			p += 2;
+			if (n == 0)
+				break;
+			memcpy(out + o, p, n);
+			o += n;
+			p += n + 2;
+		}
+		out[o] = '\0';
+		*body = out;
+	} else {
+		*body = strdup(b);
+	}
+	free(buf);
+	return st;
+}
+
+static int post(int port, const char *path, const char *json, const char *extra_head,
+		char **body, char **head)
+{
+	char *req = malloc(strlen(json) + 1024);
+	int n = sprintf(req, "POST %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+			"Content-Type: application/json\r\n%sContent-Length: %zu\r\n\r\n%s", path,
+			extra_head ? extra_head : "", strlen(json), json);
+	int st = raw(port, req, (size_t)n, body, head);
+	free(req);
+	return st;
+}
+
+static int get(int port, const char *path, char **body)
+{
+	char req[512];
+	int n = snprintf(req, sizeof(req), "GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+			 path);
+	return raw(port, req, (size_t)n, body, NULL);
+}
+
+/* Runs a shell command (curl), returning its stdout (malloc'd). */
+static char *sh(const char *fmt, ...)
+{
+	char cmd[8192];
+	va_list ap;
+	size_t len = 0, cap = 1 << 16;
+	char *out = malloc(cap + 1);
+	FILE *p;
+
+	va_start(ap, fmt);
+	vsnprintf(cmd, sizeof(cmd), fmt, ap);
+	va_end(ap);
+	p = popen(cmd, "r");
+	assert_non_null(p);
+	size_t r;
+	while ((r = fread(out + len, 1, cap - len, p)) > 0) {
+		len += r;
+		if (len == cap)
+			out = realloc(out, (cap *= 2) + 1);
+	}
+	pclose(p);
+	out[len] = '\0';
+	return out;
+}
+
+static void wait_health(const struct front *f, int want)
+{
+	for (int i = 0; i < 300; i++) {
+		char *b = NULL;
+		int st = -1;
+		struct sockaddr_in sa = { .sin_family = AF_INET,
+					  .sin_port = htons((uint16_t)f->port) };
+		int fd = socket(AF_INET, SOCK_STREAM, 0);
+		sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+		bool up = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+		close(fd);
+		if (up)
+			st = get(f->port, "/health", &b);
+		free(b);
+		if (st == want)
+			return;
+		usleep(100 * 1000);
+	}
+	fail_msg("/health never answered %d", want);
+}
+
+static int stop_front(struct front *f)
+{
+	int status;
+
+	kill(f->pid, SIGTERM);
+	for (int i = 0; i < 200; i++) {
+		if (waitpid(f->pid, &status, WNOHANG) == f->pid) {
+			f->pid = 0;
+			return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+		}
+		usleep(50 * 1000);
+	}
+	kill(f->pid, SIGKILL);
+	waitpid(f->pid, &status, 0);
+	f->pid = 0;
+	return -1;
+}
+
+static json_t *jparse(const char *s)
+{
+	json_error_t je;
+	json_t *j = json_loads(s, 0, &je);
+	if (!j)
+		fail_msg("not JSON (%s): %.500s", je.text, s);
+	return j;
+}
+
+/* Concatenates choices[0].text (or .delta.content) of every data: event;
+ * checks the stream ends with [DONE]; returns the finish reason seen. */
+static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
+{
+	char *out = calloc(1, strlen(body) + 1);
+	const char *p = body;
+	bool done = false;
+
+	finish[0] = '\0';
+	while ((p = strstr(p, "data: "))) {
+		p += 6;
+		const char *e = strstr(p, "\n\n");
+		assert_non_null(e);
+		if (strncmp(p, "[DONE]", 6) == 0) {
+			done = true;
+			break;
+		}
+		char *one = strndup(p, (size_t)(e - p));
+		json_t *j = jparse(one);
+		json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+		json_t *t = chat ? json_object_get(json_object_get(ch, "delta"), "content")
+				 : json_object_get(ch, "text");
+		if (json_is_string(t))
+			strcat(out, json_string_value(t));
+		if (json_is_string(json_object_get(ch, "finish_reason")))
+			snprintf(finish, flen, "%s", json_string_value(json_object_get(ch, "finish_reason")));
+		json_decref(j);
+		free(one);
+		p = e;
+	}
+	if (!done)
+		fail_msg("no [DONE] in the stream: %.3000s", body);
+	return out;
+}
+
+static void start_all(struct gpud_it_fix *fx, struct front *f, const char *gpud_extra)
+{
+	struct gpud_it_opts o = { .devices = "[\"cpu\"]", .threads = 1,
+				  .gpud_extra = gpud_extra };
+	assert_int_equal(gpud_it_start(&fx->d[0], &o), 0);
+	spawn_front(&fx->d[0], f, NULL);
+	wait_health(f, 200);
+}
+
+static void test_completions(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char gen[4096], *b, *h, finish[16];
+	const char *args[] = { "generate", "--model", GPUD_IT_MODEL, "--prompt", PROMPT,
+			       "--max-tokens", "40", NULL };
+
+	start_all(fx, &f, "\"queue\": {\"per_connection\": 512, \"global\": 1024}");
+	assert_int_equal(gpud_it_run_cmd(args, gen, sizeof(gen), 120000), 0);
+	/* stdout (the text) then stderr's figures line */
+	char *figs = strstr(gen, "prompt tokens: ");
+	assert_non_null(figs);
+	*figs = '\0';
+
+	/* curl, whole: equals gpud generate (greedy). */
+	b = sh("curl -s http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' "
+	       "-d '{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":40,"
+	       "\"temperature\":0}'", f.port);
+	json_t *j = jparse(b);
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	assert_string_equal(json_string_value(json_object_get(ch, "text")), gen);
+	assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "length");
+	json_t *u = json_object_get(j, "usage");
+	assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 40);
+	assert_true(json_integer_value(json_object_get(u, "prompt_tokens")) > 0);
+	assert_non_null(json_object_get(json_object_get(u, "prompt_tokens_details"),
+					"cached_tokens"));
+	assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+	json_decref(j);
+	free(b);
+
+	/* curl -N, streamed: the events concatenated equal the whole text. */
+	b = sh("curl -sN http://127.0.0.1:%d/v1/completions -H 'Content-Type: application/json' "
+	       "-d '{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":40,"
+	       "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}'",
+	       f.port);
+	char *t = sse_text(b, false, finish, sizeof(finish));
+	assert_string_equal(t, gen);
+	assert_string_equal(finish, "length");
+	assert_non_null(strstr(b, "\"completion_tokens\":40"));
+	free(t);
+	free(b);
+
+	/* A stop string ends with finish_reason "stop" and is not shown. */
+	assert_int_equal(post(f.port, "/v1/completions",
+			      "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+			      "\"max_tokens\":40,\"temperature\":0,\"stop\":[\"girl\"]}", NULL, &b,
+			      NULL), 200);
+	j = jparse(b);
+	ch = json_array_get(json_object_get(j, "choices"), 0);
+	assert_string_equal(json_string_value(json_object_get(ch, "finish_reason")), "stop");
+	assert_null(strstr(json_string_value(json_object_get(ch, "text")), "girl"));
+	assert_true(strncmp(gen, json_string_value(json_object_get(ch, "text")),
+			    strlen(json_string_value(json_object_get(ch, "text")))) == 0);
+	json_decref(j);
+	free(b);
+
+	/* A prompt sent twice: the second reports the prefix cache's tokens
+	 * in usage.prompt_tokens_details.cached_tokens. */
+	const char *lp = "{\"model\":\"" MODEL_ID "\",\"max_tokens\":2,\"prompt\":\"Once upon a "
+			 "time there was a little girl named Lily who loved to play in the park "
+			 "with her friends every day. She had a red ball and a blue kite and a "
+			 "small dog called Max who followed her everywhere she went.\"}";
+	int64_t cached[2];
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(post(f.port, "/v1/completions", lp, NULL, &b, NULL), 200);
+		j = jparse(b);
+		cached[i] = json_integer_value(json_object_get(json_object_get(
+			json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+		json_decref(j);
+		free(b);
+	}
+	assert_int_equal(cached[0], 0);
+	assert_true(cached[1] > 0);
+
+	/* The prompt as swarm segments with an explicit causal descriptor
+	 * is answered (segments are tokenized one by one, so the text may
+	 * differ from the one-string prompt's). */
+	assert_int_equal(post(f.port, "/v1/completions",
+			      "{\"model\":\"" MODEL_ID "\",\"max_tokens\":40,\"temperature\":0,"
+			      "\"swarm\":{\"segments\":[\"Once upon\",\" a time\"],"
+			      "\"visibility\":[[0],[0,1],[0,1,2]]}}", NULL, &b, NULL), 200);
+	j = jparse(b);
+	ch = json_array_get(json_object_get(j, "choices"), 0);
+	assert_true(strlen(json_string_value(json_object_get(ch, "text"))) > 0);
+	json_decref(j);
+	free(b);
+	/* A descriptor that hides the first segment from the generation is
+	 * accepted and answered (its text may differ). */
+	assert_int_equal(post(f.port, "/v1/completions",
+			      "{\"model\":\"" MODEL_ID "\",\"max_tokens\":5,"
+			      "\"swarm\":{\"segments\":[\"Once upon\",\" a time\"],"
+			      "\"visibility\":[[0],[1],[1,2]]}}", NULL, &b, NULL), 200);
+	free(b);
+
+	/* Chat: stories260K has no chat template; the front agrees with
+	 * `gpud generate --chat` (both refuse, the front with a 400). */
+	const char *cargs[] = { "generate", "--model", GPUD_IT_MODEL, "--prompt", PROMPT,
+				"--max-tokens", "10", "--chat", NULL };
+	assert_int_not_equal(gpud_it_run_cmd(cargs, gen, sizeof(gen), 120000), 0);
+	assert_non_null(strstr(gen, "no chat template"));
+	assert_int_equal(post(f.port, "/v1/chat/completions",
+			      "{\"model\":\"" MODEL_ID "\",\"messages\":[{\"role\":\"user\","
+			      "\"content\":\"" PROMPT "\"}],\"temperature\":0}", NULL, &b, NULL),
+			 400);
+	assert_non_null(strstr(b, "no chat template"));
+	free(b);
+	b = sh("curl -sN http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
+	       "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}' "
+	       "-w ' %%{http_code}'", f.port);
+	assert_non_null(strstr(b, "no chat template"));
+	assert_non_null(strstr(b, " 400"));
+	free(b);
+
+	/* /v1/models, /metrics. */
+	assert_int_equal(get(f.port, "/v1/models", &b), 200);
+	assert_non_null(strstr(b, "\"id\":\"" MODEL_ID "\""));
+	free(b);
+	assert_int_equal(get(f.port, "/metrics", &b), 200);
+	assert_non_null(strstr(b, "gpud_http_requests_total{route=\"completions\",status=\"2xx\"}"));
+	assert_non_null(strstr(b, "gpud_http_request_seconds_bucket{route=\"completions\",le=\"+Inf\"}"));
+	free(b);
+	(void)h;
+
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+static void test_embeddings(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char err[1024], *b;
+	float *vec;
+	uint32_t dim;
+
+	start_all(fx, &f, NULL);
+	struct proto_client *c = gpud_it_connect(&fx->d[0]);
+	assert_non_null(c);
+	assert_int_equal(proto_client_embed(c, "hello world", 11, &vec, &dim, err, sizeof(err)), 0);
+
+	b = sh("curl -s http://127.0.0.1:%d/v1/embeddings -d '{\"model\":\"" MODEL_ID
+	       "\",\"input\":[\"hello world\",\"x\"]}'", f.port);
+	json_t *j = jparse(b);
+	json_t *data = json_object_get(j, "data");
+	assert_int_equal(json_array_size(data), 2);
+	json_t *e = json_object_get(json_array_get(data, 0), "embedding");
+	assert_int_equal(json_array_size(e), dim);
+	for (uint32_t i = 0; i < dim; i++)
+		assert_true((float)json_number_value(json_array_get(e, i)) == vec[i]);
+	assert_true(json_integer_value(json_object_get(json_object_get(j, "usage"),
+						       "prompt_tokens")) > 0);
+	json_decref(j);
+	free(b);
+
+	/* base64: little-endian float32, bit for bit. */
+	b = sh("curl -s http://127.0.0.1:%d/v1/embeddings -d '{\"model\":\"" MODEL_ID
+	       "\",\"input\":\"hello world\",\"encoding_format\":\"base64\"}'", f.port);
+	j = jparse(b);
+	const char *s = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"),
+									  0), "embedding"));
+	assert_non_null(s);
+	char *dec = sh("printf '%%s' '%s' | base64 -d | od -An -v -tx1 | tr -d ' \\n'", s);
+	char want[65536] = "";
+	for (uint32_t i = 0; i < dim; i++) {
+		uint8_t le[4];
+		proto_putf32(le, vec[i]);
+		sprintf(want + strlen(want), "%02x%02x%02x%02x", le[0], le[1], le[2], le[3]);
+	}
+	assert_string_equal(dec, want);
+	free(dec);
+	json_decref(j);
+	free(b);
+	free(vec);
+	proto_client_close(c);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+static void expect_err(int port, const char *path, const char *json, int status,
+		       const char *param)
+{
+	char *b;
+	int st = post(port, path, json, NULL, &b, NULL);
+
+	if (st != status)
+		fail_msg("%s: status %d, want %d: %s (request %.200s)", path, st, status, b, json);
+	json_t *j = jparse(b);
+	json_t *e = json_object_get(j, "error");
+	assert_non_null(json_object_get(e, "message"));
+	assert_non_null(json_object_get(e, "type"));
+	if (param)
+		assert_string_equal(json_string_value(json_object_get(e, "param")), param);
+	json_decref(j);
+	free(b);
+}
+
+static void test_errors(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char *b, *h;
+
+	start_all(fx, &f, NULL);
+	expect_err(f.port, "/v1/completions", "{not json", 400, NULL);
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		   "\"n\":2}", 400, "n");
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		   "\"temperature\":7}", 400, "temperature");
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		   "\"max_tokens\":0}", 400, "max_tokens");
+	expect_err(f.port, "/v1/completions", "{\"prompt\":\"a\"}", 400, "model");
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		   "\"swarm\":{\"visibility\":[[0],[2]]}}", 400, "swarm.visibility");
+	expect_err(f.port, "/v1/chat/completions", "{\"model\":\"" MODEL_ID "\",\"messages\":"
+		   "[{\"role\":\"robot\",\"content\":\"a\"}]}", 400, "messages[0].role");
+	expect_err(f.port, "/v1/embeddings", "{\"model\":\"" MODEL_ID "\",\"input\":\"a\","
+		   "\"encoding_format\":\"hex\"}", 400, "encoding_format");
+	expect_err(f.port, "/v1/completions", "{\"model\":\"gpt-4\",\"prompt\":\"a\"}", 404,
+		   "model");
+	expect_err(f.port, "/v1/nothing", "{}", 404, NULL);
+	/* prompt longer than the context: 400, not 500 */
+	char *big = malloc(300000);
+	strcpy(big, "{\"model\":\"" MODEL_ID "\",\"max_tokens\":2000,\"prompt\":\"");
+	for (int i = 0; i < 3000; i++)
+		strcat(big, "once ");
+	strcat(big, "\"}");
+	expect_err(f.port, "/v1/completions", big, 400, NULL);
+	/* 413: over http.max_body_bytes (1 MiB by default) */
+	size_t n = (2u << 20);
+	char *huge = malloc(n + 64);
+	memset(huge, ' ', n);
+	memcpy(huge, "{\"a\":1", 6);
+	huge[n - 1] = '}';
+	huge[n] = '\0';
+	assert_int_equal(post(f.port, "/v1/completions", huge, NULL, &b, NULL), 413);
+	free(b);
+	b = sh("curl -s -o /dev/null -w '%%{http_code}' http://127.0.0.1:%d/v1/completions "
+	       "-H 'Content-Type: application/json' --data-binary @%s", f.port, "/dev/null");
+	assert_string_equal(b, "400"); /* empty body: bad JSON */
+	free(b);
+	free(huge);
+	free(big);
+	/* 405, 411, 400 on a bad head, 431, 505 */
+	assert_int_equal(get(f.port, "/v1/completions", &b), 405);
+	free(b);
+	const char *r411 = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+			   "Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+	assert_int_equal(raw(f.port, r411, strlen(r411), &b, NULL), 411);
+	free(b);
+	const char *r400 = "GET /health HTTP/1.1\r\nBad Header\r\n\r\n";
+	assert_int_equal(raw(f.port, r400, strlen(r400), &b, NULL), 400);
+	free(b);
+	char *r431 = malloc(40000);
+	strcpy(r431, "GET /health HTTP/1.1\r\nX-Long: ");
+	memset(r431 + strlen(r431), 'a', 30000);
+	strcpy(r431 + 30030, "\r\n\r\n");
+	assert_int_equal(raw(f.port, r431, strlen(r431), &b, NULL), 431);
+	free(b);
+	free(r431);
+	const char *r505 = "GET /health HTTP/2.0\r\n\r\n";
+	assert_int_equal(raw(f.port, r505, strlen(r505), &b, NULL), 505);
+	free(b);
+	/* keep-alive: two requests on one connection */
+	const char *two = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n"
+			  "GET /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+	assert_int_equal(raw(f.port, two, strlen(two), &b, &h), 200);
+	free(h);
+	assert_non_null(strstr(b, "HTTP/1.1 200 OK")); /* the second response follows */
+	free(b);
+
+	/* 503 while gpud is away, /health too; back once it returns. */
+	assert_int_equal(gpud_it_stop(&fx->d[0], SIGTERM, 60000), 0);
+	wait_health(&f, 503);
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\"}", 503,
+		   NULL);
+	assert_int_equal(gpud_it_spawn(&fx->d[0], NULL), 0);
+	assert_int_equal(gpud_it_wait_ready(&fx->d[0], 60000), 0);
+	wait_health(&f, 200);
+	assert_int_equal(post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\","
+			      "\"prompt\":\"a\",\"max_tokens\":3}", NULL, &b, NULL), 200);
+	free(b);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+static void test_auth(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char keys[GPUD_IT_PATH_MAX], *b;
+	struct gpud_it_opts o = { .devices = "[\"cpu\"]", .threads = 1 };
+
+	assert_int_equal(gpud_it_start(&fx->d[0], &o), 0);
+	snprintf(keys, sizeof(keys), "%s/keys", fx->d[0].dir);
+	FILE *kf = fopen(keys, "w");
+	fputs("# keys\nsk-one\n\nsk-two\n", kf);
+	fclose(kf);
+
+	/* mode 0644: refused at start, exit 1 */
+	chmod(keys, 0644);
+	const char *ka[] = { "--api-key-file", keys, NULL };
+	spawn_front(&fx->d[0], &f, ka);
+	int status;
+	waitpid(f.pid, &status, 0);
+	assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 1);
+	assert_true(gpud_it_file_has(f.out, "must be mode 0600"));
+
+	chmod(keys, 0600);
+	spawn_front(&fx->d[0], &f, ka);
+	wait_health(&f, 200); /* /health needs no key */
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\"}", 401,
+		   NULL);
+	assert_int_equal(post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\","
+			      "\"prompt\":\"a\",\"max_tokens\":2}", "Authorization: Bearer sk-nope\r\n",
+			      &b, NULL), 401);
+	free(b);
+	assert_int_equal(post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\","
+			      "\"prompt\":\"a\",\"max_tokens\":2}", "Authorization: Bearer sk-two\r\n",
+			      &b, NULL), 200);
+	free(b);
+	b = sh("curl -s -o /dev/null -w '%%{http_code}' -H 'Authorization: Bearer sk-one' "
+	       "http://127.0.0.1:%d/v1/models", f.port);
+	assert_string_equal(b, "200");
+	free(b);
+	assert_int_equal(stop_front(&f), 0);
+
+	/* no keys on a non-loopback listener, and a bad address: exit 1 */
+	const char *cmd[] = { GPUD_HTTP_BIN, "--config", fx->d[0].config, "--listen",
+			      "0.0.0.0:1", NULL };
+	char out[2048];
+	b = sh("%s --config %s --listen 0.0.0.0:%d 2>&1; echo rc=$?", cmd[0], fx->d[0].config,
+	       free_port());
+	assert_non_null(strstr(b, "not a loopback address"));
+	assert_non_null(strstr(b, "rc=1"));
+	free(b);
+	b = sh("%s --config %s --listen nowhere 2>&1; echo rc=$?", cmd[0], fx->d[0].config);
+	assert_non_null(strstr(b, "expected \"HOST:PORT\""));
+	assert_non_null(strstr(b, "rc=1"));
+	free(b);
+	(void)out;
+	fx->done = true;
+}
+
+/* Connects and sends a streamed request; returns the socket. */
+static int stream_open(int port, const char *json)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	char req[4096];
+	int n = snprintf(req, sizeof(req), "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+			 "Connection: close\r\nContent-Length: %zu\r\n\r\n%s", strlen(json), json);
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(write(fd, req, (size_t)n), n);
+	return fd;
+}
+
+static void test_streams(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char buf[4096], *b;
+
+	start_all(fx, &f, "\"queue\": {\"per_connection\": 512, \"global\": 1024}");
+	struct proto_client *c = gpud_it_connect(&fx->d[0]);
+	assert_non_null(c);
+
+	/* A client leaving mid-stream: its request is cancelled at once. */
+	int fd = stream_open(f.port, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"Once\","
+			     "\"max_tokens\":2000,\"temperature\":1,\"stream\":true}");
+	ssize_t r = read(fd, buf, sizeof(buf));
+	assert_true(r > 0);
+	assert_non_null(strstr(buf, "200 OK"));
+	close(fd);
+	int64_t inflight = -1, cancelled = 0;
+	for (int i = 0; i < 100; i++) {
+		json_t *st = gpud_it_stats(c, false);
+		gpud_it_jint(st, "requests.in_flight", &inflight);
+		gpud_it_jint(st, "requests.cancelled", &cancelled);
+		json_decref(st);
+		if (inflight == 0)
+			break;
+		usleep(20 * 1000);
+	}
+	assert_int_equal(inflight, 0);
+	assert_true(cancelled >= 1);
+
+	/* 200 concurrent streams: every one completes with the greedy text. */
+	assert_int_equal(post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\","
+			      "\"prompt\":\"" PROMPT "\",\"max_tokens\":16,\"temperature\":0}",
+			      NULL, &b, NULL), 200);
+	json_t *j = jparse(b);
+	char *want = strdup(json_string_value(json_object_get(
+		json_array_get(json_object_get(j, "choices"), 0), "text")));
+	json_decref(j);
+	free(b);
+	enum { N = 200 };
+	static int fds[N];
+	static char *got[N];
+	static size_t glen[N];
+	for (int i = 0; i < N; i++) {
+		fds[i] = stream_open(f.port, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+				     "\"max_tokens\":16,\"temperature\":0,\"stream\":true}");
+		got[i] = calloc(1, 1 << 16);
+		glen[i] = 0;
+	}
+	int open_n = N;
+	while (open_n > 0) {
+		struct pollfd p[N];
+		int map[N], k = 0;
+		for (int i = 0; i < N; i++)
+			if (fds[i] >= 0) {
+				p[k] = (struct pollfd){ .fd = fds[i], .events = POLLIN };
+				map[k++] = i;
+			}
+		assert_true(poll(p, (nfds_t)k, 120000) > 0);
+		for (int q = 0; q < k; q++) {
+			if (!(p[q].revents & (POLLIN | POLLHUP | POLLERR)))
+				continue;
+			int i = map[q];
+			r = read(fds[i], got[i] + glen[i], (1 << 16) - 1 - glen[i]);
+			if (r <= 0) {
+				close(fds[i]);
+				fds[i] = -1;
+				open_n--;
+			} else {
+				glen[i] += (size_t)r;
+			}
+		}
+	}
+	for (int i = 0; i < N; i++) {
+		char *hend = strstr(got[i], "\r\n\r\n"), finish[16];
+		assert_non_null(hend);
+		assert_true(strncmp(got[i], "HTTP/1.1 200", 12) == 0);
+		/* de-chunk */
+		char *p = hend + 4, *out = calloc(1, glen[i] + 1);
+		size_t o = 0;
+		for (;;) {
+			unsigned long n = strtoul(p, &p, 16);
+			p += 2;
+			if (n == 0)
+				break;
+			memcpy(out + o, p, n);
+			o += n;
+			p += n + 2;
+		}
+		char *t = sse_text(out, false, finish, sizeof(finish));
+		assert_string_equal(t, want);
+		free(t);
+		free(out);
+		free(got[i]);
+	}
+	free(want);
+	proto_client_close(c);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+/* gpud's queue limit reached: 429 with Retry-After. */
+static void test_busy(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char *b, *h = NULL;
+
+	start_all(fx, &f, "\"max_seqs\": 1, \"queue\": {\"per_connection\": 1, \"global\": 1}");
+	int fd = stream_open(f.port, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"Once\","
+			     "\"max_tokens\":2000,\"temperature\":1,\"stream\":true}");
+	char buf[256];
+	assert_true(read(fd, buf, sizeof(buf)) > 0);
+	int st = post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		      "\"max_tokens\":2}", NULL, &b, &h);
+	if (st != 429)
+		fail_msg("status %d, want 429: %s", st, b);
+	assert_non_null(strstr(h, "Retry-After: 1"));
+	assert_non_null(strstr(b, "rate_limit_error"));
+	free(b);
+	free(h);
+	close(fd);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+
+/* Timeouts and the connection limit, with an http section of small
+ * values (gpud-http reads its own copy of the configuration). */
+static int dial(int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	return fd;
+}
+
+static void read_all(int fd, char *buf, size_t cap)
+{
+	size_t n = 0;
+	ssize_t r;
+
+	while (n + 1 < cap && (r = read(fd, buf + n, cap - 1 - n)) > 0)
+		n += (size_t)r;
+	buf[n] = '\0';
+	close(fd);
+}
+
+static void test_limits(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct gpud_it_opts o = { .devices = "[\"cpu\"]", .threads = 1 };
+	struct gpud_it d2;
+	struct front f;
+	char path[GPUD_IT_PATH_MAX], buf[4096];
+	json_error_t je;
+
+	assert_int_equal(gpud_it_start(&fx->d[0], &o), 0);
+	json_t *cfg = json_load_file(fx->d[0].config, 0, &je);
+	assert_non_null(cfg);
+	json_object_set_new(cfg, "http", json_pack("{s:i, s:i, s:i}", "header_timeout_ms", 300,
+						   "idle_timeout_ms", 500, "max_connections", 2));
+	snprintf(path, sizeof(path), "%s/http.json", fx->d[0].dir);
+	assert_int_equal(json_dump_file(cfg, path, 0), 0);
+	json_decref(cfg);
+	d2 = fx->d[0];
+	snprintf(d2.config, sizeof(d2.config), "%s", path);
+	spawn_front(&d2, &f, NULL);
+	wait_health(&f, 200);
+
+	/* a head that stops coming: 408, then closed */
+	int fd = dial(f.port);
+	assert_int_equal(write(fd, "GET /health HTTP/1.1\r\nHo", 24), 24);
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 408 ", 13) == 0);
+	/* a body that stops coming: 408 too */
+	fd = dial(f.port);
+	const char *p = "POST /v1/completions HTTP/1.1\r\nContent-Length: 10\r\n\r\n{";
+	assert_int_equal(write(fd, p, strlen(p)), (ssize_t)strlen(p));
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 408 ", 13) == 0);
+	/* an idle connection is closed without a word (the closed ones
+	 * above have left: they count against max_connections) */
+	usleep(200 * 1000);
+	fd = dial(f.port);
+	read_all(fd, buf, sizeof(buf));
+	assert_string_equal(buf, "");
+	/* the third connection at once: 503 */
+	usleep(200 * 1000);
+	int a = dial(f.port), b = dial(f.port);
+	fd = dial(f.port);
+	read_all(fd, buf, sizeof(buf));
+	assert_true(strncmp(buf, "HTTP/1.1 503 ", 13) == 0);
+	assert_non_null(strstr(buf, "too_many_connections"));
+	close(a);
+	close(b);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		GPUD_IT_FIX_TEST(test_completions),
+		GPUD_IT_FIX_TEST(test_embeddings),
+		GPUD_IT_FIX_TEST(test_errors),
+		GPUD_IT_FIX_TEST(test_auth),
+		GPUD_IT_FIX_TEST(test_streams),
+		GPUD_IT_FIX_TEST(test_busy),
+		GPUD_IT_FIX_TEST(test_limits),
+	};
+	signal(SIGPIPE, SIG_IGN);
+	if (getenv("HTTP_IT_ONLY"))
+		cmocka_set_test_filter(getenv("HTTP_IT_ONLY"));
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
