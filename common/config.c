@@ -37,6 +37,7 @@ enum kind {
 	K_LEVEL,        /* int, enum sw_log_level, as a name */
 	K_DEVICES,      /* devices[] + n_devices */
 	K_LISTEN,       /* char[size]: "", "127.0.0.1:PORT" or "unix:/path" */
+	K_HOSTPORT,     /* char[size]: "" or "HOST:PORT" (sw_config_split_hostport) */
 	K_LIST,         /* char[max][size] strings + a uint32_t count at off_n */
 	K_MODE,         /* uint32_t permission bits, as an octal string "0660" */
 	K_GROUP,        /* char[size]: "" or a group that exists (name or gid) */
@@ -184,6 +185,17 @@ static const struct field supervisor_fields[] = {
 	{ .key = NULL },
 };
 
+static const struct field http_fields[] = {
+	{ .key = "listen", .kind = K_HOSTPORT, .off = OFF(http.listen),
+	  .size = sizeof(((struct sw_config *)0)->http.listen), .env = "SWARM_HTTP_LISTEN" },
+	STR("api_key_file", http.api_key_file, 0, "SWARM_HTTP_API_KEY_FILE"),
+	U32("max_connections", http.max_connections, 1, 65536, 0, NULL),
+	BYTES("max_body_bytes", http.max_body_bytes, 1024, 1ull << 30),
+	U32("header_timeout_ms", http.header_timeout_ms, 100, MS_HOUR, 0, NULL),
+	U32("idle_timeout_ms", http.idle_timeout_ms, 100, MS_DAY, 0, NULL),
+	{ .key = NULL },
+};
+
 static const struct field root_fields[] = {
 	STR("state_dir", state_dir, F_NONEMPTY, "SWARM_STATE_DIR"),
 	STR("user", user, 0, "SWARM_USER"),
@@ -193,6 +205,7 @@ static const struct field root_fields[] = {
 	OBJ("gpud", gpud_fields),
 	OBJ("agentd", agentd_fields),
 	OBJ("supervisor", supervisor_fields),
+	OBJ("http", http_fields),
 	{ .key = NULL },
 };
 
@@ -231,6 +244,13 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.metrics[0] = '\0';
 	cfg->gpud.watchdog.window_ms = 60000;
 	cfg->gpud.watchdog.k = 10;
+
+	cfg->http.listen[0] = '\0';      /* off unless configured */
+	cfg->http.api_key_file[0] = '\0';
+	cfg->http.max_connections = 256;
+	cfg->http.max_body_bytes = 1ull << 20;
+	cfg->http.header_timeout_ms = 10000;
+	cfg->http.idle_timeout_ms = 60000;
 
 	cfg->agentd.workers = 4;
 	cfg->agentd.max_attempts = 5;
@@ -463,6 +483,42 @@ static bool listen_ok(const char *s)
 		return strlen(s + 5) < SW_CONFIG_SOCKET_MAX;
 	return strncmp(s, "127.0.0.1:", 10) == 0 && parse_u64(s + 10, &port) && port >= 1 &&
 	       port <= 65535 && s[10] != '0';
+}
+
+int sw_config_split_hostport(const char *s, char *host, size_t hostlen, uint16_t *port,
+			     char *err, size_t errlen)
+{
+	static const char what[] =
+		"\"HOST:PORT\" (an IPv4 address, [IPv6] or a host name; port 1..65535)";
+	const char *colon = strrchr(s, ':');
+	const char *h = s, *hend;
+	uint64_t p;
+
+	if (!colon || colon == s)
+		return sw_seterr(err, errlen, -EINVAL, "expected %s", what);
+	hend = colon;
+	if (s[0] == '[') {
+		if (colon[-1] != ']' || colon - s < 3)
+			return sw_seterr(err, errlen, -EINVAL, "expected %s", what);
+		h = s + 1;
+		hend = colon - 1;
+		for (const char *c = h; c < hend; c++)
+			if (!(strchr("0123456789abcdefABCDEF:.", *c)))
+				return sw_seterr(err, errlen, -EINVAL, "expected %s", what);
+	} else {
+		for (const char *c = h; c < hend; c++)
+			if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+			      (*c >= '0' && *c <= '9') || *c == '-' || *c == '.'))
+				return sw_seterr(err, errlen, -EINVAL, "expected %s", what);
+	}
+	if ((size_t)(hend - h) > 253 || (size_t)(hend - h) >= hostlen)
+		return sw_seterr(err, errlen, -EINVAL, "expected %s (host too long)", what);
+	if (!parse_u64(colon + 1, &p) || p < 1 || p > 65535 || colon[1] == '0')
+		return sw_seterr(err, errlen, -EINVAL, "expected %s", what);
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	*port = (uint16_t)p;
+	return 0;
 }
 
 static bool pg_url_ok(const char *s)
@@ -714,6 +770,22 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 		if (!json_is_string(v) || !listen_ok(json_string_value(v)))
 			return expected(err, errlen, json_is_string(v) ? -EINVAL : SW_ETYPE, path, w,
 					v);
+		return set_string(f, base + f->off, v, path, err, errlen);
+	}
+
+	case K_HOSTPORT: {
+		static const char w[] =
+			"\"\" (off) or \"HOST:PORT\" (an IPv4 address, [IPv6] or a host name; port 1..65535)";
+		char host[SW_CONFIG_HOSTPORT_MAX];
+		uint16_t port;
+
+		if (!json_is_string(v))
+			return expected(err, errlen, SW_ETYPE, path, w, v);
+		if (json_string_value(v)[0] &&
+		    (strlen(json_string_value(v)) >= f->size ||
+		     sw_config_split_hostport(json_string_value(v), host, sizeof(host), &port,
+					      NULL, 0)))
+			return expected(err, errlen, -EINVAL, path, w, v);
 		return set_string(f, base + f->off, v, path, err, errlen);
 	}
 
@@ -1161,6 +1233,7 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 		switch (f->kind) {
 		case K_STR:
 		case K_LISTEN:
+		case K_HOSTPORT:
 		case K_GROUP:
 			v = json_string(base + f->off);
 			break;

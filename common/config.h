@@ -32,6 +32,7 @@
 #define SW_CONFIG_CIDR_MAX 64      /* = SW_CIDR_STR_MAX (common/addr.h) */
 #define SW_CONFIG_NAME_MAX 64      /* a user or group name */
 #define SW_CONFIG_MAX_IDS 64       /* gpud.allowed_uids, gpud.allowed_gids */
+#define SW_CONFIG_HOSTPORT_MAX 262 /* http.listen: "[" host(<=253) "]:" 5 digits */
 
 enum sw_device_kind {
 	SW_DEVICE_CPU = 0,
@@ -143,6 +144,20 @@ struct sw_config {
 		} fetch;
 	} agentd;
 
+	/* gpud-http, the OpenAI-compatible HTTP front (http/). */
+	struct {
+		/* "HOST:PORT" (an IPv4 literal, "[IPv6]" or a host name;
+		 * PORT 1..65535); "" = off. */
+		char listen[SW_CONFIG_HOSTPORT_MAX];
+		/* Bearer keys, one a line, mode 0600 or stricter; "" = no
+		 * auth, which gpud-http allows only on a loopback listener. */
+		char api_key_file[SW_CONFIG_PATH_MAX];
+		uint32_t max_connections;       /* HTTP connections open at once */
+		uint64_t max_body_bytes;        /* a larger request body gets 413 */
+		uint32_t header_timeout_ms;     /* a request's head must arrive within this */
+		uint32_t idle_timeout_ms;       /* a kept-alive connection idle this long is closed */
+	} http;
+
 	/* swarmctl's managed-mode supervisor (Redis, PostgreSQL, gpud,
 	 * agentd); systemd's job in external mode. */
 	struct {
@@ -187,7 +202,7 @@ int sw_config_load_file(const char *path, struct sw_config *cfg, char *err, size
  *   SWARM_SUPERVISOR_HANG_MS SWARM_GPUD_METRICS SWARM_USER
  *   SWARM_REDIS_PASSWORD_FILE SWARM_PG_PASSWORD_FILE
  *   SWARM_FETCH_FILE_DIRS SWARM_FETCH_ALLOW_CIDRS (comma-separated lists;
- *   "" = none)
+ *   "" = none) SWARM_HTTP_LISTEN SWARM_HTTP_API_KEY_FILE
  * (the passwords themselves, SWARM_REDIS_PASSWORD and SWARM_PG_PASSWORD,
  * are read by common/secret.h, never stored here).
  * Errors name the variable ("SWARM_WORKERS: expected an integer in
@@ -217,6 +232,15 @@ void sw_config_redact_url(const char *url, char *out, size_t outlen);
  * message. A number is taken as is, whether or not a group has it. Looks
  * names up with getgrnam_r (NSS: may consult a directory service). */
 int sw_config_group_id(const char *s, uint32_t *gid, char *err, size_t errlen);
+
+/* Splits an http.listen value "HOST:PORT" (HOST an IPv4 literal, a
+ * bracketed IPv6 literal "[::1]" or a host name of letters, digits, '-'
+ * and '.'; PORT a decimal in 1..65535 without a leading zero) into host
+ * (brackets removed, NUL-terminated, hostlen >= SW_CONFIG_HOSTPORT_MAX
+ * always fits) and *port. Returns 0, or -EINVAL with a message saying what
+ * was expected. "" is an error here (off is the caller's business). */
+int sw_config_split_hostport(const char *s, char *host, size_t hostlen, uint16_t *port,
+			     char *err, size_t errlen);
 
 /* "cpu" or "cuda:N" into out. */
 void sw_config_device_name(const struct sw_config_device *d, char *out, size_t outlen);

@@ -354,7 +354,7 @@ static const char *env_names[] = {
 	"SWARM_PG_URL", "SWARM_MODEL", "SWARM_GPUD_SOCKET", "SWARM_DEVICES",
 	"SWARM_THREADS", "SWARM_WORKERS", "SWARM_REDIS_MAXMEMORY", "SWARM_LOG_MAX_BYTES",
 	"SWARM_SUPERVISOR_HANG_MS", "SWARM_LEASE_MS", "SWARM_FETCH_FILE_DIRS",
-	"SWARM_FETCH_ALLOW_CIDRS",
+	"SWARM_FETCH_ALLOW_CIDRS", "SWARM_HTTP_LISTEN", "SWARM_HTTP_API_KEY_FILE",
 };
 
 static int clear_env(void **state)
@@ -512,6 +512,8 @@ static void test_files(void **state)
 	assert_int_equal(c.agentd.results_maxlen, 100000);
 	assert_int_equal(c.agentd.dead_maxlen, 1000);
 	assert_true(strncmp(c.redis.url, "redis://", 8) == 0);
+	assert_string_equal(c.http.listen, ""); /* the HTTP front is off unless asked for */
+	assert_int_equal(c.http.max_connections, 256);
 
 	struct sw_config before;
 	memset(&c, 0x3C, sizeof(c));
@@ -972,6 +974,106 @@ static void test_redact(void **state)
 	sw_config_redact_url("x", small, 0); /* no write at all */
 }
 
+
+/* The http section (gpud-http): defaults, every key, listen's forms and
+ * its errors, the env overrides, the round trip, the split helper. */
+static void test_http_keys(void **state)
+{
+	(void)state;
+	struct sw_config c;
+	char host[SW_CONFIG_HOSTPORT_MAX];
+	uint16_t port;
+
+	sw_config_defaults(&c);
+	assert_string_equal(c.http.listen, "");
+	assert_string_equal(c.http.api_key_file, "");
+	assert_int_equal(c.http.max_connections, 256);
+	assert_true(c.http.max_body_bytes == 1u << 20);
+	assert_int_equal(c.http.header_timeout_ms, 10000);
+	assert_int_equal(c.http.idle_timeout_ms, 60000);
+
+	load_ok("{\"http\": {\"listen\": \"0.0.0.0:8080\", \"api_key_file\": \"/etc/swarm/keys\","
+		" \"max_connections\": 10, \"max_body_bytes\": \"4MiB\","
+		" \"header_timeout_ms\": 500, \"idle_timeout_ms\": 1000}}", &c);
+	assert_string_equal(c.http.listen, "0.0.0.0:8080");
+	assert_string_equal(c.http.api_key_file, "/etc/swarm/keys");
+	assert_int_equal(c.http.max_connections, 10);
+	assert_true(c.http.max_body_bytes == 4u << 20);
+	assert_int_equal(c.http.header_timeout_ms, 500);
+	assert_int_equal(c.http.idle_timeout_ms, 1000);
+
+	static const char *good[] = { "127.0.0.1:8080", "[::1]:80", "localhost:65535",
+				      "api.example-1.internal:443", "" };
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		char json[256];
+		snprintf(json, sizeof(json), "{\"http\": {\"listen\": \"%s\"}}", good[i]);
+		load_ok(json, &c);
+		assert_string_equal(c.http.listen, good[i]);
+	}
+	static const char *bad[] = { "8080", ":8080", "127.0.0.1:", "127.0.0.1:0",
+				     "127.0.0.1:65536", "127.0.0.1:080", "[::1:80", "[]:80",
+				     "::1:80", "host name:80", "unix:/tmp/x", "h:80x" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char json[256], msg[384];
+		snprintf(json, sizeof(json), "{\"http\": {\"listen\": \"%s\"}}", bad[i]);
+		snprintf(msg, sizeof(msg),
+			 "http.listen: expected \"\" (off) or \"HOST:PORT\" (an IPv4 address,"
+			 " [IPv6] or a host name; port 1..65535), got \"%s\"", bad[i]);
+		expect_error(json, -EINVAL, msg);
+	}
+	expect_error("{\"http\": {\"listen\": 8080}}", SW_ETYPE,
+		     "http.listen: expected \"\" (off) or \"HOST:PORT\" (an IPv4 address,"
+		     " [IPv6] or a host name; port 1..65535), got 8080");
+	expect_error("{\"http\": {\"max_connections\": 0}}", -EINVAL,
+		     "http.max_connections: expected an integer in [1, 65536], got 0");
+	expect_error("{\"http\": {\"max_body_bytes\": 10}}", -EINVAL,
+		     "http.max_body_bytes: expected a byte size in [1024, 1073741824]"
+		     " (an integer or \"64MiB\"), got 10");
+	expect_error("{\"http\": {\"header_timeout_ms\": 5}}", -EINVAL,
+		     "http.header_timeout_ms: expected an integer in [100, 3600000], got 5");
+	expect_error("{\"http\": {\"idle_timout_ms\": 5}}", -EINVAL,
+		     "http.idle_timout_ms: unknown key (did you mean \"idle_timeout_ms\"?)");
+
+	/* Environment overrides. */
+	sw_config_defaults(&c);
+	setenv("SWARM_HTTP_LISTEN", "[::]:9000", 1);
+	setenv("SWARM_HTTP_API_KEY_FILE", "/run/keys", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), 0);
+	assert_string_equal(c.http.listen, "[::]:9000");
+	assert_string_equal(c.http.api_key_file, "/run/keys");
+	setenv("SWARM_HTTP_LISTEN", "nope", 1);
+	assert_int_equal(sw_config_apply_env(&c, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "SWARM_HTTP_LISTEN: expected \"\" (off) or \"HOST:PORT\""));
+	assert_string_equal(c.http.listen, "[::]:9000"); /* unchanged */
+	unsetenv("SWARM_HTTP_LISTEN");
+	unsetenv("SWARM_HTTP_API_KEY_FILE");
+
+	/* Round trip. */
+	struct sw_config back;
+	load_ok("{\"http\": {\"listen\": \"[::1]:8081\", \"max_body_bytes\": 2048}}", &c);
+	char *js = sw_config_to_json(&c);
+	assert_non_null(js);
+	load_ok(js, &back);
+	free(js);
+	assert_string_equal(back.http.listen, "[::1]:8081");
+	assert_true(back.http.max_body_bytes == 2048);
+
+	/* The split helper gpud-http uses for --listen. */
+	assert_int_equal(sw_config_split_hostport("[::1]:8081", host, sizeof(host), &port,
+						  err, sizeof(err)), 0);
+	assert_string_equal(host, "::1");
+	assert_int_equal(port, 8081);
+	assert_int_equal(sw_config_split_hostport("localhost:1", host, sizeof(host), &port,
+						  err, sizeof(err)), 0);
+	assert_string_equal(host, "localhost");
+	assert_int_equal(port, 1);
+	assert_int_equal(sw_config_split_hostport("", host, sizeof(host), &port, err,
+						  sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "expected \"HOST:PORT\""));
+	assert_int_equal(sw_config_split_hostport("localhost:8080", host, 4, &port, err,
+						  sizeof(err)), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -994,6 +1096,7 @@ int main(void)
 		cmocka_unit_test(test_socket_keys),
 		cmocka_unit_test(test_to_json_round_trip),
 		cmocka_unit_test(test_redact),
+		cmocka_unit_test_teardown(test_http_keys, clear_env),
 	};
 	clear_env(NULL);
 	return cmocka_run_group_tests(tests, NULL, NULL);
