@@ -5,8 +5,10 @@
 #
 #   openai_client_test.sh GPUD GPUD_HTTP
 #
-# Starts `gpud serve` on ../shared/models/stories260K.gguf (one cpu device)
-# in a temporary directory, then gpud-http on a free 127.0.0.1 port with a
+# Starts `gpud serve` on a copy of ../shared/models/stories260K.gguf given
+# a Llama 2 chat template (gguf_chat_template.py: the model has none, and
+# gpud refuses chat on a model without one) on one cpu device, in a
+# temporary directory, then gpud-http on a free 127.0.0.1 port with a
 # key file (mode 0600), waits for GET /health to answer 200, runs the Node
 # script with that key, and stops gpud-http (SIGTERM: it must exit 0) and
 # gpud.
@@ -41,13 +43,16 @@ trap cleanup EXIT
 trap 'exit 1' INT TERM
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+python3 "$here/gguf_chat_template.py" "$model" "$top/model.gguf" \
+	'{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}' ||
+	{ echo "FAIL: gguf_chat_template.py"; exit 1; }
 key=sk-swarm-it-$RANDOM$RANDOM
 printf '%s\n' "$key" >"$top/keys"
 chmod 600 "$top/keys"
 cat >"$top/swarm.json" <<EOF
 { "state_dir": "$top/state",
   "log": { "level": "info" },
-  "gpud": { "socket": "$top/gpud.sock", "model": "$(realpath "$model")",
+  "gpud": { "socket": "$top/gpud.sock", "model": "$top/model.gguf",
             "devices": ["cpu"], "threads": 1 },
   "http": { "listen": "127.0.0.1:$port", "api_key_file": "$top/keys" } }
 EOF
