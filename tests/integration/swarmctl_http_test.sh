@@ -13,8 +13,11 @@
 #     /health is 200 and GET /v1/models lists a model;
 #   - status and status --json show gpud-http up with its listen address;
 #     logs gpud-http prints its log;
+#   - POST /v1/completions goes through gpud (the built-in model);
 #   - gpud-http killed with SIGKILL is restarted by the supervisor (a new
 #     pid that answers /health again), its restart counted in status;
+#   - gpud killed with SIGKILL: the supervisor restarts gpud, the same
+#     gpud-http answers /health with 200 again and serves again;
 #   - stop stops it first, leaves no pid file and nothing on the port;
 #   - SWARM_HTTP_LISTEN= (off): a second start runs no gpud-http, status
 #     does not list it, and the port stays closed;
@@ -96,6 +99,12 @@ ok "start: gpud-http is the last service started" \
 ok "GET /health: 200" test "$(health)" = 200
 check "GET /v1/models lists a model" 0 '"object" *: *"list"' '"id"' \
 	-- curl -s --max-time 5 "$url/v1/models"
+model=$(curl -s --max-time 5 "$url/v1/models" |
+	python3 -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])' 2>/dev/null)
+check "POST /v1/completions: a completion through gpud" 0 '"object" *: *"text_completion"' \
+	'"completion_tokens" *: *4' -- curl -s --max-time 120 -H 'Content-Type: application/json' \
+	-d "{\"model\": \"$model\", \"prompt\": \"hello\", \"max_tokens\": 4, \"temperature\": 0}" \
+	"$url/v1/completions"
 check "status: gpud-http up" 0 "gpud-http +up +[0-9]+" "gpud +up" "agentd +up" -- ctl status
 check "status --json: gpud-http with its address" 0 '"gpud-http"' \
 	"\"listen\": \"127.0.0.1:$port\"" -- ctl status --json
@@ -116,6 +125,18 @@ ok "... which answers /health with 200" wait_health 200
 ok "... its restart counted" test "$(svc gpud-http restarts)" -ge 1
 check "status after the restart: up, last exit signal 9" 0 "gpud-http +up .*signal 9" \
 	-- ctl status
+
+# gpud killed: the supervisor restarts gpud, not the front, which answers
+# /health with 200 again once gpud is back
+front=$(http_pid)
+read -r gp _ <"$state/run/gpud.pid"
+kill -KILL "$gp"
+ok "gpud killed: /health answers 200 again after gpud's restart" wait_health 200
+ok "... with the same gpud-http (pid $front)" test "$(http_pid)" = "$front"
+check "... which serves a completion again" 0 '"object" *: *"text_completion"' \
+	-- curl -s --max-time 120 -H 'Content-Type: application/json' \
+	-d "{\"model\": \"$model\", \"prompt\": \"hello\", \"max_tokens\": 4}" \
+	"$url/v1/completions"
 
 # --- stopped ------------------------------------------------------------------
 check "stop: gpud-http first" 0 "stopping gpud-http" "stopping gpud" "stopping postgres" \
