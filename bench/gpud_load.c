@@ -643,8 +643,10 @@ static void *http_stream_thread(void *arg)
 		w->next++;
 		build_request(w, s, &req, &desc);
 		pthread_mutex_unlock(&w->mu);
-		len = http_body(o, req.segments[0].text, req.segments[0].len, req.sampling.seed,
-				true, req.max_tokens, body, cap);
+		/* JSON integers stop at INT64_MAX: the seed's low 63 bits */
+		len = http_body(o, req.segments[0].text, req.segments[0].len,
+				req.sampling.seed & (uint64_t)INT64_MAX, true, req.max_tokens, body,
+				cap);
 		memset(&usage, 0, sizeof(usage));
 		err[0] = '\0';
 		s->t_first = 0;
