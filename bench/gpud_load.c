@@ -1075,8 +1075,9 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 		printf("  %s (%d): %" PRIu64 "\n", code_name(m->codes[c], name, sizeof(name)),
 		       m->codes[c], m->code_count[c]);
 	printf("tokens: prompt %" PRIu64 " (cached %" PRIu64 "), generated %" PRIu64
-	       " (streamed ids %" PRIu64 ")\n",
-	       m->prompt, m->cached, m->generated, m->streamed);
+	       " (%s %" PRIu64 ")\n",
+	       m->prompt, m->cached, m->generated,
+	       o->http ? "events with content" : "streamed ids", m->streamed);
 	printf("wall: %.3f s; generated tokens/s %.1f; prompt tokens/s %.1f; requests/s %.1f\n",
 	       m->wall_s, m->wall_s > 0 ? m->generated / m->wall_s : 0.0,
 	       m->wall_s > 0 ? m->prompt / m->wall_s : 0.0,
