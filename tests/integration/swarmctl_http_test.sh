@@ -18,6 +18,9 @@
 #     pid that answers /health again), its restart counted in status;
 #   - gpud killed with SIGKILL: the supervisor restarts gpud, the same
 #     gpud-http answers /health with 200 again and serves again;
+#   - external mode (a configuration file with http.listen, on this swarm's
+#     Redis and PostgreSQL): start runs gpud-http detached, status shows
+#     it, stop stops it;
 #   - stop stops it first, leaves no pid file and nothing on the port;
 #   - SWARM_HTTP_LISTEN= (off): a second start runs no gpud-http, status
 #     does not list it, and the port stays closed;
@@ -48,6 +51,7 @@ export SWARM_STATE_DIR=$state SWARM_WORKERS=1 SWARM_HTTP_LISTEN=127.0.0.1:$port
 url=http://127.0.0.1:$port
 
 cleanup() {
+	reap "$top/ext"
 	reap "$state"
 	rm -rf "$top"
 }
@@ -137,6 +141,27 @@ check "... which serves a completion again" 0 '"object" *: *"text_completion"' \
 	-- curl -s --max-time 120 -H 'Content-Type: application/json' \
 	-d "{\"model\": \"$model\", \"prompt\": \"hello\", \"max_tokens\": 4}" \
 	"$url/v1/completions"
+
+# --- external mode: a configuration file with http.listen -------------------
+# against this swarm's Redis and PostgreSQL, its own gpud and agentd
+port2=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+cat >"$top/ext.json" <<EOF
+{ "state_dir": "$top/ext",
+  "redis": { "url": "unix://$state/run/redis.sock" },
+  "postgres": { "url": "host=$state/pg dbname=swarm user=swarm" },
+  "gpud": { "socket": "$top/ext/g.sock", "model": "$state/models/builtin.gguf" },
+  "agentd": { "workers": 1 },
+  "http": { "listen": "127.0.0.1:$port2" } }
+EOF
+extctl() { env -u SWARM_HTTP_LISTEN -u SWARM_STATE_DIR -u SWARM_WORKERS "$swarmctl" --config "$top/ext.json" "$@"; }
+check "external mode: start runs gpud-http on http.listen" 0 "checking redis \.\.\. ok" \
+	"starting gpud \.\.\. ok" "starting gpud-http \.\.\. ok \(pid [0-9]+\)" \
+	"OpenAI-compatible API: http://127.0.0.1:$port2/v1" -- extctl start
+ok "external mode: GET /health 200" \
+	test "$(curl -s -o /dev/null -w '%{http_code}' --max-time 5 "http://127.0.0.1:$port2/health")" = 200
+check "external mode: status shows gpud-http up" 0 "gpud-http +up" -- extctl status
+check "external mode: stop stops gpud-http" 0 "stopping gpud-http" "stopping gpud" -- extctl stop
+ok "external mode: no gpud-http pid file left" test ! -e "$top/ext/run/gpud-http.pid"
 
 # --- stopped ------------------------------------------------------------------
 check "stop: gpud-http first" 0 "stopping gpud-http" "stopping gpud" "stopping postgres" \
