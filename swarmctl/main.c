@@ -363,6 +363,9 @@ static int cmd_start(void)
 	if (e.managed && e.builtin_model)
 		printf("note: no SWARM_MODEL set: gpud runs a built-in model with random weights, "
 		       "so its text is noise\n");
+	if (e.http_missing)
+		printf("note: gpud-http not found (%s): no HTTP API (build it, or set "
+		       "SWARM_GPUD_HTTP_BIN)\n", e.http_bin);
 	/* a wrong model path is the commonest mistake: say so before
 	 * starting anything */
 	if (!e.builtin_model && access(e.cfg.gpud.model, R_OK) != 0) {

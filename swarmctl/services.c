@@ -129,6 +129,27 @@ static void find_bin(const char *env_var, const char *dir, const char *name, cha
 	snprintf(out, cap, "%s", name); /* from PATH */
 }
 
+/* Whether the program find_bin chose can be run: a path that is
+ * executable, or a bare name found in PATH. */
+static bool bin_runnable(const char *bin)
+{
+	const char *path = getenv("PATH");
+	char cand[PATH_MAX];
+
+	if (strchr(bin, '/'))
+		return is_exec(bin);
+	while (path && *path) {
+		size_t n = strcspn(path, ":");
+
+		if (n > 0 && snprintf(cand, sizeof(cand), "%.*s/%s", (int)n, path, bin) <
+				     (int)sizeof(cand) &&
+		    is_exec(cand))
+			return true;
+		path += n + (path[n] == ':');
+	}
+	return false;
+}
+
 static void find_pg_bindir(char *out, size_t cap)
 {
 	const char *v = getenv("SWARM_PG_BINDIR");
@@ -236,10 +257,16 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 	if (!getenv("SWARM_WORKERS"))
 		e->cfg.agentd.workers = 2;
 	/* the HTTP front on loopback (no key needed there) unless
-	 * SWARM_HTTP_LISTEN names another address, or "" for none */
-	if (!getenv("SWARM_HTTP_LISTEN"))
-		snprintf(e->cfg.http.listen, sizeof(e->cfg.http.listen), "%s",
-			 CTL_HTTP_LISTEN_DEFAULT);
+	 * SWARM_HTTP_LISTEN names another address, or "" for none; by
+	 * default only where gpud-http is installed (asked for, a missing
+	 * one is an error at start) */
+	if (!getenv("SWARM_HTTP_LISTEN")) {
+		if (bin_runnable(e->http_bin))
+			snprintf(e->cfg.http.listen, sizeof(e->cfg.http.listen), "%s",
+				 CTL_HTTP_LISTEN_DEFAULT);
+		else
+			e->http_missing = true;
+	}
 	/* Started by root: Redis, gpud and agentd run as the dedicated user
 	 * "swarm" (created on first start), PostgreSQL as postgres;
 	 * SWARM_USER names another, SWARM_USER= keeps them root's. */

@@ -77,6 +77,7 @@ struct ctl_env {
 	char pg_bindir[PATH_MAX];
 	const char *pg_os_user;      /* "postgres" when we are root, else NULL */
 	bool builtin_model;          /* managed mode without $SWARM_MODEL */
+	bool http_missing;           /* managed mode: no gpud-http to run by default */
 };
 
 /* Resolves the mode, the state directory, the configuration (loaded and
@@ -84,7 +85,8 @@ struct ctl_env {
  * binaries (next to swarmctl's own executable in a build tree or an
  * install, or $SWARM_GPUD_BIN / $SWARM_AGENTD_BIN / $SWARM_GPUD_HTTP_BIN).
  * In managed mode http.listen is CTL_HTTP_LISTEN_DEFAULT unless
- * SWARM_HTTP_LISTEN is set (to "" for none). Creates nothing.
+ * SWARM_HTTP_LISTEN is set (to "" for none), or gpud-http is nowhere to
+ * be found (http_missing; left off). Creates nothing.
  * Returns 0 or a negative code with a message. */
 int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t errlen);
 

@@ -23,7 +23,9 @@
 #     it, stop stops it;
 #   - stop stops it first, leaves no pid file and nothing on the port;
 #   - SWARM_HTTP_LISTEN= (off): a second start runs no gpud-http, status
-#     does not list it, and the port stays closed;
+#     does not list it, and the port stays closed; without the variable
+#     but with no gpud-http to run (SWARM_GPUD_HTTP_BIN naming none) the
+#     default is off too;
 #   - SWARM_HTTP_LISTEN=bad: refused with the variable named, before
 #     anything starts.
 #
@@ -175,6 +177,10 @@ ok "stop: nothing answers on the port" test "$(health)" = 000
 check "SWARM_HTTP_LISTEN= : start runs no gpud-http" 0 "starting agentd \.\.\. ok" \
 	"swarm is running" -- env SWARM_HTTP_LISTEN= "$swarmctl" start
 ok "... not in start's output" bash -c "! grep -q 'gpud-http\|OpenAI-compatible' '$out'"
+check "... and with no gpud-http installed, no default: status does not list it" 0 \
+	"agentd +up" -- env -u SWARM_HTTP_LISTEN SWARM_GPUD_HTTP_BIN="$top/no-gpud-http" \
+	"$swarmctl" status
+ok "... (no gpud-http row)" bash -c "! grep -q '^gpud-http' '$out'"
 check "... status does not list it" 0 "agentd +up" -- env SWARM_HTTP_LISTEN= "$swarmctl" status
 ok "... (no gpud-http row)" bash -c "! grep -q '^gpud-http' '$out'"
 ok "... nothing answers on the port" test "$(health)" = 000
