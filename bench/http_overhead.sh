@@ -116,9 +116,11 @@ python3 tests/integration/gguf_chat_template.py ../shared/models/stories260K.ggu
 	'{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}'
 gpid= hpid=
 cleanup() {
-	[ -n "$hpid" ] && kill -TERM "$hpid" 2>/dev/null
-	[ -n "$gpid" ] && kill -TERM "$gpid" 2>/dev/null
-	wait 2>/dev/null
+	# || true: under set -e a failed kill (one already dead) would end
+	# the trap before the other is stopped
+	[ -z "$hpid" ] || kill -TERM "$hpid" 2>/dev/null || true
+	[ -z "$gpid" ] || kill -TERM "$gpid" 2>/dev/null || true
+	wait 2>/dev/null || true
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -222,7 +224,7 @@ done
 
 report
 echo "gpud-http deaths during the runs: $crashes" | tee "$outdir/deaths.txt"
-kill -TERM "$hpid"
+kill -TERM "$hpid" 2>/dev/null || true
 wait "$hpid" || { echo "http_overhead: gpud-http did not exit 0 on SIGTERM" >&2; status=1; }
 hpid=
 exit $status
