@@ -4,6 +4,8 @@
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
  *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
  *             [--timeout S] [--json]
+ *   gpud-load --http URL [--endpoint chat|completions] [--api-key-file F]
+ *             [--socket PATH] [--front-pid PID] ... (the same load options)
  *
  * P processes (fork) each keep C requests in flight over K connections
  * (default K = C: one connection per client, like agent workers) until
@@ -32,6 +34,26 @@
  * the run, allocations since warm-up, pools and caches after it. --json
  * prints all of it as one JSON object instead.
  *
+ * --http URL (http://HOST:PORT of gpud-http) sends the same load to the
+ * OpenAI-compatible front instead: each of the C streams of a process is
+ * a thread with its own keep-alive HTTP/1.1 connection (bench/
+ * http_client.h: no library) posting streaming requests to
+ * /v1/chat/completions (the prompt as one user message; --endpoint
+ * completions: /v1/completions, the prompt as it is) with max_tokens,
+ * temperature, seed and stream_options.include_usage; it reads the
+ * server-sent events up to "data: [DONE]". Time to first token is taken
+ * at the first event with non-empty content; tokens and prompt length come
+ * from the final usage chunk (the count of content events when there is
+ * none). The prompts are causal, one segment (a chat request without the
+ * "swarm" extension is plain causal): compare with the native
+ * --causal --segments 1. The model is the first of GET /v1/models; a key
+ * comes from --api-key-file (its first line) or $OPENAI_API_KEY. With
+ * --socket too, the tokenizer calibration and the daemon's STATS come
+ * from gpud itself (its counters then check the front's usage), else the
+ * calibration asks /v1/completions for one token of the word sample.
+ * --front-pid PID adds that process's CPU time (gpud-http's) to the
+ * report. An HTTP error status counts as an error named "http_NNN".
+ *
  * Exit status: 0 when every request succeeded, 1 when any failed (or the
  * run could not be done), 2 for bad arguments.
  */
@@ -51,6 +73,7 @@
 #include <jansson.h>
 
 #include "bench/bench_util.h"
+#include "bench/http_client.h"
 #include "common/err.h"
 #include "proto/client.h"
 
@@ -75,6 +98,12 @@ static const char *const words[] = {
 
 struct opts {
 	const char *socket;
+	const char *http;           /* gpud-http's URL, or NULL: the native protocol */
+	struct bench_http_url url;
+	bool completions;           /* --endpoint completions */
+	char auth[600];             /* "Authorization: Bearer KEY\r\n" or "" */
+	char model[256];            /* the first of GET /v1/models */
+	int front_pid;              /* --front-pid: gpud-http's, for its CPU time */
 	uint32_t requests, concurrency, processes, connections;
 	uint32_t prompt_min, prompt_max, max_tokens, seg_min, seg_max;
 	uint64_t seed;
@@ -148,7 +177,18 @@ struct worker {
 	uint32_t n_samples, cap_samples;
 	int32_t seen_codes[MAX_CODES];
 	uint32_t n_seen;
+	uint32_t next, n_req;  /* --http: requests taken by the streams, of n_req */
 };
+
+/* An error code's name: sw_errname, or "http_NNN" for an HTTP status. */
+static const char *code_name(int code, char *buf, size_t cap)
+{
+	if (code > 0) {
+		snprintf(buf, cap, "http_%d", code);
+		return buf;
+	}
+	return sw_errname(code);
+}
 
 /* Prints the first message of each error code once per process. */
 static void note_error(struct worker *w, int code, const char *msg)
@@ -156,14 +196,16 @@ static void note_error(struct worker *w, int code, const char *msg)
 	for (uint32_t i = 0; i < w->n_seen; i++)
 		if (w->seen_codes[i] == code)
 			return;
+	char name[32];
+
 	if (w->n_seen < MAX_CODES)
 		w->seen_codes[w->n_seen++] = code;
-	fprintf(stderr, "gpud-load[%d]: %s: %s\n", (int)getpid(), sw_errname(code),
-		msg && *msg ? msg : sw_strerror(code));
+	fprintf(stderr, "gpud-load[%d]: %s: %s\n", (int)getpid(), code_name(code, name, sizeof(name)),
+		msg && *msg ? msg : code > 0 ? "(no message)" : sw_strerror(code));
 }
 
-/* Records a finished request and frees its slot; called with w->mu held. */
-static void finish(struct slot *s, int status, const struct proto_done *usage)
+/* Records a finished request; called with w->mu held. */
+static void record(struct slot *s, int status, const struct proto_done *usage)
 {
 	struct worker *w = s->w;
 	struct sample *x = &w->samples[w->n_samples++];
@@ -182,6 +224,14 @@ static void finish(struct slot *s, int status, const struct proto_done *usage)
 	x->streamed_tokens = s->streamed;
 	x->latency_us = (float)((bench_now() - s->t0) * 1e6);
 	x->ttft_us = s->t_first > 0 ? (float)((s->t_first - s->t0) * 1e6) : -1.0f;
+}
+
+/* Records a finished request and frees its slot; called with w->mu held. */
+static void finish(struct slot *s, int status, const struct proto_done *usage)
+{
+	struct worker *w = s->w;
+
+	record(s, status, usage);
 	w->free_slots[w->n_free++] = (uint32_t)(s - w->slots);
 	pthread_cond_signal(&w->cv);
 }
@@ -409,6 +459,323 @@ out_free:
 	return rc;
 }
 
+/* --- one process over HTTP: C streams, a thread and a connection each ------- */
+
+/* The JSON string of len bytes of t, quoted, at out (cap >= 2 * len + 3).
+ * Returns the length written. */
+static size_t json_quote(char *out, const char *t, size_t len)
+{
+	size_t k = 0;
+
+	out[k++] = '"';
+	for (size_t i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)t[i];
+
+		if (ch == '"' || ch == '\\') {
+			out[k++] = '\\';
+			out[k++] = (char)ch;
+		} else if (ch < 0x20) {
+			out[k++] = ' '; /* the word list has none; never a raw control */
+		} else {
+			out[k++] = (char)ch;
+		}
+	}
+	out[k++] = '"';
+	out[k] = '\0';
+	return k;
+}
+
+/* The request body for the prompt t (len bytes) into out (cap bytes).
+ * Returns its length, or 0 when it does not fit. */
+static size_t http_body(const struct opts *o, const char *t, size_t len, uint64_t seed,
+			bool stream, uint32_t max_tokens, char *out, size_t cap)
+{
+	char *q = malloc(2 * len + 3);
+	int n;
+
+	if (!q)
+		return 0;
+	json_quote(q, t, len);
+	if (o->completions)
+		n = snprintf(out, cap, "{\"model\":\"%s\",\"prompt\":%s,\"max_tokens\":%u,"
+			     "\"temperature\":%g,\"seed\":%" PRIu64 ",\"stream\":%s%s}",
+			     o->model, q, max_tokens, (double)o->temperature, seed,
+			     stream ? "true" : "false",
+			     stream ? ",\"stream_options\":{\"include_usage\":true}" : "");
+	else
+		n = snprintf(out, cap, "{\"model\":\"%s\",\"messages\":[{\"role\":\"user\","
+			     "\"content\":%s}],\"max_tokens\":%u,\"temperature\":%g,\"seed\":%"
+			     PRIu64 ",\"stream\":%s%s}",
+			     o->model, q, max_tokens, (double)o->temperature, seed,
+			     stream ? "true" : "false",
+			     stream ? ",\"stream_options\":{\"include_usage\":true}" : "");
+	free(q);
+	return n > 0 && (size_t)n < cap ? (size_t)n : 0;
+}
+
+/* Whether a chunk's JSON has a non-empty string under "key" (the delta's
+ * "content", a completion's "text"), without parsing the whole chunk. */
+static bool has_text(const char *json, const char *key)
+{
+	const char *p = strstr(json, key);
+
+	if (!p)
+		return false;
+	p += strlen(key);
+	while (*p == ' ')
+		p++;
+	if (*p++ != ':')
+		return false;
+	while (*p == ' ')
+		p++;
+	return p[0] == '"' && p[1] != '"';
+}
+
+/* A "usage" object of a chunk or reply into d. Returns true when found. */
+static bool http_usage(const char *json, struct proto_done *d)
+{
+	json_t *root, *u;
+	bool ok = false;
+
+	if (!strstr(json, "\"usage\""))
+		return false;
+	root = json_loads(json, 0, NULL);
+	u = json_object_get(root, "usage");
+	if (json_is_object(u)) {
+		d->prompt_tokens = (uint32_t)json_integer_value(json_object_get(u, "prompt_tokens"));
+		d->generated_tokens =
+			(uint32_t)json_integer_value(json_object_get(u, "completion_tokens"));
+		d->cached_prompt_tokens = (uint32_t)json_integer_value(json_object_get(
+			json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+		ok = true;
+	}
+	json_decref(root);
+	return ok;
+}
+
+/* One streaming request on c: the slot's prompt already built. Fills
+ * *usage; returns 0, an HTTP status (> 0) or a negative code, with a
+ * message in err. */
+static int http_stream_one(struct slot *s, struct bench_http *c, const char *body,
+			   size_t body_len, struct proto_done *usage, char *err, size_t errlen)
+{
+	const struct opts *o = s->w->o;
+	const char *key = o->completions ? "\"text\"" : "\"content\"";
+	const char *line;
+	bool done = false, have_usage = false;
+	long k;
+	int rc;
+
+	rc = bench_http_request(c, &o->url, "POST",
+				o->completions ? "/v1/completions" : "/v1/chat/completions",
+				o->auth, body, body_len, err, errlen);
+	if (rc)
+		return rc;
+	if (c->status != 200) {
+		char msg[256];
+		long got = bench_http_read(c, msg, sizeof(msg) - 1);
+
+		msg[got > 0 ? got : 0] = '\0';
+		bench_http_drain(c);
+		snprintf(err, errlen, "HTTP %d: %s", c->status, msg);
+		return c->status;
+	}
+	while ((k = bench_http_line(c, &line)) >= 0) {
+		if (strncmp(line, "data:", 5) != 0)
+			continue; /* blank lines between events, comments */
+		line += line[5] == ' ' ? 6 : 5;
+		if (!strcmp(line, "[DONE]")) {
+			done = true;
+			continue;
+		}
+		if (strstr(line, "\"error\"") && !strstr(line, "\"choices\"")) {
+			snprintf(err, errlen, "error event: %.200s", line);
+			bench_http_drain(c);
+			return -EIO;
+		}
+		if (has_text(line, key)) {
+			if (s->t_first == 0)
+				s->t_first = bench_now();
+			s->streamed++;
+		}
+		have_usage |= http_usage(line, usage);
+	}
+	if (k != -ENODATA) {
+		snprintf(err, errlen, "reading the stream: %s", strerror((int)-k));
+		return (int)k;
+	}
+	if (!done) {
+		snprintf(err, errlen, "the stream ended without data: [DONE]");
+		return -EPROTO;
+	}
+	if (!have_usage)
+		usage->generated_tokens = s->streamed;
+	return 0;
+}
+
+static void *http_stream_thread(void *arg)
+{
+	struct slot *s = arg;
+	struct worker *w = s->w;
+	const struct opts *o = w->o;
+	struct bench_http *c = malloc(sizeof(*c));
+	size_t cap = 2 * s->text_cap + 1024;
+	char *body = malloc(cap), err[SW_ERR_MAX + 256];
+
+	if (!c || !body) {
+		free(c);
+		free(body);
+		return (void *)(intptr_t)-ENOMEM;
+	}
+	bench_http_init(c, (uint32_t)(o->timeout_s * 1000.0));
+	for (;;) {
+		struct proto_submit_req req;
+		struct proto_mask_desc desc;
+		struct proto_done usage;
+		size_t len;
+		int rc;
+
+		pthread_mutex_lock(&w->mu);
+		if (w->next >= w->n_req) {
+			pthread_mutex_unlock(&w->mu);
+			break;
+		}
+		w->next++;
+		build_request(w, s, &req, &desc);
+		pthread_mutex_unlock(&w->mu);
+		/* JSON integers stop at INT64_MAX: the seed's low 63 bits */
+		len = http_body(o, req.segments[0].text, req.segments[0].len,
+				req.sampling.seed & (uint64_t)INT64_MAX, true, req.max_tokens, body,
+				cap);
+		memset(&usage, 0, sizeof(usage));
+		err[0] = '\0';
+		s->t_first = 0;
+		s->streamed = 0;
+		s->t0 = bench_now();
+		rc = len ? http_stream_one(s, c, body, len, &usage, err, sizeof(err)) : -E2BIG;
+		pthread_mutex_lock(&w->mu);
+		if (rc)
+			note_error(w, rc, err);
+		record(s, rc, rc ? NULL : &usage);
+		pthread_mutex_unlock(&w->mu);
+	}
+	bench_http_close(c);
+	free(c);
+	free(body);
+	return NULL;
+}
+
+/* worker_run over HTTP: min(C, n) streams share the n requests. */
+static int worker_run_http(struct worker *w, uint32_t n, struct report *rep)
+{
+	const struct opts *o = w->o;
+	uint32_t k = o->concurrency < n ? o->concurrency : n, started = 0;
+	pthread_t *th = calloc(k ? k : 1, sizeof(*th));
+	pthread_attr_t attr;
+	int rc = 0;
+
+	memset(rep, 0, sizeof(*rep));
+	if (!th)
+		return -ENOMEM;
+	w->next = 0;
+	w->n_req = n;
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 256 * 1024);
+	rep->t_start = bench_now();
+	for (; started < k; started++) {
+		rc = -pthread_create(&th[started], &attr, http_stream_thread, &w->slots[started]);
+		if (rc)
+			break;
+	}
+	for (uint32_t i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	rep->t_end = bench_now();
+	pthread_attr_destroy(&attr);
+	free(th);
+	rep->n = w->n_samples;
+	return started ? 0 : rc;
+}
+
+/* The first model of GET /v1/models into o->model. Returns 0 or -1. */
+static int http_model(struct opts *o)
+{
+	struct bench_http c;
+	char err[SW_ERR_MAX], *text = malloc(1 << 20);
+	size_t at = 0;
+	long k = 0;
+	json_t *root;
+	const char *id;
+	int rc;
+
+	if (!text)
+		return -1;
+	bench_http_init(&c, (uint32_t)(o->timeout_s * 1000.0));
+	rc = bench_http_request(&c, &o->url, "GET", "/v1/models", o->auth, NULL, 0, err,
+				sizeof(err));
+	while (!rc && at < (1 << 20) - 1 && (k = bench_http_read(&c, text + at, (1 << 20) - 1 - at)) > 0)
+		at += (size_t)k;
+	text[at] = '\0';
+	if (rc || c.status != 200 || k < 0) {
+		fprintf(stderr, "gpud-load: GET %s/v1/models: %s\n", o->http,
+			rc ? err : c.status != 200 ? text : strerror((int)-k));
+		bench_http_close(&c);
+		free(text);
+		return -1;
+	}
+	bench_http_close(&c);
+	root = json_loads(text, 0, NULL);
+	id = json_string_value(json_object_get(json_array_get(json_object_get(root, "data"), 0), "id"));
+	if (id)
+		snprintf(o->model, sizeof(o->model), "%s", id);
+	else
+		fprintf(stderr, "gpud-load: GET %s/v1/models: no model in %.200s\n", o->http, text);
+	json_decref(root);
+	free(text);
+	return id ? 0 : -1;
+}
+
+/* Tokens per word over HTTP: the usage of a one-token completion of the
+ * word sample. */
+static int http_calibrate(struct opts *o, double *tpw)
+{
+	char text[CALIBRATION_WORDS * 8], err[SW_ERR_MAX], reply[8192];
+	size_t at = 0, len, cap = sizeof(text) * 2 + 1024;
+	char *body = malloc(cap);
+	uint64_t rng = o->seed ^ 0x5eedULL;
+	struct bench_http c;
+	struct proto_done d;
+	bool completions = o->completions;
+	size_t got = 0;
+	long k = 0;
+	int rc;
+
+	if (!body)
+		return -1;
+	for (int i = 0; i < CALIBRATION_WORDS; i++)
+		at += (size_t)snprintf(text + at, sizeof(text) - at, "%s%s", i ? " " : "",
+				       words[rng_next(&rng) % N_WORDS]);
+	o->completions = true; /* the prompt as it is, no chat template */
+	len = http_body(o, text, at, 1, false, 1, body, cap);
+	o->completions = completions;
+	bench_http_init(&c, (uint32_t)(o->timeout_s * 1000.0));
+	rc = bench_http_request(&c, &o->url, "POST", "/v1/completions", o->auth, body, len, err,
+				sizeof(err));
+	while (!rc && got < sizeof(reply) - 1 &&
+	       (k = bench_http_read(&c, reply + got, sizeof(reply) - 1 - got)) > 0)
+		got += (size_t)k;
+	reply[got] = '\0';
+	bench_http_close(&c);
+	free(body);
+	memset(&d, 0, sizeof(d));
+	if (rc || c.status != 200 || !http_usage(reply, &d) || d.prompt_tokens == 0) {
+		fprintf(stderr, "gpud-load: calibration over %s/v1/completions: %s\n", o->http,
+			rc ? err : reply);
+		return -1;
+	}
+	*tpw = (double)d.prompt_tokens / CALIBRATION_WORDS;
+	return 0;
+}
+
 static int write_all(int fd, const void *buf, size_t len)
 {
 	const char *p = buf;
@@ -452,7 +819,7 @@ static int child_main(const struct opts *o, double tpw, uint32_t n, uint64_t see
 
 	memset(&rep, 0, sizeof(rep));
 	if (rc == 0)
-		rc = worker_run(&w, n, &rep);
+		rc = o->http ? worker_run_http(&w, n, &rep) : worker_run(&w, n, &rep);
 	rep.fatal = rc;
 	if (rc)
 		rep.n = 0;
@@ -574,6 +941,7 @@ struct summary {
 	double gpud_cpu_s; /* gpud's user + system CPU time during the run; < 0 unknown */
 	double gpud_loop_cpu_s; /* of which gpud's main (loop) thread */
 	double tool_cpu_s; /* the load processes' own CPU time (children) */
+	double front_cpu_s; /* --front-pid's CPU time during the run; < 0 unknown */
 	/* p50, p99 in ms of gpud's usage timings (successful requests) */
 	double queue[2], prefill[2], decode[2];
 	double admit[2]; /* total - queue - prefill - decode: gpud before queuing */
@@ -689,20 +1057,27 @@ static json_int_t delta(const json_t *before, const json_t *after, const char *k
 static void print_text(const struct opts *o, const struct summary *m, double tpw,
 		       const json_t *before, const json_t *after)
 {
+	char name[32];
+
+	if (o->http)
+		printf("gpud-load: over HTTP, %s%s (model %s), one connection per stream\n", o->http,
+		       o->completions ? "/v1/completions" : "/v1/chat/completions", o->model);
 	printf("gpud-load: %u requests, %u processes x %u concurrent over %u connections each, "
 	       "prompt %u:%u tokens, %u:%u segments%s, max_tokens %u, temperature %.2f, "
 	       "seed %" PRIu64 "\n",
-	       o->requests, o->processes, o->concurrency, o->connections, o->prompt_min,
+	       o->requests, o->processes, o->concurrency, o->http ? o->concurrency : o->connections,
+	       o->prompt_min,
 	       o->prompt_max, o->seg_min, o->seg_max, o->causal ? " (causal)" : "",
 	       o->max_tokens, o->temperature, o->seed);
 	printf("calibration: %.3f tokens per word\n", tpw);
 	printf("requests: %" PRIu64 " ok, %" PRIu64 " errors\n", m->ok, m->errors);
 	for (uint32_t c = 0; c < m->n_codes; c++)
-		printf("  %s (%d): %" PRIu64 "\n", sw_errname(m->codes[c]), m->codes[c],
-		       m->code_count[c]);
+		printf("  %s (%d): %" PRIu64 "\n", code_name(m->codes[c], name, sizeof(name)),
+		       m->codes[c], m->code_count[c]);
 	printf("tokens: prompt %" PRIu64 " (cached %" PRIu64 "), generated %" PRIu64
-	       " (streamed ids %" PRIu64 ")\n",
-	       m->prompt, m->cached, m->generated, m->streamed);
+	       " (%s %" PRIu64 ")\n",
+	       m->prompt, m->cached, m->generated,
+	       o->http ? "events with content" : "streamed ids", m->streamed);
 	printf("wall: %.3f s; generated tokens/s %.1f; prompt tokens/s %.1f; requests/s %.1f\n",
 	       m->wall_s, m->wall_s > 0 ? m->generated / m->wall_s : 0.0,
 	       m->wall_s > 0 ? m->prompt / m->wall_s : 0.0,
@@ -718,9 +1093,14 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 		printf("gpud cpu by thread: loop (main thread) %.2f s, other threads "
 		       "(devices) %.2f s; load tool processes %.2f s\n",
 		       m->gpud_loop_cpu_s, m->gpud_cpu_s - m->gpud_loop_cpu_s, m->tool_cpu_s);
+	if (m->front_cpu_s >= 0)
+		printf("front (pid %d) cpu: %.2f s = %.2f cores busy on average\n", o->front_pid,
+		       m->front_cpu_s, m->wall_s > 0 ? m->front_cpu_s / m->wall_s : 0.0);
 	printf("latency ms: p50 %.2f  p99 %.2f  max %.2f\n", m->lat_p50, m->lat_p99, m->lat_max);
 	printf("ttft ms:    p50 %.2f  p99 %.2f  max %.2f  (%" PRIu64 " requests streamed "
 	       "tokens)\n", m->ttft_p50, m->ttft_p99, m->ttft_max, m->n_ttft);
+	if (o->http)
+		goto stats; /* gpud's own timings do not cross the HTTP API */
 	printf("gpud usage ms: queue p50 %.2f p99 %.2f; prefill p50 %.2f p99 %.2f; "
 	       "decode p50 %.2f p99 %.2f\n",
 	       m->queue[0], m->queue[1], m->prefill[0], m->prefill[1], m->decode[0], m->decode[1]);
@@ -728,6 +1108,7 @@ static void print_text(const struct opts *o, const struct summary *m, double tpw
 	       "outside gpud's total (latency - total) p50 %.2f p99 %.2f\n",
 	       m->admit[0], m->admit[1], m->outside[0], m->outside[1]);
 	printf("  ttft - queue - prefill p50 %.2f p99 %.2f\n", m->first_gap[0], m->first_gap[1]);
+stats:
 	if (!after) {
 		printf("daemon stats: unavailable\n");
 		return;
@@ -795,9 +1176,15 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	json_t *root = json_object(), *codes = json_object(), *d = json_object();
 	double w = m->wall_s > 0 ? m->wall_s : 1.0;
 
+	char name[32];
+
 	for (uint32_t c = 0; c < m->n_codes; c++)
-		json_object_set_new(codes, sw_errname(m->codes[c]),
+		json_object_set_new(codes, code_name(m->codes[c], name, sizeof(name)),
 				    json_integer((json_int_t)m->code_count[c]));
+	json_object_set_new(root, "protocol", json_string(!o->http ? "native"
+							  : o->completions ? "http-completions"
+									   : "http-chat"));
+	json_object_set_new(root, "front_cpu_s", json_real(m->front_cpu_s));
 	json_object_set_new(root, "requests", json_integer((json_int_t)(m->ok + m->errors)));
 	json_object_set_new(root, "ok", json_integer((json_int_t)m->ok));
 	json_object_set_new(root, "errors", json_integer((json_int_t)m->errors));
@@ -891,14 +1278,52 @@ static int parse_range(const char *s, uint32_t lo, uint32_t hi, uint32_t *a, uin
 	return 0;
 }
 
+/* --http: the URL, the key, and the load it can carry (causal, one
+ * segment). Returns 0, or -1 with a message. */
+static int http_setup(struct opts *o, const char *key_file)
+{
+	char err[SW_ERR_MAX], key[512] = "";
+	const char *env = getenv("OPENAI_API_KEY");
+
+	if (bench_http_url_parse(o->http, &o->url, err, sizeof(err))) {
+		fprintf(stderr, "gpud-load: --http %s\n", err);
+		return -1;
+	}
+	if (key_file) {
+		FILE *f = fopen(key_file, "re");
+
+		if (!f || !fgets(key, sizeof(key), f)) {
+			fprintf(stderr, "gpud-load: --api-key-file %s: %s\n", key_file,
+				f ? "empty" : strerror(errno));
+			if (f)
+				fclose(f);
+			return -1;
+		}
+		fclose(f);
+		key[strcspn(key, "\r\n")] = '\0';
+	} else if (env) {
+		snprintf(key, sizeof(key), "%s", env);
+	}
+	if (key[0])
+		snprintf(o->auth, sizeof(o->auth), "Authorization: Bearer %s\r\n", key);
+	if (!o->causal || o->seg_max != 1)
+		fprintf(stderr, "gpud-load: --http: causal prompts of one segment (the API's "
+			"plain requests)\n");
+	o->causal = true;
+	o->seg_min = o->seg_max = 1;
+	return 0;
+}
+
 static void usage(const char *argv0)
 {
 	fprintf(stderr,
 		"usage: %s --socket PATH --requests N --concurrency C [--processes P]\n"
 		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
 		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
-		"       [--timeout SECONDS] [--json]\n",
-		argv0);
+		"       [--timeout SECONDS] [--json]\n"
+		"   or: %s --http http://HOST:PORT [--endpoint chat|completions]\n"
+		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above)\n",
+		argv0, argv0);
 }
 
 int main(int argc, char **argv)
@@ -908,6 +1333,7 @@ int main(int argc, char **argv)
 		.prompt_max = 256, .max_tokens = 64, .seg_min = 1, .seg_max = 8, .seed = 1,
 		.timeout_s = 300,
 	};
+	const char *key_file = NULL;
 	int bad = 0;
 
 	for (int i = 1; i < argc && !bad; i++) {
@@ -924,6 +1350,18 @@ int main(int argc, char **argv)
 			bad = 1;
 		} else if (!strcmp(a, "--socket")) {
 			o.socket = v;
+		} else if (!strcmp(a, "--http")) {
+			o.http = v;
+		} else if (!strcmp(a, "--endpoint")) {
+			bad = strcmp(v, "chat") && strcmp(v, "completions");
+			o.completions = !strcmp(v, "completions");
+		} else if (!strcmp(a, "--api-key-file")) {
+			key_file = v;
+		} else if (!strcmp(a, "--front-pid")) {
+			uint32_t pid;
+
+			bad = parse_u32(v, 1, INT32_MAX, &pid) != 0;
+			o.front_pid = (int)pid;
 		} else if (!strcmp(a, "--requests")) {
 			bad = parse_u32(v, 1, UINT32_MAX / 2, &o.requests) != 0;
 		} else if (!strcmp(a, "--concurrency")) {
@@ -953,10 +1391,12 @@ int main(int argc, char **argv)
 			fprintf(stderr, "gpud-load: bad argument: %s%s%s\n", a, takes ? " " : "",
 				takes && v ? v : "");
 	}
-	if (bad || !o.socket || o.timeout_s < 0) {
+	if (bad || (!o.socket && !o.http) || o.timeout_s < 0) {
 		usage(argv[0]);
 		return 2;
 	}
+	if (o.http && http_setup(&o, key_file))
+		return 2;
 	if (!o.connections || o.connections > o.concurrency)
 		o.connections = o.concurrency;
 	if (o.processes > o.requests)
@@ -965,10 +1405,13 @@ int main(int argc, char **argv)
 
 	double tpw = 1.0;
 	int server_pid = 0;
-	if (calibrate(&o, &tpw, &server_pid))
+	if (o.http && http_model(&o))
 		return 1;
-	json_t *before = fetch_stats(&o);
+	if (o.socket ? calibrate(&o, &tpw, &server_pid) : http_calibrate(&o, &tpw))
+		return 1;
+	json_t *before = o.socket ? fetch_stats(&o) : NULL;
 	double cpu0 = proc_cpu_s(server_pid, false), loop0 = proc_cpu_s(server_pid, true);
+	double front0 = o.front_pid ? proc_cpu_s(o.front_pid, false) : -1;
 
 	/* No client thread is alive here: the children start clean. */
 	pid_t pids[MAX_PROCESSES];
@@ -1028,12 +1471,14 @@ int main(int argc, char **argv)
 	double cpu1 = proc_cpu_s(server_pid, false), loop1 = proc_cpu_s(server_pid, true);
 	m.gpud_cpu_s = cpu0 >= 0 && cpu1 >= 0 ? cpu1 - cpu0 : -1;
 	m.gpud_loop_cpu_s = loop0 >= 0 && loop1 >= 0 ? loop1 - loop0 : -1;
+	double front1 = o.front_pid ? proc_cpu_s(o.front_pid, false) : -1;
+	m.front_cpu_s = front0 >= 0 && front1 >= 0 ? front1 - front0 : -1;
 	struct rusage ru;
 	m.tool_cpu_s = -1;
 	if (getrusage(RUSAGE_CHILDREN, &ru) == 0)
 		m.tool_cpu_s = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 +
 			       (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6;
-	json_t *after = fetch_stats(&o);
+	json_t *after = o.socket ? fetch_stats(&o) : NULL;
 	if (o.json)
 		print_json(&o, &m, tpw, before, after);
 	else

@@ -37,14 +37,15 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: swarmctl [--config FILE] COMMAND\n"
-		"  start              start Redis and PostgreSQL (managed), gpud, agentd\n"
-		"  stop               stop the supervisor, drain and stop agentd, gpud, then\n"
-		"                     managed services\n"
+		"  start              start Redis and PostgreSQL (managed), gpud, agentd, and\n"
+		"                     gpud-http when http.listen is set (managed: 127.0.0.1:8080)\n"
+		"  stop               stop the supervisor, gpud-http, drain and stop agentd,\n"
+		"                     gpud, then managed services\n"
 		"  status [--json]    processes, queue, gpud memory, caches, throughput\n"
 		"  check              validate the configuration\n"
 		"  mem [--dump]       gpud's memory report (--dump: every block's owner to a file)\n"
 		"  logs [SERVICE] [-f]  print (or follow) a service's log: gpud, agentd, redis,\n"
-		"                     postgres, supervisor\n"
+		"                     postgres, gpud-http, supervisor\n"
 		"  submit FILE|URL|- ... [--kind summarize|answer|ingest] [--question Q] [--wait]\n"
 		"                     [--timeout S] [--max-tokens N]   queue one task per input\n"
 		"                     (--wait: and print the results)\n"
@@ -79,7 +80,10 @@ static int cmd_check(void)
 
 static int cmd_stop_env(struct ctl_env *e)
 {
-	static const enum ctl_service order[] = { CTL_AGENTD, CTL_GPUD, CTL_REDIS, CTL_POSTGRES };
+	/* gpud's clients first: the HTTP front ends its streams, agentd
+	 * drains, then gpud */
+	static const enum ctl_service order[] = { CTL_HTTP, CTL_AGENTD, CTL_GPUD, CTL_REDIS,
+						  CTL_POSTGRES };
 	char err[SW_ERR_MAX];
 	pid_t sup = e->managed ? ctl_supervisor_pid(e) : 0;
 	int status = 0;
@@ -212,11 +216,15 @@ out:
 static int wait_services(const struct ctl_env *e, pid_t sup, const json_int_t *base, char *err,
 			 size_t errlen)
 {
-	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
+	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD,
+						  CTL_HTTP };
 
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		enum ctl_service s = order[i];
 		struct ctl_command cmd;
+
+		if (!ctl_service_enabled(e, s))
+			continue;
 		struct sw_deadline d;
 		bool adopted = false;
 		pid_t pid = 0;
@@ -320,12 +328,15 @@ static int cmd_start_managed(struct ctl_env *e)
 	}
 	printf("swarm is running (state directory %s; supervisor pid %d restarts any service "
 	       "that dies)\n", e->state_dir, (int)sup);
+	if (ctl_service_enabled(e, CTL_HTTP))
+		printf("OpenAI-compatible API: http://%s/v1\n", e->cfg.http.listen);
 	return 0;
 }
 
 static int cmd_start(void)
 {
-	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD };
+	static const enum ctl_service order[] = { CTL_REDIS, CTL_POSTGRES, CTL_GPUD, CTL_AGENTD,
+						  CTL_HTTP };
 	struct ctl_env e;
 	char err[CTL_START_ERR_MAX];
 	int lock, rc;
@@ -352,6 +363,9 @@ static int cmd_start(void)
 	if (e.managed && e.builtin_model)
 		printf("note: no SWARM_MODEL set: gpud runs a built-in model with random weights, "
 		       "so its text is noise\n");
+	if (e.http_missing)
+		printf("note: gpud-http not found (%s): no HTTP API (build it, or set "
+		       "SWARM_GPUD_HTTP_BIN)\n", e.http_bin);
 	/* a wrong model path is the commonest mistake: say so before
 	 * starting anything */
 	if (!e.builtin_model && access(e.cfg.gpud.model, R_OK) != 0) {
@@ -368,6 +382,8 @@ static int cmd_start(void)
 	for (size_t i = 0; i < sizeof(order) / sizeof(order[0]); i++) {
 		enum ctl_service s = order[i];
 
+		if (!ctl_service_enabled(&e, s))
+			continue;
 		printf("%s %s ... ", ctl_service_managed(&e, s) ? "starting" : "checking",
 		       ctl_service_name(s));
 		fflush(stdout);
@@ -387,6 +403,8 @@ static int cmd_start(void)
 			printf("ok\n");
 	}
 	printf("swarm is running (state directory %s)\n", e.state_dir);
+	if (ctl_service_enabled(&e, CTL_HTTP))
+		printf("OpenAI-compatible API: http://%s/v1\n", e.cfg.http.listen);
 	close(lock);
 	return 0;
 }
@@ -492,9 +510,9 @@ static int cmd_logs(const char *service, bool follow)
 		service = "gpud";
 	if (strcmp(service, "gpud") && strcmp(service, "agentd") && strcmp(service, "redis") &&
 	    strcmp(service, "postgres") && strcmp(service, "model") &&
-	    strcmp(service, "supervisor")) {
+	    strcmp(service, "gpud-http") && strcmp(service, "supervisor")) {
 		fprintf(stderr, "swarmctl: logs: unknown service \"%s\" (gpud, agentd, redis, "
-			"postgres, supervisor)\n", service);
+			"postgres, gpud-http, supervisor)\n", service);
 		return EXIT_USAGE;
 	}
 	snprintf(rel, sizeof(rel), "logs/%s.log", service);

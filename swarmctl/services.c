@@ -9,6 +9,10 @@
 #include <jansson.h>
 #include <libgen.h>
 #include <libpq-fe.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <pwd.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -16,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,6 +38,9 @@
 #define AGENTD_START_MS 30000 /* until its status file names it */
 #define PG_PROBE_TIMEOUT_S 5
 #define AGENTD_DRAIN_MS 60000 /* workers finish or hand back their tasks */
+#define HTTP_START_MS 30000   /* gpud-http: listening and gpud reachable */
+#define HTTP_STOP_MS 15000    /* its streams end, its connections close */
+#define HTTP_PROBE_MS 2000    /* one GET /health, connect to status line */
 #define LOCK_WAIT_MS 60000
 
 /* The built-in model: random weights, byte vocabulary, small enough to run
@@ -57,7 +65,8 @@ static int put(char *dst, size_t cap, const char *fmt, ...)
 	return n < 0 || (size_t)n >= cap ? -ENAMETOOLONG : 0;
 }
 
-static const char *const names[CTL_N_SERVICES] = { "redis", "postgres", "gpud", "agentd" };
+static const char *const names[CTL_N_SERVICES] = { "redis", "postgres", "gpud", "agentd",
+						   "gpud-http" };
 
 const char *ctl_service_name(enum ctl_service s)
 {
@@ -73,7 +82,12 @@ void ctl_path(const struct ctl_env *e, const char *rel, char *out, size_t cap)
 
 bool ctl_service_managed(const struct ctl_env *e, enum ctl_service s)
 {
-	return s == CTL_GPUD || s == CTL_AGENTD || e->managed;
+	return s == CTL_GPUD || s == CTL_AGENTD || s == CTL_HTTP || e->managed;
+}
+
+bool ctl_service_enabled(const struct ctl_env *e, enum ctl_service s)
+{
+	return s != CTL_HTTP || e->cfg.http.listen[0] != '\0';
 }
 
 static bool is_exec(const char *p)
@@ -113,6 +127,27 @@ static void find_bin(const char *env_var, const char *dir, const char *name, cha
 		}
 	}
 	snprintf(out, cap, "%s", name); /* from PATH */
+}
+
+/* Whether the program find_bin chose can be run: a path that is
+ * executable, or a bare name found in PATH. */
+static bool bin_runnable(const char *bin)
+{
+	const char *path = getenv("PATH");
+	char cand[PATH_MAX];
+
+	if (strchr(bin, '/'))
+		return is_exec(bin);
+	while (path && *path) {
+		size_t n = strcspn(path, ":");
+
+		if (n > 0 && snprintf(cand, sizeof(cand), "%.*s/%s", (int)n, path, bin) <
+				     (int)sizeof(cand) &&
+		    is_exec(cand))
+			return true;
+		path += n + (path[n] == ':');
+	}
+	return false;
 }
 
 static void find_pg_bindir(char *out, size_t cap)
@@ -170,6 +205,7 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 		config_path = getenv("SWARM_CONFIG");
 	find_bin("SWARM_GPUD_BIN", "gpud", "gpud", e->gpud_bin, sizeof(e->gpud_bin));
 	find_bin("SWARM_AGENTD_BIN", "agentd", "agentd", e->agentd_bin, sizeof(e->agentd_bin));
+	find_bin("SWARM_GPUD_HTTP_BIN", "http", "gpud-http", e->http_bin, sizeof(e->http_bin));
 	find_pg_bindir(e->pg_bindir, sizeof(e->pg_bindir));
 	e->pg_os_user = geteuid() == 0 ? "postgres" : NULL;
 
@@ -220,6 +256,17 @@ int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t e
 				 e->state_dir, sizeof(e->cfg.gpud.socket));
 	if (!getenv("SWARM_WORKERS"))
 		e->cfg.agentd.workers = 2;
+	/* the HTTP front on loopback (no key needed there) unless
+	 * SWARM_HTTP_LISTEN names another address, or "" for none; by
+	 * default only where gpud-http is installed (asked for, a missing
+	 * one is an error at start) */
+	if (!getenv("SWARM_HTTP_LISTEN")) {
+		if (bin_runnable(e->http_bin))
+			snprintf(e->cfg.http.listen, sizeof(e->cfg.http.listen), "%s",
+				 CTL_HTTP_LISTEN_DEFAULT);
+		else
+			e->http_missing = true;
+	}
 	/* Started by root: Redis, gpud and agentd run as the dedicated user
 	 * "swarm" (created on first start), PostgreSQL as postgres;
 	 * SWARM_USER names another, SWARM_USER= keeps them root's. */
@@ -762,11 +809,143 @@ static int gpud_probe(const struct ctl_env *e, char *err, size_t errlen)
 	return rc;
 }
 
+/* --- gpud-http ------------------------------------------------------------ */
+
+/* Where to reach a listener on listen ("HOST:PORT"): the wildcard
+ * addresses are reached on loopback. */
+static int http_target(const char *listen, char *host, size_t hostlen, char *port,
+		       size_t portlen, char *err, size_t errlen)
+{
+	uint16_t p;
+	int rc = sw_config_split_hostport(listen, host, hostlen, &p, err, errlen);
+
+	if (rc)
+		return rc;
+	if (!strcmp(host, "0.0.0.0") || !host[0])
+		snprintf(host, hostlen, "127.0.0.1");
+	else if (!strcmp(host, "::"))
+		snprintf(host, hostlen, "::1");
+	snprintf(port, portlen, "%u", (unsigned)p);
+	return 0;
+}
+
+/* One connection to ai: sends GET /health and reads the status line into
+ * *status, all before deadline. Returns 0 or a negative code. */
+static int http_health_at(const struct addrinfo *ai, const char *host, struct sw_deadline d,
+			  int *status)
+{
+	char req[SW_CONFIG_HOSTPORT_MAX + 96], line[256];
+	size_t have = 0, sent = 0, len;
+	int fd, rc = -ETIMEDOUT;
+
+	fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		    ai->ai_protocol);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0 && errno != EINPROGRESS) {
+		rc = -errno;
+		goto out;
+	}
+	len = (size_t)snprintf(req, sizeof(req), "GET /health HTTP/1.1\r\nHost: %s\r\n"
+			       "Connection: close\r\n\r\n", host);
+	while (!sw_deadline_expired(d)) {
+		struct pollfd pf = { .fd = fd, .events = sent < len ? POLLOUT : POLLIN };
+		ssize_t k;
+
+		if (poll(&pf, 1, sw_deadline_poll_ms(d)) < 0 && errno != EINTR) {
+			rc = -errno;
+			break;
+		}
+		if (!pf.revents)
+			continue;
+		if (sent < len) {
+			k = send(fd, req + sent, len - sent, MSG_NOSIGNAL);
+			if (k < 0 && errno != EAGAIN && errno != EINTR) {
+				rc = -errno;
+				break;
+			}
+			sent += k > 0 ? (size_t)k : 0;
+			continue;
+		}
+		k = recv(fd, line + have, sizeof(line) - 1 - have, 0);
+		if (k < 0 && (errno == EAGAIN || errno == EINTR))
+			continue;
+		if (k <= 0) {
+			rc = k == 0 ? -ECONNRESET : -errno;
+			break;
+		}
+		have += (size_t)k;
+		line[have] = '\0';
+		if (strchr(line, '\n') || have == sizeof(line) - 1) {
+			unsigned code;
+
+			rc = sscanf(line, "HTTP/1.%*1[01] %3u", &code) == 1 ? 0 : -EPROTO;
+			*status = rc ? 0 : (int)code;
+			break;
+		}
+	}
+out:
+	close(fd);
+	return rc;
+}
+
+/* GET /health on http.listen: 0 with the status in *status, or a negative
+ * code with the reason (nothing answers in HTTP within HTTP_PROBE_MS). */
+static int http_health(const struct ctl_env *e, int *status, char *err, size_t errlen)
+{
+	char host[SW_CONFIG_HOSTPORT_MAX], port[8];
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM, .ai_flags = AI_NUMERICSERV };
+	struct addrinfo *res = NULL, *ai;
+	struct sw_deadline d = sw_deadline_in_ms(HTTP_PROBE_MS);
+	int rc;
+
+	if (!e->cfg.http.listen[0])
+		return sw_seterr(err, errlen, -ENOENT, "http.listen is not set");
+	rc = http_target(e->cfg.http.listen, host, sizeof(host), port, sizeof(port), err, errlen);
+	if (rc)
+		return rc;
+	rc = getaddrinfo(host, port, &hints, &res);
+	if (rc)
+		return sw_seterr(err, errlen, -EHOSTUNREACH, "gpud-http at %s: %s",
+				 e->cfg.http.listen, gai_strerror(rc));
+	rc = -EHOSTUNREACH;
+	for (ai = res; ai && rc && !sw_deadline_expired(d); ai = ai->ai_next)
+		rc = http_health_at(ai, host, d, status);
+	freeaddrinfo(res);
+	if (rc)
+		return sw_seterr(err, errlen, rc, "gpud-http: no HTTP answer on %s: %s",
+				 e->cfg.http.listen, strerror(-rc));
+	return 0;
+}
+
+/* gpud-http is ready when GET /health says 200 (it reaches gpud). */
+static int http_probe(const struct ctl_env *e, char *err, size_t errlen)
+{
+	int status = 0, rc = http_health(e, &status, err, errlen);
+
+	if (rc)
+		return rc;
+	if (status != 200)
+		return sw_seterr(err, errlen, -EAGAIN, "gpud-http on %s: GET /health: %d",
+				 e->cfg.http.listen, status);
+	return 0;
+}
+
+/* gpud-http answers at all: any status (503 while gpud is away). */
+static int http_alive(const struct ctl_env *e, char *err, size_t errlen)
+{
+	int status = 0;
+
+	return http_health(e, &status, err, errlen);
+}
+
 static int start_daemon(struct ctl_env *e, enum ctl_service s, char *err, size_t errlen)
 {
 	char log[PATH_MAX + 32], pidf[PATH_MAX + 32];
-	const char *bin = s == CTL_GPUD ? e->gpud_bin : e->agentd_bin;
-	struct sw_deadline d = sw_deadline_in_ms(s == CTL_GPUD ? GPUD_START_MS : AGENTD_SETTLE_MS);
+	const char *bin = s == CTL_GPUD ? e->gpud_bin : s == CTL_HTTP ? e->http_bin : e->agentd_bin;
+	struct sw_deadline d = sw_deadline_in_ms(s == CTL_GPUD   ? GPUD_START_MS
+						 : s == CTL_HTTP ? HTTP_START_MS
+								 : AGENTD_SETTLE_MS);
 	pid_t pid;
 	int rc;
 
@@ -780,6 +959,7 @@ static int start_daemon(struct ctl_env *e, enum ctl_service s, char *err, size_t
 	char *gpud_argv[] = { (char *)bin, "serve", "--config", e->config_path, NULL };
 	char *agentd_argv[] = { (char *)bin, "--config", e->config_path, NULL };
 
+	/* agentd and gpud-http take the same command line */
 	pid = ctl_spawn(s == CTL_GPUD ? gpud_argv : agentd_argv, NULL, log, NULL);
 	if (pid < 0)
 		return sw_seterr(err, errlen, pid, "%s: %s (not built? run ninja -C build)", bin,
@@ -799,12 +979,15 @@ static int start_daemon(struct ctl_env *e, enum ctl_service s, char *err, size_t
 		}
 		if (s == CTL_GPUD && gpud_probe(e, perr, sizeof(perr)) == 0)
 			return 0;
+		if (s == CTL_HTTP && http_probe(e, perr, sizeof(perr)) == 0)
+			return 0;
 		if (sw_deadline_expired(d)) {
 			if (s == CTL_AGENTD)
 				return 0; /* alive after its settling time */
 			ctl_stop_pid(pid, SIGTERM, 5000, NULL);
 			unlink(pidf);
-			return fail_with_log(err, errlen, -ETIMEDOUT, log,
+			return fail_with_log(err, errlen, -ETIMEDOUT, log, s == CTL_HTTP ?
+					     "%s did not answer GET /health with 200 in time" :
 					     "%s did not answer on its socket in time", names[s]);
 		}
 		sw_sleep_ms(100);
@@ -820,8 +1003,10 @@ int ctl_service_start(struct ctl_env *e, enum ctl_service s, char *err, size_t e
 	if (e->managed)
 		return sw_seterr(err, errlen, -ENOTSUP, "%s: managed services are started by the "
 				 "supervisor (swarmctl start)", names[s]);
-	if (s != CTL_GPUD && s != CTL_AGENTD)
+	if (s != CTL_GPUD && s != CTL_AGENTD && s != CTL_HTTP)
 		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
+	if (!ctl_service_enabled(e, s))
+		return sw_seterr(err, errlen, -ENOENT, "%s: http.listen is not set", names[s]);
 	return start_daemon(e, s, err, errlen);
 }
 
@@ -934,6 +1119,16 @@ int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_
 		rc = rc ? rc : push_arg(c, &n, e->config_path);
 		c->start_timeout_ms = AGENTD_START_MS;
 		break;
+	case CTL_HTTP:
+		/* a gpud client like agentd; as root, the service user's from
+		 * the start (no port below 1024 to bind first) */
+		rc = push_arg(c, &n, e->http_bin);
+		rc = rc ? rc : push_arg(c, &n, "--config");
+		rc = rc ? rc : push_arg(c, &n, e->config_path);
+		if (service_user(e, &c->uid, &c->gid) == 1)
+			c->set_ids = true;
+		c->start_timeout_ms = HTTP_START_MS;
+		break;
 	default:
 		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
 	}
@@ -999,6 +1194,8 @@ int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bo
 			return pg_alive(e, err, errlen);
 		case CTL_GPUD:
 			return gpud_probe(e, err, errlen);
+		case CTL_HTTP:
+			return http_alive(e, err, errlen);
 		default:
 			return 0; /* agentd's supervisor watches its workers; nothing to ask */
 		}
@@ -1012,6 +1209,8 @@ int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bo
 		return gpud_probe(e, err, errlen);
 	case CTL_AGENTD:
 		return agentd_probe(e, pid, err, errlen);
+	case CTL_HTTP:
+		return http_probe(e, err, errlen);
 	default:
 		return sw_seterr(err, errlen, -EINVAL, "unknown service %d", (int)s);
 	}
@@ -1070,6 +1269,9 @@ int ctl_service_stop(struct ctl_env *e, enum ctl_service s, bool *killed, char *
 	case CTL_AGENTD:
 		deadline_ms = AGENTD_DRAIN_MS;
 		break;
+	case CTL_HTTP:
+		deadline_ms = HTTP_STOP_MS;
+		break;
 	default:
 		deadline_ms = 10000;
 		break;
@@ -1093,6 +1295,8 @@ int ctl_service_ping(const struct ctl_env *e, enum ctl_service s, char *err, siz
 		return pg_ping_conninfo(e->cfg.postgres.url, err, errlen);
 	case CTL_GPUD:
 		return gpud_probe(e, err, errlen);
+	case CTL_HTTP:
+		return http_probe(e, err, errlen);
 	default:
 		return ctl_service_pid(e, s) ? 0 : sw_seterr(err, errlen, -ESRCH, "not running");
 	}

@@ -7,7 +7,9 @@
  *    maxmemory with noeviction), a PostgreSQL cluster (initdb on first
  *    start, Unix socket only, database "swarm" with pgvector), gpud on a
  *    built-in random-weight model that `gpud mkmodel` generates on first
- *    start (or $SWARM_MODEL), and agentd. swarmctl writes the
+ *    start (or $SWARM_MODEL), agentd, and gpud-http (the OpenAI-compatible
+ *    HTTP front, a gpud client) on http.listen: 127.0.0.1:8080 unless
+ *    SWARM_HTTP_LISTEN says otherwise ("" = off). swarmctl writes the
  *    configuration they read to <state>/swarm.json. They run in the
  *    foreground as children of the supervisor (swarmctl/supervise.h),
  *    which starts them with ctl_service_command, waits for
@@ -15,16 +17,18 @@
  *    and agentd run as the config's `user` (SWARM_USER, default "swarm",
  *    created by ctl_managed_prepare when missing), PostgreSQL as postgres.
  *  - external (--config FILE or $SWARM_CONFIG): Redis and PostgreSQL are
- *    the ones the file names (swarmctl only checks they answer); gpud and
- *    agentd get the file itself and are started detached by
+ *    the ones the file names (swarmctl only checks they answer); gpud,
+ *    agentd and, when the file sets http.listen, gpud-http get the file
+ *    itself and are started detached by
  *    ctl_service_start (under systemd, by their units); state_dir comes
  *    from the file (or $SWARM_STATE_DIR).
  *
  * State directory layout:
- *   run/     pid files (supervisor.pid, redis.pid, gpud.pid, agentd.pid),
- *            supervisor.lock, gpud.sock, redis.sock
- *   logs/    redis.log, postgres.log, gpud.log, agentd.log, supervisor.log,
- *            model.log; NAME.log.1 .. rotated copies (supervisor.log_keep)
+ *   run/     pid files (supervisor.pid, redis.pid, gpud.pid, agentd.pid,
+ *            gpud-http.pid), supervisor.lock, gpud.sock, redis.sock
+ *   logs/    redis.log, postgres.log, gpud.log, agentd.log, gpud-http.log,
+ *            supervisor.log, model.log; NAME.log.1 .. rotated copies
+ *            (supervisor.log_keep)
  *   redis/   Redis data (appendonly)
  *   pg/      PostgreSQL: data/ and its socket (owned by postgres when root;
  *            group and mode 0750 of the service user's group with one)
@@ -54,8 +58,12 @@ enum ctl_service {
 	CTL_POSTGRES = 1,
 	CTL_GPUD = 2,
 	CTL_AGENTD = 3,
-	CTL_N_SERVICES = 4,
+	CTL_HTTP = 4,          /* gpud-http; only while http.listen is set */
+	CTL_N_SERVICES = 5,
 };
+
+/* Managed mode's http.listen when SWARM_HTTP_LISTEN is unset. */
+#define CTL_HTTP_LISTEN_DEFAULT "127.0.0.1:8080"
 
 struct ctl_env {
 	bool managed;
@@ -65,15 +73,20 @@ struct ctl_env {
 	struct sw_config cfg;        /* effective */
 	char gpud_bin[PATH_MAX];
 	char agentd_bin[PATH_MAX];
+	char http_bin[PATH_MAX];     /* gpud-http */
 	char pg_bindir[PATH_MAX];
 	const char *pg_os_user;      /* "postgres" when we are root, else NULL */
 	bool builtin_model;          /* managed mode without $SWARM_MODEL */
+	bool http_missing;           /* managed mode: no gpud-http to run by default */
 };
 
 /* Resolves the mode, the state directory, the configuration (loaded and
  * validated; in managed mode built from defaults + environment), and the
  * binaries (next to swarmctl's own executable in a build tree or an
- * install, or $SWARM_GPUD_BIN / $SWARM_AGENTD_BIN). Creates nothing.
+ * install, or $SWARM_GPUD_BIN / $SWARM_AGENTD_BIN / $SWARM_GPUD_HTTP_BIN).
+ * In managed mode http.listen is CTL_HTTP_LISTEN_DEFAULT unless
+ * SWARM_HTTP_LISTEN is set (to "" for none), or gpud-http is nowhere to
+ * be found (http_missing; left off). Creates nothing.
  * Returns 0 or a negative code with a message. */
 int ctl_env_init(struct ctl_env *e, const char *config_path, char *err, size_t errlen);
 
@@ -86,12 +99,18 @@ void ctl_path(const struct ctl_env *e, const char *rel, char *out, size_t cap);
  * PostgreSQL only when managed). */
 bool ctl_service_managed(const struct ctl_env *e, enum ctl_service s);
 
+/* True when s is part of this swarm: every service but gpud-http always,
+ * gpud-http while http.listen is set. A service not enabled is neither
+ * started nor shown, but still stopped when a pid file names it (one
+ * started under an earlier configuration). */
+bool ctl_service_enabled(const struct ctl_env *e, enum ctl_service s);
+
 /* The live pid of a managed service, 0 when not running. */
 pid_t ctl_service_pid(const struct ctl_env *e, enum ctl_service s);
 
-/* External mode: checks that Redis and PostgreSQL answer, starts gpud or
- * agentd detached and waits until it answers (gpud `stats`; agentd alive
- * after its start-up). Already running: 0 and nothing done. On failure
+/* External mode: checks that Redis and PostgreSQL answer, starts gpud,
+ * agentd or gpud-http detached and waits until it answers (gpud `stats`;
+ * agentd alive after its start-up; gpud-http 200 on GET /health). Already running: 0 and nothing done. On failure
  * the message gives the cause and the last lines of the service's log
  * (err of CTL_START_ERR_MAX bytes holds it whole); whatever was spawned
  * for s is stopped again. In managed mode a service not running is
@@ -125,7 +144,8 @@ struct ctl_command {
 /* Fills c for managed service s: redis-server --daemonize no with
  * --maxmemory redis.maxmemory --maxmemory-policy noeviction; postgres -D
  * (the postmaster itself, as the postgres user when root); gpud serve;
- * agentd. c is self-contained (no pointers into e). Returns 0 or a
+ * agentd; gpud-http --config (as the service user when root). c is
+ * self-contained (no pointers into e). Returns 0 or a
  * negative code with a message. */
 int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_command *c,
 			char *err, size_t errlen);
@@ -134,10 +154,12 @@ int ctl_service_command(const struct ctl_env *e, enum ctl_service s, struct ctl_
  * Redis answers PING; PostgreSQL accepts connections, and the swarm
  * database and the vector extension exist (created when missing); gpud
  * answers `stats`; agentd's supervisor wrote agentd.status.json under
- * pid. live true: whether it still answers at all (the supervisor's hang
+ * pid; gpud-http answers GET /health with 200 (gpud reachable through it).
+ * live true: whether it still answers at all (the supervisor's hang
  * check): any Redis reply, PostgreSQL accepting or refusing a connection
- * (starting up, in recovery, full), gpud answering `stats`; agentd always
- * (its own supervisor watches its workers). Returns 0 or a negative code
+ * (starting up, in recovery, full), gpud answering `stats`, gpud-http
+ * answering any HTTP status (503 while gpud is away is an answer); agentd
+ * always (its own supervisor watches its workers). Returns 0 or a negative code
  * with the reason. Every wait is bounded (2 to 5 s). Safe to call from
  * any thread (it reads e only). */
 int ctl_service_ready(const struct ctl_env *e, enum ctl_service s, pid_t pid, bool live,
@@ -155,14 +177,14 @@ int ctl_service_clear_stale(const struct ctl_env *e, enum ctl_service s, char *e
 /* <state>/logs/NAME.log into out. */
 void ctl_service_log_path(const struct ctl_env *e, const char *name, char *out, size_t cap);
 
-/* Stops s: agentd and gpud with SIGTERM and their drain deadlines,
+/* Stops s: agentd, gpud and gpud-http with SIGTERM and their deadlines,
  * Redis with SIGTERM, PostgreSQL with a fast shutdown; SIGKILL when the
  * deadline passes (*killed then true). Not running: 0. */
 int ctl_service_stop(struct ctl_env *e, enum ctl_service s, bool *killed, char *err,
 		    size_t errlen);
 
-/* For external services: whether it answers (Redis PING, PostgreSQL
- * connect). Returns 0 or a negative code with the cause. */
+/* Whether s answers (Redis PING, PostgreSQL connect, gpud `stats`,
+ * gpud-http GET /health 200; agentd: its pid is alive). Returns 0 or a negative code with the cause. */
 int ctl_service_ping(const struct ctl_env *e, enum ctl_service s, char *err, size_t errlen);
 
 /* Creates the state directory tree (run, logs, ...). */

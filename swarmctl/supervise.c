@@ -31,6 +31,7 @@ struct ctl_sup {
 	struct sw_sup_child ch[CTL_N_SERVICES];
 	char pidfile[CTL_N_SERVICES][PATH_MAX + 32]; /* "" for PostgreSQL (postmaster.pid) */
 	char last_lines[CTL_N_SERVICES][2 * SW_ERR_MAX];
+	unsigned n;  /* services supervised: all, or all but gpud-http (the last) */
 	uint64_t started_at;
 };
 
@@ -166,7 +167,7 @@ static json_t *status_json(struct sw_sup *sup, void *user)
 		json_decref(root);
 		return NULL;
 	}
-	for (unsigned i = 0; i < CTL_N_SERVICES; i++) {
+	for (unsigned i = 0; i < cs->n; i++) {
 		json_t *s = sw_sup_info_json(sup, i);
 
 		if (!s)
@@ -245,7 +246,10 @@ int ctl_cmd_supervise(struct ctl_env *e)
 	}
 	cs->e = e;
 	cs->started_at = sw_realtime_ms();
-	for (int s = 0; s < CTL_N_SERVICES; s++) {
+	/* gpud-http is last in service order: without http.listen the
+	 * supervisor has one service less */
+	cs->n = ctl_service_enabled(e, CTL_HTTP) ? CTL_N_SERVICES : CTL_HTTP;
+	for (int s = 0; s < (int)cs->n; s++) {
 		struct ctl_command *c = &cs->cmd[s];
 
 		rc = ctl_service_command(e, s, c, err, sizeof(err));
@@ -274,7 +278,7 @@ int ctl_cmd_supervise(struct ctl_env *e)
 	}
 	ctl_service_log_path(e, "supervisor", own_log, sizeof(own_log));
 	so.children = cs->ch;
-	so.n_children = CTL_N_SERVICES;
+	so.n_children = cs->n;
 	so.policy = (struct sw_sup_policy){
 		.backoff_min_ms = e->cfg.supervisor.restart_backoff_min_ms,
 		.backoff_max_ms = e->cfg.supervisor.restart_backoff_max_ms,
@@ -299,10 +303,12 @@ int ctl_cmd_supervise(struct ctl_env *e)
 	so.log_keep = e->cfg.supervisor.log_keep;
 	so.extra_logs = extra;
 
-	log_info("swarm supervisor %s (state directory %s): redis, postgres, gpud, agentd; "
+	log_info("swarm supervisor %s (state directory %s): redis, postgres, gpud, agentd%s%s; "
 		 "backoff %u..%u ms, more than %u deaths in %u ms = failed, hung after %u ms "
 		 "without an answer (0 = never); logs bounded at %llu bytes + %u rotated",
-		 SW_VERSION, e->state_dir, so.policy.backoff_min_ms, so.policy.backoff_max_ms,
+		 SW_VERSION, e->state_dir, cs->n > CTL_HTTP ? ", gpud-http on " : "",
+		 cs->n > CTL_HTTP ? e->cfg.http.listen : "", so.policy.backoff_min_ms,
+		 so.policy.backoff_max_ms,
 		 so.policy.crash_limit, so.policy.crash_window_ms, so.policy.hang_ms,
 		 (unsigned long long)so.log_max_bytes, so.log_keep);
 	json = sw_config_to_json(&e->cfg); /* passwords redacted */

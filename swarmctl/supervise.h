@@ -4,8 +4,9 @@
  * `swarmctl start` without a configuration file leaves one small process,
  * `swarmctl supervise`, running detached (own session, output in
  * <state>/logs/supervisor.log, pid in run/supervisor.pid). It owns Redis,
- * PostgreSQL, gpud and agentd as its children on the shared supervision
- * loop (common/supervise.h): started in that order, each once the one
+ * PostgreSQL, gpud, agentd and gpud-http (while http.listen is set) as its
+ * children on the shared supervision loop (common/supervise.h): started
+ * in that order, each once the one
  * before answers (services.h ctl_service_ready); restarted when it exits
  * or is killed, after supervisor.restart_backoff_min_ms doubling up to
  * _max_ms; marked failed after more than supervisor.crash_limit deaths
@@ -14,8 +15,8 @@
  * (supervisor.log_max_bytes, log_keep rotated copies).
  *
  * Signals: SIGTERM or SIGINT stops the supervisor and leaves the services
- * running (`swarmctl stop` then stops them in its order: agentd drains,
- * gpud, Redis, PostgreSQL); SIGHUP starts the failed services again
+ * running (`swarmctl stop` then stops them in its order: gpud-http, agentd
+ * drains, gpud, Redis, PostgreSQL); SIGHUP starts the failed services again
  * (`swarmctl start` sends it). SIGUSR1 is not passed on (no
  * usr1_reopens): every service writes to its O_APPEND stdout, which
  * copy-and-truncate bounds without a reopen, none opens a log file by
@@ -32,7 +33,7 @@
  *    "running"|"backoff"|"failed"|"stopped", "adopted", "spawns",
  *    "restarts", "crashes", "recycles", "hangs", "started_at",
  *    "exited_at", "last_exit", "error", "log", "last_lines"}]}
- * in service order (redis, postgres, gpud, agentd); last_lines is the end
+ * in service order (redis, postgres, gpud, agentd, gpud-http); last_lines is the end
  * of the service's log at its last death ("" before one).
  */
 #ifndef SWARMCTL_SUPERVISE_H

@@ -85,9 +85,15 @@ json_t *ctl_processes_json(const struct ctl_env *e, bool *all_up, bool *any_up)
 		json_object_set_new(procs, "supervisor", p);
 	}
 	for (int s = 0; s < CTL_N_SERVICES; s++) {
-		json_t *p = json_object();
+		json_t *p;
 		pid_t pid = ctl_service_pid(e, s);
 		bool up = pid != 0;
+
+		if (!ctl_service_enabled(e, s) && !pid)
+			continue; /* gpud-http without http.listen */
+		p = json_object();
+		if (s == CTL_HTTP)
+			json_object_set_new(p, "listen", json_string(e->cfg.http.listen));
 
 		if (!ctl_service_managed(e, s)) {
 			up = ctl_service_ping(e, s, err, sizeof(err)) == 0;

@@ -15,7 +15,8 @@
 
 /* The process table of status and top: an object keyed by service name
  * ("supervisor" first in managed mode, then redis, postgres, gpud,
- * agentd). Each: "up" (a live pid; for an external service, whether it
+ * agentd, and gpud-http while http.listen is set or it runs, with its
+ * "listen"). Each: "up" (a live pid; for an external service, whether it
  * answers), "pid", "uptime_s", "external" and "error" (why an external
  * one does not answer); in managed mode, from the supervisor's status
  * while it runs: "state" (starting|running|backoff|waiting|failed),

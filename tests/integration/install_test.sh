@@ -82,7 +82,7 @@ done
 ok "migrations in $sqldir" test -f "$D$sqldir/001_init.sql"
 ok "the shipped configuration in $confdir" cmp -s config/swarm.json "$D$confdir/swarm.json"
 ok "the logrotate snippet in $logrotatedir" cmp -s config/logrotate/swarm "$D$logrotatedir/swarm"
-for u in gpud agentd; do
+for u in gpud agentd gpud-http; do
 	args="--config $confdir/swarm.json"
 	[ $u = gpud ] && args="serve $args"
 	check "$u.service runs the installed $u on the installed configuration" 0 \

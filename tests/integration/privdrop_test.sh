@@ -61,6 +61,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 unset SWARM_REDIS_PASSWORD SWARM_PG_PASSWORD SWARM_CONFIG SWARM_USER SWARM_STATE_DIR
+export SWARM_HTTP_LISTEN= # managed mode without the HTTP front (swarmctl_http_test.sh)
 
 private_servers "$srv" "$top/srv.err"
 rpw="pd-$RANDOM$RANDOM"

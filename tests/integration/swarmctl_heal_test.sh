@@ -44,6 +44,9 @@ out=$top/out
 stranger=
 
 unset SWARM_MODEL SWARM_CONFIG
+# the HTTP front off (swarmctl_http_test.sh covers it): these cases are about the
+# other services, and a fixed port 8080 would clash between concurrent runs
+export SWARM_HTTP_LISTEN=
 # A worker killed with agentd leaves its task pending until the lease runs
 # out: 20 s here, not agentd's 5 min, so the tasks of the kills complete
 # within all_completed's wait (the soak's CI stage does the same).

@@ -36,6 +36,9 @@ state=$top/s
 out=$top/out
 
 unset SWARM_MODEL SWARM_CONFIG SWARM_GPUD_METRICS SWARM_USER
+# the HTTP front off (swarmctl_http_test.sh covers it): these cases are about the
+# other services, and a fixed port 8080 would clash between concurrent runs
+export SWARM_HTTP_LISTEN=
 export SWARM_STATE_DIR=$state SWARM_WORKERS=2
 
 cleanup() {

@@ -48,6 +48,9 @@ out=$top/out
 ctl() { SWARM_STATE_DIR=$state "$swarmctl" "$@"; }
 
 unset SWARM_MODEL SWARM_CONFIG
+# the HTTP front off (swarmctl_http_test.sh covers it): these cases are about the
+# other services, and a fixed port 8080 would clash between concurrent runs
+export SWARM_HTTP_LISTEN=
 
 # --- the usual mistakes, nothing running ------------------------------------
 check "stop with no state directory" 0 "nothing is running" -- ctl stop
