@@ -389,21 +389,22 @@ static void test_completions(void **state)
 	free(b);
 
 	/* Chat: stories260K has no chat template; the front agrees with
-	 * `gpud generate --chat` (both refuse, the front with a 400). */
+	 * `gpud generate --chat` (both refuse, the front with a 400, both
+	 * naming the choice to make). test_chat gives it a format. */
 	const char *cargs[] = { "generate", "--model", GPUD_IT_MODEL, "--prompt", PROMPT,
 				"--max-tokens", "10", "--chat", NULL };
 	assert_int_not_equal(gpud_it_run_cmd(cargs, gen, sizeof(gen), 120000), 0);
-	assert_non_null(strstr(gen, "no chat template"));
+	assert_non_null(strstr(gen, "no tokenizer.chat_template"));
 	assert_int_equal(post(f.port, "/v1/chat/completions",
 			      "{\"model\":\"" MODEL_ID "\",\"messages\":[{\"role\":\"user\","
 			      "\"content\":\"" PROMPT "\"}],\"temperature\":0}", NULL, &b, NULL),
 			 400);
-	assert_non_null(strstr(b, "no chat template"));
+	assert_non_null(strstr(b, "no tokenizer.chat_template"));
 	free(b);
 	b = sh("curl -sN http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
 	       "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true}' "
 	       "-w ' %%{http_code}'", f.port);
-	assert_non_null(strstr(b, "no chat template"));
+	assert_non_null(strstr(b, "no tokenizer.chat_template"));
 	assert_non_null(strstr(b, " 400"));
 	free(b);
 
@@ -416,6 +417,48 @@ static void test_completions(void **state)
 	assert_non_null(strstr(b, "gpud_http_request_seconds_bucket{route=\"completions\",le=\"+Inf\"}"));
 	free(b);
 	(void)h;
+
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+/* Chat with a format chosen in the config (stories260K has no template):
+ * greedy chat through the front, whole and streamed, equals `gpud generate
+ * --chat-format` for the same message. */
+static void test_chat(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char gen[4096], finish[16], *b;
+	const char *args[] = { "generate", "--model", GPUD_IT_MODEL, "--prompt", PROMPT,
+			       "--max-tokens", "24", "--chat-format", "llama2", NULL };
+
+	start_all(fx, &f, "\"chat_format\": \"llama2\"");
+	assert_int_equal(gpud_it_run_cmd(args, gen, sizeof(gen), 120000), 0);
+	char *figs = strstr(gen, "prompt tokens: ");
+	assert_non_null(figs);
+	*figs = '\0';
+	assert_true(strlen(gen) > 0);
+
+	b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+	       "-d '{\"model\":\"" MODEL_ID "\",\"messages\":[{\"role\":\"user\",\"content\":"
+	       "\"" PROMPT "\"}],\"max_tokens\":24,\"temperature\":0}'", f.port);
+	json_t *j = jparse(b);
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	json_t *msg = json_object_get(ch, "message");
+	assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+	assert_string_equal(json_string_value(json_object_get(msg, "content")), gen);
+	assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+	json_decref(j);
+	free(b);
+
+	b = sh("curl -sN http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+	       "-d '{\"model\":\"" MODEL_ID "\",\"messages\":[{\"role\":\"user\",\"content\":"
+	       "\"" PROMPT "\"}],\"max_tokens\":24,\"temperature\":0,\"stream\":true}'", f.port);
+	char *txt = sse_text(b, true, finish, sizeof(finish));
+	assert_string_equal(txt, gen);
+	free(txt);
+	free(b);
 
 	assert_int_equal(stop_front(&f), 0);
 	fx->done = true;
@@ -858,6 +901,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		GPUD_IT_FIX_TEST(test_completions),
+		GPUD_IT_FIX_TEST(test_chat),
 		GPUD_IT_FIX_TEST(test_embeddings),
 		GPUD_IT_FIX_TEST(test_errors),
 		GPUD_IT_FIX_TEST(test_auth),
