@@ -134,6 +134,7 @@ static const struct field gpud_fields[] = {
 	U32("context", gpud.context, 0, 1u << 24, 0, NULL),
 	BYTES("mask_cache_bytes", gpud.mask_cache_bytes, 4096, 1ull << 40),
 	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
+	BYTES("chunk_cache_bytes", gpud.chunk_cache_bytes, 0, 1ull << 44),
 	U32("placement_margin", gpud.placement_margin, 0, 65536, 0, NULL),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
@@ -219,6 +220,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.context = 0;
 	cfg->gpud.mask_cache_bytes = 64ull << 20;
 	cfg->gpud.prefix_cache_bytes = 4ull << 30;
+	cfg->gpud.chunk_cache_bytes = 1ull << 30;
 	cfg->gpud.placement_margin = 8; /* as gpud_sched_params_default */
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;

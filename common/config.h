@@ -95,6 +95,9 @@ struct sw_config {
 		uint32_t context;               /* 0 = the model's trained context */
 		uint64_t mask_cache_bytes;
 		uint64_t prefix_cache_bytes;    /* 0 = prefix cache off */
+		uint64_t chunk_cache_bytes;     /* KV bytes of self-only segments
+						 * kept for reuse at any offset;
+						 * 0 = chunk-KV cache off */
 		uint32_t placement_margin;      /* requests a device caching a
 						 * prompt's prefix may queue beyond
 						 * the least-loaded one's */

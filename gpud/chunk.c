@@ -39,6 +39,7 @@ struct gpud_chunk {
 	uint32_t *blk;         /* (n_pages) KV block of each page */
 	int32_t *toks;         /* (n_pages, block_tokens) */
 	uint32_t *free_pages;  /* (n_pages) stack */
+	uint8_t *held;         /* (max_blocks) 1: KV block held by a page */
 	uint32_t n_free_pages;
 	uint64_t hits, misses, hit_tokens;
 };
@@ -76,6 +77,7 @@ static void rec_evict(void *ctx, uint64_t key, void *value, size_t bytes)
 	(void)bytes;
 	for (uint32_t pg = r->first; pg != NO_PAGE;) {
 		uint32_t nx = c->next[pg];
+		c->held[c->blk[pg]] = 0;
 		c->p.release(c->p.ctx, c->blk[pg]);
 		c->free_pages[c->n_free_pages++] = pg;
 		pg = nx;
@@ -110,7 +112,8 @@ int gpud_chunk_create(struct gpud_chunk **out, const struct gpud_chunk_params *p
 	c->blk = calloc(pages, sizeof(*c->blk));
 	c->toks = calloc(pages * p->block_tokens, sizeof(*c->toks));
 	c->free_pages = calloc(pages, sizeof(*c->free_pages));
-	if (!c->recs || !c->free_recs || !c->next || !c->blk || !c->toks || !c->free_pages ||
+	c->held = calloc(p->max_blocks, 1);
+	if (!c->held || !c->recs || !c->free_recs || !c->next || !c->blk || !c->toks || !c->free_pages ||
 	    sw_lru_create(&c->lru, &(struct sw_lru_params){
 				  .name = "chunk-kv", .max_bytes = pages * p->block_bytes,
 				  .max_entries = (uint32_t)pages, .evict = rec_evict,
@@ -140,6 +143,7 @@ void gpud_chunk_destroy(struct gpud_chunk *c)
 	free(c->blk);
 	free(c->toks);
 	free(c->free_pages);
+	free(c->held);
 	free(c);
 }
 
@@ -229,24 +233,39 @@ int gpud_chunk_insert(struct gpud_chunk *c, const int32_t *tokens, uint32_t n, i
 			c->next[prev] = pg;
 		prev = pg;
 	}
+	for (uint32_t j = 0; j < np; j++)
+		if (blocks[j] >= c->p.max_blocks || c->held[blocks[j]])
+			goto out_unwind;
 	c->used_pages += np;
 	rc = sw_lru_insert(c->lru, key_of(tokens, n), &q, r, (size_t)np * c->p.block_bytes,
 			   false, &r->h);
-	if (rc) {
-		/* Not owned: pages and record back, blocks stay the caller's. */
-		for (uint32_t pg = r->first; pg != NO_PAGE; pg = c->next[pg])
-			c->free_pages[c->n_free_pages++] = pg;
-		c->used_pages -= np;
-		*r = (struct rec){ .first = NO_PAGE };
-		c->free_recs[c->n_free_recs++] = ri;
-		return rc == -EEXIST ? rc : SW_ETOOLONG;
+	if (!rc) {
+		for (uint32_t j = 0; j < np; j++)
+			c->held[blocks[j]] = 1;
+		return 0;
 	}
-	return 0;
+	c->used_pages -= np;
+	rc = rc == -EEXIST ? rc : SW_ETOOLONG;
+	goto out_free;
+out_unwind:
+	rc = -EINVAL;
+out_free:
+	/* Not owned: pages and record back, blocks stay the caller's. */
+	for (uint32_t pg = r->first; pg != NO_PAGE; pg = c->next[pg])
+		c->free_pages[c->n_free_pages++] = pg;
+	*r = (struct rec){ .first = NO_PAGE };
+	c->free_recs[c->n_free_recs++] = ri;
+	return rc;
 }
 
 int gpud_chunk_evict(struct gpud_chunk *c)
 {
 	return sw_lru_evict_one(c->lru);
+}
+
+bool gpud_chunk_holds(const struct gpud_chunk *c, uint32_t block)
+{
+	return block < c->p.max_blocks && c->held[block];
 }
 
 uint32_t gpud_chunk_blocks(const struct gpud_chunk *c)

@@ -91,7 +91,8 @@ int gpud_chunk_make_room(struct gpud_chunk *c, uint32_t n_blocks);
  * ceil(n / block_tokens)), whose holds the cache takes over (released
  * through the callback when the entry leaves). Call make_room first.
  * Returns 0; -EEXIST (already cached) or SW_ETOOLONG (no room): the caller
- * keeps its holds. -EINVAL for n == 0. */
+ * keeps its holds. -EINVAL for n == 0, or a block that is out of range
+ * (max_blocks) or held by the cache already. */
 int gpud_chunk_insert(struct gpud_chunk *c, const int32_t *tokens, uint32_t n, int32_t pos0,
 		      const uint32_t *blocks);
 
@@ -99,6 +100,8 @@ int gpud_chunk_insert(struct gpud_chunk *c, const int32_t *tokens, uint32_t n, i
  * 0, or SW_ENOTFOUND when none is unpinned. */
 int gpud_chunk_evict(struct gpud_chunk *c);
 
+/* True when the cache holds KV block block (memory dumps). */
+bool gpud_chunk_holds(const struct gpud_chunk *c, uint32_t block);
 /* KV blocks the cache holds now. */
 uint32_t gpud_chunk_blocks(const struct gpud_chunk *c);
 void gpud_chunk_stats(const struct gpud_chunk *c, struct gpud_chunk_stats *st);

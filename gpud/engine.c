@@ -547,9 +547,26 @@ void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st
 
 /* --- chunk-KV cache --------------------------------------------------------- */
 
+bool gpud_engine_chunk_holds(const struct gpud_engine *e, uint32_t block)
+{
+	return e->cc && gpud_chunk_holds(e->cc, block);
+}
+
 bool gpud_engine_chunk_enabled(const struct gpud_engine *e)
 {
 	return e->cc != NULL;
+}
+
+void gpud_engine_chunk_stats(const struct gpud_engine *e, struct gpud_chunk_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	if (e->cc)
+		gpud_chunk_stats(e->cc, st);
+}
+
+bool gpud_engine_chunk_reclaim(struct gpud_engine *e, uint64_t blocks)
+{
+	return chunk_reclaim(e, blocks);
 }
 
 void gpud_engine_chunk_flush(struct gpud_engine *e)

@@ -223,8 +223,24 @@ int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *
 uint32_t gpud_engine_chunk_until(const struct gpud_engine *e, uint32_t seq,
 				 const int32_t *prompt, uint32_t n_prompt);
 
+/* Evicts least recently used chunk entries until blocks blocks are free
+ * in the pool (a step evicts what it needs itself; a scheduler that
+ * serializes its chunk calls with a lock calls this under it before a
+ * step, so that the step leaves the cache alone). True when they are. */
+bool gpud_engine_chunk_reclaim(struct gpud_engine *e, uint64_t blocks);
+
 /* Evicts every chunk entry (their blocks go back to the pool). */
 void gpud_engine_chunk_flush(struct gpud_engine *e);
+
+/* The chunk-KV cache's counters alone (zeros without one): unlike
+ * gpud_engine_stats it reads nothing a forward pass changes, so a
+ * scheduler may call it while another thread steps the engine, as long as
+ * it serializes it with its own chunk calls and reclaims before each step
+ * (gpud_engine_chunk_reclaim). */
+void gpud_engine_chunk_stats(const struct gpud_engine *e, struct gpud_chunk_stats *st);
+
+/* True when block is held by the chunk-KV cache (memory dumps). */
+bool gpud_engine_chunk_holds(const struct gpud_engine *e, uint32_t block);
 
 /* True when the engine keeps a chunk-KV cache. */
 bool gpud_engine_chunk_enabled(const struct gpud_engine *e);
