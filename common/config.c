@@ -169,6 +169,7 @@ static const struct field agentd_fields[] = {
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
 	U32("results_maxlen", agentd.results_maxlen, 1, 1u << 30, 0, NULL),
 	U32("dead_maxlen", agentd.dead_maxlen, 1, 1u << 30, 0, NULL),
+	STR("answer_chunk_mask", agentd.answer_chunk_mask, F_NONEMPTY, NULL),
 	OBJ("fetch", fetch_fields),
 	{ .key = NULL },
 };
@@ -249,6 +250,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	/* A dead entry carries its whole task (up to 16 MiB of JSON); dead
 	 * tasks are rare, and PostgreSQL keeps every one's id and error. */
 	cfg->agentd.dead_maxlen = 1000;
+	snprintf(cfg->agentd.answer_chunk_mask, sizeof(cfg->agentd.answer_chunk_mask), "system");
 
 	/* A service restarts after 0.25 s, 0.5 s, 1 s ... 30 s; six quick
 	 * deaths in a minute (about 8 s of backoff) mark it failed. The
@@ -883,6 +885,10 @@ int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, s
 				 "supervisor.restart_backoff_min_ms: expected at most supervisor.restart_backoff_max_ms (%u), got %u",
 				 cfg->supervisor.restart_backoff_max_ms,
 				 cfg->supervisor.restart_backoff_min_ms);
+	if (strcmp(a->answer_chunk_mask, "system") && strcmp(a->answer_chunk_mask, "self"))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "agentd.answer_chunk_mask: expected \"system\" or \"self\", got \"%s\"",
+				 a->answer_chunk_mask);
 	if (a->heartbeat_ms >= a->lease_ms)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "agentd.heartbeat_ms: expected less than agentd.lease_ms (%u), got %u",

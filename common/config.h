@@ -133,6 +133,11 @@ struct sw_config {
 		uint32_t crash_limit;           /* crashes per window before failed */
 		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
 		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
+		/* What an answer task's chunk segments see besides themselves
+		 * when the task does not say (task field "chunk_mask"):
+		 * "system" (the system prompt) or "self" (nothing: gpud's
+		 * chunk-KV cache reuses them at any position). */
+		char answer_chunk_mask[16];
 		/* What a task's URL or callback may reach (agentd/fetch.h). */
 		struct {
 			/* file:// only below these (absolute) directories;

@@ -711,8 +711,11 @@ static int chunk_store_one(struct gpud_engine *e, uint32_t seq, const int32_t *t
 	const uint32_t *table;
 	int rc;
 
+	/* Stores never take the pool's last eighth: a step that needs blocks
+	 * then rarely waits on evictions, and what sequences reach stays
+	 * theirs alone to reach (the high-water mark of the pool). */
 	if (gpud_chunk_contains(e->cc, tokens, n) || gpud_chunk_make_room(e->cc, nb) ||
-	    !chunk_reclaim(e, nb))
+	    !chunk_reclaim(e, (uint64_t)nb + e->p.n_blocks / 8))
 		return 0;
 	for (; got < nb; got++)
 		if (gpud_kv_block_take(e->kv, &e->chunk_blk[got]))
@@ -750,7 +753,9 @@ int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *
 
 		if (end > len)
 			break; /* not all written yet: looked at again next time */
-		if (end - pos >= min && self_only(m, m->seg[pos]))
+		/* Not the first segment: at position 0 it is the prefix
+		 * cache's (a chunk stored elsewhere is still reused there). */
+		if (pos && end - pos >= min && self_only(m, m->seg[pos]))
 			stored += chunk_store_one(e, seq, prompt + pos, pos, end - pos);
 		pos = end;
 	}

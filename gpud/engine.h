@@ -208,10 +208,13 @@ int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *
 
 /* After a step: caches the self-only segments of seq's prompt that its KV
  * now holds in full and that were neither reused nor stored before (the
- * engine remembers how far each sequence was scanned). Takes free blocks
- * only (evicting older entries under the bound or when the pool has none
- * free); a segment that does not fit is skipped. Returns the segments
- * stored, or -EINVAL for a bad seq. A no-op without a cache or a mask. */
+ * engine remembers how far each sequence was scanned), except the first
+ * segment (at position 0 it is what a prefix cache keeps; a chunk stored
+ * from elsewhere is still reused at position 0). Takes free blocks only,
+ * and never the pool's last eighth (evicting older entries under the
+ * bound, or to keep that eighth free); a segment that does not fit is
+ * skipped. Returns the segments stored, or -EINVAL for a bad seq. A no-op
+ * without a cache or a mask. */
 int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
 			    uint32_t n_prompt);
 

@@ -715,7 +715,7 @@ static void test_answer_prompt_shape(void **state)
 	uint16_t idx[32];
 	struct proto_mask_desc m;
 
-	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, seg, rows, idx, &m);
+	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, false, seg, rows, idx, &m);
 	assert_int_equal(m.n_segments, 4);
 	assert_int_equal(rows[0].n, 1);
 	assert_int_equal(rows[1].n, 2);
@@ -728,6 +728,19 @@ static void test_answer_prompt_shape(void **state)
 	assert_int_equal(rows[4].idx[3], 4);
 	assert_int_equal(seg[3].len, 2);
 	assert_memory_equal(seg[0].text, "sys", 3);
+	assert_int_equal(proto_mask_validate(&m, 64, NULL, 0), 0);
+
+	/* self-only chunks: each sees itself alone; the rest is the same */
+	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, true, seg, rows, idx, &m);
+	assert_int_equal(m.n_segments, 4);
+	assert_int_equal(rows[1].n, 1);
+	assert_int_equal(rows[1].idx[0], 1);
+	assert_int_equal(rows[2].n, 1);
+	assert_int_equal(rows[2].idx[0], 2);
+	assert_int_equal(rows[3].n, 4);
+	assert_int_equal(rows[4].n, 4);
+	assert_int_equal(rows[4].idx[0], 1);
+	assert_int_equal(proto_mask_validate(&m, 64, NULL, 0), 0);
 }
 
 int main(void)

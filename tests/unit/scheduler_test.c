@@ -2032,15 +2032,14 @@ static void test_chunk_reuse(void **state)
 			assert_int_equal(ds.chunk_hits, 0);
 			assert_int_equal(out[r].usage.n_cached, 0);
 		} else {
-			/* with the prefix cache off, the system prompt (a first
-			 * segment sees only itself) comes from it as well */
-			assert_int_equal(ds.chunk_hits, 3);
-			assert_int_equal(ds.chunk_hit_tokens, n[0] + n[1] + n[2]);
-			assert_int_equal(out[r].usage.n_cached, n[0] + n[1] + n[2]);
+			/* not the system prompt: a first segment is never stored */
+			assert_int_equal(ds.chunk_hits, 2);
+			assert_int_equal(ds.chunk_hit_tokens, n[1] + n[2]);
+			assert_int_equal(out[r].usage.n_cached, n[1] + n[2]);
 		}
 	}
-	/* the system prompt (first segment) and both chunks */
-	assert_int_equal(ds.chunk_entries, 3);
+	/* both chunks */
+	assert_int_equal(ds.chunk_entries, 2);
 	assert_true(ds.chunk_bytes <= ds.chunk_max_bytes);
 	if (gpud_engine_check(e, err, sizeof(err)))
 		fail_msg("%s", err);
