@@ -448,9 +448,18 @@ static void check_idle_pools(json_t *st, bool prefix_on)
 			} else if (pc) {
 				assert_int_equal(jint_in(pc, "entries"), 0);
 			}
+			/* and the chunk-KV cache's blocks (bytes in whole blocks) */
+			snprintf(cname, sizeof(cname), "%.*s.chunk", (int)(strlen(name) - 3), name);
+			pc = gpud_it_named(caches, cname);
+			if (pc) {
+				int64_t ub = jint_in(p, "unit_bytes");
+				assert_true(ub > 0 && jint_in(pc, "bytes") % ub == 0);
+				assert_true(jint_in(pc, "bytes") <= jint_in(pc, "max_bytes"));
+				held += jint_in(pc, "bytes") / ub;
+			}
 			if (used != held)
-				fail_msg("pool %s: %" PRId64 " blocks used when idle; the prefix cache "
-					 "holds %" PRId64 " (a leak)", name, used, held);
+				fail_msg("pool %s: %" PRId64 " blocks used when idle; the prefix and "
+					 "chunk caches hold %" PRId64 " (a leak)", name, used, held);
 		}
 	}
 	assert_int_equal(n_kv, 2);
