@@ -74,8 +74,8 @@ JSON
 	[ -S "$tmp/gpud.sock" ] || { echo "gpud did not listen" >&2; exit 1; }
 	nice "$load" --socket "$tmp/gpud.sock" --requests "$requests" --concurrency 16 \
 		--answer 64:4:256:40:32 --max-tokens 8 --seed 14 --json >"$tmp/r.json"
-	jq -r --arg label "$2" --arg run "$3" '
-		"\($label) run \($run): prompt \(.prompt_tokens), from caches \(.cached_prompt_tokens), computed \(.prompt_tokens - .cached_prompt_tokens) (\(
+	jq -r --arg lab "$2" --arg run "$3" '
+		"\($lab) run \($run): prompt \(.prompt_tokens), from caches \(.cached_prompt_tokens), computed \(.prompt_tokens - .cached_prompt_tokens) (\(
 		  if .prompt_tokens > 0 then (1000 * (.prompt_tokens - .cached_prompt_tokens) / .prompt_tokens
 		  | floor) / 10 else 0 end)%), TTFT p50 \(.ttft_ms.p50 | floor) ms, p99 \(.ttft_ms.p99 | floor) ms, wall \(.wall_s * 1000 | floor) ms, gpud CPU \(.gpud_cpu_s * 1000 | floor) ms, errors \(.errors), allocations since warm-up \(.alloc.since_warmup.host // "?")",
 		(.caches[] | select(.name | test("[.](prefix|chunk)$")) |

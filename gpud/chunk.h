@@ -44,7 +44,7 @@ struct gpud_chunk_params {
 
 struct gpud_chunk_stats {
 	uint64_t hits;        /* segments served from the cache */
-	uint64_t misses;      /* cacheable segments that were not there */
+	uint64_t misses;      /* cacheable segments computed (not there) */
 	uint64_t hit_tokens;  /* tokens of the hits (not computed) */
 	uint64_t inserts;
 	uint64_t evictions;   /* entries pushed out (bound or pool pressure) */

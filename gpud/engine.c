@@ -650,10 +650,8 @@ int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *
 		need = gpud_engine_blocks_needed(e, seq, n);
 		if (need > max_blocks)
 			break;
-		if (gpud_chunk_find(e->cc, prompt + pos, n, &hit, e->chunk_blk)) {
-			gpud_chunk_account(e->cc, 0, 0, 1);
-			break;
-		}
+		if (gpud_chunk_find(e->cc, prompt + pos, n, &hit, e->chunk_blk))
+			break; /* computed: chunk_store counts the miss */
 		/* The hit is pinned: reclaiming cannot take its blocks. */
 		if (!chunk_reclaim(e, need) || gpud_kv_reserve(e->kv, seq, end)) {
 			gpud_chunk_unpin(e->cc, &hit);
@@ -755,8 +753,10 @@ int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *
 			break; /* not all written yet: looked at again next time */
 		/* Not the first segment: at position 0 it is the prefix
 		 * cache's (a chunk stored elsewhere is still reused there). */
-		if (pos && end - pos >= min && self_only(m, m->seg[pos]))
+		if (pos && end - pos >= min && self_only(m, m->seg[pos])) {
+			gpud_chunk_account(e->cc, 0, 0, 1); /* computed, not copied */
 			stored += chunk_store_one(e, seq, prompt + pos, pos, end - pos);
+		}
 		pos = end;
 	}
 	e->chunk_scan[seq] = pos;

@@ -200,7 +200,7 @@ uint32_t gpud_engine_dim(const struct gpud_engine *e);
  * (K re-rotated to its positions here) and advances seq's length past it.
  * prompt: seq's prompt tokens (n_prompt, as the mask was compiled for).
  * *n_reused: the positions added (0 when nothing applied). Counts a hit per
- * segment copied and a miss per cacheable segment not found. Returns 0,
+ * segment copied (gpud_engine_chunk_store counts the misses). Returns 0,
  * -EINVAL (a bad seq), or a backend error (seq as it was before that
  * segment). A no-op without a cache or a mask. */
 int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
@@ -213,8 +213,10 @@ int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *
  * from elsewhere is still reused at position 0). Takes free blocks only,
  * and never the pool's last eighth (evicting older entries under the
  * bound, or to keep that eighth free); a segment that does not fit is
- * skipped. Returns the segments stored, or -EINVAL for a bad seq. A no-op
- * without a cache or a mask. */
+ * skipped. Each such segment (self-only, at least chunk_min_tokens, not
+ * the first) counts as a miss: it was computed, not copied. Returns the
+ * segments stored, or -EINVAL for a bad seq. A no-op without a cache or
+ * a mask. */
 int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
 			    uint32_t n_prompt);
 

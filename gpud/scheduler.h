@@ -293,7 +293,7 @@ struct gpud_sched_device_stats {
 	size_t prefix_bytes, prefix_max_bytes; /* unreferenced cache bytes, bound */
 	/* chunk-KV cache of this device's engine (all 0 when off) */
 	uint64_t chunk_hits;        /* self-only segments copied from the cache */
-	uint64_t chunk_misses;      /* cacheable segments not found */
+	uint64_t chunk_misses;      /* cacheable segments computed instead */
 	uint64_t chunk_evictions;
 	uint64_t chunk_hit_tokens;  /* prompt tokens copied, not computed */
 	uint32_t chunk_entries, chunk_blocks;

@@ -381,6 +381,12 @@ static void test_ragged(void **state)
 		struct gpud_engine_stats st;
 		gpud_engine_stats(e, &st);
 		assert_int_equal(st.chunk.hit_tokens, want);
+		/* every chunk of both rounds was copied or computed */
+		assert_int_equal(st.chunk.hits + st.chunk.misses, 2 * 3 * 3);
+		/* 5 distinct chunks, each stored once (a chunk two sequences
+		 * computed in the same round is stored by the first) */
+		assert_int_equal(st.chunk.inserts, 5);
+		assert_true(st.chunk.misses >= 5);
 	}
 	assert_idle_empty(e);
 	gpud_engine_destroy(e);
