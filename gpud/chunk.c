@@ -113,7 +113,8 @@ int gpud_chunk_create(struct gpud_chunk **out, const struct gpud_chunk_params *p
 	c->toks = calloc(pages * p->block_tokens, sizeof(*c->toks));
 	c->free_pages = calloc(pages, sizeof(*c->free_pages));
 	c->held = calloc(p->max_blocks, 1);
-	if (!c->held || !c->recs || !c->free_recs || !c->next || !c->blk || !c->toks || !c->free_pages ||
+	if (!c->held || !c->recs || !c->free_recs || !c->next || !c->blk || !c->toks ||
+	    !c->free_pages ||
 	    sw_lru_create(&c->lru, &(struct sw_lru_params){
 				  .name = "chunk-kv", .max_bytes = pages * p->block_bytes,
 				  .max_entries = (uint32_t)pages, .evict = rec_evict,

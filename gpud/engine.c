@@ -63,6 +63,8 @@ struct gpud_engine {
 	struct gpud_chunk *cc;      /* chunk-KV cache, NULL: off */
 	uint32_t *chunk_scan;       /* (max_seqs) per slot: prompt positions
 				     * already stored or reused (a segment start) */
+	uint32_t *chunk_attached;   /* (max_seqs) per slot: positions attached
+				     * from a prefix cache at its start */
 	uint32_t *chunk_blk;        /* (n_ctx / block_tokens + 1) blocks of a hit
 				     * or of an entry being stored */
 };
@@ -203,9 +205,11 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	e->embed_acc = calloc(e->hp->dim, sizeof(*e->embed_acc));
 	e->req_ids = calloc(e->p.n_ctx, sizeof(*e->req_ids));
 	e->chunk_scan = calloc(e->p.max_seqs, sizeof(*e->chunk_scan));
+	e->chunk_attached = calloc(e->p.max_seqs, sizeof(*e->chunk_attached));
 	e->chunk_blk = calloc(e->p.n_ctx / e->p.block_tokens + 1, sizeof(*e->chunk_blk));
-	if (!e->chunk_scan || !e->chunk_blk || !e->masks || !e->fseqs || !e->tokens || !e->logit0 || !e->in_batch ||
-	    !e->embed_acc || !e->req_ids) {
+	if (!e->masks || !e->fseqs || !e->tokens || !e->logit0 || !e->in_batch ||
+	    !e->embed_acc || !e->req_ids || !e->chunk_scan || !e->chunk_attached ||
+	    !e->chunk_blk) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "engine: out of memory");
 		goto out_free;
 	}
@@ -271,6 +275,7 @@ void gpud_engine_destroy(struct gpud_engine *e)
 		e->ops->destroy(e->be);
 	gpud_kv_destroy(e->kv);
 	free(e->chunk_scan);
+	free(e->chunk_attached);
 	free(e->chunk_blk);
 	free(e->masks);
 	free(e->fseqs);
@@ -299,6 +304,7 @@ int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uin
 		return rc;
 	e->masks[*seq] = mask;
 	e->chunk_scan[*seq] = 0;
+	e->chunk_attached[*seq] = 0;
 	return 0;
 }
 
@@ -315,6 +321,8 @@ int gpud_engine_seq_add_prefix(struct gpud_engine *e, const struct gpud_mask *ma
 	rc = gpud_kv_seq_attach(e->kv, *seq, blocks, n);
 	if (rc)
 		gpud_engine_seq_free(e, *seq);
+	else
+		e->chunk_attached[*seq] = n * e->p.block_tokens;
 	return rc;
 }
 
@@ -752,8 +760,11 @@ int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *
 		if (end > len)
 			break; /* not all written yet: looked at again next time */
 		/* Not the first segment: at position 0 it is the prefix
-		 * cache's (a chunk stored elsewhere is still reused there). */
-		if (pos && end - pos >= min && self_only(m, m->seg[pos])) {
+		 * cache's (a chunk stored elsewhere is still reused there);
+		 * nor one the prefix cache served whole: neither computed
+		 * nor copied, and cached already if it ever was. */
+		if (pos && end > e->chunk_attached[seq] && end - pos >= min &&
+		    self_only(m, m->seg[pos])) {
 			gpud_chunk_account(e->cc, 0, 0, 1); /* computed, not copied */
 			stored += chunk_store_one(e, seq, prompt + pos, pos, end - pos);
 		}

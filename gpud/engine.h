@@ -214,7 +214,8 @@ int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *
  * and never the pool's last eighth (evicting older entries under the
  * bound, or to keep that eighth free); a segment that does not fit is
  * skipped. Each such segment (self-only, at least chunk_min_tokens, not
- * the first) counts as a miss: it was computed, not copied. Returns the
+ * the first, not wholly in the blocks gpud_engine_seq_add_prefix gave the
+ * sequence) counts as a miss: it was computed, not copied. Returns the
  * segments stored, or -EINVAL for a bad seq. A no-op without a cache or
  * a mask. */
 int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,

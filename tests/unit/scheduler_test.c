@@ -1965,7 +1965,7 @@ static void test_idle_placement_alternates(void **state)
  * and copies them in (stats, n_cached), and both requests' greedy output
  * equals a run with no cache at all. Idle, the pool holds only the
  * cache's blocks (dumped as "chunk"), and a flush empties it. */
-static void test_chunk_reuse(void **state)
+static void chunk_reuse(bool prefix)
 {
 	static const char *const part[] = {
 		"Once upon a time, there was a little girl named Lily.",
@@ -1987,7 +1987,6 @@ static void test_chunk_reuse(void **state)
 	/* order of the chunks in each request */
 	static const int order[2][2] = { { 1, 2 }, { 2, 1 } };
 
-	(void)state;
 	gpud_engine_params_default(&ep);
 	ep.n_threads = 1;
 	ep.max_batch_tokens = 64;
@@ -1996,7 +1995,7 @@ static void test_chunk_reuse(void **state)
 	if (gpud_engine_create(&e, model, &ep, err, sizeof(err)))
 		fail_msg("engine: %s", err);
 	assert_true(gpud_engine_chunk_enabled(e));
-	s = mk_sched(&e, 1, 4, 64, 0);
+	s = prefix ? mk_sched_pfx(&e, 1, 4, (size_t)64 << 20) : mk_sched(&e, 1, 4, 64, 0);
 	us = mk_sched(&u, 1, 4, 64, 0);
 	for (int i = 0; i < 5; i++) {
 		/* the system prompt keeps BOS; the rest are continuations */
@@ -2032,11 +2031,17 @@ static void test_chunk_reuse(void **state)
 			assert_int_equal(ds.chunk_hits, 0);
 			assert_int_equal(out[r].usage.n_cached, 0);
 		} else {
-			/* not the system prompt: a first segment is never stored */
+			/* not the system prompt: a first segment is never stored
+			 * (with the prefix cache on, its full blocks come from
+			 * there) */
 			assert_int_equal(ds.chunk_hits, 2);
 			assert_int_equal(ds.chunk_hit_tokens, n[1] + n[2]);
-			assert_int_equal(out[r].usage.n_cached, n[1] + n[2]);
+			assert_int_equal(out[r].usage.n_cached,
+					 n[1] + n[2] + (prefix ? n[0] / 16 * 16 : 0));
+			assert_int_equal(ds.prefix_hit_tokens, prefix ? n[0] / 16 * 16 : 0);
 		}
+		/* every chunk was copied or computed */
+		assert_int_equal(ds.chunk_hits + ds.chunk_misses, 2 * (r + 1));
 	}
 	/* both chunks */
 	assert_int_equal(ds.chunk_entries, 2);
@@ -2045,17 +2050,37 @@ static void test_chunk_reuse(void **state)
 		fail_msg("%s", err);
 	gpud_engine_stats(e, &es);
 	assert_int_equal(es.kv.seqs, 0);
-	assert_int_equal(es.kv.used, ds.chunk_blocks);
-	assert_int_equal(gpud_engine_free_blocks(e), es.kv.n_blocks);
+	assert_int_equal(es.kv.used, ds.chunk_blocks + ds.prefix_blocks);
+	assert_int_equal(ds.prefix_unreferenced, ds.prefix_blocks);
+	assert_int_equal(gpud_engine_free_blocks(e), es.kv.n_blocks - ds.prefix_blocks);
 	assert_int_equal(gpud_sched_block_owners(s, 0, count_owner, &oc), 0);
 	assert_int_equal(oc.chunk, ds.chunk_blocks);
+	assert_int_equal(oc.prefix, ds.prefix_blocks);
 	assert_int_equal(oc.free, es.kv.free);
+	assert_int_equal(oc.request + oc.shared, 0);
 	gpud_engine_chunk_flush(e);
-	assert_pool_empty(e);
+	if (!prefix)
+		assert_pool_empty(e);
+	gpud_engine_stats(e, &es);
+	assert_int_equal(es.kv.used, ds.prefix_blocks);
 	gpud_sched_destroy(s);
 	gpud_sched_destroy(us);
 	gpud_engine_destroy(e);
 	gpud_engine_destroy(u);
+}
+
+static void test_chunk_reuse(void **state)
+{
+	(void)state;
+	chunk_reuse(false);
+}
+
+/* The same with the prefix cache on: the system prompt's full blocks come
+ * from it, the chunks from the chunk cache, and both count. */
+static void test_chunk_reuse_prefix(void **state)
+{
+	(void)state;
+	chunk_reuse(true);
 }
 
 int main(void)
@@ -2085,6 +2110,7 @@ int main(void)
 		cmocka_unit_test(test_prefix_placement),
 		cmocka_unit_test(test_idle_placement_alternates),
 		cmocka_unit_test(test_chunk_reuse),
+		cmocka_unit_test(test_chunk_reuse_prefix),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);
