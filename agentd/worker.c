@@ -813,6 +813,7 @@ static int prepare(struct worker *w, char *err, size_t errlen)
 		.chunk_tokens = o->chunk_tokens ? o->chunk_tokens : AGENT_DEFAULT_CHUNK_TOKENS,
 		.chunk_overlap = o->chunk_overlap ? o->chunk_overlap : AGENT_DEFAULT_CHUNK_OVERLAP,
 		.summary_fanin = o->summary_fanin ? o->summary_fanin : AGENT_DEFAULT_SUMMARY_FANIN,
+		.answer_self_chunks = o->cfg && !strcmp(o->cfg->agentd.answer_chunk_mask, "self"),
 		.progress = mark_progress,
 		.progress_arg = w,
 	};

@@ -3,9 +3,10 @@
  *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
  *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
- *             [--timeout S] [--json]
+ *             [--answer SYS:K:CHUNK:POOL:Q] [--timeout S] [--json]
  *   gpud-load --http URL [--endpoint chat|completions] [--api-key-file F]
- *             [--socket PATH] [--front-pid PID] ... (the same load options)
+ *             [--socket PATH] [--front-pid PID] ... (the same load options
+ *             but --answer)
  *
  * P processes (fork) each keep C requests in flight over K connections
  * (default K = C: one connection per client, like agent workers) until
@@ -17,6 +18,16 @@
  * tokens-per-word ratio measured once with proto_client_tokenize, so
  * prompt lengths hit MIN:MAX approximately (the DONE usage gives the real
  * count, which is what is reported).
+ *
+ * --answer SYS:K:CHUNK:POOL:Q sends answer-style prompts instead, shaped
+ * like agentd's answer task with chunk_mask "self": a system prompt of
+ * about SYS tokens (the same in every request), K chunks of about CHUNK
+ * tokens drawn without repetition from a pool of POOL (the same pool in
+ * every process: it comes from --seed), and a question of about Q tokens
+ * (random per request). The descriptor: the system prompt and each chunk
+ * see only themselves, the question sees everything, and G sees the
+ * chunks, the question and itself. Repeated chunks in other orders and
+ * company are what gpud's chunk-KV cache reuses (cached_prompt_tokens).
  *
  * Each process sends its samples (status, usage, latency, time to first
  * token) back through a pipe; the parent merges them and prints requests,
@@ -110,6 +121,8 @@ struct opts {
 	float temperature;
 	double timeout_s;
 	bool causal, json;
+	bool answer;                     /* --answer */
+	uint32_t a_sys, a_k, a_chunk, a_pool, a_q;
 };
 
 /* One finished request, as sent back through the pipe. */
@@ -178,6 +191,10 @@ struct worker {
 	int32_t seen_codes[MAX_CODES];
 	uint32_t n_seen;
 	uint32_t next, n_req;  /* --http: requests taken by the streams, of n_req */
+	/* --answer: the system prompt and the chunk pool (seeded by --seed
+	 * alone: every process has the same) */
+	char *a_sys;
+	char **a_pool;                   /* (a_pool) */
 };
 
 /* An error code's name: sw_errname, or "http_NNN" for an HTTP status. */
@@ -259,16 +276,113 @@ static void on_done(void *arg, uint64_t request_id, int status, const struct pro
 	pthread_mutex_unlock(&w->mu);
 }
 
+/* n_words random words from *rng, space separated, in a new string. */
+static char *random_words(uint64_t *rng, uint32_t n_words)
+{
+	size_t cap = (size_t)n_words * 16 + 1, at = 0;
+	char *t = malloc(cap);
+
+	if (!t)
+		return NULL;
+	for (uint32_t k = 0; k < n_words; k++)
+		at += (size_t)snprintf(t + at, cap - at, "%s%s", k ? " " : "",
+				       words[rng_next(rng) % N_WORDS]);
+	return t;
+}
+
+static uint32_t words_for(const struct worker *w, uint32_t tokens)
+{
+	uint32_t n = (uint32_t)lround(tokens / w->tokens_per_word);
+
+	return n ? n : 1;
+}
+
+/* --answer: system prompt and pool, the same in every process. */
+static int answer_init(struct worker *w)
+{
+	const struct opts *o = w->o;
+	uint64_t rng = o->seed ^ 0xa115e7ULL;
+
+	w->a_sys = random_words(&rng, words_for(w, o->a_sys));
+	w->a_pool = calloc(o->a_pool, sizeof(*w->a_pool));
+	if (!w->a_sys || !w->a_pool)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < o->a_pool; i++)
+		if (!(w->a_pool[i] = random_words(&rng, words_for(w, o->a_chunk))))
+			return -ENOMEM;
+	return 0;
+}
+
+/* --answer: [system, K chunks of the pool, question] with the descriptor
+ * of the file comment. */
+static void build_answer(struct worker *w, struct slot *s, struct proto_submit_req *req,
+			 struct proto_mask_desc *desc)
+{
+	const struct opts *o = w->o;
+	uint32_t k = o->a_k, q = k + 1, S = k + 2, pick[PROTO_MAX_SEGMENTS], n_words;
+	size_t at = 0, x = 0;
+
+	for (uint32_t i = 0; i < k; i++) {
+		bool dup;
+		do {
+			pick[i] = rng_range(&w->rng, 0, o->a_pool - 1);
+			dup = false;
+			for (uint32_t j = 0; j < i; j++)
+				dup |= pick[j] == pick[i];
+		} while (dup);
+	}
+	s->seg[0] = (struct proto_segment){ .text = w->a_sys, .len = (uint32_t)strlen(w->a_sys) };
+	for (uint32_t i = 0; i < k; i++)
+		s->seg[1 + i] = (struct proto_segment){ .text = w->a_pool[pick[i]],
+							.len = (uint32_t)strlen(w->a_pool[pick[i]]) };
+	n_words = words_for(w, o->a_q);
+	for (uint32_t i = 0; i < n_words; i++) {
+		const char *wd = words[rng_next(&w->rng) % N_WORDS];
+		size_t len = strlen(wd);
+		s->text[at++] = ' ';
+		memcpy(s->text + at, wd, len);
+		at += len;
+	}
+	s->seg[q] = (struct proto_segment){ .text = s->text, .len = (uint32_t)at };
+	/* rows: each of 0..k itself; the question 0..q; G 1..q and itself */
+	for (uint32_t i = 0; i <= k; i++) {
+		s->rows[i] = (struct proto_mask_row){ .idx = &s->idx[x], .n = 1 };
+		s->idx[x++] = (uint16_t)i;
+	}
+	s->rows[q] = (struct proto_mask_row){ .idx = &s->idx[x], .n = q + 1 };
+	for (uint32_t i = 0; i <= q; i++)
+		s->idx[x++] = (uint16_t)i;
+	s->rows[S] = (struct proto_mask_row){ .idx = &s->idx[x], .n = q + 1 };
+	for (uint32_t i = 1; i <= S; i++)
+		s->idx[x++] = (uint16_t)i;
+	memset(req, 0, sizeof(*req));
+	req->n_segments = S;
+	req->segments = s->seg;
+	req->max_tokens = o->max_tokens;
+	req->sampling.temperature = o->temperature;
+	req->sampling.top_p = 1.0f;
+	req->sampling.repeat_penalty = 1.0f;
+	req->sampling.seed = rng_next(&w->rng);
+	desc->n_segments = S;
+	desc->rows = s->rows;
+	req->mask = desc;
+}
+
 /* Fills the slot's request: random words cut into segments, and a random
  * descriptor unless --causal. */
 static void build_request(struct worker *w, struct slot *s, struct proto_submit_req *req,
 			  struct proto_mask_desc *desc)
 {
 	const struct opts *o = w->o;
-	uint32_t target = rng_range(&w->rng, o->prompt_min, o->prompt_max);
-	uint32_t n_words = (uint32_t)lround(target / w->tokens_per_word);
-	uint32_t n_seg = rng_range(&w->rng, o->seg_min, o->seg_max);
+	uint32_t target, n_words, n_seg;
 
+	if (o->answer) {
+		build_answer(w, s, req, desc);
+		return;
+	}
+	target = rng_range(&w->rng, o->prompt_min, o->prompt_max);
+	n_words = (uint32_t)lround(target / w->tokens_per_word);
+	n_seg = rng_range(&w->rng, o->seg_min, o->seg_max);
 	if (n_words < 1)
 		n_words = 1;
 	if (n_seg > n_words)
@@ -343,6 +457,11 @@ static void worker_free(struct worker *w)
 			free(w->slots[i].cut);
 		}
 	}
+	if (w->a_pool)
+		for (uint32_t i = 0; i < w->o->a_pool; i++)
+			free(w->a_pool[i]);
+	free(w->a_pool);
+	free(w->a_sys);
 	free(w->slots);
 	free(w->free_slots);
 	free(w->samples);
@@ -386,7 +505,7 @@ static int worker_init(struct worker *w, const struct opts *o, double tpw, uint3
 			return -ENOMEM;
 		w->free_slots[w->n_free++] = o->concurrency - 1 - i;
 	}
-	return 0;
+	return o->answer ? answer_init(w) : 0;
 }
 
 static void opts_client(const struct opts *o, struct proto_client_opts *co)
@@ -1320,9 +1439,10 @@ static void usage(const char *argv0)
 		"usage: %s --socket PATH --requests N --concurrency C [--processes P]\n"
 		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
 		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
-		"       [--timeout SECONDS] [--json]\n"
+		"       [--answer SYS:K:CHUNK:POOL:Q] [--timeout SECONDS] [--json]\n"
 		"   or: %s --http http://HOST:PORT [--endpoint chat|completions]\n"
-		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above)\n",
+		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above\n"
+		"       but --answer)\n",
 		argv0, argv0);
 }
 
@@ -1382,6 +1502,12 @@ int main(int argc, char **argv)
 			o.temperature = strtof(v, NULL);
 		} else if (!strcmp(a, "--timeout")) {
 			o.timeout_s = atof(v);
+		} else if (!strcmp(a, "--answer")) {
+			o.answer = true;
+			bad = sscanf(v, "%u:%u:%u:%u:%u", &o.a_sys, &o.a_k, &o.a_chunk, &o.a_pool,
+				     &o.a_q) != 5 || !o.a_sys || !o.a_k || !o.a_chunk || !o.a_q ||
+			      o.a_k > o.a_pool || o.a_k + 2 > PROTO_MAX_SEGMENTS ||
+			      o.a_pool > 1u << 16;
 		} else {
 			bad = 1;
 		}
@@ -1395,8 +1521,19 @@ int main(int argc, char **argv)
 		usage(argv[0]);
 		return 2;
 	}
+	if (o.http && o.answer) {
+		fprintf(stderr, "gpud-load: --answer sends mask descriptors over the native "
+			"protocol; it does not combine with --http\n");
+		return 2;
+	}
 	if (o.http && http_setup(&o, key_file))
 		return 2;
+	if (o.answer) {
+		/* slots sized for the question; segments for the whole prompt */
+		o.prompt_min = o.prompt_max = o.a_q;
+		o.seg_min = o.seg_max = o.a_k + 2;
+		o.causal = false;
+	}
 	if (!o.connections || o.connections > o.concurrency)
 		o.connections = o.concurrency;
 	if (o.processes > o.requests)

@@ -136,6 +136,7 @@ static const struct field gpud_fields[] = {
 	U32("context", gpud.context, 0, 1u << 24, 0, NULL),
 	BYTES("mask_cache_bytes", gpud.mask_cache_bytes, 4096, 1ull << 40),
 	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
+	BYTES("chunk_cache_bytes", gpud.chunk_cache_bytes, 0, 1ull << 44),
 	U32("placement_margin", gpud.placement_margin, 0, 65536, 0, NULL),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
@@ -170,6 +171,7 @@ static const struct field agentd_fields[] = {
 	U32("crash_limit", agentd.crash_limit, 1, 1000, 0, NULL),
 	U32("results_maxlen", agentd.results_maxlen, 1, 1u << 30, 0, NULL),
 	U32("dead_maxlen", agentd.dead_maxlen, 1, 1u << 30, 0, NULL),
+	STR("answer_chunk_mask", agentd.answer_chunk_mask, F_NONEMPTY, NULL),
 	OBJ("fetch", fetch_fields),
 	{ .key = NULL },
 };
@@ -234,6 +236,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.context = 0;
 	cfg->gpud.mask_cache_bytes = 64ull << 20;
 	cfg->gpud.prefix_cache_bytes = 4ull << 30;
+	cfg->gpud.chunk_cache_bytes = 1ull << 30;
 	cfg->gpud.placement_margin = 8; /* as gpud_sched_params_default */
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;
@@ -269,6 +272,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	/* A dead entry carries its whole task (up to 16 MiB of JSON); dead
 	 * tasks are rare, and PostgreSQL keeps every one's id and error. */
 	cfg->agentd.dead_maxlen = 1000;
+	snprintf(cfg->agentd.answer_chunk_mask, sizeof(cfg->agentd.answer_chunk_mask), "system");
 
 	/* A service restarts after 0.25 s, 0.5 s, 1 s ... 30 s; six quick
 	 * deaths in a minute (about 8 s of backoff) mark it failed. The
@@ -955,6 +959,10 @@ int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, s
 				 "supervisor.restart_backoff_min_ms: expected at most supervisor.restart_backoff_max_ms (%u), got %u",
 				 cfg->supervisor.restart_backoff_max_ms,
 				 cfg->supervisor.restart_backoff_min_ms);
+	if (strcmp(a->answer_chunk_mask, "system") && strcmp(a->answer_chunk_mask, "self"))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "agentd.answer_chunk_mask: expected \"system\" or \"self\", got \"%s\"",
+				 a->answer_chunk_mask);
 	if (a->heartbeat_ms >= a->lease_ms)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "agentd.heartbeat_ms: expected less than agentd.lease_ms (%u), got %u",

@@ -100,6 +100,9 @@ struct sw_config {
 		uint32_t context;               /* 0 = the model's trained context */
 		uint64_t mask_cache_bytes;
 		uint64_t prefix_cache_bytes;    /* 0 = prefix cache off */
+		uint64_t chunk_cache_bytes;     /* KV bytes of self-only segments
+						 * kept for reuse at any offset;
+						 * 0 = chunk-KV cache off */
 		uint32_t placement_margin;      /* requests a device caching a
 						 * prompt's prefix may queue beyond
 						 * the least-loaded one's */
@@ -135,6 +138,11 @@ struct sw_config {
 		uint32_t crash_limit;           /* crashes per window before failed */
 		uint32_t results_maxlen;        /* swarm:results cap (XADD MAXLEN ~) */
 		uint32_t dead_maxlen;           /* swarm:dead cap (XADD MAXLEN ~) */
+		/* What an answer task's chunk segments see besides themselves
+		 * when the task does not say (task field "chunk_mask"):
+		 * "system" (the system prompt) or "self" (nothing: gpud's
+		 * chunk-KV cache reuses them at any position). */
+		char answer_chunk_mask[16];
 		/* What a task's URL or callback may reach (agentd/fetch.h). */
 		struct {
 			/* file:// only below these (absolute) directories;

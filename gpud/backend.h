@@ -123,6 +123,20 @@ struct gpud_backend_ops {
 	 * copy-on-write). Returns 0 or a negative code. */
 	int (*kv_copy)(void *ctx, uint32_t dst, uint32_t src);
 
+	/* optional: chunk-KV reuse (gpud/chunk.h). Copies the KV of n
+	 * consecutive positions, every layer: those at token offsets
+	 * [src_off, src_off + n) of block src into offsets [dst_off,
+	 * dst_off + n) of block dst (dst != src; both ranges within a block),
+	 * with each K rotated by delta positions (RoPE composes: keys written
+	 * at position p become the keys of position p + delta; delta may be
+	 * negative or 0, which copies). V is copied as is. The rotation must
+	 * be the forward pass's own RoPE (same pairing, same frequencies), so
+	 * the copy equals what a forward pass at the new positions writes to
+	 * within rounding. NULL: the engine keeps no chunk-KV cache (a chunk
+	 * is recomputed). Returns 0 or -EINVAL (a bad block or range). */
+	int (*kv_copy_shift)(void *ctx, uint32_t dst, uint32_t dst_off, uint32_t src,
+			     uint32_t src_off, uint32_t n, int32_t delta);
+
 	/* optional: fills *st (O(1), callable every step). */
 	void (*stats)(void *ctx, struct gpud_backend_stats *st);
 };

@@ -154,6 +154,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.kind = g->devices[dv->idx].kind;
 	ep.ordinal = g->devices[dv->idx].index;
 	ep.test_leak_kv = d->leak_kv;
+	ep.chunk_bytes = g->chunk_cache_bytes;
 	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
 	if (rc) {
 		log_error("%s: engine: %s", dv->name, err);
@@ -221,13 +222,13 @@ static int jobs_build(struct gpud_daemon *d, struct device *dv)
 /* dv's KV and mask pools under the trough watchdog, which watches what
  * live requests hold in each and reports what its cache keeps beside it:
  * the prefix cache's blocks no request uses (bounded by
- * prefix_cache_bytes), the mask cache's unpinned masks (bounded by its
+ * prefix_cache_bytes) and the chunk-KV cache's (chunk_cache_bytes), the mask cache's unpinned masks (bounded by its
  * entries). */
 static int device_watch(struct gpud_daemon *d, struct device *dv)
 {
 	uint64_t n_blocks = dv->est.kv.n_blocks;
 	uint64_t bb = d->plan.dev[dv->idx].kv_block_bytes;
-	uint64_t kv_bound = d->cfg.gpud.prefix_cache_bytes / bb;
+	uint64_t kv_bound = (d->cfg.gpud.prefix_cache_bytes + d->cfg.gpud.chunk_cache_bytes) / bb;
 	char wname[GPUD_STATS_NAME_MAX + 8];
 
 	snprintf(wname, sizeof(wname), "%s.kv", dv->name);

@@ -96,8 +96,8 @@ static int run_jobs(struct device *dv)
  * and so is the device's prefix cache (the scheduler changes it only
  * while the device is not busy). What the watchdog watches is what live
  * requests hold; what the caches keep goes beside it:
- *   KV:    live = used - blocks of prefix entries no sequence uses (only
- *          the cache keeps those; a hold leaked on one shows once the
+ *   KV:    live = used - blocks of prefix entries no sequence uses and
+ *          blocks of the chunk-KV cache (only the caches keep those; a hold leaked on one shows once the
  *          cache evicts it, which a full cache keeps doing);
  *   masks: live = slots of pinned masks, cached = the unpinned ones.
  * O(1) and no allocation: this runs after every step. */
@@ -113,7 +113,8 @@ static int sample_fn(struct gpud_engine *e, void *arg)
 
 	gpud_engine_stats(e, &st);
 	gpud_sched_device_stats(d->sched, dv->idx, &ds);
-	kv_cached = ds.prefix_unreferenced <= st.kv.used ? ds.prefix_unreferenced : st.kv.used;
+	kv_cached = ds.prefix_unreferenced + st.chunk.blocks;
+	kv_cached = kv_cached <= st.kv.used ? kv_cached : st.kv.used;
 #ifdef SW_DEBUG
 	/* O(1) per-step accounting check (DESIGN §2); the full check is
 	 * gpud_engine_check / gpud_maskcache_check. */

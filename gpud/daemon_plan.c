@@ -518,6 +518,9 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 		gpud_fmt_bytes(cfg->gpud.prefix_cache_bytes, a, sizeof(a));
 		fprintf(out, "  %s.prefix: at most %s of unreferenced KV (inside %s.kv)\n", dev,
 			a, dev);
+		gpud_fmt_bytes(cfg->gpud.chunk_cache_bytes, a, sizeof(a));
+		fprintf(out, "  %s.chunk: at most %s of self-only segments' KV (inside %s.kv, "
+			"never its last eighth)\n", dev, a, dev);
 	}
 	gpud_fmt_bytes(z->server, a, sizeof(a));
 	gpud_fmt_bytes(cfg->gpud.ring_bytes, b, sizeof(b));

@@ -80,9 +80,15 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->placed_prefix = ds->placed_prefix;
 		sd->placed_load = ds->placed_load;
 		sd->alloc_device = n->engine.allocs_after_warmup;
+		sd->prefix_hits = ds->prefix_hits;
+		sd->prefix_hit_tokens = ds->prefix_hit_tokens;
+		sd->chunk_hits = ds->chunk_hits;
+		sd->chunk_misses = ds->chunk_misses;
+		sd->chunk_hit_tokens = ds->chunk_hit_tokens;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
-		uint64_t bound = n->kv_block_bytes ? ds->prefix_max_bytes / n->kv_block_bytes : 0;
+		uint64_t bound = n->kv_block_bytes ? (ds->prefix_max_bytes + ds->chunk_max_bytes) /
+							     n->kv_block_bytes : 0;
 
 		p->unit = "blocks";
 		p->unit_bytes = n->kv_block_bytes;
@@ -145,6 +151,17 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		c->max_entries = kv->n_blocks;
 		c->pinned = ds->prefix_blocks - ds->prefix_unreferenced;
 		c->hit_tokens = ds->prefix_hit_tokens;
+	}
+	if ((c = cache_add(s, n->name, "chunk"))) {
+		c->hits = ds->chunk_hits;
+		c->misses = ds->chunk_misses;
+		c->evictions = ds->chunk_evictions;
+		c->bytes = ds->chunk_bytes;
+		c->max_bytes = ds->chunk_max_bytes;
+		c->entries = ds->chunk_entries;
+		c->max_entries = ds->chunk_max_bytes / (n->kv_block_bytes ? n->kv_block_bytes : 1);
+		c->pinned = 0;
+		c->hit_tokens = ds->chunk_hit_tokens;
 	}
 }
 

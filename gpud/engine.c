@@ -59,6 +59,14 @@ struct gpud_engine {
 	int32_t *req_ids;           /* (n_ctx) prompt ids of generate/embed */
 
 	uint64_t steps, step_tokens;
+
+	struct gpud_chunk *cc;      /* chunk-KV cache, NULL: off */
+	uint32_t *chunk_scan;       /* (max_seqs) per slot: prompt positions
+				     * already stored or reused (a segment start) */
+	uint32_t *chunk_attached;   /* (max_seqs) per slot: positions attached
+				     * from a prefix cache at its start */
+	uint32_t *chunk_blk;        /* (n_ctx / block_tokens + 1) blocks of a hit
+				     * or of an entry being stored */
 };
 
 static double now_s(void)
@@ -152,6 +160,14 @@ static int pick_backend(struct gpud_engine *e, char *err, size_t errlen)
 			 "engine: %s: no backend for this kind of device in this build", dev);
 }
 
+/* The chunk cache gives a block back. */
+static void chunk_release(void *ctx, uint32_t block)
+{
+	struct gpud_engine *e = ctx;
+
+	gpud_kv_block_release(e->kv, block);
+}
+
 int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		       const struct gpud_engine_params *p, char *err, size_t errlen)
 {
@@ -188,8 +204,12 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	e->in_batch = calloc(e->p.max_seqs, 1);
 	e->embed_acc = calloc(e->hp->dim, sizeof(*e->embed_acc));
 	e->req_ids = calloc(e->p.n_ctx, sizeof(*e->req_ids));
+	e->chunk_scan = calloc(e->p.max_seqs, sizeof(*e->chunk_scan));
+	e->chunk_attached = calloc(e->p.max_seqs, sizeof(*e->chunk_attached));
+	e->chunk_blk = calloc(e->p.n_ctx / e->p.block_tokens + 1, sizeof(*e->chunk_blk));
 	if (!e->masks || !e->fseqs || !e->tokens || !e->logit0 || !e->in_batch ||
-	    !e->embed_acc || !e->req_ids) {
+	    !e->embed_acc || !e->req_ids || !e->chunk_scan || !e->chunk_attached ||
+	    !e->chunk_blk) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "engine: out of memory");
 		goto out_free;
 	}
@@ -213,6 +233,23 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	rc = e->ops->init(&e->be, &cfg, err, errlen);
 	if (rc)
 		goto out_free;
+	if (e->p.chunk_bytes && e->ops->kv_copy_shift) {
+		struct gpud_chunk_params cp = {
+			.block_tokens = e->p.block_tokens,
+			.block_bytes = kv_block_bytes(e->hp, e->p.block_tokens),
+			.max_bytes = e->p.chunk_bytes,
+			.max_blocks = e->p.n_blocks,
+			.release = chunk_release,
+			.ctx = e,
+		};
+		rc = gpud_chunk_create(&e->cc, &cp);
+		if (rc) {
+			sw_seterr(err, errlen, rc, "engine: chunk-KV cache of %zu bytes: %s",
+				  e->p.chunk_bytes, rc == -EINVAL ? "holds no KV block" :
+				  sw_strerror(rc));
+			goto out_free;
+		}
+	}
 	if (e->ops->stats) {
 		/* the backend's reservations: KV storage and step scratch */
 		struct gpud_backend_stats bs = { 0 };
@@ -233,9 +270,13 @@ void gpud_engine_destroy(struct gpud_engine *e)
 {
 	if (!e)
 		return;
+	gpud_chunk_destroy(e->cc); /* its blocks back to the pool first */
 	if (e->ops)
 		e->ops->destroy(e->be);
 	gpud_kv_destroy(e->kv);
+	free(e->chunk_scan);
+	free(e->chunk_attached);
+	free(e->chunk_blk);
 	free(e->masks);
 	free(e->fseqs);
 	free(e->tokens);
@@ -262,6 +303,8 @@ int gpud_engine_seq_add(struct gpud_engine *e, const struct gpud_mask *mask, uin
 	if (rc)
 		return rc;
 	e->masks[*seq] = mask;
+	e->chunk_scan[*seq] = 0;
+	e->chunk_attached[*seq] = 0;
 	return 0;
 }
 
@@ -278,6 +321,8 @@ int gpud_engine_seq_add_prefix(struct gpud_engine *e, const struct gpud_mask *ma
 	rc = gpud_kv_seq_attach(e->kv, *seq, blocks, n);
 	if (rc)
 		gpud_engine_seq_free(e, *seq);
+	else
+		e->chunk_attached[*seq] = n * e->p.block_tokens;
 	return rc;
 }
 
@@ -335,7 +380,17 @@ uint32_t gpud_engine_blocks_needed(const struct gpud_engine *e, uint32_t seq, ui
 
 uint32_t gpud_engine_free_blocks(const struct gpud_engine *e)
 {
-	return gpud_kv_free_blocks(e->kv);
+	return gpud_kv_free_blocks(e->kv) + (e->cc ? gpud_chunk_blocks(e->cc) : 0);
+}
+
+/* Evicts chunk entries until want blocks are free in the pool or no
+ * unpinned entry is left; true when want are free. */
+static bool chunk_reclaim(struct gpud_engine *e, uint64_t want)
+{
+	while (gpud_kv_free_blocks(e->kv) < want)
+		if (!e->cc || gpud_chunk_evict(e->cc))
+			return false;
+	return true;
 }
 
 /* Checks the whole batch before anything changes. */
@@ -414,6 +469,12 @@ static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, u
 	rc = check_batch(e, ents, n, err, errlen);
 	if (rc)
 		return rc;
+	if (e->cc) {
+		uint64_t want = 0;
+		for (uint32_t i = 0; i < n; i++)
+			want += gpud_engine_blocks_needed(e, ents[i].seq, ents[i].n_tokens);
+		chunk_reclaim(e, want);
+	}
 	for (; reserved < n; reserved++) {
 		const struct gpud_batch_entry *b = &ents[reserved];
 		rc = gpud_kv_reserve(e->kv, b->seq, gpud_kv_seq_len(e->kv, b->seq) + b->n_tokens);
@@ -488,6 +549,229 @@ void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st
 	st->scratch_bytes = bs.scratch_bytes;
 	st->scratch_high = bs.scratch_high;
 	gpud_kv_stats(e->kv, &st->kv);
+	if (e->cc)
+		gpud_chunk_stats(e->cc, &st->chunk);
+}
+
+/* --- chunk-KV cache --------------------------------------------------------- */
+
+bool gpud_engine_chunk_holds(const struct gpud_engine *e, uint32_t block)
+{
+	return e->cc && gpud_chunk_holds(e->cc, block);
+}
+
+bool gpud_engine_chunk_enabled(const struct gpud_engine *e)
+{
+	return e->cc != NULL;
+}
+
+void gpud_engine_chunk_stats(const struct gpud_engine *e, struct gpud_chunk_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	if (e->cc)
+		gpud_chunk_stats(e->cc, st);
+}
+
+bool gpud_engine_chunk_reclaim(struct gpud_engine *e, uint64_t blocks)
+{
+	return chunk_reclaim(e, blocks);
+}
+
+void gpud_engine_chunk_flush(struct gpud_engine *e)
+{
+	while (e->cc && !gpud_chunk_evict(e->cc))
+		;
+}
+
+/* True when segment s sees only itself. */
+static bool self_only(const struct gpud_mask *m, unsigned s)
+{
+	gpud_segset one = { { 0, 0 } };
+
+	gpud_segset_add(&one, s);
+	return m->vis[s].w[0] == one.w[0] && m->vis[s].w[1] == one.w[1];
+}
+
+/* End of the segment that starts at pos (pos < n_prompt). */
+static uint32_t seg_end(const struct gpud_mask *m, uint32_t pos, uint32_t n_prompt)
+{
+	uint8_t s = m->seg[pos];
+
+	while (pos < n_prompt && m->seg[pos] == s)
+		pos++;
+	return pos;
+}
+
+/* Copies positions [0, n) of the blocks src (laid out from offset 0) to
+ * positions [pos, pos + n) of the blocks dst (block j holding positions
+ * [j*B, (j+1)*B)), or the other way round when to_dst is false, with K
+ * rotated by delta. Runs split at both sides' block edges. */
+static int chunk_copy(struct gpud_engine *e, const uint32_t *compact, const uint32_t *table,
+		      uint32_t pos, uint32_t n, int32_t delta, bool to_table)
+{
+	uint32_t bt = e->p.block_tokens;
+
+	for (uint32_t j = 0; j < n;) {
+		uint32_t co = j % bt, to = (pos + j) % bt;
+		uint32_t run = bt - (co > to ? co : to);
+		uint32_t cb = compact[j / bt], tb = table[(pos + j) / bt];
+		int rc;
+
+		if (run > n - j)
+			run = n - j;
+		rc = to_table ? e->ops->kv_copy_shift(e->be, tb, to, cb, co, run, delta) :
+				e->ops->kv_copy_shift(e->be, cb, co, tb, to, run, delta);
+		if (rc)
+			return rc;
+		j += run;
+	}
+	return 0;
+}
+
+int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
+			    uint32_t n_prompt, uint32_t max_blocks, uint32_t *n_reused)
+{
+	const struct gpud_mask *m;
+	uint32_t min = e->p.chunk_min_tokens ? e->p.chunk_min_tokens : e->p.block_tokens;
+	int rc = 0;
+
+	*n_reused = 0;
+	if (!gpud_kv_seq_valid(e->kv, seq))
+		return -EINVAL;
+	m = e->masks[seq];
+	if (!e->cc || !m)
+		return 0;
+	if (n_prompt > m->n_prompt)
+		n_prompt = m->n_prompt;
+	for (;;) {
+		uint32_t pos = gpud_kv_seq_len(e->kv, seq), end, n, need, nb;
+		struct gpud_chunk_hit hit;
+		const uint32_t *table;
+
+		if (pos >= n_prompt || (pos && m->seg[pos - 1] == m->seg[pos]) ||
+		    !self_only(m, m->seg[pos]))
+			break;
+		end = seg_end(m, pos, n_prompt);
+		n = end - pos;
+		if (end >= n_prompt || n < min)
+			break;
+		need = gpud_engine_blocks_needed(e, seq, n);
+		if (need > max_blocks)
+			break;
+		if (gpud_chunk_find(e->cc, prompt + pos, n, &hit, e->chunk_blk))
+			break; /* computed: chunk_store counts the miss */
+		/* The hit is pinned: reclaiming cannot take its blocks. */
+		if (!chunk_reclaim(e, need) || gpud_kv_reserve(e->kv, seq, end)) {
+			gpud_chunk_unpin(e->cc, &hit);
+			break;
+		}
+		table = gpud_kv_block_table(e->kv, seq, &nb);
+		rc = chunk_copy(e, e->chunk_blk, table, pos, n, (int32_t)pos - hit.pos0, true);
+		gpud_chunk_unpin(e->cc, &hit);
+		if (rc) {
+			gpud_kv_truncate(e->kv, seq, pos);
+			break;
+		}
+		gpud_kv_set_len(e->kv, seq, end);
+		gpud_chunk_account(e->cc, 1, n, 0);
+		e->chunk_scan[seq] = end;
+		*n_reused += n;
+		max_blocks -= need;
+	}
+	return rc;
+}
+
+uint32_t gpud_engine_chunk_until(const struct gpud_engine *e, uint32_t seq,
+				 const int32_t *prompt, uint32_t n_prompt)
+{
+	const struct gpud_mask *m;
+	uint32_t min = e->p.chunk_min_tokens ? e->p.chunk_min_tokens : e->p.block_tokens;
+	uint32_t len, pos;
+
+	if (!e->cc || !gpud_kv_seq_valid(e->kv, seq) || !(m = e->masks[seq]))
+		return UINT32_MAX;
+	if (n_prompt > m->n_prompt)
+		n_prompt = m->n_prompt;
+	len = gpud_kv_seq_len(e->kv, seq);
+	if (len >= n_prompt)
+		return UINT32_MAX;
+	pos = len && m->seg[len - 1] == m->seg[len] ? seg_end(m, len, n_prompt) : len;
+	while (pos < n_prompt) {
+		uint32_t end = seg_end(m, pos, n_prompt);
+
+		if (end >= n_prompt)
+			break;
+		if (end - pos >= min && self_only(m, m->seg[pos]) &&
+		    gpud_chunk_contains(e->cc, prompt + pos, end - pos))
+			return pos - len;
+		pos = end;
+	}
+	return UINT32_MAX;
+}
+
+/* Caches positions [pos, pos + n) of seq (tokens: their ids). */
+static int chunk_store_one(struct gpud_engine *e, uint32_t seq, const int32_t *tokens,
+			   uint32_t pos, uint32_t n)
+{
+	uint32_t bt = e->p.block_tokens, nb = (n + bt - 1) / bt, got = 0, tn;
+	const uint32_t *table;
+	int rc;
+
+	/* Stores never take the pool's last eighth: a step that needs blocks
+	 * then rarely waits on evictions, and what sequences reach stays
+	 * theirs alone to reach (the high-water mark of the pool). */
+	if (gpud_chunk_contains(e->cc, tokens, n) || gpud_chunk_make_room(e->cc, nb) ||
+	    !chunk_reclaim(e, (uint64_t)nb + e->p.n_blocks / 8))
+		return 0;
+	for (; got < nb; got++)
+		if (gpud_kv_block_take(e->kv, &e->chunk_blk[got]))
+			goto out_release;
+	table = gpud_kv_block_table(e->kv, seq, &tn);
+	rc = chunk_copy(e, e->chunk_blk, table, pos, n, 0, false);
+	if (rc || gpud_chunk_insert(e->cc, tokens, n, (int32_t)pos, e->chunk_blk))
+		goto out_release;
+	return 1;
+
+out_release:
+	while (got)
+		gpud_kv_block_release(e->kv, e->chunk_blk[--got]);
+	return 0;
+}
+
+int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
+			    uint32_t n_prompt)
+{
+	const struct gpud_mask *m;
+	uint32_t min = e->p.chunk_min_tokens ? e->p.chunk_min_tokens : e->p.block_tokens;
+	uint32_t pos, len;
+	int stored = 0;
+
+	if (!gpud_kv_seq_valid(e->kv, seq))
+		return -EINVAL;
+	m = e->masks[seq];
+	if (!e->cc || !m)
+		return 0;
+	if (n_prompt > m->n_prompt)
+		n_prompt = m->n_prompt;
+	len = gpud_kv_seq_len(e->kv, seq);
+	for (pos = e->chunk_scan[seq]; pos < n_prompt;) {
+		uint32_t end = seg_end(m, pos, n_prompt);
+
+		if (end > len)
+			break; /* not all written yet: looked at again next time */
+		/* Not the first segment: at position 0 it is the prefix
+		 * cache's (a chunk stored elsewhere is still reused there);
+		 * nor one the prefix cache served whole: neither computed
+		 * nor copied, and cached already if it ever was. */
+		if (pos && end > e->chunk_attached[seq] && end - pos >= min &&
+		    self_only(m, m->seg[pos])) {
+			gpud_chunk_account(e->cc, 0, 0, 1); /* computed, not copied */
+			stored += chunk_store_one(e, seq, prompt + pos, pos, end - pos);
+		}
+		pos = end;
+	}
+	e->chunk_scan[seq] = pos;
+	return stored;
 }
 
 int gpud_engine_check(const struct gpud_engine *e, char *err, size_t errlen)

@@ -28,6 +28,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "gpud/chunk.h"
 #include "gpud/kv.h"
 #include "gpud/sampler.h"
 
@@ -53,6 +54,9 @@ struct gpud_engine_params {
 	int ordinal;               /* which device of that kind (N of
 				    * "cuda:N"); default 0 */
 	uint32_t test_leak_kv;     /* tests only: gpud_kv_params.test_leak */
+	size_t chunk_bytes;        /* chunk-KV cache bound (gpud/chunk.h), blocks
+				    * of this pool; 0: no cache; default 0 */
+	uint32_t chunk_min_tokens; /* shortest segment cached; 0: block_tokens */
 };
 
 /* Fills the defaults listed above. */
@@ -120,6 +124,7 @@ int gpud_engine_seq_truncate(struct gpud_engine *e, uint32_t seq, uint32_t n);
  * seq would take from the pool (0 when its last block has room; a seq not
  * in use counts as empty), and blocks free now. */
 uint32_t gpud_engine_blocks_needed(const struct gpud_engine *e, uint32_t seq, uint32_t n);
+/* Free blocks, counting those the chunk-KV cache holds (evicted on demand). */
 uint32_t gpud_engine_free_blocks(const struct gpud_engine *e);
 
 enum gpud_logits_mode {
@@ -171,6 +176,81 @@ int gpud_engine_embed(struct gpud_engine *e, const char *text, size_t len,
 /* Floats of an embedding (the model's dim). */
 uint32_t gpud_engine_dim(const struct gpud_engine *e);
 
+/* --- chunk-KV cache (gpud/chunk.h; on when chunk_bytes > 0 and the
+ * backend has kv_copy_shift) ------------------------------------------------
+ *
+ * A prompt segment whose visibility row is "itself only" (vis = {s}) has
+ * KV that depends on its tokens alone up to a rotation of K by the offset.
+ * The engine caches such segments of at least chunk_min_tokens tokens,
+ * each once, in blocks of its own pool (bounded by chunk_bytes, least
+ * recently used first out; blocks it holds count as free in
+ * gpud_engine_free_blocks and are evicted whenever a step, a reuse or a
+ * store needs them), and copies them into later sequences at any offset.
+ *
+ * Partial blocks: an entry is stored compactly from offset 0 of its first
+ * block and copied position by position into the destination's range, so
+ * an offset that is not a multiple of block_tokens costs nothing extra and
+ * needs no recomputed edge: the destination's blocks are always its own
+ * (only full blocks are ever shared, and a sequence only appends). */
+
+/* Before seq's next prefill step: while seq's length is the start of a
+ * self-only segment of its mask that is cached, that does not reach the
+ * prompt's end (its last token is always computed, for logits) and whose
+ * blocks fit in max_blocks more blocks in all, copies the segment's KV in
+ * (K re-rotated to its positions here) and advances seq's length past it.
+ * prompt: seq's prompt tokens (n_prompt, as the mask was compiled for).
+ * *n_reused: the positions added (0 when nothing applied). Counts a hit per
+ * segment copied (gpud_engine_chunk_store counts the misses). Returns 0,
+ * -EINVAL (a bad seq), or a backend error (seq as it was before that
+ * segment). A no-op without a cache or a mask. */
+int gpud_engine_chunk_reuse(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
+			    uint32_t n_prompt, uint32_t max_blocks, uint32_t *n_reused);
+
+/* After a step: caches the self-only segments of seq's prompt that its KV
+ * now holds in full and that were neither reused nor stored before (the
+ * engine remembers how far each sequence was scanned), except the first
+ * segment (at position 0 it is what a prefix cache keeps; a chunk stored
+ * from elsewhere is still reused at position 0). Takes free blocks only,
+ * and never the pool's last eighth (evicting older entries under the
+ * bound, or to keep that eighth free); a segment that does not fit is
+ * skipped. Each such segment (self-only, at least chunk_min_tokens, not
+ * the first, not wholly in the blocks gpud_engine_seq_add_prefix gave the
+ * sequence) counts as a miss: it was computed, not copied. Returns the
+ * segments stored, or -EINVAL for a bad seq. A no-op without a cache or
+ * a mask. */
+int gpud_engine_chunk_store(struct gpud_engine *e, uint32_t seq, const int32_t *prompt,
+			    uint32_t n_prompt);
+
+/* For planning seq's next prefill step: how many of its next prompt
+ * tokens to compute so that the step ends where the next cached self-only
+ * segment starts (gpud_engine_chunk_reuse then copies it instead), or
+ * UINT32_MAX when no cached segment lies ahead. Read-only (no count, no
+ * recency); 0 when the next position itself starts one. */
+uint32_t gpud_engine_chunk_until(const struct gpud_engine *e, uint32_t seq,
+				 const int32_t *prompt, uint32_t n_prompt);
+
+/* Evicts least recently used chunk entries until blocks blocks are free
+ * in the pool (a step evicts what it needs itself; a scheduler that
+ * serializes its chunk calls with a lock calls this under it before a
+ * step, so that the step leaves the cache alone). True when they are. */
+bool gpud_engine_chunk_reclaim(struct gpud_engine *e, uint64_t blocks);
+
+/* Evicts every chunk entry (their blocks go back to the pool). */
+void gpud_engine_chunk_flush(struct gpud_engine *e);
+
+/* The chunk-KV cache's counters alone (zeros without one): unlike
+ * gpud_engine_stats it reads nothing a forward pass changes, so a
+ * scheduler may call it while another thread steps the engine, as long as
+ * it serializes it with its own chunk calls and reclaims before each step
+ * (gpud_engine_chunk_reclaim). */
+void gpud_engine_chunk_stats(const struct gpud_engine *e, struct gpud_chunk_stats *st);
+
+/* True when block is held by the chunk-KV cache (memory dumps). */
+bool gpud_engine_chunk_holds(const struct gpud_engine *e, uint32_t block);
+
+/* True when the engine keeps a chunk-KV cache. */
+bool gpud_engine_chunk_enabled(const struct gpud_engine *e);
+
 struct gpud_engine_stats {
 	uint64_t steps;
 	uint64_t tokens;              /* tokens processed by steps */
@@ -179,6 +259,7 @@ struct gpud_engine_stats {
 	size_t scratch_bytes;         /* step scratch reserved */
 	size_t scratch_high;          /* step scratch used, high-water */
 	struct gpud_kv_stats kv;
+	struct gpud_chunk_stats chunk; /* zeros without a chunk cache */
 };
 /* Fills *st; O(1), callable every step. */
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st);

@@ -244,6 +244,22 @@ int gpud_kv_block_hold(struct gpud_kv *kv, uint32_t block)
 	return 0;
 }
 
+int gpud_kv_block_take(struct gpud_kv *kv, uint32_t *block)
+{
+	if (!sw_pool_free_count(kv->pool)) {
+		kv->exhausted++;
+		return SW_EEXHAUSTED;
+	}
+	/* Cannot fail: a block is free. */
+	sw_pool_alloc_index(kv->pool, KV_TAG_SHARED, block);
+	kv->ref[*block] = 1;
+	kv->hold[*block] = 1;
+	if (++kv->n_used > kv->high)
+		kv->high = kv->n_used;
+	KV_ACCOUNT(kv);
+	return 0;
+}
+
 int gpud_kv_block_release(struct gpud_kv *kv, uint32_t block)
 {
 	if (block >= kv->p.n_blocks || !kv->hold[block])

@@ -100,6 +100,10 @@ int gpud_kv_seq_attach(struct gpud_kv *kv, uint32_t seq, const uint32_t *blocks,
 int gpud_kv_block_hold(struct gpud_kv *kv, uint32_t block);
 int gpud_kv_block_release(struct gpud_kv *kv, uint32_t block);
 /* References to block (tables + holds); 0 when free or out of range. */
+/* Takes a free block with one outside hold and no table (the chunk-KV
+ * cache's storage; gpud_kv_block_release returns it). 0 and *block, or
+ * SW_EEXHAUSTED when no block is free (counted in exhausted). */
+int gpud_kv_block_take(struct gpud_kv *kv, uint32_t *block);
 uint32_t gpud_kv_block_refs(const struct gpud_kv *kv, uint32_t block);
 
 /* Positions written (0 for a slot not in use). */

@@ -949,6 +949,32 @@ static uint32_t fit_tokens(const struct dev *d, uint32_t len, uint32_t free_bloc
 	return n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
 }
 
+/* Before sl's next prefill chunk (lock held, device not busy): copies in
+ * the cached self-only segments that start where its prefill stands
+ * (gpud_engine_chunk_reuse), within *free_b blocks (less what they take),
+ * and returns at most how many tokens the chunk should compute so that it
+ * ends where the next cached segment starts. */
+static uint32_t chunk_reuse(struct dev *d, struct slot *sl, uint32_t *free_b)
+{
+	uint32_t got = 0, before, until;
+
+	if (!gpud_engine_chunk_enabled(d->e) || !sl->mask || sl->n_done >= sl->n_prompt)
+		return UINT32_MAX;
+	before = gpud_engine_free_blocks(d->e);
+	if (!gpud_engine_chunk_reuse(d->e, sl->seq, sl->toks, sl->n_prompt, *free_b, &got) &&
+	    got) {
+		uint32_t used = before - gpud_engine_free_blocks(d->e);
+		*free_b -= used < *free_b ? used : *free_b;
+		sl->n_done += got;
+		if (!sl->n_preempt)
+			sl->n_cached += got;
+		d->free_blocks = gpud_engine_free_blocks(d->e);
+	}
+	/* 0 (a cached segment next that did not fit): compute it then */
+	until = gpud_engine_chunk_until(d->e, sl->seq, sl->toks, sl->n_prompt);
+	return until ? until : UINT32_MAX;
+}
+
 static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chunk)
 {
 	d->ents[*n] = (struct gpud_batch_entry){
@@ -999,7 +1025,9 @@ again:
 
 		if (rem <= 1)
 			continue;
-		chunk = min_u32(rem, tok_left);
+		chunk = min_u32(chunk_reuse(d, sl, &free_b), tok_left);
+		rem = sl->n_toks - sl->n_done;
+		chunk = min_u32(rem, chunk);
 		if (fit_tokens(d, sl->n_done, free_b) < chunk) {
 			uint32_t want = gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 			free_b += reclaim(d, want - free_b);
@@ -1035,7 +1063,8 @@ again:
 			sl->t_start = now_s();
 			sl->n_cached = sl->n_done;
 		}
-		chunk = min_u32(sl->n_toks - sl->n_done, tok_left);
+		chunk = min_u32(chunk_reuse(d, sl, &free_b), tok_left);
+		chunk = min_u32(sl->n_toks - sl->n_done, chunk);
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 		tok_left -= chunk;
 		add_entry(d, &n, sl, chunk);
@@ -1085,6 +1114,8 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 	sl->in_batch = false;
 	sl->n_done += b->n_tokens;
 	pfx_insert(d, sl);
+	if (sl->mask && b->tokens < sl->toks + sl->n_prompt)
+		gpud_engine_chunk_store(d->e, sl->seq, sl->toks, sl->n_prompt);
 	if (b->logits != GPUD_LOGITS_LAST)
 		return;
 	id = gpud_sampler_sample(sl->smp, gpud_engine_logits(d->e, i));
@@ -1145,6 +1176,15 @@ retry:
 	if (!n) {
 		pthread_mutex_unlock(&s->lock);
 		return 0;
+	}
+	if (gpud_engine_chunk_enabled(d->e)) {
+		/* the step's blocks now, under the lock: the step then leaves
+		 * the chunk cache alone */
+		uint64_t want = 0;
+		for (uint32_t i = 0; i < n; i++)
+			want += gpud_engine_blocks_needed(d->e, d->ents[i].seq,
+							  d->ents[i].n_tokens);
+		gpud_engine_chunk_reclaim(d->e, want);
 	}
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
@@ -1266,6 +1306,7 @@ int gpud_sched_device_exec_blocks(struct gpud_sched *s, uint32_t dev, uint32_t b
 	/* cached blocks no request uses give way to what fn needs */
 	if (d->free_blocks < blocks)
 		reclaim(d, blocks - d->free_blocks);
+	gpud_engine_chunk_reclaim(d->e, blocks); /* counted in free_blocks already */
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
 	rc = fn(d->e, arg);
@@ -1294,6 +1335,20 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 	st->preemptions = d->preemptions;
 	st->placed_prefix = d->placed_prefix;
 	st->placed_load = d->placed_load;
+	{
+		/* changed only under the lock (plan, finish_entry) */
+		struct gpud_chunk_stats cs;
+
+		gpud_engine_chunk_stats(d->e, &cs);
+		st->chunk_hits = cs.hits;
+		st->chunk_misses = cs.misses;
+		st->chunk_evictions = cs.evictions;
+		st->chunk_hit_tokens = cs.hit_tokens;
+		st->chunk_entries = cs.entries;
+		st->chunk_blocks = cs.blocks;
+		st->chunk_bytes = cs.bytes;
+		st->chunk_max_bytes = cs.max_bytes;
+	}
 	if (d->pc) {
 		struct gpud_prefix_stats ps;
 
@@ -1346,6 +1401,8 @@ int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
 		if (ent != GPUD_PREFIX_ROOT)
 			fn(arg, b, gpud_prefix_users(d->pc, ent) ? "shared" : "prefix",
 			   gpud_prefix_key(d->pc, ent));
+		else if (gpud_engine_chunk_holds(d->e, b))
+			fn(arg, b, "chunk", 0);
 		else if (d->owner[b] == OWNER_FREE)
 			fn(arg, b, "free", 0);
 		else

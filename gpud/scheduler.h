@@ -291,6 +291,13 @@ struct gpud_sched_device_stats {
 	uint32_t prefix_blocks;     /* blocks held by the cache (referenced or not) */
 	uint32_t prefix_unreferenced; /* of those, held only by the cache */
 	size_t prefix_bytes, prefix_max_bytes; /* unreferenced cache bytes, bound */
+	/* chunk-KV cache of this device's engine (all 0 when off) */
+	uint64_t chunk_hits;        /* self-only segments copied from the cache */
+	uint64_t chunk_misses;      /* cacheable segments computed instead */
+	uint64_t chunk_evictions;
+	uint64_t chunk_hit_tokens;  /* prompt tokens copied, not computed */
+	uint32_t chunk_entries, chunk_blocks;
+	size_t chunk_bytes, chunk_max_bytes;
 };
 /* -EINVAL for a bad dev. */
 int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
@@ -300,8 +307,8 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
  * pass or device_exec in progress on dev to end): fn is called once
  * per block in index order with kind "free", "request" (id = the request
  * id from submit), "prefix" (held only by the prefix cache; id = the
- * block's hash) or "shared" (a prefix block also used by requests; id =
- * the hash). Under the scheduler lock: fn must not call gpud_sched_*.
+ * block's hash), "shared" (a prefix block also used by requests; id =
+ * the hash) or "chunk" (held by the engine's chunk-KV cache; id 0). Under the scheduler lock: fn must not call gpud_sched_*.
  * Returns 0 or -EINVAL. */
 int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
 			    void (*fn)(void *arg, uint32_t block, const char *kind, uint64_t id),

@@ -196,6 +196,11 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_obj_begin(&w, "alloc");
 			gpud_jsonw_u64(&w, "device", d->alloc_device);
 			gpud_jsonw_obj_end(&w);
+			gpud_jsonw_u64(&w, "prefix_hits", d->prefix_hits);
+			gpud_jsonw_u64(&w, "prefix_hit_tokens", d->prefix_hit_tokens);
+			gpud_jsonw_u64(&w, "chunk_hits", d->chunk_hits);
+			gpud_jsonw_u64(&w, "chunk_misses", d->chunk_misses);
+			gpud_jsonw_u64(&w, "chunk_hit_tokens", d->chunk_hit_tokens);
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
@@ -480,6 +485,15 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	PER(&o, s->devices, nd, "device", "gpud_device_alloc_device_total", "counter",
 	    "Device allocations the device's backend made after init (must stay 0).",
 	    alloc_device);
+	PER(&o, s->devices, nd, "device", "gpud_device_prefix_hit_tokens_total", "counter",
+	    "Prompt tokens served by the device's prefix cache.", prefix_hit_tokens);
+	PER(&o, s->devices, nd, "device", "gpud_device_chunk_hits_total", "counter",
+	    "Self-only prompt segments copied from the device's chunk-KV cache.", chunk_hits);
+	PER(&o, s->devices, nd, "device", "gpud_device_chunk_misses_total", "counter",
+	    "Cacheable self-only segments the chunk-KV cache did not have.", chunk_misses);
+	PER(&o, s->devices, nd, "device", "gpud_device_chunk_hit_tokens_total", "counter",
+	    "Prompt tokens copied from the chunk-KV cache instead of computed.",
+	    chunk_hit_tokens);
 
 	family(&o, "gpud_pool_unit_bytes", "gauge", "Bytes per pool unit.");
 	for (uint32_t i = 0; i < np; i++) {

@@ -26,7 +26,9 @@
  *     not zero)
  *   "devices": [ { "name": "cpu0", "queue", "running", "steps", "tokens",
  *                  "generated", "preemptions", "placed_prefix",
- *                  "placed_load", "alloc": { "device": N } } ],
+ *                  "placed_load", "prefix_hits", "prefix_hit_tokens",
+ *                  "chunk_hits", "chunk_misses", "chunk_hit_tokens",
+ *                  "alloc": { "device": N } } ],
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
  *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
@@ -42,8 +44,9 @@
  * units; "" and 0 for a pool no cache shares). The watchdog watches the
  * live part (DESIGN §2): "trough" and "trough_k_ago" are its rolling
  * minima, "rising"/"warning" its verdict. For the kv pools the cache is
- * the prefix cache and cached counts its blocks no request uses (bound:
- * prefix_cache_bytes in blocks); for the mask pools the mask cache and
+ * the prefix cache and cached counts its blocks no request uses plus the
+ * chunk-KV cache's blocks (bound: prefix_cache_bytes + chunk_cache_bytes
+ * in blocks; the "cache" name stays "<device>.prefix"); for the mask pools the mask cache and
  * its unpinned masks (bound: its entries). The "caches" entries give the
  * same caches' own counters and bounds (bytes, entries).
  *
@@ -68,7 +71,7 @@
 
 #define GPUD_STATS_MAX_DEVICES 16
 #define GPUD_STATS_MAX_POOLS 64
-#define GPUD_STATS_MAX_CACHES 32
+#define GPUD_STATS_MAX_CACHES 48 /* mask, prefix and chunk per device */
 #define GPUD_STATS_NAME_MAX 32
 #define GPUD_STATS_WARN_MAX 192
 
@@ -103,6 +106,11 @@ struct gpud_stats_device {
 	uint64_t alloc_device;          /* allocations its backend made after init
 					 * (struct gpud_backend_stats
 					 * allocs_after_init): must stay 0 */
+	uint64_t prefix_hits;           /* prompt blocks served by the prefix cache */
+	uint64_t prefix_hit_tokens;     /* their tokens */
+	uint64_t chunk_hits;            /* self-only segments copied from the chunk-KV cache */
+	uint64_t chunk_misses;          /* cacheable segments it did not have */
+	uint64_t chunk_hit_tokens;      /* their tokens (copied, not computed) */
 };
 
 struct gpud_stats_snapshot {

@@ -115,7 +115,7 @@ static bool key_allowed(enum proto_task_kind k, const char *key)
 	static const char *const summarize[] = { "document_id", "text", "url", "source",
 						 "max_tokens", NULL };
 	static const char *const answer[] = { "question", "top_k", "document_id", "text", "url",
-					      "source", "max_tokens", NULL };
+					      "source", "max_tokens", "chunk_mask", NULL };
 	const char *const *list = k == PROTO_TASK_INGEST ? ingest :
 				  k == PROTO_TASK_SUMMARIZE ? summarize : answer;
 
@@ -246,6 +246,21 @@ static int parse_fields(json_t *root, struct proto_task *t, char *err, size_t er
 		if (rc)
 			return rc;
 		t->top_k = (uint32_t)x;
+		{
+			const char *cm;
+
+			rc = get_string(root, "chunk_mask", 16, &cm, NULL, err, errlen);
+			if (rc)
+				return rc;
+			if (cm && !strcmp(cm, "system"))
+				t->chunk_mask = PROTO_TASK_CHUNKS_SYSTEM;
+			else if (cm && !strcmp(cm, "self"))
+				t->chunk_mask = PROTO_TASK_CHUNKS_SELF;
+			else if (cm)
+				return sw_seterr(err, errlen, -EINVAL,
+						 "task.chunk_mask: expected \"system\" or \"self\", "
+						 "got \"%s\"", cm);
+		}
 		break;
 	default:
 		return -EINVAL;

@@ -31,6 +31,7 @@
  *   {"id": "ask-1", "kind": "answer", "question": "...",
  *    "top_k": 4, "document_id": 7, "max_tokens": 128}
  *   {"id": "ask-2", "kind": "answer", "question": "...", "text": "..."}
+ *   {"id": "ask-3", "kind": "answer", "question": "...", "chunk_mask": "self"}
  *
  * One task per document: summarize takes exactly one of document_id,
  * text and url; answer at most one (none: retrieve from every document).
@@ -39,6 +40,12 @@
  * is not stored again) and then summarizes or answers from it, all in
  * the one task; a redelivery reuses the document the first delivery
  * stored. No client has to chain an ingest and a summarize.
+ *
+ * answer's "chunk_mask" says what each retrieved chunk sees besides itself:
+ * "system" (the system prompt) or "self" (nothing: a chunk's KV is then
+ * the same wherever it sits, and gpud's chunk-KV cache reuses it across
+ * questions that retrieve it in any order); absent, the worker's
+ * agentd.answer_chunk_mask.
  *
  * Every kind also takes "callback_url" (http or https); a kind given text
  * or url takes "source" (a label stored with the document; default the
@@ -87,6 +94,14 @@ enum proto_task_kind {
 	PROTO_TASK_ANSWER = 2,
 };
 
+/* What an answer's chunk segments see besides themselves ("chunk_mask"). */
+enum proto_task_chunk_mask {
+	PROTO_TASK_CHUNKS_DEFAULT = 0, /* absent: the worker's configured default */
+	PROTO_TASK_CHUNKS_SYSTEM = 1,  /* "system": the system prompt */
+	PROTO_TASK_CHUNKS_SELF = 2,    /* "self": nothing, so gpud can reuse a
+					* chunk's KV at any position */
+};
+
 /* A parsed task. The strings point into the parsed JSON, which the
  * struct owns: they live until proto_task_free. */
 struct proto_task {
@@ -106,6 +121,7 @@ struct proto_task {
 	const char *question;
 	size_t question_len;
 	uint32_t top_k;
+	enum proto_task_chunk_mask chunk_mask; /* DEFAULT when absent */
 	uint32_t max_tokens;        /* summarize and answer */
 };
 

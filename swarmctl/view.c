@@ -321,20 +321,26 @@ static uint64_t prefix_hit_tokens(const json_t *stats, const char *name)
 	return 0;
 }
 
-/* Per device: queue, placements by prefix and by load, cached tokens. */
+/* Per device: queue, placements by prefix and by load, prefix cache hits
+ * (blocks) and tokens, chunk-KV cache hits (segments) and tokens. */
 static void print_placement(FILE *f, const json_t *stats)
 {
 	const json_t *v;
 	size_t i;
 
-	fprintf(f, "%-10s %8s %8s %14s %14s %14s %10s\n", "DEVICE", "QUEUE", "RUNNING",
-		"PLACED PREFIX", "PLACED LOAD", "PREFIX TOKENS", "DEV ALLOCS");
+	fprintf(f, "%-10s %8s %8s %14s %14s %12s %14s %11s %13s %10s\n", "DEVICE", "QUEUE",
+		"RUNNING", "PLACED PREFIX", "PLACED LOAD", "PREFIX HITS", "PREFIX TOKENS",
+		"CHUNK HITS", "CHUNK TOKENS", "DEV ALLOCS");
 	json_array_foreach(json_object_get(stats, "devices"), i, v)
-		fprintf(f, "%-10s %8llu %8llu %14llu %14llu %14llu %10llu\n", str(v, "name"),
-			(unsigned long long)u64(v, "queue"), (unsigned long long)u64(v, "running"),
+		fprintf(f, "%-10s %8llu %8llu %14llu %14llu %12llu %14llu %11llu %13llu %10llu\n",
+			str(v, "name"), (unsigned long long)u64(v, "queue"),
+			(unsigned long long)u64(v, "running"),
 			(unsigned long long)u64(v, "placed_prefix"),
 			(unsigned long long)u64(v, "placed_load"),
+			(unsigned long long)u64(v, "prefix_hits"),
 			(unsigned long long)prefix_hit_tokens(stats, str(v, "name")),
+			(unsigned long long)u64(v, "chunk_hits"),
+			(unsigned long long)u64(v, "chunk_hit_tokens"),
 			(unsigned long long)u64(json_object_get(v, "alloc"), "device"));
 }
 

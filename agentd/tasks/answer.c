@@ -21,8 +21,8 @@ static const char answer_system[] =
 
 void agent_answer_prompt(const char *system, const char *const *chunks, const size_t *chunk_len,
 			 uint32_t n_chunks, const char *question, size_t question_len,
-			 struct proto_segment *seg, struct proto_mask_row *rows, uint16_t *idx,
-			 struct proto_mask_desc *mask)
+			 bool self_only, struct proto_segment *seg, struct proto_mask_row *rows,
+			 uint16_t *idx, struct proto_mask_desc *mask)
 {
 	uint32_t S = n_chunks + 2, q = n_chunks + 1, k = 0;
 
@@ -34,10 +34,12 @@ void agent_answer_prompt(const char *system, const char *const *chunks, const si
 	/* s0: itself. */
 	rows[0] = (struct proto_mask_row){ .idx = idx + k, .n = 1 };
 	idx[k++] = 0;
-	/* Each chunk: the system prompt and itself, never another chunk. */
+	/* Each chunk: the system prompt (unless self_only) and itself, never
+	 * another chunk. */
 	for (uint32_t i = 1; i <= n_chunks; i++) {
-		rows[i] = (struct proto_mask_row){ .idx = idx + k, .n = 2 };
-		idx[k++] = 0;
+		rows[i] = (struct proto_mask_row){ .idx = idx + k, .n = self_only ? 1 : 2 };
+		if (!self_only)
+			idx[k++] = 0;
 		idx[k++] = (uint16_t)i;
 	}
 	/* The question: everything before it. */
@@ -106,8 +108,10 @@ int agent_run_answer(struct agent_ctx *c, const struct proto_task *t, char *loca
 	}
 	snprintf(qtext, qlen + 1, "%s%s%s", QUESTION_PREFIX, t->question, QUESTION_SUFFIX);
 
-	agent_answer_prompt(answer_system, chunk_text, chunk_len, n, qtext, qlen, seg, rows, idx,
-			    &mask);
+	agent_answer_prompt(answer_system, chunk_text, chunk_len, n, qtext, qlen,
+			    t->chunk_mask == PROTO_TASK_CHUNKS_SELF ||
+				    (t->chunk_mask == PROTO_TASK_CHUNKS_DEFAULT && c->answer_self_chunks),
+			    seg, rows, idx, &mask);
 	req.n_segments = mask.n_segments;
 	req.segments = seg;
 	req.mask = &mask;

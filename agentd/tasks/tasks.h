@@ -47,6 +47,7 @@ struct agent_ctx {
 	uint32_t chunk_tokens;          /* 0 = 128 */
 	uint32_t chunk_overlap;         /* tokens; must be < chunk_tokens */
 	uint32_t summary_fanin;         /* summaries per reduce step; 0 = PROTO_TASK_SUMMARY_FANIN */
+	bool answer_self_chunks;        /* answer tasks without chunk_mask: "self" */
 	/* Called between steps (each chunk, each partial summary) so the
 	 * worker can refresh its lease and heartbeat. May be NULL. */
 	void (*progress)(void *arg);
@@ -89,13 +90,14 @@ bool agent_error_outage(int code);
 
 /* The generation prompt of an answer (exposed for tests): segments
  * [system, chunk 1..k, question] and a mask in which every chunk sees
- * only the system prompt and itself, the question sees everything, and
- * G sees the chunks and the question but not the system prompt. The
+ * the system prompt and itself (self_only: itself only, so that gpud can
+ * reuse its KV at any position), the question sees everything, and G
+ * sees the chunks and the question but not the system prompt. The
  * arrays are the caller's (n_chunks + 2 segments, n_chunks + 3 rows, and
  * 3 * n_chunks + 8 + n_chunks indices at least). */
 void agent_answer_prompt(const char *system, const char *const *chunks, const size_t *chunk_len,
 			 uint32_t n_chunks, const char *question, size_t question_len,
-			 struct proto_segment *seg, struct proto_mask_row *rows, uint16_t *idx,
-			 struct proto_mask_desc *mask);
+			 bool self_only, struct proto_segment *seg, struct proto_mask_row *rows,
+			 uint16_t *idx, struct proto_mask_desc *mask);
 
 #endif

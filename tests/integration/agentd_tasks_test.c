@@ -47,6 +47,7 @@ struct fake {
 	uint32_t n_segments;
 	bool had_mask;
 	bool chunk_sees_chunk; /* some chunk row listed another chunk */
+	bool chunk_sees_system; /* some chunk row listed the system prompt */
 	bool g_sees_system;
 	bool q_sees_all;
 	char last_segment[256];
@@ -134,6 +135,9 @@ static int fake_generate(void *ctx, const struct proto_submit_req *req, char **t
 		uint32_t S = req->mask->n_segments;
 
 		fk.chunk_sees_chunk = false;
+		fk.chunk_sees_system = false;
+		for (uint32_t i = 1; i + 1 < S; i++)
+			fk.chunk_sees_system |= row_has(&req->mask->rows[i], 0);
 		for (uint32_t i = 1; i + 1 < S; i++)
 			for (uint32_t j = 1; j + 1 < S; j++)
 				if (j != i && row_has(&req->mask->rows[i], j))
@@ -424,6 +428,7 @@ static void test_answer(void **state)
 	assert_int_equal(fk.n_segments, 5);
 	assert_true(fk.had_mask);
 	assert_false(fk.chunk_sees_chunk);
+	assert_true(fk.chunk_sees_system); /* chunk_mask "system": the default */
 	assert_false(fk.g_sees_system);
 	assert_true(fk.q_sees_all);
 	assert_string_equal(fk.last_segment, "Question: where is the river?\nAnswer:");
@@ -445,6 +450,30 @@ static void test_answer(void **state)
 	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 1);
 	proto_task_free(&t);
 
+	/* chunk_mask "self": the chunks see only themselves, the rest alike;
+	 * the worker's default (agentd.answer_chunk_mask) for a task that does
+	 * not say, and the task's word over the default */
+	parse("{\"id\":\"ask-s\",\"kind\":\"answer\",\"question\":\"river?\","
+	      "\"chunk_mask\":\"self\"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	assert_false(fk.chunk_sees_system);
+	assert_false(fk.chunk_sees_chunk);
+	assert_false(fk.g_sees_system);
+	assert_true(fk.q_sees_all);
+	proto_task_free(&t);
+	f->ctx.answer_self_chunks = true;
+	parse("{\"id\":\"ask-d\",\"kind\":\"answer\",\"question\":\"river?\"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	assert_false(fk.chunk_sees_system);
+	proto_task_free(&t);
+	parse("{\"id\":\"ask-y\",\"kind\":\"answer\",\"question\":\"river?\","
+	      "\"chunk_mask\":\"system\"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), 0);
+	assert_true(fk.chunk_sees_system);
+	proto_task_free(&t);
+	f->ctx.answer_self_chunks = false;
+	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 4);
+
 	parse("{\"id\":\"ask-2\",\"kind\":\"answer\",\"question\":\"q\",\"document_id\":424242}", &t);
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)),
 			 SW_ENOTFOUND);
@@ -458,7 +487,7 @@ static void test_answer(void **state)
 			 SW_ETOOLONG);
 	assert_true(agent_error_permanent(SW_ETOOLONG));
 	proto_task_free(&t);
-	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 1);
+	assert_int_equal(scalar(f, "SELECT count(*) FROM answers"), 4);
 	free(doc);
 }
 
@@ -715,7 +744,7 @@ static void test_answer_prompt_shape(void **state)
 	uint16_t idx[32];
 	struct proto_mask_desc m;
 
-	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, seg, rows, idx, &m);
+	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, false, seg, rows, idx, &m);
 	assert_int_equal(m.n_segments, 4);
 	assert_int_equal(rows[0].n, 1);
 	assert_int_equal(rows[1].n, 2);
@@ -728,6 +757,19 @@ static void test_answer_prompt_shape(void **state)
 	assert_int_equal(rows[4].idx[3], 4);
 	assert_int_equal(seg[3].len, 2);
 	assert_memory_equal(seg[0].text, "sys", 3);
+	assert_int_equal(proto_mask_validate(&m, 64, NULL, 0), 0);
+
+	/* self-only chunks: each sees itself alone; the rest is the same */
+	agent_answer_prompt("sys", chunks, lens, 2, "q?", 2, true, seg, rows, idx, &m);
+	assert_int_equal(m.n_segments, 4);
+	assert_int_equal(rows[1].n, 1);
+	assert_int_equal(rows[1].idx[0], 1);
+	assert_int_equal(rows[2].n, 1);
+	assert_int_equal(rows[2].idx[0], 2);
+	assert_int_equal(rows[3].n, 4);
+	assert_int_equal(rows[4].n, 4);
+	assert_int_equal(rows[4].idx[0], 1);
+	assert_int_equal(proto_mask_validate(&m, 64, NULL, 0), 0);
 }
 
 int main(void)

@@ -448,9 +448,18 @@ static void check_idle_pools(json_t *st, bool prefix_on)
 			} else if (pc) {
 				assert_int_equal(jint_in(pc, "entries"), 0);
 			}
+			/* and the chunk-KV cache's blocks (bytes in whole blocks) */
+			snprintf(cname, sizeof(cname), "%.*s.chunk", (int)(strlen(name) - 3), name);
+			pc = gpud_it_named(caches, cname);
+			if (pc) {
+				int64_t ub = jint_in(p, "unit_bytes");
+				assert_true(ub > 0 && jint_in(pc, "bytes") % ub == 0);
+				assert_true(jint_in(pc, "bytes") <= jint_in(pc, "max_bytes"));
+				held += jint_in(pc, "bytes") / ub;
+			}
 			if (used != held)
-				fail_msg("pool %s: %" PRId64 " blocks used when idle; the prefix cache "
-					 "holds %" PRId64 " (a leak)", name, used, held);
+				fail_msg("pool %s: %" PRId64 " blocks used when idle; the prefix and "
+					 "chunk caches hold %" PRId64 " (a leak)", name, used, held);
 		}
 	}
 	assert_int_equal(n_kv, 2);
@@ -1331,6 +1340,109 @@ static void test_prefix_placement(void **state)
 	f->done = true;
 }
 
+/* --- test 4c: chunk KV reused at any position -------------------------------- */
+
+static const char *const t4c_chunks[3] = {
+	" Lily had a big red ball. She liked to throw it high in the sky and catch it "
+	"with both hands.",
+	" Tom had a small brown dog. The dog liked to run after the ball and bring it back "
+	"to him.",
+	" The sun was warm and the flowers were yellow. A little bird sang in the tree "
+	"all day long.",
+};
+
+/* [system, chunk a, chunk b, question]: the chunks see only themselves,
+ * the question sees everything, G the chunks, the question and itself. */
+static void t4c_req(struct rbuf *b, int a, int c, const char *question)
+{
+	uint32_t vis[5] = { 0, 0, 0, 0xf, 0x1e };
+
+	rbuf_init(b, 6);
+	rbuf_seg(b, T4_SYSTEM);
+	rbuf_seg(b, t4c_chunks[a]);
+	rbuf_seg(b, t4c_chunks[c]);
+	rbuf_seg(b, question);
+	rbuf_mask(b, vis);
+}
+
+/* The chunks of a first answer-style request come back in the other order
+ * and company (so at other offsets) in later ones: copied from the chunk
+ * cache of the device the prefix placed them on, K re-rotated, with the
+ * greedy output of a daemon that computes everything. */
+static void test_chunk_cache(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts on = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": \"4MiB\", "
+			      "\"chunk_cache_bytes\": \"4MiB\"",
+	};
+	struct gpud_it_opts off = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": 0, "
+			      "\"chunk_cache_bytes\": 0",
+	};
+	static const int order[3][2] = { { 0, 1 }, { 1, 0 }, { 2, 0 } };
+	struct proto_client *c_on, *c_off;
+	struct rbuf *b = malloc(sizeof(*b));
+	struct proto_client_result r_on[3], r_off[3];
+	int64_t hits[2], misses[2], tokens[2], sum_tokens, pfx;
+	char err[SW_ERR_MAX];
+	json_t *st;
+	int rc;
+
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], &on), 0);
+	assert_int_equal(gpud_it_start(&f->d[1], &off), 0);
+	assert_non_null(c_on = gpud_it_connect(&f->d[0]));
+	assert_non_null(c_off = gpud_it_connect(&f->d[1]));
+	for (int k = 0; k < 3; k++) {
+		t4c_req(b, order[k][0], order[k][1], t4_questions[k]);
+		memset(&r_on[k], 0, sizeof(r_on[k]));
+		memset(&r_off[k], 0, sizeof(r_off[k]));
+		rc = proto_client_generate(c_on, &b->req, &r_on[k], err, sizeof(err));
+		if (rc)
+			fail_msg("chunk cache on, request %d: %s (%s)", k, err, sw_errname(rc));
+		rc = proto_client_generate(c_off, &b->req, &r_off[k], err, sizeof(err));
+		if (rc)
+			fail_msg("chunk cache off, request %d: %s (%s)", k, err, sw_errname(rc));
+		printf("    test 4c: request %d (chunks %d, %d): prompt %u, cached %u\n", k,
+		       order[k][0], order[k][1], r_on[k].usage.prompt_tokens,
+		       r_on[k].usage.cached_prompt_tokens);
+		assert_int_equal(r_off[k].usage.cached_prompt_tokens, 0);
+		if (r_on[k].text_len != r_off[k].text_len ||
+		    memcmp(r_on[k].text, r_off[k].text, r_on[k].text_len))
+			fail_msg("request %d: output with chunk reuse \"%s\" != computed \"%s\"", k,
+				 r_on[k].text, r_off[k].text);
+		assert_int_equal(r_on[k].n_ids, r_off[k].n_ids);
+		assert_memory_equal(r_on[k].ids, r_off[k].ids, r_on[k].n_ids * sizeof(int32_t));
+	}
+	st = stats_idle(c_on);
+	/* request 1 copies both chunks of request 0, request 2 the first */
+	assert_int_equal(dev_sum(st, "chunk_hits", hits), 3);
+	assert_int_equal(dev_sum(st, "chunk_misses", misses), 3);
+	sum_tokens = dev_sum(st, "chunk_hit_tokens", tokens);
+	pfx = prefix_hit_tokens(st);
+	assert_true(sum_tokens > 0);
+	assert_int_equal(r_on[0].usage.cached_prompt_tokens, 0);
+	assert_int_equal(r_on[1].usage.cached_prompt_tokens + r_on[2].usage.cached_prompt_tokens,
+			 sum_tokens + pfx);
+	/* all on the device holding the system prompt: placement by prefix */
+	assert_true((hits[0] == 3 && hits[1] == 0) || (hits[0] == 0 && hits[1] == 3));
+	printf("    test 4c: %" PRId64 " prompt tokens copied from the chunk cache, %" PRId64
+	       " from the prefix cache\n", sum_tokens, pfx);
+	check_idle_pools(st, true);
+	json_decref(st);
+	for (int k = 0; k < 3; k++) {
+		proto_client_result_free(&r_on[k]);
+		proto_client_result_free(&r_off[k]);
+	}
+	proto_client_close(c_on);
+	proto_client_close(c_off);
+	free(b);
+	stop_ok(f, 0);
+	stop_ok(f, 1);
+	f->done = true;
+}
+
 /* --- test 5: a client killed mid-stream ------------------------------------- */
 
 #define T5_REQS 48
@@ -1972,6 +2084,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_mask_cache),
 		GPUD_IT_FIX_TEST(test_prefix_cache),
 		GPUD_IT_FIX_TEST(test_prefix_placement),
+		GPUD_IT_FIX_TEST(test_chunk_cache),
 		GPUD_IT_FIX_TEST(test_killed_client),
 		GPUD_IT_FIX_TEST(test_malformed_input),
 	};

@@ -68,6 +68,8 @@ static void test_defaults(void **state)
 	assert_true(c.agentd.heartbeat_ms < c.agentd.lease_ms);
 	assert_int_equal(c.agentd.results_maxlen, 100000);
 	assert_int_equal(c.agentd.dead_maxlen, 1000);
+	assert_string_equal(c.agentd.answer_chunk_mask, "system");
+	assert_int_equal(c.gpud.chunk_cache_bytes, 1u << 30);
 
 	/* Defaults pass every check except the one thing without a default. */
 	assert_int_equal(sw_config_validate(&c, 0, err, sizeof(err)), 0);
@@ -321,6 +323,18 @@ static void test_cross_field(void **state)
 		     "agentd.restart_backoff_min_ms: expected at most agentd.restart_backoff_max_ms (100), got 5000");
 	expect_error("{\"agentd\": {\"heartbeat_ms\": 5000, \"lease_ms\": 5000}}", -EINVAL,
 		     "agentd.heartbeat_ms: expected less than agentd.lease_ms (5000), got 5000");
+	expect_error("{\"agentd\": {\"answer_chunk_mask\": \"none\"}}", -EINVAL,
+		     "agentd.answer_chunk_mask: expected \"system\" or \"self\", got \"none\"");
+	{
+		struct sw_config c;
+		char err2[SW_ERR_MAX];
+		assert_int_equal(sw_config_load_string("{\"agentd\": {\"answer_chunk_mask\": \"self\"},"
+						       " \"gpud\": {\"chunk_cache_bytes\": \"8MiB\"}}",
+						       &c, err2, sizeof(err2)),
+				 0);
+		assert_string_equal(c.agentd.answer_chunk_mask, "self");
+		assert_int_equal(c.gpud.chunk_cache_bytes, 8u << 20);
+	}
 }
 
 static void test_unknown_keys(void **state)

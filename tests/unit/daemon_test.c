@@ -570,7 +570,11 @@ static void test_snapshot_device(void **state)
 						    .prefix_misses = 22, .prefix_evictions = 23,
 						    .prefix_hit_tokens = 336, .prefix_blocks = 25,
 						    .prefix_unreferenced = 20, .prefix_bytes = 409600,
-						    .prefix_max_bytes = 1 << 20 };
+						    .prefix_max_bytes = 1 << 20, .chunk_hits = 31,
+						    .chunk_misses = 32, .chunk_evictions = 33,
+						    .chunk_hit_tokens = 340, .chunk_entries = 3,
+						    .chunk_blocks = 6, .chunk_bytes = 6 * 20480,
+						    .chunk_max_bytes = 10 * 20480 };
 	n.have_watch = true;
 	n.kv_watch = (struct gpud_memwatch_status){ .trough = 10, .trough_k_ago = 4, .rising = true,
 						    .warning = "cpu1.kv trough rose" };
@@ -592,12 +596,12 @@ static void test_snapshot_device(void **state)
 	assert_int_equal(s.pools[0].trough_k_ago, 4);
 	assert_true(s.pools[0].rising);
 	assert_string_equal(s.pools[0].warning, "cpu1.kv trough rose");
-	/* used = live + what the prefix cache keeps, against its bound in
-	 * blocks (1 MiB of 20 KiB blocks) */
+	/* used = live + what the prefix and chunk caches keep, against their
+	 * bound in blocks (1 MiB + 200 KiB of 20 KiB blocks) */
 	assert_int_equal(s.pools[0].live, 10);
 	assert_int_equal(s.pools[0].cached, 20);
 	assert_string_equal(s.pools[0].cache, "cpu1.prefix");
-	assert_int_equal(s.pools[0].cache_bound, 51);
+	assert_int_equal(s.pools[0].cache_bound, 61);
 	assert_string_equal(s.pools[1].name, "cpu1.scratch");
 	assert_int_equal(s.pools[1].free, 96);
 	assert_int_equal(s.pools[1].trough, 4000);
@@ -615,7 +619,19 @@ static void test_snapshot_device(void **state)
 	assert_string_equal(s.pools[2].cache, "cpu1.mask");
 	assert_int_equal(s.pools[2].cache_bound, 10);
 	assert_int_equal(s.pools[2].trough, 1);
-	assert_int_equal(s.n_caches, 2);
+	assert_int_equal(s.n_caches, 3);
+	assert_string_equal(s.caches[2].name, "cpu1.chunk");
+	assert_int_equal(s.caches[2].hits, 31);
+	assert_int_equal(s.caches[2].misses, 32);
+	assert_int_equal(s.caches[2].evictions, 33);
+	assert_int_equal(s.caches[2].hit_tokens, 340);
+	assert_int_equal(s.caches[2].entries, 3);
+	assert_int_equal(s.caches[2].bytes, 6 * 20480);
+	assert_int_equal(s.caches[2].max_entries, 10);
+	assert_int_equal(s.devices[0].prefix_hit_tokens, 336);
+	assert_int_equal(s.devices[0].chunk_hits, 31);
+	assert_int_equal(s.devices[0].chunk_misses, 32);
+	assert_int_equal(s.devices[0].chunk_hit_tokens, 340);
 	assert_string_equal(s.caches[0].name, "cpu1.mask");
 	assert_int_equal(s.caches[0].hits, 7);
 	assert_int_equal(s.caches[0].max_bytes, 8192);

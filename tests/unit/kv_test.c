@@ -319,6 +319,45 @@ static void test_shared_blocks(void **state)
 /* The planted leak of the watchdog's tests: a freed sequence leaves a
  * hold on its last block, forever; the accounting stays consistent (the
  * block is used, held from outside) and nothing else changes. */
+/* Blocks taken outside any table (the chunk-KV cache's): one hold each,
+ * counted as used, back to the pool with their release; none when the
+ * pool is empty. */
+static void test_block_take(void **state)
+{
+	(void)state;
+	struct gpud_kv *kv = mk(3, 4, 2, 12);
+	struct gpud_kv_stats st;
+	uint32_t b[3], extra, s;
+	char err[SW_ERR_MAX];
+
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(gpud_kv_block_take(kv, &b[i]), 0);
+		assert_int_equal(gpud_kv_block_refs(kv, b[i]), 1);
+	}
+	assert_true(b[0] != b[1] && b[1] != b[2] && b[0] != b[2]);
+	assert_int_equal(gpud_kv_block_take(kv, &extra), SW_EEXHAUSTED);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 3);
+	assert_int_equal(st.free, 0);
+	assert_int_equal(st.exhausted, 1);
+	assert_int_equal(gpud_kv_check(kv, err, sizeof(err)), 0);
+	/* a sequence cannot get one meanwhile */
+	assert_int_equal(gpud_kv_seq_new(kv, &s), 0);
+	assert_int_equal(gpud_kv_reserve(kv, s, 1), SW_EEXHAUSTED);
+	assert_int_equal(gpud_kv_block_release(kv, b[1]), 0);
+	assert_int_equal(gpud_kv_block_release(kv, b[1]), -EINVAL); /* no hold left */
+	assert_int_equal(gpud_kv_reserve(kv, s, 1), 0);
+	assert_int_equal(gpud_kv_seq_free(kv, s), 0);
+	assert_int_equal(gpud_kv_block_release(kv, b[0]), 0);
+	assert_int_equal(gpud_kv_block_release(kv, b[2]), 0);
+	gpud_kv_stats(kv, &st);
+	assert_int_equal(st.used, 0);
+	assert_int_equal(st.free, 3);
+	assert_int_equal(st.high, 3);
+	assert_int_equal(gpud_kv_check(kv, err, sizeof(err)), 0);
+	gpud_kv_destroy(kv);
+}
+
 static void test_planted_leak(void **state)
 {
 	(void)state;
@@ -380,6 +419,7 @@ int main(void)
 		cmocka_unit_test(test_truncate),
 		cmocka_unit_test(test_churn),
 		cmocka_unit_test(test_shared_blocks),
+		cmocka_unit_test(test_block_take),
 		cmocka_unit_test(test_planted_leak),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

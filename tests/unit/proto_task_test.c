@@ -89,7 +89,22 @@ static void test_summarize_and_answer(void **state)
 	assert_int_equal(proto_task_parse(s3, strlen(s3), &t, err, sizeof(err)), 0);
 	assert_int_equal(t.top_k, PROTO_TASK_DEFAULT_TOP_K);
 	assert_int_equal(t.document_id, 2);
+	assert_int_equal(t.chunk_mask, PROTO_TASK_CHUNKS_DEFAULT);
 	proto_task_free(&t);
+
+	/* chunk_mask: "self" or "system", answer only */
+	{
+		static const char s4[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"?\","
+					 "\"chunk_mask\":\"self\"}";
+		static const char s5[] = "{\"id\":\"q\",\"kind\":\"answer\",\"question\":\"?\","
+					 "\"chunk_mask\":\"system\"}";
+		assert_int_equal(proto_task_parse(s4, strlen(s4), &t, err, sizeof(err)), 0);
+		assert_int_equal(t.chunk_mask, PROTO_TASK_CHUNKS_SELF);
+		proto_task_free(&t);
+		assert_int_equal(proto_task_parse(s5, strlen(s5), &t, err, sizeof(err)), 0);
+		assert_int_equal(t.chunk_mask, PROTO_TASK_CHUNKS_SYSTEM);
+		proto_task_free(&t);
+	}
 	assert_string_equal(proto_task_kind_name(PROTO_TASK_ANSWER), "answer");
 	assert_string_equal(proto_task_kind_name((enum proto_task_kind)9), "unknown");
 }
@@ -259,6 +274,10 @@ static void test_answer_errors(void **state)
 		     "task.top_k: expected an integer in [1, 32], got 33");
 	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"top_k\":true}", SW_ETYPE,
 		     "task.top_k: expected an integer, got boolean");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"chunk_mask\":\"all\"}",
+		     -EINVAL, "task.chunk_mask: expected \"system\" or \"self\", got \"all\"");
+	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"chunk_mask\":true}",
+		     SW_ETYPE, "task.chunk_mask: expected a string, got boolean");
 	expect_error("{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"q\",\"max_tokens\":0}", -EINVAL,
 		     "task.max_tokens: expected an integer in [1, 4096], got 0");
 	snprintf(big, sizeof(big), "{\"id\":\"t\",\"kind\":\"answer\",\"question\":\"%0*d\"}",

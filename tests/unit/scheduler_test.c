@@ -1439,7 +1439,7 @@ static const char *const sys_prompt =
 	"the park with her friends. One day, ";
 
 struct owner_count {
-	uint32_t free, request, prefix, shared;
+	uint32_t free, request, prefix, shared, chunk;
 };
 
 static void count_owner(void *arg, uint32_t block, const char *kind, uint64_t id)
@@ -1456,6 +1456,8 @@ static void count_owner(void *arg, uint32_t block, const char *kind, uint64_t id
 		c->prefix++;
 	else if (!strcmp(kind, "shared"))
 		c->shared++;
+	else if (!strcmp(kind, "chunk"))
+		c->chunk++;
 	else
 		fail_msg("kind %s", kind);
 }
@@ -1955,6 +1957,132 @@ static void test_idle_placement_alternates(void **state)
 	gpud_engine_destroy(e[1]);
 }
 
+/* --- chunk-KV cache -------------------------------------------------------- */
+
+/* Answer-style prompts (system, two self-only chunks, a question the
+ * chunks do not see past) through the scheduler with the chunk cache on:
+ * the second request has the chunks in the other order at other offsets
+ * and copies them in (stats, n_cached), and both requests' greedy output
+ * equals a run with no cache at all. Idle, the pool holds only the
+ * cache's blocks (dumped as "chunk"), and a flush empties it. */
+static void chunk_reuse(bool prefix)
+{
+	static const char *const part[] = {
+		"Once upon a time, there was a little girl named Lily.",
+		" She loved to play outside in the park with her friends and her big red ball.",
+		" One day, a small dog came to the park. It was brown and very happy to see them.",
+		" What did the dog do?",
+		" Who came to the park?",
+	};
+	static int32_t ids[5][128], prompt[2][512];
+	static struct res out[2], plain[2];
+	uint32_t n[5], np[2] = { 0, 0 };
+	struct gpud_engine_params ep;
+	struct gpud_engine *e = NULL, *u = mk_engine(64, 4, 0);
+	struct gpud_sched *s, *us;
+	struct gpud_sched_device_stats ds;
+	struct owner_count oc = { 0 };
+	struct gpud_engine_stats es;
+	char err[SW_ERR_MAX] = "";
+	/* order of the chunks in each request */
+	static const int order[2][2] = { { 1, 2 }, { 2, 1 } };
+
+	gpud_engine_params_default(&ep);
+	ep.n_threads = 1;
+	ep.max_batch_tokens = 64;
+	ep.max_seqs = 4;
+	ep.chunk_bytes = (size_t)8 << 20;
+	if (gpud_engine_create(&e, model, &ep, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	assert_true(gpud_engine_chunk_enabled(e));
+	s = prefix ? mk_sched_pfx(&e, 1, 4, (size_t)64 << 20) : mk_sched(&e, 1, 4, 64, 0);
+	us = mk_sched(&u, 1, 4, 64, 0);
+	for (int i = 0; i < 5; i++) {
+		/* the system prompt keeps BOS; the rest are continuations */
+		n[i] = tokenize(part[i], ids[i], 128);
+		if (i) {
+			memmove(ids[i], ids[i] + 1, (n[i] - 1) * sizeof(int32_t));
+			n[i]--;
+		}
+	}
+	assert_true(n[1] >= 16 && n[2] >= 16); /* a block at least: cached */
+	for (int r = 0; r < 2; r++) {
+		static _Alignas(16) uint8_t mem[2][4096];
+		static struct gpud_mask mask[2];
+		uint16_t r0[] = { 0 }, r1[] = { 1 }, r2[] = { 2 }, r3[] = { 0, 1, 2, 3 },
+			 rg[] = { 0, 1, 2, 3, 4 };
+		struct proto_mask_row rows[5] = { { r0, 1 }, { r1, 1 }, { r2, 1 }, { r3, 4 },
+						  { rg, 5 } };
+		struct proto_mask_desc desc = { .n_segments = 4, .rows = rows };
+		uint32_t lens[4] = { n[0], n[order[r][0]], n[order[r][1]], n[3 + r] };
+		const int seg_src[4] = { 0, order[r][0], order[r][1], 3 + r };
+
+		for (int k = 0; k < 4; k++) {
+			memcpy(prompt[r] + np[r], ids[seg_src[k]], n[seg_src[k]] * sizeof(int32_t));
+			np[r] += n[seg_src[k]];
+		}
+		assert_int_equal(gpud_mask_compile(&desc, lens, 16, mem[r], sizeof(mem[r]), &mask[r]),
+				 0);
+		run_one(s, prompt[r], np[r], &mask[r], 12, &out[r]);
+		run_one(us, prompt[r], np[r], &mask[r], 12, &plain[r]);
+		assert_same_output(&out[r], &plain[r]);
+		assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+		if (!r) {
+			assert_int_equal(ds.chunk_hits, 0);
+			assert_int_equal(out[r].usage.n_cached, 0);
+		} else {
+			/* not the system prompt: a first segment is never stored
+			 * (with the prefix cache on, its full blocks come from
+			 * there) */
+			assert_int_equal(ds.chunk_hits, 2);
+			assert_int_equal(ds.chunk_hit_tokens, n[1] + n[2]);
+			assert_int_equal(out[r].usage.n_cached,
+					 n[1] + n[2] + (prefix ? n[0] / 16 * 16 : 0));
+			assert_int_equal(ds.prefix_hit_tokens, prefix ? n[0] / 16 * 16 : 0);
+		}
+		/* every chunk was copied or computed */
+		assert_int_equal(ds.chunk_hits + ds.chunk_misses, 2 * (r + 1));
+	}
+	/* both chunks */
+	assert_int_equal(ds.chunk_entries, 2);
+	assert_true(ds.chunk_bytes <= ds.chunk_max_bytes);
+	if (gpud_engine_check(e, err, sizeof(err)))
+		fail_msg("%s", err);
+	gpud_engine_stats(e, &es);
+	assert_int_equal(es.kv.seqs, 0);
+	assert_int_equal(es.kv.used, ds.chunk_blocks + ds.prefix_blocks);
+	assert_int_equal(ds.prefix_unreferenced, ds.prefix_blocks);
+	assert_int_equal(gpud_engine_free_blocks(e), es.kv.n_blocks - ds.prefix_blocks);
+	assert_int_equal(gpud_sched_block_owners(s, 0, count_owner, &oc), 0);
+	assert_int_equal(oc.chunk, ds.chunk_blocks);
+	assert_int_equal(oc.prefix, ds.prefix_blocks);
+	assert_int_equal(oc.free, es.kv.free);
+	assert_int_equal(oc.request + oc.shared, 0);
+	gpud_engine_chunk_flush(e);
+	if (!prefix)
+		assert_pool_empty(e);
+	gpud_engine_stats(e, &es);
+	assert_int_equal(es.kv.used, ds.prefix_blocks);
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(us);
+	gpud_engine_destroy(e);
+	gpud_engine_destroy(u);
+}
+
+static void test_chunk_reuse(void **state)
+{
+	(void)state;
+	chunk_reuse(false);
+}
+
+/* The same with the prefix cache on: the system prompt's full blocks come
+ * from it, the chunks from the chunk cache, and both count. */
+static void test_chunk_reuse_prefix(void **state)
+{
+	(void)state;
+	chunk_reuse(true);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1981,6 +2109,8 @@ int main(void)
 		cmocka_unit_test(test_prefix_concurrent),
 		cmocka_unit_test(test_prefix_placement),
 		cmocka_unit_test(test_idle_placement_alternates),
+		cmocka_unit_test(test_chunk_reuse),
+		cmocka_unit_test(test_chunk_reuse_prefix),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

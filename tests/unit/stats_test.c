@@ -77,7 +77,12 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 		d->preemptions = 10 * i + 6;
 		d->placed_prefix = 10 * i + 7;
 		d->placed_load = 10 * i + 8;
-		d->alloc_device = 10 * i + 9;
+		d->alloc_device = 100 * i + 14;
+		d->prefix_hits = 10 * i + 9;
+		d->prefix_hit_tokens = 100 * i + 10;
+		d->chunk_hits = 100 * i + 11;
+		d->chunk_misses = 100 * i + 12;
+		d->chunk_hit_tokens = 100 * i + 13;
 	}
 	s->n_pools = np;
 	for (uint32_t i = 0; i < np; i++) {
@@ -267,7 +272,7 @@ static void test_stats_json(void **state)
 	for (uint32_t i = 0; i < 2; i++) {
 		json_t *d = json_array_get(arr, i);
 
-		assert_int_equal(json_object_size(d), 10);
+		assert_int_equal(json_object_size(d), 15);
 		assert_string_equal(json_string_value(json_object_get(d, "name")), s.devices[i].name);
 		assert_int_equal(u(d, "queue"), 10 * i + 1);
 		assert_int_equal(u(d, "running"), 10 * i + 2);
@@ -277,7 +282,12 @@ static void test_stats_json(void **state)
 		assert_int_equal(u(d, "preemptions"), 10 * i + 6);
 		assert_int_equal(u(d, "placed_prefix"), 10 * i + 7);
 		assert_int_equal(u(d, "placed_load"), 10 * i + 8);
-		assert_int_equal(u(json_object_get(d, "alloc"), "device"), 10 * i + 9);
+		assert_int_equal(u(json_object_get(d, "alloc"), "device"), 100 * i + 14);
+		assert_int_equal(u(d, "prefix_hits"), 10 * i + 9);
+		assert_int_equal(u(d, "prefix_hit_tokens"), 100 * i + 10);
+		assert_int_equal(u(d, "chunk_hits"), 100 * i + 11);
+		assert_int_equal(u(d, "chunk_misses"), 100 * i + 12);
+		assert_int_equal(u(d, "chunk_hit_tokens"), 100 * i + 13);
 	}
 	assert_null(json_object_get(j, "dump"));
 	json_decref(j);
@@ -492,8 +502,8 @@ static void test_prometheus(void **state)
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
 	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 4, 9 per device, 12 per pool, 9 per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 9 * 2 + 12 * 3 + 9 * 2);
+	 * families of 4, 13 per device, 12 per pool, 9 per cache */
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 13 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
@@ -517,7 +527,12 @@ static void test_prometheus(void **state)
 	assert_non_null(strstr(big, "\ngpud_device_steps_total{device=\"cpu1\"} 13\n"));
 	assert_non_null(strstr(big, "\ngpud_device_placed_prefix_total{device=\"cpu1\"} 17\n"));
 	assert_non_null(strstr(big, "\ngpud_device_placed_load_total{device=\"cpu1\"} 18\n"));
-	assert_non_null(strstr(big, "\ngpud_device_alloc_device_total{device=\"cpu1\"} 19\n"));
+	assert_non_null(strstr(big, "\ngpud_device_alloc_device_total{device=\"cpu1\"} 114\n"));
+	assert_non_null(strstr(big, "\ngpud_device_prefix_hit_tokens_total{device=\"cpu1\"} 110\n"));
+	assert_non_null(strstr(big, "\ngpud_device_chunk_hits_total{device=\"cpu1\"} 111\n"));
+	assert_non_null(strstr(big, "\ngpud_device_chunk_misses_total{device=\"cpu1\"} 112\n"));
+	assert_non_null(strstr(big,
+			       "\ngpud_device_chunk_hit_tokens_total{device=\"cpu1\"} 113\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_unit_bytes{pool=\"cpu0.kv\",unit=\"blocks\"} 4096\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_used{pool=\"cpu0.kv\"} 2\n"));
 	assert_non_null(strstr(big, "\ngpud_pool_capacity{pool=\"cpu1.kv\"} 101\n"));

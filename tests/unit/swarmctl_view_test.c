@@ -25,7 +25,8 @@ static const char stats_json[] =
 	" \"alloc\": {\"counted\": true, \"warm\": true,"
 	"   \"since_warmup\": {\"host\": 0, \"device\": 0}, \"total\": {\"host\": 9}},"
 	" \"devices\": [{\"name\": \"cpu0\", \"queue\": 1, \"placed_prefix\": 7,"
-	"   \"placed_load\": 5, \"alloc\": {\"device\": 0}},"
+	"   \"placed_load\": 5, \"prefix_hits\": 3, \"chunk_hits\": 2, \"chunk_hit_tokens\": 512,"
+	"   \"alloc\": {\"device\": 0}},"
 	"  {\"name\": \"cuda:1\", \"alloc\": {\"device\": 3}}],"
 	" \"pools\": ["
 	"  {\"name\": \"cpu0.kv\", \"unit\": \"blocks\", \"unit_bytes\": 32768, \"capacity\": 100,"
@@ -154,13 +155,16 @@ static void test_print_gpud(void **state)
 	assert_non_null(strstr(out, "server.requests               2          2          0          -"));
 	assert_non_null(strstr(out, "         4        100        1.0        2.0\n"));
 	assert_non_null(strstr(out, "WARNING: cuda:1.kv trough rising"));
-	/* placements per device, and the tokens its prefix cache served */
+	/* placements per device, the hits and tokens of its prefix and chunk
+	 * caches */
 	assert_non_null(strstr(out, "PLACED PREFIX"));
-	assert_non_null(strstr(out, "DEV ALLOCS"));
+	assert_non_null(strstr(out, "CHUNK HITS  CHUNK TOKENS DEV ALLOCS\n"));
 	assert_non_null(strstr(out, "cpu0              1        0              7              5"
-				    "             48          0\n"));
+				    "            3             48           2           512"
+				    "          0\n"));
 	assert_non_null(strstr(out, "cuda:1            0        0              0              0"
-				    "              0          3\n"));
+				    "            0              0           0             0"
+				    "          3\n"));
 	free(out);
 
 	/* allocations not counted: null is not zero */

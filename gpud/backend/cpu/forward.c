@@ -53,6 +53,7 @@ struct cpu_ctx {
 	float *hb;       /* (T, ffn_dim) gate, then silu(gate)*up */
 	float *hb2;      /* (T, ffn_dim) up */
 	float *rope_cs;  /* (T, head_dim/2, 2) cos, sin at each token's position */
+	float *shift_cs; /* (head_dim/2, 2) kv_copy_shift's rotation */
 	float *xl;       /* (max_logits, dim) final-normed rows that need logits */
 	float *logits;   /* (max_logits, n_vocab) */
 	float *att_tmp;  /* (nth, att_tmp_stride) per-thread softmax state and scores */
@@ -590,6 +591,7 @@ static void cpu_destroy(void *ctx)
 	gpud_tp_destroy(c->tp);
 	sw_arena_destroy(&c->arena);
 	free(c->kv);
+	free(c->shift_cs);
 	free(c);
 }
 
@@ -632,6 +634,11 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		goto out_free;
 	}
 	c->nth = gpud_tp_size(c->tp);
+	c->shift_cs = calloc(hp->head_dim, sizeof(float));
+	if (!c->shift_cs) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "cpu backend: out of memory");
+		goto out_free;
+	}
 	c->kv = aligned_alloc(64, (c->kv_bytes + 63) / 64 * 64);
 	rc = c->kv ? sw_mem_prefault(c->kv, c->kv_bytes) : -ENOMEM;
 	if (rc) {
@@ -744,6 +751,37 @@ static int cpu_kv_copy(void *ctx, uint32_t dst, uint32_t src)
 	return 0;
 }
 
+/* K rotated by delta with the forward pass's own RoPE (the model's pairing
+ * style and frequencies): rotations compose, R(p + d) =
+ * R(d) R(p), whatever the pairing and the frequencies. */
+static int cpu_kv_copy_shift(void *ctx, uint32_t dst, uint32_t dst_off, uint32_t src,
+			     uint32_t src_off, uint32_t n, int32_t delta)
+{
+	struct cpu_ctx *c = ctx;
+	uint32_t hd = c->hp->head_dim, bt = c->cfg.block_tokens;
+	float *cs = c->shift_cs;
+
+	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks || dst == src || src_off > bt ||
+	    dst_off > bt || n > bt - src_off || n > bt - dst_off)
+		return -EINVAL;
+	gpud_rope_table(cs, c->w->rope_inv_freq, hd / 2, delta);
+	for (uint32_t l = 0; l < c->hp->n_layers; l++) {
+		for (uint32_t h = 0; h < 2 * c->hp->n_kv_heads; h++) {
+			size_t o = (size_t)l * c->layer_floats + h * c->head_floats;
+			const float *s = c->kv + (size_t)src * c->block_floats + o +
+					 (size_t)src_off * hd;
+			float *d = c->kv + (size_t)dst * c->block_floats + o + (size_t)dst_off * hd;
+
+			memcpy(d, s, (size_t)n * hd * sizeof(float));
+			if (h >= c->hp->n_kv_heads || !delta)
+				continue; /* V, or K that stays where it was */
+			for (uint32_t t = 0; t < n; t++)
+				gpud_rope_apply(d + (size_t)t * hd, cs, 1, hd, c->hp->rope_style);
+		}
+	}
+	return 0;
+}
+
 static void cpu_stats(void *ctx, struct gpud_backend_stats *st)
 {
 	*st = ((struct cpu_ctx *)ctx)->st;
@@ -758,5 +796,6 @@ const struct gpud_backend_ops gpud_cpu_backend = {
 	.logits = cpu_logits,
 	.hidden = cpu_hidden,
 	.kv_copy = cpu_kv_copy,
+	.kv_copy_shift = cpu_kv_copy_shift,
 	.stats = cpu_stats,
 };
