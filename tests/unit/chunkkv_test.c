@@ -1,7 +1,8 @@
 /* chunkkv_test.c - chunk KV reused at any position (issue 14): a prompt
  * assembled from cached, re-rotated self-only chunks gives the logits of a
  * from-scratch prefill of the same prompt and descriptor (within 1e-5
- * relative, F32 model from mkmodel), at offsets 0, 17, 1000 and across
+ * relative, F32 models from mkmodel: llama and qwen2, i.e. both RoPE pairing
+ * styles), at offsets 0, 17, 1000 and across
  * block edges, on ragged batches; the cache evicts under its byte bound
  * and under pool pressure, and gives every block back. */
 #include <setjmp.h>
@@ -47,12 +48,15 @@ static void fill(int32_t *t, uint32_t n)
 		t[i] = 3 + (int32_t)rnd(250);
 }
 
+static enum gpud_arch g_arch; /* the group's model: llama, then qwen2 */
+
 static int group_setup(void **state)
 {
 	struct gpud_mkmodel_params mp;
 	char err[SW_ERR_MAX];
 
 	(void)state;
+	snprintf(g_dir, sizeof(g_dir), "/tmp/chunkkv_test.XXXXXX"); /* a group each */
 	if (!mkdtemp(g_dir))
 		return -1;
 	snprintf(g_path, sizeof(g_path), "%s/m.gguf", g_dir);
@@ -61,6 +65,7 @@ static int group_setup(void **state)
 	mp.n_ctx = NCTX;
 	mp.type = GPUD_TYPE_F32;
 	mp.seed = 7;
+	mp.arch = g_arch;
 	if (gpud_mkmodel(&mp, err, sizeof(err)) || gpud_model_load(&g_m, g_path, err, sizeof(err))) {
 		print_error("%s\n", err);
 		return -1;
@@ -72,6 +77,7 @@ static int group_teardown(void **state)
 {
 	(void)state;
 	gpud_model_free(g_m);
+	g_m = NULL;
 	unlink(g_path);
 	rmdir(g_dir);
 	return 0;
@@ -541,5 +547,13 @@ int main(void)
 		cmocka_unit_test(test_evict_pool),
 		cmocka_unit_test(test_not_reused),
 	};
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	int failed;
+
+	/* llama (adjacent RoPE pairs), then qwen2 (NEOX pairs, Q/K/V biases):
+	 * the re-rotation follows the model's own RoPE style */
+	g_arch = GPUD_ARCH_LLAMA;
+	failed = cmocka_run_group_tests_name("llama", tests, group_setup, group_teardown);
+	g_arch = GPUD_ARCH_QWEN2;
+	failed += cmocka_run_group_tests_name("qwen2", tests, group_setup, group_teardown);
+	return failed;
 }
