@@ -610,7 +610,7 @@ C(c_dim_neg, patch_u64(p, L->w_ne0, 1ull << 63))
 C(c_dim_overflow, patch_u64(p, L->w_ne0, 1ull << 62); patch_u64(p, L->w_ne1, 4))
 C(c_type_unknown, patch_u32(p, L->w_type, 99))
 C(c_type_gap, patch_u32(p, L->w_type, 40))
-C(c_type_q4k, patch_u32(p, L->w_type, 12))
+C(c_type_q4k, patch_u32(p, L->w_type, 3))
 C(c_type_removed, patch_u32(p, L->w_type, 4))
 C(c_block, patch_u64(p, L->v_ne0, 33))
 C(c_off_unaligned, patch_u64(p, L->v_off, 257))
@@ -659,7 +659,7 @@ static const struct corruption corruptions[] = {
 	{ "dims overflow", c_dim_overflow, SW_EFORMAT, "'w': element count overflows at dimension 1" },
 	{ "type 99", c_type_unknown, SW_EFORMAT, "tensor 0 'w': unknown ggml type 99" },
 	{ "type 40", c_type_gap, SW_EFORMAT, "unknown ggml type 40" },
-	{ "type q4_k", c_type_q4k, SW_EUNSUPPORTED, "tensor 0 'w': type q4_k (12) is not supported" },
+	{ "type q4_1", c_type_q4k, SW_EUNSUPPORTED, "tensor 0 'w': type q4_1 (3) is not supported" },
 	{ "type q4_2", c_type_removed, SW_EUNSUPPORTED, "q4_2 (removed)" },
 	{ "block", c_block, SW_EFORMAT, "tensor 1 'v': ne[0] = 33 is not a multiple of the q8_0 block size 32" },
 	{ "offset unaligned", c_off_unaligned, SW_EFORMAT, "tensor 1 'v': data offset 257 is not a multiple of the alignment 32" },

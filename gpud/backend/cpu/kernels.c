@@ -118,7 +118,13 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
 {
 	size_t nb, n;
 
-	if (!is_quant(wtype) || cols <= 0 || batch <= 0)
+	if (cols <= 0 || batch <= 0)
+		return 0;
+	if (gpud__kq_type(wtype)) {
+		n = (size_t)batch * (size_t)(cols / GPUD_QK_K) * sizeof(struct gpud_block_q8_k);
+		return (n + 63) & ~(size_t)63;
+	}
+	if (!is_quant(wtype))
 		return 0;
 	nb = (size_t)(cols / GPUD_QK);
 	n = (size_t)batch * nb * (sizeof(float) + sizeof(int32_t)) + (size_t)batch * (size_t)cols;
@@ -301,7 +307,15 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 	if (use_vec())
 		job.rows = gpud__x86_mm_rows;
 #endif
-	if (is_quant(wtype)) {
+	if (gpud__kq_type(wtype)) {
+		struct gpud_block_q8_k *xk = scratch;
+
+		for (int64_t b = 0; b < batch; b++)
+			gpud_quantize_row(GPUD_TYPE_Q8_K, x + b * cols, xk + b * (cols / GPUD_QK_K),
+					  cols);
+		m.xk = xk;
+		job.rows = gpud__kq_mm_rows;
+	} else if (is_quant(wtype)) {
 		const int64_t nb = cols / GPUD_QK;
 		/* Offset the VNNI kernel folds in: q8_0 weights enter as
 		 * w + 128 (u8), q4_0 as their nibble w + 8. */

@@ -25,7 +25,14 @@ struct gpud__mm {
 	const float *xd;                 /* (batch, cols / 32) block scales */
 	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
+	/* K-quants only: x as Q8_K blocks (kernels_kq.c) */
+	const struct gpud_block_q8_k *xk; /* (batch, cols / 256) */
 };
+
+/* kernels_kq.c: true for the K-quant weight types it multiplies; their
+ * rows (x already in m->xk), portable. */
+bool gpud__kq_type(enum gpud_type t);
+void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 
 /* Activation block scale from its max |x| (as Q8_0's, kept in fp32); *id
  * is 1/d or 0. Shared so that both paths produce bit-identical quants. */
