@@ -46,8 +46,10 @@
  *         high 2 bits (qh[32h + l] >> 2k) & 3; q = that - 32 (-32..31);
  *         sub-block s = 8h + 2k + l / 16;  w = (d * scales[s]) * q.
  *   Q8_K (292 bytes): fp32 d, int8 qs[256], int16 bsums[16] (sums of each
- *         16 quants); w = d * q. The activation format of the K-quant
- *         matmul; files do not hold it.
+ *         16 quants); w = d * q. ggml's activation format for K-quants,
+ *         read and written here but never a weight (matmul false); gpud's
+ *         CPU K-quant matmul keeps 32-wide activation blocks, which are
+ *         finer (backend/cpu/kernels_kq.c).
  *
  * Nothing here allocates, takes a lock or fails; every function is safe
  * from any thread. Row functions trust their sizes (n a multiple of the

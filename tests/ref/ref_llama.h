@@ -2,7 +2,7 @@
  *
  * The reference shares no code with the fast path (gpud/model.c,
  * gpud/backend/cpu/): it uses the GGUF reader only to find metadata and
- * tensor bytes, then dequantizes F32/F16/BF16/Q8_0/Q4_0 itself into
+ * tensor bytes, then dequantizes F32/F16/BF16/Q8_0/Q4_0/Q2_K..Q6_K itself into
  * doubles, and runs straightforward loops: RMSNorm, Q/K/V, RoPE on
  * adjacent pairs (with Llama 3 frequency scaling when the file asks for
  * it), attention under a dense T x T mask built directly from the

@@ -12,9 +12,9 @@
  * error against fp32 activations is ~1e-2 of sum|w*x| at worst (measured
  * in reference_test/kernels_test); a column's result never depends on its
  * batch, tile or thread. A block of x holding NaN/Inf makes its outputs
- * NaN. K-quant weights (q2_k..q6_k) take the same road with 256-wide Q8_K
- * activation blocks and one fp32 accumulator per pair fed super-block by
- * super-block (kernels_kq.c states the exact operations).
+ * NaN. K-quant weights (q2_k..q6_k) take the same road, the same
+ * activation blocks, with one fp32 accumulator per pair fed super-block by
+ * super-block, chunk of 32 by chunk (kernels_kq.c states the operations).
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions (plus
  * AVX-VNNI for the int8 path) are chosen at run time (gpud_cpu_features()).
@@ -54,8 +54,8 @@ void gpud_cpu_set_features(unsigned mask);
 
 /* Scratch bytes gpud_matmul needs for a weight type, width and batch:
  * 0 for f32/f16/bf16; for q8_0/q4_0 the quantized activations,
- * batch * (cols + 8 * cols / 32) rounded up to a multiple of 64; for the
- * K-quants batch * (cols / 256) Q8_K blocks (292 bytes) rounded likewise. */
+ * batch * (cols + 8 * cols / 32) rounded up to a multiple of 64 (the
+ * K-quants alike). */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.

@@ -20,17 +20,16 @@ struct gpud__mm {
 	int64_t rows, cols, batch;
 	const float *x;                  /* (batch, cols) */
 	float *y;                        /* (batch, rows) */
-	/* q8_0/q4_0 only: x quantized once per call (see kernels.h) */
+	/* q8_0/q4_0 and the K-quants: x quantized once per call (see
+	 * kernels.h; the K-quants' xc is the plain quant sum, off -1) */
 	const int8_t *xq;                /* (batch, cols) quants */
 	const float *xd;                 /* (batch, cols / 32) block scales */
 	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
-	/* K-quants only: x as Q8_K blocks (kernels_kq.c) */
-	const struct gpud_block_q8_k *xk; /* (batch, cols / 256) */
 };
 
 /* kernels_kq.c: true for the K-quant weight types it multiplies; their
- * rows (x already in m->xk), portable. */
+ * rows (x already in m->xq/xd/xc), portable. */
 bool gpud__kq_type(enum gpud_type t);
 void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 
