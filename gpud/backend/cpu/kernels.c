@@ -330,8 +330,13 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			quantize_act_ref(x + b * cols, cols, off, xq + b * cols, xd + b * nb,
 					 xc + b * nb);
 		}
-		if (gpud__kq_type(wtype))
+		if (gpud__kq_type(wtype)) {
 			job.rows = gpud__kq_mm_rows;
+#ifdef GPUD_HAVE_X86
+			if (use_vec())
+				job.rows = gpud__x86_kq_mm_rows;
+#endif
+		}
 		else if (job.rows == mm_rows_ref)
 			job.rows = mm_rows_ref_i8;
 	}

@@ -1,0 +1,218 @@
+/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q4_K, Q5_K,
+ * Q6_K: the types of the Q4_K_M/Q5_K_M files people download).
+ *
+ * Same operations as kernels_kq.c, so the same bits: 8 weight rows ride in
+ * the 8 lanes of one accumulator per batch column. Per super-block and
+ * 32-chunk c, each row's chunk quants (u8) meet the column's int8
+ * activations in vpmaddubsw; vpmaddwd by the row's sub-block scale gives
+ * int32 partials, and one 8-vector horizontal reduction turns the 8 rows'
+ * partials into the 8 lanes of t (exact integers, as the portable sums).
+ * Then, lane by lane, the portable fp32 steps:
+ *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
+ *     (float)mt, acc).
+ * Q6_K's quants are stored +32 (u8 0..63); the i16 pair sums subtract
+ * 32 * the activations' pair sums before the scales, which keeps every
+ * value exact. Q2_K/Q3_K use the portable rows.
+ *
+ * Compiled with target attributes: call only once gpud_cpu_features()
+ * reported AVX2+FMA+F16C.
+ */
+#include "gpud/backend/cpu/kernels_impl.h"
+
+#ifdef GPUD_HAVE_X86
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define TGT_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+#define KQ_ROWS 8
+#define KQ_BC 8 /* batch columns per pass over a row group */
+
+/* Lane r of the result = sum of the 8 int32 lanes of v[r]. */
+TGT_INLINE __m256i reduce8(const __m256i v[8])
+{
+	__m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
+	__m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
+	__m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+
+	return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
+				_mm256_permute2x128_si256(b0, b1, 0x31));
+}
+
+/* Chunk c (32 quants, u8) of one super-block of row type QT. */
+TGT_INLINE __m256i unpack_chunk(enum gpud_type QT, const uint8_t *blk, int c)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+		const uint8_t *qs = QT == GPUD_TYPE_Q4_K ? ((const struct gpud_block_q4_k *)blk)->qs
+							 : ((const struct gpud_block_q5_k *)blk)->qs;
+		__m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
+		__m256i q = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+
+		if (QT == GPUD_TYPE_Q5_K) {
+			__m256i h = _mm256_loadu_si256(
+				(const __m256i *)((const struct gpud_block_q5_k *)blk)->qh);
+
+			h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)),
+					     _mm256_set1_epi8(1));
+			q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+		}
+		return q;
+	} else {
+		const struct gpud_block_q6_k *b = (const struct gpud_block_q6_k *)blk;
+		int h = c / 4, k = c % 4;
+		__m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (k & 1)));
+		__m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+
+		l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+		hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)),
+				      _mm256_set1_epi8(3));
+		return _mm256_or_si256(l, _mm256_slli_epi16(hb, 4));
+	}
+}
+
+/* Q4_K/Q5_K: the 8 6-bit scales and 8 mins of one block's 12 packed
+ * bytes, four at a time in 32-bit words (quant.h's layout: sub-blocks
+ * 0-3 in the low 6 bits of bytes 0-3 / 4-7, sub-blocks 4-7 in the nibbles
+ * of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7). */
+static inline void unpack_scale_min(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+	uint32_t u0, u1, u2, v;
+
+	memcpy(&u0, q, 4);
+	memcpy(&u1, q + 4, 4);
+	memcpy(&u2, q + 8, 4);
+	v = u0 & 0x3f3f3f3f;
+	memcpy(sc, &v, 4);
+	v = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
+	memcpy(sc + 4, &v, 4);
+	v = u1 & 0x3f3f3f3f;
+	memcpy(mn, &v, 4);
+	v = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
+	memcpy(mn + 4, &v, 4);
+}
+
+TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
+	const bool mins = QT != GPUD_TYPE_Q6_K;
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	const size_t bsz = gpud_type_block_bytes(QT);
+
+	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
+		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;
+		const uint8_t *w[KQ_ROWS];
+
+		/* Rows past r1 repeat the last one; their lanes are dropped. */
+		for (int k = 0; k < KQ_ROWS; k++)
+			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		for (int64_t b0 = 0; b0 < m->batch; b0 += KQ_BC) {
+			const int64_t bc = m->batch - b0 < KQ_BC ? m->batch - b0 : KQ_BC;
+			__m256 acc[KQ_BC];
+
+			for (int64_t b = 0; b < bc; b++)
+				acc[b] = _mm256_setzero_ps();
+			for (int64_t i = 0; i < nb; i++) {
+				uint8_t sc[KQ_ROWS][8], mn[KQ_ROWS][8];
+				int32_t mt8[8][KQ_ROWS];
+				float dv[KQ_ROWS], dmv[KQ_ROWS];
+				__m256 dw, dmin = _mm256_setzero_ps();
+
+				for (int k = 0; k < KQ_ROWS; k++) {
+					const uint8_t *blk = w[k] + (size_t)i * bsz;
+					uint16_t h[2];
+
+					if (QT == GPUD_TYPE_Q6_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q6_k, d), 2);
+						dv[k] = _cvtsh_ss(h[0]);
+						continue;
+					}
+					memcpy(h, blk, 4); /* d, dmin */
+					dv[k] = _cvtsh_ss(h[0]);
+					dmv[k] = _cvtsh_ss(h[1]);
+					unpack_scale_min(blk + 4, sc[k], mn[k]);
+					for (int c = 0; c < 8; c++)
+						mt8[c][k] = mn[k][c];
+				}
+				dw = _mm256_loadu_ps(dv);
+				if (mins)
+					dmin = _mm256_loadu_ps(dmv);
+				for (int c = 0; c < 8; c++) {
+					__m256i W[KQ_ROWS], S[KQ_ROWS], mv = _mm256_setzero_si256();
+
+					for (int k = 0; k < KQ_ROWS; k++) {
+						const uint8_t *blk = w[k] + (size_t)i * bsz;
+
+						W[k] = unpack_chunk(QT, blk, c);
+						if (QT == GPUD_TYPE_Q6_K) {
+							const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
+
+							S[k] = _mm256_setr_m128i(_mm_set1_epi16(s6[2 * c]),
+										 _mm_set1_epi16(s6[2 * c + 1]));
+						} else {
+							S[k] = _mm256_set1_epi16(sc[k][c]);
+						}
+					}
+					if (mins)
+						mv = _mm256_loadu_si256((const __m256i *)mt8[c]);
+					for (int64_t b = 0; b < bc; b++) {
+						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
+						__m256i x = _mm256_loadu_si256(
+							(const __m256i *)(m->xq + col * m->cols +
+									  i * GPUD_QK_K + 32 * c));
+						__m256i P[KQ_ROWS], t, x32 = _mm256_setzero_si256();
+						__m256 xd = _mm256_set1_ps(m->xd[xi]);
+
+						if (QT == GPUD_TYPE_Q6_K)
+							x32 = _mm256_maddubs_epi16(_mm256_set1_epi8(32), x);
+						for (int k = 0; k < KQ_ROWS; k++) {
+							__m256i p = _mm256_maddubs_epi16(W[k], x);
+
+							if (QT == GPUD_TYPE_Q6_K)
+								p = _mm256_sub_epi16(p, x32);
+							P[k] = _mm256_madd_epi16(p, S[k]);
+						}
+						t = reduce8(P);
+						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
+									 _mm256_cvtepi32_ps(t), acc[b]);
+						if (mins) {
+							__m256i mt = _mm256_mullo_epi32(
+								mv, _mm256_set1_epi32(m->xc[xi]));
+							__m256 f = _mm256_xor_ps(_mm256_mul_ps(dmin, xd), sign);
+
+							acc[b] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(mt), acc[b]);
+						}
+					}
+				}
+			}
+			for (int64_t b = 0; b < bc; b++) {
+				float *y = m->y + (b0 + b) * m->rows + r;
+
+				if (nr == KQ_ROWS) {
+					_mm256_storeu_ps(y, acc[b]);
+				} else {
+					float tmp[KQ_ROWS];
+
+					_mm256_storeu_ps(tmp, acc[b]);
+					memcpy(y, tmp, sizeof(float) * (size_t)nr);
+				}
+			}
+		}
+	}
+}
+
+TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	switch (m->wtype) {
+	case GPUD_TYPE_Q4_K: kq_rows(m, GPUD_TYPE_Q4_K, r0, r1); break;
+	case GPUD_TYPE_Q5_K: kq_rows(m, GPUD_TYPE_Q5_K, r0, r1); break;
+	case GPUD_TYPE_Q6_K: kq_rows(m, GPUD_TYPE_Q6_K, r0, r1); break;
+	default: gpud__kq_mm_rows(m, r0, r1); break;
+	}
+}
+
+#endif /* GPUD_HAVE_X86 */
