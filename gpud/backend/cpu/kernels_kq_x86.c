@@ -96,7 +96,10 @@ static inline void unpack_scale_min(const uint8_t *q, uint8_t sc[8], uint8_t mn[
 	memcpy(mn + 4, &v, 4);
 }
 
-TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0, int64_t r1)
+/* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
+ * accumulator in a register). */
+TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, int64_t r0,
+			int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
 	const bool mins = QT != GPUD_TYPE_Q6_K;
@@ -110,8 +113,8 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 		/* Rows past r1 repeat the last one; their lanes are dropped. */
 		for (int k = 0; k < KQ_ROWS; k++)
 			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
-		for (int64_t b0 = 0; b0 < m->batch; b0 += KQ_BC) {
-			const int64_t bc = m->batch - b0 < KQ_BC ? m->batch - b0 : KQ_BC;
+		for (int64_t b0 = 0; b0 < m->batch; b0 += bcmax) {
+			const int64_t bc = m->batch - b0 < bcmax ? m->batch - b0 : bcmax;
 			__m256 acc[KQ_BC];
 
 			for (int64_t b = 0; b < bc; b++)
@@ -122,6 +125,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 				float dv[KQ_ROWS], dmv[KQ_ROWS];
 				__m256 dw, dmin = _mm256_setzero_ps();
 
+				_Pragma("GCC unroll 8")
 				for (int k = 0; k < KQ_ROWS; k++) {
 					const uint8_t *blk = w[k] + (size_t)i * bsz;
 					uint16_t h[2];
@@ -144,6 +148,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 				for (int c = 0; c < 8; c++) {
 					__m256i W[KQ_ROWS], S[KQ_ROWS], mv = _mm256_setzero_si256();
 
+					_Pragma("GCC unroll 8")
 					for (int k = 0; k < KQ_ROWS; k++) {
 						const uint8_t *blk = w[k] + (size_t)i * bsz;
 
@@ -169,6 +174,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 
 						if (QT == GPUD_TYPE_Q6_K)
 							x32 = _mm256_maddubs_epi16(_mm256_set1_epi8(32), x);
+						_Pragma("GCC unroll 8")
 						for (int k = 0; k < KQ_ROWS; k++) {
 							__m256i p = _mm256_maddubs_epi16(W[k], x);
 
@@ -207,11 +213,30 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t r0,
 
 TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	const bool one = m->batch == 1;
+
 	switch (m->wtype) {
-	case GPUD_TYPE_Q4_K: kq_rows(m, GPUD_TYPE_Q4_K, r0, r1); break;
-	case GPUD_TYPE_Q5_K: kq_rows(m, GPUD_TYPE_Q5_K, r0, r1); break;
-	case GPUD_TYPE_Q6_K: kq_rows(m, GPUD_TYPE_Q6_K, r0, r1); break;
-	default: gpud__kq_mm_rows(m, r0, r1); break;
+	case GPUD_TYPE_Q4_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q4_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q4_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q5_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q5_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q5_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q6_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q6_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q6_K, KQ_BC, r0, r1);
+		break;
+	default:
+		gpud__kq_mm_rows(m, r0, r1);
+		break;
 	}
 }
 
