@@ -53,8 +53,7 @@ static inline float gpud__q8_scale(float amax, float *id)
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GPUD_FORCE_PORTABLE_BUILD)
 #define GPUD_HAVE_X86 1
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
-/* kernels_kq_x86.c: the K-quant rows (Q4_K/Q5_K/Q6_K vectorized, the
- * others through gpud__kq_mm_rows), the bits of the portable ones. */
+/* kernels_kq_x86.c: the K-quant rows, the bits of the portable ones. */
 void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* gpud_dequantize_row()'s bits, vectorized; false when the type has no
  * vector version (the caller falls back to gpud_dequantize_row()). */

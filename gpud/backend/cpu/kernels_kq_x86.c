@@ -1,5 +1,4 @@
-/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q4_K, Q5_K,
- * Q6_K: the types of the Q4_K_M/Q5_K_M files people download).
+/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q2_K..Q6_K).
  *
  * Same operations as kernels_kq.c, so the same bits: 8 weight rows ride in
  * the 8 lanes of one accumulator per batch column. Per super-block and
@@ -10,9 +9,10 @@
  * Then, lane by lane, the portable fp32 steps:
  *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
  *     (float)mt, acc).
- * Q6_K's quants are stored +32 (u8 0..63); the i16 pair sums subtract
- * 32 * the activations' pair sums before the scales, which keeps every
- * value exact. Q2_K/Q3_K use the portable rows.
+ * Q6_K's quants are stored +32 (u8 0..63), Q3_K's +4; the i16 pair sums
+ * subtract that offset times the activations' pair sums before the
+ * scales, which keeps every value exact. Q2_K's mins multiply 16-wide
+ * activation sums (vpmaddubsw by ones), reduced like t.
  *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
@@ -47,6 +47,24 @@ TGT_INLINE __m256i unpack_chunk(enum gpud_type QT, const uint8_t *blk, int c)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 
+	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+		const int h = c / 4, j = c % 4;
+		const uint8_t *qs = QT == GPUD_TYPE_Q2_K ? ((const struct gpud_block_q2_k *)blk)->qs
+							 : ((const struct gpud_block_q3_k *)blk)->qs;
+		__m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+
+		q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)),
+				     _mm256_set1_epi8(3));
+		if (QT == GPUD_TYPE_Q3_K) {
+			__m256i hb = _mm256_loadu_si256(
+				(const __m256i *)((const struct gpud_block_q3_k *)blk)->hmask);
+
+			hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(c)),
+					      _mm256_set1_epi8(1));
+			q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 2));
+		}
+		return q;
+	}
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const uint8_t *qs = QT == GPUD_TYPE_Q4_K ? ((const struct gpud_block_q4_k *)blk)->qs
 							 : ((const struct gpud_block_q5_k *)blk)->qs;
@@ -102,7 +120,9 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 			int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
-	const bool mins = QT != GPUD_TYPE_Q6_K;
+	const bool mins = QT != GPUD_TYPE_Q6_K && QT != GPUD_TYPE_Q3_K;
+	/* the quants' storage offset (Q3_K +4, Q6_K +32), taken back in i16 */
+	const int qoff = QT == GPUD_TYPE_Q6_K ? 32 : QT == GPUD_TYPE_Q3_K ? 4 : 0;
 	const __m256 sign = _mm256_set1_ps(-0.0f);
 	const size_t bsz = gpud_type_block_bytes(QT);
 
@@ -135,6 +155,17 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 						dv[k] = _cvtsh_ss(h[0]);
 						continue;
 					}
+					if (QT == GPUD_TYPE_Q3_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q3_k, d), 2);
+						dv[k] = _cvtsh_ss(h[0]);
+						continue;
+					}
+					if (QT == GPUD_TYPE_Q2_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q2_k, d), 4);
+						dv[k] = _cvtsh_ss(h[0]);
+						dmv[k] = _cvtsh_ss(h[1]);
+						continue;
+					}
 					memcpy(h, blk, 4); /* d, dmin */
 					dv[k] = _cvtsh_ss(h[0]);
 					dmv[k] = _cvtsh_ss(h[1]);
@@ -146,7 +177,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 				if (mins)
 					dmin = _mm256_loadu_ps(dmv);
 				for (int c = 0; c < 8; c++) {
-					__m256i W[KQ_ROWS], S[KQ_ROWS], mv = _mm256_setzero_si256();
+					__m256i W[KQ_ROWS], S[KQ_ROWS], M[KQ_ROWS], mv = _mm256_setzero_si256();
 
 					_Pragma("GCC unroll 8")
 					for (int k = 0; k < KQ_ROWS; k++) {
@@ -158,36 +189,62 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 
 							S[k] = _mm256_setr_m128i(_mm_set1_epi16(s6[2 * c]),
 										 _mm_set1_epi16(s6[2 * c + 1]));
+						} else if (QT == GPUD_TYPE_Q3_K) {
+							const uint8_t *s3 = ((const struct gpud_block_q3_k *)blk)->scales;
+
+							S[k] = _mm256_setr_m128i(
+								_mm_set1_epi16((int16_t)gpud_q3k_scale(s3, 2 * c)),
+								_mm_set1_epi16((int16_t)gpud_q3k_scale(s3, 2 * c + 1)));
+						} else if (QT == GPUD_TYPE_Q2_K) {
+							const uint8_t *s2 = ((const struct gpud_block_q2_k *)blk)->scales;
+
+							S[k] = _mm256_setr_m128i(_mm_set1_epi16(s2[2 * c] & 15),
+										 _mm_set1_epi16(s2[2 * c + 1] & 15));
+							M[k] = _mm256_setr_m128i(_mm_set1_epi16(s2[2 * c] >> 4),
+										 _mm_set1_epi16(s2[2 * c + 1] >> 4));
 						} else {
 							S[k] = _mm256_set1_epi16(sc[k][c]);
 						}
 					}
-					if (mins)
+					if (mins && QT != GPUD_TYPE_Q2_K)
 						mv = _mm256_loadu_si256((const __m256i *)mt8[c]);
 					for (int64_t b = 0; b < bc; b++) {
 						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
 						__m256i x = _mm256_loadu_si256(
 							(const __m256i *)(m->xq + col * m->cols +
 									  i * GPUD_QK_K + 32 * c));
-						__m256i P[KQ_ROWS], t, x32 = _mm256_setzero_si256();
+						__m256i P[KQ_ROWS], t, xo = _mm256_setzero_si256();
 						__m256 xd = _mm256_set1_ps(m->xd[xi]);
 
-						if (QT == GPUD_TYPE_Q6_K)
-							x32 = _mm256_maddubs_epi16(_mm256_set1_epi8(32), x);
+						if (qoff)
+							xo = _mm256_maddubs_epi16(_mm256_set1_epi8((char)qoff), x);
 						_Pragma("GCC unroll 8")
 						for (int k = 0; k < KQ_ROWS; k++) {
 							__m256i p = _mm256_maddubs_epi16(W[k], x);
 
-							if (QT == GPUD_TYPE_Q6_K)
-								p = _mm256_sub_epi16(p, x32);
+							if (qoff)
+								p = _mm256_sub_epi16(p, xo);
 							P[k] = _mm256_madd_epi16(p, S[k]);
 						}
 						t = reduce8(P);
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {
-							__m256i mt = _mm256_mullo_epi32(
-								mv, _mm256_set1_epi32(m->xc[xi]));
+							__m256i mt;
+
+							if (QT == GPUD_TYPE_Q2_K) {
+								/* per 16: sum of x quants times the min */
+								__m256i x1 = _mm256_maddubs_epi16(
+									_mm256_set1_epi8(1), x);
+
+								_Pragma("GCC unroll 8")
+								for (int k = 0; k < KQ_ROWS; k++)
+									P[k] = _mm256_madd_epi16(x1, M[k]);
+								mt = reduce8(P);
+							} else {
+								mt = _mm256_mullo_epi32(
+									mv, _mm256_set1_epi32(m->xc[xi]));
+							}
 							__m256 f = _mm256_xor_ps(_mm256_mul_ps(dmin, xd), sign);
 
 							acc[b] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(mt), acc[b]);
@@ -233,6 +290,18 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			kq_rows(m, GPUD_TYPE_Q6_K, 1, r0, r1);
 		else
 			kq_rows(m, GPUD_TYPE_Q6_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q2_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q2_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q2_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q3_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q3_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q3_K, KQ_BC, r0, r1);
 		break;
 	default:
 		gpud__kq_mm_rows(m, r0, r1);
