@@ -180,11 +180,6 @@ static void dequantize_q4_0(const void *vx, float *y, int64_t n)
 
 #define KQ_TRIES 3 /* candidates each side of the range-based scale */
 
-static inline int clampi(int v, int lo, int hi)
-{
-	return v < lo ? lo : v > hi ? hi : v;
-}
-
 /* round(v) clamped to lo..hi; NaN (0 * Inf in degenerate blocks) gives lo. */
 static inline int qround(float v, int lo, int hi)
 {

@@ -28,6 +28,7 @@
 #include "gpud/quant.h"
 #include "tests/unit/test_rand.h"
 
+
 static const enum gpud_type kq_types[] = {
 	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
 	GPUD_TYPE_Q8_K,
@@ -503,6 +504,61 @@ static void test_nonfinite(void **state)
 		}
 }
 
+static uint64_t fnv1a(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < n; i++) {
+		h ^= b[i];
+		h *= 1099511628211ull;
+	}
+	return h;
+}
+
+/* The quantizer's bytes, recorded when the first K-quant files were
+ * written (2026-12-01): a rewrite must keep them (or say why). Input:
+ * super-blocks at scales 2^-30 .. 2^20, some subnormal, some all zero,
+ * some of one sign. */
+static void test_quantize_golden(void **state)
+{
+	enum { N = 256 * 64 };
+	static const uint64_t want[N_KQ] = {
+		0xfee0334c4928380full, /* q2_k */
+		0x7737a56e170cbdacull, /* q3_k */
+		0x62c3cf7f3c96f945ull, /* q4_k */
+		0x6c30e3c2d1f9df4bull, /* q5_k */
+		0x316c443df58c771full, /* q6_k */
+		0x6081da1685a23ffeull, /* q8_k */
+	};
+	static float x[N];
+	static uint8_t q[N / 256 * 292];
+	int bad = 0;
+
+	(void)state;
+	for (size_t k = 0; k < N_KQ; k++) {
+		rng_state = 0x9e3779b97f4a7c15ull;
+		for (int i = 0; i < N; i++) {
+			int blk = i / 256;
+			float scale = ldexpf(1.0f, blk == 63 ? -140 : blk == 62 ? -130 : blk - 30);
+			float v = ((float)(rnd() & 0xffffff) / 8388608.0f - 1.0f) * scale;
+
+			if (blk % 5 == 4)
+				v = fabsf(v);
+			x[i] = v;
+		}
+		for (int i = 256 * 7; i < 256 * 8; i++)
+			x[i] = 0.0f;
+		gpud_quantize_row(kq_types[k], x, q, N);
+		if (fnv1a(q, gpud_type_row_bytes(kq_types[k], N)) != want[k]) {
+			print_message("%s: checksum 0x%016llxull\n", gpud_type_name(kq_types[k]),
+				      (unsigned long long)fnv1a(q, gpud_type_row_bytes(kq_types[k], N)));
+			bad++;
+		}
+	}
+	assert_int_equal(bad, 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -518,6 +574,7 @@ int main(void)
 		cmocka_unit_test(test_roundtrip_shapes),
 		cmocka_unit_test(test_q8k_bsums),
 		cmocka_unit_test(test_nonfinite),
+		cmocka_unit_test(test_quantize_golden),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
