@@ -450,14 +450,16 @@ static int check_tensor_layout(struct cur *c, struct gpud_gguf *g)
 					 g->data_off + t->offset + (end < t->offset ? 0 : t->nbytes),
 					 g->size, opos);
 		t->data = g->base + g->data_off + t->offset;
-		/* K-quant blocks hold fp16 fields at even offsets and are read
-		 * in place: their data must start at an even address (the
-		 * default alignment 32 gives that; general.alignment 1 may not). */
-		if (gpud_type_block_elems(t->type) == GPUD_QK_K && ((uintptr_t)t->data & 1))
+		/* K-quant blocks hold fp16 fields at even offsets (Q8_K an fp32
+		 * one at 0) and are read in place: their data must start at an
+		 * even (Q8_K: 4-aligned) address. The default alignment 32
+		 * gives that; general.alignment 1 may not. */
+		if (gpud_type_block_elems(t->type) == GPUD_QK_K &&
+		    ((uintptr_t)t->data & (t->type == GPUD_TYPE_Q8_K ? 3 : 1)))
 			return sw_seterr(c->err, c->errlen, SW_EFORMAT,
-					 "%s: tensor %" PRIu64 " '%s': %s data at file offset %" PRIu64 " is misaligned (its blocks need an even address) at offset %" PRIu64,
+					 "%s: tensor %" PRIu64 " '%s': %s data at file offset %" PRIu64 " is misaligned (its blocks need an address multiple of %d) at offset %" PRIu64,
 					 c->name, i, t->name, gpud_type_name(t->type),
-					 g->data_off + t->offset, opos);
+					 g->data_off + t->offset, t->type == GPUD_TYPE_Q8_K ? 4 : 2, opos);
 	}
 
 	/* Overlaps: sort by offset, compare neighbours. t_sorted is reused as

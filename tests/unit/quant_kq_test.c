@@ -294,7 +294,7 @@ static void ref_dequant(enum gpud_type t, const void *blk, float *y)
 /* Random blocks (fp16 factors kept finite and modest) decode alike. */
 static void test_bit_positions(void **state)
 {
-	uint8_t blk[292];
+	_Alignas(4) uint8_t blk[292];
 	float y[256], want[256];
 
 	(void)state;
@@ -435,7 +435,7 @@ static void test_roundtrip_outliers(void **state)
 static void test_roundtrip_shapes(void **state)
 {
 	float x[512], y[512];
-	uint8_t q[2 * 292];
+	_Alignas(4) uint8_t q[2 * 292];
 
 	(void)state;
 	for (size_t k = 0; k < N_KQ; k++) {
@@ -482,7 +482,7 @@ static void test_q8k_bsums(void **state)
 static void test_nonfinite(void **state)
 {
 	float x[768], y[768], bad[2] = { NAN, -INFINITY };
-	uint8_t q[3 * 292];
+	_Alignas(4) uint8_t q[3 * 292];
 
 	(void)state;
 	for (size_t k = 0; k < N_KQ; k++)
@@ -532,7 +532,7 @@ static void test_quantize_golden(void **state)
 		0x6081da1685a23ffeull, /* q8_k */
 	};
 	static float x[N];
-	static uint8_t q[N / 256 * 292];
+	static _Alignas(4) uint8_t q[N / 256 * 292];
 	int bad = 0;
 
 	(void)state;

@@ -541,7 +541,7 @@ static void test_reference_dequant_kq(void **state)
 					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
 	float x[1024], y[1024];
 	double r[1024];
-	uint8_t q[4 * 210];
+	_Alignas(4) uint8_t q[4 * 210];
 
 	(void)state;
 	rng_state = 5;
