@@ -150,6 +150,13 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 					const uint8_t *blk = w[k] + (size_t)i * bsz;
 					uint16_t h[2];
 
+					/* The same block of the next row group, read one
+					 * group later (as the q8_0/q4_0 kernel does); past
+					 * the slice or the matrix it is a harmless hint. */
+					for (size_t o = 0; o < bsz; o += 64)
+						_mm_prefetch((const char *)blk + KQ_ROWS * m->wrow + o,
+							     _MM_HINT_T0);
+
 					if (QT == GPUD_TYPE_Q6_K) {
 						memcpy(h, blk + offsetof(struct gpud_block_q6_k, d), 2);
 						dv[k] = _cvtsh_ss(h[0]);
