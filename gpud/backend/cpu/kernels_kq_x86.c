@@ -2,17 +2,17 @@
  *
  * Same operations as kernels_kq.c, so the same bits: 8 weight rows ride in
  * the 8 lanes of one accumulator per batch column. Per super-block and
- * 32-chunk c, each row's chunk quants (u8) meet the column's int8
- * activations in vpmaddubsw; vpmaddwd by the row's sub-block scale gives
- * int32 partials, and one 8-vector horizontal reduction turns the 8 rows'
- * partials into the 8 lanes of t (exact integers, as the portable sums).
- * Then, lane by lane, the portable fp32 steps:
+ * 32-chunk c, the 8 rows' chunk quants are unpacked and transposed once
+ * (T[g] lane r = quants 4g..4g+3 of row r, as the q8_0/q4_0 kernel keeps
+ * its blocks), so each column costs 8 vpmaddubsw against 4 broadcast
+ * activation bytes and 8 vpmaddwd by the rows' sub-block scales, with no
+ * horizontal sums: lane r holds row r's exact integer t. Then, lane by
+ * lane, the portable fp32 steps:
  *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
  *     (float)mt, acc).
- * Q6_K's quants are stored +32 (u8 0..63), Q3_K's +4; the i16 pair sums
- * subtract that offset times the activations' pair sums before the
- * scales, which keeps every value exact. Q2_K's mins multiply 16-wide
- * activation sums (vpmaddubsw by ones), reduced like t.
+ * Q3_K/Q6_K quants (stored +4/+32) are made signed and multiplied with
+ * the sign trick (|w| times x with w's sign). Q2_K's mins multiply the
+ * 16-wide activation sums.
  *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
@@ -31,15 +31,36 @@
 #define KQ_ROWS 8
 #define KQ_BC 8 /* batch columns per pass over a row group */
 
-/* Lane r of the result = sum of the 8 int32 lanes of v[r]. */
-TGT_INLINE __m256i reduce8(const __m256i v[8])
+TGT_INLINE __m256i bcast4(const int8_t *p)
 {
-	__m256i a0 = _mm256_hadd_epi32(v[0], v[1]), a1 = _mm256_hadd_epi32(v[2], v[3]);
-	__m256i a2 = _mm256_hadd_epi32(v[4], v[5]), a3 = _mm256_hadd_epi32(v[6], v[7]);
-	__m256i b0 = _mm256_hadd_epi32(a0, a1), b1 = _mm256_hadd_epi32(a2, a3);
+	int32_t v;
 
-	return _mm256_add_epi32(_mm256_permute2x128_si256(b0, b1, 0x20),
-				_mm256_permute2x128_si256(b0, b1, 0x31));
+	memcpy(&v, p, sizeof(v));
+	return _mm256_set1_epi32(v);
+}
+
+/* 8x8 transpose of 32-bit elements: out[g] lane r = in[r] lane g. */
+TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
+{
+	__m256i t[8], u[8];
+
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+		t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
+	}
+	_Pragma("GCC unroll 2")
+	for (int k = 0; k < 2; k++) {
+		u[4 * k + 0] = _mm256_unpacklo_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+		u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+	}
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+		out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+	}
 }
 
 /* Chunk c (32 quants, u8) of one super-block of row type QT. */
@@ -184,70 +205,90 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 				if (mins)
 					dmin = _mm256_loadu_ps(dmv);
 				for (int c = 0; c < 8; c++) {
-					__m256i W[KQ_ROWS], S[KQ_ROWS], M[KQ_ROWS], mv = _mm256_setzero_si256();
+					__m256i W[KQ_ROWS], T[8], sa, sb, ma = _mm256_setzero_si256(),
+						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256();
+					int32_t s32a[KQ_ROWS], s32b[KQ_ROWS], m32a[KQ_ROWS], m32b[KQ_ROWS];
 
 					_Pragma("GCC unroll 8")
 					for (int k = 0; k < KQ_ROWS; k++) {
 						const uint8_t *blk = w[k] + (size_t)i * bsz;
 
 						W[k] = unpack_chunk(QT, blk, c);
+						/* signed quants for the sign trick below */
+						if (qoff)
+							W[k] = _mm256_sub_epi8(W[k], _mm256_set1_epi8((char)qoff));
 						if (QT == GPUD_TYPE_Q6_K) {
 							const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
 
-							S[k] = _mm256_setr_m128i(_mm_set1_epi16(s6[2 * c]),
-										 _mm_set1_epi16(s6[2 * c + 1]));
+							s32a[k] = s6[2 * c];
+							s32b[k] = s6[2 * c + 1];
 						} else if (QT == GPUD_TYPE_Q3_K) {
 							const uint8_t *s3 = ((const struct gpud_block_q3_k *)blk)->scales;
 
-							S[k] = _mm256_setr_m128i(
-								_mm_set1_epi16((int16_t)gpud_q3k_scale(s3, 2 * c)),
-								_mm_set1_epi16((int16_t)gpud_q3k_scale(s3, 2 * c + 1)));
+							s32a[k] = gpud_q3k_scale(s3, 2 * c);
+							s32b[k] = gpud_q3k_scale(s3, 2 * c + 1);
 						} else if (QT == GPUD_TYPE_Q2_K) {
 							const uint8_t *s2 = ((const struct gpud_block_q2_k *)blk)->scales;
 
-							S[k] = _mm256_setr_m128i(_mm_set1_epi16(s2[2 * c] & 15),
-										 _mm_set1_epi16(s2[2 * c + 1] & 15));
-							M[k] = _mm256_setr_m128i(_mm_set1_epi16(s2[2 * c] >> 4),
-										 _mm_set1_epi16(s2[2 * c + 1] >> 4));
+							s32a[k] = s2[2 * c] & 15;
+							s32b[k] = s2[2 * c + 1] & 15;
+							m32a[k] = s2[2 * c] >> 4;
+							m32b[k] = s2[2 * c + 1] >> 4;
 						} else {
-							S[k] = _mm256_set1_epi16(sc[k][c]);
+							s32a[k] = s32b[k] = sc[k][c];
 						}
 					}
-					if (mins && QT != GPUD_TYPE_Q2_K)
+					/* T[g] lane r: quants 4g..4g+3 of row r */
+					transpose8(W, T);
+					/* i16 pairs of lane r: the row's scale (vpmaddwd) */
+					sa = _mm256_loadu_si256((const __m256i *)s32a);
+					sa = _mm256_or_si256(_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
+							     _mm256_slli_epi32(sa, 16));
+					sb = _mm256_loadu_si256((const __m256i *)s32b);
+					sb = _mm256_or_si256(_mm256_and_si256(sb, _mm256_set1_epi32(0xffff)),
+							     _mm256_slli_epi32(sb, 16));
+					if (QT == GPUD_TYPE_Q2_K) {
+						ma = _mm256_loadu_si256((const __m256i *)m32a);
+						mb = _mm256_loadu_si256((const __m256i *)m32b);
+					} else if (mins) {
 						mv = _mm256_loadu_si256((const __m256i *)mt8[c]);
+					}
 					for (int64_t b = 0; b < bc; b++) {
 						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
-						__m256i x = _mm256_loadu_si256(
-							(const __m256i *)(m->xq + col * m->cols +
-									  i * GPUD_QK_K + 32 * c));
-						__m256i P[KQ_ROWS], t, xo = _mm256_setzero_si256();
+						const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK_K + 32 * c;
+						__m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256(), t;
 						__m256 xd = _mm256_set1_ps(m->xd[xi]);
 
-						if (qoff)
-							xo = _mm256_maddubs_epi16(_mm256_set1_epi8((char)qoff), x);
 						_Pragma("GCC unroll 8")
-						for (int k = 0; k < KQ_ROWS; k++) {
-							__m256i p = _mm256_maddubs_epi16(W[k], x);
+						for (int g = 0; g < 8; g++) {
+							__m256i xb = bcast4(xq + 4 * g), p;
 
 							if (qoff)
-								p = _mm256_sub_epi16(p, xo);
-							P[k] = _mm256_madd_epi16(p, S[k]);
+								p = _mm256_maddubs_epi16(_mm256_abs_epi8(T[g]),
+											 _mm256_sign_epi8(xb, T[g]));
+							else
+								p = _mm256_maddubs_epi16(T[g], xb);
+							if (g < 4)
+								t0 = _mm256_add_epi32(t0, _mm256_madd_epi16(p, sa));
+							else
+								t1 = _mm256_add_epi32(t1, _mm256_madd_epi16(p, sb));
 						}
-						t = reduce8(P);
+						t = _mm256_add_epi32(t0, t1);
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {
 							__m256i mt;
 
 							if (QT == GPUD_TYPE_Q2_K) {
-								/* per 16: sum of x quants times the min */
-								__m256i x1 = _mm256_maddubs_epi16(
-									_mm256_set1_epi8(1), x);
+								int32_t xa = 0, xb2 = 0;
 
-								_Pragma("GCC unroll 8")
-								for (int k = 0; k < KQ_ROWS; k++)
-									P[k] = _mm256_madd_epi16(x1, M[k]);
-								mt = reduce8(P);
+								for (int l = 0; l < 16; l++) {
+									xa += xq[l];
+									xb2 += xq[16 + l];
+								}
+								mt = _mm256_add_epi32(
+									_mm256_mullo_epi32(ma, _mm256_set1_epi32(xa)),
+									_mm256_mullo_epi32(mb, _mm256_set1_epi32(xb2)));
 							} else {
 								mt = _mm256_mullo_epi32(
 									mv, _mm256_set1_epi32(m->xc[xi]));
