@@ -13,8 +13,15 @@
  * The machine is shared: rates come from the best step of each
  * measurement, with the mean decode rate in the last column.
  *
+ * --3b benches the llama-3.2-3b preset (gpud_mkmodel_preset: dim 3072, 28
+ * layers, tied, the 128256-token llama-bpe vocabulary) instead of the
+ * 110M shape; --batch1-only skips the batch-16 measurements (minutes per
+ * step on a 3B model). Types are mkmodel's: any weight type, or the
+ * q4_k_m / q5_k_m mixes.
+ *
  * usage: bench_engine [--seconds S] [--threads N] [--models-dir DIR]
- *                     [--types f32,f16,q8_0] [--no-110m] [--out FILE.md]
+ *                     [--types f32,f16,q8_0] [--no-110m] [--3b]
+ *                     [--batch1-only] [--out FILE.md]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,6 +39,7 @@
 
 #define STORIES SW_SHARED_DIR "/models/stories260K.gguf"
 #define VOCAB32K SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf"
+#define VOCAB128K SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-bpe.gguf"
 #define MAXB 16
 #define PROMPT 32   /* prefill tokens per sequence */
 #define MAX_DECODE 96
@@ -42,6 +50,8 @@ struct opts {
 	const char *models_dir;
 	const char *types;
 	int no_110m;
+	int preset_3b;
+	int batch1_only;
 	const char *out;
 };
 
@@ -178,7 +188,7 @@ static int bench_model(const char *path, const char *label, const char *type,
 	snprintf(c->model, sizeof(c->model), "%s", label);
 	snprintf(c->type, sizeof(c->type), "%s", type);
 	c->weight_mb = gpud_model_weight_bytes(m) / 1e6;
-	for (int k = 0; k < 2 && !rc; k++) {
+	for (int k = 0; k < (o->batch1_only ? 1 : 2) && !rc; k++) {
 		struct rates r;
 		rc = measure(e, k ? MAXB : 1, o->seconds, &r);
 		if (rc)
@@ -199,22 +209,38 @@ static int bench_model(const char *path, const char *label, const char *type,
 	return rc;
 }
 
-/* Writes the 110M model of type t into dir unless it is already there. */
-static int make_110m(const char *dir, const char *tname, char *path, size_t cap)
+/* Writes the 110M (or 3B preset) model of type t into dir unless it is
+ * already there. */
+static int make_110m(const char *dir, const char *tname, int preset_3b, char *path, size_t cap)
 {
 	struct gpud_mkmodel_params p;
 	struct stat sb;
 	char err[SW_ERR_MAX];
-	int t = gpud_type_parse(tname), rc;
+	enum gpud_type t;
+	enum gpud_mkmodel_mix mix;
+	int rc;
 
-	if (t < 0) {
+	if (gpud_mkmodel_parse_type(tname, &t, &mix)) {
 		fprintf(stderr, "bench_engine: unknown type %s\n", tname);
 		return -EINVAL;
 	}
-	snprintf(path, cap, "%s/bench-110m-%s.gguf", dir, tname);
+	snprintf(path, cap, "%s/bench-%s-%s.gguf", dir, preset_3b ? "3b" : "110m", tname);
 	if (stat(path, &sb) == 0)
 		return 0;
 	gpud_mkmodel_params_default(&p);
+	if (preset_3b) {
+		gpud_mkmodel_preset(&p, "llama-3.2-3b");
+		p.out = path;
+		p.name = "bench-3b";
+		p.type = t;
+		p.mix = mix;
+		p.seed = 3;
+		p.vocab_from = VOCAB128K;
+		fprintf(stderr, "bench_engine: writing %s ...\n", path);
+		if ((rc = gpud_mkmodel(&p, err, sizeof(err))))
+			fprintf(stderr, "bench_engine: mkmodel: %s\n", err);
+		return rc;
+	}
 	p.out = path;
 	p.name = "bench-110m";
 	p.dim = 768;
@@ -223,7 +249,8 @@ static int make_110m(const char *dir, const char *tname, char *path, size_t cap)
 	p.n_kv_heads = 12;
 	p.ffn_dim = 2048;
 	p.n_ctx = 1024;
-	p.type = (enum gpud_type)t;
+	p.type = t;
+	p.mix = mix;
 	p.seed = 110;
 	p.tied = true;
 	p.vocab_from = VOCAB32K;
@@ -239,18 +266,26 @@ static void print_table(FILE *f, const struct cell *c, int n, double memcpy_gbs)
 		   "decode b1 tok/s | decode b1 weight GB/s | %% of memcpy | "
 		   "decode b16 tok/s (aggregate) | b16 / b1 | decode b1 / b16 mean tok/s |\n");
 	fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-	for (int i = 0; i < n; i++)
+	for (int i = 0; i < n; i++) {
+		if (c[i].prefill[1] == 0) { /* --batch1-only */
+			fprintf(f, "| %s | %s | %.1f | %.1f | - | %.1f | %.2f | %.0f%% | - | - | %.1f / - |\n",
+				c[i].model, c[i].type, c[i].weight_mb, c[i].prefill[0], c[i].decode[0],
+				c[i].decode_gbs, 100.0 * c[i].decode_gbs / memcpy_gbs,
+				c[i].decode_mean[0]);
+			continue;
+		}
 		fprintf(f, "| %s | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.2fx | "
 			   "%.1f / %.1f |\n",
 			c[i].model, c[i].type, c[i].weight_mb, c[i].prefill[0], c[i].prefill[1],
 			c[i].decode[0], c[i].decode_gbs, 100.0 * c[i].decode_gbs / memcpy_gbs,
 			c[i].decode[1], c[i].decode[1] / c[i].decode[0], c[i].decode_mean[0],
 			c[i].decode_mean[1]);
+	}
 }
 
 int main(int argc, char **argv)
 {
-	struct opts o = { 2.0, 2, "/tmp/swarm-bench-models", "f32,f16,q8_0", 0, NULL };
+	struct opts o = { 2.0, 2, "/tmp/swarm-bench-models", "f32,f16,q8_0", 0, 0, 0, NULL };
 	struct cell cells[8];
 	int n = 0;
 	char machine[256], date[64], path[512], types[64];
@@ -266,11 +301,16 @@ int main(int argc, char **argv)
 			o.types = argv[++i];
 		else if (!strcmp(argv[i], "--no-110m"))
 			o.no_110m = 1;
+		else if (!strcmp(argv[i], "--3b"))
+			o.preset_3b = 1;
+		else if (!strcmp(argv[i], "--batch1-only"))
+			o.batch1_only = 1;
 		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
 			o.out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s [--seconds S] [--threads N] [--models-dir DIR] "
-					"[--types f32,f16,q8_0] [--no-110m] [--out FILE.md]\n",
+					"[--types f32,f16,q8_0] [--no-110m] [--3b] [--batch1-only] "
+					"[--out FILE.md]\n",
 				argv[0]);
 			return 2;
 		}
@@ -290,9 +330,9 @@ int main(int argc, char **argv)
 		snprintf(types, sizeof(types), "%s", o.types);
 		for (char *save = NULL, *t = strtok_r(types, ",", &save); t && n < 8;
 		     t = strtok_r(NULL, ",", &save)) {
-			if (make_110m(o.models_dir, t, path, sizeof(path)))
+			if (make_110m(o.models_dir, t, o.preset_3b, path, sizeof(path)))
 				continue;
-			if (bench_model(path, "gen-110M", t, &o, &cells[n]) == 0)
+			if (bench_model(path, o.preset_3b ? "gen-3B" : "gen-110M", t, &o, &cells[n]) == 0)
 				n++;
 		}
 	}

@@ -1,6 +1,6 @@
 /* bench_matmul.c - gpud_matmul throughput per weight type, batch, threads.
  *
- * For each type (f32, f16, bf16, q8_0, q4_0), shape (768x768, 2048x768,
+ * For each type (f32, f16, bf16, q8_0, q4_0, q2_k .. q6_k), shape (768x768, 2048x768,
  * 32000x768: rows x cols) and batch (1, 4, 16) with 1 and 2 threads:
  *   cold: every call reads a different copy of W from an arena of several
  *         times the LLC, so weights come from DRAM (the decode case for a
@@ -9,7 +9,7 @@
  * GB/s counts weight bytes read once per call; GFLOP/s is 2*rows*cols*batch
  * per call; "x b1" is the aggregate speed-up over batch 1 (batch * t1 / tb).
  * Timings are the fastest single call out of 0.2 s of calls (0.05 s with
- * "quick"). Usage: bench_matmul [quick|full] [type]   (type: f32 ... q4_0)
+ * "quick"). Usage: bench_matmul [quick|full] [type]   (type: f32 ... q6_k)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +22,7 @@
 
 static const enum gpud_type types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
+	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
 };
 static const long shapes[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
 static const int batches[] = { 1, 4, 16 };

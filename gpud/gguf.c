@@ -450,6 +450,16 @@ static int check_tensor_layout(struct cur *c, struct gpud_gguf *g)
 					 g->data_off + t->offset + (end < t->offset ? 0 : t->nbytes),
 					 g->size, opos);
 		t->data = g->base + g->data_off + t->offset;
+		/* K-quant blocks hold fp16 fields at even offsets (Q8_K an fp32
+		 * one at 0) and are read in place: their data must start at an
+		 * even (Q8_K: 4-aligned) address. The default alignment 32
+		 * gives that; general.alignment 1 may not. */
+		if (gpud_type_block_elems(t->type) == GPUD_QK_K &&
+		    ((uintptr_t)t->data & (t->type == GPUD_TYPE_Q8_K ? 3 : 1)))
+			return sw_seterr(c->err, c->errlen, SW_EFORMAT,
+					 "%s: tensor %" PRIu64 " '%s': %s data at file offset %" PRIu64 " is misaligned (its blocks need an address multiple of %d) at offset %" PRIu64,
+					 c->name, i, t->name, gpud_type_name(t->type),
+					 g->data_off + t->offset, t->type == GPUD_TYPE_Q8_K ? 4 : 2, opos);
 	}
 
 	/* Overlaps: sort by offset, compare neighbours. t_sorted is reused as
@@ -479,6 +489,60 @@ static int check_tensor_layout(struct cur *c, struct gpud_gguf *g)
 					 c->name, ib, b->name, ia, g->t_info_off[ib]);
 		}
 	}
+	return 0;
+}
+
+/* Byte offsets of a K-quant block's fp16 factors (d, then dmin; -1: none). */
+static void kq_factor_offsets(enum gpud_type t, int off[2])
+{
+	off[0] = off[1] = -1;
+	switch (t) {
+	case GPUD_TYPE_Q2_K:
+		off[0] = offsetof(struct gpud_block_q2_k, d);
+		off[1] = offsetof(struct gpud_block_q2_k, dmin);
+		break;
+	case GPUD_TYPE_Q3_K:
+		off[0] = offsetof(struct gpud_block_q3_k, d);
+		break;
+	case GPUD_TYPE_Q4_K:
+		off[0] = offsetof(struct gpud_block_q4_k, d);
+		off[1] = offsetof(struct gpud_block_q4_k, dmin);
+		break;
+	case GPUD_TYPE_Q5_K:
+		off[0] = offsetof(struct gpud_block_q5_k, d);
+		off[1] = offsetof(struct gpud_block_q5_k, dmin);
+		break;
+	case GPUD_TYPE_Q6_K:
+		off[0] = offsetof(struct gpud_block_q6_k, d);
+		break;
+	default:
+		break;
+	}
+}
+
+int gpud_gguf_tensor_check_data(const struct gpud_gguf *g, const struct gpud_gguf_tensor *t,
+				const char *path, char *err, size_t errlen)
+{
+	uint32_t bs = gpud_type_block_bytes(t->type);
+	const uint8_t *p = t->data;
+	int off[2];
+
+	kq_factor_offsets(t->type, off);
+	if (off[0] < 0)
+		return 0;
+	for (uint64_t b = 0; b < t->nbytes / bs; b++, p += bs)
+		for (int f = 0; f < 2 && off[f] >= 0; f++) {
+			uint16_t h;
+
+			memcpy(&h, p + off[f], sizeof(h));
+			if ((h & 0x7c00) == 0x7c00) /* fp16 Inf or NaN */
+				return sw_seterr(err, errlen, SW_EFORMAT,
+						 "%s: tensor '%s': %s block %" PRIu64 " (row %" PRIu64 ") has a non-finite %s 0x%04x at offset %" PRIu64,
+						 path ? path : "gguf", t->name, gpud_type_name(t->type), b,
+						 b / (t->ne[0] / GPUD_QK_K), f ? "dmin" : "d",
+						 (unsigned)h,
+						 (uint64_t)(p + off[f] - g->base));
+		}
 	return 0;
 }
 

@@ -134,4 +134,14 @@ int gpud_gguf_arr_data(const struct gpud_gguf *g, const char *key,
 const struct gpud_gguf_tensor *gpud_gguf_tensor(const struct gpud_gguf *g, uint64_t i);
 const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, const char *name);
 
+/* Checks what the header cannot show by reading t's data (a tensor of g):
+ * for the K-quants (q2_k..q6_k) every super-block's fp16 factors d and
+ * dmin must be finite (a NaN or Inf there makes whole blocks NaN: the file
+ * is corrupt or its weights were). Other types return 0 without reading.
+ * On failure returns SW_EFORMAT and err says
+ * "<path>: tensor '<name>': q4_k block B (row R) has a non-finite d ...".
+ * Touches every page of a K-quant tensor once. */
+int gpud_gguf_tensor_check_data(const struct gpud_gguf *g, const struct gpud_gguf_tensor *t,
+				const char *path, char *err, size_t errlen);
+
 #endif

@@ -44,7 +44,7 @@ static void usage(FILE *f)
 		"                     [--device cpu|cuda:N]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
-		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T]\n"
+		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
 		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
 		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b]\n"
@@ -392,7 +392,7 @@ static int cmd_mkmodel(int argc, char **argv)
 	};
 	struct gpud_mkmodel_params p;
 	char err[SW_ERR_MAX] = "";
-	int c, rc, t;
+	int c, rc;
 
 	gpud_mkmodel_params_default(&p);
 	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -412,12 +412,11 @@ static int cmd_mkmodel(int argc, char **argv)
 			p.vocab_from = NULL;
 			break;
 		case 't':
-			t = gpud_type_parse(optarg);
-			if (t < 0) {
-				fprintf(stderr, "gpud mkmodel: --type: unknown type \"%s\"\n", optarg);
+			if (gpud_mkmodel_parse_type(optarg, &p.type, &p.mix)) {
+				fprintf(stderr, "gpud mkmodel: --type: unknown type \"%s\" (" GPUD_MKMODEL_TYPE_NAMES ")\n",
+					optarg);
 				return EXIT_USAGE;
 			}
-			p.type = (enum gpud_type)t;
 			break;
 		case 's': p.seed = (uint64_t)num("seed", optarg, 0, 1.8e19); break;
 		case 'c': p.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/err.h"
 #include "gpud/gguf.h"
@@ -288,10 +289,16 @@ static bool skip_non_tokenizer(const char *key, void *arg)
 static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errlen)
 {
 	uint32_t be = gpud_type_block_elems(p->type);
-	if (be == 0)
+	if (be == 0 || !gpud_type_traits(p->type)->matmul)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "mkmodel: type %s (%d) is not one of " GPUD_TYPE_SUPPORTED_NAMES,
 				 gpud_type_name(p->type), (int)p->type);
+	if ((p->mix == GPUD_MKMODEL_Q4_K_M && p->type != GPUD_TYPE_Q4_K) ||
+	    (p->mix == GPUD_MKMODEL_Q5_K_M && p->type != GPUD_TYPE_Q5_K) ||
+	    (unsigned)p->mix > GPUD_MKMODEL_Q5_K_M)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "mkmodel: mix %d does not go with base type %s (q4_k_m is q4_k, q5_k_m q5_k)",
+				 (int)p->mix, gpud_type_name(p->type));
 	if (p->dim == 0 || p->dim > MK_MAX_DIM)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: dim %" PRIu32 " not in 1..%u",
 				 p->dim, MK_MAX_DIM);
@@ -344,15 +351,69 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	return 0;
 }
 
-static uint32_t file_type(enum gpud_type t)
+static uint32_t file_type(const struct gpud_mkmodel_params *p)
 {
-	switch (t) {
+	if (p->mix == GPUD_MKMODEL_Q4_K_M)
+		return 15;              /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
+	if (p->mix == GPUD_MKMODEL_Q5_K_M)
+		return 17;
+	switch (p->type) {
 	case GPUD_TYPE_F16: return 1;   /* llama.cpp LLAMA_FTYPE_MOSTLY_F16 */
 	case GPUD_TYPE_Q4_0: return 2;
 	case GPUD_TYPE_Q8_0: return 7;
+	case GPUD_TYPE_Q2_K: return 10;
+	case GPUD_TYPE_Q3_K: return 11; /* the nearest: Q3_K_S */
+	case GPUD_TYPE_Q4_K: return 14; /* Q4_K_S */
+	case GPUD_TYPE_Q5_K: return 16; /* Q5_K_S */
+	case GPUD_TYPE_Q6_K: return 18;
 	case GPUD_TYPE_BF16: return 32;
 	default: return 0;              /* ALL_F32 */
 	}
+}
+
+int gpud_mkmodel_parse_type(const char *s, enum gpud_type *type, enum gpud_mkmodel_mix *mix)
+{
+	int t;
+
+	if (s && strcasecmp(s, "q4_k_m") == 0) {
+		*type = GPUD_TYPE_Q4_K;
+		*mix = GPUD_MKMODEL_Q4_K_M;
+		return 0;
+	}
+	if (s && strcasecmp(s, "q5_k_m") == 0) {
+		*type = GPUD_TYPE_Q5_K;
+		*mix = GPUD_MKMODEL_Q5_K_M;
+		return 0;
+	}
+	t = gpud_type_parse(s);
+	if (t < 0 || !gpud_type_traits((enum gpud_type)t)->matmul)
+		return -EINVAL;
+	*type = (enum gpud_type)t;
+	*mix = GPUD_MKMODEL_PURE;
+	return 0;
+}
+
+/* llama.cpp's layers that get more bits in its _M mixes. */
+static bool use_more_bits(uint32_t i, uint32_t n)
+{
+	return i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
+}
+
+enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name)
+{
+	unsigned layer;
+	int end = 0;
+
+	if (p->mix == GPUD_MKMODEL_PURE)
+		return p->type;
+	if (strcmp(name, "output.weight") == 0 ||
+	    (p->tied && strcmp(name, "token_embd.weight") == 0))
+		return GPUD_TYPE_Q6_K;
+	if (sscanf(name, "blk.%u.%n", &layer, &end) == 1 && end > 0 &&
+	    (strcmp(name + end, "attn_v.weight") == 0 || strcmp(name + end, "ffn_down.weight") == 0) &&
+	    use_more_bits(layer, p->n_layers))
+		return GPUD_TYPE_Q6_K;
+	return p->type;
 }
 
 struct build {
@@ -408,7 +469,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
 	if ((rc = gpud_gguf_w_str(b->w, "general.architecture", arch)) ||
 	    (rc = gpud_gguf_w_str(b->w, "general.name", p->name ? p->name : "mkmodel")) ||
-	    (rc = gpud_gguf_w_u32(b->w, "general.file_type", file_type(p->type))) ||
+	    (rc = gpud_gguf_w_u32(b->w, "general.file_type", file_type(p))) ||
 	    (rc = gpud_gguf_w_u32(b->w, "general.quantization_version", 2)) ||
 	    (rc = gpud_gguf_w_u32(b->w, KEY("context_length"), p->n_ctx)) ||
 	    (rc = gpud_gguf_w_u32(b->w, KEY("embedding_length"), p->dim)) ||
@@ -444,14 +505,16 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
 
 	float out_std = MK_WEIGHT_STD / sqrtf(2.0f * (float)p->n_layers);
-	rc = add(b, p, "token_embd.weight", p->type, 2, p->dim, n_vocab, FILL_UNIFORM,
+	rc = add(b, p, "token_embd.weight", gpud_mkmodel_tensor_type(p, "token_embd.weight"), 2,
+		 p->dim, n_vocab, FILL_UNIFORM,
 		 MK_WEIGHT_STD, hd);
 	if (!rc && p->rope_scale_factor != 0.0f)
 		rc = add(b, p, "rope_freqs.weight", GPUD_TYPE_F32, 1, hd / 2, 1, FILL_ROPE, 0, hd);
 	if (!rc)
 		rc = add(b, p, "output_norm.weight", GPUD_TYPE_F32, 1, p->dim, 1, FILL_ONES, 0, hd);
 	if (!rc && !p->tied)
-		rc = add(b, p, "output.weight", p->type, 2, p->dim, n_vocab, FILL_UNIFORM,
+		rc = add(b, p, "output.weight", gpud_mkmodel_tensor_type(p, "output.weight"), 2,
+			 p->dim, n_vocab, FILL_UNIFORM,
 			 MK_WEIGHT_STD, hd);
 	for (uint32_t l = 0; l < p->n_layers && !rc; l++) {
 		static const struct {
@@ -473,21 +536,22 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 			snprintf(name, sizeof(name), "blk.%" PRIu32 ".%s.%s", l, parts[k].name,
 				 parts[k].shape >= 5 ? "bias" : "weight");
 			float std = parts[k].residual_out ? out_std : MK_WEIGHT_STD;
+			enum gpud_type mt = gpud_mkmodel_tensor_type(p, name);
 			switch (parts[k].shape) {
 			case 0:
 				rc = add(b, p, name, GPUD_TYPE_F32, 1, p->dim, 1, FILL_ONES, 0, hd);
 				break;
 			case 1:
-				rc = add(b, p, name, p->type, 2, p->dim, p->dim, FILL_UNIFORM, std, hd);
+				rc = add(b, p, name, mt, 2, p->dim, p->dim, FILL_UNIFORM, std, hd);
 				break;
 			case 2:
-				rc = add(b, p, name, p->type, 2, p->dim, kv_dim, FILL_UNIFORM, std, hd);
+				rc = add(b, p, name, mt, 2, p->dim, kv_dim, FILL_UNIFORM, std, hd);
 				break;
 			case 3:
-				rc = add(b, p, name, p->type, 2, p->dim, p->ffn_dim, FILL_UNIFORM, std, hd);
+				rc = add(b, p, name, mt, 2, p->dim, p->ffn_dim, FILL_UNIFORM, std, hd);
 				break;
 			case 4:
-				rc = add(b, p, name, p->type, 2, p->ffn_dim, p->dim, FILL_UNIFORM, std, hd);
+				rc = add(b, p, name, mt, 2, p->ffn_dim, p->dim, FILL_UNIFORM, std, hd);
 				break;
 			case 5:
 				rc = add(b, p, name, GPUD_TYPE_F32, 1, p->dim, 1, FILL_UNIFORM,

@@ -26,6 +26,18 @@
 #include "gpud/model.h"
 #include "gpud/quant.h"
 
+/* Per-tensor type choice. PURE: every matrix in `type`. The K mixes
+ * follow llama.cpp's recipes of the same names (type is their base, Q4_K
+ * or Q5_K): Q6_K for output.weight (token_embd.weight when the embeddings
+ * are tied, as it then serves as the output), and for attn_v and ffn_down
+ * in layers i where i < n/8, i >= 7n/8 or (i - n/8) % 3 == 2 (n layers);
+ * the base type everywhere else. */
+enum gpud_mkmodel_mix {
+	GPUD_MKMODEL_PURE = 0,
+	GPUD_MKMODEL_Q4_K_M,
+	GPUD_MKMODEL_Q5_K_M,
+};
+
 struct gpud_mkmodel_params {
 	const char *out;        /* output path (written atomically) */
 	const char *name;       /* general.name; NULL = "mkmodel" */
@@ -40,6 +52,7 @@ struct gpud_mkmodel_params {
 	float norm_eps;         /* attention.layer_norm_rms_epsilon */
 	enum gpud_type type;    /* token_embd, output and the layer matrices;
 				 * norms and rope_freqs are always F32 */
+	enum gpud_mkmodel_mix mix; /* PURE, or a K mix with its base type */
 	uint64_t seed;
 	bool tied;              /* omit output.weight (tied embeddings) */
 	bool qkv_bias;          /* write Q/K/V biases on a llama file too
@@ -81,6 +94,17 @@ void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p);
  * vocab_from, e.g. the qwen2 vocabulary GGUF). The type, seed, name and
  * paths keep their values. Returns 0 or SW_ENOTFOUND. */
 int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name);
+
+/* Parses a --type value: any weight type's name (gpud_type_parse; not
+ * q8_k, an activation format) or "q4_k_m" / "q5_k_m", any case, into
+ * *type and *mix. Returns 0, or -EINVAL (nothing changed). */
+#define GPUD_MKMODEL_TYPE_NAMES \
+	"f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q4_k_m, q5_k_m"
+int gpud_mkmodel_parse_type(const char *s, enum gpud_type *type, enum gpud_mkmodel_mix *mix);
+
+/* The type p gives tensor `name` (a llama.cpp tensor name such as
+ * "blk.3.attn_v.weight"), matrices only: the mix rules above. */
+enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name);
 
 /* Validates p (shape divisibility, block sizes of the chosen type, ranges),
  * opens vocab_from when set, and computes the plan. Writes nothing. On

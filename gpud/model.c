@@ -134,6 +134,7 @@ static int get_matrix(struct gpud_model *m, const char *name, int64_t rows, int6
 		      struct gpud_weight *w, char *err, size_t errlen)
 {
 	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(m->g, name);
+	int rc;
 
 	if (!t)
 		return sw_seterr(err, errlen, SW_ENOTFOUND, "%s: missing tensor %s", m->path, name);
@@ -150,6 +151,8 @@ static int get_matrix(struct gpud_model *m, const char *name, int64_t rows, int6
 		return sw_seterr(err, errlen, SW_EFORMAT,
 				 "%s: tensor %s: %lld columns not a multiple of the %s block",
 				 m->path, name, (long long)cols, gpud_type_name(t->type));
+	if ((rc = gpud_gguf_tensor_check_data(m->g, t, m->path, err, errlen)))
+		return rc;
 	*w = (struct gpud_weight){ .type = t->type, .rows = rows, .cols = cols, .data = t->data };
 	m->weight_bytes += t->nbytes;
 	return 0;

@@ -5,7 +5,9 @@
  * "<arch>.*") and resolves every weight tensor by its llama.cpp name,
  * checking type and shape. Weights are used in place inside the mapping:
  * nothing is copied. Supported weight types are those of gguf.h (F32, F16,
- * BF16, Q8_0, Q4_0); norms and biases must be F32.
+ * BF16, Q8_0, Q4_0, Q2_K..Q6_K, so Q4_K_M and the other llama.cpp mixes);
+ * norms and biases must be F32. K-quant matrices are scanned once at load
+ * for non-finite block factors.
  *
  * Covered: Llama 2 and Llama 3.x (grouped-query attention via
  * head_count_kv, rope.freq_base, Llama 3 RoPE frequency scaling from a

@@ -171,6 +171,482 @@ static void dequantize_q4_0(const void *vx, float *y, int64_t n)
 	}
 }
 
+/* ---- K-quants ----------------------------------------------------------
+ * The formats are in quant.h. The quantizer is this file's own: each
+ * sub-block's scale (and min) comes from a small search over candidate
+ * scales around the range-based one, each refined by a least-squares fit
+ * of the scale (and min) to the quants it gives; the best by squared
+ * error wins. Quants are then chosen against the stored scales. */
+
+#define KQ_TRIES 3 /* candidates each side of the range-based scale */
+
+/* round(v) clamped to lo..hi; NaN (0 * Inf in degenerate blocks) gives lo. */
+static inline int qround(float v, int lo, int hi)
+{
+	if (!(v >= (float)lo))
+		return lo;
+	if (v >= (float)hi)
+		return hi;
+	return (int)round_even(v);
+}
+
+static bool all_finite(const float *x, int n)
+{
+	bool ok = true;
+
+	for (int j = 0; j < n; j++)
+		ok &= fabsf(x[j]) <= FLT_MAX;
+	return ok;
+}
+
+/* x ~ s * q - m, q in 0..nmax, s >= 0, m >= 0: the best scale and min
+ * found for the n values of one sub-block. */
+static void fit_asym(const float *x, int n, int nmax, float *s_out, float *m_out)
+{
+	float xmin = 0.0f, xmax = x[0], best = FLT_MAX;
+
+	for (int j = 0; j < n; j++) {
+		xmin = x[j] < xmin ? x[j] : xmin;
+		xmax = x[j] > xmax ? x[j] : xmax;
+	}
+	*s_out = 0.0f;
+	*m_out = -xmin;
+	if (!(xmax > xmin))
+		return;
+	*s_out = (xmax - xmin) / (float)nmax;
+	for (int k = -KQ_TRIES; k <= KQ_TRIES; k++) {
+		float is = ((float)nmax + 0.15f * (float)k) / (xmax - xmin);
+		float sq = 0, sq2 = 0, sx = 0, sxq = 0, s, m, err = 0;
+		int q[32];
+
+		for (int j = 0; j < n; j++) {
+			q[j] = qround((x[j] - xmin) * is, 0, nmax);
+			sq += (float)q[j];
+			sq2 += (float)(q[j] * q[j]);
+			sx += x[j];
+			sxq += x[j] * (float)q[j];
+		}
+		/* Least squares x ~ s * q + b; b = -m must be <= 0. */
+		{
+			float den = (float)n * sq2 - sq * sq;
+
+			if (den <= 0.0f)
+				continue;
+			s = ((float)n * sxq - sq * sx) / den;
+			m = -(sx - s * sq) / (float)n;
+			if (m < 0.0f) {
+				m = 0.0f;
+				s = sq2 > 0.0f ? sxq / sq2 : 0.0f;
+			}
+		}
+		if (!(s > 0.0f))
+			continue;
+		for (int j = 0; j < n; j++) {
+			float e = s * (float)q[j] - m - x[j];
+
+			err += e * e;
+		}
+		if (err < best) {
+			best = err;
+			*s_out = s;
+			*m_out = m;
+		}
+	}
+}
+
+/* x ~ s * q, q in -nneg..nneg-1 (s signed): the best scale found. */
+static float fit_sym(const float *x, int n, int nneg)
+{
+	float amax = 0.0f, mx = 0.0f, best = FLT_MAX, bs = 0.0f;
+
+	for (int j = 0; j < n; j++) {
+		float a = fabsf(x[j]);
+
+		if (a > amax) {
+			amax = a;
+			mx = x[j];
+		}
+	}
+	if (amax == 0.0f)
+		return 0.0f;
+	bs = mx / -(float)nneg;
+	for (int k = -KQ_TRIES; k <= KQ_TRIES; k++) {
+		float is = -((float)nneg + 0.15f * (float)k) / mx;
+		float sxq = 0, sq2 = 0, s, err = 0;
+		int q[32];
+
+		for (int j = 0; j < n; j++) {
+			q[j] = qround(x[j] * is, -nneg, nneg - 1);
+			sxq += x[j] * (float)q[j];
+			sq2 += (float)(q[j] * q[j]);
+		}
+		if (sq2 <= 0.0f)
+			continue;
+		s = sxq / sq2;
+		for (int j = 0; j < n; j++) {
+			float e = s * (float)q[j] - x[j];
+
+			err += e * e;
+		}
+		if (err < best) {
+			best = err;
+			bs = s;
+		}
+	}
+	return bs;
+}
+
+/* Super-block factor for unsigned sub-block values v[n] quantized to
+ * 0..top: stores fp16 d in *d16 and the integers in out[]. */
+static void quant_unsigned(const float *v, int n, int top, uint16_t *d16, uint8_t *out)
+{
+	float vmax = 0.0f, d, id;
+
+	for (int i = 0; i < n; i++)
+		vmax = v[i] > vmax ? v[i] : vmax;
+	*d16 = gpud_fp32_to_fp16(vmax / (float)top);
+	d = gpud_fp16_to_fp32(*d16);
+	id = d > 0.0f ? 1.0f / d : 0.0f;
+	for (int i = 0; i < n; i++)
+		out[i] = (uint8_t)qround(v[i] * id, 0, top);
+}
+
+/* Same for signed values to -nneg..nneg-1: d's sign makes the largest |v|
+ * land on -nneg. */
+static void quant_signed(const float *v, int n, int nneg, uint16_t *d16, int *out)
+{
+	float amax = 0.0f, mx = 0.0f, d, id;
+
+	for (int i = 0; i < n; i++)
+		if (fabsf(v[i]) > amax) {
+			amax = fabsf(v[i]);
+			mx = v[i];
+		}
+	*d16 = gpud_fp32_to_fp16(mx / -(float)nneg);
+	d = gpud_fp16_to_fp32(*d16);
+	id = d != 0.0f ? 1.0f / d : 0.0f;
+	for (int i = 0; i < n; i++)
+		out[i] = qround(v[i] * id, -nneg, nneg - 1);
+}
+
+/* One asymmetric super-block (Q2_K/Q4_K/Q5_K): nsub sub-blocks of 256 /
+ * nsub; 6-bit (top 63) or 4-bit (15) scales and mins; quants 0..nmax into
+ * q[256]. */
+static void kq_asym(const float *x, int nsub, int top, int nmax, uint16_t *d16,
+		    uint16_t *dmin16, uint8_t *sc, uint8_t *mn, uint8_t *q)
+{
+	const int n = GPUD_QK_K / nsub;
+	float s[16], m[16], d, dmin;
+
+	for (int i = 0; i < nsub; i++)
+		fit_asym(x + i * n, n, nmax, &s[i], &m[i]);
+	quant_unsigned(s, nsub, top, d16, sc);
+	quant_unsigned(m, nsub, top, dmin16, mn);
+	d = gpud_fp16_to_fp32(*d16);
+	dmin = gpud_fp16_to_fp32(*dmin16);
+	for (int i = 0; i < nsub; i++) {
+		float ds = d * (float)sc[i], dm = dmin * (float)mn[i];
+		float id = ds > 0.0f ? 1.0f / ds : 0.0f;
+
+		for (int j = 0; j < n; j++)
+			q[i * n + j] = (uint8_t)qround((x[i * n + j] + dm) * id, 0, nmax);
+	}
+}
+
+/* One symmetric super-block (Q3_K/Q6_K): 16 sub-blocks of 16, signed
+ * scales -snneg..snneg-1, quants -nneg..nneg-1 into q[256]. */
+static void kq_sym(const float *x, int snneg, int nneg, uint16_t *d16, int *sc, int *q)
+{
+	float s[16], d;
+
+	for (int i = 0; i < 16; i++)
+		s[i] = fit_sym(x + i * 16, 16, nneg);
+	quant_signed(s, 16, snneg, d16, sc);
+	d = gpud_fp16_to_fp32(*d16);
+	for (int i = 0; i < 16; i++) {
+		float ds = d * (float)sc[i];
+		float id = ds != 0.0f ? 1.0f / ds : 0.0f;
+
+		for (int j = 0; j < 16; j++)
+			q[i * 16 + j] = qround(x[i * 16 + j] * id, -nneg, nneg - 1);
+	}
+}
+
+static void quantize_q2_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q2_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		uint8_t sc[16], mn[16], q[GPUD_QK_K];
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			y[b].d = FP16_NAN;
+			continue;
+		}
+		kq_asym(x, 16, 15, 3, &y[b].d, &y[b].dmin, sc, mn, q);
+		for (int s = 0; s < 16; s++)
+			y[b].scales[s] = (uint8_t)(sc[s] | mn[s] << 4);
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, j = (e % 128) / 32, l = e % 32;
+
+			y[b].qs[32 * h + l] |= (uint8_t)(q[e] << (2 * j));
+		}
+	}
+}
+
+static void dequantize_q2_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q2_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
+		float d = gpud_fp16_to_fp32(x[b].d), dmin = gpud_fp16_to_fp32(x[b].dmin);
+
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, j = (e % 128) / 32, l = e % 32;
+			int s = 8 * h + 2 * j + l / 16;
+			int q = (x[b].qs[32 * h + l] >> (2 * j)) & 3;
+			float dl = d * (float)(x[b].scales[s] & 15);
+			float ml = dmin * (float)(x[b].scales[s] >> 4);
+
+			y[e] = dl * (float)q - ml;
+		}
+	}
+}
+
+static void quantize_q3_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q3_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		int sc[16], q[GPUD_QK_K];
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			/* scales decoding to 0 (stored 32), quants 0 (stored 4) */
+			for (int s = 0; s < 16; s++)
+				sc[s] = 0;
+			for (int e = 0; e < GPUD_QK_K; e++)
+				q[e] = 0;
+			y[b].d = FP16_NAN;
+		} else {
+			kq_sym(x, 32, 4, &y[b].d, sc, q);
+		}
+		for (int s = 0; s < 16; s++) {
+			int v = sc[s] + 32;
+
+			if (s < 8)
+				y[b].scales[s] |= (uint8_t)(v & 15);
+			else
+				y[b].scales[s - 8] |= (uint8_t)((v & 15) << 4);
+			y[b].scales[8 + s % 4] |= (uint8_t)((v >> 4) << (2 * (s / 4)));
+		}
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, j = (e % 128) / 32, l = e % 32, v = q[e] + 4;
+
+			y[b].qs[32 * h + l] |= (uint8_t)((v & 3) << (2 * j));
+			y[b].hmask[l] |= (uint8_t)((v >> 2) << (4 * h + j));
+		}
+	}
+}
+
+static void dequantize_q3_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q3_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
+		float d = gpud_fp16_to_fp32(x[b].d);
+
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, j = (e % 128) / 32, l = e % 32;
+			int s = 8 * h + 2 * j + l / 16;
+			int q = ((x[b].qs[32 * h + l] >> (2 * j)) & 3) |
+				((x[b].hmask[l] >> (4 * h + j)) & 1) << 2;
+			float dl = d * (float)gpud_q3k_scale(x[b].scales, s);
+
+			y[e] = dl * (float)(q - 4);
+		}
+	}
+}
+
+/* Packs 8 6-bit scales and 8 6-bit mins into Q4_K/Q5_K's 12 bytes. */
+static void pack_scale_min(const uint8_t *sc, const uint8_t *mn, uint8_t *p)
+{
+	memset(p, 0, 12);
+	for (int s = 0; s < 8; s++) {
+		if (s < 4) {
+			p[s] |= sc[s];
+			p[s + 4] |= mn[s];
+		} else {
+			p[s + 4] = (uint8_t)((sc[s] & 15) | (mn[s] & 15) << 4);
+			p[s - 4] |= (uint8_t)((sc[s] >> 4) << 6);
+			p[s] |= (uint8_t)((mn[s] >> 4) << 6);
+		}
+	}
+}
+
+static void quantize_q4_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q4_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		uint8_t sc[8], mn[8], q[GPUD_QK_K];
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			y[b].d = FP16_NAN;
+			continue;
+		}
+		kq_asym(x, 8, 63, 15, &y[b].d, &y[b].dmin, sc, mn, q);
+		pack_scale_min(sc, mn, y[b].scales);
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int c = e / 64, l = e % 32;
+
+			y[b].qs[32 * c + l] |= (uint8_t)(q[e] << (e % 64 < 32 ? 0 : 4));
+		}
+	}
+}
+
+static void dequantize_q4_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q4_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
+		float d = gpud_fp16_to_fp32(x[b].d), dmin = gpud_fp16_to_fp32(x[b].dmin);
+
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int c = e / 64, l = e % 32, hi = e % 64 >= 32;
+			uint8_t sc, m;
+			int q = (x[b].qs[32 * c + l] >> (hi ? 4 : 0)) & 15;
+
+			gpud_kq_scale_min(x[b].scales, 2 * c + hi, &sc, &m);
+			y[e] = (d * (float)sc) * (float)q - dmin * (float)m;
+		}
+	}
+}
+
+static void quantize_q5_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q5_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		uint8_t sc[8], mn[8], q[GPUD_QK_K];
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			y[b].d = FP16_NAN;
+			continue;
+		}
+		kq_asym(x, 8, 63, 31, &y[b].d, &y[b].dmin, sc, mn, q);
+		pack_scale_min(sc, mn, y[b].scales);
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int c = e / 64, l = e % 32, s = e / 32;
+
+			y[b].qs[32 * c + l] |= (uint8_t)((q[e] & 15) << (e % 64 < 32 ? 0 : 4));
+			y[b].qh[l] |= (uint8_t)((q[e] >> 4) << s);
+		}
+	}
+}
+
+static void dequantize_q5_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q5_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
+		float d = gpud_fp16_to_fp32(x[b].d), dmin = gpud_fp16_to_fp32(x[b].dmin);
+
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int c = e / 64, l = e % 32, s = e / 32, hi = e % 64 >= 32;
+			uint8_t sc, m;
+			int q = ((x[b].qs[32 * c + l] >> (hi ? 4 : 0)) & 15) |
+				((x[b].qh[l] >> s) & 1) << 4;
+
+			gpud_kq_scale_min(x[b].scales, s, &sc, &m);
+			y[e] = (d * (float)sc) * (float)q - dmin * (float)m;
+		}
+	}
+}
+
+static void quantize_q6_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q6_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		int sc[16], q[GPUD_QK_K];
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			for (int e = 0; e < GPUD_QK_K; e++)
+				q[e] = 0;
+			for (int s = 0; s < 16; s++)
+				sc[s] = 0;
+			y[b].d = FP16_NAN;
+		} else {
+			kq_sym(x, 128, 32, &y[b].d, sc, q);
+		}
+		for (int s = 0; s < 16; s++)
+			y[b].scales[s] = (int8_t)sc[s];
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, k = (e % 128) / 32, l = e % 32, v = q[e] + 32;
+
+			y[b].ql[64 * h + l + 32 * (k & 1)] |= (uint8_t)((v & 15) << (k < 2 ? 0 : 4));
+			y[b].qh[32 * h + l] |= (uint8_t)((v >> 4) << (2 * k));
+		}
+	}
+}
+
+static void dequantize_q6_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q6_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
+		float d = gpud_fp16_to_fp32(x[b].d);
+
+		for (int e = 0; e < GPUD_QK_K; e++) {
+			int h = e / 128, k = (e % 128) / 32, l = e % 32;
+			int s = 8 * h + 2 * k + l / 16;
+			int lo = (x[b].ql[64 * h + l + 32 * (k & 1)] >> (k < 2 ? 0 : 4)) & 15;
+			int hi = (x[b].qh[32 * h + l] >> (2 * k)) & 3;
+
+			y[e] = (d * (float)x[b].scales[s]) * (float)((lo | hi << 4) - 32);
+		}
+	}
+}
+
+static void quantize_q8_k(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q8_k *y = vy;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, x += GPUD_QK_K) {
+		float amax = 0.0f, id;
+
+		memset(&y[b], 0, sizeof(y[b]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			y[b].d = NAN;
+			continue;
+		}
+		for (int j = 0; j < GPUD_QK_K; j++)
+			amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+		if (amax < 1e-30f) /* 1/d would overflow: an all-zero block */
+			continue;
+		y[b].d = amax / 127.0f;
+		id = y[b].d != 0.0f ? 1.0f / y[b].d : 0.0f;
+		for (int j = 0; j < GPUD_QK_K; j++) {
+			y[b].qs[j] = (int8_t)qround(x[j] * id, -127, 127);
+			y[b].bsums[j / 16] = (int16_t)(y[b].bsums[j / 16] + y[b].qs[j]);
+		}
+	}
+}
+
+static void dequantize_q8_k(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q8_k *x = vx;
+
+	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K)
+		for (int j = 0; j < GPUD_QK_K; j++)
+			y[j] = x[b].d * (float)x[b].qs[j];
+}
+
 /* ---- traits ------------------------------------------------------------ */
 
 static const struct gpud_type_traits traits[GPUD_TYPE_COUNT] = {
@@ -191,6 +667,36 @@ static const struct gpud_type_traits traits[GPUD_TYPE_COUNT] = {
 		.name = "q8_0", .block_elems = GPUD_QK,
 		.block_bytes = sizeof(struct gpud_block_q8_0), .quantized = true, .matmul = true,
 		.quantize = quantize_q8_0, .dequantize = dequantize_q8_0,
+	},
+	[GPUD_TYPE_Q2_K] = {
+		.name = "q2_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q2_k), .quantized = true, .matmul = true,
+		.quantize = quantize_q2_k, .dequantize = dequantize_q2_k,
+	},
+	[GPUD_TYPE_Q3_K] = {
+		.name = "q3_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q3_k), .quantized = true, .matmul = true,
+		.quantize = quantize_q3_k, .dequantize = dequantize_q3_k,
+	},
+	[GPUD_TYPE_Q4_K] = {
+		.name = "q4_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q4_k), .quantized = true, .matmul = true,
+		.quantize = quantize_q4_k, .dequantize = dequantize_q4_k,
+	},
+	[GPUD_TYPE_Q5_K] = {
+		.name = "q5_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q5_k), .quantized = true, .matmul = true,
+		.quantize = quantize_q5_k, .dequantize = dequantize_q5_k,
+	},
+	[GPUD_TYPE_Q6_K] = {
+		.name = "q6_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q6_k), .quantized = true, .matmul = true,
+		.quantize = quantize_q6_k, .dequantize = dequantize_q6_k,
+	},
+	[GPUD_TYPE_Q8_K] = {
+		.name = "q8_k", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_q8_k), .quantized = true, .matmul = false,
+		.quantize = quantize_q8_k, .dequantize = dequantize_q8_k,
 	},
 	[GPUD_TYPE_BF16] = {
 		.name = "bf16", .block_elems = 1, .block_bytes = 2, .matmul = true,

@@ -19,6 +19,37 @@
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];      w = d * q
  *         q = nibble - 8, weight j in the low nibble of qs[j], j+16 in the
  *         high one.
+ *   K-quants: 256 weights per super-block (GPUD_QK_K), in sub-blocks of 16
+ *   or 32 with small integer scales (and mins) under fp16 super-block
+ *   factors d (and dmin). Weight e of a super-block:
+ *   Q2_K (84 bytes): scales[16], qs[64], d, dmin. Half h = e / 128, shift
+ *         j = (e % 128) / 32, l = e % 32: q = (qs[32h + l] >> 2j) & 3 in 0..3,
+ *         sub-block s = 8h + 2j + l / 16; sc = scales[s] & 15,
+ *         m = scales[s] >> 4;  w = (d * sc) * q - (dmin * m).
+ *   Q3_K (110 bytes): hmask[32], qs[64], scales[12], d. h, j, l, s as for
+ *         Q2_K; q = ((qs[32h + l] >> 2j) & 3) | (hmask[l] bit 4h + j) << 2,
+ *         minus 4: -4..3. 6-bit scale s: low 4 bits scales[s] & 15 (s < 8)
+ *         or scales[s - 8] >> 4, high 2 bits (scales[8 + s % 4] >> 2(s / 4))
+ *         & 3; sc = that - 32;  w = (d * sc) * q.
+ *   Q4_K (144 bytes): d, dmin, scales[12], qs[128]. Chunk c = e / 64, l =
+ *         e % 32: q = low nibble of qs[32c + l] for e % 64 < 32 (sub-block
+ *         2c), else the high nibble (sub-block 2c + 1). 6-bit scale and min
+ *         of sub-block s: s < 4: sc = scales[s] & 63, m = scales[s + 4] & 63;
+ *         s >= 4: sc = (scales[s + 4] & 15) | (scales[s - 4] >> 6) << 4,
+ *         m = (scales[s + 4] >> 4) | (scales[s] >> 6) << 4;
+ *         w = (d * sc) * q - (dmin * m).
+ *   Q5_K (176 bytes): d, dmin, scales[12], qh[32], qs[128]: Q4_K plus a
+ *         fifth bit, bit s of qh[l] (q in 0..31).
+ *   Q6_K (210 bytes): ql[128], qh[64], int8 scales[16], d. Half h = e / 128,
+ *         quarter k = (e % 128) / 32, l = e % 32: low 4 bits from
+ *         ql[64h + l + 32(k & 1)] (low nibble for k < 2, high for k >= 2),
+ *         high 2 bits (qh[32h + l] >> 2k) & 3; q = that - 32 (-32..31);
+ *         sub-block s = 8h + 2k + l / 16;  w = (d * scales[s]) * q.
+ *   Q8_K (292 bytes): fp32 d, int8 qs[256], int16 bsums[16] (sums of each
+ *         16 quants); w = d * q. ggml's activation format for K-quants,
+ *         read and written here but never a weight (matmul false); gpud's
+ *         CPU K-quant matmul keeps 32-wide activation blocks, which are
+ *         finer (backend/cpu/kernels_kq.c).
  *
  * Nothing here allocates, takes a lock or fails; every function is safe
  * from any thread. Row functions trust their sizes (n a multiple of the
@@ -41,12 +72,19 @@ enum gpud_type {
 	GPUD_TYPE_F16 = 1,
 	GPUD_TYPE_Q4_0 = 2,  /* 32 weights = f16 d + 16 bytes of nibbles */
 	GPUD_TYPE_Q8_0 = 8,  /* 32 weights = f16 d + 32 int8 */
+	GPUD_TYPE_Q2_K = 10, /* 256 weights in 84 bytes */
+	GPUD_TYPE_Q3_K = 11, /* 256 weights in 110 bytes */
+	GPUD_TYPE_Q4_K = 12, /* 256 weights in 144 bytes */
+	GPUD_TYPE_Q5_K = 13, /* 256 weights in 176 bytes */
+	GPUD_TYPE_Q6_K = 14, /* 256 weights in 210 bytes */
+	GPUD_TYPE_Q8_K = 15, /* 256 weights in 292 bytes (activations) */
 	GPUD_TYPE_BF16 = 30,
 	GPUD_TYPE_COUNT = 31, /* one past the largest supported id (sizes the table) */
 };
 
 /* The supported types, in the order messages list them. */
-#define GPUD_TYPE_SUPPORTED_NAMES "f32, f16, bf16, q8_0, q4_0"
+#define GPUD_TYPE_SUPPORTED_NAMES \
+	"f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k"
 
 #define GPUD_QK 32 /* weights per Q8_0/Q4_0 block */
 
@@ -59,6 +97,80 @@ struct gpud_block_q4_0 {
 	uint16_t d; /* fp16 */
 	uint8_t qs[GPUD_QK / 2];
 };
+
+#define GPUD_QK_K 256 /* weights per K-quant super-block */
+
+struct gpud_block_q2_k {
+	uint8_t scales[GPUD_QK_K / 16]; /* scale (low nibble), min (high) */
+	uint8_t qs[GPUD_QK_K / 4];      /* 2-bit quants */
+	uint16_t d;                     /* fp16, of the scales */
+	uint16_t dmin;                  /* fp16, of the mins */
+};
+
+struct gpud_block_q3_k {
+	uint8_t hmask[GPUD_QK_K / 8];   /* bit 2 of each quant */
+	uint8_t qs[GPUD_QK_K / 4];      /* bits 0-1 */
+	uint8_t scales[12];             /* 16 6-bit scales */
+	uint16_t d;                     /* fp16 */
+};
+
+struct gpud_block_q4_k {
+	uint16_t d;                     /* fp16, of the scales */
+	uint16_t dmin;                  /* fp16, of the mins */
+	uint8_t scales[12];             /* 8 6-bit scales and 8 6-bit mins */
+	uint8_t qs[GPUD_QK_K / 2];      /* 4-bit quants */
+};
+
+struct gpud_block_q5_k {
+	uint16_t d;
+	uint16_t dmin;
+	uint8_t scales[12];
+	uint8_t qh[GPUD_QK_K / 8];      /* bit 4 of each quant */
+	uint8_t qs[GPUD_QK_K / 2];      /* bits 0-3 */
+};
+
+struct gpud_block_q6_k {
+	uint8_t ql[GPUD_QK_K / 2];      /* bits 0-3 */
+	uint8_t qh[GPUD_QK_K / 4];      /* bits 4-5 */
+	int8_t scales[GPUD_QK_K / 16];
+	uint16_t d;                     /* fp16 */
+};
+
+struct gpud_block_q8_k {
+	float d;
+	int8_t qs[GPUD_QK_K];
+	int16_t bsums[GPUD_QK_K / 16];
+};
+
+_Static_assert(sizeof(struct gpud_block_q2_k) == 84, "q2_k block");
+_Static_assert(sizeof(struct gpud_block_q3_k) == 110, "q3_k block");
+_Static_assert(sizeof(struct gpud_block_q4_k) == 144, "q4_k block");
+_Static_assert(sizeof(struct gpud_block_q5_k) == 176, "q5_k block");
+_Static_assert(sizeof(struct gpud_block_q6_k) == 210, "q6_k block");
+_Static_assert(sizeof(struct gpud_block_q8_k) == 292, "q8_k block");
+
+/* The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block's
+ * 12 packed bytes (layout in the header comment). */
+static inline void gpud_kq_scale_min(const uint8_t *q, int s, uint8_t *sc, uint8_t *m)
+{
+	if (s < 4) {
+		*sc = q[s] & 63;
+		*m = q[s + 4] & 63;
+	} else {
+		*sc = (uint8_t)((q[s + 4] & 15) | (q[s - 4] >> 6) << 4);
+		*m = (uint8_t)((q[s + 4] >> 4) | (q[s] >> 6) << 4);
+	}
+}
+
+/* The signed 6-bit scale (-32..31) of sub-block s (0..15) of a Q3_K block's
+ * 12 packed bytes. */
+static inline int gpud_q3k_scale(const uint8_t *q, int s)
+{
+	int lo = s < 8 ? q[s] & 15 : q[s - 8] >> 4;
+	int hi = (q[8 + s % 4] >> (2 * (s / 4))) & 3;
+
+	return (lo | hi << 4) - 32;
+}
 
 /* Quantize n floats x into y / expand n elements x into floats y, n a
  * multiple of the block. */
@@ -106,10 +218,20 @@ size_t gpud_type_row_bytes(enum gpud_type t, uint64_t n);
  *   block d = 0 and quants 0. A block whose scale overflows fp16 (max |x|
  *   above about 65504 * 127 for Q8_0, 65504 * 8 for Q4_0) stores d = +-Inf:
  *   it dequantizes to +-Inf, and to NaN where q = 0.
+ *   K-quants (Q2_K..Q6_K): gpud's own quantizer. Per sub-block a scale
+ *   (and for Q2_K/Q4_K/Q5_K a min, x ~ sc * q - m with m >= 0) is chosen
+ *   by a small search minimizing the squared error; the sub-block scales
+ *   (mins) are quantized against fp16 super-block factors, and the quants
+ *   are then chosen against the stored (rounded) scales. Q8_K: d = max|x|
+ *   / 127 in fp32, q = round(x / d), bsums the sums of each 16 quants; a
+ *   block with max|x| < 1e-30 is all zero (d = 0).
  *   Non-finite input: a Q8_0/Q4_0 block holding a NaN or an Inf is stored
  *   as d = NaN (0x7e00) with quants 0 (Q4_0 nibbles 8), so all of it
  *   dequantizes to NaN: a NaN or Inf weight is never turned into a finite
- *   one, and it never reaches another block. F16/BF16 keep NaN (quiet) and
+ *   one, and it never reaches another block. A K-quant super-block
+ *   holding a NaN or Inf likewise gets d = NaN (Q8_K: fp32 NaN) with
+ *   scales and quants 0 (Q3_K/Q6_K: the scale bytes and quants that decode
+ *   to 0). F16/BF16 keep NaN (quiet) and
  *   +-Inf; F32 is copied bit for bit. */
 void gpud_quantize_row(enum gpud_type t, const float *x, void *y, int64_t n);
 /* Inverse: expands n elements of type t into floats, w = d * q for the

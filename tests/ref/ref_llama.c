@@ -64,6 +64,96 @@ static double bf16_to_double(uint16_t h)
 	return f;
 }
 
+/* K-quant super-blocks of 256 (Q2_K 10 .. Q6_K 14), in double: their
+ * bytes per block, then one block's weights, walking the bytes in
+ * the file's order (GGUF/ggml layouts). */
+static uint64_t kq_bytes(int type)
+{
+	static const uint64_t b[] = { 84, 110, 144, 176, 210 };
+
+	return b[type - 10];
+}
+
+/* Q4_K/Q5_K: 6-bit scale and min j of the 12 packed bytes. */
+static void kq_sm(const uint8_t *s, int j, int *sc, int *m)
+{
+	if (j < 4) {
+		*sc = s[j] & 63;
+		*m = s[j + 4] & 63;
+	} else {
+		*sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
+		*m = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
+	}
+}
+
+static void kq_block(int type, const uint8_t *blk, double *y)
+{
+	switch (type) {
+	case 10: { /* scales[16] qs[64] d dmin */
+		double d = half_to_double(rd16(blk + 80)), dm = half_to_double(rd16(blk + 82));
+
+		for (int half = 0; half < 2; half++)
+			for (int sh = 0; sh < 4; sh++)
+				for (int l = 0; l < 32; l++) {
+					int sc = blk[8 * half + 2 * sh + l / 16];
+					int q = (blk[16 + 32 * half + l] >> (2 * sh)) & 3;
+
+					*y++ = d * (sc & 15) * q - dm * (sc >> 4);
+				}
+		break;
+	}
+	case 11: { /* hmask[32] qs[64] scales[12] d */
+		double d = half_to_double(rd16(blk + 108));
+		const uint8_t *s = blk + 96;
+
+		for (int half = 0; half < 2; half++)
+			for (int sh = 0; sh < 4; sh++)
+				for (int l = 0; l < 32; l++) {
+					int j = 8 * half + 2 * sh + l / 16;
+					int lo = j < 8 ? s[j] & 15 : s[j - 8] >> 4;
+					int sc = (lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
+					int q = (blk[32 + 32 * half + l] >> (2 * sh)) & 3;
+					int hb = (blk[l] >> (4 * half + sh)) & 1;
+
+					*y++ = d * sc * (q + 4 * hb - 4);
+				}
+		break;
+	}
+	case 12: case 13: { /* d dmin scales[12] [qh[32]] qs[128] */
+		double d = half_to_double(rd16(blk)), dm = half_to_double(rd16(blk + 2));
+		const uint8_t *qh = blk + 16, *qs = blk + (type == 13 ? 48 : 16);
+
+		for (int j = 0; j < 8; j++) {
+			int sc, m;
+
+			kq_sm(blk + 4, j, &sc, &m);
+			for (int l = 0; l < 32; l++) {
+				int q = (qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 15;
+
+				if (type == 13)
+					q |= ((qh[l] >> j) & 1) << 4;
+				*y++ = d * sc * q - dm * m;
+			}
+		}
+		break;
+	}
+	case 14: { /* ql[128] qh[64] scales[16] d */
+		double d = half_to_double(rd16(blk + 208));
+		const int8_t *sc = (const int8_t *)(blk + 192);
+
+		for (int half = 0; half < 2; half++)
+			for (int k = 0; k < 4; k++)
+				for (int l = 0; l < 32; l++) {
+					int lo = (blk[64 * half + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15;
+					int hi = (blk[128 + 32 * half + l] >> (2 * k)) & 3;
+
+					*y++ = d * sc[8 * half + 2 * k + l / 16] * ((lo | hi << 4) - 32);
+				}
+		break;
+	}
+	}
+}
+
 int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
 {
 	const uint8_t *p = src;
@@ -103,6 +193,10 @@ int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
 			}
 		}
 		return 0;
+	case 10: case 11: case 12: case 13: case 14:
+		for (b = 0; b < n / 256; b++)
+			kq_block(type, p + kq_bytes(type) * b, dst + 256 * b);
+		return 0;
 	}
 	return -EINVAL;
 }
@@ -114,6 +208,7 @@ static uint64_t row_bytes(int type, uint64_t n)
 	case 1: case 30: return 2 * n;
 	case 8: return n / 32 * 34;
 	case 2: return n / 32 * 18;
+	case 10: case 11: case 12: case 13: case 14: return n / 256 * kq_bytes(type);
 	}
 	return 0;
 }

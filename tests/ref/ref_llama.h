@@ -2,8 +2,8 @@
  *
  * The reference shares no code with the fast path (gpud/model.c,
  * gpud/backend/cpu/): it uses the GGUF reader only to find metadata and
- * tensor bytes, then dequantizes F32/F16/BF16/Q8_0/Q4_0 itself into
- * doubles, and runs straightforward loops: RMSNorm, Q/K/V (plus their
+ * tensor bytes, then dequantizes F32/F16/BF16/Q8_0/Q4_0/Q2_K..Q6_K itself
+ * into doubles, and runs straightforward loops: RMSNorm, Q/K/V (plus their
  * biases when the file has them: always for qwen2), RoPE (with Llama 3
  * frequency scaling when the file asks for it) on adjacent pairs for
  * general.architecture "llama" and on halves (NEOX style: element i with

@@ -610,7 +610,7 @@ C(c_dim_neg, patch_u64(p, L->w_ne0, 1ull << 63))
 C(c_dim_overflow, patch_u64(p, L->w_ne0, 1ull << 62); patch_u64(p, L->w_ne1, 4))
 C(c_type_unknown, patch_u32(p, L->w_type, 99))
 C(c_type_gap, patch_u32(p, L->w_type, 40))
-C(c_type_q4k, patch_u32(p, L->w_type, 12))
+C(c_type_q4k, patch_u32(p, L->w_type, 3))
 C(c_type_removed, patch_u32(p, L->w_type, 4))
 C(c_block, patch_u64(p, L->v_ne0, 33))
 C(c_off_unaligned, patch_u64(p, L->v_off, 257))
@@ -659,7 +659,7 @@ static const struct corruption corruptions[] = {
 	{ "dims overflow", c_dim_overflow, SW_EFORMAT, "'w': element count overflows at dimension 1" },
 	{ "type 99", c_type_unknown, SW_EFORMAT, "tensor 0 'w': unknown ggml type 99" },
 	{ "type 40", c_type_gap, SW_EFORMAT, "unknown ggml type 40" },
-	{ "type q4_k", c_type_q4k, SW_EUNSUPPORTED, "tensor 0 'w': type q4_k (12) is not supported" },
+	{ "type q4_1", c_type_q4k, SW_EUNSUPPORTED, "tensor 0 'w': type q4_1 (3) is not supported" },
 	{ "type q4_2", c_type_removed, SW_EUNSUPPORTED, "q4_2 (removed)" },
 	{ "block", c_block, SW_EFORMAT, "tensor 1 'v': ne[0] = 33 is not a multiple of the q8_0 block size 32" },
 	{ "offset unaligned", c_off_unaligned, SW_EFORMAT, "tensor 1 'v': data offset 257 is not a multiple of the alignment 32" },
@@ -1193,9 +1193,122 @@ static void test_writer_copy_kv(void **state)
 	rmdir(tmpdir);
 }
 
+/* K-quant tensors: good data passes the data check; a non-finite d or
+ * dmin in any super-block, a width off the 256 block, data past the end
+ * of the file or at an odd address are clear errors. */
+static void test_kquant_checks(void **state)
+{
+	static const enum gpud_type kt[] = { GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K,
+					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
+	/* byte offsets of d and dmin (-1: none) in each block */
+	static const int doff[5][2] = { { 80, 82 }, { 108, -1 }, { 0, 2 }, { 0, 2 }, { 208, -1 } };
+	char path[128];
+	float x[256 * 3];
+	_Alignas(4) uint8_t q[3 * 210];
+	uint64_t ne[2] = { 256, 3 };
+	struct gpud_gguf_writer *w;
+	struct gpud_gguf *g;
+	size_t fsize;
+	uint8_t *buf, *odd;
+
+	(void)state;
+	for (int i = 0; i < 256 * 3; i++)
+		x[i] = (float)((i * 37) % 101 - 50) / 100.0f;
+	tmp_path(path, sizeof(path), "kq.gguf");
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "general.architecture", "llama"), 0);
+	for (int k = 0; k < 5; k++) {
+		gpud_quantize_row(kt[k], x, q, 256 * 3);
+		assert_int_equal(gpud_gguf_w_tensor(w, gpud_type_name(kt[k]), kt[k], 2, ne, q,
+						    gpud_type_row_bytes(kt[k], 256) * 3),
+				 0);
+	}
+	if (gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)))
+		fail_msg("%s", errbuf);
+	gpud_gguf_writer_free(w);
+	buf = read_file(path, &fsize);
+	unlink(path);
+
+	assert_int_equal(gpud_gguf_open_mem(&g, buf, fsize, "kq.gguf", errbuf, sizeof(errbuf)), 0);
+	for (int k = 0; k < 5; k++) {
+		const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, gpud_type_name(kt[k]));
+
+		assert_non_null(t);
+		assert_int_equal(t->type, kt[k]);
+		assert_int_equal(t->nbytes, 3 * gpud_type_block_bytes(kt[k]));
+		assert_int_equal(gpud_gguf_tensor_check_data(g, t, "kq.gguf", errbuf, sizeof(errbuf)), 0);
+	}
+	/* F32 data is not read */
+	gpud_gguf_close(g);
+
+	/* NaN / Inf factors, block 2 (row 2) of each tensor */
+	for (int k = 0; k < 5; k++)
+		for (int f = 0; f < 2 && doff[k][f] >= 0; f++)
+			for (int v = 0; v < 2; v++) {
+				static const uint16_t bad[2] = { 0x7e00, 0xfc00 };
+				const struct gpud_gguf_tensor *t;
+				size_t at;
+				uint16_t keep;
+				char want[96];
+
+				assert_int_equal(gpud_gguf_open_mem(&g, buf, fsize, "kq.gguf", errbuf,
+								    sizeof(errbuf)), 0);
+				t = gpud_gguf_find_tensor(g, gpud_type_name(kt[k]));
+				at = (size_t)((const uint8_t *)t->data - buf) +
+				     2 * gpud_type_block_bytes(kt[k]) + (size_t)doff[k][f];
+				gpud_gguf_close(g);
+				memcpy(&keep, buf + at, 2);
+				memcpy(buf + at, &bad[v], 2);
+				assert_int_equal(gpud_gguf_open_mem(&g, buf, fsize, "kq.gguf", errbuf,
+								    sizeof(errbuf)), 0);
+				t = gpud_gguf_find_tensor(g, gpud_type_name(kt[k]));
+				assert_int_equal(gpud_gguf_tensor_check_data(g, t, "kq.gguf", errbuf,
+									     sizeof(errbuf)),
+						 SW_EFORMAT);
+				snprintf(want, sizeof(want), "kq.gguf: tensor '%s': %s block 2 (row 2) has a non-finite %s 0x%04x",
+					 gpud_type_name(kt[k]), gpud_type_name(kt[k]), f ? "dmin" : "d",
+					 (unsigned)bad[v]);
+				if (!strstr(errbuf, want))
+					fail_msg("got \"%s\", want \"%s\"", errbuf, want);
+				gpud_gguf_close(g);
+				memcpy(buf + at, &keep, 2);
+			}
+
+	/* cut short: the last tensor's data runs past the end */
+	assert_int_equal(gpud_gguf_open_mem(&g, buf, fsize - 1, "kq.gguf", errbuf, sizeof(errbuf)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(errbuf, "runs past end of file"));
+
+	/* at an odd address */
+	odd = malloc(fsize + 1);
+	assert_non_null(odd);
+	memcpy(odd + 1, buf, fsize);
+	assert_int_equal(gpud_gguf_open_mem(&g, odd + 1, fsize, "kq.gguf", errbuf, sizeof(errbuf)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(errbuf, "tensor 0 'q2_k': q2_k data at file offset"));
+	assert_non_null(strstr(errbuf, "is misaligned (its blocks need an address multiple of 2)"));
+	free(odd);
+
+	/* a width off the block: ne[0] 256 -> 255 of the first tensor */
+	for (size_t i = 0; i + 8 + 4 + 4 + 8 <= fsize; i++) {
+		static const uint8_t name[] = { 4, 0, 0, 0, 0, 0, 0, 0, 'q', '2', '_', 'k', 2, 0, 0, 0 };
+
+		if (memcmp(buf + i, name, sizeof(name)) == 0) {
+			buf[i + sizeof(name)] = 255;
+			buf[i + sizeof(name) + 1] = 0;
+			break;
+		}
+	}
+	assert_int_equal(gpud_gguf_open_mem(&g, buf, fsize, "kq.gguf", errbuf, sizeof(errbuf)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(errbuf, "tensor 0 'q2_k': ne[0] = 255 is not a multiple of the q2_k block size 256"));
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_kquant_checks),
 		cmocka_unit_test(test_stories260k),
 		cmocka_unit_test(test_tokenizer_files),
 		cmocka_unit_test(test_open_errors),

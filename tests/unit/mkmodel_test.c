@@ -19,6 +19,7 @@
 #include "common/err.h"
 #include "gpud/gguf.h"
 #include "gpud/mkmodel.h"
+#include "gpud/model.h"
 #include "gpud/quant.h"
 #include "sw_config.h"
 
@@ -461,9 +462,9 @@ static void test_validation(void **state)
 	p.type = GPUD_TYPE_Q4_0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
 	gpud_mkmodel_params_default(&p);
-	p.type = (enum gpud_type)12;
+	p.type = (enum gpud_type)3;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(errbuf, "q4_k"));
+	assert_non_null(strstr(errbuf, "q4_1"));
 	gpud_mkmodel_params_default(&p);
 	p.n_layers = 0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
@@ -648,6 +649,120 @@ static void test_qwen25_3b_plan(void **state)
 	assert_int_equal(p.arch, GPUD_ARCH_QWEN2);
 }
 
+/* --type parsing and the K mixes' per-tensor choice (llama.cpp's recipe:
+ * for 28 layers, attn_v and ffn_down of layers 0-2, 5, 8, ..., 23 and
+ * 24-27 get Q6_K), then a written Q4_K_M model: its tensors' types, its
+ * file type, a clean load, and a load refused once a block's d is NaN. */
+static void test_kquant_mix(void **state)
+{
+	static const int more[] = { 0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27 };
+	struct gpud_mkmodel_params p;
+	enum gpud_type t = GPUD_TYPE_F32;
+	enum gpud_mkmodel_mix mix = GPUD_MKMODEL_PURE;
+	char path[128], name[64], err[SW_ERR_MAX];
+	struct gpud_gguf *g;
+	struct gpud_model *m = NULL;
+	uint32_t ft;
+
+	(void)state;
+	assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &t, &mix), 0);
+	assert_int_equal(t, GPUD_TYPE_Q4_K);
+	assert_int_equal(mix, GPUD_MKMODEL_Q4_K_M);
+	assert_int_equal(gpud_mkmodel_parse_type("Q5_K_M", &t, &mix), 0);
+	assert_int_equal(t, GPUD_TYPE_Q5_K);
+	assert_int_equal(mix, GPUD_MKMODEL_Q5_K_M);
+	assert_int_equal(gpud_mkmodel_parse_type("q6_k", &t, &mix), 0);
+	assert_int_equal(t, GPUD_TYPE_Q6_K);
+	assert_int_equal(mix, GPUD_MKMODEL_PURE);
+	assert_int_equal(gpud_mkmodel_parse_type("q8_k", &t, &mix), -EINVAL);
+	assert_int_equal(gpud_mkmodel_parse_type("q4_k_s", &t, &mix), -EINVAL);
+	assert_int_equal(gpud_mkmodel_parse_type(NULL, &t, &mix), -EINVAL);
+	assert_int_equal(t, GPUD_TYPE_Q6_K); /* unchanged on failure */
+
+	gpud_mkmodel_params_default(&p);
+	p.n_layers = 28;
+	p.type = GPUD_TYPE_Q4_K;
+	p.mix = GPUD_MKMODEL_Q4_K_M;
+	for (uint32_t l = 0, k = 0; l < 28; l++) {
+		bool up = k < sizeof(more) / sizeof(more[0]) && more[k] == (int)l;
+		enum gpud_type want = up ? GPUD_TYPE_Q6_K : GPUD_TYPE_Q4_K;
+
+		k += up;
+		snprintf(name, sizeof(name), "blk.%u.attn_v.weight", l);
+		assert_int_equal(gpud_mkmodel_tensor_type(&p, name), want);
+		snprintf(name, sizeof(name), "blk.%u.ffn_down.weight", l);
+		assert_int_equal(gpud_mkmodel_tensor_type(&p, name), want);
+		snprintf(name, sizeof(name), "blk.%u.attn_k.weight", l);
+		assert_int_equal(gpud_mkmodel_tensor_type(&p, name), GPUD_TYPE_Q4_K);
+		snprintf(name, sizeof(name), "blk.%u.ffn_up.weight", l);
+		assert_int_equal(gpud_mkmodel_tensor_type(&p, name), GPUD_TYPE_Q4_K);
+	}
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "output.weight"), GPUD_TYPE_Q6_K);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "token_embd.weight"), GPUD_TYPE_Q4_K);
+	p.tied = true;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "token_embd.weight"), GPUD_TYPE_Q6_K);
+	p.mix = GPUD_MKMODEL_PURE;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "output.weight"), GPUD_TYPE_Q4_K);
+
+	/* mix and base must agree; K widths need 256 */
+	gpud_mkmodel_params_default(&p);
+	p.dim = 256;
+	p.ffn_dim = 512;
+	p.type = GPUD_TYPE_Q5_K;
+	p.mix = GPUD_MKMODEL_Q4_K_M;
+	assert_int_equal(gpud_mkmodel_plan(&p, NULL, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "q4_k_m is q4_k"));
+	p.type = GPUD_TYPE_Q4_K;
+	p.dim = 128;
+	assert_int_equal(gpud_mkmodel_plan(&p, NULL, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "q4_k block size 256"));
+
+	/* a tied Q4_K_M model, 2 layers (layer 1 gets more bits: 1 >= 7 * 2 / 8) */
+	path_in_tmp(path, sizeof(path), "q4km.gguf");
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.dim = 256;
+	p.ffn_dim = 512;
+	p.type = GPUD_TYPE_Q4_K;
+	p.mix = GPUD_MKMODEL_Q4_K_M;
+	p.tied = true;
+	if (gpud_mkmodel(&p, err, sizeof(err)))
+		fail_msg("%s", err);
+	assert_int_equal(gpud_gguf_open(&g, path, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_get_u32(g, "general.file_type", &ft), 0);
+	assert_int_equal(ft, 15);
+	assert_null(gpud_gguf_find_tensor(g, "output.weight"));
+	expect_tensor(g, "token_embd.weight", GPUD_TYPE_Q6_K, 2, 256, gpud_gguf_find_tensor(g, "token_embd.weight")->ne[1]);
+	expect_tensor(g, "blk.0.attn_q.weight", GPUD_TYPE_Q4_K, 2, 256, 256);
+	expect_tensor(g, "blk.0.attn_v.weight", GPUD_TYPE_Q4_K, 2, 256, 128);
+	expect_tensor(g, "blk.1.attn_v.weight", GPUD_TYPE_Q6_K, 2, 256, 128);
+	expect_tensor(g, "blk.0.ffn_down.weight", GPUD_TYPE_Q4_K, 2, 512, 256);
+	expect_tensor(g, "blk.1.ffn_down.weight", GPUD_TYPE_Q6_K, 2, 512, 256);
+	expect_tensor(g, "blk.1.ffn_gate.weight", GPUD_TYPE_Q4_K, 2, 256, 512);
+	expect_tensor(g, "blk.1.ffn_norm.weight", GPUD_TYPE_F32, 1, 256, 1);
+	{
+		const struct gpud_gguf_tensor *tt = gpud_gguf_find_tensor(g, "blk.1.ffn_up.weight");
+		long at = (long)gpud_gguf_data_offset(g) + (long)tt->offset + 5 * 144; /* block 5's d */
+		uint16_t nan = 0x7e00;
+		FILE *f;
+
+		gpud_gguf_close(g);
+		assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+		gpud_model_free(m);
+		m = NULL;
+		f = fopen(path, "r+b");
+		assert_non_null(f);
+		assert_int_equal(fseek(f, at, SEEK_SET), 0);
+		assert_int_equal(fwrite(&nan, 2, 1, f), 1);
+		fclose(f);
+		assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), SW_EFORMAT);
+		assert_null(m);
+		if (!strstr(err, "tensor 'blk.1.ffn_up.weight': q4_k block 5 (row 5) has a non-finite d 0x7e00"))
+			fail_msg("%s", err);
+	}
+	unlink(path);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -660,6 +775,7 @@ int main(void)
 		cmocka_unit_test(test_llama32_3b_plan),
 		cmocka_unit_test(test_qwen2_round_trip),
 		cmocka_unit_test(test_qwen25_3b_plan),
+		cmocka_unit_test(test_kquant_mix),
 	};
 	int rc = cmocka_run_group_tests(tests, NULL, NULL);
 	if (dir[0])

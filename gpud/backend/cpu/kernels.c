@@ -118,7 +118,9 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
 {
 	size_t nb, n;
 
-	if (!is_quant(wtype) || cols <= 0 || batch <= 0)
+	if (cols <= 0 || batch <= 0)
+		return 0;
+	if (!is_quant(wtype) && !gpud__kq_type(wtype))
 		return 0;
 	nb = (size_t)(cols / GPUD_QK);
 	n = (size_t)batch * nb * (sizeof(float) + sizeof(int32_t)) + (size_t)batch * (size_t)cols;
@@ -301,11 +303,12 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 	if (use_vec())
 		job.rows = gpud__x86_mm_rows;
 #endif
-	if (is_quant(wtype)) {
+	if (is_quant(wtype) || gpud__kq_type(wtype)) {
 		const int64_t nb = cols / GPUD_QK;
 		/* Offset the VNNI kernel folds in: q8_0 weights enter as
-		 * w + 128 (u8), q4_0 as their nibble w + 8. */
-		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128 : 8;
+		 * w + 128 (u8), q4_0 as their nibble w + 8. The K-quants take
+		 * the blocks' plain quant sums (off -1). */
+		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128 : wtype == GPUD_TYPE_Q4_0 ? 8 : -1;
 		float *xd = scratch;
 		int32_t *xc = (int32_t *)(xd + batch * nb);
 		int8_t *xq = (int8_t *)(xc + batch * nb);
@@ -327,7 +330,14 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			quantize_act_ref(x + b * cols, cols, off, xq + b * cols, xd + b * nb,
 					 xc + b * nb);
 		}
-		if (job.rows == mm_rows_ref)
+		if (gpud__kq_type(wtype)) {
+			job.rows = gpud__kq_mm_rows;
+#ifdef GPUD_HAVE_X86
+			if (use_vec())
+				job.rows = gpud__x86_kq_mm_rows;
+#endif
+		}
+		else if (job.rows == mm_rows_ref)
 			job.rows = mm_rows_ref_i8;
 	}
 	gpud_tp_run(tp, mm_worker, &job);

@@ -12,7 +12,9 @@
  * error against fp32 activations is ~1e-2 of sum|w*x| at worst (measured
  * in reference_test/kernels_test); a column's result never depends on its
  * batch, tile or thread. A block of x holding NaN/Inf makes its outputs
- * NaN.
+ * NaN. K-quant weights (q2_k..q6_k) take the same road, the same
+ * activation blocks, with one fp32 accumulator per pair fed super-block by
+ * super-block, chunk of 32 by chunk (kernels_kq.c states the operations).
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions (plus
  * AVX-VNNI for the int8 path) are chosen at run time (gpud_cpu_features()).
@@ -52,14 +54,16 @@ void gpud_cpu_set_features(unsigned mask);
 
 /* Scratch bytes gpud_matmul needs for a weight type, width and batch:
  * 0 for f32/f16/bf16; for q8_0/q4_0 the quantized activations,
- * batch * (cols + 8 * cols / 32) rounded up to a multiple of 64. */
+ * batch * (cols + 8 * cols / 32) rounded up to a multiple of 64 (the
+ * K-quants alike). */
 size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t batch);
 
 /* y[b*rows + r] = sum_c W[r, c] * x[b*cols + c]  for b < batch, r < rows.
  * W is rows x cols in type wtype, row-major (a GGUF tensor with
  * ne[0] = cols, ne[1] = rows). Weights are streamed once per call whatever
  * the batch: each thread takes a slice of rows and walks the batch inside.
- * cols must be a multiple of 32 for q8_0/q4_0 (any value for f32/f16/bf16).
+ * cols must be a multiple of 32 for q8_0/q4_0, of 256 for the K-quants
+ * (any value for f32/f16/bf16).
  * tp may be NULL (runs on the caller). scratch must hold
  * gpud_matmul_scratch_bytes() bytes, 4-byte aligned (may be NULL when
  * that is 0); nothing is allocated. y must not overlap x, W or scratch.
@@ -68,7 +72,7 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
  * thread count (each y element is computed by one thread in a fixed order)
  * nor on the batch size or the other columns of the batch. For float types
  * it does depend on the kernels in use (portable or AVX2: the summation
- * order differs); for q8_0/q4_0 it does not. */
+ * order differs); for q8_0/q4_0 and the K-quants it does not. */
 void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);

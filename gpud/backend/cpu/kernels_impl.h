@@ -20,12 +20,18 @@ struct gpud__mm {
 	int64_t rows, cols, batch;
 	const float *x;                  /* (batch, cols) */
 	float *y;                        /* (batch, rows) */
-	/* q8_0/q4_0 only: x quantized once per call (see kernels.h) */
+	/* q8_0/q4_0 and the K-quants: x quantized once per call (see
+	 * kernels.h; the K-quants' xc is the plain quant sum, off -1) */
 	const int8_t *xq;                /* (batch, cols) quants */
 	const float *xd;                 /* (batch, cols / 32) block scales */
 	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
 };
+
+/* kernels_kq.c: true for the K-quant weight types it multiplies; their
+ * rows (x already in m->xq/xd/xc), portable. */
+bool gpud__kq_type(enum gpud_type t);
+void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 
 /* Activation block scale from its max |x| (as Q8_0's, kept in fp32); *id
  * is 1/d or 0. Shared so that both paths produce bit-identical quants. */
@@ -47,6 +53,8 @@ static inline float gpud__q8_scale(float amax, float *id)
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(GPUD_FORCE_PORTABLE_BUILD)
 #define GPUD_HAVE_X86 1
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* kernels_kq_x86.c: the K-quant rows, the bits of the portable ones. */
+void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* gpud_dequantize_row()'s bits, vectorized; false when the type has no
  * vector version (the caller falls back to gpud_dequantize_row()). */
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);

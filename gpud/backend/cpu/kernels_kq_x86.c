@@ -1,0 +1,371 @@
+/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q2_K..Q6_K).
+ *
+ * Same operations as kernels_kq.c, so the same bits: 8 weight rows ride in
+ * the 8 lanes of one accumulator per batch column. Per super-block and
+ * 32-chunk c, the 8 rows' chunk quants are unpacked and transposed once
+ * (T[g] lane r = quants 4g..4g+3 of row r, as the q8_0/q4_0 kernel keeps
+ * its blocks), so each column costs 8 vpmaddubsw against 4 broadcast
+ * activation bytes and 8 vpmaddwd by the rows' sub-block scales, with no
+ * horizontal sums: lane r holds row r's exact integer t. Then, lane by
+ * lane, the portable fp32 steps:
+ *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
+ *     (float)mt, acc).
+ * Q3_K/Q6_K quants (stored +4/+32) are made signed and multiplied with
+ * the sign trick (|w| times x with w's sign). Q2_K's mins multiply the
+ * 16-wide activation sums.
+ *
+ * Compiled with target attributes: call only once gpud_cpu_features()
+ * reported AVX2+FMA+F16C.
+ */
+#include "gpud/backend/cpu/kernels_impl.h"
+
+#ifdef GPUD_HAVE_X86
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <string.h>
+
+#define TGT __attribute__((target("avx2,fma,f16c")))
+#define TGT_INLINE static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+#define KQ_ROWS 8
+#define KQ_BC 8 /* batch columns per pass over a row group */
+
+TGT_INLINE __m256i bcast4(const int8_t *p)
+{
+	int32_t v;
+
+	memcpy(&v, p, sizeof(v));
+	return _mm256_set1_epi32(v);
+}
+
+/* 8x8 transpose of 32-bit elements: out[g] lane r = in[r] lane g. */
+TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
+{
+	__m256i t[8], u[8];
+
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
+		t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
+	}
+	_Pragma("GCC unroll 2")
+	for (int k = 0; k < 2; k++) {
+		u[4 * k + 0] = _mm256_unpacklo_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k + 0], t[4 * k + 2]);
+		u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
+		u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
+	}
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
+		out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
+	}
+}
+
+/* Chunk c (32 quants, u8) of one super-block of row type QT. */
+TGT_INLINE __m256i unpack_chunk(enum gpud_type QT, const uint8_t *blk, int c)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+		const int h = c / 4, j = c % 4;
+		const uint8_t *qs = QT == GPUD_TYPE_Q2_K ? ((const struct gpud_block_q2_k *)blk)->qs
+							 : ((const struct gpud_block_q3_k *)blk)->qs;
+		__m256i q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+
+		q = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * j)),
+				     _mm256_set1_epi8(3));
+		if (QT == GPUD_TYPE_Q3_K) {
+			__m256i hb = _mm256_loadu_si256(
+				(const __m256i *)((const struct gpud_block_q3_k *)blk)->hmask);
+
+			hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(c)),
+					      _mm256_set1_epi8(1));
+			q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 2));
+		}
+		return q;
+	}
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+		const uint8_t *qs = QT == GPUD_TYPE_Q4_K ? ((const struct gpud_block_q4_k *)blk)->qs
+							 : ((const struct gpud_block_q5_k *)blk)->qs;
+		__m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * (c / 2)));
+		__m256i q = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+
+		if (QT == GPUD_TYPE_Q5_K) {
+			__m256i h = _mm256_loadu_si256(
+				(const __m256i *)((const struct gpud_block_q5_k *)blk)->qh);
+
+			h = _mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(c)),
+					     _mm256_set1_epi8(1));
+			q = _mm256_or_si256(q, _mm256_slli_epi16(h, 4));
+		}
+		return q;
+	} else {
+		const struct gpud_block_q6_k *b = (const struct gpud_block_q6_k *)blk;
+		int h = c / 4, k = c % 4;
+		__m256i l = _mm256_loadu_si256((const __m256i *)(b->ql + 64 * h + 32 * (k & 1)));
+		__m256i hb = _mm256_loadu_si256((const __m256i *)(b->qh + 32 * h));
+
+		l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+		hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)),
+				      _mm256_set1_epi8(3));
+		return _mm256_or_si256(l, _mm256_slli_epi16(hb, 4));
+	}
+}
+
+/* Q4_K/Q5_K: the 8 6-bit scales and 8 mins of one block's 12 packed
+ * bytes, four at a time in 32-bit words (quant.h's layout: sub-blocks
+ * 0-3 in the low 6 bits of bytes 0-3 / 4-7, sub-blocks 4-7 in the nibbles
+ * of bytes 8-11 plus the top 2 bits of bytes 0-3 / 4-7). */
+static inline void unpack_scale_min(const uint8_t *q, uint8_t sc[8], uint8_t mn[8])
+{
+	uint32_t u0, u1, u2, v;
+
+	memcpy(&u0, q, 4);
+	memcpy(&u1, q + 4, 4);
+	memcpy(&u2, q + 8, 4);
+	v = u0 & 0x3f3f3f3f;
+	memcpy(sc, &v, 4);
+	v = (u2 & 0x0f0f0f0f) | ((u0 >> 6) & 0x03030303) << 4;
+	memcpy(sc + 4, &v, 4);
+	v = u1 & 0x3f3f3f3f;
+	memcpy(mn, &v, 4);
+	v = ((u2 >> 4) & 0x0f0f0f0f) | ((u1 >> 6) & 0x03030303) << 4;
+	memcpy(mn + 4, &v, 4);
+}
+
+/* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
+ * accumulator in a register). */
+TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, int64_t r0,
+			int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
+	const bool mins = QT != GPUD_TYPE_Q6_K && QT != GPUD_TYPE_Q3_K;
+	/* the quants' storage offset (Q3_K +4, Q6_K +32), taken back in i16 */
+	const int qoff = QT == GPUD_TYPE_Q6_K ? 32 : QT == GPUD_TYPE_Q3_K ? 4 : 0;
+	const __m256 sign = _mm256_set1_ps(-0.0f);
+	const size_t bsz = gpud_type_block_bytes(QT);
+
+	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
+		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;
+		const uint8_t *w[KQ_ROWS];
+
+		/* Rows past r1 repeat the last one; their lanes are dropped. */
+		for (int k = 0; k < KQ_ROWS; k++)
+			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		for (int64_t b0 = 0; b0 < m->batch; b0 += bcmax) {
+			const int64_t bc = m->batch - b0 < bcmax ? m->batch - b0 : bcmax;
+			__m256 acc[KQ_BC];
+
+			for (int64_t b = 0; b < bc; b++)
+				acc[b] = _mm256_setzero_ps();
+			for (int64_t i = 0; i < nb; i++) {
+				uint8_t sc[KQ_ROWS][8], mn[KQ_ROWS][8];
+				float dv[KQ_ROWS], dmv[KQ_ROWS];
+				__m256 dw, dmin = _mm256_setzero_ps();
+
+				_Pragma("GCC unroll 8")
+				for (int k = 0; k < KQ_ROWS; k++) {
+					const uint8_t *blk = w[k] + (size_t)i * bsz;
+					uint16_t h[2];
+
+					/* The same block of the next row group, read one
+					 * group later (as the q8_0/q4_0 kernel does); past
+					 * the slice or the matrix it is a harmless hint. */
+					for (size_t o = 0; o < bsz; o += 64)
+						_mm_prefetch((const char *)blk + KQ_ROWS * m->wrow + o,
+							     _MM_HINT_T0);
+
+					if (QT == GPUD_TYPE_Q6_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q6_k, d), 2);
+						dv[k] = _cvtsh_ss(h[0]);
+						continue;
+					}
+					if (QT == GPUD_TYPE_Q3_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q3_k, d), 2);
+						dv[k] = _cvtsh_ss(h[0]);
+						continue;
+					}
+					if (QT == GPUD_TYPE_Q2_K) {
+						memcpy(h, blk + offsetof(struct gpud_block_q2_k, d), 4);
+						dv[k] = _cvtsh_ss(h[0]);
+						dmv[k] = _cvtsh_ss(h[1]);
+						continue;
+					}
+					memcpy(h, blk, 4); /* d, dmin */
+					dv[k] = _cvtsh_ss(h[0]);
+					dmv[k] = _cvtsh_ss(h[1]);
+					unpack_scale_min(blk + 4, sc[k], mn[k]);
+				}
+				dw = _mm256_loadu_ps(dv);
+				if (mins)
+					dmin = _mm256_loadu_ps(dmv);
+				for (int c = 0; c < 8; c++) {
+					__m256i W[KQ_ROWS], T[8], sa, sb, ma = _mm256_setzero_si256(),
+						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256();
+					int32_t s32a[KQ_ROWS], s32b[KQ_ROWS], m32a[KQ_ROWS], m32b[KQ_ROWS];
+
+					_Pragma("GCC unroll 8")
+					for (int k = 0; k < KQ_ROWS; k++) {
+						const uint8_t *blk = w[k] + (size_t)i * bsz;
+
+						W[k] = unpack_chunk(QT, blk, c);
+						/* signed quants for the sign trick below */
+						if (qoff)
+							W[k] = _mm256_sub_epi8(W[k], _mm256_set1_epi8((char)qoff));
+						if (QT == GPUD_TYPE_Q6_K) {
+							const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
+
+							s32a[k] = s6[2 * c];
+							s32b[k] = s6[2 * c + 1];
+						} else if (QT == GPUD_TYPE_Q3_K) {
+							const uint8_t *s3 = ((const struct gpud_block_q3_k *)blk)->scales;
+
+							s32a[k] = gpud_q3k_scale(s3, 2 * c);
+							s32b[k] = gpud_q3k_scale(s3, 2 * c + 1);
+						} else if (QT == GPUD_TYPE_Q2_K) {
+							const uint8_t *s2 = ((const struct gpud_block_q2_k *)blk)->scales;
+
+							s32a[k] = s2[2 * c] & 15;
+							s32b[k] = s2[2 * c + 1] & 15;
+							m32a[k] = s2[2 * c] >> 4;
+							m32b[k] = s2[2 * c + 1] >> 4;
+						} else {
+							s32a[k] = s32b[k] = sc[k][c];
+						}
+					}
+					/* T[g] lane r: quants 4g..4g+3 of row r */
+					transpose8(W, T);
+					/* i16 pairs of lane r: the row's scale (vpmaddwd) */
+					/* Q4_K/Q5_K: built from scalars (a vector load of
+					 * just-stored scalars stalled on store forwarding:
+					 * 2x slower); Q6_K measured faster loading them. */
+					if (QT == GPUD_TYPE_Q6_K)
+						sa = _mm256_loadu_si256((const __m256i *)s32a);
+					else
+						sa = _mm256_setr_epi32(s32a[0], s32a[1], s32a[2], s32a[3],
+								       s32a[4], s32a[5], s32a[6], s32a[7]);
+					sa = _mm256_or_si256(_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
+							     _mm256_slli_epi32(sa, 16));
+					if (QT == GPUD_TYPE_Q6_K)
+						sb = _mm256_loadu_si256((const __m256i *)s32b);
+					else
+						sb = _mm256_setr_epi32(s32b[0], s32b[1], s32b[2], s32b[3],
+								       s32b[4], s32b[5], s32b[6], s32b[7]);
+					sb = _mm256_or_si256(_mm256_and_si256(sb, _mm256_set1_epi32(0xffff)),
+							     _mm256_slli_epi32(sb, 16));
+					if (QT == GPUD_TYPE_Q2_K) {
+						ma = _mm256_setr_epi32(m32a[0], m32a[1], m32a[2], m32a[3],
+								       m32a[4], m32a[5], m32a[6], m32a[7]);
+						mb = _mm256_setr_epi32(m32b[0], m32b[1], m32b[2], m32b[3],
+								       m32b[4], m32b[5], m32b[6], m32b[7]);
+					} else if (mins) {
+						mv = _mm256_setr_epi32(mn[0][c], mn[1][c], mn[2][c], mn[3][c],
+								       mn[4][c], mn[5][c], mn[6][c], mn[7][c]);
+					}
+					for (int64_t b = 0; b < bc; b++) {
+						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
+						const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK_K + 32 * c;
+						__m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256(), t;
+						__m256 xd = _mm256_set1_ps(m->xd[xi]);
+
+						_Pragma("GCC unroll 8")
+						for (int g = 0; g < 8; g++) {
+							__m256i xb = bcast4(xq + 4 * g), p;
+
+							if (qoff)
+								p = _mm256_maddubs_epi16(_mm256_abs_epi8(T[g]),
+											 _mm256_sign_epi8(xb, T[g]));
+							else
+								p = _mm256_maddubs_epi16(T[g], xb);
+							if (g < 4)
+								t0 = _mm256_add_epi32(t0, _mm256_madd_epi16(p, sa));
+							else
+								t1 = _mm256_add_epi32(t1, _mm256_madd_epi16(p, sb));
+						}
+						t = _mm256_add_epi32(t0, t1);
+						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
+									 _mm256_cvtepi32_ps(t), acc[b]);
+						if (mins) {
+							__m256i mt;
+
+							if (QT == GPUD_TYPE_Q2_K) {
+								int32_t xa = 0, xb2 = 0;
+
+								for (int l = 0; l < 16; l++) {
+									xa += xq[l];
+									xb2 += xq[16 + l];
+								}
+								mt = _mm256_add_epi32(
+									_mm256_mullo_epi32(ma, _mm256_set1_epi32(xa)),
+									_mm256_mullo_epi32(mb, _mm256_set1_epi32(xb2)));
+							} else {
+								mt = _mm256_mullo_epi32(
+									mv, _mm256_set1_epi32(m->xc[xi]));
+							}
+							__m256 f = _mm256_xor_ps(_mm256_mul_ps(dmin, xd), sign);
+
+							acc[b] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(mt), acc[b]);
+						}
+					}
+				}
+			}
+			for (int64_t b = 0; b < bc; b++) {
+				float *y = m->y + (b0 + b) * m->rows + r;
+
+				if (nr == KQ_ROWS) {
+					_mm256_storeu_ps(y, acc[b]);
+				} else {
+					float tmp[KQ_ROWS];
+
+					_mm256_storeu_ps(tmp, acc[b]);
+					memcpy(y, tmp, sizeof(float) * (size_t)nr);
+				}
+			}
+		}
+	}
+}
+
+TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	const bool one = m->batch == 1;
+
+	switch (m->wtype) {
+	case GPUD_TYPE_Q4_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q4_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q4_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q5_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q5_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q5_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q6_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q6_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q6_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q2_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q2_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q2_K, KQ_BC, r0, r1);
+		break;
+	case GPUD_TYPE_Q3_K:
+		if (one)
+			kq_rows(m, GPUD_TYPE_Q3_K, 1, r0, r1);
+		else
+			kq_rows(m, GPUD_TYPE_Q3_K, KQ_BC, r0, r1);
+		break;
+	default:
+		gpud__kq_mm_rows(m, r0, r1);
+		break;
+	}
+}
+
+#endif /* GPUD_HAVE_X86 */
