@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "proto/mask.h"
 
 int http_fail(struct http_err *e, int status, const char *param, const char *code,
@@ -530,39 +531,6 @@ const char *http_finish_reason(uint32_t stop_reason)
 	return stop_reason == PROTO_STOP_MAX_TOKENS ? "length" : "stop";
 }
 
-/* Length of the valid UTF-8 sequence at s[0, n), or 0. */
-static size_t utf8_seq(const unsigned char *s, size_t n)
-{
-	size_t len;
-	uint32_t cp;
-
-	if (s[0] < 0x80)
-		return 1;
-	if ((s[0] & 0xe0) == 0xc0) {
-		len = 2;
-		cp = s[0] & 0x1f;
-	} else if ((s[0] & 0xf0) == 0xe0) {
-		len = 3;
-		cp = s[0] & 0x0f;
-	} else if ((s[0] & 0xf8) == 0xf0) {
-		len = 4;
-		cp = s[0] & 0x07;
-	} else {
-		return 0;
-	}
-	if (len > n)
-		return 0;
-	for (size_t i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (s[i] & 0x3f);
-	}
-	if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && cp < 0x10000) ||
-	    cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
-
 /* dst = src with every byte that is not part of valid UTF-8 as '?'
  * (messages quote the client's bytes, and JSON strings must be UTF-8). */
 static void utf8_clean(char *dst, const char *src, size_t cap)
@@ -570,7 +538,7 @@ static void utf8_clean(char *dst, const char *src, size_t cap)
 	size_t n = strlen(src), i = 0, o = 0;
 
 	while (i < n && o + 4 < cap) {
-		size_t l = utf8_seq((const unsigned char *)src + i, n - i);
+		size_t l = sw_utf8_char((const unsigned char *)src + i, n - i);
 		if (l == 0) {
 			dst[o++] = '?';
 			i++;
@@ -598,7 +566,7 @@ static json_t *text_json(const char *t, size_t n)
 	if (!c)
 		return NULL;
 	while (i < n) {
-		size_t l = utf8_seq((const unsigned char *)t + i, n - i);
+		size_t l = sw_utf8_char((const unsigned char *)t + i, n - i);
 		if (l == 0) {
 			memcpy(c + o, "\xef\xbf\xbd", 3);
 			o += 3;

@@ -11,50 +11,18 @@
 #include "agentd/tasks/tasks.h"
 #include "common/err.h"
 #include "common/log.h"
+#include "common/utf8.h"
 
 #define DEFAULT_CHUNK_TOKENS 128
 
-/* Position of the first byte that breaks UTF-8, or len when valid. */
+/* Position of the first byte that breaks UTF-8 or is a NUL, or len when
+ * neither (a document is text: PostgreSQL refuses NUL in text). */
 static size_t utf8_invalid_at(const unsigned char *s, size_t len)
 {
-	size_t i = 0;
+	size_t bad = sw_utf8_invalid_at(s, len);
+	const unsigned char *nul = memchr(s, 0, bad);
 
-	while (i < len) {
-		unsigned char c = s[i];
-		size_t n;
-		uint32_t cp;
-
-		if (c < 0x80) {
-			if (c == 0)
-				return i;
-			i++;
-			continue;
-		}
-		if (c >= 0xc2 && c <= 0xdf) {
-			n = 1;
-			cp = c & 0x1f;
-		} else if (c >= 0xe0 && c <= 0xef) {
-			n = 2;
-			cp = c & 0x0f;
-		} else if (c >= 0xf0 && c <= 0xf4) {
-			n = 3;
-			cp = c & 0x07;
-		} else {
-			return i;
-		}
-		if (len - i <= n)
-			return i;
-		for (size_t k = 1; k <= n; k++) {
-			if ((s[i + k] & 0xc0) != 0x80)
-				return i;
-			cp = (cp << 6) | (s[i + k] & 0x3f);
-		}
-		if ((n == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) ||
-		    (n == 3 && (cp < 0x10000 || cp > 0x10ffff)))
-			return i;
-		i += n + 1;
-	}
-	return len;
+	return nul ? (size_t)(nul - s) : bad;
 }
 
 struct counter {

@@ -32,51 +32,17 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "common/utf8.h"
 #include "gpud/jsonw.h"
 #include "gpud/stats.h"
 #include "tests/fuzz/fuzz.h"
-
-/* Length of the valid UTF-8 character at s (n bytes left), 0 if none:
- * decodes the code point and refuses overlongs, surrogates and values
- * past U+10FFFF. */
-static size_t utf8_char(const unsigned char *s, size_t n)
-{
-	static const uint32_t min[5] = { 0, 0, 0x80, 0x800, 0x10000 };
-	size_t len;
-	uint32_t cp;
-
-	if (s[0] < 0x80)
-		return 1;
-	if ((s[0] & 0xe0) == 0xc0) {
-		len = 2;
-		cp = s[0] & 0x1f;
-	} else if ((s[0] & 0xf0) == 0xe0) {
-		len = 3;
-		cp = s[0] & 0x0f;
-	} else if ((s[0] & 0xf8) == 0xf0) {
-		len = 4;
-		cp = s[0] & 0x07;
-	} else {
-		return 0;
-	}
-	if (n < len)
-		return 0;
-	for (size_t i = 1; i < len; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = cp << 6 | (s[i] & 0x3f);
-	}
-	if (cp < min[len] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-		return 0;
-	return len;
-}
 
 static bool valid_utf8(const char *str, size_t n)
 {
 	const unsigned char *s = (const unsigned char *)str;
 
 	for (size_t i = 0, k; i < n; i += k)
-		if ((k = utf8_char(s + i, n - i)) == 0)
+		if ((k = sw_utf8_char(s + i, n - i)) == 0)
 			return false;
 	return true;
 }
@@ -88,7 +54,7 @@ static size_t fix_utf8(const char *str, size_t n, char *out)
 	size_t i = 0, o = 0, k;
 
 	while (i < n) {
-		if ((k = utf8_char(s + i, n - i)) == 0) {
+		if ((k = sw_utf8_char(s + i, n - i)) == 0) {
 			memcpy(out + o, "\xef\xbf\xbd", 3);
 			o += 3;
 			i++;
