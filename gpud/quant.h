@@ -142,12 +142,14 @@ struct gpud_block_q8_k {
 	int16_t bsums[GPUD_QK_K / 16];
 };
 
+#ifndef __cplusplus /* C11's spelling; the CUDA sources (C++) include this too */
 _Static_assert(sizeof(struct gpud_block_q2_k) == 84, "q2_k block");
 _Static_assert(sizeof(struct gpud_block_q3_k) == 110, "q3_k block");
 _Static_assert(sizeof(struct gpud_block_q4_k) == 144, "q4_k block");
 _Static_assert(sizeof(struct gpud_block_q5_k) == 176, "q5_k block");
 _Static_assert(sizeof(struct gpud_block_q6_k) == 210, "q6_k block");
 _Static_assert(sizeof(struct gpud_block_q8_k) == 292, "q8_k block");
+#endif
 
 /* The 6-bit scale and min of sub-block s (0..7) of a Q4_K/Q5_K block's
  * 12 packed bytes (layout in the header comment). */

@@ -844,14 +844,17 @@ extern "C" int gpud_cuda_device_info(int ordinal, struct gpud_cuda_devinfo *info
 	return 0;
 }
 
+// Positional (C++17 has no designated initializers): one line per slot of
+// struct gpud_backend_ops, in its order; a slot added there is added here.
 extern "C" const struct gpud_backend_ops gpud_cuda_backend = {
-	"cuda",
-	cuda_scratch_bytes,
-	cuda_init,
-	cuda_destroy,
-	cuda_forward,
-	cuda_logits,
-	cuda_hidden,
-	cuda_kv_copy,
-	cuda_stats,
+	/* name */ "cuda",
+	/* scratch_bytes */ cuda_scratch_bytes,
+	/* init */ cuda_init,
+	/* destroy */ cuda_destroy,
+	/* forward */ cuda_forward,
+	/* logits */ cuda_logits,
+	/* hidden */ cuda_hidden,
+	/* kv_copy */ cuda_kv_copy,
+	/* kv_copy_shift */ nullptr, // no chunk-KV cache on CUDA yet: recomputed
+	/* stats */ cuda_stats,
 };
