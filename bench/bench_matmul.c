@@ -9,7 +9,11 @@
  * GB/s counts weight bytes read once per call; GFLOP/s is 2*rows*cols*batch
  * per call; "x b1" is the aggregate speed-up over batch 1 (batch * t1 / tb).
  * Timings are the fastest single call out of 0.2 s of calls (0.05 s with
- * "quick"). Usage: bench_matmul [quick|full] [type]   (type: f32 ... q6_k)
+ * "quick"). "3b" measures the llama-3.2-3b preset's matrices instead
+ * (3072x3072: attn_q/attn_output, 8192x3072: ffn_gate/ffn_up, 3072x8192:
+ * ffn_down) at batch 1 (decode) and 32 (bench_engine's prefill step).
+ * Usage: bench_matmul [quick|full|3b] [type]   (type: f32 ... q6_k, or
+ * q4_0p: q4_0 in the CPU backend's packed layout, gpud_matmul_packed())
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,8 +28,13 @@ static const enum gpud_type types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
 	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
 };
-static const long shapes[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
-static const int batches[] = { 1, 4, 16 };
+static const long shapes_110m[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
+static const long shapes_3b[][2] = { { 3072, 3072 }, { 8192, 3072 }, { 3072, 8192 } };
+static const int batches_110m[] = { 1, 4, 16 };
+static const int batches_3b[] = { 1, 4, 32 };
+#define MAX_COLS 8192
+#define MAX_ROWS 32000
+#define MAX_BATCH 32
 
 static uint64_t rng = 88172645463325252ull;
 
@@ -48,6 +57,7 @@ struct setup {
 	const float *x;
 	float *y;
 	void *scratch;
+	int packed;
 };
 
 /* Seconds of the fastest single call over min_s of calls: on a shared
@@ -66,7 +76,12 @@ static double time_calls(const struct setup *s, int cold, double min_s)
 		if (cold)
 			W += (size_t)(cursor++ % s->ncopies) * s->wbytes;
 		t0 = bench_now();
-		gpud_matmul(s->tp, s->t, W, s->rows, s->cols, s->x, s->batch, s->y, s->scratch);
+		if (s->packed)
+			gpud_matmul_packed(s->tp, s->t, W, s->rows, s->cols, s->x, s->batch, s->y,
+					   s->scratch);
+		else
+			gpud_matmul(s->tp, s->t, W, s->rows, s->cols, s->x, s->batch, s->y,
+				    s->scratch);
 		t = bench_now() - t0;
 		if (t < best)
 			best = t;
@@ -77,13 +92,17 @@ static double time_calls(const struct setup *s, int cold, double min_s)
 int main(int argc, char **argv)
 {
 	int quick = argc > 1 && strcmp(argv[1], "quick") == 0;
+	int big = argc > 1 && strcmp(argv[1], "3b") == 0;
+	const long(*shapes)[2] = big ? shapes_3b : shapes_110m;
+	const int *batches = big ? batches_3b : batches_110m;
 	const char *only = argc > 2 ? argv[2] : NULL;
+	int packed = only && strcmp(only, "q4_0p") == 0;
 	double min_s = quick ? 0.05 : 0.2;
 	size_t llc = bench_llc_bytes(), arena_bytes = 4 * llc;
 	char machine[512], date[64];
 	double mc[3];
 	struct gpud_tp *tps[3] = { NULL };
-	unsigned char *arena;
+	unsigned char *arena, *plain;
 	float *x, *y, *wf;
 	void *scratch;
 
@@ -100,15 +119,16 @@ int main(int argc, char **argv)
 	printf("# weight arena for cold runs: %zu MiB (LLC %zu KiB)\n\n", arena_bytes >> 20, llc >> 10);
 
 	arena = aligned_alloc(4096, arena_bytes);
-	x = malloc(sizeof(float) * 16 * 768);
-	y = malloc(sizeof(float) * 16 * 32000);
-	wf = malloc(sizeof(float) * 768);
-	scratch = aligned_alloc(64, gpud_matmul_scratch_bytes(GPUD_TYPE_Q8_0, 768, 16) + 64);
-	if (!arena || !x || !y || !wf || !scratch) {
+	plain = malloc((size_t)MAX_ROWS * MAX_COLS);
+	x = malloc(sizeof(float) * MAX_BATCH * MAX_COLS);
+	y = malloc(sizeof(float) * MAX_BATCH * MAX_ROWS);
+	wf = malloc(sizeof(float) * MAX_COLS);
+	scratch = aligned_alloc(64, gpud_matmul_scratch_bytes(GPUD_TYPE_Q8_0, MAX_COLS, MAX_BATCH) + 64);
+	if (!arena || !plain || !x || !y || !wf || !scratch) {
 		fprintf(stderr, "bench_matmul: out of memory\n");
 		return 1;
 	}
-	for (int i = 0; i < 16 * 768; i++)
+	for (int i = 0; i < MAX_BATCH * MAX_COLS; i++)
 		x[i] = rndf();
 	for (int th = 1; th <= 2; th++) {
 		if (gpud_tp_create(&tps[th], th) != 0) {
@@ -120,9 +140,9 @@ int main(int argc, char **argv)
 	printf("| type | rows x cols | thr | batch | cold GB/s | cold GFLOP/s | %% memcpy | x b1 | hot GB/s | hot GFLOP/s |\n");
 	printf("|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-		if (only && strcmp(only, gpud_type_name(types[ti])) != 0)
+		if (only && strcmp(packed ? "q4_0" : only, gpud_type_name(types[ti])) != 0)
 			continue;
-		for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+		for (size_t si = 0; si < 3; si++) {
 			long rows = shapes[si][0], cols = shapes[si][1];
 			size_t rb = gpud_type_row_bytes(types[ti], (uint64_t)cols), wbytes = rb * (size_t)rows;
 			long ncopies = (long)(arena_bytes / wbytes);
@@ -131,7 +151,15 @@ int main(int argc, char **argv)
 			for (long r = 0; r < rows; r++) {
 				for (long c = 0; c < cols; c++)
 					wf[c] = rndf() * 0.05f;
-				gpud_quantize_row(types[ti], wf, arena + (size_t)r * rb, cols);
+				gpud_quantize_row(types[ti], wf, (packed ? plain : arena) + (size_t)r * rb,
+						  cols);
+			}
+			if (packed) {
+				if (!gpud_matmul_packable(types[ti], rows, cols)) {
+					fprintf(stderr, "bench_matmul: q4_0p: no packed kernels here\n");
+					return 1;
+				}
+				gpud_matmul_pack(types[ti], plain, arena, rows, cols);
 			}
 			for (long k = 1; k < ncopies; k++)
 				memcpy(arena + (size_t)k * wbytes, arena, wbytes);
@@ -144,6 +172,7 @@ int main(int argc, char **argv)
 						.tp = tps[th], .t = types[ti], .rows = rows, .cols = cols,
 						.batch = batches[bi], .arena = arena, .wbytes = wbytes,
 						.ncopies = ncopies, .x = x, .y = y, .scratch = scratch,
+						.packed = packed,
 					};
 					double tc = time_calls(&s, 1, min_s);
 					double th_ = time_calls(&s, 0, min_s);
@@ -152,7 +181,7 @@ int main(int argc, char **argv)
 					if (bi == 0)
 						t1 = tc;
 					printf("| %s | %ldx%ld | %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n",
-					       gpud_type_name(types[ti]), rows, cols, th, batches[bi],
+					       packed ? "q4_0p" : gpud_type_name(types[ti]), rows, cols, th, batches[bi],
 					       wbytes / tc * 1e-9, flop / tc * 1e-9,
 					       100.0 * (wbytes / tc * 1e-9) / mc[th],
 					       batches[bi] * t1 / tc,
@@ -165,6 +194,7 @@ int main(int argc, char **argv)
 	for (int th = 1; th <= 2; th++)
 		gpud_tp_destroy(tps[th]);
 	free(arena);
+	free(plain);
 	free(x);
 	free(y);
 	free(wf);

@@ -79,6 +79,8 @@ struct gpud_backend_stats {
 	size_t kv_bytes;        /* KV storage reserved */
 	size_t scratch_bytes;   /* step scratch reserved */
 	size_t scratch_high;    /* scratch actually used, high-water */
+	size_t weight_bytes;    /* weights the instance holds itself, beyond the
+				 * model's mapping (CPU: packed copies) */
 	uint64_t allocs_after_init; /* allocations made after init: must stay 0 */
 	uint64_t steps;
 	uint64_t tokens;

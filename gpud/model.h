@@ -78,6 +78,9 @@ struct gpud_weight {
 	int64_t rows;
 	int64_t cols;
 	const void *data; /* into the mapping; owned by the model */
+	bool packed;      /* data is in the CPU kernels' packed layout
+			   * (backend/cpu/kernels.h); set only on the CPU
+			   * backend's own copies, never by the model */
 };
 
 struct gpud_layer_weights {

@@ -485,6 +485,83 @@ static void test_matmul_int8_paths_identical(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
+/* The packed q4_0 layout (kernels.h): the same bits as the plain matrix
+ * on every path (packed vector, packed portable, plain), at every batch
+ * size, on whole matrices, on 8-row-aligned slices and through a thread
+ * pool; gpud_matmul_packable() only with the vector kernels, for q4_0 and
+ * rows a multiple of 8. */
+static void test_matmul_packed_q4_0(void **state)
+{
+	static const int64_t rshapes[][2] = { { 8, 32 }, { 24, 96 }, { 64, 160 }, { 40, 1184 } };
+	struct gpud_tp *tp = NULL;
+
+	(void)state;
+	if (!have_vec())
+		skip();
+	assert_int_equal(gpud_tp_create(&tp, 3), 0);
+	assert_true(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 12, 64));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q8_0, 16, 64));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 16, 64));
+	gpud_cpu_set_features(0);
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
+	gpud_cpu_set_features(~0u);
+	for (size_t s = 0; s < 4; s++) {
+		const enum gpud_type t = GPUD_TYPE_Q4_0;
+		size_t wbytes, rb;
+		struct mm_case c;
+		uint8_t *pk;
+		float *y3;
+
+		rng_state = 6500 + s;
+		mm_case_init(&c, t, rshapes[s][0], rshapes[s][1]);
+		rb = gpud_type_row_bytes(t, (uint64_t)c.cols);
+		wbytes = rb * (size_t)c.rows;
+		pk = malloc(wbytes);
+		y3 = malloc(sizeof(float) * 17 * c.rows);
+		assert_non_null(pk);
+		assert_non_null(y3);
+		if (s == 1)
+			for (int64_t k = 0; k < 32; k++)
+				c.x[k] = (k & 1) ? -4.0f : 4.0f; /* +-max quants */
+		gpud_matmul_pack(t, c.w, pk, c.rows, c.cols);
+		/* a real reordering, the same bytes */
+		if (c.rows > 8)
+			assert_memory_not_equal(pk, c.w, wbytes);
+		for (int64_t batch = 1; batch <= 17; batch++) {
+			gpud_cpu_set_features(~0u);
+			gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
+			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
+			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+			gpud_matmul_packed(tp, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
+			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+			gpud_cpu_set_features(VEC); /* AVX2 without VNNI */
+			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
+			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+			gpud_cpu_set_features(0); /* the portable reader of the layout */
+			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
+			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+		}
+		gpud_cpu_set_features(~0u);
+		/* a slice of rows from group 1 on, as the fused decode sections
+		 * take them */
+		if (c.rows >= 16) {
+			int64_t n = c.rows - 8;
+
+			gpud_matmul_packed(NULL, t, pk + 8 * rb, n, c.cols, c.x, 3, y3, c.scratch);
+			gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, 3, c.y, c.scratch);
+			for (int64_t b = 0; b < 3; b++)
+				assert_memory_equal(y3 + b * n, c.y + b * c.rows + 8,
+						    sizeof(float) * (size_t)n);
+		}
+		free(pk);
+		free(y3);
+		mm_case_free(&c);
+	}
+	gpud_tp_destroy(tp);
+	gpud_cpu_set_features(~0u);
+}
+
 /* q8_0/q4_0: an activation block with NaN or Inf makes that column's
  * outputs NaN (as fp32 would, instead of a finite garbage value), other
  * columns are unaffected; an all-zero or tiny block contributes 0. */
@@ -562,6 +639,7 @@ int main(void)
 		cmocka_unit_test(test_matmul_odd_width_float),
 		cmocka_unit_test(test_matmul_int8_paths_identical),
 		cmocka_unit_test(test_matmul_int8_specials),
+		cmocka_unit_test(test_matmul_packed_q4_0),
 		cmocka_unit_test(test_matmul_empty_and_scratch),
 	};
 

@@ -33,7 +33,14 @@
 struct cpu_ctx {
 	struct gpud_backend_config cfg;
 	const struct gpud_model_hparams *hp;
-	const struct gpud_model_weights *w;
+	const struct gpud_model_weights *w; /* the model's, or &pw */
+	/* The weights as this instance reads them: the model's, except the
+	 * layer matrices the kernels read faster in their packed layout,
+	 * copied and packed at init (pack_weights()). */
+	struct gpud_model_weights pw;
+	struct gpud_layer_weights *players;
+	uint8_t *packed;
+	size_t packed_bytes;
 	struct gpud_tp *tp;
 	int nth;
 	uint32_t q_dim, kv_dim;
@@ -349,6 +356,17 @@ static void par(struct cpu_ctx *c, gpud_tp_fn fn, uint64_t work)
 		gpud_tp_run(c->tp, fn, c);
 }
 
+/* gpud_matmul on rows of w starting at W (a slice of w's data starting on
+ * a multiple of 8 rows), in w's layout. */
+static void mm_call(struct gpud_tp *tp, const struct gpud_weight *w, const void *W, int64_t rows,
+		    const float *x, int64_t n, float *y, void *scratch)
+{
+	if (w->packed)
+		gpud_matmul_packed(tp, w->type, W, rows, w->cols, x, n, y, scratch);
+	else
+		gpud_matmul(tp, w->type, W, rows, w->cols, x, n, y, scratch);
+}
+
 /* Batch-1 fusion: several matrices over the same input in one parallel
  * section, each thread taking one contiguous slice of their stacked rows.
  * Decode steps thus wake the pool 4 times per layer instead of 7+. */
@@ -363,9 +381,8 @@ static float *mm_slice(struct cpu_ctx *c, const struct mm_job *jb, long r0, long
 	float *dst = T == 1 ? jb->y + r0 : tmp;
 
 	assert(T == 1 || (size_t)T * (size_t)(r1 - r0) <= c->fuse_tmp_floats);
-	gpud_matmul(NULL, w->type,
-		    (const uint8_t *)w->data + (size_t)r0 * gpud_type_row_bytes(w->type, w->cols),
-		    r1 - r0, w->cols, jb->x, T, dst, c->mm1 + (size_t)ith * c->mm1_stride);
+	mm_call(NULL, w, (const uint8_t *)w->data + (size_t)r0 * gpud_type_row_bytes(w->type, w->cols),
+		r1 - r0, jb->x, T, dst, c->mm1 + (size_t)ith * c->mm1_stride);
 	return dst;
 }
 
@@ -441,8 +458,7 @@ static void matmul(struct cpu_ctx *c, const struct gpud_weight *w, const float *
 {
 	uint64_t work = (uint64_t)w->rows * (uint64_t)w->cols * n;
 
-	gpud_matmul(work < 4 * PAR_MIN_WORK ? NULL : c->tp, w->type, w->data, w->rows, w->cols,
-		    x, n, y, c->mm);
+	mm_call(work < 4 * PAR_MIN_WORK ? NULL : c->tp, w, w->data, w->rows, x, n, y, c->mm);
 }
 
 static void run_add_norm(struct cpu_ctx *c, bool add, const float *norm_w)
@@ -542,8 +558,8 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 	return n > cur ? n : cur;
 }
 
-/* The plan's figure (gpud_backend_ops.scratch_bytes): the carve of
- * cpu_init below with the per-thread attention and fused-section buffers
+/* The plan's figure (gpud_backend_ops.scratch_bytes): the packed weight
+ * copies plus the carve of cpu_init below with the per-thread attention and fused-section buffers
  * estimated, since the thread pool does not exist yet. Within a small
  * factor of cpu_init's exact total (tests/unit/backend_test.c). */
 static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
@@ -578,8 +594,79 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 		SZ64(NL * hp->dim * f) + SZ64(NL * hp->n_vocab * f) + 3 * SZ64(T * 4) + SZ64(mm);
 	/* Per-thread attention and fused-decode buffers: small next to the above. */
 	total += nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
+	/* The instance's packed weight copies (pack_weights()). */
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+		const struct gpud_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+						   &L->w_gate, &L->w_up, &L->w_down };
+
+		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+			if (gpud_matmul_packable(ws[i]->type, ws[i]->rows, ws[i]->cols))
+				total += SZ64(gpud_type_row_bytes(ws[i]->type, (uint64_t)ws[i]->cols) *
+					      (uint64_t)ws[i]->rows);
+	}
 	return total;
 #undef SZ64
+}
+
+/* The layer matrices the kernels read faster packed (q4_0 on AVX2, see
+ * backend/cpu/kernels.h) are copied into one reservation in that layout,
+ * and c->w becomes a copy of the model's table that points at them. The
+ * copy is made once, here; the model's mapping of those tensors is then
+ * never read again by this instance, so its pages stay in the page cache
+ * only (the resident cost is about the packed bytes, not twice them). The
+ * embedding table (gathered by row) and the output matrix are left as
+ * they are. Returns 0 (also when nothing is packable) or -ENOMEM. */
+static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
+{
+	const uint32_t nl = c->hp->n_layers;
+	size_t total = 0, off = 0;
+
+	for (int pass = 0; pass < 2; pass++) {
+		for (uint32_t l = 0; l < nl; l++) {
+			struct gpud_layer_weights *L = pass ? &c->players[l] : NULL;
+			const struct gpud_layer_weights *M = &w->layers[l];
+			const struct gpud_weight *ws[] = { &M->wq, &M->wk, &M->wv, &M->wo,
+							   &M->w_gate, &M->w_up, &M->w_down };
+			struct gpud_weight *ds[7];
+
+			if (L) {
+				*L = *M;
+				ds[0] = &L->wq, ds[1] = &L->wk, ds[2] = &L->wv, ds[3] = &L->wo;
+				ds[4] = &L->w_gate, ds[5] = &L->w_up, ds[6] = &L->w_down;
+			}
+			for (size_t i = 0; i < 7; i++) {
+				const struct gpud_weight *s = ws[i];
+				size_t n;
+
+				if (!gpud_matmul_packable(s->type, s->rows, s->cols))
+					continue;
+				n = gpud_type_row_bytes(s->type, (uint64_t)s->cols) * (size_t)s->rows;
+				n = (n + 63) / 64 * 64;
+				if (!L) {
+					total += n;
+					continue;
+				}
+				gpud_matmul_pack(s->type, s->data, c->packed + off, s->rows, s->cols);
+				ds[i]->data = c->packed + off;
+				ds[i]->packed = true;
+				off += n;
+			}
+		}
+		if (pass == 0) {
+			if (!total)
+				return 0;
+			c->packed_bytes = total;
+			c->packed = aligned_alloc(64, total);
+			c->players = calloc(nl, sizeof(*c->players));
+			if (!c->packed || !c->players)
+				return -ENOMEM;
+		}
+	}
+	c->pw = *w;
+	c->pw.layers = c->players;
+	c->w = &c->pw;
+	return 0;
 }
 
 static void cpu_destroy(void *ctx)
@@ -588,6 +675,8 @@ static void cpu_destroy(void *ctx)
 
 	if (!c)
 		return;
+	free(c->packed);
+	free(c->players);
 	gpud_tp_destroy(c->tp);
 	sw_arena_destroy(&c->arena);
 	free(c->kv);
@@ -634,6 +723,13 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		goto out_free;
 	}
 	c->nth = gpud_tp_size(c->tp);
+	rc = pack_weights(c, w);
+	if (rc) {
+		sw_seterr(err, errlen, rc, "cpu backend: cannot reserve %zu bytes (%.1f MiB) for "
+			  "the packed weights: %s", c->packed_bytes, (double)c->packed_bytes / (1 << 20),
+			  sw_strerror(rc));
+		goto out_free;
+	}
 	c->shift_cs = calloc(hp->head_dim, sizeof(float));
 	if (!c->shift_cs) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "cpu backend: out of memory");
@@ -718,6 +814,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	c->st.kv_bytes = c->kv_bytes;
 	c->st.scratch_bytes = total;
 	c->st.scratch_high = c->arena.used; /* carved once: the step uses all of it */
+	c->st.weight_bytes = c->packed_bytes;
 	*out = c;
 	return 0;
 

@@ -8,6 +8,7 @@
  */
 #include "gpud/backend/cpu/kernels.h"
 
+#include <assert.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -233,6 +234,17 @@ static int32_t isum_ref(enum gpud_type t, const uint8_t *blk, const int8_t *xq)
 	return s;
 }
 
+/* Block i of row r (r's group starting at g) of a packed q4_0 matrix,
+ * back in the plain block layout. */
+static void packed_block(const uint8_t *g, int64_t r, int64_t i, uint8_t *blk)
+{
+	const uint8_t *u = g + (size_t)i * GPUD__PK_UNIT;
+
+	memcpy(blk, u + 2 * r, 2);
+	for (int q = 0; q < 4; q++)
+		memcpy(blk + 2 + 4 * q, u + 16 + 32 * q + 4 * r, 4);
+}
+
 static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK;
@@ -241,6 +253,7 @@ static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *row = m->W + (size_t)r * m->wrow;
+		const uint8_t *group = m->W + (size_t)(r & ~(int64_t)(GPUD__PK_ROWS - 1)) * m->wrow;
 
 		for (int64_t b = 0; b < m->batch; b++) {
 			const int8_t *xq = m->xq + b * m->cols;
@@ -249,7 +262,13 @@ static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 			for (int64_t i = 0; i < nb; i++) {
 				const uint8_t *blk = row + (size_t)i * bsz;
+				uint8_t unpacked[sizeof(struct gpud_block_q4_0)];
 				uint16_t h;
+
+				if (m->packed) {
+					packed_block(group, r % GPUD__PK_ROWS, i, unpacked);
+					blk = unpacked;
+				}
 				float dw;
 
 				memcpy(&h, blk, sizeof(h));
@@ -281,11 +300,12 @@ static void mm_worker(void *arg, int ith, int nth)
 		job->rows(job->m, lo, hi);
 }
 
-void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
-		 int64_t rows, int64_t cols, const float *x, int64_t batch,
-		 float *y, void *scratch)
+static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const void *W,
+		   int64_t rows, int64_t cols, const float *x, int64_t batch, float *y,
+		   void *scratch)
 {
 	struct gpud__mm m = {
+		.packed = packed,
 		.wtype = wtype,
 		.W = W,
 		.wrow = gpud_type_row_bytes(wtype, (uint64_t)cols),
@@ -341,4 +361,55 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			job.rows = mm_rows_ref_i8;
 	}
 	gpud_tp_run(tp, mm_worker, &job);
+}
+
+void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
+		 int64_t rows, int64_t cols, const float *x, int64_t batch,
+		 float *y, void *scratch)
+{
+	matmul(tp, wtype, false, W, rows, cols, x, batch, y, scratch);
+}
+
+void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
+			int64_t rows, int64_t cols, const float *x, int64_t batch,
+			float *y, void *scratch)
+{
+	assert(wtype == GPUD_TYPE_Q4_0 && rows % GPUD__PK_ROWS == 0);
+	matmul(tp, wtype, true, W, rows, cols, x, batch, y, scratch);
+}
+
+bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols)
+{
+#ifdef GPUD_HAVE_X86
+	return t == GPUD_TYPE_Q4_0 && rows > 0 && rows % GPUD__PK_ROWS == 0 && cols > 0 &&
+	       cols % GPUD_QK == 0 && use_vec();
+#else
+	(void)t;
+	(void)rows;
+	(void)cols;
+	return false;
+#endif
+}
+
+void gpud_matmul_pack(enum gpud_type t, const void *W, void *dst, int64_t rows, int64_t cols)
+{
+	const size_t wrow = gpud_type_row_bytes(t, (uint64_t)cols);
+	const int64_t nb = cols / GPUD_QK;
+
+	assert(t == GPUD_TYPE_Q4_0 && rows % GPUD__PK_ROWS == 0);
+	for (int64_t g = 0; g < rows; g += GPUD__PK_ROWS) {
+		const uint8_t *src = (const uint8_t *)W + (size_t)g * wrow;
+		uint8_t *u = (uint8_t *)dst + (size_t)g * wrow;
+
+		for (int64_t i = 0; i < nb; i++, u += GPUD__PK_UNIT) {
+			for (int r = 0; r < GPUD__PK_ROWS; r++) {
+				const uint8_t *blk = src + (size_t)r * wrow +
+						     (size_t)i * sizeof(struct gpud_block_q4_0);
+
+				memcpy(u + 2 * r, blk, 2);
+				for (int q = 0; q < 4; q++)
+					memcpy(u + 16 + 32 * q + 4 * r, blk + 2 + 4 * q, 4);
+			}
+		}
+	}
 }

@@ -26,7 +26,12 @@ struct gpud__mm {
 	const float *xd;                 /* (batch, cols / 32) block scales */
 	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
+	bool packed;                     /* q4_0 in the packed layout (kernels.h) */
 };
+
+/* The packed q4_0 layout (kernels.h): unit of 8 rows x one block. */
+#define GPUD__PK_ROWS 8
+#define GPUD__PK_UNIT (GPUD__PK_ROWS * sizeof(struct gpud_block_q4_0))
 
 /* kernels_kq.c: true for the K-quant weight types it multiplies; their
  * rows (x already in m->xq/xd/xc), portable. */

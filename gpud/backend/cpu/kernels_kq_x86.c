@@ -267,9 +267,15 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 					for (int64_t b = 0; b < bc; b++) {
 						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
 						const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK_K + 32 * c;
-						__m256i t0 = _mm256_setzero_si256(), t1 = _mm256_setzero_si256(), t;
+						__m256i p16[2], t;
 						__m256 xd = _mm256_set1_ps(m->xd[xi]);
 
+						/* The 4 products of each 16-quant half add up in
+						 * i16 before the scale: a pair is at most 2 * 32 *
+						 * 127 (Q6_K's |w| <= 32; Q5_K's 31, Q4_K's 15
+						 * less), so 4 pairs stay <= 32512 < 32767. One
+						 * vpmaddwd per half instead of 4, the same exact
+						 * integer t. */
 						_Pragma("GCC unroll 8")
 						for (int g = 0; g < 8; g++) {
 							__m256i xb = bcast4(xq + 4 * g), p;
@@ -279,12 +285,10 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 											 _mm256_sign_epi8(xb, T[g]));
 							else
 								p = _mm256_maddubs_epi16(T[g], xb);
-							if (g < 4)
-								t0 = _mm256_add_epi32(t0, _mm256_madd_epi16(p, sa));
-							else
-								t1 = _mm256_add_epi32(t1, _mm256_madd_epi16(p, sb));
+							p16[g / 4] = g % 4 ? _mm256_add_epi16(p16[g / 4], p) : p;
 						}
-						t = _mm256_add_epi32(t0, t1);
+						t = _mm256_add_epi32(_mm256_madd_epi16(p16[0], sa),
+								     _mm256_madd_epi16(p16[1], sb));
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {
