@@ -13,7 +13,8 @@
  * (3072x3072: attn_q/attn_output, 8192x3072: ffn_gate/ffn_up, 3072x8192:
  * ffn_down) at batch 1 (decode) and 32 (bench_engine's prefill step).
  * Usage: bench_matmul [quick|full|3b] [type]   (type: f32 ... q6_k, or
- * q4_0p: q4_0 in the CPU backend's packed layout, gpud_matmul_packed())
+ * q4_0p, q8_0p, q4_kp, q6_kp: the type in the CPU backend's packed
+ * layout, gpud_matmul_packed())
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,7 +97,14 @@ int main(int argc, char **argv)
 	const long(*shapes)[2] = big ? shapes_3b : shapes_110m;
 	const int *batches = big ? batches_3b : batches_110m;
 	const char *only = argc > 2 ? argv[2] : NULL;
-	int packed = only && strcmp(only, "q4_0p") == 0;
+	char base_type[16] = "";
+	int packed = only && strlen(only) > 1 && strlen(only) < sizeof(base_type) &&
+		     only[strlen(only) - 1] == 'p';
+
+	if (packed) {
+		memcpy(base_type, only, strlen(only) - 1);
+		only = base_type;
+	}
 	double min_s = quick ? 0.05 : 0.2;
 	size_t llc = bench_llc_bytes(), arena_bytes = 4 * llc;
 	char machine[512], date[64];
@@ -140,7 +148,7 @@ int main(int argc, char **argv)
 	printf("| type | rows x cols | thr | batch | cold GB/s | cold GFLOP/s | %% memcpy | x b1 | hot GB/s | hot GFLOP/s |\n");
 	printf("|---|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
-		if (only && strcmp(packed ? "q4_0" : only, gpud_type_name(types[ti])) != 0)
+		if (only && strcmp(only, gpud_type_name(types[ti])) != 0)
 			continue;
 		for (size_t si = 0; si < 3; si++) {
 			long rows = shapes[si][0], cols = shapes[si][1];
@@ -156,10 +164,11 @@ int main(int argc, char **argv)
 			}
 			if (packed) {
 				if (!gpud_matmul_packable(types[ti], rows, cols)) {
-					fprintf(stderr, "bench_matmul: q4_0p: no packed kernels here\n");
+					fprintf(stderr, "bench_matmul: %sp: no packed kernels here\n",
+						only);
 					return 1;
 				}
-				gpud_matmul_pack(types[ti], plain, arena, rows, cols);
+				gpud_matmul_pack(tps[2], types[ti], plain, arena, rows, cols);
 			}
 			for (long k = 1; k < ncopies; k++)
 				memcpy(arena + (size_t)k * wbytes, arena, wbytes);
@@ -180,8 +189,8 @@ int main(int argc, char **argv)
 
 					if (bi == 0)
 						t1 = tc;
-					printf("| %s | %ldx%ld | %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n",
-					       packed ? "q4_0p" : gpud_type_name(types[ti]), rows, cols, th, batches[bi],
+					printf("| %s%s | %ldx%ld | %d | %d | %.2f | %.2f | %.0f%% | %.2f | %.2f | %.2f |\n",
+					       gpud_type_name(types[ti]), packed ? "p" : "", rows, cols, th, batches[bi],
 					       wbytes / tc * 1e-9, flop / tc * 1e-9,
 					       100.0 * (wbytes / tc * 1e-9) / mc[th],
 					       batches[bi] * t1 / tc,

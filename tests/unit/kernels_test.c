@@ -485,14 +485,19 @@ static void test_matmul_int8_paths_identical(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
-/* The packed q4_0 layout (kernels.h): the same bits as the plain matrix
- * on every path (packed vector, packed portable, plain), at every batch
- * size, on whole matrices, on 8-row-aligned slices and through a thread
- * pool; gpud_matmul_packable() only with the vector kernels, for q4_0 and
+/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q4_k and q6_k:
+ * the same bits as the plain matrix on every path (packed vector with and
+ * without VNNI, packed portable, plain), at every batch size, on whole
+ * matrices, on 8-row-aligned slices and through a thread pool;
+ * gpud_matmul_packable() only with the vector kernels, for those types and
  * rows a multiple of 8. */
-static void test_matmul_packed_q4_0(void **state)
+static void test_matmul_packed(void **state)
 {
-	static const int64_t rshapes[][2] = { { 8, 32 }, { 24, 96 }, { 64, 160 }, { 40, 1184 } };
+	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
+					      GPUD_TYPE_Q6_K };
+	static const int64_t rows_of[] = { 8, 24, 64, 40 };
+	static const int64_t cols_i8[] = { 32, 96, 160, 1184 };
+	static const int64_t cols_kq[] = { 256, 512, 256, 1280 };
 	struct gpud_tp *tp = NULL;
 
 	(void)state;
@@ -500,63 +505,73 @@ static void test_matmul_packed_q4_0(void **state)
 		skip();
 	assert_int_equal(gpud_tp_create(&tp, 3), 0);
 	assert_true(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
+	assert_true(gpud_matmul_packable(GPUD_TYPE_Q6_K, 16, 256));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 12, 64));
-	assert_false(gpud_matmul_packable(GPUD_TYPE_Q8_0, 16, 64));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_K, 16, 64)); /* not whole blocks */
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q5_K, 16, 256));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 16, 64));
 	gpud_cpu_set_features(0);
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
 	gpud_cpu_set_features(~0u);
-	for (size_t s = 0; s < 4; s++) {
-		const enum gpud_type t = GPUD_TYPE_Q4_0;
-		size_t wbytes, rb;
-		struct mm_case c;
-		uint8_t *pk;
-		float *y3;
+	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
+		const enum gpud_type t = pts[k];
+		const bool kq = t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q6_K;
 
-		rng_state = 6500 + s;
-		mm_case_init(&c, t, rshapes[s][0], rshapes[s][1]);
-		rb = gpud_type_row_bytes(t, (uint64_t)c.cols);
-		wbytes = rb * (size_t)c.rows;
-		pk = malloc(wbytes);
-		y3 = malloc(sizeof(float) * 17 * c.rows);
-		assert_non_null(pk);
-		assert_non_null(y3);
-		if (s == 1)
-			for (int64_t k = 0; k < 32; k++)
-				c.x[k] = (k & 1) ? -4.0f : 4.0f; /* +-max quants */
-		gpud_matmul_pack(t, c.w, pk, c.rows, c.cols);
-		/* a real reordering, the same bytes */
-		if (c.rows > 8)
+		for (size_t s = 0; s < 4; s++) {
+			size_t wbytes, rb;
+			struct mm_case c;
+			uint8_t *pk;
+			float *y3;
+
+			rng_state = 6500 + 10 * k + s;
+			mm_case_init(&c, t, rows_of[s], kq ? cols_kq[s] : cols_i8[s]);
+			rb = gpud_type_row_bytes(t, (uint64_t)c.cols);
+			wbytes = rb * (size_t)c.rows;
+			pk = malloc(wbytes);
+			y3 = malloc(sizeof(float) * 17 * c.rows);
+			assert_non_null(pk);
+			assert_non_null(y3);
+			if (s == 1)
+				for (int64_t j = 0; j < 32; j++)
+					c.x[j] = (j & 1) ? -4.0f : 4.0f; /* +-max quants */
+			gpud_matmul_pack(s & 1 ? tp : NULL, t, c.w, pk, c.rows, c.cols);
+			/* a real reordering of the same bytes */
 			assert_memory_not_equal(pk, c.w, wbytes);
-		for (int64_t batch = 1; batch <= 17; batch++) {
+			for (int64_t batch = 1; batch <= 17; batch += (kq ? 3 : 1)) {
+				gpud_cpu_set_features(~0u);
+				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
+				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2,
+						   c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+				gpud_matmul_packed(tp, t, pk, c.rows, c.cols, c.x, batch, c.y2,
+						   c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+				gpud_cpu_set_features(VEC); /* AVX2 without VNNI */
+				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2,
+						   c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+				gpud_cpu_set_features(0); /* the portable reader of the layout */
+				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2,
+						   c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+			}
 			gpud_cpu_set_features(~0u);
-			gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
-			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
-			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
-			gpud_matmul_packed(tp, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
-			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
-			gpud_cpu_set_features(VEC); /* AVX2 without VNNI */
-			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
-			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
-			gpud_cpu_set_features(0); /* the portable reader of the layout */
-			gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2, c.scratch);
-			assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
-		}
-		gpud_cpu_set_features(~0u);
-		/* a slice of rows from group 1 on, as the fused decode sections
-		 * take them */
-		if (c.rows >= 16) {
-			int64_t n = c.rows - 8;
+			/* a slice of rows from group 1 on, as the fused decode
+			 * sections take them */
+			if (c.rows >= 16) {
+				int64_t n = c.rows - 8;
 
-			gpud_matmul_packed(NULL, t, pk + 8 * rb, n, c.cols, c.x, 3, y3, c.scratch);
-			gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, 3, c.y, c.scratch);
-			for (int64_t b = 0; b < 3; b++)
-				assert_memory_equal(y3 + b * n, c.y + b * c.rows + 8,
-						    sizeof(float) * (size_t)n);
+				gpud_matmul_packed(NULL, t, pk + 8 * rb, n, c.cols, c.x, 3, y3,
+						   c.scratch);
+				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, 3, c.y, c.scratch);
+				for (int64_t b = 0; b < 3; b++)
+					assert_memory_equal(y3 + b * n, c.y + b * c.rows + 8,
+							    sizeof(float) * (size_t)n);
+			}
+			free(pk);
+			free(y3);
+			mm_case_free(&c);
 		}
-		free(pk);
-		free(y3);
-		mm_case_free(&c);
 	}
 	gpud_tp_destroy(tp);
 	gpud_cpu_set_features(~0u);
@@ -639,7 +654,7 @@ int main(void)
 		cmocka_unit_test(test_matmul_odd_width_float),
 		cmocka_unit_test(test_matmul_int8_paths_identical),
 		cmocka_unit_test(test_matmul_int8_specials),
-		cmocka_unit_test(test_matmul_packed_q4_0),
+		cmocka_unit_test(test_matmul_packed),
 		cmocka_unit_test(test_matmul_empty_and_scratch),
 	};
 

@@ -647,7 +647,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 					total += n;
 					continue;
 				}
-				gpud_matmul_pack(s->type, s->data, c->packed + off, s->rows, s->cols);
+				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
 				ds[i]->data = c->packed + off;
 				ds[i]->packed = true;
 				off += n;

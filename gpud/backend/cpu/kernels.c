@@ -234,17 +234,6 @@ static int32_t isum_ref(enum gpud_type t, const uint8_t *blk, const int8_t *xq)
 	return s;
 }
 
-/* Block i of row r (r's group starting at g) of a packed q4_0 matrix,
- * back in the plain block layout. */
-static void packed_block(const uint8_t *g, int64_t r, int64_t i, uint8_t *blk)
-{
-	const uint8_t *u = g + (size_t)i * GPUD__PK_UNIT;
-
-	memcpy(blk, u + 2 * r, 2);
-	for (int q = 0; q < 4; q++)
-		memcpy(blk + 2 + 4 * q, u + 16 + 32 * q + 4 * r, 4);
-}
-
 static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK;
@@ -262,11 +251,12 @@ static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 			for (int64_t i = 0; i < nb; i++) {
 				const uint8_t *blk = row + (size_t)i * bsz;
-				uint8_t unpacked[sizeof(struct gpud_block_q4_0)];
+				uint8_t unpacked[sizeof(struct gpud_block_q8_0)];
 				uint16_t h;
 
 				if (m->packed) {
-					packed_block(group, r % GPUD__PK_ROWS, i, unpacked);
+					gpud__pk_unpack_block(m->wtype, group, r % GPUD__PK_ROWS, i,
+							      unpacked);
 					blk = unpacked;
 				}
 				float dw;
@@ -374,15 +364,17 @@ void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			int64_t rows, int64_t cols, const float *x, int64_t batch,
 			float *y, void *scratch)
 {
-	assert(wtype == GPUD_TYPE_Q4_0 && rows % GPUD__PK_ROWS == 0);
+	assert(gpud__pk_type(wtype) && rows % GPUD__PK_ROWS == 0);
 	matmul(tp, wtype, true, W, rows, cols, x, batch, y, scratch);
 }
 
 bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols)
 {
 #ifdef GPUD_HAVE_X86
-	return t == GPUD_TYPE_Q4_0 && rows > 0 && rows % GPUD__PK_ROWS == 0 && cols > 0 &&
-	       cols % GPUD_QK == 0 && use_vec();
+	int64_t be = gpud_type_block_elems(t);
+
+	return gpud__pk_type(t) && rows > 0 && rows % GPUD__PK_ROWS == 0 && cols > 0 &&
+	       be > 0 && cols % be == 0 && use_vec();
 #else
 	(void)t;
 	(void)rows;
@@ -391,25 +383,29 @@ bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols)
 #endif
 }
 
-void gpud_matmul_pack(enum gpud_type t, const void *W, void *dst, int64_t rows, int64_t cols)
+struct pack_job {
+	enum gpud_type t;
+	const void *W;
+	void *dst;
+	int64_t groups, cols;
+};
+
+static void pack_worker(void *arg, int ith, int nth)
 {
-	const size_t wrow = gpud_type_row_bytes(t, (uint64_t)cols);
-	const int64_t nb = cols / GPUD_QK;
+	const struct pack_job *j = arg;
+	long lo, hi;
 
-	assert(t == GPUD_TYPE_Q4_0 && rows % GPUD__PK_ROWS == 0);
-	for (int64_t g = 0; g < rows; g += GPUD__PK_ROWS) {
-		const uint8_t *src = (const uint8_t *)W + (size_t)g * wrow;
-		uint8_t *u = (uint8_t *)dst + (size_t)g * wrow;
+	gpud_tp_range((long)j->groups, ith, nth, 1, &lo, &hi);
+	if (lo < hi)
+		gpud__pk_pack_rows(j->t, j->W, j->dst, lo, hi, j->cols);
+}
 
-		for (int64_t i = 0; i < nb; i++, u += GPUD__PK_UNIT) {
-			for (int r = 0; r < GPUD__PK_ROWS; r++) {
-				const uint8_t *blk = src + (size_t)r * wrow +
-						     (size_t)i * sizeof(struct gpud_block_q4_0);
+void gpud_matmul_pack(struct gpud_tp *tp, enum gpud_type t, const void *W, void *dst,
+		      int64_t rows, int64_t cols)
+{
+	struct pack_job j = { .t = t, .W = W, .dst = dst, .groups = rows / GPUD__PK_ROWS,
+			      .cols = cols };
 
-				memcpy(u + 2 * r, blk, 2);
-				for (int q = 0; q < 4; q++)
-					memcpy(u + 16 + 32 * q + 4 * r, blk + 2 + 4 * q, 4);
-			}
-		}
-	}
+	assert(gpud__pk_type(t) && rows % GPUD__PK_ROWS == 0);
+	gpud_tp_run(tp, pack_worker, &j);
 }

@@ -78,27 +78,28 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);
 
-/* ---- the packed layout (q4_0 x 8 rows) ---------------------------------
- * A load-time reordering of a q4_0 matrix that the vector kernels read
- * without transposing: rows in groups of 8, and per group and block i one
- * 144-byte unit
- *     8 fp16 scales d of rows 0..7,
- *     then for q = 0..3, row r = 0..7: bytes 4q..4q+3 of row r's 16 nibble
- *     bytes (low nibbles: quants 4q..4q+3, high: 16+4q..16+4q+3).
- * A group takes exactly the bytes of its 8 plain rows, in the same place,
- * so a slice of rows starting at a multiple of 8 is found as in the plain
+/* ---- packed layouts ---------------------------------------------------
+ * A load-time reordering of a q4_0, q8_0, q4_k or q6_k matrix that the
+ * vector kernels read without transposing (pack.c gives the layouts):
+ * rows in groups of 8, and inside a group each block i of the 8 rows
+ * interleaved so that one 32-byte load holds 4 bytes of every row. A group
+ * takes exactly the bytes of its 8 plain rows, in the same place, so a
+ * slice of rows starting at a multiple of 8 is found as in the plain
  * matrix. The arithmetic, and so every bit of the result, is gpud_matmul's
- * on the plain matrix, on every path (the portable one reads the layout
- * too). Decode (batch 1) reads q4_0 about 2x faster this way: the plain
- * layout costs a transpose of every 8-row block group per call.
+ * on the plain matrix, on every path (the portable one reads the layouts
+ * too). The plain layout costs the int8 kernels an 8x8 transpose of every
+ * block group on every call, which bounds batch-1 decode well below the
+ * memory's speed (q4_0: 2.5x faster packed, bench_matmul).
  *
- * gpud_matmul_packable(): true when packing pays and is possible: q4_0,
- * rows a multiple of 8, and the AVX2 kernels in use (the portable kernels
- * gain nothing from it). gpud_matmul_pack(): writes the packed copy of W
- * (rows x cols, plain) to dst, gpud_type_row_bytes(t, cols) * rows bytes,
- * not overlapping. gpud_matmul_packed(): gpud_matmul() on a packed W. */
+ * gpud_matmul_packable(): true when packing pays and is possible: one of
+ * those types, rows a multiple of 8, and the AVX2 kernels in use (the
+ * portable kernels gain nothing from it). gpud_matmul_pack(): writes the
+ * packed copy of W (rows x cols, plain) to dst, gpud_type_row_bytes(t,
+ * cols) * rows bytes, not overlapping; tp may be NULL.
+ * gpud_matmul_packed(): gpud_matmul() on a packed W. */
 bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols);
-void gpud_matmul_pack(enum gpud_type t, const void *W, void *dst, int64_t rows, int64_t cols);
+void gpud_matmul_pack(struct gpud_tp *tp, enum gpud_type t, const void *W, void *dst,
+		      int64_t rows, int64_t cols);
 void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			int64_t rows, int64_t cols, const float *x, int64_t batch,
 			float *y, void *scratch);

@@ -26,12 +26,19 @@ struct gpud__mm {
 	const float *xd;                 /* (batch, cols / 32) block scales */
 	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
-	bool packed;                     /* q4_0 in the packed layout (kernels.h) */
+	bool packed;                     /* W in the packed layout (pack.c) */
 };
 
-/* The packed q4_0 layout (kernels.h): unit of 8 rows x one block. */
+/* pack.c: the packed layouts. A unit is block i of a group of 8 rows. */
 #define GPUD__PK_ROWS 8
-#define GPUD__PK_UNIT (GPUD__PK_ROWS * sizeof(struct gpud_block_q4_0))
+bool gpud__pk_type(enum gpud_type t);
+/* Row r's (0..7) block i of a packed group, back in the plain layout. */
+void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, int64_t i,
+			   uint8_t *out);
+/* Packs row groups [g0, g1) of plain W (cols wide) into dst (the whole
+ * matrix's packed copy). */
+void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, int64_t g1,
+			int64_t cols);
 
 /* kernels_kq.c: true for the K-quant weight types it multiplies; their
  * rows (x already in m->xq/xd/xc), portable. */

@@ -53,10 +53,9 @@ static inline float kq_fold(float acc, float dw, float dmin, const float *xd,
 }
 
 static float dot_q2_k(const void *vw, const int8_t *xq, const float *xd, const int32_t *xs,
-		      int64_t nb)
+		      int64_t nb, float acc)
 {
 	const struct gpud_block_q2_k *w = vw;
-	float acc = 0.0f;
 
 	(void)xs;
 	for (int64_t i = 0; i < nb; i++, xq += GPUD_QK_K, xd += 8) {
@@ -85,10 +84,9 @@ static float dot_q2_k(const void *vw, const int8_t *xq, const float *xd, const i
 }
 
 static float dot_q3_k(const void *vw, const int8_t *xq, const float *xd, const int32_t *xs,
-		      int64_t nb)
+		      int64_t nb, float acc)
 {
 	const struct gpud_block_q3_k *w = vw;
-	float acc = 0.0f;
 
 	(void)xs;
 	for (int64_t i = 0; i < nb; i++, xq += GPUD_QK_K, xd += 8) {
@@ -116,10 +114,9 @@ static float dot_q3_k(const void *vw, const int8_t *xq, const float *xd, const i
 }
 
 static float dot_q4_k(const void *vw, const int8_t *xq, const float *xd, const int32_t *xs,
-		      int64_t nb)
+		      int64_t nb, float acc)
 {
 	const struct gpud_block_q4_k *w = vw;
-	float acc = 0.0f;
 
 	for (int64_t i = 0; i < nb; i++, xq += GPUD_QK_K, xd += 8, xs += 8) {
 		struct kq_chunk ch[8];
@@ -142,10 +139,9 @@ static float dot_q4_k(const void *vw, const int8_t *xq, const float *xd, const i
 }
 
 static float dot_q5_k(const void *vw, const int8_t *xq, const float *xd, const int32_t *xs,
-		      int64_t nb)
+		      int64_t nb, float acc)
 {
 	const struct gpud_block_q5_k *w = vw;
-	float acc = 0.0f;
 
 	for (int64_t i = 0; i < nb; i++, xq += GPUD_QK_K, xd += 8, xs += 8) {
 		struct kq_chunk ch[8];
@@ -172,10 +168,9 @@ static float dot_q5_k(const void *vw, const int8_t *xq, const float *xd, const i
 }
 
 static float dot_q6_k(const void *vw, const int8_t *xq, const float *xd, const int32_t *xs,
-		      int64_t nb)
+		      int64_t nb, float acc)
 {
 	const struct gpud_block_q6_k *w = vw;
-	float acc = 0.0f;
 
 	(void)xs;
 	for (int64_t i = 0; i < nb; i++, xq += GPUD_QK_K, xd += 8) {
@@ -205,7 +200,7 @@ static float dot_q6_k(const void *vw, const int8_t *xq, const float *xd, const i
 void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK_K;
-	float (*dot)(const void *, const int8_t *, const float *, const int32_t *, int64_t);
+	float (*dot)(const void *, const int8_t *, const float *, const int32_t *, int64_t, float);
 
 	switch (m->wtype) {
 	case GPUD_TYPE_Q2_K: dot = dot_q2_k; break;
@@ -217,10 +212,27 @@ void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *w = m->W + (size_t)r * m->wrow;
+		const uint8_t *group = m->W + (size_t)(r & ~(int64_t)(GPUD__PK_ROWS - 1)) * m->wrow;
 
-		/* The row stays in L1 while the batch walks over it. */
-		for (int64_t b = 0; b < m->batch; b++)
-			m->y[b * m->rows + r] = dot(w, m->xq + b * m->cols, m->xd + b * nb * 8,
-						    m->xc + b * nb * 8, nb);
+		for (int64_t b = 0; b < m->batch; b++) {
+			const int8_t *xq = m->xq + b * m->cols;
+			const float *xd = m->xd + b * nb * 8;
+			const int32_t *xc = m->xc + b * nb * 8;
+			uint8_t blk[sizeof(struct gpud_block_q6_k)];
+			float acc = 0.0f;
+
+			if (!m->packed) {
+				/* The row stays in L1 while the batch walks over it. */
+				m->y[b * m->rows + r] = dot(w, xq, xd, xc, nb, 0.0f);
+				continue;
+			}
+			/* Packed: block by block, each unpacked to the plain
+			 * layout, the same fold in the same order. */
+			for (int64_t i = 0; i < nb; i++) {
+				gpud__pk_unpack_block(m->wtype, group, r % GPUD__PK_ROWS, i, blk);
+				acc = dot(blk, xq + i * GPUD_QK_K, xd + i * 8, xc + i * 8, 1, acc);
+			}
+			m->y[b * m->rows + r] = acc;
+		}
 	}
 }

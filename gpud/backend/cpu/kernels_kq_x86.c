@@ -135,10 +135,81 @@ static inline void unpack_scale_min(const uint8_t *q, uint8_t sc[8], uint8_t mn[
 	memcpy(mn + 4, &v, 4);
 }
 
+/* i16 pairs (s, s) in each 32-bit lane, for vpmaddwd. */
+TGT_INLINE __m256i pair16(__m256i s)
+{
+	return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xffff)),
+			       _mm256_slli_epi32(s, 16));
+}
+
+/* Packed Q4_K (pack.c): the 8 rows' 6-bit scales and mins, unpacked on all
+ * 8 rows at once (lane r = row r): sm[0] scales 0-3, sm[1] scales 4-7,
+ * sm[2] mins 0-3, sm[3] mins 4-7, one byte each, as unpack_scale_min(). */
+TGT_INLINE void pk_q4k_scales(const uint8_t *u, __m256i sm[4])
+{
+	const __m256i w0 = _mm256_loadu_si256((const __m256i *)(u + 32));
+	const __m256i w1 = _mm256_loadu_si256((const __m256i *)(u + 64));
+	const __m256i w2 = _mm256_loadu_si256((const __m256i *)(u + 96));
+	const __m256i m6 = _mm256_set1_epi8(0x3f), m4 = _mm256_set1_epi8(0x0f);
+	const __m256i m2 = _mm256_set1_epi8(0x03);
+
+	sm[0] = _mm256_and_si256(w0, m6);
+	sm[1] = _mm256_or_si256(_mm256_and_si256(w2, m4),
+				_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w0, 6), m2), 4));
+	sm[2] = _mm256_and_si256(w1, m6);
+	sm[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(w2, 4), m4),
+				_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
+}
+
+/* Chunk c of a packed unit u (8 rows x one super-block, pack.c): T[g] lane
+ * r = quants 4g..4g+3 of row r (Q6_K: made signed), the scales of the
+ * chunk's two 16-quant halves as i16 pairs (sa, sb) and, for Q4_K, its
+ * mins (mv), exactly as the plain path builds them. */
+TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m256i sm[4],
+			 __m256i T[8], __m256i *sa, __m256i *sb, __m256i *mv)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q4_K) {
+		const int h = c / 2, byte = c % 4;
+		__m256i s = _mm256_and_si256(_mm256_srli_epi32(sm[c / 4], 8 * byte),
+					     _mm256_set1_epi32(0xff));
+
+		*sa = *sb = pair16(s);
+		*mv = _mm256_and_si256(_mm256_srli_epi32(sm[2 + c / 4], 8 * byte),
+				       _mm256_set1_epi32(0xff));
+		_Pragma("GCC unroll 8")
+		for (int g = 0; g < 8; g++) {
+			__m256i v = _mm256_loadu_si256((const __m256i *)(u + 128 + 256 * h + 32 * g));
+
+			T[g] = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+		}
+		return;
+	}
+	/* Q6_K */
+	const int h = c / 4, k = c % 4;
+	const __m128i sc = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * c));
+
+	*sa = pair16(_mm256_cvtepi8_epi32(sc));
+	*sb = pair16(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
+	_Pragma("GCC unroll 8")
+	for (int g = 0; g < 8; g++) {
+		__m256i l = _mm256_loadu_si256(
+			(const __m256i *)(u + 144 + 512 * h + 256 * (k & 1) + 32 * g));
+		__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 1168 + 256 * h + 32 * g));
+
+		l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+		hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)),
+				      _mm256_set1_epi8(3));
+		T[g] = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hb, 4)),
+				       _mm256_set1_epi8(32));
+	}
+}
+
 /* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
- * accumulator in a register). */
-TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, int64_t r0,
-			int64_t r1)
+ * accumulator in a register). PK: W is packed (Q4_K/Q6_K only). */
+TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, int64_t bcmax,
+			int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
 	const bool mins = QT != GPUD_TYPE_Q6_K && QT != GPUD_TYPE_Q3_K;
@@ -164,9 +235,22 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 				uint8_t sc[KQ_ROWS][8], mn[KQ_ROWS][8];
 				float dv[KQ_ROWS], dmv[KQ_ROWS];
 				__m256 dw, dmin = _mm256_setzero_ps();
+				const uint8_t *u = w[0] + (size_t)i * KQ_ROWS * bsz;
+				__m256i sm[4];
 
+				if (PK) {
+					for (size_t o = 0; o < KQ_ROWS * bsz; o += 64)
+						_mm_prefetch((const char *)u + KQ_ROWS * bsz + o,
+							     _MM_HINT_T0);
+					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
+					if (QT == GPUD_TYPE_Q4_K) {
+						dmin = _mm256_cvtph_ps(
+							_mm_loadu_si128((const __m128i *)(u + 16)));
+						pk_q4k_scales(u, sm);
+					}
+				}
 				_Pragma("GCC unroll 8")
-				for (int k = 0; k < KQ_ROWS; k++) {
+				for (int k = 0; k < KQ_ROWS && !PK; k++) {
 					const uint8_t *blk = w[k] + (size_t)i * bsz;
 					uint16_t h[2];
 
@@ -198,71 +282,77 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 					dmv[k] = _cvtsh_ss(h[1]);
 					unpack_scale_min(blk + 4, sc[k], mn[k]);
 				}
-				dw = _mm256_loadu_ps(dv);
-				if (mins)
-					dmin = _mm256_loadu_ps(dmv);
+				if (!PK) {
+					dw = _mm256_loadu_ps(dv);
+					if (mins)
+						dmin = _mm256_loadu_ps(dmv);
+				}
 				for (int c = 0; c < 8; c++) {
 					__m256i W[KQ_ROWS], T[8], sa, sb, ma = _mm256_setzero_si256(),
 						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256();
 					int32_t s32a[KQ_ROWS], s32b[KQ_ROWS], m32a[KQ_ROWS], m32b[KQ_ROWS];
 
-					_Pragma("GCC unroll 8")
-					for (int k = 0; k < KQ_ROWS; k++) {
-						const uint8_t *blk = w[k] + (size_t)i * bsz;
+					if (PK) {
+						pk_chunk(QT, u, c, sm, T, &sa, &sb, &mv);
+					} else {
+						_Pragma("GCC unroll 8")
+						for (int k = 0; k < KQ_ROWS; k++) {
+							const uint8_t *blk = w[k] + (size_t)i * bsz;
 
-						W[k] = unpack_chunk(QT, blk, c);
-						/* signed quants for the sign trick below */
-						if (qoff)
-							W[k] = _mm256_sub_epi8(W[k], _mm256_set1_epi8((char)qoff));
-						if (QT == GPUD_TYPE_Q6_K) {
-							const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
+							W[k] = unpack_chunk(QT, blk, c);
+							/* signed quants for the sign trick below */
+							if (qoff)
+								W[k] = _mm256_sub_epi8(W[k], _mm256_set1_epi8((char)qoff));
+							if (QT == GPUD_TYPE_Q6_K) {
+								const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
 
-							s32a[k] = s6[2 * c];
-							s32b[k] = s6[2 * c + 1];
-						} else if (QT == GPUD_TYPE_Q3_K) {
-							const uint8_t *s3 = ((const struct gpud_block_q3_k *)blk)->scales;
+								s32a[k] = s6[2 * c];
+								s32b[k] = s6[2 * c + 1];
+							} else if (QT == GPUD_TYPE_Q3_K) {
+								const uint8_t *s3 = ((const struct gpud_block_q3_k *)blk)->scales;
 
-							s32a[k] = gpud_q3k_scale(s3, 2 * c);
-							s32b[k] = gpud_q3k_scale(s3, 2 * c + 1);
-						} else if (QT == GPUD_TYPE_Q2_K) {
-							const uint8_t *s2 = ((const struct gpud_block_q2_k *)blk)->scales;
+								s32a[k] = gpud_q3k_scale(s3, 2 * c);
+								s32b[k] = gpud_q3k_scale(s3, 2 * c + 1);
+							} else if (QT == GPUD_TYPE_Q2_K) {
+								const uint8_t *s2 = ((const struct gpud_block_q2_k *)blk)->scales;
 
-							s32a[k] = s2[2 * c] & 15;
-							s32b[k] = s2[2 * c + 1] & 15;
-							m32a[k] = s2[2 * c] >> 4;
-							m32b[k] = s2[2 * c + 1] >> 4;
-						} else {
-							s32a[k] = s32b[k] = sc[k][c];
+								s32a[k] = s2[2 * c] & 15;
+								s32b[k] = s2[2 * c + 1] & 15;
+								m32a[k] = s2[2 * c] >> 4;
+								m32b[k] = s2[2 * c + 1] >> 4;
+							} else {
+								s32a[k] = s32b[k] = sc[k][c];
+							}
 						}
-					}
-					/* T[g] lane r: quants 4g..4g+3 of row r */
-					transpose8(W, T);
-					/* i16 pairs of lane r: the row's scale (vpmaddwd) */
-					/* Q4_K/Q5_K: built from scalars (a vector load of
-					 * just-stored scalars stalled on store forwarding:
-					 * 2x slower); Q6_K measured faster loading them. */
-					if (QT == GPUD_TYPE_Q6_K)
-						sa = _mm256_loadu_si256((const __m256i *)s32a);
-					else
-						sa = _mm256_setr_epi32(s32a[0], s32a[1], s32a[2], s32a[3],
-								       s32a[4], s32a[5], s32a[6], s32a[7]);
-					sa = _mm256_or_si256(_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
-							     _mm256_slli_epi32(sa, 16));
-					if (QT == GPUD_TYPE_Q6_K)
-						sb = _mm256_loadu_si256((const __m256i *)s32b);
-					else
-						sb = _mm256_setr_epi32(s32b[0], s32b[1], s32b[2], s32b[3],
-								       s32b[4], s32b[5], s32b[6], s32b[7]);
-					sb = _mm256_or_si256(_mm256_and_si256(sb, _mm256_set1_epi32(0xffff)),
-							     _mm256_slli_epi32(sb, 16));
-					if (QT == GPUD_TYPE_Q2_K) {
-						ma = _mm256_setr_epi32(m32a[0], m32a[1], m32a[2], m32a[3],
-								       m32a[4], m32a[5], m32a[6], m32a[7]);
-						mb = _mm256_setr_epi32(m32b[0], m32b[1], m32b[2], m32b[3],
-								       m32b[4], m32b[5], m32b[6], m32b[7]);
-					} else if (mins) {
-						mv = _mm256_setr_epi32(mn[0][c], mn[1][c], mn[2][c], mn[3][c],
-								       mn[4][c], mn[5][c], mn[6][c], mn[7][c]);
+						/* T[g] lane r: quants 4g..4g+3 of row r */
+						transpose8(W, T);
+						/* i16 pairs of lane r: the row's scale (vpmaddwd) */
+						/* Q4_K/Q5_K: built from scalars (a vector load of
+						 * just-stored scalars stalled on store forwarding:
+						 * 2x slower); Q6_K measured faster loading them. */
+						if (QT == GPUD_TYPE_Q6_K)
+							sa = _mm256_loadu_si256((const __m256i *)s32a);
+						else
+							sa = _mm256_setr_epi32(s32a[0], s32a[1], s32a[2], s32a[3],
+									       s32a[4], s32a[5], s32a[6], s32a[7]);
+						sa = _mm256_or_si256(_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
+								     _mm256_slli_epi32(sa, 16));
+						if (QT == GPUD_TYPE_Q6_K)
+							sb = _mm256_loadu_si256((const __m256i *)s32b);
+						else
+							sb = _mm256_setr_epi32(s32b[0], s32b[1], s32b[2], s32b[3],
+									       s32b[4], s32b[5], s32b[6], s32b[7]);
+						sb = _mm256_or_si256(_mm256_and_si256(sb, _mm256_set1_epi32(0xffff)),
+								     _mm256_slli_epi32(sb, 16));
+						if (QT == GPUD_TYPE_Q2_K) {
+							ma = _mm256_setr_epi32(m32a[0], m32a[1], m32a[2], m32a[3],
+									       m32a[4], m32a[5], m32a[6], m32a[7]);
+							mb = _mm256_setr_epi32(m32b[0], m32b[1], m32b[2], m32b[3],
+									       m32b[4], m32b[5], m32b[6], m32b[7]);
+						} else if (mins) {
+							mv = _mm256_setr_epi32(mn[0][c], mn[1][c], mn[2][c], mn[3][c],
+									       mn[4][c], mn[5][c], mn[6][c], mn[7][c]);
+						}
 					}
 					for (int64_t b = 0; b < bc; b++) {
 						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
@@ -337,34 +427,42 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 	switch (m->wtype) {
 	case GPUD_TYPE_Q4_K:
-		if (one)
-			kq_rows(m, GPUD_TYPE_Q4_K, 1, r0, r1);
+		if (m->packed && one)
+			kq_rows(m, GPUD_TYPE_Q4_K, true, 1, r0, r1);
+		else if (m->packed)
+			kq_rows(m, GPUD_TYPE_Q4_K, true, KQ_BC, r0, r1);
+		else if (one)
+			kq_rows(m, GPUD_TYPE_Q4_K, false, 1, r0, r1);
 		else
-			kq_rows(m, GPUD_TYPE_Q4_K, KQ_BC, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q4_K, false, KQ_BC, r0, r1);
 		break;
 	case GPUD_TYPE_Q5_K:
 		if (one)
-			kq_rows(m, GPUD_TYPE_Q5_K, 1, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q5_K, false, 1, r0, r1);
 		else
-			kq_rows(m, GPUD_TYPE_Q5_K, KQ_BC, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q5_K, false, KQ_BC, r0, r1);
 		break;
 	case GPUD_TYPE_Q6_K:
-		if (one)
-			kq_rows(m, GPUD_TYPE_Q6_K, 1, r0, r1);
+		if (m->packed && one)
+			kq_rows(m, GPUD_TYPE_Q6_K, true, 1, r0, r1);
+		else if (m->packed)
+			kq_rows(m, GPUD_TYPE_Q6_K, true, KQ_BC, r0, r1);
+		else if (one)
+			kq_rows(m, GPUD_TYPE_Q6_K, false, 1, r0, r1);
 		else
-			kq_rows(m, GPUD_TYPE_Q6_K, KQ_BC, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q6_K, false, KQ_BC, r0, r1);
 		break;
 	case GPUD_TYPE_Q2_K:
 		if (one)
-			kq_rows(m, GPUD_TYPE_Q2_K, 1, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q2_K, false, 1, r0, r1);
 		else
-			kq_rows(m, GPUD_TYPE_Q2_K, KQ_BC, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q2_K, false, KQ_BC, r0, r1);
 		break;
 	case GPUD_TYPE_Q3_K:
 		if (one)
-			kq_rows(m, GPUD_TYPE_Q3_K, 1, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q3_K, false, 1, r0, r1);
 		else
-			kq_rows(m, GPUD_TYPE_Q3_K, KQ_BC, r0, r1);
+			kq_rows(m, GPUD_TYPE_Q3_K, false, KQ_BC, r0, r1);
 		break;
 	default:
 		gpud__kq_mm_rows(m, r0, r1);

@@ -394,17 +394,28 @@ TGT_INLINE void i8_load(enum gpud_type QT, bool vnni, const uint8_t *const w[I8_
 	*dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)h));
 }
 
-/* Block i of a packed q4_0 row group g (kernels.h): the same T[] and
- * scales as i8_load() gives for the plain rows, without the transpose. */
-TGT_INLINE void i8_load_packed(const uint8_t *g, int64_t i, __m256i T[8], __m256 *dw)
+/* Block i of a packed row group g (pack.c): the same T[] and scales as
+ * i8_load() gives for the plain rows, without the transpose. */
+TGT_INLINE void i8_load_packed(enum gpud_type QT, bool vnni, const uint8_t *g, int64_t i,
+			       __m256i T[8], __m256 *dw)
 {
-	const uint8_t *u = g + (size_t)i * GPUD__PK_UNIT;
+	const size_t unit = QT == GPUD_TYPE_Q8_0 ? 8 * sizeof(struct gpud_block_q8_0)
+						: 8 * sizeof(struct gpud_block_q4_0);
+	const uint8_t *u = g + (size_t)i * unit;
 	const __m256i mask = _mm256_set1_epi8(0xf);
 
-	_mm_prefetch((const char *)u + PF_DIST, _MM_HINT_T0);
-	_mm_prefetch((const char *)u + PF_DIST + 64, _MM_HINT_T0);
-	_mm_prefetch((const char *)u + PF_DIST + 128, _MM_HINT_T0);
+	for (size_t o = 0; o < unit; o += 64)
+		_mm_prefetch((const char *)u + PF_DIST + o, _MM_HINT_T0);
 	*dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
+	if (QT == GPUD_TYPE_Q8_0) {
+#pragma GCC unroll 8
+		for (int q = 0; q < 8; q++) {
+			T[q] = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * q));
+			if (vnni)
+				T[q] = _mm256_xor_si256(T[q], _mm256_set1_epi8((char)0x80));
+		}
+		return;
+	}
 #pragma GCC unroll 4
 	for (int q = 0; q < 4; q++) {
 		__m256i v = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * q));
@@ -486,7 +497,7 @@ TGT_INLINE void rows_i8(const struct gpud__mm *m, enum gpud_type QT, bool vnni, 
 				__m256 dw;
 
 				if (PK)
-					i8_load_packed(w[0], i, T, &dw);
+					i8_load_packed(QT, vnni, w[0], i, T, &dw);
 				else
 					i8_load(QT, vnni, w, i, T, &dw, m->wrow);
 				for (int64_t b = 0; b < bc; b++) {
@@ -534,7 +545,17 @@ TGT static void rows_i8_q4_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1
 	rows_i8(m, GPUD_TYPE_Q4_0, false, false, r0, r1);
 }
 
-/* Packed q4_0 (rows a multiple of 8, r0 on a group boundary). */
+/* Packed (rows a multiple of 8, r0 on a group boundary). */
+TGT static void rows_i8_q8p_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q8_0, true, true, r0, r1);
+}
+
+TGT static void rows_i8_q8p_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_i8(m, GPUD_TYPE_Q8_0, false, true, r0, r1);
+}
+
 TGT static void rows_i8_q4p_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	rows_i8(m, GPUD_TYPE_Q4_0, true, true, r0, r1);
@@ -549,7 +570,11 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	switch (m->wtype) {
 	case GPUD_TYPE_Q8_0:
-		if (m->vnni)
+		if (m->packed && m->vnni)
+			rows_i8_q8p_vnni(m, r0, r1);
+		else if (m->packed)
+			rows_i8_q8p_avx2(m, r0, r1);
+		else if (m->vnni)
 			rows_i8_q8_vnni(m, r0, r1);
 		else
 			rows_i8_q8_avx2(m, r0, r1);

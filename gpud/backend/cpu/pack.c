@@ -1,0 +1,146 @@
+/* pack.c - the packed weight layouts of the CPU kernels (kernels.h).
+ *
+ * A packed matrix keeps every byte of the plain one and every group of 8
+ * rows in the place of those 8 rows; inside a group, block i of the 8 rows
+ * (one "unit", 8 x the type's block bytes) is reordered so that the vector
+ * kernels load, in one 32-byte load, 4 bytes of each of the 8 rows side by
+ * side: lane r of the load is row r. That is the layout the int8 kernels
+ * otherwise build per call with an 8x8 transpose of every block group.
+ *
+ * Each layout is a byte permutation of the unit, given by pk_pos() (where
+ * byte o of row r's block goes); pack and unpack walk a table made from it
+ * once per type. Layouts (offsets in the unit; r = row 0..7, "4-byte
+ * column" k = 0..3 inside a 4-byte group):
+ *
+ * q4_0 (8 x 18 = 144): d[r] at 2r; nibble byte j (0..15), group q = j/4,
+ *     at 16 + 32q + 4r + j%4.
+ * q8_0 (8 x 34 = 272): d[r] at 2r; quant j (0..31), group g = j/4, at
+ *     16 + 32g + 4r + j%4.
+ * q4_k (8 x 144 = 1152): d[r] at 2r, dmin[r] at 16 + 2r; scale byte j
+ *     (0..11), word w = j/4, at 32 + 32w + 4r + j%4 (so word w of the 8
+ *     rows is one vector and the 6-bit unpacking runs on 8 rows at once);
+ *     quant byte j (0..127), pair h = j/32, group g = j%32/4, at
+ *     128 + 256h + 32g + 4r + j%4.
+ * q6_k (8 x 210 = 1680): d[r] at 2r; scale j (0..15), chunk c = j/2, half
+ *     s = j%2, at 16 + 16c + 8s + r; ql byte j (0..127), h = j/64,
+ *     half kk = j%64/32, group g = j%32/4, at 144 + 512h + 256kk + 32g +
+ *     4r + j%4; qh byte j (0..63), h = j/32, g = j%32/4, at 1168 + 256h +
+ *     32g + 4r + j%4.
+ */
+#include <assert.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "gpud/backend/cpu/kernels_impl.h"
+
+/* Where byte o of row r's block goes in the unit (layouts above). */
+static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
+{
+	switch (t) {
+	case GPUD_TYPE_Q4_0:
+		if (o < 2)
+			return 2 * r + o;
+		o -= 2;
+		return 16 + 32 * (o / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q8_0:
+		if (o < 2)
+			return 2 * r + o;
+		o -= 2;
+		return 16 + 32 * (o / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q4_K:
+		if (o < 4) /* d, dmin */
+			return 16 * (o / 2) + 2 * r + o % 2;
+		if (o < 16) {
+			o -= 4;
+			return 32 + 32 * (o / 4) + 4 * r + o % 4;
+		}
+		o -= 16;
+		return 128 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q6_K:
+		if (o >= 208) /* d */
+			return 2 * r + (o - 208);
+		if (o >= 192) { /* scales */
+			o -= 192;
+			return 16 + 16 * (o / 2) + 8 * (o % 2) + r;
+		}
+		if (o >= 128) { /* qh */
+			o -= 128;
+			return 1168 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+		}
+		return 144 + 512 * (o / 64) + 256 * (o % 64 / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	default:
+		return 0;
+	}
+}
+
+bool gpud__pk_type(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_K ||
+	       t == GPUD_TYPE_Q6_K;
+}
+
+/* Per packed type, the unit's permutation: perm[r * bsz + o] = pk_pos(). */
+#define PK_MAX_UNIT (GPUD__PK_ROWS * 210)
+static struct {
+	uint16_t perm[PK_MAX_UNIT];
+} g_tab[4];
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+static int tab_index(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q4_0 ? 0 : t == GPUD_TYPE_Q8_0 ? 1 : t == GPUD_TYPE_Q4_K ? 2 : 3;
+}
+
+static void tab_init(void)
+{
+	static const enum gpud_type ts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
+					     GPUD_TYPE_Q6_K };
+
+	for (size_t k = 0; k < 4; k++) {
+		size_t bsz = gpud_type_block_bytes(ts[k]);
+
+		for (size_t r = 0; r < GPUD__PK_ROWS; r++)
+			for (size_t o = 0; o < bsz; o++)
+				g_tab[tab_index(ts[k])].perm[r * bsz + o] = (uint16_t)pk_pos(ts[k], r, o);
+	}
+}
+
+static const uint16_t *perm_of(enum gpud_type t)
+{
+	pthread_once(&g_once, tab_init);
+	return g_tab[tab_index(t)].perm;
+}
+
+void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, int64_t i,
+			   uint8_t *out)
+{
+	const size_t bsz = gpud_type_block_bytes(t);
+	const uint8_t *u = group + (size_t)i * GPUD__PK_ROWS * bsz;
+	const uint16_t *perm = perm_of(t) + (size_t)r * bsz;
+
+	for (size_t o = 0; o < bsz; o++)
+		out[o] = u[perm[o]];
+}
+
+void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, int64_t g1,
+			int64_t cols)
+{
+	const size_t bsz = gpud_type_block_bytes(t), wrow = gpud_type_row_bytes(t, (uint64_t)cols);
+	const int64_t nb = cols / (int64_t)gpud_type_block_elems(t);
+	const uint16_t *perm = perm_of(t);
+
+	assert(gpud__pk_type(t));
+	for (int64_t g = g0; g < g1; g++) {
+		const uint8_t *src = (const uint8_t *)W + (size_t)g * GPUD__PK_ROWS * wrow;
+		uint8_t *u = (uint8_t *)dst + (size_t)g * GPUD__PK_ROWS * wrow;
+
+		for (int64_t i = 0; i < nb; i++, u += GPUD__PK_ROWS * bsz)
+			for (size_t r = 0; r < GPUD__PK_ROWS; r++) {
+				const uint8_t *blk = src + r * wrow + (size_t)i * bsz;
+				const uint16_t *p = perm + r * bsz;
+
+				for (size_t o = 0; o < bsz; o++)
+					u[p[o]] = blk[o];
+			}
+	}
+}
