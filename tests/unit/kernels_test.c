@@ -537,6 +537,16 @@ static void test_matmul_packed(void **state)
 			gpud_matmul_pack(s & 1 ? tp : NULL, t, c.w, pk, c.rows, c.cols);
 			/* a real reordering of the same bytes */
 			assert_memory_not_equal(pk, c.w, wbytes);
+			/* rows gathered from the packed copy (a tied embedding) */
+			for (int64_t r = 0; r < c.rows; r++) {
+				float *ra = malloc(sizeof(float) * 2 * (size_t)c.cols);
+
+				assert_non_null(ra);
+				gpud_get_row(t, c.w, c.cols, r, ra);
+				gpud_get_row_packed(t, pk, c.cols, r, ra + c.cols);
+				assert_memory_equal(ra, ra + c.cols, sizeof(float) * (size_t)c.cols);
+				free(ra);
+			}
 			for (int64_t batch = 1; batch <= 17; batch += (kq ? 3 : 1)) {
 				gpud_cpu_set_features(~0u);
 				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);

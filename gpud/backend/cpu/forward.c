@@ -504,7 +504,8 @@ static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, siz
 	c->b = b;
 	prepare(c, b);
 	for (uint32_t t = 0; t < T; t++)
-		gpud_get_row(w->tok_embd.type, w->tok_embd.data, dim, b->tokens[t],
+		(w->tok_embd.packed ? gpud_get_row_packed : gpud_get_row)(
+			w->tok_embd.type, w->tok_embd.data, dim, b->tokens[t],
 			     c->x + (size_t)t * dim);
 	run_add_norm(c, false, w->layers[0].attn_norm);
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
@@ -595,6 +596,9 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 	/* Per-thread attention and fused-decode buffers: small next to the above. */
 	total += nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
 	/* The instance's packed weight copies (pack_weights()). */
+	if (gpud_matmul_packable(w->output.type, w->output.rows, w->output.cols))
+		total += SZ64(gpud_type_row_bytes(w->output.type, (uint64_t)w->output.cols) *
+			      (uint64_t)w->output.rows);
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
 		const struct gpud_layer_weights *L = &w->layers[l];
 		const struct gpud_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
@@ -609,14 +613,15 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 #undef SZ64
 }
 
-/* The layer matrices the kernels read faster packed (q4_0 on AVX2, see
- * backend/cpu/kernels.h) are copied into one reservation in that layout,
- * and c->w becomes a copy of the model's table that points at them. The
- * copy is made once, here; the model's mapping of those tensors is then
+/* The matrices the kernels read faster packed (q4_0, q8_0, q4_k, q6_k on
+ * AVX2, see backend/cpu/kernels.h) are copied into one reservation in that
+ * layout, and c->w becomes a copy of the model's table that points at
+ * them: the layer matrices and the output (with a tied embedding table,
+ * the embedding too, gathered from the packed copy). The copy is made
+ * once, here, on the pool; the model's mapping of those tensors is then
  * never read again by this instance, so its pages stay in the page cache
- * only (the resident cost is about the packed bytes, not twice them). The
- * embedding table (gathered by row) and the output matrix are left as
- * they are. Returns 0 (also when nothing is packable) or -ENOMEM. */
+ * only (the resident cost is about the packed bytes, not twice them).
+ * Returns 0 (also when nothing is packable) or -ENOMEM. */
 static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 {
 	const uint32_t nl = c->hp->n_layers;
@@ -653,6 +658,24 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 				off += n;
 			}
 		}
+		/* The output matrix; a tied embedding table is the same matrix,
+		 * gathered from the packed copy (gpud_get_row_packed()). */
+		if (gpud_matmul_packable(w->output.type, w->output.rows, w->output.cols)) {
+			const struct gpud_weight *s = &w->output;
+			size_t n = gpud_type_row_bytes(s->type, (uint64_t)s->cols) * (size_t)s->rows;
+
+			n = (n + 63) / 64 * 64;
+			if (pass == 1) {
+				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
+				c->pw.output.data = c->packed + off;
+				c->pw.output.packed = true;
+				if (w->tok_embd.data == w->output.data)
+					c->pw.tok_embd = c->pw.output;
+				off += n;
+			} else {
+				total += n;
+			}
+		}
 		if (pass == 0) {
 			if (!total)
 				return 0;
@@ -661,10 +684,10 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 			c->players = calloc(nl, sizeof(*c->players));
 			if (!c->packed || !c->players)
 				return -ENOMEM;
+			c->pw = *w;
+			c->pw.layers = c->players;
 		}
 	}
-	c->pw = *w;
-	c->pw.layers = c->players;
 	c->w = &c->pw;
 	return 0;
 }

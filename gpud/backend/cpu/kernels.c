@@ -105,6 +105,24 @@ void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, floa
 	gpud_dequantize_row(t, row, out, cols);
 }
 
+void gpud_get_row_packed(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
+{
+	const size_t wrow = gpud_type_row_bytes(t, (uint64_t)cols);
+	const int64_t be = gpud_type_block_elems(t), nb = cols / be;
+	const uint8_t *group = (const uint8_t *)W + (size_t)(r - r % GPUD__PK_ROWS) * wrow;
+	uint8_t blk[sizeof(struct gpud_block_q6_k)];
+
+	assert(gpud__pk_type(t) && gpud_type_block_bytes(t) <= sizeof(blk));
+	for (int64_t i = 0; i < nb; i++, out += be) {
+		gpud__pk_unpack_block(t, group, r % GPUD__PK_ROWS, i, blk);
+#ifdef GPUD_HAVE_X86
+		if (use_vec() && gpud__x86_dequantize_row(t, blk, out, be))
+			continue;
+#endif
+		gpud_dequantize_row(t, blk, out, be);
+	}
+}
+
 /* ---- matmul ------------------------------------------------------------ */
 
 static bool is_quant(enum gpud_type t)

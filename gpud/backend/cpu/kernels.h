@@ -105,7 +105,10 @@ void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			float *y, void *scratch);
 
 /* Row r of an embedding table (type t, width cols) into floats: the bits
- * of gpud_dequantize_row() on that row, vectorized where the CPU can. */
+ * of gpud_dequantize_row() on that row, vectorized where the CPU can.
+ * gpud_get_row_packed(): the same row of the table's packed copy (a tied
+ * embedding shares its matrix with the output). */
 void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out);
+void gpud_get_row_packed(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out);
 
 #endif
