@@ -168,7 +168,11 @@ int main(int argc, char **argv)
 						only);
 					return 1;
 				}
+				double t0 = bench_now();
+
 				gpud_matmul_pack(tps[2], types[ti], plain, arena, rows, cols);
+				printf("| %sp | %ldx%ld | pack: %.2f GB/s, 2 threads (load time) |\n",
+				       gpud_type_name(types[ti]), rows, cols, wbytes / (bench_now() - t0) * 1e-9);
 			}
 			for (long k = 1; k < ncopies; k++)
 				memcpy(arena + (size_t)k * wbytes, arena, wbytes);

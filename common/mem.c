@@ -160,3 +160,57 @@ int sw_mem_rss(pid_t pid, struct sw_mem_rss *out)
 	}
 	return 0;
 }
+
+#define BIG_ALIGN ((size_t)2 << 20)
+
+static size_t big_size(size_t n)
+{
+	return (n + BIG_ALIGN - 1) / BIG_ALIGN * BIG_ALIGN;
+}
+
+void *sw_mem_map_big(size_t n)
+{
+	size_t len = big_size(n), head;
+	uint8_t *p, *a;
+
+	if (!n) {
+		errno = EINVAL;
+		return NULL;
+	}
+	/* Over-map by one alignment unit and trim both ends. */
+	p = mmap(NULL, len + BIG_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+		 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	a = (uint8_t *)(((uintptr_t)p + BIG_ALIGN - 1) & ~(uintptr_t)(BIG_ALIGN - 1));
+	head = (size_t)(a - p);
+	if (head)
+		munmap(p, head);
+	if (BIG_ALIGN - head)
+		munmap(a + len, BIG_ALIGN - head);
+#ifdef MADV_HUGEPAGE
+	/* Advice only: without THP the pages are small, nothing else changes. */
+	(void)madvise(a, len, MADV_HUGEPAGE);
+#endif
+	return a;
+}
+
+void sw_mem_unmap_big(void *p, size_t n)
+{
+	if (p)
+		munmap(p, big_size(n));
+}
+
+int sw_mem_drop_file_pages(const void *p, size_t n)
+{
+	long ps = sysconf(_SC_PAGESIZE);
+	uintptr_t lo, hi;
+
+	if (ps <= 0 || !p)
+		return -EINVAL;
+	lo = ((uintptr_t)p + (uintptr_t)ps - 1) & ~(uintptr_t)(ps - 1);
+	hi = ((uintptr_t)p + n) & ~(uintptr_t)(ps - 1);
+	if (hi <= lo)
+		return 0;
+	return madvise((void *)lo, hi - lo, MADV_DONTNEED) ? -errno : 0;
+}

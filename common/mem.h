@@ -53,6 +53,24 @@ const char *sw_mem_method_name(enum sw_mem_method m);
  * kernel lacks it makes every prefault fail with -EINVAL); 0 probes again. */
 void sw_mem__force_method(enum sw_mem_method m);
 
+/* A large private anonymous mapping for data every step streams through
+ * (the CPU backend's packed weights): n rounded up to 2 MiB, 2 MiB
+ * aligned, with transparent huge pages asked for (MADV_HUGEPAGE; where
+ * THP is off the mapping just has small pages). Huge pages take a 4 KiB
+ * page fault, a TLB miss and a stop of the hardware prefetcher at every
+ * 4 KiB of a weight stream away. Not backed until written: fill it or
+ * sw_mem_prefault() it at once. Returns NULL (errno set) on failure; free
+ * with sw_mem_unmap_big(p, n) (the same n). */
+void *sw_mem_map_big(size_t n);
+void sw_mem_unmap_big(void *p, size_t n);
+
+/* Gives back this process's hold on the whole pages inside [p, p + n) of
+ * a read-only file mapping (madvise MADV_DONTNEED): they leave its RSS but
+ * stay in the page cache, and a later read maps them again. For weights a
+ * process has copied elsewhere and will not read again. Returns 0 or a
+ * negated errno. */
+int sw_mem_drop_file_pages(const void *p, size_t n);
+
 /* Resident memory of a process, from /proc/PID/status, in bytes. */
 struct sw_mem_rss {
 	uint64_t rss;   /* VmRSS: everything resident */

@@ -653,6 +653,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 					continue;
 				}
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
+				(void)sw_mem_drop_file_pages(s->data, n);
 				ds[i]->data = c->packed + off;
 				ds[i]->packed = true;
 				off += n;
@@ -667,6 +668,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 			n = (n + 63) / 64 * 64;
 			if (pass == 1) {
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
+				(void)sw_mem_drop_file_pages(s->data, n);
 				c->pw.output.data = c->packed + off;
 				c->pw.output.packed = true;
 				if (w->tok_embd.data == w->output.data)
@@ -680,7 +682,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 			if (!total)
 				return 0;
 			c->packed_bytes = total;
-			c->packed = aligned_alloc(64, total);
+			c->packed = sw_mem_map_big(total);
 			c->players = calloc(nl, sizeof(*c->players));
 			if (!c->packed || !c->players)
 				return -ENOMEM;
@@ -698,7 +700,7 @@ static void cpu_destroy(void *ctx)
 
 	if (!c)
 		return;
-	free(c->packed);
+	sw_mem_unmap_big(c->packed, c->packed_bytes);
 	free(c->players);
 	gpud_tp_destroy(c->tp);
 	sw_arena_destroy(&c->arena);

@@ -79,10 +79,20 @@ bool gpud__pk_type(enum gpud_type t)
 	       t == GPUD_TYPE_Q6_K;
 }
 
-/* Per packed type, the unit's permutation: perm[r * bsz + o] = pk_pos(). */
+/* Per packed type, the unit's permutation, perm[r * bsz + o] = pk_pos(),
+ * and the same as runs of bytes contiguous on both sides (4-byte groups,
+ * fp16 scales: about 4 bytes a run), which pack copies. */
 #define PK_MAX_UNIT (GPUD__PK_ROWS * 210)
+#define PK_MAX_RUNS (GPUD__PK_ROWS * 65) /* q6_k: 1 + 16 + 32 + 16 per row */
+struct pk_run {
+	uint16_t src;      /* offset in the 8 rows' blocks back to back, r * bsz + o */
+	uint16_t dst, len; /* offset in the unit, bytes */
+	uint16_t row, off; /* src as row r and offset o in its block */
+};
 static struct {
 	uint16_t perm[PK_MAX_UNIT];
+	struct pk_run runs[PK_MAX_RUNS];
+	size_t n_runs;
 } g_tab[4];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -98,17 +108,32 @@ static void tab_init(void)
 
 	for (size_t k = 0; k < 4; k++) {
 		size_t bsz = gpud_type_block_bytes(ts[k]);
+		__typeof__(g_tab[0]) *tb = &g_tab[tab_index(ts[k])];
 
-		for (size_t r = 0; r < GPUD__PK_ROWS; r++)
-			for (size_t o = 0; o < bsz; o++)
-				g_tab[tab_index(ts[k])].perm[r * bsz + o] = (uint16_t)pk_pos(ts[k], r, o);
+		for (size_t r = 0; r < GPUD__PK_ROWS; r++) {
+			for (size_t o = 0; o < bsz; o++) {
+				size_t i = r * bsz + o, d = pk_pos(ts[k], r, o);
+				struct pk_run *last = tb->n_runs ? &tb->runs[tb->n_runs - 1] : NULL;
+
+				tb->perm[i] = (uint16_t)d;
+				if (o && last && last->src + last->len == i && last->dst + last->len == d) {
+					last->len++;
+					continue;
+				}
+				assert(tb->n_runs < PK_MAX_RUNS);
+				tb->runs[tb->n_runs++] = (struct pk_run){
+					.src = (uint16_t)i, .dst = (uint16_t)d, .len = 1,
+					.row = (uint16_t)r, .off = (uint16_t)o,
+				};
+			}
+		}
 	}
 }
 
-static const uint16_t *perm_of(enum gpud_type t)
+static const __typeof__(g_tab[0]) *tab_of(enum gpud_type t)
 {
 	pthread_once(&g_once, tab_init);
-	return g_tab[tab_index(t)].perm;
+	return &g_tab[tab_index(t)];
 }
 
 void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, int64_t i,
@@ -116,7 +141,7 @@ void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, in
 {
 	const size_t bsz = gpud_type_block_bytes(t);
 	const uint8_t *u = group + (size_t)i * GPUD__PK_ROWS * bsz;
-	const uint16_t *perm = perm_of(t) + (size_t)r * bsz;
+	const uint16_t *perm = tab_of(t)->perm + (size_t)r * bsz;
 
 	for (size_t o = 0; o < bsz; o++)
 		out[o] = u[perm[o]];
@@ -127,20 +152,25 @@ void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, 
 {
 	const size_t bsz = gpud_type_block_bytes(t), wrow = gpud_type_row_bytes(t, (uint64_t)cols);
 	const int64_t nb = cols / (int64_t)gpud_type_block_elems(t);
-	const uint16_t *perm = perm_of(t);
+	const __typeof__(g_tab[0]) *tb = tab_of(t);
 
 	assert(gpud__pk_type(t));
 	for (int64_t g = g0; g < g1; g++) {
 		const uint8_t *src = (const uint8_t *)W + (size_t)g * GPUD__PK_ROWS * wrow;
 		uint8_t *u = (uint8_t *)dst + (size_t)g * GPUD__PK_ROWS * wrow;
 
-		for (int64_t i = 0; i < nb; i++, u += GPUD__PK_ROWS * bsz)
-			for (size_t r = 0; r < GPUD__PK_ROWS; r++) {
-				const uint8_t *blk = src + r * wrow + (size_t)i * bsz;
-				const uint16_t *p = perm + r * bsz;
+		for (int64_t i = 0; i < nb; i++, u += GPUD__PK_ROWS * bsz) {
+			const uint8_t *blk = src + (size_t)i * bsz;
 
-				for (size_t o = 0; o < bsz; o++)
-					u[p[o]] = blk[o];
+			for (size_t k = 0; k < tb->n_runs; k++) {
+				const struct pk_run *rn = &tb->runs[k];
+				const uint8_t *from = blk + rn->row * wrow + rn->off;
+
+				if (rn->len == 4)
+					memcpy(u + rn->dst, from, 4);
+				else
+					memcpy(u + rn->dst, from, rn->len);
 			}
+		}
 	}
 }
