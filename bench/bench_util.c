@@ -2,6 +2,8 @@
 #include "bench/bench_util.h"
 
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,12 +51,34 @@ size_t bench_llc_bytes(void)
 #define BENCH_MEMCPY_CHUNK ((size_t)8 << 20)
 
 struct copy_job {
-	char *dst;
+	char *dst;               /* NULL: read only (bench_read_gbs) */
 	const char *src;
 	size_t n;
 	double best_gbs; /* this thread's fastest chunk */
+	uint64_t sink;   /* the reads' checksum, so they are not optimized away */
 	pthread_barrier_t *start;
 };
+
+/* Reads n bytes (a multiple of 64) with 16-byte loads into 4 independent
+ * xor chains: the loads, not the arithmetic, set the pace. */
+static uint64_t read_bytes(const char *p, size_t n)
+{
+	typedef unsigned long long v2 __attribute__((vector_size(16)));
+	v2 a = { 0, 0 }, b = a, c = a, d = a, t;
+
+	for (size_t off = 0; off + 64 <= n; off += 64) {
+		memcpy(&t, p + off, 16);
+		a ^= t;
+		memcpy(&t, p + off + 16, 16);
+		b ^= t;
+		memcpy(&t, p + off + 32, 16);
+		c ^= t;
+		memcpy(&t, p + off + 48, 16);
+		d ^= t;
+	}
+	a ^= b ^ c ^ d;
+	return a[0] ^ a[1];
+}
 
 /* Copies the slice chunk by chunk, timing each: on a shared machine the
  * fastest chunk is the one copied while the thread had a core. */
@@ -67,7 +91,10 @@ static void *copy_main(void *p)
 		size_t n = j->n - off < BENCH_MEMCPY_CHUNK ? j->n - off : BENCH_MEMCPY_CHUNK;
 		double t0 = bench_now(), t;
 
-		memcpy(j->dst + off, j->src + off, n);
+		if (j->dst)
+			memcpy(j->dst + off, j->src + off, n);
+		else
+			j->sink ^= read_bytes(j->src + off, n);
 		t = bench_now() - t0;
 		if (t > 0 && (double)n / t * 1e-9 > j->best_gbs)
 			j->best_gbs = (double)n / t * 1e-9;
@@ -75,7 +102,7 @@ static void *copy_main(void *p)
 	return NULL;
 }
 
-double bench_memcpy_gbs(size_t bytes, int threads)
+static double mem_gbs(size_t bytes, int threads, bool read_only)
 {
 	struct copy_job jobs[64];
 	pthread_t tid[64];
@@ -86,15 +113,16 @@ double bench_memcpy_gbs(size_t bytes, int threads)
 	if (threads < 1 || threads > 64)
 		return -1.0;
 	src = malloc(bytes);
-	dst = malloc(bytes);
-	if (!src || !dst) {
+	dst = read_only ? NULL : malloc(bytes);
+	if (!src || (!dst && !read_only)) {
 		free(src);
 		free(dst);
 		return -1.0;
 	}
 	/* Fault every page in before timing. */
 	memset(src, 1, bytes);
-	memset(dst, 2, bytes);
+	if (dst)
+		memset(dst, 2, bytes);
 	for (int run = 0; run < BENCH_MEMCPY_RUNS; run++) {
 		size_t per = (bytes / (size_t)threads) & ~(size_t)4095;
 		int started = 0;
@@ -102,10 +130,11 @@ double bench_memcpy_gbs(size_t bytes, int threads)
 
 		pthread_barrier_init(&start, NULL, (unsigned)threads);
 		for (int i = 0; i < threads; i++) {
-			jobs[i].dst = dst + per * (size_t)i;
+			jobs[i].dst = dst ? dst + per * (size_t)i : NULL;
 			jobs[i].src = src + per * (size_t)i;
 			jobs[i].n = i == threads - 1 ? bytes - per * (size_t)i : per;
 			jobs[i].best_gbs = 0.0;
+			jobs[i].sink = 0;
 			jobs[i].start = &start;
 		}
 		for (int i = 1; i < threads; i++) {
@@ -135,6 +164,16 @@ double bench_memcpy_gbs(size_t bytes, int threads)
 	free(src);
 	free(dst);
 	return best;
+}
+
+double bench_memcpy_gbs(size_t bytes, int threads)
+{
+	return mem_gbs(bytes, threads, false);
+}
+
+double bench_read_gbs(size_t bytes, int threads)
+{
+	return mem_gbs(bytes, threads, true);
 }
 
 void bench_machine(char *buf, size_t len)

@@ -25,6 +25,9 @@ size_t bench_llc_bytes(void);
  * a quiet one). The buffers are allocated, touched and freed inside.
  * Returns a negative value when memory or threads are lacking. */
 double bench_memcpy_gbs(size_t bytes, int threads);
+/* The same, reading only (no stores): the bandwidth a weight stream can
+ * have, GB/s of bytes read. */
+double bench_read_gbs(size_t bytes, int threads);
 
 /* "<cpu model>, <n> CPUs, LLC <k> KiB, <uname -srm>" into buf (always
  * NUL-terminated). */
