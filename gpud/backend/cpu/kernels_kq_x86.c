@@ -30,6 +30,9 @@
 
 #define KQ_ROWS 8
 #define KQ_BC 8 /* batch columns per pass over a row group */
+#ifndef PK_PF
+#define PK_PF 2 /* packed: units (8 rows x a super-block) prefetched ahead */
+#endif
 
 TGT_INLINE __m256i bcast4(const int8_t *p)
 {
@@ -199,10 +202,12 @@ TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m25
 		__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 1168 + 256 * h + 32 * g));
 
 		l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
-		hb = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * k)),
-				      _mm256_set1_epi8(3));
-		T[g] = _mm256_sub_epi8(_mm256_or_si256(l, _mm256_slli_epi16(hb, 4)),
-				       _mm256_set1_epi8(32));
+		/* bits 2k, 2k + 1 of each byte straight to bits 4, 5 (the mask
+		 * drops what the 16-bit shift brings in from the next byte) */
+		hb = k < 2 ? _mm256_slli_epi16(hb, 4 - 2 * k)
+			   : k == 2 ? hb : _mm256_srli_epi16(hb, 2);
+		hb = _mm256_and_si256(hb, _mm256_set1_epi8(0x30));
+		T[g] = _mm256_sub_epi8(_mm256_or_si256(l, hb), _mm256_set1_epi8(32));
 	}
 }
 
@@ -240,7 +245,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 
 				if (PK) {
 					for (size_t o = 0; o < KQ_ROWS * bsz; o += 64)
-						_mm_prefetch((const char *)u + KQ_ROWS * bsz + o,
+						_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
 							     _MM_HINT_T0);
 					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
 					if (QT == GPUD_TYPE_Q4_K) {
@@ -377,8 +382,14 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 								p = _mm256_maddubs_epi16(T[g], xb);
 							p16[g / 4] = g % 4 ? _mm256_add_epi16(p16[g / 4], p) : p;
 						}
-						t = _mm256_add_epi32(_mm256_madd_epi16(p16[0], sa),
-								     _mm256_madd_epi16(p16[1], sb));
+						/* Q4_K's halves share their scale, and 8 nibble
+						 * products stay <= 8 * 3810 in i16: one vpmaddwd. */
+						if (QT == GPUD_TYPE_Q4_K)
+							t = _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]),
+									      sa);
+						else
+							t = _mm256_add_epi32(_mm256_madd_epi16(p16[0], sa),
+									     _mm256_madd_epi16(p16[1], sb));
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {
