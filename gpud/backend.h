@@ -97,6 +97,12 @@ struct gpud_backend_ops {
 	 * exists. */
 	uint64_t (*scratch_bytes)(const struct gpud_backend_config *cfg);
 
+	/* Optional. Of scratch_bytes(), the model weights an instance copies
+	 * for itself and then reads instead of the model's mapping (the CPU
+	 * backend's packed matrices): the plan counts those bytes per
+	 * instance and no longer in the mapping. Exact. */
+	uint64_t (*own_weight_bytes)(const struct gpud_backend_config *cfg);
+
 	/* Creates an instance for cfg: reserves everything its steps will use
 	 * (a device backend uploads the weights here). Returns 0 and *ctx, or
 	 * a negative code with a message in err (nothing is left allocated). */

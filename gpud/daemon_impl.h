@@ -181,6 +181,9 @@ struct sizing {
 	uint32_t mask_entries;    /* mask cache entries per device */
 	uint32_t max_text;        /* text bytes of one request */
 	uint64_t scratch;         /* step scratch per device (its backend's figure) */
+	uint64_t packed;          /* of which a cpu device's packed weights (the
+				   * mapping's share of those tensors is not
+				   * resident then: taken off the weights) */
 	uint64_t mask_slot;       /* one mask pool slot */
 	uint64_t mask_pool;       /* mask pool per device: mask_entries + 1 slots */
 	uint64_t server;          /* connection regions and request slots */

@@ -312,6 +312,23 @@ static uint64_t scratch_bytes(const struct sw_config *cfg, const struct gpud_mod
 	return most;
 }
 
+/* Of that, the weights a cpu device's backend copies for itself
+ * (own_weight_bytes: packed matrices), which leave the mapping. */
+static uint64_t own_weight_bytes(const struct sw_config *cfg, const struct gpud_model *m,
+				 uint32_t threads_per_dev)
+{
+	const typeof(cfg->gpud) *g = &cfg->gpud;
+
+	for (uint32_t i = 0; i < g->n_devices; i++) {
+		const struct gpud_backend_ops *ops = gpud_backend_for(g->devices[i].kind);
+		struct gpud_backend_config bc = backend_config(cfg, m, i, threads_per_dev);
+
+		if (ops && ops->own_weight_bytes && g->devices[i].kind == SW_DEVICE_CPU)
+			return ops->own_weight_bytes(&bc);
+	}
+	return 0;
+}
+
 #define PLAN_PROBE_BLOCKS 4096u
 
 /* Whether every configured device can run here, and what each device with
@@ -385,6 +402,7 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 	z->n_ctx = g->context && g->context < hp->n_ctx ? g->context : hp->n_ctx;
 	z->threads_per_dev = threads / g->n_devices ? threads / g->n_devices : 1;
 	z->scratch = scratch_bytes(cfg, m, z->threads_per_dev);
+	z->packed = own_weight_bytes(cfg, m, z->threads_per_dev);
 	z->mask_slot = (gpud_mask_bytes(g->max_segments, z->n_ctx, g->kv_block_tokens) +
 			4ull * g->max_segments + 63) / 64 * 64;
 	/* Slots are sized for the largest mask; the cache also bounds the
@@ -416,7 +434,9 @@ int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		.devmem = z->devmem,
 		.host_ram = host_ram(),
 		.memory_fraction = cfg->gpud.memory_fraction,
-		.weight_bytes = gpud_model_weight_bytes(m),
+		/* counted only with cpu devices: then the packed tensors are
+		 * resident in each device's copy, not in the mapping */
+		.weight_bytes = gpud_model_weight_bytes(m) - z->packed,
 		.kv_block_bytes = (uint64_t)hp->n_layers * 2 * hp->n_kv_heads *
 				  cfg->gpud.kv_block_tokens * hp->head_dim * sizeof(float),
 		.kv_blocks = cfg->gpud.kv_blocks,
@@ -493,7 +513,12 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 	fprintf(out, "memory plan: %s of %s host budget (gpud.memory_fraction %g)\n", b, a,
 		cfg->gpud.memory_fraction);
 	gpud_fmt_bytes(weights, a, sizeof(a));
-	if (p->n_cpu)
+	gpud_fmt_bytes(z->packed, c, sizeof(c));
+	if (p->n_cpu && z->packed)
+		fprintf(out, "  weights: %s (mapped once; %s of it copied into each cpu device's "
+			"scratch in the kernels' packed layout, and no longer resident in the "
+			"mapping)\n", a, c);
+	else if (p->n_cpu)
 		fprintf(out, "  weights: %s (mapped once, shared by the cpu devices)\n", a);
 	else
 		fprintf(out, "  weights: %s (mapped; read once per device at start)\n", a);
@@ -510,8 +535,8 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 			"%u blocks hold max_seqs %u full contexts)\n", dev, p->kv_blocks, bb, a,
 			cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
 		gpud_fmt_bytes(z->scratch, a, sizeof(a));
-		fprintf(out, "  %s.scratch: %s (max_batch_tokens %u, estimate)\n", dev, a,
-			cfg->gpud.max_batch_tokens);
+		fprintf(out, "  %s.scratch: %s (max_batch_tokens %u, estimate; %s of packed "
+			"weights)\n", dev, a, cfg->gpud.max_batch_tokens, c);
 		gpud_fmt_bytes(z->mask_pool, a, sizeof(a));
 		fprintf(out, "  %s.mask: %u + 1 slots x %" PRIu64 " bytes = %s\n", dev,
 			z->mask_entries, z->mask_slot, a);
@@ -553,7 +578,7 @@ int gpud__plan_check(const struct gpud_daemon *d, const struct sizing *z)
 	char a[32], b[32], c[32];
 
 	if (d->plan.n_cpu)
-		real += gpud_model_weight_bytes(d->model);
+		real += gpud_model_weight_bytes(d->model) - z->packed;
 	for (uint32_t i = 0; i < d->n_dev; i++) {
 		const struct gpud_plan_dev *o = &d->plan.dev[i];
 		const struct device *dv = &d->dev[i];

@@ -251,12 +251,15 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		}
 	}
 	if (e->ops->stats) {
-		/* the backend's reservations: KV storage and step scratch */
+		/* the backend's reservations: KV storage, step scratch and the
+		 * weights it holds itself (CPU: packed copies) */
 		struct gpud_backend_stats bs = { 0 };
 
 		e->ops->stats(e->be, &bs);
 		gpud_alloc_device_note(e->p.device, bs.kv_bytes);
 		gpud_alloc_device_note(e->p.device, bs.scratch_bytes);
+		if (bs.weight_bytes)
+			gpud_alloc_device_note(e->p.device, bs.weight_bytes);
 	}
 	*out = e;
 	return 0;

@@ -485,7 +485,7 @@ static void test_matmul_int8_paths_identical(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
-/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q4_k and q6_k:
+/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q4_k, q5_k, q6_k:
  * the same bits as the plain matrix on every path (packed vector with and
  * without VNNI, packed portable, plain), at every batch size, on whole
  * matrices, on 8-row-aligned slices and through a thread pool;
@@ -494,7 +494,7 @@ static void test_matmul_int8_paths_identical(void **state)
 static void test_matmul_packed(void **state)
 {
 	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
-					      GPUD_TYPE_Q6_K };
+					      GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
 	static const int64_t cols_i8[] = { 32, 96, 160, 1184 };
 	static const int64_t cols_kq[] = { 256, 512, 256, 1280 };
@@ -508,14 +508,14 @@ static void test_matmul_packed(void **state)
 	assert_true(gpud_matmul_packable(GPUD_TYPE_Q6_K, 16, 256));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 12, 64));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_K, 16, 64)); /* not whole blocks */
-	assert_false(gpud_matmul_packable(GPUD_TYPE_Q5_K, 16, 256));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q3_K, 16, 256));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 16, 64));
 	gpud_cpu_set_features(0);
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
 	gpud_cpu_set_features(~0u);
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const enum gpud_type t = pts[k];
-		const bool kq = t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q6_K;
+		const bool kq = t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K;
 
 		for (size_t s = 0; s < 4; s++) {
 			size_t wbytes, rb;

@@ -559,6 +559,29 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 	return n > cur ? n : cur;
 }
 
+static uint64_t packed_size(const struct gpud_weight *w)
+{
+	if (!gpud_matmul_packable(w->type, w->rows, w->cols))
+		return 0;
+	return (gpud_type_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows + 63) / 64 * 64;
+}
+
+/* own_weight_bytes: what pack_weights() copies for an instance. */
+static uint64_t cpu_own_weight_bytes(const struct gpud_backend_config *cfg)
+{
+	const struct gpud_model_weights *w = gpud_model_weights(cfg->model);
+	uint64_t total = packed_size(&w->output);
+
+	for (uint32_t l = 0; l < gpud_model_hparams(cfg->model)->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+
+		total += packed_size(&L->wq) + packed_size(&L->wk) + packed_size(&L->wv) +
+			 packed_size(&L->wo) + packed_size(&L->w_gate) + packed_size(&L->w_up) +
+			 packed_size(&L->w_down);
+	}
+	return total;
+}
+
 /* The plan's figure (gpud_backend_ops.scratch_bytes): the packed weight
  * copies plus the carve of cpu_init below with the per-thread attention and fused-section buffers
  * estimated, since the thread pool does not exist yet. Within a small
@@ -596,20 +619,7 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 	/* Per-thread attention and fused-decode buffers: small next to the above. */
 	total += nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
 	/* The instance's packed weight copies (pack_weights()). */
-	if (gpud_matmul_packable(w->output.type, w->output.rows, w->output.cols))
-		total += SZ64(gpud_type_row_bytes(w->output.type, (uint64_t)w->output.cols) *
-			      (uint64_t)w->output.rows);
-	for (uint32_t l = 0; l < hp->n_layers; l++) {
-		const struct gpud_layer_weights *L = &w->layers[l];
-		const struct gpud_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
-						   &L->w_gate, &L->w_up, &L->w_down };
-
-		for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
-			if (gpud_matmul_packable(ws[i]->type, ws[i]->rows, ws[i]->cols))
-				total += SZ64(gpud_type_row_bytes(ws[i]->type, (uint64_t)ws[i]->cols) *
-					      (uint64_t)ws[i]->rows);
-	}
-	return total;
+	return total + cpu_own_weight_bytes(cfg);
 #undef SZ64
 }
 
@@ -642,12 +652,10 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 			}
 			for (size_t i = 0; i < 7; i++) {
 				const struct gpud_weight *s = ws[i];
-				size_t n;
+				size_t n = packed_size(s);
 
-				if (!gpud_matmul_packable(s->type, s->rows, s->cols))
+				if (!n)
 					continue;
-				n = gpud_type_row_bytes(s->type, (uint64_t)s->cols) * (size_t)s->rows;
-				n = (n + 63) / 64 * 64;
 				if (!L) {
 					total += n;
 					continue;
@@ -661,11 +669,10 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 		}
 		/* The output matrix; a tied embedding table is the same matrix,
 		 * gathered from the packed copy (gpud_get_row_packed()). */
-		if (gpud_matmul_packable(w->output.type, w->output.rows, w->output.cols)) {
+		if (packed_size(&w->output)) {
 			const struct gpud_weight *s = &w->output;
-			size_t n = gpud_type_row_bytes(s->type, (uint64_t)s->cols) * (size_t)s->rows;
+			size_t n = packed_size(s);
 
-			n = (n + 63) / 64 * 64;
 			if (pass == 1) {
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
 				(void)sw_mem_drop_file_pages(s->data, n);
@@ -912,6 +919,7 @@ static void cpu_stats(void *ctx, struct gpud_backend_stats *st)
 const struct gpud_backend_ops gpud_cpu_backend = {
 	.name = "cpu",
 	.scratch_bytes = cpu_scratch_bytes,
+	.own_weight_bytes = cpu_own_weight_bytes,
 	.init = cpu_init,
 	.destroy = cpu_destroy,
 	.forward = cpu_forward,

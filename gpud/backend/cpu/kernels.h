@@ -79,7 +79,7 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 float *y, void *scratch);
 
 /* ---- packed layouts ---------------------------------------------------
- * A load-time reordering of a q4_0, q8_0, q4_k or q6_k matrix that the
+ * A load-time reordering of a q4_0, q8_0, q4_k, q5_k or q6_k matrix that the
  * vector kernels read without transposing (pack.c gives the layouts):
  * rows in groups of 8, and inside a group each block i of the 8 rows
  * interleaved so that one 32-byte load holds 4 bytes of every row. A group

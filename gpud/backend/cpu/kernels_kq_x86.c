@@ -173,8 +173,9 @@ TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m25
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
 
-	if (QT == GPUD_TYPE_Q4_K) {
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const int h = c / 2, byte = c % 4;
+		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
 		__m256i s = _mm256_and_si256(_mm256_srli_epi32(sm[c / 4], 8 * byte),
 					     _mm256_set1_epi32(0xff));
 
@@ -183,9 +184,18 @@ TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m25
 				       _mm256_set1_epi32(0xff));
 		_Pragma("GCC unroll 8")
 		for (int g = 0; g < 8; g++) {
-			__m256i v = _mm256_loadu_si256((const __m256i *)(u + 128 + 256 * h + 32 * g));
+			__m256i v = _mm256_loadu_si256((const __m256i *)(u + qs + 256 * h + 32 * g));
 
 			T[g] = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+			if (QT == GPUD_TYPE_Q5_K) {
+				/* bit c of each high-bit byte straight to bit 4 */
+				__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 128 + 32 * g));
+
+				hb = c < 4 ? _mm256_slli_epi16(hb, 4 - c)
+					   : c == 4 ? hb : _mm256_srli_epi16(hb, c - 4);
+				T[g] = _mm256_or_si256(T[g],
+						       _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+			}
 		}
 		return;
 	}
@@ -212,7 +222,7 @@ TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m25
 }
 
 /* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
- * accumulator in a register). PK: W is packed (Q4_K/Q6_K only). */
+ * accumulator in a register). PK: W is packed (Q4_K, Q5_K, Q6_K). */
 TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, int64_t bcmax,
 			int64_t r0, int64_t r1)
 {
@@ -248,7 +258,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
 							     _MM_HINT_T0);
 					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
-					if (QT == GPUD_TYPE_Q4_K) {
+					if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 						dmin = _mm256_cvtph_ps(
 							_mm_loadu_si128((const __m128i *)(u + 16)));
 						pk_q4k_scales(u, sm);
@@ -448,7 +458,11 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			kq_rows(m, GPUD_TYPE_Q4_K, false, KQ_BC, r0, r1);
 		break;
 	case GPUD_TYPE_Q5_K:
-		if (one)
+		if (m->packed && one)
+			kq_rows(m, GPUD_TYPE_Q5_K, true, 1, r0, r1);
+		else if (m->packed)
+			kq_rows(m, GPUD_TYPE_Q5_K, true, KQ_BC, r0, r1);
+		else if (one)
 			kq_rows(m, GPUD_TYPE_Q5_K, false, 1, r0, r1);
 		else
 			kq_rows(m, GPUD_TYPE_Q5_K, false, KQ_BC, r0, r1);

@@ -21,6 +21,9 @@
  *     rows is one vector and the 6-bit unpacking runs on 8 rows at once);
  *     quant byte j (0..127), pair h = j/32, group g = j%32/4, at
  *     128 + 256h + 32g + 4r + j%4.
+ * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
+ *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
+ *     (0..127) as q4_k's, 256 bytes further (384 + ...).
  * q6_k (8 x 210 = 1680): d[r] at 2r; scale j (0..15), chunk c = j/2, half
  *     s = j%2, at 16 + 16c + 8s + r; ql byte j (0..127), h = j/64,
  *     half kk = j%64/32, group g = j%32/4, at 144 + 512h + 256kk + 32g +
@@ -56,6 +59,19 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 		}
 		o -= 16;
 		return 128 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q5_K:
+		if (o < 4) /* d, dmin */
+			return 16 * (o / 2) + 2 * r + o % 2;
+		if (o < 16) {
+			o -= 4;
+			return 32 + 32 * (o / 4) + 4 * r + o % 4;
+		}
+		if (o < 48) { /* qh */
+			o -= 16;
+			return 128 + 32 * (o / 4) + 4 * r + o % 4;
+		}
+		o -= 48;
+		return 384 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
 	case GPUD_TYPE_Q6_K:
 		if (o >= 208) /* d */
 			return 2 * r + (o - 208);
@@ -76,7 +92,7 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 bool gpud__pk_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_K ||
-	       t == GPUD_TYPE_Q6_K;
+	       t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K;
 }
 
 /* Per packed type, the unit's permutation, perm[r * bsz + o] = pk_pos(),
@@ -93,20 +109,26 @@ static struct {
 	uint16_t perm[PK_MAX_UNIT];
 	struct pk_run runs[PK_MAX_RUNS];
 	size_t n_runs;
-} g_tab[4];
+} g_tab[5];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int tab_index(enum gpud_type t)
 {
-	return t == GPUD_TYPE_Q4_0 ? 0 : t == GPUD_TYPE_Q8_0 ? 1 : t == GPUD_TYPE_Q4_K ? 2 : 3;
+	switch (t) {
+	case GPUD_TYPE_Q4_0: return 0;
+	case GPUD_TYPE_Q8_0: return 1;
+	case GPUD_TYPE_Q4_K: return 2;
+	case GPUD_TYPE_Q5_K: return 3;
+	default: return 4; /* q6_k */
+	}
 }
 
 static void tab_init(void)
 {
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
-					     GPUD_TYPE_Q6_K };
+					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
 
-	for (size_t k = 0; k < 4; k++) {
+	for (size_t k = 0; k < sizeof(ts) / sizeof(ts[0]); k++) {
 		size_t bsz = gpud_type_block_bytes(ts[k]);
 		__typeof__(g_tab[0]) *tb = &g_tab[tab_index(ts[k])];
 

@@ -849,6 +849,7 @@ extern "C" int gpud_cuda_device_info(int ordinal, struct gpud_cuda_devinfo *info
 extern "C" const struct gpud_backend_ops gpud_cuda_backend = {
 	/* name */ "cuda",
 	/* scratch_bytes */ cuda_scratch_bytes,
+	/* own_weight_bytes */ nullptr, // the replica is planned per device (devmem)
 	/* init */ cuda_init,
 	/* destroy */ cuda_destroy,
 	/* forward */ cuda_forward,

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# bench/engine_ab.sh - two builds' engines on the llama-3.2-3b preset,
+# interleaved, with the memory's read bandwidth measured in every run.
+#
+#   bench/engine_ab.sh BASE_ENGINE NEW_ENGINE OUTDIR [RUNS [TYPES]]
+#
+# BASE_ENGINE and NEW_ENGINE are bench_engine binaries (say, one built
+# from an older commit in a worktree, and build/bench/bench_engine); each
+# is run RUNS times (default 3), alternating base, new, base, new ..., as
+#   bench_engine --3b --batch1-only --types TYPES --seconds 3
+# (TYPES default "f16,q8_0,q4_0,q4_k_m"; the models are written once into
+# SWARM_BENCH_MODELS, default /tmp/swarm-bench-models, by the first run:
+# minutes). Run from the project root (bench_engine reads ../shared/).
+# Both binaries read the same model files. OUTDIR gets runs.tsv (one line
+# per build, run and type: prefill tok/s, decode tok/s, decode weight
+# GB/s, the run's read bandwidth), summary.tsv (best of the runs per build
+# and type, the read bandwidth of that run and the share of it) and, when
+# gnuplot is there, decode.png and prefill.png (plot.gp). The summary is
+# printed. The machine should be quiet: nothing else is stopped here.
+set -euo pipefail
+
+base=$(realpath "${1:?usage: engine_ab.sh BASE_ENGINE NEW_ENGINE OUTDIR [RUNS [TYPES]]}")
+new=$(realpath "${2:?}")
+outdir=${3:?}
+runs=${4:-3}
+types=${5:-f16,q8_0,q4_0,q4_k_m}
+models=${SWARM_BENCH_MODELS:-/tmp/swarm-bench-models}
+mkdir -p "$outdir" "$models"
+outdir=$(realpath "$outdir")
+
+runs_tsv=$outdir/runs.tsv
+printf 'build\trun\ttype\tprefill_tok_s\tdecode_tok_s\tdecode_gbs\tread_gbs\n' > "$runs_tsv"
+for r in $(seq 1 "$runs"); do
+	for b in base new; do
+		bin=$base
+		[ "$b" = new ] && bin=$new
+		out=$outdir/run-$b-$r.txt
+		"$bin" --3b --batch1-only --types "$types" --models-dir "$models" \
+			--seconds 3 > "$out" 2> "$outdir/run-$b-$r.err"
+		# "memcpy: X GB/s; read bandwidth: Y GB/s (...)"
+		rd=$(sed -n 's/.*read bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$out")
+		# | gen-3B | type | MB | prefill | - | decode | GB/s | % | ...
+		awk -F'|' -v b="$b" -v r="$r" -v rd="$rd" '$2 ~ /gen-3B/ {
+			gsub(/ /, "", $3); gsub(/ /, "", $5); gsub(/ /, "", $7); gsub(/ /, "", $8)
+			printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b, r, $3, $5, $7, $8, rd
+		}' "$out" >> "$runs_tsv"
+		echo "run $r $b: done (read bandwidth $rd GB/s)" >&2
+	done
+done
+
+# Best of the runs per build and type (the run that had the machine).
+summary=$outdir/summary.tsv
+awk -F'\t' 'NR > 1 {
+	k = $1 "\t" $3
+	if (!(k in dec) || $5 > dec[k]) { dec[k] = $5; gbs[k] = $6; rd[k] = $7 }
+	if (!(k in pre) || $4 > pre[k]) pre[k] = $4
+	types[$3] = 1
+}
+END {
+	printf "type\tbase_prefill\tnew_prefill\tprefill_x\tbase_decode\tnew_decode\tdecode_x\t"
+	printf "new_decode_gbs\tread_gbs\tshare_of_read\n"
+	for (t in types) {
+		b = "base\t" t; n = "new\t" t
+		printf "%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\n", t, pre[b],
+		       pre[n], pre[n] / pre[b], dec[b], dec[n], dec[n] / dec[b], gbs[n], rd[n],
+		       100 * gbs[n] / rd[n]
+	}
+}' "$runs_tsv" | sort > "$summary"
+column -t -s "$(printf '\t')" "$summary"
+
+if command -v gnuplot > /dev/null; then
+	cat > "$outdir/plot.gp" <<'EOF'
+set terminal pngcairo size 900,480 font ",11"
+set datafile separator "\t"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set key top left
+set grid ytics
+set boxwidth 0.9
+set output "decode.png"
+set title "3B preset, batch-1 decode, 2 threads (best of the runs)"
+set ylabel "tokens/s"
+plot "summary.tsv" using 5:xtic(1) title "base", "" using 6 title "new"
+set output "prefill.png"
+set title "3B preset, prefill of 32 tokens, 2 threads (best of the runs)"
+plot "summary.tsv" using 2:xtic(1) title "base", "" using 3 title "new"
+EOF
+	(cd "$outdir" && gnuplot plot.gp)
+fi
