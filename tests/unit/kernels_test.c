@@ -494,8 +494,10 @@ static void test_matmul_int8_paths_identical(void **state)
 static void test_matmul_packed(void **state)
 {
 	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
-					      GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
+					      GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_F16 };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
+	static const int64_t rows_f16[] = { 16, 32, 64, 48 };
+	static const int64_t cols_f16[] = { 7, 96, 161, 1184 };
 	static const int64_t cols_i8[] = { 32, 96, 160, 1184 };
 	static const int64_t cols_kq[] = { 256, 512, 256, 1280 };
 	struct gpud_tp *tp = NULL;
@@ -509,7 +511,10 @@ static void test_matmul_packed(void **state)
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 12, 64));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_K, 16, 64)); /* not whole blocks */
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q3_K, 16, 256));
-	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 16, 64));
+	assert_true(gpud_matmul_packable(GPUD_TYPE_F16, 16, 7));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 24, 64)); /* f16 groups are 16 rows */
+	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 16, 64));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_BF16, 16, 64));
 	gpud_cpu_set_features(0);
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
 	gpud_cpu_set_features(~0u);
@@ -524,7 +529,10 @@ static void test_matmul_packed(void **state)
 			float *y3;
 
 			rng_state = 6500 + 10 * k + s;
-			mm_case_init(&c, t, rows_of[s], kq ? cols_kq[s] : cols_i8[s]);
+			if (t == GPUD_TYPE_F16)
+				mm_case_init(&c, t, rows_f16[s], cols_f16[s]);
+			else
+				mm_case_init(&c, t, rows_of[s], kq ? cols_kq[s] : cols_i8[s]);
 			rb = gpud_type_row_bytes(t, (uint64_t)c.cols);
 			wbytes = rb * (size_t)c.rows;
 			pk = malloc(wbytes);
@@ -549,7 +557,25 @@ static void test_matmul_packed(void **state)
 			}
 			for (int64_t batch = 1; batch <= 17; batch += (kq ? 3 : 1)) {
 				gpud_cpu_set_features(~0u);
-				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y, c.scratch);
+				if (t == GPUD_TYPE_F16) {
+					/* f16 packed sums each element in column order
+					 * (one fma chain), the plain kernel in 8 lanes:
+					 * the reference here is the packed portable
+					 * path, and the plain result is within the
+					 * float bound (test_matmul_vs_double) */
+					gpud_cpu_set_features(0);
+					gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y,
+							   c.scratch);
+					gpud_cpu_set_features(~0u);
+					gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, y3,
+						    c.scratch);
+					for (int64_t e = 0; e < batch * c.rows; e++)
+						assert_true(fabsf(y3[e] - c.y[e]) <=
+							    1e-5f * (1.0f + fabsf(c.y[e])) * c.cols);
+				} else {
+					gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, batch, c.y,
+						    c.scratch);
+				}
 				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2,
 						   c.scratch);
 				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
@@ -568,14 +594,15 @@ static void test_matmul_packed(void **state)
 			gpud_cpu_set_features(~0u);
 			/* a slice of rows from group 1 on, as the fused decode
 			 * sections take them */
-			if (c.rows >= 16) {
-				int64_t n = c.rows - 8;
+			if (c.rows >= 32) {
+				int64_t off = t == GPUD_TYPE_F16 ? 16 : 8, n = c.rows - off;
 
-				gpud_matmul_packed(NULL, t, pk + 8 * rb, n, c.cols, c.x, 3, y3,
+				gpud_matmul_packed(NULL, t, pk + off * rb, n, c.cols, c.x, 3, y3,
 						   c.scratch);
-				gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, 3, c.y, c.scratch);
+				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, 3, c.y,
+						   c.scratch);
 				for (int64_t b = 0; b < 3; b++)
-					assert_memory_equal(y3 + b * n, c.y + b * c.rows + 8,
+					assert_memory_equal(y3 + b * n, c.y + b * c.rows + off,
 							    sizeof(float) * (size_t)n);
 			}
 			free(pk);

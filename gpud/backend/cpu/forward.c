@@ -401,7 +401,8 @@ static void fused_mm_run(void *arg, int ith, int nth)
 		long rows = c->jobs[0].w->rows, n;
 		const float *g, *u;
 
-		gpud_tp_range(rows, ith, nth, 8, &lo, &hi);
+		/* 16: the packed layouts' groups (f16: 16 rows) */
+		gpud_tp_range(rows, ith, nth, 16, &lo, &hi);
 		if (lo >= hi)
 			return;
 		n = hi - lo;
@@ -418,7 +419,7 @@ static void fused_mm_run(void *arg, int ith, int nth)
 	}
 	for (uint32_t j = 0; j < c->n_jobs; j++)
 		total += (uint64_t)c->jobs[j].w->rows;
-	gpud_tp_range((long)total, ith, nth, 8, &lo, &hi);
+	gpud_tp_range((long)total, ith, nth, 16, &lo, &hi);
 	for (uint32_t j = 0; j < c->n_jobs; j++) {
 		const struct mm_job *jb = &c->jobs[j];
 		long rows = jb->w->rows, r0 = lo - (long)base, r1 = hi - (long)base;
@@ -559,9 +560,16 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 	return n > cur ? n : cur;
 }
 
-static uint64_t packed_size(const struct gpud_weight *w)
+/* Bytes of w's packed copy, 0 when it stays plain. L: w's layer (NULL for
+ * the output). The fused decode sections split the stacked rows of q, k,
+ * v (and of gate, up) on multiples of 16; an f16 matrix (16-row groups)
+ * is packed only where every such stack keeps that alignment. */
+static uint64_t packed_size(const struct gpud_layer_weights *L, const struct gpud_weight *w)
 {
 	if (!gpud_matmul_packable(w->type, w->rows, w->cols))
+		return 0;
+	if (L && w->type == GPUD_TYPE_F16 &&
+	    (L->wq.rows % 16 || L->wk.rows % 16 || L->wv.rows % 16 || L->w_gate.rows % 16))
 		return 0;
 	return (gpud_type_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows + 63) / 64 * 64;
 }
@@ -570,14 +578,14 @@ static uint64_t packed_size(const struct gpud_weight *w)
 static uint64_t cpu_own_weight_bytes(const struct gpud_backend_config *cfg)
 {
 	const struct gpud_model_weights *w = gpud_model_weights(cfg->model);
-	uint64_t total = packed_size(&w->output);
+	uint64_t total = packed_size(NULL, &w->output);
 
 	for (uint32_t l = 0; l < gpud_model_hparams(cfg->model)->n_layers; l++) {
 		const struct gpud_layer_weights *L = &w->layers[l];
 
-		total += packed_size(&L->wq) + packed_size(&L->wk) + packed_size(&L->wv) +
-			 packed_size(&L->wo) + packed_size(&L->w_gate) + packed_size(&L->w_up) +
-			 packed_size(&L->w_down);
+		total += packed_size(L, &L->wq) + packed_size(L, &L->wk) + packed_size(L, &L->wv) +
+			 packed_size(L, &L->wo) + packed_size(L, &L->w_gate) +
+			 packed_size(L, &L->w_up) + packed_size(L, &L->w_down);
 	}
 	return total;
 }
@@ -652,7 +660,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 			}
 			for (size_t i = 0; i < 7; i++) {
 				const struct gpud_weight *s = ws[i];
-				size_t n = packed_size(s);
+				size_t n = packed_size(M, s);
 
 				if (!n)
 					continue;
@@ -669,9 +677,9 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 		}
 		/* The output matrix; a tied embedding table is the same matrix,
 		 * gathered from the packed copy (gpud_get_row_packed()). */
-		if (packed_size(&w->output)) {
+		if (packed_size(NULL, &w->output)) {
 			const struct gpud_weight *s = &w->output;
-			size_t n = packed_size(s);
+			size_t n = packed_size(NULL, s);
 
 			if (pass == 1) {
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);

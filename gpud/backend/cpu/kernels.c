@@ -108,6 +108,14 @@ void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, floa
 void gpud_get_row_packed(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
 {
 	const size_t wrow = gpud_type_row_bytes(t, (uint64_t)cols);
+
+	if (t == GPUD_TYPE_F16) {
+		const uint16_t *g = (const uint16_t *)W + (size_t)(r - r % GPUD__PK_ROWS_F16) * cols;
+
+		for (int64_t k = 0; k < cols; k++)
+			out[k] = gpud_fp16_to_fp32(g[GPUD__PK_ROWS_F16 * k + r % GPUD__PK_ROWS_F16]);
+		return;
+	}
 	const int64_t be = gpud_type_block_elems(t), nb = cols / be;
 	const uint8_t *group = (const uint8_t *)W + (size_t)(r - r % GPUD__PK_ROWS) * wrow;
 	uint8_t blk[sizeof(struct gpud_block_q6_k)];
@@ -182,6 +190,24 @@ static float dot_ref(const struct gpud__mm *m, const uint8_t *w, int64_t b)
 
 static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	if (m->packed) { /* f16 in 16-row column-major groups (pack.c) */
+		for (int64_t r = r0; r < r1; r++) {
+			const uint16_t *g = (const uint16_t *)m->W +
+					    (size_t)(r - r % GPUD__PK_ROWS_F16) * m->cols;
+
+			for (int64_t b = 0; b < m->batch; b++) {
+				const float *x = m->x + b * m->cols;
+				float acc = 0.0f;
+
+				for (int64_t k = 0; k < m->cols; k++)
+					acc = fmaf(gpud_fp16_to_fp32(g[GPUD__PK_ROWS_F16 * k +
+								       r % GPUD__PK_ROWS_F16]),
+						   x[k], acc);
+				m->y[b * m->rows + r] = acc;
+			}
+		}
+		return;
+	}
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *w = m->W + (size_t)r * m->wrow;
 
@@ -382,7 +408,7 @@ void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 			int64_t rows, int64_t cols, const float *x, int64_t batch,
 			float *y, void *scratch)
 {
-	assert(gpud__pk_type(wtype) && rows % GPUD__PK_ROWS == 0);
+	assert(gpud__pk_type(wtype) && rows % gpud__pk_rows(wtype) == 0);
 	matmul(tp, wtype, true, W, rows, cols, x, batch, y, scratch);
 }
 
@@ -391,7 +417,7 @@ bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols)
 #ifdef GPUD_HAVE_X86
 	int64_t be = gpud_type_block_elems(t);
 
-	return gpud__pk_type(t) && rows > 0 && rows % GPUD__PK_ROWS == 0 && cols > 0 &&
+	return gpud__pk_type(t) && rows > 0 && rows % gpud__pk_rows(t) == 0 && cols > 0 &&
 	       be > 0 && cols % be == 0 && use_vec();
 #else
 	(void)t;
@@ -421,9 +447,9 @@ static void pack_worker(void *arg, int ith, int nth)
 void gpud_matmul_pack(struct gpud_tp *tp, enum gpud_type t, const void *W, void *dst,
 		      int64_t rows, int64_t cols)
 {
-	struct pack_job j = { .t = t, .W = W, .dst = dst, .groups = rows / GPUD__PK_ROWS,
+	struct pack_job j = { .t = t, .W = W, .dst = dst, .groups = rows / gpud__pk_rows(t),
 			      .cols = cols };
 
-	assert(gpud__pk_type(t) && rows % GPUD__PK_ROWS == 0);
+	assert(gpud__pk_type(t) && rows % gpud__pk_rows(t) == 0);
 	gpud_tp_run(tp, pack_worker, &j);
 }

@@ -31,8 +31,11 @@ struct gpud__mm {
 
 /* pack.c: the packed layouts. A unit is block i of a group of 8 rows. */
 #define GPUD__PK_ROWS 8
+#define GPUD__PK_ROWS_F16 16 /* f16's groups (pack.c) */
 bool gpud__pk_type(enum gpud_type t);
-/* Row r's (0..7) block i of a packed group, back in the plain layout. */
+int gpud__pk_rows(enum gpud_type t); /* rows per group */
+/* Row r's (0..7) block i of a packed group, back in the plain layout
+ * (block types only). */
 void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, int64_t i,
 			   uint8_t *out);
 /* Packs row groups [g0, g1) of plain W (cols wide) into dst (the whole

@@ -284,6 +284,102 @@ TGT_INLINE void rows_buf(const struct gpud__mm *m, enum gpud_type T, int64_t r0,
 		}                                                              \
 	}
 
+/* ---- packed f16 (pack.c: 16-row groups stored column by column) -------
+ * Lane = row: the 16 rows' weights of column k are one 32-byte load, two
+ * vectors of 8 after conversion, multiplied by column b's x[k] broadcast.
+ * Each element is one fma chain in column order from 0,
+ *     acc = fma(w[r][k], x[b][k], acc),   k = 0, 1, ..., cols - 1,
+ * whatever the tile, so a column's result does not depend on its batch,
+ * and the portable reader (kernels.c, fmaf in the same order) gives the
+ * same bits. Tiles: 16 rows x 6 columns (12 accumulators; per column of
+ * W, 2 conversions, 6 broadcasts, 12 fmas: the weights are read once per
+ * 6 columns and x once per 16 rows, against 3 x 4 tiles' 8-lane x loads
+ * of the plain layout), remainders of 1..5 columns; batch 1 takes 32 rows
+ * (two groups) at a time. */
+#ifndef F16P_KC
+#define F16P_KC 512 /* columns of W per pass: 16 KiB of a group, in L1 for every tile */
+#endif
+
+/* Columns [k0, k1) of W into the tile's elements: from 0 at k0 == 0, else
+ * from the partial sums left in y (stored and reloaded exactly, so the
+ * chain is the same). */
+TGT_INLINE void f16p_tile(const struct gpud__mm *m, int64_t r, int G, int64_t b0, int BT,
+			  int64_t k0, int64_t k1)
+{
+	const int64_t cols = m->cols;
+	const uint16_t *g = (const uint16_t *)m->W + (size_t)r * (size_t)cols;
+	const float *x[6];
+	__m256 acc[6][4];
+
+#pragma GCC unroll 6
+	for (int b = 0; b < BT; b++)
+		x[b] = m->x + (b0 + b) * cols;
+#pragma GCC unroll 6
+	for (int b = 0; b < BT; b++)
+#pragma GCC unroll 4
+		for (int v = 0; v < 2 * G; v++)
+			acc[b][v] = k0 ? _mm256_loadu_ps(m->y + (b0 + b) * m->rows + r + 8 * v)
+				       : _mm256_setzero_ps();
+	for (int64_t k = k0; k < k1; k++) {
+		__m256 w[4];
+
+#pragma GCC unroll 2
+		for (int q = 0; q < G; q++) {
+			const uint16_t *p = g + (size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
+					    GPUD__PK_ROWS_F16 * k;
+
+			_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
+			w[2 * q] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+			w[2 * q + 1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+		}
+#pragma GCC unroll 6
+		for (int b = 0; b < BT; b++) {
+			__m256 xb = _mm256_broadcast_ss(x[b] + k);
+
+#pragma GCC unroll 4
+			for (int v = 0; v < 2 * G; v++)
+				acc[b][v] = _mm256_fmadd_ps(w[v], xb, acc[b][v]);
+		}
+	}
+#pragma GCC unroll 6
+	for (int b = 0; b < BT; b++)
+#pragma GCC unroll 4
+		for (int v = 0; v < 2 * G; v++)
+			_mm256_storeu_ps(m->y + (b0 + b) * m->rows + r + 8 * v, acc[b][v]);
+}
+
+/* Rows [r0, r1) of a packed f16 matrix (r0, r1 multiples of 16). */
+TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	int64_t r = r0;
+
+	const int64_t cols = m->cols;
+
+	if (m->batch == 1) {
+		for (; r + 32 <= r1; r += 32)
+			f16p_tile(m, r, 2, 0, 1, 0, cols);
+		for (; r < r1; r += 16)
+			f16p_tile(m, r, 1, 0, 1, 0, cols);
+		return;
+	}
+	for (; r < r1; r += 16) {
+		for (int64_t k0 = 0; k0 < cols; k0 += F16P_KC) {
+			int64_t k1 = cols - k0 < F16P_KC ? cols : k0 + F16P_KC, b = 0;
+
+			for (; b + 6 <= m->batch; b += 6)
+				f16p_tile(m, r, 1, b, 6, k0, k1);
+			switch (m->batch - b) {
+			case 5: f16p_tile(m, r, 1, b, 5, k0, k1); break;
+			case 4: f16p_tile(m, r, 1, b, 4, k0, k1); break;
+			case 3: f16p_tile(m, r, 1, b, 3, k0, k1); break;
+			case 2: f16p_tile(m, r, 1, b, 2, k0, k1); break;
+			case 1: f16p_tile(m, r, 1, b, 1, k0, k1); break;
+			default: break;
+			}
+		}
+	}
+}
+
 DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
 DEFINE_ROWS_F(rows_f16, GPUD_TYPE_F16)
 DEFINE_ROWS_F(rows_bf16, GPUD_TYPE_BF16)
@@ -593,7 +689,10 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 		rows_f32(m, r0, r1);
 		break;
 	case GPUD_TYPE_F16:
-		rows_f16(m, r0, r1);
+		if (m->packed)
+			rows_f16p(m, r0, r1);
+		else
+			rows_f16(m, r0, r1);
 		break;
 	case GPUD_TYPE_BF16:
 		rows_bf16(m, r0, r1);

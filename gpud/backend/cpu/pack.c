@@ -24,6 +24,10 @@
  * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
  *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
  *     (0..127) as q4_k's, 256 bytes further (384 + ...).
+ * f16 (16 rows, not 8): no blocks; a group of 16 rows is stored column by
+ *     column, element k of row r at 2 * (16k + r): the 16 rows' weights of
+ *     one column are 32 contiguous bytes, a vector of 16 lanes = rows
+ *     (kernels_x86.c, rows_f16p()).
  * q6_k (8 x 210 = 1680): d[r] at 2r; scale j (0..15), chunk c = j/2, half
  *     s = j%2, at 16 + 16c + 8s + r; ql byte j (0..127), h = j/64,
  *     half kk = j%64/32, group g = j%32/4, at 144 + 512h + 256kk + 32g +
@@ -92,7 +96,25 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 bool gpud__pk_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_K ||
-	       t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K;
+	       t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16;
+}
+
+int gpud__pk_rows(enum gpud_type t)
+{
+	return t == GPUD_TYPE_F16 ? GPUD__PK_ROWS_F16 : GPUD__PK_ROWS;
+}
+
+/* f16: one group of 16 rows, column by column. */
+static void pack_f16(const uint16_t *src, uint16_t *dst, int64_t cols)
+{
+	for (int64_t k0 = 0; k0 < cols; k0 += 64) {
+		int64_t k1 = k0 + 64 < cols ? k0 + 64 : cols;
+
+		/* 64 columns of the 16 rows at a time: reads stay in 16 lines */
+		for (int r = 0; r < GPUD__PK_ROWS_F16; r++)
+			for (int64_t k = k0; k < k1; k++)
+				dst[GPUD__PK_ROWS_F16 * k + r] = src[r * cols + k];
+	}
 }
 
 /* Per packed type, the unit's permutation, perm[r * bsz + o] = pk_pos(),
@@ -174,9 +196,16 @@ void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, 
 {
 	const size_t bsz = gpud_type_block_bytes(t), wrow = gpud_type_row_bytes(t, (uint64_t)cols);
 	const int64_t nb = cols / (int64_t)gpud_type_block_elems(t);
-	const __typeof__(g_tab[0]) *tb = tab_of(t);
+	const __typeof__(g_tab[0]) *tb;
 
 	assert(gpud__pk_type(t));
+	if (t == GPUD_TYPE_F16) {
+		for (int64_t g = g0; g < g1; g++)
+			pack_f16((const uint16_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
+				 (uint16_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
+		return;
+	}
+	tb = tab_of(t);
 	for (int64_t g = g0; g < g1; g++) {
 		const uint8_t *src = (const uint8_t *)W + (size_t)g * GPUD__PK_ROWS * wrow;
 		uint8_t *u = (uint8_t *)dst + (size_t)g * GPUD__PK_ROWS * wrow;
