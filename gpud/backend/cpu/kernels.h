@@ -2,7 +2,8 @@
  *
  * The weight formats themselves (traits, block layouts, quantize,
  * dequantize) are gpud/quant.h's; this file multiplies them. Quantized
- * weights are used in place. Float-type weights (f32/f16/bf16) are
+ * weights are used in place, or in a packed copy made once at load
+ * ("packed layouts" below; the CPU backend packs what it can). Float-type weights (f32/f16/bf16) are
  * multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
  * int8 path at every batch size: each activation row is quantized once per
  * gpud_matmul call to blocks of 32 int8 (fp32 scale d = max|x| / 127,
@@ -79,24 +80,30 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 float *y, void *scratch);
 
 /* ---- packed layouts ---------------------------------------------------
- * A load-time reordering of a q4_0, q8_0, q4_k, q5_k or q6_k matrix that the
- * vector kernels read without transposing (pack.c gives the layouts):
- * rows in groups of 8, and inside a group each block i of the 8 rows
- * interleaved so that one 32-byte load holds 4 bytes of every row. A group
- * takes exactly the bytes of its 8 plain rows, in the same place, so a
- * slice of rows starting at a multiple of 8 is found as in the plain
- * matrix. The arithmetic, and so every bit of the result, is gpud_matmul's
- * on the plain matrix, on every path (the portable one reads the layouts
- * too). The plain layout costs the int8 kernels an 8x8 transpose of every
- * block group on every call, which bounds batch-1 decode well below the
- * memory's speed (q4_0: 2.5x faster packed, bench_matmul).
+ * A load-time reordering of a q4_0, q8_0, q4_k, q5_k, q6_k or f16 matrix
+ * that the vector kernels read without transposing (pack.c gives the
+ * layouts): rows in groups of 8 (f16: 16), and inside a group each block
+ * i of the rows interleaved so that one 32-byte load holds 4 bytes of
+ * every row (f16: one column of the 16 rows). A group takes exactly the
+ * bytes of its plain rows, in the same place, so a slice of rows starting
+ * at a multiple of the group is found as in the plain matrix. For the
+ * quantized types the arithmetic, and so every bit of the result, is
+ * gpud_matmul's on the plain matrix, on every path (the portable one reads
+ * the layouts too). Packed f16 sums each element as one fma chain in
+ * column order, on both paths alike (the same bits), which is not the
+ * plain f16 kernels' order: its results differ from theirs within the
+ * float bound. The plain layout costs the int8 kernels an 8x8 transpose
+ * of every block group on every call, which bounds batch-1 decode well
+ * below the memory's speed (q4_0: 2.5x faster packed, bench_matmul); f16
+ * packed reads each weight once per 6 batch columns and x once per 16
+ * rows (prefill).
  *
  * gpud_matmul_packable(): true when packing pays and is possible: one of
- * those types, rows a multiple of 8, and the AVX2 kernels in use (the
- * portable kernels gain nothing from it). gpud_matmul_pack(): writes the
- * packed copy of W (rows x cols, plain) to dst, gpud_type_row_bytes(t,
- * cols) * rows bytes, not overlapping; tp may be NULL.
- * gpud_matmul_packed(): gpud_matmul() on a packed W. */
+ * those types, rows a multiple of the group, whole blocks, and the AVX2
+ * kernels in use (the portable kernels gain nothing from it).
+ * gpud_matmul_pack(): writes the packed copy of W (rows x cols, plain) to
+ * dst, gpud_type_row_bytes(t, cols) * rows bytes, not overlapping; on tp
+ * (may be NULL). gpud_matmul_packed(): gpud_matmul() on a packed W. */
 bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols);
 void gpud_matmul_pack(struct gpud_tp *tp, enum gpud_type t, const void *W, void *dst,
 		      int64_t rows, int64_t cols);
