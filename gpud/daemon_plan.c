@@ -360,14 +360,25 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			struct gpud_cuda_devinfo info;
 			struct gpud_cuda_plan p0, p1;
 			char why[SW_ERR_MAX];
+			uint64_t n0 = PLAN_PROBE_BLOCKS, bt = bc.block_tokens;
 
 			rc = gpud_cuda_device_info(dev->index, &info, why, sizeof(why));
 			if (rc)
 				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", i, why);
+			/* The fixed pools at their largest: enough blocks that the
+			 * block tables and mask slots cover the model's whole
+			 * context (gpud_cuda_plan_for reports all zeros for 0
+			 * blocks, a config no instance can have). The KV block
+			 * size per block over PLAN_PROBE_BLOCKS more: a pool
+			 * rounded up to its alignment does not pass for one
+			 * block's size. */
+			if (bt && (gpud_model_hparams(m)->n_ctx + bt - 1) / bt > n0)
+				n0 = (gpud_model_hparams(m)->n_ctx + bt - 1) / bt;
+			if (n0 > UINT32_MAX - PLAN_PROBE_BLOCKS)
+				n0 = UINT32_MAX - PLAN_PROBE_BLOCKS;
+			bc.n_blocks = (uint32_t)n0;
 			gpud_cuda_plan_for(&bc, &p0);
-			/* Per block over many blocks: a pool rounded up to its
-			 * alignment does not pass for one block's size. */
-			bc.n_blocks = PLAN_PROBE_BLOCKS;
+			bc.n_blocks = (uint32_t)n0 + PLAN_PROBE_BLOCKS;
 			gpud_cuda_plan_for(&bc, &p1);
 			memset(dm, 0, sizeof(*dm));
 			snprintf(dm->name, sizeof(dm->name), "%s", info.name);
