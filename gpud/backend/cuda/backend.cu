@@ -332,6 +332,40 @@ void cuda_destroy(void *ctx)
 
 int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *err,
 	    size_t errlen);
+int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y, char *err,
+       size_t errlen);
+
+// Below this many tokens float-type weights take the GEMV (gpud_k_mv_f).
+#define MV_MAX_T 8
+
+// cuBLAS sets itself up on its first GEMM: one is run eagerly here, before
+// the decode graphs are captured, so that the captures (which reach
+// cuBLAS from 9 tokens on with F16/BF16 weights) record GEMMs only. The
+// first layer's wq at the largest graph size, on zeroed activations, into
+// the step scratch (overwritten by every step). Nothing is allocated.
+int warm_blas(cuda_ctx *c, char *err, size_t errlen)
+{
+	const gpud_cuda_mat *w = &c->layers[0].wq;
+	uint32_t T = gpud_cuda_graph_max_t(&c->L);
+	size_t half;
+
+	if (w->type != GPUD_TYPE_F16 && w->type != GPUD_TYPE_BF16)
+		return 0;
+	if (T > c->cfg.max_batch_tokens)
+		T = c->cfg.max_batch_tokens;
+	if (T <= MV_MAX_T)
+		return 0;
+	half = (size_t)T * (size_t)w->cols * 2; // bytes of one split half
+	CK(cudaMemsetAsync(c->acth_hi, 0, half, c->stream), "cuBLAS warm-up");
+	CK(cudaMemsetAsync(c->acth_lo, 0, half, c->stream), "cuBLAS warm-up");
+	CK(cudaMemsetAsync(c->ascale, 0, sizeof(float) * T, c->stream), "cuBLAS warm-up");
+	int rc = mm(c, w, c->x, T, c->q, err, errlen);
+
+	if (rc)
+		return rc;
+	CK(cudaStreamSynchronize(c->stream), "cuBLAS warm-up");
+	return 0;
+}
 
 // Captures the decode graphs (T tokens, T logits rows, no hidden states)
 // for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
@@ -449,6 +483,9 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->h_meta = (uint32_t *)(c->staging + L->st_meta);
 	c->h_mask = c->staging + L->st_mask;
 	CK(cudaStreamSynchronize(c->stream), "init");
+	rc = warm_blas(c, err, errlen);
+	if (rc)
+		return rc;
 	{
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
@@ -526,9 +563,6 @@ uint64_t cuda_scratch_bytes(const struct gpud_backend_config *cfg)
 }
 
 /* --- the step -------------------------------------------------------------- */
-
-// Below this many tokens float-type weights take the GEMV (gpud_k_mv_f).
-#define MV_MAX_T 8
 
 // y (T, rows) = W x (T, cols), activations already prepared for W's type
 // (prep: quantized for Q8_0/Q4_0, split for F16/BF16 prefill).
