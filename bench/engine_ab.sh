@@ -70,8 +70,9 @@ column -t -s "$(printf '\t')" "$summary"
 
 if command -v gnuplot > /dev/null; then
 	cat > "$outdir/plot.gp" <<'EOF'
-set terminal pngcairo size 900,480 font ",11"
+set terminal pngcairo size 900,480 font ",11" noenhanced
 set datafile separator "\t"
+set yrange [0:*]
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
