@@ -23,8 +23,13 @@
 /* Polling time before a thread sleeps: long enough to bridge the gap
  * between two kernels of one forward pass, short enough that an idle
  * daemon (or an oversubscribed machine) stops burning CPU at once. Timed
- * rather than counted: a pause lasts 10 to 150 cycles depending on the CPU. */
-#define TP_SPIN_NS 20000
+ * rather than counted: a pause lasts 10 to 150 cycles depending on the CPU.
+ * 100 us, not 20: once the packed kernels made a 3B decode step ~70 ms of
+ * ~200 sections, 20 us let workers fall asleep between sections often
+ * enough that futex wake-ups (slow in a VM) cost 10-15% of the step;
+ * bench_engine's 3B q4_0 decode went from 10.5-14.5 to 16.0-17.4 tokens/s
+ * (best step; means 7.3-12.7 to 13.2-14.2), 2 threads, 2026-12-02. */
+#define TP_SPIN_NS 100000
 #define TP_SPIN_CHECK 32 /* pauses between two clock reads */
 #define TP_MAX_THREADS 512
 
