@@ -1,7 +1,8 @@
 /* mem_test.c - sw_mem_prefault backs exactly the pages of its range (both
  * methods), keeps every byte, stays inside its pages, passes the kernel's
  * errors on; under RLIMIT_AS it needs no address space beyond the
- * reservation; sw_mem_rss reads what a process holds.
+ * reservation; sw_mem_rss reads what a process holds; sw_mem_map_big
+ * and sw_mem_drop_file_pages.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -298,9 +299,88 @@ static void test_rss(void **state)
 	assert_true(other.rss == 0 && other.anon == 0);
 }
 
+/* sw_mem_map_big: 2 MiB aligned, n rounded up, writable and zero, freed
+ * whole; n 0 refused. */
+static void test_map_big(void **state)
+{
+	(void)state;
+	const size_t n = 5 * ps + 3, mib2 = (size_t)2 << 20;
+	uint8_t *p = sw_mem_map_big(n);
+
+	assert_non_null(p);
+	assert_int_equal((uintptr_t)p % mib2, 0);
+	for (size_t i = 0; i < n; i++)
+		assert_int_equal(p[i], 0);
+	memset(p, 0x5a, mib2); /* the whole rounded size is the caller's */
+	assert_int_equal(p[mib2 - 1], 0x5a);
+	sw_mem_unmap_big(p, n);
+	errno = 0;
+	assert_null(sw_mem_map_big(0));
+	assert_int_equal(errno, EINVAL);
+	sw_mem_unmap_big(NULL, 1); /* accepted */
+}
+
+/* Rss of the mapping that starts at p, from /proc/self/smaps, in bytes
+ * (mincore would tell the page cache's residency, not the process's). */
+static size_t vma_rss(const void *p)
+{
+	char want[32], line[256];
+	FILE *f = fopen("/proc/self/smaps", "r");
+	bool in = false;
+	size_t kb = (size_t)-1;
+
+	assert_non_null(f);
+	snprintf(want, sizeof(want), "%lx-", (unsigned long)(uintptr_t)p);
+	while (fgets(line, sizeof(line), f)) {
+		if (!in) {
+			in = strncmp(line, want, strlen(want)) == 0;
+			continue;
+		}
+		if (sscanf(line, "Rss: %zu kB", &kb) == 1)
+			break;
+	}
+	fclose(f);
+	assert_true(kb != (size_t)-1);
+	return kb << 10;
+}
+
+/* sw_mem_drop_file_pages: the whole pages inside the range leave the
+ * process's RSS, the bytes read back the same afterwards, and partial
+ * pages at either end are left alone. */
+static void test_drop_file_pages(void **state)
+{
+	(void)state;
+	enum { PAGES = 64 };
+	char path[] = "/tmp/sw-mem-test-XXXXXX";
+	int fd = mkstemp(path);
+	uint8_t *buf = malloc(PAGES * ps), *m;
+
+	assert_true(fd >= 0 && buf);
+	for (size_t i = 0; i < PAGES * ps; i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	assert_int_equal(write(fd, buf, PAGES * ps), (ssize_t)(PAGES * ps));
+	m = mmap(NULL, PAGES * ps, PROT_READ, MAP_PRIVATE, fd, 0);
+	assert_true(m != MAP_FAILED);
+	assert_memory_equal(m, buf, PAGES * ps); /* every page mapped in */
+	assert_int_equal(vma_rss(m), PAGES * ps);
+	/* from the middle of page 1 to the middle of page 9: pages 2..8 */
+	assert_int_equal(sw_mem_drop_file_pages(m + ps + ps / 2, 8 * ps), 0);
+	assert_int_equal(vma_rss(m), (PAGES - 7) * ps);
+	assert_memory_equal(m, buf, PAGES * ps); /* read back from the page cache */
+	assert_int_equal(vma_rss(m), PAGES * ps);
+	assert_int_equal(sw_mem_drop_file_pages(m, ps / 2), 0); /* no whole page */
+	assert_int_equal(sw_mem_drop_file_pages(NULL, ps), -EINVAL);
+	munmap(m, PAGES * ps);
+	close(fd);
+	unlink(path);
+	free(buf);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_map_big),
+		cmocka_unit_test(test_drop_file_pages),
 		cmocka_unit_test_teardown(test_method, back_to_probe),
 		cmocka_unit_test_teardown(test_backs_its_pages, back_to_probe),
 		cmocka_unit_test_teardown(test_keeps_bytes, back_to_probe),

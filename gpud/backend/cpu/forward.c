@@ -640,6 +640,15 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
  * never read again by this instance, so its pages stay in the page cache
  * only (the resident cost is about the packed bytes, not twice them).
  * Returns 0 (also when nothing is packable) or -ENOMEM. */
+/* The model's mapping of w, now copied: its whole pages leave this
+ * process's RSS (the page cache keeps them; a later read maps them again,
+ * as another instance packing the same model or a device upload does). */
+static void drop_mapped(const struct gpud_weight *w)
+{
+	(void)sw_mem_drop_file_pages(w->data,
+				     gpud_type_row_bytes(w->type, (uint64_t)w->cols) * (size_t)w->rows);
+}
+
 static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 {
 	const uint32_t nl = c->hp->n_layers;
@@ -669,7 +678,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 					continue;
 				}
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
-				(void)sw_mem_drop_file_pages(s->data, n);
+				drop_mapped(s);
 				ds[i]->data = c->packed + off;
 				ds[i]->packed = true;
 				off += n;
@@ -683,7 +692,7 @@ static int pack_weights(struct cpu_ctx *c, const struct gpud_model_weights *w)
 
 			if (pass == 1) {
 				gpud_matmul_pack(c->tp, s->type, s->data, c->packed + off, s->rows, s->cols);
-				(void)sw_mem_drop_file_pages(s->data, n);
+				drop_mapped(s);
 				c->pw.output.data = c->packed + off;
 				c->pw.output.packed = true;
 				if (w->tok_embd.data == w->output.data)
