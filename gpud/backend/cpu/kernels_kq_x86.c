@@ -145,6 +145,15 @@ TGT_INLINE __m256i pair16(__m256i s)
 			       _mm256_slli_epi32(s, 16));
 }
 
+/* Eight int32 as one vector: a load, or (load false) built from the
+ * scalars, which beats a load of just-stored scalars (store forwarding). */
+TGT_INLINE __m256i lanes8(const int32_t v[8], bool load)
+{
+	if (load)
+		return _mm256_loadu_si256((const __m256i *)v);
+	return _mm256_setr_epi32(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7]);
+}
+
 /* Packed Q4_K (pack.c): the 8 rows' 6-bit scales and mins, unpacked on all
  * 8 rows at once (lane r = row r): sm[0] scales 0-3, sm[1] scales 4-7,
  * sm[2] mins 0-3, sm[3] mins 4-7, one byte each, as unpack_scale_min(). */
@@ -345,25 +354,11 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						/* Q4_K/Q5_K: built from scalars (a vector load of
 						 * just-stored scalars stalled on store forwarding:
 						 * 2x slower); Q6_K measured faster loading them. */
-						if (QT == GPUD_TYPE_Q6_K)
-							sa = _mm256_loadu_si256((const __m256i *)s32a);
-						else
-							sa = _mm256_setr_epi32(s32a[0], s32a[1], s32a[2], s32a[3],
-									       s32a[4], s32a[5], s32a[6], s32a[7]);
-						sa = _mm256_or_si256(_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
-								     _mm256_slli_epi32(sa, 16));
-						if (QT == GPUD_TYPE_Q6_K)
-							sb = _mm256_loadu_si256((const __m256i *)s32b);
-						else
-							sb = _mm256_setr_epi32(s32b[0], s32b[1], s32b[2], s32b[3],
-									       s32b[4], s32b[5], s32b[6], s32b[7]);
-						sb = _mm256_or_si256(_mm256_and_si256(sb, _mm256_set1_epi32(0xffff)),
-								     _mm256_slli_epi32(sb, 16));
+						sa = pair16(lanes8(s32a, QT == GPUD_TYPE_Q6_K));
+						sb = pair16(lanes8(s32b, QT == GPUD_TYPE_Q6_K));
 						if (QT == GPUD_TYPE_Q2_K) {
-							ma = _mm256_setr_epi32(m32a[0], m32a[1], m32a[2], m32a[3],
-									       m32a[4], m32a[5], m32a[6], m32a[7]);
-							mb = _mm256_setr_epi32(m32b[0], m32b[1], m32b[2], m32b[3],
-									       m32b[4], m32b[5], m32b[6], m32b[7]);
+							ma = lanes8(m32a, false);
+							mb = lanes8(m32b, false);
 						} else if (mins) {
 							mv = _mm256_setr_epi32(mn[0][c], mn[1][c], mn[2][c], mn[3][c],
 									       mn[4][c], mn[5][c], mn[6][c], mn[7][c]);
@@ -442,53 +437,29 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 	}
 }
 
+/* One copy of kq_rows per type, layout and batch-1-or-not. */
+#define KQ_CASE(QT, PACKABLE)                                           \
+	case QT:                                                        \
+		if ((PACKABLE) && m->packed && one)                     \
+			kq_rows(m, QT, PACKABLE, 1, r0, r1);            \
+		else if ((PACKABLE) && m->packed)                       \
+			kq_rows(m, QT, PACKABLE, KQ_BC, r0, r1);        \
+		else if (one)                                           \
+			kq_rows(m, QT, false, 1, r0, r1);               \
+		else                                                    \
+			kq_rows(m, QT, false, KQ_BC, r0, r1);           \
+		break;
+
 TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const bool one = m->batch == 1;
 
 	switch (m->wtype) {
-	case GPUD_TYPE_Q4_K:
-		if (m->packed && one)
-			kq_rows(m, GPUD_TYPE_Q4_K, true, 1, r0, r1);
-		else if (m->packed)
-			kq_rows(m, GPUD_TYPE_Q4_K, true, KQ_BC, r0, r1);
-		else if (one)
-			kq_rows(m, GPUD_TYPE_Q4_K, false, 1, r0, r1);
-		else
-			kq_rows(m, GPUD_TYPE_Q4_K, false, KQ_BC, r0, r1);
-		break;
-	case GPUD_TYPE_Q5_K:
-		if (m->packed && one)
-			kq_rows(m, GPUD_TYPE_Q5_K, true, 1, r0, r1);
-		else if (m->packed)
-			kq_rows(m, GPUD_TYPE_Q5_K, true, KQ_BC, r0, r1);
-		else if (one)
-			kq_rows(m, GPUD_TYPE_Q5_K, false, 1, r0, r1);
-		else
-			kq_rows(m, GPUD_TYPE_Q5_K, false, KQ_BC, r0, r1);
-		break;
-	case GPUD_TYPE_Q6_K:
-		if (m->packed && one)
-			kq_rows(m, GPUD_TYPE_Q6_K, true, 1, r0, r1);
-		else if (m->packed)
-			kq_rows(m, GPUD_TYPE_Q6_K, true, KQ_BC, r0, r1);
-		else if (one)
-			kq_rows(m, GPUD_TYPE_Q6_K, false, 1, r0, r1);
-		else
-			kq_rows(m, GPUD_TYPE_Q6_K, false, KQ_BC, r0, r1);
-		break;
-	case GPUD_TYPE_Q2_K:
-		if (one)
-			kq_rows(m, GPUD_TYPE_Q2_K, false, 1, r0, r1);
-		else
-			kq_rows(m, GPUD_TYPE_Q2_K, false, KQ_BC, r0, r1);
-		break;
-	case GPUD_TYPE_Q3_K:
-		if (one)
-			kq_rows(m, GPUD_TYPE_Q3_K, false, 1, r0, r1);
-		else
-			kq_rows(m, GPUD_TYPE_Q3_K, false, KQ_BC, r0, r1);
-		break;
+	KQ_CASE(GPUD_TYPE_Q4_K, true)
+	KQ_CASE(GPUD_TYPE_Q5_K, true)
+	KQ_CASE(GPUD_TYPE_Q6_K, true)
+	KQ_CASE(GPUD_TYPE_Q2_K, false)
+	KQ_CASE(GPUD_TYPE_Q3_K, false)
 	default:
 		gpud__kq_mm_rows(m, r0, r1);
 		break;

@@ -621,46 +621,22 @@ TGT_INLINE void rows_i8(const struct gpud__mm *m, enum gpud_type QT, bool vnni, 
 	}
 }
 
-TGT static void rows_i8_q8_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q8_0, true, false, r0, r1);
-}
+/* The int8 row functions: type x VNNI x packed (rows a multiple of 8, r0
+ * on a group boundary), each its own copy of rows_i8. */
+#define DEFINE_ROWS_I8(name, QT, VNNI, PK)                                      \
+	TGT static void name(const struct gpud__mm *m, int64_t r0, int64_t r1) \
+	{                                                                      \
+		rows_i8(m, QT, VNNI, PK, r0, r1);                              \
+	}
 
-TGT static void rows_i8_q8_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q8_0, false, false, r0, r1);
-}
-
-TGT static void rows_i8_q4_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q4_0, true, false, r0, r1);
-}
-
-TGT static void rows_i8_q4_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q4_0, false, false, r0, r1);
-}
-
-/* Packed (rows a multiple of 8, r0 on a group boundary). */
-TGT static void rows_i8_q8p_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q8_0, true, true, r0, r1);
-}
-
-TGT static void rows_i8_q8p_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q8_0, false, true, r0, r1);
-}
-
-TGT static void rows_i8_q4p_vnni(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q4_0, true, true, r0, r1);
-}
-
-TGT static void rows_i8_q4p_avx2(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_i8(m, GPUD_TYPE_Q4_0, false, true, r0, r1);
-}
+DEFINE_ROWS_I8(rows_i8_q8_vnni, GPUD_TYPE_Q8_0, true, false)
+DEFINE_ROWS_I8(rows_i8_q8_avx2, GPUD_TYPE_Q8_0, false, false)
+DEFINE_ROWS_I8(rows_i8_q4_vnni, GPUD_TYPE_Q4_0, true, false)
+DEFINE_ROWS_I8(rows_i8_q4_avx2, GPUD_TYPE_Q4_0, false, false)
+DEFINE_ROWS_I8(rows_i8_q8p_vnni, GPUD_TYPE_Q8_0, true, true)
+DEFINE_ROWS_I8(rows_i8_q8p_avx2, GPUD_TYPE_Q8_0, false, true)
+DEFINE_ROWS_I8(rows_i8_q4p_vnni, GPUD_TYPE_Q4_0, true, true)
+DEFINE_ROWS_I8(rows_i8_q4p_avx2, GPUD_TYPE_Q4_0, false, true)
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {

@@ -44,33 +44,25 @@
 static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 {
 	switch (t) {
-	case GPUD_TYPE_Q4_0:
-		if (o < 2)
-			return 2 * r + o;
-		o -= 2;
-		return 16 + 32 * (o / 4) + 4 * r + o % 4;
-	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0: /* 16 nibble bytes */
+	case GPUD_TYPE_Q8_0: /* 32 quants */
 		if (o < 2)
 			return 2 * r + o;
 		o -= 2;
 		return 16 + 32 * (o / 4) + 4 * r + o % 4;
 	case GPUD_TYPE_Q4_K:
-		if (o < 4) /* d, dmin */
-			return 16 * (o / 2) + 2 * r + o % 2;
-		if (o < 16) {
-			o -= 4;
-			return 32 + 32 * (o / 4) + 4 * r + o % 4;
-		}
-		o -= 16;
-		return 128 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
 	case GPUD_TYPE_Q5_K:
 		if (o < 4) /* d, dmin */
 			return 16 * (o / 2) + 2 * r + o % 2;
-		if (o < 16) {
+		if (o < 16) { /* the 12 scale bytes */
 			o -= 4;
 			return 32 + 32 * (o / 4) + 4 * r + o % 4;
 		}
-		if (o < 48) { /* qh */
+		if (t == GPUD_TYPE_Q4_K) {
+			o -= 16;
+			return 128 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+		}
+		if (o < 48) { /* q5_k's qh */
 			o -= 16;
 			return 128 + 32 * (o / 4) + 4 * r + o % 4;
 		}
