@@ -320,20 +320,24 @@ static void test_map_big(void **state)
 	sw_mem_unmap_big(NULL, 1); /* accepted */
 }
 
-/* Rss of the mapping that starts at p, from /proc/self/smaps, in bytes
- * (mincore would tell the page cache's residency, not the process's). */
+/* Rss of the mapping that holds p, from /proc/self/smaps, in bytes
+ * (mincore would tell the page cache's residency, not the process's). The
+ * kernel may have merged the mapping with a neighbour (valgrind places
+ * mappings side by side): callers compare differences. */
 static size_t vma_rss(const void *p)
 {
-	char want[32], line[256];
+	char line[256];
 	FILE *f = fopen("/proc/self/smaps", "r");
 	bool in = false;
 	size_t kb = (size_t)-1;
 
 	assert_non_null(f);
-	snprintf(want, sizeof(want), "%lx-", (unsigned long)(uintptr_t)p);
 	while (fgets(line, sizeof(line), f)) {
+		unsigned long lo, hi;
+
 		if (!in) {
-			in = strncmp(line, want, strlen(want)) == 0;
+			in = sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && lo <= (uintptr_t)p &&
+			     (uintptr_t)p < hi;
 			continue;
 		}
 		if (sscanf(line, "Rss: %zu kB", &kb) == 1)
@@ -354,6 +358,7 @@ static void test_drop_file_pages(void **state)
 	char path[] = "/tmp/sw-mem-test-XXXXXX";
 	int fd = mkstemp(path);
 	uint8_t *buf = malloc(PAGES * ps), *m;
+	size_t full;
 
 	assert_true(fd >= 0 && buf);
 	for (size_t i = 0; i < PAGES * ps; i++)
@@ -362,12 +367,13 @@ static void test_drop_file_pages(void **state)
 	m = mmap(NULL, PAGES * ps, PROT_READ, MAP_PRIVATE, fd, 0);
 	assert_true(m != MAP_FAILED);
 	assert_memory_equal(m, buf, PAGES * ps); /* every page mapped in */
-	assert_int_equal(vma_rss(m), PAGES * ps);
+	full = vma_rss(m);
+	assert_true(full >= PAGES * ps);
 	/* from the middle of page 1 to the middle of page 9: pages 2..8 */
 	assert_int_equal(sw_mem_drop_file_pages(m + ps + ps / 2, 8 * ps), 0);
-	assert_int_equal(vma_rss(m), (PAGES - 7) * ps);
+	assert_int_equal(full - vma_rss(m), 7 * ps);
 	assert_memory_equal(m, buf, PAGES * ps); /* read back from the page cache */
-	assert_int_equal(vma_rss(m), PAGES * ps);
+	assert_int_equal(vma_rss(m), full);
 	assert_int_equal(sw_mem_drop_file_pages(m, ps / 2), 0); /* no whole page */
 	assert_int_equal(sw_mem_drop_file_pages(NULL, ps), -EINVAL);
 	munmap(m, PAGES * ps);
