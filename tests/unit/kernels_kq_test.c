@@ -20,6 +20,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -223,6 +224,92 @@ static void test_matmul_nonfinite_x(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
+/* The fp16 factors of block b of type t set to v (the rest untouched). */
+static void set_factors(enum gpud_type t, uint8_t *b, uint16_t v)
+{
+	switch (t) {
+	case GPUD_TYPE_Q2_K:
+		memcpy(b + offsetof(struct gpud_block_q2_k, d), &v, 2);
+		memcpy(b + offsetof(struct gpud_block_q2_k, dmin), &v, 2);
+		break;
+	case GPUD_TYPE_Q3_K:
+		memcpy(b + offsetof(struct gpud_block_q3_k, d), &v, 2);
+		break;
+	case GPUD_TYPE_Q4_K:
+		memcpy(b + offsetof(struct gpud_block_q4_k, d), &v, 2);
+		memcpy(b + offsetof(struct gpud_block_q4_k, dmin), &v, 2);
+		break;
+	case GPUD_TYPE_Q5_K:
+		memcpy(b + offsetof(struct gpud_block_q5_k, d), &v, 2);
+		memcpy(b + offsetof(struct gpud_block_q5_k, dmin), &v, 2);
+		break;
+	default:
+		memcpy(b + offsetof(struct gpud_block_q6_k, d), &v, 2);
+		break;
+	}
+}
+
+/* The vector kernels add several products in i16 before scaling them:
+ * blocks with every quant, scale and min at an extreme (each byte one
+ * pattern) against activations all at +-127 must still give the portable
+ * kernel's exact integers, plain and packed, at batch 1 and 8. */
+static void test_matmul_extremes(void **state)
+{
+	static const uint8_t pat[] = { 0x00, 0xff, 0x7f, 0x80, 0xaa, 0x55, 0xc0, 0x3f };
+	enum { ROWS = 16, COLS = 512, B = 8 };
+	float *x = malloc(sizeof(float) * B * COLS), *y = malloc(sizeof(float) * B * ROWS);
+	float *y2 = malloc(sizeof(float) * B * ROWS);
+
+	(void)state;
+	assert_non_null(x);
+	assert_non_null(y);
+	assert_non_null(y2);
+	for (int64_t b = 0; b < B; b++)
+		for (int64_t i = 0; i < COLS; i++) /* +, -, alternating, by 16s, ... */
+			x[b * COLS + i] = b == 0   ? 1.0f
+					  : b == 1 ? -1.0f
+					  : b == 2 ? (i % 2 ? -1.0f : 1.0f)
+					  : b == 3 ? (i / 16 % 2 ? -1.0f : 1.0f)
+					  : b == 4 ? (i % 32 == 0 ? -1.0f : 1e-3f)
+						   : ((i * 7 + b) % 5 < 3 ? 1.0f : -1.0f);
+	for (size_t k = 0; k < N_KQ; k++) {
+		enum gpud_type t = kq_types[k];
+		const size_t rb = gpud_type_row_bytes(t, COLS), bs = gpud_type_block_bytes(t);
+		uint8_t *w = malloc(rb * ROWS), *wp = malloc(rb * ROWS);
+		void *scratch = aligned_alloc(64, gpud_matmul_scratch_bytes(t, COLS, B));
+
+		assert_non_null(w);
+		assert_non_null(wp);
+		assert_non_null(scratch);
+		for (size_t p = 0; p < sizeof(pat); p++) {
+			/* row r: pattern p, or its neighbour, so rows differ */
+			for (int64_t r = 0; r < ROWS; r++) {
+				memset(w + r * rb, pat[(p + (size_t)r % 2) % sizeof(pat)], rb);
+				for (size_t o = 0; o < rb; o += bs)
+					set_factors(t, w + r * rb + o, 0x2400); /* 1/64 */
+			}
+			gpud_cpu_set_features(0);
+			gpud_matmul(NULL, t, w, ROWS, COLS, x, B, y, scratch);
+			gpud_cpu_set_features(~0u);
+			for (int64_t batch = 1; batch <= B; batch += B - 1) {
+				gpud_matmul(NULL, t, w, ROWS, COLS, x, batch, y2, scratch);
+				assert_memory_equal(y, y2, sizeof(float) * batch * ROWS);
+				if (!gpud_matmul_packable(t, ROWS, COLS))
+					continue;
+				gpud_matmul_pack(NULL, t, w, wp, ROWS, COLS);
+				gpud_matmul_packed(NULL, t, wp, ROWS, COLS, x, batch, y2, scratch);
+				assert_memory_equal(y, y2, sizeof(float) * batch * ROWS);
+			}
+		}
+		free(scratch);
+		free(wp);
+		free(w);
+	}
+	free(y2);
+	free(y);
+	free(x);
+}
+
 static void test_scratch_and_rows(void **state)
 {
 	float out[512], want[512];
@@ -256,6 +343,7 @@ int main(void)
 		cmocka_unit_test(test_matmul_vs_double),
 		cmocka_unit_test(test_matmul_deterministic),
 		cmocka_unit_test(test_matmul_nonfinite_x),
+		cmocka_unit_test(test_matmul_extremes),
 		cmocka_unit_test(test_scratch_and_rows),
 	};
 

@@ -236,7 +236,7 @@ static void quantize_act_ref(const float *x, int64_t n, int32_t off, int8_t *q, 
 	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK, q += GPUD_QK) {
 		float amax = 0.0f, id;
 		bool bad = false;
-		int32_t sum = 0;
+		int32_t sum = 0, half = 0;
 
 		for (int j = 0; j < GPUD_QK; j++) {
 			bad |= !isfinite(x[j]);
@@ -253,8 +253,13 @@ static void quantize_act_ref(const float *x, int64_t n, int32_t off, int8_t *q, 
 			/* |x * id| <= 127 (plus rounding): in range */
 			q[j] = (int8_t)nearbyintf(x[j] * id);
 			sum += q[j];
+			if (j == GPUD_QK / 2 - 1)
+				half = sum;
 		}
-		c[i] = -off * sum;
+		if (off == GPUD__ACT_HALVES)
+			c[i] = (int32_t)((uint32_t)(uint16_t)half | (uint32_t)(sum - half) << 16);
+		else
+			c[i] = -off * sum;
 	}
 }
 
@@ -361,8 +366,12 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 		const int64_t nb = cols / GPUD_QK;
 		/* Offset the VNNI kernel folds in: q8_0 weights enter as
 		 * w + 128 (u8), q4_0 as their nibble w + 8. The K-quants take
-		 * the blocks' plain quant sums (off -1). */
-		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128 : wtype == GPUD_TYPE_Q4_0 ? 8 : -1;
+		 * the blocks' plain quant sums (off -1), Q3_K/Q6_K their half
+		 * sums. */
+		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128
+				    : wtype == GPUD_TYPE_Q4_0 ? 8
+				    : wtype == GPUD_TYPE_Q3_K || wtype == GPUD_TYPE_Q6_K ? GPUD__ACT_HALVES
+				    : -1;
 		float *xd = scratch;
 		int32_t *xc = (int32_t *)(xd + batch * nb);
 		int8_t *xq = (int8_t *)(xc + batch * nb);

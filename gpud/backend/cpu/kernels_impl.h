@@ -24,7 +24,9 @@ struct gpud__mm {
 	 * kernels.h; the K-quants' xc is the plain quant sum, off -1) */
 	const int8_t *xq;                /* (batch, cols) quants */
 	const float *xd;                 /* (batch, cols / 32) block scales */
-	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q) */
+	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q), or
+					  * with GPUD__ACT_HALVES the two 16-quant
+					  * half sums as i16 (low: first half) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
 	bool packed;                     /* W in the packed layout (pack.c) */
 };
@@ -62,6 +64,12 @@ static inline float gpud__q8_scale(float amax, float *id)
  * blocks whose max |x| is below this are all zero; a block holding a NaN
  * or Inf gets d = NaN (so the outputs it feeds are NaN, as in fp32). */
 #define GPUD__ACT_TINY 1e-30f
+
+/* The quantizer's off for Q3_K/Q6_K: each block's xc holds its two
+ * 16-quant half sums (|sum| <= 16 * 127, so i16) in one int32, first half
+ * in the low 16 bits: one vpmaddwd against the rows' (scale a, scale b)
+ * pairs gives the offset correction the x86 kernel takes off. */
+#define GPUD__ACT_HALVES INT32_MIN
 
 /* -DGPUD_FORCE_PORTABLE_BUILD builds as on a non-x86 CPU (checks that the
  * portable build stays warning-free and correct). */

@@ -10,9 +10,11 @@
  * lane, the portable fp32 steps:
  *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
  *     (float)mt, acc).
- * Q3_K/Q6_K quants (stored +4/+32) are made signed and multiplied with
- * the sign trick (|w| times x with w's sign). Q2_K's mins multiply the
- * 16-wide activation sums.
+ * Q3_K/Q6_K quants are multiplied as stored (+4/+32, unsigned), and the
+ * offset comes off the integer once per chunk: off * (sa * X_a + sb * X_b)
+ * with X the activations' 16-quant half sums (the quantizer's
+ * GPUD__ACT_HALVES), one vpmaddwd. Q2_K's mins multiply the 16-wide
+ * activation sums.
  *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
@@ -173,61 +175,64 @@ TGT_INLINE void pk_q4k_scales(const uint8_t *u, __m256i sm[4])
 				_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
 }
 
-/* Chunk c of a packed unit u (8 rows x one super-block, pack.c): T[g] lane
- * r = quants 4g..4g+3 of row r (Q6_K: made signed), the scales of the
- * chunk's two 16-quant halves as i16 pairs (sa, sb) and, for Q4_K, its
- * mins (mv), exactly as the plain path builds them. */
-TGT_INLINE void pk_chunk(enum gpud_type QT, const uint8_t *u, int c, const __m256i sm[4],
-			 __m256i T[8], __m256i *sa, __m256i *sb, __m256i *mv)
+/* Chunk c of a packed unit u (8 rows x one super-block, pack.c): the
+ * scales of its two 16-quant halves as i16 pairs (sa, sb) and, for Q6_K,
+ * as one pair (sa, sb) in sab; for Q4_K/Q5_K its mins (mv), exactly as
+ * the plain path builds them. */
+TGT_INLINE void pk_scales(enum gpud_type QT, const uint8_t *u, int c, const __m256i sm[4],
+			  __m256i *sa, __m256i *sb, __m256i *mv, __m256i *sab)
 {
-	const __m256i m4 = _mm256_set1_epi8(0x0f);
-
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
-		const int h = c / 2, byte = c % 4;
-		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
+		const int byte = c % 4;
 		__m256i s = _mm256_and_si256(_mm256_srli_epi32(sm[c / 4], 8 * byte),
 					     _mm256_set1_epi32(0xff));
 
 		*sa = *sb = pair16(s);
 		*mv = _mm256_and_si256(_mm256_srli_epi32(sm[2 + c / 4], 8 * byte),
 				       _mm256_set1_epi32(0xff));
-		_Pragma("GCC unroll 8")
-		for (int g = 0; g < 8; g++) {
-			__m256i v = _mm256_loadu_si256((const __m256i *)(u + qs + 256 * h + 32 * g));
-
-			T[g] = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
-			if (QT == GPUD_TYPE_Q5_K) {
-				/* bit c of each high-bit byte straight to bit 4 */
-				__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 128 + 32 * g));
-
-				hb = c < 4 ? _mm256_slli_epi16(hb, 4 - c)
-					   : c == 4 ? hb : _mm256_srli_epi16(hb, c - 4);
-				T[g] = _mm256_or_si256(T[g],
-						       _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
-			}
-		}
 		return;
 	}
 	/* Q6_K */
-	const int h = c / 4, k = c % 4;
 	const __m128i sc = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * c));
+	const __m128i s16 = _mm_cvtepi8_epi16(sc), t16 = _mm_cvtepi8_epi16(_mm_srli_si128(sc, 8));
 
 	*sa = pair16(_mm256_cvtepi8_epi32(sc));
 	*sb = pair16(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8)));
-	_Pragma("GCC unroll 8")
-	for (int g = 0; g < 8; g++) {
-		__m256i l = _mm256_loadu_si256(
-			(const __m256i *)(u + 144 + 512 * h + 256 * (k & 1) + 32 * g));
-		__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 1168 + 256 * h + 32 * g));
+	*sab = _mm256_setr_m128i(_mm_unpacklo_epi16(s16, t16), _mm_unpackhi_epi16(s16, t16));
+}
 
-		l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
-		/* bits 2k, 2k + 1 of each byte straight to bits 4, 5 (the mask
-		 * drops what the 16-bit shift brings in from the next byte) */
-		hb = k < 2 ? _mm256_slli_epi16(hb, 4 - 2 * k)
-			   : k == 2 ? hb : _mm256_srli_epi16(hb, 2);
-		hb = _mm256_and_si256(hb, _mm256_set1_epi8(0x30));
-		T[g] = _mm256_sub_epi8(_mm256_or_si256(l, hb), _mm256_set1_epi8(32));
+/* Quants 4g..4g+3 of chunk c of the 8 rows of a packed unit u, lane r =
+ * row r (Q6_K: as stored, +32). The 16-bit shifts move each bit inside
+ * its byte's place (the masks drop what comes in from the neighbour
+ * byte); with c a constant (unrolled) each is one instruction. */
+TGT_INLINE __m256i pk_quant(enum gpud_type QT, const uint8_t *u, int c, int g)
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
+		__m256i v = _mm256_loadu_si256((const __m256i *)(u + qs + 256 * (c / 2) + 32 * g));
+		__m256i q = _mm256_and_si256(c & 1 ? _mm256_srli_epi16(v, 4) : v, m4);
+
+		if (QT == GPUD_TYPE_Q5_K) {
+			/* bit c of each high-bit byte straight to bit 4 */
+			__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 128 + 32 * g));
+
+			hb = c < 4 ? _mm256_slli_epi16(hb, 4 - c)
+				   : c == 4 ? hb : _mm256_srli_epi16(hb, c - 4);
+			q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(0x10)));
+		}
+		return q;
 	}
+	/* Q6_K: bits 2k, 2k + 1 of each high-bit byte straight to bits 4, 5 */
+	const int h = c / 4, k = c % 4;
+	__m256i l = _mm256_loadu_si256(
+		(const __m256i *)(u + 144 + 512 * h + 256 * (k & 1) + 32 * g));
+	__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 1168 + 256 * h + 32 * g));
+
+	l = _mm256_and_si256(k < 2 ? l : _mm256_srli_epi16(l, 4), m4);
+	hb = k < 2 ? _mm256_slli_epi16(hb, 4 - 2 * k) : k == 2 ? hb : _mm256_srli_epi16(hb, 2);
+	return _mm256_or_si256(l, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
 }
 
 /* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
@@ -237,8 +242,19 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 {
 	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
 	const bool mins = QT != GPUD_TYPE_Q6_K && QT != GPUD_TYPE_Q3_K;
-	/* the quants' storage offset (Q3_K +4, Q6_K +32), taken back in i16 */
-	const int qoff = QT == GPUD_TYPE_Q6_K ? 32 : QT == GPUD_TYPE_Q3_K ? 4 : 0;
+	/* the quants' storage offset (Q3_K +4, Q6_K +32) as a shift, taken
+	 * back once per chunk */
+	const int qsh = QT == GPUD_TYPE_Q6_K ? 5 : QT == GPUD_TYPE_Q3_K ? 2 : 0;
+	/* maddubs results added in i16 before each vpmaddwd: a pair is at
+	 * most 2 * 63 * 127 (Q6_K, unsigned), 2 * 31 * 127 (Q5_K), less for
+	 * the others, and the sum must stay <= 32767 */
+	const int n16 = QT == GPUD_TYPE_Q6_K ? 2 : 4;
+	/* Packed Q5_K/Q6_K at batch 1: each quant vector is unpacked where it
+	 * is used (fewer live registers) and the 8 chunks are unrolled, so
+	 * that their bit shifts are constants (llvm-mca, znver3: ~23 cycles a
+	 * chunk, not ~30). Q4_K measured faster as it was. */
+	const bool fuse = PK && bcmax == 1 && QT != GPUD_TYPE_Q4_K;
+	const int unroll = fuse ? 8 : 1;
 	const __m256 sign = _mm256_set1_ps(-0.0f);
 	const size_t bsz = gpud_type_block_bytes(QT);
 
@@ -311,22 +327,26 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 					if (mins)
 						dmin = _mm256_loadu_ps(dmv);
 				}
-				for (int c = 0; c < 8; c++) {
+				/* c0: the chunks in runs of unroll, one run unrolled */
+				for (int c0 = 0; c0 < 8; c0 += unroll)
+				_Pragma("GCC unroll 8")
+				for (int c = c0; c < c0 + unroll; c++) {
 					__m256i W[KQ_ROWS], T[8], sa, sb, ma = _mm256_setzero_si256(),
-						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256();
+						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256(),
+						sab = _mm256_setzero_si256();
 					int32_t s32a[KQ_ROWS], s32b[KQ_ROWS], m32a[KQ_ROWS], m32b[KQ_ROWS];
 
 					if (PK) {
-						pk_chunk(QT, u, c, sm, T, &sa, &sb, &mv);
+						pk_scales(QT, u, c, sm, &sa, &sb, &mv, &sab);
+						_Pragma("GCC unroll 8")
+						for (int g = 0; g < 8 && !fuse; g++)
+							T[g] = pk_quant(QT, u, c, g);
 					} else {
 						_Pragma("GCC unroll 8")
 						for (int k = 0; k < KQ_ROWS; k++) {
 							const uint8_t *blk = w[k] + (size_t)i * bsz;
 
 							W[k] = unpack_chunk(QT, blk, c);
-							/* signed quants for the sign trick below */
-							if (qoff)
-								W[k] = _mm256_sub_epi8(W[k], _mm256_set1_epi8((char)qoff));
 							if (QT == GPUD_TYPE_Q6_K) {
 								const int8_t *s6 = ((const struct gpud_block_q6_k *)blk)->scales;
 
@@ -354,8 +374,14 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						/* Q4_K/Q5_K: built from scalars (a vector load of
 						 * just-stored scalars stalled on store forwarding:
 						 * 2x slower); Q6_K measured faster loading them. */
-						sa = pair16(lanes8(s32a, QT == GPUD_TYPE_Q6_K));
-						sb = pair16(lanes8(s32b, QT == GPUD_TYPE_Q6_K));
+						sa = lanes8(s32a, QT == GPUD_TYPE_Q6_K);
+						sb = lanes8(s32b, QT == GPUD_TYPE_Q6_K);
+						if (qsh)
+							sab = _mm256_or_si256(
+								_mm256_and_si256(sa, _mm256_set1_epi32(0xffff)),
+								_mm256_slli_epi32(sb, 16));
+						sa = pair16(sa);
+						sb = pair16(sb);
 						if (QT == GPUD_TYPE_Q2_K) {
 							ma = lanes8(m32a, false);
 							mb = lanes8(m32b, false);
@@ -367,34 +393,40 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 					for (int64_t b = 0; b < bc; b++) {
 						const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
 						const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK_K + 32 * c;
-						__m256i p16[2], t;
+						__m256i p16[4], t;
 						__m256 xd = _mm256_set1_ps(m->xd[xi]);
 
-						/* The 4 products of each 16-quant half add up in
-						 * i16 before the scale: a pair is at most 2 * 32 *
-						 * 127 (Q6_K's |w| <= 32; Q5_K's 31, Q4_K's 15
-						 * less), so 4 pairs stay <= 32512 < 32767. One
-						 * vpmaddwd per half instead of 4, the same exact
-						 * integer t. */
+						/* n16 products add up in i16 before the scale
+						 * (bounds above): one vpmaddwd per n16 instead of
+						 * per product, the same exact integer t. */
 						_Pragma("GCC unroll 8")
 						for (int g = 0; g < 8; g++) {
-							__m256i xb = bcast4(xq + 4 * g), p;
+							__m256i q = fuse ? pk_quant(QT, u, c, g) : T[g];
+							__m256i p = _mm256_maddubs_epi16(q, bcast4(xq + 4 * g));
 
-							if (qoff)
-								p = _mm256_maddubs_epi16(_mm256_abs_epi8(T[g]),
-											 _mm256_sign_epi8(xb, T[g]));
-							else
-								p = _mm256_maddubs_epi16(T[g], xb);
-							p16[g / 4] = g % 4 ? _mm256_add_epi16(p16[g / 4], p) : p;
+							p16[g / n16] = g % n16 ? _mm256_add_epi16(p16[g / n16], p) : p;
 						}
 						/* Q4_K's halves share their scale, and 8 nibble
 						 * products stay <= 8 * 3810 in i16: one vpmaddwd. */
 						if (QT == GPUD_TYPE_Q4_K)
 							t = _mm256_madd_epi16(_mm256_add_epi16(p16[0], p16[1]),
 									      sa);
-						else
+						else if (n16 == 4)
 							t = _mm256_add_epi32(_mm256_madd_epi16(p16[0], sa),
 									     _mm256_madd_epi16(p16[1], sb));
+						else
+							t = _mm256_add_epi32(
+								_mm256_add_epi32(_mm256_madd_epi16(p16[0], sa),
+										 _mm256_madd_epi16(p16[1], sa)),
+								_mm256_add_epi32(_mm256_madd_epi16(p16[2], sb),
+										 _mm256_madd_epi16(p16[3], sb)));
+						/* the storage offset: off * (sa * X_a + sb * X_b) */
+						if (qsh)
+							t = _mm256_sub_epi32(
+								t, _mm256_slli_epi32(
+									   _mm256_madd_epi16(
+										   sab, _mm256_set1_epi32(m->xc[xi])),
+									   qsh));
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {

@@ -739,6 +739,14 @@ TGT void gpud__x86_quantize_act(const float *x, int64_t n, int32_t off, int8_t *
 		s = _mm256_loadu_si256((const __m256i *)q);
 		s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), s),
 				      _mm256_set1_epi16(1));
+		if (off == GPUD__ACT_HALVES) {
+			/* lanes 0-3 sum the first 16 quants, 4-7 the second */
+			s = _mm256_hadd_epi32(s, s);
+			s = _mm256_hadd_epi32(s, s);
+			c[i] = (int32_t)((uint32_t)(uint16_t)_mm256_cvtsi256_si32(s) |
+					 (uint32_t)_mm256_extract_epi32(s, 4) << 16);
+			continue;
+		}
 		s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
 		s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
 		s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
