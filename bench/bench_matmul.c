@@ -12,9 +12,10 @@
  * "quick"). "3b" measures the llama-3.2-3b preset's matrices instead
  * (3072x3072: attn_q/attn_output, 8192x3072: ffn_gate/ffn_up, 3072x8192:
  * ffn_down) at batch 1 (decode) and 32 (bench_engine's prefill step).
- * Usage: bench_matmul [quick|full|3b] [type]   (type: f32 ... q6_k, or
- * q4_0p, q8_0p, q4_kp, q6_kp: the type in the CPU backend's packed
- * layout, gpud_matmul_packed())
+ * Usage: bench_matmul [quick|full|3b] [type [batch]]   (type: f32 ... q6_k,
+ * or q4_0p, q8_0p, q4_kp, q5_kp, q6_kp, f16p: the type in the CPU
+ * backend's packed layout, gpud_matmul_packed(); batch: only that one of
+ * the mode's batches, as bench/kernel_mca.sh profiles one loop)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,7 @@ int main(int argc, char **argv)
 	const long(*shapes)[2] = big ? shapes_3b : shapes_110m;
 	const int *batches = big ? batches_3b : batches_110m;
 	const char *only = argc > 2 ? argv[2] : NULL;
+	const int only_batch = argc > 3 ? atoi(argv[3]) : 0;
 	char base_type[16] = "";
 	int packed = only && strlen(only) > 1 && strlen(only) < sizeof(base_type) &&
 		     only[strlen(only) - 1] == 'p';
@@ -181,6 +183,8 @@ int main(int argc, char **argv)
 				double t1 = 0.0;
 
 				for (size_t bi = 0; bi < 3; bi++) {
+					if (only_batch > 0 && batches[bi] != only_batch)
+						continue; /* (then "x b1" reads 0) */
 					struct setup s = {
 						.tp = tps[th], .t = types[ti], .rows = rows, .cols = cols,
 						.batch = batches[bi], .arena = arena, .wbytes = wbytes,
@@ -197,7 +201,7 @@ int main(int argc, char **argv)
 					       gpud_type_name(types[ti]), packed ? "p" : "", rows, cols, th, batches[bi],
 					       wbytes / tc * 1e-9, flop / tc * 1e-9,
 					       100.0 * (wbytes / tc * 1e-9) / mc[th],
-					       batches[bi] * t1 / tc,
+					       t1 > 0.0 ? batches[bi] * t1 / tc : 0.0,
 					       wbytes / th_ * 1e-9, flop / th_ * 1e-9);
 					fflush(stdout);
 				}

@@ -57,15 +57,20 @@ awk -F'\t' 'NR > 1 {
 	types[$3] = 1
 }
 END {
-	printf "type\tbase_prefill\tnew_prefill\tprefill_x\tbase_decode\tnew_decode\tdecode_x\t"
-	printf "new_decode_gbs\tread_gbs\tshare_of_read\n"
 	for (t in types) {
 		b = "base\t" t; n = "new\t" t
 		printf "%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\n", t, pre[b],
 		       pre[n], pre[n] / pre[b], dec[b], dec[n], dec[n] / dec[b], gbs[n], rd[n],
 		       100 * gbs[n] / rd[n]
 	}
-}' "$runs_tsv" | sort > "$summary"
+}' "$runs_tsv" | sort > "$summary.rows"
+# the header first, as a comment (gnuplot skips it)
+{
+	printf "#type\tbase_prefill\tnew_prefill\tprefill_x\tbase_decode\tnew_decode\tdecode_x\t"
+	printf "new_decode_gbs\tread_gbs\tshare_of_read\n"
+	cat "$summary.rows"
+} > "$summary"
+rm -f "$summary.rows"
 column -t -s "$(printf '\t')" "$summary"
 
 if command -v gnuplot > /dev/null; then
