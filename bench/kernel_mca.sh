@@ -33,7 +33,7 @@ done
 [ -x "$bin" ] || { echo "kernel_mca: no $bin (build first: ninja -C build)" >&2; exit 1; }
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+trap '[ -n "${KEEP:-}" ] && echo "kept $work" >&2 || rm -rf "$work"' EXIT
 perf record -q -e cpu-clock -o "$work/perf.data" "$bin" 3b "$type" "$batch" > /dev/null 2> "$work/perf.err" ||
 	{ cat "$work/perf.err" >&2; exit 1; }
 # the hottest matmul row function (the setup's quantizer is not the point)

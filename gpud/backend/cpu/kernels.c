@@ -366,11 +366,13 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 		const int64_t nb = cols / GPUD_QK;
 		/* Offset the VNNI kernel folds in: q8_0 weights enter as
 		 * w + 128 (u8), q4_0 as their nibble w + 8. The K-quants take
-		 * the blocks' plain quant sums (off -1), Q3_K/Q6_K their half
-		 * sums. */
+		 * the blocks' plain quant sums (off -1), Q2_K/Q3_K/Q6_K their
+		 * half sums. */
 		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128
 				    : wtype == GPUD_TYPE_Q4_0 ? 8
-				    : wtype == GPUD_TYPE_Q3_K || wtype == GPUD_TYPE_Q6_K ? GPUD__ACT_HALVES
+				    : wtype == GPUD_TYPE_Q2_K || wtype == GPUD_TYPE_Q3_K ||
+						      wtype == GPUD_TYPE_Q6_K
+					      ? GPUD__ACT_HALVES
 				    : -1;
 		float *xd = scratch;
 		int32_t *xc = (int32_t *)(xd + batch * nb);

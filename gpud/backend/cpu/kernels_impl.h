@@ -65,10 +65,10 @@ static inline float gpud__q8_scale(float amax, float *id)
  * or Inf gets d = NaN (so the outputs it feeds are NaN, as in fp32). */
 #define GPUD__ACT_TINY 1e-30f
 
-/* The quantizer's off for Q3_K/Q6_K: each block's xc holds its two
+/* The quantizer's off for Q2_K/Q3_K/Q6_K: each block's xc holds its two
  * 16-quant half sums (|sum| <= 16 * 127, so i16) in one int32, first half
- * in the low 16 bits: one vpmaddwd against the rows' (scale a, scale b)
- * pairs gives the offset correction the x86 kernel takes off. */
+ * in the low 16 bits: one vpmaddwd against the rows' (a, b) pairs gives
+ * Q2_K's min term and Q3_K/Q6_K's offset correction in the x86 kernel. */
 #define GPUD__ACT_HALVES INT32_MIN
 
 /* -DGPUD_FORCE_PORTABLE_BUILD builds as on a non-x86 CPU (checks that the

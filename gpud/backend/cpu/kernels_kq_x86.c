@@ -255,7 +255,6 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 	 * chunk, not ~30). Q4_K measured faster as it was. */
 	const bool fuse = PK && bcmax == 1 && QT != GPUD_TYPE_Q4_K;
 	const int unroll = fuse ? 8 : 1;
-	const __m256 sign = _mm256_set1_ps(-0.0f);
 	const size_t bsz = gpud_type_block_bytes(QT);
 
 	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
@@ -327,12 +326,13 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 					if (mins)
 						dmin = _mm256_loadu_ps(dmv);
 				}
+				const __m256 ndmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0f));
+
 				/* c0: the chunks in runs of unroll, one run unrolled */
 				for (int c0 = 0; c0 < 8; c0 += unroll)
 				_Pragma("GCC unroll 8")
 				for (int c = c0; c < c0 + unroll; c++) {
-					__m256i W[KQ_ROWS], T[8], sa, sb, ma = _mm256_setzero_si256(),
-						mb = _mm256_setzero_si256(), mv = _mm256_setzero_si256(),
+					__m256i W[KQ_ROWS], T[8], sa, sb, mv = _mm256_setzero_si256(),
 						sab = _mm256_setzero_si256();
 					int32_t s32a[KQ_ROWS], s32b[KQ_ROWS], m32a[KQ_ROWS], m32b[KQ_ROWS];
 
@@ -383,8 +383,8 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						sa = pair16(sa);
 						sb = pair16(sb);
 						if (QT == GPUD_TYPE_Q2_K) {
-							ma = lanes8(m32a, false);
-							mb = lanes8(m32b, false);
+							mv = _mm256_or_si256(lanes8(m32a, false),
+									     _mm256_slli_epi32(lanes8(m32b, false), 16));
 						} else if (mins) {
 							mv = _mm256_setr_epi32(mn[0][c], mn[1][c], mn[2][c], mn[3][c],
 									       mn[4][c], mn[5][c], mn[6][c], mn[7][c]);
@@ -430,25 +430,17 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd),
 									 _mm256_cvtepi32_ps(t), acc[b]);
 						if (mins) {
-							__m256i mt;
+							/* Q2_K: ma * X_a + mb * X_b from the half
+							 * sums (mv holds the (ma, mb) pairs); the
+							 * others: mv * X, mv <= 63 in the low i16
+							 * of each lane and |X| <= 32 * 127, so one
+							 * vpmaddwd is the exact product */
+							__m256i mt = _mm256_madd_epi16(
+								mv, _mm256_set1_epi32(m->xc[xi]));
 
-							if (QT == GPUD_TYPE_Q2_K) {
-								int32_t xa = 0, xb2 = 0;
-
-								for (int l = 0; l < 16; l++) {
-									xa += xq[l];
-									xb2 += xq[16 + l];
-								}
-								mt = _mm256_add_epi32(
-									_mm256_mullo_epi32(ma, _mm256_set1_epi32(xa)),
-									_mm256_mullo_epi32(mb, _mm256_set1_epi32(xb2)));
-							} else {
-								mt = _mm256_mullo_epi32(
-									mv, _mm256_set1_epi32(m->xc[xi]));
-							}
-							__m256 f = _mm256_xor_ps(_mm256_mul_ps(dmin, xd), sign);
-
-							acc[b] = _mm256_fmadd_ps(f, _mm256_cvtepi32_ps(mt), acc[b]);
+							/* -(dmin * xd), exactly */
+							acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(ndmin, xd),
+										 _mm256_cvtepi32_ps(mt), acc[b]);
 						}
 					}
 				}
