@@ -6,7 +6,8 @@
 #
 # BASE_ENGINE and NEW_ENGINE are bench_engine binaries (say, one built
 # from an older commit in a worktree, and build/bench/bench_engine); each
-# is run RUNS times (default 3), alternating base, new, base, new ..., as
+# is run RUNS times (default 3; 0 redoes the summary and plots of OUTDIR's
+# runs.tsv), alternating base, new, base, new ..., as
 #   bench_engine --3b --batch1-only --types TYPES --seconds 3
 # (TYPES default "f16,q8_0,q4_0,q4_k_m"; the models are written once into
 # SWARM_BENCH_MODELS, default /tmp/swarm-bench-models, by the first run:
@@ -14,9 +15,9 @@
 # Both binaries read the same model files. OUTDIR gets runs.tsv (one line
 # per build, run and type: prefill tok/s, decode tok/s, decode weight
 # GB/s, the run's read bandwidth), summary.tsv (best of the runs per build
-# and type, the read bandwidth of that run and the share of it) and, when
-# gnuplot is there, decode.png and prefill.png (plot.gp). The summary is
-# printed. The machine should be quiet: nothing else is stopped here.
+# and type, the read bandwidth of that run and the share of it, then the
+# medians of the runs) and, when gnuplot is there, decode.png and
+# prefill.png (plot.gp). The summary is printed. The machine should be quiet: nothing else is stopped here.
 set -euo pipefail
 
 base=$(realpath "${1:?usage: engine_ab.sh BASE_ENGINE NEW_ENGINE OUTDIR [RUNS [TYPES]]}")
@@ -29,7 +30,10 @@ mkdir -p "$outdir" "$models"
 outdir=$(realpath "$outdir")
 
 runs_tsv=$outdir/runs.tsv
-printf 'build\trun\ttype\tprefill_tok_s\tdecode_tok_s\tdecode_gbs\tread_gbs\n' > "$runs_tsv"
+# RUNS 0: no runs, the summary and plots again from OUTDIR's runs.tsv
+[ "$runs" -gt 0 ] || [ -f "$runs_tsv" ] || { echo "engine_ab: no $runs_tsv" >&2; exit 1; }
+[ "$runs" -eq 0 ] ||
+	printf 'build\trun\ttype\tprefill_tok_s\tdecode_tok_s\tdecode_gbs\tread_gbs\n' > "$runs_tsv"
 for r in $(seq 1 "$runs"); do
 	for b in base new; do
 		bin=$base
@@ -48,26 +52,44 @@ for r in $(seq 1 "$runs"); do
 	done
 done
 
-# Best of the runs per build and type (the run that had the machine).
+# Best of the runs per build and type (the run that had the machine), and
+# the medians: on a shared machine one lucky run can make a best-of.
 summary=$outdir/summary.tsv
-awk -F'\t' 'NR > 1 {
+awk -F'\t' '
+function median(list,    a, n, i, j, v) {
+	n = split(list, a, " ")
+	for (i = 2; i <= n; i++) { # insertion sort: a handful of runs
+		v = a[i] + 0
+		for (j = i - 1; j >= 1 && a[j] + 0 > v; j--)
+			a[j + 1] = a[j]
+		a[j + 1] = v
+	}
+	return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+NR > 1 {
 	k = $1 "\t" $3
 	if (!(k in dec) || $5 > dec[k]) { dec[k] = $5; gbs[k] = $6; rd[k] = $7 }
 	if (!(k in pre) || $4 > pre[k]) pre[k] = $4
+	decs[k] = decs[k] " " $5
+	pres[k] = pres[k] " " $4
 	types[$3] = 1
 }
 END {
 	for (t in types) {
 		b = "base\t" t; n = "new\t" t
-		printf "%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%\n", t, pre[b],
+		printf "%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%", t, pre[b],
 		       pre[n], pre[n] / pre[b], dec[b], dec[n], dec[n] / dec[b], gbs[n], rd[n],
 		       100 * gbs[n] / rd[n]
+		printf "\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\n", median(pres[b]), median(pres[n]),
+		       median(pres[n]) / median(pres[b]), median(decs[b]), median(decs[n]),
+		       median(decs[n]) / median(decs[b])
 	}
 }' "$runs_tsv" | sort > "$summary.rows"
 # the header first, as a comment (gnuplot skips it)
 {
 	printf "#type\tbase_prefill\tnew_prefill\tprefill_x\tbase_decode\tnew_decode\tdecode_x\t"
-	printf "new_decode_gbs\tread_gbs\tshare_of_read\n"
+	printf "new_decode_gbs\tread_gbs\tshare_of_read\tbase_prefill_med\tnew_prefill_med\t"
+	printf "prefill_med_x\tbase_decode_med\tnew_decode_med\tdecode_med_x\n"
 	cat "$summary.rows"
 } > "$summary"
 rm -f "$summary.rows"
