@@ -249,11 +249,11 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 	 * most 2 * 63 * 127 (Q6_K, unsigned), 2 * 31 * 127 (Q5_K), less for
 	 * the others, and the sum must stay <= 32767 */
 	const int n16 = QT == GPUD_TYPE_Q6_K ? 2 : 4;
-	/* Packed Q5_K/Q6_K at batch 1: each quant vector is unpacked where it
-	 * is used (fewer live registers) and the 8 chunks are unrolled, so
-	 * that their bit shifts are constants (llvm-mca, znver3: ~23 cycles a
-	 * chunk, not ~30). Q4_K measured faster as it was. */
-	const bool fuse = PK && bcmax == 1 && QT != GPUD_TYPE_Q4_K;
+	/* Packed, batch 1: each quant vector is unpacked where it is used
+	 * (fewer live registers) and the 8 chunks are unrolled, so that their
+	 * bit shifts are constants (bench/kernel_mca.sh, znver3, cycles a
+	 * chunk: Q5_K ~30 -> 23, Q6_K ~29 -> 23, Q4_K ~19 -> 16). */
+	const bool fuse = PK && bcmax == 1;
 	const int unroll = fuse ? 8 : 1;
 	const size_t bsz = gpud_type_block_bytes(QT);
 
