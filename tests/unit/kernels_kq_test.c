@@ -224,29 +224,32 @@ static void test_matmul_nonfinite_x(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
-/* The fp16 factors of block b of type t set to v (the rest untouched). */
+/* The fp16 factors (d, and dmin where the type has one) of block b of
+ * type t set to v, the rest untouched. */
 static void set_factors(enum gpud_type t, uint8_t *b, uint16_t v)
 {
+	size_t d, dmin = 0; /* offsets; no type has dmin at 0 */
+
 	switch (t) {
 	case GPUD_TYPE_Q2_K:
-		memcpy(b + offsetof(struct gpud_block_q2_k, d), &v, 2);
-		memcpy(b + offsetof(struct gpud_block_q2_k, dmin), &v, 2);
+		d = offsetof(struct gpud_block_q2_k, d);
+		dmin = offsetof(struct gpud_block_q2_k, dmin);
 		break;
 	case GPUD_TYPE_Q3_K:
-		memcpy(b + offsetof(struct gpud_block_q3_k, d), &v, 2);
+		d = offsetof(struct gpud_block_q3_k, d);
 		break;
-	case GPUD_TYPE_Q4_K:
-		memcpy(b + offsetof(struct gpud_block_q4_k, d), &v, 2);
-		memcpy(b + offsetof(struct gpud_block_q4_k, dmin), &v, 2);
-		break;
+	case GPUD_TYPE_Q4_K: /* Q5_K: the same head */
 	case GPUD_TYPE_Q5_K:
-		memcpy(b + offsetof(struct gpud_block_q5_k, d), &v, 2);
-		memcpy(b + offsetof(struct gpud_block_q5_k, dmin), &v, 2);
+		d = offsetof(struct gpud_block_q4_k, d);
+		dmin = offsetof(struct gpud_block_q4_k, dmin);
 		break;
 	default:
-		memcpy(b + offsetof(struct gpud_block_q6_k, d), &v, 2);
+		d = offsetof(struct gpud_block_q6_k, d);
 		break;
 	}
+	memcpy(b + d, &v, 2);
+	if (dmin)
+		memcpy(b + dmin, &v, 2);
 }
 
 /* The vector kernels add several products in i16 before scaling them:
