@@ -3,7 +3,9 @@
  * The portable reference of the K-quant matmul; kernels.c dispatches here
  * for those types. Activations are quantized once per gpud_matmul call
  * exactly as for q8_0/q4_0 (kernels.c: blocks of 32, fp32 scale dx =
- * max|x| / 127, q = round(x / dx)), plus each block's quant sum xs. The
+ * max|x| / 127, q = round(x / dx)), plus each block's quant sum xs
+ * (Q2_K/Q3_K/Q6_K: its two 16-quant half sums, GPUD__ACT_HALVES, which
+ * only the x86 kernel reads; the functions here sum what they need). The
  * 256-wide Q8_K format (one scale per super-block) would fold fewer floats
  * but is ~1.4x coarser on real activations (the logits error against the
  * double reference went from Q4_0's level to past its bound): 32-wide

@@ -328,7 +328,9 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 				}
 				const __m256 ndmin = _mm256_xor_ps(dmin, _mm256_set1_ps(-0.0f));
 
-				/* c0: the chunks in runs of unroll, one run unrolled */
+				/* The chunks in runs of unroll, each run unrolled: with
+				 * unroll 8 one run (c a constant in each copy), with 1
+				 * a plain loop. The two loops share one indent. */
 				for (int c0 = 0; c0 < 8; c0 += unroll)
 				_Pragma("GCC unroll 8")
 				for (int c = c0; c < c0 + unroll; c++) {
