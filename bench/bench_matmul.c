@@ -15,7 +15,8 @@
  * Usage: bench_matmul [quick|full|3b] [type [batch]]   (type: f32 ... q6_k,
  * or q4_0p, q8_0p, q4_kp, q5_kp, q6_kp, f16p: the type in the CPU
  * backend's packed layout, gpud_matmul_packed(); batch: only that one of
- * the mode's batches, as bench/kernel_mca.sh profiles one loop)
+ * the mode's batches, as bench/kernel_mca.sh profiles one loop).
+ * BENCH_CPU_FEATURES=MASK (the printed bits) runs only those kernel paths.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -118,9 +119,11 @@ int main(int argc, char **argv)
 
 	if (arena_bytes < ((size_t)1 << 30))
 		arena_bytes = (size_t)1 << 30;
+	if (getenv("BENCH_CPU_FEATURES")) /* a mask: A/B of one build's kernel paths */
+		gpud_cpu_set_features((unsigned)strtoul(getenv("BENCH_CPU_FEATURES"), NULL, 0));
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
-	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c, 8 avx-vnni)\n",
+	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c, 8 avx-vnni, 16 avx-512)\n",
 	       date, machine, gpud_cpu_features());
 	for (int th = 1; th <= 2; th++) {
 		mc[th] = bench_memcpy_gbs(arena_bytes / 2, th);

@@ -56,6 +56,15 @@ static unsigned probe_features(void)
 		if ((f & GPUD_CPU_AVX2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)))
 			f |= GPUD_CPU_AVXVNNI;
 	}
+	/* AVX-512: libgcc reports these only when XCR0 shows the OS saves
+	 * the opmask and ZMM state. */
+	if ((f & GPUD_CPU_AVX2) && __builtin_cpu_supports("avx512f") &&
+	    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+	    __builtin_cpu_supports("avx512dq")) {
+		f |= GPUD_CPU_AVX512;
+		if (__builtin_cpu_supports("avx512vnni"))
+			f |= GPUD_CPU_AVX512VNNI;
+	}
 #endif
 	return f;
 }
@@ -359,8 +368,11 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 	if (rows <= 0 || batch <= 0)
 		return;
 #ifdef GPUD_HAVE_X86
-	if (use_vec())
+	if (use_vec()) {
 		job.rows = gpud__x86_mm_rows;
+		m.avx512 = (gpud_cpu_features() & GPUD_CPU_AVX512) != 0;
+		m.avx512vnni = m.avx512 && (gpud_cpu_features() & GPUD_CPU_AVX512VNNI) != 0;
+	}
 #endif
 	if (is_quant(wtype) || gpud__kq_type(wtype)) {
 		const int64_t nb = cols / GPUD_QK;

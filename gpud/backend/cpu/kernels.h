@@ -18,7 +18,8 @@
  * super-block, chunk of 32 by chunk (kernels_kq.c states the operations).
  *
  * Every kernel has a portable C version; AVX2/FMA/F16C versions (plus
- * AVX-VNNI for the int8 path) are chosen at run time (gpud_cpu_features()).
+ * AVX-VNNI for the int8 path, AVX-512 where it pays) are chosen at run
+ * time (gpud_cpu_features()).
  * The portable versions are the reference the tests check the vector ones
  * against; for q8_0/q4_0 all paths give identical bits, and rows expanded
  * by gpud_get_row() are those of gpud_dequantize_row() on every path.
@@ -44,6 +45,10 @@ enum {
 	GPUD_CPU_FMA = 1 << 1,
 	GPUD_CPU_F16C = 1 << 2,
 	GPUD_CPU_AVXVNNI = 1 << 3, /* VEX vpdpbusd; only used with the three above */
+	/* AVX-512 F, BW, VL and DQ with the ZMM state saved by the OS; only
+	 * used with the first three. */
+	GPUD_CPU_AVX512 = 1 << 4,
+	GPUD_CPU_AVX512VNNI = 1 << 5, /* EVEX vpdpbusd; only used with AVX512 */
 };
 /* Features detected on this CPU (and usable by the OS), masked by the last
  * gpud_cpu_set_features(). The vector kernels run only when all three of

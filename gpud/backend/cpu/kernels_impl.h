@@ -28,6 +28,8 @@ struct gpud__mm {
 					  * with GPUD__ACT_HALVES the two 16-quant
 					  * half sums as i16 (low: first half) */
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
+	bool avx512;                     /* use the AVX-512 kernels where there are */
+	bool avx512vnni;                 /* and the AVX-512 VNNI ones */
 	bool packed;                     /* W in the packed layout (pack.c) */
 };
 
@@ -78,6 +80,13 @@ static inline float gpud__q8_scale(float amax, float *id)
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* kernels_kq_x86.c: the K-quant rows, the bits of the portable ones. */
 void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* kernels_avx512.c (only with GPUD_CPU_AVX512): packed f16 rows, the bits
+ * of kernels_x86.c's. */
+void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* (only with GPUD_CPU_AVX512VNNI too) packed q8_0/q4_0 rows, r1 - r0 a
+ * multiple of 16: the bits of kernels_x86.c's. */
+void gpud__avx512_rows_q8p(const struct gpud__mm *m, int64_t r0, int64_t r1);
+void gpud__avx512_rows_q4p(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* gpud_dequantize_row()'s bits, vectorized; false when the type has no
  * vector version (the caller falls back to gpud_dequantize_row()). */
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);

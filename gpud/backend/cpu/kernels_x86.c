@@ -640,6 +640,20 @@ DEFINE_ROWS_I8(rows_i8_q4p_avx2, GPUD_TYPE_Q4_0, false, true)
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	/* Packed q8_0/q4_0 with AVX-512 VNNI: pairs of row groups there, a
+	 * last single group here. */
+	if (m->packed && m->avx512vnni &&
+	    (m->wtype == GPUD_TYPE_Q8_0 || m->wtype == GPUD_TYPE_Q4_0)) {
+		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+
+		if (m->wtype == GPUD_TYPE_Q8_0)
+			gpud__avx512_rows_q8p(m, r0, r16);
+		else
+			gpud__avx512_rows_q4p(m, r0, r16);
+		r0 = r16;
+		if (r0 == r1)
+			return;
+	}
 	switch (m->wtype) {
 	case GPUD_TYPE_Q8_0:
 		if (m->packed && m->vnni)
@@ -665,7 +679,9 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 		rows_f32(m, r0, r1);
 		break;
 	case GPUD_TYPE_F16:
-		if (m->packed)
+		if (m->packed && m->avx512)
+			gpud__avx512_rows_f16p(m, r0, r1);
+		else if (m->packed)
 			rows_f16p(m, r0, r1);
 		else
 			rows_f16(m, r0, r1);

@@ -1,0 +1,255 @@
+/* kernels_avx512.c - AVX-512 kernels, chosen at run time.
+ *
+ * Like kernels_x86.c, every function carries its target attribute, so the
+ * file builds without -mavx512f and nothing here runs unless kernels.c saw
+ * AVX-512 F/BW/VL/DQ with the OS saving the ZMM state (GPUD_CPU_AVX512).
+ * Each kernel gives the bits of the AVX2 kernel it stands in for: the
+ * wider registers compute more elements at once, never another order of
+ * operations inside one element.
+ */
+#include "gpud/backend/cpu/kernels_impl.h"
+
+#ifdef GPUD_HAVE_X86
+
+#include <immintrin.h>
+
+#define TGT512_ATTR target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")
+#define TGT512 __attribute__((TGT512_ATTR, aligned(64)))
+#define TGT512_INLINE static inline __attribute__((always_inline, TGT512_ATTR))
+
+#ifndef PF_DIST
+#define PF_DIST 2048
+#endif
+
+/* ---- packed f16 (pack.c: 16-row groups stored column by column) -------
+ * A group's 16 weights of column k are one 32-byte load and, converted,
+ * one ZMM: lane = row, as in kernels_x86.c's rows_f16p (two YMM there).
+ * Each element is the same fma chain in column order from 0,
+ *     acc = fma(w[r][k], x[b][k], acc),   k = 0, 1, ..., cols - 1,
+ * so the bits are those of the AVX2 and portable readers of the layout.
+ * With 32 ZMM registers a tile is 2 groups (32 rows) x 12 columns: 24
+ * accumulators; per column k of W, 2 conversions, 12 broadcasts and 24
+ * fmas, against the AVX2 tile's 2 conversions, 6 broadcasts and 12 fmas
+ * of half the width. Prefill is compute-bound, so this is where the
+ * doubled width shows. Batch 1 reads 4 groups at a time (4 independent
+ * chains, 4 weight streams). */
+#ifndef F16P512_KC
+#define F16P512_KC 256 /* columns of W per pass: 16 KiB of 2 groups, in L1 for every tile */
+#endif
+#define F16P512_BT 12
+
+/* Columns [k0, k1) of W into G groups x BT columns of elements: from 0 at
+ * k0 == 0, else from the partial sums left in y (stored and reloaded
+ * exactly, so the chain is the same). */
+TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, int64_t r, int G, int64_t b0, int BT,
+				int64_t k0, int64_t k1)
+{
+	const int64_t cols = m->cols;
+	const uint16_t *g = (const uint16_t *)m->W + (size_t)r * (size_t)cols;
+	const float *x[F16P512_BT];
+	__m512 acc[F16P512_BT][4];
+
+#pragma GCC unroll 12
+	for (int b = 0; b < BT; b++)
+		x[b] = m->x + (b0 + b) * cols;
+#pragma GCC unroll 12
+	for (int b = 0; b < BT; b++)
+#pragma GCC unroll 4
+		for (int q = 0; q < G; q++)
+			acc[b][q] = k0 ? _mm512_loadu_ps(m->y + (b0 + b) * m->rows + r + 16 * q)
+				       : _mm512_setzero_ps();
+	for (int64_t k = k0; k < k1; k++) {
+		__m512 w[4];
+
+#pragma GCC unroll 4
+		for (int q = 0; q < G; q++) {
+			const uint16_t *p = g + (size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
+					    GPUD__PK_ROWS_F16 * k;
+
+			if (BT == 1)
+				_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
+			w[q] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+		}
+#pragma GCC unroll 12
+		for (int b = 0; b < BT; b++) {
+			__m512 xb = _mm512_set1_ps(x[b][k]);
+
+#pragma GCC unroll 4
+			for (int q = 0; q < G; q++)
+				acc[b][q] = _mm512_fmadd_ps(w[q], xb, acc[b][q]);
+		}
+	}
+#pragma GCC unroll 12
+	for (int b = 0; b < BT; b++)
+#pragma GCC unroll 4
+		for (int q = 0; q < G; q++)
+			_mm512_storeu_ps(m->y + (b0 + b) * m->rows + r + 16 * q, acc[b][q]);
+}
+
+/* All columns of the batch for G groups at r over W's columns [k0, k1):
+ * tiles of 12, the rest as 8, 4, 2, 1. */
+TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, int64_t r, int G, int64_t k0,
+				int64_t k1)
+{
+	int64_t b = 0;
+
+	for (; b + F16P512_BT <= m->batch; b += F16P512_BT)
+		f16p512_tile(m, r, G, b, F16P512_BT, k0, k1);
+	if (m->batch - b >= 8) {
+		f16p512_tile(m, r, G, b, 8, k0, k1);
+		b += 8;
+	}
+	if (m->batch - b >= 4) {
+		f16p512_tile(m, r, G, b, 4, k0, k1);
+		b += 4;
+	}
+	if (m->batch - b >= 2) {
+		f16p512_tile(m, r, G, b, 2, k0, k1);
+		b += 2;
+	}
+	if (m->batch - b >= 1)
+		f16p512_tile(m, r, G, b, 1, k0, k1);
+}
+
+/* Rows [r0, r1) of a packed f16 matrix (r0, r1 multiples of 16). */
+TGT512 void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	const int64_t cols = m->cols;
+	int64_t r = r0;
+
+	if (m->batch == 1) {
+		for (; r + 64 <= r1; r += 64)
+			f16p512_tile(m, r, 4, 0, 1, 0, cols);
+		for (; r < r1; r += 16)
+			f16p512_tile(m, r, 1, 0, 1, 0, cols);
+		return;
+	}
+	for (; r < r1; r += 32) {
+		const int G = r1 - r >= 32 ? 2 : 1;
+
+		for (int64_t k0 = 0; k0 < cols; k0 += F16P512_KC) {
+			int64_t k1 = cols - k0 < F16P512_KC ? cols : k0 + F16P512_KC;
+
+			if (G == 2)
+				f16p512_cols(m, r, 2, k0, k1);
+			else
+				f16p512_cols(m, r, 1, k0, k1);
+		}
+	}
+}
+
+/* ---- packed q8_0/q4_0 with AVX-512 VNNI ---------------------------------
+ * kernels_x86.c's int8 path ("int8 path" there) on 16 lanes: two packed
+ * 8-row groups side by side, group A's rows in lanes 0..7 and group B's in
+ * 8..15, so each vpdpbusd adds 4 products of 16 rows. Per (row, column)
+ * the operations are the VNNI kernel's: isum = c + the exact 32-product
+ * dot product, acc = fma(d_w * d_x, (float)isum, acc) block by block, so
+ * the bits are the same. */
+#define TGT512V_ATTR target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")
+#define TGT512V __attribute__((TGT512V_ATTR, aligned(64)))
+#define TGT512V_INLINE static inline __attribute__((always_inline, TGT512V_ATTR))
+#define I8_BC512 16 /* columns per pass over a row pair (accumulators) */
+
+/* Block i of the packed groups at a and b = a + one group: T[g] lane r the
+ * weight bytes 4g..4g+3 of row r (q8_0 offset by 128, q4_0 the nibbles),
+ * *dw the 16 scales. */
+TGT512V_INLINE void i8p512_load(enum gpud_type QT, const uint8_t *a, size_t gstride, int64_t i,
+				__m512i T[8], __m512 *dw)
+{
+	const size_t unit = QT == GPUD_TYPE_Q8_0 ? 8 * sizeof(struct gpud_block_q8_0)
+						: 8 * sizeof(struct gpud_block_q4_0);
+	const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+
+	for (size_t o = 0; o < unit; o += 64) {
+		_mm_prefetch((const char *)u + PF_DIST + o, _MM_HINT_T0);
+		_mm_prefetch((const char *)v + PF_DIST + o, _MM_HINT_T0);
+	}
+	*dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
+		_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)u)),
+		_mm_loadu_si128((const __m128i *)v), 1));
+	if (QT == GPUD_TYPE_Q8_0) {
+#pragma GCC unroll 8
+		for (int q = 0; q < 8; q++) {
+			__m512i t = _mm512_inserti64x4(
+				_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u + 16 + 32 * q))),
+				_mm256_loadu_si256((const __m256i *)(v + 16 + 32 * q)), 1);
+
+			T[q] = _mm512_xor_si512(t, _mm512_set1_epi8((char)0x80));
+		}
+		return;
+	}
+	const __m512i mask = _mm512_set1_epi8(0xf);
+
+#pragma GCC unroll 4
+	for (int q = 0; q < 4; q++) {
+		__m512i t = _mm512_inserti64x4(
+			_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u + 16 + 32 * q))),
+			_mm256_loadu_si256((const __m256i *)(v + 16 + 32 * q)), 1);
+
+		T[q] = _mm512_and_si512(t, mask);
+		T[q + 4] = _mm512_and_si512(_mm512_srli_epi16(t, 4), mask);
+	}
+}
+
+TGT512V_INLINE __m512i bcast4_512(const int8_t *p)
+{
+	int32_t v;
+
+	__builtin_memcpy(&v, p, sizeof(v));
+	return _mm512_set1_epi32(v);
+}
+
+/* Rows [r, r + 16) x all columns. */
+TGT512V_INLINE void i8p512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	const size_t gstride = 8 * m->wrow;
+
+	for (int64_t b0 = 0; b0 < m->batch; b0 += I8_BC512) {
+		const int64_t bc = m->batch - b0 < I8_BC512 ? m->batch - b0 : I8_BC512;
+		__m512 acc[I8_BC512];
+
+		for (int64_t b = 0; b < bc; b++)
+			acc[b] = _mm512_setzero_ps();
+		for (int64_t i = 0; i < nb; i++) {
+			__m512i T[8];
+			__m512 dw;
+
+			i8p512_load(QT, a, gstride, i, T, &dw);
+			for (int64_t b = 0; b < bc; b++) {
+				const int64_t col = b0 + b;
+				const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK;
+				/* two chains of 4, as the VNNI kernel */
+				__m512i s0 = _mm512_set1_epi32(m->xc[col * nb + i]);
+				__m512i s1 = _mm512_setzero_si512();
+
+#pragma GCC unroll 4
+				for (int g = 0; g < 8; g += 2) {
+					s0 = _mm512_dpbusd_epi32(s0, T[g], bcast4_512(xq + 4 * g));
+					s1 = _mm512_dpbusd_epi32(s1, T[g + 1], bcast4_512(xq + 4 * g + 4));
+				}
+				__m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(m->xd[col * nb + i]));
+
+				acc[b] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)),
+							 acc[b]);
+			}
+		}
+		for (int64_t b = 0; b < bc; b++)
+			_mm512_storeu_ps(m->y + (b0 + b) * m->rows + r, acc[b]);
+	}
+}
+
+TGT512V void gpud__avx512_rows_q8p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 16)
+		i8p512_rows16(m, GPUD_TYPE_Q8_0, r);
+}
+
+TGT512V void gpud__avx512_rows_q4p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 16)
+		i8p512_rows16(m, GPUD_TYPE_Q4_0, r);
+}
+
+#endif
