@@ -252,4 +252,186 @@ TGT512V void gpud__avx512_rows_q4p(const struct gpud__mm *m, int64_t r0, int64_t
 		i8p512_rows16(m, GPUD_TYPE_Q4_0, r);
 }
 
+/* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch > 1 ------------------
+ * kernels_kq_x86.c's packed kernel on 16 lanes: two 8-row units (pack.c)
+ * side by side, group A's rows in lanes 0..7 and group B's in 8..15. Per
+ * (row, column) and 32-quant chunk the integer t is the same exact value:
+ * vpdpbusd sums the chunk's (or each 16-quant half's, Q6_K) 32-bit dot
+ * product of the unsigned quants and the activations, times the sub-block
+ * scale by vpmulld (|t| < 2^25), then the offset and min terms and the
+ * fp32 steps of the AVX2 kernel in its order:
+ *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
+ *     (float)mt, acc).
+ * So the bits are those of the AVX2 and portable kernels. */
+#define KQ_BC512 8 /* columns per pass over a pair of units */
+#define KQ_PF 2    /* units prefetched ahead, as kernels_kq_x86.c */
+
+/* 32 bytes at off of unit u (lanes 0..7) and of unit v (lanes 8..15). */
+TGT512V_INLINE __m512i ld2(const uint8_t *u, const uint8_t *v, size_t off)
+{
+	return _mm512_inserti64x4(
+		_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(u + off))),
+		_mm256_loadu_si256((const __m256i *)(v + off)), 1);
+}
+
+/* The 8 f16 at off of u and of v as 16 fp32. */
+TGT512V_INLINE __m512 ld2h(const uint8_t *u, const uint8_t *v, size_t off)
+{
+	return _mm512_cvtph_ps(_mm256_inserti128_si256(
+		_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(u + off))),
+		_mm_loadu_si128((const __m128i *)(v + off)), 1));
+}
+
+/* Quants 4g..4g+3 of chunk c, lane = row (Q6_K as stored, +32): the bit
+ * moves of kernels_kq_x86.c's pk_quant(). */
+TGT512V_INLINE __m512i kq512_quant(enum gpud_type QT, const uint8_t *u, const uint8_t *v, int c,
+				   int g)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
+		__m512i x = ld2(u, v, qs + 256 * (size_t)(c / 2) + 32 * (size_t)g);
+		__m512i q = _mm512_and_si512(c & 1 ? _mm512_srli_epi16(x, 4) : x, m4);
+
+		if (QT == GPUD_TYPE_Q5_K) {
+			__m512i hb = ld2(u, v, 128 + 32 * (size_t)g);
+
+			hb = c < 4 ? _mm512_slli_epi16(hb, (unsigned)(4 - c))
+				   : c == 4 ? hb : _mm512_srli_epi16(hb, (unsigned)(c - 4));
+			q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+		}
+		return q;
+	}
+	const int h = c / 4, k = c % 4;
+	__m512i l = ld2(u, v, 144 + 512 * (size_t)h + 256 * (size_t)(k & 1) + 32 * (size_t)g);
+	__m512i hb = ld2(u, v, 1168 + 256 * (size_t)h + 32 * (size_t)g);
+
+	l = _mm512_and_si512(k < 2 ? l : _mm512_srli_epi16(l, 4), m4);
+	hb = k < 2 ? _mm512_slli_epi16(hb, (unsigned)(4 - 2 * k))
+		   : k == 2 ? hb : _mm512_srli_epi16(hb, 2);
+	return _mm512_or_si512(l, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
+}
+
+/* Rows [r, r + 16) x all columns (two packed groups). */
+TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
+	const bool mins = QT != GPUD_TYPE_Q6_K;
+	const size_t unit = 8 * gpud_type_block_bytes(QT), gstride = 8 * m->wrow;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+
+	for (int64_t b0 = 0; b0 < m->batch; b0 += KQ_BC512) {
+		const int64_t bc = m->batch - b0 < KQ_BC512 ? m->batch - b0 : KQ_BC512;
+		__m512 acc[KQ_BC512];
+
+		for (int64_t b = 0; b < bc; b++)
+			acc[b] = _mm512_setzero_ps();
+		for (int64_t i = 0; i < nb; i++) {
+			const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+			const __m512 dw = ld2h(u, v, 0);
+			__m512 ndmin = _mm512_setzero_ps();
+			__m512i sm[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(),
+					  _mm512_setzero_si512(), _mm512_setzero_si512() };
+
+			for (size_t o = 0; o < unit; o += 64) {
+				_mm_prefetch((const char *)u + KQ_PF * unit + o, _MM_HINT_T0);
+				_mm_prefetch((const char *)v + KQ_PF * unit + o, _MM_HINT_T0);
+			}
+			if (mins) {
+				/* the 6-bit scales and mins of 16 rows (pk_q4k_scales) */
+				const __m512i w0 = ld2(u, v, 32), w1 = ld2(u, v, 64), w2 = ld2(u, v, 96);
+				const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
+				const __m512i m2 = _mm512_set1_epi8(0x03);
+
+				ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+					_mm512_castps_si512(ld2h(u, v, 16)), _mm512_set1_epi32(INT32_MIN)));
+				sm[0] = _mm512_and_si512(w0, m6);
+				sm[1] = _mm512_or_si512(
+					_mm512_and_si512(w2, m4),
+					_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4));
+				sm[2] = _mm512_and_si512(w1, m6);
+				sm[3] = _mm512_or_si512(
+					_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+					_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4));
+			}
+			for (int c = 0; c < 8; c++) {
+				__m512i T[8], sa, sb = _mm512_setzero_si512(), mv = _mm512_setzero_si512(),
+							   sab = _mm512_setzero_si512();
+
+				if (mins) {
+					const unsigned sh = 8 * (unsigned)(c % 4);
+					const __m512i ff = _mm512_set1_epi32(0xff);
+
+					sa = _mm512_and_si512(_mm512_srli_epi32(sm[c / 4], sh), ff);
+					mv = _mm512_and_si512(_mm512_srli_epi32(sm[2 + c / 4], sh), ff);
+				} else {
+					/* Q6_K: 8 rows' scale a then b, 16 bytes a unit */
+					const __m128i sca = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * c));
+					const __m128i scb = _mm_loadu_si128((const __m128i *)(v + 16 + 16 * c));
+
+					sa = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(sca, scb));
+					sb = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(sca, scb));
+					sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
+							      _mm512_slli_epi32(sb, 16));
+				}
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++)
+					T[g] = kq512_quant(QT, u, v, c, g);
+				for (int64_t b = 0; b < bc; b++) {
+					const int64_t col = b0 + b, xi = col * nb32 + i * 8 + c;
+					const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK_K + 32 * c;
+					const __m512i xc = _mm512_set1_epi32(m->xc[xi]);
+					const __m512 xd = _mm512_set1_ps(m->xd[xi]);
+					__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+
+					if (mins) {
+						/* one scale for the chunk: two chains, one product */
+#pragma GCC unroll 4
+						for (int g = 0; g < 8; g += 2) {
+							d0 = _mm512_dpbusd_epi32(d0, T[g], bcast4_512(xq + 4 * g));
+							d1 = _mm512_dpbusd_epi32(d1, T[g + 1],
+										 bcast4_512(xq + 4 * g + 4));
+						}
+						t = _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sa);
+					} else {
+						/* Q6_K: the halves' scales, then the storage
+						 * offset 32 * (sa * X_a + sb * X_b) */
+#pragma GCC unroll 4
+						for (int g = 0; g < 4; g++) {
+							d0 = _mm512_dpbusd_epi32(d0, T[g], bcast4_512(xq + 4 * g));
+							d1 = _mm512_dpbusd_epi32(d1, T[g + 4],
+										 bcast4_512(xq + 4 * g + 16));
+						}
+						t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa),
+								     _mm512_mullo_epi32(d1, sb));
+						t = _mm512_sub_epi32(
+							t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
+					}
+					acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(t),
+								 acc[b]);
+					if (mins)
+						acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(ndmin, xd),
+									 _mm512_cvtepi32_ps(_mm512_madd_epi16(mv, xc)),
+									 acc[b]);
+				}
+			}
+		}
+		for (int64_t b = 0; b < bc; b++)
+			_mm512_storeu_ps(m->y + (b0 + b) * m->rows + r, acc[b]);
+	}
+}
+
+TGT512V void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 16) {
+		switch (m->wtype) {
+		case GPUD_TYPE_Q4_K: kq512_rows16(m, GPUD_TYPE_Q4_K, r); break;
+		case GPUD_TYPE_Q5_K: kq512_rows16(m, GPUD_TYPE_Q5_K, r); break;
+		case GPUD_TYPE_Q6_K: kq512_rows16(m, GPUD_TYPE_Q6_K, r); break;
+		default: break;
+		}
+	}
+}
+
 #endif

@@ -480,6 +480,18 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const bool one = m->batch == 1;
 
+	/* Packed, batch > 1, AVX-512 VNNI: pairs of row groups there
+	 * (kernels_avx512.c), a last single group here. */
+	if (m->packed && m->avx512vnni && !one &&
+	    (m->wtype == GPUD_TYPE_Q4_K || m->wtype == GPUD_TYPE_Q5_K ||
+	     m->wtype == GPUD_TYPE_Q6_K)) {
+		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+
+		gpud__avx512_rows_kqp(m, r0, r16);
+		r0 = r16;
+		if (r0 == r1)
+			return;
+	}
 	switch (m->wtype) {
 	KQ_CASE(GPUD_TYPE_Q4_K, true)
 	KQ_CASE(GPUD_TYPE_Q5_K, true)

@@ -640,9 +640,12 @@ DEFINE_ROWS_I8(rows_i8_q4p_avx2, GPUD_TYPE_Q4_0, false, true)
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	/* Packed q8_0/q4_0 with AVX-512 VNNI: pairs of row groups there, a
-	 * last single group here. */
-	if (m->packed && m->avx512vnni &&
+	/* Packed q8_0/q4_0 with AVX-512 VNNI from batch 2 on: pairs of row
+	 * groups there, a last single group here. At batch 1 (weights from
+	 * DRAM) one 8-row stream per thread read faster than two (3B q4_0,
+	 * bench_matmul cold: 55 against 44-50 GB/s); from batch 4 the ZMM
+	 * kernel is 1.2-1.6x, at 32 1.6-1.8x. */
+	if (m->packed && m->avx512vnni && m->batch > 1 &&
 	    (m->wtype == GPUD_TYPE_Q8_0 || m->wtype == GPUD_TYPE_Q4_0)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
