@@ -16,6 +16,9 @@
  * GPUD__ACT_HALVES), one vpmaddwd. Q2_K's mins multiply the 16-wide
  * activation sums.
  *
+ * With AVX-512 VNNI, packed Q4_K/Q5_K/Q6_K at batch > 1 take the 16-lane
+ * kernel of kernels_avx512.c (the same integers t, so the same bits).
+ *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
  */
