@@ -483,9 +483,12 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const bool one = m->batch == 1;
 
-	/* Packed, batch > 1, AVX-512 VNNI: pairs of row groups there
-	 * (kernels_avx512.c), a last single group here. */
-	if (m->packed && m->avx512vnni && !one &&
+	/* Packed with AVX-512 VNNI: pairs of row groups there
+	 * (kernels_avx512.c), a last single group here. At batch 1 only
+	 * Q4_K: bench_matmul 3b, 2 threads, weights from DRAM, Q4_K 42-56
+	 * against 36-48 GB/s, Q5_K/Q6_K no better than the fused kernels
+	 * below (32-48 against 40-51; two weight streams per thread). */
+	if (m->packed && m->avx512vnni && (!one || m->wtype == GPUD_TYPE_Q4_K) &&
 	    (m->wtype == GPUD_TYPE_Q4_K || m->wtype == GPUD_TYPE_Q5_K ||
 	     m->wtype == GPUD_TYPE_Q6_K)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
