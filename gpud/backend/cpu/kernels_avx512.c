@@ -240,16 +240,14 @@ TGT512V_INLINE void i8p512_rows16(const struct gpud__mm *m, enum gpud_type QT, i
 	}
 }
 
-TGT512V void gpud__avx512_rows_q8p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+TGT512V void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	for (int64_t r = r0; r < r1; r += 16)
-		i8p512_rows16(m, GPUD_TYPE_Q8_0, r);
-}
-
-TGT512V void gpud__avx512_rows_q4p(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	for (int64_t r = r0; r < r1; r += 16)
-		i8p512_rows16(m, GPUD_TYPE_Q4_0, r);
+	for (int64_t r = r0; r < r1; r += 16) {
+		if (m->wtype == GPUD_TYPE_Q8_0)
+			i8p512_rows16(m, GPUD_TYPE_Q8_0, r);
+		else
+			i8p512_rows16(m, GPUD_TYPE_Q4_0, r);
+	}
 }
 
 /* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch > 1 ------------------

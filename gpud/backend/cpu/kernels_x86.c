@@ -652,10 +652,7 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	    (m->wtype == GPUD_TYPE_Q8_0 || m->wtype == GPUD_TYPE_Q4_0)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
-		if (m->wtype == GPUD_TYPE_Q8_0)
-			gpud__avx512_rows_q8p(m, r0, r16);
-		else
-			gpud__avx512_rows_q4p(m, r0, r16);
+		gpud__avx512_rows_i8p(m, r0, r16);
 		r0 = r16;
 		if (r0 == r1)
 			return;
