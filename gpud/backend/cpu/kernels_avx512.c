@@ -420,6 +420,225 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 	}
 }
 
+/* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch 1 ----------------------
+ * Decode reads the weights from DRAM, and there a thread that keeps one
+ * weight stream reads faster than one that keeps two (the kernel above
+ * pairs two units, two streams). So here the 16 lanes hold ONE unit's 8
+ * rows twice: lanes 0..7 chunk clo and lanes 8..15 chunk chi of the same
+ * super-block, with (clo, chi) = (2p, 2p + 1) for Q4_K/Q5_K (the low and
+ * high nibbles of the same bytes, and bits clo, chi of the same high-bit
+ * bytes) and (c, c + 2) for Q6_K (the same ql bytes' two nibbles and the
+ * same qh bytes). One broadcast load fills both halves; a per-half shift
+ * or rotation of the 32-bit lanes brings each chunk's bits into place (a
+ * bit that wraps around never lands under the mask). The activations'
+ * bytes of each chunk reach their half by a permute. vpdpbusd gives the
+ * exact integer dot products, so every (row, chunk) gets the integer t of
+ * the AVX2 kernel; the fp32 steps then run on 8 lanes, the low half's
+ * chunk before the high half's, in chunk order:
+ *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
+ *     (float)mt, acc),
+ * the AVX2 kernel's chain, so the same bits. */
+#define KQ1_PF 2 /* units prefetched ahead, as the AVX2 kernel */
+
+/* lanes 0..7 a, lanes 8..15 b */
+TGT512V_INLINE __m512i idx2(int a, int b)
+{
+	return _mm512_inserti64x4(_mm512_set1_epi32(a), _mm256_set1_epi32(b), 1);
+}
+
+/* The 32 bytes at p in both halves. */
+TGT512V_INLINE __m512i bc256(const uint8_t *p)
+{
+	return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p));
+}
+
+/* Quants 4g..4g+3 of the 8 rows of unit u, chunk clo in lanes 0..7 and
+ * chi in 8..15 (Q6_K as stored, +32). */
+TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, int chi, int g)
+{
+	const __m512i m4 = _mm512_set1_epi8(0x0f);
+	/* A | (B & C) */
+	const int or_and = 0xf8;
+
+	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
+		__m512i q = _mm512_and_si512(
+			_mm512_srlv_epi32(bc256(u + qs + 256 * (size_t)(clo / 2) + 32 * (size_t)g),
+					  idx2(0, 4)),
+			m4);
+
+		if (QT == GPUD_TYPE_Q5_K) {
+			/* bit c of each byte to bit 4: rotate left by 4 - c */
+			__m512i hb = _mm512_rolv_epi32(bc256(u + 128 + 32 * (size_t)g),
+						       idx2((4 - clo) & 31, (4 - chi) & 31));
+
+			q = _mm512_ternarylogic_epi32(q, hb, _mm512_set1_epi8(0x10), or_and);
+		}
+		return q;
+	}
+	/* Q6_K, clo = c with k = c % 4 < 2, chi = c + 2: bits 2k, 2k + 1 of
+	 * each qh byte to bits 4, 5 (rotate left by 4 - 2k), then 2k + 4 */
+	const int h = clo / 4, k = clo % 4;
+	__m512i l = _mm512_and_si512(
+		_mm512_srlv_epi32(bc256(u + 144 + 512 * (size_t)h + 256 * (size_t)k + 32 * (size_t)g),
+				  idx2(0, 4)),
+		m4);
+	__m512i hb = _mm512_rolv_epi32(bc256(u + 1168 + 256 * (size_t)h + 32 * (size_t)g),
+				       idx2(4 - 2 * k, (32 - 2 * k) & 31));
+
+	return _mm512_ternarylogic_epi32(l, hb, _mm512_set1_epi8(0x30), or_and);
+}
+
+/* Activation bytes 4g..4g+3 of chunk clo (lanes 0..7) and chi (8..15),
+ * from X[p] = chunks 2p and 2p + 1. */
+TGT512V_INLINE __m512i kq1_act(const __m512i X[4], int clo, int chi, int g)
+{
+	const int a = 8 * (clo % 2) + g, b = 8 * (chi % 2) + g;
+
+	if (clo / 2 == chi / 2)
+		return _mm512_permutexvar_epi32(idx2(a, b), X[clo / 2]);
+	return _mm512_permutex2var_epi32(X[clo / 2], idx2(a, 16 + b), X[chi / 2]);
+}
+
+/* acc = fma(lo(s), lo(f), acc), the low half's step */
+TGT512V_INLINE __m256 fma_lo(__m512 s, __m512 f, __m256 acc)
+{
+	return _mm256_fmadd_ps(_mm512_castps512_ps256(s), _mm512_castps512_ps256(f), acc);
+}
+
+TGT512V_INLINE __m256 fma_hi(__m512 s, __m512 f, __m256 acc)
+{
+	return _mm256_fmadd_ps(_mm512_extractf32x8_ps(s, 1), _mm512_extractf32x8_ps(f, 1), acc);
+}
+
+/* Q6_K's t of chunks (c, c + 2), c % 4 < 2: the halves' scales, then the
+ * storage offset 32 * (sa * X_a + sb * X_b), as the kernel above. */
+TGT512V_INLINE __m512i kq1_q6_t(const uint8_t *u, const __m512i X[4], __m512i XC, int c)
+{
+	const __m128i s0 = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * c));
+	const __m128i s2 = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * (c + 2)));
+	const __m512i sa = _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(s0, s2));
+	const __m512i sb = _mm512_cvtepi8_epi32(_mm_unpackhi_epi64(s0, s2));
+	const __m512i sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
+					    _mm512_slli_epi32(sb, 16));
+	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 2), XC);
+	__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+
+#pragma GCC unroll 4
+	for (int g = 0; g < 4; g++) {
+		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(GPUD_TYPE_Q6_K, u, c, c + 2, g),
+					 kq1_act(X, c, c + 2, g));
+		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(GPUD_TYPE_Q6_K, u, c, c + 2, g + 4),
+					 kq1_act(X, c, c + 2, g + 4));
+	}
+	t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+	return _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
+}
+
+/* Rows [r, r + 8) (one packed group), batch 1. */
+TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK_K;
+	const size_t unit = 8 * gpud_type_block_bytes(QT);
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	__m256 acc = _mm256_setzero_ps();
+
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *u = a + (size_t)i * unit;
+		const int8_t *xq = m->xq + i * GPUD_QK_K;
+		const __m512 XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
+		const __m512i XC = _mm512_castsi256_si512(
+			_mm256_loadu_si256((const __m256i *)(m->xc + i * 8)));
+		const __m512 dw = _mm512_cvtph_ps(
+			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u)));
+		__m512i X[4];
+
+		for (size_t o = 0; o < unit; o += 64)
+			_mm_prefetch((const char *)u + KQ1_PF * unit + o, _MM_HINT_T0);
+#pragma GCC unroll 4
+		for (int p = 0; p < 4; p++)
+			X[p] = _mm512_loadu_si512(xq + 64 * p);
+		if (QT == GPUD_TYPE_Q6_K) {
+#pragma GCC unroll 2
+			for (int q = 0; q < 8; q += 4) {
+				/* chunks (q, q + 2) and (q + 1, q + 3), stepped in
+				 * the order q, q + 1, q + 2, q + 3 */
+				__m512 fa = _mm512_cvtepi32_ps(kq1_q6_t(u, X, XC, q));
+				__m512 fb = _mm512_cvtepi32_ps(kq1_q6_t(u, X, XC, q + 1));
+				__m512 sa = _mm512_mul_ps(dw, _mm512_permutexvar_ps(idx2(q, q + 2), XD));
+				__m512 sb = _mm512_mul_ps(dw,
+							  _mm512_permutexvar_ps(idx2(q + 1, q + 3), XD));
+
+				acc = fma_lo(sa, fa, acc);
+				acc = fma_lo(sb, fb, acc);
+				acc = fma_hi(sa, fa, acc);
+				acc = fma_hi(sb, fb, acc);
+			}
+			continue;
+		}
+		/* Q4_K/Q5_K: the 6-bit scales and mins of the 8 rows, the same
+		 * in both halves (the kernel above's unpacking) */
+		const __m512i w0 = bc256(u + 32), w1 = bc256(u + 64), w2 = bc256(u + 96);
+		const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
+		const __m512i m2 = _mm512_set1_epi8(0x03), ff = _mm512_set1_epi32(0xff);
+		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+			_mm512_castps_si512(_mm512_cvtph_ps(_mm256_broadcastsi128_si256(
+				_mm_loadu_si128((const __m128i *)(u + 16))))),
+			_mm512_set1_epi32(INT32_MIN)));
+		__m512i sm[4];
+
+		sm[0] = _mm512_and_si512(w0, m6);
+		sm[1] = _mm512_or_si512(
+			_mm512_and_si512(w2, m4),
+			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4));
+		sm[2] = _mm512_and_si512(w1, m6);
+		sm[3] = _mm512_or_si512(
+			_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4));
+#pragma GCC unroll 4
+		for (int p = 0; p < 4; p++) {
+			const int clo = 2 * p, chi = 2 * p + 1;
+			/* the scale (and min) of chunk c: byte c % 4 of sm[c / 4] */
+			const __m512i sh = idx2(8 * (clo % 4), 8 * (chi % 4));
+			const __m512i sa = _mm512_and_si512(_mm512_srlv_epi32(sm[clo / 4], sh), ff);
+			const __m512i mv = _mm512_and_si512(_mm512_srlv_epi32(sm[2 + clo / 4], sh), ff);
+			const __m512i xc = _mm512_permutexvar_epi32(idx2(clo, chi), XC);
+			const __m512 xd = _mm512_permutexvar_ps(idx2(clo, chi), XD);
+			__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+
+#pragma GCC unroll 4
+			for (int g = 0; g < 8; g += 2) {
+				d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, clo, chi, g),
+							 kq1_act(X, clo, chi, g));
+				d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, clo, chi, g + 1),
+							 kq1_act(X, clo, chi, g + 1));
+			}
+			const __m512 s = _mm512_mul_ps(dw, xd), ns = _mm512_mul_ps(ndmin, xd);
+			const __m512 ft = _mm512_cvtepi32_ps(
+				_mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sa));
+			const __m512 fm = _mm512_cvtepi32_ps(_mm512_madd_epi16(mv, xc));
+
+			acc = fma_lo(s, ft, acc);
+			acc = fma_lo(ns, fm, acc);
+			acc = fma_hi(s, ft, acc);
+			acc = fma_hi(ns, fm, acc);
+		}
+	}
+	_mm256_storeu_ps(m->y + r, acc);
+}
+
+TGT512V void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 8) {
+		switch (m->wtype) {
+		case GPUD_TYPE_Q4_K: kq1_rows8(m, GPUD_TYPE_Q4_K, r); break;
+		case GPUD_TYPE_Q5_K: kq1_rows8(m, GPUD_TYPE_Q5_K, r); break;
+		case GPUD_TYPE_Q6_K: kq1_rows8(m, GPUD_TYPE_Q6_K, r); break;
+		default: break;
+		}
+	}
+}
+
 TGT512V void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	for (int64_t r = r0; r < r1; r += 16) {

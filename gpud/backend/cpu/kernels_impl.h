@@ -89,6 +89,9 @@ void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* packed Q4_K/Q5_K/Q6_K rows at batch > 1, r1 - r0 a multiple of 16: the
  * bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* the same types at batch 1, one 8-row group at a time (r0, r1 multiples
+ * of 8): the bits of kernels_kq_x86.c's. */
+void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* gpud_dequantize_row()'s bits, vectorized; false when the type has no
  * vector version (the caller falls back to gpud_dequantize_row()). */
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);

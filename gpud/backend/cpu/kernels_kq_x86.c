@@ -483,16 +483,21 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const bool one = m->batch == 1;
 
-	/* Packed with AVX-512 VNNI from batch 2 on: pairs of row groups
-	 * there (kernels_avx512.c), a last single group here. At batch 1
-	 * (weights from DRAM) the fused kernels below read as fast: in
-	 * interleaved bench_matmul 3b runs, 2 threads, the ZMM kernel was
-	 * 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM (Q4_K,
-	 * Q5_K, Q6_K), and the engine's Q4_K_M decode median 0.96x. */
-	if (m->packed && m->avx512vnni && !one &&
+	/* Packed with AVX-512 VNNI: at batch 1 one group at a time (one
+	 * weight stream per thread, kernels_avx512.c); from batch 2 on pairs
+	 * of row groups there, a last single group here. (The pairs at batch
+	 * 1 were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
+	 * interleaved bench_matmul 3b runs, and the engine's Q4_K_M decode
+	 * median 0.96x.) */
+	if (m->packed && m->avx512vnni &&
 	    (m->wtype == GPUD_TYPE_Q4_K || m->wtype == GPUD_TYPE_Q5_K ||
 	     m->wtype == GPUD_TYPE_Q6_K)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+
+		if (one) {
+			gpud__avx512_rows_kqp1(m, r0, r1);
+			return;
+		}
 
 		gpud__avx512_rows_kqp(m, r0, r16);
 		r0 = r16;
