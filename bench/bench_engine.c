@@ -3,9 +3,15 @@
  * For each model: prefill tokens/s and decode tokens/s at batch 1 and
  * batch 16 (16 sequences per step), with the achieved weight-read
  * bandwidth of decode (weight bytes per step / step time) next to the
- * measured read bandwidth (bench_read_gbs: a decode step only reads its
- * weights; memcpy's figure, which counts each byte once for a read and a
- * write, is printed too). Models: the real
+ * memory's read bandwidth measured beside it: a decode step reads all its
+ * weights once, so its limit is what the threads read together in one
+ * sustained pass over a buffer far larger than the LLC (bench_stream_pass).
+ * The machine is shared and its bandwidth moves, so one such pass follows
+ * every timed batch-1 decode step, and the step's best and mean GB/s are
+ * compared with the passes' best and mean over the same seconds. The
+ * figures of bench_stream_gbs before and after the models, the burst
+ * figure of bench_read_gbs and memcpy's (each byte one read and one
+ * write) are printed too. Models: the real
  * stories260K and generated ~110M Llama models (dim 768, 12 layers, 12
  * heads, ffn 2048, the 32000-token Llama 2 vocabulary, tied output) in
  * F32, F16 and Q8_0, written once with gpud_mkmodel into --models-dir.
@@ -30,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "bench/bench_util.h"
@@ -65,6 +72,9 @@ struct cell {
 	double decode[2];      /* aggregate tok/s at batch 1, 16 (best step) */
 	double decode_mean[2]; /* the same over all timed steps */
 	double decode_gbs;     /* batch-1 weight-read GB/s (best step) */
+	double decode_mean_gbs; /* the same over all timed steps */
+	double read_gbs;       /* best read pass beside the batch-1 steps */
+	double read_mean_gbs;  /* their mean */
 };
 
 static uint64_t rs = 12345;
@@ -94,10 +104,33 @@ struct rates {
 	double decode;       /* tok/s, best step */
 	double decode_mean;  /* tok/s over all timed steps */
 	double step_best;    /* s, best decode step */
+	double step_mean;    /* s */
+	double read_best;    /* GB/s, best read pass beside the decode steps */
+	double read_mean;    /* GB/s, all the passes' bytes over their time */
 	uint32_t steps;
 };
 
-static int measure(struct gpud_engine *e, uint32_t batch, double seconds, struct rates *r)
+/* One pass of rd after a decode step, its GB/s into *best and its time
+ * into *secs. The engine's workers spin a little after a step before
+ * they sleep (threadpool.c, 0.1 ms): the pass starts after that. */
+static void read_beside(struct bench_stream *rd, double *best, double *secs, double *bytes,
+			size_t n)
+{
+	struct timespec pause = { 0, 300000 };
+	double g;
+
+	nanosleep(&pause, NULL);
+	g = bench_stream_pass(rd);
+	if (g <= 0)
+		return;
+	*best = g > *best ? g : *best;
+	*secs += (double)n / (g * 1e9);
+	*bytes += (double)n;
+}
+
+/* rd: when not NULL, read passes beside the decode steps (rates). */
+static int measure(struct gpud_engine *e, uint32_t batch, double seconds,
+		   struct bench_stream *rd, size_t rd_bytes, struct rates *r)
 {
 	static int32_t prompt[MAXB][PROMPT];
 	static int32_t next[MAXB];
@@ -138,6 +171,9 @@ static int measure(struct gpud_engine *e, uint32_t batch, double seconds, struct
 		return -1;
 	total = 0;
 	best = 1e30;
+	r->read_best = 0;
+	double rd_secs = 0, rd_total = 0;
+
 	for (s = 0; s < MAX_DECODE; s++) {
 		for (i = 0; i < batch; i++)
 			next[i] = rnd_tok(nv);
@@ -147,6 +183,8 @@ static int measure(struct gpud_engine *e, uint32_t batch, double seconds, struct
 		t = bench_now() - t0;
 		best = t < best ? t : best;
 		total += t;
+		if (rd)
+			read_beside(rd, &r->read_best, &rd_secs, &rd_total, rd_bytes);
 		if (s >= 2 && total >= seconds) {
 			s++;
 			break;
@@ -156,13 +194,16 @@ static int measure(struct gpud_engine *e, uint32_t batch, double seconds, struct
 	r->decode = batch / best;
 	r->decode_mean = (double)s * batch / total;
 	r->step_best = best;
+	r->step_mean = total / s;
+	r->read_mean = rd_secs > 0 ? rd_total / rd_secs * 1e-9 : 0;
 	for (i = 0; i < batch; i++)
 		gpud_engine_seq_free(e, seq[i]);
 	return 0;
 }
 
 static int bench_model(const char *path, const char *label, const char *type,
-		       const struct opts *o, struct cell *c)
+		       const struct opts *o, struct bench_stream *rd, size_t rd_bytes,
+		       struct cell *c)
 {
 	struct gpud_model *m = NULL;
 	struct gpud_engine *e = NULL;
@@ -192,14 +233,21 @@ static int bench_model(const char *path, const char *label, const char *type,
 	c->weight_mb = gpud_model_weight_bytes(m) / 1e6;
 	for (int k = 0; k < (o->batch1_only ? 1 : 2) && !rc; k++) {
 		struct rates r;
-		rc = measure(e, k ? MAXB : 1, o->seconds, &r);
+		/* read passes only beside a model that cannot stay in the LLC */
+		rc = measure(e, k ? MAXB : 1, o->seconds,
+			     k || gpud_model_weight_bytes(m) < 2.0 * bench_llc_bytes() ? NULL : rd,
+			     rd_bytes, &r);
 		if (rc)
 			break;
 		c->prefill[k] = r.prefill;
 		c->decode[k] = r.decode;
 		c->decode_mean[k] = r.decode_mean;
-		if (k == 0)
+		if (k == 0) {
 			c->decode_gbs = gpud_model_weight_bytes(m) / r.step_best / 1e9;
+			c->decode_mean_gbs = gpud_model_weight_bytes(m) / r.step_mean / 1e9;
+			c->read_gbs = r.read_best;
+			c->read_mean_gbs = r.read_mean;
+		}
 	}
 	struct gpud_engine_stats st;
 	gpud_engine_stats(e, &st);
@@ -262,26 +310,39 @@ static int make_110m(const char *dir, const char *tname, int preset_3b, char *pa
 	return rc;
 }
 
-static void print_table(FILE *f, const struct cell *c, int n, double read_gbs)
+/* Columns: ... | decode b1 weight GB/s | read GB/s beside | % of read bw
+ * (best step / best pass) | the same of the means | ... (engine_ab.sh
+ * reads them by position). */
+static void print_table(FILE *f, const struct cell *c, int n)
 {
 	fprintf(f, "| model | type | weights MB | prefill b1 tok/s | prefill b16 tok/s | "
-		   "decode b1 tok/s | decode b1 weight GB/s | %% of read bw | "
-		   "decode b16 tok/s (aggregate) | b16 / b1 | decode b1 / b16 mean tok/s |\n");
-	fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+		   "decode b1 tok/s | decode b1 weight GB/s | read GB/s beside | %% of read bw | "
+		   "%% of read bw, means | decode b16 tok/s (aggregate) | b16 / b1 | "
+		   "decode b1 / b16 mean tok/s |\n");
+	fprintf(f, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
 	for (int i = 0; i < n; i++) {
-		if (c[i].prefill[1] == 0) { /* --batch1-only */
-			fprintf(f, "| %s | %s | %.1f | %.1f | - | %.1f | %.2f | %.0f%% | - | - | %.1f / - |\n",
-				c[i].model, c[i].type, c[i].weight_mb, c[i].prefill[0], c[i].decode[0],
-				c[i].decode_gbs, 100.0 * c[i].decode_gbs / read_gbs,
-				c[i].decode_mean[0]);
-			continue;
-		}
-		fprintf(f, "| %s | %s | %.1f | %.1f | %.1f | %.1f | %.2f | %.0f%% | %.1f | %.2fx | "
-			   "%.1f / %.1f |\n",
-			c[i].model, c[i].type, c[i].weight_mb, c[i].prefill[0], c[i].prefill[1],
-			c[i].decode[0], c[i].decode_gbs, 100.0 * c[i].decode_gbs / read_gbs,
-			c[i].decode[1], c[i].decode[1] / c[i].decode[0], c[i].decode_mean[0],
-			c[i].decode_mean[1]);
+		double pct = c[i].read_gbs > 0 ? 100.0 * c[i].decode_gbs / c[i].read_gbs : 0;
+		double pct_mean = c[i].read_mean_gbs > 0
+					  ? 100.0 * c[i].decode_mean_gbs / c[i].read_mean_gbs
+					  : 0;
+
+		fprintf(f, "| %s | %s | %.1f | %.1f | ", c[i].model, c[i].type, c[i].weight_mb,
+			c[i].prefill[0]);
+		if (c[i].prefill[1] == 0) /* --batch1-only */
+			fprintf(f, "- | ");
+		else
+			fprintf(f, "%.1f | ", c[i].prefill[1]);
+		if (c[i].read_gbs > 0)
+			fprintf(f, "%.1f | %.2f | %.2f | %.0f%% | %.0f%% | ", c[i].decode[0],
+				c[i].decode_gbs, c[i].read_gbs, pct, pct_mean);
+		else /* in the LLC: no read passes */
+			fprintf(f, "%.1f | %.2f | - | - | - | ", c[i].decode[0], c[i].decode_gbs);
+		if (c[i].prefill[1] == 0)
+			fprintf(f, "- | - | %.1f / - |\n", c[i].decode_mean[0]);
+		else
+			fprintf(f, "%.1f | %.2fx | %.1f / %.1f |\n", c[i].decode[1],
+				c[i].decode[1] / c[i].decode[0], c[i].decode_mean[0],
+				c[i].decode_mean[1]);
 	}
 }
 
@@ -319,12 +380,25 @@ int main(int argc, char **argv)
 	}
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
+	/* a pass over as many bytes as a 3B model's step reads, or more */
+	size_t stream_bytes = 16 * bench_llc_bytes() > ((size_t)512 << 20)
+				      ? 16 * bench_llc_bytes()
+				      : (size_t)512 << 20;
 	double memcpy_gbs = bench_memcpy_gbs(4 * bench_llc_bytes(), o.threads);
-	double read0 = bench_read_gbs(4 * bench_llc_bytes(), o.threads);
-	fprintf(stderr, "bench_engine: memcpy %.2f GB/s, read %.2f GB/s with %d threads\n",
-		memcpy_gbs, read0, o.threads);
+	double burst_gbs = bench_read_gbs(4 * bench_llc_bytes(), o.threads);
+	double read0 = bench_stream_gbs(stream_bytes, o.threads);
+	struct bench_stream *rd = bench_stream_new(stream_bytes, o.threads);
 
-	if (bench_model(STORIES, "stories260K", "f32", &o, &cells[n]) == 0)
+	if (!rd) {
+		fprintf(stderr, "bench_engine: no memory for a %zu MiB read buffer\n",
+			stream_bytes >> 20);
+		return 1;
+	}
+	fprintf(stderr, "bench_engine: memcpy %.2f GB/s, read %.2f GB/s sustained (%.2f burst) "
+			"with %d threads\n",
+		memcpy_gbs, read0, burst_gbs, o.threads);
+
+	if (bench_model(STORIES, "stories260K", "f32", &o, rd, stream_bytes, &cells[n]) == 0)
 		n++;
 	if (!o.no_110m) {
 		if (mkdir(o.models_dir, 0755) && errno != EEXIST) {
@@ -336,21 +410,25 @@ int main(int argc, char **argv)
 		     t = strtok_r(NULL, ",", &save)) {
 			if (make_110m(o.models_dir, t, o.preset_3b, path, sizeof(path)))
 				continue;
-			if (bench_model(path, o.preset_3b ? "gen-3B" : "gen-110M", t, &o, &cells[n]) == 0)
+			if (bench_model(path, o.preset_3b ? "gen-3B" : "gen-110M", t, &o, rd, stream_bytes,
+					&cells[n]) == 0)
 				n++;
 		}
 	}
 
 	/* Read bandwidth before and after the models (the machine is
 	 * shared): the better figure is the limit a weight stream had. */
-	double read1 = bench_read_gbs(4 * bench_llc_bytes(), o.threads);
+	bench_stream_free(rd);
+	double read1 = bench_stream_gbs(stream_bytes, o.threads);
 	double read_gbs = read1 > read0 ? read1 : read0;
 
 	printf("machine: %s\ndate: %s\nthreads: %d, %.1f s per measurement, prefill %d tokens "
 	       "per sequence, batch 16 = 16 sequences per step, rates from the best step\n"
-	       "memcpy: %.2f GB/s; read bandwidth: %.2f GB/s (before %.2f, after %.2f)\n\n",
-	       machine, date, o.threads, o.seconds, PROMPT, memcpy_gbs, read_gbs, read0, read1);
-	print_table(stdout, cells, n, read_gbs);
+	       "memcpy: %.2f GB/s; read bandwidth: %.2f GB/s sustained (before %.2f, after "
+	       "%.2f; burst %.2f)\n\n",
+	       machine, date, o.threads, o.seconds, PROMPT, memcpy_gbs, read_gbs, read0, read1,
+	       burst_gbs);
+	print_table(stdout, cells, n);
 	if (o.out) {
 		FILE *f = fopen(o.out, "w");
 		if (!f) {
@@ -359,11 +437,12 @@ int main(int argc, char **argv)
 		}
 		fprintf(f, "# bench_engine\n\n- machine: %s\n- date: %s\n- threads: %d\n"
 			   "- memcpy bandwidth: %.2f GB/s (bench_memcpy_gbs, %d threads)\n"
-			   "- read bandwidth: %.2f GB/s (bench_read_gbs, %d threads, better of "
-			   "%.2f before and %.2f after the models)\n\n",
-			machine, date, o.threads, memcpy_gbs, o.threads, read_gbs, o.threads, read0,
-			read1);
-		print_table(f, cells, n, read_gbs);
+			   "- read bandwidth: %.2f GB/s sustained (bench_stream_gbs over %zu MiB, "
+			   "%d threads, better of %.2f before and %.2f after the models; the "
+			   "burst figure of bench_read_gbs: %.2f GB/s)\n\n",
+			machine, date, o.threads, memcpy_gbs, o.threads, read_gbs, stream_bytes >> 20,
+			o.threads, read0, read1, burst_gbs);
+		print_table(f, cells, n);
 		fclose(f);
 	}
 	return n > 0 ? 0 : 1;

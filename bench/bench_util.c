@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -174,6 +175,153 @@ double bench_memcpy_gbs(size_t bytes, int threads)
 double bench_read_gbs(size_t bytes, int threads)
 {
 	return mem_gbs(bytes, threads, true);
+}
+
+/* ---- sustained reads: the limit of a decode step ---------------------- */
+
+struct bench_stream {
+	char *buf;
+	size_t bytes, len; /* len: bytes rounded up to the mapping's 2 MiB */
+	int threads;
+};
+
+struct stream_job {
+	const char *p;
+	size_t n;
+	double t0, t1;
+	uint64_t sink;
+	pthread_barrier_t *start;
+};
+
+/* Reads n bytes (a multiple of 64) as a decode kernel reads its weights:
+ * one stream, each line prefetched 2 KiB ahead (the kernels' distance),
+ * 16-byte loads into 4 xor chains as read_bytes(). */
+static uint64_t stream_bytes(const char *p, size_t n)
+{
+	typedef unsigned long long v2 __attribute__((vector_size(16)));
+	v2 a = { 0, 0 }, b = a, c = a, d = a, t;
+
+	for (size_t off = 0; off + 64 <= n; off += 64) {
+		__builtin_prefetch(p + off + 2048, 0, 3);
+		memcpy(&t, p + off, 16);
+		a ^= t;
+		memcpy(&t, p + off + 16, 16);
+		b ^= t;
+		memcpy(&t, p + off + 32, 16);
+		c ^= t;
+		memcpy(&t, p + off + 48, 16);
+		d ^= t;
+	}
+	a ^= b ^ c ^ d;
+	return a[0] ^ a[1];
+}
+
+static void *stream_main(void *p)
+{
+	struct stream_job *j = p;
+
+	pthread_barrier_wait(j->start);
+	j->t0 = bench_now();
+	j->sink ^= stream_bytes(j->p, j->n);
+	j->t1 = bench_now();
+	return NULL;
+}
+
+struct bench_stream *bench_stream_new(size_t bytes, int threads)
+{
+	struct bench_stream *s;
+	const size_t align = (size_t)2 << 20;
+
+	if (threads < 1 || threads > 64 || bytes < 64 * (size_t)threads)
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->bytes = bytes & ~(size_t)63;
+	s->len = (bytes + align - 1) & ~(align - 1);
+	s->threads = threads;
+	s->buf = mmap(NULL, s->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (s->buf == MAP_FAILED) {
+		free(s);
+		return NULL;
+	}
+#ifdef MADV_HUGEPAGE
+	/* huge pages where the kernel gives them, as the engine keeps its
+	 * packed weights (sw_mem_map_big) */
+	(void)madvise(s->buf, s->len, MADV_HUGEPAGE);
+#endif
+	memset(s->buf, 1, s->len);
+	return s;
+}
+
+double bench_stream_pass(struct bench_stream *s)
+{
+	struct stream_job jobs[64];
+	pthread_t tid[64];
+	pthread_barrier_t start;
+	size_t per = (s->bytes / (size_t)s->threads) & ~(size_t)63;
+	double t0, t1;
+	int started = 0;
+
+	pthread_barrier_init(&start, NULL, (unsigned)s->threads);
+	for (int i = 0; i < s->threads; i++) {
+		jobs[i].p = s->buf + per * (size_t)i;
+		jobs[i].n = i == s->threads - 1 ? s->bytes - per * (size_t)i : per;
+		jobs[i].sink = 0;
+		jobs[i].start = &start;
+	}
+	for (int i = 1; i < s->threads; i++) {
+		if (pthread_create(&tid[i], NULL, stream_main, &jobs[i]))
+			break;
+		started++;
+	}
+	if (started != s->threads - 1) {
+		for (int i = started + 1; i < s->threads; i++)
+			pthread_barrier_wait(&start);
+		for (int i = 1; i <= started; i++)
+			pthread_join(tid[i], NULL);
+		pthread_barrier_destroy(&start);
+		return -1.0;
+	}
+	stream_main(&jobs[0]);
+	for (int i = 1; i < s->threads; i++)
+		pthread_join(tid[i], NULL);
+	pthread_barrier_destroy(&start);
+	/* all the bytes over the first start to the last end */
+	t0 = jobs[0].t0;
+	t1 = jobs[0].t1;
+	for (int i = 1; i < s->threads; i++) {
+		t0 = jobs[i].t0 < t0 ? jobs[i].t0 : t0;
+		t1 = jobs[i].t1 > t1 ? jobs[i].t1 : t1;
+		jobs[0].sink ^= jobs[i].sink;
+	}
+	if (jobs[0].sink == 0x5eed) /* keeps the reads; never true for a fill of 1s */
+		fprintf(stderr, "bench_stream: %llx\n", (unsigned long long)jobs[0].sink);
+	return t1 > t0 ? (double)s->bytes / (t1 - t0) * 1e-9 : -1.0;
+}
+
+void bench_stream_free(struct bench_stream *s)
+{
+	if (!s)
+		return;
+	munmap(s->buf, s->len);
+	free(s);
+}
+
+double bench_stream_gbs(size_t bytes, int threads)
+{
+	struct bench_stream *s = bench_stream_new(bytes, threads);
+	double best = -1.0;
+
+	if (!s)
+		return -1.0;
+	for (int run = 0; run < BENCH_MEMCPY_RUNS; run++) {
+		double g = bench_stream_pass(s);
+
+		best = g > best ? g : best;
+	}
+	bench_stream_free(s);
+	return best;
 }
 
 void bench_machine(char *buf, size_t len)

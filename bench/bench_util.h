@@ -25,9 +25,26 @@ size_t bench_llc_bytes(void);
  * a quiet one). The buffers are allocated, touched and freed inside.
  * Returns a negative value when memory or threads are lacking. */
 double bench_memcpy_gbs(size_t bytes, int threads);
-/* The same, reading only (no stores): the bandwidth a weight stream can
- * have, GB/s of bytes read. */
+/* The same, reading only (no stores): GB/s of bytes read. A burst
+ * figure: the threads' fastest chunks need not have run at the same
+ * time, so on a shared machine it can exceed what the threads read
+ * together. */
 double bench_read_gbs(size_t bytes, int threads);
+
+/* Sustained reads, the limit of a decode step (which reads all its
+ * weights once): a buffer of `bytes` (use many times the LLC; in huge
+ * pages where the kernel gives them, as the engine keeps its weights)
+ * that `threads` threads read in one pass, each its slice as one stream
+ * prefetched ahead, as the kernels read. A pass's GB/s is all the bytes
+ * over the time from the first thread's start to the last one's end.
+ * bench_stream_new() returns NULL when memory or threads are lacking;
+ * bench_stream_pass() a negative value when threads are. */
+struct bench_stream;
+struct bench_stream *bench_stream_new(size_t bytes, int threads);
+double bench_stream_pass(struct bench_stream *s);
+void bench_stream_free(struct bench_stream *s);
+/* The best of 5 passes over a new buffer. */
+double bench_stream_gbs(size_t bytes, int threads);
 
 /* "<cpu model>, <n> CPUs, LLC <k> KiB, <uname -srm>" into buf (always
  * NUL-terminated). */

@@ -14,10 +14,14 @@
 # minutes). Run from the project root (bench_engine reads ../shared/).
 # Both binaries read the same model files. OUTDIR gets runs.tsv (one line
 # per build, run and type: prefill tok/s, decode tok/s, decode weight
-# GB/s, the run's read bandwidth), summary.tsv (best of the runs per build
-# and type, the read bandwidth of that run and the share of it, then the
-# medians of the runs) and, when gnuplot is there, decode.png and
-# prefill.png (plot.gp). The summary is printed. The machine should be quiet: nothing else is stopped here.
+# GB/s, the read bandwidth measured beside that model's decode steps, and
+# the share of it that the decode steps' mean took over the means of the
+# passes), summary.tsv (best of the runs per build and type, the read
+# bandwidth beside that run and the share of it, then the medians of the
+# runs, with the median share of the means) and, when gnuplot is there,
+# decode.png and prefill.png (plot.gp). Both binaries must print
+# bench_engine's table of 2026-12-02 or later (the read columns beside
+# decode): to A/B older kernels, build the base with today's bench/. The summary is printed. The machine should be quiet: nothing else is stopped here.
 set -euo pipefail
 
 base=$(realpath "${1:?usage: engine_ab.sh BASE_ENGINE NEW_ENGINE OUTDIR [RUNS [TYPES]]}")
@@ -33,7 +37,7 @@ runs_tsv=$outdir/runs.tsv
 # RUNS 0: no runs, the summary and plots again from OUTDIR's runs.tsv
 [ "$runs" -gt 0 ] || [ -f "$runs_tsv" ] || { echo "engine_ab: no $runs_tsv" >&2; exit 1; }
 [ "$runs" -eq 0 ] ||
-	printf 'build\trun\ttype\tprefill_tok_s\tdecode_tok_s\tdecode_gbs\tread_gbs\n' > "$runs_tsv"
+	printf 'build\trun\ttype\tprefill_tok_s\tdecode_tok_s\tdecode_gbs\tread_gbs\tshare_mean\n' > "$runs_tsv"
 for r in $(seq 1 "$runs"); do
 	for b in base new; do
 		bin=$base
@@ -41,14 +45,13 @@ for r in $(seq 1 "$runs"); do
 		out=$outdir/run-$b-$r.txt
 		"$bin" --3b --batch1-only --types "$types" --models-dir "$models" \
 			--seconds 3 > "$out" 2> "$outdir/run-$b-$r.err"
-		# "memcpy: X GB/s; read bandwidth: Y GB/s (...)"
-		rd=$(sed -n 's/.*read bandwidth: \([0-9.]*\) GB\/s.*/\1/p' "$out")
-		# | gen-3B | type | MB | prefill | - | decode | GB/s | % | ...
-		awk -F'|' -v b="$b" -v r="$r" -v rd="$rd" '$2 ~ /gen-3B/ {
-			gsub(/ /, "", $3); gsub(/ /, "", $5); gsub(/ /, "", $7); gsub(/ /, "", $8)
-			printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b, r, $3, $5, $7, $8, rd
+		# | gen-3B | type | MB | prefill | - | decode | GB/s | read GB/s
+		# beside | % | % of the means | ...
+		awk -F'|' -v b="$b" -v r="$r" '$2 ~ /gen-3B/ {
+			for (i = 3; i <= 11; i++) gsub(/[ %]/, "", $i)
+			printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", b, r, $3, $5, $7, $8, $9, $11
 		}' "$out" >> "$runs_tsv"
-		echo "run $r $b: done (read bandwidth $rd GB/s)" >&2
+		echo "run $r $b: done" >&2
 	done
 done
 
@@ -72,6 +75,7 @@ NR > 1 {
 	if (!(k in pre) || $4 > pre[k]) pre[k] = $4
 	decs[k] = decs[k] " " $5
 	pres[k] = pres[k] " " $4
+	shares[k] = shares[k] " " $8
 	types[$3] = 1
 }
 END {
@@ -80,16 +84,18 @@ END {
 		printf "%s\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.2f\t%.2f\t%.0f%%", t, pre[b],
 		       pre[n], pre[n] / pre[b], dec[b], dec[n], dec[n] / dec[b], gbs[n], rd[n],
 		       100 * gbs[n] / rd[n]
-		printf "\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\n", median(pres[b]), median(pres[n]),
-		       median(pres[n]) / median(pres[b]), median(decs[b]), median(decs[n]),
-		       median(decs[n]) / median(decs[b])
+		printf "\t%.1f\t%.1f\t%.2f\t%.1f\t%.1f\t%.2f\t%.0f%%\t%.0f%%\n", median(pres[b]),
+		       median(pres[n]), median(pres[n]) / median(pres[b]), median(decs[b]),
+		       median(decs[n]), median(decs[n]) / median(decs[b]), median(shares[b]),
+		       median(shares[n])
 	}
 }' "$runs_tsv" | sort > "$summary.rows"
 # the header first, as a comment (gnuplot skips it)
 {
 	printf "#type\tbase_prefill\tnew_prefill\tprefill_x\tbase_decode\tnew_decode\tdecode_x\t"
 	printf "new_decode_gbs\tread_gbs\tshare_of_read\tbase_prefill_med\tnew_prefill_med\t"
-	printf "prefill_med_x\tbase_decode_med\tnew_decode_med\tdecode_med_x\n"
+	printf "prefill_med_x\tbase_decode_med\tnew_decode_med\tdecode_med_x\t"
+	printf "base_share_of_means_med\tnew_share_of_means_med\n"
 	cat "$summary.rows"
 } > "$summary"
 rm -f "$summary.rows"
