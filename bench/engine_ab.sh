@@ -19,7 +19,7 @@
 # passes), summary.tsv (best of the runs per build and type, the read
 # bandwidth beside that run and the share of it, then the medians of the
 # runs, with the median share of the means) and, when gnuplot is there,
-# decode.png and prefill.png (plot.gp). Both binaries must print
+# decode.png, prefill.png and share.png (plot.gp). Both binaries must print
 # bench_engine's table of 2026-12-02 or later (the read columns beside
 # decode): to A/B older kernels, build the base with today's bench/. The summary is printed. The machine should be quiet: nothing else is stopped here.
 set -euo pipefail
@@ -119,6 +119,11 @@ plot "summary.tsv" using 5:xtic(1) title "base", "" using 6 title "new"
 set output "prefill.png"
 set title "3B preset, prefill of 32 tokens, 2 threads (best of the runs)"
 plot "summary.tsv" using 2:xtic(1) title "base", "" using 3 title "new"
+set output "share.png"
+set title "3B preset, batch-1 decode: share of the read bandwidth beside it (median of the runs' means)"
+set ylabel "% of read bandwidth"
+set yrange [0:120]
+plot "summary.tsv" using (column(17)):xtic(1) title "base", "" using (column(18)) title "new", 80 title "goal (80%)" with lines lw 2 dt 2
 EOF
 	(cd "$outdir" && gnuplot plot.gp)
 fi

@@ -439,6 +439,7 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
  *     (float)mt, acc),
  * the AVX2 kernel's chain, so the same bits. */
 #define KQ1_PF 2 /* units prefetched ahead, as the AVX2 kernel */
+#define KQ1_OR_AND 0xf8 /* vpternlogd's A | (B & C) */
 
 /* lanes 0..7 a, lanes 8..15 b */
 TGT512V_INLINE __m512i idx2(int a, int b)
@@ -457,8 +458,6 @@ TGT512V_INLINE __m512i bc256(const uint8_t *p)
 TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, int chi, int g)
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
-	/* A | (B & C) */
-	const int or_and = 0xf8;
 
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
@@ -472,7 +471,7 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 			__m512i hb = _mm512_rolv_epi32(bc256(u + 128 + 32 * (size_t)g),
 						       idx2((4 - clo) & 31, (4 - chi) & 31));
 
-			q = _mm512_ternarylogic_epi32(q, hb, _mm512_set1_epi8(0x10), or_and);
+			q = _mm512_ternarylogic_epi32(q, hb, _mm512_set1_epi8(0x10), KQ1_OR_AND);
 		}
 		return q;
 	}
@@ -486,7 +485,7 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 	__m512i hb = _mm512_rolv_epi32(bc256(u + 1168 + 256 * (size_t)h + 32 * (size_t)g),
 				       idx2(4 - 2 * k, (32 - 2 * k) & 31));
 
-	return _mm512_ternarylogic_epi32(l, hb, _mm512_set1_epi8(0x30), or_and);
+	return _mm512_ternarylogic_epi32(l, hb, _mm512_set1_epi8(0x30), KQ1_OR_AND);
 }
 
 /* Activation bytes 4g..4g+3 of chunk clo (lanes 0..7) and chi (8..15),
