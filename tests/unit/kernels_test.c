@@ -485,7 +485,7 @@ static void test_matmul_int8_paths_identical(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
-/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q4_k, q5_k, q6_k:
+/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q2_k .. q6_k, f16:
  * the same bits as the plain matrix on every path (packed vector with and
  * without VNNI and AVX-512, packed portable, plain), at every batch size, on whole
  * matrices, on 8-row-aligned slices and through a thread pool;
@@ -493,8 +493,9 @@ static void test_matmul_int8_paths_identical(void **state)
  * rows a multiple of 8. */
 static void test_matmul_packed(void **state)
 {
-	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
-					      GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_F16 };
+	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q2_K,
+					      GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K,
+					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16 };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
 	static const int64_t rows_f16[] = { 16, 32, 80, 48 };
 	static const int64_t cols_f16[] = { 7, 96, 161, 1184 };
@@ -512,7 +513,8 @@ static void test_matmul_packed(void **state)
 	assert_true(gpud_matmul_packable(GPUD_TYPE_Q6_K, 16, 256));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 12, 64));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_K, 16, 64)); /* not whole blocks */
-	assert_false(gpud_matmul_packable(GPUD_TYPE_Q3_K, 16, 256));
+	assert_true(gpud_matmul_packable(GPUD_TYPE_Q3_K, 16, 256));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_Q2_K, 16, 128)); /* not whole blocks */
 	assert_true(gpud_matmul_packable(GPUD_TYPE_F16, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 24, 64)); /* f16 groups are 16 rows */
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 16, 64));
@@ -522,7 +524,7 @@ static void test_matmul_packed(void **state)
 	gpud_cpu_set_features(~0u);
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const enum gpud_type t = pts[k];
-		const bool kq = t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K;
+		const bool kq = gpud_type_block_elems(t) == GPUD_QK_K;
 
 		for (size_t s = 0; s < 4; s++) {
 			size_t wbytes, rb;

@@ -178,13 +178,53 @@ TGT_INLINE void pk_q4k_scales(const uint8_t *u, __m256i sm[4])
 				_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(w1, 6), m2), 4));
 }
 
+/* Packed Q3_K: the signed 6-bit scale s (0..15) of the 8 rows, lane r =
+ * row r, from the scale words at u + 16 (gpud_q3k_scale()'s bits: the
+ * low nibble from byte s % 8, the high or low half by s / 8, the top two
+ * bits from byte 8 + s % 4). */
+TGT_INLINE __m256i pk_q3k_scale(const uint8_t *u, int s)
+{
+	const __m256i lo = _mm256_loadu_si256((const __m256i *)(u + 16 + 32 * ((s / 4) % 2)));
+	const __m256i hi = _mm256_loadu_si256((const __m256i *)(u + 16 + 64));
+	__m256i v = _mm256_and_si256(_mm256_srli_epi32(lo, 8 * (s % 4) + 4 * (s / 8)),
+				     _mm256_set1_epi32(15));
+
+	v = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(
+									  hi, 8 * (s % 4) + 2 * (s / 4)),
+								  _mm256_set1_epi32(3)),
+						 4));
+	return _mm256_sub_epi32(v, _mm256_set1_epi32(32));
+}
+
 /* Chunk c of a packed unit u (8 rows x one super-block, pack.c): the
- * scales of its two 16-quant halves as i16 pairs (sa, sb) and, for Q6_K,
- * as one pair (sa, sb) in sab; for Q4_K/Q5_K its mins (mv), exactly as
- * the plain path builds them. */
+ * scales of its two 16-quant halves as i16 pairs (sa, sb) and, for Q3_K
+ * and Q6_K, as one pair (sa, sb) in sab; for Q2_K, Q4_K and Q5_K its mins
+ * (mv), exactly as the plain path builds them. */
 TGT_INLINE void pk_scales(enum gpud_type QT, const uint8_t *u, int c, const __m256i sm[4],
 			  __m256i *sa, __m256i *sb, __m256i *mv, __m256i *sab)
 {
+	if (QT == GPUD_TYPE_Q2_K) {
+		/* bytes 2c, 2c + 1: scale in the low nibble, min in the high */
+		const __m256i v = _mm256_loadu_si256((const __m256i *)(u + 32 + 32 * (c / 2)));
+		const __m256i m = _mm256_set1_epi32(15);
+		const int b = 16 * (c % 2);
+
+		*sa = pair16(_mm256_and_si256(_mm256_srli_epi32(v, b), m));
+		*sb = pair16(_mm256_and_si256(_mm256_srli_epi32(v, b + 8), m));
+		*mv = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(v, b + 4), m),
+				      _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(v, b + 12), m),
+							16));
+		return;
+	}
+	if (QT == GPUD_TYPE_Q3_K) {
+		const __m256i a = pk_q3k_scale(u, 2 * c), b = pk_q3k_scale(u, 2 * c + 1);
+
+		*sab = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi32(0xffff)),
+				       _mm256_slli_epi32(b, 16));
+		*sa = pair16(a);
+		*sb = pair16(b);
+		return;
+	}
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const int byte = c % 4;
 		__m256i s = _mm256_and_si256(_mm256_srli_epi32(sm[c / 4], 8 * byte),
@@ -211,6 +251,23 @@ TGT_INLINE void pk_scales(enum gpud_type QT, const uint8_t *u, int c, const __m2
 TGT_INLINE __m256i pk_quant(enum gpud_type QT, const uint8_t *u, int c, int g)
 {
 	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+		/* bits 2j, 2j + 1 (j = c % 4) of bytes 32h.. (h = c / 4); Q3_K
+		 * adds bit c of each high-bit byte as bit 2 */
+		const size_t qs = QT == GPUD_TYPE_Q2_K ? 160 : 368;
+		__m256i q = _mm256_loadu_si256((const __m256i *)(u + qs + 256 * (c / 4) + 32 * g));
+
+		q = _mm256_and_si256(_mm256_srli_epi16(q, 2 * (c % 4)), _mm256_set1_epi8(3));
+		if (QT == GPUD_TYPE_Q3_K) {
+			__m256i hb = _mm256_loadu_si256((const __m256i *)(u + 112 + 32 * g));
+
+			hb = c < 2 ? _mm256_slli_epi16(hb, 2 - c)
+				   : c == 2 ? hb : _mm256_srli_epi16(hb, c - 2);
+			q = _mm256_or_si256(q, _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+		}
+		return q;
+	}
 
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
@@ -285,11 +342,11 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 						_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
 							     _MM_HINT_T0);
 					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
-					if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
+					if (mins)
 						dmin = _mm256_cvtph_ps(
 							_mm_loadu_si128((const __m128i *)(u + 16)));
+					if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K)
 						pk_q4k_scales(u, sm);
-					}
 				}
 				_Pragma("GCC unroll 8")
 				for (int k = 0; k < KQ_ROWS && !PK; k++) {
@@ -508,8 +565,8 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	KQ_CASE(GPUD_TYPE_Q4_K, true)
 	KQ_CASE(GPUD_TYPE_Q5_K, true)
 	KQ_CASE(GPUD_TYPE_Q6_K, true)
-	KQ_CASE(GPUD_TYPE_Q2_K, false)
-	KQ_CASE(GPUD_TYPE_Q3_K, false)
+	KQ_CASE(GPUD_TYPE_Q2_K, true)
+	KQ_CASE(GPUD_TYPE_Q3_K, true)
 	default:
 		gpud__kq_mm_rows(m, r0, r1);
 		break;

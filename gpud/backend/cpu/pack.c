@@ -28,6 +28,13 @@
  *     column, element k of row r at 2 * (16k + r): the 16 rows' weights of
  *     one column are 32 contiguous bytes, a vector of 16 lanes = rows
  *     (kernels_x86.c, rows_f16p()).
+ * q2_k (8 x 84 = 672): d[r] at 2r, dmin[r] at 16 + 2r; scale byte j
+ *     (0..15), word w = j/4, at 32 + 32w + 4r + j%4; quant byte j (0..63),
+ *     h = j/32, group g = j%32/4, at 160 + 256h + 32g + 4r + j%4.
+ * q3_k (8 x 110 = 880): d[r] at 2r; scale byte j (0..11), word w = j/4,
+ *     at 16 + 32w + 4r + j%4 (the 6-bit unpacking on 8 rows at once, as
+ *     q4_k); high-bit byte j (0..31), g = j/4, at 112 + 32g + 4r + j%4;
+ *     quant byte j (0..63) as q2_k's, at 368 + 256h + 32g + 4r + j%4.
  * q6_k (8 x 210 = 1680): d[r] at 2r; scale j (0..15), chunk c = j/2, half
  *     s = j%2, at 16 + 16c + 8s + r; ql byte j (0..127), h = j/64,
  *     half kk = j%64/32, group g = j%32/4, at 144 + 512h + 256kk + 32g +
@@ -68,6 +75,24 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 		}
 		o -= 48;
 		return 384 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q2_K:
+		if (o >= 80) /* d, dmin */
+			return 16 * ((o - 80) / 2) + 2 * r + (o - 80) % 2;
+		if (o < 16) /* scales */
+			return 32 + 32 * (o / 4) + 4 * r + o % 4;
+		o -= 16;
+		return 160 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q3_K:
+		if (o >= 108) /* d */
+			return 2 * r + (o - 108);
+		if (o >= 96) { /* scales */
+			o -= 96;
+			return 16 + 32 * (o / 4) + 4 * r + o % 4;
+		}
+		if (o < 32) /* hmask */
+			return 112 + 32 * (o / 4) + 4 * r + o % 4;
+		o -= 32;
+		return 368 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
 	case GPUD_TYPE_Q6_K:
 		if (o >= 208) /* d */
 			return 2 * r + (o - 208);
@@ -87,8 +112,9 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 
 bool gpud__pk_type(enum gpud_type t)
 {
-	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_K ||
-	       t == GPUD_TYPE_Q5_K || t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16;
+	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q2_K ||
+	       t == GPUD_TYPE_Q3_K || t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K ||
+	       t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16;
 }
 
 int gpud__pk_rows(enum gpud_type t)
@@ -123,7 +149,7 @@ static struct {
 	uint16_t perm[PK_MAX_UNIT];
 	struct pk_run runs[PK_MAX_RUNS];
 	size_t n_runs;
-} g_tab[5];
+} g_tab[7];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int tab_index(enum gpud_type t)
@@ -133,6 +159,8 @@ static int tab_index(enum gpud_type t)
 	case GPUD_TYPE_Q8_0: return 1;
 	case GPUD_TYPE_Q4_K: return 2;
 	case GPUD_TYPE_Q5_K: return 3;
+	case GPUD_TYPE_Q2_K: return 5;
+	case GPUD_TYPE_Q3_K: return 6;
 	default: return 4; /* q6_k */
 	}
 }
@@ -140,7 +168,8 @@ static int tab_index(enum gpud_type t)
 static void tab_init(void)
 {
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
-					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
+					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_Q2_K,
+					     GPUD_TYPE_Q3_K };
 
 	for (size_t k = 0; k < sizeof(ts) / sizeof(ts[0]); k++) {
 		size_t bsz = gpud_type_block_bytes(ts[k]);
