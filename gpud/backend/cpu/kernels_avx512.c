@@ -459,6 +459,24 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
 
+	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+		/* clo = 2p: bits 2j, 2j + 1 (j = clo % 4) and 2j + 2, 2j + 3 of
+		 * the same bytes; Q3_K's high bit c to bit 2: rotate left by 2 - c */
+		const size_t qs = QT == GPUD_TYPE_Q2_K ? 160 : 368;
+		const int j = clo % 4;
+		__m512i q = _mm512_and_si512(
+			_mm512_srlv_epi32(bc256(u + qs + 256 * (size_t)(clo / 4) + 32 * (size_t)g),
+					  idx2(2 * j, 2 * j + 2)),
+			_mm512_set1_epi8(3));
+
+		if (QT == GPUD_TYPE_Q3_K) {
+			__m512i hb = _mm512_rolv_epi32(bc256(u + 112 + 32 * (size_t)g),
+						       idx2((2 - clo) & 31, (2 - chi) & 31));
+
+			q = _mm512_ternarylogic_epi32(q, hb, _mm512_set1_epi8(4), KQ1_OR_AND);
+		}
+		return q;
+	}
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
 		__m512i q = _mm512_and_si512(
@@ -534,6 +552,63 @@ TGT512V_INLINE __m512i kq1_q6_t(const uint8_t *u, const __m512i X[4], __m512i XC
 	return _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
 }
 
+/* Q2_K/Q3_K: chunks (c, c + 1), c = 2p, of unit u. The 16-quant halves'
+ * scales (Q2_K: the nibbles of bytes 2c.., Q3_K: the 6-bit scales 2c..)
+ * times the halves' dot products, Q3_K less the storage offset
+ * 4 * (sa * X_a + sb * X_b); Q2_K's min term mt = ma * X_a + mb * X_b
+ * in *mt. The AVX2 kernel's integers. */
+TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m512i X[4],
+				 __m512i XC, int c, __m512i *mt)
+{
+	const int p = c / 2;
+	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 1), XC);
+	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+
+	if (QT == GPUD_TYPE_Q2_K) {
+		/* bytes 2c, 2c + 1 (low half) and 2c + 2, 2c + 3 (high) of
+		 * word p: scale in the low nibble, min in the high */
+		const __m512i v = bc256(u + 32 + 32 * (size_t)p), m = _mm512_set1_epi32(15);
+		const __m512i ma = _mm512_and_si512(_mm512_srlv_epi32(v, idx2(4, 20)), m);
+		const __m512i mb = _mm512_and_si512(_mm512_srlv_epi32(v, idx2(12, 28)), m);
+
+		sa = _mm512_and_si512(_mm512_srlv_epi32(v, idx2(0, 16)), m);
+		sb = _mm512_and_si512(_mm512_srlv_epi32(v, idx2(8, 24)), m);
+		*mt = _mm512_madd_epi16(_mm512_or_si512(ma, _mm512_slli_epi32(mb, 16)), xc);
+	} else {
+		/* scales 4p, 4p + 1 (low half) and 4p + 2, 4p + 3 (high), as
+		 * kernels_kq_x86.c's pk_q3k_scale() */
+		const __m512i lo = bc256(u + 16 + 32 * (size_t)(p % 2)), hi = bc256(u + 16 + 64);
+		const __m512i m = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+		const __m512i k32 = _mm512_set1_epi32(32);
+		const int n = 4 * (p / 2);
+
+		sa = _mm512_or_si512(
+			_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(n, 16 + n)), m),
+			_mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(2 * p, 16 + 2 * p)), m2),
+					  4));
+		sb = _mm512_or_si512(
+			_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(8 + n, 24 + n)), m),
+			_mm512_slli_epi32(
+				_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(8 + 2 * p, 24 + 2 * p)), m2), 4));
+		sa = _mm512_sub_epi32(sa, k32);
+		sb = _mm512_sub_epi32(sb, k32);
+	}
+#pragma GCC unroll 4
+	for (int g = 0; g < 4; g++) {
+		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, c, c + 1, g), kq1_act(X, c, c + 1, g));
+		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, c, c + 1, g + 4),
+					 kq1_act(X, c, c + 1, g + 4));
+	}
+	t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+	if (QT == GPUD_TYPE_Q3_K) {
+		const __m512i sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
+						    _mm512_slli_epi32(sb, 16));
+
+		t = _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 2));
+	}
+	return t;
+}
+
 /* Rows [r, r + 8) (one packed group), batch 1. */
 TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
@@ -572,6 +647,33 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 				acc = fma_lo(sb, fb, acc);
 				acc = fma_hi(sa, fa, acc);
 				acc = fma_hi(sb, fb, acc);
+			}
+			continue;
+		}
+		if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+			const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
+				_mm512_castps_si512(_mm512_cvtph_ps(_mm256_broadcastsi128_si256(
+					_mm_loadu_si128((const __m128i *)(u + 16))))),
+				_mm512_set1_epi32(INT32_MIN)));
+
+#pragma GCC unroll 4
+			for (int c = 0; c < 8; c += 2) {
+				__m512i mt = _mm512_setzero_si512();
+				const __m512 ft = _mm512_cvtepi32_ps(kq1_q23_t(QT, u, X, XC, c, &mt));
+				const __m512 xd = _mm512_permutexvar_ps(idx2(c, c + 1), XD);
+				const __m512 sc = _mm512_mul_ps(dw, xd);
+
+				if (QT == GPUD_TYPE_Q3_K) {
+					acc = fma_lo(sc, ft, acc);
+					acc = fma_hi(sc, ft, acc);
+					continue;
+				}
+				const __m512 ns = _mm512_mul_ps(ndmin, xd), fm = _mm512_cvtepi32_ps(mt);
+
+				acc = fma_lo(sc, ft, acc);
+				acc = fma_lo(ns, fm, acc);
+				acc = fma_hi(sc, ft, acc);
+				acc = fma_hi(ns, fm, acc);
 			}
 			continue;
 		}
@@ -630,6 +732,8 @@ TGT512V void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_
 {
 	for (int64_t r = r0; r < r1; r += 8) {
 		switch (m->wtype) {
+		case GPUD_TYPE_Q2_K: kq1_rows8(m, GPUD_TYPE_Q2_K, r); break;
+		case GPUD_TYPE_Q3_K: kq1_rows8(m, GPUD_TYPE_Q3_K, r); break;
 		case GPUD_TYPE_Q4_K: kq1_rows8(m, GPUD_TYPE_Q4_K, r); break;
 		case GPUD_TYPE_Q5_K: kq1_rows8(m, GPUD_TYPE_Q5_K, r); break;
 		case GPUD_TYPE_Q6_K: kq1_rows8(m, GPUD_TYPE_Q6_K, r); break;

@@ -546,15 +546,15 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	 * 1 were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
 	 * interleaved bench_matmul 3b runs, and the engine's Q4_K_M decode
 	 * median 0.96x.) */
+	if (m->packed && m->avx512vnni && one) {
+		gpud__avx512_rows_kqp1(m, r0, r1); /* Q2_K..Q6_K */
+		return;
+	}
 	if (m->packed && m->avx512vnni &&
 	    (m->wtype == GPUD_TYPE_Q4_K || m->wtype == GPUD_TYPE_Q5_K ||
 	     m->wtype == GPUD_TYPE_Q6_K)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
-		if (one) {
-			gpud__avx512_rows_kqp1(m, r0, r1);
-			return;
-		}
 
 		gpud__avx512_rows_kqp(m, r0, r16);
 		r0 = r16;
