@@ -85,7 +85,7 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 float *y, void *scratch);
 
 /* ---- packed layouts ---------------------------------------------------
- * A load-time reordering of a q4_0, q8_0, q4_k, q5_k, q6_k or f16 matrix
+ * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k or f16 matrix
  * that the vector kernels read without transposing (pack.c gives the
  * layouts): rows in groups of 8 (f16: 16), and inside a group each block
  * i of the rows interleaved so that one 32-byte load holds 4 bytes of

@@ -16,8 +16,9 @@
  * GPUD__ACT_HALVES), one vpmaddwd. Q2_K's mins multiply the 16-wide
  * activation sums.
  *
- * With AVX-512 VNNI, packed Q4_K/Q5_K/Q6_K at batch > 1 take the 16-lane
- * kernel of kernels_avx512.c (the same integers t, so the same bits).
+ * With AVX-512 VNNI, packed Q4_K/Q5_K/Q6_K at batch > 1 and every packed
+ * K-quant at batch 1 take the 16-lane kernels of kernels_avx512.c (the
+ * same integers t, so the same bits).
  *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
@@ -296,7 +297,7 @@ TGT_INLINE __m256i pk_quant(enum gpud_type QT, const uint8_t *u, int c, int g)
 }
 
 /* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
- * accumulator in a register). PK: W is packed (Q4_K, Q5_K, Q6_K). */
+ * accumulator in a register). PK: W is packed (Q2_K .. Q6_K). */
 TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, int64_t bcmax,
 			int64_t r0, int64_t r1)
 {
