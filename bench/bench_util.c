@@ -61,13 +61,17 @@ struct copy_job {
 };
 
 /* Reads n bytes (a multiple of 64) with 16-byte loads into 4 independent
- * xor chains: the loads, not the arithmetic, set the pace. */
-static uint64_t read_bytes(const char *p, size_t n)
+ * xor chains: the loads, not the arithmetic, set the pace. prefetch: each
+ * line prefetched 2 KiB ahead, as the decode kernels read their weights
+ * (bench_stream_pass). */
+static uint64_t read_bytes(const char *p, size_t n, bool prefetch)
 {
 	typedef unsigned long long v2 __attribute__((vector_size(16)));
 	v2 a = { 0, 0 }, b = a, c = a, d = a, t;
 
 	for (size_t off = 0; off + 64 <= n; off += 64) {
+		if (prefetch)
+			__builtin_prefetch(p + off + 2048, 0, 3);
 		memcpy(&t, p + off, 16);
 		a ^= t;
 		memcpy(&t, p + off + 16, 16);
@@ -95,7 +99,7 @@ static void *copy_main(void *p)
 		if (j->dst)
 			memcpy(j->dst + off, j->src + off, n);
 		else
-			j->sink ^= read_bytes(j->src + off, n);
+			j->sink ^= read_bytes(j->src + off, n, false);
 		t = bench_now() - t0;
 		if (t > 0 && (double)n / t * 1e-9 > j->best_gbs)
 			j->best_gbs = (double)n / t * 1e-9;
@@ -193,36 +197,13 @@ struct stream_job {
 	pthread_barrier_t *start;
 };
 
-/* Reads n bytes (a multiple of 64) as a decode kernel reads its weights:
- * one stream, each line prefetched 2 KiB ahead (the kernels' distance),
- * 16-byte loads into 4 xor chains as read_bytes(). */
-static uint64_t stream_bytes(const char *p, size_t n)
-{
-	typedef unsigned long long v2 __attribute__((vector_size(16)));
-	v2 a = { 0, 0 }, b = a, c = a, d = a, t;
-
-	for (size_t off = 0; off + 64 <= n; off += 64) {
-		__builtin_prefetch(p + off + 2048, 0, 3);
-		memcpy(&t, p + off, 16);
-		a ^= t;
-		memcpy(&t, p + off + 16, 16);
-		b ^= t;
-		memcpy(&t, p + off + 32, 16);
-		c ^= t;
-		memcpy(&t, p + off + 48, 16);
-		d ^= t;
-	}
-	a ^= b ^ c ^ d;
-	return a[0] ^ a[1];
-}
-
 static void *stream_main(void *p)
 {
 	struct stream_job *j = p;
 
 	pthread_barrier_wait(j->start);
 	j->t0 = bench_now();
-	j->sink ^= stream_bytes(j->p, j->n);
+	j->sink ^= read_bytes(j->p, j->n, true);
 	j->t1 = bench_now();
 	return NULL;
 }

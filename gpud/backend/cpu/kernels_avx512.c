@@ -311,6 +311,29 @@ TGT512V_INLINE __m512i kq512_quant(enum gpud_type QT, const uint8_t *u, const ui
 	return _mm512_or_si512(l, _mm512_and_si512(hb, _mm512_set1_epi8(0x30)));
 }
 
+/* The 6-bit scales and mins of Q4_K/Q5_K units, lane = row, from the
+ * scale words w0, w1, w2 (kernels_kq_x86.c's pk_q4k_scales()): sm[0]
+ * scales 0-3, sm[1] scales 4-7, sm[2] mins 0-3, sm[3] mins 4-7. */
+TGT512V_INLINE void kq512_scales(__m512i w0, __m512i w1, __m512i w2, __m512i sm[4])
+{
+	const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
+	const __m512i m2 = _mm512_set1_epi8(0x03);
+
+	sm[0] = _mm512_and_si512(w0, m6);
+	sm[1] = _mm512_or_si512(_mm512_and_si512(w2, m4),
+				_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4));
+	sm[2] = _mm512_and_si512(w1, m6);
+	sm[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
+				_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4));
+}
+
+/* -x, exactly (the sign bit flipped) */
+TGT512V_INLINE __m512 neg512(__m512 x)
+{
+	return _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(x),
+						    _mm512_set1_epi32(INT32_MIN)));
+}
+
 /* Rows [r, r + 16) x all columns (two packed groups). */
 TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
@@ -337,21 +360,9 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 				_mm_prefetch((const char *)v + KQ_PF * unit + o, _MM_HINT_T0);
 			}
 			if (mins) {
-				/* the 6-bit scales and mins of 16 rows (pk_q4k_scales) */
-				const __m512i w0 = ld2(u, v, 32), w1 = ld2(u, v, 64), w2 = ld2(u, v, 96);
-				const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
-				const __m512i m2 = _mm512_set1_epi8(0x03);
-
-				ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-					_mm512_castps_si512(ld2h(u, v, 16)), _mm512_set1_epi32(INT32_MIN)));
-				sm[0] = _mm512_and_si512(w0, m6);
-				sm[1] = _mm512_or_si512(
-					_mm512_and_si512(w2, m4),
-					_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4));
-				sm[2] = _mm512_and_si512(w1, m6);
-				sm[3] = _mm512_or_si512(
-					_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
-					_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4));
+				/* the 6-bit scales and mins of 16 rows */
+				ndmin = neg512(ld2h(u, v, 16));
+				kq512_scales(ld2(u, v, 32), ld2(u, v, 64), ld2(u, v, 96), sm);
 			}
 			for (int c = 0; c < 8; c++) {
 				__m512i T[8], sa, sb = _mm512_setzero_si512(), mv = _mm512_setzero_si512(),
@@ -650,11 +661,11 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 			}
 			continue;
 		}
+		/* -dmin of the 8 rows in both halves (Q2_K, Q4_K, Q5_K) */
+		const __m512 ndmin = neg512(_mm512_cvtph_ps(
+			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(u + 16)))));
+
 		if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
-			const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-				_mm512_castps_si512(_mm512_cvtph_ps(_mm256_broadcastsi128_si256(
-					_mm_loadu_si128((const __m128i *)(u + 16))))),
-				_mm512_set1_epi32(INT32_MIN)));
 
 #pragma GCC unroll 4
 			for (int c = 0; c < 8; c += 2) {
@@ -679,23 +690,10 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 		}
 		/* Q4_K/Q5_K: the 6-bit scales and mins of the 8 rows, the same
 		 * in both halves (the kernel above's unpacking) */
-		const __m512i w0 = bc256(u + 32), w1 = bc256(u + 64), w2 = bc256(u + 96);
-		const __m512i m6 = _mm512_set1_epi8(0x3f), m4 = _mm512_set1_epi8(0x0f);
-		const __m512i m2 = _mm512_set1_epi8(0x03), ff = _mm512_set1_epi32(0xff);
-		const __m512 ndmin = _mm512_castsi512_ps(_mm512_xor_si512(
-			_mm512_castps_si512(_mm512_cvtph_ps(_mm256_broadcastsi128_si256(
-				_mm_loadu_si128((const __m128i *)(u + 16))))),
-			_mm512_set1_epi32(INT32_MIN)));
+		const __m512i ff = _mm512_set1_epi32(0xff);
 		__m512i sm[4];
 
-		sm[0] = _mm512_and_si512(w0, m6);
-		sm[1] = _mm512_or_si512(
-			_mm512_and_si512(w2, m4),
-			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w0, 6), m2), 4));
-		sm[2] = _mm512_and_si512(w1, m6);
-		sm[3] = _mm512_or_si512(
-			_mm512_and_si512(_mm512_srli_epi32(w2, 4), m4),
-			_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(w1, 6), m2), 4));
+		kq512_scales(bc256(u + 32), bc256(u + 64), bc256(u + 96), sm);
 #pragma GCC unroll 4
 		for (int p = 0; p < 4; p++) {
 			const int clo = 2 * p, chi = 2 * p + 1;
