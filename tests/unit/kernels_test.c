@@ -485,7 +485,7 @@ static void test_matmul_int8_paths_identical(void **state)
 	gpud_cpu_set_features(~0u);
 }
 
-/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q2_k .. q6_k, f16:
+/* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q2_k .. q6_k, f16, bf16:
  * the same bits as the plain matrix on every path (packed vector with and
  * without VNNI and AVX-512, packed portable, plain), at every batch size, on whole
  * matrices, on 8-row-aligned slices and through a thread pool;
@@ -495,7 +495,7 @@ static void test_matmul_packed(void **state)
 {
 	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q2_K,
 					      GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K,
-					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16 };
+					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16, GPUD_TYPE_BF16 };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
 	static const int64_t rows_f16[] = { 16, 32, 80, 48 };
 	static const int64_t cols_f16[] = { 7, 96, 161, 1184 };
@@ -518,13 +518,15 @@ static void test_matmul_packed(void **state)
 	assert_true(gpud_matmul_packable(GPUD_TYPE_F16, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 24, 64)); /* f16 groups are 16 rows */
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 16, 64));
-	assert_false(gpud_matmul_packable(GPUD_TYPE_BF16, 16, 64));
+	assert_true(gpud_matmul_packable(GPUD_TYPE_BF16, 16, 7));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_BF16, 24, 64)); /* 16-row groups */
 	gpud_cpu_set_features(0);
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q4_0, 16, 64));
 	gpud_cpu_set_features(~0u);
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const enum gpud_type t = pts[k];
 		const bool kq = gpud_type_block_elems(t) == GPUD_QK_K;
+		const bool h16 = t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16;
 
 		for (size_t s = 0; s < 4; s++) {
 			size_t wbytes, rb;
@@ -533,7 +535,7 @@ static void test_matmul_packed(void **state)
 			float *y3;
 
 			rng_state = 6500 + 10 * k + s;
-			if (t == GPUD_TYPE_F16)
+			if (h16)
 				mm_case_init(&c, t, rows_f16[s], cols_f16[s]);
 			else
 				mm_case_init(&c, t, rows_of[s], kq ? cols_kq[s] : cols_i8[s]);
@@ -561,8 +563,8 @@ static void test_matmul_packed(void **state)
 			}
 			for (int64_t batch = 1; batch <= 17; batch += (kq ? 3 : 1)) {
 				gpud_cpu_set_features(~0u);
-				if (t == GPUD_TYPE_F16) {
-					/* f16 packed sums each element in column order
+				if (h16) {
+					/* f16/bf16 packed sums each element in column order
 					 * (one fma chain), the plain kernel in 8 lanes:
 					 * the reference here is the packed portable
 					 * path, and the plain result is within the
@@ -604,7 +606,7 @@ static void test_matmul_packed(void **state)
 			/* a slice of rows from group 1 on, as the fused decode
 			 * sections take them */
 			if (c.rows >= 32) {
-				int64_t off = t == GPUD_TYPE_F16 ? 16 : 8, n = c.rows - off;
+				int64_t off = h16 ? 16 : 8, n = c.rows - off;
 
 				gpud_matmul_packed(NULL, t, pk + off * rb, n, c.cols, c.x, 3, y3,
 						   c.scratch);

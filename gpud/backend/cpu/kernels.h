@@ -85,19 +85,19 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 float *y, void *scratch);
 
 /* ---- packed layouts ---------------------------------------------------
- * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k or f16 matrix
- * that the vector kernels read without transposing (pack.c gives the
- * layouts): rows in groups of 8 (f16: 16), and inside a group each block
- * i of the rows interleaved so that one 32-byte load holds 4 bytes of
- * every row (f16: one column of the 16 rows). A group takes exactly the
+ * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k, f16 or bf16
+ * matrix that the vector kernels read without transposing (pack.c gives
+ * the layouts): rows in groups of 8 (f16/bf16: 16), and inside a group
+ * each block i of the rows interleaved so that one 32-byte load holds 4
+ * bytes of every row (f16/bf16: one column of the 16 rows). A group takes exactly the
  * bytes of its plain rows, in the same place, so a slice of rows starting
  * at a multiple of the group is found as in the plain matrix. For the
  * quantized types the arithmetic, and so every bit of the result, is
  * gpud_matmul's on the plain matrix, on every path (the portable one reads
- * the layouts too). Packed f16 sums each element as one fma chain in
- * column order, on both paths alike (the same bits), which is not the
- * plain f16 kernels' order: its results differ from theirs within the
- * float bound. The plain layout costs the int8 kernels an 8x8 transpose
+ * the layouts too). Packed f16 and bf16 sum each element as one fma
+ * chain in column order, on both paths alike (the same bits), which is
+ * not the plain kernels' order: their results differ from those within
+ * the float bound. The plain layout costs the int8 kernels an 8x8 transpose
  * of every block group on every call, which bounds batch-1 decode well
  * below the memory's speed (q4_0: 2.5x faster packed, bench_matmul); f16
  * packed reads each weight once per 6 batch columns and x once per 16

@@ -287,7 +287,7 @@ TGT_INLINE void rows_buf(const struct gpud__mm *m, enum gpud_type T, int64_t r0,
 		}                                                              \
 	}
 
-/* ---- packed f16 (pack.c: 16-row groups stored column by column) -------
+/* ---- packed f16 and bf16 (pack.c: 16-row groups stored column by column)
  * Lane = row: the 16 rows' weights of column k are one 32-byte load, two
  * vectors of 8 after conversion, multiplied by column b's x[k] broadcast.
  * Each element is one fma chain in column order from 0,
@@ -298,16 +298,27 @@ TGT_INLINE void rows_buf(const struct gpud__mm *m, enum gpud_type T, int64_t r0,
  * W, 2 conversions, 6 broadcasts, 12 fmas: the weights are read once per
  * 6 columns and x once per 16 rows, against 3 x 4 tiles' 8-lane x loads
  * of the plain layout), remainders of 1..5 columns; batch 1 takes 32 rows
- * (two groups) at a time. */
+ * (two groups) at a time. bf16 is the same kernel with its conversion (a
+ * 16-bit shift: exact, as the portable reader's). */
 #ifndef F16P_KC
 #define F16P_KC 512 /* columns of W per pass: 16 KiB of a group, in L1 for every tile */
 #endif
 
+/* 8 f16 (BF: bf16) at p as fp32 */
+TGT_INLINE __m256 h8_ps(bool BF, const uint16_t *p)
+{
+	__m128i h = _mm_loadu_si128((const __m128i *)p);
+
+	if (BF)
+		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+	return _mm256_cvtph_ps(h);
+}
+
 /* Columns [k0, k1) of W into the tile's elements: from 0 at k0 == 0, else
  * from the partial sums left in y (stored and reloaded exactly, so the
  * chain is the same). */
-TGT_INLINE void f16p_tile(const struct gpud__mm *m, int64_t r, int G, int64_t b0, int BT,
-			  int64_t k0, int64_t k1)
+TGT_INLINE void f16p_tile(const struct gpud__mm *m, bool BF, int64_t r, int G, int64_t b0,
+			  int BT, int64_t k0, int64_t k1)
 {
 	const int64_t cols = m->cols;
 	const uint16_t *g = (const uint16_t *)m->W + (size_t)r * (size_t)cols;
@@ -332,8 +343,8 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, int64_t r, int G, int64_t b0
 					    GPUD__PK_ROWS_F16 * k;
 
 			_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-			w[2 * q] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-			w[2 * q + 1] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)));
+			w[2 * q] = h8_ps(BF, p);
+			w[2 * q + 1] = h8_ps(BF, p + 8);
 		}
 #pragma GCC unroll 6
 		for (int b = 0; b < BT; b++) {
@@ -351,8 +362,9 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, int64_t r, int G, int64_t b0
 			_mm256_storeu_ps(m->y + (b0 + b) * m->rows + r + 8 * v, acc[b][v]);
 }
 
-/* Rows [r0, r1) of a packed f16 matrix (r0, r1 multiples of 16). */
-TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+/* Rows [r0, r1) of a packed f16 (BF: bf16) matrix (r0, r1 multiples of
+ * 16). */
+TGT_INLINE void rows_h16p(const struct gpud__mm *m, bool BF, int64_t r0, int64_t r1)
 {
 	int64_t r = r0;
 
@@ -360,9 +372,9 @@ TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 	if (m->batch == 1) {
 		for (; r + 32 <= r1; r += 32)
-			f16p_tile(m, r, 2, 0, 1, 0, cols);
+			f16p_tile(m, BF, r, 2, 0, 1, 0, cols);
 		for (; r < r1; r += 16)
-			f16p_tile(m, r, 1, 0, 1, 0, cols);
+			f16p_tile(m, BF, r, 1, 0, 1, 0, cols);
 		return;
 	}
 	for (; r < r1; r += 16) {
@@ -370,17 +382,27 @@ TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			int64_t k1 = cols - k0 < F16P_KC ? cols : k0 + F16P_KC, b = 0;
 
 			for (; b + 6 <= m->batch; b += 6)
-				f16p_tile(m, r, 1, b, 6, k0, k1);
+				f16p_tile(m, BF, r, 1, b, 6, k0, k1);
 			switch (m->batch - b) {
-			case 5: f16p_tile(m, r, 1, b, 5, k0, k1); break;
-			case 4: f16p_tile(m, r, 1, b, 4, k0, k1); break;
-			case 3: f16p_tile(m, r, 1, b, 3, k0, k1); break;
-			case 2: f16p_tile(m, r, 1, b, 2, k0, k1); break;
-			case 1: f16p_tile(m, r, 1, b, 1, k0, k1); break;
+			case 5: f16p_tile(m, BF, r, 1, b, 5, k0, k1); break;
+			case 4: f16p_tile(m, BF, r, 1, b, 4, k0, k1); break;
+			case 3: f16p_tile(m, BF, r, 1, b, 3, k0, k1); break;
+			case 2: f16p_tile(m, BF, r, 1, b, 2, k0, k1); break;
+			case 1: f16p_tile(m, BF, r, 1, b, 1, k0, k1); break;
 			default: break;
 			}
 		}
 	}
+}
+
+TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_h16p(m, false, r0, r1);
+}
+
+TGT static void rows_bf16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_h16p(m, true, r0, r1);
 }
 
 DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
@@ -690,7 +712,12 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			rows_f16(m, r0, r1);
 		break;
 	case GPUD_TYPE_BF16:
-		rows_bf16(m, r0, r1);
+		if (m->packed && m->avx512)
+			gpud__avx512_rows_f16p(m, r0, r1);
+		else if (m->packed)
+			rows_bf16p(m, r0, r1);
+		else
+			rows_bf16(m, r0, r1);
 		break;
 	default:
 		break;

@@ -24,7 +24,7 @@
  * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
  *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
  *     (0..127) as q4_k's, 256 bytes further (384 + ...).
- * f16 (16 rows, not 8): no blocks; a group of 16 rows is stored column by
+ * f16 and bf16 (16 rows, not 8): no blocks; a group of 16 rows is stored column by
  *     column, element k of row r at 2 * (16k + r): the 16 rows' weights of
  *     one column are 32 contiguous bytes, a vector of 16 lanes = rows
  *     (kernels_x86.c, rows_f16p()).
@@ -114,15 +114,15 @@ bool gpud__pk_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q2_K ||
 	       t == GPUD_TYPE_Q3_K || t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K ||
-	       t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16;
+	       t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16;
 }
 
 int gpud__pk_rows(enum gpud_type t)
 {
-	return t == GPUD_TYPE_F16 ? GPUD__PK_ROWS_F16 : GPUD__PK_ROWS;
+	return t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 ? GPUD__PK_ROWS_F16 : GPUD__PK_ROWS;
 }
 
-/* f16: one group of 16 rows, column by column. */
+/* f16/bf16: one group of 16 rows, column by column. */
 static void pack_f16(const uint16_t *src, uint16_t *dst, int64_t cols)
 {
 	for (int64_t k0 = 0; k0 < cols; k0 += 64) {
@@ -220,7 +220,7 @@ void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, 
 	const __typeof__(g_tab[0]) *tb;
 
 	assert(gpud__pk_type(t));
-	if (t == GPUD_TYPE_F16) {
+	if (t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16) {
 		for (int64_t g = g0; g < g1; g++)
 			pack_f16((const uint16_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
 				 (uint16_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
