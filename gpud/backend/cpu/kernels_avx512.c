@@ -269,11 +269,11 @@ TGT512V void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t
 	}
 }
 
-/* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch > 1 ------------------
+/* ---- packed K-quants (Q2_K..Q6_K) with AVX-512 VNNI, batch > 1 -----------
  * kernels_kq_x86.c's packed kernel on 16 lanes: two 8-row units (pack.c)
  * side by side, group A's rows in lanes 0..7 and group B's in 8..15. Per
  * (row, column) and 32-quant chunk the integer t is the same exact value:
- * vpdpbusd sums the chunk's (or each 16-quant half's, Q6_K) 32-bit dot
+ * vpdpbusd sums the chunk's (or each 16-quant half's: Q2_K, Q3_K, Q6_K) 32-bit dot
  * product of the unsigned quants and the activations, times the sub-block
  * scale by vpmulld (|t| < 2^25), then the offset and min terms and the
  * fp32 steps of the AVX2 kernel in its order:
@@ -306,6 +306,23 @@ TGT512V_INLINE __m512i kq512_quant(enum gpud_type QT, const uint8_t *u, const ui
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
 
+	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+		/* kernels_kq_x86.c's pk_quant() */
+		const size_t qs = QT == GPUD_TYPE_Q2_K ? 160 : 368;
+		__m512i q = _mm512_and_si512(
+			_mm512_srli_epi16(ld2(u, v, qs + 256 * (size_t)(c / 4) + 32 * (size_t)g),
+					  (unsigned)(2 * (c % 4))),
+			_mm512_set1_epi8(3));
+
+		if (QT == GPUD_TYPE_Q3_K) {
+			__m512i hb = ld2(u, v, 112 + 32 * (size_t)g);
+
+			hb = c < 2 ? _mm512_slli_epi16(hb, (unsigned)(2 - c))
+				   : c == 2 ? hb : _mm512_srli_epi16(hb, (unsigned)(c - 2));
+			q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(4)));
+		}
+		return q;
+	}
 	if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 		const size_t qs = QT == GPUD_TYPE_Q4_K ? 128 : 384;
 		__m512i x = ld2(u, v, qs + 256 * (size_t)(c / 2) + 32 * (size_t)g);
@@ -353,11 +370,31 @@ TGT512V_INLINE __m512 neg512(__m512 x)
 						    _mm512_set1_epi32(INT32_MIN)));
 }
 
+/* Packed Q3_K: the signed 6-bit scale s (0..15) of units u (lanes 0..7)
+ * and v (8..15), kernels_kq_x86.c's pk_q3k_scale(). */
+TGT512V_INLINE __m512i kq512_q3k_scale(const uint8_t *u, const uint8_t *v, int s)
+{
+	const __m512i lo = ld2(u, v, 16 + 32 * (size_t)((s / 4) % 2)), hi = ld2(u, v, 16 + 64);
+	__m512i x = _mm512_and_si512(_mm512_srli_epi32(lo, (unsigned)(8 * (s % 4) + 4 * (s / 8))),
+				     _mm512_set1_epi32(15));
+
+	x = _mm512_or_si512(x, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(
+									  hi, (unsigned)(8 * (s % 4) +
+											 2 * (s / 4))),
+								  _mm512_set1_epi32(3)),
+						 4));
+	return _mm512_sub_epi32(x, _mm512_set1_epi32(32));
+}
+
 /* Rows [r, r + 16) x all columns (two packed groups). */
 TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
 	const int64_t nb = m->cols / GPUD_QK_K, nb32 = m->cols / GPUD_QK;
-	const bool mins = QT != GPUD_TYPE_Q6_K;
+	const bool mins = QT != GPUD_TYPE_Q6_K && QT != GPUD_TYPE_Q3_K;
+	/* a scale per 16-quant half (else one per chunk: Q4_K, Q5_K), and
+	 * the quants' storage offset as a shift (Q6_K +32, Q3_K +4) */
+	const bool halves = QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K || QT == GPUD_TYPE_Q6_K;
+	const unsigned qsh = QT == GPUD_TYPE_Q6_K ? 5 : QT == GPUD_TYPE_Q3_K ? 2 : 0;
 	const size_t unit = 8 * gpud_type_block_bytes(QT), gstride = 8 * m->wrow;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 
@@ -378,21 +415,37 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 				_mm_prefetch((const char *)u + KQ_PF * unit + o, _MM_HINT_T0);
 				_mm_prefetch((const char *)v + KQ_PF * unit + o, _MM_HINT_T0);
 			}
-			if (mins) {
-				/* the 6-bit scales and mins of 16 rows */
+			if (mins)
 				ndmin = neg512(ld2h(u, v, 16));
+			if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) /* the 6-bit scales and mins */
 				kq512_scales(ld2(u, v, 32), ld2(u, v, 64), ld2(u, v, 96), sm);
-			}
 			for (int c = 0; c < 8; c++) {
 				__m512i T[8], sa, sb = _mm512_setzero_si512(), mv = _mm512_setzero_si512(),
 							   sab = _mm512_setzero_si512();
 
-				if (mins) {
+				if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) {
 					const unsigned sh = 8 * (unsigned)(c % 4);
 					const __m512i ff = _mm512_set1_epi32(0xff);
 
 					sa = _mm512_and_si512(_mm512_srli_epi32(sm[c / 4], sh), ff);
 					mv = _mm512_and_si512(_mm512_srli_epi32(sm[2 + c / 4], sh), ff);
+				} else if (QT == GPUD_TYPE_Q2_K) {
+					/* bytes 2c, 2c + 1: scale low nibble, min high */
+					const __m512i x = ld2(u, v, 32 + 32 * (size_t)(c / 2));
+					const __m512i m15 = _mm512_set1_epi32(15);
+					const unsigned sh = 16 * (unsigned)(c % 2);
+
+					sa = _mm512_and_si512(_mm512_srli_epi32(x, sh), m15);
+					sb = _mm512_and_si512(_mm512_srli_epi32(x, sh + 8), m15);
+					mv = _mm512_or_si512(
+						_mm512_and_si512(_mm512_srli_epi32(x, sh + 4), m15),
+						_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(x, sh + 12), m15),
+								  16));
+				} else if (QT == GPUD_TYPE_Q3_K) {
+					sa = kq512_q3k_scale(u, v, 2 * c);
+					sb = kq512_q3k_scale(u, v, 2 * c + 1);
+					sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
+							      _mm512_slli_epi32(sb, 16));
 				} else {
 					/* Q6_K: 8 rows' scale a then b, 16 bytes a unit */
 					const __m128i sca = _mm_loadu_si128((const __m128i *)(u + 16 + 16 * c));
@@ -413,7 +466,7 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 					const __m512 xd = _mm512_set1_ps(m->xd[xi]);
 					__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
 
-					if (mins) {
+					if (!halves) {
 						/* one scale for the chunk: two chains, one product */
 #pragma GCC unroll 4
 						for (int g = 0; g < 8; g += 2) {
@@ -423,8 +476,8 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 						}
 						t = _mm512_mullo_epi32(_mm512_add_epi32(d0, d1), sa);
 					} else {
-						/* Q6_K: the halves' scales, then the storage
-						 * offset 32 * (sa * X_a + sb * X_b) */
+						/* the halves' scales, then (Q3_K, Q6_K) the
+						 * storage offset off * (sa * X_a + sb * X_b) */
 #pragma GCC unroll 4
 						for (int g = 0; g < 4; g++) {
 							d0 = _mm512_dpbusd_epi32(d0, T[g], bcast4_512(xq + 4 * g));
@@ -433,8 +486,10 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 						}
 						t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa),
 								     _mm512_mullo_epi32(d1, sb));
-						t = _mm512_sub_epi32(
-							t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
+						if (qsh)
+							t = _mm512_sub_epi32(
+								t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc),
+										     qsh));
 					}
 					acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd), _mm512_cvtepi32_ps(t),
 								 acc[b]);
@@ -763,6 +818,8 @@ TGT512V void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t
 {
 	for (int64_t r = r0; r < r1; r += 16) {
 		switch (m->wtype) {
+		case GPUD_TYPE_Q2_K: kq512_rows16(m, GPUD_TYPE_Q2_K, r); break;
+		case GPUD_TYPE_Q3_K: kq512_rows16(m, GPUD_TYPE_Q3_K, r); break;
 		case GPUD_TYPE_Q4_K: kq512_rows16(m, GPUD_TYPE_Q4_K, r); break;
 		case GPUD_TYPE_Q5_K: kq512_rows16(m, GPUD_TYPE_Q5_K, r); break;
 		case GPUD_TYPE_Q6_K: kq512_rows16(m, GPUD_TYPE_Q6_K, r); break;

@@ -86,7 +86,7 @@ void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* (only with GPUD_CPU_AVX512VNNI too) packed q8_0/q4_0 rows, r1 - r0 a
  * multiple of 16: the bits of kernels_x86.c's. */
 void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t r1);
-/* packed Q4_K/Q5_K/Q6_K rows at batch > 1, r1 - r0 a multiple of 16: the
+/* packed K-quant (Q2_K..Q6_K) rows at batch > 1, r1 - r0 a multiple of 16: the
  * bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* the same types at batch 1, one 8-row group at a time (r0, r1 multiples

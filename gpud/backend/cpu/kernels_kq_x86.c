@@ -16,9 +16,8 @@
  * GPUD__ACT_HALVES), one vpmaddwd. Q2_K's mins multiply the 16-wide
  * activation sums.
  *
- * With AVX-512 VNNI, packed Q4_K/Q5_K/Q6_K at batch > 1 and every packed
- * K-quant at batch 1 take the 16-lane kernels of kernels_avx512.c (the
- * same integers t, so the same bits).
+ * With AVX-512 VNNI, the packed K-quants take the 16-lane kernels of
+ * kernels_avx512.c (the same integers t, so the same bits).
  *
  * Compiled with target attributes: call only once gpud_cpu_features()
  * reported AVX2+FMA+F16C.
@@ -551,9 +550,7 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 		gpud__avx512_rows_kqp1(m, r0, r1); /* Q2_K..Q6_K */
 		return;
 	}
-	if (m->packed && m->avx512vnni &&
-	    (m->wtype == GPUD_TYPE_Q4_K || m->wtype == GPUD_TYPE_Q5_K ||
-	     m->wtype == GPUD_TYPE_Q6_K)) {
+	if (m->packed && m->avx512vnni) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
 
