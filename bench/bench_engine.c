@@ -110,9 +110,10 @@ struct rates {
 	uint32_t steps;
 };
 
-/* One pass of rd after a decode step, its GB/s into *best and its time
- * into *secs. The engine's workers spin a little after a step before
- * they sleep (threadpool.c, 0.1 ms): the pass starts after that. */
+/* One pass of rd (n bytes) after a decode step: the better GB/s into
+ * *best, its time added to *secs and its bytes to *bytes. The engine's
+ * workers spin a little after a step before they sleep (threadpool.c,
+ * 0.1 ms): the pass starts after that. */
 static void read_beside(struct bench_stream *rd, double *best, double *secs, double *bytes,
 			size_t n)
 {
