@@ -524,12 +524,12 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 }
 
 /* One copy of kq_rows per type, layout and batch-1-or-not. */
-#define KQ_CASE(QT, PACKABLE)                                           \
+#define KQ_CASE(QT)                                                     \
 	case QT:                                                        \
-		if ((PACKABLE) && m->packed && one)                     \
-			kq_rows(m, QT, PACKABLE, 1, r0, r1);            \
-		else if ((PACKABLE) && m->packed)                       \
-			kq_rows(m, QT, PACKABLE, KQ_BC, r0, r1);        \
+		if (m->packed && one)                                   \
+			kq_rows(m, QT, true, 1, r0, r1);                \
+		else if (m->packed)                                     \
+			kq_rows(m, QT, true, KQ_BC, r0, r1);            \
 		else if (one)                                           \
 			kq_rows(m, QT, false, 1, r0, r1);               \
 		else                                                    \
@@ -553,18 +553,17 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	if (m->packed && m->avx512vnni) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
-
 		gpud__avx512_rows_kqp(m, r0, r16);
 		r0 = r16;
 		if (r0 == r1)
 			return;
 	}
 	switch (m->wtype) {
-	KQ_CASE(GPUD_TYPE_Q4_K, true)
-	KQ_CASE(GPUD_TYPE_Q5_K, true)
-	KQ_CASE(GPUD_TYPE_Q6_K, true)
-	KQ_CASE(GPUD_TYPE_Q2_K, true)
-	KQ_CASE(GPUD_TYPE_Q3_K, true)
+	KQ_CASE(GPUD_TYPE_Q4_K)
+	KQ_CASE(GPUD_TYPE_Q5_K)
+	KQ_CASE(GPUD_TYPE_Q6_K)
+	KQ_CASE(GPUD_TYPE_Q2_K)
+	KQ_CASE(GPUD_TYPE_Q3_K)
 	default:
 		gpud__kq_mm_rows(m, r0, r1);
 		break;

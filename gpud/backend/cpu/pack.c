@@ -24,8 +24,8 @@
  * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
  *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
  *     (0..127) as q4_k's, 256 bytes further (384 + ...).
- * f16 and bf16 (16 rows, not 8): no blocks; a group of 16 rows is stored column by
- *     column, element k of row r at 2 * (16k + r): the 16 rows' weights of
+ * f16 and bf16 (16 rows, not 8): no blocks; a group of 16 rows is stored
+ *     column by column, element k of row r at 2 * (16k + r): the 16 rows' weights of
  *     one column are 32 contiguous bytes, a vector of 16 lanes = rows
  *     (kernels_x86.c, rows_f16p()).
  * q2_k (8 x 84 = 672): d[r] at 2r, dmin[r] at 16 + 2r; scale byte j
