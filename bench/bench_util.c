@@ -1,13 +1,14 @@
 /* bench_util.c - wall clock, memcpy bandwidth, machine and date lines. */
 #include "bench/bench_util.h"
 
+#include "common/mem.h"
+
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/utsname.h>
 #include <time.h>
 #include <unistd.h>
@@ -107,10 +108,37 @@ static void *copy_main(void *p)
 	return NULL;
 }
 
+/* Runs fn(job 0) here and fn(job i) on threads 1..n-1, all released
+ * together by the barrier each job's "start" points at; returns when all
+ * are done. -1 (nothing run) when a thread cannot be started. */
+static int run_together(void *(*fn)(void *), void *jobs, size_t job_size, int n,
+			pthread_barrier_t *start)
+{
+	pthread_t tid[64];
+	int started = 0;
+
+	for (int i = 1; i < n; i++) {
+		if (pthread_create(&tid[i], NULL, fn, (char *)jobs + job_size * (size_t)i))
+			break;
+		started++;
+	}
+	if (started != n - 1) {
+		/* Cannot reach the barrier count: release the started ones. */
+		for (int i = started + 1; i < n; i++)
+			pthread_barrier_wait(start);
+		for (int i = 1; i <= started; i++)
+			pthread_join(tid[i], NULL);
+		return -1;
+	}
+	fn(jobs);
+	for (int i = 1; i < n; i++)
+		pthread_join(tid[i], NULL);
+	return 0;
+}
+
 static double mem_gbs(size_t bytes, int threads, bool read_only)
 {
 	struct copy_job jobs[64];
-	pthread_t tid[64];
 	pthread_barrier_t start;
 	char *src, *dst;
 	double best = 0.0;
@@ -130,8 +158,8 @@ static double mem_gbs(size_t bytes, int threads, bool read_only)
 		memset(dst, 2, bytes);
 	for (int run = 0; run < BENCH_MEMCPY_RUNS; run++) {
 		size_t per = (bytes / (size_t)threads) & ~(size_t)4095;
-		int started = 0;
 		double sum = 0.0;
+		int rc;
 
 		pthread_barrier_init(&start, NULL, (unsigned)threads);
 		for (int i = 0; i < threads; i++) {
@@ -142,25 +170,12 @@ static double mem_gbs(size_t bytes, int threads, bool read_only)
 			jobs[i].sink = 0;
 			jobs[i].start = &start;
 		}
-		for (int i = 1; i < threads; i++) {
-			if (pthread_create(&tid[i], NULL, copy_main, &jobs[i]))
-				break;
-			started++;
-		}
-		if (started != threads - 1) {
-			/* Cannot reach the barrier count: give up cleanly. */
-			for (int i = started + 1; i < threads; i++)
-				pthread_barrier_wait(&start);
-			for (int i = 1; i <= started; i++)
-				pthread_join(tid[i], NULL);
-			pthread_barrier_destroy(&start);
+		rc = run_together(copy_main, jobs, sizeof(jobs[0]), threads, &start);
+		pthread_barrier_destroy(&start);
+		if (rc) {
 			best = -1.0;
 			break;
 		}
-		copy_main(&jobs[0]);
-		for (int i = 1; i < threads; i++)
-			pthread_join(tid[i], NULL);
-		pthread_barrier_destroy(&start);
 		for (int i = 0; i < threads; i++)
 			sum += jobs[i].best_gbs;
 		if (sum > best)
@@ -185,7 +200,7 @@ double bench_read_gbs(size_t bytes, int threads)
 
 struct bench_stream {
 	char *buf;
-	size_t bytes, len; /* len: bytes rounded up to the mapping's 2 MiB */
+	size_t bytes;
 	int threads;
 };
 
@@ -211,7 +226,6 @@ static void *stream_main(void *p)
 struct bench_stream *bench_stream_new(size_t bytes, int threads)
 {
 	struct bench_stream *s;
-	const size_t align = (size_t)2 << 20;
 
 	if (threads < 1 || threads > 64 || bytes < 64 * (size_t)threads)
 		return NULL;
@@ -219,30 +233,24 @@ struct bench_stream *bench_stream_new(size_t bytes, int threads)
 	if (!s)
 		return NULL;
 	s->bytes = bytes & ~(size_t)63;
-	s->len = (bytes + align - 1) & ~(align - 1);
 	s->threads = threads;
-	s->buf = mmap(NULL, s->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (s->buf == MAP_FAILED) {
+	/* huge pages, as the engine keeps its packed weights */
+	s->buf = sw_mem_map_big(s->bytes);
+	if (!s->buf) {
 		free(s);
 		return NULL;
 	}
-#ifdef MADV_HUGEPAGE
-	/* huge pages where the kernel gives them, as the engine keeps its
-	 * packed weights (sw_mem_map_big) */
-	(void)madvise(s->buf, s->len, MADV_HUGEPAGE);
-#endif
-	memset(s->buf, 1, s->len);
+	memset(s->buf, 1, s->bytes);
 	return s;
 }
 
 double bench_stream_pass(struct bench_stream *s)
 {
 	struct stream_job jobs[64];
-	pthread_t tid[64];
 	pthread_barrier_t start;
 	size_t per = (s->bytes / (size_t)s->threads) & ~(size_t)63;
 	double t0, t1;
-	int started = 0;
+	int rc;
 
 	pthread_barrier_init(&start, NULL, (unsigned)s->threads);
 	for (int i = 0; i < s->threads; i++) {
@@ -251,23 +259,10 @@ double bench_stream_pass(struct bench_stream *s)
 		jobs[i].sink = 0;
 		jobs[i].start = &start;
 	}
-	for (int i = 1; i < s->threads; i++) {
-		if (pthread_create(&tid[i], NULL, stream_main, &jobs[i]))
-			break;
-		started++;
-	}
-	if (started != s->threads - 1) {
-		for (int i = started + 1; i < s->threads; i++)
-			pthread_barrier_wait(&start);
-		for (int i = 1; i <= started; i++)
-			pthread_join(tid[i], NULL);
-		pthread_barrier_destroy(&start);
-		return -1.0;
-	}
-	stream_main(&jobs[0]);
-	for (int i = 1; i < s->threads; i++)
-		pthread_join(tid[i], NULL);
+	rc = run_together(stream_main, jobs, sizeof(jobs[0]), s->threads, &start);
 	pthread_barrier_destroy(&start);
+	if (rc)
+		return -1.0;
 	/* all the bytes over the first start to the last end */
 	t0 = jobs[0].t0;
 	t1 = jobs[0].t1;
@@ -285,7 +280,7 @@ void bench_stream_free(struct bench_stream *s)
 {
 	if (!s)
 		return;
-	munmap(s->buf, s->len);
+	sw_mem_unmap_big(s->buf, s->bytes);
 	free(s);
 }
 
