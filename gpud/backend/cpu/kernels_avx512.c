@@ -544,10 +544,19 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 {
 	const __m512i m4 = _mm512_set1_epi8(0x0f);
 
-	if (QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K) {
+	if (QT == GPUD_TYPE_Q2_K) {
 		/* clo = 2p: bits 2j, 2j + 1 (j = clo % 4) and 2j + 2, 2j + 3 of
-		 * the same bytes; Q3_K's high bit c to bit 2: rotate left by 2 - c */
-		const size_t qs = QT == GPUD_TYPE_Q2_K ? 160 : 368;
+		 * the same bytes, left in place: the quant times 4^j (at most
+		 * 192, still a u8); kq1_q23_t() divides the dot products */
+		const int j = clo % 4;
+
+		return _mm512_and_si512(bc256(u + 160 + 256 * (size_t)(clo / 4) + 32 * (size_t)g),
+					idx2(0x03030303 << 2 * j, 0x0c0c0c0c << 2 * j));
+	}
+	if (QT == GPUD_TYPE_Q3_K) {
+		/* as Q2_K, shifted down; the high bit c to bit 2: rotate left
+		 * by 2 - c */
+		const size_t qs = 368;
 		const int j = clo % 4;
 		__m512i q = _mm512_and_si512(
 			_mm512_srlv_epi32(bc256(u + qs + 256 * (size_t)(clo / 4) + 32 * (size_t)g),
@@ -683,6 +692,13 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, c, c + 1, g), kq1_act(X, c, c + 1, g));
 		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, c, c + 1, g + 4),
 					 kq1_act(X, c, c + 1, g + 4));
+	}
+	if (QT == GPUD_TYPE_Q2_K) {
+		/* exact multiples of 4^j: an exact division */
+		const __m512i sh = idx2(2 * (c % 4), 2 * (c % 4) + 2);
+
+		d0 = _mm512_srav_epi32(d0, sh);
+		d1 = _mm512_srav_epi32(d1, sh);
 	}
 	t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
 	if (QT == GPUD_TYPE_Q3_K) {
