@@ -254,8 +254,8 @@ void gpud__accept_one(struct gpud_server *s)
 		if (uv_accept((uv_stream_t *)&s->listener, (uv_stream_t *)&s->refuse) == 0)
 			log_warn("refused a connection: %u connections open (limit)",
 				 s->p.max_connections);
+		STAT(s, s->st.refused_conns++); /* before the peer sees the close */
 		uv_close((uv_handle_t *)&s->refuse, on_refuse_close);
-		STAT(s, s->st.refused_conns++);
 		return;
 	}
 	uv_pipe_init(s->loop, &c->pipe, 1);

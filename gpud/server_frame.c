@@ -91,8 +91,8 @@ static int take_slot(struct sconn *c, uint64_t id, struct gpud_sreq **out)
 	int rc = 0;
 	uint32_t idx = 0;
 	if (s->draining) {
-		gpud__conn_error(c, id, SW_ECLOSED, "gpud is shutting down");
 		STAT(s, s->st.refused++);
+		gpud__conn_error(c, id, SW_ECLOSED, "gpud is shutting down");
 		return SW_ECLOSED;
 	}
 	pthread_mutex_lock(&c->lock);
@@ -125,13 +125,15 @@ static int take_slot(struct sconn *c, uint64_t id, struct gpud_sreq **out)
 	}
 	if (rc) {
 		pthread_mutex_unlock(&c->lock);
-		gpud__conn_error(c, id, rc, msg);
+		/* counted before the client can see the refusal: STATS read
+		 * after an error frame always include it */
 		STAT(s, {
 			if (rc == SW_EBUSY)
 				s->st.busy++;
 			else
 				s->st.refused++;
 		});
+		gpud__conn_error(c, id, rc, msg);
 		return rc;
 	}
 	struct gpud_sreq *r = gpud__slot_at(s, idx);
@@ -206,8 +208,8 @@ static void on_embed(struct sconn *c, const struct proto_frame *f, const uint8_t
 	int rc = proto_text_req_decode(PROTO_T_EMBED, payload, f->payload_length, &s->p.limits,
 				       &req, err, sizeof(err));
 	if (rc) {
-		gpud__conn_error(c, f->request_id, rc, err);
 		STAT(s, s->st.refused++);
+		gpud__conn_error(c, f->request_id, rc, err);
 		return;
 	}
 	if (take_slot(c, f->request_id, &r))

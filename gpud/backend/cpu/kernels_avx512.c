@@ -523,7 +523,11 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
  *     acc = fma(dw * dx[c], (float)t, acc); acc = fma(-(dmin * dx[c]),
  *     (float)mt, acc),
  * the AVX2 kernel's chain, so the same bits. */
-#define KQ1_PF 2 /* units prefetched ahead, as the AVX2 kernel */
+/* Prefetched ahead: the whole units that cover this many bytes, 2 units
+ * of Q4_K as in the AVX2 kernel (so 2 of Q5_K and Q6_K as there too, 3 of
+ * Q3_K, 4 of Q2_K: the small units need more of them to keep as many
+ * bytes in flight). */
+#define KQ1_PF_BYTES 2304
 #define KQ1_OR_AND 0xf8 /* vpternlogd's A | (B & C) */
 
 /* lanes 0..7 a, lanes 8..15 b */
@@ -551,7 +555,7 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 		const int j = clo % 4;
 
 		return _mm512_and_si512(bc256(u + 160 + 256 * (size_t)(clo / 4) + 32 * (size_t)g),
-					idx2(0x03030303 << 2 * j, 0x0c0c0c0c << 2 * j));
+					idx2((int)(0x03030303u << 2 * j), (int)(0x0c0c0c0cu << 2 * j)));
 	}
 	if (QT == GPUD_TYPE_Q3_K) {
 		/* as Q2_K, shifted down; the high bit c to bit 2: rotate left
@@ -715,6 +719,7 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 {
 	const int64_t nb = m->cols / GPUD_QK_K;
 	const size_t unit = 8 * gpud_type_block_bytes(QT);
+	const size_t pf = (KQ1_PF_BYTES + unit - 1) / unit * unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	__m256 acc = _mm256_setzero_ps();
 
@@ -729,7 +734,7 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 		__m512i X[4];
 
 		for (size_t o = 0; o < unit; o += 64)
-			_mm_prefetch((const char *)u + KQ1_PF * unit + o, _MM_HINT_T0);
+			_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
 #pragma GCC unroll 4
 		for (int p = 0; p < 4; p++)
 			X[p] = _mm512_loadu_si512(xq + 64 * p);
