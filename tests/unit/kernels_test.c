@@ -495,7 +495,8 @@ static void test_matmul_packed(void **state)
 {
 	static const enum gpud_type pts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q2_K,
 					      GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K,
-					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16, GPUD_TYPE_BF16 };
+					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16, GPUD_TYPE_BF16,
+					      GPUD_TYPE_F32 };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
 	static const int64_t rows_f16[] = { 16, 32, 80, 48 };
 	static const int64_t cols_f16[] = { 7, 96, 161, 1184 };
@@ -517,7 +518,8 @@ static void test_matmul_packed(void **state)
 	assert_false(gpud_matmul_packable(GPUD_TYPE_Q2_K, 16, 128)); /* not whole blocks */
 	assert_true(gpud_matmul_packable(GPUD_TYPE_F16, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 24, 64)); /* f16 groups are 16 rows */
-	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 16, 64));
+	assert_true(gpud_matmul_packable(GPUD_TYPE_F32, 16, 7));
+	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 24, 64)); /* 16-row groups */
 	assert_true(gpud_matmul_packable(GPUD_TYPE_BF16, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_BF16, 24, 64)); /* 16-row groups */
 	gpud_cpu_set_features(0);
@@ -526,7 +528,7 @@ static void test_matmul_packed(void **state)
 	for (size_t k = 0; k < sizeof(pts) / sizeof(pts[0]); k++) {
 		const enum gpud_type t = pts[k];
 		const bool kq = gpud_type_block_elems(t) == GPUD_QK_K;
-		const bool h16 = t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16;
+		const bool h16 = t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 || t == GPUD_TYPE_F32;
 
 		for (size_t s = 0; s < 4; s++) {
 			size_t wbytes, rb;
@@ -564,7 +566,7 @@ static void test_matmul_packed(void **state)
 			for (int64_t batch = 1; batch <= 17; batch += (kq ? 3 : 1)) {
 				gpud_cpu_set_features(~0u);
 				if (h16) {
-					/* f16/bf16 packed sums each element in column order
+					/* f16/bf16/f32 packed sums each element in column order
 					 * (one fma chain), the plain kernel in 8 lanes:
 					 * the reference here is the packed portable
 					 * path, and the plain result is within the

@@ -114,21 +114,25 @@ void gpud_get_row(enum gpud_type t, const void *W, int64_t cols, int64_t r, floa
 	gpud_dequantize_row(t, row, out, cols);
 }
 
-/* An f16 or bf16 weight as fp32 (exact either way). */
-static inline float h16_to_fp32(enum gpud_type t, uint16_t h)
+/* Element i of a packed f16, bf16 or f32 panel as fp32 (exact). */
+static inline float panel_fp32(enum gpud_type t, const void *g, size_t i)
 {
-	return t == GPUD_TYPE_BF16 ? gpud_bf16_to_fp32(h) : gpud_fp16_to_fp32(h);
+	if (t == GPUD_TYPE_F32)
+		return ((const float *)g)[i];
+	if (t == GPUD_TYPE_BF16)
+		return gpud_bf16_to_fp32(((const uint16_t *)g)[i]);
+	return gpud_fp16_to_fp32(((const uint16_t *)g)[i]);
 }
 
 void gpud_get_row_packed(enum gpud_type t, const void *W, int64_t cols, int64_t r, float *out)
 {
 	const size_t wrow = gpud_type_row_bytes(t, (uint64_t)cols);
 
-	if (t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16) {
-		const uint16_t *g = (const uint16_t *)W + (size_t)(r - r % GPUD__PK_ROWS_F16) * cols;
+	if (gpud__pk_panel(t)) {
+		const uint8_t *g = (const uint8_t *)W + (size_t)(r - r % GPUD__PK_ROWS_F16) * wrow;
 
 		for (int64_t k = 0; k < cols; k++)
-			out[k] = h16_to_fp32(t, g[GPUD__PK_ROWS_F16 * k + r % GPUD__PK_ROWS_F16]);
+			out[k] = panel_fp32(t, g, (size_t)(GPUD__PK_ROWS_F16 * k + r % GPUD__PK_ROWS_F16));
 		return;
 	}
 	const int64_t be = gpud_type_block_elems(t), nb = cols / be;
@@ -205,18 +209,18 @@ static float dot_ref(const struct gpud__mm *m, const uint8_t *w, int64_t b)
 
 static void mm_rows_ref(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	if (m->packed) { /* f16/bf16 in 16-row column-major groups (pack.c) */
+	if (m->packed) { /* f16/bf16/f32 in 16-row column-major groups (pack.c) */
 		for (int64_t r = r0; r < r1; r++) {
-			const uint16_t *g = (const uint16_t *)m->W +
-					    (size_t)(r - r % GPUD__PK_ROWS_F16) * m->cols;
+			const uint8_t *g = m->W + (size_t)(r - r % GPUD__PK_ROWS_F16) * m->wrow;
 
 			for (int64_t b = 0; b < m->batch; b++) {
 				const float *x = m->x + b * m->cols;
 				float acc = 0.0f;
 
 				for (int64_t k = 0; k < m->cols; k++)
-					acc = fmaf(h16_to_fp32(m->wtype, g[GPUD__PK_ROWS_F16 * k +
-									   r % GPUD__PK_ROWS_F16]),
+					acc = fmaf(panel_fp32(m->wtype, g,
+							      (size_t)(GPUD__PK_ROWS_F16 * k +
+								       r % GPUD__PK_ROWS_F16)),
 						   x[k], acc);
 				m->y[b * m->rows + r] = acc;
 			}

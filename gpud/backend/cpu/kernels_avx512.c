@@ -38,12 +38,15 @@
 #endif
 #define F16P512_BT 12
 
-/* 16 f16 (BF: bf16, a 16-bit shift) at p as fp32 */
-TGT512_INLINE __m512 h16_ps(bool BF, const uint16_t *p)
+/* 16 weights of panel type T (f16; bf16: a 16-bit shift; f32) at p as
+ * fp32 */
+TGT512_INLINE __m512 h16_ps(enum gpud_type T, const uint8_t *p)
 {
+	if (T == GPUD_TYPE_F32)
+		return _mm512_loadu_ps((const float *)p);
 	__m256i h = _mm256_loadu_si256((const __m256i *)p);
 
-	if (BF)
+	if (T == GPUD_TYPE_BF16)
 		return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 	return _mm512_cvtph_ps(h);
 }
@@ -51,11 +54,12 @@ TGT512_INLINE __m512 h16_ps(bool BF, const uint16_t *p)
 /* Columns [k0, k1) of W into G groups x BT columns of elements: from 0 at
  * k0 == 0, else from the partial sums left in y (stored and reloaded
  * exactly, so the chain is the same). */
-TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, bool BF, int64_t r, int G, int64_t b0,
-				int BT, int64_t k0, int64_t k1)
+TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
+				int64_t b0, int BT, int64_t k0, int64_t k1)
 {
 	const int64_t cols = m->cols;
-	const uint16_t *g = (const uint16_t *)m->W + (size_t)r * (size_t)cols;
+	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
+	const uint8_t *g = m->W + (size_t)r * m->wrow;
 	const float *x[F16P512_BT];
 	__m512 acc[F16P512_BT][4];
 
@@ -73,12 +77,12 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, bool BF, int64_t r, in
 
 #pragma GCC unroll 4
 		for (int q = 0; q < G; q++) {
-			const uint16_t *p = g + (size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
-					    GPUD__PK_ROWS_F16 * k;
+			const uint8_t *p = g + ((size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
+						GPUD__PK_ROWS_F16 * (size_t)k) * es;
 
 			if (BT == 1)
 				_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-			w[q] = h16_ps(BF, p);
+			w[q] = h16_ps(T, p);
 		}
 #pragma GCC unroll 12
 		for (int b = 0; b < BT; b++) {
@@ -98,53 +102,55 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, bool BF, int64_t r, in
 
 /* All columns of the batch for G groups at r over W's columns [k0, k1):
  * tiles of 12, the rest as 8, 4, 2, 1. */
-TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, bool BF, int64_t r, int G, int64_t k0,
+TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G, int64_t k0,
 				int64_t k1)
 {
 	int64_t b = 0;
 
 	for (; b + F16P512_BT <= m->batch; b += F16P512_BT)
-		f16p512_tile(m, BF, r, G, b, F16P512_BT, k0, k1);
+		f16p512_tile(m, T, r, G, b, F16P512_BT, k0, k1);
 	if (m->batch - b >= 8) {
-		f16p512_tile(m, BF, r, G, b, 8, k0, k1);
+		f16p512_tile(m, T, r, G, b, 8, k0, k1);
 		b += 8;
 	}
 	if (m->batch - b >= 4) {
-		f16p512_tile(m, BF, r, G, b, 4, k0, k1);
+		f16p512_tile(m, T, r, G, b, 4, k0, k1);
 		b += 4;
 	}
 	if (m->batch - b >= 2) {
-		f16p512_tile(m, BF, r, G, b, 2, k0, k1);
+		f16p512_tile(m, T, r, G, b, 2, k0, k1);
 		b += 2;
 	}
 	if (m->batch - b >= 1)
-		f16p512_tile(m, BF, r, G, b, 1, k0, k1);
+		f16p512_tile(m, T, r, G, b, 1, k0, k1);
 }
 
-/* Rows [r0, r1) of a packed f16 (BF: bf16) matrix (r0, r1 multiples of
- * 16). */
-TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, bool BF, int64_t r0, int64_t r1)
+/* Rows [r0, r1) of a packed f16, bf16 or f32 (T) matrix (r0, r1
+ * multiples of 16). */
+TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int64_t r0, int64_t r1)
 {
 	const int64_t cols = m->cols;
+	/* the same bytes of W per pass: half the columns of f32 */
+	const int64_t kc = T == GPUD_TYPE_F32 ? F16P512_KC / 2 : F16P512_KC;
 	int64_t r = r0;
 
 	if (m->batch == 1) {
 		for (; r + 64 <= r1; r += 64)
-			f16p512_tile(m, BF, r, 4, 0, 1, 0, cols);
+			f16p512_tile(m, T, r, 4, 0, 1, 0, cols);
 		for (; r < r1; r += 16)
-			f16p512_tile(m, BF, r, 1, 0, 1, 0, cols);
+			f16p512_tile(m, T, r, 1, 0, 1, 0, cols);
 		return;
 	}
 	for (; r < r1; r += 32) {
 		const int G = r1 - r >= 32 ? 2 : 1;
 
-		for (int64_t k0 = 0; k0 < cols; k0 += F16P512_KC) {
-			int64_t k1 = cols - k0 < F16P512_KC ? cols : k0 + F16P512_KC;
+		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+			int64_t k1 = cols - k0 < kc ? cols : k0 + kc;
 
 			if (G == 2)
-				f16p512_cols(m, BF, r, 2, k0, k1);
+				f16p512_cols(m, T, r, 2, k0, k1);
 			else
-				f16p512_cols(m, BF, r, 1, k0, k1);
+				f16p512_cols(m, T, r, 1, k0, k1);
 		}
 	}
 }
@@ -152,9 +158,11 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, bool BF, int64_t r0, i
 TGT512 void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	if (m->wtype == GPUD_TYPE_BF16)
-		h16p512_rows(m, true, r0, r1);
+		h16p512_rows(m, GPUD_TYPE_BF16, r0, r1);
+	else if (m->wtype == GPUD_TYPE_F32)
+		h16p512_rows(m, GPUD_TYPE_F32, r0, r1);
 	else
-		h16p512_rows(m, false, r0, r1);
+		h16p512_rows(m, GPUD_TYPE_F16, r0, r1);
 }
 
 /* ---- packed q8_0/q4_0 with AVX-512 VNNI ---------------------------------

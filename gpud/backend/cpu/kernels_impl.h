@@ -35,7 +35,12 @@ struct gpud__mm {
 
 /* pack.c: the packed layouts. A unit is block i of a group of 8 rows. */
 #define GPUD__PK_ROWS 8
-#define GPUD__PK_ROWS_F16 16 /* f16's groups (pack.c) */
+#define GPUD__PK_ROWS_F16 16 /* f16's groups (pack.c), and bf16's and f32's */
+/* The float types, packed in column-major panels of 16 rows (pack.c) */
+static inline bool gpud__pk_panel(enum gpud_type t)
+{
+	return t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 || t == GPUD_TYPE_F32;
+}
 bool gpud__pk_type(enum gpud_type t);
 int gpud__pk_rows(enum gpud_type t); /* rows per group */
 /* Row r's (0..7) block i of a packed group, back in the plain layout

@@ -304,12 +304,15 @@ TGT_INLINE void rows_buf(const struct gpud__mm *m, enum gpud_type T, int64_t r0,
 #define F16P_KC 512 /* columns of W per pass: 16 KiB of a group, in L1 for every tile */
 #endif
 
-/* 8 f16 (BF: bf16) at p as fp32 */
-TGT_INLINE __m256 h8_ps(bool BF, const uint16_t *p)
+/* 8 weights of panel type T (f16; bf16: a 16-bit shift; f32) at p as
+ * fp32 */
+TGT_INLINE __m256 h8_ps(enum gpud_type T, const uint8_t *p)
 {
+	if (T == GPUD_TYPE_F32)
+		return _mm256_loadu_ps((const float *)p);
 	__m128i h = _mm_loadu_si128((const __m128i *)p);
 
-	if (BF)
+	if (T == GPUD_TYPE_BF16)
 		return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 	return _mm256_cvtph_ps(h);
 }
@@ -317,11 +320,12 @@ TGT_INLINE __m256 h8_ps(bool BF, const uint16_t *p)
 /* Columns [k0, k1) of W into the tile's elements: from 0 at k0 == 0, else
  * from the partial sums left in y (stored and reloaded exactly, so the
  * chain is the same). */
-TGT_INLINE void f16p_tile(const struct gpud__mm *m, bool BF, int64_t r, int G, int64_t b0,
+TGT_INLINE void f16p_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G, int64_t b0,
 			  int BT, int64_t k0, int64_t k1)
 {
 	const int64_t cols = m->cols;
-	const uint16_t *g = (const uint16_t *)m->W + (size_t)r * (size_t)cols;
+	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
+	const uint8_t *g = m->W + (size_t)r * m->wrow;
 	const float *x[6];
 	__m256 acc[6][4];
 
@@ -339,12 +343,14 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, bool BF, int64_t r, int G, i
 
 #pragma GCC unroll 2
 		for (int q = 0; q < G; q++) {
-			const uint16_t *p = g + (size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
-					    GPUD__PK_ROWS_F16 * k;
+			const uint8_t *p = g + ((size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
+						GPUD__PK_ROWS_F16 * (size_t)k) * es;
 
 			_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-			w[2 * q] = h8_ps(BF, p);
-			w[2 * q + 1] = h8_ps(BF, p + 8);
+			if (es == 4)
+				_mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T0);
+			w[2 * q] = h8_ps(T, p);
+			w[2 * q + 1] = h8_ps(T, p + 8 * es);
 		}
 #pragma GCC unroll 6
 		for (int b = 0; b < BT; b++) {
@@ -362,33 +368,35 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, bool BF, int64_t r, int G, i
 			_mm256_storeu_ps(m->y + (b0 + b) * m->rows + r + 8 * v, acc[b][v]);
 }
 
-/* Rows [r0, r1) of a packed f16 (BF: bf16) matrix (r0, r1 multiples of
- * 16). */
-TGT_INLINE void rows_h16p(const struct gpud__mm *m, bool BF, int64_t r0, int64_t r1)
+/* Rows [r0, r1) of a packed f16, bf16 or f32 (T) matrix (r0, r1
+ * multiples of 16). */
+TGT_INLINE void rows_h16p(const struct gpud__mm *m, enum gpud_type T, int64_t r0, int64_t r1)
 {
 	int64_t r = r0;
 
 	const int64_t cols = m->cols;
+	/* the same bytes of W per pass: half the columns of f32 */
+	const int64_t kc = T == GPUD_TYPE_F32 ? F16P_KC / 2 : F16P_KC;
 
 	if (m->batch == 1) {
 		for (; r + 32 <= r1; r += 32)
-			f16p_tile(m, BF, r, 2, 0, 1, 0, cols);
+			f16p_tile(m, T, r, 2, 0, 1, 0, cols);
 		for (; r < r1; r += 16)
-			f16p_tile(m, BF, r, 1, 0, 1, 0, cols);
+			f16p_tile(m, T, r, 1, 0, 1, 0, cols);
 		return;
 	}
 	for (; r < r1; r += 16) {
-		for (int64_t k0 = 0; k0 < cols; k0 += F16P_KC) {
-			int64_t k1 = cols - k0 < F16P_KC ? cols : k0 + F16P_KC, b = 0;
+		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
+			int64_t k1 = cols - k0 < kc ? cols : k0 + kc, b = 0;
 
 			for (; b + 6 <= m->batch; b += 6)
-				f16p_tile(m, BF, r, 1, b, 6, k0, k1);
+				f16p_tile(m, T, r, 1, b, 6, k0, k1);
 			switch (m->batch - b) {
-			case 5: f16p_tile(m, BF, r, 1, b, 5, k0, k1); break;
-			case 4: f16p_tile(m, BF, r, 1, b, 4, k0, k1); break;
-			case 3: f16p_tile(m, BF, r, 1, b, 3, k0, k1); break;
-			case 2: f16p_tile(m, BF, r, 1, b, 2, k0, k1); break;
-			case 1: f16p_tile(m, BF, r, 1, b, 1, k0, k1); break;
+			case 5: f16p_tile(m, T, r, 1, b, 5, k0, k1); break;
+			case 4: f16p_tile(m, T, r, 1, b, 4, k0, k1); break;
+			case 3: f16p_tile(m, T, r, 1, b, 3, k0, k1); break;
+			case 2: f16p_tile(m, T, r, 1, b, 2, k0, k1); break;
+			case 1: f16p_tile(m, T, r, 1, b, 1, k0, k1); break;
 			default: break;
 			}
 		}
@@ -397,12 +405,17 @@ TGT_INLINE void rows_h16p(const struct gpud__mm *m, bool BF, int64_t r0, int64_t
 
 TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	rows_h16p(m, false, r0, r1);
+	rows_h16p(m, GPUD_TYPE_F16, r0, r1);
 }
 
 TGT static void rows_bf16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	rows_h16p(m, true, r0, r1);
+	rows_h16p(m, GPUD_TYPE_BF16, r0, r1);
+}
+
+TGT static void rows_f32p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	rows_h16p(m, GPUD_TYPE_F32, r0, r1);
 }
 
 DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
@@ -701,7 +714,12 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			rows_i8_q4_avx2(m, r0, r1);
 		break;
 	case GPUD_TYPE_F32:
-		rows_f32(m, r0, r1);
+		if (m->packed && m->avx512)
+			gpud__avx512_rows_f16p(m, r0, r1);
+		else if (m->packed)
+			rows_f32p(m, r0, r1);
+		else
+			rows_f32(m, r0, r1);
 		break;
 	case GPUD_TYPE_F16:
 		if (m->packed && m->avx512)

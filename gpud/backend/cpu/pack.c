@@ -24,10 +24,11 @@
  * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
  *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
  *     (0..127) as q4_k's, 256 bytes further (384 + ...).
- * f16 and bf16 (16 rows, not 8): no blocks; a group of 16 rows is stored
- *     column by column, element k of row r at 2 * (16k + r): the 16 rows' weights of
- *     one column are 32 contiguous bytes, a vector of 16 lanes = rows
- *     (kernels_x86.c, rows_f16p()).
+ * f16, bf16 and f32 (16 rows, not 8): no blocks; a group of 16 rows is
+ *     stored column by column, element k of row r at es * (16k + r) (es:
+ *     the element's 2 or 4 bytes): the 16 rows' weights of one column
+ *     are contiguous, a vector of 16 lanes = rows (kernels_x86.c,
+ *     rows_f16p()).
  * q2_k (8 x 84 = 672): d[r] at 2r, dmin[r] at 16 + 2r; scale byte j
  *     (0..15), word w = j/4, at 32 + 32w + 4r + j%4; quant byte j (0..63),
  *     h = j/32, group g = j%32/4, at 160 + 256h + 32g + 4r + j%4.
@@ -114,26 +115,31 @@ bool gpud__pk_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q2_K ||
 	       t == GPUD_TYPE_Q3_K || t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K ||
-	       t == GPUD_TYPE_Q6_K || t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16;
+	       t == GPUD_TYPE_Q6_K || gpud__pk_panel(t);
 }
 
 int gpud__pk_rows(enum gpud_type t)
 {
-	return t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 ? GPUD__PK_ROWS_F16 : GPUD__PK_ROWS;
+	return gpud__pk_panel(t) ? GPUD__PK_ROWS_F16 : GPUD__PK_ROWS;
 }
 
-/* f16/bf16: one group of 16 rows, column by column. */
-static void pack_f16(const uint16_t *src, uint16_t *dst, int64_t cols)
-{
-	for (int64_t k0 = 0; k0 < cols; k0 += 64) {
-		int64_t k1 = k0 + 64 < cols ? k0 + 64 : cols;
-
-		/* 64 columns of the 16 rows at a time: reads stay in 16 lines */
-		for (int r = 0; r < GPUD__PK_ROWS_F16; r++)
-			for (int64_t k = k0; k < k1; k++)
-				dst[GPUD__PK_ROWS_F16 * k + r] = src[r * cols + k];
+/* f16/bf16 (E uint16_t) and f32 (uint32_t): one group of 16 rows,
+ * column by column. */
+#define PACK_PANEL(name, E)                                                            \
+	static void name(const E *src, E *dst, int64_t cols)                          \
+	{                                                                              \
+		for (int64_t k0 = 0; k0 < cols; k0 += 64) {                            \
+			int64_t k1 = k0 + 64 < cols ? k0 + 64 : cols;                  \
+                                                                                       \
+			/* 64 columns of the 16 rows at a time: reads stay in     \
+			 * 16 (f32: 32) lines */                                       \
+			for (int r = 0; r < GPUD__PK_ROWS_F16; r++)                    \
+				for (int64_t k = k0; k < k1; k++)                      \
+					dst[GPUD__PK_ROWS_F16 * k + r] = src[r * cols + k]; \
+		}                                                                      \
 	}
-}
+PACK_PANEL(pack_f16, uint16_t)
+PACK_PANEL(pack_f32, uint32_t)
 
 /* Per packed type, the unit's permutation, perm[r * bsz + o] = pk_pos(),
  * and the same as runs of bytes contiguous on both sides (4-byte groups,
@@ -224,6 +230,12 @@ void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, 
 		for (int64_t g = g0; g < g1; g++)
 			pack_f16((const uint16_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
 				 (uint16_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
+		return;
+	}
+	if (t == GPUD_TYPE_F32) {
+		for (int64_t g = g0; g < g1; g++)
+			pack_f32((const uint32_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
+				 (uint32_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
 		return;
 	}
 	tb = tab_of(t);
