@@ -635,8 +635,8 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 #undef SZ64
 }
 
-/* The matrices the kernels read faster packed (q4_0, q8_0, q4_k, q6_k on
- * AVX2, see backend/cpu/kernels.h) are copied into one reservation in that
+/* The matrices the kernels read faster packed (every weight type, where
+ * the AVX2 kernels run: backend/cpu/kernels.h) are copied into one reservation in that
  * layout, and c->w becomes a copy of the model's table that points at
  * them: the layer matrices and the output (with a tied embedding table,
  * the embedding too, gathered from the packed copy). The copy is made

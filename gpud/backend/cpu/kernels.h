@@ -3,8 +3,8 @@
  * The weight formats themselves (traits, block layouts, quantize,
  * dequantize) are gpud/quant.h's; this file multiplies them. Quantized
  * weights are used in place, or in a packed copy made once at load
- * ("packed layouts" below; the CPU backend packs what it can). Float-type weights (f32/f16/bf16) are
- * multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
+ * ("packed layouts" below; the CPU backend packs what it can). Float-type
+ * weights (f32/f16/bf16) are multiplied as fp32 with fp32 activations. q8_0/q4_0 weights use an
  * int8 path at every batch size: each activation row is quantized once per
  * gpud_matmul call to blocks of 32 int8 (fp32 scale d = max|x| / 127,
  * q = round(x / d), into the caller's scratch), each (row, column) pair
@@ -85,16 +85,17 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 float *y, void *scratch);
 
 /* ---- packed layouts ---------------------------------------------------
- * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k, f16 or bf16
+ * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k, f16, bf16 or f32
  * matrix that the vector kernels read without transposing (pack.c gives
- * the layouts): rows in groups of 8 (f16/bf16: 16), and inside a group
- * each block i of the rows interleaved so that one 32-byte load holds 4
- * bytes of every row (f16/bf16: one column of the 16 rows). A group takes exactly the
+ * the layouts): rows in groups of 8 (the float types: 16), and inside a
+ * group each block i of the rows interleaved so that one 32-byte load
+ * holds 4 bytes of every row (the float types: one column of the 16
+ * rows). A group takes exactly the
  * bytes of its plain rows, in the same place, so a slice of rows starting
  * at a multiple of the group is found as in the plain matrix. For the
  * quantized types the arithmetic, and so every bit of the result, is
  * gpud_matmul's on the plain matrix, on every path (the portable one reads
- * the layouts too). Packed f16 and bf16 sum each element as one fma
+ * the layouts too). Packed f16, bf16 and f32 sum each element as one fma
  * chain in column order, on both paths alike (the same bits), which is
  * not the plain kernels' order: their results differ from those within
  * the float bound. The plain layout costs the int8 kernels an 8x8 transpose

@@ -102,8 +102,8 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int6
 
 /* All columns of the batch for G groups at r over W's columns [k0, k1):
  * tiles of 12, the rest as 8, 4, 2, 1. */
-TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G, int64_t k0,
-				int64_t k1)
+TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
+				int64_t k0, int64_t k1)
 {
 	int64_t b = 0;
 
