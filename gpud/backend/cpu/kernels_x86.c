@@ -403,19 +403,17 @@ TGT_INLINE void rows_h16p(const struct gpud__mm *m, enum gpud_type T, int64_t r0
 	}
 }
 
-TGT static void rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
+/* A packed f16, bf16 or f32 matrix: AVX-512 where it runs, else AVX2. */
+TGT static void rows_panel(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	rows_h16p(m, GPUD_TYPE_F16, r0, r1);
-}
-
-TGT static void rows_bf16p(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_h16p(m, GPUD_TYPE_BF16, r0, r1);
-}
-
-TGT static void rows_f32p(const struct gpud__mm *m, int64_t r0, int64_t r1)
-{
-	rows_h16p(m, GPUD_TYPE_F32, r0, r1);
+	if (m->avx512)
+		gpud__avx512_rows_f16p(m, r0, r1);
+	else if (m->wtype == GPUD_TYPE_F16)
+		rows_h16p(m, GPUD_TYPE_F16, r0, r1);
+	else if (m->wtype == GPUD_TYPE_BF16)
+		rows_h16p(m, GPUD_TYPE_BF16, r0, r1);
+	else
+		rows_h16p(m, GPUD_TYPE_F32, r0, r1);
 }
 
 DEFINE_ROWS_F(rows_f32, GPUD_TYPE_F32)
@@ -714,26 +712,20 @@ TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 			rows_i8_q4_avx2(m, r0, r1);
 		break;
 	case GPUD_TYPE_F32:
-		if (m->packed && m->avx512)
-			gpud__avx512_rows_f16p(m, r0, r1);
-		else if (m->packed)
-			rows_f32p(m, r0, r1);
+		if (m->packed)
+			rows_panel(m, r0, r1);
 		else
 			rows_f32(m, r0, r1);
 		break;
 	case GPUD_TYPE_F16:
-		if (m->packed && m->avx512)
-			gpud__avx512_rows_f16p(m, r0, r1);
-		else if (m->packed)
-			rows_f16p(m, r0, r1);
+		if (m->packed)
+			rows_panel(m, r0, r1);
 		else
 			rows_f16(m, r0, r1);
 		break;
 	case GPUD_TYPE_BF16:
-		if (m->packed && m->avx512)
-			gpud__avx512_rows_f16p(m, r0, r1);
-		else if (m->packed)
-			rows_bf16p(m, r0, r1);
+		if (m->packed)
+			rows_panel(m, r0, r1);
 		else
 			rows_bf16(m, r0, r1);
 		break;
