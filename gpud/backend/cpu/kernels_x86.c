@@ -347,8 +347,6 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r,
 						GPUD__PK_ROWS_F16 * (size_t)k) * es;
 
 			_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
-			if (es == 4)
-				_mm_prefetch((const char *)p + PF_DIST + 64, _MM_HINT_T0);
 			w[2 * q] = h8_ps(T, p);
 			w[2 * q + 1] = h8_ps(T, p + 8 * es);
 		}
