@@ -635,11 +635,11 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 #undef SZ64
 }
 
-/* The matrices the kernels read faster packed (every weight type, where
- * the AVX2 kernels run: backend/cpu/kernels.h) are copied into one reservation in that
- * layout, and c->w becomes a copy of the model's table that points at
- * them: the layer matrices and the output (with a tied embedding table,
- * the embedding too, gathered from the packed copy). The copy is made
+/* The matrices the kernels read faster packed (every weight type where
+ * the AVX2 kernels run: backend/cpu/kernels.h) are copied into one
+ * reservation in that layout, and c->w becomes a copy of the model's
+ * table that points at them: the layer matrices and the output (with a
+ * tied embedding table, the embedding too, gathered from the packed copy). The copy is made
  * once, here, on the pool; the model's mapping of those tensors is then
  * never read again by this instance, so its pages stay in the page cache
  * only (the resident cost is about the packed bytes, not twice them).
