@@ -520,6 +520,9 @@ static void test_matmul_packed(void **state)
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F16, 24, 64)); /* f16 groups are 16 rows */
 	assert_true(gpud_matmul_packable(GPUD_TYPE_F32, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_F32, 24, 64)); /* 16-row groups */
+	assert_int_equal(gpud_matmul_pack_rows(GPUD_TYPE_Q4_K), 8);
+	assert_int_equal(gpud_matmul_pack_rows(GPUD_TYPE_F32), 16);
+	assert_int_equal(gpud_matmul_pack_rows(GPUD_TYPE_BF16), 16);
 	assert_true(gpud_matmul_packable(GPUD_TYPE_BF16, 16, 7));
 	assert_false(gpud_matmul_packable(GPUD_TYPE_BF16, 24, 64)); /* 16-row groups */
 	gpud_cpu_set_features(0);

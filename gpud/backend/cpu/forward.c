@@ -562,18 +562,17 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 
 /* Bytes of w's packed copy, 0 when it stays plain. L: w's layer (NULL for
  * the output). The fused decode sections split the stacked rows of q, k,
- * v (and of gate, up) on multiples of 16; an f16, bf16 or f32 matrix
- * (16-row groups) is packed only where every such stack keeps that
- * alignment. */
+ * v (and of gate, up) on multiples of 16 counted from the stack's start,
+ * so a matrix of a layer is packed only where every stacked matrix is
+ * whole groups of its type (8 rows, the float types 16): then each slice
+ * starts on a group. */
 static uint64_t packed_size(const struct gpud_layer_weights *L, const struct gpud_weight *w)
 {
-	const bool g16 = w->type == GPUD_TYPE_F16 || w->type == GPUD_TYPE_BF16 ||
-			 w->type == GPUD_TYPE_F32;
+	const int64_t G = gpud_matmul_pack_rows(w->type);
 
 	if (!gpud_matmul_packable(w->type, w->rows, w->cols))
 		return 0;
-	if (L && g16 &&
-	    (L->wq.rows % 16 || L->wk.rows % 16 || L->wv.rows % 16 || L->w_gate.rows % 16))
+	if (L && (L->wq.rows % G || L->wk.rows % G || L->wv.rows % G || L->w_gate.rows % G))
 		return 0;
 	return (gpud_type_row_bytes(w->type, (uint64_t)w->cols) * (uint64_t)w->rows + 63) / 64 * 64;
 }

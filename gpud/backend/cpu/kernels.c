@@ -445,6 +445,11 @@ void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 	matmul(tp, wtype, true, W, rows, cols, x, batch, y, scratch);
 }
 
+int gpud_matmul_pack_rows(enum gpud_type t)
+{
+	return gpud__pk_rows(t);
+}
+
 bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols)
 {
 #ifdef GPUD_HAVE_X86

@@ -111,6 +111,9 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
  * dst, gpud_type_row_bytes(t, cols) * rows bytes, not overlapping; on tp
  * (may be NULL). gpud_matmul_packed(): gpud_matmul() on a packed W. */
 bool gpud_matmul_packable(enum gpud_type t, int64_t rows, int64_t cols);
+/* Rows per packed group of type t: 8, or 16 for the float types. A slice
+ * of a packed matrix must start on a whole group. */
+int gpud_matmul_pack_rows(enum gpud_type t);
 void gpud_matmul_pack(struct gpud_tp *tp, enum gpud_type t, const void *W, void *dst,
 		      int64_t rows, int64_t cols);
 void gpud_matmul_packed(struct gpud_tp *tp, enum gpud_type wtype, const void *W,

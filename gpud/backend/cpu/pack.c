@@ -226,16 +226,17 @@ void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, 
 	const __typeof__(g_tab[0]) *tb;
 
 	assert(gpud__pk_type(t));
-	if (t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16) {
-		for (int64_t g = g0; g < g1; g++)
-			pack_f16((const uint16_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
-				 (uint16_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
-		return;
-	}
-	if (t == GPUD_TYPE_F32) {
-		for (int64_t g = g0; g < g1; g++)
-			pack_f32((const uint32_t *)W + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols,
-				 (uint32_t *)dst + (size_t)g * GPUD__PK_ROWS_F16 * (size_t)cols, cols);
+	if (gpud__pk_panel(t)) {
+		for (int64_t g = g0; g < g1; g++) {
+			const size_t off = (size_t)g * GPUD__PK_ROWS_F16 * wrow;
+
+			if (t == GPUD_TYPE_F32)
+				pack_f32((const void *)((const uint8_t *)W + off),
+					 (void *)((uint8_t *)dst + off), cols);
+			else
+				pack_f16((const void *)((const uint8_t *)W + off),
+					 (void *)((uint8_t *)dst + off), cols);
+		}
 		return;
 	}
 	tb = tab_of(t);
