@@ -55,7 +55,7 @@ TGT512_INLINE __m512 h16_ps(enum gpud_type T, const uint8_t *p)
  * k0 == 0, else from the partial sums left in y (stored and reloaded
  * exactly, so the chain is the same). */
 TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
-				int64_t b0, int BT, int64_t k0, int64_t k1)
+				int64_t b0, int BT, int64_t k0, int64_t k1, struct gpud__pf *pf)
 {
 	const int64_t cols = m->cols;
 	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
@@ -75,6 +75,8 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int6
 	for (int64_t k = k0; k < k1; k++) {
 		__m512 w[4];
 
+		if (BT > 1)
+			GPUD__PF_STEP(pf);
 #pragma GCC unroll 4
 		for (int q = 0; q < G; q++) {
 			const uint8_t *p = g + ((size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
@@ -103,26 +105,39 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int6
 /* All columns of the batch for G groups at r over W's columns [k0, k1):
  * tiles of 12, the rest as 8, 4, 2, 1. */
 TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
-				int64_t k0, int64_t k1)
+				int64_t k0, int64_t k1, struct gpud__pf *pf)
 {
 	int64_t b = 0;
 
 	for (; b + F16P512_BT <= m->batch; b += F16P512_BT)
-		f16p512_tile(m, T, r, G, b, F16P512_BT, k0, k1);
+		f16p512_tile(m, T, r, G, b, F16P512_BT, k0, k1, pf);
 	if (m->batch - b >= 8) {
-		f16p512_tile(m, T, r, G, b, 8, k0, k1);
+		f16p512_tile(m, T, r, G, b, 8, k0, k1, pf);
 		b += 8;
 	}
 	if (m->batch - b >= 4) {
-		f16p512_tile(m, T, r, G, b, 4, k0, k1);
+		f16p512_tile(m, T, r, G, b, 4, k0, k1, pf);
 		b += 4;
 	}
 	if (m->batch - b >= 2) {
-		f16p512_tile(m, T, r, G, b, 2, k0, k1);
+		f16p512_tile(m, T, r, G, b, 2, k0, k1, pf);
 		b += 2;
 	}
 	if (m->batch - b >= 1)
-		f16p512_tile(m, T, r, G, b, 1, k0, k1);
+		f16p512_tile(m, T, r, G, b, 1, k0, k1, pf);
+}
+
+/* f16p512_cols's batched tiles (BT > 1) for a batch of b */
+static inline int64_t f16p512_tiles(int64_t b)
+{
+	int64_t t = b / F16P512_BT;
+
+	b %= F16P512_BT;
+	t += b >= 8;
+	b %= 8;
+	t += b >= 4;
+	b %= 4;
+	return t + (b >= 2);
 }
 
 /* Rows [r0, r1) of a packed f16, bf16 or f32 (T) matrix (r0, r1
@@ -134,11 +149,15 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int6
 	const int64_t kc = T == GPUD_TYPE_F32 ? F16P512_KC / 2 : F16P512_KC;
 	int64_t r = r0;
 
+	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
+	const int64_t tiles = f16p512_tiles(m->batch);
+	struct gpud__pf pf = { 0 };
+
 	if (m->batch == 1) {
 		for (; r + 64 <= r1; r += 64)
-			f16p512_tile(m, T, r, 4, 0, 1, 0, cols);
+			f16p512_tile(m, T, r, 4, 0, 1, 0, cols, &pf);
 		for (; r < r1; r += 16)
-			f16p512_tile(m, T, r, 1, 0, 1, 0, cols);
+			f16p512_tile(m, T, r, 1, 0, 1, 0, cols, &pf);
 		return;
 	}
 	for (; r < r1; r += 32) {
@@ -147,10 +166,11 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int6
 		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
 			int64_t k1 = cols - k0 < kc ? cols : k0 + kc;
 
+			gpud__pf_next(&pf, m, es, r, 32, r1, k0, kc, tiles);
 			if (G == 2)
-				f16p512_cols(m, T, r, 2, k0, k1);
+				f16p512_cols(m, T, r, 2, k0, k1, &pf);
 			else
-				f16p512_cols(m, T, r, 1, k0, k1);
+				f16p512_cols(m, T, r, 1, k0, k1, &pf);
 		}
 	}
 }
