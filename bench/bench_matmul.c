@@ -123,7 +123,7 @@ int main(int argc, char **argv)
 		gpud_cpu_set_features((unsigned)strtoul(getenv("BENCH_CPU_FEATURES"), NULL, 0));
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
-	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c, 8 avx-vnni, 16 avx-512, 32 avx-512 vnni)\n",
+	printf("# bench_matmul %s\n# machine: %s\n# cpu features: 0x%x (1 avx2, 2 fma, 4 f16c, 8 avx-vnni, 16 avx-512, 32 avx-512 vnni, 64 gfni)\n",
 	       date, machine, gpud_cpu_features());
 	for (int th = 1; th <= 2; th++) {
 		mc[th] = bench_memcpy_gbs(arena_bytes / 2, th);

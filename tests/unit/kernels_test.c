@@ -487,7 +487,7 @@ static void test_matmul_int8_paths_identical(void **state)
 
 /* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q2_k .. q6_k, f16, bf16:
  * the same bits as the plain matrix on every path (packed vector with and
- * without VNNI and AVX-512, packed portable, plain), at every batch size, on whole
+ * without VNNI, AVX-512 and GFNI, packed portable, plain), at every batch size, on whole
  * matrices, on 8-row-aligned slices and through a thread pool;
  * gpud_matmul_packable() only with the vector kernels, for those types and
  * rows a multiple of 8. */
@@ -591,6 +591,12 @@ static void test_matmul_packed(void **state)
 						   c.scratch);
 				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
 				gpud_matmul_packed(tp, t, pk, c.rows, c.cols, c.x, batch, c.y2,
+						   c.scratch);
+				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
+				/* AVX-512 without GFNI (Q3_K's batch-1 kernel has
+				 * both) */
+				gpud_cpu_set_features(~(unsigned)GPUD_CPU_GFNI);
+				gpud_matmul_packed(NULL, t, pk, c.rows, c.cols, c.x, batch, c.y2,
 						   c.scratch);
 				assert_memory_equal(c.y, c.y2, sizeof(float) * batch * c.rows);
 				/* AVX2 with VNNI, without AVX-512 */

@@ -64,6 +64,12 @@ static unsigned probe_features(void)
 		f |= GPUD_CPU_AVX512;
 		if (__builtin_cpu_supports("avx512vnni"))
 			f |= GPUD_CPU_AVX512VNNI;
+		/* GFNI: CPUID leaf 7, ECX bit 8 (its 512-bit form needs
+		 * AVX512F, checked above) */
+		unsigned a, b, c, d;
+
+		if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 8)))
+			f |= GPUD_CPU_GFNI;
 	}
 #endif
 	return f;
@@ -382,6 +388,7 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 		job.rows = gpud__x86_mm_rows;
 		m.avx512 = (gpud_cpu_features() & GPUD_CPU_AVX512) != 0;
 		m.avx512vnni = m.avx512 && (gpud_cpu_features() & GPUD_CPU_AVX512VNNI) != 0;
+		m.gfni = m.avx512vnni && (gpud_cpu_features() & GPUD_CPU_GFNI) != 0;
 	}
 #endif
 	if (is_quant(wtype) || gpud__kq_type(wtype)) {

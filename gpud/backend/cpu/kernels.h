@@ -49,6 +49,7 @@ enum {
 	 * used with the first three. */
 	GPUD_CPU_AVX512 = 1 << 4,
 	GPUD_CPU_AVX512VNNI = 1 << 5, /* EVEX vpdpbusd; only used with AVX512 */
+	GPUD_CPU_GFNI = 1 << 6,	      /* vgf2p8affineqb; only used with AVX512VNNI */
 };
 /* Features detected on this CPU (and usable by the OS), masked by the last
  * gpud_cpu_set_features(). The vector kernels run only when all three of

@@ -678,6 +678,38 @@ TGT512V_INLINE __m512i kq1_q6_t(const uint8_t *u, const __m512i X[4], __m512i XC
 	return _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
 }
 
+/* Q3_K's scales of chunk pair p, 4p, 4p + 1 (*sa: low half, *sb: high)
+ * and 4p + 2, 4p + 3, less 32, as kernels_kq_x86.c's pk_q3k_scale() */
+TGT512V_INLINE void kq1_q3_scales(const uint8_t *u, int p, __m512i *sa, __m512i *sb)
+{
+	const __m512i lo = bc256(u + 16 + 32 * (size_t)(p % 2)), hi = bc256(u + 16 + 64);
+	const __m512i m = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
+	const __m512i k32 = _mm512_set1_epi32(32);
+	const int n = 4 * (p / 2);
+
+	*sa = _mm512_or_si512(
+		_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(n, 16 + n)), m),
+		_mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(2 * p, 16 + 2 * p)), m2),
+				  4));
+	*sb = _mm512_or_si512(
+		_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(8 + n, 24 + n)), m),
+		_mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(8 + 2 * p, 24 + 2 * p)), m2),
+				  4));
+	*sa = _mm512_sub_epi32(*sa, k32);
+	*sb = _mm512_sub_epi32(*sb, k32);
+}
+
+/* Q3_K's t from the halves' exact dot products d0, d1 and scales sa, sb:
+ * sa * d0 + sb * d1 less the storage offset 4 * (sa * X_a + sb * X_b) */
+TGT512V_INLINE __m512i kq1_q3_t(__m512i d0, __m512i d1, __m512i sa, __m512i sb, __m512i xc)
+{
+	const __m512i sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
+					    _mm512_slli_epi32(sb, 16));
+	const __m512i t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+
+	return _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 2));
+}
+
 /* Q2_K/Q3_K: chunks (c, c + 1), c = 2p, of unit u. The 16-quant halves'
  * scales (Q2_K: the nibbles of bytes 2c.., Q3_K: the 6-bit scales 2c..)
  * times the halves' dot products, Q3_K less the storage offset
@@ -688,7 +720,7 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 {
 	const int p = c / 2;
 	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 1), XC);
-	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
 
 	if (QT == GPUD_TYPE_Q2_K) {
 		/* bytes 2c, 2c + 1 (low half) and 2c + 2, 2c + 3 (high) of
@@ -701,23 +733,7 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 		sb = _mm512_and_si512(_mm512_srlv_epi32(v, idx2(8, 24)), m);
 		*mt = _mm512_madd_epi16(_mm512_or_si512(ma, _mm512_slli_epi32(mb, 16)), xc);
 	} else {
-		/* scales 4p, 4p + 1 (low half) and 4p + 2, 4p + 3 (high), as
-		 * kernels_kq_x86.c's pk_q3k_scale() */
-		const __m512i lo = bc256(u + 16 + 32 * (size_t)(p % 2)), hi = bc256(u + 16 + 64);
-		const __m512i m = _mm512_set1_epi32(15), m2 = _mm512_set1_epi32(3);
-		const __m512i k32 = _mm512_set1_epi32(32);
-		const int n = 4 * (p / 2);
-
-		sa = _mm512_or_si512(
-			_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(n, 16 + n)), m),
-			_mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(2 * p, 16 + 2 * p)), m2),
-					  4));
-		sb = _mm512_or_si512(
-			_mm512_and_si512(_mm512_srlv_epi32(lo, idx2(8 + n, 24 + n)), m),
-			_mm512_slli_epi32(
-				_mm512_and_si512(_mm512_srlv_epi32(hi, idx2(8 + 2 * p, 24 + 2 * p)), m2), 4));
-		sa = _mm512_sub_epi32(sa, k32);
-		sb = _mm512_sub_epi32(sb, k32);
+		kq1_q3_scales(u, p, &sa, &sb);
 	}
 #pragma GCC unroll 4
 	for (int g = 0; g < 4; g++) {
@@ -732,14 +748,9 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 		d0 = _mm512_srav_epi32(d0, sh);
 		d1 = _mm512_srav_epi32(d1, sh);
 	}
-	t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
-	if (QT == GPUD_TYPE_Q3_K) {
-		const __m512i sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
-						    _mm512_slli_epi32(sb, 16));
-
-		t = _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 2));
-	}
-	return t;
+	if (QT == GPUD_TYPE_Q3_K)
+		return kq1_q3_t(d0, d1, sa, sb, xc);
+	return _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
 }
 
 /* Rows [r, r + 8) (one packed group), batch 1. */
@@ -851,6 +862,10 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 
 TGT512V void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	if (m->wtype == GPUD_TYPE_Q3_K && m->gfni) {
+		gpud__avx512g_rows_q3kp1(m, r0, r1);
+		return;
+	}
 	for (int64_t r = r0; r < r1; r += 8) {
 		switch (m->wtype) {
 		case GPUD_TYPE_Q2_K: kq1_rows8(m, GPUD_TYPE_Q2_K, r); break;
@@ -875,6 +890,111 @@ TGT512V void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t
 		default: break;
 		}
 	}
+}
+
+/* ---- Q3_K at batch 1 with GFNI ------------------------------------------
+ * The kernel above builds each 3-bit quant in 4 operations: the 2 bits
+ * shifted down and masked, the high bit rotated into bit 2 and merged
+ * under a mask (a rotation leaves the other 7 bits of the hmask byte
+ * around it). vgf2p8affineqb moves one bit of every byte to any place
+ * and clears the rest, with a matrix per 64-bit lane, so each half gets
+ * its own chunk's bit. With the high bit clean, the quant's 2 bits can
+ * stay where they are, as Q2_K's do: one vpternlogd, (qs & M) | hb,
+ * gives the quant times 2^s, s its 2 bits' place. Chunk pairs (c, c + 1)
+ * with c % 4 == 0 sit at bits (0, 2) of the qs bytes: s = 0 and 2 as
+ * stored, 2 operations. With c % 4 == 2 at bits (4, 6): the high half
+ * shifted down by 2 to share s = 4 (a high bit at 8 would not fit the
+ * byte), 3 operations. The dot products are then exact multiples of 2^s,
+ * and one arithmetic shift per half divides them back: the same
+ * integers, so the same bits as the kernel above. */
+#define TGT512G_ATTR target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,gfni")
+#define TGT512G __attribute__((TGT512G_ATTR, aligned(64)))
+#define TGT512G_INLINE static inline __attribute__((always_inline, TGT512G_ATTR))
+#define KQ1_AND_OR 0xec /* vpternlogd's (A & C) | B */
+
+/* The affine matrix that moves bit blo of every byte to bit plo in lanes
+ * 0..7 and bit bhi to bit phi in lanes 8..15, the other bits 0 (bit k of
+ * a result byte is the parity of the source byte and the matrix's byte
+ * 7 - k). */
+TGT512G_INLINE __m512i gf_move(int blo, int plo, int bhi, int phi)
+{
+	const long long a = (long long)((uint64_t)(1u << blo) << (8 * (7 - plo)));
+	const long long b = (long long)((uint64_t)(1u << bhi) << (8 * (7 - phi)));
+
+	return _mm512_inserti64x4(_mm512_set1_epi64(a), _mm256_set1_epi64x(b), 1);
+}
+
+/* Quants 4g..4g+3 of chunks c (lanes 0..7) and c + 1 (8..15), c even,
+ * times 2^s: s = 0 and 2 (c % 4 == 0), 4 and 4 (c % 4 == 2). */
+TGT512G_INLINE __m512i kq1_q3g_quant(const uint8_t *u, int c, int g)
+{
+	__m512i q = bc256(u + 368 + 256 * (size_t)(c / 4) + 32 * (size_t)g);
+	const __m512i hm = bc256(u + 112 + 32 * (size_t)g);
+
+	if (c % 4 == 0)
+		return _mm512_ternarylogic_epi32(q, _mm512_gf2p8affine_epi64_epi8(hm, gf_move(c, 2, c + 1, 4), 0),
+						 idx2(0x03030303, 0x0c0c0c0c), KQ1_AND_OR);
+	q = _mm512_srlv_epi32(q, idx2(0, 2));
+	return _mm512_ternarylogic_epi32(q, _mm512_gf2p8affine_epi64_epi8(hm, gf_move(c, 6, c + 1, 6), 0),
+					 _mm512_set1_epi8(0x30), KQ1_AND_OR);
+}
+
+/* kq1_q23_t() for Q3_K */
+TGT512G_INLINE __m512i kq1_q3g_t(const uint8_t *u, const __m512i X[4], __m512i XC, int c)
+{
+	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 1), XC);
+	const __m512i sh = c % 4 == 0 ? idx2(0, 2) : _mm512_set1_epi32(4);
+	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+
+	kq1_q3_scales(u, c / 2, &sa, &sb);
+#pragma GCC unroll 4
+	for (int g = 0; g < 4; g++) {
+		d0 = _mm512_dpbusd_epi32(d0, kq1_q3g_quant(u, c, g), kq1_act(X, c, c + 1, g));
+		d1 = _mm512_dpbusd_epi32(d1, kq1_q3g_quant(u, c, g + 4), kq1_act(X, c, c + 1, g + 4));
+	}
+	return kq1_q3_t(_mm512_srav_epi32(d0, sh), _mm512_srav_epi32(d1, sh), sa, sb, xc);
+}
+
+/* kq1_rows8() for Q3_K */
+TGT512G_INLINE void kq1_q3g_rows8(const struct gpud__mm *m, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK_K;
+	const size_t unit = 8 * gpud_type_block_bytes(GPUD_TYPE_Q3_K);
+	const size_t pf = (KQ1_PF_BYTES + unit - 1) / unit * unit;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	__m256 acc = _mm256_setzero_ps();
+
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *u = a + (size_t)i * unit;
+		const int8_t *xq = m->xq + i * GPUD_QK_K;
+		const __m512 XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
+		const __m512i XC = _mm512_castsi256_si512(
+			_mm256_loadu_si256((const __m256i *)(m->xc + i * 8)));
+		const __m512 dw = _mm512_cvtph_ps(
+			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u)));
+		__m512i X[4];
+
+		for (size_t o = 0; o < unit; o += 64)
+			_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
+#pragma GCC unroll 4
+		for (int p = 0; p < 4; p++)
+			X[p] = _mm512_loadu_si512(xq + 64 * p);
+#pragma GCC unroll 4
+		for (int c = 0; c < 8; c += 2) {
+			const __m512 ft = _mm512_cvtepi32_ps(kq1_q3g_t(u, X, XC, c));
+			const __m512 sc = _mm512_mul_ps(dw, _mm512_permutexvar_ps(idx2(c, c + 1), XD));
+
+			acc = fma_lo(sc, ft, acc);
+			acc = fma_hi(sc, ft, acc);
+		}
+	}
+	_mm256_storeu_ps(m->y + r, acc);
+}
+
+TGT512G void gpud__avx512g_rows_q3kp1(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 8)
+		kq1_q3g_rows8(m, r);
 }
 
 #endif

@@ -30,6 +30,7 @@ struct gpud__mm {
 	bool vnni;                       /* use AVX-VNNI (else AVX2) */
 	bool avx512;                     /* use the AVX-512 kernels where there are */
 	bool avx512vnni;                 /* and the AVX-512 VNNI ones */
+	bool gfni;                       /* and those with GFNI too */
 	bool packed;                     /* W in the packed layout (pack.c) */
 };
 
@@ -155,6 +156,8 @@ void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* the same types at batch 1, one 8-row group at a time (r0, r1 multiples
  * of 8): the bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* (only with GPUD_CPU_GFNI too) Q3_K's rows there, the same bits */
+void gpud__avx512g_rows_q3kp1(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* gpud_dequantize_row()'s bits, vectorized; false when the type has no
  * vector version (the caller falls back to gpud_dequantize_row()). */
 bool gpud__x86_dequantize_row(enum gpud_type t, const void *x, float *y, int64_t n);
