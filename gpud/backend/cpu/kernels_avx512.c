@@ -632,15 +632,27 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
 	return _mm512_ternarylogic_epi32(l, hb, _mm512_set1_epi8(0x30), KQ1_OR_AND);
 }
 
-/* Activation bytes 4g..4g+3 of chunk clo (lanes 0..7) and chi (8..15),
- * from X[p] = chunks 2p and 2p + 1. */
-TGT512V_INLINE __m512i kq1_act(const __m512i X[4], int clo, int chi, int g)
+/* The activations of chunks clo (lanes 0..7) and chi (8..15), from X[p]
+ * = chunks 2p and 2p + 1, arranged for kq1_act(): Y[h] holds the 128-bit
+ * lanes of dwords 4h..4h+3 of chunk clo twice, then those of chi twice.
+ * Two 128-bit lane shuffles per chunk pair, against a vpermd per dword
+ * (and its index vector, one of 16 that 32 registers do not all hold):
+ * on hot weights Q3_K's kernel ran 1.15x faster so. */
+TGT512V_INLINE void kq1_acty(const __m512i X[4], int clo, int chi, __m512i Y[2])
 {
-	const int a = 8 * (clo % 2) + g, b = 8 * (chi % 2) + g;
+#pragma GCC unroll 2
+	for (int h = 0; h < 2; h++) {
+		const int l = 2 * (clo % 2) + h, r = 2 * (chi % 2) + h;
 
-	if (clo / 2 == chi / 2)
-		return _mm512_permutexvar_epi32(idx2(a, b), X[clo / 2]);
-	return _mm512_permutex2var_epi32(X[clo / 2], idx2(a, 16 + b), X[chi / 2]);
+		Y[h] = _mm512_shuffle_i32x4(X[clo / 2], X[chi / 2], _MM_SHUFFLE(r, r, l, l));
+	}
+}
+
+/* Activation bytes 4g..4g+3 of the pair kq1_acty() arranged, in every
+ * lane of its half: one in-lane dword broadcast */
+TGT512V_INLINE __m512i kq1_act(const __m512i Y[2], int g)
+{
+	return _mm512_shuffle_epi32(Y[g / 4], (_MM_PERM_ENUM)(0x55 * (g % 4)));
 }
 
 /* acc = fma(lo(s), lo(f), acc), the low half's step */
@@ -665,14 +677,14 @@ TGT512V_INLINE __m512i kq1_q6_t(const uint8_t *u, const __m512i X[4], __m512i XC
 	const __m512i sab = _mm512_or_si512(_mm512_and_si512(sa, _mm512_set1_epi32(0xffff)),
 					    _mm512_slli_epi32(sb, 16));
 	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 2), XC);
-	__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+	__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t, Y[2];
 
+	kq1_acty(X, c, c + 2, Y);
 #pragma GCC unroll 4
 	for (int g = 0; g < 4; g++) {
-		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(GPUD_TYPE_Q6_K, u, c, c + 2, g),
-					 kq1_act(X, c, c + 2, g));
+		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(GPUD_TYPE_Q6_K, u, c, c + 2, g), kq1_act(Y, g));
 		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(GPUD_TYPE_Q6_K, u, c, c + 2, g + 4),
-					 kq1_act(X, c, c + 2, g + 4));
+					 kq1_act(Y, g + 4));
 	}
 	t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
 	return _mm512_sub_epi32(t, _mm512_slli_epi32(_mm512_madd_epi16(sab, xc), 5));
@@ -720,7 +732,7 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 {
 	const int p = c / 2;
 	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 1), XC);
-	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), Y[2];
 
 	if (QT == GPUD_TYPE_Q2_K) {
 		/* bytes 2c, 2c + 1 (low half) and 2c + 2, 2c + 3 (high) of
@@ -735,11 +747,11 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 	} else {
 		kq1_q3_scales(u, p, &sa, &sb);
 	}
+	kq1_acty(X, c, c + 1, Y);
 #pragma GCC unroll 4
 	for (int g = 0; g < 4; g++) {
-		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, c, c + 1, g), kq1_act(X, c, c + 1, g));
-		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, c, c + 1, g + 4),
-					 kq1_act(X, c, c + 1, g + 4));
+		d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, c, c + 1, g), kq1_act(Y, g));
+		d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, c, c + 1, g + 4), kq1_act(Y, g + 4));
 	}
 	if (QT == GPUD_TYPE_Q2_K) {
 		/* exact multiples of 4^j: an exact division */
@@ -837,14 +849,14 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 			const __m512i mv = _mm512_and_si512(_mm512_srlv_epi32(sm[2 + clo / 4], sh), ff);
 			const __m512i xc = _mm512_permutexvar_epi32(idx2(clo, chi), XC);
 			const __m512 xd = _mm512_permutexvar_ps(idx2(clo, chi), XD);
-			__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+			__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), Y[2];
 
+			kq1_acty(X, clo, chi, Y);
 #pragma GCC unroll 4
 			for (int g = 0; g < 8; g += 2) {
-				d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, clo, chi, g),
-							 kq1_act(X, clo, chi, g));
+				d0 = _mm512_dpbusd_epi32(d0, kq1_quant(QT, u, clo, chi, g), kq1_act(Y, g));
 				d1 = _mm512_dpbusd_epi32(d1, kq1_quant(QT, u, clo, chi, g + 1),
-							 kq1_act(X, clo, chi, g + 1));
+							 kq1_act(Y, g + 1));
 			}
 			const __m512 s = _mm512_mul_ps(dw, xd), ns = _mm512_mul_ps(ndmin, xd);
 			const __m512 ft = _mm512_cvtepi32_ps(
@@ -944,13 +956,14 @@ TGT512G_INLINE __m512i kq1_q3g_t(const uint8_t *u, const __m512i X[4], __m512i X
 {
 	const __m512i xc = _mm512_permutexvar_epi32(idx2(c, c + 1), XC);
 	const __m512i sh = c % 4 == 0 ? idx2(0, 2) : _mm512_set1_epi32(4);
-	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512();
+	__m512i sa, sb, d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), Y[2];
 
 	kq1_q3_scales(u, c / 2, &sa, &sb);
+	kq1_acty(X, c, c + 1, Y);
 #pragma GCC unroll 4
 	for (int g = 0; g < 4; g++) {
-		d0 = _mm512_dpbusd_epi32(d0, kq1_q3g_quant(u, c, g), kq1_act(X, c, c + 1, g));
-		d1 = _mm512_dpbusd_epi32(d1, kq1_q3g_quant(u, c, g + 4), kq1_act(X, c, c + 1, g + 4));
+		d0 = _mm512_dpbusd_epi32(d0, kq1_q3g_quant(u, c, g), kq1_act(Y, g));
+		d1 = _mm512_dpbusd_epi32(d1, kq1_q3g_quant(u, c, g + 4), kq1_act(Y, g + 4));
 	}
 	return kq1_q3_t(_mm512_srav_epi32(d0, sh), _mm512_srav_epi32(d1, sh), sa, sb, xc);
 }
