@@ -51,11 +51,71 @@ TGT512_INLINE __m512 h16_ps(enum gpud_type T, const uint8_t *p)
 	return _mm512_cvtph_ps(h);
 }
 
+/* The next pass, fetched while the current one computes (not in
+ * kernels_x86.c: the AVX2 kernel's passes hold twice the activations, and
+ * there this was slower; bench/results/kernels-2026-12-02.md).
+ * A batched pass over a panel streams its W columns (16 KiB) from DRAM
+ * in its first tile only and then works from L1: left to the hardware,
+ * the first tile asks for the bytes at several times the rate the memory
+ * gives (f32 at batch 32: ~37 GB/s per core in bursts) and the later
+ * tiles leave it idle. So every k of every batched tile asks for `per`
+ * lines of the pass after, in order over its one or two group streams,
+ * until all `n` are asked for. Prefetches only: no effect on the bits. */
+struct h16_pf {
+	const uint8_t *p[2]; /* line i is p[i & 1] + (i >> 1) * st */
+	int64_t st, i, n;    /* the stride, lines asked for, lines of the pass */
+	int per;	     /* lines per k */
+};
+
+/* The pass after (r, k0) in the panel kernels' order over rows [r, r1)
+ * (kc columns of `rstep` rows (16: one group, 32: two) per pass, then
+ * the next rows from column 0) into *pf; `tiles` is the number of
+ * batched tiles per pass, each one k step per column. */
+TGT512_INLINE void h16_pf_next(struct h16_pf *pf, const struct gpud__mm *m, size_t es,
+				 int64_t r, int64_t rstep, int64_t r1, int64_t k0, int64_t kc,
+				 int64_t tiles)
+{
+	const int64_t cols = m->cols;
+	const int64_t steps = tiles * (cols - k0 < kc ? cols - k0 : kc);
+	int64_t kn = k0 + kc, rn = r;
+
+	pf->i = pf->n = 0;
+	if (kn >= cols) {
+		kn = 0;
+		rn = r + rstep;
+	}
+	if (rn >= r1 || steps <= 0)
+		return;
+
+	const int64_t kk = cols - kn < kc ? cols - kn : kc;
+	const uint8_t *g = m->W + (size_t)rn * m->wrow + (size_t)GPUD__PK_ROWS_F16 * (size_t)kn * es;
+	const int64_t lines = ((int64_t)GPUD__PK_ROWS_F16 * kk * (int64_t)es + 63) / 64;
+
+	if (rstep == 32 && r1 - rn >= 32) { /* two groups: alternate their streams */
+		pf->p[0] = g;
+		pf->p[1] = g + (size_t)GPUD__PK_ROWS_F16 * (size_t)cols * es;
+		pf->st = 64;
+		pf->n = 2 * lines;
+	} else { /* one: even lines from p[0], odd from p[1] */
+		pf->p[0] = g;
+		pf->p[1] = g + 64;
+		pf->st = 128;
+		pf->n = lines;
+	}
+	pf->per = (int)((pf->n + steps - 1) / steps);
+}
+
+/* One k step's share of the prefetches in *pf (hint T0: on this
+ * machine's cores the lines go to L1 either way). */
+#define H16_PF_STEP(pf)                                                                   \
+	for (int pf_j_ = 0; pf_j_ < (pf)->per && (pf)->i < (pf)->n; pf_j_++, (pf)->i++)    \
+	_mm_prefetch((const char *)(pf)->p[(pf)->i & 1] + ((pf)->i >> 1) * (pf)->st, _MM_HINT_T0)
+
 /* Columns [k0, k1) of W into G groups x BT columns of elements: from 0 at
  * k0 == 0, else from the partial sums left in y (stored and reloaded
  * exactly, so the chain is the same). */
 TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
-				int64_t b0, int BT, int64_t k0, int64_t k1, struct gpud__pf *pf)
+				int64_t b0, int BT, int64_t k0, int64_t k1, struct h16_pf *pf)
 {
 	const int64_t cols = m->cols;
 	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
@@ -76,7 +136,7 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int6
 		__m512 w[4];
 
 		if (BT > 1)
-			GPUD__PF_STEP(pf);
+			H16_PF_STEP(pf);
 #pragma GCC unroll 4
 		for (int q = 0; q < G; q++) {
 			const uint8_t *p = g + ((size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
@@ -105,7 +165,7 @@ TGT512_INLINE void f16p512_tile(const struct gpud__mm *m, enum gpud_type T, int6
 /* All columns of the batch for G groups at r over W's columns [k0, k1):
  * tiles of 12, the rest as 8, 4, 2, 1. */
 TGT512_INLINE void f16p512_cols(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G,
-				int64_t k0, int64_t k1, struct gpud__pf *pf)
+				int64_t k0, int64_t k1, struct h16_pf *pf)
 {
 	int64_t b = 0;
 
@@ -151,7 +211,7 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int6
 
 	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
 	const int64_t tiles = f16p512_tiles(m->batch);
-	struct gpud__pf pf = { 0 };
+	struct h16_pf pf = { 0 };
 
 	if (m->batch == 1) {
 		for (; r + 64 <= r1; r += 64)
@@ -166,7 +226,7 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int6
 		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
 			int64_t k1 = cols - k0 < kc ? cols : k0 + kc;
 
-			gpud__pf_next(&pf, m, es, r, 32, r1, k0, kc, tiles);
+			h16_pf_next(&pf, m, es, r, 32, r1, k0, kc, tiles);
 			if (G == 2)
 				f16p512_cols(m, T, r, 2, k0, k1, &pf);
 			else
@@ -638,21 +698,39 @@ TGT512V_INLINE __m512i kq1_quant(enum gpud_type QT, const uint8_t *u, int clo, i
  * Two 128-bit lane shuffles per chunk pair, against a vpermd per dword
  * (and its index vector, one of 16 that 32 registers do not all hold):
  * on hot weights Q3_K's kernel ran 1.15x faster so. */
+/* 128-bit lanes (l, l) of a, then (r, r) of b (the immediate spelled out:
+ * clang wants a literal, not a constant that inlining makes) */
+TGT512V_INLINE __m512i lanes_llrr(__m512i a, __m512i b, int l, int r)
+{
+#define LLRR(L, R)                                                                         \
+	case 4 * (L) + (R):                                                                \
+		return _mm512_shuffle_i32x4(a, b, _MM_SHUFFLE(R, R, L, L))
+	switch (4 * l + r) {
+		LLRR(0, 0); LLRR(0, 1); LLRR(0, 2); LLRR(0, 3);
+		LLRR(1, 0); LLRR(1, 1); LLRR(1, 2); LLRR(1, 3);
+		LLRR(2, 0); LLRR(2, 1); LLRR(2, 2); LLRR(2, 3);
+		LLRR(3, 0); LLRR(3, 1); LLRR(3, 2);
+	default: LLRR(3, 3);
+	}
+#undef LLRR
+}
+
 TGT512V_INLINE void kq1_acty(const __m512i X[4], int clo, int chi, __m512i Y[2])
 {
-#pragma GCC unroll 2
-	for (int h = 0; h < 2; h++) {
-		const int l = 2 * (clo % 2) + h, r = 2 * (chi % 2) + h;
-
-		Y[h] = _mm512_shuffle_i32x4(X[clo / 2], X[chi / 2], _MM_SHUFFLE(r, r, l, l));
-	}
+	Y[0] = lanes_llrr(X[clo / 2], X[chi / 2], 2 * (clo % 2), 2 * (chi % 2));
+	Y[1] = lanes_llrr(X[clo / 2], X[chi / 2], 2 * (clo % 2) + 1, 2 * (chi % 2) + 1);
 }
 
 /* Activation bytes 4g..4g+3 of the pair kq1_acty() arranged, in every
  * lane of its half: one in-lane dword broadcast */
 TGT512V_INLINE __m512i kq1_act(const __m512i Y[2], int g)
 {
-	return _mm512_shuffle_epi32(Y[g / 4], (_MM_PERM_ENUM)(0x55 * (g % 4)));
+	switch (g % 4) {
+	case 0: return _mm512_shuffle_epi32(Y[g / 4], _MM_PERM_AAAA);
+	case 1: return _mm512_shuffle_epi32(Y[g / 4], _MM_PERM_BBBB);
+	case 2: return _mm512_shuffle_epi32(Y[g / 4], _MM_PERM_CCCC);
+	default: return _mm512_shuffle_epi32(Y[g / 4], _MM_PERM_DDDD);
+	}
 }
 
 /* acc = fma(lo(s), lo(f), acc), the low half's step */

@@ -42,64 +42,6 @@ static inline bool gpud__pk_panel(enum gpud_type t)
 {
 	return t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16 || t == GPUD_TYPE_F32;
 }
-/* The panel kernels' next pass, fetched while the current one computes.
- * A batched pass over a panel streams its W columns (16 KiB) from DRAM
- * in its first tile only and then works from L1: left to the hardware,
- * the first tile asks for the bytes at several times the rate the memory
- * gives (f32 at batch 32: ~37 GB/s per core in bursts) and the later
- * tiles leave it idle. So every k of every batched tile asks for `per`
- * lines of the pass after, in order over its one or two group streams,
- * until all `n` are asked for. Prefetches only: no effect on the bits. */
-struct gpud__pf {
-	const uint8_t *p[2]; /* line i is p[i & 1] + (i >> 1) * st */
-	int64_t st, i, n;    /* the stride, lines asked for, lines of the pass */
-	int per;	     /* lines per k */
-};
-
-/* The pass after (r, k0) in the panel kernels' order over rows [r, r1)
- * (kc columns of `rstep` rows (16: one group, 32: two) per pass, then
- * the next rows from column 0) into *pf; `tiles` is the number of
- * batched tiles per pass, each one k step per column. */
-static inline void gpud__pf_next(struct gpud__pf *pf, const struct gpud__mm *m, size_t es,
-				 int64_t r, int64_t rstep, int64_t r1, int64_t k0, int64_t kc,
-				 int64_t tiles)
-{
-	const int64_t cols = m->cols;
-	const int64_t steps = tiles * (cols - k0 < kc ? cols - k0 : kc);
-	int64_t kn = k0 + kc, rn = r;
-
-	pf->i = pf->n = 0;
-	if (kn >= cols) {
-		kn = 0;
-		rn = r + rstep;
-	}
-	if (rn >= r1 || steps <= 0)
-		return;
-
-	const int64_t kk = cols - kn < kc ? cols - kn : kc;
-	const uint8_t *g = m->W + (size_t)rn * m->wrow + (size_t)GPUD__PK_ROWS_F16 * (size_t)kn * es;
-	const int64_t lines = ((int64_t)GPUD__PK_ROWS_F16 * kk * (int64_t)es + 63) / 64;
-
-	if (rstep == 32 && r1 - rn >= 32) { /* two groups: alternate their streams */
-		pf->p[0] = g;
-		pf->p[1] = g + (size_t)GPUD__PK_ROWS_F16 * (size_t)cols * es;
-		pf->st = 64;
-		pf->n = 2 * lines;
-	} else { /* one: even lines from p[0], odd from p[1] */
-		pf->p[0] = g;
-		pf->p[1] = g + 64;
-		pf->st = 128;
-		pf->n = lines;
-	}
-	pf->per = (int)((pf->n + steps - 1) / steps);
-}
-
-/* One k step's share of the prefetches in *pf (hint T0: on this
- * machine's cores the lines go to L1 either way). */
-#define GPUD__PF_STEP(pf)                                                                   \
-	for (int pf_j_ = 0; pf_j_ < (pf)->per && (pf)->i < (pf)->n; pf_j_++, (pf)->i++)    \
-	_mm_prefetch((const char *)(pf)->p[(pf)->i & 1] + ((pf)->i >> 1) * (pf)->st, _MM_HINT_T0)
-
 bool gpud__pk_type(enum gpud_type t);
 int gpud__pk_rows(enum gpud_type t); /* rows per group */
 /* Row r's (0..7) block i of a packed group, back in the plain layout

@@ -321,7 +321,7 @@ TGT_INLINE __m256 h8_ps(enum gpud_type T, const uint8_t *p)
  * from the partial sums left in y (stored and reloaded exactly, so the
  * chain is the same). */
 TGT_INLINE void f16p_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r, int G, int64_t b0,
-			  int BT, int64_t k0, int64_t k1, struct gpud__pf *pf)
+			  int BT, int64_t k0, int64_t k1)
 {
 	const int64_t cols = m->cols;
 	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
@@ -341,15 +341,12 @@ TGT_INLINE void f16p_tile(const struct gpud__mm *m, enum gpud_type T, int64_t r,
 	for (int64_t k = k0; k < k1; k++) {
 		__m256 w[4];
 
-		if (BT > 1)
-			GPUD__PF_STEP(pf);
 #pragma GCC unroll 2
 		for (int q = 0; q < G; q++) {
 			const uint8_t *p = g + ((size_t)q * GPUD__PK_ROWS_F16 * (size_t)cols +
 						GPUD__PK_ROWS_F16 * (size_t)k) * es;
 
-			if (BT == 1)
-				_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
+			_mm_prefetch((const char *)p + PF_DIST, _MM_HINT_T0);
 			w[2 * q] = h8_ps(T, p);
 			w[2 * q + 1] = h8_ps(T, p + 8 * es);
 		}
@@ -379,30 +376,25 @@ TGT_INLINE void rows_h16p(const struct gpud__mm *m, enum gpud_type T, int64_t r0
 	/* the same bytes of W per pass: half the columns of f32 */
 	const int64_t kc = T == GPUD_TYPE_F32 ? F16P_KC / 2 : F16P_KC;
 
-	const size_t es = T == GPUD_TYPE_F32 ? 4 : 2;
-	struct gpud__pf pf = { 0 };
-
 	if (m->batch == 1) {
 		for (; r + 32 <= r1; r += 32)
-			f16p_tile(m, T, r, 2, 0, 1, 0, cols, &pf);
+			f16p_tile(m, T, r, 2, 0, 1, 0, cols);
 		for (; r < r1; r += 16)
-			f16p_tile(m, T, r, 1, 0, 1, 0, cols, &pf);
+			f16p_tile(m, T, r, 1, 0, 1, 0, cols);
 		return;
 	}
 	for (; r < r1; r += 16) {
 		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
 			int64_t k1 = cols - k0 < kc ? cols : k0 + kc, b = 0;
 
-			/* the batched tiles: of 6, and one of 2..5 */
-			gpud__pf_next(&pf, m, es, r, 16, r1, k0, kc, m->batch / 6 + (m->batch % 6 >= 2));
 			for (; b + 6 <= m->batch; b += 6)
-				f16p_tile(m, T, r, 1, b, 6, k0, k1, &pf);
+				f16p_tile(m, T, r, 1, b, 6, k0, k1);
 			switch (m->batch - b) {
-			case 5: f16p_tile(m, T, r, 1, b, 5, k0, k1, &pf); break;
-			case 4: f16p_tile(m, T, r, 1, b, 4, k0, k1, &pf); break;
-			case 3: f16p_tile(m, T, r, 1, b, 3, k0, k1, &pf); break;
-			case 2: f16p_tile(m, T, r, 1, b, 2, k0, k1, &pf); break;
-			case 1: f16p_tile(m, T, r, 1, b, 1, k0, k1, &pf); break;
+			case 5: f16p_tile(m, T, r, 1, b, 5, k0, k1); break;
+			case 4: f16p_tile(m, T, r, 1, b, 4, k0, k1); break;
+			case 3: f16p_tile(m, T, r, 1, b, 3, k0, k1); break;
+			case 2: f16p_tile(m, T, r, 1, b, 2, k0, k1); break;
+			case 1: f16p_tile(m, T, r, 1, b, 1, k0, k1); break;
 			default: break;
 			}
 		}
