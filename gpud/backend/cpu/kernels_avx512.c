@@ -67,13 +67,12 @@ struct h16_pf {
 	int per;	     /* lines per k */
 };
 
-/* The pass after (r, k0) in the panel kernels' order over rows [r, r1)
- * (kc columns of `rstep` rows (16: one group, 32: two) per pass, then
- * the next rows from column 0) into *pf; `tiles` is the number of
- * batched tiles per pass, each one k step per column. */
+/* The pass after (r, k0) in h16p512_rows's order over rows [r, r1) (kc
+ * columns of two groups, or the last one, per pass, then the next 32 rows
+ * from column 0) into *pf; `tiles` is the number of batched tiles per
+ * pass, each one k step per column. */
 TGT512_INLINE void h16_pf_next(struct h16_pf *pf, const struct gpud__mm *m, size_t es,
-				 int64_t r, int64_t rstep, int64_t r1, int64_t k0, int64_t kc,
-				 int64_t tiles)
+			       int64_t r, int64_t r1, int64_t k0, int64_t kc, int64_t tiles)
 {
 	const int64_t cols = m->cols;
 	const int64_t steps = tiles * (cols - k0 < kc ? cols - k0 : kc);
@@ -82,7 +81,7 @@ TGT512_INLINE void h16_pf_next(struct h16_pf *pf, const struct gpud__mm *m, size
 	pf->i = pf->n = 0;
 	if (kn >= cols) {
 		kn = 0;
-		rn = r + rstep;
+		rn = r + 32;
 	}
 	if (rn >= r1 || steps <= 0)
 		return;
@@ -91,7 +90,7 @@ TGT512_INLINE void h16_pf_next(struct h16_pf *pf, const struct gpud__mm *m, size
 	const uint8_t *g = m->W + (size_t)rn * m->wrow + (size_t)GPUD__PK_ROWS_F16 * (size_t)kn * es;
 	const int64_t lines = ((int64_t)GPUD__PK_ROWS_F16 * kk * (int64_t)es + 63) / 64;
 
-	if (rstep == 32 && r1 - rn >= 32) { /* two groups: alternate their streams */
+	if (r1 - rn >= 32) { /* two groups: alternate their streams */
 		pf->p[0] = g;
 		pf->p[1] = g + (size_t)GPUD__PK_ROWS_F16 * (size_t)cols * es;
 		pf->st = 64;
@@ -226,7 +225,7 @@ TGT512_INLINE void h16p512_rows(const struct gpud__mm *m, enum gpud_type T, int6
 		for (int64_t k0 = 0; k0 < cols; k0 += kc) {
 			int64_t k1 = cols - k0 < kc ? cols : k0 + kc;
 
-			h16_pf_next(&pf, m, es, r, 32, r1, k0, kc, tiles);
+			h16_pf_next(&pf, m, es, r, r1, k0, kc, tiles);
 			if (G == 2)
 				f16p512_cols(m, T, r, 2, k0, k1, &pf);
 			else
@@ -843,6 +842,24 @@ TGT512V_INLINE __m512i kq1_q23_t(enum gpud_type QT, const uint8_t *u, const __m5
 	return _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
 }
 
+/* What every unit u (super-block i of a group) starts with: the units
+ * pf bytes on prefetched, the activations' quants X, sums XC and scales
+ * XD of super-block i, the 8 rows' scales dw in both halves. */
+TGT512V_INLINE void kq1_unit(const struct gpud__mm *m, const uint8_t *u, int64_t i, size_t unit,
+			     size_t pf, __m512i X[4], __m512i *XC, __m512 *XD, __m512 *dw)
+{
+	const int8_t *xq = m->xq + i * GPUD_QK_K;
+
+	for (size_t o = 0; o < unit; o += 64)
+		_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
+	*XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
+	*XC = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(m->xc + i * 8)));
+	*dw = _mm512_cvtph_ps(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u)));
+#pragma GCC unroll 4
+	for (int p = 0; p < 4; p++)
+		X[p] = _mm512_loadu_si512(xq + 64 * p);
+}
+
 /* Rows [r, r + 8) (one packed group), batch 1. */
 TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
@@ -854,19 +871,10 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 
 	for (int64_t i = 0; i < nb; i++) {
 		const uint8_t *u = a + (size_t)i * unit;
-		const int8_t *xq = m->xq + i * GPUD_QK_K;
-		const __m512 XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
-		const __m512i XC = _mm512_castsi256_si512(
-			_mm256_loadu_si256((const __m256i *)(m->xc + i * 8)));
-		const __m512 dw = _mm512_cvtph_ps(
-			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u)));
-		__m512i X[4];
+		__m512 XD, dw;
+		__m512i XC, X[4];
 
-		for (size_t o = 0; o < unit; o += 64)
-			_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
-#pragma GCC unroll 4
-		for (int p = 0; p < 4; p++)
-			X[p] = _mm512_loadu_si512(xq + 64 * p);
+		kq1_unit(m, u, i, unit, pf, X, &XC, &XD, &dw);
 		if (QT == GPUD_TYPE_Q6_K) {
 #pragma GCC unroll 2
 			for (int q = 0; q < 8; q += 4) {
@@ -1057,19 +1065,10 @@ TGT512G_INLINE void kq1_q3g_rows8(const struct gpud__mm *m, int64_t r)
 
 	for (int64_t i = 0; i < nb; i++) {
 		const uint8_t *u = a + (size_t)i * unit;
-		const int8_t *xq = m->xq + i * GPUD_QK_K;
-		const __m512 XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
-		const __m512i XC = _mm512_castsi256_si512(
-			_mm256_loadu_si256((const __m256i *)(m->xc + i * 8)));
-		const __m512 dw = _mm512_cvtph_ps(
-			_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)u)));
-		__m512i X[4];
+		__m512 XD, dw;
+		__m512i XC, X[4];
 
-		for (size_t o = 0; o < unit; o += 64)
-			_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
-#pragma GCC unroll 4
-		for (int p = 0; p < 4; p++)
-			X[p] = _mm512_loadu_si512(xq + 64 * p);
+		kq1_unit(m, u, i, unit, pf, X, &XC, &XD, &dw);
 #pragma GCC unroll 4
 		for (int c = 0; c < 8; c += 2) {
 			const __m512 ft = _mm512_cvtepi32_ps(kq1_q3g_t(u, X, XC, c));
