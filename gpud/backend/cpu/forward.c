@@ -124,17 +124,66 @@ static inline float dot(const float *a, const float *b, uint32_t n)
 	return (((acc[0] + t) + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-/* y = y * s + p * x over n floats. */
-static inline void scale_axpy(float *y, float s, float p, const float *x, uint32_t n)
+/* Inlined always: attend()'s clones must compile them for their target
+ * (not inlined, dot4() ran as SSE code). */
+#define ATT_INLINE static inline __attribute__((always_inline))
+
+/* dot() of q with the 4 rows k, k + stride, k + 2 * stride, k + 3 *
+ * stride into out[0..3]: each is dot()'s sum in dot()'s order, so the same
+ * bits; the four chains side by side keep the adder busy where one chain
+ * waits on its own latency, and q is read once for the four. */
+ATT_INLINE void dot4(const float *q, const float *k, size_t stride, uint32_t n, float *out)
+{
+	v8f a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 };
+	float t[4] = { 0, 0, 0, 0 };
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		v8f qv = load8(q + i);
+
+		a0 += qv * load8(k + i);
+		a1 += qv * load8(k + stride + i);
+		a2 += qv * load8(k + 2 * stride + i);
+		a3 += qv * load8(k + 3 * stride + i);
+	}
+	for (; i < n; i++)
+		for (int r = 0; r < 4; r++)
+			t[r] += q[i] * k[(size_t)r * stride + i];
+#define DOT4_SUM(r, a)                                                                         \
+	out[r] = (((a[0] + t[r]) + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+	DOT4_SUM(0, a0);
+	DOT4_SUM(1, a1);
+	DOT4_SUM(2, a2);
+	DOT4_SUM(3, a3);
+#undef DOT4_SUM
+}
+
+/* y = y * s + p[0] * x[0], then y = y + p[u] * x[u] for u = 1..nv-1
+ * (x[u] = v + idx[u] * n), over n floats: up to ATT_RUN values of a KV
+ * block folded into the output. Each element takes the steps of nv
+ * updates y = y * s + p * x one by one (s = 1 after the first: y * 1 is
+ * y), with y in a register across them instead of a load and a store
+ * per value. */
+#define ATT_RUN 16
+ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
+			     const uint16_t *idx, uint32_t nv, uint32_t n)
 {
 	uint32_t i = 0;
 
 	for (; i + 8 <= n; i += 8) {
-		v8f v = load8(y + i) * s + load8(x + i) * p;
-		memcpy(y + i, &v, sizeof(v));
+		v8f acc = load8(y + i) * s + load8(v + (size_t)idx[0] * n + i) * p[0];
+
+		for (uint32_t u = 1; u < nv; u++)
+			acc = acc + load8(v + (size_t)idx[u] * n + i) * p[u];
+		memcpy(y + i, &acc, sizeof(acc));
 	}
-	for (; i < n; i++)
-		y[i] = y[i] * s + p * x[i];
+	for (; i < n; i++) {
+		float acc = y[i] * s + p[0] * v[(size_t)idx[0] * n + i];
+
+		for (uint32_t u = 1; u < nv; u++)
+			acc = acc + p[u] * v[(size_t)idx[u] * n + i];
+		y[i] = acc;
+	}
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
@@ -249,14 +298,20 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 		for (uint32_t h = 0; h < g; h++) {
 			const float *q = q0 + (size_t)h * hd;
 			float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
-			float mb = -INFINITY;
+			float mb = -INFINITY, pr[ATT_RUN];
+			uint16_t idx[ATT_RUN];
+			uint32_t j = 0, nr = 0;
 
-			for (uint32_t j = 0; j < n; j++) {
+			for (; j + 4 <= n; j += 4)
+				dot4(q, kb + (size_t)j * hd, hd, hd, sc + j);
+			for (; j < n; j++)
+				sc[j] = dot(q, kb + (size_t)j * hd, hd);
+			for (j = 0; j < n; j++) {
 				if (vis == 2 && !gpud_mask_visible(mask, qs, b * bt + j)) {
 					sc[j] = -INFINITY;
 					continue;
 				}
-				sc[j] = dot(q, kb + (size_t)j * hd, hd) * scale;
+				sc[j] *= scale;
 				if (sc[j] > mb)
 					mb = sc[j];
 			}
@@ -268,15 +323,21 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 				l[h] *= corr;
 				m[h] = mb;
 			}
-			for (uint32_t j = 0; j < n; j++) {
+			for (j = 0; j < n; j++) {
 				if (sc[j] == -INFINITY)
 					continue;
-				float p = expf(sc[j] - m[h]);
-				l[h] += p;
-				/* The rescale by corr rides along with the first value. */
-				scale_axpy(out, corr, p, vb + (size_t)j * hd, hd);
-				corr = 1;
+				pr[nr] = expf(sc[j] - m[h]);
+				l[h] += pr[nr];
+				idx[nr++] = (uint16_t)j;
+				if (nr == ATT_RUN) {
+					/* the rescale by corr rides along with the first value */
+					scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
+					corr = 1;
+					nr = 0;
+				}
 			}
+			if (nr)
+				scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
 		}
 	}
 	/* l > 0: a token always sees itself. */
