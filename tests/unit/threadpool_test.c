@@ -203,6 +203,112 @@ static void test_range_covers(void **state)
 	}
 }
 
+/* Split runs: every item claimed by one thread, once; pieces on
+ * multiples of align; a thread's own pieces in order from the front of
+ * its share. `idle` threads claim nothing, so that the others must take
+ * their shares from the back (deterministically). */
+#define SPLIT_MAX 40000
+struct split_arg {
+	struct gpud_tp *tp;
+	long n, align;
+	unsigned idle; /* bit ith: that thread claims nothing */
+	_Atomic unsigned char *owner; /* (n): 1 + the claiming thread */
+	_Atomic int bad;
+	long items[MAXT];
+	long stolen[MAXT];
+};
+
+static void split_fn(void *p, int ith, int nth)
+{
+	struct split_arg *a = p;
+	long lo, hi, own_lo, own_hi, next, units = (a->n + a->align - 1) / a->align, ul, uh;
+
+	if (a->idle & 1u << ith)
+		return;
+	gpud_tp_range(units, ith, nth, 1, &ul, &uh);
+	own_lo = ul * a->align;
+	own_hi = uh * a->align < a->n ? uh * a->align : a->n;
+	next = own_lo;
+	while (gpud_tp_claim(a->tp, ith, &lo, &hi)) {
+		if (lo >= hi || lo % a->align || hi > a->n || (hi != a->n && hi % a->align))
+			atomic_fetch_add(&a->bad, 1);
+		if (lo >= own_lo && lo < own_hi) {
+			if (lo != next) /* own pieces: front to back */
+				atomic_fetch_add(&a->bad, 1);
+			next = hi;
+		} else {
+			a->stolen[ith] += hi - lo;
+		}
+		for (long i = lo; i < hi && i < a->n; i++) {
+			unsigned char z = 0;
+
+			if (!atomic_compare_exchange_strong(&a->owner[i], &z,
+							    (unsigned char)(1 + ith)))
+				atomic_fetch_add(&a->bad, 1); /* claimed twice */
+		}
+		a->items[ith] += hi - lo;
+	}
+}
+
+static void check_split(int nth, long n, long align, unsigned idle)
+{
+	static _Atomic unsigned char owner[SPLIT_MAX];
+	struct split_arg a = { .n = n, .align = align, .idle = idle, .owner = owner };
+	long sum = 0;
+
+	assert_true(n <= SPLIT_MAX);
+	assert_int_equal(gpud_tp_create(&a.tp, nth), 0);
+	for (int r = 0; r < 3; r++) {
+		for (long i = 0; i < n; i++)
+			atomic_store(&owner[i], 0);
+		memset(a.items, 0, sizeof(a.items));
+		memset(a.stolen, 0, sizeof(a.stolen));
+		gpud_tp_split(a.tp, n, align);
+		gpud_tp_run(a.tp, split_fn, &a);
+		assert_int_equal(atomic_load(&a.bad), 0);
+		sum = 0;
+		for (int t = 0; t < nth; t++) {
+			sum += a.items[t];
+			if (idle & 1u << t)
+				assert_int_equal(a.items[t], 0);
+		}
+		for (long i = 0; i < n; i++)
+			assert_int_not_equal(atomic_load(&owner[i]), 0); /* every item */
+		assert_int_equal(sum, n);
+		if (idle) {
+			/* the idle threads' shares went to the others */
+			long stolen = 0;
+
+			for (int t = 0; t < nth; t++)
+				stolen += a.stolen[t];
+			for (int t = 0; t < nth; t++)
+				if (idle & 1u << t) {
+					long ul, uh;
+
+					gpud_tp_range((n + align - 1) / align, t, nth, 1, &ul, &uh);
+					stolen -= (uh * align < n ? uh * align : n) - ul * align;
+				}
+			assert_true(stolen >= 0);
+		}
+	}
+	gpud_tp_destroy(a.tp);
+}
+
+static void test_split_claims(void **state)
+{
+	(void)state;
+	check_split(2, 3072, 16, 0);
+	check_split(2, 5120 + 7, 16, 0);
+	check_split(3, 1, 16, 0);
+	check_split(4, 32000, 16, 0);
+	check_split(7, 100, 1, 0);
+	/* one thread does nothing: the others take all of its share */
+	check_split(2, 8192, 16, 2u);
+	check_split(2, 8192, 16, 1u);
+	check_split(4, 4099, 8, 1u << 3 | 1u << 1);
+	check_split(3, 17, 16, 1u << 2);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -214,6 +320,7 @@ int main(void)
 		cmocka_unit_test(test_null_pool),
 		cmocka_unit_test(test_parallel_sum),
 		cmocka_unit_test(test_range_covers),
+		cmocka_unit_test(test_split_claims),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

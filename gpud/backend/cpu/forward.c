@@ -30,6 +30,8 @@
 #include "gpud/mask.h"
 #include "gpud/model.h"
 
+#define FUSE_JOBS 3 /* at most: Q, K, V */
+
 struct cpu_ctx {
 	struct gpud_backend_config cfg;
 	const struct gpud_model_hparams *hp;
@@ -70,12 +72,10 @@ struct cpu_ctx {
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
 	void *mm;        /* matmul scratch */
 	/* Fused sections (steps of at most fuse_max_t tokens): per thread,
-	 * matmul scratch and two (fuse_max_t, slice rows) result buffers. */
+	 * each job's quantized activations. */
 	uint32_t fuse_max_t;
-	uint8_t *mm1;    /* (nth, mm1_stride) */
+	uint8_t *mm1;    /* (nth, FUSE_JOBS, mm1_stride) */
 	size_t mm1_stride;
-	float *fuse_tmp; /* (nth, 2, fuse_tmp_floats) */
-	size_t fuse_tmp_floats;
 
 	/* The step being run, read by the workers. */
 	const struct gpud_fwd_batch *b;
@@ -85,7 +85,7 @@ struct cpu_ctx {
 		const struct gpud_weight *w;
 		const float *x;  /* (cols) */
 		float *y;        /* (rows) */
-	} jobs[3];
+	} jobs[FUSE_JOBS];
 	uint32_t n_jobs;
 	bool jobs_swiglu;    /* jobs are gate, up: finish with silu(gate) * up */
 	const float *norm_w; /* add_norm: weight, or NULL for add only */
@@ -429,75 +429,94 @@ static void mm_call(struct gpud_tp *tp, const struct gpud_weight *w, const void 
 }
 
 /* Batch-1 fusion: several matrices over the same input in one parallel
- * section, each thread taking one contiguous slice of their stacked rows.
- * Decode steps thus wake the pool 4 times per layer instead of 7+. */
-/* Rows [r0, r1) of jb's matrix over the step's T inputs. With one token
- * the result goes straight to y; otherwise to tmp as (T, r1 - r0) and the
- * caller places it. Returns where it went. */
-static float *mm_slice(struct cpu_ctx *c, const struct mm_job *jb, long r0, long r1, int ith,
-		       float *tmp)
-{
-	const struct gpud_weight *w = jb->w;
-	uint32_t T = c->b->n_tokens;
-	float *dst = T == 1 ? jb->y + r0 : tmp;
+ * section (decode steps thus wake the pool 4 times per layer instead of
+ * 7+), their rows stacked, each matrix's padded to a multiple of 16 (a
+ * piece then starts on a multiple of 16 of its matrix). The threads take
+ * pieces with gpud_tp_claim(): the one that runs ahead helps the other at
+ * the end instead of waiting for it. */
+#define FUSE_ALIGN 16
 
-	assert(T == 1 || (size_t)T * (size_t)(r1 - r0) <= c->fuse_tmp_floats);
-	mm_call(NULL, w, (const uint8_t *)w->data + (size_t)r0 * gpud_type_row_bytes(w->type, w->cols),
-		r1 - r0, jb->x, T, dst, c->mm1 + (size_t)ith * c->mm1_stride);
-	return dst;
+/* Job j's prepared call for thread ith: its activations quantized into
+ * the thread's slot j the first time the thread takes rows of it. */
+static const struct gpud_mm_call *fuse_call(struct cpu_ctx *c, int ith, uint32_t j,
+					    struct gpud_mm_call *calls, unsigned *ready)
+{
+	const struct mm_job *jb = &c->jobs[j];
+	const struct gpud_weight *w = jb->w;
+
+	if (!(*ready & 1u << j)) {
+		gpud_matmul_prepare(&calls[j], w->type, w->packed, w->data, w->rows, w->cols, jb->x,
+				    c->b->n_tokens, jb->y,
+				    c->mm1 + ((size_t)ith * FUSE_JOBS + j) * c->mm1_stride);
+		*ready |= 1u << j;
+	}
+	return &calls[j];
+}
+
+/* The next piece [*lo, *hi) of a fused section's `total` rows: all of
+ * them at once on one thread (*taken says so after), else a claim. */
+static bool fuse_piece(struct cpu_ctx *c, int ith, int nth, long total, bool *taken, long *lo,
+		       long *hi)
+{
+	if (nth > 1)
+		return gpud_tp_claim(c->tp, ith, lo, hi);
+	if (*taken)
+		return false;
+	*taken = true;
+	*lo = 0;
+	*hi = total;
+	return true;
+}
+
+static long fuse_rows(const struct cpu_ctx *c, uint32_t j)
+{
+	return ((long)c->jobs[j].w->rows + FUSE_ALIGN - 1) / FUSE_ALIGN * FUSE_ALIGN;
 }
 
 static void fused_mm_run(void *arg, int ith, int nth)
 {
 	struct cpu_ctx *c = arg;
+	struct gpud_mm_call calls[FUSE_JOBS];
 	uint32_t T = c->b->n_tokens;
-	float *tmp_a = c->fuse_tmp + (size_t)ith * 2 * c->fuse_tmp_floats;
-	float *tmp_b = tmp_a + c->fuse_tmp_floats;
-	uint64_t total = 0, base = 0;
-	long lo, hi;
+	unsigned ready = 0;
+	bool taken = false;
+	long total = 0, lo, hi;
 
 	if (c->jobs_swiglu) {
-		/* gate and up share their rows: each thread does both for its
-		 * slice, then silu(gate) * up on it. */
-		long rows = c->jobs[0].w->rows, n;
-		const float *g, *u;
+		/* gate and up share their rows: a piece of both, then
+		 * silu(gate) * up on it, in place of gate */
+		long rows = c->jobs[0].w->rows;
 
-		/* 16: the packed layouts' groups (f16: 16 rows) */
-		gpud_tp_range(rows, ith, nth, 16, &lo, &hi);
-		if (lo >= hi)
-			return;
-		n = hi - lo;
-		g = mm_slice(c, &c->jobs[0], lo, hi, ith, tmp_a);
-		u = mm_slice(c, &c->jobs[1], lo, hi, ith, tmp_b);
-		for (uint32_t b = 0; b < T; b++) {
-			float *y = c->jobs[0].y + (size_t)b * rows + lo;
-			for (long r = 0; r < n; r++) {
-				float gv = g[(size_t)b * n + r];
-				y[r] = gv / (1.0f + expf(-gv)) * u[(size_t)b * n + r];
+		while (fuse_piece(c, ith, nth, rows, &taken, &lo, &hi)) {
+			gpud_matmul_rows(fuse_call(c, ith, 0, calls, &ready), lo, hi);
+			gpud_matmul_rows(fuse_call(c, ith, 1, calls, &ready), lo, hi);
+			for (uint32_t b = 0; b < T; b++) {
+				float *y = c->jobs[0].y + (size_t)b * rows;
+				const float *u = c->jobs[1].y + (size_t)b * rows;
+
+				for (long r = lo; r < hi; r++) {
+					float gv = y[r];
+					y[r] = gv / (1.0f + expf(-gv)) * u[r];
+				}
 			}
 		}
 		return;
 	}
 	for (uint32_t j = 0; j < c->n_jobs; j++)
-		total += (uint64_t)c->jobs[j].w->rows;
-	gpud_tp_range((long)total, ith, nth, 16, &lo, &hi);
-	for (uint32_t j = 0; j < c->n_jobs; j++) {
-		const struct mm_job *jb = &c->jobs[j];
-		long rows = jb->w->rows, r0 = lo - (long)base, r1 = hi - (long)base;
-		const float *src;
+		total += fuse_rows(c, j);
+	while (fuse_piece(c, ith, nth, total, &taken, &lo, &hi)) {
+		long base = 0;
 
-		base += (uint64_t)rows;
-		if (r0 < 0)
-			r0 = 0;
-		if (r1 > rows)
-			r1 = rows;
-		if (r0 >= r1)
-			continue;
-		src = mm_slice(c, jb, r0, r1, ith, tmp_a);
-		if (T > 1)
-			for (uint32_t b = 0; b < T; b++)
-				memcpy(jb->y + (size_t)b * rows + r0, src + (size_t)b * (r1 - r0),
-				       (size_t)(r1 - r0) * sizeof(float));
+		for (uint32_t j = 0; j < c->n_jobs; base += fuse_rows(c, j), j++) {
+			long rows = c->jobs[j].w->rows, r0 = lo - base, r1 = hi - base;
+
+			if (r0 < 0)
+				r0 = 0;
+			if (r1 > rows)
+				r1 = rows;
+			if (r0 < r1)
+				gpud_matmul_rows(fuse_call(c, ith, j, calls, &ready), r0, r1);
+		}
 	}
 }
 
@@ -509,10 +528,20 @@ static void mm_fused(struct cpu_ctx *c, uint32_t n_jobs)
 	for (uint32_t j = 0; j < n_jobs; j++)
 		work += (uint64_t)c->jobs[j].w->rows * (uint64_t)c->jobs[j].w->cols *
 			c->b->n_tokens;
-	if (work < 4 * PAR_MIN_WORK || c->nth == 1)
+	if (work < 4 * PAR_MIN_WORK || c->nth == 1) {
 		fused_mm_run(c, 0, 1);
-	else
-		gpud_tp_run(c->tp, fused_mm_run, c);
+		return;
+	}
+	if (c->jobs_swiglu) {
+		gpud_tp_split(c->tp, (long)c->jobs[0].w->rows, FUSE_ALIGN);
+	} else {
+		long total = 0;
+
+		for (uint32_t j = 0; j < n_jobs; j++)
+			total += fuse_rows(c, j);
+		gpud_tp_split(c->tp, total, FUSE_ALIGN);
+	}
+	gpud_tp_run(c->tp, fused_mm_run, c);
 }
 
 static void matmul(struct cpu_ctx *c, const struct gpud_weight *w, const float *x, uint32_t n,
@@ -688,8 +717,11 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
 		2 * SZ64(T * hp->ffn_dim * f) + SZ64(T * hp->head_dim * f) +
 		SZ64(NL * hp->dim * f) + SZ64(NL * hp->n_vocab * f) + 3 * SZ64(T * 4) + SZ64(mm);
-	/* Per-thread attention and fused-decode buffers: small next to the above. */
-	total += nth * SZ64(64 * (q + 2 * kv + hp->ffn_dim) * f);
+	/* Per thread: the fused sections' quantized activations (as many
+	 * bytes as floats of the input, a fifth more for the scales) and
+	 * the attention's scores, small next to the above. */
+	total += nth * (FUSE_JOBS * SZ64(FUSE_MAX_T * hp->dim * 5 / 4) +
+			SZ64((uint64_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2) * f));
 	/* The instance's packed weight copies (pack_weights()). */
 	return total + cpu_own_weight_bytes(cfg);
 #undef SZ64
@@ -877,13 +909,6 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		c->mm1_stride = mm_scratch(&L->w_up, c->fuse_max_t, c->mm1_stride);
 	}
 	c->mm1_stride = (c->mm1_stride + 63) / 64 * 64;
-	{
-		/* A small section runs on one thread, which then takes every
-		 * row: size for the whole of the larger group. */
-		size_t qkv = c->q_dim + 2 * (size_t)c->kv_dim, ffn = hp->ffn_dim;
-		c->fuse_tmp_floats = (size_t)c->fuse_max_t * (qkv > ffn ? qkv : ffn);
-		c->fuse_tmp_floats = (c->fuse_tmp_floats + 15) / 16 * 16;
-	}
 	/* Exact sum of the carves below, each rounded up to 64 bytes. */
 #define SZ(n, type) (((size_t)(n) * sizeof(type) + 63) / 64 * 64)
 	total = 2 * SZ((size_t)T * hp->dim, float) + 2 * SZ((size_t)T * c->q_dim, float) +
@@ -892,8 +917,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		SZ((size_t)NL * hp->n_vocab, float) +
 		SZ((size_t)c->nth * c->att_tmp_stride, float) + 2 * SZ(T, uint32_t) +
 		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char) +
-		SZ((size_t)c->nth * c->mm1_stride + 1, char) +
-		SZ((size_t)c->nth * 2 * c->fuse_tmp_floats + 1, float);
+		SZ((size_t)c->nth * FUSE_JOBS * c->mm1_stride + 1, char);
 #undef SZ
 	rc = sw_arena_init(&c->arena, total);
 	if (!rc)
@@ -920,8 +944,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	CARVE(c->tok_pos, T);
 	CARVE(c->logit_tok, NL);
 	c->mm = sw_arena_alloc(&c->arena, mm ? mm : 1, 64);
-	CARVE(c->mm1, (size_t)c->nth * c->mm1_stride + 1);
-	CARVE(c->fuse_tmp, (size_t)c->nth * 2 * c->fuse_tmp_floats + 1);
+	CARVE(c->mm1, (size_t)c->nth * FUSE_JOBS * c->mm1_stride + 1);
 	if (!c->mm)
 		goto out_sizing;
 	c->st.kv_bytes = c->kv_bytes;

@@ -345,50 +345,56 @@ static void mm_rows_ref_i8(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
-struct mm_job {
-	const struct gpud__mm *m;
-	void (*rows)(const struct gpud__mm *m, int64_t r0, int64_t r1);
-};
-
 /* 16 rows = one cache line of y per batch column: threads never share a
  * line of output, and tiles never straddle a thread boundary. */
 #define MM_ROW_ALIGN 16
+
+struct mm_job {
+	struct gpud_tp *tp;
+	const struct gpud_mm_call *mc;
+};
 
 static void mm_worker(void *arg, int ith, int nth)
 {
 	const struct mm_job *job = arg;
 	long lo, hi;
 
-	gpud_tp_range((long)job->m->rows, ith, nth, MM_ROW_ALIGN, &lo, &hi);
-	if (lo < hi)
-		job->rows(job->m, lo, hi);
+	if (nth == 1) {
+		gpud_matmul_rows(job->mc, 0, job->mc->m.rows);
+		return;
+	}
+	while (gpud_tp_claim(job->tp, ith, &lo, &hi))
+		gpud_matmul_rows(job->mc, lo, hi);
 }
 
-static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const void *W,
-		   int64_t rows, int64_t cols, const float *x, int64_t batch, float *y,
-		   void *scratch)
+void gpud_matmul_prepare(struct gpud_mm_call *mc, enum gpud_type wtype, bool packed,
+			 const void *W, int64_t rows, int64_t cols, const float *x,
+			 int64_t batch, float *y, void *scratch)
 {
-	struct gpud__mm m = {
-		.packed = packed,
-		.wtype = wtype,
-		.W = W,
-		.wrow = gpud_type_row_bytes(wtype, (uint64_t)cols),
-		.rows = rows,
-		.cols = cols,
-		.batch = batch,
-		.x = x,
-		.y = y,
+	*mc = (struct gpud_mm_call){
+		.m = {
+			.packed = packed,
+			.wtype = wtype,
+			.W = W,
+			.wrow = gpud_type_row_bytes(wtype, (uint64_t)cols),
+			.rows = rows,
+			.cols = cols,
+			.batch = batch,
+			.x = x,
+			.y = y,
+		},
+		.rows = mm_rows_ref,
 	};
-	struct mm_job job = { .m = &m, .rows = mm_rows_ref };
+	struct gpud__mm *m = &mc->m;
 
 	if (rows <= 0 || batch <= 0)
 		return;
 #ifdef GPUD_HAVE_X86
 	if (use_vec()) {
-		job.rows = gpud__x86_mm_rows;
-		m.avx512 = (gpud_cpu_features() & GPUD_CPU_AVX512) != 0;
-		m.avx512vnni = m.avx512 && (gpud_cpu_features() & GPUD_CPU_AVX512VNNI) != 0;
-		m.gfni = m.avx512vnni && (gpud_cpu_features() & GPUD_CPU_GFNI) != 0;
+		mc->rows = gpud__x86_mm_rows;
+		m->avx512 = (gpud_cpu_features() & GPUD_CPU_AVX512) != 0;
+		m->avx512vnni = m->avx512 && (gpud_cpu_features() & GPUD_CPU_AVX512VNNI) != 0;
+		m->gfni = m->avx512vnni && (gpud_cpu_features() & GPUD_CPU_GFNI) != 0;
 	}
 #endif
 	if (is_quant(wtype) || gpud__kq_type(wtype)) {
@@ -407,11 +413,11 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 		int32_t *xc = (int32_t *)(xd + batch * nb);
 		int8_t *xq = (int8_t *)(xc + batch * nb);
 
-		m.xd = xd;
-		m.xc = xc;
-		m.xq = xq;
+		m->xd = xd;
+		m->xc = xc;
+		m->xq = xq;
 #ifdef GPUD_HAVE_X86
-		m.vnni = (gpud_cpu_features() & GPUD_CPU_AVXVNNI) != 0;
+		m->vnni = (gpud_cpu_features() & GPUD_CPU_AVXVNNI) != 0;
 #endif
 		for (int64_t b = 0; b < batch; b++) {
 #ifdef GPUD_HAVE_X86
@@ -425,15 +431,29 @@ static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const 
 					 xc + b * nb);
 		}
 		if (gpud__kq_type(wtype)) {
-			job.rows = gpud__kq_mm_rows;
+			mc->rows = gpud__kq_mm_rows;
 #ifdef GPUD_HAVE_X86
 			if (use_vec())
-				job.rows = gpud__x86_kq_mm_rows;
+				mc->rows = gpud__x86_kq_mm_rows;
 #endif
 		}
-		else if (job.rows == mm_rows_ref)
-			job.rows = mm_rows_ref_i8;
+		else if (mc->rows == mm_rows_ref)
+			mc->rows = mm_rows_ref_i8;
 	}
+}
+
+static void matmul(struct gpud_tp *tp, enum gpud_type wtype, bool packed, const void *W,
+		   int64_t rows, int64_t cols, const float *x, int64_t batch, float *y,
+		   void *scratch)
+{
+	struct gpud_mm_call mc;
+	struct mm_job job = { .tp = tp, .mc = &mc };
+
+	if (rows <= 0 || batch <= 0)
+		return;
+	gpud_matmul_prepare(&mc, wtype, packed, W, rows, cols, x, batch, y, scratch);
+	if (gpud_tp_size(tp) > 1)
+		gpud_tp_split(tp, (long)rows, MM_ROW_ALIGN);
 	gpud_tp_run(tp, mm_worker, &job);
 }
 

@@ -85,6 +85,50 @@ void gpud_matmul(struct gpud_tp *tp, enum gpud_type wtype, const void *W,
 		 int64_t rows, int64_t cols, const float *x, int64_t batch,
 		 float *y, void *scratch);
 
+/* ---- a matmul in pieces ------------------------------------------------
+ * gpud_matmul_prepare() sets *mc up for gpud_matmul()'s product (on the
+ * packed layout when `packed`: gpud_matmul_packed()'s) and quantizes x
+ * into scratch as that does; gpud_matmul_rows() then computes rows
+ * [r0, r1) of y on the calling thread, r0 a multiple of 16 and r1 too or
+ * rows. Threads may run disjoint pieces at once, in any split: every y
+ * element gets gpud_matmul()'s bits. W, x, y, scratch and *mc must stay
+ * as they are until the last piece. gpud_matmul() is the two, its pool
+ * taking the rows with gpud_tp_claim() (threadpool.h). */
+struct gpud__mm { /* private to kernels*.c */
+	enum gpud_type wtype;
+	const uint8_t *W;                /* (rows, cols) in wtype */
+	size_t wrow;                     /* bytes per row of W */
+	int64_t rows, cols, batch;
+	const float *x;                  /* (batch, cols) */
+	float *y;                        /* (batch, rows) */
+	/* q8_0/q4_0 and the K-quants: x quantized once per call (see
+	 * kernels.h; the K-quants' xc is the plain quant sum, off -1) */
+	const int8_t *xq;                /* (batch, cols) quants */
+	const float *xd;                 /* (batch, cols / 32) block scales */
+	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q), or
+					  * with GPUD__ACT_HALVES the two 16-quant
+					  * half sums as i16 (low: first half) */
+	bool vnni;                       /* use AVX-VNNI (else AVX2) */
+	bool avx512;                     /* use the AVX-512 kernels where there are */
+	bool avx512vnni;                 /* and the AVX-512 VNNI ones */
+	bool gfni;                       /* and those with GFNI too */
+	bool packed;                     /* W in the packed layout (pack.c) */
+};
+
+struct gpud_mm_call {
+	struct gpud__mm m;
+	void (*rows)(const struct gpud__mm *m, int64_t r0, int64_t r1);
+};
+
+void gpud_matmul_prepare(struct gpud_mm_call *mc, enum gpud_type wtype, bool packed,
+			 const void *W, int64_t rows, int64_t cols, const float *x,
+			 int64_t batch, float *y, void *scratch);
+static inline void gpud_matmul_rows(const struct gpud_mm_call *mc, int64_t r0, int64_t r1)
+{
+	if (r0 < r1)
+		mc->rows(&mc->m, r0, r1);
+}
+
 /* ---- packed layouts ---------------------------------------------------
  * A load-time reordering of a q4_0, q8_0, q2_k .. q6_k, f16, bf16 or f32
  * matrix that the vector kernels read without transposing (pack.c gives

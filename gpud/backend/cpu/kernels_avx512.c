@@ -482,7 +482,7 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 	 * the quants' storage offset as a shift (Q6_K +32, Q3_K +4) */
 	const bool halves = QT == GPUD_TYPE_Q2_K || QT == GPUD_TYPE_Q3_K || QT == GPUD_TYPE_Q6_K;
 	const unsigned qsh = QT == GPUD_TYPE_Q6_K ? 5 : QT == GPUD_TYPE_Q3_K ? 2 : 0;
-	const size_t unit = 8 * gpud_type_block_bytes(QT), gstride = 8 * m->wrow;
+	const size_t unit = 8 * gpud__kq_block_bytes(QT), gstride = 8 * m->wrow;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 
 	for (int64_t b0 = 0; b0 < m->batch; b0 += KQ_BC512) {
@@ -850,6 +850,7 @@ TGT512V_INLINE void kq1_unit(const struct gpud__mm *m, const uint8_t *u, int64_t
 {
 	const int8_t *xq = m->xq + i * GPUD_QK_K;
 
+#pragma GCC unroll 32
 	for (size_t o = 0; o < unit; o += 64)
 		_mm_prefetch((const char *)u + pf + o, _MM_HINT_T0);
 	*XD = _mm512_castps256_ps512(_mm256_loadu_ps(m->xd + i * 8));
@@ -864,7 +865,7 @@ TGT512V_INLINE void kq1_unit(const struct gpud__mm *m, const uint8_t *u, int64_t
 TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
 	const int64_t nb = m->cols / GPUD_QK_K;
-	const size_t unit = 8 * gpud_type_block_bytes(QT);
+	const size_t unit = 8 * gpud__kq_block_bytes(QT);
 	const size_t pf = (KQ1_PF_BYTES + unit - 1) / unit * unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	__m256 acc = _mm256_setzero_ps();
@@ -1058,7 +1059,7 @@ TGT512G_INLINE __m512i kq1_q3g_t(const uint8_t *u, const __m512i X[4], __m512i X
 TGT512G_INLINE void kq1_q3g_rows8(const struct gpud__mm *m, int64_t r)
 {
 	const int64_t nb = m->cols / GPUD_QK_K;
-	const size_t unit = 8 * gpud_type_block_bytes(GPUD_TYPE_Q3_K);
+	const size_t unit = 8 * gpud__kq_block_bytes(GPUD_TYPE_Q3_K);
 	const size_t pf = (KQ1_PF_BYTES + unit - 1) / unit * unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	__m256 acc = _mm256_setzero_ps();

@@ -9,30 +9,12 @@
 #define GPUD_KERNELS_IMPL_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gpud/backend/cpu/kernels.h"
 
-struct gpud__mm {
-	enum gpud_type wtype;
-	const uint8_t *W;                /* (rows, cols) in wtype */
-	size_t wrow;                     /* bytes per row of W */
-	int64_t rows, cols, batch;
-	const float *x;                  /* (batch, cols) */
-	float *y;                        /* (batch, rows) */
-	/* q8_0/q4_0 and the K-quants: x quantized once per call (see
-	 * kernels.h; the K-quants' xc is the plain quant sum, off -1) */
-	const int8_t *xq;                /* (batch, cols) quants */
-	const float *xd;                 /* (batch, cols / 32) block scales */
-	const int32_t *xc;               /* (batch, cols / 32) -off * sum(q), or
-					  * with GPUD__ACT_HALVES the two 16-quant
-					  * half sums as i16 (low: first half) */
-	bool vnni;                       /* use AVX-VNNI (else AVX2) */
-	bool avx512;                     /* use the AVX-512 kernels where there are */
-	bool avx512vnni;                 /* and the AVX-512 VNNI ones */
-	bool gfni;                       /* and those with GFNI too */
-	bool packed;                     /* W in the packed layout (pack.c) */
-};
+/* struct gpud__mm, the matmul job description: kernels.h */
 
 /* pack.c: the packed layouts. A unit is block i of a group of 8 rows. */
 #define GPUD__PK_ROWS 8
@@ -52,6 +34,19 @@ void gpud__pk_unpack_block(enum gpud_type t, const uint8_t *group, int64_t r, in
  * matrix's packed copy). */
 void gpud__pk_pack_rows(enum gpud_type t, const void *W, void *dst, int64_t g0, int64_t g1,
 			int64_t cols);
+
+/* Bytes of a K-quant block, a constant wherever QT is one (the kernels'
+ * unrolled loops need it so: gpud_type_block_bytes() is a call). */
+static inline size_t gpud__kq_block_bytes(enum gpud_type QT)
+{
+	switch (QT) {
+	case GPUD_TYPE_Q2_K: return sizeof(struct gpud_block_q2_k);
+	case GPUD_TYPE_Q3_K: return sizeof(struct gpud_block_q3_k);
+	case GPUD_TYPE_Q4_K: return sizeof(struct gpud_block_q4_k);
+	case GPUD_TYPE_Q5_K: return sizeof(struct gpud_block_q5_k);
+	default: return sizeof(struct gpud_block_q6_k);
+	}
+}
 
 /* kernels_kq.c: true for the K-quant weight types it multiplies; their
  * rows (x already in m->xq/xd/xc), portable. */

@@ -315,7 +315,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 	 * chunk: Q5_K ~30 -> 23, Q6_K ~29 -> 23, Q4_K ~19 -> 16). */
 	const bool fuse = PK && bcmax == 1;
 	const int unroll = fuse ? 8 : 1;
-	const size_t bsz = gpud_type_block_bytes(QT);
+	const size_t bsz = gpud__kq_block_bytes(QT);
 
 	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
 		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;

@@ -9,6 +9,7 @@
  */
 #include "gpud/backend/cpu/threadpool.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -33,6 +34,13 @@
 #define TP_SPIN_CHECK 32 /* pauses between two clock reads */
 #define TP_MAX_THREADS 512
 
+/* A thread's share of a split run: units [front, back) as front << 32 |
+ * back, one cache line each (claims by the owner do not disturb the
+ * others' lines). */
+struct tp_share {
+	_Alignas(64) _Atomic uint64_t fb;
+};
+
 struct tp_worker {
 	struct gpud_tp *tp;
 	pthread_t thread;
@@ -51,6 +59,8 @@ struct gpud_tp {
 	_Atomic int stop;
 	_Atomic uint32_t starting; /* futex word: workers not yet running */
 	struct tp_worker *workers; /* (nth - 1) */
+	struct tp_share *shares;   /* (nth): gpud_tp_split() */
+	long split_n, split_align;
 };
 
 static void cpu_relax(void)
@@ -184,10 +194,14 @@ int gpud_tp_create(struct gpud_tp **out, int n_threads)
 	tp->nth = n_threads;
 	if (n_threads > 1) {
 		tp->workers = calloc((size_t)n_threads - 1, sizeof(*tp->workers));
-		if (!tp->workers) {
+		tp->shares = aligned_alloc(_Alignof(struct tp_share),
+					   (size_t)n_threads * sizeof(*tp->shares));
+		if (!tp->workers || !tp->shares) {
 			rc = -ENOMEM;
 			goto out_free;
 		}
+		for (int i = 0; i < n_threads; i++)
+			atomic_init(&tp->shares[i].fb, 0);
 	}
 	atomic_store(&tp->starting, (uint32_t)n_threads - 1);
 	for (int i = 0; i < n_threads - 1; i++) {
@@ -213,6 +227,7 @@ int gpud_tp_create(struct gpud_tp **out, int n_threads)
 out_stop:
 	stop_workers(tp, started);
 out_free:
+	free(tp->shares);
 	free(tp->workers);
 	free(tp);
 	return rc;
@@ -223,6 +238,7 @@ void gpud_tp_destroy(struct gpud_tp *tp)
 	if (!tp)
 		return;
 	stop_workers(tp, tp->nth - 1);
+	free(tp->shares);
 	free(tp->workers);
 	free(tp);
 }
@@ -244,4 +260,65 @@ void gpud_tp_run(struct gpud_tp *tp, gpud_tp_fn fn, void *arg)
 	publish(tp);
 	fn(arg, 0, tp->nth);
 	wait_done(tp);
+}
+
+void gpud_tp_split(struct gpud_tp *tp, long n, long align)
+{
+	long units = (n + align - 1) / align, lo, hi;
+
+	assert(tp && tp->nth > 1 && units <= (long)UINT32_MAX);
+	tp->split_n = n;
+	tp->split_align = align;
+	for (int i = 0; i < tp->nth; i++) {
+		gpud_tp_range(units, i, tp->nth, 1, &lo, &hi);
+		/* published to the workers by gpud_tp_run()'s bump of gen */
+		atomic_store_explicit(&tp->shares[i].fb, (uint64_t)lo << 32 | (uint64_t)hi,
+				      memory_order_relaxed);
+	}
+}
+
+/* Units [*f, *b) of a share word */
+static void share_get(uint64_t v, uint64_t *f, uint64_t *b)
+{
+	*f = v >> 32;
+	*b = v & UINT32_MAX;
+}
+
+static bool claim_units(struct gpud_tp *tp, uint64_t u0, uint64_t u1, long *lo, long *hi)
+{
+	long a = (long)u0 * tp->split_align, b = (long)u1 * tp->split_align;
+
+	*lo = a;
+	*hi = b < tp->split_n ? b : tp->split_n;
+	return true;
+}
+
+bool gpud_tp_claim(struct gpud_tp *tp, int ith, long *lo, long *hi)
+{
+	_Atomic uint64_t *own = &tp->shares[ith].fb;
+	uint64_t v = atomic_load_explicit(own, memory_order_relaxed), f, b, k;
+
+	/* From the front of the own share. Relaxed: the items are the
+	 * caller's, published by the run; the results go back through
+	 * `pending`. */
+	for (share_get(v, &f, &b); f < b; share_get(v, &f, &b)) {
+		k = (b - f) / 2 ? (b - f) / 2 : 1;
+		if (atomic_compare_exchange_weak_explicit(own, &v, (f + k) << 32 | b,
+							  memory_order_relaxed, memory_order_relaxed))
+			return claim_units(tp, f, f + k, lo, hi);
+	}
+	/* From the back of the others' */
+	for (int d = 1; d < tp->nth; d++) {
+		_Atomic uint64_t *other = &tp->shares[(ith + d) % tp->nth].fb;
+
+		v = atomic_load_explicit(other, memory_order_relaxed);
+		for (share_get(v, &f, &b); f < b; share_get(v, &f, &b)) {
+			k = (b - f) / 4 ? (b - f) / 4 : 1;
+			if (atomic_compare_exchange_weak_explicit(other, &v, f << 32 | (b - k),
+								  memory_order_relaxed,
+								  memory_order_relaxed))
+				return claim_units(tp, b - k, b, lo, hi);
+		}
+	}
+	return false;
 }
