@@ -959,11 +959,98 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 	_mm256_storeu_ps(m->y + r, acc);
 }
 
+/* Q2_K, rows [r, r + 16) (two packed groups), batch 1. Lane = row, as
+ * the batch kernel above: a 2-bit quant is one vpandd of bytes that hold
+ * four chunks' quants, left in place (times 4^j for chunk 4h + j) and
+ * summed by vpdpbusd against a broadcast dword of the activations; the
+ * lane-per-row layout needs no activation shuffles and no half-vector
+ * fp32 steps, so a super-block of 16 rows costs about half the vector
+ * operations of two kq1_rows8() units. The exact integers t and mt and
+ * the fp32 chain per row are those of the kernels above. */
+#define Q2K1_PF_UNITS 6 /* units prefetched ahead in each group */
+
+TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK_K;
+	const size_t unit = 8 * sizeof(struct gpud_block_q2_k), gstride = 8 * m->wrow;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	/* bytes 2k, 2k + 1 of each dword to its two 16-bit halves (k = 0, 1):
+	 * (scale | min << 4) of the chunk's halves a and b */
+	const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1,
+								  9, -1, 12, -1, 13, -1));
+	const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1,
+								  11, -1, 14, -1, 15, -1));
+	const __m512i m15 = _mm512_set1_epi32(15);
+	__m512 acc = _mm512_setzero_ps();
+
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+		const int8_t *xq = m->xq + i * GPUD_QK_K;
+		const float *xd = m->xd + i * 8;
+		const int32_t *xc = m->xc + i * 8;
+		const __m512 dw = ld2h(u, v, 0), ndmin = neg512(ld2h(u, v, 16));
+		/* the units Q2K1_PF_UNITS on in the order they are read: past
+		 * the end of a row the next pair of groups' first ones (those
+		 * of both groups, which two plain streams would not reach) */
+		const int64_t ip = i + Q2K1_PF_UNITS;
+		const uint8_t *pu = ip < nb ? u + Q2K1_PF_UNITS * unit
+					    : a + 2 * gstride + (size_t)(ip - nb) * unit;
+
+#pragma GCC unroll 16
+		for (size_t o = 0; o < unit; o += 64) {
+			_mm_prefetch((const char *)pu + o, _MM_HINT_T0);
+			_mm_prefetch((const char *)pu + gstride + o, _MM_HINT_T0);
+		}
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			__m512i Q[8];
+
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				Q[g] = ld2(u, v, 160 + 256 * (size_t)h + 32 * (size_t)g);
+#pragma GCC unroll 4
+			for (int j = 0; j < 4; j++) {
+				const int c = 4 * h + j;
+				const __m512i mq = _mm512_set1_epi8((char)(3 << 2 * j));
+				const __m512i sw = _mm512_shuffle_epi8(ld2(u, v, 32 + 32 * (size_t)(c / 2)),
+								       c % 2 ? sel1 : sel0);
+				const __m512i sa = _mm512_and_si512(sw, m15);
+				const __m512i sb = _mm512_and_si512(_mm512_srli_epi32(sw, 16), m15);
+				const __m512i mv = _mm512_srli_epi16(sw, 4);
+				const __m512 x = _mm512_set1_ps(xd[c]);
+				__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+
+#pragma GCC unroll 4
+				for (int g = 0; g < 4; g++) {
+					d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(Q[g], mq),
+								 bcast4_512(xq + 32 * c + 4 * g));
+					d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(Q[g + 4], mq),
+								 bcast4_512(xq + 32 * c + 16 + 4 * g));
+				}
+				/* 4^j t, an exact multiple: shifted back exactly */
+				t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+				if (j)
+					t = _mm512_srai_epi32(t, (unsigned)(2 * j));
+				acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, x), _mm512_cvtepi32_ps(t), acc);
+				acc = _mm512_fmadd_ps(_mm512_mul_ps(ndmin, x),
+						      _mm512_cvtepi32_ps(_mm512_madd_epi16(
+							      mv, _mm512_set1_epi32(xc[c]))),
+						      acc);
+			}
+		}
+	}
+	_mm512_storeu_ps(m->y + r, acc);
+}
+
 TGT512V void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	if (m->wtype == GPUD_TYPE_Q3_K && m->gfni) {
 		gpud__avx512g_rows_q3kp1(m, r0, r1);
 		return;
+	}
+	if (m->wtype == GPUD_TYPE_Q2_K) {
+		for (; r0 + 16 <= r1; r0 += 16)
+			q2k1_rows16(m, r0);
 	}
 	for (int64_t r = r0; r < r1; r += 8) {
 		switch (m->wtype) {
