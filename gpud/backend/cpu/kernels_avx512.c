@@ -967,12 +967,34 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
  * fp32 steps, so a super-block of 16 rows costs about half the vector
  * operations of two kq1_rows8() units. The exact integers t and mt and
  * the fp32 chain per row are those of the kernels above. */
-#define Q2K1_PF_UNITS 6 /* units prefetched ahead in each group */
+/* Bytes prefetched ahead in each group, rounded up to whole units (6
+ * of Q2_K: 2 lost the gain from DRAM, 6 and 8 were level). */
+#define Q16_PF_BYTES 4032
+
+/* The units pfu on from unit i of the pair of groups at a (the second
+ * gstride bytes on) in the order they are read: past the end of a row,
+ * the next pair's first ones. (Prefetched per group instead, group A's
+ * overrun lands on group B's start, already read, and the next pair's
+ * group B is never prefetched: the two streams then read 10-15% slower
+ * from DRAM than one.) */
+TGT512V_INLINE void pf_pair(const uint8_t *a, int64_t i, int64_t nb, size_t unit, size_t gstride,
+			    int64_t pfu)
+{
+	const int64_t ip = i + pfu;
+	const uint8_t *p = ip < nb ? a + (size_t)ip * unit : a + 2 * gstride + (size_t)(ip - nb) * unit;
+
+#pragma GCC unroll 16
+	for (size_t o = 0; o < unit; o += 64) {
+		_mm_prefetch((const char *)p + o, _MM_HINT_T0);
+		_mm_prefetch((const char *)p + gstride + o, _MM_HINT_T0);
+	}
+}
 
 TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 {
 	const int64_t nb = m->cols / GPUD_QK_K;
 	const size_t unit = 8 * sizeof(struct gpud_block_q2_k), gstride = 8 * m->wrow;
+	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	/* bytes 2k, 2k + 1 of each dword to its two 16-bit halves (k = 0, 1):
 	 * (scale | min << 4) of the chunk's halves a and b */
@@ -989,18 +1011,8 @@ TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 		const float *xd = m->xd + i * 8;
 		const int32_t *xc = m->xc + i * 8;
 		const __m512 dw = ld2h(u, v, 0), ndmin = neg512(ld2h(u, v, 16));
-		/* the units Q2K1_PF_UNITS on in the order they are read: past
-		 * the end of a row the next pair of groups' first ones (those
-		 * of both groups, which two plain streams would not reach) */
-		const int64_t ip = i + Q2K1_PF_UNITS;
-		const uint8_t *pu = ip < nb ? u + Q2K1_PF_UNITS * unit
-					    : a + 2 * gstride + (size_t)(ip - nb) * unit;
 
-#pragma GCC unroll 16
-		for (size_t o = 0; o < unit; o += 64) {
-			_mm_prefetch((const char *)pu + o, _MM_HINT_T0);
-			_mm_prefetch((const char *)pu + gstride + o, _MM_HINT_T0);
-		}
+		pf_pair(a, i, nb, unit, gstride, pfu);
 #pragma GCC unroll 2
 		for (int h = 0; h < 2; h++) {
 			__m512i Q[8];
@@ -1169,8 +1181,103 @@ TGT512G_INLINE void kq1_q3g_rows8(const struct gpud__mm *m, int64_t r)
 	_mm256_storeu_ps(m->y + r, acc);
 }
 
+/* Q3_K, rows [r, r + 16) (two packed groups), batch 1, lane = row, as
+ * q2k1_rows16(): the 2 bits of chunk 4h + j stay in place and the high
+ * bit joins them just above (one vgf2p8affineqb, one vpternlogd), the
+ * quant times 4^j; for j = 3 the 2 bits are first shifted down to 4, 5
+ * (a high bit at 8 would not fit the byte). The 16 scales of each row
+ * are unpacked once per super-block into bytes (the 6-bit values, before
+ * the -32), and each chunk's pair by one vpshufb. The integers t and the
+ * fp32 chain per row are those of kq1_q3g_rows8(). */
+TGT512G_INLINE void q3k1_rows16(const struct gpud__mm *m, int64_t r)
+{
+	const int64_t nb = m->cols / GPUD_QK_K;
+	const size_t unit = 8 * sizeof(struct gpud_block_q3_k), gstride = 8 * m->wrow;
+	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1,
+								  9, -1, 12, -1, 13, -1));
+	const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1,
+								  11, -1, 14, -1, 15, -1));
+	const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
+	__m512 acc = _mm512_setzero_ps();
+
+	for (int64_t i = 0; i < nb; i++) {
+		const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+		const int8_t *xq = m->xq + i * GPUD_QK_K;
+		const float *xd = m->xd + i * 8;
+		const int32_t *xc = m->xc + i * 8;
+		const __m512 dw = ld2h(u, v, 0);
+		const __m512i l0 = ld2(u, v, 16), l1 = ld2(u, v, 48), hh = ld2(u, v, 80);
+		__m512i S[4], H[8];
+
+		pf_pair(a, i, nb, unit, gstride, pfu);
+		/* byte k of S[q]'s dwords: scale 4q + k of the row, 0..63 */
+		S[0] = _mm512_ternarylogic_epi32(l0, _mm512_and_si512(_mm512_slli_epi32(hh, 4), m30), m0f,
+						 KQ1_AND_OR);
+		S[1] = _mm512_ternarylogic_epi32(l1, _mm512_and_si512(_mm512_slli_epi32(hh, 2), m30), m0f,
+						 KQ1_AND_OR);
+		S[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l0, 4), _mm512_and_si512(hh, m30), m0f,
+						 KQ1_AND_OR);
+		S[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l1, 4),
+						 _mm512_and_si512(_mm512_srli_epi32(hh, 2), m30), m0f,
+						 KQ1_AND_OR);
+#pragma GCC unroll 8
+		for (int g = 0; g < 8; g++)
+			H[g] = ld2(u, v, 112 + 32 * (size_t)g);
+#pragma GCC unroll 2
+		for (int h = 0; h < 2; h++) {
+			__m512i Q[8];
+
+#pragma GCC unroll 8
+			for (int g = 0; g < 8; g++)
+				Q[g] = ld2(u, v, 368 + 256 * (size_t)h + 32 * (size_t)g);
+#pragma GCC unroll 4
+			for (int j = 0; j < 4; j++) {
+				const int c = 4 * h + j, s = j < 3 ? 2 * j : 4;
+				/* bit c of the hmask bytes to bit s + 2 */
+				const __m512i mv = _mm512_set1_epi64(
+					(long long)((uint64_t)(1u << c) << (8 * (7 - (s + 2)))));
+				const __m512i mq = _mm512_set1_epi8((char)(3 << s));
+				/* (sa, sb) as 16-bit halves, -32 */
+				const __m512i sab = _mm512_sub_epi16(
+					_mm512_shuffle_epi8(S[c / 2], c % 2 ? sel1 : sel0),
+					_mm512_set1_epi16(32));
+				const __m512i sa = _mm512_srai_epi32(_mm512_slli_epi32(sab, 16), 16);
+				const __m512i sb = _mm512_srai_epi32(sab, 16);
+				__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++) {
+					const __m512i qs = j < 3 ? Q[g] : _mm512_srli_epi32(Q[g], 2);
+					const __m512i q = _mm512_ternarylogic_epi32(
+						qs, _mm512_gf2p8affine_epi64_epi8(H[g], mv, 0), mq, KQ1_AND_OR);
+
+					if (g < 4)
+						d0 = _mm512_dpbusd_epi32(d0, q, bcast4_512(xq + 32 * c + 4 * g));
+					else
+						d1 = _mm512_dpbusd_epi32(d1, q,
+									 bcast4_512(xq + 32 * c + 4 * g));
+				}
+				/* 2^s t', exact: shifted back, less the storage
+				 * offset 4 * (sa * X_a + sb * X_b) */
+				t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+				if (s)
+					t = _mm512_srai_epi32(t, (unsigned)s);
+				t = _mm512_sub_epi32(t, _mm512_slli_epi32(
+								_mm512_madd_epi16(sab, _mm512_set1_epi32(xc[c])), 2));
+				acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[c])),
+						      _mm512_cvtepi32_ps(t), acc);
+			}
+		}
+	}
+	_mm512_storeu_ps(m->y + r, acc);
+}
+
 TGT512G void gpud__avx512g_rows_q3kp1(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	for (; r0 + 16 <= r1; r0 += 16)
+		q3k1_rows16(m, r0);
 	for (int64_t r = r0; r < r1; r += 8)
 		kq1_q3g_rows8(m, r);
 }
