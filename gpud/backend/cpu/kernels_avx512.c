@@ -593,9 +593,12 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 }
 
 /* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch 1 ----------------------
- * Decode reads the weights from DRAM, and there a thread that keeps one
- * weight stream reads faster than one that keeps two (the kernel above
- * pairs two units, two streams). So here the 16 lanes hold ONE unit's 8
+ * (Q2_K and Q3_K: q2k1_rows16() and q3k1_rows16() below; these kernels
+ * take their last single group.) Decode reads the weights from DRAM,
+ * and there the kernel above, which pairs two units (two streams, each
+ * prefetched past its own end), read slower than one stream; pf_pair()
+ * below found why, and the two streams read as fast when prefetched in
+ * read order. Here the 16 lanes hold ONE unit's 8
  * rows twice: lanes 0..7 chunk clo and lanes 8..15 chunk chi of the same
  * super-block, with (clo, chi) = (2p, 2p + 1) for Q4_K/Q5_K (the low and
  * high nibbles of the same bytes, and bits clo, chi of the same high-bit
@@ -959,14 +962,6 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 	_mm256_storeu_ps(m->y + r, acc);
 }
 
-/* Q2_K, rows [r, r + 16) (two packed groups), batch 1. Lane = row, as
- * the batch kernel above: a 2-bit quant is one vpandd of bytes that hold
- * four chunks' quants, left in place (times 4^j for chunk 4h + j) and
- * summed by vpdpbusd against a broadcast dword of the activations; the
- * lane-per-row layout needs no activation shuffles and no half-vector
- * fp32 steps, so a super-block of 16 rows costs about half the vector
- * operations of two kq1_rows8() units. The exact integers t and mt and
- * the fp32 chain per row are those of the kernels above. */
 /* Bytes prefetched ahead in each group, rounded up to whole units (6
  * of Q2_K: 2 lost the gain from DRAM, 6 and 8 were level). */
 #define Q16_PF_BYTES 4032
@@ -975,8 +970,8 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
  * gstride bytes on) in the order they are read: past the end of a row,
  * the next pair's first ones. (Prefetched per group instead, group A's
  * overrun lands on group B's start, already read, and the next pair's
- * group B is never prefetched: the two streams then read 10-15% slower
- * from DRAM than one.) */
+ * group B is never prefetched: the two streams then read ~10% slower
+ * from DRAM than one on the 3B preset's 3072-column rows.) */
 TGT512V_INLINE void pf_pair(const uint8_t *a, int64_t i, int64_t nb, size_t unit, size_t gstride,
 			    int64_t pfu)
 {
@@ -990,6 +985,14 @@ TGT512V_INLINE void pf_pair(const uint8_t *a, int64_t i, int64_t nb, size_t unit
 	}
 }
 
+/* Q2_K, rows [r, r + 16) (two packed groups), batch 1. Lane = row, as
+ * the batch kernel above: a 2-bit quant is one vpandd of bytes that hold
+ * four chunks' quants, left in place (times 4^j for chunk 4h + j) and
+ * summed by vpdpbusd against a broadcast dword of the activations; the
+ * lane-per-row layout needs no activation shuffles and no half-vector
+ * fp32 steps, so a super-block of 16 rows costs about half the vector
+ * operations of two kq1_rows8() units. The exact integers t and mt and
+ * the fp32 chain per row are those of the kernels above. */
 TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 {
 	const int64_t nb = m->cols / GPUD_QK_K;

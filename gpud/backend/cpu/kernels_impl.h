@@ -90,8 +90,9 @@ void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* packed K-quant (Q2_K..Q6_K) rows at batch > 1, r1 - r0 a multiple of 16: the
  * bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1);
-/* the same types at batch 1, one 8-row group at a time (r0, r1 multiples
- * of 8): the bits of kernels_kq_x86.c's. */
+/* the same types at batch 1 (r0, r1 multiples of 8): Q2_K (and Q3_K,
+ * below) two 8-row groups at a time while two remain, the others one
+ * group at a time; the bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp1(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* (only with GPUD_CPU_GFNI too) Q3_K's rows there, the same bits */
 void gpud__avx512g_rows_q3kp1(const struct gpud__mm *m, int64_t r0, int64_t r1);

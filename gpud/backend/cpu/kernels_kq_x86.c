@@ -540,12 +540,14 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	const bool one = m->batch == 1;
 
-	/* Packed with AVX-512 VNNI: at batch 1 one group at a time (one
-	 * weight stream per thread, kernels_avx512.c); from batch 2 on pairs
-	 * of row groups there, a last single group here. (The pairs at batch
-	 * 1 were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
+	/* Packed with AVX-512 VNNI: at batch 1 the kernels of
+	 * kernels_avx512.c (Q2_K and Q3_K pairs of row groups, the others
+	 * one group at a time); from batch 2 on pairs of row groups there,
+	 * a last single group here. (The batch kernel's pairs at batch 1
+	 * were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
 	 * interleaved bench_matmul 3b runs, and the engine's Q4_K_M decode
-	 * median 0.96x.) */
+	 * median 0.96x: their prefetch misses a pair's second group, see
+	 * pf_pair() there.) */
 	if (m->packed && m->avx512vnni && one) {
 		gpud__avx512_rows_kqp1(m, r0, r1); /* Q2_K..Q6_K */
 		return;
