@@ -256,20 +256,40 @@ TGT512 void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t
 #define TGT512V_INLINE static inline __attribute__((always_inline, TGT512V_ATTR))
 #define I8_BC512 16 /* columns per pass over a row pair (accumulators) */
 
+/* Bytes prefetched ahead in each group, rounded up to whole units (6
+ * of Q2_K: 2 lost the gain from DRAM, 6 and 8 were level). */
+#define Q16_PF_BYTES 4032
+
+/* The units pfu on from unit i of the pair of groups at a (the second
+ * gstride bytes on) in the order they are read: past the end of a row,
+ * the next pair's first ones. (Prefetched per group instead, group A's
+ * overrun lands on group B's start, already read, and the next pair's
+ * group B is never prefetched: the two streams then read ~10% slower
+ * from DRAM than one on the 3B preset's 3072-column rows.) */
+TGT512V_INLINE void pf_pair(const uint8_t *a, int64_t i, int64_t nb, size_t unit, size_t gstride,
+			    int64_t pfu)
+{
+	const int64_t ip = i + pfu;
+	const uint8_t *p = ip < nb ? a + (size_t)ip * unit : a + 2 * gstride + (size_t)(ip - nb) * unit;
+
+#pragma GCC unroll 16
+	for (size_t o = 0; o < unit; o += 64) {
+		_mm_prefetch((const char *)p + o, _MM_HINT_T0);
+		_mm_prefetch((const char *)p + gstride + o, _MM_HINT_T0);
+	}
+}
+
 /* Block i of the packed groups at a and b = a + one group: T[g] lane r the
  * weight bytes 4g..4g+3 of row r (q8_0 offset by 128, q4_0 the nibbles),
  * *dw the 16 scales. */
 TGT512V_INLINE void i8p512_load(enum gpud_type QT, const uint8_t *a, size_t gstride, int64_t i,
-				__m512i T[8], __m512 *dw)
+				int64_t nb, __m512i T[8], __m512 *dw)
 {
 	const size_t unit = QT == GPUD_TYPE_Q8_0 ? 8 * sizeof(struct gpud_block_q8_0)
 						: 8 * sizeof(struct gpud_block_q4_0);
 	const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
 
-	for (size_t o = 0; o < unit; o += 64) {
-		_mm_prefetch((const char *)u + PF_DIST + o, _MM_HINT_T0);
-		_mm_prefetch((const char *)v + PF_DIST + o, _MM_HINT_T0);
-	}
+	pf_pair(a, i, nb, unit, gstride, (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit);
 	*dw = _mm512_cvtph_ps(_mm256_inserti128_si256(
 		_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)u)),
 		_mm_loadu_si128((const __m128i *)v), 1));
@@ -322,7 +342,7 @@ TGT512V_INLINE void i8p512_rows16(const struct gpud__mm *m, enum gpud_type QT, i
 			__m512i T[8];
 			__m512 dw;
 
-			i8p512_load(QT, a, gstride, i, T, &dw);
+			i8p512_load(QT, a, gstride, i, nb, T, &dw);
 			for (int64_t b = 0; b < bc; b++) {
 				const int64_t col = b0 + b;
 				const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK;
@@ -960,29 +980,6 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 		}
 	}
 	_mm256_storeu_ps(m->y + r, acc);
-}
-
-/* Bytes prefetched ahead in each group, rounded up to whole units (6
- * of Q2_K: 2 lost the gain from DRAM, 6 and 8 were level). */
-#define Q16_PF_BYTES 4032
-
-/* The units pfu on from unit i of the pair of groups at a (the second
- * gstride bytes on) in the order they are read: past the end of a row,
- * the next pair's first ones. (Prefetched per group instead, group A's
- * overrun lands on group B's start, already read, and the next pair's
- * group B is never prefetched: the two streams then read ~10% slower
- * from DRAM than one on the 3B preset's 3072-column rows.) */
-TGT512V_INLINE void pf_pair(const uint8_t *a, int64_t i, int64_t nb, size_t unit, size_t gstride,
-			    int64_t pfu)
-{
-	const int64_t ip = i + pfu;
-	const uint8_t *p = ip < nb ? a + (size_t)ip * unit : a + 2 * gstride + (size_t)(ip - nb) * unit;
-
-#pragma GCC unroll 16
-	for (size_t o = 0; o < unit; o += 64) {
-		_mm_prefetch((const char *)p + o, _MM_HINT_T0);
-		_mm_prefetch((const char *)p + gstride + o, _MM_HINT_T0);
-	}
 }
 
 /* Q2_K, rows [r, r + 16) (two packed groups), batch 1. Lane = row, as

@@ -674,12 +674,14 @@ DEFINE_ROWS_I8(rows_i8_q4p_avx2, GPUD_TYPE_Q4_0, false, true)
 
 TGT void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
-	/* Packed q8_0/q4_0 with AVX-512 VNNI from batch 2 on: pairs of row
-	 * groups there, a last single group here. At batch 1 (weights from
-	 * DRAM) one 8-row stream per thread read faster than two (3B q4_0,
-	 * bench_matmul cold: 55 against 44-50 GB/s); from batch 4 the ZMM
-	 * kernel is 1.2-1.6x, at 32 1.6-1.8x. */
-	if (m->packed && m->avx512vnni && m->batch > 1 &&
+	/* Packed q8_0/q4_0 with AVX-512 VNNI: pairs of row groups there, a
+	 * last single group here. (At batch 1 this kernel once read slower
+	 * from DRAM than one 8-row stream, 44-50 against 55 GB/s on 3B q4_0:
+	 * its prefetch missed every pair's second group, kernels_avx512.c's
+	 * pf_pair(). Prefetched in read order it reads 62-68 against 49-54
+	 * GB/s, and 1.7x faster on cached weights; q8_0 66-69 against
+	 * 62-65. From batch 4 it is 1.2-1.6x, at 32 1.6-1.8x.) */
+	if (m->packed && m->avx512vnni &&
 	    (m->wtype == GPUD_TYPE_Q8_0 || m->wtype == GPUD_TYPE_Q4_0)) {
 		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
 
