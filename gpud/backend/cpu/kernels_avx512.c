@@ -613,14 +613,15 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 }
 
 /* ---- packed Q4_K/Q5_K/Q6_K with AVX-512 VNNI, batch 1 ----------------------
- * (Q2_K and Q3_K: q2k1_rows16() and q3k1_rows16() below; these kernels
- * take their last single group.) Decode reads the weights from DRAM,
- * and there the kernel above, which pairs two units (two streams, each
- * prefetched past its own end), read slower than one stream; pf_pair()
- * below found why, and the two streams read as fast when prefetched in
- * read order. Here the 16 lanes hold ONE unit's 8
- * rows twice: lanes 0..7 chunk clo and lanes 8..15 chunk chi of the same
- * super-block, with (clo, chi) = (2p, 2p + 1) for Q4_K/Q5_K (the low and
+ * (Q2_K, and Q3_K with GFNI: q2k1_rows16() and q3k1_rows16() below;
+ * these kernels take their last single group.) Decode reads the weights
+ * from DRAM, where the kernel above, which pairs two units, once read
+ * slower than one stream: its prefetch misses the second group of each
+ * pair (pf_pair()). Prefetched in read order it is still slower for
+ * these three types on cached weights (q4_kp 33 against 48 GB/s a
+ * thread, q6_kp 22-28 against 51-55) and no faster from DRAM, so here
+ * the 16 lanes hold ONE unit's 8 rows twice: lanes 0..7 chunk clo and
+ * lanes 8..15 chunk chi of the same super-block, with (clo, chi) = (2p, 2p + 1) for Q4_K/Q5_K (the low and
  * high nibbles of the same bytes, and bits clo, chi of the same high-bit
  * bytes) and (c, c + 2) for Q6_K (the same ql bytes' two nibbles and the
  * same qh bytes). One broadcast load fills both halves; a per-half shift
@@ -982,6 +983,17 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 	_mm256_storeu_ps(m->y + r, acc);
 }
 
+/* Bytes 2k, 2k + 1 (k = 0, 1) of each dword of x to its two 16-bit
+ * halves, zero-extended: one vpshufb. */
+TGT512V_INLINE __m512i pair_words(__m512i x, int k)
+{
+	return _mm512_shuffle_epi8(
+		x, k ? _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1,
+							    14, -1, 15, -1))
+		     : _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1,
+							    12, -1, 13, -1)));
+}
+
 /* Q2_K, rows [r, r + 16) (two packed groups), batch 1. Lane = row, as
  * the batch kernel above: a 2-bit quant is one vpandd of bytes that hold
  * four chunks' quants, left in place (times 4^j for chunk 4h + j) and
@@ -996,12 +1008,6 @@ TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 	const size_t unit = 8 * sizeof(struct gpud_block_q2_k), gstride = 8 * m->wrow;
 	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
-	/* bytes 2k, 2k + 1 of each dword to its two 16-bit halves (k = 0, 1):
-	 * (scale | min << 4) of the chunk's halves a and b */
-	const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1,
-								  9, -1, 12, -1, 13, -1));
-	const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1,
-								  11, -1, 14, -1, 15, -1));
 	const __m512i m15 = _mm512_set1_epi32(15);
 	__m512 acc = _mm512_setzero_ps();
 
@@ -1024,8 +1030,8 @@ TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 			for (int j = 0; j < 4; j++) {
 				const int c = 4 * h + j;
 				const __m512i mq = _mm512_set1_epi8((char)(3 << 2 * j));
-				const __m512i sw = _mm512_shuffle_epi8(ld2(u, v, 32 + 32 * (size_t)(c / 2)),
-								       c % 2 ? sel1 : sel0);
+				/* (scale | min << 4) of the chunk's halves a, b */
+				const __m512i sw = pair_words(ld2(u, v, 32 + 32 * (size_t)(c / 2)), c % 2);
 				const __m512i sa = _mm512_and_si512(sw, m15);
 				const __m512i sb = _mm512_and_si512(_mm512_srli_epi32(sw, 16), m15);
 				const __m512i mv = _mm512_srli_epi16(sw, 4);
@@ -1195,10 +1201,6 @@ TGT512G_INLINE void q3k1_rows16(const struct gpud__mm *m, int64_t r)
 	const size_t unit = 8 * sizeof(struct gpud_block_q3_k), gstride = 8 * m->wrow;
 	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
-	const __m512i sel0 = _mm512_broadcast_i32x4(_mm_setr_epi8(0, -1, 1, -1, 4, -1, 5, -1, 8, -1,
-								  9, -1, 12, -1, 13, -1));
-	const __m512i sel1 = _mm512_broadcast_i32x4(_mm_setr_epi8(2, -1, 3, -1, 6, -1, 7, -1, 10, -1,
-								  11, -1, 14, -1, 15, -1));
 	const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
 	__m512 acc = _mm512_setzero_ps();
 
@@ -1241,7 +1243,7 @@ TGT512G_INLINE void q3k1_rows16(const struct gpud__mm *m, int64_t r)
 				const __m512i mq = _mm512_set1_epi8((char)(3 << s));
 				/* (sa, sb) as 16-bit halves, -32 */
 				const __m512i sab = _mm512_sub_epi16(
-					_mm512_shuffle_epi8(S[c / 2], c % 2 ? sel1 : sel0),
+					pair_words(S[c / 2], c % 2),
 					_mm512_set1_epi16(32));
 				const __m512i sa = _mm512_srai_epi32(_mm512_slli_epi32(sab, 16), 16);
 				const __m512i sb = _mm512_srai_epi32(sab, 16);
