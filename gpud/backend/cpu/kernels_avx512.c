@@ -621,9 +621,10 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
  * these three types on cached weights (q4_kp 33 against 48 GB/s a
  * thread, q6_kp 22-28 against 51-55) and no faster from DRAM, so here
  * the 16 lanes hold ONE unit's 8 rows twice: lanes 0..7 chunk clo and
- * lanes 8..15 chunk chi of the same super-block, with (clo, chi) = (2p, 2p + 1) for Q4_K/Q5_K (the low and
- * high nibbles of the same bytes, and bits clo, chi of the same high-bit
- * bytes) and (c, c + 2) for Q6_K (the same ql bytes' two nibbles and the
+ * lanes 8..15 chunk chi of the same super-block, with (clo, chi) =
+ * (2p, 2p + 1) for Q4_K/Q5_K (the low and high nibbles of the same
+ * bytes, and bits clo, chi of the same high-bit bytes) and (c, c + 2)
+ * for Q6_K (the same ql bytes' two nibbles and the
  * same qh bytes). One broadcast load fills both halves; a per-half shift
  * or rotation of the 32-bit lanes brings each chunk's bits into place (a
  * bit that wraps around never lands under the mask). The activations'
@@ -637,7 +638,8 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 /* Prefetched ahead: the whole units that cover this many bytes, 2 units
  * of Q4_K as in the AVX2 kernel (so 2 of Q5_K and Q6_K as there too, 3 of
  * Q3_K, 4 of Q2_K: the small units need more of them to keep as many
- * bytes in flight). */
+ * bytes in flight; Q2_K, and Q3_K with GFNI, come here only for a last
+ * single group). */
 #define KQ1_PF_BYTES 2304
 #define KQ1_OR_AND 0xf8 /* vpternlogd's A | (B & C) */
 
@@ -983,6 +985,56 @@ TGT512V_INLINE void kq1_rows8(const struct gpud__mm *m, enum gpud_type QT, int64
 	_mm256_storeu_ps(m->y + r, acc);
 }
 
+/* The super-blocks of a pair of packed K-quant groups in the order the
+ * batch-1 pair kernels read them: sb16_next() steps to the next one
+ * (false past the row's end), sets its two units u (rows r..r + 7) and
+ * v (r + 8..r + 15) and the activations' quants, scales and half sums,
+ * and prefetches the units Q16_PF_BYTES on (pf_pair()). */
+struct sb16 {
+	const struct gpud__mm *m;
+	const uint8_t *a, *u, *v;
+	const int8_t *xq;
+	const float *xd;
+	const int32_t *xc;
+	size_t unit, gstride;
+	int64_t i, nb, pfu;
+};
+
+TGT512V_INLINE void sb16_init(struct sb16 *b, const struct gpud__mm *m, enum gpud_type QT,
+			      int64_t r)
+{
+	b->m = m;
+	b->a = m->W + (size_t)r * m->wrow;
+	b->unit = 8 * gpud__kq_block_bytes(QT);
+	b->gstride = 8 * m->wrow;
+	b->i = -1;
+	b->nb = m->cols / GPUD_QK_K;
+	b->pfu = (Q16_PF_BYTES + (int64_t)b->unit - 1) / (int64_t)b->unit;
+}
+
+TGT512V_INLINE bool sb16_next(struct sb16 *b)
+{
+	const int64_t i = ++b->i;
+
+	if (i >= b->nb)
+		return false;
+	b->u = b->a + (size_t)i * b->unit;
+	b->v = b->u + b->gstride;
+	b->xq = b->m->xq + i * GPUD_QK_K;
+	b->xd = b->m->xd + i * 8;
+	b->xc = b->m->xc + i * 8;
+	pf_pair(b->a, i, b->nb, b->unit, b->gstride, b->pfu);
+	return true;
+}
+
+/* ld2() of the 8 groups of 4 bytes (32 bytes each) from off on. */
+TGT512V_INLINE void ld2x8(const uint8_t *u, const uint8_t *v, size_t off, __m512i T[8])
+{
+#pragma GCC unroll 8
+	for (int g = 0; g < 8; g++)
+		T[g] = ld2(u, v, off + 32 * (size_t)g);
+}
+
 /* Bytes 2k, 2k + 1 (k = 0, 1) of each dword of x to its two 16-bit
  * halves, zero-extended: one vpshufb. */
 TGT512V_INLINE __m512i pair_words(__m512i x, int k)
@@ -1004,57 +1056,46 @@ TGT512V_INLINE __m512i pair_words(__m512i x, int k)
  * the fp32 chain per row are those of the kernels above. */
 TGT512V_INLINE void q2k1_rows16(const struct gpud__mm *m, int64_t r)
 {
-	const int64_t nb = m->cols / GPUD_QK_K;
-	const size_t unit = 8 * sizeof(struct gpud_block_q2_k), gstride = 8 * m->wrow;
-	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
-	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	const __m512i m15 = _mm512_set1_epi32(15);
 	__m512 acc = _mm512_setzero_ps();
+	struct sb16 b;
 
-	for (int64_t i = 0; i < nb; i++) {
-		const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
-		const int8_t *xq = m->xq + i * GPUD_QK_K;
-		const float *xd = m->xd + i * 8;
-		const int32_t *xc = m->xc + i * 8;
+	for (sb16_init(&b, m, GPUD_TYPE_Q2_K, r); sb16_next(&b);) {
+		const uint8_t *u = b.u, *v = b.v;
+		const int8_t *xq = b.xq;
 		const __m512 dw = ld2h(u, v, 0), ndmin = neg512(ld2h(u, v, 16));
-
-		pf_pair(a, i, nb, unit, gstride, pfu);
-#pragma GCC unroll 2
-		for (int h = 0; h < 2; h++) {
-			__m512i Q[8];
+		__m512i Q[8];
 
 #pragma GCC unroll 8
-			for (int g = 0; g < 8; g++)
-				Q[g] = ld2(u, v, 160 + 256 * (size_t)h + 32 * (size_t)g);
-#pragma GCC unroll 4
-			for (int j = 0; j < 4; j++) {
-				const int c = 4 * h + j;
-				const __m512i mq = _mm512_set1_epi8((char)(3 << 2 * j));
-				/* (scale | min << 4) of the chunk's halves a, b */
-				const __m512i sw = pair_words(ld2(u, v, 32 + 32 * (size_t)(c / 2)), c % 2);
-				const __m512i sa = _mm512_and_si512(sw, m15);
-				const __m512i sb = _mm512_and_si512(_mm512_srli_epi32(sw, 16), m15);
-				const __m512i mv = _mm512_srli_epi16(sw, 4);
-				const __m512 x = _mm512_set1_ps(xd[c]);
-				__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+		for (int c = 0; c < 8; c++) {
+			const int j = c % 4;
+
+			if (j == 0) /* the next 32 qs bytes: chunks c..c + 3 */
+				ld2x8(u, v, 160 + 256 * (size_t)(c / 4), Q);
+			const __m512i mq = _mm512_set1_epi8((char)(3 << 2 * j));
+			/* (scale | min << 4) of the chunk's halves a, b */
+			const __m512i sw = pair_words(ld2(u, v, 32 + 32 * (size_t)(c / 2)), c % 2);
+			const __m512i sa = _mm512_and_si512(sw, m15);
+			const __m512i sb = _mm512_and_si512(_mm512_srli_epi32(sw, 16), m15);
+			const __m512i mv = _mm512_srli_epi16(sw, 4);
+			const __m512 x = _mm512_set1_ps(b.xd[c]);
+			__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
 
 #pragma GCC unroll 4
-				for (int g = 0; g < 4; g++) {
-					d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(Q[g], mq),
-								 bcast4_512(xq + 32 * c + 4 * g));
-					d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(Q[g + 4], mq),
-								 bcast4_512(xq + 32 * c + 16 + 4 * g));
-				}
-				/* 4^j t, an exact multiple: shifted back exactly */
-				t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
-				if (j)
-					t = _mm512_srai_epi32(t, (unsigned)(2 * j));
-				acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, x), _mm512_cvtepi32_ps(t), acc);
-				acc = _mm512_fmadd_ps(_mm512_mul_ps(ndmin, x),
-						      _mm512_cvtepi32_ps(_mm512_madd_epi16(
-							      mv, _mm512_set1_epi32(xc[c]))),
-						      acc);
+			for (int g = 0; g < 4; g++) {
+				d0 = _mm512_dpbusd_epi32(d0, _mm512_and_si512(Q[g], mq),
+							 bcast4_512(xq + 32 * c + 4 * g));
+				d1 = _mm512_dpbusd_epi32(d1, _mm512_and_si512(Q[g + 4], mq),
+							 bcast4_512(xq + 32 * c + 16 + 4 * g));
 			}
+			/* 4^j t, an exact multiple: shifted back exactly */
+			t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+			if (j)
+				t = _mm512_srai_epi32(t, (unsigned)(2 * j));
+			acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, x), _mm512_cvtepi32_ps(t), acc);
+			acc = _mm512_fmadd_ps(
+				_mm512_mul_ps(ndmin, x),
+				_mm512_cvtepi32_ps(_mm512_madd_epi16(mv, _mm512_set1_epi32(b.xc[c]))), acc);
 		}
 	}
 	_mm512_storeu_ps(m->y + r, acc);
@@ -1197,23 +1238,17 @@ TGT512G_INLINE void kq1_q3g_rows8(const struct gpud__mm *m, int64_t r)
  * fp32 chain per row are those of kq1_q3g_rows8(). */
 TGT512G_INLINE void q3k1_rows16(const struct gpud__mm *m, int64_t r)
 {
-	const int64_t nb = m->cols / GPUD_QK_K;
-	const size_t unit = 8 * sizeof(struct gpud_block_q3_k), gstride = 8 * m->wrow;
-	const int64_t pfu = (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit;
-	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	const __m512i m0f = _mm512_set1_epi8(0x0f), m30 = _mm512_set1_epi8(0x30);
 	__m512 acc = _mm512_setzero_ps();
+	struct sb16 b;
 
-	for (int64_t i = 0; i < nb; i++) {
-		const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
-		const int8_t *xq = m->xq + i * GPUD_QK_K;
-		const float *xd = m->xd + i * 8;
-		const int32_t *xc = m->xc + i * 8;
+	for (sb16_init(&b, m, GPUD_TYPE_Q3_K, r); sb16_next(&b);) {
+		const uint8_t *u = b.u, *v = b.v;
+		const int8_t *xq = b.xq;
 		const __m512 dw = ld2h(u, v, 0);
 		const __m512i l0 = ld2(u, v, 16), l1 = ld2(u, v, 48), hh = ld2(u, v, 80);
-		__m512i S[4], H[8];
+		__m512i S[4], H[8], Q[8];
 
-		pf_pair(a, i, nb, unit, gstride, pfu);
 		/* byte k of S[q]'s dwords: scale 4q + k of the row, 0..63 */
 		S[0] = _mm512_ternarylogic_epi32(l0, _mm512_and_si512(_mm512_slli_epi32(hh, 4), m30), m0f,
 						 KQ1_AND_OR);
@@ -1224,53 +1259,44 @@ TGT512G_INLINE void q3k1_rows16(const struct gpud__mm *m, int64_t r)
 		S[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi32(l1, 4),
 						 _mm512_and_si512(_mm512_srli_epi32(hh, 2), m30), m0f,
 						 KQ1_AND_OR);
+		ld2x8(u, v, 112, H);
 #pragma GCC unroll 8
-		for (int g = 0; g < 8; g++)
-			H[g] = ld2(u, v, 112 + 32 * (size_t)g);
-#pragma GCC unroll 2
-		for (int h = 0; h < 2; h++) {
-			__m512i Q[8];
+		for (int c = 0; c < 8; c++) {
+			const int j = c % 4, s = j < 3 ? 2 * j : 4;
+
+			if (j == 0) /* the next 32 qs bytes: chunks c..c + 3 */
+				ld2x8(u, v, 368 + 256 * (size_t)(c / 4), Q);
+			/* bit c of the hmask bytes to bit s + 2 */
+			const __m512i mv = _mm512_set1_epi64(
+				(long long)((uint64_t)(1u << c) << (8 * (7 - (s + 2)))));
+			const __m512i mq = _mm512_set1_epi8((char)(3 << s));
+			/* (sa, sb) as 16-bit halves, -32 */
+			const __m512i sab = _mm512_sub_epi16(pair_words(S[c / 2], c % 2),
+							     _mm512_set1_epi16(32));
+			const __m512i sa = _mm512_srai_epi32(_mm512_slli_epi32(sab, 16), 16);
+			const __m512i sb = _mm512_srai_epi32(sab, 16);
+			__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
 
 #pragma GCC unroll 8
-			for (int g = 0; g < 8; g++)
-				Q[g] = ld2(u, v, 368 + 256 * (size_t)h + 32 * (size_t)g);
-#pragma GCC unroll 4
-			for (int j = 0; j < 4; j++) {
-				const int c = 4 * h + j, s = j < 3 ? 2 * j : 4;
-				/* bit c of the hmask bytes to bit s + 2 */
-				const __m512i mv = _mm512_set1_epi64(
-					(long long)((uint64_t)(1u << c) << (8 * (7 - (s + 2)))));
-				const __m512i mq = _mm512_set1_epi8((char)(3 << s));
-				/* (sa, sb) as 16-bit halves, -32 */
-				const __m512i sab = _mm512_sub_epi16(
-					pair_words(S[c / 2], c % 2),
-					_mm512_set1_epi16(32));
-				const __m512i sa = _mm512_srai_epi32(_mm512_slli_epi32(sab, 16), 16);
-				const __m512i sb = _mm512_srai_epi32(sab, 16);
-				__m512i d0 = _mm512_setzero_si512(), d1 = _mm512_setzero_si512(), t;
+			for (int g = 0; g < 8; g++) {
+				const __m512i qs = j < 3 ? Q[g] : _mm512_srli_epi32(Q[g], 2);
+				const __m512i q = _mm512_ternarylogic_epi32(
+					qs, _mm512_gf2p8affine_epi64_epi8(H[g], mv, 0), mq, KQ1_AND_OR);
 
-#pragma GCC unroll 8
-				for (int g = 0; g < 8; g++) {
-					const __m512i qs = j < 3 ? Q[g] : _mm512_srli_epi32(Q[g], 2);
-					const __m512i q = _mm512_ternarylogic_epi32(
-						qs, _mm512_gf2p8affine_epi64_epi8(H[g], mv, 0), mq, KQ1_AND_OR);
-
-					if (g < 4)
-						d0 = _mm512_dpbusd_epi32(d0, q, bcast4_512(xq + 32 * c + 4 * g));
-					else
-						d1 = _mm512_dpbusd_epi32(d1, q,
-									 bcast4_512(xq + 32 * c + 4 * g));
-				}
-				/* 2^s t', exact: shifted back, less the storage
-				 * offset 4 * (sa * X_a + sb * X_b) */
-				t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
-				if (s)
-					t = _mm512_srai_epi32(t, (unsigned)s);
-				t = _mm512_sub_epi32(t, _mm512_slli_epi32(
-								_mm512_madd_epi16(sab, _mm512_set1_epi32(xc[c])), 2));
-				acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xd[c])),
-						      _mm512_cvtepi32_ps(t), acc);
+				if (g < 4)
+					d0 = _mm512_dpbusd_epi32(d0, q, bcast4_512(xq + 32 * c + 4 * g));
+				else
+					d1 = _mm512_dpbusd_epi32(d1, q, bcast4_512(xq + 32 * c + 4 * g));
 			}
+			/* 2^s t', exact: shifted back, less the storage
+			 * offset 4 * (sa * X_a + sb * X_b) */
+			t = _mm512_add_epi32(_mm512_mullo_epi32(d0, sa), _mm512_mullo_epi32(d1, sb));
+			if (s)
+				t = _mm512_srai_epi32(t, (unsigned)s);
+			t = _mm512_sub_epi32(
+				t, _mm512_slli_epi32(_mm512_madd_epi16(sab, _mm512_set1_epi32(b.xc[c])), 2));
+			acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(b.xd[c])),
+					      _mm512_cvtepi32_ps(t), acc);
 		}
 	}
 	_mm512_storeu_ps(m->y + r, acc);
