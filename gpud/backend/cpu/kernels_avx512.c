@@ -388,7 +388,7 @@ TGT512V void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t
  *     (float)mt, acc).
  * So the bits are those of the AVX2 and portable kernels. */
 #define KQ_BC512 8 /* columns per pass over a pair of units */
-#define KQ_PF 2    /* units prefetched ahead, as kernels_kq_x86.c */
+#define KQ_PF 2    /* units prefetched ahead (pf_pair()), as kernels_kq_x86.c */
 
 /* 32 bytes at off of unit u (lanes 0..7) and of unit v (lanes 8..15). */
 TGT512V_INLINE __m512i ld2(const uint8_t *u, const uint8_t *v, size_t off)
@@ -518,10 +518,7 @@ TGT512V_INLINE void kq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 			__m512i sm[4] = { _mm512_setzero_si512(), _mm512_setzero_si512(),
 					  _mm512_setzero_si512(), _mm512_setzero_si512() };
 
-			for (size_t o = 0; o < unit; o += 64) {
-				_mm_prefetch((const char *)u + KQ_PF * unit + o, _MM_HINT_T0);
-				_mm_prefetch((const char *)v + KQ_PF * unit + o, _MM_HINT_T0);
-			}
+			pf_pair(a, i, nb, unit, gstride, KQ_PF);
 			if (mins)
 				ndmin = neg512(ld2h(u, v, 16));
 			if (QT == GPUD_TYPE_Q4_K || QT == GPUD_TYPE_Q5_K) /* the 6-bit scales and mins */

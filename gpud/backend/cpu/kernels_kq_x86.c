@@ -546,8 +546,8 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	 * a last single group here. (The batch kernel's pairs at batch 1
 	 * were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
 	 * interleaved bench_matmul 3b runs, and the engine's Q4_K_M decode
-	 * median 0.96x: their prefetch misses a pair's second group, see
-	 * pf_pair() there.) */
+	 * median 0.96x: their prefetch then missed a pair's second group,
+	 * see pf_pair() there.) */
 	if (m->packed && m->avx512vnni && one) {
 		gpud__avx512_rows_kqp1(m, r0, r1); /* Q2_K..Q6_K */
 		return;
