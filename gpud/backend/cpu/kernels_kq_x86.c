@@ -541,8 +541,8 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	const bool one = m->batch == 1;
 
 	/* Packed with AVX-512 VNNI: at batch 1 the kernels of
-	 * kernels_avx512.c (Q2_K and Q3_K pairs of row groups, the others
-	 * one group at a time); from batch 2 on pairs of row groups there,
+	 * kernels_avx512.c (Q2_K, and Q3_K with GFNI, pairs of row groups,
+	 * the others one group at a time); from batch 2 on pairs of row groups there,
 	 * a last single group here. (The batch kernel's pairs at batch 1
 	 * were 1.3-1.7x faster on cached weights but 0.8-1.2x from DRAM in
 	 * interleaved bench_matmul 3b runs, and the engine's Q4_K_M decode

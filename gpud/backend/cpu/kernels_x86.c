@@ -21,8 +21,8 @@
  * Float types may have a width that is not a multiple of 8: the last
  * columns are added after hsum8(), in order, by tail_dot() in every path.
  * With AVX-512 (kernels_avx512.c) packed f16, and with AVX-512 VNNI packed
- * q8_0/q4_0 from batch 2 on, take 16-lane versions of these kernels, the
- * same bits.
+ * q8_0/q4_0 (whole pairs of 8-row groups, at every batch), take 16-lane
+ * versions of these kernels, the same bits.
  */
 #include "gpud/backend/cpu/kernels_impl.h"
 
