@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""cu2cc.py - a CUDA source as cuemu C++ (tests/cuemu/README.md).
+
+    cu2cc.py IN.cu OUT.cc
+
+Rewrites what is not C++: every launch `kernel<targs><<<grid, block[, shm[,
+stream]]>>>(args)` becomes `cuemu_launch("kernel", BOUND, grid, block, shm,
+stream, kernel<targs>, args)`, BOUND being the expression of the kernel's
+__launch_bounds__ in the same file (0 without one), and `extern __shared__ T
+name[];` becomes a pointer to the launch's dynamic shared memory. Nothing
+else changes; line numbers are kept, and a #line directive names the .cu, so
+compiler messages point into it.
+"""
+import re
+import sys
+
+
+def split_top(s):
+    """s split at its top-level commas (not inside (), [], {} or <>)."""
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    out.append(cur.strip())
+    return out
+
+
+def bounds(src):
+    """kernel name -> its __launch_bounds__ expression (max threads)."""
+    b = {}
+    for m in re.finditer(r"__launch_bounds__\s*\(((?:[^()]|\([^()]*\))*)\)\s*(\w+)\s*\(", src):
+        b[m.group(2)] = split_top(m.group(1))[0]
+    return b
+
+
+LAUNCH = re.compile(r"(?P<kern>[A-Za-z_]\w*)(?P<targs>\s*<[^<>;{}]*>)?\s*<<<(?P<cfg>.*?)>>>\s*\(",
+                    re.S)
+
+
+def convert(src, path):
+    lb = bounds(src)
+
+    def launch(m):
+        cfg = split_top(m.group("cfg"))
+        if not 2 <= len(cfg) <= 4:
+            sys.exit("%s: a launch with %d configuration arguments" % (path, len(cfg)))
+        cfg += ["0", "0"][len(cfg) - 2:]
+        kern = m.group("kern")
+        fn = kern + (m.group("targs") or "")
+        bound = "(%s)" % lb[kern] if kern in lb else "0"
+        # the launch's own text may span lines: keep the count
+        nl = "\n" * m.group(0).count("\n")
+        rest = src[m.end():]
+        sep = "" if rest.lstrip().startswith(")") else ", "
+        return 'cuemu_launch("%s", %s, dim3(%s), dim3(%s), (size_t)(%s), %s, %s%s%s' % (
+            kern, bound, cfg[0], cfg[1], cfg[2], cfg[3], fn, sep, nl)
+
+    out = LAUNCH.sub(launch, src)
+    out = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;",
+                 r"\1 *\2 = (\1 *)cuemu::dyn_smem();", out)
+    return '#line 1 "%s"\n%s' % (path, out)
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit("usage: cu2cc.py IN.cu OUT.cc")
+    src = open(sys.argv[1]).read()
+    if "<<<" in src and "cuemu_launch" in src:
+        sys.exit("%s: already converted" % sys.argv[1])
+    out = convert(src, sys.argv[1])
+    if "<<<" in out:
+        sys.exit("%s: a launch cu2cc.py could not rewrite" % sys.argv[1])
+    open(sys.argv[2], "w").write(out)
+
+
+if __name__ == "__main__":
+    main()

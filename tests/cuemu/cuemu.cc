@@ -1,0 +1,1382 @@
+// cuemu.cc - the CUDA runtime and cuBLAS of cuemu (tests/cuemu/README.md):
+// the CUDA backend's kernels and API calls run on the CPU, with the
+// semantics a first run on a GPU would test.
+//
+// Memory: every cudaMalloc is its own mapping with an inaccessible page
+// after its end (and before its start), filled with 0xff bytes (NaN as
+// floats: a read of memory nothing wrote shows). Outside stream work the
+// device's mappings are made inaccessible (CUEMU_PROTECT=0 to turn off),
+// so host code that dereferences a device pointer stops at once, as it
+// would crash on a GPU machine.
+//
+// Streams: work is queued and runs at the next synchronization of its
+// stream (cudaStreamSynchronize, cudaDeviceSynchronize, cudaFree, ...), in
+// order, on the synchronizing host thread: host code that reads a result
+// or rewrites a buffer before synchronizing sees what it would on a GPU.
+// Capture (cudaStreamBeginCapture) records the work into a graph instead;
+// a graph launch queues its recorded work, arguments as they were captured.
+// Calls a capture forbids (synchronizing the capturing stream, allocating)
+// fail and invalidate it.
+//
+// Kernels: the blocks of a launch run one after another; the threads of a
+// block run as fibers (own stacks, switched by cuemu_switch), so that
+// __syncthreads and the warp intrinsics are real barriers. A barrier some
+// thread can never reach (it exited, or waits at another) stops the kernel
+// with a message, as does an access outside any mapping (a SIGSEGV inside
+// a kernel): the stream's error is then sticky for the device, as a fault
+// is on a GPU. Launch configurations are checked as the device checks
+// them (block and grid limits, __launch_bounds__).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/cuemu/cuemu.h"
+
+thread_local uint3 threadIdx, blockIdx;
+thread_local dim3 blockDim, gridDim;
+
+namespace {
+
+constexpr int MAX_DEV = 16;
+constexpr size_t PAGE = 4096;
+constexpr size_t FIBER_STACK = 128 << 10;
+
+/* --- configuration and global state ------------------------------------------ */
+
+struct conf {
+	int devices = 1;
+	size_t mem = (size_t)8 << 30;
+	bool protect = true;
+};
+
+const conf &cfg()
+{
+	static conf c = [] {
+		conf r;
+		const char *e;
+		if ((e = getenv("CUEMU_DEVICES")))
+			r.devices = atoi(e) < 0 ? 0 : atoi(e) > MAX_DEV ? MAX_DEV : atoi(e);
+		if ((e = getenv("CUEMU_MEM_MIB")) && atoll(e) > 0)
+			r.mem = (size_t)atoll(e) << 20;
+		if ((e = getenv("CUEMU_PROTECT")))
+			r.protect = strcmp(e, "0") != 0;
+		return r;
+	}();
+	return c;
+}
+
+struct region {
+	uintptr_t base;
+	size_t size;     // as asked
+	uint8_t *map;    // the mapping, guard pages included
+	size_t map_len;
+	uint8_t *data;   // first page of the accessible part
+	size_t data_len; // pages between the guards
+	int dev;         // -1: pinned host memory
+};
+
+std::mutex mu; // everything below, except what a stream's own thread owns
+std::map<uintptr_t, region> regions;
+size_t dev_used[MAX_DEV];
+cudaError_t sticky[MAX_DEV];
+cuemu_stats stats;
+
+thread_local int cur_dev = 0;
+thread_local cudaError_t last_err = cudaSuccess;
+
+cudaError_t ret(cudaError_t e)
+{
+	if (e != cudaSuccess)
+		last_err = e;
+	return e;
+}
+
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void fatal(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	fputs("cuemu: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+	abort();
+}
+
+// The region holding [p, p + n), or nullptr. Caller holds mu (or accepts
+// a racy answer: the signal handler, for a message).
+const region *find(const void *p, size_t n)
+{
+	uintptr_t a = (uintptr_t)p;
+	auto it = regions.upper_bound(a);
+
+	if (it == regions.begin())
+		return nullptr;
+	--it;
+	if (a < it->second.base || a + n > it->second.base + it->second.size || a + n < a)
+		return nullptr;
+	return &it->second;
+}
+
+// The region nearest below p (for a fault's message), or nullptr.
+const region *near(const void *p)
+{
+	auto it = regions.upper_bound((uintptr_t)p);
+
+	if (it == regions.begin())
+		return nullptr;
+	return &(--it)->second;
+}
+
+/* --- work: streams, graphs ---------------------------------------------------------- */
+
+struct op {
+	std::string what; // "kernel NAME", "memcpy", ...
+	std::function<cudaError_t()> run;
+};
+using op_ptr = std::shared_ptr<const op>;
+
+} // namespace
+
+struct CUgraph_st {
+	int dev;
+	std::vector<op_ptr> ops;
+};
+
+struct CUgraphExec_st {
+	int dev;
+	std::vector<op_ptr> ops;
+};
+
+struct CUstream_st {
+	int dev;
+	bool legacy;
+	std::vector<op_ptr> q;
+	CUgraph_st *cap = nullptr; // capturing into
+	cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+	std::thread::id cap_thread;
+	cudaError_t cap_err = cudaSuccess;
+};
+
+struct cublasContext {
+	int dev;
+	cudaStream_t stream = nullptr;
+	void *ws = nullptr;
+	size_t ws_bytes = 0;
+};
+
+namespace {
+
+CUstream_st legacy_streams[MAX_DEV];
+std::vector<CUstream_st *> streams[MAX_DEV]; // created ones, per device
+
+thread_local CUstream_st *tl_capture; // this thread's capturing stream
+
+CUstream_st *resolve(cudaStream_t s)
+{
+	if (s)
+		return s;
+	CUstream_st *l = &legacy_streams[cur_dev];
+	l->dev = cur_dev;
+	l->legacy = true;
+	return l;
+}
+
+// A call a capture in progress forbids (ThreadLocal and Global modes):
+// fails and invalidates the capture.
+bool capture_forbids(const char *call)
+{
+	if (!tl_capture || tl_capture->mode == cudaStreamCaptureModeRelaxed)
+		return false;
+	fprintf(stderr, "cuemu: %s during stream capture: not permitted, the capture is invalidated\n",
+		call);
+	tl_capture->cap_err = cudaErrorStreamCaptureInvalidated;
+	return true;
+}
+
+cudaError_t enqueue(CUstream_st *s, std::string what, std::function<cudaError_t()> fn)
+{
+	auto o = std::make_shared<op>(op{ std::move(what), std::move(fn) });
+
+	if (s->cap) {
+		if (s->mode != cudaStreamCaptureModeRelaxed && s->cap_thread != std::this_thread::get_id())
+			return ret(cudaErrorStreamCaptureWrongThread);
+		s->cap->ops.push_back(std::move(o));
+		return cudaSuccess;
+	}
+	s->q.push_back(std::move(o));
+	return cudaSuccess;
+}
+
+void set_protection(int dev, bool on)
+{
+	if (!cfg().protect)
+		return;
+	std::lock_guard<std::mutex> g(mu);
+	for (auto &kv : regions) {
+		const region &r = kv.second;
+		if (r.dev == dev && mprotect(r.data, r.data_len, on ? PROT_NONE : PROT_READ | PROT_WRITE))
+			fatal("mprotect: %s", strerror(errno));
+	}
+}
+
+// Runs the stream's queued work in order; a failure is sticky for the
+// device (the rest of the queue is dropped, as a faulted context's).
+cudaError_t flush(CUstream_st *s)
+{
+	cudaError_t e;
+
+	if (s->q.empty())
+		return sticky[s->dev];
+	std::vector<op_ptr> q;
+	q.swap(s->q);
+	set_protection(s->dev, false);
+	e = sticky[s->dev];
+	for (size_t i = 0; e == cudaSuccess && i < q.size(); i++) {
+		e = q[i]->run();
+		if (e != cudaSuccess) {
+			std::lock_guard<std::mutex> g(mu);
+			sticky[s->dev] = e;
+		}
+	}
+	set_protection(s->dev, true);
+	return e;
+}
+
+cudaError_t flush_device(int dev)
+{
+	cudaError_t e = flush(&legacy_streams[dev]);
+	std::vector<CUstream_st *> ss;
+	{
+		std::lock_guard<std::mutex> g(mu);
+		ss = streams[dev];
+	}
+	for (CUstream_st *s : ss) {
+		cudaError_t e2 = flush(s);
+		if (e == cudaSuccess)
+			e = e2;
+	}
+	return e;
+}
+
+cudaError_t check_dev(void)
+{
+	if (cfg().devices == 0)
+		return cudaErrorNoDevice;
+	return sticky[cur_dev];
+}
+
+/* --- fibers ----------------------------------------------------------------------------- */
+
+extern "C" void cuemu_switch(void **save_sp, void *to_sp);
+
+#if defined(__x86_64__)
+// Saves the callee-saved registers, MXCSR and the x87 control word on the
+// current stack, stores its pointer in *save_sp, and resumes the stack
+// to_sp saved the same way (or prepared by fiber_prepare).
+asm(".text\n"
+    ".globl cuemu_switch\n"
+    ".type cuemu_switch,@function\n"
+    "cuemu_switch:\n"
+    "\tpushq %rbp\n"
+    "\tpushq %rbx\n"
+    "\tpushq %r12\n"
+    "\tpushq %r13\n"
+    "\tpushq %r14\n"
+    "\tpushq %r15\n"
+    "\tsubq $8, %rsp\n"
+    "\tstmxcsr (%rsp)\n"
+    "\tfnstcw 4(%rsp)\n"
+    "\tmovq %rsp, (%rdi)\n"
+    "\tmovq %rsi, %rsp\n"
+    "\tldmxcsr (%rsp)\n"
+    "\tfldcw 4(%rsp)\n"
+    "\taddq $8, %rsp\n"
+    "\tpopq %r15\n"
+    "\tpopq %r14\n"
+    "\tpopq %r13\n"
+    "\tpopq %r12\n"
+    "\tpopq %rbx\n"
+    "\tpopq %rbp\n"
+    "\tret\n"
+    ".size cuemu_switch,.-cuemu_switch\n");
+#else
+#error "cuemu: the fiber switch is written for x86-64"
+#endif
+
+enum fstate { F_RUN, F_BAR, F_WARP, F_DONE };
+
+struct fiber {
+	void *sp;
+	uint8_t *stack; // FIBER_STACK bytes above a guard page
+	fstate st;
+	uint3 tid;
+	unsigned lin;
+};
+
+struct warp_t {
+	unsigned count, gen, n;
+	uint64_t slot[32];
+};
+
+// One host thread's kernel runner: the block in flight and its fibers.
+struct runner {
+	std::vector<fiber> f;
+	unsigned n = 0, cur = 0;
+	void *sched_sp = nullptr;
+	const std::function<void()> *body = nullptr;
+	uint64_t progress = 0;
+	unsigned bar_count = 0, bar_gen = 0;
+	warp_t w[32];
+	std::vector<uint8_t> dyn;
+	const char *kernel = "";
+	bool active = false;
+	sigjmp_buf jb;
+	void *fault_addr = nullptr;
+	bool alt_stack = false;
+};
+
+thread_local runner *R;
+
+[[noreturn]] void fiber_main(void)
+{
+	runner *r = R;
+
+	(*r->body)();
+	r->f[r->cur].st = F_DONE;
+	r->progress++;
+	cuemu_switch(&r->f[r->cur].sp, r->sched_sp);
+	fatal("a finished fiber was resumed");
+}
+
+void fiber_prepare(fiber &f)
+{
+	uintptr_t top = ((uintptr_t)f.stack + FIBER_STACK) & ~(uintptr_t)15;
+	uint64_t *sp = (uint64_t *)top;
+	uint32_t csr[2] = { 0, 0 };
+	uint16_t cw;
+
+	asm volatile("stmxcsr %0" : "=m"(csr[0]));
+	asm volatile("fnstcw %0" : "=m"(cw));
+	csr[1] = cw;
+	*--sp = 0;                      // fiber_main's (absent) return address
+	*--sp = (uint64_t)&fiber_main;  // cuemu_switch's ret
+	for (int i = 0; i < 6; i++)
+		*--sp = 0;              // rbp rbx r12 r13 r14 r15
+	--sp;
+	memcpy(sp, csr, 8);             // MXCSR, x87 control word
+	f.sp = sp;
+}
+
+void yield(void)
+{
+	cuemu_switch(&R->f[R->cur].sp, R->sched_sp);
+}
+
+runner *need_runner(const char *what)
+{
+	if (!R || !R->active)
+		fatal("%s called outside a kernel", what);
+	return R;
+}
+
+void kernel_fault(int sig, siginfo_t *si, void *uc);
+
+void ensure_runner(void)
+{
+	if (!R)
+		R = new runner();
+	if (!R->alt_stack) {
+		// the fault handler runs here: a fiber's own stack may be what overflowed
+		stack_t ss;
+		ss.ss_sp = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+				-1, 0);
+		if (ss.ss_sp == MAP_FAILED)
+			fatal("mmap of the signal stack: %s", strerror(errno));
+		ss.ss_size = 1 << 16;
+		ss.ss_flags = 0;
+		if (sigaltstack(&ss, nullptr))
+			fatal("sigaltstack: %s", strerror(errno));
+		R->alt_stack = true;
+	}
+}
+
+void fibers_for(unsigned n)
+{
+	runner *r = R;
+
+	while (r->f.size() < n) {
+		fiber f = {};
+		uint8_t *m = (uint8_t *)mmap(nullptr, FIBER_STACK + PAGE, PROT_READ | PROT_WRITE,
+					     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (m == MAP_FAILED)
+			fatal("mmap of a fiber stack: %s", strerror(errno));
+		mprotect(m, PAGE, PROT_NONE); // overflow faults
+		f.stack = m + PAGE;
+		r->f.push_back(f);
+	}
+}
+
+std::string dims(uint3 d)
+{
+	return "(" + std::to_string(d.x) + "," + std::to_string(d.y) + "," + std::to_string(d.z) + ")";
+}
+
+std::string fault_where(const void *addr)
+{
+	std::lock_guard<std::mutex> g(mu);
+	const region *r = near(addr);
+	char b[256];
+
+	if (!r) {
+		snprintf(b, sizeof(b), "%p: no device or pinned memory there", addr);
+		return b;
+	}
+	uintptr_t a = (uintptr_t)addr;
+	if (a >= r->base + r->size)
+		snprintf(b, sizeof(b), "%p: %zu bytes past the end of a %s region of %zu bytes", addr,
+			 (size_t)(a - r->base - r->size), r->dev < 0 ? "pinned host" : "device",
+			 r->size);
+	else
+		snprintf(b, sizeof(b), "%p: inside a %s region of %zu bytes at offset %zu", addr,
+			 r->dev < 0 ? "pinned host" : "device", r->size, (size_t)(a - r->base));
+	return b;
+}
+
+// Runs one launch: every block, each block's threads as fibers.
+cudaError_t run_kernel(const char *name, dim3 g, dim3 b, size_t shm,
+		       const std::function<void()> &body)
+{
+	ensure_runner();
+	runner *r = R;
+	unsigned n = b.x * b.y * b.z;
+
+	fibers_for(n);
+	r->n = n;
+	r->body = &body;
+	r->kernel = name;
+	r->dyn.assign(shm ? shm : 1, 0xff);
+	gridDim = g;
+	blockDim = b;
+	{
+		std::lock_guard<std::mutex> lk(mu);
+		stats.launches++;
+	}
+	for (unsigned bz = 0; bz < g.z; bz++)
+		for (unsigned by = 0; by < g.y; by++)
+			for (unsigned bx = 0; bx < g.x; bx++) {
+				blockIdx = uint3{ bx, by, bz };
+				r->bar_count = r->bar_gen = 0;
+				for (unsigned w = 0; w * 32 < n; w++) {
+					r->w[w].count = r->w[w].gen = 0;
+					r->w[w].n = n - w * 32 < 32 ? n - w * 32 : 32;
+				}
+				for (unsigned i = 0; i < n; i++) {
+					fiber &f = r->f[i];
+					f.st = F_RUN;
+					f.lin = i;
+					f.tid = uint3{ i % b.x, (i / b.x) % b.y, i / (b.x * b.y) };
+					fiber_prepare(f);
+				}
+				r->active = true;
+				if (sigsetjmp(r->jb, 1)) {
+					r->active = false;
+					fprintf(stderr,
+						"cuemu: kernel %s, block %s, thread %s: illegal address %s\n",
+						name, dims(blockIdx).c_str(), dims(r->f[r->cur].tid).c_str(),
+						fault_where(r->fault_addr).c_str());
+					std::lock_guard<std::mutex> lk(mu);
+					stats.faults++;
+					return cudaErrorIllegalAddress;
+				}
+				for (;;) {
+					bool live = false;
+					uint64_t p0 = r->progress;
+					for (unsigned i = 0; i < n; i++) {
+						if (r->f[i].st == F_DONE)
+							continue;
+						live = true;
+						r->cur = i;
+						threadIdx = r->f[i].tid;
+						cuemu_switch(&r->sched_sp, r->f[i].sp);
+					}
+					if (!live)
+						break;
+					if (r->progress == p0) {
+						unsigned done = 0, bar = 0, warp = 0;
+						for (unsigned i = 0; i < n; i++) {
+							done += r->f[i].st == F_DONE;
+							bar += r->f[i].st == F_BAR;
+							warp += r->f[i].st == F_WARP;
+						}
+						r->active = false;
+						fprintf(stderr,
+							"cuemu: kernel %s, block %s: deadlock: %u threads wait at "
+							"__syncthreads, %u at a warp-synchronous call, %u have "
+							"exited (a barrier not every thread reaches)\n",
+							name, dims(blockIdx).c_str(), bar, warp, done);
+						std::lock_guard<std::mutex> lk(mu);
+						stats.faults++;
+						return cudaErrorLaunchFailure;
+					}
+				}
+				r->active = false;
+			}
+	return cudaSuccess;
+}
+
+void kernel_fault(int sig, siginfo_t *si, void *uc)
+{
+	(void)uc;
+	if (R && R->active) {
+		R->fault_addr = si->si_addr;
+		R->active = false;
+		siglongjmp(R->jb, 1);
+	}
+	const region *r = near(si->si_addr);
+	if (r && r->dev >= 0 && (uintptr_t)si->si_addr < (uintptr_t)r->map + r->map_len) {
+		char b[200];
+		int k = snprintf(b, sizeof(b),
+				 "cuemu: host code touched device memory at %p (a cudaMalloc'd "
+				 "region of %zu bytes): a device pointer dereferenced on the host\n",
+				 si->si_addr, r->size);
+		if (write(2, b, (size_t)k) < 0) {
+		}
+	}
+	signal(sig, SIG_DFL); // the fault repeats, now fatal
+}
+
+void install_handler(void)
+{
+	static std::once_flag once;
+	std::call_once(once, [] {
+		struct sigaction sa;
+		memset(&sa, 0, sizeof(sa));
+		sa.sa_sigaction = kernel_fault;
+		sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+		sigemptyset(&sa.sa_mask);
+		sigaction(SIGSEGV, &sa, nullptr);
+		sigaction(SIGBUS, &sa, nullptr);
+	});
+}
+
+warp_t &my_warp(runner *r, unsigned mask, const char *what)
+{
+	fiber &me = r->f[r->cur];
+	warp_t &w = r->w[me.lin / 32];
+	unsigned want = w.n == 32 ? 0xffffffffu : (1u << w.n) - 1;
+
+	if (mask != want)
+		fatal("kernel %s: %s with mask %#x in a warp of %u threads: cuemu models full-warp "
+		      "masks only", r->kernel, what, mask, w.n);
+	return w;
+}
+
+void warp_barrier(runner *r, warp_t &w)
+{
+	fiber &me = r->f[r->cur];
+
+	r->progress++;
+	if (++w.count == w.n) {
+		w.count = 0;
+		w.gen++;
+		return;
+	}
+	unsigned g = w.gen;
+	me.st = F_WARP;
+	while (w.gen == g)
+		yield();
+	me.st = F_RUN;
+}
+
+/* --- cuBLAS's GEMM: column-major reference, fp32 accumulation ------------------------ */
+
+float elem(const void *p, cudaDataType_t t, size_t i)
+{
+	switch (t) {
+	case CUDA_R_32F:
+		return ((const float *)p)[i];
+	case CUDA_R_16F:
+		return __half2float(((const __half *)p)[i]);
+	default:
+		return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+	}
+}
+
+size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+bool known_type(cudaDataType_t t)
+{
+	return t == CUDA_R_32F || t == CUDA_R_16F || t == CUDA_R_16BF;
+}
+
+} // namespace
+
+/* --- device-side entry points ---------------------------------------------------------- */
+
+namespace cuemu {
+
+cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
+		   std::function<void()> body)
+{
+	cudaError_t e = check_dev();
+	CUstream_st *st;
+	uint64_t n = (uint64_t)b.x * b.y * b.z;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	st = resolve(s);
+	if (st->dev != cur_dev) {
+		fprintf(stderr, "cuemu: kernel %s launched on a stream of device %d while device %d "
+			"is current\n", name, st->dev, cur_dev);
+		return ret(cudaErrorInvalidResourceHandle);
+	}
+	if (!g.x || !g.y || !g.z || !n || b.x > 1024 || b.y > 1024 || b.z > 64 || n > 1024 ||
+	    g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535) {
+		fprintf(stderr, "cuemu: kernel %s: invalid configuration: grid (%u,%u,%u), block "
+			"(%u,%u,%u)\n", name, g.x, g.y, g.z, b.x, b.y, b.z);
+		return ret(cudaErrorInvalidConfiguration);
+	}
+	if (bound && n > bound) {
+		fprintf(stderr, "cuemu: kernel %s: %llu threads per block above its "
+			"__launch_bounds__(%u)\n", name, (unsigned long long)n, bound);
+		return ret(cudaErrorLaunchOutOfResources);
+	}
+	if (shm > 48 * 1024) {
+		fprintf(stderr, "cuemu: kernel %s: %zu bytes of dynamic shared memory (above 48 KiB "
+			"needs cudaFuncSetAttribute)\n", name, shm);
+		return ret(cudaErrorInvalidValue);
+	}
+	install_handler();
+	std::string nm = name;
+	return ret(enqueue(st, "kernel " + nm, [nm, g, b, shm, body]() {
+		return run_kernel(nm.c_str(), g, b, shm, body);
+	}));
+}
+
+void *dyn_smem(void)
+{
+	return need_runner("extern __shared__")->dyn.data();
+}
+
+void syncthreads(void)
+{
+	runner *r = need_runner("__syncthreads");
+	fiber &me = r->f[r->cur];
+
+	r->progress++;
+	if (++r->bar_count == r->n) {
+		r->bar_count = 0;
+		r->bar_gen++;
+		return;
+	}
+	unsigned g = r->bar_gen;
+	me.st = F_BAR;
+	while (r->bar_gen == g)
+		yield();
+	me.st = F_RUN;
+}
+
+void syncwarp(unsigned mask)
+{
+	runner *r = need_runner("__syncwarp");
+	warp_barrier(r, my_warp(r, mask, "__syncwarp"));
+}
+
+unsigned lane(void)
+{
+	runner *r = need_runner("a warp intrinsic");
+	return r->f[r->cur].lin % 32;
+}
+
+void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src)
+{
+	runner *r = need_runner("__shfl_sync");
+	warp_t &w = my_warp(r, mask, "__shfl_sync");
+	unsigned l = r->f[r->cur].lin % 32;
+
+	w.slot[l] = 0;
+	memcpy(&w.slot[l], in, n);
+	warp_barrier(r, w);
+	if (src < 0 || (unsigned)src >= w.n)
+		src = (int)l;
+	memcpy(out, &w.slot[src], n);
+	warp_barrier(r, w);
+}
+
+unsigned warp_vote(unsigned mask, int pred)
+{
+	runner *r = need_runner("a warp vote");
+	warp_t &w = my_warp(r, mask, "a warp vote");
+	unsigned l = r->f[r->cur].lin % 32, v = 0;
+
+	w.slot[l] = pred != 0;
+	warp_barrier(r, w);
+	for (unsigned i = 0; i < w.n; i++)
+		v |= (unsigned)w.slot[i] << i;
+	warp_barrier(r, w);
+	return v;
+}
+
+} // namespace cuemu
+
+/* --- the runtime API ---------------------------------------------------------------------- */
+
+extern "C" cuemu_stats cuemu_get_stats(void)
+{
+	std::lock_guard<std::mutex> g(mu);
+	return stats;
+}
+
+cudaError_t cudaGetLastError(void)
+{
+	cudaError_t e = last_err;
+
+	last_err = cudaSuccess;
+	if (e == cudaSuccess && cfg().devices)
+		e = sticky[cur_dev];
+	return e;
+}
+
+cudaError_t cudaPeekAtLastError(void)
+{
+	return last_err != cudaSuccess ? last_err : cfg().devices ? sticky[cur_dev] : cudaSuccess;
+}
+
+const char *cudaGetErrorName(cudaError_t e)
+{
+	switch (e) {
+#define N(x) case x: return #x;
+	N(cudaSuccess) N(cudaErrorInvalidValue) N(cudaErrorMemoryAllocation)
+	N(cudaErrorInitializationError) N(cudaErrorInvalidConfiguration)
+	N(cudaErrorInvalidDevicePointer) N(cudaErrorInvalidMemcpyDirection)
+	N(cudaErrorInsufficientDriver) N(cudaErrorCallRequiresNewerDriver)
+	N(cudaErrorDevicesUnavailable) N(cudaErrorInvalidDeviceFunction) N(cudaErrorNoDevice)
+	N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState)
+	N(cudaErrorNotReady) N(cudaErrorIllegalAddress) N(cudaErrorLaunchOutOfResources)
+	N(cudaErrorMisalignedAddress) N(cudaErrorLaunchFailure) N(cudaErrorNotPermitted)
+	N(cudaErrorSystemDriverMismatch) N(cudaErrorStreamCaptureUnsupported)
+	N(cudaErrorStreamCaptureInvalidated) N(cudaErrorStreamCaptureUnmatched)
+	N(cudaErrorStreamCaptureImplicit) N(cudaErrorStreamCaptureWrongThread)
+	N(cudaErrorUnknown)
+#undef N
+	}
+	return "cudaErrorUnknown";
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+	switch (e) {
+	case cudaSuccess: return "no error";
+	case cudaErrorInvalidValue: return "invalid argument";
+	case cudaErrorMemoryAllocation: return "out of memory";
+	case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+	case cudaErrorInvalidDevicePointer: return "invalid device pointer";
+	case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+	case cudaErrorInvalidDevice: return "invalid device ordinal";
+	case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+	case cudaErrorIllegalState: return "operation not permitted when stream is capturing";
+	case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+	case cudaErrorLaunchOutOfResources: return "too many resources requested for launch";
+	case cudaErrorMisalignedAddress: return "misaligned address";
+	case cudaErrorLaunchFailure: return "unspecified launch failure";
+	case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+	case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+	case cudaErrorStreamCaptureWrongThread: return "attempt to terminate a thread-local capture sequence from another thread";
+	default: return cudaGetErrorName(e);
+	}
+}
+
+cudaError_t cudaGetDeviceCount(int *n)
+{
+	*n = cfg().devices;
+	return cfg().devices ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaSetDevice(int dev)
+{
+	if (cfg().devices == 0)
+		return ret(cudaErrorNoDevice);
+	if (dev < 0 || dev >= cfg().devices)
+		return ret(cudaErrorInvalidDevice);
+	cur_dev = dev;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int *dev)
+{
+	*dev = cur_dev;
+	return cfg().devices ? cudaSuccess : ret(cudaErrorNoDevice);
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
+{
+	if (dev < 0 || dev >= cfg().devices)
+		return ret(cfg().devices ? cudaErrorInvalidDevice : cudaErrorNoDevice);
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "cuemu %d (CUDA on the CPU, tests/cuemu)", dev);
+	p->totalGlobalMem = cfg().mem;
+	p->sharedMemPerBlock = 48 * 1024;
+	p->major = 9;
+	p->minor = 0;
+	p->multiProcessorCount = 1;
+	p->maxThreadsPerBlock = 1024;
+	p->warpSize = 32;
+	p->maxGridSize[0] = 0x7fffffff;
+	p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+	p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+	p->maxThreadsDim[2] = 64;
+	return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *fr, size_t *tot)
+{
+	cudaError_t e = check_dev();
+
+	if (e != cudaSuccess)
+		return ret(e);
+	std::lock_guard<std::mutex> g(mu);
+	*tot = cfg().mem;
+	*fr = cfg().mem - dev_used[cur_dev];
+	return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+	cudaError_t e = check_dev();
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (capture_forbids("cudaDeviceSynchronize"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	return ret(flush_device(cur_dev));
+}
+
+namespace {
+
+cudaError_t map_region(void **p, size_t n, int dev)
+{
+	size_t data = (n + PAGE - 1) / PAGE * PAGE, len = data + 2 * PAGE;
+	uint8_t *m;
+
+	if (!n)
+		n = 1, data = PAGE, len = 3 * PAGE;
+	if (dev >= 0) {
+		std::lock_guard<std::mutex> g(mu);
+		if (dev_used[dev] + n > cfg().mem)
+			return cudaErrorMemoryAllocation;
+		dev_used[dev] += n;
+	}
+	m = (uint8_t *)mmap(nullptr, len, PROT_READ | PROT_WRITE,
+			    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (m == MAP_FAILED) {
+		std::lock_guard<std::mutex> g(mu);
+		if (dev >= 0)
+			dev_used[dev] -= n;
+		return cudaErrorMemoryAllocation;
+	}
+	mprotect(m, PAGE, PROT_NONE);
+	mprotect(m + PAGE + data, PAGE, PROT_NONE);
+	// the end flush with the guard page (256-byte aligned, as cudaMalloc's)
+	uintptr_t base = ((uintptr_t)m + PAGE + data - n) & ~(uintptr_t)255;
+	memset(m + PAGE, 0xff, data);
+	region r = { base, n, m, len, m + PAGE, data, dev };
+	std::lock_guard<std::mutex> g(mu);
+	if (dev >= 0 && cfg().protect && mprotect(r.data, r.data_len, PROT_NONE))
+		fatal("mprotect: %s", strerror(errno));
+	regions[base] = r;
+	if (dev >= 0)
+		stats.device_allocs++;
+	else
+		stats.host_allocs++;
+	*p = (void *)base;
+	return cudaSuccess;
+}
+
+cudaError_t unmap_region(void *p, bool host)
+{
+	std::lock_guard<std::mutex> g(mu);
+	auto it = regions.find((uintptr_t)p);
+
+	if (it == regions.end() || (it->second.dev < 0) != host)
+		return cudaErrorInvalidValue;
+	if (!host) {
+		dev_used[it->second.dev] -= it->second.size;
+		stats.device_frees++;
+	}
+	munmap(it->second.map, it->second.map_len);
+	regions.erase(it);
+	return cudaSuccess;
+}
+
+} // namespace
+
+cudaError_t cudaMalloc(void **p, size_t n)
+{
+	cudaError_t e = check_dev();
+
+	*p = nullptr;
+	if (e != cudaSuccess)
+		return ret(e);
+	if (capture_forbids("cudaMalloc"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	return ret(map_region(p, n, cur_dev));
+}
+
+cudaError_t cudaFree(void *p)
+{
+	cudaError_t e;
+
+	if (!p)
+		return cudaSuccess;
+	if (capture_forbids("cudaFree"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	{
+		std::lock_guard<std::mutex> g(mu);
+		const region *r = find(p, 1);
+		if (!r || r->dev < 0 || r->base != (uintptr_t)p)
+			return ret(cudaErrorInvalidValue);
+		e = sticky[r->dev];
+	}
+	flush_device(cur_dev); // cudaFree synchronizes
+	cudaError_t e2 = unmap_region(p, false);
+	return ret(e2 != cudaSuccess ? e2 : e);
+}
+
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags)
+{
+	(void)flags;
+	*p = nullptr;
+	if (capture_forbids("cudaHostAlloc"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	return ret(map_region(p, n, -1));
+}
+
+cudaError_t cudaMallocHost(void **p, size_t n)
+{
+	return cudaHostAlloc(p, n, cudaHostAllocDefault);
+}
+
+cudaError_t cudaFreeHost(void *p)
+{
+	if (!p)
+		return cudaSuccess;
+	return ret(unmap_region(p, true));
+}
+
+namespace {
+
+// Checks a copy's ranges for its kind; returns the effective kind.
+cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind &kind)
+{
+	std::lock_guard<std::mutex> g(mu);
+	const region *d = find(dst, n ? n : 1), *s = find(src, n ? n : 1);
+	bool dd = d && d->dev >= 0, sd = s && s->dev >= 0;
+
+	if (kind == cudaMemcpyDefault)
+		kind = dd ? (sd ? cudaMemcpyDeviceToDevice : cudaMemcpyHostToDevice)
+			  : (sd ? cudaMemcpyDeviceToHost : cudaMemcpyHostToHost);
+	bool want_dd = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+	bool want_sd = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+	if (want_dd != dd || want_sd != sd) {
+		fprintf(stderr, "cuemu: cudaMemcpy kind %d from %p to %p (%zu bytes): %s is not %s\n",
+			(int)kind, src, dst, n, want_dd != dd ? "the destination" : "the source",
+			(want_dd != dd ? want_dd : want_sd) ? "inside one device allocation"
+							    : "host memory");
+		return cudaErrorInvalidValue;
+	}
+	if ((dd && d->dev != cur_dev) || (sd && s->dev != cur_dev)) {
+		fprintf(stderr, "cuemu: cudaMemcpy with memory of another device than the current\n");
+		return cudaErrorInvalidValue;
+	}
+	return cudaSuccess;
+}
+
+bool pinned(const void *p, size_t n)
+{
+	std::lock_guard<std::mutex> g(mu);
+	const region *r = find(p, n ? n : 1);
+	return r && r->dev < 0;
+}
+
+} // namespace
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+			    cudaStream_t s)
+{
+	cudaError_t e = check_dev();
+	CUstream_st *st;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if ((e = check_copy(dst, src, n, kind)) != cudaSuccess)
+		return ret(e);
+	st = resolve(s);
+	if (st->dev != cur_dev)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (!n)
+		return cudaSuccess;
+	if (kind == cudaMemcpyHostToDevice && !pinned(src, n)) {
+		// pageable memory is staged when the call is made
+		if (st->cap) {
+			fprintf(stderr, "cuemu: cudaMemcpyAsync from pageable memory during capture\n");
+			st->cap_err = cudaErrorStreamCaptureInvalidated;
+			return ret(cudaErrorStreamCaptureUnsupported);
+		}
+		auto copy = std::make_shared<std::vector<uint8_t>>((const uint8_t *)src,
+								   (const uint8_t *)src + n);
+		return ret(enqueue(st, "memcpy", [dst, copy]() {
+			memcpy(dst, copy->data(), copy->size());
+			return cudaSuccess;
+		}));
+	}
+	if (kind == cudaMemcpyDeviceToHost && !pinned(dst, n)) {
+		// to pageable memory the copy completes before the call returns
+		if (st->cap) {
+			st->cap_err = cudaErrorStreamCaptureInvalidated;
+			return ret(cudaErrorStreamCaptureUnsupported);
+		}
+		if ((e = flush(st)) != cudaSuccess)
+			return ret(e);
+		set_protection(st->dev, false);
+		memcpy(dst, src, n);
+		set_protection(st->dev, true);
+		return cudaSuccess;
+	}
+	return ret(enqueue(st, "memcpy", [dst, src, n]() {
+		memmove(dst, src, n);
+		return cudaSuccess;
+	}));
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
+{
+	cudaError_t e = check_dev();
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (capture_forbids("cudaMemcpy"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	if ((e = flush_device(cur_dev)) != cudaSuccess)
+		return ret(e);
+	if ((e = cudaMemcpyAsync(dst, src, n, kind, nullptr)) != cudaSuccess)
+		return e;
+	return ret(flush_device(cur_dev));
+}
+
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
+{
+	cudaError_t e = check_dev();
+	CUstream_st *st;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	{
+		std::lock_guard<std::mutex> g(mu);
+		const region *r = find(p, n ? n : 1);
+		if (!r || r->dev != cur_dev) {
+			fprintf(stderr, "cuemu: cudaMemsetAsync of %zu bytes at %p: not inside one "
+				"allocation of the current device\n", n, p);
+			return ret(cudaErrorInvalidValue);
+		}
+	}
+	st = resolve(s);
+	if (st->dev != cur_dev)
+		return ret(cudaErrorInvalidResourceHandle);
+	return ret(enqueue(st, "memset", [p, v, n]() {
+		memset(p, v, n);
+		return cudaSuccess;
+	}));
+}
+
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+	cudaError_t e = cudaMemsetAsync(p, v, n, nullptr);
+	return e != cudaSuccess ? e : ret(flush_device(cur_dev));
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
+{
+	cudaError_t e = check_dev();
+
+	(void)flags;
+	if (e != cudaSuccess)
+		return ret(e);
+	CUstream_st *st = new CUstream_st();
+	st->dev = cur_dev;
+	st->legacy = false;
+	std::lock_guard<std::mutex> g(mu);
+	streams[cur_dev].push_back(st);
+	*s = st;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *s)
+{
+	return cudaStreamCreateWithFlags(s, cudaStreamDefault);
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t s)
+{
+	if (!s)
+		return ret(cudaErrorInvalidResourceHandle);
+	flush(s);
+	std::lock_guard<std::mutex> g(mu);
+	auto &v = streams[s->dev];
+	for (size_t i = 0; i < v.size(); i++)
+		if (v[i] == s) {
+			v.erase(v.begin() + (long)i);
+			break;
+		}
+	delete s->cap;
+	delete s;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+	CUstream_st *st = resolve(s);
+
+	if (st->cap) {
+		fprintf(stderr, "cuemu: cudaStreamSynchronize of a capturing stream: not permitted, "
+			"the capture is invalidated\n");
+		st->cap_err = cudaErrorStreamCaptureInvalidated;
+		return ret(cudaErrorStreamCaptureUnsupported);
+	}
+	if (capture_forbids("cudaStreamSynchronize"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	return ret(flush(st));
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)
+{
+	cudaError_t e = check_dev();
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (!s) // the legacy stream cannot be captured
+		return ret(cudaErrorStreamCaptureUnsupported);
+	if (s->cap || tl_capture)
+		return ret(cudaErrorIllegalState);
+	s->cap = new CUgraph_st{ s->dev, {} };
+	s->mode = mode;
+	s->cap_thread = std::this_thread::get_id();
+	s->cap_err = cudaSuccess;
+	if (mode != cudaStreamCaptureModeRelaxed)
+		tl_capture = s;
+	return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g)
+{
+	*g = nullptr;
+	if (!s || !s->cap)
+		return ret(cudaErrorIllegalState);
+	if (s->mode != cudaStreamCaptureModeRelaxed && s->cap_thread != std::this_thread::get_id())
+		return ret(cudaErrorStreamCaptureWrongThread);
+	CUgraph_st *graph = s->cap;
+	cudaError_t e = s->cap_err;
+	s->cap = nullptr;
+	if (tl_capture == s)
+		tl_capture = nullptr;
+	if (e != cudaSuccess) {
+		delete graph;
+		return ret(cudaErrorStreamCaptureInvalidated);
+	}
+	*g = graph;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *ex, cudaGraph_t g, unsigned long long flags)
+{
+	(void)flags;
+	*ex = nullptr;
+	if (!g)
+		return ret(cudaErrorInvalidValue);
+	if (capture_forbids("cudaGraphInstantiate"))
+		return ret(cudaErrorStreamCaptureUnsupported);
+	*ex = new CUgraphExec_st{ g->dev, g->ops };
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphUpload(cudaGraphExec_t ex, cudaStream_t s)
+{
+	if (!ex || resolve(s)->dev != ex->dev)
+		return ret(cudaErrorInvalidResourceHandle);
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t ex, cudaStream_t s)
+{
+	cudaError_t e = check_dev();
+	CUstream_st *st;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	st = resolve(s);
+	if (!ex || st->dev != ex->dev || st->dev != cur_dev)
+		return ret(cudaErrorInvalidResourceHandle);
+	{
+		std::lock_guard<std::mutex> g(mu);
+		stats.graph_launches++;
+	}
+	for (const op_ptr &o : ex->ops) {
+		if (st->cap)
+			st->cap->ops.push_back(o);
+		else
+			st->q.push_back(o);
+	}
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t g)
+{
+	delete g;
+	return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex)
+{
+	delete ex;
+	return cudaSuccess;
+}
+
+/* --- cuBLAS ------------------------------------------------------------------------------ */
+
+cublasStatus_t cublasCreate(cublasHandle_t *h)
+{
+	if (check_dev() != cudaSuccess)
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	*h = new cublasContext();
+	(*h)->dev = cur_dev;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t h)
+{
+	delete h;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
+{
+	if (!h)
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (resolve(s)->dev != h->dev)
+		return CUBLAS_STATUS_INVALID_VALUE;
+	h->stream = s;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
+{
+	if (!h)
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (ws) {
+		std::lock_guard<std::mutex> g(mu);
+		const region *r = find(ws, bytes ? bytes : 1);
+		if (!r || r->dev != h->dev || ((uintptr_t)ws & 255))
+			return CUBLAS_STATUS_INVALID_VALUE;
+	}
+	h->ws = ws;
+	h->ws_bytes = bytes;
+	return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
+{
+	(void)mode;
+	return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+
+const char *cublasGetStatusString(cublasStatus_t s)
+{
+	switch (s) {
+	case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
+	case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+	case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+	case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+	case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
+	case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
+	case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+	case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
+	case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+	}
+	return "unknown cuBLAS status";
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
+			    int n, int k, const void *alpha, const void *A, cudaDataType_t at,
+			    int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta,
+			    void *C, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
+			    cublasGemmAlgo_t algo)
+{
+	(void)algo;
+	if (!h)
+		return CUBLAS_STATUS_NOT_INITIALIZED;
+	if (h->dev != cur_dev || check_dev() != cudaSuccess)
+		return CUBLAS_STATUS_EXECUTION_FAILED;
+	if (m < 0 || n < 0 || k < 0 || !known_type(at) || !known_type(bt) || ct != CUDA_R_32F ||
+	    compute != CUBLAS_COMPUTE_32F || at != bt)
+		return CUBLAS_STATUS_NOT_SUPPORTED;
+	// op(A) is m x k, op(B) k x n, C m x n, all column-major
+	int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+	int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+	if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
+		return CUBLAS_STATUS_INVALID_VALUE;
+	if (!m || !n)
+		return CUBLAS_STATUS_SUCCESS;
+	{
+		std::lock_guard<std::mutex> g(mu);
+		size_t ea = ((size_t)lda * (ac - 1) + ar) * type_size(at);
+		size_t eb = ((size_t)ldb * (bc - 1) + br) * type_size(bt);
+		size_t ec = ((size_t)ldc * (n - 1) + m) * 4;
+		const region *ra = k ? find(A, ea) : nullptr, *rb = k ? find(B, eb) : nullptr;
+		const region *rc = find(C, ec);
+		if ((k && (!ra || ra->dev != h->dev || !rb || rb->dev != h->dev)) || !rc ||
+		    rc->dev != h->dev) {
+			fprintf(stderr, "cuemu: cublasGemmEx m %d n %d k %d: an operand is not inside "
+				"one allocation of the device\n", m, n, k);
+			return CUBLAS_STATUS_INVALID_VALUE;
+		}
+		if (!h->ws)
+			stats.implicit_allocs++;
+	}
+	float al = *(const float *)alpha, be = *(const float *)beta;
+	CUstream_st *st = resolve(h->stream);
+	cudaError_t e = enqueue(st, "cublasGemmEx", [=]() {
+		for (int j = 0; j < n; j++)
+			for (int i = 0; i < m; i++) {
+				float acc = 0.0f;
+				for (int p = 0; p < k; p++) {
+					size_t ia = ta == CUBLAS_OP_N ? (size_t)p * lda + i
+								      : (size_t)i * lda + p;
+					size_t ib = tb == CUBLAS_OP_N ? (size_t)j * ldb + p
+								      : (size_t)p * ldb + j;
+					acc = fmaf(elem(A, at, ia), elem(B, bt, ib), acc);
+				}
+				float *c = (float *)C + (size_t)j * ldc + i;
+				*c = be == 0.0f ? al * acc : al * acc + be * *c;
+			}
+		std::lock_guard<std::mutex> g(mu);
+		stats.gemms++;
+		return cudaSuccess;
+	});
+	return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}

@@ -1,0 +1,296 @@
+/* cuda_runtime.h - cuemu's CUDA runtime (tests/cuemu/README.md): the part
+ * of the runtime API, the device built-ins and the intrinsics that the
+ * CUDA backend uses, so that its .cu files (rewritten by cu2cc.py: a
+ * launch `k<<<g, b, shm, s>>>(args)` becomes cuemu_launch(...)) compile as
+ * plain C++ and run on the CPU. Semantics follow CUDA where the backend
+ * depends on them: stream work runs at the next synchronization, not when
+ * enqueued; capture records into a graph; kernels run every thread of a
+ * block as a fiber, with __syncthreads and warp shuffles as real barriers.
+ * Declarations only, the runtime is cuemu.cc. */
+#ifndef CUEMU_CUDA_RUNTIME_H
+#define CUEMU_CUDA_RUNTIME_H
+
+#ifndef __cplusplus
+#error "cuemu: the CUDA sources compile as C++ (cu2cc.py)"
+#endif
+
+#include <driver_types.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+/* --- qualifiers --------------------------------------------------------- */
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+/* The blocks of a launch run one after another on the launching host
+ * thread, all threads of a block as fibers of it: a function-local static
+ * per host thread is exactly one block's shared memory. */
+#define __shared__ static thread_local
+
+/* --- vector types ------------------------------------------------------------
+ * Aligned as on the device: with -fsanitize=alignment (the cuemu build) a
+ * vector load from a misaligned address stops the run, as it faults on a
+ * GPU. */
+struct uint3 {
+	unsigned x, y, z;
+};
+struct dim3 {
+	unsigned x, y, z;
+	constexpr dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct alignas(16) int4 {
+	int x, y, z, w;
+};
+struct alignas(16) uint4 {
+	unsigned x, y, z, w;
+};
+struct alignas(16) float4 {
+	float x, y, z, w;
+};
+struct alignas(8) float2 {
+	float x, y;
+};
+struct alignas(8) int2 {
+	int x, y;
+};
+static inline int4 make_int4(int x, int y, int z, int w) { return int4{ x, y, z, w }; }
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+	return uint4{ x, y, z, w };
+}
+static inline float4 make_float4(float x, float y, float z, float w)
+{
+	return float4{ x, y, z, w };
+}
+static inline float2 make_float2(float x, float y) { return float2{ x, y }; }
+
+/* The built-in indices of the running thread (set by the fiber scheduler
+ * each time it resumes a thread). */
+extern thread_local uint3 threadIdx, blockIdx;
+extern thread_local dim3 blockDim, gridDim;
+static const int warpSize = 32;
+
+/* --- handles and properties ---------------------------------------------- */
+typedef struct CUstream_st *cudaStream_t;
+typedef struct CUgraph_st *cudaGraph_t;
+typedef struct CUgraphExec_st *cudaGraphExec_t;
+
+struct cudaDeviceProp {
+	char name[256];
+	size_t totalGlobalMem, sharedMemPerBlock;
+	int major, minor, multiProcessorCount, maxThreadsPerBlock, warpSize;
+	int maxGridSize[3], maxThreadsDim[3];
+};
+
+/* --- the runtime API (cuemu.cc) ------------------------------------------------ */
+cudaError_t cudaGetLastError(void);
+cudaError_t cudaPeekAtLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+const char *cudaGetErrorName(cudaError_t e);
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetDevice(int *dev);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaDeviceSynchronize(void);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+			    cudaStream_t s = 0);
+cudaError_t cudaMemset(void *p, int v, size_t n);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s = 0);
+cudaError_t cudaStreamCreate(cudaStream_t *s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *ex, cudaGraph_t g,
+				 unsigned long long flags = 0);
+cudaError_t cudaGraphUpload(cudaGraphExec_t ex, cudaStream_t s);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t ex, cudaStream_t s);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex);
+
+/* --- launches ------------------------------------------------------------------- */
+namespace cuemu {
+/* Enqueues body as a kernel of grid g and blocks b on stream s (checks the
+ * configuration as the device does; bound: the kernel's
+ * __launch_bounds__, 0 for none). */
+cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
+		   std::function<void()> body);
+void *dyn_smem(void);
+void syncthreads(void);
+void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
+unsigned warp_vote(unsigned mask, int pred);
+void syncwarp(unsigned mask);
+unsigned lane(void);
+} // namespace cuemu
+
+/* cu2cc.py's form of k<<<g, b, shm, s>>>(args...): the arguments are
+ * converted to the kernel's parameter types and copied at the launch, as
+ * CUDA does; the body runs when the stream's work does. */
+template <class... P, class... A>
+cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
+			 cudaStream_t s, void (*k)(P...), A &&...a)
+{
+	std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+
+	return cuemu::launch(name, bound, g, b, shm, s, [k, args]() { std::apply(k, args); });
+}
+
+/* --- synchronization and warp intrinsics ------------------------------------- */
+static inline void __syncthreads(void) { cuemu::syncthreads(); }
+static inline void __syncwarp(unsigned mask = 0xffffffffu) { cuemu::syncwarp(mask); }
+
+template <class T>
+static inline T cuemu_shfl(unsigned mask, T v, int src)
+{
+	static_assert(sizeof(T) <= 8, "cuemu: shuffles of up to 8 bytes");
+	T out;
+	cuemu::warp_xchg(mask, &v, &out, sizeof(T), src);
+	return out;
+}
+
+template <class T>
+static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
+{
+	int l = (int)cuemu::lane();
+	return cuemu_shfl(mask, v, (l & ~(width - 1)) + (src & (width - 1)));
+}
+
+template <class T>
+static inline T __shfl_xor_sync(unsigned mask, T v, int lm, int width = 32)
+{
+	int l = (int)cuemu::lane(), s = l ^ lm;
+	if ((s & ~(width - 1)) != (l & ~(width - 1)))
+		s = l; /* outside the lane's segment: its own value */
+	return cuemu_shfl(mask, v, s);
+}
+
+template <class T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32)
+{
+	int l = (int)cuemu::lane(), s = l + (int)d;
+	if ((s & ~(width - 1)) != (l & ~(width - 1)))
+		s = l;
+	return cuemu_shfl(mask, v, s);
+}
+
+static inline unsigned __ballot_sync(unsigned mask, int pred) { return cuemu::warp_vote(mask, pred); }
+static inline int __any_sync(unsigned mask, int pred) { return cuemu::warp_vote(mask, pred) != 0; }
+static inline int __all_sync(unsigned mask, int pred)
+{
+	return cuemu::warp_vote(mask, pred) == cuemu::warp_vote(mask, 1);
+}
+
+/* --- arithmetic intrinsics ------------------------------------------------------
+ * The cuemu build compiles with -ffp-contract=off: a*b+c stays two
+ * roundings unless written fmaf, as the _rn intrinsics require. */
+static inline float __fadd_rn(float a, float b) { return a + b; }
+static inline float __fsub_rn(float a, float b) { return a - b; }
+static inline float __fmul_rn(float a, float b) { return a * b; }
+static inline float __fdiv_rn(float a, float b) { return a / b; }
+static inline float __frcp_rn(float a) { return 1.0f / a; }
+static inline float __uint_as_float(unsigned u)
+{
+	float f;
+	memcpy(&f, &u, 4);
+	return f;
+}
+static inline unsigned __float_as_uint(float f)
+{
+	unsigned u;
+	memcpy(&u, &f, 4);
+	return u;
+}
+static inline float __int_as_float(int i) { return __uint_as_float((unsigned)i); }
+static inline int __float_as_int(float f) { return (int)__float_as_uint(f); }
+
+/* Four signed byte products summed into c. */
+static inline int __dp4a(int a, int b, int c)
+{
+	for (int i = 0; i < 4; i++)
+		c += (int)(int8_t)(uint8_t)((unsigned)a >> (8 * i)) *
+		     (int)(int8_t)(uint8_t)((unsigned)b >> (8 * i));
+	return c;
+}
+
+/* Per-byte a - b, each byte modulo 256. */
+static inline unsigned __vsub4(unsigned a, unsigned b)
+{
+	unsigned r = 0;
+	for (int i = 0; i < 4; i++)
+		r |= ((((a >> (8 * i)) & 0xffu) - ((b >> (8 * i)) & 0xffu)) & 0xffu) << (8 * i);
+	return r;
+}
+
+/* --- fp16 and bf16 (the bits of IEEE binary16 and of bfloat16) ----------------- */
+struct __half {
+	unsigned short x;
+};
+struct __nv_bfloat16 {
+	unsigned short x;
+};
+
+static inline __half __ushort_as_half(unsigned short u) { return __half{ u }; }
+static inline unsigned short __half_as_ushort(__half h) { return h.x; }
+
+static inline float __half2float(__half h)
+{
+	unsigned s = (unsigned)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu;
+
+	if (e == 0) { /* zero or subnormal: m * 2^-24, exact */
+		float f = (float)m * 0x1p-24f;
+		return s ? -f : f;
+	}
+	if (e == 31)
+		return __uint_as_float(s | 0x7f800000u | (m << 13));
+	return __uint_as_float(s | ((e + 112) << 23) | (m << 13));
+}
+
+/* Round to nearest even, overflow to infinity, NaN kept quiet. */
+static inline __half __float2half_rn(float f)
+{
+	unsigned u = __float_as_uint(f), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+
+	if (a > 0x7f800000u)
+		return __half{ (unsigned short)(sign | 0x7e00u | ((a >> 13) & 0x3ffu)) };
+	if (a >= 0x477ff000u) /* >= 65520: rounds to infinity */
+		return __half{ (unsigned short)(sign | 0x7c00u) };
+	if (a < 0x38800000u) { /* below 2^-14: a subnormal half, m * 2^-24 */
+		float m = nearbyintf(__uint_as_float(a) * 0x1p24f);
+		return __half{ (unsigned short)(sign | (unsigned)m) };
+	}
+	unsigned h = ((a >> 23) - 112) << 10 | ((a >> 13) & 0x3ffu), rb = a & 0x1fffu;
+	if (rb > 0x1000u || (rb == 0x1000u && (h & 1)))
+		h++;
+	return __half{ (unsigned short)(sign | h) };
+}
+
+static inline float __bfloat162float(__nv_bfloat16 b) { return __uint_as_float((unsigned)b.x << 16); }
+
+static inline __nv_bfloat16 __float2bfloat16_rn(float f)
+{
+	unsigned u = __float_as_uint(f);
+
+	if ((u & 0x7fffffffu) > 0x7f800000u)
+		return __nv_bfloat16{ (unsigned short)((u >> 16) | 0x40u) };
+	u += 0x7fffu + ((u >> 16) & 1u);
+	return __nv_bfloat16{ (unsigned short)(u >> 16) };
+}
+
+#endif
