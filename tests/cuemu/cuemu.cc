@@ -146,28 +146,75 @@ const region *near(const void *p)
 
 /* --- work: streams, graphs ---------------------------------------------------------- */
 
+// One piece of stream work: its state (a kernel's closure, a copy's
+// pointers) held inline, so that queueing and replaying allocate nothing.
+constexpr size_t OP_STATE = 384;
+
 struct op {
-	std::string what; // "kernel NAME", "memcpy", ...
-	std::function<cudaError_t()> run;
+	const char *what = "";  // "kernel", "memcpy", "memset", "cublasGemmEx"
+	const char *name = "";  // a kernel's name
+	cudaError_t (*run)(const op &) = nullptr;
+	void (*copy)(void *dst, const void *src) = nullptr;
+	// a kernel's launch
+	dim3 g, b;
+	size_t shm = 0;
+	void (*invoke)(const void *state) = nullptr;
+	alignas(16) unsigned char state[OP_STATE];
+
+	op() {}
+	op(const op &o) { *this = o; }
+	op &operator=(const op &o)
+	{
+		what = o.what;
+		name = o.name;
+		run = o.run;
+		copy = o.copy;
+		g = o.g;
+		b = o.b;
+		shm = o.shm;
+		invoke = o.invoke;
+		if (copy)
+			copy(state, o.state);
+		return *this;
+	}
 };
-using op_ptr = std::shared_ptr<const op>;
+
+// An op whose state is the trivially copyable st.
+template <class T>
+op make_op(const char *what, cudaError_t (*run)(const op &), const T &st)
+{
+	static_assert(std::is_trivially_copyable<T>::value && sizeof(T) <= OP_STATE &&
+		      alignof(T) <= 16, "cuemu: op state");
+	op o;
+	o.what = what;
+	o.run = run;
+	o.copy = [](void *d, const void *s) { memcpy(d, s, sizeof(T)); };
+	memcpy(o.state, &st, sizeof(T));
+	return o;
+}
+
+template <class T>
+const T &state_of(const op &o)
+{
+	return *(const T *)o.state;
+}
 
 } // namespace
 
 struct CUgraph_st {
 	int dev;
-	std::vector<op_ptr> ops;
+	std::vector<op> ops;
 };
 
 struct CUgraphExec_st {
 	int dev;
-	std::vector<op_ptr> ops;
+	std::vector<op> ops;
 };
 
 struct CUstream_st {
 	int dev;
 	bool legacy;
-	std::vector<op_ptr> q;
+	std::vector<op> q; // cleared, never shrunk: no allocation once grown
 	CUgraph_st *cap = nullptr; // capturing into
 	cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
 	std::thread::id cap_thread;
@@ -210,17 +257,15 @@ bool capture_forbids(const char *call)
 	return true;
 }
 
-cudaError_t enqueue(CUstream_st *s, std::string what, std::function<cudaError_t()> fn)
+cudaError_t enqueue(CUstream_st *s, const op &o)
 {
-	auto o = std::make_shared<op>(op{ std::move(what), std::move(fn) });
-
 	if (s->cap) {
 		if (s->mode != cudaStreamCaptureModeRelaxed && s->cap_thread != std::this_thread::get_id())
 			return ret(cudaErrorStreamCaptureWrongThread);
-		s->cap->ops.push_back(std::move(o));
+		s->cap->ops.push_back(o);
 		return cudaSuccess;
 	}
-	s->q.push_back(std::move(o));
+	s->q.push_back(o);
 	return cudaSuccess;
 }
 
@@ -244,17 +289,16 @@ cudaError_t flush(CUstream_st *s)
 
 	if (s->q.empty())
 		return sticky[s->dev];
-	std::vector<op_ptr> q;
-	q.swap(s->q);
 	set_protection(s->dev, false);
 	e = sticky[s->dev];
-	for (size_t i = 0; e == cudaSuccess && i < q.size(); i++) {
-		e = q[i]->run();
+	for (size_t i = 0; e == cudaSuccess && i < s->q.size(); i++) {
+		e = s->q[i].run(s->q[i]);
 		if (e != cudaSuccess) {
 			std::lock_guard<std::mutex> g(mu);
 			sticky[s->dev] = e;
 		}
 	}
+	s->q.clear();
 	set_protection(s->dev, true);
 	return e;
 }
@@ -330,9 +374,13 @@ struct fiber {
 	unsigned lin;
 };
 
+// A warp's barrier and exchange slots. An exchange writes the slots of
+// its barrier generation's parity and reads them after the barrier: no
+// lane can write that parity again before every lane has passed the next
+// barrier, so one barrier per exchange suffices.
 struct warp_t {
 	unsigned count, gen, n;
-	uint64_t slot[32];
+	uint64_t slot[2][32];
 };
 
 // One host thread's kernel runner: the block in flight and its fibers.
@@ -340,7 +388,8 @@ struct runner {
 	std::vector<fiber> f;
 	unsigned n = 0, cur = 0;
 	void *sched_sp = nullptr;
-	const std::function<void()> *body = nullptr;
+	void (*invoke)(const void *state) = nullptr;
+	const void *state = nullptr;
 	uint64_t progress = 0;
 	unsigned bar_count = 0, bar_gen = 0;
 	warp_t w[32];
@@ -354,14 +403,17 @@ struct runner {
 
 thread_local runner *R;
 
+void *next_of(runner *r);
+
 [[noreturn]] void fiber_main(void)
 {
 	runner *r = R;
 
-	(*r->body)();
+	r->invoke(r->state);
 	r->f[r->cur].st = F_DONE;
 	r->progress++;
-	cuemu_switch(&r->f[r->cur].sp, r->sched_sp);
+	void **me = &r->f[r->cur].sp;
+	cuemu_switch(me, next_of(r));
 	fatal("a finished fiber was resumed");
 }
 
@@ -384,9 +436,25 @@ void fiber_prepare(fiber &f)
 	f.sp = sp;
 }
 
+// Where fiber cur goes when it waits or ends: the next live fiber of the
+// round, or the scheduler after the last (a round's end is where it checks
+// for progress).
+void *next_of(runner *r)
+{
+	for (unsigned i = r->cur + 1; i < r->n; i++)
+		if (r->f[i].st != F_DONE) {
+			r->cur = i;
+			threadIdx = r->f[i].tid;
+			return r->f[i].sp;
+		}
+	return r->sched_sp;
+}
+
 void yield(void)
 {
-	cuemu_switch(&R->f[R->cur].sp, R->sched_sp);
+	void **me = &R->f[R->cur].sp;
+
+	cuemu_switch(me, next_of(R));
 }
 
 runner *need_runner(const char *what)
@@ -460,18 +528,22 @@ std::string fault_where(const void *addr)
 }
 
 // Runs one launch: every block, each block's threads as fibers.
-cudaError_t run_kernel(const char *name, dim3 g, dim3 b, size_t shm,
-		       const std::function<void()> &body)
+cudaError_t run_kernel(const op &k)
 {
 	ensure_runner();
 	runner *r = R;
+	const char *name = k.name;
+	dim3 g = k.g, b = k.b;
 	unsigned n = b.x * b.y * b.z;
 
 	fibers_for(n);
 	r->n = n;
-	r->body = &body;
+	r->invoke = k.invoke;
+	r->state = k.state;
 	r->kernel = name;
-	r->dyn.assign(shm ? shm : 1, 0xff);
+	if (r->dyn.size() < k.shm)
+		r->dyn.resize(k.shm);
+	memset(r->dyn.data(), 0xff, r->dyn.size());
 	gridDim = g;
 	blockDim = b;
 	{
@@ -506,18 +578,17 @@ cudaError_t run_kernel(const char *name, dim3 g, dim3 b, size_t shm,
 					return cudaErrorIllegalAddress;
 				}
 				for (;;) {
-					bool live = false;
 					uint64_t p0 = r->progress;
-					for (unsigned i = 0; i < n; i++) {
-						if (r->f[i].st == F_DONE)
-							continue;
-						live = true;
-						r->cur = i;
-						threadIdx = r->f[i].tid;
-						cuemu_switch(&r->sched_sp, r->f[i].sp);
-					}
-					if (!live)
+					unsigned first = 0;
+					while (first < n && r->f[first].st == F_DONE)
+						first++;
+					if (first == n)
 						break;
+					// a round: the live fibers in order, each passing on
+					// to the next (yield, fiber_main), the last back here
+					r->cur = first;
+					threadIdx = r->f[first].tid;
+					cuemu_switch(&r->sched_sp, r->f[first].sp);
 					if (r->progress == p0) {
 						unsigned done = 0, bar = 0, warp = 0;
 						for (unsigned i = 0; i < n; i++) {
@@ -633,7 +704,7 @@ bool known_type(cudaDataType_t t)
 namespace cuemu {
 
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
-		   std::function<void()> body)
+		   const kernel_body &body)
 {
 	cudaError_t e = check_dev();
 	CUstream_st *st;
@@ -663,11 +734,23 @@ cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
 			"needs cudaFuncSetAttribute)\n", name, shm);
 		return ret(cudaErrorInvalidValue);
 	}
+	if (body.size > OP_STATE || body.align > 16) {
+		fprintf(stderr, "cuemu: kernel %s: %zu bytes of arguments (cuemu holds %zu)\n", name,
+			body.size, OP_STATE);
+		return ret(cudaErrorInvalidValue);
+	}
 	install_handler();
-	std::string nm = name;
-	return ret(enqueue(st, "kernel " + nm, [nm, g, b, shm, body]() {
-		return run_kernel(nm.c_str(), g, b, shm, body);
-	}));
+	op o;
+	o.what = "kernel";
+	o.name = name;
+	o.run = run_kernel;
+	o.copy = body.copy;
+	o.g = g;
+	o.b = b;
+	o.shm = shm;
+	o.invoke = body.invoke;
+	body.copy(o.state, body.state);
+	return ret(enqueue(st, o));
 }
 
 void *dyn_smem(void)
@@ -711,13 +794,14 @@ void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src)
 	warp_t &w = my_warp(r, mask, "__shfl_sync");
 	unsigned l = r->f[r->cur].lin % 32;
 
-	w.slot[l] = 0;
-	memcpy(&w.slot[l], in, n);
+	unsigned par = w.gen & 1;
+
+	w.slot[par][l] = 0;
+	memcpy(&w.slot[par][l], in, n);
 	warp_barrier(r, w);
 	if (src < 0 || (unsigned)src >= w.n)
 		src = (int)l;
-	memcpy(out, &w.slot[src], n);
-	warp_barrier(r, w);
+	memcpy(out, &w.slot[par][src], n);
 }
 
 unsigned warp_vote(unsigned mask, int pred)
@@ -726,11 +810,12 @@ unsigned warp_vote(unsigned mask, int pred)
 	warp_t &w = my_warp(r, mask, "a warp vote");
 	unsigned l = r->f[r->cur].lin % 32, v = 0;
 
-	w.slot[l] = pred != 0;
+	unsigned par = w.gen & 1;
+
+	w.slot[par][l] = pred != 0;
 	warp_barrier(r, w);
 	for (unsigned i = 0; i < w.n; i++)
-		v |= (unsigned)w.slot[i] << i;
-	warp_barrier(r, w);
+		v |= (unsigned)w.slot[par][i] << i;
 	return v;
 }
 
@@ -982,6 +1067,32 @@ cudaError_t cudaFreeHost(void *p)
 
 namespace {
 
+struct copy_st {
+	void *dst;
+	const void *src;
+	size_t n;
+};
+
+cudaError_t run_copy(const op &o)
+{
+	const copy_st &c = state_of<copy_st>(o);
+	memmove(c.dst, c.src, c.n);
+	return cudaSuccess;
+}
+
+struct set_st {
+	void *p;
+	int v;
+	size_t n;
+};
+
+cudaError_t run_set(const op &o)
+{
+	const set_st &c = state_of<set_st>(o);
+	memset(c.p, c.v, c.n);
+	return cudaSuccess;
+}
+
 // Checks a copy's ranges for its kind; returns the effective kind.
 cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind &kind)
 {
@@ -1032,23 +1143,13 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 		return ret(cudaErrorInvalidResourceHandle);
 	if (!n)
 		return cudaSuccess;
-	if (kind == cudaMemcpyHostToDevice && !pinned(src, n)) {
-		// pageable memory is staged when the call is made
+	if ((kind == cudaMemcpyHostToDevice && !pinned(src, n)) ||
+	    (kind == cudaMemcpyDeviceToHost && !pinned(dst, n))) {
+		// With pageable memory the copy is done, in stream order, when the
+		// call returns (CUDA stages it): the stream's work first, then it.
 		if (st->cap) {
-			fprintf(stderr, "cuemu: cudaMemcpyAsync from pageable memory during capture\n");
-			st->cap_err = cudaErrorStreamCaptureInvalidated;
-			return ret(cudaErrorStreamCaptureUnsupported);
-		}
-		auto copy = std::make_shared<std::vector<uint8_t>>((const uint8_t *)src,
-								   (const uint8_t *)src + n);
-		return ret(enqueue(st, "memcpy", [dst, copy]() {
-			memcpy(dst, copy->data(), copy->size());
-			return cudaSuccess;
-		}));
-	}
-	if (kind == cudaMemcpyDeviceToHost && !pinned(dst, n)) {
-		// to pageable memory the copy completes before the call returns
-		if (st->cap) {
+			fprintf(stderr, "cuemu: cudaMemcpyAsync with pageable memory during capture: "
+				"not permitted, the capture is invalidated\n");
 			st->cap_err = cudaErrorStreamCaptureInvalidated;
 			return ret(cudaErrorStreamCaptureUnsupported);
 		}
@@ -1059,10 +1160,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
 		set_protection(st->dev, true);
 		return cudaSuccess;
 	}
-	return ret(enqueue(st, "memcpy", [dst, src, n]() {
-		memmove(dst, src, n);
-		return cudaSuccess;
-	}));
+	return ret(enqueue(st, make_op("memcpy", run_copy, copy_st{ dst, src, n })));
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind)
@@ -1099,10 +1197,7 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 	st = resolve(s);
 	if (st->dev != cur_dev)
 		return ret(cudaErrorInvalidResourceHandle);
-	return ret(enqueue(st, "memset", [p, v, n]() {
-		memset(p, v, n);
-		return cudaSuccess;
-	}));
+	return ret(enqueue(st, make_op("memset", run_set, set_st{ p, v, n })));
 }
 
 cudaError_t cudaMemset(void *p, int v, size_t n)
@@ -1236,7 +1331,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t ex, cudaStream_t s)
 		std::lock_guard<std::mutex> g(mu);
 		stats.graph_launches++;
 	}
-	for (const op_ptr &o : ex->ops) {
+	for (const op &o : ex->ops) {
 		if (st->cap)
 			st->cap->ops.push_back(o);
 		else
@@ -1258,6 +1353,49 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex)
 }
 
 /* --- cuBLAS ------------------------------------------------------------------------------ */
+
+namespace {
+
+struct gemm_st {
+	cublasOperation_t ta, tb;
+	int m, n, k;
+	float alpha;
+	const void *A;
+	cudaDataType_t at;
+	int lda;
+	const void *B;
+	cudaDataType_t bt;
+	int ldb;
+	float beta;
+	void *C;
+	int ldc;
+};
+
+// C = alpha op(A) op(B) + beta C, column-major; fp32 products summed in
+// order; beta 0 ignores C (it may hold anything), as cuBLAS does.
+cudaError_t run_gemm(const op &o)
+{
+	const gemm_st &g = state_of<gemm_st>(o);
+
+	for (int j = 0; j < g.n; j++)
+		for (int i = 0; i < g.m; i++) {
+			float acc = 0.0f;
+			for (int p = 0; p < g.k; p++) {
+				size_t ia = g.ta == CUBLAS_OP_N ? (size_t)p * g.lda + i
+								: (size_t)i * g.lda + p;
+				size_t ib = g.tb == CUBLAS_OP_N ? (size_t)j * g.ldb + p
+								: (size_t)p * g.ldb + j;
+				acc = fmaf(elem(g.A, g.at, ia), elem(g.B, g.bt, ib), acc);
+			}
+			float *c = (float *)g.C + (size_t)j * g.ldc + i;
+			*c = g.beta == 0.0f ? g.alpha * acc : g.alpha * acc + g.beta * *c;
+		}
+	std::lock_guard<std::mutex> lk(mu);
+	stats.gemms++;
+	return cudaSuccess;
+}
+
+} // namespace
 
 cublasStatus_t cublasCreate(cublasHandle_t *h)
 {
@@ -1360,23 +1498,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 	}
 	float al = *(const float *)alpha, be = *(const float *)beta;
 	CUstream_st *st = resolve(h->stream);
-	cudaError_t e = enqueue(st, "cublasGemmEx", [=]() {
-		for (int j = 0; j < n; j++)
-			for (int i = 0; i < m; i++) {
-				float acc = 0.0f;
-				for (int p = 0; p < k; p++) {
-					size_t ia = ta == CUBLAS_OP_N ? (size_t)p * lda + i
-								      : (size_t)i * lda + p;
-					size_t ib = tb == CUBLAS_OP_N ? (size_t)j * ldb + p
-								      : (size_t)p * ldb + j;
-					acc = fmaf(elem(A, at, ia), elem(B, bt, ib), acc);
-				}
-				float *c = (float *)C + (size_t)j * ldc + i;
-				*c = be == 0.0f ? al * acc : al * acc + be * *c;
-			}
-		std::lock_guard<std::mutex> g(mu);
-		stats.gemms++;
-		return cudaSuccess;
-	});
+	cudaError_t e = enqueue(st, make_op("cublasGemmEx", run_gemm,
+					    gemm_st{ ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be,
+						     C, ldc }));
 	return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

@@ -43,6 +43,9 @@
 #include "gpud/backend/cpu/cpu.h"
 #include "gpud/backend/cuda/cuda.h"
 #include "sw_config.h"
+#if SW_CUEMU
+#include "tests/cuemu/cuemu.h"
+#endif
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
@@ -278,6 +281,9 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	    inst_init(&gpu, dut, m, 8))
 		return 2;
 	a0 = allocs(&gpu);
+#if SW_CUEMU
+	struct cuemu_stats e0 = cuemu_get_stats();
+#endif
 	for (uint32_t r = 0; r < rounds; r++) {
 		uint32_t n_seqs = 1 + rnd(8), steps = 2 + rnd(6);
 
@@ -343,6 +349,27 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	       gpud_model_path(m), type_of(m), dut->name, rounds, worst, bound,
 	       (unsigned long long)(allocs(&gpu) - a0));
 	rc = worst <= bound && allocs(&gpu) == a0 ? 0 : 1;
+#if SW_CUEMU
+	{
+		/* the emulator's own counts: every cudaMalloc/cudaHostAlloc the
+		 * process made, not only the backend's wrapped ones */
+		struct cuemu_stats e1 = cuemu_get_stats();
+		uint64_t dev = e1.device_allocs - e0.device_allocs;
+		uint64_t host = e1.host_allocs - e0.host_allocs;
+
+		printf("backend_cmp: cuemu: %llu kernels, %llu graph replays, %llu GEMMs; "
+		       "cudaMalloc %llu, cudaHostAlloc %llu, implicit cuBLAS allocations %llu, "
+		       "faults %llu after init\n",
+		       (unsigned long long)(e1.launches - e0.launches),
+		       (unsigned long long)(e1.graph_launches - e0.graph_launches),
+		       (unsigned long long)(e1.gemms - e0.gemms), (unsigned long long)dev,
+		       (unsigned long long)host,
+		       (unsigned long long)(e1.implicit_allocs - e0.implicit_allocs),
+		       (unsigned long long)(e1.faults - e0.faults));
+		if (dev || host || e1.implicit_allocs != e0.implicit_allocs || e1.faults != e0.faults)
+			rc = 1;
+	}
+#endif
 	if (mask_props(&gpu, m, bound))
 		rc = 1;
 out:

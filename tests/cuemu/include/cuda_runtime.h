@@ -20,7 +20,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <functional>
+#include <new>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -127,29 +127,55 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex);
 
 /* --- launches ------------------------------------------------------------------- */
 namespace cuemu {
+/* A kernel and its arguments as the launch copied them: state (size
+ * bytes) is copied with copy and run by invoke. Trivially destructible. */
+struct kernel_body {
+	void (*invoke)(const void *state);
+	void (*copy)(void *dst, const void *src);
+	const void *state;
+	size_t size, align;
+};
 /* Enqueues body as a kernel of grid g and blocks b on stream s (checks the
  * configuration as the device does; bound: the kernel's
- * __launch_bounds__, 0 for none). */
+ * __launch_bounds__, 0 for none). Allocates nothing once the stream's
+ * queue has grown to its working size. */
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
-		   std::function<void()> body);
+		   const kernel_body &body);
 void *dyn_smem(void);
 void syncthreads(void);
 void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
 unsigned warp_vote(unsigned mask, int pred);
 void syncwarp(unsigned mask);
 unsigned lane(void);
+
+template <class F, class... T>
+struct closure {
+	F k;
+	std::tuple<T...> args;
+};
 } // namespace cuemu
 
 /* cu2cc.py's form of k<<<g, b, shm, s>>>(args...): the arguments are
  * converted to the kernel's parameter types and copied at the launch, as
- * CUDA does; the body runs when the stream's work does. */
+ * CUDA does; the kernel runs when the stream's work does. */
 template <class... P, class... A>
 cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
 			 cudaStream_t s, void (*k)(P...), A &&...a)
 {
-	std::tuple<typename std::decay<P>::type...> args(std::forward<A>(a)...);
+	typedef cuemu::closure<void (*)(P...), typename std::decay<P>::type...> C;
+	static_assert(std::is_trivially_destructible<C>::value,
+		      "cuemu: kernel arguments must be trivially destructible");
+	C c{ k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...) };
+	cuemu::kernel_body body = {
+		[](const void *p) {
+			const C *x = (const C *)p;
+			std::apply(x->k, x->args);
+		},
+		[](void *d, const void *src) { new (d) C(*(const C *)src); },
+		&c, sizeof(C), alignof(C),
+	};
 
-	return cuemu::launch(name, bound, g, b, shm, s, [k, args]() { std::apply(k, args); });
+	return cuemu::launch(name, bound, g, b, shm, s, body);
 }
 
 /* --- synchronization and warp intrinsics ------------------------------------- */
