@@ -55,6 +55,7 @@ namespace {
 
 constexpr int MAX_DEV = 16;
 constexpr size_t PAGE = 4096;
+constexpr size_t GUARD_AFTER = 64 << 10; // inaccessible after each allocation
 constexpr size_t FIBER_STACK = 128 << 10;
 
 /* --- configuration and global state ------------------------------------------ */
@@ -957,11 +958,13 @@ namespace {
 
 cudaError_t map_region(void **p, size_t n, int dev)
 {
-	size_t data = (n + PAGE - 1) / PAGE * PAGE, len = data + 2 * PAGE;
+	size_t data, len;
 	uint8_t *m;
 
 	if (!n)
-		n = 1, data = PAGE, len = 3 * PAGE;
+		n = 1;
+	data = (n + PAGE - 1) / PAGE * PAGE;
+	len = PAGE + data + GUARD_AFTER;
 	if (dev >= 0) {
 		std::lock_guard<std::mutex> g(mu);
 		if (dev_used[dev] + n > cfg().mem)
@@ -977,8 +980,8 @@ cudaError_t map_region(void **p, size_t n, int dev)
 		return cudaErrorMemoryAllocation;
 	}
 	mprotect(m, PAGE, PROT_NONE);
-	mprotect(m + PAGE + data, PAGE, PROT_NONE);
-	// the end flush with the guard page (256-byte aligned, as cudaMalloc's)
+	mprotect(m + PAGE + data, GUARD_AFTER, PROT_NONE);
+	// the end flush with the guard (256-byte aligned, as cudaMalloc's)
 	uintptr_t base = ((uintptr_t)m + PAGE + data - n) & ~(uintptr_t)255;
 	memset(m + PAGE, 0xff, data);
 	region r = { base, n, m, len, m + PAGE, data, dev };

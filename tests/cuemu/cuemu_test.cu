@@ -1,0 +1,438 @@
+// cuemu_test.cu - cuemu against what CUDA does (tests/cuemu/README.md): a
+// CUDA program, rewritten by cu2cc.py like the backend, whose checks hold
+// on a GPU too. Each fault is provoked on a device of its own (a fault is
+// sticky per device), or in a child process where it ends the process.
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "tests/cuemu/cuemu.h"
+
+static int failures;
+
+#define CHECK(cond)                                                              \
+	do {                                                                     \
+		if (!(cond)) {                                                   \
+			fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__,   \
+				__LINE__, #cond);                                \
+			failures++;                                              \
+		}                                                                \
+	} while (0)
+
+#define OK(call) CHECK((call) == cudaSuccess)
+
+/* --- kernels ------------------------------------------------------------------ */
+
+// Per warp: the sum of lane ids by xor shuffles, lane 5's value by a
+// broadcast, the ballot of odd lanes and whether any lane is 17.
+__global__ void warp_kernel(int *out)
+{
+	unsigned lane = threadIdx.x & 31, w = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+	int v = (int)lane;
+
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(0xffffffffu, v, o);
+	int b = __shfl_sync(0xffffffffu, (int)lane * 10, 5);
+	unsigned odd = __ballot_sync(0xffffffffu, lane & 1);
+	int any = __any_sync(0xffffffffu, lane == 17);
+	if (lane == 0) {
+		out[4 * w] = v;
+		out[4 * w + 1] = b;
+		out[4 * w + 2] = (int)odd;
+		out[4 * w + 3] = any;
+	}
+}
+
+// A tree reduction in shared memory: right only if every __syncthreads is
+// a real barrier.
+__global__ void __launch_bounds__(256) block_sum_kernel(const float *x, float *out)
+{
+	__shared__ float s[256];
+	unsigned t = threadIdx.x;
+
+	s[t] = x[blockIdx.x * 256 + t];
+	__syncthreads();
+	for (unsigned h = 128; h; h >>= 1) {
+		if (t < h)
+			s[t] += s[t + h];
+		__syncthreads();
+	}
+	if (t == 0)
+		out[blockIdx.x] = s[0];
+}
+
+// Thread 0 leaves before the barrier the others wait at.
+__global__ void divergent_kernel(int *x)
+{
+	if (threadIdx.x == 0)
+		return;
+	__syncthreads();
+	x[threadIdx.x] = 1;
+}
+
+__global__ void read_kernel(const int *p, long off, int *out)
+{
+	out[0] = p[off];
+}
+
+__global__ void __launch_bounds__(64) bounded_kernel(int *x)
+{
+	x[threadIdx.x] = 1;
+}
+
+__global__ void add_kernel(int *counter, int v)
+{
+	if (threadIdx.x == 0)
+		*counter += v;
+}
+
+__global__ void vec_kernel(const uint8_t *p, int *out)
+{
+	int4 a = *(const int4 *)(p + 4); // misaligned: faults on a GPU
+	out[0] = a.x;
+}
+
+__global__ void dyn_kernel(int *out)
+{
+	extern __shared__ int dyn[];
+	dyn[threadIdx.x] = (int)threadIdx.x * 3;
+	__syncthreads();
+	out[threadIdx.x] = dyn[blockDim.x - 1 - threadIdx.x];
+}
+
+/* --- checks ------------------------------------------------------------------------ */
+
+static void check_warps(void)
+{
+	int *d, h[4 * 4];
+
+	OK(cudaSetDevice(0));
+	OK(cudaMalloc((void **)&d, sizeof(h)));
+	warp_kernel<<<2, 64>>>(d);
+	OK(cudaGetLastError());
+	OK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+	for (int w = 0; w < 4; w++) {
+		CHECK(h[4 * w] == 31 * 32 / 2);
+		CHECK(h[4 * w + 1] == 50);
+		CHECK((unsigned)h[4 * w + 2] == 0xaaaaaaaau);
+		CHECK(h[4 * w + 3] == 1);
+	}
+	OK(cudaFree(d));
+}
+
+static void check_block_sum(void)
+{
+	float *dx, *dy, hx[4 * 256], hy[4];
+
+	for (int i = 0; i < 4 * 256; i++)
+		hx[i] = (float)(i % 256);
+	OK(cudaMalloc((void **)&dx, sizeof(hx)));
+	OK(cudaMalloc((void **)&dy, sizeof(hy)));
+	OK(cudaMemcpy(dx, hx, sizeof(hx), cudaMemcpyHostToDevice));
+	block_sum_kernel<<<4, 256>>>(dx, dy);
+	OK(cudaMemcpy(hy, dy, sizeof(hy), cudaMemcpyDeviceToHost));
+	for (int b = 0; b < 4; b++)
+		CHECK(hy[b] == 255.0f * 256 / 2);
+	OK(cudaFree(dx));
+	OK(cudaFree(dy));
+}
+
+static void check_dynamic_shared(void)
+{
+	int *d, h[64];
+
+	OK(cudaMalloc((void **)&d, sizeof(h)));
+	dyn_kernel<<<1, 64, 64 * sizeof(int)>>>(d);
+	OK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 64; i++)
+		CHECK(h[i] == (63 - i) * 3);
+	OK(cudaFree(d));
+}
+
+// Stream work runs at synchronization: pinned memory read by a queued
+// copy is read then, and a queued copy's result is not there before.
+static void check_deferred(void)
+{
+	cudaStream_t s;
+	int *pin, *d;
+
+	OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	OK(cudaHostAlloc((void **)&pin, 2 * sizeof(int), cudaHostAllocDefault));
+	OK(cudaMalloc((void **)&d, sizeof(int)));
+	pin[0] = 1;
+	pin[1] = -1;
+	OK(cudaMemcpyAsync(d, pin, sizeof(int), cudaMemcpyHostToDevice, s));
+	pin[0] = 2; // before the copy ran: the device gets 2
+	OK(cudaMemcpyAsync(pin + 1, d, sizeof(int), cudaMemcpyDeviceToHost, s));
+	CHECK(pin[1] == -1);
+	OK(cudaStreamSynchronize(s));
+	CHECK(pin[1] == 2);
+	OK(cudaFree(d));
+	OK(cudaFreeHost(pin));
+	OK(cudaStreamDestroy(s));
+}
+
+// Capture records; a replay runs the recorded work with the recorded
+// arguments; a forbidden call invalidates the capture.
+static void check_graphs(void)
+{
+	cudaStream_t s;
+	cudaGraph_t g;
+	cudaGraphExec_t ex;
+	int *d, *pin, v = 5;
+	struct cuemu_stats a, b;
+
+	OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	OK(cudaMalloc((void **)&d, sizeof(int)));
+	OK(cudaHostAlloc((void **)&pin, sizeof(int), cudaHostAllocDefault));
+	OK(cudaMemsetAsync(d, 0, sizeof(int), s));
+	OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	add_kernel<<<1, 32, 0, s>>>(d, v);
+	v = 100; // captured by value: the graph adds 5
+	OK(cudaStreamEndCapture(s, &g));
+	OK(cudaGraphInstantiate(&ex, g, 0));
+	OK(cudaGraphDestroy(g));
+	OK(cudaStreamSynchronize(s)); // the memset; nothing captured ran
+	a = cuemu_get_stats();
+	for (int i = 0; i < 3; i++)
+		OK(cudaGraphLaunch(ex, s));
+	OK(cudaMemcpyAsync(pin, d, sizeof(int), cudaMemcpyDeviceToHost, s));
+	OK(cudaStreamSynchronize(s));
+	b = cuemu_get_stats();
+	CHECK(*pin == 15);
+	CHECK(b.graph_launches - a.graph_launches == 3 && b.launches - a.launches == 3);
+	OK(cudaGraphExecDestroy(ex));
+
+	OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	add_kernel<<<1, 32, 0, s>>>(d, v);
+	CHECK(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+	void *p;
+	CHECK(cudaMalloc(&p, 16) == cudaErrorStreamCaptureUnsupported);
+	CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated && !g);
+	cudaGetLastError();
+	OK(cudaFree(d));
+	OK(cudaFreeHost(pin));
+	OK(cudaStreamDestroy(s));
+}
+
+static void check_config(void)
+{
+	int *d;
+
+	OK(cudaMalloc((void **)&d, 1024 * sizeof(int)));
+	bounded_kernel<<<1, 128>>>(d);
+	CHECK(cudaGetLastError() == cudaErrorLaunchOutOfResources);
+	bounded_kernel<<<dim3(1, 70000), 32>>>(d);
+	CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+	bounded_kernel<<<1, 0>>>(d);
+	CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+	CHECK(cudaGetLastError() == cudaSuccess); // read and cleared
+	OK(cudaFree(d));
+}
+
+static void check_memory(void)
+{
+	size_t f0, f1, t;
+	void *p, *q;
+
+	OK(cudaMemGetInfo(&f0, &t));
+	OK(cudaMalloc(&p, 3 << 20));
+	OK(cudaMemGetInfo(&f1, &t));
+	CHECK(f0 - f1 == 3 << 20);
+	CHECK(((uintptr_t)p & 255) == 0);
+	CHECK(cudaMalloc(&q, t) == cudaErrorMemoryAllocation && !q);
+	CHECK(cudaGetLastError() == cudaErrorMemoryAllocation);
+	OK(cudaFree(p));
+	CHECK(cudaFree((char *)p + 1) == cudaErrorInvalidValue);
+	cudaGetLastError();
+	CHECK(cudaSetDevice(99) == cudaErrorInvalidDevice);
+	cudaGetLastError();
+	int n;
+	OK(cudaGetDeviceCount(&n));
+	CHECK(n == 4);
+	// a copy outside its allocation is refused when made
+	OK(cudaMalloc(&p, 64));
+	char h[128];
+	CHECK(cudaMemcpy(p, h, 128, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+	CHECK(cudaMemcpy(h, h + 64, 64, cudaMemcpyHostToDevice) == cudaErrorInvalidValue);
+	cudaGetLastError();
+	OK(cudaFree(p));
+}
+
+// A deadlock and an illegal address each fail their device's work from
+// then on, and only that device's.
+static void check_faults(void)
+{
+	int *d;
+
+	OK(cudaSetDevice(1));
+	OK(cudaMalloc((void **)&d, 64 * sizeof(int)));
+	divergent_kernel<<<1, 64>>>(d);
+	OK(cudaGetLastError()); // the launch itself is fine
+	CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+	CHECK(cudaMemset(d, 0, 4) == cudaErrorLaunchFailure); // sticky
+
+	OK(cudaSetDevice(2));
+	OK(cudaMalloc((void **)&d, 64 * sizeof(int)));
+	read_kernel<<<1, 1>>>(d, 64 + 4096, d); // 16 KiB past the end
+	CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+
+	OK(cudaSetDevice(3));
+	OK(cudaMalloc((void **)&d, 64 * sizeof(int)));
+	read_kernel<<<1, 1>>>(d, 63, d);
+	OK(cudaDeviceSynchronize());
+	OK(cudaFree(d));
+	OK(cudaSetDevice(0));
+	CHECK(cuemu_get_stats().faults == 2);
+}
+
+// Runs fn in a child; true when it died of a signal or exited non-zero.
+static bool dies(void (*fn)(void))
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid == 0) {
+		int fd = open("/dev/null", 1);
+		dup2(fd, 2);
+		fn();
+		_exit(0);
+	}
+	waitpid(pid, &st, 0);
+	return WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0);
+}
+
+static void host_touches_device(void)
+{
+	int *d;
+
+	cudaSetDevice(3);
+	cudaMalloc((void **)&d, 64);
+	d[0] = 1; // a device pointer on the host
+}
+
+static void misaligned_vector(void)
+{
+	uint8_t *p;
+	int *o;
+
+	cudaSetDevice(3);
+	cudaMalloc((void **)&p, 64);
+	cudaMalloc((void **)&o, 64);
+	vec_kernel<<<1, 1>>>(p, o);
+	cudaDeviceSynchronize();
+}
+
+static void check_fatal(void)
+{
+	CHECK(dies(host_touches_device));
+	CHECK(dies(misaligned_vector));
+}
+
+static void check_half(void)
+{
+	int bad = 0;
+
+	for (unsigned u = 0; u < 65536; u++) {
+		__half h = __ushort_as_half((unsigned short)u);
+		float f = __half2float(h);
+		if (f == f && __half_as_ushort(__float2half_rn(f)) != u)
+			bad++;
+	}
+	CHECK(bad == 0);
+	// ties to even, overflow, subnormals
+	CHECK(__half_as_ushort(__float2half_rn(1.0f + 0x1p-11f)) == 0x3c00);
+	CHECK(__half_as_ushort(__float2half_rn(1.0f + 3 * 0x1p-11f)) == 0x3c02);
+	CHECK(__half_as_ushort(__float2half_rn(65519.0f)) == 0x7bff);
+	CHECK(__half_as_ushort(__float2half_rn(65520.0f)) == 0x7c00);
+	CHECK(__half_as_ushort(__float2half_rn(0x1p-25f)) == 0x0000);
+	CHECK(__half_as_ushort(__float2half_rn(0x1.8p-25f)) == 0x0001);
+	CHECK(__half_as_ushort(__float2half_rn(-0x1p-24f)) == 0x8001);
+	CHECK(__bfloat162float(__float2bfloat16_rn(1.0f + 0x1p-8f)) == 1.0f);
+	CHECK(__bfloat162float(__float2bfloat16_rn(1.0f + 3 * 0x1p-8f)) == 1.0f + 0x1p-6f);
+	CHECK(__dp4a((int)0x80ff0102u, (int)0x01ff0304u, 7) == 7 + 2 * 4 + 1 * 3 + 1 - 128);
+	CHECK(__vsub4(0x0f000810u, 0x08080808u) == 0x07f80008u);
+}
+
+// cublasGemmEx against a double-precision product: y^T = W^T' x, the
+// backend's call shape (row-major W as column-major, op T on it).
+static void check_gemm(void)
+{
+	const int m = 48, n = 20, k = 64;
+	__half hw[m * k], hx[n * k];
+	float y[m * n];
+	__half *dw, *dx;
+	float *dy;
+	void *ws;
+	cublasHandle_t h;
+	const float one = 1.0f, zero = 0.0f;
+	double worst = 0;
+
+	for (int i = 0; i < m * k; i++)
+		hw[i] = __float2half_rn((float)((i * 37) % 17 - 8) / 8);
+	for (int i = 0; i < n * k; i++)
+		hx[i] = __float2half_rn((float)((i * 11) % 13 - 6) / 4);
+	OK(cudaMalloc((void **)&dw, sizeof(hw)));
+	OK(cudaMalloc((void **)&dx, sizeof(hx)));
+	OK(cudaMalloc((void **)&dy, sizeof(y)));
+	OK(cudaMalloc(&ws, 1 << 20));
+	OK(cudaMemcpy(dw, hw, sizeof(hw), cudaMemcpyHostToDevice));
+	OK(cudaMemcpy(dx, hx, sizeof(hx), cudaMemcpyHostToDevice));
+	CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+	CHECK(cublasSetWorkspace(h, ws, 1 << 20) == CUBLAS_STATUS_SUCCESS);
+	CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dw, CUDA_R_16F, k, dx,
+			   CUDA_R_16F, k, &zero, dy, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+			   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+	CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dw, CUDA_R_16F, k, dx,
+			   CUDA_R_16F, k + 1, &zero, dy, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
+			   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE); // past dx's end
+	OK(cudaMemcpy(y, dy, sizeof(y), cudaMemcpyDeviceToHost));
+	for (int t = 0; t < n; t++)
+		for (int r = 0; r < m; r++) {
+			double s = 0;
+			for (int c = 0; c < k; c++)
+				s += (double)__half2float(hw[r * k + c]) * __half2float(hx[t * k + c]);
+			double e = fabs(s - y[t * m + r]);
+			worst = e > worst ? e : worst;
+		}
+	CHECK(worst < 1e-4);
+	CHECK(cuemu_get_stats().implicit_allocs == 0);
+	cublasDestroy(h);
+	OK(cudaFree(dw));
+	OK(cudaFree(dx));
+	OK(cudaFree(dy));
+	OK(cudaFree(ws));
+}
+
+int main(void)
+{
+	setenv("CUEMU_DEVICES", "4", 1);
+	setenv("CUEMU_MEM_MIB", "64", 1);
+	check_half();
+	check_warps();
+	check_block_sum();
+	check_dynamic_shared();
+	check_deferred();
+	check_graphs();
+	check_config();
+	check_memory();
+	check_gemm();
+	check_fatal();
+	check_faults();
+	if (failures) {
+		fprintf(stderr, "cuemu_test: %d checks failed\n", failures);
+		return 1;
+	}
+	printf("cuemu_test: every check passed\n");
+	return 0;
+}
