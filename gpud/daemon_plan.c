@@ -365,6 +365,13 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			rc = gpud_cuda_device_info(dev->index, &info, why, sizeof(why));
 			if (rc)
 				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", i, why);
+			/* the model on this backend at all (a qwen2 model, K-quants:
+			 * its reason, not a plan of zeros) */
+			bc.n_blocks = PLAN_PROBE_BLOCKS;
+			rc = gpud_cuda_plan_check(&bc, why, sizeof(why));
+			if (rc)
+				return sw_seterr(err, errlen, rc, "gpud.devices[%u] (cuda:%d): %s", i,
+						 dev->index, why);
 			/* The fixed pools at their largest: enough blocks that the
 			 * block tables and mask slots cover the model's whole
 			 * context (gpud_cuda_plan_for reports all zeros for 0

@@ -127,6 +127,52 @@ static void test_plan_weights(void **state)
 	}
 }
 
+/* What the backend cannot run is refused with its reason, the same one
+ * for gpud serve --check (gpud_cuda_plan_check) and init: a qwen2 model, a
+ * K-quant weight; a model it runs passes, and the plan is zero exactly
+ * when the check fails. */
+static void test_plan_check(void **state)
+{
+	struct gpud_mkmodel_params p;
+	struct gpud_model *m = NULL;
+	struct gpud_backend_config cfg;
+	struct gpud_cuda_plan pl;
+	char path[128], err[SW_ERR_MAX];
+
+	(void)state;
+	m = tiny(GPUD_TYPE_Q8_0, false);
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), 0);
+	gpud_model_free(m);
+
+	gpud_mkmodel_params_default(&p);
+	snprintf(path, sizeof(path), "%s/qwen2.gguf", tmpdir);
+	p.out = path;
+	p.arch = GPUD_ARCH_QWEN2;
+	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
+	assert_non_null(strstr(err, "llama-style models only"));
+	assert_non_null(strstr(err, "(qwen2) runs on \"cpu\""));
+	gpud_cuda_plan_for(&cfg, &pl);
+	assert_int_equal(pl.weights + pl.kv + pl.scratch, 0);
+	gpud_model_free(m);
+
+	gpud_mkmodel_params_default(&p);
+	snprintf(path, sizeof(path), "%s/q4k.gguf", tmpdir);
+	p.out = path;
+	p.dim = 256;
+	p.ffn_dim = 512;
+	assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &p.type, &p.mix), 0);
+	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
+	assert_non_null(strstr(err, "which the CUDA backend cannot multiply"));
+	gpud_model_free(m);
+}
+
 static void test_plan_pools(void **state)
 {
 	struct gpud_model *m = tiny(GPUD_TYPE_Q8_0, false);
@@ -428,6 +474,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tensor_bytes),
 		cmocka_unit_test(test_plan_weights),
+		cmocka_unit_test(test_plan_check),
 		cmocka_unit_test(test_plan_pools),
 		cmocka_unit_test(test_graph_sizes),
 		cmocka_unit_test(test_errcode),

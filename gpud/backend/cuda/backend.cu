@@ -515,22 +515,16 @@ int cuda_init(void **out, const struct gpud_backend_config *cfg, char *err, size
 		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
 	c->cfg = *cfg;
 	c->dev = cfg->ordinal;
+	// the model and cfg on this backend (qwen2, K-quants, head sizes: the
+	// reasons gpud serve --check gives too)
 	{
-		const struct gpud_model_hparams *hp = gpud_model_hparams(cfg->model);
+		char why[SW_ERR_MAX];
 
-		if (hp->qkv_bias || hp->rope_style != GPUD_ROPE_NORM) {
+		rc = gpud_cuda_layout_for(cfg, &c->L, why, sizeof(why));
+		if (rc) {
 			free(c);
-			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-					 "cuda:%d: the CUDA backend runs llama-style models only "
-					 "(no Q/K/V biases, adjacent-pair RoPE); this model (%s) "
-					 "runs on \"cpu\"", cfg->ordinal,
-					 hp->arch == GPUD_ARCH_QWEN2 ? "qwen2" : "llama with biases");
+			return sw_seterr(err, errlen, rc, "cuda:%d: %s", cfg->ordinal, why);
 		}
-	}
-	rc = gpud_cuda_layout_for(cfg, &c->L, err, errlen);
-	if (rc) {
-		free(c);
-		return rc;
 	}
 	c->cfg.max_logits = c->L.NL;
 	c->hp = gpud_model_hparams(cfg->model);

@@ -57,11 +57,12 @@ static int check_weight(const struct gpud_weight *w, const char *name, uint64_t 
 
 	if (!n)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "cuda backend: %s has type %s, which it cannot multiply", name,
+				 "%s has type %s, which the CUDA backend cannot multiply (F32, F16, "
+				 "BF16, Q8_0 and Q4_0 it can); this model runs on \"cpu\"", name,
 				 gpud_type_name(w->type));
 	if ((w->type == GPUD_TYPE_Q8_0 || w->type == GPUD_TYPE_Q4_0) && w->cols % GPUD_QK)
 		return sw_seterr(err, errlen, SW_EFORMAT,
-				 "cuda backend: %s has %lld columns, not a multiple of %d", name,
+				 "the CUDA backend: %s has %lld columns, not a multiple of %d", name,
 				 (long long)w->cols, GPUD_QK);
 	*sum += n;
 	return 0;
@@ -103,17 +104,22 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	*l = (struct gpud_cuda_layout){ 0 };
 	if (!cfg || !cfg->model || !cfg->max_batch_tokens || !cfg->n_blocks ||
 	    !cfg->block_tokens || !cfg->max_seqs)
-		return sw_seterr(err, errlen, -EINVAL, "cuda backend: zero size in config");
+		return sw_seterr(err, errlen, -EINVAL, "the CUDA backend: zero size in config");
 	if (cfg->max_batch_tokens > GPUD_CUDA_MAX_STEP_TOKENS ||
 	    cfg->max_logits > GPUD_CUDA_MAX_STEP_TOKENS)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "cuda backend: %u tokens / %u logits rows per step (at most %u)",
+				 "the CUDA backend: %u tokens / %u logits rows per step (at most %u)",
 				 cfg->max_batch_tokens, cfg->max_logits, GPUD_CUDA_MAX_STEP_TOKENS);
 	hp = gpud_model_hparams(cfg->model);
+	if (hp->qkv_bias || hp->rope_style != GPUD_ROPE_NORM)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "the CUDA backend runs llama-style models only (no Q/K/V biases, "
+				 "adjacent-pair RoPE); this model (%s) runs on \"cpu\"",
+				 hp->arch == GPUD_ARCH_QWEN2 ? "qwen2" : "llama with biases");
 	if (hp->head_dim > GPUD_CUDA_MAX_HEAD_DIM || hp->head_dim % 2 || !hp->n_kv_heads ||
 	    hp->n_heads % hp->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "cuda backend: head_dim %u (at most %u, even) with %u heads over "
+				 "the CUDA backend: head_dim %u (at most %u, even) with %u heads over "
 				 "%u KV heads is not supported", hp->head_dim,
 				 GPUD_CUDA_MAX_HEAD_DIM, hp->n_heads, hp->n_kv_heads);
 	rc = weights_bytes(cfg->model, &l->weights_bytes, err, errlen);
@@ -206,6 +212,13 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	return 0;
 }
 
+int gpud_cuda_plan_check(const struct gpud_backend_config *cfg, char *err, size_t errlen)
+{
+	struct gpud_cuda_layout l;
+
+	return gpud_cuda_layout_for(cfg, &l, err, errlen);
+}
+
 void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_plan *p)
 {
 	struct gpud_cuda_layout l;
@@ -213,7 +226,7 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
 
 	*p = (struct gpud_cuda_plan){ 0 };
 	if (gpud_cuda_layout_for(cfg, &l, err, sizeof(err)))
-		return; /* init will refuse the same cfg with the message */
+		return; /* gpud_cuda_plan_check and init give the reason */
 	p->weights = l.weights_bytes;
 	p->kv = l.kv_bytes;
 	p->masks = l.masks_bytes;
