@@ -17,8 +17,14 @@
  * seeing itself and each earlier segment with probability 1/2) or plain
  * causal - run on both; every logits row is compared:
  * max |cuda - cpu| / max |cpu| over the row, worst over the run. Prints
- * the worst error and exits 1 when it passes the bound (default 1e-3 for
- * F32 models, 1e-2 for the others: the engine tests' bounds), 0 else.
+ * the worst error and exits 1 when it passes the bound, 0 else. Default
+ * bounds: 1e-3 for F32 models, 1e-2 for F16/BF16, 2e-2 for Q8_0/Q4_0, the
+ * int8 path's bound against the reference (reference_test). That path
+ * quantizes every matmul's activations; once the two backends' sums, equal
+ * but for their fp32 order, round one activation to another int8 step, the
+ * two runs are two draws of that quantization noise (on cuemu: 1.2e-2 for
+ * a 2-layer, dim-768 model shaped like Llama-3.2-3B, where the same model
+ * in F32 agrees to 1.4e-6).
  * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
  * over the run too. Then, on the device alone: hiding s0 from G changes
  * only G's logits, and a prompt prefilled one KV block per step matches
@@ -569,7 +575,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (bound < 0)
-		bound = !strcmp(type_of(m), "f32") ? 1e-3 : 1e-2;
+		bound = !strcmp(type_of(m), "f32")                                   ? 1e-3
+			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
+										: 1e-2;
 	rc = do_bench ? bench(m, label ? label : type_of(m), out) : compare(m, rounds, bound);
 	gpud_model_free(m);
 	return rc;

@@ -1,0 +1,402 @@
+// ops_cmp.cu - the CUDA backend's kernels one by one against the CPU
+// backend's, on random inputs (issue 12's "each op against the CPU
+// backend, every weight type"). Host code only: it calls the launchers of
+// kernels.cuh on device buffers. Built by nvcc with the backend (tests/gpu/
+// run runs it on the GPU) and through cu2cc.py on cuemu (tests/cuemu/run).
+//
+//   ops_cmp [--seed S]
+//
+// Each check prints its worst error and bound; the exit status is 1 when
+// any is past its bound. The matmuls compare with gpud_matmul:
+//   - Q8_0/Q4_0 (int8 path): the GPU quantizes the activations as the CPU
+//     does, so the integer sums are equal and only the fp32 order of the
+//     per-block terms differs (GEMV: per-lane partial sums; the tiled
+//     kernel: the CPU's order): bound 1e-5 of the row's largest output.
+//   - F32/F16/BF16, T <= 8: the fp32 GEMV, 1e-5.
+//   - F32, T > 8: the tiled fp32 kernel, 1e-5.
+//   - F16/BF16, T > 8: cuBLAS over activations split into hi + lo halves
+//     (about 22 and 16 bits of each activation), as backend.cu calls it:
+//     1e-5 and 1e-4.
+// RMSNorm (+ residual), SwiGLU and the embedding rows of every type are
+// checked against the same computations written here (the CPU's formulas).
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "gpud/backend/cpu/kernels.h"
+#include "gpud/quant.h"
+}
+#include "gpud/backend/cuda/kernels.cuh"
+
+namespace {
+
+int failures;
+cublasHandle_t blas;
+uint64_t rng = 0x243f6a8885a308d3ull;
+
+float frand(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+void *dev(size_t n)
+{
+	void *p = nullptr;
+
+	if (cudaMalloc(&p, n ? n : 1) != cudaSuccess) {
+		fprintf(stderr, "ops_cmp: cudaMalloc of %zu bytes failed\n", n);
+		exit(2);
+	}
+	return p;
+}
+
+void up(void *d, const void *h, size_t n)
+{
+	if (cudaMemcpy(d, h, n, cudaMemcpyHostToDevice) != cudaSuccess) {
+		fprintf(stderr, "ops_cmp: upload failed\n");
+		exit(2);
+	}
+}
+
+bool down(void *h, const void *d, size_t n, const char *what)
+{
+	cudaError_t e = cudaDeviceSynchronize();
+
+	if (e == cudaSuccess)
+		e = cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
+	if (e != cudaSuccess) {
+		printf("ops_cmp: %-44s FAIL: %s\n", what, cudaGetErrorString(e));
+		failures++;
+		return false;
+	}
+	return true;
+}
+
+void report(const char *what, double worst, double bound)
+{
+	bool ok = worst <= bound; // NaN fails
+
+	printf("ops_cmp: %-44s worst %.3g (bound %.0e)%s\n", what, worst, bound,
+	       ok ? "" : "  FAIL");
+	if (!ok)
+		failures++;
+}
+
+// Worst over the T rows of (T, n) outputs of max |a - b| / max |b|.
+double rel_rows(const float *a, const float *b, uint32_t T, int64_t n)
+{
+	double worst = 0;
+
+	for (uint32_t t = 0; t < T; t++) {
+		double dmax = 0, bmax = 0;
+		for (int64_t i = 0; i < n; i++) {
+			double d = fabs((double)a[t * n + i] - b[t * n + i]);
+			if (!(d == d))
+				d = INFINITY;
+			dmax = d > dmax ? d : dmax;
+			bmax = fabs(b[t * n + i]) > bmax ? fabs(b[t * n + i]) : bmax;
+		}
+		double r = bmax > 0 ? dmax / bmax : dmax;
+		worst = r > worst ? r : worst;
+	}
+	return worst;
+}
+
+// A random rows x cols matrix of type t in the file's layout, and the
+// device's (cuda_impl.h: Q8_0/Q4_0 as a quants region then fp16 scales).
+struct mat {
+	enum gpud_type t;
+	int64_t rows, cols;
+	void *host;      // file layout
+	void *dq, *dd;   // device quants (or elements), scales
+};
+
+mat make_mat(enum gpud_type t, int64_t rows, int64_t cols)
+{
+	mat m = { t, rows, cols, nullptr, nullptr, nullptr };
+	size_t rb = gpud_type_row_bytes(t, (uint64_t)cols);
+	float *row = (float *)malloc(sizeof(float) * cols);
+
+	m.host = malloc(rb * rows);
+	for (int64_t r = 0; r < rows; r++) {
+		for (int64_t c = 0; c < cols; c++)
+			row[c] = frand() * (1.0f + (float)(r % 7)); // rows of different scales
+		gpud_quantize_row(t, row, (uint8_t *)m.host + r * rb, cols);
+	}
+	free(row);
+	if (t != GPUD_TYPE_Q8_0 && t != GPUD_TYPE_Q4_0) {
+		m.dq = dev(rb * rows);
+		up(m.dq, m.host, rb * rows);
+		return m;
+	}
+	int64_t nb = cols / GPUD_QK, qrow = t == GPUD_TYPE_Q8_0 ? 32 : 16;
+	size_t bsz = gpud_type_block_bytes(t);
+	uint8_t *q = (uint8_t *)malloc(rows * nb * qrow), *d = (uint8_t *)malloc(rows * nb * 2);
+	for (int64_t i = 0; i < rows * nb; i++) {
+		const uint8_t *blk = (const uint8_t *)m.host + i * bsz;
+		memcpy(d + i * 2, blk, 2);
+		memcpy(q + i * qrow, blk + 2, qrow);
+	}
+	m.dq = dev(rows * nb * qrow);
+	m.dd = dev(rows * nb * 2);
+	up(m.dq, q, rows * nb * qrow);
+	up(m.dd, d, rows * nb * 2);
+	free(q);
+	free(d);
+	return m;
+}
+
+void free_mat(mat &m)
+{
+	free(m.host);
+	cudaFree(m.dq);
+	cudaFree(m.dd);
+}
+
+gpud_cuda_mat dmat(const mat &m)
+{
+	return gpud_cuda_mat{ (int)m.t, m.rows, m.cols, m.dq, m.dd };
+}
+
+// y = W x on the CPU backend (gpud_matmul, one thread).
+void cpu_mm(const mat &m, const float *x, uint32_t T, float *y)
+{
+	size_t sb = gpud_matmul_scratch_bytes(m.t, m.cols, T);
+	void *scratch = sb ? aligned_alloc(64, (sb + 63) / 64 * 64) : nullptr;
+
+	gpud_matmul(nullptr, m.t, m.host, m.rows, m.cols, x, T, y, scratch);
+	free(scratch);
+}
+
+// y = W x on the device, as backend.cu's mm() and prep() do it.
+void gpu_mm(const mat &m, const float *dx, uint32_t T, float *dy)
+{
+	gpud_cuda_mat w = dmat(m);
+
+	switch (m.t) {
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0: {
+		int8_t *q = (int8_t *)dev((size_t)T * m.cols);
+		float *d = (float *)dev((size_t)T * (m.cols / GPUD_QK) * 4);
+		gpud_k_quantize_act(0, dx, T, (uint32_t)m.cols, q, d);
+		gpud_k_mm_q(0, &w, q, d, T, dy);
+		cudaDeviceSynchronize();
+		cudaFree(q);
+		cudaFree(d);
+		break;
+	}
+	default:
+		if (T <= 8) {
+			gpud_k_mv_f(0, &w, dx, T, dy);
+		} else if (m.t == GPUD_TYPE_F32) {
+			gpud_k_mm_f32(0, &w, dx, T, dy);
+		} else {
+			// F16/BF16 prefill: y^T = W hi + W lo, then the F16 row scales
+			size_t half = (size_t)T * m.cols * 2;
+			void *hi = dev(half), *lo = dev(half);
+			float *sc = (float *)dev(4 * T);
+			const float one = 1.0f, zero = 0.0f;
+			cudaDataType_t dt = m.t == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+			int r = (int)m.rows, k = (int)m.cols;
+
+			gpud_k_split_act(0, dx, T, (uint32_t)m.cols, m.t, hi, lo, sc);
+			if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)T, k, &one, m.dq, dt, k,
+					 hi, dt, k, &zero, dy, CUDA_R_32F, r, CUBLAS_COMPUTE_32F,
+					 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
+			    cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)T, k, &one, m.dq, dt, k,
+					 lo, dt, k, &one, dy, CUDA_R_32F, r, CUBLAS_COMPUTE_32F,
+					 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
+				printf("ops_cmp: cublasGemmEx failed\n");
+				failures++;
+			}
+			if (m.t == GPUD_TYPE_F16)
+				gpud_k_scale_cols(0, dy, m.rows, T, sc);
+			cudaDeviceSynchronize();
+			cudaFree(hi);
+			cudaFree(lo);
+			cudaFree(sc);
+		}
+		break;
+	}
+}
+
+void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
+{
+	mat m = make_mat(t, rows, cols);
+	float *x = (float *)malloc(sizeof(float) * T * cols);
+	float *yc = (float *)malloc(sizeof(float) * T * rows);
+	float *yg = (float *)malloc(sizeof(float) * T * rows);
+	float *dx = (float *)dev(sizeof(float) * T * cols);
+	float *dy = (float *)dev(sizeof(float) * T * rows);
+	char what[96];
+
+	for (int64_t i = 0; i < T * cols; i++)
+		x[i] = frand() * 3.0f;
+	up(dx, x, sizeof(float) * T * cols);
+	cpu_mm(m, x, T, yc);
+	snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tokens", gpud_type_name(t),
+		 (long long)rows, (long long)cols, T);
+	gpu_mm(m, dx, T, dy);
+	if (down(yg, dy, sizeof(float) * T * rows, what))
+		report(what, rel_rows(yg, yc, T, rows),
+		       t == GPUD_TYPE_BF16 && T > 8 ? 1e-4 : 1e-5);
+	free(x);
+	free(yc);
+	free(yg);
+	cudaFree(dx);
+	cudaFree(dy);
+	free_mat(m);
+}
+
+void check_rmsnorm(uint32_t n, uint32_t dim, bool add)
+{
+	float *x = (float *)malloc(4 * n * dim), *o = (float *)malloc(4 * n * dim);
+	float *w = (float *)malloc(4 * dim), *want = (float *)malloc(4 * n * dim);
+	float *got = (float *)malloc(4 * n * dim), *gx = (float *)malloc(4 * n * dim);
+	float *dx = (float *)dev(4 * n * dim), *dout = (float *)dev(4 * n * dim);
+	float *dw = (float *)dev(4 * dim);
+	const float eps = 1e-5f;
+	char what[96];
+
+	for (uint32_t i = 0; i < n * dim; i++) {
+		x[i] = frand() * 4;
+		o[i] = frand();
+	}
+	for (uint32_t i = 0; i < dim; i++)
+		w[i] = 1.0f + frand() * 0.5f;
+	up(dx, x, 4 * n * dim);
+	up(dout, o, 4 * n * dim);
+	up(dw, w, 4 * dim);
+	for (uint32_t r = 0; r < n; r++) { // forward.c: x += out; out = rmsnorm(x) * w
+		float *xr = x + (size_t)r * dim, *orow = o + (size_t)r * dim;
+		double ss = 0;
+		for (uint32_t i = 0; i < dim; i++) {
+			if (add)
+				xr[i] += orow[i];
+			ss += (double)xr[i] * xr[i];
+		}
+		float sc = (float)(1.0 / sqrt(ss / dim + (double)eps));
+		for (uint32_t i = 0; i < dim; i++)
+			want[(size_t)r * dim + i] = xr[i] * sc * w[i];
+	}
+	gpud_k_add_norm(0, dx, dout, dw, add, nullptr, n, dim, eps);
+	snprintf(what, sizeof(what), "rmsnorm%s %u x %u", add ? " + residual" : "", n, dim);
+	if (down(got, dout, 4 * n * dim, what) && down(gx, dx, 4 * n * dim, what)) {
+		double e = rel_rows(got, want, n, dim), ex = rel_rows(gx, x, n, dim);
+		report(what, e > ex ? e : ex, 1e-6);
+	}
+	free(x);
+	free(o);
+	free(w);
+	free(want);
+	free(got);
+	free(gx);
+	cudaFree(dx);
+	cudaFree(dout);
+	cudaFree(dw);
+}
+
+void check_swiglu(uint64_t n)
+{
+	float *a = (float *)malloc(4 * n), *b = (float *)malloc(4 * n), *g = (float *)malloc(4 * n);
+	float *da = (float *)dev(4 * n), *db = (float *)dev(4 * n);
+
+	for (uint64_t i = 0; i < n; i++) {
+		a[i] = frand() * 8;
+		b[i] = frand() * 2;
+	}
+	up(da, a, 4 * n);
+	up(db, b, 4 * n);
+	gpud_k_swiglu(0, da, db, n);
+	if (down(g, da, 4 * n, "swiglu")) {
+		double worst = 0;
+		for (uint64_t i = 0; i < n; i++) {
+			double want = a[i] / (1.0 + exp(-(double)a[i])) * b[i];
+			double e = fabs(g[i] - want) / (fabs(want) > 1e-3 ? fabs(want) : 1e-3);
+			worst = e > worst || !(e == e) ? e : worst;
+		}
+		report("swiglu (relative, per element)", worst, 1e-5);
+	}
+	free(a);
+	free(b);
+	free(g);
+	cudaFree(da);
+	cudaFree(db);
+}
+
+// Embedding rows of every type: the bits of gpud_dequantize_row; an out of
+// range token gives zeros.
+void check_embed(enum gpud_type t)
+{
+	const int64_t rows = 40, cols = 96;
+	const int32_t toks[5] = { 0, 39, 17, -1, 40 };
+	mat m = make_mat(t, rows, cols);
+	gpud_cuda_mat w = dmat(m);
+	int32_t *dt = (int32_t *)dev(sizeof(toks));
+	float *dx = (float *)dev(4 * 5 * cols), got[5 * 96], want[5 * 96];
+	char what[64];
+
+	up(dt, toks, sizeof(toks));
+	memset(want, 0, sizeof(want));
+	for (int i = 0; i < 3; i++)
+		gpud_dequantize_row(t, (const uint8_t *)m.host +
+				       toks[i] * gpud_type_row_bytes(t, cols), want + i * cols, cols);
+	gpud_k_embed(0, &w, dt, 5, dx);
+	snprintf(what, sizeof(what), "embedding rows %s", gpud_type_name(t));
+	if (down(got, dx, sizeof(got), what))
+		report(what, memcmp(got, want, sizeof(got)) ? 1 : 0, 0);
+	cudaFree(dt);
+	cudaFree(dx);
+	free_mat(m);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{
+	const enum gpud_type types[] = { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16,
+					 GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 };
+	int n = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+			rng = strtoull(argv[++i], nullptr, 0) | 1;
+		} else {
+			fprintf(stderr, "usage: %s [--seed S]\n", argv[0]);
+			return 2;
+		}
+	}
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+		fprintf(stderr, "ops_cmp: no CUDA device\n");
+		return 2;
+	}
+	cudaSetDevice(0);
+	{
+		void *ws = dev(32u << 20);
+		if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
+		    cublasSetWorkspace(blas, ws, 32u << 20) != CUBLAS_STATUS_SUCCESS) {
+			fprintf(stderr, "ops_cmp: cuBLAS set-up failed\n");
+			return 2;
+		}
+	}
+	for (enum gpud_type t : types) {
+		check_embed(t);
+		for (uint32_t T : { 1u, 3u, 8u })
+			check_matmul(t, 200, 320, T);
+		for (uint32_t T : { 9u, 70u })
+			check_matmul(t, 130, 320, T);
+	}
+	check_rmsnorm(7, 320, false);
+	check_rmsnorm(7, 320, true);
+	check_swiglu(5000);
+	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
+	return failures ? 1 : 0;
+}
