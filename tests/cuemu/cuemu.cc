@@ -1030,6 +1030,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
 	cudaError_t e;
+	int dev;
 
 	if (!p)
 		return cudaSuccess;
@@ -1041,8 +1042,9 @@ cudaError_t cudaFree(void *p)
 		if (!r || r->dev < 0 || r->base != (uintptr_t)p)
 			return ret(cudaErrorInvalidValue);
 		e = sticky[r->dev];
+		dev = r->dev;
 	}
-	flush_device(cur_dev); // cudaFree synchronizes
+	flush_device(dev); // cudaFree synchronizes the memory's device
 	cudaError_t e2 = unmap_region(p, false);
 	return ret(e2 != cudaSuccess ? e2 : e);
 }
