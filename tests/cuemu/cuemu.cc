@@ -1377,24 +1377,37 @@ struct gemm_st {
 };
 
 // C = alpha op(A) op(B) + beta C, column-major; fp32 products summed in
-// order; beta 0 ignores C (it may hold anything), as cuBLAS does.
+// order; beta 0 ignores C (it may hold anything), as cuBLAS does. op(A)
+// is widened to fp32 once per call and each column of op(B) once, into
+// buffers that only grow (no allocation once they have).
 cudaError_t run_gemm(const op &o)
 {
 	const gemm_st &g = state_of<gemm_st>(o);
+	thread_local std::vector<float> fa, fb;
+	size_t k = (size_t)g.k;
 
-	for (int j = 0; j < g.n; j++)
+	if (fa.size() < (size_t)g.m * k)
+		fa.resize((size_t)g.m * k);
+	if (fb.size() < k)
+		fb.resize(k);
+	for (int i = 0; i < g.m; i++)
+		for (int p = 0; p < g.k; p++)
+			fa[(size_t)i * k + p] = elem(g.A, g.at, g.ta == CUBLAS_OP_N
+							    ? (size_t)p * g.lda + i
+							    : (size_t)i * g.lda + p);
+	for (int j = 0; j < g.n; j++) {
+		for (int p = 0; p < g.k; p++)
+			fb[p] = elem(g.B, g.bt, g.tb == CUBLAS_OP_N ? (size_t)j * g.ldb + p
+								     : (size_t)p * g.ldb + j);
 		for (int i = 0; i < g.m; i++) {
+			const float *a = &fa[(size_t)i * k];
 			float acc = 0.0f;
-			for (int p = 0; p < g.k; p++) {
-				size_t ia = g.ta == CUBLAS_OP_N ? (size_t)p * g.lda + i
-								: (size_t)i * g.lda + p;
-				size_t ib = g.tb == CUBLAS_OP_N ? (size_t)j * g.ldb + p
-								: (size_t)p * g.ldb + j;
-				acc = fmaf(elem(g.A, g.at, ia), elem(g.B, g.bt, ib), acc);
-			}
+			for (size_t p = 0; p < k; p++)
+				acc += a[p] * fb[p];
 			float *c = (float *)g.C + (size_t)j * g.ldc + i;
 			*c = g.beta == 0.0f ? g.alpha * acc : g.alpha * acc + g.beta * *c;
 		}
+	}
 	std::lock_guard<std::mutex> lk(mu);
 	stats.gemms++;
 	return cudaSuccess;
