@@ -921,7 +921,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
 	p->sharedMemPerBlock = 48 * 1024;
 	p->major = 9;
 	p->minor = 0;
-	p->multiProcessorCount = 1;
+	p->multiProcessorCount = 132; /* an H100/H200's: the figure kernels size grids by */
 	p->maxThreadsPerBlock = 1024;
 	p->warpSize = 32;
 	p->maxGridSize[0] = 0x7fffffff;

@@ -60,6 +60,7 @@
 #define MAX_SEQS 64
 #define BLOCK_TOKENS 16
 #define SEQ_BLOCKS 64  /* 1024 positions per sequence */
+#define LONG_CTX 960   /* the bench's long context: + 40 decode steps < 1024 */
 #define MAX_BATCH 1024
 #define MAX_SEGS 8
 
@@ -391,10 +392,11 @@ static int cmp_dbl(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
-/* Median seconds of a decode step of n_seqs sequences (prefilled with 32
- * tokens), each with mask (or causal). */
+/* Median seconds of a decode step of n_seqs sequences prefilled with ctx
+ * tokens (32 .. SEQ_BLOCKS * BLOCK_TOKENS - 40), each with mask (or
+ * causal). */
 static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t n_seqs,
-			    bool masked)
+			    uint32_t ctx, bool masked)
 {
 	static struct seq seqs[MAX_SEQS];
 	static struct gpud_fwd_seq fs[MAX_SEQS];
@@ -405,19 +407,19 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 
 	for (uint32_t i = 0; i < n_seqs; i++) {
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs, .n_seqs = 1,
-					    .n_tokens = 32, .n_logits = 1 };
+					    .n_tokens = ctx, .n_logits = 1 };
 
 		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
 			seqs[i].blocks[k] = i * SEQ_BLOCKS + k;
-		seqs[i].prompt = 32;
+		seqs[i].prompt = ctx;
 		seqs[i].len = 0;
 		seqs[i].masked = false;
 		if (masked) {
-			/* s0 10 tokens, s1 22; G hides s0: block 0 is mixed. */
+			/* s0 10 tokens, s1 the rest; G hides s0: block 0 is mixed. */
 			uint16_t r0[1] = { 0 }, r1[2] = { 0, 1 }, rg[2] = { 1, 2 };
 			struct proto_mask_row rows[3] = { { r0, 1 }, { r1, 2 }, { rg, 2 } };
 			struct proto_mask_desc d = { .n_segments = 2, .rows = rows };
-			uint32_t st[2] = { 10, 22 };
+			uint32_t st[2] = { 10, ctx - 10 };
 
 			seqs[i].masked = gpud_mask_compile(&d, st, BLOCK_TOKENS, seqs[i].mask_mem,
 							   sizeof(seqs[i].mask_mem),
@@ -425,12 +427,12 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 		}
 		fs[0] = (struct gpud_fwd_seq){ .blocks = seqs[i].blocks,
 					       .mask = seqs[i].masked ? &seqs[i].mask : NULL,
-					       .n_tokens = 32, .n_logits = 1 };
-		for (uint32_t k = 0; k < 32; k++)
+					       .n_tokens = ctx, .n_logits = 1 };
+		for (uint32_t k = 0; k < ctx; k++)
 			toks[k] = (int32_t)rnd(hp->n_vocab);
 		if (forward(g, &b))
 			return -1;
-		seqs[i].len = 32;
+		seqs[i].len = ctx;
 	}
 	for (uint32_t step = 0; step < 40; step++) {
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs, .n_seqs = n_seqs,
@@ -471,12 +473,27 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		return 2;
 	a0 = allocs(&g);
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
-		double step = decode_step_s(&g, m, batches[i], false);
+		double step = decode_step_s(&g, m, batches[i], 32, false);
 
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch %u | %.1f tok/s | %.3f ms/step |\n", label,
 			batches[i], batches[i] / step, step * 1e3);
+	}
+	/* a long context: the attention's share (split-K at small batches) */
+	for (size_t i = 0; i < 2; i++) {
+		uint32_t n = batches[i], ctx = LONG_CTX;
+		double step;
+
+		if (hp->n_ctx && hp->n_ctx < ctx + 40)
+			ctx = hp->n_ctx - 40; /* within the model's context */
+		if (hp->n_ctx && hp->n_ctx < 40 + 64)
+			break; /* no long context to speak of */
+		step = decode_step_s(&g, m, n, ctx, false);
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch %u at context %u | %.1f tok/s | %.3f ms/step |\n",
+			label, n, ctx, n / step, step * 1e3);
 	}
 	for (uint32_t r = 0; r < 5; r++) { /* prefill: one 512-token chunk */
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
@@ -496,8 +513,8 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	}
 	fprintf(out, "| %s | prefill 512 tokens | %.1f tok/s | %.3f ms |\n", label, 512 / best,
 		best * 1e3);
-	plain = decode_step_s(&g, m, 16, false);
-	masked = decode_step_s(&g, m, 16, true);
+	plain = decode_step_s(&g, m, 16, 32, false);
+	masked = decode_step_s(&g, m, 16, 32, true);
 	fprintf(out, "| %s | decode batch 16, cached compiled mask vs causal | %+.3f ms/step "
 		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
 		plain * 1e3);

@@ -266,6 +266,34 @@ static void test_graph_sizes(void **state)
 	assert_int_equal(gpud_cuda_graph_max_t(&l), 1);
 }
 
+/* Split-K attention: about two CTAs per multiprocessor for small decode
+ * batches, none for prefill-sized steps, within the partials' room. */
+static void test_att_splits(void **state)
+{
+	struct gpud_cuda_layout l = { 0 };
+
+	(void)state;
+	l.head_dim = 128;
+	l.kv_dim = 8 * 128; /* Llama-3.2-3B: 8 KV heads */
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 132), GPUD_CUDA_ATT_MAX_SPLITS);
+	assert_int_equal(gpud_cuda_att_splits(&l, 4, 132), 9);   /* 264 / 32 CTAs */
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 128), 2);  /* 256 / 128 */
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 132), 3);  /* rounded up */
+	assert_int_equal(gpud_cuda_att_splits(&l, 64, 132), 1);
+	assert_int_equal(gpud_cuda_att_splits(&l, 65, 132), 1);  /* past the graphs: prefill */
+	assert_int_equal(gpud_cuda_att_splits(&l, 0, 132), 1);
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 0), 1);     /* 2 CTAs wanted: 8 per split */
+	l.kv_dim = 128; /* one KV head: bounded by the partials too */
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 1024), GPUD_CUDA_ATT_MAX_SPLITS);
+	assert_int_equal(gpud_cuda_att_splits(&l, 40, 1024), GPUD_CUDA_ATT_PARTS / 40);
+	for (uint32_t T = 1; T <= GPUD_CUDA_GRAPH_MAX_T; T++) {
+		uint32_t n = gpud_cuda_att_splits(&l, T, 1u << 20);
+
+		assert_true(n >= 1 && n <= GPUD_CUDA_ATT_MAX_SPLITS);
+		assert_true((uint64_t)n * T <= GPUD_CUDA_ATT_PARTS);
+	}
+}
+
 static void test_errcode(void **state)
 {
 	(void)state;
@@ -477,6 +505,7 @@ int main(void)
 		cmocka_unit_test(test_plan_check),
 		cmocka_unit_test(test_plan_pools),
 		cmocka_unit_test(test_graph_sizes),
+		cmocka_unit_test(test_att_splits),
 		cmocka_unit_test(test_errcode),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_mask_image),

@@ -78,6 +78,9 @@ struct cuda_ctx {
 	const float *out_norm, *rope_inv;
 
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+	float *attp;    // split-K attention partials
+	unsigned *attc; // and their arrival counters (zero between steps)
+	uint32_t n_sm;  // the device's multiprocessors: attention splits
 	int8_t *actq;
 	float *actd;
 	void *acth_hi, *acth_lo; // F16/BF16 prefill: activations split in two
@@ -429,6 +432,12 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 				 c->dev, n);
 	CK(cudaSetDevice(c->dev), "cudaSetDevice");
 	CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+	{
+		cudaDeviceProp p;
+
+		CK(cudaGetDeviceProperties(&p, c->dev), "cudaGetDeviceProperties");
+		c->n_sm = p.multiProcessorCount > 0 ? (uint32_t)p.multiProcessorCount : 1;
+	}
 	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
 	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
 	    (rc = reserve(c, &c->mpool, L->masks_bytes, "mask", err, errlen)) ||
@@ -461,6 +470,8 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->k = (float *)(s + L->k);
 	c->v = (float *)(s + L->v);
 	c->att = (float *)(s + L->att);
+	c->attp = (float *)(s + L->attp);
+	c->attc = (unsigned *)(s + L->attc);
 	c->hb = (float *)(s + L->hb);
 	c->hb2 = (float *)(s + L->hb2);
 	c->xl = (float *)(s + L->xl);
@@ -682,7 +693,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
 		   "rope");
 		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
-				    L->mask_slot_bytes, L->max_prompt_blocks, T), "attention");
+				    L->mask_slot_bytes, L->max_prompt_blocks, T,
+				    gpud_cuda_att_splits(L, T, c->n_sm), c->attp, c->attc),
+		   "attention");
 		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
 		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
 		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||

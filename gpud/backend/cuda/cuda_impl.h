@@ -48,6 +48,8 @@ struct gpud_mask;
 #define GPUD_CUDA_VIS_SETS 128u /* GPUD_MASK_MAX_SEGMENTS + 1 */
 #define GPUD_CUDA_NO_MASK 0xffffffffu
 #define GPUD_CUDA_GRAPH_MAX_T 64u /* decode graphs: batches of 1 .. 64 tokens */
+#define GPUD_CUDA_ATT_MAX_SPLITS 16u /* split-K attention: splits of one token's keys */
+#define GPUD_CUDA_ATT_PARTS 512u /* split-K attention: (token, split) partials a step holds */
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -72,7 +74,8 @@ struct gpud_cuda_layout {
 	uint32_t mask_slots;
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
 	/* scratch offsets (bytes) */
-	uint64_t x, xb, q, k, v, att, hb, hb2, xl, logits, actq, actd, acth, ascale, meta;
+	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, actq, actd, acth, ascale,
+		meta;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
 	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_btab;
@@ -148,6 +151,16 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
  * states); GPUD_CUDA_GRAPH_MAX_T bounded by the step's tokens, sequences
  * (one token each) and logits rows. */
 uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l);
+
+/* Splits of the attention of a step of T tokens on a device of n_sm
+ * multiprocessors (split-K, "flash decoding"): each (token, KV head)'s
+ * keys are cut into this many ranges, attended by separate CTAs and
+ * combined, so that a small decode batch over a long context still fills
+ * the device (about two CTAs per multiprocessor). 1 for a step of more
+ * than GPUD_CUDA_GRAPH_MAX_T tokens (prefill has CTAs enough); at most
+ * GPUD_CUDA_ATT_MAX_SPLITS and GPUD_CUDA_ATT_PARTS / T. Depends on T and
+ * the device only, never on positions: a decode graph keeps its grid. */
+uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm);
 
 /* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
  * out-of-memory, -ENODEV for no device / invalid device / no driver,

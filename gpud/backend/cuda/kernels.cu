@@ -226,23 +226,52 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
 	return (w >> (sg & 63)) & 1;
 }
 
+/* Attention, flash-decoding style. A CTA serves one token, one KV head and
+ * HG of the query heads that share it (a warp each), over split z of
+ * gridDim.z of the token's keys, cut into chunks of 32 positions (one
+ * block's part, or 32 / block_tokens whole blocks):
+ *   - the chunk's K rows are staged once in shared memory for the CTA's
+ *     heads, rows padded by one float so that lanes reading different rows
+ *     at one column hit different banks (head_dim is even); V rows are
+ *     read by each warp, coalesced, the CTA's other warps hitting L1;
+ *   - a chunk whose blocks the mask hides, or past the token, is skipped
+ *     whole; tokens are tested one by one only in mixed blocks. The token
+ *     is the CTA's, so every warp takes the same chunks (the barriers are
+ *     uniform);
+ *   - online softmax per warp, as the CPU's (max, sum, rescaled outputs).
+ * With one split the CTA writes the output. With more, each writes its
+ * partial (unnormalized o, max, sum) to part, and the CTA that arrives
+ * last at the (token, head group)'s counter (atomicAdd after a fence; it
+ * resets the counter for the next step) combines them. */
+#define ATT_CHUNK 32
+
 template <int MAXD>
-__global__ void __launch_bounds__(32)
+__global__ void __launch_bounds__(1024)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
-		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks)
+		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
+		 float *part, unsigned *cnt)
 {
-	__shared__ float sq[GPUD_CUDA_MAX_HEAD_DIM];
-	uint32_t h = blockIdx.x, t = blockIdx.y, lane = threadIdx.x;
-	uint32_t hd = kv.head_dim, bt = kv.block_tokens, nh = kv.n_heads;
-	uint32_t kh = h / (nh / kv.n_kv_heads);
+	extern __shared__ float smem[];
+	__shared__ bool last;
+	uint32_t hd = kv.head_dim, bt = kv.block_tokens, nh = kv.n_heads, nkv = kv.n_kv_heads;
+	uint32_t G = nh / nkv, groups = (G + hg - 1) / hg;
+	uint32_t kh = blockIdx.x / groups, h0 = kh * G + (blockIdx.x % groups) * hg;
+	uint32_t t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
+	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	uint32_t h = h0 + w, kst = hd + 1;
+	bool live = w < hg && h < kh * G + G; /* a head of this CTA */
+	float *ks = smem, *sq = smem + ATT_CHUNK * kst + w * hd;
 	uint32_t pos = m.pos[t];
 	const uint32_t *si = m.seqinfo + (size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS;
 	const uint32_t *btab = m.btab + si[GPUD_CUDA_SI_BTAB];
 	uint32_t slot = si[GPUD_CUDA_SI_SLOT];
 	bool has_mask = slot != GPUD_CUDA_NO_MASK;
 	dmask mk = {};
-	uint32_t qs = 0;
-	const float *qt = q + ((size_t)t * nh + h) * hd;
+	uint32_t qs = 0, n_chunks = pos / ATT_CHUNK + 1;
+	uint32_t c_lo = (uint32_t)((uint64_t)split * n_chunks / n_split);
+	uint32_t c_hi = (uint32_t)((uint64_t)(split + 1) * n_chunks / n_split);
+	const float *kbase = kv.kv + (size_t)kv.layer * kv.layer_floats + (size_t)kh * kv.head_floats;
+	uint64_t v_off = (uint64_t)nkv * kv.head_floats;
 	float o[MAXD];
 	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
 
@@ -256,88 +285,175 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		mk.npb = si[GPUD_CUDA_SI_NPB];
 		qs = pos < mk.n_prompt ? mk.seg[pos] : mk.n_seg;
 	}
-	for (uint32_t d = lane; d < hd; d += 32)
-		sq[d] = qt[d];
-	__syncwarp();
+	if (live) {
+		const float *qt = q + ((size_t)t * nh + h) * hd;
+		for (uint32_t d = lane; d < hd; d += 32)
+			sq[d] = qt[d];
+	}
 #pragma unroll
 	for (int i = 0; i < MAXD; i++)
 		o[i] = 0.0f;
-	for (uint32_t b = 0; b <= pos / bt; b++) {
-		int vis = has_mask ? block_vis(mk, qs, b) : 1;
-		if (!vis)
-			continue;
-		const float *kb = kv.kv + (size_t)btab[b] * kv.block_floats +
-				  (size_t)kv.layer * kv.layer_floats + (size_t)kh * kv.head_floats;
-		const float *vb = kb + (size_t)kv.n_kv_heads * kv.head_floats;
-		uint32_t n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+	for (uint32_t c = c_lo; c < c_hi; c++) {
+		uint32_t p = c * ATT_CHUNK + lane;
+		int bv = p > pos ? 0 : has_mask ? block_vis(mk, qs, p / bt) : 1;
+		bool vis = bv == 1 || (bv == 2 && tok_visible(mk, qs, p));
+		/* the row of position p in the layer's K of head kh */
+		uint64_t row = vis ? (uint64_t)btab[p / bt] * kv.block_floats +
+					     (uint64_t)(p % bt) * hd : 0;
 
-		for (uint32_t c0 = 0; c0 < n; c0 += 32) {
-			uint32_t j = c0 + lane;
-			float sc = -INFINITY;
-
-			if (j < n && (vis == 1 || tok_visible(mk, qs, b * bt + j))) {
-				const float *kr = kb + (size_t)j * hd;
-				float acc = 0.0f;
-				for (uint32_t d = 0; d < hd; d++)
-					acc = fmaf(sq[d], kr[d], acc);
-				sc = acc * scale;
-			}
-			float mb = warp_max(sc);
-			if (mb == -INFINITY)
+		if (!__any_sync(FULL, bv != 0))
+			continue; /* hidden or past the token: the same in every warp */
+		__syncthreads(); /* the previous chunk's K is read */
+		for (uint32_t j = w; j < ATT_CHUNK; j += blockDim.x >> 5) {
+			uint64_t rj = __shfl_sync(FULL, row, j);
+			bool vj = __shfl_sync(FULL, vis, j);
+			if (!vj)
 				continue;
-			float mn = fmaxf(mx, mb);
-			float corr = expf(mx - mn); /* 0 on the first visible chunk */
-			float p = sc == -INFINITY ? 0.0f : expf(sc - mn);
-			l = l * corr + warp_sum(p);
-			mx = mn;
+			const float2 *src = (const float2 *)(kbase + rj);
+			float *dst = ks + j * kst;
+			for (uint32_t d2 = lane; d2 < hd / 2; d2 += 32) {
+				float2 x = src[d2];
+				dst[2 * d2] = x.x;
+				dst[2 * d2 + 1] = x.y;
+			}
+		}
+		__syncthreads();
+		if (!live)
+			continue;
+		float sc = -INFINITY;
+		if (vis) {
+			const float *kr = ks + lane * kst;
+			float a0 = 0.0f, a1 = 0.0f; /* two chains: head_dim is even */
+			for (uint32_t d = 0; d < hd; d += 2) {
+				a0 = fmaf(sq[d], kr[d], a0);
+				a1 = fmaf(sq[d + 1], kr[d + 1], a1);
+			}
+			sc = (a0 + a1) * scale;
+		}
+		float mb = warp_max(sc);
+		if (mb == -INFINITY)
+			continue;
+		float mn = fmaxf(mx, mb);
+		float corr = expf(mx - mn); /* 0 on the first visible chunk */
+		float pr = sc == -INFINITY ? 0.0f : expf(sc - mn);
+		l = l * corr + warp_sum(pr);
+		mx = mn;
 #pragma unroll
-			for (int i = 0; i < MAXD; i++)
-				o[i] *= corr;
-			uint32_t cnt = n - c0 < 32 ? n - c0 : 32;
-			for (uint32_t jj = 0; jj < cnt; jj++) {
-				float pj = __shfl_sync(FULL, p, jj);
-				if (pj == 0.0f)
-					continue;
-				const float *vr = vb + (size_t)(c0 + jj) * hd;
+		for (int i = 0; i < MAXD; i++)
+			o[i] *= corr;
+		for (uint32_t jj = 0; jj < ATT_CHUNK; jj++) {
+			float pj = __shfl_sync(FULL, pr, jj);
+			uint64_t rj = __shfl_sync(FULL, row, jj);
+			if (pj == 0.0f)
+				continue;
+			const float *vr = kbase + v_off + rj;
 #pragma unroll
-				for (int i = 0; i < MAXD; i++) {
-					uint32_t d = lane + 32 * i;
-					if (d < hd)
-						o[i] = fmaf(pj, vr[d], o[i]);
-				}
+			for (int i = 0; i < MAXD; i++) {
+				uint32_t d = lane + 32 * i;
+				if (d < hd)
+					o[i] = fmaf(pj, vr[d], o[i]);
 			}
 		}
 	}
-	/* l > 0: a token always sees itself. */
-	float inv = 1.0f / l;
+	if (n_split == 1) {
+		if (!live)
+			return;
+		/* l > 0: a token always sees itself. */
+		float inv = 1.0f / l;
+		float *ot = out + ((size_t)t * nh + h) * hd;
+#pragma unroll
+		for (int i = 0; i < MAXD; i++) {
+			uint32_t d = lane + 32 * i;
+			if (d < hd)
+				ot[d] = o[i] * inv;
+		}
+		return;
+	}
+	/* this split's partial */
+	uint32_t pstride = hd + 2;
+	if (live) {
+		float *pp = part + (((size_t)t * nh + h) * n_split + split) * pstride;
+#pragma unroll
+		for (int i = 0; i < MAXD; i++) {
+			uint32_t d = lane + 32 * i;
+			if (d < hd)
+				pp[d] = o[i];
+		}
+		if (!lane) {
+			pp[hd] = mx;
+			pp[hd + 1] = l;
+		}
+	}
+	__threadfence();
+	__syncthreads();
+	if (!threadIdx.x) {
+		unsigned *ct = cnt + (size_t)t * gridDim.x + blockIdx.x;
+		last = atomicAdd(ct, 1u) == n_split - 1;
+		if (last)
+			*ct = 0; /* every split has arrived: ready for the next step */
+	}
+	__syncthreads();
+	if (!last || !live)
+		return;
+	__threadfence();
+	/* the last CTA: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M),
+	 * read past L1 (volatile): the other CTAs wrote them */
+	const volatile float *ph = part + ((size_t)t * nh + h) * n_split * pstride;
+	float ms = lane < n_split ? ph[lane * pstride + hd] : -INFINITY;
+	float M = warp_max(ms);
+	float ws = ms == -INFINITY ? 0.0f : expf(ms - M);
+	float L = warp_sum(lane < n_split ? ph[lane * pstride + hd + 1] * ws : 0.0f);
+	float inv = 1.0f / L;
 	float *ot = out + ((size_t)t * nh + h) * hd;
 #pragma unroll
 	for (int i = 0; i < MAXD; i++) {
 		uint32_t d = lane + 32 * i;
+		float acc = 0.0f;
+		for (uint32_t sp = 0; sp < n_split; sp++) {
+			float wsp = __shfl_sync(FULL, ws, sp);
+			if (wsp != 0.0f && d < hd)
+				acc = fmaf(wsp, ph[sp * pstride + d], acc);
+		}
 		if (d < hd)
-			ot[d] = o[i] * inv;
+			ot[d] = acc * inv;
 	}
+}
+
+uint32_t gpud_k_attention_heads(uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim)
+{
+	uint32_t G = n_heads / n_kv_heads;
+	uint64_t k_bytes = (uint64_t)ATT_CHUNK * (head_dim + 1) * 4;
+	uint64_t hg = k_bytes < GPUD_K_ATT_SMEM ? (GPUD_K_ATT_SMEM - k_bytes) / (head_dim * 4) : 0;
+
+	if (hg > 32)
+		hg = 32;
+	if (hg > G)
+		hg = G;
+	return hg ? (uint32_t)hg : 1;
 }
 
 cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
-			     uint32_t T)
+			     uint32_t T, uint32_t splits, float *part, unsigned *cnt)
 {
-	dim3 grid(kv->n_heads, T);
+	uint32_t hd = kv->head_dim, G = kv->n_heads / kv->n_kv_heads;
+	uint32_t hg = gpud_k_attention_heads(kv->n_heads, kv->n_kv_heads, hd);
+	dim3 grid(kv->n_kv_heads * ((G + hg - 1) / hg), T, splits ? splits : 1);
+	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * hd) * 4;
 
-	if (kv->head_dim <= 32)
-		attention_kernel<1><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							 max_prompt_blocks);
-	else if (kv->head_dim <= 64)
-		attention_kernel<2><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							 max_prompt_blocks);
-	else if (kv->head_dim <= 128)
-		attention_kernel<4><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							 max_prompt_blocks);
+	if (hd <= 32)
+		attention_kernel<1><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+								max_prompt_blocks, hg, part, cnt);
+	else if (hd <= 64)
+		attention_kernel<2><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+								max_prompt_blocks, hg, part, cnt);
+	else if (hd <= 128)
+		attention_kernel<4><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+								max_prompt_blocks, hg, part, cnt);
 	else
-		attention_kernel<8><<<grid, 32, 0, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							 max_prompt_blocks);
+		attention_kernel<8><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+								max_prompt_blocks, hg, part, cnt);
 	return cudaGetLastError();
 }
 

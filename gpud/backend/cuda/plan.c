@@ -183,6 +183,11 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	CARVE(k, T * l->kv_dim * 4);
 	CARVE(v, T * l->kv_dim * 4);
 	CARVE(att, T * l->q_dim * 4);
+	/* split-K attention: partials (o, max, sum) of up to ATT_PARTS
+	 * (token, split) pairs per head, and one arrival counter per (token,
+	 * head) of a decode-sized step, which the last CTA resets */
+	CARVE(attp, (uint64_t)GPUD_CUDA_ATT_PARTS * (l->q_dim / l->head_dim) * (l->head_dim + 2) * 4);
+	CARVE(attc, (uint64_t)GPUD_CUDA_GRAPH_MAX_T * (l->q_dim / l->head_dim) * 4);
 	CARVE(hb, T * l->ffn_dim * 4);
 	CARVE(hb2, T * l->ffn_dim * 4);
 	CARVE(xl, NL * l->dim * 4);
@@ -246,6 +251,21 @@ uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l)
 	if (l->NL < n)
 		n = l->NL;
 	return n;
+}
+
+uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm)
+{
+	uint64_t ctas, want;
+
+	if (!T || T > GPUD_CUDA_GRAPH_MAX_T || !l->head_dim)
+		return 1;
+	ctas = (uint64_t)T * (l->kv_dim / l->head_dim); /* CTAs of one split */
+	want = (2ull * (n_sm ? n_sm : 1) + ctas - 1) / ctas;
+	if (want > GPUD_CUDA_ATT_MAX_SPLITS)
+		want = GPUD_CUDA_ATT_MAX_SPLITS;
+	if (want > GPUD_CUDA_ATT_PARTS / T)
+		want = GPUD_CUDA_ATT_PARTS / T;
+	return want ? (uint32_t)want : 1;
 }
 
 int gpud_cuda_errcode(int cuda_err)

@@ -223,6 +223,16 @@ static inline int __all_sync(unsigned mask, int pred)
 	return cuemu::warp_vote(mask, pred) == cuemu::warp_vote(mask, 1);
 }
 
+/* --- atomics and fences ------------------------------------------------------------
+ * Blocks run one at a time on the stream's thread, devices on their own:
+ * the builtins keep them atomic anyway. */
+static inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
 /* --- arithmetic intrinsics ------------------------------------------------------
  * The cuemu build compiles with -ffp-contract=off: a*b+c stays two
  * roundings unless written fmaf, as the _rn intrinsics require. */
