@@ -393,6 +393,7 @@ struct runner {
 	const void *state = nullptr;
 	uint64_t progress = 0;
 	unsigned bar_count = 0, bar_gen = 0;
+	int bar_acc = 0, bar_result = 0; /* __syncthreads_count: this barrier's, the last's */
 	warp_t w[32];
 	std::vector<uint8_t> dyn;
 	const char *kernel = "";
@@ -469,8 +470,14 @@ void kernel_fault(int sig, siginfo_t *si, void *uc);
 
 void ensure_runner(void)
 {
-	if (!R)
+	if (!R) {
 		R = new runner();
+		// a launch allocates nothing on the heap: room for the largest
+		// block's fibers (their stacks are mmapped as blocks first need
+		// them) and for 48 KiB of dynamic shared memory, from the start
+		R->f.reserve(1024);
+		R->dyn.reserve(48 << 10);
+	}
 	if (!R->alt_stack) {
 		// the fault handler runs here: a fiber's own stack may be what overflowed
 		stack_t ss;
@@ -556,6 +563,7 @@ cudaError_t run_kernel(const op &k)
 			for (unsigned bx = 0; bx < g.x; bx++) {
 				blockIdx = uint3{ bx, by, bz };
 				r->bar_count = r->bar_gen = 0;
+				r->bar_acc = r->bar_result = 0;
 				for (unsigned w = 0; w * 32 < n; w++) {
 					r->w[w].count = r->w[w].gen = 0;
 					r->w[w].n = n - w * 32 < 32 ? n - w * 32 : 32;
@@ -759,22 +767,32 @@ void *dyn_smem(void)
 	return need_runner("extern __shared__")->dyn.data();
 }
 
-void syncthreads(void)
+int syncthreads_count(int pred)
 {
 	runner *r = need_runner("__syncthreads");
 	fiber &me = r->f[r->cur];
 
 	r->progress++;
+	r->bar_acc += pred != 0;
 	if (++r->bar_count == r->n) {
 		r->bar_count = 0;
+		r->bar_result = r->bar_acc;
+		r->bar_acc = 0;
 		r->bar_gen++;
-		return;
+		return r->bar_result;
 	}
 	unsigned g = r->bar_gen;
 	me.st = F_BAR;
 	while (r->bar_gen == g)
 		yield();
 	me.st = F_RUN;
+	/* the next barrier cannot complete before this thread reaches it */
+	return r->bar_result;
+}
+
+void syncthreads(void)
+{
+	syncthreads_count(0);
 }
 
 void syncwarp(unsigned mask)

@@ -71,6 +71,32 @@ __global__ void __launch_bounds__(256) block_sum_kernel(const float *x, float *o
 		out[blockIdx.x] = s[0];
 }
 
+// Barrier reductions, twice in a row (the second must not see the
+// first's count), and the last-block pattern: each block adds to a
+// counter after a fence; the one that sees n - 1 resets it.
+__global__ void __launch_bounds__(128) count_kernel(int *out, unsigned *ctr)
+{
+	__shared__ bool last;
+	int c = __syncthreads_count(threadIdx.x % 3 == 0);
+	int o = __syncthreads_or(threadIdx.x == blockIdx.x);
+	int a = __syncthreads_and(threadIdx.x < 127);
+	int z = __syncthreads_or(0);
+
+	if (threadIdx.x == 5)
+		out[4 * blockIdx.x + 0] = c, out[4 * blockIdx.x + 1] = o,
+		out[4 * blockIdx.x + 2] = a, out[4 * blockIdx.x + 3] = z;
+	__threadfence();
+	__syncthreads();
+	if (!threadIdx.x) {
+		last = atomicAdd(ctr, 1u) == gridDim.x - 1;
+		if (last)
+			*ctr = 0;
+	}
+	__syncthreads();
+	if (last && threadIdx.x == 0)
+		out[4 * gridDim.x] = (int)blockIdx.x + 1;
+}
+
 // Thread 0 leaves before the barrier the others wait at.
 __global__ void divergent_kernel(int *x)
 {
@@ -145,6 +171,29 @@ static void check_block_sum(void)
 		CHECK(hy[b] == 255.0f * 256 / 2);
 	OK(cudaFree(dx));
 	OK(cudaFree(dy));
+}
+
+static void check_barrier_counts(void)
+{
+	int *d, h[4 * 200 + 1];
+	unsigned *ctr, hc = 7;
+
+	OK(cudaMalloc((void **)&d, sizeof(h)));
+	OK(cudaMalloc((void **)&ctr, sizeof(*ctr)));
+	OK(cudaMemset(ctr, 0, sizeof(*ctr)));
+	count_kernel<<<200, 128>>>(d, ctr);
+	OK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+	OK(cudaMemcpy(&hc, ctr, sizeof(hc), cudaMemcpyDeviceToHost));
+	for (int b = 0; b < 200; b++) {
+		CHECK(h[4 * b] == 43); /* 0, 3, .., 126 */
+		CHECK(h[4 * b + 1] == (b < 128));
+		CHECK(h[4 * b + 2] == 0);
+		CHECK(h[4 * b + 3] == 0);
+	}
+	CHECK(h[4 * 200] >= 1 && h[4 * 200] <= 200); /* one block saw the last ticket */
+	CHECK(hc == 0);
+	OK(cudaFree(d));
+	OK(cudaFree(ctr));
 }
 
 static void check_dynamic_shared(void)
@@ -422,6 +471,7 @@ int main(void)
 	check_warps();
 	check_block_sum();
 	check_dynamic_shared();
+	check_barrier_counts();
 	check_deferred();
 	check_graphs();
 	check_config();

@@ -210,9 +210,9 @@ static void test_plan_pools(void **state)
 	cfg = cfg_for(m);
 	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
 	{
-		const uint64_t offs[] = { l.x, l.xb, l.q, l.k, l.v, l.att, l.hb, l.hb2,
-					  l.xl, l.logits, l.actq, l.actd, l.acth, l.ascale,
-					  l.meta };
+		const uint64_t offs[] = { l.x, l.xb, l.q, l.k, l.v, l.att, l.attp, l.attc,
+					  l.hb, l.hb2, l.xl, l.logits, l.actq, l.actd, l.acth,
+					  l.ascale, l.meta };
 		for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
 			assert_int_equal(offs[i] % 256, 0);
 			if (i)
@@ -236,7 +236,9 @@ static void test_plan_pools(void **state)
 	assert_int_equal(l.max_btab, 4 * ((hp->n_ctx + 15) / 16));
 	cfg.n_blocks = 32;
 	assert_int_equal(l.masks_bytes, l.mask_slots * l.mask_slot_bytes);
-	assert_int_equal(l.m_btab, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
+	assert_int_equal(l.m_tiles, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
+	assert_int_equal(l.m_btab, l.m_tiles + l.max_tiles);
+	assert_int_equal(l.max_tiles, 64 / l.att_tile + 4);
 
 	/* a config it cannot run: zeros, and init's message from layout_for */
 	cfg.n_blocks = 0;
@@ -414,7 +416,7 @@ static void test_meta(void **state)
 	struct gpud_cuda_slot slots[8];
 	struct cmask cm;
 	char err[SW_ERR_MAX];
-	uint32_t *meta, up[4], n_up;
+	uint32_t *meta, up[4], n_up, n_tiles;
 	uint64_t n_words;
 	const uint32_t bt0[] = { 7 }, bt1[] = { 3, 9, 5 };
 	const int32_t tokens[] = { 11, 12, 13, 14, 15 };
@@ -438,7 +440,7 @@ static void test_meta(void **state)
 	compile_mask(&cm, false);
 	seqs[1].mask = &cm.m;
 
-	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 1, meta, &n_words, up, &n_up, err,
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 1, meta, &n_words, up, &n_up, &n_tiles, err,
 					     sizeof(err)), 0);
 	for (uint32_t t = 0; t < 5; t++) {
 		assert_int_equal(meta[l.m_tokens + t], (uint32_t)tokens[t]);
@@ -460,9 +462,30 @@ static void test_meta(void **state)
 	assert_int_equal(n_up, 1);
 	assert_int_equal(up[0], 1);
 	assert_int_equal(n_words, l.m_btab + 4);
+	/* attention tiles: each sequence's tokens in runs of att_tile */
+	assert_true(l.att_tile >= 1 && l.att_tile <= GPUD_CUDA_ATT_MAX_TILE);
+	assert_true(l.max_tiles >= l.T / l.att_tile + l.S);
+	{
+		uint32_t want = 0, covered[5] = { 0 };
+
+		for (uint32_t i = 0; i < 2; i++)
+			want += (seqs[i].n_tokens + l.att_tile - 1) / l.att_tile;
+		assert_int_equal(n_tiles, want);
+		for (uint32_t k = 0; k < n_tiles; k++) {
+			uint32_t w = meta[l.m_tiles + k], t0 = w & 0xffff, n = (w >> 16) + 1;
+
+			assert_true(n <= l.att_tile && t0 + n <= 5);
+			for (uint32_t t = t0; t < t0 + n; t++) {
+				assert_int_equal(meta[l.m_seq + t], meta[l.m_seq + t0]);
+				covered[t]++;
+			}
+		}
+		for (uint32_t t = 0; t < 5; t++)
+			assert_int_equal(covered[t], 1);
+	}
 
 	/* the next step hits: nothing to upload */
-	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 2, meta, &n_words, up, &n_up, err,
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 2, meta, &n_words, up, &n_up, &n_tiles, err,
 					     sizeof(err)), 0);
 	assert_int_equal(n_up, 0);
 
@@ -471,7 +494,7 @@ static void test_meta(void **state)
 		struct gpud_mask causal = cm.m;
 		causal.causal = true;
 		seqs[1].mask = &causal;
-		assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 3, meta, &n_words, up, &n_up, err,
+		assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 3, meta, &n_words, up, &n_up, &n_tiles, err,
 						     sizeof(err)), 0);
 		assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_SLOT],
 				 GPUD_CUDA_NO_MASK);
@@ -480,17 +503,17 @@ static void test_meta(void **state)
 
 	/* a mask compiled for another block size is refused with a message */
 	seqs[1].mask = &cm.m;
-	assert_int_equal(gpud_cuda_meta_fill(&l, 8, &b, slots, 4, meta, &n_words, up, &n_up, err,
+	assert_int_equal(gpud_cuda_meta_fill(&l, 8, &b, slots, 4, meta, &n_words, up, &n_up, &n_tiles, err,
 					     sizeof(err)), SW_ETOOLONG);
 	assert_non_null(strstr(err, "mask slot"));
 
 	/* too many tokens, positions past the limit */
 	b.n_tokens = l.T + 1;
-	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 5, meta, &n_words, up, &n_up, err,
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 5, meta, &n_words, up, &n_up, &n_tiles, err,
 					     sizeof(err)), -EINVAL);
 	b.n_tokens = 5;
 	seqs[1].pos0 = (uint32_t)l.max_pos;
-	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 6, meta, &n_words, up, &n_up, err,
+	assert_int_equal(gpud_cuda_meta_fill(&l, 4, &b, slots, 6, meta, &n_words, up, &n_up, &n_tiles, err,
 					     sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "exceeds"));
 	free(meta);

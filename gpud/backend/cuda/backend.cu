@@ -81,6 +81,7 @@ struct cuda_ctx {
 	float *attp;    // split-K attention partials
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
+	uint32_t n_tiles; // the eager step's attention tiles (gpud_cuda_meta_fill)
 	int8_t *actq;
 	float *actd;
 	void *acth_hi, *acth_lo; // F16/BF16 prefill: activations split in two
@@ -674,6 +675,11 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	gpud_cuda_kvshape kv = { (float *)c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
 				 c->cfg.block_tokens, 0, L->head_floats, L->layer_floats,
 				 L->block_floats };
+	// Decode-sized steps (the graphs') split each token's keys; larger
+	// ones share K among tiles of a sequence's tokens.
+	gpud_cuda_attn att = { L->att_heads, T, gpud_cuda_att_splits(L, T, c->n_sm),
+			       T > GPUD_CUDA_GRAPH_MAX_T ? c->meta + L->m_tiles : nullptr, c->n_tiles,
+			       L->att_tile, c->attp, c->attc };
 	int rc;
 
 	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
@@ -693,9 +699,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
 		   "rope");
 		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
-				    L->mask_slot_bytes, L->max_prompt_blocks, T,
-				    gpud_cuda_att_splits(L, T, c->n_sm), c->attp, c->attc),
-		   "attention");
+				    L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
 		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
 		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
 		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||
@@ -729,7 +733,7 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 
 	c->stamp++;
 	rc = gpud_cuda_meta_fill(L, c->cfg.block_tokens, b, c->slots, c->stamp, c->h_meta,
-				 &n_words, c->up_seq, &n_up, err, errlen);
+				 &n_words, c->up_seq, &n_up, &c->n_tiles, err, errlen);
 	for (uint32_t i = 0; !rc && i < n_up; i++) {
 		// A new mask: its image into its slot (rare: once per mask).
 		const struct gpud_fwd_seq *s = &b->seqs[c->up_seq[i]];

@@ -21,7 +21,9 @@
  *
  * Step metadata (uint32 words, built in staging, one copy per step):
  *   tokens[T] pos[T] seq[T] logit_tok[NL] seqinfo[S][GPUD_CUDA_SEQ_WORDS]
- *   btab[max_btab]
+ *   tiles[max_tiles] btab[max_btab]
+ * A tile is up to att_tile consecutive tokens of one sequence, the query
+ * tokens of one prefill attention CTA: first token | (count - 1) << 16.
  * Every function here is pure (no CUDA call, no allocation).
  */
 #ifndef GPUD_BACKEND_CUDA_IMPL_H
@@ -50,6 +52,9 @@ struct gpud_mask;
 #define GPUD_CUDA_GRAPH_MAX_T 64u /* decode graphs: batches of 1 .. 64 tokens */
 #define GPUD_CUDA_ATT_MAX_SPLITS 16u /* split-K attention: splits of one token's keys */
 #define GPUD_CUDA_ATT_PARTS 512u /* split-K attention: (token, split) partials a step holds */
+#define GPUD_CUDA_ATT_CHUNK 32u /* attention: positions of K staged at a time */
+#define GPUD_CUDA_ATT_SMEM (48u * 1024) /* attention: shared memory of a CTA (no opt-in) */
+#define GPUD_CUDA_ATT_MAX_TILE 16u /* attention: query tokens of a prefill CTA */
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -68,6 +73,9 @@ struct gpud_cuda_layout {
 	uint32_t T, NL, S;
 	uint64_t max_pos;    /* positions one sequence can have: min(n_ctx, KV) */
 	uint64_t max_btab;   /* block-table words of one step */
+	/* attention CTAs: query heads (a warp each) sharing a KV head; query
+	 * tokens of a prefill CTA; tiles a step can have */
+	uint32_t att_heads, att_tile, max_tiles;
 	/* kv */
 	uint64_t head_floats, layer_floats, block_floats, kv_bytes;
 	/* masks */
@@ -78,7 +86,7 @@ struct gpud_cuda_layout {
 		meta;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
-	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_btab;
+	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_btab;
 	/* staging offsets (bytes) */
 	uint64_t st_logits, st_hidden, st_meta, st_mask, staging_bytes;
 	uint64_t weights_bytes, workspace_bytes;
@@ -135,7 +143,9 @@ size_t gpud_cuda_mask_image(const struct gpud_cuda_layout *l, uint32_t block_tok
  * masks a sequence needs are looked up in slots (stamp as for
  * gpud_cuda_slot_get); each miss is appended to up_seq[] (the sequence
  * index; at most b->n_seqs) and *n_up counts them: the caller writes their
- * images to their slots before the step's kernels run. *n_words is the
+ * images to their slots before the step's kernels run. *n_tiles counts
+ * the step's attention tiles (each sequence's tokens cut into runs of
+ * att_tile, in batch order). *n_words is the
  * part of the metadata the step uses (the words to copy: the block tables
  * come last and are only as long as the step's). A mask that is
  * causal (or absent) takes no slot. Returns 0, or a negative code with a
@@ -144,7 +154,7 @@ size_t gpud_cuda_mask_image(const struct gpud_cuda_layout *l, uint32_t block_tok
 int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			const struct gpud_fwd_batch *b, struct gpud_cuda_slot *slots,
 			uint64_t stamp, uint32_t *meta, uint64_t *n_words, uint32_t *up_seq,
-			uint32_t *n_up, char *err, size_t errlen);
+			uint32_t *n_up, uint32_t *n_tiles, char *err, size_t errlen);
 
 /* The largest decode batch with a captured graph: every size 1 .. this
  * gets one (a step of T tokens, each with its logits row, no hidden

@@ -226,48 +226,59 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
 	return (w >> (sg & 63)) & 1;
 }
 
-/* Attention, flash-decoding style. A CTA serves one token, one KV head and
- * HG of the query heads that share it (a warp each), over split z of
- * gridDim.z of the token's keys, cut into chunks of 32 positions (one
- * block's part, or 32 / block_tokens whole blocks):
- *   - the chunk's K rows are staged once in shared memory for the CTA's
- *     heads, rows padded by one float so that lanes reading different rows
- *     at one column hit different banks (head_dim is even); V rows are
- *     read by each warp, coalesced, the CTA's other warps hitting L1;
- *   - a chunk whose blocks the mask hides, or past the token, is skipped
- *     whole; tokens are tested one by one only in mixed blocks. The token
- *     is the CTA's, so every warp takes the same chunks (the barriers are
- *     uniform);
+/* Attention, flash style. A CTA serves n_t query tokens of one sequence
+ * (a decode token, or a prefill tile), hg of the query heads that share
+ * one KV head, a warp per (token, head), over split z of gridDim.z of the
+ * keys, cut into chunks of 32 positions (one block's part, or 32 /
+ * block_tokens whole blocks):
+ *   - the chunk's K rows are staged once in shared memory for all the
+ *     CTA's warps, rows padded by one float so that lanes reading
+ *     different rows at one column hit different banks (head_dim is even);
+ *     V rows are read by each warp, coalesced, the CTA's other warps
+ *     hitting L1;
+ *   - a chunk that no warp sees (the mask hides its blocks, or it is past
+ *     the tokens) is skipped whole, the decision one barrier
+ *     (__syncthreads_or); tokens are tested one by one only in mixed
+ *     blocks;
  *   - online softmax per warp, as the CPU's (max, sum, rescaled outputs).
- * With one split the CTA writes the output. With more, each writes its
- * partial (unnormalized o, max, sum) to part, and the CTA that arrives
- * last at the (token, head group)'s counter (atomicAdd after a fence; it
- * resets the counter for the next step) combines them. */
-#define ATT_CHUNK 32
+ * With one split the CTA writes the output. With more (decode: one token
+ * per CTA), each writes its partial (unnormalized o, max, sum) to part,
+ * and the CTA that arrives last at the (token, head group)'s counter
+ * (atomicAdd after a fence; it resets the counter for the next step)
+ * combines them. Grid: (tokens or tiles, KV heads x head groups, splits). */
+#define ATT_CHUNK GPUD_CUDA_ATT_CHUNK
 
 template <int MAXD>
 __global__ void __launch_bounds__(1024)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
-		 float *part, unsigned *cnt)
+		 const uint32_t *tiles, float *part, unsigned *cnt)
 {
 	extern __shared__ float smem[];
 	__shared__ bool last;
 	uint32_t hd = kv.head_dim, bt = kv.block_tokens, nh = kv.n_heads, nkv = kv.n_kv_heads;
 	uint32_t G = nh / nkv, groups = (G + hg - 1) / hg;
-	uint32_t kh = blockIdx.x / groups, h0 = kh * G + (blockIdx.x % groups) * hg;
-	uint32_t t = blockIdx.y, split = blockIdx.z, n_split = gridDim.z;
-	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	uint32_t h = h0 + w, kst = hd + 1;
-	bool live = w < hg && h < kh * G + G; /* a head of this CTA */
+	uint32_t kh = blockIdx.y / groups, h0 = kh * G + (blockIdx.y % groups) * hg;
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+	uint32_t wt = w / hg, h = h0 + w % hg, kst = hd + 1;
+	uint32_t t0 = blockIdx.x, n_t = 1;
+
+	if (tiles) {
+		t0 = tiles[blockIdx.x] & 0xffff;
+		n_t = (tiles[blockIdx.x] >> 16) + 1;
+	}
+	/* a warp past the tile takes its last token, for uniform control */
+	uint32_t t = t0 + (wt < n_t ? wt : n_t - 1);
+	bool live = wt < n_t && h < kh * G + G; /* a (token, head) of this CTA */
 	float *ks = smem, *sq = smem + ATT_CHUNK * kst + w * hd;
-	uint32_t pos = m.pos[t];
+	uint32_t pos = m.pos[t], pos_max = m.pos[t0 + n_t - 1]; /* the tile's last */
 	const uint32_t *si = m.seqinfo + (size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS;
 	const uint32_t *btab = m.btab + si[GPUD_CUDA_SI_BTAB];
 	uint32_t slot = si[GPUD_CUDA_SI_SLOT];
 	bool has_mask = slot != GPUD_CUDA_NO_MASK;
 	dmask mk = {};
-	uint32_t qs = 0, n_chunks = pos / ATT_CHUNK + 1;
+	uint32_t qs = 0, n_chunks = pos_max / ATT_CHUNK + 1;
 	uint32_t c_lo = (uint32_t)((uint64_t)split * n_chunks / n_split);
 	uint32_t c_hi = (uint32_t)((uint64_t)(split + 1) * n_chunks / n_split);
 	const float *kbase = kv.kv + (size_t)kv.layer * kv.layer_floats + (size_t)kh * kv.head_floats;
@@ -295,21 +306,17 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		o[i] = 0.0f;
 	for (uint32_t c = c_lo; c < c_hi; c++) {
 		uint32_t p = c * ATT_CHUNK + lane;
-		int bv = p > pos ? 0 : has_mask ? block_vis(mk, qs, p / bt) : 1;
+		int bv = !live || p > pos ? 0 : has_mask ? block_vis(mk, qs, p / bt) : 1;
 		bool vis = bv == 1 || (bv == 2 && tok_visible(mk, qs, p));
 		/* the row of position p in the layer's K of head kh */
-		uint64_t row = vis ? (uint64_t)btab[p / bt] * kv.block_floats +
-					     (uint64_t)(p % bt) * hd : 0;
+		uint64_t row = p <= pos_max ? (uint64_t)btab[p / bt] * kv.block_floats +
+						      (uint64_t)(p % bt) * hd : 0;
 
-		if (!__any_sync(FULL, bv != 0))
-			continue; /* hidden or past the token: the same in every warp */
-		__syncthreads(); /* the previous chunk's K is read */
-		for (uint32_t j = w; j < ATT_CHUNK; j += blockDim.x >> 5) {
-			uint64_t rj = __shfl_sync(FULL, row, j);
-			bool vj = __shfl_sync(FULL, vis, j);
-			if (!vj)
-				continue;
-			const float2 *src = (const float2 *)(kbase + rj);
+		/* a barrier too: the previous chunk's K is read */
+		if (!__syncthreads_or(bv != 0))
+			continue; /* no warp sees it */
+		for (uint32_t j = w; j < ATT_CHUNK && c * ATT_CHUNK + j <= pos_max; j += nw) {
+			const float2 *src = (const float2 *)(kbase + __shfl_sync(FULL, row, j));
 			float *dst = ks + j * kst;
 			for (uint32_t d2 = lane; d2 < hd / 2; d2 += 32) {
 				float2 x = src[d2];
@@ -387,7 +394,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	__threadfence();
 	__syncthreads();
 	if (!threadIdx.x) {
-		unsigned *ct = cnt + (size_t)t * gridDim.x + blockIdx.x;
+		unsigned *ct = cnt + (size_t)t * gridDim.y + blockIdx.y;
 		last = atomicAdd(ct, 1u) == n_split - 1;
 		if (last)
 			*ct = 0; /* every split has arrived: ready for the next step */
@@ -419,41 +426,34 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	}
 }
 
-uint32_t gpud_k_attention_heads(uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim)
-{
-	uint32_t G = n_heads / n_kv_heads;
-	uint64_t k_bytes = (uint64_t)ATT_CHUNK * (head_dim + 1) * 4;
-	uint64_t hg = k_bytes < GPUD_K_ATT_SMEM ? (GPUD_K_ATT_SMEM - k_bytes) / (head_dim * 4) : 0;
-
-	if (hg > 32)
-		hg = 32;
-	if (hg > G)
-		hg = G;
-	return hg ? (uint32_t)hg : 1;
-}
-
 cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
-			     uint32_t T, uint32_t splits, float *part, unsigned *cnt)
+			     const gpud_cuda_attn *a)
 {
-	uint32_t hd = kv->head_dim, G = kv->n_heads / kv->n_kv_heads;
-	uint32_t hg = gpud_k_attention_heads(kv->n_heads, kv->n_kv_heads, hd);
-	dim3 grid(kv->n_kv_heads * ((G + hg - 1) / hg), T, splits ? splits : 1);
-	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * hd) * 4;
+	uint32_t hd = kv->head_dim, G = kv->n_heads / kv->n_kv_heads, hg = a->heads;
+	uint32_t n_t = a->tiles ? a->tile : 1, splits = a->tiles ? 1 : a->splits;
+	dim3 grid(a->tiles ? a->n_tiles : a->T, kv->n_kv_heads * ((G + hg - 1) / hg),
+		  splits ? splits : 1);
+	dim3 block(32 * hg * n_t);
+	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * n_t * hd) * 4;
 
 	if (hd <= 32)
-		attention_kernel<1><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-								max_prompt_blocks, hg, part, cnt);
+		attention_kernel<1><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							      max_prompt_blocks, hg, a->tiles,
+							      a->part, a->cnt);
 	else if (hd <= 64)
-		attention_kernel<2><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-								max_prompt_blocks, hg, part, cnt);
+		attention_kernel<2><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							      max_prompt_blocks, hg, a->tiles,
+							      a->part, a->cnt);
 	else if (hd <= 128)
-		attention_kernel<4><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-								max_prompt_blocks, hg, part, cnt);
+		attention_kernel<4><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							      max_prompt_blocks, hg, a->tiles,
+							      a->part, a->cnt);
 	else
-		attention_kernel<8><<<grid, 32 * hg, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-								max_prompt_blocks, hg, part, cnt);
+		attention_kernel<8><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
+							      max_prompt_blocks, hg, a->tiles,
+							      a->part, a->cnt);
 	return cudaGetLastError();
 }
 

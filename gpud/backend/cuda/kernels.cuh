@@ -51,26 +51,29 @@ cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const fl
 			      const gpud_cuda_meta *m, const float *inv_freq,
 			      const gpud_cuda_kvshape *kv, uint32_t T);
 
-// Shared memory an attention CTA may take (the static limit, no opt-in).
-#define GPUD_K_ATT_SMEM (48u * 1024)
+// How an attention launch is cut (the layout's att_heads and att_tile).
+struct gpud_cuda_attn {
+	uint32_t heads;  // query heads per CTA, sharing a KV head: a warp each
+	uint32_t T;      // the step's tokens: a CTA each when tiles is NULL
+	uint32_t splits; // then, CTAs per token (split-K) whose partials combine
+	const uint32_t *tiles; // or: the step's tiles (device metadata) ...
+	uint32_t n_tiles, tile; // ... their count, and tokens per tile at most
+	float *part;     // split partials (layout attp)
+	unsigned *cnt;   // split arrival counters (layout attc), zero between steps
+};
 
-// The query heads one attention CTA serves: all n_heads / n_kv_heads that
-// share a KV head, as many as fit GPUD_K_ATT_SMEM beside a chunk of K (at
-// most 32: a warp each).
-uint32_t gpud_k_attention_heads(uint32_t n_heads, uint32_t n_kv_heads, uint32_t head_dim);
-
-// Attention of every (token, head): a CTA per (token, KV head, split),
-// a warp per query head sharing the KV head; online softmax over the
-// token's keys in chunks of 32 positions, K staged in shared memory,
-// chunks the mask hides skipped, per-token tests only in mixed blocks.
-// splits > 1 (gpud_cuda_att_splits; T <= GPUD_CUDA_GRAPH_MAX_T) cuts each
-// token's keys into that many ranges whose partials go to part (layout
-// attp) and are combined by the last CTA to finish, counted in cnt
-// (layout attc, zero between steps). masks: the mask pool.
+// Attention of every (token, head): a CTA per (token or tile of a
+// sequence's tokens, KV head, split), a warp per (query token, query head
+// sharing the KV head); online softmax over the keys in chunks of 32
+// positions whose K is staged in shared memory once for all the CTA's
+// warps, chunks no warp sees skipped, per-token tests only in mixed blocks.
+// With splits > 1 (decode: gpud_cuda_att_splits, T <= GPUD_CUDA_GRAPH_MAX_T)
+// each token's keys are cut into that many ranges whose partials are
+// combined by the last CTA to finish. masks: the mask pool.
 cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
-			     uint32_t T, uint32_t splits, float *part, unsigned *cnt);
+			     const gpud_cuda_attn *a);
 
 // hb[i] = silu(hb[i]) * hb2[i].
 cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n);

@@ -116,7 +116,7 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 				 "the CUDA backend runs llama-style models only (no Q/K/V biases, "
 				 "adjacent-pair RoPE); this model (%s) runs on \"cpu\"",
 				 hp->arch == GPUD_ARCH_QWEN2 ? "qwen2" : "llama with biases");
-	if (hp->head_dim > GPUD_CUDA_MAX_HEAD_DIM || hp->head_dim % 2 || !hp->n_kv_heads ||
+	if (!hp->head_dim || hp->head_dim > GPUD_CUDA_MAX_HEAD_DIM || hp->head_dim % 2 || !hp->n_kv_heads ||
 	    hp->n_heads % hp->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "the CUDA backend: head_dim %u (at most %u, even) with %u heads over "
@@ -154,6 +154,22 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 		l->max_pos = hp->n_ctx;
 	l->max_btab = S * ((l->max_pos + bt - 1) / bt);
 
+	/* attention CTAs: a chunk of K, then a head_dim of q per warp, in
+	 * GPUD_CUDA_ATT_SMEM; at most 32 warps */
+	{
+		uint64_t k_bytes = (uint64_t)GPUD_CUDA_ATT_CHUNK * (hp->head_dim + 1) * 4;
+		uint64_t warps = (GPUD_CUDA_ATT_SMEM - k_bytes) / ((uint64_t)hp->head_dim * 4);
+		uint32_t G = hp->n_heads / hp->n_kv_heads;
+
+		if (warps > 32)
+			warps = 32;
+		l->att_heads = G < warps ? G : (uint32_t)warps;
+		l->att_tile = (uint32_t)(warps / l->att_heads);
+		if (l->att_tile > GPUD_CUDA_ATT_MAX_TILE)
+			l->att_tile = GPUD_CUDA_ATT_MAX_TILE;
+		l->max_tiles = (uint32_t)(T / l->att_tile + S);
+	}
+
 	/* masks: every sequence of a step holds one slot; as many again cache */
 	l->mask_slots = (uint32_t)(2 * S < 4 ? 4 : 2 * S);
 	l->max_prompt = l->max_pos;
@@ -167,7 +183,8 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	l->m_seq = 2 * T;
 	l->m_logit = 3 * T;
 	l->m_seqinfo = 3 * T + NL;
-	l->m_btab = l->m_seqinfo + S * GPUD_CUDA_SEQ_WORDS;
+	l->m_tiles = l->m_seqinfo + S * GPUD_CUDA_SEQ_WORDS;
+	l->m_btab = l->m_tiles + l->max_tiles;
 	l->meta_words = l->m_btab + l->max_btab;
 
 	/* scratch */

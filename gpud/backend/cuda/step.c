@@ -63,14 +63,16 @@ size_t gpud_cuda_mask_image(const struct gpud_cuda_layout *l, uint32_t block_tok
 int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			const struct gpud_fwd_batch *b, struct gpud_cuda_slot *slots,
 			uint64_t stamp, uint32_t *meta, uint64_t *n_words, uint32_t *up_seq,
-			uint32_t *n_up, char *err, size_t errlen)
+			uint32_t *n_up, uint32_t *n_tiles, char *err, size_t errlen)
 {
 	uint32_t *tokens = meta + l->m_tokens, *pos = meta + l->m_pos, *seq = meta + l->m_seq;
 	uint32_t *logit = meta + l->m_logit, *btab = meta + l->m_btab;
+	uint32_t *tiles = meta + l->m_tiles;
 	uint64_t bt_used = 0;
 
 	*n_up = 0;
 	*n_words = 0;
+	*n_tiles = 0;
 	if (!b->n_tokens || b->n_tokens > l->T || b->n_seqs > l->S || b->n_logits > l->NL)
 		return sw_seterr(err, errlen, -EINVAL, "cuda forward: batch exceeds the limits");
 	memcpy(tokens, b->tokens, (size_t)b->n_tokens * sizeof(uint32_t));
@@ -120,6 +122,12 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 		for (uint32_t j = 0; j < s->n_tokens; j++) {
 			seq[s->tok0 + j] = i;
 			pos[s->tok0 + j] = s->pos0 + j;
+		}
+		/* at most n_tokens / att_tile + 1 per sequence: within max_tiles */
+		for (uint32_t j = 0; j < s->n_tokens; j += l->att_tile) {
+			uint32_t n = s->n_tokens - j < l->att_tile ? s->n_tokens - j : l->att_tile;
+
+			tiles[(*n_tiles)++] = (s->tok0 + j) | (n - 1) << 16;
 		}
 		for (uint32_t j = 0; j < s->n_logits; j++)
 			logit[s->logit0 + j] = s->tok0 + s->n_tokens - s->n_logits + j;

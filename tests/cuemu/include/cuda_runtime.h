@@ -143,6 +143,7 @@ cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
 		   const kernel_body &body);
 void *dyn_smem(void);
 void syncthreads(void);
+int syncthreads_count(int pred);
 void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
 unsigned warp_vote(unsigned mask, int pred);
 void syncwarp(unsigned mask);
@@ -180,6 +181,12 @@ cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_
 
 /* --- synchronization and warp intrinsics ------------------------------------- */
 static inline void __syncthreads(void) { cuemu::syncthreads(); }
+static inline int __syncthreads_count(int pred) { return cuemu::syncthreads_count(pred); }
+static inline int __syncthreads_or(int pred) { return cuemu::syncthreads_count(pred) != 0; }
+static inline int __syncthreads_and(int pred)
+{
+	return cuemu::syncthreads_count(pred) == (int)(blockDim.x * blockDim.y * blockDim.z);
+}
 static inline void __syncwarp(unsigned mask = 0xffffffffu) { cuemu::syncwarp(mask); }
 
 template <class T>
