@@ -19,6 +19,9 @@
 //     1e-5 and 1e-4.
 // RMSNorm (+ residual), SwiGLU and the embedding rows of every type are
 // checked against the same computations written here (the CPU's formulas).
+// The fused kernels (GEMVs of several matrices in one launch, gate/up with
+// SwiGLU, RMSNorm with the int8 quantization) must give the bits of the
+// kernels they fuse: bound 0 differing elements.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -287,7 +290,7 @@ void check_rmsnorm(uint32_t n, uint32_t dim, bool add)
 		for (uint32_t i = 0; i < dim; i++)
 			want[(size_t)r * dim + i] = xr[i] * sc * w[i];
 	}
-	gpud_k_add_norm(0, dx, dout, dw, add, nullptr, n, dim, eps);
+	gpud_k_add_norm(0, dx, dout, dw, add, nullptr, n, dim, eps, nullptr, nullptr);
 	snprintf(what, sizeof(what), "rmsnorm%s %u x %u", add ? " + residual" : "", n, dim);
 	if (down(got, dout, 4 * n * dim, what) && down(gx, dx, 4 * n * dim, what)) {
 		double e = rel_rows(got, want, n, dim), ex = rel_rows(gx, x, n, dim);
@@ -330,6 +333,134 @@ void check_swiglu(uint64_t n)
 	free(g);
 	cudaFree(da);
 	cudaFree(db);
+}
+
+// Count of elements where a and b differ in their bits (NaNs equal).
+size_t bits_differ(const void *a, const void *b, size_t n, size_t size)
+{
+	size_t k = 0;
+
+	for (size_t i = 0; i < n; i++)
+		k += memcmp((const char *)a + i * size, (const char *)b + i * size, size) != 0;
+	return k;
+}
+
+// RMSNorm with the int8 quantization fused: the bits of rmsnorm then
+// gpud_k_quantize_act.
+void check_norm_quant(uint32_t n, uint32_t dim, bool add)
+{
+	size_t nd = (size_t)n * dim, nb = nd / GPUD_QK;
+	float *x = (float *)malloc(4 * nd), *o = (float *)malloc(4 * nd), *w = (float *)malloc(4 * dim);
+	float *dx = (float *)dev(4 * nd), *dout = (float *)dev(4 * nd), *dw = (float *)dev(4 * dim);
+	int8_t *q1 = (int8_t *)dev(nd), *q2 = (int8_t *)dev(nd);
+	float *d1 = (float *)dev(4 * nb), *d2 = (float *)dev(4 * nb);
+	int8_t *h1 = (int8_t *)malloc(nd), *h2 = (int8_t *)malloc(nd);
+	float *e1 = (float *)malloc(4 * nb), *e2 = (float *)malloc(4 * nb);
+	char what[96];
+
+	for (size_t i = 0; i < nd; i++) {
+		x[i] = frand() * 4;
+		o[i] = frand();
+	}
+	for (size_t i = 0; i < 32; i++)
+		x[i] = 0.0f; /* a row's first block all zero after the norm: d = 0 */
+	for (uint32_t i = 0; i < dim; i++)
+		w[i] = i < 32 ? 0.0f : 1.0f + frand() * 0.5f;
+	up(dw, w, 4 * dim);
+	/* unfused: rmsnorm, then quantize */
+	up(dx, x, 4 * nd);
+	up(dout, o, 4 * nd);
+	gpud_k_add_norm(0, dx, dout, dw, add, nullptr, n, dim, 1e-5f, nullptr, nullptr);
+	gpud_k_quantize_act(0, dout, n, dim, q1, d1);
+	/* fused */
+	up(dx, x, 4 * nd);
+	up(dout, o, 4 * nd);
+	gpud_k_add_norm(0, dx, dout, dw, add, nullptr, n, dim, 1e-5f, q2, d2);
+	snprintf(what, sizeof(what), "rmsnorm%s + quantize fused, %u x %u", add ? " + residual" : "",
+		 n, dim);
+	if (down(h1, q1, nd, what) && down(h2, q2, nd, what) && down(e1, d1, 4 * nb, what) &&
+	    down(e2, d2, 4 * nb, what))
+		report(what, (double)(bits_differ(h1, h2, nd, 1) + bits_differ(e1, e2, nb, 4)), 0);
+	free(x);
+	free(o);
+	free(w);
+	free(h1);
+	free(h2);
+	free(e1);
+	free(e2);
+	cudaFree(dx);
+	cudaFree(dout);
+	cudaFree(dw);
+	cudaFree(q1);
+	cudaFree(q2);
+	cudaFree(d1);
+	cudaFree(d2);
+}
+
+// Decode GEMVs of several int8 matrices in one launch, and gate/up with
+// SwiGLU fused: the bits of the separate GEMVs (and gpud_k_swiglu).
+void check_gemv_group(enum gpud_type t, uint32_t T)
+{
+	const int64_t cols = 320, rows[3] = { 72, 24, 24 };
+	mat m[3] = { make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
+		     make_mat(t, rows[2], cols) };
+	gpud_cuda_mat w[3] = { dmat(m[0]), dmat(m[1]), dmat(m[2]) };
+	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
+	size_t ny = (size_t)T * rows[0];
+	float *x = (float *)malloc(4 * T * cols), *dx = (float *)dev(4 * T * cols);
+	int8_t *q = (int8_t *)dev((size_t)T * cols);
+	float *d = (float *)dev(4 * (size_t)T * (cols / GPUD_QK));
+	float *sep[3], *grp[3], *hs = (float *)malloc(4 * ny), *hg = (float *)malloc(4 * ny);
+	size_t diff = 0;
+	char what[96];
+	bool ok = true;
+
+	for (int64_t i = 0; i < T * cols; i++)
+		x[i] = frand() * 3.0f;
+	up(dx, x, 4 * T * cols);
+	gpud_k_quantize_act(0, dx, T, (uint32_t)cols, q, d);
+	for (int i = 0; i < 3; i++) {
+		sep[i] = (float *)dev(4 * ny);
+		grp[i] = (float *)dev(4 * ny);
+		gpud_k_mm_q(0, &w[i], q, d, T, sep[i]);
+	}
+	snprintf(what, sizeof(what), "gemv %s x3 in one launch, %u tokens", gpud_type_name(t), T);
+	ok = gpud_k_mv_q_group(0, ws, grp, 3, false, q, d, T) == cudaSuccess;
+	for (int i = 0; ok && i < 3; i++) {
+		size_t k = (size_t)T * rows[i];
+		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what);
+		diff += ok ? bits_differ(hs, hg, k, 4) : 0;
+	}
+	report(what, ok ? (double)diff : INFINITY, 0);
+	/* gate, up = the last two (equal rows): silu(gate) * up */
+	snprintf(what, sizeof(what), "gemv %s gate+up, swiglu fused, %u tokens", gpud_type_name(t),
+		 T);
+	gpud_k_swiglu(0, sep[1], sep[2], (uint64_t)T * rows[1]);
+	ok = gpud_k_mv_q_group(0, ws + 1, grp, 2, true, q, d, T) == cudaSuccess &&
+	     down(hs, sep[1], 4 * T * rows[1], what) && down(hg, grp[0], 4 * T * rows[1], what);
+	report(what, ok ? (double)bits_differ(hs, hg, (size_t)T * rows[1], 4) : INFINITY, 0);
+	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows */
+		snprintf(what, sizeof(what), "gemv group refuses %u tokens, unequal gate/up",
+			 GPUD_K_GEMV_MAX_T + 1);
+		report(what, gpud_k_mv_q_group(0, ws, grp, 3, false, q, d, GPUD_K_GEMV_MAX_T + 1) ==
+					     cudaErrorInvalidValue &&
+				     gpud_k_mv_q_group(0, ws, grp, 2, true, q, d, 1) ==
+					     cudaErrorInvalidValue
+			     ? 0
+			     : 1,
+		       0);
+	}
+	free(x);
+	free(hs);
+	free(hg);
+	cudaFree(dx);
+	cudaFree(q);
+	cudaFree(d);
+	for (int i = 0; i < 3; i++) {
+		cudaFree(sep[i]);
+		cudaFree(grp[i]);
+		free_mat(m[i]);
+	}
 }
 
 // Embedding rows of every type: the bits of gpud_dequantize_row; an out of
@@ -394,8 +525,13 @@ int main(int argc, char **argv)
 		for (uint32_t T : { 9u, 70u })
 			check_matmul(t, 130, 320, T);
 	}
+	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+		for (uint32_t T : { 1u, 2u, 3u, 8u })
+			check_gemv_group(t, T);
 	check_rmsnorm(7, 320, false);
 	check_rmsnorm(7, 320, true);
+	check_norm_quant(7, 320, false);
+	check_norm_quant(7, 320, true);
 	check_swiglu(5000);
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;

@@ -636,15 +636,42 @@ int prep(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, char *
 	return 0;
 }
 
+static bool is_int8(const gpud_cuda_mat *w)
+{
+	return w->type == GPUD_TYPE_Q8_0 || w->type == GPUD_TYPE_Q4_0;
+}
+
+// Whether ws[0..n) are int8 matrices of one type and width whose decode
+// GEMVs run as one launch (gpud_k_mv_q_group).
+static bool one_gemv(const gpud_cuda_mat *const *ws, int n, uint32_t T)
+{
+	if (T > GPUD_K_GEMV_MAX_T || !is_int8(ws[0]))
+		return false;
+	for (int i = 1; i < n; i++)
+		if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols)
+			return false;
+	return true;
+}
+
 // Matrices ws[0..n) over the same input x: its preparation is shared by
-// consecutive matrices of the same type.
+// consecutive matrices of the same type, and is already done for ws[0]
+// when prepared (add_norm quantized x); decode GEMVs of one int8 type run
+// as one launch.
 int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int n, const float *x,
-	     uint32_t T, char *err, size_t errlen)
+	     uint32_t T, bool prepared, char *err, size_t errlen)
 {
 	int rc;
 
+	if (one_gemv(ws, n, T)) {
+		if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
+			return rc;
+		CK(gpud_k_mv_q_group(c->stream, ws, ys, n, false, c->actq, c->actd, T),
+		   "matmul (int8 gemv)");
+		return 0;
+	}
 	for (int i = 0; i < n; i++) {
-		if (i == 0 || ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols) {
+		if (i == 0 ? !prepared
+			   : ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols) {
 			rc = prep(c, ws[i], x, T, err, errlen);
 			if (rc)
 				return rc;
@@ -656,10 +683,19 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 	return 0;
 }
 
-int add_norm(cuda_ctx *c, bool add, const float *w, uint32_t T, char *err, size_t errlen)
+// x += xb (add), then xb = rmsnorm(x) * w when w; quantized too when
+// next (the matrix that reads xb) is int8 of the model's width: returns
+// whether it was (mm_group's prepared).
+int add_norm(cuda_ctx *c, bool add, const float *w, const gpud_cuda_mat *next, uint32_t T,
+	     bool *prepared, char *err, size_t errlen)
 {
+	bool q = w && next && is_int8(next) && next->cols == c->hp->dim;
+
 	CK(gpud_k_add_norm(c->stream, c->x, c->xb, w, add, nullptr, T, c->hp->dim,
-			   c->hp->norm_eps), "rmsnorm");
+			   c->hp->norm_eps, q ? c->actq : nullptr, q ? c->actd : nullptr),
+	   "rmsnorm");
+	if (prepared)
+		*prepared = q;
 	return 0;
 }
 
@@ -682,8 +718,11 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			       L->att_tile, c->attp, c->attc };
 	int rc;
 
+	bool prepared = false; // the activations of the next matmul quantized by add_norm
+
 	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
-	if ((rc = add_norm(c, false, c->layers[0].attn_norm, T, err, errlen)))
+	if ((rc = add_norm(c, false, c->layers[0].attn_norm, &c->layers[0].wq, T, &prepared, err,
+			   errlen)))
 		return rc;
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
 		const dev_layer *D = &c->layers[l];
@@ -691,10 +730,11 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		float *qkv_out[3] = { c->q, c->k, c->v };
 		const gpud_cuda_mat *gu[2] = { &D->gate, &D->up };
 		float *gu_out[2] = { c->hb, c->hb2 };
-		const float *next_norm = l + 1 < hp->n_layers ? c->layers[l + 1].attn_norm : nullptr;
+		bool last = l + 1 == hp->n_layers;
+		const float *next_norm = last ? nullptr : c->layers[l + 1].attn_norm;
 
 		kv.layer = l;
-		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, err, errlen)))
+		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
 			return rc;
 		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
 		   "rope");
@@ -702,20 +742,31 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 				    L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
 		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
 		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, D->ffn_norm, T, err, errlen)) ||
-		    (rc = mm_group(c, gu, gu_out, 2, c->xb, T, err, errlen)))
+		    (rc = add_norm(c, true, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
 			return rc;
-		CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim), "swiglu");
+		if (one_gemv(gu, 2, T) && D->gate.rows == D->up.rows) {
+			// decode: gate and up in one launch, SwiGLU in its epilogue
+			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
+				return rc;
+			CK(gpud_k_mv_q_group(c->stream, gu, gu_out, 2, true, c->actq, c->actd, T),
+			   "matmul (int8 gemv, swiglu)");
+		} else {
+			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
+				return rc;
+			CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim),
+			   "swiglu");
+		}
 		if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 		    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, next_norm, T, err, errlen)))
+		    (rc = add_norm(c, true, next_norm, last ? nullptr : &c->layers[l + 1].wq, T,
+				   &prepared, err, errlen)))
 			return rc;
 	}
-	if (want_hidden && (rc = add_norm(c, false, c->out_norm, T, err, errlen)))
+	if (want_hidden && (rc = add_norm(c, false, c->out_norm, nullptr, T, nullptr, err, errlen)))
 		return rc;
 	if (n_logits) {
 		CK(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
-				   n_logits, hp->dim, hp->norm_eps), "final norm");
+				   n_logits, hp->dim, hp->norm_eps, nullptr, nullptr), "final norm");
 		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;

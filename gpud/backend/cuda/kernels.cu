@@ -94,13 +94,41 @@ cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t
 	return cudaGetLastError();
 }
 
+/* --- the int8 path's activation blocks ---------------------------------------
+ * As the CPU's (kernels.c): each block of 32 activations is quantized with
+ * d = max|x| / 127, q = rint(x * (1/d)); a block holding a NaN or an Inf
+ * gets d = NaN and zero quants, one with max |x| below 1e-30 is all zero.
+ * Each output sums fma(d_w * d_x, (float)isum, acc) over the blocks. */
+
+#define ACT_TINY 1e-30f
+
+/* A warp's 32 values v (lane j: element j of the block) into its quant
+ * (returned) and the block's scale (*d, every lane). */
+static __device__ __forceinline__ int8_t quant_block(float v, float *d)
+{
+	bool bad = __any_sync(FULL, !isfinite(v));
+	float amax = warp_max(fabsf(v));
+	int8_t qv = 0;
+	float dv;
+
+	if (bad || amax < ACT_TINY) {
+		dv = bad ? NAN : 0.0f;
+	} else {
+		dv = __fdiv_rn(amax, 127.0f);
+		float id = dv != 0.0f ? __fdiv_rn(1.0f, dv) : 0.0f;
+		qv = (int8_t)rintf(__fmul_rn(v, id));
+	}
+	*d = dv;
+	return qv;
+}
+
 /* --- RMSNorm (+ residual add) -------------------------------------------- */
 
 #define NORM_THREADS 256
 
 __global__ void __launch_bounds__(NORM_THREADS)
 add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *rows,
-		uint32_t dim, float eps)
+		uint32_t dim, float eps, int8_t *aq, float *ad)
 {
 	__shared__ double part[NORM_THREADS / 32];
 	uint32_t r = blockIdx.x, src = rows ? rows[r] : r;
@@ -126,14 +154,30 @@ add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *r
 	for (int i = 0; i < NORM_THREADS / 32; i++)
 		ss += part[i];
 	float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
-	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS)
-		o[i] = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
+		float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+
+		o[i] = v;
+		if (aq) {
+			/* dim % 32 == 0: a warp holds one whole block */
+			float d;
+			int8_t qv = quant_block(v, &d);
+
+			aq[(size_t)r * dim + i] = qv;
+			if ((i & 31) == 0)
+				ad[((size_t)r * dim + i) / GPUD_QK] = d;
+		}
+	}
 }
 
 cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w, bool add,
-			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps)
+			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps, int8_t *aq,
+			    float *ad)
 {
-	add_norm_kernel<<<n, NORM_THREADS, 0, s>>>(x, out, w, add ? 1 : 0, rows, dim, eps);
+	if (aq && (!w || dim % GPUD_QK))
+		return cudaErrorInvalidValue;
+	add_norm_kernel<<<n, NORM_THREADS, 0, s>>>(x, out, w, add ? 1 : 0, rows, dim, eps, aq,
+						     ad);
 	return cudaGetLastError();
 }
 
@@ -763,35 +807,18 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 	return cudaGetLastError();
 }
 
-/* --- the int8 path ----------------------------------------------------------
- * As the CPU's (kernels.c): each block of 32 activations is quantized with
- * d = max|x| / 127, q = rint(x * (1/d)); a block holding a NaN or an Inf
- * gets d = NaN and zero quants, one with max |x| below 1e-30 is all zero.
- * Each output sums fma(d_w * d_x, (float)isum, acc) over the blocks. */
-
-#define ACT_TINY 1e-30f
+/* --- the int8 path (quant_block above) ------------------------------------- */
 
 /* One warp per (token, block), lane j holding element j. */
 __global__ void quantize_act_kernel(const float *x, uint64_t n_blocks, int8_t *q, float *d)
 {
 	uint64_t blk = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 	uint32_t lane = threadIdx.x & 31;
+	float dv;
 
 	if (blk >= n_blocks)
 		return; /* whole warps leave together: blockDim is a multiple of 32 */
-	float v = x[blk * GPUD_QK + lane];
-	bool bad = __any_sync(FULL, !isfinite(v));
-	float amax = warp_max(fabsf(v));
-	int8_t qv = 0;
-	float dv;
-
-	if (bad || amax < ACT_TINY) {
-		dv = bad ? NAN : 0.0f;
-	} else {
-		dv = __fdiv_rn(amax, 127.0f);
-		float id = dv != 0.0f ? __fdiv_rn(1.0f, dv) : 0.0f;
-		qv = (int8_t)rintf(__fmul_rn(v, id));
-	}
+	int8_t qv = quant_block(x[blk * GPUD_QK + lane], &dv);
 	q[blk * GPUD_QK + lane] = qv;
 	if (lane == 0)
 		d[blk] = dv;
@@ -830,52 +857,103 @@ static __device__ __forceinline__ void load_wblock(const uint8_t *wq, int64_t r,
 
 #define GEMV_WARPS 8
 
+/* One weight block's integer dot with activation block i of token t. */
+static __device__ __forceinline__ int dot_block(const int w[8], const int8_t *__restrict__ xq,
+						int64_t cols, uint32_t t, int64_t i)
+{
+	const int4 *xp = (const int4 *)(xq + (int64_t)t * cols + i * GPUD_QK);
+	int4 a = xp[0], b = xp[1];
+	int s = 0;
+
+	s = __dp4a(w[0], a.x, s);
+	s = __dp4a(w[1], a.y, s);
+	s = __dp4a(w[2], a.z, s);
+	s = __dp4a(w[3], a.w, s);
+	s = __dp4a(w[4], b.x, s);
+	s = __dp4a(w[5], b.y, s);
+	s = __dp4a(w[6], b.z, s);
+	s = __dp4a(w[7], b.w, s);
+	return s;
+}
+
+/* Up to three matrices of one type and width over the same activations,
+ * in one launch (the rows of each after the previous one's). */
+struct gemv_set {
+	const uint8_t *q[3];
+	const uint16_t *d[3];
+	float *y[3];
+	int64_t rows[3]; /* 0 past the set */
+};
+
 /* One warp per row; lanes take blocks lane, lane+32, ... and their partial
  * sums are added at the end (the one place the bits may differ from the
- * CPU's in-order sum). */
-template <int TYPE, int NT>
+ * CPU's in-order sum). GLU: the set is (gate, up) of equal rows, each warp
+ * computes row r of both and writes silu(gate) * up (swiglu_kernel's
+ * formula) to y[0]. */
+template <int TYPE, int NT, bool GLU>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q_kernel(const uint8_t *wq, const uint16_t *wd, int64_t rows, int64_t cols,
-	      const int8_t *xq, const float *xd, uint32_t T, float *y)
+gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
+	      const float *__restrict__ xd, uint32_t T)
 {
 	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	uint32_t lane = threadIdx.x & 31;
 	int64_t nb = cols / GPUD_QK;
-	float acc[NT];
+	int m = 0;
+	float acc[NT], acc2[NT];
+
+	if (!GLU && r >= set.rows[0]) {
+		r -= set.rows[0];
+		m = 1;
+		if (r >= set.rows[1]) {
+			r -= set.rows[1];
+			m = 2;
+		}
+	}
+	/* selects, not an index: a dynamic index into the parameters would
+	 * copy them to local memory */
+	const uint8_t *__restrict__ wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	const uint16_t *__restrict__ wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
+	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
 
 	if (r >= rows)
 		return;
 #pragma unroll
 	for (int t = 0; t < NT; t++)
-		acc[t] = 0.0f;
+		acc[t] = acc2[t] = 0.0f;
+#pragma unroll 2
 	for (int64_t i = lane; i < nb; i += 32) {
-		int w[8];
-		float dw = half_bits(wd[r * nb + i]);
+		int w[8], w2[8];
+		float dw = half_bits(wd[r * nb + i]), dw2 = 0.0f;
 
 		load_wblock<TYPE>(wq, r, cols, i, w);
+		if (GLU) {
+			dw2 = half_bits(set.d[1][r * nb + i]);
+			load_wblock<TYPE>(set.q[1], r, cols, i, w2);
+		}
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
 			if ((uint32_t)t < T) {
-				const int4 *xp = (const int4 *)(xq + (int64_t)t * cols + i * GPUD_QK);
-				int4 a = xp[0], b = xp[1];
-				int s = 0;
-				s = __dp4a(w[0], a.x, s);
-				s = __dp4a(w[1], a.y, s);
-				s = __dp4a(w[2], a.z, s);
-				s = __dp4a(w[3], a.w, s);
-				s = __dp4a(w[4], b.x, s);
-				s = __dp4a(w[5], b.y, s);
-				s = __dp4a(w[6], b.z, s);
-				s = __dp4a(w[7], b.w, s);
-				acc[t] = fmaf(__fmul_rn(dw, xd[(int64_t)t * nb + i]), (float)s, acc[t]);
+				float dx = xd[(int64_t)t * nb + i];
+
+				acc[t] = fmaf(__fmul_rn(dw, dx), (float)dot_block(w, xq, cols, t, i),
+					      acc[t]);
+				if (GLU)
+					acc2[t] = fmaf(__fmul_rn(dw2, dx),
+						       (float)dot_block(w2, xq, cols, t, i), acc2[t]);
 			}
 		}
 	}
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
 		float v = warp_sum(acc[t]);
+
+		if (GLU) {
+			float u = warp_sum(acc2[t]);
+			v = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+		}
 		if (lane == 0 && (uint32_t)t < T)
-			y[(int64_t)t * rows + r] = v;
+			yo[(int64_t)t * rows + r] = v;
 	}
 }
 
@@ -962,7 +1040,23 @@ gemm_q_kernel(const uint8_t *wq, const uint16_t *wd, int64_t rows, int64_t cols,
 		}
 }
 
-#define GEMV_MAX_T 8
+template <int TYPE, bool GLU>
+static void launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols, const int8_t *xq,
+			const float *xd, uint32_t T)
+{
+	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
+	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+#define GEMV(nt) gemv_q_kernel<TYPE, nt, GLU><<<g, GEMV_WARPS * 32, 0, s>>>(set, cols, xq, xd, T)
+	if (T == 1)
+		GEMV(1);
+	else if (T == 2)
+		GEMV(2);
+	else if (T <= 4)
+		GEMV(4);
+	else
+		GEMV(8);
+#undef GEMV
+}
 
 template <int TYPE>
 static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, const float *xd,
@@ -971,23 +1065,39 @@ static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, 
 	const uint8_t *q = (const uint8_t *)w->q;
 	const uint16_t *d = (const uint16_t *)w->d;
 
-	if (T <= GEMV_MAX_T) {
-		unsigned g = (unsigned)((w->rows + GEMV_WARPS - 1) / GEMV_WARPS);
-#define GEMV(nt) \
-	gemv_q_kernel<TYPE, nt><<<g, GEMV_WARPS * 32, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y)
-		if (T == 1)
-			GEMV(1);
-		else if (T == 2)
-			GEMV(2);
-		else if (T <= 4)
-			GEMV(4);
-		else
-			GEMV(8);
-#undef GEMV
+	if (T <= GPUD_K_GEMV_MAX_T) {
+		gemv_set set = { { q }, { d }, { y }, { w->rows } };
+		launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 		return;
 	}
 	dim3 grid((unsigned)((w->rows + TILE - 1) / TILE), (T + TILE - 1) / TILE);
 	gemm_q_kernel<TYPE><<<grid, 256, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
+}
+
+cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			      int n, bool glu, const int8_t *xq, const float *xd, uint32_t T)
+{
+	gemv_set set = {};
+
+	if (n < 1 || n > 3 || (glu && n != 2) || !T || T > GPUD_K_GEMV_MAX_T)
+		return cudaErrorInvalidValue;
+	for (int i = 0; i < n; i++) {
+		if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols ||
+		    (ws[0]->type != GPUD_TYPE_Q8_0 && ws[0]->type != GPUD_TYPE_Q4_0) ||
+		    (glu && ws[i]->rows != ws[0]->rows))
+			return cudaErrorInvalidValue;
+		set.q[i] = (const uint8_t *)ws[i]->q;
+		set.d[i] = (const uint16_t *)ws[i]->d;
+		set.y[i] = ys[i];
+		set.rows[i] = ws[i]->rows;
+	}
+	if (ws[0]->type == GPUD_TYPE_Q8_0)
+		glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T)
+		    : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
+	else
+		glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T)
+		    : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T);
+	return cudaGetLastError();
 }
 
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,

@@ -41,9 +41,13 @@ cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t
 
 // Per row r < n: src = rows ? rows[r] : r. With add: x[src] += out[r].
 // Then, when w: out[r] = rmsnorm(x[src]) * w (sum of squares in double,
-// as the CPU does). add and rows are exclusive.
+// as the CPU does). add and rows are exclusive. With aq (and w, dim a
+// multiple of 32), out[r] is also quantized into aq, ad as
+// gpud_k_quantize_act would (the next int8 matmul's input, one launch
+// fewer).
 cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w, bool add,
-			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps);
+			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps, int8_t *aq,
+			    float *ad);
 
 // RoPE (angles pos * inv_freq in double, as the CPU) on q in place and on
 // k, and k, v into each token's KV block at its position.
@@ -102,10 +106,21 @@ cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_
 cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T,
 			      const float *scales);
 
+// Tokens up to which the matmuls take a GEMV (a warp per row).
+#define GPUD_K_GEMV_MAX_T 8u
+
 // y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
-// (warp per row, T <= 8) or a 64x64 tiled kernel (larger T, whose sums
-// are the CPU's bits).
+// (warp per row, T <= GPUD_K_GEMV_MAX_T) or a 64x64 tiled kernel (larger
+// T, whose sums are the CPU's bits).
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
 			const float *xd, uint32_t T, float *y);
+
+// The GEMVs of n (1..3) Q8_0/Q4_0 matrices of one type and width over the
+// same quantized activations in one launch, ys[i] = ws[i] x, T <=
+// GPUD_K_GEMV_MAX_T: each output the bits gpud_k_mm_q gives. glu (n = 2,
+// gate and up of equal rows): ys[0] = silu(ws[0] x) * (ws[1] x), the bits
+// of the two GEMVs and gpud_k_swiglu; ys[1] is not written.
+cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			      int n, bool glu, const int8_t *xq, const float *xd, uint32_t T);
 
 #endif
