@@ -97,6 +97,24 @@ __global__ void __launch_bounds__(128) count_kernel(int *out, unsigned *ctr)
 		out[4 * gridDim.x] = (int)blockIdx.x + 1;
 }
 
+// One m16n8k16 int8 tensor-core product: each lane builds its fragments
+// from A (16 x 16, row-major) and B (16 x 8, stored column by column) as
+// the PTX ISA lays them out, and writes its four outputs of D = A B + C.
+__global__ void mma_kernel(const int8_t *A, const int8_t *B, const int *C, int *D)
+{
+	unsigned l = threadIdx.x, g = l >> 2, t = l & 3, a0, a1, b0;
+	int d[4];
+
+	memcpy(&a0, A + g * 16 + 4 * t, 4);       /* A[g][4t..4t+3] */
+	memcpy(&a1, A + (g + 8) * 16 + 4 * t, 4); /* A[g+8][4t..4t+3] */
+	memcpy(&b0, B + g * 16 + 4 * t, 4);       /* B[4t..4t+3][g] */
+	for (int e = 0; e < 4; e++)
+		d[e] = C[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)];
+	cuemu_mma_s8_m16n8k16(d, a0, a1, b0, d);
+	for (int e = 0; e < 4; e++)
+		D[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)] = d[e];
+}
+
 // Thread 0 leaves before the barrier the others wait at.
 __global__ void divergent_kernel(int *x)
 {
@@ -194,6 +212,40 @@ static void check_barrier_counts(void)
 	CHECK(hc == 0);
 	OK(cudaFree(d));
 	OK(cudaFree(ctr));
+}
+
+static void check_mma(void)
+{
+	int8_t hA[16 * 16], hB[8 * 16];
+	int hC[16 * 8], hD[16 * 8], *C, *D;
+	int8_t *A, *B;
+
+	for (int i = 0; i < 256; i++)
+		hA[i] = (int8_t)((i * 37 + 11) % 255 - 127);
+	for (int i = 0; i < 128; i++)
+		hB[i] = (int8_t)((i * 53 + 5) % 255 - 127);
+	for (int i = 0; i < 128; i++)
+		hC[i] = i * 1000 - 50000;
+	OK(cudaMalloc((void **)&A, sizeof(hA)));
+	OK(cudaMalloc((void **)&B, sizeof(hB)));
+	OK(cudaMalloc((void **)&C, sizeof(hC)));
+	OK(cudaMalloc((void **)&D, sizeof(hD)));
+	OK(cudaMemcpy(A, hA, sizeof(hA), cudaMemcpyHostToDevice));
+	OK(cudaMemcpy(B, hB, sizeof(hB), cudaMemcpyHostToDevice));
+	OK(cudaMemcpy(C, hC, sizeof(hC), cudaMemcpyHostToDevice));
+	mma_kernel<<<1, 32>>>(A, B, C, D);
+	OK(cudaMemcpy(hD, D, sizeof(hD), cudaMemcpyDeviceToHost));
+	for (int m = 0; m < 16; m++)
+		for (int n = 0; n < 8; n++) {
+			int want = hC[m * 8 + n];
+			for (int k = 0; k < 16; k++) /* B column n holds B[k][n] at n * 16 + k */
+				want += hA[m * 16 + k] * hB[n * 16 + k];
+			CHECK(hD[m * 8 + n] == want);
+		}
+	OK(cudaFree(A));
+	OK(cudaFree(B));
+	OK(cudaFree(C));
+	OK(cudaFree(D));
 }
 
 static void check_dynamic_shared(void)
@@ -472,6 +524,7 @@ int main(void)
 	check_block_sum();
 	check_dynamic_shared();
 	check_barrier_counts();
+	check_mma();
 	check_deferred();
 	check_graphs();
 	check_config();

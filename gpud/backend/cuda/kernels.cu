@@ -957,86 +957,121 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	}
 }
 
-#define TILE 64
+/* --- the int8 matmul on tensor cores (prefill and batches past the GEMV) --
+ * mma.sync m16n8k16 over int8: the products of a weight block with an
+ * activation block are exact integer sums, as the CPU's, so each output is
+ * still fma(d_w * d_x, (float)isum, acc) over the blocks in order: the
+ * CPU's bits. A CTA of 4 warps holds MMA_M weight rows x MMA_N tokens,
+ * each warp 16 rows x 32 tokens (4 mma tiles of 8 tokens); MMA_KB blocks
+ * of 32 columns are staged in shared memory per barrier, each 16-column
+ * half as [row][4 words] so that a fragment's 32 lanes read 32 banks. */
+#define MMA_M 32
+#define MMA_N 64
+#define MMA_KB 4
 
-/* 64 rows x 64 tokens per 256-thread block, 4 x 4 outputs per thread,
- * one weight block (32 columns) per step of K, in order: each output is
- * the CPU's sequential sum, bit for bit. */
-template <int TYPE>
-__global__ void __launch_bounds__(256)
-gemm_q_kernel(const uint8_t *wq, const uint16_t *wd, int64_t rows, int64_t cols,
-	      const int8_t *xq, const float *xd, uint32_t T, float *y)
+/* d += A B for the warp's fragments (cuda_runtime.h of cuemu documents the
+ * layout): the tensor-core instruction, or cuemu's emulation of it. */
+static __device__ __forceinline__ void mma_s8(int d[4], unsigned a0, unsigned a1, unsigned b0)
 {
-	__shared__ int sw[TILE][9];
-	__shared__ int sx[TILE][9];
-	__shared__ float sdw[TILE], sdx[TILE];
-	uint32_t tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-	int64_t r0 = (int64_t)blockIdx.x * TILE, t0 = (int64_t)blockIdx.y * TILE;
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu_mma_s8_m16n8k16(d, a0, a1, b0, d);
+#else
+	asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 "
+		     "{%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+		     : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+		     : "r"(a0), "r"(a1), "r"(b0));
+#endif
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(128)
+gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, int64_t rows,
+	      int64_t cols, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+	      uint32_t T, float *y)
+{
+	__shared__ int4 sw[MMA_KB][2][MMA_M];
+	__shared__ int4 sx[MMA_KB][2][MMA_N];
+	__shared__ float sdw[MMA_KB][MMA_M], sdx[MMA_KB][MMA_N];
+	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	uint32_t wr = ((tid >> 5) & 1) * 16, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
+	int64_t r0 = (int64_t)blockIdx.x * MMA_M, t0 = (int64_t)blockIdx.y * MMA_N;
 	int64_t nb = cols / GPUD_QK;
 	float acc[4][4];
 
 #pragma unroll
-	for (int a = 0; a < 4; a++)
+	for (int j = 0; j < 4; j++)
 #pragma unroll
-		for (int b = 0; b < 4; b++)
-			acc[a][b] = 0.0f;
-	for (int64_t i = 0; i < nb; i++) {
-		if (TYPE == GPUD_TYPE_Q8_0) {
-			if (tid < 128) {
-				uint32_t row = tid >> 1, hf = tid & 1;
-				int4 a = make_int4(0, 0, 0, 0);
-				if (r0 + row < rows)
-					a = ((const int4 *)(wq + (r0 + row) * cols + i * GPUD_QK))[hf];
-				sw[row][4 * hf] = a.x;
-				sw[row][4 * hf + 1] = a.y;
-				sw[row][4 * hf + 2] = a.z;
-				sw[row][4 * hf + 3] = a.w;
-			}
-		} else if (tid < TILE) {
+		for (int e = 0; e < 4; e++)
+			acc[j][e] = 0.0f;
+	for (int64_t i0 = 0; i0 < nb; i0 += MMA_KB) {
+		/* stage: MMA_KB blocks of the tile's weights and activations,
+		 * zeros past the matrix, the tokens or the columns */
+		for (uint32_t e = tid; e < MMA_KB * MMA_M; e += blockDim.x) {
+			uint32_t kb = e / MMA_M, row = e % MMA_M;
+			int64_t i = i0 + kb;
 			int w[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-			if (r0 + tid < rows)
-				load_wblock<TYPE>(wq, r0 + tid, cols, i, w);
-#pragma unroll
-			for (int k = 0; k < 8; k++)
-				sw[tid][k] = w[k];
-		}
-		if (tid >= 128) {
-			uint32_t tok = (tid - 128) >> 1, hf = tid & 1;
-			int4 a = make_int4(0, 0, 0, 0);
-			if (t0 + tok < T)
-				a = ((const int4 *)(xq + (t0 + tok) * cols + i * GPUD_QK))[hf];
-			sx[tok][4 * hf] = a.x;
-			sx[tok][4 * hf + 1] = a.y;
-			sx[tok][4 * hf + 2] = a.z;
-			sx[tok][4 * hf + 3] = a.w;
-		}
-		if (tid < TILE)
-			sdw[tid] = r0 + tid < rows ? half_bits(wd[(r0 + tid) * nb + i]) : 0.0f;
-		else if (tid < 2 * TILE)
-			sdx[tid - TILE] = t0 + tid - TILE < T ? xd[(t0 + tid - TILE) * nb + i] : 0.0f;
-		__syncthreads();
-#pragma unroll
-		for (int a = 0; a < 4; a++) {
-			uint32_t row = ty + 16 * a;
-#pragma unroll
-			for (int b = 0; b < 4; b++) {
-				uint32_t tok = tx + 16 * b;
-				int s = 0;
-#pragma unroll
-				for (int k = 0; k < 8; k++)
-					s = __dp4a(sw[row][k], sx[tok][k], s);
-				acc[a][b] = fmaf(__fmul_rn(sdw[row], sdx[tok]), (float)s, acc[a][b]);
+			float dw = 0.0f;
+
+			if (i < nb && r0 + row < rows) {
+				load_wblock<TYPE>(wq, r0 + row, cols, i, w);
+				dw = half_bits(wd[(r0 + row) * nb + i]);
 			}
+			sw[kb][0][row] = make_int4(w[0], w[1], w[2], w[3]);
+			sw[kb][1][row] = make_int4(w[4], w[5], w[6], w[7]);
+			sdw[kb][row] = dw;
+		}
+		for (uint32_t e = tid; e < MMA_KB * MMA_N; e += blockDim.x) {
+			uint32_t kb = e / MMA_N, tok = e % MMA_N;
+			int64_t i = i0 + kb;
+			int4 a = make_int4(0, 0, 0, 0), b = a;
+			float dx = 0.0f;
+
+			if (i < nb && t0 + tok < T) {
+				const int4 *p = (const int4 *)(xq + (t0 + tok) * cols + i * GPUD_QK);
+				a = p[0];
+				b = p[1];
+				dx = xd[(t0 + tok) * nb + i];
+			}
+			sx[kb][0][tok] = a;
+			sx[kb][1][tok] = b;
+			sdx[kb][tok] = dx;
+		}
+		__syncthreads();
+		for (uint32_t kb = 0; kb < MMA_KB && i0 + kb < nb; kb++) {
+			int c[4][4];
+
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+				c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0;
+#pragma unroll
+			for (int hf = 0; hf < 2; hf++) {
+				unsigned a0 = ((const unsigned *)&sw[kb][hf][wr + g])[t4];
+				unsigned a1 = ((const unsigned *)&sw[kb][hf][wr + g + 8])[t4];
+#pragma unroll
+				for (int j = 0; j < 4; j++)
+					mma_s8(c[j], a0, a1,
+					       ((const unsigned *)&sx[kb][hf][wt + 8 * j + g])[t4]);
+			}
+			float dw0 = sdw[kb][wr + g], dw1 = sdw[kb][wr + g + 8];
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					float dx = sdx[kb][wt + 8 * j + 2 * t4 + (e & 1)];
+					acc[j][e] = fmaf(__fmul_rn(e < 2 ? dw0 : dw1, dx),
+							 (float)c[j][e], acc[j][e]);
+				}
 		}
 		__syncthreads();
 	}
 #pragma unroll
-	for (int a = 0; a < 4; a++)
+	for (int j = 0; j < 4; j++)
 #pragma unroll
-		for (int b = 0; b < 4; b++) {
-			int64_t row = r0 + ty + 16 * a, tok = t0 + tx + 16 * b;
+		for (int e = 0; e < 4; e++) {
+			int64_t row = r0 + wr + g + (e < 2 ? 0 : 8);
+			int64_t tok = t0 + wt + 8 * j + 2 * t4 + (e & 1);
 			if (row < rows && tok < T)
-				y[tok * rows + row] = acc[a][b];
+				y[tok * rows + row] = acc[j][e];
 		}
 }
 
@@ -1070,8 +1105,8 @@ static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, 
 		launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 		return;
 	}
-	dim3 grid((unsigned)((w->rows + TILE - 1) / TILE), (T + TILE - 1) / TILE);
-	gemm_q_kernel<TYPE><<<grid, 256, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
+	dim3 grid((unsigned)((w->rows + MMA_M - 1) / MMA_M), (T + MMA_N - 1) / MMA_N);
+	gemm_q_kernel<TYPE><<<grid, 128, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
 }
 
 cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,

@@ -110,8 +110,8 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 #define GPUD_K_GEMV_MAX_T 8u
 
 // y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
-// (warp per row, T <= GPUD_K_GEMV_MAX_T) or a 64x64 tiled kernel (larger
-// T, whose sums are the CPU's bits).
+// (warp per row, T <= GPUD_K_GEMV_MAX_T) or an int8 tensor-core kernel
+// (larger T, whose sums are the CPU's bits).
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
 			const float *xd, uint32_t T, float *y);
 

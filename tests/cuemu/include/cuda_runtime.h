@@ -230,6 +230,40 @@ static inline int __all_sync(unsigned mask, int pred)
 	return cuemu::warp_vote(mask, pred) == cuemu::warp_vote(mask, 1);
 }
 
+/* --- tensor cores -------------------------------------------------------------------
+ * mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 d, a, b, c as the PTX ISA
+ * lays out its fragments (g = lane / 4, t = lane % 4; four int8 per
+ * register, lowest byte first): a0 = A[g][4t..4t+3], a1 = A[g+8][4t..4t+3];
+ * b0 = B[4t..4t+3][g]; c and d: [0], [1] = C[g][2t], C[g][2t+1] and [2],
+ * [3] = C[g+8][2t], C[g+8][2t+1]. A warp-collective, as on the GPU; kernels
+ * reach it through their wrapper, which is the PTX instruction under nvcc.
+ * d may be c. */
+static inline int __dp4a(int a, int b, int c);
+static inline void cuemu_mma_s8_m16n8k16(int d[4], unsigned a0, unsigned a1, unsigned b0,
+					 const int c[4])
+{
+	int l = (int)cuemu::lane(), g = l >> 2, t = l & 3;
+	unsigned ra[2][4], cb[2][4];
+	int out[4];
+
+	for (int k = 0; k < 4; k++) {
+		cuemu::warp_xchg(0xffffffffu, &a0, &ra[0][k], 4, g * 4 + k); /* A[g][4k..] */
+		cuemu::warp_xchg(0xffffffffu, &a1, &ra[1][k], 4, g * 4 + k); /* A[g+8][4k..] */
+	}
+	for (int e = 0; e < 2; e++)
+		for (int k = 0; k < 4; k++) /* B[4k..4k+3][2t+e] */
+			cuemu::warp_xchg(0xffffffffu, &b0, &cb[e][k], 4, (2 * t + e) * 4 + k);
+	for (int h = 0; h < 2; h++)
+		for (int e = 0; e < 2; e++) {
+			int acc = c[2 * h + e];
+			for (int k = 0; k < 4; k++)
+				acc = __dp4a((int)ra[h][k], (int)cb[e][k], acc);
+			out[2 * h + e] = acc;
+		}
+	for (int i = 0; i < 4; i++)
+		d[i] = out[i];
+}
+
 /* --- atomics and fences ------------------------------------------------------------
  * Blocks run one at a time on the stream's thread, devices on their own:
  * the builtins keep them atomic anyway. */
