@@ -150,6 +150,10 @@ const region *near(const void *p)
 // One piece of stream work: its state (a kernel's closure, a copy's
 // pointers) held inline, so that queueing and replaying allocate nothing.
 constexpr size_t OP_STATE = 384;
+// Ops a stream's queue holds from its first use: enqueueing allocates
+// nothing until a synchronization finds more (a GPU's driver does not
+// allocate per launch either; a queue grown past this keeps its size).
+constexpr size_t STREAM_OPS = 1024;
 
 struct op {
 	const char *what = "";  // "kernel", "memcpy", "memset", "cublasGemmEx"
@@ -266,6 +270,8 @@ cudaError_t enqueue(CUstream_st *s, const op &o)
 		s->cap->ops.push_back(o);
 		return cudaSuccess;
 	}
+	if (!s->q.capacity())
+		s->q.reserve(STREAM_OPS);
 	s->q.push_back(o);
 	return cudaSuccess;
 }
@@ -1239,6 +1245,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags)
 	CUstream_st *st = new CUstream_st();
 	st->dev = cur_dev;
 	st->legacy = false;
+	st->q.reserve(STREAM_OPS);
 	std::lock_guard<std::mutex> g(mu);
 	streams[cur_dev].push_back(st);
 	*s = st;
@@ -1355,10 +1362,13 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t ex, cudaStream_t s)
 		stats.graph_launches++;
 	}
 	for (const op &o : ex->ops) {
-		if (st->cap)
+		if (st->cap) {
 			st->cap->ops.push_back(o);
-		else
+		} else {
+			if (!st->q.capacity())
+				st->q.reserve(STREAM_OPS);
 			st->q.push_back(o);
+		}
 	}
 	return cudaSuccess;
 }

@@ -400,8 +400,8 @@ void check_norm_quant(uint32_t n, uint32_t dim, bool add)
 	cudaFree(d2);
 }
 
-// Decode GEMVs of several int8 matrices in one launch, and gate/up with
-// SwiGLU fused: the bits of the separate GEMVs (and gpud_k_swiglu).
+// Decode GEMVs of several matrices in one launch, and gate/up with SwiGLU
+// fused: the bits of the separate GEMVs (and gpud_k_swiglu).
 void check_gemv_group(enum gpud_type t, uint32_t T)
 {
 	const int64_t cols = 320, rows[3] = { 72, 24, 24 };
@@ -418,6 +418,8 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 	char what[96];
 	bool ok = true;
 
+	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+
 	for (int64_t i = 0; i < T * cols; i++)
 		x[i] = frand() * 3.0f;
 	up(dx, x, 4 * T * cols);
@@ -425,10 +427,13 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 	for (int i = 0; i < 3; i++) {
 		sep[i] = (float *)dev(4 * ny);
 		grp[i] = (float *)dev(4 * ny);
-		gpud_k_mm_q(0, &w[i], q, d, T, sep[i]);
+		if (i8)
+			gpud_k_mm_q(0, &w[i], q, d, T, sep[i]);
+		else
+			gpud_k_mv_f(0, &w[i], dx, T, sep[i]);
 	}
 	snprintf(what, sizeof(what), "gemv %s x3 in one launch, %u tokens", gpud_type_name(t), T);
-	ok = gpud_k_mv_q_group(0, ws, grp, 3, false, q, d, T) == cudaSuccess;
+	ok = gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, T) == cudaSuccess;
 	for (int i = 0; ok && i < 3; i++) {
 		size_t k = (size_t)T * rows[i];
 		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what);
@@ -439,15 +444,15 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 	snprintf(what, sizeof(what), "gemv %s gate+up, swiglu fused, %u tokens", gpud_type_name(t),
 		 T);
 	gpud_k_swiglu(0, sep[1], sep[2], (uint64_t)T * rows[1]);
-	ok = gpud_k_mv_q_group(0, ws + 1, grp, 2, true, q, d, T) == cudaSuccess &&
+	ok = gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, T) == cudaSuccess &&
 	     down(hs, sep[1], 4 * T * rows[1], what) && down(hg, grp[0], 4 * T * rows[1], what);
 	report(what, ok ? (double)bits_differ(hs, hg, (size_t)T * rows[1], 4) : INFINITY, 0);
 	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows */
 		snprintf(what, sizeof(what), "gemv group refuses %u tokens, unequal gate/up",
 			 GPUD_K_GEMV_MAX_T + 1);
-		report(what, gpud_k_mv_q_group(0, ws, grp, 3, false, q, d, GPUD_K_GEMV_MAX_T + 1) ==
+		report(what, gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1) ==
 					     cudaErrorInvalidValue &&
-				     gpud_k_mv_q_group(0, ws, grp, 2, true, q, d, 1) ==
+				     gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1) ==
 					     cudaErrorInvalidValue
 			     ? 0
 			     : 1,
@@ -528,7 +533,7 @@ int main(int argc, char **argv)
 		for (uint32_t T : { 9u, 70u })
 			check_matmul(t, 130, 320, T);
 	}
-	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })
 			check_gemv_group(t, T);
 	check_rmsnorm(7, 320, false);

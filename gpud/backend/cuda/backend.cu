@@ -641,12 +641,22 @@ static bool is_int8(const gpud_cuda_mat *w)
 	return w->type == GPUD_TYPE_Q8_0 || w->type == GPUD_TYPE_Q4_0;
 }
 
-// Whether ws[0..n) are int8 matrices of one type and width whose decode
-// GEMVs run as one launch (gpud_k_mv_q_group).
+// Whether ws[0..n) are matrices of one type and width whose decode GEMVs
+// run as one launch (gpud_k_mv_group).
 static bool one_gemv(const gpud_cuda_mat *const *ws, int n, uint32_t T)
 {
-	if (T > GPUD_K_GEMV_MAX_T || !is_int8(ws[0]))
+	if (T > GPUD_K_GEMV_MAX_T || T > MV_MAX_T)
 		return false;
+	switch (ws[0]->type) {
+	case GPUD_TYPE_F32:
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0:
+		break;
+	default:
+		return false;
+	}
 	for (int i = 1; i < n; i++)
 		if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols)
 			return false;
@@ -655,8 +665,8 @@ static bool one_gemv(const gpud_cuda_mat *const *ws, int n, uint32_t T)
 
 // Matrices ws[0..n) over the same input x: its preparation is shared by
 // consecutive matrices of the same type, and is already done for ws[0]
-// when prepared (add_norm quantized x); decode GEMVs of one int8 type run
-// as one launch.
+// when prepared (add_norm quantized x); decode GEMVs of one type run as
+// one launch.
 int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int n, const float *x,
 	     uint32_t T, bool prepared, char *err, size_t errlen)
 {
@@ -665,8 +675,8 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 	if (one_gemv(ws, n, T)) {
 		if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
 			return rc;
-		CK(gpud_k_mv_q_group(c->stream, ws, ys, n, false, c->actq, c->actd, T),
-		   "matmul (int8 gemv)");
+		CK(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T),
+		   "matmul (gemv)");
 		return 0;
 	}
 	for (int i = 0; i < n; i++) {
@@ -748,8 +758,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			// decode: gate and up in one launch, SwiGLU in its epilogue
 			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
-			CK(gpud_k_mv_q_group(c->stream, gu, gu_out, 2, true, c->actq, c->actd, T),
-			   "matmul (int8 gemv, swiglu)");
+			CK(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
+					   T),
+			   "matmul (gemv, swiglu)");
 		} else {
 			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
 				return rc;

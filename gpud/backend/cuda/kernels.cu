@@ -566,19 +566,42 @@ static __device__ __forceinline__ void wf8(const void *W, int64_t i, float w[8])
 	}
 }
 
-template <int TYPE, int NT, bool VEC>
-__global__ void __launch_bounds__(256)
-gemv_f_kernel(const void *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
-{
-	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
-	uint32_t lane = threadIdx.x & 31;
-	float acc[NT];
+/* Up to three matrices of one type and width over the same activations,
+ * in one launch (the rows of each after the previous one's): q the
+ * weights (the quants of Q8_0/Q4_0), d their scales (NULL for float
+ * types). */
+struct gemv_set {
+	const uint8_t *q[3];
+	const uint16_t *d[3];
+	float *y[3];
+	int64_t rows[3]; /* 0 past the set */
+};
 
-	if (r >= rows)
-		return;
-#pragma unroll
-	for (int t = 0; t < NT; t++)
-		acc[t] = 0.0f;
+/* The warp's matrix m and row r in set for global warp row r (GLU: one
+ * row range, the pair's): selects, not an index, which would copy the
+ * parameters to local memory. Returns false past the set. */
+template <bool GLU>
+static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r, int &m)
+{
+	m = 0;
+	if (!GLU && r >= set.rows[0]) {
+		r -= set.rows[0];
+		m = 1;
+		if (r >= set.rows[1]) {
+			r -= set.rows[1];
+			m = 2;
+		}
+	}
+	return r < (m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2]);
+}
+
+/* fp32 dot of weights row r from column c (8 at a time, or 1) with each
+ * token's activations, into acc. */
+template <int TYPE, int NT, bool VEC>
+static __device__ __forceinline__ void dot_f(const void *W, int64_t r, int64_t cols,
+					     const float *x, uint32_t T, uint32_t lane,
+					     float acc[NT])
+{
 	if (VEC) {
 		for (int64_t c = (int64_t)lane * 8; c < cols; c += 256) {
 			float w[8];
@@ -611,21 +634,50 @@ gemv_f_kernel(const void *W, int64_t rows, int64_t cols, const float *x, uint32_
 					acc[t] = fmaf(w, x[(int64_t)t * cols + c], acc[t]);
 		}
 	}
+}
+
+/* One warp per row of the set; GLU as gemv_q_kernel's. */
+template <int TYPE, int NT, bool VEC, bool GLU>
+__global__ void __launch_bounds__(256)
+gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
+{
+	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+	uint32_t lane = threadIdx.x & 31;
+	int m;
+	float acc[NT], acc2[NT];
+
+	if (!gemv_row<GLU>(set, r, m))
+		return;
+	const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		acc[t] = acc2[t] = 0.0f;
+	dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
+	if (GLU)
+		dot_f<TYPE, NT, VEC>(set.q[1], r, cols, x, T, lane, acc2);
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
 		float v = warp_sum(acc[t]);
+
+		if (GLU) {
+			float u = warp_sum(acc2[t]);
+			v = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+		}
 		if (lane == 0 && (uint32_t)t < T)
 			y[(int64_t)t * rows + r] = v;
 	}
 }
 
-template <int TYPE, bool VEC>
-static void launch_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
-			float *y)
+template <int TYPE, bool VEC, bool GLU>
+static void launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
+			uint32_t T)
 {
-	unsigned g = (unsigned)((w->rows + 7) / 8);
+	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
+	unsigned g = (unsigned)((rows + 7) / 8);
 
-#define GEMV_F(nt) gemv_f_kernel<TYPE, nt, VEC><<<g, 256, 0, s>>>(w->q, w->rows, w->cols, x, T, y)
+#define GEMV_F(nt) gemv_f_kernel<TYPE, nt, VEC, GLU><<<g, 256, 0, s>>>(set, cols, x, T)
 	if (T == 1)
 		GEMV_F(1);
 	else if (T == 2)
@@ -637,36 +689,45 @@ static void launch_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, 
 #undef GEMV_F
 }
 
-template <int TYPE>
-static void launch_mv_f_type(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
-			     float *y)
+template <int TYPE, bool GLU>
+static void launch_mv_f_type(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
+			     uint32_t T)
 {
 	/* 8-element loads need rows of a multiple of 8 elements */
-	if (w->cols % 8 == 0)
-		launch_mv_f<TYPE, true>(s, w, x, T, y);
+	if (cols % 8 == 0)
+		launch_mv_f<TYPE, true, GLU>(s, set, cols, x, T);
 	else
-		launch_mv_f<TYPE, false>(s, w, x, T, y);
+		launch_mv_f<TYPE, false, GLU>(s, set, cols, x, T);
 }
 
-cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
-			float *y)
+template <bool GLU>
+static cudaError_t launch_mv_f_set(cudaStream_t s, int type, const gemv_set &set, int64_t cols,
+				   const float *x, uint32_t T)
 {
-	if (T > 8)
-		return cudaErrorInvalidValue;
-	switch (w->type) {
+	switch (type) {
 	case GPUD_TYPE_F32:
-		launch_mv_f_type<GPUD_TYPE_F32>(s, w, x, T, y);
+		launch_mv_f_type<GPUD_TYPE_F32, GLU>(s, set, cols, x, T);
 		break;
 	case GPUD_TYPE_F16:
-		launch_mv_f_type<GPUD_TYPE_F16>(s, w, x, T, y);
+		launch_mv_f_type<GPUD_TYPE_F16, GLU>(s, set, cols, x, T);
 		break;
 	case GPUD_TYPE_BF16:
-		launch_mv_f_type<GPUD_TYPE_BF16>(s, w, x, T, y);
+		launch_mv_f_type<GPUD_TYPE_BF16, GLU>(s, set, cols, x, T);
 		break;
 	default:
 		return cudaErrorInvalidValue;
 	}
 	return cudaGetLastError();
+}
+
+cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y)
+{
+	gemv_set set = { { (const uint8_t *)w->q }, { nullptr }, { y }, { w->rows } };
+
+	if (T > 8)
+		return cudaErrorInvalidValue;
+	return launch_mv_f_set<false>(s, w->type, set, w->cols, x, T);
 }
 
 #define FT 64 /* rows and tokens per tile */
@@ -876,15 +937,6 @@ static __device__ __forceinline__ int dot_block(const int w[8], const int8_t *__
 	return s;
 }
 
-/* Up to three matrices of one type and width over the same activations,
- * in one launch (the rows of each after the previous one's). */
-struct gemv_set {
-	const uint8_t *q[3];
-	const uint16_t *d[3];
-	float *y[3];
-	int64_t rows[3]; /* 0 past the set */
-};
-
 /* One warp per row; lanes take blocks lane, lane+32, ... and their partial
  * sums are added at the end (the one place the bits may differ from the
  * CPU's in-order sum). GLU: the set is (gate, up) of equal rows, each warp
@@ -898,26 +950,15 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	uint32_t lane = threadIdx.x & 31;
 	int64_t nb = cols / GPUD_QK;
-	int m = 0;
+	int m;
 	float acc[NT], acc2[NT];
 
-	if (!GLU && r >= set.rows[0]) {
-		r -= set.rows[0];
-		m = 1;
-		if (r >= set.rows[1]) {
-			r -= set.rows[1];
-			m = 2;
-		}
-	}
-	/* selects, not an index: a dynamic index into the parameters would
-	 * copy them to local memory */
+	if (!gemv_row<GLU>(set, r, m))
+		return;
 	const uint8_t *__restrict__ wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 	const uint16_t *__restrict__ wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
 	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
 	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
-
-	if (r >= rows)
-		return;
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		acc[t] = acc2[t] = 0.0f;
@@ -1109,16 +1150,18 @@ static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, 
 	gemm_q_kernel<TYPE><<<grid, 128, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
 }
 
-cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
-			      int n, bool glu, const int8_t *xq, const float *xd, uint32_t T)
+cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
+			    uint32_t T)
 {
 	gemv_set set = {};
+	int type = ws[0]->type;
+	bool q8 = type == GPUD_TYPE_Q8_0, q4 = type == GPUD_TYPE_Q4_0;
 
 	if (n < 1 || n > 3 || (glu && n != 2) || !T || T > GPUD_K_GEMV_MAX_T)
 		return cudaErrorInvalidValue;
 	for (int i = 0; i < n; i++) {
-		if (ws[i]->type != ws[0]->type || ws[i]->cols != ws[0]->cols ||
-		    (ws[0]->type != GPUD_TYPE_Q8_0 && ws[0]->type != GPUD_TYPE_Q4_0) ||
+		if (ws[i]->type != type || ws[i]->cols != ws[0]->cols ||
 		    (glu && ws[i]->rows != ws[0]->rows))
 			return cudaErrorInvalidValue;
 		set.q[i] = (const uint8_t *)ws[i]->q;
@@ -1126,7 +1169,10 @@ cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, fl
 		set.y[i] = ys[i];
 		set.rows[i] = ws[i]->rows;
 	}
-	if (ws[0]->type == GPUD_TYPE_Q8_0)
+	if (!q8 && !q4)
+		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T)
+			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
+	if (q8)
 		glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T)
 		    : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
 	else

@@ -115,12 +115,14 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
 			const float *xd, uint32_t T, float *y);
 
-// The GEMVs of n (1..3) Q8_0/Q4_0 matrices of one type and width over the
-// same quantized activations in one launch, ys[i] = ws[i] x, T <=
-// GPUD_K_GEMV_MAX_T: each output the bits gpud_k_mm_q gives. glu (n = 2,
-// gate and up of equal rows): ys[0] = silu(ws[0] x) * (ws[1] x), the bits
-// of the two GEMVs and gpud_k_swiglu; ys[1] is not written.
-cudaError_t gpud_k_mv_q_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
-			      int n, bool glu, const int8_t *xq, const float *xd, uint32_t T);
+// The decode GEMVs of n (1..3) matrices of one type and width over the
+// same activations in one launch, ys[i] = ws[i] x, T <= GPUD_K_GEMV_MAX_T:
+// x for F32/F16/BF16, xq and xd (quantized) for Q8_0/Q4_0; each output the
+// bits gpud_k_mv_f or gpud_k_mm_q gives. glu (n = 2, gate and up of equal
+// rows): ys[0] = silu(ws[0] x) * (ws[1] x), the bits of the two GEMVs and
+// gpud_k_swiglu; ys[1] is not written.
+cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
+			    uint32_t T);
 
 #endif
