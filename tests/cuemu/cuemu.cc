@@ -387,7 +387,7 @@ struct fiber {
 // barrier, so one barrier per exchange suffices.
 struct warp_t {
 	unsigned count, gen, n;
-	uint64_t slot[2][32];
+	uint64_t slot[2][32][2]; /* a lane's 16 bytes, double-buffered */
 };
 
 // One host thread's kernel runner: the block in flight and its fibers.
@@ -821,12 +821,28 @@ void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src)
 
 	unsigned par = w.gen & 1;
 
-	w.slot[par][l] = 0;
-	memcpy(&w.slot[par][l], in, n);
+	w.slot[par][l][0] = w.slot[par][l][1] = 0;
+	memcpy(w.slot[par][l], in, n);
 	warp_barrier(r, w);
 	if (src < 0 || (unsigned)src >= w.n)
 		src = (int)l;
-	memcpy(out, &w.slot[par][src], n);
+	memcpy(out, w.slot[par][src], n);
+}
+
+void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2])
+{
+	runner *r = need_runner("a warp-collective");
+	warp_t &w = my_warp(r, mask, "a warp-collective");
+	unsigned l = r->f[r->cur].lin % 32;
+
+	unsigned par = w.gen & 1;
+
+	w.slot[par][l][0] = v[0];
+	w.slot[par][l][1] = v[1];
+	warp_barrier(r, w);
+	for (unsigned i = 0; i < 32; i++)
+		for (unsigned k = 0; k < 2; k++)
+			out[i][k] = i < w.n ? w.slot[par][i][k] : 0;
 }
 
 unsigned warp_vote(unsigned mask, int pred)
@@ -837,10 +853,10 @@ unsigned warp_vote(unsigned mask, int pred)
 
 	unsigned par = w.gen & 1;
 
-	w.slot[par][l] = pred != 0;
+	w.slot[par][l][0] = pred != 0;
 	warp_barrier(r, w);
 	for (unsigned i = 0; i < w.n; i++)
-		v |= (unsigned)w.slot[par][i] << i;
+		v |= (unsigned)w.slot[par][i][0] << i;
 	return v;
 }
 

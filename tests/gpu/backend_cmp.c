@@ -3,7 +3,7 @@
  *
  *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
  *               [--device cuda:0|cpu]
- *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md]
+ *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
  *
  * The device under test is cuda:0 (the registry's table for "cuda",
  * gpud/backend.h); --device cpu puts a second CPU instance there instead,
@@ -80,6 +80,7 @@ struct seq {
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt */
+static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode context */
 static const struct gpud_backend_ops *dut; /* the backend under test */
 
 static uint32_t rnd(uint32_t n)
@@ -482,7 +483,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	}
 	/* a long context: the attention's share (split-K at small batches) */
 	for (size_t i = 0; i < 2; i++) {
-		uint32_t n = batches[i], ctx = LONG_CTX;
+		uint32_t n = batches[i], ctx = long_ctx;
 		double step;
 
 		if (hp->n_ctx && hp->n_ctx < ctx + 40)
@@ -548,6 +549,8 @@ int main(int argc, char **argv)
 			rng = strtoull(argv[++i], NULL, 10) | 1;
 		else if (!strcmp(argv[i], "--max-prompt") && i + 1 < argc)
 			max_prompt = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--long-context") && i + 1 < argc)
+			long_ctx = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
 		else if (!strcmp(argv[i], "--bench"))
@@ -558,13 +561,14 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N]\n",
 				argv[0]);
 			return 2;
 		}
 	}
-	if (!path || max_prompt < 1 || max_prompt > 900) {
-		fprintf(stderr, "backend_cmp: --model is required; --max-prompt is 1..900\n");
+	if (!path || max_prompt < 1 || max_prompt > 900 || long_ctx < 32 || long_ctx > LONG_CTX) {
+		fprintf(stderr, "backend_cmp: --model is required; --max-prompt is 1..900, "
+				"--long-context 32..%u\n", LONG_CTX);
 		return 2;
 	}
 	if (!strcmp(device, "cpu")) {

@@ -145,6 +145,9 @@ void *dyn_smem(void);
 void syncthreads(void);
 int syncthreads_count(int pred);
 void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
+/* every lane's 16 bytes v into out[lane] (one barrier): for emulating
+ * warp-collective instructions */
+void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2]);
 unsigned warp_vote(unsigned mask, int pred);
 void syncwarp(unsigned mask);
 unsigned lane(void);
@@ -243,21 +246,16 @@ static inline void cuemu_mma_s8_m16n8k16(int d[4], unsigned a0, unsigned a1, uns
 					 const int c[4])
 {
 	int l = (int)cuemu::lane(), g = l >> 2, t = l & 3;
-	unsigned ra[2][4], cb[2][4];
+	uint64_t mine[2] = { a0 | (uint64_t)a1 << 32, b0 }, all[32][2];
 	int out[4];
 
-	for (int k = 0; k < 4; k++) {
-		cuemu::warp_xchg(0xffffffffu, &a0, &ra[0][k], 4, g * 4 + k); /* A[g][4k..] */
-		cuemu::warp_xchg(0xffffffffu, &a1, &ra[1][k], 4, g * 4 + k); /* A[g+8][4k..] */
-	}
-	for (int e = 0; e < 2; e++)
-		for (int k = 0; k < 4; k++) /* B[4k..4k+3][2t+e] */
-			cuemu::warp_xchg(0xffffffffu, &b0, &cb[e][k], 4, (2 * t + e) * 4 + k);
-	for (int h = 0; h < 2; h++)
-		for (int e = 0; e < 2; e++) {
-			int acc = c[2 * h + e];
-			for (int k = 0; k < 4; k++)
-				acc = __dp4a((int)ra[h][k], (int)cb[e][k], acc);
+	cuemu::warp_gather(0xffffffffu, mine, all); /* every lane's a0, a1 and b0 */
+	for (int h = 0; h < 2; h++) /* rows g, g + 8 */
+		for (int e = 0; e < 2; e++) { /* columns 2t, 2t + 1 */
+			int acc = c[2 * h + e], n = 2 * t + e;
+			for (int k = 0; k < 4; k++) /* A[row][4k..] is lane g*4+k's; B[4k..][n] lane n*4+k's */
+				acc = __dp4a((int)(unsigned)(all[g * 4 + k][0] >> (32 * h)),
+					     (int)(unsigned)all[n * 4 + k][1], acc);
 			out[2 * h + e] = acc;
 		}
 	for (int i = 0; i < 4; i++)
