@@ -4,6 +4,7 @@
  *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
  *               [--device cuda:0|cpu]
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
+ *               [--quick]
  *
  * The device under test is cuda:0 (the registry's table for "cuda",
  * gpud/backend.h); --device cpu puts a second CPU instance there instead,
@@ -81,6 +82,7 @@ struct seq {
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt */
 static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode context */
+static bool bench_quick;             /* --quick: fewer timed steps (an emulator's bench) */
 static const struct gpud_backend_ops *dut; /* the backend under test */
 
 static uint32_t rnd(uint32_t n)
@@ -435,7 +437,7 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 			return -1;
 		seqs[i].len = ctx;
 	}
-	for (uint32_t step = 0; step < 40; step++) {
+	for (uint32_t step = 0; step < (bench_quick ? 14u : 40u); step++) {
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = fs, .n_seqs = n_seqs,
 					    .n_tokens = n_seqs, .n_logits = n_seqs };
 		double t0;
@@ -451,7 +453,7 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 		t0 = now_s();
 		if (forward(g, &b))
 			return -1;
-		if (step >= 8) /* warm: graphs captured, caches filled */
+		if (step >= (bench_quick ? 4u : 8u)) /* warm: graphs captured, caches filled */
 			t[n_t++] = now_s() - t0;
 	}
 	qsort(t, n_t, sizeof(t[0]), cmp_dbl);
@@ -496,7 +498,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		fprintf(out, "| %s | decode batch %u at context %u | %.1f tok/s | %.3f ms/step |\n",
 			label, n, ctx, n / step, step * 1e3);
 	}
-	for (uint32_t r = 0; r < 5; r++) { /* prefill: one 512-token chunk */
+	for (uint32_t r = 0; r < (bench_quick ? 2u : 5u); r++) { /* prefill: one 512-token chunk */
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
 					    .n_tokens = 512, .n_logits = 1 };
 		double t0;
@@ -551,6 +553,8 @@ int main(int argc, char **argv)
 			max_prompt = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--long-context") && i + 1 < argc)
 			long_ctx = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--quick"))
+			bench_quick = true;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
 		else if (!strcmp(argv[i], "--bench"))
@@ -561,7 +565,7 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick]\n",
 				argv[0]);
 			return 2;
 		}
