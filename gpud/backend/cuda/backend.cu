@@ -339,8 +339,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y, char *err,
        size_t errlen);
 
-// Below this many tokens float-type weights take the GEMV (gpud_k_mv_f).
-#define MV_MAX_T 8
+// Up to this many tokens float-type weights take the GEMV (gpud_k_mv_f),
+// as the int8 ones do (gpud_k_mm_q): one bound for both.
+#define MV_MAX_T GPUD_K_GEMV_MAX_T
 
 // cuBLAS sets itself up on its first GEMM: one is run eagerly here, before
 // the decode graphs are captured, so that the captures (which reach
@@ -645,7 +646,7 @@ static bool is_int8(const gpud_cuda_mat *w)
 // run as one launch (gpud_k_mv_group).
 static bool one_gemv(const gpud_cuda_mat *const *ws, int n, uint32_t T)
 {
-	if (T > GPUD_K_GEMV_MAX_T || T > MV_MAX_T)
+	if (T > MV_MAX_T)
 		return false;
 	switch (ws[0]->type) {
 	case GPUD_TYPE_F32:
