@@ -35,6 +35,7 @@ extern "C" {
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/quant.h"
 }
+#include "gpud/backend/cuda/cuda_impl.h"
 #include "gpud/backend/cuda/kernels.cuh"
 
 namespace {
@@ -404,7 +405,7 @@ void check_norm_quant(uint32_t n, uint32_t dim, bool add)
 // fused: the bits of the separate GEMVs (and gpud_k_swiglu).
 void check_gemv_group(enum gpud_type t, uint32_t T)
 {
-	const int64_t cols = 320, rows[3] = { 72, 24, 24 };
+	const int64_t cols = 320, rows[3] = { 72, 64, 64 };
 	mat m[3] = { make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
 		     make_mat(t, rows[2], cols) };
 	gpud_cuda_mat w[3] = { dmat(m[0]), dmat(m[1]), dmat(m[2]) };
@@ -433,7 +434,7 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 			gpud_k_mv_f(0, &w[i], dx, T, sep[i]);
 	}
 	snprintf(what, sizeof(what), "gemv %s x3 in one launch, %u tokens", gpud_type_name(t), T);
-	ok = gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, T) == cudaSuccess;
+	ok = gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, T, nullptr, nullptr) == cudaSuccess;
 	for (int i = 0; ok && i < 3; i++) {
 		size_t k = (size_t)T * rows[i];
 		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what);
@@ -444,16 +445,60 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 	snprintf(what, sizeof(what), "gemv %s gate+up, swiglu fused, %u tokens", gpud_type_name(t),
 		 T);
 	gpud_k_swiglu(0, sep[1], sep[2], (uint64_t)T * rows[1]);
-	ok = gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, T) == cudaSuccess &&
+	ok = gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, T, nullptr, nullptr) ==
+		     cudaSuccess &&
 	     down(hs, sep[1], 4 * T * rows[1], what) && down(hg, grp[0], 4 * T * rows[1], what);
 	report(what, ok ? (double)bits_differ(hs, hg, (size_t)T * rows[1], 4) : INFINITY, 0);
+	if (i8) {
+		/* and quantized in the same launch: the bits of gpud_k_quantize_act
+		 * of the separate kernels' output */
+		size_t nq = (size_t)T * rows[1], nb = nq / GPUD_QK;
+		int8_t *q1 = (int8_t *)dev(nq), *q2 = (int8_t *)dev(nq);
+		float *d1 = (float *)dev(4 * nb), *d2 = (float *)dev(4 * nb);
+		int8_t *hq1 = (int8_t *)malloc(nq), *hq2 = (int8_t *)malloc(nq);
+		float *hd1 = (float *)malloc(4 * nb), *hd2 = (float *)malloc(4 * nb);
+
+		snprintf(what, sizeof(what), "gemv %s gate+up, swiglu + quantize, %u tok",
+			 gpud_type_name(t), T);
+		gpud_k_quantize_act(0, sep[1], T, (uint32_t)rows[1], q1, d1);
+		cudaMemset(grp[0], 0, 4 * nq);
+		ok = gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, T, q2, d2) == cudaSuccess &&
+		     down(hs, sep[1], 4 * nq, what) && down(hg, grp[0], 4 * nq, what) &&
+		     down(hq1, q1, nq, what) && down(hq2, q2, nq, what) &&
+		     down(hd1, d1, 4 * nb, what) && down(hd2, d2, 4 * nb, what);
+		report(what,
+		       ok ? (double)(bits_differ(hs, hg, nq, 4) + bits_differ(hq1, hq2, nq, 1) +
+				     bits_differ(hd1, hd2, nb, 4))
+			  : INFINITY,
+		       0);
+		if (T == 1) { /* refused: not gated, rows not whole blocks */
+			snprintf(what, sizeof(what), "gemv group quantizes only gate/up of 32k rows");
+			const gpud_cuda_mat *odd[2] = { &w[0], &w[0] }; /* 72 rows */
+			report(what,
+			       gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, T, q2, d2) ==
+						       cudaErrorInvalidValue &&
+					       gpud_k_mv_group(0, odd, grp, 2, true, dx, q, d, T, q2,
+							       d2) == cudaErrorInvalidValue
+				       ? 0
+				       : 1,
+			       0);
+		}
+		cudaFree(q1);
+		cudaFree(q2);
+		cudaFree(d1);
+		cudaFree(d2);
+		free(hq1);
+		free(hq2);
+		free(hd1);
+		free(hd2);
+	}
 	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows */
 		snprintf(what, sizeof(what), "gemv group refuses %u tokens, unequal gate/up",
 			 GPUD_K_GEMV_MAX_T + 1);
-		report(what, gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1) ==
-					     cudaErrorInvalidValue &&
-				     gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1) ==
-					     cudaErrorInvalidValue
+		report(what, gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1,
+					     nullptr, nullptr) == cudaErrorInvalidValue &&
+				     gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1, nullptr,
+						     nullptr) == cudaErrorInvalidValue
 			     ? 0
 			     : 1,
 		       0);
@@ -469,6 +514,125 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		cudaFree(grp[i]);
 		free_mat(m[i]);
 	}
+}
+
+// Attention that quantizes its output (for an int8 O matmul) must give the
+// bits of attention and gpud_k_quantize_act: the output, the quants and the
+// scales, for split-K decode (the last CTA's combine), one split, and
+// prefill tiles. Causal, two sequences in blocks of 16 positions over one
+// layer's random K and V; head_dim not a multiple of 32 is refused.
+void check_att_quant(uint32_t hd, const char *mode)
+{
+	const uint32_t nh = 4, nkv = 2, bt = 16, nblk = 16;
+	bool tiles = !strcmp(mode, "tiles"), split = !strcmp(mode, "split-K");
+	uint32_t T = tiles ? 20 : 3, hg = 2, splits = split ? 4 : 1, tile = 8;
+	uint64_t head_floats = (uint64_t)bt * hd, layer_floats = 2ull * nkv * head_floats;
+	size_t nkvf = (size_t)nblk * layer_floats, nq = (size_t)T * nh * hd, nb = nq / GPUD_QK;
+	/* metadata words: pos, seq, seqinfo (2 sequences), block tables (8 each), tiles */
+	uint32_t pos[20], seq[20], meta_h[40 + 2 * GPUD_CUDA_SEQ_WORDS + 16 + 3] = {};
+	float *h = (float *)malloc(4 * (nkvf > nq ? nkvf : nq)), *o1 = (float *)malloc(4 * nq),
+	      *o2 = (float *)malloc(4 * nq), *e1 = (float *)malloc(4 * nb),
+	      *e2 = (float *)malloc(4 * nb);
+	int8_t *h1 = (int8_t *)malloc(nq), *h2 = (int8_t *)malloc(nq);
+	float *dkv = (float *)dev(4 * nkvf), *dq = (float *)dev(4 * nq);
+	float *out1 = (float *)dev(4 * nq), *out2 = (float *)dev(4 * nq);
+	float *part = (float *)dev(4 * (size_t)T * nh * splits * (hd + 2));
+	unsigned *cnt = (unsigned *)dev(4 * (size_t)T * nkv);
+	int8_t *q1 = (int8_t *)dev(nq), *q2 = (int8_t *)dev(nq);
+	float *d1 = (float *)dev(4 * nb), *d2 = (float *)dev(4 * nb);
+	uint32_t *dm = (uint32_t *)dev(sizeof(meta_h));
+	char what[96];
+	bool ok;
+
+	for (size_t i = 0; i < nkvf; i++)
+		h[i] = frand();
+	up(dkv, h, 4 * nkvf);
+	for (size_t i = 0; i < nq; i++)
+		h[i] = frand() * 2.0f;
+	up(dq, h, 4 * nq);
+	cudaMemset(cnt, 0, 4 * (size_t)T * nkv);
+	/* decode: seq 0 at position 100, seq 1 at 37 and 38; prefill: seq 0's
+	 * positions 0 .. 19 */
+	for (uint32_t t = 0; t < T; t++) {
+		pos[t] = tiles ? t : t == 0 ? 100 : 36 + t;
+		seq[t] = tiles ? 0 : t == 0 ? 0 : 1;
+	}
+	uint32_t *mp = meta_h, *mpos = mp, *mseq = mp + T, *msi = mp + 2 * T,
+		 *mbt = msi + 2 * GPUD_CUDA_SEQ_WORDS, *mtl = mbt + 16;
+	memcpy(mpos, pos, 4 * T);
+	memcpy(mseq, seq, 4 * T);
+	for (uint32_t sq = 0; sq < 2; sq++) {
+		msi[sq * GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_BTAB] = sq * 8;
+		msi[sq * GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_SLOT] = GPUD_CUDA_NO_MASK;
+		for (uint32_t b = 0; b < 8; b++)
+			mbt[sq * 8 + b] = (b * 5 + sq * 3) % nblk; /* scattered blocks */
+	}
+	for (uint32_t i = 0; i < 3; i++) /* tiles of 8, 8, 4 tokens */
+		mtl[i] = (i * tile) | ((i < 2 ? tile - 1 : 3u) << 16);
+	up(dm, meta_h, sizeof(meta_h));
+	gpud_cuda_meta m = { nullptr, dm + (mpos - mp), dm + (mseq - mp), nullptr,
+			     dm + (msi - mp), dm + (mbt - mp) };
+	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats };
+	gpud_cuda_attn a = { hg, T, splits, tiles ? dm + (mtl - mp) : nullptr, 3, tile, part, cnt,
+			     nullptr, nullptr };
+
+	snprintf(what, sizeof(what), "attention + quantize fused, hd %u, %s", hd, mode);
+	ok = gpud_k_attention(0, dq, out1, &m, &kv, nullptr, 0, 0, &a) == cudaSuccess &&
+	     gpud_k_quantize_act(0, out1, T, nh * hd, q1, d1) == cudaSuccess;
+	a.aq = q2;
+	a.ad = d2;
+	ok = ok && gpud_k_attention(0, dq, out2, &m, &kv, nullptr, 0, 0, &a) == cudaSuccess &&
+	     down(o1, out1, 4 * nq, what) && down(o2, out2, 4 * nq, what) &&
+	     down(h1, q1, nq, what) && down(h2, q2, nq, what) && down(e1, d1, 4 * nb, what) &&
+	     down(e2, d2, 4 * nb, what);
+	size_t bad = 0; /* equal NaNs would hide a broken setup */
+	for (size_t i = 0; ok && i < nq; i++)
+		bad += !isfinite(o1[i]) || o1[i] == 0.0f;
+	report(what,
+	       ok ? (double)(bits_differ(o1, o2, nq, 4) + bits_differ(h1, h2, nq, 1) +
+			     bits_differ(e1, e2, nb, 4) + bad)
+		  : INFINITY,
+	       0);
+	if (split) {
+		/* every counter back at zero for the next step */
+		unsigned c[8];
+		snprintf(what, sizeof(what), "attention split-K counters reset, hd %u", hd);
+		if (down(c, cnt, 4 * (size_t)T * nkv, what)) {
+			size_t nz = 0;
+			for (uint32_t i = 0; i < T * nkv; i++)
+				nz += c[i] != 0;
+			report(what, (double)nz, 0);
+		}
+	}
+	if (hd == 64 && split) {
+		gpud_cuda_kvshape odd = kv;
+		odd.head_dim = 48;
+		snprintf(what, sizeof(what), "attention refuses to quantize head_dim 48");
+		report(what,
+		       gpud_k_attention(0, dq, out2, &m, &odd, nullptr, 0, 0, &a) ==
+				       cudaErrorInvalidValue
+			       ? 0
+			       : 1,
+		       0);
+	}
+	free(h);
+	free(o1);
+	free(o2);
+	free(e1);
+	free(e2);
+	free(h1);
+	free(h2);
+	cudaFree(dkv);
+	cudaFree(dq);
+	cudaFree(out1);
+	cudaFree(out2);
+	cudaFree(part);
+	cudaFree(cnt);
+	cudaFree(q1);
+	cudaFree(q2);
+	cudaFree(d1);
+	cudaFree(d2);
+	cudaFree(dm);
 }
 
 // Embedding rows of every type: the bits of gpud_dequantize_row; an out of
@@ -541,6 +705,9 @@ int main(int argc, char **argv)
 	check_norm_quant(7, 320, false);
 	check_norm_quant(7, 320, true);
 	check_swiglu(5000);
+	for (uint32_t hd : { 64u, 128u })
+		for (const char *mode : { "split-K", "one split", "tiles" })
+			check_att_quant(hd, mode);
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

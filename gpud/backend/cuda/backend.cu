@@ -82,8 +82,8 @@ struct cuda_ctx {
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
 	uint32_t n_tiles; // the eager step's attention tiles (gpud_cuda_meta_fill)
-	int8_t *actq;
-	float *actd;
+	int8_t *actq, *actq2; // int8 activations; decode's down reads actq2,
+	float *actd, *actd2;  // written by gate/up while they read actq
 	void *acth_hi, *acth_lo; // F16/BF16 prefill: activations split in two
 	float *ascale;           // (T) their per-token scales
 	uint32_t *meta;
@@ -342,6 +342,7 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 // Up to this many tokens float-type weights take the GEMV (gpud_k_mv_f),
 // as the int8 ones do (gpud_k_mm_q): one bound for both.
 #define MV_MAX_T GPUD_K_GEMV_MAX_T
+static_assert(MV_MAX_T == GPUD_CUDA_GEMV_MAX_T, "plan.c sizes actq2 for the GEMVs' tokens");
 
 // cuBLAS sets itself up on its first GEMM: one is run eagerly here, before
 // the decode graphs are captured, so that the captures (which reach
@@ -480,6 +481,8 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->logits = (float *)(s + L->logits);
 	c->actq = (int8_t *)(s + L->actq);
 	c->actd = (float *)(s + L->actd);
+	c->actq2 = (int8_t *)(s + L->actq2);
+	c->actd2 = (float *)(s + L->actd2);
 	c->acth_hi = s + L->acth;
 	c->acth_lo = s + L->acth + (L->ascale - L->acth) / 2; // the second half
 	c->ascale = (float *)(s + L->ascale);
@@ -676,7 +679,8 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 	if (one_gemv(ws, n, T)) {
 		if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
 			return rc;
-		CK(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T),
+		CK(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T, nullptr,
+				   nullptr),
 		   "matmul (gemv)");
 		return 0;
 	}
@@ -726,7 +730,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	// ones share K among tiles of a sequence's tokens.
 	gpud_cuda_attn att = { L->att_heads, T, gpud_cuda_att_splits(L, T, c->n_sm),
 			       T > GPUD_CUDA_GRAPH_MAX_T ? c->meta + L->m_tiles : nullptr, c->n_tiles,
-			       L->att_tile, c->attp, c->attc };
+			       L->att_tile, c->attp, c->attc, nullptr, nullptr };
 	int rc;
 
 	bool prepared = false; // the activations of the next matmul quantized by add_norm
@@ -749,28 +753,44 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			return rc;
 		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
 		   "rope");
+		// int8 wo: attention quantizes its output for it
+		bool att_q = is_int8(&D->wo) && D->wo.cols == hp->n_heads * hp->head_dim &&
+			     hp->head_dim % GPUD_QK == 0;
+		att.aq = att_q ? c->actq : nullptr;
+		att.ad = att_q ? c->actd : nullptr;
 		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
 				    L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
-		if ((rc = prep(c, &D->wo, c->att, T, err, errlen)) ||
+		if ((!att_q && (rc = prep(c, &D->wo, c->att, T, err, errlen))) ||
 		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
 		    (rc = add_norm(c, true, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
 			return rc;
 		if (one_gemv(gu, 2, T) && D->gate.rows == D->up.rows) {
-			// decode: gate and up in one launch, SwiGLU in its epilogue
+			// decode: gate and up in one launch, SwiGLU in its epilogue,
+			// which also quantizes for an int8 down (into actq2: actq
+			// is their input)
+			bool glu_q = is_int8(&D->gate) && is_int8(&D->down) &&
+				     D->down.cols == D->gate.rows && D->gate.rows % GPUD_QK == 0;
 			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
 			CK(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
-					   T),
+					   T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
 			   "matmul (gemv, swiglu)");
+			if (glu_q)
+				CK(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb),
+				   "matmul (int8)");
+			else if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
+				 (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
+				return rc;
 		} else {
 			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
 				return rc;
 			CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim),
 			   "swiglu");
+			if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
+			    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
+				return rc;
 		}
-		if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
-		    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, next_norm, last ? nullptr : &c->layers[l + 1].wq, T,
+		if ((rc = add_norm(c, true, next_norm, last ? nullptr : &c->layers[l + 1].wq, T,
 				   &prepared, err, errlen)))
 			return rc;
 	}

@@ -289,14 +289,37 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
  * per CTA), each writes its partial (unnormalized o, max, sum) to part,
  * and the CTA that arrives last at the (token, head group)'s counter
  * (atomicAdd after a fence; it resets the counter for the next step)
- * combines them. Grid: (tokens or tiles, KV heads x head groups, splits). */
+ * combines them. Grid: (tokens or tiles, KV heads x head groups, splits).
+ * With aq (head_dim a multiple of 32, so that a head holds whole blocks and
+ * block i of a head is o[i] over the lanes), the output is also quantized
+ * into aq, ad as gpud_k_quantize_act would: the O matmul's int8 input, one
+ * launch fewer. */
 #define ATT_CHUNK GPUD_CUDA_ATT_CHUNK
+
+/* Element lane + 32 i of the (token, head) whose output starts at base: v
+ * into out, and with aq into its int8 block (whole warps: with aq,
+ * head_dim is a multiple of 32, so d < hd holds for every lane or none). */
+static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad, size_t base,
+					       int i, uint32_t lane, uint32_t hd, float v)
+{
+	uint32_t d = lane + 32 * i;
+
+	if (d >= hd)
+		return;
+	out[base + d] = v;
+	if (aq) {
+		float dv;
+		aq[base + d] = quant_block(v, &dv);
+		if (!lane)
+			ad[(base + d) / GPUD_QK] = dv;
+	}
+}
 
 template <int MAXD>
 __global__ void __launch_bounds__(1024)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
-		 const uint32_t *tiles, float *part, unsigned *cnt)
+		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
 {
 	extern __shared__ float smem[];
 	__shared__ bool last;
@@ -411,13 +434,10 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			return;
 		/* l > 0: a token always sees itself. */
 		float inv = 1.0f / l;
-		float *ot = out + ((size_t)t * nh + h) * hd;
+		size_t base = ((size_t)t * nh + h) * hd;
 #pragma unroll
-		for (int i = 0; i < MAXD; i++) {
-			uint32_t d = lane + 32 * i;
-			if (d < hd)
-				ot[d] = o[i] * inv;
-		}
+		for (int i = 0; i < MAXD; i++)
+			att_out(out, aq, ad, base, i, lane, hd, o[i] * inv);
 		return;
 	}
 	/* this split's partial */
@@ -455,7 +475,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	float ws = ms == -INFINITY ? 0.0f : expf(ms - M);
 	float L = warp_sum(lane < n_split ? ph[lane * pstride + hd + 1] * ws : 0.0f);
 	float inv = 1.0f / L;
-	float *ot = out + ((size_t)t * nh + h) * hd;
+	size_t base = ((size_t)t * nh + h) * hd;
 #pragma unroll
 	for (int i = 0; i < MAXD; i++) {
 		uint32_t d = lane + 32 * i;
@@ -465,8 +485,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			if (wsp != 0.0f && d < hd)
 				acc = fmaf(wsp, ph[sp * pstride + d], acc);
 		}
-		if (d < hd)
-			ot[d] = acc * inv;
+		att_out(out, aq, ad, base, i, lane, hd, acc * inv);
 	}
 }
 
@@ -482,22 +501,25 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	dim3 block(32 * hg * n_t);
 	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * n_t * hd) * 4;
 
+	if (a->aq && (hd % GPUD_QK || !a->ad))
+		return cudaErrorInvalidValue;
+
 	if (hd <= 32)
 		attention_kernel<1><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
 							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt);
+							      a->part, a->cnt, a->aq, a->ad);
 	else if (hd <= 64)
 		attention_kernel<2><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
 							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt);
+							      a->part, a->cnt, a->aq, a->ad);
 	else if (hd <= 128)
 		attention_kernel<4><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
 							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt);
+							      a->part, a->cnt, a->aq, a->ad);
 	else
 		attention_kernel<8><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
 							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt);
+							      a->part, a->cnt, a->aq, a->ad);
 	return cudaGetLastError();
 }
 
@@ -937,28 +959,22 @@ static __device__ __forceinline__ int dot_block(const int w[8], const int8_t *__
 	return s;
 }
 
-/* One warp per row; lanes take blocks lane, lane+32, ... and their partial
- * sums are added at the end (the one place the bits may differ from the
- * CPU's in-order sum). GLU: the set is (gate, up) of equal rows, each warp
- * computes row r of both and writes silu(gate) * up (swiglu_kernel's
- * formula) to y[0]. */
+/* Row r of matrix m of the set against each token's activations, by one
+ * warp: lanes take blocks lane, lane+32, ... and their partial sums are
+ * added at the end (the one place the bits may differ from the CPU's
+ * in-order sum); every lane returns the sums in v. GLU: the set is (gate,
+ * up) of equal rows, and v = silu(gate) * up (swiglu_kernel's formula). */
 template <int TYPE, int NT, bool GLU>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
-	      const float *__restrict__ xd, uint32_t T)
+static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, int64_t r,
+						  int64_t cols, const int8_t *__restrict__ xq,
+						  const float *__restrict__ xd, uint32_t T,
+						  uint32_t lane, float v[NT])
 {
-	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
-	uint32_t lane = threadIdx.x & 31;
 	int64_t nb = cols / GPUD_QK;
-	int m;
-	float acc[NT], acc2[NT];
-
-	if (!gemv_row<GLU>(set, r, m))
-		return;
 	const uint8_t *__restrict__ wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 	const uint16_t *__restrict__ wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
-	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
-	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+	float acc[NT], acc2[NT];
+
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		acc[t] = acc2[t] = 0.0f;
@@ -987,14 +1003,72 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	}
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
-		float v = warp_sum(acc[t]);
-
+		v[t] = warp_sum(acc[t]);
 		if (GLU) {
 			float u = warp_sum(acc2[t]);
-			v = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
+			v[t] = __fmul_rn(__fdiv_rn(v[t], __fadd_rn(1.0f, expf(-v[t]))), u);
 		}
+	}
+}
+
+/* One warp per row of the set. */
+template <int TYPE, int NT, bool GLU>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
+	      const float *__restrict__ xd, uint32_t T)
+{
+	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	uint32_t lane = threadIdx.x & 31;
+	int m;
+	float v[NT];
+
+	if (!gemv_row<GLU>(set, r, m))
+		return;
+	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+	gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
+#pragma unroll
+	for (int t = 0; t < NT; t++)
 		if (lane == 0 && (uint32_t)t < T)
-			yo[(int64_t)t * rows + r] = v;
+			yo[(int64_t)t * rows + r] = v[t];
+}
+
+/* Gate and up with SwiGLU whose output is also quantized into yq, yd (as
+ * gpud_k_quantize_act would: the down matmul's int8 input, one launch
+ * fewer). A CTA holds the 32 rows of one activation block, each warp 4 of
+ * them; then warp t quantizes token t's block. rows is a multiple of 32. */
+#define GLUQ_ROWS 32
+
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
+		   const float *__restrict__ xd, uint32_t T, int8_t *yq, float *yd)
+{
+	__shared__ float sv[NT][GLUQ_ROWS];
+	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+	int64_t rows = set.rows[0], r0 = (int64_t)blockIdx.x * GLUQ_ROWS;
+
+#pragma unroll 1
+	for (uint32_t k = w; k < GLUQ_ROWS; k += GEMV_WARPS) {
+		float v[NT];
+
+		gemv_q_row<TYPE, NT, true>(set, 0, r0 + k, cols, xq, xd, T, lane, v);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			if (lane == 0 && (uint32_t)t < T) {
+				set.y[0][(int64_t)t * rows + r0 + k] = v[t];
+				sv[t][k] = v[t];
+			}
+		}
+	}
+	__syncthreads();
+	if (w < T) { /* T <= NT <= GEMV_WARPS */
+		float dv;
+		int8_t qv = quant_block(sv[w][lane], &dv);
+
+		yq[(int64_t)w * rows + r0 + lane] = qv;
+		if (!lane)
+			yd[(int64_t)w * (rows / GPUD_QK) + blockIdx.x] = dv;
 	}
 }
 
@@ -1118,10 +1192,26 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 
 template <int TYPE, bool GLU>
 static void launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols, const int8_t *xq,
-			const float *xd, uint32_t T)
+			const float *xd, uint32_t T, int8_t *yq = nullptr, float *yd = nullptr)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+
+	if (GLU && yq) {
+		g = (unsigned)(rows / GLUQ_ROWS);
+#define GEMV(nt) \
+	gemv_q_gluq_kernel<TYPE, nt><<<g, GEMV_WARPS * 32, 0, s>>>(set, cols, xq, xd, T, yq, yd)
+		if (T == 1)
+			GEMV(1);
+		else if (T == 2)
+			GEMV(2);
+		else if (T <= 4)
+			GEMV(4);
+		else
+			GEMV(8);
+#undef GEMV
+		return;
+	}
 #define GEMV(nt) gemv_q_kernel<TYPE, nt, GLU><<<g, GEMV_WARPS * 32, 0, s>>>(set, cols, xq, xd, T)
 	if (T == 1)
 		GEMV(1);
@@ -1152,13 +1242,15 @@ static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, 
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
 			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
-			    uint32_t T)
+			    uint32_t T, int8_t *yq, float *yd)
 {
 	gemv_set set = {};
 	int type = ws[0]->type;
 	bool q8 = type == GPUD_TYPE_Q8_0, q4 = type == GPUD_TYPE_Q4_0;
 
 	if (n < 1 || n > 3 || (glu && n != 2) || !T || T > GPUD_K_GEMV_MAX_T)
+		return cudaErrorInvalidValue;
+	if (yq && (!glu || !(q8 || q4) || !yd || ws[0]->rows % GLUQ_ROWS))
 		return cudaErrorInvalidValue;
 	for (int i = 0; i < n; i++) {
 		if (ws[i]->type != type || ws[i]->cols != ws[0]->cols ||
@@ -1173,10 +1265,10 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T)
 			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
 	if (q8)
-		glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T)
+		glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
 		    : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
 	else
-		glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T)
+		glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
 		    : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T);
 	return cudaGetLastError();
 }

@@ -64,6 +64,8 @@ struct gpud_cuda_attn {
 	uint32_t n_tiles, tile; // ... their count, and tokens per tile at most
 	float *part;     // split partials (layout attp)
 	unsigned *cnt;   // split arrival counters (layout attc), zero between steps
+	int8_t *aq;      // or NULL: the output quantized too (head_dim a multiple
+	float *ad;       // of 32), as gpud_k_quantize_act would: the O matmul's input
 };
 
 // Attention of every (token, head): a CTA per (token or tile of a
@@ -120,9 +122,11 @@ cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq
 // x for F32/F16/BF16, xq and xd (quantized) for Q8_0/Q4_0; each output the
 // bits gpud_k_mv_f or gpud_k_mm_q gives. glu (n = 2, gate and up of equal
 // rows): ys[0] = silu(ws[0] x) * (ws[1] x), the bits of the two GEMVs and
-// gpud_k_swiglu; ys[1] is not written.
+// gpud_k_swiglu; ys[1] is not written. yq, yd (or NULL; glu of Q8_0/Q4_0
+// with rows a multiple of 32 only): ys[0] also quantized into them, the
+// bits of gpud_k_quantize_act (the down matmul's input, one launch fewer).
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
 			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
-			    uint32_t T);
+			    uint32_t T, int8_t *yq, float *yd);
 
 #endif

@@ -212,6 +212,10 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	/* prepared activations: a step's tokens, or its logits rows */
 	CARVE(actq, (T > NL ? T : NL) * l->max_cols);
 	CARVE(actd, (T > NL ? T : NL) * (l->max_cols / GPUD_QK + 1) * 4);
+	/* decode: gate/up's output quantized for down while actq still holds
+	 * their input */
+	CARVE(actq2, (uint64_t)GPUD_CUDA_GEMV_MAX_T * l->ffn_dim);
+	CARVE(actd2, (uint64_t)GPUD_CUDA_GEMV_MAX_T * (l->ffn_dim / GPUD_QK + 1) * 4);
 	CARVE(acth, 2 * (T > NL ? T : NL) * l->max_cols * 2); /* hi, then lo */
 	CARVE(ascale, (T > NL ? T : NL) * 4);
 	CARVE(meta, l->meta_words * 4);
