@@ -7,7 +7,9 @@ Rewrites what is not C++: every launch `kernel<targs><<<grid, block[, shm[,
 stream]]>>>(args)` becomes `cuemu_launch("kernel", BOUND, grid, block, shm,
 stream, kernel<targs>, args)`, BOUND being the expression of the kernel's
 __launch_bounds__ in the same file (0 without one), and `extern __shared__ T
-name[];` becomes a pointer to the launch's dynamic shared memory. Nothing
+name[];` becomes a pointer to the launch's dynamic shared memory;
+`cudaLaunchKernelEx(cfg, kernel<targs>, args)` becomes
+`cuemu_launch_ex("kernel", BOUND, cfg, kernel<targs>, args)`. Nothing
 else changes; line numbers are kept, and a #line directive names the .cu, so
 compiler messages point into it.
 """
@@ -44,6 +46,34 @@ LAUNCH = re.compile(r"(?P<kern>[A-Za-z_]\w*)(?P<targs>\s*<[^<>;{}]*>)?\s*<<<(?P<
                     re.S)
 
 
+LAUNCH_EX = re.compile(r"\bcudaLaunchKernelEx\s*\(")
+# the kernel argument, after blanks (and line continuations in a macro)
+KERN = re.compile(r"(?:\s|\\\n)*(?P<kern>[A-Za-z_]\w*)(?P<targs>\s*<[^<>;{}]*>)?\s*[,)]")
+
+
+def convert_ex(src, lb, path):
+    """cudaLaunchKernelEx(cfg, kernel<targs>, args) calls as cuemu_launch_ex."""
+    out, pos = "", 0
+    for m in LAUNCH_EX.finditer(src):
+        if m.start() < pos:
+            continue
+        # the configuration: up to the first comma outside brackets
+        depth, i = 0, m.end()
+        while i < len(src) and not (src[i] == "," and depth == 0):
+            depth += src[i] in "([{"
+            depth -= src[i] in ")]}"
+            i += 1
+        k = KERN.match(src, i + 1)
+        if not k:
+            sys.exit("%s: a cudaLaunchKernelEx whose kernel cu2cc.py cannot name" % path)
+        kern = k.group("kern")
+        bound = "(%s)" % lb[kern] if kern in lb else "0"
+        out += src[pos:m.start()] + 'cuemu_launch_ex("%s", %s, %s,' % (
+            kern, bound, src[m.end():i])
+        pos = i + 1
+    return out + src[pos:]
+
+
 def convert(src, path):
     lb = bounds(src)
 
@@ -63,6 +93,7 @@ def convert(src, path):
             kern, bound, cfg[0], cfg[1], cfg[2], cfg[3], fn, sep, nl)
 
     out = LAUNCH.sub(launch, src)
+    out = convert_ex(out, lb, path)
     out = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;",
                  r"\1 *\2 = (\1 *)cuemu::dyn_smem();", out)
     return '#line 1 "%s"\n%s' % (path, out)

@@ -163,6 +163,7 @@ struct op {
 	// a kernel's launch
 	dim3 g, b;
 	size_t shm = 0;
+	bool pdl = false; // launched with programmatic stream serialization
 	void (*invoke)(const void *state) = nullptr;
 	alignas(16) unsigned char state[OP_STATE];
 
@@ -177,6 +178,7 @@ struct op {
 		g = o.g;
 		b = o.b;
 		shm = o.shm;
+		pdl = o.pdl;
 		invoke = o.invoke;
 		if (copy)
 			copy(state, o.state);
@@ -403,6 +405,7 @@ struct runner {
 	warp_t w[32];
 	std::vector<uint8_t> dyn;
 	const char *kernel = "";
+	bool waited = false; /* the block ran griddepcontrol.wait */
 	bool active = false;
 	sigjmp_buf jb;
 	void *fault_addr = nullptr;
@@ -570,6 +573,7 @@ cudaError_t run_kernel(const op &k)
 				blockIdx = uint3{ bx, by, bz };
 				r->bar_count = r->bar_gen = 0;
 				r->bar_acc = r->bar_result = 0;
+				r->waited = false;
 				for (unsigned w = 0; w * 32 < n; w++) {
 					r->w[w].count = r->w[w].gen = 0;
 					r->w[w].n = n - w * 32 < 32 ? n - w * 32 : 32;
@@ -623,6 +627,17 @@ cudaError_t run_kernel(const op &k)
 					}
 				}
 				r->active = false;
+				if (k.pdl && !r->waited) {
+					// on a GPU its successor, allowed to start early by
+					// it, would wait for it only: not for its predecessor
+					fprintf(stderr,
+						"cuemu: kernel %s, block %s: launched with programmatic "
+						"stream serialization, ended without griddepcontrol.wait\n",
+						name, dims(blockIdx).c_str());
+					std::lock_guard<std::mutex> lk(mu);
+					stats.faults++;
+					return cudaErrorLaunchFailure;
+				}
 			}
 	return cudaSuccess;
 }
@@ -719,7 +734,7 @@ bool known_type(cudaDataType_t t)
 namespace cuemu {
 
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
-		   const kernel_body &body)
+		   const kernel_body &body, bool pdl)
 {
 	cudaError_t e = check_dev();
 	CUstream_st *st;
@@ -763,9 +778,15 @@ cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
 	o.g = g;
 	o.b = b;
 	o.shm = shm;
+	o.pdl = pdl;
 	o.invoke = body.invoke;
 	body.copy(o.state, body.state);
 	return ret(enqueue(st, o));
+}
+
+void griddep_wait(void)
+{
+	need_runner("griddepcontrol.wait")->waited = true;
 }
 
 void *dyn_smem(void)
@@ -896,7 +917,7 @@ const char *cudaGetErrorName(cudaError_t e)
 	N(cudaErrorDevicesUnavailable) N(cudaErrorInvalidDeviceFunction) N(cudaErrorNoDevice)
 	N(cudaErrorInvalidDevice) N(cudaErrorInvalidResourceHandle) N(cudaErrorIllegalState)
 	N(cudaErrorNotReady) N(cudaErrorIllegalAddress) N(cudaErrorLaunchOutOfResources)
-	N(cudaErrorMisalignedAddress) N(cudaErrorLaunchFailure) N(cudaErrorNotPermitted)
+	N(cudaErrorMisalignedAddress) N(cudaErrorLaunchFailure) N(cudaErrorNotPermitted) N(cudaErrorNotSupported)
 	N(cudaErrorSystemDriverMismatch) N(cudaErrorStreamCaptureUnsupported)
 	N(cudaErrorStreamCaptureInvalidated) N(cudaErrorStreamCaptureUnmatched)
 	N(cudaErrorStreamCaptureImplicit) N(cudaErrorStreamCaptureWrongThread)

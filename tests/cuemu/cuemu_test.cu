@@ -134,6 +134,16 @@ __global__ void __launch_bounds__(64) bounded_kernel(int *x)
 	x[threadIdx.x] = 1;
 }
 
+// Programmatic dependent launch: block b writes b + 1 after waiting (or
+// without waiting, which a launch that allows the overlap must not do).
+__global__ void __launch_bounds__(64) pdl_kernel(int *x, int wait)
+{
+	if (wait)
+		cuemu_griddepcontrol_wait();
+	if (threadIdx.x == 0)
+		x[blockIdx.x] = (int)blockIdx.x + 1;
+}
+
 __global__ void add_kernel(int *counter, int v)
 {
 	if (threadIdx.x == 0)
@@ -341,6 +351,44 @@ static void check_config(void)
 	OK(cudaFree(d));
 }
 
+// cudaLaunchKernelEx as cu2cc.py rewrites it: the configuration's grid,
+// block, stream and __launch_bounds__ as a launch's; the programmatic
+// serialization attribute accepted (and each block's wait checked, see
+// check_faults), an attribute cuemu does not know refused.
+static void check_launch_ex(void)
+{
+	cudaLaunchAttribute a[2] = {};
+	cudaLaunchConfig_t c = {};
+	cudaStream_t s;
+	int *d, h[4] = {};
+
+	OK(cudaStreamCreate(&s));
+	OK(cudaMalloc((void **)&d, 4 * sizeof(int)));
+	a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+	a[0].val.programmaticStreamSerializationAllowed = 1;
+	c.gridDim = dim3(4);
+	c.blockDim = dim3(64);
+	c.stream = s;
+	c.attrs = a;
+	c.numAttrs = 1;
+	OK(cudaLaunchKernelEx(&c, pdl_kernel, d, 1));
+	OK(cudaStreamSynchronize(s));
+	OK(cudaMemcpy(h, d, sizeof(h), cudaMemcpyDeviceToHost));
+	CHECK(h[0] == 1 && h[1] == 2 && h[2] == 3 && h[3] == 4);
+	c.numAttrs = 0; /* not allowed to overlap: no wait needed */
+	OK(cudaLaunchKernelEx(&c, pdl_kernel, d, 0));
+	OK(cudaStreamSynchronize(s));
+	c.blockDim = dim3(128); /* above the kernel's __launch_bounds__(64) */
+	CHECK(cudaLaunchKernelEx(&c, pdl_kernel, d, 1) == cudaErrorLaunchOutOfResources);
+	cudaGetLastError();
+	c.blockDim = dim3(64);
+	a[1].id = (cudaLaunchAttributeID)4; /* cluster dimensions: not emulated */
+	c.numAttrs = 2;
+	CHECK(cudaLaunchKernelEx(&c, pdl_kernel, d, 1) == cudaErrorNotSupported);
+	OK(cudaFree(d));
+	OK(cudaStreamDestroy(s));
+}
+
 static void check_memory(void)
 {
 	size_t f0, f1, t;
@@ -360,7 +408,7 @@ static void check_memory(void)
 	cudaGetLastError();
 	int n;
 	OK(cudaGetDeviceCount(&n));
-	CHECK(n == 4);
+	CHECK(n == 5);
 	// a copy outside its allocation is refused when made
 	OK(cudaMalloc(&p, 64));
 	char h[128];
@@ -370,8 +418,8 @@ static void check_memory(void)
 	OK(cudaFree(p));
 }
 
-// A deadlock and an illegal address each fail their device's work from
-// then on, and only that device's.
+// A deadlock, an illegal address and a programmatic launch that does not
+// wait each fail their device's work from then on, and only that device's.
 static void check_faults(void)
 {
 	int *d;
@@ -393,8 +441,25 @@ static void check_faults(void)
 	read_kernel<<<1, 1>>>(d, 63, d);
 	OK(cudaDeviceSynchronize());
 	OK(cudaFree(d));
+
+	/* allowed to overlap its predecessor, a block ends without waiting */
+	OK(cudaSetDevice(4));
+	OK(cudaMalloc((void **)&d, 4 * sizeof(int)));
+	{
+		cudaLaunchAttribute a = {};
+		cudaLaunchConfig_t c = {};
+
+		a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		a.val.programmaticStreamSerializationAllowed = 1;
+		c.gridDim = dim3(2);
+		c.blockDim = dim3(32);
+		c.attrs = &a;
+		c.numAttrs = 1;
+		OK(cudaLaunchKernelEx(&c, pdl_kernel, d, 0));
+		CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+	}
 	OK(cudaSetDevice(0));
-	CHECK(cuemu_get_stats().faults == 2);
+	CHECK(cuemu_get_stats().faults == 3);
 }
 
 // Runs fn in a child; true when it died of a signal or exited non-zero.
@@ -517,7 +582,7 @@ static void check_gemm(void)
 
 int main(void)
 {
-	setenv("CUEMU_DEVICES", "4", 1);
+	setenv("CUEMU_DEVICES", "5", 1);
 	setenv("CUEMU_MEM_MIB", "64", 1);
 	check_half();
 	check_warps();
@@ -528,6 +593,7 @@ int main(void)
 	check_deferred();
 	check_graphs();
 	check_config();
+	check_launch_ex();
 	check_memory();
 	check_gemm();
 	check_fatal();

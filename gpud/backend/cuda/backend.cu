@@ -101,6 +101,7 @@ struct cuda_ctx {
 	// launch, for T = 1 .. gpud_cuda_graph_max_t (NULL where none).
 	cudaGraphExec_t graph[GPUD_CUDA_GRAPH_MAX_T + 1];
 	uint32_t n_graphs;
+	bool pdl; // programmatic dependent launch on the stream (pdl_setup)
 	uint64_t graph_steps;
 
 	struct gpud_backend_stats st;
@@ -318,8 +319,10 @@ void cuda_destroy(void *ctx)
 				cudaGraphExecDestroy(c->graph[t]);
 		if (c->blas)
 			cublasDestroy(c->blas);
-		if (c->stream)
+		if (c->stream) {
+			gpud_k_pdl(c->stream, false); // the handle may come back for another
 			cudaStreamDestroy(c->stream);
+		}
 		cudaFree(c->wpool);
 		cudaFree(c->kvpool);
 		cudaFree(c->mpool);
@@ -379,6 +382,70 @@ int warm_blas(cuda_ctx *c, char *err, size_t errlen)
 // capture that fails leaves that size and the larger ones to the eager
 // path, with the first failure kept in why. GPUD_CUDA_GRAPHS=0 turns
 // them off (every step eager).
+// Programmatic dependent launch (kernels.cu) on the instance's stream, so
+// that each kernel is resident when the one before it ends: on a device
+// that has it (sm_90 and later) unless GPUD_CUDA_PDL=0, and only once a
+// probe has passed: two kernels, the second launched behind the first and
+// reading what it wrote, eagerly and then replayed from a graph. A device
+// or driver that refuses it runs without it, and a warning says why.
+void pdl_setup(cuda_ctx *c, int major)
+{
+	const char *env = getenv("GPUD_CUDA_PDL");
+	int *p = (int *)c->logits; // step scratch: every step rewrites it
+	volatile int *h = (volatile int *)c->h_logits;
+	const char *what = "eager";
+	cudaGraph_t g = nullptr;
+	cudaGraphExec_t ex = nullptr;
+	cudaError_t e;
+
+	if (major < 9 || (env && !strcmp(env, "0")))
+		return;
+	e = gpud_k_pdl(c->stream, true);
+	for (int round = 0; round < 2 && e == cudaSuccess; round++) {
+		h[0] = h[1] = 0;
+		if (round == 0) {
+			e = gpud_k_pdl_probe(c->stream, p);
+		} else {
+			what = "graph";
+			e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
+			if (e == cudaSuccess) {
+				cudaError_t ep = gpud_k_pdl_probe(c->stream, p);
+				e = cudaStreamEndCapture(c->stream, &g);
+				if (ep != cudaSuccess)
+					e = ep;
+			}
+			if (e == cudaSuccess)
+				e = cudaGraphInstantiate(&ex, g, 0);
+			if (e == cudaSuccess)
+				e = cudaGraphLaunch(ex, c->stream);
+		}
+		if (e == cudaSuccess)
+			e = cudaMemcpyAsync((void *)h, p, 2 * sizeof(int), cudaMemcpyDeviceToHost,
+					    c->stream);
+		if (e == cudaSuccess)
+			e = cudaStreamSynchronize(c->stream);
+		if (e == cudaSuccess && (h[0] != 0x5eed || h[1] != 0x5eed)) {
+			log_warn("cuda:%d: programmatic dependent launch off: the %s probe read "
+				 "%#x where 0x5eed was written", c->dev, what, (unsigned)h[1]);
+			e = cudaErrorUnknown;
+			what = nullptr; // said
+		}
+	}
+	if (ex)
+		cudaGraphExecDestroy(ex);
+	if (g)
+		cudaGraphDestroy(g);
+	if (e == cudaSuccess) {
+		c->pdl = true;
+		return;
+	}
+	gpud_k_pdl(c->stream, false);
+	cudaGetLastError(); // a refused launch leaves no error behind
+	if (what)
+		log_warn("cuda:%d: programmatic dependent launch off: the %s probe: %s", c->dev,
+			 what, cudaGetErrorString(e));
+}
+
 void capture_graphs(cuda_ctx *c, char *why, size_t whylen)
 {
 	uint32_t max_t = gpud_cuda_graph_max_t(&c->L);
@@ -435,11 +502,13 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 				 c->dev, n);
 	CK(cudaSetDevice(c->dev), "cudaSetDevice");
 	CK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+	int major;
 	{
 		cudaDeviceProp p;
 
 		CK(cudaGetDeviceProperties(&p, c->dev), "cudaGetDeviceProperties");
 		c->n_sm = p.multiProcessorCount > 0 ? (uint32_t)p.multiProcessorCount : 1;
+		major = p.major;
 	}
 	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
 	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
@@ -502,6 +571,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	rc = warm_blas(c, err, errlen);
 	if (rc)
 		return rc;
+	pdl_setup(c, major);
 	{
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
@@ -513,10 +583,12 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	}
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f, masks %.1f (%u slots), scratch "
-		 "%.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs", c->dev,
+		 "%.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
+		 "programmatic dependent launch %s", c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0,
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
-		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs);
+		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs,
+		 c->pdl ? "on" : "off");
 	return 0;
 }
 

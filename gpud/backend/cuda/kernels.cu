@@ -11,6 +11,8 @@
 #include <cuda_fp16.h>
 #include <math.h>
 
+#include <atomic>
+
 extern "C" {
 #include "gpud/quant.h"
 }
@@ -42,10 +44,136 @@ static __device__ __forceinline__ float bf16_bits(uint16_t h)
 	return __uint_as_float((uint32_t)h << 16);
 }
 
+/* --- launches: programmatic dependent launch ---------------------------------
+ * Every kernel goes through cudaLaunchKernelEx with klc's configuration. On a
+ * stream gpud_k_pdl turned on (sm_90), that configuration allows
+ * programmatic stream serialization: a kernel's blocks may be resident before
+ * the kernel ahead of it ends, so that no launch gap separates them, and a
+ * GEMV streams its first weights into L2 meanwhile. Every kernel begins with
+ * pdl_enter (the GEMVs after their prefetch, which reads weights only): it
+ * lets the next kernel launch, then waits until the one before has ended and
+ * its writes are visible. Nothing is read before that wait that a kernel
+ * wrote, and every block waits, so that no kernel ends before the one ahead
+ * of it (cuemu checks the latter). */
+#define PDL_STREAMS 64
+
+static std::atomic<cudaStream_t> pdl_streams[PDL_STREAMS];
+
+static bool pdl_on(cudaStream_t s)
+{
+	for (int i = 0; s && i < PDL_STREAMS; i++)
+		if (pdl_streams[i].load(std::memory_order_relaxed) == s)
+			return true;
+	return false;
+}
+
+cudaError_t gpud_k_pdl(cudaStream_t s, bool on)
+{
+	if (!s)
+		return cudaErrorInvalidValue;
+	for (int i = 0; i < PDL_STREAMS; i++) {
+		cudaStream_t cur = s;
+		if (pdl_streams[i].load() == s) {
+			if (!on)
+				pdl_streams[i].compare_exchange_strong(cur, nullptr);
+			return cudaSuccess;
+		}
+	}
+	for (int i = 0; on && i < PDL_STREAMS; i++) {
+		cudaStream_t none = nullptr;
+		if (pdl_streams[i].compare_exchange_strong(none, s))
+			return cudaSuccess;
+	}
+	return on ? cudaErrorNotSupported : cudaSuccess;
+}
+
+/* A launch's configuration: klc(grid, block, shm, stream).cfg(). */
+struct klc {
+	cudaLaunchAttribute a;
+	cudaLaunchConfig_t c;
+
+	klc(dim3 g, dim3 b, size_t shm, cudaStream_t s) : a(), c()
+	{
+		a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+		a.val.programmaticStreamSerializationAllowed = 1;
+		c.gridDim = g;
+		c.blockDim = b;
+		c.dynamicSmemBytes = shm;
+		c.stream = s;
+		c.attrs = &a;
+		c.numAttrs = pdl_on(s) ? 1 : 0;
+	}
+	klc(const klc &) = delete;
+	klc &operator=(const klc &) = delete;
+	const cudaLaunchConfig_t *cfg() const { return &c; }
+};
+
+/* The launch's error, or the last one. */
+static cudaError_t launched(cudaError_t e)
+{
+	cudaError_t last = cudaGetLastError();
+	return e != cudaSuccess ? e : last;
+}
+
+static __device__ __forceinline__ void pdl_enter(void)
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu_griddepcontrol_launch_dependents();
+	cuemu_griddepcontrol_wait();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+	asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* n bytes from p into L2, a 128-byte line per lane at a time. */
+static __device__ __forceinline__ void prefetch_l2(const void *p, int64_t n, uint32_t lane)
+{
+#if !defined(CUEMU_CUDA_RUNTIME_H) && defined(__CUDA_ARCH__)
+	for (int64_t o = (int64_t)lane * 128; o < n; o += 32 * 128)
+		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
+#else
+	(void)p;
+	(void)n;
+	(void)lane;
+#endif
+}
+
+/* Two kernels, the second launched behind the first: b reads what a wrote
+ * only after its wait (gpud_k_pdl_probe). */
+__global__ void pdl_probe_a(int *p)
+{
+	pdl_enter();
+	if (threadIdx.x == 0) {
+		for (int i = 0; i < 4096; i++) /* take a while: b is resident by now */
+			((volatile int *)p)[2] = i;
+		p[0] = p[1] + 0x5eed;
+	}
+}
+
+__global__ void pdl_probe_b(int *p)
+{
+	pdl_enter();
+	if (threadIdx.x == 0)
+		p[1] = p[0];
+}
+
+cudaError_t gpud_k_pdl_probe(cudaStream_t s, int *p)
+{
+	cudaError_t e = cudaMemsetAsync(p, 0, 3 * sizeof(int), s);
+
+	if (e == cudaSuccess)
+		e = launched(cudaLaunchKernelEx(klc(1, 32, 0, s).cfg(), pdl_probe_a, p));
+	if (e == cudaSuccess)
+		e = launched(cudaLaunchKernelEx(klc(1, 32, 0, s).cfg(), pdl_probe_b, p));
+	return e;
+}
+
 /* --- embedding ----------------------------------------------------------- */
 
 __global__ void embed_kernel(gpud_cuda_mat e, const int32_t *tokens, float *x)
 {
+	pdl_enter();
 	int64_t cols = e.cols, nb = cols / GPUD_QK;
 	int32_t tok = tokens[blockIdx.x];
 	float *out = x + (int64_t)blockIdx.x * cols;
@@ -90,8 +218,7 @@ __global__ void embed_kernel(gpud_cuda_mat e, const int32_t *tokens, float *x)
 cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t *tokens,
 			 uint32_t T, float *x)
 {
-	embed_kernel<<<T, 256, 0, s>>>(*emb, tokens, x);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(T, 256, 0, s).cfg(), embed_kernel, *emb, tokens, x));
 }
 
 /* --- the int8 path's activation blocks ---------------------------------------
@@ -130,6 +257,7 @@ __global__ void __launch_bounds__(NORM_THREADS)
 add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *rows,
 		uint32_t dim, float eps, int8_t *aq, float *ad)
 {
+	pdl_enter();
 	__shared__ double part[NORM_THREADS / 32];
 	uint32_t r = blockIdx.x, src = rows ? rows[r] : r;
 	float *xr = x + (size_t)src * dim, *o = out + (size_t)r * dim;
@@ -176,9 +304,8 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 {
 	if (aq && (!w || dim % GPUD_QK))
 		return cudaErrorInvalidValue;
-	add_norm_kernel<<<n, NORM_THREADS, 0, s>>>(x, out, w, add ? 1 : 0, rows, dim, eps, aq,
-						     ad);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(n, NORM_THREADS, 0, s).cfg(), add_norm_kernel, x, out,
+					   w, add ? 1 : 0, rows, dim, eps, aq, ad));
 }
 
 /* --- RoPE and the KV store ----------------------------------------------- */
@@ -186,6 +313,7 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
 				  const float *inv, gpud_cuda_kvshape kv)
 {
+	pdl_enter();
 	__shared__ float cs[GPUD_CUDA_MAX_HEAD_DIM];
 	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
 	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd;
@@ -230,8 +358,8 @@ cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const fl
 			      const gpud_cuda_meta *m, const float *inv_freq,
 			      const gpud_cuda_kvshape *kv, uint32_t T)
 {
-	rope_store_kernel<<<T, 128, 0, s>>>(q, k, v, *m, inv_freq, *kv);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(T, 128, 0, s).cfg(), rope_store_kernel, q, k, v, *m,
+					   inv_freq, *kv));
 }
 
 /* --- attention ----------------------------------------------------------- */
@@ -321,6 +449,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
 {
+	pdl_enter();
 	extern __shared__ float smem[];
 	__shared__ bool last;
 	uint32_t hd = kv.head_dim, bt = kv.block_tokens, nh = kv.n_heads, nkv = kv.n_kv_heads;
@@ -501,32 +630,32 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	dim3 block(32 * hg * n_t);
 	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * n_t * hd) * 4;
 
+	cudaError_t e;
+
 	if (a->aq && (hd % GPUD_QK || !a->ad))
 		return cudaErrorInvalidValue;
 
+#define ATT(md)                                                                                \
+	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md>, q, out, *m, *kv, \
+			   masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part, a->cnt,   \
+			   a->aq, a->ad)
 	if (hd <= 32)
-		attention_kernel<1><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt, a->aq, a->ad);
+		e = ATT(1);
 	else if (hd <= 64)
-		attention_kernel<2><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt, a->aq, a->ad);
+		e = ATT(2);
 	else if (hd <= 128)
-		attention_kernel<4><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt, a->aq, a->ad);
+		e = ATT(4);
 	else
-		attention_kernel<8><<<grid, block, shm, s>>>(q, out, *m, *kv, masks, slot_bytes,
-							      max_prompt_blocks, hg, a->tiles,
-							      a->part, a->cnt, a->aq, a->ad);
-	return cudaGetLastError();
+		e = ATT(8);
+#undef ATT
+	return launched(e);
 }
 
 /* --- elementwise ----------------------------------------------------------- */
 
 __global__ void swiglu_kernel(float *hb, const float *hb2, uint64_t n)
 {
+	pdl_enter();
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
 		float g = hb[i];
@@ -542,8 +671,8 @@ static unsigned grid_for(uint64_t n, unsigned threads)
 
 cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n)
 {
-	swiglu_kernel<<<grid_for(n, 256), 256, 0, s>>>(hb, hb2, n);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(grid_for(n, 256), 256, 0, s).cfg(), swiglu_kernel, hb,
+					   hb2, n));
 }
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------
@@ -667,8 +796,16 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 	uint32_t lane = threadIdx.x & 31;
 	int m;
 	float acc[NT], acc2[NT];
+	bool live = gemv_row<GLU>(set, r, m);
+	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
 
-	if (!gemv_row<GLU>(set, r, m))
+	if (live) { /* the weights: read only, before the wait */
+		prefetch_l2((m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2]) + r * rb, rb, lane);
+		if (GLU)
+			prefetch_l2(set.q[1] + r * rb, rb, lane);
+	}
+	pdl_enter();
+	if (!live)
 		return;
 	const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 	float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
@@ -692,34 +829,30 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 	}
 }
 
+/* The kernel instance for T tokens: NT = 1, 2, 4 or 8. */
+#define NT_BUCKET(T, K) ((T) == 1 ? K(1) : (T) == 2 ? K(2) : (T) <= 4 ? K(4) : K(8))
+
 template <int TYPE, bool VEC, bool GLU>
-static void launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
-			uint32_t T)
+static cudaError_t launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
+			       uint32_t T)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + 7) / 8);
 
-#define GEMV_F(nt) gemv_f_kernel<TYPE, nt, VEC, GLU><<<g, 256, 0, s>>>(set, cols, x, T)
-	if (T == 1)
-		GEMV_F(1);
-	else if (T == 2)
-		GEMV_F(2);
-	else if (T <= 4)
-		GEMV_F(4);
-	else
-		GEMV_F(8);
+#define GEMV_F(nt) \
+	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_f_kernel<TYPE, nt, VEC, GLU>, set, cols, x, T)
+	return launched(NT_BUCKET(T, GEMV_F));
 #undef GEMV_F
 }
 
 template <int TYPE, bool GLU>
-static void launch_mv_f_type(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
-			     uint32_t T)
+static cudaError_t launch_mv_f_type(cudaStream_t s, const gemv_set &set, int64_t cols,
+				    const float *x, uint32_t T)
 {
 	/* 8-element loads need rows of a multiple of 8 elements */
 	if (cols % 8 == 0)
-		launch_mv_f<TYPE, true, GLU>(s, set, cols, x, T);
-	else
-		launch_mv_f<TYPE, false, GLU>(s, set, cols, x, T);
+		return launch_mv_f<TYPE, true, GLU>(s, set, cols, x, T);
+	return launch_mv_f<TYPE, false, GLU>(s, set, cols, x, T);
 }
 
 template <bool GLU>
@@ -728,18 +861,14 @@ static cudaError_t launch_mv_f_set(cudaStream_t s, int type, const gemv_set &set
 {
 	switch (type) {
 	case GPUD_TYPE_F32:
-		launch_mv_f_type<GPUD_TYPE_F32, GLU>(s, set, cols, x, T);
-		break;
+		return launch_mv_f_type<GPUD_TYPE_F32, GLU>(s, set, cols, x, T);
 	case GPUD_TYPE_F16:
-		launch_mv_f_type<GPUD_TYPE_F16, GLU>(s, set, cols, x, T);
-		break;
+		return launch_mv_f_type<GPUD_TYPE_F16, GLU>(s, set, cols, x, T);
 	case GPUD_TYPE_BF16:
-		launch_mv_f_type<GPUD_TYPE_BF16, GLU>(s, set, cols, x, T);
-		break;
+		return launch_mv_f_type<GPUD_TYPE_BF16, GLU>(s, set, cols, x, T);
 	default:
 		return cudaErrorInvalidValue;
 	}
-	return cudaGetLastError();
 }
 
 cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
@@ -760,6 +889,7 @@ cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, 
 __global__ void __launch_bounds__(256)
 gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
 {
+	pdl_enter();
 	__shared__ float sw[FT][FK + 1];
 	__shared__ float sx[FT][FK + 1];
 	uint32_t tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
@@ -815,8 +945,8 @@ cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x
 
 	if (w->type != GPUD_TYPE_F32)
 		return cudaErrorInvalidValue;
-	gemm_f32_kernel<<<grid, 256, 0, s>>>((const float *)w->q, w->rows, w->cols, x, T, y);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), gemm_f32_kernel,
+					   (const float *)w->q, w->rows, w->cols, x, T, y));
 }
 
 #define SPLIT_THREADS 256
@@ -826,6 +956,7 @@ cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x
 __global__ void __launch_bounds__(SPLIT_THREADS)
 split_act_kernel(const float *x, uint32_t cols, int type, void *hi, void *lo, float *scales)
 {
+	pdl_enter();
 	__shared__ float part[SPLIT_THREADS / 32];
 	const float *xr = x + (size_t)blockIdx.x * cols;
 	size_t base = (size_t)blockIdx.x * cols;
@@ -864,12 +995,13 @@ split_act_kernel(const float *x, uint32_t cols, int type, void *hi, void *lo, fl
 cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols, int type,
 			     void *hi, void *lo, float *scales)
 {
-	split_act_kernel<<<T, SPLIT_THREADS, 0, s>>>(x, cols, type, hi, lo, scales);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(T, SPLIT_THREADS, 0, s).cfg(), split_act_kernel, x,
+					   cols, type, hi, lo, scales));
 }
 
 __global__ void scale_cols_kernel(float *y, int64_t rows, const float *scales)
 {
+	pdl_enter();
 	float sc = scales[blockIdx.y];
 	float *yr = y + (int64_t)blockIdx.y * rows;
 
@@ -886,8 +1018,8 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 	int64_t g = (rows + 255) / 256;
 	dim3 grid((unsigned)(g > 1024 ? 1024 : g), T);
 
-	scale_cols_kernel<<<grid, 256, 0, s>>>(y, rows, scales);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), scale_cols_kernel, y, rows,
+					   scales));
 }
 
 /* --- the int8 path (quant_block above) ------------------------------------- */
@@ -895,6 +1027,7 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 /* One warp per (token, block), lane j holding element j. */
 __global__ void quantize_act_kernel(const float *x, uint64_t n_blocks, int8_t *q, float *d)
 {
+	pdl_enter();
 	uint64_t blk = ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 	uint32_t lane = threadIdx.x & 31;
 	float dv;
@@ -912,8 +1045,8 @@ cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint
 {
 	uint64_t nb = (uint64_t)T * (cols / GPUD_QK);
 
-	quantize_act_kernel<<<(unsigned)((nb + 7) / 8), 256, 0, s>>>(x, nb, q, d);
-	return cudaGetLastError();
+	return launched(cudaLaunchKernelEx(klc((unsigned)((nb + 7) / 8), 256, 0, s).cfg(),
+					   quantize_act_kernel, x, nb, q, d));
 }
 
 /* Eight int words (32 signed bytes) of weight block i of row r. */
@@ -1011,6 +1144,21 @@ static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, in
 	}
 }
 
+/* Row r of matrix m (and of the second, GLU) into L2: quants and scales. */
+template <int TYPE, bool GLU>
+static __device__ __forceinline__ void gemv_q_prefetch(const gemv_set &set, int m, int64_t r,
+						       int64_t cols, uint32_t lane)
+{
+	int64_t qb = TYPE == GPUD_TYPE_Q8_0 ? cols : cols / 2, nb = cols / GPUD_QK;
+
+	for (int i = 0; i < (GLU ? 2 : 1); i++) {
+		int k = GLU ? i : m;
+		prefetch_l2((k == 0 ? set.q[0] : k == 1 ? set.q[1] : set.q[2]) + r * qb, qb, lane);
+		prefetch_l2((k == 0 ? set.d[0] : k == 1 ? set.d[1] : set.d[2]) + r * nb, nb * 2,
+			    lane);
+	}
+}
+
 /* One warp per row of the set. */
 template <int TYPE, int NT, bool GLU>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -1021,8 +1169,12 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	uint32_t lane = threadIdx.x & 31;
 	int m;
 	float v[NT];
+	bool live = gemv_row<GLU>(set, r, m);
 
-	if (!gemv_row<GLU>(set, r, m))
+	if (live) /* the weights: read only, before the wait */
+		gemv_q_prefetch<TYPE, GLU>(set, m, r, cols, lane);
+	pdl_enter();
+	if (!live)
 		return;
 	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
 	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
@@ -1047,6 +1199,9 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	__shared__ float sv[NT][GLUQ_ROWS];
 	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int64_t rows = set.rows[0], r0 = (int64_t)blockIdx.x * GLUQ_ROWS;
+
+	gemv_q_prefetch<TYPE, true>(set, 0, r0 + w, cols, lane); /* the warp's first row */
+	pdl_enter();
 
 #pragma unroll 1
 	for (uint32_t k = w; k < GLUQ_ROWS; k += GEMV_WARPS) {
@@ -1104,6 +1259,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 	      int64_t cols, const int8_t *__restrict__ xq, const float *__restrict__ xd,
 	      uint32_t T, float *y)
 {
+	pdl_enter();
 	__shared__ int4 sw[MMA_KB][2][MMA_M];
 	__shared__ int4 sx[MMA_KB][2][MMA_N];
 	__shared__ float sdw[MMA_KB][MMA_M], sdx[MMA_KB][MMA_N];
@@ -1191,53 +1347,41 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 }
 
 template <int TYPE, bool GLU>
-static void launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols, const int8_t *xq,
-			const float *xd, uint32_t T, int8_t *yq = nullptr, float *yd = nullptr)
+static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols,
+			       const int8_t *xq, const float *xd, uint32_t T, int8_t *yq = nullptr,
+			       float *yd = nullptr)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
 
 	if (GLU && yq) {
-		g = (unsigned)(rows / GLUQ_ROWS);
-#define GEMV(nt) \
-	gemv_q_gluq_kernel<TYPE, nt><<<g, GEMV_WARPS * 32, 0, s>>>(set, cols, xq, xd, T, yq, yd)
-		if (T == 1)
-			GEMV(1);
-		else if (T == 2)
-			GEMV(2);
-		else if (T <= 4)
-			GEMV(4);
-		else
-			GEMV(8);
+#define GEMV(nt)                                                                         \
+	cudaLaunchKernelEx(klc((unsigned)(rows / GLUQ_ROWS), GEMV_WARPS * 32, 0, s).cfg(), \
+			   gemv_q_gluq_kernel<TYPE, nt>, set, cols, xq, xd, T, yq, yd)
+		return launched(NT_BUCKET(T, GEMV));
 #undef GEMV
-		return;
 	}
-#define GEMV(nt) gemv_q_kernel<TYPE, nt, GLU><<<g, GEMV_WARPS * 32, 0, s>>>(set, cols, xq, xd, T)
-	if (T == 1)
-		GEMV(1);
-	else if (T == 2)
-		GEMV(2);
-	else if (T <= 4)
-		GEMV(4);
-	else
-		GEMV(8);
+#define GEMV(nt)                                                                              \
+	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, 0, s).cfg(), gemv_q_kernel<TYPE, nt, GLU>, set, \
+			   cols, xq, xd, T)
+	return launched(NT_BUCKET(T, GEMV));
 #undef GEMV
 }
 
 template <int TYPE>
-static void launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq, const float *xd,
-		      uint32_t T, float *y)
+static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
+			     const float *xd, uint32_t T, float *y)
 {
 	const uint8_t *q = (const uint8_t *)w->q;
 	const uint16_t *d = (const uint16_t *)w->d;
 
 	if (T <= GPUD_K_GEMV_MAX_T) {
 		gemv_set set = { { q }, { d }, { y }, { w->rows } };
-		launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
-		return;
+		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
 	dim3 grid((unsigned)((w->rows + MMA_M - 1) / MMA_M), (T + MMA_N - 1) / MMA_N);
-	gemm_q_kernel<TYPE><<<grid, 128, 0, s>>>(q, d, w->rows, w->cols, xq, xd, T, y);
+	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
+					   w->rows, w->cols, xq, xd, T, y));
 }
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
@@ -1265,22 +1409,18 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T)
 			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
 	if (q8)
-		glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
-		    : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
-	else
-		glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
-		    : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T);
-	return cudaGetLastError();
+		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
+			   : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
+	return glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
+		   : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T);
 }
 
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
 			const float *xd, uint32_t T, float *y)
 {
 	if (w->type == GPUD_TYPE_Q8_0)
-		launch_mm<GPUD_TYPE_Q8_0>(s, w, xq, xd, T, y);
-	else if (w->type == GPUD_TYPE_Q4_0)
-		launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y);
-	else
-		return cudaErrorInvalidValue;
-	return cudaGetLastError();
+		return launch_mm<GPUD_TYPE_Q8_0>(s, w, xq, xd, T, y);
+	if (w->type == GPUD_TYPE_Q4_0)
+		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y);
+	return cudaErrorInvalidValue;
 }

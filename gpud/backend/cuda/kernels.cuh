@@ -34,6 +34,16 @@ struct gpud_cuda_kvshape {
 	uint64_t head_floats, layer_floats, block_floats;
 };
 
+// Programmatic dependent launch for the kernels launched on stream s from
+// now on (sm_90 and later; kernels.cu says how): on or off. Fails
+// (cudaErrorNotSupported) when 64 streams have it on already.
+cudaError_t gpud_k_pdl(cudaStream_t s, bool on);
+
+// Two kernels on s, the second launched behind the first (with s's
+// launch mode) and reading what it wrote: p[0] and p[1] are 0x5eed after
+// (p: 3 ints of device memory).
+cudaError_t gpud_k_pdl_probe(cudaStream_t s, int *p);
+
 // x[t] = row tokens[t] of the embedding (the bits of gpud_dequantize_row);
 // an out-of-range token gives a zero row.
 cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t *tokens,

@@ -91,6 +91,35 @@ struct cudaDeviceProp {
 	int maxGridSize[3], maxThreadsDim[3];
 };
 
+/* --- launch attributes (cudaLaunchKernelEx) ------------------------------------
+ * The one the backend sets: programmatic dependent launch (sm_90). cuemu
+ * runs a stream's kernels one after another, so it changes no order; it
+ * checks that a kernel so launched waits (griddepcontrol.wait) in every
+ * block: one that ended without waiting could end before its predecessor,
+ * and let its successors start too early on a GPU. */
+enum cudaLaunchAttributeID {
+	cudaLaunchAttributeIgnore = 0,
+	cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+};
+
+union cudaLaunchAttributeValue {
+	char pad[64];
+	int programmaticStreamSerializationAllowed;
+};
+
+struct cudaLaunchAttribute {
+	cudaLaunchAttributeID id;
+	union cudaLaunchAttributeValue val;
+};
+
+struct cudaLaunchConfig_t {
+	dim3 gridDim, blockDim;
+	size_t dynamicSmemBytes;
+	cudaStream_t stream;
+	cudaLaunchAttribute *attrs;
+	unsigned numAttrs;
+};
+
 /* --- the runtime API (cuemu.cc) ------------------------------------------------ */
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);
@@ -140,8 +169,10 @@ struct kernel_body {
  * __launch_bounds__, 0 for none). Allocates nothing once the stream's
  * queue has grown to its working size. */
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
-		   const kernel_body &body);
+		   const kernel_body &body, bool pdl = false);
 void *dyn_smem(void);
+/* griddepcontrol.wait: marks the block as having waited */
+void griddep_wait(void);
 void syncthreads(void);
 int syncthreads_count(int pred);
 void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
@@ -181,6 +212,41 @@ cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_
 
 	return cuemu::launch(name, bound, g, b, shm, s, body);
 }
+
+/* cu2cc.py's form of cudaLaunchKernelEx(cfg, k, args...): cuemu_launch
+ * with the configuration's attributes checked (an unknown one is refused,
+ * as this emulator does not implement it). */
+template <class... P, class... A>
+cudaError_t cuemu_launch_ex(const char *name, unsigned bound, const cudaLaunchConfig_t *cfg,
+			    void (*k)(P...), A &&...a)
+{
+	bool pdl = false;
+
+	for (unsigned i = 0; i < cfg->numAttrs; i++) {
+		if (cfg->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization)
+			pdl = cfg->attrs[i].val.programmaticStreamSerializationAllowed != 0;
+		else if (cfg->attrs[i].id != cudaLaunchAttributeIgnore)
+			return cudaErrorNotSupported;
+	}
+	typedef cuemu::closure<void (*)(P...), typename std::decay<P>::type...> C;
+	C c{ k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...) };
+	cuemu::kernel_body body = {
+		[](const void *p) {
+			const C *x = (const C *)p;
+			std::apply(x->k, x->args);
+		},
+		[](void *d, const void *src) { new (d) C(*(const C *)src); },
+		&c, sizeof(C), alignof(C),
+	};
+
+	return cuemu::launch(name, bound, cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes,
+			     cfg->stream, body, pdl);
+}
+
+/* griddepcontrol (PTX, sm_90): launch_dependents changes nothing here (a
+ * stream's kernels run in order); wait is recorded for the check above. */
+static inline void cuemu_griddepcontrol_launch_dependents(void) {}
+static inline void cuemu_griddepcontrol_wait(void) { cuemu::griddep_wait(); }
 
 /* --- synchronization and warp intrinsics ------------------------------------- */
 static inline void __syncthreads(void) { cuemu::syncthreads(); }

@@ -27,6 +27,7 @@ enum cudaError {
 	cudaErrorMisalignedAddress = 716,
 	cudaErrorLaunchFailure = 719,
 	cudaErrorNotPermitted = 800,
+	cudaErrorNotSupported = 801,
 	cudaErrorSystemDriverMismatch = 803,
 	cudaErrorStreamCaptureUnsupported = 900,
 	cudaErrorStreamCaptureInvalidated = 901,
