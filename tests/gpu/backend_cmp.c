@@ -522,9 +522,34 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
 		plain * 1e3);
 	a0 = allocs(&g) - a0;
+	g.ops->destroy(g.ctx);
+	if (dut != &gpud_cpu_backend) {
+		/* batch 1 again on an instance made with GPUD_CUDA_PDL=0: what
+		 * programmatic dependent launch is worth (the same where the
+		 * device has none) */
+		const char *was = getenv("GPUD_CUDA_PDL");
+		char keep[16] = "";
+		struct inst g2;
+		double step = -1;
+
+		if (was)
+			snprintf(keep, sizeof(keep), "%s", was);
+		setenv("GPUD_CUDA_PDL", "0", 1);
+		if (!inst_init(&g2, dut, m, 1)) {
+			step = decode_step_s(&g2, m, 1, 32, false);
+			g2.ops->destroy(g2.ctx);
+		}
+		if (was)
+			setenv("GPUD_CUDA_PDL", keep, 1);
+		else
+			unsetenv("GPUD_CUDA_PDL");
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch 1, GPUD_CUDA_PDL=0 | %.1f tok/s | %.3f ms/step |\n",
+			label, 1 / step, step * 1e3);
+	}
 	fprintf(out, "| %s | device allocations after init over the bench | %llu | |\n", label,
 		(unsigned long long)a0);
-	g.ops->destroy(g.ctx);
 	if (out != stdout)
 		fclose(out);
 	return a0 == 0 ? 0 : 1;
