@@ -516,6 +516,115 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 	}
 }
 
+// The decode Q/K/V GEMVs with RoPE and the KV store in their epilogue
+// (gpud_k_mv_qkv) must give the bits of gpud_k_mv_group and
+// gpud_k_rope_store: q, and the whole KV pool (layer 1 of 2, two sequences
+// in scattered blocks), where exactly each token's K and V rows change.
+void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols)
+{
+	const uint32_t nh = 4, nkv = 2, hd = 64, bt = 16, nblk = 12, layers = 2;
+	mat mq = make_mat(t, nh * hd, cols), mk = make_mat(t, nkv * hd, cols),
+	    mv = make_mat(t, nkv * hd, cols);
+	gpud_cuda_mat w[3] = { dmat(mq), dmat(mk), dmat(mv) };
+	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
+	uint64_t head_floats = (uint64_t)bt * hd, layer_floats = 2ull * nkv * head_floats;
+	size_t nkvf = (size_t)nblk * layers * layer_floats, nq = (size_t)T * nh * hd;
+	size_t nkd = (size_t)T * nkv * hd;
+	uint32_t meta_h[8 + 8 + 2 * GPUD_CUDA_SEQ_WORDS + 12] = {};
+	float inv[hd / 2], *x = (float *)malloc(4 * T * cols), *pool = (float *)malloc(4 * nkvf);
+	float *p1 = (float *)malloc(4 * nkvf), *p2 = (float *)malloc(4 * nkvf);
+	float *h1 = (float *)malloc(4 * nq), *h2 = (float *)malloc(4 * nq);
+	float *dx = (float *)dev(4 * T * cols), *dinv = (float *)dev(sizeof(inv));
+	float *kv1 = (float *)dev(4 * nkvf), *kv2 = (float *)dev(4 * nkvf);
+	float *q1 = (float *)dev(4 * nq), *q2 = (float *)dev(4 * nq);
+	float *k1 = (float *)dev(4 * nkd), *v1 = (float *)dev(4 * nkd);
+	int8_t *aq = (int8_t *)dev((size_t)T * cols);
+	float *ad = (float *)dev(4 * (size_t)T * (cols / GPUD_QK + 1));
+	uint32_t *dm = (uint32_t *)dev(sizeof(meta_h));
+	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0, ok;
+	char what[96];
+
+	for (int64_t i = 0; i < T * cols; i++)
+		x[i] = frand() * 2.0f;
+	for (size_t i = 0; i < nkvf; i++)
+		pool[i] = frand();
+	for (uint32_t i = 0; i < hd / 2; i++)
+		inv[i] = (float)pow(10000.0, -2.0 * i / hd);
+	/* tokens: sequence t % 2 at position 5 + 9 t (distinct slots), 6 blocks
+	 * each */
+	uint32_t *mpos = meta_h, *mseq = meta_h + 8, *msi = meta_h + 16,
+		 *mbt = msi + 2 * GPUD_CUDA_SEQ_WORDS;
+	for (uint32_t i = 0; i < T; i++) {
+		mpos[i] = 5 + 9 * i;
+		mseq[i] = i % 2;
+	}
+	for (uint32_t sq = 0; sq < 2; sq++)
+		msi[sq * GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_BTAB] = sq * 6;
+	for (uint32_t b = 0; b < 12; b++)
+		mbt[b] = (b * 5 + 1) % nblk; /* every block once */
+	up(dm, meta_h, sizeof(meta_h));
+	up(dx, x, 4 * T * cols);
+	up(dinv, inv, sizeof(inv));
+	up(kv1, pool, 4 * nkvf);
+	up(kv2, pool, 4 * nkvf);
+	gpud_cuda_meta m = { nullptr, dm, dm + 8, nullptr, dm + 16, dm + (mbt - meta_h) };
+	gpud_cuda_kvshape kv = { kv1, nh, nkv, hd, bt, 1, head_floats, layer_floats,
+				 layers * layer_floats };
+	float *sep[3] = { q1, k1, v1 };
+
+	snprintf(what, sizeof(what), "q/k/v gemv %s + rope + kv store, %u tok, %lld cols",
+		 gpud_type_name(t), T, (long long)cols);
+	if (i8)
+		gpud_k_quantize_act(0, dx, T, (uint32_t)cols, aq, ad);
+	ok = gpud_k_mv_group(0, ws, sep, 3, false, dx, aq, ad, T, nullptr, nullptr) ==
+		     cudaSuccess &&
+	     gpud_k_rope_store(0, q1, k1, v1, &m, dinv, &kv, T) == cudaSuccess;
+	kv.kv = kv2;
+	ok = ok && gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, T, &m, dinv, &kv) == cudaSuccess &&
+	     down(h1, q1, 4 * nq, what) && down(h2, q2, 4 * nq, what) &&
+	     down(p1, kv1, 4 * nkvf, what) && down(p2, kv2, 4 * nkvf, what);
+	size_t changed = 0;
+	for (size_t i = 0; ok && i < nkvf; i++)
+		changed += memcmp(&p2[i], &pool[i], 4) != 0;
+	report(what,
+	       ok ? (double)(bits_differ(h1, h2, nq, 4) + bits_differ(p1, p2, nkvf, 4) +
+			     (changed != 2 * nkd))
+		  : INFINITY,
+	       0);
+	if (T == 1 && t == GPUD_TYPE_Q8_0) {
+		const gpud_cuda_mat *swapped[3] = { &w[1], &w[0], &w[2] };
+		snprintf(what, sizeof(what), "q/k/v gemv + rope refuses K, Q, V and 9 tokens");
+		report(what,
+		       gpud_k_mv_qkv(0, swapped, q2, dx, aq, ad, T, &m, dinv, &kv) ==
+					       cudaErrorInvalidValue &&
+				       gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, 9, &m, dinv, &kv) ==
+					       cudaErrorInvalidValue
+			       ? 0
+			       : 1,
+		       0);
+	}
+	free(x);
+	free(pool);
+	free(p1);
+	free(p2);
+	free(h1);
+	free(h2);
+	cudaFree(dx);
+	cudaFree(dinv);
+	cudaFree(kv1);
+	cudaFree(kv2);
+	cudaFree(q1);
+	cudaFree(q2);
+	cudaFree(k1);
+	cudaFree(v1);
+	cudaFree(aq);
+	cudaFree(ad);
+	cudaFree(dm);
+	free_mat(mq);
+	free_mat(mk);
+	free_mat(mv);
+}
+
 // Attention that quantizes its output (for an int8 O matmul) must give the
 // bits of attention and gpud_k_quantize_act: the output, the quants and the
 // scales, for split-K decode (the last CTA's combine), one split, and
@@ -705,6 +814,10 @@ int main(int argc, char **argv)
 	check_norm_quant(7, 320, false);
 	check_norm_quant(7, 320, true);
 	check_swiglu(5000);
+	for (enum gpud_type t : types)
+		for (uint32_t T : { 1u, 3u, 8u })
+			check_qkv_rope(t, T, 320);
+	check_qkv_rope(GPUD_TYPE_F32, 2, 100); /* rows not of 8 elements: scalar loads */
 	for (uint32_t hd : { 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })
 			check_att_quant(hd, mode);

@@ -821,10 +821,21 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		const float *next_norm = last ? nullptr : c->layers[l + 1].attn_norm;
 
 		kv.layer = l;
-		if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
-			return rc;
-		CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv, &kv, T),
-		   "rope");
+		if (one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0) {
+			// decode: Q, K and V in one launch, RoPE and the KV store in
+			// its epilogue
+			if (!prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
+				return rc;
+			CK(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
+					 c->rope_inv, &kv),
+			   "matmul (gemv, rope)");
+		} else {
+			if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
+				return rc;
+			CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv,
+					     &kv, T),
+			   "rope");
+		}
 		// int8 wo: attention quantizes its output for it
 		bool att_q = is_int8(&D->wo) && D->wo.cols == hp->n_heads * hp->head_dim &&
 			     hp->head_dim % GPUD_QK == 0;

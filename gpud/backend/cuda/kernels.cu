@@ -34,6 +34,12 @@ static __device__ __forceinline__ float warp_sum(float v)
 	return v;
 }
 
+/* silu(g) * u, in the CPU's explicitly rounded operations. */
+static __device__ __forceinline__ float swiglu(float g, float u)
+{
+	return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 static __device__ __forceinline__ float half_bits(uint16_t h)
 {
 	return __half2float(__ushort_as_half(h));
@@ -658,8 +664,7 @@ __global__ void swiglu_kernel(float *hb, const float *hb2, uint64_t n)
 	pdl_enter();
 	for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
 	     i += (uint64_t)gridDim.x * blockDim.x) {
-		float g = hb[i];
-		hb[i] = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), hb2[i]);
+		hb[i] = swiglu(hb[i], hb2[i]);
 	}
 }
 
@@ -746,6 +751,59 @@ static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r,
 	return r < (m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2]);
 }
 
+/* --- decode Q/K/V with RoPE and the KV store in the epilogue ---------------
+ * The GEMVs of Q, K and V in one launch, a warp per pair of rows (2i, 2i + 1
+ * of a head: a RoPE pair); lane t then does token t's part of
+ * rope_store_kernel for the pair, with its arithmetic: Q rotated into q, K
+ * rotated and V as it is into the token's KV block. One launch and no
+ * round trip through the q, k and v scratch for K and V. */
+struct rope_args {
+	gpud_cuda_meta m;
+	gpud_cuda_kvshape kv;
+	const float *inv; /* (head_dim / 2) */
+	float *q;         /* (T, n_heads * head_dim) */
+};
+
+static __device__ __forceinline__ void qkv_store(const rope_args &ra, int m, int64_t r,
+						 uint32_t t, float a, float b)
+{
+	const gpud_cuda_kvshape &kv = ra.kv;
+	uint32_t hd = kv.head_dim, pos = ra.m.pos[t], h = (uint32_t)(r / hd);
+	uint32_t e = (uint32_t)(r % hd), bt = kv.block_tokens;
+	uint32_t blk = ra.m.btab[ra.m.seqinfo[(size_t)ra.m.seq[t] * GPUD_CUDA_SEQ_WORDS +
+					      GPUD_CUDA_SI_BTAB] + pos / bt];
+	float *base = kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
+		      (size_t)(pos % bt) * hd;
+	float *d;
+
+	if (m == 2) {
+		d = base + (size_t)(kv.n_kv_heads + h) * kv.head_floats + e;
+	} else {
+		double ang = (double)pos * (double)ra.inv[e / 2];
+		float c = (float)cos(ang), sn = (float)sin(ang);
+		float a2 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+
+		b = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+		a = a2;
+		d = m == 0 ? ra.q + (size_t)t * kv.n_heads * hd + r
+			   : base + (size_t)h * kv.head_floats + e;
+	}
+	d[0] = a;
+	d[1] = b;
+}
+
+/* Lane t stores token t's pair (rows r, r + 1 of matrix m). */
+template <int NT>
+static __device__ __forceinline__ void qkv_epilogue(const rope_args &ra, int m, int64_t r,
+						    uint32_t T, uint32_t lane, const float v[NT],
+						    const float v2[NT])
+{
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		if (lane == (uint32_t)t && (uint32_t)t < T)
+			qkv_store(ra, m, r, (uint32_t)t, v[t], v2[t]);
+}
+
 /* fp32 dot of weights row r from column c (8 at a time, or 1) with each
  * token's activations, into acc. */
 template <int TYPE, int NT, bool VEC>
@@ -820,13 +878,43 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 	for (int t = 0; t < NT; t++) {
 		float v = warp_sum(acc[t]);
 
-		if (GLU) {
-			float u = warp_sum(acc2[t]);
-			v = __fmul_rn(__fdiv_rn(v, __fadd_rn(1.0f, expf(-v))), u);
-		}
+		if (GLU)
+			v = swiglu(v, warp_sum(acc2[t]));
 		if (lane == 0 && (uint32_t)t < T)
 			y[(int64_t)t * rows + r] = v;
 	}
+}
+
+/* Q, K and V with RoPE and the KV store (rope_args above): a warp per
+ * RoPE pair of rows. */
+template <int TYPE, int NT, bool VEC>
+__global__ void __launch_bounds__(256)
+gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_args ra)
+{
+	int64_t r = 2 * ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5));
+	uint32_t lane = threadIdx.x & 31;
+	int m;
+	float acc[NT], acc2[NT];
+	bool live = gemv_row<false>(set, r, m);
+	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
+	const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+
+	if (live) /* the weights: read only, before the wait */
+		prefetch_l2(W + r * rb, 2 * rb, lane);
+	pdl_enter();
+	if (!live)
+		return;
+#pragma unroll
+	for (int t = 0; t < NT; t++)
+		acc[t] = acc2[t] = 0.0f;
+	dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
+	dot_f<TYPE, NT, VEC>(W, r + 1, cols, x, T, lane, acc2);
+#pragma unroll
+	for (int t = 0; t < NT; t++) {
+		acc[t] = warp_sum(acc[t]);
+		acc2[t] = warp_sum(acc2[t]);
+	}
+	qkv_epilogue<NT>(ra, m, r, T, lane, acc, acc2);
 }
 
 /* The kernel instance for T tokens: NT = 1, 2, 4 or 8. */
@@ -1092,20 +1180,21 @@ static __device__ __forceinline__ int dot_block(const int w[8], const int8_t *__
 	return s;
 }
 
-/* Row r of matrix m of the set against each token's activations, by one
- * warp: lanes take blocks lane, lane+32, ... and their partial sums are
- * added at the end (the one place the bits may differ from the CPU's
- * in-order sum); every lane returns the sums in v. GLU: the set is (gate,
- * up) of equal rows, and v = silu(gate) * up (swiglu_kernel's formula). */
-template <int TYPE, int NT, bool GLU>
-static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, int64_t r,
-						  int64_t cols, const int8_t *__restrict__ xq,
-						  const float *__restrict__ xd, uint32_t T,
-						  uint32_t lane, float v[NT])
+/* Row r of weights (wq, wd), and with TWO row r2 of (wq2, wd2), against
+ * each token's activations, by one warp: lanes take blocks lane, lane+32,
+ * ... and their partial sums are added at the end (the one place the bits
+ * may differ from the CPU's in-order sum); every lane returns the sums in
+ * v (and v2). */
+template <int TYPE, int NT, bool TWO>
+static __device__ __forceinline__ void gemv_q_rows(const uint8_t *__restrict__ wq,
+						   const uint16_t *__restrict__ wd, int64_t r,
+						   const uint8_t *__restrict__ wq2,
+						   const uint16_t *__restrict__ wd2, int64_t r2,
+						   int64_t cols, const int8_t *__restrict__ xq,
+						   const float *__restrict__ xd, uint32_t T,
+						   uint32_t lane, float v[NT], float v2[NT])
 {
 	int64_t nb = cols / GPUD_QK;
-	const uint8_t *__restrict__ wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
-	const uint16_t *__restrict__ wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
 	float acc[NT], acc2[NT];
 
 #pragma unroll
@@ -1117,9 +1206,9 @@ static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, in
 		float dw = half_bits(wd[r * nb + i]), dw2 = 0.0f;
 
 		load_wblock<TYPE>(wq, r, cols, i, w);
-		if (GLU) {
-			dw2 = half_bits(set.d[1][r * nb + i]);
-			load_wblock<TYPE>(set.q[1], r, cols, i, w2);
+		if (TWO) {
+			dw2 = half_bits(wd2[r2 * nb + i]);
+			load_wblock<TYPE>(wq2, r2, cols, i, w2);
 		}
 #pragma unroll
 		for (int t = 0; t < NT; t++) {
@@ -1128,7 +1217,7 @@ static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, in
 
 				acc[t] = fmaf(__fmul_rn(dw, dx), (float)dot_block(w, xq, cols, t, i),
 					      acc[t]);
-				if (GLU)
+				if (TWO)
 					acc2[t] = fmaf(__fmul_rn(dw2, dx),
 						       (float)dot_block(w2, xq, cols, t, i), acc2[t]);
 			}
@@ -1137,10 +1226,28 @@ static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, in
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
 		v[t] = warp_sum(acc[t]);
-		if (GLU) {
-			float u = warp_sum(acc2[t]);
-			v[t] = __fmul_rn(__fdiv_rn(v[t], __fadd_rn(1.0f, expf(-v[t]))), u);
-		}
+		if (TWO)
+			v2[t] = warp_sum(acc2[t]);
+	}
+}
+
+/* Row r of matrix m of the set, by one warp (gemv_q_rows). GLU: the set is
+ * (gate, up) of equal rows, and v = silu(gate) * up. */
+template <int TYPE, int NT, bool GLU>
+static __device__ __forceinline__ void gemv_q_row(const gemv_set &set, int m, int64_t r,
+						  int64_t cols, const int8_t *__restrict__ xq,
+						  const float *__restrict__ xd, uint32_t T,
+						  uint32_t lane, float v[NT])
+{
+	const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
+	float u[NT];
+
+	gemv_q_rows<TYPE, NT, GLU>(wq, wd, r, set.q[1], set.d[1], r, cols, xq, xd, T, lane, v, u);
+	if (GLU) {
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			v[t] = swiglu(v[t], u[t]);
 	}
 }
 
@@ -1183,6 +1290,32 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	for (int t = 0; t < NT; t++)
 		if (lane == 0 && (uint32_t)t < T)
 			yo[(int64_t)t * rows + r] = v[t];
+}
+
+/* Q, K and V with RoPE and the KV store (rope_args above): a warp per
+ * RoPE pair of rows. */
+template <int TYPE, int NT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
+		  const float *__restrict__ xd, uint32_t T, rope_args ra)
+{
+	int64_t r = 2 * ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5));
+	uint32_t lane = threadIdx.x & 31;
+	int m;
+	float v[NT], v2[NT];
+	bool live = gemv_row<false>(set, r, m);
+
+	if (live) { /* the weights: read only, before the wait */
+		gemv_q_prefetch<TYPE, false>(set, m, r, cols, lane);
+		gemv_q_prefetch<TYPE, false>(set, m, r + 1, cols, lane);
+	}
+	pdl_enter();
+	if (!live)
+		return;
+	const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
+	gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r + 1, cols, xq, xd, T, lane, v, v2);
+	qkv_epilogue<NT>(ra, m, r, T, lane, v, v2);
 }
 
 /* Gate and up with SwiGLU whose output is also quantized into yq, yd (as
@@ -1423,4 +1556,69 @@ cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq
 	if (w->type == GPUD_TYPE_Q4_0)
 		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y);
 	return cudaErrorInvalidValue;
+}
+
+cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
+			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
+			  const gpud_cuda_meta *m, const float *inv_freq,
+			  const gpud_cuda_kvshape *kv)
+{
+	gemv_set set = {};
+	int type = ws[0]->type;
+	uint32_t hd = kv->head_dim;
+	int64_t cols = ws[0]->cols, pairs;
+	rope_args ra = { *m, *kv, inv_freq, q };
+
+	if (!T || T > GPUD_K_GEMV_MAX_T || !hd || hd % 2 || hd > GPUD_CUDA_MAX_HEAD_DIM ||
+	    ws[0]->rows != (int64_t)kv->n_heads * hd || ws[1]->rows != (int64_t)kv->n_kv_heads * hd ||
+	    ws[2]->rows != ws[1]->rows)
+		return cudaErrorInvalidValue;
+	for (int i = 0; i < 3; i++) {
+		if (ws[i]->type != type || ws[i]->cols != cols)
+			return cudaErrorInvalidValue;
+		set.q[i] = (const uint8_t *)ws[i]->q;
+		set.d[i] = (const uint16_t *)ws[i]->d;
+		set.rows[i] = ws[i]->rows;
+	}
+	pairs = (set.rows[0] + set.rows[1] + set.rows[2]) / 2;
+	unsigned g = (unsigned)((pairs + 7) / 8); /* 8 warps a CTA, GEMV_WARPS for int8 */
+	static_assert(GEMV_WARPS == 8, "one grid for both kernels");
+
+#define QKV_Q(ty, nt) \
+	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_q_qkv_kernel<ty, nt>, set, cols, xq, xd, T, ra)
+#define QKV_F(ty, vec, nt) \
+	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec>, set, cols, x, T, ra)
+#define Q8(nt) QKV_Q(GPUD_TYPE_Q8_0, nt)
+#define Q4(nt) QKV_Q(GPUD_TYPE_Q4_0, nt)
+#define F32V(nt) QKV_F(GPUD_TYPE_F32, true, nt)
+#define F32S(nt) QKV_F(GPUD_TYPE_F32, false, nt)
+#define F16V(nt) QKV_F(GPUD_TYPE_F16, true, nt)
+#define F16S(nt) QKV_F(GPUD_TYPE_F16, false, nt)
+#define BF16V(nt) QKV_F(GPUD_TYPE_BF16, true, nt)
+#define BF16S(nt) QKV_F(GPUD_TYPE_BF16, false, nt)
+	bool vec = cols % 8 == 0; /* 8-element loads need rows of a multiple of 8 */
+	switch (type) {
+	case GPUD_TYPE_Q8_0:
+		return launched(NT_BUCKET(T, Q8));
+	case GPUD_TYPE_Q4_0:
+		return launched(NT_BUCKET(T, Q4));
+	case GPUD_TYPE_F32:
+		return launched(vec ? NT_BUCKET(T, F32V) : NT_BUCKET(T, F32S));
+	case GPUD_TYPE_F16:
+		return launched(vec ? NT_BUCKET(T, F16V) : NT_BUCKET(T, F16S));
+	case GPUD_TYPE_BF16:
+		return launched(vec ? NT_BUCKET(T, BF16V) : NT_BUCKET(T, BF16S));
+	default:
+		return cudaErrorInvalidValue;
+	}
+#undef Q8
+#undef Q4
+#undef F32V
+#undef F32S
+#undef F16V
+#undef F16S
+#undef BF16V
+#undef BF16S
+#undef QKV_Q
+#undef QKV_F
 }

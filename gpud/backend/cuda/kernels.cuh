@@ -139,4 +139,14 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
 			    uint32_t T, int8_t *yq, float *yd);
 
+// Decode Q, K and V (ws[0..2], one type and width, Q of n_heads * head_dim
+// rows, K and V of n_kv_heads * head_dim) over the same activations, with
+// RoPE and the KV store in the epilogue, T <= GPUD_K_GEMV_MAX_T: the q and
+// KV bits of gpud_k_mv_group and gpud_k_rope_store, in one launch (x for
+// F32/F16/BF16, xq and xd for Q8_0/Q4_0); q (T, n_heads * head_dim).
+cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
+			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
+			  const gpud_cuda_meta *m, const float *inv_freq,
+			  const gpud_cuda_kvshape *kv);
+
 #endif
