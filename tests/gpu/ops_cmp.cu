@@ -18,6 +18,9 @@
 //   - F16/BF16, T > 8: cuBLAS over activations split into hi + lo halves
 //     (about 22 and 16 bits of each activation), as backend.cu calls it:
 //     1e-5 and 1e-4.
+//   - Q8_0/Q4_0, 9 .. 64 tokens: the tensor-core kernel with its columns
+//     split (gpud_k_mm_q_splits), whose partials add in a fixed order: the
+//     GEMV's bound, and the same bits twice.
 // RMSNorm (+ residual), SwiGLU and the embedding rows of every type are
 // checked against the same computations written here (the CPU's formulas).
 // The fused kernels (GEMVs of several matrices in one launch, gate/up with
@@ -42,6 +45,7 @@ namespace {
 
 int failures;
 cublasHandle_t blas;
+gpud_cuda_ksplit ksplit; // the int8 matmul's split-K scratch (main)
 uint64_t rng = 0x243f6a8885a308d3ull;
 
 float frand(void)
@@ -94,6 +98,9 @@ void report(const char *what, double worst, double bound)
 	if (!ok)
 		failures++;
 }
+
+// Elements of n bytes each that differ between a and b (below).
+size_t bits_differ(const void *a, const void *b, size_t n, size_t size);
 
 // Worst over the T rows of (T, n) outputs of max |a - b| / max |b|.
 double rel_rows(const float *a, const float *b, uint32_t T, int64_t n)
@@ -192,7 +199,7 @@ void gpu_mm(const mat &m, const float *dx, uint32_t T, float *dy)
 		int8_t *q = (int8_t *)dev((size_t)T * m.cols);
 		float *d = (float *)dev((size_t)T * (m.cols / GPUD_QK) * 4);
 		gpud_k_quantize_act(0, dx, T, (uint32_t)m.cols, q, d);
-		gpud_k_mm_q(0, &w, q, d, T, dy);
+		gpud_k_mm_q(0, &w, q, d, T, dy, &ksplit);
 		cudaDeviceSynchronize();
 		cudaFree(q);
 		cudaFree(d);
@@ -249,12 +256,34 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 	cpu_mm(m, x, T, yc);
 	snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tokens", gpud_type_name(t),
 		 (long long)rows, (long long)cols, T);
+	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+	uint32_t splits = i8 ? gpud_k_mm_q_splits(rows, cols, T, &ksplit) : 1;
+	if (splits > 1)
+		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %u splits", splits);
 	gpu_mm(m, dx, T, dy);
 	if (down(yg, dy, sizeof(float) * T * rows, what))
 		report(what, rel_rows(yg, yc, T, rows),
-		       (t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0) && T > 8 ? 0
-		       : t == GPUD_TYPE_BF16 && T > 8			   ? 1e-4
-									   : 1e-5);
+		       i8 && T > 8 && splits == 1 ? 0 /* the tensor-core kernel: the CPU's bits */
+		       : t == GPUD_TYPE_BF16 && T > 8 ? 1e-4
+						      : 1e-5);
+	if (splits > 1) {
+		/* the splits add in one order: the same bits again; counters at 0 */
+		float *y2 = (float *)malloc(sizeof(float) * T * rows);
+		unsigned c[256];
+		uint32_t nc = (uint32_t)((rows + 31) / 32);
+		size_t nz = 0;
+
+		snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tok: repeatable, counters 0",
+			 gpud_type_name(t), (long long)rows, (long long)cols, T);
+		gpu_mm(m, dx, T, dy);
+		if (nc <= 256 && down(y2, dy, sizeof(float) * T * rows, what) &&
+		    down(c, ksplit.cnt, 4 * nc, what)) {
+			for (uint32_t i = 0; i < nc; i++)
+				nz += c[i] != 0;
+			report(what, (double)(bits_differ(yg, y2, (size_t)T * rows, 4) + nz), 0);
+		}
+		free(y2);
+	}
 	free(x);
 	free(yc);
 	free(yg);
@@ -429,7 +458,7 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		sep[i] = (float *)dev(4 * ny);
 		grp[i] = (float *)dev(4 * ny);
 		if (i8)
-			gpud_k_mm_q(0, &w[i], q, d, T, sep[i]);
+			gpud_k_mm_q(0, &w[i], q, d, T, sep[i], &ksplit);
 		else
 			gpud_k_mv_f(0, &w[i], dx, T, sep[i]);
 	}
@@ -799,12 +828,20 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	ksplit.part_floats = 8ull * 64 * 4096;
+	ksplit.part = (float *)dev(4 * ksplit.part_floats);
+	ksplit.cnt_words = 4096 / 32 + 1;
+	ksplit.cnt = (unsigned *)dev(4 * ksplit.cnt_words);
+	ksplit.n_sm = 132;
+	cudaMemset(ksplit.cnt, 0, 4 * ksplit.cnt_words);
 	for (enum gpud_type t : types) {
 		check_embed(t);
 		for (uint32_t T : { 1u, 3u, 8u })
 			check_matmul(t, 200, 320, T);
 		for (uint32_t T : { 9u, 70u })
 			check_matmul(t, 130, 320, T);
+		if (t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0)
+			check_matmul(t, 1000, 1024, 40); /* 8 splits of 32 tiles */
 	}
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })

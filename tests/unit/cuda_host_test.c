@@ -211,7 +211,7 @@ static void test_plan_pools(void **state)
 	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
 	{
 		const uint64_t offs[] = { l.x, l.xb, l.q, l.k, l.v, l.att, l.attp, l.attc,
-					  l.hb, l.hb2, l.xl, l.logits, l.actq, l.actd, l.actq2, l.actd2, l.acth,
+					  l.hb, l.hb2, l.xl, l.logits, l.actq, l.actd, l.actq2, l.actd2, l.mmp, l.mmc, l.acth,
 					  l.ascale, l.meta };
 		for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
 			assert_int_equal(offs[i] % 256, 0);

@@ -82,6 +82,7 @@ struct cuda_ctx {
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
 	uint32_t n_tiles; // the eager step's attention tiles (gpud_cuda_meta_fill)
+	gpud_cuda_ksplit ksplit; // split-K scratch of the int8 tensor-core matmul
 	int8_t *actq, *actq2; // int8 activations; decode's down reads actq2,
 	float *actd, *actd2;  // written by gate/up while they read actq
 	void *acth_hi, *acth_lo; // F16/BF16 prefill: activations split in two
@@ -552,6 +553,8 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->actd = (float *)(s + L->actd);
 	c->actq2 = (int8_t *)(s + L->actq2);
 	c->actd2 = (float *)(s + L->actd2);
+	c->ksplit = gpud_cuda_ksplit{ (float *)(s + L->mmp), L->mmp_floats, (unsigned *)(s + L->mmc),
+				      L->mmc_words, c->n_sm };
 	c->acth_hi = s + L->acth;
 	c->acth_lo = s + L->acth + (L->ascale - L->acth) / 2; // the second half
 	c->ascale = (float *)(s + L->ascale);
@@ -654,7 +657,7 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	switch (w->type) {
 	case GPUD_TYPE_Q8_0:
 	case GPUD_TYPE_Q4_0:
-		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y), "matmul (int8)");
+		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y, &c->ksplit), "matmul (int8)");
 		return 0;
 	case GPUD_TYPE_F32:
 		if (T <= MV_MAX_T)
@@ -859,7 +862,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 					   T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
 			   "matmul (gemv, swiglu)");
 			if (glu_q)
-				CK(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb),
+				CK(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb,
+					       &c->ksplit),
 				   "matmul (int8)");
 			else if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 				 (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))

@@ -56,6 +56,7 @@ struct gpud_mask;
 #define GPUD_CUDA_ATT_SMEM (48u * 1024) /* attention: shared memory of a CTA (no opt-in) */
 #define GPUD_CUDA_ATT_MAX_TILE 16u /* attention: query tokens of a prefill CTA */
 #define GPUD_CUDA_GEMV_MAX_T 8u /* matmuls of up to this many tokens: GEMVs (kernels.cuh) */
+#define GPUD_CUDA_MM_MAX_SPLITS 8u /* int8 tensor-core matmul of a decode batch: column splits */
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -84,7 +85,9 @@ struct gpud_cuda_layout {
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
 	/* scratch offsets (bytes) */
 	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, actq, actd, actq2, actd2,
-		acth, ascale, meta;
+		mmp, mmc, acth, ascale, meta;
+	uint64_t mmp_floats; /* int8 matmul split-K partials (mmp), and its counters */
+	uint32_t mmc_words;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
 	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_btab;

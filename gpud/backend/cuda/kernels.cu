@@ -1367,10 +1367,20 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
  * CPU's bits. A CTA of 4 warps holds MMA_M weight rows x MMA_N tokens,
  * each warp 16 rows x 32 tokens (4 mma tiles of 8 tokens); MMA_KB blocks
  * of 32 columns are staged in shared memory per barrier, each 16-column
- * half as [row][4 words] so that a fragment's 32 lanes read 32 banks. */
+ * half as [row][4 words] so that a fragment's 32 lanes read 32 banks.
+ *
+ * Decode batches (one token tile) have few tiles: a 3072-row matrix is 96
+ * CTAs, under one per multiprocessor, each waiting on its loads. There the
+ * columns are split (grid.z, gpud_k_mm_q's choice: about 2 CTAs per
+ * multiprocessor): each split writes its partial sums to part, and the
+ * CTA that arrives last at its row tile's counter (atomicAdd after a
+ * fence; it resets the counter) adds the splits in order. The sum is then
+ * no longer the CPU's order (ops_cmp's bound is the GEMV's), but it is the
+ * same from run to run. */
 #define MMA_M 32
 #define MMA_N 64
 #define MMA_KB 4
+#define MMA_MAX_SPLITS GPUD_CUDA_MM_MAX_SPLITS
 
 /* d += A B for the warp's fragments (cuda_runtime.h of cuemu documents the
  * layout): the tensor-core instruction, or cuemu's emulation of it. */
@@ -1390,24 +1400,30 @@ template <int TYPE>
 __global__ void __launch_bounds__(128)
 gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, int64_t rows,
 	      int64_t cols, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-	      uint32_t T, float *y)
+	      uint32_t T, float *y, float *part, unsigned *cnt)
 {
 	pdl_enter();
 	__shared__ int4 sw[MMA_KB][2][MMA_M];
 	__shared__ int4 sx[MMA_KB][2][MMA_N];
 	__shared__ float sdw[MMA_KB][MMA_M], sdx[MMA_KB][MMA_N];
+	__shared__ bool last;
 	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	uint32_t wr = ((tid >> 5) & 1) * 16, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
 	int64_t r0 = (int64_t)blockIdx.x * MMA_M, t0 = (int64_t)blockIdx.y * MMA_N;
-	int64_t nb = cols / GPUD_QK;
+	int64_t nb = cols / GPUD_QK, steps = (nb + MMA_KB - 1) / MMA_KB;
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	/* this split's blocks: whole steps of MMA_KB */
+	int64_t i_lo = steps * split / n_split * MMA_KB, i_hi = steps * (split + 1) / n_split * MMA_KB;
 	float acc[4][4];
 
+	if (i_hi > nb)
+		i_hi = nb;
 #pragma unroll
 	for (int j = 0; j < 4; j++)
 #pragma unroll
 		for (int e = 0; e < 4; e++)
 			acc[j][e] = 0.0f;
-	for (int64_t i0 = 0; i0 < nb; i0 += MMA_KB) {
+	for (int64_t i0 = i_lo; i0 < i_hi; i0 += MMA_KB) {
 		/* stage: MMA_KB blocks of the tile's weights and activations,
 		 * zeros past the matrix, the tokens or the columns */
 		for (uint32_t e = tid; e < MMA_KB * MMA_M; e += blockDim.x) {
@@ -1416,7 +1432,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 			int w[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
 			float dw = 0.0f;
 
-			if (i < nb && r0 + row < rows) {
+			if (i < i_hi && r0 + row < rows) {
 				load_wblock<TYPE>(wq, r0 + row, cols, i, w);
 				dw = half_bits(wd[(r0 + row) * nb + i]);
 			}
@@ -1430,7 +1446,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 			int4 a = make_int4(0, 0, 0, 0), b = a;
 			float dx = 0.0f;
 
-			if (i < nb && t0 + tok < T) {
+			if (i < i_hi && t0 + tok < T) {
 				const int4 *p = (const int4 *)(xq + (t0 + tok) * cols + i * GPUD_QK);
 				a = p[0];
 				b = p[1];
@@ -1441,7 +1457,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 			sdx[kb][tok] = dx;
 		}
 		__syncthreads();
-		for (uint32_t kb = 0; kb < MMA_KB && i0 + kb < nb; kb++) {
+		for (uint32_t kb = 0; kb < MMA_KB && i0 + kb < i_hi; kb++) {
 			int c[4][4];
 
 #pragma unroll
@@ -1467,6 +1483,42 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 				}
 		}
 		__syncthreads();
+	}
+	if (n_split > 1) {
+		/* this split's partials; the last CTA of the row tile adds them */
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int64_t row = r0 + wr + g + (e < 2 ? 0 : 8);
+				int64_t tok = wt + 8 * j + 2 * t4 + (e & 1); /* one token tile */
+				if (row < rows && tok < T)
+					part[((int64_t)split * T + tok) * rows + row] = acc[j][e];
+			}
+		__threadfence();
+		__syncthreads();
+		if (tid == 0) {
+			last = atomicAdd(&cnt[blockIdx.x], 1u) == n_split - 1;
+			if (last)
+				cnt[blockIdx.x] = 0; /* every split has arrived: ready for the next */
+		}
+		__syncthreads();
+		if (!last)
+			return;
+		__threadfence();
+		const volatile float *vp = part; /* past L1: the other CTAs wrote them */
+#pragma unroll
+		for (int j = 0; j < 4; j++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int64_t row = r0 + wr + g + (e < 2 ? 0 : 8);
+				int64_t tok = wt + 8 * j + 2 * t4 + (e & 1);
+				float v = 0.0f;
+				if (row < rows && tok < T)
+					for (uint32_t sp = 0; sp < n_split; sp++)
+						v += vp[((int64_t)sp * T + tok) * rows + row];
+				acc[j][e] = v;
+			}
 	}
 #pragma unroll
 	for (int j = 0; j < 4; j++)
@@ -1501,9 +1553,26 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 #undef GEMV
 }
 
+uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
+			    const gpud_cuda_ksplit *ks)
+{
+	uint64_t tiles = (uint64_t)(rows + MMA_M - 1) / MMA_M;
+	uint64_t steps = (uint64_t)(cols / GPUD_QK + MMA_KB - 1) / MMA_KB;
+	uint64_t n;
+
+	if (!ks || T <= GPUD_K_GEMV_MAX_T || T > MMA_N || !tiles)
+		return 1;
+	n = (2ull * ks->n_sm + tiles - 1) / tiles; /* about 2 CTAs per multiprocessor */
+	n = n > MMA_MAX_SPLITS ? MMA_MAX_SPLITS : n;
+	n = n > steps ? steps : n;
+	while (n > 1 && (n * T * (uint64_t)rows > ks->part_floats || tiles > ks->cnt_words))
+		n--;
+	return n ? (uint32_t)n : 1;
+}
+
 template <int TYPE>
 static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
-			     const float *xd, uint32_t T, float *y)
+			     const float *xd, uint32_t T, float *y, const gpud_cuda_ksplit *ks)
 {
 	const uint8_t *q = (const uint8_t *)w->q;
 	const uint16_t *d = (const uint16_t *)w->d;
@@ -1512,9 +1581,11 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 		gemv_set set = { { q }, { d }, { y }, { w->rows } };
 		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
-	dim3 grid((unsigned)((w->rows + MMA_M - 1) / MMA_M), (T + MMA_N - 1) / MMA_N);
+	uint32_t n = gpud_k_mm_q_splits(w->rows, w->cols, T, ks);
+	dim3 grid((unsigned)((w->rows + MMA_M - 1) / MMA_M), (T + MMA_N - 1) / MMA_N, n);
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
-					   w->rows, w->cols, xq, xd, T, y));
+					   w->rows, w->cols, xq, xd, T, y,
+					   n > 1 ? ks->part : nullptr, n > 1 ? ks->cnt : nullptr));
 }
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
@@ -1549,12 +1620,12 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 }
 
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
-			const float *xd, uint32_t T, float *y)
+			const float *xd, uint32_t T, float *y, const gpud_cuda_ksplit *ks)
 {
 	if (w->type == GPUD_TYPE_Q8_0)
-		return launch_mm<GPUD_TYPE_Q8_0>(s, w, xq, xd, T, y);
+		return launch_mm<GPUD_TYPE_Q8_0>(s, w, xq, xd, T, y, ks);
 	if (w->type == GPUD_TYPE_Q4_0)
-		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y);
+		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y, ks);
 	return cudaErrorInvalidValue;
 }
 

@@ -121,11 +121,28 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 // Tokens up to which the matmuls take a GEMV (a warp per row).
 #define GPUD_K_GEMV_MAX_T 8u
 
+// Scratch for the int8 tensor-core matmul's split-K (decode batches of
+// GPUD_K_GEMV_MAX_T + 1 .. 64 tokens): partial sums (splits, T, rows) and
+// one arrival counter per 32-row tile, zero between launches.
+struct gpud_cuda_ksplit {
+	float *part;
+	uint64_t part_floats;
+	unsigned *cnt;
+	uint32_t cnt_words;
+	uint32_t n_sm; // the device's multiprocessors: about 2 CTAs each
+};
+
 // y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
 // (warp per row, T <= GPUD_K_GEMV_MAX_T) or an int8 tensor-core kernel
-// (larger T, whose sums are the CPU's bits).
+// (larger T, whose sums are the CPU's bits; with ks, batches of up to 64
+// tokens split the columns over gpud_k_mm_q_splits CTAs, whose sum is not).
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
-			const float *xd, uint32_t T, float *y);
+			const float *xd, uint32_t T, float *y, const gpud_cuda_ksplit *ks);
+
+// The column splits gpud_k_mm_q makes for a rows x cols matrix and T
+// tokens (1: none): a function of the shapes and ks only.
+uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
+			    const gpud_cuda_ksplit *ks);
 
 // The decode GEMVs of n (1..3) matrices of one type and width over the
 // same activations in one launch, ys[i] = ws[i] x, T <= GPUD_K_GEMV_MAX_T:

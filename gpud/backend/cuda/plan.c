@@ -216,6 +216,13 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	 * their input */
 	CARVE(actq2, (uint64_t)GPUD_CUDA_GEMV_MAX_T * l->ffn_dim);
 	CARVE(actd2, (uint64_t)GPUD_CUDA_GEMV_MAX_T * (l->ffn_dim / GPUD_QK + 1) * 4);
+	/* int8 matmuls of a decode batch (up to 64 tokens) split their columns:
+	 * partials of a layer's matrices (rows <= max_cols), a counter per 32
+	 * rows, which the last CTA resets */
+	l->mmp_floats = (uint64_t)GPUD_CUDA_MM_MAX_SPLITS * (T < 64 ? T : 64) * l->max_cols;
+	l->mmc_words = (uint32_t)(l->max_cols / 32 + 1);
+	CARVE(mmp, l->mmp_floats * 4);
+	CARVE(mmc, (uint64_t)l->mmc_words * 4);
 	CARVE(acth, 2 * (T > NL ? T : NL) * l->max_cols * 2); /* hi, then lo */
 	CARVE(ascale, (T > NL ? T : NL) * 4);
 	CARVE(meta, l->meta_words * 4);
