@@ -296,6 +296,35 @@ static void test_att_splits(void **state)
 	}
 }
 
+static void test_mm_splits(void **state)
+{
+	const uint64_t part = 8ull * 64 * 8192; /* the 3B plan's: 8 x 64 tokens x 8192 rows */
+
+	(void)state;
+	/* Llama-3.2-3B on 132 SMs: q/o (3072 rows, 96 tiles) 3 splits, k/v
+	 * (1024 rows) 8, gate/up (8192) 2, down (3072 x 8192) 3 */
+	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 16, part, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, part, 257, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(8192, 3072, 64, part, 257, 132), 2);
+	assert_int_equal(gpud_cuda_mm_splits(3072, 8192, 40, part, 257, 132), 3);
+	/* the GEMV's batches, prefill, and a matrix of many tiles: none */
+	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 8, part, 257, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 65, part, 257, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(128256, 3072, 64, part, 257, 132), 1);
+	/* a step of blocks per split at least: 64 columns are 1 step */
+	assert_int_equal(gpud_cuda_mm_splits(64, 64, 16, part, 257, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(64, 320, 16, part, 257, 132), 3);
+	/* the scratch bounds them: partials, then counters */
+	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, part, 31, 132), 1);
+	for (uint32_t T = 1; T <= 80; T++) {
+		uint32_t n = gpud_cuda_mm_splits(3072, 3072, T, part, 257, 1u << 20);
+
+		assert_true(n >= 1 && n <= GPUD_CUDA_MM_MAX_SPLITS);
+		assert_true((uint64_t)n * T * 3072 <= part || n == 1);
+	}
+}
+
 static void test_errcode(void **state)
 {
 	(void)state;
@@ -529,6 +558,7 @@ int main(void)
 		cmocka_unit_test(test_plan_pools),
 		cmocka_unit_test(test_graph_sizes),
 		cmocka_unit_test(test_att_splits),
+		cmocka_unit_test(test_mm_splits),
 		cmocka_unit_test(test_errcode),
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_mask_image),

@@ -56,7 +56,12 @@ struct gpud_mask;
 #define GPUD_CUDA_ATT_SMEM (48u * 1024) /* attention: shared memory of a CTA (no opt-in) */
 #define GPUD_CUDA_ATT_MAX_TILE 16u /* attention: query tokens of a prefill CTA */
 #define GPUD_CUDA_GEMV_MAX_T 8u /* matmuls of up to this many tokens: GEMVs (kernels.cuh) */
-#define GPUD_CUDA_MM_MAX_SPLITS 8u /* int8 tensor-core matmul of a decode batch: column splits */
+/* the int8 tensor-core matmul (kernels.cu): a CTA's rows and tokens, the
+ * 32-column blocks it stages per barrier, and its column splits at most */
+#define GPUD_CUDA_MM_TILE_ROWS 32u
+#define GPUD_CUDA_MM_TILE_TOKENS 64u
+#define GPUD_CUDA_MM_STEP_BLOCKS 4u
+#define GPUD_CUDA_MM_MAX_SPLITS 8u
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -175,6 +180,16 @@ uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l);
  * GPUD_CUDA_ATT_MAX_SPLITS and GPUD_CUDA_ATT_PARTS / T. Depends on T and
  * the device only, never on positions: a decode graph keeps its grid. */
 uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm);
+
+/* Column splits of the int8 tensor-core matmul of a rows x cols matrix
+ * over T tokens (gpud_k_mm_q): 1 unless T is a decode batch past the GEMV
+ * (GPUD_CUDA_GEMV_MAX_T < T <= GPUD_CUDA_MM_TILE_TOKENS, one token tile);
+ * then about 2 CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a
+ * step of blocks each at least, the partials (splits x T x rows floats)
+ * within part_floats and the row tiles within cnt_words. A function of the
+ * shapes and the device only: a decode graph keeps its grid. */
+uint32_t gpud_cuda_mm_splits(uint64_t rows, uint64_t cols, uint32_t T, uint64_t part_floats,
+			     uint32_t cnt_words, uint32_t n_sm);
 
 /* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
  * out-of-memory, -ENODEV for no device / invalid device / no driver,

@@ -1377,10 +1377,9 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
  * fence; it resets the counter) adds the splits in order. The sum is then
  * no longer the CPU's order (ops_cmp's bound is the GEMV's), but it is the
  * same from run to run. */
-#define MMA_M 32
-#define MMA_N 64
-#define MMA_KB 4
-#define MMA_MAX_SPLITS GPUD_CUDA_MM_MAX_SPLITS
+#define MMA_M GPUD_CUDA_MM_TILE_ROWS
+#define MMA_N GPUD_CUDA_MM_TILE_TOKENS
+#define MMA_KB GPUD_CUDA_MM_STEP_BLOCKS
 
 /* d += A B for the warp's fragments (cuda_runtime.h of cuemu documents the
  * layout): the tensor-core instruction, or cuemu's emulation of it. */
@@ -1556,18 +1555,11 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 			    const gpud_cuda_ksplit *ks)
 {
-	uint64_t tiles = (uint64_t)(rows + MMA_M - 1) / MMA_M;
-	uint64_t steps = (uint64_t)(cols / GPUD_QK + MMA_KB - 1) / MMA_KB;
-	uint64_t n;
-
-	if (!ks || T <= GPUD_K_GEMV_MAX_T || T > MMA_N || !tiles)
+	static_assert(GPUD_K_GEMV_MAX_T == GPUD_CUDA_GEMV_MAX_T, "one GEMV bound");
+	if (!ks || rows <= 0 || cols <= 0)
 		return 1;
-	n = (2ull * ks->n_sm + tiles - 1) / tiles; /* about 2 CTAs per multiprocessor */
-	n = n > MMA_MAX_SPLITS ? MMA_MAX_SPLITS : n;
-	n = n > steps ? steps : n;
-	while (n > 1 && (n * T * (uint64_t)rows > ks->part_floats || tiles > ks->cnt_words))
-		n--;
-	return n ? (uint32_t)n : 1;
+	return gpud_cuda_mm_splits((uint64_t)rows, (uint64_t)cols, T, ks->part_floats,
+				   ks->cnt_words, ks->n_sm);
 }
 
 template <int TYPE>

@@ -296,6 +296,25 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
 	return want ? (uint32_t)want : 1;
 }
 
+uint32_t gpud_cuda_mm_splits(uint64_t rows, uint64_t cols, uint32_t T, uint64_t part_floats,
+			     uint32_t cnt_words, uint32_t n_sm)
+{
+	uint64_t tiles = (rows + GPUD_CUDA_MM_TILE_ROWS - 1) / GPUD_CUDA_MM_TILE_ROWS;
+	uint64_t steps = (cols / GPUD_QK + GPUD_CUDA_MM_STEP_BLOCKS - 1) / GPUD_CUDA_MM_STEP_BLOCKS;
+	uint64_t n;
+
+	if (T <= GPUD_CUDA_GEMV_MAX_T || T > GPUD_CUDA_MM_TILE_TOKENS || !tiles)
+		return 1;
+	n = (2ull * (n_sm ? n_sm : 1) + tiles - 1) / tiles; /* about 2 CTAs per SM */
+	if (n > GPUD_CUDA_MM_MAX_SPLITS)
+		n = GPUD_CUDA_MM_MAX_SPLITS;
+	if (n > steps)
+		n = steps;
+	while (n > 1 && (n * T * rows > part_floats || tiles > cnt_words))
+		n--;
+	return n ? (uint32_t)n : 1;
+}
+
 int gpud_cuda_errcode(int cuda_err)
 {
 	switch (cuda_err) {
