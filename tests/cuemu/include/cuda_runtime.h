@@ -190,18 +190,19 @@ struct closure {
 };
 } // namespace cuemu
 
-/* cu2cc.py's form of k<<<g, b, shm, s>>>(args...): the arguments are
- * converted to the kernel's parameter types and copied at the launch, as
- * CUDA does; the kernel runs when the stream's work does. */
+namespace cuemu {
+/* A launch of k with arguments a: converted to the kernel's parameter
+ * types and copied at the launch, as CUDA does; the kernel runs when the
+ * stream's work does. */
 template <class... P, class... A>
-cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
-			 cudaStream_t s, void (*k)(P...), A &&...a)
+cudaError_t launch_args(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
+			cudaStream_t s, bool pdl, void (*k)(P...), A &&...a)
 {
-	typedef cuemu::closure<void (*)(P...), typename std::decay<P>::type...> C;
+	typedef closure<void (*)(P...), typename std::decay<P>::type...> C;
 	static_assert(std::is_trivially_destructible<C>::value,
 		      "cuemu: kernel arguments must be trivially destructible");
 	C c{ k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...) };
-	cuemu::kernel_body body = {
+	kernel_body body = {
 		[](const void *p) {
 			const C *x = (const C *)p;
 			std::apply(x->k, x->args);
@@ -210,7 +211,16 @@ cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_
 		&c, sizeof(C), alignof(C),
 	};
 
-	return cuemu::launch(name, bound, g, b, shm, s, body);
+	return launch(name, bound, g, b, shm, s, body, pdl);
+}
+} // namespace cuemu
+
+/* cu2cc.py's form of k<<<g, b, shm, s>>>(args...). */
+template <class... P, class... A>
+cudaError_t cuemu_launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
+			 cudaStream_t s, void (*k)(P...), A &&...a)
+{
+	return cuemu::launch_args(name, bound, g, b, shm, s, false, k, std::forward<A>(a)...);
 }
 
 /* cu2cc.py's form of cudaLaunchKernelEx(cfg, k, args...): cuemu_launch
@@ -228,19 +238,8 @@ cudaError_t cuemu_launch_ex(const char *name, unsigned bound, const cudaLaunchCo
 		else if (cfg->attrs[i].id != cudaLaunchAttributeIgnore)
 			return cudaErrorNotSupported;
 	}
-	typedef cuemu::closure<void (*)(P...), typename std::decay<P>::type...> C;
-	C c{ k, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...) };
-	cuemu::kernel_body body = {
-		[](const void *p) {
-			const C *x = (const C *)p;
-			std::apply(x->k, x->args);
-		},
-		[](void *d, const void *src) { new (d) C(*(const C *)src); },
-		&c, sizeof(C), alignof(C),
-	};
-
-	return cuemu::launch(name, bound, cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes,
-			     cfg->stream, body, pdl);
+	return cuemu::launch_args(name, bound, cfg->gridDim, cfg->blockDim, cfg->dynamicSmemBytes,
+				  cfg->stream, pdl, k, std::forward<A>(a)...);
 }
 
 /* griddepcontrol (PTX, sm_90): launch_dependents changes nothing here (a
