@@ -377,12 +377,6 @@ int warm_blas(cuda_ctx *c, char *err, size_t errlen)
 	return 0;
 }
 
-// Captures the decode graphs (T tokens, T logits rows, no hidden states)
-// for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
-// so that a replay allocates nothing. Graphs are a speed-up only: a
-// capture that fails leaves that size and the larger ones to the eager
-// path, with the first failure kept in why. GPUD_CUDA_GRAPHS=0 turns
-// them off (every step eager).
 // Programmatic dependent launch (kernels.cu) on the instance's stream, so
 // that each kernel is resident when the one before it ends: on a device
 // that has it (sm_90 and later) unless GPUD_CUDA_PDL=0, and only once a
@@ -447,6 +441,12 @@ void pdl_setup(cuda_ctx *c, int major)
 			 what, cudaGetErrorString(e));
 }
 
+// Captures the decode graphs (T tokens, T logits rows, no hidden states)
+// for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
+// so that a replay allocates nothing. Graphs are a speed-up only: a
+// capture that fails leaves that size and the larger ones to the eager
+// path, with the first failure kept in why. GPUD_CUDA_GRAPHS=0 turns
+// them off (every step eager).
 void capture_graphs(cuda_ctx *c, char *why, size_t whylen)
 {
 	uint32_t max_t = gpud_cuda_graph_max_t(&c->L);
