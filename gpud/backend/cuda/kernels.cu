@@ -981,7 +981,8 @@ gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint
 	__shared__ float sw[FT][FK + 1];
 	__shared__ float sx[FT][FK + 1];
 	uint32_t tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-	int64_t r0 = (int64_t)blockIdx.x * FT, t0 = (int64_t)blockIdx.y * FT;
+	/* token tiles on x: a row tile's CTAs run together (gemm_q_kernel) */
+	int64_t r0 = (int64_t)blockIdx.y * FT, t0 = (int64_t)blockIdx.x * FT;
 	float acc[4][4];
 
 #pragma unroll
@@ -1029,9 +1030,9 @@ gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint
 cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			  float *y)
 {
-	dim3 grid((unsigned)((w->rows + FT - 1) / FT), (T + FT - 1) / FT);
+	dim3 grid((T + FT - 1) / FT, (unsigned)((w->rows + FT - 1) / FT));
 
-	if (w->type != GPUD_TYPE_F32)
+	if (w->type != GPUD_TYPE_F32 || (w->rows + FT - 1) / FT > 65535)
 		return cudaErrorInvalidValue;
 	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), gemm_f32_kernel,
 					   (const float *)w->q, w->rows, w->cols, x, T, y));
@@ -1408,7 +1409,9 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 	__shared__ bool last;
 	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	uint32_t wr = ((tid >> 5) & 1) * 16, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
-	int64_t r0 = (int64_t)blockIdx.x * MMA_M, t0 = (int64_t)blockIdx.y * MMA_N;
+	/* token tiles on x, the fastest: the CTAs of one row tile run together
+	 * and read its weights from DRAM once, not once per token tile */
+	int64_t r0 = (int64_t)blockIdx.y * MMA_M, t0 = (int64_t)blockIdx.x * MMA_N;
 	int64_t nb = cols / GPUD_QK, steps = (nb + MMA_KB - 1) / MMA_KB;
 	uint32_t split = blockIdx.z, n_split = gridDim.z;
 	/* this split's blocks: whole steps of MMA_KB */
@@ -1497,9 +1500,9 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 		__threadfence();
 		__syncthreads();
 		if (tid == 0) {
-			last = atomicAdd(&cnt[blockIdx.x], 1u) == n_split - 1;
+			last = atomicAdd(&cnt[blockIdx.y], 1u) == n_split - 1;
 			if (last)
-				cnt[blockIdx.x] = 0; /* every split has arrived: ready for the next */
+				cnt[blockIdx.y] = 0; /* every split has arrived: ready for the next */
 		}
 		__syncthreads();
 		if (!last)
@@ -1574,7 +1577,11 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
 	uint32_t n = gpud_k_mm_q_splits(w->rows, w->cols, T, ks);
-	dim3 grid((unsigned)((w->rows + MMA_M - 1) / MMA_M), (T + MMA_N - 1) / MMA_N, n);
+	int64_t row_tiles = (w->rows + MMA_M - 1) / MMA_M;
+
+	if (row_tiles > 65535) /* grid.y */
+		return cudaErrorInvalidValue;
+	dim3 grid((T + MMA_N - 1) / MMA_N, (unsigned)row_tiles, n);
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
 					   w->rows, w->cols, xq, xd, T, y,
 					   n > 1 ? ks->part : nullptr, n > 1 ? ks->cnt : nullptr));
