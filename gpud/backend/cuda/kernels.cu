@@ -316,43 +316,63 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 
 /* --- RoPE and the KV store ----------------------------------------------- */
 
+/* RoPE of the CPU reference (backend/cpu/forward.c, pairs 2i, 2i + 1):
+ * the cosine and sine of pos * inv in double, and a pair rotated by them
+ * in the CPU's rounded operations. Shared by rope_store_kernel and the
+ * decode Q/K/V GEMVs' epilogue (qkv_store), which must agree bit for bit. */
+static __device__ __forceinline__ float2 rope_cs(uint32_t pos, float inv)
+{
+	double a = (double)pos * (double)inv;
+	return make_float2((float)cos(a), (float)sin(a));
+}
+
+static __device__ __forceinline__ float2 rope_rot(float a, float b, float2 cs)
+{
+	return make_float2(__fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y)),
+			   __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x)));
+}
+
+/* Token t's slot in its KV block of layer kv.layer: K of head h at
+ * h * head_floats, V at (n_kv_heads + h) * head_floats. */
+static __device__ __forceinline__ float *kv_slot(const gpud_cuda_meta &m,
+						 const gpud_cuda_kvshape &kv, uint32_t t)
+{
+	uint32_t pos = m.pos[t], bt = kv.block_tokens;
+	uint32_t blk = m.btab[m.seqinfo[(size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS +
+					GPUD_CUDA_SI_BTAB] + pos / bt];
+
+	return kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
+	       (size_t)(pos % bt) * kv.head_dim;
+}
+
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
 				  const float *inv, gpud_cuda_kvshape kv)
 {
 	pdl_enter();
-	__shared__ float cs[GPUD_CUDA_MAX_HEAD_DIM];
+	__shared__ float2 cs[GPUD_CUDA_MAX_HEAD_DIM / 2];
 	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
 	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd;
-	uint32_t seq = m.seq[t];
-	uint32_t blk = m.btab[m.seqinfo[(size_t)seq * GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_BTAB] +
-			      pos / kv.block_tokens];
-	float *base = kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
-		      (size_t)(pos % kv.block_tokens) * hd;
+	float *base = kv_slot(m, kv, t);
 	float *qt = q + (size_t)t * nh * hd;
 	const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
 
-	for (uint32_t i = threadIdx.x; i < half; i += blockDim.x) {
-		double a = (double)pos * (double)inv[i];
-		cs[2 * i] = (float)cos(a);
-		cs[2 * i + 1] = (float)sin(a);
-	}
+	for (uint32_t i = threadIdx.x; i < half; i += blockDim.x)
+		cs[i] = rope_cs(pos, inv[i]);
 	__syncthreads();
 	for (uint32_t p = threadIdx.x; p < nh * half; p += blockDim.x) {
 		uint32_t h = p / half, i = p % half;
-		float c = cs[2 * i], sn = cs[2 * i + 1];
 		float *e = qt + (size_t)h * hd + 2 * i;
-		float a = e[0], b = e[1];
-		e[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-		e[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+		float2 r = rope_rot(e[0], e[1], cs[i]);
+		e[0] = r.x;
+		e[1] = r.y;
 	}
 	for (uint32_t p = threadIdx.x; p < nkv * half; p += blockDim.x) {
 		uint32_t h = p / half, i = p % half;
-		float c = cs[2 * i], sn = cs[2 * i + 1];
 		const float *e = kt + (size_t)h * hd + 2 * i;
-		float a = e[0], b = e[1];
+		float2 r = rope_rot(e[0], e[1], cs[i]);
 		float *d = base + (size_t)h * kv.head_floats + 2 * i;
-		d[0] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-		d[1] = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+		d[0] = r.x;
+		d[1] = r.y;
 	}
 	for (uint32_t e = threadIdx.x; e < kvd; e += blockDim.x) {
 		uint32_t h = e / hd, d = e % hd;
@@ -768,28 +788,19 @@ static __device__ __forceinline__ void qkv_store(const rope_args &ra, int m, int
 						 uint32_t t, float a, float b)
 {
 	const gpud_cuda_kvshape &kv = ra.kv;
-	uint32_t hd = kv.head_dim, pos = ra.m.pos[t], h = (uint32_t)(r / hd);
-	uint32_t e = (uint32_t)(r % hd), bt = kv.block_tokens;
-	uint32_t blk = ra.m.btab[ra.m.seqinfo[(size_t)ra.m.seq[t] * GPUD_CUDA_SEQ_WORDS +
-					      GPUD_CUDA_SI_BTAB] + pos / bt];
-	float *base = kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
-		      (size_t)(pos % bt) * hd;
+	uint32_t hd = kv.head_dim, h = (uint32_t)(r / hd), e = (uint32_t)(r % hd);
+	float2 o = make_float2(a, b);
 	float *d;
 
 	if (m == 2) {
-		d = base + (size_t)(kv.n_kv_heads + h) * kv.head_floats + e;
+		d = kv_slot(ra.m, kv, t) + (size_t)(kv.n_kv_heads + h) * kv.head_floats + e;
 	} else {
-		double ang = (double)pos * (double)ra.inv[e / 2];
-		float c = (float)cos(ang), sn = (float)sin(ang);
-		float a2 = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-
-		b = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
-		a = a2;
+		o = rope_rot(a, b, rope_cs(ra.m.pos[t], ra.inv[e / 2]));
 		d = m == 0 ? ra.q + (size_t)t * kv.n_heads * hd + r
-			   : base + (size_t)h * kv.head_floats + e;
+			   : kv_slot(ra.m, kv, t) + (size_t)h * kv.head_floats + e;
 	}
-	d[0] = a;
-	d[1] = b;
+	d[0] = o.x;
+	d[1] = o.y;
 }
 
 /* Lane t stores token t's pair (rows r, r + 1 of matrix m). */
