@@ -64,6 +64,9 @@ struct gpud_fwd_seq {
 	uint32_t tok0;
 	uint32_t logit0;              /* first logits row of this sequence */
 	uint32_t n_logits;            /* 0, 1 (its last token) or n_tokens (all) */
+	bool argmax;                  /* n_logits 1, and only its arg max is read:
+				       * with argmax(), the row may be left out
+				       * of logits() */
 };
 
 struct gpud_fwd_batch {
@@ -122,6 +125,13 @@ struct gpud_backend_ops {
 	/* (n_logits, n_vocab) floats of the last forward; host memory owned by
 	 * the backend, valid until the next forward. */
 	const float *(*logits)(void *ctx);
+
+	/* optional: (n_logits) ids of the last forward, one per logits row:
+	 * the row's gpud_argmax (gpud/sampler.h), -1 for none; valid for
+	 * every row, read by the engine for sequences with argmax set, whose
+	 * rows logits() then need not hold (a device backend finds the arg
+	 * max on its device and downloads ids instead of rows). */
+	const int32_t *(*argmax)(void *ctx);
 
 	/* optional: (n_tokens, dim) hidden states after the final norm of the
 	 * last forward that set want_hidden; owned by the backend. */

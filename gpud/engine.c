@@ -448,7 +448,7 @@ static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ent
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "step: more than max_batch_tokens (%u) tokens",
 				       e->p.max_batch_tokens);
-		if (b->logits == GPUD_LOGITS_LAST)
+		if (b->logits == GPUD_LOGITS_LAST || b->logits == GPUD_LOGITS_ARGMAX)
 			rows += 1;
 		else if (b->logits == GPUD_LOGITS_ALL)
 			rows += b->n_tokens;
@@ -499,7 +499,8 @@ static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, u
 		s->tok0 = fb.n_tokens;
 		s->logit0 = fb.n_logits;
 		s->n_logits = b->logits == GPUD_LOGITS_ALL ? b->n_tokens :
-			      b->logits == GPUD_LOGITS_LAST ? 1 : 0;
+			      b->logits == GPUD_LOGITS_NONE ? 0 : 1;
+		s->argmax = b->logits == GPUD_LOGITS_ARGMAX;
 		e->logit0[i] = s->n_logits ? s->logit0 : UINT32_MAX;
 		memcpy(e->tokens + fb.n_tokens, b->tokens, b->n_tokens * sizeof(int32_t));
 		fb.n_tokens += b->n_tokens;
@@ -533,9 +534,39 @@ int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents,
 
 const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i)
 {
-	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
+	if (i >= e->last_n || e->logit0[i] == UINT32_MAX || e->fseqs[i].argmax)
 		return NULL;
 	return e->ops->logits(e->be) + (size_t)e->logit0[i] * e->hp->n_vocab;
+}
+
+int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i)
+{
+	int32_t id;
+
+	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
+		return -ENOENT;
+	if (!e->fseqs[i].argmax || !e->ops->argmax) {
+		const float *row = e->ops->logits(e->be) + (size_t)e->logit0[i] * e->hp->n_vocab;
+		if (e->fseqs[i].n_logits > 1)
+			row += (size_t)(e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
+		return gpud_argmax(row, (int32_t)e->hp->n_vocab);
+	}
+	id = e->ops->argmax(e->be)[e->logit0[i]];
+	return id >= 0 && (uint32_t)id < e->hp->n_vocab ? id : -EINVAL;
+}
+
+int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp)
+{
+	const float *row;
+
+	if (i < e->last_n && e->logit0[i] != UINT32_MAX && e->fseqs[i].argmax)
+		return gpud_engine_argmax(e, i);
+	row = gpud_engine_logits(e, i);
+	if (!row)
+		return -ENOENT;
+	if (e->fseqs[i].n_logits > 1)
+		row += (size_t)(e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
+	return gpud_sampler_sample(smp, row);
 }
 
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st)
@@ -967,7 +998,8 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 			       chunk_max;
 		struct gpud_batch_entry b = {
 			.seq = seq, .tokens = e->req_ids + done, .n_tokens = chunk,
-			.logits = done + chunk == n_prompt ? GPUD_LOGITS_LAST : GPUD_LOGITS_NONE,
+			.logits = done + chunk < n_prompt ? GPUD_LOGITS_NONE :
+				  gpud_sampler_greedy(smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST,
 		};
 		rc = gpud_engine_step(e, &b, 1, err, errlen);
 		if (rc)
@@ -978,9 +1010,8 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 
 	t0 = now_s();
 	for (;;) {
-		int32_t id = gpud_sampler_sample(smp, gpud_engine_logits(e, 0));
-		struct gpud_batch_entry b = { .seq = seq, .tokens = &id, .n_tokens = 1,
-					      .logits = GPUD_LOGITS_LAST };
+		int32_t id = gpud_engine_sample(e, 0, smp);
+		struct gpud_batch_entry b = { .seq = seq, .tokens = &id, .n_tokens = 1 };
 
 		if (id < 0) {
 			rc = sw_seterr(err, errlen, id, "generate: no token can be sampled");
@@ -995,6 +1026,7 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 			reason = GPUD_GEN_STOP_CONTEXT;
 			break;
 		}
+		b.logits = gpud_sampler_greedy(smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST;
 		rc = gpud_engine_step(e, &b, 1, err, errlen);
 		if (rc)
 			break;

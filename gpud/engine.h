@@ -131,6 +131,10 @@ enum gpud_logits_mode {
 	GPUD_LOGITS_NONE = 0, /* e.g. a prefill chunk that is not the last */
 	GPUD_LOGITS_LAST = 1, /* the entry's last token */
 	GPUD_LOGITS_ALL = 2,  /* every token of the entry (reference tests) */
+	/* The entry's last token, of which only the arg max is wanted
+	 * (greedy sampling: gpud_sampler_greedy): a device backend finds it
+	 * where the logits are and downloads no row. */
+	GPUD_LOGITS_ARGMAX = 3,
 };
 
 struct gpud_batch_entry {
@@ -157,9 +161,21 @@ int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents,
 
 /* Logits of entry i of the last successful step: n_vocab floats for
  * GPUD_LOGITS_LAST, n_tokens consecutive rows of n_vocab for
- * GPUD_LOGITS_ALL; NULL for GPUD_LOGITS_NONE or i out of range. Owned by
+ * GPUD_LOGITS_ALL; NULL for GPUD_LOGITS_NONE, GPUD_LOGITS_ARGMAX (see
+ * gpud_engine_argmax) or i out of range. Owned by
  * the engine, valid until the next step. */
 const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i);
+/* The arg max of entry i's last logits row of the last successful step
+ * (gpud_argmax: what greedy sampling picks), from the backend's device for
+ * GPUD_LOGITS_ARGMAX when it can, else from the row; -EINVAL when no logit
+ * is a number above -inf, -ENOENT for GPUD_LOGITS_NONE or i out of range. */
+int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i);
+
+/* The next token of entry i (its last logits row) by smp: the arg max for
+ * GPUD_LOGITS_ARGMAX, gpud_sampler_sample() otherwise. A negative code as
+ * gpud_engine_argmax or gpud_sampler_sample. The caller accepts the token. */
+int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp);
+
 /* Floats per logits row (the model's vocabulary, token_embd rows). */
 uint32_t gpud_engine_n_vocab(const struct gpud_engine *e);
 

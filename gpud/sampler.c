@@ -318,9 +318,7 @@ static inline bool usable(float l)
 	return !isnan(l) && l != -INFINITY;
 }
 
-/* Arg max of the raw logits (lowest id among equal maxima), skipping NaN
- * and -inf; -EINVAL when none is usable. */
-static int32_t argmax_raw(const float *l, int32_t n)
+int32_t gpud_argmax(const float *l, int32_t n)
 {
 	int32_t best = -1;
 	for (int32_t i = 0; i < n; i++)
@@ -383,6 +381,11 @@ static size_t top_p_buckets(struct gpud_sampler *s, size_t n, float maxl, double
 	return i;
 }
 
+bool gpud_sampler_greedy(const struct gpud_sampler *s)
+{
+	return s->p.temperature <= 0.0f && !penalties_on(s);
+}
+
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 {
 	const struct gpud_sampler_params *p = &s->p;
@@ -393,7 +396,7 @@ int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 	double sum, u, acc;
 
 	if (p->temperature <= 0.0f && !pen)
-		return argmax_raw(logits, s->n_vocab);
+		return gpud_argmax(logits, s->n_vocab);
 
 	for (i = 0; i < nv; i++) {
 		c[i].logit = logits[i];

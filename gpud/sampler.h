@@ -69,6 +69,17 @@ int gpud_sampler_reset(struct gpud_sampler *s, const struct gpud_sampler_params 
  * logit is NaN / -inf. */
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits);
 
+/* Whether the next gpud_sampler_sample() is the plain arg max of the
+ * logits (greedy, no penalty in effect), i.e. gpud_argmax(): a caller may
+ * then take the arg max from where the logits are (the device) instead.
+ * Changes only with reset() and accept(). */
+bool gpud_sampler_greedy(const struct gpud_sampler *s);
+
+/* The index of the greatest of n logits that are numbers above -inf (the
+ * lowest among equal maxima: -0 equals +0), or -EINVAL when none is: the
+ * token greedy sampling picks. */
+int32_t gpud_argmax(const float *logits, int32_t n);
+
 /* Records token id for the penalties (ignored when they are off or id
  * is out of range). */
 void gpud_sampler_accept(struct gpud_sampler *s, int32_t id);

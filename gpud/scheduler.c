@@ -979,7 +979,8 @@ static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chun
 {
 	d->ents[*n] = (struct gpud_batch_entry){
 		.seq = sl->seq, .tokens = sl->toks + sl->n_done, .n_tokens = chunk,
-		.logits = sl->n_done + chunk == sl->n_toks ? GPUD_LOGITS_LAST : GPUD_LOGITS_NONE,
+		.logits = sl->n_done + chunk < sl->n_toks ? GPUD_LOGITS_NONE :
+			  gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST,
 	};
 	d->ent_slot[*n] = sl;
 	sl->in_batch = true;
@@ -1116,9 +1117,9 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 	pfx_insert(d, sl);
 	if (sl->mask && b->tokens < sl->toks + sl->n_prompt)
 		gpud_engine_chunk_store(d->e, sl->seq, sl->toks, sl->n_prompt);
-	if (b->logits != GPUD_LOGITS_LAST)
+	if (b->logits == GPUD_LOGITS_NONE)
 		return;
-	id = gpud_sampler_sample(sl->smp, gpud_engine_logits(d->e, i));
+	id = gpud_engine_sample(d->e, i, sl->smp);
 	if (id < 0) {
 		complete(s, sl, id, 0, "sched: no token can be sampled");
 		return;

@@ -26,13 +26,19 @@
  * two runs are two draws of that quantization noise (on cuemu: 1.2e-2 for
  * a 2-layer, dim-768 model shaped like Llama-3.2-3B, where the same model
  * in F32 agrees to 1.4e-6).
+ * A third of the sequences with one logits row want only its arg max
+ * (greedy decoding, gpud_fwd_seq.argmax): the device's arg max (ops
+ * argmax) must be gpud_argmax of every row it downloads, and on the
+ * others pick a logit within twice the bound of the CPU's greatest.
  * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
  * over the run too. Then, on the device alone: hiding s0 from G changes
  * only G's logits, and a prompt prefilled one KV block per step matches
  * one whole prefill step (mask_props).
  *
  * Bench: cuda:0 only. Decode tokens/s at batch 1, 16 and 64 (each sequence
- * first prefilled with 32 tokens; median of the timed steps), prefill
+ * first prefilled with 32 tokens; median of the timed steps; greedy: the
+ * arg max comes back, and at batch 1 and 64 also with every logits row
+ * downloaded, as sampling needs), prefill
  * tokens/s (one 512-token chunk), and the cost of a compiled mask on a
  * decode step (batch 16, the same cached mask every step, against plain
  * causal): what a mask-cache hit costs on the device. Appends a markdown
@@ -56,6 +62,7 @@
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
+#include "gpud/sampler.h"
 #include "proto/mask.h"
 
 #define MAX_SEQS 64
@@ -283,8 +290,9 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	static int32_t toks[MAX_BATCH];
 	struct gpud_fwd_seq fs[8];
 	struct inst cpu, gpu;
+	static bool row_argmax[MAX_BATCH];
 	double worst = 0;
-	uint64_t a0;
+	uint64_t a0, id_rows = 0, id_bad = 0;
 	int rc = 1;
 
 	if (inst_init(&cpu, &gpud_cpu_backend, m, 8) ||
@@ -323,6 +331,9 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 					.logit0 = b.n_logits,
 					.n_logits = rnd(3) == 0 ? n : 1,
 				};
+				fs[b.n_seqs].argmax = fs[b.n_seqs].n_logits == 1 && rnd(3) == 0;
+				for (uint32_t k = 0; k < fs[b.n_seqs].n_logits; k++)
+					row_argmax[b.n_logits + k] = fs[b.n_seqs].argmax;
 				for (uint32_t t = 0; t < n; t++)
 					toks[b.n_tokens + t] = (int32_t)rnd(hp->n_vocab);
 				b.n_tokens += n;
@@ -339,6 +350,26 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 				const float *y = lg + (size_t)row * hp->n_vocab;
 				double dmax = 0, xmax = 0;
 
+				if (gpu.ops->argmax) {
+					/* the device's arg max: gpud_argmax of the row
+					 * it downloaded; else within twice the bound of
+					 * the CPU's greatest logit */
+					int32_t id = gpu.ops->argmax(gpu.ctx)[row];
+					int32_t c = gpud_argmax(x, (int32_t)hp->n_vocab);
+
+					id_rows++;
+					if (!row_argmax[row]) {
+						int32_t g = gpud_argmax(y, (int32_t)hp->n_vocab);
+						id_bad += id != (g < 0 ? -1 : g);
+					} else {
+						double xm = 0;
+						for (uint32_t v = 0; v < hp->n_vocab; v++)
+							xm = fabs(x[v]) > xm ? fabs(x[v]) : xm;
+						id_bad += id < 0 || c < 0 ||
+							  x[c] - x[id] > 2 * bound * xm;
+						continue; /* the row itself is not downloaded */
+					}
+				}
 				for (uint32_t v = 0; v < hp->n_vocab; v++) {
 					double d = fabs((double)x[v] - y[v]);
 
@@ -355,10 +386,12 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 		}
 	}
 	printf("backend_cmp: %s (%s), %s against cpu: %u rounds of ragged masked batches: "
-	       "worst relative logits error %.3g (bound %.3g); allocations after init %llu\n",
+	       "worst relative logits error %.3g (bound %.3g); device arg max wrong in %llu of "
+	       "%llu rows; allocations after init %llu\n",
 	       gpud_model_path(m), type_of(m), dut->name, rounds, worst, bound,
+	       (unsigned long long)id_bad, (unsigned long long)id_rows,
 	       (unsigned long long)(allocs(&gpu) - a0));
-	rc = worst <= bound && allocs(&gpu) == a0 ? 0 : 1;
+	rc = worst <= bound && !id_bad && allocs(&gpu) == a0 ? 0 : 1;
 #if SW_CUEMU
 	{
 		/* the emulator's own counts: every cudaMalloc/cudaHostAlloc the
@@ -397,9 +430,10 @@ static int cmp_dbl(const void *a, const void *b)
 
 /* Median seconds of a decode step of n_seqs sequences prefilled with ctx
  * tokens (32 .. SEQ_BLOCKS * BLOCK_TOKENS - 40), each with mask (or
- * causal). */
+ * causal); want_rows: each sequence's logits row comes back to the host (for
+ * sampling), else only its arg max (greedy decoding). */
 static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t n_seqs,
-			    uint32_t ctx, bool masked)
+			    uint32_t ctx, bool masked, bool want_rows)
 {
 	static struct seq seqs[MAX_SEQS];
 	static struct gpud_fwd_seq fs[MAX_SEQS];
@@ -446,7 +480,8 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 			fs[i] = (struct gpud_fwd_seq){ .blocks = seqs[i].blocks,
 						       .mask = seqs[i].masked ? &seqs[i].mask : NULL,
 						       .pos0 = seqs[i].len, .n_tokens = 1,
-						       .tok0 = i, .logit0 = i, .n_logits = 1 };
+						       .tok0 = i, .logit0 = i, .n_logits = 1,
+						       .argmax = !want_rows };
 			toks[i] = (int32_t)rnd(hp->n_vocab);
 			seqs[i].len++;
 		}
@@ -476,12 +511,21 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		return 2;
 	a0 = allocs(&g);
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
-		double step = decode_step_s(&g, m, batches[i], 32, false);
+		double step = decode_step_s(&g, m, batches[i], 32, false, false);
 
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch %u | %.1f tok/s | %.3f ms/step |\n", label,
 			batches[i], batches[i] / step, step * 1e3);
+	}
+	/* the same with every logits row downloaded, as sampling needs */
+	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i += 2) {
+		double step = decode_step_s(&g, m, batches[i], 32, false, true);
+
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch %u, logits rows downloaded | %.1f tok/s | "
+			"%.3f ms/step |\n", label, batches[i], batches[i] / step, step * 1e3);
 	}
 	/* a long context: the attention's share (split-K at small batches) */
 	for (size_t i = 0; i < 2; i++) {
@@ -492,7 +536,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 			ctx = hp->n_ctx - 40; /* within the model's context */
 		if (hp->n_ctx && hp->n_ctx < 40 + 64)
 			break; /* no long context to speak of */
-		step = decode_step_s(&g, m, n, ctx, false);
+		step = decode_step_s(&g, m, n, ctx, false, false);
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch %u at context %u | %.1f tok/s | %.3f ms/step |\n",
@@ -516,8 +560,8 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	}
 	fprintf(out, "| %s | prefill 512 tokens | %.1f tok/s | %.3f ms |\n", label, 512 / best,
 		best * 1e3);
-	plain = decode_step_s(&g, m, 16, 32, false);
-	masked = decode_step_s(&g, m, 16, 32, true);
+	plain = decode_step_s(&g, m, 16, 32, false, false);
+	masked = decode_step_s(&g, m, 16, 32, true, false);
 	fprintf(out, "| %s | decode batch 16, cached compiled mask vs causal | %+.3f ms/step "
 		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
 		plain * 1e3);
@@ -536,7 +580,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 			snprintf(keep, sizeof(keep), "%s", was);
 		setenv("GPUD_CUDA_PDL", "0", 1);
 		if (!inst_init(&g2, dut, m, 1)) {
-			step = decode_step_s(&g2, m, 1, 32, false);
+			step = decode_step_s(&g2, m, 1, 32, false, false);
 			g2.ops->destroy(g2.ctx);
 		}
 		if (was)

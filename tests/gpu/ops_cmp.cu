@@ -37,6 +37,7 @@
 extern "C" {
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/quant.h"
+#include "gpud/sampler.h"
 }
 #include "gpud/backend/cuda/cuda_impl.h"
 #include "gpud/backend/cuda/kernels.cuh"
@@ -799,6 +800,76 @@ void check_embed(enum gpud_type t)
 	free_mat(m);
 }
 
+// The arg max of logits rows on the device (gpud_k_argmax, then
+// gpud_cuda_argmax_pick): gpud_argmax's pick on every row, the awkward ones
+// included (ties across ranges, signed zeros, NaN, infinities, a vocabulary
+// smaller than the ranges). Bound: 0 rows that differ.
+void check_argmax(uint32_t nv)
+{
+	const uint32_t rows = 8;
+	float *h = (float *)malloc(sizeof(float) * rows * nv), *dl = (float *)dev(4ull * rows * nv);
+	uint64_t *keys = (uint64_t *)malloc(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
+	uint64_t *dk = (uint64_t *)dev(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
+	int32_t ids[rows];
+	char what[64];
+	size_t bad = 0;
+
+	for (uint32_t r = 0; r < rows; r++) {
+		float *l = h + (size_t)r * nv;
+		for (uint32_t i = 0; i < nv; i++)
+			l[i] = frand() * 8.0f;
+		switch (r) {
+		case 1: /* the greatest twice, far apart: the lower index */
+			l[nv - 1] = l[nv / 3] = 9.0f;
+			break;
+		case 2: /* no number above -inf */
+			for (uint32_t i = 0; i < nv; i++)
+				l[i] = i % 2 ? NAN : -INFINITY;
+			break;
+		case 3: /* zeros the greatest: -0 equals +0, the lower index */
+			for (uint32_t i = 0; i < nv; i++)
+				l[i] = -1.0f - (float)i;
+			l[nv - 1] = 0.0f;
+			l[nv / 2] = -0.0f;
+			break;
+		case 4: /* +inf among NaNs */
+			for (uint32_t i = 0; i < nv; i++)
+				l[i] = NAN;
+			l[nv * 2 / 3] = INFINITY;
+			break;
+		case 5: /* -inf everywhere but one lowest float */
+			for (uint32_t i = 0; i < nv; i++)
+				l[i] = -INFINITY;
+			l[nv - 1] = -3.402823466e38f;
+			break;
+		case 6: /* equal everywhere: index 0 */
+			for (uint32_t i = 0; i < nv; i++)
+				l[i] = 0.5f;
+			break;
+		}
+	}
+	up(dl, h, 4ull * rows * nv);
+	snprintf(what, sizeof(what), "arg max of %u-logit rows", nv);
+	if (gpud_k_argmax(0, dl, rows, nv, dk) == cudaSuccess &&
+	    down(keys, dk, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS, what)) {
+		gpud_cuda_argmax_pick(keys, rows, ids);
+		for (uint32_t r = 0; r < rows; r++) {
+			int32_t want = gpud_argmax(h + (size_t)r * nv, (int32_t)nv);
+			if (ids[r] != (want < 0 ? -1 : want)) {
+				printf("ops_cmp: arg max row %u: %d, want %d\n", r, ids[r], want);
+				bad++;
+			}
+		}
+		report(what, (double)bad, 0);
+	} else {
+		report(what, INFINITY, 0);
+	}
+	free(h);
+	free(keys);
+	cudaFree(dl);
+	cudaFree(dk);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -858,6 +929,8 @@ int main(int argc, char **argv)
 	for (uint32_t hd : { 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })
 			check_att_quant(hd, mode);
+	for (uint32_t nv : { 7u, 512u, 128256u })
+		check_argmax(nv);
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

@@ -1,10 +1,11 @@
 /* cuda_host_test.c - the CUDA backend's host-side logic, without a device:
  * the pool plan (gpud_cuda_plan_for and the layout behind it), the mask
- * slot LRU, the mask slot image, the step metadata and the CUDA error
- * mapping (gpud/backend/cuda/plan.c, step.c). Built only with the backend
+ * slot LRU, the mask slot image, the step metadata, the arg max keys and
+ * the CUDA error mapping (gpud/backend/cuda/plan.c, step.c). Built only with the backend
  * (-Dgpu=enabled); nothing here calls CUDA.
  */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@
 #include "gpud/mask.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"
+#include "gpud/sampler.h"
 #include "test_desc.h"
 
 static char tmpdir[64];
@@ -437,6 +439,58 @@ static void test_mask_image(void **state)
 	gpud_model_free(m);
 }
 
+/* The arg max keys (gpud_cuda_argmax_key) reduced as the device does (a
+ * key per range of GPUD_CUDA_ARGMAX_PARTS, the ranges in any order) and
+ * picked on the host give gpud_argmax's pick: rows with ties, signed
+ * zeros, NaN, infinities and fewer logits than ranges. */
+static void test_argmax(void **state)
+{
+	static const uint32_t sizes[] = { 1, 5, 64, 65, 1000, 4099 };
+	static float row[4 * 4099];
+	static uint64_t keys[4 * GPUD_CUDA_ARGMAX_PARTS];
+	uint64_t rng = 0x9e3779b97f4a7c15ull;
+	int32_t ids[4];
+
+	(void)state;
+	for (int round = 0; round < 200; round++) {
+		uint32_t nv = sizes[round % 6], per = (nv + GPUD_CUDA_ARGMAX_PARTS - 1) /
+						    GPUD_CUDA_ARGMAX_PARTS;
+
+		for (uint32_t i = 0; i < 4 * nv; i++) {
+			uint32_t r;
+			rng ^= rng << 13;
+			rng ^= rng >> 7;
+			rng ^= rng << 17;
+			r = (uint32_t)(rng >> 40);
+			switch (r % 16) { /* few distinct values: ties everywhere */
+			case 0: row[i] = NAN; break;
+			case 1: row[i] = INFINITY * (round % 5 ? -1.0f : 1.0f); break;
+			case 2: row[i] = -0.0f; break;
+			case 3: row[i] = 0.0f; break;
+			case 4: row[i] = -INFINITY; break;
+			default: row[i] = (float)((int)(r >> 4) % 7 - (round % 3 ? 6 : 3)); break;
+			}
+			if (round % 7 == 0) /* rows with nothing above -inf */
+				row[i] = r % 2 ? NAN : -INFINITY;
+		}
+		for (uint32_t r = 0; r < 4; r++)
+			for (uint32_t p = 0; p < GPUD_CUDA_ARGMAX_PARTS; p++) {
+				/* the range backwards: the order must not matter */
+				uint64_t best = 0;
+				for (uint32_t i = (p + 1) * per; i-- > p * per;) {
+					uint64_t k = i < nv ? gpud_cuda_argmax_key(row[r * nv + i], i) : 0;
+					best = k > best ? k : best;
+				}
+				keys[r * GPUD_CUDA_ARGMAX_PARTS + p] = best;
+			}
+		gpud_cuda_argmax_pick(keys, 4, ids);
+		for (uint32_t r = 0; r < 4; r++) {
+			int32_t want = gpud_argmax(row + r * nv, (int32_t)nv);
+			assert_int_equal(ids[r], want < 0 ? -1 : want);
+		}
+	}
+}
+
 static void test_meta(void **state)
 {
 	struct gpud_model *m = tiny(GPUD_TYPE_F32, false);
@@ -563,6 +617,7 @@ int main(void)
 		cmocka_unit_test(test_slots),
 		cmocka_unit_test(test_mask_image),
 		cmocka_unit_test(test_meta),
+		cmocka_unit_test(test_argmax),
 	};
 	return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
 }

@@ -470,6 +470,67 @@ static void test_no_alloc_after_warmup(void **state)
 	gpud_engine_destroy(e);
 }
 
+/* GPUD_LOGITS_ARGMAX: the arg max of the row GPUD_LOGITS_LAST gives, and
+ * no row; gpud_engine_sample takes it for a greedy sampler and samples the
+ * row otherwise. */
+static void test_argmax_entries(void **state)
+{
+	struct gpud_engine *e = mk_engine(128, 64, 3, 0, 16);
+	const uint32_t V = 512;
+	static float last[2][512];
+	struct gpud_sampler_params gp, tp;
+	struct gpud_sampler *greedy, *temp;
+	int32_t tok[2][6] = { { 1, 5, 9, 12, 40, 77 }, { 3, 8, 21, 2 } };
+	uint32_t a, b, a2, b2;
+	char err[SW_ERR_MAX];
+
+	(void)state;
+	gpud_sampler_params_default(&gp);
+	tp = gp;
+	tp.temperature = 0.8f;
+	tp.seed = 7;
+	assert_int_equal(gpud_sampler_create(&greedy, (int32_t)V, &gp, err, sizeof(err)), 0);
+	assert_int_equal(gpud_sampler_create(&temp, (int32_t)V, &tp, err, sizeof(err)), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b), 0);
+	struct gpud_batch_entry lst[2] = { { a, tok[0], 6, GPUD_LOGITS_LAST },
+					   { b, tok[1], 4, GPUD_LOGITS_LAST } };
+	step_ok(e, lst, 2);
+	memcpy(last[0], gpud_engine_logits(e, 0), sizeof(last[0]));
+	memcpy(last[1], gpud_engine_logits(e, 1), sizeof(last[1]));
+	assert_int_equal(gpud_engine_argmax(e, 0), argmax(last[0], V));
+	assert_int_equal(gpud_engine_argmax(e, 1), argmax(last[1], V));
+
+	/* the same prompts again, the second wanting its arg max only */
+	assert_int_equal(gpud_engine_seq_free(e, a), 0);
+	assert_int_equal(gpud_engine_seq_free(e, b), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &a2), 0);
+	assert_int_equal(gpud_engine_seq_add(e, NULL, &b2), 0);
+	struct gpud_batch_entry mix[2] = { { a2, tok[0], 6, GPUD_LOGITS_LAST },
+					   { b2, tok[1], 4, GPUD_LOGITS_ARGMAX } };
+	step_ok(e, mix, 2);
+	assert_non_null(gpud_engine_logits(e, 0));
+	assert_null(gpud_engine_logits(e, 1));
+	assert_int_equal(gpud_engine_argmax(e, 1), argmax(last[1], V));
+	assert_int_equal(gpud_engine_sample(e, 1, greedy), argmax(last[1], V));
+	assert_int_equal(gpud_engine_sample(e, 0, greedy), argmax(last[0], V));
+	/* a temperature sampler on a LAST entry draws from the row */
+	{
+		struct gpud_sampler *ref;
+		assert_int_equal(gpud_sampler_create(&ref, (int32_t)V, &tp, err, sizeof(err)), 0);
+		assert_int_equal(gpud_engine_sample(e, 0, temp), gpud_sampler_sample(ref, last[0]));
+		gpud_sampler_free(ref);
+	}
+	/* entries without logits, or out of range */
+	step_ok(e, &(struct gpud_batch_entry){ a2, tok[0], 1, GPUD_LOGITS_NONE }, 1);
+	assert_int_equal(gpud_engine_argmax(e, 0), -ENOENT);
+	assert_int_equal(gpud_engine_sample(e, 0, greedy), -ENOENT);
+	assert_int_equal(gpud_engine_argmax(e, 1), -ENOENT);
+	gpud_sampler_free(greedy);
+	gpud_sampler_free(temp);
+	gpud_engine_destroy(e);
+}
+
 /* The same sequence gives the same logits alone, in a ragged batch, in
  * chunks, and with all-token logits. */
 static void test_batch_chunk_consistency(void **state)
@@ -939,6 +1000,7 @@ int main(void)
 		cmocka_unit_test(test_kv_exhaustion),
 		cmocka_unit_test(test_no_alloc_after_warmup),
 		cmocka_unit_test(test_batch_chunk_consistency),
+		cmocka_unit_test(test_argmax_entries),
 		cmocka_unit_test(test_mask_plumbing),
 		cmocka_unit_test(test_embed),
 		cmocka_unit_test(test_tied_embeddings),

@@ -58,10 +58,20 @@ static void test_greedy(void **state)
 	params(&p, 0.0f, 1);
 	struct gpud_sampler *s = mk(1000, &p);
 
+	assert_true(gpud_sampler_greedy(s));
 	for (unsigned t = 0; t < 50; t++) {
 		rand_logits(l, 1000, t);
 		assert_int_equal(gpud_sampler_sample(s, l), argmax(l, 1000));
+		assert_int_equal(gpud_argmax(l, 1000), argmax(l, 1000));
 	}
+	/* -0 equals +0: the lowest id */
+	for (int i = 0; i < 1000; i++)
+		l[i] = -1.0f;
+	l[30] = -0.0f;
+	l[20] = 0.0f;
+	l[10] = -0.0f;
+	assert_int_equal(gpud_argmax(l, 1000), 10);
+	assert_int_equal(gpud_sampler_sample(s, l), 10);
 	/* ties: the lowest id */
 	for (int i = 0; i < 1000; i++)
 		l[i] = 1.0f;
@@ -73,8 +83,11 @@ static void test_greedy(void **state)
 		l[i] = NAN;
 	l[999] = -INFINITY;
 	assert_int_equal(gpud_sampler_sample(s, l), -EINVAL);
+	assert_int_equal(gpud_argmax(l, 1000), -EINVAL);
 	l[5] = -1e30f;
 	assert_int_equal(gpud_sampler_sample(s, l), 5);
+	l[700] = INFINITY;
+	assert_int_equal(gpud_argmax(l, 1000), 700);
 	/* logits are not modified */
 	rand_logits(l, 1000, 99);
 	float copy[1000];
@@ -84,6 +97,7 @@ static void test_greedy(void **state)
 	p.top_p = 0.5f;
 	p.min_p = 0.1f;
 	assert_int_equal(gpud_sampler_reset(s, &p, NULL, 0), 0);
+	assert_false(gpud_sampler_greedy(s));
 	(void)gpud_sampler_sample(s, l);
 	assert_memory_equal(copy, l, sizeof(l));
 	gpud_sampler_free(s);
@@ -318,8 +332,11 @@ static void test_penalties(void **state)
 	p.penalty_last_n = 2;
 	p.repeat_penalty = 1.1f; /* 2.0 / 1.1 < 1.9 */
 	struct gpud_sampler *s = mk(4, &p);
+	/* greedy while no penalty is in effect: the plain arg max */
+	assert_true(gpud_sampler_greedy(s));
 	assert_int_equal(gpud_sampler_sample(s, l), 0);
 	gpud_sampler_accept(s, 0);
+	assert_false(gpud_sampler_greedy(s));
 	assert_int_equal(gpud_sampler_sample(s, l), 1);
 	/* token 0 leaves the 2-token window */
 	gpud_sampler_accept(s, 3);

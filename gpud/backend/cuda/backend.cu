@@ -78,6 +78,7 @@ struct cuda_ctx {
 	const float *out_norm, *rope_inv;
 
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
+	uint64_t *amax;     // (NL, GPUD_CUDA_ARGMAX_PARTS) arg max keys (gpud_k_argmax)
 	float *attp;    // split-K attention partials
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
@@ -91,6 +92,8 @@ struct cuda_ctx {
 	gpud_cuda_meta dmeta;
 
 	float *h_logits, *h_hidden;
+	uint64_t *h_amax; // the keys, downloaded every step with logits rows
+	int32_t *ids;     // (NL), host: each row's arg max (cuda_argmax)
 	uint32_t *h_meta;
 	uint8_t *h_mask;
 	uint32_t *up_seq; // (max_seqs), host
@@ -335,6 +338,7 @@ void cuda_destroy(void *ctx)
 	free(c->layers);
 	free(c->slots);
 	free(c->up_seq);
+	free(c->ids);
 	free(c);
 }
 
@@ -549,6 +553,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->hb2 = (float *)(s + L->hb2);
 	c->xl = (float *)(s + L->xl);
 	c->logits = (float *)(s + L->logits);
+	c->amax = (uint64_t *)(s + L->amax);
 	c->actq = (int8_t *)(s + L->actq);
 	c->actd = (float *)(s + L->actd);
 	c->actq2 = (int8_t *)(s + L->actq2);
@@ -567,6 +572,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	if (rc)
 		return rc;
 	c->h_logits = (float *)(c->staging + L->st_logits);
+	c->h_amax = (uint64_t *)(c->staging + L->st_amax);
 	c->h_hidden = (float *)(c->staging + L->st_hidden);
 	c->h_meta = (uint32_t *)(c->staging + L->st_meta);
 	c->h_mask = c->staging + L->st_mask;
@@ -622,7 +628,8 @@ int cuda_init(void **out, const struct gpud_backend_config *cfg, char *err, size
 	c->layers = (dev_layer *)calloc(c->hp->n_layers ? c->hp->n_layers : 1, sizeof(dev_layer));
 	c->slots = (struct gpud_cuda_slot *)calloc(c->L.mask_slots, sizeof(*c->slots));
 	c->up_seq = (uint32_t *)calloc(c->L.S, sizeof(uint32_t));
-	if (!c->layers || !c->slots || !c->up_seq) {
+	c->ids = (int32_t *)calloc(c->L.NL, sizeof(int32_t));
+	if (!c->layers || !c->slots || !c->up_seq || !c->ids) {
 		cuda_destroy(c);
 		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
 	}
@@ -889,6 +896,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
+		CK(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
 	}
 	return 0;
 }
@@ -950,9 +958,30 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 		CK(cudaMemcpyAsync(c->h_hidden, c->xb, (size_t)T * hp->dim * 4,
 				   cudaMemcpyDeviceToHost, c->stream), "hidden states download");
 	if (b->n_logits)
-		CK(cudaMemcpyAsync(c->h_logits, c->logits, (size_t)b->n_logits * hp->n_vocab * 4,
-				   cudaMemcpyDeviceToHost, c->stream), "logits download");
+		CK(cudaMemcpyAsync(c->h_amax, c->amax,
+				   (size_t)b->n_logits * GPUD_CUDA_ARGMAX_PARTS * 8,
+				   cudaMemcpyDeviceToHost, c->stream), "arg max download");
+	// The logits rows the engine reads: those of sequences that want
+	// more than the arg max, a copy per run of consecutive rows.
+	for (uint32_t i = 0, r0 = 0, r1 = 0; i <= b->n_seqs; i++) {
+		const struct gpud_fwd_seq *q = i < b->n_seqs ? &b->seqs[i] : nullptr;
+		bool want = q && q->n_logits && !q->argmax;
+
+		if (want && r1 > r0 && q->logit0 == r1) {
+			r1 += q->n_logits;
+			continue;
+		}
+		if (r1 > r0)
+			CK(cudaMemcpyAsync(c->h_logits + (size_t)r0 * hp->n_vocab,
+					   c->logits + (size_t)r0 * hp->n_vocab,
+					   (size_t)(r1 - r0) * hp->n_vocab * 4, cudaMemcpyDeviceToHost,
+					   c->stream), "logits download");
+		r0 = want ? q->logit0 : 0;
+		r1 = want ? q->logit0 + q->n_logits : 0;
+	}
 	CK(cudaStreamSynchronize(c->stream), "step");
+	if (b->n_logits)
+		gpud_cuda_argmax_pick(c->h_amax, b->n_logits, c->ids);
 	return 0;
 }
 
@@ -978,6 +1007,11 @@ int cuda_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, size_t er
 const float *cuda_logits(void *ctx)
 {
 	return ((cuda_ctx *)ctx)->h_logits;
+}
+
+const int32_t *cuda_argmax(void *ctx)
+{
+	return ((cuda_ctx *)ctx)->ids;
 }
 
 const float *cuda_hidden(void *ctx)
@@ -1069,6 +1103,7 @@ extern "C" const struct gpud_backend_ops gpud_cuda_backend = {
 	/* destroy */ cuda_destroy,
 	/* forward */ cuda_forward,
 	/* logits */ cuda_logits,
+	/* argmax */ cuda_argmax,
 	/* hidden */ cuda_hidden,
 	/* kv_copy */ cuda_kv_copy,
 	/* kv_copy_shift */ nullptr, // no chunk-KV cache on CUDA yet: recomputed

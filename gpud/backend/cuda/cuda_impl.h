@@ -16,8 +16,9 @@
  *            (max_prompt_blocks segsets), seg (max_prompt bytes).
  *   scratch  the step's activations and the step's metadata (below).
  *   workspace  cuBLAS workspace (cublasSetWorkspace).
- *   staging  pinned host memory: logits, hidden states, metadata, one
- *            mask's upload area; at init, the weight upload chunks.
+ *   staging  pinned host memory: logits, arg max keys, hidden states,
+ *            metadata, one mask's upload area; at init, the weight upload
+ *            chunks.
  *
  * Step metadata (uint32 words, built in staging, one copy per step):
  *   tokens[T] pos[T] seq[T] logit_tok[NL] seqinfo[S][GPUD_CUDA_SEQ_WORDS]
@@ -29,6 +30,7 @@
 #ifndef GPUD_BACKEND_CUDA_IMPL_H
 #define GPUD_BACKEND_CUDA_IMPL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +64,7 @@ struct gpud_mask;
 #define GPUD_CUDA_MM_TILE_TOKENS 64u
 #define GPUD_CUDA_MM_STEP_BLOCKS 4u
 #define GPUD_CUDA_MM_MAX_SPLITS 8u
+#define GPUD_CUDA_ARGMAX_PARTS 64u /* arg max: CTAs per logits row, a key each */
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -89,15 +92,15 @@ struct gpud_cuda_layout {
 	uint32_t mask_slots;
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
 	/* scratch offsets (bytes) */
-	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, actq, actd, actq2, actd2,
-		mmp, mmc, acth, ascale, meta;
+	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, amax, actq, actd,
+		actq2, actd2, mmp, mmc, acth, ascale, meta;
 	uint64_t mmp_floats; /* int8 matmul split-K partials (mmp), and its counters */
 	uint32_t mmc_words;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
 	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_btab;
 	/* staging offsets (bytes) */
-	uint64_t st_logits, st_hidden, st_meta, st_mask, staging_bytes;
+	uint64_t st_logits, st_amax, st_hidden, st_meta, st_mask, staging_bytes;
 	uint64_t weights_bytes, workspace_bytes;
 };
 
@@ -190,6 +193,39 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
  * shapes and the device only: a decode graph keeps its grid. */
 uint32_t gpud_cuda_mm_splits(uint64_t rows, uint64_t cols, uint32_t T, uint64_t part_floats,
 			     uint32_t cnt_words, uint32_t n_sm);
+
+/* --- the arg max of a logits row, on the device --------------------------- */
+
+#if defined(__CUDACC__)
+#define GPUD_CUDA_HD static __host__ __device__ __forceinline__
+#else
+#define GPUD_CUDA_HD static inline
+#endif
+
+/* Logit v at index i as a key whose unsigned order is gpud_argmax's
+ * (gpud/sampler.h): greater logits first, then lower indices; -0 equals
+ * +0; NaN and -inf are 0, below every number. The greatest of a row's keys
+ * is its arg max, whatever order they are combined in: the device reduces
+ * GPUD_CUDA_ARGMAX_PARTS ranges of each row to a key each, the host picks
+ * (gpud_cuda_argmax_pick). */
+GPUD_CUDA_HD uint64_t gpud_cuda_argmax_key(float v, uint32_t i)
+{
+	union {
+		float f;
+		uint32_t u;
+	} b;
+
+	if (!(v == v) || v == -INFINITY)
+		return 0;
+	b.f = v == 0.0f ? 0.0f : v;
+	b.u = b.u & 0x80000000u ? ~b.u : b.u | 0x80000000u;
+	return (uint64_t)b.u << 32 | (0xffffffffu - i);
+}
+
+/* Each of n rows' arg max from its GPUD_CUDA_ARGMAX_PARTS keys (keys[row *
+ * GPUD_CUDA_ARGMAX_PARTS + part]) into ids[row]: -1 for a row with no
+ * number above -inf. */
+void gpud_cuda_argmax_pick(const uint64_t *keys, uint32_t n, int32_t *ids);
 
 /* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
  * out-of-memory, -ENODEV for no device / invalid device / no driver,

@@ -700,6 +700,58 @@ cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t 
 					   hb2, n));
 }
 
+/* --- the arg max of each logits row ----------------------------------------
+ * A CTA per (range of a row, row): the greatest gpud_cuda_argmax_key of its
+ * range, reduced over its warps; the host picks among a row's
+ * GPUD_CUDA_ARGMAX_PARTS keys. Keys order like gpud_argmax, so the result
+ * is its pick whatever order the ranges are reduced in. */
+
+#define ARGMAX_THREADS 256u
+
+static __device__ __forceinline__ uint64_t warp_max_u64(uint64_t v)
+{
+	for (int o = 16; o; o >>= 1) {
+		uint64_t w = __shfl_xor_sync(FULL, v, o);
+		v = w > v ? w : v;
+	}
+	return v;
+}
+
+__global__ void __launch_bounds__(ARGMAX_THREADS) argmax_kernel(const float *logits, uint32_t nv,
+								uint64_t *keys)
+{
+	__shared__ uint64_t wbest[ARGMAX_THREADS / 32];
+	uint32_t per = (nv + gridDim.x - 1) / gridDim.x;
+	uint32_t lo = blockIdx.x * per, hi = lo + per < nv ? lo + per : nv;
+	const float *l = logits + (uint64_t)blockIdx.y * nv;
+	uint64_t best = 0;
+
+	pdl_enter();
+	for (uint32_t i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) {
+		uint64_t k = gpud_cuda_argmax_key(l[i], i);
+		best = k > best ? k : best;
+	}
+	best = warp_max_u64(best);
+	if ((threadIdx.x & 31) == 0)
+		wbest[threadIdx.x >> 5] = best;
+	__syncthreads();
+	if (threadIdx.x < 32) {
+		best = threadIdx.x < ARGMAX_THREADS / 32 ? wbest[threadIdx.x] : 0;
+		best = warp_max_u64(best);
+		if (threadIdx.x == 0)
+			keys[(uint64_t)blockIdx.y * gridDim.x + blockIdx.x] = best;
+	}
+}
+
+cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
+			  uint64_t *keys)
+{
+	dim3 grid(GPUD_CUDA_ARGMAX_PARTS, rows);
+
+	return launched(cudaLaunchKernelEx(klc(grid, ARGMAX_THREADS, 0, s).cfg(), argmax_kernel,
+					   logits, nv, keys));
+}
+
 /* --- float-type weights (F32/F16/BF16) -----------------------------------
  * Decode (T <= 8): a GEMV that widens each weight to fp32 and multiplies
  * the fp32 activations, as the CPU does. F32 prefill: a tiled fp32 kernel

@@ -91,6 +91,12 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
 			     const gpud_cuda_attn *a);
 
+// Per row r < rows of logits (rows, nv): keys[r * GPUD_CUDA_ARGMAX_PARTS +
+// p] = the greatest gpud_cuda_argmax_key of the row's p-th range of
+// indices (cuda_impl.h; gpud_cuda_argmax_pick finishes on the host).
+cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
+			  uint64_t *keys);
+
 // hb[i] = silu(hb[i]) * hb2[i].
 cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n);
 

@@ -209,6 +209,7 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	CARVE(hb2, T * l->ffn_dim * 4);
 	CARVE(xl, NL * l->dim * 4);
 	CARVE(logits, NL * l->n_vocab * 4);
+	CARVE(amax, NL * GPUD_CUDA_ARGMAX_PARTS * 8); /* arg max keys of each row's ranges */
 	/* prepared activations: a step's tokens, or its logits rows */
 	CARVE(actq, (T > NL ? T : NL) * l->max_cols);
 	CARVE(actd, (T > NL ? T : NL) * (l->max_cols / GPUD_QK + 1) * 4);
@@ -233,6 +234,8 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	off = 0;
 	l->st_logits = off;
 	off += up(NL * l->n_vocab * 4);
+	l->st_amax = off;
+	off += up(NL * GPUD_CUDA_ARGMAX_PARTS * 8);
 	l->st_hidden = off;
 	off += up(T * l->dim * 4);
 	l->st_meta = off;

@@ -1,6 +1,6 @@
 /* step.c - the CUDA backend's per-step host logic: the step metadata the
- * kernels read (one pinned buffer, one copy per step) and the LRU of
- * device mask slots. Pure (no CUDA call, nothing allocated): unit-tested
+ * kernels read (one pinned buffer, one copy per step), the LRU of
+ * device mask slots and the host's half of the arg max. Pure (no CUDA call, nothing allocated): unit-tested
  * without a device (tests/unit/cuda_host_test.c).
  */
 #include "gpud/backend/cuda/cuda_impl.h"
@@ -134,4 +134,16 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 	}
 	*n_words = l->m_btab + bt_used;
 	return 0;
+}
+
+void gpud_cuda_argmax_pick(const uint64_t *keys, uint32_t n, int32_t *ids)
+{
+	for (uint32_t r = 0; r < n; r++) {
+		const uint64_t *k = keys + (uint64_t)r * GPUD_CUDA_ARGMAX_PARTS;
+		uint64_t best = 0;
+
+		for (uint32_t p = 0; p < GPUD_CUDA_ARGMAX_PARTS; p++)
+			best = k[p] > best ? k[p] : best;
+		ids[r] = best ? (int32_t)(0xffffffffu - (uint32_t)best) : -1;
+	}
 }
