@@ -138,6 +138,7 @@ static const struct field gpud_fields[] = {
 	BYTES("prefix_cache_bytes", gpud.prefix_cache_bytes, 0, 1ull << 44),
 	BYTES("chunk_cache_bytes", gpud.chunk_cache_bytes, 0, 1ull << 44),
 	U32("placement_margin", gpud.placement_margin, 0, 65536, 0, NULL),
+	U32("sample_threads", gpud.sample_threads, 0, 64, 0, NULL),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
 	U32("max_connections", gpud.max_connections, 1, 65536, 0, NULL),
@@ -238,6 +239,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.prefix_cache_bytes = 4ull << 30;
 	cfg->gpud.chunk_cache_bytes = 1ull << 30;
 	cfg->gpud.placement_margin = 8; /* as gpud_sched_params_default */
+	cfg->gpud.sample_threads = 0;
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;
 	cfg->gpud.shutdown_deadline_ms = 30000;

@@ -106,6 +106,8 @@ struct sw_config {
 		uint32_t placement_margin;      /* requests a device caching a
 						 * prompt's prefix may queue beyond
 						 * the least-loaded one's */
+		uint32_t sample_threads;        /* threads sampling a step's rows;
+						 * 0 = one per online CPU (<= 16) */
 		struct {
 			uint32_t per_connection; /* queued requests per client */
 			uint32_t global;         /* queued requests in all */

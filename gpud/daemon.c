@@ -292,15 +292,17 @@ static int sched_build(struct gpud_daemon *d)
 	sp.max_seqs = g->max_seqs;
 	sp.prefix_cache_bytes = g->prefix_cache_bytes;
 	sp.placement_margin = g->placement_margin;
+	sp.sample_threads = g->sample_threads;
 	rc = gpud_sched_create(&d->sched, engines, d->n_dev, &sp, err, sizeof(err));
 	if (rc) {
 		log_error("scheduler: %s", err);
 		return rc;
 	}
 	log_info("scheduler: %u request slots, max_batch_tokens %u, max_seqs %u, prefix cache "
-		 "%" PRIu64 " bytes per device, placement_margin %u", sp.max_requests,
-		 sp.max_batch_tokens, sp.max_seqs, (uint64_t)sp.prefix_cache_bytes,
-		 sp.placement_margin);
+		 "%" PRIu64 " bytes per device, placement_margin %u, sample_threads %u%s",
+		 sp.max_requests, sp.max_batch_tokens, sp.max_seqs,
+		 (uint64_t)sp.prefix_cache_bytes, sp.placement_margin, sp.sample_threads,
+		 sp.sample_threads ? "" : " (one per CPU)");
 	return 0;
 }
 

@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <time.h>
 
@@ -88,6 +90,28 @@ struct dev {
 	uint32_t n_wait;
 	struct gpud_batch_entry *ents; /* (max_ents) */
 	struct slot **ent_slot;        /* (max_ents) */
+	int32_t *ent_id;               /* (max_ents) each entry's token (or a
+					* negative code), sampled after the
+					* forward pass, outside the lock */
+	/* The step's sampling job, shared with the sampling threads (under
+	 * sampling.mu but job_next): entries job_next.. are still to take. */
+	atomic_uint job_next;
+	uint32_t job_n, job_done, job_users;
+	bool job_open;
+	pthread_cond_t job_cv; /* job_done reached job_n with no user left */
+	bool job_cv_ok;
+};
+
+/* Sampling threads: the rows of a step that need the whole sampler (a
+ * temperature, penalties) are drawn by the device's thread and these
+ * together, outside the scheduler lock; a 128K-token vocabulary costs
+ * about a millisecond per row on one core. */
+struct sampling {
+	pthread_mutex_t mu;
+	pthread_cond_t go; /* a job opened, or stop */
+	pthread_t *th;
+	uint32_t n_th;     /* started */
+	bool stop;
 };
 
 /* Under the lock: everything below that changes after create. Read without
@@ -110,6 +134,7 @@ struct gpud_sched {
 	uint32_t n_vocab;
 	uint64_t next_id, next_arrival;
 	struct gpud_sched_stats st;
+	struct sampling sm;
 };
 
 static double now_s(void)
@@ -145,6 +170,17 @@ void gpud_sched_destroy(struct gpud_sched *s)
 {
 	if (!s)
 		return;
+	if (s->sm.th) {
+		pthread_mutex_lock(&s->sm.mu);
+		s->sm.stop = true;
+		pthread_cond_broadcast(&s->sm.go);
+		pthread_mutex_unlock(&s->sm.mu);
+		for (uint32_t i = 0; i < s->sm.n_th; i++)
+			pthread_join(s->sm.th[i], NULL);
+		free(s->sm.th);
+	}
+	pthread_cond_destroy(&s->sm.go);
+	pthread_mutex_destroy(&s->sm.mu);
 	if (s->slots) {
 		for (uint32_t i = 0; i < s->p.max_requests; i++) {
 			struct slot *sl = &s->slots[i];
@@ -161,6 +197,9 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].wait);
 			free(s->devs[d].ents);
 			free(s->devs[d].ent_slot);
+			free(s->devs[d].ent_id);
+			if (s->devs[d].job_cv_ok)
+				pthread_cond_destroy(&s->devs[d].job_cv);
 			struct dev *dv = &s->devs[d];
 			uint32_t b;
 
@@ -207,9 +246,11 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	d->wait = calloc(s->p.max_requests, sizeof(*d->wait));
 	d->ents = calloc(d->max_ents, sizeof(*d->ents));
 	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
+	d->ent_id = calloc(d->max_ents, sizeof(*d->ent_id));
 	d->owner = calloc(d->n_blocks, sizeof(*d->owner));
 	d->pblocks = calloc(d->n_ctx / d->bt + 1, sizeof(*d->pblocks));
-	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->owner || !d->pblocks)
+	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->ent_id || !d->owner ||
+	    !d->pblocks)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	if (s->p.prefix_cache_bytes) {
 		struct gpud_prefix_params pp = {
@@ -230,7 +271,124 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	if (rc)
 		return sw_seterr(err, errlen, -rc, "sched: cond init: %s", sw_strerror(-rc));
 	d->cond_ok = true;
+	rc = pthread_cond_init(&d->job_cv, NULL);
+	if (rc)
+		return sw_seterr(err, errlen, -rc, "sched: cond init: %s", sw_strerror(-rc));
+	d->job_cv_ok = true;
 	return 0;
+}
+
+/* --- sampling, outside the lock ------------------------------------------ */
+
+/* Entry i's next token after the forward pass: its slot is in the batch,
+ * so only its device's thread (or a sampling thread working for it)
+ * touches its sampler until the lock is taken again. */
+static void sample_one(struct dev *d, uint32_t i)
+{
+	d->ent_id[i] = d->ents[i].logits == GPUD_LOGITS_NONE ?
+			       -ENOENT :
+			       gpud_engine_sample(d->e, i, d->ent_slot[i]->smp);
+}
+
+/* Takes entries of d's job until none is left; returns how many. */
+static uint32_t sample_work(struct dev *d)
+{
+	uint32_t i, k = 0;
+
+	while ((i = atomic_fetch_add(&d->job_next, 1)) < d->job_n) {
+		sample_one(d, i);
+		k++;
+	}
+	return k;
+}
+
+static void *sampling_main(void *arg)
+{
+	struct gpud_sched *s = arg;
+	struct sampling *sm = &s->sm;
+
+	pthread_mutex_lock(&sm->mu);
+	while (!sm->stop) {
+		struct dev *d = NULL;
+		uint32_t k;
+
+		for (uint32_t j = 0; j < s->n_dev && !d; j++)
+			if (s->devs[j].job_open && atomic_load(&s->devs[j].job_next) < s->devs[j].job_n)
+				d = &s->devs[j];
+		if (!d) {
+			pthread_cond_wait(&sm->go, &sm->mu);
+			continue;
+		}
+		d->job_users++;
+		pthread_mutex_unlock(&sm->mu);
+		k = sample_work(d);
+		pthread_mutex_lock(&sm->mu);
+		d->job_done += k;
+		if (!--d->job_users && d->job_done == d->job_n)
+			pthread_cond_signal(&d->job_cv);
+	}
+	pthread_mutex_unlock(&sm->mu);
+	return NULL;
+}
+
+/* Starts sample_threads - 1 sampling threads (0: one per online CPU, at
+ * most GPUD_SCHED_AUTO_SAMPLE_THREADS, the device's thread counting as
+ * one). */
+static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
+{
+	uint32_t want = s->p.sample_threads;
+
+	if (!want) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+		want = n < 1 ? 1u : n > GPUD_SCHED_AUTO_SAMPLE_THREADS ?
+				   GPUD_SCHED_AUTO_SAMPLE_THREADS : (uint32_t)n;
+	}
+	if (want > GPUD_SCHED_MAX_SAMPLE_THREADS)
+		return sw_seterr(err, errlen, -EINVAL, "sched: sample_threads %u, at most %u",
+				 want, GPUD_SCHED_MAX_SAMPLE_THREADS);
+	if (want < 2)
+		return 0;
+	s->sm.th = calloc(want - 1, sizeof(*s->sm.th));
+	if (!s->sm.th)
+		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
+	for (uint32_t i = 0; i < want - 1; i++) {
+		int rc = pthread_create(&s->sm.th[i], NULL, sampling_main, s);
+		if (rc)
+			return sw_seterr(err, errlen, -rc, "sched: sampling thread: %s",
+					 sw_strerror(-rc));
+		s->sm.n_th++;
+	}
+	return 0;
+}
+
+/* Samples the n entries of d's step (device thread, lock not held). Rows
+ * that need the whole sampler are shared with the sampling threads when
+ * there are two or more; arg max entries cost next to nothing. */
+static void sample_step(struct gpud_sched *s, struct dev *d, uint32_t n)
+{
+	uint32_t full = 0, k;
+
+	for (uint32_t i = 0; i < n; i++)
+		full += d->ents[i].logits == GPUD_LOGITS_LAST;
+	if (full < 2 || !s->sm.n_th) {
+		for (uint32_t i = 0; i < n; i++)
+			sample_one(d, i);
+		return;
+	}
+	atomic_store(&d->job_next, 0);
+	pthread_mutex_lock(&s->sm.mu);
+	d->job_n = n;
+	d->job_done = 0;
+	d->job_open = true;
+	pthread_cond_broadcast(&s->sm.go);
+	pthread_mutex_unlock(&s->sm.mu);
+	k = sample_work(d);
+	pthread_mutex_lock(&s->sm.mu);
+	d->job_open = false;
+	d->job_done += k;
+	while (d->job_done < d->job_n || d->job_users)
+		pthread_cond_wait(&d->job_cv, &s->sm.mu);
+	pthread_mutex_unlock(&s->sm.mu);
 }
 
 int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engines, uint32_t n_dev,
@@ -251,6 +409,8 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	pthread_mutex_init(&s->lock, NULL);
 	pthread_cond_init(&s->idle, NULL);
+	pthread_mutex_init(&s->sm.mu, NULL);
+	pthread_cond_init(&s->sm.go, NULL);
 	if (p)
 		s->p = *p;
 	else
@@ -301,6 +461,9 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 		if (rc)
 			goto out_destroy;
 	}
+	rc = sampling_start(s, err, errlen);
+	if (rc)
+		goto out_destroy;
 	s->next_id = 1;
 	*out = s;
 	return 0;
@@ -1119,7 +1282,7 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 		gpud_engine_chunk_store(d->e, sl->seq, sl->toks, sl->n_prompt);
 	if (b->logits == GPUD_LOGITS_NONE)
 		return;
-	id = gpud_engine_sample(d->e, i, sl->smp);
+	id = d->ent_id[i];
 	if (id < 0) {
 		complete(s, sl, id, 0, "sched: no token can be sampled");
 		return;
@@ -1190,6 +1353,8 @@ retry:
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
 	rc = gpud_engine_step(d->e, d->ents, n, err, errlen);
+	if (!rc)
+		sample_step(s, d, n);
 	pthread_mutex_lock(&s->lock);
 	leave_busy(s, d);
 	if (rc == SW_EEXHAUSTED && tries++ < 4) {

@@ -59,7 +59,10 @@
  * worker; several devices may step concurrently from their own threads).
  * gpud_sched_submit / cancel / stats may be called from any thread (the
  * server thread). The lock is held while a step plans its batch and while
- * it processes results, and released during the engine's forward pass.
+ * it processes results, and released during the engine's forward pass
+ * and the sampling of its rows (by the device's thread and the scheduler's
+ * sample_threads - 1 sampling threads, shared by all devices: a slot in a
+ * running batch is touched by nothing else).
  * A submit holds it only to take a request slot and to queue the request:
  * its checks (the prompt against the vocabulary) and the filling of its
  * slot (prompt copy, sampler reset) run outside it.
@@ -89,6 +92,8 @@ struct gpud_mask;
 struct gpud_sched;
 
 #define GPUD_SCHED_MAX_DEVICES 64 /* engines per scheduler */
+#define GPUD_SCHED_MAX_SAMPLE_THREADS 64 /* sample_threads at most */
+#define GPUD_SCHED_AUTO_SAMPLE_THREADS 16 /* sample_threads 0: online CPUs, at most this */
 
 /* Why a request went to its device (STATS counts both per device). */
 enum gpud_sched_placed {
@@ -115,6 +120,15 @@ struct gpud_sched_params {
 				    * recomputing a prompt, and 8 keeps a burst
 				    * of repeats (8 agents' worth) on their
 				    * prefix (bench/results/placement-*.md) */
+	uint32_t sample_threads;   /* threads that sample a step's rows (the
+				    * device's own thread among them): rows
+				    * with a temperature or penalties cost
+				    * ~1 ms each at a 128K vocabulary, so a
+				    * batch of them is shared out, outside
+				    * the lock; greedy rows are arg maxes.
+				    * 0: one per online CPU, at most
+				    * GPUD_SCHED_AUTO_SAMPLE_THREADS; 1: the
+				    * device's thread alone */
 	size_t prefix_cache_bytes; /* per device: KV bytes the prefix cache may
 				    * keep in unreferenced blocks; 0: prefix
 				    * reuse off; default 0 */

@@ -253,6 +253,12 @@ static void test_value_errors(void **state)
 		     "gpud.placement_margin: expected an integer in [0, 65536], got -1");
 	expect_error("{\"gpud\": {\"placement_margin\": \"4\"}}", SW_ETYPE,
 		     "gpud.placement_margin: expected an integer in [0, 65536], got \"4\"");
+	load_ok("{\"gpud\": {\"sample_threads\": 4}}", &c);
+	assert_int_equal(c.gpud.sample_threads, 4);
+	load_ok("{}", &c);
+	assert_int_equal(c.gpud.sample_threads, 0);
+	expect_error("{\"gpud\": {\"sample_threads\": 65}}", -EINVAL,
+		     "gpud.sample_threads: expected an integer in [0, 64], got 65");
 	expect_error("{\"gpud\": {\"max_segments\": 63}}", -EINVAL,
 		     "gpud.max_segments: expected an integer in [64, 127], got 63");
 	expect_error("{\"gpud\": {\"max_segments\": 128}}", -EINVAL,

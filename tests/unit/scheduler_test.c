@@ -336,6 +336,93 @@ static void test_concurrent_matches_solo(void **state)
 	gpud_engine_destroy(e[1]);
 }
 
+/* Sampling after the forward pass, outside the lock, by the device's
+ * thread and sampling threads shared by two devices stepping at once: every
+ * request (greedy, temperature, penalties) gets the tokens it gets with the
+ * device's thread alone. Each device's batches depend only on its own
+ * requests, so both runs see the same logits. */
+static void sampling_run(uint32_t threads, struct res *out, uint32_t n_req, uint32_t max_tok)
+{
+	struct gpud_engine *e[2] = { mk_engine(64, 8, 0), mk_engine(64, 8, 0) };
+	struct gpud_sched_params p;
+	struct gpud_sched *s = NULL;
+	static int32_t ids[N_PROMPTS][128];
+	char err[SW_ERR_MAX] = "";
+	struct gpud_sched_req r;
+	struct worker w[2];
+	pthread_t th[2];
+
+	gpud_sched_params_default(&p);
+	p.max_requests = 16;
+	p.sample_threads = threads;
+	if (gpud_sched_create(&s, e, 2, &p, err, sizeof(err)))
+		fail_msg("sched: %s", err);
+	memset(out, 0, n_req * sizeof(*out));
+	atomic_store(&n_done, 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		uint32_t n = tokenize(prompts[i], ids[i], 128);
+		req_init(&r, ids[i], n, max_tok, &out[i]);
+		r.pin_device = true;
+		r.device = i % 2;
+		if (i % 3) { /* two in three sample with a temperature */
+			r.sampling.temperature = 1.5f;
+			r.sampling.seed = 1000 + i;
+			r.sampling.top_p = i % 3 == 2 ? 0.9f : 1.0f;
+		}
+		if (i % 4 == 3) { /* and some with penalties */
+			r.sampling.penalty_last_n = 16;
+			r.sampling.repeat_penalty = 1.3f;
+		}
+		submit_ok(s, &r);
+	}
+	for (int d = 0; d < 2; d++) {
+		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = (int)n_req };
+		assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]), 0);
+	}
+	for (int d = 0; d < 2; d++) {
+		pthread_join(th[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+	for (uint32_t i = 0; i < n_req; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+	}
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+static void test_sampling_threads(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 6 : N_PROMPTS, max_tok = under_valgrind() ? 12 : 40;
+	static struct res one[N_PROMPTS], four[N_PROMPTS], autom[N_PROMPTS];
+	struct gpud_engine *ref = mk_engine(512, 1, 0);
+	uint32_t differ = 0;
+
+	sampling_run(1, one, n_req, max_tok);
+	sampling_run(4, four, n_req, max_tok);
+	sampling_run(0, autom, n_req, max_tok); /* one per online CPU */
+	for (uint32_t i = 0; i < n_req; i++) {
+		assert_int_equal(one[i].n_ids, four[i].n_ids);
+		assert_memory_equal(one[i].ids, four[i].ids, one[i].n_ids * sizeof(int32_t));
+		assert_string_equal(one[i].text, four[i].text);
+		assert_string_equal(one[i].text, autom[i].text);
+	}
+	/* the requests with a temperature did sample: not all greedy text */
+	for (uint32_t i = 0; i < n_req; i++) {
+		struct sink want;
+		struct gpud_gen_result gr;
+
+		if (i % 3 == 0)
+			continue;
+		reference(ref, prompts[i], max_tok, &want, &gr);
+		differ += strcmp(want.buf, one[i].text) != 0;
+	}
+	assert_true(differ > 0);
+	gpud_engine_destroy(ref);
+}
+
 /* New requests go where most blocks are free (counting what queued
  * prefills will take), then to the shorter queue. */
 static void test_placement(void **state)
@@ -2087,6 +2174,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_concurrent_matches_solo),
+		cmocka_unit_test(test_sampling_threads),
 		cmocka_unit_test(test_placement),
 		cmocka_unit_test(test_chunked_prefill),
 		cmocka_unit_test(test_refusals),
