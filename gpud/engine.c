@@ -555,6 +555,11 @@ int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i)
 	return id >= 0 && (uint32_t)id < e->hp->n_vocab ? id : -EINVAL;
 }
 
+bool gpud_engine_device_argmax(const struct gpud_engine *e)
+{
+	return e->ops->argmax != NULL;
+}
+
 int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp)
 {
 	const float *row;

@@ -171,6 +171,11 @@ const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i);
  * is a number above -inf, -ENOENT for GPUD_LOGITS_NONE or i out of range. */
 int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i);
 
+/* Whether the backend finds GPUD_LOGITS_ARGMAX entries' arg max itself
+ * (on its device: gpud_engine_argmax is then a lookup), or the engine
+ * scans the row on the host. */
+bool gpud_engine_device_argmax(const struct gpud_engine *e);
+
 /* The next token of entry i (its last logits row) by smp: the arg max for
  * GPUD_LOGITS_ARGMAX, gpud_sampler_sample() otherwise. A negative code as
  * gpud_engine_argmax or gpud_sampler_sample. The caller accepts the token. */

@@ -320,11 +320,27 @@ static inline bool usable(float l)
 
 int32_t gpud_argmax(const float *l, int32_t n)
 {
-	int32_t best = -1;
-	for (int32_t i = 0; i < n; i++)
-		if (usable(l[i]) && (best < 0 || l[i] > l[best]))
-			best = i;
-	return best < 0 ? -EINVAL : best;
+	/* Two passes that a core streams through: the greatest value (eight
+	 * independent maxima; NaN never compares greater, and -inf never beats
+	 * the -inf start), then the first index holding it (-0 == +0). */
+	float m[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+		       -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+	float best;
+	int32_t i = 0;
+
+	for (; i + 8 <= n; i += 8)
+		for (int k = 0; k < 8; k++)
+			m[k] = l[i + k] > m[k] ? l[i + k] : m[k];
+	for (; i < n; i++)
+		m[0] = l[i] > m[0] ? l[i] : m[0];
+	best = m[0];
+	for (int k = 1; k < 8; k++)
+		best = m[k] > best ? m[k] : best;
+	if (best == -INFINITY) /* nothing usable (or n <= 0) */
+		return -EINVAL;
+	for (i = 0; l[i] != best; i++)
+		;
+	return i;
 }
 
 /* The nucleus in O(n) whatever its size: candidates are bucketed by

@@ -362,15 +362,18 @@ static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 }
 
 /* Samples the n entries of d's step (device thread, lock not held). Rows
- * that need the whole sampler are shared with the sampling threads when
- * there are two or more; arg max entries cost next to nothing. */
+ * scanned on the host (the whole sampler, or an arg max the device did
+ * not find) are shared with the sampling threads when there are two or
+ * more. */
 static void sample_step(struct gpud_sched *s, struct dev *d, uint32_t n)
 {
-	uint32_t full = 0, k;
+	bool dev_argmax = gpud_engine_device_argmax(d->e);
+	uint32_t rows = 0, k;
 
 	for (uint32_t i = 0; i < n; i++)
-		full += d->ents[i].logits == GPUD_LOGITS_LAST;
-	if (full < 2 || !s->sm.n_th) {
+		rows += d->ents[i].logits == GPUD_LOGITS_LAST ||
+			(d->ents[i].logits == GPUD_LOGITS_ARGMAX && !dev_argmax);
+	if (rows < 2 || !s->sm.n_th) {
 		for (uint32_t i = 0; i < n; i++)
 			sample_one(d, i);
 		return;
