@@ -188,6 +188,10 @@ struct sizing {
 	uint64_t mask_pool;       /* mask pool per device: mask_entries + 1 slots */
 	uint64_t server;          /* connection regions and request slots */
 	uint64_t tok_scratch;     /* the loop's tokenizer arena */
+	uint64_t sampling;        /* the scheduler's samplers (a light one per
+				   * request slot) and draw scratches (one per
+				   * sampling thread, device threads included) */
+	uint32_t sample_threads;  /* gpud_sched_sample_threads of the config */
 	uint64_t host;            /* every host-only pool (server, loop scratch,
 				   * embedding slots) */
 	struct gpud_plan_devmem devmem[SW_CONFIG_MAX_DEVICES]; /* devices with memory

@@ -19,6 +19,8 @@
 #include "gpud/daemon_impl.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
+#include "gpud/sampler.h"
+#include "gpud/scheduler.h"
 #include "gpud/tokenizer.h"
 #include "proto/msg.h"
 #include "sw_config.h"
@@ -437,7 +439,13 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 	z->tok_scratch = gpud_tokenizer_scratch_bytes(gpud_model_tokenizer(m), z->max_text + 512);
 	z->server = (uint64_t)g->max_connections * (g->ring_bytes + g->request_bytes) +
 		    (uint64_t)g->queue.global * (sizeof(struct proto_submit) + g->stage_bytes + priv);
-	z->host = z->server + z->tok_scratch + 2ull * (2 * z->max_text + 512) +
+	/* the scheduler: max_requests = queue.global + one warm-up request per
+	 * device (daemon.c); the device threads and sample_threads - 1 more */
+	z->sample_threads = gpud_sched_sample_threads(g->sample_threads);
+	z->sampling = ((uint64_t)g->queue.global + g->n_devices) * gpud_sampler_bytes() +
+		      ((uint64_t)g->n_devices + z->sample_threads - 1) *
+			      gpud_sampler_scratch_bytes((int32_t)hp->n_vocab);
+	z->host = z->server + z->tok_scratch + z->sampling + 2ull * (2 * z->max_text + 512) +
 		  (uint64_t)g->n_devices * EMBED_SLOTS * ((uint64_t)z->n_ctx * 4 + hp->dim * 4);
 }
 
@@ -572,6 +580,10 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 		"slots)\n", a, cfg->gpud.max_connections, b, c, cfg->gpud.queue.global);
 	gpud_fmt_bytes(z->tok_scratch, a, sizeof(a));
 	fprintf(out, "  tokenizer scratch: %s (requests up to %u bytes of text)\n", a, z->max_text);
+	gpud_fmt_bytes(z->sampling, a, sizeof(a));
+	fprintf(out, "  sampling: %s (%u request samplers, %u threads' draw scratch)\n", a,
+		cfg->gpud.queue.global + cfg->gpud.n_devices,
+		cfg->gpud.n_devices + z->sample_threads - 1);
 }
 
 void gpud__log_plan(const struct sw_config *cfg, const struct sizing *z,

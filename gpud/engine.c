@@ -560,7 +560,8 @@ bool gpud_engine_device_argmax(const struct gpud_engine *e)
 	return e->ops->argmax != NULL;
 }
 
-int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp)
+int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp,
+			   struct gpud_sampler_scratch *sc)
 {
 	const float *row;
 
@@ -571,7 +572,7 @@ int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_
 		return -ENOENT;
 	if (e->fseqs[i].n_logits > 1)
 		row += (size_t)(e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
-	return gpud_sampler_sample(smp, row);
+	return gpud_sampler_sample_with(smp, sc, row);
 }
 
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st)
@@ -1015,7 +1016,7 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 
 	t0 = now_s();
 	for (;;) {
-		int32_t id = gpud_engine_sample(e, 0, smp);
+		int32_t id = gpud_engine_sample(e, 0, smp, NULL);
 		struct gpud_batch_entry b = { .seq = seq, .tokens = &id, .n_tokens = 1 };
 
 		if (id < 0) {

@@ -177,9 +177,11 @@ int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i);
 bool gpud_engine_device_argmax(const struct gpud_engine *e);
 
 /* The next token of entry i (its last logits row) by smp: the arg max for
- * GPUD_LOGITS_ARGMAX, gpud_sampler_sample() otherwise. A negative code as
- * gpud_engine_argmax or gpud_sampler_sample. The caller accepts the token. */
-int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp);
+ * GPUD_LOGITS_ARGMAX, gpud_sampler_sample_with(smp, sc) otherwise (sc NULL:
+ * the sampler's own scratch). A negative code as gpud_engine_argmax or
+ * gpud_sampler_sample. The caller accepts the token. */
+int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp,
+			   struct gpud_sampler_scratch *sc);
 
 /* Floats per logits row (the model's vocabulary, token_embd rows). */
 uint32_t gpud_engine_n_vocab(const struct gpud_engine *e);

@@ -23,19 +23,27 @@ struct cand {
 #define TOPP_BUCKETS 256
 #define TOPP_BUCKET_NATS 0.0625 /* bucket width in -log(p) */
 
+/* What one draw works in, n_vocab-sized: nothing in it outlives a call. */
+struct gpud_sampler_scratch {
+	int32_t n_vocab;
+	struct cand *cand;  /* (n_vocab) */
+	uint32_t *count;    /* (n_vocab) occurrences in the window being
+			     * penalized: valid where stamp is cur_stamp */
+	uint32_t *stamp;    /* (n_vocab) */
+	uint32_t cur_stamp;
+	uint16_t *bucket;   /* (n_vocab) top-p bucket of each candidate */
+	double bmass[TOPP_BUCKETS];
+};
+
+/* A sequence's state: what persists from one token to the next. */
 struct gpud_sampler {
 	struct gpud_sampler_params p;
 	int32_t n_vocab;
 	uint64_t rng[4];
-	struct cand *cand;  /* (n_vocab) */
-	uint32_t *count;    /* (n_vocab) occurrences in the history window */
-	uint32_t *stamp;    /* (n_vocab) marks tokens already penalized this call */
-	uint32_t cur_stamp;
 	int32_t *hist;      /* (GPUD_SAMPLER_MAX_PENALTY_LAST_N) ring of accepted ids */
-	uint16_t *bucket;   /* (n_vocab) top-p bucket of each candidate */
-	double bmass[TOPP_BUCKETS];
 	uint32_t hist_head; /* next slot to write */
 	uint32_t hist_n;    /* valid entries, <= penalty_last_n */
+	struct gpud_sampler_scratch *own; /* or NULL: sampled with a caller's */
 };
 
 /* --- PRNG: xoshiro256**, seeded through splitmix64 --------------------- */
@@ -119,13 +127,60 @@ static void sampler_start(struct gpud_sampler *s, const struct gpud_sampler_para
 {
 	s->p = *p;
 	rng_seed(s->rng, p->seed);
-	memset(s->count, 0, (size_t)s->n_vocab * sizeof(*s->count));
 	s->hist_head = 0;
 	s->hist_n = 0;
 }
 
-int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
-			const struct gpud_sampler_params *p, char *err, size_t errlen)
+int gpud_sampler_scratch_create(struct gpud_sampler_scratch **out, int32_t n_vocab, char *err,
+				size_t errlen)
+{
+	struct gpud_sampler_scratch *sc;
+
+	*out = NULL;
+	if (n_vocab <= 0)
+		return sw_seterr(err, errlen, -EINVAL, "sampler: n_vocab %d must be > 0", n_vocab);
+	sc = calloc(1, sizeof(*sc));
+	if (sc) {
+		sc->n_vocab = n_vocab;
+		sc->cand = calloc((size_t)n_vocab, sizeof(*sc->cand));
+		sc->count = calloc((size_t)n_vocab, sizeof(*sc->count));
+		sc->stamp = calloc((size_t)n_vocab, sizeof(*sc->stamp));
+		sc->bucket = calloc((size_t)n_vocab, sizeof(*sc->bucket));
+	}
+	if (!sc || !sc->cand || !sc->count || !sc->stamp || !sc->bucket) {
+		gpud_sampler_scratch_free(sc);
+		return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory for %d tokens",
+				 n_vocab);
+	}
+	*out = sc;
+	return 0;
+}
+
+void gpud_sampler_scratch_free(struct gpud_sampler_scratch *sc)
+{
+	if (!sc)
+		return;
+	free(sc->cand);
+	free(sc->count);
+	free(sc->stamp);
+	free(sc->bucket);
+	free(sc);
+}
+
+size_t gpud_sampler_scratch_bytes(int32_t n_vocab)
+{
+	return sizeof(struct gpud_sampler_scratch) +
+	       (size_t)(n_vocab > 0 ? n_vocab : 0) *
+		       (sizeof(struct cand) + 2 * sizeof(uint32_t) + sizeof(uint16_t));
+}
+
+size_t gpud_sampler_bytes(void)
+{
+	return sizeof(struct gpud_sampler) + GPUD_SAMPLER_MAX_PENALTY_LAST_N * sizeof(int32_t);
+}
+
+static int create(struct gpud_sampler **out, int32_t n_vocab, const struct gpud_sampler_params *p,
+		  bool own, char *err, size_t errlen)
 {
 	struct gpud_sampler *s;
 	int rc;
@@ -138,34 +193,40 @@ int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
 		return rc;
 	s = calloc(1, sizeof(*s));
 	if (!s)
-		goto out_nomem;
+		return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory");
 	s->n_vocab = n_vocab;
-	s->cand = calloc((size_t)n_vocab, sizeof(*s->cand));
-	s->count = calloc((size_t)n_vocab, sizeof(*s->count));
-	s->stamp = calloc((size_t)n_vocab, sizeof(*s->stamp));
 	s->hist = calloc(GPUD_SAMPLER_MAX_PENALTY_LAST_N, sizeof(*s->hist));
-	s->bucket = calloc((size_t)n_vocab, sizeof(*s->bucket));
-	if (!s->cand || !s->count || !s->stamp || !s->hist || !s->bucket)
-		goto out_free;
+	if (!s->hist) {
+		gpud_sampler_free(s);
+		return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory");
+	}
+	if (own && (rc = gpud_sampler_scratch_create(&s->own, n_vocab, err, errlen))) {
+		gpud_sampler_free(s);
+		return rc;
+	}
 	sampler_start(s, p);
 	*out = s;
 	return 0;
+}
 
-out_free:
-	gpud_sampler_free(s);
-out_nomem:
-	return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory for %d tokens", n_vocab);
+int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
+			const struct gpud_sampler_params *p, char *err, size_t errlen)
+{
+	return create(out, n_vocab, p, true, err, errlen);
+}
+
+int gpud_sampler_create_light(struct gpud_sampler **out, int32_t n_vocab,
+			      const struct gpud_sampler_params *p, char *err, size_t errlen)
+{
+	return create(out, n_vocab, p, false, err, errlen);
 }
 
 void gpud_sampler_free(struct gpud_sampler *s)
 {
 	if (!s)
 		return;
-	free(s->cand);
-	free(s->count);
-	free(s->stamp);
+	gpud_sampler_scratch_free(s->own);
 	free(s->hist);
-	free(s->bucket);
 	free(s);
 }
 
@@ -187,15 +248,11 @@ void gpud_sampler_accept(struct gpud_sampler *s, int32_t id)
 		return;
 	if (s->hist_n == last_n) {
 		/* window full: the oldest entry leaves */
-		uint32_t oldest = (s->hist_head + GPUD_SAMPLER_MAX_PENALTY_LAST_N - last_n) %
-				  GPUD_SAMPLER_MAX_PENALTY_LAST_N;
-		s->count[s->hist[oldest]]--;
 		s->hist_n--;
 	}
 	s->hist[s->hist_head] = id;
 	s->hist_head = (s->hist_head + 1) % GPUD_SAMPLER_MAX_PENALTY_LAST_N;
 	s->hist_n++;
-	s->count[id]++;
 }
 
 /* --- selection helpers -------------------------------------------------- */
@@ -285,31 +342,45 @@ static bool penalties_on(const struct gpud_sampler *s)
 		p->presence_penalty != 0.0f);
 }
 
-/* Penalizes each distinct token of the history once; cand[] is still
- * indexed by id when this runs. */
-static void apply_penalties(struct gpud_sampler *s)
+/* The i-th newest id of the history window. */
+static inline int32_t hist_at(const struct gpud_sampler *s, uint32_t i)
+{
+	return s->hist[(s->hist_head + GPUD_SAMPLER_MAX_PENALTY_LAST_N - 1 - i) %
+		       GPUD_SAMPLER_MAX_PENALTY_LAST_N];
+}
+
+/* Penalizes each distinct token of the history once, by its count in the
+ * window (counted here, O(window)); cand[] is still indexed by id. */
+static void apply_penalties(struct gpud_sampler *s, struct gpud_sampler_scratch *sc)
 {
 	const struct gpud_sampler_params *p = &s->p;
 	uint32_t i;
 
-	if (++s->cur_stamp == 0) {
-		memset(s->stamp, 0, (size_t)s->n_vocab * sizeof(*s->stamp));
-		s->cur_stamp = 1;
+	if (++sc->cur_stamp == 0) {
+		memset(sc->stamp, 0, (size_t)sc->n_vocab * sizeof(*sc->stamp));
+		sc->cur_stamp = 1;
 	}
 	for (i = 0; i < s->hist_n; i++) {
-		uint32_t slot = (s->hist_head + GPUD_SAMPLER_MAX_PENALTY_LAST_N - 1 - i) %
-				GPUD_SAMPLER_MAX_PENALTY_LAST_N;
-		int32_t id = s->hist[slot];
-		float *l = &s->cand[id].logit;
+		int32_t id = hist_at(s, i);
 
-		if (s->stamp[id] == s->cur_stamp)
+		if (sc->stamp[id] != sc->cur_stamp) {
+			sc->stamp[id] = sc->cur_stamp;
+			sc->count[id] = 0;
+		}
+		sc->count[id]++;
+	}
+	for (i = 0; i < s->hist_n; i++) {
+		int32_t id = hist_at(s, i);
+		float *l = &sc->cand[id].logit;
+
+		if (!sc->count[id]) /* done already */
 			continue;
-		s->stamp[id] = s->cur_stamp;
 		if (*l > 0)
 			*l /= p->repeat_penalty;
 		else
 			*l *= p->repeat_penalty;
-		*l -= p->frequency_penalty * (float)s->count[id] + p->presence_penalty;
+		*l -= p->frequency_penalty * (float)sc->count[id] + p->presence_penalty;
+		sc->count[id] = 0;
 	}
 }
 
@@ -348,7 +419,7 @@ int32_t gpud_argmax(const float *l, int32_t n)
  * below the target, and only the bucket where the target is reached is
  * sorted to find the exact cut. Returns the nucleus size (its members
  * first in c[], best first from the boundary bucket on) and its mass. */
-static size_t top_p_buckets(struct gpud_sampler *s, size_t n, float maxl, double inv_t,
+static size_t top_p_buckets(struct gpud_sampler_scratch *s, size_t n, float maxl, double inv_t,
 			    double target, double *mass)
 {
 	struct cand *c = s->cand;
@@ -404,8 +475,14 @@ bool gpud_sampler_greedy(const struct gpud_sampler *s)
 
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 {
+	return gpud_sampler_sample_with(s, NULL, logits);
+}
+
+int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scratch *sc,
+				 const float *logits)
+{
 	const struct gpud_sampler_params *p = &s->p;
-	struct cand *c = s->cand;
+	struct cand *c;
 	size_t n = 0, i, k, nv = (size_t)s->n_vocab;
 	bool pen = penalties_on(s), all_usable = true;
 	float maxl = -INFINITY, inv_t;
@@ -413,6 +490,11 @@ int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 
 	if (p->temperature <= 0.0f && !pen)
 		return gpud_argmax(logits, s->n_vocab);
+	if (!sc)
+		sc = s->own;
+	if (!sc || sc->n_vocab != s->n_vocab)
+		return -EINVAL;
+	c = sc->cand;
 
 	for (i = 0; i < nv; i++) {
 		c[i].logit = logits[i];
@@ -420,7 +502,7 @@ int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 		all_usable &= usable(logits[i]);
 	}
 	if (pen)
-		apply_penalties(s);
+		apply_penalties(s, sc);
 	if (all_usable) {
 		n = nv;
 	} else {
@@ -467,7 +549,7 @@ int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
 		sum += c[i].p;
 
 	if (p->top_p < 1.0f) {
-		n = top_p_buckets(s, n, maxl, 1.0 / p->temperature, p->top_p * sum, &acc);
+		n = top_p_buckets(sc, n, maxl, 1.0 / p->temperature, p->top_p * sum, &acc);
 		sum = acc;
 	}
 

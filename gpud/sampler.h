@@ -1,8 +1,13 @@
 /* sampler.h - next-token sampling and stop conditions.
  *
- * A sampler belongs to one sequence. Everything it needs per token (the
- * n_vocab candidate array, the penalty history and counts) is allocated
- * at creation, so gpud_sampler_sample() never allocates. Randomness comes
+ * A sampler belongs to one sequence and holds what persists from token to
+ * token (parameters, PRNG, penalty history: ~16 KiB). A draw works in a
+ * scratch of n_vocab-sized arrays (candidates, top-p buckets, penalty
+ * counts: 22 bytes a token, 2.8 MB at 128K tokens) that nothing keeps
+ * between calls: gpud_sampler_create gives the sampler its own, and a
+ * server with many sequences makes light samplers and one scratch per
+ * thread that samples. Everything is allocated at creation, so sampling
+ * never allocates. Randomness comes
  * from the sampler's own xoshiro256** state seeded by the request: the
  * same seed, parameters and logits give the same tokens on every host.
  *
@@ -49,12 +54,28 @@ void gpud_sampler_params_default(struct gpud_sampler_params *p);
 int gpud_sampler_params_check(const struct gpud_sampler_params *p, char *err, size_t errlen);
 
 struct gpud_sampler;
+struct gpud_sampler_scratch;
+
+/* A draw's working arrays for n_vocab tokens, usable by one thread at a
+ * time with any sampler of that vocabulary. Returns 0, -EINVAL or -ENOMEM;
+ * *out is NULL on error. */
+int gpud_sampler_scratch_create(struct gpud_sampler_scratch **out, int32_t n_vocab, char *err,
+				size_t errlen);
+void gpud_sampler_scratch_free(struct gpud_sampler_scratch *sc); /* accepts NULL */
+/* Bytes of a scratch for n_vocab tokens, and of a light sampler (the
+ * memory plan counts them). */
+size_t gpud_sampler_scratch_bytes(int32_t n_vocab);
+size_t gpud_sampler_bytes(void);
 
 /* Allocates a sampler for n_vocab tokens with a copy of *p (checked).
  * Returns 0, -EINVAL (bad params, n_vocab <= 0) or -ENOMEM; *out is NULL
  * on error. */
 int gpud_sampler_create(struct gpud_sampler **out, int32_t n_vocab,
 			const struct gpud_sampler_params *p, char *err, size_t errlen);
+/* The same without a scratch of its own: sampled only through
+ * gpud_sampler_sample_with (greedy draws need none). */
+int gpud_sampler_create_light(struct gpud_sampler **out, int32_t n_vocab,
+			      const struct gpud_sampler_params *p, char *err, size_t errlen);
 void gpud_sampler_free(struct gpud_sampler *s); /* accepts NULL */
 
 /* Starts a new request on the same sampler: new params (checked; on error
@@ -68,6 +89,12 @@ int gpud_sampler_reset(struct gpud_sampler *s, const struct gpud_sampler_params 
  * penalties should see them). Returns the id, or -EINVAL when every
  * logit is NaN / -inf. */
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits);
+
+/* The same, working in sc (NULL: the sampler's own): the tokens are those
+ * gpud_sampler_sample would give. -EINVAL also when neither exists or sc
+ * is for another vocabulary size. */
+int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scratch *sc,
+				 const float *logits);
 
 /* Whether the next gpud_sampler_sample() is the plain arg max of the
  * logits (greedy, no penalty in effect), i.e. gpud_argmax(): a caller may

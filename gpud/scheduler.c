@@ -100,17 +100,25 @@ struct dev {
 	bool job_open;
 	pthread_cond_t job_cv; /* job_done reached job_n with no user left */
 	bool job_cv_ok;
+	struct gpud_sampler_scratch *sc; /* the device thread's draws */
 };
 
 /* Sampling threads: the rows of a step that need the whole sampler (a
  * temperature, penalties) are drawn by the device's thread and these
  * together, outside the scheduler lock; a 128K-token vocabulary costs
  * about a millisecond per row on one core. */
+struct sampling_thread {
+	struct gpud_sched *s;
+	struct gpud_sampler_scratch *sc; /* its draws' working arrays */
+	pthread_t th;
+};
+
 struct sampling {
 	pthread_mutex_t mu;
 	pthread_cond_t go; /* a job opened, or stop */
-	pthread_t *th;
+	struct sampling_thread *th; /* (threads - 1) */
 	uint32_t n_th;     /* started */
+	uint32_t n_alloc;
 	bool stop;
 };
 
@@ -176,7 +184,9 @@ void gpud_sched_destroy(struct gpud_sched *s)
 		pthread_cond_broadcast(&s->sm.go);
 		pthread_mutex_unlock(&s->sm.mu);
 		for (uint32_t i = 0; i < s->sm.n_th; i++)
-			pthread_join(s->sm.th[i], NULL);
+			pthread_join(s->sm.th[i].th, NULL);
+		for (uint32_t i = 0; i < s->sm.n_alloc; i++)
+			gpud_sampler_scratch_free(s->sm.th[i].sc);
 		free(s->sm.th);
 	}
 	pthread_cond_destroy(&s->sm.go);
@@ -200,6 +210,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].ent_id);
 			if (s->devs[d].job_cv_ok)
 				pthread_cond_destroy(&s->devs[d].job_cv);
+			gpud_sampler_scratch_free(s->devs[d].sc);
 			struct dev *dv = &s->devs[d];
 			uint32_t b;
 
@@ -275,6 +286,9 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	if (rc)
 		return sw_seterr(err, errlen, -rc, "sched: cond init: %s", sw_strerror(-rc));
 	d->job_cv_ok = true;
+	rc = gpud_sampler_scratch_create(&d->sc, (int32_t)gpud_engine_n_vocab(e), err, errlen);
+	if (rc)
+		return rc;
 	return 0;
 }
 
@@ -283,20 +297,20 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 /* Entry i's next token after the forward pass: its slot is in the batch,
  * so only its device's thread (or a sampling thread working for it)
  * touches its sampler until the lock is taken again. */
-static void sample_one(struct dev *d, uint32_t i)
+static void sample_one(struct dev *d, uint32_t i, struct gpud_sampler_scratch *sc)
 {
 	d->ent_id[i] = d->ents[i].logits == GPUD_LOGITS_NONE ?
 			       -ENOENT :
-			       gpud_engine_sample(d->e, i, d->ent_slot[i]->smp);
+			       gpud_engine_sample(d->e, i, d->ent_slot[i]->smp, sc);
 }
 
 /* Takes entries of d's job until none is left; returns how many. */
-static uint32_t sample_work(struct dev *d)
+static uint32_t sample_work(struct dev *d, struct gpud_sampler_scratch *sc)
 {
 	uint32_t i, k = 0;
 
 	while ((i = atomic_fetch_add(&d->job_next, 1)) < d->job_n) {
-		sample_one(d, i);
+		sample_one(d, i, sc);
 		k++;
 	}
 	return k;
@@ -304,7 +318,8 @@ static uint32_t sample_work(struct dev *d)
 
 static void *sampling_main(void *arg)
 {
-	struct gpud_sched *s = arg;
+	struct sampling_thread *t = arg;
+	struct gpud_sched *s = t->s;
 	struct sampling *sm = &s->sm;
 
 	pthread_mutex_lock(&sm->mu);
@@ -321,7 +336,7 @@ static void *sampling_main(void *arg)
 		}
 		d->job_users++;
 		pthread_mutex_unlock(&sm->mu);
-		k = sample_work(d);
+		k = sample_work(d, t->sc);
 		pthread_mutex_lock(&sm->mu);
 		d->job_done += k;
 		if (!--d->job_users && d->job_done == d->job_n)
@@ -334,15 +349,21 @@ static void *sampling_main(void *arg)
 /* Starts sample_threads - 1 sampling threads (0: one per online CPU, at
  * most GPUD_SCHED_AUTO_SAMPLE_THREADS, the device's thread counting as
  * one). */
+uint32_t gpud_sched_sample_threads(uint32_t configured)
+{
+	long n;
+
+	if (configured)
+		return configured;
+	n = sysconf(_SC_NPROCESSORS_ONLN);
+	return n < 1 ? 1u : n > GPUD_SCHED_AUTO_SAMPLE_THREADS ? GPUD_SCHED_AUTO_SAMPLE_THREADS :
+								 (uint32_t)n;
+}
+
 static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 {
-	uint32_t want = s->p.sample_threads;
+	uint32_t want = gpud_sched_sample_threads(s->p.sample_threads);
 
-	if (!want) {
-		long n = sysconf(_SC_NPROCESSORS_ONLN);
-		want = n < 1 ? 1u : n > GPUD_SCHED_AUTO_SAMPLE_THREADS ?
-				   GPUD_SCHED_AUTO_SAMPLE_THREADS : (uint32_t)n;
-	}
 	if (want > GPUD_SCHED_MAX_SAMPLE_THREADS)
 		return sw_seterr(err, errlen, -EINVAL, "sched: sample_threads %u, at most %u",
 				 want, GPUD_SCHED_MAX_SAMPLE_THREADS);
@@ -352,7 +373,15 @@ static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 	if (!s->sm.th)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	for (uint32_t i = 0; i < want - 1; i++) {
-		int rc = pthread_create(&s->sm.th[i], NULL, sampling_main, s);
+		int rc = gpud_sampler_scratch_create(&s->sm.th[i].sc, (int32_t)s->n_vocab, err,
+						     errlen);
+		if (rc)
+			return rc;
+		s->sm.n_alloc++;
+		s->sm.th[i].s = s;
+	}
+	for (uint32_t i = 0; i < want - 1; i++) {
+		int rc = pthread_create(&s->sm.th[i].th, NULL, sampling_main, &s->sm.th[i]);
 		if (rc)
 			return sw_seterr(err, errlen, -rc, "sched: sampling thread: %s",
 					 sw_strerror(-rc));
@@ -375,7 +404,7 @@ static void sample_step(struct gpud_sched *s, struct dev *d, uint32_t n)
 			(d->ents[i].logits == GPUD_LOGITS_ARGMAX && !dev_argmax);
 	if (rows < 2 || !s->sm.n_th) {
 		for (uint32_t i = 0; i < n; i++)
-			sample_one(d, i);
+			sample_one(d, i, d->sc);
 		return;
 	}
 	atomic_store(&d->job_next, 0);
@@ -385,7 +414,7 @@ static void sample_step(struct gpud_sched *s, struct dev *d, uint32_t n)
 	d->job_open = true;
 	pthread_cond_broadcast(&s->sm.go);
 	pthread_mutex_unlock(&s->sm.mu);
-	k = sample_work(d);
+	k = sample_work(d, d->sc);
 	pthread_mutex_lock(&s->sm.mu);
 	d->job_open = false;
 	d->job_done += k;
@@ -460,7 +489,8 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	for (uint32_t i = 0; i < s->p.max_requests; i++) {
 		s->slots[i].toks = s->tok_mem + (size_t)i * s->tok_cap;
 		s->slots[i].pfx = s->pfx_mem + (size_t)i * s->pfx_cap;
-		rc = gpud_sampler_create(&s->slots[i].smp, (int32_t)s->n_vocab, &sp, err, errlen);
+		rc = gpud_sampler_create_light(&s->slots[i].smp, (int32_t)s->n_vocab, &sp, err,
+					       errlen);
 		if (rc)
 			goto out_destroy;
 	}

@@ -137,6 +137,13 @@ struct gpud_sched_params {
 /* Fills the defaults listed above. */
 void gpud_sched_params_default(struct gpud_sched_params *p);
 
+/* The threads that sample a step's rows for sample_threads = configured
+ * (0: one per online CPU, at most GPUD_SCHED_AUTO_SAMPLE_THREADS), the
+ * device threads among them. Each has a gpud_sampler_scratch, and each
+ * request slot a light sampler (gpud/sampler.h): the memory plan counts
+ * both. */
+uint32_t gpud_sched_sample_threads(uint32_t configured);
+
 enum gpud_sched_event_kind {
 	GPUD_SCHED_TOKEN = 1, /* one generated token (and the text it released) */
 	GPUD_SCHED_DONE = 2,  /* the request ended: success or error */

@@ -512,19 +512,19 @@ static void test_argmax_entries(void **state)
 	assert_non_null(gpud_engine_logits(e, 0));
 	assert_null(gpud_engine_logits(e, 1));
 	assert_int_equal(gpud_engine_argmax(e, 1), argmax(last[1], V));
-	assert_int_equal(gpud_engine_sample(e, 1, greedy), argmax(last[1], V));
-	assert_int_equal(gpud_engine_sample(e, 0, greedy), argmax(last[0], V));
+	assert_int_equal(gpud_engine_sample(e, 1, greedy, NULL), argmax(last[1], V));
+	assert_int_equal(gpud_engine_sample(e, 0, greedy, NULL), argmax(last[0], V));
 	/* a temperature sampler on a LAST entry draws from the row */
 	{
 		struct gpud_sampler *ref;
 		assert_int_equal(gpud_sampler_create(&ref, (int32_t)V, &tp, err, sizeof(err)), 0);
-		assert_int_equal(gpud_engine_sample(e, 0, temp), gpud_sampler_sample(ref, last[0]));
+		assert_int_equal(gpud_engine_sample(e, 0, temp, NULL), gpud_sampler_sample(ref, last[0]));
 		gpud_sampler_free(ref);
 	}
 	/* entries without logits, or out of range */
 	step_ok(e, &(struct gpud_batch_entry){ a2, tok[0], 1, GPUD_LOGITS_NONE }, 1);
 	assert_int_equal(gpud_engine_argmax(e, 0), -ENOENT);
-	assert_int_equal(gpud_engine_sample(e, 0, greedy), -ENOENT);
+	assert_int_equal(gpud_engine_sample(e, 0, greedy, NULL), -ENOENT);
 	assert_int_equal(gpud_engine_argmax(e, 1), -ENOENT);
 	gpud_sampler_free(greedy);
 	gpud_sampler_free(temp);

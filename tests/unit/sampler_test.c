@@ -371,6 +371,70 @@ static void test_penalties(void **state)
 	gpud_sampler_free(s);
 }
 
+/* Light samplers drawing in a shared scratch (as the scheduler's threads
+ * do) give the tokens samplers with scratch of their own give: two
+ * sequences interleaved through one scratch, with a temperature, filters
+ * and penalties whose window counts are recomputed every draw. */
+static void test_shared_scratch(void **state)
+{
+	(void)state;
+	enum { V = 3000 };
+	static float l[V];
+	struct gpud_sampler_params p[2];
+	struct gpud_sampler *own[2], *light[2];
+	struct gpud_sampler_scratch *sc, *other;
+	char err[SW_ERR_MAX];
+	int differ = 0;
+
+	params(&p[0], 0.9f, 11);
+	p[0].top_p = 0.8f;
+	p[0].penalty_last_n = 32;
+	p[0].repeat_penalty = 1.3f;
+	p[0].frequency_penalty = 0.2f;
+	params(&p[1], 1.2f, 12);
+	p[1].top_k = 50;
+	p[1].min_p = 0.02f;
+	p[1].penalty_last_n = 8;
+	p[1].presence_penalty = 0.5f;
+	assert_int_equal(gpud_sampler_scratch_create(&sc, V, err, sizeof(err)), 0);
+	for (int k = 0; k < 2; k++) {
+		own[k] = mk(V, &p[k]);
+		assert_int_equal(gpud_sampler_create_light(&light[k], V, &p[k], err, sizeof(err)), 0);
+	}
+	for (unsigned t = 0; t < 300; t++) {
+		for (int k = 0; k < 2; k++) {
+			int32_t a, b;
+
+			rand_logits(l, V, t * 2 + (unsigned)k);
+			for (int i = 0; i < V; i += 7) /* few distinct values: repeats */
+				l[i] = 4.0f;
+			a = gpud_sampler_sample(own[k], l);
+			b = gpud_sampler_sample_with(light[k], sc, l);
+			assert_int_equal(a, b);
+			assert_true(a >= 0);
+			differ += a != argmax(l, V);
+			gpud_sampler_accept(own[k], a);
+			gpud_sampler_accept(light[k], b);
+		}
+	}
+	assert_true(differ > 0); /* they sampled */
+	/* a light sampler needs a scratch unless greedy, of its vocabulary */
+	assert_int_equal(gpud_sampler_sample(light[0], l), -EINVAL);
+	assert_int_equal(gpud_sampler_scratch_create(&other, V + 1, err, sizeof(err)), 0);
+	assert_int_equal(gpud_sampler_sample_with(light[0], other, l), -EINVAL);
+	params(&p[0], 0.0f, 0);
+	assert_int_equal(gpud_sampler_reset(light[0], &p[0], err, sizeof(err)), 0);
+	assert_int_equal(gpud_sampler_sample(light[0], l), argmax(l, V));
+	assert_true(gpud_sampler_bytes() < 32 * 1024);
+	assert_true(gpud_sampler_scratch_bytes(V) >= (size_t)V * 22);
+	gpud_sampler_scratch_free(other);
+	gpud_sampler_scratch_free(sc);
+	for (int k = 0; k < 2; k++) {
+		gpud_sampler_free(own[k]);
+		gpud_sampler_free(light[k]);
+	}
+}
+
 static void test_params_errors(void **state)
 {
 	(void)state;
@@ -623,6 +687,7 @@ int main(void)
 		cmocka_unit_test(test_min_p),
 		cmocka_unit_test(test_seed),
 		cmocka_unit_test(test_penalties),
+		cmocka_unit_test(test_shared_scratch),
 		cmocka_unit_test(test_params_errors),
 		cmocka_unit_test(test_stop_strings),
 		cmocka_unit_test(test_generate_seed_and_stop),
