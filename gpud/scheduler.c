@@ -116,8 +116,12 @@ struct sampling_thread {
 struct sampling {
 	pthread_mutex_t mu;
 	pthread_cond_t go; /* a job opened, or stop */
+	pthread_cond_t up; /* a thread is running */
 	struct sampling_thread *th; /* (threads - 1) */
 	uint32_t n_th;     /* started */
+	uint32_t n_up;     /* running (create waits for all: a thread's own
+			    * start-up, which may allocate, is over before
+			    * the first step) */
 	uint32_t n_alloc;
 	bool stop;
 };
@@ -190,6 +194,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 		free(s->sm.th);
 	}
 	pthread_cond_destroy(&s->sm.go);
+	pthread_cond_destroy(&s->sm.up);
 	pthread_mutex_destroy(&s->sm.mu);
 	if (s->slots) {
 		for (uint32_t i = 0; i < s->p.max_requests; i++) {
@@ -323,6 +328,8 @@ static void *sampling_main(void *arg)
 	struct sampling *sm = &s->sm;
 
 	pthread_mutex_lock(&sm->mu);
+	sm->n_up++;
+	pthread_cond_broadcast(&sm->up);
 	while (!sm->stop) {
 		struct dev *d = NULL;
 		uint32_t k;
@@ -387,6 +394,10 @@ static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 					 sw_strerror(-rc));
 		s->sm.n_th++;
 	}
+	pthread_mutex_lock(&s->sm.mu);
+	while (s->sm.n_up < s->sm.n_th)
+		pthread_cond_wait(&s->sm.up, &s->sm.mu);
+	pthread_mutex_unlock(&s->sm.mu);
 	return 0;
 }
 
@@ -443,6 +454,7 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	pthread_cond_init(&s->idle, NULL);
 	pthread_mutex_init(&s->sm.mu, NULL);
 	pthread_cond_init(&s->sm.go, NULL);
+	pthread_cond_init(&s->sm.up, NULL);
 	if (p)
 		s->p = *p;
 	else
