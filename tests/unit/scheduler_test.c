@@ -277,6 +277,23 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
+/* Steps devices 0 and 1 of s, each from a thread of its own, until n_req
+ * requests are done. */
+static void run_workers(struct gpud_sched *s, uint32_t n_req)
+{
+	struct worker w[2];
+	pthread_t th[2];
+
+	for (int d = 0; d < 2; d++) {
+		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = (int)n_req };
+		assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]), 0);
+	}
+	for (int d = 0; d < 2; d++) {
+		pthread_join(th[d], NULL);
+		assert_int_equal(w[d].rc, 0);
+	}
+}
+
 /* Many requests on two engines, each stepped by its own thread, submitted
  * all at once: every output equals the solo generate text. */
 static void test_concurrent_matches_solo(void **state)
@@ -290,8 +307,6 @@ static void test_concurrent_matches_solo(void **state)
 	static int32_t ids[N_PROMPTS][128];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
-	struct worker w[2];
-	pthread_t th[2];
 
 	memset(out, 0, sizeof(out));
 	atomic_store(&n_done, 0);
@@ -300,14 +315,7 @@ static void test_concurrent_matches_solo(void **state)
 		req_init(&r, ids[i], n, max_tok, &out[i]);
 		submit_ok(s, &r);
 	}
-	for (int d = 0; d < 2; d++) {
-		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = (int)n_req };
-		assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]), 0);
-	}
-	for (int d = 0; d < 2; d++) {
-		pthread_join(th[d], NULL);
-		assert_int_equal(w[d].rc, 0);
-	}
+	run_workers(s, n_req);
 	for (uint32_t i = 0; i < n_req; i++) {
 		struct sink want;
 		struct gpud_gen_result gr;
@@ -349,8 +357,6 @@ static void sampling_run(uint32_t threads, struct res *out, uint32_t n_req, uint
 	static int32_t ids[N_PROMPTS][128];
 	char err[SW_ERR_MAX] = "";
 	struct gpud_sched_req r;
-	struct worker w[2];
-	pthread_t th[2];
 
 	gpud_sched_params_default(&p);
 	p.max_requests = 16;
@@ -375,14 +381,7 @@ static void sampling_run(uint32_t threads, struct res *out, uint32_t n_req, uint
 		}
 		submit_ok(s, &r);
 	}
-	for (int d = 0; d < 2; d++) {
-		w[d] = (struct worker){ .s = s, .dev = (uint32_t)d, .total = (int)n_req };
-		assert_int_equal(pthread_create(&th[d], NULL, worker_main, &w[d]), 0);
-	}
-	for (int d = 0; d < 2; d++) {
-		pthread_join(th[d], NULL);
-		assert_int_equal(w[d].rc, 0);
-	}
+	run_workers(s, n_req);
 	for (uint32_t i = 0; i < n_req; i++) {
 		assert_true(out[i].done);
 		assert_int_equal(out[i].status, 0);
