@@ -299,10 +299,11 @@ static int sched_build(struct gpud_daemon *d)
 		return rc;
 	}
 	log_info("scheduler: %u request slots, max_batch_tokens %u, max_seqs %u, prefix cache "
-		 "%" PRIu64 " bytes per device, placement_margin %u, sample_threads %u%s",
+		 "%" PRIu64 " bytes per device, placement_margin %u, %u sampling threads%s",
 		 sp.max_requests, sp.max_batch_tokens, sp.max_seqs,
-		 (uint64_t)sp.prefix_cache_bytes, sp.placement_margin, sp.sample_threads,
-		 sp.sample_threads ? "" : " (one per CPU)");
+		 (uint64_t)sp.prefix_cache_bytes, sp.placement_margin,
+		 gpud_sched_sample_threads(sp.sample_threads),
+		 sp.sample_threads ? "" : " (sample_threads 0: one per CPU)");
 	return 0;
 }
 

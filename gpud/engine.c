@@ -539,18 +539,21 @@ const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i)
 	return e->ops->logits(e->be) + (size_t)e->logit0[i] * e->hp->n_vocab;
 }
 
+/* Entry i's last logits row in the backend's logits (i has rows). */
+static const float *last_row(const struct gpud_engine *e, uint32_t i)
+{
+	return e->ops->logits(e->be) +
+	       ((size_t)e->logit0[i] + e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
+}
+
 int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i)
 {
 	int32_t id;
 
 	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
 		return -ENOENT;
-	if (!e->fseqs[i].argmax || !e->ops->argmax) {
-		const float *row = e->ops->logits(e->be) + (size_t)e->logit0[i] * e->hp->n_vocab;
-		if (e->fseqs[i].n_logits > 1)
-			row += (size_t)(e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
-		return gpud_argmax(row, (int32_t)e->hp->n_vocab);
-	}
+	if (!e->fseqs[i].argmax || !e->ops->argmax)
+		return gpud_argmax(last_row(e, i), (int32_t)e->hp->n_vocab);
 	id = e->ops->argmax(e->be)[e->logit0[i]];
 	return id >= 0 && (uint32_t)id < e->hp->n_vocab ? id : -EINVAL;
 }
@@ -563,16 +566,11 @@ bool gpud_engine_device_argmax(const struct gpud_engine *e)
 int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp,
 			   struct gpud_sampler_scratch *sc)
 {
-	const float *row;
-
-	if (i < e->last_n && e->logit0[i] != UINT32_MAX && e->fseqs[i].argmax)
-		return gpud_engine_argmax(e, i);
-	row = gpud_engine_logits(e, i);
-	if (!row)
+	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
 		return -ENOENT;
-	if (e->fseqs[i].n_logits > 1)
-		row += (size_t)(e->fseqs[i].n_logits - 1) * e->hp->n_vocab;
-	return gpud_sampler_sample_with(smp, sc, row);
+	if (e->fseqs[i].argmax)
+		return gpud_engine_argmax(e, i);
+	return gpud_sampler_sample_with(smp, sc, last_row(e, i));
 }
 
 void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st)

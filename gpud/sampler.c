@@ -28,9 +28,7 @@ struct gpud_sampler_scratch {
 	int32_t n_vocab;
 	struct cand *cand;  /* (n_vocab) */
 	uint32_t *count;    /* (n_vocab) occurrences in the window being
-			     * penalized: valid where stamp is cur_stamp */
-	uint32_t *stamp;    /* (n_vocab) */
-	uint32_t cur_stamp;
+			     * penalized; all 0 between calls */
 	uint16_t *bucket;   /* (n_vocab) top-p bucket of each candidate */
 	double bmass[TOPP_BUCKETS];
 };
@@ -144,10 +142,9 @@ int gpud_sampler_scratch_create(struct gpud_sampler_scratch **out, int32_t n_voc
 		sc->n_vocab = n_vocab;
 		sc->cand = calloc((size_t)n_vocab, sizeof(*sc->cand));
 		sc->count = calloc((size_t)n_vocab, sizeof(*sc->count));
-		sc->stamp = calloc((size_t)n_vocab, sizeof(*sc->stamp));
 		sc->bucket = calloc((size_t)n_vocab, sizeof(*sc->bucket));
 	}
-	if (!sc || !sc->cand || !sc->count || !sc->stamp || !sc->bucket) {
+	if (!sc || !sc->cand || !sc->count || !sc->bucket) {
 		gpud_sampler_scratch_free(sc);
 		return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory for %d tokens",
 				 n_vocab);
@@ -162,7 +159,6 @@ void gpud_sampler_scratch_free(struct gpud_sampler_scratch *sc)
 		return;
 	free(sc->cand);
 	free(sc->count);
-	free(sc->stamp);
 	free(sc->bucket);
 	free(sc);
 }
@@ -171,7 +167,7 @@ size_t gpud_sampler_scratch_bytes(int32_t n_vocab)
 {
 	return sizeof(struct gpud_sampler_scratch) +
 	       (size_t)(n_vocab > 0 ? n_vocab : 0) *
-		       (sizeof(struct cand) + 2 * sizeof(uint32_t) + sizeof(uint16_t));
+		       (sizeof(struct cand) + sizeof(uint32_t) + sizeof(uint16_t));
 }
 
 size_t gpud_sampler_bytes(void)
@@ -350,25 +346,15 @@ static inline int32_t hist_at(const struct gpud_sampler *s, uint32_t i)
 }
 
 /* Penalizes each distinct token of the history once, by its count in the
- * window (counted here, O(window)); cand[] is still indexed by id. */
+ * window (counted here, O(window), and zeroed again as it is applied);
+ * cand[] is still indexed by id. */
 static void apply_penalties(struct gpud_sampler *s, struct gpud_sampler_scratch *sc)
 {
 	const struct gpud_sampler_params *p = &s->p;
 	uint32_t i;
 
-	if (++sc->cur_stamp == 0) {
-		memset(sc->stamp, 0, (size_t)sc->n_vocab * sizeof(*sc->stamp));
-		sc->cur_stamp = 1;
-	}
-	for (i = 0; i < s->hist_n; i++) {
-		int32_t id = hist_at(s, i);
-
-		if (sc->stamp[id] != sc->cur_stamp) {
-			sc->stamp[id] = sc->cur_stamp;
-			sc->count[id] = 0;
-		}
-		sc->count[id]++;
-	}
+	for (i = 0; i < s->hist_n; i++)
+		sc->count[hist_at(s, i)]++;
 	for (i = 0; i < s->hist_n; i++) {
 		int32_t id = hist_at(s, i);
 		float *l = &sc->cand[id].logit;

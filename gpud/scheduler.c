@@ -6,9 +6,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <unistd.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/err.h"
 #include "gpud/mask.h"
@@ -117,12 +117,12 @@ struct sampling {
 	pthread_mutex_t mu;
 	pthread_cond_t go; /* a job opened, or stop */
 	pthread_cond_t up; /* a thread is running */
-	struct sampling_thread *th; /* (threads - 1) */
+	struct sampling_thread *th; /* (n_slots) */
+	uint32_t n_slots;  /* sample_threads - 1 */
 	uint32_t n_th;     /* started */
 	uint32_t n_up;     /* running (create waits for all: a thread's own
 			    * start-up, which may allocate, is over before
 			    * the first step) */
-	uint32_t n_alloc;
 	bool stop;
 };
 
@@ -189,7 +189,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 		pthread_mutex_unlock(&s->sm.mu);
 		for (uint32_t i = 0; i < s->sm.n_th; i++)
 			pthread_join(s->sm.th[i].th, NULL);
-		for (uint32_t i = 0; i < s->sm.n_alloc; i++)
+		for (uint32_t i = 0; i < s->sm.n_slots; i++)
 			gpud_sampler_scratch_free(s->sm.th[i].sc);
 		free(s->sm.th);
 	}
@@ -353,9 +353,6 @@ static void *sampling_main(void *arg)
 	return NULL;
 }
 
-/* Starts sample_threads - 1 sampling threads (0: one per online CPU, at
- * most GPUD_SCHED_AUTO_SAMPLE_THREADS, the device's thread counting as
- * one). */
 uint32_t gpud_sched_sample_threads(uint32_t configured)
 {
 	long n;
@@ -367,6 +364,8 @@ uint32_t gpud_sched_sample_threads(uint32_t configured)
 								 (uint32_t)n;
 }
 
+/* Starts gpud_sched_sample_threads - 1 sampling threads (a device's own
+ * thread samples too), each with its scratch, and waits until they run. */
 static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 {
 	uint32_t want = gpud_sched_sample_threads(s->p.sample_threads);
@@ -379,15 +378,15 @@ static int sampling_start(struct gpud_sched *s, char *err, size_t errlen)
 	s->sm.th = calloc(want - 1, sizeof(*s->sm.th));
 	if (!s->sm.th)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
-	for (uint32_t i = 0; i < want - 1; i++) {
+	s->sm.n_slots = want - 1;
+	for (uint32_t i = 0; i < s->sm.n_slots; i++) {
 		int rc = gpud_sampler_scratch_create(&s->sm.th[i].sc, (int32_t)s->n_vocab, err,
 						     errlen);
 		if (rc)
 			return rc;
-		s->sm.n_alloc++;
 		s->sm.th[i].s = s;
 	}
-	for (uint32_t i = 0; i < want - 1; i++) {
+	for (uint32_t i = 0; i < s->sm.n_slots; i++) {
 		int rc = pthread_create(&s->sm.th[i].th, NULL, sampling_main, &s->sm.th[i]);
 		if (rc)
 			return sw_seterr(err, errlen, -rc, "sched: sampling thread: %s",
