@@ -35,6 +35,7 @@ enum kind {
 	K_BYTES,        /* uint64_t in [min, max], integer or "64MiB" */
 	K_FRAC,         /* double in (0, 1] */
 	K_LEVEL,        /* int, enum sw_log_level, as a name */
+	K_NAME,         /* uint32_t: the index of one of names[] */
 	K_DEVICES,      /* devices[] + n_devices */
 	K_LISTEN,       /* char[size]: "", "127.0.0.1:PORT" or "unix:/path" */
 	K_HOSTPORT,     /* char[size]: "" or "HOST:PORT" (sw_config_split_hostport) */
@@ -62,6 +63,7 @@ struct field {
 	uint64_t min, max;
 	unsigned flags;
 	const struct field *sub;        /* K_OBJ: table ending in { NULL } */
+	const char *const *names;       /* K_NAME: the choices, NULL-terminated */
 	const char *env;                /* SWARM_* override, or NULL */
 };
 
@@ -74,6 +76,7 @@ struct field {
 #define BYTES_POW2(k, m, lo, hi) { .key = k, .kind = K_BYTES, .off = OFF(m), .min = lo, \
 	.max = hi, .flags = F_POW2 }
 #define OBJ(k, t) { .key = k, .kind = K_OBJ, .sub = t }
+#define NAME(k, m, n) { .key = k, .kind = K_NAME, .off = OFF(m), .names = n }
 #define LIST(k, m, mn, fl, e) { .key = k, .kind = K_LIST, .off = OFF(m), .off_n = OFF(mn), \
 	.size = sizeof(((struct sw_config *)0)->m[0]), \
 	.max = sizeof(((struct sw_config *)0)->m) / sizeof(((struct sw_config *)0)->m[0]), \
@@ -116,6 +119,9 @@ static const struct field watchdog_fields[] = {
 	{ .key = NULL },
 };
 
+/* gpud.kv_type, in enum sw_config_kv_type's order */
+static const char *const kv_type_names[] = { "f32", "f16", NULL };
+
 static const struct field gpud_fields[] = {
 	STR("socket", gpud.socket, F_NONEMPTY, "SWARM_GPUD_SOCKET"),
 	{ .key = "socket_mode", .kind = K_MODE, .off = OFF(gpud.socket_mode) },
@@ -130,6 +136,7 @@ static const struct field gpud_fields[] = {
 	{ .key = "memory_fraction", .kind = K_FRAC, .off = OFF(gpud.memory_fraction) },
 	U32("kv_block_tokens", gpud.kv_block_tokens, 1, 1024, F_POW2, NULL),
 	U32("kv_blocks", gpud.kv_blocks, 0, 1u << 24, 0, NULL),
+	NAME("kv_type", gpud.kv_type, kv_type_names),
 	U32("max_batch_tokens", gpud.max_batch_tokens, 1, 1u << 20, 0, NULL),
 	U32("max_seqs", gpud.max_seqs, 1, 65536, 0, NULL),
 	U32("max_segments", gpud.max_segments, 64, 127, 0, NULL),
@@ -231,6 +238,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.memory_fraction = 0.9;
 	cfg->gpud.kv_block_tokens = 16;
 	cfg->gpud.kv_blocks = 0;
+	cfg->gpud.kv_type = SW_KV_F32;
 	cfg->gpud.max_batch_tokens = 2048;
 	cfg->gpud.max_seqs = 64;
 	cfg->gpud.max_segments = 64;
@@ -854,6 +862,23 @@ static int set_field(struct sw_config *cfg, const struct field *f, const json_t 
 		return 0;
 	}
 
+	case K_NAME: {
+		char w[128];
+		size_t o = 0;
+		for (uint32_t i = 0; f->names[i] && o < sizeof(w); i++)
+			o += (size_t)snprintf(w + o, sizeof(w) - o, "%s\"%s\"",
+					      !i ? "" : f->names[i + 1] ? ", " : " or ", f->names[i]);
+		if (!json_is_string(v))
+			return expected(err, errlen, SW_ETYPE, path, w, v);
+		for (uint32_t i = 0; f->names[i]; i++) {
+			if (!strcmp(json_string_value(v), f->names[i])) {
+				*(uint32_t *)(base + f->off) = i;
+				return 0;
+			}
+		}
+		return expected(err, errlen, -EINVAL, path, w, v);
+	}
+
 	case K_DEVICES:
 		return set_devices(cfg, v, path, err, errlen);
 
@@ -1280,6 +1305,9 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 			break;
 		case K_LEVEL:
 			v = json_string(sw_log_level_name(*(const int *)(base + f->off)));
+			break;
+		case K_NAME:
+			v = json_string(f->names[*(const uint32_t *)(base + f->off)]);
 			break;
 		case K_DEVICES:
 			v = json_array();

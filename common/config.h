@@ -39,6 +39,12 @@ enum sw_device_kind {
 	SW_DEVICE_CUDA = 1,
 };
 
+/* gpud.kv_type: the element type of the KV cache. */
+enum sw_config_kv_type {
+	SW_KV_F32 = 0, /* "f32": the reference */
+	SW_KV_F16 = 1, /* "f16": half the bytes, so twice the tokens */
+};
+
 struct sw_config_device {
 	enum sw_device_kind kind;
 	int index;                              /* CUDA ordinal; 0 for cpu */
@@ -94,6 +100,8 @@ struct sw_config {
 		double memory_fraction;         /* of each device, 0 < x <= 1 */
 		uint32_t kv_block_tokens;       /* power of two, 1..1024 */
 		uint32_t kv_blocks;             /* per device; 0 = derive from memory */
+		uint32_t kv_type;               /* enum sw_config_kv_type: how K
+						 * and V are stored */
 		uint32_t max_batch_tokens;      /* tokens per forward step */
 		uint32_t max_seqs;              /* sequences in flight per device */
 		uint32_t max_segments;          /* 64..127 mask segments per request */

@@ -22,8 +22,10 @@
  * KV block bookkeeping is not the backend's: the engine owns a gpud_kv
  * (gpud/kv.h) and passes each sequence's block table with every step.
  * Block b of the storage holds, per layer, K then V as
- * (n_kv_heads, block_tokens, head_dim) floats (the CPU layout; other
- * backends may choose their own).
+ * (n_kv_heads, block_tokens, head_dim) elements of cfg.kv_type (the CPU
+ * layout; other backends may choose their own); gpud_kv_block_bytes() is
+ * its size, which every backend keeps (the memory plan and the caches
+ * count blocks in it).
  *
  * Slots marked "optional" may be NULL; every other slot is required. The
  * CPU backend (backend/cpu/cpu.h) implements every slot and is the
@@ -37,6 +39,7 @@
 #include <stdint.h>
 
 #include "common/config.h"
+#include "gpud/quant.h"
 
 struct gpud_model;
 struct gpud_mask;
@@ -51,6 +54,12 @@ struct gpud_backend_config {
 	uint32_t max_batch_tokens;      /* tokens per step at most */
 	uint32_t max_seqs;              /* sequences per step at most */
 	uint32_t max_logits;            /* logits rows per step at most */
+	enum gpud_type kv_type;         /* KV elements: GPUD_TYPE_F32 (0, the
+					 * reference) or GPUD_TYPE_F16, IEEE
+					 * half rounded to nearest even: K
+					 * after RoPE and V are rounded once,
+					 * when written; attention reads them
+					 * back exactly and computes in fp32 */
 };
 
 /* One sequence's part of a step. Its tokens are
@@ -166,5 +175,20 @@ struct gpud_backend_ops {
  * the CUDA backend lands). The table is static; a new backend adds its row
  * to the registry (gpud/backend.c) and nothing else changes. */
 const struct gpud_backend_ops *gpud_backend_for(enum sw_device_kind kind);
+
+/* --- KV geometry, shared by every backend and the memory plan -------------- */
+
+struct gpud_model_hparams;
+
+/* True for the element types a KV cache may have (F32, F16). */
+bool gpud_kv_type_ok(enum gpud_type t);
+
+/* Bytes of one KV block: every layer's K and V of block_tokens positions,
+ * in elements of t (a type gpud_kv_type_ok accepts). */
+uint64_t gpud_kv_block_bytes(const struct gpud_model_hparams *hp, uint32_t block_tokens,
+			     enum gpud_type t);
+
+/* The config's gpud.kv_type as an element type. */
+enum gpud_type gpud_kv_type_of(enum sw_config_kv_type k);
 
 #endif

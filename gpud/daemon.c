@@ -24,6 +24,7 @@
 #include "common/log.h"
 #include "common/mem.h"
 #include "gpud/alloc.h"
+#include "gpud/backend.h"
 #include "gpud/daemon_impl.h"
 #include "gpud/engine.h"
 #include "gpud/maskcache.h"
@@ -149,6 +150,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.max_batch_tokens = g->max_batch_tokens;
 	ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
 	ep.block_tokens = g->kv_block_tokens;
+	ep.kv_type = gpud_kv_type_of(g->kv_type);
 	ep.n_blocks = d->plan.dev[dv->idx].kv_blocks;
 	ep.device = (int)dv->idx;
 	ep.kind = g->devices[dv->idx].kind;

@@ -291,6 +291,7 @@ static struct gpud_backend_config backend_config(const struct sw_config *cfg,
 		.max_batch_tokens = g->max_batch_tokens,
 		.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
 		.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
+		.kv_type = gpud_kv_type_of(g->kv_type),
 	};
 }
 
@@ -463,8 +464,8 @@ int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		/* counted only with cpu devices: then the packed tensors are
 		 * resident in each device's copy, not in the mapping */
 		.weight_bytes = gpud_model_weight_bytes(m) - z->packed,
-		.kv_block_bytes = (uint64_t)hp->n_layers * 2 * hp->n_kv_heads *
-				  cfg->gpud.kv_block_tokens * hp->head_dim * sizeof(float),
+		.kv_block_bytes = gpud_kv_block_bytes(hp, cfg->gpud.kv_block_tokens,
+						      gpud_kv_type_of(cfg->gpud.kv_type)),
 		.kv_blocks = cfg->gpud.kv_blocks,
 		.max_seqs = cfg->gpud.max_seqs,
 		.n_ctx = z->n_ctx,
@@ -511,9 +512,10 @@ static void print_devmem(FILE *out, const struct sw_config *cfg, const struct si
 	gpud_fmt_bytes(m->weights, a, sizeof(a));
 	fprintf(out, "  %s.weights: %s (a full replica)\n", dev, a);
 	gpud_fmt_bytes(o->kv_bytes, a, sizeof(a));
-	fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; %u blocks "
-		"hold max_seqs %u full contexts)\n", dev, o->kv_blocks, o->kv_block_bytes, a,
-		cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
+	fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u %s tokens/block; %u "
+		"blocks hold max_seqs %u full contexts)\n", dev, o->kv_blocks, o->kv_block_bytes, a,
+		cfg->gpud.kv_block_tokens, gpud_type_name(gpud_kv_type_of(cfg->gpud.kv_type)),
+		p->kv_blocks_full, cfg->gpud.max_seqs);
 	gpud_fmt_bytes(m->masks, a, sizeof(a));
 	gpud_fmt_bytes(z->mask_pool, b, sizeof(b));
 	fprintf(out, "  %s.mask: %s on the device, %s on the host (%u + 1 slots x %" PRIu64
@@ -557,9 +559,11 @@ void gpud__print_plan(FILE *out, const struct sw_config *cfg, const struct sizin
 			continue;
 		}
 		gpud_fmt_bytes(p->kv_bytes, a, sizeof(a));
-		fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u tokens/block; "
+		fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u %s tokens/block; "
 			"%u blocks hold max_seqs %u full contexts)\n", dev, p->kv_blocks, bb, a,
-			cfg->gpud.kv_block_tokens, p->kv_blocks_full, cfg->gpud.max_seqs);
+			cfg->gpud.kv_block_tokens,
+			gpud_type_name(gpud_kv_type_of(cfg->gpud.kv_type)), p->kv_blocks_full,
+			cfg->gpud.max_seqs);
 		gpud_fmt_bytes(z->scratch, a, sizeof(a));
 		fprintf(out, "  %s.scratch: %s (max_batch_tokens %u, estimate; %s of packed "
 			"weights)\n", dev, a, cfg->gpud.max_batch_tokens, c);

@@ -88,6 +88,7 @@ void gpud_engine_params_default(struct gpud_engine_params *p)
 		.block_tokens = 16,
 		.n_blocks = 0,
 		.kv_bytes = 0,
+		.kv_type = GPUD_TYPE_F32,
 		.kind = SW_DEVICE_CPU,
 		.ordinal = 0,
 	};
@@ -100,10 +101,9 @@ void gpud_gen_params_default(struct gpud_gen_params *p)
 	gpud_sampler_params_default(&p->sampling);
 }
 
-static size_t kv_block_bytes(const struct gpud_model_hparams *hp, uint32_t block_tokens)
+static size_t kv_block_bytes(const struct gpud_engine *e)
 {
-	return (size_t)hp->n_layers * 2 * hp->n_kv_heads * block_tokens * hp->head_dim *
-	       sizeof(float);
+	return (size_t)gpud_kv_block_bytes(e->hp, e->p.block_tokens, e->p.kv_type);
 }
 
 /* Resolves defaults into e->p; -EINVAL with a message when inconsistent. */
@@ -127,7 +127,10 @@ static int resolve_params(struct gpud_engine *e, const struct gpud_engine_params
 				 "engine: bad params (max_batch_tokens %u, max_seqs %u, block_tokens "
 				 "%u, max_logits %u)", p->max_batch_tokens, p->max_seqs,
 				 p->block_tokens, p->max_logits);
-	bb = kv_block_bytes(e->hp, p->block_tokens);
+	if (!gpud_kv_type_ok(p->kv_type))
+		return sw_seterr(err, errlen, -EINVAL, "engine: KV type %s: f32 or f16 only",
+				 gpud_type_name(p->kv_type));
+	bb = kv_block_bytes(e);
 	if (!p->n_blocks) {
 		size_t want = (size_t)p->max_seqs * ((p->n_ctx + p->block_tokens - 1) / p->block_tokens);
 		size_t budget = p->kv_bytes ? p->kv_bytes : DEFAULT_KV_CAP;
@@ -229,6 +232,7 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 		.max_batch_tokens = e->p.max_batch_tokens,
 		.max_seqs = e->p.max_seqs,
 		.max_logits = e->p.max_logits,
+		.kv_type = e->p.kv_type,
 	};
 	rc = e->ops->init(&e->be, &cfg, err, errlen);
 	if (rc)
@@ -236,7 +240,7 @@ int gpud_engine_create(struct gpud_engine **out, const struct gpud_model *m,
 	if (e->p.chunk_bytes && e->ops->kv_copy_shift) {
 		struct gpud_chunk_params cp = {
 			.block_tokens = e->p.block_tokens,
-			.block_bytes = kv_block_bytes(e->hp, e->p.block_tokens),
+			.block_bytes = kv_block_bytes(e),
 			.max_bytes = e->p.chunk_bytes,
 			.max_blocks = e->p.n_blocks,
 			.release = chunk_release,
@@ -341,7 +345,7 @@ int gpud_engine_block_release(struct gpud_engine *e, uint32_t block)
 
 size_t gpud_engine_block_bytes(const struct gpud_engine *e)
 {
-	return kv_block_bytes(e->hp, e->p.block_tokens);
+	return kv_block_bytes(e);
 }
 
 const struct gpud_kv *gpud_engine_kv(const struct gpud_engine *e)

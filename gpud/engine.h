@@ -30,6 +30,7 @@
 #include "common/config.h"
 #include "gpud/chunk.h"
 #include "gpud/kv.h"
+#include "gpud/quant.h"
 #include "gpud/sampler.h"
 
 struct gpud_model;
@@ -48,6 +49,8 @@ struct gpud_engine_params {
 				    * that is 0 too, enough for max_seqs
 				    * full-context sequences */
 	size_t kv_bytes;           /* KV byte budget used when n_blocks is 0 */
+	enum gpud_type kv_type;    /* KV element type (gpud_backend_config);
+				    * default GPUD_TYPE_F32 */
 	int device;                /* device index in allocation reports
 				    * (gpud_alloc_device_note); default 0 */
 	enum sw_device_kind kind;  /* picks the backend; default SW_DEVICE_CPU */

@@ -33,6 +33,7 @@ struct ref_llama {
 	double *out_norm;      /* (dim) */
 	struct ref_mat output; /* (n_vocab, dim); a copy of embd when tied */
 	double *inv_freq;      /* (head_dim / 2) */
+	bool kv_half;          /* K (after RoPE) and V rounded to IEEE half */
 };
 
 /* --- the reference's own decoders (ggml block formats) ----------------- */
@@ -54,6 +55,23 @@ static double half_to_double(uint16_t h)
 	else
 		v = ldexp(mant + 1024, e - 25);
 	return sign ? -v : v;
+}
+
+/* x rounded to the nearest IEEE half (ties to even: nearbyint in the
+ * default rounding mode), as a double: 11 significant bits down to 2^-14,
+ * then a fixed step of 2^-24 (subnormals); past 65504 + half a step, inf. */
+static double round_half(double x)
+{
+	double a = fabs(x), step;
+	int e;
+
+	if (!(a < INFINITY))
+		return x; /* NaN, inf */
+	if (a >= 65520.0)
+		return copysign(INFINITY, x);
+	frexp(a, &e); /* a = f 2^e, f in [0.5, 1) */
+	step = ldexp(1.0, (e - 1 < -14 ? -14 : e - 1) - 10);
+	return copysign(nearbyint(a / step) * step, x);
 }
 
 static double bf16_to_double(uint16_t h)
@@ -631,6 +649,10 @@ int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t
 			}
 			rope(m, q + t * qd, nh, t);
 			rope(m, k + t * kvd, nkv, t);
+			for (size_t e = 0; m->kv_half && e < kvd; e++) {
+				k[t * kvd + e] = round_half(k[t * kvd + e]);
+				v[t * kvd + e] = round_half(v[t * kvd + e]);
+			}
 		}
 		for (uint32_t t = 0; t < n; t++) {
 			for (uint32_t h = 0; h < nh; h++) {
@@ -697,4 +719,9 @@ out_free:
 	free(tmp);
 	free(vis);
 	return rc;
+}
+
+void ref_llama_set_kv_half(struct ref_llama *m, bool on)
+{
+	m->kv_half = on;
 }

@@ -52,6 +52,11 @@ int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t
 		      const struct proto_mask_desc *desc, const uint32_t *seg_tokens,
 		      double *logits, double *hidden);
 
+/* With on, the forward pass rounds each K (after RoPE) and V to the
+ * nearest IEEE half before attention reads it, as a KV cache of f16 does
+ * (gpud.kv_type "f16"); default off. */
+void ref_llama_set_kv_half(struct ref_llama *m, bool on);
+
 /* Dequantizes one tensor row of n elements of ggml type `type` (the
  * reference's own decoder; exposed for its self-test). Returns 0 or
  * -EINVAL for an unsupported type. */

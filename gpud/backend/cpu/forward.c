@@ -7,6 +7,10 @@
  * sections too small to pay for waking the pool run on the caller, and a
  * batch of one token fuses Q/K/V and gate/up into one section each.
  *
+ * KV elements are fp32 or fp16 (cfg.kv_type). fp16 K and V are rounded
+ * once, when written; attention widens a block's K and V of one KV head to
+ * fp32 once for all the query heads that share it, then runs the fp32 code.
+ *
  * Memory: KV storage for n_blocks blocks and one scratch reservation sized
  * for max_batch_tokens / max_logits are made in cpu_init, backed there
  * (sw_mem_prefault: the RSS is the plan from the start, not as blocks
@@ -46,10 +50,13 @@ struct cpu_ctx {
 	struct gpud_tp *tp;
 	int nth;
 	uint32_t q_dim, kv_dim;
-	size_t head_floats;  /* block_tokens * head_dim: one KV head of one block */
-	size_t layer_floats; /* 2 * n_kv_heads * head_floats: K then V */
-	size_t block_floats; /* n_layers * layer_floats */
-	float *kv;           /* (n_blocks, n_layers, 2, n_kv_heads, block_tokens, head_dim) */
+	/* KV geometry in elements of cfg.kv_type (esz bytes each) */
+	size_t head_elems;   /* block_tokens * head_dim: one KV head of one block */
+	size_t layer_elems;  /* 2 * n_kv_heads * head_elems: K then V */
+	size_t block_elems;  /* n_layers * layer_elems */
+	size_t esz;          /* 4 (f32) or 2 (f16) */
+	bool kv16;           /* cfg.kv_type is GPUD_TYPE_F16 */
+	uint8_t *kv;         /* (n_blocks, n_layers, 2, n_kv_heads, block_tokens, head_dim) */
 	size_t kv_bytes;
 
 	struct sw_arena arena; /* the one scratch reservation, carved at init */
@@ -62,11 +69,14 @@ struct cpu_ctx {
 	float *hb;       /* (T, ffn_dim) gate, then silu(gate)*up */
 	float *hb2;      /* (T, ffn_dim) up */
 	float *rope_cs;  /* (T, head_dim/2, 2) cos, sin at each token's position */
-	float *shift_cs; /* (head_dim/2, 2) kv_copy_shift's rotation */
+	float *shift_cs; /* (head_dim/2, 2) kv_copy_shift's rotation, then (with
+			  * f16 KV) a row of head_dim widened keys */
 	float *xl;       /* (max_logits, dim) final-normed rows that need logits */
 	float *logits;   /* (max_logits, n_vocab) */
 	float *att_tmp;  /* (nth, att_tmp_stride) per-thread softmax state and scores */
-	size_t att_tmp_stride; /* g * (block_tokens + 2), g = heads per KV head */
+	size_t att_tmp_stride; /* g * (block_tokens + 2), g = heads per KV head,
+				* + 2 * block_tokens * head_dim with f16 KV
+				* (one KV head's K and V of a block, widened) */
 	uint32_t *tok_seq; /* (T) batch entry of each token */
 	uint32_t *tok_pos; /* (T) position of each token */
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
@@ -224,6 +234,35 @@ static void add_norm_run(void *arg, int ith, int nth)
 	}
 }
 
+/* Element off of block blk's KV storage. */
+static inline uint8_t *kv_at(const struct cpu_ctx *c, uint32_t blk, size_t off)
+{
+	return c->kv + ((size_t)blk * c->block_elems + off) * c->esz;
+}
+
+/* n floats into KV storage at d: copied, or rounded to fp16 (nearest
+ * even, the rounding of a device's __float2half_rn). */
+static void kv_put(const struct cpu_ctx *c, uint8_t *d, const float *x, uint32_t n)
+{
+	if (!c->kv16) {
+		memcpy(d, x, (size_t)n * sizeof(float));
+		return;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		uint16_t h = gpud_fp32_to_fp16(x[i]);
+		memcpy(d + 2 * (size_t)i, &h, 2);
+	}
+}
+
+/* n elements of KV storage at s as floats in out (exact). */
+static void kv_get(const struct cpu_ctx *c, const uint8_t *s, float *out, uint32_t n)
+{
+	if (c->kv16)
+		gpud_get_row(GPUD_TYPE_F16, s, n, 0, out);
+	else
+		memcpy(out, s, (size_t)n * sizeof(float));
+}
+
 /* Q/K/V biases (when the model has them) and RoPE on q and k of each
  * token, then its k and v into its KV block. */
 static void rope_store_run(void *arg, int ith, int nth)
@@ -241,8 +280,7 @@ static void rope_store_run(void *arg, int ith, int nth)
 		float *q = c->q + (size_t)t * c->q_dim, *k = c->k + (size_t)t * c->kv_dim;
 		float *v = c->v + (size_t)t * c->kv_dim;
 		const struct gpud_layer_weights *L = &c->w->layers[c->layer];
-		float *blk = c->kv + (size_t)s->blocks[pos / bt] * c->block_floats +
-			     (size_t)c->layer * c->layer_floats;
+		uint8_t *blk = kv_at(c, s->blocks[pos / bt], (size_t)c->layer * c->layer_elems);
 
 		if (L->bq) {
 			add_bias(q, L->bq, c->q_dim);
@@ -252,10 +290,10 @@ static void rope_store_run(void *arg, int ith, int nth)
 		gpud_rope_apply(q, cs, hp->n_heads, hd, hp->rope_style);
 		gpud_rope_apply(k, cs, hp->n_kv_heads, hd, hp->rope_style);
 		for (uint32_t h = 0; h < hp->n_kv_heads; h++) {
-			float *kd = blk + h * c->head_floats + (size_t)(pos % bt) * hd;
-			float *vd = kd + (size_t)hp->n_kv_heads * c->head_floats;
-			memcpy(kd, k + (size_t)h * hd, hd * sizeof(float));
-			memcpy(vd, v + (size_t)h * hd, hd * sizeof(float));
+			size_t ko = h * c->head_elems + (size_t)(pos % bt) * hd;
+			size_t vo = ko + (size_t)hp->n_kv_heads * c->head_elems;
+			kv_put(c, blk + ko * c->esz, k + (size_t)h * hd, hd);
+			kv_put(c, blk + vo * c->esz, v + (size_t)h * hd, hd);
 		}
 	}
 }
@@ -263,7 +301,8 @@ static void rope_store_run(void *arg, int ith, int nth)
 /* Attention of one token for query heads [h0, h1), which share KV head
  * kh: online softmax over the visible positions of the token's own
  * sequence, block by block, each K/V block read once for all those heads
- * while it is in L1. tmp holds g * (block_tokens + 2) floats. */
+ * while it is in L1 (with f16 KV, widened once into tmp for all of
+ * them). tmp holds att_tmp_stride floats. */
 __attribute__((target_clones("avx2", "default")))
 static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint32_t h1,
 		   float *tmp)
@@ -276,6 +315,7 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 	const float *q0 = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd;
 	float *out0 = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd;
 	float *m = tmp, *l = tmp + g, *scores = tmp + 2 * g;
+	float *kw = scores + (size_t)g * bt, *vw = kw + (size_t)bt * hd; /* f16 KV */
 	float scale = 1.0f / sqrtf((float)hd);
 	unsigned qs = mask ? gpud_mask_seg(mask, pos) : 0;
 
@@ -286,15 +326,23 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 	}
 	for (uint32_t b = 0; b <= pos / bt; b++) {
 		int vis = mask ? gpud_mask_block_vis(mask, qs, b) : 1;
+		const uint8_t *kraw;
 		const float *kb, *vb;
+		size_t voff = (size_t)hp->n_kv_heads * c->head_elems * c->esz;
+		bool vwide = !c->kv16;
 		uint32_t n;
 
 		if (!vis)
 			continue;
-		kb = c->kv + (size_t)s->blocks[b] * c->block_floats +
-		     (size_t)c->layer * c->layer_floats + kh * c->head_floats;
-		vb = kb + (size_t)hp->n_kv_heads * c->head_floats;
+		kraw = kv_at(c, s->blocks[b], (size_t)c->layer * c->layer_elems + kh * c->head_elems);
 		n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+		kb = (const float *)kraw;
+		vb = (const float *)(kraw + voff);
+		if (c->kv16) {
+			kv_get(c, kraw, kw, n * hd);
+			kb = kw;
+			vb = vw; /* widened when a head first needs it */
+		}
 		for (uint32_t h = 0; h < g; h++) {
 			const float *q = q0 + (size_t)h * hd;
 			float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
@@ -317,6 +365,10 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 			}
 			if (mb == -INFINITY)
 				continue;
+			if (!vwide) {
+				kv_get(c, kraw + voff, vw, n * hd);
+				vwide = true;
+			}
 			float corr = 1;
 			if (mb > m[h]) {
 				corr = expf(m[h] - mb); /* 0 on the first visible block */
@@ -650,6 +702,17 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 	return n > cur ? n : cur;
 }
 
+/* Floats of one thread's attention scratch (attend()'s tmp). */
+static size_t att_tmp_floats(const struct gpud_model_hparams *hp,
+			     const struct gpud_backend_config *cfg)
+{
+	size_t n = (size_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2);
+
+	if (cfg->kv_type == GPUD_TYPE_F16)
+		n += 2 * (size_t)cfg->block_tokens * hp->head_dim;
+	return n;
+}
+
 /* Bytes of w's packed copy, 0 when it stays plain. L: w's layer (NULL for
  * the output). The fused decode sections split the stacked rows of q, k,
  * v (and of gate, up) on multiples of 16 counted from the stack's start,
@@ -721,7 +784,7 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 	 * bytes as floats of the input, a fifth more for the scales) and
 	 * the attention's scores, small next to the above. */
 	total += nth * (FUSE_JOBS * SZ64(FUSE_MAX_T * hp->dim * 5 / 4) +
-			SZ64((uint64_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2) * f));
+			SZ64(att_tmp_floats(hp, cfg) * f));
 	/* The instance's packed weight copies (pack_weights()). */
 	return total + cpu_own_weight_bytes(cfg);
 #undef SZ64
@@ -857,11 +920,18 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	c->w = w;
 	c->q_dim = hp->n_heads * hp->head_dim;
 	c->kv_dim = hp->n_kv_heads * hp->head_dim;
-	c->head_floats = (size_t)cfg->block_tokens * hp->head_dim;
-	c->layer_floats = 2 * (size_t)hp->n_kv_heads * c->head_floats;
-	c->block_floats = hp->n_layers * c->layer_floats;
-	c->kv_bytes = (size_t)cfg->n_blocks * c->block_floats * sizeof(float);
-	c->att_tmp_stride = (size_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2);
+	if (!gpud_kv_type_ok(cfg->kv_type)) {
+		rc = sw_seterr(err, errlen, -EINVAL, "cpu backend: KV type %s: f32 or f16 only",
+			       gpud_type_name(cfg->kv_type));
+		goto out_free;
+	}
+	c->kv16 = cfg->kv_type == GPUD_TYPE_F16;
+	c->esz = c->kv16 ? 2 : 4;
+	c->head_elems = (size_t)cfg->block_tokens * hp->head_dim;
+	c->layer_elems = 2 * (size_t)hp->n_kv_heads * c->head_elems;
+	c->block_elems = hp->n_layers * c->layer_elems;
+	c->kv_bytes = (size_t)cfg->n_blocks * c->block_elems * c->esz;
+	c->att_tmp_stride = att_tmp_floats(hp, cfg);
 	rc = gpud_tp_create(&c->tp, cfg->n_threads);
 	if (rc) {
 		sw_seterr(err, errlen, rc, "cpu backend: thread pool: %s", sw_strerror(rc));
@@ -875,7 +945,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 			  sw_strerror(rc));
 		goto out_free;
 	}
-	c->shift_cs = calloc(hp->head_dim, sizeof(float));
+	c->shift_cs = calloc(2 * (size_t)hp->head_dim, sizeof(float));
 	if (!c->shift_cs) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "cpu backend: out of memory");
 		goto out_free;
@@ -979,8 +1049,7 @@ static int cpu_kv_copy(void *ctx, uint32_t dst, uint32_t src)
 	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks)
 		return -EINVAL;
 	if (dst != src)
-		memcpy(c->kv + (size_t)dst * c->block_floats, c->kv + (size_t)src * c->block_floats,
-		       c->block_floats * sizeof(float));
+		memcpy(kv_at(c, dst, 0), kv_at(c, src, 0), c->block_elems * c->esz);
 	return 0;
 }
 
@@ -992,7 +1061,7 @@ static int cpu_kv_copy_shift(void *ctx, uint32_t dst, uint32_t dst_off, uint32_t
 {
 	struct cpu_ctx *c = ctx;
 	uint32_t hd = c->hp->head_dim, bt = c->cfg.block_tokens;
-	float *cs = c->shift_cs;
+	float *cs = c->shift_cs, *row = c->shift_cs + hd;
 
 	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks || dst == src || src_off > bt ||
 	    dst_off > bt || n > bt - src_off || n > bt - dst_off)
@@ -1000,16 +1069,23 @@ static int cpu_kv_copy_shift(void *ctx, uint32_t dst, uint32_t dst_off, uint32_t
 	gpud_rope_table(cs, c->w->rope_inv_freq, hd / 2, delta);
 	for (uint32_t l = 0; l < c->hp->n_layers; l++) {
 		for (uint32_t h = 0; h < 2 * c->hp->n_kv_heads; h++) {
-			size_t o = (size_t)l * c->layer_floats + h * c->head_floats;
-			const float *s = c->kv + (size_t)src * c->block_floats + o +
-					 (size_t)src_off * hd;
-			float *d = c->kv + (size_t)dst * c->block_floats + o + (size_t)dst_off * hd;
+			size_t o = (size_t)l * c->layer_elems + h * c->head_elems;
+			const uint8_t *s = kv_at(c, src, o + (size_t)src_off * hd);
+			uint8_t *d = kv_at(c, dst, o + (size_t)dst_off * hd);
 
-			memcpy(d, s, (size_t)n * hd * sizeof(float));
+			memcpy(d, s, (size_t)n * hd * c->esz);
 			if (h >= c->hp->n_kv_heads || !delta)
 				continue; /* V, or K that stays where it was */
-			for (uint32_t t = 0; t < n; t++)
-				gpud_rope_apply(d + (size_t)t * hd, cs, 1, hd, c->hp->rope_style);
+			for (uint32_t t = 0; t < n; t++) {
+				uint8_t *dt = d + (size_t)t * hd * c->esz;
+				if (!c->kv16) {
+					gpud_rope_apply((float *)dt, cs, 1, hd, c->hp->rope_style);
+					continue;
+				}
+				kv_get(c, dt, row, hd); /* rotated in fp32, rounded once */
+				gpud_rope_apply(row, cs, 1, hd, c->hp->rope_style);
+				kv_put(c, dt, row, hd);
+			}
 		}
 	}
 	return 0;
