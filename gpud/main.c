@@ -41,7 +41,7 @@ static void usage(FILE *f)
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
 		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
 		"                     [--stop STRING]... [--chat-format F]\n"
-		"                     [--device cpu|cuda:N]\n"
+		"                     [--device cpu|cuda:N] [--kv-type f32|f16]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
@@ -191,6 +191,7 @@ static int cmd_generate(int argc, char **argv)
 		{ "chat-format", required_argument, NULL, 'f' },
 		{ "stop", required_argument, NULL, 'x' },
 		{ "device", required_argument, NULL, 'd' },
+		{ "kv-type", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -235,6 +236,14 @@ static int cmd_generate(int argc, char **argv)
 					"\"cuda:N\", got \"%s\"\n", optarg);
 				return EXIT_USAGE;
 			}
+			break;
+		case 'K': /* gpud.kv_type's names */
+			if (strcmp(optarg, "f32") && strcmp(optarg, "f16")) {
+				fprintf(stderr, "gpud generate: --kv-type: expected \"f32\" or "
+					"\"f16\", got \"%s\"\n", optarg);
+				return EXIT_USAGE;
+			}
+			ep.kv_type = strcmp(optarg, "f16") ? GPUD_TYPE_F32 : GPUD_TYPE_F16;
 			break;
 		case 'x':
 			if (gp.n_stop == GPUD_STOP_MAX_STRINGS) {

@@ -2,7 +2,7 @@
  * ops tables of gpud/backend.h (tests/gpu/run; built only with CUDA).
  *
  *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
- *               [--device cuda:0|cpu]
+ *               [--device cuda:0|cpu] [--kv-type f32|f16]
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
  *               [--quick]
  *
@@ -33,7 +33,9 @@
  * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
  * over the run too. Then, on the device alone: hiding s0 from G changes
  * only G's logits, and a prompt prefilled one KV block per step matches
- * one whole prefill step (mask_props).
+ * one whole prefill step (mask_props). --kv-type f16 runs both backends
+ * with f16 KV storage (gpud.kv_type): both round the same K and V, so the
+ * same bounds hold.
  *
  * Bench: cuda:0 only. Decode tokens/s at batch 1, 16 and 64 (each sequence
  * first prefilled with 32 tokens; median of the timed steps; greedy: the
@@ -41,7 +43,9 @@
  * downloaded, as sampling needs), prefill
  * tokens/s (one 512-token chunk), and the cost of a compiled mask on a
  * decode step (batch 16, the same cached mask every step, against plain
- * causal): what a mask-cache hit costs on the device. Appends a markdown
+ * causal): what a mask-cache hit costs on the device; the long-context
+ * decode rows again on an instance with f16 KV (half the bytes the
+ * attention reads). Appends a markdown
  * table row per figure to --out (stdout when absent).
  */
 #include <errno.h>
@@ -91,6 +95,7 @@ static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt
 static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode context */
 static bool bench_quick;             /* --quick: fewer timed steps (an emulator's bench) */
 static const struct gpud_backend_ops *dut; /* the backend under test */
+static enum gpud_type kv_type = GPUD_TYPE_F32; /* --kv-type */
 
 static uint32_t rnd(uint32_t n)
 {
@@ -108,8 +113,8 @@ static double now_s(void)
 	return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static int inst_init(struct inst *in, const struct gpud_backend_ops *ops,
-		     const struct gpud_model *m, uint32_t n_seqs)
+static int inst_init_kv(struct inst *in, const struct gpud_backend_ops *ops,
+			const struct gpud_model *m, uint32_t n_seqs, enum gpud_type kt)
 {
 	struct gpud_backend_config bc = {
 		.model = m,
@@ -120,6 +125,7 @@ static int inst_init(struct inst *in, const struct gpud_backend_ops *ops,
 		.max_batch_tokens = MAX_BATCH,
 		.max_seqs = n_seqs,
 		.max_logits = MAX_BATCH,
+		.kv_type = kt,
 	};
 	char err[SW_ERR_MAX] = "";
 	int rc;
@@ -129,6 +135,12 @@ static int inst_init(struct inst *in, const struct gpud_backend_ops *ops,
 	if (rc)
 		fprintf(stderr, "backend_cmp: %s: init: %s\n", ops->name, err);
 	return rc;
+}
+
+static int inst_init(struct inst *in, const struct gpud_backend_ops *ops,
+		     const struct gpud_model *m, uint32_t n_seqs)
+{
+	return inst_init_kv(in, ops, m, n_seqs, kv_type);
 }
 
 static uint64_t allocs(const struct inst *in)
@@ -495,6 +507,31 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 	return t[n_t / 2];
 }
 
+/* A long context: the attention's share (split-K at small batches), at
+ * batch 1 and 16. Returns 0 or 1 (a step failed). */
+static int long_rows(struct inst *g, const struct gpud_model *m, const char *label,
+		     const char *what, FILE *out)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	static const uint32_t batches[] = { 1, 16 };
+
+	for (size_t i = 0; i < 2; i++) {
+		uint32_t n = batches[i], ctx = long_ctx;
+		double step;
+
+		if (hp->n_ctx && hp->n_ctx < ctx + 40)
+			ctx = hp->n_ctx - 40; /* within the model's context */
+		if (hp->n_ctx && hp->n_ctx < 40 + 64)
+			break; /* no long context to speak of */
+		step = decode_step_s(g, m, n, ctx, false, false);
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch %u at context %u%s | %.1f tok/s | %.3f ms/step |\n",
+			label, n, ctx, what, n / step, step * 1e3);
+	}
+	return 0;
+}
+
 static int bench(const struct gpud_model *m, const char *label, const char *out_path)
 {
 	static const uint32_t batches[] = { 1, 16, 64 };
@@ -527,21 +564,8 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		fprintf(out, "| %s | decode batch %u, logits rows downloaded | %.1f tok/s | "
 			"%.3f ms/step |\n", label, batches[i], batches[i] / step, step * 1e3);
 	}
-	/* a long context: the attention's share (split-K at small batches) */
-	for (size_t i = 0; i < 2; i++) {
-		uint32_t n = batches[i], ctx = long_ctx;
-		double step;
-
-		if (hp->n_ctx && hp->n_ctx < ctx + 40)
-			ctx = hp->n_ctx - 40; /* within the model's context */
-		if (hp->n_ctx && hp->n_ctx < 40 + 64)
-			break; /* no long context to speak of */
-		step = decode_step_s(&g, m, n, ctx, false, false);
-		if (step < 0)
-			return 1;
-		fprintf(out, "| %s | decode batch %u at context %u | %.1f tok/s | %.3f ms/step |\n",
-			label, n, ctx, n / step, step * 1e3);
-	}
+	if (long_rows(&g, m, label, "", out))
+		return 1;
 	for (uint32_t r = 0; r < (bench_quick ? 2u : 5u); r++) { /* prefill: one 512-token chunk */
 		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
 					    .n_tokens = 512, .n_logits = 1 };
@@ -567,6 +591,19 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		plain * 1e3);
 	a0 = allocs(&g) - a0;
 	g.ops->destroy(g.ctx);
+	if (kv_type == GPUD_TYPE_F32) {
+		/* the long context with f16 KV: the attention reads half the bytes */
+		struct inst g2;
+		uint64_t a1;
+
+		if (inst_init_kv(&g2, dut, m, MAX_SEQS, GPUD_TYPE_F16))
+			return 2;
+		a1 = allocs(&g2);
+		if (long_rows(&g2, m, label, ", f16 KV", out))
+			return 1;
+		a0 += allocs(&g2) - a1;
+		g2.ops->destroy(g2.ctx);
+	}
 	if (dut != &gpud_cpu_backend) {
 		/* batch 1 again on an instance made with GPUD_CUDA_PDL=0: what
 		 * programmatic dependent launch is worth (the same where the
@@ -626,7 +663,14 @@ int main(int argc, char **argv)
 			bench_quick = true;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
-		else if (!strcmp(argv[i], "--bench"))
+		else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
+			i++;
+			if (strcmp(argv[i], "f32") && strcmp(argv[i], "f16")) {
+				fprintf(stderr, "backend_cmp: --kv-type is f32 or f16\n");
+				return 2;
+			}
+			kv_type = strcmp(argv[i], "f16") ? GPUD_TYPE_F32 : GPUD_TYPE_F16;
+		} else if (!strcmp(argv[i], "--bench"))
 			do_bench = true;
 		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
 			label = argv[++i];
@@ -634,7 +678,7 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick]\n",
 				argv[0]);
 			return 2;
 		}

@@ -550,34 +550,41 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 // (gpud_k_mv_qkv) must give the bits of gpud_k_mv_group and
 // gpud_k_rope_store: q, and the whole KV pool (layer 1 of 2, two sequences
 // in scattered blocks), where exactly each token's K and V rows change.
-void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols)
+// With kv16 the pool holds halves, and each element stored must also be
+// gpud_fp32_to_fp16 (the CPU backend's rounding) of what an f32 pool gets.
+void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 {
 	const uint32_t nh = 4, nkv = 2, hd = 64, bt = 16, nblk = 12, layers = 2;
 	mat mq = make_mat(t, nh * hd, cols), mk = make_mat(t, nkv * hd, cols),
 	    mv = make_mat(t, nkv * hd, cols);
 	gpud_cuda_mat w[3] = { dmat(mq), dmat(mk), dmat(mv) };
 	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
-	uint64_t head_floats = (uint64_t)bt * hd, layer_floats = 2ull * nkv * head_floats;
-	size_t nkvf = (size_t)nblk * layers * layer_floats, nq = (size_t)T * nh * hd;
-	size_t nkd = (size_t)T * nkv * hd;
+	uint64_t head_elems = (uint64_t)bt * hd, layer_elems = 2ull * nkv * head_elems;
+	size_t nkvf = (size_t)nblk * layers * layer_elems, nq = (size_t)T * nh * hd;
+	size_t nkd = (size_t)T * nkv * hd, esz = kv16 ? 2 : 4, nkvb = esz * nkvf;
 	uint32_t meta_h[8 + 8 + 2 * GPUD_CUDA_SEQ_WORDS + 12] = {};
-	float inv[hd / 2], *x = (float *)malloc(4 * T * cols), *pool = (float *)malloc(4 * nkvf);
-	float *p1 = (float *)malloc(4 * nkvf), *p2 = (float *)malloc(4 * nkvf);
+	float inv[hd / 2], *x = (float *)malloc(4 * T * cols);
+	uint8_t *pool = (uint8_t *)malloc(nkvb), *p1 = (uint8_t *)malloc(nkvb),
+		*p2 = (uint8_t *)malloc(nkvb);
+	float *p3 = (float *)malloc(4 * nkvf);
 	float *h1 = (float *)malloc(4 * nq), *h2 = (float *)malloc(4 * nq);
 	float *dx = (float *)dev(4 * T * cols), *dinv = (float *)dev(sizeof(inv));
-	float *kv1 = (float *)dev(4 * nkvf), *kv2 = (float *)dev(4 * nkvf);
+	void *kv1 = dev(nkvb), *kv2 = dev(nkvb), *kv3 = dev(4 * nkvf);
 	float *q1 = (float *)dev(4 * nq), *q2 = (float *)dev(4 * nq);
 	float *k1 = (float *)dev(4 * nkd), *v1 = (float *)dev(4 * nkd);
 	int8_t *aq = (int8_t *)dev((size_t)T * cols);
 	float *ad = (float *)dev(4 * (size_t)T * (cols / GPUD_QK + 1));
 	uint32_t *dm = (uint32_t *)dev(sizeof(meta_h));
 	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0, ok;
-	char what[96];
+	char what[112];
 
 	for (int64_t i = 0; i < T * cols; i++)
 		x[i] = frand() * 2.0f;
-	for (size_t i = 0; i < nkvf; i++)
-		pool[i] = frand();
+	for (size_t i = 0; i < nkvf; i++) {
+		float f = frand();
+		uint16_t h = gpud_fp32_to_fp16(f);
+		memcpy(pool + i * esz, kv16 ? (const void *)&h : (const void *)&f, esz);
+	}
 	for (uint32_t i = 0; i < hd / 2; i++)
 		inv[i] = (float)pow(10000.0, -2.0 * i / hd);
 	/* tokens: sequence t % 2 at position 5 + 9 t (distinct slots), 6 blocks
@@ -595,15 +602,15 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols)
 	up(dm, meta_h, sizeof(meta_h));
 	up(dx, x, 4 * T * cols);
 	up(dinv, inv, sizeof(inv));
-	up(kv1, pool, 4 * nkvf);
-	up(kv2, pool, 4 * nkvf);
+	up(kv1, pool, nkvb);
+	up(kv2, pool, nkvb);
 	gpud_cuda_meta m = { nullptr, dm, dm + 8, nullptr, dm + 16, dm + (mbt - meta_h) };
-	gpud_cuda_kvshape kv = { kv1, nh, nkv, hd, bt, 1, head_floats, layer_floats,
-				 layers * layer_floats };
+	gpud_cuda_kvshape kv = { kv1, nh, nkv, hd, bt, 1, head_elems, layer_elems,
+				 layers * layer_elems, kv16 };
 	float *sep[3] = { q1, k1, v1 };
 
-	snprintf(what, sizeof(what), "q/k/v gemv %s + rope + kv store, %u tok, %lld cols",
-		 gpud_type_name(t), T, (long long)cols);
+	snprintf(what, sizeof(what), "q/k/v gemv %s + rope + kv store%s, %u tok, %lld cols",
+		 gpud_type_name(t), kv16 ? " (f16 KV)" : "", T, (long long)cols);
 	if (i8)
 		gpud_k_quantize_act(0, dx, T, (uint32_t)cols, aq, ad);
 	ok = gpud_k_mv_group(0, ws, sep, 3, false, dx, aq, ad, T, nullptr, nullptr) ==
@@ -612,16 +619,34 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols)
 	kv.kv = kv2;
 	ok = ok && gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, T, &m, dinv, &kv) == cudaSuccess &&
 	     down(h1, q1, 4 * nq, what) && down(h2, q2, 4 * nq, what) &&
-	     down(p1, kv1, 4 * nkvf, what) && down(p2, kv2, 4 * nkvf, what);
-	size_t changed = 0;
-	for (size_t i = 0; ok && i < nkvf; i++)
-		changed += memcmp(&p2[i], &pool[i], 4) != 0;
+	     down(p1, kv1, nkvb, what) && down(p2, kv2, nkvb, what);
+	size_t changed = 0, unrounded = 0;
+	if (ok && kv16) {
+		/* the same store into an f32 pool of zeros */
+		gpud_cuda_kvshape k32 = kv;
+		k32.kv = kv3;
+		k32.kv16 = 0;
+		memset(p3, 0, 4 * nkvf);
+		up(kv3, p3, 4 * nkvf);
+		ok = gpud_k_rope_store(0, q1, k1, v1, &m, dinv, &k32, T) == cudaSuccess &&
+		     down(p3, kv3, 4 * nkvf, what);
+	}
+	for (size_t i = 0; ok && i < nkvf; i++) {
+		if (!memcmp(p2 + i * esz, pool + i * esz, esz))
+			continue;
+		changed++;
+		if (kv16) {
+			uint16_t h;
+			memcpy(&h, p2 + i * esz, 2);
+			unrounded += h != gpud_fp32_to_fp16(p3[i]);
+		}
+	}
 	report(what,
-	       ok ? (double)(bits_differ(h1, h2, nq, 4) + bits_differ(p1, p2, nkvf, 4) +
-			     (changed != 2 * nkd))
+	       ok ? (double)(bits_differ(h1, h2, nq, 4) + bits_differ(p1, p2, nkvb / 4, 4) +
+			     (changed != 2 * nkd) + unrounded)
 		  : INFINITY,
 	       0);
-	if (T == 1 && t == GPUD_TYPE_Q8_0) {
+	if (T == 1 && t == GPUD_TYPE_Q8_0 && !kv16) {
 		const gpud_cuda_mat *swapped[3] = { &w[1], &w[0], &w[2] };
 		snprintf(what, sizeof(what), "q/k/v gemv + rope refuses K, Q, V and 9 tokens");
 		report(what,
@@ -637,12 +662,14 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols)
 	free(pool);
 	free(p1);
 	free(p2);
+	free(p3);
 	free(h1);
 	free(h2);
 	cudaFree(dx);
 	cudaFree(dinv);
 	cudaFree(kv1);
 	cudaFree(kv2);
+	cudaFree(kv3);
 	cudaFree(q1);
 	cudaFree(q2);
 	cudaFree(k1);
@@ -711,7 +738,8 @@ void check_att_quant(uint32_t hd, const char *mode)
 	up(dm, meta_h, sizeof(meta_h));
 	gpud_cuda_meta m = { nullptr, dm + (mpos - mp), dm + (mseq - mp), nullptr,
 			     dm + (msi - mp), dm + (mbt - mp) };
-	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats };
+	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats,
+				 0 };
 	gpud_cuda_attn a = { hg, T, splits, tiles ? dm + (mtl - mp) : nullptr, 3, tile, part, cnt,
 			     nullptr, nullptr };
 
@@ -924,8 +952,10 @@ int main(int argc, char **argv)
 	check_swiglu(5000);
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 3u, 8u })
-			check_qkv_rope(t, T, 320);
-	check_qkv_rope(GPUD_TYPE_F32, 2, 100); /* rows not of 8 elements: scalar loads */
+			check_qkv_rope(t, T, 320, false);
+	check_qkv_rope(GPUD_TYPE_F32, 2, 100, false); /* rows not of 8 elements: scalar loads */
+	for (uint32_t T : { 1u, 3u, 8u })
+		check_qkv_rope(GPUD_TYPE_Q8_0, T, 320, true);
 	for (uint32_t hd : { 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })
 			check_att_quant(hd, mode);

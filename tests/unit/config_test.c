@@ -259,6 +259,24 @@ static void test_value_errors(void **state)
 	assert_int_equal(c.gpud.sample_threads, 0);
 	expect_error("{\"gpud\": {\"sample_threads\": 65}}", -EINVAL,
 		     "gpud.sample_threads: expected an integer in [0, 64], got 65");
+	/* gpud.kv_type: a name, f32 by default, round-tripped as its name */
+	load_ok("{}", &c);
+	assert_int_equal(c.gpud.kv_type, SW_KV_F32);
+	load_ok("{\"gpud\": {\"kv_type\": \"f16\"}}", &c);
+	assert_int_equal(c.gpud.kv_type, SW_KV_F16);
+	{
+		struct sw_config back;
+		char *js = sw_config_to_json(&c);
+		assert_non_null(js);
+		assert_non_null(strstr(js, "\"kv_type\":\"f16\""));
+		load_ok(js, &back);
+		free(js);
+		assert_int_equal(back.gpud.kv_type, SW_KV_F16);
+	}
+	expect_error("{\"gpud\": {\"kv_type\": \"q8_0\"}}", -EINVAL,
+		     "gpud.kv_type: expected \"f32\" or \"f16\", got \"q8_0\"");
+	expect_error("{\"gpud\": {\"kv_type\": 16}}", SW_ETYPE,
+		     "gpud.kv_type: expected \"f32\" or \"f16\", got 16");
 	expect_error("{\"gpud\": {\"max_segments\": 63}}", -EINVAL,
 		     "gpud.max_segments: expected an integer in [64, 127], got 63");
 	expect_error("{\"gpud\": {\"max_segments\": 128}}", -EINVAL,

@@ -591,10 +591,10 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 				 "run eagerly): %s", c->dev, c->n_graphs, want, why);
 	}
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
-	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f, masks %.1f (%u slots), scratch "
-		 "%.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
+	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
+		 "scratch %.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
 		 "programmatic dependent launch %s", c->dev,
-		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0,
+		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
 		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs,
 		 c->pdl ? "on" : "off");
@@ -805,9 +805,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 {
 	const struct gpud_model_hparams *hp = c->hp;
 	const struct gpud_cuda_layout *L = &c->L;
-	gpud_cuda_kvshape kv = { (float *)c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
-				 c->cfg.block_tokens, 0, L->head_floats, L->layer_floats,
-				 L->block_floats };
+	gpud_cuda_kvshape kv = { c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
+				 c->cfg.block_tokens, 0, L->head_elems, L->layer_elems,
+				 L->block_elems, L->kv_esz == 2 };
 	// Decode-sized steps (the graphs') split each token's keys; larger
 	// ones share K among tiles of a sequence's tokens.
 	gpud_cuda_attn att = { L->att_heads, T, gpud_cuda_att_splits(L, T, c->n_sm),
@@ -1022,7 +1022,7 @@ const float *cuda_hidden(void *ctx)
 int cuda_kv_copy(void *ctx, uint32_t dst, uint32_t src)
 {
 	cuda_ctx *c = (cuda_ctx *)ctx;
-	uint64_t n = c->L.block_floats * 4;
+	uint64_t n = c->L.block_elems * c->L.kv_esz;
 
 	if (dst >= c->cfg.n_blocks || src >= c->cfg.n_blocks)
 		return -EINVAL;

@@ -87,7 +87,8 @@ struct gpud_cuda_layout {
 	 * tokens of a prefill CTA; tiles a step can have */
 	uint32_t att_heads, att_tile, max_tiles;
 	/* kv */
-	uint64_t head_floats, layer_floats, block_floats, kv_bytes;
+	uint64_t head_elems, layer_elems, block_elems, kv_bytes; /* elements of kv_esz bytes */
+	uint32_t kv_esz;     /* 4 (f32) or 2 (f16: cfg.kv_type) */
 	/* masks */
 	uint32_t mask_slots;
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;

@@ -332,18 +332,55 @@ static __device__ __forceinline__ float2 rope_rot(float a, float b, float2 cs)
 			   __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x)));
 }
 
-/* Token t's slot in its KV block of layer kv.layer: K of head h at
- * h * head_floats, V at (n_kv_heads + h) * head_floats. */
-static __device__ __forceinline__ float *kv_slot(const gpud_cuda_meta &m,
-						 const gpud_cuda_kvshape &kv, uint32_t t)
+/* Token t's slot in its KV block of layer kv.layer, in elements of the
+ * pool: K of head h at + h * head_elems, V at + (n_kv_heads + h) *
+ * head_elems. */
+static __device__ __forceinline__ uint64_t kv_slot(const gpud_cuda_meta &m,
+						   const gpud_cuda_kvshape &kv, uint32_t t)
 {
 	uint32_t pos = m.pos[t], bt = kv.block_tokens;
 	uint32_t blk = m.btab[m.seqinfo[(size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS +
 					GPUD_CUDA_SI_BTAB] + pos / bt];
 
-	return kv.kv + (size_t)blk * kv.block_floats + (size_t)kv.layer * kv.layer_floats +
-	       (size_t)(pos % bt) * kv.head_dim;
+	return (uint64_t)blk * kv.block_elems + (uint64_t)kv.layer * kv.layer_elems +
+	       (uint64_t)(pos % bt) * kv.head_dim;
 }
+
+/* Element i of the KV pool = x, rounded to half with kv16 (the CPU
+ * backend's gpud_fp32_to_fp16: nearest even). */
+static __device__ __forceinline__ void kv_put(const gpud_cuda_kvshape &kv, uint64_t i, float x)
+{
+	if (kv.kv16)
+		((__half *)kv.kv)[i] = __float2half_rn(x);
+	else
+		((float *)kv.kv)[i] = x;
+}
+
+/* Reads of the pool by element type, widened to fp32 (exact). */
+template <typename KT> struct kv_ld;
+template <> struct kv_ld<float> {
+	static __device__ __forceinline__ float one(const float *p, uint64_t i)
+	{
+		return p[i];
+	}
+	/* elements i, i + 1 (i even) */
+	static __device__ __forceinline__ float2 two(const float *p, uint64_t i)
+	{
+		return *(const float2 *)(p + i);
+	}
+};
+template <> struct kv_ld<__half> {
+	static __device__ __forceinline__ float one(const __half *p, uint64_t i)
+	{
+		return __half2float(p[i]);
+	}
+	static __device__ __forceinline__ float2 two(const __half *p, uint64_t i)
+	{
+		uint32_t u = *(const uint32_t *)(p + i);
+		return make_float2(__half2float(__ushort_as_half((unsigned short)(u & 0xffffu))),
+				   __half2float(__ushort_as_half((unsigned short)(u >> 16))));
+	}
+};
 
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
 				  const float *inv, gpud_cuda_kvshape kv)
@@ -352,7 +389,7 @@ __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud
 	__shared__ float2 cs[GPUD_CUDA_MAX_HEAD_DIM / 2];
 	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
 	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd;
-	float *base = kv_slot(m, kv, t);
+	uint64_t base = kv_slot(m, kv, t);
 	float *qt = q + (size_t)t * nh * hd;
 	const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
 
@@ -370,13 +407,13 @@ __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud
 		uint32_t h = p / half, i = p % half;
 		const float *e = kt + (size_t)h * hd + 2 * i;
 		float2 r = rope_rot(e[0], e[1], cs[i]);
-		float *d = base + (size_t)h * kv.head_floats + 2 * i;
-		d[0] = r.x;
-		d[1] = r.y;
+		uint64_t d = base + (uint64_t)h * kv.head_elems + 2 * i;
+		kv_put(kv, d, r.x);
+		kv_put(kv, d + 1, r.y);
 	}
 	for (uint32_t e = threadIdx.x; e < kvd; e += blockDim.x) {
 		uint32_t h = e / hd, d = e % hd;
-		base[(size_t)(nkv + h) * kv.head_floats + d] = vt[e];
+		kv_put(kv, base + (uint64_t)(nkv + h) * kv.head_elems + d, vt[e]);
 	}
 }
 
@@ -469,7 +506,7 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 	}
 }
 
-template <int MAXD>
+template <int MAXD, typename KT>
 __global__ void __launch_bounds__(1024)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
@@ -503,8 +540,9 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	uint32_t qs = 0, n_chunks = pos_max / ATT_CHUNK + 1;
 	uint32_t c_lo = (uint32_t)((uint64_t)split * n_chunks / n_split);
 	uint32_t c_hi = (uint32_t)((uint64_t)(split + 1) * n_chunks / n_split);
-	const float *kbase = kv.kv + (size_t)kv.layer * kv.layer_floats + (size_t)kh * kv.head_floats;
-	uint64_t v_off = (uint64_t)nkv * kv.head_floats;
+	const KT *kbase = (const KT *)kv.kv + (size_t)kv.layer * kv.layer_elems +
+			  (size_t)kh * kv.head_elems;
+	const KT *vbase = kbase + (uint64_t)nkv * kv.head_elems;
 	float o[MAXD];
 	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
 
@@ -531,17 +569,17 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		int bv = !live || p > pos ? 0 : has_mask ? block_vis(mk, qs, p / bt) : 1;
 		bool vis = bv == 1 || (bv == 2 && tok_visible(mk, qs, p));
 		/* the row of position p in the layer's K of head kh */
-		uint64_t row = p <= pos_max ? (uint64_t)btab[p / bt] * kv.block_floats +
+		uint64_t row = p <= pos_max ? (uint64_t)btab[p / bt] * kv.block_elems +
 						      (uint64_t)(p % bt) * hd : 0;
 
 		/* a barrier too: the previous chunk's K is read */
 		if (!__syncthreads_or(bv != 0))
 			continue; /* no warp sees it */
 		for (uint32_t j = w; j < ATT_CHUNK && c * ATT_CHUNK + j <= pos_max; j += nw) {
-			const float2 *src = (const float2 *)(kbase + __shfl_sync(FULL, row, j));
+			uint64_t src = __shfl_sync(FULL, row, j);
 			float *dst = ks + j * kst;
 			for (uint32_t d2 = lane; d2 < hd / 2; d2 += 32) {
-				float2 x = src[d2];
+				float2 x = kv_ld<KT>::two(kbase, src + 2 * d2);
 				dst[2 * d2] = x.x;
 				dst[2 * d2 + 1] = x.y;
 			}
@@ -575,12 +613,11 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			uint64_t rj = __shfl_sync(FULL, row, jj);
 			if (pj == 0.0f)
 				continue;
-			const float *vr = kbase + v_off + rj;
 #pragma unroll
 			for (int i = 0; i < MAXD; i++) {
 				uint32_t d = lane + 32 * i;
 				if (d < hd)
-					o[i] = fmaf(pj, vr[d], o[i]);
+					o[i] = fmaf(pj, kv_ld<KT>::one(vbase, rj + d), o[i]);
 			}
 		}
 	}
@@ -661,10 +698,11 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	if (a->aq && (hd % GPUD_QK || !a->ad))
 		return cudaErrorInvalidValue;
 
-#define ATT(md)                                                                                \
-	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md>, q, out, *m, *kv, \
-			   masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part, a->cnt,   \
+#define ATT_T(md, KT)                                                                          \
+	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md, KT>, q, out, *m,  \
+			   *kv, masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part, a->cnt, \
 			   a->aq, a->ad)
+#define ATT(md) (kv->kv16 ? ATT_T(md, __half) : ATT_T(md, float))
 	if (hd <= 32)
 		e = ATT(1);
 	else if (hd <= 64)
@@ -674,6 +712,7 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	else
 		e = ATT(8);
 #undef ATT
+#undef ATT_T
 	return launched(e);
 }
 
@@ -842,17 +881,19 @@ static __device__ __forceinline__ void qkv_store(const rope_args &ra, int m, int
 	const gpud_cuda_kvshape &kv = ra.kv;
 	uint32_t hd = kv.head_dim, h = (uint32_t)(r / hd), e = (uint32_t)(r % hd);
 	float2 o = make_float2(a, b);
-	float *d;
+	uint64_t d;
 
-	if (m == 2) {
-		d = kv_slot(ra.m, kv, t) + (size_t)(kv.n_kv_heads + h) * kv.head_floats + e;
-	} else {
+	if (m != 2)
 		o = rope_rot(a, b, rope_cs(ra.m.pos[t], ra.inv[e / 2]));
-		d = m == 0 ? ra.q + (size_t)t * kv.n_heads * hd + r
-			   : kv_slot(ra.m, kv, t) + (size_t)h * kv.head_floats + e;
+	if (m == 0) {
+		float *qd = ra.q + (size_t)t * kv.n_heads * hd + r;
+		qd[0] = o.x;
+		qd[1] = o.y;
+		return;
 	}
-	d[0] = o.x;
-	d[1] = o.y;
+	d = kv_slot(ra.m, kv, t) + (uint64_t)(m == 2 ? kv.n_kv_heads + h : h) * kv.head_elems + e;
+	kv_put(kv, d, o.x);
+	kv_put(kv, d + 1, o.y);
 }
 
 /* Lane t stores token t's pair (rows r, r + 1 of matrix m). */

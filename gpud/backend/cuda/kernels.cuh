@@ -28,10 +28,16 @@ struct gpud_cuda_meta {
 	const uint32_t *pos, *seq, *logit_tok, *seqinfo, *btab;
 };
 
+// The KV pool: elements of kv16 ? __half : float, block b's layer l at
+// b * block_elems + l * layer_elems, K of KV head h at h * head_elems, V of
+// h at (n_kv_heads + h) * head_elems, position p's row at p * head_dim.
+// With kv16, K (after RoPE) and V are rounded to half (nearest even) when
+// stored and widened exactly when read.
 struct gpud_cuda_kvshape {
-	float *kv;
+	void *kv;
 	uint32_t n_heads, n_kv_heads, head_dim, block_tokens, layer;
-	uint64_t head_floats, layer_floats, block_floats;
+	uint64_t head_elems, layer_elems, block_elems;
+	uint32_t kv16;
 };
 
 // Programmatic dependent launch for the kernels launched on stream s from

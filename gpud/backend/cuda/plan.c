@@ -110,6 +110,9 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "the CUDA backend: %u tokens / %u logits rows per step (at most %u)",
 				 cfg->max_batch_tokens, cfg->max_logits, GPUD_CUDA_MAX_STEP_TOKENS);
+	if (!gpud_kv_type_ok(cfg->kv_type))
+		return sw_seterr(err, errlen, -EINVAL, "the CUDA backend: KV type %s (f32 or f16)",
+				 gpud_type_name(cfg->kv_type));
 	hp = gpud_model_hparams(cfg->model);
 	if (hp->qkv_bias || hp->rope_style != GPUD_ROPE_NORM)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
@@ -142,10 +145,11 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	bt = cfg->block_tokens;
 
 	/* kv */
-	l->head_floats = bt * hp->head_dim;
-	l->layer_floats = 2 * (uint64_t)hp->n_kv_heads * l->head_floats;
-	l->block_floats = (uint64_t)hp->n_layers * l->layer_floats;
-	l->kv_bytes = up((uint64_t)cfg->n_blocks * l->block_floats * 4);
+	l->kv_esz = cfg->kv_type == GPUD_TYPE_F16 ? 2 : 4;
+	l->head_elems = bt * hp->head_dim;
+	l->layer_elems = 2 * (uint64_t)hp->n_kv_heads * l->head_elems;
+	l->block_elems = (uint64_t)hp->n_layers * l->layer_elems;
+	l->kv_bytes = up((uint64_t)cfg->n_blocks * l->block_elems * l->kv_esz);
 
 	/* A sequence has at most every block and at most n_ctx positions
 	 * (the engine's limit too; forward refuses a step past it). */
