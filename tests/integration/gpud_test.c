@@ -2076,6 +2076,93 @@ static void test_malformed_input(void **state)
 	f->done = true;
 }
 
+/* --- gpud.kv_type "f16" end to end ---------------------------------------------- */
+
+/* unit_bytes of the first pool named "*.kv" (one KV block). */
+static int64_t kv_unit_bytes(json_t *st)
+{
+	json_t *pools = json_object_get(st, "pools"), *p;
+	size_t i;
+
+	json_array_foreach(pools, i, p) {
+		const char *name = json_string_value(json_object_get(p, "name"));
+
+		if (name && ends_with(name, ".kv"))
+			return jint_in(p, "unit_bytes");
+	}
+	fail_msg("stats: no kv pool");
+	return 0;
+}
+
+#define TKV_N 16
+
+/* Two servers on the same model, one storing K and V as f16: its KV
+ * blocks are half the bytes; greedy "Once upon a time" gives the model
+ * card's text on it too; the other prompts' greedy texts are compared
+ * with the f32 server's and the count reported (a near tie may flip a
+ * token: f16 rounds K and V); both end idle with nothing held. */
+static void test_kv_f16(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o16 = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": 0, \"kv_type\": \"f16\"",
+	};
+	struct gpud_it_opts o32 = {
+		.gpud_extra = "\"kv_blocks\": 512, \"prefix_cache_bytes\": 0",
+	};
+	struct proto_client *c16, *c32;
+	struct rbuf *b = malloc(sizeof(*b));
+	char prompt[256], err[SW_ERR_MAX];
+	int same = 0, rc;
+	int64_t u16, u32;
+	json_t *st16, *st32;
+
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], &o16), 0);
+	assert_int_equal(gpud_it_start(&f->d[1], &o32), 0);
+	assert_non_null(c16 = gpud_it_connect(&f->d[0]));
+	assert_non_null(c32 = gpud_it_connect(&f->d[1]));
+	for (int i = 0; i < TKV_N; i++) {
+		struct proto_client_result r16, r32;
+
+		t1_prompt(i, prompt, sizeof(prompt));
+		rbuf_init(b, T1_MAX);
+		rbuf_seg(b, prompt);
+		memset(&r16, 0, sizeof(r16));
+		memset(&r32, 0, sizeof(r32));
+		rc = proto_client_generate(c16, &b->req, &r16, err, sizeof(err));
+		if (rc)
+			fail_msg("f16 KV request %d: %s (%s)", i, err, sw_errname(rc));
+		rc = proto_client_generate(c32, &b->req, &r32, err, sizeof(err));
+		if (rc)
+			fail_msg("f32 KV request %d: %s (%s)", i, err, sw_errname(rc));
+		if (i == 0 && strncmp(r16.text, ONCE_GREEDY, strlen(ONCE_GREEDY)))
+			fail_msg("f16 KV: greedy \"" ONCE "\" gave \"%s\", the model card says "
+				 "\"%s...\"", r16.text, ONCE_GREEDY);
+		assert_true(r16.n_ids >= 1 && r16.n_ids <= T1_MAX);
+		same += r16.text_len == r32.text_len && !memcmp(r16.text, r32.text, r16.text_len);
+		proto_client_result_free(&r16);
+		proto_client_result_free(&r32);
+	}
+	st16 = stats_idle(c16);
+	st32 = stats_idle(c32);
+	u16 = kv_unit_bytes(st16);
+	u32 = kv_unit_bytes(st32);
+	printf("    kv_type f16: KV block %" PRId64 " bytes (f32: %" PRId64 "); greedy text equal to "
+	       "the f32 server's on %d of %d prompts\n", u16, u32, same, TKV_N);
+	assert_true(u16 > 0 && 2 * u16 == u32);
+	check_idle_pools(st16, false);
+	check_idle_pools(st32, false);
+	json_decref(st16);
+	json_decref(st32);
+	proto_client_close(c16);
+	proto_client_close(c32);
+	free(b);
+	stop_ok(f, 0);
+	stop_ok(f, 1);
+	f->done = true;
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -2085,6 +2172,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_prefix_cache),
 		GPUD_IT_FIX_TEST(test_prefix_placement),
 		GPUD_IT_FIX_TEST(test_chunk_cache),
+		GPUD_IT_FIX_TEST(test_kv_f16),
 		GPUD_IT_FIX_TEST(test_killed_client),
 		GPUD_IT_FIX_TEST(test_malformed_input),
 	};

@@ -696,6 +696,17 @@ static void test_check_mode(void **state)
 				    "with --chat-format or gpud.chat_format)\n"));
 	free(out);
 
+	/* gpud.kv_type "f16": blocks of half the bytes, named in the plan */
+	cfg.gpud.kv_type = SW_KV_F16;
+	f = open_memstream(&out, &len);
+	assert_non_null(f);
+	assert_int_equal(gpud_serve(&cfg, true, f), 0);
+	fclose(f);
+	assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks x 10240 bytes = 10.0 MiB (16 f16 "
+				    "tokens/block;"));
+	free(out);
+	cfg.gpud.kv_type = SW_KV_F32;
+
 	/* gpud.chat_format: a choice is used, an unknown name stops the start. */
 	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "chatml");
 	out = NULL;
