@@ -4,7 +4,7 @@
  *   backend_cmp --model PATH [--rounds N] [--bound B] [--seed S] [--max-prompt N]
  *               [--device cuda:0|cpu] [--kv-type f32|f16]
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
- *               [--quick]
+ *               [--quick] [--long-f16]
  *
  * The device under test is cuda:0 (the registry's table for "cuda",
  * gpud/backend.h); --device cpu puts a second CPU instance there instead,
@@ -43,9 +43,9 @@
  * downloaded, as sampling needs), prefill
  * tokens/s (one 512-token chunk), and the cost of a compiled mask on a
  * decode step (batch 16, the same cached mask every step, against plain
- * causal): what a mask-cache hit costs on the device; the long-context
- * decode rows again on an instance with f16 KV (half the bytes the
- * attention reads). Appends a markdown
+ * causal): what a mask-cache hit costs on the device; with --long-f16,
+ * the long-context decode rows again on an instance with f16 KV (half the
+ * bytes the attention reads). Appends a markdown
  * table row per figure to --out (stdout when absent).
  */
 #include <errno.h>
@@ -94,6 +94,7 @@ static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t max_prompt = 200; /* --max-prompt: tokens of a sequence's prompt */
 static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode context */
 static bool bench_quick;             /* --quick: fewer timed steps (an emulator's bench) */
+static bool bench_long_f16;          /* --long-f16: long-context rows with f16 KV too */
 static const struct gpud_backend_ops *dut; /* the backend under test */
 static enum gpud_type kv_type = GPUD_TYPE_F32; /* --kv-type */
 
@@ -591,7 +592,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		plain * 1e3);
 	a0 = allocs(&g) - a0;
 	g.ops->destroy(g.ctx);
-	if (kv_type == GPUD_TYPE_F32) {
+	if (bench_long_f16 && kv_type == GPUD_TYPE_F32) {
 		/* the long context with f16 KV: the attention reads half the bytes */
 		struct inst g2;
 		uint64_t a1;
@@ -661,6 +662,8 @@ int main(int argc, char **argv)
 			long_ctx = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--quick"))
 			bench_quick = true;
+		else if (!strcmp(argv[i], "--long-f16"))
+			bench_long_f16 = true;
 		else if (!strcmp(argv[i], "--device") && i + 1 < argc)
 			device = argv[++i];
 		else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
@@ -678,7 +681,7 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16]\n",
 				argv[0]);
 			return 2;
 		}
