@@ -3,36 +3,38 @@
  * gpud.kv_type f16 halves the KV cache's bytes per token; the CPU backend
  * pays for it by widening each block's K and V to fp32 once per KV head
  * before the attention math (forward.c, attend()). Whether that is a win
- * depends on how much of a decode step is spent reading KV: nothing at a
+ * depends on how much of a decode step is spent reading KV: little at a
  * short context, most of it at a long one. This bench measures where the
  * line is on this machine.
  *
  * The model is Llama-3.2-3B's attention (dim 3072, 24 query heads, 8 KV
- * heads of head_dim 128: 4 KiB of K+V per token and layer in f32) with
- * only 2 layers, an ffn of 1024 and the built-in byte vocabulary, in Q8_0,
- * written once with gpud_mkmodel into --models-dir. A real 3B step also
- * reads 28 layers of 3B-sized matmuls; cutting them to 2 small-ffn layers
- * makes attention a visible share of the step, as it is for a 3B model at
- * 14 times the context (KV and weights both scale with layers, but the
- * weights per layer are here ~2/3 of the real ones). Absolute tokens/s say
- * nothing about a real model; the f16 / f32 ratio at a given KV share does.
+ * heads of head_dim 128: 8 KiB of K+V per token and layer in f32) with
+ * only 2 layers, an ffn of 1024 and the built-in byte vocabulary, in Q8_0
+ * (75 MB), written once with gpud_mkmodel into --models-dir. A real 3B
+ * step in Q8_0 reads 3.4 GB of weights (28 layers with an ffn of 8192, a
+ * 128256-token output) next to 224 KiB of f32 KV per token; here the
+ * weights are so few that KV weighs about 3.2 times as much per token
+ * against them: context L here stands for a 3B model at ~3.2 L, and L
+ * 8192 for one past 26k. Absolute tokens/s say nothing about a real
+ * model; the f16 / f32 ratio at a given share of KV in the step does.
  *
  * For each context length L (ascending) the sequences are prefilled to L
  * (in chunks, only the positions past the previous L: the prefill figure
  * is the tokens/s of that increment), then for each batch B the first B
- * sequences decode one random token per step for --seconds after one
- * warm-up step, and are truncated back to L. Prefill is the cost here,
- * not decode: the attention of a prefilled token grows with its position,
- * so filling 8 sequences to 8192 positions takes over five minutes a KV
- * type on a 2-core machine. Points with B * L above --max-kv-tokens
- * (default 32768) are skipped, and only the sequences a remaining point
- * needs are prefilled: by default B = 8 stops at 4096, B = 1 goes on. Both KV types run in their
- * own engine side by side, each (L, B) point f32 then f16 back to back, so
- * a shared machine's drift hits both alike. Rates are aggregate decode
- * tokens/s (B tokens per step) from the best step and over all timed
- * steps; "KV MB/step" is the K and V a step reads (every visible position
- * of every sequence, each layer and KV head once: the query heads of a
- * group share the read).
+ * sequences of both engines (one per KV type) decode one random token per
+ * step, the engines' steps in turn, for --seconds each after a warm-up
+ * step, and are truncated back to L. Rates are aggregate decode tokens/s
+ * (B tokens per step) from the best step and over all timed steps; "KV
+ * MB/step" is the K and V a step reads (every visible position of every
+ * sequence, each layer and KV head once: the query heads of a group share
+ * the read).
+ *
+ * Prefill costs far more than decode here: a prefilled token's attention
+ * grows with its position, so filling 8 sequences to 8192 positions would
+ * take over five minutes a KV type on a 2-core machine. Points with B x L
+ * above --max-kv-tokens (default 32768) are skipped, and only the
+ * sequences a remaining point needs are prefilled: by default B = 8 stops
+ * at 4096, B = 1 goes on to 8192.
  *
  * usage: bench_kv [--seconds S] [--threads N] [--models-dir DIR]
  *                 [--lengths 256,1024,...] [--batches 1,8]
@@ -61,6 +63,7 @@
 #define MAX_DECODE 256  /* timed decode steps per point, at most */
 #define BLOCK_TOKENS 16
 #define N_KV 2
+#define STREAM_BYTES ((size_t)2 << 30) /* read bandwidth pass: 4x the LLC here */
 
 static const enum gpud_type kv_types[N_KV] = { GPUD_TYPE_F32, GPUD_TYPE_F16 };
 
@@ -191,50 +194,65 @@ static double prefill_to(struct gpud_engine *e, const uint32_t *seqs, uint32_t n
 	return done ? (double)done / (bench_now() - t0) : 0;
 }
 
-/* Decode on seqs[0..batch) (each at length len) for `seconds` after one
- * warm-up step, then truncates them back to len. */
-static int decode(struct gpud_engine *e, const uint32_t *seqs, uint32_t batch, uint32_t len,
-		  double seconds, struct point *pt)
+/* Decode on the first batch sequences of each engine (each at length
+ * len): one warm-up step each, then steps taken in turn, f32 then f16,
+ * until each engine has run `seconds` or MAX_DECODE steps. Interleaved
+ * steps see the same machine: on a shared host its speed moves by 2x
+ * within minutes, and a point measured type after type would compare
+ * two different machines. The sequences are truncated back to len. */
+static int decode_pair(struct gpud_engine *const *e, uint32_t (*seqs)[MAXB],
+		       uint32_t batch, uint32_t len, double seconds, struct point *pt)
 {
-	static int32_t next[MAXB];
-	struct gpud_batch_entry b[MAXB];
-	uint32_t nv = gpud_engine_n_vocab(e), s;
-	double bpt = (double)gpud_engine_block_bytes(e) / BLOCK_TOKENS;
-	double total = 0, best = 1e30, kv = 0;
+	static int32_t next[N_KV][MAXB];
+	struct gpud_batch_entry b[N_KV][MAXB];
+	double total[N_KV] = { 0 }, best[N_KV], kv[N_KV] = { 0 }, bpt[N_KV];
+	uint32_t s, t;
 
-	for (uint32_t i = 0; i < batch; i++) {
-		next[i] = rnd_tok(nv);
-		b[i] = (struct gpud_batch_entry){ seqs[i], &next[i], 1, GPUD_LOGITS_LAST };
-	}
-	if (step_or_die(e, b, batch))
-		return -1;
-	for (s = 0; s < MAX_DECODE; s++) {
-		double t0, t;
+	for (t = 0; t < N_KV; t++) {
+		uint32_t nv = gpud_engine_n_vocab(e[t]);
 
+		bpt[t] = (double)gpud_engine_block_bytes(e[t]) / BLOCK_TOKENS;
+		best[t] = 1e30;
 		for (uint32_t i = 0; i < batch; i++) {
-			next[i] = rnd_tok(nv);
-			/* the new token sees every position before it and itself */
-			kv += bpt * (gpud_engine_seq_len(e, seqs[i]) + 1);
+			next[t][i] = rnd_tok(nv);
+			b[t][i] = (struct gpud_batch_entry){ seqs[t][i], &next[t][i], 1,
+							     GPUD_LOGITS_LAST };
 		}
-		t0 = bench_now();
-		if (step_or_die(e, b, batch))
+		if (step_or_die(e[t], b[t], batch))
 			return -1;
-		t = bench_now() - t0;
-		best = t < best ? t : best;
-		total += t;
-		if (s >= 2 && total >= seconds) {
+	}
+	for (s = 0; s < MAX_DECODE; s++) {
+		for (t = 0; t < N_KV; t++) {
+			uint32_t nv = gpud_engine_n_vocab(e[t]);
+			double t0, dt;
+
+			for (uint32_t i = 0; i < batch; i++) {
+				next[t][i] = rnd_tok(nv);
+				/* the new token sees every position before it and itself */
+				kv[t] += bpt[t] * (gpud_engine_seq_len(e[t], seqs[t][i]) + 1);
+			}
+			t0 = bench_now();
+			if (step_or_die(e[t], b[t], batch))
+				return -1;
+			dt = bench_now() - t0;
+			best[t] = dt < best[t] ? dt : best[t];
+			total[t] += dt;
+		}
+		if (s >= 2 && total[0] >= seconds && total[1] >= seconds) {
 			s++;
 			break;
 		}
 	}
-	pt->steps = s;
-	pt->best = batch / best;
-	pt->mean = (double)s * batch / total;
-	pt->step_ms = total / s * 1e3;
-	pt->kv_mb = kv / s / 1e6;
-	for (uint32_t i = 0; i < batch; i++)
-		if (gpud_engine_seq_truncate(e, seqs[i], len))
-			return -1;
+	for (t = 0; t < N_KV; t++) {
+		pt[t].steps = s;
+		pt[t].best = batch / best[t];
+		pt[t].mean = (double)s * batch / total[t];
+		pt[t].step_ms = total[t] / s * 1e3;
+		pt[t].kv_mb = kv[t] / s / 1e6;
+		for (uint32_t i = 0; i < batch; i++)
+			if (gpud_engine_seq_truncate(e[t], seqs[t][i], len))
+				return -1;
+	}
 	return 0;
 }
 
@@ -317,7 +335,7 @@ int main(int argc, char **argv)
 	struct gpud_model *m = NULL;
 	uint32_t seqs[N_KV][MAXB], max_b = 0, n_ctx;
 	char machine[256], date[64], path[512], err[SW_ERR_MAX], cmd[1024];
-	double bpt[N_KV], t_start = bench_now();
+	double bpt[N_KV], read_gbs[2], t_start = bench_now();
 	size_t cl = 0;
 	int rc = 1;
 
@@ -355,6 +373,8 @@ int main(int argc, char **argv)
 				       i ? " " : "", argv[i]);
 	bench_machine(machine, sizeof(machine));
 	bench_date(date, sizeof(date));
+	/* what the machine reads now, to read the step times against (it moves) */
+	read_gbs[0] = bench_stream_gbs(STREAM_BYTES, o.threads);
 
 	/* room for the longest context, its warm-up step and timed steps */
 	n_ctx = (o.lens[o.n_lens - 1] + MAX_DECODE + 2 + BLOCK_TOKENS - 1) / BLOCK_TOKENS *
@@ -405,18 +425,18 @@ int main(int argc, char **argv)
 			for (int k = 0; k < o.n_batches; k++)
 				pts[l][k][t].prefill = r;
 		}
-		for (int k = 0; k < o.n_batches; k++)
-			for (int t = 0; t < N_KV && fits(&o, l, k); t++) {
-				struct point *pt = &pts[l][k][t];
+		for (int k = 0; k < o.n_batches; k++) {
+			struct point *pt = pts[l][k];
 
-				if (decode(eng[t], seqs[t], o.batches[k], o.lens[l], o.seconds, pt))
-					goto out;
-				fprintf(stderr, "bench_kv: L %5u B %2u %s KV: %8.1f tok/s best, "
-						"%8.1f mean, %7.1f MB KV/step, %u steps (%.0f s)\n",
-					o.lens[l], o.batches[k], gpud_type_name(kv_types[t]),
-					pt->best, pt->mean, pt->kv_mb, pt->steps,
-					bench_now() - t_start);
-			}
+			if (!fits(&o, l, k))
+				continue;
+			if (decode_pair(eng, seqs, o.batches[k], o.lens[l], o.seconds, pt))
+				goto out;
+			fprintf(stderr, "bench_kv: L %5u B %2u: tok/s f32 %7.1f best %7.1f mean, "
+					"f16 %7.1f best %7.1f mean, %u steps each (%.0f s)\n",
+				o.lens[l], o.batches[k], pt[0].best, pt[0].mean, pt[1].best,
+				pt[1].mean, pt[0].steps, bench_now() - t_start);
+		}
 	}
 	for (int t = 0; t < N_KV; t++) {
 		struct gpud_engine_stats st;
@@ -428,10 +448,12 @@ int main(int argc, char **argv)
 				(unsigned long long)st.allocs_after_warmup);
 	}
 
+	read_gbs[1] = bench_stream_gbs(STREAM_BYTES, o.threads);
 	printf("machine: %s\ndate: %s\ncommand: %s\nmodel: %s (%.1f MB of weights)\n"
-	       "threads: %d, %.1f s per point, %.0f s in all\n\n",
+	       "threads: %d, %.1f s per point and KV type, %.0f s in all\n"
+	       "read bandwidth: %.1f GB/s before, %.1f GB/s after\n\n",
 	       machine, date, cmd, path, gpud_model_weight_bytes(m) / 1e6, o.threads, o.seconds,
-	       bench_now() - t_start);
+	       bench_now() - t_start, read_gbs[0], read_gbs[1]);
 	print_table(stdout, &o, bpt);
 	if (o.out) {
 		FILE *f = fopen(o.out, "w");
@@ -444,8 +466,12 @@ int main(int argc, char **argv)
 			   "- machine: %s\n- date: %s\n- command: `%s`\n"
 			   "- model: Llama-3.2-3B attention (dim 3072, 24 heads, 8 KV heads, "
 			   "head_dim 128), 2 layers, ffn 1024, byte vocabulary, Q8_0: "
-			   "%.1f MB of weights\n- threads: %d; %.1f s of decode per point\n\n",
-			machine, date, cmd, gpud_model_weight_bytes(m) / 1e6, o.threads, o.seconds);
+			   "%.1f MB of weights\n- threads: %d; %.1f s (at most %d steps) of decode "
+			   "per point and KV type, the two types' steps in turn\n"
+			   "- read bandwidth (bench_stream_gbs, %zu MiB, best of 5 passes): "
+			   "%.1f GB/s before the sweep, %.1f GB/s after\n\n",
+			machine, date, cmd, gpud_model_weight_bytes(m) / 1e6, o.threads, o.seconds,
+			MAX_DECODE, STREAM_BYTES >> 20, read_gbs[0], read_gbs[1]);
 		print_table(f, &o, bpt);
 		fclose(f);
 	}
