@@ -168,30 +168,94 @@ ATT_INLINE void dot4(const float *q, const float *k, size_t stride, uint32_t n, 
 #undef DOT4_SUM
 }
 
+/* dot4() of 8 rows: eight chains side by side, as many as an adder's
+ * latency times its throughput wants; the same bits again. */
+ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, float *out)
+{
+	/* named, not an array: an array of accumulators stays in memory */
+	v8f a0 = { 0 }, a1 = { 0 }, a2 = { 0 }, a3 = { 0 }, a4 = { 0 }, a5 = { 0 }, a6 = { 0 },
+	    a7 = { 0 };
+	float t[8] = { 0 };
+	uint32_t i = 0;
+
+	for (; i + 8 <= n; i += 8) {
+		v8f qv = load8(q + i);
+
+		a0 += qv * load8(k + i);
+		a1 += qv * load8(k + stride + i);
+		a2 += qv * load8(k + 2 * stride + i);
+		a3 += qv * load8(k + 3 * stride + i);
+		a4 += qv * load8(k + 4 * stride + i);
+		a5 += qv * load8(k + 5 * stride + i);
+		a6 += qv * load8(k + 6 * stride + i);
+		a7 += qv * load8(k + 7 * stride + i);
+	}
+	for (; i < n; i++)
+		for (int r = 0; r < 8; r++)
+			t[r] += q[i] * k[(size_t)r * stride + i];
+#define DOT8_SUM(r, a)                                                                         \
+	out[r] = (((a[0] + t[r]) + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+	DOT8_SUM(0, a0);
+	DOT8_SUM(1, a1);
+	DOT8_SUM(2, a2);
+	DOT8_SUM(3, a3);
+	DOT8_SUM(4, a4);
+	DOT8_SUM(5, a5);
+	DOT8_SUM(6, a6);
+	DOT8_SUM(7, a7);
+#undef DOT8_SUM
+}
+
 /* y = y * s + p[0] * x[0], then y = y + p[u] * x[u] for u = 1..nv-1
  * (x[u] = v + idx[u] * n), over n floats: up to ATT_RUN values of a KV
  * block folded into the output. Each element takes the steps of nv
  * updates y = y * s + p * x one by one (s = 1 after the first: y * 1 is
  * y), with y in a register across them instead of a load and a store
- * per value. */
+ * per value. An element's updates are a chain, each waiting on the last:
+ * four vectors of elements go side by side (four chains in flight), with
+ * the rows' addresses and the broadcast p[u] made once, not per vector.
+ * Each element's arithmetic is the same, so the same bits. */
 #define ATT_RUN 16
 ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 			     const uint16_t *idx, uint32_t nv, uint32_t n)
 {
+	const float *x[ATT_RUN];
+	v8f pb[ATT_RUN];
 	uint32_t i = 0;
 
+	for (uint32_t u = 0; u < nv; u++) {
+		x[u] = v + (size_t)idx[u] * n;
+		pb[u] = (v8f){ p[u], p[u], p[u], p[u], p[u], p[u], p[u], p[u] };
+	}
+	for (; i + 32 <= n; i += 32) {
+		v8f a0 = load8(y + i) * s + load8(x[0] + i) * pb[0];
+		v8f a1 = load8(y + i + 8) * s + load8(x[0] + i + 8) * pb[0];
+		v8f a2 = load8(y + i + 16) * s + load8(x[0] + i + 16) * pb[0];
+		v8f a3 = load8(y + i + 24) * s + load8(x[0] + i + 24) * pb[0];
+
+		for (uint32_t u = 1; u < nv; u++) {
+			a0 = a0 + load8(x[u] + i) * pb[u];
+			a1 = a1 + load8(x[u] + i + 8) * pb[u];
+			a2 = a2 + load8(x[u] + i + 16) * pb[u];
+			a3 = a3 + load8(x[u] + i + 24) * pb[u];
+		}
+		memcpy(y + i, &a0, sizeof(a0));
+		memcpy(y + i + 8, &a1, sizeof(a1));
+		memcpy(y + i + 16, &a2, sizeof(a2));
+		memcpy(y + i + 24, &a3, sizeof(a3));
+	}
 	for (; i + 8 <= n; i += 8) {
-		v8f acc = load8(y + i) * s + load8(v + (size_t)idx[0] * n + i) * p[0];
+		v8f acc = load8(y + i) * s + load8(x[0] + i) * pb[0];
 
 		for (uint32_t u = 1; u < nv; u++)
-			acc = acc + load8(v + (size_t)idx[u] * n + i) * p[u];
+			acc = acc + load8(x[u] + i) * pb[u];
 		memcpy(y + i, &acc, sizeof(acc));
 	}
 	for (; i < n; i++) {
-		float acc = y[i] * s + p[0] * v[(size_t)idx[0] * n + i];
+		float acc = y[i] * s + p[0] * x[0][i];
 
 		for (uint32_t u = 1; u < nv; u++)
-			acc = acc + p[u] * v[(size_t)idx[u] * n + i];
+			acc = acc + p[u] * x[u][i];
 		y[i] = acc;
 	}
 }
@@ -261,6 +325,19 @@ static void kv_get(const struct cpu_ctx *c, const uint8_t *s, float *out, uint32
 		gpud_get_row(GPUD_TYPE_F16, s, n, 0, out);
 	else
 		memcpy(out, s, (size_t)n * sizeof(float));
+}
+
+/* Prefetches the n bytes at k and at k + voff (a block's K and V of one
+ * KV head). Blocks are scattered and a KV head's rows of one block span
+ * page boundaries, where the hardware's stream prefetchers stop: without
+ * this, attention over a long context waits on memory at each block. */
+static inline void kv_prefetch(const struct cpu_ctx *c, const uint8_t *k, size_t voff, size_t n)
+{
+	(void)c;
+	for (size_t o = 0; o < n; o += 64) {
+		__builtin_prefetch(k + o, 0, 3);
+		__builtin_prefetch(k + voff + o, 0, 3);
+	}
 }
 
 /* Q/K/V biases (when the model has them) and RoPE on q and k of each
@@ -336,6 +413,10 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 			continue;
 		kraw = kv_at(c, s->blocks[b], (size_t)c->layer * c->layer_elems + kh * c->head_elems);
 		n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+		if (b < pos / bt) /* the next block's K and V, while this one is worked on */
+			kv_prefetch(c, kv_at(c, s->blocks[b + 1],
+					     (size_t)c->layer * c->layer_elems + kh * c->head_elems),
+				    voff, bt * hd * c->esz);
 		kb = (const float *)kraw;
 		vb = (const float *)(kraw + voff);
 		if (c->kv16) {
@@ -350,6 +431,8 @@ static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint
 			uint16_t idx[ATT_RUN];
 			uint32_t j = 0, nr = 0;
 
+			for (; j + 8 <= n; j += 8)
+				dot8(q, kb + (size_t)j * hd, hd, hd, sc + j);
 			for (; j + 4 <= n; j += 4)
 				dot4(q, kb + (size_t)j * hd, hd, hd, sc + j);
 			for (; j < n; j++)
