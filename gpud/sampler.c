@@ -2,9 +2,10 @@
  * an own xoshiro256** generator, and the stop-condition helper.
  *
  * Every array is sized for n_vocab at creation; a call to sample touches
- * only those. Selection and sorting are hand-written (quickselect for
- * top-k, bucketing plus heapsort of one bucket for top-p) because libc
- * qsort may allocate.
+ * only those. A draw with a temperature is gpud/draw.h's exact integer
+ * definition (the CUDA backend's draw kernel computes the same), found
+ * by radix selection over the candidates' keys: O(n) whatever the
+ * filters, no sort, nothing that allocates.
  */
 #include <errno.h>
 #include <math.h>
@@ -12,25 +13,22 @@
 #include <string.h>
 
 #include "common/err.h"
+#include "gpud/draw.h"
 #include "gpud/sampler.h"
 
-struct cand {
-	float logit;
-	int32_t id;
-	float p; /* exp((logit - max) / T) once computed: in (0, 1] */
+/* A candidate of a draw: its order key (gpud_draw_key) and mass. */
+struct dcand {
+	uint64_t key;
+	uint64_t mass;
 };
-
-#define TOPP_BUCKETS 256
-#define TOPP_BUCKET_NATS 0.0625 /* bucket width in -log(p) */
 
 /* What one draw works in, n_vocab-sized: nothing in it outlives a call. */
 struct gpud_sampler_scratch {
 	int32_t n_vocab;
-	struct cand *cand;  /* (n_vocab) */
+	struct dcand *cand; /* (n_vocab) */
+	float *pen;         /* (n_vocab) the penalized logits */
 	uint32_t *count;    /* (n_vocab) occurrences in the window being
 			     * penalized; all 0 between calls */
-	uint16_t *bucket;   /* (n_vocab) top-p bucket of each candidate */
-	double bmass[TOPP_BUCKETS];
 };
 
 /* A sequence's state: what persists from one token to the next. */
@@ -77,11 +75,6 @@ static uint64_t rng_next(uint64_t s[4])
 	s[2] ^= t;
 	s[3] = rotl(s[3], 45);
 	return r;
-}
-
-static double rng_uniform(uint64_t s[4])
-{
-	return (double)(rng_next(s) >> 11) * 0x1.0p-53; /* [0, 1) */
 }
 
 uint64_t gpud_sampler_next_u64(struct gpud_sampler *s)
@@ -141,10 +134,10 @@ int gpud_sampler_scratch_create(struct gpud_sampler_scratch **out, int32_t n_voc
 	if (sc) {
 		sc->n_vocab = n_vocab;
 		sc->cand = calloc((size_t)n_vocab, sizeof(*sc->cand));
+		sc->pen = calloc((size_t)n_vocab, sizeof(*sc->pen));
 		sc->count = calloc((size_t)n_vocab, sizeof(*sc->count));
-		sc->bucket = calloc((size_t)n_vocab, sizeof(*sc->bucket));
 	}
-	if (!sc || !sc->cand || !sc->count || !sc->bucket) {
+	if (!sc || !sc->cand || !sc->pen || !sc->count) {
 		gpud_sampler_scratch_free(sc);
 		return sw_seterr(err, errlen, -ENOMEM, "sampler: out of memory for %d tokens",
 				 n_vocab);
@@ -158,8 +151,8 @@ void gpud_sampler_scratch_free(struct gpud_sampler_scratch *sc)
 	if (!sc)
 		return;
 	free(sc->cand);
+	free(sc->pen);
 	free(sc->count);
-	free(sc->bucket);
 	free(sc);
 }
 
@@ -167,7 +160,7 @@ size_t gpud_sampler_scratch_bytes(int32_t n_vocab)
 {
 	return sizeof(struct gpud_sampler_scratch) +
 	       (size_t)(n_vocab > 0 ? n_vocab : 0) *
-		       (sizeof(struct cand) + sizeof(uint32_t) + sizeof(uint16_t));
+		       (sizeof(struct dcand) + sizeof(float) + sizeof(uint32_t));
 }
 
 size_t gpud_sampler_bytes(void)
@@ -251,88 +244,12 @@ void gpud_sampler_accept(struct gpud_sampler *s, int32_t id)
 	s->hist_n++;
 }
 
-/* --- selection helpers -------------------------------------------------- */
-
-/* Total order: higher logit first, then lower id. */
-static inline bool better(const struct cand *a, const struct cand *b)
-{
-	return a->logit > b->logit || (a->logit == b->logit && a->id < b->id);
-}
-
-static inline void swap_cand(struct cand *a, struct cand *b)
-{
-	struct cand t = *a;
-	*a = *b;
-	*b = t;
-}
-
-/* Rearranges c[0..n) so that c[0..k) are the k best (in any order). */
-static void select_top(struct cand *c, size_t n, size_t k)
-{
-	size_t lo = 0, hi = n; /* the boundary k lies in [lo, hi) */
-
-	if (k == 0 || k >= n)
-		return;
-	while (hi - lo > 1) {
-		size_t mid = lo + (hi - lo) / 2, store = lo, i;
-
-		/* median of three as pivot, moved to hi - 1 */
-		if (better(&c[mid], &c[lo]))
-			swap_cand(&c[mid], &c[lo]);
-		if (better(&c[hi - 1], &c[lo]))
-			swap_cand(&c[hi - 1], &c[lo]);
-		if (better(&c[mid], &c[hi - 1]))
-			swap_cand(&c[mid], &c[hi - 1]);
-		for (i = lo; i < hi - 1; i++)
-			if (better(&c[i], &c[hi - 1]))
-				swap_cand(&c[i], &c[store++]);
-		swap_cand(&c[store], &c[hi - 1]);
-		/* c[lo..store) beat the pivot, c[store] is the pivot */
-		if (store == k || store + 1 == k)
-			return;
-		if (store > k)
-			hi = store;
-		else
-			lo = store + 1;
-	}
-}
-
-static void sift_down(struct cand *c, size_t root, size_t n)
-{
-	for (;;) {
-		size_t child = 2 * root + 1;
-		if (child >= n)
-			return;
-		/* min-heap on "better": the worst element is at the root */
-		if (child + 1 < n && better(&c[child], &c[child + 1]))
-			child++;
-		if (!better(&c[root], &c[child]))
-			return;
-		swap_cand(&c[root], &c[child]);
-		root = child;
-	}
-}
-
-/* Sorts c[0..n) best first. */
-static void sort_best_first(struct cand *c, size_t n)
-{
-	size_t i;
-
-	if (n < 2)
-		return;
-	for (i = n / 2; i-- > 0;)
-		sift_down(c, i, n);
-	for (i = n - 1; i > 0; i--) {
-		swap_cand(&c[0], &c[i]); /* the worst goes to the end */
-		sift_down(c, 0, i);
-	}
-}
-
-/* --- sampling -------------------------------------------------------- */
+/* --- penalties ---------------------------------------------------------- */
 
 static bool penalties_on(const struct gpud_sampler *s)
 {
 	const struct gpud_sampler_params *p = &s->p;
+
 	return p->penalty_last_n > 0 && s->hist_n > 0 &&
 	       (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
 		p->presence_penalty != 0.0f);
@@ -346,8 +263,8 @@ static inline int32_t hist_at(const struct gpud_sampler *s, uint32_t i)
 }
 
 /* Penalizes each distinct token of the history once, by its count in the
- * window (counted here, O(window), and zeroed again as it is applied);
- * cand[] is still indexed by id. */
+ * window (counted here, O(window), and zeroed again as it is applied), in
+ * sc->pen, a copy of the row. */
 static void apply_penalties(struct gpud_sampler *s, struct gpud_sampler_scratch *sc)
 {
 	const struct gpud_sampler_params *p = &s->p;
@@ -357,7 +274,7 @@ static void apply_penalties(struct gpud_sampler *s, struct gpud_sampler_scratch 
 		sc->count[hist_at(s, i)]++;
 	for (i = 0; i < s->hist_n; i++) {
 		int32_t id = hist_at(s, i);
-		float *l = &sc->cand[id].logit;
+		float *l = &sc->pen[id];
 
 		if (!sc->count[id]) /* done already */
 			continue;
@@ -400,63 +317,146 @@ int32_t gpud_argmax(const float *l, int32_t n)
 	return i;
 }
 
-/* The nucleus in O(n) whatever its size: candidates are bucketed by
- * -log(p); whole buckets are taken from the top while the mass stays
- * below the target, and only the bucket where the target is reached is
- * sorted to find the exact cut. Returns the nucleus size (its members
- * first in c[], best first from the boundary bucket on) and its mass. */
-static size_t top_p_buckets(struct gpud_sampler_scratch *s, size_t n, float maxl, double inv_t,
-			    double target, double *mass)
-{
-	struct cand *c = s->cand;
-	size_t i, k = 0, m;
-	unsigned b, edge;
-	double acc = 0;
+/* --- a draw (gpud/draw.h) -------------------------------------------------- */
 
-	memset(s->bmass, 0, sizeof(s->bmass));
-	for (i = 0; i < n; i++) {
-		/* -log(p) = (max - logit) / T */
-		double nl = ((double)maxl - c[i].logit) * inv_t / TOPP_BUCKET_NATS;
-		b = nl < TOPP_BUCKETS - 1 ? (unsigned)nl : TOPP_BUCKETS - 1;
-		s->bucket[i] = (uint16_t)b;
-		s->bmass[b] += c[i].p;
-	}
-	for (edge = 0; edge < TOPP_BUCKETS - 1; edge++) {
-		if (acc + s->bmass[edge] >= target)
-			break;
-		acc += s->bmass[edge];
-	}
-	/* move buckets < edge to the front, then the edge bucket */
-	for (i = 0; i < n; i++)
-		if (s->bucket[i] < edge) {
-			swap_cand(&c[i], &c[k]);
-			uint16_t t = s->bucket[i];
-			s->bucket[i] = s->bucket[k];
-			s->bucket[k++] = t;
-		}
-	m = k;
-	for (i = k; i < n; i++)
-		if (s->bucket[i] == edge) {
-			swap_cand(&c[i], &c[m]);
-			uint16_t t = s->bucket[i];
-			s->bucket[i] = s->bucket[m];
-			s->bucket[m++] = t;
-		}
-	sort_best_first(c + k, m - k);
-	for (i = k; i < m; i++) {
-		acc += c[i].p;
-		if (acc >= target) {
-			i++;
-			break;
-		}
-	}
-	*mass = acc;
-	return i;
+static inline uint64_t mulhi64(uint64_t a, uint64_t b)
+{
+	return (uint64_t)(((unsigned __int128)a * b) >> 64);
 }
+
+/* The key of the candidate at rank target of c[0..n) in key order
+ * (greatest first), ranks counted in mass (weighted) or one per
+ * candidate: the one whose span [C, C + w) holds target, C the weight of
+ * the candidates before it. target must be below the total. An MSD radix
+ * select over the 64-bit keys, a byte a level: each level keeps the
+ * candidates of the byte value whose span holds target (moved to the
+ * front), so after the first level it works on few. Reorders c. */
+static uint64_t rank_key(struct dcand *c, size_t n, uint64_t target, bool weighted)
+{
+	uint64_t h[256], base = 0;
+	size_t lo = 0, hi = n, i, m;
+
+	for (int sh = 56; sh >= 0 && hi - lo > 1; sh -= 8) {
+		unsigned d;
+
+		memset(h, 0, sizeof(h));
+		for (i = lo; i < hi; i++)
+			h[(c[i].key >> sh) & 255] += weighted ? c[i].mass : 1;
+		for (d = 255; d > 0 && base + h[d] <= target; d--)
+			base += h[d];
+		for (i = m = lo; i < hi; i++)
+			if (((c[i].key >> sh) & 255) == d) {
+				struct dcand t = c[i];
+				c[i] = c[m];
+				c[m++] = t;
+			}
+		hi = m;
+	}
+	return c[lo].key;
+}
+
+/* Keeps the candidates with key >= cut and a mass (in any order);
+ * returns how many and their total mass in *sum. */
+static size_t keep_from(struct dcand *c, size_t n, uint64_t cut, uint64_t *sum)
+{
+	size_t i, k = 0;
+	uint64_t s = 0;
+
+	for (i = 0; i < n; i++)
+		if (c[i].key >= cut && c[i].mass) {
+			s += c[i].mass;
+			c[k++] = c[i];
+		}
+	*sum = s;
+	return k;
+}
+
+int32_t gpud_draw_row(const float *l, int32_t n_vocab, const struct gpud_draw *dr,
+		      struct gpud_sampler_scratch *sc)
+{
+	struct dcand *c;
+	size_t n = 0, nu = 0, i, nv = (size_t)n_vocab;
+	float mx = -INFINITY, inv_t;
+	bool topk;
+	uint64_t sum = 0;
+
+	if (!l || !dr || !sc || n_vocab <= 0 || n_vocab > GPUD_DRAW_MAX_VOCAB ||
+	    sc->n_vocab < n_vocab || !(dr->temperature > 0.0f))
+		return -EINVAL;
+	for (i = 0; i < nv; i++)
+		if (usable(l[i])) {
+			nu++;
+			mx = l[i] > mx ? l[i] : mx;
+		}
+	if (!nu)
+		return -EINVAL;
+	inv_t = gpud_draw_inv_t(dr->temperature);
+	topk = dr->top_k > 0 && (size_t)dr->top_k < nu;
+	c = sc->cand;
+	/* The candidates: every usable token when top-k counts ranks, else
+	 * only those that weigh something. */
+	for (i = 0; i < nv; i++) {
+		uint64_t key = gpud_draw_key(l[i], (uint32_t)i), m;
+
+		if (!key)
+			continue;
+		m = mx == INFINITY ? (l[i] == INFINITY ? GPUD_DRAW_ONE : 0) :
+				     gpud_draw_mass(l[i], mx, inv_t);
+		if (m || topk) {
+			c[n].key = key;
+			c[n].mass = m;
+			sum += m;
+			n++;
+		}
+	}
+	if (topk)
+		n = keep_from(c, n, rank_key(c, n, (uint64_t)dr->top_k - 1, false), &sum);
+	if (dr->top_p < 1.0f) {
+		double t = ceil((double)dr->top_p * (double)sum);
+		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
+
+		n = keep_from(c, n, rank_key(c, n, tu - 1, true), &sum);
+	}
+	if (dr->min_p > 0.0f) {
+		double thr = (double)dr->min_p * (double)GPUD_DRAW_ONE;
+		size_t k = 0;
+
+		sum = 0;
+		for (i = 0; i < n; i++)
+			if ((double)c[i].mass >= thr) {
+				sum += c[i].mass;
+				c[k++] = c[i];
+			}
+		n = k;
+	}
+	return (int32_t)(0xffffffffu - (uint32_t)rank_key(c, n, mulhi64(dr->rand, sum), true));
+}
+
+/* --- sampling -------------------------------------------------------------- */
 
 bool gpud_sampler_greedy(const struct gpud_sampler *s)
 {
 	return s->p.temperature <= 0.0f && !penalties_on(s);
+}
+
+bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d)
+{
+	uint64_t st[4];
+
+	if (s->p.temperature <= 0.0f || penalties_on(s))
+		return false;
+	d->temperature = s->p.temperature;
+	d->top_k = s->p.top_k;
+	d->top_p = s->p.top_p;
+	d->min_p = s->p.min_p;
+	memcpy(st, s->rng, sizeof(st));
+	d->rand = rng_next(st);
+	return true;
+}
+
+void gpud_sampler_draw_done(struct gpud_sampler *s)
+{
+	rng_next(s->rng);
 }
 
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
@@ -468,11 +468,9 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
 				 const float *logits)
 {
 	const struct gpud_sampler_params *p = &s->p;
-	struct cand *c;
-	size_t n = 0, i, k, nv = (size_t)s->n_vocab;
-	bool pen = penalties_on(s), all_usable = true;
-	float maxl = -INFINITY, inv_t;
-	double sum, u, acc;
+	const float *row = logits;
+	bool pen = penalties_on(s);
+	struct gpud_draw d;
 
 	if (p->temperature <= 0.0f && !pen)
 		return gpud_argmax(logits, s->n_vocab);
@@ -480,89 +478,19 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
 		sc = s->own;
 	if (!sc || sc->n_vocab != s->n_vocab)
 		return -EINVAL;
-	c = sc->cand;
-
-	for (i = 0; i < nv; i++) {
-		c[i].logit = logits[i];
-		c[i].id = (int32_t)i;
-		all_usable &= usable(logits[i]);
-	}
-	if (pen)
+	if (pen) {
+		memcpy(sc->pen, logits, (size_t)s->n_vocab * sizeof(*sc->pen));
 		apply_penalties(s, sc);
-	if (all_usable) {
-		n = nv;
-	} else {
-		for (i = 0; i < nv; i++)
-			if (usable(c[i].logit))
-				c[n++] = c[i];
+		row = sc->pen;
 	}
-	if (n == 0)
-		return -EINVAL;
-
-	if (p->temperature <= 0.0f) {
-		size_t best = 0;
-		for (i = 1; i < n; i++)
-			if (c[i].logit > c[best].logit)
-				best = i;
-		return c[best].id;
-	}
-
-	if (p->top_k > 0 && (size_t)p->top_k < n) {
-		select_top(c, n, (size_t)p->top_k);
-		n = (size_t)p->top_k;
-	}
-
-	for (i = 0; i < n; i++)
-		if (c[i].logit > maxl)
-			maxl = c[i].logit;
-	if (isinf(maxl)) {
-		/* +inf logits share all the mass */
-		k = 0;
-		for (i = 0; i < n; i++)
-			if (c[i].logit == INFINITY)
-				c[k++] = c[i];
-		n = k;
-		for (i = 0; i < n; i++)
-			c[i].p = 1.0f;
-	} else {
-		/* temperature applied here: p = exp((l - max) / T) */
-		inv_t = 1.0f / p->temperature;
-		for (i = 0; i < n; i++)
-			c[i].p = expf((c[i].logit - maxl) * inv_t);
-	}
-	sum = 0;
-	for (i = 0; i < n; i++)
-		sum += c[i].p;
-
-	if (p->top_p < 1.0f) {
-		n = top_p_buckets(sc, n, maxl, 1.0 / p->temperature, p->top_p * sum, &acc);
-		sum = acc;
-	}
-
-	if (p->min_p > 0.0f) {
-		float pmax = 0.0f, thr;
-		for (i = 0; i < n; i++)
-			if (c[i].p > pmax)
-				pmax = c[i].p;
-		thr = p->min_p * pmax;
-		k = 0;
-		sum = 0;
-		for (i = 0; i < n; i++)
-			if (c[i].p >= thr) {
-				c[k++] = c[i];
-				sum += c[i].p;
-			}
-		n = k;
-	}
-
-	u = rng_uniform(s->rng) * sum;
-	acc = 0;
-	for (i = 0; i < n; i++) {
-		acc += c[i].p;
-		if (u < acc)
-			return c[i].id;
-	}
-	return c[n - 1].id; /* rounding left u at the very top */
+	if (p->temperature <= 0.0f)
+		return gpud_argmax(row, s->n_vocab);
+	d.temperature = p->temperature;
+	d.top_k = p->top_k;
+	d.top_p = p->top_p;
+	d.min_p = p->min_p;
+	d.rand = rng_next(s->rng);
+	return gpud_draw_row(row, s->n_vocab, &d, sc);
 }
 
 /* --- stop conditions ---------------------------------------------------- */

@@ -3,7 +3,7 @@
  * A sampler belongs to one sequence and holds what persists from token to
  * token (parameters, PRNG, penalty history: ~16 KiB). A draw works in a
  * scratch of n_vocab-sized arrays (candidates, top-p buckets, penalty
- * counts: 18 bytes a token, 2.3 MB at 128K tokens) that nothing keeps
+ * counts: 24 bytes a token, 3.1 MB at 128K tokens) that nothing keeps
  * between calls: gpud_sampler_create gives the sampler its own, and a
  * server with many sequences makes light samplers and one scratch per
  * thread that samples. Everything is allocated at creation, so sampling
@@ -16,6 +16,11 @@
  * temperature <= 0 is greedy: the arg max of the penalized logits (the
  * lowest id among equal maxima); filters and the seed are then unused.
  *
+ * A draw with a temperature follows gpud/draw.h: integer masses
+ * (floor(2^40 e^((l - max)/T)), tokens below 2^-40 of the best never
+ * drawn) and an exact pick, so a device that draws from its own copy of
+ * the row (gpud_sampler_draw_next) picks the host's token, bit for bit.
+ *
  * The stop helper (gpud_stop_*) is used by generation loops: it counts
  * tokens, recognizes end-of-generation tokens and stop strings that span
  * token boundaries, and holds back text that may still turn into a stop
@@ -27,6 +32,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "gpud/draw.h"
 
 #define GPUD_SAMPLER_MAX_PENALTY_LAST_N 4096
 
@@ -101,6 +108,22 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
  * then take the arg max from where the logits are (the device) instead.
  * Changes only with reset() and accept(). */
 bool gpud_sampler_greedy(const struct gpud_sampler *s);
+
+/* Whether the next gpud_sampler_sample() is a plain draw (a temperature,
+ * no penalty in effect): then fills *d with its parameters and the PRNG
+ * output it would use, changing nothing, so that the draw can be made
+ * where the row is (gpud_draw_row's result, a device's draw kernel's).
+ * The caller then calls gpud_sampler_draw_done() once the token is in
+ * hand, which advances the PRNG as the sample would have. */
+bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d);
+void gpud_sampler_draw_done(struct gpud_sampler *s);
+
+/* The token drawn from logits (n_vocab floats) by *d (gpud/draw.h),
+ * working in sc (made for at least n_vocab tokens). Returns the id, or
+ * -EINVAL when no logit is usable or the arguments are bad (temperature
+ * not > 0, n_vocab out of range). */
+int32_t gpud_draw_row(const float *logits, int32_t n_vocab, const struct gpud_draw *d,
+		      struct gpud_sampler_scratch *sc);
 
 /* The index of the greatest of n logits that are numbers above -inf (the
  * lowest among equal maxima: -0 equals +0), or -EINVAL when none is: the

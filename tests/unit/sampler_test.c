@@ -17,6 +17,7 @@
 #include "gpud/model.h"
 #include "gpud/sampler.h"
 #include "sw_config.h"
+#include "test_rand.h"
 
 static struct gpud_sampler *mk(int32_t n_vocab, const struct gpud_sampler_params *p)
 {
@@ -426,7 +427,7 @@ static void test_shared_scratch(void **state)
 	assert_int_equal(gpud_sampler_reset(light[0], &p[0], err, sizeof(err)), 0);
 	assert_int_equal(gpud_sampler_sample(light[0], l), argmax(l, V));
 	assert_true(gpud_sampler_bytes() < 32 * 1024);
-	assert_true(gpud_sampler_scratch_bytes(V) >= (size_t)V * 18);
+	assert_true(gpud_sampler_scratch_bytes(V) >= (size_t)V * 24);
 	gpud_sampler_scratch_free(other);
 	gpud_sampler_scratch_free(sc);
 	for (int k = 0; k < 2; k++) {
@@ -676,6 +677,229 @@ static void test_generate_seed_and_stop(void **state)
 	free(b);
 }
 
+/* --- the draw (gpud/draw.h) against a plain implementation of its text ---- */
+
+struct rcand {
+	uint64_t key, mass;
+};
+
+static int rcand_desc(const void *a, const void *b)
+{
+	const struct rcand *x = a, *y = b;
+
+	return x->key < y->key ? 1 : x->key > y->key ? -1 : 0;
+}
+
+/* draw.h's definition, step by step: sort, cut, filter, walk. */
+static int32_t ref_draw(const float *l, int n, const struct gpud_draw *d)
+{
+	struct rcand *c = calloc((size_t)n, sizeof(*c));
+	float mx = -INFINITY, inv_t = 1.0f / d->temperature;
+	int m = 0, i;
+	uint64_t sum = 0, acc = 0, r;
+	int32_t id = -EINVAL;
+
+	assert_non_null(c);
+	for (i = 0; i < n; i++)
+		if (gpud_draw_key(l[i], (uint32_t)i) && l[i] > mx)
+			mx = l[i];
+	for (i = 0; i < n; i++) {
+		uint64_t k = gpud_draw_key(l[i], (uint32_t)i);
+		if (!k)
+			continue;
+		c[m].key = k;
+		c[m].mass = mx == INFINITY ? (l[i] == INFINITY ? GPUD_DRAW_ONE : 0) :
+					     gpud_draw_mass(l[i], mx, inv_t);
+		m++;
+	}
+	if (!m)
+		goto out;
+	qsort(c, (size_t)m, sizeof(*c), rcand_desc);
+	if (d->top_k > 0 && d->top_k < m)
+		m = d->top_k;
+	for (i = 0; i < m; i++)
+		sum += c[i].mass;
+	if (d->top_p < 1.0f) {
+		double t = ceil((double)d->top_p * (double)sum);
+		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
+
+		for (i = 0, acc = 0; i < m; i++) {
+			acc += c[i].mass;
+			if (acc >= tu) {
+				m = i + 1;
+				break;
+			}
+		}
+	}
+	if (d->min_p > 0.0f)
+		for (i = 0; i < m; i++)
+			if ((double)c[i].mass < (double)d->min_p * (double)GPUD_DRAW_ONE)
+				c[i].mass = 0;
+	for (i = 0, sum = 0; i < m; i++)
+		sum += c[i].mass;
+	r = (uint64_t)(((unsigned __int128)d->rand * sum) >> 64);
+	for (i = 0, acc = 0; i < m; i++) {
+		acc += c[i].mass;
+		if (r < acc) {
+			id = (int32_t)(0xffffffffu - (uint32_t)c[i].key);
+			break;
+		}
+	}
+out:
+	free(c);
+	return id;
+}
+
+/* A row of one of several shapes: spread logits, a few levels (many
+ * ties, -0 and +0), a peaked row, and specials (NaN, -inf, +inf). */
+static void draw_row(float *l, int n, int shape)
+{
+	for (int i = 0; i < n; i++) {
+		float v = rndf();
+		switch (shape) {
+		case 0: v *= 12.0f; break;
+		case 1: v = (float)((int)(rnd() % 5) - 2) * 0.5f; if (v == 0 && (rnd() & 1)) v = -0.0f; break;
+		case 2: v = v * 3.0f - (i % 97 ? 20.0f : 0.0f); break;
+		default:
+			v *= 8.0f;
+			switch (rnd() % 16) {
+			case 0: v = NAN; break;
+			case 1: v = -INFINITY; break;
+			case 2: if (shape == 4) v = INFINITY; break;
+			}
+		}
+		l[i] = v;
+	}
+}
+
+static void test_draw_vs_definition(void **state)
+{
+	(void)state;
+	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f };
+	static const float tps[] = { 1.0f, 0.95f, 0.5f, 1e-6f, 0.9999f };
+	static const float mps[] = { 0.0f, 0.05f, 0.5f, 1.0f };
+	static const int ns[] = { 1, 2, 7, 256, 5000, 32000 };
+	struct gpud_sampler_scratch *sc = NULL;
+	float *l = malloc(32000 * sizeof(float));
+	char err[SW_ERR_MAX];
+	int checked = 0, invalid = 0;
+
+	assert_non_null(l);
+	assert_int_equal(gpud_sampler_scratch_create(&sc, 32000, err, sizeof(err)), 0);
+	rng_state = 0x5eed;
+	for (int t = 0; t < 1500; t++) {
+		int n = ns[rnd() % 6], shape = (int)(rnd() % 5);
+		struct gpud_draw d = { 0 };
+		int32_t want, got;
+
+		if (n == 32000 && t % 4)
+			n = 256; /* the big rows are slow in the reference */
+		draw_row(l, n, shape);
+		d.temperature = temps[rnd() % 6];
+		d.top_k = rnd() % 4 == 0 ? 0 : rnd() % 3 == 0 ? n + 2 : (int32_t)(rnd() % 50);
+		d.top_p = tps[rnd() % 5];
+		d.min_p = mps[rnd() % 4];
+		d.rand = (uint64_t)rnd() << 40 ^ (uint64_t)rnd() << 20 ^ rnd();
+		if (t % 50 == 0)
+			d.rand = t % 100 ? UINT64_MAX : 0; /* the ends of the span */
+		want = ref_draw(l, n, &d);
+		got = gpud_draw_row(l, n, &d, sc);
+		if (want != got)
+			print_error("t %d n %d shape %d T %g k %d p %g min_p %g: want %d got %d\n", t,
+				    n, shape, (double)d.temperature, d.top_k, (double)d.top_p,
+				    (double)d.min_p, want, got);
+		assert_int_equal(got, want);
+		invalid += got < 0;
+		checked++;
+	}
+	assert_int_equal(checked, 1500);
+	assert_true(invalid < 50); /* only the rare row with nothing usable */
+
+	/* bad arguments */
+	struct gpud_draw d = { .temperature = 0.0f, .top_p = 1.0f };
+	assert_int_equal(gpud_draw_row(l, 10, &d, sc), -EINVAL);
+	d.temperature = 1.0f;
+	assert_int_equal(gpud_draw_row(l, 40000, &d, sc), -EINVAL); /* scratch too small */
+	assert_int_equal(gpud_draw_row(NULL, 10, &d, sc), -EINVAL);
+	for (int i = 0; i < 10; i++)
+		l[i] = i % 2 ? NAN : -INFINITY;
+	assert_int_equal(gpud_draw_row(l, 10, &d, sc), -EINVAL);
+	gpud_sampler_scratch_free(sc);
+	free(l);
+}
+
+/* E is e^x within a few ulp, E(0) = 1, and nothing below X_MIN weighs. */
+static void test_draw_mass(void **state)
+{
+	(void)state;
+	double worst = 0;
+	uint64_t prev = GPUD_DRAW_ONE;
+	int nonmono = 0;
+
+	assert_int_equal(gpud_draw_mass(3.5f, 3.5f, 1.0f), GPUD_DRAW_ONE);
+	assert_int_equal(gpud_draw_mass(-0.0f, 0.0f, 1.0f), GPUD_DRAW_ONE);
+	assert_int_equal(gpud_draw_mass(-28.0f, 0.0f, 1.0f), 0);
+	assert_int_equal(gpud_draw_mass(-1.0f, 0.0f, 28.01f), 0); /* T 0.0357: x = -28.01 */
+	assert_int_equal(gpud_draw_mass(-3e38f, 3e38f, 1.0f), 0);  /* -inf difference */
+	for (float x = -1e-7f; x >= GPUD_DRAW_X_MIN; x = nextafterf(x, -INFINITY) - 1e-5f) {
+		uint64_t m = gpud_draw_mass(x, 0.0f, 1.0f);
+		double want = exp((double)x) * (double)GPUD_DRAW_ONE;
+
+		if (want >= 1048576.0) { /* the floor's 1 is 2^-20 of it, or less */
+			double e = (fabs((double)m - want) - 1.0) / want;
+			worst = e > worst ? e : worst;
+		}
+		nonmono += m > prev;
+		prev = m;
+	}
+	print_message("mass vs exp: worst relative error %.3g, %d increases\n", worst, nonmono);
+	assert_true(worst < 3e-7); /* a few float ulp */
+	assert_int_equal(nonmono, 0);
+}
+
+/* A device-style draw (draw_next, the row drawn elsewhere, draw_done)
+ * gives sample()'s tokens and leaves the same PRNG state. */
+static void test_draw_next(void **state)
+{
+	(void)state;
+	struct gpud_sampler_params p;
+	struct gpud_sampler *a, *b;
+	struct gpud_sampler_scratch *sc = NULL;
+	char err[SW_ERR_MAX];
+	float l[3000];
+	struct gpud_draw d;
+
+	params(&p, 0.9f, 77);
+	p.top_k = 50;
+	p.top_p = 0.9f;
+	a = mk(3000, &p);
+	b = mk(3000, &p);
+	assert_int_equal(gpud_sampler_scratch_create(&sc, 3000, err, sizeof(err)), 0);
+	for (int t = 0; t < 200; t++) {
+		rand_logits(l, 3000, (unsigned)t);
+		assert_true(gpud_sampler_draw_next(b, &d));
+		assert_true(gpud_sampler_draw_next(b, &d)); /* changes nothing */
+		int32_t want = gpud_sampler_sample(a, l), got = gpud_draw_row(l, 3000, &d, sc);
+		assert_int_equal(got, want);
+		gpud_sampler_draw_done(b);
+	}
+	assert_true(gpud_sampler_next_u64(a) == gpud_sampler_next_u64(b));
+	/* greedy and penalized samplers are not plain draws */
+	params(&p, 0.0f, 1);
+	assert_int_equal(gpud_sampler_reset(b, &p, err, sizeof(err)), 0);
+	assert_false(gpud_sampler_draw_next(b, &d));
+	params(&p, 0.7f, 1);
+	p.penalty_last_n = 8;
+	p.repeat_penalty = 1.3f;
+	assert_int_equal(gpud_sampler_reset(b, &p, err, sizeof(err)), 0);
+	assert_true(gpud_sampler_draw_next(b, &d)); /* no history yet */
+	gpud_sampler_accept(b, 3);
+	assert_false(gpud_sampler_draw_next(b, &d));
+	gpud_sampler_free(a);
+	gpud_sampler_free(b);
+	gpud_sampler_scratch_free(sc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -689,6 +913,9 @@ int main(void)
 		cmocka_unit_test(test_penalties),
 		cmocka_unit_test(test_shared_scratch),
 		cmocka_unit_test(test_params_errors),
+		cmocka_unit_test(test_draw_vs_definition),
+		cmocka_unit_test(test_draw_mass),
+		cmocka_unit_test(test_draw_next),
 		cmocka_unit_test(test_stop_strings),
 		cmocka_unit_test(test_generate_seed_and_stop),
 	};

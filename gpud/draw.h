@@ -1,0 +1,125 @@
+/* draw.h - one draw from a logits row, defined so that a GPU and a CPU
+ * draw the same token from the same row, bit for bit.
+ *
+ * A draw (temperature > 0; greedy is gpud_argmax) is integer arithmetic
+ * over quantities every machine computes the same way:
+ *
+ *   order   the row's usable logits (numbers above -inf) by the 64-bit
+ *           key gpud_draw_key: greater logit first, then lower index,
+ *           -0 equal to +0 (the arg max's order; NaN and -inf are out);
+ *   mass    m_i = floor(E((l_i - max) / T) * 2^40), E an exp written
+ *           from IEEE operations only (gpud_draw_mass below: rint, fma,
+ *           exact scaling), so the device and the host agree to the bit;
+ *           E(0) = 1: the best token weighs 2^40, and tokens below
+ *           2^-40 of it (x < GPUD_DRAW_X_MIN) weigh 0 and are never
+ *           drawn. A +inf max gives every +inf logit 2^40, the rest 0;
+ *   top-k   the first top_k tokens of the order (when 0 < top_k < usable);
+ *   top-p   the shortest prefix of those whose mass reaches
+ *           ceil(top_p * S), S their total (as double arithmetic, which
+ *           IEEE fixes);
+ *   min-p   of those, the tokens with m_i >= min_p * 2^40;
+ *   draw    r = the high 64 bits of rand * W (W their total): the token
+ *           whose span [C, C + m) of the prefix sums in order holds r.
+ *
+ * Sums are of integers (exact in any order), so the device may reduce
+ * in parallel and still pick the host's token. The only floating-point
+ * steps are the per-token mass (the same IEEE operations everywhere:
+ * the CUDA path spells them with _rn intrinsics so nothing contracts)
+ * and the two thresholds. gpud_draw_row (sampler.c) is the host's; the
+ * CUDA backend's draw kernel is the device's.
+ */
+#ifndef GPUD_DRAW_H
+#define GPUD_DRAW_H
+
+#include <math.h>
+#include <stdint.h>
+
+#if defined(__CUDACC__)
+#define GPUD_DRAW_HD static __host__ __device__ __forceinline__
+#else
+#define GPUD_DRAW_HD static inline
+#endif
+
+struct gpud_draw {
+	float temperature; /* > 0 */
+	int32_t top_k;     /* <= 0: off */
+	float top_p;       /* >= 1: off */
+	float min_p;       /* <= 0: off */
+	uint64_t rand;     /* the sampler's next PRNG output */
+};
+
+/* The best token's mass: E(0) * 2^40. */
+#define GPUD_DRAW_ONE (1ull << 40)
+/* Below this x = (l - max) / T a token weighs 0 (e^x < 2^-40). */
+#define GPUD_DRAW_X_MIN (-27.75f)
+/* Rows longer than this could overflow the 64-bit sums. */
+#define GPUD_DRAW_MAX_VOCAB (1 << 23)
+
+/* The order's key of logit v at index i: greater is earlier; 0 for NaN
+ * and -inf (not usable). Unique per index. */
+GPUD_DRAW_HD uint64_t gpud_draw_key(float v, uint32_t i)
+{
+	union {
+		float f;
+		uint32_t u;
+	} b;
+
+	if (!(v == v) || v == -INFINITY)
+		return 0;
+	b.f = v == 0.0f ? 0.0f : v;
+	b.u = b.u & 0x80000000u ? ~b.u : b.u | 0x80000000u;
+	return (uint64_t)b.u << 32 | (0xffffffffu - i);
+}
+
+#if defined(__CUDACC__) /* cuemu builds with -ffp-contract=off */
+#define GPUD_DRAW_MUL(a, b) __fmul_rn((a), (b))
+#define GPUD_DRAW_SUB(a, b) __fsub_rn((a), (b))
+#define GPUD_DRAW_DIV(a, b) __fdiv_rn((a), (b))
+#else
+#define GPUD_DRAW_MUL(a, b) ((a) * (b))
+#define GPUD_DRAW_SUB(a, b) ((a) - (b))
+#define GPUD_DRAW_DIV(a, b) ((a) / (b))
+#endif
+
+/* 1 / T as every side computes it. */
+GPUD_DRAW_HD float gpud_draw_inv_t(float temperature)
+{
+	return GPUD_DRAW_DIV(1.0f, temperature);
+}
+
+/* The mass of logit l in a row whose max is mx (both usable, mx finite),
+ * at inv_t = gpud_draw_inv_t(T): floor(E((l - mx) * inv_t) * 2^40), in
+ * [0, 2^40]. E is e^x for x <= 0 within about 2 ulp: x = n ln2 + r with
+ * n = rint(x / ln2) and r by two fmas (Cody-Waite), e^r by its Taylor
+ * polynomial of degree 7 (|r| <= ln2 / 2: error below 2^-27) in Horner
+ * form of fmas, times 2^n made from bits. Every operation is one IEEE
+ * rounding, so the result is the same wherever it runs. */
+GPUD_DRAW_HD uint64_t gpud_draw_mass(float l, float mx, float inv_t)
+{
+	union {
+		float f;
+		uint32_t u;
+	} sc;
+	float d = GPUD_DRAW_SUB(l, mx), x, n, r, p;
+
+	if (d == 0.0f)
+		return GPUD_DRAW_ONE;
+	x = GPUD_DRAW_MUL(d, inv_t);
+	if (!(x >= GPUD_DRAW_X_MIN)) /* also NaN: 0 * inf cannot occur, d != 0 */
+		return 0;
+	n = rintf(GPUD_DRAW_MUL(x, 1.44269502f));
+	r = fmaf(n, -0.693145752f, x);  /* ln2 high part: 16 significant bits */
+	r = fmaf(n, -1.42860677e-06f, r); /* ln2 - high part */
+	p = fmaf(1.98412698e-04f, r, 1.38888889e-03f);
+	p = fmaf(p, r, 8.33333333e-03f);
+	p = fmaf(p, r, 4.16666667e-02f);
+	p = fmaf(p, r, 1.66666667e-01f);
+	p = fmaf(p, r, 0.5f);
+	p = fmaf(p, r, 1.0f);
+	p = fmaf(p, r, 1.0f);
+	sc.u = (uint32_t)(127 + (int32_t)n) << 23; /* n in [-41, 0]: normal */
+	p = GPUD_DRAW_MUL(GPUD_DRAW_MUL(p, sc.f), 1099511627776.0f); /* * 2^40, exact */
+	return p >= 1099511627776.0f ? GPUD_DRAW_ONE : (uint64_t)p;
+}
+
+#endif
