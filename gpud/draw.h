@@ -32,10 +32,13 @@
 #define GPUD_DRAW_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #if defined(__CUDACC__)
 #define GPUD_DRAW_HD static __host__ __device__ __forceinline__
+#elif defined(__GNUC__) /* inlined into sampler.c's FMA clone too */
+#define GPUD_DRAW_HD static inline __attribute__((always_inline))
 #else
 #define GPUD_DRAW_HD static inline
 #endif
@@ -88,27 +91,26 @@ GPUD_DRAW_HD float gpud_draw_inv_t(float temperature)
 }
 
 /* The mass of logit l in a row whose max is mx (both usable, mx finite),
- * at inv_t = gpud_draw_inv_t(T): floor(E((l - mx) * inv_t) * 2^40), in
- * [0, 2^40]. E is e^x for x <= 0 within about 2 ulp: x = n ln2 + r with
- * n = rint(x / ln2) and r by two fmas (Cody-Waite), e^r by its Taylor
- * polynomial of degree 7 (|r| <= ln2 / 2: error below 2^-27) in Horner
- * form of fmas, times 2^n made from bits. Every operation is one IEEE
- * rounding, so the result is the same wherever it runs. */
-GPUD_DRAW_HD uint64_t gpud_draw_mass(float l, float mx, float inv_t)
+ * at inv_t = gpud_draw_inv_t(T), as a float: floor() of it is the mass
+ * (gpud_draw_mass). It is E((l - mx) * inv_t) * 2^40, where E is e^x for
+ * x <= 0 within about 2 ulp: x = n ln2 + r with n = rint(x / ln2) and r
+ * by two fmas (Cody-Waite), e^r by its Taylor polynomial of degree 7
+ * (|r| <= ln2 / 2: error below 2^-27) in Horner form of fmas, times 2^n
+ * made from bits. Every operation is one IEEE rounding, so the result is
+ * the same wherever it runs; written without branches so that a host
+ * compiler vectorizes a loop of it. 2^40 when l == mx, 0 below X_MIN. */
+GPUD_DRAW_HD float gpud_draw_massf(float l, float mx, float inv_t)
 {
 	union {
 		float f;
 		uint32_t u;
 	} sc;
-	float d = GPUD_DRAW_SUB(l, mx), x, n, r, p;
+	float d = GPUD_DRAW_SUB(l, mx), x = GPUD_DRAW_MUL(d, inv_t), n, r, p;
+	bool live = x >= GPUD_DRAW_X_MIN; /* false for NaN too */
 
-	if (d == 0.0f)
-		return GPUD_DRAW_ONE;
-	x = GPUD_DRAW_MUL(d, inv_t);
-	if (!(x >= GPUD_DRAW_X_MIN)) /* also NaN: 0 * inf cannot occur, d != 0 */
-		return 0;
+	x = live ? x : GPUD_DRAW_X_MIN; /* keeps the arithmetic in range */
 	n = rintf(GPUD_DRAW_MUL(x, 1.44269502f));
-	r = fmaf(n, -0.693145752f, x);  /* ln2 high part: 16 significant bits */
+	r = fmaf(n, -0.693145752f, x);    /* ln2 high part: 16 significant bits */
 	r = fmaf(n, -1.42860677e-06f, r); /* ln2 - high part */
 	p = fmaf(1.98412698e-04f, r, 1.38888889e-03f);
 	p = fmaf(p, r, 8.33333333e-03f);
@@ -119,7 +121,15 @@ GPUD_DRAW_HD uint64_t gpud_draw_mass(float l, float mx, float inv_t)
 	p = fmaf(p, r, 1.0f);
 	sc.u = (uint32_t)(127 + (int32_t)n) << 23; /* n in [-41, 0]: normal */
 	p = GPUD_DRAW_MUL(GPUD_DRAW_MUL(p, sc.f), 1099511627776.0f); /* * 2^40, exact */
-	return p >= 1099511627776.0f ? GPUD_DRAW_ONE : (uint64_t)p;
+	p = p < 1099511627776.0f ? p : 1099511627776.0f;
+	p = live ? p : 0.0f;
+	return d == 0.0f ? 1099511627776.0f : p;
+}
+
+/* The mass itself: an integer in [0, 2^40]. */
+GPUD_DRAW_HD uint64_t gpud_draw_mass(float l, float mx, float inv_t)
+{
+	return (uint64_t)gpud_draw_massf(l, mx, inv_t);
 }
 
 #endif
