@@ -76,6 +76,10 @@ struct gpud_fwd_seq {
 	bool argmax;                  /* n_logits 1, and only its arg max is read:
 				       * with argmax(), the row may be left out
 				       * of logits() */
+	const struct gpud_draw *draw; /* with argmax, on a backend whose ops
+				       * have draws: the row's id is this draw
+				       * from it (gpud/draw.h), not its arg
+				       * max; NULL otherwise */
 };
 
 struct gpud_fwd_batch {
@@ -141,6 +145,11 @@ struct gpud_backend_ops {
 	 * rows logits() then need not hold (a device backend finds the arg
 	 * max on its device and downloads ids instead of rows). */
 	const int32_t *(*argmax)(void *ctx);
+
+	/* With argmax: whether it also draws. The row of a sequence with
+	 * draw set then holds the token that draw picks (gpud_draw_row's
+	 * result on the same row, bit for bit), -1 when none is usable. */
+	bool draws;
 
 	/* optional: (n_tokens, dim) hidden states after the final norm of the
 	 * last forward that set want_hidden; owned by the backend. */

@@ -401,7 +401,8 @@ static bool chunk_reclaim(struct gpud_engine *e, uint64_t want)
 }
 
 /* Checks the whole batch before anything changes. */
-static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
+static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ents,
+		       const struct gpud_draw *draws, uint32_t n,
 		       char *err, size_t errlen)
 {
 	uint32_t total = 0, rows = 0;
@@ -452,7 +453,13 @@ static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ent
 			rc = sw_seterr(err, errlen, SW_ETOOLONG,
 				       "step: more than max_batch_tokens (%u) tokens",
 				       e->p.max_batch_tokens);
-		if (b->logits == GPUD_LOGITS_LAST || b->logits == GPUD_LOGITS_ARGMAX)
+		if (b->logits == GPUD_LOGITS_DRAW && !rc &&
+		    (!gpud_engine_device_draw(e) || !draws || !(draws[i].temperature > 0.0f)))
+			rc = sw_seterr(err, errlen, -EINVAL, "step: entry %u: %s", i,
+				       gpud_engine_device_draw(e) ? "a draw needs a temperature > 0" :
+								    "this backend does not draw");
+		if (b->logits == GPUD_LOGITS_LAST || b->logits == GPUD_LOGITS_ARGMAX ||
+		    b->logits == GPUD_LOGITS_DRAW)
 			rows += 1;
 		else if (b->logits == GPUD_LOGITS_ALL)
 			rows += b->n_tokens;
@@ -465,15 +472,16 @@ static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ent
 	return rc;
 }
 
-static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
-		   bool want_hidden, char *err, size_t errlen)
+static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents,
+		   const struct gpud_draw *draws, uint32_t n, bool want_hidden, char *err,
+		   size_t errlen)
 {
 	struct gpud_fwd_batch fb = { .tokens = e->tokens, .seqs = e->fseqs, .n_seqs = n,
 				     .want_hidden = want_hidden };
 	uint32_t reserved = 0;
 	int rc;
 
-	rc = check_batch(e, ents, n, err, errlen);
+	rc = check_batch(e, ents, draws, n, err, errlen);
 	if (rc)
 		return rc;
 	if (e->cc) {
@@ -504,7 +512,8 @@ static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, u
 		s->logit0 = fb.n_logits;
 		s->n_logits = b->logits == GPUD_LOGITS_ALL ? b->n_tokens :
 			      b->logits == GPUD_LOGITS_NONE ? 0 : 1;
-		s->argmax = b->logits == GPUD_LOGITS_ARGMAX;
+		s->argmax = b->logits == GPUD_LOGITS_ARGMAX || b->logits == GPUD_LOGITS_DRAW;
+		s->draw = b->logits == GPUD_LOGITS_DRAW ? &draws[i] : NULL;
 		e->logit0[i] = s->n_logits ? s->logit0 : UINT32_MAX;
 		memcpy(e->tokens + fb.n_tokens, b->tokens, b->n_tokens * sizeof(int32_t));
 		fb.n_tokens += b->n_tokens;
@@ -533,7 +542,13 @@ out_rollback:
 int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
 		     char *err, size_t errlen)
 {
-	return do_step(e, ents, n, false, err, errlen);
+	return do_step(e, ents, NULL, n, false, err, errlen);
+}
+
+int gpud_engine_step_draws(struct gpud_engine *e, const struct gpud_batch_entry *ents,
+			   const struct gpud_draw *draws, uint32_t n, char *err, size_t errlen)
+{
+	return do_step(e, ents, draws, n, false, err, errlen);
 }
 
 const float *gpud_engine_logits(const struct gpud_engine *e, uint32_t i)
@@ -567,11 +582,20 @@ bool gpud_engine_device_argmax(const struct gpud_engine *e)
 	return e->ops->argmax != NULL;
 }
 
+bool gpud_engine_device_draw(const struct gpud_engine *e)
+{
+	return e->ops->argmax != NULL && e->ops->draws;
+}
+
 int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp,
 			   struct gpud_sampler_scratch *sc)
 {
 	if (i >= e->last_n || e->logit0[i] == UINT32_MAX)
 		return -ENOENT;
+	if (e->fseqs[i].draw) {
+		gpud_sampler_draw_done(smp);
+		return gpud_engine_argmax(e, i);
+	}
 	if (e->fseqs[i].argmax)
 		return gpud_engine_argmax(e, i);
 	return gpud_sampler_sample_with(smp, sc, last_row(e, i));
@@ -848,7 +872,7 @@ int gpud_engine_embed_tokens(struct gpud_engine *e, const int32_t *tokens, uint3
 					      .n_tokens = chunk, .logits = GPUD_LOGITS_NONE };
 		const float *h;
 
-		rc = do_step(e, &b, 1, true, err, errlen);
+		rc = do_step(e, &b, NULL, 1, true, err, errlen);
 		if (rc)
 			goto out_free_seq;
 		h = e->ops->hidden(e->be);
@@ -948,12 +972,25 @@ static void gen_flush(struct gen_state *g)
 	}
 }
 
+/* How the next token's row is asked for: its arg max (greedy), a draw
+ * where the row is (a backend that draws; *draw filled), or the row. */
+static enum gpud_logits_mode logits_mode(const struct gpud_engine *e,
+					 const struct gpud_sampler *smp, struct gpud_draw *draw)
+{
+	if (gpud_sampler_greedy(smp))
+		return GPUD_LOGITS_ARGMAX;
+	if (gpud_engine_device_draw(e) && gpud_sampler_draw_next(smp, draw))
+		return GPUD_LOGITS_DRAW;
+	return GPUD_LOGITS_LAST;
+}
+
 int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 			 const struct gpud_gen_params *p, gpud_gen_emit_fn emit, void *arg,
 			 struct gpud_gen_result *res, char *err, size_t errlen)
 {
 	struct gen_state *g = &e->gen;
 	struct gpud_sampler *smp = e->smp;
+	struct gpud_draw draw;
 	unsigned flags = 0;
 	size_t n_prompt = 0;
 	uint32_t seq, done = 0, chunk_max;
@@ -1007,9 +1044,9 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 		struct gpud_batch_entry b = {
 			.seq = seq, .tokens = e->req_ids + done, .n_tokens = chunk,
 			.logits = done + chunk < n_prompt ? GPUD_LOGITS_NONE :
-				  gpud_sampler_greedy(smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST,
+							    logits_mode(e, smp, &draw),
 		};
-		rc = gpud_engine_step(e, &b, 1, err, errlen);
+		rc = gpud_engine_step_draws(e, &b, &draw, 1, err, errlen);
 		if (rc)
 			goto out_free_seq;
 		done += chunk;
@@ -1034,8 +1071,8 @@ int gpud_engine_generate(struct gpud_engine *e, const char *prompt, size_t len,
 			reason = GPUD_GEN_STOP_CONTEXT;
 			break;
 		}
-		b.logits = gpud_sampler_greedy(smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST;
-		rc = gpud_engine_step(e, &b, 1, err, errlen);
+		b.logits = logits_mode(e, smp, &draw);
+		rc = gpud_engine_step_draws(e, &b, &draw, 1, err, errlen);
 		if (rc)
 			break;
 	}

@@ -138,6 +138,13 @@ enum gpud_logits_mode {
 	 * (greedy sampling: gpud_sampler_greedy): a device backend finds it
 	 * where the logits are and downloads no row. */
 	GPUD_LOGITS_ARGMAX = 3,
+	/* The entry's last token, of which only one draw is wanted (a
+	 * sampler with a temperature and no penalty in effect:
+	 * gpud_sampler_draw_next): a backend that draws
+	 * (gpud_engine_device_draw) draws where the logits are, the same
+	 * token gpud_draw_row picks from the row, and downloads no row. Only
+	 * for such a backend (else -EINVAL). */
+	GPUD_LOGITS_DRAW = 4,
 };
 
 struct gpud_batch_entry {
@@ -161,6 +168,10 @@ struct gpud_batch_entry {
  *                  preempts; nothing was reserved). */
 int gpud_engine_step(struct gpud_engine *e, const struct gpud_batch_entry *ents, uint32_t n,
 		     char *err, size_t errlen);
+/* The same with draws[i] the draw of entry i when it is GPUD_LOGITS_DRAW
+ * ((n) entries, read during the call; NULL when none is). */
+int gpud_engine_step_draws(struct gpud_engine *e, const struct gpud_batch_entry *ents,
+			   const struct gpud_draw *draws, uint32_t n, char *err, size_t errlen);
 
 /* Logits of entry i of the last successful step: n_vocab floats for
  * GPUD_LOGITS_LAST, n_tokens consecutive rows of n_vocab for
@@ -178,11 +189,15 @@ int32_t gpud_engine_argmax(const struct gpud_engine *e, uint32_t i);
  * (on its device: gpud_engine_argmax is then a lookup), or the engine
  * scans the row on the host. */
 bool gpud_engine_device_argmax(const struct gpud_engine *e);
+/* Whether it also draws (GPUD_LOGITS_DRAW entries are then allowed). */
+bool gpud_engine_device_draw(const struct gpud_engine *e);
 
 /* The next token of entry i (its last logits row) by smp: the arg max for
- * GPUD_LOGITS_ARGMAX, gpud_sampler_sample_with(smp, sc) otherwise (sc NULL:
- * the sampler's own scratch). A negative code as gpud_engine_argmax or
- * gpud_sampler_sample. The caller accepts the token. */
+ * GPUD_LOGITS_ARGMAX, the device's draw for GPUD_LOGITS_DRAW (smp's PRNG
+ * then advances: gpud_sampler_draw_done), gpud_sampler_sample_with(smp,
+ * sc) otherwise (sc NULL: the sampler's own scratch). A negative code as
+ * gpud_engine_argmax or gpud_sampler_sample. The caller accepts the
+ * token. */
 int32_t gpud_engine_sample(const struct gpud_engine *e, uint32_t i, struct gpud_sampler *smp,
 			   struct gpud_sampler_scratch *sc);
 

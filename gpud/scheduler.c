@@ -90,6 +90,7 @@ struct dev {
 	uint32_t n_wait;
 	struct gpud_batch_entry *ents; /* (max_ents) */
 	struct slot **ent_slot;        /* (max_ents) */
+	struct gpud_draw *draws;       /* (max_ents) GPUD_LOGITS_DRAW entries' draws */
 	int32_t *ent_id;               /* (max_ents) each entry's token (or a
 					* negative code), sampled after the
 					* forward pass, outside the lock */
@@ -212,6 +213,7 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].wait);
 			free(s->devs[d].ents);
 			free(s->devs[d].ent_slot);
+			free(s->devs[d].draws);
 			free(s->devs[d].ent_id);
 			if (s->devs[d].job_cv_ok)
 				pthread_cond_destroy(&s->devs[d].job_cv);
@@ -262,10 +264,11 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	d->wait = calloc(s->p.max_requests, sizeof(*d->wait));
 	d->ents = calloc(d->max_ents, sizeof(*d->ents));
 	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
+	d->draws = calloc(d->max_ents, sizeof(*d->draws));
 	d->ent_id = calloc(d->max_ents, sizeof(*d->ent_id));
 	d->owner = calloc(d->n_blocks, sizeof(*d->owner));
 	d->pblocks = calloc(d->n_ctx / d->bt + 1, sizeof(*d->pblocks));
-	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->ent_id || !d->owner ||
+	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->draws || !d->ent_id || !d->owner ||
 	    !d->pblocks)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	if (s->p.prefix_cache_bytes) {
@@ -1184,10 +1187,19 @@ static uint32_t chunk_reuse(struct dev *d, struct slot *sl, uint32_t *free_b)
 
 static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chunk)
 {
+	enum gpud_logits_mode mode = GPUD_LOGITS_NONE;
+
+	/* The last chunk's row: an arg max, or a draw where the row is when
+	 * the device draws (the sampler's PRNG advances once the token is
+	 * read: gpud_engine_sample), or the row for the host's sampler. */
+	if (sl->n_done + chunk >= sl->n_toks)
+		mode = gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX :
+		       gpud_engine_device_draw(d->e) && gpud_sampler_draw_next(sl->smp, &d->draws[*n]) ?
+							     GPUD_LOGITS_DRAW :
+							     GPUD_LOGITS_LAST;
 	d->ents[*n] = (struct gpud_batch_entry){
 		.seq = sl->seq, .tokens = sl->toks + sl->n_done, .n_tokens = chunk,
-		.logits = sl->n_done + chunk < sl->n_toks ? GPUD_LOGITS_NONE :
-			  gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX : GPUD_LOGITS_LAST,
+		.logits = mode,
 	};
 	d->ent_slot[*n] = sl;
 	sl->in_batch = true;
@@ -1396,7 +1408,7 @@ retry:
 	}
 	d->busy = true;
 	pthread_mutex_unlock(&s->lock);
-	rc = gpud_engine_step(d->e, d->ents, n, err, errlen);
+	rc = gpud_engine_step_draws(d->e, d->ents, d->draws, n, err, errlen);
 	if (!rc)
 		sample_step(s, d, n);
 	pthread_mutex_lock(&s->lock);
