@@ -43,6 +43,7 @@
 
 struct gpud_model;
 struct gpud_mask;
+struct gpud_draw;
 
 struct gpud_backend_config {
 	const struct gpud_model *model; /* borrowed; outlives the backend */

@@ -74,7 +74,7 @@ GPUD_DRAW_HD uint64_t gpud_draw_key(float v, uint32_t i)
 	return (uint64_t)b.u << 32 | (0xffffffffu - i);
 }
 
-#if defined(__CUDACC__) /* cuemu builds with -ffp-contract=off */
+#if defined(__CUDA_ARCH__) /* device code; cuemu builds with -ffp-contract=off */
 #define GPUD_DRAW_MUL(a, b) __fmul_rn((a), (b))
 #define GPUD_DRAW_SUB(a, b) __fsub_rn((a), (b))
 #define GPUD_DRAW_DIV(a, b) __fdiv_rn((a), (b))

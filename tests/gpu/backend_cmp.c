@@ -59,6 +59,7 @@
 #include "gpud/backend.h"
 #include "gpud/backend/cpu/cpu.h"
 #include "gpud/backend/cuda/cuda.h"
+#include "gpud/draw.h"
 #include "sw_config.h"
 #if SW_CUEMU
 #include "tests/cuemu/cuemu.h"
@@ -441,13 +442,20 @@ static int cmp_dbl(const void *a, const void *b)
 	return x < y ? -1 : x > y;
 }
 
+enum { ROWS_ARGMAX = 0, ROWS_DOWNLOAD = 1, ROWS_DRAW = 2 };
+
 /* Median seconds of a decode step of n_seqs sequences prefilled with ctx
  * tokens (32 .. SEQ_BLOCKS * BLOCK_TOKENS - 40), each with mask (or
- * causal); want_rows: each sequence's logits row comes back to the host (for
- * sampling), else only its arg max (greedy decoding). */
+ * causal); mode: each sequence's logits row comes back to the host (for
+ * sampling on the host), or a draw is made where the row is (temperature
+ * 0.8, top-k 40, top-p 0.95: sampling on the device), or only its arg max
+ * (greedy decoding). */
 static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t n_seqs,
-			    uint32_t ctx, bool masked, bool want_rows)
+			    uint32_t ctx, bool masked, int mode)
 {
+	static struct gpud_draw draws[MAX_SEQS];
+	bool want_rows = mode == ROWS_DOWNLOAD;
+
 	static struct seq seqs[MAX_SEQS];
 	static struct gpud_fwd_seq fs[MAX_SEQS];
 	static int32_t toks[MAX_BATCH];
@@ -495,6 +503,11 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 						       .pos0 = seqs[i].len, .n_tokens = 1,
 						       .tok0 = i, .logit0 = i, .n_logits = 1,
 						       .argmax = !want_rows };
+			draws[i] = (struct gpud_draw){ .temperature = 0.8f, .top_k = 40,
+						       .top_p = 0.95f, .min_p = 0.0f,
+						       .rand = (uint64_t)rnd(1u << 30) << 34 ^ step };
+			if (mode == ROWS_DRAW)
+				fs[i].draw = &draws[i];
 			toks[i] = (int32_t)rnd(hp->n_vocab);
 			seqs[i].len++;
 		}
@@ -524,7 +537,7 @@ static int long_rows(struct inst *g, const struct gpud_model *m, const char *lab
 			ctx = hp->n_ctx - 40; /* within the model's context */
 		if (hp->n_ctx && hp->n_ctx < 40 + 64)
 			break; /* no long context to speak of */
-		step = decode_step_s(g, m, n, ctx, false, false);
+		step = decode_step_s(g, m, n, ctx, false, ROWS_ARGMAX);
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch %u at context %u%s | %.1f tok/s | %.3f ms/step |\n",
@@ -549,7 +562,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		return 2;
 	a0 = allocs(&g);
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i++) {
-		double step = decode_step_s(&g, m, batches[i], 32, false, false);
+		double step = decode_step_s(&g, m, batches[i], 32, false, ROWS_ARGMAX);
 
 		if (step < 0)
 			return 1;
@@ -558,12 +571,22 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	}
 	/* the same with every logits row downloaded, as sampling needs */
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i += 2) {
-		double step = decode_step_s(&g, m, batches[i], 32, false, true);
+		double step = decode_step_s(&g, m, batches[i], 32, false, ROWS_DOWNLOAD);
 
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch %u, logits rows downloaded | %.1f tok/s | "
 			"%.3f ms/step |\n", label, batches[i], batches[i] / step, step * 1e3);
+	}
+	/* and with a draw made where the row is, when the backend draws */
+	for (size_t i = 0; g.ops->draws && i < sizeof(batches) / sizeof(batches[0]); i += 2) {
+		double step = decode_step_s(&g, m, batches[i], 32, false, ROWS_DRAW);
+
+		if (step < 0)
+			return 1;
+		fprintf(out, "| %s | decode batch %u, drawn on the device (T 0.8, top-k 40, "
+			"top-p 0.95) | %.1f tok/s | %.3f ms/step |\n", label, batches[i],
+			batches[i] / step, step * 1e3);
 	}
 	if (long_rows(&g, m, label, "", out))
 		return 1;
@@ -585,8 +608,8 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	}
 	fprintf(out, "| %s | prefill 512 tokens | %.1f tok/s | %.3f ms |\n", label, 512 / best,
 		best * 1e3);
-	plain = decode_step_s(&g, m, 16, 32, false, false);
-	masked = decode_step_s(&g, m, 16, 32, true, false);
+	plain = decode_step_s(&g, m, 16, 32, false, ROWS_ARGMAX);
+	masked = decode_step_s(&g, m, 16, 32, true, ROWS_ARGMAX);
 	fprintf(out, "| %s | decode batch 16, cached compiled mask vs causal | %+.3f ms/step "
 		"| %.3f vs %.3f ms |\n", label, (masked - plain) * 1e3, masked * 1e3,
 		plain * 1e3);
@@ -618,7 +641,7 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 			snprintf(keep, sizeof(keep), "%s", was);
 		setenv("GPUD_CUDA_PDL", "0", 1);
 		if (!inst_init(&g2, dut, m, 1)) {
-			step = decode_step_s(&g2, m, 1, 32, false, false);
+			step = decode_step_s(&g2, m, 1, 32, false, ROWS_ARGMAX);
 			g2.ops->destroy(g2.ctx);
 		}
 		if (was)

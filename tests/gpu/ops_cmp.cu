@@ -49,6 +49,14 @@ cublasHandle_t blas;
 gpud_cuda_ksplit ksplit; // the int8 matmul's split-K scratch (main)
 uint64_t rng = 0x243f6a8885a308d3ull;
 
+uint64_t next(void)
+{
+	rng ^= rng << 13;
+	rng ^= rng >> 7;
+	rng ^= rng << 17;
+	return rng;
+}
+
 float frand(void)
 {
 	rng ^= rng << 13;
@@ -898,6 +906,111 @@ void check_argmax(uint32_t nv)
 	cudaFree(dk);
 }
 
+// Draws on the device (gpud_k_draw, then gpud_cuda_argmax_pick): the token
+// gpud_draw_row picks on the host from the same row, bit for bit, over
+// rows of several shapes (a trained model's spread, a few levels with
+// ties and signed zeros, NaN / -inf / +inf, nothing usable) and random
+// temperatures, top-k, top-p, min-p and PRNG words; rows whose draw is
+// off keep their keys. Bound: 0 rows that differ.
+void check_draw(uint32_t nv, uint32_t rounds)
+{
+	const uint32_t rows = 8;
+	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f };
+	static const float tps[] = { 1.0f, 0.95f, 0.5f, 1e-6f, 0.9999f };
+	static const float mps[] = { 0.0f, 0.05f, 0.5f, 1.0f };
+	float *h = (float *)malloc(sizeof(float) * rows * nv), *dl = (float *)dev(4ull * rows * nv);
+	uint64_t *keys = (uint64_t *)malloc(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
+	uint64_t *dk = (uint64_t *)dev(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
+	uint32_t words[rows * GPUD_CUDA_DRAW_WORDS], *dw = (uint32_t *)dev(sizeof(words));
+	struct gpud_draw dr[rows];
+	struct gpud_sampler_scratch *sc = nullptr;
+	char what[64], err[256];
+	int32_t ids[rows];
+	size_t bad = 0, drawn = 0;
+
+	if (gpud_sampler_scratch_create(&sc, (int32_t)nv, err, sizeof(err))) {
+		report("draw scratch", INFINITY, 0);
+		return;
+	}
+	snprintf(what, sizeof(what), "draws from %u-logit rows", nv);
+	for (uint32_t round = 0; round < rounds; round++) {
+		memset(words, 0, sizeof(words));
+		for (uint32_t r = 0; r < rows; r++) {
+			float *l = h + (size_t)r * nv;
+			uint32_t shape = (round + r) % 6, *w = words + r * GPUD_CUDA_DRAW_WORDS;
+
+			for (uint32_t i = 0; i < nv; i++) {
+				float v = frand();
+				switch (shape) {
+				case 0: v = v * 3.0f - (i % 97 ? 12.0f : 0.0f); break; /* peaked */
+				case 1: v *= 12.0f; break;
+				case 2: v = (float)((int)(next() % 5) - 2) * 0.5f;
+					if (v == 0.0f && (next() & 1))
+						v = -0.0f;
+					break;
+				case 3: v = next() % 8 == 0 ? NAN : next() % 8 == 0 ? -INFINITY : v * 8.0f;
+					break;
+				case 4: v = next() % 64 == 0 ? INFINITY : v * 8.0f; break;
+				default: v = r == 7 ? -INFINITY : v * 8.0f; /* r 7: nothing usable */
+				}
+				l[i] = v;
+			}
+			dr[r].temperature = temps[next() % 6];
+			dr[r].top_k = next() % 4 == 0 ? 0 : next() % 3 == 0 ? (int32_t)nv + 2 :
+									 (int32_t)(next() % 50);
+			dr[r].top_p = tps[next() % 5];
+			dr[r].min_p = mps[next() % 4];
+			dr[r].rand = next() ^ next() << 32;
+			if (r == 3) /* off: keeps the keys below */
+				continue;
+			w[GPUD_CUDA_DW_ON] = 1;
+			memcpy(&w[GPUD_CUDA_DW_TEMP], &dr[r].temperature, 4);
+			memcpy(&w[GPUD_CUDA_DW_TOPK], &dr[r].top_k, 4);
+			memcpy(&w[GPUD_CUDA_DW_TOPP], &dr[r].top_p, 4);
+			memcpy(&w[GPUD_CUDA_DW_MINP], &dr[r].min_p, 4);
+			w[GPUD_CUDA_DW_RAND_LO] = (uint32_t)dr[r].rand;
+			w[GPUD_CUDA_DW_RAND_HI] = (uint32_t)(dr[r].rand >> 32);
+		}
+		for (uint32_t i = 0; i < rows * GPUD_CUDA_ARGMAX_PARTS; i++)
+			keys[i] = 0x5a5a5a5a00000000ull | i;
+		up(dl, h, 4ull * rows * nv);
+		up(dw, words, sizeof(words));
+		up(dk, keys, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
+		if (gpud_k_draw(0, dl, rows, nv, dw, dk) != cudaSuccess ||
+		    !down(keys, dk, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS, what)) {
+			report(what, INFINITY, 0);
+			break;
+		}
+		gpud_cuda_argmax_pick(keys, rows, ids);
+		for (uint32_t r = 0; r < rows; r++) {
+			int32_t want;
+
+			if (r == 3) {
+				for (uint32_t p = 0; p < GPUD_CUDA_ARGMAX_PARTS; p++)
+					bad += keys[r * GPUD_CUDA_ARGMAX_PARTS + p] !=
+					       (0x5a5a5a5a00000000ull | (r * GPUD_CUDA_ARGMAX_PARTS + p));
+				continue;
+			}
+			want = gpud_draw_row(h + (size_t)r * nv, (int32_t)nv, &dr[r], sc);
+			drawn++;
+			if (ids[r] != (want < 0 ? -1 : want)) {
+				printf("ops_cmp: draw row %u round %u (T %g, top-k %d, top-p %g, "
+				       "min-p %g): %d, want %d\n", r, round, (double)dr[r].temperature,
+				       dr[r].top_k, (double)dr[r].top_p, (double)dr[r].min_p, ids[r], want);
+				bad++;
+			}
+		}
+	}
+	printf("ops_cmp: %zu draws from %u-logit rows compared\n", drawn, nv);
+	report(what, (double)bad, 0);
+	gpud_sampler_scratch_free(sc);
+	free(h);
+	free(keys);
+	cudaFree(dl);
+	cudaFree(dk);
+	cudaFree(dw);
+}
+
 } // namespace
 
 int main(int argc, char **argv)
@@ -961,6 +1074,10 @@ int main(int argc, char **argv)
 			check_att_quant(hd, mode);
 	for (uint32_t nv : { 7u, 512u, 128256u })
 		check_argmax(nv);
+	check_draw(1, 4);
+	check_draw(7, 20);
+	check_draw(3000, 30);
+	check_draw(128256, 2);
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

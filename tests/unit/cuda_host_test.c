@@ -239,7 +239,8 @@ static void test_plan_pools(void **state)
 	cfg.n_blocks = 32;
 	assert_int_equal(l.masks_bytes, l.mask_slots * l.mask_slot_bytes);
 	assert_int_equal(l.m_tiles, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
-	assert_int_equal(l.m_btab, l.m_tiles + l.max_tiles);
+	assert_int_equal(l.m_draw, l.m_tiles + l.max_tiles);
+	assert_int_equal(l.m_btab, l.m_draw + l.NL * GPUD_CUDA_DRAW_WORDS);
 	assert_int_equal(l.max_tiles, 64 / l.att_tile + 4);
 
 	/* a config it cannot run: zeros, and init's message from layout_for */
@@ -503,13 +504,15 @@ static void test_meta(void **state)
 	uint64_t n_words;
 	const uint32_t bt0[] = { 7 }, bt1[] = { 3, 9, 5 };
 	const int32_t tokens[] = { 11, 12, 13, 14, 15 };
+	const struct gpud_draw dr = { .temperature = 0.7f, .top_k = 40, .top_p = 0.9f,
+				      .min_p = 0.05f, .rand = 0x0123456789abcdefull };
 	struct gpud_fwd_seq seqs[2] = {
 		/* a 4-token prefill from 0, masked, all logits */
 		{ .blocks = bt0, .mask = NULL, .pos0 = 0, .n_tokens = 4, .tok0 = 0,
 		  .logit0 = 0, .n_logits = 4 },
 		/* one decode token at position 9 (its third block), last logit */
 		{ .blocks = bt1, .mask = NULL, .pos0 = 9, .n_tokens = 1, .tok0 = 4,
-		  .logit0 = 4, .n_logits = 1 },
+		  .logit0 = 4, .n_logits = 1, .argmax = true, .draw = &dr },
 	};
 	struct gpud_fwd_batch b = { .tokens = tokens, .n_tokens = 5, .seqs = seqs, .n_seqs = 2,
 				    .n_logits = 5 };
@@ -538,6 +541,24 @@ static void test_meta(void **state)
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPROMPT], 8);
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NSEG], 2);
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPB], 2);
+	/* the second sequence's row draws, with its words; the others do not */
+	for (uint32_t r = 0; r < 4; r++)
+		assert_int_equal(meta[l.m_draw + r * GPUD_CUDA_DRAW_WORDS + GPUD_CUDA_DW_ON], 0);
+	{
+		const uint32_t *dw = meta + l.m_draw + 4 * GPUD_CUDA_DRAW_WORDS;
+		float f;
+
+		assert_int_equal(dw[GPUD_CUDA_DW_ON], 1);
+		memcpy(&f, &dw[GPUD_CUDA_DW_TEMP], 4);
+		assert_true(f == 0.7f);
+		assert_int_equal(dw[GPUD_CUDA_DW_TOPK], 40);
+		memcpy(&f, &dw[GPUD_CUDA_DW_TOPP], 4);
+		assert_true(f == 0.9f);
+		memcpy(&f, &dw[GPUD_CUDA_DW_MINP], 4);
+		assert_true(f == 0.05f);
+		assert_int_equal(dw[GPUD_CUDA_DW_RAND_LO], 0x89abcdefu);
+		assert_int_equal(dw[GPUD_CUDA_DW_RAND_HI], 0x01234567u);
+	}
 	assert_int_equal(meta[l.m_btab + 0], 7);
 	assert_int_equal(meta[l.m_btab + 1], 3);
 	assert_int_equal(meta[l.m_btab + 2], 9);

@@ -333,6 +333,7 @@ static void test_step_errors_change_nothing(void **state)
 		{ { { 7, toks, 1, GPUD_LOGITS_LAST } }, 1, -EINVAL },        /* no such seq */
 		{ { { a, toks, 5, GPUD_LOGITS_ALL } }, 1, SW_ETOOLONG },    /* 5 rows > 4 */
 		{ { { 0 } }, 0, -EINVAL },                                   /* empty batch */
+		{ { { a, toks, 1, GPUD_LOGITS_DRAW } }, 1, -EINVAL }, /* the CPU does not draw */
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		err[0] = 0;
@@ -341,6 +342,17 @@ static void test_step_errors_change_nothing(void **state)
 		assert_true(err[0] != 0);
 		assert_int_equal(gpud_engine_seq_len(e, a), 5);
 		assert_int_equal(gpud_engine_seq_len(e, b), 0);
+	}
+	/* A draw needs a backend that draws, even with its draw given. */
+	{
+		struct gpud_draw dr = { .temperature = 1.0f, .top_p = 1.0f };
+		struct gpud_batch_entry be = { a, toks, 1, GPUD_LOGITS_DRAW };
+
+		assert_false(gpud_engine_device_draw(e));
+		err[0] = 0;
+		assert_int_equal(gpud_engine_step_draws(e, &be, &dr, 1, err, sizeof(err)), -EINVAL);
+		assert_non_null(strstr(err, "does not draw"));
+		assert_int_equal(gpud_engine_seq_len(e, a), 5);
 	}
 	/* Past the context: 64 positions. */
 	for (int i = 0; i < 7; i++)

@@ -897,6 +897,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
 		CK(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
+		CK(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_draw,
+			       c->amax), "draw");
 	}
 	return 0;
 }
@@ -1104,6 +1106,7 @@ extern "C" const struct gpud_backend_ops gpud_cuda_backend = {
 	/* forward */ cuda_forward,
 	/* logits */ cuda_logits,
 	/* argmax */ cuda_argmax,
+	/* draws */ true,
 	/* hidden */ cuda_hidden,
 	/* kv_copy */ cuda_kv_copy,
 	/* kv_copy_shift */ nullptr, // no chunk-KV cache on CUDA yet: recomputed

@@ -76,6 +76,19 @@ enum {
 	GPUD_CUDA_SEQ_WORDS = 8,
 };
 
+/* Per-logits-row words of the step metadata: the row's draw (gpud/draw.h),
+ * made on the device by the draw kernel when ON is 1. */
+enum {
+	GPUD_CUDA_DW_ON = 0,
+	GPUD_CUDA_DW_TEMP = 1, /* float bits */
+	GPUD_CUDA_DW_TOPK = 2,
+	GPUD_CUDA_DW_TOPP = 3, /* float bits */
+	GPUD_CUDA_DW_MINP = 4, /* float bits */
+	GPUD_CUDA_DW_RAND_LO = 5,
+	GPUD_CUDA_DW_RAND_HI = 6,
+	GPUD_CUDA_DRAW_WORDS = 8,
+};
+
 struct gpud_cuda_layout {
 	/* the model */
 	uint32_t dim, q_dim, kv_dim, ffn_dim, n_vocab, head_dim, max_cols;
@@ -99,7 +112,7 @@ struct gpud_cuda_layout {
 	uint32_t mmc_words;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
-	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_btab;
+	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_draw, m_btab;
 	/* staging offsets (bytes) */
 	uint64_t st_logits, st_amax, st_hidden, st_meta, st_mask, staging_bytes;
 	uint64_t weights_bytes, workspace_bytes;

@@ -14,6 +14,7 @@
 #include <atomic>
 
 extern "C" {
+#include "gpud/draw.h"
 #include "gpud/quant.h"
 }
 #include "gpud/backend/cuda/cuda_impl.h"
@@ -789,6 +790,235 @@ cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, ui
 
 	return launched(cudaLaunchKernelEx(klc(grid, ARGMAX_THREADS, 0, s).cfg(), argmax_kernel,
 					   logits, nv, keys));
+}
+
+/* --- a draw from each logits row that asks for one ---------------------------
+ * gpud/draw.h's definition on the device: a CTA per row whose draw words
+ * (meta, GPUD_CUDA_DRAW_WORDS a row) say so; the others return at once.
+ * Every selection is an MSD radix select over the row's 64-bit order keys,
+ * a byte a level, with integer histograms (counts for top-k, masses for
+ * top-p and the pick) in shared memory: each level scans the row for the
+ * tokens that match the bytes chosen so far and pass the filters, so no
+ * candidate list is kept and the row is all the memory it reads. Sums are
+ * of integers, so the order the threads add in does not matter: the token
+ * is gpud_draw_row's. The result replaces the row's arg max keys (the
+ * drawn id as the one nonzero key, none for a row with nothing usable), so
+ * the host's pick and the download stay as they are. */
+
+#define DRAW_THREADS 512u
+
+struct draw_smem {
+	unsigned long long w[256]; // a level's weights by byte
+	unsigned n[256];           // and counts
+	unsigned long long red[DRAW_THREADS / 32];
+	unsigned long long key, base;
+	unsigned d, nd;
+};
+
+// The filters of a pass: usable, key >= cut, and, when weighted, a mass >=
+// thr (thr 1: only tokens that weigh something).
+struct draw_row {
+	const float *l;
+	uint32_t nv;
+	float mx, inv_t;
+	bool inf; // the max is +inf
+};
+
+static __device__ __forceinline__ uint64_t draw_mass(const draw_row &r, float v)
+{
+	if (r.inf)
+		return v == INFINITY ? GPUD_DRAW_ONE : 0;
+	return gpud_draw_mass(v, r.mx, r.inv_t);
+}
+
+static __device__ unsigned long long block_sum_u64(unsigned long long v, draw_smem *sh)
+{
+	for (int o = 16; o; o >>= 1)
+		v += __shfl_xor_sync(FULL, v, o);
+	__syncthreads(); // red[] may still be read from the last call
+	if ((threadIdx.x & 31) == 0)
+		sh->red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	v = 0;
+	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
+		v += sh->red[i];
+	return v;
+}
+
+// Sum of the masses of the usable tokens with key >= cut and mass >= thr.
+static __device__ uint64_t draw_total(const draw_row &r, uint64_t cut, uint64_t thr,
+				      draw_smem *sh)
+{
+	unsigned long long s = 0;
+
+	for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
+		uint64_t k = gpud_draw_key(r.l[i], i), m;
+
+		if (k && k >= cut && (m = draw_mass(r, r.l[i])) >= thr)
+			s += m;
+	}
+	return block_sum_u64(s, sh);
+}
+
+// The key of the token at rank target (in mass when weighted, else one a
+// token) among the usable tokens with key >= cut (and, weighted, mass >=
+// thr), greatest key first: rank_key of sampler.c over the same set.
+static __device__ uint64_t draw_select(const draw_row &r, uint64_t cut, uint64_t thr,
+				       bool weighted, uint64_t target, draw_smem *sh)
+{
+	uint64_t prefix = 0, base = 0;
+
+	for (int s = 56; s >= 0; s -= 8) {
+		uint64_t hmask = s == 56 ? 0 : ~0ull << (s + 8);
+		unsigned run_d = 256, run_n = 0;
+		unsigned long long run_w = 0;
+
+		for (unsigned i = threadIdx.x; i < 256; i += DRAW_THREADS) {
+			sh->w[i] = 0;
+			sh->n[i] = 0;
+		}
+		__syncthreads();
+		// Threads keep a run of equal bytes and add it when the byte
+		// changes: a row's keys share their high bytes, and one atomic a
+		// token on one address would serialize the block.
+		for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
+			uint64_t k = gpud_draw_key(r.l[i], i), w = 1;
+			unsigned d;
+
+			if (!k || k < cut || (k & hmask) != prefix)
+				continue;
+			if (weighted && (w = draw_mass(r, r.l[i])) < thr)
+				continue;
+			d = (unsigned)(k >> s) & 255;
+			if (d != run_d) {
+				if (run_n) {
+					atomicAdd(&sh->w[run_d], run_w);
+					atomicAdd(&sh->n[run_d], run_n);
+				}
+				run_d = d;
+				run_w = 0;
+				run_n = 0;
+			}
+			run_w += w;
+			run_n++;
+		}
+		if (run_n) {
+			atomicAdd(&sh->w[run_d], run_w);
+			atomicAdd(&sh->n[run_d], run_n);
+		}
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			unsigned d = 255;
+
+			while (d > 0 && base + sh->w[d] <= target) {
+				base += sh->w[d];
+				d--;
+			}
+			sh->d = d;
+			sh->nd = sh->n[d];
+			sh->base = base;
+			sh->key = 0;
+		}
+		__syncthreads();
+		prefix |= (uint64_t)sh->d << s;
+		base = sh->base;
+		if (sh->nd == 1 && s) {
+			// One token left: its key, from one more scan.
+			hmask = ~0ull << s;
+			for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
+				uint64_t k = gpud_draw_key(r.l[i], i);
+
+				if (k && k >= cut && (k & hmask) == prefix &&
+				    (!weighted || draw_mass(r, r.l[i]) >= thr))
+					atomicMax(&sh->key, (unsigned long long)k);
+			}
+			__syncthreads();
+			prefix = sh->key;
+			__syncthreads();
+			return prefix;
+		}
+		__syncthreads();
+	}
+	return prefix;
+}
+
+__global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits, uint32_t nv,
+							     const uint32_t *words, uint64_t *keys)
+{
+	__shared__ draw_smem sh;
+	const uint32_t *dw = words + (uint64_t)blockIdx.x * GPUD_CUDA_DRAW_WORDS;
+	uint64_t *out = keys + (uint64_t)blockIdx.x * GPUD_CUDA_ARGMAX_PARTS;
+	draw_row r;
+	float temp, top_p, min_p;
+	int32_t top_k;
+	uint64_t rnd, best = 0, cut = 0, thr = 1, sum, id_key;
+
+	pdl_enter();
+	if (!dw[GPUD_CUDA_DW_ON])
+		return;
+	temp = __uint_as_float(dw[GPUD_CUDA_DW_TEMP]);
+	top_k = (int32_t)dw[GPUD_CUDA_DW_TOPK];
+	top_p = __uint_as_float(dw[GPUD_CUDA_DW_TOPP]);
+	min_p = __uint_as_float(dw[GPUD_CUDA_DW_MINP]);
+	rnd = (uint64_t)dw[GPUD_CUDA_DW_RAND_HI] << 32 | dw[GPUD_CUDA_DW_RAND_LO];
+	r.l = logits + (uint64_t)blockIdx.x * nv;
+	r.nv = nv;
+
+	// The max: the greatest key's logit (none: nothing usable).
+	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS) {
+		uint64_t k = gpud_draw_key(r.l[i], i);
+		best = k > best ? k : best;
+	}
+	best = warp_max_u64(best);
+	if ((threadIdx.x & 31) == 0)
+		sh.red[threadIdx.x >> 5] = best;
+	__syncthreads();
+	best = 0;
+	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
+		best = sh.red[i] > best ? sh.red[i] : best;
+	if (!best) {
+		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
+			out[threadIdx.x] = 0;
+		return;
+	}
+	r.mx = r.l[0xffffffffu - (uint32_t)best];
+	r.inf = r.mx == INFINITY;
+	r.inv_t = gpud_draw_inv_t(temp);
+
+	if (top_k > 0) {
+		// ranks count every usable token; fewer than top_k: all stay
+		unsigned long long nu = 0;
+
+		for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS)
+			nu += gpud_draw_key(r.l[i], i) != 0;
+		nu = block_sum_u64(nu, &sh);
+		if ((uint64_t)top_k < nu)
+			cut = draw_select(r, 0, 0, false, (uint64_t)top_k - 1, &sh);
+	}
+	sum = draw_total(r, cut, 1, &sh);
+	if (top_p < 1.0f) {
+		double t = ceil((double)top_p * (double)sum);
+		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
+
+		cut = draw_select(r, cut, 1, true, tu - 1, &sh);
+	}
+	if (min_p > 0.0f) {
+		// mass >= min_p * 2^40 as the host compares it, in doubles
+		double th = (double)min_p * (double)GPUD_DRAW_ONE;
+
+		thr = th <= 1.0 ? 1 : (uint64_t)ceil(th);
+	}
+	sum = draw_total(r, cut, thr, &sh);
+	id_key = draw_select(r, cut, thr, true, __umul64hi(rnd, sum), &sh);
+	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
+		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
+}
+
+cudaError_t gpud_k_draw(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
+			const uint32_t *words, uint64_t *keys)
+{
+	return launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(), draw_kernel,
+					   logits, nv, words, keys));
 }
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------

@@ -4,6 +4,7 @@
  * without a device (tests/unit/cuda_host_test.c).
  */
 #include "gpud/backend/cuda/cuda_impl.h"
+#include "gpud/draw.h"
 
 #include <errno.h>
 #include <string.h>
@@ -76,6 +77,7 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 	if (!b->n_tokens || b->n_tokens > l->T || b->n_seqs > l->S || b->n_logits > l->NL)
 		return sw_seterr(err, errlen, -EINVAL, "cuda forward: batch exceeds the limits");
 	memcpy(tokens, b->tokens, (size_t)b->n_tokens * sizeof(uint32_t));
+	memset(meta + l->m_draw, 0, (size_t)b->n_logits * GPUD_CUDA_DRAW_WORDS * sizeof(uint32_t));
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
 		const struct gpud_fwd_seq *s = &b->seqs[i];
 		const struct gpud_mask *m = s->mask;
@@ -131,6 +133,17 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 		}
 		for (uint32_t j = 0; j < s->n_logits; j++)
 			logit[s->logit0 + j] = s->tok0 + s->n_tokens - s->n_logits + j;
+		if (s->draw && s->argmax && s->n_logits == 1) {
+			uint32_t *dw = meta + l->m_draw + (size_t)s->logit0 * GPUD_CUDA_DRAW_WORDS;
+
+			dw[GPUD_CUDA_DW_ON] = 1;
+			memcpy(&dw[GPUD_CUDA_DW_TEMP], &s->draw->temperature, 4);
+			memcpy(&dw[GPUD_CUDA_DW_TOPK], &s->draw->top_k, 4);
+			memcpy(&dw[GPUD_CUDA_DW_TOPP], &s->draw->top_p, 4);
+			memcpy(&dw[GPUD_CUDA_DW_MINP], &s->draw->min_p, 4);
+			dw[GPUD_CUDA_DW_RAND_LO] = (uint32_t)s->draw->rand;
+			dw[GPUD_CUDA_DW_RAND_HI] = (uint32_t)(s->draw->rand >> 32);
+		}
 	}
 	*n_words = l->m_btab + bt_used;
 	return 0;

@@ -335,11 +335,28 @@ static inline unsigned atomicAdd(unsigned *p, unsigned v)
 	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
+{
+	unsigned long long o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+
+	while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST,
+						     __ATOMIC_SEQ_CST))
+		;
+	return o;
+}
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
 /* --- arithmetic intrinsics ------------------------------------------------------
  * The cuemu build compiles with -ffp-contract=off: a*b+c stays two
  * roundings unless written fmaf, as the _rn intrinsics require. */
+static inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
+{
+	return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
 static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fmul_rn(float a, float b) { return a * b; }
