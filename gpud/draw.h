@@ -67,11 +67,10 @@ GPUD_DRAW_HD uint64_t gpud_draw_key(float v, uint32_t i)
 		uint32_t u;
 	} b;
 
-	if (!(v == v) || v == -INFINITY)
-		return 0;
-	b.f = v == 0.0f ? 0.0f : v;
-	b.u = b.u & 0x80000000u ? ~b.u : b.u | 0x80000000u;
-	return (uint64_t)b.u << 32 | (0xffffffffu - i);
+	/* without branches: half a row's signs are a coin toss */
+	b.f = v + 0.0f; /* -0 becomes +0, every other value stays */
+	b.u ^= (uint32_t)((int32_t)b.u >> 31) | 0x80000000u; /* negative: ~u */
+	return v > -INFINITY ? (uint64_t)b.u << 32 | (0xffffffffu - i) : 0; /* NaN: 0 */
 }
 
 #if defined(__CUDA_ARCH__) /* device code; cuemu builds with -ffp-contract=off */

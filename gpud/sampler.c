@@ -29,6 +29,7 @@ struct gpud_sampler_scratch {
 	float *pen;         /* (n_vocab) the penalized logits */
 	uint32_t *count;    /* (n_vocab) occurrences in the window being
 			     * penalized; all 0 between calls */
+	uint64_t hist[2048]; /* rank_select's bins */
 };
 
 /* A sequence's state: what persists from one token to the next. */
@@ -363,6 +364,44 @@ static uint64_t rank_key(struct dcand *c, size_t n, uint64_t target, bool weight
 	return c[lo].key;
 }
 
+/* rank_key for many candidates: one histogram of the keys' high 32 bits
+ * (the logits) over 2048 bins spanning just their range, the bin whose
+ * span holds target moved to the front, then rank_key on those few. A
+ * row's candidates share their high key bytes, so rank_key alone would
+ * spend its first levels on one byte value (and one histogram slot, a
+ * chain of dependent adds). Reorders c. */
+#define RANK_BINS 2048
+static uint64_t rank_select(struct dcand *c, size_t n, uint64_t target, bool weighted,
+			    uint64_t *h)
+{
+	uint32_t lo = UINT32_MAX, hi = 0;
+	unsigned sh = 0, b;
+	uint64_t base = 0;
+	size_t i, m = 0;
+
+	if (n < 64)
+		return rank_key(c, n, target, weighted);
+	for (i = 0; i < n; i++) {
+		uint32_t k = (uint32_t)(c[i].key >> 32);
+		lo = k < lo ? k : lo;
+		hi = k > hi ? k : hi;
+	}
+	while (((hi - lo) >> sh) >= RANK_BINS)
+		sh++;
+	memset(h, 0, RANK_BINS * sizeof(*h));
+	for (i = 0; i < n; i++)
+		h[((uint32_t)(c[i].key >> 32) - lo) >> sh] += weighted ? c[i].mass : 1;
+	for (b = (hi - lo) >> sh; b > 0 && base + h[b] <= target; b--)
+		base += h[b];
+	for (i = 0; i < n; i++)
+		if ((((uint32_t)(c[i].key >> 32) - lo) >> sh) == b) {
+			struct dcand t = c[i];
+			c[i] = c[m];
+			c[m++] = t;
+		}
+	return rank_key(c, m, target - base, weighted);
+}
+
 /* Keeps the candidates with key >= cut and a mass (in any order);
  * returns how many and their total mass in *sum. */
 static size_t keep_from(struct dcand *c, size_t n, uint64_t cut, uint64_t *sum)
@@ -406,15 +445,15 @@ static size_t candidates(const float *l, size_t nv, float mx, float inv_t, bool 
 			for (size_t j = 0; j < cn; j++)
 				mf[j] = gpud_draw_massf(l[i0 + j], mx, inv_t);
 		for (size_t j = 0; j < cn; j++) {
+			/* branch-free: always written, kept by advancing n */
 			uint64_t key = gpud_draw_key(l[i0 + j], (uint32_t)(i0 + j)),
-				 m = (uint64_t)mf[j];
+				 m = (uint64_t)(int64_t)mf[j]; /* <= 2^40: one conversion */
+			bool keep = key && (m || all);
 
-			if (key && (m || all)) {
-				c[n].key = key;
-				c[n].mass = m;
-				s += m;
-				n++;
-			}
+			c[n].key = key;
+			c[n].mass = m;
+			s += keep ? m : 0;
+			n += keep;
 		}
 	}
 	*sum = s;
@@ -440,12 +479,13 @@ int32_t gpud_draw_row(const float *l, int32_t n_vocab, const struct gpud_draw *d
 	c = sc->cand;
 	n = candidates(l, nv, mx, inv_t, dr->top_k > 0, c, &sum);
 	if (dr->top_k > 0 && (size_t)dr->top_k < n)
-		n = keep_from(c, n, rank_key(c, n, (uint64_t)dr->top_k - 1, false), &sum);
+		n = keep_from(c, n, rank_select(c, n, (uint64_t)dr->top_k - 1, false, sc->hist),
+			      &sum);
 	if (dr->top_p < 1.0f) {
 		double t = ceil((double)dr->top_p * (double)sum);
 		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
 
-		n = keep_from(c, n, rank_key(c, n, tu - 1, true), &sum);
+		n = keep_from(c, n, rank_select(c, n, tu - 1, true, sc->hist), &sum);
 	}
 	if (dr->min_p > 0.0f) {
 		double thr = (double)dr->min_p * (double)GPUD_DRAW_ONE;
@@ -459,7 +499,8 @@ int32_t gpud_draw_row(const float *l, int32_t n_vocab, const struct gpud_draw *d
 			}
 		n = k;
 	}
-	return (int32_t)(0xffffffffu - (uint32_t)rank_key(c, n, mulhi64(dr->rand, sum), true));
+	return (int32_t)(0xffffffffu -
+			 (uint32_t)rank_select(c, n, mulhi64(dr->rand, sum), true, sc->hist));
 }
 
 /* --- sampling -------------------------------------------------------------- */
