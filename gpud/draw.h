@@ -89,6 +89,17 @@ GPUD_DRAW_HD float gpud_draw_inv_t(float temperature)
 	return GPUD_DRAW_DIV(1.0f, temperature);
 }
 
+/* Whether logit l of a row whose max is mx (both usable, mx finite) may
+ * weigh anything at inv_t: it is the max, or x = (l - mx) * inv_t >=
+ * GPUD_DRAW_X_MIN. Monotone in l, so the live tokens are a prefix of the
+ * order; every other token's mass is 0. */
+GPUD_DRAW_HD bool gpud_draw_live(float l, float mx, float inv_t)
+{
+	float d = GPUD_DRAW_SUB(l, mx);
+
+	return d == 0.0f || GPUD_DRAW_MUL(d, inv_t) >= GPUD_DRAW_X_MIN;
+}
+
 /* The mass of logit l in a row whose max is mx (both usable, mx finite),
  * at inv_t = gpud_draw_inv_t(T), as a float: floor() of it is the mass
  * (gpud_draw_mass). It is E((l - mx) * inv_t) * 2^40, where E is e^x for

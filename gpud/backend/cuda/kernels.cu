@@ -795,41 +795,61 @@ cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, ui
 /* --- a draw from each logits row that asks for one ---------------------------
  * gpud/draw.h's definition on the device: a CTA per row whose draw words
  * (meta, GPUD_CUDA_DRAW_WORDS a row) say so; the others return at once.
- * Every selection is an MSD radix select over the row's 64-bit order keys,
- * a byte a level, with integer histograms (counts for top-k, masses for
- * top-p and the pick) in shared memory: each level scans the row for the
- * tokens that match the bytes chosen so far and pass the filters, so no
- * candidate list is kept and the row is all the memory it reads. Sums are
- * of integers, so the order the threads add in does not matter: the token
- * is gpud_draw_row's. The result replaces the row's arg max keys (the
- * drawn id as the one nonzero key, none for a row with nothing usable), so
- * the host's pick and the download stay as they are. */
+ * Every selection is an MSD radix select over 64-bit order keys, a byte a
+ * level, with integer histograms (counts for top-k, masses for top-p and
+ * the pick) in shared memory. Sums are of integers, so the order the
+ * threads add in does not matter: the token is gpud_draw_row's.
+ *
+ * Only the live tokens can weigh anything (gpud_draw_live: the max, and x
+ * >= GPUD_DRAW_X_MIN), and they are a prefix of the order. A trained
+ * model's row has a few hundred of them at most temperatures: when they
+ * fit (DRAW_SH_CAP), one scan copies their keys and masses into shared
+ * memory and every selection runs there; otherwise each level scans the
+ * row. A top-k that reaches past the live tokens cuts nothing that
+ * weighs. The result replaces the row's arg max keys (the drawn id as the
+ * one nonzero key, none for a row with nothing usable), so the host's
+ * pick and the download stay as they are. */
 
 #define DRAW_THREADS 512u
+#define DRAW_SH_CAP 2048u
 
 struct draw_smem {
 	unsigned long long w[256]; // a level's weights by byte
 	unsigned n[256];           // and counts
 	unsigned long long red[DRAW_THREADS / 32];
 	unsigned long long key, base;
-	unsigned d, nd;
+	unsigned d, nd, cnt;
+	unsigned long long ck[DRAW_SH_CAP], cm[DRAW_SH_CAP]; // live keys, masses
 };
 
-// The filters of a pass: usable, key >= cut, and, when weighted, a mass >=
-// thr (thr 1: only tokens that weigh something).
-struct draw_row {
+// The row itself: keys and masses computed as they are read.
+struct draw_row_src {
 	const float *l;
 	uint32_t nv;
 	float mx, inv_t;
-	bool inf; // the max is +inf
+	bool inf; // the max is +inf: +inf logits weigh GPUD_DRAW_ONE, the rest 0
+
+	__device__ uint32_t size() const { return nv; }
+	__device__ uint64_t key(uint32_t i) const { return gpud_draw_key(l[i], i); }
+	__device__ bool live(uint32_t i) const
+	{
+		return inf ? l[i] == INFINITY : gpud_draw_live(l[i], mx, inv_t);
+	}
+	__device__ uint64_t mass(uint32_t i) const
+	{
+		return inf ? (l[i] == INFINITY ? GPUD_DRAW_ONE : 0) : gpud_draw_mass(l[i], mx, inv_t);
+	}
 };
 
-static __device__ __forceinline__ uint64_t draw_mass(const draw_row &r, float v)
-{
-	if (r.inf)
-		return v == INFINITY ? GPUD_DRAW_ONE : 0;
-	return gpud_draw_mass(v, r.mx, r.inv_t);
-}
+// The live tokens, copied into shared memory (any order).
+struct draw_sh_src {
+	const unsigned long long *k, *m;
+	uint32_t n;
+
+	__device__ uint32_t size() const { return n; }
+	__device__ uint64_t key(uint32_t i) const { return k[i]; }
+	__device__ uint64_t mass(uint32_t i) const { return m[i]; }
+};
 
 static __device__ unsigned long long block_sum_u64(unsigned long long v, draw_smem *sh)
 {
@@ -845,16 +865,16 @@ static __device__ unsigned long long block_sum_u64(unsigned long long v, draw_sm
 	return v;
 }
 
-// Sum of the masses of the usable tokens with key >= cut and mass >= thr.
-static __device__ uint64_t draw_total(const draw_row &r, uint64_t cut, uint64_t thr,
-				      draw_smem *sh)
+// Sum of the masses of the tokens with key >= cut and mass >= thr.
+template <class S>
+static __device__ uint64_t draw_total(const S &src, uint64_t cut, uint64_t thr, draw_smem *sh)
 {
 	unsigned long long s = 0;
 
-	for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
-		uint64_t k = gpud_draw_key(r.l[i], i), m;
+	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
+		uint64_t k = src.key(i), m;
 
-		if (k && k >= cut && (m = draw_mass(r, r.l[i])) >= thr)
+		if (k && k >= cut && (m = src.mass(i)) >= thr)
 			s += m;
 	}
 	return block_sum_u64(s, sh);
@@ -862,9 +882,10 @@ static __device__ uint64_t draw_total(const draw_row &r, uint64_t cut, uint64_t 
 
 // The key of the token at rank target (in mass when weighted, else one a
 // token) among the usable tokens with key >= cut (and, weighted, mass >=
-// thr), greatest key first: rank_key of sampler.c over the same set.
-static __device__ uint64_t draw_select(const draw_row &r, uint64_t cut, uint64_t thr,
-				       bool weighted, uint64_t target, draw_smem *sh)
+// thr), greatest key first: sampler.c's rank_key over the same set.
+template <class S>
+static __device__ uint64_t draw_select(const S &src, uint64_t cut, uint64_t thr, bool weighted,
+				       uint64_t target, draw_smem *sh)
 {
 	uint64_t prefix = 0, base = 0;
 
@@ -881,13 +902,13 @@ static __device__ uint64_t draw_select(const draw_row &r, uint64_t cut, uint64_t
 		// Threads keep a run of equal bytes and add it when the byte
 		// changes: a row's keys share their high bytes, and one atomic a
 		// token on one address would serialize the block.
-		for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
-			uint64_t k = gpud_draw_key(r.l[i], i), w = 1;
+		for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
+			uint64_t k = src.key(i), w = 1;
 			unsigned d;
 
 			if (!k || k < cut || (k & hmask) != prefix)
 				continue;
-			if (weighted && (w = draw_mass(r, r.l[i])) < thr)
+			if (weighted && (w = src.mass(i)) < thr)
 				continue;
 			d = (unsigned)(k >> s) & 255;
 			if (d != run_d) {
@@ -925,11 +946,11 @@ static __device__ uint64_t draw_select(const draw_row &r, uint64_t cut, uint64_t
 		if (sh->nd == 1 && s) {
 			// One token left: its key, from one more scan.
 			hmask = ~0ull << s;
-			for (uint32_t i = threadIdx.x; i < r.nv; i += DRAW_THREADS) {
-				uint64_t k = gpud_draw_key(r.l[i], i);
+			for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
+				uint64_t k = src.key(i);
 
 				if (k && k >= cut && (k & hmask) == prefix &&
-				    (!weighted || draw_mass(r, r.l[i]) >= thr))
+				    (!weighted || src.mass(i) >= thr))
 					atomicMax(&sh->key, (unsigned long long)k);
 			}
 			__syncthreads();
@@ -942,16 +963,43 @@ static __device__ uint64_t draw_select(const draw_row &r, uint64_t cut, uint64_t
 	return prefix;
 }
 
+// The drawn token's key from src, nu usable and nl live tokens.
+template <class S>
+static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int32_t top_k,
+				     float top_p, float min_p, uint64_t rnd, draw_smem *sh)
+{
+	uint64_t cut = 0, thr = 1, sum;
+
+	if (top_k > 0 && (uint64_t)top_k < nu && (uint64_t)top_k < nl)
+		cut = draw_select(src, 0, 0, false, (uint64_t)top_k - 1, sh);
+	sum = draw_total(src, cut, 1, sh);
+	if (top_p < 1.0f) {
+		double t = ceil((double)top_p * (double)sum);
+		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
+
+		cut = draw_select(src, cut, 1, true, tu - 1, sh);
+	}
+	if (min_p > 0.0f) {
+		// mass >= min_p * 2^40 as the host compares it, in doubles
+		double th = (double)min_p * (double)GPUD_DRAW_ONE;
+
+		thr = th <= 1.0 ? 1 : (uint64_t)ceil(th);
+	}
+	sum = draw_total(src, cut, thr, sh);
+	return draw_select(src, cut, thr, true, __umul64hi(rnd, sum), sh);
+}
+
 __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits, uint32_t nv,
 							     const uint32_t *words, uint64_t *keys)
 {
 	__shared__ draw_smem sh;
 	const uint32_t *dw = words + (uint64_t)blockIdx.x * GPUD_CUDA_DRAW_WORDS;
 	uint64_t *out = keys + (uint64_t)blockIdx.x * GPUD_CUDA_ARGMAX_PARTS;
-	draw_row r;
+	draw_row_src r;
 	float temp, top_p, min_p;
 	int32_t top_k;
-	uint64_t rnd, best = 0, cut = 0, thr = 1, sum, id_key;
+	uint64_t rnd, best = 0, id_key;
+	unsigned long long nu = 0, nl = 0;
 
 	pdl_enter();
 	if (!dw[GPUD_CUDA_DW_ON])
@@ -985,31 +1033,32 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits,
 	r.inf = r.mx == INFINITY;
 	r.inv_t = gpud_draw_inv_t(temp);
 
-	if (top_k > 0) {
-		// ranks count every usable token; fewer than top_k: all stay
-		unsigned long long nu = 0;
+	// usable and live tokens
+	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS)
+		if (r.key(i)) {
+			nu++;
+			nl += r.live(i);
+		}
+	nu = block_sum_u64(nu, &sh);
+	nl = block_sum_u64(nl, &sh);
+	if (nl <= DRAW_SH_CAP) {
+		draw_sh_src c = { sh.ck, sh.cm, 0 };
 
+		if (threadIdx.x == 0)
+			sh.cnt = 0;
+		__syncthreads();
 		for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS)
-			nu += gpud_draw_key(r.l[i], i) != 0;
-		nu = block_sum_u64(nu, &sh);
-		if ((uint64_t)top_k < nu)
-			cut = draw_select(r, 0, 0, false, (uint64_t)top_k - 1, &sh);
+			if (r.key(i) && r.live(i)) {
+				unsigned j = atomicAdd(&sh.cnt, 1u);
+				sh.ck[j] = r.key(i);
+				sh.cm[j] = r.mass(i);
+			}
+		__syncthreads();
+		c.n = sh.cnt;
+		id_key = draw_pick(c, nu, nl, top_k, top_p, min_p, rnd, &sh);
+	} else {
+		id_key = draw_pick(r, nu, nl, top_k, top_p, min_p, rnd, &sh);
 	}
-	sum = draw_total(r, cut, 1, &sh);
-	if (top_p < 1.0f) {
-		double t = ceil((double)top_p * (double)sum);
-		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
-
-		cut = draw_select(r, cut, 1, true, tu - 1, &sh);
-	}
-	if (min_p > 0.0f) {
-		// mass >= min_p * 2^40 as the host compares it, in doubles
-		double th = (double)min_p * (double)GPUD_DRAW_ONE;
-
-		thr = th <= 1.0 ? 1 : (uint64_t)ceil(th);
-	}
-	sum = draw_total(r, cut, thr, &sh);
-	id_key = draw_select(r, cut, thr, true, __umul64hi(rnd, sum), &sh);
 	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
 		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
 }
