@@ -4,6 +4,10 @@
  * A draw (temperature > 0; greedy is gpud_argmax) is integer arithmetic
  * over quantities every machine computes the same way:
  *
+ *   penalties  first, each of the window's distinct tokens' logit is
+ *           replaced by gpud_draw_penalize's (repeat, frequency, presence
+ *           penalties; one fma, one division or product, one difference);
+ *           with temperature <= 0 the draw is then the arg max;
  *   order   the row's usable logits (numbers above -inf) by the 64-bit
  *           key gpud_draw_key: greater logit first, then lower index,
  *           -0 equal to +0 (the arg max's order; NaN and -inf are out);
@@ -43,12 +47,21 @@
 #define GPUD_DRAW_HD static inline
 #endif
 
+/* Distinct tokens a draw can penalize (a window with more is sampled on
+ * the host). */
+#define GPUD_DRAW_MAX_PEN 64
+
 struct gpud_draw {
-	float temperature; /* > 0 */
+	float temperature; /* <= 0: the arg max of the penalized row */
 	int32_t top_k;     /* <= 0: off */
 	float top_p;       /* >= 1: off */
 	float min_p;       /* <= 0: off */
 	uint64_t rand;     /* the sampler's next PRNG output */
+	/* penalties: n_pen distinct token ids and their counts in the window */
+	float repeat_penalty, frequency_penalty, presence_penalty;
+	uint32_t n_pen; /* 0: none */
+	int32_t pen_id[GPUD_DRAW_MAX_PEN];
+	uint32_t pen_n[GPUD_DRAW_MAX_PEN];
 };
 
 /* The best token's mass: E(0) * 2^40. */
@@ -82,6 +95,17 @@ GPUD_DRAW_HD uint64_t gpud_draw_key(float v, uint32_t i)
 #define GPUD_DRAW_SUB(a, b) ((a) - (b))
 #define GPUD_DRAW_DIV(a, b) ((a) / (b))
 #endif
+
+/* Logit l of a token seen n times in the window, penalized: divided by
+ * the repeat penalty when positive (multiplied when not, llama.cpp's
+ * rule), less frequency * n + presence (one fma). */
+GPUD_DRAW_HD float gpud_draw_penalize(float l, uint32_t n, float repeat, float frequency,
+				      float presence)
+{
+	float v = l > 0.0f ? GPUD_DRAW_DIV(l, repeat) : GPUD_DRAW_MUL(l, repeat);
+
+	return GPUD_DRAW_SUB(v, fmaf(frequency, (float)n, presence));
+}
 
 /* 1 / T as every side computes it. */
 GPUD_DRAW_HD float gpud_draw_inv_t(float temperature)

@@ -454,10 +454,11 @@ static int check_batch(struct gpud_engine *e, const struct gpud_batch_entry *ent
 				       "step: more than max_batch_tokens (%u) tokens",
 				       e->p.max_batch_tokens);
 		if (b->logits == GPUD_LOGITS_DRAW && !rc &&
-		    (!gpud_engine_device_draw(e) || !draws || !(draws[i].temperature > 0.0f)))
+		    (!gpud_engine_device_draw(e) || !draws || draws[i].n_pen > GPUD_DRAW_MAX_PEN))
 			rc = sw_seterr(err, errlen, -EINVAL, "step: entry %u: %s", i,
-				       gpud_engine_device_draw(e) ? "a draw needs a temperature > 0" :
-								    "this backend does not draw");
+				       !gpud_engine_device_draw(e) ? "this backend does not draw" :
+				       !draws ? "a draw entry without its draw" :
+						"a draw with too many penalized tokens");
 		if (b->logits == GPUD_LOGITS_LAST || b->logits == GPUD_LOGITS_ARGMAX ||
 		    b->logits == GPUD_LOGITS_DRAW)
 			rows += 1;

@@ -139,8 +139,8 @@ enum gpud_logits_mode {
 	 * where the logits are and downloads no row. */
 	GPUD_LOGITS_ARGMAX = 3,
 	/* The entry's last token, of which only one draw is wanted (a
-	 * sampler with a temperature and no penalty in effect:
-	 * gpud_sampler_draw_next): a backend that draws
+	 * sampler that is not a plain arg max: gpud_sampler_draw_next, with
+	 * its penalties): a backend that draws
 	 * (gpud_engine_device_draw) draws where the logits are, the same
 	 * token gpud_draw_row picks from the row, and downloads no row. Only
 	 * for such a backend (else -EINVAL). */

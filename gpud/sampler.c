@@ -275,15 +275,11 @@ static void apply_penalties(struct gpud_sampler *s, struct gpud_sampler_scratch 
 		sc->count[hist_at(s, i)]++;
 	for (i = 0; i < s->hist_n; i++) {
 		int32_t id = hist_at(s, i);
-		float *l = &sc->pen[id];
 
 		if (!sc->count[id]) /* done already */
 			continue;
-		if (*l > 0)
-			*l /= p->repeat_penalty;
-		else
-			*l *= p->repeat_penalty;
-		*l -= p->frequency_penalty * (float)sc->count[id] + p->presence_penalty;
+		sc->pen[id] = gpud_draw_penalize(sc->pen[id], sc->count[id], p->repeat_penalty,
+						 p->frequency_penalty, p->presence_penalty);
 		sc->count[id] = 0;
 	}
 }
@@ -469,8 +465,19 @@ int32_t gpud_draw_row(const float *l, int32_t n_vocab, const struct gpud_draw *d
 	uint64_t sum = 0;
 
 	if (!l || !dr || !sc || n_vocab <= 0 || n_vocab > GPUD_DRAW_MAX_VOCAB ||
-	    sc->n_vocab < n_vocab || !(dr->temperature > 0.0f))
+	    sc->n_vocab < n_vocab || dr->n_pen > GPUD_DRAW_MAX_PEN || isnan(dr->temperature))
 		return -EINVAL;
+	if (dr->n_pen) {
+		memcpy(sc->pen, l, nv * sizeof(*sc->pen));
+		for (i = 0; i < dr->n_pen; i++)
+			if (dr->pen_id[i] >= 0 && dr->pen_id[i] < n_vocab)
+				sc->pen[dr->pen_id[i]] = gpud_draw_penalize(
+					l[dr->pen_id[i]], dr->pen_n[i], dr->repeat_penalty,
+					dr->frequency_penalty, dr->presence_penalty);
+		l = sc->pen;
+	}
+	if (!(dr->temperature > 0.0f))
+		return gpud_argmax(l, n_vocab);
 	i = (size_t)gpud_argmax(l, n_vocab); /* the first max: any will do */
 	if ((int32_t)i < 0)
 		return -EINVAL;
@@ -514,8 +521,29 @@ bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d)
 {
 	uint64_t st[4];
 
-	if (s->p.temperature <= 0.0f || penalties_on(s))
-		return false;
+	if (s->p.temperature <= 0.0f && !penalties_on(s))
+		return false; /* the arg max */
+	d->n_pen = 0;
+	if (penalties_on(s)) {
+		/* the window's distinct tokens and their counts, if few enough */
+		for (uint32_t i = 0; i < s->hist_n; i++) {
+			int32_t id = hist_at(s, i);
+			uint32_t j;
+
+			for (j = 0; j < d->n_pen && d->pen_id[j] != id; j++)
+				;
+			if (j == d->n_pen) {
+				if (d->n_pen == GPUD_DRAW_MAX_PEN)
+					return false;
+				d->pen_id[d->n_pen] = id;
+				d->pen_n[d->n_pen++] = 0;
+			}
+			d->pen_n[j]++;
+		}
+	}
+	d->repeat_penalty = s->p.repeat_penalty;
+	d->frequency_penalty = s->p.frequency_penalty;
+	d->presence_penalty = s->p.presence_penalty;
 	d->temperature = s->p.temperature;
 	d->top_k = s->p.top_k;
 	d->top_p = s->p.top_p;
@@ -527,7 +555,8 @@ bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d)
 
 void gpud_sampler_draw_done(struct gpud_sampler *s)
 {
-	rng_next(s->rng);
+	if (s->p.temperature > 0.0f) /* a greedy pick uses no random bits */
+		rng_next(s->rng);
 }
 
 int32_t gpud_sampler_sample(struct gpud_sampler *s, const float *logits)
@@ -561,6 +590,7 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
 	d.top_p = p->top_p;
 	d.min_p = p->min_p;
 	d.rand = rng_next(s->rng);
+	d.n_pen = 0;
 	return gpud_draw_row(row, s->n_vocab, &d, sc);
 }
 

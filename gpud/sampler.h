@@ -109,19 +109,22 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
  * Changes only with reset() and accept(). */
 bool gpud_sampler_greedy(const struct gpud_sampler *s);
 
-/* Whether the next gpud_sampler_sample() is a plain draw (a temperature,
- * no penalty in effect): then fills *d with its parameters and the PRNG
- * output it would use, changing nothing, so that the draw can be made
- * where the row is (gpud_draw_row's result, a device's draw kernel's).
- * The caller then calls gpud_sampler_draw_done() once the token is in
- * hand, which advances the PRNG as the sample would have. */
+/* Whether the next gpud_sampler_sample() can be made as a draw (anything
+ * but a plain arg max, with at most GPUD_DRAW_MAX_PEN distinct tokens in
+ * a penalty window): then fills *d with its parameters, the window's
+ * tokens and counts, and the PRNG output it would use, changing nothing,
+ * so that the draw can be made where the row is (gpud_draw_row's result,
+ * a device's draw kernel's). The caller then calls
+ * gpud_sampler_draw_done() once the token is in hand, which advances the
+ * PRNG as the sample would have. */
 bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d);
 void gpud_sampler_draw_done(struct gpud_sampler *s);
 
 /* The token drawn from logits (n_vocab floats) by *d (gpud/draw.h),
- * working in sc (made for at least n_vocab tokens). Returns the id, or
- * -EINVAL when no logit is usable or the arguments are bad (temperature
- * not > 0, n_vocab out of range). */
+ * working in sc (made for at least n_vocab tokens): penalties first, then
+ * the arg max (temperature <= 0) or the draw. Returns the id, or -EINVAL
+ * when no logit is usable or the arguments are bad (n_vocab or n_pen out
+ * of range, a NaN temperature). */
 int32_t gpud_draw_row(const float *logits, int32_t n_vocab, const struct gpud_draw *d,
 		      struct gpud_sampler_scratch *sc);
 

@@ -910,12 +910,14 @@ void check_argmax(uint32_t nv)
 // gpud_draw_row picks on the host from the same row, bit for bit, over
 // rows of several shapes (a trained model's spread, a few levels with
 // ties and signed zeros, NaN / -inf / +inf, nothing usable) and random
-// temperatures, top-k, top-p, min-p and PRNG words; rows whose draw is
-// off keep their keys. Bound: 0 rows that differ.
+// temperatures (0: the penalized arg max), top-k, top-p, min-p, penalties
+// and PRNG words; rows whose draw is off keep their keys. Bound: 0 rows
+// that differ.
 void check_draw(uint32_t nv, uint32_t rounds)
 {
 	const uint32_t rows = 8;
-	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f };
+	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f, 0.0f };
+	static const float reps[] = { 1.0f, 1.1f, 1.3f, 0.8f };
 	static const float tps[] = { 1.0f, 0.95f, 0.5f, 1e-6f, 0.9999f };
 	static const float mps[] = { 0.0f, 0.05f, 0.5f, 1.0f };
 	float *h = (float *)malloc(sizeof(float) * rows * nv), *dl = (float *)dev(4ull * rows * nv);
@@ -926,7 +928,7 @@ void check_draw(uint32_t nv, uint32_t rounds)
 	struct gpud_sampler_scratch *sc = nullptr;
 	char what[64], err[256];
 	int32_t ids[rows];
-	size_t bad = 0, drawn = 0;
+	size_t bad = 0, drawn = 0, pens = 0;
 
 	if (gpud_sampler_scratch_create(&sc, (int32_t)nv, err, sizeof(err))) {
 		report("draw scratch", INFINITY, 0);
@@ -937,7 +939,7 @@ void check_draw(uint32_t nv, uint32_t rounds)
 		memset(words, 0, sizeof(words));
 		for (uint32_t r = 0; r < rows; r++) {
 			float *l = h + (size_t)r * nv;
-			uint32_t shape = (round + r) % 6, *w = words + r * GPUD_CUDA_DRAW_WORDS;
+			uint32_t shape = (round + r) % 6, *w = words + r * GPUD_CUDA_DRAW_WORDS, off;
 
 			for (uint32_t i = 0; i < nv; i++) {
 				float v = frand();
@@ -955,7 +957,18 @@ void check_draw(uint32_t nv, uint32_t rounds)
 				}
 				l[i] = v;
 			}
-			dr[r].temperature = temps[next() % 6];
+			dr[r].temperature = temps[next() % 7];
+			dr[r].n_pen = next() % 3 ? 0 : (uint32_t)(next() % (GPUD_DRAW_MAX_PEN + 1));
+			dr[r].n_pen = dr[r].n_pen < nv ? dr[r].n_pen : nv;
+			dr[r].repeat_penalty = reps[next() % 4];
+			dr[r].frequency_penalty = next() % 2 ? 0.0f : frand();
+			dr[r].presence_penalty = next() % 2 ? 0.0f : frand() * 2.0f;
+			off = (uint32_t)next();
+			for (uint32_t j = 0; j < dr[r].n_pen; j++) {
+				/* distinct: 7919 is prime and divides no nv here */
+				dr[r].pen_id[j] = (int32_t)((j * 7919u + off) % nv);
+				dr[r].pen_n[j] = 1 + (uint32_t)(next() % 5);
+			}
 			dr[r].top_k = next() % 4 == 0 ? 0 : next() % 3 == 0 ? (int32_t)nv + 2 :
 									 (int32_t)(next() % 50);
 			dr[r].top_p = tps[next() % 5];
@@ -970,6 +983,13 @@ void check_draw(uint32_t nv, uint32_t rounds)
 			memcpy(&w[GPUD_CUDA_DW_MINP], &dr[r].min_p, 4);
 			w[GPUD_CUDA_DW_RAND_LO] = (uint32_t)dr[r].rand;
 			w[GPUD_CUDA_DW_RAND_HI] = (uint32_t)(dr[r].rand >> 32);
+			w[GPUD_CUDA_DW_NPEN] = dr[r].n_pen;
+			memcpy(&w[GPUD_CUDA_DW_REPEAT], &dr[r].repeat_penalty, 4);
+			memcpy(&w[GPUD_CUDA_DW_FREQ], &dr[r].frequency_penalty, 4);
+			memcpy(&w[GPUD_CUDA_DW_PRES], &dr[r].presence_penalty, 4);
+			memcpy(&w[GPUD_CUDA_DW_PEN_ID], dr[r].pen_id, dr[r].n_pen * 4);
+			memcpy(&w[GPUD_CUDA_DW_PEN_N], dr[r].pen_n, dr[r].n_pen * 4);
+			pens += dr[r].n_pen > 0;
 		}
 		for (uint32_t i = 0; i < rows * GPUD_CUDA_ARGMAX_PARTS; i++)
 			keys[i] = 0x5a5a5a5a00000000ull | i;
@@ -995,13 +1015,15 @@ void check_draw(uint32_t nv, uint32_t rounds)
 			drawn++;
 			if (ids[r] != (want < 0 ? -1 : want)) {
 				printf("ops_cmp: draw row %u round %u (T %g, top-k %d, top-p %g, "
-				       "min-p %g): %d, want %d\n", r, round, (double)dr[r].temperature,
-				       dr[r].top_k, (double)dr[r].top_p, (double)dr[r].min_p, ids[r], want);
+				       "min-p %g, %u penalized): %d, want %d\n", r, round,
+				       (double)dr[r].temperature, dr[r].top_k, (double)dr[r].top_p,
+				       (double)dr[r].min_p, dr[r].n_pen, ids[r], want);
 				bad++;
 			}
 		}
 	}
-	printf("ops_cmp: %zu draws from %u-logit rows compared\n", drawn, nv);
+	printf("ops_cmp: %zu draws from %u-logit rows compared (%zu with penalties)\n", drawn, nv,
+	       pens);
 	report(what, (double)bad, 0);
 	gpud_sampler_scratch_free(sc);
 	free(h);

@@ -690,16 +690,26 @@ static int rcand_desc(const void *a, const void *b)
 	return x->key < y->key ? 1 : x->key > y->key ? -1 : 0;
 }
 
-/* draw.h's definition, step by step: sort, cut, filter, walk. */
-static int32_t ref_draw(const float *l, int n, const struct gpud_draw *d)
+/* draw.h's definition, step by step: penalize, sort, cut, filter, walk. */
+static int32_t ref_draw(const float *l0, int n, const struct gpud_draw *d)
 {
 	struct rcand *c = calloc((size_t)n, sizeof(*c));
+	float *l = malloc((size_t)n * sizeof(*l));
 	float mx = -INFINITY, inv_t = 1.0f / d->temperature;
 	int m = 0, i;
 	uint64_t sum = 0, acc = 0, r;
 	int32_t id = -EINVAL;
 
 	assert_non_null(c);
+	assert_non_null(l);
+	memcpy(l, l0, (size_t)n * sizeof(*l));
+	for (uint32_t j = 0; j < d->n_pen; j++)
+		l[d->pen_id[j]] = gpud_draw_penalize(l[d->pen_id[j]], d->pen_n[j], d->repeat_penalty,
+						     d->frequency_penalty, d->presence_penalty);
+	if (!(d->temperature > 0.0f)) {
+		id = gpud_argmax(l, n);
+		goto out;
+	}
 	for (i = 0; i < n; i++)
 		if (gpud_draw_key(l[i], (uint32_t)i) && l[i] > mx)
 			mx = l[i];
@@ -747,6 +757,7 @@ static int32_t ref_draw(const float *l, int n, const struct gpud_draw *d)
 	}
 out:
 	free(c);
+	free(l);
 	return id;
 }
 
@@ -802,6 +813,19 @@ static void test_draw_vs_definition(void **state)
 		d.rand = (uint64_t)rnd() << 40 ^ (uint64_t)rnd() << 20 ^ rnd();
 		if (t % 50 == 0)
 			d.rand = t % 100 ? UINT64_MAX : 0; /* the ends of the span */
+		if (rnd() % 3 == 0) { /* penalties; now and then greedy */
+			d.n_pen = rnd() % (GPUD_DRAW_MAX_PEN + 1);
+			d.n_pen = d.n_pen < (uint32_t)n ? d.n_pen : (uint32_t)n;
+			for (uint32_t j = 0, off = rnd(); j < d.n_pen; j++) {
+				d.pen_id[j] = (int32_t)((j * 7919u + off) % (uint32_t)n); /* distinct */
+				d.pen_n[j] = 1 + rnd() % 4;
+			}
+			d.repeat_penalty = 1.0f + (float)(rnd() % 5) * 0.1f;
+			d.frequency_penalty = (float)(rnd() % 3) * 0.2f;
+			d.presence_penalty = (float)(rnd() % 3) * 0.3f;
+			if (rnd() % 4 == 0)
+				d.temperature = 0.0f;
+		}
 		want = ref_draw(l, n, &d);
 		got = gpud_draw_row(l, n, &d, sc);
 		if (want != got)
@@ -815,10 +839,15 @@ static void test_draw_vs_definition(void **state)
 	assert_int_equal(checked, 1500);
 	assert_true(invalid < 50); /* only the rare row with nothing usable */
 
-	/* bad arguments */
+	/* temperature 0: the arg max; bad arguments */
 	struct gpud_draw d = { .temperature = 0.0f, .top_p = 1.0f };
+	assert_int_equal(gpud_draw_row(l, 10, &d, sc), gpud_argmax(l, 10));
+	d.temperature = NAN;
 	assert_int_equal(gpud_draw_row(l, 10, &d, sc), -EINVAL);
 	d.temperature = 1.0f;
+	d.n_pen = GPUD_DRAW_MAX_PEN + 1;
+	assert_int_equal(gpud_draw_row(l, 10, &d, sc), -EINVAL);
+	d.n_pen = 0;
 	assert_int_equal(gpud_draw_row(l, 40000, &d, sc), -EINVAL); /* scratch too small */
 	assert_int_equal(gpud_draw_row(NULL, 10, &d, sc), -EINVAL);
 	for (int i = 0; i < 10; i++)
@@ -884,16 +913,52 @@ static void test_draw_next(void **state)
 		gpud_sampler_draw_done(b);
 	}
 	assert_true(gpud_sampler_next_u64(a) == gpud_sampler_next_u64(b));
-	/* greedy and penalized samplers are not plain draws */
+	/* a plain arg max is not a draw */
 	params(&p, 0.0f, 1);
 	assert_int_equal(gpud_sampler_reset(b, &p, err, sizeof(err)), 0);
 	assert_false(gpud_sampler_draw_next(b, &d));
+
+	/* penalties, with a temperature and greedy: the window's distinct
+	 * tokens go with the draw, and the tokens are sample()'s */
+	for (int greedy = 0; greedy < 2; greedy++) {
+		params(&p, greedy ? 0.0f : 0.7f, 5);
+		p.penalty_last_n = 48;
+		p.repeat_penalty = 1.3f;
+		p.frequency_penalty = 0.4f;
+		p.presence_penalty = 0.25f;
+		assert_int_equal(gpud_sampler_reset(a, &p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_sampler_reset(b, &p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_sampler_draw_next(b, &d), !greedy); /* no history yet */
+		for (int t = 0; t < 120; t++) {
+			rand_logits(l, 3000, (unsigned)(1000 + t));
+			for (int k = 0; k < 3000; k += 50) /* a few tokens the history favours */
+				l[k] += 3.0f;
+			bool drawn = gpud_sampler_draw_next(b, &d);
+			int32_t want = gpud_sampler_sample(a, l), got;
+
+			if (drawn) {
+				assert_true(d.n_pen >= (t ? 1u : 0u) && d.n_pen <= (uint32_t)t);
+				got = gpud_draw_row(l, 3000, &d, sc);
+				gpud_sampler_draw_done(b);
+			} else { /* greedy with no history yet: the plain arg max */
+				assert_true(greedy && t == 0);
+				got = gpud_argmax(l, 3000);
+			}
+			assert_int_equal(got, want);
+			gpud_sampler_accept(a, want);
+			gpud_sampler_accept(b, want);
+		}
+		assert_true(gpud_sampler_next_u64(a) == gpud_sampler_next_u64(b));
+	}
+	/* a window of more distinct tokens than a draw carries: the host */
 	params(&p, 0.7f, 1);
-	p.penalty_last_n = 8;
-	p.repeat_penalty = 1.3f;
+	p.penalty_last_n = GPUD_DRAW_MAX_PEN + 1;
+	p.repeat_penalty = 1.1f;
 	assert_int_equal(gpud_sampler_reset(b, &p, err, sizeof(err)), 0);
-	assert_true(gpud_sampler_draw_next(b, &d)); /* no history yet */
-	gpud_sampler_accept(b, 3);
+	for (int t = 0; t <= GPUD_DRAW_MAX_PEN; t++) {
+		assert_true(gpud_sampler_draw_next(b, &d));
+		gpud_sampler_accept(b, t);
+	}
 	assert_false(gpud_sampler_draw_next(b, &d));
 	gpud_sampler_free(a);
 	gpud_sampler_free(b);

@@ -36,6 +36,7 @@
 #include <stdint.h>
 
 #include "gpud/backend.h"
+#include "gpud/draw.h"
 #include "gpud/quant.h"
 
 #ifdef __cplusplus
@@ -86,7 +87,13 @@ enum {
 	GPUD_CUDA_DW_MINP = 4, /* float bits */
 	GPUD_CUDA_DW_RAND_LO = 5,
 	GPUD_CUDA_DW_RAND_HI = 6,
-	GPUD_CUDA_DRAW_WORDS = 8,
+	GPUD_CUDA_DW_NPEN = 7,    /* penalized tokens, <= GPUD_DRAW_MAX_PEN */
+	GPUD_CUDA_DW_REPEAT = 8,  /* float bits */
+	GPUD_CUDA_DW_FREQ = 9,    /* float bits */
+	GPUD_CUDA_DW_PRES = 10,   /* float bits */
+	GPUD_CUDA_DW_PEN_ID = 12, /* GPUD_DRAW_MAX_PEN ids (distinct) */
+	GPUD_CUDA_DW_PEN_N = 12 + GPUD_DRAW_MAX_PEN, /* and their counts */
+	GPUD_CUDA_DRAW_WORDS = 12 + 2 * GPUD_DRAW_MAX_PEN + 4,
 };
 
 struct gpud_cuda_layout {

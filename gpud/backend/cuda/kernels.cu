@@ -989,7 +989,7 @@ static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int
 	return draw_select(src, cut, thr, true, __umul64hi(rnd, sum), sh);
 }
 
-__global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits, uint32_t nv,
+__global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint32_t nv,
 							     const uint32_t *words, uint64_t *keys)
 {
 	__shared__ draw_smem sh;
@@ -1012,6 +1012,20 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits,
 	r.l = logits + (uint64_t)blockIdx.x * nv;
 	r.nv = nv;
 
+	// Penalties, in place (the row is not downloaded): each penalized
+	// token by one thread (the ids are distinct), before anything reads.
+	if (threadIdx.x < dw[GPUD_CUDA_DW_NPEN] && threadIdx.x < GPUD_DRAW_MAX_PEN) {
+		uint32_t id = dw[GPUD_CUDA_DW_PEN_ID + threadIdx.x];
+
+		if (id < nv)
+			logits[(uint64_t)blockIdx.x * nv + id] = gpud_draw_penalize(
+				r.l[id], dw[GPUD_CUDA_DW_PEN_N + threadIdx.x],
+				__uint_as_float(dw[GPUD_CUDA_DW_REPEAT]),
+				__uint_as_float(dw[GPUD_CUDA_DW_FREQ]),
+				__uint_as_float(dw[GPUD_CUDA_DW_PRES]));
+	}
+	__syncthreads();
+
 	// The max: the greatest key's logit (none: nothing usable).
 	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS) {
 		uint64_t k = gpud_draw_key(r.l[i], i);
@@ -1024,9 +1038,10 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits,
 	best = 0;
 	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
 		best = sh.red[i] > best ? sh.red[i] : best;
-	if (!best) {
+	if (!best || !(temp > 0.0f)) {
+		// nothing usable (all keys 0), or greedy: the penalized arg max
 		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
-			out[threadIdx.x] = 0;
+			out[threadIdx.x] = threadIdx.x ? 0 : best;
 		return;
 	}
 	r.mx = r.l[0xffffffffu - (uint32_t)best];
@@ -1063,7 +1078,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(const float *logits,
 		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
 }
 
-cudaError_t gpud_k_draw(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
+cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
 			const uint32_t *words, uint64_t *keys)
 {
 	return launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(), draw_kernel,

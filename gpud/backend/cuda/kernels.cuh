@@ -107,8 +107,9 @@ cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, ui
 // on: the token gpud_draw_row picks from the row with that draw, as the
 // row's keys (keys[r * GPUD_CUDA_ARGMAX_PARTS]: the id's key first, then
 // 0; all 0 for a row with nothing usable), which gpud_cuda_argmax_pick
-// turns into the id. Other rows are left as they are.
-cudaError_t gpud_k_draw(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
+// turns into the id. The draw's penalties are applied to the row in
+// place. Other rows are left as they are.
+cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
 			const uint32_t *words, uint64_t *keys);
 
 // hb[i] = silu(hb[i]) * hb2[i].

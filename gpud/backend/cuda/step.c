@@ -143,6 +143,16 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			memcpy(&dw[GPUD_CUDA_DW_MINP], &s->draw->min_p, 4);
 			dw[GPUD_CUDA_DW_RAND_LO] = (uint32_t)s->draw->rand;
 			dw[GPUD_CUDA_DW_RAND_HI] = (uint32_t)(s->draw->rand >> 32);
+			if (s->draw->n_pen > GPUD_DRAW_MAX_PEN)
+				return sw_seterr(err, errlen, -EINVAL,
+						 "cuda forward: a draw with %u penalized tokens",
+						 s->draw->n_pen);
+			dw[GPUD_CUDA_DW_NPEN] = s->draw->n_pen;
+			memcpy(&dw[GPUD_CUDA_DW_REPEAT], &s->draw->repeat_penalty, 4);
+			memcpy(&dw[GPUD_CUDA_DW_FREQ], &s->draw->frequency_penalty, 4);
+			memcpy(&dw[GPUD_CUDA_DW_PRES], &s->draw->presence_penalty, 4);
+			memcpy(&dw[GPUD_CUDA_DW_PEN_ID], s->draw->pen_id, s->draw->n_pen * 4);
+			memcpy(&dw[GPUD_CUDA_DW_PEN_N], s->draw->pen_n, s->draw->n_pen * 4);
 		}
 	}
 	*n_words = l->m_btab + bt_used;
