@@ -39,7 +39,8 @@ static void usage(FILE *f)
 		"usage: gpud serve [--config FILE] [--check] [--chat-format F]\n"
 		"       gpud generate --model PATH --prompt TEXT [--max-tokens N]\n"
 		"                     [--temperature T] [--seed S] [--threads N] [--top-k K]\n"
-		"                     [--top-p P] [--min-p M] [--chat] [--context N]\n"
+		"                     [--top-p P] [--min-p M] [--repeat-penalty R]\n"
+		"                     [--penalty-last-n N] [--chat] [--context N]\n"
 		"                     [--stop STRING]... [--chat-format F]\n"
 		"                     [--device cpu|cuda:N] [--kv-type f32|f16]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
@@ -186,6 +187,8 @@ static int cmd_generate(int argc, char **argv)
 		{ "top-k", required_argument, NULL, 'k' },
 		{ "top-p", required_argument, NULL, 'P' },
 		{ "min-p", required_argument, NULL, 'M' },
+		{ "repeat-penalty", required_argument, NULL, 'R' },
+		{ "penalty-last-n", required_argument, NULL, 'L' },
 		{ "context", required_argument, NULL, 'c' },
 		{ "chat", no_argument, NULL, 'C' },
 		{ "chat-format", required_argument, NULL, 'f' },
@@ -220,6 +223,15 @@ static int cmd_generate(int argc, char **argv)
 		case 'k': gp.sampling.top_k = (int32_t)num("top-k", optarg, 0, 1 << 30); break;
 		case 'P': gp.sampling.top_p = (float)num("top-p", optarg, 0, 1); break;
 		case 'M': gp.sampling.min_p = (float)num("min-p", optarg, 0, 1); break;
+		case 'R':
+			gp.sampling.repeat_penalty = (float)num("repeat-penalty", optarg, 1e-3, 100);
+			if (!gp.sampling.penalty_last_n)
+				gp.sampling.penalty_last_n = 64; /* llama.cpp's window */
+			break;
+		case 'L':
+			gp.sampling.penalty_last_n = (int32_t)num("penalty-last-n", optarg, 0,
+								  GPUD_SAMPLER_MAX_PENALTY_LAST_N);
+			break;
 		case 'c': ep.n_ctx = (uint32_t)num("context", optarg, 1, 1 << 30); break;
 		case 'C': use_chat = true; break;
 		case 'f': /* implies --chat */

@@ -505,7 +505,10 @@ static void test_meta(void **state)
 	const uint32_t bt0[] = { 7 }, bt1[] = { 3, 9, 5 };
 	const int32_t tokens[] = { 11, 12, 13, 14, 15 };
 	const struct gpud_draw dr = { .temperature = 0.7f, .top_k = 40, .top_p = 0.9f,
-				      .min_p = 0.05f, .rand = 0x0123456789abcdefull };
+				      .min_p = 0.05f, .rand = 0x0123456789abcdefull,
+				      .repeat_penalty = 1.1f, .frequency_penalty = 0.5f,
+				      .presence_penalty = 0.25f, .n_pen = 2,
+				      .pen_id = { 17, 3 }, .pen_n = { 4, 1 } };
 	struct gpud_fwd_seq seqs[2] = {
 		/* a 4-token prefill from 0, masked, all logits */
 		{ .blocks = bt0, .mask = NULL, .pos0 = 0, .n_tokens = 4, .tok0 = 0,
@@ -558,6 +561,17 @@ static void test_meta(void **state)
 		assert_true(f == 0.05f);
 		assert_int_equal(dw[GPUD_CUDA_DW_RAND_LO], 0x89abcdefu);
 		assert_int_equal(dw[GPUD_CUDA_DW_RAND_HI], 0x01234567u);
+		assert_int_equal(dw[GPUD_CUDA_DW_NPEN], 2);
+		memcpy(&f, &dw[GPUD_CUDA_DW_REPEAT], 4);
+		assert_true(f == 1.1f);
+		memcpy(&f, &dw[GPUD_CUDA_DW_FREQ], 4);
+		assert_true(f == 0.5f);
+		memcpy(&f, &dw[GPUD_CUDA_DW_PRES], 4);
+		assert_true(f == 0.25f);
+		assert_int_equal(dw[GPUD_CUDA_DW_PEN_ID], 17);
+		assert_int_equal(dw[GPUD_CUDA_DW_PEN_ID + 1], 3);
+		assert_int_equal(dw[GPUD_CUDA_DW_PEN_N], 4);
+		assert_int_equal(dw[GPUD_CUDA_DW_PEN_N + 1], 1);
 	}
 	assert_int_equal(meta[l.m_btab + 0], 7);
 	assert_int_equal(meta[l.m_btab + 1], 3);
