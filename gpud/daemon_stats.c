@@ -85,6 +85,9 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->chunk_hits = ds->chunk_hits;
 		sd->chunk_misses = ds->chunk_misses;
 		sd->chunk_hit_tokens = ds->chunk_hit_tokens;
+		sd->rows_argmax = n->engine.rows_argmax;
+		sd->rows_drawn = n->engine.rows_drawn;
+		sd->rows_host = n->engine.rows_host;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
 		uint64_t bound = n->kv_block_bytes ? (ds->prefix_max_bytes + ds->chunk_max_bytes) /

@@ -59,6 +59,7 @@ struct gpud_engine {
 	int32_t *req_ids;           /* (n_ctx) prompt ids of generate/embed */
 
 	uint64_t steps, step_tokens;
+	uint64_t rows_argmax, rows_drawn, rows_host; /* gpud_engine_stats */
 
 	struct gpud_chunk *cc;      /* chunk-KV cache, NULL: off */
 	uint32_t *chunk_scan;       /* (max_seqs) per slot: prompt positions
@@ -529,6 +530,14 @@ static int do_step(struct gpud_engine *e, const struct gpud_batch_entry *ents,
 	e->last_n = n;
 	e->steps++;
 	e->step_tokens += fb.n_tokens;
+	for (uint32_t i = 0; i < n; i++) {
+		if (ents[i].logits == GPUD_LOGITS_ARGMAX)
+			e->rows_argmax++;
+		else if (ents[i].logits == GPUD_LOGITS_DRAW)
+			e->rows_drawn++;
+		else
+			e->rows_host += e->fseqs[i].n_logits;
+	}
 	return 0;
 
 out_rollback:
@@ -612,6 +621,9 @@ void gpud_engine_stats(const struct gpud_engine *e, struct gpud_engine_stats *st
 	st->steps = e->steps;
 	st->tokens = e->step_tokens;
 	st->allocs_after_warmup = bs.allocs_after_init;
+	st->rows_argmax = e->rows_argmax;
+	st->rows_drawn = e->rows_drawn;
+	st->rows_host = e->rows_host;
 	st->kv_bytes = bs.kv_bytes;
 	st->scratch_bytes = bs.scratch_bytes;
 	st->scratch_high = bs.scratch_high;

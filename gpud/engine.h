@@ -296,6 +296,11 @@ struct gpud_engine_stats {
 	uint64_t steps;
 	uint64_t tokens;              /* tokens processed by steps */
 	uint64_t allocs_after_warmup; /* must stay 0 */
+	/* logits rows of successful steps, by how their token was found:
+	 * an arg max, a draw made by the backend where the row is
+	 * (GPUD_LOGITS_DRAW), or a row read on the host (sampling there,
+	 * GPUD_LOGITS_LAST / ALL) */
+	uint64_t rows_argmax, rows_drawn, rows_host;
 	size_t kv_bytes;              /* KV storage reserved */
 	size_t scratch_bytes;         /* step scratch reserved */
 	size_t scratch_high;          /* step scratch used, high-water */

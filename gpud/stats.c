@@ -201,6 +201,11 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_u64(&w, "chunk_hits", d->chunk_hits);
 			gpud_jsonw_u64(&w, "chunk_misses", d->chunk_misses);
 			gpud_jsonw_u64(&w, "chunk_hit_tokens", d->chunk_hit_tokens);
+			gpud_jsonw_obj_begin(&w, "rows");
+			gpud_jsonw_u64(&w, "argmax", d->rows_argmax);
+			gpud_jsonw_u64(&w, "drawn", d->rows_drawn);
+			gpud_jsonw_u64(&w, "host", d->rows_host);
+			gpud_jsonw_obj_end(&w);
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
@@ -494,6 +499,12 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	PER(&o, s->devices, nd, "device", "gpud_device_chunk_hit_tokens_total", "counter",
 	    "Prompt tokens copied from the chunk-KV cache instead of computed.",
 	    chunk_hit_tokens);
+	PER(&o, s->devices, nd, "device", "gpud_device_rows_argmax_total", "counter",
+	    "Logits rows whose token was their arg max (greedy).", rows_argmax);
+	PER(&o, s->devices, nd, "device", "gpud_device_rows_drawn_total", "counter",
+	    "Logits rows drawn from where they are (sampled on the device).", rows_drawn);
+	PER(&o, s->devices, nd, "device", "gpud_device_rows_host_total", "counter",
+	    "Logits rows read on the host (sampled there).", rows_host);
 
 	family(&o, "gpud_pool_unit_bytes", "gauge", "Bytes per pool unit.");
 	for (uint32_t i = 0; i < np; i++) {

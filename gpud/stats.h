@@ -111,6 +111,9 @@ struct gpud_stats_device {
 	uint64_t chunk_hits;            /* self-only segments copied from the chunk-KV cache */
 	uint64_t chunk_misses;          /* cacheable segments it did not have */
 	uint64_t chunk_hit_tokens;      /* their tokens (copied, not computed) */
+	uint64_t rows_argmax;           /* logits rows of greedy tokens (arg max) */
+	uint64_t rows_drawn;            /* drawn where the row is (the device) */
+	uint64_t rows_host;             /* read (sampled) on the host */
 };
 
 struct gpud_stats_snapshot {

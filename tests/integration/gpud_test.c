@@ -875,6 +875,26 @@ static void test_20k_random_requests(void **state)
 	v = jint(st, "requests.completed");
 	assert_true(v >= (int64_t)t->n);
 	assert_int_equal(jint(st, "requests.errors"), 0);
+	{
+		/* every generated token came from one logits row: greedy ones
+		 * from an arg max, sampled ones read on the host (a CPU device
+		 * draws nothing itself) */
+		json_t *devs = json_object_get(st, "devices"), *d;
+		int64_t am = 0, dr = 0, ho = 0;
+		size_t i;
+
+		json_array_foreach(devs, i, d) {
+			am += jint_in(json_object_get(d, "rows"), "argmax");
+			dr += jint_in(json_object_get(d, "rows"), "drawn");
+			ho += jint_in(json_object_get(d, "rows"), "host");
+		}
+		printf("    logits rows: %" PRId64 " arg max, %" PRId64 " drawn, %" PRId64
+		       " on the host, for %llu generated tokens\n", am, dr, ho,
+		       (unsigned long long)atomic_load(&t->gen_sum));
+		assert_true(am > 0 && ho > 0);
+		assert_int_equal(dr, 0);
+		assert_true(am + ho >= (int64_t)atomic_load(&t->gen_sum));
+	}
 	check_idle_pools(st, true);
 	/* Last, since the cause lies outside the request path: DESIGN §2
 	 * says allocations after warm-up stay 0, and gpud/server.h promises

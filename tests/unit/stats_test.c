@@ -83,6 +83,9 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 		d->chunk_hits = 100 * i + 11;
 		d->chunk_misses = 100 * i + 12;
 		d->chunk_hit_tokens = 100 * i + 13;
+		d->rows_argmax = 100 * i + 15;
+		d->rows_drawn = 100 * i + 16;
+		d->rows_host = 100 * i + 17;
 	}
 	s->n_pools = np;
 	for (uint32_t i = 0; i < np; i++) {
@@ -272,7 +275,7 @@ static void test_stats_json(void **state)
 	for (uint32_t i = 0; i < 2; i++) {
 		json_t *d = json_array_get(arr, i);
 
-		assert_int_equal(json_object_size(d), 15);
+		assert_int_equal(json_object_size(d), 16);
 		assert_string_equal(json_string_value(json_object_get(d, "name")), s.devices[i].name);
 		assert_int_equal(u(d, "queue"), 10 * i + 1);
 		assert_int_equal(u(d, "running"), 10 * i + 2);
@@ -288,6 +291,9 @@ static void test_stats_json(void **state)
 		assert_int_equal(u(d, "chunk_hits"), 100 * i + 11);
 		assert_int_equal(u(d, "chunk_misses"), 100 * i + 12);
 		assert_int_equal(u(d, "chunk_hit_tokens"), 100 * i + 13);
+		assert_int_equal(u(json_object_get(d, "rows"), "argmax"), 100 * i + 15);
+		assert_int_equal(u(json_object_get(d, "rows"), "drawn"), 100 * i + 16);
+		assert_int_equal(u(json_object_get(d, "rows"), "host"), 100 * i + 17);
 	}
 	assert_null(json_object_get(j, "dump"));
 	json_decref(j);
@@ -502,8 +508,8 @@ static void test_prometheus(void **state)
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
 	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 4, 13 per device, 12 per pool, 9 per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 13 * 2 + 12 * 3 + 9 * 2);
+	 * families of 4, 16 per device, 12 per pool, 9 per cache */
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 16 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
@@ -530,6 +536,9 @@ static void test_prometheus(void **state)
 	assert_non_null(strstr(big, "\ngpud_device_alloc_device_total{device=\"cpu1\"} 114\n"));
 	assert_non_null(strstr(big, "\ngpud_device_prefix_hit_tokens_total{device=\"cpu1\"} 110\n"));
 	assert_non_null(strstr(big, "\ngpud_device_chunk_hits_total{device=\"cpu1\"} 111\n"));
+	assert_non_null(strstr(big, "\ngpud_device_rows_argmax_total{device=\"cpu1\"} 115\n"));
+	assert_non_null(strstr(big, "\ngpud_device_rows_drawn_total{device=\"cpu1\"} 116\n"));
+	assert_non_null(strstr(big, "\ngpud_device_rows_host_total{device=\"cpu1\"} 117\n"));
 	assert_non_null(strstr(big, "\ngpud_device_chunk_misses_total{device=\"cpu1\"} 112\n"));
 	assert_non_null(strstr(big,
 			       "\ngpud_device_chunk_hit_tokens_total{device=\"cpu1\"} 113\n"));
