@@ -1344,7 +1344,7 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	for (size_t i = 0; i < json_array_size(da); i++) {
 		const json_t *a = json_array_get(da, i), *b = json_array_get(db, i);
 		json_array_append_new(
-			devs, json_pack("{s:s?,s:I,s:I,s:I,s:I,s:I,s:I}",
+			devs, json_pack("{s:s?,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
 					"name", json_string_value(json_object_get(a, "name")),
 					"steps", jget(a, "steps") - (b ? jget(b, "steps") : 0),
 					"tokens", jget(a, "tokens") - (b ? jget(b, "tokens") : 0),
@@ -1355,7 +1355,13 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 					"placed_prefix",
 					jget(a, "placed_prefix") - (b ? jget(b, "placed_prefix") : 0),
 					"placed_load",
-					jget(a, "placed_load") - (b ? jget(b, "placed_load") : 0)));
+					jget(a, "placed_load") - (b ? jget(b, "placed_load") : 0),
+					"rows_argmax",
+					jget(a, "rows.argmax") - (b ? jget(b, "rows.argmax") : 0),
+					"rows_drawn",
+					jget(a, "rows.drawn") - (b ? jget(b, "rows.drawn") : 0),
+					"rows_host",
+					jget(a, "rows.host") - (b ? jget(b, "rows.host") : 0)));
 	}
 	json_object_set_new(root, "devices_delta", devs);
 	if (after) {
