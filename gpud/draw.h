@@ -48,8 +48,8 @@
 #endif
 
 /* Distinct tokens a draw can penalize (a window with more is sampled on
- * the host). */
-#define GPUD_DRAW_MAX_PEN 64
+ * the host): the HTTP API's window of 256 tokens fits. */
+#define GPUD_DRAW_MAX_PEN 256
 
 struct gpud_draw {
 	float temperature; /* <= 0: the arg max of the penalized row */

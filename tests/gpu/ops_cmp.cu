@@ -923,7 +923,8 @@ void check_draw(uint32_t nv, uint32_t rounds)
 	float *h = (float *)malloc(sizeof(float) * rows * nv), *dl = (float *)dev(4ull * rows * nv);
 	uint64_t *keys = (uint64_t *)malloc(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
 	uint64_t *dk = (uint64_t *)dev(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
-	uint32_t words[rows * GPUD_CUDA_DRAW_WORDS], *dw = (uint32_t *)dev(sizeof(words));
+	static uint32_t words[rows * GPUD_CUDA_DRAW_WORDS];
+	uint32_t *dw = (uint32_t *)dev(sizeof(words)), *dn = (uint32_t *)dev(4), ndraw;
 	struct gpud_draw dr[rows];
 	struct gpud_sampler_scratch *sc = nullptr;
 	char what[64], err[256];
@@ -996,7 +997,9 @@ void check_draw(uint32_t nv, uint32_t rounds)
 		up(dl, h, 4ull * rows * nv);
 		up(dw, words, sizeof(words));
 		up(dk, keys, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
-		if (gpud_k_draw(0, dl, rows, nv, dw, dk) != cudaSuccess ||
+		ndraw = round % 5 != 4; /* 0: the step has no draw, every row is kept */
+		up(dn, &ndraw, 4);
+		if (gpud_k_draw(0, dl, rows, nv, dn, dw, dk) != cudaSuccess ||
 		    !down(keys, dk, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS, what)) {
 			report(what, INFINITY, 0);
 			break;
@@ -1005,7 +1008,7 @@ void check_draw(uint32_t nv, uint32_t rounds)
 		for (uint32_t r = 0; r < rows; r++) {
 			int32_t want;
 
-			if (r == 3) {
+			if (r == 3 || !ndraw) {
 				for (uint32_t p = 0; p < GPUD_CUDA_ARGMAX_PARTS; p++)
 					bad += keys[r * GPUD_CUDA_ARGMAX_PARTS + p] !=
 					       (0x5a5a5a5a00000000ull | (r * GPUD_CUDA_ARGMAX_PARTS + p));
@@ -1031,6 +1034,7 @@ void check_draw(uint32_t nv, uint32_t rounds)
 	cudaFree(dl);
 	cudaFree(dk);
 	cudaFree(dw);
+	cudaFree(dn);
 }
 
 } // namespace

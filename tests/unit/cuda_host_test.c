@@ -239,8 +239,10 @@ static void test_plan_pools(void **state)
 	cfg.n_blocks = 32;
 	assert_int_equal(l.masks_bytes, l.mask_slots * l.mask_slot_bytes);
 	assert_int_equal(l.m_tiles, 3 * 64 + 8 + 4 * GPUD_CUDA_SEQ_WORDS);
-	assert_int_equal(l.m_draw, l.m_tiles + l.max_tiles);
-	assert_int_equal(l.m_btab, l.m_draw + l.NL * GPUD_CUDA_DRAW_WORDS);
+	assert_int_equal(l.m_ndraw, l.m_tiles + l.max_tiles);
+	assert_int_equal(l.m_btab, l.m_ndraw + 1);
+	assert_int_equal(l.m_draw, l.m_btab + l.max_btab);
+	assert_int_equal(l.meta_words, l.m_draw + l.NL * GPUD_CUDA_DRAW_WORDS);
 	assert_int_equal(l.max_tiles, 64 / l.att_tile + 4);
 
 	/* a config it cannot run: zeros, and init's message from layout_for */
@@ -544,7 +546,10 @@ static void test_meta(void **state)
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPROMPT], 8);
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NSEG], 2);
 	assert_int_equal(meta[l.m_seqinfo + GPUD_CUDA_SEQ_WORDS + GPUD_CUDA_SI_NPB], 2);
-	/* the second sequence's row draws, with its words; the others do not */
+	/* the second sequence's row draws, with its words; the others do not;
+	 * the draw words are copied separately, n_logits rows of them */
+	assert_int_equal(meta[l.m_ndraw], 1);
+	assert_int_equal(gpud_cuda_draw_words(&b), 5 * GPUD_CUDA_DRAW_WORDS);
 	for (uint32_t r = 0; r < 4; r++)
 		assert_int_equal(meta[l.m_draw + r * GPUD_CUDA_DRAW_WORDS + GPUD_CUDA_DW_ON], 0);
 	{

@@ -897,8 +897,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
 		CK(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
-		CK(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_draw,
-			       c->amax), "draw");
+		CK(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
+			       c->meta + L->m_draw, c->amax), "draw");
 	}
 	return 0;
 }
@@ -947,6 +947,9 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 	}
 	CK(cudaMemcpyAsync(c->meta, c->h_meta, n_words * 4, cudaMemcpyHostToDevice,
 			   c->stream), "step metadata upload");
+	if (uint64_t dw = gpud_cuda_draw_words(b))
+		CK(cudaMemcpyAsync(c->meta + L->m_draw, c->h_meta + L->m_draw, dw * 4,
+				   cudaMemcpyHostToDevice, c->stream), "draw words upload");
 
 	if (!b->want_hidden && b->n_logits == T && T <= GPUD_CUDA_GRAPH_MAX_T && c->graph[T]) {
 		// A decode batch of a captured size: the step's kernels in one

@@ -119,7 +119,7 @@ struct gpud_cuda_layout {
 	uint32_t mmc_words;
 	uint64_t meta_words, scratch_bytes;
 	/* metadata word offsets */
-	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_draw, m_btab;
+	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_ndraw, m_btab, m_draw;
 	/* staging offsets (bytes) */
 	uint64_t st_logits, st_amax, st_hidden, st_meta, st_mask, staging_bytes;
 	uint64_t weights_bytes, workspace_bytes;
@@ -180,7 +180,11 @@ size_t gpud_cuda_mask_image(const struct gpud_cuda_layout *l, uint32_t block_tok
  * the step's attention tiles (each sequence's tokens cut into runs of
  * att_tile, in batch order). *n_words is the
  * part of the metadata the step uses (the words to copy: the block tables
- * come last and are only as long as the step's). A mask that is
+ * come last and are only as long as the step's); the draw words (m_draw,
+ * after the block tables) are filled, and are to be copied
+ * (gpud_cuda_draw_words), only when a row draws: the word m_ndraw
+ * counts those rows, and the draw kernel reads nothing else when it is
+ * 0. A mask that is
  * causal (or absent) takes no slot. Returns 0, or a negative code with a
  * message when the batch exceeds the layout (block tables longer than
  * max_btab, a mask larger than a slot). */
@@ -188,6 +192,10 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			const struct gpud_fwd_batch *b, struct gpud_cuda_slot *slots,
 			uint64_t stamp, uint32_t *meta, uint64_t *n_words, uint32_t *up_seq,
 			uint32_t *n_up, uint32_t *n_tiles, char *err, size_t errlen);
+
+/* The draw words of batch b to copy after the block tables (m_draw):
+ * n_logits rows' when one of its sequences draws, else 0. */
+uint64_t gpud_cuda_draw_words(const struct gpud_fwd_batch *b);
 
 /* The largest decode batch with a captured graph: every size 1 .. this
  * gets one (a step of T tokens, each with its logits row, no hidden

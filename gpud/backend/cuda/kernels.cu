@@ -990,6 +990,7 @@ static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int
 }
 
 __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint32_t nv,
+							     const uint32_t *ndraw,
 							     const uint32_t *words, uint64_t *keys)
 {
 	__shared__ draw_smem sh;
@@ -1002,7 +1003,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 	unsigned long long nu = 0, nl = 0;
 
 	pdl_enter();
-	if (!dw[GPUD_CUDA_DW_ON])
+	if (!*ndraw || !dw[GPUD_CUDA_DW_ON]) // no row of the step draws: its words are stale
 		return;
 	temp = __uint_as_float(dw[GPUD_CUDA_DW_TEMP]);
 	top_k = (int32_t)dw[GPUD_CUDA_DW_TOPK];
@@ -1079,10 +1080,10 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 }
 
 cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
-			const uint32_t *words, uint64_t *keys)
+			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys)
 {
 	return launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(), draw_kernel,
-					   logits, nv, words, keys));
+					   logits, nv, ndraw, words, keys));
 }
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------

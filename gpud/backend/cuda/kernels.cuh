@@ -103,14 +103,14 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, uint32_t nv,
 			  uint64_t *keys);
 
-// Per row r < rows whose draw words (words + r * GPUD_CUDA_DRAW_WORDS) are
-// on: the token gpud_draw_row picks from the row with that draw, as the
+// When *ndraw (a metadata word) is not 0, per row r < rows whose draw
+// words (words + r * GPUD_CUDA_DRAW_WORDS) are on: the token gpud_draw_row picks from the row with that draw, as the
 // row's keys (keys[r * GPUD_CUDA_ARGMAX_PARTS]: the id's key first, then
 // 0; all 0 for a row with nothing usable), which gpud_cuda_argmax_pick
 // turns into the id. The draw's penalties are applied to the row in
 // place. Other rows are left as they are.
 cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
-			const uint32_t *words, uint64_t *keys);
+			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys);
 
 // hb[i] = silu(hb[i]) * hb2[i].
 cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n);

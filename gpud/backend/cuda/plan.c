@@ -188,9 +188,10 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	l->m_logit = 3 * T;
 	l->m_seqinfo = 3 * T + NL;
 	l->m_tiles = l->m_seqinfo + S * GPUD_CUDA_SEQ_WORDS;
-	l->m_draw = l->m_tiles + l->max_tiles;
-	l->m_btab = l->m_draw + (uint64_t)NL * GPUD_CUDA_DRAW_WORDS;
-	l->meta_words = l->m_btab + l->max_btab;
+	l->m_ndraw = l->m_tiles + l->max_tiles;
+	l->m_btab = l->m_ndraw + 1;
+	l->m_draw = l->m_btab + l->max_btab;
+	l->meta_words = l->m_draw + (uint64_t)NL * GPUD_CUDA_DRAW_WORDS;
 
 	/* scratch */
 	off = 0;

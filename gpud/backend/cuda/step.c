@@ -77,7 +77,10 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 	if (!b->n_tokens || b->n_tokens > l->T || b->n_seqs > l->S || b->n_logits > l->NL)
 		return sw_seterr(err, errlen, -EINVAL, "cuda forward: batch exceeds the limits");
 	memcpy(tokens, b->tokens, (size_t)b->n_tokens * sizeof(uint32_t));
-	memset(meta + l->m_draw, 0, (size_t)b->n_logits * GPUD_CUDA_DRAW_WORDS * sizeof(uint32_t));
+	meta[l->m_ndraw] = 0;
+	if (gpud_cuda_draw_words(b))
+		memset(meta + l->m_draw, 0,
+		       (size_t)b->n_logits * GPUD_CUDA_DRAW_WORDS * sizeof(uint32_t));
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
 		const struct gpud_fwd_seq *s = &b->seqs[i];
 		const struct gpud_mask *m = s->mask;
@@ -137,6 +140,7 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 			uint32_t *dw = meta + l->m_draw + (size_t)s->logit0 * GPUD_CUDA_DRAW_WORDS;
 
 			dw[GPUD_CUDA_DW_ON] = 1;
+			meta[l->m_ndraw]++;
 			memcpy(&dw[GPUD_CUDA_DW_TEMP], &s->draw->temperature, 4);
 			memcpy(&dw[GPUD_CUDA_DW_TOPK], &s->draw->top_k, 4);
 			memcpy(&dw[GPUD_CUDA_DW_TOPP], &s->draw->top_p, 4);
@@ -156,6 +160,14 @@ int gpud_cuda_meta_fill(const struct gpud_cuda_layout *l, uint32_t block_tokens,
 		}
 	}
 	*n_words = l->m_btab + bt_used;
+	return 0;
+}
+
+uint64_t gpud_cuda_draw_words(const struct gpud_fwd_batch *b)
+{
+	for (uint32_t i = 0; i < b->n_seqs; i++)
+		if (b->seqs[i].draw && b->seqs[i].argmax && b->seqs[i].n_logits == 1)
+			return (uint64_t)b->n_logits * GPUD_CUDA_DRAW_WORDS;
 	return 0;
 }
 
