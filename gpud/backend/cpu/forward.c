@@ -74,10 +74,12 @@ struct cpu_ctx {
 	float *xl;       /* (max_logits, dim) final-normed rows that need logits */
 	float *logits;   /* (max_logits, n_vocab) */
 	float *att_tmp;  /* (nth, att_tmp_stride) per-thread softmax state and scores */
-	size_t att_tmp_stride; /* g * (block_tokens + 2), g = heads per KV head,
+	size_t att_tmp_stride; /* g * (block_tokens + 2 * ATT_TILE), g = heads per KV head,
 				* + 2 * block_tokens * head_dim with f16 KV
 				* (one KV head's K and V of a block, widened) */
 	uint32_t *tok_seq; /* (T) batch entry of each token */
+	uint32_t *tiles;   /* (T) the step's attention tiles: first token << 4 | (tokens - 1) */
+	uint32_t n_tiles;
 	uint32_t *tok_pos; /* (T) position of each token */
 	uint32_t *logit_tok; /* (max_logits) token index of each logits row */
 	void *mm;        /* matmul scratch */
@@ -216,6 +218,8 @@ ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, 
  * the rows' addresses and the broadcast p[u] made once, not per vector.
  * Each element's arithmetic is the same, so the same bits. */
 #define ATT_RUN 16
+/* Tokens of one sequence whose attention shares each K/V block read. */
+#define ATT_TILE 8
 ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 			     const uint16_t *idx, uint32_t nv, uint32_t n)
 {
@@ -375,136 +379,131 @@ static void rope_store_run(void *arg, int ith, int nth)
 	}
 }
 
-/* Attention of one token for query heads [h0, h1), which share KV head
- * kh: online softmax over the visible positions of the token's own
- * sequence, block by block, each K/V block read once for all those heads
- * while it is in L1 (with f16 KV, widened once into tmp for all of
- * them). tmp holds att_tmp_stride floats. */
+/* Attention of nt consecutive tokens t0.. of one sequence (a tile) for
+ * query heads [h0, h1), which share KV head kh: an online softmax per
+ * (token, head) over the visible positions of the sequence, block by
+ * block, each K/V block read once for the whole tile while it is in L1
+ * (with f16 KV, widened once into tmp for all of them: a prefill no
+ * longer widens a block for every token). Each (token, head) does what
+ * it would do alone, in the same order, so the bits do not depend on the
+ * tile. tmp holds att_tmp_stride floats. */
 __attribute__((target_clones("avx2", "default")))
-static void attend(struct cpu_ctx *c, uint32_t t, uint32_t kh, uint32_t h0, uint32_t h1,
-		   float *tmp)
+static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uint32_t h0,
+		   uint32_t h1, float *tmp)
 {
 	const struct gpud_model_hparams *hp = c->hp;
-	const struct gpud_fwd_seq *s = &c->b->seqs[c->tok_seq[t]];
+	const struct gpud_fwd_seq *s = &c->b->seqs[c->tok_seq[t0]];
 	const struct gpud_mask *mask = s->mask;
 	uint32_t hd = hp->head_dim, bt = c->cfg.block_tokens;
-	uint32_t g = h1 - h0, pos = c->tok_pos[t];
-	const float *q0 = c->q + (size_t)t * c->q_dim + (size_t)h0 * hd;
-	float *out0 = c->att + (size_t)t * c->q_dim + (size_t)h0 * hd;
-	float *m = tmp, *l = tmp + g, *scores = tmp + 2 * g;
+	uint32_t g = h1 - h0, last = c->tok_pos[t0 + nt - 1];
+	float *m = tmp, *l = tmp + ATT_TILE * g, *scores = tmp + 2 * ATT_TILE * g;
 	float *kw = scores + (size_t)g * bt, *vw = kw + (size_t)bt * hd; /* f16 KV */
 	float scale = 1.0f / sqrtf((float)hd);
-	unsigned qs = mask ? gpud_mask_seg(mask, pos) : 0;
+	size_t voff = (size_t)hp->n_kv_heads * c->head_elems * c->esz;
+	unsigned qs[ATT_TILE];
 
-	memset(out0, 0, (size_t)g * hd * sizeof(float));
-	for (uint32_t h = 0; h < g; h++) {
-		m[h] = -INFINITY;
-		l[h] = 0;
+	for (uint32_t i = 0; i < nt; i++) {
+		memset(c->att + (size_t)(t0 + i) * c->q_dim + (size_t)h0 * hd, 0,
+		       (size_t)g * hd * sizeof(float));
+		qs[i] = mask ? gpud_mask_seg(mask, c->tok_pos[t0 + i]) : 0;
+		for (uint32_t h = 0; h < g; h++) {
+			m[i * g + h] = -INFINITY;
+			l[i * g + h] = 0;
+		}
 	}
-	for (uint32_t b = 0; b <= pos / bt; b++) {
-		int vis = mask ? gpud_mask_block_vis(mask, qs, b) : 1;
-		const uint8_t *kraw;
-		const float *kb, *vb;
-		size_t voff = (size_t)hp->n_kv_heads * c->head_elems * c->esz;
-		bool vwide = !c->kv16;
-		uint32_t n;
+	for (uint32_t b = 0; b <= last / bt; b++) {
+		const uint8_t *kraw = kv_at(c, s->blocks[b],
+					    (size_t)c->layer * c->layer_elems + kh * c->head_elems);
+		const float *kb = (const float *)kraw, *vb = (const float *)(kraw + voff);
+		uint32_t nmax = last - b * bt + 1 < bt ? last - b * bt + 1 : bt;
+		bool kwide = !c->kv16, vwide = !c->kv16;
 
-		if (!vis)
-			continue;
-		kraw = kv_at(c, s->blocks[b], (size_t)c->layer * c->layer_elems + kh * c->head_elems);
-		n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
-		if (b < pos / bt) /* the next block's K and V, while this one is worked on */
+		if (b < last / bt) /* the next block's K and V, while this one is worked on */
 			kv_prefetch(c, kv_at(c, s->blocks[b + 1],
 					     (size_t)c->layer * c->layer_elems + kh * c->head_elems),
 				    voff, bt * hd * c->esz);
-		kb = (const float *)kraw;
-		vb = (const float *)(kraw + voff);
 		if (c->kv16) {
-			kv_get(c, kraw, kw, n * hd);
 			kb = kw;
-			vb = vw; /* widened when a head first needs it */
+			vb = vw; /* each widened when a token first needs it */
 		}
-		for (uint32_t h = 0; h < g; h++) {
-			const float *q = q0 + (size_t)h * hd;
-			float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
-			float mb = -INFINITY, pr[ATT_RUN];
-			uint16_t idx[ATT_RUN];
-			uint32_t j = 0, nr = 0;
+		for (uint32_t i = 0; i < nt; i++) {
+			uint32_t pos = c->tok_pos[t0 + i], n;
+			int vis;
+			const float *q0 = c->q + (size_t)(t0 + i) * c->q_dim + (size_t)h0 * hd;
+			float *out0 = c->att + (size_t)(t0 + i) * c->q_dim + (size_t)h0 * hd;
+			float *mi = m + i * g, *li = l + i * g;
 
-			for (; j + 8 <= n; j += 8)
-				dot8(q, kb + (size_t)j * hd, hd, hd, sc + j);
-			for (; j + 4 <= n; j += 4)
-				dot4(q, kb + (size_t)j * hd, hd, hd, sc + j);
-			for (; j < n; j++)
-				sc[j] = dot(q, kb + (size_t)j * hd, hd);
-			for (j = 0; j < n; j++) {
-				if (vis == 2 && !gpud_mask_visible(mask, qs, b * bt + j)) {
-					sc[j] = -INFINITY;
-					continue;
-				}
-				sc[j] *= scale;
-				if (sc[j] > mb)
-					mb = sc[j];
-			}
-			if (mb == -INFINITY)
+			if (b > pos / bt) /* causal: past this token */
 				continue;
-			if (!vwide) {
-				kv_get(c, kraw + voff, vw, n * hd);
-				vwide = true;
+			vis = mask ? gpud_mask_block_vis(mask, qs[i], b) : 1;
+			if (!vis)
+				continue;
+			n = pos - b * bt + 1 < bt ? pos - b * bt + 1 : bt; /* causal: k <= q */
+			if (!kwide) {
+				kv_get(c, kraw, kw, nmax * hd);
+				kwide = true;
 			}
-			float corr = 1;
-			if (mb > m[h]) {
-				corr = expf(m[h] - mb); /* 0 on the first visible block */
-				l[h] *= corr;
-				m[h] = mb;
-			}
-			for (j = 0; j < n; j++) {
-				if (sc[j] == -INFINITY)
-					continue;
-				pr[nr] = expf(sc[j] - m[h]);
-				l[h] += pr[nr];
-				idx[nr++] = (uint16_t)j;
-				if (nr == ATT_RUN) {
-					/* the rescale by corr rides along with the first value */
-					scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
-					corr = 1;
-					nr = 0;
+			for (uint32_t h = 0; h < g; h++) {
+				const float *q = q0 + (size_t)h * hd;
+				float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
+				float mb = -INFINITY, pr[ATT_RUN];
+				uint16_t idx[ATT_RUN];
+				uint32_t j = 0, nr = 0;
+
+				for (; j + 8 <= n; j += 8)
+					dot8(q, kb + (size_t)j * hd, hd, hd, sc + j);
+				for (; j + 4 <= n; j += 4)
+					dot4(q, kb + (size_t)j * hd, hd, hd, sc + j);
+				for (; j < n; j++)
+					sc[j] = dot(q, kb + (size_t)j * hd, hd);
+				for (j = 0; j < n; j++) {
+					if (vis == 2 && !gpud_mask_visible(mask, qs[i], b * bt + j)) {
+						sc[j] = -INFINITY;
+						continue;
+					}
+					sc[j] *= scale;
+					if (sc[j] > mb)
+						mb = sc[j];
 				}
+				if (mb == -INFINITY)
+					continue;
+				if (!vwide) {
+					kv_get(c, kraw + voff, vw, nmax * hd);
+					vwide = true;
+				}
+				float corr = 1;
+				if (mb > mi[h]) {
+					corr = expf(mi[h] - mb); /* 0 on the first visible block */
+					li[h] *= corr;
+					mi[h] = mb;
+				}
+				for (j = 0; j < n; j++) {
+					if (sc[j] == -INFINITY)
+						continue;
+					pr[nr] = expf(sc[j] - mi[h]);
+					li[h] += pr[nr];
+					idx[nr++] = (uint16_t)j;
+					if (nr == ATT_RUN) {
+						/* the rescale by corr rides along with the first value */
+						scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
+						corr = 1;
+						nr = 0;
+					}
+				}
+				if (nr)
+					scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
 			}
-			if (nr)
-				scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
 		}
 	}
 	/* l > 0: a token always sees itself. */
-	for (uint32_t h = 0; h < g; h++) {
-		float inv = 1.0f / l[h], *out = out0 + (size_t)h * hd;
-		for (uint32_t i = 0; i < hd; i++)
-			out[i] *= inv;
-	}
-}
+	for (uint32_t i = 0; i < nt; i++)
+		for (uint32_t h = 0; h < g; h++) {
+			float inv = 1.0f / l[i * g + h];
+			float *out = c->att + (size_t)(t0 + i) * c->q_dim + (size_t)(h0 + h) * hd;
 
-static void attn_run(void *arg, int ith, int nth)
-{
-	struct cpu_ctx *c = arg;
-	uint32_t nkv = c->hp->n_kv_heads, nh = c->hp->n_heads, g = nh / nkv;
-	float *tmp = c->att_tmp + (size_t)ith * c->att_tmp_stride;
-	long lo, hi;
-
-	/* Items are (token, KV head) groups, or single (token, head) pairs
-	 * when there are too few groups to keep the threads busy. */
-	if ((long)c->b->n_tokens * nkv >= 2L * nth || g == 1) {
-		gpud_tp_range((long)c->b->n_tokens * nkv, ith, nth, 1, &lo, &hi);
-		for (long i = lo; i < hi; i++) {
-			uint32_t kh = (uint32_t)(i % nkv);
-			attend(c, (uint32_t)(i / nkv), kh, kh * g, (kh + 1) * g, tmp);
+			for (uint32_t k = 0; k < hd; k++)
+				out[k] *= inv;
 		}
-		return;
-	}
-	gpud_tp_range((long)c->b->n_tokens * nh, ith, nth, 1, &lo, &hi);
-	for (long i = lo; i < hi; i++) {
-		uint32_t h = (uint32_t)(i % nh);
-		attend(c, (uint32_t)(i / nh), h / g, h, h + 1, tmp);
-	}
 }
 
 static void swiglu_run(void *arg, int ith, int nth)
@@ -601,6 +600,56 @@ static bool fuse_piece(struct cpu_ctx *c, int ith, int nth, long total, bool *ta
 	*lo = 0;
 	*hi = total;
 	return true;
+}
+
+/* The attention's work items: (tile, KV head) groups, or single (token,
+ * head) pairs when there are too few groups to keep the threads busy. */
+static bool attn_by_group(const struct cpu_ctx *c)
+{
+	uint32_t g = c->hp->n_heads / c->hp->n_kv_heads;
+
+	return (long)c->n_tiles * c->hp->n_kv_heads >= 2L * c->nth || g == 1;
+}
+
+static long attn_items(const struct cpu_ctx *c)
+{
+	return attn_by_group(c) ? (long)c->n_tiles * c->hp->n_kv_heads :
+				  (long)c->b->n_tokens * c->hp->n_heads;
+}
+
+/* A causal prefill's late tokens cost more than its early ones, so the
+ * items are claimed (gpud_tp_claim): a thread done with its share takes
+ * pieces from the back of the others'. */
+static void attn_run(void *arg, int ith, int nth)
+{
+	struct cpu_ctx *c = arg;
+	uint32_t nkv = c->hp->n_kv_heads, nh = c->hp->n_heads, g = nh / nkv;
+	float *tmp = c->att_tmp + (size_t)ith * c->att_tmp_stride;
+	bool grouped = attn_by_group(c), taken = false;
+	long lo, hi;
+
+	while (fuse_piece(c, ith, nth, attn_items(c), &taken, &lo, &hi))
+		for (long i = lo; i < hi; i++) {
+			if (grouped) {
+				uint32_t tile = c->tiles[i / nkv], kh = (uint32_t)(i % nkv);
+
+				attend(c, tile >> 4, (tile & 15) + 1, kh, kh * g, (kh + 1) * g, tmp);
+			} else {
+				uint32_t h = (uint32_t)(i % nh);
+
+				attend(c, (uint32_t)(i / nh), 1, h / g, h, h + 1, tmp);
+			}
+		}
+}
+
+static void attn(struct cpu_ctx *c)
+{
+	if (c->attn_work < PAR_MIN_WORK || c->nth == 1) {
+		attn_run(c, 0, 1);
+		return;
+	}
+	gpud_tp_split(c->tp, attn_items(c), 1);
+	gpud_tp_run(c->tp, attn_run, c);
 }
 
 static long fuse_rows(const struct cpu_ctx *c, uint32_t j)
@@ -700,6 +749,7 @@ static void prepare(struct cpu_ctx *c, const struct gpud_fwd_batch *b)
 	const float *inv = c->w->rope_inv_freq;
 	uint32_t half = c->hp->head_dim / 2;
 
+	c->n_tiles = 0;
 	for (uint32_t i = 0; i < b->n_seqs; i++) {
 		const struct gpud_fwd_seq *s = &b->seqs[i];
 		for (uint32_t j = 0; j < s->n_tokens; j++) {
@@ -709,6 +759,11 @@ static void prepare(struct cpu_ctx *c, const struct gpud_fwd_batch *b)
 		}
 		for (uint32_t j = 0; j < s->n_logits; j++)
 			c->logit_tok[s->logit0 + j] = s->tok0 + s->n_tokens - s->n_logits + j;
+		for (uint32_t j = 0; j < s->n_tokens; j += ATT_TILE) {
+			uint32_t n = s->n_tokens - j < ATT_TILE ? s->n_tokens - j : ATT_TILE;
+
+			c->tiles[c->n_tiles++] = (s->tok0 + j) << 4 | (n - 1);
+		}
 	}
 	c->attn_work = 0;
 	for (uint32_t t = 0; t < b->n_tokens; t++)
@@ -750,7 +805,7 @@ static int cpu_forward(void *ctx, const struct gpud_fwd_batch *b, char *err, siz
 			matmul(c, &L->wv, c->xb, T, c->v);
 		}
 		par(c, rope_store_run, (uint64_t)T * (c->q_dim + 2 * c->kv_dim) * 2);
-		par(c, attn_run, c->attn_work);
+		attn(c);
 		matmul(c, &L->wo, c->att, T, c->xb);
 		run_add_norm(c, true, L->ffn_norm);
 		if (T <= c->fuse_max_t) {
@@ -789,7 +844,7 @@ static size_t mm_scratch(const struct gpud_weight *w, uint32_t batch, size_t cur
 static size_t att_tmp_floats(const struct gpud_model_hparams *hp,
 			     const struct gpud_backend_config *cfg)
 {
-	size_t n = (size_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2);
+	size_t n = (size_t)(hp->n_heads / hp->n_kv_heads) * (cfg->block_tokens + 2 * ATT_TILE);
 
 	if (cfg->kv_type == GPUD_TYPE_F16)
 		n += 2 * (size_t)cfg->block_tokens * hp->head_dim;
@@ -862,7 +917,7 @@ static uint64_t cpu_scratch_bytes(const struct gpud_backend_config *cfg)
 	}
 	total = 2 * SZ64(T * hp->dim * f) + 2 * SZ64(T * q * f) + 2 * SZ64(T * kv * f) +
 		2 * SZ64(T * hp->ffn_dim * f) + SZ64(T * hp->head_dim * f) +
-		SZ64(NL * hp->dim * f) + SZ64(NL * hp->n_vocab * f) + 3 * SZ64(T * 4) + SZ64(mm);
+		SZ64(NL * hp->dim * f) + SZ64(NL * hp->n_vocab * f) + 4 * SZ64(T * 4) + SZ64(mm);
 	/* Per thread: the fused sections' quantized activations (as many
 	 * bytes as floats of the input, a fifth more for the scales) and
 	 * the attention's scores, small next to the above. */
@@ -1068,7 +1123,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 		2 * SZ((size_t)T * c->kv_dim, float) + 2 * SZ((size_t)T * hp->ffn_dim, float) +
 		SZ((size_t)T * hp->head_dim, float) + SZ((size_t)NL * hp->dim, float) +
 		SZ((size_t)NL * hp->n_vocab, float) +
-		SZ((size_t)c->nth * c->att_tmp_stride, float) + 2 * SZ(T, uint32_t) +
+		SZ((size_t)c->nth * c->att_tmp_stride, float) + 3 * SZ(T, uint32_t) +
 		SZ(NL, uint32_t) + SZ(mm ? mm : 1, char) +
 		SZ((size_t)c->nth * FUSE_JOBS * c->mm1_stride + 1, char);
 #undef SZ
@@ -1094,6 +1149,7 @@ static int cpu_init(void **out, const struct gpud_backend_config *cfg, char *err
 	CARVE(c->logits, (size_t)NL * hp->n_vocab);
 	CARVE(c->att_tmp, (size_t)c->nth * c->att_tmp_stride);
 	CARVE(c->tok_seq, T);
+	CARVE(c->tiles, T);
 	CARVE(c->tok_pos, T);
 	CARVE(c->logit_tok, NL);
 	c->mm = sw_arena_alloc(&c->arena, mm ? mm : 1, 64);
