@@ -985,6 +985,19 @@ static json_int_t jget(const json_t *root, const char *path)
 	return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
+/* Per-device counters copied into devices_delta: its key, STATS's path. */
+static const char *const dev_keys[][2] = {
+	{ "steps", "steps" },
+	{ "tokens", "tokens" },
+	{ "generated", "generated" },
+	{ "preemptions", "preemptions" },
+	{ "placed_prefix", "placed_prefix" },
+	{ "placed_load", "placed_load" },
+	{ "rows_argmax", "rows.argmax" },
+	{ "rows_drawn", "rows.drawn" },
+	{ "rows_host", "rows.host" },
+};
+
 /* Tokens per word of the word list under gpud's tokenizer. */
 /* CPU seconds (user + system) the process pid has used, from
  * /proc/PID/stat, or with thread_only its main thread alone (gpud's loop
@@ -1343,25 +1356,13 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 	json_t *da = json_object_get(after, "devices"), *db = json_object_get(before, "devices");
 	for (size_t i = 0; i < json_array_size(da); i++) {
 		const json_t *a = json_array_get(da, i), *b = json_array_get(db, i);
-		json_array_append_new(
-			devs, json_pack("{s:s?,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I}",
-					"name", json_string_value(json_object_get(a, "name")),
-					"steps", jget(a, "steps") - (b ? jget(b, "steps") : 0),
-					"tokens", jget(a, "tokens") - (b ? jget(b, "tokens") : 0),
-					"generated",
-					jget(a, "generated") - (b ? jget(b, "generated") : 0),
-					"preemptions",
-					jget(a, "preemptions") - (b ? jget(b, "preemptions") : 0),
-					"placed_prefix",
-					jget(a, "placed_prefix") - (b ? jget(b, "placed_prefix") : 0),
-					"placed_load",
-					jget(a, "placed_load") - (b ? jget(b, "placed_load") : 0),
-					"rows_argmax",
-					jget(a, "rows.argmax") - (b ? jget(b, "rows.argmax") : 0),
-					"rows_drawn",
-					jget(a, "rows.drawn") - (b ? jget(b, "rows.drawn") : 0),
-					"rows_host",
-					jget(a, "rows.host") - (b ? jget(b, "rows.host") : 0)));
+		json_t *dv = json_pack("{s:s?}", "name",
+				      json_string_value(json_object_get(a, "name")));
+		for (size_t k = 0; k < sizeof(dev_keys) / sizeof(dev_keys[0]); k++)
+			json_object_set_new(dv, dev_keys[k][0],
+					    json_integer(jget(a, dev_keys[k][1]) -
+							 (b ? jget(b, dev_keys[k][1]) : 0)));
+		json_array_append_new(devs, dv);
 	}
 	json_object_set_new(root, "devices_delta", devs);
 	if (after) {

@@ -6,13 +6,18 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-#define CHECK(c)                          \
-	do {                              \
-		if (!(c))                 \
-			__builtin_trap(); \
+/* The condition and its line go to stderr first, so that a log alone
+ * (a CI run's) says which invariant broke. */
+#define CHECK(c)                                                                       \
+	do {                                                                           \
+		if (!(c)) {                                                            \
+			fprintf(stderr, "CHECK failed: %s (%s:%d)\n", #c, __FILE__, __LINE__); \
+			__builtin_trap();                                              \
+		}                                                                      \
 	} while (0)
 
 #endif
