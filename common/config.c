@@ -1260,7 +1260,9 @@ static json_t *table_to_json(const struct sw_config *cfg, const struct field *ta
 {
 	const char *base = (const char *)cfg;
 	json_t *obj = json_object();
-	char buf[SW_CONFIG_URL_MAX];
+	/* Redaction can lengthen a URL ("password=x" -> "password=***"): room
+	 * for all of it, so a long URL is shown whole, never cut mid-escape. */
+	char buf[2 * SW_CONFIG_URL_MAX];
 
 	if (!obj)
 		return NULL;

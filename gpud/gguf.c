@@ -420,8 +420,12 @@ static int parse_tensor_info(struct cur *c, struct gpud_gguf *g, uint64_t idx)
 		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
 				 "%s: tensor %" PRIu64 " '%s': ne[0] = %" PRIu64 " is not a multiple of the %s block size %" PRIu32 " at offset %zu",
 				 c->name, idx, t->name, t->ne[0], gpud_type_name(type), be, ndpos + 4);
-	/* nel / be * block_bytes cannot overflow: nel <= 2^63, bytes/elem <= 4. */
-	t->nbytes = nel / be * gpud_type_block_bytes(type);
+	/* nel / be * block_bytes can wrap (2^62 f32 elements are 2^64
+	 * bytes): a wrapped size would pass the bounds check below. */
+	if (__builtin_mul_overflow(nel / be, (uint64_t)gpud_type_block_bytes(type), &t->nbytes))
+		return sw_seterr(c->err, c->errlen, SW_EFORMAT,
+				 "%s: tensor %" PRIu64 " '%s': %" PRIu64 " elements of %s overflow 64-bit sizes at offset %zu",
+				 c->name, idx, t->name, nel, gpud_type_name(type), ndpos + 4);
 	size_t opos = c->pos;
 	if ((rc = cur_u64(c, &t->offset, "tensor offset")))
 		return rc;

@@ -23,6 +23,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/config.h"
@@ -81,6 +82,14 @@ static bool check_same(const struct sw_config *a, struct sw_config *b)
 	return redacted;
 }
 
+static bool redacts(const char *url)
+{
+	static char red[2 * SW_CONFIG_URL_MAX];
+
+	sw_config_redact_url(url, red, sizeof(red));
+	return strcmp(red, url) != 0;
+}
+
 static void check_round_trip(const struct sw_config *cfg)
 {
 	struct sw_config back;
@@ -90,7 +99,19 @@ static void check_round_trip(const struct sw_config *cfg)
 	j1 = sw_config_to_json(cfg);
 	CHECK(j1 != NULL);
 	sw_config_defaults(&back);
-	CHECK(sw_config_load_string(j1, &back, err, sizeof(err)) == 0);
+	if (sw_config_load_string(j1, &back, err, sizeof(err)) != 0) {
+		/* The one allowed failure: a redacted URL is for reading,
+		 * not a copy. "***" for a shorter password can push it or
+		 * one of its parts (a 255-byte Redis host, where a stray
+		 * "?password=x" lands) past a length limit. */
+		if (redacts(cfg->redis.url) || redacts(cfg->postgres.url)) {
+			free(j1);
+			return;
+		}
+		fprintf(stderr, "fuzz_config: the JSON of a loaded config does not load: %s\n%s\n",
+			err, j1);
+		CHECK(0);
+	}
 	j2 = sw_config_to_json(&back);
 	CHECK(j2 != NULL);
 	/* Redaction is not always a fixed point: it over-redacts a quoted
