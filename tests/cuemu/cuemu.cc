@@ -37,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <map>
@@ -1324,6 +1325,103 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
 	if (capture_forbids("cudaStreamSynchronize"))
 		return ret(cudaErrorStreamCaptureUnsupported);
 	return ret(flush(st));
+}
+
+// --- events -----------------------------------------------------------------
+
+struct CUevent_st {
+	int dev;
+	CUstream_st *stream = nullptr; // of the last record (nullptr: never recorded)
+	uint64_t pending = 0;          // records queued and not yet run
+	double ms = 0;                 // the clock when the last record ran
+};
+
+namespace {
+
+struct ev_st {
+	CUevent_st *ev;
+};
+
+cudaError_t run_event(const op &o)
+{
+	CUevent_st *ev = state_of<ev_st>(o).ev;
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ev->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+	ev->pending--;
+	return cudaSuccess;
+}
+
+} // namespace
+
+cudaError_t cudaEventCreate(cudaEvent_t *ev)
+{
+	cudaError_t e = check_dev();
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (!ev)
+		return ret(cudaErrorInvalidValue);
+	*ev = new CUevent_st();
+	(*ev)->dev = cur_dev;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t ev)
+{
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (ev->pending && ev->stream)
+		flush(ev->stream); // its queued records write it
+	delete ev;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s)
+{
+	cudaError_t e = check_dev();
+	CUstream_st *st;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	st = resolve(s);
+	if (st->dev != ev->dev)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (st->cap) {
+		fprintf(stderr, "cuemu: cudaEventRecord on a capturing stream: not modeled, the "
+			"capture is invalidated\n");
+		st->cap_err = cudaErrorStreamCaptureInvalidated;
+		return ret(cudaErrorStreamCaptureUnsupported);
+	}
+	if ((e = enqueue(st, make_op("event", run_event, ev_st{ ev }))) != cudaSuccess)
+		return e;
+	ev->stream = st;
+	ev->pending++;
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t ev)
+{
+	if (!ev)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (ev->pending && ev->stream)
+		return ret(flush(ev->stream));
+	return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end)
+{
+	if (!ms || !start || !end)
+		return ret(cudaErrorInvalidValue);
+	if (!start->stream || !end->stream)
+		return ret(cudaErrorInvalidResourceHandle);
+	if (start->pending || end->pending)
+		return ret(cudaErrorNotReady);
+	*ms = (float)(end->ms - start->ms);
+	return cudaSuccess;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode)

@@ -336,6 +336,42 @@ static void check_graphs(void)
 	OK(cudaStreamDestroy(s));
 }
 
+// Events stamp when the stream runs them, not when recorded: elapsed time
+// is not ready before the synchronization, and is ordered after it.
+static void check_events(void)
+{
+	cudaStream_t s;
+	cudaEvent_t a, b;
+	int *d;
+	float ms = -1;
+
+	OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+	OK(cudaMalloc((void **)&d, sizeof(int)));
+	OK(cudaEventCreate(&a));
+	OK(cudaEventCreate(&b));
+	CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorInvalidResourceHandle);
+	cudaGetLastError();
+	OK(cudaEventRecord(a, s));
+	add_kernel<<<64, 32, 0, s>>>(d, 1);
+	OK(cudaEventRecord(b, s));
+	CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady);
+	cudaGetLastError();
+	OK(cudaStreamSynchronize(s));
+	OK(cudaEventElapsedTime(&ms, a, b));
+	CHECK(ms >= 0);
+	OK(cudaEventSynchronize(b));
+
+	OK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+	CHECK(cudaEventRecord(a, s) == cudaErrorStreamCaptureUnsupported);
+	cudaGraph_t g;
+	CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+	cudaGetLastError();
+	OK(cudaEventDestroy(a));
+	OK(cudaEventDestroy(b));
+	OK(cudaFree(d));
+	OK(cudaStreamDestroy(s));
+}
+
 static void check_config(void)
 {
 	int *d;
@@ -592,6 +628,7 @@ int main(void)
 	check_mma();
 	check_deferred();
 	check_graphs();
+	check_events();
 	check_config();
 	check_launch_ex();
 	check_memory();

@@ -5,6 +5,7 @@
  *               [--device cuda:0|cpu] [--kv-type f32|f16]
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
  *               [--quick] [--long-f16]
+ *   backend_cmp --model PATH --profile [--label NAME] [--out FILE.md] [--quick]
  *
  * The device under test is cuda:0 (the registry's table for "cuda",
  * gpud/backend.h); --device cpu puts a second CPU instance there instead,
@@ -47,6 +48,13 @@
  * the long-context decode rows again on an instance with f16 KV (half the
  * bytes the attention reads). Appends a markdown
  * table row per figure to --out (stdout when absent).
+ *
+ * Profile: cuda:0 only. An instance with the kernel profile on
+ * (GPUD_CUDA_PROFILE=1, cuda.h: eager steps, an event before each launch)
+ * runs the bench's decode steps at batch 1, 16 and 64 and a 512-token
+ * prefill (--quick: batch 1 and 16, 128 tokens); appends a table per case
+ * to --out: each (stage, launch) with its launches and microseconds per
+ * step and its share, the largest first.
  */
 #include <errno.h>
 #include <math.h>
@@ -97,6 +105,7 @@ static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode 
 static bool bench_quick;             /* --quick: fewer timed steps (an emulator's bench) */
 static bool bench_long_f16;          /* --long-f16: long-context rows with f16 KV too */
 static const struct gpud_backend_ops *dut; /* the backend under test */
+static bool profiling;                     /* --profile: instances keep a kernel profile */
 static enum gpud_type kv_type = GPUD_TYPE_F32; /* --kv-type */
 
 static uint32_t rnd(uint32_t n)
@@ -444,6 +453,17 @@ static int cmp_dbl(const void *a, const void *b)
 
 enum { ROWS_ARGMAX = 0, ROWS_DOWNLOAD = 1, ROWS_DRAW = 2 };
 
+/* Clears the kernel profile of an instance that keeps one (--profile). */
+static void profile_reset(struct inst *g)
+{
+#if SW_HAVE_CUDA
+	if (profiling && g->ops == &gpud_cuda_backend)
+		gpud_cuda_profile(g->ctx, NULL, true);
+#else
+	(void)g;
+#endif
+}
+
 /* Median seconds of a decode step of n_seqs sequences prefilled with ctx
  * tokens (32 .. SEQ_BLOCKS * BLOCK_TOKENS - 40), each with mask (or
  * causal); mode: each sequence's logits row comes back to the host (for
@@ -516,6 +536,8 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 			return -1;
 		if (step >= (bench_quick ? 4u : 8u)) /* warm: graphs captured, caches filled */
 			t[n_t++] = now_s() - t0;
+		if (step + 1 == (bench_quick ? 4u : 8u))
+			profile_reset(g); /* the profile covers the timed steps */
 	}
 	qsort(t, n_t, sizeof(t[0]), cmp_dbl);
 	return t[n_t / 2];
@@ -660,12 +682,126 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	return a0 == 0 ? 0 : 1;
 }
 
+#if SW_HAVE_CUDA
+static int cmp_prof_row(const void *a, const void *b)
+{
+	double x = ((const struct gpud_cuda_prof_row *)a)->ms;
+	double y = ((const struct gpud_cuda_prof_row *)b)->ms;
+
+	return x > y ? -1 : x < y;
+}
+
+/* The profile since the last reset as a table: the rows by time. */
+static void profile_table(struct inst *g, const char *label, const char *what, FILE *out)
+{
+	static struct gpud_cuda_prof p;
+	double kernels = 0;
+
+	if (gpud_cuda_profile(g->ctx, &p, true) || !p.steps)
+		return;
+	qsort(p.rows, p.n_rows, sizeof(p.rows[0]), cmp_prof_row);
+	for (uint32_t i = 0; i < p.n_rows; i++)
+		kernels += p.rows[i].ms;
+	fprintf(out, "\n### %s, %s: %llu steps\n\n", label, what, (unsigned long long)p.steps);
+	fprintf(out, "Per step: %.1f us from its first launch to its end, of which %.1f us in "
+		"the intervals below (each launch's kernels and the gap before them)%s.\n\n",
+		p.span_ms * 1e3 / (double)p.steps, kernels * 1e3 / (double)p.steps,
+		p.dropped ? "; some launches went untimed" : "");
+	fprintf(out, "| stage | launch | launches/step | us/step | share |\n|---|---|---:|---:|---:|\n");
+	for (uint32_t i = 0; i < p.n_rows; i++)
+		fprintf(out, "| %s | %s | %.1f | %.1f | %.1f%% |\n", p.rows[i].stage, p.rows[i].op,
+			(double)p.rows[i].launches / (double)p.steps,
+			p.rows[i].ms * 1e3 / (double)p.steps,
+			kernels > 0 ? 100.0 * p.rows[i].ms / kernels : 0.0);
+}
+#endif
+
+/* --profile: where a step's time goes, launch by launch (cuda.h's kernel
+ * profile: an instance made with GPUD_CUDA_PROFILE=1 runs eagerly, an
+ * event between launches): decode at batch 1, 16 and 64 and a 512-token
+ * prefill. The bench's step times are the real ones (graphs, programmatic
+ * dependent launch); this says which kernels they are made of. */
+static int profile(const struct gpud_model *m, const char *label, const char *out_path)
+{
+#if SW_HAVE_CUDA
+	static const uint32_t batches[] = { 1, 16, 64 };
+	static int32_t toks[512];
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	/* --quick (an emulator): batch 1 and 16, a 128-token prefill */
+	size_t n_batches = bench_quick ? 2 : 3;
+	uint32_t n_pre = bench_quick ? 128 : 512;
+	FILE *out;
+	struct gpud_fwd_seq fs;
+	struct seq s;
+	struct inst g;
+	char what[64];
+	int rc = 0;
+
+	if (dut != &gpud_cuda_backend) {
+		fprintf(stderr, "backend_cmp: --profile is for cuda:0\n");
+		return 2;
+	}
+	setenv("GPUD_CUDA_PROFILE", "1", 1);
+	profiling = true;
+	rc = inst_init(&g, dut, m, MAX_SEQS);
+	unsetenv("GPUD_CUDA_PROFILE");
+	if (rc)
+		return 2;
+	if (gpud_cuda_profile(g.ctx, NULL, true)) {
+		fprintf(stderr, "backend_cmp: the instance keeps no profile\n");
+		g.ops->destroy(g.ctx);
+		return 1;
+	}
+	out = out_path ? fopen(out_path, "a") : stdout;
+	if (!out) {
+		fprintf(stderr, "backend_cmp: %s: %s\n", out_path, strerror(errno));
+		g.ops->destroy(g.ctx);
+		return 2;
+	}
+	for (size_t i = 0; !rc && i < n_batches; i++) {
+		if (decode_step_s(&g, m, batches[i], 32, false, ROWS_ARGMAX) < 0) {
+			rc = 1;
+			break;
+		}
+		snprintf(what, sizeof(what), "decode batch %u at context 32", batches[i]);
+		profile_table(&g, label, what, out);
+	}
+	for (uint32_t r = 0; !rc && r < (bench_quick ? 2u : 4u); r++) {
+		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
+					    .n_tokens = n_pre, .n_logits = 1 };
+
+		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+			s.blocks[k] = k;
+		for (uint32_t k = 0; k < n_pre; k++)
+			toks[k] = (int32_t)rnd(hp->n_vocab);
+		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .n_tokens = n_pre, .n_logits = 1 };
+		if (forward(&g, &b))
+			rc = 1;
+		else if (r == 0)
+			gpud_cuda_profile(g.ctx, NULL, true); /* the first one warms */
+	}
+	snprintf(what, sizeof(what), "prefill of %u tokens", n_pre);
+	if (!rc)
+		profile_table(&g, label, what, out);
+	if (out != stdout)
+		fclose(out);
+	g.ops->destroy(g.ctx);
+	return rc;
+#else
+	(void)m;
+	(void)label;
+	(void)out_path;
+	fprintf(stderr, "backend_cmp: --profile needs the CUDA backend (meson setup -Dgpu=enabled)\n");
+	return 2;
+#endif
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = NULL, *label = NULL, *out = NULL, *device = "cuda:0";
 	uint32_t rounds = 20;
 	double bound = -1;
-	bool do_bench = false;
+	bool do_bench = false, do_profile = false;
 	struct gpud_model *m = NULL;
 	char err[SW_ERR_MAX] = "";
 	int rc;
@@ -698,13 +834,15 @@ int main(int argc, char **argv)
 			kv_type = strcmp(argv[i], "f16") ? GPUD_TYPE_F32 : GPUD_TYPE_F16;
 		} else if (!strcmp(argv[i], "--bench"))
 			do_bench = true;
+		else if (!strcmp(argv[i], "--profile"))
+			do_profile = true;
 		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
 			label = argv[++i];
 		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16] | --model PATH --profile [--label NAME] [--out FILE] [--quick]\n",
 				argv[0]);
 			return 2;
 		}
@@ -742,7 +880,9 @@ int main(int argc, char **argv)
 		bound = !strcmp(type_of(m), "f32")                                   ? 1e-3
 			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
 										: 1e-2;
-	rc = do_bench ? bench(m, label ? label : type_of(m), out) : compare(m, rounds, bound);
+	rc = do_profile ? profile(m, label ? label : type_of(m), out)
+	     : do_bench ? bench(m, label ? label : type_of(m), out)
+			: compare(m, rounds, bound);
 	gpud_model_free(m);
 	return rc;
 }

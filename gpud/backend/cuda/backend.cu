@@ -61,6 +61,24 @@ struct dev_layer {
 	gpud_cuda_mat wq, wk, wv, wo, gate, up, down;
 };
 
+// The kernel profile (GPUD_CUDA_PROFILE=1 at init; benchmarks only, never
+// gpud serve): an event recorded before every launch of a step and one
+// after its last, their intervals summed per (stage, op) once the step has
+// synchronized. Steps then run eagerly (no graphs) and without
+// programmatic dependent launch, so each interval is one kernel's time
+// alone (with the launch gap before it): where a decode step's time goes,
+// which the graph step's wall time (the benchmark) does not say.
+constexpr uint32_t PROF_MARKS = 1024; // launches of one step (a 3B prefill: ~400)
+static_assert(GPUD_CUDA_PROF_ROWS >= 32, "a step's (stage, op) pairs");
+
+struct prof {
+	cudaEvent_t ev[PROF_MARKS + 1]; // a mark's, and the step's end after the last
+	const char *stage[PROF_MARKS], *op[PROF_MARKS];
+	uint32_t n;          // marks of the step in flight
+	const char *cur;     // the stage enqueue() is in
+	struct gpud_cuda_prof sum; // rows, steps, span
+};
+
 struct cuda_ctx {
 	struct gpud_backend_config cfg;
 	const struct gpud_model_hparams *hp;
@@ -107,6 +125,7 @@ struct cuda_ctx {
 	uint32_t n_graphs;
 	bool pdl; // programmatic dependent launch on the stream (pdl_setup)
 	uint64_t graph_steps;
+	prof *pf; // or NULL: the kernel profile is off
 
 	struct gpud_backend_stats st;
 };
@@ -136,6 +155,86 @@ int blaserr(const cuda_ctx *c, cublasStatus_t s, const char *op, char *err, size
 		if (s_ != CUBLAS_STATUS_SUCCESS)                  \
 			return blaserr(c, s_, (op), err, errlen); \
 	} while (0)
+
+// A launch: marked for the profile first (prof_mark), then checked.
+#define CKL(call, op)                                           \
+	do {                                                    \
+		prof_mark(c, (op));                             \
+		CK(call, op);                                   \
+	} while (0)
+
+#define CKBL(call, op)                                          \
+	do {                                                    \
+		prof_mark(c, (op));                             \
+		CKB(call, op);                                  \
+	} while (0)
+
+// An event before the launch about to be made, when profiling. A failed
+// record only costs the profile that mark (the launch goes on).
+void prof_mark(cuda_ctx *c, const char *op)
+{
+	prof *pf = c->pf;
+
+	if (!pf)
+		return;
+	if (pf->n >= PROF_MARKS) {
+		pf->sum.dropped++;
+		return;
+	}
+	if (cudaEventRecord(pf->ev[pf->n], c->stream) != cudaSuccess) {
+		cudaGetLastError();
+		pf->sum.dropped++;
+		return;
+	}
+	pf->stage[pf->n] = pf->cur;
+	pf->op[pf->n] = op;
+	pf->n++;
+}
+
+// The stage the next launches belong to (a name that outlives the instance).
+void prof_stage(cuda_ctx *c, const char *stage)
+{
+	if (c->pf)
+		c->pf->cur = stage;
+}
+
+// After the step's synchronization: its intervals into the rows.
+void prof_step_done(cuda_ctx *c)
+{
+	prof *pf = c->pf;
+	struct gpud_cuda_prof *sum = pf ? &pf->sum : nullptr;
+	float ms;
+
+	if (!pf || !pf->n)
+		return;
+	for (uint32_t i = 0; i < pf->n; i++) {
+		if (cudaEventElapsedTime(&ms, pf->ev[i], pf->ev[i + 1]) != cudaSuccess) {
+			cudaGetLastError();
+			sum->dropped++;
+			continue;
+		}
+		// (stage, op) are string literals: their addresses name them
+		uint32_t r = 0;
+		while (r < sum->n_rows && !(sum->rows[r].op == pf->op[i] &&
+					    sum->rows[r].stage == pf->stage[i]))
+			r++;
+		if (r == sum->n_rows) {
+			if (r == GPUD_CUDA_PROF_ROWS) {
+				sum->dropped++;
+				continue;
+			}
+			sum->rows[r] = gpud_cuda_prof_row{ pf->stage[i], pf->op[i], 0, 0.0 };
+			sum->n_rows++;
+		}
+		sum->rows[r].launches++;
+		sum->rows[r].ms += ms;
+	}
+	if (cudaEventElapsedTime(&ms, pf->ev[0], pf->ev[pf->n]) == cudaSuccess)
+		sum->span_ms += ms;
+	cudaGetLastError();
+	sum->steps++;
+	pf->n = 0;
+}
 
 // The counting wrappers: every allocating CUDA call of the backend.
 cudaError_t cnt_malloc(cuda_ctx *c, uint8_t **p, size_t n)
@@ -334,7 +433,10 @@ void cuda_destroy(void *ctx)
 		cudaFree(c->wspace);
 		if (c->staging)
 			cudaFreeHost(c->staging);
+		for (uint32_t i = 0; c->pf && i <= PROF_MARKS && c->pf->ev[i]; i++)
+			cudaEventDestroy(c->pf->ev[i]);
 	}
+	free(c->pf);
 	free(c->layers);
 	free(c->slots);
 	free(c->up_seq);
@@ -494,6 +596,25 @@ void capture_graphs(cuda_ctx *c, char *why, size_t whylen)
 	cudaGetLastError(); // a failed capture leaves no error behind
 }
 
+// The kernel profile, when GPUD_CUDA_PROFILE=1: its events, made here
+// (events are not device memory: the pools stay as planned).
+int prof_setup(cuda_ctx *c, char *err, size_t errlen)
+{
+	const char *env = getenv("GPUD_CUDA_PROFILE");
+
+	if (!env || strcmp(env, "1") != 0)
+		return 0;
+	c->pf = (prof *)calloc(1, sizeof(*c->pf));
+	if (!c->pf)
+		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
+	for (uint32_t i = 0; i <= PROF_MARKS; i++)
+		CK(cudaEventCreate(&c->pf->ev[i]), "cudaEventCreate (profile)");
+	c->pf->cur = "";
+	log_info("cuda:%d: kernel profile on (GPUD_CUDA_PROFILE=1): steps run eagerly, "
+		 "without programmatic dependent launch", c->dev);
+	return 0;
+}
+
 int setup(cuda_ctx *c, char *err, size_t errlen)
 {
 	const struct gpud_cuda_layout *L = &c->L;
@@ -580,11 +701,13 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	rc = warm_blas(c, err, errlen);
 	if (rc)
 		return rc;
-	pdl_setup(c, major);
-	{
+	if ((rc = prof_setup(c, err, errlen)))
+		return rc;
+	if (!c->pf) {
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
 
+		pdl_setup(c, major);
 		capture_graphs(c, why, sizeof(why));
 		if (c->n_graphs < want && why[0])
 			log_warn("cuda:%d: decode graphs for %u of %u batch sizes (the others "
@@ -664,18 +787,18 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	switch (w->type) {
 	case GPUD_TYPE_Q8_0:
 	case GPUD_TYPE_Q4_0:
-		CK(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y, &c->ksplit), "matmul (int8)");
+		CKL(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y, &c->ksplit), "matmul (int8)");
 		return 0;
 	case GPUD_TYPE_F32:
 		if (T <= MV_MAX_T)
-			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
+			CKL(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
 		else
-			CK(gpud_k_mm_f32(c->stream, w, x, T, y), "matmul (f32)");
+			CKL(gpud_k_mm_f32(c->stream, w, x, T, y), "matmul (f32)");
 		return 0;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
 		if (T <= MV_MAX_T) {
-			CK(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
+			CKL(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
 			return 0;
 		}
 		break;
@@ -689,14 +812,14 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	const int m = (int)w->rows, n = (int)T, k = (int)w->cols;
 	// y = W hi + W lo, then the per-token scales (F16) back on.
 	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
+	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
 			 t, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
 	    "cublasGemmEx (hi)");
-	CKB(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_lo,
+	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_lo,
 			 t, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
 	    "cublasGemmEx (lo)");
 	if (w->type == GPUD_TYPE_F16)
-		CK(gpud_k_scale_cols(c->stream, y, w->rows, T, c->ascale), "matmul scales");
+		CKL(gpud_k_scale_cols(c->stream, y, w->rows, T, c->ascale), "matmul scales");
 	return 0;
 }
 
@@ -707,13 +830,13 @@ int prep(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, char *
 	switch (w->type) {
 	case GPUD_TYPE_Q8_0:
 	case GPUD_TYPE_Q4_0:
-		CK(gpud_k_quantize_act(c->stream, x, T, (uint32_t)w->cols, c->actq, c->actd),
+		CKL(gpud_k_quantize_act(c->stream, x, T, (uint32_t)w->cols, c->actq, c->actd),
 		   "quantize activations");
 		break;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
 		if (T > MV_MAX_T)
-			CK(gpud_k_split_act(c->stream, x, T, (uint32_t)w->cols, w->type, c->acth_hi,
+			CKL(gpud_k_split_act(c->stream, x, T, (uint32_t)w->cols, w->type, c->acth_hi,
 					    c->acth_lo, c->ascale), "split activations");
 		break;
 	default:
@@ -761,7 +884,7 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 	if (one_gemv(ws, n, T)) {
 		if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
 			return rc;
-		CK(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T, nullptr,
+		CKL(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T, nullptr,
 				   nullptr),
 		   "matmul (gemv)");
 		return 0;
@@ -788,7 +911,7 @@ int add_norm(cuda_ctx *c, bool add, const float *w, const gpud_cuda_mat *next, u
 {
 	bool q = w && next && is_int8(next) && next->cols == c->hp->dim;
 
-	CK(gpud_k_add_norm(c->stream, c->x, c->xb, w, add, nullptr, T, c->hp->dim,
+	CKL(gpud_k_add_norm(c->stream, c->x, c->xb, w, add, nullptr, T, c->hp->dim,
 			   c->hp->norm_eps, q ? c->actq : nullptr, q ? c->actd : nullptr),
 	   "rmsnorm");
 	if (prepared)
@@ -817,7 +940,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 
 	bool prepared = false; // the activations of the next matmul quantized by add_norm
 
-	CK(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
+	prof_stage(c, "embedding");
+	CKL(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
+	prof_stage(c, "attention norm");
 	if ((rc = add_norm(c, false, c->layers[0].attn_norm, &c->layers[0].wq, T, &prepared, err,
 			   errlen)))
 		return rc;
@@ -831,18 +956,19 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		const float *next_norm = last ? nullptr : c->layers[l + 1].attn_norm;
 
 		kv.layer = l;
+		prof_stage(c, "q, k, v");
 		if (one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0) {
 			// decode: Q, K and V in one launch, RoPE and the KV store in
 			// its epilogue
 			if (!prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
 				return rc;
-			CK(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
+			CKL(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
 					 c->rope_inv, &kv),
 			   "matmul (gemv, rope)");
 		} else {
 			if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
 				return rc;
-			CK(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv,
+			CKL(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv,
 					     &kv, T),
 			   "rope");
 		}
@@ -851,12 +977,17 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			     hp->head_dim % GPUD_QK == 0;
 		att.aq = att_q ? c->actq : nullptr;
 		att.ad = att_q ? c->actd : nullptr;
-		CK(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
+		prof_stage(c, "attention");
+		CKL(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
 				    L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
+		prof_stage(c, "o");
 		if ((!att_q && (rc = prep(c, &D->wo, c->att, T, err, errlen))) ||
-		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)) ||
-		    (rc = add_norm(c, true, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
+		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)))
 			return rc;
+		prof_stage(c, "ffn norm");
+		if ((rc = add_norm(c, true, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
+			return rc;
+		prof_stage(c, "gate, up");
 		if (one_gemv(gu, 2, T) && D->gate.rows == D->up.rows) {
 			// decode: gate and up in one launch, SwiGLU in its epilogue,
 			// which also quantizes for an int8 down (into actq2: actq
@@ -865,11 +996,12 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 				     D->down.cols == D->gate.rows && D->gate.rows % GPUD_QK == 0;
 			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
-			CK(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
+			CKL(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
 					   T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
 			   "matmul (gemv, swiglu)");
+			prof_stage(c, "down");
 			if (glu_q)
-				CK(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb,
+				CKL(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb,
 					       &c->ksplit),
 				   "matmul (int8)");
 			else if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
@@ -878,26 +1010,30 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		} else {
 			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
 				return rc;
-			CK(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim),
+			CKL(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim),
 			   "swiglu");
+			prof_stage(c, "down");
 			if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 			    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
 				return rc;
 		}
+		prof_stage(c, "attention norm");
 		if ((rc = add_norm(c, true, next_norm, last ? nullptr : &c->layers[l + 1].wq, T,
 				   &prepared, err, errlen)))
 			return rc;
 	}
+	prof_stage(c, "output");
 	if (want_hidden && (rc = add_norm(c, false, c->out_norm, nullptr, T, nullptr, err, errlen)))
 		return rc;
 	if (n_logits) {
-		CK(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
+		CKL(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
 				   n_logits, hp->dim, hp->norm_eps, nullptr, nullptr), "final norm");
 		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
-		CK(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
-		CK(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
+		prof_stage(c, "sampling");
+		CKL(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
+		CKL(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
 			       c->meta + L->m_draw, c->amax), "draw");
 	}
 	return 0;
@@ -912,6 +1048,8 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 	int rc;
 
 	c->stamp++;
+	if (c->pf)
+		c->pf->n = 0; // marks of a step that failed after its launches
 	rc = gpud_cuda_meta_fill(L, c->cfg.block_tokens, b, c->slots, c->stamp, c->h_meta,
 				 &n_words, c->up_seq, &n_up, &c->n_tiles, err, errlen);
 	for (uint32_t i = 0; !rc && i < n_up; i++) {
@@ -957,7 +1095,14 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 		CK(cudaGraphLaunch(c->graph[T], c->stream), "cudaGraphLaunch");
 		c->graph_steps++;
 	} else if ((rc = enqueue(c, T, b->n_logits, b->want_hidden, err, errlen))) {
+		if (c->pf)
+			c->pf->n = 0;
 		return rc;
+	}
+	if (c->pf && c->pf->n &&
+	    cudaEventRecord(c->pf->ev[c->pf->n], c->stream) != cudaSuccess) {
+		cudaGetLastError();
+		c->pf->n = 0; // this step goes untimed
 	}
 	if (b->want_hidden)
 		CK(cudaMemcpyAsync(c->h_hidden, c->xb, (size_t)T * hp->dim * 4,
@@ -985,6 +1130,7 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 		r1 = want ? q->logit0 + q->n_logits : 0;
 	}
 	CK(cudaStreamSynchronize(c->stream), "step");
+	prof_step_done(c);
 	if (b->n_logits)
 		gpud_cuda_argmax_pick(c->h_amax, b->n_logits, c->ids);
 	return 0;
@@ -1047,6 +1193,19 @@ void cuda_stats(void *ctx, struct gpud_backend_stats *st)
 }
 
 } // namespace
+
+extern "C" int gpud_cuda_profile(void *ctx, struct gpud_cuda_prof *out, bool reset)
+{
+	cuda_ctx *c = (cuda_ctx *)ctx;
+
+	if (!c->pf)
+		return -ENOENT;
+	if (out)
+		*out = c->pf->sum;
+	if (reset)
+		memset(&c->pf->sum, 0, sizeof(c->pf->sum));
+	return 0;
+}
 
 /* --- device queries ---------------------------------------------------------- */
 

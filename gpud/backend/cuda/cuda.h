@@ -16,6 +16,7 @@
 #ifndef GPUD_BACKEND_CUDA_H
 #define GPUD_BACKEND_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +62,31 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
  * step bounds) with its code. Pure, as gpud_cuda_plan_for, whose figures
  * are all zero exactly when this fails. */
 int gpud_cuda_plan_check(const struct gpud_backend_config *cfg, char *err, size_t errlen);
+
+/* The kernel profile of an instance (a ctx of gpud_cuda_backend.init)
+ * made with GPUD_CUDA_PROFILE=1 in the environment, for benchmarks: each
+ * launch of a step is timed by an event recorded before it (and one after
+ * the step's last), summed per (stage, op); stage is the part of the layer
+ * ("q, k, v", "attention", "down", ...), op the launch ("matmul (int8)",
+ * "rmsnorm", ...). Such an instance runs every step eagerly and without
+ * programmatic dependent launch, so a row's time is its kernels' alone
+ * plus the launch gaps before them; the decode graphs' step time is not
+ * this span. Copies *out (when out) and clears the sums when reset.
+ * Returns 0, or -ENOENT when the instance has no profile. */
+#define GPUD_CUDA_PROF_ROWS 64
+struct gpud_cuda_prof_row {
+	const char *stage, *op; /* static strings */
+	uint64_t launches;
+	double ms;
+};
+struct gpud_cuda_prof {
+	uint64_t steps;   /* steps timed */
+	uint64_t dropped; /* launches not timed (a failed event, a full table) */
+	double span_ms;   /* each step's first launch to its end, summed */
+	uint32_t n_rows;
+	struct gpud_cuda_prof_row rows[GPUD_CUDA_PROF_ROWS];
+};
+int gpud_cuda_profile(void *ctx, struct gpud_cuda_prof *out, bool reset);
 
 #ifdef __cplusplus
 }

@@ -83,6 +83,7 @@ static const int warpSize = 32;
 typedef struct CUstream_st *cudaStream_t;
 typedef struct CUgraph_st *cudaGraph_t;
 typedef struct CUgraphExec_st *cudaGraphExec_t;
+typedef struct CUevent_st *cudaEvent_t;
 
 struct cudaDeviceProp {
 	char name[256];
@@ -145,6 +146,15 @@ cudaError_t cudaStreamCreate(cudaStream_t *s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+/* Events: a record is stream work that stamps the host's monotonic clock
+ * when the stream runs it; elapsed time is between two such stamps (on
+ * cuemu, emulator time). Recording on a capturing stream is not modeled
+ * (the backend never does): it fails and invalidates the capture. */
+cudaError_t cudaEventCreate(cudaEvent_t *ev);
+cudaError_t cudaEventDestroy(cudaEvent_t ev);
+cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s = 0);
+cudaError_t cudaEventSynchronize(cudaEvent_t ev);
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *ex, cudaGraph_t g,
