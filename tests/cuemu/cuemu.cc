@@ -1380,15 +1380,13 @@ cudaError_t cudaEventDestroy(cudaEvent_t ev)
 
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s)
 {
-	cudaError_t e = check_dev();
-	CUstream_st *st;
-
-	if (e != cudaSuccess)
-		return ret(e);
 	if (!ev)
 		return ret(cudaErrorInvalidResourceHandle);
-	st = resolve(s);
-	if (st->dev != ev->dev)
+	cudaError_t e = check_dev();
+	if (e != cudaSuccess)
+		return ret(e);
+	CUstream_st *st = resolve(s);
+	if (st->dev != ev->dev) // a stream of another device than the event's
 		return ret(cudaErrorInvalidResourceHandle);
 	if (st->cap) {
 		fprintf(stderr, "cuemu: cudaEventRecord on a capturing stream: not modeled, the "
