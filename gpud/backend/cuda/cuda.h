@@ -72,6 +72,7 @@ int gpud_cuda_plan_check(const struct gpud_backend_config *cfg, char *err, size_
  * programmatic dependent launch, so a row's time is its kernels' alone
  * plus the launch gaps before them; the decode graphs' step time is not
  * this span. Copies *out (when out) and clears the sums when reset.
+ * Call it from the thread that drives the instance, between steps.
  * Returns 0, or -ENOENT when the instance has no profile. */
 #define GPUD_CUDA_PROF_ROWS 64
 struct gpud_cuda_prof_row {
