@@ -105,7 +105,9 @@ static uint32_t long_ctx = LONG_CTX; /* --long-context: the bench's long decode 
 static bool bench_quick;             /* --quick: fewer timed steps (an emulator's bench) */
 static bool bench_long_f16;          /* --long-f16: long-context rows with f16 KV too */
 static const struct gpud_backend_ops *dut; /* the backend under test */
-static bool profiling;                     /* --profile: instances keep a kernel profile */
+#if SW_HAVE_CUDA
+static bool profiling; /* --profile: instances keep a kernel profile */
+#endif
 static enum gpud_type kv_type = GPUD_TYPE_F32; /* --kv-type */
 
 static uint32_t rnd(uint32_t n)
