@@ -570,14 +570,29 @@ static int long_rows(struct inst *g, const struct gpud_model *m, const char *lab
 	return 0;
 }
 
+/* Seconds of one prefill step: n random tokens (n <= 512) of one sequence
+ * from position 0 in blocks 0.., one logits row; -1 when it fails. */
+static double prefill_s(struct inst *g, const struct gpud_model *m, uint32_t n)
+{
+	static int32_t toks[512];
+	static struct seq s;
+	struct gpud_fwd_seq fs = { .blocks = s.blocks, .n_tokens = n, .n_logits = 1 };
+	struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1, .n_tokens = n,
+				    .n_logits = 1 };
+	double t0;
+
+	for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
+		s.blocks[k] = k;
+	for (uint32_t k = 0; k < n; k++)
+		toks[k] = (int32_t)rnd(gpud_model_hparams(m)->n_vocab);
+	t0 = now_s();
+	return forward(g, &b) ? -1 : now_s() - t0;
+}
+
 static int bench(const struct gpud_model *m, const char *label, const char *out_path)
 {
 	static const uint32_t batches[] = { 1, 16, 64 };
-	static int32_t toks[512];
-	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
 	FILE *out = out_path ? fopen(out_path, "a") : stdout;
-	struct gpud_fwd_seq fs;
-	struct seq s;
 	struct inst g;
 	double best = 1e30, plain, masked;
 	uint64_t a0;
@@ -615,20 +630,12 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 	if (long_rows(&g, m, label, "", out))
 		return 1;
 	for (uint32_t r = 0; r < (bench_quick ? 2u : 5u); r++) { /* prefill: one 512-token chunk */
-		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
-					    .n_tokens = 512, .n_logits = 1 };
-		double t0;
+		double t = prefill_s(&g, m, 512);
 
-		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
-			s.blocks[k] = k;
-		for (uint32_t k = 0; k < 512; k++)
-			toks[k] = (int32_t)rnd(hp->n_vocab);
-		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .n_tokens = 512, .n_logits = 1 };
-		t0 = now_s();
-		if (forward(&g, &b))
+		if (t < 0)
 			return 1;
-		if (r && now_s() - t0 < best)
-			best = now_s() - t0;
+		if (r && t < best) /* the first one warms */
+			best = t;
 	}
 	fprintf(out, "| %s | prefill 512 tokens | %.1f tok/s | %.3f ms |\n", label, 512 / best,
 		best * 1e3);
@@ -727,14 +734,10 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 {
 #if SW_HAVE_CUDA
 	static const uint32_t batches[] = { 1, 16, 64 };
-	static int32_t toks[512];
-	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
 	/* --quick (an emulator): batch 1 and 16, a 128-token prefill */
 	size_t n_batches = bench_quick ? 2 : 3;
 	uint32_t n_pre = bench_quick ? 128 : 512;
 	FILE *out;
-	struct gpud_fwd_seq fs;
-	struct seq s;
 	struct inst g;
 	char what[64];
 	int rc = 0;
@@ -769,15 +772,7 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 		profile_table(&g, label, what, out);
 	}
 	for (uint32_t r = 0; !rc && r < (bench_quick ? 2u : 4u); r++) {
-		struct gpud_fwd_batch b = { .tokens = toks, .seqs = &fs, .n_seqs = 1,
-					    .n_tokens = n_pre, .n_logits = 1 };
-
-		for (uint32_t k = 0; k < SEQ_BLOCKS; k++)
-			s.blocks[k] = k;
-		for (uint32_t k = 0; k < n_pre; k++)
-			toks[k] = (int32_t)rnd(hp->n_vocab);
-		fs = (struct gpud_fwd_seq){ .blocks = s.blocks, .n_tokens = n_pre, .n_logits = 1 };
-		if (forward(&g, &b))
+		if (prefill_s(&g, m, n_pre) < 0)
 			rc = 1;
 		else if (r == 0)
 			gpud_cuda_profile(g.ctx, NULL, true); /* the first one warms */

@@ -813,11 +813,11 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 	// y = W hi + W lo, then the per-token scales (F16) back on.
 	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
 	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
-			 t, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-	    "cublasGemmEx (hi)");
+			  t, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+	     "cublasGemmEx (hi)");
 	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_lo,
-			 t, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-	    "cublasGemmEx (lo)");
+			  t, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+	     "cublasGemmEx (lo)");
 	if (w->type == GPUD_TYPE_F16)
 		CKL(gpud_k_scale_cols(c->stream, y, w->rows, T, c->ascale), "matmul scales");
 	return 0;
@@ -831,13 +831,13 @@ int prep(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, char *
 	case GPUD_TYPE_Q8_0:
 	case GPUD_TYPE_Q4_0:
 		CKL(gpud_k_quantize_act(c->stream, x, T, (uint32_t)w->cols, c->actq, c->actd),
-		   "quantize activations");
+		    "quantize activations");
 		break;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
 		if (T > MV_MAX_T)
 			CKL(gpud_k_split_act(c->stream, x, T, (uint32_t)w->cols, w->type, c->acth_hi,
-					    c->acth_lo, c->ascale), "split activations");
+					     c->acth_lo, c->ascale), "split activations");
 		break;
 	default:
 		break;
@@ -885,8 +885,8 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 		if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
 			return rc;
 		CKL(gpud_k_mv_group(c->stream, ws, ys, n, false, x, c->actq, c->actd, T, nullptr,
-				   nullptr),
-		   "matmul (gemv)");
+				    nullptr),
+		    "matmul (gemv)");
 		return 0;
 	}
 	for (int i = 0; i < n; i++) {
@@ -912,8 +912,8 @@ int add_norm(cuda_ctx *c, bool add, const float *w, const gpud_cuda_mat *next, u
 	bool q = w && next && is_int8(next) && next->cols == c->hp->dim;
 
 	CKL(gpud_k_add_norm(c->stream, c->x, c->xb, w, add, nullptr, T, c->hp->dim,
-			   c->hp->norm_eps, q ? c->actq : nullptr, q ? c->actd : nullptr),
-	   "rmsnorm");
+			    c->hp->norm_eps, q ? c->actq : nullptr, q ? c->actd : nullptr),
+	    "rmsnorm");
 	if (prepared)
 		*prepared = q;
 	return 0;
@@ -963,14 +963,14 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if (!prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
-					 c->rope_inv, &kv),
-			   "matmul (gemv, rope)");
+					  c->rope_inv, &kv),
+			    "matmul (gemv, rope)");
 		} else {
 			if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
 				return rc;
 			CKL(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv,
-					     &kv, T),
-			   "rope");
+					      &kv, T),
+			    "rope");
 		}
 		// int8 wo: attention quantizes its output for it
 		bool att_q = is_int8(&D->wo) && D->wo.cols == hp->n_heads * hp->head_dim &&
@@ -979,7 +979,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		att.ad = att_q ? c->actd : nullptr;
 		prof_stage(c, "attention");
 		CKL(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
-				    L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
+				     L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
 		prof_stage(c, "o");
 		if ((!att_q && (rc = prep(c, &D->wo, c->att, T, err, errlen))) ||
 		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)))
@@ -997,13 +997,13 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
-					   T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
-			   "matmul (gemv, swiglu)");
+					    T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
+			    "matmul (gemv, swiglu)");
 			prof_stage(c, "down");
 			if (glu_q)
 				CKL(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb,
-					       &c->ksplit),
-				   "matmul (int8)");
+					        &c->ksplit),
+				    "matmul (int8)");
 			else if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 				 (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
 				return rc;
@@ -1011,7 +1011,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
 				return rc;
 			CKL(gpud_k_swiglu(c->stream, c->hb, c->hb2, (uint64_t)T * hp->ffn_dim),
-			   "swiglu");
+			    "swiglu");
 			prof_stage(c, "down");
 			if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 			    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
@@ -1027,14 +1027,14 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		return rc;
 	if (n_logits) {
 		CKL(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
-				   n_logits, hp->dim, hp->norm_eps, nullptr, nullptr), "final norm");
+				    n_logits, hp->dim, hp->norm_eps, nullptr, nullptr), "final norm");
 		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
 		prof_stage(c, "sampling");
 		CKL(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
 		CKL(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
-			       c->meta + L->m_draw, c->amax), "draw");
+			        c->meta + L->m_draw, c->amax), "draw");
 	}
 	return 0;
 }
@@ -1095,8 +1095,6 @@ int run_step(cuda_ctx *c, const struct gpud_fwd_batch *b, char *err, size_t errl
 		CK(cudaGraphLaunch(c->graph[T], c->stream), "cudaGraphLaunch");
 		c->graph_steps++;
 	} else if ((rc = enqueue(c, T, b->n_logits, b->want_hidden, err, errlen))) {
-		if (c->pf)
-			c->pf->n = 0;
 		return rc;
 	}
 	if (c->pf && c->pf->n &&
