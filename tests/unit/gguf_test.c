@@ -608,6 +608,9 @@ C(c_ndims_huge, patch_u32(p, L->w_ndims, 0x7fffffff))
 C(c_dim0, patch_u64(p, L->w_ne1, 0))
 C(c_dim_neg, patch_u64(p, L->w_ne0, 1ull << 63))
 C(c_dim_overflow, patch_u64(p, L->w_ne0, 1ull << 62); patch_u64(p, L->w_ne1, 4))
+/* 2^62 f32 elements: the count fits, its 2^64 bytes do not (found by fuzz_gguf:
+ * the size wrapped to 0 and passed the bounds check) */
+C(c_bytes_overflow, patch_u64(p, L->w_ne0, 1ull << 61); patch_u64(p, L->w_ne1, 2))
 C(c_type_unknown, patch_u32(p, L->w_type, 99))
 C(c_type_gap, patch_u32(p, L->w_type, 40))
 C(c_type_q4k, patch_u32(p, L->w_type, 3))
@@ -657,6 +660,7 @@ static const struct corruption corruptions[] = {
 	{ "dim 0", c_dim0, SW_EFORMAT, "tensor 0 'w': dimension 1 is 0" },
 	{ "dim 2^63", c_dim_neg, SW_EFORMAT, "dimension 0 is 9223372036854775808" },
 	{ "dims overflow", c_dim_overflow, SW_EFORMAT, "'w': element count overflows at dimension 1" },
+	{ "bytes overflow", c_bytes_overflow, SW_EFORMAT, "tensor 0 'w': 4611686018427387904 elements of f32 overflow 64-bit sizes" },
 	{ "type 99", c_type_unknown, SW_EFORMAT, "tensor 0 'w': unknown ggml type 99" },
 	{ "type 40", c_type_gap, SW_EFORMAT, "unknown ggml type 40" },
 	{ "type q4_1", c_type_q4k, SW_EUNSUPPORTED, "tensor 0 'w': type q4_1 (3) is not supported" },
