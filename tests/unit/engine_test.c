@@ -912,7 +912,8 @@ static void test_cli(void **state)
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_string_equal(out, "403 407 261 378\n");
 	/* Vocab-only file: no tensors. */
-	snprintf(cmd, sizeof(cmd), "%s tokenize --model ../shared/tokenizer/ggml-vocab-llama-spm.gguf "
+	snprintf(cmd, sizeof(cmd),
+		 "%s tokenize --model " SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-spm.gguf "
 		 "'Hello world'", GPUD_BIN);
 	assert_int_equal(run(cmd, out, sizeof(out)), 0);
 	assert_true(strlen(out) > 2 && strspn(out, "0123456789 \n") == strlen(out));
@@ -937,7 +938,7 @@ static void test_cli(void **state)
 	 * error. */
 	snprintf(cmd, sizeof(cmd),
 		 "%s mkmodel --out %s/qw.gguf --arch qwen2 --dim 64 --layers 1 --heads 4 "
-		 "--kv-heads 2 --ffn 64 --vocab-from ../shared/tokenizer/ggml-vocab-qwen2.gguf "
+		 "--kv-heads 2 --ffn 64 --vocab-from " SW_SHARED_DIR "/tokenizer/ggml-vocab-qwen2.gguf "
 		 "--type q8_0 --tied --rope-base 1000000 --context 64 2>&1 && "
 		 "%s generate --model %s/qw.gguf --prompt 'Hello 123' --max-tokens 4 2>&1 >/dev/null",
 		 GPUD_BIN, tmpdir, GPUD_BIN, tmpdir);
@@ -952,7 +953,7 @@ static void test_cli(void **state)
 	 * stories260K has no template, which is an error. */
 	snprintf(cmd, sizeof(cmd),
 		 "%s mkmodel --out %s/l3.gguf --dim 64 --layers 1 --heads 4 --kv-heads 1 --ffn 64 "
-		 "--vocab-from ../shared/tokenizer/ggml-vocab-llama-bpe.gguf --type q8_0 --tied "
+		 "--vocab-from " SW_SHARED_DIR "/tokenizer/ggml-vocab-llama-bpe.gguf --type q8_0 --tied "
 		 "--rope-scale 32 --rope-base 500000 --context 64 2>&1 && "
 		 "%s generate --model %s/l3.gguf --prompt Hi --chat --max-tokens 3 2>&1 >/dev/null",
 		 GPUD_BIN, tmpdir, GPUD_BIN, tmpdir);
