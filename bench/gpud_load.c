@@ -1172,7 +1172,7 @@ static void summarize(const struct sample *s, size_t n, double wall, struct summ
 }
 
 static const char *const alloc_keys[] = { "host", "host_loop", "host_device", "host_other",
-					  "device" };
+					  "host_foreign", "device" };
 static const char *const delta_keys[] = { "requests.admitted", "requests.completed",
 					  "requests.errors", "requests.cancelled",
 					  "requests.busy", "requests.refused",

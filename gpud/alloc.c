@@ -37,8 +37,8 @@ static __thread enum gpud_alloc_role cur_role __attribute__((tls_model("initial-
 
 void gpud_alloc_set_role(enum gpud_alloc_role role)
 {
-	if ((unsigned)role >= GPUD_ALLOC_ROLES)
-		role = GPUD_ALLOC_OTHER;
+	if ((unsigned)role >= GPUD_ALLOC_ROLES || role == GPUD_ALLOC_FOREIGN)
+		role = GPUD_ALLOC_OTHER; /* a thread that names a role is gpud's */
 	cur_role = role;
 }
 
@@ -50,6 +50,8 @@ enum gpud_alloc_role gpud_alloc_role(void)
 const char *gpud_alloc_role_name(enum gpud_alloc_role role)
 {
 	switch (role) {
+	case GPUD_ALLOC_FOREIGN:
+		return "foreign";
 	case GPUD_ALLOC_OTHER:
 		return "other";
 	case GPUD_ALLOC_LOOP:
@@ -106,6 +108,15 @@ void gpud_alloc_counts(struct gpud_alloc_counts *c)
 	}
 	c->device_allocs = atomic_load_explicit(&dev_allocs, memory_order_relaxed);
 	c->device_bytes = atomic_load_explicit(&dev_bytes, memory_order_relaxed);
+}
+
+uint64_t gpud_alloc_own_host(const struct gpud_alloc_counts *c)
+{
+	uint64_t n = 0;
+
+	for (int i = GPUD_ALLOC_OTHER; i < GPUD_ALLOC_ROLES; i++)
+		n += c->host_allocs[i];
+	return n;
 }
 
 uint64_t gpud_alloc_host_allocs(void)

@@ -38,11 +38,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* A thread's role. Every thread gpud starts names one (the main thread
+ * through alloc_hook.c's constructor); a thread that never did was started
+ * by a library for itself - the CUDA driver's own threads, which allocate
+ * now and then on a real GPU - and counts as foreign: reported on its own,
+ * never part of the host counts that gpud answers for (GPUD_ALLOC_ROLES
+ * from GPUD_ALLOC_OTHER on). */
 enum gpud_alloc_role {
-	GPUD_ALLOC_OTHER = 0,  /* start-up, helper threads, libraries' threads */
-	GPUD_ALLOC_LOOP = 1,   /* the server's event loop (request path) */
-	GPUD_ALLOC_DEVICE = 2, /* device workers (step path) */
-	GPUD_ALLOC_ROLES = 3,
+	GPUD_ALLOC_FOREIGN = 0, /* threads gpud did not start (a library's own) */
+	GPUD_ALLOC_OTHER = 1,   /* start-up, sampling and helper threads */
+	GPUD_ALLOC_LOOP = 2,    /* the server's event loop (request path) */
+	GPUD_ALLOC_DEVICE = 3,  /* device workers and their compute threads (step path) */
+	GPUD_ALLOC_ROLES = 4,
 };
 
 /* Sets the calling thread's role (thread-local). */
@@ -68,8 +75,8 @@ struct gpud_alloc_counts {
 /* Counts since process start. Any thread; never allocates. */
 void gpud_alloc_counts(struct gpud_alloc_counts *c);
 
-/* Host allocations of every role, i.e. of every thread, since process
- * start (the sum of gpud_alloc_counts' host_allocs). Tests and
+/* Host allocations of every role, i.e. of every thread (foreign ones
+ * too), since process start (the sum of gpud_alloc_counts' host_allocs). Tests and
  * benchmarks that check that a region allocates nothing read it before
  * and after the region. Stays 0 while gpud_alloc_hooked() is false. Any
  * thread; never allocates. */
@@ -90,7 +97,12 @@ bool gpud_alloc_warm(void);
 /* Counts since the warm-up mark (all zero before the mark). */
 void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
 
-const char *gpud_alloc_role_name(enum gpud_alloc_role role); /* "other", "loop", "device" */
+/* "foreign", "other", "loop", "device" */
+const char *gpud_alloc_role_name(enum gpud_alloc_role role);
+
+/* The host allocations of gpud's own threads in c (every role but
+ * GPUD_ALLOC_FOREIGN): what must stay 0 after warm-up. */
+uint64_t gpud_alloc_own_host(const struct gpud_alloc_counts *c);
 
 /* For gpud/alloc_hook.c only: feed the counters (the calling thread's
  * role; lock-free, never allocate) and report the probe: called once,

@@ -206,6 +206,9 @@ __attribute__((constructor(101))) static void alloc_hook_init(void)
 	uint64_t a = 0, b = 0;
 	void *p;
 
+	/* the main thread is gpud's own (every thread gpud starts names its
+	 * role; one that never did is a library's: GPUD_ALLOC_FOREIGN) */
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
 	if (install() != 0)
 		return;
 	gpud_alloc_counts(&before);

@@ -782,10 +782,11 @@ static void log_stopped(struct gpud_daemon *d)
 	gpud_alloc_since_warmup(&c);
 	log_info("stopped: %" PRIu64 " requests completed, %" PRIu64 " errors, %" PRIu64
 		 " cancelled; host allocations since warm-up: loop %" PRIu64 ", device %"
-		 PRIu64 "%s", (uint64_t)atomic_load(&d->completed) +
-		 atomic_load(&d->embeds), (uint64_t)atomic_load(&d->errors),
-		 (uint64_t)atomic_load(&d->cancelled), c.host_allocs[GPUD_ALLOC_LOOP],
-		 c.host_allocs[GPUD_ALLOC_DEVICE],
+		 PRIu64 ", other %" PRIu64 " (threads libraries started for themselves: %"
+		 PRIu64 ")%s", (uint64_t)atomic_load(&d->completed) + atomic_load(&d->embeds),
+		 (uint64_t)atomic_load(&d->errors), (uint64_t)atomic_load(&d->cancelled),
+		 c.host_allocs[GPUD_ALLOC_LOOP], c.host_allocs[GPUD_ALLOC_DEVICE],
+		 c.host_allocs[GPUD_ALLOC_OTHER], c.host_allocs[GPUD_ALLOC_FOREIGN],
 		 gpud_alloc_hooked() ? "" : " (not counted in this build)");
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "gpud/alloc.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/prefix.h"
@@ -330,6 +331,7 @@ static void *sampling_main(void *arg)
 	struct gpud_sched *s = t->s;
 	struct sampling *sm = &s->sm;
 
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER); /* gpud's own: counted */
 	pthread_mutex_lock(&sm->mu);
 	sm->n_up++;
 	pthread_cond_broadcast(&sm->up);

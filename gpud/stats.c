@@ -13,11 +13,12 @@
 
 #define MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* gpud's own threads: every role but the foreign one */
 static uint64_t host_sum(const uint64_t *v)
 {
 	uint64_t s = 0;
 
-	for (int i = 0; i < GPUD_ALLOC_ROLES; i++)
+	for (int i = GPUD_ALLOC_OTHER; i < GPUD_ALLOC_ROLES; i++)
 		s += v[i];
 	return s;
 }
@@ -30,6 +31,9 @@ static void json_alloc_counts(struct gpud_jsonw *w, const char *key,
 	gpud_jsonw_u64(w, "host_loop", c->host_allocs[GPUD_ALLOC_LOOP]);
 	gpud_jsonw_u64(w, "host_device", c->host_allocs[GPUD_ALLOC_DEVICE]);
 	gpud_jsonw_u64(w, "host_other", c->host_allocs[GPUD_ALLOC_OTHER]);
+	/* threads a library started for itself (the CUDA driver's): not
+	 * gpud's, so not in "host" */
+	gpud_jsonw_u64(w, "host_foreign", c->host_allocs[GPUD_ALLOC_FOREIGN]);
 	gpud_jsonw_u64(w, "device", c->device_allocs);
 	gpud_jsonw_u64(w, "host_frees", host_sum(c->host_frees));
 	gpud_jsonw_u64(w, "host_bytes", host_sum(c->host_bytes));

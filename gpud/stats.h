@@ -19,8 +19,12 @@
  *                    "stalled" },
  *   "alloc": { "counted": true, "warm": true,
  *              "since_warmup": { "host": N, "host_loop": N, "host_device": N,
- *                                "host_other": N, "device": N, "host_frees": N,
- *                                "host_bytes": N, "device_bytes": N },
+ *                                "host_other": N, "host_foreign": N, "device": N,
+ *                                "host_frees": N, "host_bytes": N,
+ *                                "device_bytes": N },
+ *     ("host", "host_frees", "host_bytes": gpud's own threads, loop + device
+ *     + other; "host_foreign": threads a library started for itself, such
+ *     as the CUDA driver's, not gpud's to answer for)
  *              "total": { ...same keys... } },
  *     (counted false: "since_warmup" and "total" are null - not counted is
  *     not zero)

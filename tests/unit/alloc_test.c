@@ -251,8 +251,9 @@ static void *role_thread(void *arg)
 {
 	struct role_job *j = arg;
 
-	j->seen = gpud_alloc_role(); /* a new thread starts as OTHER */
-	gpud_alloc_set_role(j->role);
+	j->seen = gpud_alloc_role(); /* a new thread starts as FOREIGN */
+	if (j->role != GPUD_ALLOC_FOREIGN) /* a library's thread names none */
+		gpud_alloc_set_role(j->role);
 	for (int i = 0; i < j->n; i++)
 		v_free(v_malloc(32));
 	return NULL;
@@ -260,12 +261,13 @@ static void *role_thread(void *arg)
 
 static void test_roles_per_thread(void **state)
 {
-	struct role_job jobs[2] = {
+	struct role_job jobs[3] = {
 		{ .role = GPUD_ALLOC_DEVICE, .n = 1000, .seen = GPUD_ALLOC_ROLES },
 		{ .role = GPUD_ALLOC_LOOP, .n = 300, .seen = GPUD_ALLOC_ROLES },
+		{ .role = GPUD_ALLOC_FOREIGN, .n = 50, .seen = GPUD_ALLOC_ROLES },
 	};
 	struct gpud_alloc_counts a, b;
-	pthread_t t[2];
+	pthread_t t[3];
 
 	(void)state;
 	if (!gpud_alloc_hooked())
@@ -276,13 +278,20 @@ static void test_roles_per_thread(void **state)
 	 * from after both threads exist, the jobs wait for nothing else */
 	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
 	a = counts();
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 3; i++)
 		assert_int_equal(pthread_create(&t[i], NULL, role_thread, &jobs[i]), 0);
-	for (int i = 0; i < 2; i++)
+	for (int i = 0; i < 3; i++)
 		assert_int_equal(pthread_join(t[i], NULL), 0);
 	b = counts();
-	assert_int_equal(jobs[0].seen, GPUD_ALLOC_OTHER);
-	assert_int_equal(jobs[1].seen, GPUD_ALLOC_OTHER);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(jobs[i].seen, GPUD_ALLOC_FOREIGN);
+	/* the thread that never named a role (as the CUDA driver's own do):
+	 * foreign, and not in the count gpud answers for */
+	assert_true(D_ALLOCS(a, b, GPUD_ALLOC_FOREIGN) >= 50);
+	assert_true(D_ALLOCS(a, b, GPUD_ALLOC_FOREIGN) <= 60);
+	assert_int_equal(gpud_alloc_own_host(&b) - gpud_alloc_own_host(&a),
+			 D_ALLOCS(a, b, GPUD_ALLOC_OTHER) + D_ALLOCS(a, b, GPUD_ALLOC_LOOP) +
+			 D_ALLOCS(a, b, GPUD_ALLOC_DEVICE));
 	assert_int_equal(D_ALLOCS(a, b, GPUD_ALLOC_DEVICE), 1000);
 	assert_int_equal(D_FREES(a, b, GPUD_ALLOC_DEVICE), 1000);
 	assert_int_equal(D_BYTES(a, b, GPUD_ALLOC_DEVICE), 32000);
@@ -292,8 +301,11 @@ static void test_roles_per_thread(void **state)
 	assert_true(D_ALLOCS(a, b, GPUD_ALLOC_LOOP) <= 310);
 	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_OTHER); /* ours untouched */
 
-	/* an out-of-range role falls back to OTHER */
+	/* an out-of-range role falls back to OTHER, and so does FOREIGN: a
+	 * thread that names a role is gpud's */
 	gpud_alloc_set_role((enum gpud_alloc_role)7);
+	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_OTHER);
+	gpud_alloc_set_role(GPUD_ALLOC_FOREIGN);
 	assert_int_equal(gpud_alloc_role(), GPUD_ALLOC_OTHER);
 }
 
@@ -398,6 +410,7 @@ static void test_host_allocs_region(void **state)
 static void test_role_names(void **state)
 {
 	(void)state;
+	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_FOREIGN), "foreign");
 	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_OTHER), "other");
 	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_LOOP), "loop");
 	assert_string_equal(gpud_alloc_role_name(GPUD_ALLOC_DEVICE), "device");

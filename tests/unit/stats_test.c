@@ -149,14 +149,22 @@ static uint64_t u(json_t *o, const char *key)
 static void check_counts(json_t *o, const struct gpud_alloc_counts *c)
 {
 	assert_true(json_is_object(o));
-	assert_int_equal(json_object_size(o), 8);
-	assert_int_equal(u(o, "host"), c->host_allocs[0] + c->host_allocs[1] + c->host_allocs[2]);
+	assert_int_equal(json_object_size(o), 9);
+	/* gpud's threads; the foreign ones on their own */
+	assert_int_equal(u(o, "host"), c->host_allocs[GPUD_ALLOC_OTHER] +
+					c->host_allocs[GPUD_ALLOC_LOOP] +
+					c->host_allocs[GPUD_ALLOC_DEVICE]);
+	assert_int_equal(u(o, "host_foreign"), c->host_allocs[GPUD_ALLOC_FOREIGN]);
 	assert_int_equal(u(o, "host_loop"), c->host_allocs[GPUD_ALLOC_LOOP]);
 	assert_int_equal(u(o, "host_device"), c->host_allocs[GPUD_ALLOC_DEVICE]);
 	assert_int_equal(u(o, "host_other"), c->host_allocs[GPUD_ALLOC_OTHER]);
 	assert_int_equal(u(o, "device"), c->device_allocs);
-	assert_int_equal(u(o, "host_frees"), c->host_frees[0] + c->host_frees[1] + c->host_frees[2]);
-	assert_int_equal(u(o, "host_bytes"), c->host_bytes[0] + c->host_bytes[1] + c->host_bytes[2]);
+	assert_int_equal(u(o, "host_frees"), c->host_frees[GPUD_ALLOC_OTHER] +
+					      c->host_frees[GPUD_ALLOC_LOOP] +
+					      c->host_frees[GPUD_ALLOC_DEVICE]);
+	assert_int_equal(u(o, "host_bytes"), c->host_bytes[GPUD_ALLOC_OTHER] +
+					      c->host_bytes[GPUD_ALLOC_LOOP] +
+					      c->host_bytes[GPUD_ALLOC_DEVICE]);
 	assert_int_equal(u(o, "device_bytes"), c->device_bytes);
 }
 
@@ -508,8 +516,9 @@ static void test_prometheus(void **state)
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
 	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 4, 16 per device, 12 per pool, 9 per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 4 + 16 * 2 + 12 * 3 + 9 * 2);
+	 * families of 5 (4 host roles, device), 16 per device, 12 per pool, 9
+	 * per cache */
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 5 + 16 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
@@ -526,9 +535,11 @@ static void test_prometheus(void **state)
 	assert_non_null(strstr(big, "\ngpud_info{version=\"0.4.0\"} 1\n"));
 	assert_non_null(strstr(big, "\ngpud_draining 1\n"));
 	assert_non_null(strstr(big,
-			       "\ngpud_alloc_since_warmup{kind=\"host\",role=\"device\"} 12\n"));
+			       "\ngpud_alloc_since_warmup{kind=\"host\",role=\"device\"} 13\n"));
+	assert_non_null(strstr(big,
+			       "\ngpud_alloc_since_warmup{kind=\"host\",role=\"foreign\"} 10\n"));
 	assert_non_null(strstr(big, "\ngpud_alloc_since_warmup{kind=\"device\"} 0\n"));
-	assert_non_null(strstr(big, "\ngpud_alloc_total{kind=\"host\",role=\"loop\"} 1001\n"));
+	assert_non_null(strstr(big, "\ngpud_alloc_total{kind=\"host\",role=\"loop\"} 1002\n"));
 	assert_non_null(strstr(big, "\ngpud_alloc_bytes_total{kind=\"device\"} 5000\n"));
 	assert_non_null(strstr(big, "\ngpud_device_steps_total{device=\"cpu1\"} 13\n"));
 	assert_non_null(strstr(big, "\ngpud_device_placed_prefix_total{device=\"cpu1\"} 17\n"));

@@ -8,6 +8,7 @@
  * themselves in a counter so the fast path needs no system call.
  */
 #include "gpud/backend/cpu/threadpool.h"
+#include "gpud/alloc.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -124,6 +125,7 @@ static void *worker_main(void *p)
 	struct gpud_tp *tp = w->tp;
 	uint32_t seen = 0;
 
+	gpud_alloc_set_role(GPUD_ALLOC_DEVICE); /* the step's compute threads */
 	if (atomic_fetch_sub(&tp->starting, 1) == 1)
 		futex_wake_all(&tp->starting);
 	for (;;) {
