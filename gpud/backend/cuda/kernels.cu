@@ -487,6 +487,10 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
  * into aq, ad as gpud_k_quantize_act would: the O matmul's int8 input, one
  * launch fewer. */
 #define ATT_CHUNK GPUD_CUDA_ATT_CHUNK
+/* Decode CTAs (one query token, split keys) hold at most this many heads,
+ * so that their kernel, bounded at 256 threads, has the registers to keep
+ * many loads in flight; prefill CTAs (tiles) take up to 1024 threads. */
+#define ATT_DEC_HEADS 8u
 
 /* Element lane + 32 i of the (token, head) whose output starts at base: v
  * into out, and with aq into its int8 block (whole warps: with aq,
@@ -507,12 +511,19 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 	}
 }
 
-template <int MAXD, typename KT>
-__global__ void __launch_bounds__(1024)
+template <int MAXD, typename KT, bool DEC>
+__global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
 {
+	/* Loads in flight per lane: K rows staged at a time (ATT_K), V
+	 * positions or split partials folded at a time (ATT_V): as many as
+	 * the registers allow without spilling, 64 a thread at 1024 threads,
+	 * more in decode CTAs (ptxas -v) */
+	constexpr int ATT_K = DEC ? (MAXD >= 8 ? 2 : 4) : 1;
+	constexpr int ATT_V = DEC ? 32 / MAXD : (4 / MAXD > 0 ? 4 / MAXD : 1);
+
 	pdl_enter();
 	extern __shared__ float smem[];
 	__shared__ bool last;
@@ -576,13 +587,37 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		/* a barrier too: the previous chunk's K is read */
 		if (!__syncthreads_or(bv != 0))
 			continue; /* no warp sees it */
-		for (uint32_t j = w; j < ATT_CHUNK && c * ATT_CHUNK + j <= pos_max; j += nw) {
-			uint64_t src = __shfl_sync(FULL, row, j);
-			float *dst = ks + j * kst;
-			for (uint32_t d2 = lane; d2 < hd / 2; d2 += 32) {
-				float2 x = kv_ld<KT>::two(kbase, src + 2 * d2);
-				dst[2 * d2] = x.x;
-				dst[2 * d2 + 1] = x.y;
+		/* the chunk's rows, ATT_K per warp at a time: their loads issued
+		 * together, then stored (one memory latency per ATT_K rows, not
+		 * one per row) */
+		uint32_t jn = pos_max - c * ATT_CHUNK + 1;
+		if (jn > ATT_CHUNK)
+			jn = ATT_CHUNK;
+		for (uint32_t j0 = w; j0 < jn; j0 += ATT_K * nw) {
+			float2 x[ATT_K][(MAXD + 1) / 2];
+#pragma unroll
+			for (int u = 0; u < ATT_K; u++) {
+				uint32_t j = j0 + u * nw;
+				uint64_t src = __shfl_sync(FULL, row, j < jn ? j : 0);
+#pragma unroll
+				for (int i = 0; i < (MAXD + 1) / 2; i++) {
+					uint32_t d2 = lane + 32 * i;
+					if (j < jn && d2 < hd / 2)
+						x[u][i] = kv_ld<KT>::two(kbase, src + 2 * d2);
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < ATT_K; u++) {
+				uint32_t j = j0 + u * nw;
+				float *dst = ks + j * kst;
+#pragma unroll
+				for (int i = 0; i < (MAXD + 1) / 2; i++) {
+					uint32_t d2 = lane + 32 * i;
+					if (j < jn && d2 < hd / 2) {
+						dst[2 * d2] = x[u][i].x;
+						dst[2 * d2 + 1] = x[u][i].y;
+					}
+				}
 			}
 		}
 		__syncthreads();
@@ -609,16 +644,27 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 #pragma unroll
 		for (int i = 0; i < MAXD; i++)
 			o[i] *= corr;
-		for (uint32_t jj = 0; jj < ATT_CHUNK; jj++) {
-			float pj = __shfl_sync(FULL, pr, jj);
-			uint64_t rj = __shfl_sync(FULL, row, jj);
-			if (pj == 0.0f)
-				continue;
+		/* V, ATT_V positions at a time: their loads issued together (a
+		 * position no one sees has a valid row, its value unused), then
+		 * folded in position order, each only where its weight is not 0:
+		 * the same sums as one position at a time */
+		for (uint32_t j0 = 0; j0 < ATT_CHUNK; j0 += ATT_V) {
+			float vv[ATT_V][MAXD];
 #pragma unroll
-			for (int i = 0; i < MAXD; i++) {
-				uint32_t d = lane + 32 * i;
-				if (d < hd)
-					o[i] = fmaf(pj, kv_ld<KT>::one(vbase, rj + d), o[i]);
+			for (int u = 0; u < ATT_V; u++) {
+				uint64_t rj = __shfl_sync(FULL, row, j0 + u);
+#pragma unroll
+				for (int i = 0; i < MAXD; i++) {
+					uint32_t d = lane + 32 * i;
+					vv[u][i] = d < hd ? kv_ld<KT>::one(vbase, rj + d) : 0.0f;
+				}
+			}
+#pragma unroll
+			for (int u = 0; u < ATT_V; u++) {
+				float pj = __shfl_sync(FULL, pr, j0 + u);
+#pragma unroll
+				for (int i = 0; i < MAXD; i++)
+					o[i] = pj != 0.0f ? fmaf(pj, vv[u][i], o[i]) : o[i];
 			}
 		}
 	}
@@ -669,17 +715,37 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	float L = warp_sum(lane < n_split ? ph[lane * pstride + hd + 1] * ws : 0.0f);
 	float inv = 1.0f / L;
 	size_t base = ((size_t)t * nh + h) * hd;
+	/* every split wrote its partial (o 0 where it saw nothing): ATT_V
+	 * splits' loads at a time, folded in split order where their weight
+	 * is not 0 */
+	float acc[MAXD];
 #pragma unroll
-	for (int i = 0; i < MAXD; i++) {
-		uint32_t d = lane + 32 * i;
-		float acc = 0.0f;
-		for (uint32_t sp = 0; sp < n_split; sp++) {
-			float wsp = __shfl_sync(FULL, ws, sp);
-			if (wsp != 0.0f && d < hd)
-				acc = fmaf(wsp, ph[sp * pstride + d], acc);
+	for (int i = 0; i < MAXD; i++)
+		acc[i] = 0.0f;
+	for (uint32_t s0 = 0; s0 < n_split; s0 += ATT_V) {
+		float pv[ATT_V][MAXD];
+#pragma unroll
+		for (int u = 0; u < ATT_V; u++) {
+			uint32_t sp = s0 + u;
+#pragma unroll
+			for (int i = 0; i < MAXD; i++) {
+				uint32_t d = lane + 32 * i;
+				pv[u][i] = sp < n_split && d < hd ? ph[sp * pstride + d] : 0.0f;
+			}
 		}
-		att_out(out, aq, ad, base, i, lane, hd, acc * inv);
+#pragma unroll
+		for (int u = 0; u < ATT_V; u++) {
+			uint32_t sp = s0 + u;
+			float wsp = __shfl_sync(FULL, ws, sp < n_split ? sp : 0);
+#pragma unroll
+			for (int i = 0; i < MAXD; i++)
+				if (sp < n_split && wsp != 0.0f)
+					acc[i] = fmaf(wsp, pv[u][i], acc[i]);
+		}
 	}
+#pragma unroll
+	for (int i = 0; i < MAXD; i++)
+		att_out(out, aq, ad, base, i, lane, hd, acc[i] * inv);
 }
 
 cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
@@ -689,6 +755,9 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 {
 	uint32_t hd = kv->head_dim, G = kv->n_heads / kv->n_kv_heads, hg = a->heads;
 	uint32_t n_t = a->tiles ? a->tile : 1, splits = a->tiles ? 1 : a->splits;
+
+	if (!a->tiles && hg > ATT_DEC_HEADS)
+		hg = ATT_DEC_HEADS; /* the decode kernel's bound */
 	dim3 grid(a->tiles ? a->n_tiles : a->T, kv->n_kv_heads * ((G + hg - 1) / hg),
 		  splits ? splits : 1);
 	dim3 block(32 * hg * n_t);
@@ -699,11 +768,12 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	if (a->aq && (hd % GPUD_QK || !a->ad))
 		return cudaErrorInvalidValue;
 
-#define ATT_T(md, KT)                                                                          \
-	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md, KT>, q, out, *m,  \
-			   *kv, masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part, a->cnt, \
-			   a->aq, a->ad)
-#define ATT(md) (kv->kv16 ? ATT_T(md, __half) : ATT_T(md, float))
+#define ATT_T(md, KT, DEC)                                                                     \
+	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md, KT, DEC>, q, out, \
+			   *m, *kv, masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part,  \
+			   a->cnt, a->aq, a->ad)
+#define ATT_D(md, KT) (a->tiles ? ATT_T(md, KT, false) : ATT_T(md, KT, true))
+#define ATT(md) (kv->kv16 ? ATT_D(md, __half) : ATT_D(md, float))
 	if (hd <= 32)
 		e = ATT(1);
 	else if (hd <= 64)
@@ -713,6 +783,7 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	else
 		e = ATT(8);
 #undef ATT
+#undef ATT_D
 #undef ATT_T
 	return launched(e);
 }
