@@ -42,6 +42,16 @@ void sw_log_init(const char *tag, enum sw_log_level level)
 	sw_log_level = level;
 }
 
+int sw_log_fd(void)
+{
+	int fd;
+
+	pthread_mutex_lock(&log_lock);
+	fd = log_fd >= 0 ? log_fd : STDERR_FILENO;
+	pthread_mutex_unlock(&log_lock);
+	return fd;
+}
+
 static int open_log_file(const char *path)
 {
 	int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0640);

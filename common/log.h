@@ -32,6 +32,10 @@ int sw_log_open(const char *path);
  * a handler. Returns 0 or a negative errno. */
 int sw_log_reopen(void);
 
+/* The fd lines go to now (the log file's, or 2 for stderr): for writers
+ * that must not allocate, such as backtrace_symbols_fd. */
+int sw_log_fd(void);
+
 /* Installs a SIGUSR1 handler that makes the next log line reopen the file. */
 int sw_log_install_sigusr1(void);
 

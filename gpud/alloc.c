@@ -8,8 +8,11 @@
  */
 #include "gpud/alloc.h"
 
+#include <execinfo.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* One cache line per role so device threads and the loop thread do not
  * bounce each other's line on every malloc. */
@@ -63,12 +66,72 @@ const char *gpud_alloc_role_name(enum gpud_alloc_role role)
 	}
 }
 
+#define TRACE_DEPTH 32
+static atomic_bool traces_armed;
+static _Atomic int n_traces;
+static struct {
+	void *pc[TRACE_DEPTH];
+	int depth;
+	enum gpud_alloc_role role;
+	size_t bytes;
+	_Atomic bool done;
+} traces[GPUD_ALLOC_TRACES];
+static __thread bool in_trace __attribute__((tls_model("initial-exec")));
+
+void gpud_alloc_traces_arm(void)
+{
+	void *pc[2];
+
+	backtrace(pc, 2); /* loads the unwinder now: it allocates once */
+	atomic_store(&traces_armed, true);
+}
+
+/* An allocation on the request or step path after warm-up: its stack
+ * into the next free record (never allocates: armed, and not re-entered). */
+static void trace(enum gpud_alloc_role role, size_t bytes)
+{
+	int i;
+
+	if (in_trace || !atomic_load_explicit(&traces_armed, memory_order_relaxed) ||
+	    atomic_load_explicit(&n_traces, memory_order_relaxed) >= GPUD_ALLOC_TRACES)
+		return;
+	i = atomic_fetch_add(&n_traces, 1);
+	if (i >= GPUD_ALLOC_TRACES)
+		return;
+	in_trace = true;
+	traces[i].depth = backtrace(traces[i].pc, TRACE_DEPTH);
+	traces[i].role = role;
+	traces[i].bytes = bytes;
+	atomic_store(&traces[i].done, true);
+	in_trace = false;
+}
+
+int gpud_alloc_traces_write(int fd)
+{
+	int n = atomic_load(&n_traces);
+
+	if (n > GPUD_ALLOC_TRACES)
+		n = GPUD_ALLOC_TRACES;
+	for (int i = 0; i < n; i++) {
+		if (!atomic_load(&traces[i].done))
+			continue;
+		dprintf(fd, "host allocation %d after warm-up on a %s thread (%zu bytes), from:\n",
+			i + 1, gpud_alloc_role_name(traces[i].role), traces[i].bytes);
+		backtrace_symbols_fd(traces[i].pc, traces[i].depth, fd);
+	}
+	return n;
+}
+
 void gpud_alloc__host_alloc(size_t bytes)
 {
-	struct role_counts *r = &host[cur_role];
+	enum gpud_alloc_role role = cur_role;
+	struct role_counts *r = &host[role];
 
 	atomic_fetch_add_explicit(&r->allocs, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&r->bytes, bytes, memory_order_relaxed);
+	if ((role == GPUD_ALLOC_LOOP || role == GPUD_ALLOC_DEVICE) &&
+	    atomic_load_explicit(&warm, memory_order_relaxed))
+		trace(role, bytes);
 }
 
 void gpud_alloc__host_free(void)

@@ -97,6 +97,17 @@ bool gpud_alloc_warm(void);
 /* Counts since the warm-up mark (all zero before the mark). */
 void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
 
+/* Where an allocation that should not happen came from: the stacks of the
+ * first GPUD_ALLOC_TRACES host allocations made after warm-up on the loop
+ * or a device thread (the request and step paths), taken inside the
+ * counting hook once gpud_alloc_traces_arm() has loaded the unwinder (it
+ * allocates the first time). gpud_alloc_traces_write(fd) writes them with
+ * backtrace_symbols_fd (no allocation: shared libraries' exported names,
+ * the executable's as offsets) and returns how many there were. */
+#define GPUD_ALLOC_TRACES 4
+void gpud_alloc_traces_arm(void);
+int gpud_alloc_traces_write(int fd);
+
 /* "foreign", "other", "loop", "device" */
 const char *gpud_alloc_role_name(enum gpud_alloc_role role);
 

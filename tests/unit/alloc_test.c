@@ -11,8 +11,10 @@
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -407,6 +409,40 @@ static void test_host_allocs_region(void **state)
 		assert_int_equal(b, 0);
 }
 
+/* After warm-up, armed: a step-path allocation keeps its stack, written
+ * (without allocating) at exit; other threads' allocations do not. */
+static void test_traces(void **state)
+{
+	char text[8192];
+	FILE *f;
+	size_t n;
+	void *p;
+
+	(void)state;
+	if (!gpud_alloc_hooked())
+		skip();
+	if (!gpud_alloc_warm())
+		gpud_alloc_warmup_done();
+	gpud_alloc_traces_arm();
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	free(v_malloc(55)); /* not the request or step path: no stack */
+	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
+	p = v_malloc(77);
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
+	free(p);
+	f = tmpfile();
+	assert_non_null(f);
+	assert_int_equal(gpud_alloc_traces_write(fileno(f)), 1);
+	rewind(f);
+	n = fread(text, 1, sizeof(text) - 1, f);
+	text[n] = 0;
+	fclose(f);
+	assert_non_null(strstr(text, "host allocation 1 after warm-up on a device thread "
+				     "(77 bytes), from:\n"));
+	assert_non_null(strstr(text, "alloc_test")); /* the frames: this executable's */
+	assert_null(strstr(text, "(55 bytes)"));
+}
+
 static void test_role_names(void **state)
 {
 	(void)state;
@@ -426,6 +462,7 @@ int main(void)
 		cmocka_unit_test(test_roles_per_thread),
 		cmocka_unit_test(test_warmup_and_device),
 		cmocka_unit_test(test_host_allocs_region),
+		cmocka_unit_test(test_traces),
 		cmocka_unit_test(test_role_names),
 	};
 
