@@ -659,20 +659,25 @@ static int devices_start(struct gpud_daemon *d)
 	return 0;
 }
 
-/* One tiny request and one embedding per device, through the real paths. */
-static int warm_up(struct gpud_daemon *d)
+/* Warm-up prompts: a tiny one, then one long enough for the steps that run
+ * without a graph past GPUD_CUDA_GRAPH_MAX_T tokens (the prefill matmuls and
+ * tiled attention): the CUDA runtime allocates host memory on some first
+ * launches (a 32-byte malloc inside cudaLaunchKernelExC, seen on an H200),
+ * which must happen here, not on the first long prompt a client sends. */
+#define WARMUP_LONG 96
+
+/* One request of n tokens per device (and with embed, one embedding of
+ * them), through the real paths; waits for all of them. */
+static int warm_round(struct gpud_daemon *d, const int32_t *tok, uint32_t n, bool embed)
 {
-	int32_t tok[2] = { gpud_tokenizer_bos(d->tok), 1 };
 	double t0 = now_s();
 	char err[SW_ERR_MAX];
 
-	if (tok[0] < 0)
-		tok[0] = 1;
-	atomic_store(&d->warm_left, 2 * d->n_dev);
+	atomic_store(&d->warm_left, (embed ? 2 : 1) * d->n_dev);
 	for (uint32_t i = 0; i < d->n_dev; i++) {
 		struct gpud_sched_req r = {
 			.tokens = tok,
-			.n_tokens = 2,
+			.n_tokens = n,
 			.max_tokens = 2,
 			.cb = on_warmup_event,
 			.arg = d,
@@ -690,12 +695,13 @@ static int warm_up(struct gpud_daemon *d)
 			log_error("%s: warm-up request: %s", d->dev[i].name, err);
 			return rc;
 		}
+		if (!embed)
+			continue;
 		j = gpud__job_take(&d->dev[i], &slot);
 		if (!j)
 			return -EBUSY;
-		j->tokens[0] = tok[0];
-		j->tokens[1] = tok[1];
-		j->n_tokens = 2;
+		memcpy(j->tokens, tok, n * sizeof(*tok));
+		j->n_tokens = n;
 		gpud__job_queue(&d->dev[i], j, NULL, true);
 	}
 	while (atomic_load(&d->warm_left) > 0) {
@@ -706,8 +712,30 @@ static int warm_up(struct gpud_daemon *d)
 		}
 		nanosleep(&ts, NULL);
 	}
-	log_info("warm-up done in %.1f ms (one request and one embedding per device)",
-		 (now_s() - t0) * 1e3);
+	return 0;
+}
+
+/* A tiny request and an embedding per device, then a long request. */
+static int warm_up(struct gpud_daemon *d)
+{
+	int32_t tok[WARMUP_LONG];
+	uint32_t n_long = WARMUP_LONG;
+	double t0 = now_s();
+	int rc;
+
+	tok[0] = gpud_tokenizer_bos(d->tok);
+	if (tok[0] < 0)
+		tok[0] = 1;
+	for (uint32_t i = 1; i < WARMUP_LONG; i++)
+		tok[i] = 1;
+	if ((rc = warm_round(d, tok, 2, true)))
+		return rc;
+	if (d->n_ctx < n_long + 2) /* room for the tokens it generates */
+		n_long = d->n_ctx > 4 ? d->n_ctx - 2 : 0;
+	if (n_long > 2 && (rc = warm_round(d, tok, n_long, false)))
+		return rc;
+	log_info("warm-up done in %.1f ms (per device: a 2-token request and embedding, "
+		 "a %u-token request)", (now_s() - t0) * 1e3, n_long > 2 ? n_long : 0);
 	return 0;
 }
 
