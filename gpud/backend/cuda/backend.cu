@@ -484,9 +484,12 @@ int warm_blas(cuda_ctx *c, char *err, size_t errlen)
 }
 
 // Programmatic dependent launch (kernels.cu) on the instance's stream, so
-// that each kernel is resident when the one before it ends: on a device
-// that has it (sm_90 and later) unless GPUD_CUDA_PDL=0, and only once a
-// probe has passed: two kernels, the second launched behind the first and
+// that each kernel is resident when the one before it ends: with
+// GPUD_CUDA_PDL=1, on a device that has it (sm_90 and later), and only once
+// a probe has passed. Off by default: on an H200 (2026-12-04, two runs) it
+// made a 3B Q8_0 batch-1 decode step 4% slower (2.724 against 2.617 ms),
+// each kernel letting the next launch at its start, whose CTAs then take
+// SM slots to wait in. The probe:: two kernels, the second launched behind the first and
 // reading what it wrote, eagerly and then replayed from a graph. A device
 // or driver that refuses it runs without it, and a warning says why.
 void pdl_setup(cuda_ctx *c, int major)
@@ -499,7 +502,7 @@ void pdl_setup(cuda_ctx *c, int major)
 	cudaGraphExec_t ex = nullptr;
 	cudaError_t e;
 
-	if (major < 9 || (env && !strcmp(env, "0")))
+	if (major < 9 || !env || strcmp(env, "1"))
 		return;
 	e = gpud_k_pdl(c->stream, true);
 	for (int round = 0; round < 2 && e == cudaSuccess; round++) {
