@@ -594,7 +594,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		if (jn > ATT_CHUNK)
 			jn = ATT_CHUNK;
 		for (uint32_t j0 = w; j0 < jn; j0 += ATT_K * nw) {
-			float2 x[ATT_K][(MAXD + 1) / 2];
+			float2 x[ATT_K][(MAXD + 1) / 2] = {}; /* stored where loaded only */
 #pragma unroll
 			for (int u = 0; u < ATT_K; u++) {
 				uint32_t j = j0 + u * nw;
