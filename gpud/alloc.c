@@ -86,8 +86,8 @@ void gpud_alloc_traces_arm(void)
 	atomic_store(&traces_armed, true);
 }
 
-/* An allocation on the request or step path after warm-up: its stack
- * into the next free record (never allocates: armed, and not re-entered). */
+/* An allocation by one of gpud's threads after warm-up: its stack into the
+ * next free record (never allocates: armed, and not re-entered). */
 static void trace(enum gpud_alloc_role role, size_t bytes)
 {
 	int i;
@@ -129,8 +129,7 @@ void gpud_alloc__host_alloc(size_t bytes)
 
 	atomic_fetch_add_explicit(&r->allocs, 1, memory_order_relaxed);
 	atomic_fetch_add_explicit(&r->bytes, bytes, memory_order_relaxed);
-	if ((role == GPUD_ALLOC_LOOP || role == GPUD_ALLOC_DEVICE) &&
-	    atomic_load_explicit(&warm, memory_order_relaxed))
+	if (role != GPUD_ALLOC_FOREIGN && atomic_load_explicit(&warm, memory_order_relaxed))
 		trace(role, bytes);
 }
 

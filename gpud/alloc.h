@@ -98,8 +98,8 @@ bool gpud_alloc_warm(void);
 void gpud_alloc_since_warmup(struct gpud_alloc_counts *c);
 
 /* Where an allocation that should not happen came from: the stacks of the
- * first GPUD_ALLOC_TRACES host allocations made after warm-up on the loop
- * or a device thread (the request and step paths), taken inside the
+ * first GPUD_ALLOC_TRACES host allocations made after warm-up by gpud's
+ * own threads (every role but the foreign one), taken inside the
  * counting hook once gpud_alloc_traces_arm() has loaded the unwinder (it
  * allocates the first time). gpud_alloc_traces_write(fd) writes them with
  * backtrace_symbols_fd (no allocation: shared libraries' exported names,

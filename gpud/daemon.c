@@ -770,7 +770,7 @@ static int server_listen(struct gpud_daemon *d, double t0)
 	}
 	d->last_rate_t = now_s();
 	uv_timer_start(&d->sample_timer, gpud__on_sample, IDLE_WAIT_MS, IDLE_WAIT_MS);
-	gpud_alloc_traces_arm(); /* a request- or step-path allocation from now on keeps its stack */
+	gpud_alloc_traces_arm(); /* an allocation by gpud's threads from now on keeps its stack */
 	gpud_alloc_warmup_done();
 	log_info("listening on %s (%u device%s) after %.2f s of start-up", d->cfg.gpud.socket,
 		 d->n_dev, d->n_dev == 1 ? "" : "s", now_s() - t0);
@@ -817,8 +817,8 @@ static void log_stopped(struct gpud_daemon *d)
 		 c.host_allocs[GPUD_ALLOC_LOOP], c.host_allocs[GPUD_ALLOC_DEVICE],
 		 c.host_allocs[GPUD_ALLOC_OTHER], c.host_allocs[GPUD_ALLOC_FOREIGN],
 		 gpud_alloc_hooked() ? "" : " (not counted in this build)");
-	if (c.host_allocs[GPUD_ALLOC_LOOP] || c.host_allocs[GPUD_ALLOC_DEVICE]) {
-		log_warn("the request or step path allocated after warm-up; the first %d stacks:",
+	if (gpud_alloc_own_host(&c)) {
+		log_warn("gpud's threads allocated after warm-up; the stacks of the first %d:",
 			 GPUD_ALLOC_TRACES);
 		gpud_alloc_traces_write(sw_log_fd());
 	}

@@ -489,7 +489,7 @@ int warm_blas(cuda_ctx *c, char *err, size_t errlen)
 // a probe has passed. Off by default: on an H200 (2026-12-04, two runs) it
 // made a 3B Q8_0 batch-1 decode step 4% slower (2.724 against 2.617 ms),
 // each kernel letting the next launch at its start, whose CTAs then take
-// SM slots to wait in. The probe:: two kernels, the second launched behind the first and
+// SM slots to wait in. The probe: two kernels, the second launched behind the first and
 // reading what it wrote, eagerly and then replayed from a graph. A device
 // or driver that refuses it runs without it, and a warning says why.
 void pdl_setup(cuda_ctx *c, int major)
