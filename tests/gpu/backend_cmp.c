@@ -589,6 +589,26 @@ static double prefill_s(struct inst *g, const struct gpud_model *m, uint32_t n)
 	return forward(g, &b) ? -1 : now_s() - t0;
 }
 
+/* An instance of the device under test made with the environment
+ * variable name set to value (as it was after). */
+static int inst_init_env(struct inst *g, const struct gpud_model *m, uint32_t seqs,
+			 const char *name, const char *value)
+{
+	const char *was = getenv(name);
+	char keep[64] = "";
+	int rc;
+
+	if (was)
+		snprintf(keep, sizeof(keep), "%s", was);
+	setenv(name, value, 1);
+	rc = inst_init(g, dut, m, seqs);
+	if (was)
+		setenv(name, keep, 1);
+	else
+		unsetenv(name);
+	return rc;
+}
+
 static int bench(const struct gpud_model *m, const char *label, const char *out_path)
 {
 	static const uint32_t batches[] = { 1, 16, 64 };
@@ -663,26 +683,54 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 		/* batch 1 again on an instance made with GPUD_CUDA_PDL=1: what
 		 * programmatic dependent launch is worth (the same where the
 		 * device has none) */
-		const char *was = getenv("GPUD_CUDA_PDL");
-		char keep[16] = "";
 		struct inst g2;
 		double step = -1;
 
-		if (was)
-			snprintf(keep, sizeof(keep), "%s", was);
-		setenv("GPUD_CUDA_PDL", "1", 1);
-		if (!inst_init(&g2, dut, m, 1)) {
+		if (!inst_init_env(&g2, m, 1, "GPUD_CUDA_PDL", "1")) {
 			step = decode_step_s(&g2, m, 1, 32, false, ROWS_ARGMAX);
 			g2.ops->destroy(g2.ctx);
 		}
-		if (was)
-			setenv("GPUD_CUDA_PDL", keep, 1);
-		else
-			unsetenv("GPUD_CUDA_PDL");
 		if (step < 0)
 			return 1;
 		fprintf(out, "| %s | decode batch 1, GPUD_CUDA_PDL=1 | %.1f tok/s | %.3f ms/step |\n",
 			label, 1 / step, step * 1e3);
+	}
+	if (dut != &gpud_cpu_backend && (gpud_model_weights(m)->layers[0].wq.type == GPUD_TYPE_Q8_0 ||
+					  gpud_model_weights(m)->layers[0].wq.type == GPUD_TYPE_Q4_0)) {
+		/* the int8 matmuls by the single-buffered kernel (GPUD_CUDA_MM=
+		 * single): the pipelined kernel's gain, where the decode batches
+		 * past 8 tokens and prefill take the tensor-core path */
+		struct inst g2;
+		int rc = 1;
+
+		if (!inst_init_env(&g2, m, MAX_SEQS, "GPUD_CUDA_MM", "single")) {
+			rc = 0;
+			for (size_t i = 1; !rc && i < sizeof(batches) / sizeof(batches[0]); i++) {
+				double step = decode_step_s(&g2, m, batches[i], 32, false, ROWS_ARGMAX);
+
+				if (step < 0)
+					rc = 1;
+				else
+					fprintf(out, "| %s | decode batch %u, GPUD_CUDA_MM=single | %.1f tok/s "
+						"| %.3f ms/step |\n", label, batches[i], batches[i] / step,
+						step * 1e3);
+			}
+			best = 1e30;
+			for (uint32_t r = 0; !rc && r < (bench_quick ? 2u : 4u); r++) {
+				double t = prefill_s(&g2, m, 512);
+
+				if (t < 0)
+					rc = 1;
+				else if (r && t < best)
+					best = t;
+			}
+			if (!rc)
+				fprintf(out, "| %s | prefill 512 tokens, GPUD_CUDA_MM=single | %.1f tok/s | "
+					"%.3f ms |\n", label, 512 / best, best * 1e3);
+			g2.ops->destroy(g2.ctx);
+		}
+		if (rc)
+			return 1;
 	}
 	fprintf(out, "| %s | device allocations after init over the bench | %llu | |\n", label,
 		(unsigned long long)a0);

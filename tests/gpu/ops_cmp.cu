@@ -21,6 +21,9 @@
 //   - Q8_0/Q4_0, 9 .. 64 tokens: the tensor-core kernel with its columns
 //     split (gpud_k_mm_q_splits), whose partials add in a fixed order: the
 //     GEMV's bound, and the same bits twice.
+//   Both tensor-core kernels: the pipelined one (cols % 64 == 0), and the
+//   single-buffered one on a width it alone takes and, forced with
+//   gpud_k_mm_single, on the widths the other takes.
 // RMSNorm (+ residual), SwiGLU and the embedding rows of every type are
 // checked against the same computations written here (the CPU's formulas).
 // The fused kernels (GEMVs of several matrices in one launch, gate/up with
@@ -257,7 +260,7 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 	float *yg = (float *)malloc(sizeof(float) * T * rows);
 	float *dx = (float *)dev(sizeof(float) * T * cols);
 	float *dy = (float *)dev(sizeof(float) * T * rows);
-	char what[96];
+	char what[128];
 
 	for (int64_t i = 0; i < T * cols; i++)
 		x[i] = frand() * 3.0f;
@@ -267,6 +270,9 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 		 (long long)rows, (long long)cols, T);
 	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
 	uint32_t splits = i8 ? gpud_k_mm_q_splits(rows, cols, T, &ksplit) : 1;
+	if (i8 && T > 8)
+		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %s",
+			 gpud_k_mm_pipelined(cols) ? "pipelined" : "single-buffered");
 	if (splits > 1)
 		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %u splits", splits);
 	gpu_mm(m, dx, T, dy);
@@ -282,8 +288,9 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 		uint32_t nc = (uint32_t)((rows + 31) / 32);
 		size_t nz = 0;
 
-		snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tok: repeatable, counters 0",
-			 gpud_type_name(t), (long long)rows, (long long)cols, T);
+		snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tok, %s: repeatable, counters 0",
+			 gpud_type_name(t), (long long)rows, (long long)cols, T,
+			 gpud_k_mm_pipelined(cols) ? "pipelined" : "single-buffered");
 		gpu_mm(m, dx, T, dy);
 		if (nc <= 256 && down(y2, dy, sizeof(float) * T * rows, what) &&
 		    down(c, ksplit.cnt, 4 * nc, what)) {
@@ -1078,8 +1085,16 @@ int main(int argc, char **argv)
 			check_matmul(t, 200, 320, T);
 		for (uint32_t T : { 9u, 70u })
 			check_matmul(t, 130, 320, T);
-		if (t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0)
-			check_matmul(t, 1000, 1024, 40); /* 8 splits of 32 tiles */
+		if (t != GPUD_TYPE_Q8_0 && t != GPUD_TYPE_Q4_0)
+			continue;
+		check_matmul(t, 1000, 1024, 40); /* pipelined: 8 splits of 16 tiles */
+		for (uint32_t T : { 9u, 70u }) /* 11 blocks a row: the single-buffered kernel */
+			check_matmul(t, 130, 352, T);
+		gpud_k_mm_single(true); /* and that kernel where the pipelined one fits */
+		for (uint32_t T : { 9u, 70u })
+			check_matmul(t, 130, 320, T);
+		check_matmul(t, 1000, 1024, 40); /* 8 splits of 32 tiles */
+		gpud_k_mm_single(false);
 	}
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })

@@ -304,30 +304,49 @@ static void test_att_splits(void **state)
 static void test_mm_splits(void **state)
 {
 	const uint64_t part = 8ull * 64 * 8192; /* the 3B plan's: 8 x 64 tokens x 8192 rows */
+	const enum gpud_cuda_mm_kernel P = GPUD_CUDA_MM_PIPE, S = GPUD_CUDA_MM_SINGLE;
 
 	(void)state;
-	/* Llama-3.2-3B on 132 SMs: q/o (3072 rows, 96 tiles) 3 splits, k/v
-	 * (1024 rows) 8, gate/up (8192) 2, down (3072 x 8192) 3 */
-	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 16, part, 257, 132), 3);
-	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, part, 257, 132), 8);
-	assert_int_equal(gpud_cuda_mm_splits(8192, 3072, 64, part, 257, 132), 2);
-	assert_int_equal(gpud_cuda_mm_splits(3072, 8192, 40, part, 257, 132), 3);
+	/* Llama-3.2-3B on 132 SMs, the pipelined kernel (64-row tiles, about 3
+	 * CTAs per SM): q/o (3072 rows, 48 tiles) 8 splits, k/v (1024 rows) 8,
+	 * gate/up (8192 rows, 128 tiles) 4, down (3072 x 8192) 8 */
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132), 4);
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 8192, 40, part, 257, 132), 8);
+	/* the single-buffered one (32-row tiles, about 2 CTAs per SM): q/o 3,
+	 * k/v 8, gate/up 2, down 3 */
+	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 3072, 16, part, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 257, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(S, 8192, 3072, 64, part, 257, 132), 2);
+	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 8192, 40, part, 257, 132), 3);
 	/* the GEMV's batches, prefill, and a matrix of many tiles: none */
-	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 8, part, 257, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(3072, 3072, 65, part, 257, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(128256, 3072, 64, part, 257, 132), 1);
-	/* a step of blocks per split at least: 64 columns are 1 step */
-	assert_int_equal(gpud_cuda_mm_splits(64, 64, 16, part, 257, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(64, 320, 16, part, 257, 132), 3);
-	/* the scratch bounds them: partials, then counters */
-	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
-	assert_int_equal(gpud_cuda_mm_splits(1024, 3072, 64, part, 31, 132), 1);
-	for (uint32_t T = 1; T <= 80; T++) {
-		uint32_t n = gpud_cuda_mm_splits(3072, 3072, T, part, 257, 1u << 20);
+	for (int k = 0; k < 2; k++) {
+		enum gpud_cuda_mm_kernel K = k ? S : P;
 
-		assert_true(n >= 1 && n <= GPUD_CUDA_MM_MAX_SPLITS);
-		assert_true((uint64_t)n * T * 3072 <= part || n == 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 8, part, 257, 132), 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 65, part, 257, 132), 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 128256, 3072, 64, part, 257, 132), 1);
 	}
+	/* a stage of blocks per split at least: 64 columns are 1 stage of
+	 * either kernel, 320 columns 5 of the pipelined's and 3 of the other's */
+	assert_int_equal(gpud_cuda_mm_splits(P, 64, 64, 16, part, 257, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(S, 64, 64, 16, part, 257, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(P, 64, 320, 16, part, 257, 132), 5);
+	assert_int_equal(gpud_cuda_mm_splits(S, 64, 320, 16, part, 257, 132), 3);
+	/* the scratch bounds them: partials, then counters */
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 15, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 16, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 31, 132), 1);
+	for (int k = 0; k < 2; k++)
+		for (uint32_t T = 1; T <= 80; T++) {
+			uint32_t n = gpud_cuda_mm_splits(k ? S : P, 3072, 3072, T, part, 257, 1u << 20);
+
+			assert_true(n >= 1 && n <= GPUD_CUDA_MM_MAX_SPLITS);
+			assert_true((uint64_t)n * T * 3072 <= part || n == 1);
+		}
 }
 
 static void test_errcode(void **state)

@@ -550,6 +550,21 @@ void pdl_setup(cuda_ctx *c, int major)
 			 what, cudaGetErrorString(e));
 }
 
+// The int8 tensor-core matmul (kernels.cu): the pipelined kernel wherever
+// a matrix's columns allow it, or with GPUD_CUDA_MM=single the
+// single-buffered one everywhere (to compare them on a GPU; the benchmark
+// of tests/gpu/run does). Process-wide, as the kernels' choice is; set
+// before any capture, since a graph keeps the kernels and grids it saw.
+void mm_setup(cuda_ctx *c)
+{
+	const char *env = getenv("GPUD_CUDA_MM");
+
+	if (env && strcmp(env, "single") && strcmp(env, "pipe"))
+		log_warn("cuda:%d: GPUD_CUDA_MM=%s is neither \"pipe\" nor \"single\": pipe",
+			 c->dev, env);
+	gpud_k_mm_single(env && !strcmp(env, "single"));
+}
+
 // Captures the decode graphs (T tokens, T logits rows, no hidden states)
 // for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
 // so that a replay allocates nothing. Graphs are a speed-up only: a
@@ -706,6 +721,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 		return rc;
 	if ((rc = prof_setup(c, err, errlen)))
 		return rc;
+	mm_setup(c);
 	if (!c->pf) {
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
@@ -719,11 +735,11 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
 		 "scratch %.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
-		 "programmatic dependent launch %s", c->dev,
+		 "programmatic dependent launch %s; int8 matmul %s", c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
 		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs,
-		 c->pdl ? "on" : "off");
+		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered");
 	return 0;
 }
 

@@ -59,12 +59,18 @@ struct gpud_mask;
 #define GPUD_CUDA_ATT_SMEM (48u * 1024) /* attention: shared memory of a CTA (no opt-in) */
 #define GPUD_CUDA_ATT_MAX_TILE 16u /* attention: query tokens of a prefill CTA */
 #define GPUD_CUDA_GEMV_MAX_T 8u /* matmuls of up to this many tokens: GEMVs (kernels.cuh) */
-/* the int8 tensor-core matmul (kernels.cu): a CTA's rows and tokens, the
- * 32-column blocks it stages per barrier, and its column splits at most */
-#define GPUD_CUDA_MM_TILE_ROWS 32u
+/* the int8 tensor-core matmuls (kernels.cu): a CTA's tokens and its column
+ * splits at most, both kernels; the pipelined kernel's rows, the 32-column
+ * blocks of a stage, its stages and the CTAs a multiprocessor it aims at
+ * when it splits; the single-buffered kernel's rows and blocks a barrier */
 #define GPUD_CUDA_MM_TILE_TOKENS 64u
-#define GPUD_CUDA_MM_STEP_BLOCKS 4u
 #define GPUD_CUDA_MM_MAX_SPLITS 8u
+#define GPUD_CUDA_MMP_TILE_ROWS 64u
+#define GPUD_CUDA_MMP_STEP_BLOCKS 2u
+#define GPUD_CUDA_MMP_STAGES 4u
+#define GPUD_CUDA_MMP_PER_SM 3u
+#define GPUD_CUDA_MM1_TILE_ROWS 32u
+#define GPUD_CUDA_MM1_STEP_BLOCKS 4u
 #define GPUD_CUDA_ARGMAX_PARTS 64u /* arg max: CTAs per logits row, a key each */
 
 /* Per-sequence words of the step metadata. */
@@ -213,15 +219,22 @@ uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l);
  * the device only, never on positions: a decode graph keeps its grid. */
 uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm);
 
+/* The int8 tensor-core kernels: the pipelined one (cp.async stages, sm_80
+ * and up), which needs columns of whole stages (cols % 64 == 0), and the
+ * single-buffered one, which takes every matrix (GPUD_CUDA_MM=single
+ * chooses it for all, to compare them). */
+enum gpud_cuda_mm_kernel { GPUD_CUDA_MM_PIPE = 0, GPUD_CUDA_MM_SINGLE = 1 };
+
 /* Column splits of the int8 tensor-core matmul of a rows x cols matrix
- * over T tokens (gpud_k_mm_q): 1 unless T is a decode batch past the GEMV
- * (GPUD_CUDA_GEMV_MAX_T < T <= GPUD_CUDA_MM_TILE_TOKENS, one token tile);
- * then about 2 CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a
- * step of blocks each at least, the partials (splits x T x rows floats)
- * within part_floats and the row tiles within cnt_words. A function of the
- * shapes and the device only: a decode graph keeps its grid. */
-uint32_t gpud_cuda_mm_splits(uint64_t rows, uint64_t cols, uint32_t T, uint64_t part_floats,
-			     uint32_t cnt_words, uint32_t n_sm);
+ * over T tokens (gpud_k_mm_q) by kernel k: 1 unless T is a decode batch
+ * past the GEMV (GPUD_CUDA_GEMV_MAX_T < T <= GPUD_CUDA_MM_TILE_TOKENS, one
+ * token tile); then about GPUD_CUDA_MMP_PER_SM (pipelined) or 2 (single)
+ * CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a stage of
+ * blocks each at least, the partials (splits x T x rows floats) within
+ * part_floats and the row tiles within cnt_words. A function of the shapes
+ * and the device only: a decode graph keeps its grid. */
+uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,
+			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm);
 
 /* --- the arg max of a logits row, on the device --------------------------- */
 

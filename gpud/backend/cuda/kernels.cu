@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <string.h>
 
 #include <atomic>
 
@@ -1848,9 +1849,9 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
  * fence; it resets the counter) adds the splits in order. The sum is then
  * no longer the CPU's order (ops_cmp's bound is the GEMV's), but it is the
  * same from run to run. */
-#define MMA_M GPUD_CUDA_MM_TILE_ROWS
+#define MMA_M GPUD_CUDA_MM1_TILE_ROWS
 #define MMA_N GPUD_CUDA_MM_TILE_TOKENS
-#define MMA_KB GPUD_CUDA_MM_STEP_BLOCKS
+#define MMA_KB GPUD_CUDA_MM1_STEP_BLOCKS
 
 /* d += A B for the warp's fragments (cuda_runtime.h of cuemu documents the
  * layout): the tensor-core instruction, or cuemu's emulation of it. */
@@ -2003,6 +2004,307 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 		}
 }
 
+/* --- the int8 matmul, pipelined (sm_80 and up: cp.async, m16n8k32) ---------
+ * The same sums as gemm_q_kernel's, block by block in the CPU's order (the
+ * CPU's bits when the columns are not split), but its loads go out ahead.
+ * The first runs on an H200 found gemm_q_kernel at a seventh of the
+ * device's bandwidth in decode batches of 16 to 64 tokens, and its int8
+ * matmuls 76% of a batch-64 step: two CTAs of 4 warps a multiprocessor,
+ * each loading a step into registers, storing it, and multiplying, with
+ * nothing in flight while it multiplies. Here a CTA of 4 warps holds
+ * MMP_M = 64 weight rows x 64 tokens and keeps MMP_S - 1 = 3 stages of
+ * MMP_KB = 2 blocks (64 columns) in flight with cp.async while it
+ * multiplies the fourth, one barrier a stage; decode batches split the
+ * columns to about GPUD_CUDA_MMP_PER_SM CTAs a multiprocessor, so that
+ * some 36 KB of weights a multiprocessor are on their way at any time.
+ * Each warp: 32 rows x 32 tokens, an m16n8k32 per 16 x 8 tile and block
+ * (a whole block in one instruction), then the block's scales. A stage's
+ * rows are padded by 16 bytes: a fragment's 32 lanes read 32 banks. Q4_0
+ * stays packed in shared memory (16 bytes a block): a word's low nibbles
+ * are one fragment register, its high nibbles the one 16 columns on.
+ *
+ * Needs cols % 64 (whole stages, so the scale pairs a cp.async moves are
+ * aligned) and aligned buffers (mmp_fits); other matrices take
+ * gemm_q_kernel. A warp whose tokens or rows are all past the matrix only
+ * loads. */
+#define MMP_M GPUD_CUDA_MMP_TILE_ROWS
+#define MMP_N GPUD_CUDA_MM_TILE_TOKENS
+#define MMP_KB GPUD_CUDA_MMP_STEP_BLOCKS
+#define MMP_S GPUD_CUDA_MMP_STAGES
+
+template <int TYPE> struct alignas(16) mmp_stage {
+	/* words of a row: MMP_KB blocks and 16 bytes of padding */
+	static constexpr int WW = (TYPE == GPUD_TYPE_Q8_0 ? 8 : 4) * MMP_KB + 4;
+	static constexpr int XW = 8 * MMP_KB + 4;
+	unsigned w[MMP_M][WW];
+	unsigned x[MMP_N][XW];
+	float xd[MMP_N][MMP_KB];
+	uint16_t wd[MMP_M][MMP_KB];
+};
+static_assert(sizeof(mmp_stage<GPUD_TYPE_Q8_0>) % 16 == 0 &&
+		      sizeof(mmp_stage<GPUD_TYPE_Q4_0>) % 16 == 0,
+	      "stages of whole 16-byte chunks");
+static_assert(MMP_S * sizeof(mmp_stage<GPUD_TYPE_Q8_0>) + 16 <= 48 * 1024,
+	      "static shared memory: no opt-in");
+static_assert(MMP_M == 64 && MMP_N == 64 && MMP_KB == 2, "the warp layout and mmp_load's");
+
+/* N bytes from global src to shared dst, in flight until cp_wait; zeros
+ * when !full (src is then not read, but must be a valid address). */
+template <int N>
+static __device__ __forceinline__ void cp_async(void *dst, const void *src, bool full)
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	if (full)
+		memcpy(dst, src, N);
+	else
+		memset(dst, 0, N);
+#else
+	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	if (N == 16)
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+			     "r"(full ? 16 : 0));
+	else
+		asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
+			     "n"(N), "r"(full ? N : 0));
+#endif
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+#ifndef CUEMU_CUDA_RUNTIME_H
+	asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+/* Until at most N of this thread's committed groups are in flight. */
+template <int N> static __device__ __forceinline__ void cp_wait(void)
+{
+#ifndef CUEMU_CUDA_RUNTIME_H
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
+/* d += A B, m16n8k32 (two m16n8k16 on cuemu: the same integer sums). */
+static __device__ __forceinline__ void mma_s8_k32(int d[4], const unsigned a[4],
+						  const unsigned b[2])
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu_mma_s8_m16n8k16(d, a[0], a[1], b[0], d);
+	cuemu_mma_s8_m16n8k16(d, a[2], a[3], b[1], d);
+#else
+	asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+	    : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* Stage blocks i0, i0 + 1 of the CTA's rows r0.. and tokens t0.. into s:
+ * each of the 128 threads issues 2 (Q8_0) or 1 (Q4_0) weight chunks, 2
+ * activation chunks, and a scale pair (threads 0-63 the rows', 64-127 the
+ * tokens'), rows and tokens past the matrix as zeros. */
+template <int TYPE>
+static __device__ __forceinline__ void mmp_load(mmp_stage<TYPE> &s, const uint8_t *wq,
+						const uint16_t *wd, int64_t rows, int64_t cols,
+						const int8_t *xq, const float *xd, uint32_t T,
+						int64_t r0, int64_t t0, int64_t i0, uint32_t tid)
+{
+	int64_t nb = cols / GPUD_QK;
+
+	if (TYPE == GPUD_TYPE_Q8_0) {
+#pragma unroll
+		for (uint32_t j = 0; j < 2; j++) {
+			uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
+			bool in = r0 + row < rows;
+			cp_async<16>(&s.w[row][4 * c],
+				     in ? wq + (r0 + row) * cols + i0 * GPUD_QK + 16 * c : wq, in);
+		}
+	} else {
+		uint32_t row = tid >> 1, c = tid & 1;
+		bool in = r0 + row < rows;
+		cp_async<16>(&s.w[row][4 * c],
+			     in ? wq + (r0 + row) * (cols / 2) + (i0 + c) * (GPUD_QK / 2) : wq, in);
+	}
+#pragma unroll
+	for (uint32_t j = 0; j < 2; j++) {
+		uint32_t e = tid + 128 * j, tok = e >> 2, c = e & 3;
+		bool in = t0 + tok < T;
+		cp_async<16>(&s.x[tok][4 * c],
+			     in ? xq + (t0 + tok) * cols + i0 * GPUD_QK + 16 * c : xq, in);
+	}
+	if (tid < MMP_M) {
+		bool in = r0 + tid < rows;
+		cp_async<4>(&s.wd[tid][0], in ? wd + (r0 + tid) * nb + i0 : wd, in);
+	} else {
+		uint32_t tok = tid - MMP_M;
+		bool in = t0 + tok < T;
+		cp_async<8>(&s.xd[tok][0], in ? xd + (t0 + tok) * nb + i0 : xd, in);
+	}
+}
+
+/* The warp's 32 rows (wr..) x 32 tokens (wt..) over the stage's blocks:
+ * acc[mi][nj] is the m16n8 tile of rows wr + 16 mi, tokens wt + 8 nj. */
+template <int TYPE>
+static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32_t wr,
+						uint32_t wt, uint32_t g, uint32_t t4,
+						float acc[2][4][4])
+{
+#pragma unroll
+	for (uint32_t kb = 0; kb < MMP_KB; kb++) {
+		unsigned a[2][4], b[4][2];
+		int c[2][4][4];
+
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++) {
+			uint32_t R = wr + 16 * mi + g;
+			if (TYPE == GPUD_TYPE_Q8_0) {
+				a[mi][0] = s.w[R][8 * kb + t4];
+				a[mi][1] = s.w[R + 8][8 * kb + t4];
+				a[mi][2] = s.w[R][8 * kb + 4 + t4];
+				a[mi][3] = s.w[R + 8][8 * kb + 4 + t4];
+			} else {
+				/* byte j: element j low, j + 16 high (load_wblock) */
+				unsigned lo = s.w[R][4 * kb + t4], hi = s.w[R + 8][4 * kb + t4];
+				a[mi][0] = __vsub4(lo & 0x0f0f0f0fu, 0x08080808u);
+				a[mi][1] = __vsub4(hi & 0x0f0f0f0fu, 0x08080808u);
+				a[mi][2] = __vsub4((lo >> 4) & 0x0f0f0f0fu, 0x08080808u);
+				a[mi][3] = __vsub4((hi >> 4) & 0x0f0f0f0fu, 0x08080808u);
+			}
+		}
+#pragma unroll
+		for (uint32_t nj = 0; nj < 4; nj++) {
+			b[nj][0] = s.x[wt + 8 * nj + g][8 * kb + t4];
+			b[nj][1] = s.x[wt + 8 * nj + g][8 * kb + 4 + t4];
+		}
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (uint32_t nj = 0; nj < 4; nj++) {
+				c[mi][nj][0] = c[mi][nj][1] = c[mi][nj][2] = c[mi][nj][3] = 0;
+				mma_s8_k32(c[mi][nj], a[mi], b[nj]);
+			}
+		float dw[2][2], dx[4][2];
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++) {
+			dw[mi][0] = half_bits(s.wd[wr + 16 * mi + g][kb]);
+			dw[mi][1] = half_bits(s.wd[wr + 16 * mi + g + 8][kb]);
+		}
+#pragma unroll
+		for (uint32_t nj = 0; nj < 4; nj++) {
+			dx[nj][0] = s.xd[wt + 8 * nj + 2 * t4][kb];
+			dx[nj][1] = s.xd[wt + 8 * nj + 2 * t4 + 1][kb];
+		}
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (uint32_t nj = 0; nj < 4; nj++)
+#pragma unroll
+				for (uint32_t e = 0; e < 4; e++)
+					acc[mi][nj][e] = fmaf(__fmul_rn(dw[mi][e >> 1], dx[nj][e & 1]),
+							      (float)c[mi][nj][e], acc[mi][nj][e]);
+	}
+}
+
+template <int TYPE>
+__global__ void __launch_bounds__(128)
+gemm_qp_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, int64_t rows,
+	       int64_t cols, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+	       uint32_t T, float *y, float *part, unsigned *cnt)
+{
+	pdl_enter();
+	__shared__ mmp_stage<TYPE> st[MMP_S];
+	__shared__ bool last;
+	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	uint32_t wr = ((tid >> 5) & 1) * 32, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
+	/* token tiles on x, the fastest, as gemm_q_kernel's */
+	int64_t r0 = (int64_t)blockIdx.y * MMP_M, t0 = (int64_t)blockIdx.x * MMP_N;
+	int64_t steps = cols / GPUD_QK / MMP_KB;
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	/* this split's stages */
+	int64_t s_lo = steps * split / n_split, n = steps * (split + 1) / n_split - s_lo;
+	bool busy = t0 + wt < T && r0 + wr < rows; /* warp-uniform */
+	float acc[2][4][4];
+
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+			for (int e = 0; e < 4; e++)
+				acc[mi][nj][e] = 0.0f;
+	/* a group per stage, empty past the split, so that the count holds */
+#pragma unroll
+	for (int k = 0; k < MMP_S - 1; k++) {
+		if (k < n)
+			mmp_load<TYPE>(st[k], wq, wd, rows, cols, xq, xd, T, r0, t0,
+				       (s_lo + k) * MMP_KB, tid);
+		cp_commit();
+	}
+	for (int64_t k = 0; k < n; k++) {
+		cp_wait<MMP_S - 2>(); /* stage k has landed, for this thread */
+		__syncthreads();      /* for all, and stage k - 1 is free again */
+		if (k + MMP_S - 1 < n)
+			mmp_load<TYPE>(st[(k + MMP_S - 1) % MMP_S], wq, wd, rows, cols, xq, xd, T, r0,
+				       t0, (s_lo + k + MMP_S - 1) * MMP_KB, tid);
+		cp_commit();
+		if (busy)
+			mmp_step<TYPE>(st[k % MMP_S], wr, wt, g, t4, acc);
+	}
+	if (n_split > 1) {
+		/* this split's partials; the last CTA of the row tile adds them in
+		 * split order (gemm_q_kernel's protocol) */
+#pragma unroll
+		for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
+					int64_t tok = wt + 8 * nj + 2 * t4 + (e & 1); /* one token tile */
+					if (row < rows && tok < T)
+						part[((int64_t)split * T + tok) * rows + row] =
+							acc[mi][nj][e];
+				}
+		__threadfence();
+		__syncthreads();
+		if (tid == 0) {
+			last = atomicAdd(&cnt[blockIdx.y], 1u) == n_split - 1;
+			if (last)
+				cnt[blockIdx.y] = 0;
+		}
+		__syncthreads();
+		if (!last)
+			return;
+		__threadfence();
+		const volatile float *vp = part;
+#pragma unroll
+		for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
+					int64_t tok = wt + 8 * nj + 2 * t4 + (e & 1);
+					float v = 0.0f;
+					if (row < rows && tok < T)
+						for (uint32_t sp = 0; sp < n_split; sp++)
+							v += vp[((int64_t)sp * T + tok) * rows + row];
+					acc[mi][nj][e] = v;
+				}
+	}
+#pragma unroll
+	for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+			for (int e = 0; e < 4; e++) {
+				int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
+				int64_t tok = t0 + wt + 8 * nj + 2 * t4 + (e & 1);
+				if (row < rows && tok < T)
+					y[tok * rows + row] = acc[mi][nj][e];
+			}
+}
+
 template <int TYPE, bool GLU>
 static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols,
 			       const int8_t *xq, const float *xd, uint32_t T, int8_t *yq = nullptr,
@@ -2025,13 +2327,25 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 #undef GEMV
 }
 
+static std::atomic<bool> mm_single{ false };
+
+void gpud_k_mm_single(bool on) { mm_single.store(on, std::memory_order_relaxed); }
+
+bool gpud_k_mm_pipelined(int64_t cols)
+{
+	return !mm_single.load(std::memory_order_relaxed) && cols > 0 &&
+	       cols % (GPUD_QK * MMP_KB) == 0;
+}
+
 uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 			    const gpud_cuda_ksplit *ks)
 {
 	static_assert(GPUD_K_GEMV_MAX_T == GPUD_CUDA_GEMV_MAX_T, "one GEMV bound");
 	if (!ks || rows <= 0 || cols <= 0)
 		return 1;
-	return gpud_cuda_mm_splits((uint64_t)rows, (uint64_t)cols, T, ks->part_floats,
+	return gpud_cuda_mm_splits(gpud_k_mm_pipelined(cols) ? GPUD_CUDA_MM_PIPE
+							     : GPUD_CUDA_MM_SINGLE,
+				   (uint64_t)rows, (uint64_t)cols, T, ks->part_floats,
 				   ks->cnt_words, ks->n_sm);
 }
 
@@ -2046,15 +2360,25 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 		gemv_set set = { { q }, { d }, { y }, { w->rows } };
 		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
+	bool pipe = gpud_k_mm_pipelined(w->cols);
 	uint32_t n = gpud_k_mm_q_splits(w->rows, w->cols, T, ks);
-	int64_t row_tiles = (w->rows + MMA_M - 1) / MMA_M;
+	int64_t tile = pipe ? MMP_M : MMA_M, row_tiles = (w->rows + tile - 1) / tile;
 
 	if (row_tiles > 65535) /* grid.y */
 		return cudaErrorInvalidValue;
+	/* what the cp.async of whole chunks and scale pairs assume; the pools
+	 * align every buffer far more */
+	if (pipe && (((uintptr_t)q | (uintptr_t)xq) & 15 || ((uintptr_t)d & 3) ||
+		     ((uintptr_t)xd & 7)))
+		return cudaErrorMisalignedAddress;
 	dim3 grid((T + MMA_N - 1) / MMA_N, (unsigned)row_tiles, n);
+	float *part = n > 1 ? ks->part : nullptr;
+	unsigned *cnt = n > 1 ? ks->cnt : nullptr;
+	if (pipe)
+		return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>,
+						   q, d, w->rows, w->cols, xq, xd, T, y, part, cnt));
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
-					   w->rows, w->cols, xq, xd, T, y,
-					   n > 1 ? ks->part : nullptr, n > 1 ? ks->cnt : nullptr));
+					   w->rows, w->cols, xq, xd, T, y, part, cnt));
 }
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,

@@ -144,26 +144,36 @@ cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T
 
 // Scratch for the int8 tensor-core matmul's split-K (decode batches of
 // GPUD_K_GEMV_MAX_T + 1 .. 64 tokens): partial sums (splits, T, rows) and
-// one arrival counter per 32-row tile, zero between launches.
+// one arrival counter per 32-row tile (GPUD_CUDA_MM1_TILE_ROWS, the smaller
+// of the two kernels' tiles), zero between launches.
 struct gpud_cuda_ksplit {
 	float *part;
 	uint64_t part_floats;
 	unsigned *cnt;
 	uint32_t cnt_words;
-	uint32_t n_sm; // the device's multiprocessors: about 2 CTAs each
+	uint32_t n_sm; // the device's multiprocessors (the splits fill them)
 };
 
 // y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
 // (warp per row, T <= GPUD_K_GEMV_MAX_T) or an int8 tensor-core kernel
 // (larger T, whose sums are the CPU's bits; with ks, batches of up to 64
 // tokens split the columns over gpud_k_mm_q_splits CTAs, whose sum is not).
+// The tensor-core kernel is the pipelined one where the columns allow it
+// (cols % 64 == 0), else the single-buffered one (cuda_impl.h).
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
 			const float *xd, uint32_t T, float *y, const gpud_cuda_ksplit *ks);
 
 // The column splits gpud_k_mm_q makes for a rows x cols matrix and T
-// tokens (1: none): a function of the shapes and ks only.
+// tokens (1: none): a function of the shapes, ks and gpud_k_mm_single only.
 uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 			    const gpud_cuda_ksplit *ks);
+
+// The int8 tensor-core matmul of every matrix by the single-buffered
+// kernel (on), or by the pipelined one where it fits (off, the default):
+// process-wide, for benchmarks and tests that compare them. The kernel
+// gpud_k_mm_q takes for cols columns now: pipelined (true) or not.
+void gpud_k_mm_single(bool on);
+bool gpud_k_mm_pipelined(int64_t cols);
 
 // The decode GEMVs of n (1..3) matrices of one type and width over the
 // same activations in one launch, ys[i] = ws[i] x, T <= GPUD_K_GEMV_MAX_T:

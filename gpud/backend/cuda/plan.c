@@ -305,16 +305,20 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
 	return want ? (uint32_t)want : 1;
 }
 
-uint32_t gpud_cuda_mm_splits(uint64_t rows, uint64_t cols, uint32_t T, uint64_t part_floats,
-			     uint32_t cnt_words, uint32_t n_sm)
+uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,
+			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm)
 {
-	uint64_t tiles = (rows + GPUD_CUDA_MM_TILE_ROWS - 1) / GPUD_CUDA_MM_TILE_ROWS;
-	uint64_t steps = (cols / GPUD_QK + GPUD_CUDA_MM_STEP_BLOCKS - 1) / GPUD_CUDA_MM_STEP_BLOCKS;
+	bool pipe = k == GPUD_CUDA_MM_PIPE;
+	uint64_t tile = pipe ? GPUD_CUDA_MMP_TILE_ROWS : GPUD_CUDA_MM1_TILE_ROWS;
+	uint64_t step = pipe ? GPUD_CUDA_MMP_STEP_BLOCKS : GPUD_CUDA_MM1_STEP_BLOCKS;
+	uint64_t per_sm = pipe ? GPUD_CUDA_MMP_PER_SM : 2;
+	uint64_t tiles = (rows + tile - 1) / tile;
+	uint64_t steps = (cols / GPUD_QK + step - 1) / step;
 	uint64_t n;
 
 	if (T <= GPUD_CUDA_GEMV_MAX_T || T > GPUD_CUDA_MM_TILE_TOKENS || !tiles)
 		return 1;
-	n = (2ull * (n_sm ? n_sm : 1) + tiles - 1) / tiles; /* about 2 CTAs per SM */
+	n = (per_sm * (n_sm ? n_sm : 1) + tiles - 1) / tiles;
 	if (n > GPUD_CUDA_MM_MAX_SPLITS)
 		n = GPUD_CUDA_MM_MAX_SPLITS;
 	if (n > steps)
