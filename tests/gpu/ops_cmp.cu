@@ -919,8 +919,10 @@ void check_argmax(uint32_t nv)
 // ties and signed zeros, NaN / -inf / +inf, nothing usable) and random
 // temperatures (0: the penalized arg max), top-k, top-p, min-p, penalties
 // and PRNG words; rows whose draw is off keep their keys. Bound: 0 rows
-// that differ.
-void check_draw(uint32_t nv, uint32_t rounds)
+// that differ. With cand, the draws of a top-k of up to 63 are made from
+// candidates gathered across CTAs (the backend's way); without, by one CTA
+// a row over the whole row.
+void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 {
 	const uint32_t rows = 8;
 	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f, 0.0f };
@@ -932,17 +934,19 @@ void check_draw(uint32_t nv, uint32_t rounds)
 	uint64_t *dk = (uint64_t *)dev(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
 	static uint32_t words[rows * GPUD_CUDA_DRAW_WORDS];
 	uint32_t *dw = (uint32_t *)dev(sizeof(words)), *dn = (uint32_t *)dev(4), ndraw;
+	uint64_t *dc = cand ? (uint64_t *)dev(8ull * rows * GPUD_CUDA_DRAW_CAND) : nullptr;
 	struct gpud_draw dr[rows];
 	struct gpud_sampler_scratch *sc = nullptr;
 	char what[64], err[256];
 	int32_t ids[rows];
-	size_t bad = 0, drawn = 0, pens = 0;
+	size_t bad = 0, drawn = 0, pens = 0, cands = 0;
 
 	if (gpud_sampler_scratch_create(&sc, (int32_t)nv, err, sizeof(err))) {
 		report("draw scratch", INFINITY, 0);
 		return;
 	}
-	snprintf(what, sizeof(what), "draws from %u-logit rows", nv);
+	snprintf(what, sizeof(what), "draws from %u-logit rows%s", nv,
+		 cand ? ", top-k candidates" : ", one CTA a row");
 	for (uint32_t round = 0; round < rounds; round++) {
 		memset(words, 0, sizeof(words));
 		for (uint32_t r = 0; r < rows; r++) {
@@ -1006,7 +1010,7 @@ void check_draw(uint32_t nv, uint32_t rounds)
 		up(dk, keys, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
 		ndraw = round % 5 != 4; /* 0: the step has no draw, every row is kept */
 		up(dn, &ndraw, 4);
-		if (gpud_k_draw(0, dl, rows, nv, dn, dw, dk) != cudaSuccess ||
+		if (gpud_k_draw(0, dl, rows, nv, dn, dw, dk, dc) != cudaSuccess ||
 		    !down(keys, dk, 8ull * rows * GPUD_CUDA_ARGMAX_PARTS, what)) {
 			report(what, INFINITY, 0);
 			break;
@@ -1023,6 +1027,8 @@ void check_draw(uint32_t nv, uint32_t rounds)
 			}
 			want = gpud_draw_row(h + (size_t)r * nv, (int32_t)nv, &dr[r], sc);
 			drawn++;
+			cands += cand && dr[r].temperature > 0.0f && dr[r].top_k > 0 &&
+				 dr[r].top_k <= 63;
 			if (ids[r] != (want < 0 ? -1 : want)) {
 				printf("ops_cmp: draw row %u round %u (T %g, top-k %d, top-p %g, "
 				       "min-p %g, %u penalized): %d, want %d\n", r, round,
@@ -1032,8 +1038,8 @@ void check_draw(uint32_t nv, uint32_t rounds)
 			}
 		}
 	}
-	printf("ops_cmp: %zu draws from %u-logit rows compared (%zu with penalties)\n", drawn, nv,
-	       pens);
+	printf("ops_cmp: %zu draws from %u-logit rows compared (%zu with penalties, %zu from "
+	       "candidates)\n", drawn, nv, pens, cands);
 	report(what, (double)bad, 0);
 	gpud_sampler_scratch_free(sc);
 	free(h);
@@ -1042,6 +1048,8 @@ void check_draw(uint32_t nv, uint32_t rounds)
 	cudaFree(dk);
 	cudaFree(dw);
 	cudaFree(dn);
+	if (dc)
+		cudaFree(dc);
 }
 
 } // namespace
@@ -1115,10 +1123,12 @@ int main(int argc, char **argv)
 			check_att_quant(hd, mode);
 	for (uint32_t nv : { 7u, 512u, 128256u })
 		check_argmax(nv);
-	check_draw(1, 4);
-	check_draw(7, 20);
-	check_draw(3000, 30);
-	check_draw(128256, 2);
+	for (bool cand : { false, true }) {
+		check_draw(1, 4, cand);
+		check_draw(7, 20, cand);
+		check_draw(3000, 30, cand);
+		check_draw(128256, cand ? 4 : 2, cand);
+	}
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

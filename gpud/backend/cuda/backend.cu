@@ -97,6 +97,7 @@ struct cuda_ctx {
 
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
 	uint64_t *amax;     // (NL, GPUD_CUDA_ARGMAX_PARTS) arg max keys (gpud_k_argmax)
+	uint64_t *dcand;    // (NL, GPUD_CUDA_DRAW_CAND) a top-k draw's candidates (gpud_k_draw)
 	float *attp;    // split-K attention partials
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
@@ -488,10 +489,12 @@ int warm_blas(cuda_ctx *c, char *err, size_t errlen)
 // GPUD_CUDA_PDL=1, on a device that has it (sm_90 and later), and only once
 // a probe has passed. Off by default: on an H200 (2026-12-04, two runs) it
 // made a 3B Q8_0 batch-1 decode step 4% slower (2.724 against 2.617 ms),
-// each kernel letting the next launch at its start, whose CTAs then take
-// SM slots to wait in. The probe: two kernels, the second launched behind the first and
-// reading what it wrote, eagerly and then replayed from a graph. A device
-// or driver that refuses it runs without it, and a warning says why.
+// each kernel letting the next launch at its start, before its own wait, so
+// that a chain of grids could take SM slots to wait in (each now lets the
+// next launch after its wait: unmeasured). The probe: two kernels, the
+// second launched behind the first and reading what it wrote, eagerly and
+// then replayed from a graph. A device or driver that refuses it runs
+// without it, and a warning says why.
 void pdl_setup(cuda_ctx *c, int major)
 {
 	const char *env = getenv("GPUD_CUDA_PDL");
@@ -693,6 +696,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->xl = (float *)(s + L->xl);
 	c->logits = (float *)(s + L->logits);
 	c->amax = (uint64_t *)(s + L->amax);
+	c->dcand = (uint64_t *)(s + L->dcand);
 	c->actq = (int8_t *)(s + L->actq);
 	c->actd = (float *)(s + L->actd);
 	c->actq2 = (int8_t *)(s + L->actq2);
@@ -1053,7 +1057,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		prof_stage(c, "sampling");
 		CKL(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
 		CKL(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
-			        c->meta + L->m_draw, c->amax), "draw");
+			        c->meta + L->m_draw, c->amax, c->dcand), "draw");
 	}
 	return 0;
 }

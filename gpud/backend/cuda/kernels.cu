@@ -59,10 +59,13 @@ static __device__ __forceinline__ float bf16_bits(uint16_t h)
  * the kernel ahead of it ends, so that no launch gap separates them, and a
  * GEMV streams its first weights into L2 meanwhile. Every kernel begins with
  * pdl_enter (the GEMVs after their prefetch, which reads weights only): it
- * lets the next kernel launch, then waits until the one before has ended and
- * its writes are visible. Nothing is read before that wait that a kernel
- * wrote, and every block waits, so that no kernel ends before the one ahead
- * of it (cuemu checks the latter). */
+ * waits until the one before has ended and its writes are visible, then
+ * lets the next kernel launch. Nothing is read before that wait that a
+ * kernel wrote, and every block waits, so that no kernel ends before the
+ * one ahead of it (cuemu checks the latter). The first runs on an H200 had
+ * the two the other way round, and PDL made batch-1 steps 4% slower: each
+ * kernel let the next launch before it had itself started, so a chain of
+ * launched grids could wait in SM slots; now at most the next one does. */
 #define PDL_STREAMS 64
 
 static std::atomic<cudaStream_t> pdl_streams[PDL_STREAMS];
@@ -126,11 +129,11 @@ static cudaError_t launched(cudaError_t e)
 static __device__ __forceinline__ void pdl_enter(void)
 {
 #ifdef CUEMU_CUDA_RUNTIME_H
-	cuemu_griddepcontrol_launch_dependents();
 	cuemu_griddepcontrol_wait();
+	cuemu_griddepcontrol_launch_dependents();
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 	asm volatile("griddepcontrol.wait;" ::: "memory");
+	asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -1061,9 +1064,150 @@ static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int
 	return draw_select(src, cut, thr, true, __umul64hi(rnd, sum), sh);
 }
 
+/* --- a top-k draw's candidates, across CTAs ---------------------------------
+ * One CTA walking a 128,256-logit row was 1.6 ms of a batch-1 step on the
+ * H200 (a flat row: too many live tokens for shared memory, so every radix
+ * level scanned the row, computing masses). A draw with a temperature and
+ * a top-k of at most DRAW_K_MAX reads only the row's k + 1 greatest keys:
+ * the top-k cut, the max, and whether more than k tokens are usable and
+ * live (the live tokens lead the order, so more than k are live iff the
+ * (k + 1)-th greatest is). So DRAW_PARTS CTAs a row each take the k + 1
+ * greatest keys of their range of the row (all its usable ones when it has
+ * fewer) into cand, DRAW_SH_CAP a row, zeros for the rest; draw_kernel then
+ * draws from those in shared memory and never scans the row. Each CTA
+ * applies the penalties of its range first, and draw_kernel none. */
+#define DRAW_PARTS 32u
+#define DRAW_K_MAX (DRAW_SH_CAP / DRAW_PARTS - 1)
+
+// Keys of the range lo .. lo + n of a row (unweighted selections only).
+struct draw_range_src {
+	const float *l;
+	uint32_t lo, n;
+
+	__device__ uint32_t size() const { return n; }
+	__device__ uint64_t key(uint32_t i) const { return gpud_draw_key(l[lo + i], lo + i); }
+	__device__ uint64_t mass(uint32_t) const { return 1; }
+};
+
+// Whether the row with draw words dw draws from candidates (the same test
+// in both kernels).
+static __device__ bool draw_by_cand(const uint32_t *dw)
+{
+	int32_t k = (int32_t)dw[GPUD_CUDA_DW_TOPK];
+
+	return dw[GPUD_CUDA_DW_ON] && __uint_as_float(dw[GPUD_CUDA_DW_TEMP]) > 0.0f && k > 0 &&
+	       k <= (int32_t)DRAW_K_MAX;
+}
+
+// The draw's penalties of the row's tokens in lo .. hi, in place.
+static __device__ void draw_penalize(float *l, const uint32_t *dw, uint32_t lo, uint32_t hi)
+{
+	if (threadIdx.x < dw[GPUD_CUDA_DW_NPEN] && threadIdx.x < GPUD_DRAW_MAX_PEN) {
+		uint32_t id = dw[GPUD_CUDA_DW_PEN_ID + threadIdx.x];
+
+		if (id >= lo && id < hi)
+			l[id] = gpud_draw_penalize(l[id], dw[GPUD_CUDA_DW_PEN_N + threadIdx.x],
+						   __uint_as_float(dw[GPUD_CUDA_DW_REPEAT]),
+						   __uint_as_float(dw[GPUD_CUDA_DW_FREQ]),
+						   __uint_as_float(dw[GPUD_CUDA_DW_PRES]));
+	}
+}
+
+__global__ void __launch_bounds__(DRAW_THREADS) draw_cand_kernel(float *logits, uint32_t nv,
+								  const uint32_t *ndraw,
+								  const uint32_t *words,
+								  uint64_t *cand)
+{
+	__shared__ draw_smem sh;
+	uint32_t row = blockIdx.y, part = blockIdx.x;
+	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
+	uint64_t *out = cand + (uint64_t)row * DRAW_SH_CAP + (uint64_t)part * (DRAW_K_MAX + 1);
+	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
+	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
+	draw_range_src src = { logits + (uint64_t)row * nv, lo, hi - lo };
+	unsigned long long nu = 0;
+	uint64_t thr = 1;
+
+	pdl_enter();
+	if (!*ndraw || !draw_by_cand(dw))
+		return;
+	uint32_t k1 = dw[GPUD_CUDA_DW_TOPK] + 1; /* keys to keep: k + 1 */
+	draw_penalize(logits + (uint64_t)row * nv, dw, lo, hi);
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS)
+		nu += src.key(i) != 0;
+	nu = block_sum_u64(nu, &sh);
+	if (nu > k1) /* the (k + 1)-th greatest key of the range */
+		thr = draw_select(src, 0, 0, false, k1 - 1, &sh);
+	if (threadIdx.x == 0)
+		sh.cnt = 0;
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
+		uint64_t k = src.key(i);
+
+		if (k && k >= thr)
+			out[atomicAdd(&sh.cnt, 1u)] = k; /* keys are distinct: k1 at most */
+	}
+	__syncthreads();
+	for (uint32_t j = sh.cnt + threadIdx.x; j < k1; j += DRAW_THREADS)
+		out[j] = 0;
+}
+
+// The draw of a row from its candidates (draw_cand_kernel: k1 slots of
+// each of DRAW_PARTS ranges): the max, the usable and live counts and the
+// masses among them, then draw_pick in shared memory.
+static __device__ void draw_from_cand(draw_row_src r, const uint64_t *c, uint32_t k1, float temp,
+				      int32_t top_k, float top_p, float min_p, uint64_t rnd,
+				      uint64_t *out, draw_smem *sh)
+{
+	unsigned long long best = 0, nl = 0;
+	draw_sh_src src = { sh->ck, sh->cm, 0 };
+
+	if (threadIdx.x == 0)
+		sh->cnt = 0;
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < DRAW_PARTS * k1; i += DRAW_THREADS) {
+		uint64_t k = c[(i / k1) * (DRAW_K_MAX + 1) + i % k1];
+
+		if (k) {
+			sh->ck[atomicAdd(&sh->cnt, 1u)] = k;
+			best = k > best ? k : best;
+		}
+	}
+	best = warp_max_u64(best);
+	if ((threadIdx.x & 31) == 0)
+		sh->red[threadIdx.x >> 5] = best;
+	__syncthreads();
+	best = 0;
+	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
+		best = sh->red[i] > best ? sh->red[i] : best;
+	src.n = sh->cnt;
+	if (!best) { // nothing usable
+		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
+			out[threadIdx.x] = 0;
+		return;
+	}
+	r.mx = r.l[0xffffffffu - (uint32_t)best];
+	r.inf = r.mx == INFINITY;
+	r.inv_t = gpud_draw_inv_t(temp);
+	for (uint32_t j = threadIdx.x; j < src.n; j += DRAW_THREADS) {
+		uint32_t i = 0xffffffffu - (uint32_t)sh->ck[j];
+		bool live = r.live(i);
+
+		sh->cm[j] = live ? r.mass(i) : 0;
+		nl += live;
+	}
+	__syncthreads(); /* block_sum_u64 syncs too, after its shuffles */
+	nl = block_sum_u64(nl, sh);
+	uint64_t id_key = draw_pick(src, src.n, nl, top_k, top_p, min_p, rnd, sh);
+	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
+		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
+}
+
 __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint32_t nv,
 							     const uint32_t *ndraw,
-							     const uint32_t *words, uint64_t *keys)
+							     const uint32_t *words, uint64_t *keys,
+							     const uint64_t *cand)
 {
 	__shared__ draw_smem sh;
 	const uint32_t *dw = words + (uint64_t)blockIdx.x * GPUD_CUDA_DRAW_WORDS;
@@ -1085,18 +1229,14 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 	r.l = logits + (uint64_t)blockIdx.x * nv;
 	r.nv = nv;
 
+	if (cand && draw_by_cand(dw)) {
+		draw_from_cand(r, cand + (uint64_t)blockIdx.x * DRAW_SH_CAP,
+			       (uint32_t)top_k + 1, temp, top_k, top_p, min_p, rnd, out, &sh);
+		return;
+	}
 	// Penalties, in place (the row is not downloaded): each penalized
 	// token by one thread (the ids are distinct), before anything reads.
-	if (threadIdx.x < dw[GPUD_CUDA_DW_NPEN] && threadIdx.x < GPUD_DRAW_MAX_PEN) {
-		uint32_t id = dw[GPUD_CUDA_DW_PEN_ID + threadIdx.x];
-
-		if (id < nv)
-			logits[(uint64_t)blockIdx.x * nv + id] = gpud_draw_penalize(
-				r.l[id], dw[GPUD_CUDA_DW_PEN_N + threadIdx.x],
-				__uint_as_float(dw[GPUD_CUDA_DW_REPEAT]),
-				__uint_as_float(dw[GPUD_CUDA_DW_FREQ]),
-				__uint_as_float(dw[GPUD_CUDA_DW_PRES]));
-	}
+	draw_penalize(logits + (uint64_t)blockIdx.x * nv, dw, 0, nv);
 	__syncthreads();
 
 	// The max: the greatest key's logit (none: nothing usable).
@@ -1152,10 +1292,19 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 }
 
 cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
-			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys)
+			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys,
+			uint64_t *cand)
 {
+	static_assert(GPUD_CUDA_DRAW_CAND == DRAW_SH_CAP, "a row's candidates fit shared memory");
+	if (cand && rows) {
+		cudaError_t e = launched(cudaLaunchKernelEx(
+			klc(dim3(DRAW_PARTS, rows), DRAW_THREADS, 0, s).cfg(), draw_cand_kernel,
+			logits, nv, ndraw, words, cand));
+		if (e != cudaSuccess)
+			return e;
+	}
 	return launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(), draw_kernel,
-					   logits, nv, ndraw, words, keys));
+					   logits, nv, ndraw, words, keys, (const uint64_t *)cand));
 }
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------
@@ -2234,7 +2383,7 @@ gemm_qp_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, 
 				acc[mi][nj][e] = 0.0f;
 	/* a group per stage, empty past the split, so that the count holds */
 #pragma unroll
-	for (int k = 0; k < MMP_S - 1; k++) {
+	for (int k = 0; k < (int)MMP_S - 1; k++) {
 		if (k < n)
 			mmp_load<TYPE>(st[k], wq, wd, rows, cols, xq, xd, T, r0, t0,
 				       (s_lo + k) * MMP_KB, tid);
