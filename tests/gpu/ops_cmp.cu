@@ -1107,10 +1107,12 @@ int main(int argc, char **argv)
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })
 			check_gemv_group(t, T);
-	check_rmsnorm(7, 320, false);
-	check_rmsnorm(7, 320, true);
-	check_norm_quant(7, 320, false);
-	check_norm_quant(7, 320, true);
+	for (uint32_t dim : { 320u, 4096u, 4160u }) { /* rows in registers, then not */
+		check_rmsnorm(dim > 320 ? 2 : 7, dim, false);
+		check_rmsnorm(dim > 320 ? 2 : 7, dim, true);
+		check_norm_quant(dim > 320 ? 2 : 7, dim, false);
+		check_norm_quant(dim > 320 ? 2 : 7, dim, true);
+	}
 	check_swiglu(5000);
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 3u, 8u })

@@ -263,49 +263,102 @@ static __device__ __forceinline__ int8_t quant_block(float v, float *d)
 /* --- RMSNorm (+ residual add) -------------------------------------------- */
 
 #define NORM_THREADS 256
+#define NORM_REG 16 /* elements a thread holds: rows of up to 4096 in registers */
 
+/* Element i of row r's output, and its int8 quant and block scale when
+ * asked (warp-collective then: a warp holds one whole block). */
+static __device__ __forceinline__ void norm_store(float *o, int8_t *aq, float *ad, uint32_t r,
+						  uint32_t dim, uint32_t i, float e)
+{
+	o[i] = e;
+	if (aq) {
+		float d;
+		int8_t qv = quant_block(e, &d);
+
+		aq[(size_t)r * dim + i] = qv;
+		if ((i & 31) == 0)
+			ad[((size_t)r * dim + i) / GPUD_QK] = d;
+	}
+}
+
+/* Row r: x (row rows[r], or r) += out (with add), then out = x / rms * w,
+ * quantized into aq, ad when asked. REG: the row in registers, its loads
+ * issued together. The first runs on an H200 had only the loop below, in
+ * which every element's store could alias the next one's load: a chain of
+ * about 24 memory latencies a row, some 12 us a launch at batch 1, where
+ * the two norms of a layer took more than its gate and up matmuls. Both
+ * forms add and round in the same order: the same bits. */
+template <bool REG>
 __global__ void __launch_bounds__(NORM_THREADS)
 add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *rows,
 		uint32_t dim, float eps, int8_t *aq, float *ad)
 {
 	pdl_enter();
 	__shared__ double part[NORM_THREADS / 32];
-	uint32_t r = blockIdx.x, src = rows ? rows[r] : r;
+	uint32_t r = blockIdx.x, src = rows ? rows[r] : r, t = threadIdx.x;
 	float *xr = x + (size_t)src * dim, *o = out + (size_t)r * dim;
 	double ss = 0;
+	float v[REG ? NORM_REG : 1];
 
-	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
-		float v = xr[i];
-		if (add) {
-			v = __fadd_rn(v, o[i]);
-			xr[i] = v;
+	if (REG) {
+		float ov[NORM_REG];
+
+#pragma unroll
+		for (uint32_t j = 0; j < NORM_REG; j++) {
+			uint32_t i = t + j * NORM_THREADS;
+			v[j] = i < dim ? xr[i] : 0.0f;
+			ov[j] = add && i < dim ? o[i] : 0.0f;
 		}
-		ss += (double)v * v;
+#pragma unroll
+		for (uint32_t j = 0; j < NORM_REG; j++) {
+			uint32_t i = t + j * NORM_THREADS;
+			if (i < dim) {
+				if (add) {
+					v[j] = __fadd_rn(v[j], ov[j]);
+					xr[i] = v[j];
+				}
+				ss += (double)v[j] * v[j];
+			}
+		}
+	} else {
+		for (uint32_t i = t; i < dim; i += NORM_THREADS) {
+			float e = xr[i];
+			if (add) {
+				e = __fadd_rn(e, o[i]);
+				xr[i] = e;
+			}
+			ss += (double)e * e;
+		}
 	}
 	if (!w)
 		return;
 	for (int of = 16; of; of >>= 1)
 		ss += __shfl_xor_sync(FULL, ss, of);
-	if ((threadIdx.x & 31) == 0)
-		part[threadIdx.x >> 5] = ss;
+	if ((t & 31) == 0)
+		part[t >> 5] = ss;
 	__syncthreads();
 	ss = 0;
 	for (int i = 0; i < NORM_THREADS / 32; i++)
 		ss += part[i];
 	float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
-	for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS) {
-		float v = __fmul_rn(__fmul_rn(xr[i], scale), w[i]);
+	if (REG) {
+		float wv[NORM_REG];
 
-		o[i] = v;
-		if (aq) {
-			/* dim % 32 == 0: a warp holds one whole block */
-			float d;
-			int8_t qv = quant_block(v, &d);
-
-			aq[(size_t)r * dim + i] = qv;
-			if ((i & 31) == 0)
-				ad[((size_t)r * dim + i) / GPUD_QK] = d;
+#pragma unroll
+		for (uint32_t j = 0; j < NORM_REG; j++) {
+			uint32_t i = t + j * NORM_THREADS;
+			wv[j] = i < dim ? w[i] : 0.0f;
 		}
+#pragma unroll
+		for (uint32_t j = 0; j < NORM_REG; j++) {
+			uint32_t i = t + j * NORM_THREADS;
+			if (i >= dim) /* dim % 32 == 0 with aq: whole warps stop together */
+				break;
+			norm_store(o, aq, ad, r, dim, i, __fmul_rn(__fmul_rn(v[j], scale), wv[j]));
+		}
+	} else {
+		for (uint32_t i = t; i < dim; i += NORM_THREADS)
+			norm_store(o, aq, ad, r, dim, i, __fmul_rn(__fmul_rn(xr[i], scale), w[i]));
 	}
 }
 
@@ -315,8 +368,12 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 {
 	if (aq && (!w || dim % GPUD_QK))
 		return cudaErrorInvalidValue;
-	return launched(cudaLaunchKernelEx(klc(n, NORM_THREADS, 0, s).cfg(), add_norm_kernel, x, out,
-					   w, add ? 1 : 0, rows, dim, eps, aq, ad));
+	if (dim <= NORM_THREADS * NORM_REG)
+		return launched(cudaLaunchKernelEx(klc(n, NORM_THREADS, 0, s).cfg(),
+						   add_norm_kernel<true>, x, out, w, add ? 1 : 0, rows,
+						   dim, eps, aq, ad));
+	return launched(cudaLaunchKernelEx(klc(n, NORM_THREADS, 0, s).cfg(), add_norm_kernel<false>,
+					   x, out, w, add ? 1 : 0, rows, dim, eps, aq, ad));
 }
 
 /* --- RoPE and the KV store ----------------------------------------------- */
