@@ -448,6 +448,73 @@ void check_norm_quant(uint32_t n, uint32_t dim, bool add)
 
 // Decode GEMVs of several matrices in one launch, and gate/up with SwiGLU
 // fused: the bits of the separate GEMVs (and gpud_k_swiglu).
+// The int8 tensor-core matmuls of several matrices over the same
+// activations in one launch (gpud_k_mm_q_set; Q, K and V, gate and up)
+// against one launch each: unsplit (T > 64) the same bits; split, the
+// splits are the set's, so within the GEMV's bound of the separate ones
+// and the same bits twice. Rows of 72, 64 and 64 (a tile and a part, then
+// whole tiles).
+void check_mm_set(enum gpud_type t, uint32_t T)
+{
+	const int64_t cols = 320, rows[3] = { 72, 64, 64 };
+	mat m[3] = { make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
+		     make_mat(t, rows[2], cols) };
+	gpud_cuda_mat w[3] = { dmat(m[0]), dmat(m[1]), dmat(m[2]) };
+	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
+	size_t ny = (size_t)T * rows[0];
+	float *x = (float *)malloc(4 * T * cols), *dx = (float *)dev(4 * T * cols);
+	int8_t *q = (int8_t *)dev((size_t)T * cols);
+	float *d = (float *)dev(4 * (size_t)T * (cols / GPUD_QK));
+	float *sep[3], *grp[3], *grp2[3], *hs = (float *)malloc(4 * ny);
+	float *hg = (float *)malloc(4 * ny), *hg2 = (float *)malloc(4 * ny);
+	double worst = 0;
+	size_t diff = 0, again = 0;
+	char what[96];
+	bool ok;
+
+	for (int64_t i = 0; i < T * cols; i++)
+		x[i] = frand() * 3.0f;
+	up(dx, x, 4 * T * cols);
+	gpud_k_quantize_act(0, dx, T, (uint32_t)cols, q, d);
+	for (int i = 0; i < 3; i++) {
+		sep[i] = (float *)dev(4 * ny);
+		grp[i] = (float *)dev(4 * ny);
+		grp2[i] = (float *)dev(4 * ny);
+		gpud_k_mm_q(0, &w[i], q, d, T, sep[i], &ksplit);
+	}
+	snprintf(what, sizeof(what), "matmul %s x3 in one launch, %u tokens", gpud_type_name(t), T);
+	ok = gpud_k_mm_q_set(0, ws, grp, 3, q, d, T, &ksplit) == cudaSuccess &&
+	     gpud_k_mm_q_set(0, ws, grp2, 3, q, d, T, &ksplit) == cudaSuccess;
+	for (int i = 0; ok && i < 3; i++) {
+		size_t k = (size_t)T * rows[i];
+		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what) &&
+		     down(hg2, grp2[i], 4 * k, what);
+		if (!ok)
+			break;
+		diff += bits_differ(hs, hg, k, 4);
+		again += bits_differ(hg, hg2, k, 4);
+		double e = rel_rows(hg, hs, T, (uint32_t)rows[i]);
+		worst = e > worst || e != e ? e : worst;
+	}
+	report(what, ok ? T > 64 ? (double)diff : worst : INFINITY, T > 64 ? 0 : 1e-5);
+	snprintf(what, sizeof(what), "matmul %s x3 in one launch, %u tokens: repeatable",
+		 gpud_type_name(t), T);
+	report(what, ok ? (double)again : INFINITY, 0);
+	free(x);
+	free(hs);
+	free(hg);
+	free(hg2);
+	cudaFree(dx);
+	cudaFree(q);
+	cudaFree(d);
+	for (int i = 0; i < 3; i++) {
+		cudaFree(sep[i]);
+		cudaFree(grp[i]);
+		cudaFree(grp2[i]);
+		free_mat(m[i]);
+	}
+}
+
 void check_gemv_group(enum gpud_type t, uint32_t T)
 {
 	const int64_t cols = 320, rows[3] = { 72, 64, 64 };
@@ -1107,6 +1174,9 @@ int main(int argc, char **argv)
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })
 			check_gemv_group(t, T);
+	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+		for (uint32_t T : { 16u, 40u, 70u })
+			check_mm_set(t, T);
 	for (uint32_t dim : { 320u, 4096u, 4160u }) { /* rows in registers, then not */
 		check_rmsnorm(dim > 320 ? 2 : 7, dim, false);
 		check_rmsnorm(dim > 320 ? 2 : 7, dim, true);

@@ -912,6 +912,21 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 		    "matmul (gemv)");
 		return 0;
 	}
+	if (n > 1 && is_int8(ws[0])) {
+		// int8 matrices of one width: one quantization, and one launch
+		// where the tensor-core kernel can take them together
+		bool same = true;
+
+		for (int i = 1; i < n; i++)
+			same = same && is_int8(ws[i]) && ws[i]->cols == ws[0]->cols;
+		if (same) {
+			if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
+				return rc;
+			CKL(gpud_k_mm_q_set(c->stream, ws, ys, n, c->actq, c->actd, T, &c->ksplit),
+			    "matmul (int8)");
+			return 0;
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		if (i == 0 ? !prepared
 			   : ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols) {

@@ -2411,19 +2411,40 @@ static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32
 	}
 }
 
+/* Up to 3 matrices of one type and width over the same activations (Q, K
+ * and V; gate and up) in one launch: row tiles tile0[m] .. tile0[m + 1] - 1
+ * of the grid are matrix m's, whose split partials sit at row off[m] of
+ * (splits, T, off[n]) floats. */
+struct mmp_set {
+	const uint8_t *q[3];
+	const uint16_t *d[3];
+	float *y[3];
+	int64_t rows[3], off[4];
+	uint32_t tile0[4];
+};
+
 template <int TYPE>
 __global__ void __launch_bounds__(128)
-gemm_qp_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, int64_t rows,
-	       int64_t cols, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-	       uint32_t T, float *y, float *part, unsigned *cnt)
+gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
+	       const float *__restrict__ xd, uint32_t T, float *part, unsigned *cnt)
 {
 	pdl_enter();
 	__shared__ mmp_stage<TYPE> st[MMP_S];
 	__shared__ bool last;
 	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	uint32_t wr = ((tid >> 5) & 1) * 32, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
+	/* the CTA's matrix (selects, not an indexed parameter: no local copy) */
+	uint32_t mat = blockIdx.y >= set.tile0[1] ? blockIdx.y >= set.tile0[2] ? 2 : 1 : 0;
+	const uint8_t *wq = mat == 0 ? set.q[0] : mat == 1 ? set.q[1] : set.q[2];
+	const uint16_t *wd = mat == 0 ? set.d[0] : mat == 1 ? set.d[1] : set.d[2];
+	float *y = mat == 0 ? set.y[0] : mat == 1 ? set.y[1] : set.y[2];
+	int64_t rows = mat == 0 ? set.rows[0] : mat == 1 ? set.rows[1] : set.rows[2];
+	int64_t off = mat == 0 ? set.off[0] : mat == 1 ? set.off[1] : set.off[2];
+	int64_t all_rows = set.off[3];
+	uint32_t tile0 = mat == 0 ? set.tile0[0] : mat == 1 ? set.tile0[1] : set.tile0[2];
 	/* token tiles on x, the fastest, as gemm_q_kernel's */
-	int64_t r0 = (int64_t)blockIdx.y * MMP_M, t0 = (int64_t)blockIdx.x * MMP_N;
+	int64_t r0 = (int64_t)(blockIdx.y - tile0) * MMP_M;
+	int64_t t0 = (int64_t)blockIdx.x * MMP_N;
 	int64_t steps = cols / GPUD_QK / MMP_KB;
 	uint32_t split = blockIdx.z, n_split = gridDim.z;
 	/* this split's stages */
@@ -2468,8 +2489,8 @@ gemm_qp_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, 
 					int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
 					int64_t tok = wt + 8 * nj + 2 * t4 + (e & 1); /* one token tile */
 					if (row < rows && tok < T)
-						part[((int64_t)split * T + tok) * rows + row] =
-							acc[mi][nj][e];
+						part[((int64_t)split * T + tok) * all_rows + off +
+						     row] = acc[mi][nj][e];
 				}
 		__threadfence();
 		__syncthreads();
@@ -2494,7 +2515,8 @@ gemm_qp_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, 
 					float v = 0.0f;
 					if (row < rows && tok < T)
 						for (uint32_t sp = 0; sp < n_split; sp++)
-							v += vp[((int64_t)sp * T + tok) * rows + row];
+							v += vp[((int64_t)sp * T + tok) * all_rows +
+								off + row];
 					acc[mi][nj][e] = v;
 				}
 	}
@@ -2580,9 +2602,12 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 	dim3 grid((T + MMA_N - 1) / MMA_N, (unsigned)row_tiles, n);
 	float *part = n > 1 ? ks->part : nullptr;
 	unsigned *cnt = n > 1 ? ks->cnt : nullptr;
-	if (pipe)
+	if (pipe) {
+		mmp_set set = { { q }, { d }, { y }, { w->rows }, { 0, w->rows, w->rows, w->rows },
+				{ 0, (uint32_t)row_tiles, (uint32_t)row_tiles, (uint32_t)row_tiles } };
 		return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>,
-						   q, d, w->rows, w->cols, xq, xd, T, y, part, cnt));
+						   set, w->cols, xq, xd, T, part, cnt));
+	}
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
 					   w->rows, w->cols, xq, xd, T, y, part, cnt));
 }
@@ -2626,6 +2651,67 @@ cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq
 	if (w->type == GPUD_TYPE_Q4_0)
 		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y, ks);
 	return cudaErrorInvalidValue;
+}
+
+/* Matrices 0 .. n - 1 in one launch of the pipelined kernel: their row
+ * tiles one after another on grid.y, the splits those of all their tiles
+ * together (their rows rounded up to whole tiles, for the partials). */
+template <int TYPE>
+static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+				 int n, const int8_t *xq, const float *xd, uint32_t T,
+				 const gpud_cuda_ksplit *ks)
+{
+	mmp_set set = {};
+	uint32_t tiles = 0, nsp;
+
+	for (int i = 0; i < 3; i++) {
+		set.tile0[i] = tiles;
+		set.off[i] = (int64_t)tiles * MMP_M;
+		if (i < n) {
+			set.q[i] = (const uint8_t *)ws[i]->q;
+			set.d[i] = (const uint16_t *)ws[i]->d;
+			set.y[i] = ys[i];
+			set.rows[i] = ws[i]->rows;
+			tiles += (uint32_t)((ws[i]->rows + MMP_M - 1) / MMP_M);
+		}
+	}
+	set.tile0[3] = tiles;
+	set.off[3] = (int64_t)tiles * MMP_M;
+	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, (uint64_t)set.off[3],
+				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
+				       ks->n_sm)
+		 : 1;
+	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
+	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>, set,
+					   ws[0]->cols, xq, xd, T, nsp > 1 ? ks->part : nullptr,
+					   nsp > 1 ? ks->cnt : nullptr));
+}
+
+cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, const int8_t *xq, const float *xd, uint32_t T,
+			    const gpud_cuda_ksplit *ks)
+{
+	int type = n >= 1 ? ws[0]->type : -1;
+	uint64_t tiles = 0;
+	bool one = n >= 2 && n <= 3 && T > GPUD_K_GEMV_MAX_T && gpud_k_mm_pipelined(ws[0]->cols) &&
+		   (type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0) &&
+		   !(((uintptr_t)xq & 15) || ((uintptr_t)xd & 7));
+
+	for (int i = 0; one && i < n; i++) {
+		one = ws[i]->type == type && ws[i]->cols == ws[0]->cols &&
+		      !(((uintptr_t)ws[i]->q & 15) || ((uintptr_t)ws[i]->d & 3));
+		tiles += (uint64_t)(ws[i]->rows + MMP_M - 1) / MMP_M;
+	}
+	if (one && tiles <= 65535)
+		return type == GPUD_TYPE_Q8_0
+			       ? launch_mm_set<GPUD_TYPE_Q8_0>(s, ws, ys, n, xq, xd, T, ks)
+			       : launch_mm_set<GPUD_TYPE_Q4_0>(s, ws, ys, n, xq, xd, T, ks);
+	for (int i = 0; i < n; i++) { /* one launch each */
+		cudaError_t e = gpud_k_mm_q(s, ws[i], xq, xd, T, ys[i], ks);
+		if (e != cudaSuccess)
+			return e;
+	}
+	return cudaSuccess;
 }
 
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,

@@ -173,6 +173,16 @@ cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq
 uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 			    const gpud_cuda_ksplit *ks);
 
+// ys[i] = ws[i] x for n (1..3) Q8_0/Q4_0 matrices of one type and width
+// over the same quantized activations (Q, K, V; gate, up): one launch of
+// the pipelined kernel when they allow it (T > GPUD_K_GEMV_MAX_T, one
+// type, cols % 64 == 0), else gpud_k_mm_q for each.
+// Unsplit, each output has gpud_k_mm_q's bits; split (T <= 64), the splits
+// are those of the set, so the order of the partials' sum may differ.
+cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, const int8_t *xq, const float *xd, uint32_t T,
+			    const gpud_cuda_ksplit *ks);
+
 // The int8 tensor-core matmul of every matrix by the single-buffered
 // kernel (on), or by the pipelined one where it fits (off, the default):
 // process-wide, for benchmarks and tests that compare them. The kernel
