@@ -582,7 +582,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	 * positions or split partials folded at a time (ATT_V): as many as
 	 * the registers allow without spilling, 64 a thread at 1024 threads,
 	 * more in decode CTAs (ptxas -v) */
-	constexpr int ATT_K = DEC ? (MAXD >= 8 ? 2 : 4) : 1;
+	constexpr int ATT_K = DEC ? (MAXD >= 8 ? 2 : MAXD == 4 ? 8 : 4) : 1;
 	constexpr int ATT_V = DEC ? 32 / MAXD : (4 / MAXD > 0 ? 4 / MAXD : 1);
 
 	pdl_enter();
