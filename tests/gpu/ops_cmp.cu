@@ -446,8 +446,46 @@ void check_norm_quant(uint32_t n, uint32_t dim, bool add)
 	cudaFree(d2);
 }
 
-// Decode GEMVs of several matrices in one launch, and gate/up with SwiGLU
-// fused: the bits of the separate GEMVs (and gpud_k_swiglu).
+// Three matrices of type t, 72, 64 and 64 rows of 320 columns (a tile and
+// a part, then whole tiles), and T tokens of random activations on the
+// host and the device, quantized: what the checks of several matrices in
+// one launch share.
+struct three_mats {
+	static constexpr int64_t cols = 320;
+	const int64_t rows[3] = { 72, 64, 64 };
+	mat m[3];
+	gpud_cuda_mat w[3];
+	const gpud_cuda_mat *ws[3];
+	size_t ny; // floats of the largest output
+	float *x, *dx, *d;
+	int8_t *q;
+
+	three_mats(enum gpud_type t, uint32_t T)
+	    : m{ make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
+		 make_mat(t, rows[2], cols) },
+	      w{ dmat(m[0]), dmat(m[1]), dmat(m[2]) }, ws{ &w[0], &w[1], &w[2] },
+	      ny((size_t)T * rows[0]), x((float *)malloc(4 * T * cols)),
+	      dx((float *)dev(4 * T * cols)), d((float *)dev(4 * (size_t)T * (cols / GPUD_QK))),
+	      q((int8_t *)dev((size_t)T * cols))
+	{
+		for (int64_t i = 0; i < T * cols; i++)
+			x[i] = frand() * 3.0f;
+		up(dx, x, 4 * T * cols);
+		gpud_k_quantize_act(0, dx, T, (uint32_t)cols, q, d);
+	}
+	~three_mats()
+	{
+		free(x);
+		cudaFree(dx);
+		cudaFree(q);
+		cudaFree(d);
+		for (int i = 0; i < 3; i++)
+			free_mat(m[i]);
+	}
+	three_mats(const three_mats &) = delete;
+	three_mats &operator=(const three_mats &) = delete;
+};
+
 // The int8 tensor-core matmuls of several matrices over the same
 // activations in one launch (gpud_k_mm_q_set; Q, K and V, gate and up)
 // against one launch each: unsplit (T > 64) the same bits; split, the
@@ -456,76 +494,59 @@ void check_norm_quant(uint32_t n, uint32_t dim, bool add)
 // whole tiles).
 void check_mm_set(enum gpud_type t, uint32_t T)
 {
-	const int64_t cols = 320, rows[3] = { 72, 64, 64 };
-	mat m[3] = { make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
-		     make_mat(t, rows[2], cols) };
-	gpud_cuda_mat w[3] = { dmat(m[0]), dmat(m[1]), dmat(m[2]) };
-	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
-	size_t ny = (size_t)T * rows[0];
-	float *x = (float *)malloc(4 * T * cols), *dx = (float *)dev(4 * T * cols);
-	int8_t *q = (int8_t *)dev((size_t)T * cols);
-	float *d = (float *)dev(4 * (size_t)T * (cols / GPUD_QK));
-	float *sep[3], *grp[3], *grp2[3], *hs = (float *)malloc(4 * ny);
-	float *hg = (float *)malloc(4 * ny), *hg2 = (float *)malloc(4 * ny);
+	three_mats f(t, T);
+	float *sep[3], *grp[3], *grp2[3], *hs = (float *)malloc(4 * f.ny);
+	float *hg = (float *)malloc(4 * f.ny), *hg2 = (float *)malloc(4 * f.ny);
 	double worst = 0;
 	size_t diff = 0, again = 0;
 	char what[96];
 	bool ok;
 
-	for (int64_t i = 0; i < T * cols; i++)
-		x[i] = frand() * 3.0f;
-	up(dx, x, 4 * T * cols);
-	gpud_k_quantize_act(0, dx, T, (uint32_t)cols, q, d);
 	for (int i = 0; i < 3; i++) {
-		sep[i] = (float *)dev(4 * ny);
-		grp[i] = (float *)dev(4 * ny);
-		grp2[i] = (float *)dev(4 * ny);
-		gpud_k_mm_q(0, &w[i], q, d, T, sep[i], &ksplit);
+		sep[i] = (float *)dev(4 * f.ny);
+		grp[i] = (float *)dev(4 * f.ny);
+		grp2[i] = (float *)dev(4 * f.ny);
+		gpud_k_mm_q(0, &f.w[i], f.q, f.d, T, sep[i], &ksplit);
 	}
 	snprintf(what, sizeof(what), "matmul %s x3 in one launch, %u tokens", gpud_type_name(t), T);
-	ok = gpud_k_mm_q_set(0, ws, grp, 3, q, d, T, &ksplit) == cudaSuccess &&
-	     gpud_k_mm_q_set(0, ws, grp2, 3, q, d, T, &ksplit) == cudaSuccess;
+	ok = gpud_k_mm_q_set(0, f.ws, grp, 3, f.q, f.d, T, &ksplit) == cudaSuccess &&
+	     gpud_k_mm_q_set(0, f.ws, grp2, 3, f.q, f.d, T, &ksplit) == cudaSuccess;
 	for (int i = 0; ok && i < 3; i++) {
-		size_t k = (size_t)T * rows[i];
+		size_t k = (size_t)T * f.rows[i];
 		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what) &&
 		     down(hg2, grp2[i], 4 * k, what);
 		if (!ok)
 			break;
 		diff += bits_differ(hs, hg, k, 4);
 		again += bits_differ(hg, hg2, k, 4);
-		double e = rel_rows(hg, hs, T, (uint32_t)rows[i]);
+		double e = rel_rows(hg, hs, T, f.rows[i]);
 		worst = e > worst || e != e ? e : worst;
 	}
 	report(what, ok ? T > 64 ? (double)diff : worst : INFINITY, T > 64 ? 0 : 1e-5);
 	snprintf(what, sizeof(what), "matmul %s x3 in one launch, %u tokens: repeatable",
 		 gpud_type_name(t), T);
 	report(what, ok ? (double)again : INFINITY, 0);
-	free(x);
 	free(hs);
 	free(hg);
 	free(hg2);
-	cudaFree(dx);
-	cudaFree(q);
-	cudaFree(d);
 	for (int i = 0; i < 3; i++) {
 		cudaFree(sep[i]);
 		cudaFree(grp[i]);
 		cudaFree(grp2[i]);
-		free_mat(m[i]);
 	}
 }
 
+// Decode GEMVs of several matrices in one launch, and gate/up with SwiGLU
+// fused: the bits of the separate GEMVs (and gpud_k_swiglu).
 void check_gemv_group(enum gpud_type t, uint32_t T)
 {
-	const int64_t cols = 320, rows[3] = { 72, 64, 64 };
-	mat m[3] = { make_mat(t, rows[0], cols), make_mat(t, rows[1], cols),
-		     make_mat(t, rows[2], cols) };
-	gpud_cuda_mat w[3] = { dmat(m[0]), dmat(m[1]), dmat(m[2]) };
-	const gpud_cuda_mat *ws[3] = { &w[0], &w[1], &w[2] };
-	size_t ny = (size_t)T * rows[0];
-	float *x = (float *)malloc(4 * T * cols), *dx = (float *)dev(4 * T * cols);
-	int8_t *q = (int8_t *)dev((size_t)T * cols);
-	float *d = (float *)dev(4 * (size_t)T * (cols / GPUD_QK));
+	three_mats f(t, T);
+	const int64_t *rows = f.rows;
+	const gpud_cuda_mat *const *ws = f.ws;
+	const gpud_cuda_mat *w = f.w;
+	const float *dx = f.dx, *d = f.d;
+	const int8_t *q = f.q;
+	size_t ny = f.ny;
 	float *sep[3], *grp[3], *hs = (float *)malloc(4 * ny), *hg = (float *)malloc(4 * ny);
 	size_t diff = 0;
 	char what[96];
@@ -533,10 +554,6 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 
 	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
 
-	for (int64_t i = 0; i < T * cols; i++)
-		x[i] = frand() * 3.0f;
-	up(dx, x, 4 * T * cols);
-	gpud_k_quantize_act(0, dx, T, (uint32_t)cols, q, d);
 	for (int i = 0; i < 3; i++) {
 		sep[i] = (float *)dev(4 * ny);
 		grp[i] = (float *)dev(4 * ny);
@@ -615,16 +632,11 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 			     : 1,
 		       0);
 	}
-	free(x);
 	free(hs);
 	free(hg);
-	cudaFree(dx);
-	cudaFree(q);
-	cudaFree(d);
 	for (int i = 0; i < 3; i++) {
 		cudaFree(sep[i]);
 		cudaFree(grp[i]);
-		free_mat(m[i]);
 	}
 }
 

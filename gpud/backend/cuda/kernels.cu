@@ -265,6 +265,18 @@ static __device__ __forceinline__ int8_t quant_block(float v, float *d)
 #define NORM_THREADS 256
 #define NORM_REG 16 /* elements a thread holds: rows of up to 4096 in registers */
 
+/* dst[j] = src[t + j NORM_THREADS] within n, else 0: thread t's elements
+ * of a row, their loads issued together. */
+static __device__ __forceinline__ void norm_load(float (&dst)[NORM_REG], const float *src,
+						 uint32_t t, uint32_t n)
+{
+#pragma unroll
+	for (uint32_t j = 0; j < NORM_REG; j++) {
+		uint32_t i = t + j * NORM_THREADS;
+		dst[j] = i < n ? src[i] : 0.0f;
+	}
+}
+
 /* Element i of row r's output, and its int8 quant and block scale when
  * asked (warp-collective then: a warp holds one whole block). */
 static __device__ __forceinline__ void norm_store(float *o, int8_t *aq, float *ad, uint32_t r,
@@ -298,17 +310,13 @@ add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *r
 	uint32_t r = blockIdx.x, src = rows ? rows[r] : r, t = threadIdx.x;
 	float *xr = x + (size_t)src * dim, *o = out + (size_t)r * dim;
 	double ss = 0;
-	float v[REG ? NORM_REG : 1];
+	float v[NORM_REG]; /* REG only */
 
 	if (REG) {
 		float ov[NORM_REG];
 
-#pragma unroll
-		for (uint32_t j = 0; j < NORM_REG; j++) {
-			uint32_t i = t + j * NORM_THREADS;
-			v[j] = i < dim ? xr[i] : 0.0f;
-			ov[j] = add && i < dim ? o[i] : 0.0f;
-		}
+		norm_load(v, xr, t, dim);
+		norm_load(ov, o, t, add ? dim : 0);
 #pragma unroll
 		for (uint32_t j = 0; j < NORM_REG; j++) {
 			uint32_t i = t + j * NORM_THREADS;
@@ -344,11 +352,7 @@ add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *r
 	if (REG) {
 		float wv[NORM_REG];
 
-#pragma unroll
-		for (uint32_t j = 0; j < NORM_REG; j++) {
-			uint32_t i = t + j * NORM_THREADS;
-			wv[j] = i < dim ? w[i] : 0.0f;
-		}
+		norm_load(wv, w, t, dim);
 #pragma unroll
 		for (uint32_t j = 0; j < NORM_REG; j++) {
 			uint32_t i = t + j * NORM_THREADS;
