@@ -2309,6 +2309,24 @@ static __device__ __forceinline__ void mma_s8_k32(int d[4], const unsigned a[4],
 #endif
 }
 
+/* Rows first .. first + 63 (those below n; zeros past it) of a byte matrix
+ * of row stride stride, 64 bytes from column col0 each, into dst: 2 chunks
+ * of 16 bytes for each of the 128 threads. */
+template <int W>
+static __device__ __forceinline__ void mmp_load_64(unsigned (&dst)[MMP_M][W], const uint8_t *src,
+						   int64_t first, int64_t n, int64_t stride,
+						   int64_t col0, uint32_t tid)
+{
+	static_assert(MMP_M == MMP_N, "one helper for weight rows and tokens");
+#pragma unroll
+	for (uint32_t j = 0; j < 2; j++) {
+		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
+		bool in = first + row < n;
+		cp_async<16>(&dst[row][4 * c], in ? src + (first + row) * stride + col0 + 16 * c : src,
+			     in);
+	}
+}
+
 /* Stage blocks i0, i0 + 1 of the CTA's rows r0.. and tokens t0.. into s:
  * each of the 128 threads issues 2 (Q8_0) or 1 (Q4_0) weight chunks, 2
  * activation chunks, and a scale pair (threads 0-63 the rows', 64-127 the
@@ -2322,26 +2340,14 @@ static __device__ __forceinline__ void mmp_load(mmp_stage<TYPE> &s, const uint8_
 	int64_t nb = cols / GPUD_QK;
 
 	if (TYPE == GPUD_TYPE_Q8_0) {
-#pragma unroll
-		for (uint32_t j = 0; j < 2; j++) {
-			uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
-			bool in = r0 + row < rows;
-			cp_async<16>(&s.w[row][4 * c],
-				     in ? wq + (r0 + row) * cols + i0 * GPUD_QK + 16 * c : wq, in);
-		}
+		mmp_load_64(s.w, wq, r0, rows, cols, i0 * GPUD_QK, tid);
 	} else {
 		uint32_t row = tid >> 1, c = tid & 1;
 		bool in = r0 + row < rows;
 		cp_async<16>(&s.w[row][4 * c],
 			     in ? wq + (r0 + row) * (cols / 2) + (i0 + c) * (GPUD_QK / 2) : wq, in);
 	}
-#pragma unroll
-	for (uint32_t j = 0; j < 2; j++) {
-		uint32_t e = tid + 128 * j, tok = e >> 2, c = e & 3;
-		bool in = t0 + tok < T;
-		cp_async<16>(&s.x[tok][4 * c],
-			     in ? xq + (t0 + tok) * cols + i0 * GPUD_QK + 16 * c : xq, in);
-	}
+	mmp_load_64(s.x, (const uint8_t *)xq, t0, T, cols, i0 * GPUD_QK, tid);
 	if (tid < MMP_M) {
 		bool in = r0 + tid < rows;
 		cp_async<4>(&s.wd[tid][0], in ? wd + (r0 + tid) * nb + i0 : wd, in);
@@ -2415,6 +2421,23 @@ static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32
 	}
 }
 
+/* f(a, row, token) for each of the warp's 32 sums a = acc[mi][nj][e], at
+ * row wr + 16 mi + g (+ 8 from e = 2) of the CTA's tile and token
+ * wt + 8 nj + 2 t4 (+ 1 for odd e) of its token tile (the m16n8 C layout). */
+template <class F>
+static __device__ __forceinline__ void mmp_frag(float (&acc)[2][4][4], uint32_t wr, uint32_t wt,
+						uint32_t g, uint32_t t4, F f)
+{
+#pragma unroll
+	for (uint32_t mi = 0; mi < 2; mi++)
+#pragma unroll
+		for (uint32_t nj = 0; nj < 4; nj++)
+#pragma unroll
+			for (uint32_t e = 0; e < 4; e++)
+				f(acc[mi][nj][e], (int64_t)(wr + 16 * mi + g + (e < 2 ? 0 : 8)),
+				  (int64_t)(wt + 8 * nj + 2 * t4 + (e & 1)));
+}
+
 /* Up to 3 matrices of one type and width over the same activations (Q, K
  * and V; gate and up) in one launch: row tiles tile0[m] .. tile0[m + 1] - 1
  * of the grid are matrix m's, whose split partials sit at row off[m] of
@@ -2456,13 +2479,7 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 	bool busy = t0 + wt < T && r0 + wr < rows; /* warp-uniform */
 	float acc[2][4][4];
 
-#pragma unroll
-	for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-		for (int nj = 0; nj < 4; nj++)
-#pragma unroll
-			for (int e = 0; e < 4; e++)
-				acc[mi][nj][e] = 0.0f;
+	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
 	/* a group per stage, empty past the split, so that the count holds */
 #pragma unroll
 	for (int k = 0; k < (int)MMP_S - 1; k++) {
@@ -2484,18 +2501,10 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 	if (n_split > 1) {
 		/* this split's partials; the last CTA of the row tile adds them in
 		 * split order (gemm_q_kernel's protocol) */
-#pragma unroll
-		for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-			for (int nj = 0; nj < 4; nj++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
-					int64_t tok = wt + 8 * nj + 2 * t4 + (e & 1); /* one token tile */
-					if (row < rows && tok < T)
-						part[((int64_t)split * T + tok) * all_rows + off +
-						     row] = acc[mi][nj][e];
-				}
+		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
+			if (r0 + ro < rows && tok < T) /* one token tile: t0 is 0 */
+				part[((int64_t)split * T + tok) * all_rows + off + r0 + ro] = a;
+		});
 		__threadfence();
 		__syncthreads();
 		if (tid == 0) {
@@ -2508,33 +2517,18 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 			return;
 		__threadfence();
 		const volatile float *vp = part;
-#pragma unroll
-		for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-			for (int nj = 0; nj < 4; nj++)
-#pragma unroll
-				for (int e = 0; e < 4; e++) {
-					int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
-					int64_t tok = wt + 8 * nj + 2 * t4 + (e & 1);
-					float v = 0.0f;
-					if (row < rows && tok < T)
-						for (uint32_t sp = 0; sp < n_split; sp++)
-							v += vp[((int64_t)sp * T + tok) * all_rows +
-								off + row];
-					acc[mi][nj][e] = v;
-				}
+		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
+			float v = 0.0f;
+			if (r0 + ro < rows && tok < T)
+				for (uint32_t sp = 0; sp < n_split; sp++)
+					v += vp[((int64_t)sp * T + tok) * all_rows + off + r0 + ro];
+			a = v;
+		});
 	}
-#pragma unroll
-	for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-		for (int nj = 0; nj < 4; nj++)
-#pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int64_t row = r0 + wr + 16 * mi + g + (e < 2 ? 0 : 8);
-				int64_t tok = t0 + wt + 8 * nj + 2 * t4 + (e & 1);
-				if (row < rows && tok < T)
-					y[tok * rows + row] = acc[mi][nj][e];
-			}
+	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
+		if (r0 + ro < rows && t0 + to < T)
+			y[(t0 + to) * rows + r0 + ro] = a;
+	});
 }
 
 template <int TYPE, bool GLU>
