@@ -1001,6 +1001,19 @@ static __device__ unsigned long long block_sum_u64(unsigned long long v, draw_sm
 	return v;
 }
 
+static __device__ unsigned long long block_max_u64(unsigned long long v, draw_smem *sh)
+{
+	v = warp_max_u64(v);
+	__syncthreads(); // red[] may still be read from the last call
+	if ((threadIdx.x & 31) == 0)
+		sh->red[threadIdx.x >> 5] = v;
+	__syncthreads();
+	v = 0;
+	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
+		v = sh->red[i] > v ? sh->red[i] : v;
+	return v;
+}
+
 // Sum of the masses of the tokens with key >= cut and mass >= thr.
 template <class S>
 static __device__ uint64_t draw_total(const S &src, uint64_t cut, uint64_t thr, draw_smem *sh)
@@ -1235,13 +1248,7 @@ static __device__ void draw_from_cand(draw_row_src r, const uint64_t *c, uint32_
 			best = k > best ? k : best;
 		}
 	}
-	best = warp_max_u64(best);
-	if ((threadIdx.x & 31) == 0)
-		sh->red[threadIdx.x >> 5] = best;
-	__syncthreads();
-	best = 0;
-	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
-		best = sh->red[i] > best ? sh->red[i] : best;
+	best = block_max_u64(best, sh);
 	src.n = sh->cnt;
 	if (!best) { // nothing usable
 		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
@@ -1305,13 +1312,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 		uint64_t k = gpud_draw_key(r.l[i], i);
 		best = k > best ? k : best;
 	}
-	best = warp_max_u64(best);
-	if ((threadIdx.x & 31) == 0)
-		sh.red[threadIdx.x >> 5] = best;
-	__syncthreads();
-	best = 0;
-	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
-		best = sh.red[i] > best ? sh.red[i] : best;
+	best = block_max_u64(best, &sh);
 	if (!best || !(temp > 0.0f)) {
 		// nothing usable (all keys 0), or greedy: the penalized arg max
 		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
@@ -2569,10 +2570,47 @@ uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 	static_assert(GPUD_K_GEMV_MAX_T == GPUD_CUDA_GEMV_MAX_T, "one GEMV bound");
 	if (!ks || rows <= 0 || cols <= 0)
 		return 1;
-	return gpud_cuda_mm_splits(gpud_k_mm_pipelined(cols) ? GPUD_CUDA_MM_PIPE
-							     : GPUD_CUDA_MM_SINGLE,
-				   (uint64_t)rows, (uint64_t)cols, T, ks->part_floats,
-				   ks->cnt_words, ks->n_sm);
+	if (gpud_k_mm_pipelined(cols)) /* launch_mm_set's: rows of whole tiles */
+		return gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE,
+					   (uint64_t)(rows + MMP_M - 1) / MMP_M * MMP_M,
+					   (uint64_t)cols, T, ks->part_floats, ks->cnt_words,
+					   ks->n_sm);
+	return gpud_cuda_mm_splits(GPUD_CUDA_MM_SINGLE, (uint64_t)rows, (uint64_t)cols, T,
+				   ks->part_floats, ks->cnt_words, ks->n_sm);
+}
+
+/* Matrices 0 .. n - 1 in one launch of the pipelined kernel: their row
+ * tiles one after another on grid.y, the splits those of all their tiles
+ * together (their rows rounded up to whole tiles, for the partials). */
+template <int TYPE>
+static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+				 int n, const int8_t *xq, const float *xd, uint32_t T,
+				 const gpud_cuda_ksplit *ks)
+{
+	mmp_set set = {};
+	uint32_t tiles = 0, nsp;
+
+	for (int i = 0; i < 3; i++) {
+		set.tile0[i] = tiles;
+		set.off[i] = (int64_t)tiles * MMP_M;
+		if (i < n) {
+			set.q[i] = (const uint8_t *)ws[i]->q;
+			set.d[i] = (const uint16_t *)ws[i]->d;
+			set.y[i] = ys[i];
+			set.rows[i] = ws[i]->rows;
+			tiles += (uint32_t)((ws[i]->rows + MMP_M - 1) / MMP_M);
+		}
+	}
+	set.tile0[3] = tiles;
+	set.off[3] = (int64_t)tiles * MMP_M;
+	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, (uint64_t)set.off[3],
+				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
+				       ks->n_sm)
+		 : 1;
+	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
+	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>, set,
+					   ws[0]->cols, xq, xd, T, nsp > 1 ? ks->part : nullptr,
+					   nsp > 1 ? ks->cnt : nullptr));
 }
 
 template <int TYPE>
@@ -2587,27 +2625,22 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
 	bool pipe = gpud_k_mm_pipelined(w->cols);
-	uint32_t n = gpud_k_mm_q_splits(w->rows, w->cols, T, ks);
 	int64_t tile = pipe ? MMP_M : MMA_M, row_tiles = (w->rows + tile - 1) / tile;
 
 	if (row_tiles > 65535) /* grid.y */
 		return cudaErrorInvalidValue;
-	/* what the cp.async of whole chunks and scale pairs assume; the pools
-	 * align every buffer far more */
-	if (pipe && (((uintptr_t)q | (uintptr_t)xq) & 15 || ((uintptr_t)d & 3) ||
-		     ((uintptr_t)xd & 7)))
-		return cudaErrorMisalignedAddress;
-	dim3 grid((T + MMA_N - 1) / MMA_N, (unsigned)row_tiles, n);
-	float *part = n > 1 ? ks->part : nullptr;
-	unsigned *cnt = n > 1 ? ks->cnt : nullptr;
 	if (pipe) {
-		mmp_set set = { { q }, { d }, { y }, { w->rows }, { 0, w->rows, w->rows, w->rows },
-				{ 0, (uint32_t)row_tiles, (uint32_t)row_tiles, (uint32_t)row_tiles } };
-		return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>,
-						   set, w->cols, xq, xd, T, part, cnt));
+		/* what the cp.async of whole chunks and scale pairs assume; the
+		 * pools align every buffer far more */
+		if (((uintptr_t)q | (uintptr_t)xq) & 15 || ((uintptr_t)d & 3) || ((uintptr_t)xd & 7))
+			return cudaErrorMisalignedAddress;
+		return launch_mm_set<TYPE>(s, &w, &y, 1, xq, xd, T, ks);
 	}
+	uint32_t n = gpud_k_mm_q_splits(w->rows, w->cols, T, ks);
+	dim3 grid((T + MMA_N - 1) / MMA_N, (unsigned)row_tiles, n);
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_q_kernel<TYPE>, q, d,
-					   w->rows, w->cols, xq, xd, T, y, part, cnt));
+					   w->rows, w->cols, xq, xd, T, y, n > 1 ? ks->part : nullptr,
+					   n > 1 ? ks->cnt : nullptr));
 }
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
@@ -2649,40 +2682,6 @@ cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq
 	if (w->type == GPUD_TYPE_Q4_0)
 		return launch_mm<GPUD_TYPE_Q4_0>(s, w, xq, xd, T, y, ks);
 	return cudaErrorInvalidValue;
-}
-
-/* Matrices 0 .. n - 1 in one launch of the pipelined kernel: their row
- * tiles one after another on grid.y, the splits those of all their tiles
- * together (their rows rounded up to whole tiles, for the partials). */
-template <int TYPE>
-static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
-				 int n, const int8_t *xq, const float *xd, uint32_t T,
-				 const gpud_cuda_ksplit *ks)
-{
-	mmp_set set = {};
-	uint32_t tiles = 0, nsp;
-
-	for (int i = 0; i < 3; i++) {
-		set.tile0[i] = tiles;
-		set.off[i] = (int64_t)tiles * MMP_M;
-		if (i < n) {
-			set.q[i] = (const uint8_t *)ws[i]->q;
-			set.d[i] = (const uint16_t *)ws[i]->d;
-			set.y[i] = ys[i];
-			set.rows[i] = ws[i]->rows;
-			tiles += (uint32_t)((ws[i]->rows + MMP_M - 1) / MMP_M);
-		}
-	}
-	set.tile0[3] = tiles;
-	set.off[3] = (int64_t)tiles * MMP_M;
-	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, (uint64_t)set.off[3],
-				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
-				       ks->n_sm)
-		 : 1;
-	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
-	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>, set,
-					   ws[0]->cols, xq, xd, T, nsp > 1 ? ks->part : nullptr,
-					   nsp > 1 ? ks->cnt : nullptr));
 }
 
 cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
