@@ -998,10 +998,34 @@ void check_argmax(uint32_t nv)
 // ties and signed zeros, NaN / -inf / +inf, nothing usable) and random
 // temperatures (0: the penalized arg max), top-k, top-p, min-p, penalties
 // and PRNG words; rows whose draw is off keep their keys. Bound: 0 rows
-// that differ. With cand, the draws of a top-k of up to 63 are made from
-// candidates gathered across CTAs (the backend's way); without, by one CTA
-// a row over the whole row.
-void check_draw(uint32_t nv, uint32_t rounds, bool cand)
+// that differ. Counts the rows each way of the kernels takes: a top-k of
+// up to 63 from candidates; others, with a temperature, from the live
+// tokens in shared memory (up to 2,048 of them) or through the histogram
+// (more), where a few levels of a wide row put thousands of tokens in one
+// bucket and a selection ranks it from the row.
+// The live tokens of row l under draw dr (its penalties applied): how many
+// a draw with a temperature can weigh (gpud/draw.h).
+static size_t live_tokens(const float *l, uint32_t nv, const struct gpud_draw *dr)
+{
+	float *p = (float *)malloc(sizeof(float) * nv), inv_t = gpud_draw_inv_t(dr->temperature), mx;
+	int32_t best;
+	size_t n = 0;
+
+	memcpy(p, l, sizeof(float) * nv);
+	for (uint32_t j = 0; j < dr->n_pen; j++)
+		p[dr->pen_id[j]] = gpud_draw_penalize(l[dr->pen_id[j]], dr->pen_n[j],
+						      dr->repeat_penalty, dr->frequency_penalty,
+						      dr->presence_penalty);
+	best = gpud_argmax(p, (int32_t)nv);
+	mx = best < 0 ? 0.0f : p[best];
+	for (uint32_t i = 0; best >= 0 && i < nv; i++)
+		n += p[i] > -INFINITY &&
+		     (mx == INFINITY ? p[i] == INFINITY : gpud_draw_live(p[i], mx, inv_t));
+	free(p);
+	return n;
+}
+
+void check_draw(uint32_t nv, uint32_t rounds)
 {
 	const uint32_t rows = 8;
 	static const float temps[] = { 0.05f, 0.3f, 0.8f, 1.0f, 1.7f, 6.0f, 0.0f };
@@ -1013,19 +1037,18 @@ void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 	uint64_t *dk = (uint64_t *)dev(8ull * rows * GPUD_CUDA_ARGMAX_PARTS);
 	static uint32_t words[rows * GPUD_CUDA_DRAW_WORDS];
 	uint32_t *dw = (uint32_t *)dev(sizeof(words)), *dn = (uint32_t *)dev(4), ndraw;
-	uint64_t *dc = cand ? (uint64_t *)dev(8ull * rows * GPUD_CUDA_DRAW_CAND) : nullptr;
+	uint64_t *dc = (uint64_t *)dev(8ull * rows * GPUD_CUDA_DRAW_SCRATCH);
 	struct gpud_draw dr[rows];
 	struct gpud_sampler_scratch *sc = nullptr;
 	char what[64], err[256];
 	int32_t ids[rows];
-	size_t bad = 0, drawn = 0, pens = 0, cands = 0;
+	size_t bad = 0, drawn = 0, pens = 0, cands = 0, hist = 0, wide = 0;
 
 	if (gpud_sampler_scratch_create(&sc, (int32_t)nv, err, sizeof(err))) {
 		report("draw scratch", INFINITY, 0);
 		return;
 	}
-	snprintf(what, sizeof(what), "draws from %u-logit rows%s", nv,
-		 cand ? ", top-k candidates" : ", one CTA a row");
+	snprintf(what, sizeof(what), "draws from %u-logit rows", nv);
 	for (uint32_t round = 0; round < rounds; round++) {
 		memset(words, 0, sizeof(words));
 		for (uint32_t r = 0; r < rows; r++) {
@@ -1061,7 +1084,7 @@ void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 				dr[r].pen_n[j] = 1 + (uint32_t)(next() % 5);
 			}
 			dr[r].top_k = next() % 4 == 0 ? 0 : next() % 3 == 0 ? (int32_t)nv + 2 :
-									 (int32_t)(next() % 50);
+				      next() % 2 ? (int32_t)(next() % 50) : 64 + (int32_t)(next() % 3000);
 			dr[r].top_p = tps[next() % 5];
 			dr[r].min_p = mps[next() % 4];
 			dr[r].rand = next() ^ next() << 32;
@@ -1106,8 +1129,13 @@ void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 			}
 			want = gpud_draw_row(h + (size_t)r * nv, (int32_t)nv, &dr[r], sc);
 			drawn++;
-			cands += cand && dr[r].temperature > 0.0f && dr[r].top_k > 0 &&
-				 dr[r].top_k <= 63;
+			if (dr[r].temperature > 0.0f && dr[r].top_k > 0 && dr[r].top_k <= 63) {
+				cands++;
+			} else if (dr[r].temperature > 0.0f) {
+				size_t live = live_tokens(h + (size_t)r * nv, nv, &dr[r]);
+				hist += live > 2048;
+				wide += live > 2048 && (round + r) % 6 == 2 && nv > 5 * 2048;
+			}
 			if (ids[r] != (want < 0 ? -1 : want)) {
 				printf("ops_cmp: draw row %u round %u (T %g, top-k %d, top-p %g, "
 				       "min-p %g, %u penalized): %d, want %d\n", r, round,
@@ -1118,7 +1146,8 @@ void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 		}
 	}
 	printf("ops_cmp: %zu draws from %u-logit rows compared (%zu with penalties, %zu from "
-	       "candidates)\n", drawn, nv, pens, cands);
+	       "candidates, %zu through the histogram, %zu of them with buckets of thousands)\n",
+	       drawn, nv, pens, cands, hist, wide);
 	report(what, (double)bad, 0);
 	gpud_sampler_scratch_free(sc);
 	free(h);
@@ -1131,41 +1160,12 @@ void check_draw(uint32_t nv, uint32_t rounds, bool cand)
 		cudaFree(dc);
 }
 
-} // namespace
-
-int main(int argc, char **argv)
+// Every kernel but the draws' against the CPU's.
+void check_kernels(void)
 {
 	const enum gpud_type types[] = { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16,
 					 GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 };
-	int n = 0;
 
-	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
-			rng = strtoull(argv[++i], nullptr, 0) | 1;
-		} else {
-			fprintf(stderr, "usage: %s [--seed S]\n", argv[0]);
-			return 2;
-		}
-	}
-	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
-		fprintf(stderr, "ops_cmp: no CUDA device\n");
-		return 2;
-	}
-	cudaSetDevice(0);
-	{
-		void *ws = dev(32u << 20);
-		if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
-		    cublasSetWorkspace(blas, ws, 32u << 20) != CUBLAS_STATUS_SUCCESS) {
-			fprintf(stderr, "ops_cmp: cuBLAS set-up failed\n");
-			return 2;
-		}
-	}
-	ksplit.part_floats = 8ull * 64 * 4096;
-	ksplit.part = (float *)dev(4 * ksplit.part_floats);
-	ksplit.cnt_words = 4096 / 32 + 1;
-	ksplit.cnt = (unsigned *)dev(4 * ksplit.cnt_words);
-	ksplit.n_sm = 132;
-	cudaMemset(ksplit.cnt, 0, 4 * ksplit.cnt_words);
 	for (enum gpud_type t : types) {
 		check_embed(t);
 		for (uint32_t T : { 1u, 3u, 8u })
@@ -1207,12 +1207,49 @@ int main(int argc, char **argv)
 			check_att_quant(hd, mode);
 	for (uint32_t nv : { 7u, 512u, 128256u })
 		check_argmax(nv);
-	for (bool cand : { false, true }) {
-		check_draw(1, 4, cand);
-		check_draw(7, 20, cand);
-		check_draw(3000, 30, cand);
-		check_draw(128256, cand ? 4 : 2, cand);
+}
+
+} // namespace
+
+int main(int argc, char **argv)
+{	int n = 0;
+	bool draws_only = false;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+			rng = strtoull(argv[++i], nullptr, 0) | 1;
+		} else if (!strcmp(argv[i], "--draws")) {
+			draws_only = true; /* only the draws' checks */
+		} else {
+			fprintf(stderr, "usage: %s [--seed S] [--draws]\n", argv[0]);
+			return 2;
+		}
 	}
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+		fprintf(stderr, "ops_cmp: no CUDA device\n");
+		return 2;
+	}
+	cudaSetDevice(0);
+	{
+		void *ws = dev(32u << 20);
+		if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
+		    cublasSetWorkspace(blas, ws, 32u << 20) != CUBLAS_STATUS_SUCCESS) {
+			fprintf(stderr, "ops_cmp: cuBLAS set-up failed\n");
+			return 2;
+		}
+	}
+	ksplit.part_floats = 8ull * 64 * 4096;
+	ksplit.part = (float *)dev(4 * ksplit.part_floats);
+	ksplit.cnt_words = 4096 / 32 + 1;
+	ksplit.cnt = (unsigned *)dev(4 * ksplit.cnt_words);
+	ksplit.n_sm = 132;
+	cudaMemset(ksplit.cnt, 0, 4 * ksplit.cnt_words);
+	if (!draws_only)
+		check_kernels();
+	check_draw(1, 8);
+	check_draw(7, 40);
+	check_draw(3000, 60);
+	check_draw(128256, 10);
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

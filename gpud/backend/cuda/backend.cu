@@ -97,7 +97,7 @@ struct cuda_ctx {
 
 	float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *xl, *logits;
 	uint64_t *amax;     // (NL, GPUD_CUDA_ARGMAX_PARTS) arg max keys (gpud_k_argmax)
-	uint64_t *dcand;    // (NL, GPUD_CUDA_DRAW_CAND) a top-k draw's candidates (gpud_k_draw)
+	uint64_t *dscr;     // (NL, GPUD_CUDA_DRAW_SCRATCH) a draw's scratch (gpud_k_draw)
 	float *attp;    // split-K attention partials
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
@@ -696,7 +696,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->xl = (float *)(s + L->xl);
 	c->logits = (float *)(s + L->logits);
 	c->amax = (uint64_t *)(s + L->amax);
-	c->dcand = (uint64_t *)(s + L->dcand);
+	c->dscr = (uint64_t *)(s + L->dscr);
 	c->actq = (int8_t *)(s + L->actq);
 	c->actd = (float *)(s + L->actd);
 	c->actq2 = (int8_t *)(s + L->actq2);
@@ -1072,7 +1072,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		prof_stage(c, "sampling");
 		CKL(gpud_k_argmax(c->stream, c->logits, n_logits, hp->n_vocab, c->amax), "arg max");
 		CKL(gpud_k_draw(c->stream, c->logits, n_logits, hp->n_vocab, c->meta + L->m_ndraw,
-			        c->meta + L->m_draw, c->amax, c->dcand), "draw");
+			        c->meta + L->m_draw, c->amax, c->dscr), "draw");
 	}
 	return 0;
 }

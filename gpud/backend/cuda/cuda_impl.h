@@ -72,7 +72,9 @@ struct gpud_mask;
 #define GPUD_CUDA_MM1_TILE_ROWS 32u
 #define GPUD_CUDA_MM1_STEP_BLOCKS 4u
 #define GPUD_CUDA_ARGMAX_PARTS 64u /* arg max: CTAs per logits row, a key each */
-#define GPUD_CUDA_DRAW_CAND 2048u /* a top-k draw's candidate keys per logits row */
+/* a draw's scratch per logits row, 64-bit words (kernels.cu: a top-k draw's
+ * candidates, or the row's ranges' ends and its histogram of masses) */
+#define GPUD_CUDA_DRAW_SCRATCH 5184u
 
 /* Per-sequence words of the step metadata. */
 enum {
@@ -120,7 +122,7 @@ struct gpud_cuda_layout {
 	uint32_t mask_slots;
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
 	/* scratch offsets (bytes) */
-	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, amax, dcand, actq, actd,
+	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, amax, dscr, actq, actd,
 		actq2, actd2, mmp, mmc, acth, ascale, meta;
 	uint64_t mmp_floats; /* int8 matmul split-K partials (mmp), and its counters */
 	uint32_t mmc_words;

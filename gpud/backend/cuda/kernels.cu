@@ -929,25 +929,69 @@ cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, ui
 }
 
 /* --- a draw from each logits row that asks for one ---------------------------
- * gpud/draw.h's definition on the device: a CTA per row whose draw words
- * (meta, GPUD_CUDA_DRAW_WORDS a row) say so; the others return at once.
- * Every selection is an MSD radix select over 64-bit order keys, a byte a
- * level, with integer histograms (counts for top-k, masses for top-p and
- * the pick) in shared memory. Sums are of integers, so the order the
- * threads add in does not matter: the token is gpud_draw_row's.
+ * gpud/draw.h's definition on the device. Every selection is an MSD radix
+ * select over 64-bit order keys, a byte a level, with integer histograms
+ * (counts for top-k, masses for top-p and the pick) in shared memory. Sums
+ * are of integers, so the order the threads add in does not matter: the
+ * token is gpud_draw_row's.
  *
- * Only the live tokens can weigh anything (gpud_draw_live: the max, and x
- * >= GPUD_DRAW_X_MIN), and they are a prefix of the order. A trained
- * model's row has a few hundred of them at most temperatures: when they
- * fit (DRAW_SH_CAP), one scan copies their keys and masses into shared
- * memory and every selection runs there; otherwise each level scans the
- * row. A top-k that reaches past the live tokens cuts nothing that
- * weighs. The result replaces the row's arg max keys (the drawn id as the
- * one nonzero key, none for a row with nothing usable), so the host's
- * pick and the download stay as they are. */
+ * One CTA walking a 128,256-logit row was 1.6 ms of a batch-1 step on the
+ * H200 (a flat row: every radix level scanned the row, computing masses).
+ * So DRAW_PARTS CTAs share a row, a range each, and three launches make a
+ * draw:
+ *
+ *   draw_part_kernel  a range's penalties, in place; then, for a draw with
+ *       a top-k of at most DRAW_K_MAX, its k + 1 greatest keys (all that
+ *       such a draw reads, below); for any other, the range's greatest and
+ *       least usable keys;
+ *   draw_hist_kernel  (a temperature, no such top-k) the range's usable
+ *       tokens into the row's histogram of DRAW_NB buckets: counts, masses,
+ *       and the masses of at least the min-p threshold;
+ *   draw_kernel  a CTA a row: the draw, from the candidates, or from the
+ *       histogram and then only the tokens of the buckets its cuts fall in.
+ *
+ * Candidates. A top-k draw reads only the row's k + 1 greatest keys: the
+ * top-k cut, the max, and whether more than k tokens are usable and live
+ * (the live tokens lead the order, so more than k are live iff the
+ * (k + 1)-th greatest is). The union of the ranges' k + 1 greatest holds
+ * the row's.
+ *
+ * Buckets. Only the live tokens can weigh anything (gpud_draw_live: the
+ * max, and x = (l - max) / T >= GPUD_DRAW_X_MIN), and they are a prefix of
+ * the order. A live token's bucket is floor(-x * scale), the scale
+ * spreading the row's range of x (to its least usable logit, or X_MIN) over
+ * DRAW_DEAD buckets; the other usable tokens go to the last, DRAW_DEAD.
+ * Each step is a monotone IEEE operation, so a greater key never has a
+ * greater bucket: the buckets cut the order into consecutive runs, and a
+ * selection is the bucket whose prefix sums hold its target, then a rank
+ * within that bucket. Every kernel derives the bucketing from the same
+ * values (the row's max, its least usable logit, T), so all agree. When
+ * the live tokens fit shared memory (DRAW_SH_CAP) one scan copies them
+ * there and every selection runs there; otherwise each selection (top-k,
+ * top-p, the pick) copies its bucket's tokens, and only a bucket too big
+ * for shared memory (thousands of tokens of nearly one logit) is ranked
+ * from the row, a scan a radix level.
+ *
+ * The result replaces the row's arg max keys (the drawn id as the one
+ * nonzero key, none for a row with nothing usable), so the host's pick and
+ * the download stay as they are. A greedy row with penalties (T <= 0) is
+ * the penalized arg max: the greatest of its ranges' greatest keys. */
 
 #define DRAW_THREADS 512u
 #define DRAW_SH_CAP 2048u
+#define DRAW_PARTS 32u
+#define DRAW_K_MAX (DRAW_SH_CAP / DRAW_PARTS - 1)
+#define DRAW_NB 2048u
+#define DRAW_DEAD (DRAW_NB - 1)
+#define DRAW_NB_THREAD (DRAW_NB / DRAW_THREADS)
+/* A row's scratch (GPUD_CUDA_DRAW_SCRATCH 64-bit words): a top-k draw's
+ * candidates, DRAW_K_MAX + 1 keys a range; any other's ranges' greatest and
+ * least usable keys, then the histogram: counts (32-bit), masses, and
+ * masses of at least the min-p threshold. */
+#define DRAW_W_COUNT (2 * DRAW_PARTS)
+#define DRAW_W_MASS (DRAW_W_COUNT + DRAW_NB / 2)
+#define DRAW_W_MASST (DRAW_W_MASS + DRAW_NB)
+#define DRAW_W_END (DRAW_W_MASST + DRAW_NB)
 
 struct draw_smem {
 	unsigned long long w[256]; // a level's weights by byte
@@ -955,29 +999,64 @@ struct draw_smem {
 	unsigned long long red[DRAW_THREADS / 32];
 	unsigned long long key, base;
 	unsigned d, nd, cnt;
-	unsigned long long ck[DRAW_SH_CAP], cm[DRAW_SH_CAP]; // live keys, masses
+	unsigned long long ck[DRAW_SH_CAP], cm[DRAW_SH_CAP]; // tokens' keys, masses
 };
 
-// The row itself: keys and masses computed as they are read.
-struct draw_row_src {
-	const float *l;
-	uint32_t nv;
-	float mx, inv_t;
+// How a row's logits weigh and fall into buckets: its max, 1 / T, and the
+// scale from -x to a bucket.
+struct draw_geom {
+	float mx, inv_t, scale;
 	bool inf; // the max is +inf: +inf logits weigh GPUD_DRAW_ONE, the rest 0
 
-	__device__ uint32_t size() const { return nv; }
-	__device__ uint64_t key(uint32_t i) const { return gpud_draw_key(l[i], i); }
-	__device__ bool live(uint32_t i) const
+	__device__ bool live(float l) const
 	{
-		return inf ? l[i] == INFINITY : gpud_draw_live(l[i], mx, inv_t);
+		return inf ? l == INFINITY : gpud_draw_live(l, mx, inv_t);
 	}
-	__device__ uint64_t mass(uint32_t i) const
+	__device__ uint64_t mass(float l) const
 	{
-		return inf ? (l[i] == INFINITY ? GPUD_DRAW_ONE : 0) : gpud_draw_mass(l[i], mx, inv_t);
+		return inf ? (l == INFINITY ? GPUD_DRAW_ONE : 0) : gpud_draw_mass(l, mx, inv_t);
+	}
+	// The bucket of usable logit l: DRAW_DEAD exactly when !live(l).
+	__device__ uint32_t bucket(float l) const
+	{
+		float d = GPUD_DRAW_SUB(l, mx), x, y;
+
+		if (inf)
+			return l == INFINITY ? 0 : DRAW_DEAD;
+		if (d == 0.0f)
+			return 0;
+		x = GPUD_DRAW_MUL(d, inv_t);
+		if (!(x >= GPUD_DRAW_X_MIN))
+			return DRAW_DEAD;
+		y = GPUD_DRAW_MUL(-x, scale);
+		return y < (float)(DRAW_DEAD - 1) ? (uint32_t)y : DRAW_DEAD - 1;
 	}
 };
 
-// The live tokens, copied into shared memory (any order).
+// The geometry of a row whose max is mx and least usable logit lo, at T.
+static __device__ draw_geom draw_geom_of(float mx, float lo, float temp)
+{
+	draw_geom g;
+	float x;
+
+	g.mx = mx;
+	g.inf = mx == INFINITY;
+	g.inv_t = gpud_draw_inv_t(temp);
+	x = GPUD_DRAW_SUB(lo, mx);
+	x = x == 0.0f ? 0.0f : GPUD_DRAW_MUL(x, g.inv_t);
+	x = x >= GPUD_DRAW_X_MIN ? x : GPUD_DRAW_X_MIN; // NaN (an +inf max) too
+	g.scale = x < 0.0f ? GPUD_DRAW_DIV((float)(DRAW_DEAD - 1), -x) : 1.0f;
+	g.scale = g.scale < 1e30f ? g.scale : 1e30f; // finite: -x * scale is never NaN
+	return g;
+}
+
+// The token whose key is k: its logit.
+static __device__ __forceinline__ float draw_logit(const float *l, uint64_t k)
+{
+	return l[0xffffffffu - (uint32_t)k];
+}
+
+// A set of tokens in shared memory (any order).
 struct draw_sh_src {
 	const unsigned long long *k, *m;
 	uint32_t n;
@@ -985,6 +1064,31 @@ struct draw_sh_src {
 	__device__ uint32_t size() const { return n; }
 	__device__ uint64_t key(uint32_t i) const { return k[i]; }
 	__device__ uint64_t mass(uint32_t i) const { return m[i]; }
+};
+
+// The tokens of one bucket, read from the row.
+struct draw_bucket_src {
+	const float *l;
+	uint32_t nv, b;
+	draw_geom g;
+
+	__device__ uint32_t size() const { return nv; }
+	__device__ uint64_t key(uint32_t i) const
+	{
+		float v = l[i];
+		return v > -INFINITY && g.bucket(v) == b ? gpud_draw_key(v, i) : 0;
+	}
+	__device__ uint64_t mass(uint32_t i) const { return g.mass(l[i]); }
+};
+
+// Keys of the range lo .. lo + n of a row (unweighted selections only).
+struct draw_range_src {
+	const float *l;
+	uint32_t lo, n;
+
+	__device__ uint32_t size() const { return n; }
+	__device__ uint64_t key(uint32_t i) const { return gpud_draw_key(l[lo + i], lo + i); }
+	__device__ uint64_t mass(uint32_t) const { return 1; }
 };
 
 static __device__ unsigned long long block_sum_u64(unsigned long long v, draw_smem *sh)
@@ -1012,6 +1116,26 @@ static __device__ unsigned long long block_max_u64(unsigned long long v, draw_sm
 	for (unsigned i = 0; i < DRAW_THREADS / 32; i++)
 		v = sh->red[i] > v ? sh->red[i] : v;
 	return v;
+}
+
+// The sum of v over the threads before this one.
+static __device__ unsigned long long block_excl_sum_u64(unsigned long long v, draw_smem *sh)
+{
+	unsigned lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+	unsigned long long x = v, t;
+
+	for (unsigned o = 1; o < 32; o <<= 1) {
+		t = __shfl_up_sync(FULL, x, o);
+		x += lane >= o ? t : 0;
+	}
+	__syncthreads(); // red[] may still be read from the last call
+	if (lane == 31)
+		sh->red[wid] = x;
+	__syncthreads();
+	t = 0;
+	for (unsigned i = 0; i < wid; i++)
+		t += sh->red[i];
+	return t + x - v;
 }
 
 // Sum of the masses of the tokens with key >= cut and mass >= thr.
@@ -1112,12 +1236,21 @@ static __device__ uint64_t draw_select(const S &src, uint64_t cut, uint64_t thr,
 	return prefix;
 }
 
+// The min-p threshold: mass >= min_p * 2^40 as the host compares it, in
+// doubles; 1 (every token that weighs) without one.
+static __device__ uint64_t draw_thr(float min_p)
+{
+	double th = (double)min_p * (double)GPUD_DRAW_ONE;
+
+	return !(min_p > 0.0f) || th <= 1.0 ? 1 : (uint64_t)ceil(th);
+}
+
 // The drawn token's key from src, nu usable and nl live tokens.
 template <class S>
 static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int32_t top_k,
 				     float top_p, float min_p, uint64_t rnd, draw_smem *sh)
 {
-	uint64_t cut = 0, thr = 1, sum;
+	uint64_t cut = 0, thr, sum;
 
 	if (top_k > 0 && (uint64_t)top_k < nu && (uint64_t)top_k < nl)
 		cut = draw_select(src, 0, 0, false, (uint64_t)top_k - 1, sh);
@@ -1128,49 +1261,165 @@ static __device__ uint64_t draw_pick(const S &src, uint64_t nu, uint64_t nl, int
 
 		cut = draw_select(src, cut, 1, true, tu - 1, sh);
 	}
-	if (min_p > 0.0f) {
-		// mass >= min_p * 2^40 as the host compares it, in doubles
-		double th = (double)min_p * (double)GPUD_DRAW_ONE;
-
-		thr = th <= 1.0 ? 1 : (uint64_t)ceil(th);
-	}
+	thr = draw_thr(min_p);
 	sum = draw_total(src, cut, thr, sh);
 	return draw_select(src, cut, thr, true, __umul64hi(rnd, sum), sh);
 }
 
-/* --- a top-k draw's candidates, across CTAs ---------------------------------
- * One CTA walking a 128,256-logit row was 1.6 ms of a batch-1 step on the
- * H200 (a flat row: too many live tokens for shared memory, so every radix
- * level scanned the row, computing masses). A draw with a temperature and
- * a top-k of at most DRAW_K_MAX reads only the row's k + 1 greatest keys:
- * the top-k cut, the max, and whether more than k tokens are usable and
- * live (the live tokens lead the order, so more than k are live iff the
- * (k + 1)-th greatest is). So DRAW_PARTS CTAs a row each take the k + 1
- * greatest keys of their range of the row (all its usable ones when it has
- * fewer) into cand, DRAW_SH_CAP a row, zeros for the rest; draw_kernel then
- * draws from those in shared memory and never scans the row. Each CTA
- * applies the penalties of its range first, and draw_kernel none. */
-#define DRAW_PARTS 32u
-#define DRAW_K_MAX (DRAW_SH_CAP / DRAW_PARTS - 1)
+// Copies the tokens of bucket b (every live one when b is DRAW_NB) into
+// shared memory; the caller knows they fit.
+static __device__ draw_sh_src draw_gather(const float *l, uint32_t nv, const draw_geom &g,
+					  uint32_t b, draw_smem *sh)
+{
+	if (threadIdx.x == 0)
+		sh->cnt = 0;
+	__syncthreads();
+	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS) {
+		float v = l[i];
+		uint32_t vb;
 
-// Keys of the range lo .. lo + n of a row (unweighted selections only).
-struct draw_range_src {
+		if (!(v > -INFINITY)) // not usable
+			continue;
+		vb = g.bucket(v);
+		if (b == DRAW_NB ? vb != DRAW_DEAD : vb == b) {
+			unsigned j = atomicAdd(&sh->cnt, 1u);
+
+			if (j < DRAW_SH_CAP) {
+				sh->ck[j] = gpud_draw_key(v, i);
+				sh->cm[j] = g.mass(v);
+			}
+		}
+	}
+	__syncthreads();
+	return draw_sh_src{ sh->ck, sh->cm, sh->cnt < DRAW_SH_CAP ? sh->cnt : DRAW_SH_CAP };
+}
+
+// A bucket's weight in a selection: h[b] before the cut's bucket full, the
+// part of that one at or above the cut, nothing after.
+template <class T>
+static __device__ __forceinline__ unsigned long long draw_hw(const T *h, uint32_t b, uint32_t full,
+							     uint64_t part)
+{
+	return b < full ? (unsigned long long)h[b] : b == full ? part : 0;
+}
+
+// The total weight of a selection's buckets (draw_hw).
+template <class T>
+static __device__ uint64_t draw_hsum(const T *h, uint32_t full, uint64_t part, draw_smem *sh)
+{
+	unsigned long long s = 0;
+
+	for (uint32_t j = 0; j < DRAW_NB_THREAD; j++)
+		s += draw_hw(h, threadIdx.x * DRAW_NB_THREAD + j, full, part);
+	return block_sum_u64(s, sh);
+}
+
+// The bucket that holds rank target of a selection's buckets (draw_hw), and
+// in *base the rank its first token has.
+template <class T>
+static __device__ uint32_t draw_find(const T *h, uint32_t full, uint64_t part, uint64_t target,
+				     uint64_t *base, draw_smem *sh)
+{
+	unsigned long long w[DRAW_NB_THREAD], s = 0, x;
+	uint32_t b0 = threadIdx.x * DRAW_NB_THREAD, b;
+
+	for (uint32_t j = 0; j < DRAW_NB_THREAD; j++)
+		s += w[j] = draw_hw(h, b0 + j, full, part);
+	if (threadIdx.x == 0) { // target past the total: none (never, by the callers)
+		sh->d = DRAW_DEAD;
+		sh->base = 0;
+	}
+	x = block_excl_sum_u64(s, sh); // syncs after the writes above
+	if (x <= target && target - x < s)
+		for (uint32_t j = 0; j < DRAW_NB_THREAD; x += w[j++])
+			if (target - x < w[j]) {
+				sh->d = b0 + j;
+				sh->base = x;
+				break;
+			}
+	__syncthreads();
+	b = sh->d;
+	*base = sh->base;
+	__syncthreads();
+	return b;
+}
+
+// Rankings within one bucket of a row: from shared memory when the bucket
+// fits (copied once, kept while the next selection falls in it too), else
+// from the row.
+struct draw_bucket_rank {
 	const float *l;
-	uint32_t lo, n;
+	uint32_t nv;
+	draw_geom g;
+	const uint32_t *cnt; // the histogram's counts
+	draw_smem *sh;
+	uint32_t have; // the bucket in sh->ck, cm; DRAW_NB: none
 
-	__device__ uint32_t size() const { return n; }
-	__device__ uint64_t key(uint32_t i) const { return gpud_draw_key(l[lo + i], lo + i); }
-	__device__ uint64_t mass(uint32_t) const { return 1; }
+	__device__ uint64_t select(uint32_t b, uint64_t cut, uint64_t thr, bool weighted,
+				   uint64_t target)
+	{
+		if (cnt[b] > DRAW_SH_CAP)
+			return draw_select(draw_bucket_src{ l, nv, b, g }, cut, thr, weighted, target,
+					   sh);
+		return draw_select(gather(b), cut, thr, weighted, target, sh);
+	}
+	__device__ uint64_t total(uint32_t b, uint64_t cut, uint64_t thr)
+	{
+		if (cnt[b] > DRAW_SH_CAP)
+			return draw_total(draw_bucket_src{ l, nv, b, g }, cut, thr, sh);
+		return draw_total(gather(b), cut, thr, sh);
+	}
+	__device__ draw_sh_src gather(uint32_t b)
+	{
+		if (have != b) {
+			have = b;
+			return draw_gather(l, nv, g, b, sh);
+		}
+		return draw_sh_src{ sh->ck, sh->cm, sh->cnt < DRAW_SH_CAP ? sh->cnt : DRAW_SH_CAP };
+	}
 };
 
+// draw_pick over a row's histogram (w: its scratch) and then only the
+// buckets the cuts and the pick fall in.
+static __device__ uint64_t draw_pick_hist(draw_bucket_rank &r, const uint64_t *w, uint64_t nu,
+					  uint64_t nl, int32_t top_k, float top_p, float min_p,
+					  uint64_t rnd)
+{
+	const uint32_t *n = (const uint32_t *)(w + DRAW_W_COUNT);
+	const uint64_t *m = w + DRAW_W_MASS, *h;
+	uint64_t cut = 0, thr, base, part = 0, sum, target;
+	uint32_t bc = DRAW_NB, b; // the bucket of the cut (DRAW_NB: no cut yet)
+
+	if (top_k > 0 && (uint64_t)top_k < nu && (uint64_t)top_k < nl) {
+		target = (uint64_t)top_k - 1;
+		bc = draw_find(n, DRAW_NB, 0, target, &base, r.sh);
+		cut = r.select(bc, 0, 0, false, target - base);
+		part = r.total(bc, cut, 1);
+	}
+	sum = draw_hsum(m, bc, part, r.sh);
+	if (top_p < 1.0f) {
+		double t = ceil((double)top_p * (double)sum);
+		uint64_t tu = t < 1.0 ? 1 : t >= (double)sum ? sum : (uint64_t)t;
+
+		bc = draw_find(m, bc, part, tu - 1, &base, r.sh);
+		cut = r.select(bc, cut, 1, true, tu - 1 - base);
+	}
+	thr = draw_thr(min_p);
+	h = thr > 1 ? w + DRAW_W_MASST : m;
+	part = bc < DRAW_NB ? r.total(bc, cut, thr) : 0;
+	sum = draw_hsum(h, bc, part, r.sh);
+	target = __umul64hi(rnd, sum);
+	b = draw_find(h, bc, part, target, &base, r.sh);
+	return r.select(b, cut, thr, true, target - base);
+}
+
 // Whether the row with draw words dw draws from candidates (the same test
-// in both kernels).
+// in every kernel).
 static __device__ bool draw_by_cand(const uint32_t *dw)
 {
 	int32_t k = (int32_t)dw[GPUD_CUDA_DW_TOPK];
 
-	return dw[GPUD_CUDA_DW_ON] && __uint_as_float(dw[GPUD_CUDA_DW_TEMP]) > 0.0f && k > 0 &&
-	       k <= (int32_t)DRAW_K_MAX;
+	return __uint_as_float(dw[GPUD_CUDA_DW_TEMP]) > 0.0f && k > 0 && k <= (int32_t)DRAW_K_MAX;
 }
 
 // The draw's penalties of the row's tokens in lo .. hi, in place.
@@ -1187,55 +1436,170 @@ static __device__ void draw_penalize(float *l, const uint32_t *dw, uint32_t lo, 
 	}
 }
 
-__global__ void __launch_bounds__(DRAW_THREADS) draw_cand_kernel(float *logits, uint32_t nv,
-								  const uint32_t *ndraw,
-								  const uint32_t *words,
-								  uint64_t *cand)
+// The k1 greatest keys of src (all its usable ones when it has fewer) into
+// out, zeros after them.
+static __device__ void draw_range_cand(const draw_range_src &src, uint32_t k1, uint64_t *out,
+				       draw_smem *sh)
 {
-	__shared__ draw_smem sh;
-	uint32_t row = blockIdx.y, part = blockIdx.x;
-	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
-	uint64_t *out = cand + (uint64_t)row * DRAW_SH_CAP + (uint64_t)part * (DRAW_K_MAX + 1);
-	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
-	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
-	draw_range_src src = { logits + (uint64_t)row * nv, lo, hi - lo };
 	unsigned long long nu = 0;
 	uint64_t thr = 1;
 
-	pdl_enter();
-	if (!*ndraw || !draw_by_cand(dw))
-		return;
-	uint32_t k1 = dw[GPUD_CUDA_DW_TOPK] + 1; /* keys to keep: k + 1 */
-	draw_penalize(logits + (uint64_t)row * nv, dw, lo, hi);
-	__syncthreads();
 	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS)
 		nu += src.key(i) != 0;
-	nu = block_sum_u64(nu, &sh);
+	nu = block_sum_u64(nu, sh);
 	if (nu > k1) /* the (k + 1)-th greatest key of the range */
-		thr = draw_select(src, 0, 0, false, k1 - 1, &sh);
+		thr = draw_select(src, 0, 0, false, k1 - 1, sh);
 	if (threadIdx.x == 0)
-		sh.cnt = 0;
+		sh->cnt = 0;
 	__syncthreads();
 	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
 		uint64_t k = src.key(i);
 
 		if (k && k >= thr)
-			out[atomicAdd(&sh.cnt, 1u)] = k; /* keys are distinct: k1 at most */
+			out[atomicAdd(&sh->cnt, 1u)] = k; /* keys are distinct: k1 at most */
 	}
 	__syncthreads();
-	for (uint32_t j = sh.cnt + threadIdx.x; j < k1; j += DRAW_THREADS)
+	for (uint32_t j = sh->cnt + threadIdx.x; j < k1; j += DRAW_THREADS)
 		out[j] = 0;
 }
 
-// The draw of a row from its candidates (draw_cand_kernel: k1 slots of
+// A CTA per (range, row) of each row that draws: penalties, then the
+// range's candidates or its greatest and least usable keys (and its share
+// of the histogram zeroed).
+__global__ void __launch_bounds__(DRAW_THREADS) draw_part_kernel(float *logits, uint32_t nv,
+								  const uint32_t *ndraw,
+								  const uint32_t *words,
+								  uint64_t *scratch)
+{
+	__shared__ draw_smem sh;
+	uint32_t row = blockIdx.y, part = blockIdx.x;
+	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
+	uint64_t *w = scratch + (uint64_t)row * GPUD_CUDA_DRAW_SCRATCH;
+	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
+	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
+	draw_range_src src = { logits + (uint64_t)row * nv, lo, hi - lo };
+	unsigned long long most = 0, least = 0; // least as the greatest ~key
+
+	pdl_enter();
+	if (!*ndraw || !dw[GPUD_CUDA_DW_ON]) // no row of the step draws: its words are stale
+		return;
+	draw_penalize(logits + (uint64_t)row * nv, dw, lo, hi);
+	__syncthreads();
+	if (draw_by_cand(dw)) {
+		draw_range_cand(src, dw[GPUD_CUDA_DW_TOPK] + 1, w + part * (DRAW_K_MAX + 1), &sh);
+		return;
+	}
+	for (uint32_t i = threadIdx.x; i < src.size(); i += DRAW_THREADS) {
+		uint64_t k = src.key(i);
+
+		if (k) {
+			most = k > most ? k : most;
+			least = ~k > least ? ~k : least;
+		}
+	}
+	most = block_max_u64(most, &sh);
+	least = block_max_u64(least, &sh);
+	if (threadIdx.x == 0) {
+		w[part] = most;
+		w[DRAW_PARTS + part] = most ? ~least : 0;
+	}
+	if (__uint_as_float(dw[GPUD_CUDA_DW_TEMP]) > 0.0f) {
+		const uint32_t per = (DRAW_W_END - DRAW_W_COUNT) / DRAW_PARTS;
+
+		for (uint32_t j = threadIdx.x; j < per; j += DRAW_THREADS)
+			w[DRAW_W_COUNT + part * per + j] = 0;
+	}
+}
+
+// A row's greatest usable key and its least (0, 0: nothing usable), from
+// its ranges' (draw_part_kernel); its geometry at T from them.
+static __device__ bool draw_row_geom(const float *l, const uint64_t *w, float temp,
+				     uint64_t *best, draw_geom *g)
+{
+	uint64_t most = 0, least = ~0ull;
+
+	for (uint32_t p = 0; p < DRAW_PARTS; p++) {
+		uint64_t a = w[p], b = w[DRAW_PARTS + p];
+
+		most = a > most ? a : most;
+		least = b && b < least ? b : least;
+	}
+	*best = most;
+	if (!most)
+		return false;
+	*g = draw_geom_of(draw_logit(l, most), draw_logit(l, least), temp);
+	return true;
+}
+
+struct draw_hist_smem {
+	unsigned n[DRAW_NB];
+	unsigned long long m[DRAW_NB], mt[DRAW_NB];
+};
+
+// A CTA per (range, row) of each row that draws with a temperature and no
+// candidates: the range's usable tokens into the row's histogram.
+__global__ void __launch_bounds__(DRAW_THREADS) draw_hist_kernel(const float *logits, uint32_t nv,
+								  const uint32_t *ndraw,
+								  const uint32_t *words,
+								  uint64_t *scratch)
+{
+	__shared__ draw_hist_smem sh;
+	uint32_t row = blockIdx.y, part = blockIdx.x;
+	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
+	uint64_t *w = scratch + (uint64_t)row * GPUD_CUDA_DRAW_SCRATCH, best, thr;
+	const float *l = logits + (uint64_t)row * nv;
+	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
+	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
+	float temp = __uint_as_float(dw[GPUD_CUDA_DW_TEMP]);
+	draw_geom g;
+
+	pdl_enter();
+	if (!*ndraw || !dw[GPUD_CUDA_DW_ON] || !(temp > 0.0f) || draw_by_cand(dw) ||
+	    !draw_row_geom(l, w, temp, &best, &g))
+		return;
+	thr = draw_thr(__uint_as_float(dw[GPUD_CUDA_DW_MINP]));
+	for (uint32_t b = threadIdx.x; b < DRAW_NB; b += DRAW_THREADS) {
+		sh.n[b] = 0;
+		sh.m[b] = 0;
+		sh.mt[b] = 0;
+	}
+	__syncthreads();
+	for (uint32_t i = lo + threadIdx.x; i < hi; i += DRAW_THREADS) {
+		float v = l[i];
+		uint32_t b;
+		uint64_t m;
+
+		if (!(v > -INFINITY)) // not usable
+			continue;
+		b = g.bucket(v);
+		atomicAdd(&sh.n[b], 1u);
+		if (b != DRAW_DEAD && (m = g.mass(v))) {
+			atomicAdd(&sh.m[b], (unsigned long long)m);
+			if (thr > 1 && m >= thr)
+				atomicAdd(&sh.mt[b], (unsigned long long)m);
+		}
+	}
+	__syncthreads();
+	for (uint32_t b = threadIdx.x; b < DRAW_NB; b += DRAW_THREADS) {
+		if (sh.n[b])
+			atomicAdd((unsigned *)(w + DRAW_W_COUNT) + b, sh.n[b]);
+		if (sh.m[b])
+			atomicAdd((unsigned long long *)(w + DRAW_W_MASS) + b, sh.m[b]);
+		if (sh.mt[b])
+			atomicAdd((unsigned long long *)(w + DRAW_W_MASST) + b, sh.mt[b]);
+	}
+}
+
+// The draw of a row from its candidates (draw_part_kernel: k1 slots of
 // each of DRAW_PARTS ranges): the max, the usable and live counts and the
 // masses among them, then draw_pick in shared memory.
-static __device__ void draw_from_cand(draw_row_src r, const uint64_t *c, uint32_t k1, float temp,
-				      int32_t top_k, float top_p, float min_p, uint64_t rnd,
-				      uint64_t *out, draw_smem *sh)
+static __device__ uint64_t draw_from_cand(const float *l, const uint64_t *c, uint32_t k1,
+					  float temp, int32_t top_k, float top_p, float min_p,
+					  uint64_t rnd, draw_smem *sh)
 {
 	unsigned long long best = 0, nl = 0;
 	draw_sh_src src = { sh->ck, sh->cm, 0 };
+	draw_geom g;
 
 	if (threadIdx.x == 0)
 		sh->cnt = 0;
@@ -1250,41 +1614,63 @@ static __device__ void draw_from_cand(draw_row_src r, const uint64_t *c, uint32_
 	}
 	best = block_max_u64(best, sh);
 	src.n = sh->cnt;
-	if (!best) { // nothing usable
-		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
-			out[threadIdx.x] = 0;
-		return;
-	}
-	r.mx = r.l[0xffffffffu - (uint32_t)best];
-	r.inf = r.mx == INFINITY;
-	r.inv_t = gpud_draw_inv_t(temp);
+	if (!best) // nothing usable
+		return 0;
+	g = draw_geom_of(draw_logit(l, best), draw_logit(l, best), temp); // no buckets
 	for (uint32_t j = threadIdx.x; j < src.n; j += DRAW_THREADS) {
-		uint32_t i = 0xffffffffu - (uint32_t)sh->ck[j];
-		bool live = r.live(i);
+		float v = draw_logit(l, sh->ck[j]);
+		bool live = g.live(v);
 
-		sh->cm[j] = live ? r.mass(i) : 0;
+		sh->cm[j] = live ? g.mass(v) : 0;
 		nl += live;
 	}
 	__syncthreads(); /* block_sum_u64 syncs too, after its shuffles */
 	nl = block_sum_u64(nl, sh);
-	uint64_t id_key = draw_pick(src, src.n, nl, top_k, top_p, min_p, rnd, sh);
-	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
-		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
+	return draw_pick(src, src.n, nl, top_k, top_p, min_p, rnd, sh);
 }
 
-__global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint32_t nv,
-							     const uint32_t *ndraw,
-							     const uint32_t *words, uint64_t *keys,
-							     const uint64_t *cand)
+// The draw of a row whose ranges' ends (and, with a temperature, its
+// histogram) are in w.
+static __device__ uint64_t draw_from_hist(const float *l, uint32_t nv, const uint64_t *w,
+					  float temp, int32_t top_k, float top_p, float min_p,
+					  uint64_t rnd, draw_smem *sh, bool *greedy)
+{
+	const uint32_t *n = (const uint32_t *)(w + DRAW_W_COUNT);
+	unsigned long long nl = 0;
+	uint64_t best, nu;
+	draw_geom g = {};
+
+	*greedy = !(temp > 0.0f);
+	if (!draw_row_geom(l, w, temp, &best, &g) || *greedy)
+		return best; // nothing usable, or the penalized arg max
+	for (uint32_t j = 0; j < DRAW_NB_THREAD; j++) {
+		uint32_t b = threadIdx.x * DRAW_NB_THREAD + j;
+		nl += b != DRAW_DEAD ? n[b] : 0;
+	}
+	nl = block_sum_u64(nl, sh);
+	nu = nl + n[DRAW_DEAD];
+	if (nl <= DRAW_SH_CAP)
+		return draw_pick(draw_gather(l, nv, g, DRAW_NB, sh), nu, nl, top_k, top_p, min_p,
+				 rnd, sh);
+	draw_bucket_rank r = { l, nv, g, n, sh, DRAW_NB };
+	return draw_pick_hist(r, w, nu, nl, top_k, top_p, min_p, rnd);
+}
+
+// (one CTA a row: registers matter more than CTAs a multiprocessor)
+__global__ void __launch_bounds__(DRAW_THREADS, 1) draw_kernel(const float *logits, uint32_t nv,
+								const uint32_t *ndraw,
+								const uint32_t *words, uint64_t *keys,
+								const uint64_t *scratch)
 {
 	__shared__ draw_smem sh;
 	const uint32_t *dw = words + (uint64_t)blockIdx.x * GPUD_CUDA_DRAW_WORDS;
+	const uint64_t *w = scratch + (uint64_t)blockIdx.x * GPUD_CUDA_DRAW_SCRATCH;
+	const float *l = logits + (uint64_t)blockIdx.x * nv;
 	uint64_t *out = keys + (uint64_t)blockIdx.x * GPUD_CUDA_ARGMAX_PARTS;
-	draw_row_src r;
 	float temp, top_p, min_p;
 	int32_t top_k;
-	uint64_t rnd, best = 0, id_key;
-	unsigned long long nu = 0, nl = 0;
+	uint64_t rnd, id_key;
+	bool greedy = false;
 
 	pdl_enter();
 	if (!*ndraw || !dw[GPUD_CUDA_DW_ON]) // no row of the step draws: its words are stale
@@ -1294,79 +1680,42 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_kernel(float *logits, uint3
 	top_p = __uint_as_float(dw[GPUD_CUDA_DW_TOPP]);
 	min_p = __uint_as_float(dw[GPUD_CUDA_DW_MINP]);
 	rnd = (uint64_t)dw[GPUD_CUDA_DW_RAND_HI] << 32 | dw[GPUD_CUDA_DW_RAND_LO];
-	r.l = logits + (uint64_t)blockIdx.x * nv;
-	r.nv = nv;
-
-	if (cand && draw_by_cand(dw)) {
-		draw_from_cand(r, cand + (uint64_t)blockIdx.x * DRAW_SH_CAP,
-			       (uint32_t)top_k + 1, temp, top_k, top_p, min_p, rnd, out, &sh);
-		return;
-	}
-	// Penalties, in place (the row is not downloaded): each penalized
-	// token by one thread (the ids are distinct), before anything reads.
-	draw_penalize(logits + (uint64_t)blockIdx.x * nv, dw, 0, nv);
-	__syncthreads();
-
-	// The max: the greatest key's logit (none: nothing usable).
-	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS) {
-		uint64_t k = gpud_draw_key(r.l[i], i);
-		best = k > best ? k : best;
-	}
-	best = block_max_u64(best, &sh);
-	if (!best || !(temp > 0.0f)) {
-		// nothing usable (all keys 0), or greedy: the penalized arg max
-		if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
-			out[threadIdx.x] = threadIdx.x ? 0 : best;
-		return;
-	}
-	r.mx = r.l[0xffffffffu - (uint32_t)best];
-	r.inf = r.mx == INFINITY;
-	r.inv_t = gpud_draw_inv_t(temp);
-
-	// usable and live tokens
-	for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS)
-		if (r.key(i)) {
-			nu++;
-			nl += r.live(i);
-		}
-	nu = block_sum_u64(nu, &sh);
-	nl = block_sum_u64(nl, &sh);
-	if (nl <= DRAW_SH_CAP) {
-		draw_sh_src c = { sh.ck, sh.cm, 0 };
-
-		if (threadIdx.x == 0)
-			sh.cnt = 0;
-		__syncthreads();
-		for (uint32_t i = threadIdx.x; i < nv; i += DRAW_THREADS)
-			if (r.key(i) && r.live(i)) {
-				unsigned j = atomicAdd(&sh.cnt, 1u);
-				sh.ck[j] = r.key(i);
-				sh.cm[j] = r.mass(i);
-			}
-		__syncthreads();
-		c.n = sh.cnt;
-		id_key = draw_pick(c, nu, nl, top_k, top_p, min_p, rnd, &sh);
-	} else {
-		id_key = draw_pick(r, nu, nl, top_k, top_p, min_p, rnd, &sh);
-	}
-	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS)
-		out[threadIdx.x] = threadIdx.x ? 0 : 0xffffffff00000000ull | (uint32_t)id_key;
+	if (draw_by_cand(dw))
+		id_key = draw_from_cand(l, w, (uint32_t)top_k + 1, temp, top_k, top_p, min_p, rnd,
+					&sh);
+	else
+		id_key = draw_from_hist(l, nv, w, temp, top_k, top_p, min_p, rnd, &sh, &greedy);
+	if (threadIdx.x < GPUD_CUDA_ARGMAX_PARTS) // the arg max's key is the key itself
+		out[threadIdx.x] = threadIdx.x || !id_key ? 0 :
+				   greedy ? id_key : 0xffffffff00000000ull | (uint32_t)id_key;
 }
 
 cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
 			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys,
-			uint64_t *cand)
+			uint64_t *scratch)
 {
-	static_assert(GPUD_CUDA_DRAW_CAND == DRAW_SH_CAP, "a row's candidates fit shared memory");
-	if (cand && rows) {
-		cudaError_t e = launched(cudaLaunchKernelEx(
-			klc(dim3(DRAW_PARTS, rows), DRAW_THREADS, 0, s).cfg(), draw_cand_kernel,
-			logits, nv, ndraw, words, cand));
-		if (e != cudaSuccess)
-			return e;
-	}
-	return launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(), draw_kernel,
-					   logits, nv, ndraw, words, keys, (const uint64_t *)cand));
+	static_assert(DRAW_W_END == GPUD_CUDA_DRAW_SCRATCH &&
+		      DRAW_PARTS * (DRAW_K_MAX + 1) <= GPUD_CUDA_DRAW_SCRATCH,
+		      "a row's scratch holds its candidates or its ranges' ends and histogram");
+	static_assert(DRAW_NB % DRAW_THREADS == 0 && (DRAW_W_END - DRAW_W_COUNT) % DRAW_PARTS == 0,
+		      "buckets and histogram words divide evenly");
+	cudaError_t e;
+
+	if (!rows)
+		return cudaSuccess;
+	if (!scratch)
+		return cudaErrorInvalidValue;
+	e = launched(cudaLaunchKernelEx(klc(dim3(DRAW_PARTS, rows), DRAW_THREADS, 0, s).cfg(),
+					draw_part_kernel, logits, nv, ndraw, words, scratch));
+	if (e == cudaSuccess)
+		e = launched(cudaLaunchKernelEx(klc(dim3(DRAW_PARTS, rows), DRAW_THREADS, 0, s).cfg(),
+						draw_hist_kernel, (const float *)logits, nv, ndraw,
+						words, scratch));
+	if (e == cudaSuccess)
+		e = launched(cudaLaunchKernelEx(klc(dim3(rows), DRAW_THREADS, 0, s).cfg(),
+						draw_kernel, (const float *)logits, nv, ndraw, words,
+						keys, (const uint64_t *)scratch));
+	return e;
 }
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------

@@ -104,18 +104,18 @@ cudaError_t gpud_k_argmax(cudaStream_t s, const float *logits, uint32_t rows, ui
 			  uint64_t *keys);
 
 // When *ndraw (a metadata word) is not 0, per row r < rows whose draw
-// words (words + r * GPUD_CUDA_DRAW_WORDS) are on: the token gpud_draw_row picks from the row with that draw, as the
-// row's keys (keys[r * GPUD_CUDA_ARGMAX_PARTS]: the id's key first, then
-// 0; all 0 for a row with nothing usable), which gpud_cuda_argmax_pick
-// turns into the id. The draw's penalties are applied to the row in
-// place. Other rows are left as they are. With cand (rows x
-// GPUD_CUDA_DRAW_CAND keys of scratch), a draw with a temperature and a
-// top-k of at most 63 is made from the row's k + 1 greatest keys, which
-// many CTAs of each row gather first (kernels.cu: the same token; without
-// cand, one CTA a row scans the whole row).
+// words (words + r * GPUD_CUDA_DRAW_WORDS) are on: the token gpud_draw_row
+// picks from the row with that draw, as the row's keys (keys[r *
+// GPUD_CUDA_ARGMAX_PARTS]: the id's key first, then 0; all 0 for a row with
+// nothing usable), which gpud_cuda_argmax_pick turns into the id. The
+// draw's penalties are applied to the row in place. Other rows are left as
+// they are. scratch: rows x GPUD_CUDA_DRAW_SCRATCH words, where many CTAs
+// of each row gather its top-k candidates or its histogram of masses
+// first, so that no CTA walks a whole row more than a few times
+// (kernels.cu). Three launches; cudaErrorInvalidValue without scratch.
 cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t nv,
 			const uint32_t *ndraw, const uint32_t *words, uint64_t *keys,
-			uint64_t *cand);
+			uint64_t *scratch);
 
 // hb[i] = silu(hb[i]) * hb2[i].
 cudaError_t gpud_k_swiglu(cudaStream_t s, float *hb, const float *hb2, uint64_t n);

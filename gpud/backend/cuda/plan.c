@@ -216,7 +216,7 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	CARVE(xl, NL * l->dim * 4);
 	CARVE(logits, NL * l->n_vocab * 4);
 	CARVE(amax, NL * GPUD_CUDA_ARGMAX_PARTS * 8); /* arg max keys of each row's ranges */
-	CARVE(dcand, NL * GPUD_CUDA_DRAW_CAND * 8); /* a top-k draw's candidates (gpud_k_draw) */
+	CARVE(dscr, NL * GPUD_CUDA_DRAW_SCRATCH * 8); /* a draw's scratch (gpud_k_draw) */
 	/* prepared activations: a step's tokens, or its logits rows */
 	CARVE(actq, (T > NL ? T : NL) * l->max_cols);
 	CARVE(actd, (T > NL ? T : NL) * (l->max_cols / GPUD_QK + 1) * 4);

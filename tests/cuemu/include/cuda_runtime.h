@@ -301,6 +301,15 @@ static inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32)
 	return cuemu_shfl(mask, v, s);
 }
 
+template <class T>
+static inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32)
+{
+	int l = (int)cuemu::lane(), s = l - (int)d;
+	if (s < 0 || (s & ~(width - 1)) != (l & ~(width - 1)))
+		s = l;
+	return cuemu_shfl(mask, v, s);
+}
+
 static inline unsigned __ballot_sync(unsigned mask, int pred) { return cuemu::warp_vote(mask, pred); }
 static inline int __any_sync(unsigned mask, int pred) { return cuemu::warp_vote(mask, pred) != 0; }
 static inline int __all_sync(unsigned mask, int pred)
