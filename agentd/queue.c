@@ -246,7 +246,10 @@ static int connect_now(struct agent_queue *q, char *err, size_t errlen)
 	}
 	redisSetTimeout(q->c, tv);
 	if (q->addr.password[0]) {
-		rc = run(q, &r, err, errlen, "AUTH %s", q->addr.password);
+		/* Redis 6 ACLs: the URL's user, else the default one */
+		rc = q->addr.user[0] ? run(q, &r, err, errlen, "AUTH %s %s", q->addr.user,
+					   q->addr.password) :
+				       run(q, &r, err, errlen, "AUTH %s", q->addr.password);
 		if (rc)
 			return rc;
 		freeReplyObject(r);

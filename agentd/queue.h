@@ -47,7 +47,7 @@
 struct agent_queue;
 
 struct agent_queue_opts {
-	const char *url;            /* redis://[:password@]host[:port][/db] or unix:///path */
+	const char *url;            /* redis://[[user][:password]@]host[:port][/db] or unix:///path */
 	const char *stream;         /* NULL = PROTO_TASK_STREAM */
 	const char *group;          /* NULL = PROTO_TASK_GROUP */
 	const char *dead_stream;    /* NULL = PROTO_TASK_DEAD_STREAM */

@@ -15,6 +15,41 @@ static int fail(struct sw_redis_url *out, char *err, size_t errlen, const char *
 	return sw_seterr(err, errlen, -EINVAL, "redis: %s", msg);
 }
 
+/* A hex digit's value, or -1. */
+static int hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	c = (char)(c | 0x20);
+	return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* Copies src[0..n) into dst (cap bytes) with RFC 3986 percent-decoding:
+ * %XX becomes its byte; a '%' not followed by two hex digits stays as it
+ * is (a password written without encoding keeps working). Returns 0,
+ * -E2BIG when it does not fit, -EINVAL for %00 (Redis's AUTH cannot
+ * carry a NUL). */
+static int decode(char *dst, size_t cap, const char *src, size_t n)
+{
+	size_t i, k = 0;
+
+	for (i = 0; i < n; i++) {
+		char c = src[i];
+
+		if (c == '%' && i + 2 < n && hexval(src[i + 1]) >= 0 && hexval(src[i + 2]) >= 0) {
+			c = (char)(hexval(src[i + 1]) << 4 | hexval(src[i + 2]));
+			if (!c)
+				return -EINVAL;
+			i += 2;
+		}
+		if (k + 1 >= cap)
+			return -E2BIG;
+		dst[k++] = c;
+	}
+	dst[k] = '\0';
+	return 0;
+}
+
 int sw_redis_url_parse(const char *url, struct sw_redis_url *out, char *err, size_t errlen)
 {
 	const char *h, *at, *end;
@@ -49,30 +84,55 @@ int sw_redis_url_parse(const char *url, struct sw_redis_url *out, char *err, siz
 	at = memrchr(h, '@', (size_t)(end - h));
 	if (at) {
 		const char *colon = memchr(h, ':', (size_t)(at - h));
+		const char *uend = colon ? colon : at;
+		int rc = decode(out->user, sizeof(out->user), h, (size_t)(uend - h));
 
+		if (rc)
+			return fail(out, err, errlen, rc == -E2BIG ? "user name too long" :
+				    "bad user name in URL (%00)");
 		if (colon) {
-			n = (size_t)(at - colon - 1);
-			if (n >= sizeof(out->password))
-				return fail(out, err, errlen, "password too long");
-			memcpy(out->password, colon + 1, n);
-			out->password[n] = '\0';
+			rc = decode(out->password, sizeof(out->password), colon + 1,
+				    (size_t)(at - colon - 1));
+			if (rc)
+				return fail(out, err, errlen, rc == -E2BIG ? "password too long" :
+					    "bad password in URL (%00)");
 		}
 		h = at + 1;
 	}
-	n = strcspn(h, ":/");
-	if (n == 0)
-		return fail(out, err, errlen, "no host in URL");
-	if (n >= sizeof(out->host))
-		return fail(out, err, errlen, "host too long in URL");
-	memcpy(out->host, h, n);
-	out->host[n] = '\0';
-	h += n;
+	if (h[strcspn(h, "?#")])
+		return fail(out, err, errlen, "query or fragment (?, #) in URL: not supported");
+	if (*h == '[') { /* an IPv6 address: [::1] */
+		const char *close = memchr(h, ']', (size_t)(end - h));
+
+		n = close ? (size_t)(close - h - 1) : 0;
+		if (!close || n == 0 || strspn(h + 1, "0123456789abcdefABCDEF:.") < n)
+			return fail(out, err, errlen, "bad IPv6 address in URL (expected [addr])");
+		if (n >= sizeof(out->host))
+			return fail(out, err, errlen, "host too long in URL");
+		memcpy(out->host, h + 1, n);
+		out->host[n] = '\0';
+		h = close + 1;
+		if (*h && *h != ':' && *h != '/')
+			return fail(out, err, errlen, "bad IPv6 address in URL (expected [addr])");
+	} else {
+		n = strcspn(h, ":/");
+		if (n == 0)
+			return fail(out, err, errlen, "no host in URL");
+		if (n >= sizeof(out->host))
+			return fail(out, err, errlen, "host too long in URL");
+		if (memchr(h, '[', n) || memchr(h, ']', n) || memchr(h, '%', n))
+			return fail(out, err, errlen, "bad host in URL");
+		memcpy(out->host, h, n);
+		out->host[n] = '\0';
+		h += n;
+	}
 	if (*h == ':') {
 		char *stop;
 		long p;
 
 		p = strtol(h + 1, &stop, 10);
-		if (stop == h + 1 || p < 1 || p > 65535 || (*stop && *stop != '/'))
+		if (stop == h + 1 || p < 1 || p > 65535 || (*stop && *stop != '/') ||
+		    !(h[1] >= '0' && h[1] <= '9'))
 			return fail(out, err, errlen, "bad port in URL (expected 1..65535)");
 		out->port = (int)p;
 		h = stop;
@@ -82,7 +142,8 @@ int sw_redis_url_parse(const char *url, struct sw_redis_url *out, char *err, siz
 		long d;
 
 		d = strtol(h + 1, &stop, 10);
-		if (stop == h + 1 || *stop || d < 0 || d > SW_REDIS_URL_DB_MAX)
+		if (stop == h + 1 || *stop || d < 0 || d > SW_REDIS_URL_DB_MAX ||
+		    !(h[1] >= '0' && h[1] <= '9'))
 			return fail(out, err, errlen, "bad database number in URL");
 		out->db = (int)d;
 	}

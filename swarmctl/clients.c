@@ -78,7 +78,9 @@ int ctl_redis_open(const char *url, uint32_t timeout_ms, redisContext **out, cha
 	}
 	redisSetTimeout(c, tv);
 	if (a.password[0]) {
-		rc = ctl_redis_cmd(c, &r, err, errlen, "AUTH %s", a.password);
+		/* Redis 6 ACLs: the URL's user, else the default one */
+		rc = a.user[0] ? ctl_redis_cmd(c, &r, err, errlen, "AUTH %s %s", a.user, a.password) :
+				 ctl_redis_cmd(c, &r, err, errlen, "AUTH %s", a.password);
 		if (rc)
 			goto out_free;
 		freeReplyObject(r);

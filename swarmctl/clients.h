@@ -13,7 +13,7 @@
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 
-/* Connects to url: redis://[[user]:password@]host[:port][/db] or
+/* Connects to url: redis://[[user][:password]@]host[:port][/db] or
  * unix:///path (AUTH and SELECT as the URL says), with timeout_ms for the
  * connect and for every command. Returns 0 and *out (redisFree it), or
  * -EINVAL (bad URL), SW_ECLOSED (unreachable), -EIO (AUTH/SELECT refused),

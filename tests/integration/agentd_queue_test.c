@@ -82,10 +82,18 @@ static int setup(void **state)
 	return 0;
 }
 
+/* The ACL user test_acl_user made ("" when none): gone after the test,
+ * whether it passed or not. */
+static char acl_user[64];
+
 static int teardown(void **state)
 {
 	struct fx *f = *state;
 
+	if (acl_user[0]) {
+		freeReplyObject(redisCommand(f->admin, "ACL DELUSER %s", acl_user));
+		acl_user[0] = '\0';
+	}
 	at_streams_del(f->admin, f->stream, f->dead, f->results);
 	redisFree(f->admin);
 	free(f);
@@ -671,6 +679,58 @@ static void test_prune_idle_consumers(void **state)
 	agent_queue_close(me);
 }
 
+/* A Redis 6 ACL user in the URL, its password percent-encoded (it holds
+ * '/', '@', '%' and ':'): the queue authenticates as that user (AUTH user
+ * password), works on the keys the user may touch, and a wrong password is
+ * refused with Redis's reason and without the password. */
+static void test_acl_user(void **state)
+{
+	struct fx *f = *state;
+	struct agent_queue_opts o = opts(f, "acl", 60000);
+	struct agent_queue *q;
+	struct agent_msg m;
+	redisReply *r;
+	char url[512], host[256], id[64], want[128];
+	bool seen = false;
+	int port;
+
+	assert_int_equal(it_parse_redis_url(it_redis_url(), host, sizeof(host), &port), 0);
+	snprintf(acl_user, sizeof(acl_user), "swarm-it-acl-%d", (int)getpid());
+	freeReplyObject(cmd(f->admin, "ACL SETUSER %s reset on >%s ~swarm:it:* +@all", acl_user,
+			    "a/b@c%d:e"));
+	snprintf(url, sizeof(url), "redis://%s:a%%2Fb%%40c%%25d%%3Ae@%s:%d/0", acl_user, host,
+		 port);
+	o.url = url;
+	q = open_opts(&o);
+	add(f, "{\"id\":\"acl\"}", id);
+	assert_int_equal(agent_queue_claim(q, &m, err, sizeof(err)), 0);
+	assert_string_equal(m.id, id);
+	assert_int_equal(agent_queue_ack(q, id, err, sizeof(err)), 0);
+	agent_msg_free(&m);
+	/* the queue's connection is the user's: CLIENT LIST names both */
+	snprintf(want, sizeof(want), " user=%s ", acl_user);
+	r = cmd(f->admin, "CLIENT LIST");
+	for (char *line = strtok(r->str, "\n"); line; line = strtok(NULL, "\n"))
+		seen |= strstr(line, " name=agentd:acl ") && strstr(line, want);
+	freeReplyObject(r);
+	assert_true(seen);
+	agent_queue_close(q);
+
+	snprintf(url, sizeof(url), "redis://%s:wr%%2Fong@%s:%d/0", acl_user, host, port);
+	assert_int_equal(agent_queue_open(&q, &o, err, sizeof(err)), -EIO);
+	assert_null(q);
+	assert_non_null(strstr(err, "WRONGPASS"));
+	assert_null(strstr(err, "wr/ong"));
+	assert_null(strstr(err, "wr%2Fong"));
+	/* the user's key rules hold: a stream outside swarm:it:* is refused */
+	snprintf(url, sizeof(url), "redis://%s:a%%2Fb%%40c%%25d%%3Ae@%s:%d/0", acl_user, host,
+		 port);
+	o.stream = "swarm:acl-outside:tasks";
+	assert_int_not_equal(agent_queue_open(&q, &o, err, sizeof(err)), 0);
+	assert_null(q);
+	assert_non_null(strstr(err, "NOPERM"));
+}
+
 static void test_open_errors(void **state)
 {
 	struct agent_queue_opts o = { .url = "http://x" };
@@ -705,6 +765,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_maxmemory, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_lost_group_and_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_prune_idle_consumers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_acl_user, setup, teardown),
 		cmocka_unit_test(test_open_errors),
 	};
 	int rc = it_start(IT_REDIS);

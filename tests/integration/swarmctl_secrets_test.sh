@@ -221,6 +221,25 @@ ok "... no password in any log or state file" \
 check "stop" 0 "" -- ctl stop
 unset SWARM_REDIS_PASSWORD SWARM_PG_PASSWORD
 
+# --- a Redis 6 ACL user in redis.url, its password percent-encoded ---------------
+# (AUTH user password; the password holds '/', '@', '%' and ':', which a URL
+# must encode)
+apw="a/p@s%w:$RANDOM$RANDOM"
+enc=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$apw")
+redis-cli -p "$rport" -a "$rpw" --no-auth-warning ACL SETUSER swarm_acl on ">$apw" '~*' '&*' '+@all' \
+	>/dev/null
+write_cfg "redis://swarm_acl:$enc@127.0.0.1:$rport/0" "$purl"
+sed -i 's/"redis": { "url": \("[^"]*"\), "password_file": "[^"]*"/"redis": { "url": \1/' "$cfg"
+chmod 600 "$cfg"
+check "an ACL user and its encoded password in redis.url: start" 0 "checking redis \.\.\. ok" \
+	-- ctl start
+check "... a summarize completes" 0 "completed" \
+	-- ctl submit docs/samples/sourdough.txt --wait --max-tokens 4 --timeout 300
+ok "... agentd's connections are the ACL user's" sh -c \
+	"redis-cli -p $rport -a '$rpw' --no-auth-warning CLIENT LIST | grep -q 'name=agentd:.* user=swarm_acl '"
+ok "... its password in no log or state file" sh -c "! grep -rqaF -e '$apw' -e '$enc' '$state'"
+check "stop" 0 "" -- ctl stop
+
 echo "1..$n"
 [ "$failures" = 0 ] || { echo "FAIL: $failures of $n"; exit 1; }
 echo "PASS: $n checks"

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <errno.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -83,22 +84,96 @@ static void test_full(void **state)
 	assert_int_equal(u.port, 6380);
 	assert_int_equal(u.db, 3);
 	assert_string_equal(u.password, "pw");
+	assert_string_equal(u.user, "");
 	parse_ok("redis://alice:s3cret@r:1/1000000", &u);
 	assert_string_equal(u.password, "s3cret");
 	assert_string_equal(u.host, "r");
 	assert_int_equal(u.port, 1);
 	assert_int_equal(u.db, 1000000);
+	assert_string_equal(u.user, "alice");
 	parse_ok("redis://r:65535/", &u);
 	assert_int_equal(u.port, 65535);
 	assert_int_equal(u.db, 0);
-	/* a user name without a password is accepted and ignored */
+	assert_string_equal(u.user, "");
+	/* a user name without a password: no AUTH is sent */
 	parse_ok("redis://bob@r", &u);
+	assert_string_equal(u.user, "bob");
 	assert_string_equal(u.password, "");
 	assert_string_equal(u.host, "r");
 	/* an empty password is no password */
 	parse_ok("redis://:@r:7000", &u);
 	assert_string_equal(u.password, "");
 	assert_int_equal(u.port, 7000);
+}
+
+/* RFC 3986 percent-encoding in the userinfo: what a URL library writes for
+ * a password with '/', '@', '%' or ':' (and an ACL user's name). */
+static void test_percent_encoding(void **state)
+{
+	struct sw_redis_url u;
+
+	(void)state;
+	parse_ok("redis://sw%61rm:a%2Fb%40c%25d%3Ae@cache:6380/2", &u);
+	assert_string_equal(u.user, "swarm");
+	assert_string_equal(u.password, "a/b@c%d:e");
+	assert_string_equal(u.host, "cache");
+	assert_int_equal(u.port, 6380);
+	assert_int_equal(u.db, 2);
+	/* lower-case hex too */
+	parse_ok("redis://:%2f%2F@r", &u);
+	assert_string_equal(u.password, "//");
+	/* a '%' not followed by two hex digits stays (unencoded passwords) */
+	parse_ok("redis://:50%off%@r", &u);
+	assert_string_equal(u.password, "50%off%");
+	parse_ok("redis://:%4@r", &u);
+	assert_string_equal(u.password, "%4");
+	parse_ok("redis://:%zz%4g@r", &u);
+	assert_string_equal(u.password, "%zz%4g");
+	/* an unencoded password may hold '?' and '#' (the userinfo ends at
+	 * the last '@'); after it they are a query or fragment, refused */
+	parse_ok("redis://:hun?ter#2@r", &u);
+	assert_string_equal(u.password, "hun?ter#2");
+	assert_string_equal(u.host, "r");
+	/* the longest password that fits, encoded: 3 bytes of URL a byte */
+	{
+		char big[3 * SW_REDIS_URL_PASSWORD_MAX + 64];
+		size_t k = 0;
+
+		k += (size_t)sprintf(big, "redis://:");
+		for (int i = 0; i < SW_REDIS_URL_PASSWORD_MAX - 1; i++)
+			k += (size_t)sprintf(big + k, "%%40");
+		sprintf(big + k, "@r");
+		parse_ok(big, &u);
+		assert_int_equal(strlen(u.password), SW_REDIS_URL_PASSWORD_MAX - 1);
+		assert_int_equal(u.password[0], '@');
+		sprintf(big + k, "%%40@r");
+		parse_fails(big, "redis: password too long");
+	}
+}
+
+/* IPv6 addresses in brackets. */
+static void test_ipv6(void **state)
+{
+	struct sw_redis_url u;
+
+	(void)state;
+	parse_ok("redis://[::1]", &u);
+	assert_string_equal(u.host, "::1");
+	assert_int_equal(u.port, 6379);
+	parse_ok("redis://:pw@[fd00::1:2]:6380/4", &u);
+	assert_string_equal(u.host, "fd00::1:2");
+	assert_int_equal(u.port, 6380);
+	assert_int_equal(u.db, 4);
+	assert_string_equal(u.password, "pw");
+	parse_ok("rediss://[::ffff:10.0.0.1]/", &u);
+	assert_string_equal(u.host, "::ffff:10.0.0.1");
+	assert_true(u.tls);
+	parse_fails("redis://[]:6379", "redis: bad IPv6 address in URL (expected [addr])");
+	parse_fails("redis://[::1", "redis: bad IPv6 address in URL (expected [addr])");
+	parse_fails("redis://[::1]x", "redis: bad IPv6 address in URL (expected [addr])");
+	parse_fails("redis://[host]", "redis: bad IPv6 address in URL (expected [addr])");
+	parse_fails("redis://[::1]:", "redis: bad port in URL (expected 1..65535)");
+	parse_fails("redis://::1", "redis: no host in URL");
 }
 
 static void test_tls(void **state)
@@ -152,6 +227,19 @@ static void test_errors(void **state)
 	parse_fails("redis://r/-1", "redis: bad database number in URL");
 	parse_fails("redis://r/1000001", "redis: bad database number in URL");
 	parse_fails("redis://r:6379/0/1", "redis: bad database number in URL");
+	parse_fails("redis://r/+1", "redis: bad database number in URL");
+	parse_fails("redis://r/ 1", "redis: bad database number in URL");
+	parse_fails("redis://r:+6379", "redis: bad port in URL (expected 1..65535)");
+	parse_fails("redis://r: 6379", "redis: bad port in URL (expected 1..65535)");
+	/* a query or fragment is refused, not read as part of the host or db */
+	parse_fails("redis://r?db=2", "redis: query or fragment (?, #) in URL: not supported");
+	parse_fails("redis://:hunter2@r:6379/0?timeout=5",
+		    "redis: query or fragment (?, #) in URL: not supported");
+	parse_fails("redis://r/1#x", "redis: query or fragment (?, #) in URL: not supported");
+	parse_fails("redis://r%41", "redis: bad host in URL");
+	parse_fails("redis://ca[che", "redis: bad host in URL");
+	parse_fails("redis://:hunter2%00@r", "redis: bad password in URL (%00)");
+	parse_fails("redis://u%00:hunter2@r", "redis: bad user name in URL (%00)");
 
 	memcpy(big, "unix://", 7);
 	memset(big + 7, 'p', SW_REDIS_URL_PATH_MAX);
@@ -167,6 +255,11 @@ static void test_errors(void **state)
 	memset(big + 9, 'w', SW_REDIS_URL_PASSWORD_MAX);
 	memcpy(big + 9 + SW_REDIS_URL_PASSWORD_MAX, "@r", 3);
 	parse_fails(big, "redis: password too long");
+
+	memcpy(big, "redis://", 8);
+	memset(big + 8, 'u', SW_REDIS_URL_USER_MAX);
+	memcpy(big + 8 + SW_REDIS_URL_USER_MAX, ":hunter2@r", 11);
+	parse_fails(big, "redis: user name too long");
 }
 
 /* The longest fields that fit are accepted in full. */
@@ -210,6 +303,8 @@ int main(void)
 		cmocka_unit_test(test_defaults),
 		cmocka_unit_test(test_full),
 		cmocka_unit_test(test_at_in_password),
+		cmocka_unit_test(test_percent_encoding),
+		cmocka_unit_test(test_ipv6),
 		cmocka_unit_test(test_tls),
 		cmocka_unit_test(test_unix),
 		cmocka_unit_test(test_errors),
