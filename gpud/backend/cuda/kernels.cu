@@ -1463,6 +1463,12 @@ static __device__ void draw_range_cand(const draw_range_src &src, uint32_t k1, u
 		out[j] = 0;
 }
 
+// Where range part of a row of nv tokens begins (DRAW_PARTS ranges).
+static __device__ __forceinline__ uint32_t draw_part_lo(uint32_t nv, uint32_t part)
+{
+	return (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
+}
+
 // A CTA per (range, row) of each row that draws: penalties, then the
 // range's candidates or its greatest and least usable keys (and its share
 // of the histogram zeroed).
@@ -1475,8 +1481,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_part_kernel(float *logits, 
 	uint32_t row = blockIdx.y, part = blockIdx.x;
 	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
 	uint64_t *w = scratch + (uint64_t)row * GPUD_CUDA_DRAW_SCRATCH;
-	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
-	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
+	uint32_t lo = draw_part_lo(nv, part), hi = draw_part_lo(nv, part + 1);
 	draw_range_src src = { logits + (uint64_t)row * nv, lo, hi - lo };
 	unsigned long long most = 0, least = 0; // least as the greatest ~key
 
@@ -1548,8 +1553,7 @@ __global__ void __launch_bounds__(DRAW_THREADS) draw_hist_kernel(const float *lo
 	const uint32_t *dw = words + (uint64_t)row * GPUD_CUDA_DRAW_WORDS;
 	uint64_t *w = scratch + (uint64_t)row * GPUD_CUDA_DRAW_SCRATCH, best, thr;
 	const float *l = logits + (uint64_t)row * nv;
-	uint32_t lo = (uint32_t)((uint64_t)nv * part / DRAW_PARTS);
-	uint32_t hi = (uint32_t)((uint64_t)nv * (part + 1) / DRAW_PARTS);
+	uint32_t lo = draw_part_lo(nv, part), hi = draw_part_lo(nv, part + 1);
 	float temp = __uint_as_float(dw[GPUD_CUDA_DW_TEMP]);
 	draw_geom g;
 
