@@ -39,6 +39,7 @@
 
 extern "C" {
 #include "gpud/backend/cpu/kernels.h"
+#include "gpud/backend/cpu/rope.h"
 #include "gpud/quant.h"
 #include "gpud/sampler.h"
 }
@@ -646,7 +647,7 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 // in scattered blocks), where exactly each token's K and V rows change.
 // With kv16 the pool holds halves, and each element stored must also be
 // gpud_fp32_to_fp16 (the CPU backend's rounding) of what an f32 pool gets.
-void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
+void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool qwen = false)
 {
 	const uint32_t nh = 4, nkv = 2, hd = 64, bt = 16, nblk = 12, layers = 2;
 	mat mq = make_mat(t, nh * hd, cols), mk = make_mat(t, nkv * hd, cols),
@@ -663,6 +664,7 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 	float *p3 = (float *)malloc(4 * nkvf);
 	float *h1 = (float *)malloc(4 * nq), *h2 = (float *)malloc(4 * nq);
 	float *dx = (float *)dev(4 * T * cols), *dinv = (float *)dev(sizeof(inv));
+	float *dbias = (float *)dev(4 * (size_t)(nh + 2 * nkv) * hd);
 	void *kv1 = dev(nkvb), *kv2 = dev(nkvb), *kv3 = dev(4 * nkvf);
 	float *q1 = (float *)dev(4 * nq), *q2 = (float *)dev(4 * nq);
 	float *k1 = (float *)dev(4 * nkd), *v1 = (float *)dev(4 * nkd);
@@ -696,6 +698,15 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 	up(dm, meta_h, sizeof(meta_h));
 	up(dx, x, 4 * T * cols);
 	up(dinv, inv, sizeof(inv));
+	{
+		float b[(nh + 2 * nkv) * hd];
+		for (float &f : b)
+			f = frand() - 0.5f;
+		up(dbias, b, sizeof(b));
+	}
+	/* Qwen2's: biases on Q, K and V, and NEOX pairs (i, i + 32) */
+	gpud_cuda_rope rope = { dinv, qwen ? dbias : nullptr, qwen ? dbias + nh * hd : nullptr,
+				qwen ? dbias + (nh + nkv) * hd : nullptr, qwen };
 	up(kv1, pool, nkvb);
 	up(kv2, pool, nkvb);
 	gpud_cuda_meta m = { nullptr, dm, dm + 8, nullptr, dm + 16, dm + (mbt - meta_h) };
@@ -703,15 +714,39 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 				 layers * layer_elems, kv16 };
 	float *sep[3] = { q1, k1, v1 };
 
-	snprintf(what, sizeof(what), "q/k/v gemv %s + rope + kv store%s, %u tok, %lld cols",
-		 gpud_type_name(t), kv16 ? " (f16 KV)" : "", T, (long long)cols);
+	snprintf(what, sizeof(what), "q/k/v gemv %s + %srope + kv store%s, %u tok, %lld cols",
+		 gpud_type_name(t), qwen ? "biases + neox " : "", kv16 ? " (f16 KV)" : "", T,
+		 (long long)cols);
 	if (i8)
 		gpud_k_quantize_act(0, dx, T, (uint32_t)cols, aq, ad);
 	ok = gpud_k_mv_group(0, ws, sep, 3, false, dx, aq, ad, T, nullptr, nullptr) ==
 		     cudaSuccess &&
-	     gpud_k_rope_store(0, q1, k1, v1, &m, dinv, &kv, T) == cudaSuccess;
+	     down(h1, q1, 4 * nq, what) &&
+	     gpud_k_rope_store(0, q1, k1, v1, &m, &rope, &kv, T) == cudaSuccess &&
+	     down(h2, q1, 4 * nq, what);
+	if (ok) {
+		/* Q through rope_store against the CPU's: its biases (y += b)
+		 * and gpud_rope_apply with gpud_rope_table's angles, bit for bit */
+		float b[nh * hd], cs[hd];
+		char what2[112];
+		size_t bad = 0;
+
+		if (qwen)
+			down(b, dbias, sizeof(b), what);
+		for (uint32_t i = 0; i < T; i++) {
+			float *qt = h1 + (size_t)i * nh * hd;
+			for (uint32_t e = 0; qwen && e < nh * hd; e++)
+				qt[e] += b[e];
+			gpud_rope_table(cs, inv, hd / 2, mpos[i]);
+			gpud_rope_apply(qt, cs, nh, hd, qwen ? GPUD_ROPE_NEOX : GPUD_ROPE_NORM);
+		}
+		bad = bits_differ(h1, h2, nq, 4);
+		snprintf(what2, sizeof(what2), "rope_store q %s%s against the cpu's, %u tok",
+			 gpud_type_name(t), qwen ? " (biases, neox)" : "", T);
+		report(what2, (double)bad, 0);
+	}
 	kv.kv = kv2;
-	ok = ok && gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, T, &m, dinv, &kv) == cudaSuccess &&
+	ok = ok && gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, T, &m, &rope, &kv) == cudaSuccess &&
 	     down(h1, q1, 4 * nq, what) && down(h2, q2, 4 * nq, what) &&
 	     down(p1, kv1, nkvb, what) && down(p2, kv2, nkvb, what);
 	size_t changed = 0, unrounded = 0;
@@ -722,7 +757,7 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 		k32.kv16 = 0;
 		memset(p3, 0, 4 * nkvf);
 		up(kv3, p3, 4 * nkvf);
-		ok = gpud_k_rope_store(0, q1, k1, v1, &m, dinv, &k32, T) == cudaSuccess &&
+		ok = gpud_k_rope_store(0, q1, k1, v1, &m, &rope, &k32, T) == cudaSuccess &&
 		     down(p3, kv3, 4 * nkvf, what);
 	}
 	for (size_t i = 0; ok && i < nkvf; i++) {
@@ -744,9 +779,9 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16)
 		const gpud_cuda_mat *swapped[3] = { &w[1], &w[0], &w[2] };
 		snprintf(what, sizeof(what), "q/k/v gemv + rope refuses K, Q, V and 9 tokens");
 		report(what,
-		       gpud_k_mv_qkv(0, swapped, q2, dx, aq, ad, T, &m, dinv, &kv) ==
+		       gpud_k_mv_qkv(0, swapped, q2, dx, aq, ad, T, &m, &rope, &kv) ==
 					       cudaErrorInvalidValue &&
-				       gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, 9, &m, dinv, &kv) ==
+				       gpud_k_mv_qkv(0, ws, q2, dx, aq, ad, 9, &m, &rope, &kv) ==
 					       cudaErrorInvalidValue
 			       ? 0
 			       : 1,
@@ -811,10 +846,11 @@ void check_att_quant(uint32_t hd, const char *mode)
 		h[i] = frand() * 2.0f;
 	up(dq, h, 4 * nq);
 	cudaMemset(cnt, 0, 4 * (size_t)T * nkv);
-	/* decode: seq 0 at position 100, seq 1 at 37 and 38; prefill: seq 0's
+	/* decode: seq 0 at position 100 (4 chunks of keys), seq 1 at 20 (one
+	 * chunk: with 4 splits, one works) and 38 (two); prefill: seq 0's
 	 * positions 0 .. 19 */
 	for (uint32_t t = 0; t < T; t++) {
-		pos[t] = tiles ? t : t == 0 ? 100 : 36 + t;
+		pos[t] = tiles ? t : t == 0 ? 100 : t == 1 ? 20 : 38;
 		seq[t] = tiles ? 0 : t == 0 ? 0 : 1;
 	}
 	uint32_t *mp = meta_h, *mpos = mp, *mseq = mp + T, *msi = mp + 2 * T,
@@ -855,6 +891,28 @@ void check_att_quant(uint32_t hd, const char *mode)
 		  : INFINITY,
 	       0);
 	if (split) {
+		/* against one split: the token of one chunk, whose only working
+		 * split writes its output itself, to the bit; the others (fewer
+		 * chunks than splits: 2 of 4 work for the token at 38) within
+		 * rounding */
+		gpud_cuda_attn a1 = a;
+		a1.splits = 1;
+		a1.aq = nullptr;
+		a1.ad = nullptr;
+		snprintf(what, sizeof(what), "attention split-K vs one split, hd %u", hd);
+		if (gpud_k_attention(0, dq, out2, &m, &kv, nullptr, 0, 0, &a1) == cudaSuccess &&
+		    down(o2, out2, 4 * nq, what)) {
+			double worst = 0, top = 0; /* relative to the largest output */
+			for (size_t i = 0; i < nq; i++) {
+				double d = fabs((double)o1[i] - o2[i]);
+				worst = d > worst ? d : worst;
+				top = fabs((double)o2[i]) > top ? fabs((double)o2[i]) : top;
+			}
+			report(what, worst / top, 1e-5);
+			snprintf(what, sizeof(what), "attention split-K, one chunk: bits vs one split, hd %u",
+				 hd);
+			report(what, (double)bits_differ(o1 + nh * hd, o2 + nh * hd, nh * hd, 4), 0);
+		}
 		/* every counter back at zero for the next step */
 		unsigned c[8];
 		snprintf(what, sizeof(what), "attention split-K counters reset, hd %u", hd);
@@ -1202,6 +1260,9 @@ void check_kernels(void)
 	check_qkv_rope(GPUD_TYPE_F32, 2, 100, false); /* rows not of 8 elements: scalar loads */
 	for (uint32_t T : { 1u, 3u, 8u })
 		check_qkv_rope(GPUD_TYPE_Q8_0, T, 320, true);
+	for (enum gpud_type t : { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_Q8_0 })
+		for (uint32_t T : { 1u, 3u })
+			check_qkv_rope(t, T, 320, t == GPUD_TYPE_Q8_0, true); /* Qwen2's */
 	for (uint32_t hd : { 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })
 			check_att_quant(hd, mode);
@@ -1212,7 +1273,8 @@ void check_kernels(void)
 } // namespace
 
 int main(int argc, char **argv)
-{	int n = 0;
+{
+	int n = 0;
 	bool draws_only = false;
 
 	for (int i = 1; i < argc; i++) {

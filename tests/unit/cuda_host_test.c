@@ -129,6 +129,12 @@ static void test_plan_weights(void **state)
 	}
 }
 
+/* n bytes as the weight pool carves them. */
+static uint64_t align_up(uint64_t n)
+{
+	return (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
+}
+
 /* What the backend cannot run is refused with its reason, the same one
  * for gpud serve --check (gpud_cuda_plan_check) and init: a qwen2 model, a
  * K-quant weight; a model it runs passes, and the plan is zero exactly
@@ -147,19 +153,37 @@ static void test_plan_check(void **state)
 	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), 0);
 	gpud_model_free(m);
 
-	gpud_mkmodel_params_default(&p);
-	snprintf(path, sizeof(path), "%s/qwen2.gguf", tmpdir);
-	p.out = path;
-	p.arch = GPUD_ARCH_QWEN2;
-	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
-	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
-	cfg = cfg_for(m);
-	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "llama-style models only"));
-	assert_non_null(strstr(err, "(qwen2) runs on \"cpu\""));
-	gpud_cuda_plan_for(&cfg, &pl);
-	assert_int_equal(pl.weights + pl.kv + pl.scratch, 0);
-	gpud_model_free(m);
+	/* Qwen2 (Q/K/V biases, NEOX RoPE) runs too: its plan holds a llama
+	 * twin's weights (the same shapes) and its biases */
+	{
+		const struct gpud_model_hparams *hp;
+		uint64_t llama, bias;
+
+		gpud_mkmodel_params_default(&p);
+		snprintf(path, sizeof(path), "%s/llama-twin.gguf", tmpdir);
+		p.out = path;
+		assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+		cfg = cfg_for(m);
+		gpud_cuda_plan_for(&cfg, &pl);
+		llama = pl.weights;
+		gpud_model_free(m);
+
+		snprintf(path, sizeof(path), "%s/qwen2.gguf", tmpdir);
+		p.arch = GPUD_ARCH_QWEN2;
+		assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+		cfg = cfg_for(m);
+		assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), 0);
+		gpud_cuda_plan_for(&cfg, &pl);
+		hp = gpud_model_hparams(m);
+		bias = (uint64_t)hp->n_layers *
+		       (align_up((uint64_t)hp->n_heads * hp->head_dim * 4) +
+			2 * align_up((uint64_t)hp->n_kv_heads * hp->head_dim * 4));
+		assert_true(llama > 0);
+		assert_int_equal(pl.weights, llama + bias);
+		gpud_model_free(m);
+	}
 
 	gpud_mkmodel_params_default(&p);
 	snprintf(path, sizeof(path), "%s/q4k.gguf", tmpdir);

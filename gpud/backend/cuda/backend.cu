@@ -58,6 +58,7 @@ void eager_modules(void)
 
 struct dev_layer {
 	const float *attn_norm, *ffn_norm;
+	const float *bq, *bk, *bv; // Q/K/V biases (Qwen2), or NULL
 	gpud_cuda_mat wq, wk, wv, wo, gate, up, down;
 };
 
@@ -399,6 +400,13 @@ int upload_model(cuda_ctx *c, char *err, size_t errlen)
 		    (rc = upload_mat(c, &L->w_down, &D->down, err, errlen)) ||
 		    (rc = upload_vec(c, L->attn_norm, hp->dim, &D->attn_norm, err, errlen)) ||
 		    (rc = upload_vec(c, L->ffn_norm, hp->dim, &D->ffn_norm, err, errlen)))
+			return rc;
+		if (L->bq && ((rc = upload_vec(c, L->bq, (uint64_t)hp->n_heads * hp->head_dim, &D->bq,
+					       err, errlen)) ||
+			      (rc = upload_vec(c, L->bk, (uint64_t)hp->n_kv_heads * hp->head_dim,
+					       &D->bk, err, errlen)) ||
+			      (rc = upload_vec(c, L->bv, (uint64_t)hp->n_kv_heads * hp->head_dim,
+					       &D->bv, err, errlen))))
 			return rc;
 	}
 	if ((rc = upload_vec(c, w->out_norm, hp->dim, &c->out_norm, err, errlen)) ||
@@ -993,6 +1001,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		bool last = l + 1 == hp->n_layers;
 		const float *next_norm = last ? nullptr : c->layers[l + 1].attn_norm;
 
+		gpud_cuda_rope rope = { c->rope_inv, D->bq, D->bk, D->bv,
+					hp->rope_style == GPUD_ROPE_NEOX };
+
 		kv.layer = l;
 		prof_stage(c, "q, k, v");
 		if (one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0) {
@@ -1001,13 +1012,13 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if (!prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
-					  c->rope_inv, &kv),
+					  &rope, &kv),
 			    "matmul (gemv, rope)");
 		} else {
 			if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
 				return rc;
-			CKL(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, c->rope_inv,
-					      &kv, T),
+			CKL(gpud_k_rope_store(c->stream, c->q, c->k, c->v, &c->dmeta, &rope, &kv,
+					      T),
 			    "rope");
 		}
 		// int8 wo: attention quantizes its output for it

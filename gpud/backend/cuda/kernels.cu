@@ -382,10 +382,11 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 
 /* --- RoPE and the KV store ----------------------------------------------- */
 
-/* RoPE of the CPU reference (backend/cpu/forward.c, pairs 2i, 2i + 1):
- * the cosine and sine of pos * inv in double, and a pair rotated by them
- * in the CPU's rounded operations. Shared by rope_store_kernel and the
- * decode Q/K/V GEMVs' epilogue (qkv_store), which must agree bit for bit. */
+/* RoPE of the CPU reference (backend/cpu/rope.c: pairs 2i, 2i + 1, or
+ * with NEOX i, i + head_dim / 2): the cosine and sine of pos * inv in
+ * double, and a pair rotated by them in the CPU's rounded operations.
+ * Shared by rope_store_kernel and the decode Q/K/V GEMVs' epilogue
+ * (qkv_store), which must agree bit for bit. */
 static __device__ __forceinline__ float2 rope_cs(uint32_t pos, float inv)
 {
 	double a = (double)pos * (double)inv;
@@ -396,6 +397,23 @@ static __device__ __forceinline__ float2 rope_rot(float a, float b, float2 cs)
 {
 	return make_float2(__fsub_rn(__fmul_rn(a, cs.x), __fmul_rn(b, cs.y)),
 			   __fadd_rn(__fmul_rn(a, cs.y), __fmul_rn(b, cs.x)));
+}
+
+/* Element i0 of pair i of a head, and the pair's other (i0 + rope_step). */
+static __device__ __forceinline__ uint32_t rope_i0(uint32_t i, uint32_t neox)
+{
+	return neox ? i : 2 * i;
+}
+
+static __device__ __forceinline__ uint32_t rope_step(uint32_t hd, uint32_t neox)
+{
+	return neox ? hd / 2 : 1;
+}
+
+/* v + b[i] with a bias (the CPU's y += b), v without. */
+static __device__ __forceinline__ float bias_add(float v, const float *b, uint64_t i)
+{
+	return b ? __fadd_rn(v, b[i]) : v;
 }
 
 /* Token t's slot in its KV block of layer kv.layer, in elements of the
@@ -449,46 +467,47 @@ template <> struct kv_ld<__half> {
 };
 
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
-				  const float *inv, gpud_cuda_kvshape kv)
+				  gpud_cuda_rope rp, gpud_cuda_kvshape kv)
 {
 	pdl_enter();
 	__shared__ float2 cs[GPUD_CUDA_MAX_HEAD_DIM / 2];
 	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
-	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd;
+	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd, st = rope_step(hd, rp.neox);
 	uint64_t base = kv_slot(m, kv, t);
 	float *qt = q + (size_t)t * nh * hd;
 	const float *kt = k + (size_t)t * kvd, *vt = v + (size_t)t * kvd;
 
 	for (uint32_t i = threadIdx.x; i < half; i += blockDim.x)
-		cs[i] = rope_cs(pos, inv[i]);
+		cs[i] = rope_cs(pos, rp.inv_freq[i]);
 	__syncthreads();
 	for (uint32_t p = threadIdx.x; p < nh * half; p += blockDim.x) {
-		uint32_t h = p / half, i = p % half;
-		float *e = qt + (size_t)h * hd + 2 * i;
-		float2 r = rope_rot(e[0], e[1], cs[i]);
-		e[0] = r.x;
-		e[1] = r.y;
+		uint32_t h = p / half, i = p % half, e0 = h * hd + rope_i0(i, rp.neox);
+		float2 r = rope_rot(bias_add(qt[e0], rp.bq, e0), bias_add(qt[e0 + st], rp.bq, e0 + st),
+				    cs[i]);
+		qt[e0] = r.x;
+		qt[e0 + st] = r.y;
 	}
 	for (uint32_t p = threadIdx.x; p < nkv * half; p += blockDim.x) {
-		uint32_t h = p / half, i = p % half;
-		const float *e = kt + (size_t)h * hd + 2 * i;
-		float2 r = rope_rot(e[0], e[1], cs[i]);
-		uint64_t d = base + (uint64_t)h * kv.head_elems + 2 * i;
+		uint32_t h = p / half, i = p % half, e0 = rope_i0(i, rp.neox);
+		uint32_t r0 = h * hd + e0;
+		float2 r = rope_rot(bias_add(kt[r0], rp.bk, r0), bias_add(kt[r0 + st], rp.bk, r0 + st),
+				    cs[i]);
+		uint64_t d = base + (uint64_t)h * kv.head_elems + e0;
 		kv_put(kv, d, r.x);
-		kv_put(kv, d + 1, r.y);
+		kv_put(kv, d + st, r.y);
 	}
 	for (uint32_t e = threadIdx.x; e < kvd; e += blockDim.x) {
 		uint32_t h = e / hd, d = e % hd;
-		kv_put(kv, base + (uint64_t)(nkv + h) * kv.head_elems + d, vt[e]);
+		kv_put(kv, base + (uint64_t)(nkv + h) * kv.head_elems + d, bias_add(vt[e], rp.bv, e));
 	}
 }
 
 cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const float *v,
-			      const gpud_cuda_meta *m, const float *inv_freq,
+			      const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			      const gpud_cuda_kvshape *kv, uint32_t T)
 {
 	return launched(cudaLaunchKernelEx(klc(T, 128, 0, s).cfg(), rope_store_kernel, q, k, v, *m,
-					   inv_freq, *kv));
+					   *rope, *kv));
 }
 
 /* --- attention ----------------------------------------------------------- */
@@ -542,8 +561,11 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
  *     (__syncthreads_or); tokens are tested one by one only in mixed
  *     blocks;
  *   - online softmax per warp, as the CPU's (max, sum, rescaled outputs).
- * With one split the CTA writes the output. With more (decode: one token
- * per CTA), each writes its partial (unnormalized o, max, sum) to part,
+ * Only as many splits as the keys have chunks work (the grid's splits are
+ * fixed when a graph is captured; a short context has fewer chunks): the
+ * others return at once. With one, the CTA writes the output. With more
+ * (decode: one token per CTA), each writes its partial (unnormalized o,
+ * max, sum) to part,
  * and the CTA that arrives last at the (token, head group)'s counter
  * (atomicAdd after a fence; it resets the counter for the next step)
  * combines them. Grid: (tokens or tiles, KV heads x head groups, splits).
@@ -577,7 +599,7 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 }
 
 template <int MAXD, typename KT, bool DEC>
-__global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024)
+__global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024, DEC ? 2 : 0) /* decode: 128 registers */
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
@@ -615,14 +637,20 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	bool has_mask = slot != GPUD_CUDA_NO_MASK;
 	dmask mk = {};
 	uint32_t qs = 0, n_chunks = pos_max / ATT_CHUNK + 1;
-	uint32_t c_lo = (uint32_t)((uint64_t)split * n_chunks / n_split);
-	uint32_t c_hi = (uint32_t)((uint64_t)(split + 1) * n_chunks / n_split);
+	/* the splits that get keys: no more than the chunks (a short context
+	 * has fewer than the graph's splits; one split writes the output
+	 * itself, without a partial and a combine) */
+	uint32_t ns = DEC && n_chunks < n_split ? n_chunks : n_split; /* tiles: 1 */
+	uint32_t c_lo = (uint32_t)((uint64_t)split * n_chunks / ns);
+	uint32_t c_hi = (uint32_t)((uint64_t)(split + 1) * n_chunks / ns);
 	const KT *kbase = (const KT *)kv.kv + (size_t)kv.layer * kv.layer_elems +
 			  (size_t)kh * kv.head_elems;
 	const KT *vbase = kbase + (uint64_t)nkv * kv.head_elems;
 	float o[MAXD];
 	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
 
+	if (DEC && split >= ns) /* the whole CTA: no keys for this split */
+		return;
 	if (has_mask) {
 		const uint8_t *base = masks + (size_t)slot * slot_bytes;
 		mk.vis = (const unsigned long long *)base;
@@ -733,7 +761,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			}
 		}
 	}
-	if (n_split == 1) {
+	if (ns == 1) {
 		if (!live)
 			return;
 		/* l > 0: a token always sees itself. */
@@ -763,7 +791,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	__syncthreads();
 	if (!threadIdx.x) {
 		unsigned *ct = cnt + (size_t)t * gridDim.y + blockIdx.y;
-		last = atomicAdd(ct, 1u) == n_split - 1;
+		last = atomicAdd(ct, 1u) == ns - 1;
 		if (last)
 			*ct = 0; /* every split has arrived: ready for the next step */
 	}
@@ -774,10 +802,10 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	/* the last CTA: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M),
 	 * read past L1 (volatile): the other CTAs wrote them */
 	const volatile float *ph = part + ((size_t)t * nh + h) * n_split * pstride;
-	float ms = lane < n_split ? ph[lane * pstride + hd] : -INFINITY;
+	float ms = lane < ns ? ph[lane * pstride + hd] : -INFINITY;
 	float M = warp_max(ms);
 	float ws = ms == -INFINITY ? 0.0f : expf(ms - M);
-	float L = warp_sum(lane < n_split ? ph[lane * pstride + hd + 1] * ws : 0.0f);
+	float L = warp_sum(lane < ns ? ph[lane * pstride + hd + 1] * ws : 0.0f);
 	float inv = 1.0f / L;
 	size_t base = ((size_t)t * nh + h) * hd;
 	/* every split wrote its partial (o 0 where it saw nothing): ATT_V
@@ -787,7 +815,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 #pragma unroll
 	for (int i = 0; i < MAXD; i++)
 		acc[i] = 0.0f;
-	for (uint32_t s0 = 0; s0 < n_split; s0 += ATT_V) {
+	for (uint32_t s0 = 0; s0 < ns; s0 += ATT_V) {
 		float pv[ATT_V][MAXD];
 #pragma unroll
 		for (int u = 0; u < ATT_V; u++) {
@@ -795,16 +823,16 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 #pragma unroll
 			for (int i = 0; i < MAXD; i++) {
 				uint32_t d = lane + 32 * i;
-				pv[u][i] = sp < n_split && d < hd ? ph[sp * pstride + d] : 0.0f;
+				pv[u][i] = sp < ns && d < hd ? ph[sp * pstride + d] : 0.0f;
 			}
 		}
 #pragma unroll
 		for (int u = 0; u < ATT_V; u++) {
 			uint32_t sp = s0 + u;
-			float wsp = __shfl_sync(FULL, ws, sp < n_split ? sp : 0);
+			float wsp = __shfl_sync(FULL, ws, sp < ns ? sp : 0);
 #pragma unroll
 			for (int i = 0; i < MAXD; i++)
-				if (sp < n_split && wsp != 0.0f)
+				if (sp < ns && wsp != 0.0f)
 					acc[i] = fmaf(wsp, pv[u][i], acc[i]);
 		}
 	}
@@ -1794,49 +1822,65 @@ static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r,
 }
 
 /* --- decode Q/K/V with RoPE and the KV store in the epilogue ---------------
- * The GEMVs of Q, K and V in one launch, a warp per pair of rows (2i, 2i + 1
- * of a head: a RoPE pair); lane t then does token t's part of
- * rope_store_kernel for the pair, with its arithmetic: Q rotated into q, K
- * rotated and V as it is into the token's KV block. One launch and no
- * round trip through the q, k and v scratch for K and V. */
+ * The GEMVs of Q, K and V in one launch, a warp per RoPE pair of rows of a
+ * head (2i, 2i + 1; with NEOX i, i + head_dim / 2); lane t then does token
+ * t's part of rope_store_kernel for the pair, with its arithmetic: the
+ * biases, then Q rotated into q, K rotated and V as it is into the token's
+ * KV block. One launch and no round trip through the q, k and v scratch
+ * for K and V. */
 struct rope_args {
 	gpud_cuda_meta m;
 	gpud_cuda_kvshape kv;
-	const float *inv; /* (head_dim / 2) */
-	float *q;         /* (T, n_heads * head_dim) */
+	gpud_cuda_rope rp;
+	float *q; /* (T, n_heads * head_dim) */
 };
 
-static __device__ __forceinline__ void qkv_store(const rope_args &ra, int m, int64_t r,
+/* The rows of the warp's RoPE pair, from r = 2 x its pair index in its
+ * matrix: r becomes the first, the second is returned. */
+static __device__ __forceinline__ int64_t qkv_pair(const rope_args &ra, int64_t &r)
+{
+	uint32_t hd = ra.kv.head_dim, half = hd / 2;
+	int64_t p = r / 2;
+
+	if (!ra.rp.neox)
+		return r + 1;
+	r = p / half * hd + p % half;
+	return r + half;
+}
+
+static __device__ __forceinline__ void qkv_store(const rope_args &ra, int m, int64_t r, int64_t r1,
 						 uint32_t t, float a, float b)
 {
 	const gpud_cuda_kvshape &kv = ra.kv;
 	uint32_t hd = kv.head_dim, h = (uint32_t)(r / hd), e = (uint32_t)(r % hd);
-	float2 o = make_float2(a, b);
+	uint32_t st = (uint32_t)(r1 - r);
+	const float *bias = m == 0 ? ra.rp.bq : m == 1 ? ra.rp.bk : ra.rp.bv;
+	float2 o = make_float2(bias_add(a, bias, r), bias_add(b, bias, r1));
 	uint64_t d;
 
 	if (m != 2)
-		o = rope_rot(a, b, rope_cs(ra.m.pos[t], ra.inv[e / 2]));
+		o = rope_rot(o.x, o.y, rope_cs(ra.m.pos[t], ra.rp.inv_freq[ra.rp.neox ? e : e / 2]));
 	if (m == 0) {
 		float *qd = ra.q + (size_t)t * kv.n_heads * hd + r;
 		qd[0] = o.x;
-		qd[1] = o.y;
+		qd[st] = o.y;
 		return;
 	}
 	d = kv_slot(ra.m, kv, t) + (uint64_t)(m == 2 ? kv.n_kv_heads + h : h) * kv.head_elems + e;
 	kv_put(kv, d, o.x);
-	kv_put(kv, d + 1, o.y);
+	kv_put(kv, d + st, o.y);
 }
 
-/* Lane t stores token t's pair (rows r, r + 1 of matrix m). */
+/* Lane t stores token t's pair (rows r, r1 of matrix m). */
 template <int NT>
 static __device__ __forceinline__ void qkv_epilogue(const rope_args &ra, int m, int64_t r,
-						    uint32_t T, uint32_t lane, const float v[NT],
-						    const float v2[NT])
+						    int64_t r1, uint32_t T, uint32_t lane,
+						    const float v[NT], const float v2[NT])
 {
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		if (lane == (uint32_t)t && (uint32_t)t < T)
-			qkv_store(ra, m, r, (uint32_t)t, v[t], v2[t]);
+			qkv_store(ra, m, r, r1, (uint32_t)t, v[t], v2[t]);
 }
 
 /* fp32 dot of weights row r from column c (8 at a time, or 1) with each
@@ -1926,7 +1970,7 @@ template <int TYPE, int NT, bool VEC>
 __global__ void __launch_bounds__(256)
 gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_args ra)
 {
-	int64_t r = 2 * ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5));
+	int64_t r = 2 * ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)), r1;
 	uint32_t lane = threadIdx.x & 31;
 	int m;
 	float acc[NT], acc2[NT];
@@ -1934,8 +1978,11 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
 	const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 
-	if (live) /* the weights: read only, before the wait */
-		prefetch_l2(W + r * rb, 2 * rb, lane);
+	r1 = qkv_pair(ra, r);
+	if (live) { /* the weights: read only, before the wait */
+		prefetch_l2(W + r * rb, rb, lane);
+		prefetch_l2(W + r1 * rb, rb, lane);
+	}
 	pdl_enter();
 	if (!live)
 		return;
@@ -1943,13 +1990,13 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 	for (int t = 0; t < NT; t++)
 		acc[t] = acc2[t] = 0.0f;
 	dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
-	dot_f<TYPE, NT, VEC>(W, r + 1, cols, x, T, lane, acc2);
+	dot_f<TYPE, NT, VEC>(W, r1, cols, x, T, lane, acc2);
 #pragma unroll
 	for (int t = 0; t < NT; t++) {
 		acc[t] = warp_sum(acc[t]);
 		acc2[t] = warp_sum(acc2[t]);
 	}
-	qkv_epilogue<NT>(ra, m, r, T, lane, acc, acc2);
+	qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
 }
 
 /* The kernel instance for T tokens: NT = 1, 2, 4 or 8. */
@@ -2335,23 +2382,24 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		  const float *__restrict__ xd, uint32_t T, rope_args ra)
 {
-	int64_t r = 2 * ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5));
+	int64_t r = 2 * ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)), r1;
 	uint32_t lane = threadIdx.x & 31;
 	int m;
 	float v[NT], v2[NT];
 	bool live = gemv_row<false>(set, r, m);
 
+	r1 = qkv_pair(ra, r);
 	if (live) { /* the weights: read only, before the wait */
 		gemv_q_prefetch<TYPE, false>(set, m, r, cols, lane);
-		gemv_q_prefetch<TYPE, false>(set, m, r + 1, cols, lane);
+		gemv_q_prefetch<TYPE, false>(set, m, r1, cols, lane);
 	}
 	pdl_enter();
 	if (!live)
 		return;
 	const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 	const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
-	gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r + 1, cols, xq, xd, T, lane, v, v2);
-	qkv_epilogue<NT>(ra, m, r, T, lane, v, v2);
+	gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane, v, v2);
+	qkv_epilogue<NT>(ra, m, r, r1, T, lane, v, v2);
 }
 
 /* Gate and up with SwiGLU whose output is also quantized into yq, yd (as
@@ -3066,14 +3114,14 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
 			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
-			  const gpud_cuda_meta *m, const float *inv_freq,
+			  const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			  const gpud_cuda_kvshape *kv)
 {
 	gemv_set set = {};
 	int type = ws[0]->type;
 	uint32_t hd = kv->head_dim;
 	int64_t cols = ws[0]->cols, pairs;
-	rope_args ra = { *m, *kv, inv_freq, q };
+	rope_args ra = { *m, *kv, *rope, q };
 
 	if (!T || T > GPUD_K_GEMV_MAX_T || !hd || hd % 2 || hd > GPUD_CUDA_MAX_HEAD_DIM ||
 	    ws[0]->rows != (int64_t)kv->n_heads * hd || ws[1]->rows != (int64_t)kv->n_kv_heads * hd ||

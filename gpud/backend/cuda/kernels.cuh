@@ -65,10 +65,20 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 			    const uint32_t *rows, uint32_t n, uint32_t dim, float eps, int8_t *aq,
 			    float *ad);
 
-// RoPE (angles pos * inv_freq in double, as the CPU) on q in place and on
-// k, and k, v into each token's KV block at its position.
+// How Q and K are rotated: the angles' frequencies inv_freq (head_dim / 2
+// floats), the pairs (i, i + head_dim / 2) of a head with neox (Qwen2),
+// else (2i, 2i + 1) (Llama); and the Q, K and V biases added first, as the
+// CPU does (NULL: none).
+struct gpud_cuda_rope {
+	const float *inv_freq;
+	const float *bq, *bk, *bv; /* (n_heads * head_dim), (n_kv_heads * head_dim) x 2 */
+	uint32_t neox;
+};
+
+// The biases, then RoPE (angles pos * inv_freq in double, as the CPU) on q
+// in place and on k, and k, v into each token's KV block at its position.
 cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const float *v,
-			      const gpud_cuda_meta *m, const float *inv_freq,
+			      const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			      const gpud_cuda_kvshape *kv, uint32_t T);
 
 // How an attention launch is cut (the layout's att_heads and att_tile).
@@ -209,7 +219,7 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 // F32/F16/BF16, xq and xd for Q8_0/Q4_0); q (T, n_heads * head_dim).
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
 			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
-			  const gpud_cuda_meta *m, const float *inv_freq,
+			  const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			  const gpud_cuda_kvshape *kv);
 
 #endif

@@ -86,6 +86,9 @@ static int weights_bytes(const struct gpud_model *m, uint64_t *out, char *err, s
 		for (size_t j = 0; !rc && j < sizeof(ws) / sizeof(ws[0]); j++)
 			rc = check_weight(ws[j], "a layer matrix", &sum, err, errlen);
 		sum += 2 * norm;
+		if (L->bq) /* Q/K/V biases (Qwen2) */
+			sum += up((uint64_t)hp->n_heads * hp->head_dim * 4) +
+			       2 * up((uint64_t)hp->n_kv_heads * hp->head_dim * 4);
 	}
 	if (rc)
 		return rc;
@@ -114,11 +117,6 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 		return sw_seterr(err, errlen, -EINVAL, "the CUDA backend: KV type %s (f32 or f16)",
 				 gpud_type_name(cfg->kv_type));
 	hp = gpud_model_hparams(cfg->model);
-	if (hp->qkv_bias || hp->rope_style != GPUD_ROPE_NORM)
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "the CUDA backend runs llama-style models only (no Q/K/V biases, "
-				 "adjacent-pair RoPE); this model (%s) runs on \"cpu\"",
-				 hp->arch == GPUD_ARCH_QWEN2 ? "qwen2" : "llama with biases");
 	if (!hp->head_dim || hp->head_dim > GPUD_CUDA_MAX_HEAD_DIM || hp->head_dim % 2 || !hp->n_kv_heads ||
 	    hp->n_heads % hp->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
