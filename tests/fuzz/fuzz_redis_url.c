@@ -9,13 +9,15 @@
  *  - on success every string is NUL-terminated inside its field; a unix://
  *    URL gives its socket path verbatim and nothing else (a relative
  *    path is accepted: swarmctl builds one from a relative state_dir); otherwise the
- *    host is set and holds no ':', '/' or '@', port is 1..65535, db is
- *    0..SW_REDIS_URL_DB_MAX and the password holds no '/', and tls
- *    is set exactly for rediss://;
- *  - the URL written back from the struct ("redis://:PASSWORD@HOST:PORT/DB"
- *    or "unix://PATH") parses to the same struct.
+ *    host is set and holds none of '/', '@', '[', ']', '%', '?', '#' (a
+ *    ':' only from an IPv6 address in brackets), port is 1..65535, db is
+ *    0..SW_REDIS_URL_DB_MAX, and tls is set exactly for rediss://;
+ *  - the URL written back from the struct ("redis://USER:PASSWORD@HOST:
+ *    PORT/DB" with the user and password percent-encoded and an IPv6 host
+ *    in brackets, or "unix://PATH") parses to the same struct.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +36,12 @@ static const char *const messages[] = {
 	"redis: host too long in URL",
 	"redis: bad port in URL (expected 1..65535)",
 	"redis: bad database number in URL",
+	"redis: user name too long",
+	"redis: bad user name in URL (%00)",
+	"redis: bad password in URL (%00)",
+	"redis: query or fragment (?, #) in URL: not supported",
+	"redis: bad IPv6 address in URL (expected [addr])",
+	"redis: bad host in URL",
 };
 
 static size_t bounded(const char *s, size_t cap)
@@ -64,6 +72,7 @@ static void check_ok(const char *url, const struct sw_redis_url *u)
 	size_t n;
 
 	bounded(u->host, sizeof(u->host));
+	bounded(u->user, sizeof(u->user));
 	bounded(u->password, sizeof(u->password));
 	n = bounded(u->unix_path, sizeof(u->unix_path));
 	if (strncmp(url, "unix://", 7) == 0) {
@@ -75,23 +84,45 @@ static void check_ok(const char *url, const struct sw_redis_url *u)
 	}
 	CHECK(n == 0);
 	CHECK(u->tls == (strncmp(url, "rediss://", 9) == 0));
-	CHECK(u->host[0] != '\0' && strpbrk(u->host, ":/@") == NULL);
-	CHECK(strchr(u->password, '/') == NULL);
+	CHECK(u->host[0] != '\0' && strpbrk(u->host, "/@[]%?#") == NULL);
+	CHECK(!strchr(u->host, ':') || strchr(url, '['));
 	CHECK(u->port >= 1 && u->port <= 65535);
 	CHECK(u->db >= 0 && u->db <= SW_REDIS_URL_DB_MAX);
 }
 
+/* s with every byte but RFC 3986's unreserved ones as %XX, into out. */
+static const char *encode(char *out, const char *s)
+{
+	char *o = out;
+
+	for (; *s; s++) {
+		unsigned char c = (unsigned char)*s;
+
+		if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		    c == '-' || c == '.' || c == '_' || c == '~')
+			*o++ = (char)c;
+		else
+			o += sprintf(o, "%%%02X", c);
+	}
+	*o = '\0';
+	return out;
+}
+
 static void check_round_trip(const struct sw_redis_url *u)
 {
-	char url[SW_REDIS_URL_HOST_MAX + SW_REDIS_URL_PASSWORD_MAX + SW_REDIS_URL_PATH_MAX + 64];
+	static char url[3 * SW_REDIS_URL_USER_MAX + 3 * SW_REDIS_URL_PASSWORD_MAX +
+			SW_REDIS_URL_HOST_MAX + SW_REDIS_URL_PATH_MAX + 64];
+	static char user[3 * SW_REDIS_URL_USER_MAX], pw[3 * SW_REDIS_URL_PASSWORD_MAX];
 	char err[SW_ERR_MAX];
 	struct sw_redis_url back;
+	bool v6 = strchr(u->host, ':') != NULL;
 
 	if (u->unix_path[0])
 		snprintf(url, sizeof(url), "unix://%s", u->unix_path);
 	else
-		snprintf(url, sizeof(url), "%s://:%s@%s:%d/%d", u->tls ? "rediss" : "redis",
-			 u->password, u->host, u->port, u->db);
+		snprintf(url, sizeof(url), "%s://%s:%s@%s%s%s:%d/%d", u->tls ? "rediss" : "redis",
+			 encode(user, u->user), encode(pw, u->password), v6 ? "[" : "", u->host,
+			 v6 ? "]" : "", u->port, u->db);
 	CHECK(sw_redis_url_parse(url, &back, err, sizeof(err)) == 0);
 	CHECK(memcmp(u, &back, sizeof(back)) == 0);
 }
