@@ -136,17 +136,17 @@ static void test_percent_encoding(void **state)
 	assert_string_equal(u.host, "r");
 	/* the longest password that fits, encoded: 3 bytes of URL a byte */
 	{
-		char big[3 * SW_REDIS_URL_PASSWORD_MAX + 64];
-		size_t k = 0;
+		static char big[3 * SW_REDIS_URL_PASSWORD_MAX + 64];
+		size_t k = 9;
 
-		k += (size_t)sprintf(big, "redis://:");
-		for (int i = 0; i < SW_REDIS_URL_PASSWORD_MAX - 1; i++)
-			k += (size_t)sprintf(big + k, "%%40");
-		sprintf(big + k, "@r");
+		memcpy(big, "redis://:", 9);
+		for (int i = 0; i < SW_REDIS_URL_PASSWORD_MAX - 1; i++, k += 3)
+			memcpy(big + k, "%40", 3);
+		memcpy(big + k, "@r", 3);
 		parse_ok(big, &u);
 		assert_int_equal(strlen(u.password), SW_REDIS_URL_PASSWORD_MAX - 1);
 		assert_int_equal(u.password[0], '@');
-		sprintf(big + k, "%%40@r");
+		memcpy(big + k, "%40@r", 6);
 		parse_fails(big, "redis: password too long");
 	}
 }
