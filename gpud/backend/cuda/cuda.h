@@ -58,9 +58,9 @@ struct gpud_cuda_plan {
 void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_plan *p);
 
 /* Whether an instance could be made from cfg: 0, or the reason init would
- * refuse it (a qwen2 model, a weight type without a kernel, a head size,
- * step bounds) with its code. Pure, as gpud_cuda_plan_for, whose figures
- * are all zero exactly when this fails. */
+ * refuse it (a weight type without a kernel, a head size, step bounds)
+ * with its code. Pure, as gpud_cuda_plan_for, whose figures are all zero
+ * exactly when this fails. */
 int gpud_cuda_plan_check(const struct gpud_backend_config *cfg, char *err, size_t errlen);
 
 /* The kernel profile of an instance (a ctx of gpud_cuda_backend.init)

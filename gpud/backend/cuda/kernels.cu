@@ -598,8 +598,10 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 	}
 }
 
+/* Decode CTAs: two a multiprocessor, 128 registers a thread (no instance
+ * spills); prefill: no minimum (0), as without the second argument. */
 template <int MAXD, typename KT, bool DEC>
-__global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024, DEC ? 2 : 0) /* decode: 128 registers */
+__global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024, DEC ? 2 : 0)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
