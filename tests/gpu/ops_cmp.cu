@@ -571,6 +571,25 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		diff += ok ? bits_differ(hs, hg, k, 4) : 0;
 	}
 	report(what, ok ? (double)diff : INFINITY, 0);
+	{
+		/* acc: y += W x in the GEMV's store, the residual add: the bits of
+		 * the GEMV's output added to y in fp32 */
+		size_t k = (size_t)T * rows[0];
+		float *r = (float *)malloc(4 * k), *want = (float *)malloc(4 * k);
+
+		snprintf(what, sizeof(what), "gemv %s + residual, %u tokens", gpud_type_name(t), T);
+		for (size_t i = 0; i < k; i++)
+			r[i] = frand() * 8;
+		up(grp[0], r, 4 * k);
+		ok = gpud_k_mv_group(0, ws, grp, 1, false, dx, q, d, T, nullptr, nullptr, nullptr,
+				     true) == cudaSuccess &&
+		     down(hs, sep[0], 4 * k, what) && down(hg, grp[0], 4 * k, what);
+		for (size_t i = 0; ok && i < k; i++)
+			want[i] = r[i] + hs[i];
+		report(what, ok ? (double)bits_differ(want, hg, k, 4) : INFINITY, 0);
+		free(r);
+		free(want);
+	}
 	/* gate, up = the last two (equal rows): silu(gate) * up */
 	snprintf(what, sizeof(what), "gemv %s gate+up, swiglu fused, %u tokens", gpud_type_name(t),
 		 T);
@@ -623,12 +642,14 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		free(hd2);
 	}
 	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows */
-		snprintf(what, sizeof(what), "gemv group refuses %u tokens, unequal gate/up",
+		snprintf(what, sizeof(what), "gemv group refuses %u tok, unequal gate/up, glu+acc",
 			 GPUD_K_GEMV_MAX_T + 1);
 		report(what, gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1,
 					     nullptr, nullptr) == cudaErrorInvalidValue &&
 				     gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1, nullptr,
-						     nullptr) == cudaErrorInvalidValue
+						     nullptr) == cudaErrorInvalidValue &&
+				     gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, 1, nullptr,
+						     nullptr, nullptr, true) == cudaErrorInvalidValue
 			     ? 0
 			     : 1,
 		       0);
@@ -639,6 +660,108 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		cudaFree(sep[i]);
 		cudaFree(grp[i]);
 	}
+}
+
+// A decode GEMV that makes the RMSNorm of its input itself (gpud_cuda_norm)
+// must give the bits of gpud_k_add_norm quantizing for it and the GEMV
+// after: gate/up with SwiGLU, quantized for down (the kernel of 32-row
+// CTAs) and not (a warp a row), on x of T rows of cols columns (in
+// registers up to 4096, then not). A zero block of x and of the weights
+// gives zero scales. The Q/K/V GEMV's fused norm: check_qkv_rope.
+void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
+{
+	const int64_t rows = 64;
+	const float eps = 1e-5f;
+	size_t nx = (size_t)T * cols, ny = (size_t)T * rows, nyb = ny / GPUD_QK;
+	mat mg = make_mat(t, rows, cols), mu = make_mat(t, rows, cols);
+	gpud_cuda_mat w[2] = { dmat(mg), dmat(mu) };
+	const gpud_cuda_mat *gu[2] = { &w[0], &w[1] };
+	float *x = (float *)malloc(4 * nx), *nw = (float *)malloc(4 * cols);
+	float *dx = (float *)dev(4 * nx), *dx2 = (float *)dev(4 * nx), *dnw = (float *)dev(4 * cols);
+	float *dout = (float *)dev(4 * nx), *ad = (float *)dev(4 * nx / GPUD_QK);
+	int8_t *aq = (int8_t *)dev(nx);
+	float *y1 = (float *)dev(4 * ny), *y2 = (float *)dev(4 * ny), *yd1 = (float *)dev(4 * nyb),
+	      *yd2 = (float *)dev(4 * nyb);
+	int8_t *yq1 = (int8_t *)dev(ny), *yq2 = (int8_t *)dev(ny);
+	float *h1 = (float *)malloc(4 * ny), *h2 = (float *)malloc(4 * ny);
+	float *e1 = (float *)malloc(4 * nyb), *e2 = (float *)malloc(4 * nyb);
+	int8_t *g1 = (int8_t *)malloc(ny), *g2 = (int8_t *)malloc(ny);
+	float *ys1[2] = { y1, nullptr }, *ys2[2] = { y2, nullptr };
+	char what[112];
+	bool ok;
+
+	for (size_t i = 0; i < nx; i++)
+		x[i] = i < 32 ? 0.0f : frand() * 4;
+	for (int64_t i = 0; i < cols; i++)
+		nw[i] = i >= 32 && i < 64 ? 0.0f : 1.0f + frand() * 0.5f;
+	up(dx, x, 4 * nx);
+	up(dx2, x, 4 * nx);
+	up(dnw, nw, 4 * cols);
+	gpud_cuda_norm nrm = { dx, dnw, eps };
+	/* unfused: add_norm quantizes for the GEMV (x itself untouched) */
+	gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, eps, aq, ad);
+	for (int quant = 0; quant < 2; quant++) {
+		snprintf(what, sizeof(what), "rmsnorm in gemv %s gate+up%s, %u tok, %lld cols",
+			 gpud_type_name(t), quant ? " + quantize" : "", T, (long long)cols);
+		cudaMemset(y2, 0, 4 * ny);
+		ok = gpud_k_mv_group(0, gu, ys1, 2, true, nullptr, aq, ad, T, quant ? yq1 : nullptr,
+				     quant ? yd1 : nullptr) == cudaSuccess &&
+		     gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr, T,
+				     quant ? yq2 : nullptr, quant ? yd2 : nullptr, &nrm) == cudaSuccess &&
+		     down(h1, y1, 4 * ny, what) && down(h2, y2, 4 * ny, what);
+		size_t bad = ok ? bits_differ(h1, h2, ny, 4) : 0;
+		if (ok && quant) {
+			ok = down(g1, yq1, ny, what) && down(g2, yq2, ny, what) &&
+			     down(e1, yd1, 4 * nyb, what) && down(e2, yd2, 4 * nyb, what);
+			bad += ok ? bits_differ(g1, g2, ny, 1) + bits_differ(e1, e2, nyb, 4) : 0;
+		}
+		report(what, ok ? (double)bad : INFINITY, 0);
+	}
+	if (T == 1 && cols == 320) {
+		/* refused: a norm for a GEMV not gated, of 3 tokens, of F16, or
+		 * without its weights; and where gpud_k_norm_fuses says */
+		gpud_cuda_norm nw0 = { dx, nullptr, eps };
+		mat mf = make_mat(GPUD_TYPE_F16, rows, cols);
+		gpud_cuda_mat wf = dmat(mf);
+		const gpud_cuda_mat *fu[2] = { &wf, &wf };
+
+		snprintf(what, sizeof(what), "gemv with rmsnorm refuses what does not fuse");
+		report(what,
+		       gpud_k_mv_group(0, gu, ys2, 1, false, nullptr, nullptr, nullptr, 1, nullptr,
+				       nullptr, &nrm) == cudaErrorInvalidValue &&
+				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
+						       3, nullptr, nullptr, &nrm) ==
+					       cudaErrorInvalidValue &&
+				       gpud_k_mv_group(0, fu, ys2, 2, true, dx, nullptr, nullptr, 1,
+						       nullptr, nullptr, &nrm) ==
+					       cudaErrorInvalidValue &&
+				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
+						       1, nullptr, nullptr, &nw0) ==
+					       cudaErrorInvalidValue &&
+				       gpud_k_norm_fuses(t, 3072, 1) && gpud_k_norm_fuses(t, 4096, 2) &&
+				       !gpud_k_norm_fuses(t, 3072, 3) &&
+				       !gpud_k_norm_fuses(t, 100, 1) &&
+				       !gpud_k_norm_fuses(t, 40000, 2) &&
+				       !gpud_k_norm_fuses(GPUD_TYPE_F16, 3072, 1)
+			       ? 0
+			       : 1,
+		       0);
+		free_mat(mf);
+	}
+	free(x);
+	free(nw);
+	free(h1);
+	free(h2);
+	free(e1);
+	free(e2);
+	free(g1);
+	free(g2);
+	for (void *p : { (void *)dx, (void *)dx2, (void *)dnw, (void *)dout, (void *)ad,
+			 (void *)aq, (void *)y1, (void *)y2, (void *)yd1, (void *)yd2, (void *)yq1,
+			 (void *)yq2 })
+		cudaFree(p);
+	free_mat(mg);
+	free_mat(mu);
 }
 
 // The decode Q/K/V GEMVs with RoPE and the KV store in their epilogue
@@ -786,6 +909,39 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 			       ? 0
 			       : 1,
 		       0);
+	}
+	if (i8 && T <= GPUD_K_NORM_MAX_T) {
+		/* the norm made by the GEMV itself (gpud_cuda_norm) against
+		 * gpud_k_add_norm's quants into the same GEMV: q and the pool */
+		float *nw = (float *)malloc(4 * cols), *dnw = (float *)dev(4 * cols);
+		float *dx2 = (float *)dev(4 * T * cols), *dout = (float *)dev(4 * T * cols);
+		gpud_cuda_norm nrm = { dx, dnw, 1e-5f };
+
+		snprintf(what, sizeof(what), "q/k/v gemv %s with rmsnorm%s, %u tok",
+			 gpud_type_name(t), qwen ? " (biases, neox)" : kv16 ? " (f16 KV)" : "", T);
+		for (int64_t i = 0; i < cols; i++)
+			nw[i] = 1.0f + frand() * 0.5f;
+		up(dnw, nw, 4 * cols);
+		up(dx2, x, 4 * T * cols);
+		up(kv1, pool, nkvb);
+		up(kv2, pool, nkvb);
+		gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, 1e-5f, aq, ad);
+		kv.kv = kv1;
+		ok = gpud_k_mv_qkv(0, ws, q1, nullptr, aq, ad, T, &m, &rope, &kv) == cudaSuccess;
+		kv.kv = kv2;
+		ok = ok &&
+		     gpud_k_mv_qkv(0, ws, q2, nullptr, nullptr, nullptr, T, &m, &rope, &kv, &nrm) ==
+			     cudaSuccess &&
+		     down(h1, q1, 4 * nq, what) && down(h2, q2, 4 * nq, what) &&
+		     down(p1, kv1, nkvb, what) && down(p2, kv2, nkvb, what);
+		report(what,
+		       ok ? (double)(bits_differ(h1, h2, nq, 4) + bits_differ(p1, p2, nkvb / 4, 4))
+			  : INFINITY,
+		       0);
+		free(nw);
+		cudaFree(dnw);
+		cudaFree(dx2);
+		cudaFree(dout);
 	}
 	free(x);
 	free(pool);
@@ -1247,6 +1403,10 @@ void check_kernels(void)
 	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
 		for (uint32_t T : { 16u, 40u, 70u })
 			check_mm_set(t, T);
+	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+		for (uint32_t T : { 1u, 2u })
+			for (int64_t cols : { 320, 4160 })
+				check_norm_fused(t, T, cols);
 	for (uint32_t dim : { 320u, 4096u, 4160u }) { /* rows in registers, then not */
 		check_rmsnorm(dim > 320 ? 2 : 7, dim, false);
 		check_rmsnorm(dim > 320 ? 2 : 7, dim, true);
@@ -1255,13 +1415,13 @@ void check_kernels(void)
 	}
 	check_swiglu(5000);
 	for (enum gpud_type t : types)
-		for (uint32_t T : { 1u, 3u, 8u })
+		for (uint32_t T : { 1u, 2u, 3u, 8u })
 			check_qkv_rope(t, T, 320, false);
 	check_qkv_rope(GPUD_TYPE_F32, 2, 100, false); /* rows not of 8 elements: scalar loads */
 	for (uint32_t T : { 1u, 3u, 8u })
 		check_qkv_rope(GPUD_TYPE_Q8_0, T, 320, true);
 	for (enum gpud_type t : { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_Q8_0 })
-		for (uint32_t T : { 1u, 3u })
+		for (uint32_t T : { 1u, 2u, 3u })
 			check_qkv_rope(t, T, 320, t == GPUD_TYPE_Q8_0, true); /* Qwen2's */
 	for (uint32_t hd : { 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })

@@ -126,6 +126,7 @@ struct cuda_ctx {
 	cudaGraphExec_t graph[GPUD_CUDA_GRAPH_MAX_T + 1];
 	uint32_t n_graphs;
 	bool pdl; // programmatic dependent launch on the stream (pdl_setup)
+	uint32_t fuse_norm_t; // decode steps of up to this many tokens fuse norms (fuse_setup)
 	uint64_t graph_steps;
 	prof *pf; // or NULL: the kernel profile is off
 
@@ -576,6 +577,28 @@ void mm_setup(cuda_ctx *c)
 	gpud_k_mm_single(env && !strcmp(env, "single"));
 }
 
+// Decode steps of up to GPUD_CUDA_FUSE_NORM tokens (0 to 8; default
+// FUSE_NORM_T) make each RMSNorm inside the int8 GEMV that reads it
+// (gpud_k_norm_fuses, enqueue): two launches a layer fewer, each CTA of
+// the GEMV reading the T rows of x from L2 to norm them itself, which is
+// why larger batches keep the norm's own launch. The same bits either way.
+// Set before the graphs are captured: they keep the launches they saw.
+#define FUSE_NORM_T 2u
+
+void fuse_setup(cuda_ctx *c)
+{
+	const char *env = getenv("GPUD_CUDA_FUSE_NORM");
+	char *end = nullptr;
+	unsigned long v = env ? strtoul(env, &end, 10) : FUSE_NORM_T;
+
+	if (env && (end == env || *end || v > GPUD_K_GEMV_MAX_T)) {
+		log_warn("cuda:%d: GPUD_CUDA_FUSE_NORM=%s is not a number of tokens from 0 to %u: %u",
+			 c->dev, env, GPUD_K_GEMV_MAX_T, FUSE_NORM_T);
+		v = FUSE_NORM_T;
+	}
+	c->fuse_norm_t = (uint32_t)v;
+}
+
 // Captures the decode graphs (T tokens, T logits rows, no hidden states)
 // for T = 1 .. gpud_cuda_graph_max_t: each instantiated and uploaded here,
 // so that a replay allocates nothing. Graphs are a speed-up only: a
@@ -734,6 +757,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	if ((rc = prof_setup(c, err, errlen)))
 		return rc;
 	mm_setup(c);
+	fuse_setup(c);
 	if (!c->pf) {
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
@@ -747,11 +771,13 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
 		 "scratch %.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
-		 "programmatic dependent launch %s; int8 matmul %s", c->dev,
+		 "programmatic dependent launch %s; int8 matmul %s; norms fused up to %u tokens",
+		 c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
 		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs,
-		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered");
+		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered",
+		 c->fuse_norm_t);
 	return 0;
 }
 
@@ -949,6 +975,28 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 	return 0;
 }
 
+// The norm of x with w made inside next's decode GEMV (fuse_setup), not
+// by add_norm: x holds the whole residual stream (nothing pending in xb).
+static bool norm_fused(const cuda_ctx *c, bool pend, const gpud_cuda_mat *next, uint32_t T)
+{
+	return !pend && T <= c->fuse_norm_t && next->cols == c->hp->dim &&
+	       gpud_k_norm_fuses(next->type, next->cols, T);
+}
+
+// y += W x when the decode GEMVs take W (T <= MV_MAX_T; *done says
+// whether they did): x as is for float types, xq, xd (x quantized) for
+// int8, the residual add in the GEMV's store.
+static int mv_acc(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, const int8_t *xq,
+		  const float *xd, uint32_t T, float *y, bool *done, char *err, size_t errlen)
+{
+	*done = one_gemv(&w, 1, T);
+	if (*done)
+		CKL(gpud_k_mv_group(c->stream, &w, &y, 1, false, x, xq, xd, T, nullptr, nullptr,
+				    nullptr, true),
+		    "matmul (gemv, residual)");
+	return 0;
+}
+
 // x += xb (add), then xb = rmsnorm(x) * w when w; quantized too when
 // next (the matrix that reads xb) is int8 of the model's width: returns
 // whether it was (mm_group's prepared).
@@ -985,35 +1033,39 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	int rc;
 
 	bool prepared = false; // the activations of the next matmul quantized by add_norm
+	// xb holds the output of the matmul before, not yet added into x:
+	// decode GEMVs add theirs into x themselves (mv_acc)
+	bool pend = false;
 
 	prof_stage(c, "embedding");
 	CKL(gpud_k_embed(c->stream, &c->tok_embd, c->dmeta.tokens, T, c->x), "embedding");
-	prof_stage(c, "attention norm");
-	if ((rc = add_norm(c, false, c->layers[0].attn_norm, &c->layers[0].wq, T, &prepared, err,
-			   errlen)))
-		return rc;
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
 		const dev_layer *D = &c->layers[l];
 		const gpud_cuda_mat *qkv[3] = { &D->wq, &D->wk, &D->wv };
 		float *qkv_out[3] = { c->q, c->k, c->v };
 		const gpud_cuda_mat *gu[2] = { &D->gate, &D->up };
 		float *gu_out[2] = { c->hb, c->hb2 };
-		bool last = l + 1 == hp->n_layers;
-		const float *next_norm = last ? nullptr : c->layers[l + 1].attn_norm;
-
+		bool done;
 		gpud_cuda_rope rope = { c->rope_inv, D->bq, D->bk, D->bv,
 					hp->rope_style == GPUD_ROPE_NEOX };
+		// decode: Q, K and V in one launch, RoPE and the KV store in its
+		// epilogue, and the norm before them in its CTAs where it fuses
+		bool dec_qkv = one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0;
+		bool fuse = dec_qkv && norm_fused(c, pend, &D->wq, T);
+		gpud_cuda_norm nrm = { c->x, D->attn_norm, hp->norm_eps };
 
 		kv.layer = l;
+		prof_stage(c, "attention norm");
+		if (!fuse && (rc = add_norm(c, pend, D->attn_norm, &D->wq, T, &prepared, err, errlen)))
+			return rc;
+		pend = false;
 		prof_stage(c, "q, k, v");
-		if (one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0) {
-			// decode: Q, K and V in one launch, RoPE and the KV store in
-			// its epilogue
-			if (!prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
+		if (dec_qkv) {
+			if (!fuse && !prepared && (rc = prep(c, &D->wq, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_qkv(c->stream, qkv, c->q, c->xb, c->actq, c->actd, T, &c->dmeta,
-					  &rope, &kv),
-			    "matmul (gemv, rope)");
+					  &rope, &kv, fuse ? &nrm : nullptr),
+			    fuse ? "matmul (gemv, rmsnorm, rope)" : "matmul (gemv, rope)");
 		} else {
 			if ((rc = mm_group(c, qkv, qkv_out, 3, c->xb, T, prepared, err, errlen)))
 				return rc;
@@ -1030,31 +1082,40 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		CKL(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
 				     L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");
 		prof_stage(c, "o");
-		if ((!att_q && (rc = prep(c, &D->wo, c->att, T, err, errlen))) ||
-		    (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)))
+		if (!att_q && (rc = prep(c, &D->wo, c->att, T, err, errlen)))
 			return rc;
+		if ((rc = mv_acc(c, &D->wo, c->att, c->actq, c->actd, T, c->x, &done, err, errlen)))
+			return rc;
+		if (!done && (rc = mm(c, &D->wo, c->att, T, c->xb, err, errlen)))
+			return rc;
+		pend = !done;
+		// decode: gate and up in one launch, SwiGLU in its epilogue, which
+		// also quantizes for an int8 down (into actq2: actq is their
+		// input), and the norm before them in its CTAs where it fuses
+		bool dec_gu = one_gemv(gu, 2, T) && D->gate.rows == D->up.rows;
+		fuse = dec_gu && norm_fused(c, pend, &D->gate, T);
+		nrm.w = D->ffn_norm;
 		prof_stage(c, "ffn norm");
-		if ((rc = add_norm(c, true, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
+		if (!fuse && (rc = add_norm(c, pend, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
 			return rc;
+		pend = false;
 		prof_stage(c, "gate, up");
-		if (one_gemv(gu, 2, T) && D->gate.rows == D->up.rows) {
-			// decode: gate and up in one launch, SwiGLU in its epilogue,
-			// which also quantizes for an int8 down (into actq2: actq
-			// is their input)
+		if (dec_gu) {
 			bool glu_q = is_int8(&D->gate) && is_int8(&D->down) &&
 				     D->down.cols == D->gate.rows && D->gate.rows % GPUD_QK == 0;
-			if (!prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
+			if (!fuse && !prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
-					    T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr),
-			    "matmul (gemv, swiglu)");
+					    T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr,
+					    fuse ? &nrm : nullptr),
+			    fuse ? "matmul (gemv, rmsnorm, swiglu)" : "matmul (gemv, swiglu)");
 			prof_stage(c, "down");
-			if (glu_q)
-				CKL(gpud_k_mm_q(c->stream, &D->down, c->actq2, c->actd2, T, c->xb,
-					        &c->ksplit),
-				    "matmul (int8)");
-			else if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
-				 (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
+			if (!glu_q && (rc = prep(c, &D->down, c->hb, T, err, errlen)))
+				return rc;
+			if ((rc = mv_acc(c, &D->down, c->hb, glu_q ? c->actq2 : c->actq,
+					 glu_q ? c->actd2 : c->actd, T, c->x, &done, err, errlen)))
+				return rc;
+			if (!done && (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
 				return rc;
 		} else {
 			if ((rc = mm_group(c, gu, gu_out, 2, c->xb, T, prepared, err, errlen)))
@@ -1065,13 +1126,13 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if ((rc = prep(c, &D->down, c->hb, T, err, errlen)) ||
 			    (rc = mm(c, &D->down, c->hb, T, c->xb, err, errlen)))
 				return rc;
+			done = false;
 		}
-		prof_stage(c, "attention norm");
-		if ((rc = add_norm(c, true, next_norm, last ? nullptr : &c->layers[l + 1].wq, T,
-				   &prepared, err, errlen)))
-			return rc;
+		pend = !done;
 	}
 	prof_stage(c, "output");
+	if (pend && (rc = add_norm(c, true, nullptr, nullptr, T, nullptr, err, errlen)))
+		return rc;
 	if (want_hidden && (rc = add_norm(c, false, c->out_norm, nullptr, T, nullptr, err, errlen)))
 		return rc;
 	if (n_logits) {

@@ -277,20 +277,45 @@ static __device__ __forceinline__ void norm_load(float (&dst)[NORM_REG], const f
 	}
 }
 
-/* Element i of row r's output, and its int8 quant and block scale when
- * asked (warp-collective then: a warp holds one whole block). */
+/* Element i's int8 quant into q and, for a block's first, its scale into
+ * d (warp-collective: a warp holds one whole block). */
+static __device__ __forceinline__ void quant_put(int8_t *q, float *d, size_t i, float e)
+{
+	float dv;
+	int8_t qv = quant_block(e, &dv);
+
+	q[i] = qv;
+	if ((i & 31) == 0)
+		d[i / GPUD_QK] = dv;
+}
+
+/* Element i of row r's output, and its quant when asked. */
 static __device__ __forceinline__ void norm_store(float *o, int8_t *aq, float *ad, uint32_t r,
 						  uint32_t dim, uint32_t i, float e)
 {
 	o[i] = e;
-	if (aq) {
-		float d;
-		int8_t qv = quant_block(e, &d);
+	if (aq)
+		quant_put(aq, ad, (size_t)r * dim + i, e);
+}
 
-		aq[(size_t)r * dim + i] = qv;
-		if ((i & 31) == 0)
-			ad[((size_t)r * dim + i) / GPUD_QK] = d;
-	}
+/* 1 / rms of a row from each thread's sum of squares ss (in double: the
+ * CPU's), added in a fixed order: the lanes of a warp, then the warps in
+ * turn. Every thread of the CTA gets it; part is reusable after. */
+static __device__ __forceinline__ float norm_scale(double ss, double *part, uint32_t dim,
+						   float eps)
+{
+	uint32_t t = threadIdx.x;
+
+	for (int of = 16; of; of >>= 1)
+		ss += __shfl_xor_sync(FULL, ss, of);
+	if ((t & 31) == 0)
+		part[t >> 5] = ss;
+	__syncthreads();
+	ss = 0;
+	for (int i = 0; i < NORM_THREADS / 32; i++)
+		ss += part[i];
+	__syncthreads();
+	return (float)(1.0 / sqrt(ss / dim + (double)eps));
 }
 
 /* Row r: x (row rows[r], or r) += out (with add), then out = x / rms * w,
@@ -340,15 +365,7 @@ add_norm_kernel(float *x, float *out, const float *w, int add, const uint32_t *r
 	}
 	if (!w)
 		return;
-	for (int of = 16; of; of >>= 1)
-		ss += __shfl_xor_sync(FULL, ss, of);
-	if ((t & 31) == 0)
-		part[t >> 5] = ss;
-	__syncthreads();
-	ss = 0;
-	for (int i = 0; i < NORM_THREADS / 32; i++)
-		ss += part[i];
-	float scale = (float)(1.0 / sqrt(ss / dim + (double)eps));
+	float scale = norm_scale(ss, part, dim, eps);
 	if (REG) {
 		float wv[NORM_REG];
 
@@ -378,6 +395,67 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 						   dim, eps, aq, ad));
 	return launched(cudaLaunchKernelEx(klc(n, NORM_THREADS, 0, s).cfg(), add_norm_kernel<false>,
 					   x, out, w, add ? 1 : 0, rows, dim, eps, aq, ad));
+}
+
+/* --- RMSNorm fused into the decode GEMV after it --------------------------
+ * At batch 1 each RMSNorm was a launch of one CTA (one row) between two
+ * matmuls: a chain of memory latencies on one multiprocessor, and a kernel
+ * boundary, twice a layer. Fused, the matmul before it adds its output
+ * into the residual stream x itself (gemv_set.acc), and every CTA of the
+ * GEMV after it norms x's T rows and quantizes them into its shared memory
+ * (norm_act): the same x read by each CTA from L2, the same sums in the
+ * same order as add_norm_kernel's (a CTA of NORM_THREADS), so the bits of
+ * add_norm's aq, ad. Shared memory: norm_smem bytes, dynamic. */
+#define NORM_SMEM_HEAD 64 /* the warps' partial sums: NORM_THREADS / 32 doubles */
+#define NORM_FUSE_SMEM (40u * 1024) /* under the 48 KB a launch gets unasked */
+
+static __host__ __device__ __forceinline__ size_t norm_smem(uint32_t T, int64_t cols)
+{
+	return NORM_SMEM_HEAD + (size_t)T * cols + (size_t)T * (cols / GPUD_QK) * sizeof(float);
+}
+
+/* The CTA's activations from n: rmsnorm(n.x row k) * n.w quantized into
+ * shared memory sm (norm_smem(T, cols) bytes) for every token k < T; xq,
+ * xd then point there. Every thread of the CTA calls it (barriers). */
+static __device__ __forceinline__ void norm_act(const gpud_cuda_norm &n, int64_t cols,
+						uint32_t T, unsigned char *sm,
+						const int8_t *__restrict__ &xq,
+						const float *__restrict__ &xd)
+{
+	double *part = (double *)sm;
+	int8_t *sq = (int8_t *)(sm + NORM_SMEM_HEAD);
+	float *sd = (float *)(sq + (size_t)T * cols);
+	uint32_t t = threadIdx.x, dim = (uint32_t)cols;
+
+	for (uint32_t k = 0; k < T; k++) {
+		const float *xr = n.x + (size_t)k * dim;
+		int8_t *qk = sq + (size_t)k * dim;
+		float *dk = sd + (size_t)k * (dim / GPUD_QK);
+		double ss = 0;
+
+		if (dim <= NORM_THREADS * NORM_REG) { /* the row's loads issued together */
+			float v[NORM_REG];
+
+			norm_load(v, xr, t, dim);
+#pragma unroll
+			for (uint32_t j = 0; j < NORM_REG; j++)
+				if (t + j * NORM_THREADS < dim)
+					ss += (double)v[j] * v[j];
+		} else {
+			for (uint32_t i = t; i < dim; i += NORM_THREADS)
+				ss += (double)xr[i] * xr[i];
+		}
+		float scale = norm_scale(ss, part, dim, n.eps);
+		/* x again (from L1): the registers of a row and its weights
+		 * would leave the GEMV after it fewer. dim % 32 == 0: whole
+		 * warps take each block together. */
+#pragma unroll 4
+		for (uint32_t i = t; i < dim; i += NORM_THREADS)
+			quant_put(qk, dk, i, __fmul_rn(__fmul_rn(xr[i], scale), n.w[i]));
+	}
+	__syncthreads();
+	xq = sq;
+	xd = sd;
 }
 
 /* --- RoPE and the KV store ----------------------------------------------- */
@@ -1803,7 +1881,17 @@ struct gemv_set {
 	const uint16_t *d[3];
 	float *y[3];
 	int64_t rows[3]; /* 0 past the set */
+	int acc;         /* y += the products (not GLU) */
 };
+
+/* Lane 0's store of token t's output v of row r (of rows) into y. */
+static __device__ __forceinline__ void gemv_put(const gemv_set &set, float *y, int64_t rows,
+						int64_t r, uint32_t t, float v)
+{
+	float *p = y + (int64_t)t * rows + r;
+
+	*p = set.acc ? __fadd_rn(*p, v) : v;
+}
 
 /* The warp's matrix m and row r in set for global warp row r (GLU: one
  * row range, the pair's): selects, not an index, which would copy the
@@ -1962,7 +2050,7 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 		if (GLU)
 			v = swiglu(v, warp_sum(acc2[t]));
 		if (lane == 0 && (uint32_t)t < T)
-			y[(int64_t)t * rows + r] = v;
+			gemv_put(set, y, rows, r, (uint32_t)t, v);
 	}
 }
 
@@ -2001,8 +2089,11 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 	qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
 }
 
-/* The kernel instance for T tokens: NT = 1, 2, 4 or 8. */
+/* The kernel instance for T tokens: NT = 1, 2, 4 or 8; with a fused norm
+ * (T <= GPUD_K_NORM_MAX_T) 1 or 2. */
 #define NT_BUCKET(T, K) ((T) == 1 ? K(1) : (T) == 2 ? K(2) : (T) <= 4 ? K(4) : K(8))
+#define NORM_BUCKET(T, K) ((T) == 1 ? K(1) : K(2))
+static_assert(GPUD_K_NORM_MAX_T == 2, "NORM_BUCKET's instances");
 
 template <int TYPE, bool VEC, bool GLU>
 static cudaError_t launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
@@ -2046,7 +2137,7 @@ static cudaError_t launch_mv_f_set(cudaStream_t s, int type, const gemv_set &set
 cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			float *y)
 {
-	gemv_set set = { { (const uint8_t *)w->q }, { nullptr }, { y }, { w->rows } };
+	gemv_set set = { { (const uint8_t *)w->q }, { nullptr }, { y }, { w->rows }, 0 };
 
 	if (T > 8)
 		return cudaErrorInvalidValue;
@@ -2351,12 +2442,18 @@ static __device__ __forceinline__ void gemv_q_prefetch(const gemv_set &set, int 
 	}
 }
 
-/* One warp per row of the set. */
-template <int TYPE, int NT, bool GLU>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+static_assert(GEMV_WARPS * 32 == NORM_THREADS, "a fused norm sums as add_norm_kernel");
+
+/* One warp per row of the set; with NORM, the activations are nrm's,
+ * made by the CTA (norm_act). NORM's instances (T <= GPUD_K_NORM_MAX_T)
+ * are bounded at one CTA a multiprocessor: ptxas otherwise holds them to
+ * 64 or 80 registers and spills; they take about 50 to 100. */
+template <int TYPE, int NT, bool GLU, bool NORM>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
 gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
-	      const float *__restrict__ xd, uint32_t T)
+	      const float *__restrict__ xd, uint32_t T, gpud_cuda_norm nrm)
 {
+	extern __shared__ int4 gemv_sm[];
 	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	uint32_t lane = threadIdx.x & 31;
 	int m;
@@ -2366,6 +2463,8 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	if (live) /* the weights: read only, before the wait */
 		gemv_q_prefetch<TYPE, GLU>(set, m, r, cols, lane);
 	pdl_enter();
+	if (NORM)
+		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
 	if (!live)
 		return;
 	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
@@ -2374,16 +2473,17 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		if (lane == 0 && (uint32_t)t < T)
-			yo[(int64_t)t * rows + r] = v[t];
+			gemv_put(set, yo, rows, r, (uint32_t)t, v[t]);
 }
 
 /* Q, K and V with RoPE and the KV store (rope_args above): a warp per
  * RoPE pair of rows. */
-template <int TYPE, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <int TYPE, int NT, bool NORM>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
 gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
-		  const float *__restrict__ xd, uint32_t T, rope_args ra)
+		  const float *__restrict__ xd, uint32_t T, rope_args ra, gpud_cuda_norm nrm)
 {
+	extern __shared__ int4 gemv_sm[];
 	int64_t r = 2 * ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)), r1;
 	uint32_t lane = threadIdx.x & 31;
 	int m;
@@ -2396,6 +2496,8 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		gemv_q_prefetch<TYPE, false>(set, m, r1, cols, lane);
 	}
 	pdl_enter();
+	if (NORM)
+		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
 	if (!live)
 		return;
 	const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
@@ -2410,17 +2512,21 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
  * them; then warp t quantizes token t's block. rows is a multiple of 32. */
 #define GLUQ_ROWS 32
 
-template <int TYPE, int NT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
+template <int TYPE, int NT, bool NORM>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
 gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
-		   const float *__restrict__ xd, uint32_t T, int8_t *yq, float *yd)
+		   const float *__restrict__ xd, uint32_t T, int8_t *yq, float *yd,
+		   gpud_cuda_norm nrm)
 {
+	extern __shared__ int4 gemv_sm[];
 	__shared__ float sv[NT][GLUQ_ROWS];
 	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int64_t rows = set.rows[0], r0 = (int64_t)blockIdx.x * GLUQ_ROWS;
 
 	gemv_q_prefetch<TYPE, true>(set, 0, r0 + w, cols, lane); /* the warp's first row */
 	pdl_enter();
+	if (NORM)
+		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
 
 #pragma unroll 1
 	for (uint32_t k = w; k < GLUQ_ROWS; k += GEMV_WARPS) {
@@ -2938,23 +3044,41 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 template <int TYPE, bool GLU>
 static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols,
 			       const int8_t *xq, const float *xd, uint32_t T, int8_t *yq = nullptr,
-			       float *yd = nullptr)
+			       float *yd = nullptr, const gpud_cuda_norm *norm = nullptr)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
+	size_t shm = norm ? norm_smem(T, cols) : 0;
 
 	if (GLU && yq) {
-#define GEMV(nt)                                                                         \
-	cudaLaunchKernelEx(klc((unsigned)(rows / GLUQ_ROWS), GEMV_WARPS * 32, 0, s).cfg(), \
-			   gemv_q_gluq_kernel<TYPE, nt>, set, cols, xq, xd, T, yq, yd)
-		return launched(NT_BUCKET(T, GEMV));
+#define GEMV(nt, nm)                                                                       \
+	cudaLaunchKernelEx(klc((unsigned)(rows / GLUQ_ROWS), GEMV_WARPS * 32, shm, s).cfg(), \
+			   gemv_q_gluq_kernel<TYPE, nt, nm>, set, cols, xq, xd, T, yq, yd, nrm)
+#define PLAIN(nt) GEMV(nt, false)
+#define NORMED(nt) GEMV(nt, true)
+		return launched(norm ? NORM_BUCKET(T, NORMED) : NT_BUCKET(T, PLAIN));
 #undef GEMV
 	}
-#define GEMV(nt)                                                                              \
-	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, 0, s).cfg(), gemv_q_kernel<TYPE, nt, GLU>, set, \
-			   cols, xq, xd, T)
-	return launched(NT_BUCKET(T, GEMV));
+#define GEMV(nt, nm)                                                                        \
+	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, shm, s).cfg(), gemv_q_kernel<TYPE, nt, GLU, nm>, \
+			   set, cols, xq, xd, T, nrm)
+	/* a fused norm only before gate and up (the Q/K/V GEMV has its own) */
+	if constexpr (GLU) {
+		if (norm)
+			return launched(NORM_BUCKET(T, NORMED));
+	}
+	return launched(NT_BUCKET(T, PLAIN));
 #undef GEMV
+#undef PLAIN
+#undef NORMED
+}
+
+bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T)
+{
+	return (type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0) && cols > 0 &&
+	       cols % GPUD_QK == 0 && cols <= UINT32_MAX && T >= 1 && T <= GPUD_K_NORM_MAX_T &&
+	       norm_smem(T, cols) <= NORM_FUSE_SMEM;
 }
 
 static std::atomic<bool> mm_single{ false };
@@ -3024,7 +3148,7 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 	const uint16_t *d = (const uint16_t *)w->d;
 
 	if (T <= GPUD_K_GEMV_MAX_T) {
-		gemv_set set = { { q }, { d }, { y }, { w->rows } };
+		gemv_set set = { { q }, { d }, { y }, { w->rows }, 0 };
 		return launch_gemv<TYPE, false>(s, set, w->cols, xq, xd, T);
 	}
 	bool pipe = gpud_k_mm_pipelined(w->cols);
@@ -3048,16 +3172,19 @@ static cudaError_t launch_mm(cudaStream_t s, const gpud_cuda_mat *w, const int8_
 
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
 			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
-			    uint32_t T, int8_t *yq, float *yd)
+			    uint32_t T, int8_t *yq, float *yd, const gpud_cuda_norm *norm, bool acc)
 {
 	gemv_set set = {};
 	int type = ws[0]->type;
 	bool q8 = type == GPUD_TYPE_Q8_0, q4 = type == GPUD_TYPE_Q4_0;
 
-	if (n < 1 || n > 3 || (glu && n != 2) || !T || T > GPUD_K_GEMV_MAX_T)
+	if (n < 1 || n > 3 || (glu && n != 2) || !T || T > GPUD_K_GEMV_MAX_T || (glu && acc))
 		return cudaErrorInvalidValue;
 	if (yq && (!glu || !(q8 || q4) || !yd || ws[0]->rows % GLUQ_ROWS))
 		return cudaErrorInvalidValue;
+	if (norm && (!glu || !norm->x || !norm->w || !gpud_k_norm_fuses(type, ws[0]->cols, T)))
+		return cudaErrorInvalidValue;
+	set.acc = acc ? 1 : 0;
 	for (int i = 0; i < n; i++) {
 		if (ws[i]->type != type || ws[i]->cols != ws[0]->cols ||
 		    (glu && ws[i]->rows != ws[0]->rows))
@@ -3071,10 +3198,13 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T)
 			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
 	if (q8)
-		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
-			   : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T);
-	return glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd)
-		   : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T);
+		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd,
+							       norm)
+			   : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T,
+								nullptr, nullptr, norm);
+	return glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd, norm)
+		   : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T, nullptr,
+							nullptr, norm);
 }
 
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
@@ -3117,17 +3247,21 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
 			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
 			  const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
-			  const gpud_cuda_kvshape *kv)
+			  const gpud_cuda_kvshape *kv, const gpud_cuda_norm *norm)
 {
 	gemv_set set = {};
 	int type = ws[0]->type;
 	uint32_t hd = kv->head_dim;
 	int64_t cols = ws[0]->cols, pairs;
 	rope_args ra = { *m, *kv, *rope, q };
+	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
+	size_t shm = norm ? norm_smem(T, cols) : 0;
 
 	if (!T || T > GPUD_K_GEMV_MAX_T || !hd || hd % 2 || hd > GPUD_CUDA_MAX_HEAD_DIM ||
 	    ws[0]->rows != (int64_t)kv->n_heads * hd || ws[1]->rows != (int64_t)kv->n_kv_heads * hd ||
 	    ws[2]->rows != ws[1]->rows)
+		return cudaErrorInvalidValue;
+	if (norm && (!norm->x || !norm->w || !gpud_k_norm_fuses(type, cols, T)))
 		return cudaErrorInvalidValue;
 	for (int i = 0; i < 3; i++) {
 		if (ws[i]->type != type || ws[i]->cols != cols)
@@ -3140,12 +3274,15 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	unsigned g = (unsigned)((pairs + 7) / 8); /* 8 warps a CTA, GEMV_WARPS for int8 */
 	static_assert(GEMV_WARPS == 8, "one grid for both kernels");
 
-#define QKV_Q(ty, nt) \
-	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_q_qkv_kernel<ty, nt>, set, cols, xq, xd, T, ra)
+#define QKV_Q(ty, nt, nm)                                                                \
+	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_q_qkv_kernel<ty, nt, nm>, set, cols, xq, \
+			   xd, T, ra, nrm)
 #define QKV_F(ty, vec, nt) \
 	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec>, set, cols, x, T, ra)
-#define Q8(nt) QKV_Q(GPUD_TYPE_Q8_0, nt)
-#define Q4(nt) QKV_Q(GPUD_TYPE_Q4_0, nt)
+#define Q8(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, false)
+#define Q4(nt) QKV_Q(GPUD_TYPE_Q4_0, nt, false)
+#define Q8N(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, true)
+#define Q4N(nt) QKV_Q(GPUD_TYPE_Q4_0, nt, true)
 #define F32V(nt) QKV_F(GPUD_TYPE_F32, true, nt)
 #define F32S(nt) QKV_F(GPUD_TYPE_F32, false, nt)
 #define F16V(nt) QKV_F(GPUD_TYPE_F16, true, nt)
@@ -3155,9 +3292,9 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	bool vec = cols % 8 == 0; /* 8-element loads need rows of a multiple of 8 */
 	switch (type) {
 	case GPUD_TYPE_Q8_0:
-		return launched(NT_BUCKET(T, Q8));
+		return launched(norm ? NORM_BUCKET(T, Q8N) : NT_BUCKET(T, Q8));
 	case GPUD_TYPE_Q4_0:
-		return launched(NT_BUCKET(T, Q4));
+		return launched(norm ? NORM_BUCKET(T, Q4N) : NT_BUCKET(T, Q4));
 	case GPUD_TYPE_F32:
 		return launched(vec ? NT_BUCKET(T, F32V) : NT_BUCKET(T, F32S));
 	case GPUD_TYPE_F16:
@@ -3169,6 +3306,8 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	}
 #undef Q8
 #undef Q4
+#undef Q8N
+#undef Q4N
 #undef F32V
 #undef F32S
 #undef F16V

@@ -200,6 +200,25 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 void gpud_k_mm_single(bool on);
 bool gpud_k_mm_pipelined(int64_t cols);
 
+// An RMSNorm that a decode GEMV of Q8_0/Q4_0 makes of its input itself
+// (gpud_k_mv_group, gpud_k_mv_qkv): x (T, cols) normed with w (cols) and
+// eps and quantized by every CTA into its shared memory, the bits
+// gpud_k_add_norm gives its aq, ad (without add: the matmul before adds
+// its output into x itself, gpud_k_mv_group's acc). One launch a norm
+// fewer at decode; each CTA reads x from L2.
+struct gpud_cuda_norm {
+	const float *x;
+	const float *w;
+	float eps;
+};
+
+// Whether a decode GEMV of type over cols columns makes the norm of T
+// tokens itself (Q8_0/Q4_0, cols a multiple of 32, T <= GPUD_K_NORM_MAX_T,
+// and the norm's shared memory within a launch's). Larger batches keep
+// the norm's own launch: every CTA of the GEMV reads all T rows of x.
+#define GPUD_K_NORM_MAX_T 2u
+bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T);
+
 // The decode GEMVs of n (1..3) matrices of one type and width over the
 // same activations in one launch, ys[i] = ws[i] x, T <= GPUD_K_GEMV_MAX_T:
 // x for F32/F16/BF16, xq and xd (quantized) for Q8_0/Q4_0; each output the
@@ -208,18 +227,24 @@ bool gpud_k_mm_pipelined(int64_t cols);
 // gpud_k_swiglu; ys[1] is not written. yq, yd (or NULL; glu of Q8_0/Q4_0
 // with rows a multiple of 32 only): ys[0] also quantized into them, the
 // bits of gpud_k_quantize_act (the down matmul's input, one launch fewer).
+// norm (or NULL; glu of Q8_0/Q4_0, gpud_k_norm_fuses): the activations
+// are norm's, made in the launch, and xq, xd are not read. acc (not glu):
+// ys[i] += ws[i] x, each element one fp32 addition (the residual add of
+// gpud_k_add_norm).
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
 			    int n, bool glu, const float *x, const int8_t *xq, const float *xd,
-			    uint32_t T, int8_t *yq, float *yd);
+			    uint32_t T, int8_t *yq, float *yd, const gpud_cuda_norm *norm = nullptr,
+			    bool acc = false);
 
 // Decode Q, K and V (ws[0..2], one type and width, Q of n_heads * head_dim
 // rows, K and V of n_kv_heads * head_dim) over the same activations, with
 // RoPE and the KV store in the epilogue, T <= GPUD_K_GEMV_MAX_T: the q and
 // KV bits of gpud_k_mv_group and gpud_k_rope_store, in one launch (x for
-// F32/F16/BF16, xq and xd for Q8_0/Q4_0); q (T, n_heads * head_dim).
+// F32/F16/BF16, xq and xd for Q8_0/Q4_0, or norm's as gpud_k_mv_group's);
+// q (T, n_heads * head_dim).
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,
 			  const float *x, const int8_t *xq, const float *xd, uint32_t T,
 			  const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
-			  const gpud_cuda_kvshape *kv);
+			  const gpud_cuda_kvshape *kv, const gpud_cuda_norm *norm = nullptr);
 
 #endif
