@@ -34,7 +34,11 @@
  * alloc.device of the cuda instance (stats allocs_after_init) must stay 0
  * over the run too. Then, on the device alone: hiding s0 from G changes
  * only G's logits, and a prompt prefilled one KV block per step matches
- * one whole prefill step (mask_props). --kv-type f16 runs both backends
+ * one whole prefill step (mask_props). It prints a digest of every logits
+ * row and id the device returned: two runs that must compute the same
+ * bits (GPUD_CUDA_FUSE_NORM=0 and not) print the same digest. The first
+ * two rounds are one and two sequences, each prompt in one step, then
+ * decode steps (batches of 1 and 2 tokens). --kv-type f16 runs both backends
  * with f16 KV storage (gpud.kv_type): both round the same K and V, so the
  * same bounds hold.
  *
@@ -308,6 +312,16 @@ out:
 	return rc;
 }
 
+/* FNV-1a of n bytes at p, continuing h. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 0x100000001b3ull;
+	return h;
+}
+
 static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 {
 	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
@@ -317,7 +331,7 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	struct inst cpu, gpu;
 	static bool row_argmax[MAX_BATCH];
 	double worst = 0;
-	uint64_t a0, id_rows = 0, id_bad = 0;
+	uint64_t a0, id_rows = 0, id_bad = 0, digest = 0xcbf29ce484222325ull;
 	int rc = 1;
 
 	if (inst_init(&cpu, &gpud_cpu_backend, m, 8) ||
@@ -328,7 +342,11 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	struct cuemu_stats e0 = cuemu_get_stats();
 #endif
 	for (uint32_t r = 0; r < rounds; r++) {
-		uint32_t n_seqs = 1 + rnd(8), steps = 2 + rnd(6);
+		/* rounds 0 and 1: one and two sequences, each prompt in one step,
+		 * then 3 decode steps: batches of 1 and 2 tokens (where the CUDA
+		 * backend makes the norms inside its GEMVs) */
+		bool few = r < 2;
+		uint32_t n_seqs = few ? r + 1 : 1 + rnd(8), steps = few ? 4 : 2 + rnd(6);
 
 		for (uint32_t i = 0; i < n_seqs; i++) {
 			for (uint32_t b = 0; b < SEQ_BLOCKS; b++)
@@ -343,7 +361,9 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 
 			for (uint32_t i = 0; i < n_seqs; i++) {
 				struct seq *s = &seqs[i];
-				uint32_t n = s->len < s->prompt ? 1 + rnd(s->prompt - s->len) : 1;
+				uint32_t n = s->len >= s->prompt ? 1
+					     : few		 ? s->prompt - s->len
+								 : 1 + rnd(s->prompt - s->len);
 
 				if (b.n_tokens + n > MAX_BATCH)
 					n = 1;
@@ -376,6 +396,7 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 				double dmax = 0, xmax = 0;
 
 				if (gpu.ops->argmax) {
+					digest = fnv(digest, &gpu.ops->argmax(gpu.ctx)[row], 4);
 					/* the device's arg max: gpud_argmax of the row
 					 * it downloaded; else within twice the bound of
 					 * the CPU's greatest logit */
@@ -395,6 +416,7 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 						continue; /* the row itself is not downloaded */
 					}
 				}
+				digest = fnv(digest, y, hp->n_vocab * sizeof(float));
 				for (uint32_t v = 0; v < hp->n_vocab; v++) {
 					double d = fabs((double)x[v] - y[v]);
 
@@ -416,6 +438,9 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 	       gpud_model_path(m), type_of(m), dut->name, rounds, worst, bound,
 	       (unsigned long long)id_bad, (unsigned long long)id_rows,
 	       (unsigned long long)(allocs(&gpu) - a0));
+	/* two instances that must compute the same bits (a fusion on and
+	 * off) print the same digest: tests/cuemu/run compares them */
+	printf("backend_cmp: device logits and ids digest %016llx\n", (unsigned long long)digest);
 	rc = worst <= bound && !id_bad && allocs(&gpu) == a0 ? 0 : 1;
 #if SW_CUEMU
 	{
@@ -631,6 +656,13 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 			return 1;
 		fprintf(out, "| %s | decode batch %u | %.1f tok/s | %.3f ms/step |\n", label,
 			batches[i], batches[i] / step, step * 1e3);
+		if (batches[i] == 1 && dut != &gpud_cpu_backend) {
+			/* 2: the largest batch whose norms fuse (GPUD_CUDA_FUSE_NORM) */
+			if ((step = decode_step_s(&g, m, 2, 32, false, ROWS_ARGMAX)) < 0)
+				return 1;
+			fprintf(out, "| %s | decode batch 2 | %.1f tok/s | %.3f ms/step |\n", label,
+				2 / step, step * 1e3);
+		}
 	}
 	/* the same with every logits row downloaded, as sampling needs */
 	for (size_t i = 0; i < sizeof(batches) / sizeof(batches[0]); i += 2) {
@@ -705,6 +737,20 @@ static int bench(const struct gpud_model *m, const char *label, const char *out_
 			return 1;
 		fprintf(out, "| %s | decode batch 1, GPUD_CUDA_PDL=1 | %.1f tok/s | %.3f ms/step |\n",
 			label, 1 / step, step * 1e3);
+		/* and with every RMSNorm its own launch (GPUD_CUDA_FUSE_NORM=0):
+		 * what fusing them into the int8 GEMVs after them is worth, at
+		 * the two batch sizes that fuse */
+		for (uint32_t n = 1; n <= 2; n++) {
+			step = -1;
+			if (!inst_init_env(&g2, m, 2, "GPUD_CUDA_FUSE_NORM", "0")) {
+				step = decode_step_s(&g2, m, n, 32, false, ROWS_ARGMAX);
+				g2.ops->destroy(g2.ctx);
+			}
+			if (step < 0)
+				return 1;
+			fprintf(out, "| %s | decode batch %u, GPUD_CUDA_FUSE_NORM=0 | %.1f tok/s | "
+				"%.3f ms/step |\n", label, n, n / step, step * 1e3);
+		}
 	}
 	if (dut != &gpud_cpu_backend && (gpud_model_weights(m)->layers[0].wq.type == GPUD_TYPE_Q8_0 ||
 					  gpud_model_weights(m)->layers[0].wq.type == GPUD_TYPE_Q4_0)) {
@@ -795,7 +841,7 @@ static void profile_table(struct inst *g, const char *label, const char *what, F
 static int profile(const struct gpud_model *m, const char *label, const char *out_path)
 {
 #if SW_HAVE_CUDA
-	static const uint32_t batches[] = { 1, 16, 64 };
+	static const uint32_t batches[] = { 1, 2, 16, 64 };
 	/* --quick (an emulator): batch 1 and 16, a 128-token prefill */
 	size_t n_batches = bench_quick ? 2 : 3;
 	uint32_t n_pre = bench_quick ? 128 : 512;
