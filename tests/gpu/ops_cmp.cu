@@ -663,11 +663,11 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 }
 
 // A decode GEMV that makes the RMSNorm of its input itself (gpud_cuda_norm)
-// must give the bits of gpud_k_add_norm quantizing for it and the GEMV
-// after: gate/up with SwiGLU, quantized for down (the kernel of 32-row
-// CTAs) and not (a warp a row), on x of T rows of cols columns (in
-// registers up to 4096, then not). A zero block of x and of the weights
-// gives zero scales. The Q/K/V GEMV's fused norm: check_qkv_rope.
+// must give the bits of gpud_k_add_norm (quantizing for it, int8) and the
+// GEMV after: gate/up with SwiGLU, for int8 also quantized for down (the
+// kernel of 32-row CTAs), on x of T rows of cols columns (in registers up
+// to 4096, then not). A zero block of x and of the weights gives zero
+// scales. The Q/K/V GEMV's fused norm: check_qkv_rope.
 void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 {
 	const int64_t rows = 64;
@@ -698,13 +698,15 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 	up(dx2, x, 4 * nx);
 	up(dnw, nw, 4 * cols);
 	gpud_cuda_norm nrm = { dx, dnw, eps };
-	/* unfused: add_norm quantizes for the GEMV (x itself untouched) */
-	gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, eps, aq, ad);
-	for (int quant = 0; quant < 2; quant++) {
+	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+	/* unfused: add_norm (x itself untouched), quantizing for an int8 GEMV */
+	gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, eps,
+			i8 ? aq : nullptr, i8 ? ad : nullptr);
+	for (int quant = 0; quant < (i8 ? 2 : 1); quant++) {
 		snprintf(what, sizeof(what), "rmsnorm in gemv %s gate+up%s, %u tok, %lld cols",
 			 gpud_type_name(t), quant ? " + quantize" : "", T, (long long)cols);
 		cudaMemset(y2, 0, 4 * ny);
-		ok = gpud_k_mv_group(0, gu, ys1, 2, true, nullptr, aq, ad, T, quant ? yq1 : nullptr,
+		ok = gpud_k_mv_group(0, gu, ys1, 2, true, dout, aq, ad, T, quant ? yq1 : nullptr,
 				     quant ? yd1 : nullptr) == cudaSuccess &&
 		     gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr, T,
 				     quant ? yq2 : nullptr, quant ? yd2 : nullptr, &nrm) == cudaSuccess &&
@@ -717,11 +719,12 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 		}
 		report(what, ok ? (double)bad : INFINITY, 0);
 	}
-	if (T == 1 && cols == 320) {
-		/* refused: a norm for a GEMV not gated, of 3 tokens, of F16, or
-		 * without its weights; and where gpud_k_norm_fuses says */
+	if (T == 1 && cols == 320 && t == GPUD_TYPE_Q8_0) {
+		/* refused: a norm for a GEMV not gated, of 3 tokens, of F16 rows
+		 * not of 8 elements, or without its weights; and where
+		 * gpud_k_norm_fuses says */
 		gpud_cuda_norm nw0 = { dx, nullptr, eps };
-		mat mf = make_mat(GPUD_TYPE_F16, rows, cols);
+		mat mf = make_mat(GPUD_TYPE_F16, rows, 100);
 		gpud_cuda_mat wf = dmat(mf);
 		const gpud_cuda_mat *fu[2] = { &wf, &wf };
 
@@ -742,7 +745,9 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 				       !gpud_k_norm_fuses(t, 3072, 3) &&
 				       !gpud_k_norm_fuses(t, 100, 1) &&
 				       !gpud_k_norm_fuses(t, 40000, 2) &&
-				       !gpud_k_norm_fuses(GPUD_TYPE_F16, 3072, 1)
+				       gpud_k_norm_fuses(GPUD_TYPE_F16, 3072, 2) &&
+				       !gpud_k_norm_fuses(GPUD_TYPE_F16, 100, 1) &&
+				       !gpud_k_norm_fuses(GPUD_TYPE_F32, 6144, 2)
 			       ? 0
 			       : 1,
 		       0);
@@ -910,9 +915,10 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 			       : 1,
 		       0);
 	}
-	if (i8 && T <= GPUD_K_NORM_MAX_T) {
+	if (gpud_k_norm_fuses(t, cols, T)) {
 		/* the norm made by the GEMV itself (gpud_cuda_norm) against
-		 * gpud_k_add_norm's quants into the same GEMV: q and the pool */
+		 * gpud_k_add_norm's output (quants, int8) into the same GEMV: q
+		 * and the pool */
 		float *nw = (float *)malloc(4 * cols), *dnw = (float *)dev(4 * cols);
 		float *dx2 = (float *)dev(4 * T * cols), *dout = (float *)dev(4 * T * cols);
 		gpud_cuda_norm nrm = { dx, dnw, 1e-5f };
@@ -925,9 +931,10 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 		up(dx2, x, 4 * T * cols);
 		up(kv1, pool, nkvb);
 		up(kv2, pool, nkvb);
-		gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, 1e-5f, aq, ad);
+		gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, 1e-5f,
+				i8 ? aq : nullptr, i8 ? ad : nullptr);
 		kv.kv = kv1;
-		ok = gpud_k_mv_qkv(0, ws, q1, nullptr, aq, ad, T, &m, &rope, &kv) == cudaSuccess;
+		ok = gpud_k_mv_qkv(0, ws, q1, dout, aq, ad, T, &m, &rope, &kv) == cudaSuccess;
 		kv.kv = kv2;
 		ok = ok &&
 		     gpud_k_mv_qkv(0, ws, q2, nullptr, nullptr, nullptr, T, &m, &rope, &kv, &nrm) ==
@@ -1403,7 +1410,7 @@ void check_kernels(void)
 	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
 		for (uint32_t T : { 16u, 40u, 70u })
 			check_mm_set(t, T);
-	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u })
 			for (int64_t cols : { 320, 4160 })
 				check_norm_fused(t, T, cols);

@@ -577,24 +577,23 @@ void mm_setup(cuda_ctx *c)
 	gpud_k_mm_single(env && !strcmp(env, "single"));
 }
 
-// Decode steps of up to GPUD_CUDA_FUSE_NORM tokens (0 to 8; default
-// FUSE_NORM_T) make each RMSNorm inside the int8 GEMV that reads it
-// (gpud_k_norm_fuses, enqueue): two launches a layer fewer, each CTA of
-// the GEMV reading the T rows of x from L2 to norm them itself, which is
-// why larger batches keep the norm's own launch. The same bits either way.
-// Set before the graphs are captured: they keep the launches they saw.
-#define FUSE_NORM_T 2u
-
+// Decode steps of up to GPUD_CUDA_FUSE_NORM tokens (0 to
+// GPUD_K_NORM_MAX_T, the default) make each RMSNorm inside the GEMV that
+// reads it (gpud_k_norm_fuses, enqueue): two launches a layer fewer, each
+// CTA of the GEMV reading the T rows of x from L2 to norm them itself,
+// which is why larger batches keep the norm's own launch. The same bits
+// either way; 0 is for comparing them (tests/gpu/run's bench). Set before
+// the graphs are captured: they keep the launches they saw.
 void fuse_setup(cuda_ctx *c)
 {
 	const char *env = getenv("GPUD_CUDA_FUSE_NORM");
 	char *end = nullptr;
-	unsigned long v = env ? strtoul(env, &end, 10) : FUSE_NORM_T;
+	unsigned long v = env ? strtoul(env, &end, 10) : GPUD_K_NORM_MAX_T;
 
-	if (env && (end == env || *end || v > GPUD_K_GEMV_MAX_T)) {
+	if (env && (end == env || *end || v > GPUD_K_NORM_MAX_T)) {
 		log_warn("cuda:%d: GPUD_CUDA_FUSE_NORM=%s is not a number of tokens from 0 to %u: %u",
-			 c->dev, env, GPUD_K_GEMV_MAX_T, FUSE_NORM_T);
-		v = FUSE_NORM_T;
+			 c->dev, env, GPUD_K_NORM_MAX_T, GPUD_K_NORM_MAX_T);
+		v = GPUD_K_NORM_MAX_T;
 	}
 	c->fuse_norm_t = (uint32_t)v;
 }

@@ -402,60 +402,91 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
  * matmuls: a chain of memory latencies on one multiprocessor, and a kernel
  * boundary, twice a layer. Fused, the matmul before it adds its output
  * into the residual stream x itself (gemv_set.acc), and every CTA of the
- * GEMV after it norms x's T rows and quantizes them into its shared memory
- * (norm_act): the same x read by each CTA from L2, the same sums in the
- * same order as add_norm_kernel's (a CTA of NORM_THREADS), so the bits of
- * add_norm's aq, ad. Shared memory: norm_smem bytes, dynamic. */
+ * GEMV after it norms x's T rows into its shared memory: quantized for an
+ * int8 GEMV (norm_act), as fp32 for the others (norm_act_f). The same x
+ * is read by each CTA from L2, with the same sums in the same order as
+ * add_norm_kernel's (a CTA of NORM_THREADS): the bits of add_norm's out
+ * and aq, ad. Shared memory: norm_smem bytes, dynamic. */
 #define NORM_SMEM_HEAD 64 /* the warps' partial sums: NORM_THREADS / 32 doubles */
 #define NORM_FUSE_SMEM (40u * 1024) /* under the 48 KB a launch gets unasked */
 
-static __host__ __device__ __forceinline__ size_t norm_smem(uint32_t T, int64_t cols)
+static __host__ __device__ __forceinline__ size_t norm_smem(bool i8, uint32_t T, int64_t cols)
 {
-	return NORM_SMEM_HEAD + (size_t)T * cols + (size_t)T * (cols / GPUD_QK) * sizeof(float);
+	return NORM_SMEM_HEAD + (i8 ? (size_t)T * cols + (size_t)T * (cols / GPUD_QK) * sizeof(float)
+				    : (size_t)T * cols * sizeof(float));
 }
 
-/* The CTA's activations from n: rmsnorm(n.x row k) * n.w quantized into
- * shared memory sm (norm_smem(T, cols) bytes) for every token k < T; xq,
- * xd then point there. Every thread of the CTA calls it (barriers). */
+/* 1 / rms of row xr (dim elements), as add_norm_kernel: every thread of
+ * the CTA calls it (barriers). */
+static __device__ __forceinline__ float norm_row_scale(const float *xr, uint32_t dim, float eps,
+						       double *part)
+{
+	uint32_t t = threadIdx.x;
+	double ss = 0;
+
+	if (dim <= NORM_THREADS * NORM_REG) { /* the row's loads issued together */
+		float v[NORM_REG];
+
+		norm_load(v, xr, t, dim);
+#pragma unroll
+		for (uint32_t j = 0; j < NORM_REG; j++)
+			if (t + j * NORM_THREADS < dim)
+				ss += (double)v[j] * v[j];
+	} else {
+		for (uint32_t i = t; i < dim; i += NORM_THREADS)
+			ss += (double)xr[i] * xr[i];
+	}
+	return norm_scale(ss, part, dim, eps);
+}
+
+/* The CTA's int8 activations from n: rmsnorm(n.x row k) * n.w quantized
+ * into shared memory sm (norm_smem bytes) for every token k < T; xq, xd
+ * then point there. Every thread of the CTA calls it (barriers). The
+ * row is read again (from L1) to be normed: the registers of a row and
+ * its weights would leave the GEMV after it fewer. */
 static __device__ __forceinline__ void norm_act(const gpud_cuda_norm &n, int64_t cols,
 						uint32_t T, unsigned char *sm,
 						const int8_t *__restrict__ &xq,
 						const float *__restrict__ &xd)
 {
-	double *part = (double *)sm;
 	int8_t *sq = (int8_t *)(sm + NORM_SMEM_HEAD);
 	float *sd = (float *)(sq + (size_t)T * cols);
-	uint32_t t = threadIdx.x, dim = (uint32_t)cols;
+	uint32_t dim = (uint32_t)cols;
 
 	for (uint32_t k = 0; k < T; k++) {
 		const float *xr = n.x + (size_t)k * dim;
 		int8_t *qk = sq + (size_t)k * dim;
 		float *dk = sd + (size_t)k * (dim / GPUD_QK);
-		double ss = 0;
+		float scale = norm_row_scale(xr, dim, n.eps, (double *)sm);
 
-		if (dim <= NORM_THREADS * NORM_REG) { /* the row's loads issued together */
-			float v[NORM_REG];
-
-			norm_load(v, xr, t, dim);
-#pragma unroll
-			for (uint32_t j = 0; j < NORM_REG; j++)
-				if (t + j * NORM_THREADS < dim)
-					ss += (double)v[j] * v[j];
-		} else {
-			for (uint32_t i = t; i < dim; i += NORM_THREADS)
-				ss += (double)xr[i] * xr[i];
-		}
-		float scale = norm_scale(ss, part, dim, n.eps);
-		/* x again (from L1): the registers of a row and its weights
-		 * would leave the GEMV after it fewer. dim % 32 == 0: whole
-		 * warps take each block together. */
+		/* dim % 32 == 0: whole warps take each block together */
 #pragma unroll 4
-		for (uint32_t i = t; i < dim; i += NORM_THREADS)
+		for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS)
 			quant_put(qk, dk, i, __fmul_rn(__fmul_rn(xr[i], scale), n.w[i]));
 	}
 	__syncthreads();
 	xq = sq;
 	xd = sd;
+}
+
+/* The same for an fp32 GEMV: the normed rows (T, cols) into sm; x then
+ * points there. */
+static __device__ __forceinline__ void norm_act_f(const gpud_cuda_norm &n, int64_t cols,
+						  uint32_t T, unsigned char *sm, const float *&x)
+{
+	float *sx = (float *)(sm + NORM_SMEM_HEAD);
+	uint32_t dim = (uint32_t)cols;
+
+	for (uint32_t k = 0; k < T; k++) {
+		const float *xr = n.x + (size_t)k * dim;
+		float scale = norm_row_scale(xr, dim, n.eps, (double *)sm);
+
+#pragma unroll 4
+		for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS)
+			sx[(size_t)k * dim + i] = __fmul_rn(__fmul_rn(xr[i], scale), n.w[i]);
+	}
+	__syncthreads();
+	x = sx;
 }
 
 /* --- RoPE and the KV store ----------------------------------------------- */
@@ -2014,11 +2045,12 @@ static __device__ __forceinline__ void dot_f(const void *W, int64_t r, int64_t c
 	}
 }
 
-/* One warp per row of the set; GLU as gemv_q_kernel's. */
-template <int TYPE, int NT, bool VEC, bool GLU>
-__global__ void __launch_bounds__(256)
-gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
+/* One warp per row of the set; GLU and NORM as gemv_q_kernel's. */
+template <int TYPE, int NT, bool VEC, bool GLU, bool NORM>
+__global__ void __launch_bounds__(256, NORM ? 1 : 0)
+gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_norm nrm)
 {
+	extern __shared__ int4 gemv_sm[];
 	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
 	uint32_t lane = threadIdx.x & 31;
 	int m;
@@ -2032,6 +2064,8 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 			prefetch_l2(set.q[1] + r * rb, rb, lane);
 	}
 	pdl_enter();
+	if (NORM)
+		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
 	if (!live)
 		return;
 	const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
@@ -2056,10 +2090,12 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T)
 
 /* Q, K and V with RoPE and the KV store (rope_args above): a warp per
  * RoPE pair of rows. */
-template <int TYPE, int NT, bool VEC>
-__global__ void __launch_bounds__(256)
-gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_args ra)
+template <int TYPE, int NT, bool VEC, bool NORM>
+__global__ void __launch_bounds__(256, NORM ? 1 : 0)
+gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_args ra,
+		  gpud_cuda_norm nrm)
 {
+	extern __shared__ int4 gemv_sm[];
 	int64_t r = 2 * ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)), r1;
 	uint32_t lane = threadIdx.x & 31;
 	int m;
@@ -2074,6 +2110,8 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 		prefetch_l2(W + r1 * rb, rb, lane);
 	}
 	pdl_enter();
+	if (NORM)
+		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
 	if (!live)
 		return;
 #pragma unroll
@@ -2095,40 +2133,53 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 #define NORM_BUCKET(T, K) ((T) == 1 ? K(1) : K(2))
 static_assert(GPUD_K_NORM_MAX_T == 2, "NORM_BUCKET's instances");
 
+/* norm (GLU, VEC only: gpud_k_norm_fuses asks for cols % 8 == 0): the
+ * instance that makes it. */
 template <int TYPE, bool VEC, bool GLU>
 static cudaError_t launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols, const float *x,
-			       uint32_t T)
+			       uint32_t T, const gpud_cuda_norm *norm)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + 7) / 8);
+	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
+	size_t shm = norm ? norm_smem(false, T, cols) : 0;
 
-#define GEMV_F(nt) \
-	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_f_kernel<TYPE, nt, VEC, GLU>, set, cols, x, T)
-	return launched(NT_BUCKET(T, GEMV_F));
+#define GEMV_F(nt, nm)                                                                     \
+	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_f_kernel<TYPE, nt, VEC, GLU, nm>, set, \
+			   cols, x, T, nrm)
+#define PLAIN(nt) GEMV_F(nt, false)
+#define NORMED(nt) GEMV_F(nt, true)
+	if constexpr (GLU && VEC) {
+		if (norm)
+			return launched(NORM_BUCKET(T, NORMED));
+	}
+	return launched(NT_BUCKET(T, PLAIN));
 #undef GEMV_F
+#undef PLAIN
+#undef NORMED
 }
 
 template <int TYPE, bool GLU>
 static cudaError_t launch_mv_f_type(cudaStream_t s, const gemv_set &set, int64_t cols,
-				    const float *x, uint32_t T)
+				    const float *x, uint32_t T, const gpud_cuda_norm *norm)
 {
 	/* 8-element loads need rows of a multiple of 8 elements */
 	if (cols % 8 == 0)
-		return launch_mv_f<TYPE, true, GLU>(s, set, cols, x, T);
-	return launch_mv_f<TYPE, false, GLU>(s, set, cols, x, T);
+		return launch_mv_f<TYPE, true, GLU>(s, set, cols, x, T, norm);
+	return launch_mv_f<TYPE, false, GLU>(s, set, cols, x, T, norm);
 }
 
 template <bool GLU>
 static cudaError_t launch_mv_f_set(cudaStream_t s, int type, const gemv_set &set, int64_t cols,
-				   const float *x, uint32_t T)
+				   const float *x, uint32_t T, const gpud_cuda_norm *norm = nullptr)
 {
 	switch (type) {
 	case GPUD_TYPE_F32:
-		return launch_mv_f_type<GPUD_TYPE_F32, GLU>(s, set, cols, x, T);
+		return launch_mv_f_type<GPUD_TYPE_F32, GLU>(s, set, cols, x, T, norm);
 	case GPUD_TYPE_F16:
-		return launch_mv_f_type<GPUD_TYPE_F16, GLU>(s, set, cols, x, T);
+		return launch_mv_f_type<GPUD_TYPE_F16, GLU>(s, set, cols, x, T, norm);
 	case GPUD_TYPE_BF16:
-		return launch_mv_f_type<GPUD_TYPE_BF16, GLU>(s, set, cols, x, T);
+		return launch_mv_f_type<GPUD_TYPE_BF16, GLU>(s, set, cols, x, T, norm);
 	default:
 		return cudaErrorInvalidValue;
 	}
@@ -3049,7 +3100,7 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
 	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
 	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
-	size_t shm = norm ? norm_smem(T, cols) : 0;
+	size_t shm = norm ? norm_smem(true, T, cols) : 0;
 
 	if (GLU && yq) {
 #define GEMV(nt, nm)                                                                       \
@@ -3076,9 +3127,12 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 
 bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T)
 {
-	return (type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0) && cols > 0 &&
-	       cols % GPUD_QK == 0 && cols <= UINT32_MAX && T >= 1 && T <= GPUD_K_NORM_MAX_T &&
-	       norm_smem(T, cols) <= NORM_FUSE_SMEM;
+	bool i8 = type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0;
+	bool f = type == GPUD_TYPE_F32 || type == GPUD_TYPE_F16 || type == GPUD_TYPE_BF16;
+
+	/* int8: whole activation blocks; fp32: the GEMV's 8-element loads */
+	return (i8 || f) && cols > 0 && cols % (i8 ? GPUD_QK : 8) == 0 && cols <= UINT32_MAX &&
+	       T >= 1 && T <= GPUD_K_NORM_MAX_T && norm_smem(i8, T, cols) <= NORM_FUSE_SMEM;
 }
 
 static std::atomic<bool> mm_single{ false };
@@ -3195,7 +3249,7 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 		set.rows[i] = ws[i]->rows;
 	}
 	if (!q8 && !q4)
-		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T)
+		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T, norm)
 			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
 	if (q8)
 		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd,
@@ -3255,7 +3309,7 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	int64_t cols = ws[0]->cols, pairs;
 	rope_args ra = { *m, *kv, *rope, q };
 	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
-	size_t shm = norm ? norm_smem(T, cols) : 0;
+	size_t shm = norm ? norm_smem(type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0, T, cols) : 0;
 
 	if (!T || T > GPUD_K_GEMV_MAX_T || !hd || hd % 2 || hd > GPUD_CUDA_MAX_HEAD_DIM ||
 	    ws[0]->rows != (int64_t)kv->n_heads * hd || ws[1]->rows != (int64_t)kv->n_kv_heads * hd ||
@@ -3277,30 +3331,41 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 #define QKV_Q(ty, nt, nm)                                                                \
 	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_q_qkv_kernel<ty, nt, nm>, set, cols, xq, \
 			   xd, T, ra, nrm)
-#define QKV_F(ty, vec, nt) \
-	cudaLaunchKernelEx(klc(g, 256, 0, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec>, set, cols, x, T, ra)
+#define QKV_F(ty, vec, nt, nm)                                                              \
+	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec, nm>, set, cols, \
+			   x, T, ra, nrm)
 #define Q8(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, false)
 #define Q4(nt) QKV_Q(GPUD_TYPE_Q4_0, nt, false)
 #define Q8N(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, true)
 #define Q4N(nt) QKV_Q(GPUD_TYPE_Q4_0, nt, true)
-#define F32V(nt) QKV_F(GPUD_TYPE_F32, true, nt)
-#define F32S(nt) QKV_F(GPUD_TYPE_F32, false, nt)
-#define F16V(nt) QKV_F(GPUD_TYPE_F16, true, nt)
-#define F16S(nt) QKV_F(GPUD_TYPE_F16, false, nt)
-#define BF16V(nt) QKV_F(GPUD_TYPE_BF16, true, nt)
-#define BF16S(nt) QKV_F(GPUD_TYPE_BF16, false, nt)
+#define F32V(nt) QKV_F(GPUD_TYPE_F32, true, nt, false)
+#define F32S(nt) QKV_F(GPUD_TYPE_F32, false, nt, false)
+#define F16V(nt) QKV_F(GPUD_TYPE_F16, true, nt, false)
+#define F16S(nt) QKV_F(GPUD_TYPE_F16, false, nt, false)
+#define BF16V(nt) QKV_F(GPUD_TYPE_BF16, true, nt, false)
+#define BF16S(nt) QKV_F(GPUD_TYPE_BF16, false, nt, false)
+#define F32N(nt) QKV_F(GPUD_TYPE_F32, true, nt, true)
+#define F16N(nt) QKV_F(GPUD_TYPE_F16, true, nt, true)
+#define BF16N(nt) QKV_F(GPUD_TYPE_BF16, true, nt, true)
 	bool vec = cols % 8 == 0; /* 8-element loads need rows of a multiple of 8 */
 	switch (type) {
 	case GPUD_TYPE_Q8_0:
 		return launched(norm ? NORM_BUCKET(T, Q8N) : NT_BUCKET(T, Q8));
 	case GPUD_TYPE_Q4_0:
 		return launched(norm ? NORM_BUCKET(T, Q4N) : NT_BUCKET(T, Q4));
+	/* a norm: vec (gpud_k_norm_fuses) */
 	case GPUD_TYPE_F32:
-		return launched(vec ? NT_BUCKET(T, F32V) : NT_BUCKET(T, F32S));
+		return launched(norm  ? NORM_BUCKET(T, F32N)
+				: vec ? NT_BUCKET(T, F32V)
+				      : NT_BUCKET(T, F32S));
 	case GPUD_TYPE_F16:
-		return launched(vec ? NT_BUCKET(T, F16V) : NT_BUCKET(T, F16S));
+		return launched(norm  ? NORM_BUCKET(T, F16N)
+				: vec ? NT_BUCKET(T, F16V)
+				      : NT_BUCKET(T, F16S));
 	case GPUD_TYPE_BF16:
-		return launched(vec ? NT_BUCKET(T, BF16V) : NT_BUCKET(T, BF16S));
+		return launched(norm  ? NORM_BUCKET(T, BF16N)
+				: vec ? NT_BUCKET(T, BF16V)
+				      : NT_BUCKET(T, BF16S));
 	default:
 		return cudaErrorInvalidValue;
 	}
@@ -3314,6 +3379,9 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 #undef F16S
 #undef BF16V
 #undef BF16S
+#undef F32N
+#undef F16N
+#undef BF16N
 #undef QKV_Q
 #undef QKV_F
 }

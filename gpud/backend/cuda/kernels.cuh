@@ -200,12 +200,12 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 void gpud_k_mm_single(bool on);
 bool gpud_k_mm_pipelined(int64_t cols);
 
-// An RMSNorm that a decode GEMV of Q8_0/Q4_0 makes of its input itself
+// An RMSNorm that a decode GEMV makes of its input itself
 // (gpud_k_mv_group, gpud_k_mv_qkv): x (T, cols) normed with w (cols) and
-// eps and quantized by every CTA into its shared memory, the bits
-// gpud_k_add_norm gives its aq, ad (without add: the matmul before adds
-// its output into x itself, gpud_k_mv_group's acc). One launch a norm
-// fewer at decode; each CTA reads x from L2.
+// eps by every CTA into its shared memory, quantized for Q8_0/Q4_0: the
+// bits gpud_k_add_norm gives its out, or its aq, ad (without add: the
+// matmul before adds its output into x itself, gpud_k_mv_group's acc).
+// One launch a norm fewer at decode; each CTA reads x from L2.
 struct gpud_cuda_norm {
 	const float *x;
 	const float *w;
@@ -213,8 +213,9 @@ struct gpud_cuda_norm {
 };
 
 // Whether a decode GEMV of type over cols columns makes the norm of T
-// tokens itself (Q8_0/Q4_0, cols a multiple of 32, T <= GPUD_K_NORM_MAX_T,
-// and the norm's shared memory within a launch's). Larger batches keep
+// tokens itself (cols a multiple of 32 for Q8_0/Q4_0, of 8 for F32, F16
+// and BF16; T <= GPUD_K_NORM_MAX_T; the norm's shared memory, T x cols
+// bytes int8 or floats, within a launch's). Larger batches keep
 // the norm's own launch: every CTA of the GEMV reads all T rows of x.
 #define GPUD_K_NORM_MAX_T 2u
 bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T);
@@ -227,8 +228,8 @@ bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T);
 // gpud_k_swiglu; ys[1] is not written. yq, yd (or NULL; glu of Q8_0/Q4_0
 // with rows a multiple of 32 only): ys[0] also quantized into them, the
 // bits of gpud_k_quantize_act (the down matmul's input, one launch fewer).
-// norm (or NULL; glu of Q8_0/Q4_0, gpud_k_norm_fuses): the activations
-// are norm's, made in the launch, and xq, xd are not read. acc (not glu):
+// norm (or NULL; glu, gpud_k_norm_fuses): the activations are norm's,
+// made in the launch, and x, xq, xd are not read. acc (not glu):
 // ys[i] += ws[i] x, each element one fp32 addition (the residual add of
 // gpud_k_add_norm).
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
