@@ -707,6 +707,45 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 	}
 }
 
+/* A chunk's rows j < jn of K or V (from base, row[j] the offset of
+ * position j's row: lane j's, shuffled) into shared memory ks (kst floats a
+ * row), by the CTA's nw warps, AK rows per warp at a time: their loads
+ * issued together, then stored (one memory latency per AK rows a warp,
+ * not one per row). */
+template <int MAXD, typename KT, int AK>
+static __device__ __forceinline__ void att_stage(float *ks, const KT *base, uint64_t row,
+						 uint32_t jn, uint32_t w, uint32_t nw, uint32_t lane,
+						 uint32_t hd, uint32_t kst)
+{
+	for (uint32_t j0 = w; j0 < jn; j0 += AK * nw) {
+		float2 x[AK][(MAXD + 1) / 2] = {}; /* stored where loaded only */
+#pragma unroll
+		for (int u = 0; u < AK; u++) {
+			uint32_t j = j0 + u * nw;
+			uint64_t src = __shfl_sync(FULL, row, j < jn ? j : 0);
+#pragma unroll
+			for (int i = 0; i < (MAXD + 1) / 2; i++) {
+				uint32_t d2 = lane + 32 * i;
+				if (j < jn && d2 < hd / 2)
+					x[u][i] = kv_ld<KT>::two(base, src + 2 * d2);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < AK; u++) {
+			uint32_t j = j0 + u * nw;
+			float *dst = ks + j * kst;
+#pragma unroll
+			for (int i = 0; i < (MAXD + 1) / 2; i++) {
+				uint32_t d2 = lane + 32 * i;
+				if (j < jn && d2 < hd / 2) {
+					dst[2 * d2] = x[u][i].x;
+					dst[2 * d2 + 1] = x[u][i].y;
+				}
+			}
+		}
+	}
+}
+
 /* Decode CTAs: two a multiprocessor, 128 registers a thread (no instance
  * spills); prefill: no minimum (0), as without the second argument. */
 template <int MAXD, typename KT, bool DEC>
@@ -715,10 +754,10 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
 {
-	/* Loads in flight per lane: K rows staged at a time (ATT_K), V
-	 * positions or split partials folded at a time (ATT_V): as many as
-	 * the registers allow without spilling, 64 a thread at 1024 threads,
-	 * more in decode CTAs (ptxas -v) */
+	/* Loads in flight per lane: K and V rows staged at a time (ATT_K),
+	 * split partials folded at a time (ATT_V): as many as the registers
+	 * allow without spilling, 64 a thread at 1024 threads, more in decode
+	 * CTAs (ptxas -v) */
 	constexpr int ATT_K = DEC ? (MAXD >= 8 ? 2 : MAXD == 4 ? 8 : 4) : 1;
 	constexpr int ATT_V = DEC ? 32 / MAXD : (4 / MAXD > 0 ? 4 / MAXD : 1);
 
@@ -788,47 +827,17 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		uint64_t row = p <= pos_max ? (uint64_t)btab[p / bt] * kv.block_elems +
 						      (uint64_t)(p % bt) * hd : 0;
 
-		/* a barrier too: the previous chunk's K is read */
+		/* a barrier too: the previous chunk's V is read */
 		if (!__syncthreads_or(bv != 0))
 			continue; /* no warp sees it */
-		/* the chunk's rows, ATT_K per warp at a time: their loads issued
-		 * together, then stored (one memory latency per ATT_K rows, not
-		 * one per row) */
 		uint32_t jn = pos_max - c * ATT_CHUNK + 1;
 		if (jn > ATT_CHUNK)
 			jn = ATT_CHUNK;
-		for (uint32_t j0 = w; j0 < jn; j0 += ATT_K * nw) {
-			float2 x[ATT_K][(MAXD + 1) / 2] = {}; /* stored where loaded only */
-#pragma unroll
-			for (int u = 0; u < ATT_K; u++) {
-				uint32_t j = j0 + u * nw;
-				uint64_t src = __shfl_sync(FULL, row, j < jn ? j : 0);
-#pragma unroll
-				for (int i = 0; i < (MAXD + 1) / 2; i++) {
-					uint32_t d2 = lane + 32 * i;
-					if (j < jn && d2 < hd / 2)
-						x[u][i] = kv_ld<KT>::two(kbase, src + 2 * d2);
-				}
-			}
-#pragma unroll
-			for (int u = 0; u < ATT_K; u++) {
-				uint32_t j = j0 + u * nw;
-				float *dst = ks + j * kst;
-#pragma unroll
-				for (int i = 0; i < (MAXD + 1) / 2; i++) {
-					uint32_t d2 = lane + 32 * i;
-					if (j < jn && d2 < hd / 2) {
-						dst[2 * d2] = x[u][i].x;
-						dst[2 * d2 + 1] = x[u][i].y;
-					}
-				}
-			}
-		}
+		att_stage<MAXD, KT, ATT_K>(ks, kbase, row, jn, w, nw, lane, hd, kst);
 		__syncthreads();
-		if (!live)
-			continue;
-		float sc = -INFINITY;
-		if (vis) {
+		float sc = -INFINITY, pr = 0.0f;
+		bool any = false; /* the warp sees a position of the chunk */
+		if (live && vis) {
 			const float *kr = ks + lane * kst;
 			float a0 = 0.0f, a1 = 0.0f; /* two chains: head_dim is even */
 			for (uint32_t d = 0; d < hd; d += 2) {
@@ -837,38 +846,39 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			}
 			sc = (a0 + a1) * scale;
 		}
-		float mb = warp_max(sc);
-		if (mb == -INFINITY)
-			continue;
-		float mn = fmaxf(mx, mb);
-		float corr = expf(mx - mn); /* 0 on the first visible chunk */
-		float pr = sc == -INFINITY ? 0.0f : expf(sc - mn);
-		l = l * corr + warp_sum(pr);
-		mx = mn;
-#pragma unroll
-		for (int i = 0; i < MAXD; i++)
-			o[i] *= corr;
-		/* V, ATT_V positions at a time: their loads issued together (a
-		 * position no one sees has a valid row, its value unused), then
-		 * folded in position order, each only where its weight is not 0:
-		 * the same sums as one position at a time */
-		for (uint32_t j0 = 0; j0 < ATT_CHUNK; j0 += ATT_V) {
-			float vv[ATT_V][MAXD];
-#pragma unroll
-			for (int u = 0; u < ATT_V; u++) {
-				uint64_t rj = __shfl_sync(FULL, row, j0 + u);
-#pragma unroll
-				for (int i = 0; i < MAXD; i++) {
-					uint32_t d = lane + 32 * i;
-					vv[u][i] = d < hd ? kv_ld<KT>::one(vbase, rj + d) : 0.0f;
-				}
-			}
-#pragma unroll
-			for (int u = 0; u < ATT_V; u++) {
-				float pj = __shfl_sync(FULL, pr, j0 + u);
+		if (live) {
+			float mb = warp_max(sc);
+			if (mb != -INFINITY) {
+				float mn = fmaxf(mx, mb);
+				float corr = expf(mx - mn); /* 0 on the first visible chunk */
+				pr = sc == -INFINITY ? 0.0f : expf(sc - mn);
+				l = l * corr + warp_sum(pr);
+				mx = mn;
 #pragma unroll
 				for (int i = 0; i < MAXD; i++)
-					o[i] = pj != 0.0f ? fmaf(pj, vv[u][i], o[i]) : o[i];
+					o[i] *= corr;
+				any = true;
+			}
+		}
+		/* V staged where K was, once for the CTA's warps (each used to
+		 * load every row itself, 32 / ATT_V latencies a chunk), after a
+		 * barrier that every warp has read K by; folded in position
+		 * order, each only where its weight is not 0 (pr is 0 past jn):
+		 * the same sums as before */
+		if (!__syncthreads_or(any))
+			continue;
+		att_stage<MAXD, KT, ATT_K>(ks, vbase, row, jn, w, nw, lane, hd, kst);
+		__syncthreads();
+		if (!any)
+			continue;
+		for (uint32_t j = 0; j < jn; j++) {
+			float pj = __shfl_sync(FULL, pr, j);
+			const float *vr = ks + j * kst;
+#pragma unroll
+			for (int i = 0; i < MAXD; i++) {
+				uint32_t d = lane + 32 * i;
+				if (pj != 0.0f && d < hd)
+					o[i] = fmaf(pj, vr[d], o[i]);
 			}
 		}
 	}
