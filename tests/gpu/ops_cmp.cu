@@ -667,7 +667,8 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 // GEMV after: gate/up with SwiGLU, for int8 also quantized for down (the
 // kernel of 32-row CTAs), on x of T rows of cols columns (in registers up
 // to 4096, then not). A zero block of x and of the weights gives zero
-// scales. The Q/K/V GEMV's fused norm: check_qkv_rope.
+// scales; with 2 tokens an Inf in the second makes its row's scale 0 and
+// its block NaN. The Q/K/V GEMV's fused norm: check_qkv_rope.
 void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 {
 	const int64_t rows = 64;
@@ -692,6 +693,8 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 
 	for (size_t i = 0; i < nx; i++)
 		x[i] = i < 32 ? 0.0f : frand() * 4;
+	if (T > 1) /* the last row's scale 0, a block of it NaN: d NaN, quants 0 */
+		x[nx - 40] = INFINITY;
 	for (int64_t i = 0; i < cols; i++)
 		nw[i] = i >= 32 && i < 64 ? 0.0f : 1.0f + frand() * 0.5f;
 	up(dx, x, 4 * nx);

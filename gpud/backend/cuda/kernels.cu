@@ -439,11 +439,62 @@ static __device__ __forceinline__ float norm_row_scale(const float *xr, uint32_t
 	return norm_scale(ss, part, dim, eps);
 }
 
+/* Block b of a normed row (xr * scale * w, 32 elements) quantized by one
+ * thread into q, *d: quant_block's arithmetic (the block's greatest
+ * magnitude is the same whoever finds it), without its five shuffles an
+ * element, which a CTA of each GEMV would otherwise pay for every element
+ * of x. */
+static __device__ __forceinline__ void quant_block_norm(const float *xr, const float *w,
+							 float scale, uint32_t b, int8_t *q,
+							 float *d)
+{
+	float e[GPUD_QK], amax = 0.0f;
+	bool bad = false;
+
+#pragma unroll
+	for (int i = 0; i < GPUD_QK; i += 4) {
+		float4 xv = *(const float4 *)(xr + b * GPUD_QK + i);
+		float4 wv = *(const float4 *)(w + b * GPUD_QK + i);
+		e[i] = __fmul_rn(__fmul_rn(xv.x, scale), wv.x);
+		e[i + 1] = __fmul_rn(__fmul_rn(xv.y, scale), wv.y);
+		e[i + 2] = __fmul_rn(__fmul_rn(xv.z, scale), wv.z);
+		e[i + 3] = __fmul_rn(__fmul_rn(xv.w, scale), wv.w);
+	}
+#pragma unroll
+	for (int i = 0; i < GPUD_QK; i++) {
+		bad = bad || !isfinite(e[i]);
+		amax = fmaxf(amax, fabsf(e[i]));
+	}
+	float dv = bad ? NAN : 0.0f, id = 0.0f;
+	if (!bad && amax >= ACT_TINY) {
+		dv = __fdiv_rn(amax, 127.0f);
+		id = dv != 0.0f ? __fdiv_rn(1.0f, dv) : 0.0f;
+	}
+	int v[GPUD_QK / 4];
+#pragma unroll
+	for (int i = 0; i < GPUD_QK; i += 4) {
+		int8_t q0 = 0, q1 = 0, q2 = 0, q3 = 0;
+		if (id != 0.0f) {
+			q0 = (int8_t)rintf(__fmul_rn(e[i], id));
+			q1 = (int8_t)rintf(__fmul_rn(e[i + 1], id));
+			q2 = (int8_t)rintf(__fmul_rn(e[i + 2], id));
+			q3 = (int8_t)rintf(__fmul_rn(e[i + 3], id));
+		}
+		v[i / 4] = (int)((uint32_t)(uint8_t)q0 | (uint32_t)(uint8_t)q1 << 8 |
+				 (uint32_t)(uint8_t)q2 << 16 | (uint32_t)(uint8_t)q3 << 24);
+	}
+	int4 *qo = (int4 *)(q + b * GPUD_QK);
+	qo[0] = make_int4(v[0], v[1], v[2], v[3]);
+	qo[1] = make_int4(v[4], v[5], v[6], v[7]);
+	d[b] = dv;
+}
+
 /* The CTA's int8 activations from n: rmsnorm(n.x row k) * n.w quantized
- * into shared memory sm (norm_smem bytes) for every token k < T; xq, xd
- * then point there. Every thread of the CTA calls it (barriers). The
- * row is read again (from L1) to be normed: the registers of a row and
- * its weights would leave the GEMV after it fewer. */
+ * into shared memory sm (norm_smem bytes) for every token k < T, a block
+ * of 32 a thread; xq, xd then point there. Every thread of the CTA calls
+ * it (barriers). The row is read again (from L1) to be normed: the
+ * registers of a row and its weights would leave the GEMV after it
+ * fewer. */
 static __device__ __forceinline__ void norm_act(const gpud_cuda_norm &n, int64_t cols,
 						uint32_t T, unsigned char *sm,
 						const int8_t *__restrict__ &xq,
@@ -455,14 +506,11 @@ static __device__ __forceinline__ void norm_act(const gpud_cuda_norm &n, int64_t
 
 	for (uint32_t k = 0; k < T; k++) {
 		const float *xr = n.x + (size_t)k * dim;
-		int8_t *qk = sq + (size_t)k * dim;
-		float *dk = sd + (size_t)k * (dim / GPUD_QK);
 		float scale = norm_row_scale(xr, dim, n.eps, (double *)sm);
 
-		/* dim % 32 == 0: whole warps take each block together */
-#pragma unroll 4
-		for (uint32_t i = threadIdx.x; i < dim; i += NORM_THREADS)
-			quant_put(qk, dk, i, __fmul_rn(__fmul_rn(xr[i], scale), n.w[i]));
+		for (uint32_t b = threadIdx.x; b < dim / GPUD_QK; b += NORM_THREADS)
+			quant_block_norm(xr, n.w, scale, b, sq + (size_t)k * dim,
+					 sd + (size_t)k * (dim / GPUD_QK));
 	}
 	__syncthreads();
 	xq = sq;
@@ -3248,6 +3296,8 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 		return cudaErrorInvalidValue;
 	if (norm && (!glu || !norm->x || !norm->w || !gpud_k_norm_fuses(type, ws[0]->cols, T)))
 		return cudaErrorInvalidValue;
+	if (norm && (((uintptr_t)norm->x | (uintptr_t)norm->w) & 15)) /* float4 loads */
+		return cudaErrorMisalignedAddress;
 	set.acc = acc ? 1 : 0;
 	for (int i = 0; i < n; i++) {
 		if (ws[i]->type != type || ws[i]->cols != ws[0]->cols ||
@@ -3327,6 +3377,8 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 		return cudaErrorInvalidValue;
 	if (norm && (!norm->x || !norm->w || !gpud_k_norm_fuses(type, cols, T)))
 		return cudaErrorInvalidValue;
+	if (norm && (((uintptr_t)norm->x | (uintptr_t)norm->w) & 15)) /* float4 loads */
+		return cudaErrorMisalignedAddress;
 	for (int i = 0; i < 3; i++) {
 		if (ws[i]->type != type || ws[i]->cols != cols)
 			return cudaErrorInvalidValue;

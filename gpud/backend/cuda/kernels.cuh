@@ -229,7 +229,8 @@ bool gpud_k_norm_fuses(int type, int64_t cols, uint32_t T);
 // with rows a multiple of 32 only): ys[0] also quantized into them, the
 // bits of gpud_k_quantize_act (the down matmul's input, one launch fewer).
 // norm (or NULL; glu, gpud_k_norm_fuses): the activations are norm's,
-// made in the launch, and x, xq, xd are not read. acc (not glu):
+// made in the launch, and x, xq, xd are not read (norm's x and w: 16-byte
+// aligned, else cudaErrorMisalignedAddress). acc (not glu):
 // ys[i] += ws[i] x, each element one fp32 addition (the residual add of
 // gpud_k_add_norm).
 cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
