@@ -724,9 +724,9 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 	}
 	if (T == 1 && cols == 320 && t == GPUD_TYPE_Q8_0) {
 		/* refused: a norm for a GEMV not gated, of 3 tokens, of F16 rows
-		 * not of 8 elements, or without its weights; and where
-		 * gpud_k_norm_fuses says */
-		gpud_cuda_norm nw0 = { dx, nullptr, eps };
+		 * not of 8 elements, without its weights, or of x not 16-byte
+		 * aligned; and where gpud_k_norm_fuses says */
+		gpud_cuda_norm nw0 = { dx, nullptr, eps }, nodd = { dx + 1, dnw, eps };
 		mat mf = make_mat(GPUD_TYPE_F16, rows, 100);
 		gpud_cuda_mat wf = dmat(mf);
 		const gpud_cuda_mat *fu[2] = { &wf, &wf };
@@ -744,6 +744,9 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
 						       1, nullptr, nullptr, &nw0) ==
 					       cudaErrorInvalidValue &&
+				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
+						       1, nullptr, nullptr, &nodd) ==
+					       cudaErrorMisalignedAddress &&
 				       gpud_k_norm_fuses(t, 3072, 1) && gpud_k_norm_fuses(t, 4096, 2) &&
 				       !gpud_k_norm_fuses(t, 3072, 3) &&
 				       !gpud_k_norm_fuses(t, 100, 1) &&
