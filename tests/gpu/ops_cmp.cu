@@ -641,18 +641,17 @@ void check_gemv_group(enum gpud_type t, uint32_t T)
 		free(hd1);
 		free(hd2);
 	}
-	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows */
+	if (T == 1) { /* refused: too many tokens for a GEMV, a gated pair of unequal rows,
+		       * a gated pair that would add into its output */
 		snprintf(what, sizeof(what), "gemv group refuses %u tok, unequal gate/up, glu+acc",
 			 GPUD_K_GEMV_MAX_T + 1);
-		report(what, gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1,
-					     nullptr, nullptr) == cudaErrorInvalidValue &&
-				     gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1, nullptr,
-						     nullptr) == cudaErrorInvalidValue &&
-				     gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, 1, nullptr,
-						     nullptr, nullptr, true) == cudaErrorInvalidValue
-			     ? 0
-			     : 1,
-		       0);
+		bool no = gpud_k_mv_group(0, ws, grp, 3, false, dx, q, d, GPUD_K_GEMV_MAX_T + 1,
+					  nullptr, nullptr) == cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, ws, grp, 2, true, dx, q, d, 1, nullptr, nullptr) ==
+				   cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, ws + 1, grp, 2, true, dx, q, d, 1, nullptr, nullptr,
+					   nullptr, true) == cudaErrorInvalidValue;
+		report(what, no ? 0 : 1, 0);
 	}
 	free(hs);
 	free(hg);
@@ -678,7 +677,8 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 	gpud_cuda_mat w[2] = { dmat(mg), dmat(mu) };
 	const gpud_cuda_mat *gu[2] = { &w[0], &w[1] };
 	float *x = (float *)malloc(4 * nx), *nw = (float *)malloc(4 * cols);
-	float *dx = (float *)dev(4 * nx), *dx2 = (float *)dev(4 * nx), *dnw = (float *)dev(4 * cols);
+	float *dx = (float *)dev(4 * nx), *dx2 = (float *)dev(4 * nx);
+	float *dnw = (float *)dev(4 * cols);
 	float *dout = (float *)dev(4 * nx), *ad = (float *)dev(4 * nx / GPUD_QK);
 	int8_t *aq = (int8_t *)dev(nx);
 	float *y1 = (float *)dev(4 * ny), *y2 = (float *)dev(4 * ny), *yd1 = (float *)dev(4 * nyb),
@@ -732,31 +732,22 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 		const gpud_cuda_mat *fu[2] = { &wf, &wf };
 
 		snprintf(what, sizeof(what), "gemv with rmsnorm refuses what does not fuse");
-		report(what,
-		       gpud_k_mv_group(0, gu, ys2, 1, false, nullptr, nullptr, nullptr, 1, nullptr,
-				       nullptr, &nrm) == cudaErrorInvalidValue &&
-				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
-						       3, nullptr, nullptr, &nrm) ==
-					       cudaErrorInvalidValue &&
-				       gpud_k_mv_group(0, fu, ys2, 2, true, dx, nullptr, nullptr, 1,
-						       nullptr, nullptr, &nrm) ==
-					       cudaErrorInvalidValue &&
-				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
-						       1, nullptr, nullptr, &nw0) ==
-					       cudaErrorInvalidValue &&
-				       gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr,
-						       1, nullptr, nullptr, &nodd) ==
-					       cudaErrorMisalignedAddress &&
-				       gpud_k_norm_fuses(t, 3072, 1) && gpud_k_norm_fuses(t, 4096, 2) &&
-				       !gpud_k_norm_fuses(t, 3072, 3) &&
-				       !gpud_k_norm_fuses(t, 100, 1) &&
-				       !gpud_k_norm_fuses(t, 40000, 2) &&
-				       gpud_k_norm_fuses(GPUD_TYPE_F16, 3072, 2) &&
-				       !gpud_k_norm_fuses(GPUD_TYPE_F16, 100, 1) &&
-				       !gpud_k_norm_fuses(GPUD_TYPE_F32, 6144, 2)
-			       ? 0
-			       : 1,
-		       0);
+		bool no = gpud_k_mv_group(0, gu, ys2, 1, false, nullptr, nullptr, nullptr, 1,
+					  nullptr, nullptr, &nrm) == cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr, 3,
+					   nullptr, nullptr, &nrm) == cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, fu, ys2, 2, true, dx, nullptr, nullptr, 1, nullptr,
+					   nullptr, &nrm) == cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr, 1,
+					   nullptr, nullptr, &nw0) == cudaErrorInvalidValue;
+		no = no && gpud_k_mv_group(0, gu, ys2, 2, true, nullptr, nullptr, nullptr, 1,
+					   nullptr, nullptr, &nodd) == cudaErrorMisalignedAddress;
+		no = no && gpud_k_norm_fuses(t, 3072, 1) && gpud_k_norm_fuses(t, 4096, 2) &&
+		     !gpud_k_norm_fuses(t, 3072, 3) && !gpud_k_norm_fuses(t, 100, 1) &&
+		     !gpud_k_norm_fuses(t, 40000, 2) && gpud_k_norm_fuses(GPUD_TYPE_F16, 3072, 2) &&
+		     !gpud_k_norm_fuses(GPUD_TYPE_F16, 100, 1) &&
+		     !gpud_k_norm_fuses(GPUD_TYPE_F32, 6144, 2);
+		report(what, no ? 0 : 1, 0);
 		free_mat(mf);
 	}
 	free(x);

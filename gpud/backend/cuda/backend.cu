@@ -591,8 +591,8 @@ void fuse_setup(cuda_ctx *c)
 	unsigned long v = env ? strtoul(env, &end, 10) : GPUD_K_NORM_MAX_T;
 
 	if (env && (end == env || *end || v > GPUD_K_NORM_MAX_T)) {
-		log_warn("cuda:%d: GPUD_CUDA_FUSE_NORM=%s is not a number of tokens from 0 to %u: %u",
-			 c->dev, env, GPUD_K_NORM_MAX_T, GPUD_K_NORM_MAX_T);
+		log_warn("cuda:%d: GPUD_CUDA_FUSE_NORM=%s is not a number of tokens from 0 "
+			 "to %u: %u", c->dev, env, GPUD_K_NORM_MAX_T, GPUD_K_NORM_MAX_T);
 		v = GPUD_K_NORM_MAX_T;
 	}
 	c->fuse_norm_t = (uint32_t)v;
@@ -1055,7 +1055,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 
 		kv.layer = l;
 		prof_stage(c, "attention norm");
-		if (!fuse && (rc = add_norm(c, pend, D->attn_norm, &D->wq, T, &prepared, err, errlen)))
+		if (!fuse &&
+		    (rc = add_norm(c, pend, D->attn_norm, &D->wq, T, &prepared, err, errlen)))
 			return rc;
 		pend = false;
 		prof_stage(c, "q, k, v");
@@ -1095,7 +1096,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		fuse = dec_gu && norm_fused(c, pend, &D->gate, T);
 		nrm.w = D->ffn_norm;
 		prof_stage(c, "ffn norm");
-		if (!fuse && (rc = add_norm(c, pend, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
+		if (!fuse &&
+		    (rc = add_norm(c, pend, D->ffn_norm, &D->gate, T, &prepared, err, errlen)))
 			return rc;
 		pend = false;
 		prof_stage(c, "gate, up");
@@ -1105,8 +1107,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			if (!fuse && !prepared && (rc = prep(c, &D->gate, c->xb, T, err, errlen)))
 				return rc;
 			CKL(gpud_k_mv_group(c->stream, gu, gu_out, 2, true, c->xb, c->actq, c->actd,
-					    T, glu_q ? c->actq2 : nullptr, glu_q ? c->actd2 : nullptr,
-					    fuse ? &nrm : nullptr),
+					    T, glu_q ? c->actq2 : nullptr,
+					    glu_q ? c->actd2 : nullptr, fuse ? &nrm : nullptr),
 			    fuse ? "matmul (gemv, rmsnorm, swiglu)" : "matmul (gemv, swiglu)");
 			prof_stage(c, "down");
 			if (!glu_q && (rc = prep(c, &D->down, c->hb, T, err, errlen)))

@@ -412,8 +412,9 @@ cudaError_t gpud_k_add_norm(cudaStream_t s, float *x, float *out, const float *w
 
 static __host__ __device__ __forceinline__ size_t norm_smem(bool i8, uint32_t T, int64_t cols)
 {
-	return NORM_SMEM_HEAD + (i8 ? (size_t)T * cols + (size_t)T * (cols / GPUD_QK) * sizeof(float)
-				    : (size_t)T * cols * sizeof(float));
+	size_t n = (size_t)T * cols;
+
+	return NORM_SMEM_HEAD + (i8 ? n + n / GPUD_QK * sizeof(float) : n * sizeof(float));
 }
 
 /* 1 / rms of row xr (dim elements), as add_norm_kernel: every thread of
@@ -762,8 +763,8 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
  * not one per row). */
 template <int MAXD, typename KT, int AK>
 static __device__ __forceinline__ void att_stage(float *ks, const KT *base, uint64_t row,
-						 uint32_t jn, uint32_t w, uint32_t nw, uint32_t lane,
-						 uint32_t hd, uint32_t kst)
+						 uint32_t jn, uint32_t w, uint32_t nw,
+						 uint32_t lane, uint32_t hd, uint32_t kst)
 {
 	for (uint32_t j0 = w; j0 < jn; j0 += AK * nw) {
 		float2 x[AK][(MAXD + 1) / 2] = {}; /* stored where loaded only */
@@ -3169,9 +3170,9 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 		return launched(norm ? NORM_BUCKET(T, NORMED) : NT_BUCKET(T, PLAIN));
 #undef GEMV
 	}
-#define GEMV(nt, nm)                                                                        \
-	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, shm, s).cfg(), gemv_q_kernel<TYPE, nt, GLU, nm>, \
-			   set, cols, xq, xd, T, nrm)
+#define GEMV(nt, nm)                                                                   \
+	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, shm, s).cfg(),                          \
+			   gemv_q_kernel<TYPE, nt, GLU, nm>, set, cols, xq, xd, T, nrm)
 	/* a fused norm only before gate and up (the Q/K/V GEMV has its own) */
 	if constexpr (GLU) {
 		if (norm)
@@ -3311,14 +3312,14 @@ cudaError_t gpud_k_mv_group(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 	if (!q8 && !q4)
 		return glu ? launch_mv_f_set<true>(s, type, set, ws[0]->cols, x, T, norm)
 			   : launch_mv_f_set<false>(s, type, set, ws[0]->cols, x, T);
+	int64_t cols = ws[0]->cols;
 	if (q8)
-		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd,
-							       norm)
-			   : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, ws[0]->cols, xq, xd, T,
-								nullptr, nullptr, norm);
-	return glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, ws[0]->cols, xq, xd, T, yq, yd, norm)
-		   : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, ws[0]->cols, xq, xd, T, nullptr,
-							nullptr, norm);
+		return glu ? launch_gemv<GPUD_TYPE_Q8_0, true>(s, set, cols, xq, xd, T, yq, yd, norm)
+			   : launch_gemv<GPUD_TYPE_Q8_0, false>(s, set, cols, xq, xd, T, nullptr,
+								nullptr, norm);
+	return glu ? launch_gemv<GPUD_TYPE_Q4_0, true>(s, set, cols, xq, xd, T, yq, yd, norm)
+		   : launch_gemv<GPUD_TYPE_Q4_0, false>(s, set, cols, xq, xd, T, nullptr, nullptr,
+							norm);
 }
 
 cudaError_t gpud_k_mm_q(cudaStream_t s, const gpud_cuda_mat *w, const int8_t *xq,
@@ -3369,7 +3370,8 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	int64_t cols = ws[0]->cols, pairs;
 	rope_args ra = { *m, *kv, *rope, q };
 	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
-	size_t shm = norm ? norm_smem(type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0, T, cols) : 0;
+	bool i8 = type == GPUD_TYPE_Q8_0 || type == GPUD_TYPE_Q4_0;
+	size_t shm = norm ? norm_smem(i8, T, cols) : 0;
 
 	if (!T || T > GPUD_K_GEMV_MAX_T || !hd || hd % 2 || hd > GPUD_CUDA_MAX_HEAD_DIM ||
 	    ws[0]->rows != (int64_t)kv->n_heads * hd || ws[1]->rows != (int64_t)kv->n_kv_heads * hd ||
@@ -3390,12 +3392,12 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 	unsigned g = (unsigned)((pairs + 7) / 8); /* 8 warps a CTA, GEMV_WARPS for int8 */
 	static_assert(GEMV_WARPS == 8, "one grid for both kernels");
 
-#define QKV_Q(ty, nt, nm)                                                                \
-	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_q_qkv_kernel<ty, nt, nm>, set, cols, xq, \
-			   xd, T, ra, nrm)
-#define QKV_F(ty, vec, nt, nm)                                                              \
-	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec, nm>, set, cols, \
-			   x, T, ra, nrm)
+#define QKV_Q(ty, nt, nm)                                                                 \
+	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_q_qkv_kernel<ty, nt, nm>, set, cols, \
+			   xq, xd, T, ra, nrm)
+#define QKV_F(ty, vec, nt, nm)                                                           \
+	cudaLaunchKernelEx(klc(g, 256, shm, s).cfg(), gemv_f_qkv_kernel<ty, nt, vec, nm>, set, \
+			   cols, x, T, ra, nrm)
 #define Q8(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, false)
 #define Q4(nt) QKV_Q(GPUD_TYPE_Q4_0, nt, false)
 #define Q8N(nt) QKV_Q(GPUD_TYPE_Q8_0, nt, true)
