@@ -417,6 +417,14 @@ static __host__ __device__ __forceinline__ size_t norm_smem(bool i8, uint32_t T,
 	return NORM_SMEM_HEAD + (i8 ? n + n / GPUD_QK * sizeof(float) : n * sizeof(float));
 }
 
+/* The norm's weights into L2 (warp 0 of each CTA): read only, so before
+ * the wait for the kernel ahead, as the GEMV's own rows. */
+static __device__ __forceinline__ void norm_prefetch(const gpud_cuda_norm &n, int64_t cols)
+{
+	if (threadIdx.x < 32)
+		prefetch_l2(n.w, cols * (int64_t)sizeof(float), threadIdx.x);
+}
+
 /* 1 / rms of row xr (dim elements), as add_norm_kernel: every thread of
  * the CTA calls it (barriers). */
 static __device__ __forceinline__ float norm_row_scale(const float *xr, uint32_t dim, float eps,
@@ -2122,6 +2130,8 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_
 		if (GLU)
 			prefetch_l2(set.q[1] + r * rb, rb, lane);
 	}
+	if (NORM)
+		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
@@ -2168,6 +2178,8 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 		prefetch_l2(W + r * rb, rb, lane);
 		prefetch_l2(W + r1 * rb, rb, lane);
 	}
+	if (NORM)
+		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
@@ -2572,6 +2584,8 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 
 	if (live) /* the weights: read only, before the wait */
 		gemv_q_prefetch<TYPE, GLU>(set, m, r, cols, lane);
+	if (NORM)
+		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
@@ -2605,6 +2619,8 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		gemv_q_prefetch<TYPE, false>(set, m, r, cols, lane);
 		gemv_q_prefetch<TYPE, false>(set, m, r1, cols, lane);
 	}
+	if (NORM)
+		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
@@ -2634,6 +2650,8 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t rows = set.rows[0], r0 = (int64_t)blockIdx.x * GLUQ_ROWS;
 
 	gemv_q_prefetch<TYPE, true>(set, 0, r0 + w, cols, lane); /* the warp's first row */
+	if (NORM)
+		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
