@@ -1137,9 +1137,16 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	if (want_hidden && (rc = add_norm(c, false, c->out_norm, nullptr, T, nullptr, err, errlen)))
 		return rc;
 	if (n_logits) {
+		// the logits rows' final norm, quantized for an int8 output matrix
+		// in the same launch (add_norm's quants: quantize_act's bits)
+		bool oq = is_int8(&c->output) && c->output.cols == hp->dim &&
+			  hp->dim % GPUD_QK == 0;
+
 		CKL(gpud_k_add_norm(c->stream, c->x, c->xl, c->out_norm, false, c->dmeta.logit_tok,
-				    n_logits, hp->dim, hp->norm_eps, nullptr, nullptr), "final norm");
-		if ((rc = prep(c, &c->output, c->xl, n_logits, err, errlen)) ||
+				    n_logits, hp->dim, hp->norm_eps, oq ? c->actq : nullptr,
+				    oq ? c->actd : nullptr),
+		    "final norm");
+		if ((!oq && (rc = prep(c, &c->output, c->xl, n_logits, err, errlen))) ||
 		    (rc = mm(c, &c->output, c->xl, n_logits, c->logits, err, errlen)))
 			return rc;
 		prof_stage(c, "sampling");
