@@ -148,6 +148,7 @@ static const struct field gpud_fields[] = {
 	U32("sample_threads", gpud.sample_threads, 0, 64, 0, NULL),
 	OBJ("queue", queue_fields),
 	U32("shutdown_deadline_ms", gpud.shutdown_deadline_ms, 0, MS_HOUR, 0, NULL),
+	U32("step_timeout_ms", gpud.step_timeout_ms, 0, MS_DAY, 0, "SWARM_GPUD_STEP_TIMEOUT_MS"),
 	U32("max_connections", gpud.max_connections, 1, 65536, 0, NULL),
 	BYTES_POW2("ring_bytes", gpud.ring_bytes, 64u << 10, 1u << 30),
 	BYTES("request_bytes", gpud.request_bytes, 64u << 10, 1u << 30),
@@ -251,6 +252,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.queue.per_connection = 64;
 	cfg->gpud.queue.global = 1024;
 	cfg->gpud.shutdown_deadline_ms = 30000;
+	cfg->gpud.step_timeout_ms = 120000;
 	cfg->gpud.max_connections = 512;
 	cfg->gpud.ring_bytes = 1ull << 20;
 	cfg->gpud.request_bytes = 2ull << 20;

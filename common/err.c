@@ -23,6 +23,7 @@ static const struct {
 	{ SW_ECANCELED, "SW_ECANCELED", "canceled" },
 	{ SW_ECLOSED, "SW_ECLOSED", "connection closed" },
 	{ SW_EPINNED, "SW_EPINNED", "entry is pinned" },
+	{ SW_EDEVICE, "SW_EDEVICE", "device failed" },
 };
 
 const char *sw_strerror(int code)

@@ -36,8 +36,11 @@ enum sw_err {
 	SW_ECANCELED = SW_EBASE - 9,    /* request was cancelled */
 	SW_ECLOSED = SW_EBASE - 10,     /* peer or server went away */
 	SW_EPINNED = SW_EBASE - 11,     /* entry is in use and cannot go */
+	SW_EDEVICE = SW_EBASE - 12,     /* a device failed (a fault, a hang):
+					 * what ran on it is lost, gpud exits
+					 * for a restart; retry after it */
 	/* New codes go here, at the end; never renumber. */
-	SW_ELAST = SW_EBASE - 12,
+	SW_ELAST = SW_EBASE - 13,
 };
 
 /* Returns a static string for any code returned by a swarm function:

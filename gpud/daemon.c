@@ -78,6 +78,8 @@ static void daemon_free(struct gpud_daemon *d)
 	atomic_store(&d->stopping, true);
 	if (d->sched)
 		gpud_sched_wake(d->sched);
+	if (d->step_watch_started)
+		pthread_join(d->step_watch, NULL);
 	for (uint32_t i = 0; i < d->n_dev; i++)
 		if (d->dev[i].started)
 			pthread_join(d->dev[i].thread, NULL);
@@ -875,6 +877,9 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	rc = warm_up(d);
 	if (rc)
 		goto out_fail;
+	rc = gpud__step_watch_start(d);
+	if (rc)
+		goto out_fail;
 	signals_start(d);
 	rc = server_listen(d, st.t0);
 	if (rc)
@@ -882,9 +887,28 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 
 	loop_run(d);
 	log_stopped(d);
+	rc = d->exit_status;
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		bool hung;
+
+		pthread_mutex_lock(&d->dev[i].lock);
+		hung = d->dev[i].hung;
+		pthread_mutex_unlock(&d->dev[i].lock);
+		if (hung) {
+			/* its thread is inside the backend and may never return:
+			 * nothing is torn down under it (freeing its engine, or
+			 * the CUDA runtime's exit handlers, could wait forever) */
+			log_error("%s is hung: gpud exits with status %d without waiting for it",
+				  d->dev[i].name, rc);
+			_exit(rc);
+		}
+	}
 	daemon_free(d);
-	log_info("gpud exits");
-	return 0;
+	if (rc)
+		log_info("gpud exits with status %d (a device failed)", rc);
+	else
+		log_info("gpud exits");
+	return rc;
 
 out_fail:
 	if (d->loop_ok && !d->finishing) {

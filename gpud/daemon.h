@@ -39,8 +39,15 @@ struct sw_arena;
  * "configuration OK" and the plan to out, and return 0 without reserving
  * anything; on a problem print the error (key path, numbers) to out and
  * return 1. Otherwise serve until SIGTERM/SIGINT and return 0 after a
- * clean shutdown, or 1 when start-up fails (the reason is logged). */
+ * clean shutdown, 1 when start-up fails (the reason is logged), or
+ * GPUD_EXIT_DEVICE after a device failed. */
 int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out);
+
+/* gpud_serve's status when a device failed while serving (a CUDA fault,
+ * or a step past gpud.step_timeout_ms): its requests failed with
+ * SW_EDEVICE, the other devices drained, and a restart (the supervisor's,
+ * systemd's Restart=on-failure) gets a fresh device context. */
+#define GPUD_EXIT_DEVICE 3
 
 /* --- memory plan (DESIGN §2) ------------------------------------------------- */
 

@@ -10,8 +10,10 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/err.h"
 #include "common/log.h"
@@ -41,7 +43,7 @@ static int run_jobs(struct device *dv)
 	for (;;) {
 		struct embed_job *j = NULL;
 		struct gpud_sreq *r;
-		bool cancelled, warmup;
+		bool cancelled, warmup, answered;
 		int rc;
 
 		pthread_mutex_lock(&dv->lock);
@@ -57,16 +59,26 @@ static int run_jobs(struct device *dv)
 			return ran;
 
 		j->err[0] = '\0';
-		/* The pool may be full of prefix-cache blocks: make room first. */
-		rc = gpud_sched_device_exec_blocks(d->sched, dv->idx,
-						   (j->n_tokens + d->block_tokens - 1) /
-						   d->block_tokens, embed_fn, j);
+		if (atomic_load(&dv->failed)) {
+			/* fail_msg is written before failed is set */
+			rc = sw_seterr(j->err, sizeof(j->err), SW_EDEVICE, "%s", dv->fail_msg);
+		} else {
+			/* The pool may be full of prefix-cache blocks: make room first. */
+			rc = gpud_sched_device_exec_blocks(d->sched, dv->idx,
+							   (j->n_tokens + d->block_tokens - 1) /
+							   d->block_tokens, embed_fn, j);
+			if (rc == SW_EDEVICE)
+				gpud__device_fail(dv, j->err[0] ? j->err : sw_strerror(rc), false);
+		}
 		pthread_mutex_lock(&dv->lock);
 		r = j->r;
 		cancelled = j->cancelled;
 		warmup = j->warmup;
+		answered = j->answered;
 		pthread_mutex_unlock(&dv->lock);
-		if (warmup) {
+		if (answered) {
+			/* gpud__device_fail answered it */
+		} else if (warmup) {
 			if (rc)
 				log_error("%s: warm-up embedding: %s", dv->name,
 					  j->err[0] ? j->err : sw_strerror(rc));
@@ -84,7 +96,7 @@ static int run_jobs(struct device *dv)
 		}
 		pthread_mutex_lock(&dv->lock);
 		j->r = NULL;
-		j->busy = j->queued = j->running = j->cancelled = j->warmup = false;
+		j->busy = j->queued = j->running = j->cancelled = j->warmup = j->answered = false;
 		dv->n_jobs--;
 		dv->embeds++;
 		pthread_mutex_unlock(&dv->lock);
@@ -159,10 +171,15 @@ void *gpud__device_main(void *arg)
 
 	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
 	while (!atomic_load(&d->stopping)) {
-		int n = gpud_sched_step(d->sched, dv->idx, err, sizeof(err));
-		int jobs = run_jobs(dv);
-		double t = now_s();
+		int n, jobs;
+		double t;
 
+		atomic_store(&dv->busy_since, now_ms());
+		n = gpud_sched_step(d->sched, dv->idx, err, sizeof(err));
+		if (n == SW_EDEVICE)
+			gpud__device_fail(dv, err[0] ? err : sw_strerror(n), false);
+		jobs = run_jobs(dv);
+		t = now_s();
 		if (n < 0) {
 			dv->step_errors++;
 			if (t - last_err > 1.0) { /* one line a second at most */
@@ -177,10 +194,116 @@ void *gpud__device_main(void *arg)
 			gpud_sched_device_exec(d->sched, dv->idx, sample_fn, dv);
 			last_sample = t;
 		}
+		atomic_store(&dv->busy_since, 0);
 		if (n <= 0 && jobs == 0)
 			gpud_sched_wait(d->sched, dv->idx, IDLE_WAIT_MS);
 	}
 	return NULL;
+}
+
+/* --- failure: a device that faults or hangs --------------------------------- */
+
+void gpud__device_fail(struct device *dv, const char *msg, bool hung)
+{
+	struct gpud_daemon *d = dv->d;
+	struct gpud_sreq *ans[EMBED_SLOTS];
+	uint32_t n = 0;
+
+	pthread_mutex_lock(&dv->lock);
+	if (!atomic_load(&dv->failed)) {
+		snprintf(dv->fail_msg, sizeof(dv->fail_msg), "%s", msg);
+		dv->hung = hung;
+		atomic_store(&dv->failed, true);
+	}
+	/* Queued and running embeddings are answered here: a running one may
+	 * never come back. The slots stay taken until the thread frees them. */
+	for (uint32_t i = 0; i < EMBED_SLOTS; i++) {
+		struct embed_job *j = &dv->jobs[i];
+
+		if (j->busy && j->r && (j->queued || j->running) && !j->warmup && !j->answered &&
+		    !j->cancelled) {
+			j->answered = true;
+			ans[n++] = j->r;
+		}
+	}
+	pthread_mutex_unlock(&dv->lock);
+	gpud_sched_fail_device(d->sched, dv->idx, SW_EDEVICE, dv->fail_msg);
+	for (uint32_t i = 0; i < n; i++) {
+		atomic_fetch_add(&d->errors, 1);
+		gpud_sreq_error(ans[i], SW_EDEVICE, dv->fail_msg);
+	}
+}
+
+bool gpud__all_failed(struct gpud_daemon *d)
+{
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		if (!atomic_load(&d->dev[i].failed))
+			return false;
+	return true;
+}
+
+/* The step watchdog: a device whose thread has been in one round of work
+ * (a step, its embeddings, its pool sample) past step_timeout_ms is hung:
+ * a kernel that never ends, a device that stopped answering. Its own
+ * thread, so that nothing it waits on (the loop, a lock) can hold it. */
+static void *step_watch_main(void *arg)
+{
+	struct gpud_daemon *d = arg;
+	const uint64_t limit = d->cfg.gpud.step_timeout_ms;
+	const struct timespec nap = { 0, STEP_WATCH_MS * 1000000L };
+
+	gpud_alloc_set_role(GPUD_ALLOC_DEVICE);
+	while (!atomic_load(&d->stopping)) {
+		uint64_t now = now_ms();
+
+		for (uint32_t i = 0; i < d->n_dev; i++) {
+			struct device *dv = &d->dev[i];
+			uint64_t since = atomic_load(&dv->busy_since);
+			char msg[SW_ERR_MAX];
+
+			if (!since || now < since + limit || atomic_load(&dv->failed))
+				continue;
+			snprintf(msg, sizeof(msg), "%s: hung: one step has run for %" PRIu64 " ms, "
+				 "past gpud.step_timeout_ms (%" PRIu64 ")", dv->name, now - since,
+				 limit);
+			gpud__device_fail(dv, msg, true);
+		}
+		nanosleep(&nap, NULL);
+	}
+	return NULL;
+}
+
+int gpud__step_watch_start(struct gpud_daemon *d)
+{
+	int rc;
+
+	if (!d->cfg.gpud.step_timeout_ms)
+		return 0;
+	rc = -pthread_create(&d->step_watch, NULL, step_watch_main, d);
+	if (rc) {
+		log_error("cannot start the step watchdog's thread: %s", strerror(-rc));
+		return rc;
+	}
+	d->step_watch_started = true;
+	return 0;
+}
+
+void gpud__check_failures(struct gpud_daemon *d)
+{
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		struct device *dv = &d->dev[i];
+
+		if (dv->fail_seen || !atomic_load(&dv->failed))
+			continue;
+		dv->fail_seen = true;
+		d->exit_status = GPUD_EXIT_DEVICE;
+		log_error("%s failed: %s; its requests ended with SW_EDEVICE, %s, and gpud "
+			  "exits with status %d for its supervisor to restart it", dv->name,
+			  dv->fail_msg,
+			  gpud__all_failed(d) ? "no device is left" : "the other devices drain",
+			  GPUD_EXIT_DEVICE);
+		gpud__drain(d, "a device failed");
+	}
 }
 
 /* --- embedding job slots (loop thread) ------------------------------------- */
@@ -196,6 +319,8 @@ int gpud__embed_device(struct gpud_daemon *d)
 		uint64_t load;
 		uint32_t nj;
 
+		if (atomic_load(&dv->failed))
+			continue;
 		pthread_mutex_lock(&dv->lock);
 		nj = dv->n_jobs;
 		pthread_mutex_unlock(&dv->lock);

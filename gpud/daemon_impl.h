@@ -53,6 +53,7 @@
 #define EMBED_SLOTS 8          /* queued + running embeddings per device */
 #define IDLE_WAIT_MS 100       /* device thread sleep when idle */
 #define POLL_MS 50             /* shutdown: in-flight check period */
+#define STEP_WATCH_MS 100      /* the step watchdog's period */
 #define WARMUP_TIMEOUT_S 120
 #define DUMP_BUF (64u << 10)
 #define MAX_TEXT_CAP (1u << 20) /* text of one request at most */
@@ -83,6 +84,8 @@ struct embed_job {
 	bool running;
 	bool cancelled;
 	bool warmup;
+	bool answered;         /* its request was failed meanwhile (the device
+				* failed): the slot's outcome goes nowhere */
 	uint64_t seq;          /* FIFO order */
 	uint32_t n_tokens;
 	int32_t *tokens;       /* (n_ctx) */
@@ -113,6 +116,17 @@ struct device {
 	uint32_t mask_high;
 	uint64_t step_errors;
 	uint64_t embeds;
+	/* Failure (daemon_device.c). busy_since: the monotonic ms at which
+	 * the device thread started its current round of work (a step, its
+	 * embeddings, its pool sample), 0 while it waits: the step watchdog
+	 * reads it. failed is set once (fail_msg under lock before it);
+	 * hung: the watchdog failed it while busy, its thread is left
+	 * behind at exit; fail_seen: the loop has acted on it. */
+	atomic_uint_fast64_t busy_since;
+	atomic_bool failed;
+	bool hung;
+	bool fail_seen;
+	char fail_msg[SW_ERR_MAX];
 };
 
 struct gpud_daemon {
@@ -134,6 +148,11 @@ struct gpud_daemon {
 	uint32_t leak_masks, leak_kv;
 	atomic_uint_fast64_t mask_ends;  /* requests with a mask that ended */
 	atomic_bool stopping;
+	/* The step watchdog's thread (daemon_device.c): looks every
+	 * STEP_WATCH_MS, ends with stopping. */
+	pthread_t step_watch;
+	bool step_watch_started;
+	int exit_status;       /* gpud_serve's return: 0, or GPUD_EXIT_DEVICE */
 
 	uv_loop_t loop;
 	bool loop_ok;
@@ -255,6 +274,20 @@ struct embed_job *gpud__job_take(struct device *dv, uint32_t *slot);
 void gpud__job_queue(struct device *dv, struct embed_job *j, struct gpud_sreq *r, bool warmup);
 /* Frees a slot taken but not queued. */
 void gpud__job_drop(struct device *dv, struct embed_job *j);
+/* Fails dv (any thread; the first reason stays): its requests and
+ * embeddings end with SW_EDEVICE and msg, nothing goes to it again, and
+ * the loop then drains the others and ends gpud with GPUD_EXIT_DEVICE
+ * (gpud__check_failures). hung: the device is in a step that does not
+ * return; its thread is left behind at exit. */
+void gpud__device_fail(struct device *dv, const char *msg, bool hung);
+/* Starts the step watchdog's thread (gpud.step_timeout_ms > 0): a device
+ * busy in one round of work longer than that is failed as hung. */
+int gpud__step_watch_start(struct gpud_daemon *d);
+/* Loop thread: acts once on each device newly failed (logs it, sets the
+ * exit status, starts the drain). */
+void gpud__check_failures(struct gpud_daemon *d);
+/* Whether every device has failed. */
+bool gpud__all_failed(struct gpud_daemon *d);
 
 /* --- daemon_service.c, daemon_stats.c, daemon_dump.c: the service ----------- */
 
@@ -281,6 +314,9 @@ void gpud__finish(struct gpud_daemon *d);
 /* SIGTERM/SIGINT: drain, then close (again: cancel all); SIGUSR1: reopen
  * the log. h->data is the daemon. */
 void gpud__on_signal(uv_signal_t *h, int signum);
+/* Refuses new requests, closes once none is in flight, cancels what is
+ * left after shutdown_deadline_ms (why: for the log). Once only. */
+void gpud__drain(struct gpud_daemon *d, const char *why);
 /* Samples the server's slot pools for the watchdog (t->data: the daemon). */
 void gpud__on_sample(uv_timer_t *t);
 

@@ -236,6 +236,9 @@ static int svc_embed(void *svc, struct gpud_sreq *r, const struct proto_text_req
 	int di, rc;
 
 	di = gpud__embed_device(d);
+	if (di < 0 && gpud__all_failed(d))
+		return sw_seterr(err, errlen, SW_EDEVICE, "no device left: %s",
+				 d->dev[0].fail_msg);
 	if (di < 0)
 		return sw_seterr(err, errlen, SW_EBUSY,
 				 "busy: %u embeddings queued on every device", EMBED_SLOTS);

@@ -1,8 +1,10 @@
 /* daemon_signal.c - signals and shutdown of `gpud serve`, on the loop
  * thread: SIGTERM/SIGINT drain (the server refuses new requests, a timer
  * closes everything once none is in flight, a deadline cancels what is
- * left), a second one cancels at once, SIGUSR1 reopens the log; and the
- * timer that samples the server's slot pools for the watchdog.
+ * left), a second one cancels at once, SIGUSR1 reopens the log; a failed
+ * device drains the same way (gpud__check_failures); and the timer that
+ * samples the server's slot pools for the watchdog and looks for failed
+ * devices.
  */
 #include <pthread.h>
 #include <signal.h>
@@ -51,6 +53,8 @@ void gpud__on_sample(uv_timer_t *t)
 	struct gpud_daemon *d = t->data;
 	struct gpud_server_stats ss;
 	uint64_t now = now_ms();
+
+	gpud__check_failures(d);
 
 	gpud_server_stats(d->server, &ss);
 	pthread_mutex_lock(&d->watch_lock);
@@ -104,8 +108,15 @@ void gpud__on_signal(uv_signal_t *h, int signum)
 		gpud_server_cancel_all(d->server);
 		return;
 	}
+	gpud__drain(d, sig_name(signum));
+}
+
+void gpud__drain(struct gpud_daemon *d, const char *why)
+{
+	if (atomic_load(&d->draining))
+		return;
 	atomic_store(&d->draining, true);
-	log_info("%s: draining (%u requests in flight, deadline %u ms)", sig_name(signum),
+	log_info("%s: draining (%u requests in flight, deadline %u ms)", why,
 		 gpud_server_in_flight(d->server), d->cfg.gpud.shutdown_deadline_ms);
 	gpud_server_drain(d->server);
 	uv_timer_start(&d->deadline_timer, on_deadline, d->cfg.gpud.shutdown_deadline_ms, 0);

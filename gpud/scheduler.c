@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -43,6 +44,9 @@ struct slot {
 	uint32_t n_preempt;
 	bool in_batch;          /* part of the batch its device is running */
 	bool cancel_pending;    /* cancelled during its device's forward pass */
+	bool ended;             /* its device failed while busy: DONE sent, the
+				 * slot and sequence wait for the device to be
+				 * free (finish_pending), or for gpud's exit */
 	bool started;           /* scheduled at least once */
 	uint32_t *pfx;          /* (pfx_cap) prefix cache entries of its first
 				 * blocks, in order, while RUNNING */
@@ -78,6 +82,9 @@ struct dev {
 	uint32_t pl_hits;      /* place() scratch: full prompt blocks matched */
 	bool pl_alive;         /* place() scratch: still matching */
 	bool busy;             /* in a forward pass or a device_exec, lock released */
+	int failed;            /* 0, or the code it failed with (gpud_sched_fail_device):
+				* nothing is placed or stepped on it again */
+	char fail_msg[SW_ERR_MAX];
 	uint32_t depth;        /* waiting + running */
 	bool kicked;           /* submit/cancel/wake since the last wait returned */
 	pthread_cond_t cond;   /* signalled with kicked (gpud_sched_wait) */
@@ -691,10 +698,9 @@ static int admit(struct dev *d, struct slot *sl, uint32_t *adm_b, uint32_t *free
 	return 0;
 }
 
-/* Ends a request: frees its engine sequence (the caller guarantees the
- * device is not in a forward pass), sends DONE, frees the slot. */
-static void complete(struct gpud_sched *s, struct slot *sl, int status, int reason,
-		     const char *msg)
+/* A request's DONE event and the counts of its end (lock held); its slot
+ * is the caller's to free. */
+static void report(struct gpud_sched *s, struct slot *sl, int status, int reason, const char *msg)
 {
 	struct dev *d = &s->devs[sl->dev];
 	double t = now_s();
@@ -703,14 +709,6 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 		.message = msg ? msg : "",
 	};
 
-	if (sl->state == SLOT_RUNNING) {
-		gpud_engine_seq_free(d->e, sl->seq);
-		pfx_drop(d, sl);
-		run_remove(d, sl);
-		d->free_blocks = gpud_engine_free_blocks(d->e);
-	} else if (sl->state == SLOT_WAITING) {
-		wait_remove(d, sl);
-	}
 	ev.usage = (struct gpud_sched_usage){
 		.n_prompt = sl->n_prompt,
 		.n_gen = sl->stop.n_tokens, /* every sampled id, the last one too */
@@ -725,10 +723,82 @@ static void complete(struct gpud_sched *s, struct slot *sl, int status, int reas
 	s->st.completed++;
 	if (status == SW_ECANCELED)
 		s->st.cancelled++;
+	sl->cb(sl->arg, &ev);
+}
+
+/* Frees what a request holds: its engine sequence (the caller guarantees
+ * the device is not in a forward pass), its place in a list, its slot. */
+static void release(struct gpud_sched *s, struct slot *sl)
+{
+	struct dev *d = &s->devs[sl->dev];
+
+	if (sl->state == SLOT_RUNNING) {
+		gpud_engine_seq_free(d->e, sl->seq);
+		pfx_drop(d, sl);
+		run_remove(d, sl);
+		d->free_blocks = gpud_engine_free_blocks(d->e);
+	} else if (sl->state == SLOT_WAITING) {
+		wait_remove(d, sl);
+	}
 	sl->in_batch = false;
 	sl->cancel_pending = false;
+	sl->ended = false;
 	slot_give(s, sl);
-	sl->cb(sl->arg, &ev); /* lock held: nobody can take the slot meanwhile */
+}
+
+/* Ends a request: frees what it holds (the device is not in a forward
+ * pass), then sends DONE (lock held: nobody can take the slot meanwhile). */
+static void complete(struct gpud_sched *s, struct slot *sl, int status, int reason,
+		     const char *msg)
+{
+	release(s, sl);
+	report(s, sl, status, reason, msg);
+}
+
+static void kick(struct dev *d);
+
+/* Whether a step's error means the device itself is gone: every later
+ * call would fail the same way (a CUDA fault is sticky for the context). */
+static bool dev_fatal(int rc)
+{
+	return rc == SW_EDEVICE;
+}
+
+/* Fails device d (lock held): every request on it ends with code and msg,
+ * and nothing is placed on it again. While d is busy (a forward pass or
+ * a device_exec that may never return: a hang), its running requests are
+ * only answered; their sequences and slots are freed once it is free
+ * again (finish_pending). Returns the requests ended. */
+static uint32_t fail_dev_locked(struct gpud_sched *s, struct dev *d, int code, const char *msg)
+{
+	uint32_t n = 0;
+
+	if (!d->failed) {
+		d->failed = code;
+		snprintf(d->fail_msg, sizeof(d->fail_msg), "%s", msg && msg[0] ? msg :
+			 sw_strerror(code));
+	}
+	while (d->n_wait) {
+		complete(s, d->wait[0], code, 0, d->fail_msg);
+		n++;
+	}
+	for (uint32_t i = 0; i < d->n_run;) {
+		struct slot *sl = d->run[i];
+
+		if (!d->busy) {
+			complete(s, sl, code, 0, d->fail_msg);
+			n++;
+			continue;
+		}
+		if (!sl->ended) {
+			sl->ended = true;
+			report(s, sl, code, 0, d->fail_msg);
+			n++;
+		}
+		i++;
+	}
+	kick(d);
+	return n;
 }
 
 /* Sends ids [0, n_toks) back to waiting on the same device (recompute). */
@@ -759,7 +829,9 @@ static uint32_t max_positions(const struct dev *d, uint32_t n_prompt, uint32_t m
 }
 
 enum place_fail {
-	PLACE_NO_MASK_DEV = 1, /* no device uses the mask's block size */
+	PLACE_DEV_FAILED = 1,  /* the device failed (the least reason: any
+				* other holds whatever the device's state) */
+	PLACE_NO_MASK_DEV,     /* no device uses the mask's block size */
 	PLACE_NO_CTX,          /* beyond every candidate's context */
 	PLACE_NO_BLOCKS,       /* more blocks than a candidate owns */
 };
@@ -868,6 +940,8 @@ static int place(const struct gpud_sched *s, const int32_t *tokens, uint32_t n_t
 		const struct dev *d = &s->devs[i];
 		enum place_fail f = dev_refuses(d, n_tokens, max_tokens, mask_bt);
 
+		if (!f && d->failed)
+			f = PLACE_DEV_FAILED;
 		ok[i - first] = !f;
 		if (f) {
 			if (f > worst)
@@ -941,6 +1015,13 @@ static void candidates(const struct gpud_sched *s, const struct gpud_sched_req *
 static int place_error(const struct gpud_sched *s, const struct gpud_sched_req *r,
 		       uint32_t first, enum place_fail why, char *err, size_t errlen)
 {
+	if (why == PLACE_DEV_FAILED) {
+		for (uint32_t i = first; i < s->n_dev; i++)
+			if (s->devs[i].failed)
+				return sw_seterr(err, errlen, s->devs[i].failed,
+						 "sched: device %u failed: %s", i,
+						 s->devs[i].fail_msg);
+	}
 	if (why == PLACE_NO_MASK_DEV)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "sched: mask compiled for %u-token KV blocks, no device uses "
@@ -1136,7 +1217,7 @@ int gpud_sched_cancel(struct gpud_sched *s, uint64_t id)
 
 		/* a slot being filled by a submit has no id yet: skip it unread */
 		if ((sl->state != SLOT_WAITING && sl->state != SLOT_RUNNING) || sl->id != id ||
-		    sl->cancel_pending)
+		    sl->cancel_pending || sl->ended)
 			continue;
 		if (sl->state == SLOT_RUNNING && s->devs[sl->dev].busy)
 			sl->cancel_pending = true; /* its device completes it after the pass */
@@ -1309,12 +1390,15 @@ static void leave_busy(struct gpud_sched *s, struct dev *d)
 }
 
 /* Completes cancels that arrived while the device was busy, for requests
- * outside the batch (lock held, device not busy). */
+ * outside the batch, and frees the requests a failure answered meanwhile
+ * (lock held, device not busy). */
 static void finish_pending(struct gpud_sched *s, struct dev *d)
 {
 	for (uint32_t i = 0; i < d->n_run;) {
 		struct slot *sl = d->run[i];
-		if (sl->cancel_pending)
+		if (sl->ended)
+			release(s, sl);
+		else if (sl->cancel_pending)
 			complete(s, sl, SW_ECANCELED, 0, "cancelled");
 		else
 			i++;
@@ -1394,7 +1478,7 @@ int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen
 				 "sched: device %u is being stepped by another thread", dev);
 	}
 retry:
-	n = plan(s, d);
+	n = d->failed ? 0 : plan(s, d);
 	if (!n) {
 		pthread_mutex_unlock(&s->lock);
 		return 0;
@@ -1412,9 +1496,16 @@ retry:
 	pthread_mutex_unlock(&s->lock);
 	rc = gpud_engine_step_draws(d->e, d->ents, d->draws, n, err, errlen);
 	if (!rc)
-		sample_step(s, d, n);
+		sample_step(s, d, n); /* wasted when the device fails meanwhile */
 	pthread_mutex_lock(&s->lock);
 	leave_busy(s, d);
+	if (d->failed) {
+		/* failed during the pass (gpud_sched_fail_device: a hang, seen
+		 * by a watchdog): its requests were answered then; free them */
+		rc = sw_seterr(err, errlen, d->failed, "sched: device %u failed: %s", dev,
+			       d->fail_msg);
+		goto out;
+	}
 	if (rc == SW_EEXHAUSTED && tries++ < 4) {
 		/* The plan's block count was short (should not happen): recompute
 		 * the most recently admitted and plan again. */
@@ -1429,6 +1520,8 @@ retry:
 			if (sl->state != SLOT_FREE)
 				complete(s, sl, rc, 0, err);
 		}
+		if (dev_fatal(rc))
+			fail_dev_locked(s, d, rc, err);
 		goto out;
 	}
 	d->steps++;
@@ -1541,6 +1634,18 @@ int gpud_sched_device_exec_blocks(struct gpud_sched *s, uint32_t dev, uint32_t b
 	return rc;
 }
 
+int gpud_sched_fail_device(struct gpud_sched *s, uint32_t dev, int code, const char *msg)
+{
+	uint32_t n;
+
+	if (dev >= s->n_dev || code >= 0)
+		return -EINVAL;
+	pthread_mutex_lock(&s->lock);
+	n = fail_dev_locked(s, &s->devs[dev], code, msg);
+	pthread_mutex_unlock(&s->lock);
+	return (int)n;
+}
+
 int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 			    struct gpud_sched_device_stats *st)
 {
@@ -1559,6 +1664,7 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
 	st->preemptions = d->preemptions;
 	st->placed_prefix = d->placed_prefix;
 	st->placed_load = d->placed_load;
+	st->failed = d->failed;
 	{
 		/* changed only under the lock (plan, finish_entry) */
 		struct gpud_chunk_stats cs;

@@ -238,8 +238,22 @@ int gpud_sched_cancel(struct gpud_sched *s, uint64_t id);
  * stepping the same device meanwhile gets SW_EBUSY. Returns the number of
  * batch entries run (0 when the device has nothing to do; the caller then
  * waits for a submit), -EINVAL for a bad dev, or the engine's error after
- * completing the requests of that batch with it. */
+ * completing the requests of that batch with it. SW_EDEVICE (the device
+ * itself failed: a CUDA fault, which is sticky) also fails the device, as
+ * gpud_sched_fail_device does; a failed device's steps return 0 (or the
+ * failure, once, for the step a gpud_sched_fail_device interrupted). */
 int gpud_sched_step(struct gpud_sched *s, uint32_t dev, char *err, size_t errlen);
+
+/* Fails device dev: every request on it ends now (DONE with status code,
+ * normally SW_EDEVICE, and msg), new requests go to the other devices
+ * (pinned to it, or with no other left: refused with code and "sched:
+ * device N failed: msg"), and it is never stepped again. Any thread. When
+ * the device is in a forward pass or a device_exec (a hang a watchdog
+ * saw), its running requests are answered at once but their sequences and
+ * slots stay until that call returns (if ever: gpud then exits). A second
+ * call only ends what arrived since. Returns the requests ended, or
+ * -EINVAL for a bad dev. */
+int gpud_sched_fail_device(struct gpud_sched *s, uint32_t dev, int code, const char *msg);
 
 struct gpud_sched_stats {
 	uint64_t steps;       /* device steps that ran a batch */
@@ -319,6 +333,7 @@ struct gpud_sched_device_stats {
 	uint64_t chunk_hit_tokens;  /* prompt tokens copied, not computed */
 	uint32_t chunk_entries, chunk_blocks;
 	size_t chunk_bytes, chunk_max_bytes;
+	int failed;                 /* 0, or the code it failed with */
 };
 /* -EINVAL for a bad dev. */
 int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,

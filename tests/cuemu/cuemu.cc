@@ -291,6 +291,36 @@ void set_protection(int dev, bool on)
 	}
 }
 
+// Failures on demand, for tests of what a failing device does to the
+// program that uses it (CUEMU_INJECT_DIR=DIR): a kernel of device N that
+// runs while DIR/fault.N exists faults (an illegal address, sticky as on
+// a GPU); while DIR/hang.N exists it does not end, and the thread that
+// synchronizes waits in it, as on a hung GPU, until the file goes.
+cudaError_t injected(int dev, const op &o)
+{
+	static const char *dir = getenv("CUEMU_INJECT_DIR");
+	char path[4096];
+
+	if (!dir || strcmp(o.what, "kernel") != 0)
+		return cudaSuccess;
+	snprintf(path, sizeof(path), "%s/hang.%d", dir, dev);
+	if (access(path, F_OK) == 0) {
+		fprintf(stderr, "cuemu: kernel %s on device %d hangs while %s exists\n", o.name, dev,
+			path);
+		while (access(path, F_OK) == 0)
+			usleep(20000);
+	}
+	snprintf(path, sizeof(path), "%s/fault.%d", dir, dev);
+	if (access(path, F_OK) == 0) {
+		fprintf(stderr, "cuemu: kernel %s on device %d: illegal address (injected: %s)\n",
+			o.name, dev, path);
+		std::lock_guard<std::mutex> lk(mu);
+		stats.faults++;
+		return cudaErrorIllegalAddress;
+	}
+	return cudaSuccess;
+}
+
 // Runs the stream's queued work in order; a failure is sticky for the
 // device (the rest of the queue is dropped, as a faulted context's).
 cudaError_t flush(CUstream_st *s)
@@ -302,7 +332,9 @@ cudaError_t flush(CUstream_st *s)
 	set_protection(s->dev, false);
 	e = sticky[s->dev];
 	for (size_t i = 0; e == cudaSuccess && i < s->q.size(); i++) {
-		e = s->q[i].run(s->q[i]);
+		e = injected(s->dev, s->q[i]);
+		if (e == cudaSuccess)
+			e = s->q[i].run(s->q[i]);
 		if (e != cudaSuccess) {
 			std::lock_guard<std::mutex> g(mu);
 			sticky[s->dev] = e;
@@ -922,6 +954,9 @@ const char *cudaGetErrorName(cudaError_t e)
 	N(cudaErrorSystemDriverMismatch) N(cudaErrorStreamCaptureUnsupported)
 	N(cudaErrorStreamCaptureInvalidated) N(cudaErrorStreamCaptureUnmatched)
 	N(cudaErrorStreamCaptureImplicit) N(cudaErrorStreamCaptureWrongThread)
+	N(cudaErrorECCUncorrectable) N(cudaErrorNvlinkUncorrectable) N(cudaErrorLaunchTimeout)
+	N(cudaErrorAssert) N(cudaErrorHardwareStackError) N(cudaErrorIllegalInstruction)
+	N(cudaErrorInvalidAddressSpace) N(cudaErrorInvalidPc) N(cudaErrorExternalDevice)
 	N(cudaErrorUnknown)
 #undef N
 	}

@@ -381,8 +381,15 @@ static void test_errcode(void **state)
 	assert_int_equal(gpud_cuda_errcode(cudaErrorNoDevice), -ENODEV);
 	assert_int_equal(gpud_cuda_errcode(cudaErrorInvalidDevice), -ENODEV);
 	assert_int_equal(gpud_cuda_errcode(cudaErrorInsufficientDriver), -ENODEV);
-	assert_int_equal(gpud_cuda_errcode(cudaErrorIllegalAddress), -EIO);
-	assert_int_equal(gpud_cuda_errcode(cudaErrorLaunchFailure), -EIO);
+	/* sticky: the device is lost to the process (gpud fails it, exits) */
+	assert_int_equal(gpud_cuda_errcode(cudaErrorIllegalAddress), SW_EDEVICE);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorLaunchFailure), SW_EDEVICE);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorMisalignedAddress), SW_EDEVICE);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorECCUncorrectable), SW_EDEVICE);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorUnknown), SW_EDEVICE);
+	/* not sticky: a refused call, the context goes on */
+	assert_int_equal(gpud_cuda_errcode(cudaErrorInvalidValue), -EIO);
+	assert_int_equal(gpud_cuda_errcode(cudaErrorLaunchOutOfResources), -EIO);
 }
 
 /* A compiled mask: s0 (3 tokens), s1 (5 tokens); s1 sees s0 and itself,

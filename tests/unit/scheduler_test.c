@@ -2169,6 +2169,191 @@ static void test_chunk_reuse_prefix(void **state)
 	chunk_reuse(true);
 }
 
+/* --- a failed device ------------------------------------------------------- */
+
+struct fail_ctx {
+	struct gpud_sched *s;
+	struct res *out;       /* (4) the requests on device 1 */
+	int ended;             /* fail_device's return, inside */
+	bool all_done_inside;
+	uint32_t seqs_inside;  /* engine sequences still there, inside */
+};
+
+/* Runs while device 1 is busy (device_exec): a watchdog's view of a hang. */
+static int fail_fn(struct gpud_engine *e, void *arg)
+{
+	struct fail_ctx *c = arg;
+	struct gpud_engine_stats es;
+
+	c->ended = gpud_sched_fail_device(c->s, 1, SW_EDEVICE, "test: device gone");
+	c->all_done_inside = true;
+	for (int i = 0; i < 4; i++)
+		c->all_done_inside &= c->out[i].done && c->out[i].status == SW_EDEVICE;
+	gpud_engine_stats(e, &es);
+	c->seqs_inside = es.kv.seqs;
+	return 0;
+}
+
+/* gpud_sched_fail_device: a device failed while busy answers its requests
+ * at once and frees them once free again; nothing is placed on it again,
+ * a request pinned to it is refused with the failure; the other device
+ * goes on; with no device left, submits are refused. */
+static void test_fail_device(void **state)
+{
+	(void)state;
+	struct gpud_engine *e[2] = { mk_engine(64, 4, 0), mk_engine(64, 4, 0) };
+	struct gpud_sched *s = mk_sched(e, 2, 16, 0, 32);
+	static struct res out[8];
+	static struct fail_ctx c;
+	int32_t ids[8][64];
+	uint32_t n[8];
+	uint64_t id1 = 0;
+	struct gpud_sched_req r;
+	struct gpud_sched_device_stats ds;
+	struct gpud_engine_stats es;
+	char err[SW_ERR_MAX] = "";
+	uint64_t id;
+
+	memset(out, 0, sizeof(out));
+	memset(&c, 0, sizeof(c));
+	for (int i = 0; i < 8; i++)
+		n[i] = tokenize(prompts[i], ids[i], 64);
+	/* device 1: 3 running (one step), then a 4th waiting; device 0: 2 */
+	for (int i = 0; i < 3; i++) {
+		req_init(&r, ids[i], n[i], 40, &out[i]);
+		r.pin_device = true;
+		r.device = 1;
+		id = submit_ok(s, &r);
+		if (i == 0)
+			id1 = id;
+	}
+	assert_true(step_ok(s, 1) > 0);
+	req_init(&r, ids[3], n[3], 40, &out[3]);
+	r.pin_device = true;
+	r.device = 1;
+	submit_ok(s, &r);
+	for (int i = 4; i < 6; i++) {
+		req_init(&r, ids[i], n[i], 12, &out[i]);
+		r.pin_device = true;
+		r.device = 0;
+		submit_ok(s, &r);
+	}
+	c.s = s;
+	c.out = out;
+	assert_int_equal(gpud_sched_device_exec(s, 1, fail_fn, &c), 0);
+	assert_int_equal(c.ended, 4);
+	assert_true(c.all_done_inside);
+	assert_int_equal(c.seqs_inside, 3); /* busy: left for after */
+	assert_int_equal(out[0].n_ids, 1); /* the token of its one step reached it first */
+	gpud_engine_stats(e[1], &es);
+	assert_int_equal(es.kv.seqs, 0); /* freed once the device was free */
+	assert_pool_empty(e[1]);
+	assert_int_equal(gpud_sched_cancel(s, id1), SW_ENOTFOUND);
+	assert_int_equal(gpud_sched_fail_device(s, 1, SW_EDEVICE, "again"), 0);
+	assert_int_equal(gpud_sched_device_stats(s, 1, &ds), 0);
+	assert_int_equal(ds.failed, SW_EDEVICE);
+	assert_int_equal(ds.queue, 0);
+	assert_int_equal(step_ok(s, 1), 0); /* never stepped again */
+	/* pinned to it: refused with the first reason */
+	req_init(&r, ids[6], n[6], 8, &out[6]);
+	r.pin_device = true;
+	r.device = 1;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EDEVICE);
+	assert_non_null(strstr(err, "device 1 failed: test: device gone"));
+	/* unpinned: device 0 */
+	r.pin_device = false;
+	submit_ok(s, &r);
+	drain(s, 2, NULL);
+	for (int i = 4; i < 7; i++) {
+		assert_true(out[i].done);
+		assert_int_equal(out[i].status, 0);
+	}
+	assert_int_equal(gpud_sched_device_stats(s, 0, &ds), 0);
+	assert_int_equal(ds.failed, 0);
+	/* device 0 fails while not busy: its request ends and is freed at once */
+	req_init(&r, ids[7], n[7], 40, &out[7]);
+	submit_ok(s, &r);
+	assert_true(step_ok(s, 0) > 0);
+	assert_int_equal(gpud_sched_fail_device(s, 0, SW_EDEVICE, "test: second"), 1);
+	assert_true(out[7].done);
+	assert_int_equal(out[7].status, SW_EDEVICE);
+	assert_pool_empty(e[0]);
+	r.pin_device = false;
+	assert_int_equal(gpud_sched_submit(s, &r, &id, err, sizeof(err)), SW_EDEVICE);
+	assert_non_null(strstr(err, "failed: test:"));
+	assert_int_equal(gpud_sched_fail_device(s, 2, SW_EDEVICE, "x"), -EINVAL);
+	assert_int_equal(gpud_sched_fail_device(s, 0, 0, "x"), -EINVAL);
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
+struct stepper {
+	struct gpud_sched *s;
+	int total;
+	int fatal, other;
+};
+
+static void *stepper_main(void *arg)
+{
+	struct stepper *w = arg;
+	char err[SW_ERR_MAX];
+
+	while (atomic_load(&n_done) < w->total) {
+		int n = gpud_sched_step(w->s, 0, err, sizeof(err));
+		if (n == SW_EDEVICE)
+			w->fatal++;
+		else if (n < 0)
+			w->other++;
+		if (n <= 0)
+			usleep(200);
+	}
+	return NULL;
+}
+
+/* A failure from another thread at any moment of a device's work (in a
+ * forward pass, while planning, between steps): every request ends once,
+ * completed or SW_EDEVICE, and every KV block comes back. */
+static void test_fail_device_racing(void **state)
+{
+	(void)state;
+	const int rounds = under_valgrind() ? 2 : 6;
+	int failed = 0;
+
+	for (int round = 0; round < rounds; round++) {
+		struct gpud_engine *e = mk_engine(64, 4, 0);
+		struct gpud_sched *s = mk_sched(&e, 1, 8, 0, 32);
+		static struct res out[6];
+		int32_t ids[6][64];
+		struct gpud_sched_req r;
+		struct stepper w = { .s = s, .total = 6 };
+		pthread_t th;
+		memset(out, 0, sizeof(out));
+		atomic_store(&n_done, 0);
+		for (int i = 0; i < 6; i++) {
+			uint32_t n = tokenize(prompts[i], ids[i], 64);
+			req_init(&r, ids[i], n, 30, &out[i]);
+			submit_ok(s, &r);
+		}
+		assert_int_equal(pthread_create(&th, NULL, stepper_main, &w), 0);
+		usleep(200 + 700 * (unsigned)round);
+		assert_true(gpud_sched_fail_device(s, 0, SW_EDEVICE, "test: race") >= 0);
+		pthread_join(th, NULL);
+		assert_true(step_ok(s, 0) == 0); /* nothing left, nothing stepped */
+		for (int i = 0; i < 6; i++) {
+			assert_true(out[i].done);
+			assert_true(out[i].status == 0 || out[i].status == SW_EDEVICE);
+			failed += out[i].status == SW_EDEVICE;
+		}
+		assert_true(w.fatal <= 1);
+		assert_int_equal(w.other, 0);
+		assert_pool_empty(e);
+		gpud_sched_destroy(s);
+		gpud_engine_destroy(e);
+	}
+	assert_true(failed > 0); /* 0.2 ms in, six requests of 30 tokens are not done */
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -2198,6 +2383,8 @@ int main(void)
 		cmocka_unit_test(test_idle_placement_alternates),
 		cmocka_unit_test(test_chunk_reuse),
 		cmocka_unit_test(test_chunk_reuse_prefix),
+		cmocka_unit_test(test_fail_device),
+		cmocka_unit_test(test_fail_device_racing),
 	};
 
 	return cmocka_run_group_tests(tests, setup, teardown);

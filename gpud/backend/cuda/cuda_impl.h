@@ -274,6 +274,8 @@ void gpud_cuda_argmax_pick(const uint64_t *keys, uint32_t n, int32_t *ids);
 
 /* A CUDA runtime error (cudaError_t value) as a swarm code: -ENOMEM for
  * out-of-memory, -ENODEV for no device / invalid device / no driver,
+ * SW_EDEVICE for the sticky errors (a fault, an uncorrectable ECC error,
+ * a device that stopped answering: the device is lost to this process),
  * -EIO for anything else; 0 for success. */
 int gpud_cuda_errcode(int cuda_err);
 

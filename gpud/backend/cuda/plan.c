@@ -341,6 +341,24 @@ int gpud_cuda_errcode(int cuda_err)
 	case cudaErrorDevicesUnavailable:
 	case cudaErrorSystemDriverMismatch:
 		return -ENODEV;
+	/* Sticky: the context is unusable, every later call fails the same
+	 * way, and only a new process gets a working device (CUDA's runtime
+	 * documentation says so of each). Unknown: what a device that fell
+	 * off the bus or hit an Xid error reports. */
+	case cudaErrorECCUncorrectable:
+	case cudaErrorNvlinkUncorrectable:
+	case cudaErrorIllegalAddress:
+	case cudaErrorLaunchTimeout:
+	case cudaErrorAssert:
+	case cudaErrorHardwareStackError:
+	case cudaErrorIllegalInstruction:
+	case cudaErrorMisalignedAddress:
+	case cudaErrorInvalidAddressSpace:
+	case cudaErrorInvalidPc:
+	case cudaErrorLaunchFailure:
+	case cudaErrorExternalDevice:
+	case cudaErrorUnknown:
+		return SW_EDEVICE;
 	default:
 		return -EIO;
 	}

@@ -17,6 +17,8 @@ enum cudaError {
 	cudaErrorCallRequiresNewerDriver = 36,
 	cudaErrorDevicesUnavailable = 46,
 	cudaErrorInvalidDeviceFunction = 98,
+	cudaErrorECCUncorrectable = 214,
+	cudaErrorNvlinkUncorrectable = 220,
 	cudaErrorNoDevice = 100,
 	cudaErrorInvalidDevice = 101,
 	cudaErrorInvalidResourceHandle = 400,
@@ -24,7 +26,13 @@ enum cudaError {
 	cudaErrorNotReady = 600,
 	cudaErrorIllegalAddress = 700,
 	cudaErrorLaunchOutOfResources = 701,
+	cudaErrorLaunchTimeout = 702,
+	cudaErrorAssert = 710,
+	cudaErrorHardwareStackError = 714,
+	cudaErrorIllegalInstruction = 715,
 	cudaErrorMisalignedAddress = 716,
+	cudaErrorInvalidAddressSpace = 717,
+	cudaErrorInvalidPc = 718,
 	cudaErrorLaunchFailure = 719,
 	cudaErrorNotPermitted = 800,
 	cudaErrorNotSupported = 801,
@@ -34,6 +42,7 @@ enum cudaError {
 	cudaErrorStreamCaptureUnmatched = 903,
 	cudaErrorStreamCaptureImplicit = 906,
 	cudaErrorStreamCaptureWrongThread = 908,
+	cudaErrorExternalDevice = 911,
 	cudaErrorUnknown = 999
 };
 typedef enum cudaError cudaError_t;
