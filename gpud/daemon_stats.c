@@ -88,6 +88,7 @@ void gpud_snapshot_add_device(struct gpud_stats_snapshot *s, const struct gpud_d
 		sd->rows_argmax = n->engine.rows_argmax;
 		sd->rows_drawn = n->engine.rows_drawn;
 		sd->rows_host = n->engine.rows_host;
+		sd->failed = ds->failed != 0;
 	}
 	if ((p = pool_add(s, n->name, "kv"))) {
 		uint64_t bound = n->kv_block_bytes ? (ds->prefix_max_bytes + ds->chunk_max_bytes) /

@@ -210,6 +210,7 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_u64(&w, "drawn", d->rows_drawn);
 			gpud_jsonw_u64(&w, "host", d->rows_host);
 			gpud_jsonw_obj_end(&w);
+			gpud_jsonw_bool(&w, "failed", d->failed != 0);
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
@@ -509,6 +510,9 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 	    "Logits rows drawn from where they are (sampled on the device).", rows_drawn);
 	PER(&o, s->devices, nd, "device", "gpud_device_rows_host_total", "counter",
 	    "Logits rows read on the host (sampled there).", rows_host);
+	PER(&o, s->devices, nd, "device", "gpud_device_failed", "gauge",
+	    "1 once the device failed (a CUDA fault, a hung step): gpud exits for a restart.",
+	    failed);
 
 	family(&o, "gpud_pool_unit_bytes", "gauge", "Bytes per pool unit.");
 	for (uint32_t i = 0; i < np; i++) {

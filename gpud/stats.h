@@ -118,6 +118,8 @@ struct gpud_stats_device {
 	uint64_t rows_argmax;           /* logits rows of greedy tokens (arg max) */
 	uint64_t rows_drawn;            /* drawn where the row is (the device) */
 	uint64_t rows_host;             /* read (sampled) on the host */
+	uint64_t failed;                /* 1: the device failed (SW_EDEVICE),
+					 * gpud is on its way out */
 };
 
 struct gpud_stats_snapshot {

@@ -431,6 +431,8 @@ static void gpud_err(struct http_err *e, int code, const char *msg)
 		http_fail(e, 429, NULL, "gpud_busy", "gpud is busy: %s", msg);
 	else if (code == SW_ECLOSED)
 		http_fail(e, 503, NULL, "gpud_unavailable", "gpud is not available: %s", msg);
+	else if (code == SW_EDEVICE) /* gpud restarts: worth a retry */
+		http_fail(e, 503, NULL, "gpud_device_failed", "a gpud device failed: %s", msg);
 	else if (code == SW_ETOOLONG)
 		http_fail(e, 400, NULL, "context_length_exceeded", "%s", msg);
 	else if (code == SW_EFORMAT || code == -EINVAL || code == SW_EUNSUPPORTED)

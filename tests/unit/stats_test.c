@@ -86,6 +86,7 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 		d->rows_argmax = 100 * i + 15;
 		d->rows_drawn = 100 * i + 16;
 		d->rows_host = 100 * i + 17;
+		d->failed = i; /* the second one failed */
 	}
 	s->n_pools = np;
 	for (uint32_t i = 0; i < np; i++) {
@@ -283,7 +284,7 @@ static void test_stats_json(void **state)
 	for (uint32_t i = 0; i < 2; i++) {
 		json_t *d = json_array_get(arr, i);
 
-		assert_int_equal(json_object_size(d), 16);
+		assert_int_equal(json_object_size(d), 17);
 		assert_string_equal(json_string_value(json_object_get(d, "name")), s.devices[i].name);
 		assert_int_equal(u(d, "queue"), 10 * i + 1);
 		assert_int_equal(u(d, "running"), 10 * i + 2);
@@ -302,6 +303,8 @@ static void test_stats_json(void **state)
 		assert_int_equal(u(json_object_get(d, "rows"), "argmax"), 100 * i + 15);
 		assert_int_equal(u(json_object_get(d, "rows"), "drawn"), 100 * i + 16);
 		assert_int_equal(u(json_object_get(d, "rows"), "host"), 100 * i + 17);
+		assert_true(json_is_boolean(json_object_get(d, "failed")));
+		assert_true(json_is_true(json_object_get(d, "failed")) == (i == 1));
 	}
 	assert_null(json_object_get(j, "dump"));
 	json_decref(j);
@@ -516,9 +519,9 @@ static void test_prometheus(void **state)
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
 	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 5 (4 host roles, device), 16 per device, 12 per pool, 9
+	 * families of 5 (4 host roles, device), 17 per device, 12 per pool, 9
 	 * per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 5 + 16 * 2 + 12 * 3 + 9 * 2);
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 5 + 17 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
