@@ -71,6 +71,53 @@ static int on_warmup_event(void *arg, const struct gpud_sched_event *ev)
 	return 0;
 }
 
+/* Exits at once when a device is hung (the step watchdog said so): its
+ * thread is inside the backend and may never return, so nothing is torn
+ * down under it (freeing its engine, or the CUDA runtime's exit handlers,
+ * could wait forever). */
+static void exit_if_hung(struct gpud_daemon *d, int status)
+{
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		bool hung;
+
+		pthread_mutex_lock(&d->dev[i].lock);
+		hung = d->dev[i].hung;
+		pthread_mutex_unlock(&d->dev[i].lock);
+		if (hung) {
+			log_error("%s is hung: gpud exits with status %d without waiting for it",
+				  d->dev[i].name, status);
+			_exit(status);
+		}
+	}
+}
+
+/* Joins a device thread, waiting at most a step's time limit (none when
+ * gpud.step_timeout_ms is 0): one that does not end is in a step that
+ * hangs, and gpud exits without it (exit_if_hung's reasons). */
+static void join_device(struct gpud_daemon *d, struct device *dv)
+{
+	uint32_t ms = d->cfg.gpud.step_timeout_ms;
+	struct timespec ts;
+
+	if (!ms) {
+		pthread_join(dv->thread, NULL);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += ms / 1000 + 1; /* and a second for the round it ends */
+	ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	if (pthread_timedjoin_np(dv->thread, NULL, &ts) == 0)
+		return;
+	log_error("%s: its thread did not end within gpud.step_timeout_ms (%u) of the "
+		  "shutdown: hung; gpud exits with status %d without waiting for it", dv->name, ms,
+		  GPUD_EXIT_DEVICE);
+	_exit(GPUD_EXIT_DEVICE);
+}
+
 static void daemon_free(struct gpud_daemon *d)
 {
 	if (!d)
@@ -82,7 +129,7 @@ static void daemon_free(struct gpud_daemon *d)
 		pthread_join(d->step_watch, NULL);
 	for (uint32_t i = 0; i < d->n_dev; i++)
 		if (d->dev[i].started)
-			pthread_join(d->dev[i].thread, NULL);
+			join_device(d, &d->dev[i]);
 	gpud_server_destroy(d->server);
 	gpud_metrics_destroy(d->metrics);
 	if (d->loop_ok) {
@@ -708,6 +755,13 @@ static int warm_round(struct gpud_daemon *d, const int32_t *tok, uint32_t n, boo
 	}
 	while (atomic_load(&d->warm_left) > 0) {
 		struct timespec ts = { 0, 1000000 };
+		for (uint32_t i = 0; i < d->n_dev; i++) {
+			if (atomic_load(&d->dev[i].failed)) {
+				log_error("warm-up: %s failed: %s", d->dev[i].name,
+					  d->dev[i].fail_msg);
+				return SW_EDEVICE;
+			}
+		}
 		if (now_s() - t0 > WARMUP_TIMEOUT_S) {
 			log_error("warm-up did not finish in %d s", WARMUP_TIMEOUT_S);
 			return -ETIMEDOUT;
@@ -874,10 +928,10 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	rc = devices_start(d);
 	if (rc)
 		goto out_fail;
-	rc = warm_up(d);
+	rc = gpud__step_watch_start(d);
 	if (rc)
 		goto out_fail;
-	rc = gpud__step_watch_start(d);
+	rc = warm_up(d);
 	if (rc)
 		goto out_fail;
 	signals_start(d);
@@ -888,21 +942,7 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	loop_run(d);
 	log_stopped(d);
 	rc = d->exit_status;
-	for (uint32_t i = 0; i < d->n_dev; i++) {
-		bool hung;
-
-		pthread_mutex_lock(&d->dev[i].lock);
-		hung = d->dev[i].hung;
-		pthread_mutex_unlock(&d->dev[i].lock);
-		if (hung) {
-			/* its thread is inside the backend and may never return:
-			 * nothing is torn down under it (freeing its engine, or
-			 * the CUDA runtime's exit handlers, could wait forever) */
-			log_error("%s is hung: gpud exits with status %d without waiting for it",
-				  d->dev[i].name, rc);
-			_exit(rc);
-		}
-	}
+	exit_if_hung(d, rc);
 	daemon_free(d);
 	if (rc)
 		log_info("gpud exits with status %d (a device failed)", rc);
@@ -915,6 +955,8 @@ out_fail:
 		gpud__finish(d);
 		uv_run(&d->loop, UV_RUN_DEFAULT);
 	}
+	rc = d->n_dev && gpud__all_failed(d) ? GPUD_EXIT_DEVICE : 1;
+	exit_if_hung(d, GPUD_EXIT_DEVICE);
 	daemon_free(d);
-	return 1;
+	return rc;
 }
