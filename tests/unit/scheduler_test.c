@@ -136,6 +136,14 @@ static struct gpud_sched *mk_sched(struct gpud_engine **e, uint32_t n, uint32_t 
 	return s;
 }
 
+/* A scheduler over two engines, and the engines. */
+static void free_sched2(struct gpud_sched *s, struct gpud_engine **e)
+{
+	gpud_sched_destroy(s);
+	gpud_engine_destroy(e[0]);
+	gpud_engine_destroy(e[1]);
+}
+
 /* Prompt ids as gpud_engine_generate makes them (BOS as the vocab asks). */
 static uint32_t tokenize(const char *text, int32_t *ids, size_t cap)
 {
@@ -1213,9 +1221,7 @@ static void test_pinned(void **state)
 	}
 	assert_pool_empty(e[0]);
 	assert_pool_empty(e[1]);
-	gpud_sched_destroy(s);
-	gpud_engine_destroy(e[0]);
-	gpud_engine_destroy(e[1]);
+	free_sched2(s, e);
 }
 
 struct waiter {
@@ -2283,9 +2289,7 @@ static void test_fail_device(void **state)
 	assert_non_null(strstr(err, "failed: test:"));
 	assert_int_equal(gpud_sched_fail_device(s, 2, SW_EDEVICE, "x"), -EINVAL);
 	assert_int_equal(gpud_sched_fail_device(s, 0, 0, "x"), -EINVAL);
-	gpud_sched_destroy(s);
-	gpud_engine_destroy(e[0]);
-	gpud_engine_destroy(e[1]);
+	free_sched2(s, e);
 }
 
 struct stepper {
