@@ -798,6 +798,8 @@ static uint32_t fail_dev_locked(struct gpud_sched *s, struct dev *d, int code, c
 		i++;
 	}
 	kick(d);
+	if (s->idle_waiters) /* gpud_sched_block_owners waits no more */
+		pthread_cond_broadcast(&s->idle);
 	return n;
 }
 
@@ -1708,11 +1710,16 @@ int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
 		return -EINVAL;
 	d = &s->devs[dev];
 	pthread_mutex_lock(&s->lock);
-	/* The engine changes block tables during a pass: wait for its end. */
-	while (d->busy) {
+	/* The engine changes block tables during a pass: wait for its end,
+	 * or for the device to be failed (a pass that never ends). */
+	while (d->busy && !d->failed) {
 		s->idle_waiters++;
 		pthread_cond_wait(&s->idle, &s->lock);
 		s->idle_waiters--;
+	}
+	if (d->failed) {
+		pthread_mutex_unlock(&s->lock);
+		return d->failed;
 	}
 	for (uint32_t b = 0; b < d->n_blocks; b++)
 		d->owner[b] = OWNER_FREE;

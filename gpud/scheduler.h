@@ -345,7 +345,8 @@ int gpud_sched_device_stats(struct gpud_sched *s, uint32_t dev,
  * id from submit), "prefix" (held only by the prefix cache; id = the
  * block's hash), "shared" (a prefix block also used by requests; id =
  * the hash) or "chunk" (held by the engine's chunk-KV cache; id 0). Under the scheduler lock: fn must not call gpud_sched_*.
- * Returns 0 or -EINVAL. */
+ * Returns 0, -EINVAL, or the code a failed device failed with (fn is then
+ * not called: a failed device's pass may never end). */
 int gpud_sched_block_owners(struct gpud_sched *s, uint32_t dev,
 			    void (*fn)(void *arg, uint32_t block, const char *kind, uint64_t id),
 			    void *arg);

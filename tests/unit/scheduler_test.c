@@ -2183,15 +2183,31 @@ struct fail_ctx {
 	int ended;             /* fail_device's return, inside */
 	bool all_done_inside;
 	uint32_t seqs_inside;  /* engine sequences still there, inside */
+	int owners_rc;         /* a block-owner dump waiting on the busy device */
 };
+
+static void *owners_main(void *arg)
+{
+	struct fail_ctx *c = arg;
+	struct owners o;
+
+	memset(&o, 0, sizeof(o));
+	c->owners_rc = gpud_sched_block_owners(c->s, 1, owner_fn, &o);
+	return NULL;
+}
 
 /* Runs while device 1 is busy (device_exec): a watchdog's view of a hang. */
 static int fail_fn(struct gpud_engine *e, void *arg)
 {
 	struct fail_ctx *c = arg;
 	struct gpud_engine_stats es;
+	pthread_t th;
 
+	/* a dump waits for the pass to end; the failure releases it */
+	assert_int_equal(pthread_create(&th, NULL, owners_main, c), 0);
+	usleep(20000);
 	c->ended = gpud_sched_fail_device(c->s, 1, SW_EDEVICE, "test: device gone");
+	pthread_join(th, NULL);
 	c->all_done_inside = true;
 	for (int i = 0; i < 4; i++)
 		c->all_done_inside &= c->out[i].done && c->out[i].status == SW_EDEVICE;
@@ -2250,6 +2266,7 @@ static void test_fail_device(void **state)
 	assert_int_equal(c.ended, 4);
 	assert_true(c.all_done_inside);
 	assert_int_equal(c.seqs_inside, 3); /* busy: left for after */
+	assert_int_equal(c.owners_rc, SW_EDEVICE);
 	assert_int_equal(out[0].n_ids, 1); /* the token of its one step reached it first */
 	gpud_engine_stats(e[1], &es);
 	assert_int_equal(es.kv.seqs, 0); /* freed once the device was free */
@@ -2260,6 +2277,13 @@ static void test_fail_device(void **state)
 	assert_int_equal(ds.failed, SW_EDEVICE);
 	assert_int_equal(ds.queue, 0);
 	assert_int_equal(step_ok(s, 1), 0); /* never stepped again */
+	{
+		struct owners o;
+
+		memset(&o, 0, sizeof(o));
+		assert_int_equal(gpud_sched_block_owners(s, 1, owner_fn, &o), SW_EDEVICE);
+		assert_int_equal(o.n_calls, 0);
+	}
 	/* pinned to it: refused with the first reason */
 	req_init(&r, ids[6], n[6], 8, &out[6]);
 	r.pin_device = true;
