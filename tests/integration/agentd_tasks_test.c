@@ -326,6 +326,14 @@ static void test_ingest_errors(void **state)
 	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), SW_ECLOSED);
 	assert_true(agent_error_outage(SW_ECLOSED));
 	proto_task_free(&t);
+	/* a failed GPU: an attempt that failed (retried after the lease, up
+	 * to max_attempts), neither an outage nor the task's own fault */
+	fk.embed_fail = SW_EDEVICE;
+	parse("{\"id\":\"gpu\",\"kind\":\"ingest\",\"text\":\"a b c.\"}", &t);
+	assert_int_equal(agent_run_task(&f->ctx, &t, loc, sizeof(loc), err, sizeof(err)), SW_EDEVICE);
+	assert_false(agent_error_outage(SW_EDEVICE));
+	assert_false(agent_error_permanent(SW_EDEVICE));
+	proto_task_free(&t);
 	assert_int_equal(scalar(f, "SELECT count(*) FROM documents"), 0);
 }
 
