@@ -514,6 +514,8 @@ void pdl_setup(cuda_ctx *c, int major)
 	cudaGraphExec_t ex = nullptr;
 	cudaError_t e;
 
+	if (env && strcmp(env, "0") && strcmp(env, "1"))
+		log_warn("cuda:%d: GPUD_CUDA_PDL=%s is neither 0 nor 1: 0", c->dev, env);
 	if (major < 9 || !env || strcmp(env, "1"))
 		return;
 	e = gpud_k_pdl(c->stream, true);
