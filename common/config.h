@@ -121,9 +121,9 @@ struct sw_config {
 			uint32_t global;         /* queued requests in all */
 		} queue;
 		uint32_t shutdown_deadline_ms;
-		/* A device step (a forward pass, an embedding) running longer
+		/* A GPU's step (a forward pass, an embedding) running longer
 		 * is a hung device: its requests fail with SW_EDEVICE and gpud
-		 * exits for a restart. 0 = never. */
+		 * exits for a restart. 0 = never. CPU devices are not watched. */
 		uint32_t step_timeout_ms;
 		/* The server's reservations (gpud/server.h). */
 		uint32_t max_connections;       /* client connections open at once */

@@ -91,15 +91,15 @@ static void exit_if_hung(struct gpud_daemon *d, int status)
 	}
 }
 
-/* Joins a device thread, waiting at most a step's time limit (none when
- * gpud.step_timeout_ms is 0): one that does not end is in a step that
- * hangs, and gpud exits without it (exit_if_hung's reasons). */
+/* Joins a device thread, a GPU's waiting at most a step's time limit
+ * (none when gpud.step_timeout_ms is 0): one that does not end is in a
+ * step that hangs, and gpud exits without it (exit_if_hung's reasons). */
 static void join_device(struct gpud_daemon *d, struct device *dv)
 {
 	uint32_t ms = d->cfg.gpud.step_timeout_ms;
 	struct timespec ts;
 
-	if (!ms) {
+	if (!ms || d->cfg.gpud.devices[dv->idx].kind != SW_DEVICE_CUDA) {
 		pthread_join(dv->thread, NULL);
 		return;
 	}

@@ -242,10 +242,13 @@ bool gpud__all_failed(struct gpud_daemon *d)
 	return true;
 }
 
-/* The step watchdog: a device whose thread has been in one round of work
- * (a step, its embeddings, its pool sample) past step_timeout_ms is hung:
- * a kernel that never ends, a device that stopped answering. Its own
- * thread, so that nothing it waits on (the loop, a lock) can hold it. */
+/* The step watchdog: a GPU whose thread has been in one round of work (a
+ * step, its embeddings, its pool sample) past step_timeout_ms is hung: a
+ * kernel that never ends, a device that stopped answering. Its own
+ * thread, so that nothing it waits on (the loop, a lock) can hold it.
+ * CPU devices are not watched: a step of theirs takes what the machine's
+ * cores make of max_batch_tokens (minutes for a long prefill of a large
+ * model on a few cores), and nothing on them hangs the way a GPU does. */
 static void *step_watch_main(void *arg)
 {
 	struct gpud_daemon *d = arg;
@@ -261,7 +264,8 @@ static void *step_watch_main(void *arg)
 			uint64_t since = atomic_load(&dv->busy_since);
 			char msg[SW_ERR_MAX];
 
-			if (!since || now < since + limit || atomic_load(&dv->failed))
+			if (d->cfg.gpud.devices[i].kind != SW_DEVICE_CUDA || !since ||
+			    now < since + limit || atomic_load(&dv->failed))
 				continue;
 			snprintf(msg, sizeof(msg), "%s: hung: one step has run for %" PRIu64 " ms, "
 				 "past gpud.step_timeout_ms (%" PRIu64 ")", dv->name, now - since,
