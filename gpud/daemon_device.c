@@ -72,6 +72,7 @@ static int run_jobs(struct device *dv)
 		}
 		pthread_mutex_lock(&dv->lock);
 		r = j->r;
+		j->r = NULL; /* its answer is this thread's now: not a cancel's or a failure's */
 		cancelled = j->cancelled;
 		warmup = j->warmup;
 		answered = j->answered;

@@ -78,7 +78,9 @@ struct req_priv {
 #define REQ_PRIV_BYTES ((sizeof(struct req_priv) + 15) / 16 * 16)
 
 struct embed_job {
-	struct gpud_sreq *r;   /* owner; NULL with !warmup: the slot is free */
+	struct gpud_sreq *r;   /* the request to answer; NULL once whoever answers
+				* it (the device thread, a failure, a cancel)
+				* has taken it, or for a warm-up job */
 	bool busy;             /* taken (being filled, queued or running) */
 	bool queued;           /* ready for the device thread */
 	bool running;

@@ -288,12 +288,15 @@ static void svc_cancel(void *svc, struct gpud_sreq *r)
 		bool drop = false;
 
 		pthread_mutex_lock(&dv->lock);
-		if (j->r == r && j->queued && !j->running) {
+		if (j->r != r || j->answered) {
+			/* answered already, or being answered: by its device
+			 * thread, or by gpud__device_fail */
+		} else if (j->queued && !j->running) {
 			j->r = NULL;
 			j->busy = j->queued = false;
 			dv->n_jobs--;
 			drop = true;
-		} else if (j->r == r) {
+		} else {
 			j->cancelled = true; /* running: ended by the device thread */
 		}
 		pthread_mutex_unlock(&dv->lock);
