@@ -43,7 +43,7 @@ static int run_jobs(struct device *dv)
 	for (;;) {
 		struct embed_job *j = NULL;
 		struct gpud_sreq *r;
-		bool cancelled, warmup, answered;
+		bool cancelled, warmup;
 		int rc;
 
 		pthread_mutex_lock(&dv->lock);
@@ -75,15 +75,14 @@ static int run_jobs(struct device *dv)
 		j->r = NULL; /* its answer is this thread's now: not a cancel's or a failure's */
 		cancelled = j->cancelled;
 		warmup = j->warmup;
-		answered = j->answered;
 		pthread_mutex_unlock(&dv->lock);
-		if (answered) {
-			/* gpud__device_fail answered it */
-		} else if (warmup) {
+		if (warmup) {
 			if (rc)
 				log_error("%s: warm-up embedding: %s", dv->name,
 					  j->err[0] ? j->err : sw_strerror(rc));
 			atomic_fetch_sub(&d->warm_left, 1);
+		} else if (!r) {
+			/* gpud__device_fail answered it */
 		} else if (cancelled) {
 			atomic_fetch_add(&d->cancelled, 1);
 			gpud_sreq_error(r, SW_ECANCELED, atomic_load(&d->draining) ?
@@ -96,8 +95,7 @@ static int run_jobs(struct device *dv)
 			gpud_sreq_embedding(r, j->out, d->dim);
 		}
 		pthread_mutex_lock(&dv->lock);
-		j->r = NULL;
-		j->busy = j->queued = j->running = j->cancelled = j->warmup = j->answered = false;
+		j->busy = j->queued = j->running = j->cancelled = j->warmup = false;
 		dv->n_jobs--;
 		dv->embeds++;
 		pthread_mutex_unlock(&dv->lock);
@@ -216,15 +214,16 @@ void gpud__device_fail(struct device *dv, const char *msg, bool hung)
 		dv->hung = hung;
 		atomic_store(&dv->failed, true);
 	}
-	/* Queued and running embeddings are answered here: a running one may
-	 * never come back. The slots stay taken until the thread frees them. */
+	/* Queued and running embeddings are answered here, cancelled ones
+	 * too: a running one may never come back. Taking r makes the answer
+	 * ours (run_jobs, svc_cancel); the slots stay taken until the device
+	 * thread frees them. */
 	for (uint32_t i = 0; i < EMBED_SLOTS; i++) {
 		struct embed_job *j = &dv->jobs[i];
 
-		if (j->busy && j->r && (j->queued || j->running) && !j->warmup && !j->answered &&
-		    !j->cancelled) {
-			j->answered = true;
+		if (j->r) {
 			ans[n++] = j->r;
+			j->r = NULL;
 		}
 	}
 	pthread_mutex_unlock(&dv->lock);

@@ -86,8 +86,6 @@ struct embed_job {
 	bool running;
 	bool cancelled;
 	bool warmup;
-	bool answered;         /* its request was failed meanwhile (the device
-				* failed): the slot's outcome goes nowhere */
 	uint64_t seq;          /* FIFO order */
 	uint32_t n_tokens;
 	int32_t *tokens;       /* (n_ctx) */

@@ -288,7 +288,7 @@ static void svc_cancel(void *svc, struct gpud_sreq *r)
 		bool drop = false;
 
 		pthread_mutex_lock(&dv->lock);
-		if (j->r != r || j->answered) {
+		if (j->r != r) {
 			/* answered already, or being answered: by its device
 			 * thread, or by gpud__device_fail */
 		} else if (j->queued && !j->running) {
