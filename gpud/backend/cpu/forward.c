@@ -31,6 +31,7 @@
 #include "gpud/backend/cpu/kernels.h"
 #include "gpud/backend/cpu/rope.h"
 #include "gpud/backend/cpu/threadpool.h"
+#include "gpud/backend/cpu/vec8.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 
@@ -107,21 +108,6 @@ struct cpu_ctx {
 };
 
 /* --- small vector helpers (plain loops the compiler vectorizes) --------- */
-
-/* 8-float vectors (GCC/clang vector extensions): SSE pairs in the default
- * build, one AVX register in the avx2 clone of attend(). Lane i sums
- * elements i, i+8, ... exactly like eight scalar accumulators would, so
- * every clone gives the same bits. */
-typedef float v8f __attribute__((vector_size(32)));
-
-/* A macro, not a function: returning a 32-byte vector from a function
- * compiled without AVX is an ABI hazard (-Wpsabi). */
-#define load8(p)                               \
-	({                                     \
-		v8f v8_;                       \
-		memcpy(&v8_, (p), sizeof(v8_)); \
-		v8_;                           \
-	})
 
 static inline float dot(const float *a, const float *b, uint32_t n)
 {
@@ -206,6 +192,69 @@ ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, 
 	DOT8_SUM(6, a6);
 	DOT8_SUM(7, a7);
 #undef DOT8_SUM
+}
+
+/* sc[j] = e^(sc[j] - m) for j < n: 0 where sc[j] is -inf (hidden). */
+ATT_INLINE void exp_shifted(float *sc, uint32_t n, float m)
+{
+	uint32_t j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		v8f v = load8(sc + j) - m;
+
+		exp8(&v);
+		memcpy(sc + j, &v, sizeof(v));
+	}
+	if (j < n) {
+		float t[8];
+		v8f v;
+
+		for (uint32_t k = 0; k < 8; k++)
+			t[k] = j + k < n ? sc[j + k] - m : -INFINITY;
+		v = load8(t);
+		exp8(&v);
+		memcpy(t, &v, sizeof(v));
+		memcpy(sc + j, t, (n - j) * sizeof(float));
+	}
+}
+
+/* sc[j] *= scale for j < n; returns their maximum (-inf when every one
+ * is -inf; a NaN is passed over, as by a scalar `if (x > max)`). */
+ATT_INLINE float scale_max(float *sc, uint32_t n, float scale)
+{
+	v8f mv = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
+		   -INFINITY, -INFINITY, -INFINITY, -INFINITY };
+	float mb = -INFINITY;
+	uint32_t j = 0;
+
+	for (; j + 8 <= n; j += 8) {
+		v8f v = load8(sc + j) * scale;
+		v8i gt = v > mv;
+
+		mv = (v8f)(((v8i)v & gt) | ((v8i)mv & ~gt));
+		memcpy(sc + j, &v, sizeof(v));
+	}
+	for (; j < n; j++) {
+		sc[j] *= scale;
+		if (sc[j] > mb)
+			mb = sc[j];
+	}
+	/* lanes by constant subscripts: a loop over them went through memory */
+	float m01 = mv[0] > mv[1] ? mv[0] : mv[1], m23 = mv[2] > mv[3] ? mv[2] : mv[3];
+	float m45 = mv[4] > mv[5] ? mv[4] : mv[5], m67 = mv[6] > mv[7] ? mv[6] : mv[7];
+	float m03 = m01 > m23 ? m01 : m23, m47 = m45 > m67 ? m45 : m67;
+	float m07 = m03 > m47 ? m03 : m47;
+
+	return m07 > mb ? m07 : mb;
+}
+
+/* e^x of one float, by exp8's arithmetic. */
+ATT_INLINE float exp1(float x)
+{
+	v8f v = { x, x, x, x, x, x, x, x };
+
+	exp8(&v);
+	return v[0];
 }
 
 /* y = y * s + p[0] * x[0], then y = y + p[u] * x[u] for u = 1..nv-1
@@ -456,32 +505,29 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
 					dot4(q, kb + (size_t)j * hd, hd, hd, sc + j);
 				for (; j < n; j++)
 					sc[j] = dot(q, kb + (size_t)j * hd, hd);
-				for (j = 0; j < n; j++) {
-					if (vis == 2 && !gpud_mask_visible(mask, qs[i], b * bt + j)) {
-						sc[j] = -INFINITY;
-						continue;
-					}
-					sc[j] *= scale;
-					if (sc[j] > mb)
-						mb = sc[j];
-				}
+				if (vis == 2)
+					for (j = 0; j < n; j++)
+						if (!gpud_mask_visible(mask, qs[i], b * bt + j))
+							sc[j] = -INFINITY;
+				mb = scale_max(sc, n, scale);
 				if (mb == -INFINITY)
 					continue;
 				if (!vwide) {
 					kv_get(c, kraw + voff, vw, nmax * hd);
 					vwide = true;
 				}
-				float corr = 1;
+				float corr = 1, lsum = li[h];
 				if (mb > mi[h]) {
-					corr = expf(mi[h] - mb); /* 0 on the first visible block */
-					li[h] *= corr;
+					corr = exp1(mi[h] - mb); /* 0 on the first visible block */
+					lsum *= corr;
 					mi[h] = mb;
 				}
+				exp_shifted(sc, n, mi[h]);
 				for (j = 0; j < n; j++) {
-					if (sc[j] == -INFINITY)
+					if (sc[j] == 0) /* hidden, or below e^-87 */
 						continue;
-					pr[nr] = expf(sc[j] - mi[h]);
-					li[h] += pr[nr];
+					pr[nr] = sc[j];
+					lsum += pr[nr];
 					idx[nr++] = (uint16_t)j;
 					if (nr == ATT_RUN) {
 						/* the rescale by corr rides along with the first value */
@@ -492,6 +538,7 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
 				}
 				if (nr)
 					scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
+				li[h] = lsum;
 			}
 		}
 	}
