@@ -149,7 +149,7 @@ static int bench_model(const char *path, const char *label, const struct opts *o
 	for (uint32_t j = 0; j < max_n; j++)
 		toks[j] = j == 0 ? 1 : rnd_tok(gpud_engine_n_vocab(e));
 	for (int i = 0; i < o->n_tokens && !rc; i++) {
-		struct row *r = &rows[(*n_rows)++];
+		struct row *r;
 		double total = 0, t;
 		uint32_t reps = 0;
 
@@ -158,6 +158,7 @@ static int bench_model(const char *path, const char *label, const struct opts *o
 			       o->tokens[i], gpud_model_hparams(m)->n_ctx);
 			continue;
 		}
+		r = &rows[(*n_rows)++];
 		memset(r, 0, sizeof(*r));
 		snprintf(r->model, sizeof(r->model), "%s", label);
 		r->head_dim = gpud_model_hparams(m)->head_dim;

@@ -109,6 +109,12 @@ struct cpu_ctx {
 
 /* --- small vector helpers (plain loops the compiler vectorizes) --------- */
 
+/* The sum of v8f a's lanes, then t: in one order wherever a dot product
+ * ends (dot, dot4, dot8's vector form), so that a key's score has the
+ * same bits whichever of them computed it. */
+#define HSUM8(a, t) \
+	(((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) + (((a)[4] + (a)[5]) + ((a)[6] + (a)[7]))) + (t))
+
 static inline float dot(const float *a, const float *b, uint32_t n)
 {
 	v8f acc = { 0 };
@@ -119,7 +125,7 @@ static inline float dot(const float *a, const float *b, uint32_t n)
 		acc += load8(a + i) * load8(b + i);
 	for (; i < n; i++)
 		t += a[i] * b[i];
-	return (((acc[0] + t) + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+	return HSUM8(acc, t);
 }
 
 /* Inlined always: attend()'s clones must compile them for their target
@@ -147,17 +153,25 @@ ATT_INLINE void dot4(const float *q, const float *k, size_t stride, uint32_t n, 
 	for (; i < n; i++)
 		for (int r = 0; r < 4; r++)
 			t[r] += q[i] * k[(size_t)r * stride + i];
-#define DOT4_SUM(r, a)                                                                         \
-	out[r] = (((a[0] + t[r]) + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-	DOT4_SUM(0, a0);
-	DOT4_SUM(1, a1);
-	DOT4_SUM(2, a2);
-	DOT4_SUM(3, a3);
-#undef DOT4_SUM
+	out[0] = HSUM8(a0, t[0]);
+	out[1] = HSUM8(a1, t[1]);
+	out[2] = HSUM8(a2, t[2]);
+	out[3] = HSUM8(a3, t[3]);
 }
 
+/* Lanes i of a and b, pairwise summed: [a0+a1, b0+b1, a2+a3, b2+b3, ...]
+ * (level 1 of dot8's reduction), and the two later levels. */
+#define PAIR_EVEN(a, b) __builtin_shufflevector(a, b, 0, 8, 2, 10, 4, 12, 6, 14)
+#define PAIR_ODD(a, b) __builtin_shufflevector(a, b, 1, 9, 3, 11, 5, 13, 7, 15)
+#define QUAD_LO(a, b) __builtin_shufflevector(a, b, 0, 1, 8, 9, 4, 5, 12, 13)
+#define QUAD_HI(a, b) __builtin_shufflevector(a, b, 2, 3, 10, 11, 6, 7, 14, 15)
+#define HALF_LO(a, b) __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11)
+#define HALF_HI(a, b) __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15)
+
 /* dot4() of 8 rows: eight chains side by side, as many as an adder's
- * latency times its throughput wants; the same bits again. */
+ * latency times its throughput wants; then the eight sums at once, lanes
+ * moved across the eight vectors (7 adds where one row at a time took 56
+ * scalar ones), in HSUM8's order: the same bits again. */
 ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, float *out)
 {
 	/* named, not an array: an array of accumulators stays in memory */
@@ -181,17 +195,15 @@ ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, 
 	for (; i < n; i++)
 		for (int r = 0; r < 8; r++)
 			t[r] += q[i] * k[(size_t)r * stride + i];
-#define DOT8_SUM(r, a)                                                                         \
-	out[r] = (((a[0] + t[r]) + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
-	DOT8_SUM(0, a0);
-	DOT8_SUM(1, a1);
-	DOT8_SUM(2, a2);
-	DOT8_SUM(3, a3);
-	DOT8_SUM(4, a4);
-	DOT8_SUM(5, a5);
-	DOT8_SUM(6, a6);
-	DOT8_SUM(7, a7);
-#undef DOT8_SUM
+	/* [x01 of rows 0, 1, x23 of 0, 1, ...], xAB = lane A + lane B */
+	v8f p01 = PAIR_EVEN(a0, a1) + PAIR_ODD(a0, a1), p23 = PAIR_EVEN(a2, a3) + PAIR_ODD(a2, a3);
+	v8f p45 = PAIR_EVEN(a4, a5) + PAIR_ODD(a4, a5), p67 = PAIR_EVEN(a6, a7) + PAIR_ODD(a6, a7);
+	/* [x01 + x23 of rows 0-3, x45 + x67 of rows 0-3], the same of 4-7 */
+	v8f q03 = QUAD_LO(p01, p23) + QUAD_HI(p01, p23);
+	v8f q47 = QUAD_LO(p45, p67) + QUAD_HI(p45, p67);
+	v8f sum = (HALF_LO(q03, q47) + HALF_HI(q03, q47)) + load8(t);
+
+	memcpy(out, &sum, sizeof(sum));
 }
 
 /* sc[j] = e^(sc[j] - m) for j < n: 0 where sc[j] is -inf (hidden). */
@@ -263,7 +275,8 @@ ATT_INLINE float exp1(float x)
  * updates y = y * s + p * x one by one (s = 1 after the first: y * 1 is
  * y), with y in a register across them instead of a load and a store
  * per value. An element's updates are a chain, each waiting on the last:
- * four vectors of elements go side by side (four chains in flight), with
+ * eight or four vectors of elements go side by side (as many chains in
+ * flight), with
  * the rows' addresses and the broadcast p[u] made once, not per vector.
  * Each element's arithmetic is the same, so the same bits. */
 #define ATT_RUN 16
@@ -279,6 +292,35 @@ ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 	for (uint32_t u = 0; u < nv; u++) {
 		x[u] = v + (size_t)idx[u] * n;
 		pb[u] = (v8f){ p[u], p[u], p[u], p[u], p[u], p[u], p[u], p[u] };
+	}
+	for (; i + 64 <= n; i += 64) {
+		v8f a0 = load8(y + i) * s + load8(x[0] + i) * pb[0];
+		v8f a1 = load8(y + i + 8) * s + load8(x[0] + i + 8) * pb[0];
+		v8f a2 = load8(y + i + 16) * s + load8(x[0] + i + 16) * pb[0];
+		v8f a3 = load8(y + i + 24) * s + load8(x[0] + i + 24) * pb[0];
+		v8f a4 = load8(y + i + 32) * s + load8(x[0] + i + 32) * pb[0];
+		v8f a5 = load8(y + i + 40) * s + load8(x[0] + i + 40) * pb[0];
+		v8f a6 = load8(y + i + 48) * s + load8(x[0] + i + 48) * pb[0];
+		v8f a7 = load8(y + i + 56) * s + load8(x[0] + i + 56) * pb[0];
+
+		for (uint32_t u = 1; u < nv; u++) {
+			a0 = a0 + load8(x[u] + i) * pb[u];
+			a1 = a1 + load8(x[u] + i + 8) * pb[u];
+			a2 = a2 + load8(x[u] + i + 16) * pb[u];
+			a3 = a3 + load8(x[u] + i + 24) * pb[u];
+			a4 = a4 + load8(x[u] + i + 32) * pb[u];
+			a5 = a5 + load8(x[u] + i + 40) * pb[u];
+			a6 = a6 + load8(x[u] + i + 48) * pb[u];
+			a7 = a7 + load8(x[u] + i + 56) * pb[u];
+		}
+		memcpy(y + i, &a0, sizeof(a0));
+		memcpy(y + i + 8, &a1, sizeof(a1));
+		memcpy(y + i + 16, &a2, sizeof(a2));
+		memcpy(y + i + 24, &a3, sizeof(a3));
+		memcpy(y + i + 32, &a4, sizeof(a4));
+		memcpy(y + i + 40, &a5, sizeof(a5));
+		memcpy(y + i + 48, &a6, sizeof(a6));
+		memcpy(y + i + 56, &a7, sizeof(a7));
 	}
 	for (; i + 32 <= n; i += 32) {
 		v8f a0 = load8(y + i) * s + load8(x[0] + i) * pb[0];
