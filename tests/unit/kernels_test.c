@@ -729,8 +729,8 @@ static uint32_t f32_bits(float f)
 
 /* Within 2 ulp of exp rounded from double (1 here) at every 61st float
  * from -87 to 88 (some 35 million; every 6100th under valgrind), the same
- * bits in the avx2 build and in every lane; 0 below -87 and at -inf, NaN
- * at NaN, exactly 1 at 0. */
+ * bits in the avx2 build and in every lane; 0 below -87 and at -inf, +inf
+ * above 88, NaN at NaN, exactly 1 at 0. */
 static void test_exp8(void **state)
 {
 	bool avx2 = __builtin_cpu_supports("avx2");
@@ -778,12 +778,17 @@ static void test_exp8(void **state)
 	for (int k = 1; k < 8; k++)
 		assert_int_equal(f32_bits(x[k]), f32_bits(x[0]));
 
-	float sp[8] = { 0.0f, -0.0f, -INFINITY, NAN, -87.5f, -1000.0f, 88.0f, 1000.0f };
+	float sp[8] = { 0.0f, -0.0f, -INFINITY, NAN, -87.5f, -1000.0f, 88.0f, 88.5f };
 	exp8_default(sp);
 	assert_true(sp[0] == 1.0f && sp[1] == 1.0f);
 	assert_true(sp[2] == 0.0f && sp[4] == 0.0f && sp[5] == 0.0f);
 	assert_true(isnan(sp[3]));
-	assert_true(sp[6] == sp[7] && isfinite(sp[6])); /* above 88: taken as 88 */
+	assert_true(isfinite(sp[6]) && sp[7] == INFINITY); /* above 88: +inf */
+	float big[8] = { 1000.0f, INFINITY, 89.0f, 88.0001f, -86.99f, 1.0f, -1.0f, 0.5f };
+	exp8_default(big);
+	assert_true(big[0] == INFINITY && big[1] == INFINITY && big[2] == INFINITY &&
+		    big[3] == INFINITY);
+	assert_true(big[4] > 0 && big[5] > 2.718f && big[5] < 2.7183f);
 }
 
 int main(void)

@@ -8,6 +8,7 @@
 #ifndef GPUD_BACKEND_CPU_VEC8_H
 #define GPUD_BACKEND_CPU_VEC8_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -31,16 +32,20 @@ typedef int32_t v8i __attribute__((vector_size(32)));
  * in r, and 2^n made in the exponent bits: within 2 ulp of expf from -87
  * to 88 (tests/unit/kernels_test.c measures it). Lanes below -87 (e^-87
  * is 1.6e-38: a denormal or less), -inf included, give 0; lanes above 88
- * are taken as 88 (the softmax, its user, never asks: its exponents are
- * scores minus their maximum); NaN gives NaN; 0 gives exactly 1. Every
- * lane gives the same bits for the same x. */
+ * give +inf (e^88 is 1.65e38 and the float range ends at 88.72: the
+ * softmax never asks, its exponents are scores minus their maximum, and
+ * SwiGLU's e^-g past it only divides g into -0 instead of a denormal);
+ * NaN gives NaN; 0 gives exactly 1. Every lane gives the same bits for
+ * the same x. */
 static inline __attribute__((always_inline)) void exp8(v8f *xp)
 {
 	v8f x = *xp;
 	const v8f lo = { -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f };
 	const v8f hi = { 88.0f, 88.0f, 88.0f, 88.0f, 88.0f, 88.0f, 88.0f, 88.0f };
+	const v8f inf = { INFINITY, INFINITY, INFINITY, INFINITY,
+			  INFINITY, INFINITY, INFINITY, INFINITY };
 	v8i dead = x < lo, big = x > hi;
-	v8f xc = (v8f)(((v8i)x & ~dead & ~big) | ((v8i)hi & big)); /* dead lanes: 0 */
+	v8f xc = (v8f)((v8i)x & ~dead & ~big); /* dead and big lanes: 0 */
 	/* n = round(x / ln2): 1.5 * 2^23 pushes the fraction out and back */
 	v8f fn = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
 	v8f r = (xc - fn * 0.693359375f) - fn * -2.12194440e-4f;
@@ -52,7 +57,7 @@ static inline __attribute__((always_inline)) void exp8(v8f *xp)
 	p = p * r + 5.0000001201e-1f;
 	p = (p * (r * r) + r) + 1.0f;
 	p = p * (v8f)((__builtin_convertvector(fn, v8i) + 127) << 23);
-	*xp = (v8f)((v8i)p & ~dead);
+	*xp = (v8f)(((v8i)p & ~dead & ~big) | ((v8i)inf & big));
 }
 
 #endif
