@@ -282,6 +282,26 @@ ATT_INLINE float exp1(float x)
 #define ATT_RUN 16
 /* Tokens of one sequence whose attention shares each K/V block read. */
 #define ATT_TILE 8
+/* scale_axpy_n's update of the W vectors at y (column i of the rows x):
+ * W chains side by side. W is a constant where inlined: the loops unroll
+ * and the accumulators stay in registers. */
+ATT_INLINE void axpy_cols(float *y, float s, const float *const *x, const v8f *pb, uint32_t nv,
+			  uint32_t i, const int W)
+{
+	v8f a[8];
+
+#pragma GCC unroll 8
+	for (int w = 0; w < W; w++)
+		a[w] = load8(y + 8 * w) * s + load8(x[0] + i + 8 * w) * pb[0];
+	for (uint32_t u = 1; u < nv; u++)
+#pragma GCC unroll 8
+		for (int w = 0; w < W; w++)
+			a[w] = a[w] + load8(x[u] + i + 8 * w) * pb[u];
+#pragma GCC unroll 8
+	for (int w = 0; w < W; w++)
+		memcpy(y + 8 * w, &a[w], sizeof(a[w]));
+}
+
 ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 			     const uint16_t *idx, uint32_t nv, uint32_t n)
 {
@@ -293,52 +313,10 @@ ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 		x[u] = v + (size_t)idx[u] * n;
 		pb[u] = (v8f){ p[u], p[u], p[u], p[u], p[u], p[u], p[u], p[u] };
 	}
-	for (; i + 64 <= n; i += 64) {
-		v8f a0 = load8(y + i) * s + load8(x[0] + i) * pb[0];
-		v8f a1 = load8(y + i + 8) * s + load8(x[0] + i + 8) * pb[0];
-		v8f a2 = load8(y + i + 16) * s + load8(x[0] + i + 16) * pb[0];
-		v8f a3 = load8(y + i + 24) * s + load8(x[0] + i + 24) * pb[0];
-		v8f a4 = load8(y + i + 32) * s + load8(x[0] + i + 32) * pb[0];
-		v8f a5 = load8(y + i + 40) * s + load8(x[0] + i + 40) * pb[0];
-		v8f a6 = load8(y + i + 48) * s + load8(x[0] + i + 48) * pb[0];
-		v8f a7 = load8(y + i + 56) * s + load8(x[0] + i + 56) * pb[0];
-
-		for (uint32_t u = 1; u < nv; u++) {
-			a0 = a0 + load8(x[u] + i) * pb[u];
-			a1 = a1 + load8(x[u] + i + 8) * pb[u];
-			a2 = a2 + load8(x[u] + i + 16) * pb[u];
-			a3 = a3 + load8(x[u] + i + 24) * pb[u];
-			a4 = a4 + load8(x[u] + i + 32) * pb[u];
-			a5 = a5 + load8(x[u] + i + 40) * pb[u];
-			a6 = a6 + load8(x[u] + i + 48) * pb[u];
-			a7 = a7 + load8(x[u] + i + 56) * pb[u];
-		}
-		memcpy(y + i, &a0, sizeof(a0));
-		memcpy(y + i + 8, &a1, sizeof(a1));
-		memcpy(y + i + 16, &a2, sizeof(a2));
-		memcpy(y + i + 24, &a3, sizeof(a3));
-		memcpy(y + i + 32, &a4, sizeof(a4));
-		memcpy(y + i + 40, &a5, sizeof(a5));
-		memcpy(y + i + 48, &a6, sizeof(a6));
-		memcpy(y + i + 56, &a7, sizeof(a7));
-	}
-	for (; i + 32 <= n; i += 32) {
-		v8f a0 = load8(y + i) * s + load8(x[0] + i) * pb[0];
-		v8f a1 = load8(y + i + 8) * s + load8(x[0] + i + 8) * pb[0];
-		v8f a2 = load8(y + i + 16) * s + load8(x[0] + i + 16) * pb[0];
-		v8f a3 = load8(y + i + 24) * s + load8(x[0] + i + 24) * pb[0];
-
-		for (uint32_t u = 1; u < nv; u++) {
-			a0 = a0 + load8(x[u] + i) * pb[u];
-			a1 = a1 + load8(x[u] + i + 8) * pb[u];
-			a2 = a2 + load8(x[u] + i + 16) * pb[u];
-			a3 = a3 + load8(x[u] + i + 24) * pb[u];
-		}
-		memcpy(y + i, &a0, sizeof(a0));
-		memcpy(y + i + 8, &a1, sizeof(a1));
-		memcpy(y + i + 16, &a2, sizeof(a2));
-		memcpy(y + i + 24, &a3, sizeof(a3));
-	}
+	for (; i + 64 <= n; i += 64)
+		axpy_cols(y + i, s, x, pb, nv, i, 8);
+	for (; i + 32 <= n; i += 32)
+		axpy_cols(y + i, s, x, pb, nv, i, 4);
 	for (; i + 8 <= n; i += 8) {
 		v8f acc = load8(y + i) * s + load8(x[0] + i) * pb[0];
 
