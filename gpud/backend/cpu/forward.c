@@ -206,15 +206,22 @@ ATT_INLINE void dot8(const float *q, const float *k, size_t stride, uint32_t n, 
 	memcpy(out, &sum, sizeof(sum));
 }
 
-/* sc[j] = e^(sc[j] - m) for j < n: 0 where sc[j] is -inf (hidden). */
-ATT_INLINE void exp_shifted(float *sc, uint32_t n, float m)
+/* sc[j] = e^(sc[j] - m) for j < n: 0 where sc[j] is -inf (hidden) or
+ * below e^-87. Returns their sum (lane k adds sc[k], sc[k + 8], ... ,
+ * then HSUM8: an order fixed by n) and *zeros, how many are 0. */
+ATT_INLINE float exp_shifted(float *sc, uint32_t n, float m, uint32_t *zeros)
 {
+	v8f acc = { 0 };
+	v8i nz = { 0 }; /* -1 in a lane per 0 */
+	const v8f zero = { 0 };
 	uint32_t j = 0;
 
 	for (; j + 8 <= n; j += 8) {
 		v8f v = load8(sc + j) - m;
 
 		exp8(&v);
+		acc += v;
+		nz += v == zero;
 		memcpy(sc + j, &v, sizeof(v));
 	}
 	if (j < n) {
@@ -225,9 +232,15 @@ ATT_INLINE void exp_shifted(float *sc, uint32_t n, float m)
 			t[k] = j + k < n ? sc[j + k] - m : -INFINITY;
 		v = load8(t);
 		exp8(&v);
+		acc += v;
+		nz += v == zero;
 		memcpy(t, &v, sizeof(v));
 		memcpy(sc + j, t, (n - j) * sizeof(float));
 	}
+	/* the padding lanes past n are zeros too */
+	*zeros = (uint32_t)-(nz[0] + nz[1] + nz[2] + nz[3] + nz[4] + nz[5] + nz[6] + nz[7]) -
+		 (n % 8 ? 8 - n % 8 : 0);
+	return HSUM8(acc, 0.0f);
 }
 
 /* sc[j] *= scale for j < n; returns their maximum (-inf when every one
@@ -310,7 +323,7 @@ ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 	uint32_t i = 0;
 
 	for (uint32_t u = 0; u < nv; u++) {
-		x[u] = v + (size_t)idx[u] * n;
+		x[u] = v + (size_t)(idx ? idx[u] : u) * n;
 		pb[u] = (v8f){ p[u], p[u], p[u], p[u], p[u], p[u], p[u], p[u] };
 	}
 	for (; i + 64 <= n; i += 64)
@@ -318,10 +331,19 @@ ATT_INLINE void scale_axpy_n(float *y, float s, const float *p, const float *v,
 	for (; i + 32 <= n; i += 32)
 		axpy_cols(y + i, s, x, pb, nv, i, 4);
 	for (; i + 8 <= n; i += 8) {
-		v8f acc = load8(y + i) * s + load8(x[0] + i) * pb[0];
+		/* one vector: its chain in two, even and odd values (a short
+		 * head's update would otherwise wait on the adder's latency
+		 * at every value) */
+		v8f acc = load8(y + i) * s + load8(x[0] + i) * pb[0], acc1 = { 0 };
+		uint32_t u = 1;
 
-		for (uint32_t u = 1; u < nv; u++)
-			acc = acc + load8(x[u] + i) * pb[u];
+		for (; u + 2 <= nv; u += 2) {
+			acc1 = acc1 + load8(x[u] + i) * pb[u];
+			acc = acc + load8(x[u + 1] + i) * pb[u + 1];
+		}
+		if (u < nv)
+			acc1 = acc1 + load8(x[u] + i) * pb[u];
+		acc = acc + acc1;
 		memcpy(y + i, &acc, sizeof(acc));
 	}
 	for (; i < n; i++) {
@@ -517,7 +539,7 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
 				float *out = out0 + (size_t)h * hd, *sc = scores + (size_t)h * bt;
 				float mb = -INFINITY, pr[ATT_RUN];
 				uint16_t idx[ATT_RUN];
-				uint32_t j = 0, nr = 0;
+				uint32_t j = 0, nr = 0, zeros;
 
 				for (; j + 8 <= n; j += 8)
 					dot8(q, kb + (size_t)j * hd, hd, hd, sc + j);
@@ -542,15 +564,23 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
 					lsum *= corr;
 					mi[h] = mb;
 				}
-				exp_shifted(sc, n, mi[h]);
-				for (j = 0; j < n; j++) {
+				lsum += exp_shifted(sc, n, mi[h], &zeros);
+				/* the rescale by corr rides along with the first value */
+				if (!zeros) { /* the rows in order, in runs */
+					for (j = 0; j < n; j += ATT_RUN) {
+						nr = n - j < ATT_RUN ? n - j : ATT_RUN;
+						scale_axpy_n(out, corr, sc + j, vb + (size_t)j * hd,
+							     NULL, nr, hd);
+						corr = 1;
+					}
+					nr = 0;
+				}
+				for (j = 0; zeros && j < n; j++) {
 					if (sc[j] == 0) /* hidden, or below e^-87 */
 						continue;
 					pr[nr] = sc[j];
-					lsum += pr[nr];
 					idx[nr++] = (uint16_t)j;
 					if (nr == ATT_RUN) {
-						/* the rescale by corr rides along with the first value */
 						scale_axpy_n(out, corr, pr, vb, idx, nr, hd);
 						corr = 1;
 						nr = 0;
