@@ -129,6 +129,12 @@ done
 ok "SIGKILL: the supervisor starts a new gpud-http" test -n "$new" -a "$new" != "$old"
 ok "... which answers /health with 200" wait_health 200
 ok "... its restart counted" test "$(svc gpud-http restarts)" -ge 1
+# "up" is the supervisor's word once its readiness probe has passed, which
+# may come some time after /health first answers: up to 30 s for it
+for _ in $(seq 1 300); do
+	[ "$(svc gpud-http state)" = running ] && break
+	sleep 0.1
+done
 check "status after the restart: up, last exit signal 9" 0 "gpud-http +up .*signal 9" \
 	-- ctl status
 
