@@ -620,8 +620,16 @@ static int prepare_service_user(struct ctl_env *e, char *err, size_t errlen)
 				 e->cfg.user, NULL };
 
 		log_path(e, "supervisor", log, sizeof(log));
-		if (ctl_run(argv, log, NULL) != 0)
-			return fail_with_log(err, errlen, -EIO, log, "%s failed", "useradd");
+		/* Another swarmctl (a second state directory) may be adding the
+		 * same user: useradd then fails on its lock of /etc/passwd, or
+		 * finds the user. Tried again while the user is still missing. */
+		for (int tries = 0; tries < 10; tries++) {
+			if (ctl_run(argv, log, NULL) == 0 || service_user(e, &uid, &gid) != -ENOENT)
+				break;
+			if (tries == 9)
+				return fail_with_log(err, errlen, -EIO, log, "%s failed", "useradd");
+			sw_sleep_ms(200);
+		}
 		rc = service_user(e, &uid, &gid);
 	}
 	if (rc < 0)

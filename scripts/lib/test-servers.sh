@@ -96,7 +96,7 @@ start_pg() {
 		if pg_run "$PG_BIN/pg_ctl" -D "$dir/pg/data" -l "$dir/pg/postgres.log" \
 			-w -t 60 -s -o "-p $port -k $dir/pg -c listen_addresses=127.0.0.1 \
 -c fsync=off -c full_page_writes=off -c synchronous_commit=off \
--c shared_buffers=16MB -c max_connections=40" start >/dev/null 2>&1; then
+-c shared_buffers=16MB -c max_connections=200" start >/dev/null 2>&1; then
 			echo "SWARM_TEST_PG_URL=postgresql://postgres@127.0.0.1:$port/postgres" >>"$dir/env"
 			echo "SWARM_TEST_PG_SOCKET_DIR=$dir/pg" >>"$dir/env"
 			return 0
