@@ -37,3 +37,36 @@ sw_configure() {
 sw_build() {
 	sw_configure "$@" && nice ninja -C "$1"
 }
+
+# sw_build_suite DIR SUITE [meson options...]: configures DIR (as
+# sw_configure) and builds only what the tests of SUITE run: their
+# executables and the targets they declare in `depends` (meson's
+# introspection files, meson-info/). Run those tests with --no-rebuild:
+# meson test would otherwise build everything first.
+sw_build_suite() {
+	local dir=$1 suite=$2 outs
+	shift 2
+	sw_configure "$dir" "$@" || return
+	outs=$(python3 - "$dir" "$suite" <<'PY'
+import json, os, sys
+d, suite = os.path.abspath(sys.argv[1]), sys.argv[2]
+info = os.path.join(d, 'meson-info')
+tests = json.load(open(os.path.join(info, 'intro-tests.json')))
+targets = {t['id']: t for t in json.load(open(os.path.join(info, 'intro-targets.json')))}
+built = {f for t in targets.values() for f in t['filename']}
+outs = set()
+for t in tests:
+    if not any(s == suite or s.endswith(':' + suite) for s in t['suite']):
+        continue
+    for i in t['depends']:
+        outs.update(targets[i]['filename'] if i in targets else [])
+    if t['cmd'] and t['cmd'][0] in built:
+        outs.add(t['cmd'][0])
+if not outs:
+    sys.exit('sw_build_suite: no test of suite %s in %s' % (suite, d))
+print('\n'.join(sorted(os.path.relpath(f, d) for f in outs)))
+PY
+) || return
+	# shellcheck disable=SC2086 # one target per line, no spaces in them
+	nice ninja -C "$dir" $outs
+}

@@ -297,6 +297,9 @@ static void assert_idle_empty(struct gpud_engine *e)
 static void offsets(double tol)
 {
 	static const uint32_t offs[] = { 0, 5, 16, 17, 31, 32, 1000 };
+	/* Under valgrind not 1000: its two 1,000-token prefills were 80% of
+	 * the test's time there, and the block edges are all below 33. */
+	const size_t n_offs = sizeof(offs) / sizeof(offs[0]) - (getenv("SWARM_UNDER_VALGRIND") ? 1 : 0);
 	struct gpud_engine *e = engine(1 << 20, 0);
 	static struct prompt first, p;
 	int32_t chunk[37];
@@ -313,7 +316,7 @@ static void offsets(double tol)
 	gpud_engine_stats(e, &st);
 	assert_int_equal(st.chunk.entries, 1);
 	assert_int_equal(st.chunk.blocks, 3); /* 37 tokens from offset 0 */
-	for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
+	for (size_t i = 0; i < n_offs; i++) {
 		double er;
 
 		if (offs[i])
@@ -332,8 +335,8 @@ static void offsets(double tol)
 		run_free(e, &r, 1);
 	}
 	gpud_engine_stats(e, &st);
-	assert_int_equal(st.chunk.hits, 7);
-	assert_int_equal(st.chunk.hit_tokens, 7 * 37);
+	assert_int_equal(st.chunk.hits, n_offs);
+	assert_int_equal(st.chunk.hit_tokens, n_offs * 37);
 	/* the chunk only: a first segment (which sees only itself by
 	 * definition) is the prefix cache's */
 	assert_int_equal(st.chunk.inserts, 1);

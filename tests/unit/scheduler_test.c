@@ -2348,7 +2348,11 @@ static void test_fail_device_racing(void **state)
 	const int rounds = under_valgrind() ? 2 : 6;
 	int failed = 0;
 
-	for (int round = 0; round < rounds; round++) {
+	/* Rounds past `rounds` (at most 20, with no wait) only until a request
+	 * has failed: a thread scheduler that runs the stepper to the end
+	 * first (valgrind's, one thread at a time) must not leave the failure
+	 * path unexercised. */
+	for (int round = 0; round < rounds || (failed == 0 && round < rounds + 20); round++) {
 		struct gpud_engine *e = mk_engine(64, 4, 0);
 		struct gpud_sched *s = mk_sched(&e, 1, 8, 0, 32);
 		static struct res out[6];
@@ -2364,7 +2368,8 @@ static void test_fail_device_racing(void **state)
 			submit_ok(s, &r);
 		}
 		assert_int_equal(pthread_create(&th, NULL, stepper_main, &w), 0);
-		usleep(200 + 700 * (unsigned)round);
+		if (round < rounds)
+			usleep(200 + 700 * (unsigned)round);
 		assert_true(gpud_sched_fail_device(s, 0, SW_EDEVICE, "test: race") >= 0);
 		pthread_join(th, NULL);
 		assert_true(step_ok(s, 0) == 0); /* nothing left, nothing stepped */
