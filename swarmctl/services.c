@@ -623,14 +623,14 @@ static int prepare_service_user(struct ctl_env *e, char *err, size_t errlen)
 		/* Another swarmctl (a second state directory) may be adding the
 		 * same user: useradd then fails on its lock of /etc/passwd, or
 		 * finds the user. Tried again while the user is still missing. */
-		for (int tries = 0; tries < 10; tries++) {
-			if (ctl_run(argv, log, NULL) == 0 || service_user(e, &uid, &gid) != -ENOENT)
-				break;
-			if (tries == 9)
-				return fail_with_log(err, errlen, -EIO, log, "%s failed", "useradd");
-			sw_sleep_ms(200);
+		for (int tries = 1; rc == -ENOENT && tries <= 10; tries++) {
+			if (tries > 1)
+				sw_sleep_ms(200);
+			ctl_run(argv, log, NULL);
+			rc = service_user(e, &uid, &gid);
 		}
-		rc = service_user(e, &uid, &gid);
+		if (rc == -ENOENT)
+			return fail_with_log(err, errlen, -EIO, log, "%s failed", "useradd");
 	}
 	if (rc < 0)
 		return sw_seterr(err, errlen, rc, "user %s: no such user", e->cfg.user);

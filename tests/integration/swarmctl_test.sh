@@ -87,6 +87,14 @@ if [ "$(id -u)" = 0 ]; then
 		"PostgreSQL runs as the user postgres.*cannot enter $top/private \(mode 700\)" \
 		-- env SWARM_STATE_DIR="$top/private/s" "$swarmctl" start
 	reap "$top/private/s"
+	# a service user useradd refuses: tried 10 times (a lock held by
+	# another swarmctl would clear), then refused with useradd's words
+	check "as root, a SWARM_USER useradd refuses: start fails with its reason" 1 \
+		"useradd failed" "invalid user name 'bad:name'" \
+		-- env SWARM_STATE_DIR="$top/baduser" SWARM_USER='bad:name' "$swarmctl" start
+	check "... and nothing is left running" 1 "nothing is running" \
+		-- env SWARM_STATE_DIR="$top/baduser" "$swarmctl" status
+	reap "$top/baduser"
 fi
 
 # --- a service that cannot start: gpud on a corrupt model ------------------
