@@ -6,6 +6,7 @@
  *   backend_cmp --model PATH --bench [--label NAME] [--out FILE.md] [--long-context N]
  *               [--quick] [--long-f16]
  *   backend_cmp --model PATH --profile [--label NAME] [--out FILE.md] [--quick]
+ *   backend_cmp --model PATH --stages [--label NAME] [--out FILE.md] [--quick] [--copy-gbs G]
  *
  * The device under test is cuda:0 (the registry's table for "cuda",
  * gpud/backend.h); --device cpu puts a second CPU instance there instead,
@@ -59,6 +60,17 @@
  * prefill (--quick: batch 1 and 16, 128 tokens); appends a table per case
  * to --out: each (stage, launch) with its launches and microseconds per
  * step and its share, the largest first.
+ *
+ * Stages: cuda:0 only. An instance with the stage profile on
+ * (GPUD_CUDA_PROFILE=graph, cuda.h: steps as usual) runs the bench's
+ * decode steps at batch 1, 16, 2 and 64 (--quick: 1 and 16), and after
+ * each times every (stage, launch) pair of that step captured alone into
+ * a graph (every layer's launches of it), the step's own graph, and
+ * graphs of empty kernels (what replays and launches cost alone); appends
+ * a table per batch: the pairs in the step's order with microseconds per
+ * step, share of the step's graph, weight bytes read and GB/s (and the
+ * share of --copy-gbs, gpu_bw's copy bandwidth). The eager profile's rows
+ * carry the host's launch gaps; these carry only what a graph has.
  */
 #include <errno.h>
 #include <math.h>
@@ -901,12 +913,154 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 #endif
 }
 
+#if SW_HAVE_CUDA
+/* The weight bytes a (stage, op) pair of a step reads: its matrices over
+ * every layer for the matmul launches, 0 for the others. */
+static double stage_weight_bytes(const struct gpud_model *m, const char *stage, const char *op)
+{
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const struct gpud_model_weights *w = gpud_model_weights(m);
+	const struct gpud_weight *ws[3] = { NULL, NULL, NULL };
+	double n = 0;
+
+	if (strncmp(op, "matmul", 6) && strncmp(op, "cublasGemmEx", 12))
+		return 0;
+	if (!strcmp(stage, "output"))
+		return (double)w->output.rows * gpud_type_row_bytes(w->output.type,
+								    (uint64_t)w->output.cols);
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		const struct gpud_layer_weights *L = &w->layers[l];
+
+		if (!strcmp(stage, "q, k, v"))
+			ws[0] = &L->wq, ws[1] = &L->wk, ws[2] = &L->wv;
+		else if (!strcmp(stage, "o"))
+			ws[0] = &L->wo;
+		else if (!strcmp(stage, "gate, up"))
+			ws[0] = &L->w_gate, ws[1] = &L->w_up;
+		else if (!strcmp(stage, "down"))
+			ws[0] = &L->w_down;
+		else
+			return 0;
+		for (int i = 0; i < 3 && ws[i]; i++)
+			n += (double)ws[i]->rows * gpud_type_row_bytes(ws[i]->type,
+								       (uint64_t)ws[i]->cols);
+	}
+	return n;
+}
+
+/* One stage profile as a table: the rows in the step's order. */
+static void stages_table(const struct gpud_model *m, const struct gpud_cuda_stage_prof *p,
+			 const char *label, double copy_gbs, FILE *out)
+{
+	double sum = 0, bytes_all = 0;
+
+	fprintf(out, "\n### %s, decode batch %u at context 32, each launch in a graph of its own\n\n",
+		label, p->T);
+	fprintf(out, "The step's decode graph, replayed alone: **%.1f us** (%llu launch calls). "
+		"A graph of one empty kernel: %.1f us a replay; of %llu empty kernels: %.1f us "
+		"(%.2f us a launch). Each row: its launches, every layer's, captured alone "
+		"into a graph and replayed; its time less the one-kernel graph's.\n\n",
+		p->step_us, (unsigned long long)p->launches, p->graph_us,
+		(unsigned long long)p->launches, p->floor_us,
+		p->launches ? (p->floor_us - p->graph_us) / (double)p->launches : 0.0);
+	fprintf(out, "| stage | launch | launches/step | us/step | share of the step | weights MB | GB/s%s |\n"
+		"|---|---|---:|---:|---:|---:|---:%s|\n",
+		copy_gbs > 0 ? " | of copy bw" : "", copy_gbs > 0 ? "|---:" : "");
+	for (uint32_t i = 0; i < p->n_rows; i++) {
+		const struct gpud_cuda_prof_row *r = &p->rows[i];
+		double us = r->ms * 1e3 - p->graph_us, by = stage_weight_bytes(m, r->stage, r->op);
+
+		if (us < 0)
+			us = 0;
+		sum += us;
+		bytes_all += by;
+		fprintf(out, "| %s | %s | %llu | %.1f | %.1f%% |", r->stage, r->op,
+			(unsigned long long)r->launches, us, 100.0 * us / p->step_us);
+		if (by > 0 && us > 0) {
+			fprintf(out, " %.1f | %.0f |", by / 1e6, by / (us * 1e3));
+			if (copy_gbs > 0)
+				fprintf(out, " %.0f%% |", 100.0 * by / (us * 1e3) / copy_gbs);
+		} else {
+			fprintf(out, " | |%s", copy_gbs > 0 ? " |" : "");
+		}
+		fputc('\n', out);
+	}
+	fprintf(out, "| all rows | | %llu | %.1f | %.1f%% | %.1f | %.0f |",
+		(unsigned long long)p->launches, sum, 100.0 * sum / p->step_us, bytes_all / 1e6,
+		p->step_us > 0 ? bytes_all / (p->step_us * 1e3) : 0.0);
+	if (copy_gbs > 0)
+		fprintf(out, " %.0f%% (the step's) |", 100.0 * bytes_all / (p->step_us * 1e3) / copy_gbs);
+	fputc('\n', out);
+}
+#endif
+
+/* --stages: the decode steps' (stage, op) pairs each timed in a graph of
+ * its own (cuda.h's gpud_cuda_stage_profile: an instance made with
+ * GPUD_CUDA_PROFILE=graph), at batch 1, 2, 16 and 64 (--quick: 1 and 16,
+ * fewer replays): where the graphs' step time goes, and each matmul's
+ * share of the device's bandwidth (--copy-gbs: gpu_bw's figure). */
+static int stages(const struct gpud_model *m, const char *label, const char *out_path,
+		  double copy_gbs)
+{
+#if SW_HAVE_CUDA
+	static const uint32_t batches[] = { 1, 16, 2, 64 };
+	static struct gpud_cuda_stage_prof p;
+	size_t n_batches = bench_quick ? 2 : 4;
+	char err[SW_ERR_MAX];
+	FILE *out;
+	struct inst g;
+	int rc = 0;
+
+	if (dut != &gpud_cuda_backend) {
+		fprintf(stderr, "backend_cmp: --stages is for cuda:0\n");
+		return 2;
+	}
+	setenv("GPUD_CUDA_PROFILE", "graph", 1);
+	rc = inst_init(&g, dut, m, MAX_SEQS);
+	unsetenv("GPUD_CUDA_PROFILE");
+	if (rc)
+		return 2;
+	out = out_path ? fopen(out_path, "a") : stdout;
+	if (!out) {
+		fprintf(stderr, "backend_cmp: %s: %s\n", out_path, strerror(errno));
+		g.ops->destroy(g.ctx);
+		return 2;
+	}
+	for (size_t i = 0; !rc && i < n_batches; i++) {
+		uint32_t T = batches[i];
+
+		if (decode_step_s(&g, m, T, 32, false, ROWS_ARGMAX) < 0) {
+			rc = 1;
+			break;
+		}
+		if (gpud_cuda_stage_profile(g.ctx, T, bench_quick ? 2 : 50, &p, err, sizeof(err))) {
+			fprintf(stderr, "backend_cmp: %s\n", err);
+			rc = 1;
+			break;
+		}
+		stages_table(m, &p, label, copy_gbs, out);
+	}
+	if (out != stdout)
+		fclose(out);
+	g.ops->destroy(g.ctx);
+	return rc;
+#else
+	(void)m;
+	(void)label;
+	(void)out_path;
+	(void)copy_gbs;
+	fprintf(stderr, "backend_cmp: --stages needs the CUDA backend (meson setup -Dgpu=enabled)\n");
+	return 2;
+#endif
+}
+
 int main(int argc, char **argv)
 {
 	const char *path = NULL, *label = NULL, *out = NULL, *device = "cuda:0";
 	uint32_t rounds = 20;
 	double bound = -1;
-	bool do_bench = false, do_profile = false;
+	bool do_bench = false, do_profile = false, do_stages = false;
+	double copy_gbs = 0;
 	struct gpud_model *m = NULL;
 	char err[SW_ERR_MAX] = "";
 	int rc;
@@ -941,13 +1095,17 @@ int main(int argc, char **argv)
 			do_bench = true;
 		else if (!strcmp(argv[i], "--profile"))
 			do_profile = true;
+		else if (!strcmp(argv[i], "--stages"))
+			do_stages = true;
+		else if (!strcmp(argv[i], "--copy-gbs") && i + 1 < argc)
+			copy_gbs = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
 			label = argv[++i];
 		else if (!strcmp(argv[i], "--out") && i + 1 < argc)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16] | --model PATH --profile [--label NAME] [--out FILE] [--quick]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16] | --model PATH --profile [--label NAME] [--out FILE] [--quick] | --model PATH --stages [--label NAME] [--out FILE] [--quick] [--copy-gbs G]\n",
 				argv[0]);
 			return 2;
 		}
@@ -985,7 +1143,8 @@ int main(int argc, char **argv)
 		bound = !strcmp(type_of(m), "f32")                                   ? 1e-3
 			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
 										: 1e-2;
-	rc = do_profile ? profile(m, label ? label : type_of(m), out)
+	rc = do_stages	  ? stages(m, label ? label : type_of(m), out, copy_gbs)
+	     : do_profile ? profile(m, label ? label : type_of(m), out)
 	     : do_bench ? bench(m, label ? label : type_of(m), out)
 			: compare(m, rounds, bound);
 	gpud_model_free(m);

@@ -72,12 +72,25 @@ struct dev_layer {
 constexpr uint32_t PROF_MARKS = 1024; // launches of one step (a 3B F16 prefill: ~850)
 static_assert(GPUD_CUDA_PROF_ROWS >= 32, "a step's (stage, op) pairs");
 
+//
+// With GPUD_CUDA_PROFILE=graph instead, steps run as they do without a
+// profile (graphs, and programmatic dependent launch when on), and
+// gpud_cuda_stage_profile times a decode step's (stage, op) pairs each in a
+// graph of its own: an enqueue() pass that launches nothing lists the
+// pairs (PASS_LIST), then one pass per pair, captured, launches only it
+// (PASS_ONE).
+enum prof_pass { PASS_ALL, PASS_LIST, PASS_ONE };
+
 struct prof {
 	cudaEvent_t ev[PROF_MARKS + 1]; // a mark's, and the step's end after the last
 	const char *stage[PROF_MARKS], *op[PROF_MARKS];
 	uint32_t n;          // marks of the step in flight
 	const char *cur;     // the stage enqueue() is in
 	struct gpud_cuda_prof sum; // rows, steps, span
+	bool graph;          // GPUD_CUDA_PROFILE=graph: no events between launches
+	prof_pass pass;
+	const char *one_stage, *one_op; // PASS_ONE's pair
+	struct gpud_cuda_prof list;     // PASS_LIST's pairs, launches per step
 };
 
 struct cuda_ctx {
@@ -159,39 +172,68 @@ int blaserr(const cuda_ctx *c, cublasStatus_t s, const char *op, char *err, size
 			return blaserr(c, s_, (op), err, errlen); \
 	} while (0)
 
-// A launch: marked for the profile first (prof_mark), then checked.
+// A launch: marked for the profile first (prof_mark, which may skip it),
+// then checked.
 #define CKL(call, op)                                           \
 	do {                                                    \
-		prof_mark(c, (op));                             \
-		CK(call, op);                                   \
+		if (prof_mark(c, (op)))                         \
+			CK(call, op);                           \
 	} while (0)
 
 #define CKBL(call, op)                                          \
 	do {                                                    \
-		prof_mark(c, (op));                             \
-		CKB(call, op);                                  \
+		if (prof_mark(c, (op)))                         \
+			CKB(call, op);                          \
 	} while (0)
 
-// An event before the launch about to be made, when profiling. A failed
-// record only costs the profile that mark (the launch goes on).
-void prof_mark(cuda_ctx *c, const char *op)
+// A stage profile's pass over a launch (prof enum): whether to make it.
+bool prof_pass_mark(prof *pf, const char *op)
+{
+	struct gpud_cuda_prof *l = &pf->list;
+	uint32_t r = 0;
+
+	if (pf->pass == PASS_ONE)
+		return !strcmp(pf->cur, pf->one_stage) && !strcmp(op, pf->one_op);
+	if (pf->pass == PASS_ALL)
+		return true;
+	while (r < l->n_rows && (strcmp(l->rows[r].op, op) || strcmp(l->rows[r].stage, pf->cur)))
+		r++;
+	if (r == l->n_rows) {
+		if (r == GPUD_CUDA_PROF_ROWS) {
+			l->dropped++;
+			return false;
+		}
+		l->rows[r] = gpud_cuda_prof_row{ pf->cur, op, 0, 0.0 };
+		l->n_rows++;
+	}
+	l->rows[r].launches++;
+	return false;
+}
+
+// Whether to make the launch about to be made: always, but in a stage
+// profile's passes. With the eager profile, an event goes before it; a
+// failed record only costs the profile that mark (the launch goes on).
+bool prof_mark(cuda_ctx *c, const char *op)
 {
 	prof *pf = c->pf;
 
 	if (!pf)
-		return;
+		return true;
+	if (pf->graph)
+		return prof_pass_mark(pf, op);
 	if (pf->n >= PROF_MARKS) {
 		pf->sum.dropped++;
-		return;
+		return true;
 	}
 	if (cudaEventRecord(pf->ev[pf->n], c->stream) != cudaSuccess) {
 		cudaGetLastError();
 		pf->sum.dropped++;
-		return;
+		return true;
 	}
 	pf->stage[pf->n] = pf->cur;
 	pf->op[pf->n] = op;
 	pf->n++;
+	return true;
 }
 
 // The stage the next launches belong to (a name that outlives the instance).
@@ -649,22 +691,29 @@ void capture_graphs(cuda_ctx *c, char *why, size_t whylen)
 	cudaGetLastError(); // a failed capture leaves no error behind
 }
 
-// The kernel profile, when GPUD_CUDA_PROFILE=1: its events, made here
-// (events are not device memory: the pools stay as planned).
+// The kernel profile, when GPUD_CUDA_PROFILE=1 (or graph: the stage
+// profile, two events): its events, made here (events are not device
+// memory: the pools stay as planned).
 int prof_setup(cuda_ctx *c, char *err, size_t errlen)
 {
 	const char *env = getenv("GPUD_CUDA_PROFILE");
+	bool graph = env && !strcmp(env, "graph");
 
-	if (!env || strcmp(env, "1") != 0)
+	if (!env || (strcmp(env, "1") != 0 && !graph))
 		return 0;
 	c->pf = (prof *)calloc(1, sizeof(*c->pf));
 	if (!c->pf)
 		return sw_seterr(err, errlen, -ENOMEM, "cuda backend: out of memory");
-	for (uint32_t i = 0; i <= PROF_MARKS; i++)
+	c->pf->graph = graph;
+	for (uint32_t i = 0; i <= (graph ? 1 : PROF_MARKS); i++)
 		CK(cudaEventCreate(&c->pf->ev[i]), "cudaEventCreate (profile)");
 	c->pf->cur = "";
-	log_info("cuda:%d: kernel profile on (GPUD_CUDA_PROFILE=1): steps run eagerly, "
-		 "without programmatic dependent launch", c->dev);
+	if (graph)
+		log_info("cuda:%d: stage profile on (GPUD_CUDA_PROFILE=graph): steps as usual, "
+			 "gpud_cuda_stage_profile captures graphs when called", c->dev);
+	else
+		log_info("cuda:%d: kernel profile on (GPUD_CUDA_PROFILE=1): steps run eagerly, "
+			 "without programmatic dependent launch", c->dev);
 	return 0;
 }
 
@@ -759,7 +808,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 		return rc;
 	mm_setup(c);
 	fuse_setup(c);
-	if (!c->pf) {
+	if (!c->pf || c->pf->graph) {
 		char why[SW_ERR_MAX] = "";
 		uint32_t want = gpud_cuda_graph_max_t(L);
 
@@ -1310,7 +1359,126 @@ void cuda_stats(void *ctx, struct gpud_backend_stats *st)
 	*st = ((cuda_ctx *)ctx)->st;
 }
 
+// Microseconds per replay of ex: one replay to warm, then reps between the
+// profile's two events.
+int time_graph(cuda_ctx *c, cudaGraphExec_t ex, uint32_t reps, double *us, char *err,
+	       size_t errlen)
+{
+	float ms = 0.0f;
+
+	CK(cudaGraphLaunch(ex, c->stream), "cudaGraphLaunch (stage profile)");
+	CK(cudaEventRecord(c->pf->ev[0], c->stream), "cudaEventRecord (stage profile)");
+	for (uint32_t i = 0; i < reps; i++)
+		CK(cudaGraphLaunch(ex, c->stream), "cudaGraphLaunch (stage profile)");
+	CK(cudaEventRecord(c->pf->ev[1], c->stream), "cudaEventRecord (stage profile)");
+	CK(cudaStreamSynchronize(c->stream), "stage profile");
+	CK(cudaEventElapsedTime(&ms, c->pf->ev[0], c->pf->ev[1]), "cudaEventElapsedTime");
+	*us = (double)ms * 1e3 / reps;
+	return 0;
+}
+
+// What enq() enqueues, captured into a graph of its own and timed
+// (time_graph); the graph is gone after.
+template <class F>
+int capture_timed(cuda_ctx *c, F enq, uint32_t reps, double *us, char *err, size_t errlen)
+{
+	cudaGraph_t g = nullptr;
+	cudaGraphExec_t ex = nullptr;
+	cudaError_t e;
+	int rc;
+
+	CK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal),
+	   "cudaStreamBeginCapture (stage profile)");
+	rc = enq();
+	e = cudaStreamEndCapture(c->stream, &g);
+	if (!rc && e != cudaSuccess)
+		rc = cuerr(c, e, "cudaStreamEndCapture (stage profile)", err, errlen);
+	if (!rc && (e = cudaGraphInstantiate(&ex, g, 0)) != cudaSuccess)
+		rc = cuerr(c, e, "cudaGraphInstantiate (stage profile)", err, errlen);
+	if (g)
+		cudaGraphDestroy(g);
+	if (!rc)
+		rc = time_graph(c, ex, reps, us, err, errlen);
+	if (ex)
+		cudaGraphExecDestroy(ex);
+	cudaGetLastError();
+	return rc;
+}
+
+int stage_profile(cuda_ctx *c, uint32_t T, uint32_t reps, struct gpud_cuda_stage_prof *out,
+		  char *err, size_t errlen)
+{
+	prof *pf = c->pf;
+	int rc;
+
+	// the pairs: a pass of the step that launches nothing
+	memset(&pf->list, 0, sizeof(pf->list));
+	pf->pass = PASS_LIST;
+	rc = enqueue(c, T, T, false, err, errlen);
+	pf->pass = PASS_ALL;
+	if (rc)
+		return rc;
+	if (pf->list.dropped)
+		return sw_seterr(err, errlen, -E2BIG, "cuda:%d: stage profile: over %d pairs",
+				 c->dev, GPUD_CUDA_PROF_ROWS);
+	out->n_rows = pf->list.n_rows;
+	for (uint32_t r = 0; r < out->n_rows; r++) {
+		out->rows[r] = pf->list.rows[r];
+		out->launches += out->rows[r].launches;
+	}
+	if ((rc = time_graph(c, c->graph[T], reps, &out->step_us, err, errlen)))
+		return rc;
+	for (uint32_t r = 0; r < out->n_rows; r++) {
+		double us = 0;
+
+		pf->pass = PASS_ONE;
+		pf->one_stage = out->rows[r].stage;
+		pf->one_op = out->rows[r].op;
+		rc = capture_timed(c, [&] { return enqueue(c, T, T, false, err, errlen); }, reps,
+				   &us, err, errlen);
+		pf->pass = PASS_ALL;
+		if (rc)
+			return rc;
+		out->rows[r].ms = us * 1e-3;
+	}
+	uint32_t n = (uint32_t)out->launches;
+	auto nop = [&](uint32_t k) {
+		cudaError_t e = gpud_k_nop(c->stream, k);
+		return e == cudaSuccess ? 0 : cuerr(c, e, "empty kernels", err, errlen);
+	};
+	if ((rc = capture_timed(c, [&] { return nop(1); }, reps, &out->graph_us, err, errlen)))
+		return rc;
+	return capture_timed(c, [&] { return nop(n); }, reps, &out->floor_us, err, errlen);
+}
+
 } // namespace
+
+extern "C" int gpud_cuda_stage_profile(void *ctx, uint32_t T, uint32_t reps,
+				       struct gpud_cuda_stage_prof *out, char *err,
+				       size_t errlen)
+{
+	cuda_ctx *c = (cuda_ctx *)ctx;
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	out->T = T;
+	if (!c->pf || !c->pf->graph)
+		return sw_seterr(err, errlen, -ENOENT,
+				 "cuda:%d: stage profile: the instance was made without "
+				 "GPUD_CUDA_PROFILE=graph", c->dev);
+	if (!T || T > GPUD_CUDA_GRAPH_MAX_T || !c->graph[T] || !reps)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "cuda:%d: stage profile: no decode graph of %u tokens (or no "
+				 "replays)", c->dev, T);
+	CK(cudaSetDevice(c->dev), "cudaSetDevice");
+	rc = stage_profile(c, T, reps, out, err, errlen);
+	c->pf->pass = PASS_ALL;
+	if (rc) {
+		cudaStreamSynchronize(c->stream);
+		cudaGetLastError();
+	}
+	return rc;
+}
 
 extern "C" int gpud_cuda_profile(void *ctx, struct gpud_cuda_prof *out, bool reset)
 {

@@ -89,6 +89,34 @@ struct gpud_cuda_prof {
 };
 int gpud_cuda_profile(void *ctx, struct gpud_cuda_prof *out, bool reset);
 
+/* The stage profile of an instance made with GPUD_CUDA_PROFILE=graph (its
+ * steps run as without a profile: decode graphs, programmatic dependent
+ * launch when on), for benchmarks: where the time of a decode step of T
+ * tokens goes in the graphs that serve it, which the eager profile's
+ * launch gaps hide at small batches. Each (stage, op) pair of the step is
+ * captured alone into a graph (every layer's launches of it, in order)
+ * and replayed reps times after one warm replay: rows[r].ms is
+ * milliseconds per replay, rows[r].launches the pair's launch calls per
+ * step. step_us is the step's own decode graph replayed the same way,
+ * graph_us a graph of one empty kernel (what a replay costs beside its
+ * kernels), floor_us a graph of `launches` empty kernels (the step's
+ * launches at no work). The last forward must have been a decode step of
+ * T tokens with T logits rows: its metadata is what the replays read. The
+ * replays rewrite activations and KV rows of that step, and the graphs
+ * are instantiated here (device memory the pools do not hold) and freed
+ * before it returns: never call it on a serving instance. Returns 0, or
+ * -ENOENT (no stage profile), -EINVAL (no graph of T tokens, reps 0), or a
+ * CUDA error's code with err set. */
+struct gpud_cuda_stage_prof {
+	uint32_t T;
+	uint64_t launches; /* launch calls of the step (a call may be a few kernels) */
+	double step_us, graph_us, floor_us;
+	uint32_t n_rows;
+	struct gpud_cuda_prof_row rows[GPUD_CUDA_PROF_ROWS];
+};
+int gpud_cuda_stage_profile(void *ctx, uint32_t T, uint32_t reps,
+			    struct gpud_cuda_stage_prof *out, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

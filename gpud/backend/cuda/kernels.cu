@@ -180,6 +180,22 @@ cudaError_t gpud_k_pdl_probe(cudaStream_t s, int *p)
 	return e;
 }
 
+/* The launch floor (gpud_cuda_stage_profile): n launches of a kernel that
+ * does nothing but the launch protocol, one CTA of 32 threads each. */
+__global__ void nop_kernel(void)
+{
+	pdl_enter();
+}
+
+cudaError_t gpud_k_nop(cudaStream_t s, uint32_t n)
+{
+	cudaError_t e = cudaSuccess;
+
+	for (uint32_t i = 0; e == cudaSuccess && i < n; i++)
+		e = launched(cudaLaunchKernelEx(klc(1, 32, 0, s).cfg(), nop_kernel));
+	return e;
+}
+
 /* --- embedding ----------------------------------------------------------- */
 
 __global__ void embed_kernel(gpud_cuda_mat e, const int32_t *tokens, float *x)

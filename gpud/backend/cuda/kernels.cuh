@@ -50,6 +50,10 @@ cudaError_t gpud_k_pdl(cudaStream_t s, bool on);
 // (p: 3 ints of device memory).
 cudaError_t gpud_k_pdl_probe(cudaStream_t s, int *p);
 
+// n launches of an empty kernel on s (one CTA, s's launch mode): what
+// launches cost alone (gpud_cuda_stage_profile).
+cudaError_t gpud_k_nop(cudaStream_t s, uint32_t n);
+
 // x[t] = row tokens[t] of the embedding (the bits of gpud_dequantize_row);
 // an out-of-range token gives a zero row.
 cudaError_t gpud_k_embed(cudaStream_t s, const gpud_cuda_mat *emb, const int32_t *tokens,
