@@ -295,14 +295,62 @@ static int device_watch(struct gpud_daemon *d, struct device *dv)
 	return 0;
 }
 
-/* Everything one device owns. */
+/* One device's engine_build on a thread of its own (engines_build). */
+struct engine_job {
+	struct gpud_daemon *d;
+	struct device *dv;
+	const struct sizing *z;
+	int rc;
+};
+
+static void *engine_job_main(void *arg)
+{
+	struct engine_job *j = arg;
+
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER); /* start-up: one of gpud's threads */
+	j->rc = engine_build(j->d, j->dv, j->z);
+	return NULL;
+}
+
+/* Every device's engine, side by side: a thread per device past the
+ * first, which the calling thread builds. An engine is most of a device's
+ * start (a GPU's weight replica upload, its pools and decode graphs; a
+ * CPU device's packed weights and backed KV), and each touches only its
+ * own device and its own memory, reading the model and the plan: six
+ * GPUs start in the time of one instead of six, and so does a restart
+ * after a device fails. The rest of a device (mask cache, jobs,
+ * watchdog registrations) is built after, in device order. Returns 0, or
+ * the first failure in device order (each failure is logged; engines
+ * built beside it are freed with the daemon). */
+static int engines_build(struct gpud_daemon *d, const struct sizing *z)
+{
+	struct engine_job jobs[SW_CONFIG_MAX_DEVICES];
+	pthread_t th[SW_CONFIG_MAX_DEVICES];
+	bool started[SW_CONFIG_MAX_DEVICES] = { false };
+	int rc = 0;
+
+	for (uint32_t i = 0; i < d->n_dev; i++) {
+		jobs[i] = (struct engine_job){ .d = d, .dv = &d->dev[i], .z = z };
+		if (i > 0)
+			started[i] = pthread_create(&th[i], NULL, engine_job_main, &jobs[i]) == 0;
+	}
+	engine_job_main(&jobs[0]);
+	for (uint32_t i = 1; i < d->n_dev; i++) {
+		if (started[i])
+			pthread_join(th[i], NULL);
+		else /* no thread to be had: built here, after the others */
+			engine_job_main(&jobs[i]);
+	}
+	for (uint32_t i = 0; i < d->n_dev && !rc; i++)
+		rc = jobs[i].rc;
+	return rc;
+}
+
+/* Everything one device owns beside its engine (engines_build). */
 static int device_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z)
 {
 	int rc;
 
-	rc = engine_build(d, dv, z);
-	if (rc)
-		return rc;
 	rc = masks_build(d, dv, z);
 	if (rc)
 		return rc;
@@ -399,6 +447,9 @@ static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
 	int rc;
 
 	rc = watch_build(d);
+	if (rc)
+		return rc;
+	rc = engines_build(d, z);
 	if (rc)
 		return rc;
 	for (uint32_t i = 0; i < d->n_dev; i++) {

@@ -1112,6 +1112,23 @@ cudaError_t unmap_region(void *p, bool host)
 
 } // namespace
 
+// CUEMU_INJECT_DIR=DIR: while DIR/nomem.N exists, cudaMalloc on device N
+// fails as when another process took its memory after the program looked.
+bool nomem_injected(int dev)
+{
+	static const char *dir = getenv("CUEMU_INJECT_DIR");
+	char path[4096];
+
+	if (!dir)
+		return false;
+	snprintf(path, sizeof(path), "%s/nomem.%d", dir, dev);
+	if (access(path, F_OK) != 0)
+		return false;
+	fprintf(stderr, "cuemu: cudaMalloc on device %d: out of memory (injected: %s)\n", dev,
+		path);
+	return true;
+}
+
 cudaError_t cudaMalloc(void **p, size_t n)
 {
 	cudaError_t e = check_dev();
@@ -1121,6 +1138,8 @@ cudaError_t cudaMalloc(void **p, size_t n)
 		return ret(e);
 	if (capture_forbids("cudaMalloc"))
 		return ret(cudaErrorStreamCaptureUnsupported);
+	if (nomem_injected(cur_dev))
+		return ret(cudaErrorMemoryAllocation);
 	return ret(map_region(p, n, cur_dev));
 }
 
