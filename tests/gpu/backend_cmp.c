@@ -845,6 +845,30 @@ static void profile_table(struct inst *g, const char *label, const char *what, F
 }
 #endif
 
+#if SW_HAVE_CUDA
+/* An instance of the device under test made with GPUD_CUDA_PROFILE=mode,
+ * and the table's file opened for appending (stdout without one). Returns
+ * 0, or 2 (told on stderr; nothing left open). */
+static int prof_open(struct inst *g, const struct gpud_model *m, const char *mode,
+		     const char *out_path, FILE **out)
+{
+	int rc;
+
+	setenv("GPUD_CUDA_PROFILE", mode, 1);
+	rc = inst_init(g, dut, m, MAX_SEQS);
+	unsetenv("GPUD_CUDA_PROFILE");
+	if (rc)
+		return 2;
+	*out = out_path ? fopen(out_path, "a") : stdout;
+	if (!*out) {
+		fprintf(stderr, "backend_cmp: %s: %s\n", out_path, strerror(errno));
+		g->ops->destroy(g->ctx);
+		return 2;
+	}
+	return 0;
+}
+#endif
+
 /* --profile: where a step's time goes, launch by launch (cuda.h's kernel
  * profile: an instance made with GPUD_CUDA_PROFILE=1 runs eagerly, an
  * event between launches): decode at batch 1, 16 and 64 and a 512-token
@@ -866,22 +890,12 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 		fprintf(stderr, "backend_cmp: --profile is for cuda:0\n");
 		return 2;
 	}
-	setenv("GPUD_CUDA_PROFILE", "1", 1);
 	profiling = true;
-	rc = inst_init(&g, dut, m, MAX_SEQS);
-	unsetenv("GPUD_CUDA_PROFILE");
-	if (rc)
-		return 2;
+	if ((rc = prof_open(&g, m, "1", out_path, &out)))
+		return rc;
 	if (gpud_cuda_profile(g.ctx, NULL, true)) {
 		fprintf(stderr, "backend_cmp: the instance keeps no profile\n");
-		g.ops->destroy(g.ctx);
-		return 1;
-	}
-	out = out_path ? fopen(out_path, "a") : stdout;
-	if (!out) {
-		fprintf(stderr, "backend_cmp: %s: %s\n", out_path, strerror(errno));
-		g.ops->destroy(g.ctx);
-		return 2;
+		rc = 1;
 	}
 	for (size_t i = 0; !rc && i < n_batches; i++) {
 		if (decode_step_s(&g, m, batches[i], 32, false, ROWS_ARGMAX) < 0) {
@@ -1015,17 +1029,8 @@ static int stages(const struct gpud_model *m, const char *label, const char *out
 		fprintf(stderr, "backend_cmp: --stages is for cuda:0\n");
 		return 2;
 	}
-	setenv("GPUD_CUDA_PROFILE", "graph", 1);
-	rc = inst_init(&g, dut, m, MAX_SEQS);
-	unsetenv("GPUD_CUDA_PROFILE");
-	if (rc)
-		return 2;
-	out = out_path ? fopen(out_path, "a") : stdout;
-	if (!out) {
-		fprintf(stderr, "backend_cmp: %s: %s\n", out_path, strerror(errno));
-		g.ops->destroy(g.ctx);
-		return 2;
-	}
+	if ((rc = prof_open(&g, m, "graph", out_path, &out)))
+		return rc;
 	for (size_t i = 0; !rc && i < n_batches; i++) {
 		uint32_t T = batches[i];
 
