@@ -27,20 +27,9 @@ runs=${4:-1}
 threads=${THREADS:-2}
 command -v jq >/dev/null || { echo "jq is not installed" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/swarm-chunk.XXXXXX)
-pid=
-stop_gpud() {
-	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	pid=
-}
-cleanup() {
-	stop_gpud
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_scratch chunk
 
 nice "$gpud" mkmodel --out "$tmp/m.gguf" --dim 128 --layers 4 --heads 4 --kv-heads 2 \
 	--ffn 384 --context 2048 --type f32 --seed 5 >/dev/null
@@ -80,7 +69,7 @@ JSON
 		  | floor) / 10 else 0 end)%), TTFT p50 \(.ttft_ms.p50 | floor) ms, p99 \(.ttft_ms.p99 | floor) ms, wall \(.wall_s * 1000 | floor) ms, gpud CPU \(.gpud_cpu_s * 1000 | floor) ms, errors \(.errors), allocations since warm-up \(.alloc.since_warmup.host // "?")",
 		(.caches[] | select(.name | test("[.](prefix|chunk)$")) |
 		 "  \(.name): hits \(.hits), misses \(.misses), tokens \(.hit_tokens), entries \(.entries), bytes \(.bytes)/\(.max_bytes), evictions \(.evictions)")' "$tmp/r.json"
-	stop_gpud
+	bench_stop
 }
 
 echo "answer-style prompts: system 64, k=4 chunks of 256 from a pool of 40, question 32;" \

@@ -23,16 +23,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 model=$root/../shared/models/stories260K.gguf
 command -v jq >/dev/null || { echo "jq is not installed" >&2; exit 1; }
 
-tmp=$(mktemp -d /tmp/swarm-placement.XXXXXX)
-pid=
-cleanup() {
-	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. "$root/bench/lib.sh"
+bench_scratch placement
 
 margin=
 [ -n "${MARGIN:-}" ] && margin=" \"placement_margin\": $MARGIN,"

@@ -23,16 +23,9 @@ ndev=${5:-2}
 kind=${6:-cpu}
 case $kind in cpu | cuda) ;; *) echo "bench/start_ab.sh: KIND is cpu or cuda" >&2; exit 2 ;; esac
 
-tmp=$(mktemp -d /tmp/swarm-start.XXXXXX)
-pid=
-cleanup() {
-	if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
-		kill -TERM "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	fi
-	rm -rf "$tmp"
-}
-trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+bench_scratch start
 
 devs=
 for i in $(seq 0 $((ndev - 1))); do
@@ -45,9 +38,9 @@ cat >"$tmp/gpud.json" <<JSON
 JSON
 cat "$model" >/dev/null # in the page cache for every run
 
-# one start: prints "ready_s reserve_s"
+# one start: sets ready (seconds) and reserve (gpud's figure, or nan)
 one() {
-	local bin=$1 log=$tmp/log t0 t1 reserve
+	local bin=$1 log=$tmp/log t0 t1
 	: >"$log"
 	t0=$(date +%s.%N)
 	"$bin" serve --config "$tmp/gpud.json" >"$log" 2>&1 &
@@ -62,10 +55,9 @@ one() {
 	done
 	t1=$(date +%s.%N)
 	reserve=$(sed -n 's/.*pools backed at once .* in \([0-9.]*\) s.*/\1/p' "$log" | head -1)
-	kill -TERM "$pid"
-	wait "$pid" 2>/dev/null || true
-	pid=
-	echo "$(echo "$t1 - $t0" | bc -l) ${reserve:-nan}"
+	reserve=${reserve:-nan}
+	bench_stop
+	ready=$(echo "$t1 - $t0" | bc -l)
 }
 
 echo "gpud serve start-up, $ndev $kind device(s), $(basename "$model"); $(nproc) CPUs"
@@ -77,7 +69,7 @@ for r in $(seq 1 "$rounds"); do
 	if [ $((r % 2)) = 1 ]; then order="base new"; else order="new base"; fi
 	for b in $order; do
 		if [ "$b" = base ]; then bin=$base; else bin=$new; fi
-		read -r ready reserve < <(one "$bin")
+		one "$bin"
 		printf "| %d | %s | %.2f | %s |\n" "$r" "$b" "$ready" "$reserve"
 		echo "$b $r $ready $reserve" >>"$tmp/raw"
 	done

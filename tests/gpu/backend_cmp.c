@@ -867,6 +867,14 @@ static int prof_open(struct inst *g, const struct gpud_model *m, const char *mod
 	}
 	return 0;
 }
+
+/* What prof_open opened, closed. */
+static void prof_close(struct inst *g, FILE *out)
+{
+	if (out != stdout)
+		fclose(out);
+	g->ops->destroy(g->ctx);
+}
 #endif
 
 /* --profile: where a step's time goes, launch by launch (cuda.h's kernel
@@ -874,9 +882,9 @@ static int prof_open(struct inst *g, const struct gpud_model *m, const char *mod
  * event between launches): decode at batch 1, 16 and 64 and a 512-token
  * prefill. The bench's step times are the real ones (graphs, programmatic
  * dependent launch); this says which kernels they are made of. */
+#if SW_HAVE_CUDA
 static int profile(const struct gpud_model *m, const char *label, const char *out_path)
 {
-#if SW_HAVE_CUDA
 	static const uint32_t batches[] = { 1, 2, 16, 64 };
 	/* --quick (an emulator): batch 1 and 16, a 128-token prefill */
 	size_t n_batches = bench_quick ? 2 : 3;
@@ -914,20 +922,10 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 	snprintf(what, sizeof(what), "prefill of %u tokens", n_pre);
 	if (!rc)
 		profile_table(&g, label, what, out);
-	if (out != stdout)
-		fclose(out);
-	g.ops->destroy(g.ctx);
+	prof_close(&g, out);
 	return rc;
-#else
-	(void)m;
-	(void)label;
-	(void)out_path;
-	fprintf(stderr, "backend_cmp: --profile needs the CUDA backend (meson setup -Dgpu=enabled)\n");
-	return 2;
-#endif
 }
 
-#if SW_HAVE_CUDA
 /* The weight bytes a (stage, op) pair of a step reads: its matrices over
  * every layer for the matmul launches, 0 for the others. */
 static double stage_weight_bytes(const struct gpud_model *m, const char *stage, const char *op)
@@ -1006,7 +1004,6 @@ static void stages_table(const struct gpud_model *m, const struct gpud_cuda_stag
 		fprintf(out, " %.0f%% (the step's) |", 100.0 * bytes_all / (p->step_us * 1e3) / copy_gbs);
 	fputc('\n', out);
 }
-#endif
 
 /* --stages: the decode steps' (stage, op) pairs each timed in a graph of
  * its own (cuda.h's gpud_cuda_stage_profile: an instance made with
@@ -1016,7 +1013,6 @@ static void stages_table(const struct gpud_model *m, const struct gpud_cuda_stag
 static int stages(const struct gpud_model *m, const char *label, const char *out_path,
 		  double copy_gbs)
 {
-#if SW_HAVE_CUDA
 	static const uint32_t batches[] = { 1, 16, 2, 64 };
 	static struct gpud_cuda_stage_prof p;
 	size_t n_batches = bench_quick ? 2 : 4;
@@ -1045,19 +1041,10 @@ static int stages(const struct gpud_model *m, const char *label, const char *out
 		}
 		stages_table(m, &p, label, copy_gbs, out);
 	}
-	if (out != stdout)
-		fclose(out);
-	g.ops->destroy(g.ctx);
+	prof_close(&g, out);
 	return rc;
-#else
-	(void)m;
-	(void)label;
-	(void)out_path;
-	(void)copy_gbs;
-	fprintf(stderr, "backend_cmp: --stages needs the CUDA backend (meson setup -Dgpu=enabled)\n");
-	return 2;
-#endif
 }
+#endif
 
 int main(int argc, char **argv)
 {
@@ -1120,6 +1107,12 @@ int main(int argc, char **argv)
 				"--long-context 32..%u\n", LONG_CTX);
 		return 2;
 	}
+	(void)copy_gbs; /* --stages' only */
+	if (!SW_HAVE_CUDA && (do_profile || do_stages)) {
+		fprintf(stderr, "backend_cmp: --%s needs the CUDA backend (meson setup "
+			"-Dgpu=enabled)\n", do_stages ? "stages" : "profile");
+		return 2;
+	}
 	if (!strcmp(device, "cpu")) {
 		dut = &gpud_cpu_backend;
 	} else if (!strcmp(device, "cuda:0")) {
@@ -1148,10 +1141,14 @@ int main(int argc, char **argv)
 		bound = !strcmp(type_of(m), "f32")                                   ? 1e-3
 			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
 										: 1e-2;
-	rc = do_stages	  ? stages(m, label ? label : type_of(m), out, copy_gbs)
-	     : do_profile ? profile(m, label ? label : type_of(m), out)
-	     : do_bench ? bench(m, label ? label : type_of(m), out)
-			: compare(m, rounds, bound);
+#if SW_HAVE_CUDA
+	if (do_stages)
+		rc = stages(m, label ? label : type_of(m), out, copy_gbs);
+	else if (do_profile)
+		rc = profile(m, label ? label : type_of(m), out);
+	else
+#endif
+		rc = do_bench ? bench(m, label ? label : type_of(m), out) : compare(m, rounds, bound);
 	gpud_model_free(m);
 	return rc;
 }
