@@ -57,7 +57,7 @@ one() {
 	reserve=$(sed -n 's/.*pools backed at once .* in \([0-9.]*\) s.*/\1/p' "$log" | head -1)
 	reserve=${reserve:-nan}
 	bench_stop
-	ready=$(echo "$t1 - $t0" | bc -l)
+	ready=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
 }
 
 echo "gpud serve start-up, $ndev $kind device(s), $(basename "$model"); $(nproc) CPUs"
