@@ -295,7 +295,8 @@ static int device_watch(struct gpud_daemon *d, struct device *dv)
 	return 0;
 }
 
-/* One device's engine_build on a thread of its own (engines_build). */
+/* One device's engine_build on a thread of its own (engines_build), a
+ * start-up thread of gpud's for the allocation counts. */
 struct engine_job {
 	struct gpud_daemon *d;
 	struct device *dv;
@@ -307,7 +308,7 @@ static void *engine_job_main(void *arg)
 {
 	struct engine_job *j = arg;
 
-	gpud_alloc_set_role(GPUD_ALLOC_OTHER); /* start-up: one of gpud's threads */
+	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
 	j->rc = engine_build(j->d, j->dv, j->z);
 	return NULL;
 }
@@ -334,12 +335,12 @@ static int engines_build(struct gpud_daemon *d, const struct sizing *z)
 		if (i > 0)
 			started[i] = pthread_create(&th[i], NULL, engine_job_main, &jobs[i]) == 0;
 	}
-	engine_job_main(&jobs[0]);
+	jobs[0].rc = engine_build(d, &d->dev[0], z);
 	for (uint32_t i = 1; i < d->n_dev; i++) {
 		if (started[i])
 			pthread_join(th[i], NULL);
 		else /* no thread to be had: built here, after the others */
-			engine_job_main(&jobs[i]);
+			jobs[i].rc = engine_build(d, &d->dev[i], z);
 	}
 	for (uint32_t i = 0; i < d->n_dev && !rc; i++)
 		rc = jobs[i].rc;
