@@ -904,6 +904,14 @@ static int profile(const struct gpud_model *m, const char *label, const char *ou
 	if (gpud_cuda_profile(g.ctx, NULL, true)) {
 		fprintf(stderr, "backend_cmp: the instance keeps no profile\n");
 		rc = 1;
+	} else {
+		/* an eager profile's instance has no stage profile */
+		static struct gpud_cuda_stage_prof sp;
+		char err[SW_ERR_MAX];
+
+		rc = gpud_cuda_stage_profile(g.ctx, 1, 1, &sp, err, sizeof(err)) == -ENOENT ? 0 : 1;
+		fprintf(stderr, "backend_cmp: %s\n",
+			rc ? "an eager profile's instance took a stage profile" : err);
 	}
 	for (size_t i = 0; !rc && i < n_batches; i++) {
 		if (decode_step_s(&g, m, batches[i], 32, false, ROWS_ARGMAX) < 0) {
@@ -1027,6 +1035,15 @@ static int stages(const struct gpud_model *m, const char *label, const char *out
 	}
 	if ((rc = prof_open(&g, m, "graph", out_path, &out)))
 		return rc;
+	/* what the call refuses: a batch it has no decode graph for (0 tokens,
+	 * and 1000: decode graphs go up to 64) */
+	if (gpud_cuda_stage_profile(g.ctx, 0, 1, &p, err, sizeof(err)) != -EINVAL ||
+	    gpud_cuda_stage_profile(g.ctx, 1000, 1, &p, err, sizeof(err)) != -EINVAL) {
+		fprintf(stderr, "backend_cmp: the stage profile took a batch it has no graph for\n");
+		rc = 1;
+	} else {
+		fprintf(stderr, "backend_cmp: refused as it must: %s\n", err);
+	}
 	for (size_t i = 0; !rc && i < n_batches; i++) {
 		uint32_t T = batches[i];
 

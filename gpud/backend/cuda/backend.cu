@@ -1411,12 +1411,11 @@ int stage_profile(cuda_ctx *c, uint32_t T, uint32_t reps, struct gpud_cuda_stage
 	prof *pf = c->pf;
 	int rc;
 
-	// the pairs: a pass of the step that launches nothing
+	// the pairs: a pass of the step that launches nothing (the caller
+	// sets pf->pass back to PASS_ALL however this returns)
 	memset(&pf->list, 0, sizeof(pf->list));
 	pf->pass = PASS_LIST;
-	rc = enqueue(c, T, T, false, err, errlen);
-	pf->pass = PASS_ALL;
-	if (rc)
+	if ((rc = enqueue(c, T, T, false, err, errlen)))
 		return rc;
 	if (pf->list.dropped)
 		return sw_seterr(err, errlen, -E2BIG, "cuda:%d: stage profile: over %d pairs",
@@ -1426,6 +1425,7 @@ int stage_profile(cuda_ctx *c, uint32_t T, uint32_t reps, struct gpud_cuda_stage
 		out->rows[r] = pf->list.rows[r];
 		out->launches += out->rows[r].launches;
 	}
+	pf->pass = PASS_ALL; // the step's own graph launches nothing through prof_mark
 	if ((rc = time_graph(c, c->graph[T], reps, &out->step_us, err, errlen)))
 		return rc;
 	for (uint32_t r = 0; r < out->n_rows; r++) {
@@ -1436,11 +1436,11 @@ int stage_profile(cuda_ctx *c, uint32_t T, uint32_t reps, struct gpud_cuda_stage
 		pf->one_op = out->rows[r].op;
 		rc = capture_timed(c, [&] { return enqueue(c, T, T, false, err, errlen); }, reps,
 				   &us, err, errlen);
-		pf->pass = PASS_ALL;
 		if (rc)
 			return rc;
 		out->rows[r].ms = us * 1e-3;
 	}
+	pf->pass = PASS_ALL;
 	uint32_t n = (uint32_t)out->launches;
 	auto nop = [&](uint32_t k) {
 		cudaError_t e = gpud_k_nop(c->stream, k);
