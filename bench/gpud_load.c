@@ -1369,6 +1369,10 @@ static void print_json(const struct opts *o, const struct summary *m, double tpw
 		json_object_set(root, "alloc", json_object_get(after, "alloc"));
 		json_object_set(root, "pools", json_object_get(after, "pools"));
 		json_object_set(root, "caches", json_object_get(after, "caches"));
+		/* devices gpud started without (gpud.min_devices): a run on
+		 * fewer devices than configured says so */
+		if (json_object_get(after, "left_out"))
+			json_object_set(root, "left_out", json_object_get(after, "left_out"));
 	}
 	char *text = json_dumps(root, JSON_COMPACT);
 	if (text)

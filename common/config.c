@@ -132,6 +132,7 @@ static const struct field gpud_fields[] = {
 	STR("model", gpud.model, 0, "SWARM_MODEL"),
 	STR("chat_format", gpud.chat_format, F_NONEMPTY, "SWARM_CHAT_FORMAT"),
 	{ .key = "devices", .kind = K_DEVICES, .off = OFF(gpud.devices), .env = "SWARM_DEVICES" },
+	U32("min_devices", gpud.min_devices, 0, SW_CONFIG_MAX_DEVICES, 0, "SWARM_GPUD_MIN_DEVICES"),
 	U32("threads", gpud.threads, 0, 1024, 0, "SWARM_THREADS"),
 	{ .key = "memory_fraction", .kind = K_FRAC, .off = OFF(gpud.memory_fraction) },
 	U32("kv_block_tokens", gpud.kv_block_tokens, 1, 1024, F_POW2, NULL),
@@ -233,7 +234,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	snprintf(cfg->gpud.socket, sizeof(cfg->gpud.socket), "/run/swarm/gpud.sock");
 	cfg->gpud.socket_mode = 0660; /* socket_group "", no ids: gpud's own uid and group */
 	snprintf(cfg->gpud.chat_format, sizeof(cfg->gpud.chat_format), "auto");
-	cfg->gpud.devices[0] = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
+	cfg->gpud.devices[0] = (struct sw_config_device){ SW_DEVICE_CPU, 0, 0 };
 	cfg->gpud.n_devices = 1;
 	cfg->gpud.threads = 0;
 	cfg->gpud.memory_fraction = 0.9;
@@ -463,12 +464,12 @@ static int parse_device(const char *s, struct sw_config_device *d)
 	uint64_t n;
 
 	if (strcmp(s, "cpu") == 0) {
-		*d = (struct sw_config_device){ SW_DEVICE_CPU, 0 };
+		*d = (struct sw_config_device){ SW_DEVICE_CPU, 0, 0 };
 		return 0;
 	}
 	if (strncmp(s, "cuda:", 5) == 0 && parse_u64(s + 5, &n) && n < 256 &&
 	    (s[5] != '0' || s[6] == '\0')) {
-		*d = (struct sw_config_device){ SW_DEVICE_CUDA, (int)n };
+		*d = (struct sw_config_device){ SW_DEVICE_CUDA, (int)n, 0 };
 		return 0;
 	}
 	return -EINVAL;
@@ -689,6 +690,7 @@ static int set_devices(struct sw_config *cfg, const json_t *v, const char *path,
 			return expected(err, errlen, SW_ETYPE, ipath, "\"cpu\" or \"cuda:N\"", item);
 		if (parse_device(json_string_value(item), &devs[i]))
 			return expected(err, errlen, -EINVAL, ipath, "\"cpu\" or \"cuda:N\"", item);
+		devs[i].pos = (uint32_t)i;
 	}
 	memcpy(cfg->gpud.devices, devs, i * sizeof(devs[0]));
 	cfg->gpud.n_devices = (uint32_t)i;
@@ -969,6 +971,10 @@ int sw_config_validate(const struct sw_config *cfg, unsigned flags, char *err, s
 		return sw_seterr(err, errlen, -EINVAL,
 				 "gpud.queue.per_connection: expected at most gpud.queue.global (%u), got %u",
 				 g->queue.global, g->queue.per_connection);
+	if (g->min_devices > g->n_devices)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "gpud.min_devices: expected at most the %u device%s of gpud.devices, got %u",
+				 g->n_devices, g->n_devices == 1 ? "" : "s", g->min_devices);
 	for (uint32_t i = 0; i < g->n_devices; i++) {
 		if (g->devices[i].kind != SW_DEVICE_CUDA)
 			continue; /* several cpu devices are allowed (scheduler tests) */

@@ -48,6 +48,10 @@ enum sw_config_kv_type {
 struct sw_config_device {
 	enum sw_device_kind kind;
 	int index;                              /* CUDA ordinal; 0 for cpu */
+	/* Its place in gpud.devices as configured: gpud numbers it in every
+	 * name and message with this (gpud sets it at start), so that a
+	 * device left out (gpud.min_devices) renames none of the others. */
+	uint32_t pos;
 };
 
 /* A list of numeric user or group ids (names are resolved at load). */
@@ -96,6 +100,11 @@ struct sw_config {
 		char chat_format[32];
 		struct sw_config_device devices[SW_CONFIG_MAX_DEVICES];
 		uint32_t n_devices;             /* >= 1 */
+		/* The fewest devices gpud starts on: a device that cannot
+		 * start (absent, its query or its engine fails) is left out
+		 * while at least this many remain; 0 = every configured device
+		 * must start (<= n_devices). */
+		uint32_t min_devices;
 		uint32_t threads;               /* cpu backend threads; 0 = online CPUs */
 		double memory_fraction;         /* of each device, 0 < x <= 1 */
 		uint32_t kv_block_tokens;       /* power of two, 1..1024 */

@@ -185,12 +185,13 @@ static int watch_build(struct gpud_daemon *d)
 }
 
 /* dv's engine: a backend instance of the device's kind with the planned
- * KV blocks, its scratch, and its thread pool. */
-static int engine_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z)
+ * KV blocks, its scratch, and its thread pool. The error also into err. */
+static int engine_build(struct gpud_daemon *d, struct device *dv, const struct sizing *z,
+			char err[SW_ERR_MAX])
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 	struct gpud_engine_params ep;
-	char err[SW_ERR_MAX] = "", a[32], b[32];
+	char a[32], b[32];
 	int rc;
 
 	gpud_engine_params_default(&ep);
@@ -206,7 +207,8 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.ordinal = g->devices[dv->idx].index;
 	ep.test_leak_kv = d->leak_kv;
 	ep.chunk_bytes = g->chunk_cache_bytes;
-	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, sizeof(err));
+	err[0] = '\0';
+	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, SW_ERR_MAX);
 	if (rc) {
 		log_error("%s: engine: %s", dv->name, err);
 		return rc;
@@ -302,6 +304,7 @@ struct engine_job {
 	struct device *dv;
 	const struct sizing *z;
 	int rc;
+	char err[SW_ERR_MAX];
 };
 
 static void *engine_job_main(void *arg)
@@ -309,8 +312,113 @@ static void *engine_job_main(void *arg)
 	struct engine_job *j = arg;
 
 	gpud_alloc_set_role(GPUD_ALLOC_OTHER);
-	j->rc = engine_build(j->d, j->dv, j->z);
+	j->rc = engine_build(j->d, j->dv, j->z, j->err);
 	return NULL;
+}
+
+/* --- devices left out (gpud.min_devices) ----------------------------------- */
+
+/* Whether one more device may be left out: gpud.min_devices is set and
+ * more than that many devices remain. */
+static bool may_leave_out(const struct gpud_daemon *d)
+{
+	uint32_t min = d->cfg.gpud.min_devices;
+
+	return min > 0 && d->cfg.gpud.n_devices > min;
+}
+
+/* Records configured device i as left out for why, and takes it off the
+ * configuration's device list (the others keep their positions, .pos). */
+static void cfg_leave_out(struct gpud_daemon *d, uint32_t i, const char *why)
+{
+	typeof(d->cfg.gpud) *g = &d->cfg.gpud;
+	struct left_out *l = &d->left[d->n_left++];
+
+	gpud__device_name(&d->cfg, i, l->name, sizeof(l->name));
+	sw_config_device_name(&g->devices[i], l->device, sizeof(l->device));
+	snprintf(l->why, sizeof(l->why), "%s", why);
+	memmove(&g->devices[i], &g->devices[i + 1], (g->n_devices - i - 1) * sizeof(g->devices[0]));
+	g->n_devices--;
+}
+
+/* The line that says a device is left out: to out (--check) or the log. */
+static void say_left_out(const struct gpud_daemon *d, bool check_only, FILE *out)
+{
+	const struct left_out *l = &d->left[d->n_left - 1];
+
+	if (check_only)
+		fprintf(out, "left out: %s (%s): %s\n", l->name, l->device, l->why);
+	else
+		log_warn("%s (%s) left out, gpud starts without it (gpud.min_devices %u, %u "
+			 "device%s left): %s", l->name, l->device, d->cfg.gpud.min_devices,
+			 d->cfg.gpud.n_devices, d->cfg.gpud.n_devices == 1 ? "" : "s", l->why);
+}
+
+/* Why too few devices can start: the line after the failure's own. */
+static void say_too_few(const struct gpud_daemon *d, uint32_t failing, bool check_only, FILE *out)
+{
+	uint32_t min = d->cfg.gpud.min_devices, left = d->n_left + failing;
+
+	if (!min)
+		return;
+	if (check_only)
+		fprintf(out, "gpud.min_devices %u: %u of the %u configured devices cannot start\n",
+			min, left, d->n_configured);
+	else
+		log_error("gpud.min_devices %u: %u of the %u configured devices cannot start",
+			  min, left, d->n_configured);
+}
+
+/* The devices whose engine failed (jobs[i].rc), left out when
+ * gpud.min_devices allows all of them to be: each is taken off d->dev,
+ * the configuration, the plan and z (the others move down, keeping
+ * their names). Returns 0, or the first failure in device order. */
+static int devices_leave_out_failed(struct gpud_daemon *d, struct sizing *z,
+				    const struct engine_job *jobs)
+{
+	uint32_t n = d->n_dev, n_bad = 0, min = d->cfg.gpud.min_devices;
+	int first = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		if (jobs[i].rc) {
+			n_bad++;
+			if (!first)
+				first = jobs[i].rc;
+		}
+	}
+	if (!n_bad)
+		return 0;
+	if (!min || n - n_bad < min) {
+		say_too_few(d, n_bad, false, NULL);
+		return first;
+	}
+	for (uint32_t i = n; i-- > 0;) {
+		struct device *dv = &d->dev[i];
+
+		if (!jobs[i].rc)
+			continue;
+		gpud_engine_destroy(dv->engine);
+		pthread_mutex_destroy(&dv->lock);
+		cfg_leave_out(d, i, jobs[i].err[0] ? jobs[i].err : sw_strerror(jobs[i].rc));
+		for (uint32_t j = i + 1; j < d->n_dev; j++) {
+			struct device *from = &d->dev[j], *to = &d->dev[j - 1];
+
+			/* a mutex is not moved: the one at from ends, a new one at to */
+			pthread_mutex_destroy(&from->lock);
+			*to = *from;
+			to->idx = j - 1;
+			pthread_mutex_init(&to->lock, NULL);
+			d->plan.dev[j - 1] = d->plan.dev[j];
+			z->devmem[j - 1] = z->devmem[j];
+		}
+		d->n_dev--;
+		memset(&d->dev[d->n_dev], 0, sizeof(d->dev[0]));
+		say_left_out(d, false, NULL);
+	}
+	d->plan.n_cpu = 0;
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		d->plan.n_cpu += d->cfg.gpud.devices[i].kind == SW_DEVICE_CPU;
+	return 0;
 }
 
 /* Every device's engine, side by side: a thread per device past the
@@ -322,29 +430,28 @@ static void *engine_job_main(void *arg)
  * after a device fails. The rest of a device (mask cache, jobs,
  * watchdog registrations) is built after, in device order. Returns 0, or
  * the first failure in device order (each failure is logged; engines
- * built beside it are freed with the daemon). */
-static int engines_build(struct gpud_daemon *d, const struct sizing *z)
+ * built beside it are freed with the daemon) unless gpud.min_devices lets
+ * the devices that failed be left out (devices_leave_out_failed). */
+static int engines_build(struct gpud_daemon *d, struct sizing *z)
 {
 	struct engine_job jobs[SW_CONFIG_MAX_DEVICES];
 	pthread_t th[SW_CONFIG_MAX_DEVICES];
 	bool started[SW_CONFIG_MAX_DEVICES] = { false };
-	int rc = 0;
+	uint32_t n = d->n_dev;
 
-	for (uint32_t i = 0; i < d->n_dev; i++) {
+	for (uint32_t i = 0; i < n; i++) {
 		jobs[i] = (struct engine_job){ .d = d, .dv = &d->dev[i], .z = z };
 		if (i > 0)
 			started[i] = pthread_create(&th[i], NULL, engine_job_main, &jobs[i]) == 0;
 	}
-	jobs[0].rc = engine_build(d, &d->dev[0], z);
-	for (uint32_t i = 1; i < d->n_dev; i++) {
+	jobs[0].rc = engine_build(d, &d->dev[0], z, jobs[0].err);
+	for (uint32_t i = 1; i < n; i++) {
 		if (started[i])
 			pthread_join(th[i], NULL);
 		else /* no thread to be had: built here, after the others */
-			jobs[i].rc = engine_build(d, &d->dev[i], z);
+			jobs[i].rc = engine_build(d, &d->dev[i], z, jobs[i].err);
 	}
-	for (uint32_t i = 0; i < d->n_dev && !rc; i++)
-		rc = jobs[i].rc;
-	return rc;
+	return devices_leave_out_failed(d, z, jobs);
 }
 
 /* Everything one device owns beside its engine (engines_build). */
@@ -443,7 +550,7 @@ static int loop_scratch_build(struct gpud_daemon *d, const struct sizing *z)
 
 /* Builds every part after the plan, in this order. Returns 0 or logs why
  * not (what was built is freed by daemon_free). */
-static int daemon_build(struct gpud_daemon *d, const struct sizing *z)
+static int daemon_build(struct gpud_daemon *d, struct sizing *z)
 {
 	int rc;
 
@@ -559,6 +666,9 @@ static struct gpud_daemon *daemon_new(const struct sw_config *cfg, double t0)
 	if (!d)
 		return NULL;
 	d->cfg = *cfg;
+	d->n_configured = cfg->gpud.n_devices;
+	for (uint32_t i = 0; i < cfg->gpud.n_devices; i++)
+		d->cfg.gpud.devices[i].pos = i;
 	d->t_start = t0;
 	d->dump_fd = -1;
 	pthread_mutex_init(&d->watch_lock, NULL);
@@ -613,21 +723,32 @@ static int model_open(struct gpud_daemon *d, struct start *st, bool check_only, 
 	return 0;
 }
 
-/* Sizes the pools and computes the memory plan into st and d->plan. The
- * error (with its numbers) goes to out when check_only, else to the log. */
+/* Sizes the pools and computes the memory plan into st and d->plan. A
+ * device the plan fails on (not there, not answering, too little memory
+ * of its own) is left out and the plan made again without it while
+ * gpud.min_devices allows. The error (with its numbers) goes to out when
+ * check_only, else to the log. */
 static int plan_memory(struct gpud_daemon *d, struct start *st, bool check_only, FILE *out)
 {
 	char err[SW_ERR_MAX] = "";
-	int rc;
+	int rc, bad;
 
-	gpud__size_pools(&d->cfg, d->model, &st->z);
-	rc = gpud__make_plan(&d->cfg, d->model, &st->z, &d->plan, &st->kv_block_bytes, err,
-			     sizeof(err));
+	for (;;) {
+		gpud__size_pools(&d->cfg, d->model, &st->z);
+		rc = gpud__make_plan(&d->cfg, d->model, &st->z, &d->plan, &st->kv_block_bytes,
+				     &bad, err, sizeof(err));
+		if (!rc || bad < 0 || !may_leave_out(d))
+			break;
+		cfg_leave_out(d, (uint32_t)bad, err);
+		say_left_out(d, check_only, out);
+	}
 	if (rc) {
 		if (check_only)
 			fprintf(out, "%s\n", err);
 		else
 			log_error("%s", err);
+		if (bad >= 0)
+			say_too_few(d, 1, check_only, out);
 	}
 	return rc;
 }
@@ -644,6 +765,10 @@ static void print_check(const struct gpud_daemon *d, const struct start *st, FIL
 	fprintf(out, "chat format: %s\n", d->tmpl == GPUD_CHAT_NONE ?
 		"none (chat requests are refused; choose one with --chat-format or "
 		"gpud.chat_format)" : gpud_chat_name(d->tmpl));
+	if (d->n_left)
+		fprintf(out, "devices: %u of the %u configured start (gpud.min_devices %u; left "
+			"out above)\n", d->cfg.gpud.n_devices, d->n_configured,
+			d->cfg.gpud.min_devices);
 	gpud__print_plan(out, &d->cfg, &st->z, &d->plan, st->kv_block_bytes,
 			 gpud_model_weight_bytes(d->model));
 }
@@ -880,8 +1005,13 @@ static int server_listen(struct gpud_daemon *d, double t0)
 	uv_timer_start(&d->sample_timer, gpud__on_sample, IDLE_WAIT_MS, IDLE_WAIT_MS);
 	gpud_alloc_traces_arm(); /* an allocation by gpud's threads from now on keeps its stack */
 	gpud_alloc_warmup_done();
-	log_info("listening on %s (%u device%s) after %.2f s of start-up", d->cfg.gpud.socket,
-		 d->n_dev, d->n_dev == 1 ? "" : "s", now_s() - t0);
+	if (d->n_left)
+		log_warn("listening on %s (%u of the %u configured devices; %u left out: STATS "
+			 "left_out) after %.2f s of start-up", d->cfg.gpud.socket, d->n_dev,
+			 d->n_configured, d->n_left, now_s() - t0);
+	else
+		log_info("listening on %s (%u device%s) after %.2f s of start-up",
+			 d->cfg.gpud.socket, d->n_dev, d->n_dev == 1 ? "" : "s", now_s() - t0);
 	return 0;
 }
 

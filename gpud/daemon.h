@@ -123,6 +123,9 @@ struct gpud_plan {
 	uint64_t kv_bytes;          /* kv_blocks x kv_block_bytes, per cpu device */
 	uint64_t used;              /* fixed + every cpu device's KV */
 	uint32_t n_cpu;             /* cpu devices */
+	int32_t failed_dev;         /* a failed plan: the device (index into
+				     * gpud_plan_in.devices) whose own memory
+				     * cannot hold its part, else -1 */
 	struct gpud_plan_dev dev[SW_CONFIG_MAX_DEVICES]; /* (n_devices) */
 };
 
@@ -136,7 +139,8 @@ struct gpud_plan {
  * a message giving the numbers (*out then unspecified):
  *   SW_EEXHAUSTED    the configured kv_blocks, or the fixed pools alone,
  *                    do not fit host RAM or a device's budget, or not one
- *                    block fits;
+ *                    block fits (out->failed_dev: that device, or -1 for
+ *                    host RAM);
  *   -EINVAL          inconsistent input (no device, zero sizes, too many
  *                    devices, a device that is not cpu without devmem).
  * Which devices this build and machine can run is gpud_plan_device_check's

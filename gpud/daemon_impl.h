@@ -129,8 +129,21 @@ struct device {
 	char fail_msg[SW_ERR_MAX];
 };
 
+/* A configured device gpud started without (gpud.min_devices). */
+struct left_out {
+	char name[16];         /* "cuda3": as it would have been named */
+	char device[16];       /* "cuda:3" */
+	char why[SW_ERR_MAX];  /* the error that left it out */
+};
+
 struct gpud_daemon {
+	/* The configuration; its device list holds the devices that serve
+	 * (those left out at start removed, each keeping its configured
+	 * position in .pos). */
 	struct sw_config cfg;
+	uint32_t n_configured;  /* devices in the configuration as given */
+	struct left_out left[SW_CONFIG_MAX_DEVICES];
+	uint32_t n_left;        /* fixed once listening */
 	struct gpud_model *model;
 	const struct gpud_tokenizer *tok;
 	enum gpud_chat_template tmpl;
@@ -240,13 +253,15 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
  * checking that every device can run here (gpud_plan_device_check) and
  * asking each device with memory of its own what it has and what its
  * pools take (into z->devmem); also gives the bytes of one cpu KV block.
- * 0, or a negative code with the message. */
+ * 0, or a negative code with the message and *bad: the index of the
+ * device the failure is about when leaving it out could help (not there,
+ * not answering, its own memory too small for its part), else -1. */
 int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		    struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
-		    char *err, size_t errlen);
+		    int *bad, char *err, size_t errlen);
 
 /* Device i's name in logs, stats and the plan: its backend's name and its
- * index in gpud.devices ("cpu0", "cpu1", ...). */
+ * place in gpud.devices as configured ("cpu0", "cuda1", ...; .pos). */
 void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_t outlen);
 
 /* The plan, one line per pool, to out (`gpud serve --check`) or the log. */

@@ -81,6 +81,7 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 		       char *err, size_t errlen)
 {
 	const struct gpud_plan_devmem *m = &in->devmem[i];
+	uint32_t pos = in->devices[i].pos; /* its place in the configured list */
 	uint64_t cap = (uint64_t)(in->memory_fraction * (double)m->total_bytes);
 	uint64_t avail = m->free_bytes > GPUD_PLAN_DEVICE_RESERVE ?
 			 m->free_bytes - GPUD_PLAN_DEVICE_RESERVE : 0;
@@ -110,7 +111,7 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 		return sw_seterr(err, errlen, SW_EEXHAUSTED,
 				 "memory plan: gpud.devices[%u] %s (%s): weights (%s) + mask pool "
 				 "(%s) + scratch (%s) + cuBLAS workspace (%s) need %s; %s",
-				 i, dev, m->name, w, k, s, x, a, what);
+				 pos, dev, m->name, w, k, s, x, a, what);
 	}
 	o->kv_room = o->budget - o->fixed;
 	if (in->kv_blocks) {
@@ -124,7 +125,7 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 					 "gpud.kv_blocks=%u needs %s of KV on gpud.devices[%u] %s "
 					 "(%s); %s, which leaves %s after its weights and fixed "
 					 "pools (%s) (at most %" PRIu64 " blocks of %" PRIu64
-					 " bytes)", in->kv_blocks, a, i, dev, m->name, what, k, w,
+					 " bytes)", in->kv_blocks, a, pos, dev, m->name, what, k, w,
 					 o->kv_room / m->kv_block_bytes, m->kv_block_bytes);
 		}
 		o->kv_blocks = in->kv_blocks;
@@ -140,7 +141,7 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 			return sw_seterr(err, errlen, SW_EEXHAUSTED,
 					 "memory plan: gpud.devices[%u] %s (%s): %s, which leaves "
 					 "%s after its weights and fixed pools: not one %" PRIu64
-					 "-byte KV block fits", i, dev, m->name, what, k,
+					 "-byte KV block fits", pos, dev, m->name, what, k,
 					 m->kv_block_bytes);
 		}
 		o->kv_blocks = (uint32_t)fit;
@@ -234,6 +235,7 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 	    !(in->memory_fraction > 0 && in->memory_fraction <= 1))
 		return sw_seterr(err, errlen, -EINVAL, "memory plan: inconsistent input");
 	memset(out, 0, sizeof(*out));
+	out->failed_dev = -1;
 	for (uint32_t i = 0; i < in->n_devices; i++) {
 		if (!own_memory(&in->devices[i])) {
 			out->n_cpu++;
@@ -255,8 +257,10 @@ int gpud_plan_compute(const struct gpud_plan_in *in, struct gpud_plan *out, char
 
 		if (own_memory(&in->devices[i])) {
 			rc = plan_devmem(in, i, o, err, errlen);
-			if (rc)
+			if (rc) {
+				out->failed_dev = (int32_t)i;
 				return rc;
+			}
 			continue;
 		}
 		o->kv_blocks = out->kv_blocks;
@@ -335,9 +339,12 @@ static uint64_t own_weight_bytes(const struct sw_config *cfg, const struct gpud_
 #define PLAN_PROBE_BLOCKS 4096u
 
 /* Whether every configured device can run here, and what each device with
- * memory of its own reports and would reserve (z->devmem). */
+ * memory of its own reports and would reserve (z->devmem). A device that
+ * is not there or does not answer sets *bad to its index; a refusal that
+ * no device can help (a build without its backend, a model its backend
+ * cannot run) leaves it -1. */
 static int query_devices(const struct sw_config *cfg, const struct gpud_model *m,
-			 struct sizing *z, char *err, size_t errlen)
+			 struct sizing *z, int *bad, char *err, size_t errlen)
 {
 	const typeof(cfg->gpud) *g = &cfg->gpud;
 	int n_cuda = -1, rc;
@@ -353,9 +360,12 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			n_cuda = 0;
 #endif
 		}
-		rc = gpud_plan_device_check(dev, i, built, n_cuda, err, errlen);
-		if (rc)
+		rc = gpud_plan_device_check(dev, dev->pos, built, n_cuda, err, errlen);
+		if (rc) {
+			if (rc == -ENODEV)
+				*bad = (int)i;
 			return rc;
+		}
 #if SW_HAVE_CUDA
 		if (dev->kind == SW_DEVICE_CUDA) {
 			struct gpud_backend_config bc = backend_config(cfg, m, i, z->threads_per_dev);
@@ -366,15 +376,18 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			uint64_t n0 = PLAN_PROBE_BLOCKS, bt = bc.block_tokens;
 
 			rc = gpud_cuda_device_info(dev->index, &info, why, sizeof(why));
-			if (rc)
-				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", i, why);
+			if (rc) {
+				*bad = (int)i;
+				return sw_seterr(err, errlen, rc, "gpud.devices[%u]: %s", dev->pos,
+						 why);
+			}
 			/* the model on this backend at all (a qwen2 model, K-quants:
 			 * its reason, not a plan of zeros) */
 			bc.n_blocks = PLAN_PROBE_BLOCKS;
 			rc = gpud_cuda_plan_check(&bc, why, sizeof(why));
 			if (rc)
-				return sw_seterr(err, errlen, rc, "gpud.devices[%u] (cuda:%d): %s", i,
-						 dev->index, why);
+				return sw_seterr(err, errlen, rc, "gpud.devices[%u] (cuda:%d): %s",
+						 dev->pos, dev->index, why);
 			/* The fixed pools at their largest: enough blocks that the
 			 * block tables and mask slots cover the model's whole
 			 * context (gpud_cuda_plan_for reports all zeros for 0
@@ -452,7 +465,7 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 
 int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 		    struct sizing *z, struct gpud_plan *plan, uint64_t *kv_block_bytes,
-		    char *err, size_t errlen)
+		    int *bad, char *err, size_t errlen)
 {
 	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
 	struct gpud_plan_in in = {
@@ -478,17 +491,21 @@ int gpud__make_plan(const struct sw_config *cfg, const struct gpud_model *m,
 	int rc;
 
 	*kv_block_bytes = in.kv_block_bytes;
-	rc = query_devices(cfg, m, z, err, errlen);
+	*bad = -1;
+	rc = query_devices(cfg, m, z, bad, err, errlen);
 	if (rc)
 		return rc;
-	return gpud_plan_compute(&in, plan, err, errlen);
+	rc = gpud_plan_compute(&in, plan, err, errlen);
+	if (rc == SW_EEXHAUSTED)
+		*bad = plan->failed_dev;
+	return rc;
 }
 
 void gpud__device_name(const struct sw_config *cfg, uint32_t i, char *out, size_t outlen)
 {
 	const struct gpud_backend_ops *ops = gpud_backend_for(cfg->gpud.devices[i].kind);
 
-	snprintf(out, outlen, "%s%u", ops ? ops->name : "dev", i);
+	snprintf(out, outlen, "%s%u", ops ? ops->name : "dev", cfg->gpud.devices[i].pos);
 }
 
 /* A device with memory of its own: what it reports, its budget, each pool. */

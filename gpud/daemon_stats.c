@@ -261,6 +261,12 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 		gpud_snapshot_add_device(s, &n); /* copies the warnings while locked */
 		pthread_mutex_unlock(&d->watch_lock);
 	}
+	for (uint32_t i = 0; i < d->n_left && i < GPUD_STATS_MAX_DEVICES; i++) {
+		s->left_out[i].name = d->left[i].name;
+		s->left_out[i].device = d->left[i].device;
+		s->left_out[i].error = d->left[i].why;
+	}
+	s->n_left_out = d->n_left;
 	server_pool(d, s, "server.requests", d->wd_req, d->cfg.gpud.queue.global, ss.in_flight,
 		    ss.in_flight_high,
 		    sizeof(struct proto_submit) + d->cfg.gpud.stage_bytes +

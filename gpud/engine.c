@@ -158,7 +158,7 @@ static int pick_backend(struct gpud_engine *e, char *err, size_t errlen)
 	e->ops = gpud_backend_for(e->p.kind);
 	if (e->ops)
 		return 0;
-	sw_config_device_name(&(struct sw_config_device){ e->p.kind, e->p.ordinal }, dev,
+	sw_config_device_name(&(struct sw_config_device){ e->p.kind, e->p.ordinal, 0 }, dev,
 			      sizeof(dev));
 	return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 			 "engine: %s: no backend for this kind of device in this build", dev);

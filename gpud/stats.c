@@ -214,6 +214,18 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 			gpud_jsonw_obj_end(&w);
 		}
 		gpud_jsonw_arr_end(&w);
+		n = MIN(s->n_left_out, GPUD_STATS_MAX_DEVICES);
+		gpud_jsonw_arr_begin(&w, "left_out");
+		for (uint32_t i = 0; i < n; i++) {
+			const struct gpud_stats_left_out *l = &s->left_out[i];
+
+			gpud_jsonw_obj_begin(&w, NULL);
+			gpud_jsonw_str(&w, "name", l->name ? l->name : "");
+			gpud_jsonw_str(&w, "device", l->device ? l->device : "");
+			gpud_jsonw_str(&w, "error", l->error ? l->error : "");
+			gpud_jsonw_obj_end(&w);
+		}
+		gpud_jsonw_arr_end(&w);
 	}
 	json_pools(&w, s);
 	json_caches(&w, s);
@@ -475,6 +487,10 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 			   &s->alloc_total, true);
 	}
 
+	labelled_u64(&o, "gpud_devices", "gauge",
+		     "Configured devices: serving, or left out at start (gpud.min_devices).",
+		     "state", (const char *const[]){ "serving", "left_out" },
+		     (const uint64_t[]){ nd, MIN(s->n_left_out, GPUD_STATS_MAX_DEVICES) }, 2);
 	PER(&o, s->devices, nd, "device", "gpud_device_queue", "gauge",
 	    "Waiting and running requests.", queue);
 	PER(&o, s->devices, nd, "device", "gpud_device_running", "gauge", "Running requests.",

@@ -33,6 +33,9 @@
  *                  "placed_load", "prefix_hits", "prefix_hit_tokens",
  *                  "chunk_hits", "chunk_misses", "chunk_hit_tokens",
  *                  "alloc": { "device": N } } ],
+ *   "left_out": [ { "name": "cuda3", "device": "cuda:3", "error": "..." } ],
+ *     (configured devices gpud started without, gpud.min_devices; [] when
+ *     every one started)
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
  *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
@@ -122,6 +125,14 @@ struct gpud_stats_device {
 					 * gpud is on its way out */
 };
 
+/* A configured device gpud started without (gpud.min_devices); the
+ * strings are the daemon's, fixed after start. */
+struct gpud_stats_left_out {
+	const char *name;               /* "cuda3" */
+	const char *device;             /* "cuda:3" */
+	const char *error;              /* why it could not start */
+};
+
 struct gpud_stats_snapshot {
 	const char *version;
 	uint64_t watchdog_window_ms;    /* gpud.watchdog.window_ms */
@@ -146,6 +157,8 @@ struct gpud_stats_snapshot {
 	struct gpud_alloc_counts alloc_since_warmup;
 	uint32_t n_devices;
 	struct gpud_stats_device devices[GPUD_STATS_MAX_DEVICES];
+	uint32_t n_left_out;
+	struct gpud_stats_left_out left_out[GPUD_STATS_MAX_DEVICES];
 	uint32_t n_pools;
 	struct gpud_stats_pool pools[GPUD_STATS_MAX_POOLS];
 	uint32_t n_caches;
@@ -169,6 +182,7 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
  * gpud_pool_used{pool="cpu0.kv"}, gpud_pool_capacity, gpud_pool_high,
  * gpud_pool_live, gpud_pool_cached, gpud_pool_cache_bound,
  * gpud_pool_trough, gpud_cache_hits_total{cache="mask"}, ...,
+ * gpud_devices{state="serving"} and gpud_devices{state="left_out"},
  * gpud_alloc_since_warmup{kind="host",role="device"}, each with # HELP and
  * # TYPE lines. Label values escape backslash, quote and newline; other
  * control characters and invalid UTF-8 become U+FFFD. When allocations

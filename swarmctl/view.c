@@ -363,6 +363,10 @@ void ctl_print_gpud(FILE *f, const json_t *stats)
 	else
 		fprintf(f, "not counted\n");
 	print_placement(f, stats);
+	/* devices gpud started without (gpud.min_devices): degraded, not down */
+	json_array_foreach(json_object_get(stats, "left_out"), i, v)
+		fprintf(f, "LEFT OUT: %s (%s) did not start: %s\n", str(v, "name"),
+			str(v, "device"), str(v, "error"));
 	/* LIVE: held by live requests (what can leak; the watchdog's TROUGH is
 	 * its rolling minimum); CACHED: kept by a bounded cache beside it. */
 	fprintf(f, "%-10s %12s %12s %12s %12s %12s %12s\n", "DEVICE", "USED MiB", "LIVE MiB",

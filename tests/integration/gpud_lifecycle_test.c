@@ -5,7 +5,10 @@
  * pools that cannot fit, and block-owner dumps that never pile up in
  * state_dir; the pools resident from start-up on (RSS at least what STATS
  * says they hold, and flat as the caches fill), and a pool the machine
- * cannot give refused at start naming it (--check reserves nothing).
+ * cannot give refused at start naming it (--check reserves nothing);
+ * gpud.min_devices: a configured device that is not there left out, the
+ * others serving under their own names, STATS listing it; too few left
+ * and the start is refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -29,6 +32,7 @@
 #include "common/err.h"
 #include "common/mem.h"
 #include "proto/client.h"
+#include "sw_config.h"
 #include "tests/integration/gpud_harness.h"
 
 #define ONCE "Once upon a time"
@@ -681,6 +685,84 @@ static void test_pool_refused_at_start(void **state)
 	f->done = true;
 }
 
+/* gpud.min_devices: "cuda:255" is on no machine. With min_devices 2 of
+ * ["cpu", "cuda:255", "cpu"] gpud starts on cpu0 and cpu2 (the names keep
+ * their configured places), STATS lists cuda1 in left_out with the
+ * reason, and requests complete; with min_devices 3 the start is refused
+ * with exit 1, the reason and the count. A build without the CUDA
+ * backend refuses the device in both cases (a build no device can fix). */
+static void test_min_devices(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o = { .devices = "[\"cpu\", \"cuda:255\", \"cpu\"]",
+				  .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 2" };
+	struct gpud_it_opts strict = { .devices = o.devices,
+				       .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 3" };
+	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+	struct proto_client *c;
+	json_t *st, *lo;
+	int64_t steps;
+	int rc;
+
+#if !SW_HAVE_CUDA
+	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
+	assert_int_equal(gpud_it_spawn(&f->d[0], NULL), 0);
+	rc = gpud_it_wait_exit(&f->d[0], 60000);
+	if (rc != 1)
+		fail_msg("gpud without the CUDA backend on cuda:255 exited %d (expected 1)", rc);
+	assert_true(said(&f->d[0], NULL, "this gpud was built without the CUDA backend"));
+	assert_false(said(&f->d[0], NULL, "left out"));
+	printf("    no CUDA backend in this build: cuda:255 refused, not left out\n");
+	f->done = true;
+	return;
+#endif
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_true(said(&f->d[0], NULL, "cuda1 (cuda:255) left out, gpud starts without it "
+					 "(gpud.min_devices 2, 2 devices left): gpud.devices[1]: "
+					 "cuda:255: no CUDA device ("));
+	assert_true(said(&f->d[0], NULL, "(2 of the 3 configured devices; 1 left out: STATS "
+					 "left_out)"));
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	submit_long(c, &e, 4, 8);
+	assert_int_equal(wait_ends(&e, 120), 0);
+	assert_int_equal(e.ok, 4);
+	assert_non_null(st = gpud_it_stats(c, false));
+	assert_int_equal(json_array_size(gpud_it_jget(st, "devices")), 2);
+	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[0].name")), "cpu0");
+	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[1].name")), "cpu2");
+	/* warm-up ran a request on each: both serve */
+	assert_int_equal(gpud_it_jint(st, "devices[0].steps", &steps), 0);
+	assert_true(steps > 0);
+	assert_int_equal(gpud_it_jint(st, "devices[1].steps", &steps), 0);
+	assert_true(steps > 0);
+	assert_non_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu2.kv"));
+	assert_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu1.kv"));
+	lo = gpud_it_jget(st, "left_out");
+	assert_int_equal(json_array_size(lo), 1);
+	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].name")), "cuda1");
+	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].device")),
+			    "cuda:255");
+	assert_non_null(strstr(json_string_value(gpud_it_jget(st, "left_out[0].error")),
+			       "cuda:255: no CUDA device ("));
+	printf("    left out: %s\n", json_string_value(gpud_it_jget(st, "left_out[0].error")));
+	json_decref(st);
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+
+	/* min_devices 3: nothing may be left out */
+	assert_int_equal(gpud_it_prepare(&f->d[1], &strict), 0);
+	assert_int_equal(gpud_it_spawn(&f->d[1], NULL), 0);
+	rc = gpud_it_wait_exit(&f->d[1], 60000);
+	gpud_it_print_tail(&f->d[1], "min_devices 3", 3);
+	if (rc != 1)
+		fail_msg("gpud with min_devices 3 and cuda:255 exited %d (expected 1)", rc);
+	assert_true(said(&f->d[1], NULL, "gpud.devices[1]: cuda:255: no CUDA device ("));
+	assert_true(said(&f->d[1], NULL, "gpud.min_devices 3: 1 of the 3 configured devices "
+					 "cannot start"));
+	assert_false(said(&f->d[1], NULL, "listening on"));
+	f->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -695,6 +777,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_dumps_bounded),
 		GPUD_IT_FIX_TEST(test_rss_is_the_plan),
 		GPUD_IT_FIX_TEST(test_pool_refused_at_start),
+		GPUD_IT_FIX_TEST(test_min_devices),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

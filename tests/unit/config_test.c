@@ -210,7 +210,7 @@ static void test_device_errors(void **state)
 	char name[16];
 	sw_config_device_name(&c.gpud.devices[1], name, sizeof(name));
 	assert_string_equal(name, "cuda:10");
-	struct sw_config_device cpu = { SW_DEVICE_CPU, 0 };
+	struct sw_config_device cpu = { SW_DEVICE_CPU, 0, 0 };
 	sw_config_device_name(&cpu, name, sizeof(name));
 	assert_string_equal(name, "cpu");
 
@@ -253,6 +253,21 @@ static void test_value_errors(void **state)
 		     "gpud.placement_margin: expected an integer in [0, 65536], got -1");
 	expect_error("{\"gpud\": {\"placement_margin\": \"4\"}}", SW_ETYPE,
 		     "gpud.placement_margin: expected an integer in [0, 65536], got \"4\"");
+	/* gpud.min_devices: 0 (every device) by default, at most the list */
+	load_ok("{}", &c);
+	assert_int_equal(c.gpud.min_devices, 0);
+	load_ok("{\"gpud\": {\"devices\": [\"cpu\", \"cuda:0\", \"cuda:1\"], "
+		"\"min_devices\": 2}}", &c);
+	assert_int_equal(c.gpud.min_devices, 2);
+	assert_int_equal(c.gpud.devices[2].pos, 2);
+	assert_int_equal(c.gpud.devices[2].index, 1);
+	expect_error("{\"gpud\": {\"devices\": [\"cpu\", \"cuda:0\"], \"min_devices\": 3}}",
+		     -EINVAL, "gpud.min_devices: expected at most the 2 devices of gpud.devices, "
+		     "got 3");
+	expect_error("{\"gpud\": {\"min_devices\": 2}}", -EINVAL,
+		     "gpud.min_devices: expected at most the 1 device of gpud.devices, got 2");
+	expect_error("{\"gpud\": {\"min_devices\": 17}}", -EINVAL,
+		     "gpud.min_devices: expected an integer in [0, 16], got 17");
 	load_ok("{\"gpud\": {\"sample_threads\": 4}}", &c);
 	assert_int_equal(c.gpud.sample_threads, 4);
 	load_ok("{}", &c);

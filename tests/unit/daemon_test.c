@@ -29,7 +29,7 @@
 
 static char err[SW_ERR_MAX];
 
-static const struct sw_config_device cpu2[2] = { { SW_DEVICE_CPU, 0 }, { SW_DEVICE_CPU, 0 } };
+static const struct sw_config_device cpu2[2] = { { SW_DEVICE_CPU, 0, 0 }, { SW_DEVICE_CPU, 0, 1 } };
 
 static struct gpud_plan_in base_in(void)
 {
@@ -127,7 +127,7 @@ static void test_plan_configured(void **state)
 static void test_plan_errors(void **state)
 {
 	struct gpud_plan_in in = base_in();
-	struct sw_config_device mixed[2] = { { SW_DEVICE_CPU, 0 }, { SW_DEVICE_CUDA, 3 } };
+	struct sw_config_device mixed[2] = { { SW_DEVICE_CPU, 0, 0 }, { SW_DEVICE_CUDA, 3, 1 } };
 	struct gpud_plan p;
 	(void)state;
 
@@ -167,7 +167,8 @@ static void test_plan_errors(void **state)
 
 /* --- devices with memory of their own (cuda), with fake device infos ---- */
 
-static const struct sw_config_device cuda01[2] = { { SW_DEVICE_CUDA, 0 }, { SW_DEVICE_CUDA, 1 } };
+static const struct sw_config_device cuda01[2] = { { SW_DEVICE_CUDA, 0, 0 },
+						   { SW_DEVICE_CUDA, 1, 1 } };
 
 /* An H200-like device holding a 3B-shaped model. */
 static struct gpud_plan_devmem h200(void)
@@ -188,7 +189,7 @@ static struct gpud_plan_devmem h200(void)
 
 static void test_device_check(void **state)
 {
-	const struct sw_config_device cpu = { SW_DEVICE_CPU, 0 }, c3 = { SW_DEVICE_CUDA, 3 };
+	const struct sw_config_device cpu = { SW_DEVICE_CPU, 0, 0 }, c3 = { SW_DEVICE_CUDA, 3, 0 };
 	(void)state;
 
 	assert_int_equal(gpud_plan_device_check(&cpu, 0, true, 0, err, sizeof(err)), 0);
@@ -257,7 +258,7 @@ static void test_plan_cuda(void **state)
 static void test_plan_mixed(void **state)
 {
 	const struct sw_config_device devs[3] = {
-		{ SW_DEVICE_CPU, 0 }, { SW_DEVICE_CUDA, 1 }, { SW_DEVICE_CUDA, 0 },
+		{ SW_DEVICE_CPU, 0, 0 }, { SW_DEVICE_CUDA, 1, 1 }, { SW_DEVICE_CUDA, 0, 2 },
 	};
 	struct gpud_plan_devmem dm[3] = { { .name = "" }, h200(), h200() };
 	struct gpud_plan_in in = base_in();
@@ -302,6 +303,7 @@ static void test_plan_cuda_errors(void **state)
 				 "(70.0 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) + "
 				 "cuBLAS workspace (32.0 MiB) need 70.6 GiB; "
 				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB");
+	assert_int_equal(p.failed_dev, 1); /* the device gpud.min_devices may leave out */
 
 	/* Less free than the fraction: both figures. */
 	dm[1] = h200();
@@ -331,6 +333,7 @@ static void test_plan_cuda_errors(void **state)
 				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB, which leaves "
 				 "1000 B after its weights and fixed pools: not one 524288-byte KV "
 				 "block fits");
+	assert_int_equal(p.failed_dev, 0);
 
 	/* The host still holds its share: staging that does not fit RAM. */
 	dm[0] = h200();
@@ -339,6 +342,23 @@ static void test_plan_cuda_errors(void **state)
 	assert_string_equal(err, "memory plan: host RAM: no cpu device + mask pools (64.0 MiB "
 				 "per device x 2) + pinned staging (8.0 GiB) + host pools need "
 				 "8.6 GiB; gpud.memory_fraction 0.5 of 16.0 GiB is 8.0 GiB");
+	assert_int_equal(p.failed_dev, -1); /* host RAM: no device to leave out */
+
+	/* Messages number a device by its configured place (.pos), which
+	 * stays when gpud leaves out a device before it. */
+	{
+		struct sw_config_device moved[1] = { { SW_DEVICE_CUDA, 1, 4 } };
+		struct gpud_plan_devmem one[1] = { h200() };
+
+		in.devices = moved;
+		in.devmem = one;
+		in.n_devices = 1;
+		one[0].weights = 70 * GiB;
+		assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
+		assert_true(strncmp(err, "memory plan: gpud.devices[4] cuda:1 (NVIDIA H200)",
+				    49) == 0);
+		assert_int_equal(p.failed_dev, 0);
+	}
 }
 
 struct seg_fixture {
@@ -741,7 +761,7 @@ static void test_check_mode(void **state)
 	/* A cuda device: refused in a build without the CUDA backend, and
 	 * on a machine without a device; planned per device where one is. */
 	cfg.gpud.kv_blocks = 0;
-	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 0 };
+	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 0, 1 };
 	out = NULL;
 	f = open_memstream(&out, &len);
 	rc = gpud_serve(&cfg, true, f);
@@ -764,6 +784,50 @@ static void test_check_mode(void **state)
 		assert_non_null(strstr(out, "  cuda1.workspace: "));
 	}
 	free(out);
+
+	/* gpud.min_devices: a device that is not there (cuda:255) is left
+	 * out while enough remain, and the others keep their names (cpu2);
+	 * with too few left the start is refused with both reasons. A build
+	 * without the CUDA backend refuses it either way: no device can fix
+	 * that. */
+	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 255, 1 };
+	cfg.gpud.devices[2] = (struct sw_config_device){ SW_DEVICE_CPU, 0, 2 };
+	cfg.gpud.n_devices = 3;
+	cfg.gpud.min_devices = 2;
+	out = NULL;
+	f = open_memstream(&out, &len);
+	rc = gpud_serve(&cfg, true, f);
+	fclose(f);
+	if (!gpud_backend_for(SW_DEVICE_CUDA)) {
+		assert_int_equal(rc, 1);
+		assert_non_null(strstr(out, "gpud.devices[1]: cuda:255: this gpud was built without"));
+		assert_null(strstr(out, "left out"));
+	} else {
+		assert_int_equal(rc, 0);
+		assert_ptr_equal(strstr(out, "left out: cuda1 (cuda:255): gpud.devices[1]: "
+					    "cuda:255: no CUDA device ("), out);
+		assert_non_null(strstr(out, "configuration OK\n"));
+		assert_non_null(strstr(out, "devices: 2 of the 3 configured start (gpud.min_devices "
+					    "2; left out above)\n"));
+		assert_non_null(strstr(out, "  cpu0.kv: "));
+		assert_non_null(strstr(out, "  cpu2.kv: "));
+		assert_null(strstr(out, "cuda1."));
+	}
+	free(out);
+	cfg.gpud.min_devices = 3;
+	out = NULL;
+	f = open_memstream(&out, &len);
+	rc = gpud_serve(&cfg, true, f);
+	fclose(f);
+	assert_int_equal(rc, 1);
+	if (gpud_backend_for(SW_DEVICE_CUDA)) {
+		assert_ptr_equal(strstr(out, "gpud.devices[1]: cuda:255: no CUDA device ("), out);
+		assert_non_null(strstr(out, ")\ngpud.min_devices 3: 1 of the 3 configured devices "
+					    "cannot start\n"));
+	}
+	free(out);
+	cfg.gpud.n_devices = 2;
+	cfg.gpud.min_devices = 0;
 
 	/* A missing model. */
 	snprintf(cfg.gpud.model, sizeof(cfg.gpud.model), "/nonexistent/m.gguf");

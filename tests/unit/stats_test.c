@@ -251,9 +251,12 @@ static void test_stats_json(void **state)
 
 	(void)state;
 	fill(&s, 2, 3, 2);
+	s.n_left_out = 1;
+	s.left_out[0] = (struct gpud_stats_left_out){ "cuda3", "cuda:3",
+						      "gpud.devices[3]: cuda:3: \"gone\"" };
 	assert_int_equal(gpud_stats_json(&s, false, big, BIG, &len), 0);
 	j = parse(big, len);
-	assert_int_equal(json_object_size(j), 11);
+	assert_int_equal(json_object_size(j), 12);
 	check_common(j, &s);
 
 	o = json_object_get(j, "requests");
@@ -306,7 +309,23 @@ static void test_stats_json(void **state)
 		assert_true(json_is_boolean(json_object_get(d, "failed")));
 		assert_true(json_is_true(json_object_get(d, "failed")) == (i == 1));
 	}
+	/* the devices gpud started without (gpud.min_devices) */
+	arr = json_object_get(j, "left_out");
+	assert_int_equal(json_array_size(arr), 1);
+	o = json_array_get(arr, 0);
+	assert_int_equal(json_object_size(o), 3);
+	assert_string_equal(json_string_value(json_object_get(o, "name")), "cuda3");
+	assert_string_equal(json_string_value(json_object_get(o, "device")), "cuda:3");
+	assert_string_equal(json_string_value(json_object_get(o, "error")),
+			    "gpud.devices[3]: cuda:3: \"gone\"");
 	assert_null(json_object_get(j, "dump"));
+	json_decref(j);
+
+	/* none left out: an empty list */
+	s.n_left_out = 0;
+	assert_int_equal(gpud_stats_json(&s, false, big, BIG, &len), 0);
+	j = parse(big, len);
+	assert_int_equal(json_array_size(json_object_get(j, "left_out")), 0);
 	json_decref(j);
 }
 
@@ -327,6 +346,7 @@ static void test_mem_json(void **state)
 	assert_null(json_object_get(j, "tokens"));
 	assert_null(json_object_get(j, "connections"));
 	assert_null(json_object_get(j, "devices"));
+	assert_null(json_object_get(j, "left_out"));
 	assert_string_equal(json_string_value(json_object_get(j, "dump")), s.dump_path);
 	json_decref(j);
 
@@ -516,13 +536,16 @@ static void test_prometheus(void **state)
 	fill(&s, 2, 3, 2);
 	strcpy(s.pools[2].name, "q\"\\\n");
 	s.tokens.generated = UINT64_MAX; /* all 20 digits */
+	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
+	 * families of 5 (4 host roles, device), 2 device states, 17 per
+	 * device, 12 per pool, 9 per cache */
+	s.n_left_out = 1;
 	assert_int_equal(gpud_stats_prometheus(&s, big, BIG, &len), 0);
 	check_prometheus(big, len, &n);
-	/* 16 one-sample families, 6 request outcomes, 3 token kinds, 3 alloc
-	 * families of 5 (4 host roles, device), 17 per device, 12 per pool, 9
-	 * per cache */
-	assert_int_equal(n, 16 + 6 + 3 + 3 * 5 + 17 * 2 + 12 * 3 + 9 * 2);
+	assert_int_equal(n, 16 + 6 + 3 + 3 * 5 + 2 + 17 * 2 + 12 * 3 + 9 * 2);
 	big[len] = 0;
+	assert_non_null(strstr(big, "\ngpud_devices{state=\"serving\"} 2\n"));
+	assert_non_null(strstr(big, "\ngpud_devices{state=\"left_out\"} 1\n"));
 	assert_non_null(strstr(big, "# HELP gpud_requests_total "));
 	assert_non_null(strstr(big, "\n# TYPE gpud_requests_total counter\n"));
 	assert_non_null(strstr(big, "\n# TYPE gpud_alloc_since_warmup gauge\n"));
