@@ -60,13 +60,13 @@ static void model_desc(const struct gpud_model *m, char *name, size_t namelen, u
 
 static int on_warmup_event(void *arg, const struct gpud_sched_event *ev)
 {
-	struct gpud_daemon *d = arg;
+	struct device *dv = arg;
 
 	if (ev->kind == GPUD_SCHED_DONE) {
 		if (ev->status)
-			log_error("warm-up request failed: %s",
+			log_error("%s: warm-up request failed: %s", dv->name,
 				  ev->message && ev->message[0] ? ev->message : sw_strerror(ev->status));
-		atomic_fetch_sub(&d->warm_left, 1);
+		atomic_fetch_sub(&dv->warm_left, 1);
 	}
 	return 0;
 }
@@ -892,21 +892,61 @@ static int devices_start(struct gpud_daemon *d)
  * which must happen here, not on the first long prompt a client sends. */
 #define WARMUP_LONG 96
 
+/* Devices serving: not failed at warm-up and left out. */
+static uint32_t n_serving(const struct gpud_daemon *d)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < d->n_dev; i++)
+		n += !d->dev[i].left_out;
+	return n;
+}
+
+/* dv failed during warm-up: left out when gpud.min_devices allows (it
+ * stays in d->dev, fenced off by the scheduler since it failed: its
+ * thread may be inside the device and its engine cannot be freed under
+ * it), else the start fails. */
+static int warm_failed(struct gpud_daemon *d, struct device *dv)
+{
+	uint32_t min = d->cfg.gpud.min_devices, serving = n_serving(d);
+	struct left_out *l;
+
+	if (!min || serving - 1 < min) {
+		log_error("warm-up: %s failed: %s", dv->name, dv->fail_msg);
+		if (min)
+			log_error("gpud.min_devices %u: %u of the %u configured devices cannot start",
+				  min, d->n_left + 1, d->n_configured);
+		return SW_EDEVICE;
+	}
+	dv->left_out = true;
+	dv->fail_seen = true; /* not the drain and exit of a device failing while serving */
+	l = &d->left[d->n_left++];
+	snprintf(l->name, sizeof(l->name), "%s", dv->name);
+	sw_config_device_name(&d->cfg.gpud.devices[dv->idx], l->device, sizeof(l->device));
+	snprintf(l->why, sizeof(l->why), "warm-up: %s", dv->fail_msg);
+	log_warn("%s (%s) left out, gpud starts without it (gpud.min_devices %u, %u device%s "
+		 "left): %s", l->name, l->device, min, serving - 1, serving == 2 ? "" : "s",
+		 l->why);
+	return 0;
+}
+
 /* One request of n tokens per device (and with embed, one embedding of
- * them), through the real paths; waits for all of them. */
+ * them), through the real paths; waits for all of them but those of a
+ * device that fails meanwhile (warm_failed). */
 static int warm_round(struct gpud_daemon *d, const int32_t *tok, uint32_t n, bool embed)
 {
 	double t0 = now_s();
 	char err[SW_ERR_MAX];
+	bool waiting = true;
 
-	atomic_store(&d->warm_left, (embed ? 2 : 1) * d->n_dev);
 	for (uint32_t i = 0; i < d->n_dev; i++) {
+		struct device *dv = &d->dev[i];
 		struct gpud_sched_req r = {
 			.tokens = tok,
 			.n_tokens = n,
 			.max_tokens = 2,
 			.cb = on_warmup_event,
-			.arg = d,
+			.arg = dv,
 			.pin_device = true,
 			.device = i,
 		};
@@ -915,35 +955,51 @@ static int warm_round(struct gpud_daemon *d, const int32_t *tok, uint32_t n, boo
 		uint32_t slot;
 		int rc;
 
+		if (dv->left_out)
+			continue;
+		atomic_store(&dv->warm_left, embed ? 2 : 1);
 		gpud_sampler_params_default(&r.sampling);
 		rc = gpud_sched_submit(d->sched, &r, &id, err, sizeof(err));
+		if (rc && atomic_load(&dv->failed)) {
+			atomic_store(&dv->warm_left, 0); /* refused: it failed already */
+			continue;
+		}
 		if (rc) {
-			log_error("%s: warm-up request: %s", d->dev[i].name, err);
+			log_error("%s: warm-up request: %s", dv->name, err);
 			return rc;
 		}
 		if (!embed)
 			continue;
-		j = gpud__job_take(&d->dev[i], &slot);
+		j = gpud__job_take(dv, &slot);
 		if (!j)
 			return -EBUSY;
 		memcpy(j->tokens, tok, n * sizeof(*tok));
 		j->n_tokens = n;
-		gpud__job_queue(&d->dev[i], j, NULL, true);
+		gpud__job_queue(dv, j, NULL, true);
 	}
-	while (atomic_load(&d->warm_left) > 0) {
+	while (waiting) {
 		struct timespec ts = { 0, 1000000 };
+		int rc;
+
+		waiting = false;
 		for (uint32_t i = 0; i < d->n_dev; i++) {
-			if (atomic_load(&d->dev[i].failed)) {
-				log_error("warm-up: %s failed: %s", d->dev[i].name,
-					  d->dev[i].fail_msg);
-				return SW_EDEVICE;
+			struct device *dv = &d->dev[i];
+
+			if (dv->left_out)
+				continue;
+			if (atomic_load(&dv->failed)) {
+				if ((rc = warm_failed(d, dv)))
+					return rc;
+				continue;
 			}
+			waiting |= atomic_load(&dv->warm_left) > 0;
 		}
-		if (now_s() - t0 > WARMUP_TIMEOUT_S) {
+		if (waiting && now_s() - t0 > WARMUP_TIMEOUT_S) {
 			log_error("warm-up did not finish in %d s", WARMUP_TIMEOUT_S);
 			return -ETIMEDOUT;
 		}
-		nanosleep(&ts, NULL);
+		if (waiting)
+			nanosleep(&ts, NULL);
 	}
 	return 0;
 }
@@ -1007,7 +1063,7 @@ static int server_listen(struct gpud_daemon *d, double t0)
 	gpud_alloc_warmup_done();
 	if (d->n_left)
 		log_warn("listening on %s (%u of the %u configured devices; %u left out: STATS "
-			 "left_out) after %.2f s of start-up", d->cfg.gpud.socket, d->n_dev,
+			 "left_out) after %.2f s of start-up", d->cfg.gpud.socket, n_serving(d),
 			 d->n_configured, d->n_left, now_s() - t0);
 	else
 		log_info("listening on %s (%u device%s) after %.2f s of start-up",

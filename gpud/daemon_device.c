@@ -80,7 +80,7 @@ static int run_jobs(struct device *dv)
 			if (rc)
 				log_error("%s: warm-up embedding: %s", dv->name,
 					  j->err[0] ? j->err : sw_strerror(rc));
-			atomic_fetch_sub(&d->warm_left, 1);
+			atomic_fetch_sub(&dv->warm_left, 1);
 		} else if (!r) {
 			/* gpud__device_fail answered it */
 		} else if (cancelled) {

@@ -127,6 +127,11 @@ struct device {
 	bool hung;
 	bool fail_seen;
 	char fail_msg[SW_ERR_MAX];
+	/* Warm-up: its requests and embeddings not yet ended; left_out: it
+	 * failed there and gpud serves without it (gpud.min_devices): fenced
+	 * off, its thread idle (or hung in the device), its memory held. */
+	atomic_uint warm_left;
+	bool left_out;
 };
 
 /* A configured device gpud started without (gpud.min_devices). */
@@ -201,7 +206,6 @@ struct gpud_daemon {
 	/* Counters (device threads and loop). */
 	atomic_uint_fast64_t completed, errors, cancelled, embeds;
 	atomic_uint_fast64_t tok_prompt, tok_cached, tok_generated;
-	atomic_uint warm_left;
 	double t_start;
 };
 
