@@ -165,7 +165,17 @@ static void test_print_gpud(void **state)
 	assert_non_null(strstr(out, "cuda:1            0        0              0              0"
 				    "            0              0           0             0"
 				    "          3\n"));
+	/* no device left out: no line; one left out (gpud.min_devices): its line */
+	assert_null(strstr(out, "LEFT OUT"));
 	free(out);
+	json_object_set_new(stats, "left_out",
+			    json_pack("[{s:s, s:s, s:s}]", "name", "cuda3", "device", "cuda:3",
+				      "error", "gpud.devices[3]: cuda:3: no CUDA device"));
+	out = render(stats, NULL);
+	assert_non_null(strstr(out, "\nLEFT OUT: cuda3 (cuda:3) did not start: gpud.devices[3]: "
+				    "cuda:3: no CUDA device\n"));
+	free(out);
+	json_object_del(stats, "left_out");
 
 	/* allocations not counted: null is not zero */
 	json_object_set_new(json_object_get(stats, "alloc"), "since_warmup", json_null());
