@@ -61,8 +61,11 @@ struct child {
 	int probe_pid;
 	bool probe_live;
 	uint64_t probe_gen;
-	int probe_rc;
-	char probe_err[SW_ERR_MAX];
+	/* its answer, written on the threadpool's thread and read only by
+	 * probe_done (the loop's), which keeps it in probe_err */
+	int work_rc;
+	char work_err[SW_ERR_MAX];
+	char probe_err[SW_ERR_MAX]; /* the last failed probe of this process (loop only) */
 	char line[BEAT_LINE_MAX]; /* partial beat line */
 	size_t line_len;
 };
@@ -394,9 +397,9 @@ static void probe_work(uv_work_t *w)
 	struct child *c = w->data;
 	struct sw_sup *sp = c->sup;
 
-	c->probe_err[0] = '\0';
-	c->probe_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_live,
-				     c->probe_err, sizeof(c->probe_err));
+	c->work_err[0] = '\0';
+	c->work_rc = OPS(sp)->probe(sp->o->user, c->index, c->probe_pid, c->probe_live,
+				    c->work_err, sizeof(c->work_err));
 }
 
 static void probe_done(uv_work_t *w, int status)
@@ -408,7 +411,8 @@ static void probe_done(uv_work_t *w, int status)
 		return;
 	if (c->probe_gen != c->info.spawns || c->probe_pid != c->info.pid || !has_process(c))
 		return; /* an answer about an earlier process */
-	if (c->probe_rc != 0)
+	snprintf(c->probe_err, sizeof(c->probe_err), "%s", c->work_rc ? c->work_err : "");
+	if (c->work_rc != 0)
 		return; /* probe_err says why; the start or hang clock decides */
 	if (c->probe_live && c->info.state == SW_SUP_RUNNING)
 		c->last_beat_ms = sw_now_ms();

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/clones.h"
 #include "common/err.h"
 #include "gpud/draw.h"
 #include "gpud/sampler.h"
@@ -422,7 +423,8 @@ static size_t keep_from(struct dcand *c, size_t n, uint64_t cut, uint64_t *sum)
  * instructions where the CPU has them (the same roundings as libm's
  * fmaf, which a plain x86-64 build would call for each). */
 #if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target_clones("fma", "default"), optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")))
+SW_CLONES("fma", "default")
+__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math")))
 #endif
 static size_t candidates(const float *l, size_t nv, float mx, float inv_t, bool all,
 			 struct dcand *c, uint64_t *sum)

@@ -245,8 +245,8 @@ static void test_rlimit_as(void **state)
 		printf("    under valgrind (its own mappings count): skipped\n");
 		return;
 	}
-#if defined(__SANITIZE_ADDRESS__)
-	printf("    AddressSanitizer maps terabytes of shadow (RLIMIT_AS refuses its own allocator): skipped\n");
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+	printf("    a sanitizer maps terabytes of shadow (RLIMIT_AS refuses its own allocator): skipped\n");
 	return;
 #endif
 	fflush(stdout);

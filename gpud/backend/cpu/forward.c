@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/arena.h"
+#include "common/clones.h"
 #include "common/err.h"
 #include "common/mem.h"
 #include "gpud/backend/cpu/kernels.h"
@@ -478,7 +479,7 @@ static void rope_store_run(void *arg, int ith, int nth)
  * longer widens a block for every token). Each (token, head) does what
  * it would do alone, in the same order, so the bits do not depend on the
  * tile. tmp holds att_tmp_stride floats. */
-__attribute__((target_clones("avx2", "default")))
+SW_CLONES("avx2", "default")
 static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uint32_t h0,
 		   uint32_t h1, float *tmp)
 {
@@ -607,7 +608,7 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
  * exp8's e^: 8 elements at a time (libm's expf, one call an element, was
  * a few percent of a decode step), each element's value the same
  * whatever the range it is in. */
-__attribute__((target_clones("avx2", "default")))
+SW_CLONES("avx2", "default")
 static void swiglu_rows(float *y, const float *u, long n)
 {
 	long i = 0;
