@@ -38,7 +38,10 @@
 #define CALLBACK_TRIES 3
 #define CALLBACK_DRAIN_MS 5000
 
-static volatile sig_atomic_t stop_requested;
+/* Set by the signal handler and agent_worker_stop, read by the main loop
+ * and the heartbeat thread: an atomic (lock-free, so a signal handler may
+ * store it), not a volatile sig_atomic_t, which no other thread may read. */
+static atomic_int stop_requested;
 
 void agent_worker_stop(void)
 {

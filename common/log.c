@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -29,7 +30,9 @@ static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static int log_fd = -1;            /* -1: stderr */
 static char log_path[PATH_MAX];    /* "" when logging to stderr */
 static char log_tag[LOG_TAG_MAX] = "swarm";
-static volatile sig_atomic_t log_reopen_pending;
+/* Set by the SIGUSR1 handler (on whichever thread takes the signal), taken
+ * by the next line logged on any thread: an atomic, lock-free. */
+static atomic_int log_reopen_pending;
 
 static const char *const level_names[] = { "error", "warn", "info", "debug" };
 static const char level_letters[] = "EWID";
@@ -199,10 +202,8 @@ void sw_log_write(enum sw_log_level level, const char *func, const char *fmt, ..
 	line[len++] = '\n';
 
 	pthread_mutex_lock(&log_lock);
-	if (log_reopen_pending) {
-		log_reopen_pending = 0;
+	if (atomic_exchange(&log_reopen_pending, 0))
 		reopen_locked();
-	}
 	write_all(log_fd >= 0 ? log_fd : STDERR_FILENO, line, len);
 	pthread_mutex_unlock(&log_lock);
 	errno = saved_errno;

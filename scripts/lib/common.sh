@@ -38,32 +38,32 @@ sw_build() {
 	sw_configure "$@" && nice ninja -C "$1"
 }
 
-# sw_build_suite DIR SUITE [meson options...]: configures DIR (as
-# sw_configure) and builds only what the tests of SUITE run: their
-# executables and the targets they declare in `depends` (meson's
-# introspection files, meson-info/). Run those tests with --no-rebuild:
-# meson test would otherwise build everything first.
+# sw_build_suite DIR SUITES [meson options...]: configures DIR (as
+# sw_configure) and builds only what the tests of SUITES (one, or several
+# comma-separated) run: their executables and the targets they declare in
+# `depends` (meson's introspection files, meson-info/). Run those tests
+# with --no-rebuild: meson test would otherwise build everything first.
 sw_build_suite() {
 	local dir=$1 suite=$2 outs
 	shift 2
 	sw_configure "$dir" "$@" || return
 	outs=$(python3 - "$dir" "$suite" <<'PY'
 import json, os, sys
-d, suite = os.path.abspath(sys.argv[1]), sys.argv[2]
+d, suites = os.path.abspath(sys.argv[1]), sys.argv[2].split(',')
 info = os.path.join(d, 'meson-info')
 tests = json.load(open(os.path.join(info, 'intro-tests.json')))
 targets = {t['id']: t for t in json.load(open(os.path.join(info, 'intro-targets.json')))}
 built = {f for t in targets.values() for f in t['filename']}
 outs = set()
 for t in tests:
-    if not any(s == suite or s.endswith(':' + suite) for s in t['suite']):
+    if not any(s == x or s.endswith(':' + x) for s in t['suite'] for x in suites):
         continue
     for i in t['depends']:
         outs.update(targets[i]['filename'] if i in targets else [])
     if t['cmd'] and t['cmd'][0] in built:
         outs.add(t['cmd'][0])
 if not outs:
-    sys.exit('sw_build_suite: no test of suite %s in %s' % (suite, d))
+    sys.exit('sw_build_suite: no test of suite %s in %s' % (sys.argv[2], d))
 print('\n'.join(sorted(os.path.relpath(f, d) for f in outs)))
 PY
 ) || return
