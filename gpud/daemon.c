@@ -921,9 +921,12 @@ static int warm_failed(struct gpud_daemon *d, struct device *dv)
 	dv->left_out = true;
 	dv->fail_seen = true; /* not the drain and exit of a device failing while serving */
 	l = &d->left[d->n_left++];
-	snprintf(l->name, sizeof(l->name), "%s", dv->name);
+	_Static_assert(sizeof(l->name) == sizeof(dv->name), "device names");
+	memcpy(l->name, dv->name, sizeof(l->name));
 	sw_config_device_name(&d->cfg.gpud.devices[dv->idx], l->device, sizeof(l->device));
-	snprintf(l->why, sizeof(l->why), "warm-up: %s", dv->fail_msg);
+	memcpy(l->why, "warm-up: ", 9);
+	memccpy(l->why + 9, dv->fail_msg, '\0', sizeof(l->why) - 10);
+	l->why[sizeof(l->why) - 1] = '\0';
 	log_warn("%s (%s) left out, gpud starts without it (gpud.min_devices %u, %u device%s "
 		 "left): %s", l->name, l->device, min, serving - 1, serving == 2 ? "" : "s",
 		 l->why);
