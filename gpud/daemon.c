@@ -208,6 +208,12 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.test_leak_kv = d->leak_kv;
 	ep.chunk_bytes = g->chunk_cache_bytes;
 	err[0] = '\0';
+	if ((int)g->devices[dv->idx].pos == d->test_fail_engine) {
+		snprintf(err, SW_ERR_MAX, "GPUD_TEST_FAIL_ENGINE: %s's engine fails on purpose",
+			 dv->name);
+		log_error("%s: engine: %s", dv->name, err);
+		return SW_EDEVICE;
+	}
 	rc = gpud_engine_create(&dv->engine, d->model, &ep, err, SW_ERR_MAX);
 	if (rc) {
 		log_error("%s: engine: %s", dv->name, err);
@@ -840,6 +846,33 @@ static int test_leaks_read(struct gpud_daemon *d)
 	return 0;
 }
 
+/* GPUD_TEST_FAIL_ENGINE=N: the engine of gpud.devices[N] (its configured
+ * position) fails to build, as a GPU's does when its memory is gone, for
+ * the tests of gpud.min_devices on machines without one (an environment
+ * variable, like GPUD_TEST_LEAK, so that no configuration can set it).
+ * Unset or empty: none. Anything but a position in the list refuses to
+ * start. */
+static int test_fail_read(struct gpud_daemon *d)
+{
+	const char *v = getenv("GPUD_TEST_FAIL_ENGINE");
+	char *end;
+	unsigned long n;
+
+	d->test_fail_engine = -1;
+	if (!v || !*v)
+		return 0;
+	n = strtoul(v, &end, 10);
+	if (*end || v[0] < '0' || v[0] > '9' || n >= d->n_configured) {
+		log_error("GPUD_TEST_FAIL_ENGINE: \"%.32s\" is not a position in gpud.devices "
+			  "(0 to %u)", v, d->n_configured - 1);
+		return -EINVAL;
+	}
+	d->test_fail_engine = (int)n;
+	log_warn("GPUD_TEST_FAIL_ENGINE: the engine of gpud.devices[%lu] fails on purpose, for "
+		 "the tests", n);
+	return 0;
+}
+
 /* The planned figures onto d, and each device's name and lock. */
 static void devices_init(struct gpud_daemon *d, const struct start *st)
 {
@@ -1148,6 +1181,9 @@ int gpud_serve(const struct sw_config *cfg, bool check_only, FILE *out)
 	}
 	log_model_plan(d, &st);
 	rc = test_leaks_read(d);
+	if (rc)
+		goto out_fail;
+	rc = test_fail_read(d);
 	if (rc)
 		goto out_fail;
 

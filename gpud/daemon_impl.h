@@ -164,6 +164,9 @@ struct gpud_daemon {
 	 * keeps its mask pinned; a freed KV sequence keeps its last block
 	 * (gpud_kv_params.test_leak). */
 	uint32_t leak_masks, leak_kv;
+	/* GPUD_TEST_FAIL_ENGINE (daemon.c): the configured position of the
+	 * device whose engine fails on purpose, or -1. */
+	int test_fail_engine;
 	atomic_uint_fast64_t mask_ends;  /* requests with a mask that ended */
 	atomic_bool stopping;
 	/* The step watchdog's thread (daemon_device.c): looks every

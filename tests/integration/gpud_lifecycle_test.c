@@ -6,9 +6,9 @@
  * state_dir; the pools resident from start-up on (RSS at least what STATS
  * says they hold, and flat as the caches fill), and a pool the machine
  * cannot give refused at start naming it (--check reserves nothing);
- * gpud.min_devices: a configured device that is not there left out, the
- * others serving under their own names, STATS listing it; too few left
- * and the start is refused.
+ * gpud.min_devices: a configured device that is not there, or whose
+ * engine fails, left out, the others serving under their own names, STATS
+ * listing it; too few left and the start is refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -768,6 +768,78 @@ static void test_min_devices(void **state)
 	f->done = true;
 }
 
+/* gpud.min_devices when an engine fails (GPUD_TEST_FAIL_ENGINE, as a
+ * GPU's does when its memory is gone): of three cpu devices the second's
+ * engine fails; with min_devices 2 the other two are built beside it,
+ * the device list closes up behind it (cpu2 keeps its name), both serve
+ * and SIGTERM ends gpud with 0; with min_devices 3 the start fails. A
+ * malformed value refuses to start. Suite "threads": ThreadSanitizer
+ * runs this too (the engines are built on threads of their own). */
+static void test_min_devices_engine(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o = { .devices = "[\"cpu\", \"cpu\", \"cpu\"]", .threads = 3,
+				  .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 2" };
+	struct gpud_it_opts strict = { .devices = o.devices, .threads = 3,
+				       .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 3" };
+	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+	struct proto_client *c;
+	json_t *st;
+	int64_t steps;
+	int rc;
+
+	setenv("GPUD_TEST_FAIL_ENGINE", "1", 1);
+	rc = gpud_it_start(&f->d[0], &o);
+	unsetenv("GPUD_TEST_FAIL_ENGINE");
+	assert_int_equal(rc, 0);
+	assert_true(said(&f->d[0], NULL, "cpu1 (cpu) left out, gpud starts without it "
+					 "(gpud.min_devices 2, 2 devices left): GPUD_TEST_FAIL_ENGINE: "
+					 "cpu1's engine fails on purpose"));
+	assert_non_null(c = gpud_it_connect(&f->d[0]));
+	submit_long(c, &e, 6, 8);
+	assert_int_equal(wait_ends(&e, 120), 0);
+	assert_int_equal(e.ok, 6);
+	assert_non_null(st = gpud_it_stats(c, false));
+	assert_int_equal(json_array_size(gpud_it_jget(st, "devices")), 2);
+	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[0].name")), "cpu0");
+	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[1].name")), "cpu2");
+	assert_int_equal(gpud_it_jint(st, "devices[1].steps", &steps), 0);
+	assert_true(steps > 0); /* its warm-up at least: the moved device serves */
+	assert_non_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu2.kv"));
+	assert_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu1.kv"));
+	assert_int_equal(json_array_size(gpud_it_jget(st, "left_out")), 1);
+	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].name")), "cpu1");
+	json_decref(st);
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
+
+	/* min_devices 3: the failure stops the start */
+	setenv("GPUD_TEST_FAIL_ENGINE", "1", 1);
+	rc = gpud_it_prepare(&f->d[1], &strict);
+	if (!rc)
+		rc = gpud_it_spawn(&f->d[1], NULL);
+	unsetenv("GPUD_TEST_FAIL_ENGINE");
+	assert_int_equal(rc, 0);
+	rc = gpud_it_wait_exit(&f->d[1], 60000);
+	if (rc != 1)
+		fail_msg("gpud with a failing engine and min_devices 3 exited %d (expected 1)", rc);
+	assert_true(said(&f->d[1], NULL, "gpud.min_devices 3: 1 of the 3 configured devices "
+					 "cannot start"));
+	gpud_it_free(&f->d[1]);
+
+	/* a malformed value: refused */
+	setenv("GPUD_TEST_FAIL_ENGINE", "3", 1);
+	rc = gpud_it_prepare(&f->d[1], &o);
+	if (!rc)
+		rc = gpud_it_spawn(&f->d[1], NULL);
+	unsetenv("GPUD_TEST_FAIL_ENGINE");
+	assert_int_equal(rc, 0);
+	assert_int_equal(gpud_it_wait_exit(&f->d[1], 60000), 1);
+	assert_true(said(&f->d[1], NULL, "GPUD_TEST_FAIL_ENGINE: \"3\" is not a position in "
+					 "gpud.devices (0 to 2)"));
+	f->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -783,6 +855,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_rss_is_the_plan),
 		GPUD_IT_FIX_TEST(test_pool_refused_at_start),
 		GPUD_IT_FIX_TEST(test_min_devices),
+		GPUD_IT_FIX_TEST(test_min_devices_engine),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
