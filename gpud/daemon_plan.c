@@ -69,6 +69,10 @@ int gpud_plan_device_check(const struct sw_config_device *dev, uint32_t i, bool 
 					 "gpud.devices[%u]: %s: no CUDA device (0 visible: no "
 					 "NVIDIA driver or GPU, or CUDA_VISIBLE_DEVICES hides "
 					 "them)", i, name);
+		if (n_visible == 1)
+			return sw_seterr(err, errlen, -ENODEV,
+					 "gpud.devices[%u]: %s: no CUDA device (1 visible: cuda:0)",
+					 i, name);
 		return sw_seterr(err, errlen, -ENODEV,
 				 "gpud.devices[%u]: %s: no CUDA device (%d visible: cuda:0 to "
 				 "cuda:%d)", i, name, n_visible, n_visible - 1);

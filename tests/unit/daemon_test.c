@@ -205,6 +205,8 @@ static void test_device_check(void **state)
 	assert_int_equal(gpud_plan_device_check(&c3, 0, true, 2, err, sizeof(err)), -ENODEV);
 	assert_string_equal(err, "gpud.devices[0]: cuda:3: no CUDA device (2 visible: cuda:0 "
 				 "to cuda:1)");
+	assert_int_equal(gpud_plan_device_check(&c3, 0, true, 1, err, sizeof(err)), -ENODEV);
+	assert_string_equal(err, "gpud.devices[0]: cuda:3: no CUDA device (1 visible: cuda:0)");
 }
 
 static void test_plan_cuda(void **state)
