@@ -690,6 +690,74 @@ static void test_pool_refused_at_start(void **state)
 	f->done = true;
 }
 
+/* For the gpud.min_devices tests: d serves on cpu0 and cpu2 with the
+ * device named gone (cuda1 or cpu1) left out. n requests complete, STATS
+ * lists the two devices, each having run (its warm-up at least), their
+ * pools and not gone's, and gone in left_out with an error holding why.
+ * SIGTERM then ends d with 0. */
+static void serves_without(struct gpud_it *d, int n, const char *gone, const char *why)
+{
+	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+	static const char *const serving[] = { "cpu0", "cpu2" };
+	char key[64];
+	struct proto_client *c;
+	const char *err;
+	json_t *st;
+	int64_t steps;
+
+	assert_true(said(d, NULL, "(2 of the 3 configured devices; 1 left out: STATS left_out)"));
+	assert_non_null(c = gpud_it_connect(d));
+	submit_long(c, &e, n, 8);
+	assert_int_equal(wait_ends(&e, 120), 0);
+	assert_int_equal(e.ok, n);
+	assert_non_null(st = gpud_it_stats(c, false));
+	assert_int_equal(json_array_size(gpud_it_jget(st, "devices")), 2);
+	for (int i = 0; i < 2; i++) {
+		snprintf(key, sizeof(key), "devices[%d].name", i);
+		assert_string_equal(json_string_value(gpud_it_jget(st, key)), serving[i]);
+		snprintf(key, sizeof(key), "devices[%d].steps", i);
+		assert_int_equal(gpud_it_jint(st, key, &steps), 0);
+		assert_true(steps > 0);
+		snprintf(key, sizeof(key), "%s.kv", serving[i]);
+		assert_non_null(gpud_it_named(gpud_it_jget(st, "pools"), key));
+	}
+	snprintf(key, sizeof(key), "%s.kv", gone);
+	assert_null(gpud_it_named(gpud_it_jget(st, "pools"), key));
+	assert_int_equal(json_array_size(gpud_it_jget(st, "left_out")), 1);
+	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].name")), gone);
+	err = json_string_value(gpud_it_jget(st, "left_out[0].error"));
+	assert_non_null(err);
+	assert_non_null(strstr(err, why));
+	printf("    left out: %s: %s\n", gone, err);
+	json_decref(st);
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(d, SIGTERM, 60000), 0);
+}
+
+/* For the gpud.min_devices tests: d with o (GPUD_TEST_FAIL_ENGINE=fail
+ * unless NULL) refuses to start: exit 1, its log saying said1 and said2. */
+static void refused(struct gpud_it *d, const struct gpud_it_opts *o, const char *fail,
+		    const char *said1, const char *said2)
+{
+	int rc;
+
+	if (fail)
+		setenv("GPUD_TEST_FAIL_ENGINE", fail, 1);
+	rc = gpud_it_prepare(d, o);
+	if (!rc)
+		rc = gpud_it_spawn(d, NULL);
+	unsetenv("GPUD_TEST_FAIL_ENGINE");
+	assert_int_equal(rc, 0);
+	rc = gpud_it_wait_exit(d, 60000);
+	gpud_it_print_tail(d, "refused", 3);
+	if (rc != 1)
+		fail_msg("gpud exited %d (expected 1, refusing to start)", rc);
+	assert_true(said(d, NULL, said1));
+	assert_true(!said2 || said(d, NULL, said2));
+	assert_false(said(d, NULL, "listening on"));
+	gpud_it_free(d);
+}
+
 /* gpud.min_devices: "cuda:255" is on no machine. With min_devices 2 of
  * ["cpu", "cuda:255", "cpu"] gpud starts on cpu0 and cpu2 (the names keep
  * their configured places), STATS lists cuda1 in left_out with the
@@ -703,20 +771,9 @@ static void test_min_devices(void **state)
 				  .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 2" };
 	struct gpud_it_opts strict = { .devices = o.devices,
 				       .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 3" };
-	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
-	struct proto_client *c;
-	json_t *st, *lo;
-	int64_t steps;
-	int rc;
 
 #if !SW_HAVE_CUDA
-	assert_int_equal(gpud_it_prepare(&f->d[0], &o), 0);
-	assert_int_equal(gpud_it_spawn(&f->d[0], NULL), 0);
-	rc = gpud_it_wait_exit(&f->d[0], 60000);
-	if (rc != 1)
-		fail_msg("gpud without the CUDA backend on cuda:255 exited %d (expected 1)", rc);
-	assert_true(said(&f->d[0], NULL, "this gpud was built without the CUDA backend"));
-	assert_false(said(&f->d[0], NULL, "left out"));
+	refused(&f->d[0], &o, NULL, "this gpud was built without the CUDA backend", NULL);
 	printf("    no CUDA backend in this build: cuda:255 refused, not left out\n");
 	f->done = true;
 	return;
@@ -725,46 +782,9 @@ static void test_min_devices(void **state)
 	assert_true(said(&f->d[0], NULL, "cuda1 (cuda:255) left out, gpud starts without it "
 					 "(gpud.min_devices 2, 2 devices left): gpud.devices[1]: "
 					 "cuda:255: no CUDA device ("));
-	assert_true(said(&f->d[0], NULL, "(2 of the 3 configured devices; 1 left out: STATS "
-					 "left_out)"));
-	assert_non_null(c = gpud_it_connect(&f->d[0]));
-	submit_long(c, &e, 4, 8);
-	assert_int_equal(wait_ends(&e, 120), 0);
-	assert_int_equal(e.ok, 4);
-	assert_non_null(st = gpud_it_stats(c, false));
-	assert_int_equal(json_array_size(gpud_it_jget(st, "devices")), 2);
-	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[0].name")), "cpu0");
-	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[1].name")), "cpu2");
-	/* warm-up ran a request on each: both serve */
-	assert_int_equal(gpud_it_jint(st, "devices[0].steps", &steps), 0);
-	assert_true(steps > 0);
-	assert_int_equal(gpud_it_jint(st, "devices[1].steps", &steps), 0);
-	assert_true(steps > 0);
-	assert_non_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu2.kv"));
-	assert_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu1.kv"));
-	lo = gpud_it_jget(st, "left_out");
-	assert_int_equal(json_array_size(lo), 1);
-	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].name")), "cuda1");
-	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].device")),
-			    "cuda:255");
-	assert_non_null(strstr(json_string_value(gpud_it_jget(st, "left_out[0].error")),
-			       "cuda:255: no CUDA device ("));
-	printf("    left out: %s\n", json_string_value(gpud_it_jget(st, "left_out[0].error")));
-	json_decref(st);
-	proto_client_close(c);
-	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
-
-	/* min_devices 3: nothing may be left out */
-	assert_int_equal(gpud_it_prepare(&f->d[1], &strict), 0);
-	assert_int_equal(gpud_it_spawn(&f->d[1], NULL), 0);
-	rc = gpud_it_wait_exit(&f->d[1], 60000);
-	gpud_it_print_tail(&f->d[1], "min_devices 3", 3);
-	if (rc != 1)
-		fail_msg("gpud with min_devices 3 and cuda:255 exited %d (expected 1)", rc);
-	assert_true(said(&f->d[1], NULL, "gpud.devices[1]: cuda:255: no CUDA device ("));
-	assert_true(said(&f->d[1], NULL, "gpud.min_devices 3: 1 of the 3 configured devices "
-					 "cannot start"));
-	assert_false(said(&f->d[1], NULL, "listening on"));
+	serves_without(&f->d[0], 4, "cuda1", "gpud.devices[1]: cuda:255: no CUDA device (");
+	refused(&f->d[1], &strict, NULL, "gpud.devices[1]: cuda:255: no CUDA device (",
+		"gpud.min_devices 3: 1 of the 3 configured devices cannot start");
 	f->done = true;
 }
 
@@ -782,10 +802,6 @@ static void test_min_devices_engine(void **state)
 				  .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 2" };
 	struct gpud_it_opts strict = { .devices = o.devices, .threads = 3,
 				       .gpud_extra = "\"kv_blocks\": 256, \"min_devices\": 3" };
-	struct ends e = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
-	struct proto_client *c;
-	json_t *st;
-	int64_t steps;
 	int rc;
 
 	setenv("GPUD_TEST_FAIL_ENGINE", "1", 1);
@@ -795,48 +811,11 @@ static void test_min_devices_engine(void **state)
 	assert_true(said(&f->d[0], NULL, "cpu1 (cpu) left out, gpud starts without it "
 					 "(gpud.min_devices 2, 2 devices left): GPUD_TEST_FAIL_ENGINE: "
 					 "cpu1's engine fails on purpose"));
-	assert_non_null(c = gpud_it_connect(&f->d[0]));
-	submit_long(c, &e, 6, 8);
-	assert_int_equal(wait_ends(&e, 120), 0);
-	assert_int_equal(e.ok, 6);
-	assert_non_null(st = gpud_it_stats(c, false));
-	assert_int_equal(json_array_size(gpud_it_jget(st, "devices")), 2);
-	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[0].name")), "cpu0");
-	assert_string_equal(json_string_value(gpud_it_jget(st, "devices[1].name")), "cpu2");
-	assert_int_equal(gpud_it_jint(st, "devices[1].steps", &steps), 0);
-	assert_true(steps > 0); /* its warm-up at least: the moved device serves */
-	assert_non_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu2.kv"));
-	assert_null(gpud_it_named(gpud_it_jget(st, "pools"), "cpu1.kv"));
-	assert_int_equal(json_array_size(gpud_it_jget(st, "left_out")), 1);
-	assert_string_equal(json_string_value(gpud_it_jget(st, "left_out[0].name")), "cpu1");
-	json_decref(st);
-	proto_client_close(c);
-	assert_int_equal(gpud_it_stop(&f->d[0], SIGTERM, 60000), 0);
-
-	/* min_devices 3: the failure stops the start */
-	setenv("GPUD_TEST_FAIL_ENGINE", "1", 1);
-	rc = gpud_it_prepare(&f->d[1], &strict);
-	if (!rc)
-		rc = gpud_it_spawn(&f->d[1], NULL);
-	unsetenv("GPUD_TEST_FAIL_ENGINE");
-	assert_int_equal(rc, 0);
-	rc = gpud_it_wait_exit(&f->d[1], 60000);
-	if (rc != 1)
-		fail_msg("gpud with a failing engine and min_devices 3 exited %d (expected 1)", rc);
-	assert_true(said(&f->d[1], NULL, "gpud.min_devices 3: 1 of the 3 configured devices "
-					 "cannot start"));
-	gpud_it_free(&f->d[1]);
-
-	/* a malformed value: refused */
-	setenv("GPUD_TEST_FAIL_ENGINE", "3", 1);
-	rc = gpud_it_prepare(&f->d[1], &o);
-	if (!rc)
-		rc = gpud_it_spawn(&f->d[1], NULL);
-	unsetenv("GPUD_TEST_FAIL_ENGINE");
-	assert_int_equal(rc, 0);
-	assert_int_equal(gpud_it_wait_exit(&f->d[1], 60000), 1);
-	assert_true(said(&f->d[1], NULL, "GPUD_TEST_FAIL_ENGINE: \"3\" is not a position in "
-					 "gpud.devices (0 to 2)"));
+	serves_without(&f->d[0], 6, "cpu1", "cpu1's engine fails on purpose");
+	refused(&f->d[1], &strict, "1", "cpu1: engine: GPUD_TEST_FAIL_ENGINE",
+		"gpud.min_devices 3: 1 of the 3 configured devices cannot start");
+	refused(&f->d[1], &o, "3", "GPUD_TEST_FAIL_ENGINE: \"3\" is not a position in "
+		"gpud.devices (0 to 2)", NULL);
 	f->done = true;
 }
 

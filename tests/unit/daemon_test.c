@@ -690,13 +690,26 @@ static int n_cuda(void)
 #endif
 }
 
+/* `gpud serve --check` of cfg: its exit status, its output in *out (free it). */
+static int check(const struct sw_config *cfg, char **out)
+{
+	size_t len = 0;
+	FILE *f;
+	int rc;
+
+	*out = NULL;
+	f = open_memstream(out, &len);
+	assert_non_null(f);
+	rc = gpud_serve(cfg, true, f);
+	assert_int_equal(fclose(f), 0);
+	return rc;
+}
+
 static void test_check_mode(void **state)
 {
 	struct sw_config cfg;
 	int rc;
 	char *out = NULL;
-	size_t len = 0;
-	FILE *f;
 	(void)state;
 
 	sw_config_defaults(&cfg);
@@ -704,10 +717,7 @@ static void test_check_mode(void **state)
 	cfg.gpud.devices[1] = cfg.gpud.devices[0];
 	cfg.gpud.n_devices = 2;
 	cfg.gpud.max_seqs = 8;
-	f = open_memstream(&out, &len);
-	assert_non_null(f);
-	assert_int_equal(gpud_serve(&cfg, true, f), 0);
-	fclose(f);
+	assert_int_equal(check(&cfg, &out), 0);
 	assert_true(strncmp(out, "configuration OK\n", 17) == 0);
 	assert_non_null(strstr(out, "5 layers, dim 64"));
 	assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks x 20480 bytes = 20.0 MiB"));
@@ -720,10 +730,7 @@ static void test_check_mode(void **state)
 
 	/* gpud.kv_type "f16": blocks of half the bytes, named in the plan */
 	cfg.gpud.kv_type = SW_KV_F16;
-	f = open_memstream(&out, &len);
-	assert_non_null(f);
-	assert_int_equal(gpud_serve(&cfg, true, f), 0);
-	fclose(f);
+	assert_int_equal(check(&cfg, &out), 0);
 	assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks x 10240 bytes = 10.0 MiB (16 f16 "
 				    "tokens/block;"));
 	free(out);
@@ -731,17 +738,11 @@ static void test_check_mode(void **state)
 
 	/* gpud.chat_format: a choice is used, an unknown name stops the start. */
 	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "chatml");
-	out = NULL;
-	f = open_memstream(&out, &len);
-	assert_int_equal(gpud_serve(&cfg, true, f), 0);
-	fclose(f);
+	assert_int_equal(check(&cfg, &out), 0);
 	assert_non_null(strstr(out, "\nchat format: chatml\n"));
 	free(out);
 	snprintf(cfg.gpud.chat_format, sizeof(cfg.gpud.chat_format), "vicuna");
-	out = NULL;
-	f = open_memstream(&out, &len);
-	assert_int_equal(gpud_serve(&cfg, true, f), 1);
-	fclose(f);
+	assert_int_equal(check(&cfg, &out), 1);
 	assert_string_equal(out, "gpud.chat_format: unknown format \"vicuna\" (" GPUD_CHAT_NAMES
 			    ")\n");
 	free(out);
@@ -751,10 +752,7 @@ static void test_check_mode(void **state)
 	 * numbers, exit status 1. */
 	if ((double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) < 300.0 * GiB) {
 		cfg.gpud.kv_blocks = 16777216;
-		out = NULL;
-		f = open_memstream(&out, &len);
-		assert_int_equal(gpud_serve(&cfg, true, f), 1);
-		fclose(f);
+		assert_int_equal(check(&cfg, &out), 1);
 		assert_true(strncmp(out, "gpud.kv_blocks=16777216 needs 320.0 GiB of KV per device",
 				    56) == 0);
 		free(out);
@@ -764,10 +762,7 @@ static void test_check_mode(void **state)
 	 * on a machine without a device; planned per device where one is. */
 	cfg.gpud.kv_blocks = 0;
 	cfg.gpud.devices[1] = (struct sw_config_device){ SW_DEVICE_CUDA, 0, 1 };
-	out = NULL;
-	f = open_memstream(&out, &len);
-	rc = gpud_serve(&cfg, true, f);
-	fclose(f);
+	rc = check(&cfg, &out);
 	if (!gpud_backend_for(SW_DEVICE_CUDA)) {
 		assert_int_equal(rc, 1);
 		assert_string_equal(out, "gpud.devices[1]: cuda:0: this gpud was built without "
@@ -796,10 +791,7 @@ static void test_check_mode(void **state)
 	cfg.gpud.devices[2] = (struct sw_config_device){ SW_DEVICE_CPU, 0, 2 };
 	cfg.gpud.n_devices = 3;
 	cfg.gpud.min_devices = 2;
-	out = NULL;
-	f = open_memstream(&out, &len);
-	rc = gpud_serve(&cfg, true, f);
-	fclose(f);
+	rc = check(&cfg, &out);
 	if (!gpud_backend_for(SW_DEVICE_CUDA)) {
 		assert_int_equal(rc, 1);
 		assert_non_null(strstr(out, "gpud.devices[1]: cuda:255: this gpud was built without"));
@@ -817,10 +809,7 @@ static void test_check_mode(void **state)
 	}
 	free(out);
 	cfg.gpud.min_devices = 3;
-	out = NULL;
-	f = open_memstream(&out, &len);
-	rc = gpud_serve(&cfg, true, f);
-	fclose(f);
+	rc = check(&cfg, &out);
 	assert_int_equal(rc, 1);
 	if (gpud_backend_for(SW_DEVICE_CUDA)) {
 		assert_ptr_equal(strstr(out, "gpud.devices[1]: cuda:255: no CUDA device ("), out);
@@ -833,10 +822,7 @@ static void test_check_mode(void **state)
 
 	/* A missing model. */
 	snprintf(cfg.gpud.model, sizeof(cfg.gpud.model), "/nonexistent/m.gguf");
-	out = NULL;
-	f = open_memstream(&out, &len);
-	assert_int_equal(gpud_serve(&cfg, true, f), 1);
-	fclose(f);
+	assert_int_equal(check(&cfg, &out), 1);
 	assert_true(strncmp(out, "gpud.model: /nonexistent/m.gguf", 31) == 0);
 	free(out);
 }
