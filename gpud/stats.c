@@ -423,7 +423,7 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 						"cancelled", "busy", "refused" };
 	static const char *const tok_keys[] = { "prompt", "cached_prompt", "generated" };
 	struct prom o = { .buf = buf, .cap = buf ? cap : 0 };
-	uint32_t nd, np, nc;
+	uint32_t nd, np, nc, serving = 0;
 	bool rising = false;
 
 	if (!s || (!buf && cap) || !len)
@@ -487,10 +487,13 @@ int gpud_stats_prometheus(const struct gpud_stats_snapshot *s, char *buf, size_t
 			   &s->alloc_total, true);
 	}
 
+	for (uint32_t i = 0; i < nd; i++)
+		serving += !s->devices[i].failed;
 	labelled_u64(&o, "gpud_devices", "gauge",
-		     "Configured devices: serving, or left out at start (gpud.min_devices).",
+		     "Configured devices: serving (not failed), or left out at start "
+		     "(gpud.min_devices).",
 		     "state", (const char *const[]){ "serving", "left_out" },
-		     (const uint64_t[]){ nd, MIN(s->n_left_out, GPUD_STATS_MAX_DEVICES) }, 2);
+		     (const uint64_t[]){ serving, MIN(s->n_left_out, GPUD_STATS_MAX_DEVICES) }, 2);
 	PER(&o, s->devices, nd, "device", "gpud_device_queue", "gauge",
 	    "Waiting and running requests.", queue);
 	PER(&o, s->devices, nd, "device", "gpud_device_running", "gauge", "Running requests.",

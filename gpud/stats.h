@@ -35,7 +35,8 @@
  *                  "alloc": { "device": N } } ],
  *   "left_out": [ { "name": "cuda3", "device": "cuda:3", "error": "..." } ],
  *     (configured devices gpud started without, gpud.min_devices; [] when
- *     every one started)
+ *     every one started. One left out in warm-up also stays in "devices"
+ *     with "failed": true: fenced off, its memory still held)
  *   "pools": [ { "name": "cpu0.kv", "unit": "blocks", "unit_bytes",
  *                "capacity", "used", "free", "high", "largest_free_run",
  *                "live", "cached", "cache": "cpu0.prefix", "cache_bound",
@@ -182,7 +183,8 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
  * gpud_pool_used{pool="cpu0.kv"}, gpud_pool_capacity, gpud_pool_high,
  * gpud_pool_live, gpud_pool_cached, gpud_pool_cache_bound,
  * gpud_pool_trough, gpud_cache_hits_total{cache="mask"}, ...,
- * gpud_devices{state="serving"} and gpud_devices{state="left_out"},
+ * gpud_devices{state="serving"} (devices not failed) and
+ * gpud_devices{state="left_out"},
  * gpud_alloc_since_warmup{kind="host",role="device"}, each with # HELP and
  * # TYPE lines. Label values escape backslash, quote and newline; other
  * control characters and invalid UTF-8 become U+FFFD. When allocations
