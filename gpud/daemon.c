@@ -946,9 +946,7 @@ static int warm_failed(struct gpud_daemon *d, struct device *dv)
 
 	if (!min || serving - 1 < min) {
 		log_error("warm-up: %s failed: %s", dv->name, dv->fail_msg);
-		if (min)
-			log_error("gpud.min_devices %u: %u of the %u configured devices cannot start",
-				  min, d->n_left + 1, d->n_configured);
+		say_too_few(d, 1, false, NULL);
 		return SW_EDEVICE;
 	}
 	dv->left_out = true;
