@@ -878,9 +878,16 @@ static void on_tick(uv_timer_t *t)
 				start_probe(c, now, false);
 			if (c->spec->start_timeout_ms &&
 			    now - c->started_ms > c->spec->start_timeout_ms) {
+				/* the last probe's answer; none yet when the first
+				 * one is still out (a probe that hangs, a slow host) */
+				const char *why = c->probe_err;
+
+				if (!why[0] && c->probing)
+					why = "its readiness probe has not answered";
+
 				snprintf(c->info.error, sizeof(c->info.error),
 					 "not ready within %u ms%s%.960s", c->spec->start_timeout_ms,
-					 c->probe_err[0] ? ": " : "", c->probe_err);
+					 why[0] ? ": " : "", why);
 				log_error("%s (pid %d): %s: killing it", c->spec->name, c->info.pid,
 					  c->info.error);
 				c->killed_start = true;

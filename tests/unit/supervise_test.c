@@ -126,6 +126,9 @@ static int probe(void *user, unsigned i, int pid, bool live, char *err, size_t e
 	(void)pid;
 	if (live && exists(r->dir, "sick"))
 		return sw_seterr(err, errlen, -ETIMEDOUT, "no answer (sick)");
+	/* a probe that does not come back until the test lets it (5 s at most) */
+	for (int k = 0; !live && k < 500 && exists(r->dir, "stuck"); k++)
+		sw_sleep_ms(10);
 	if (!live && i == 0 && !exists(r->dir, "go"))
 		return sw_seterr(err, errlen, -EAGAIN, "no %s/go yet", r->dir);
 	return 0;
@@ -406,14 +409,42 @@ static void test_start_timeout_kills(void **state)
 	(void)state;
 	prepare(&r, 1, "run");
 	r.o.ops = &probe_ops; /* never ready: no go file */
-	r.ch[0].start_timeout_ms = 100;
+	/* A second: the probe (every 20 ms) must have answered "no" at least
+	 * once before the clock runs out. With 100 ms a ThreadSanitizer build
+	 * on a loaded CI machine did not always get the first answer back. */
+	r.ch[0].start_timeout_ms = 1000;
 	launch(&r);
-	assert_true(wait_state(&r, 0, "failed", 20000));
+	assert_true(wait_state(&r, 0, "failed", 30000));
 	assert_int_equal(cint(&r, 0, "crashes"), 3);
 	cstr(&r, 0, "last_exit", s, sizeof(s));
 	assert_string_equal(s, "signal 9");
 	cstr(&r, 0, "error", s, sizeof(s));
-	assert_non_null(strstr(s, "not ready within 100 ms: no "));
+	assert_non_null(strstr(s, "not ready within 1000 ms: no "));
+	kill(r.pid, SIGTERM);
+	assert_int_equal(finish(&r, 20000), 0);
+	cleanup(&r);
+}
+
+/* The clock runs out while the first probe is still out: the error says so,
+ * rather than giving no reason at all. */
+static void test_start_timeout_probe_out(void **state)
+{
+	struct run r;
+	char s[SW_ERR_MAX];
+
+	(void)state;
+	prepare(&r, 1, "run");
+	r.o.ops = &probe_ops;
+	r.ch[0].start_timeout_ms = 200;
+	touch(&r, "stuck");
+	launch(&r);
+	assert_true(wait_int(&r, 0, "crashes", 1, 20000));
+	cstr(&r, 0, "last_exit", s, sizeof(s));
+	assert_string_equal(s, "signal 9");
+	cstr(&r, 0, "error", s, sizeof(s));
+	assert_string_equal(s, "not ready within 200 ms: its readiness probe has not answered");
+	snprintf(s, sizeof(s), "%s/stuck", r.dir);
+	assert_int_equal(unlink(s), 0);
 	kill(r.pid, SIGTERM);
 	assert_int_equal(finish(&r, 20000), 0);
 	cleanup(&r);
@@ -780,6 +811,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_spawn_failures_count),
 		cmocka_unit_test(test_ordered_start_waits_for_probe),
 		cmocka_unit_test(test_start_timeout_kills),
+		cmocka_unit_test(test_start_timeout_probe_out),
 		cmocka_unit_test(test_hang_by_probe),
 		cmocka_unit_test(test_sighup_retries_failed),
 		cmocka_unit_test(test_adopt_and_release),
