@@ -320,6 +320,8 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	if (p->ffn_dim == 0 || p->ffn_dim > MK_MAX_DIM * 4)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: ffn %" PRIu32 " not in 1..%u",
 				 p->ffn_dim, MK_MAX_DIM * 4);
+	if (be == GPUD_QK_K) /* a row that does not fit takes a 32-weight type (fit_row) */
+		be = GPUD_QK;
 	if (p->dim % be || p->ffn_dim % be)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "mkmodel: dim %" PRIu32 " and ffn %" PRIu32 " must be multiples of the %s block size %" PRIu32,
@@ -360,7 +362,11 @@ static uint32_t file_type(const struct gpud_mkmodel_params *p)
 	switch (p->type) {
 	case GPUD_TYPE_F16: return 1;   /* llama.cpp LLAMA_FTYPE_MOSTLY_F16 */
 	case GPUD_TYPE_Q4_0: return 2;
+	case GPUD_TYPE_Q4_1: return 3;
 	case GPUD_TYPE_Q8_0: return 7;
+	case GPUD_TYPE_Q5_0: return 8;
+	case GPUD_TYPE_Q5_1: return 9;
+	case GPUD_TYPE_IQ4_NL: return 25;
 	case GPUD_TYPE_Q2_K: return 10;
 	case GPUD_TYPE_Q3_K: return 11; /* the nearest: Q3_K_S */
 	case GPUD_TYPE_Q4_K: return 14; /* Q4_K_S */
@@ -399,7 +405,22 @@ static bool use_more_bits(uint32_t i, uint32_t n)
 	return i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
 }
 
-enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name)
+/* llama.cpp's type for a K-quant whose 256-weight block does not fit a
+ * row of `row` weights: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K and
+ * Q3_K -> IQ4_NL (Qwen2.5-0.5B's rows of 896 in its Q4_K_M file). */
+static enum gpud_type fit_row(enum gpud_type t, uint32_t row)
+{
+	if (gpud_type_block_elems(t) != GPUD_QK_K || row % GPUD_QK_K == 0)
+		return t;
+	switch (t) {
+	case GPUD_TYPE_Q4_K: return GPUD_TYPE_Q5_0;
+	case GPUD_TYPE_Q5_K: return GPUD_TYPE_Q5_1;
+	case GPUD_TYPE_Q6_K: return GPUD_TYPE_Q8_0;
+	default: return GPUD_TYPE_IQ4_NL;
+	}
+}
+
+static enum gpud_type mix_type(const struct gpud_mkmodel_params *p, const char *name)
 {
 	unsigned layer;
 	int end = 0;
@@ -414,6 +435,15 @@ enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, con
 	    use_more_bits(layer, p->n_layers))
 		return GPUD_TYPE_Q6_K;
 	return p->type;
+}
+
+enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name)
+{
+	size_t n = strlen(name), k = strlen("ffn_down.weight");
+	/* rows of ffn_down are ffn_dim long, every other matrix's dim */
+	uint32_t row = n >= k && strcmp(name + n - k, "ffn_down.weight") == 0 ? p->ffn_dim : p->dim;
+
+	return fit_row(mix_type(p, name), row);
 }
 
 struct build {

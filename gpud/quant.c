@@ -199,6 +199,232 @@ static bool all_finite(const float *x, int n)
 	return ok;
 }
 
+/* ---- the other 32-weight types: Q4_1, Q5_0, Q5_1, IQ4_NL --------------
+ * Formats in quant.h. Q5_0 is quantized as Q4_0 (d = m / -16 from the first
+ * x of largest |x|); Q4_1/Q5_1 from the block's range, x ~ d * q + min; the
+ * quants are chosen against the stored (fp16) d and m. */
+
+static void q5_put(uint8_t *qh, uint8_t *qs, int j, int q)
+{
+	if (j < GPUD_QK / 2)
+		qs[j] = (uint8_t)((qs[j] & 0xf0) | (q & 15));
+	else
+		qs[j - GPUD_QK / 2] = (uint8_t)((qs[j - GPUD_QK / 2] & 0x0f) | (q & 15) << 4);
+	if (q & 16)
+		qh[j >> 3] |= (uint8_t)(1u << (j & 7));
+}
+
+static int nib_get(const uint8_t *qs, int j)
+{
+	return j < GPUD_QK / 2 ? qs[j] & 15 : qs[j - GPUD_QK / 2] >> 4;
+}
+
+/* One asymmetric block, x ~ d * q + m with q in 0..top: fp16 d and m,
+ * quants into q[32]. */
+static void quant_range(const float *x, int top, uint16_t *d16, uint16_t *m16, int *q)
+{
+	float lo = x[0], hi = x[0], d, m, id;
+
+	for (int j = 1; j < GPUD_QK; j++) {
+		lo = x[j] < lo ? x[j] : lo;
+		hi = x[j] > hi ? x[j] : hi;
+	}
+	*d16 = gpud_fp32_to_fp16((hi - lo) / (float)top);
+	*m16 = gpud_fp32_to_fp16(lo);
+	d = gpud_fp16_to_fp32(*d16);
+	m = gpud_fp16_to_fp32(*m16);
+	id = d > 0.0f ? 1.0f / d : 0.0f;
+	for (int j = 0; j < GPUD_QK; j++)
+		q[j] = qround((x[j] - m) * id, 0, top);
+}
+
+static void quantize_q4_1(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q4_1 *y = vy;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		int q[GPUD_QK];
+
+		memset(y[i].qs, 0, sizeof(y[i].qs));
+		if (!all_finite(x, GPUD_QK)) {
+			y[i].d = FP16_NAN;
+			y[i].m = 0;
+			continue;
+		}
+		quant_range(x, 15, &y[i].d, &y[i].m, q);
+		for (int j = 0; j < GPUD_QK / 2; j++)
+			y[i].qs[j] = (uint8_t)(q[j] | q[j + GPUD_QK / 2] << 4);
+	}
+}
+
+static void dequantize_q4_1(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q4_1 *x = vx;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+		float d = gpud_fp16_to_fp32(x[i].d), m = gpud_fp16_to_fp32(x[i].m);
+
+		for (int j = 0; j < GPUD_QK; j++)
+			y[j] = d * (float)nib_get(x[i].qs, j) + m;
+	}
+}
+
+static void quantize_q5_0(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q5_0 *y = vy;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		float amax = 0.0f, mx = 0.0f, d, id;
+
+		memset(y[i].qh, 0, sizeof(y[i].qh));
+		memset(y[i].qs, 0, sizeof(y[i].qs));
+		if (!all_finite(x, GPUD_QK)) {
+			y[i].d = FP16_NAN;
+			memset(y[i].qh, 0xff, sizeof(y[i].qh)); /* q = 16 - 16 = 0 */
+			continue;
+		}
+		for (int j = 0; j < GPUD_QK; j++)
+			if (fabsf(x[j]) > amax) {
+				amax = fabsf(x[j]);
+				mx = x[j];
+			}
+		y[i].d = gpud_fp32_to_fp16(mx / -16.0f);
+		d = gpud_fp16_to_fp32(y[i].d);
+		id = d != 0.0f ? 1.0f / d : 0.0f;
+		for (int j = 0; j < GPUD_QK; j++)
+			q5_put(y[i].qh, y[i].qs, j, qround(x[j] * id, -16, 15) + 16);
+	}
+}
+
+static void dequantize_q5_0(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q5_0 *x = vx;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+		float d = gpud_fp16_to_fp32(x[i].d);
+
+		for (int j = 0; j < GPUD_QK; j++)
+			y[j] = d * (float)((nib_get(x[i].qs, j) | gpud_q5_hbit(x[i].qh, j) << 4) - 16);
+	}
+}
+
+static void quantize_q5_1(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_q5_1 *y = vy;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		int q[GPUD_QK];
+
+		memset(y[i].qh, 0, sizeof(y[i].qh));
+		memset(y[i].qs, 0, sizeof(y[i].qs));
+		if (!all_finite(x, GPUD_QK)) {
+			y[i].d = FP16_NAN;
+			y[i].m = 0;
+			continue;
+		}
+		quant_range(x, 31, &y[i].d, &y[i].m, q);
+		for (int j = 0; j < GPUD_QK; j++)
+			q5_put(y[i].qh, y[i].qs, j, q[j]);
+	}
+}
+
+static void dequantize_q5_1(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_q5_1 *x = vx;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+		float d = gpud_fp16_to_fp32(x[i].d), m = gpud_fp16_to_fp32(x[i].m);
+
+		for (int j = 0; j < GPUD_QK; j++)
+			y[j] = d * (float)(nib_get(x[i].qs, j) | gpud_q5_hbit(x[i].qh, j) << 4) + m;
+	}
+}
+
+static const int8_t iq4nl_values[16] = GPUD_IQ4NL_VALUES;
+
+/* The index of the IQ4_NL value nearest v (the lower one on a tie). */
+static int iq4nl_nearest(float v)
+{
+	int k = 0;
+
+	if (!(v == v)) /* NaN: degenerate blocks only */
+		return 8;
+	while (k < 15 && v > 0.5f * (float)(iq4nl_values[k] + iq4nl_values[k + 1]))
+		k++;
+	return k;
+}
+
+/* IQ4_NL: candidate scales around the one that puts the largest |x| on
+ * -127, each refined by least squares over the values it picks; the best
+ * by squared error (with its fp16 rounding) wins, and the indices are then
+ * chosen against the stored scale. */
+static void quantize_iq4_nl(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_iq4_nl *y = vy;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
+		float amax = 0.0f, mx = 0.0f, best = FLT_MAX, bd = 0.0f, d, id;
+
+		memset(y[i].qs, 0x88, sizeof(y[i].qs));
+		if (!all_finite(x, GPUD_QK)) {
+			y[i].d = FP16_NAN;
+			continue;
+		}
+		for (int j = 0; j < GPUD_QK; j++)
+			if (fabsf(x[j]) > amax) {
+				amax = fabsf(x[j]);
+				mx = x[j];
+			}
+		if (amax == 0.0f) {
+			y[i].d = 0;
+			continue;
+		}
+		for (int k = -KQ_TRIES; k <= KQ_TRIES; k++) {
+			float s = mx / (-127.0f + 8.0f * (float)k), is = 1.0f / s, sv = 0, sv2 = 0;
+			float err = 0, r;
+
+			for (int j = 0; j < GPUD_QK; j++) {
+				float v = (float)iq4nl_values[iq4nl_nearest(x[j] * is)];
+
+				sv += v * x[j];
+				sv2 += v * v;
+			}
+			if (!(sv2 > 0.0f))
+				continue;
+			r = gpud_fp16_to_fp32(gpud_fp32_to_fp16(sv / sv2));
+			if (!(r != 0.0f))
+				continue;
+			for (int j = 0; j < GPUD_QK; j++) {
+				float e = r * (float)iq4nl_values[iq4nl_nearest(x[j] / r)] - x[j];
+
+				err += e * e;
+			}
+			if (err < best) {
+				best = err;
+				bd = r;
+			}
+		}
+		y[i].d = gpud_fp32_to_fp16(bd);
+		d = gpud_fp16_to_fp32(y[i].d);
+		id = d != 0.0f ? 1.0f / d : 0.0f;
+		for (int j = 0; j < GPUD_QK / 2; j++)
+			y[i].qs[j] = (uint8_t)(iq4nl_nearest(x[j] * id) |
+					       iq4nl_nearest(x[j + GPUD_QK / 2] * id) << 4);
+	}
+}
+
+static void dequantize_iq4_nl(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_iq4_nl *x = vx;
+
+	for (int64_t i = 0; i < n / GPUD_QK; i++, y += GPUD_QK) {
+		float d = gpud_fp16_to_fp32(x[i].d);
+
+		for (int j = 0; j < GPUD_QK; j++)
+			y[j] = d * (float)iq4nl_values[nib_get(x[i].qs, j)];
+	}
+}
+
 /* x ~ s * q - m, q in 0..nmax, s >= 0, m >= 0: the best scale and min
  * found for the n values of one sub-block. */
 static void fit_asym(const float *x, int n, int nmax, float *s_out, float *m_out)
@@ -662,6 +888,26 @@ static const struct gpud_type_traits traits[GPUD_TYPE_COUNT] = {
 		.name = "q4_0", .block_elems = GPUD_QK,
 		.block_bytes = sizeof(struct gpud_block_q4_0), .quantized = true, .matmul = true,
 		.quantize = quantize_q4_0, .dequantize = dequantize_q4_0,
+	},
+	[GPUD_TYPE_Q4_1] = {
+		.name = "q4_1", .block_elems = GPUD_QK,
+		.block_bytes = sizeof(struct gpud_block_q4_1), .quantized = true, .matmul = true,
+		.quantize = quantize_q4_1, .dequantize = dequantize_q4_1,
+	},
+	[GPUD_TYPE_Q5_0] = {
+		.name = "q5_0", .block_elems = GPUD_QK,
+		.block_bytes = sizeof(struct gpud_block_q5_0), .quantized = true, .matmul = true,
+		.quantize = quantize_q5_0, .dequantize = dequantize_q5_0,
+	},
+	[GPUD_TYPE_Q5_1] = {
+		.name = "q5_1", .block_elems = GPUD_QK,
+		.block_bytes = sizeof(struct gpud_block_q5_1), .quantized = true, .matmul = true,
+		.quantize = quantize_q5_1, .dequantize = dequantize_q5_1,
+	},
+	[GPUD_TYPE_IQ4_NL] = {
+		.name = "iq4_nl", .block_elems = GPUD_QK,
+		.block_bytes = sizeof(struct gpud_block_iq4_nl), .quantized = true, .matmul = true,
+		.quantize = quantize_iq4_nl, .dequantize = dequantize_iq4_nl,
 	},
 	[GPUD_TYPE_Q8_0] = {
 		.name = "q8_0", .block_elems = GPUD_QK,

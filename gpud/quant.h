@@ -19,6 +19,18 @@
  *   Q4_0: 32 weights per block: fp16 scale d, uint8 qs[16];      w = d * q
  *         q = nibble - 8, weight j in the low nibble of qs[j], j+16 in the
  *         high one.
+ *   Q4_1: fp16 d, fp16 m, qs[16]: q = the nibble (0..15), as Q4_0's;
+ *         w = d * q + m.
+ *   Q5_0: fp16 d, uint8 qh[4], qs[16]: q = (nibble | bit j of qh << 4) -
+ *         16 for weight j (qh read as a little-endian uint32);  w = d * q.
+ *   Q5_1: fp16 d, fp16 m, qh[4], qs[16]: q = nibble | bit j of qh << 4
+ *         (0..31);  w = d * q + m.
+ *   IQ4_NL: fp16 d, qs[16]: q = GPUD_IQ4NL_VALUES[nibble] (a fixed
+ *         non-linear table, -127..113);  w = d * q.
+ *   These four (the "legacy" 32-weight types besides Q4_0/Q8_0) are what
+ *   llama.cpp writes where a K-quant does not fit a row (its length not a
+ *   multiple of 256: Qwen2.5-0.5B's 896): Q4_K falls back to Q5_0, Q5_K
+ *   to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to IQ4_NL.
  *   K-quants: 256 weights per super-block (GPUD_QK_K), in sub-blocks of 16
  *   or 32 with small integer scales (and mins) under fp16 super-block
  *   factors d (and dmin). Weight e of a super-block:
@@ -71,6 +83,9 @@ enum gpud_type {
 	GPUD_TYPE_F32 = 0,
 	GPUD_TYPE_F16 = 1,
 	GPUD_TYPE_Q4_0 = 2,  /* 32 weights = f16 d + 16 bytes of nibbles */
+	GPUD_TYPE_Q4_1 = 3,  /* 32 weights = f16 d, f16 m + 16 bytes of nibbles */
+	GPUD_TYPE_Q5_0 = 6,  /* 32 weights = f16 d + 4 bytes of 5th bits + nibbles */
+	GPUD_TYPE_Q5_1 = 7,  /* 32 weights = f16 d, f16 m + 5th bits + nibbles */
 	GPUD_TYPE_Q8_0 = 8,  /* 32 weights = f16 d + 32 int8 */
 	GPUD_TYPE_Q2_K = 10, /* 256 weights in 84 bytes */
 	GPUD_TYPE_Q3_K = 11, /* 256 weights in 110 bytes */
@@ -78,13 +93,14 @@ enum gpud_type {
 	GPUD_TYPE_Q5_K = 13, /* 256 weights in 176 bytes */
 	GPUD_TYPE_Q6_K = 14, /* 256 weights in 210 bytes */
 	GPUD_TYPE_Q8_K = 15, /* 256 weights in 292 bytes (activations) */
+	GPUD_TYPE_IQ4_NL = 20, /* 32 weights = f16 d + 16 bytes of table indices */
 	GPUD_TYPE_BF16 = 30,
 	GPUD_TYPE_COUNT = 31, /* one past the largest supported id (sizes the table) */
 };
 
 /* The supported types, in the order messages list them. */
 #define GPUD_TYPE_SUPPORTED_NAMES \
-	"f32, f16, bf16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k"
+	"f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k"
 
 #define GPUD_QK 32 /* weights per Q8_0/Q4_0 block */
 
@@ -97,6 +113,40 @@ struct gpud_block_q4_0 {
 	uint16_t d; /* fp16 */
 	uint8_t qs[GPUD_QK / 2];
 };
+
+struct gpud_block_q4_1 {
+	uint16_t d; /* fp16 */
+	uint16_t m; /* fp16 */
+	uint8_t qs[GPUD_QK / 2];
+};
+
+struct gpud_block_q5_0 {
+	uint16_t d;		 /* fp16 */
+	uint8_t qh[4];		 /* bit 4 of each quant, weight j's at bit j */
+	uint8_t qs[GPUD_QK / 2]; /* bits 0-3, as Q4_0's nibbles */
+};
+
+struct gpud_block_q5_1 {
+	uint16_t d; /* fp16 */
+	uint16_t m; /* fp16 */
+	uint8_t qh[4];
+	uint8_t qs[GPUD_QK / 2];
+};
+
+struct gpud_block_iq4_nl {
+	uint16_t d; /* fp16 */
+	uint8_t qs[GPUD_QK / 2];
+};
+
+/* IQ4_NL's quant values by nibble (a fact of the format). */
+#define GPUD_IQ4NL_VALUES \
+	{ -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 }
+
+/* Bit 4 of quant j (0..31) of a Q5_0/Q5_1 block's qh. */
+static inline int gpud_q5_hbit(const uint8_t *qh, int j)
+{
+	return (qh[j >> 3] >> (j & 7)) & 1;
+}
 
 #define GPUD_QK_K 256 /* weights per K-quant super-block */
 
@@ -143,6 +193,10 @@ struct gpud_block_q8_k {
 };
 
 #ifndef __cplusplus /* C11's spelling; the CUDA sources (C++) include this too */
+_Static_assert(sizeof(struct gpud_block_q4_1) == 20, "q4_1 block");
+_Static_assert(sizeof(struct gpud_block_q5_0) == 22, "q5_0 block");
+_Static_assert(sizeof(struct gpud_block_q5_1) == 24, "q5_1 block");
+_Static_assert(sizeof(struct gpud_block_iq4_nl) == 18, "iq4_nl block");
 _Static_assert(sizeof(struct gpud_block_q2_k) == 84, "q2_k block");
 _Static_assert(sizeof(struct gpud_block_q3_k) == 110, "q3_k block");
 _Static_assert(sizeof(struct gpud_block_q4_k) == 144, "q4_k block");

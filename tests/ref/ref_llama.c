@@ -172,6 +172,12 @@ static void kq_block(int type, const uint8_t *blk, double *y)
 	}
 }
 
+/* Q4_1 3, Q5_0 6, Q5_1 7, IQ4_NL 20: bytes per 32-weight block */
+static uint64_t lq_bytes(int type)
+{
+	return type == 3 ? 20 : type == 6 ? 22 : type == 7 ? 24 : 18;
+}
+
 int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
 {
 	const uint8_t *p = src;
@@ -211,6 +217,30 @@ int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
 			}
 		}
 		return 0;
+	case 3: case 6: case 7: case 20:
+		/* Q4_1 (f16 d, f16 m, nibbles), Q5_0 (f16 d, 32 high bits,
+		 * nibbles), Q5_1 (d, m, high bits, nibbles), IQ4_NL (f16 d,
+		 * nibbles indexing a table): weight i's nibble is the low one
+		 * of byte i (i < 16) or the high one of byte i - 16 */
+		for (b = 0; b < n / 32; b++) {
+			static const int nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+						    1, 13, 25, 38, 53, 69, 89, 113 };
+			const uint8_t *blk = p + lq_bytes(type) * b;
+			const int hm = type == 3 || type == 7; /* has m */
+			const uint8_t *qh = blk + (hm ? 4 : 2), *qs = qh + (type == 6 || type == 7 ? 4 : 0);
+			double d = half_to_double(rd16(blk)), m = hm ? half_to_double(rd16(blk + 2)) : 0;
+			uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+				     (uint32_t)qh[3] << 24;
+
+			for (i = 0; i < 32; i++) {
+				int q = i < 16 ? qs[i] & 15 : qs[i - 16] >> 4;
+
+				if (type == 6 || type == 7)
+					q |= (int)((h >> i) & 1) << 4;
+				dst[32 * b + i] = type == 20 ? d * nl[q] : type == 6 ? d * (q - 16) : d * q + m;
+			}
+		}
+		return 0;
 	case 10: case 11: case 12: case 13: case 14:
 		for (b = 0; b < n / 256; b++)
 			kq_block(type, p + kq_bytes(type) * b, dst + 256 * b);
@@ -226,6 +256,7 @@ static uint64_t row_bytes(int type, uint64_t n)
 	case 1: case 30: return 2 * n;
 	case 8: return n / 32 * 34;
 	case 2: return n / 32 * 18;
+	case 3: case 6: case 7: case 20: return n / 32 * lq_bytes(type);
 	case 10: case 11: case 12: case 13: case 14: return n / 256 * kq_bytes(type);
 	}
 	return 0;

@@ -1,6 +1,7 @@
-/* kernels_kq_test.c - K-quant matmul (kernels_kq.c and its dispatch).
+/* kernels_kq_test.c - the K-quant matmul, and the other 32-weight types'
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL: kernels_kq.c, kernels_kq_x86.c, dispatch).
  *
- * The formats are tested in quant_kq_test.c. Tolerances (S = sum over the
+ * The formats are tested in quant_kq_test.c and quant_lq_test.c. Tolerances (S = sum over the
  * row of |w_c * x_c| with W dequantized):
  *  - against a double loop over dequantized W and the x the kernel sees
  *    (32-blocks, dx = max|x| / 127, q = round(x / dx), as kernels.h says):
@@ -33,6 +34,7 @@
 
 static const enum gpud_type kq_types[] = {
 	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
+	GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL,
 };
 #define N_KQ (sizeof(kq_types) / sizeof(kq_types[0]))
 #define MAXB 17
@@ -242,6 +244,15 @@ static void set_factors(enum gpud_type t, uint8_t *b, uint16_t v)
 	case GPUD_TYPE_Q5_K:
 		d = offsetof(struct gpud_block_q4_k, d);
 		dmin = offsetof(struct gpud_block_q4_k, dmin);
+		break;
+	case GPUD_TYPE_Q4_1: /* Q5_1: the same head, d then m */
+	case GPUD_TYPE_Q5_1:
+		d = offsetof(struct gpud_block_q4_1, d);
+		dmin = offsetof(struct gpud_block_q4_1, m);
+		break;
+	case GPUD_TYPE_Q5_0: /* IQ4_NL: d first too */
+	case GPUD_TYPE_IQ4_NL:
+		d = 0;
 		break;
 	default:
 		d = offsetof(struct gpud_block_q6_k, d);

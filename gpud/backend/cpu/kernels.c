@@ -172,7 +172,7 @@ size_t gpud_matmul_scratch_bytes(enum gpud_type wtype, int64_t cols, int64_t bat
 
 	if (cols <= 0 || batch <= 0)
 		return 0;
-	if (!is_quant(wtype) && !gpud__kq_type(wtype))
+	if (!is_quant(wtype) && !gpud__kq_type(wtype) && !gpud__lq_type(wtype))
 		return 0;
 	nb = (size_t)(cols / GPUD_QK);
 	n = (size_t)batch * nb * (sizeof(float) + sizeof(int32_t)) + (size_t)batch * (size_t)cols;
@@ -397,7 +397,7 @@ void gpud_matmul_prepare(struct gpud_mm_call *mc, enum gpud_type wtype, bool pac
 		m->gfni = m->avx512vnni && (gpud_cpu_features() & GPUD_CPU_GFNI) != 0;
 	}
 #endif
-	if (is_quant(wtype) || gpud__kq_type(wtype)) {
+	if (is_quant(wtype) || gpud__kq_type(wtype) || gpud__lq_type(wtype)) {
 		const int64_t nb = cols / GPUD_QK;
 		/* Offset the VNNI kernel folds in: q8_0 weights enter as
 		 * w + 128 (u8), q4_0 as their nibble w + 8. The K-quants take
@@ -405,6 +405,7 @@ void gpud_matmul_prepare(struct gpud_mm_call *mc, enum gpud_type wtype, bool pac
 		 * half sums. */
 		const int32_t off = wtype == GPUD_TYPE_Q8_0 ? 128
 				    : wtype == GPUD_TYPE_Q4_0 ? 8
+				    : gpud__lq_type(wtype) ? gpud__lq_act_off(wtype)
 				    : wtype == GPUD_TYPE_Q2_K || wtype == GPUD_TYPE_Q3_K ||
 						      wtype == GPUD_TYPE_Q6_K
 					      ? GPUD__ACT_HALVES
@@ -435,6 +436,12 @@ void gpud_matmul_prepare(struct gpud_mm_call *mc, enum gpud_type wtype, bool pac
 #ifdef GPUD_HAVE_X86
 			if (use_vec())
 				mc->rows = gpud__x86_kq_mm_rows;
+#endif
+		} else if (gpud__lq_type(wtype)) {
+			mc->rows = gpud__lq_mm_rows;
+#ifdef GPUD_HAVE_X86
+			if (use_vec())
+				mc->rows = gpud__x86_lq_mm_rows;
 #endif
 		}
 		else if (mc->rows == mm_rows_ref)

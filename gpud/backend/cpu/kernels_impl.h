@@ -52,6 +52,11 @@ static inline size_t gpud__kq_block_bytes(enum gpud_type QT)
  * rows (x already in m->xq/xd/xc), portable. */
 bool gpud__kq_type(enum gpud_type t);
 void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* kernels_kq.c: Q4_1, Q5_0, Q5_1 and IQ4_NL (the 32-weight types besides
+ * Q8_0/Q4_0), their activation quantizer's off and their rows, portable. */
+bool gpud__lq_type(enum gpud_type t);
+int32_t gpud__lq_act_off(enum gpud_type t);
+void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 
 /* Activation block scale from its max |x| (as Q8_0's, kept in fp32); *id
  * is 1/d or 0. Shared so that both paths produce bit-identical quants. */
@@ -81,6 +86,8 @@ static inline float gpud__q8_scale(float amax, float *id)
 void gpud__x86_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* kernels_kq_x86.c: the K-quant rows, the bits of the portable ones. */
 void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* and the Q4_1, Q5_0, Q5_1, IQ4_NL rows, the bits of gpud__lq_mm_rows() */
+void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* kernels_avx512.c (only with GPUD_CPU_AVX512): packed f16 rows, the bits
  * of kernels_x86.c's. */
 void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1);

@@ -238,3 +238,98 @@ void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 		}
 	}
 }
+
+/* ---- the other 32-weight types: Q4_1, Q5_0, Q5_1, IQ4_NL ----------------
+ * (quant.h's formats; llama.cpp writes them where a K-quant does not fit a
+ * row.) The same activation blocks as every int8 path, with xc the blocks'
+ * plain quant sums X (off -1), or -16 X for Q5_0 (off 16). Every (row,
+ * column) pair is one fp32 accumulator fed block by block in order:
+ *     t   = sum_j q_w[j] * q_x[j]          (exact int32)
+ *     acc = fma(d * dx, (float)t, acc)
+ *     acc = fma(m * dx, (float)X, acc)     (Q4_1, Q5_1: w = d * q + m)
+ * with q_w the quant as stored for Q4_1/Q5_1 (0..15, 0..31), the signed
+ * quant for Q5_0 (-16..15; the x86 kernel multiplies q + 16 and adds xc)
+ * and IQ4_NL's table value (-127..113); d and m the fp16 factors in fp32.
+ * |t| <= 32 * 127 * 127 < 2^24 and |X| <= 32 * 127: (float) is exact, so
+ * vector versions give the same bits. */
+
+bool gpud__lq_type(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q4_1 || t == GPUD_TYPE_Q5_0 || t == GPUD_TYPE_Q5_1 ||
+	       t == GPUD_TYPE_IQ4_NL;
+}
+
+int32_t gpud__lq_act_off(enum gpud_type t)
+{
+	return t == GPUD_TYPE_Q5_0 ? 16 : -1;
+}
+
+/* Block blk of type t: its 32 quants as the fold multiplies them (above),
+ * d and m (0 for the types without one). */
+static void lq_unpack(enum gpud_type t, const uint8_t *blk, int32_t q[GPUD_QK], float *d,
+		      float *m)
+{
+	static const int8_t nl[16] = GPUD_IQ4NL_VALUES;
+	const uint8_t *qs, *qh = NULL;
+	uint16_t h[2];
+
+	memcpy(h, blk, sizeof(h));
+	*d = gpud_fp16_to_fp32(h[0]);
+	*m = 0.0f;
+	switch (t) {
+	case GPUD_TYPE_Q4_1:
+		*m = gpud_fp16_to_fp32(h[1]);
+		qs = ((const struct gpud_block_q4_1 *)blk)->qs;
+		break;
+	case GPUD_TYPE_Q5_0:
+		qh = ((const struct gpud_block_q5_0 *)blk)->qh;
+		qs = ((const struct gpud_block_q5_0 *)blk)->qs;
+		break;
+	case GPUD_TYPE_Q5_1:
+		*m = gpud_fp16_to_fp32(h[1]);
+		qh = ((const struct gpud_block_q5_1 *)blk)->qh;
+		qs = ((const struct gpud_block_q5_1 *)blk)->qs;
+		break;
+	default: /* IQ4_NL */
+		qs = ((const struct gpud_block_iq4_nl *)blk)->qs;
+		break;
+	}
+	for (int j = 0; j < GPUD_QK; j++) {
+		int v = j < GPUD_QK / 2 ? qs[j] & 15 : qs[j - GPUD_QK / 2] >> 4;
+
+		if (qh)
+			v |= gpud_q5_hbit(qh, j) << 4;
+		q[j] = t == GPUD_TYPE_IQ4_NL ? nl[v] : t == GPUD_TYPE_Q5_0 ? v - 16 : v;
+	}
+}
+
+void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+	const size_t bsz = gpud_type_block_bytes(m->wtype);
+	const bool mins = m->wtype == GPUD_TYPE_Q4_1 || m->wtype == GPUD_TYPE_Q5_1;
+
+	for (int64_t r = r0; r < r1; r++) {
+		const uint8_t *w = m->W + (size_t)r * m->wrow;
+
+		for (int64_t b = 0; b < m->batch; b++) {
+			const int8_t *xq = m->xq + b * m->cols;
+			const float *xd = m->xd + b * nb;
+			const int32_t *xc = m->xc + b * nb;
+			float acc = 0.0f;
+
+			for (int64_t i = 0; i < nb; i++) {
+				int32_t q[GPUD_QK], t = 0;
+				float d, mn;
+
+				lq_unpack(m->wtype, w + (size_t)i * bsz, q, &d, &mn);
+				for (int j = 0; j < GPUD_QK; j++)
+					t += q[j] * xq[GPUD_QK * i + j];
+				acc = fmaf(d * xd[i], (float)t, acc);
+				if (mins)
+					acc = fmaf(mn * xd[i], (float)xc[i], acc);
+			}
+			m->y[b * m->rows + r] = acc;
+		}
+	}
+}

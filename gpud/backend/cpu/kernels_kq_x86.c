@@ -572,4 +572,170 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
+/* ---- Q4_1, Q5_0, Q5_1, IQ4_NL (kernels_kq.c states the operations) -----
+ * As above, 8 rows in the 8 lanes: each row's block unpacked to 32 bytes,
+ * the 8 transposed (T[g] lane r = quants 4g..4g+3 of row r), then per
+ * batch column 8 vpmaddubsw against broadcast activation bytes. Q4_1,
+ * Q5_0 and Q5_1 multiply their unsigned quants (Q5_0's offset of 16 comes
+ * back through xc = -16 X); IQ4_NL's signed table values multiply as
+ * |q| times x with q's sign (vpsignb), a pair at most 2 * 127 * 127. */
+
+/* Block blk's 32 quants (unsigned; IQ4_NL's signed table values). */
+TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
+{
+	const size_t qso = QT == GPUD_TYPE_Q4_1	  ? offsetof(struct gpud_block_q4_1, qs)
+			   : QT == GPUD_TYPE_Q5_0 ? offsetof(struct gpud_block_q5_0, qs)
+			   : QT == GPUD_TYPE_Q5_1 ? offsetof(struct gpud_block_q5_1, qs)
+						  : offsetof(struct gpud_block_iq4_nl, qs);
+	const __m128i v = _mm_loadu_si128((const __m128i *)(blk + qso));
+	__m256i q = _mm256_and_si256(_mm256_setr_m128i(v, _mm_srli_epi16(v, 4)),
+				     _mm256_set1_epi8(0x0f));
+
+	if (QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1) {
+		/* bit j of qh to byte j: byte j takes qh byte j / 8, then its
+		 * bit j % 8 */
+		const __m256i sel = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+						     2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+		const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+		int32_t qh;
+		__m256i h;
+
+		memcpy(&qh,
+		       blk + (QT == GPUD_TYPE_Q5_0 ? offsetof(struct gpud_block_q5_0, qh)
+						   : offsetof(struct gpud_block_q5_1, qh)),
+		       sizeof(qh));
+		h = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), sel);
+		h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
+		q = _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
+	}
+	if (QT == GPUD_TYPE_IQ4_NL) {
+		const __m256i nl = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
+						    25, 38, 53, 69, 89, 113, -127, -104, -83, -65,
+						    -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+						    113);
+
+		q = _mm256_shuffle_epi8(nl, q);
+	}
+	return q;
+}
+
+TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, int64_t r0,
+			int64_t r1)
+{
+	const int64_t nb = m->cols / GPUD_QK;
+	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
+	const bool nl = QT == GPUD_TYPE_IQ4_NL;
+	/* vpmaddubsw results added in i16 before each vpmaddwd: a pair is at
+	 * most 2 * 31 * 127 (Q5), 2 * 127 * 127 (IQ4_NL) */
+	const int n16 = nl ? 1 : 4;
+	const size_t bsz = QT == GPUD_TYPE_Q4_1	  ? sizeof(struct gpud_block_q4_1)
+			   : QT == GPUD_TYPE_Q5_0 ? sizeof(struct gpud_block_q5_0)
+			   : QT == GPUD_TYPE_Q5_1 ? sizeof(struct gpud_block_q5_1)
+						  : sizeof(struct gpud_block_iq4_nl);
+	const __m256i ones = _mm256_set1_epi16(1);
+
+	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
+		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;
+		const uint8_t *w[KQ_ROWS];
+
+		/* Rows past r1 repeat the last one; their lanes are dropped. */
+		for (int k = 0; k < KQ_ROWS; k++)
+			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		for (int64_t b0 = 0; b0 < m->batch; b0 += bcmax) {
+			const int64_t bc = m->batch - b0 < bcmax ? m->batch - b0 : bcmax;
+			__m256 acc[KQ_BC];
+
+			for (int64_t b = 0; b < bc; b++)
+				acc[b] = _mm256_setzero_ps();
+			for (int64_t i = 0; i < nb; i++) {
+				__m256i W[KQ_ROWS], T[8];
+				float dv[KQ_ROWS], mv[KQ_ROWS];
+				__m256 dw, mw = _mm256_setzero_ps();
+
+				_Pragma("GCC unroll 8")
+				for (int k = 0; k < KQ_ROWS; k++) {
+					const uint8_t *blk = w[k] + (size_t)i * bsz;
+					uint16_t h[2];
+
+					/* the same block of the next row group (a hint) */
+					_mm_prefetch((const char *)blk + KQ_ROWS * m->wrow, _MM_HINT_T0);
+					memcpy(h, blk, sizeof(h));
+					dv[k] = _cvtsh_ss(h[0]);
+					mv[k] = mins ? _cvtsh_ss(h[1]) : 0.0f;
+					W[k] = lq_unpack(QT, blk);
+				}
+				dw = _mm256_loadu_ps(dv);
+				if (mins)
+					mw = _mm256_loadu_ps(mv);
+				transpose8(W, T);
+				if (nl) /* |q|; the signs go onto x */
+					_Pragma("GCC unroll 8")
+					for (int g = 0; g < 8; g++)
+						W[g] = _mm256_sign_epi8(T[g], T[g]);
+				for (int64_t b = 0; b < bc; b++) {
+					const int64_t col = b0 + b, xi = col * nb + i;
+					const int8_t *xq = m->xq + col * m->cols + GPUD_QK * i;
+					const __m256 xd = _mm256_set1_ps(m->xd[xi]);
+					__m256i p16[8], t;
+
+					_Pragma("GCC unroll 8")
+					for (int g = 0; g < 8; g++) {
+						__m256i x = bcast4(xq + 4 * g), p;
+
+						p = nl ? _mm256_maddubs_epi16(W[g], _mm256_sign_epi8(x, T[g]))
+						       : _mm256_maddubs_epi16(T[g], x);
+						p16[g / n16] = g % n16 ? _mm256_add_epi16(p16[g / n16], p) : p;
+					}
+					t = _mm256_madd_epi16(p16[0], ones);
+					_Pragma("GCC unroll 8")
+					for (int k = 1; k < 8 / n16; k++)
+						t = _mm256_add_epi32(t, _mm256_madd_epi16(p16[k], ones));
+					if (QT == GPUD_TYPE_Q5_0) /* xc = -16 X */
+						t = _mm256_add_epi32(t, _mm256_set1_epi32(m->xc[xi]));
+					acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd), _mm256_cvtepi32_ps(t),
+								 acc[b]);
+					if (mins)
+						acc[b] = _mm256_fmadd_ps(
+							_mm256_mul_ps(mw, xd),
+							_mm256_cvtepi32_ps(_mm256_set1_epi32(m->xc[xi])),
+							acc[b]);
+				}
+			}
+			for (int64_t b = 0; b < bc; b++) {
+				float *y = m->y + (b0 + b) * m->rows + r;
+
+				if (nr == KQ_ROWS) {
+					_mm256_storeu_ps(y, acc[b]);
+				} else {
+					float tmp[KQ_ROWS];
+
+					_mm256_storeu_ps(tmp, acc[b]);
+					memcpy(y, tmp, sizeof(float) * (size_t)nr);
+				}
+			}
+		}
+	}
+}
+
+#define LQ_CASE(QT)                                     \
+	case QT:                                        \
+		if (m->batch == 1)                      \
+			lq_rows(m, QT, 1, r0, r1);      \
+		else                                    \
+			lq_rows(m, QT, KQ_BC, r0, r1);  \
+		break;
+
+TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	switch (m->wtype) {
+	LQ_CASE(GPUD_TYPE_Q4_1)
+	LQ_CASE(GPUD_TYPE_Q5_0)
+	LQ_CASE(GPUD_TYPE_Q5_1)
+	LQ_CASE(GPUD_TYPE_IQ4_NL)
+	default:
+		gpud__lq_mm_rows(m, r0, r1);
+		break;
+	}
+}
+
 #endif /* GPUD_HAVE_X86 */
