@@ -496,11 +496,27 @@ static int check_tensor_layout(struct cur *c, struct gpud_gguf *g)
 	return 0;
 }
 
-/* Byte offsets of a K-quant block's fp16 factors (d, then dmin; -1: none). */
+/* Byte offsets of a K-quant's or a Q4_1/Q5_0/Q5_1/IQ4_NL block's fp16
+ * factors (d, then dmin or m; -1: none). Q8_0/Q4_0 are not checked: their
+ * quantizer stores a NaN d for a block of non-finite input. */
 static void kq_factor_offsets(enum gpud_type t, int off[2])
 {
 	off[0] = off[1] = -1;
 	switch (t) {
+	case GPUD_TYPE_Q4_1:
+		off[0] = offsetof(struct gpud_block_q4_1, d);
+		off[1] = offsetof(struct gpud_block_q4_1, m);
+		break;
+	case GPUD_TYPE_Q5_1:
+		off[0] = offsetof(struct gpud_block_q5_1, d);
+		off[1] = offsetof(struct gpud_block_q5_1, m);
+		break;
+	case GPUD_TYPE_Q5_0:
+		off[0] = offsetof(struct gpud_block_q5_0, d);
+		break;
+	case GPUD_TYPE_IQ4_NL:
+		off[0] = offsetof(struct gpud_block_iq4_nl, d);
+		break;
 	case GPUD_TYPE_Q2_K:
 		off[0] = offsetof(struct gpud_block_q2_k, d);
 		off[1] = offsetof(struct gpud_block_q2_k, dmin);
@@ -543,7 +559,8 @@ int gpud_gguf_tensor_check_data(const struct gpud_gguf *g, const struct gpud_ggu
 				return sw_seterr(err, errlen, SW_EFORMAT,
 						 "%s: tensor '%s': %s block %" PRIu64 " (row %" PRIu64 ") has a non-finite %s 0x%04x at offset %" PRIu64,
 						 path ? path : "gguf", t->name, gpud_type_name(t->type), b,
-						 b / (t->ne[0] / GPUD_QK_K), f ? "dmin" : "d",
+						 b / (t->ne[0] / gpud_type_block_elems(t->type)),
+						 !f ? "d" : gpud_type_block_elems(t->type) == GPUD_QK ? "m" : "dmin",
 						 (unsigned)h,
 						 (uint64_t)(p + off[f] - g->base));
 		}

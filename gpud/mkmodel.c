@@ -320,7 +320,12 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	if (p->ffn_dim == 0 || p->ffn_dim > MK_MAX_DIM * 4)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: ffn %" PRIu32 " not in 1..%u",
 				 p->ffn_dim, MK_MAX_DIM * 4);
-	if (be == GPUD_QK_K) /* a row that does not fit takes a 32-weight type (fit_row) */
+	if (be == GPUD_QK_K && (p->dim % GPUD_QK || p->ffn_dim % GPUD_QK))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "mkmodel: dim %" PRIu32 " and ffn %" PRIu32 " must be multiples of 32 for %s "
+				 "(a row that no 256-weight block fits takes a 32-weight type, as llama.cpp's files do)",
+				 p->dim, p->ffn_dim, gpud_type_name(p->type));
+	if (be == GPUD_QK_K)
 		be = GPUD_QK;
 	if (p->dim % be || p->ffn_dim % be)
 		return sw_seterr(err, errlen, -EINVAL,

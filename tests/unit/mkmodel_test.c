@@ -462,9 +462,9 @@ static void test_validation(void **state)
 	p.type = GPUD_TYPE_Q4_0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
 	gpud_mkmodel_params_default(&p);
-	p.type = (enum gpud_type)3;
+	p.type = (enum gpud_type)23;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(errbuf, "q4_1"));
+	assert_non_null(strstr(errbuf, "iq4_xs"));
 	gpud_mkmodel_params_default(&p);
 	p.n_layers = 0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
@@ -681,6 +681,8 @@ static void test_kquant_mix(void **state)
 
 	gpud_mkmodel_params_default(&p);
 	p.n_layers = 28;
+	p.dim = 256;
+	p.ffn_dim = 512;
 	p.type = GPUD_TYPE_Q4_K;
 	p.mix = GPUD_MKMODEL_Q4_K_M;
 	for (uint32_t l = 0, k = 0; l < 28; l++) {
@@ -704,7 +706,32 @@ static void test_kquant_mix(void **state)
 	p.mix = GPUD_MKMODEL_PURE;
 	assert_int_equal(gpud_mkmodel_tensor_type(&p, "output.weight"), GPUD_TYPE_Q4_K);
 
-	/* mix and base must agree; K widths need 256 */
+	/* Rows no 256-weight block fits take llama.cpp's 32-weight types
+	 * (Qwen2.5-0.5B: dim 896, ffn 4864): dim 160, ffn 512 */
+	p.mix = GPUD_MKMODEL_Q4_K_M;
+	p.tied = false;
+	p.dim = 160;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.3.attn_q.weight"), GPUD_TYPE_Q5_0);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.0.attn_v.weight"), GPUD_TYPE_Q8_0);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.3.attn_v.weight"), GPUD_TYPE_Q5_0);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.0.ffn_down.weight"), GPUD_TYPE_Q6_K);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.3.ffn_down.weight"), GPUD_TYPE_Q4_K);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "output.weight"), GPUD_TYPE_Q8_0);
+	p.type = GPUD_TYPE_Q5_K;
+	p.mix = GPUD_MKMODEL_Q5_K_M;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.3.ffn_up.weight"), GPUD_TYPE_Q5_1);
+	p.mix = GPUD_MKMODEL_PURE;
+	p.type = GPUD_TYPE_Q2_K;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.3.ffn_up.weight"), GPUD_TYPE_IQ4_NL);
+	p.type = GPUD_TYPE_Q3_K;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "token_embd.weight"), GPUD_TYPE_IQ4_NL);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_down.weight"), GPUD_TYPE_Q3_K);
+	p.type = GPUD_TYPE_Q6_K;
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_gate.weight"), GPUD_TYPE_Q8_0);
+	p.type = GPUD_TYPE_Q5_0; /* not a K-quant: as asked */
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_gate.weight"), GPUD_TYPE_Q5_0);
+
+	/* mix and base must agree; K widths need 32 (the fallbacks' block) */
 	gpud_mkmodel_params_default(&p);
 	p.dim = 256;
 	p.ffn_dim = 512;
@@ -714,8 +741,10 @@ static void test_kquant_mix(void **state)
 	assert_non_null(strstr(err, "q4_k_m is q4_k"));
 	p.type = GPUD_TYPE_Q4_K;
 	p.dim = 128;
+	assert_int_equal(gpud_mkmodel_plan(&p, NULL, err, sizeof(err)), 0);
+	p.dim = 144;
 	assert_int_equal(gpud_mkmodel_plan(&p, NULL, err, sizeof(err)), -EINVAL);
-	assert_non_null(strstr(err, "q4_k block size 256"));
+	assert_non_null(strstr(err, "must be multiples of 32 for q4_k"));
 
 	/* a tied Q4_K_M model, 2 layers (layer 1 gets more bits: 1 >= 7 * 2 / 8) */
 	path_in_tmp(path, sizeof(path), "q4km.gguf");

@@ -139,7 +139,8 @@ static void test_reference_dequant(void **state)
 		assert_true(out[i] == 2.0 * (i - 8));
 		assert_true(out[16 + i] == 2.0 * (15 - i - 8));
 	}
-	assert_int_equal(ref_dequant_row(3, q4, 32, out), -EINVAL);
+	assert_int_equal(ref_dequant_row(9, q4, 32, out), -EINVAL); /* q8_1: not a weight type */
+	assert_int_equal(ref_dequant_row(23, q4, 32, out), -EINVAL); /* iq4_xs */
 }
 
 /* The dense reference mask follows the definition on a hand example. */
@@ -534,7 +535,8 @@ static void test_engine_vs_ref_q4_0(void **state)
  * 0.0153, q4_k_m 0.0144, q5_k_m 0.0149; on this same shape q8_0 gives
  * 0.0127 and q4_0 0.0181. (Activations in 256-wide Q8_K blocks gave
  * 0.018-0.022: past the bound.) */
-static void check_kq(enum gpud_type type, enum gpud_mkmodel_mix mix, const char *file)
+static void check_kq_dims(enum gpud_type type, enum gpud_mkmodel_mix mix, const char *file,
+			  uint32_t dim, uint32_t ffn)
 {
 	struct gpud_mkmodel_params mp;
 	char path[128], err[SW_ERR_MAX] = "";
@@ -546,11 +548,11 @@ static void check_kq(enum gpud_type type, enum gpud_mkmodel_mix mix, const char 
 	snprintf(path, sizeof(path), "%s/%s", g_tmpdir, file);
 	gpud_mkmodel_params_default(&mp);
 	mp.out = path;
-	mp.dim = 256;
+	mp.dim = dim;
 	mp.n_layers = 2;
 	mp.n_heads = 4;
 	mp.n_kv_heads = 2;
-	mp.ffn_dim = 512;
+	mp.ffn_dim = ffn;
 	mp.n_ctx = 256;
 	mp.type = type;
 	mp.mix = mix;
@@ -561,6 +563,11 @@ static void check_kq(enum gpud_type type, enum gpud_mkmodel_mix mix, const char 
 	print_message("generated %s: worst relative logits error %.3g (bound 2e-02)\n", file, w);
 	assert_true(w < 2e-2);
 	unlink(path);
+}
+
+static void check_kq(enum gpud_type type, enum gpud_mkmodel_mix mix, const char *file)
+{
+	check_kq_dims(type, mix, file, 256, 512);
 }
 
 static void test_engine_vs_ref_kquants(void **state)
@@ -575,12 +582,33 @@ static void test_engine_vs_ref_kquants(void **state)
 	check_kq(GPUD_TYPE_Q5_K, GPUD_MKMODEL_Q5_K_M, "q5_k_m.gguf");
 }
 
+/* Q4_1, Q5_0, Q5_1 and IQ4_NL take the int8 path too (kernels_kq.c): the
+ * same 2e-2 bound. Then the files llama.cpp writes for rows that no
+ * 256-weight block fits (Qwen2.5-0.5B's 896): a Q4_K_M and a Q5_K_M model
+ * of dim 160 (every matrix but ffn_down in Q5_0 / Q5_1, Q6_K's in Q8_0,
+ * ffn_down's rows of 512 in Q4_K/Q5_K/Q6_K), and Q3_K's IQ4_NL.
+ * Measured worst relative logits error (2026-12-06): q4_1 0.0099, q5_0
+ * 0.0092, q5_1 0.0079, iq4_nl 0.0078, q4_k_m at dim 160 0.0151, q5_k_m
+ * 0.0145, q3_k (IQ4_NL where Q3_K does not fit) 0.0112. */
+static void test_engine_vs_ref_legacy32(void **state)
+{
+	(void)state;
+	check_type(GPUD_TYPE_Q4_1, 2e-2);
+	check_type(GPUD_TYPE_Q5_0, 2e-2);
+	check_type(GPUD_TYPE_Q5_1, 2e-2);
+	check_type(GPUD_TYPE_IQ4_NL, 2e-2);
+	check_kq_dims(GPUD_TYPE_Q4_K, GPUD_MKMODEL_Q4_K_M, "q4_k_m-160.gguf", 160, 512);
+	check_kq_dims(GPUD_TYPE_Q5_K, GPUD_MKMODEL_Q5_K_M, "q5_k_m-160.gguf", 160, 512);
+	check_kq_dims(GPUD_TYPE_Q3_K, GPUD_MKMODEL_PURE, "q3_k-160.gguf", 160, 512);
+}
+
 /* The reference's own K-quant decoding agrees with quant.c's (which
  * rounds (d * sc) * q - dmin * m in fp32) on random quantized rows. */
 static void test_reference_dequant_kq(void **state)
 {
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K,
-					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K };
+					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_Q4_1,
+					     GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL };
 	float x[1024], y[1024];
 	double r[1024];
 	_Alignas(4) uint8_t q[4 * 210];
@@ -882,6 +910,7 @@ int main(void)
 		cmocka_unit_test(test_engine_vs_ref_q4_0),
 		cmocka_unit_test(test_reference_dequant_kq),
 		cmocka_unit_test(test_engine_vs_ref_kquants),
+		cmocka_unit_test(test_engine_vs_ref_legacy32),
 		cmocka_unit_test(test_engine_vs_ref_tied_scaled),
 		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
 		cmocka_unit_test(test_engine_vs_ref_qwen2_f32),
