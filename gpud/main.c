@@ -48,7 +48,7 @@ static void usage(FILE *f)
 		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
 		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
-		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b]\n"
+		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b|qwen2.5-0.5b]\n"
 		"       gpud --version\n"
 		"chat formats (F): " GPUD_CHAT_NAMES "\n");
 }

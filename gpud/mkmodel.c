@@ -64,6 +64,22 @@ int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name)
 		p->rope_scale_factor = 0;
 		return 0;
 	}
+	if (name && strcmp(name, "qwen2.5-0.5b") == 0) {
+		/* rows of 896: its K-quant files hold Q5_0/Q5_1/Q8_0/IQ4_NL
+		 * (gpud_mkmodel_tensor_type) */
+		p->arch = GPUD_ARCH_QWEN2;
+		p->dim = 896;
+		p->n_layers = 24;
+		p->n_heads = 14;
+		p->n_kv_heads = 2;
+		p->ffn_dim = 4864;
+		p->n_ctx = 32768;
+		p->rope_base = 1000000.0f;
+		p->norm_eps = 1e-6f;
+		p->tied = true;
+		p->rope_scale_factor = 0;
+		return 0;
+	}
 	if (name && strcmp(name, "llama-3.2-3b") == 0) {
 		p->arch = GPUD_ARCH_LLAMA;
 		p->dim = 3072;

@@ -91,8 +91,10 @@ void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p);
  * the 128256-token llama-bpe GGUF) or "qwen2.5-3b" (qwen2, dim 2048, 36
  * layers, 16 heads, 2 kv heads, ffn 11008, context 32768, rope base 1e6,
  * eps 1e-6, tied embeddings, as Qwen2.5-3B's config; vocabulary from
- * vocab_from, e.g. the qwen2 vocabulary GGUF). The type, seed, name and
- * paths keep their values. Returns 0 or SW_ENOTFOUND. */
+ * vocab_from, e.g. the qwen2 vocabulary GGUF), or "qwen2.5-0.5b" (qwen2,
+ * dim 896, 24 layers, 14 heads, 2 kv heads, ffn 4864, the rest as
+ * qwen2.5-3b: rows of 896 that no K-quant block fits). The type, seed,
+ * name and paths keep their values. Returns 0 or SW_ENOTFOUND. */
 int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name);
 
 /* Parses a --type value: any weight type's name (gpud_type_parse; not

@@ -197,6 +197,16 @@ static void test_plan_check(void **state)
 	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
 	assert_non_null(strstr(err, "which the CUDA backend cannot multiply"));
 	gpud_model_free(m);
+	/* and the 32-weight types of llama.cpp's fallbacks (CPU devices run
+	 * them) */
+	p.type = GPUD_TYPE_Q5_0;
+	p.mix = GPUD_MKMODEL_PURE;
+	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
+	assert_non_null(strstr(err, "type q5_0, which the CUDA backend cannot multiply"));
+	gpud_model_free(m);
 }
 
 static void test_plan_pools(void **state)

@@ -9,7 +9,8 @@
  *    rounding inside each dequantized weight);
  *  - against the original fp32 x: that plus half an activation step per
  *    element, sum over 32-blocks of max|x| / 254 * sum |w|;
- *  - every CPU path (portable, vector where present), thread counts
+ *  - every CPU path (portable, vector where present, AVX2 without VNNI
+ *    and AVX-512), thread counts
  *    1..4, a NULL pool, a column alone or inside any batch: bit-identical;
  *  - a NaN or Inf in one column's activations makes that column's outputs
  *    NaN and no other's.
@@ -100,6 +101,10 @@ static void mm_case_free(struct mm_case *c)
 	free(c->scratch);
 }
 
+/* The paths compared: portable, everything this CPU has, and AVX2
+ * without VNNI or AVX-512 (vpmaddubsw where vpdpbusd would be). */
+static const unsigned features[3] = { 0, ~0u, GPUD_CPU_AVX2 | GPUD_CPU_FMA | GPUD_CPU_F16C };
+
 static const int64_t shapes[][2] = { { 1, 256 }, { 7, 512 }, { 37, 768 }, { 19, 3072 } };
 #define N_SHAPES (sizeof(shapes) / sizeof(shapes[0]))
 
@@ -172,8 +177,8 @@ static void test_matmul_deterministic(void **state)
 		mm_case_init(&c, t, 100, 1024);
 		gpud_cpu_set_features(0);
 		gpud_matmul(NULL, t, c.w, c.rows, c.cols, c.x, MAXB, c.y, c.scratch);
-		for (int pass = 0; pass < 2; pass++) {
-			gpud_cpu_set_features(pass ? ~0u : 0);
+		for (int pass = 0; pass < 3; pass++) {
+			gpud_cpu_set_features(features[pass]);
 			for (int64_t batch = 1; batch <= MAXB; batch += 4) {
 				for (int n = 1; n <= 4; n++) {
 					memset(c.y2, 0xff, sizeof(float) * MAXB * c.rows);
@@ -308,6 +313,10 @@ static void test_matmul_extremes(void **state)
 			for (int64_t batch = 1; batch <= B; batch += B - 1) {
 				gpud_matmul(NULL, t, w, ROWS, COLS, x, batch, y2, scratch);
 				assert_memory_equal(y, y2, sizeof(float) * batch * ROWS);
+				gpud_cpu_set_features(features[2]); /* AVX2 without VNNI */
+				gpud_matmul(NULL, t, w, ROWS, COLS, x, batch, y2, scratch);
+				assert_memory_equal(y, y2, sizeof(float) * batch * ROWS);
+				gpud_cpu_set_features(~0u);
 				if (!gpud_matmul_packable(t, ROWS, COLS))
 					continue;
 				gpud_matmul_pack(NULL, t, w, wp, ROWS, COLS);

@@ -27,6 +27,7 @@
 #ifdef GPUD_HAVE_X86
 
 #include <immintrin.h>
+#include "gpud/backend/cpu/x86_inline.h"
 #include <stddef.h>
 #include <string.h>
 
@@ -39,37 +40,7 @@
 #define PK_PF 2 /* packed: units (8 rows x a super-block) prefetched ahead */
 #endif
 
-TGT_INLINE __m256i bcast4(const int8_t *p)
-{
-	int32_t v;
 
-	memcpy(&v, p, sizeof(v));
-	return _mm256_set1_epi32(v);
-}
-
-/* 8x8 transpose of 32-bit elements: out[g] lane r = in[r] lane g. */
-TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
-{
-	__m256i t[8], u[8];
-
-	_Pragma("GCC unroll 4")
-	for (int k = 0; k < 4; k++) {
-		t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
-		t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
-	}
-	_Pragma("GCC unroll 2")
-	for (int k = 0; k < 2; k++) {
-		u[4 * k + 0] = _mm256_unpacklo_epi64(t[4 * k + 0], t[4 * k + 2]);
-		u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k + 0], t[4 * k + 2]);
-		u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-		u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-	}
-	_Pragma("GCC unroll 4")
-	for (int k = 0; k < 4; k++) {
-		out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-		out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
-	}
-}
 
 /* Chunk c (32 quants, u8) of one super-block of row type QT. */
 TGT_INLINE __m256i unpack_chunk(enum gpud_type QT, const uint8_t *blk, int c)
@@ -619,8 +590,10 @@ TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
 	return q;
 }
 
-TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, int64_t r0,
-			int64_t r1)
+/* VNNI: vpdpbusd takes the u8 quants as they are (IQ4_NL's as q + 128,
+ * whose 128 X comes off t), 4 products a lane in one instruction. */
+TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, bool VNNI,
+			int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK;
 	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
@@ -668,28 +641,47 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 				if (mins)
 					mw = _mm256_loadu_ps(mv);
 				transpose8(W, T);
-				if (nl) /* |q|; the signs go onto x */
+				if (nl) /* |q| (the signs go onto x), or q + 128 */
 					_Pragma("GCC unroll 8")
 					for (int g = 0; g < 8; g++)
-						W[g] = _mm256_sign_epi8(T[g], T[g]);
+						W[g] = VNNI ? _mm256_xor_si256(T[g], _mm256_set1_epi8(-128))
+							    : _mm256_sign_epi8(T[g], T[g]);
 				for (int64_t b = 0; b < bc; b++) {
 					const int64_t col = b0 + b, xi = col * nb + i;
 					const int8_t *xq = m->xq + col * m->cols + GPUD_QK * i;
 					const __m256 xd = _mm256_set1_ps(m->xd[xi]);
 					__m256i p16[8], t;
 
-					_Pragma("GCC unroll 8")
-					for (int g = 0; g < 8; g++) {
-						__m256i x = bcast4(xq + 4 * g), p;
+					if (VNNI) {
+						/* two chains of 4 (the instruction's latency) */
+						__m256i s0 = _mm256_setzero_si256(), s1 = s0;
 
-						p = nl ? _mm256_maddubs_epi16(W[g], _mm256_sign_epi8(x, T[g]))
-						       : _mm256_maddubs_epi16(T[g], x);
-						p16[g / n16] = g % n16 ? _mm256_add_epi16(p16[g / n16], p) : p;
+						_Pragma("GCC unroll 4")
+						for (int g = 0; g < 8; g += 2) {
+							s0 = dpbusd_vex(s0, nl ? W[g] : T[g], bcast4(xq + 4 * g));
+							s1 = dpbusd_vex(s1, nl ? W[g + 1] : T[g + 1],
+									bcast4(xq + 4 * g + 4));
+						}
+						t = _mm256_add_epi32(s0, s1);
+						if (nl) /* xc = X */
+							t = _mm256_sub_epi32(t, _mm256_slli_epi32(
+										     _mm256_set1_epi32(m->xc[xi]), 7));
+					} else {
+						_Pragma("GCC unroll 8")
+						for (int g = 0; g < 8; g++) {
+							__m256i x = bcast4(xq + 4 * g), p;
+
+							p = nl ? _mm256_maddubs_epi16(W[g],
+										      _mm256_sign_epi8(x, T[g]))
+							       : _mm256_maddubs_epi16(T[g], x);
+							p16[g / n16] = g % n16 ? _mm256_add_epi16(p16[g / n16], p)
+									       : p;
+						}
+						t = _mm256_madd_epi16(p16[0], ones);
+						_Pragma("GCC unroll 8")
+						for (int k = 1; k < 8 / n16; k++)
+							t = _mm256_add_epi32(t, _mm256_madd_epi16(p16[k], ones));
 					}
-					t = _mm256_madd_epi16(p16[0], ones);
-					_Pragma("GCC unroll 8")
-					for (int k = 1; k < 8 / n16; k++)
-						t = _mm256_add_epi32(t, _mm256_madd_epi16(p16[k], ones));
 					if (QT == GPUD_TYPE_Q5_0) /* xc = -16 X */
 						t = _mm256_add_epi32(t, _mm256_set1_epi32(m->xc[xi]));
 					acc[b] = _mm256_fmadd_ps(_mm256_mul_ps(dw, xd), _mm256_cvtepi32_ps(t),
@@ -717,12 +709,16 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 	}
 }
 
-#define LQ_CASE(QT)                                     \
-	case QT:                                        \
-		if (m->batch == 1)                      \
-			lq_rows(m, QT, 1, r0, r1);      \
-		else                                    \
-			lq_rows(m, QT, KQ_BC, r0, r1);  \
+#define LQ_CASE(QT)                                                 \
+	case QT:                                                    \
+		if (m->batch == 1 && m->vnni)                       \
+			lq_rows(m, QT, 1, true, r0, r1);            \
+		else if (m->vnni)                                   \
+			lq_rows(m, QT, KQ_BC, true, r0, r1);        \
+		else if (m->batch == 1)                             \
+			lq_rows(m, QT, 1, false, r0, r1);           \
+		else                                                \
+			lq_rows(m, QT, KQ_BC, false, r0, r1);       \
 		break;
 
 TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)

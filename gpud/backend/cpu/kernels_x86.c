@@ -29,6 +29,7 @@
 #ifdef GPUD_HAVE_X86
 
 #include <immintrin.h>
+#include "gpud/backend/cpu/x86_inline.h"
 #include <string.h>
 
 /* Every entry point starts on a 64-byte line: a kernel's speed then does
@@ -446,45 +447,8 @@ DEFINE_ROWS_F(rows_bf16, GPUD_TYPE_BF16)
 #define I8_ROWS 8
 #define I8_BC 16 /* columns per pass over a row group (accumulators on stack) */
 
-TGT_INLINE __m256i dpbusd_vex(__m256i acc, __m256i a_u8, __m256i b_s8)
-{
-	/* Inline asm: the VNNI intrinsics would need a target attribute that
-	 * the shared code below cannot carry. Only run when CPUID says so. */
-	__asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(a_u8), "x"(b_s8));
-	return acc;
-}
 
-TGT_INLINE __m256i bcast4(const int8_t *p)
-{
-	int32_t v;
 
-	memcpy(&v, p, sizeof(v));
-	return _mm256_set1_epi32(v);
-}
-
-/* 8x8 transpose of 32-bit elements: out[g] lane r = in[r] lane g. */
-TGT_INLINE void transpose8(const __m256i in[8], __m256i out[8])
-{
-	__m256i t[8], u[8];
-
-#pragma GCC unroll 4
-	for (int k = 0; k < 4; k++) {
-		t[2 * k] = _mm256_unpacklo_epi32(in[2 * k], in[2 * k + 1]);
-		t[2 * k + 1] = _mm256_unpackhi_epi32(in[2 * k], in[2 * k + 1]);
-	}
-#pragma GCC unroll 2
-	for (int k = 0; k < 2; k++) {
-		u[4 * k + 0] = _mm256_unpacklo_epi64(t[4 * k + 0], t[4 * k + 2]);
-		u[4 * k + 1] = _mm256_unpackhi_epi64(t[4 * k + 0], t[4 * k + 2]);
-		u[4 * k + 2] = _mm256_unpacklo_epi64(t[4 * k + 1], t[4 * k + 3]);
-		u[4 * k + 3] = _mm256_unpackhi_epi64(t[4 * k + 1], t[4 * k + 3]);
-	}
-#pragma GCC unroll 4
-	for (int k = 0; k < 4; k++) {
-		out[k] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x20);
-		out[k + 4] = _mm256_permute2x128_si256(u[k], u[k + 4], 0x31);
-	}
-}
 
 /* Block i of the 8 rows w[]: transposed weight bytes (see above; for q8_0
  * on VNNI offset by 128, for q4_0 the nibbles) and the 8 scales. pfrow is
