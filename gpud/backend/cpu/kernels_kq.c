@@ -311,6 +311,7 @@ void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *w = m->W + (size_t)r * m->wrow;
+		const uint8_t *group = m->W + (size_t)(r & ~(int64_t)(GPUD__PK_ROWS - 1)) * m->wrow;
 
 		for (int64_t b = 0; b < m->batch; b++) {
 			const int8_t *xq = m->xq + b * m->cols;
@@ -320,9 +321,12 @@ void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 			for (int64_t i = 0; i < nb; i++) {
 				int32_t q[GPUD_QK], t = 0;
+				uint8_t blk[sizeof(struct gpud_block_q5_1)];
 				float d, mn;
 
-				lq_unpack(m->wtype, w + (size_t)i * bsz, q, &d, &mn);
+				if (m->packed) /* the block back in the plain layout */
+					gpud__pk_unpack_block(m->wtype, group, r % GPUD__PK_ROWS, i, blk);
+				lq_unpack(m->wtype, m->packed ? blk : w + (size_t)i * bsz, q, &d, &mn);
 				for (int j = 0; j < GPUD_QK; j++)
 					t += q[j] * xq[GPUD_QK * i + j];
 				acc = fmaf(d * xd[i], (float)t, acc);

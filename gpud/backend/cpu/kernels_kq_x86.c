@@ -590,10 +590,59 @@ TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
 	return q;
 }
 
+/* Packed (pack.c): a unit u's T[g] straight from its nibble vectors (lane
+ * r = row r, no transpose); Q5's fifth bits from the qh vector at qh (lane
+ * r = row r's word): quants 4g..4g+3 take bits 4g..4g+3, all in qh byte
+ * g / 2, bits 4 (g % 2) + b for byte b. */
+TGT_INLINE void lq_pk_quants(enum gpud_type QT, const uint8_t *nib, const uint8_t *qh,
+			     __m256i T[8])
+{
+	const __m256i m4 = _mm256_set1_epi8(0x0f);
+
+	_Pragma("GCC unroll 4")
+	for (int k = 0; k < 4; k++) {
+		const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 32 * k));
+
+		T[k] = _mm256_and_si256(v, m4);
+		T[k + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+	}
+	if (QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1) {
+		const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+		const __m256i lo = _mm256_set1_epi32(0x08040201), hi = _mm256_set1_epi32((int)0x80402010u);
+
+		_Pragma("GCC unroll 8")
+		for (int g = 0; g < 8; g++) {
+			/* byte g / 2 of each lane into the lane's 4 bytes */
+			const __m256i sel = _mm256_setr_epi8(
+				g / 2, g / 2, g / 2, g / 2, 4 + g / 2, 4 + g / 2, 4 + g / 2, 4 + g / 2,
+				8 + g / 2, 8 + g / 2, 8 + g / 2, 8 + g / 2, 12 + g / 2, 12 + g / 2,
+				12 + g / 2, 12 + g / 2, g / 2, g / 2, g / 2, g / 2, 4 + g / 2, 4 + g / 2,
+				4 + g / 2, 4 + g / 2, 8 + g / 2, 8 + g / 2, 8 + g / 2, 8 + g / 2,
+				12 + g / 2, 12 + g / 2, 12 + g / 2, 12 + g / 2);
+			const __m256i bit = g % 2 ? hi : lo;
+			__m256i b = _mm256_and_si256(_mm256_shuffle_epi8(h, sel), bit);
+
+			b = _mm256_cmpeq_epi8(b, bit);
+			T[g] = _mm256_or_si256(T[g], _mm256_and_si256(b, _mm256_set1_epi8(0x10)));
+		}
+	}
+	if (QT == GPUD_TYPE_IQ4_NL) {
+		const __m256i nl = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
+						    25, 38, 53, 69, 89, 113, -127, -104, -83, -65,
+						    -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+						    113);
+
+		_Pragma("GCC unroll 8")
+		for (int g = 0; g < 8; g++)
+			T[g] = _mm256_shuffle_epi8(nl, T[g]);
+	}
+}
+
 /* VNNI: vpdpbusd takes the u8 quants as they are (IQ4_NL's as q + 128,
- * whose 128 X comes off t), 4 products a lane in one instruction. */
-TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcmax, bool VNNI,
-			int64_t r0, int64_t r1)
+ * whose 128 X comes off t), 4 products a lane in one instruction. PK: W
+ * is packed. */
+TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, int64_t bcmax,
+			bool VNNI, int64_t r0, int64_t r1)
 {
 	const int64_t nb = m->cols / GPUD_QK;
 	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
@@ -625,8 +674,22 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 				float dv[KQ_ROWS], mv[KQ_ROWS];
 				__m256 dw, mw = _mm256_setzero_ps();
 
+				if (PK) {
+					/* the unit: 8 d, [8 m], [8 qh words], nibbles */
+					const size_t nf = mins ? 2 : 1;
+					const bool q5 = QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1;
+					const uint8_t *u = w[0] + (size_t)i * KQ_ROWS * bsz;
+
+					for (size_t o = 0; o < KQ_ROWS * bsz; o += 64)
+						_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
+							     _MM_HINT_T0);
+					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
+					if (mins)
+						mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + 16)));
+					lq_pk_quants(QT, u + 16 * nf + (q5 ? 32 : 0), u + 16 * nf, T);
+				}
 				_Pragma("GCC unroll 8")
-				for (int k = 0; k < KQ_ROWS; k++) {
+				for (int k = 0; k < KQ_ROWS && !PK; k++) {
 					const uint8_t *blk = w[k] + (size_t)i * bsz;
 					uint16_t h[2];
 
@@ -637,10 +700,12 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 					mv[k] = mins ? _cvtsh_ss(h[1]) : 0.0f;
 					W[k] = lq_unpack(QT, blk);
 				}
-				dw = _mm256_loadu_ps(dv);
-				if (mins)
-					mw = _mm256_loadu_ps(mv);
-				transpose8(W, T);
+				if (!PK) {
+					dw = _mm256_loadu_ps(dv);
+					if (mins)
+						mw = _mm256_loadu_ps(mv);
+					transpose8(W, T);
+				}
 				if (nl) /* |q| (the signs go onto x), or q + 128 */
 					_Pragma("GCC unroll 8")
 					for (int g = 0; g < 8; g++)
@@ -709,16 +774,23 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, int64_t bcm
 	}
 }
 
+#define LQ_VARIANTS(QT, PK)                                         \
+	do {                                                        \
+		if (m->batch == 1 && m->vnni)                       \
+			lq_rows(m, QT, PK, 1, true, r0, r1);        \
+		else if (m->vnni)                                   \
+			lq_rows(m, QT, PK, KQ_BC, true, r0, r1);    \
+		else if (m->batch == 1)                             \
+			lq_rows(m, QT, PK, 1, false, r0, r1);       \
+		else                                                \
+			lq_rows(m, QT, PK, KQ_BC, false, r0, r1);   \
+	} while (0)
 #define LQ_CASE(QT)                                                 \
 	case QT:                                                    \
-		if (m->batch == 1 && m->vnni)                       \
-			lq_rows(m, QT, 1, true, r0, r1);            \
-		else if (m->vnni)                                   \
-			lq_rows(m, QT, KQ_BC, true, r0, r1);        \
-		else if (m->batch == 1)                             \
-			lq_rows(m, QT, 1, false, r0, r1);           \
+		if (m->packed)                                      \
+			LQ_VARIANTS(QT, true);                      \
 		else                                                \
-			lq_rows(m, QT, KQ_BC, false, r0, r1);       \
+			LQ_VARIANTS(QT, false);                     \
 		break;
 
 TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)

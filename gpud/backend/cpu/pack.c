@@ -24,6 +24,11 @@
  * q5_k (8 x 176 = 1408): d, dmin and the scales as q4_k; high-bit byte j
  *     (0..31), group g = j/4, at 128 + 32g + 4r + j%4; quant byte j
  *     (0..127) as q4_k's, 256 bytes further (384 + ...).
+ * q4_1, q5_0, q5_1, iq4_nl (8 x 20, 22, 24, 18): fp16 factor f (d 0, then
+ *     m 1 for q4_1/q5_1) of row r at 16f + 2r; the qh word (q5_0/q5_1) of
+ *     row r at F + 4r (F = 16 x the factors): the 8 rows' words one
+ *     vector; nibble byte j (0..15), group q = j/4, at F (+ 32 with qh) +
+ *     32q + 4r + j%4 (iq4_nl is thus q4_0's layout).
  * f16, bf16 and f32 (16 rows, not 8): no blocks; a group of 16 rows is
  *     stored column by column, element k of row r at es * (16k + r) (es:
  *     the element's 2 or 4 bytes): the 16 rows' weights of one column
@@ -106,6 +111,21 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 			return 1168 + 256 * (o / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
 		}
 		return 144 + 512 * (o / 64) + 256 * (o % 64 / 32) + 32 * (o % 32 / 4) + 4 * r + o % 4;
+	case GPUD_TYPE_Q4_1:
+	case GPUD_TYPE_Q5_0:
+	case GPUD_TYPE_Q5_1:
+	case GPUD_TYPE_IQ4_NL: {
+		const size_t nf = t == GPUD_TYPE_Q4_1 || t == GPUD_TYPE_Q5_1 ? 2 : 1;
+		const size_t nqh = t == GPUD_TYPE_Q5_0 || t == GPUD_TYPE_Q5_1 ? 4 : 0;
+
+		if (o < 2 * nf) /* d, m */
+			return 16 * (o / 2) + 2 * r + o % 2;
+		o -= 2 * nf;
+		if (o < nqh) /* the qh word */
+			return 16 * nf + 4 * r + o;
+		o -= nqh;
+		return 16 * nf + 8 * nqh + 32 * (o / 4) + 4 * r + o % 4;
+	}
 	default:
 		return 0;
 	}
@@ -115,7 +135,7 @@ bool gpud__pk_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_0 || t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q2_K ||
 	       t == GPUD_TYPE_Q3_K || t == GPUD_TYPE_Q4_K || t == GPUD_TYPE_Q5_K ||
-	       t == GPUD_TYPE_Q6_K || gpud__pk_panel(t);
+	       t == GPUD_TYPE_Q6_K || gpud__lq_type(t) || gpud__pk_panel(t);
 }
 
 int gpud__pk_rows(enum gpud_type t)
@@ -155,7 +175,7 @@ static struct {
 	uint16_t perm[PK_MAX_UNIT];
 	struct pk_run runs[PK_MAX_RUNS];
 	size_t n_runs;
-} g_tab[7];
+} g_tab[11];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int tab_index(enum gpud_type t)
@@ -167,6 +187,10 @@ static int tab_index(enum gpud_type t)
 	case GPUD_TYPE_Q5_K: return 3;
 	case GPUD_TYPE_Q2_K: return 5;
 	case GPUD_TYPE_Q3_K: return 6;
+	case GPUD_TYPE_Q4_1: return 7;
+	case GPUD_TYPE_Q5_0: return 8;
+	case GPUD_TYPE_Q5_1: return 9;
+	case GPUD_TYPE_IQ4_NL: return 10;
 	default: return 4; /* q6_k */
 	}
 }
@@ -175,7 +199,8 @@ static void tab_init(void)
 {
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
 					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_Q2_K,
-					     GPUD_TYPE_Q3_K };
+					     GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0,
+					     GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL };
 
 	for (size_t k = 0; k < sizeof(ts) / sizeof(ts[0]); k++) {
 		size_t bsz = gpud_type_block_bytes(ts[k]);
