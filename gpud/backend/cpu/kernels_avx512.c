@@ -406,6 +406,116 @@ TGT512V_INLINE __m512 ld2h(const uint8_t *u, const uint8_t *v, size_t off)
 		_mm_loadu_si128((const __m128i *)(v + off)), 1));
 }
 
+/* ---- packed Q4_1, Q5_0, Q5_1, IQ4_NL with AVX-512 VNNI -------------------
+ * kernels_kq_x86.c's packed kernel for these types ("Q4_1, Q5_0, Q5_1,
+ * IQ4_NL" there) on 16 lanes, two 8-row units side by side as above: the
+ * same exact t (vpdpbusd of the unsigned quants, Q5_0's -16 X and
+ * IQ4_NL's -128 X added to it), then acc = fma(d * dx, (float)t, acc) and
+ * for Q4_1/Q5_1 acc = fma(m * dx, (float)X, acc): the same bits. */
+#define LQ_BC512 16 /* columns per pass over a pair of units */
+
+TGT512V_INLINE void lq512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
+{
+	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
+	const bool q5 = QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1, nl = QT == GPUD_TYPE_IQ4_NL;
+	const size_t unit = 8 * (QT == GPUD_TYPE_Q4_1	? sizeof(struct gpud_block_q4_1)
+				 : QT == GPUD_TYPE_Q5_0 ? sizeof(struct gpud_block_q5_0)
+				 : QT == GPUD_TYPE_Q5_1 ? sizeof(struct gpud_block_q5_1)
+							: sizeof(struct gpud_block_iq4_nl));
+	/* pack.c: 8 d, [8 m], [8 qh words], the nibbles */
+	const size_t qh_off = mins ? 32 : 16, nib_off = qh_off + (q5 ? 32 : 0);
+	const int64_t nb = m->cols / GPUD_QK;
+	const uint8_t *a = m->W + (size_t)r * m->wrow;
+	const size_t gstride = 8 * m->wrow;
+	const __m512i m4 = _mm512_set1_epi8(0xf);
+
+	for (int64_t b0 = 0; b0 < m->batch; b0 += LQ_BC512) {
+		const int64_t bc = m->batch - b0 < LQ_BC512 ? m->batch - b0 : LQ_BC512;
+		__m512 acc[LQ_BC512];
+
+		for (int64_t b = 0; b < bc; b++)
+			acc[b] = _mm512_setzero_ps();
+		for (int64_t i = 0; i < nb; i++) {
+			const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+			__m512i T[8];
+			__m512 dw = ld2h(u, v, 0), mw = mins ? ld2h(u, v, 16) : _mm512_setzero_ps();
+
+			pf_pair(a, i, nb, unit, gstride, (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit);
+#pragma GCC unroll 4
+			for (int k = 0; k < 4; k++) {
+				const __m512i t = ld2(u, v, nib_off + 32 * (size_t)k);
+
+				T[k] = _mm512_and_si512(t, m4);
+				T[k + 4] = _mm512_and_si512(_mm512_srli_epi16(t, 4), m4);
+			}
+			if (q5) {
+				/* quants 4g..4g+3 take bits 4 (g % 2) + b of qh byte g / 2 */
+				const __m512i h = ld2(u, v, qh_off);
+
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++) {
+					/* byte g / 2 of each 32-bit lane into its 4 bytes */
+					const __m512i sel = _mm512_add_epi8(
+						_mm512_set1_epi8((char)(g / 2)),
+						_mm512_set4_epi32(0x0c0c0c0c, 0x08080808, 0x04040404, 0));
+					const __m512i bit = _mm512_set1_epi32(g % 2 ? (int)0x80402010u
+										    : 0x08040201);
+					__mmask64 k = _mm512_test_epi8_mask(_mm512_shuffle_epi8(h, sel), bit);
+
+					T[g] = _mm512_mask_add_epi8(T[g], k, T[g], _mm512_set1_epi8(0x10));
+				}
+			}
+			if (nl) {
+				/* the table's values + 128, u8 */
+				const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(
+					1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
+					(char)166, (char)181, (char)197, (char)217, (char)241));
+
+#pragma GCC unroll 8
+				for (int g = 0; g < 8; g++)
+					T[g] = _mm512_shuffle_epi8(tab, T[g]);
+			}
+			for (int64_t b = 0; b < bc; b++) {
+				const int64_t col = b0 + b, xi = col * nb + i;
+				const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK;
+				/* the offsets: Q5_0's xc = -16 X, IQ4_NL's -128 X (xc = X) */
+				__m512i s0 = _mm512_set1_epi32(QT == GPUD_TYPE_Q5_0 ? m->xc[xi]
+							       : nl		    ? -(m->xc[xi] << 7)
+										    : 0);
+				__m512i s1 = _mm512_setzero_si512();
+
+#pragma GCC unroll 4
+				for (int g = 0; g < 8; g += 2) {
+					s0 = _mm512_dpbusd_epi32(s0, T[g], bcast4_512(xq + 4 * g));
+					s1 = _mm512_dpbusd_epi32(s1, T[g + 1], bcast4_512(xq + 4 * g + 4));
+				}
+				const __m512 xd = _mm512_set1_ps(m->xd[xi]);
+
+				acc[b] = _mm512_fmadd_ps(_mm512_mul_ps(dw, xd),
+							 _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), acc[b]);
+				if (mins)
+					acc[b] = _mm512_fmadd_ps(
+						_mm512_mul_ps(mw, xd),
+						_mm512_cvtepi32_ps(_mm512_set1_epi32(m->xc[xi])), acc[b]);
+			}
+		}
+		for (int64_t b = 0; b < bc; b++)
+			_mm512_storeu_ps(m->y + (b0 + b) * m->rows + r, acc[b]);
+	}
+}
+
+TGT512V void gpud__avx512_rows_lqp(const struct gpud__mm *m, int64_t r0, int64_t r1)
+{
+	for (int64_t r = r0; r < r1; r += 16) {
+		switch (m->wtype) {
+		case GPUD_TYPE_Q4_1: lq512_rows16(m, GPUD_TYPE_Q4_1, r); break;
+		case GPUD_TYPE_Q5_0: lq512_rows16(m, GPUD_TYPE_Q5_0, r); break;
+		case GPUD_TYPE_Q5_1: lq512_rows16(m, GPUD_TYPE_Q5_1, r); break;
+		default: lq512_rows16(m, GPUD_TYPE_IQ4_NL, r); break;
+		}
+	}
+}
+
 /* Quants 4g..4g+3 of chunk c, lane = row (Q6_K as stored, +32): the bit
  * moves of kernels_kq_x86.c's pk_quant(). */
 TGT512V_INLINE __m512i kq512_quant(enum gpud_type QT, const uint8_t *u, const uint8_t *v, int c,

@@ -94,6 +94,9 @@ void gpud__avx512_rows_f16p(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* (only with GPUD_CPU_AVX512VNNI too) packed q8_0/q4_0 rows, r1 - r0 a
  * multiple of 16: the bits of kernels_x86.c's. */
 void gpud__avx512_rows_i8p(const struct gpud__mm *m, int64_t r0, int64_t r1);
+/* packed Q4_1, Q5_0, Q5_1, IQ4_NL rows, r1 - r0 a multiple of 16: the bits
+ * of kernels_kq_x86.c's. */
+void gpud__avx512_rows_lqp(const struct gpud__mm *m, int64_t r0, int64_t r1);
 /* packed K-quant (Q2_K..Q6_K) rows at batch > 1, r1 - r0 a multiple of 16: the
  * bits of kernels_kq_x86.c's. */
 void gpud__avx512_rows_kqp(const struct gpud__mm *m, int64_t r0, int64_t r1);

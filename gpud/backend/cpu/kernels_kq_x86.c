@@ -795,6 +795,16 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 
 TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
+	/* Packed with AVX-512 VNNI: pairs of row groups there, a last single
+	 * group here. */
+	if (m->packed && m->avx512vnni) {
+		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+
+		gpud__avx512_rows_lqp(m, r0, r16);
+		r0 = r16;
+		if (r0 == r1)
+			return;
+	}
 	switch (m->wtype) {
 	LQ_CASE(GPUD_TYPE_Q4_1)
 	LQ_CASE(GPUD_TYPE_Q5_0)
