@@ -480,7 +480,7 @@ TGT512V_INLINE void lq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 				const int8_t *xq = m->xq + col * m->cols + i * GPUD_QK;
 				/* the offsets: Q5_0's xc = -16 X, IQ4_NL's -128 X (xc = X) */
 				__m512i s0 = _mm512_set1_epi32(QT == GPUD_TYPE_Q5_0 ? m->xc[xi]
-							       : nl		    ? -(m->xc[xi] << 7)
+							       : nl		    ? -128 * m->xc[xi]
 										    : 0);
 				__m512i s1 = _mm512_setzero_si512();
 
