@@ -31,6 +31,8 @@
 
 #include "common/err.h"
 #include "common/mem.h"
+#include "gpud/gguf.h"
+#include "gpud/mkmodel.h"
 #include "proto/client.h"
 #include "sw_config.h"
 #include "tests/integration/gpud_harness.h"
@@ -819,6 +821,99 @@ static void test_min_devices_engine(void **state)
 	f->done = true;
 }
 
+/* A model whose rows no K-quant block fits, as Qwen2.5-0.5B's Q4_K_M file
+ * (rows of 896): dim 160, where llama.cpp's recipe writes Q5_0 and Q8_0,
+ * and ffn_down's rows of 512 in Q4_K/Q6_K. gpud serves it on a cpu device
+ * (packed: the kernels' own layout) with no allocation after warm-up and
+ * exits 0 on SIGTERM; the same file with one Q5_0 block's d made NaN is
+ * refused at start, the tensor, block and row named. */
+static void test_fallback_model(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_mkmodel_params p;
+	struct gpud_gguf *g;
+	struct proto_client *c;
+	char path[64], err[SW_ERR_MAX] = "";
+	long at;
+	int rc;
+
+	snprintf(path, sizeof(path), "/tmp/gpud-it-q4km-%d.gguf", (int)getpid());
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.dim = 160;
+	p.ffn_dim = 512;
+	p.n_ctx = 512;
+	p.seed = 11;
+	assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &p.type, &p.mix), 0);
+	if (gpud_mkmodel(&p, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	assert_int_equal(gpud_gguf_open(&g, path, err, sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.1.ffn_up.weight")->type, GPUD_TYPE_Q5_0);
+	/* layer 1 of 2 gets the recipe's more bits: Q6_K, or Q8_0 where 160 */
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.0.attn_v.weight")->type, GPUD_TYPE_Q5_0);
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.1.attn_v.weight")->type, GPUD_TYPE_Q8_0);
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.0.ffn_down.weight")->type, GPUD_TYPE_Q4_K);
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.1.ffn_down.weight")->type, GPUD_TYPE_Q6_K);
+	assert_int_equal(gpud_gguf_find_tensor(g, "output.weight")->type, GPUD_TYPE_Q8_0);
+	/* block 5 of blk.1.ffn_up: row 1's first (5 blocks a row) */
+	at = (long)gpud_gguf_data_offset(g) +
+	     (long)gpud_gguf_find_tensor(g, "blk.1.ffn_up.weight")->offset +
+	     5 * (long)sizeof(struct gpud_block_q5_0);
+	gpud_gguf_close(g);
+	{
+		struct gpud_it_opts o = { .model = path, .devices = "[\"cpu\"]",
+					  .gpud_extra = "\"kv_blocks\": 256" };
+		int64_t host = -1;
+		json_t *st;
+
+		assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+		assert_non_null(c = gpud_it_connect(&f->d[0]));
+		for (int i = 0; i < 4; i++) {
+			struct proto_segment seg = { .text = ONCE, .len = sizeof(ONCE) - 1 };
+			struct proto_submit_req req = { .n_segments = 1, .segments = &seg,
+							.max_tokens = 8 };
+			struct proto_client_result res = { 0 };
+
+			proto_sampling_default(&req.sampling);
+			rc = proto_client_generate(c, &req, &res, err, sizeof(err));
+			if (rc)
+				fail_msg("request %d: %s: %s", i, sw_errname(rc), err);
+			assert_true(res.n_ids > 0);
+			proto_client_result_free(&res);
+		}
+		assert_non_null(st = gpud_it_stats(c, false));
+		assert_int_equal(gpud_it_jint(st, "alloc.since_warmup.host", &host), 0);
+		assert_int_equal(host, 0);
+		json_decref(st);
+		proto_client_close(c);
+		rc = gpud_it_stop(&f->d[0], SIGTERM, 60000);
+		if (rc != 0)
+			fail_msg("gpud exit status %d (expected 0)", rc);
+		printf("    dim-160 Q4_K_M (Q5_0, Q8_0, Q4_K, Q6_K): 4 requests, 0 host "
+		       "allocations since warm-up\n");
+	}
+	{
+		struct gpud_it_opts o = { .model = path, .devices = "[\"cpu\"]",
+					  .gpud_extra = "\"kv_blocks\": 256", .no_wait = true };
+		const uint16_t nan = 0x7e00;
+		FILE *m = fopen(path, "r+b");
+
+		assert_non_null(m);
+		assert_int_equal(fseek(m, at, SEEK_SET), 0);
+		assert_int_equal(fwrite(&nan, 2, 1, m), 1);
+		fclose(m);
+		assert_int_equal(gpud_it_start(&f->d[1], &o), 0);
+		rc = gpud_it_wait_exit(&f->d[1], 60000);
+		gpud_it_print_tail(&f->d[1], "a NaN d in a q5_0 block", 3);
+		if (rc != 1)
+			fail_msg("gpud with a NaN q5_0 scale exited %d (expected 1)", rc);
+		assert_true(said(&f->d[1], NULL,
+				 "tensor 'blk.1.ffn_up.weight': q5_0 block 5 (row 1) has a non-finite d 0x7e00"));
+	}
+	unlink(path);
+	f->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -835,6 +930,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_pool_refused_at_start),
 		GPUD_IT_FIX_TEST(test_min_devices),
 		GPUD_IT_FIX_TEST(test_min_devices_engine),
+		GPUD_IT_FIX_TEST(test_fallback_model),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
