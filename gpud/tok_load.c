@@ -460,7 +460,10 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 		} else if (str_is(&s, "llama-bpe") || str_is(&s, "llama3") ||
 			   str_is(&s, "llama-v3")) {
 			t->pre = PRE_LLAMA3;
-		} else if (str_is(&s, "starcoder")) {
+		} else if (str_is(&s, "starcoder") || str_is(&s, "smollm")) {
+			/* SmolLM/SmolLM2 (llama architecture, 49152-token
+			 * vocabularies) split as StarCoder does: llama.cpp
+			 * gives both the same expressions */
 			t->pre = PRE_STARCODER;
 		} else if (str_is(&s, "qwen2") || str_is(&s, "deepseek-r1-qwen")) {
 			t->pre = PRE_QWEN2;
@@ -468,7 +471,7 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 			int n = s.len > 64 ? 64 : (int)s.len;
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "tokenizer.ggml.pre \"%.*s\" is not supported "
-					 "(default, gpt-2, llama-bpe, starcoder, qwen2)",
+					 "(default, gpt-2, llama-bpe, starcoder, smollm, qwen2)",
 					 n, s.s);
 		}
 	}

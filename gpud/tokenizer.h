@@ -4,7 +4,8 @@
  * over UTF-8 characters, byte fallback <0xXX>, leading-space "▁" rules).
  * tokenizer.ggml.model = "gpt2": byte-level BPE (ranked merges) after a
  * pre-tokenizer chosen by tokenizer.ggml.pre: "default"/"gpt-2",
- * "llama-bpe" (Llama 3) or "starcoder".
+ * "llama-bpe" (Llama 3), "starcoder" (or "smollm", the same split),
+ * "qwen2" (or "deepseek-r1-qwen").
  *
  * A tokenizer is immutable after load and safe to share between threads.
  * Encoding needs working memory proportional to the text; it comes from
@@ -36,7 +37,8 @@ enum {
  * Returns 0, or on error (*out NULL, a message naming the key in err):
  * SW_ENOTFOUND (no tokenizer.ggml.model), SW_EUNSUPPORTED (a model other
  * than llama/gpt2, or a tokenizer.ggml.pre other than default, gpt-2,
- * llama-bpe (llama3, llama-v3) or starcoder), SW_EFORMAT (tokens, scores,
+ * llama-bpe (llama3, llama-v3), starcoder, smollm, qwen2 or
+ * deepseek-r1-qwen), SW_EFORMAT (tokens, scores,
  * token_type or merges missing, of the wrong type or length, or malformed),
  * SW_ETOOLONG (a token over 64 KiB), -ENOMEM. */
 int gpud_tokenizer_load(struct gpud_tokenizer **out, const struct gpud_gguf *g,

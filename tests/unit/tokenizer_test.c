@@ -116,13 +116,17 @@ static void print_ids(const char *what, const int32_t *ids, size_t n)
 
 /* Runs every case of one vocabulary (n_cases of them); returns the number
  * of mismatches (each printed) and checks that decoding gives the text back. */
-static int run_vectors_out(const char *name, const char *out_name, int n_cases, bool verbose)
+static int run_vectors_file(const char *file, const char *name, const char *out_name,
+			    int n_cases, bool verbose)
 {
 	char path[256], pinp[256], pout[256];
 	size_t linp = 0, lout = 0;
 	int bad = 0, cases = 0;
 
-	snprintf(path, sizeof(path), VOCAB_DIR "%s", name);
+	if (file)
+		snprintf(path, sizeof(path), "%s", file);
+	else
+		snprintf(path, sizeof(path), VOCAB_DIR "%s", name);
 	snprintf(pinp, sizeof(pinp), VOCAB_DIR "%s.inp", name);
 	snprintf(pout, sizeof(pout), VOCAB_DIR "%s.out", out_name);
 	char *inp = read_file(pinp, &linp), *out = read_file(pout, &lout);
@@ -188,9 +192,44 @@ next:
 	return bad;
 }
 
+static int run_vectors_out(const char *name, const char *out_name, int n_cases, bool verbose)
+{
+	return run_vectors_file(NULL, name, out_name, n_cases, verbose);
+}
+
 static int run_vectors(const char *name)
 {
 	return run_vectors_out(name, name, 46, true);
+}
+
+static bool skip_pre(const char *key, void *arg)
+{
+	(void)arg;
+	return strcmp(key, "tokenizer.ggml.pre") == 0;
+}
+
+/* tokenizer.ggml.pre "smollm" (SmolLM/SmolLM2 files) splits as
+ * "starcoder": the StarCoder vocabulary relabelled gives its vectors'
+ * ids. */
+static void test_vectors_smollm_alias(void **state)
+{
+	struct gpud_gguf_writer *w = NULL;
+	struct gpud_gguf *g = NULL;
+	char path[64], err[SW_ERR_MAX];
+
+	(void)state;
+	assert_int_equal(gpud_gguf_open(&g, VOCAB_DIR "ggml-vocab-starcoder.gguf", err,
+					sizeof(err)), 0);
+	assert_int_equal(gpud_gguf_writer_new(&w), 0);
+	assert_int_equal(gpud_gguf_w_copy_kv(w, g, skip_pre, NULL), 0);
+	assert_int_equal(gpud_gguf_w_str(w, "tokenizer.ggml.pre", "smollm"), 0);
+	snprintf(path, sizeof(path), "/tmp/tokenizer_test.smollm.%d.gguf", (int)getpid());
+	assert_int_equal(gpud_gguf_w_write(w, path, err, sizeof(err)), 0);
+	gpud_gguf_writer_free(w);
+	gpud_gguf_close(g);
+	assert_int_equal(run_vectors_file(path, "ggml-vocab-starcoder.gguf",
+					  "ggml-vocab-starcoder.gguf", 46, true), 0);
+	unlink(path);
 }
 
 /* The harness itself must see a difference: GPT-2 ids are not StarCoder's. */
@@ -1375,6 +1414,7 @@ int main(void)
 		cmocka_unit_test(test_vectors_phi3),
 		cmocka_unit_test(test_vectors_gpt2),
 		cmocka_unit_test(test_vectors_starcoder),
+		cmocka_unit_test(test_vectors_smollm_alias),
 		cmocka_unit_test(test_vectors_llama_bpe),
 		cmocka_unit_test(test_vectors_qwen2),
 		cmocka_unit_test(test_stories260k),
