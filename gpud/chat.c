@@ -1,5 +1,5 @@
-/* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral
- * and Phi-3 formats, and the recognition of those families from a
+/* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral,
+ * Phi-3 and Zephyr formats, and the recognition of those families from a
  * tokenizer.chat_template text (see chat.h). Pure string work: no
  * tokenizer, no allocation.
  *
@@ -62,6 +62,9 @@ enum gpud_chat_template gpud_chat_detect(const char *s, size_t len)
 		return has(s, len, "<|im_sep|>") ? GPUD_CHAT_NONE : GPUD_CHAT_CHATML;
 	if (has(s, len, "<|user|>") && has(s, len, "<|assistant|>") && has(s, len, "<|end|>"))
 		return GPUD_CHAT_PHI3;
+	if (has(s, len, "<|user|>") && has(s, len, "<|assistant|>") &&
+	    (has(s, len, "eos_token") || has(s, len, "</s>")))
+		return GPUD_CHAT_ZEPHYR;
 	if (has(s, len, "[INST]") && has(s, len, "[/INST]")) {
 		if (has(s, len, "<<SYS>>"))
 			return GPUD_CHAT_LLAMA2;
@@ -82,6 +85,7 @@ static const char *const names[] = {
 	[GPUD_CHAT_MISTRAL_V3] = "mistral-v3",
 	[GPUD_CHAT_MISTRAL_TEKKEN] = "mistral-v3-tekken",
 	[GPUD_CHAT_PHI3] = "phi3",
+	[GPUD_CHAT_ZEPHYR] = "zephyr",
 };
 
 int gpud_chat_parse(const char *name, enum gpud_chat_template *out)
@@ -188,16 +192,21 @@ static void fmt_llama2(struct sbuf *b, const struct gpud_chat_msg *msgs, size_t 
 	}
 }
 
-/* ChatML and Phi-3: one block per message, no BOS, content as is. */
+/* ChatML, Phi-3 and Zephyr: one block per message, no BOS, content as
+ * is. Zephyr closes a block with the EOS token's text, which for the
+ * llama-architecture models that use it (TinyLlama-Chat, Zephyr-7B:
+ * Llama 2 and Mistral vocabularies) is </s>. */
 static void fmt_blocks(struct sbuf *b, const struct gpud_chat_msg *msgs, size_t n, bool ass,
-		       bool chatml)
+		       enum gpud_chat_template t)
 {
+	const bool chatml = t == GPUD_CHAT_CHATML;
+
 	for (size_t i = 0; i < n; i++) {
 		sb_str(b, chatml ? "<|im_start|>" : "<|");
 		sb_str(b, msgs[i].role);
 		sb_str(b, chatml ? "\n" : "|>\n");
 		sb_str(b, msgs[i].content);
-		sb_str(b, chatml ? "<|im_end|>\n" : "<|end|>\n");
+		sb_str(b, chatml ? "<|im_end|>\n" : t == GPUD_CHAT_PHI3 ? "<|end|>\n" : "</s>\n");
 	}
 	if (ass)
 		sb_str(b, chatml ? "<|im_start|>assistant\n" : "<|assistant|>\n");
@@ -283,7 +292,8 @@ long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *
 		break;
 	case GPUD_CHAT_CHATML:
 	case GPUD_CHAT_PHI3:
-		fmt_blocks(&b, msgs, n, add_assistant_header, tmpl == GPUD_CHAT_CHATML);
+	case GPUD_CHAT_ZEPHYR:
+		fmt_blocks(&b, msgs, n, add_assistant_header, tmpl);
 		break;
 	case GPUD_CHAT_MISTRAL:
 	case GPUD_CHAT_MISTRAL_V1:

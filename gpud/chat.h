@@ -1,6 +1,6 @@
 /* chat.h - chat prompts: a list of role/content messages written as the
  * text an instruct model was trained on, for the families gpud knows
- * (Llama 3, Llama 2, ChatML, Mistral, Phi-3), and the recognition of a
+ * (Llama 3, Llama 2, ChatML, Mistral, Phi-3, Zephyr), and the recognition of a
  * family from a model's tokenizer.chat_template text.
  *
  * There is no Jinja engine: a template is recognized by the markers its
@@ -28,11 +28,12 @@ enum gpud_chat_template {
 	GPUD_CHAT_MISTRAL_V3 = 6,     /* <s>[INST] ...[/INST] ...</s> (tokenizer v3) */
 	GPUD_CHAT_MISTRAL_TEKKEN = 7, /* <s>[INST]...[/INST]...</s> (v3-tekken: Nemo) */
 	GPUD_CHAT_PHI3 = 8,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
+	GPUD_CHAT_ZEPHYR = 9,  /* <|user|>\n...</s>\n<|assistant|>\n (Zephyr, TinyLlama-Chat) */
 };
 
 /* Names of the choices, for --chat-format and gpud.chat_format. */
 #define GPUD_CHAT_NAMES "auto, llama3, llama2, chatml, mistral, mistral-v1, mistral-v3, " \
-	"mistral-v3-tekken, phi3"
+	"mistral-v3-tekken, phi3, zephyr"
 
 struct gpud_chat_msg {
 	const char *role; /* "system", "user", "assistant" */
@@ -42,7 +43,9 @@ struct gpud_chat_msg {
 /* The family whose format a tokenizer.chat_template text (len bytes, no
  * NUL needed) writes, recognized by its markers: Llama 3 headers
  * (<|start_header_id|>, <|end_header_id|>), ChatML <|im_start|> (not
- * Phi-4's <|im_sep|>), Phi-3 <|user|>/<|assistant|>/<|end|>, [INST] with
+ * Phi-4's <|im_sep|>), Phi-3 <|user|>/<|assistant|>/<|end|>, Zephyr
+ * <|user|>/<|assistant|> closed by the EOS token ("eos_token" or "</s>";
+ * TinyLlama-Chat), [INST] with
  * <<SYS>> (Llama 2) or without (Mistral; the variant from the spacing
  * around [INST] and [/INST]; Mistral v7's [SYSTEM_PROMPT] is not one).
  * GPUD_CHAT_NONE when none matches. */
@@ -56,7 +59,7 @@ int gpud_chat_parse(const char *name, enum gpud_chat_template *out);
 const char *gpud_chat_name(enum gpud_chat_template t);
 
 /* True when the format writes BOS itself (Llama 3, Llama 2, Mistral);
- * for the others (ChatML, Phi-3) BOS is the vocab's to add, as
+ * for the others (ChatML, Phi-3, Zephyr) BOS is the vocab's to add, as
  * tokenizer.ggml.add_bos_token says (GPUD_TOK_ADD_BOS). */
 bool gpud_chat_writes_bos(enum gpud_chat_template t);
 

@@ -109,6 +109,13 @@ static const struct {
 	  "essage + \"\\n\\n\" + message[\"content\"] + \"[/INST]\" }}\n        {%- else %}\n     "
 	  "       {{- \"[INST]\" + message[\"content\"] + \"[/INST]\" }}",
 	  GPUD_CHAT_MISTRAL_TEKKEN },
+	{ "TinyLlama-1.1B-Chat-v1.0 (Zephyr)",
+	  "{% for message in messages %}\n{% if message['role'] == 'user' %}\n{{ '<|user|>\\n' + "
+	  "message['content'] + eos_token }}\n{% elif message['role'] == 'system' %}\n{{ '<|system"
+	  "|>\\n' + message['content'] + eos_token }}\n{% elif message['role'] == 'assistant' %}\n"
+	  "{{ '<|assistant|>\\n'  + message['content'] + eos_token }}\n{% endif %}\n{% if loop.las"
+	  "t and add_generation_prompt %}\n{{ '<|assistant|>' }}\n{% endif %}\n{% endfor %}",
+	  GPUD_CHAT_ZEPHYR },
 	/* Families gpud does not write: recognized as none. */
 	{ "gemma-2-it",
 	  "{% for message in messages %}{{ '<start_of_turn>' + role + '\\n' + message['content'] | "
@@ -145,7 +152,7 @@ static void test_names(void **state)
 	(void)state;
 	static const char *const all[] = { "auto", "llama3", "llama2", "chatml", "mistral",
 					   "mistral-v1", "mistral-v3", "mistral-v3-tekken",
-					   "phi3" };
+					   "phi3", "zephyr" };
 	enum gpud_chat_template t = GPUD_CHAT_LLAMA3;
 
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -165,6 +172,7 @@ static void test_names(void **state)
 	assert_true(gpud_chat_writes_bos(GPUD_CHAT_MISTRAL_V3));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_CHATML));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_PHI3));
+	assert_false(gpud_chat_writes_bos(GPUD_CHAT_ZEPHYR));
 }
 
 /* --- formatting ------------------------------------------------------------- */
@@ -214,6 +222,21 @@ static void test_format_phi3(void **state)
 		    "<|user|>\nBye<|end|>\n"
 		    "<|assistant|>\n");
 	want_format(GPUD_CHAT_PHI3, conv + 1, 1, true, "<|user|>\nHi!<|end|>\n<|assistant|>\n");
+}
+
+/* Zephyr (TinyLlama-Chat): Phi-3's blocks closed by </s>, the EOS text
+ * of the Llama 2 and Mistral vocabularies (a control token: encoded as
+ * the EOS id with GPUD_TOK_PARSE_SPECIAL). */
+static void test_format_zephyr(void **state)
+{
+	(void)state;
+	want_format(GPUD_CHAT_ZEPHYR, conv, 4, true,
+		    "<|system|>\nBe brief.</s>\n"
+		    "<|user|>\nHi!</s>\n"
+		    "<|assistant|>\n Hello. </s>\n"
+		    "<|user|>\nBye</s>\n"
+		    "<|assistant|>\n");
+	want_format(GPUD_CHAT_ZEPHYR, conv + 1, 1, false, "<|user|>\nHi!</s>\n");
 }
 
 static void test_format_mistral(void **state)
@@ -374,7 +397,7 @@ static void test_resolve(void **state)
 	assert_string_equal(err, "chat formatting: the model's tokenizer.chat_template is not one "
 			    "gpud recognizes; choose a format with --chat-format (or config "
 			    "gpud.chat_format): auto, llama3, llama2, chatml, mistral, mistral-v1, "
-			    "mistral-v3, mistral-v3-tekken, phi3");
+			    "mistral-v3, mistral-v3-tekken, phi3, zephyr");
 	/* A choice wins. */
 	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_PHI3, &got, err, sizeof(err)),
 			 0);
@@ -661,6 +684,7 @@ int main(void)
 		cmocka_unit_test(test_names),
 		cmocka_unit_test(test_format_chatml),
 		cmocka_unit_test(test_format_phi3),
+		cmocka_unit_test(test_format_zephyr),
 		cmocka_unit_test(test_format_mistral),
 		cmocka_unit_test(test_format_llama),
 		cmocka_unit_test(test_format_appends),
