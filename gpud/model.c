@@ -186,7 +186,7 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 {
 	struct gpud_model_hparams *hp = &m->hp;
 	struct gpud_gguf_str arch;
-	uint32_t rope_dims = 0;
+	uint32_t rope_dims = 0, key_len = 0, value_len = 0;
 	int rc;
 
 	rc = gpud_gguf_get_str(m->g, "general.architecture", &arch);
@@ -211,6 +211,8 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	if ((rc = meta_u32(m, key(m, "attention.head_count_kv"), &hp->n_kv_heads, false, err,
 			   errlen)) ||
 	    (rc = meta_u32(m, key(m, "rope.dimension_count"), &rope_dims, false, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "attention.key_length"), &key_len, false, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "attention.value_length"), &value_len, false, err, errlen)) ||
 	    (rc = meta_f32(m, key(m, "attention.layer_norm_rms_epsilon"), &hp->norm_eps, err,
 			   errlen)) ||
 	    (rc = meta_f32(m, key(m, "rope.freq_base"), &hp->rope_base, err, errlen)))
@@ -226,6 +228,14 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	if (hp->head_dim % 2)
 		return sw_seterr(err, errlen, SW_EFORMAT, "%s: odd head dimension %u", m->path,
 				 hp->head_dim);
+	/* Heads wider or narrower than dim / heads (Mistral-Nemo: 128 where
+	 * 5120 / 32 = 160) need Q/K/V widths apart from dim: not supported,
+	 * said here rather than as a tensor's shape. */
+	if ((key_len && key_len != hp->head_dim) || (value_len && value_len != hp->head_dim))
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "%s: attention.key_length %u / value_length %u differ from dim / "
+				 "heads = %u: heads of their own width are not supported",
+				 m->path, key_len, value_len, hp->head_dim);
 	if (rope_dims && rope_dims != hp->head_dim)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "%s: partial rotary embedding (rope.dimension_count %u, head dim %u)",

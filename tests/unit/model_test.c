@@ -41,6 +41,7 @@ struct mod {
 	const char *rope_scaling; /* llama.rope.scaling.type value */
 	float rope_factor;        /* llama.rope.scaling.factor, when not 0 */
 	bool rope_freqs;          /* add rope_freqs.weight = 1, 2, 3, 4 */
+	uint32_t key_length;      /* llama.attention.key_length, when not 0 */
 };
 
 static bool skip_key(const char *key, void *arg)
@@ -70,6 +71,8 @@ static char *derive(const char *name, const struct mod *m)
 		assert_int_equal(gpud_gguf_w_str(w, "llama.rope.scaling.type", m->rope_scaling), 0);
 	if (m->rope_factor)
 		assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.factor", m->rope_factor), 0);
+	if (m->key_length)
+		assert_int_equal(gpud_gguf_w_u32(w, "llama.attention.key_length", m->key_length), 0);
 	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
 		uint64_t ne[4] = { t->ne[0], t->ne[1], t->ne[2], t->ne[3] };
@@ -326,6 +329,22 @@ static void test_rope_bad_scaling(void **state)
 	expect_error(derive("yarn.gguf", &m), SW_EUNSUPPORTED, "yarn");
 }
 
+/* attention.key_length: dim / heads (stories260K: 8) is accepted; another
+ * width (Mistral-Nemo's 128 at 5120 / 32) is refused by name, not as a
+ * tensor shape. */
+static void test_head_width(void **state)
+{
+	struct mod ok = { .key_length = 8 }, other = { .key_length = 16 };
+	struct gpud_model *m = NULL;
+	char err[SW_ERR_MAX] = "";
+
+	(void)state;
+	assert_int_equal(gpud_model_load(&m, derive("kl8.gguf", &ok), err, sizeof(err)), 0);
+	gpud_model_free(m);
+	expect_error(derive("kl16.gguf", &other), SW_EUNSUPPORTED,
+		     "attention.key_length 16 / value_length 0 differ from dim / heads = 8");
+}
+
 static void test_rope_inv_freq_helper(void **state)
 {
 	float inv[3], f[3] = { 1, 4, 0.5f };
@@ -449,6 +468,7 @@ int main(void)
 		cmocka_unit_test(test_rope_freqs_tensor),
 		cmocka_unit_test(test_rope_linear),
 		cmocka_unit_test(test_rope_bad_scaling),
+		cmocka_unit_test(test_head_width),
 		cmocka_unit_test(test_rope_inv_freq_helper),
 		cmocka_unit_test(test_qwen2_hparams),
 		cmocka_unit_test(test_qwen2_bad_bias),
