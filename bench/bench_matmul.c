@@ -30,7 +30,7 @@
 static const enum gpud_type types[] = {
 	GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_BF16, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,
 	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
-	GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL,
+	GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL, GPUD_TYPE_IQ4_XS,
 };
 static const long shapes_110m[][2] = { { 768, 768 }, { 2048, 768 }, { 32000, 768 } };
 static const long shapes_3b[][2] = { { 3072, 3072 }, { 8192, 3072 }, { 3072, 8192 } };

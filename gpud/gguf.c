@@ -496,7 +496,7 @@ static int check_tensor_layout(struct cur *c, struct gpud_gguf *g)
 	return 0;
 }
 
-/* Byte offsets of a K-quant's or a Q4_1/Q5_0/Q5_1/IQ4_NL block's fp16
+/* Byte offsets of a K-quant's or a Q4_1/Q5_0/Q5_1/IQ4_NL/IQ4_XS block's fp16
  * factors (d, then dmin or m; -1: none). Q8_0/Q4_0 are not checked: their
  * quantizer stores a NaN d for a block of non-finite input. */
 static void kq_factor_offsets(enum gpud_type t, int off[2])
@@ -516,6 +516,9 @@ static void kq_factor_offsets(enum gpud_type t, int off[2])
 		break;
 	case GPUD_TYPE_IQ4_NL:
 		off[0] = offsetof(struct gpud_block_iq4_nl, d);
+		break;
+	case GPUD_TYPE_IQ4_XS:
+		off[0] = offsetof(struct gpud_block_iq4_xs, d);
 		break;
 	case GPUD_TYPE_Q2_K:
 		off[0] = offsetof(struct gpud_block_q2_k, d);

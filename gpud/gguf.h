@@ -137,8 +137,8 @@ const struct gpud_gguf_tensor *gpud_gguf_find_tensor(const struct gpud_gguf *g, 
 /* Checks what the header cannot show by reading t's data (a tensor of g):
  * for the K-quants (q2_k..q6_k) every super-block's fp16 factors d and
  * dmin must be finite (a NaN or Inf there makes whole blocks NaN: the file
- * is corrupt or its weights were), and so must q4_1/q5_0/q5_1/iq4_nl's d
- * and m. Other types return 0 without reading. On failure returns
+ * is corrupt or its weights were), and so must q4_1/q5_0/q5_1/iq4_nl/
+ * iq4_xs's d and m. Other types return 0 without reading. On failure returns
  * SW_EFORMAT and err says
  * "<path>: tensor '<name>': q4_k block B (row R) has a non-finite d ...".
  * Touches every page of such a tensor once. */

@@ -388,6 +388,7 @@ static uint32_t file_type(const struct gpud_mkmodel_params *p)
 	case GPUD_TYPE_Q5_0: return 8;
 	case GPUD_TYPE_Q5_1: return 9;
 	case GPUD_TYPE_IQ4_NL: return 25;
+	case GPUD_TYPE_IQ4_XS: return 30;
 	case GPUD_TYPE_Q2_K: return 10;
 	case GPUD_TYPE_Q3_K: return 11; /* the nearest: Q3_K_S */
 	case GPUD_TYPE_Q4_K: return 14; /* Q4_K_S */
@@ -426,9 +427,9 @@ static bool use_more_bits(uint32_t i, uint32_t n)
 	return i < n / 8 || i >= 7 * n / 8 || (i >= n / 8 && (i - n / 8) % 3 == 2);
 }
 
-/* llama.cpp's type for a K-quant whose 256-weight block does not fit a
- * row of `row` weights: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K and
- * Q3_K -> IQ4_NL (Qwen2.5-0.5B's rows of 896 in its Q4_K_M file). */
+/* llama.cpp's type for a 256-weight type whose block does not fit a row
+ * of `row` weights: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K, Q3_K
+ * and IQ4_XS -> IQ4_NL (Qwen2.5-0.5B's rows of 896 in its Q4_K_M file). */
 static enum gpud_type fit_row(enum gpud_type t, uint32_t row)
 {
 	if (gpud_type_block_elems(t) != GPUD_QK_K || row % GPUD_QK_K == 0)

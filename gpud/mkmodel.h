@@ -101,15 +101,15 @@ int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name);
  * q8_k, an activation format) or "q4_k_m" / "q5_k_m", any case, into
  * *type and *mix. Returns 0, or -EINVAL (nothing changed). */
 #define GPUD_MKMODEL_TYPE_NAMES \
-	"f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, " \
-	"q4_k_m, q5_k_m"
+	"f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, " \
+	"q6_k, q4_k_m, q5_k_m"
 int gpud_mkmodel_parse_type(const char *s, enum gpud_type *type, enum gpud_mkmodel_mix *mix);
 
 /* The type p gives tensor `name` (a llama.cpp tensor name such as
  * "blk.3.attn_v.weight"), matrices only: the mix rules above; then, as
  * llama.cpp does, a K-quant whose rows (dim long; ffn_down's ffn_dim) are
  * not a multiple of 256 takes a 32-weight type instead: Q4_K -> Q5_0,
- * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K -> IQ4_NL (so dim and ffn_dim need
+ * Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K/Q3_K/IQ4_XS -> IQ4_NL (so dim and ffn_dim need
  * only be multiples of 32 with a K type). */
 enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name);
 

@@ -354,62 +354,75 @@ static int iq4nl_nearest(float v)
 	return k;
 }
 
-/* IQ4_NL: candidate scales around the one that puts the largest |x| on
- * -127, each refined by least squares over the values it picks; the best
- * by squared error (with its fp16 rounding) wins, and the indices are then
- * chosen against the stored scale. */
+/* The scale s for 32 finite values x ~ s * IQ4NL_VALUES[k]: candidates
+ * around the one that puts the largest |x| on -127, each refined by least
+ * squares over the values it picks (rounded to fp16 when half); the best
+ * by squared error wins. 0 for an all-zero x. */
+static float iq4nl_fit(const float *x, bool half)
+{
+	float amax = 0.0f, mx = 0.0f, best = FLT_MAX, bd = 0.0f;
+
+	for (int j = 0; j < GPUD_QK; j++)
+		if (fabsf(x[j]) > amax) {
+			amax = fabsf(x[j]);
+			mx = x[j];
+		}
+	if (amax == 0.0f)
+		return 0.0f;
+	for (int k = -KQ_TRIES; k <= KQ_TRIES; k++) {
+		float s = mx / (-127.0f + 8.0f * (float)k), is = 1.0f / s, sv = 0, sv2 = 0;
+		float err = 0, r;
+
+		for (int j = 0; j < GPUD_QK; j++) {
+			float v = (float)iq4nl_values[iq4nl_nearest(x[j] * is)];
+
+			sv += v * x[j];
+			sv2 += v * v;
+		}
+		if (!(sv2 > 0.0f))
+			continue;
+		r = sv / sv2;
+		if (half)
+			r = gpud_fp16_to_fp32(gpud_fp32_to_fp16(r));
+		if (!(r != 0.0f))
+			continue;
+		for (int j = 0; j < GPUD_QK; j++) {
+			float e = r * (float)iq4nl_values[iq4nl_nearest(x[j] / r)] - x[j];
+
+			err += e * e;
+		}
+		if (err < best) {
+			best = err;
+			bd = r;
+		}
+	}
+	return bd;
+}
+
+/* 16 bytes of nibbles: the indices of the values nearest x / dl (weight j
+ * low, j + 16 high); all 8 (value 1, times 0) when dl is 0. */
+static void iq4nl_put(const float *x, float dl, uint8_t *qs)
+{
+	float id = dl != 0.0f ? 1.0f / dl : 0.0f;
+
+	for (int j = 0; j < GPUD_QK / 2; j++)
+		qs[j] = (uint8_t)(iq4nl_nearest(x[j] * id) | iq4nl_nearest(x[j + GPUD_QK / 2] * id) << 4);
+}
+
+/* IQ4_NL: iq4nl_fit() with the fp16 rounding of the stored scale, then
+ * the indices chosen against it. */
 static void quantize_iq4_nl(const float *x, void *vy, int64_t n)
 {
 	struct gpud_block_iq4_nl *y = vy;
 
 	for (int64_t i = 0; i < n / GPUD_QK; i++, x += GPUD_QK) {
-		float amax = 0.0f, mx = 0.0f, best = FLT_MAX, bd = 0.0f, d, id;
-
 		memset(y[i].qs, 0x88, sizeof(y[i].qs));
 		if (!all_finite(x, GPUD_QK)) {
 			y[i].d = FP16_NAN;
 			continue;
 		}
-		for (int j = 0; j < GPUD_QK; j++)
-			if (fabsf(x[j]) > amax) {
-				amax = fabsf(x[j]);
-				mx = x[j];
-			}
-		if (amax == 0.0f) {
-			y[i].d = 0;
-			continue;
-		}
-		for (int k = -KQ_TRIES; k <= KQ_TRIES; k++) {
-			float s = mx / (-127.0f + 8.0f * (float)k), is = 1.0f / s, sv = 0, sv2 = 0;
-			float err = 0, r;
-
-			for (int j = 0; j < GPUD_QK; j++) {
-				float v = (float)iq4nl_values[iq4nl_nearest(x[j] * is)];
-
-				sv += v * x[j];
-				sv2 += v * v;
-			}
-			if (!(sv2 > 0.0f))
-				continue;
-			r = gpud_fp16_to_fp32(gpud_fp32_to_fp16(sv / sv2));
-			if (!(r != 0.0f))
-				continue;
-			for (int j = 0; j < GPUD_QK; j++) {
-				float e = r * (float)iq4nl_values[iq4nl_nearest(x[j] / r)] - x[j];
-
-				err += e * e;
-			}
-			if (err < best) {
-				best = err;
-				bd = r;
-			}
-		}
-		y[i].d = gpud_fp32_to_fp16(bd);
-		d = gpud_fp16_to_fp32(y[i].d);
-		id = d != 0.0f ? 1.0f / d : 0.0f;
-		for (int j = 0; j < GPUD_QK / 2; j++)
-			y[i].qs[j] = (uint8_t)(iq4nl_nearest(x[j] * id) |
-					       iq4nl_nearest(x[j + GPUD_QK / 2] * id) << 4);
+		y[i].d = gpud_fp32_to_fp16(iq4nl_fit(x, true));
+		iq4nl_put(x, gpud_fp16_to_fp32(y[i].d), y[i].qs);
 	}
 }
 
@@ -422,6 +435,54 @@ static void dequantize_iq4_nl(const void *vx, float *y, int64_t n)
 
 		for (int j = 0; j < GPUD_QK; j++)
 			y[j] = d * (float)iq4nl_values[nib_get(x[i].qs, j)];
+	}
+}
+
+/* IQ4_XS: each chunk's scale by iq4nl_fit(); the super-block's fp16 d
+ * puts the largest |scale| on -32, the chunks' 6-bit ls = round(s / d) +
+ * 32, and each chunk's indices are chosen against its dl = d * (ls - 32). */
+static void quantize_iq4_xs(const float *x, void *vy, int64_t n)
+{
+	struct gpud_block_iq4_xs *y = vy;
+
+	for (int64_t i = 0; i < n / GPUD_QK_K; i++, x += GPUD_QK_K) {
+		float sc[8], smax = 0.0f, d, id;
+
+		memset(&y[i], 0, sizeof(y[i]));
+		if (!all_finite(x, GPUD_QK_K)) {
+			y[i].d = FP16_NAN;
+			continue;
+		}
+		for (int c = 0; c < 8; c++) {
+			sc[c] = iq4nl_fit(x + GPUD_QK * c, false);
+			smax = fabsf(sc[c]) > fabsf(smax) ? sc[c] : smax;
+		}
+		y[i].d = gpud_fp32_to_fp16(smax / -32.0f);
+		d = gpud_fp16_to_fp32(y[i].d);
+		id = d != 0.0f ? 1.0f / d : 0.0f;
+		for (int c = 0; c < 8; c++) {
+			int ls = qround(sc[c] * id, -32, 31) + 32;
+
+			y[i].scales_l[c / 2] |= (uint8_t)((ls & 15) << (4 * (c % 2)));
+			y[i].scales_h |= (uint16_t)(((ls >> 4) & 3) << (2 * c));
+			iq4nl_put(x + GPUD_QK * c, d * (float)(ls - 32), y[i].qs + 16 * c);
+		}
+	}
+}
+
+static void dequantize_iq4_xs(const void *vx, float *y, int64_t n)
+{
+	const struct gpud_block_iq4_xs *x = vx;
+
+	for (int64_t i = 0; i < n / GPUD_QK_K; i++) {
+		float d = gpud_fp16_to_fp32(x[i].d);
+
+		for (int c = 0; c < 8; c++, y += GPUD_QK) {
+			float dl = d * (float)(gpud_iq4xs_ls(&x[i], c) - 32);
+
+			for (int j = 0; j < GPUD_QK; j++)
+				y[j] = dl * (float)iq4nl_values[nib_get(x[i].qs + 16 * c, j)];
+		}
 	}
 }
 
@@ -908,6 +969,11 @@ static const struct gpud_type_traits traits[GPUD_TYPE_COUNT] = {
 		.name = "iq4_nl", .block_elems = GPUD_QK,
 		.block_bytes = sizeof(struct gpud_block_iq4_nl), .quantized = true, .matmul = true,
 		.quantize = quantize_iq4_nl, .dequantize = dequantize_iq4_nl,
+	},
+	[GPUD_TYPE_IQ4_XS] = {
+		.name = "iq4_xs", .block_elems = GPUD_QK_K,
+		.block_bytes = sizeof(struct gpud_block_iq4_xs), .quantized = true, .matmul = true,
+		.quantize = quantize_iq4_xs, .dequantize = dequantize_iq4_xs,
 	},
 	[GPUD_TYPE_Q8_0] = {
 		.name = "q8_0", .block_elems = GPUD_QK,

@@ -27,7 +27,13 @@
  *         (0..31);  w = d * q + m.
  *   IQ4_NL: fp16 d, qs[16]: q = GPUD_IQ4NL_VALUES[nibble] (a fixed
  *         non-linear table, -127..113);  w = d * q.
- *   These four (the "legacy" 32-weight types besides Q4_0/Q8_0) are what
+ *   IQ4_XS (136 bytes a 256-weight super-block): fp16 d, uint16 scales_h,
+ *         uint8 scales_l[4], qs[128]. Chunk c = e / 32 (0..7): 6-bit ls =
+ *         (scales_l[c / 2] >> 4 (c % 2)) & 15 | ((scales_h >> 2c) & 3) << 4,
+ *         dl = d * (ls - 32) (one fp32 product); nibble of weight e: the
+ *         low one of qs[16c + e % 32] for e % 32 < 16, else the high one of
+ *         qs[16c + e % 32 - 16];  w = dl * GPUD_IQ4NL_VALUES[nibble].
+ *   Q4_1, Q5_0, Q5_1, IQ4_NL (the "legacy" 32-weight types besides Q4_0/Q8_0) are what
  *   llama.cpp writes where a K-quant does not fit a row (its length not a
  *   multiple of 256: Qwen2.5-0.5B's 896): Q4_K falls back to Q5_0, Q5_K
  *   to Q5_1, Q6_K to Q8_0, Q2_K/Q3_K to IQ4_NL.
@@ -94,13 +100,15 @@ enum gpud_type {
 	GPUD_TYPE_Q6_K = 14, /* 256 weights in 210 bytes */
 	GPUD_TYPE_Q8_K = 15, /* 256 weights in 292 bytes (activations) */
 	GPUD_TYPE_IQ4_NL = 20, /* 32 weights = f16 d + 16 bytes of table indices */
+	GPUD_TYPE_IQ4_XS = 23, /* 256 weights in 136 bytes: IQ4_NL's table, 6-bit scales */
 	GPUD_TYPE_BF16 = 30,
 	GPUD_TYPE_COUNT = 31, /* one past the largest supported id (sizes the table) */
 };
 
 /* The supported types, in the order messages list them. */
 #define GPUD_TYPE_SUPPORTED_NAMES \
-	"f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, q8_k"
+	"f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, " \
+	"q6_k, q8_k"
 
 #define GPUD_QK 32 /* weights per Q8_0/Q4_0 block */
 
@@ -137,6 +145,20 @@ struct gpud_block_iq4_nl {
 	uint16_t d; /* fp16 */
 	uint8_t qs[GPUD_QK / 2];
 };
+
+struct gpud_block_iq4_xs {
+	uint16_t d;		       /* fp16 */
+	uint16_t scales_h;	       /* bits 4-5 of each chunk's 6-bit scale */
+	uint8_t scales_l[4];	       /* bits 0-3, two chunks a byte */
+	uint8_t qs[256 / 2];	       /* table indices, 16 bytes a chunk */
+};
+
+/* The 6-bit scale (0..63; the factor is ls - 32) of chunk c (0..7) of an
+ * IQ4_XS block. */
+static inline int gpud_iq4xs_ls(const struct gpud_block_iq4_xs *b, int c)
+{
+	return ((b->scales_l[c / 2] >> (4 * (c % 2))) & 15) | ((b->scales_h >> (2 * c)) & 3) << 4;
+}
 
 /* IQ4_NL's quant values by nibble (a fact of the format). */
 #define GPUD_IQ4NL_VALUES \
@@ -197,6 +219,7 @@ _Static_assert(sizeof(struct gpud_block_q4_1) == 20, "q4_1 block");
 _Static_assert(sizeof(struct gpud_block_q5_0) == 22, "q5_0 block");
 _Static_assert(sizeof(struct gpud_block_q5_1) == 24, "q5_1 block");
 _Static_assert(sizeof(struct gpud_block_iq4_nl) == 18, "iq4_nl block");
+_Static_assert(sizeof(struct gpud_block_iq4_xs) == 136, "iq4_xs block");
 _Static_assert(sizeof(struct gpud_block_q2_k) == 84, "q2_k block");
 _Static_assert(sizeof(struct gpud_block_q3_k) == 110, "q3_k block");
 _Static_assert(sizeof(struct gpud_block_q4_k) == 144, "q4_k block");

@@ -241,6 +241,26 @@ int ref_dequant_row(int type, const void *src, uint64_t n, double *dst)
 			}
 		}
 		return 0;
+	case 23: /* IQ4_XS: f16 d, u16 scales_h, scales_l[4], qs[128]; chunk c's
+		  * 6-bit scale: nibble c % 2 of scales_l[c / 2], bits 2c, 2c + 1 of
+		  * scales_h on top; w = d (ls - 32) value[nibble] */
+		for (b = 0; b < n / 256; b++) {
+			static const int nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+						    1, 13, 25, 38, 53, 69, 89, 113 };
+			const uint8_t *blk = p + 136 * b;
+			double d = half_to_double(rd16(blk));
+			unsigned sh = rd16(blk + 2);
+
+			for (int c = 0; c < 8; c++) {
+				int ls = ((blk[4 + c / 2] >> (4 * (c % 2))) & 15) | ((sh >> (2 * c)) & 3) << 4;
+				const uint8_t *qs = blk + 8 + 16 * c;
+
+				for (i = 0; i < 32; i++)
+					dst[256 * b + 32 * (uint64_t)c + i] =
+						d * (ls - 32) * nl[i < 16 ? qs[i] & 15 : qs[i - 16] >> 4];
+			}
+		}
+		return 0;
 	case 10: case 11: case 12: case 13: case 14:
 		for (b = 0; b < n / 256; b++)
 			kq_block(type, p + kq_bytes(type) * b, dst + 256 * b);
@@ -257,6 +277,7 @@ static uint64_t row_bytes(int type, uint64_t n)
 	case 8: return n / 32 * 34;
 	case 2: return n / 32 * 18;
 	case 3: case 6: case 7: case 20: return n / 32 * lq_bytes(type);
+	case 23: return n / 256 * 136;
 	case 10: case 11: case 12: case 13: case 14: return n / 256 * kq_bytes(type);
 	}
 	return 0;

@@ -613,7 +613,7 @@ C(c_dim_overflow, patch_u64(p, L->w_ne0, 1ull << 62); patch_u64(p, L->w_ne1, 4))
 C(c_bytes_overflow, patch_u64(p, L->w_ne0, 1ull << 61); patch_u64(p, L->w_ne1, 2))
 C(c_type_unknown, patch_u32(p, L->w_type, 99))
 C(c_type_gap, patch_u32(p, L->w_type, 40))
-C(c_type_iq4xs, patch_u32(p, L->w_type, 23))
+C(c_type_iq2xxs, patch_u32(p, L->w_type, 16))
 C(c_type_removed, patch_u32(p, L->w_type, 4))
 C(c_block, patch_u64(p, L->v_ne0, 33))
 C(c_off_unaligned, patch_u64(p, L->v_off, 257))
@@ -663,7 +663,7 @@ static const struct corruption corruptions[] = {
 	{ "bytes overflow", c_bytes_overflow, SW_EFORMAT, "tensor 0 'w': 4611686018427387904 elements of f32 overflow 64-bit sizes" },
 	{ "type 99", c_type_unknown, SW_EFORMAT, "tensor 0 'w': unknown ggml type 99" },
 	{ "type 40", c_type_gap, SW_EFORMAT, "unknown ggml type 40" },
-	{ "type iq4_xs", c_type_iq4xs, SW_EUNSUPPORTED, "tensor 0 'w': type iq4_xs (23) is not supported" },
+	{ "type iq2_xxs", c_type_iq2xxs, SW_EUNSUPPORTED, "tensor 0 'w': type iq2_xxs (16) is not supported" },
 	{ "type q4_2", c_type_removed, SW_EUNSUPPORTED, "q4_2 (removed)" },
 	{ "block", c_block, SW_EFORMAT, "tensor 1 'v': ne[0] = 33 is not a multiple of the q8_0 block size 32" },
 	{ "offset unaligned", c_off_unaligned, SW_EFORMAT, "tensor 1 'v': data offset 257 is not a multiple of the alignment 32" },
@@ -1022,7 +1022,7 @@ static void test_writer_errors(void **state)
 	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 0, ne, d, sizeof(d)), -EINVAL);
 	assert_int_equal(gpud_gguf_w_tensor(w, "u", GPUD_TYPE_F32, 5, ne, d, sizeof(d)), -EINVAL);
 	assert_int_equal(gpud_gguf_w_tensor(w, "", GPUD_TYPE_F32, 2, ne, d, sizeof(d)), -EINVAL);
-	assert_int_equal(gpud_gguf_w_tensor(w, "u", (enum gpud_type)23, 2, ne, d, sizeof(d)), SW_EUNSUPPORTED);
+	assert_int_equal(gpud_gguf_w_tensor(w, "u", (enum gpud_type)16, 2, ne, d, sizeof(d)), SW_EUNSUPPORTED);
 	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_Q8_0, 2, ne, NULL, NULL), -EINVAL);
 	uint64_t ne_bad[2] = { 48, 2 };
 	assert_int_equal(gpud_gguf_w_tensor_fill(w, "u", GPUD_TYPE_Q4_0, 2, ne_bad, fill_rows, &tag), -EINVAL);

@@ -1,5 +1,6 @@
 /* kernels_kq_test.c - the K-quant matmul, and the other 32-weight types'
- * (Q4_1, Q5_0, Q5_1, IQ4_NL: kernels_kq.c, kernels_kq_x86.c, dispatch).
+ * (Q4_1, Q5_0, Q5_1, IQ4_NL, and IQ4_XS: kernels_kq.c, kernels_kq_x86.c,
+ * kernels_avx512.c, dispatch).
  *
  * The formats are tested in quant_kq_test.c and quant_lq_test.c. Tolerances (S = sum over the
  * row of |w_c * x_c| with W dequantized):
@@ -35,7 +36,7 @@
 
 static const enum gpud_type kq_types[] = {
 	GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
-	GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL,
+	GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL, GPUD_TYPE_IQ4_XS,
 };
 #define N_KQ (sizeof(kq_types) / sizeof(kq_types[0]))
 #define MAXB 17
@@ -255,8 +256,9 @@ static void set_factors(enum gpud_type t, uint8_t *b, uint16_t v)
 		d = offsetof(struct gpud_block_q4_1, d);
 		dmin = offsetof(struct gpud_block_q4_1, m);
 		break;
-	case GPUD_TYPE_Q5_0: /* IQ4_NL: d first too */
+	case GPUD_TYPE_Q5_0: /* IQ4_NL and IQ4_XS: d first too */
 	case GPUD_TYPE_IQ4_NL:
+	case GPUD_TYPE_IQ4_XS:
 		d = 0;
 		break;
 	default:

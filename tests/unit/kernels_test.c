@@ -487,7 +487,7 @@ static void test_matmul_int8_paths_identical(void **state)
 }
 
 /* The packed layouts (kernels.h, pack.c) of q4_0, q8_0, q2_k .. q6_k, q4_1,
- * q5_0, q5_1, iq4_nl, f16, bf16:
+ * q5_0, q5_1, iq4_nl, iq4_xs, f16, bf16:
  * the same bits as the plain matrix on every path (packed vector with and
  * without VNNI, AVX-512 and GFNI, packed portable, plain), at every batch size, on whole
  * matrices, on 8-row-aligned slices and through a thread pool;
@@ -499,7 +499,7 @@ static void test_matmul_packed(void **state)
 					      GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K,
 					      GPUD_TYPE_Q6_K, GPUD_TYPE_F16, GPUD_TYPE_BF16,
 					      GPUD_TYPE_F32, GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0,
-					      GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL };
+					      GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL, GPUD_TYPE_IQ4_XS };
 	static const int64_t rows_of[] = { 8, 24, 64, 40 };
 	static const int64_t rows_f16[] = { 16, 32, 80, 48 };
 	static const int64_t cols_f16[] = { 7, 96, 161, 1184 };

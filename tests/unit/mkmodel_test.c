@@ -462,9 +462,9 @@ static void test_validation(void **state)
 	p.type = GPUD_TYPE_Q4_0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
 	gpud_mkmodel_params_default(&p);
-	p.type = (enum gpud_type)23;
+	p.type = (enum gpud_type)16;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(errbuf, "iq4_xs"));
+	assert_non_null(strstr(errbuf, "iq2_xxs"));
 	gpud_mkmodel_params_default(&p);
 	p.n_layers = 0;
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
@@ -728,6 +728,9 @@ static void test_kquant_mix(void **state)
 	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_down.weight"), GPUD_TYPE_Q3_K);
 	p.type = GPUD_TYPE_Q6_K;
 	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_gate.weight"), GPUD_TYPE_Q8_0);
+	p.type = GPUD_TYPE_IQ4_XS; /* 256-weight too: IQ4_NL where it does not fit */
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_gate.weight"), GPUD_TYPE_IQ4_NL);
+	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_down.weight"), GPUD_TYPE_IQ4_XS);
 	p.type = GPUD_TYPE_Q5_0; /* not a K-quant: as asked */
 	assert_int_equal(gpud_mkmodel_tensor_type(&p, "blk.1.ffn_gate.weight"), GPUD_TYPE_Q5_0);
 

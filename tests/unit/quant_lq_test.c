@@ -1,4 +1,5 @@
-/* quant_lq_test.c - the other 32-weight types (Q4_1, Q5_0, Q5_1, IQ4_NL):
+/* quant_lq_test.c - the other 32-weight types (Q4_1, Q5_0, Q5_1, IQ4_NL)
+ * and IQ4_XS (IQ4_NL's table in 256-weight super-blocks):
  * traits, hand-checked blocks, quantizer round trips, non-finite input.
  *
  * Hand-checked blocks: every quant distinct where the format allows, so
@@ -8,8 +9,9 @@
  * Gaussian data and on data with 1 % outliers of 20 sigma below each
  * type's bound (quant.c measured, 2026-12-06, Gaussian / outliers: Q4_1
  * 0.078 / 0.111, Q5_0 0.042 / 0.088, Q5_1 0.038 / 0.051, IQ4_NL 0.075 /
- * 0.116; the bounds are ~25 % above), no element off by more than its
- * block's range times the type's step, and the same bytes twice.
+ * 0.116, IQ4_XS 0.075 / 0.122; the bounds are ~25 % above), no element
+ * off by more than its block's (IQ4_XS: super-block's) range times the
+ * type's step, and the same bytes twice.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -61,8 +63,22 @@ static void test_lq_traits(void **state)
 	assert_int_equal(gpud_type_parse("IQ4_NL"), GPUD_TYPE_IQ4_NL);
 	/* still unsupported: named, refused */
 	assert_false(gpud_type_supported((enum gpud_type)9)); /* q8_1 */
-	assert_string_equal(gpud_type_name((enum gpud_type)23), "iq4_xs");
-	assert_false(gpud_type_supported((enum gpud_type)23));
+	assert_string_equal(gpud_type_name((enum gpud_type)16), "iq2_xxs");
+	assert_false(gpud_type_supported((enum gpud_type)16));
+	/* IQ4_XS: 256-weight super-blocks of 136 bytes */
+	{
+		const struct gpud_type_traits *tt = gpud_type_traits(GPUD_TYPE_IQ4_XS);
+
+		assert_int_equal((int)GPUD_TYPE_IQ4_XS, 23);
+		assert_non_null(tt);
+		assert_string_equal(tt->name, "iq4_xs");
+		assert_int_equal(tt->block_elems, 256);
+		assert_int_equal(tt->block_bytes, 136);
+		assert_true(tt->quantized && tt->matmul);
+		assert_int_equal(gpud_type_parse("iq4_xs"), GPUD_TYPE_IQ4_XS);
+		assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_IQ4_XS, 3072), 12 * 136);
+		assert_non_null(strstr(GPUD_TYPE_SUPPORTED_NAMES, "iq4_xs"));
+	}
 }
 
 /* Weight j's nibble: the low one of qs[j] for j < 16, the high one of
@@ -155,6 +171,45 @@ static void test_hand_iq4_nl(void **state)
 	assert_float_equal(y[15], -63.5f, 0); /* nibble 0: -127 / 2 */
 }
 
+/* IQ4_XS: chunk c's 6-bit scale ls is nibble c % 2 of scales_l[c / 2]
+ * with bits 2c, 2c + 1 of scales_h above it, the factor d (ls - 32); each
+ * chunk's 16 bytes of nibbles as IQ4_NL's. Every chunk a distinct ls (its
+ * high bits all four values), so a scale read from the wrong place shows. */
+static void test_hand_iq4_xs(void **state)
+{
+	static const int values[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
+					1,    13,   25,  38,  53,  69,  89,  113 };
+	static const int ls[8] = { 0, 17, 34, 51, 40, 9, 63, 32 }; /* high bits 0,1,2,3,2,0,3,2 */
+	struct gpud_block_iq4_xs b;
+	int q[256];
+	float y[256];
+
+	(void)state;
+	memset(&b, 0, sizeof(b));
+	b.d = H_HALF;
+	for (int c = 0; c < 8; c++) {
+		b.scales_l[c / 2] |= (uint8_t)((ls[c] & 15) << (4 * (c % 2)));
+		b.scales_h |= (uint16_t)((ls[c] >> 4) << (2 * c));
+		assert_int_equal(gpud_iq4xs_ls(&b, c), ls[c]);
+	}
+	for (int e = 0; e < 256; e++)
+		q[e] = (e * 5 + e / 32) % 16;
+	for (int c = 0; c < 8; c++)
+		put_nibbles(b.qs + 16 * c, q + 32 * c);
+	gpud_dequantize_row(GPUD_TYPE_IQ4_XS, &b, y, 256);
+	for (int e = 0; e < 256; e++)
+		assert_float_equal(y[e], 0.5f * (float)(ls[e / 32] - 32) * (float)values[q[e]], 0);
+	/* by hand: chunk 1 (ls 17: low nibble 1 in scales_l[0]'s high half,
+	 * high bits 01 at scales_h bits 2-3), weight 32 (nibble (160 + 1) % 16
+	 * = 1, value -104): 0.5 * -15 * -104 = 780 */
+	assert_int_equal(b.scales_l[0], 0x10);
+	assert_int_equal(b.scales_h & 0x0c, 0x04);
+	assert_float_equal(y[32], 780.0f, 0);
+	/* chunk 7 (ls 32) is all zeros */
+	for (int e = 224; e < 256; e++)
+		assert_float_equal(y[e], 0.0f, 0);
+}
+
 /* ---- quantizer round trips --------------------------------------------- */
 
 static float gauss(void)
@@ -173,6 +228,7 @@ static double rt_bound(enum gpud_type t, bool outliers)
 	case GPUD_TYPE_Q4_1: return outliers ? 0.14 : 0.098;
 	case GPUD_TYPE_Q5_0: return outliers ? 0.11 : 0.053;
 	case GPUD_TYPE_Q5_1: return outliers ? 0.064 : 0.048;
+	case GPUD_TYPE_IQ4_XS: return outliers ? 0.153 : 0.094;
 	default: return outliers ? 0.145 : 0.093; /* IQ4_NL */
 	}
 }
@@ -189,7 +245,7 @@ static double elem_bound(enum gpud_type t)
 	case GPUD_TYPE_Q4_1: return 1.0 / 15 + 0.01;
 	case GPUD_TYPE_Q5_0: return 1.0 / 16 + 0.01;
 	case GPUD_TYPE_Q5_1: return 1.0 / 31 + 0.01;
-	default: return 12.0 / 127 + 0.05;
+	default: return 12.0 / 127 + 0.05; /* IQ4_NL; IQ4_XS of its super-block's max */
 	}
 }
 
@@ -202,8 +258,8 @@ static void roundtrip(bool outliers)
 	assert_non_null(y);
 	assert_non_null(q);
 	assert_non_null(q2);
-	for (size_t k = 0; k < N_LQ; k++) {
-		enum gpud_type t = lq_types[k];
+	for (size_t k = 0; k <= N_LQ; k++) {
+		enum gpud_type t = k < N_LQ ? lq_types[k] : GPUD_TYPE_IQ4_XS;
 		double num = 0, den = 0, rel;
 
 		rng_state = 21 + k;
@@ -212,27 +268,32 @@ static void roundtrip(bool outliers)
 			if (outliers && rnd() % 100 == 0)
 				x[i] *= 20.0f;
 		}
+		const int be = (int)gpud_type_block_elems(t);
+		double worst = 0;
+
 		gpud_quantize_row(t, x, q, RT_N);
 		gpud_dequantize_row(t, q, y, RT_N);
-		for (int b = 0; b < RT_N / 32; b++) {
+		for (int b = 0; b < RT_N / be; b++) {
 			float amax = 0;
 
-			for (int j = 0; j < 32; j++)
-				amax = fmaxf(amax, fabsf(x[32 * b + j]));
-			for (int j = 0; j < 32; j++) {
-				double e = (double)y[32 * b + j] - x[32 * b + j];
+			for (int j = 0; j < be; j++)
+				amax = fmaxf(amax, fabsf(x[be * b + j]));
+			for (int j = 0; j < be; j++) {
+				double e = (double)y[be * b + j] - x[be * b + j];
 
 				if (fabs(e) > elem_bound(t) * amax)
 					fail_msg("%s element %d: %g for %g (amax %g)", gpud_type_name(t),
-						 32 * b + j, (double)y[32 * b + j], (double)x[32 * b + j],
+						 be * b + j, (double)y[be * b + j], (double)x[be * b + j],
 						 (double)amax);
+				worst = fmax(worst, fabs(e) / amax);
 				num += e * e;
-				den += (double)x[32 * b + j] * x[32 * b + j];
+				den += (double)x[be * b + j] * x[be * b + j];
 			}
 		}
 		rel = sqrt(num / den);
-		print_message("%s %s: relative rms error %.4f\n", gpud_type_name(t),
-			      outliers ? "outliers" : "gaussian", rel);
+		print_message("%s %s: relative rms error %.4f, worst element %.4f of its block's "
+			      "max |x|\n", gpud_type_name(t), outliers ? "outliers" : "gaussian", rel,
+			      worst);
 		assert_true(rel < rt_bound(t, outliers));
 		gpud_quantize_row(t, x, q2, RT_N);
 		assert_memory_equal(q, q2, gpud_type_row_bytes(t, RT_N));
@@ -295,6 +356,26 @@ static void test_degenerate_blocks(void **state)
 		for (int i = 0; i < 32; i++)
 			assert_true(isfinite(y[i]) && fabsf(y[i]) < 1e-30f);
 	}
+	/* IQ4_XS: a zero super-block, one with a zero chunk (ls 32), one with
+	 * a NaN: all NaN */
+	{
+		float xs[3 * 256], ys[3 * 256];
+		struct gpud_block_iq4_xs qs[3];
+
+		for (int i = 0; i < 256; i++) {
+			xs[i] = 0.0f;
+			xs[256 + i] = i < 32 ? 0.0f : 0.01f * (float)(i % 7 - 3);
+			xs[512 + i] = i == 100 ? NAN : 1.0f;
+		}
+		gpud_quantize_row(GPUD_TYPE_IQ4_XS, xs, qs, 3 * 256);
+		gpud_dequantize_row(GPUD_TYPE_IQ4_XS, qs, ys, 3 * 256);
+		for (int i = 0; i < 256; i++) {
+			assert_float_equal(ys[i], 0.0f, 0);
+			assert_float_equal(ys[256 + i], xs[256 + i], 0.004);
+			assert_true(isnan(ys[512 + i]));
+		}
+		assert_int_equal(gpud_iq4xs_ls(&qs[1], 0), 32);
+	}
 }
 
 int main(void)
@@ -304,6 +385,7 @@ int main(void)
 		cmocka_unit_test(test_hand_q4_1),
 		cmocka_unit_test(test_hand_q5),
 		cmocka_unit_test(test_hand_iq4_nl),
+		cmocka_unit_test(test_hand_iq4_xs),
 		cmocka_unit_test(test_roundtrip_gaussian),
 		cmocka_unit_test(test_roundtrip_outliers),
 		cmocka_unit_test(test_degenerate_blocks),

@@ -97,17 +97,17 @@ static void test_traits_table(void **state)
 		}
 		assert_int_equal(n, n_supported);
 	}
-	assert_int_equal(n_supported, (int)N_TYPES + 10); /* + quant_kq_test's and quant_lq_test's */
+	assert_int_equal(n_supported, (int)N_TYPES + 11); /* + quant_kq_test's and quant_lq_test's */
 	assert_null(gpud_type_traits((enum gpud_type)-1));
 	assert_null(gpud_type_traits(GPUD_TYPE_COUNT));
-	assert_string_equal(gpud_type_name((enum gpud_type)23), "iq4_xs");
-	assert_false(gpud_type_supported((enum gpud_type)23));
-	assert_true(gpud_type_known((enum gpud_type)23));
+	assert_string_equal(gpud_type_name((enum gpud_type)16), "iq2_xxs");
+	assert_false(gpud_type_supported((enum gpud_type)16));
+	assert_true(gpud_type_known((enum gpud_type)16));
 	assert_false(gpud_type_known((enum gpud_type)1000));
 	assert_string_equal(gpud_type_name((enum gpud_type)1000), "?");
 	assert_int_equal(gpud_type_parse("Q8_0"), GPUD_TYPE_Q8_0);
 	assert_int_equal(gpud_type_parse("bf16"), GPUD_TYPE_BF16);
-	assert_int_equal(gpud_type_parse("iq4_xs"), -1);
+	assert_int_equal(gpud_type_parse("iq2_xxs"), -1);
 	assert_int_equal(gpud_type_parse("f32 "), -1);
 	assert_int_equal(gpud_type_parse(""), -1);
 	assert_int_equal(gpud_type_parse(NULL), -1);
@@ -121,20 +121,20 @@ static void test_type_helpers(void **state)
 	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q4_0), 18);
 	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_Q8_0), 34);
 	assert_int_equal(gpud_type_block_bytes(GPUD_TYPE_BF16), 2);
-	assert_int_equal(gpud_type_block_elems((enum gpud_type)23), 0);
+	assert_int_equal(gpud_type_block_elems((enum gpud_type)16), 0);
 	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_Q8_0, 64), 68);
 	assert_int_equal(gpud_type_row_bytes(GPUD_TYPE_F16, 3), 6);
-	assert_int_equal(gpud_type_row_bytes((enum gpud_type)23, 64), 0);
+	assert_int_equal(gpud_type_row_bytes((enum gpud_type)16, 64), 0);
 	assert_string_equal(gpud_type_name(GPUD_TYPE_BF16), "bf16");
 	assert_string_equal(gpud_type_name((enum gpud_type)14), "q6_k");
 	assert_string_equal(gpud_type_name((enum gpud_type)1000), "?");
 	assert_int_equal(gpud_type_parse("q4_0"), GPUD_TYPE_Q4_0);
 	assert_int_equal(gpud_type_parse("F16"), GPUD_TYPE_F16);
-	assert_int_equal(gpud_type_parse("iq4_xs"), -1);
+	assert_int_equal(gpud_type_parse("iq2_xxs"), -1);
 	assert_int_equal(gpud_type_parse(""), -1);
 	assert_int_equal(gpud_type_parse(NULL), -1);
 	assert_true(gpud_type_supported(GPUD_TYPE_F32));
-	assert_false(gpud_type_supported((enum gpud_type)23));
+	assert_false(gpud_type_supported((enum gpud_type)16));
 }
 
 /* The block structs are the file layout. */
@@ -186,8 +186,8 @@ static void test_row_bytes(void **state)
 	}
 	/* An unsupported type writes nothing. */
 	memset(y, 0xa5, 64);
-	gpud_quantize_row((enum gpud_type)23, x, y, 32);
-	gpud_dequantize_row((enum gpud_type)23, y, x, 32);
+	gpud_quantize_row((enum gpud_type)16, x, y, 32);
+	gpud_dequantize_row((enum gpud_type)16, y, x, 32);
 	for (int i = 0; i < 64; i++)
 		assert_int_equal(y[i], 0xa5);
 }

@@ -140,7 +140,7 @@ static void test_reference_dequant(void **state)
 		assert_true(out[16 + i] == 2.0 * (15 - i - 8));
 	}
 	assert_int_equal(ref_dequant_row(9, q4, 32, out), -EINVAL); /* q8_1: not a weight type */
-	assert_int_equal(ref_dequant_row(23, q4, 32, out), -EINVAL); /* iq4_xs */
+	assert_int_equal(ref_dequant_row(16, q4, 32, out), -EINVAL); /* iq2_xxs */
 }
 
 /* The dense reference mask follows the definition on a hand example. */
@@ -600,6 +600,8 @@ static void test_engine_vs_ref_legacy32(void **state)
 	check_kq_dims(GPUD_TYPE_Q4_K, GPUD_MKMODEL_Q4_K_M, "q4_k_m-160.gguf", 160, 512);
 	check_kq_dims(GPUD_TYPE_Q5_K, GPUD_MKMODEL_Q5_K_M, "q5_k_m-160.gguf", 160, 512);
 	check_kq_dims(GPUD_TYPE_Q3_K, GPUD_MKMODEL_PURE, "q3_k-160.gguf", 160, 512);
+	check_kq_dims(GPUD_TYPE_IQ4_XS, GPUD_MKMODEL_PURE, "iq4_xs.gguf", 256, 512);
+	check_kq_dims(GPUD_TYPE_IQ4_XS, GPUD_MKMODEL_PURE, "iq4_xs-160.gguf", 160, 512);
 }
 
 /* The reference's own K-quant decoding agrees with quant.c's (which
@@ -608,7 +610,8 @@ static void test_reference_dequant_kq(void **state)
 {
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q2_K, GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K,
 					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_Q4_1,
-					     GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL };
+					     GPUD_TYPE_Q5_0, GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL,
+					     GPUD_TYPE_IQ4_XS };
 	float x[1024], y[1024];
 	double r[1024];
 	_Alignas(4) uint8_t q[4 * 210];

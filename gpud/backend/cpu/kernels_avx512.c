@@ -417,13 +417,19 @@ TGT512V_INLINE __m512 ld2h(const uint8_t *u, const uint8_t *v, size_t off)
 TGT512V_INLINE void lq512_rows16(const struct gpud__mm *m, enum gpud_type QT, int64_t r)
 {
 	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
-	const bool q5 = QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1, nl = QT == GPUD_TYPE_IQ4_NL;
+	const bool xs = QT == GPUD_TYPE_IQ4_XS;
+	const bool q5 = QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1;
+	const bool nl = QT == GPUD_TYPE_IQ4_NL || xs;
 	const size_t unit = 8 * (QT == GPUD_TYPE_Q4_1	? sizeof(struct gpud_block_q4_1)
 				 : QT == GPUD_TYPE_Q5_0 ? sizeof(struct gpud_block_q5_0)
 				 : QT == GPUD_TYPE_Q5_1 ? sizeof(struct gpud_block_q5_1)
+				 : xs			? sizeof(struct gpud_block_iq4_xs)
 							: sizeof(struct gpud_block_iq4_nl));
-	/* pack.c: 8 d, [8 m], [8 qh words], the nibbles */
+	/* pack.c: 8 d, [8 m], [8 qh words], the nibbles; IQ4_XS: 8 d, 8
+	 * scales_h, 8 scales_l words, each chunk's nibbles (block i is chunk
+	 * i % 8 of unit i / 8) */
 	const size_t qh_off = mins ? 32 : 16, nib_off = qh_off + (q5 ? 32 : 0);
+	const int64_t per = xs ? GPUD_QK_K / GPUD_QK : 1;
 	const int64_t nb = m->cols / GPUD_QK;
 	const uint8_t *a = m->W + (size_t)r * m->wrow;
 	const size_t gstride = 8 * m->wrow;
@@ -436,14 +442,35 @@ TGT512V_INLINE void lq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 		for (int64_t b = 0; b < bc; b++)
 			acc[b] = _mm512_setzero_ps();
 		for (int64_t i = 0; i < nb; i++) {
-			const uint8_t *u = a + (size_t)i * unit, *v = u + gstride;
+			const int64_t ui = i / per;
+			const uint8_t *u = a + (size_t)ui * unit, *v = u + gstride;
+			const size_t nib = xs ? 64 + 128 * (size_t)(i % per) : nib_off;
 			__m512i T[8];
 			__m512 dw = ld2h(u, v, 0), mw = mins ? ld2h(u, v, 16) : _mm512_setzero_ps();
 
-			pf_pair(a, i, nb, unit, gstride, (Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit);
+			if (i % per == 0)
+				pf_pair(a, ui, nb / per, unit, gstride,
+					(Q16_PF_BYTES + (int64_t)unit - 1) / (int64_t)unit);
+			if (xs) {
+				/* dl = d * (ls - 32), one fp32 product a lane */
+				const int c = (int)(i % per);
+				const __m512i sh = _mm512_cvtepu16_epi32(_mm256_inserti128_si256(
+					_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(u + 16))),
+					_mm_loadu_si128((const __m128i *)(v + 16)), 1));
+				const __m512i sl = ld2(u, v, 32);
+				const __m512i ls = _mm512_or_si512(
+					_mm512_and_si512(_mm512_srli_epi32(sl, 8 * (c / 2) + 4 * (c % 2)),
+							 _mm512_set1_epi32(15)),
+					_mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(sh, 2 * c),
+									   _mm512_set1_epi32(3)),
+							  4));
+
+				dw = _mm512_mul_ps(dw, _mm512_cvtepi32_ps(
+							       _mm512_sub_epi32(ls, _mm512_set1_epi32(32))));
+			}
 #pragma GCC unroll 4
 			for (int k = 0; k < 4; k++) {
-				const __m512i t = ld2(u, v, nib_off + 32 * (size_t)k);
+				const __m512i t = ld2(u, v, nib + 32 * (size_t)k);
 
 				T[k] = _mm512_and_si512(t, m4);
 				T[k + 4] = _mm512_and_si512(_mm512_srli_epi16(t, 4), m4);
@@ -511,6 +538,7 @@ TGT512V void gpud__avx512_rows_lqp(const struct gpud__mm *m, int64_t r0, int64_t
 		case GPUD_TYPE_Q4_1: lq512_rows16(m, GPUD_TYPE_Q4_1, r); break;
 		case GPUD_TYPE_Q5_0: lq512_rows16(m, GPUD_TYPE_Q5_0, r); break;
 		case GPUD_TYPE_Q5_1: lq512_rows16(m, GPUD_TYPE_Q5_1, r); break;
+		case GPUD_TYPE_IQ4_XS: lq512_rows16(m, GPUD_TYPE_IQ4_XS, r); break;
 		default: lq512_rows16(m, GPUD_TYPE_IQ4_NL, r); break;
 		}
 	}

@@ -239,9 +239,10 @@ void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
-/* ---- the other 32-weight types: Q4_1, Q5_0, Q5_1, IQ4_NL ----------------
- * (quant.h's formats; llama.cpp writes them where a K-quant does not fit a
- * row.) The same activation blocks as every int8 path, with xc the blocks'
+/* ---- the other 32-weight types: Q4_1, Q5_0, Q5_1, IQ4_NL, and IQ4_XS --
+ * (quant.h's formats; llama.cpp writes the first four where a K-quant does
+ * not fit a row. IQ4_XS is IQ4_NL's table in 256-weight super-blocks: each
+ * 32-weight chunk is a block here, its d the chunk's dl = d * (ls - 32).) The same activation blocks as every int8 path, with xc the blocks'
  * plain quant sums X (off -1), or -16 X for Q5_0 (off 16). Every (row,
  * column) pair is one fp32 accumulator fed block by block in order:
  *     t   = sum_j q_w[j] * q_x[j]          (exact int32)
@@ -256,7 +257,7 @@ void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 bool gpud__lq_type(enum gpud_type t)
 {
 	return t == GPUD_TYPE_Q4_1 || t == GPUD_TYPE_Q5_0 || t == GPUD_TYPE_Q5_1 ||
-	       t == GPUD_TYPE_IQ4_NL;
+	       t == GPUD_TYPE_IQ4_NL || t == GPUD_TYPE_IQ4_XS;
 }
 
 int32_t gpud__lq_act_off(enum gpud_type t)
@@ -264,9 +265,10 @@ int32_t gpud__lq_act_off(enum gpud_type t)
 	return t == GPUD_TYPE_Q5_0 ? 16 : -1;
 }
 
-/* Block blk of type t: its 32 quants as the fold multiplies them (above),
- * d and m (0 for the types without one). */
-static void lq_unpack(enum gpud_type t, const uint8_t *blk, int32_t q[GPUD_QK], float *d,
+/* Block blk of type t (IQ4_XS: chunk c of the super-block blk): its 32
+ * quants as the fold multiplies them (above), d (IQ4_XS: the chunk's dl =
+ * d * (ls - 32), one fp32 product) and m (0 for the types without one). */
+static void lq_unpack(enum gpud_type t, const uint8_t *blk, int c, int32_t q[GPUD_QK], float *d,
 		      float *m)
 {
 	static const int8_t nl[16] = GPUD_IQ4NL_VALUES;
@@ -277,6 +279,15 @@ static void lq_unpack(enum gpud_type t, const uint8_t *blk, int32_t q[GPUD_QK], 
 	*d = gpud_fp16_to_fp32(h[0]);
 	*m = 0.0f;
 	switch (t) {
+	case GPUD_TYPE_IQ4_XS: {
+		struct gpud_block_iq4_xs b;
+
+		memcpy(&b, blk, sizeof(b));
+		*d *= (float)(gpud_iq4xs_ls(&b, c) - 32);
+		qs = ((const struct gpud_block_iq4_xs *)blk)->qs + 16 * c;
+		t = GPUD_TYPE_IQ4_NL; /* the same table from here */
+		break;
+	}
 	case GPUD_TYPE_Q4_1:
 		*m = gpud_fp16_to_fp32(h[1]);
 		qs = ((const struct gpud_block_q4_1 *)blk)->qs;
@@ -308,6 +319,8 @@ void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	const int64_t nb = m->cols / GPUD_QK;
 	const size_t bsz = gpud_type_block_bytes(m->wtype);
 	const bool mins = m->wtype == GPUD_TYPE_Q4_1 || m->wtype == GPUD_TYPE_Q5_1;
+	/* 32-weight blocks per stored block: IQ4_XS's chunks */
+	const int64_t per = m->wtype == GPUD_TYPE_IQ4_XS ? GPUD_QK_K / GPUD_QK : 1;
 
 	for (int64_t r = r0; r < r1; r++) {
 		const uint8_t *w = m->W + (size_t)r * m->wrow;
@@ -321,12 +334,14 @@ void gpud__lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 
 			for (int64_t i = 0; i < nb; i++) {
 				int32_t q[GPUD_QK], t = 0;
-				uint8_t blk[sizeof(struct gpud_block_q5_1)];
+				uint8_t blk[sizeof(struct gpud_block_iq4_xs)];
 				float d, mn;
 
 				if (m->packed) /* the block back in the plain layout */
-					gpud__pk_unpack_block(m->wtype, group, r % GPUD__PK_ROWS, i, blk);
-				lq_unpack(m->wtype, m->packed ? blk : w + (size_t)i * bsz, q, &d, &mn);
+					gpud__pk_unpack_block(m->wtype, group, r % GPUD__PK_ROWS,
+							      i / per, blk);
+				lq_unpack(m->wtype, m->packed ? blk : w + (size_t)(i / per) * bsz,
+					  (int)(i % per), q, &d, &mn);
 				for (int j = 0; j < GPUD_QK; j++)
 					t += q[j] * xq[GPUD_QK * i + j];
 				acc = fmaf(d * xd[i], (float)t, acc);

@@ -646,14 +646,17 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 {
 	const int64_t nb = m->cols / GPUD_QK;
 	const bool mins = QT == GPUD_TYPE_Q4_1 || QT == GPUD_TYPE_Q5_1;
-	const bool nl = QT == GPUD_TYPE_IQ4_NL;
+	const bool xs = QT == GPUD_TYPE_IQ4_XS, nl = QT == GPUD_TYPE_IQ4_NL || xs;
 	/* vpmaddubsw results added in i16 before each vpmaddwd: a pair is at
 	 * most 2 * 31 * 127 (Q5), 2 * 127 * 127 (IQ4_NL) */
 	const int n16 = nl ? 1 : 4;
 	const size_t bsz = QT == GPUD_TYPE_Q4_1	  ? sizeof(struct gpud_block_q4_1)
 			   : QT == GPUD_TYPE_Q5_0 ? sizeof(struct gpud_block_q5_0)
 			   : QT == GPUD_TYPE_Q5_1 ? sizeof(struct gpud_block_q5_1)
+			   : xs			  ? sizeof(struct gpud_block_iq4_xs)
 						  : sizeof(struct gpud_block_iq4_nl);
+	/* IQ4_XS: block i is chunk i % 8 of super-block i / 8 */
+	const int64_t per = xs ? GPUD_QK_K / GPUD_QK : 1;
 	const __m256i ones = _mm256_set1_epi16(1);
 
 	for (int64_t r = r0; r < r1; r += KQ_ROWS) {
@@ -675,30 +678,63 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 				__m256 dw, mw = _mm256_setzero_ps();
 
 				if (PK) {
-					/* the unit: 8 d, [8 m], [8 qh words], nibbles */
+					/* the unit: 8 d, [8 m], [8 qh words], nibbles;
+					 * IQ4_XS: 8 d, 8 scales_h, 8 scales_l words,
+					 * each chunk's nibbles */
 					const size_t nf = mins ? 2 : 1;
 					const bool q5 = QT == GPUD_TYPE_Q5_0 || QT == GPUD_TYPE_Q5_1;
-					const uint8_t *u = w[0] + (size_t)i * KQ_ROWS * bsz;
+					const uint8_t *u = w[0] + (size_t)(i / per) * KQ_ROWS * bsz;
 
-					for (size_t o = 0; o < KQ_ROWS * bsz; o += 64)
-						_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
-							     _MM_HINT_T0);
+					if (i % per == 0)
+						for (size_t o = 0; o < KQ_ROWS * bsz; o += 64)
+							_mm_prefetch((const char *)u + PK_PF * KQ_ROWS * bsz + o,
+								     _MM_HINT_T0);
 					dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)u));
 					if (mins)
 						mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + 16)));
-					lq_pk_quants(QT, u + 16 * nf + (q5 ? 32 : 0), u + 16 * nf, T);
+					if (xs) {
+						const int c = (int)(i % per);
+						const __m256i sh = _mm256_cvtepu16_epi32(
+							_mm_loadu_si128((const __m128i *)(u + 16)));
+						const __m256i sl = _mm256_loadu_si256((const __m256i *)(u + 32));
+						__m256i ls = _mm256_or_si256(
+							_mm256_and_si256(_mm256_srli_epi32(sl, 8 * (c / 2) + 4 * (c % 2)),
+									 _mm256_set1_epi32(15)),
+							_mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(sh, 2 * c),
+											   _mm256_set1_epi32(3)),
+									  4));
+
+						/* dl = d * (ls - 32), one fp32 product a lane */
+						dw = _mm256_mul_ps(dw, _mm256_cvtepi32_ps(_mm256_sub_epi32(
+									       ls, _mm256_set1_epi32(32))));
+						lq_pk_quants(GPUD_TYPE_IQ4_NL, u + 64 + 128 * c, NULL, T);
+					} else {
+						lq_pk_quants(QT, u + 16 * nf + (q5 ? 32 : 0), u + 16 * nf, T);
+					}
 				}
 				_Pragma("GCC unroll 8")
 				for (int k = 0; k < KQ_ROWS && !PK; k++) {
-					const uint8_t *blk = w[k] + (size_t)i * bsz;
+					const uint8_t *blk = w[k] + (size_t)(i / per) * bsz;
 					uint16_t h[2];
 
 					/* the same block of the next row group (a hint) */
-					_mm_prefetch((const char *)blk + KQ_ROWS * m->wrow, _MM_HINT_T0);
+					if (i % per == 0)
+						_mm_prefetch((const char *)blk + KQ_ROWS * m->wrow, _MM_HINT_T0);
 					memcpy(h, blk, sizeof(h));
 					dv[k] = _cvtsh_ss(h[0]);
 					mv[k] = mins ? _cvtsh_ss(h[1]) : 0.0f;
-					W[k] = lq_unpack(QT, blk);
+					if (xs) {
+						const struct gpud_block_iq4_xs *xb =
+							(const struct gpud_block_iq4_xs *)blk;
+						const int c = (int)(i % per);
+
+						dv[k] *= (float)(gpud_iq4xs_ls(xb, c) - 32);
+						W[k] = lq_unpack(GPUD_TYPE_IQ4_NL,
+								 xb->qs + 16 * c -
+									 offsetof(struct gpud_block_iq4_nl, qs));
+					} else {
+						W[k] = lq_unpack(QT, blk);
+					}
 				}
 				if (!PK) {
 					dw = _mm256_loadu_ps(dv);
@@ -810,6 +846,7 @@ TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	LQ_CASE(GPUD_TYPE_Q5_0)
 	LQ_CASE(GPUD_TYPE_Q5_1)
 	LQ_CASE(GPUD_TYPE_IQ4_NL)
+	LQ_CASE(GPUD_TYPE_IQ4_XS)
 	default:
 		gpud__lq_mm_rows(m, r0, r1);
 		break;

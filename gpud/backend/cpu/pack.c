@@ -29,6 +29,10 @@
  *     row r at F + 4r (F = 16 x the factors): the 8 rows' words one
  *     vector; nibble byte j (0..15), group q = j/4, at F (+ 32 with qh) +
  *     32q + 4r + j%4 (iq4_nl is thus q4_0's layout).
+ * iq4_xs (8 x 136 = 1088): d[r] at 2r, scales_h[r] at 16 + 2r, the
+ *     scales_l word of row r at 32 + 4r; qs byte j (0..127), chunk c =
+ *     j/16, group q = j%16/4, at 64 + 128c + 32q + 4r + j%4 (each chunk
+ *     as an iq4_nl unit's nibbles).
  * f16, bf16 and f32 (16 rows, not 8): no blocks; a group of 16 rows is
  *     stored column by column, element k of row r at es * (16k + r) (es:
  *     the element's 2 or 4 bytes): the 16 rows' weights of one column
@@ -126,6 +130,13 @@ static size_t pk_pos(enum gpud_type t, size_t r, size_t o)
 		o -= nqh;
 		return 16 * nf + 8 * nqh + 32 * (o / 4) + 4 * r + o % 4;
 	}
+	case GPUD_TYPE_IQ4_XS:
+		if (o < 4) /* d, scales_h */
+			return 16 * (o / 2) + 2 * r + o % 2;
+		if (o < 8) /* scales_l */
+			return 32 + 4 * r + (o - 4);
+		o -= 8;
+		return 64 + 128 * (o / 16) + 32 * (o % 16 / 4) + 4 * r + o % 4;
 	default:
 		return 0;
 	}
@@ -175,7 +186,7 @@ static struct {
 	uint16_t perm[PK_MAX_UNIT];
 	struct pk_run runs[PK_MAX_RUNS];
 	size_t n_runs;
-} g_tab[11];
+} g_tab[12];
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 static int tab_index(enum gpud_type t)
@@ -191,6 +202,7 @@ static int tab_index(enum gpud_type t)
 	case GPUD_TYPE_Q5_0: return 8;
 	case GPUD_TYPE_Q5_1: return 9;
 	case GPUD_TYPE_IQ4_NL: return 10;
+	case GPUD_TYPE_IQ4_XS: return 11;
 	default: return 4; /* q6_k */
 	}
 }
@@ -200,7 +212,7 @@ static void tab_init(void)
 	static const enum gpud_type ts[] = { GPUD_TYPE_Q4_0, GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_K,
 					     GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K, GPUD_TYPE_Q2_K,
 					     GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0,
-					     GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL };
+					     GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL, GPUD_TYPE_IQ4_XS };
 
 	for (size_t k = 0; k < sizeof(ts) / sizeof(ts[0]); k++) {
 		size_t bsz = gpud_type_block_bytes(ts[k]);
