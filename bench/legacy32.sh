@@ -10,7 +10,7 @@
 #               --preset qwen2.5-0.5b`, about 0.35-0.55 GB each)
 #   RUNS        runs per type, interleaved (default 3)
 #   TYPES       comma-separated --type values (default
-#               q8_0,q4_k_m,q5_k_m,q3_k,q5_0,q4_1)
+#               q8_0,q4_k_m,q5_k_m,q3_k,q5_0,q4_1,iq4_xs)
 # Prints one markdown table: per type the tensors' types in the file, the
 # file's size, and the best and median of the runs. Threads: 2 (or
 # SWARM_BENCH_THREADS). The prompt is about 300 tokens of English text; 64
@@ -20,7 +20,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 gpud=${1:-build/gpud/gpud}
 dir=${2:-/tmp/swarm-bench-q05}
 runs=${3:-3}
-types=${4:-q8_0,q4_k_m,q5_k_m,q3_k,q5_0,q4_1}
+types=${4:-q8_0,q4_k_m,q5_k_m,q3_k,q5_0,q4_1,iq4_xs}
 threads=${SWARM_BENCH_THREADS:-2}
 vocab=${SWARM_SHARED_DIR:-../shared}/tokenizer/ggml-vocab-qwen2.gguf
 
@@ -59,7 +59,7 @@ for t in "${tl[@]}"; do
 import struct, sys
 # tensor types from the GGUF header (v3): counts of each matrix type
 names = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 6: "q5_0", 7: "q5_1", 8: "q8_0", 10: "q2_k",
-         11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 20: "iq4_nl", 30: "bf16"}
+         11: "q3_k", 12: "q4_k", 13: "q5_k", 14: "q6_k", 20: "iq4_nl", 23: "iq4_xs", 30: "bf16"}
 f = open(sys.argv[1], "rb")
 def u32(): return struct.unpack("<I", f.read(4))[0]
 def u64(): return struct.unpack("<Q", f.read(8))[0]
