@@ -1,4 +1,5 @@
-/* kernels_kq.c - K-quant weights (Q2_K..Q6_K) times int8 activations.
+/* kernels_kq.c - K-quant weights (Q2_K..Q6_K), and Q4_1, Q5_0, Q5_1,
+ * IQ4_NL, IQ4_XS (the last section), times int8 activations.
  *
  * The portable reference of the K-quant matmul; kernels.c dispatches here
  * for those types. Activations are quantized once per gpud_matmul call
@@ -242,7 +243,8 @@ void gpud__kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 /* ---- the other 32-weight types: Q4_1, Q5_0, Q5_1, IQ4_NL, and IQ4_XS --
  * (quant.h's formats; llama.cpp writes the first four where a K-quant does
  * not fit a row. IQ4_XS is IQ4_NL's table in 256-weight super-blocks: each
- * 32-weight chunk is a block here, its d the chunk's dl = d * (ls - 32).) The same activation blocks as every int8 path, with xc the blocks'
+ * 32-weight chunk is a block here, its d the chunk's dl = d * (ls - 32).)
+ * The same activation blocks as every int8 path, with xc the blocks'
  * plain quant sums X (off -1), or -16 X for Q5_0 (off 16). Every (row,
  * column) pair is one fp32 accumulator fed block by block in order:
  *     t   = sum_j q_w[j] * q_x[j]          (exact int32)

@@ -1,4 +1,5 @@
-/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q2_K..Q6_K).
+/* kernels_kq_x86.c - AVX2/FMA versions of the K-quant matmul (Q2_K..Q6_K),
+ * and of Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS's (the last section).
  *
  * Same operations as kernels_kq.c, so the same bits: 8 weight rows ride in
  * the 8 lanes of one accumulator per batch column. Per super-block and
@@ -543,13 +544,15 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 	}
 }
 
-/* ---- Q4_1, Q5_0, Q5_1, IQ4_NL (kernels_kq.c states the operations) -----
- * As above, 8 rows in the 8 lanes: each row's block unpacked to 32 bytes,
- * the 8 transposed (T[g] lane r = quants 4g..4g+3 of row r), then per
- * batch column 8 vpmaddubsw against broadcast activation bytes. Q4_1,
- * Q5_0 and Q5_1 multiply their unsigned quants (Q5_0's offset of 16 comes
- * back through xc = -16 X); IQ4_NL's signed table values multiply as
- * |q| times x with q's sign (vpsignb), a pair at most 2 * 127 * 127. */
+/* ---- Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS (kernels_kq.c states the operations)
+ * As above, 8 rows in the 8 lanes: plain, each row's block unpacked to 32
+ * bytes and the 8 transposed (T[g] lane r = quants 4g..4g+3 of row r);
+ * packed (pack.c), T[g] straight from the unit's vectors. Then per batch
+ * column 8 vpmaddubsw (or with VNNI 8 vpdpbusd) against broadcast
+ * activation bytes. Q4_1, Q5_0 and Q5_1 multiply their unsigned quants
+ * (Q5_0's offset of 16 comes back through xc = -16 X); IQ4_NL's (and
+ * IQ4_XS's, chunk by chunk) signed table values multiply as |q| times x
+ * with q's sign (vpsignb), a pair at most 2 * 127 * 127. */
 
 /* Block blk's 32 quants (unsigned; IQ4_NL's signed table values). */
 TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
