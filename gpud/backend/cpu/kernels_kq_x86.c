@@ -782,7 +782,6 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 									       : p;
 						}
 						t = _mm256_madd_epi16(p16[0], ones);
-						_Pragma("GCC unroll 8")
 						for (int k = 1; k < 8 / n16; k++)
 							t = _mm256_add_epi32(t, _mm256_madd_epi16(p16[k], ones));
 					}
