@@ -39,6 +39,24 @@ void gpud_mkmodel_params_default(struct gpud_mkmodel_params *p)
 	p->seed = 1;
 }
 
+/* Qwen2.5's shape of a given size (2 KV heads, context 32768, rope base
+ * 1e6, eps 1e-6, tied embeddings). */
+static void qwen25(struct gpud_mkmodel_params *p, uint32_t dim, uint32_t layers, uint32_t heads,
+		   uint32_t ffn)
+{
+	p->arch = GPUD_ARCH_QWEN2;
+	p->dim = dim;
+	p->n_layers = layers;
+	p->n_heads = heads;
+	p->n_kv_heads = 2;
+	p->ffn_dim = ffn;
+	p->n_ctx = 32768;
+	p->rope_base = 1000000.0f;
+	p->norm_eps = 1e-6f;
+	p->tied = true;
+	p->rope_scale_factor = 0;
+}
+
 int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name)
 {
 	if (name && strcmp(name, "tiny") == 0) {
@@ -51,33 +69,13 @@ int gpud_mkmodel_preset(struct gpud_mkmodel_params *p, const char *name)
 		return 0;
 	}
 	if (name && strcmp(name, "qwen2.5-3b") == 0) {
-		p->arch = GPUD_ARCH_QWEN2;
-		p->dim = 2048;
-		p->n_layers = 36;
-		p->n_heads = 16;
-		p->n_kv_heads = 2;
-		p->ffn_dim = 11008;
-		p->n_ctx = 32768;
-		p->rope_base = 1000000.0f;
-		p->norm_eps = 1e-6f;
-		p->tied = true;
-		p->rope_scale_factor = 0;
+		qwen25(p, 2048, 36, 16, 11008);
 		return 0;
 	}
 	if (name && strcmp(name, "qwen2.5-0.5b") == 0) {
 		/* rows of 896: its K-quant files hold Q5_0/Q5_1/Q8_0/IQ4_NL
 		 * (gpud_mkmodel_tensor_type) */
-		p->arch = GPUD_ARCH_QWEN2;
-		p->dim = 896;
-		p->n_layers = 24;
-		p->n_heads = 14;
-		p->n_kv_heads = 2;
-		p->ffn_dim = 4864;
-		p->n_ctx = 32768;
-		p->rope_base = 1000000.0f;
-		p->norm_eps = 1e-6f;
-		p->tied = true;
-		p->rope_scale_factor = 0;
+		qwen25(p, 896, 24, 14, 4864);
 		return 0;
 	}
 	if (name && strcmp(name, "llama-3.2-3b") == 0) {

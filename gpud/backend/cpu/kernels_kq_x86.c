@@ -495,6 +495,17 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 	}
 }
 
+/* Rows [r0, r1) in pairs of 8-row groups by an AVX-512 kernel; returns
+ * where the rest (a last single group, or nothing: r1) starts. */
+static inline int64_t in_pairs(const struct gpud__mm *m, int64_t r0, int64_t r1,
+			       void (*pairs)(const struct gpud__mm *, int64_t, int64_t))
+{
+	int64_t r16 = r0 + (r1 - r0) / 16 * 16;
+
+	pairs(m, r0, r16);
+	return r16;
+}
+
 /* One copy of kq_rows per type, layout and batch-1-or-not. */
 #define KQ_CASE(QT)                                                     \
 	case QT:                                                        \
@@ -524,14 +535,8 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 		gpud__avx512_rows_kqp1(m, r0, r1); /* Q2_K..Q6_K */
 		return;
 	}
-	if (m->packed && m->avx512vnni) {
-		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-
-		gpud__avx512_rows_kqp(m, r0, r16);
-		r0 = r16;
-		if (r0 == r1)
-			return;
-	}
+	if (m->packed && m->avx512vnni && (r0 = in_pairs(m, r0, r1, gpud__avx512_rows_kqp)) == r1)
+		return;
 	switch (m->wtype) {
 	KQ_CASE(GPUD_TYPE_Q4_K)
 	KQ_CASE(GPUD_TYPE_Q5_K)
@@ -835,14 +840,8 @@ TGT void gpud__x86_lq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
 {
 	/* Packed with AVX-512 VNNI: pairs of row groups there, a last single
 	 * group here. */
-	if (m->packed && m->avx512vnni) {
-		int64_t r16 = r0 + (r1 - r0) / 16 * 16;
-
-		gpud__avx512_rows_lqp(m, r0, r16);
-		r0 = r16;
-		if (r0 == r1)
-			return;
-	}
+	if (m->packed && m->avx512vnni && (r0 = in_pairs(m, r0, r1, gpud__avx512_rows_lqp)) == r1)
+		return;
 	switch (m->wtype) {
 	LQ_CASE(GPUD_TYPE_Q4_1)
 	LQ_CASE(GPUD_TYPE_Q5_0)
