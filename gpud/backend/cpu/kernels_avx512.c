@@ -493,10 +493,11 @@ TGT512V_INLINE void lq512_rows16(const struct gpud__mm *m, enum gpud_type QT, in
 				}
 			}
 			if (nl) {
-				/* the table's values + 128, u8 */
-				const __m512i tab = _mm512_broadcast_i32x4(_mm_setr_epi8(
-					1, 24, 45, 63, 79, 93, 106, 118, (char)129, (char)141, (char)153,
-					(char)166, (char)181, (char)197, (char)217, (char)241));
+				/* the table's values (quant.h) + 128, u8 */
+				static const int8_t vals[16] = GPUD_IQ4NL_VALUES;
+				const __m512i tab = _mm512_xor_si512(
+					_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)vals)),
+					_mm512_set1_epi8((char)0x80));
 
 #pragma GCC unroll 8
 				for (int g = 0; g < 8; g++)

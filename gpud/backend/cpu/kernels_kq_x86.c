@@ -267,6 +267,31 @@ TGT_INLINE __m256i pk_quant(enum gpud_type QT, const uint8_t *u, int c, int g)
 	return _mm256_or_si256(l, _mm256_and_si256(hb, _mm256_set1_epi8(0x30)));
 }
 
+/* The 8 rows of the group at r (nr of them before r1): rows past r1
+ * repeat the last one; their lanes are dropped by group_store(). */
+TGT_INLINE void group_rows(const struct gpud__mm *m, int64_t r, int64_t nr,
+			   const uint8_t *w[KQ_ROWS])
+{
+	for (int k = 0; k < KQ_ROWS; k++)
+		w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+}
+
+/* Lanes 0..nr-1 of acc (row r.. of column col) into y. */
+TGT_INLINE void group_store(const struct gpud__mm *m, int64_t col, int64_t r, int64_t nr,
+			    __m256 acc)
+{
+	float *y = m->y + col * m->rows + r;
+
+	if (nr == KQ_ROWS) {
+		_mm256_storeu_ps(y, acc);
+	} else {
+		float tmp[KQ_ROWS];
+
+		_mm256_storeu_ps(tmp, acc);
+		memcpy(y, tmp, sizeof(float) * (size_t)nr);
+	}
+}
+
 /* bcmax: columns per pass, a constant at each call (1 keeps batch 1's
  * accumulator in a register). PK: W is packed (Q2_K .. Q6_K). */
 TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, int64_t bcmax,
@@ -293,9 +318,7 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;
 		const uint8_t *w[KQ_ROWS];
 
-		/* Rows past r1 repeat the last one; their lanes are dropped. */
-		for (int k = 0; k < KQ_ROWS; k++)
-			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		group_rows(m, r, nr, w);
 		for (int64_t b0 = 0; b0 < m->batch; b0 += bcmax) {
 			const int64_t bc = m->batch - b0 < bcmax ? m->batch - b0 : bcmax;
 			__m256 acc[KQ_BC];
@@ -479,18 +502,8 @@ TGT_INLINE void kq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 					}
 				}
 			}
-			for (int64_t b = 0; b < bc; b++) {
-				float *y = m->y + (b0 + b) * m->rows + r;
-
-				if (nr == KQ_ROWS) {
-					_mm256_storeu_ps(y, acc[b]);
-				} else {
-					float tmp[KQ_ROWS];
-
-					_mm256_storeu_ps(tmp, acc[b]);
-					memcpy(y, tmp, sizeof(float) * (size_t)nr);
-				}
-			}
+			for (int64_t b = 0; b < bc; b++)
+				group_store(m, b0 + b, r, nr, acc[b]);
 		}
 	}
 }
@@ -559,13 +572,24 @@ TGT void gpud__x86_kq_mm_rows(const struct gpud__mm *m, int64_t r0, int64_t r1)
  * IQ4_XS's, chunk by chunk) signed table values multiply as |q| times x
  * with q's sign (vpsignb), a pair at most 2 * 127 * 127. */
 
-/* Block blk's 32 quants (unsigned; IQ4_NL's signed table values). */
-TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
+/* IQ4_NL's 16 values (quant.h) in both 128-bit halves, for vpshufb. */
+TGT_INLINE __m256i iq4nl_table(void)
+{
+	static const int8_t nl[16] = GPUD_IQ4NL_VALUES;
+
+	return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)nl));
+}
+
+/* Block blk's 32 quants (unsigned; IQ4_NL's signed table values); for
+ * IQ4_XS those of chunk c of the super-block blk. */
+TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk, int c)
 {
 	const size_t qso = QT == GPUD_TYPE_Q4_1	  ? offsetof(struct gpud_block_q4_1, qs)
 			   : QT == GPUD_TYPE_Q5_0 ? offsetof(struct gpud_block_q5_0, qs)
 			   : QT == GPUD_TYPE_Q5_1 ? offsetof(struct gpud_block_q5_1, qs)
-						  : offsetof(struct gpud_block_iq4_nl, qs);
+			   : QT == GPUD_TYPE_IQ4_XS
+				   ? offsetof(struct gpud_block_iq4_xs, qs) + 16 * (size_t)c
+				   : offsetof(struct gpud_block_iq4_nl, qs);
 	const __m128i v = _mm_loadu_si128((const __m128i *)(blk + qso));
 	__m256i q = _mm256_and_si256(_mm256_setr_m128i(v, _mm_srli_epi16(v, 4)),
 				     _mm256_set1_epi8(0x0f));
@@ -587,14 +611,8 @@ TGT_INLINE __m256i lq_unpack(enum gpud_type QT, const uint8_t *blk)
 		h = _mm256_cmpeq_epi8(_mm256_and_si256(h, bit), bit);
 		q = _mm256_or_si256(q, _mm256_and_si256(h, _mm256_set1_epi8(0x10)));
 	}
-	if (QT == GPUD_TYPE_IQ4_NL) {
-		const __m256i nl = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
-						    25, 38, 53, 69, 89, 113, -127, -104, -83, -65,
-						    -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
-						    113);
-
-		q = _mm256_shuffle_epi8(nl, q);
-	}
+	if (QT == GPUD_TYPE_IQ4_NL || QT == GPUD_TYPE_IQ4_XS)
+		q = _mm256_shuffle_epi8(iq4nl_table(), q);
 	return q;
 }
 
@@ -635,10 +653,7 @@ TGT_INLINE void lq_pk_quants(enum gpud_type QT, const uint8_t *nib, const uint8_
 		}
 	}
 	if (QT == GPUD_TYPE_IQ4_NL) {
-		const __m256i nl = _mm256_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13,
-						    25, 38, 53, 69, 89, 113, -127, -104, -83, -65,
-						    -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
-						    113);
+		const __m256i nl = iq4nl_table();
 
 		_Pragma("GCC unroll 8")
 		for (int g = 0; g < 8; g++)
@@ -671,9 +686,7 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 		const int64_t nr = r1 - r < KQ_ROWS ? r1 - r : KQ_ROWS;
 		const uint8_t *w[KQ_ROWS];
 
-		/* Rows past r1 repeat the last one; their lanes are dropped. */
-		for (int k = 0; k < KQ_ROWS; k++)
-			w[k] = m->W + (size_t)(r + (k < nr ? k : nr - 1)) * m->wrow;
+		group_rows(m, r, nr, w);
 		for (int64_t b0 = 0; b0 < m->batch; b0 += bcmax) {
 			const int64_t bc = m->batch - b0 < bcmax ? m->batch - b0 : bcmax;
 			__m256 acc[KQ_BC];
@@ -731,18 +744,11 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 					memcpy(h, blk, sizeof(h));
 					dv[k] = _cvtsh_ss(h[0]);
 					mv[k] = mins ? _cvtsh_ss(h[1]) : 0.0f;
-					if (xs) {
-						const struct gpud_block_iq4_xs *xb =
-							(const struct gpud_block_iq4_xs *)blk;
-						const int c = (int)(i % per);
-
-						dv[k] *= (float)(gpud_iq4xs_ls(xb, c) - 32);
-						W[k] = lq_unpack(GPUD_TYPE_IQ4_NL,
-								 xb->qs + 16 * c -
-									 offsetof(struct gpud_block_iq4_nl, qs));
-					} else {
-						W[k] = lq_unpack(QT, blk);
-					}
+					if (xs)
+						dv[k] *= (float)(gpud_iq4xs_ls(
+								 (const struct gpud_block_iq4_xs *)blk,
+								 (int)(i % per)) - 32);
+					W[k] = lq_unpack(QT, blk, (int)(i % per));
 				}
 				if (!PK) {
 					dw = _mm256_loadu_ps(dv);
@@ -801,18 +807,8 @@ TGT_INLINE void lq_rows(const struct gpud__mm *m, enum gpud_type QT, bool PK, in
 							acc[b]);
 				}
 			}
-			for (int64_t b = 0; b < bc; b++) {
-				float *y = m->y + (b0 + b) * m->rows + r;
-
-				if (nr == KQ_ROWS) {
-					_mm256_storeu_ps(y, acc[b]);
-				} else {
-					float tmp[KQ_ROWS];
-
-					_mm256_storeu_ps(tmp, acc[b]);
-					memcpy(y, tmp, sizeof(float) * (size_t)nr);
-				}
-			}
+			for (int64_t b = 0; b < bc; b++)
+				group_store(m, b0 + b, r, nr, acc[b]);
 		}
 	}
 }
