@@ -60,6 +60,7 @@ struct gpud_plan_devmem {
 	uint64_t total_bytes;       /* device memory (cudaMemGetInfo) */
 	uint64_t free_bytes;        /* of it free now */
 	uint64_t weights;           /* the uploaded model */
+	uint64_t weights_q8;        /* of it: held as Q8_0, not in the file's type */
 	uint64_t masks;             /* the device mask pool */
 	uint64_t scratch;           /* step scratch */
 	uint64_t workspace;         /* cuBLAS workspace */

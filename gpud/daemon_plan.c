@@ -414,6 +414,7 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			dm->total_bytes = info.total_bytes;
 			dm->free_bytes = info.free_bytes;
 			dm->weights = p0.weights;
+			dm->weights_q8 = p0.weights_q8;
 			dm->masks = p0.masks;
 			dm->scratch = p0.scratch;
 			dm->workspace = p0.workspace;
@@ -531,7 +532,13 @@ static void print_devmem(FILE *out, const struct sw_config *cfg, const struct si
 		"less %llu MiB for the CUDA context), %s planned\n", dev, a,
 		cfg->gpud.memory_fraction, GPUD_PLAN_DEVICE_RESERVE >> 20, b);
 	gpud_fmt_bytes(m->weights, a, sizeof(a));
-	fprintf(out, "  %s.weights: %s (a full replica)\n", dev, a);
+	if (m->weights_q8) {
+		gpud_fmt_bytes(m->weights_q8, b, sizeof(b));
+		fprintf(out, "  %s.weights: %s (a full replica; %s of it held as Q8_0: weight "
+			"types with no CUDA kernel, requantized at load)\n", dev, a, b);
+	} else {
+		fprintf(out, "  %s.weights: %s (a full replica)\n", dev, a);
+	}
 	gpud_fmt_bytes(o->kv_bytes, a, sizeof(a));
 	fprintf(out, "  %s.kv: %u blocks x %" PRIu64 " bytes = %s (%u %s tokens/block; %u "
 		"blocks hold max_seqs %u full contexts)\n", dev, o->kv_blocks, o->kv_block_bytes, a,

@@ -22,7 +22,11 @@
  * max |cuda - cpu| / max |cpu| over the row, worst over the run. Prints
  * the worst error and exits 1 when it passes the bound, 0 else. Default
  * bounds: 1e-3 for F32 models, 1e-2 for F16/BF16, 2e-2 for Q8_0/Q4_0, the
- * int8 path's bound against the reference (reference_test). That path
+ * int8 path's bound against the reference (reference_test), 4e-2 for the
+ * types the device holds as Q8_0 (K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL,
+ * IQ4_XS: gpud_cuda_pack_rows requantizes them at upload, a second int8
+ * rounding the CPU does not make; on cuemu, 10 rounds: tiny q4_k_m 0.027,
+ * iq4_xs 0.019, q5_0 0.015, against q8_0 0.011 on the same shape). That path
  * quantizes every matmul's activations; once the two backends' sums, equal
  * but for their fp32 order, round one activation to another int8 step, the
  * two runs are two draws of that quantization noise (on cuemu: 1.2e-2 for
@@ -1155,9 +1159,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	if (bound < 0)
-		bound = !strcmp(type_of(m), "f32")                                   ? 1e-3
+		bound = !strcmp(type_of(m), "f32")                                       ? 1e-3
+			: !strcmp(type_of(m), "f16") || !strcmp(type_of(m), "bf16") ? 1e-2
 			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
-										: 1e-2;
+										    : 4e-2;
 #if SW_HAVE_CUDA
 	if (do_stages)
 		rc = stages(m, label ? label : type_of(m), out, copy_gbs);

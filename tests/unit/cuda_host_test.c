@@ -1,5 +1,7 @@
 /* cuda_host_test.c - the CUDA backend's host-side logic, without a device:
- * the pool plan (gpud_cuda_plan_for and the layout behind it), the mask
+ * the pool plan (gpud_cuda_plan_for and the layout behind it), the rows
+ * of a matrix as uploaded (gpud_cuda_pack_rows: split, or requantized to
+ * Q8_0), the mask
  * slot LRU, the mask slot image, the step metadata, the arg max keys and
  * the CUDA error mapping (gpud/backend/cuda/plan.c, step.c). Built only with the backend
  * (-Dgpu=enabled); nothing here calls CUDA.
@@ -88,7 +90,85 @@ static void test_tensor_bytes(void **state)
 	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_Q4_0, 32, 64), 1024 + 256);
 	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_Q4_0, 32, 64), 1024);
 	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_F32, 3, 64), 768);
-	assert_int_equal(gpud_cuda_tensor_bytes((enum gpud_type)12, 32, 64), 0);
+	/* the types held as Q8_0 take Q8_0's bytes; Q8_K and unknown ids none */
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_Q4_K, 32, 256), 8192 + 512);
+	assert_int_equal(gpud_cuda_quants_bytes(GPUD_TYPE_Q5_0, 32, 64), 2048);
+	assert_int_equal(gpud_cuda_tensor_bytes(GPUD_TYPE_Q8_K, 32, 256), 0);
+	assert_int_equal(gpud_cuda_tensor_bytes((enum gpud_type)16, 32, 256), 0);
+}
+
+/* The rows upload_mat copies to the device: Q8_0 and Q4_0 split into
+ * quants and scales as they are; every type without kernels here decoded
+ * and quantized to Q8_0 - the bits of gpud_quantize_row(Q8_0) of the
+ * decoded row, each weight within half a Q8_0 step (its 32-block's
+ * largest magnitude / 254) and the fp16 rounding of the step (up to 127
+ * steps of 2^-11 relative) of the file's value. */
+static void test_pack_rows(void **state)
+{
+	static const enum gpud_type types[] = {
+		GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0,	 GPUD_TYPE_Q4_1, GPUD_TYPE_Q5_0,
+		GPUD_TYPE_Q5_1, GPUD_TYPE_IQ4_NL, GPUD_TYPE_IQ4_XS, GPUD_TYPE_Q2_K,
+		GPUD_TYPE_Q3_K, GPUD_TYPE_Q4_K, GPUD_TYPE_Q5_K, GPUD_TYPE_Q6_K,
+	};
+	enum { ROWS = 5, COLS = 512, NB = COLS / 32 };
+	static float x[ROWS * COLS], dec[COLS], back[COLS];
+	static uint8_t file[ROWS * COLS * 2], q[ROWS * COLS], d[ROWS * NB * 2];
+	static uint8_t tmp[COLS * 4 + NB * 34 + 16], want[NB * 34];
+	uint64_t seed = 0x9e3779b97f4a7c15ull;
+
+	(void)state;
+	for (int i = 0; i < ROWS * COLS; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		/* a spread of magnitudes, some blocks all one sign */
+		x[i] = ((float)(seed >> 40) / (float)(1 << 24) - (i / 64 % 3 ? 0.5f : 0.1f)) *
+		       (1.0f + (float)(i % 97) / 8);
+	}
+	for (size_t t = 0; t < sizeof(types) / sizeof(types[0]); t++) {
+		enum gpud_type ft = types[t], dt = gpud_cuda_dev_type(ft);
+		size_t srow = gpud_type_row_bytes(ft, COLS);
+		struct gpud_weight w = { .type = ft, .rows = ROWS, .cols = COLS, .data = file };
+		uint64_t qrow = dt == GPUD_TYPE_Q4_0 ? 16 : 32;
+
+		for (int r = 0; r < ROWS; r++)
+			gpud_quantize_row(ft, x + r * COLS, file + r * srow, COLS);
+		assert_int_equal(gpud_cuda_pack_tmp_bytes(&w), dt == ft ? 0 : sizeof(tmp) - 16);
+		memset(q, 0xa5, sizeof(q));
+		/* rows 1..4, as a chunk that does not start at row 0 */
+		gpud_cuda_pack_rows(&w, 1, ROWS - 1, q, d, tmp);
+		for (int r = 1; r < ROWS; r++) {
+			const uint8_t *src = file + r * srow, *bq = q + (r - 1) * NB * qrow;
+			const uint8_t *bd = d + (r - 1) * NB * 2;
+			size_t bsz = gpud_type_block_bytes(dt);
+
+			if (dt != ft) {
+				gpud_dequantize_row(ft, src, dec, COLS);
+				gpud_quantize_row(GPUD_TYPE_Q8_0, dec, want, COLS);
+				src = want;
+			}
+			for (int b = 0; b < NB; b++) {
+				assert_memory_equal(bd + b * 2, src + b * bsz, 2);
+				assert_memory_equal(bq + b * qrow, src + b * bsz + 2, qrow);
+			}
+			if (dt == ft)
+				continue;
+			/* the device's weights against the file's */
+			for (int b = 0; b < NB; b++) {
+				float amax = 0, scale;
+				uint16_t h;
+
+				memcpy(&h, bd + b * 2, 2);
+				scale = gpud_fp16_to_fp32(h);
+				for (int j = 0; j < 32; j++) {
+					back[b * 32 + j] = scale * (float)(int8_t)bq[b * 32 + j];
+					if (fabsf(dec[b * 32 + j]) > amax)
+						amax = fabsf(dec[b * 32 + j]);
+				}
+				for (int j = 0; j < 32; j++)
+					assert_true(fabsf(back[b * 32 + j] - dec[b * 32 + j]) <=
+						    amax / 254 + amax / 2048 + 1e-7f);
+			}
+		}
+	}
 }
 
 /* Weights: the sum of every tensor as uploaded, counted here the long way. */
@@ -136,9 +216,9 @@ static uint64_t align_up(uint64_t n)
 }
 
 /* What the backend cannot run is refused with its reason, the same one
- * for gpud serve --check (gpud_cuda_plan_check) and init: a qwen2 model, a
- * K-quant weight; a model it runs passes, and the plan is zero exactly
- * when the check fails. */
+ * for gpud serve --check (gpud_cuda_plan_check) and init: a weight type
+ * it cannot hold; a model it runs passes (qwen2, K-quants held as Q8_0),
+ * and the plan is zero exactly when the check fails. */
 static void test_plan_check(void **state)
 {
 	struct gpud_mkmodel_params p;
@@ -185,28 +265,75 @@ static void test_plan_check(void **state)
 		gpud_model_free(m);
 	}
 
-	gpud_mkmodel_params_default(&p);
-	snprintf(path, sizeof(path), "%s/q4k.gguf", tmpdir);
-	p.out = path;
-	p.dim = 256;
-	p.ffn_dim = 512;
-	assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &p.type, &p.mix), 0);
-	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
-	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
-	cfg = cfg_for(m);
-	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "which the CUDA backend cannot multiply"));
-	gpud_model_free(m);
-	/* and the 32-weight types of llama.cpp's fallbacks (CPU devices run
-	 * them) */
-	p.type = GPUD_TYPE_Q5_0;
-	p.mix = GPUD_MKMODEL_PURE;
-	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
-	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
-	cfg = cfg_for(m);
-	assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "type q5_0, which the CUDA backend cannot multiply"));
-	gpud_model_free(m);
+	/* K-quants and the 32-weight types without kernels here are held as
+	 * Q8_0 (requantized at upload): the plan of a Q4_K_M file is its Q8_0
+	 * twin's, and says how much of it is requantized */
+	{
+		uint64_t q8, norms;
+		struct gpud_model *q8m;
+		const struct gpud_model_hparams *hp;
+
+		gpud_mkmodel_params_default(&p);
+		snprintf(path, sizeof(path), "%s/q8twin.gguf", tmpdir);
+		p.out = path;
+		p.dim = 256;
+		p.ffn_dim = 512;
+		p.type = GPUD_TYPE_Q8_0;
+		assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_load(&q8m, path, err, sizeof(err)), 0);
+		cfg = cfg_for(q8m);
+		gpud_cuda_plan_for(&cfg, &pl);
+		q8 = pl.weights;
+		assert_true(q8 > 0);
+		assert_int_equal(pl.weights_q8, 0);
+		hp = gpud_model_hparams(q8m);
+		norms = (2ull * hp->n_layers + 1) * align_up((uint64_t)hp->dim * 4) +
+			align_up((uint64_t)hp->head_dim / 2 * 4);
+
+		snprintf(path, sizeof(path), "%s/q4k.gguf", tmpdir);
+		assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &p.type, &p.mix), 0);
+		assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_weights(m)->layers[0].wq.type, GPUD_TYPE_Q4_K);
+		cfg = cfg_for(m);
+		assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), 0);
+		gpud_cuda_plan_for(&cfg, &pl);
+		assert_int_equal(pl.weights, q8);
+		/* every matrix but those the mix writes in Q8_0 */
+		assert_true(pl.weights_q8 > 0 && pl.weights_q8 <= q8 - norms);
+		gpud_model_free(m);
+
+		/* llama.cpp's 32-weight fallbacks: every matrix requantized */
+		for (int t = 0; t < 4; t++) {
+			static const enum gpud_type ts[] = { GPUD_TYPE_Q5_0, GPUD_TYPE_Q4_1,
+							     GPUD_TYPE_IQ4_NL, GPUD_TYPE_Q6_K };
+
+			p.type = ts[t];
+			p.mix = GPUD_MKMODEL_PURE;
+			assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+			assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+			cfg = cfg_for(m);
+			assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), 0);
+			gpud_cuda_plan_for(&cfg, &pl);
+			assert_int_equal(pl.weights, q8);
+			assert_int_equal(pl.weights_q8, q8 - norms);
+			gpud_model_free(m);
+		}
+		assert_int_equal(gpud_cuda_dev_type(GPUD_TYPE_Q4_0), GPUD_TYPE_Q4_0);
+		assert_int_equal(gpud_cuda_dev_type(GPUD_TYPE_IQ4_XS), GPUD_TYPE_Q8_0);
+		assert_int_equal(gpud_cuda_dev_type(GPUD_TYPE_Q2_K), GPUD_TYPE_Q8_0);
+		/* Q8_K is the K-quants' activation type, never a weight here:
+		 * a tensor claiming it is refused by name */
+		assert_int_equal(gpud_cuda_dev_type(GPUD_TYPE_Q8_K), GPUD_TYPE_COUNT);
+		((struct gpud_weight *)&gpud_model_weights(q8m)->layers[0].w_up)->type =
+			GPUD_TYPE_Q8_K;
+		cfg = cfg_for(q8m);
+		assert_int_equal(gpud_cuda_plan_check(&cfg, err, sizeof(err)), SW_EUNSUPPORTED);
+		assert_non_null(strstr(err, "type q8_k, which the CUDA backend cannot hold"));
+		gpud_cuda_plan_for(&cfg, &pl);
+		assert_int_equal(pl.weights, 0);
+		gpud_model_free(q8m);
+	}
 }
 
 static void test_plan_pools(void **state)
@@ -707,6 +834,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_tensor_bytes),
+		cmocka_unit_test(test_pack_rows),
 		cmocka_unit_test(test_plan_weights),
 		cmocka_unit_test(test_plan_check),
 		cmocka_unit_test(test_plan_pools),

@@ -360,35 +360,38 @@ int upload_vec(cuda_ctx *c, const float *src, uint64_t n, const float **out, cha
 }
 
 // A matrix in the device layout (cuda_impl.h): float types as they are,
-// Q8_0/Q4_0 split into quants and scales, repacked in staging by rows.
+// Q8_0/Q4_0 split into quants and scales, repacked in staging by rows; the
+// types without kernels here (K-quants, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS)
+// requantized to Q8_0 row by row on the way (gpud_cuda_dev_type): decoded
+// as the CPU decodes them, quantized as mkmodel quantizes Q8_0. A weight's
+// added error is at most half a Q8_0 step (its 32-block's largest
+// magnitude / 254), a fraction of the file type's own step; the device
+// then holds 8.5 bits a weight where the file has 2.6 to 6.6.
 int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char *err,
 	       size_t errlen)
 {
-	uint64_t qb = gpud_cuda_quants_bytes(w->type, w->rows, w->cols);
-	uint8_t *base = carve_w(c, gpud_cuda_tensor_bytes(w->type, w->rows, w->cols));
+	enum gpud_type ft = (enum gpud_type)w->type, dt = gpud_cuda_dev_type(ft);
+	uint64_t qb = gpud_cuda_quants_bytes(ft, w->rows, w->cols);
+	uint8_t *base;
 
+	if (dt == GPUD_TYPE_COUNT) // plan.c refused it already; never reached
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "cuda:%d: weight type %s cannot be held by the CUDA backend; run "
+				 "this model on \"cpu\"", c->dev, gpud_type_name(ft));
+	base = carve_w(c, gpud_cuda_tensor_bytes(ft, w->rows, w->cols));
 	if (!base)
 		return overrun(c, err, errlen);
-	*m = gpud_cuda_mat{ (int)w->type, w->rows, w->cols, base, nullptr };
-	switch (w->type) {
-	case GPUD_TYPE_F32: case GPUD_TYPE_F16: case GPUD_TYPE_BF16:
-	case GPUD_TYPE_Q8_0: case GPUD_TYPE_Q4_0:
-		break;
-	default: // K-quants are CPU-only for now (issue 12 leaves them out)
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "cuda:%d: weight type %s is not implemented by the CUDA backend "
-				 "(F32, F16, BF16, Q8_0, Q4_0 are); run this model on \"cpu\"",
-				 c->dev, gpud_type_name((enum gpud_type)w->type));
-	}
-	if (w->type != GPUD_TYPE_Q8_0 && w->type != GPUD_TYPE_Q4_0)
-		return upload(c, base, w->data, gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
+	*m = gpud_cuda_mat{ (int)dt, w->rows, w->cols, base, nullptr };
+	if (dt != GPUD_TYPE_Q8_0 && dt != GPUD_TYPE_Q4_0)
+		return upload(c, base, w->data, gpud_type_row_bytes(ft, (uint64_t)w->cols) *
 					       (uint64_t)w->rows, err, errlen);
 
-	uint64_t nb = (uint64_t)w->cols / GPUD_QK, qrow = w->type == GPUD_TYPE_Q8_0 ? 32 : 16;
-	uint64_t bsz = gpud_type_block_bytes(w->type), rowq = nb * qrow, rowd = nb * 2;
-	uint64_t chunk = c->L.staging_bytes / (rowq + rowd);
+	// staging: [f32 row, its Q8_0 blocks] when requantizing, then the
+	// chunk's quants and scales
+	uint64_t nb = (uint64_t)w->cols / GPUD_QK, qrow = dt == GPUD_TYPE_Q8_0 ? 32 : 16;
+	uint64_t rowq = nb * qrow, rowd = nb * 2, tmp = gpud_cuda_pack_tmp_bytes(w);
+	uint64_t chunk = c->L.staging_bytes > tmp ? (c->L.staging_bytes - tmp) / (rowq + rowd) : 0;
 	uint8_t *scales = base + qb;
-	const uint8_t *src = (const uint8_t *)w->data;
 
 	m->d = scales;
 	if (!chunk)
@@ -396,14 +399,9 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 				 c->cfg.ordinal);
 	for (uint64_t r0 = 0; r0 < (uint64_t)w->rows; r0 += chunk) {
 		uint64_t n = (uint64_t)w->rows - r0 < chunk ? (uint64_t)w->rows - r0 : chunk;
-		uint8_t *hq = c->staging, *hd = c->staging + n * rowq;
+		uint8_t *hq = c->staging + tmp, *hd = hq + n * rowq;
 
-		for (uint64_t r = 0; r < n; r++)
-			for (uint64_t i = 0; i < nb; i++) {
-				const uint8_t *blk = src + ((r0 + r) * nb + i) * bsz;
-				memcpy(hd + (r * nb + i) * 2, blk, 2);
-				memcpy(hq + r * rowq + i * qrow, blk + 2, qrow);
-			}
+		gpud_cuda_pack_rows(w, r0, n, hq, hd, c->staging);
 		CK(cudaMemcpyAsync(base + r0 * rowq, hq, n * rowq, cudaMemcpyHostToDevice, c->stream),
 		   "weight upload");
 		CK(cudaMemcpyAsync(scales + r0 * rowd, hd, n * rowd, cudaMemcpyHostToDevice,
@@ -795,6 +793,10 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	rc = upload_model(c, err, errlen);
 	if (rc)
 		return rc;
+	if (L->weights_q8_bytes)
+		log_info("cuda:%d: %.1f MiB of the model's weights held as Q8_0 (the CUDA backend "
+			 "has no kernels for their file types; decoded and requantized at load)",
+			 c->dev, L->weights_q8_bytes / 1048576.0);
 	c->h_logits = (float *)(c->staging + L->st_logits);
 	c->h_amax = (uint64_t *)(c->staging + L->st_amax);
 	c->h_hidden = (float *)(c->staging + L->st_hidden);

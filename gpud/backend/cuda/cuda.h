@@ -49,6 +49,8 @@ int gpud_cuda_device_info(int ordinal, struct gpud_cuda_devinfo *info, char *err
  * plan adds up per device before any instance exists. Pure (no CUDA call). */
 struct gpud_cuda_plan {
 	uint64_t weights;   /* the model's tensors as uploaded */
+	uint64_t weights_q8; /* of weights: tensors held as Q8_0 whose file type
+			      * has no kernel here (K-quants, Q4_1, Q5_0, ...) */
 	uint64_t kv;        /* cfg->n_blocks KV blocks */
 	uint64_t masks;     /* the device mask pool */
 	uint64_t scratch;   /* step scratch for the largest step */

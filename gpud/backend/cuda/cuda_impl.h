@@ -37,6 +37,7 @@
 
 #include "gpud/backend.h"
 #include "gpud/draw.h"
+#include "gpud/model.h"
 #include "gpud/quant.h"
 
 #ifdef __cplusplus
@@ -132,11 +133,32 @@ struct gpud_cuda_layout {
 	/* staging offsets (bytes) */
 	uint64_t st_logits, st_amax, st_hidden, st_meta, st_mask, staging_bytes;
 	uint64_t weights_bytes, workspace_bytes;
+	uint64_t weights_q8_bytes; /* of weights_bytes: held as Q8_0, not the file's type */
 };
 
-/* Device bytes of one matrix (rows x cols of type t) as uploaded: 0 for a
- * type the backend cannot multiply. */
+/* The type a matrix of type t is held in on the device: t itself for the
+ * types with kernels (F32, F16, BF16, Q8_0, Q4_0); Q8_0 for the other
+ * weight types (Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS, Q2_K..Q6_K), which
+ * upload_mat requantizes row by row (decoded as the CPU decodes them, then
+ * quantized as mkmodel quantizes Q8_0); GPUD_TYPE_COUNT for a type the
+ * backend cannot hold. */
+enum gpud_type gpud_cuda_dev_type(enum gpud_type t);
+
+/* Device bytes of one matrix (rows x cols of type t in the file) as
+ * uploaded, in gpud_cuda_dev_type(t): 0 for a type the backend cannot
+ * hold. */
 uint64_t gpud_cuda_tensor_bytes(enum gpud_type t, int64_t rows, int64_t cols);
+
+/* Rows [r0, r0 + n) of w in the device layout of an int8 matrix (w's
+ * gpud_cuda_dev_type is Q8_0 or Q4_0): their quants to q (n rows of cols
+ * bytes for Q8_0, cols / 2 for Q4_0), their fp16 scales to d (n rows of
+ * cols / 32). A type held as Q8_0 is decoded and requantized row by row in
+ * tmp, gpud_cuda_pack_tmp_bytes(w) bytes (0 for the others), 4-aligned.
+ * Pure host code: upload_mat fills staging with it, the unit tests check
+ * it without a device. */
+uint64_t gpud_cuda_pack_tmp_bytes(const struct gpud_weight *w);
+void gpud_cuda_pack_rows(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
+			 uint8_t *d, void *tmp);
 
 /* Bytes of the scales region of a Q8_0/Q4_0 matrix's quants region, i.e.
  * where its scales start (0 for float types). */

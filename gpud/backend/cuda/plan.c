@@ -9,10 +9,12 @@
 
 #include <driver_types.h>
 #include <errno.h>
+#include <string.h>
 
 #include "common/err.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
+#include "gpud/quant.h"
 
 _Static_assert(GPUD_CUDA_VIS_SETS == GPUD_MASK_MAX_SEGMENTS + 1, "one vis row per segment and G");
 _Static_assert(sizeof(gpud_segset) == 16, "segsets are two words on the device too");
@@ -22,11 +24,36 @@ static uint64_t up(uint64_t n)
 	return (n + GPUD_CUDA_ALIGN - 1) / GPUD_CUDA_ALIGN * GPUD_CUDA_ALIGN;
 }
 
+enum gpud_type gpud_cuda_dev_type(enum gpud_type t)
+{
+	switch (t) {
+	case GPUD_TYPE_F32:
+	case GPUD_TYPE_F16:
+	case GPUD_TYPE_BF16:
+	case GPUD_TYPE_Q8_0:
+	case GPUD_TYPE_Q4_0:
+		return t;
+	case GPUD_TYPE_Q4_1:
+	case GPUD_TYPE_Q5_0:
+	case GPUD_TYPE_Q5_1:
+	case GPUD_TYPE_IQ4_NL:
+	case GPUD_TYPE_IQ4_XS:
+	case GPUD_TYPE_Q2_K:
+	case GPUD_TYPE_Q3_K:
+	case GPUD_TYPE_Q4_K:
+	case GPUD_TYPE_Q5_K:
+	case GPUD_TYPE_Q6_K:
+		return GPUD_TYPE_Q8_0;
+	default: /* Q8_K (activations only), unknown ids */
+		return GPUD_TYPE_COUNT;
+	}
+}
+
 uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols)
 {
 	uint64_t n = (uint64_t)rows * (uint64_t)cols;
 
-	switch (t) {
+	switch (gpud_cuda_dev_type(t)) {
 	case GPUD_TYPE_F32:
 		return up(n * 4);
 	case GPUD_TYPE_F16:
@@ -43,48 +70,89 @@ uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols)
 
 uint64_t gpud_cuda_tensor_bytes(enum gpud_type t, int64_t rows, int64_t cols)
 {
+	enum gpud_type d = gpud_cuda_dev_type(t);
 	uint64_t q = gpud_cuda_quants_bytes(t, rows, cols);
 
-	if (t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0)
+	if (d == GPUD_TYPE_Q8_0 || d == GPUD_TYPE_Q4_0)
 		return q + up((uint64_t)rows * (uint64_t)(cols / GPUD_QK) * 2);
 	return q;
 }
 
-static int check_weight(const struct gpud_weight *w, const char *name, uint64_t *sum, char *err,
-			size_t errlen)
+uint64_t gpud_cuda_pack_tmp_bytes(const struct gpud_weight *w)
 {
+	enum gpud_type d = gpud_cuda_dev_type(w->type);
+
+	if (d == w->type || d != GPUD_TYPE_Q8_0)
+		return 0;
+	return ((uint64_t)w->cols * 4 + (uint64_t)w->cols / GPUD_QK * sizeof(struct gpud_block_q8_0) +
+		15) / 16 * 16;
+}
+
+void gpud_cuda_pack_rows(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
+			 uint8_t *d, void *tmp)
+{
+	enum gpud_type ft = w->type, dt = gpud_cuda_dev_type(ft);
+	uint64_t nb = (uint64_t)w->cols / GPUD_QK, qrow = dt == GPUD_TYPE_Q8_0 ? 32 : 16;
+	uint64_t bsz = gpud_type_block_bytes(dt), srow = gpud_type_row_bytes(ft, (uint64_t)w->cols);
+	float *xf = (float *)tmp;
+	uint8_t *xq = (uint8_t *)tmp + (uint64_t)w->cols * 4;
+
+	for (uint64_t r = 0; r < n; r++) {
+		const uint8_t *row = (const uint8_t *)w->data + (r0 + r) * srow;
+
+		if (dt != ft) {
+			gpud_dequantize_row(ft, row, xf, w->cols);
+			gpud_quantize_row(GPUD_TYPE_Q8_0, xf, xq, w->cols);
+			row = xq;
+		}
+		for (uint64_t i = 0; i < nb; i++) {
+			memcpy(d + (r * nb + i) * 2, row + i * bsz, 2);
+			memcpy(q + r * nb * qrow + i * qrow, row + i * bsz + 2, qrow);
+		}
+	}
+}
+
+static int check_weight(const struct gpud_weight *w, const char *name, uint64_t *sum,
+			uint64_t *requant, char *err, size_t errlen)
+{
+	enum gpud_type d = gpud_cuda_dev_type(w->type);
 	uint64_t n = gpud_cuda_tensor_bytes(w->type, w->rows, w->cols);
 
 	if (!n)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "%s has type %s, which the CUDA backend cannot multiply (F32, F16, "
-				 "BF16, Q8_0 and Q4_0 it can); this model runs on \"cpu\"", name,
-				 gpud_type_name(w->type));
-	if ((w->type == GPUD_TYPE_Q8_0 || w->type == GPUD_TYPE_Q4_0) && w->cols % GPUD_QK)
+				 "%s has type %s, which the CUDA backend cannot hold (F32, F16, "
+				 "BF16, Q8_0 and Q4_0 it multiplies, and the other 32- and "
+				 "256-weight types it holds as Q8_0); this model runs on \"cpu\"",
+				 name, gpud_type_name(w->type));
+	if ((d == GPUD_TYPE_Q8_0 || d == GPUD_TYPE_Q4_0) && w->cols % GPUD_QK)
 		return sw_seterr(err, errlen, SW_EFORMAT,
 				 "the CUDA backend: %s has %lld columns, not a multiple of %d", name,
 				 (long long)w->cols, GPUD_QK);
 	*sum += n;
+	if (d != w->type)
+		*requant += n;
 	return 0;
 }
 
-static int weights_bytes(const struct gpud_model *m, uint64_t *out, char *err, size_t errlen)
+static int weights_bytes(const struct gpud_model *m, uint64_t *out, uint64_t *requant, char *err,
+			size_t errlen)
 {
 	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
 	const struct gpud_model_weights *w = gpud_model_weights(m);
 	uint64_t sum = 0, norm = up((uint64_t)hp->dim * 4);
 	int rc;
 
-	rc = check_weight(&w->tok_embd, "token_embd", &sum, err, errlen);
+	*requant = 0;
+	rc = check_weight(&w->tok_embd, "token_embd", &sum, requant, err, errlen);
 	if (!rc && w->output.data != w->tok_embd.data)
-		rc = check_weight(&w->output, "output", &sum, err, errlen);
+		rc = check_weight(&w->output, "output", &sum, requant, err, errlen);
 	for (uint32_t i = 0; !rc && i < hp->n_layers; i++) {
 		const struct gpud_layer_weights *L = &w->layers[i];
 		const struct gpud_weight *ws[] = { &L->wq, &L->wk, &L->wv, &L->wo,
 						   &L->w_gate, &L->w_up, &L->w_down };
 
 		for (size_t j = 0; !rc && j < sizeof(ws) / sizeof(ws[0]); j++)
-			rc = check_weight(ws[j], "a layer matrix", &sum, err, errlen);
+			rc = check_weight(ws[j], "a layer matrix", &sum, requant, err, errlen);
 		sum += 2 * norm;
 		if (L->bq) /* Q/K/V biases (Qwen2) */
 			sum += up((uint64_t)hp->n_heads * hp->head_dim * 4) +
@@ -123,7 +191,7 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 				 "the CUDA backend: head_dim %u (at most %u, even) with %u heads over "
 				 "%u KV heads is not supported", hp->head_dim,
 				 GPUD_CUDA_MAX_HEAD_DIM, hp->n_heads, hp->n_kv_heads);
-	rc = weights_bytes(cfg->model, &l->weights_bytes, err, errlen);
+	rc = weights_bytes(cfg->model, &l->weights_bytes, &l->weights_q8_bytes, err, errlen);
 	if (rc)
 		return rc;
 	l->dim = hp->dim;
@@ -269,6 +337,7 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
 	if (gpud_cuda_layout_for(cfg, &l, err, sizeof(err)))
 		return; /* gpud_cuda_plan_check and init give the reason */
 	p->weights = l.weights_bytes;
+	p->weights_q8 = l.weights_q8_bytes;
 	p->kv = l.kv_bytes;
 	p->masks = l.masks_bytes;
 	p->scratch = l.scratch_bytes;
