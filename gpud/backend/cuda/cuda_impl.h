@@ -167,7 +167,7 @@ uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols);
 /* Fills *l for cfg (its model's shape and the step bounds). Returns 0, or
  * a negative code with a message when the model or cfg cannot run on the
  * backend (head_dim above GPUD_CUDA_MAX_HEAD_DIM, a zero size, a weight
- * type it cannot multiply). */
+ * type it cannot hold). */
 int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda_layout *l,
 			 char *err, size_t errlen);
 
