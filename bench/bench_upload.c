@@ -1,12 +1,13 @@
 /* bench_upload.c - the host side of a CUDA device's weight upload: every
  * matrix of a GGUF model put into the device layout by
- * gpud_cuda_pack_rows (Q8_0/Q4_0 split into quants and scales; the types
- * without CUDA kernels decoded and requantized to Q8_0), one thread, as
- * one device's init does it (each device of gpud serve packs its own
- * replica on its own thread, side by side). No device is touched: the
- * figure is what a start-up spends before its copies.
+ * gpud_cuda_pack_rows_par (Q8_0/Q4_0 split into quants and scales; the
+ * types without CUDA kernels decoded and requantized to Q8_0) in chunks of
+ * 8 MiB, as one device's init does it with --threads N (a device's init
+ * uses one thread a CPU, at most 8; each device of gpud serve packs its
+ * own replica, side by side). No device is touched: the figure is what a
+ * start-up spends before its copies.
  *
- * usage: bench_upload --model PATH [--rounds N]
+ * usage: bench_upload --model PATH [--rounds N] [--threads N]
  *
  * Prints, per file type, the matrices' file bytes, their device bytes and
  * the best of N rounds (default 3) in seconds and file MB/s.
@@ -26,15 +27,15 @@ struct per_type {
 	double best;
 };
 
-static double pack_one(const struct gpud_weight *w, uint8_t *q, uint8_t *d, void *tmp,
-		       uint64_t chunk)
+static double pack_one(const struct gpud_weight *w, uint8_t *q, uint8_t *d, uint8_t *tmp,
+		       uint64_t chunk, int nt)
 {
 	double t0 = bench_now();
 
 	for (uint64_t r0 = 0; r0 < (uint64_t)w->rows; r0 += chunk) {
 		uint64_t n = (uint64_t)w->rows - r0 < chunk ? (uint64_t)w->rows - r0 : chunk;
 
-		gpud_cuda_pack_rows(w, r0, n, q, d, tmp);
+		gpud_cuda_pack_rows_par(w, r0, n, q, d, tmp, nt);
 	}
 	return bench_now() - t0;
 }
@@ -42,7 +43,7 @@ static double pack_one(const struct gpud_weight *w, uint8_t *q, uint8_t *d, void
 int main(int argc, char **argv)
 {
 	const char *path = NULL;
-	int rounds = 3;
+	int rounds = 3, nt = 1;
 	struct gpud_model *m = NULL;
 	char err[SW_ERR_MAX];
 	static struct per_type pt[GPUD_TYPE_COUNT];
@@ -56,13 +57,17 @@ int main(int argc, char **argv)
 			path = argv[++i];
 		else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
 			rounds = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			nt = atoi(argv[++i]);
 		else {
-			fprintf(stderr, "usage: %s --model PATH [--rounds N]\n", argv[0]);
+			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--threads N]\n",
+				argv[0]);
 			return 2;
 		}
 	}
-	if (!path || rounds < 1) {
-		fprintf(stderr, "usage: %s --model PATH [--rounds N]\n", argv[0]);
+	if (!path || rounds < 1 || nt < 1 || nt > GPUD_CUDA_PACK_THREADS) {
+		fprintf(stderr, "usage: %s --model PATH [--rounds N] [--threads 1..%d]\n", argv[0],
+			GPUD_CUDA_PACK_THREADS);
 		return 2;
 	}
 	if (gpud_model_load(&m, path, err, sizeof(err))) {
@@ -95,7 +100,7 @@ int main(int argc, char **argv)
 	 * a chunk of rows' quants and scales */
 	q = malloc(chunk_bytes);
 	d = malloc(chunk_bytes);
-	tmp = malloc(max_cols * 4 + max_cols / 32 * 34 + 16);
+	tmp = malloc((max_cols * 4 + max_cols / 32 * 34 + 16) * (size_t)nt);
 	if (!q || !d || !tmp) {
 		fprintf(stderr, "bench_upload: out of memory\n");
 		return 1;
@@ -111,7 +116,7 @@ int main(int argc, char **argv)
 			if (dt != GPUD_TYPE_Q8_0 && dt != GPUD_TYPE_Q4_0)
 				continue; /* float types: one copy, nothing to pack */
 			rowb = (uint64_t)w->cols + (uint64_t)w->cols / 32 * 2;
-			sum[w->type] += pack_one(w, q, d, tmp, chunk_bytes / rowb);
+			sum[w->type] += pack_one(w, q, d, tmp, chunk_bytes / rowb, nt);
 			if (!r) {
 				pt[w->type].file += gpud_type_row_bytes(w->type, (uint64_t)w->cols) *
 						    (uint64_t)w->rows;
@@ -127,8 +132,9 @@ int main(int argc, char **argv)
 		double all = 0;
 		uint64_t file = 0, dev = 0;
 
-		printf("| file type | matrices | file MiB | device MiB | held as | pack s (best of %d) | "
-		       "file MB/s |\n|---|---:|---:|---:|---|---:|---:|\n", rounds);
+		printf("%d thread(s)\n\n| file type | matrices | file MiB | device MiB | held as | "
+		       "pack s (best of %d) | file MB/s |\n|---|---:|---:|---:|---|---:|---:|\n", nt,
+		       rounds);
 		for (int t = 0; t < GPUD_TYPE_COUNT; t++) {
 			if (!pt[t].mats)
 				continue;

@@ -801,13 +801,19 @@ static void dequantize_q4_k(const void *vx, float *y, int64_t n)
 	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
 		float d = gpud_fp16_to_fp32(x[b].d), dmin = gpud_fp16_to_fp32(x[b].dmin);
 
-		for (int e = 0; e < GPUD_QK_K; e++) {
-			int c = e / 64, l = e % 32, hi = e % 64 >= 32;
+		/* sub-block s (32 weights): nibbles of qs[32 * (s / 2) ..], low
+		 * for even s, high for odd; its scale and min hoisted */
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *qs = x[b].qs + 32 * (s / 2);
+			int sh = s % 2 ? 4 : 0;
 			uint8_t sc, m;
-			int q = (x[b].qs[32 * c + l] >> (hi ? 4 : 0)) & 15;
+			float d1, m1;
 
-			gpud_kq_scale_min(x[b].scales, 2 * c + hi, &sc, &m);
-			y[e] = (d * (float)sc) * (float)q - dmin * (float)m;
+			gpud_kq_scale_min(x[b].scales, s, &sc, &m);
+			d1 = d * (float)sc;
+			m1 = dmin * (float)m;
+			for (int l = 0; l < 32; l++)
+				y[32 * s + l] = d1 * (float)((qs[l] >> sh) & 15) - m1;
 		}
 	}
 }
@@ -842,14 +848,18 @@ static void dequantize_q5_k(const void *vx, float *y, int64_t n)
 	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
 		float d = gpud_fp16_to_fp32(x[b].d), dmin = gpud_fp16_to_fp32(x[b].dmin);
 
-		for (int e = 0; e < GPUD_QK_K; e++) {
-			int c = e / 64, l = e % 32, s = e / 32, hi = e % 64 >= 32;
+		for (int s = 0; s < 8; s++) {
+			const uint8_t *qs = x[b].qs + 32 * (s / 2);
+			int sh = s % 2 ? 4 : 0;
 			uint8_t sc, m;
-			int q = ((x[b].qs[32 * c + l] >> (hi ? 4 : 0)) & 15) |
-				((x[b].qh[l] >> s) & 1) << 4;
+			float d1, m1;
 
 			gpud_kq_scale_min(x[b].scales, s, &sc, &m);
-			y[e] = (d * (float)sc) * (float)q - dmin * (float)m;
+			d1 = d * (float)sc;
+			m1 = dmin * (float)m;
+			for (int l = 0; l < 32; l++)
+				y[32 * s + l] = d1 * (float)(((qs[l] >> sh) & 15) |
+							     ((x[b].qh[l] >> s) & 1) << 4) - m1;
 		}
 	}
 }
@@ -889,13 +899,18 @@ static void dequantize_q6_k(const void *vx, float *y, int64_t n)
 	for (int64_t b = 0; b < n / GPUD_QK_K; b++, y += GPUD_QK_K) {
 		float d = gpud_fp16_to_fp32(x[b].d);
 
-		for (int e = 0; e < GPUD_QK_K; e++) {
-			int h = e / 128, k = (e % 128) / 32, l = e % 32;
-			int s = 8 * h + 2 * k + l / 16;
-			int lo = (x[b].ql[64 * h + l + 32 * (k & 1)] >> (k < 2 ? 0 : 4)) & 15;
-			int hi = (x[b].qh[32 * h + l] >> (2 * k)) & 3;
+		/* 32 weights at a time: half h, quarter k; scales of 16 */
+		for (int g = 0; g < 8; g++) {
+			int h = g / 4, k = g % 4, sh = k < 2 ? 0 : 4;
+			const uint8_t *ql = x[b].ql + 64 * h + 32 * (k & 1), *qh = x[b].qh + 32 * h;
+			float d0 = d * (float)x[b].scales[8 * h + 2 * k];
+			float d1 = d * (float)x[b].scales[8 * h + 2 * k + 1];
 
-			y[e] = (d * (float)x[b].scales[s]) * (float)((lo | hi << 4) - 32);
+			for (int l = 0; l < 32; l++) {
+				int q = (((ql[l] >> sh) & 15) | ((qh[l] >> (2 * k)) & 3) << 4) - 32;
+
+				y[32 * g + l] = (l < 16 ? d0 : d1) * (float)q;
+			}
 		}
 	}
 }

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 extern "C" {
 #include "common/err.h"
@@ -104,6 +105,7 @@ struct cuda_ctx {
 
 	uint8_t *wpool, *kvpool, *mpool, *spool, *wspace, *staging;
 	uint64_t wused; // weight pool carved so far
+	int pack_threads; // requantizing upload's threads (gpud_cuda_pack_rows_par)
 
 	gpud_cuda_mat tok_embd, output;
 	dev_layer *layers; // (n_layers), host
@@ -389,7 +391,9 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 	// staging: [f32 row, its Q8_0 blocks] when requantizing, then the
 	// chunk's quants and scales
 	uint64_t nb = (uint64_t)w->cols / GPUD_QK, qrow = dt == GPUD_TYPE_Q8_0 ? 32 : 16;
-	uint64_t rowq = nb * qrow, rowd = nb * 2, tmp = gpud_cuda_pack_tmp_bytes(w);
+	uint64_t rowq = nb * qrow, rowd = nb * 2, tmp1 = gpud_cuda_pack_tmp_bytes(w);
+	int nt = tmp1 ? c->pack_threads : 1;
+	uint64_t tmp = tmp1 * (uint64_t)nt;
 	uint64_t chunk = c->L.staging_bytes > tmp ? (c->L.staging_bytes - tmp) / (rowq + rowd) : 0;
 	uint8_t *scales = base + qb;
 
@@ -401,7 +405,7 @@ int upload_mat(cuda_ctx *c, const struct gpud_weight *w, gpud_cuda_mat *m, char 
 		uint64_t n = (uint64_t)w->rows - r0 < chunk ? (uint64_t)w->rows - r0 : chunk;
 		uint8_t *hq = c->staging + tmp, *hd = hq + n * rowq;
 
-		gpud_cuda_pack_rows(w, r0, n, hq, hd, c->staging);
+		gpud_cuda_pack_rows_par(w, r0, n, hq, hd, c->staging, nt);
 		CK(cudaMemcpyAsync(base + r0 * rowq, hq, n * rowq, cudaMemcpyHostToDevice, c->stream),
 		   "weight upload");
 		CK(cudaMemcpyAsync(scales + r0 * rowd, hd, n * rowd, cudaMemcpyHostToDevice,
@@ -790,6 +794,14 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 				   c->meta + L->m_seq, c->meta + L->m_logit,
 				   c->meta + L->m_seqinfo, c->meta + L->m_btab };
 
+	{
+		// one a CPU, at most GPUD_CUDA_PACK_THREADS; the variable of that
+		// name to choose (the tests compare 1 with 8: the bits)
+		const char *e = getenv("GPUD_CUDA_PACK_THREADS");
+		long n = e && *e ? strtol(e, nullptr, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+
+		c->pack_threads = n < 1 ? 1 : n > GPUD_CUDA_PACK_THREADS ? GPUD_CUDA_PACK_THREADS : (int)n;
+	}
 	rc = upload_model(c, err, errlen);
 	if (rc)
 		return rc;

@@ -160,6 +160,17 @@ uint64_t gpud_cuda_pack_tmp_bytes(const struct gpud_weight *w);
 void gpud_cuda_pack_rows(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
 			 uint8_t *d, void *tmp);
 
+/* gpud_cuda_pack_rows with the rows split among nt threads (the caller one
+ * of them; at most GPUD_CUDA_PACK_THREADS), when w is requantized (about
+ * 250 MB of file a second a core: the slow part of a start-up) and there
+ * are at least 4 rows a thread; tmp then holds nt rows of
+ * gpud_cuda_pack_tmp_bytes(w). The same bits as one thread. Threads made
+ * and joined per call (at init only); one that cannot be made leaves its
+ * rows to the caller. */
+#define GPUD_CUDA_PACK_THREADS 8
+void gpud_cuda_pack_rows_par(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
+			     uint8_t *d, uint8_t *tmp, int nt);
+
 /* Bytes of the scales region of a Q8_0/Q4_0 matrix's quants region, i.e.
  * where its scales start (0 for float types). */
 uint64_t gpud_cuda_quants_bytes(enum gpud_type t, int64_t rows, int64_t cols);

@@ -9,6 +9,7 @@
 
 #include <driver_types.h>
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "common/err.h"
@@ -109,6 +110,56 @@ void gpud_cuda_pack_rows(const struct gpud_weight *w, uint64_t r0, uint64_t n, u
 			memcpy(d + (r * nb + i) * 2, row + i * bsz, 2);
 			memcpy(q + r * nb * qrow + i * qrow, row + i * bsz + 2, qrow);
 		}
+	}
+}
+
+struct pack_job {
+	const struct gpud_weight *w;
+	uint64_t r0, n;
+	uint8_t *q, *d;
+	void *tmp;
+};
+
+static void *pack_main(void *arg)
+{
+	struct pack_job *j = arg;
+
+	gpud_cuda_pack_rows(j->w, j->r0, j->n, j->q, j->d, j->tmp);
+	return NULL;
+}
+
+void gpud_cuda_pack_rows_par(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
+			     uint8_t *d, uint8_t *tmp, int nt)
+{
+	struct pack_job jobs[GPUD_CUDA_PACK_THREADS] = { 0 };
+	pthread_t th[GPUD_CUDA_PACK_THREADS];
+	bool made[GPUD_CUDA_PACK_THREADS] = { false };
+	uint64_t tb = gpud_cuda_pack_tmp_bytes(w), nb = (uint64_t)w->cols / GPUD_QK;
+	uint64_t rowq = nb * (gpud_cuda_dev_type(w->type) == GPUD_TYPE_Q4_0 ? 16 : 32);
+	uint64_t per;
+
+	if (nt > GPUD_CUDA_PACK_THREADS)
+		nt = GPUD_CUDA_PACK_THREADS;
+	if (!tb || nt < 2 || n < (uint64_t)nt * 4) { /* splits only copy: one thread */
+		gpud_cuda_pack_rows(w, r0, n, q, d, tmp);
+		return;
+	}
+	per = (n + (uint64_t)nt - 1) / (uint64_t)nt;
+	for (int k = 0; k < nt; k++) {
+		uint64_t a = (uint64_t)k * per < n ? (uint64_t)k * per : n;
+		uint64_t b = a + per < n ? a + per : n;
+
+		jobs[k] = (struct pack_job){ w, r0 + a, b - a, q + a * rowq, d + a * nb * 2,
+					     tmp + (uint64_t)k * tb };
+		if (k && b > a)
+			made[k] = pthread_create(&th[k], NULL, pack_main, &jobs[k]) == 0;
+	}
+	pack_main(&jobs[0]);
+	for (int k = 1; k < nt; k++) {
+		if (made[k])
+			pthread_join(th[k], NULL);
+		else if (jobs[k].n) /* no thread: the caller does its rows */
+			pack_main(&jobs[k]);
 	}
 }
 
