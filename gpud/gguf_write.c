@@ -34,7 +34,9 @@ struct wtensor {
 	uint64_t ne[GPUD_GGUF_MAX_DIMS];
 	uint64_t nbytes;
 	uint64_t offset;         /* assigned at layout time */
-	void *data;              /* owned copy, or NULL for a fill tensor */
+	void *data;              /* owned copy (borrowed: the caller's), or NULL
+				  * for a fill tensor */
+	bool borrowed;
 	gpud_gguf_fill_fn fill;
 	void *arg;
 };
@@ -68,7 +70,8 @@ void gpud_gguf_writer_free(struct gpud_gguf_writer *w)
 	}
 	for (size_t i = 0; i < w->n_t; i++) {
 		free(w->t[i].name);
-		free(w->t[i].data);
+		if (!w->t[i].borrowed)
+			free(w->t[i].data);
 	}
 	free(w->kv);
 	free(w->t);
@@ -309,6 +312,23 @@ int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_t
 		return -ENOMEM;
 	}
 	memcpy(t->data, data, nbytes);
+	w->n_t++;
+	return 0;
+}
+
+int gpud_gguf_w_tensor_ref(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+			   uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
+{
+	struct wtensor *t;
+	int rc = w_tensor_new(w, name, type, n_dims, ne, &t);
+	if (rc)
+		return rc;
+	if (t->nbytes != nbytes || !data) {
+		free(t->name);
+		return -EINVAL;
+	}
+	t->data = (void *)data; /* written, never changed nor freed */
+	t->borrowed = true;
 	w->n_t++;
 	return 0;
 }

@@ -44,6 +44,11 @@ int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
 			bool (*skip)(const char *key, void *arg), void *arg);
 int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
 		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes);
+/* As gpud_gguf_w_tensor, but data is not copied: it must stay valid and
+ * unchanged until the last write (a tensor of a mapped source file, as
+ * gpud quantize copies the tensors it keeps). */
+int gpud_gguf_w_tensor_ref(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+			   uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes);
 
 /* Produces row `row` (0 <= row < ne[1]*ne[2]*ne[3]) of a streamed tensor as
  * `cols` = ne[0] floats into out. Returns 0, or a negative code that aborts

@@ -4,6 +4,7 @@
  *   gpud generate --model PATH --prompt TEXT [options]   text continuation
  *   gpud tokenize --model PATH [--no-bos] TEXT            token ids
  *   gpud mkmodel --out PATH [options]                     random-weight model
+ *   gpud quantize --model IN --out OUT --type T           a model in another type
  *   gpud --version
  *
  * Generated text goes
@@ -28,6 +29,7 @@
 #include "gpud/gguf.h"
 #include "gpud/mkmodel.h"
 #include "gpud/model.h"
+#include "gpud/quantize_model.h"
 #include "gpud/tokenizer.h"
 #include "sw_config.h"
 
@@ -49,6 +51,8 @@ static void usage(FILE *f)
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
 		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
 		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b|qwen2.5-0.5b]\n"
+		"       gpud quantize --model IN --out OUT --type T|q4_k_m|q5_k_m\n"
+		"                     [--allow-requantize]\n"
 		"       gpud --version\n"
 		"chat formats (F): " GPUD_CHAT_NAMES "\n");
 }
@@ -483,6 +487,52 @@ static int cmd_mkmodel(int argc, char **argv)
 	return 0;
 }
 
+static int cmd_quantize(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "model", required_argument, NULL, 'm' },
+		{ "out", required_argument, NULL, 'o' },
+		{ "type", required_argument, NULL, 't' },
+		{ "allow-requantize", no_argument, NULL, 'a' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	struct gpud_quantize_params p = { .type = GPUD_TYPE_COUNT };
+	struct gpud_quantize_report r;
+	char err[SW_ERR_MAX] = "";
+	int c;
+
+	while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (c) {
+		case 'm': p.in = optarg; break;
+		case 'o': p.out = optarg; break;
+		case 't':
+			if (gpud_mkmodel_parse_type(optarg, &p.type, &p.mix)) {
+				fprintf(stderr, "gpud quantize: --type: unknown type \"%s\" ("
+					GPUD_MKMODEL_TYPE_NAMES ")\n", optarg);
+				return EXIT_USAGE;
+			}
+			break;
+		case 'a': p.allow_requantize = true; break;
+		case 'h': usage(stdout); return 0;
+		default: usage(stderr); return EXIT_USAGE;
+		}
+	}
+	if (!p.in || !p.out || p.type == GPUD_TYPE_COUNT || optind != argc) {
+		fprintf(stderr, "gpud quantize: --model, --out and --type are required\n");
+		usage(stderr);
+		return EXIT_USAGE;
+	}
+	if (gpud_quantize_model(&p, &r, err, sizeof(err))) {
+		fprintf(stderr, "gpud: %s\n", err);
+		return 1;
+	}
+	fprintf(stderr, "gpud quantize: %s: %llu tensors, %llu converted; %.1f MiB of tensors "
+		"from %.1f MiB\n", p.out, (unsigned long long)r.tensors,
+		(unsigned long long)r.converted, r.out_bytes / 1048576.0, r.in_bytes / 1048576.0);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 2) {
@@ -505,6 +555,8 @@ int main(int argc, char **argv)
 		return cmd_tokenize(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "mkmodel"))
 		return cmd_mkmodel(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "quantize"))
+		return cmd_quantize(argc - 1, argv + 1);
 	fprintf(stderr, "gpud: unknown command \"%s\"\n", argv[1]);
 	usage(stderr);
 	return EXIT_USAGE;

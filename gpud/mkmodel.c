@@ -372,7 +372,7 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	return 0;
 }
 
-static uint32_t file_type(const struct gpud_mkmodel_params *p)
+uint32_t gpud_mkmodel_file_type(const struct gpud_mkmodel_params *p)
 {
 	if (p->mix == GPUD_MKMODEL_Q4_K_M)
 		return 15;              /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
@@ -519,7 +519,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
 	if ((rc = gpud_gguf_w_str(b->w, "general.architecture", arch)) ||
 	    (rc = gpud_gguf_w_str(b->w, "general.name", p->name ? p->name : "mkmodel")) ||
-	    (rc = gpud_gguf_w_u32(b->w, "general.file_type", file_type(p))) ||
+	    (rc = gpud_gguf_w_u32(b->w, "general.file_type", gpud_mkmodel_file_type(p))) ||
 	    (rc = gpud_gguf_w_u32(b->w, "general.quantization_version", 2)) ||
 	    (rc = gpud_gguf_w_u32(b->w, KEY("context_length"), p->n_ctx)) ||
 	    (rc = gpud_gguf_w_u32(b->w, KEY("embedding_length"), p->dim)) ||

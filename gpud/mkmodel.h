@@ -113,6 +113,10 @@ int gpud_mkmodel_parse_type(const char *s, enum gpud_type *type, enum gpud_mkmod
  * only be multiples of 32 with a K type). */
 enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name);
 
+/* llama.cpp's general.file_type (LLAMA_FTYPE_*) for p's type and mix:
+ * 7 Q8_0, 15 Q4_K_M, 0 all F32, ... */
+uint32_t gpud_mkmodel_file_type(const struct gpud_mkmodel_params *p);
+
 /* Validates p (shape divisibility, block sizes of the chosen type, ranges),
  * opens vocab_from when set, and computes the plan. Writes nothing. On
  * error returns a negative code and err names the bad parameter. */

@@ -1,0 +1,177 @@
+/* quantize_model.c - gpud quantize (quantize_model.h). */
+#include "gpud/quantize_model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/err.h"
+#include "gpud/gguf.h"
+#include "gpud/gguf_write.h"
+#include "gpud/model.h"
+
+/* One converted matrix: its source rows, decoded one at a time. */
+struct qm_src {
+	const uint8_t *data;
+	enum gpud_type type;
+	size_t row_bytes;
+};
+
+static int qm_fill(void *arg, uint64_t row, float *out, uint64_t cols)
+{
+	const struct qm_src *s = arg;
+
+	gpud_dequantize_row(s->type, s->data + row * s->row_bytes, out, (int64_t)cols);
+	return 0;
+}
+
+/* Whether name is one of the matrices gpud reads and quantize converts:
+ * token_embd, output, and blk.N.{attn_q,attn_k,attn_v,attn_output,
+ * ffn_gate,ffn_up,ffn_down}.weight. */
+static bool qm_matrix(const char *name)
+{
+	static const char *const layer[] = { "attn_q", "attn_k", "attn_v", "attn_output",
+					     "ffn_gate", "ffn_up", "ffn_down" };
+	const char *p;
+
+	if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight"))
+		return true;
+	if (strncmp(name, "blk.", 4))
+		return false;
+	p = name + 4;
+	if (*p < '0' || *p > '9')
+		return false;
+	while (*p >= '0' && *p <= '9')
+		p++;
+	if (*p++ != '.')
+		return false;
+	for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
+		size_t n = strlen(layer[i]);
+
+		if (!strncmp(p, layer[i], n) && !strcmp(p + n, ".weight"))
+			return true;
+	}
+	return false;
+}
+
+static bool qm_quantized(enum gpud_type t)
+{
+	return t != GPUD_TYPE_F32 && t != GPUD_TYPE_F16 && t != GPUD_TYPE_BF16;
+}
+
+static bool skip_file_type(const char *key, void *arg)
+{
+	(void)arg;
+	return !strcmp(key, "general.file_type");
+}
+
+static bool same_file(const char *a, const char *b)
+{
+	struct stat sa, sb;
+
+	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+	       sa.st_ino == sb.st_ino;
+}
+
+int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quantize_report *rep,
+			char *err, size_t errlen)
+{
+	struct gpud_model *m = NULL;
+	struct gpud_gguf_writer *w = NULL;
+	struct qm_src *srcs = NULL;
+	struct gpud_mkmodel_params mp;
+	struct gpud_quantize_report r = { 0 };
+	const struct gpud_gguf *g;
+	const struct gpud_model_hparams *hp;
+	char why[SW_ERR_MAX];
+	int rc;
+
+	if (!p || !p->in || !p->out || !*p->in || !*p->out)
+		return sw_seterr(err, errlen, -EINVAL, "quantize: an input and an output path");
+	if (p->type == GPUD_TYPE_Q8_K || !gpud_type_supported(p->type))
+		return sw_seterr(err, errlen, -EINVAL, "quantize: type %s is not a weight type",
+				 gpud_type_name(p->type));
+	if (!strcmp(p->in, p->out) || same_file(p->in, p->out))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "quantize: %s: the output must be another file than the model", p->out);
+	rc = gpud_model_load(&m, p->in, why, sizeof(why));
+	if (rc)
+		return sw_seterr(err, errlen, rc, "quantize: %s", why);
+	g = gpud_model_gguf(m);
+	hp = gpud_model_hparams(m);
+	gpud_mkmodel_params_default(&mp);
+	mp.type = p->type;
+	mp.mix = p->mix;
+	mp.dim = hp->dim;
+	mp.ffn_dim = hp->ffn_dim;
+	mp.n_layers = hp->n_layers;
+	mp.tied = !gpud_gguf_find_tensor(g, "output.weight");
+	r.tensors = gpud_gguf_n_tensors(g);
+	srcs = calloc(r.tensors ? r.tensors : 1, sizeof(*srcs));
+	if (!srcs) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "quantize: out of memory");
+		goto out;
+	}
+	if ((rc = gpud_gguf_writer_new(&w)) ||
+	    (rc = gpud_gguf_w_copy_kv(w, g, skip_file_type, NULL)) ||
+	    (rc = gpud_gguf_w_u32(w, "general.file_type", gpud_mkmodel_file_type(&mp)))) {
+		sw_seterr(err, errlen, rc, "quantize: %s: metadata: %s", p->in, sw_strerror(rc));
+		goto out;
+	}
+	for (uint64_t i = 0; i < r.tensors; i++) {
+		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(g, i);
+		enum gpud_type to = t->type;
+
+		if (t->n_dims == 2 && qm_matrix(t->name))
+			to = gpud_mkmodel_tensor_type(&mp, t->name);
+		r.in_bytes += t->nbytes;
+		if (to == t->type) {
+			rc = gpud_gguf_w_tensor_ref(w, t->name, t->type, t->n_dims, t->ne, t->data,
+						    t->nbytes);
+			if (rc) {
+				sw_seterr(err, errlen, rc, "quantize: tensor %s: %s", t->name,
+					  sw_strerror(rc));
+				goto out;
+			}
+			r.out_bytes += t->nbytes;
+			continue;
+		}
+		if (qm_quantized(t->type) && qm_quantized(to) && !p->allow_requantize) {
+			rc = sw_seterr(err, errlen, -EINVAL,
+				       "quantize: tensor %s is %s already: writing it as %s rounds "
+				       "rounded weights (quantize the F16/BF16/F32 original, or "
+				       "pass --allow-requantize)", t->name, gpud_type_name(t->type),
+				       gpud_type_name(to));
+			goto out;
+		}
+		if (t->ne[0] % gpud_type_block_elems(to)) {
+			rc = sw_seterr(err, errlen, -EINVAL,
+				       "quantize: tensor %s has rows of %llu, which %s cannot hold "
+				       "(blocks of %u)", t->name, (unsigned long long)t->ne[0],
+				       gpud_type_name(to), gpud_type_block_elems(to));
+			goto out;
+		}
+		srcs[i] = (struct qm_src){ t->data, t->type, gpud_type_row_bytes(t->type, t->ne[0]) };
+		rc = gpud_gguf_w_tensor_fill(w, t->name, to, t->n_dims, t->ne, qm_fill, &srcs[i]);
+		if (rc) {
+			sw_seterr(err, errlen, rc, "quantize: tensor %s: %s", t->name, sw_strerror(rc));
+			goto out;
+		}
+		r.converted++;
+		r.out_bytes += gpud_type_row_bytes(to, t->ne[0]) * t->ne[1];
+	}
+	rc = gpud_gguf_w_write(w, p->out, why, sizeof(why));
+	if (rc) {
+		sw_seterr(err, errlen, rc, "quantize: %s", why);
+		goto out;
+	}
+	if (rep)
+		*rep = r;
+out:
+	gpud_gguf_writer_free(w);
+	free(srcs);
+	gpud_model_free(m);
+	return rc;
+}
