@@ -914,6 +914,108 @@ static void test_fallback_model(void **state)
 	f->done = true;
 }
 
+/* Greedy ids of ONCE (8 tokens) from gpud serving model on cpu, in d. */
+static void greedy_ids(struct gpud_it *d, const char *model, int32_t *ids, uint32_t *n)
+{
+	struct gpud_it_opts o = { .model = model, .devices = "[\"cpu\"]",
+				  .gpud_extra = "\"kv_blocks\": 256" };
+	struct proto_segment seg = { .text = ONCE, .len = sizeof(ONCE) - 1 };
+	struct proto_submit_req req = { .n_segments = 1, .segments = &seg, .max_tokens = 8 };
+	struct proto_client_result res = { 0 };
+	struct proto_client *c;
+	char err[SW_ERR_MAX] = "";
+	int rc;
+
+	assert_int_equal(gpud_it_start(d, &o), 0);
+	assert_non_null(c = gpud_it_connect(d));
+	proto_sampling_default(&req.sampling);
+	req.sampling.temperature = 0;
+	rc = proto_client_generate(c, &req, &res, err, sizeof(err));
+	if (rc)
+		fail_msg("%s: %s: %s", model, sw_errname(rc), err);
+	assert_true(res.n_ids > 0 && res.n_ids <= 8);
+	memcpy(ids, res.ids, res.n_ids * sizeof(*ids));
+	*n = res.n_ids;
+	proto_client_result_free(&res);
+	proto_client_close(c);
+	assert_int_equal(gpud_it_stop(d, SIGTERM, 60000), 0);
+}
+
+/* `gpud quantize` as an operator runs it: an F32 model into Q4_K_M (rows
+ * of 160: the K-quants' fallbacks too) exits 0 and says what it did, and
+ * gpud serves the result with the greedy ids of mkmodel's own Q4_K_M file
+ * of the same weights (the same floats quantized: the same tensors); usage errors exit 2, a
+ * requantization not allowed, a missing model and the model as its own
+ * output exit 1 with the reason, leaving no file. */
+static void test_quantize_cli(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_mkmodel_params p;
+	char src[64], want[64], q[64], q8[64], err[SW_ERR_MAX] = "", out[4096];
+	int32_t a[8], b[8];
+	uint32_t na, nb;
+	int rc;
+
+	snprintf(src, sizeof(src), "/tmp/gpud-it-qf32-%d.gguf", (int)getpid());
+	snprintf(want, sizeof(want), "/tmp/gpud-it-qwant-%d.gguf", (int)getpid());
+	snprintf(q, sizeof(q), "/tmp/gpud-it-q-%d.gguf", (int)getpid());
+	snprintf(q8, sizeof(q8), "/tmp/gpud-it-q8-%d.gguf", (int)getpid());
+	gpud_mkmodel_params_default(&p);
+	p.dim = 160;
+	p.ffn_dim = 512;
+	p.n_ctx = 512;
+	p.seed = 5;
+	p.out = src;
+	p.type = GPUD_TYPE_F32;
+	if (gpud_mkmodel(&p, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	p.out = want;
+	assert_int_equal(gpud_mkmodel_parse_type("q4_k_m", &p.type, &p.mix), 0);
+	if (gpud_mkmodel(&p, err, sizeof(err)))
+		fail_msg("mkmodel: %s", err);
+	{
+		const char *args[] = { "quantize", "--model", src, "--out", q, "--type", "q4_k_m",
+				       NULL };
+
+		rc = gpud_it_run_cmd(args, out, sizeof(out), 60000);
+		if (rc)
+			fail_msg("gpud quantize exited %d: %s", rc, out);
+		assert_non_null(strstr(out, "converted"));
+	}
+	greedy_ids(&f->d[0], q, a, &na);
+	greedy_ids(&f->d[1], want, b, &nb);
+	assert_int_equal(na, nb);
+	assert_memory_equal(a, b, na * sizeof(*a));
+	{
+		const char *no_type[] = { "quantize", "--model", src, "--out", q8, NULL };
+		const char *bad_type[] = { "quantize", "--model", src, "--out", q8, "--type", "q9",
+					   NULL };
+		const char *requant[] = { "quantize", "--model", q, "--out", q8, "--type", "q8_0",
+					  NULL };
+		const char *missing[] = { "quantize", "--model", "/nonexistent.gguf", "--out", q8,
+					  "--type", "q8_0", NULL };
+		const char *self[] = { "quantize", "--model", src, "--out", src, "--type", "q8_0",
+				       NULL };
+
+		assert_int_equal(gpud_it_run_cmd(no_type, out, sizeof(out), 60000), 2);
+		assert_int_equal(gpud_it_run_cmd(bad_type, out, sizeof(out), 60000), 2);
+		assert_non_null(strstr(out, "unknown type"));
+		assert_int_equal(gpud_it_run_cmd(requant, out, sizeof(out), 60000), 1);
+		assert_non_null(strstr(out, "--allow-requantize"));
+		assert_int_equal(gpud_it_run_cmd(missing, out, sizeof(out), 60000), 1);
+		assert_non_null(strstr(out, "/nonexistent.gguf"));
+		assert_int_equal(gpud_it_run_cmd(self, out, sizeof(out), 60000), 1);
+		assert_non_null(strstr(out, "another file"));
+		assert_int_equal(access(q8, F_OK), -1);
+	}
+	printf("    gpud quantize f32 -> q4_k_m: served, the greedy ids of mkmodel's q4_k_m "
+	       "(%u tokens); usage errors 2, refusals 1\n", na);
+	unlink(src);
+	unlink(want);
+	unlink(q);
+	f->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -931,6 +1033,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_min_devices),
 		GPUD_IT_FIX_TEST(test_min_devices_engine),
 		GPUD_IT_FIX_TEST(test_fallback_model),
+		GPUD_IT_FIX_TEST(test_quantize_cli),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
