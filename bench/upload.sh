@@ -48,7 +48,7 @@ for m in 3b-q4_k_m q05-q4_k_m 3b-q8_0; do
 	done
 done
 cat >"$out.gp" <<GP
-set terminal pngcairo size 800,450
+set terminal pngcairo size 800,450 noenhanced
 set output '$out.png'
 set title 'CUDA upload: host packing of the replica (requantizing to Q8_0)'
 set style data histograms

@@ -1,4 +1,4 @@
-set terminal pngcairo size 800,450
+set terminal pngcairo size 800,450 noenhanced
 set output 'bench/results/upload-2026-12-06.png'
 set title 'CUDA upload: host packing of the replica (requantizing to Q8_0)'
 set style data histograms
