@@ -295,29 +295,10 @@ static int w_tensor_new(struct gpud_gguf_writer *w, const char *name, enum gpud_
 	return 0;
 }
 
-int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
-{
-	struct wtensor *t;
-	int rc = w_tensor_new(w, name, type, n_dims, ne, &t);
-	if (rc)
-		return rc;
-	if (t->nbytes != nbytes || !data || nbytes > SIZE_MAX) {
-		free(t->name);
-		return -EINVAL;
-	}
-	t->data = malloc(nbytes);
-	if (!t->data) {
-		free(t->name);
-		return -ENOMEM;
-	}
-	memcpy(t->data, data, nbytes);
-	w->n_t++;
-	return 0;
-}
-
-int gpud_gguf_w_tensor_ref(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
-			   uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
+/* A tensor of nbytes of data: copied, or borrowed (the caller's). */
+static int w_tensor_data(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+			 uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes,
+			 bool copy)
 {
 	struct wtensor *t;
 	int rc = w_tensor_new(w, name, type, n_dims, ne, &t);
@@ -327,10 +308,31 @@ int gpud_gguf_w_tensor_ref(struct gpud_gguf_writer *w, const char *name, enum gp
 		free(t->name);
 		return -EINVAL;
 	}
-	t->data = (void *)data; /* written, never changed nor freed */
-	t->borrowed = true;
+	if (copy) {
+		t->data = malloc(nbytes);
+		if (!t->data) {
+			free(t->name);
+			return -ENOMEM;
+		}
+		memcpy(t->data, data, nbytes);
+	} else {
+		t->data = (void *)data; /* written, never changed nor freed */
+		t->borrowed = true;
+	}
 	w->n_t++;
 	return 0;
+}
+
+int gpud_gguf_w_tensor(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+		       uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
+{
+	return w_tensor_data(w, name, type, n_dims, ne, data, nbytes, true);
+}
+
+int gpud_gguf_w_tensor_ref(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
+			   uint32_t n_dims, const uint64_t *ne, const void *data, size_t nbytes)
+{
+	return w_tensor_data(w, name, type, n_dims, ne, data, nbytes, false);
 }
 
 int gpud_gguf_w_tensor_fill(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
