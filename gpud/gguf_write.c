@@ -10,6 +10,8 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,7 @@ struct gpud_gguf_writer {
 	struct wtensor *t;       /* (n_t) */
 	size_t n_t, cap_t;
 	uint32_t alignment;
+	int threads;             /* fill threads (gpud_gguf_w_set_threads) */
 };
 
 int gpud_gguf_writer_new(struct gpud_gguf_writer **out)
@@ -56,6 +59,7 @@ int gpud_gguf_writer_new(struct gpud_gguf_writer **out)
 	if (!w)
 		return -ENOMEM;
 	w->alignment = GPUD_GGUF_DEFAULT_ALIGNMENT;
+	w->threads = 1;
 	*out = w;
 	return 0;
 }
@@ -255,6 +259,18 @@ int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
 	return 0;
 }
 
+void gpud_gguf_w_set_threads(struct gpud_gguf_writer *w, int n)
+{
+	if (n <= 0) { /* the CPUs this process may run on */
+		cpu_set_t set;
+		long c = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
+								      : sysconf(_SC_NPROCESSORS_ONLN);
+
+		n = c < 1 ? 1 : c > GPUD_GGUF_W_MAX_THREADS ? GPUD_GGUF_W_MAX_THREADS : (int)c;
+	}
+	w->threads = n > GPUD_GGUF_W_MAX_THREADS ? GPUD_GGUF_W_MAX_THREADS : n;
+}
+
 /* Common checks of a new tensor; fills t on success. */
 static int w_tensor_new(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
 			uint32_t n_dims, const uint64_t *ne, struct wtensor **out)
@@ -419,43 +435,110 @@ static int w_str(FILE *f, const char *s)
 
 /* Streams a fill tensor row by row: one row of floats and one converted row
  * are the only buffers. */
-static int w_fill_rows(FILE *f, const struct wtensor *t, char *err, size_t errlen,
+/* Rows [r0, r1) of a fill tensor into out (rb bytes a row): filled, and
+ * converted through row (cols floats) unless F32. One per thread. */
+struct fill_job {
+	const struct wtensor *t;
+	uint64_t r0, r1, bad_row;
+	size_t rb;
+	uint8_t *out;
+	float *row;
+	int rc;
+};
+
+static void *fill_job_run(void *arg)
+{
+	struct fill_job *j = arg;
+	const struct wtensor *t = j->t;
+	uint64_t cols = t->ne[0];
+
+	for (uint64_t r = j->r0; r < j->r1; r++) {
+		uint8_t *dst = j->out + (r - j->r0) * j->rb;
+		float *x = t->type == GPUD_TYPE_F32 ? (float *)dst : j->row;
+		int rc = t->fill(t->arg, r, x, cols);
+
+		if (rc) {
+			j->rc = rc;
+			j->bad_row = r;
+			return NULL;
+		}
+		if (t->type != GPUD_TYPE_F32)
+			gpud_quantize_row(t->type, x, dst, (int64_t)cols);
+	}
+	return NULL;
+}
+
+/* Streams a fill tensor: batches of rows (about W_FILL_BATCH bytes of
+ * output) filled and converted by nt threads side by side, each batch
+ * then written in row order: the same bytes whatever nt. */
+#define W_FILL_BATCH (8u << 20)
+
+static int w_fill_rows(FILE *f, const struct wtensor *t, int nt, char *err, size_t errlen,
 		       const char *path)
 {
 	uint64_t cols = t->ne[0];
 	uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
 	size_t rb = gpud_type_row_bytes(t->type, cols);
-	float *row = malloc(cols * sizeof(*row));
-	void *q = t->type == GPUD_TYPE_F32 ? NULL : malloc(rb);
+	uint64_t batch = W_FILL_BATCH / rb;
+	struct fill_job jobs[GPUD_GGUF_W_MAX_THREADS];
+	pthread_t th[GPUD_GGUF_W_MAX_THREADS];
+	bool made[GPUD_GGUF_W_MAX_THREADS];
+	float *rowbuf = NULL;
+	uint8_t *out = NULL;
 	int rc = 0;
-	if (!row || (t->type != GPUD_TYPE_F32 && !q)) {
-		rc = sw_seterr(err, errlen, -ENOMEM, "%s: out of memory for a row of '%s'",
+
+	if (batch < (uint64_t)nt)
+		batch = (uint64_t)nt;
+	if (batch > rows)
+		batch = rows;
+	if ((uint64_t)nt > batch)
+		nt = (int)batch;
+	out = malloc(batch * rb);
+	if (t->type != GPUD_TYPE_F32)
+		rowbuf = malloc((size_t)nt * cols * sizeof(*rowbuf));
+	if (!out || (t->type != GPUD_TYPE_F32 && !rowbuf)) {
+		rc = sw_seterr(err, errlen, -ENOMEM, "%s: out of memory for the rows of '%s'",
 			       path, t->name);
 		goto out_free;
 	}
-	for (uint64_t r = 0; r < rows; r++) {
-		rc = t->fill(t->arg, r, row, cols);
-		if (rc) {
-			sw_seterr(err, errlen, rc < 0 ? rc : -EIO,
-				  "%s: fill callback failed for '%s' row %" PRIu64 ": %s",
-				  path, t->name, r, sw_strerror(rc));
-			rc = rc < 0 ? rc : -EIO;
+	for (uint64_t b0 = 0; b0 < rows; b0 += batch) {
+		uint64_t n = rows - b0 < batch ? rows - b0 : batch, per = (n + nt - 1) / nt;
+
+		for (int k = 0; k < nt; k++) {
+			uint64_t a = (uint64_t)k * per < n ? (uint64_t)k * per : n;
+			uint64_t e = a + per < n ? a + per : n;
+
+			jobs[k] = (struct fill_job){ .t = t, .r0 = b0 + a, .r1 = b0 + e, .rb = rb,
+						     .out = out + a * rb,
+						     .row = rowbuf ? rowbuf + (size_t)k * cols : NULL };
+			made[k] = k && e > a &&
+				  pthread_create(&th[k], NULL, fill_job_run, &jobs[k]) == 0;
+		}
+		fill_job_run(&jobs[0]);
+		for (int k = 1; k < nt; k++) {
+			if (made[k])
+				pthread_join(th[k], NULL);
+			else
+				fill_job_run(&jobs[k]); /* no thread: done here */
+		}
+		for (int k = 0; k < nt; k++) { /* the first failing row */
+			if (!jobs[k].rc)
+				continue;
+			rc = jobs[k].rc < 0 ? jobs[k].rc : -EIO;
+			sw_seterr(err, errlen, rc,
+				  "%s: fill callback failed for '%s' row %" PRIu64 ": %s", path,
+				  t->name, jobs[k].bad_row, sw_strerror(jobs[k].rc));
 			goto out_free;
 		}
-		if (t->type == GPUD_TYPE_F32) {
-			rc = w_put(f, row, rb);
-		} else {
-			gpud_quantize_row(t->type, row, q, (int64_t)cols);
-			rc = w_put(f, q, rb);
-		}
+		rc = w_put(f, out, n * rb);
 		if (rc) {
 			sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
 			goto out_free;
 		}
 	}
 out_free:
-	free(q);
-	free(row);
+	free(rowbuf);
+	free(out);
 	return rc;
 }
 
@@ -506,7 +589,7 @@ static int w_contents(struct gpud_gguf_writer *w, FILE *f, const char *path,
 		if (t->data)
 			rc = w_put(f, t->data, t->nbytes);
 		else
-			rc = w_fill_rows(f, t, err, errlen, path);
+			rc = w_fill_rows(f, t, w->threads, err, errlen, path);
 		if (rc) {
 			if (t->data)
 				sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));

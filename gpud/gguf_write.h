@@ -61,6 +61,15 @@ typedef int (*gpud_gguf_fill_fn)(void *arg, uint64_t row, float *out, uint64_t c
 int gpud_gguf_w_tensor_fill(struct gpud_gguf_writer *w, const char *name, enum gpud_type type,
 			    uint32_t n_dims, const uint64_t *ne, gpud_gguf_fill_fn fill, void *arg);
 
+/* Fill tensors' rows are produced and converted by n threads side by side
+ * (batches of rows, each written in order: the same bytes whatever n);
+ * n <= 0: one a CPU. Default 1. With n > 1 the fill callbacks are called
+ * from several threads at once (each row once, in no particular order;
+ * after a failing row, rows past it may still be filled) and must allow
+ * that. At most GPUD_GGUF_W_MAX_THREADS. */
+#define GPUD_GGUF_W_MAX_THREADS 16
+void gpud_gguf_w_set_threads(struct gpud_gguf_writer *w, int n);
+
 /* Exact size in bytes of the file gpud_gguf_w_write() would write now. */
 int gpud_gguf_w_size(struct gpud_gguf_writer *w, uint64_t *bytes);
 

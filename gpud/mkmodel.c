@@ -515,6 +515,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	b->args = calloc(b->cap, sizeof(*b->args));
 	if (!b->args || gpud_gguf_writer_new(&b->w))
 		return sw_seterr(err, errlen, -ENOMEM, "mkmodel: out of memory");
+	gpud_gguf_w_set_threads(b->w, 0); /* fill() is pure: rows on every CPU */
 
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
 	if ((rc = gpud_gguf_w_str(b->w, "general.architecture", arch)) ||

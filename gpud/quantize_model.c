@@ -114,8 +114,9 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 		rc = sw_seterr(err, errlen, -ENOMEM, "quantize: out of memory");
 		goto out;
 	}
-	if ((rc = gpud_gguf_writer_new(&w)) ||
-	    (rc = gpud_gguf_w_copy_kv(w, g, skip_file_type, NULL)) ||
+	if ((rc = gpud_gguf_writer_new(&w)) == 0)
+		gpud_gguf_w_set_threads(w, 0); /* qm_fill only reads: rows on every CPU */
+	if (rc || (rc = gpud_gguf_w_copy_kv(w, g, skip_file_type, NULL)) ||
 	    (rc = gpud_gguf_w_u32(w, "general.file_type", gpud_mkmodel_file_type(&mp)))) {
 		sw_seterr(err, errlen, rc, "quantize: %s: metadata: %s", p->in, sw_strerror(rc));
 		goto out;

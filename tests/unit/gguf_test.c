@@ -820,6 +820,88 @@ static int fill_failing(void *arg, uint64_t row, float *out, uint64_t cols)
 	return fill_rows(arg, row, out, cols);
 }
 
+/* Bytes of the file at path (malloc'd), its size in *n. */
+static uint8_t *slurp(const char *path, size_t *n)
+{
+	FILE *f = fopen(path, "rb");
+	uint8_t *b;
+	long sz;
+
+	assert_non_null(f);
+	assert_int_equal(fseek(f, 0, SEEK_END), 0);
+	sz = ftell(f);
+	assert_true(sz > 0);
+	rewind(f);
+	b = malloc((size_t)sz);
+	assert_non_null(b);
+	assert_int_equal(fread(b, 1, (size_t)sz, f), (size_t)sz);
+	fclose(f);
+	*n = (size_t)sz;
+	return b;
+}
+
+/* Fill tensors made by several threads (gpud_gguf_w_set_threads): the
+ * bytes of one thread's file, for tensors of several 8 MiB batches, of
+ * fewer rows than threads and of one row; a failing row is named as with
+ * one thread. */
+static void test_writer_threads(void **state)
+{
+	static const int counts[] = { 1, 3, 16, 0 };
+	int tags[4] = { 1, 2, 3, 4 };
+	/* F32 rows of 32 KiB: 256 a batch */
+	const uint64_t ne_f32[2] = { 8192, 600 }, ne_q8[2] = { 1024, 40 };
+	const uint64_t ne_k[2] = { 256, 7 }, ne_one[2] = { 64, 1 };
+	uint8_t *want = NULL;
+	size_t nwant = 0;
+	char path[128];
+
+	(void)state;
+	tmp_path(path, sizeof(path), "threads.gguf");
+	for (size_t i = 0; i < sizeof(counts) / sizeof(counts[0]); i++) {
+		struct gpud_gguf_writer *w;
+		uint8_t *got;
+		size_t n;
+
+		assert_int_equal(gpud_gguf_writer_new(&w), 0);
+		gpud_gguf_w_set_threads(w, counts[i]);
+		assert_int_equal(gpud_gguf_w_u32(w, "k", 7), 0);
+		assert_int_equal(gpud_gguf_w_tensor_fill(w, "f32", GPUD_TYPE_F32, 2, ne_f32,
+							 fill_rows, &tags[0]), 0);
+		assert_int_equal(gpud_gguf_w_tensor_fill(w, "q8", GPUD_TYPE_Q8_0, 2, ne_q8,
+							 fill_rows, &tags[1]), 0);
+		assert_int_equal(gpud_gguf_w_tensor_fill(w, "q4k", GPUD_TYPE_Q4_K, 2, ne_k,
+							 fill_rows, &tags[2]), 0);
+		assert_int_equal(gpud_gguf_w_tensor_fill(w, "one", GPUD_TYPE_Q4_0, 2, ne_one,
+							 fill_rows, &tags[3]), 0);
+		assert_int_equal(gpud_gguf_w_write(w, path, errbuf, sizeof(errbuf)), 0);
+		got = slurp(path, &n);
+		if (!want) {
+			want = got;
+			nwant = n;
+			assert_true(n > 2 * (8u << 20)); /* three batches of F32 */
+		} else {
+			assert_int_equal(n, nwant);
+			assert_memory_equal(got, want, n);
+			free(got);
+		}
+		if (counts[i] == 3) { /* a failing row, in the second batch */
+			struct gpud_gguf_writer *wf;
+
+			assert_int_equal(gpud_gguf_writer_new(&wf), 0);
+			gpud_gguf_w_set_threads(wf, 3);
+			assert_int_equal(gpud_gguf_w_tensor_fill(wf, "f", GPUD_TYPE_F32, 2, ne_f32,
+								 fill_failing, &tags[1]), 0);
+			fill_fail_at = 300;
+			assert_int_equal(gpud_gguf_w_write(wf, path, errbuf, sizeof(errbuf)), -EIO);
+			assert_non_null(strstr(errbuf, "fill callback failed for 'f' row 300"));
+			fill_fail_at = -1;
+			gpud_gguf_writer_free(wf);
+		}
+		gpud_gguf_writer_free(w);
+	}
+	free(want);
+}
+
 static void test_writer_round_trip(void **state)
 {
 	(void)state;
@@ -1323,6 +1405,7 @@ int main(void)
 		cmocka_unit_test(test_stories_truncate),
 		cmocka_unit_test(test_stories_fields),
 		cmocka_unit_test(test_writer_round_trip),
+		cmocka_unit_test(test_writer_threads),
 		cmocka_unit_test(test_writer_errors),
 		cmocka_unit_test(test_writer_write_failure),
 		cmocka_unit_test(test_writer_alignment_and_empty),
