@@ -469,38 +469,65 @@ static void *fill_job_run(void *arg)
 }
 
 /* Streams a fill tensor: batches of rows (about W_FILL_BATCH bytes of
- * output) filled and converted by nt threads side by side, each batch
- * then written in row order: the same bytes whatever nt. */
+ * output, at least a row a thread) filled and converted by nt threads side
+ * by side, each batch then written in row order: the same bytes whatever
+ * nt. The buffers are one write's (w_fill_bufs), not one tensor's: a
+ * model's worth of tensors never adds up in the allocator's caches. */
 #define W_FILL_BATCH (8u << 20)
 
-static int w_fill_rows(FILE *f, const struct wtensor *t, int nt, char *err, size_t errlen,
-		       const char *path)
+struct fill_bufs {
+	uint8_t *out;   /* a batch of converted rows */
+	float *rows;    /* nt rows of floats */
+	int nt;
+};
+
+static uint64_t w_fill_batch(const struct wtensor *t, int nt)
+{
+	uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
+	uint64_t b = W_FILL_BATCH / gpud_type_row_bytes(t->type, t->ne[0]);
+
+	if (b < (uint64_t)nt)
+		b = (uint64_t)nt;
+	return b < rows ? b : rows;
+}
+
+/* Buffers for every fill tensor of w: the largest batch, nt rows of the
+ * widest. Returns 0 or -ENOMEM. */
+static int w_fill_bufs(const struct gpud_gguf_writer *w, struct fill_bufs *fb)
+{
+	uint64_t out = 0, cols = 0;
+
+	fb->nt = w->threads;
+	for (size_t i = 0; i < w->n_t; i++) {
+		const struct wtensor *t = &w->t[i];
+		uint64_t b;
+
+		if (!t->fill)
+			continue;
+		b = w_fill_batch(t, fb->nt) * gpud_type_row_bytes(t->type, t->ne[0]);
+		out = b > out ? b : out;
+		cols = t->ne[0] > cols ? t->ne[0] : cols;
+	}
+	if (!out)
+		return 0;
+	fb->out = malloc(out);
+	fb->rows = malloc((size_t)fb->nt * cols * sizeof(float));
+	return fb->out && fb->rows ? 0 : -ENOMEM;
+}
+
+static int w_fill_rows(FILE *f, const struct wtensor *t, const struct fill_bufs *fb, char *err,
+		       size_t errlen, const char *path)
 {
 	uint64_t cols = t->ne[0];
 	uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
 	size_t rb = gpud_type_row_bytes(t->type, cols);
-	uint64_t batch = W_FILL_BATCH / rb;
+	uint64_t batch = w_fill_batch(t, fb->nt);
+	int nt = (uint64_t)fb->nt > batch ? (int)batch : fb->nt;
 	struct fill_job jobs[GPUD_GGUF_W_MAX_THREADS];
 	pthread_t th[GPUD_GGUF_W_MAX_THREADS];
 	bool made[GPUD_GGUF_W_MAX_THREADS];
-	float *rowbuf = NULL;
-	uint8_t *out = NULL;
 	int rc = 0;
 
-	if (batch < (uint64_t)nt)
-		batch = (uint64_t)nt;
-	if (batch > rows)
-		batch = rows;
-	if ((uint64_t)nt > batch)
-		nt = (int)batch;
-	out = malloc(batch * rb);
-	if (t->type != GPUD_TYPE_F32)
-		rowbuf = malloc((size_t)nt * cols * sizeof(*rowbuf));
-	if (!out || (t->type != GPUD_TYPE_F32 && !rowbuf)) {
-		rc = sw_seterr(err, errlen, -ENOMEM, "%s: out of memory for the rows of '%s'",
-			       path, t->name);
-		goto out_free;
-	}
 	for (uint64_t b0 = 0; b0 < rows; b0 += batch) {
 		uint64_t n = rows - b0 < batch ? rows - b0 : batch, per = (n + nt - 1) / nt;
 
@@ -509,8 +536,8 @@ static int w_fill_rows(FILE *f, const struct wtensor *t, int nt, char *err, size
 			uint64_t e = a + per < n ? a + per : n;
 
 			jobs[k] = (struct fill_job){ .t = t, .r0 = b0 + a, .r1 = b0 + e, .rb = rb,
-						     .out = out + a * rb,
-						     .row = rowbuf ? rowbuf + (size_t)k * cols : NULL };
+						     .out = fb->out + a * rb,
+						     .row = fb->rows + (size_t)k * cols };
 			made[k] = k && e > a &&
 				  pthread_create(&th[k], NULL, fill_job_run, &jobs[k]) == 0;
 		}
@@ -525,21 +552,15 @@ static int w_fill_rows(FILE *f, const struct wtensor *t, int nt, char *err, size
 			if (!jobs[k].rc)
 				continue;
 			rc = jobs[k].rc < 0 ? jobs[k].rc : -EIO;
-			sw_seterr(err, errlen, rc,
-				  "%s: fill callback failed for '%s' row %" PRIu64 ": %s", path,
-				  t->name, jobs[k].bad_row, sw_strerror(jobs[k].rc));
-			goto out_free;
+			return sw_seterr(err, errlen, rc,
+					 "%s: fill callback failed for '%s' row %" PRIu64 ": %s", path,
+					 t->name, jobs[k].bad_row, sw_strerror(jobs[k].rc));
 		}
-		rc = w_put(f, out, n * rb);
-		if (rc) {
-			sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-			goto out_free;
-		}
+		rc = w_put(f, fb->out, n * rb);
+		if (rc)
+			return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
 	}
-out_free:
-	free(rowbuf);
-	free(out);
-	return rc;
+	return 0;
 }
 
 static int w_contents(struct gpud_gguf_writer *w, FILE *f, const char *path,
@@ -581,23 +602,33 @@ static int w_contents(struct gpud_gguf_writer *w, FILE *f, const char *path,
 	uint64_t pos = align_up(header, w->alignment);
 	if ((rc = w_zeros(f, pos - header)))
 		return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
+	struct fill_bufs fb = { 0 };
+	if ((rc = w_fill_bufs(w, &fb))) {
+		sw_seterr(err, errlen, rc, "%s: out of memory for a batch of rows", path);
+		goto out;
+	}
 	pos = 0;
 	for (size_t i = 0; i < w->n_t; i++) {
 		const struct wtensor *t = &w->t[i];
-		if ((rc = w_zeros(f, t->offset - pos)))
-			return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
+		if ((rc = w_zeros(f, t->offset - pos))) {
+			sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
+			goto out;
+		}
 		if (t->data)
 			rc = w_put(f, t->data, t->nbytes);
 		else
-			rc = w_fill_rows(f, t, w->threads, err, errlen, path);
+			rc = w_fill_rows(f, t, &fb, err, errlen, path);
 		if (rc) {
 			if (t->data)
 				sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
-			return rc;
+			goto out;
 		}
 		pos = t->offset + t->nbytes;
 	}
-	return 0;
+out:
+	free(fb.out);
+	free(fb.rows);
+	return rc;
 }
 
 int gpud_gguf_w_write(struct gpud_gguf_writer *w, const char *path, char *err, size_t errlen)

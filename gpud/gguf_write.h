@@ -2,8 +2,9 @@
  *
  * Collects metadata and tensors in memory, then writes a GGUF v3 file in
  * one pass. Tensor data passed to gpud_gguf_w_tensor is copied; tensors
- * added with gpud_gguf_w_tensor_fill are produced row by row at write time,
- * so a model of any size is written with O(one row) of memory. Keys are
+ * added with gpud_gguf_w_tensor_fill are produced at write time in batches
+ * of rows (8 MiB of output), so a model of any size is written in that
+ * much memory. Keys are
  * written in the order added, tensors in the order added, each tensor's data
  * aligned to general.alignment (32, or what a u32 "general.alignment" key
  * set). All functions return 0 or a negative code: -EINVAL (bad argument:

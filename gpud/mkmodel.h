@@ -123,8 +123,8 @@ uint32_t gpud_mkmodel_file_type(const struct gpud_mkmodel_params *p);
 int gpud_mkmodel_plan(const struct gpud_mkmodel_params *p, struct gpud_mkmodel_plan *plan,
 		      char *err, size_t errlen);
 
-/* Validates p and writes the model to p->out. Memory use is a few rows
- * plus the vocabulary, whatever the model size. On error nothing is left
+/* Validates p and writes the model to p->out. Memory use is a batch of
+ * rows (8 MiB of output) plus the vocabulary, whatever the model size. On error nothing is left
  * at p->out (an existing file there is kept), a negative code is returned
  * and err says why. */
 int gpud_mkmodel(const struct gpud_mkmodel_params *p, char *err, size_t errlen);

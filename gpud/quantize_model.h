@@ -14,8 +14,8 @@
  * it has no kernels for (gpud_cuda_pack_rows). A matrix already in its new
  * type, and every other tensor (norms, biases, rope_freqs, tensors gpud
  * does not read), is copied byte for byte. The output is written
- * atomically (gguf_write.h), streamed a row at a time: memory stays a few
- * rows whatever the model's size.
+ * atomically (gguf_write.h), streamed in batches of rows made on every
+ * CPU: memory stays a batch (8 MiB of output) whatever the model's size.
  *
  * A matrix held in a quantized type and asked for another quantized type
  * (Q4_K -> Q8_0, Q8_0 -> Q4_K_M) rounds weights that are already rounded:
