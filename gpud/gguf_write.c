@@ -10,8 +10,6 @@
 
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/err.h"
+#include "common/par.h"
 #include "gpud/gguf_impl.h"
 #include "gpud/quant.h"
 
@@ -261,13 +260,8 @@ int gpud_gguf_w_copy_kv(struct gpud_gguf_writer *w, const struct gpud_gguf *src,
 
 void gpud_gguf_w_set_threads(struct gpud_gguf_writer *w, int n)
 {
-	if (n <= 0) { /* the CPUs this process may run on */
-		cpu_set_t set;
-		long c = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set)
-								      : sysconf(_SC_NPROCESSORS_ONLN);
-
-		n = c < 1 ? 1 : c > GPUD_GGUF_W_MAX_THREADS ? GPUD_GGUF_W_MAX_THREADS : (int)c;
-	}
+	if (n <= 0)
+		n = sw_par_cpus(GPUD_GGUF_W_MAX_THREADS);
 	w->threads = n > GPUD_GGUF_W_MAX_THREADS ? GPUD_GGUF_W_MAX_THREADS : n;
 }
 
@@ -435,37 +429,38 @@ static int w_str(FILE *f, const char *s)
 
 /* Streams a fill tensor row by row: one row of floats and one converted row
  * are the only buffers. */
-/* Rows [r0, r1) of a fill tensor into out (rb bytes a row): filled, and
- * converted through row (cols floats) unless F32. One per thread. */
-struct fill_job {
+/* One batch of a fill tensor's rows, [b0, b0 + n): each part's rows
+ * filled and converted into out (rb bytes a row) through its own row of
+ * floats; a part's first failing row and code kept. */
+struct fill_batch {
 	const struct wtensor *t;
-	uint64_t r0, r1, bad_row;
+	uint64_t b0;
 	size_t rb;
 	uint8_t *out;
-	float *row;
-	int rc;
+	float *rows;
+	int rc[GPUD_GGUF_W_MAX_THREADS];
+	uint64_t bad_row[GPUD_GGUF_W_MAX_THREADS];
 };
 
-static void *fill_job_run(void *arg)
+static void fill_part(void *arg, int part, uint64_t a, uint64_t e)
 {
-	struct fill_job *j = arg;
-	const struct wtensor *t = j->t;
+	struct fill_batch *fb = arg;
+	const struct wtensor *t = fb->t;
 	uint64_t cols = t->ne[0];
 
-	for (uint64_t r = j->r0; r < j->r1; r++) {
-		uint8_t *dst = j->out + (r - j->r0) * j->rb;
-		float *x = t->type == GPUD_TYPE_F32 ? (float *)dst : j->row;
-		int rc = t->fill(t->arg, r, x, cols);
+	for (uint64_t i = a; i < e; i++) {
+		uint8_t *dst = fb->out + i * fb->rb;
+		float *x = t->type == GPUD_TYPE_F32 ? (float *)dst : fb->rows + (size_t)part * cols;
+		int rc = t->fill(t->arg, fb->b0 + i, x, cols);
 
 		if (rc) {
-			j->rc = rc;
-			j->bad_row = r;
-			return NULL;
+			fb->rc[part] = rc;
+			fb->bad_row[part] = fb->b0 + i;
+			return;
 		}
 		if (t->type != GPUD_TYPE_F32)
 			gpud_quantize_row(t->type, x, dst, (int64_t)cols);
 	}
-	return NULL;
 }
 
 /* Streams a fill tensor: batches of rows (about W_FILL_BATCH bytes of
@@ -518,45 +513,25 @@ static int w_fill_bufs(const struct gpud_gguf_writer *w, struct fill_bufs *fb)
 static int w_fill_rows(FILE *f, const struct wtensor *t, const struct fill_bufs *fb, char *err,
 		       size_t errlen, const char *path)
 {
-	uint64_t cols = t->ne[0];
 	uint64_t rows = t->ne[1] * t->ne[2] * t->ne[3];
-	size_t rb = gpud_type_row_bytes(t->type, cols);
 	uint64_t batch = w_fill_batch(t, fb->nt);
-	int nt = (uint64_t)fb->nt > batch ? (int)batch : fb->nt;
-	struct fill_job jobs[GPUD_GGUF_W_MAX_THREADS];
-	pthread_t th[GPUD_GGUF_W_MAX_THREADS];
-	bool made[GPUD_GGUF_W_MAX_THREADS];
-	int rc = 0;
+	struct fill_batch b = { .t = t, .rb = gpud_type_row_bytes(t->type, t->ne[0]),
+				.out = fb->out, .rows = fb->rows };
+	int rc;
 
-	for (uint64_t b0 = 0; b0 < rows; b0 += batch) {
-		uint64_t n = rows - b0 < batch ? rows - b0 : batch, per = (n + nt - 1) / nt;
+	for (b.b0 = 0; b.b0 < rows; b.b0 += batch) {
+		uint64_t n = rows - b.b0 < batch ? rows - b.b0 : batch;
 
-		for (int k = 0; k < nt; k++) {
-			uint64_t a = (uint64_t)k * per < n ? (uint64_t)k * per : n;
-			uint64_t e = a + per < n ? a + per : n;
-
-			jobs[k] = (struct fill_job){ .t = t, .r0 = b0 + a, .r1 = b0 + e, .rb = rb,
-						     .out = fb->out + a * rb,
-						     .row = fb->rows + (size_t)k * cols };
-			made[k] = k && e > a &&
-				  pthread_create(&th[k], NULL, fill_job_run, &jobs[k]) == 0;
-		}
-		fill_job_run(&jobs[0]);
-		for (int k = 1; k < nt; k++) {
-			if (made[k])
-				pthread_join(th[k], NULL);
-			else
-				fill_job_run(&jobs[k]); /* no thread: done here */
-		}
-		for (int k = 0; k < nt; k++) { /* the first failing row */
-			if (!jobs[k].rc)
+		sw_par_ranges(n, fb->nt, fill_part, &b);
+		for (int k = 0; k < fb->nt; k++) { /* the first failing row */
+			if (!b.rc[k])
 				continue;
-			rc = jobs[k].rc < 0 ? jobs[k].rc : -EIO;
+			rc = b.rc[k] < 0 ? b.rc[k] : -EIO;
 			return sw_seterr(err, errlen, rc,
 					 "%s: fill callback failed for '%s' row %" PRIu64 ": %s", path,
-					 t->name, jobs[k].bad_row, sw_strerror(jobs[k].rc));
+					 t->name, b.bad_row[k], sw_strerror(b.rc[k]));
 		}
-		rc = w_put(f, fb->out, n * rb);
+		rc = w_put(f, fb->out, n * b.rb);
 		if (rc)
 			return sw_seterr(err, errlen, rc, "%s: write: %s", path, strerror(-rc));
 	}

@@ -31,11 +31,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 extern "C" {
 #include "common/err.h"
 #include "common/log.h"
+#include "common/par.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
 }
@@ -798,7 +798,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 		// one a CPU, at most GPUD_CUDA_PACK_THREADS; the variable of that
 		// name to choose (the tests compare 1 with 8: the bits)
 		const char *e = getenv("GPUD_CUDA_PACK_THREADS");
-		long n = e && *e ? strtol(e, nullptr, 10) : sysconf(_SC_NPROCESSORS_ONLN);
+		long n = e && *e ? strtol(e, nullptr, 10) : sw_par_cpus(GPUD_CUDA_PACK_THREADS);
 
 		c->pack_threads = n < 1 ? 1 : n > GPUD_CUDA_PACK_THREADS ? GPUD_CUDA_PACK_THREADS : (int)n;
 	}

@@ -9,10 +9,10 @@
 
 #include <driver_types.h>
 #include <errno.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "common/err.h"
+#include "common/par.h"
 #include "gpud/mask.h"
 #include "gpud/model.h"
 #include "gpud/quant.h"
@@ -113,54 +113,32 @@ void gpud_cuda_pack_rows(const struct gpud_weight *w, uint64_t r0, uint64_t n, u
 	}
 }
 
-struct pack_job {
+struct pack_par {
 	const struct gpud_weight *w;
-	uint64_t r0, n;
-	uint8_t *q, *d;
-	void *tmp;
+	uint64_t r0, rowq, rowd, tb;
+	uint8_t *q, *d, *tmp;
 };
 
-static void *pack_main(void *arg)
+static void pack_part(void *arg, int part, uint64_t a, uint64_t e)
 {
-	struct pack_job *j = arg;
+	struct pack_par *p = arg;
 
-	gpud_cuda_pack_rows(j->w, j->r0, j->n, j->q, j->d, j->tmp);
-	return NULL;
+	gpud_cuda_pack_rows(p->w, p->r0 + a, e - a, p->q + a * p->rowq, p->d + a * p->rowd,
+			    p->tmp + (uint64_t)part * p->tb);
 }
 
 void gpud_cuda_pack_rows_par(const struct gpud_weight *w, uint64_t r0, uint64_t n, uint8_t *q,
 			     uint8_t *d, uint8_t *tmp, int nt)
 {
-	struct pack_job jobs[GPUD_CUDA_PACK_THREADS] = { 0 };
-	pthread_t th[GPUD_CUDA_PACK_THREADS];
-	bool made[GPUD_CUDA_PACK_THREADS] = { false };
-	uint64_t tb = gpud_cuda_pack_tmp_bytes(w), nb = (uint64_t)w->cols / GPUD_QK;
-	uint64_t rowq = nb * (gpud_cuda_dev_type(w->type) == GPUD_TYPE_Q4_0 ? 16 : 32);
-	uint64_t per;
+	uint64_t nb = (uint64_t)w->cols / GPUD_QK;
+	struct pack_par p = { w, r0, nb * (gpud_cuda_dev_type(w->type) == GPUD_TYPE_Q4_0 ? 16 : 32),
+			      nb * 2, gpud_cuda_pack_tmp_bytes(w), q, d, tmp };
 
 	if (nt > GPUD_CUDA_PACK_THREADS)
 		nt = GPUD_CUDA_PACK_THREADS;
-	if (!tb || nt < 2 || n < (uint64_t)nt * 4) { /* splits only copy: one thread */
-		gpud_cuda_pack_rows(w, r0, n, q, d, tmp);
-		return;
-	}
-	per = (n + (uint64_t)nt - 1) / (uint64_t)nt;
-	for (int k = 0; k < nt; k++) {
-		uint64_t a = (uint64_t)k * per < n ? (uint64_t)k * per : n;
-		uint64_t b = a + per < n ? a + per : n;
-
-		jobs[k] = (struct pack_job){ w, r0 + a, b - a, q + a * rowq, d + a * nb * 2,
-					     tmp + (uint64_t)k * tb };
-		if (k && b > a)
-			made[k] = pthread_create(&th[k], NULL, pack_main, &jobs[k]) == 0;
-	}
-	pack_main(&jobs[0]);
-	for (int k = 1; k < nt; k++) {
-		if (made[k])
-			pthread_join(th[k], NULL);
-		else if (jobs[k].n) /* no thread: the caller does its rows */
-			pack_main(&jobs[k]);
-	}
+	if (!p.tb || nt < 2 || n < (uint64_t)nt * 4) /* splits only copy: one thread */
+		nt = 1;
+	sw_par_ranges(n, nt, pack_part, &p);
 }
 
 static int check_weight(const struct gpud_weight *w, const char *name, uint64_t *sum,
