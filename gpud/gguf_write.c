@@ -427,8 +427,6 @@ static int w_str(FILE *f, const char *s)
 	return rc ? rc : w_put(f, s, n);
 }
 
-/* Streams a fill tensor row by row: one row of floats and one converted row
- * are the only buffers. */
 /* One batch of a fill tensor's rows, [b0, b0 + n): each part's rows
  * filled and converted into out (rb bytes a row) through its own row of
  * floats; a part's first failing row and code kept. */
