@@ -47,8 +47,8 @@ int main(int argc, char **argv)
 	struct gpud_model *m = NULL;
 	char err[SW_ERR_MAX];
 	static struct per_type pt[GPUD_TYPE_COUNT];
-	const struct gpud_weight *ws[1024];
-	size_t nw = 0;
+	const struct gpud_weight **ws;
+	size_t nw;
 	uint64_t chunk_bytes = 8u << 20, max_cols = 0;
 	uint8_t *q, *d, *tmp;
 
@@ -74,25 +74,13 @@ int main(int argc, char **argv)
 		fprintf(stderr, "bench_upload: %s\n", err);
 		return 1;
 	}
-	{
-		const struct gpud_model_weights *w = gpud_model_weights(m);
-		const struct gpud_model_hparams *hp = gpud_model_hparams(m);
-
-		ws[nw++] = &w->tok_embd;
-		if (w->output.data != w->tok_embd.data)
-			ws[nw++] = &w->output;
-		for (uint32_t l = 0; l < hp->n_layers && nw + 7 <= 1024; l++) {
-			const struct gpud_layer_weights *L = &w->layers[l];
-
-			ws[nw++] = &L->wq;
-			ws[nw++] = &L->wk;
-			ws[nw++] = &L->wv;
-			ws[nw++] = &L->wo;
-			ws[nw++] = &L->w_gate;
-			ws[nw++] = &L->w_up;
-			ws[nw++] = &L->w_down;
-		}
+	nw = gpud_model_matrices(m, NULL, 0);
+	ws = calloc(nw, sizeof(*ws));
+	if (!ws) {
+		fprintf(stderr, "bench_upload: out of memory\n");
+		return 1;
 	}
+	gpud_model_matrices(m, ws, nw);
 	for (size_t i = 0; i < nw; i++)
 		if ((uint64_t)ws[i]->cols > max_cols)
 			max_cols = (uint64_t)ws[i]->cols;
@@ -153,6 +141,7 @@ int main(int argc, char **argv)
 	free(q);
 	free(d);
 	free(tmp);
+	free(ws);
 	gpud_model_free(m);
 	return 0;
 }

@@ -477,3 +477,33 @@ const struct gpud_tokenizer *gpud_model_tokenizer(const struct gpud_model *m) { 
 const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m) { return m->g; }
 const char *gpud_model_path(const struct gpud_model *m) { return m->path; }
 size_t gpud_model_weight_bytes(const struct gpud_model *m) { return m->weight_bytes; }
+
+size_t gpud_model_matrices(const struct gpud_model *m, const struct gpud_weight **out,
+			   size_t cap)
+{
+	const struct gpud_model_weights *w = &m->w;
+	size_t n = 0;
+
+#define PUT(x)                   \
+	do {                     \
+		if (n < cap)     \
+			out[n] = (x); \
+		n++;             \
+	} while (0)
+	PUT(&w->tok_embd);
+	if (w->output.data != w->tok_embd.data)
+		PUT(&w->output);
+	for (uint32_t i = 0; i < m->hp.n_layers; i++) {
+		const struct gpud_layer_weights *L = &w->layers[i];
+
+		PUT(&L->wq);
+		PUT(&L->wk);
+		PUT(&L->wv);
+		PUT(&L->wo);
+		PUT(&L->w_gate);
+		PUT(&L->w_up);
+		PUT(&L->w_down);
+	}
+#undef PUT
+	return n;
+}

@@ -127,6 +127,12 @@ const struct gpud_tokenizer *gpud_model_tokenizer(const struct gpud_model *m);
 const struct gpud_gguf *gpud_model_gguf(const struct gpud_model *m);
 /* The path given to gpud_model_load (a copy owned by the model). */
 const char *gpud_model_path(const struct gpud_model *m);
+/* The weight matrices, in file-independent order: token_embd, output
+ * (unless tied), then each layer's wq, wk, wv, wo, w_gate, w_up, w_down.
+ * Writes the first cap of them to out (out may be NULL when cap is 0) and
+ * returns how many there are. */
+size_t gpud_model_matrices(const struct gpud_model *m, const struct gpud_weight **out,
+			   size_t cap);
 /* Bytes of all weight tensors the forward pass reads once per step. */
 size_t gpud_model_weight_bytes(const struct gpud_model *m);
 

@@ -27,38 +27,19 @@ static int qm_fill(void *arg, uint64_t row, float *out, uint64_t cols)
 	return 0;
 }
 
-/* Whether name is one of the matrices gpud reads and quantize converts:
- * token_embd, output, and blk.N.{attn_q,attn_k,attn_v,attn_output,
- * ffn_gate,ffn_up,ffn_down}.weight. */
-static bool qm_matrix(const char *name)
-{
-	static const char *const layer[] = { "attn_q", "attn_k", "attn_v", "attn_output",
-					     "ffn_gate", "ffn_up", "ffn_down" };
-	const char *p;
-
-	if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight"))
-		return true;
-	if (strncmp(name, "blk.", 4))
-		return false;
-	p = name + 4;
-	if (*p < '0' || *p > '9')
-		return false;
-	while (*p >= '0' && *p <= '9')
-		p++;
-	if (*p++ != '.')
-		return false;
-	for (size_t i = 0; i < sizeof(layer) / sizeof(layer[0]); i++) {
-		size_t n = strlen(layer[i]);
-
-		if (!strncmp(p, layer[i], n) && !strcmp(p + n, ".weight"))
-			return true;
-	}
-	return false;
-}
-
+/* Whether the type holds integer quants (gpud/quant.h's traits). */
 static bool qm_quantized(enum gpud_type t)
 {
-	return t != GPUD_TYPE_F32 && t != GPUD_TYPE_F16 && t != GPUD_TYPE_BF16;
+	return gpud_type_traits(t)->quantized;
+}
+
+/* Whether tensor data is one of the model's matrices (mats: n of them). */
+static bool qm_matrix(const void *data, const struct gpud_weight *const *mats, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (mats[i]->data == data)
+			return true;
+	return false;
 }
 
 static bool skip_file_type(const char *key, void *arg)
@@ -81,6 +62,8 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 	struct gpud_model *m = NULL;
 	struct gpud_gguf_writer *w = NULL;
 	struct qm_src *srcs = NULL;
+	const struct gpud_weight **mats = NULL;
+	size_t n_mats;
 	struct gpud_mkmodel_params mp;
 	struct gpud_quantize_report r = { 0 };
 	const struct gpud_gguf *g;
@@ -109,11 +92,14 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 	mp.n_layers = hp->n_layers;
 	mp.tied = !gpud_gguf_find_tensor(g, "output.weight");
 	r.tensors = gpud_gguf_n_tensors(g);
+	n_mats = gpud_model_matrices(m, NULL, 0);
 	srcs = calloc(r.tensors ? r.tensors : 1, sizeof(*srcs));
-	if (!srcs) {
+	mats = calloc(n_mats, sizeof(*mats));
+	if (!srcs || !mats) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "quantize: out of memory");
 		goto out;
 	}
+	gpud_model_matrices(m, mats, n_mats);
 	if ((rc = gpud_gguf_writer_new(&w)) == 0)
 		gpud_gguf_w_set_threads(w, 0); /* qm_fill only reads: rows on every CPU */
 	if (rc || (rc = gpud_gguf_w_copy_kv(w, g, skip_file_type, NULL)) ||
@@ -125,7 +111,7 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(g, i);
 		enum gpud_type to = t->type;
 
-		if (t->n_dims == 2 && qm_matrix(t->name))
+		if (qm_matrix(t->data, mats, n_mats))
 			to = gpud_mkmodel_tensor_type(&mp, t->name);
 		r.in_bytes += t->nbytes;
 		if (to == t->type) {
@@ -172,6 +158,7 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 		*rep = r;
 out:
 	gpud_gguf_writer_free(w);
+	free(mats);
 	free(srcs);
 	gpud_model_free(m);
 	return rc;

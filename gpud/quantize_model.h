@@ -4,8 +4,9 @@
  * The source is loaded and checked as gpud serve would load it
  * (gpud_model_load: architecture, shapes, tokenizer, finite block
  * factors). Its metadata is copied as it is but general.file_type (set
- * for the new type); its tensors are written in their order. The layer
- * matrices, token_embd and output (2-D, llama.cpp's names) take the type
+ * for the new type); its tensors are written in their order. The
+ * matrices the model reads (gpud_model_matrices: token_embd, output, the
+ * layers' seven) take the type
  * gpud_mkmodel_tensor_type gives them (the K mixes' Q6_K tensors, the
  * 32-weight fallbacks for rows no 256-weight block fits), each row
  * decoded from the source type (gpud_dequantize_row) and encoded in the

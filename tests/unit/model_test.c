@@ -380,6 +380,44 @@ static const char *gen(const char *name, enum gpud_arch arch, bool bias, bool ti
 	return path;
 }
 
+/* gpud_model_matrices: token_embd, output unless tied, each layer's seven
+ * in order; a short buffer gets the first ones and the full count. */
+static void test_matrices(void **state)
+{
+	(void)state;
+	for (int tied = 0; tied < 2; tied++) {
+		struct gpud_model *m = NULL;
+		const struct gpud_weight *ws[32], *few[3] = { NULL, NULL, NULL };
+		const struct gpud_model_weights *w;
+		char err[SW_ERR_MAX] = "";
+		size_t n, k = 0;
+
+		if (gpud_model_load(&m, gen(tied ? "mt.gguf" : "mu.gguf", GPUD_ARCH_LLAMA, false,
+					    tied), err, sizeof(err)))
+			fail_msg("%s", err);
+		w = gpud_model_weights(m);
+		n = gpud_model_matrices(m, ws, 32);
+		assert_int_equal(n, (tied ? 1 : 2) + 7 * gpud_model_hparams(m)->n_layers);
+		assert_ptr_equal(ws[k++], &w->tok_embd);
+		if (!tied)
+			assert_ptr_equal(ws[k++], &w->output);
+		for (uint32_t i = 0; i < gpud_model_hparams(m)->n_layers; i++) {
+			const struct gpud_layer_weights *L = &w->layers[i];
+			const struct gpud_weight *want[] = { &L->wq, &L->wk, &L->wv, &L->wo,
+							     &L->w_gate, &L->w_up, &L->w_down };
+
+			for (int j = 0; j < 7; j++)
+				assert_ptr_equal(ws[k++], want[j]);
+		}
+		assert_int_equal(gpud_model_matrices(m, NULL, 0), n);
+		assert_int_equal(gpud_model_matrices(m, few, 2), n);
+		assert_ptr_equal(few[0], ws[0]);
+		assert_ptr_equal(few[1], ws[1]);
+		assert_null(few[2]);
+		gpud_model_free(m);
+	}
+}
+
 static void test_qwen2_hparams(void **state)
 {
 	struct gpud_model *m = NULL;
@@ -455,6 +493,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_stories_hparams),
+		cmocka_unit_test(test_matrices),
 		cmocka_unit_test(test_missing_file),
 		cmocka_unit_test(test_unsupported_arch),
 		cmocka_unit_test(test_missing_tensor),
