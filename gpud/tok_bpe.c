@@ -1,8 +1,8 @@
 /* tok_bpe.c - byte-level BPE encoding ("gpt2" vocabularies).
  *
- * The text is cut into pre-tokens by the expression tokenizer.ggml.pre
- * names (GPT-2, Llama 3, StarCoder, Qwen2), written as hand-made matchers over
- * code points and their Unicode classes; each pre-token's bytes map to
+ * The text is cut into pre-tokens by the expressions tokenizer.ggml.pre
+ * names (tok_pre.c: hand-made matchers over code points and their Unicode
+ * classes); each pre-token's bytes map to
  * GPT-2's printable code points and merge by rank, lowest first and
  * leftmost on ties, as in llama.cpp. Working memory comes from the
  * caller's arena.
@@ -154,139 +154,19 @@ static int bpe_word(const struct gpud_tokenizer *t, const uint8_t *w, size_t len
 	return 0;
 }
 
-/* Code points of a text run, their class bits and byte offsets. */
-struct cps {
-	const uint32_t *cp;  /* (n) */
-	const uint8_t *cl;   /* (n) gpud_uc_bits() */
-	const uint32_t *off; /* (n + 1) byte offset of each code point */
+/* One pre-token to bpe_word. */
+struct bpe_ctx {
+	const struct gpud_tokenizer *t;
+	const uint8_t *s;
+	const uint32_t *off;
+	struct emit *o;
+	struct sw_arena *ar;
 };
 
-static inline bool is_l(const struct cps *c, size_t i)
+static int bpe_piece(void *arg, size_t i, size_t j)
 {
-	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_LETTER;
-}
-
-static inline bool is_n(const struct cps *c, size_t i)
-{
-	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_NUMBER;
-}
-
-static inline bool is_s(const struct cps *c, size_t i)
-{
-	return (c->cl[i] & GPUD_UC_WS) != 0;
-}
-
-/* [^\s\p{L}\p{N}] */
-static inline bool is_o(const struct cps *c, size_t i)
-{
-	return !is_s(c, i) && !is_l(c, i) && !is_n(c, i);
-}
-
-static inline bool is_crlf(const struct cps *c, size_t i)
-{
-	return c->cp[i] == '\r' || c->cp[i] == '\n';
-}
-
-static inline uint32_t ascii_lower(uint32_t c)
-{
-	return c >= 'A' && c <= 'Z' ? c + 32 : c;
-}
-
-/* 's|'t|'re|'ve|'m|'ll|'d (case-insensitive when ci); returns the end or 0. */
-static size_t match_contraction(const struct cps *c, size_t i, size_t end, bool ci)
-{
-	if (c->cp[i] != '\'' || i + 1 >= end)
-		return 0;
-	uint32_t a = ci ? ascii_lower(c->cp[i + 1]) : c->cp[i + 1];
-	if (a == 's' || a == 't' || a == 'm' || a == 'd')
-		return i + 2;
-	if (i + 2 >= end)
-		return 0;
-	uint32_t b = ci ? ascii_lower(c->cp[i + 2]) : c->cp[i + 2];
-	if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
-		return i + 3;
-	return 0;
-}
-
-/* \s+(?!\S)|\s+ : a whitespace run, less its last character when a
- * non-space follows (that space then leads the next pre-token). */
-static size_t match_spaces(const struct cps *c, size_t i, size_t end)
-{
-	size_t j = i;
-	while (j < end && is_s(c, j))
-		j++;
-	if (j - i > 1 && j < end)
-		return j - 1;
-	return j > i ? j : i + 1;
-}
-
-/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static size_t match_gpt2(const struct cps *c, size_t i, size_t end)
-{
-	size_t j = match_contraction(c, i, end, false);
-	if (j)
-		return j;
-	size_t k = i;
-	if (c->cp[i] == ' ') {
-		if (i + 1 >= end)
-			return match_spaces(c, i, end);
-		k = i + 1;
-	}
-	if (is_l(c, k)) {
-		for (j = k + 1; j < end && is_l(c, j); j++)
-			;
-		return j;
-	}
-	if (is_n(c, k)) {
-		for (j = k + 1; j < end && is_n(c, j); j++)
-			;
-		return j;
-	}
-	if (is_o(c, k)) {
-		for (j = k + 1; j < end && is_o(c, j); j++)
-			;
-		return j;
-	}
-	return match_spaces(c, i, end);
-}
-
-/* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
- *  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
- * Qwen2's expression is the same with \p{N} instead of \p{N}{1,3}: digits
- * go one by one (max_digits 1). */
-static size_t match_llama3(const struct cps *c, size_t i, size_t end, size_t max_digits)
-{
-	size_t j = match_contraction(c, i, end, true);
-	if (j)
-		return j;
-	if (!is_crlf(c, i) && !is_n(c, i) &&
-	    (is_l(c, i) || (i + 1 < end && is_l(c, i + 1)))) {
-		for (j = i + 1; j < end && is_l(c, j); j++)
-			;
-		return j;
-	}
-	if (is_n(c, i)) {
-		for (j = i + 1; j < end && j - i < max_digits && is_n(c, j); j++)
-			;
-		return j;
-	}
-	size_t k = i;
-	if (c->cp[i] == ' ' && i + 1 < end)
-		k = i + 1;
-	if (is_o(c, k) && !(c->cp[i] == ' ' && k == i)) {
-		for (j = k + 1; j < end && is_o(c, j); j++)
-			;
-		while (j < end && is_crlf(c, j))
-			j++;
-		return j;
-	}
-	size_t last_nl = 0;
-	for (j = i; j < end && is_s(c, j); j++)
-		if (is_crlf(c, j))
-			last_nl = j + 1;
-	if (last_nl)
-		return last_nl;
-	return match_spaces(c, i, end);
+	struct bpe_ctx *x = arg;
+	return bpe_word(x->t, x->s + x->off[i], x->off[j] - x->off[i], x->o, x->ar);
 }
 
 int gpud__tok_bpe_encode(const struct gpud_tokenizer *t, const char *text, size_t len,
@@ -297,7 +177,6 @@ int gpud__tok_bpe_encode(const struct gpud_tokenizer *t, const char *text, size_
 	uint32_t *off = sw_arena_alloc(ar, (len + 1) * sizeof(*off), _Alignof(uint32_t));
 	uint8_t *cl = sw_arena_alloc(ar, len, 1);
 	size_t n = 0;
-	int rc;
 
 	if (!cp || !off || !cl)
 		return -ENOMEM;
@@ -311,34 +190,9 @@ int gpud__tok_bpe_encode(const struct gpud_tokenizer *t, const char *text, size_
 	}
 	off[n] = (uint32_t)len;
 
-	struct cps c = { cp, cl, off };
-	for (size_t i = 0; i < n;) {
-		size_t end = n;
-		if (t->pre == PRE_STARCODER) {
-			/* \p{N} splits first: each digit alone, the runs between
-			 * go through the GPT-2 expression on their own. */
-			if (is_n(&c, i)) {
-				end = i + 1;
-			} else {
-				for (end = i + 1; end < n && !is_n(&c, end); end++)
-					;
-			}
-		}
-		while (i < end) {
-			size_t j;
-			if (t->pre == PRE_LLAMA3)
-				j = match_llama3(&c, i, end, 3);
-			else if (t->pre == PRE_QWEN2)
-				j = match_llama3(&c, i, end, 1);
-			else
-				j = match_gpt2(&c, i, end);
-			rc = bpe_word(t, s + off[i], off[j] - off[i], o, ar);
-			if (rc)
-				return rc;
-			i = j;
-		}
-	}
-	return 0;
+	struct tok_cps c = { cp, cl, off };
+	struct bpe_ctx x = { t, s, off, o, ar };
+	return gpud__tok_pre_split(t->pre, &c, n, bpe_piece, &x);
 }
 
 size_t gpud__tok_bpe_scratch(size_t len)

@@ -453,33 +453,24 @@ static int load_config(struct gpud_tokenizer *t, const struct gpud_gguf *g, char
 				 n, s.s);
 	}
 
-	t->pre = PRE_GPT2;
-	if (t->kind == KIND_BPE && gpud_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0) {
-		if (str_is(&s, "default") || str_is(&s, "gpt-2")) {
-			t->pre = PRE_GPT2;
-		} else if (str_is(&s, "llama-bpe") || str_is(&s, "llama3") ||
-			   str_is(&s, "llama-v3")) {
-			t->pre = PRE_LLAMA3;
-		} else if (str_is(&s, "starcoder") || str_is(&s, "smollm")) {
-			/* SmolLM/SmolLM2 (llama architecture, 49152-token
-			 * vocabularies) split as StarCoder does: llama.cpp
-			 * gives both the same expressions */
-			t->pre = PRE_STARCODER;
-		} else if (str_is(&s, "qwen2") || str_is(&s, "deepseek-r1-qwen")) {
-			t->pre = PRE_QWEN2;
-		} else {
-			int n = s.len > 64 ? 64 : (int)s.len;
-			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-					 "tokenizer.ggml.pre \"%.*s\" is not supported "
-					 "(default, gpt-2, llama-bpe, starcoder, smollm, qwen2)",
-					 n, s.s);
-		}
+	/* No tokenizer.ggml.pre (files converted before it existed): llama.cpp's
+	 * default expressions, as llama.cpp reads such a file. */
+	bool ignore_merges = false, bpe_bos = false;
+	t->pre = PRE_DEFAULT;
+	if (t->kind == KIND_BPE && gpud_gguf_get_str(g, "tokenizer.ggml.pre", &s) == 0 &&
+	    gpud__tok_pre_lookup(s.s, s.len, &t->pre, &ignore_merges, &bpe_bos) != 0) {
+		int n = s.len > 64 ? 64 : (int)s.len;
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "tokenizer.ggml.pre \"%.*s\" is not supported (llama-bpe, "
+				 "qwen2, tekken, smollm, gpt-2, starcoder, default and their "
+				 "aliases: README, \"Pre-tokenizers\")",
+				 n, s.s);
 	}
-	/* Llama 3 (HF ignore_merges): a pre-token that is a whole token is
-	 * emitted as is, without running the merges. */
-	t->ignore_merges = t->kind == KIND_BPE && t->pre == PRE_LLAMA3;
+	/* Llama 3 and Tekken (HF ignore_merges): a pre-token that is a whole
+	 * token is emitted as is, without running the merges. */
+	t->ignore_merges = t->kind == KIND_BPE && ignore_merges;
 
-	t->add_bos = t->kind == KIND_SPM || t->pre == PRE_LLAMA3;
+	t->add_bos = t->kind == KIND_SPM || (t->kind == KIND_BPE && bpe_bos);
 	if (gpud_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) == 0)
 		t->add_bos = b;
 	if (gpud_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) == 0)

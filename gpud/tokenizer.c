@@ -3,7 +3,8 @@
  * SentencePiece or byte-level BPE encoder).
  *
  * The module's files: tok_load.c builds the tables from GGUF metadata,
- * tok_spm.c and tok_bpe.c encode a run of plain text, tok_decode.c turns
+ * tok_spm.c and tok_bpe.c encode a run of plain text (tok_pre.c cutting it
+ * into BPE pre-tokens), tok_decode.c turns
  * ids back into text, chat.c formats chat prompts; tokenizer_impl.h is
  * what they share.
  *

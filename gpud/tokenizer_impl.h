@@ -1,5 +1,5 @@
 /* tokenizer_impl.h - private to the tokenizer's files (tokenizer.c,
- * tok_load.c, tok_spm.c, tok_bpe.c, tok_decode.c).
+ * tok_load.c, tok_spm.c, tok_bpe.c, tok_pre.c, tok_decode.c).
  *
  * The loaded tokenizer is a few flat arrays copied out of the GGUF at load
  * (tok_load.c): token entries, one text blob, an open-addressing hash of
@@ -37,7 +37,17 @@ enum {
 };
 
 enum tok_kind { KIND_SPM, KIND_BPE };
-enum tok_pre { PRE_GPT2, PRE_LLAMA3, PRE_STARCODER, PRE_QWEN2 };
+/* BPE pre-tokenizers (tok_pre.c): llama.cpp's default, GPT-2, Llama 3,
+ * StarCoder, Qwen2, Mistral's Tekken, Seed-Coder. */
+enum tok_pre {
+	PRE_DEFAULT,
+	PRE_GPT2,
+	PRE_LLAMA3,
+	PRE_STARCODER,
+	PRE_QWEN2,
+	PRE_TEKKEN,
+	PRE_SEED_CODER,
+};
 
 #define TF_EOG 0x01
 #define TF_LSTRIP 0x02 /* whitespace before it is dropped when matched as special */
@@ -281,6 +291,27 @@ int gpud__tok_spm_encode(const struct gpud_tokenizer *t, const char *text, size_
 /* Upper bound of what gpud__tok_spm_encode takes from the arena for len
  * bytes, without the caller's slack. */
 size_t gpud__tok_spm_scratch(size_t len);
+
+/* tok_pre.c: a run of text as code points, their class bits
+ * (gpud_uc_bits) and the byte offset of each (off has n + 1 entries). */
+struct tok_cps {
+	const uint32_t *cp;
+	const uint8_t *cl;
+	const uint32_t *off;
+};
+
+/* Called with each pre-token [i, j) (code point indexes), in order; a
+ * nonzero return stops the split and is returned by it. */
+typedef int (*tok_piece_fn)(void *arg, size_t i, size_t j);
+
+/* Cuts code points [0, n) into pre-tokens as pre's expressions do. */
+int gpud__tok_pre_split(enum tok_pre pre, const struct tok_cps *c, size_t n, tok_piece_fn fn,
+			void *arg);
+
+/* tokenizer.ggml.pre name -> pre-tokenizer and the family's defaults for
+ * ignore_merges and add_bos; -1 for a name it does not know. */
+int gpud__tok_pre_lookup(const char *name, size_t len, enum tok_pre *pre, bool *ignore_merges,
+			 bool *add_bos);
 
 /* tok_bpe.c: pre-tokenizes one run of plain text and merges each
  * pre-token with the byte-level BPE ranks. Working memory from ar (not

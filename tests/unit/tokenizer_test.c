@@ -760,8 +760,9 @@ static void test_synthetic_bpe(void **state)
 	assert_memory_equal(back, "a\xEF\xBF\xBD\xEF\xBF\xBD", 7);
 	gpud_tokenizer_free(t);
 
-	/* "default" and a missing key mean GPT-2; add_bos_token is honoured;
-	 * eot_token_id joins the EOG set; unknown names fail clearly. */
+	/* "default" (llama.cpp's default expressions; a missing key too);
+	 * add_bos_token is honoured; eot_token_id joins the EOG set; unknown
+	 * names fail clearly. */
 	v.pre = "default";
 	v.add_bos = 1;
 	v.bos = 257;
@@ -773,10 +774,10 @@ static void test_synthetic_bpe(void **state)
 	assert_int_equal(k, 2);
 	assert_int_equal(ids[0], 257);
 	gpud_tokenizer_free(t);
-	v.pre = "tekken";
+	v.pre = "deepseek-llm";
 	assert_int_equal(build(&v, &t, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "tekken"));
-	assert_non_null(strstr(err, "qwen2")); /* the list of supported names */
+	assert_non_null(strstr(err, "deepseek-llm"));
+	assert_non_null(strstr(err, "tekken")); /* the names it knows */
 	v.pre = NULL;
 
 	/* Broken merges. */
@@ -851,6 +852,68 @@ static void test_synthetic_qwen2(void **state)
 	assert_int_equal(ids[0], 256);
 	assert_int_equal(ids[1], 257);
 	gpud_tokenizer_free(t);
+}
+
+/* Pre-tokenizers end to end (their splits alone: tok_pre_ref.py):
+ * Tekken splits words at case changes and whole-token pre-tokens skip the
+ * merges; llama.cpp's default (and a file without the key) cuts digit runs
+ * into threes where GPT-2 keeps them whole. */
+static void test_synthetic_pre(void **state)
+{
+	(void)state;
+	const char *toks[264];
+	fill_byte_chars(toks);
+	size_t n = 256;
+	toks[n++] = "Hello";       /* 256 */
+	toks[n++] = "World";       /* 257 */
+	toks[n++] = "12";          /* 258 */
+	toks[n++] = "34";          /* 259 */
+	toks[n++] = "1234";        /* 260 */
+	toks[n++] = "<s>";         /* 261 */
+	int32_t types[264];
+	for (size_t i = 0; i < n; i++)
+		types[i] = i == 261 ? 3 : 1;
+	const char *merges[] = { "1 2", "3 4", "12 34" };
+	struct vspec v = { VSPEC_DEFAULTS, .model = "gpt2", .pre = "tekken", .tokens = toks,
+			   .n = n, .types = types, .n_types = n, .merges = merges,
+			   .n_merges = 3 };
+	struct gpud_tokenizer *t;
+	char err[SW_ERR_MAX];
+	int32_t ids[16];
+
+	v.bos = 261;
+	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+	assert_true(gpud_tokenizer_add_bos(t)); /* Tekken's default */
+	size_t k = enc(t, "HelloWorld", 10, GPUD_TOK_ADD_BOS, ids, 16);
+	assert_int_equal(k, 3);
+	assert_int_equal(ids[0], 261);
+	assert_int_equal(ids[1], 256); /* no merge builds "Hello": */
+	assert_int_equal(ids[2], 257); /* whole-token pre-tokens */
+	k = enc(t, "12", 2, 0, ids, 16); /* digits one by one */
+	assert_int_equal(k, 2);
+	gpud_tokenizer_free(t);
+
+	v.pre = "gpt-2";
+	assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+	assert_false(gpud_tokenizer_add_bos(t));
+	k = enc(t, "HelloWorld", 10, 0, ids, 16);
+	assert_int_equal(k, 10); /* one pre-token, no merges: bytes */
+	k = enc(t, "x1234", 5, 0, ids, 16);
+	assert_int_equal(k, 2);
+	assert_int_equal(ids[1], 260);
+	gpud_tokenizer_free(t);
+
+	for (int missing = 0; missing < 2; missing++) {
+		v.pre = missing ? NULL : "default";
+		assert_int_equal(build(&v, &t, err, sizeof(err)), 0);
+		k = enc(t, "x1234", 5, 0, ids, 16); /* "x" "123" "4" */
+		assert_int_equal(k, 4);
+		assert_int_equal(ids[0], 'x');
+		assert_int_equal(ids[1], 258);
+		assert_int_equal(ids[2], '3');
+		assert_int_equal(ids[3], '4');
+		gpud_tokenizer_free(t);
+	}
 }
 
 static void test_synthetic_spm(void **state)
@@ -1424,6 +1487,7 @@ int main(void)
 		cmocka_unit_test(test_limits),
 		cmocka_unit_test(test_synthetic_bpe),
 		cmocka_unit_test(test_synthetic_qwen2),
+		cmocka_unit_test(test_synthetic_pre),
 		cmocka_unit_test(test_synthetic_spm),
 		cmocka_unit_test(test_spm_random_vs_naive),
 		cmocka_unit_test(test_spm_invalid_lead),
