@@ -47,7 +47,7 @@ static void usage(FILE *f)
 		"                     [--device cpu|cuda:N] [--kv-type f32|f16]\n"
 		"       gpud tokenize --model PATH [--no-bos] TEXT\n"
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
-		"                     [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
+		"                     [--head-dim D] [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
 		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
 		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b|qwen2.5-0.5b]\n"
@@ -400,6 +400,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		{ "layers", required_argument, NULL, 'l' },
 		{ "heads", required_argument, NULL, 'H' },
 		{ "kv-heads", required_argument, NULL, 'K' },
+		{ "head-dim", required_argument, NULL, 'D' },
 		{ "ffn", required_argument, NULL, 'f' },
 		{ "vocab-from", required_argument, NULL, 'V' },
 		{ "vocab", required_argument, NULL, 'v' },
@@ -427,6 +428,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		case 'l': p.n_layers = (uint32_t)num("layers", optarg, 1, 4096); break;
 		case 'H': p.n_heads = (uint32_t)num("heads", optarg, 1, 4096); break;
 		case 'K': p.n_kv_heads = (uint32_t)num("kv-heads", optarg, 1, 4096); break;
+		case 'D': p.head_dim = (uint32_t)num("head-dim", optarg, 2, 1024); break;
 		case 'f': p.ffn_dim = (uint32_t)num("ffn", optarg, 1, 1 << 22); break;
 		case 'V': p.vocab_from = optarg; break;
 		case 'v':

@@ -319,14 +319,19 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	if (p->n_layers == 0 || p->n_layers > MK_MAX_LAYERS)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: layers %" PRIu32 " not in 1..%d",
 				 p->n_layers, MK_MAX_LAYERS);
-	if (p->n_heads == 0 || p->dim % p->n_heads)
+	if (p->n_heads == 0 || p->n_heads > 4096 || (!p->head_dim && p->dim % p->n_heads))
 		return sw_seterr(err, errlen, -EINVAL,
-				 "mkmodel: heads %" PRIu32 " must divide dim %" PRIu32,
-				 p->n_heads, p->dim);
-	if ((p->dim / p->n_heads) % 2)
+				 "mkmodel: heads %" PRIu32 " must divide dim %" PRIu32
+				 " (or give --head-dim)", p->n_heads, p->dim);
+	uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->n_heads;
+	if (hd % 2 || hd > 1024)
 		return sw_seterr(err, errlen, -EINVAL,
-				 "mkmodel: head dim %" PRIu32 " (dim / heads) must be even for rope",
-				 p->dim / p->n_heads);
+				 "mkmodel: head dim %" PRIu32 " must be even (rope) and at most 1024",
+				 hd);
+	if ((uint64_t)p->n_heads * hd > MK_MAX_DIM * 4)
+		return sw_seterr(err, errlen, -EINVAL,
+				 "mkmodel: heads * head dim %" PRIu64 " is over %u",
+				 (uint64_t)p->n_heads * hd, MK_MAX_DIM * 4);
 	if (p->n_kv_heads == 0 || p->n_heads % p->n_kv_heads)
 		return sw_seterr(err, errlen, -EINVAL,
 				 "mkmodel: kv-heads %" PRIu32 " must divide heads %" PRIu32,
@@ -341,10 +346,11 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 				 p->dim, p->ffn_dim, gpud_type_name(p->type));
 	if (be == GPUD_QK_K)
 		be = GPUD_QK;
-	if (p->dim % be || p->ffn_dim % be)
+	if (p->dim % be || p->ffn_dim % be || (p->n_heads * hd) % be)
 		return sw_seterr(err, errlen, -EINVAL,
-				 "mkmodel: dim %" PRIu32 " and ffn %" PRIu32 " must be multiples of the %s block size %" PRIu32,
-				 p->dim, p->ffn_dim, gpud_type_name(p->type), be);
+				 "mkmodel: dim %" PRIu32 ", ffn %" PRIu32 " and heads * head dim %" PRIu32
+				 " must be multiples of the %s block size %" PRIu32,
+				 p->dim, p->ffn_dim, p->n_heads * hd, gpud_type_name(p->type), be);
 	if (p->n_ctx == 0)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: context must be at least 1");
 	if (!(p->rope_base > 1.0f) || !isfinite(p->rope_base))
@@ -459,9 +465,14 @@ static enum gpud_type mix_type(const struct gpud_mkmodel_params *p, const char *
 
 enum gpud_type gpud_mkmodel_tensor_type(const struct gpud_mkmodel_params *p, const char *name)
 {
-	size_t n = strlen(name), k = strlen("ffn_down.weight");
-	/* rows of ffn_down are ffn_dim long, every other matrix's dim */
-	uint32_t row = n >= k && strcmp(name + n - k, "ffn_down.weight") == 0 ? p->ffn_dim : p->dim;
+	size_t n = strlen(name), k = strlen("ffn_down.weight"), ko = strlen("attn_output.weight");
+	/* rows of ffn_down are ffn_dim long, attn_output's heads * head_dim,
+	 * every other matrix's dim */
+	uint32_t row = p->dim;
+	if (n >= k && strcmp(name + n - k, "ffn_down.weight") == 0)
+		row = p->ffn_dim;
+	else if (n >= ko && strcmp(name + n - ko, "attn_output.weight") == 0 && p->head_dim)
+		row = p->n_heads * p->head_dim;
 
 	return fit_row(mix_type(p, name), row);
 }
@@ -501,8 +512,8 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 {
 	struct gpud_gguf *src = NULL;
 	uint64_t n_vocab = 0;
-	uint32_t hd = p->dim / p->n_heads;
-	uint32_t kv_dim = p->n_kv_heads * hd;
+	uint32_t hd = p->head_dim ? p->head_dim : p->dim / p->n_heads;
+	uint32_t q_dim = p->n_heads * hd, kv_dim = p->n_kv_heads * hd;
 	const char *arch = gpud_arch_name(p->arch);
 	bool bias = p->arch == GPUD_ARCH_QWEN2 || p->qkv_bias;
 	char name[64], key[64];
@@ -530,7 +541,9 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	    (rc = gpud_gguf_w_u32(b->w, KEY("attention.head_count_kv"), p->n_kv_heads)) ||
 	    (rc = gpud_gguf_w_f32(b->w, KEY("rope.freq_base"), p->rope_base)) ||
 	    (rc = gpud_gguf_w_u32(b->w, KEY("rope.dimension_count"), hd)) ||
-	    (rc = gpud_gguf_w_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), p->norm_eps)))
+	    (rc = gpud_gguf_w_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), p->norm_eps)) ||
+	    (p->head_dim && ((rc = gpud_gguf_w_u32(b->w, KEY("attention.key_length"), hd)) ||
+			     (rc = gpud_gguf_w_u32(b->w, KEY("attention.value_length"), hd)))))
 		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
 
 	if (p->vocab_from) {
@@ -570,22 +583,23 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	for (uint32_t l = 0; l < p->n_layers && !rc; l++) {
 		static const struct {
 			const char *name;
-			int shape;  /* 0 norm, 1 [dim,dim], 2 [dim,kv], 3 [dim,ffn], 4 [ffn,dim],
-				     * 5 bias [dim], 6 bias [kv] */
+			int shape;  /* 0 norm, 1 [dim,q], 2 [dim,kv], 3 [dim,ffn], 4 [ffn,dim],
+				     * 5 bias [q], 6 bias [kv], 7 [q,dim] */
 			bool residual_out;
 		} parts[] = {
 			{ "attn_norm", 0, false }, { "attn_q", 1, false },
 			{ "attn_k", 2, false }, { "attn_v", 2, false },
 			{ "attn_q", 5, false }, { "attn_k", 6, false }, { "attn_v", 6, false },
-			{ "attn_output", 1, true }, { "ffn_norm", 0, false },
+			{ "attn_output", 7, true }, { "ffn_norm", 0, false },
 			{ "ffn_gate", 3, false }, { "ffn_up", 3, false },
 			{ "ffn_down", 4, true },
 		};
 		for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]) && !rc; k++) {
-			if (parts[k].shape >= 5 && !bias)
+			bool is_bias = parts[k].shape == 5 || parts[k].shape == 6;
+			if (is_bias && !bias)
 				continue;
 			snprintf(name, sizeof(name), "blk.%" PRIu32 ".%s.%s", l, parts[k].name,
-				 parts[k].shape >= 5 ? "bias" : "weight");
+				 is_bias ? "bias" : "weight");
 			float std = parts[k].residual_out ? out_std : MK_WEIGHT_STD;
 			enum gpud_type mt = gpud_mkmodel_tensor_type(p, name);
 			switch (parts[k].shape) {
@@ -593,7 +607,10 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 				rc = add(b, p, name, GPUD_TYPE_F32, 1, p->dim, 1, FILL_ONES, 0, hd);
 				break;
 			case 1:
-				rc = add(b, p, name, mt, 2, p->dim, p->dim, FILL_UNIFORM, std, hd);
+				rc = add(b, p, name, mt, 2, p->dim, q_dim, FILL_UNIFORM, std, hd);
+				break;
+			case 7:
+				rc = add(b, p, name, mt, 2, q_dim, p->dim, FILL_UNIFORM, std, hd);
 				break;
 			case 2:
 				rc = add(b, p, name, mt, 2, p->dim, kv_dim, FILL_UNIFORM, std, hd);
@@ -605,7 +622,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 				rc = add(b, p, name, mt, 2, p->ffn_dim, p->dim, FILL_UNIFORM, std, hd);
 				break;
 			case 5:
-				rc = add(b, p, name, GPUD_TYPE_F32, 1, p->dim, 1, FILL_UNIFORM,
+				rc = add(b, p, name, GPUD_TYPE_F32, 1, q_dim, 1, FILL_UNIFORM,
 					 MK_BIAS_STD, hd);
 				break;
 			default:

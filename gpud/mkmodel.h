@@ -44,7 +44,11 @@ struct gpud_mkmodel_params {
 	enum gpud_arch arch;    /* general.architecture; keys below are "<arch>.*" */
 	uint32_t dim;           /* embedding_length */
 	uint32_t n_layers;      /* block_count */
-	uint32_t n_heads;       /* attention.head_count; dim % n_heads == 0 */
+	uint32_t n_heads;       /* attention.head_count; dim % n_heads == 0
+				 * unless head_dim is set */
+	uint32_t head_dim;      /* attention.key_length and value_length (Mistral
+				 * NeMo's 128 where dim / heads is 160); 0: dim /
+				 * n_heads, and the keys are not written */
 	uint32_t n_kv_heads;    /* attention.head_count_kv; divides n_heads */
 	uint32_t ffn_dim;       /* feed_forward_length */
 	uint32_t n_ctx;         /* context_length */

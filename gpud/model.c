@@ -218,24 +218,28 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	    (rc = meta_f32(m, key(m, "rope.freq_base"), &hp->rope_base, err, errlen)))
 		return rc;
 	if (!hp->dim || !hp->n_layers || !hp->ffn_dim || !hp->n_heads || !hp->n_kv_heads ||
-	    !hp->n_ctx || hp->dim % hp->n_heads || hp->n_heads % hp->n_kv_heads ||
-	    hp->n_layers > 4096 || hp->dim > (1u << 20) || hp->ffn_dim > (1u << 22))
+	    !hp->n_ctx || (!key_len && hp->dim % hp->n_heads) || hp->n_heads % hp->n_kv_heads ||
+	    hp->n_layers > 4096 || hp->dim > (1u << 20) || hp->ffn_dim > (1u << 22) ||
+	    hp->n_heads > 4096 || key_len > 4096)
 		return sw_seterr(err, errlen, SW_EFORMAT,
 				 "%s: inconsistent hyper-parameters (dim %u, layers %u, heads %u, "
-				 "kv heads %u, ffn %u, context %u)", m->path, hp->dim, hp->n_layers,
-				 hp->n_heads, hp->n_kv_heads, hp->ffn_dim, hp->n_ctx);
-	hp->head_dim = hp->dim / hp->n_heads;
+				 "kv heads %u, ffn %u, context %u, key length %u)", m->path, hp->dim,
+				 hp->n_layers, hp->n_heads, hp->n_kv_heads, hp->ffn_dim, hp->n_ctx,
+				 key_len);
+	/* Heads are dim / heads wide unless the file says otherwise
+	 * (Mistral NeMo and Small 3: 128 where 5120 / 32 = 160): Q and the
+	 * attention output are then heads * key_length wide, not dim. Keys and
+	 * values of different widths (multi-head latent attention) are another
+	 * architecture. */
+	hp->head_dim = key_len ? key_len : hp->dim / hp->n_heads;
+	if (value_len && value_len != hp->head_dim)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "%s: attention.value_length %u differs from the key length %u: "
+				 "values and keys of different widths are not supported",
+				 m->path, value_len, hp->head_dim);
 	if (hp->head_dim % 2)
 		return sw_seterr(err, errlen, SW_EFORMAT, "%s: odd head dimension %u", m->path,
 				 hp->head_dim);
-	/* Heads wider or narrower than dim / heads (Mistral-Nemo: 128 where
-	 * 5120 / 32 = 160) need Q/K/V widths apart from dim: not supported,
-	 * said here rather than as a tensor's shape. */
-	if ((key_len && key_len != hp->head_dim) || (value_len && value_len != hp->head_dim))
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "%s: attention.key_length %u / value_length %u differ from dim / "
-				 "heads = %u: heads of their own width are not supported",
-				 m->path, key_len, value_len, hp->head_dim);
 	if (rope_dims && rope_dims != hp->head_dim)
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "%s: partial rotary embedding (rope.dimension_count %u, head dim %u)",

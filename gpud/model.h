@@ -62,7 +62,7 @@ struct gpud_model_hparams {
 	uint32_t n_layers;   /* block_count */
 	uint32_t n_heads;    /* attention.head_count */
 	uint32_t n_kv_heads; /* attention.head_count_kv (defaults to n_heads) */
-	uint32_t head_dim;   /* dim / n_heads */
+	uint32_t head_dim;   /* attention.key_length, else dim / n_heads */
 	uint32_t ffn_dim;    /* feed_forward_length */
 	uint32_t n_ctx;      /* context_length: the hard limit on positions */
 	float norm_eps;      /* attention.layer_norm_rms_epsilon (1e-5 if absent) */

@@ -88,6 +88,8 @@ int gpud_quantize_model(const struct gpud_quantize_params *p, struct gpud_quanti
 	mp.type = p->type;
 	mp.mix = p->mix;
 	mp.dim = hp->dim;
+	mp.n_heads = hp->n_heads;
+	mp.head_dim = hp->head_dim;
 	mp.ffn_dim = hp->ffn_dim;
 	mp.n_layers = hp->n_layers;
 	mp.tied = !gpud_gguf_find_tensor(g, "output.weight");

@@ -446,15 +446,18 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 	    (rc = meta_f64(g, KEY("rope.freq_base"), &in->rope_base, err, errlen)))
 		return rc;
 	in->n_kv_heads = in->n_heads;
+	in->head_dim = 0;
 	if ((rc = meta_u32(g, KEY("attention.head_count_kv"), &in->n_kv_heads, false, err,
-			   errlen)))
+			   errlen)) ||
+	    (rc = meta_u32(g, KEY("attention.key_length"), &in->head_dim, false, err, errlen)))
 		return rc;
 #undef KEY
 	in->qkv_bias = in->neox || gpud_gguf_find_tensor(g, "blk.0.attn_q.bias");
-	if (!in->n_heads || !in->n_kv_heads || in->dim % in->n_heads ||
+	if (!in->n_heads || !in->n_kv_heads || (!in->head_dim && in->dim % in->n_heads) ||
 	    in->n_heads % in->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EFORMAT, "ref: bad head counts");
-	in->head_dim = in->dim / in->n_heads;
+	if (!in->head_dim) /* heads as wide as dim / heads unless said */
+		in->head_dim = in->dim / in->n_heads;
 	emb = gpud_gguf_find_tensor(g, "token_embd.weight");
 	if (!emb)
 		return sw_seterr(err, errlen, SW_ENOTFOUND, "ref: token_embd.weight missing");

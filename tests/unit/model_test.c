@@ -42,6 +42,7 @@ struct mod {
 	float rope_factor;        /* llama.rope.scaling.factor, when not 0 */
 	bool rope_freqs;          /* add rope_freqs.weight = 1, 2, 3, 4 */
 	uint32_t key_length;      /* llama.attention.key_length, when not 0 */
+	uint32_t value_length;    /* llama.attention.value_length, when not 0 */
 };
 
 static bool skip_key(const char *key, void *arg)
@@ -73,6 +74,9 @@ static char *derive(const char *name, const struct mod *m)
 		assert_int_equal(gpud_gguf_w_f32(w, "llama.rope.scaling.factor", m->rope_factor), 0);
 	if (m->key_length)
 		assert_int_equal(gpud_gguf_w_u32(w, "llama.attention.key_length", m->key_length), 0);
+	if (m->value_length)
+		assert_int_equal(gpud_gguf_w_u32(w, "llama.attention.value_length", m->value_length),
+				 0);
 	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
 		uint64_t ne[4] = { t->ne[0], t->ne[1], t->ne[2], t->ne[3] };
@@ -330,19 +334,49 @@ static void test_rope_bad_scaling(void **state)
 }
 
 /* attention.key_length: dim / heads (stories260K: 8) is accepted; another
- * width (Mistral-Nemo's 128 at 5120 / 32) is refused by name, not as a
- * tensor shape. */
+ * width makes Q and the attention output heads * key_length wide (Mistral
+ * NeMo's 32 * 128 at dim 5120): a file whose tensors are not is refused
+ * by the tensor's shape (here the rope width first), one whose values
+ * differ from its keys by name; mkmodel --head-dim writes such heads. */
 static void test_head_width(void **state)
 {
-	struct mod ok = { .key_length = 8 }, other = { .key_length = 16 };
+	struct mod ok = { .key_length = 8 }, other = { .key_length = 16 },
+		   values = { .key_length = 8, .value_length = 16 };
+	struct gpud_mkmodel_params p;
 	struct gpud_model *m = NULL;
-	char err[SW_ERR_MAX] = "";
+	char err[SW_ERR_MAX] = "", path[256];
 
 	(void)state;
 	assert_int_equal(gpud_model_load(&m, derive("kl8.gguf", &ok), err, sizeof(err)), 0);
 	gpud_model_free(m);
 	expect_error(derive("kl16.gguf", &other), SW_EUNSUPPORTED,
-		     "attention.key_length 16 / value_length 0 differ from dim / heads = 8");
+		     "rope.dimension_count 8, head dim 16");
+	expect_error(derive("vl16.gguf", &values), SW_EUNSUPPORTED,
+		     "attention.value_length 16 differs from the key length 8");
+
+	snprintf(path, sizeof(path), "%s/hd.gguf", tmpdir);
+	gpud_mkmodel_params_default(&p);
+	p.out = path;
+	p.dim = 64;
+	p.n_heads = 4;
+	p.n_kv_heads = 2;
+	p.head_dim = 24; /* 96-wide Q on a 64-wide model */
+	p.type = GPUD_TYPE_F32;
+	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	assert_int_equal(hp->head_dim, 24);
+	assert_int_equal(hp->dim, 64);
+	const struct gpud_layer_weights *L = &gpud_model_weights(m)->layers[0];
+	assert_int_equal(L->wq.rows, 96);
+	assert_int_equal(L->wq.cols, 64);
+	assert_int_equal(L->wk.rows, 48);
+	assert_int_equal(L->wo.rows, 64);
+	assert_int_equal(L->wo.cols, 96);
+	gpud_model_free(m);
+	p.head_dim = 23;
+	assert_int_not_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+	assert_non_null(strstr(err, "must be even"));
 }
 
 static void test_rope_inv_freq_helper(void **state)

@@ -826,6 +826,56 @@ static void test_engine_vs_ref_qwen2_q8_0_tied(void **state)
 	unlink(path);
 }
 
+/* Heads of their own width (attention.key_length; Mistral NeMo: 32 heads
+ * of 128 on a 5120-wide model): Q, the attention output and the Q bias
+ * are heads * head_dim wide, not dim. Wider than dim in F32 (llama), and
+ * narrower in Q8_0 with biases and NEOX pairs (qwen2). */
+static void test_engine_vs_ref_head_dim(void **state)
+{
+	(void)state;
+	static const struct {
+		enum gpud_arch arch;
+		enum gpud_type type;
+		uint32_t head_dim;
+		double bound;
+	} cases[] = {
+		{ GPUD_ARCH_LLAMA, GPUD_TYPE_F32, 32, 1e-4 },
+		{ GPUD_ARCH_QWEN2, GPUD_TYPE_Q8_0, 8, 2e-2 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct gpud_mkmodel_params mp;
+		struct ref_llama *ref = NULL;
+		char path[128], err[SW_ERR_MAX] = "";
+
+		if (!g_tmpdir[0]) {
+			strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
+			assert_non_null(mkdtemp(g_tmpdir));
+		}
+		snprintf(path, sizeof(path), "%s/hd%u.gguf", g_tmpdir, cases[i].head_dim);
+		gpud_mkmodel_params_default(&mp);
+		mp.out = path;
+		mp.arch = cases[i].arch;
+		mp.dim = 64;
+		mp.n_heads = 4;
+		mp.n_kv_heads = 2;
+		mp.head_dim = cases[i].head_dim;
+		mp.n_ctx = 256;
+		mp.type = cases[i].type;
+		mp.seed = 3000 + i;
+		if (gpud_mkmodel(&mp, err, sizeof(err)))
+			fail_msg("mkmodel %s: %s", path, err);
+		assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
+		assert_int_equal(ref_llama_info(ref)->head_dim, cases[i].head_dim);
+		ref_llama_free(ref);
+		double w = engine_vs_ref(path, 70 + i);
+		print_message("generated %s %s, 4 heads of %u on dim 64: worst relative error "
+			      "%.3g (bound %.0e)\n", gpud_arch_name(cases[i].arch),
+			      gpud_type_name(cases[i].type), cases[i].head_dim, w, cases[i].bound);
+		assert_true(w < cases[i].bound);
+		unlink(path);
+	}
+}
+
 /* Embeddings: the engine's mean-pooled, L2-normalized final hidden states
  * against the same computed from the reference's hidden states. */
 static void test_embed_vs_ref(void **state)
@@ -918,6 +968,7 @@ int main(void)
 		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
 		cmocka_unit_test(test_engine_vs_ref_qwen2_f32),
 		cmocka_unit_test(test_engine_vs_ref_qwen2_q8_0_tied),
+		cmocka_unit_test(test_engine_vs_ref_head_dim),
 		cmocka_unit_test(test_embed_vs_ref),
 	};
 	return cmocka_run_group_tests(tests, NULL, teardown_tmpdir);
