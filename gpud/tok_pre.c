@@ -306,9 +306,72 @@ static size_t split_ascii3(const struct tok_cps *c, size_t i, size_t end)
 	return i;
 }
 
+/* DeepSeek-Coder's stages: [\r\n], \s?\p{L}+, \s?\p{P}+, [一-龥ࠀ-一가-퟿]+
+ * (CJK ideographs U+4E00-U+9FA5, U+0800-U+4E00, Hangul U+AC00-U+D7FF)
+ * and \p{N}, each a run of what it matches or of what lies between. */
+static size_t split_crlf(const struct tok_cps *c, size_t i, size_t end)
+{
+	if (is_crlf(c, i))
+		return i + 1;
+	while (++i < end && !is_crlf(c, i))
+		;
+	return i;
+}
+
+static inline bool is_p(const struct tok_cps *c, size_t i)
+{
+	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_PUNCT;
+}
+
+/* \s?X+ for class test x: the match at i, or the run up to the next one */
+static inline size_t split_space_run(const struct tok_cps *c, size_t i, size_t end,
+				     bool (*x)(const struct tok_cps *, size_t))
+{
+	for (size_t k = i; k < end; k++) {
+		size_t s = k;
+		if (is_s(c, k) && k + 1 < end && x(c, k + 1))
+			s = k + 1;
+		else if (!x(c, k))
+			continue;
+		if (k > i)
+			return k; /* the run before the match */
+		while (++s < end && x(c, s))
+			;
+		return s;
+	}
+	return end;
+}
+
+static size_t split_space_letters(const struct tok_cps *c, size_t i, size_t end)
+{
+	return split_space_run(c, i, end, is_l);
+}
+
+static size_t split_space_punct(const struct tok_cps *c, size_t i, size_t end)
+{
+	return split_space_run(c, i, end, is_p);
+}
+
+/* White space inside those ranges (U+2003, U+3000, ...) is not taken:
+ * llama.cpp matches this expression with every white space character
+ * outside ASCII replaced by \v. */
+static inline bool is_cjk(const struct tok_cps *c, size_t i)
+{
+	uint32_t cp = c->cp[i];
+	return ((cp >= 0x0800 && cp <= 0x9FA5) || (cp >= 0xAC00 && cp <= 0xD7FF)) && !is_s(c, i);
+}
+
+static size_t split_cjk(const struct tok_cps *c, size_t i, size_t end)
+{
+	bool in = is_cjk(c, i);
+	while (++i < end && is_cjk(c, i) == in)
+		;
+	return i;
+}
+
 typedef size_t (*stage_fn)(const struct tok_cps *c, size_t i, size_t end);
 
-#define MAX_STAGES 4
+#define MAX_STAGES 5
 
 struct pre_def {
 	stage_fn stage[MAX_STAGES];
@@ -325,6 +388,8 @@ static const struct pre_def pre_defs[] = {
 	[PRE_QWEN2] = { { match_qwen2 }, 1 },
 	[PRE_TEKKEN] = { { match_tekken }, 1 },
 	[PRE_SEED_CODER] = { { match_seed_coder }, 1 },
+	[PRE_DEEPSEEK_CODER] = { { split_crlf, split_space_letters, split_space_punct, split_cjk,
+				   split_digit }, 5 },
 };
 
 static int split(const stage_fn *st, int ns, const struct tok_cps *c, size_t i, size_t end,
@@ -392,6 +457,7 @@ static const struct {
 	{ "grok-2", PRE_QWEN2, false, false },
 	{ "tekken", PRE_TEKKEN, true, true },
 	{ "seed-coder", PRE_SEED_CODER, false, false },
+	{ "deepseek-coder", PRE_DEEPSEEK_CODER, false, false },
 };
 
 int gpud__tok_pre_lookup(const char *name, size_t len, enum tok_pre *pre, bool *ignore_merges,

@@ -38,7 +38,7 @@ enum {
 
 enum tok_kind { KIND_SPM, KIND_BPE };
 /* BPE pre-tokenizers (tok_pre.c): llama.cpp's default, GPT-2, Llama 3,
- * StarCoder, Qwen2, Mistral's Tekken, Seed-Coder. */
+ * StarCoder, Qwen2, Mistral's Tekken, Seed-Coder, DeepSeek-Coder. */
 enum tok_pre {
 	PRE_DEFAULT,
 	PRE_GPT2,
@@ -47,6 +47,7 @@ enum tok_pre {
 	PRE_QWEN2,
 	PRE_TEKKEN,
 	PRE_SEED_CODER,
+	PRE_DEEPSEEK_CODER,
 };
 
 #define TF_EOG 0x01

@@ -37,6 +37,8 @@ TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
           r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 DEFAULT = [r"[\p{P}\$\+<=>\^~\|]+", GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+DEEPSEEK_CODER = ["[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+",
+                  r"\p{N}"]
 
 # One name of each pre-tokenizer, and aliases that must read the same.
 PRE = {
@@ -47,6 +49,7 @@ PRE = {
     "qwen2": [QWEN2],
     "tekken": [TEKKEN],
     "seed-coder": [SEED_CODER],
+    "deepseek-coder": DEEPSEEK_CODER,
 }
 ALIASES = {"llama3": "llama-bpe", "falcon3": "llama-bpe", "pixtral": "llama-bpe",
            "smaug-bpe": "llama-bpe", "smollm": "starcoder", "command-r": "starcoder",
@@ -104,12 +107,16 @@ def translate(expr):
 def split(name, text):
     """Pre-token end offsets (code points) of text."""
     coll = collapse(text)
+    # an expression without Unicode classes runs on the code points
+    # themselves, other white space as \v (llama.cpp's std::wregex path)
+    wide = "".join("\x0b" if ord(ch) in WHITE else ch for ch in text)
     pieces = [(0, len(coll))]
     for expr in PRE[name]:
         rx, nxt = translate(expr), []
+        subject = coll if "\\p{" in expr else wide
         for a, b in pieces:
             pos = a
-            for m in rx.finditer(coll[a:b]):
+            for m in rx.finditer(subject[a:b]):
                 s, e = a + m.start(), a + m.end()
                 if s > pos:
                     nxt.append((pos, s))
@@ -146,7 +153,8 @@ POOL = (
 WORDS = ["HelloWorld", "iPhone", "McDonald's", "ÉCOLE", "ÉcoleNORMALE", "ABC", "aBC", "AbC",
          "ÀB", "BÀ", "AÉB", "naïve", "XMLHttpRequest", "don't", "I'LL", "12345", "3.14159",
          "a/b//c", "http://x.y/z", "<|im_start|>", "  indented", "tab\tsep", "x\n/y",
-         ")\n//", "!\r\n/", "ÀBC", "xÉBC", "1,234,567", "$100", "a|b~c^d"]
+         ")\n//", "!\r\n/", "ÀBC", "xÉBC", "1,234,567", "$100", "a|b~c^d", " 中文字", "한국어 ",
+         " ,.", "ハロー"]
 
 
 def random_text(rng):
