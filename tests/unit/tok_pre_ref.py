@@ -171,11 +171,18 @@ def main():
     cases += [(alias, random_text(rng)) for alias in ALIASES for _ in range(50)]
     cases += [("no-such-pre", "x")]
 
+    # Arbitrary bytes (invalid UTF-8 decodes one byte at a time to U+FFFD):
+    # no reference, but the pieces must cover the text in increasing order.
+    raw = [(name, bytes(rng.randrange(256) for _ in range(rng.randint(1, 40))))
+           for name in PRE for _ in range(300)]
+
     inp = "".join("%s %s\n" % (n, t.encode().hex()) for n, t in cases)
+    inp += "".join("%s %s\n" % (n, b.hex()) for n, b in raw)
     out = subprocess.run([sys.argv[1]], input=inp.encode(), stdout=subprocess.PIPE,
                          check=True).stdout.decode().splitlines()
-    if len(out) != len(cases):
-        sys.exit("tok_pre_ref: %d answers for %d texts" % (len(out), len(cases)))
+    if len(out) != len(cases) + len(raw):
+        sys.exit("tok_pre_ref: %d answers for %d texts" % (len(out), len(cases) + len(raw)))
+    raw_out, out = out[len(cases):], out[:len(cases)]
 
     bad = 0
     for (name, text), got in zip(cases, out):
@@ -194,8 +201,14 @@ def main():
                     name, text, [b[x:y].decode(errors="replace") for x, y in zip([0] + want, want)],
                     [b[x:y].decode(errors="replace") for x, y in zip([0] + have, have)]
                     if have else got))
-    print("%d texts, %d pre-tokenizers and %d aliases: %d mismatches" %
-          (len(cases), len(PRE), len(ALIASES), bad))
+    for (name, b), got in zip(raw, raw_out):
+        ends = [int(x) for x in got.split()[1:]]
+        if not got.startswith("ok") or not ends or ends[-1] != len(b) or \
+                any(x >= y for x, y in zip([0] + ends, ends)):
+            bad += 1
+            print("FAIL %s on bytes %s: pieces ending at %r" % (name, b.hex(), ends))
+    print("%d texts, %d pre-tokenizers and %d aliases: %d mismatches; %d byte strings "
+          "covered" % (len(cases), len(PRE), len(ALIASES), bad, len(raw)))
     sys.exit(1 if bad else 0)
 
 
