@@ -53,8 +53,10 @@ static const char *path(const char *name)
 	return b;
 }
 
-/* mkmodel's model of dim x ffn in type (a --type value), seed 7. */
-static void mk(const char *out, const char *type, uint32_t dim, uint32_t ffn, enum gpud_arch arch)
+/* mkmodel's model of dim x ffn in type (a --type value), seed 7, heads
+ * head_dim wide (0: dim / heads). */
+static void mk_heads(const char *out, const char *type, uint32_t dim, uint32_t ffn,
+		     enum gpud_arch arch, uint32_t head_dim)
 {
 	struct gpud_mkmodel_params p;
 	char err[SW_ERR_MAX];
@@ -65,8 +67,14 @@ static void mk(const char *out, const char *type, uint32_t dim, uint32_t ffn, en
 	p.ffn_dim = ffn;
 	p.seed = 7;
 	p.arch = arch;
+	p.head_dim = head_dim;
 	assert_int_equal(gpud_mkmodel_parse_type(type, &p.type, &p.mix), 0);
 	assert_int_equal(gpud_mkmodel(&p, err, sizeof(err)), 0);
+}
+
+static void mk(const char *out, const char *type, uint32_t dim, uint32_t ffn, enum gpud_arch arch)
+{
+	mk_heads(out, type, dim, ffn, arch, 0);
 }
 
 static int quantize(const char *in, const char *out, const char *type, bool allow, char *err,
@@ -147,6 +155,29 @@ static void test_qwen2(void **state)
 				  sizeof(err), NULL), 0);
 	mk(path("qwant.gguf"), "q4_k_m", 256, 512, GPUD_ARCH_QWEN2);
 	same_tensors(path("qout.gguf"), path("qwant.gguf"));
+}
+
+/* Heads of their own width: attn_output's rows are heads * head_dim long
+ * (384 here, which no 256-weight block fits: Q5_0 in a Q4_K_M mix, as
+ * mkmodel writes it), not dim. */
+static void test_head_dim(void **state)
+{
+	struct gpud_gguf *g;
+	char err[SW_ERR_MAX];
+
+	(void)state;
+	mk_heads(path("hf32.gguf"), "f32", 256, 512, GPUD_ARCH_LLAMA, 96);
+	assert_int_equal(quantize(path("hf32.gguf"), path("hout.gguf"), "q4_k_m", false, err,
+				  sizeof(err), NULL), 0);
+	mk_heads(path("hwant.gguf"), "q4_k_m", 256, 512, GPUD_ARCH_LLAMA, 96);
+	same_tensors(path("hout.gguf"), path("hwant.gguf"));
+	assert_int_equal(gpud_gguf_open(&g, path("hout.gguf"), err, sizeof(err)), 0);
+	const struct gpud_gguf_tensor *t = gpud_gguf_find_tensor(g, "blk.0.attn_output.weight");
+	assert_non_null(t);
+	assert_int_equal(t->ne[0], 384);
+	assert_int_equal(t->type, GPUD_TYPE_Q5_0);
+	assert_int_equal(gpud_gguf_find_tensor(g, "blk.0.attn_q.weight")->type, GPUD_TYPE_Q4_K);
+	gpud_gguf_close(g);
 }
 
 /* A quantized matrix into another quantized type: refused, naming the
@@ -295,6 +326,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_from_f32),
 		cmocka_unit_test(test_qwen2),
+		cmocka_unit_test(test_head_dim),
 		cmocka_unit_test(test_requantize),
 		cmocka_unit_test(test_errors),
 	};
