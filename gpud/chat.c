@@ -1,5 +1,5 @@
-/* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral,
- * Phi-3 and Zephyr formats, and the recognition of those families from a
+/* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral
+ * (v1 to v7), Phi-3 and Zephyr formats, and the recognition of those families from a
  * tokenizer.chat_template text (see chat.h). Pure string work: no
  * tokenizer, no allocation.
  *
@@ -68,8 +68,11 @@ enum gpud_chat_template gpud_chat_detect(const char *s, size_t len)
 	if (has(s, len, "[INST]") && has(s, len, "[/INST]")) {
 		if (has(s, len, "<<SYS>>"))
 			return GPUD_CHAT_LLAMA2;
-		if (has(s, len, "[SYSTEM_PROMPT]"))
-			return GPUD_CHAT_NONE; /* Mistral v7: another format */
+		if (has(s, len, "[SYSTEM_PROMPT]")) /* Mistral v7: a system role */
+			return has_quoted(s, len, "[INST] ") ||
+					       has_quoted(s, len, "[SYSTEM_PROMPT] ")
+				       ? GPUD_CHAT_MISTRAL_V7
+				       : GPUD_CHAT_MISTRAL_V7_TEKKEN;
 		return mistral_variant(s, len);
 	}
 	return GPUD_CHAT_NONE;
@@ -86,6 +89,8 @@ static const char *const names[] = {
 	[GPUD_CHAT_MISTRAL_TEKKEN] = "mistral-v3-tekken",
 	[GPUD_CHAT_PHI3] = "phi3",
 	[GPUD_CHAT_ZEPHYR] = "zephyr",
+	[GPUD_CHAT_MISTRAL_V7] = "mistral-v7",
+	[GPUD_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
 };
 
 int gpud_chat_parse(const char *name, enum gpud_chat_template *out)
@@ -112,7 +117,8 @@ bool gpud_chat_writes_bos(enum gpud_chat_template t)
 bool gpud_chat_is_mistral(enum gpud_chat_template t)
 {
 	return t == GPUD_CHAT_MISTRAL || t == GPUD_CHAT_MISTRAL_V1 || t == GPUD_CHAT_MISTRAL_V3 ||
-	       t == GPUD_CHAT_MISTRAL_TEKKEN;
+	       t == GPUD_CHAT_MISTRAL_TEKKEN || t == GPUD_CHAT_MISTRAL_V7 ||
+	       t == GPUD_CHAT_MISTRAL_V7_TEKKEN;
 }
 
 /* --- formatting ------------------------------------------------------------- */
@@ -272,6 +278,37 @@ static void fmt_mistral(struct sbuf *b, enum gpud_chat_template tmpl,
 	}
 }
 
+/* Mistral v7 (Mistral's "v7" and "v7-tekken" instruct templates): a
+ * system role of its own, written where it comes; v7 puts a space after
+ * each opening marker and before an answer, v7-tekken none. BOS once,
+ * first. */
+static void fmt_mistral_v7(struct sbuf *b, enum gpud_chat_template tmpl,
+			   const struct gpud_chat_msg *msgs, size_t n)
+{
+	const char *sp = tmpl == GPUD_CHAT_MISTRAL_V7 ? " " : "";
+
+	if (n > 0)
+		sb_str(b, "<s>");
+	for (size_t i = 0; i < n; i++) {
+		const char *r = msgs[i].role;
+		if (!strcmp(r, "system")) {
+			sb_str(b, "[SYSTEM_PROMPT]");
+			sb_str(b, sp);
+			sb_str(b, msgs[i].content);
+			sb_str(b, "[/SYSTEM_PROMPT]");
+		} else if (!strcmp(r, "user")) {
+			sb_str(b, "[INST]");
+			sb_str(b, sp);
+			sb_str(b, msgs[i].content);
+			sb_str(b, "[/INST]");
+		} else {
+			sb_str(b, sp);
+			sb_str(b, msgs[i].content);
+			sb_str(b, "</s>");
+		}
+	}
+}
+
 long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *msgs, size_t n,
 		      bool add_assistant_header, char *out, size_t cap)
 {
@@ -300,6 +337,10 @@ long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *
 	case GPUD_CHAT_MISTRAL_V3:
 	case GPUD_CHAT_MISTRAL_TEKKEN:
 		fmt_mistral(&b, tmpl, msgs, n, add_assistant_header);
+		break;
+	case GPUD_CHAT_MISTRAL_V7:
+	case GPUD_CHAT_MISTRAL_V7_TEKKEN:
+		fmt_mistral_v7(&b, tmpl, msgs, n);
 		break;
 	default:
 		return SW_EUNSUPPORTED;

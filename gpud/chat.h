@@ -29,11 +29,15 @@ enum gpud_chat_template {
 	GPUD_CHAT_MISTRAL_TEKKEN = 7, /* <s>[INST]...[/INST]...</s> (v3-tekken: Nemo) */
 	GPUD_CHAT_PHI3 = 8,    /* <|user|>\n...<|end|>\n<|assistant|>\n */
 	GPUD_CHAT_ZEPHYR = 9,  /* <|user|>\n...</s>\n<|assistant|>\n (Zephyr, TinyLlama-Chat) */
+	GPUD_CHAT_MISTRAL_V7 = 10, /* <s>[SYSTEM_PROMPT] ...[/SYSTEM_PROMPT][INST] ...[/INST] ...</s>
+				    * (Mistral Large 2411) */
+	GPUD_CHAT_MISTRAL_V7_TEKKEN = 11, /* <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]...</s>
+					   * (Mistral Small 3) */
 };
 
 /* Names of the choices, for --chat-format and gpud.chat_format. */
 #define GPUD_CHAT_NAMES "auto, llama3, llama2, chatml, mistral, mistral-v1, mistral-v3, " \
-	"mistral-v3-tekken, phi3, zephyr"
+	"mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, zephyr"
 
 struct gpud_chat_msg {
 	const char *role; /* "system", "user", "assistant" */
@@ -47,7 +51,7 @@ struct gpud_chat_msg {
  * <|user|>/<|assistant|> closed by the EOS token ("eos_token" or "</s>";
  * TinyLlama-Chat), [INST] with
  * <<SYS>> (Llama 2) or without (Mistral; the variant from the spacing
- * around [INST] and [/INST]; Mistral v7's [SYSTEM_PROMPT] is not one).
+ * around [INST] and [/INST], and v7 by its [SYSTEM_PROMPT]).
  * GPUD_CHAT_NONE when none matches. */
 enum gpud_chat_template gpud_chat_detect(const char *tmpl, size_t len);
 
@@ -63,7 +67,7 @@ const char *gpud_chat_name(enum gpud_chat_template t);
  * tokenizer.ggml.add_bos_token says (GPUD_TOK_ADD_BOS). */
 bool gpud_chat_writes_bos(enum gpud_chat_template t);
 
-/* True for the Mistral variants. */
+/* True for the Mistral variants (v7 included). */
 bool gpud_chat_is_mistral(enum gpud_chat_template t);
 
 /* Formats msgs as text (to be encoded with GPUD_TOK_PARSE_SPECIAL, and

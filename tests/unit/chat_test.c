@@ -126,11 +126,17 @@ static const struct {
 	  "{% for message in messages %}{{'<|im_start|>' + message['role'] + '<|im_sep|>'+ message"
 	  "['content'] + '<|im_end|>'}}{% endfor %}",
 	  GPUD_CHAT_NONE },
-	{ "Mistral-Small-24B (v7: [SYSTEM_PROMPT])",
+	{ "Mistral-Small-24B-Instruct-2501 (v7-tekken)",
 	  "{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}{%- for message in loop_m"
 	  "essages %}{%- if message['role'] == 'user' %}{{- '[INST]' + message['content'] + '[/IN"
 	  "ST]' }}",
-	  GPUD_CHAT_NONE },
+	  GPUD_CHAT_MISTRAL_V7_TEKKEN },
+	{ "Mistral-Large-Instruct-2411 (v7)",
+	  "{%- if message['role'] == 'user' %}{{- '[INST] ' + message['content'] + '[/INST]' }}{%-"
+	  " elif message['role'] == 'system' %}{{- '[SYSTEM_PROMPT] ' + message['content'] + '[/S"
+	  "YSTEM_PROMPT]' }}{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'"
+	  "] + eos_token }}",
+	  GPUD_CHAT_MISTRAL_V7 },
 	{ "empty", "", GPUD_CHAT_NONE },
 };
 
@@ -152,7 +158,7 @@ static void test_names(void **state)
 	(void)state;
 	static const char *const all[] = { "auto", "llama3", "llama2", "chatml", "mistral",
 					   "mistral-v1", "mistral-v3", "mistral-v3-tekken",
-					   "phi3", "zephyr" };
+					   "mistral-v7", "mistral-v7-tekken", "phi3", "zephyr" };
 	enum gpud_chat_template t = GPUD_CHAT_LLAMA3;
 
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -170,6 +176,7 @@ static void test_names(void **state)
 	assert_string_equal(gpud_chat_name((enum gpud_chat_template)99), "?");
 	assert_true(gpud_chat_writes_bos(GPUD_CHAT_LLAMA3));
 	assert_true(gpud_chat_writes_bos(GPUD_CHAT_MISTRAL_V3));
+	assert_true(gpud_chat_writes_bos(GPUD_CHAT_MISTRAL_V7_TEKKEN));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_CHATML));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_PHI3));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_ZEPHYR));
@@ -278,6 +285,24 @@ static void test_format_mistral(void **state)
 	 * answer is asked for. */
 	want_format(GPUD_CHAT_MISTRAL, conv, 1, false, "");
 	want_format(GPUD_CHAT_MISTRAL, conv, 1, true, "<s>[INST] Be brief. [/INST]");
+}
+
+/* Mistral v7: a system role where it comes (Mistral's v7 and v7-tekken
+ * instruct templates: "<s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...
+ * [/INST]...</s>"), v7 with a space after each opening marker and before
+ * an answer; the answer follows [/INST]. */
+static void test_format_mistral_v7(void **state)
+{
+	(void)state;
+	want_format(GPUD_CHAT_MISTRAL_V7_TEKKEN, conv, 4, true,
+		    "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT][INST]Hi![/INST] Hello. </s>"
+		    "[INST]Bye[/INST]");
+	want_format(GPUD_CHAT_MISTRAL_V7, conv, 4, true,
+		    "<s>[SYSTEM_PROMPT] Be brief.[/SYSTEM_PROMPT][INST] Hi![/INST]  Hello. </s>"
+		    "[INST] Bye[/INST]");
+	want_format(GPUD_CHAT_MISTRAL_V7_TEKKEN, conv, 1, true,
+		    "<s>[SYSTEM_PROMPT]Be brief.[/SYSTEM_PROMPT]");
+	want_format(GPUD_CHAT_MISTRAL_V7_TEKKEN, conv, 0, true, "");
 }
 
 static void test_format_llama(void **state)
@@ -397,7 +422,8 @@ static void test_resolve(void **state)
 	assert_string_equal(err, "chat formatting: the model's tokenizer.chat_template is not one "
 			    "gpud recognizes; choose a format with --chat-format (or config "
 			    "gpud.chat_format): auto, llama3, llama2, chatml, mistral, mistral-v1, "
-			    "mistral-v3, mistral-v3-tekken, phi3, zephyr");
+			    "mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, "
+			    "zephyr");
 	/* A choice wins. */
 	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_PHI3, &got, err, sizeof(err)),
 			 0);
@@ -427,6 +453,13 @@ static void test_resolve(void **state)
 	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_MISTRAL_V1, &got, err,
 						     sizeof(err)), 0);
 	assert_int_equal(got, GPUD_CHAT_MISTRAL_V1);
+	gpud_tokenizer_free(t);
+	v.chat_template = "{{- '[SYSTEM_PROMPT]' + m + '[/SYSTEM_PROMPT]' }}{{- '[INST]' + "
+			  "c + '[/INST]' }}";
+	t = build(&v);
+	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_MISTRAL, &got, err, sizeof(err)),
+			 0);
+	assert_int_equal(got, GPUD_CHAT_MISTRAL_V7_TEKKEN);
 	gpud_tokenizer_free(t);
 }
 
@@ -686,6 +719,7 @@ int main(void)
 		cmocka_unit_test(test_format_phi3),
 		cmocka_unit_test(test_format_zephyr),
 		cmocka_unit_test(test_format_mistral),
+		cmocka_unit_test(test_format_mistral_v7),
 		cmocka_unit_test(test_format_llama),
 		cmocka_unit_test(test_format_appends),
 		cmocka_unit_test(test_resolve),

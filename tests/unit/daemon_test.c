@@ -500,6 +500,17 @@ static void test_chat_segment_text(void **state)
 	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V3, s, 3, true, out, sizeof(out), copy,
 			      sizeof(copy));
 	assert_string_equal(out, "[INST] Bye[/INST]");
+	/* Mistral v7: the system prompt is a segment of its own again */
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V7_TEKKEN, s, 0, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "<s>[SYSTEM_PROMPT]You are terse.  [/SYSTEM_PROMPT]");
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V7_TEKKEN, s, 2, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "Hello!</s>");
+	n = gpud_chat_segment(GPUD_CHAT_MISTRAL_V7_TEKKEN, s, 3, true, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "[INST]Bye[/INST]");
+	assert_int_equal(n, (long)strlen(out));
 
 	/* Errors: no template, no role, buffers too small. */
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_NONE, s, 0, false, out, sizeof(out), copy,
