@@ -12,7 +12,6 @@
 
 #include "common/arena.h"
 #include "gpud/tokenizer_impl.h"
-#include "gpud/unicode.h"
 
 static void bpe_try(const struct gpud_tokenizer *t, const struct sym *sy, int32_t l, int32_t r,
 		    struct heap *h)
@@ -176,20 +175,10 @@ int gpud__tok_bpe_encode(const struct gpud_tokenizer *t, const char *text, size_
 	uint32_t *cp = sw_arena_alloc(ar, len * sizeof(*cp), _Alignof(uint32_t));
 	uint32_t *off = sw_arena_alloc(ar, (len + 1) * sizeof(*off), _Alignof(uint32_t));
 	uint8_t *cl = sw_arena_alloc(ar, len, 1);
-	size_t n = 0;
 
 	if (!cp || !off || !cl)
 		return -ENOMEM;
-	for (size_t i = 0; i < len;) {
-		uint32_t c;
-		size_t k = gpud_utf8_decode(s + i, len - i, &c);
-		cp[n] = c;
-		cl[n] = gpud_uc_bits(c);
-		off[n++] = (uint32_t)i;
-		i += k;
-	}
-	off[n] = (uint32_t)len;
-
+	size_t n = gpud__tok_cps_fill(s, len, cp, cl, off);
 	struct tok_cps c = { cp, cl, off };
 	struct bpe_ctx x = { t, s, off, o, ar };
 	return gpud__tok_pre_split(t->pre, &c, n, bpe_piece, &x);

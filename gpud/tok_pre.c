@@ -253,14 +253,31 @@ static size_t match_tekken(const struct tok_cps *c, size_t i, size_t end)
 	return match_spaces(c, i, end);
 }
 
-/* \p{N} alone, and the runs between numbers. */
-static size_t split_digit(const struct tok_cps *c, size_t i, size_t end)
+/* Stages that cut out one class: X+ (a run of X, or of what is not X),
+ * or X (each X alone, and the runs between). */
+typedef bool (*class_fn)(const struct tok_cps *c, size_t i);
+
+static inline size_t run_of(const struct tok_cps *c, size_t i, size_t end, class_fn x)
 {
-	if (is_n(c, i))
-		return i + 1;
-	while (++i < end && !is_n(c, i))
+	bool in = x(c, i);
+	while (++i < end && x(c, i) == in)
 		;
 	return i;
+}
+
+static inline size_t one_of(const struct tok_cps *c, size_t i, size_t end, class_fn x)
+{
+	if (x(c, i))
+		return i + 1;
+	while (++i < end && !x(c, i))
+		;
+	return i;
+}
+
+/* \p{N} */
+static size_t split_digit(const struct tok_cps *c, size_t i, size_t end)
+{
+	return one_of(c, i, end, is_n);
 }
 
 /* [\p{P}\$\+<=>\^~\|]+ (llama.cpp's default stage 1) */
@@ -273,19 +290,13 @@ static inline bool is_punct_default(const struct tok_cps *c, size_t i)
 
 static size_t split_punct_run(const struct tok_cps *c, size_t i, size_t end)
 {
-	bool in = is_punct_default(c, i);
-	while (++i < end && is_punct_default(c, i) == in)
-		;
-	return i;
+	return run_of(c, i, end, is_punct_default);
 }
 
 /* \p{N}+ */
 static size_t split_number_run(const struct tok_cps *c, size_t i, size_t end)
 {
-	bool in = is_n(c, i);
-	while (++i < end && is_n(c, i) == in)
-		;
-	return i;
+	return run_of(c, i, end, is_n);
 }
 
 /* [0-9][0-9][0-9], matched left to right */
@@ -311,11 +322,7 @@ static size_t split_ascii3(const struct tok_cps *c, size_t i, size_t end)
  * and \p{N}, each a run of what it matches or of what lies between. */
 static size_t split_crlf(const struct tok_cps *c, size_t i, size_t end)
 {
-	if (is_crlf(c, i))
-		return i + 1;
-	while (++i < end && !is_crlf(c, i))
-		;
-	return i;
+	return one_of(c, i, end, is_crlf);
 }
 
 static inline bool is_p(const struct tok_cps *c, size_t i)
@@ -323,9 +330,8 @@ static inline bool is_p(const struct tok_cps *c, size_t i)
 	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_PUNCT;
 }
 
-/* \s?X+ for class test x: the match at i, or the run up to the next one */
-static inline size_t split_space_run(const struct tok_cps *c, size_t i, size_t end,
-				     bool (*x)(const struct tok_cps *, size_t))
+/* \s?X+ : the match at i, or the run up to the next one */
+static inline size_t split_space_run(const struct tok_cps *c, size_t i, size_t end, class_fn x)
 {
 	for (size_t k = i; k < end; k++) {
 		size_t s = k;
@@ -363,10 +369,7 @@ static inline bool is_cjk(const struct tok_cps *c, size_t i)
 
 static size_t split_cjk(const struct tok_cps *c, size_t i, size_t end)
 {
-	bool in = is_cjk(c, i);
-	while (++i < end && is_cjk(c, i) == in)
-		;
-	return i;
+	return run_of(c, i, end, is_cjk);
 }
 
 typedef size_t (*stage_fn)(const struct tok_cps *c, size_t i, size_t end);
@@ -391,6 +394,22 @@ static const struct pre_def pre_defs[] = {
 	[PRE_DEEPSEEK_CODER] = { { split_crlf, split_space_letters, split_space_punct, split_cjk,
 				   split_digit }, 5 },
 };
+
+size_t gpud__tok_cps_fill(const uint8_t *s, size_t len, uint32_t *cp, uint8_t *cl, uint32_t *off)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len;) {
+		uint32_t c;
+		size_t k = gpud_utf8_decode(s + i, len - i, &c);
+		cp[n] = c;
+		cl[n] = gpud_uc_bits(c);
+		off[n++] = (uint32_t)i;
+		i += k;
+	}
+	off[n] = (uint32_t)len;
+	return n;
+}
 
 static int split(const stage_fn *st, int ns, const struct tok_cps *c, size_t i, size_t end,
 		 tok_piece_fn fn, void *arg)

@@ -301,6 +301,11 @@ struct tok_cps {
 	const uint32_t *off;
 };
 
+/* Decodes s[0..len) into code points (malformed UTF-8 a U+FFFD a byte),
+ * their class bits and byte offsets: cp and cl hold len entries, off
+ * len + 1. Returns the number of code points. */
+size_t gpud__tok_cps_fill(const uint8_t *s, size_t len, uint32_t *cp, uint8_t *cl, uint32_t *off);
+
 /* Called with each pre-token [i, j) (code point indexes), in order; a
  * nonzero return stops the split and is returned by it. */
 typedef int (*tok_piece_fn)(void *arg, size_t i, size_t j);

@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "gpud/tokenizer_impl.h"
-#include "gpud/unicode.h"
 
 #define MAX_TEXT 65536
 
@@ -40,7 +39,7 @@ int main(void)
 		char *sp = strchr(line, ' ');
 		enum tok_pre pre;
 		bool im, bos;
-		size_t len = 0, n = 0;
+		size_t len = 0, n;
 
 		if (!sp) {
 			fprintf(stderr, "tok_pre_dump: bad line\n");
@@ -58,15 +57,7 @@ int main(void)
 			printf("unknown\n");
 			continue;
 		}
-		for (size_t i = 0; i < len;) {
-			uint32_t c;
-			size_t k = gpud_utf8_decode(text + i, len - i, &c);
-			cp[n] = c;
-			cl[n] = gpud_uc_bits(c);
-			off[n++] = (uint32_t)i;
-			i += k;
-		}
-		off[n] = (uint32_t)len;
+		n = gpud__tok_cps_fill(text, len, cp, cl, off);
 		struct tok_cps c = { cp, cl, off };
 		printf("ok");
 		if (gpud__tok_pre_split(pre, &c, n, put, NULL) != 0)
