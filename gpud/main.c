@@ -49,7 +49,7 @@ static void usage(FILE *f)
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--head-dim D] [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
-		"                     [--rope-scale F] [--arch llama|qwen2] [--name S]\n"
+		"                     [--rope-scale F] [--arch llama|qwen2|qwen3] [--name S]\n"
 		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b|qwen2.5-0.5b]\n"
 		"       gpud quantize --model IN --out OUT --type T|q4_k_m|q5_k_m\n"
 		"                     [--allow-requantize]\n"
@@ -454,7 +454,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		case 'A':
 			if (gpud_arch_parse(optarg, strlen(optarg), &p.arch)) {
 				fprintf(stderr, "gpud mkmodel: --arch: unknown \"%s\" "
-					"(llama or qwen2)\n", optarg);
+					"(llama, qwen2 or qwen3)\n", optarg);
 				return EXIT_USAGE;
 			}
 			break;

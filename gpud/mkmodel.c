@@ -112,6 +112,7 @@ enum fill_kind {
 	FILL_UNIFORM,   /* uniform, std = amp / sqrt(3) */
 	FILL_ONES,      /* norms */
 	FILL_ROPE,      /* Llama 3 rope factors */
+	FILL_NEAR_ONE,  /* per-head norms (qwen3): 1 + uniform, amp */
 };
 
 struct fill_arg {
@@ -160,13 +161,14 @@ static int fill(void *argp, uint64_t row, float *out, uint64_t cols)
 			return -EINVAL;
 		llama3_rope_factors(a->p, a->head_dim, out);
 		return 0;
-	case FILL_UNIFORM: {
+	case FILL_UNIFORM:
+	case FILL_NEAR_ONE: {
 		uint64_t s = a->key ^ (row * 0xd1342543de82ef95ull);
 		splitmix64(&s);
 		for (uint64_t c = 0; c < cols; c++) {
 			/* 24 random bits -> [-1, 1) */
 			float u = (float)(splitmix64(&s) >> 40) * (1.0f / 8388608.0f) - 1.0f;
-			out[c] = u * a->amp;
+			out[c] = u * a->amp + (a->kind == FILL_NEAR_ONE ? 1.0f : 0.0f);
 		}
 		return 0;
 	}
@@ -359,7 +361,7 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 	if (!(p->norm_eps > 0.0f) || !isfinite(p->norm_eps))
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: rms epsilon %g must be > 0",
 				 (double)p->norm_eps);
-	if (p->arch != GPUD_ARCH_LLAMA && p->arch != GPUD_ARCH_QWEN2)
+	if (p->arch != GPUD_ARCH_LLAMA && p->arch != GPUD_ARCH_QWEN2 && p->arch != GPUD_ARCH_QWEN3)
 		return sw_seterr(err, errlen, -EINVAL, "mkmodel: unknown architecture %d",
 				 (int)p->arch);
 	if (p->rope_scale_factor != 0.0f && p->arch != GPUD_ARCH_LLAMA)
@@ -522,7 +524,7 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	memset(b, 0, sizeof(*b));
 	if ((rc = validate(p, err, errlen)))
 		return rc;
-	b->cap = 4 + 12 * (size_t)p->n_layers;
+	b->cap = 4 + 14 * (size_t)p->n_layers;
 	b->args = calloc(b->cap, sizeof(*b->args));
 	if (!b->args || gpud_gguf_writer_new(&b->w))
 		return sw_seterr(err, errlen, -ENOMEM, "mkmodel: out of memory");
@@ -584,19 +586,20 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 		static const struct {
 			const char *name;
 			int shape;  /* 0 norm, 1 [dim,q], 2 [dim,kv], 3 [dim,ffn], 4 [ffn,dim],
-				     * 5 bias [q], 6 bias [kv], 7 [q,dim] */
+				     * 5 bias [q], 6 bias [kv], 7 [q,dim], 8 head norm [hd] */
 			bool residual_out;
 		} parts[] = {
 			{ "attn_norm", 0, false }, { "attn_q", 1, false },
 			{ "attn_k", 2, false }, { "attn_v", 2, false },
 			{ "attn_q", 5, false }, { "attn_k", 6, false }, { "attn_v", 6, false },
+			{ "attn_q_norm", 8, false }, { "attn_k_norm", 8, false },
 			{ "attn_output", 7, true }, { "ffn_norm", 0, false },
 			{ "ffn_gate", 3, false }, { "ffn_up", 3, false },
 			{ "ffn_down", 4, true },
 		};
 		for (size_t k = 0; k < sizeof(parts) / sizeof(parts[0]) && !rc; k++) {
 			bool is_bias = parts[k].shape == 5 || parts[k].shape == 6;
-			if (is_bias && !bias)
+			if ((is_bias && !bias) || (parts[k].shape == 8 && p->arch != GPUD_ARCH_QWEN3))
 				continue;
 			snprintf(name, sizeof(name), "blk.%" PRIu32 ".%s.%s", l, parts[k].name,
 				 is_bias ? "bias" : "weight");
@@ -611,6 +614,9 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 				break;
 			case 7:
 				rc = add(b, p, name, mt, 2, q_dim, p->dim, FILL_UNIFORM, std, hd);
+				break;
+			case 8: /* around 1, so that Q's and K's weights differ */
+				rc = add(b, p, name, GPUD_TYPE_F32, 1, hd, 1, FILL_NEAR_ONE, 0.5f, hd);
 				break;
 			case 2:
 				rc = add(b, p, name, mt, 2, p->dim, kv_dim, FILL_UNIFORM, std, hd);

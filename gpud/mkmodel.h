@@ -12,6 +12,8 @@
  * norms are 1, so activations of a random model stay in range. Qwen2
  * files (and llama files asking for them) also get F32 Q/K/V biases (blk.N.attn_{q,k,v}.bias), uniform with
  * standard deviation 0.1 so that they matter next to the projections.
+ * Qwen3 files get no biases and F32 per-head Q and K norms
+ * (blk.N.attn_{q,k}_norm.weight, head_dim each), uniform in [0.5, 1.5).
  * The bytes of every tensor depend on its index in the file, not on the
  * architecture: a qwen2 file and a llama file with biases of the same
  * parameters hold the same tensors.

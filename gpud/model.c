@@ -40,6 +40,7 @@ const char *gpud_arch_name(enum gpud_arch a)
 	switch (a) {
 	case GPUD_ARCH_LLAMA: return "llama";
 	case GPUD_ARCH_QWEN2: return "qwen2";
+	case GPUD_ARCH_QWEN3: return "qwen3";
 	}
 	return "?";
 }
@@ -54,12 +55,16 @@ int gpud_arch_parse(const char *s, size_t len, enum gpud_arch *out)
 		*out = GPUD_ARCH_QWEN2;
 		return 0;
 	}
+	if (len == 5 && !memcmp(s, "qwen3", 5)) {
+		*out = GPUD_ARCH_QWEN3;
+		return 0;
+	}
 	return SW_EUNSUPPORTED;
 }
 
 enum gpud_rope_style gpud_arch_rope_style(enum gpud_arch a)
 {
-	return a == GPUD_ARCH_QWEN2 ? GPUD_ROPE_NEOX : GPUD_ROPE_NORM;
+	return a == GPUD_ARCH_QWEN2 || a == GPUD_ARCH_QWEN3 ? GPUD_ROPE_NEOX : GPUD_ROPE_NORM;
 }
 
 /* "<arch>.<suffix>" in m->key (valid until the next call). */
@@ -195,7 +200,7 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 				 "%s: no general.architecture (not a model file?)", m->path);
 	if (gpud_arch_parse(arch.s, arch.len, &hp->arch))
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "%s: unsupported architecture \"%.*s\" (supported: llama, qwen2)",
+				 "%s: unsupported architecture \"%.*s\" (supported: llama, qwen2, qwen3)",
 				 m->path, (int)(arch.len > 64 ? 64 : arch.len), arch.s);
 	m->arch = gpud_arch_name(hp->arch);
 	hp->rope_style = gpud_arch_rope_style(hp->arch);
@@ -408,8 +413,17 @@ static int bind_weights(struct gpud_model *m, char *err, size_t errlen)
 			return rc;
 		if ((rc = bind_biases(m, l, L, err, errlen)))
 			return rc;
+		/* qwen3: each Q and K head RMS-normed (weights of head_dim)
+		 * before RoPE */
+		if (hp->arch == GPUD_ARCH_QWEN3 &&
+		    ((rc = get_vector(m, BLK("attn_q_norm.weight"), hp->head_dim, &L->q_norm, err,
+				      errlen)) ||
+		     (rc = get_vector(m, BLK("attn_k_norm.weight"), hp->head_dim, &L->k_norm, err,
+				      errlen))))
+			return rc;
 #undef BLK
 	}
+	hp->qk_norm = hp->arch == GPUD_ARCH_QWEN3;
 	m->w.layers = m->layers;
 	if ((rc = get_vector(m, "output_norm.weight", dim, &m->w.out_norm, err, errlen)))
 		return rc;

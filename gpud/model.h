@@ -1,7 +1,7 @@
-/* model.h - Llama and Qwen2 architecture models from GGUF files.
+/* model.h - Llama, Qwen2 and Qwen3 architecture models from GGUF files.
  *
  * gpud_model_load() maps the file (through the GGUF reader), checks the
- * architecture ("llama" or "qwen2"), reads the hyper-parameters (keys
+ * architecture ("llama", "qwen2" or "qwen3"), reads the hyper-parameters (keys
  * "<arch>.*") and resolves every weight tensor by its llama.cpp name,
  * checking type and shape. Weights are used in place inside the mapping:
  * nothing is copied. Supported weight types are those of gguf.h (F32, F16,
@@ -19,12 +19,16 @@
  * V projections (blk.N.attn_{q,k,v}.bias, required) and NEOX-style RoPE;
  * rope base, context, rms epsilon and tied output come from the file as for
  * llama. A llama file may carry the same biases (used when present).
+ * Qwen3 ("qwen3"): no biases; each head of Q and of K RMS-normed with its
+ * own weights (blk.N.attn_{q,k}_norm.weight, head_dim long, required)
+ * before NEOX RoPE. Heads are attention.key_length wide when the file says
+ * so (Qwen3, Mistral NeMo), else dim / heads.
  *
  * RoPE: pair i of each head is rotated by pos * inv_freq[i],
  * inv_freq[i] = base^(-2i/head_dim) divided by the scaling factor of pair i
  * where scaling applies. Which elements form pair i is the model's
  * rope_style (llama.cpp's rope types): llama uses NORM, adjacent pairs
- * (x[2i], x[2i+1]) in GGUF's permuted Q/K layout; qwen2 uses NEOX, the
+ * (x[2i], x[2i+1]) in GGUF's permuted Q/K layout; qwen2 and qwen3 use NEOX, the
  * halves (x[i], x[i + head_dim/2]) as the Hugging Face weights are.
  *
  * A loaded model is immutable and may be shared by several engines and
@@ -45,18 +49,21 @@ struct gpud_tokenizer;
 enum gpud_arch {
 	GPUD_ARCH_LLAMA = 0, /* "llama" */
 	GPUD_ARCH_QWEN2 = 1, /* "qwen2" */
+	GPUD_ARCH_QWEN3 = 2, /* "qwen3": qwen2 without the Q/K/V biases, with
+			      * an RMSNorm of each Q and K head before RoPE */
 };
 
 /* Which elements of a head RoPE rotates together (llama.cpp's rope type). */
 enum gpud_rope_style {
 	GPUD_ROPE_NORM = 0, /* adjacent pairs (x[2i], x[2i+1]): llama */
-	GPUD_ROPE_NEOX = 1, /* halves (x[i], x[i + head_dim/2]): qwen2 */
+	GPUD_ROPE_NEOX = 1, /* halves (x[i], x[i + head_dim/2]): qwen2, qwen3 */
 };
 
 struct gpud_model_hparams {
 	enum gpud_arch arch;
 	enum gpud_rope_style rope_style; /* fixed by the architecture */
 	bool qkv_bias;       /* layers carry attn_{q,k,v}.bias */
+	bool qk_norm;        /* layers carry attn_{q,k}_norm (qwen3) */
 	uint32_t n_vocab;    /* rows of token_embd */
 	uint32_t dim;        /* embedding_length */
 	uint32_t n_layers;   /* block_count */
@@ -91,6 +98,9 @@ struct gpud_layer_weights {
 	const float *bq;          /* (n_heads*head_dim) F32, or NULL: no biases */
 	const float *bk;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
 	const float *bv;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
+	const float *q_norm;      /* (head_dim) F32: RMSNorm weights of each Q head
+				   * before RoPE, or NULL (qk_norm) */
+	const float *k_norm;      /* (head_dim) F32, the same for K; NULL iff q_norm is */
 	struct gpud_weight wo;    /* (dim, n_heads*head_dim) */
 	const float *ffn_norm;    /* (dim) F32 */
 	struct gpud_weight w_gate; /* (ffn_dim, dim) */

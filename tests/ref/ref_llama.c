@@ -22,6 +22,7 @@ struct ref_layer {
 	double *attn_norm; /* (dim) */
 	struct ref_mat wq, wk, wv, wo;
 	double *bq, *bk, *bv; /* (q dim), (kv dim), (kv dim); NULL without biases */
+	double *q_norm, *k_norm; /* (head_dim) each; NULL without (not qwen3) */
 	double *ffn_norm;  /* (dim) */
 	struct ref_mat gate, up, down;
 };
@@ -430,9 +431,13 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 		a = "llama";
 	else if (arch.len == 5 && !memcmp(arch.s, "qwen2", 5))
 		a = "qwen2";
+	else if (arch.len == 5 && !memcmp(arch.s, "qwen3", 5))
+		a = "qwen3";
 	else
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: not a llama or qwen2 model");
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "ref: not a llama, qwen2 or qwen3 model");
 	in->neox = a[0] == 'q';
+	in->qk_norm = a[4] == '3';
 	in->norm_eps = 1e-5;
 	in->rope_base = 10000;
 #define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, a), key)
@@ -452,7 +457,7 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 	    (rc = meta_u32(g, KEY("attention.key_length"), &in->head_dim, false, err, errlen)))
 		return rc;
 #undef KEY
-	in->qkv_bias = in->neox || gpud_gguf_find_tensor(g, "blk.0.attn_q.bias");
+	in->qkv_bias = a[4] == '2' || gpud_gguf_find_tensor(g, "blk.0.attn_q.bias");
 	if (!in->n_heads || !in->n_kv_heads || (!in->head_dim && in->dim % in->n_heads) ||
 	    in->n_heads % in->n_kv_heads)
 		return sw_seterr(err, errlen, SW_EFORMAT, "ref: bad head counts");
@@ -501,6 +506,14 @@ static int load_all(struct ref_llama *m, const struct gpud_gguf *g, char *err, s
 				return rc;
 			snprintf(name, sizeof(name), "blk.%u.attn_v.bias", l);
 			if ((rc = load_vec(g, name, kvd, &L->bv, err, errlen)))
+				return rc;
+		}
+		if (in->qk_norm) {
+			snprintf(name, sizeof(name), "blk.%u.attn_q_norm.weight", l);
+			if ((rc = load_vec(g, name, in->head_dim, &L->q_norm, err, errlen)))
+				return rc;
+			snprintf(name, sizeof(name), "blk.%u.attn_k_norm.weight", l);
+			if ((rc = load_vec(g, name, in->head_dim, &L->k_norm, err, errlen)))
 				return rc;
 		}
 	}
@@ -562,6 +575,8 @@ void ref_llama_free(struct ref_llama *m)
 			free(L->bq);
 			free(L->bk);
 			free(L->bv);
+			free(L->q_norm);
+			free(L->k_norm);
 			free(L->gate.w);
 			free(L->up.w);
 			free(L->down.w);
@@ -702,6 +717,12 @@ int ref_llama_forward(const struct ref_llama *m, const int32_t *tokens, uint32_t
 				add_vec(k + t * kvd, L->bk, kvd);
 				add_vec(v + t * kvd, L->bv, kvd);
 			}
+			for (uint32_t h = 0; L->q_norm && h < nh; h++)
+				rmsnorm(q + t * qd + (size_t)h * hd, L->q_norm, hd, in->norm_eps,
+					q + t * qd + (size_t)h * hd);
+			for (uint32_t h = 0; L->k_norm && h < nkv; h++)
+				rmsnorm(k + t * kvd + (size_t)h * hd, L->k_norm, hd, in->norm_eps,
+					k + t * kvd + (size_t)h * hd);
 			rope(m, q + t * qd, nh, t);
 			rope(m, k + t * kvd, nkv, t);
 			for (size_t e = 0; m->kv_half && e < kvd; e++) {

@@ -1,13 +1,15 @@
-/* ref_llama.h - a plain double-precision Llama / Qwen2 forward pass for tests.
+/* ref_llama.h - a plain double-precision Llama / Qwen2 / Qwen3 forward pass
+ * for tests.
  *
  * The reference shares no code with the fast path (gpud/model.c,
  * gpud/backend/cpu/): it uses the GGUF reader only to find metadata and
  * tensor bytes, then dequantizes F32/F16/BF16/Q8_0/Q4_0/Q2_K..Q6_K itself
  * into doubles, and runs straightforward loops: RMSNorm, Q/K/V (plus their
- * biases when the file has them: always for qwen2), RoPE (with Llama 3
+ * biases when the file has them: always for qwen2; for qwen3 an RMSNorm of
+ * each Q and K head with attn_{q,k}_norm), RoPE (with Llama 3
  * frequency scaling when the file asks for it) on adjacent pairs for
  * general.architecture "llama" and on halves (NEOX style: element i with
- * i + head_dim/2) for "qwen2", metadata keys "<arch>.*"; attention under a dense T x T mask built directly from the
+ * i + head_dim/2) for "qwen2" and "qwen3", metadata keys "<arch>.*"; attention under a dense T x T mask built directly from the
  * descriptor semantics of DESIGN §3, SwiGLU, tied output when output.weight
  * is absent. Clarity over speed: it recomputes the whole sequence.
  */
@@ -26,8 +28,9 @@ struct ref_llama_info {
 	uint32_t n_vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, n_ctx;
 	double norm_eps, rope_base;
 	bool rope_scaled, tied_output;
-	bool neox;     /* qwen2: RoPE pairs (i, i + head_dim/2) */
+	bool neox;     /* qwen2, qwen3: RoPE pairs (i, i + head_dim/2) */
 	bool qkv_bias; /* attn_{q,k,v}.bias loaded */
+	bool qk_norm;  /* qwen3: each Q and K head RMS-normed before RoPE */
 };
 
 /* Loads and dequantizes every weight of path into doubles. Returns 0 or a

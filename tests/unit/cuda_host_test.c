@@ -413,6 +413,21 @@ static void test_plan_pools(void **state)
 	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), -EINVAL);
 	assert_non_null(strstr(err, "zero size"));
 	gpud_model_free(m);
+
+	/* qwen3's per-head Q/K norms: refused by name, pointing at "cpu" */
+	struct gpud_mkmodel_params mp;
+	char path[128];
+	gpud_mkmodel_params_default(&mp);
+	snprintf(path, sizeof(path), "%s/qwen3.gguf", tmpdir);
+	mp.out = path;
+	mp.arch = GPUD_ARCH_QWEN3;
+	assert_int_equal(gpud_mkmodel(&mp, err, sizeof(err)), 0);
+	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	cfg = cfg_for(m);
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), SW_EUNSUPPORTED);
+	assert_non_null(strstr(err, "qwen3's RMSNorm of each Q and K head is not supported"));
+	assert_non_null(strstr(err, "\"cpu\" devices"));
+	gpud_model_free(m);
 }
 
 /* Decode graphs: every batch size up to the smallest of 64 and the step's

@@ -519,8 +519,41 @@ static void test_qwen2_bad_bias(void **state)
 	struct mod m6 = { .src = src, .drop_tensor = "blk.0.attn_q.bias" };
 	expect_error(derive("l-partial.gguf", &m6), SW_EFORMAT, "blk.0.attn_k.bias");
 	/* the unknown architecture error names the supported ones */
-	struct mod m7 = { .src = src, .arch = "qwen3" };
-	expect_error(derive("qwen3.gguf", &m7), SW_EUNSUPPORTED, "supported: llama, qwen2");
+	struct mod m7 = { .src = src, .arch = "gemma2" };
+	expect_error(derive("gemma2.gguf", &m7), SW_EUNSUPPORTED, "supported: llama, qwen2, qwen3");
+}
+
+/* qwen3: NEOX pairs, no biases, each layer's per-head Q and K norms
+ * (head_dim long) required; a missing or short one is named. */
+static void test_qwen3(void **state)
+{
+	struct gpud_model *m = NULL;
+	char err[SW_ERR_MAX] = "", src[256];
+
+	(void)state;
+	snprintf(src, sizeof(src), "%s", gen("qwen3.gguf", GPUD_ARCH_QWEN3, false, true));
+	if (gpud_model_load(&m, src, err, sizeof(err)))
+		fail_msg("%s", err);
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const struct gpud_model_weights *w = gpud_model_weights(m);
+	assert_int_equal(hp->arch, GPUD_ARCH_QWEN3);
+	assert_int_equal(hp->rope_style, GPUD_ROPE_NEOX);
+	assert_false(hp->qkv_bias);
+	assert_true(hp->qk_norm);
+	for (uint32_t l = 0; l < hp->n_layers; l++) {
+		assert_null(w->layers[l].bq);
+		assert_non_null(w->layers[l].q_norm);
+		assert_non_null(w->layers[l].k_norm);
+		assert_true(w->layers[l].q_norm[0] != w->layers[l].k_norm[0]);
+	}
+	gpud_model_free(m);
+	assert_string_equal(gpud_arch_name(GPUD_ARCH_QWEN3), "qwen3");
+	assert_int_equal(gpud_arch_rope_style(GPUD_ARCH_QWEN3), GPUD_ROPE_NEOX);
+
+	struct mod m1 = { .src = src, .drop_tensor = "blk.1.attn_k_norm.weight" };
+	expect_error(derive("q3-nonorm.gguf", &m1), SW_ENOTFOUND, "blk.1.attn_k_norm.weight");
+	struct mod m2 = { .src = src, .short_tensor = "blk.0.attn_q_norm.weight" };
+	expect_error(derive("q3-short.gguf", &m2), SW_EFORMAT, "blk.0.attn_q_norm.weight");
 }
 
 int main(void)
@@ -545,6 +578,7 @@ int main(void)
 		cmocka_unit_test(test_rope_inv_freq_helper),
 		cmocka_unit_test(test_qwen2_hparams),
 		cmocka_unit_test(test_qwen2_bad_bias),
+		cmocka_unit_test(test_qwen3),
 	};
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

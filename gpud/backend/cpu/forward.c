@@ -1,4 +1,5 @@
-/* forward.c - the CPU backend: Llama / Qwen2 forward pass over a ragged batch.
+/* forward.c - the CPU backend: Llama / Qwen2 / Qwen3 forward pass over a
+ * ragged batch.
  *
  * One step runs every weight matrix once over all T tokens of the batch
  * (gpud_matmul), so weights are streamed once per step whatever the number
@@ -459,6 +460,14 @@ static void rope_store_run(void *arg, int ith, int nth)
 			add_bias(q, L->bq, c->q_dim);
 			add_bias(k, L->bk, c->kv_dim);
 			add_bias(v, L->bv, c->kv_dim);
+		}
+		if (L->q_norm) { /* qwen3: each head normed before RoPE */
+			for (uint32_t h = 0; h < hp->n_heads; h++)
+				rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd,
+					hp->norm_eps);
+			for (uint32_t h = 0; h < hp->n_kv_heads; h++)
+				rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd,
+					hp->norm_eps);
 		}
 		gpud_rope_apply(q, cs, hp->n_heads, hd, hp->rope_style);
 		gpud_rope_apply(k, cs, hp->n_kv_heads, hd, hp->rope_style);

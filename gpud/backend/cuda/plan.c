@@ -220,6 +220,12 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 				 "the CUDA backend: head_dim %u (at most %u, even) with %u heads over "
 				 "%u KV heads is not supported", hp->head_dim,
 				 GPUD_CUDA_MAX_HEAD_DIM, hp->n_heads, hp->n_kv_heads);
+	if (hp->qk_norm)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "the CUDA backend: %s's RMSNorm of each Q and K head is not "
+				 "supported (its Q/K/V kernels rotate and store the heads as they "
+				 "make them): serve this model on \"cpu\" devices",
+				 gpud_arch_name(hp->arch));
 	rc = weights_bytes(cfg->model, &l->weights_bytes, &l->weights_q8_bytes, err, errlen);
 	if (rc)
 		return rc;
