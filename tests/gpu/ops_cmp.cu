@@ -831,7 +831,8 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 	}
 	/* Qwen2's: biases on Q, K and V, and NEOX pairs (i, i + 32) */
 	gpud_cuda_rope rope = { dinv, qwen ? dbias : nullptr, qwen ? dbias + nh * hd : nullptr,
-				qwen ? dbias + (nh + nkv) * hd : nullptr, qwen };
+				qwen ? dbias + (nh + nkv) * hd : nullptr, qwen, nullptr, nullptr,
+				0.0f };
 	up(kv1, pool, nkvb);
 	up(kv2, pool, nkvb);
 	gpud_cuda_meta m = { nullptr, dm, dm + 8, nullptr, dm + 16, dm + (mbt - meta_h) };

@@ -414,20 +414,29 @@ static void test_plan_pools(void **state)
 	assert_non_null(strstr(err, "zero size"));
 	gpud_model_free(m);
 
-	/* qwen3's per-head Q/K norms: refused by name, pointing at "cpu" */
+	/* qwen3: the llama file of the same tensors plus each layer's two
+	 * per-head norms (head_dim floats each) */
 	struct gpud_mkmodel_params mp;
+	struct gpud_model *m3;
 	char path[128];
-	gpud_mkmodel_params_default(&mp);
-	snprintf(path, sizeof(path), "%s/qwen3.gguf", tmpdir);
-	mp.out = path;
-	mp.arch = GPUD_ARCH_QWEN3;
-	assert_int_equal(gpud_mkmodel(&mp, err, sizeof(err)), 0);
-	assert_int_equal(gpud_model_load(&m, path, err, sizeof(err)), 0);
+	for (int a = 0; a < 2; a++) {
+		gpud_mkmodel_params_default(&mp);
+		snprintf(path, sizeof(path), "%s/arch%d.gguf", tmpdir, a);
+		mp.out = path;
+		mp.arch = a ? GPUD_ARCH_QWEN3 : GPUD_ARCH_LLAMA;
+		mp.head_dim = 32;
+		assert_int_equal(gpud_mkmodel(&mp, err, sizeof(err)), 0);
+		assert_int_equal(gpud_model_load(a ? &m3 : &m, path, err, sizeof(err)), 0);
+	}
 	cfg = cfg_for(m);
-	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), SW_EUNSUPPORTED);
-	assert_non_null(strstr(err, "qwen3's RMSNorm of each Q and K head is not supported"));
-	assert_non_null(strstr(err, "\"cpu\" devices"));
+	gpud_cuda_plan_for(&cfg, &p);
+	cfg = cfg_for(m3);
+	gpud_cuda_plan_for(&cfg, &p2);
+	hp = gpud_model_hparams(m3);
+	assert_int_equal(p2.weights, p.weights + hp->n_layers * 2 * up256(32 * 4));
+	assert_int_equal(gpud_cuda_layout_for(&cfg, &l, err, sizeof(err)), 0);
 	gpud_model_free(m);
+	gpud_model_free(m3);
 }
 
 /* Decode graphs: every batch size up to the smallest of 64 and the step's

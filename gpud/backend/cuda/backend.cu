@@ -60,6 +60,7 @@ void eager_modules(void)
 struct dev_layer {
 	const float *attn_norm, *ffn_norm;
 	const float *bq, *bk, *bv; // Q/K/V biases (Qwen2), or NULL
+	const float *q_norm, *k_norm; // per-head Q/K RMSNorm weights (Qwen3), or NULL
 	gpud_cuda_mat wq, wk, wv, wo, gate, up, down;
 };
 
@@ -452,6 +453,10 @@ int upload_model(cuda_ctx *c, char *err, size_t errlen)
 					       &D->bk, err, errlen)) ||
 			      (rc = upload_vec(c, L->bv, (uint64_t)hp->n_kv_heads * hp->head_dim,
 					       &D->bv, err, errlen))))
+			return rc;
+		if (L->q_norm &&
+		    ((rc = upload_vec(c, L->q_norm, hp->head_dim, &D->q_norm, err, errlen)) ||
+		     (rc = upload_vec(c, L->k_norm, hp->head_dim, &D->k_norm, err, errlen))))
 			return rc;
 	}
 	if ((rc = upload_vec(c, w->out_norm, hp->dim, &c->out_norm, err, errlen)) ||
@@ -1111,10 +1116,13 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		float *gu_out[2] = { c->hb, c->hb2 };
 		bool done;
 		gpud_cuda_rope rope = { c->rope_inv, D->bq, D->bk, D->bv,
-					hp->rope_style == GPUD_ROPE_NEOX };
+					hp->rope_style == GPUD_ROPE_NEOX, D->q_norm, D->k_norm,
+					hp->norm_eps };
 		// decode: Q, K and V in one launch, RoPE and the KV store in its
 		// epilogue, and the norm before them in its CTAs where it fuses
-		bool dec_qkv = one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0;
+		// (not with per-head Q/K norms, which need a head's whole row
+		// before its first rotation: rope_store makes those)
+		bool dec_qkv = one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0 && !D->q_norm;
 		bool fuse = dec_qkv && norm_fused(c, pend, &D->wq, T);
 		gpud_cuda_norm nrm = { c->x, D->attn_norm, hp->norm_eps };
 

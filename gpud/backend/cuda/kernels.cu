@@ -648,11 +648,44 @@ template <> struct kv_ld<__half> {
 	}
 };
 
+/* Element d of a head (bias added) normed as the CPU's rmsnorm writes it,
+ * x * scale * w, when the head has a norm. */
+static __device__ __forceinline__ float head_norm(float x, const float *w, const float *scale,
+						  uint32_t h, uint32_t d)
+{
+	return w ? __fmul_rn(__fmul_rn(x, scale[h]), w[d]) : x;
+}
+
+/* 1 / rms of each Q head (0..nh) and K head (nh..nh + nkv) of token t, the
+ * biases added, into scale: a warp a head, the squares summed in double
+ * (the CPU's). */
+static __device__ void head_scales(const float *qt, const float *kt, const gpud_cuda_rope &rp,
+				   uint32_t nh, uint32_t nkv, uint32_t hd, float *scale)
+{
+	uint32_t lane = threadIdx.x & 31, nw = blockDim.x / 32;
+
+	for (uint32_t g = threadIdx.x / 32; g < nh + nkv; g += nw) {
+		const float *x = g < nh ? qt + (size_t)g * hd : kt + (size_t)(g - nh) * hd;
+		const float *b = g < nh ? rp.bq : rp.bk;
+		uint64_t o = (uint64_t)(g < nh ? g : g - nh) * hd;
+		double ss = 0;
+		for (uint32_t d = lane; d < hd; d += 32) {
+			double e = bias_add(x[d], b, o + d);
+			ss += e * e;
+		}
+		for (int of = 16; of; of >>= 1)
+			ss += __shfl_xor_sync(FULL, ss, of);
+		if (lane == 0)
+			scale[g] = (float)(1.0 / sqrt(ss / hd + (double)rp.eps));
+	}
+}
+
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
 				  gpud_cuda_rope rp, gpud_cuda_kvshape kv)
 {
 	pdl_enter();
 	__shared__ float2 cs[GPUD_CUDA_MAX_HEAD_DIM / 2];
+	extern __shared__ float hscale[]; /* (nh + nkv) with norms */
 	uint32_t t = blockIdx.x, pos = m.pos[t], hd = kv.head_dim, half = hd / 2;
 	uint32_t nh = kv.n_heads, nkv = kv.n_kv_heads, kvd = nkv * hd, st = rope_step(hd, rp.neox);
 	uint64_t base = kv_slot(m, kv, t);
@@ -661,19 +694,25 @@ __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud
 
 	for (uint32_t i = threadIdx.x; i < half; i += blockDim.x)
 		cs[i] = rope_cs(pos, rp.inv_freq[i]);
+	if (rp.q_norm)
+		head_scales(qt, kt, rp, nh, nkv, hd, hscale);
 	__syncthreads();
 	for (uint32_t p = threadIdx.x; p < nh * half; p += blockDim.x) {
-		uint32_t h = p / half, i = p % half, e0 = h * hd + rope_i0(i, rp.neox);
-		float2 r = rope_rot(bias_add(qt[e0], rp.bq, e0), bias_add(qt[e0 + st], rp.bq, e0 + st),
-				    cs[i]);
+		uint32_t h = p / half, i = p % half, d0 = rope_i0(i, rp.neox), e0 = h * hd + d0;
+		float a = head_norm(bias_add(qt[e0], rp.bq, e0), rp.q_norm, hscale, h, d0);
+		float b = head_norm(bias_add(qt[e0 + st], rp.bq, e0 + st), rp.q_norm, hscale, h,
+				    d0 + st);
+		float2 r = rope_rot(a, b, cs[i]);
 		qt[e0] = r.x;
 		qt[e0 + st] = r.y;
 	}
 	for (uint32_t p = threadIdx.x; p < nkv * half; p += blockDim.x) {
 		uint32_t h = p / half, i = p % half, e0 = rope_i0(i, rp.neox);
 		uint32_t r0 = h * hd + e0;
-		float2 r = rope_rot(bias_add(kt[r0], rp.bk, r0), bias_add(kt[r0 + st], rp.bk, r0 + st),
-				    cs[i]);
+		float a = head_norm(bias_add(kt[r0], rp.bk, r0), rp.k_norm, hscale + nh, h, e0);
+		float b = head_norm(bias_add(kt[r0 + st], rp.bk, r0 + st), rp.k_norm, hscale + nh, h,
+				    e0 + st);
+		float2 r = rope_rot(a, b, cs[i]);
 		uint64_t d = base + (uint64_t)h * kv.head_elems + e0;
 		kv_put(kv, d, r.x);
 		kv_put(kv, d + st, r.y);
@@ -688,8 +727,9 @@ cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const fl
 			      const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			      const gpud_cuda_kvshape *kv, uint32_t T)
 {
-	return launched(cudaLaunchKernelEx(klc(T, 128, 0, s).cfg(), rope_store_kernel, q, k, v, *m,
-					   *rope, *kv));
+	size_t smem = rope->q_norm ? (size_t)(kv->n_heads + kv->n_kv_heads) * sizeof(float) : 0;
+	return launched(cudaLaunchKernelEx(klc(T, 128, smem, s).cfg(), rope_store_kernel, q, k, v,
+					   *m, *rope, *kv));
 }
 
 /* --- attention ----------------------------------------------------------- */

@@ -77,10 +77,14 @@ struct gpud_cuda_rope {
 	const float *inv_freq;
 	const float *bq, *bk, *bv; /* (n_heads * head_dim), (n_kv_heads * head_dim) x 2 */
 	uint32_t neox;
+	const float *q_norm, *k_norm; /* (head_dim) each (qwen3), or NULL */
+	float eps;                    /* their RMS epsilon */
 };
 
-// The biases, then RoPE (angles pos * inv_freq in double, as the CPU) on q
-// in place and on k, and k, v into each token's KV block at its position.
+// The biases, the RMSNorm of each Q and K head (q_norm: qwen3), then RoPE
+// (angles pos * inv_freq in double, as the CPU) on q in place and on k, and
+// k, v into each token's KV block at its position. The decode GEMVs'
+// epilogue (gpud_k_mv_qkv) does all but the norms.
 cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const float *v,
 			      const gpud_cuda_meta *m, const gpud_cuda_rope *rope,
 			      const gpud_cuda_kvshape *kv, uint32_t T);

@@ -186,6 +186,8 @@ static int weights_bytes(const struct gpud_model *m, uint64_t *out, uint64_t *re
 		if (L->bq) /* Q/K/V biases (Qwen2) */
 			sum += up((uint64_t)hp->n_heads * hp->head_dim * 4) +
 			       2 * up((uint64_t)hp->n_kv_heads * hp->head_dim * 4);
+		if (L->q_norm) /* per-head Q/K norms (Qwen3) */
+			sum += 2 * up((uint64_t)hp->head_dim * 4);
 	}
 	if (rc)
 		return rc;
@@ -220,12 +222,6 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 				 "the CUDA backend: head_dim %u (at most %u, even) with %u heads over "
 				 "%u KV heads is not supported", hp->head_dim,
 				 GPUD_CUDA_MAX_HEAD_DIM, hp->n_heads, hp->n_kv_heads);
-	if (hp->qk_norm)
-		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
-				 "the CUDA backend: %s's RMSNorm of each Q and K head is not "
-				 "supported (its Q/K/V kernels rotate and store the heads as they "
-				 "make them): serve this model on \"cpu\" devices",
-				 gpud_arch_name(hp->arch));
 	rc = weights_bytes(cfg->model, &l->weights_bytes, &l->weights_q8_bytes, err, errlen);
 	if (rc)
 		return rc;
