@@ -3,9 +3,11 @@
  * tokenizer.ggml.model = "llama": SentencePiece-style (score-driven merges
  * over UTF-8 characters, byte fallback <0xXX>, leading-space "▁" rules).
  * tokenizer.ggml.model = "gpt2": byte-level BPE (ranked merges) after a
- * pre-tokenizer chosen by tokenizer.ggml.pre: "default"/"gpt-2",
- * "llama-bpe" (Llama 3), "starcoder" (or "smollm", the same split),
- * "qwen2" (or "deepseek-r1-qwen").
+ * pre-tokenizer chosen by tokenizer.ggml.pre (tok_pre.c; llama.cpp's
+ * names): "llama-bpe" (Llama 3), "tekken" (Mistral NeMo), "qwen2",
+ * "smollm"/"starcoder", "gpt-2", "deepseek-coder", "seed-coder",
+ * "default" (also a file without the key) and llama.cpp's aliases of
+ * them; another name is refused.
  *
  * A tokenizer is immutable after load and safe to share between threads.
  * Encoding needs working memory proportional to the text; it comes from
