@@ -829,8 +829,11 @@ static void test_engine_vs_ref_qwen2_q8_0_tied(void **state)
 /* Heads of their own width (attention.key_length; Mistral NeMo: 32 heads
  * of 128 on a 5120-wide model): Q, the attention output and the Q bias
  * are heads * head_dim wide, not dim. Wider than dim in F32 (llama), and
- * narrower in Q8_0 with biases and NEOX pairs (qwen2). */
-static void test_engine_vs_ref_head_dim(void **state)
+ * narrower in Q8_0 with biases and NEOX pairs (qwen2). And qwen3: each Q
+ * and K head RMS-normed (weights around 1, Q's and K's apart) before NEOX
+ * RoPE, no biases, heads wider than dim / heads as Qwen3's (128 at dim
+ * 1024 with 16 heads), in F32 and Q8_0. All on dim 64 with 4 heads. */
+static void test_engine_vs_ref_heads(void **state)
 {
 	(void)state;
 	static const struct {
@@ -841,17 +844,20 @@ static void test_engine_vs_ref_head_dim(void **state)
 	} cases[] = {
 		{ GPUD_ARCH_LLAMA, GPUD_TYPE_F32, 32, 1e-4 },
 		{ GPUD_ARCH_QWEN2, GPUD_TYPE_Q8_0, 8, 2e-2 },
+		{ GPUD_ARCH_QWEN3, GPUD_TYPE_F32, 32, 1e-4 },
+		{ GPUD_ARCH_QWEN3, GPUD_TYPE_Q8_0, 32, 2e-2 },
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct gpud_mkmodel_params mp;
 		struct ref_llama *ref = NULL;
 		char path[128], err[SW_ERR_MAX] = "";
+		bool qwen3 = cases[i].arch == GPUD_ARCH_QWEN3;
 
 		if (!g_tmpdir[0]) {
 			strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
 			assert_non_null(mkdtemp(g_tmpdir));
 		}
-		snprintf(path, sizeof(path), "%s/hd%u.gguf", g_tmpdir, cases[i].head_dim);
+		snprintf(path, sizeof(path), "%s/heads%zu.gguf", g_tmpdir, i);
 		gpud_mkmodel_params_default(&mp);
 		mp.out = path;
 		mp.arch = cases[i].arch;
@@ -860,68 +866,23 @@ static void test_engine_vs_ref_head_dim(void **state)
 		mp.n_kv_heads = 2;
 		mp.head_dim = cases[i].head_dim;
 		mp.n_ctx = 256;
+		mp.rope_base = 1e6f;
+		mp.norm_eps = 1e-6f;
+		mp.tied = qwen3;
 		mp.type = cases[i].type;
 		mp.seed = 3000 + i;
 		if (gpud_mkmodel(&mp, err, sizeof(err)))
 			fail_msg("mkmodel %s: %s", path, err);
 		assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
 		assert_int_equal(ref_llama_info(ref)->head_dim, cases[i].head_dim);
+		assert_int_equal(ref_llama_info(ref)->qk_norm, qwen3);
+		assert_int_equal(ref_llama_info(ref)->neox, cases[i].arch != GPUD_ARCH_LLAMA);
+		assert_int_equal(ref_llama_info(ref)->qkv_bias, cases[i].arch == GPUD_ARCH_QWEN2);
 		ref_llama_free(ref);
 		double w = engine_vs_ref(path, 70 + i);
 		print_message("generated %s %s, 4 heads of %u on dim 64: worst relative error "
 			      "%.3g (bound %.0e)\n", gpud_arch_name(cases[i].arch),
 			      gpud_type_name(cases[i].type), cases[i].head_dim, w, cases[i].bound);
-		assert_true(w < cases[i].bound);
-		unlink(path);
-	}
-}
-
-/* qwen3: each Q and K head RMS-normed (weights around 1, Q's and K's
- * apart) before NEOX RoPE, no biases, heads wider than dim / heads as
- * Qwen3's (128 at dim 1024 with 16 heads): F32 and Q8_0 against the
- * reference. */
-static void test_engine_vs_ref_qwen3(void **state)
-{
-	(void)state;
-	static const struct {
-		enum gpud_type type;
-		double bound;
-	} cases[] = { { GPUD_TYPE_F32, 1e-4 }, { GPUD_TYPE_Q8_0, 2e-2 } };
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		struct gpud_mkmodel_params mp;
-		struct ref_llama *ref = NULL;
-		char path[128], err[SW_ERR_MAX] = "";
-
-		if (!g_tmpdir[0]) {
-			strcpy(g_tmpdir, "/tmp/swarm-ref-XXXXXX");
-			assert_non_null(mkdtemp(g_tmpdir));
-		}
-		snprintf(path, sizeof(path), "%s/qwen3-%s.gguf", g_tmpdir,
-			 gpud_type_name(cases[i].type));
-		gpud_mkmodel_params_default(&mp);
-		mp.out = path;
-		mp.arch = GPUD_ARCH_QWEN3;
-		mp.dim = 64;
-		mp.n_heads = 4;
-		mp.n_kv_heads = 2;
-		mp.head_dim = 32;
-		mp.n_ctx = 256;
-		mp.rope_base = 1e6f;
-		mp.norm_eps = 1e-6f;
-		mp.tied = true;
-		mp.type = cases[i].type;
-		mp.seed = 4000 + i;
-		if (gpud_mkmodel(&mp, err, sizeof(err)))
-			fail_msg("mkmodel %s: %s", path, err);
-		assert_int_equal(ref_llama_load(&ref, path, err, sizeof(err)), 0);
-		assert_true(ref_llama_info(ref)->qk_norm);
-		assert_true(ref_llama_info(ref)->neox);
-		assert_false(ref_llama_info(ref)->qkv_bias);
-		ref_llama_free(ref);
-		double w = engine_vs_ref(path, 80 + i);
-		print_message("generated qwen3 %s (per-head Q/K norms, 4 heads of 32 on dim 64): "
-			      "worst relative error %.3g (bound %.0e)\n",
-			      gpud_type_name(cases[i].type), w, cases[i].bound);
 		assert_true(w < cases[i].bound);
 		unlink(path);
 	}
@@ -1019,8 +980,7 @@ int main(void)
 		cmocka_unit_test(test_engine_vs_ref_scaling_metadata),
 		cmocka_unit_test(test_engine_vs_ref_qwen2_f32),
 		cmocka_unit_test(test_engine_vs_ref_qwen2_q8_0_tied),
-		cmocka_unit_test(test_engine_vs_ref_head_dim),
-		cmocka_unit_test(test_engine_vs_ref_qwen3),
+		cmocka_unit_test(test_engine_vs_ref_heads),
 		cmocka_unit_test(test_embed_vs_ref),
 	};
 	return cmocka_run_group_tests(tests, NULL, teardown_tmpdir);
