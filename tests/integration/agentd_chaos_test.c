@@ -47,6 +47,7 @@
 #define INGEST_EVERY 10 /* every 10th task is an ingest of a new text */
 
 static struct at_pg pg;
+static pid_t sup = -1; /* the agentd supervisor, killed by teardown if a check failed */
 
 /* Adds tasks t<from>..t<to - 1> to swarm:tasks: every INGEST_EVERY-th an
  * ingest of a new text, the others answers; counts them. */
@@ -113,7 +114,6 @@ static void test_chaos_200_tasks(void **state)
 	long long completed, dead, distinct, events, n_answer = 0, n_ingest = 0;
 	redisContext *r;
 	double t0, t_pg, t_gpud, t_end;
-	pid_t sup;
 	PGconn *c;
 	FILE *fp;
 	int port, st;
@@ -207,8 +207,10 @@ static void test_chaos_200_tasks(void **state)
 	if (st == -1) {
 		kill(sup, SIGKILL);
 		waitpid(sup, &st, 0);
+		sup = -1;
 		fail_msg("the supervisor did not drain within 40 s");
 	}
+	sup = -1;
 	assert_true(WIFEXITED(st));
 	assert_int_equal(WEXITSTATUS(st), 0);
 
@@ -281,10 +283,23 @@ static void test_chaos_200_tasks(void **state)
 		fprintf(stderr, "could not remove %s\n", dir);
 }
 
+/* A failed check leaves the test at once: its supervisor (and so its
+ * workers) must not outlive it. */
+static int teardown(void **state)
+{
+	(void)state;
+	if (sup > 0) {
+		kill(sup, SIGKILL);
+		waitpid(sup, NULL, 0);
+		sup = -1;
+	}
+	return 0;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_chaos_200_tasks),
+		cmocka_unit_test_teardown(test_chaos_200_tasks, teardown),
 	};
 	int rc = it_start(IT_REDIS);
 
