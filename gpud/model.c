@@ -423,7 +423,6 @@ static int bind_weights(struct gpud_model *m, char *err, size_t errlen)
 			return rc;
 #undef BLK
 	}
-	hp->qk_norm = hp->arch == GPUD_ARCH_QWEN3;
 	m->w.layers = m->layers;
 	if ((rc = get_vector(m, "output_norm.weight", dim, &m->w.out_norm, err, errlen)))
 		return rc;

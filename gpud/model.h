@@ -63,7 +63,6 @@ struct gpud_model_hparams {
 	enum gpud_arch arch;
 	enum gpud_rope_style rope_style; /* fixed by the architecture */
 	bool qkv_bias;       /* layers carry attn_{q,k,v}.bias */
-	bool qk_norm;        /* layers carry attn_{q,k}_norm (qwen3) */
 	uint32_t n_vocab;    /* rows of token_embd */
 	uint32_t dim;        /* embedding_length */
 	uint32_t n_layers;   /* block_count */
@@ -99,7 +98,7 @@ struct gpud_layer_weights {
 	const float *bk;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
 	const float *bv;          /* (n_kv_heads*head_dim) F32; NULL iff bq is */
 	const float *q_norm;      /* (head_dim) F32: RMSNorm weights of each Q head
-				   * before RoPE, or NULL (qk_norm) */
+				   * before RoPE (qwen3), or NULL */
 	const float *k_norm;      /* (head_dim) F32, the same for K; NULL iff q_norm is */
 	struct gpud_weight wo;    /* (dim, n_heads*head_dim) */
 	const float *ffn_norm;    /* (dim) F32 */

@@ -280,12 +280,17 @@ static size_t split_digit(const struct tok_cps *c, size_t i, size_t end)
 	return one_of(c, i, end, is_n);
 }
 
+static inline bool is_p(const struct tok_cps *c, size_t i)
+{
+	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_PUNCT;
+}
+
 /* [\p{P}\$\+<=>\^~\|]+ (llama.cpp's default stage 1) */
 static inline bool is_punct_default(const struct tok_cps *c, size_t i)
 {
 	uint32_t cp = c->cp[i];
-	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_PUNCT || cp == '$' || cp == '+' ||
-	       cp == '<' || cp == '=' || cp == '>' || cp == '^' || cp == '~' || cp == '|';
+	return is_p(c, i) || cp == '$' || cp == '+' || cp == '<' || cp == '=' || cp == '>' ||
+	       cp == '^' || cp == '~' || cp == '|';
 }
 
 static size_t split_punct_run(const struct tok_cps *c, size_t i, size_t end)
@@ -323,11 +328,6 @@ static size_t split_ascii3(const struct tok_cps *c, size_t i, size_t end)
 static size_t split_crlf(const struct tok_cps *c, size_t i, size_t end)
 {
 	return one_of(c, i, end, is_crlf);
-}
-
-static inline bool is_p(const struct tok_cps *c, size_t i)
-{
-	return (c->cl[i] & GPUD_UC_CLASS_MASK) == GPUD_UC_PUNCT;
 }
 
 /* \s?X+ : the match at i, or the run up to the next one */

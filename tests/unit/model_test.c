@@ -539,7 +539,6 @@ static void test_qwen3(void **state)
 	assert_int_equal(hp->arch, GPUD_ARCH_QWEN3);
 	assert_int_equal(hp->rope_style, GPUD_ROPE_NEOX);
 	assert_false(hp->qkv_bias);
-	assert_true(hp->qk_norm);
 	for (uint32_t l = 0; l < hp->n_layers; l++) {
 		assert_null(w->layers[l].bq);
 		assert_non_null(w->layers[l].q_norm);
