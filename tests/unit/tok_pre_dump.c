@@ -19,9 +19,10 @@ static char line[2 * MAX_TEXT + 256];
 
 static int put(void *arg, size_t i, size_t j)
 {
+	(void)arg;
 	(void)i;
 	printf(" %u", off[j]);
-	return arg != NULL;
+	return 0;
 }
 
 static int hexval(int c)
@@ -60,8 +61,7 @@ int main(void)
 		n = gpud__tok_cps_fill(text, len, cp, cl, off);
 		struct tok_cps c = { cp, cl, off };
 		printf("ok");
-		if (gpud__tok_pre_split(pre, &c, n, put, NULL) != 0)
-			return 1;
+		gpud__tok_pre_split(pre, &c, n, put, NULL);
 		printf("\n");
 	}
 	return 0;
