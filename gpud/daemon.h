@@ -63,7 +63,6 @@ struct gpud_plan_devmem {
 	uint64_t weights_q8;        /* of it: held as Q8_0, not in the file's type */
 	uint64_t masks;             /* the device mask pool */
 	uint64_t scratch;           /* step scratch */
-	uint64_t workspace;         /* cuBLAS workspace */
 	uint64_t kv_block_bytes;    /* one KV block as this backend stores it */
 	uint64_t staging;           /* pinned host staging: host RAM */
 };
@@ -104,7 +103,7 @@ struct gpud_plan_dev {
 	/* own_memory only (0 for cpu devices, which share the host figures): */
 	uint64_t budget;            /* memory_fraction x total, at most free -
 				     * GPUD_PLAN_DEVICE_RESERVE */
-	uint64_t fixed;             /* weights + masks + scratch + workspace */
+	uint64_t fixed;             /* weights + masks + scratch */
 	uint64_t kv_room;           /* budget - fixed */
 	uint64_t used;              /* fixed + kv_bytes */
 };

@@ -58,7 +58,7 @@ int gpud_plan_device_check(const struct sw_config_device *dev, uint32_t i, bool 
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "gpud.devices[%u]: %s: this gpud was built without the "
 					 "CUDA backend: rebuild with `meson setup -Dgpu=enabled` "
-					 "(needs nvcc and cuBLAS), or use \"cpu\"", i, name);
+					 "(needs nvcc and the CUDA runtime), or use \"cpu\"", i, name);
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 				 "gpud.devices[%u]: %s: this gpud has no backend for it "
 				 "(use \"cpu\")", i, name);
@@ -89,7 +89,7 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 	uint64_t cap = (uint64_t)(in->memory_fraction * (double)m->total_bytes);
 	uint64_t avail = m->free_bytes > GPUD_PLAN_DEVICE_RESERVE ?
 			 m->free_bytes - GPUD_PLAN_DEVICE_RESERVE : 0;
-	char dev[32], what[256], t[32], f[32], b[32], a[32], c[32], w[32], k[32], s[32], x[32];
+	char dev[32], what[256], t[32], f[32], b[32], a[32], c[32], w[32], k[32], s[32];
 
 	sw_config_device_name(&in->devices[i], dev, sizeof(dev));
 	gpud_fmt_bytes(m->total_bytes, t, sizeof(t));
@@ -105,17 +105,16 @@ static int plan_devmem(const struct gpud_plan_in *in, uint32_t i, struct gpud_pl
 	else
 		snprintf(what, sizeof(what), "gpud.memory_fraction %g of %s is %s, but only %s "
 			 "is free (%s after the context reserve)", in->memory_fraction, t, c, f, b);
-	o->fixed = m->weights + m->masks + m->scratch + m->workspace;
+	o->fixed = m->weights + m->masks + m->scratch;
 	if (o->fixed > o->budget) {
 		gpud_fmt_bytes(o->fixed, a, sizeof(a));
 		gpud_fmt_bytes(m->weights, w, sizeof(w));
 		gpud_fmt_bytes(m->masks, k, sizeof(k));
 		gpud_fmt_bytes(m->scratch, s, sizeof(s));
-		gpud_fmt_bytes(m->workspace, x, sizeof(x));
 		return sw_seterr(err, errlen, SW_EEXHAUSTED,
 				 "memory plan: gpud.devices[%u] %s (%s): weights (%s) + mask pool "
-				 "(%s) + scratch (%s) + cuBLAS workspace (%s) need %s; %s",
-				 pos, dev, m->name, w, k, s, x, a, what);
+				 "(%s) + scratch (%s) need %s; %s",
+				 pos, dev, m->name, w, k, s, a, what);
 	}
 	o->kv_room = o->budget - o->fixed;
 	if (in->kv_blocks) {
@@ -417,7 +416,6 @@ static int query_devices(const struct sw_config *cfg, const struct gpud_model *m
 			dm->weights_q8 = p0.weights_q8;
 			dm->masks = p0.masks;
 			dm->scratch = p0.scratch;
-			dm->workspace = p0.workspace;
 			dm->staging = p0.staging;
 			dm->kv_block_bytes = (p1.kv - p0.kv + PLAN_PROBE_BLOCKS - 1) / PLAN_PROBE_BLOCKS;
 		}
@@ -551,8 +549,6 @@ static void print_devmem(FILE *out, const struct sw_config *cfg, const struct si
 	gpud_fmt_bytes(m->scratch, a, sizeof(a));
 	fprintf(out, "  %s.scratch: %s (max_batch_tokens %u)\n", dev, a,
 		cfg->gpud.max_batch_tokens);
-	gpud_fmt_bytes(m->workspace, a, sizeof(a));
-	fprintf(out, "  %s.workspace: %s (cuBLAS)\n", dev, a);
 	gpud_fmt_bytes(m->staging, a, sizeof(a));
 	gpud_fmt_bytes(cfg->gpud.prefix_cache_bytes, c, sizeof(c));
 	fprintf(out, "  %s.staging: %s of pinned host memory\n", dev, a);

@@ -1,4 +1,4 @@
-// cuemu.cc - the CUDA runtime and cuBLAS of cuemu (tests/cuemu/README.md):
+// cuemu.cc - the CUDA runtime of cuemu (tests/cuemu/README.md):
 // the CUDA backend's kernels and API calls run on the CPU, with the
 // semantics a first run on a GPU would test.
 //
@@ -26,7 +26,6 @@
 // a kernel): the stream's error is then sticky for the device, as a fault
 // is on a GPU. Launch configurations are checked as the device checks
 // them (block and grid limits, __launch_bounds__).
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <errno.h>
@@ -157,7 +156,7 @@ constexpr size_t OP_STATE = 384;
 constexpr size_t STREAM_OPS = 1024;
 
 struct op {
-	const char *what = "";  // "kernel", "memcpy", "memset", "cublasGemmEx"
+	const char *what = "";  // "kernel", "memcpy", "memset"
 	const char *name = "";  // a kernel's name
 	cudaError_t (*run)(const op &) = nullptr;
 	void (*copy)(void *dst, const void *src) = nullptr;
@@ -227,13 +226,6 @@ struct CUstream_st {
 	cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
 	std::thread::id cap_thread;
 	cudaError_t cap_err = cudaSuccess;
-};
-
-struct cublasContext {
-	int dev;
-	cudaStream_t stream = nullptr;
-	void *ws = nullptr;
-	size_t ws_bytes = 0;
 };
 
 namespace {
@@ -737,27 +729,6 @@ void warp_barrier(runner *r, warp_t &w)
 	while (w.gen == g)
 		yield();
 	me.st = F_RUN;
-}
-
-/* --- cuBLAS's GEMM: column-major reference, fp32 accumulation ------------------------ */
-
-float elem(const void *p, cudaDataType_t t, size_t i)
-{
-	switch (t) {
-	case CUDA_R_32F:
-		return ((const float *)p)[i];
-	case CUDA_R_16F:
-		return __half2float(((const __half *)p)[i]);
-	default:
-		return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
-	}
-}
-
-size_t type_size(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
-
-bool known_type(cudaDataType_t t)
-{
-	return t == CUDA_R_32F || t == CUDA_R_16F || t == CUDA_R_16BF;
 }
 
 } // namespace
@@ -1570,195 +1541,4 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex)
 {
 	delete ex;
 	return cudaSuccess;
-}
-
-/* --- cuBLAS ------------------------------------------------------------------------------ */
-
-namespace {
-
-struct gemm_st {
-	cublasOperation_t ta, tb;
-	int m, n, k;
-	float alpha;
-	const void *A;
-	cudaDataType_t at;
-	int lda;
-	const void *B;
-	cudaDataType_t bt;
-	int ldb;
-	float beta;
-	void *C;
-	int ldc;
-};
-
-// Scratch for work a GPU does on the device: mapped, never from the host
-// heap, so that it stays out of gpud's host-allocation counters, which
-// watch gpud's own code (a real cuBLAS widens nothing on the host). Grows
-// only; a thread's mapping goes with it.
-struct dev_scratch {
-	float *p = nullptr;
-	size_t n = 0;
-
-	float *need(size_t want)
-	{
-		if (want > n) {
-			void *q = mmap(nullptr, want * sizeof(float), PROT_READ | PROT_WRITE,
-				       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-			if (q == MAP_FAILED)
-				fatal("cuemu: GEMM scratch of %zu floats: %s", want, strerror(errno));
-			if (p)
-				munmap(p, n * sizeof(float));
-			p = (float *)q;
-			n = want;
-		}
-		return p;
-	}
-	~dev_scratch()
-	{
-		if (p)
-			munmap(p, n * sizeof(float));
-	}
-};
-
-// C = alpha op(A) op(B) + beta C, column-major; fp32 products summed in
-// order; beta 0 ignores C (it may hold anything), as cuBLAS does. op(A)
-// is widened to fp32 once per call and each column of op(B) once, into
-// dev_scratch.
-cudaError_t run_gemm(const op &o)
-{
-	const gemm_st &g = state_of<gemm_st>(o);
-	thread_local dev_scratch sa, sb;
-	size_t k = (size_t)g.k;
-	float *fa = sa.need((size_t)g.m * k), *fb = sb.need(k);
-
-	for (int i = 0; i < g.m; i++)
-		for (int p = 0; p < g.k; p++)
-			fa[(size_t)i * k + p] = elem(g.A, g.at, g.ta == CUBLAS_OP_N
-							    ? (size_t)p * g.lda + i
-							    : (size_t)i * g.lda + p);
-	for (int j = 0; j < g.n; j++) {
-		for (int p = 0; p < g.k; p++)
-			fb[p] = elem(g.B, g.bt, g.tb == CUBLAS_OP_N ? (size_t)j * g.ldb + p
-								     : (size_t)p * g.ldb + j);
-		for (int i = 0; i < g.m; i++) {
-			const float *a = &fa[(size_t)i * k];
-			float acc = 0.0f;
-			for (size_t p = 0; p < k; p++)
-				acc += a[p] * fb[p];
-			float *c = (float *)g.C + (size_t)j * g.ldc + i;
-			*c = g.beta == 0.0f ? g.alpha * acc : g.alpha * acc + g.beta * *c;
-		}
-	}
-	std::lock_guard<std::mutex> lk(mu);
-	stats.gemms++;
-	return cudaSuccess;
-}
-
-} // namespace
-
-cublasStatus_t cublasCreate(cublasHandle_t *h)
-{
-	if (check_dev() != cudaSuccess)
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	*h = new cublasContext();
-	(*h)->dev = cur_dev;
-	return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasDestroy(cublasHandle_t h)
-{
-	delete h;
-	return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s)
-{
-	if (!h)
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	if (resolve(s)->dev != h->dev)
-		return CUBLAS_STATUS_INVALID_VALUE;
-	h->stream = s;
-	return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes)
-{
-	if (!h)
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	if (ws) {
-		std::lock_guard<std::mutex> g(mu);
-		const region *r = find(ws, bytes ? bytes : 1);
-		if (!r || r->dev != h->dev || ((uintptr_t)ws & 255))
-			return CUBLAS_STATUS_INVALID_VALUE;
-	}
-	h->ws = ws;
-	h->ws_bytes = bytes;
-	return CUBLAS_STATUS_SUCCESS;
-}
-
-cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode)
-{
-	(void)mode;
-	return h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
-}
-
-const char *cublasGetStatusString(cublasStatus_t s)
-{
-	switch (s) {
-	case CUBLAS_STATUS_SUCCESS: return "the operation completed successfully";
-	case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
-	case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-	case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
-	case CUBLAS_STATUS_ARCH_MISMATCH: return "an absent device architectural feature is required";
-	case CUBLAS_STATUS_MAPPING_ERROR: return "an access to GPU memory space failed";
-	case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
-	case CUBLAS_STATUS_INTERNAL_ERROR: return "an internal operation failed";
-	case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
-	}
-	return "unknown cuBLAS status";
-}
-
-cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-			    int n, int k, const void *alpha, const void *A, cudaDataType_t at,
-			    int lda, const void *B, cudaDataType_t bt, int ldb, const void *beta,
-			    void *C, cudaDataType_t ct, int ldc, cublasComputeType_t compute,
-			    cublasGemmAlgo_t algo)
-{
-	(void)algo;
-	if (!h)
-		return CUBLAS_STATUS_NOT_INITIALIZED;
-	if (h->dev != cur_dev || check_dev() != cudaSuccess)
-		return CUBLAS_STATUS_EXECUTION_FAILED;
-	if (m < 0 || n < 0 || k < 0 || !known_type(at) || !known_type(bt) || ct != CUDA_R_32F ||
-	    compute != CUBLAS_COMPUTE_32F || at != bt)
-		return CUBLAS_STATUS_NOT_SUPPORTED;
-	// op(A) is m x k, op(B) k x n, C m x n, all column-major
-	int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
-	int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
-	if (lda < (ar > 1 ? ar : 1) || ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1))
-		return CUBLAS_STATUS_INVALID_VALUE;
-	if (!m || !n)
-		return CUBLAS_STATUS_SUCCESS;
-	{
-		std::lock_guard<std::mutex> g(mu);
-		size_t ea = ((size_t)lda * (ac - 1) + ar) * type_size(at);
-		size_t eb = ((size_t)ldb * (bc - 1) + br) * type_size(bt);
-		size_t ec = ((size_t)ldc * (n - 1) + m) * 4;
-		const region *ra = k ? find(A, ea) : nullptr, *rb = k ? find(B, eb) : nullptr;
-		const region *rc = find(C, ec);
-		if ((k && (!ra || ra->dev != h->dev || !rb || rb->dev != h->dev)) || !rc ||
-		    rc->dev != h->dev) {
-			fprintf(stderr, "cuemu: cublasGemmEx m %d n %d k %d: an operand is not inside "
-				"one allocation of the device\n", m, n, k);
-			return CUBLAS_STATUS_INVALID_VALUE;
-		}
-		if (!h->ws)
-			stats.implicit_allocs++;
-	}
-	float al = *(const float *)alpha, be = *(const float *)beta;
-	CUstream_st *st = resolve(h->stream);
-	cudaError_t e = enqueue(st, make_op("cublasGemmEx", run_gemm,
-					    gemm_st{ ta, tb, m, n, k, al, A, at, lda, B, bt, ldb, be,
-						     C, ldc }));
-	return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

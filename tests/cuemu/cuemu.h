@@ -15,8 +15,6 @@ struct cuemu_stats {
 	uint64_t device_frees;
 	uint64_t launches;        /* kernels run (a graph's count each replay) */
 	uint64_t graph_launches;  /* cudaGraphLaunch calls */
-	uint64_t gemms;           /* cublasGemmEx run */
-	uint64_t implicit_allocs; /* GEMMs without a workspace: cuBLAS would allocate */
 	uint64_t faults;          /* kernels stopped by an illegal address or a deadlock */
 };
 

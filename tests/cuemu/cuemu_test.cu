@@ -2,7 +2,6 @@
 // CUDA program, rewritten by cu2cc.py like the backend, whose checks hold
 // on a GPU too. Each fault is provoked on a device of its own (a fault is
 // sticky per device), or in a child process where it ends the process.
-#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -566,54 +565,70 @@ static void check_half(void)
 	CHECK(__vsub4(0x0f000810u, 0x08080808u) == 0x07f80008u);
 }
 
-// cublasGemmEx against a double-precision product: y^T = W^T' x, the
-// backend's call shape (row-major W as column-major, op T on it).
-static void check_gemm(void)
+// One m16n8k16 product of halves (fp16, or bf16 with bf): each lane builds
+// its fragments from A (16 x 16, row-major) and B (16 x 8, stored column by
+// column) as the PTX ISA lays them out (a[0] = A[g][2t..2t+1], a[1] =
+// A[g+8][2t..], a[2] = A[g][8+2t..], a[3] = A[g+8][8+2t..]; b[0] =
+// B[2t..2t+1][g], b[1] = B[8+2t..][g]), and writes its outputs of D = A B + C.
+__global__ void mma_h_kernel(const uint16_t *A, const uint16_t *B, const float *C, float *D,
+			     int bf)
 {
-	const int m = 48, n = 20, k = 64;
-	__half hw[m * k], hx[n * k];
-	float y[m * n];
-	__half *dw, *dx;
-	float *dy;
-	void *ws;
-	cublasHandle_t h;
-	const float one = 1.0f, zero = 0.0f;
-	double worst = 0;
+	unsigned l = threadIdx.x, g = l >> 2, t = l & 3, a[4], b[2];
+	float d[4];
 
-	for (int i = 0; i < m * k; i++)
-		hw[i] = __float2half_rn((float)((i * 37) % 17 - 8) / 8);
-	for (int i = 0; i < n * k; i++)
-		hx[i] = __float2half_rn((float)((i * 11) % 13 - 6) / 4);
-	OK(cudaMalloc((void **)&dw, sizeof(hw)));
-	OK(cudaMalloc((void **)&dx, sizeof(hx)));
-	OK(cudaMalloc((void **)&dy, sizeof(y)));
-	OK(cudaMalloc(&ws, 1 << 20));
-	OK(cudaMemcpy(dw, hw, sizeof(hw), cudaMemcpyHostToDevice));
-	OK(cudaMemcpy(dx, hx, sizeof(hx), cudaMemcpyHostToDevice));
-	CHECK(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
-	CHECK(cublasSetWorkspace(h, ws, 1 << 20) == CUBLAS_STATUS_SUCCESS);
-	CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dw, CUDA_R_16F, k, dx,
-			   CUDA_R_16F, k, &zero, dy, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-			   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
-	CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, dw, CUDA_R_16F, k, dx,
-			   CUDA_R_16F, k + 1, &zero, dy, CUDA_R_32F, m, CUBLAS_COMPUTE_32F,
-			   CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_INVALID_VALUE); // past dx's end
-	OK(cudaMemcpy(y, dy, sizeof(y), cudaMemcpyDeviceToHost));
-	for (int t = 0; t < n; t++)
-		for (int r = 0; r < m; r++) {
-			double s = 0;
-			for (int c = 0; c < k; c++)
-				s += (double)__half2float(hw[r * k + c]) * __half2float(hx[t * k + c]);
-			double e = fabs(s - y[t * m + r]);
-			worst = e > worst ? e : worst;
+	memcpy(&a[0], A + g * 16 + 2 * t, 4);
+	memcpy(&a[1], A + (g + 8) * 16 + 2 * t, 4);
+	memcpy(&a[2], A + g * 16 + 8 + 2 * t, 4);
+	memcpy(&a[3], A + (g + 8) * 16 + 8 + 2 * t, 4);
+	memcpy(&b[0], B + g * 16 + 2 * t, 4);
+	memcpy(&b[1], B + g * 16 + 8 + 2 * t, 4);
+	for (int e = 0; e < 4; e++)
+		d[e] = C[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)];
+	cuemu_mma_h_m16n8k16(d, a, b, bf != 0);
+	for (int e = 0; e < 4; e++)
+		D[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)] = d[e];
+}
+
+// mma_h_kernel against a double-precision product, fp16 and bf16: values
+// of few bits, so that every sum is exact and the bits must match.
+static void check_mma_h(void)
+{
+	uint16_t hA[16 * 16], hB[8 * 16], *A, *B;
+	float hC[16 * 8], hD[16 * 8], *C, *D;
+
+	OK(cudaMalloc((void **)&A, sizeof(hA)));
+	OK(cudaMalloc((void **)&B, sizeof(hB)));
+	OK(cudaMalloc((void **)&C, sizeof(hC)));
+	OK(cudaMalloc((void **)&D, sizeof(hD)));
+	for (int bf = 0; bf < 2; bf++) {
+		float fa[16 * 16], fb[8 * 16];
+
+		for (int i = 0; i < 256; i++) {
+			fa[i] = (float)((i * 37 + 11) % 31 - 15) / 8;
+			hA[i] = bf ? __float2bfloat16_rn(fa[i]).x : __half_as_ushort(__float2half_rn(fa[i]));
 		}
-	CHECK(worst < 1e-4);
-	CHECK(cuemu_get_stats().implicit_allocs == 0);
-	cublasDestroy(h);
-	OK(cudaFree(dw));
-	OK(cudaFree(dx));
-	OK(cudaFree(dy));
-	OK(cudaFree(ws));
+		for (int i = 0; i < 128; i++) {
+			fb[i] = (float)((i * 53 + 5) % 29 - 14) / 4;
+			hB[i] = bf ? __float2bfloat16_rn(fb[i]).x : __half_as_ushort(__float2half_rn(fb[i]));
+			hC[i] = (float)(i - 64) / 2;
+		}
+		OK(cudaMemcpy(A, hA, sizeof(hA), cudaMemcpyHostToDevice));
+		OK(cudaMemcpy(B, hB, sizeof(hB), cudaMemcpyHostToDevice));
+		OK(cudaMemcpy(C, hC, sizeof(hC), cudaMemcpyHostToDevice));
+		mma_h_kernel<<<1, 32>>>(A, B, C, D, bf);
+		OK(cudaMemcpy(hD, D, sizeof(hD), cudaMemcpyDeviceToHost));
+		for (int m = 0; m < 16; m++)
+			for (int n = 0; n < 8; n++) {
+				double want = hC[m * 8 + n];
+				for (int k = 0; k < 16; k++) /* B[k][n] at n * 16 + k */
+					want += (double)fa[m * 16 + k] * fb[n * 16 + k];
+				CHECK(hD[m * 8 + n] == (float)want);
+			}
+	}
+	OK(cudaFree(A));
+	OK(cudaFree(B));
+	OK(cudaFree(C));
+	OK(cudaFree(D));
 }
 
 int main(void)
@@ -632,7 +647,7 @@ int main(void)
 	check_config();
 	check_launch_ex();
 	check_memory();
-	check_gemm();
+	check_mma_h();
 	check_fatal();
 	check_faults();
 	if (failures) {

@@ -466,16 +466,13 @@ static int compare(const struct gpud_model *m, uint32_t rounds, double bound)
 		uint64_t dev = e1.device_allocs - e0.device_allocs;
 		uint64_t host = e1.host_allocs - e0.host_allocs;
 
-		printf("backend_cmp: cuemu: %llu kernels, %llu graph replays, %llu GEMMs; "
-		       "cudaMalloc %llu, cudaHostAlloc %llu, implicit cuBLAS allocations %llu, "
-		       "faults %llu after init\n",
+		printf("backend_cmp: cuemu: %llu kernels, %llu graph replays; cudaMalloc %llu, "
+		       "cudaHostAlloc %llu, faults %llu after init\n",
 		       (unsigned long long)(e1.launches - e0.launches),
 		       (unsigned long long)(e1.graph_launches - e0.graph_launches),
-		       (unsigned long long)(e1.gemms - e0.gemms), (unsigned long long)dev,
-		       (unsigned long long)host,
-		       (unsigned long long)(e1.implicit_allocs - e0.implicit_allocs),
+		       (unsigned long long)dev, (unsigned long long)host,
 		       (unsigned long long)(e1.faults - e0.faults));
-		if (dev || host || e1.implicit_allocs != e0.implicit_allocs || e1.faults != e0.faults)
+		if (dev || host || e1.faults != e0.faults)
 			rc = 1;
 	}
 #endif
@@ -947,7 +944,7 @@ static double stage_weight_bytes(const struct gpud_model *m, const char *stage, 
 	const struct gpud_weight *ws[3] = { NULL, NULL, NULL };
 	double n = 0;
 
-	if (strncmp(op, "matmul", 6) && strncmp(op, "cublasGemmEx", 12))
+	if (strncmp(op, "matmul", 6))
 		return 0;
 	if (!strcmp(stage, "output"))
 		return (double)w->output.rows * gpud_type_row_bytes(w->output.type,

@@ -15,9 +15,11 @@
 //     (T > 8) keeps the CPU's order: bound 0, the CPU's bits.
 //   - F32/F16/BF16, T <= 8: the fp32 GEMV, 1e-5.
 //   - F32, T > 8: the tiled fp32 kernel, 1e-5.
-//   - F16/BF16, T > 8: cuBLAS over activations split into hi + lo halves
-//     (about 22 and 16 bits of each activation), as backend.cu calls it:
-//     1e-5 and 1e-4.
+//   - F16/BF16, T > 8: the tensor-core kernel over activations split into
+//     hi + lo halves (about 22 and 16 bits of each activation), as
+//     backend.cu calls it: 1e-5 and 1e-4; split over the columns for 9 ..
+//     64 tokens (gpud_k_mm_h_splits), the same bits twice; a width that
+//     is not whole 16-byte chunks (cols % 8) takes the tiled fp32 kernel.
 //   - Q8_0/Q4_0, 9 .. 64 tokens: the tensor-core kernel with its columns
 //     split (gpud_k_mm_q_splits), whose partials add in a fixed order: the
 //     GEMV's bound, and the same bits twice.
@@ -29,7 +31,6 @@
 // The fused kernels (GEMVs of several matrices in one launch, gate/up with
 // SwiGLU, RMSNorm with the int8 quantization) must give the bits of the
 // kernels they fuse: bound 0 differing elements.
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -49,7 +50,6 @@ extern "C" {
 namespace {
 
 int failures;
-cublasHandle_t blas;
 gpud_cuda_ksplit ksplit; // the int8 matmul's split-K scratch (main)
 uint64_t rng = 0x243f6a8885a308d3ull;
 
@@ -221,33 +221,21 @@ void gpu_mm(const mat &m, const float *dx, uint32_t T, float *dy)
 	default:
 		if (T <= 8) {
 			gpud_k_mv_f(0, &w, dx, T, dy);
-		} else if (m.t == GPUD_TYPE_F32) {
-			gpud_k_mm_f32(0, &w, dx, T, dy);
-		} else {
-			// F16/BF16 prefill: y^T = W hi + W lo, then the F16 row scales
+		} else if (gpud_k_mm_h_fits(&w)) {
+			// F16/BF16: the activations split, then the tensor cores
 			size_t half = (size_t)T * m.cols * 2;
 			void *hi = dev(half), *lo = dev(half);
 			float *sc = (float *)dev(4 * T);
-			const float one = 1.0f, zero = 0.0f;
-			cudaDataType_t dt = m.t == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-			int r = (int)m.rows, k = (int)m.cols;
+			const gpud_cuda_mat *wp = &w;
 
 			gpud_k_split_act(0, dx, T, (uint32_t)m.cols, m.t, hi, lo, sc);
-			if (cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)T, k, &one, m.dq, dt, k,
-					 hi, dt, k, &zero, dy, CUDA_R_32F, r, CUBLAS_COMPUTE_32F,
-					 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS ||
-			    cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, r, (int)T, k, &one, m.dq, dt, k,
-					 lo, dt, k, &one, dy, CUDA_R_32F, r, CUBLAS_COMPUTE_32F,
-					 CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS) {
-				printf("ops_cmp: cublasGemmEx failed\n");
-				failures++;
-			}
-			if (m.t == GPUD_TYPE_F16)
-				gpud_k_scale_cols(0, dy, m.rows, T, sc);
+			gpud_k_mm_h_set(0, &wp, &dy, 1, hi, lo, sc, T, &ksplit);
 			cudaDeviceSynchronize();
 			cudaFree(hi);
 			cudaFree(lo);
 			cudaFree(sc);
+		} else {
+			gpud_k_mm_f(0, &w, dx, T, dy);
 		}
 		break;
 	}
@@ -270,10 +258,16 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 	snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tokens", gpud_type_name(t),
 		 (long long)rows, (long long)cols, T);
 	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
-	uint32_t splits = i8 ? gpud_k_mm_q_splits(rows, cols, T, &ksplit) : 1;
-	if (i8 && T > 8)
-		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %s",
-			 gpud_k_mm_pipelined(cols) ? "pipelined" : "single-buffered");
+	gpud_cuda_mat wm = dmat(m);
+	bool tc = gpud_k_mm_h_fits(&wm) && T > 8; // the F16/BF16 tensor-core kernel
+	uint32_t splits = i8   ? gpud_k_mm_q_splits(rows, cols, T, &ksplit)
+			  : tc ? gpud_k_mm_h_splits(rows, cols, T, &ksplit)
+			       : 1;
+	const char *kind = i8 ? gpud_k_mm_pipelined(cols) ? "pipelined" : "single-buffered"
+		      : tc    ? "tensor cores"
+			      : "fp32";
+	if (T > 8)
+		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %s", kind);
 	if (splits > 1)
 		snprintf(what + strlen(what), sizeof(what) - strlen(what), ", %u splits", splits);
 	gpu_mm(m, dx, T, dy);
@@ -290,8 +284,7 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 		size_t nz = 0;
 
 		snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tok, %s: repeatable, counters 0",
-			 gpud_type_name(t), (long long)rows, (long long)cols, T,
-			 gpud_k_mm_pipelined(cols) ? "pipelined" : "single-buffered");
+			 gpud_type_name(t), (long long)rows, (long long)cols, T, kind);
 		gpu_mm(m, dx, T, dy);
 		if (nc <= 256 && down(y2, dy, sizeof(float) * T * rows, what) &&
 		    down(c, ksplit.cnt, 4 * nc, what)) {
@@ -487,9 +480,9 @@ struct three_mats {
 	three_mats &operator=(const three_mats &) = delete;
 };
 
-// The int8 tensor-core matmuls of several matrices over the same
-// activations in one launch (gpud_k_mm_q_set; Q, K and V, gate and up)
-// against one launch each: unsplit (T > 64) the same bits; split, the
+// The tensor-core matmuls of several matrices over the same activations
+// in one launch (gpud_k_mm_q_set, gpud_k_mm_h_set; Q, K and V, gate and
+// up) against one launch each: unsplit (T > 64) the same bits; split, the
 // splits are the set's, so within the GEMV's bound of the separate ones
 // and the same bits twice. Rows of 72, 64 and 64 (a tile and a part, then
 // whole tiles).
@@ -503,15 +496,27 @@ void check_mm_set(enum gpud_type t, uint32_t T)
 	char what[96];
 	bool ok;
 
+	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
+	void *hi = dev((size_t)T * f.cols * 2), *lo = dev((size_t)T * f.cols * 2);
+	float *sc = (float *)dev(4 * T);
+	auto set = [&](const gpud_cuda_mat *const *ws, float *const *ys, int n) {
+		return i8 ? gpud_k_mm_q_set(0, ws, ys, n, f.q, f.d, T, &ksplit)
+			  : gpud_k_mm_h_set(0, ws, ys, n, hi, lo, sc, T, &ksplit);
+	};
+
+	if (!i8)
+		gpud_k_split_act(0, f.dx, T, (uint32_t)f.cols, t, hi, lo, sc);
 	for (int i = 0; i < 3; i++) {
 		sep[i] = (float *)dev(4 * f.ny);
 		grp[i] = (float *)dev(4 * f.ny);
 		grp2[i] = (float *)dev(4 * f.ny);
-		gpud_k_mm_q(0, &f.w[i], f.q, f.d, T, sep[i], &ksplit);
+		if (i8)
+			gpud_k_mm_q(0, &f.w[i], f.q, f.d, T, sep[i], &ksplit);
+		else
+			set(&f.ws[i], &sep[i], 1);
 	}
 	snprintf(what, sizeof(what), "matmul %s x3 in one launch, %u tokens", gpud_type_name(t), T);
-	ok = gpud_k_mm_q_set(0, f.ws, grp, 3, f.q, f.d, T, &ksplit) == cudaSuccess &&
-	     gpud_k_mm_q_set(0, f.ws, grp2, 3, f.q, f.d, T, &ksplit) == cudaSuccess;
+	ok = set(f.ws, grp, 3) == cudaSuccess && set(f.ws, grp2, 3) == cudaSuccess;
 	for (int i = 0; ok && i < 3; i++) {
 		size_t k = (size_t)T * f.rows[i];
 		ok = down(hs, sep[i], 4 * k, what) && down(hg, grp[i], 4 * k, what) &&
@@ -530,6 +535,9 @@ void check_mm_set(enum gpud_type t, uint32_t T)
 	free(hs);
 	free(hg);
 	free(hg2);
+	cudaFree(hi);
+	cudaFree(lo);
+	cudaFree(sc);
 	for (int i = 0; i < 3; i++) {
 		cudaFree(sep[i]);
 		cudaFree(grp[i]);
@@ -1391,8 +1399,17 @@ void check_kernels(void)
 			check_matmul(t, 200, 320, T);
 		for (uint32_t T : { 9u, 70u })
 			check_matmul(t, 130, 320, T);
-		if (t != GPUD_TYPE_Q8_0 && t != GPUD_TYPE_Q4_0)
+		if (t == GPUD_TYPE_F32) {
+			check_matmul(t, 130, 330, 70); /* the tiled kernel, any width */
 			continue;
+		}
+		if (t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16) {
+			check_matmul(t, 1000, 1024, 40); /* 8 splits of 16 tiles */
+			for (uint32_t T : { 20u, 70u }) /* a last stage of one chunk */
+				check_matmul(t, 130, 328, T);
+			check_matmul(t, 130, 330, 70); /* not whole chunks: fp32 tiles */
+			continue;
+		}
 		check_matmul(t, 1000, 1024, 40); /* pipelined: 8 splits of 16 tiles */
 		for (uint32_t T : { 9u, 70u }) /* 11 blocks a row: the single-buffered kernel */
 			check_matmul(t, 130, 352, T);
@@ -1405,7 +1422,7 @@ void check_kernels(void)
 	for (enum gpud_type t : types)
 		for (uint32_t T : { 1u, 2u, 3u, 8u })
 			check_gemv_group(t, T);
-	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0 })
+	for (enum gpud_type t : { GPUD_TYPE_Q8_0, GPUD_TYPE_Q4_0, GPUD_TYPE_F16, GPUD_TYPE_BF16 })
 		for (uint32_t T : { 16u, 40u, 70u })
 			check_mm_set(t, T);
 	for (enum gpud_type t : types)
@@ -1457,14 +1474,6 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	cudaSetDevice(0);
-	{
-		void *ws = dev(32u << 20);
-		if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS ||
-		    cublasSetWorkspace(blas, ws, 32u << 20) != CUBLAS_STATUS_SUCCESS) {
-			fprintf(stderr, "ops_cmp: cuBLAS set-up failed\n");
-			return 2;
-		}
-	}
 	ksplit.part_floats = 8ull * 64 * 4096;
 	ksplit.part = (float *)dev(4 * ksplit.part_floats);
 	ksplit.cnt_words = 4096 / 32 + 1;

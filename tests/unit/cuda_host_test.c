@@ -350,7 +350,6 @@ static void test_plan_pools(void **state)
 	gpud_cuda_plan_for(&cfg, &p);
 	kv_block = (uint64_t)hp->n_layers * 2 * hp->n_kv_heads * 16 * hp->head_dim * 4;
 	assert_int_equal(p.kv, up256(32 * kv_block));
-	assert_int_equal(p.workspace, GPUD_CUDA_WORKSPACE);
 	assert_true(p.staging >= GPUD_CUDA_STAGING_MIN);
 	assert_true(p.masks > 0 && p.scratch > 0);
 	/* the ops table's figure is the plan's */
@@ -375,7 +374,7 @@ static void test_plan_pools(void **state)
 	{
 		const uint64_t offs[] = { l.x, l.xb, l.q, l.k, l.v, l.att, l.attp, l.attc,
 					  l.hb, l.hb2, l.xl, l.logits, l.actq, l.actd, l.actq2, l.actd2, l.mmp, l.mmc, l.acth,
-					  l.ascale, l.meta };
+					  l.actl, l.ascale, l.meta };
 		for (size_t i = 0; i < sizeof(offs) / sizeof(offs[0]); i++) {
 			assert_int_equal(offs[i] % 256, 0);
 			if (i)
@@ -384,6 +383,9 @@ static void test_plan_pools(void **state)
 		assert_true(l.meta + l.meta_words * 4 <= l.scratch_bytes);
 		assert_int_equal(l.xb - l.x, up256(64ull * hp->dim * 4));
 		assert_int_equal(l.logits - l.xl, up256(8ull * hp->dim * 4));
+		/* the split activations' halves: a step's tokens each, apart */
+		assert_true(l.actl - l.acth >= 64ull * l.max_cols * 2);
+		assert_true(l.ascale - l.actl >= 64ull * l.max_cols * 2);
 	}
 	assert_true(l.st_mask + l.mask_slot_bytes <= l.staging_bytes);
 	assert_true(l.st_logits < l.st_hidden && l.st_hidden < l.st_meta && l.st_meta < l.st_mask);
@@ -519,6 +521,19 @@ static void test_mm_splits(void **state)
 	assert_int_equal(gpud_cuda_mm_splits(S, 64, 64, 16, part, 257, 132), 1);
 	assert_int_equal(gpud_cuda_mm_splits(P, 64, 320, 16, part, 257, 132), 5);
 	assert_int_equal(gpud_cuda_mm_splits(S, 64, 320, 16, part, 257, 132), 3);
+	/* the F16/BF16 kernel: the pipelined one's tiles and CTAs, stages of 32
+	 * columns (320 columns are 10; 40 columns round up to 2) */
+	{
+		const enum gpud_cuda_mm_kernel H = GPUD_CUDA_MM_HALF;
+
+		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 16, part, 257, 132), 8);
+		assert_int_equal(gpud_cuda_mm_splits(H, 8192, 3072, 64, part, 257, 132), 4);
+		assert_int_equal(gpud_cuda_mm_splits(H, 64, 320, 16, part, 257, 132), 8);
+		assert_int_equal(gpud_cuda_mm_splits(H, 64, 40, 16, part, 257, 132), 2);
+		assert_int_equal(gpud_cuda_mm_splits(H, 64, 8, 16, part, 257, 132), 1);
+		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 8, part, 257, 132), 1);
+		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 65, part, 257, 132), 1);
+	}
 	/* the scratch bounds them: partials, then counters */
 	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
 	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);

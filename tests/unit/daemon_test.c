@@ -181,7 +181,6 @@ static struct gpud_plan_devmem h200(void)
 		.weights = 3 * GiB + 512 * MiB,
 		.masks = 64 * MiB,
 		.scratch = 512 * MiB,
-		.workspace = 32 * MiB,
 		.kv_block_bytes = 512 * 1024,
 		.staging = 256 * MiB,
 	};
@@ -198,7 +197,7 @@ static void test_device_check(void **state)
 			 SW_EUNSUPPORTED);
 	assert_string_equal(err, "gpud.devices[1]: cuda:3: this gpud was built without the CUDA "
 				 "backend: rebuild with `meson setup -Dgpu=enabled` (needs nvcc "
-				 "and cuBLAS), or use \"cpu\"");
+				 "and the CUDA runtime), or use \"cpu\"");
 	assert_int_equal(gpud_plan_device_check(&c3, 2, true, 0, err, sizeof(err)), -ENODEV);
 	assert_string_equal(err, "gpud.devices[2]: cuda:3: no CUDA device (0 visible: no NVIDIA "
 				 "driver or GPU, or CUDA_VISIBLE_DEVICES hides them)");
@@ -214,7 +213,7 @@ static void test_plan_cuda(void **state)
 	struct gpud_plan_devmem dm[2] = { h200(), h200() };
 	struct gpud_plan_in in = base_in();
 	struct gpud_plan p;
-	uint64_t fixed = 4 * GiB + 96 * MiB, budget;
+	uint64_t fixed = 4 * GiB + 64 * MiB, budget;
 	(void)state;
 
 	/* One device: 0.5 of 140 GiB; its own pools; KV capped at 4 full
@@ -302,8 +301,8 @@ static void test_plan_cuda_errors(void **state)
 	dm[1].weights = 70 * GiB;
 	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
 	assert_string_equal(err, "memory plan: gpud.devices[1] cuda:1 (NVIDIA H200): weights "
-				 "(70.0 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) + "
-				 "cuBLAS workspace (32.0 MiB) need 70.6 GiB; "
+				 "(70.0 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) "
+				 "need 70.6 GiB; "
 				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB");
 	assert_int_equal(p.failed_dev, 1); /* the device gpud.min_devices may leave out */
 
@@ -312,8 +311,8 @@ static void test_plan_cuda_errors(void **state)
 	dm[1].free_bytes = 2 * GiB;
 	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
 	assert_string_equal(err, "memory plan: gpud.devices[1] cuda:1 (NVIDIA H200): weights "
-				 "(3.5 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) + "
-				 "cuBLAS workspace (32.0 MiB) need 4.1 GiB; "
+				 "(3.5 GiB) + mask pool (64.0 MiB) + scratch (512.0 MiB) "
+				 "need 4.1 GiB; "
 				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB, but only "
 				 "2.0 GiB is free (1.8 GiB after the context reserve)");
 
@@ -324,12 +323,12 @@ static void test_plan_cuda_errors(void **state)
 	assert_string_equal(err, "gpud.kv_blocks=1000000 needs 488.3 GiB of KV on "
 				 "gpud.devices[0] cuda:0 (NVIDIA H200); gpud.memory_fraction 0.5 "
 				 "of 140.0 GiB is 70.0 GiB, which leaves 65.9 GiB after its "
-				 "weights and fixed pools (4.1 GiB) (at most 134976 blocks of "
+				 "weights and fixed pools (4.1 GiB) (at most 135040 blocks of "
 				 "524288 bytes)");
 
 	/* Not one block. */
 	in.kv_blocks = 0;
-	dm[0].weights = 70 * GiB - 608 * MiB - 1000;
+	dm[0].weights = 70 * GiB - 576 * MiB - 1000;
 	assert_int_equal(gpud_plan_compute(&in, &p, err, sizeof(err)), SW_EEXHAUSTED);
 	assert_string_equal(err, "memory plan: gpud.devices[0] cuda:0 (NVIDIA H200): "
 				 "gpud.memory_fraction 0.5 of 140.0 GiB is 70.0 GiB, which leaves "
@@ -778,7 +777,7 @@ static void test_check_mode(void **state)
 		assert_int_equal(rc, 1);
 		assert_string_equal(out, "gpud.devices[1]: cuda:0: this gpud was built without "
 					 "the CUDA backend: rebuild with `meson setup "
-					 "-Dgpu=enabled` (needs nvcc and cuBLAS), or use \"cpu\"\n");
+					 "-Dgpu=enabled` (needs nvcc and the CUDA runtime), or use \"cpu\"\n");
 	} else if (n_cuda() == 0) {
 		assert_int_equal(rc, 1);
 		assert_string_equal(out, "gpud.devices[1]: cuda:0: no CUDA device (0 visible: no "
@@ -789,7 +788,8 @@ static void test_check_mode(void **state)
 		assert_non_null(strstr(out, "  cpu0.kv: 1024 blocks"));
 		assert_non_null(strstr(out, "  cuda1: cuda:0, "));
 		assert_non_null(strstr(out, "  cuda1.kv: "));
-		assert_non_null(strstr(out, "  cuda1.workspace: "));
+		assert_non_null(strstr(out, "  cuda1.scratch: "));
+		assert_null(strstr(out, "workspace")); /* no cuBLAS, no workspace */
 	}
 	free(out);
 

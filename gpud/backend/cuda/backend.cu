@@ -2,13 +2,14 @@
 // device queries, init's reservations and the forward step.
 //
 // Memory (cuda.h, issue 12): init makes one cudaMalloc per pool (weights,
-// KV, masks, scratch, cuBLAS workspace) and one cudaHostAlloc (staging),
+// KV, masks, scratch) and one cudaHostAlloc (staging),
 // sized by gpud_cuda_layout_for (plan.c, the same figures the memory plan
 // prints). Every allocating call goes through cnt_malloc/cnt_host_alloc,
 // which count calls made after init into allocs_after_init. A step
 // allocates nothing: its metadata is built in staging and copied once,
 // masks go into device mask slots (an LRU, step.c) when first seen, and
-// cuBLAS runs on the workspace given to it.
+// every matmul is a kernel of ours (no cuBLAS: its GEMMs allocated host
+// memory on every call, kernels.cu's gemm_hp_kernel says where).
 //
 // Threads: an instance is driven by one host thread at a time (the
 // engine's device worker); every entry point makes the instance's device
@@ -22,10 +23,9 @@
 // any decode step of its size. Other steps (prefill, mixed batches, hidden
 // states) run the same enqueue() eagerly.
 //
-// Errors: every CUDA and cuBLAS call is checked; a message names the
+// Errors: every CUDA call is checked; a message names the
 // device ("cuda:N"), the operation and the CUDA error string, and the code
 // comes from gpud_cuda_errcode (-ENOMEM, -ENODEV, -EIO).
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
@@ -47,7 +47,7 @@ namespace {
 
 // Module loading: CUDA 12+ loads a kernel's code onto the device on its
 // first launch (lazy loading), which takes device memory while serving
-// the first time a batch size picks a new kernel (ours or cuBLAS's). Eager
+// the first time a batch size picks a new kernel. Eager
 // loading puts it all there when the context is created, so the memory
 // used is flat from the first step. Read by the driver once, at its
 // initialization: set before the process's first CUDA call (each entry
@@ -102,9 +102,8 @@ struct cuda_ctx {
 	int dev;
 	bool ready; // init done: allocations from now on count
 	cudaStream_t stream;
-	cublasHandle_t blas;
 
-	uint8_t *wpool, *kvpool, *mpool, *spool, *wspace, *staging;
+	uint8_t *wpool, *kvpool, *mpool, *spool, *staging;
 	uint64_t wused; // weight pool carved so far
 	int pack_threads; // requantizing upload's threads (gpud_cuda_pack_rows_par)
 
@@ -155,24 +154,11 @@ int cuerr(const cuda_ctx *c, cudaError_t e, const char *op, char *err, size_t er
 			 c->cfg.ordinal, op, cudaGetErrorString(e));
 }
 
-int blaserr(const cuda_ctx *c, cublasStatus_t s, const char *op, char *err, size_t errlen)
-{
-	return sw_seterr(err, errlen, s == CUBLAS_STATUS_ALLOC_FAILED ? -ENOMEM : -EIO,
-			 "cuda:%d: %s: %s", c->cfg.ordinal, op, cublasGetStatusString(s));
-}
-
 #define CK(call, op)                                            \
 	do {                                                    \
 		cudaError_t e_ = (call);                        \
 		if (e_ != cudaSuccess)                          \
 			return cuerr(c, e_, (op), err, errlen); \
-	} while (0)
-
-#define CKB(call, op)                                             \
-	do {                                                      \
-		cublasStatus_t s_ = (call);                       \
-		if (s_ != CUBLAS_STATUS_SUCCESS)                  \
-			return blaserr(c, s_, (op), err, errlen); \
 	} while (0)
 
 // A launch: marked for the profile first (prof_mark, which may skip it),
@@ -181,12 +167,6 @@ int blaserr(const cuda_ctx *c, cublasStatus_t s, const char *op, char *err, size
 	do {                                                    \
 		if (prof_mark(c, (op)))                         \
 			CK(call, op);                           \
-	} while (0)
-
-#define CKBL(call, op)                                          \
-	do {                                                    \
-		if (prof_mark(c, (op)))                         \
-			CKB(call, op);                          \
 	} while (0)
 
 // A stage profile's pass over a launch (prof enum): whether to make it.
@@ -479,8 +459,6 @@ void cuda_destroy(void *ctx)
 		for (uint32_t t = 0; t <= GPUD_CUDA_GRAPH_MAX_T; t++)
 			if (c->graph[t])
 				cudaGraphExecDestroy(c->graph[t]);
-		if (c->blas)
-			cublasDestroy(c->blas);
 		if (c->stream) {
 			gpud_k_pdl(c->stream, false); // the handle may come back for another
 			cudaStreamDestroy(c->stream);
@@ -489,7 +467,6 @@ void cuda_destroy(void *ctx)
 		cudaFree(c->kvpool);
 		cudaFree(c->mpool);
 		cudaFree(c->spool);
-		cudaFree(c->wspace);
 		if (c->staging)
 			cudaFreeHost(c->staging);
 		for (uint32_t i = 0; c->pf && i <= PROF_MARKS && c->pf->ev[i]; i++)
@@ -512,35 +489,6 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 // as the int8 ones do (gpud_k_mm_q): one bound for both.
 #define MV_MAX_T GPUD_K_GEMV_MAX_T
 static_assert(MV_MAX_T == GPUD_CUDA_GEMV_MAX_T, "plan.c sizes actq2 for the GEMVs' tokens");
-
-// cuBLAS sets itself up on its first GEMM: one is run eagerly here, before
-// the decode graphs are captured, so that the captures (which reach
-// cuBLAS from 9 tokens on with F16/BF16 weights) record GEMMs only. The
-// first layer's wq at the largest graph size, on zeroed activations, into
-// the step scratch (overwritten by every step). Nothing is allocated.
-int warm_blas(cuda_ctx *c, char *err, size_t errlen)
-{
-	const gpud_cuda_mat *w = &c->layers[0].wq;
-	uint32_t T = gpud_cuda_graph_max_t(&c->L);
-	size_t half;
-
-	if (w->type != GPUD_TYPE_F16 && w->type != GPUD_TYPE_BF16)
-		return 0;
-	if (T > c->cfg.max_batch_tokens)
-		T = c->cfg.max_batch_tokens;
-	if (T <= MV_MAX_T)
-		return 0;
-	half = (size_t)T * (size_t)w->cols * 2; // bytes of one split half
-	CK(cudaMemsetAsync(c->acth_hi, 0, half, c->stream), "cuBLAS warm-up");
-	CK(cudaMemsetAsync(c->acth_lo, 0, half, c->stream), "cuBLAS warm-up");
-	CK(cudaMemsetAsync(c->ascale, 0, sizeof(float) * T, c->stream), "cuBLAS warm-up");
-	int rc = mm(c, w, c->x, T, c->q, err, errlen);
-
-	if (rc)
-		return rc;
-	CK(cudaStreamSynchronize(c->stream), "cuBLAS warm-up");
-	return 0;
-}
 
 // Programmatic dependent launch (kernels.cu) on the instance's stream, so
 // that each kernel is resident when the one before it ends: with
@@ -748,8 +696,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
 	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
 	    (rc = reserve(c, &c->mpool, L->masks_bytes, "mask", err, errlen)) ||
-	    (rc = reserve(c, &c->spool, L->scratch_bytes, "scratch", err, errlen)) ||
-	    (rc = reserve(c, &c->wspace, L->workspace_bytes, "cuBLAS workspace", err, errlen)))
+	    (rc = reserve(c, &c->spool, L->scratch_bytes, "scratch", err, errlen)))
 		return rc;
 	{
 		cudaError_t e = cnt_host_alloc(c, &c->staging, L->staging_bytes);
@@ -761,10 +708,6 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 					 cudaGetErrorString(e));
 		}
 	}
-	CKB(cublasCreate(&c->blas), "cublasCreate");
-	CKB(cublasSetStream(c->blas, c->stream), "cublasSetStream");
-	CKB(cublasSetWorkspace(c->blas, c->wspace, L->workspace_bytes), "cublasSetWorkspace");
-	CKB(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
 	// KV blocks not yet written are never read; zero them anyway so that
 	// a bug shows as zeros, not as another request's data.
 	CK(cudaMemsetAsync(c->kvpool, 0, L->kv_bytes, c->stream), "KV clear");
@@ -792,7 +735,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->ksplit = gpud_cuda_ksplit{ (float *)(s + L->mmp), L->mmp_floats, (unsigned *)(s + L->mmc),
 				      L->mmc_words, c->n_sm };
 	c->acth_hi = s + L->acth;
-	c->acth_lo = s + L->acth + (L->ascale - L->acth) / 2; // the second half
+	c->acth_lo = s + L->actl;
 	c->ascale = (float *)(s + L->ascale);
 	c->meta = (uint32_t *)(s + L->meta);
 	c->dmeta = gpud_cuda_meta{ (const int32_t *)(c->meta + L->m_tokens), c->meta + L->m_pos,
@@ -820,9 +763,6 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->h_meta = (uint32_t *)(c->staging + L->st_meta);
 	c->h_mask = c->staging + L->st_mask;
 	CK(cudaStreamSynchronize(c->stream), "init");
-	rc = warm_blas(c, err, errlen);
-	if (rc)
-		return rc;
 	if ((rc = prof_setup(c, err, errlen)))
 		return rc;
 	mm_setup(c);
@@ -839,12 +779,12 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	}
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
-		 "scratch %.1f, cuBLAS workspace %.1f, pinned staging %.1f; %u decode graphs; "
+		 "scratch %.1f, pinned staging %.1f; %u decode graphs; "
 		 "programmatic dependent launch %s; int8 matmul %s; norms fused up to %u tokens",
 		 c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
-		 L->workspace_bytes / 1048576.0, L->staging_bytes / 1048576.0, c->n_graphs,
+		 L->staging_bytes / 1048576.0, c->n_graphs,
 		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered",
 		 c->fuse_norm_t);
 	return 0;
@@ -906,7 +846,8 @@ uint64_t cuda_scratch_bytes(const struct gpud_backend_config *cfg)
 /* --- the step -------------------------------------------------------------- */
 
 // y (T, rows) = W x (T, cols), activations already prepared for W's type
-// (prep: quantized for Q8_0/Q4_0, split for F16/BF16 prefill).
+// (prep: quantized for Q8_0/Q4_0, split for F16/BF16 prefill on the tensor
+// cores; the others read x as it is).
 int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y, char *err,
        size_t errlen)
 {
@@ -916,37 +857,21 @@ int mm(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, float *y
 		CKL(gpud_k_mm_q(c->stream, w, c->actq, c->actd, T, y, &c->ksplit), "matmul (int8)");
 		return 0;
 	case GPUD_TYPE_F32:
-		if (T <= MV_MAX_T)
-			CKL(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
-		else
-			CKL(gpud_k_mm_f32(c->stream, w, x, T, y), "matmul (f32)");
-		return 0;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
-		if (T <= MV_MAX_T) {
+		if (T <= MV_MAX_T)
 			CKL(gpud_k_mv_f(c->stream, w, x, T, y), "matmul (gemv)");
-			return 0;
-		}
-		break;
+		else if (gpud_k_mm_h_fits(w))
+			CKL(gpud_k_mm_h_set(c->stream, &w, &y, 1, c->acth_hi, c->acth_lo, c->ascale, T,
+					    &c->ksplit),
+			    "matmul (half)");
+		else
+			CKL(gpud_k_mm_f(c->stream, w, x, T, y), "matmul (fp32)");
+		return 0;
 	default:
 		return sw_seterr(err, errlen, SW_EUNSUPPORTED, "cuda:%d: matmul of type %s",
 				 c->dev, gpud_type_name((enum gpud_type)w->type));
 	}
-	// F16/BF16 prefill through cuBLAS. Row-major W (rows x cols) is
-	// column-major W^T: y^T = op_T(W^T) x^T.
-	const float one = 1.0f, zero = 0.0f;
-	const int m = (int)w->rows, n = (int)T, k = (int)w->cols;
-	// y = W hi + W lo, then the per-token scales (F16) back on.
-	cudaDataType_t t = w->type == GPUD_TYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_hi,
-			  t, k, &zero, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-	     "cublasGemmEx (hi)");
-	CKBL(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &one, w->q, t, k, c->acth_lo,
-			  t, k, &one, y, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-	     "cublasGemmEx (lo)");
-	if (w->type == GPUD_TYPE_F16)
-		CKL(gpud_k_scale_cols(c->stream, y, w->rows, T, c->ascale), "matmul scales");
-	return 0;
 }
 
 // Prepares activations x (T, cols) for matrices of w's type.
@@ -961,7 +886,7 @@ int prep(cuda_ctx *c, const gpud_cuda_mat *w, const float *x, uint32_t T, char *
 		break;
 	case GPUD_TYPE_F16:
 	case GPUD_TYPE_BF16:
-		if (T > MV_MAX_T)
+		if (T > MV_MAX_T && gpud_k_mm_h_fits(w))
 			CKL(gpud_k_split_act(c->stream, x, T, (uint32_t)w->cols, w->type, c->acth_hi,
 					     c->acth_lo, c->ascale), "split activations");
 		break;
@@ -1030,9 +955,26 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 			return 0;
 		}
 	}
+	if (n > 1 && T > MV_MAX_T && gpud_k_mm_h_fits(ws[0])) {
+		// F16/BF16 matrices of one width: one split, one launch
+		bool same = true;
+
+		for (int i = 1; i < n; i++)
+			same = same && ws[i]->type == ws[0]->type && ws[i]->cols == ws[0]->cols &&
+			       gpud_k_mm_h_fits(ws[i]);
+		if (same) {
+			if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
+				return rc;
+			CKL(gpud_k_mm_h_set(c->stream, ws, ys, n, c->acth_hi, c->acth_lo, c->ascale,
+					    T, &c->ksplit),
+			    "matmul (half)");
+			return 0;
+		}
+	}
 	for (int i = 0; i < n; i++) {
 		if (i == 0 ? !prepared
-			   : ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols) {
+			   : ws[i]->type != ws[i - 1]->type || ws[i]->cols != ws[i - 1]->cols ||
+				     gpud_k_mm_h_fits(ws[i]) != gpud_k_mm_h_fits(ws[i - 1])) {
 			rc = prep(c, ws[i], x, T, err, errlen);
 			if (rc)
 				return rc;

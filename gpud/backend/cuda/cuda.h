@@ -8,7 +8,7 @@
  * prints that plan per device.
  *
  * Memory (issue 12): an instance makes ONE cudaMalloc per pool (weights,
- * KV blocks, mask slots, step scratch, cuBLAS workspace) and one
+ * KV blocks, mask slots, step scratch) and one
  * cudaHostAlloc for pinned staging, all in init; every allocating CUDA
  * call goes through a counting wrapper, and stats() reports the calls made
  * after init in allocs_after_init (STATS: alloc.device), which must stay 0.
@@ -54,7 +54,6 @@ struct gpud_cuda_plan {
 	uint64_t kv;        /* cfg->n_blocks KV blocks */
 	uint64_t masks;     /* the device mask pool */
 	uint64_t scratch;   /* step scratch for the largest step */
-	uint64_t workspace; /* cuBLAS workspace (cublasSetWorkspace) */
 	uint64_t staging;   /* pinned host staging (cudaHostAlloc), host RAM */
 };
 void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_plan *p);

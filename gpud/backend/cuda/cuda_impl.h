@@ -15,7 +15,6 @@
  *   masks    mask_slots equal slots, each: vis (128 segsets), block_segs
  *            (max_prompt_blocks segsets), seg (max_prompt bytes).
  *   scratch  the step's activations and the step's metadata (below).
- *   workspace  cuBLAS workspace (cublasSetWorkspace).
  *   staging  pinned host memory: logits, arg max keys, hidden states,
  *            metadata, one mask's upload area; at init, the weight upload
  *            chunks.
@@ -47,7 +46,6 @@ extern "C" {
 struct gpud_mask;
 
 #define GPUD_CUDA_ALIGN 256u
-#define GPUD_CUDA_WORKSPACE (32u << 20) /* cuBLAS: 32 MiB covers Hopper's largest */
 #define GPUD_CUDA_STAGING_MIN (8u << 20) /* weight upload chunk at least */
 #define GPUD_CUDA_MAX_HEAD_DIM 256u
 #define GPUD_CUDA_MAX_STEP_TOKENS 65535u /* kernels put tokens on grid.y */
@@ -72,6 +70,8 @@ struct gpud_mask;
 #define GPUD_CUDA_MMP_PER_SM 3u
 #define GPUD_CUDA_MM1_TILE_ROWS 32u
 #define GPUD_CUDA_MM1_STEP_BLOCKS 4u
+#define GPUD_CUDA_MMH_STEP_COLS 32u /* the F16/BF16 matmul: columns a stage, */
+#define GPUD_CUDA_MMH_STAGES 3u     /* stages (64-row tiles as the pipelined int8's) */
 #define GPUD_CUDA_ARGMAX_PARTS 64u /* arg max: CTAs per logits row, a key each */
 /* a draw's scratch per logits row, 64-bit words (kernels.cu: a top-k draw's
  * candidates, or the row's ranges' ends and its histogram of masses) */
@@ -124,7 +124,7 @@ struct gpud_cuda_layout {
 	uint64_t max_prompt, max_prompt_blocks, mask_slot_bytes, masks_bytes;
 	/* scratch offsets (bytes) */
 	uint64_t x, xb, q, k, v, att, attp, attc, hb, hb2, xl, logits, amax, dscr, actq, actd,
-		actq2, actd2, mmp, mmc, acth, ascale, meta;
+		actq2, actd2, mmp, mmc, acth, actl, ascale, meta;
 	uint64_t mmp_floats; /* int8 matmul split-K partials (mmp), and its counters */
 	uint32_t mmc_words;
 	uint64_t meta_words, scratch_bytes;
@@ -132,7 +132,7 @@ struct gpud_cuda_layout {
 	uint64_t m_tokens, m_pos, m_seq, m_logit, m_seqinfo, m_tiles, m_ndraw, m_btab, m_draw;
 	/* staging offsets (bytes) */
 	uint64_t st_logits, st_amax, st_hidden, st_meta, st_mask, staging_bytes;
-	uint64_t weights_bytes, workspace_bytes;
+	uint64_t weights_bytes;
 	uint64_t weights_q8_bytes; /* of weights_bytes: held as Q8_0, not the file's type */
 };
 
@@ -259,14 +259,18 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
  * and up), which needs columns of whole stages (cols % 64 == 0), and the
  * single-buffered one, which takes every matrix (GPUD_CUDA_MM=single
  * chooses it for all, to compare them). */
-enum gpud_cuda_mm_kernel { GPUD_CUDA_MM_PIPE = 0, GPUD_CUDA_MM_SINGLE = 1 };
+enum gpud_cuda_mm_kernel {
+	GPUD_CUDA_MM_PIPE = 0,
+	GPUD_CUDA_MM_SINGLE = 1,
+	GPUD_CUDA_MM_HALF = 2, /* the F16/BF16 tensor-core matmul (gpud_k_mm_h_set) */
+};
 
 /* Column splits of the int8 tensor-core matmul of a rows x cols matrix
- * over T tokens (gpud_k_mm_q) by kernel k: 1 unless T is a decode batch
+ * over T tokens (gpud_k_mm_q, gpud_k_mm_h_set) by kernel k: 1 unless T is a decode batch
  * past the GEMV (GPUD_CUDA_GEMV_MAX_T < T <= GPUD_CUDA_MM_TILE_TOKENS, one
- * token tile); then about GPUD_CUDA_MMP_PER_SM (pipelined) or 2 (single)
- * CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a stage of
- * blocks each at least, the partials (splits x T x rows floats) within
+ * token tile); then about GPUD_CUDA_MMP_PER_SM (pipelined, half) or 2
+ * (single) CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a
+ * stage of columns each at least, the partials (splits x T x rows floats) within
  * part_floats and the row tiles within cnt_words. A function of the shapes
  * and the device only: a decode graph keeps its grid. */
 uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,

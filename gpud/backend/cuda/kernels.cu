@@ -1986,14 +1986,14 @@ cudaError_t gpud_k_draw(cudaStream_t s, float *logits, uint32_t rows, uint32_t n
 
 /* --- float-type weights (F32/F16/BF16) -----------------------------------
  * Decode (T <= 8): a GEMV that widens each weight to fp32 and multiplies
- * the fp32 activations, as the CPU does. F32 prefill: a tiled fp32 kernel
- * (no cuBLAS: its calls may allocate host memory for their heuristics the
- * first time a shape comes, and an F32 model is the daemon's test model).
- * F16/BF16 prefill: cuBLAS over activations split into two halves of the
- * weight's type, x = hi + lo (hi = x rounded, lo = x - hi rounded), so the
- * products keep ~16 bits of x and not 8 or 11; for F16 each token's row is
- * first scaled by a power of two that keeps it below 2^14 (F16 overflows at
- * 65504), undone on the result. */
+ * the fp32 activations, as the CPU does. F32 prefill: a tiled fp32 kernel.
+ * F16/BF16 prefill: the tensor cores (gemm_hp_kernel, below the int8
+ * kernels) over activations split into two halves of the weight's type,
+ * x = hi + lo (hi = x rounded, lo = x - hi rounded), so the products keep
+ * ~16 bits of x (BF16; ~22 for F16) and not 8 or 11; for F16 each token's
+ * row is first scaled by a power of two that keeps it below 2^14 (F16
+ * overflows at 65504), undone on the result. No cuBLAS anywhere: its GEMMs
+ * allocated host memory on every call (gemm_hp_kernel says where). */
 
 template <int TYPE>
 static __device__ __forceinline__ float wf(const void *W, int64_t i)
@@ -2325,10 +2325,13 @@ cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, 
 #define FT 64 /* rows and tokens per tile */
 #define FK 16 /* columns per step */
 
-/* y (T, rows) = W x for F32 W: 64 rows x 64 tokens per 256-thread block,
- * 4 x 4 outputs per thread, each summed over the columns in order. */
+/* y (T, rows) = W x for F32/F16/BF16 W and fp32 x: 64 rows x 64 tokens per
+ * 256-thread block, 4 x 4 outputs per thread, each summed over the columns
+ * in order. The prefill of F32 weights, and of F16/BF16 ones that the
+ * tensor-core kernel does not take (gpud_k_mm_h_fits). */
+template <int TYPE>
 __global__ void __launch_bounds__(256)
-gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
+gemm_f_kernel(const void *W, int64_t rows, int64_t cols, const float *x, uint32_t T, float *y)
 {
 	pdl_enter();
 	__shared__ float sw[FT][FK + 1];
@@ -2349,7 +2352,7 @@ gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint
 		for (int e = 0; e < 4; e++) {
 			uint32_t idx = tid + 256 * e, row = idx / FK, kk = idx % FK;
 			int64_t k = k0 + kk;
-			sw[row][kk] = r0 + row < rows && k < cols ? W[(r0 + row) * cols + k] : 0.0f;
+			sw[row][kk] = r0 + row < rows && k < cols ? wf<TYPE>(W, (r0 + row) * cols + k) : 0.0f;
 			sx[row][kk] = t0 + row < T && k < cols ? x[(t0 + row) * cols + k] : 0.0f;
 		}
 		__syncthreads();
@@ -2380,15 +2383,19 @@ gemm_f32_kernel(const float *W, int64_t rows, int64_t cols, const float *x, uint
 		}
 }
 
-cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
-			  float *y)
+cudaError_t gpud_k_mm_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y)
 {
 	dim3 grid((T + FT - 1) / FT, (unsigned)((w->rows + FT - 1) / FT));
+	auto k = w->type == GPUD_TYPE_F32    ? gemm_f_kernel<GPUD_TYPE_F32>
+		 : w->type == GPUD_TYPE_F16  ? gemm_f_kernel<GPUD_TYPE_F16>
+		 : w->type == GPUD_TYPE_BF16 ? gemm_f_kernel<GPUD_TYPE_BF16>
+					     : nullptr;
 
-	if (w->type != GPUD_TYPE_F32 || (w->rows + FT - 1) / FT > 65535)
+	if (!k || (w->rows + FT - 1) / FT > 65535)
 		return cudaErrorInvalidValue;
-	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), gemm_f32_kernel,
-					   (const float *)w->q, w->rows, w->cols, x, T, y));
+	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), k, w->q, w->rows, w->cols,
+					   x, T, y));
 }
 
 #define SPLIT_THREADS 256
@@ -2439,29 +2446,6 @@ cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_
 {
 	return launched(cudaLaunchKernelEx(klc(T, SPLIT_THREADS, 0, s).cfg(), split_act_kernel, x,
 					   cols, type, hi, lo, scales));
-}
-
-__global__ void scale_cols_kernel(float *y, int64_t rows, const float *scales)
-{
-	pdl_enter();
-	float sc = scales[blockIdx.y];
-	float *yr = y + (int64_t)blockIdx.y * rows;
-
-	if (sc == 1.0f)
-		return;
-	for (int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; r < rows;
-	     r += (int64_t)gridDim.x * blockDim.x)
-		yr[r] *= sc;
-}
-
-cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T,
-			      const float *scales)
-{
-	int64_t g = (rows + 255) / 256;
-	dim3 grid((unsigned)(g > 1024 ? 1024 : g), T);
-
-	return launched(cudaLaunchKernelEx(klc(grid, 256, 0, s).cfg(), scale_cols_kernel, y, rows,
-					   scales));
 }
 
 /* --- the int8 path (quant_block above) ------------------------------------- */
@@ -3132,6 +3116,46 @@ static __device__ __forceinline__ void mmp_frag(float (&acc)[2][4][4], uint32_t 
 				  (int64_t)(wt + 8 * nj + 2 * t4 + (e & 1)));
 }
 
+/* Split-K (gridDim.z > 1): this split's partials to part (at row off of
+ * (splits, T, all_rows) floats), and the last CTA of the row tile to arrive
+ * (cnt[blockIdx.y], which it resets) adds them in split order into acc
+ * (gemm_q_kernel's protocol). Whether this CTA stores acc: unsplit, or the
+ * last. Every thread of the CTA calls it (barriers). */
+static __device__ __forceinline__ bool mmp_reduce(float (&acc)[2][4][4], uint32_t wr, uint32_t wt,
+						  uint32_t g, uint32_t t4, int64_t r0, int64_t rows,
+						  int64_t off, int64_t all_rows, uint32_t T, float *part,
+						  unsigned *cnt, bool &last)
+{
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+
+	if (n_split == 1)
+		return true;
+	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
+		if (r0 + ro < rows && tok < T) /* one token tile: t0 is 0 */
+			part[((int64_t)split * T + tok) * all_rows + off + r0 + ro] = a;
+	});
+	__threadfence();
+	__syncthreads();
+	if (threadIdx.x == 0) {
+		last = atomicAdd(&cnt[blockIdx.y], 1u) == n_split - 1;
+		if (last)
+			cnt[blockIdx.y] = 0;
+	}
+	__syncthreads();
+	if (!last)
+		return false;
+	__threadfence();
+	const volatile float *vp = part;
+	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
+		float v = 0.0f;
+		if (r0 + ro < rows && tok < T)
+			for (uint32_t sp = 0; sp < n_split; sp++)
+				v += vp[((int64_t)sp * T + tok) * all_rows + off + r0 + ro];
+		a = v;
+	});
+	return true;
+}
+
 /* Up to 3 matrices of one type and width over the same activations (Q, K
  * and V; gate and up) in one launch: row tiles tile0[m] .. tile0[m + 1] - 1
  * of the grid are matrix m's, whose split partials sit at row off[m] of
@@ -3144,6 +3168,28 @@ struct mmp_set {
 	uint32_t tile0[4];
 };
 
+/* The CTA's matrix of the set (selects, not an indexed parameter: no local
+ * copy of the set). */
+struct mmp_mat {
+	const uint8_t *q;
+	const uint16_t *d;
+	float *y;
+	int64_t rows, off;
+	uint32_t tile0;
+};
+
+static __device__ __forceinline__ mmp_mat mmp_pick(const mmp_set &set)
+{
+	uint32_t m = blockIdx.y >= set.tile0[1] ? blockIdx.y >= set.tile0[2] ? 2 : 1 : 0;
+
+	return mmp_mat{ m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2],
+			m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2],
+			m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2],
+			m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2],
+			m == 0 ? set.off[0] : m == 1 ? set.off[1] : set.off[2],
+			m == 0 ? set.tile0[0] : m == 1 ? set.tile0[1] : set.tile0[2] };
+}
+
 template <int TYPE>
 __global__ void __launch_bounds__(128)
 gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
@@ -3154,17 +3200,13 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 	__shared__ bool last;
 	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
 	uint32_t wr = ((tid >> 5) & 1) * 32, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
-	/* the CTA's matrix (selects, not an indexed parameter: no local copy) */
-	uint32_t mat = blockIdx.y >= set.tile0[1] ? blockIdx.y >= set.tile0[2] ? 2 : 1 : 0;
-	const uint8_t *wq = mat == 0 ? set.q[0] : mat == 1 ? set.q[1] : set.q[2];
-	const uint16_t *wd = mat == 0 ? set.d[0] : mat == 1 ? set.d[1] : set.d[2];
-	float *y = mat == 0 ? set.y[0] : mat == 1 ? set.y[1] : set.y[2];
-	int64_t rows = mat == 0 ? set.rows[0] : mat == 1 ? set.rows[1] : set.rows[2];
-	int64_t off = mat == 0 ? set.off[0] : mat == 1 ? set.off[1] : set.off[2];
-	int64_t all_rows = set.off[3];
-	uint32_t tile0 = mat == 0 ? set.tile0[0] : mat == 1 ? set.tile0[1] : set.tile0[2];
+	const mmp_mat M = mmp_pick(set);
+	const uint8_t *wq = M.q;
+	const uint16_t *wd = M.d;
+	float *y = M.y;
+	int64_t rows = M.rows, off = M.off, all_rows = set.off[3];
 	/* token tiles on x, the fastest, as gemm_q_kernel's */
-	int64_t r0 = (int64_t)(blockIdx.y - tile0) * MMP_M;
+	int64_t r0 = (int64_t)(blockIdx.y - M.tile0) * MMP_M;
 	int64_t t0 = (int64_t)blockIdx.x * MMP_N;
 	int64_t steps = cols / GPUD_QK / MMP_KB;
 	uint32_t split = blockIdx.z, n_split = gridDim.z;
@@ -3192,37 +3234,11 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 		if (busy)
 			mmp_step<TYPE>(st[k % MMP_S], wr, wt, g, t4, acc);
 	}
-	if (n_split > 1) {
-		/* this split's partials; the last CTA of the row tile adds them in
-		 * split order (gemm_q_kernel's protocol) */
-		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
-			if (r0 + ro < rows && tok < T) /* one token tile: t0 is 0 */
-				part[((int64_t)split * T + tok) * all_rows + off + r0 + ro] = a;
+	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, off, all_rows, T, part, cnt, last))
+		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
+			if (r0 + ro < rows && t0 + to < T)
+				y[(t0 + to) * rows + r0 + ro] = a;
 		});
-		__threadfence();
-		__syncthreads();
-		if (tid == 0) {
-			last = atomicAdd(&cnt[blockIdx.y], 1u) == n_split - 1;
-			if (last)
-				cnt[blockIdx.y] = 0;
-		}
-		__syncthreads();
-		if (!last)
-			return;
-		__threadfence();
-		const volatile float *vp = part;
-		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
-			float v = 0.0f;
-			if (r0 + ro < rows && tok < T)
-				for (uint32_t sp = 0; sp < n_split; sp++)
-					v += vp[((int64_t)sp * T + tok) * all_rows + off + r0 + ro];
-			a = v;
-		});
-	}
-	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
-		if (r0 + ro < rows && t0 + to < T)
-			y[(t0 + to) * rows + r0 + ro] = a;
-	});
 }
 
 template <int TYPE, bool GLU>
@@ -3431,6 +3447,220 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 			return e;
 	}
 	return cudaSuccess;
+}
+
+/* --- the F16/BF16 matmul (sm_80 and up: cp.async, m16n8k16) ----------------
+ * Prefill and decode batches past the GEMV of F16/BF16 weights, once
+ * through cuBLAS: its cublasGemmEx asked cuBLASLt's heuristics for an
+ * algorithm on every call, and they allocated host memory each time (an
+ * H100 on 2026-12-06: 80,364 allocations by gpud's device thread over 800
+ * requests of the tiny F16 model, the first from cublasLtHSSMatmulAlgoGet
+ * Heuristic), where the step path allocates nothing. Here the pipelined
+ * int8 kernel's tiling over halves: a CTA of 4 warps holds MMP_M = 64
+ * weight rows x 64 tokens, each warp 32 x 32, and keeps HP_S - 1 = 2 stages
+ * of HP_K = 32 columns in flight with cp.async while it multiplies the
+ * third. The activations come split (split_act_kernel: x = (hi + lo) s per
+ * token), and every weight fragment meets both halves, so the weights are
+ * read once for the ~22 bits of x that hi + lo keep; the sums are fp32 (the
+ * products of halves are exact in it), scaled by s on the way out. A 16 x
+ * 16 fragment of halves is the 16 x 32 fragment of bytes word for word
+ * (mma_s8_k32's layout), so a stage is laid out as the int8 kernel's: rows
+ * of 64 bytes padded by 16. Decode batches split the columns as the int8
+ * kernel does (gpud_cuda_mm_splits, GPUD_CUDA_MM_HALF), into the same
+ * scratch.
+ *
+ * Needs cols % 8 (whole 16-byte chunks; a chunk past the columns is zeros)
+ * and 16-byte aligned weights and halves (gpud_k_mm_h_fits); other
+ * matrices take gemm_f_kernel. */
+#define HP_K GPUD_CUDA_MMH_STEP_COLS
+#define HP_S GPUD_CUDA_MMH_STAGES
+
+struct alignas(16) hp_stage {
+	static constexpr int W = HP_K / 2 + 4; /* words of a row: HP_K halves, 16 bytes of padding */
+	unsigned w[MMP_M][W];
+	unsigned xh[MMP_N][W];
+	unsigned xl[MMP_N][W];
+};
+static_assert(HP_K == 32, "hp_load's chunks, hp_step's two k16 slices");
+static_assert(HP_S * sizeof(hp_stage) + 16 <= 48 * 1024, "static shared memory: no opt-in");
+
+/* d += A B, m16n8k16 over halves of TYPE with fp32 sums. */
+template <int TYPE>
+static __device__ __forceinline__ void mma_h(float d[4], const unsigned a[4], const unsigned b[2])
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu_mma_h_m16n8k16(d, a, b, TYPE == GPUD_TYPE_BF16);
+#else
+	if (TYPE == GPUD_TYPE_BF16)
+		asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+		    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+		    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+	else
+		asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+		    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+		    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+		    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* Rows first .. first + 63 (those below n; zeros past it) of a matrix of
+ * halves with cols columns, HP_K of them from col0 (4 chunks of 16 bytes,
+ * zeros past cols), into dst: 2 chunks for each of the 128 threads. */
+static __device__ __forceinline__ void hp_load(unsigned (&dst)[MMP_M][hp_stage::W],
+					       const uint16_t *src, int64_t first, int64_t n,
+					       int64_t cols, int64_t col0, uint32_t tid)
+{
+#pragma unroll
+	for (uint32_t j = 0; j < 2; j++) {
+		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
+		int64_t col = col0 + 8 * c;
+		bool in = first + row < n && col < cols;
+		cp_async<16>(&dst[row][4 * c], in ? src + (first + row) * cols + col : src, in);
+	}
+}
+
+/* The warp's 32 rows (wr..) x 32 tokens (wt..) over the stage's columns,
+ * each weight fragment by hi and by lo: acc as mmp_step's. */
+template <int TYPE>
+static __device__ __forceinline__ void hp_step(const hp_stage &s, uint32_t wr, uint32_t wt,
+					       uint32_t g, uint32_t t4, float acc[2][4][4])
+{
+#pragma unroll
+	for (uint32_t kk = 0; kk < HP_K / 16; kk++) {
+		unsigned a[2][4], bh[4][2], bl[4][2];
+
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++) {
+			uint32_t R = wr + 16 * mi + g;
+			a[mi][0] = s.w[R][8 * kk + t4];
+			a[mi][1] = s.w[R + 8][8 * kk + t4];
+			a[mi][2] = s.w[R][8 * kk + 4 + t4];
+			a[mi][3] = s.w[R + 8][8 * kk + 4 + t4];
+		}
+#pragma unroll
+		for (uint32_t nj = 0; nj < 4; nj++) {
+			uint32_t N = wt + 8 * nj + g;
+			bh[nj][0] = s.xh[N][8 * kk + t4];
+			bh[nj][1] = s.xh[N][8 * kk + 4 + t4];
+			bl[nj][0] = s.xl[N][8 * kk + t4];
+			bl[nj][1] = s.xl[N][8 * kk + 4 + t4];
+		}
+#pragma unroll
+		for (uint32_t mi = 0; mi < 2; mi++)
+#pragma unroll
+			for (uint32_t nj = 0; nj < 4; nj++) {
+				mma_h<TYPE>(acc[mi][nj], a[mi], bh[nj]);
+				mma_h<TYPE>(acc[mi][nj], a[mi], bl[nj]);
+			}
+	}
+}
+
+/* ys[m] = Ws[m] x for the set's matrices (mmp_set, its scales unused), x =
+ * (xh + xl) xs[t] per token t. */
+template <int TYPE>
+__global__ void __launch_bounds__(128)
+gemm_hp_kernel(mmp_set set, int64_t cols, const uint16_t *__restrict__ xh,
+	       const uint16_t *__restrict__ xl, const float *__restrict__ xs, uint32_t T,
+	       float *part, unsigned *cnt)
+{
+	pdl_enter();
+	__shared__ hp_stage st[HP_S];
+	__shared__ bool last;
+	uint32_t tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+	uint32_t wr = ((tid >> 5) & 1) * 32, wt = (tid >> 6) * 32; /* the warp's rows, tokens */
+	const mmp_mat M = mmp_pick(set);
+	const uint16_t *w = (const uint16_t *)M.q;
+	int64_t rows = M.rows;
+	int64_t r0 = (int64_t)(blockIdx.y - M.tile0) * MMP_M, t0 = (int64_t)blockIdx.x * MMP_N;
+	int64_t steps = (cols + HP_K - 1) / HP_K;
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	int64_t s_lo = steps * split / n_split, n = steps * (split + 1) / n_split - s_lo;
+	bool busy = t0 + wt < T && r0 + wr < rows; /* warp-uniform */
+	float acc[2][4][4];
+
+	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
+#pragma unroll
+	for (int k = 0; k < (int)HP_S - 1; k++) {
+		if (k < n) {
+			int64_t c0 = (s_lo + k) * HP_K;
+			hp_load(st[k].w, w, r0, rows, cols, c0, tid);
+			hp_load(st[k].xh, xh, t0, T, cols, c0, tid);
+			hp_load(st[k].xl, xl, t0, T, cols, c0, tid);
+		}
+		cp_commit();
+	}
+	for (int64_t k = 0; k < n; k++) {
+		cp_wait<HP_S - 2>(); /* stage k has landed, for this thread */
+		__syncthreads();     /* for all, and stage k - 1 is free again */
+		if (k + HP_S - 1 < n) {
+			hp_stage &nx = st[(k + HP_S - 1) % HP_S];
+			int64_t c0 = (s_lo + k + HP_S - 1) * HP_K;
+			hp_load(nx.w, w, r0, rows, cols, c0, tid);
+			hp_load(nx.xh, xh, t0, T, cols, c0, tid);
+			hp_load(nx.xl, xl, t0, T, cols, c0, tid);
+		}
+		cp_commit();
+		if (busy)
+			hp_step<TYPE>(st[k % HP_S], wr, wt, g, t4, acc);
+	}
+	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, M.off, set.off[3], T, part, cnt, last))
+		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
+			if (r0 + ro < rows && t0 + to < T)
+				M.y[(t0 + to) * rows + r0 + ro] = a * xs[t0 + to];
+		});
+}
+
+bool gpud_k_mm_h_fits(const gpud_cuda_mat *w)
+{
+	return (w->type == GPUD_TYPE_F16 || w->type == GPUD_TYPE_BF16) && w->cols > 0 &&
+	       w->cols % 8 == 0 && !((uintptr_t)w->q & 15) &&
+	       (uint64_t)(w->rows + MMP_M - 1) / MMP_M <= 65535;
+}
+
+uint32_t gpud_k_mm_h_splits(int64_t rows, int64_t cols, uint32_t T,
+			    const gpud_cuda_ksplit *ks)
+{
+	if (!ks || rows <= 0 || cols <= 0)
+		return 1;
+	return gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, (uint64_t)(rows + MMP_M - 1) / MMP_M * MMP_M,
+				   (uint64_t)cols, T, ks->part_floats, ks->cnt_words, ks->n_sm);
+}
+
+cudaError_t gpud_k_mm_h_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, const void *hi, const void *lo, const float *scales, uint32_t T,
+			    const gpud_cuda_ksplit *ks)
+{
+	mmp_set set = {};
+	uint32_t tiles = 0, nsp;
+
+	if (n < 1 || n > 3 || !T || ((uintptr_t)hi | (uintptr_t)lo) & 15)
+		return ((uintptr_t)hi | (uintptr_t)lo) & 15 ? cudaErrorMisalignedAddress
+							    : cudaErrorInvalidValue;
+	for (int i = 0; i < 3; i++) {
+		set.tile0[i] = tiles;
+		set.off[i] = (int64_t)tiles * MMP_M;
+		if (i >= n)
+			continue;
+		if (!gpud_k_mm_h_fits(ws[i]) || ws[i]->type != ws[0]->type ||
+		    ws[i]->cols != ws[0]->cols)
+			return cudaErrorInvalidValue;
+		set.q[i] = (const uint8_t *)ws[i]->q;
+		set.y[i] = ys[i];
+		set.rows[i] = ws[i]->rows;
+		tiles += (uint32_t)((ws[i]->rows + MMP_M - 1) / MMP_M);
+	}
+	if (tiles > 65535)
+		return cudaErrorInvalidValue;
+	set.tile0[3] = tiles;
+	set.off[3] = (int64_t)tiles * MMP_M;
+	nsp = gpud_k_mm_h_splits(set.off[3], ws[0]->cols, T, ks);
+	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
+	auto k = ws[0]->type == GPUD_TYPE_BF16 ? gemm_hp_kernel<GPUD_TYPE_BF16>
+					       : gemm_hp_kernel<GPUD_TYPE_F16>;
+	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), k, set, ws[0]->cols,
+					   (const uint16_t *)hi, (const uint16_t *)lo, scales, T,
+					   nsp > 1 ? ks->part : nullptr, nsp > 1 ? ks->cnt : nullptr));
 }
 
 cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float *q,

@@ -148,19 +148,16 @@ cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint
 cudaError_t gpud_k_mv_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
 			float *y);
 
-// y (T, rows) = W x for F32 W, any T: a 64 x 64 tiled fp32 kernel.
-cudaError_t gpud_k_mm_f32(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
-			  float *y);
+// y (T, rows) = W x for F32/F16/BF16 W, any T: a 64 x 64 tiled fp32
+// kernel (each weight widened, the columns summed in order).
+cudaError_t gpud_k_mm_f(cudaStream_t s, const gpud_cuda_mat *w, const float *x, uint32_t T,
+			float *y);
 
-// x (T, cols) into hi + lo of type (F16/BF16) for cuBLAS: per token, x/s
-// = hi + lo with s a power of two (F16: max |x/s| <= 2^14; BF16: s = 1);
-// scales[t] = s.
+// x (T, cols) into hi + lo of type (F16/BF16) for gpud_k_mm_h_set: per
+// token, x/s = hi + lo with s a power of two (F16: max |x/s| <= 2^14;
+// BF16: s = 1); scales[t] = s.
 cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_t cols, int type,
 			     void *hi, void *lo, float *scales);
-
-// y[t*rows + r] *= scales[t].
-cudaError_t gpud_k_scale_cols(cudaStream_t s, float *y, int64_t rows, uint32_t T,
-			      const float *scales);
 
 // Tokens up to which the matmuls take a GEMV (a warp per row).
 #define GPUD_K_GEMV_MAX_T 8u
@@ -207,6 +204,25 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 // gpud_k_mm_q takes for cols columns now: pipelined (true) or not.
 void gpud_k_mm_single(bool on);
 bool gpud_k_mm_pipelined(int64_t cols);
+
+// Whether gpud_k_mm_h_set takes w: F16/BF16, cols % 8 == 0, 16-byte
+// aligned, its row tiles within a grid.
+bool gpud_k_mm_h_fits(const gpud_cuda_mat *w);
+
+// ys[i] = ws[i] x for n (1..3) F16/BF16 matrices of one type and width
+// that gpud_k_mm_h_fits, x split by gpud_k_split_act into hi, lo (16-byte
+// aligned) and scales: one launch of the tensor-core kernel (m16n8k16,
+// fp32 sums; weights read once for both halves). With ks, batches of
+// GPUD_K_GEMV_MAX_T + 1 .. 64 tokens split the columns as gpud_k_mm_q's
+// (gpud_k_mm_h_splits), into its scratch. No cuBLAS: nothing allocated.
+cudaError_t gpud_k_mm_h_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+			    int n, const void *hi, const void *lo, const float *scales, uint32_t T,
+			    const gpud_cuda_ksplit *ks);
+
+// The column splits gpud_k_mm_h_set makes for rows (all the set's) x cols
+// and T tokens (1: none).
+uint32_t gpud_k_mm_h_splits(int64_t rows, int64_t cols, uint32_t T,
+			    const gpud_cuda_ksplit *ks);
 
 // An RMSNorm that a decode GEMV makes of its input itself
 // (gpud_k_mv_group, gpud_k_mv_qkv): x (T, cols) normed with w (cols) and

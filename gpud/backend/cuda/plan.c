@@ -328,7 +328,9 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	l->mmc_words = (uint32_t)(l->max_cols / 32 + 1);
 	CARVE(mmp, l->mmp_floats * 4);
 	CARVE(mmc, (uint64_t)l->mmc_words * 4);
-	CARVE(acth, 2 * (T > NL ? T : NL) * l->max_cols * 2); /* hi, then lo */
+	/* F16/BF16 activations split in two halves for the tensor cores */
+	CARVE(acth, (T > NL ? T : NL) * l->max_cols * 2);
+	CARVE(actl, (T > NL ? T : NL) * l->max_cols * 2);
 	CARVE(ascale, (T > NL ? T : NL) * 4);
 	CARVE(meta, l->meta_words * 4);
 #undef CARVE
@@ -348,7 +350,6 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	off += l->mask_slot_bytes;
 	l->staging_bytes = off < GPUD_CUDA_STAGING_MIN ? GPUD_CUDA_STAGING_MIN : off;
 
-	l->workspace_bytes = GPUD_CUDA_WORKSPACE;
 	return 0;
 }
 
@@ -372,7 +373,6 @@ void gpud_cuda_plan_for(const struct gpud_backend_config *cfg, struct gpud_cuda_
 	p->kv = l.kv_bytes;
 	p->masks = l.masks_bytes;
 	p->scratch = l.scratch_bytes;
-	p->workspace = l.workspace_bytes;
 	p->staging = l.staging_bytes;
 }
 
@@ -407,12 +407,14 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
 uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,
 			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm)
 {
-	bool pipe = k == GPUD_CUDA_MM_PIPE;
+	bool pipe = k != GPUD_CUDA_MM_SINGLE; /* the half kernel: the pipelined one's tiles */
 	uint64_t tile = pipe ? GPUD_CUDA_MMP_TILE_ROWS : GPUD_CUDA_MM1_TILE_ROWS;
 	uint64_t step = pipe ? GPUD_CUDA_MMP_STEP_BLOCKS : GPUD_CUDA_MM1_STEP_BLOCKS;
 	uint64_t per_sm = pipe ? GPUD_CUDA_MMP_PER_SM : 2;
 	uint64_t tiles = (rows + tile - 1) / tile;
-	uint64_t steps = (cols / GPUD_QK + step - 1) / step;
+	uint64_t steps = k == GPUD_CUDA_MM_HALF
+				 ? (cols + GPUD_CUDA_MMH_STEP_COLS - 1) / GPUD_CUDA_MMH_STEP_COLS
+				 : (cols / GPUD_QK + step - 1) / step;
 	uint64_t n;
 
 	if (T <= GPUD_CUDA_GEMV_MAX_T || T > GPUD_CUDA_MM_TILE_TOKENS || !tiles)

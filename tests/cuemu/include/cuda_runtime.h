@@ -469,4 +469,42 @@ static inline __nv_bfloat16 __float2bfloat16_rn(float f)
 	return __nv_bfloat16{ (unsigned short)(u >> 16) };
 }
 
+/* mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32 d, a, b, c
+ * (bf16: the bfloat16 form) as the PTX ISA lays out its fragments (g =
+ * lane / 4, t = lane % 4; two halves per register, the lower column
+ * first): a[0] = A[g][2t..2t+1], a[1] = A[g+8][2t..], a[2] = A[g][8+2t..],
+ * a[3] = A[g+8][8+2t..]; b[0] = B[2t..2t+1][g], b[1] = B[8+2t..][g]; c and
+ * d as cuemu_mma_s8_m16n8k16's. The products are exact in fp32; each sum
+ * adds them in k order. d may be c. */
+static inline void cuemu_mma_h_m16n8k16(float d[4], const unsigned a[4], const unsigned b[2],
+					bool bf16)
+{
+	int l = (int)cuemu::lane(), g = l >> 2, t = l & 3;
+	uint64_t ma[2] = { a[0] | (uint64_t)a[1] << 32, a[2] | (uint64_t)a[3] << 32 };
+	uint64_t mb[2] = { b[0] | (uint64_t)b[1] << 32, 0 }, aa[32][2], bb[32][2];
+	float out[4];
+	auto val = [bf16](unsigned word, int half) {
+		unsigned short u = (unsigned short)(word >> (16 * half));
+		return bf16 ? __bfloat162float(__nv_bfloat16{ u }) : __half2float(__half{ u });
+	};
+
+	cuemu::warp_gather(0xffffffffu, ma, aa);
+	cuemu::warp_gather(0xffffffffu, mb, bb);
+	for (int h = 0; h < 2; h++) /* rows g, g + 8 */
+		for (int e = 0; e < 2; e++) { /* columns 2t, 2t + 1 */
+			float acc = 0.0f;
+			int n = 2 * t + e;
+
+			for (int k = 0; k < 16; k++) {
+				int kh = k >> 3, kl = (k & 7) >> 1; /* A: lane g*4 + kl, register h + 2 kh */
+				unsigned aw = (unsigned)(aa[g * 4 + kl][kh] >> (32 * h));
+				unsigned bw = (unsigned)(bb[n * 4 + kl][0] >> (32 * kh));
+				acc += val(aw, k & 1) * val(bw, k & 1);
+			}
+			out[2 * h + e] = acc;
+		}
+	for (int i = 0; i < 4; i++)
+		d[i] += out[i];
+}
+
 #endif
