@@ -400,13 +400,46 @@ asm(".text\n"
 
 enum fstate { F_RUN, F_BAR, F_WARP, F_DONE };
 
+// A thread's cp.async copies in flight: made when a cp.async.wait_group
+// lets them complete (or the thread ends), not when issued, so that a
+// kernel reading shared memory before its wait reads what was there, as
+// it can on a GPU. group: the commit group, CP_OPEN before the commit.
+constexpr unsigned CP_MAX = 128, CP_OPEN = ~0u;
+struct cp_op {
+	void *dst;
+	const void *src; // nullptr: zeros
+	unsigned n, group;
+};
+
 struct fiber {
 	void *sp;
 	uint8_t *stack; // FIBER_STACK bytes above a guard page
 	fstate st;
 	uint3 tid;
 	unsigned lin;
+	unsigned n_cp, cp_groups; // copies in flight, groups committed
+	cp_op cp[CP_MAX];
 };
+
+// Completes f's copies of the groups before the newest keep (all, with
+// keep ~0u: the thread's end), in the order they were issued.
+void cp_complete(fiber &f, unsigned keep)
+{
+	unsigned n = 0;
+
+	for (unsigned i = 0; i < f.n_cp; i++) {
+		cp_op &o = f.cp[i];
+		if (keep == ~0u || (o.group != CP_OPEN && o.group + keep < f.cp_groups)) {
+			if (o.src)
+				memcpy(o.dst, o.src, o.n);
+			else
+				memset(o.dst, 0, o.n);
+		} else {
+			f.cp[n++] = o;
+		}
+	}
+	f.n_cp = n;
+}
 
 // A warp's barrier and exchange slots. An exchange writes the slots of
 // its barrier generation's parity and reads them after the barrier: no
@@ -446,6 +479,7 @@ void *next_of(runner *r);
 	runner *r = R;
 
 	r->invoke(r->state);
+	cp_complete(r->f[r->cur], ~0u); /* a GPU's copies land whether waited for or not */
 	r->f[r->cur].st = F_DONE;
 	r->progress++;
 	void **me = &r->f[r->cur].sp;
@@ -607,6 +641,7 @@ cudaError_t run_kernel(const op &k)
 					fiber &f = r->f[i];
 					f.st = F_RUN;
 					f.lin = i;
+					f.n_cp = f.cp_groups = 0;
 					f.tid = uint3{ i % b.x, (i / b.x) % b.y, i / (b.x * b.y) };
 					fiber_prepare(f);
 				}
@@ -836,6 +871,35 @@ unsigned lane(void)
 {
 	runner *r = need_runner("a warp intrinsic");
 	return r->f[r->cur].lin % 32;
+}
+
+void cp_async(void *dst, const void *src, unsigned n, bool full)
+{
+	runner *r = need_runner("cp.async");
+	fiber &f = r->f[r->cur];
+
+	if (f.n_cp == CP_MAX)
+		fatal("cuemu: kernel %s: a thread with more than %u cp.async copies in flight",
+		      r->kernel, CP_MAX);
+	f.cp[f.n_cp++] = cp_op{ dst, full ? src : nullptr, n, CP_OPEN };
+}
+
+void cp_commit(void)
+{
+	runner *r = need_runner("cp.async.commit_group");
+	fiber &f = r->f[r->cur];
+
+	for (unsigned i = 0; i < f.n_cp; i++)
+		if (f.cp[i].group == CP_OPEN)
+			f.cp[i].group = f.cp_groups;
+	f.cp_groups++;
+}
+
+void cp_wait(unsigned keep)
+{
+	runner *r = need_runner("cp.async.wait_group");
+
+	cp_complete(r->f[r->cur], keep);
 }
 
 void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src)

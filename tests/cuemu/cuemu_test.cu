@@ -114,6 +114,32 @@ __global__ void mma_kernel(const int8_t *A, const int8_t *B, const int *C, int *
 		D[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)] = d[e];
 }
 
+// cp.async as cuemu models it: a copy lands when a wait_group lets its
+// group complete, not when issued (on a GPU, a read before the wait may
+// see either; here it sees the old value, so a kernel that reads too
+// early computes with stale data and fails its checks). Each of 4 threads:
+// group 0 copies src[t] into a[t], group 1 src[4 + t] into b[t] and zeros
+// into c[t]; out gets what each read before and after each wait.
+__global__ void cp_kernel(const int *src, int *out)
+{
+	__shared__ int a[4], b[4], c[4];
+	unsigned t = threadIdx.x;
+
+	a[t] = b[t] = c[t] = -1;
+	cuemu::cp_async(&a[t], src + t, 4, true);
+	out[t] = a[t]; /* issued, not committed: -1 */
+	cuemu::cp_commit();
+	cuemu::cp_async(&b[t], src + 4 + t, 4, true);
+	cuemu::cp_async(&c[t], src, 4, false);
+	cuemu::cp_commit();
+	cuemu::cp_wait(1); /* group 0 */
+	out[4 + t] = a[t];
+	out[8 + t] = b[t]; /* -1 */
+	cuemu::cp_wait(0);
+	out[12 + t] = b[t];
+	out[16 + t] = c[t]; /* 0 */
+}
+
 // Thread 0 leaves before the barrier the others wait at.
 __global__ void divergent_kernel(int *x)
 {
@@ -221,6 +247,23 @@ static void check_barrier_counts(void)
 	CHECK(hc == 0);
 	OK(cudaFree(d));
 	OK(cudaFree(ctr));
+}
+
+static void check_cp_async(void)
+{
+	int hs[8] = { 10, 11, 12, 13, 20, 21, 22, 23 }, ho[20], *src, *out;
+	const int want[20] = { -1, -1, -1, -1, 10, 11, 12, 13, -1, -1, -1, -1,
+			       20, 21, 22, 23, 0, 0, 0, 0 };
+
+	OK(cudaMalloc((void **)&src, sizeof(hs)));
+	OK(cudaMalloc((void **)&out, sizeof(ho)));
+	OK(cudaMemcpy(src, hs, sizeof(hs), cudaMemcpyHostToDevice));
+	cp_kernel<<<1, 4>>>(src, out);
+	OK(cudaMemcpy(ho, out, sizeof(ho), cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 20; i++)
+		CHECK(ho[i] == want[i]);
+	OK(cudaFree(src));
+	OK(cudaFree(out));
 }
 
 static void check_mma(void)
@@ -648,6 +691,7 @@ int main(void)
 	check_launch_ex();
 	check_memory();
 	check_mma_h();
+	check_cp_async();
 	check_fatal();
 	check_faults();
 	if (failures) {

@@ -2942,10 +2942,7 @@ template <int N>
 static __device__ __forceinline__ void cp_async(void *dst, const void *src, bool full)
 {
 #ifdef CUEMU_CUDA_RUNTIME_H
-	if (full)
-		memcpy(dst, src, N);
-	else
-		memset(dst, 0, N);
+	cuemu::cp_async(dst, src, N, full);
 #else
 	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
 	if (N == 16)
@@ -2959,7 +2956,9 @@ static __device__ __forceinline__ void cp_async(void *dst, const void *src, bool
 
 static __device__ __forceinline__ void cp_commit(void)
 {
-#ifndef CUEMU_CUDA_RUNTIME_H
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu::cp_commit();
+#else
 	asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
@@ -2967,7 +2966,9 @@ static __device__ __forceinline__ void cp_commit(void)
 /* Until at most N of this thread's committed groups are in flight. */
 template <int N> static __device__ __forceinline__ void cp_wait(void)
 {
-#ifndef CUEMU_CUDA_RUNTIME_H
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu::cp_wait(N);
+#else
 	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }

@@ -192,6 +192,13 @@ void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2]);
 unsigned warp_vote(unsigned mask, int pred);
 void syncwarp(unsigned mask);
 unsigned lane(void);
+/* cp.async (n bytes; zeros when !full, src unread), cp.async.commit_group
+ * and cp.async.wait_group keep: the copies land at the wait that lets
+ * their group complete (all but the newest keep groups; copies not yet
+ * committed wait), or at the thread's end. */
+void cp_async(void *dst, const void *src, unsigned n, bool full);
+void cp_commit(void);
+void cp_wait(unsigned keep);
 
 template <class F, class... T>
 struct closure {
