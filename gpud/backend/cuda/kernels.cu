@@ -732,6 +732,45 @@ cudaError_t gpud_k_rope_store(cudaStream_t s, float *q, const float *k, const fl
 					   *m, *rope, *kv));
 }
 
+/* --- cp.async (sm_80 and up): global to shared, in flight until waited for --- */
+
+/* N bytes from global src to shared dst, in flight until cp_wait; zeros
+ * when !full (src is then not read, but must be a valid address). */
+template <int N>
+static __device__ __forceinline__ void cp_async(void *dst, const void *src, bool full)
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu::cp_async(dst, src, N, full);
+#else
+	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+	if (N == 16)
+		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+			     "r"(full ? 16 : 0));
+	else
+		asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
+			     "n"(N), "r"(full ? N : 0));
+#endif
+}
+
+static __device__ __forceinline__ void cp_commit(void)
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu::cp_commit();
+#else
+	asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+/* Until at most N of this thread's committed groups are in flight. */
+template <int N> static __device__ __forceinline__ void cp_wait(void)
+{
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu::cp_wait(N);
+#else
+	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 /* --- attention ----------------------------------------------------------- */
 
 struct dmask {
@@ -773,11 +812,11 @@ static __device__ bool tok_visible(const dmask &mk, uint32_t qs, uint32_t kpos)
  * one KV head, a warp per (token, head), over split z of gridDim.z of the
  * keys, cut into chunks of 32 positions (one block's part, or 32 /
  * block_tokens whole blocks):
- *   - the chunk's K rows are staged once in shared memory for all the
- *     CTA's warps, rows padded by one float so that lanes reading
- *     different rows at one column hit different banks (head_dim is even);
- *     V rows are read by each warp, coalesced, the CTA's other warps
- *     hitting L1;
+ *   - the chunk's K rows, then its V rows, are staged in shared memory
+ *     once for all the CTA's warps (att_stage: cp.async, one latency a
+ *     chunk), rows padded so that lanes reading different rows at one
+ *     column hit different banks (head_dim is even), as the cache holds
+ *     them (f16 KV stays half until read);
  *   - a chunk that no warp sees (the mask hides its blocks, or it is past
  *     the tokens) is skipped whole, the decision one barrier
  *     (__syncthreads_or); tokens are tested one by one only in mixed
@@ -821,42 +860,48 @@ static __device__ __forceinline__ void att_out(float *out, int8_t *aq, float *ad
 }
 
 /* A chunk's rows j < jn of K or V (from base, row[j] the offset of
- * position j's row: lane j's, shuffled) into shared memory ks (kst floats a
- * row), by the CTA's nw warps, AK rows per warp at a time: their loads
- * issued together, then stored (one memory latency per AK rows a warp,
- * not one per row). */
-template <int MAXD, typename KT, int AK>
-static __device__ __forceinline__ void att_stage(float *ks, const KT *base, uint64_t row,
+ * position j's row: lane j's, shuffled) into shared memory ks (kst
+ * elements of KT a row, as the cache holds them) by the CTA's nw warps:
+ * cp.async copies of 4 bytes (a float, two halves), all of the thread's
+ * issued before any lands, so that staging a chunk costs one memory
+ * latency. (It was a round trip through registers, AK rows a warp at a
+ * time: 12 latencies a chunk of K and V at head_dim 128, 3 warps a CTA;
+ * on an H100 a batch-1 layer's attention took 11 us at a 32-token
+ * context.) att_landed waits for them. */
+template <typename KT>
+static __device__ __forceinline__ void att_stage(KT *ks, const KT *base, uint64_t row,
 						 uint32_t jn, uint32_t w, uint32_t nw,
 						 uint32_t lane, uint32_t hd, uint32_t kst)
 {
-	for (uint32_t j0 = w; j0 < jn; j0 += AK * nw) {
-		float2 x[AK][(MAXD + 1) / 2] = {}; /* stored where loaded only */
-#pragma unroll
-		for (int u = 0; u < AK; u++) {
-			uint32_t j = j0 + u * nw;
-			uint64_t src = __shfl_sync(FULL, row, j < jn ? j : 0);
-#pragma unroll
-			for (int i = 0; i < (MAXD + 1) / 2; i++) {
-				uint32_t d2 = lane + 32 * i;
-				if (j < jn && d2 < hd / 2)
-					x[u][i] = kv_ld<KT>::two(base, src + 2 * d2);
-			}
-		}
-#pragma unroll
-		for (int u = 0; u < AK; u++) {
-			uint32_t j = j0 + u * nw;
-			float *dst = ks + j * kst;
-#pragma unroll
-			for (int i = 0; i < (MAXD + 1) / 2; i++) {
-				uint32_t d2 = lane + 32 * i;
-				if (j < jn && d2 < hd / 2) {
-					dst[2 * d2] = x[u][i].x;
-					dst[2 * d2 + 1] = x[u][i].y;
-				}
-			}
-		}
+	constexpr uint32_t E = 4 / sizeof(KT); /* elements a copy; head_dim is even */
+
+	for (uint32_t j = w; j < jn; j += nw) { /* warp-uniform */
+		uint64_t src = __shfl_sync(FULL, row, j);
+		for (uint32_t e = lane * E; e < hd; e += 32 * E)
+			cp_async<4>(ks + j * kst + e, base + src + e, true);
 	}
+	cp_commit();
+}
+
+/* The CTA's staged rows landed and visible to all its threads. */
+static __device__ __forceinline__ void att_landed(void)
+{
+	cp_wait<0>();
+	__syncthreads();
+}
+
+/* Elements i, i + 1 (i even) of a staged row: float rows are kst = hd + 1
+ * floats apart (one float of padding: lanes reading different rows at one
+ * column hit different banks), so two loads; half rows hd + 2 halves (an
+ * odd number of words), so one. */
+template <typename KT> static __device__ __forceinline__ float2 att_two(const KT *p, uint32_t i);
+template <> __device__ __forceinline__ float2 att_two<float>(const float *p, uint32_t i)
+{
+	return make_float2(p[i], p[i + 1]);
+}
+template <> __device__ __forceinline__ float2 att_two<__half>(const __half *p, uint32_t i)
+{
+	return kv_ld<__half>::two(p, i);
 }
 
 /* Decode CTAs: two a multiprocessor, 128 registers a thread (no instance
@@ -867,11 +912,9 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
 {
-	/* Loads in flight per lane: K and V rows staged at a time (ATT_K),
-	 * split partials folded at a time (ATT_V): as many as the registers
-	 * allow without spilling, 64 a thread at 1024 threads, more in decode
-	 * CTAs (ptxas -v) */
-	constexpr int ATT_K = DEC ? (MAXD >= 8 ? 2 : MAXD == 4 ? 8 : 4) : 1;
+	/* Loads in flight per lane: split partials folded at a time (ATT_V):
+	 * as many as the registers allow without spilling, 64 a thread at 1024
+	 * threads, more in decode CTAs (ptxas -v) */
 	constexpr int ATT_V = DEC ? 32 / MAXD : (4 / MAXD > 0 ? 4 / MAXD : 1);
 
 	pdl_enter();
@@ -882,7 +925,8 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	uint32_t kh = blockIdx.y / groups, h0 = kh * G + (blockIdx.y % groups) * hg;
 	uint32_t split = blockIdx.z, n_split = gridDim.z;
 	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-	uint32_t wt = w / hg, h = h0 + w % hg, kst = hd + 1;
+	uint32_t wt = w / hg, h = h0 + w % hg;
+	uint32_t kst = sizeof(KT) == 4 ? hd + 1 : hd + 2; /* a staged row, in KT (att_two) */
 	uint32_t t0 = blockIdx.x, n_t = 1;
 
 	if (tiles) {
@@ -892,7 +936,8 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	/* a warp past the tile takes its last token, for uniform control */
 	uint32_t t = t0 + (wt < n_t ? wt : n_t - 1);
 	bool live = wt < n_t && h < kh * G + G; /* a (token, head) of this CTA */
-	float *ks = smem, *sq = smem + ATT_CHUNK * kst + w * hd;
+	KT *ks = (KT *)smem; /* ATT_CHUNK rows: hd + 1 floats each at most */
+	float *sq = smem + ATT_CHUNK * (hd + 1) + w * hd;
 	uint32_t pos = m.pos[t], pos_max = m.pos[t0 + n_t - 1]; /* the tile's last */
 	const uint32_t *si = m.seqinfo + (size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS;
 	const uint32_t *btab = m.btab + si[GPUD_CUDA_SI_BTAB];
@@ -946,16 +991,17 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		uint32_t jn = pos_max - c * ATT_CHUNK + 1;
 		if (jn > ATT_CHUNK)
 			jn = ATT_CHUNK;
-		att_stage<MAXD, KT, ATT_K>(ks, kbase, row, jn, w, nw, lane, hd, kst);
-		__syncthreads();
+		att_stage<KT>(ks, kbase, row, jn, w, nw, lane, hd, kst);
+		att_landed();
 		float sc = -INFINITY, pr = 0.0f;
 		bool any = false; /* the warp sees a position of the chunk */
 		if (live && vis) {
-			const float *kr = ks + lane * kst;
+			const KT *kr = ks + lane * kst;
 			float a0 = 0.0f, a1 = 0.0f; /* two chains: head_dim is even */
 			for (uint32_t d = 0; d < hd; d += 2) {
-				a0 = fmaf(sq[d], kr[d], a0);
-				a1 = fmaf(sq[d + 1], kr[d + 1], a1);
+				float2 k2 = att_two<KT>(kr, d);
+				a0 = fmaf(sq[d], k2.x, a0);
+				a1 = fmaf(sq[d + 1], k2.y, a1);
 			}
 			sc = (a0 + a1) * scale;
 		}
@@ -980,18 +1026,18 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		 * the same sums as before */
 		if (!__syncthreads_or(any))
 			continue;
-		att_stage<MAXD, KT, ATT_K>(ks, vbase, row, jn, w, nw, lane, hd, kst);
-		__syncthreads();
+		att_stage<KT>(ks, vbase, row, jn, w, nw, lane, hd, kst);
+		att_landed();
 		if (!any)
 			continue;
 		for (uint32_t j = 0; j < jn; j++) {
 			float pj = __shfl_sync(FULL, pr, j);
-			const float *vr = ks + j * kst;
+			const KT *vr = ks + j * kst;
 #pragma unroll
 			for (int i = 0; i < MAXD; i++) {
 				uint32_t d = lane + 32 * i;
 				if (pj != 0.0f && d < hd)
-					o[i] = fmaf(pj, vr[d], o[i]);
+					o[i] = fmaf(pj, kv_ld<KT>::one(vr, d), o[i]);
 			}
 		}
 	}
@@ -2935,43 +2981,6 @@ static_assert(sizeof(mmp_stage<GPUD_TYPE_Q8_0>) % 16 == 0 &&
 static_assert(MMP_S * sizeof(mmp_stage<GPUD_TYPE_Q8_0>) + 16 <= 48 * 1024,
 	      "static shared memory: no opt-in");
 static_assert(MMP_M == 64 && MMP_N == 64 && MMP_KB == 2, "the warp layout and mmp_load's");
-
-/* N bytes from global src to shared dst, in flight until cp_wait; zeros
- * when !full (src is then not read, but must be a valid address). */
-template <int N>
-static __device__ __forceinline__ void cp_async(void *dst, const void *src, bool full)
-{
-#ifdef CUEMU_CUDA_RUNTIME_H
-	cuemu::cp_async(dst, src, N, full);
-#else
-	unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-	if (N == 16)
-		asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-			     "r"(full ? 16 : 0));
-	else
-		asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
-			     "n"(N), "r"(full ? N : 0));
-#endif
-}
-
-static __device__ __forceinline__ void cp_commit(void)
-{
-#ifdef CUEMU_CUDA_RUNTIME_H
-	cuemu::cp_commit();
-#else
-	asm volatile("cp.async.commit_group;\n" ::);
-#endif
-}
-
-/* Until at most N of this thread's committed groups are in flight. */
-template <int N> static __device__ __forceinline__ void cp_wait(void)
-{
-#ifdef CUEMU_CUDA_RUNTIME_H
-	cuemu::cp_wait(N);
-#else
-	asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-#endif
-}
 
 /* d += A B, m16n8k32 (two m16n8k16 on cuemu: the same integer sums). */
 static __device__ __forceinline__ void mma_s8_k32(int d[4], const unsigned a[4],
