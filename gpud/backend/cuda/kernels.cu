@@ -52,6 +52,20 @@ static __device__ __forceinline__ float bf16_bits(uint16_t h)
 	return __uint_as_float((uint32_t)h << 16);
 }
 
+/* (float)c for |c| < 2^22, the same value, without the conversion unit:
+ * an int-to-float conversion gives 16 results a clock per multiprocessor
+ * on sm_80 and sm_90, an eighth of the fp32 FMA rate, and the int8 kernels
+ * convert one block sum per output per 32-column block (the tensor-core
+ * kernels' 32 a thread per block: more clocks than their MMAs). Here c
+ * goes into the bits of 1.5 * 2^23, whose float is then 1.5 * 2^23 + c
+ * exactly (the integers are the floats of [2^23, 2^24)), and 1.5 * 2^23
+ * comes off: an integer add and an fp32 add. The int8 block sums are
+ * within 32 * 128 * 128 = 2^19. */
+static __device__ __forceinline__ float i2f_exact(int c)
+{
+	return __fsub_rn(__int_as_float(0x4B400000 + c), 12582912.0f);
+}
+
 /* --- launches: programmatic dependent launch ---------------------------------
  * Every kernel goes through cudaLaunchKernelEx with klc's configuration. On a
  * stream gpud_k_pdl turned on (sm_90), that configuration allows
@@ -2599,11 +2613,11 @@ static __device__ __forceinline__ void gemv_q_rows(const uint8_t *__restrict__ w
 			if ((uint32_t)t < T) {
 				float dx = xd[(int64_t)t * nb + i];
 
-				acc[t] = fmaf(__fmul_rn(dw, dx), (float)dot_block(w, xq, cols, t, i),
+				acc[t] = fmaf(__fmul_rn(dw, dx), i2f_exact(dot_block(w, xq, cols, t, i)),
 					      acc[t]);
 				if (TWO)
 					acc2[t] = fmaf(__fmul_rn(dw2, dx),
-						       (float)dot_block(w2, xq, cols, t, i), acc2[t]);
+						       i2f_exact(dot_block(w2, xq, cols, t, i)), acc2[t]);
 			}
 		}
 	}
@@ -2886,7 +2900,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 				for (int e = 0; e < 4; e++) {
 					float dx = sdx[kb][wt + 8 * j + 2 * t4 + (e & 1)];
 					acc[j][e] = fmaf(__fmul_rn(e < 2 ? dw0 : dw1, dx),
-							 (float)c[j][e], acc[j][e]);
+							 i2f_exact(c[j][e]), acc[j][e]);
 				}
 		}
 		__syncthreads();
@@ -3105,7 +3119,7 @@ static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32
 #pragma unroll
 				for (uint32_t e = 0; e < 4; e++)
 					acc[mi][nj][e] = fmaf(__fmul_rn(dw[mi][e >> 1], dx[nj][e & 1]),
-							      (float)c[mi][nj][e], acc[mi][nj][e]);
+							      i2f_exact(c[mi][nj][e]), acc[mi][nj][e]);
 	}
 }
 
