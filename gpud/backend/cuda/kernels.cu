@@ -3214,6 +3214,26 @@ static __device__ __forceinline__ mmp_mat mmp_pick(const mmp_set &set)
 			m == 0 ? set.tile0[0] : m == 1 ? set.tile0[1] : set.tile0[2] };
 }
 
+/* The CTA's place: row tile r0 of its matrix, token tile t0 (token tiles
+ * on x, the fastest, as gemm_q_kernel's), its split's stages s_lo .. s_lo
+ * + n - 1 of steps; busy: warp (wr, wt) has rows and tokens (warp-uniform;
+ * a warp without only loads). */
+struct mmp_cta {
+	int64_t r0, t0, s_lo, n;
+	bool busy;
+};
+
+static __device__ __forceinline__ mmp_cta mmp_place(const mmp_mat &M, int64_t steps, uint32_t wr,
+						    uint32_t wt, uint32_t T)
+{
+	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	int64_t r0 = (int64_t)(blockIdx.y - M.tile0) * MMP_M, t0 = (int64_t)blockIdx.x * MMP_N;
+	int64_t s_lo = steps * split / n_split;
+
+	return mmp_cta{ r0, t0, s_lo, steps * (split + 1) / n_split - s_lo,
+			t0 + wt < T && r0 + wr < M.rows };
+}
+
 template <int TYPE>
 __global__ void __launch_bounds__(128)
 gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
@@ -3229,14 +3249,8 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 	const uint16_t *wd = M.d;
 	float *y = M.y;
 	int64_t rows = M.rows, off = M.off, all_rows = set.off[3];
-	/* token tiles on x, the fastest, as gemm_q_kernel's */
-	int64_t r0 = (int64_t)(blockIdx.y - M.tile0) * MMP_M;
-	int64_t t0 = (int64_t)blockIdx.x * MMP_N;
-	int64_t steps = cols / GPUD_QK / MMP_KB;
-	uint32_t split = blockIdx.z, n_split = gridDim.z;
-	/* this split's stages */
-	int64_t s_lo = steps * split / n_split, n = steps * (split + 1) / n_split - s_lo;
-	bool busy = t0 + wt < T && r0 + wr < rows; /* warp-uniform */
+	const mmp_cta P = mmp_place(M, cols / GPUD_QK / MMP_KB, wr, wt, T);
+	int64_t r0 = P.r0, t0 = P.t0, s_lo = P.s_lo, n = P.n;
 	float acc[2][4][4];
 
 	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
@@ -3255,7 +3269,7 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 			mmp_load<TYPE>(st[(k + MMP_S - 1) % MMP_S], wq, wd, rows, cols, xq, xd, T, r0,
 				       t0, (s_lo + k + MMP_S - 1) * MMP_KB, tid);
 		cp_commit();
-		if (busy)
+		if (P.busy)
 			mmp_step<TYPE>(st[k % MMP_S], wr, wt, g, t4, acc);
 	}
 	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, off, all_rows, T, part, cnt, last))
@@ -3596,11 +3610,8 @@ gemm_hp_kernel(mmp_set set, int64_t cols, const uint16_t *__restrict__ xh,
 	const mmp_mat M = mmp_pick(set);
 	const uint16_t *w = (const uint16_t *)M.q;
 	int64_t rows = M.rows;
-	int64_t r0 = (int64_t)(blockIdx.y - M.tile0) * MMP_M, t0 = (int64_t)blockIdx.x * MMP_N;
-	int64_t steps = (cols + HP_K - 1) / HP_K;
-	uint32_t split = blockIdx.z, n_split = gridDim.z;
-	int64_t s_lo = steps * split / n_split, n = steps * (split + 1) / n_split - s_lo;
-	bool busy = t0 + wt < T && r0 + wr < rows; /* warp-uniform */
+	const mmp_cta P = mmp_place(M, (cols + HP_K - 1) / HP_K, wr, wt, T);
+	int64_t r0 = P.r0, t0 = P.t0, s_lo = P.s_lo, n = P.n;
 	float acc[2][4][4];
 
 	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
@@ -3625,7 +3636,7 @@ gemm_hp_kernel(mmp_set set, int64_t cols, const uint16_t *__restrict__ xh,
 			hp_load(nx.xl, xl, t0, T, cols, c0, tid);
 		}
 		cp_commit();
-		if (busy)
+		if (P.busy)
 			hp_step<TYPE>(st[k % HP_S], wr, wt, g, t4, acc);
 	}
 	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, M.off, set.off[3], T, part, cnt, last))
