@@ -3492,20 +3492,21 @@ cudaError_t gpud_k_mm_q_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
  * through cuBLAS: its cublasGemmEx asked cuBLASLt's heuristics for an
  * algorithm on every call, and they allocated host memory each time (an
  * H100 on 2026-12-06: 80,364 allocations by gpud's device thread over 800
- * requests of the tiny F16 model, the first from cublasLtHSSMatmulAlgoGet
- * Heuristic), where the step path allocates nothing. Here the pipelined
+ * requests of the tiny F16 model, the first from
+ * cublasLtHSSMatmulAlgoGetHeuristic), where the step path allocates
+ * nothing. Here the pipelined
  * int8 kernel's tiling over halves: a CTA of 4 warps holds MMP_M = 64
  * weight rows x 64 tokens, each warp 32 x 32, and keeps HP_S - 1 = 2 stages
  * of HP_K = 32 columns in flight with cp.async while it multiplies the
  * third. The activations come split (split_act_kernel: x = (hi + lo) s per
  * token), and every weight fragment meets both halves, so the weights are
- * read once for the ~22 bits of x that hi + lo keep; the sums are fp32 (the
- * products of halves are exact in it), scaled by s on the way out. A 16 x
- * 16 fragment of halves is the 16 x 32 fragment of bytes word for word
- * (mma_s8_k32's layout), so a stage is laid out as the int8 kernel's: rows
- * of 64 bytes padded by 16. Decode batches split the columns as the int8
- * kernel does (gpud_cuda_mm_splits, GPUD_CUDA_MM_HALF), into the same
- * scratch.
+ * read once for the ~22 bits (F16; BF16 ~16) of x that hi + lo keep; the
+ * sums are fp32 (the products of halves are exact in it), scaled by s on
+ * the way out. A 16 x 16 fragment of halves is the 16 x 32 fragment of
+ * bytes word for word (mma_s8_k32's layout), so a stage is laid out as
+ * the int8 kernel's: rows of 64 bytes padded by 16. Decode batches split
+ * the columns as the int8 kernel does (gpud_cuda_mm_splits,
+ * GPUD_CUDA_MM_HALF), into the same scratch.
  *
  * Needs cols % 8 (whole 16-byte chunks; a chunk past the columns is zeros)
  * and 16-byte aligned weights and halves (gpud_k_mm_h_fits); other
