@@ -524,15 +524,17 @@ static void test_mm_splits(void **state)
 	/* the F16/BF16 kernel: the pipelined one's tiles and CTAs, stages of 32
 	 * columns (320 columns are 10; 40 columns round up to 2) */
 	{
-		const enum gpud_cuda_mm_kernel H = GPUD_CUDA_MM_HALF;
+		const struct {
+			uint64_t rows, cols;
+			uint32_t T, want;
+		} h[] = { { 3072, 3072, 16, 8 }, { 8192, 3072, 64, 4 }, { 64, 320, 16, 8 },
+			  { 64, 40, 16, 2 },     { 64, 8, 16, 1 },      { 3072, 3072, 8, 1 },
+			  { 3072, 3072, 65, 1 } };
 
-		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 16, part, 257, 132), 8);
-		assert_int_equal(gpud_cuda_mm_splits(H, 8192, 3072, 64, part, 257, 132), 4);
-		assert_int_equal(gpud_cuda_mm_splits(H, 64, 320, 16, part, 257, 132), 8);
-		assert_int_equal(gpud_cuda_mm_splits(H, 64, 40, 16, part, 257, 132), 2);
-		assert_int_equal(gpud_cuda_mm_splits(H, 64, 8, 16, part, 257, 132), 1);
-		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 8, part, 257, 132), 1);
-		assert_int_equal(gpud_cuda_mm_splits(H, 3072, 3072, 65, part, 257, 132), 1);
+		for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
+			assert_int_equal(gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, h[i].rows, h[i].cols,
+							     h[i].T, part, 257, 132),
+					 h[i].want);
 	}
 	/* the scratch bounds them: partials, then counters */
 	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
