@@ -947,34 +947,28 @@ int mm_group(cuda_ctx *c, const gpud_cuda_mat *const *ws, float *const *ys, int 
 		    "matmul (gemv)");
 		return 0;
 	}
-	if (n > 1 && is_int8(ws[0])) {
-		// int8 matrices of one width: one quantization, and one launch
-		// where the tensor-core kernel can take them together
+	bool i8 = is_int8(ws[0]), half = T > MV_MAX_T && gpud_k_mm_h_fits(ws[0]);
+	if (n > 1 && (i8 || half)) {
+		// matrices of one width for a tensor-core kernel (int8: Q8_0 and
+		// Q4_0 alike; F16/BF16: one type): one preparation (quantized,
+		// or split), and one launch where the kernel takes them together
 		bool same = true;
 
 		for (int i = 1; i < n; i++)
-			same = same && is_int8(ws[i]) && ws[i]->cols == ws[0]->cols;
+			same = same && ws[i]->cols == ws[0]->cols &&
+			       (i8 ? is_int8(ws[i])
+				   : ws[i]->type == ws[0]->type && gpud_k_mm_h_fits(ws[i]));
 		if (same) {
 			if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
 				return rc;
-			CKL(gpud_k_mm_q_set(c->stream, ws, ys, n, c->actq, c->actd, T, &c->ksplit),
-			    "matmul (int8)");
-			return 0;
-		}
-	}
-	if (n > 1 && T > MV_MAX_T && gpud_k_mm_h_fits(ws[0])) {
-		// F16/BF16 matrices of one width: one split, one launch
-		bool same = true;
-
-		for (int i = 1; i < n; i++)
-			same = same && ws[i]->type == ws[0]->type && ws[i]->cols == ws[0]->cols &&
-			       gpud_k_mm_h_fits(ws[i]);
-		if (same) {
-			if (!prepared && (rc = prep(c, ws[0], x, T, err, errlen)))
-				return rc;
-			CKL(gpud_k_mm_h_set(c->stream, ws, ys, n, c->acth_hi, c->acth_lo, c->ascale,
-					    T, &c->ksplit),
-			    "matmul (half)");
+			if (i8)
+				CKL(gpud_k_mm_q_set(c->stream, ws, ys, n, c->actq, c->actd, T,
+						    &c->ksplit),
+				    "matmul (int8)");
+			else
+				CKL(gpud_k_mm_h_set(c->stream, ws, ys, n, c->acth_hi, c->acth_lo,
+						    c->ascale, T, &c->ksplit),
+				    "matmul (half)");
 			return 0;
 		}
 	}

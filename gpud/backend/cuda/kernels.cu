@@ -3347,16 +3347,13 @@ uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 				   ks->part_floats, ks->cnt_words, ks->n_sm);
 }
 
-/* Matrices 0 .. n - 1 in one launch of the pipelined kernel: their row
- * tiles one after another on grid.y, the splits those of all their tiles
- * together (their rows rounded up to whole tiles, for the partials). */
-template <int TYPE>
-static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
-				 int n, const int8_t *xq, const float *xd, uint32_t T,
-				 const gpud_cuda_ksplit *ks)
+/* The set of matrices ws[0 .. n - 1] (n <= 3) into ys: their row tiles
+ * one after another on grid.y (set.tile0[3] of them), their rows rounded
+ * up to whole tiles for the partials (set.off). */
+static mmp_set mmp_set_of(const gpud_cuda_mat *const *ws, float *const *ys, int n)
 {
 	mmp_set set = {};
-	uint32_t tiles = 0, nsp;
+	uint32_t tiles = 0;
 
 	for (int i = 0; i < 3; i++) {
 		set.tile0[i] = tiles;
@@ -3371,6 +3368,19 @@ static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws,
 	}
 	set.tile0[3] = tiles;
 	set.off[3] = (int64_t)tiles * MMP_M;
+	return set;
+}
+
+/* Matrices 0 .. n - 1 in one launch of the pipelined kernel, the splits
+ * those of all their tiles together. */
+template <int TYPE>
+static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,
+				 int n, const int8_t *xq, const float *xd, uint32_t T,
+				 const gpud_cuda_ksplit *ks)
+{
+	mmp_set set = mmp_set_of(ws, ys, n);
+	uint32_t tiles = set.tile0[3], nsp;
+
 	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, (uint64_t)set.off[3],
 				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
 				       ks->n_sm)
@@ -3667,29 +3677,20 @@ cudaError_t gpud_k_mm_h_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 			    int n, const void *hi, const void *lo, const float *scales, uint32_t T,
 			    const gpud_cuda_ksplit *ks)
 {
-	mmp_set set = {};
-	uint32_t tiles = 0, nsp;
-
-	if (n < 1 || n > 3 || !T || ((uintptr_t)hi | (uintptr_t)lo) & 15)
-		return ((uintptr_t)hi | (uintptr_t)lo) & 15 ? cudaErrorMisalignedAddress
-							    : cudaErrorInvalidValue;
-	for (int i = 0; i < 3; i++) {
-		set.tile0[i] = tiles;
-		set.off[i] = (int64_t)tiles * MMP_M;
-		if (i >= n)
-			continue;
+	if (n < 1 || n > 3 || !T)
+		return cudaErrorInvalidValue;
+	if (((uintptr_t)hi | (uintptr_t)lo) & 15)
+		return cudaErrorMisalignedAddress;
+	for (int i = 0; i < n; i++)
 		if (!gpud_k_mm_h_fits(ws[i]) || ws[i]->type != ws[0]->type ||
 		    ws[i]->cols != ws[0]->cols)
 			return cudaErrorInvalidValue;
-		set.q[i] = (const uint8_t *)ws[i]->q;
-		set.y[i] = ys[i];
-		set.rows[i] = ws[i]->rows;
-		tiles += (uint32_t)((ws[i]->rows + MMP_M - 1) / MMP_M);
-	}
+
+	mmp_set set = mmp_set_of(ws, ys, n);
+	uint32_t tiles = set.tile0[3], nsp;
+
 	if (tiles > 65535)
 		return cudaErrorInvalidValue;
-	set.tile0[3] = tiles;
-	set.off[3] = (int64_t)tiles * MMP_M;
 	nsp = gpud_k_mm_h_splits(set.off[3], ws[0]->cols, T, ks);
 	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
 	auto k = ws[0]->type == GPUD_TYPE_BF16 ? gemm_hp_kernel<GPUD_TYPE_BF16>
