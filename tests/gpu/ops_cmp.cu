@@ -708,14 +708,21 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 	up(dx, x, 4 * nx);
 	up(dx2, x, 4 * nx);
 	up(dnw, nw, 4 * cols);
-	gpud_cuda_norm nrm = { dx, dnw, eps };
+	gpud_cuda_norm nrm = { dx, dnw, eps, 0 };
 	bool i8 = t == GPUD_TYPE_Q8_0 || t == GPUD_TYPE_Q4_0;
 	/* unfused: add_norm (x itself untouched), quantizing for an int8 GEMV */
 	gpud_k_add_norm(0, dx2, dout, dnw, false, nullptr, T, (uint32_t)cols, eps,
 			i8 ? aq : nullptr, i8 ? ad : nullptr);
-	for (int quant = 0; quant < (i8 ? 2 : 1); quant++) {
-		snprintf(what, sizeof(what), "rmsnorm in gemv %s gate+up%s, %u tok, %lld cols",
-			 gpud_type_name(t), quant ? " + quantize" : "", T, (long long)cols);
+	/* ctas 1: one CTA takes every row (the grid-apart units of a bounded
+	 * grid), with the same bits */
+	for (int k = 0; k < 4; k++) {
+		int quant = k & 1;
+		if (quant && !i8)
+			continue;
+		nrm.ctas = k & 2 ? 1 : 0;
+		snprintf(what, sizeof(what), "rmsnorm in gemv %s gate+up%s, %u tok, %lld cols%s",
+			 gpud_type_name(t), quant ? " + quantize" : "", T, (long long)cols,
+			 nrm.ctas ? ", 1 cta" : "");
 		cudaMemset(y2, 0, 4 * ny);
 		ok = gpud_k_mv_group(0, gu, ys1, 2, true, dout, aq, ad, T, quant ? yq1 : nullptr,
 				     quant ? yd1 : nullptr) == cudaSuccess &&
@@ -734,7 +741,7 @@ void check_norm_fused(enum gpud_type t, uint32_t T, int64_t cols)
 		/* refused: a norm for a GEMV not gated, of 3 tokens, of F16 rows
 		 * not of 8 elements, without its weights, or of x not 16-byte
 		 * aligned; and where gpud_k_norm_fuses says */
-		gpud_cuda_norm nw0 = { dx, nullptr, eps }, nodd = { dx + 1, dnw, eps };
+		gpud_cuda_norm nw0 = { dx, nullptr, eps, 0 }, nodd = { dx + 1, dnw, eps, 0 };
 		mat mf = make_mat(GPUD_TYPE_F16, rows, 100);
 		gpud_cuda_mat wf = dmat(mf);
 		const gpud_cuda_mat *fu[2] = { &wf, &wf };
@@ -927,9 +934,10 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 		 * and the pool */
 		float *nw = (float *)malloc(4 * cols), *dnw = (float *)dev(4 * cols);
 		float *dx2 = (float *)dev(4 * T * cols), *dout = (float *)dev(4 * T * cols);
-		gpud_cuda_norm nrm = { dx, dnw, 1e-5f };
+		/* 3 CTAs for its 256 pairs: 10 or 11 a warp, a grid apart */
+		gpud_cuda_norm nrm = { dx, dnw, 1e-5f, 3 };
 
-		snprintf(what, sizeof(what), "q/k/v gemv %s with rmsnorm%s, %u tok",
+		snprintf(what, sizeof(what), "q/k/v gemv %s with rmsnorm (3 ctas)%s, %u tok",
 			 gpud_type_name(t), qwen ? " (biases, neox)" : kv16 ? " (f16 KV)" : "", T);
 		for (int64_t i = 0; i < cols; i++)
 			nw[i] = 1.0f + frand() * 0.5f;

@@ -1067,7 +1067,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 		// before its first rotation: rope_store makes those)
 		bool dec_qkv = one_gemv(qkv, 3, T) && hp->head_dim % 2 == 0 && !D->q_norm;
 		bool fuse = dec_qkv && norm_fused(c, pend, &D->wq, T);
-		gpud_cuda_norm nrm = { c->x, D->attn_norm, hp->norm_eps };
+		gpud_cuda_norm nrm = { c->x, D->attn_norm, hp->norm_eps,
+					GPUD_K_NORM_CTAS_PER_SM * c->n_sm };
 
 		kv.layer = l;
 		prof_stage(c, "attention norm");

@@ -2125,6 +2125,36 @@ static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r,
 	return r < (m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2]);
 }
 
+/* --- the decode GEMVs' units of rows ---------------------------------------
+ * Warp w of a GEMV's grid (nw warps) takes the units w, w + nw, w + 2 nw,
+ * ... (a row, a RoPE pair of rows, a pair of gate and up rows). Without a
+ * fused norm the grid has a CTA for every 8 units, and the instances take
+ * one (no loop: their registers and prefetch are as they were); with one,
+ * gemv_grid bounds the grid at gpud_cuda_norm.ctas (the multiprocessors)
+ * and a warp takes several. Each CTA norms x once, and at one CTA a
+ * multiprocessor for 8 units it did so about as long as the units took:
+ * the 3B model's Q/K/V GEMV, with 8 pairs a CTA in three waves, ran at
+ * 35% of the copy bandwidth on an H100, gate/up at 73%. A warp streams
+ * the weights of its next GEMV_AHEAD units into L2 while it reads its
+ * current one (the first ones before the wait for the kernel ahead), so
+ * that its loads wait on L2 rather than on memory: at 2 CTAs of 8 warps a
+ * multiprocessor, all of the 3B's Q/K/V rows (16.7 MB) are asked for at
+ * the start, and at most 25 MB of gate/up's 50 are in flight (an H100's
+ * L2 is 50 MB, a 4090's 72). */
+#define GEMV_AHEAD 2
+
+/* The units a warp prefetches before the wait: without a norm, its one. */
+static __device__ constexpr int gemv_ahead(bool norm) { return norm ? GEMV_AHEAD : 1; }
+
+static unsigned gemv_grid(int64_t units, int64_t per_cta, const gpud_cuda_norm *norm)
+{
+	int64_t g = (units + per_cta - 1) / per_cta;
+
+	if (norm && norm->ctas && g > (int64_t)norm->ctas)
+		g = norm->ctas;
+	return (unsigned)g;
+}
+
 /* --- decode Q/K/V with RoPE and the KV store in the epilogue ---------------
  * The GEMVs of Q, K and V in one launch, a warp per RoPE pair of rows of a
  * head (2i, 2i + 1; with NEOX i, i + head_dim / 2); lane t then does token
@@ -2228,90 +2258,141 @@ static __device__ __forceinline__ void dot_f(const void *W, int64_t r, int64_t c
 	}
 }
 
-/* One warp per row of the set; GLU and NORM as gemv_q_kernel's. */
+/* Unit g of the set's rows (gemv_row: GLU, gate's and up's) into L2, if
+ * it is one. */
+template <int TYPE, bool GLU>
+static __device__ __forceinline__ void gemv_f_ahead(const gemv_set &set, int64_t g, int64_t cols,
+						    uint32_t lane)
+{
+	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
+	int m;
+
+	if (!gemv_row<GLU>(set, g, m))
+		return;
+	prefetch_l2((m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2]) + g * rb, rb, lane);
+	if (GLU)
+		prefetch_l2(set.q[1] + g * rb, rb, lane);
+}
+
+/* A warp per row unit of the set (the units above); GLU and NORM as
+ * gemv_q_kernel's. */
 template <int TYPE, int NT, bool VEC, bool GLU, bool NORM>
-__global__ void __launch_bounds__(256, NORM ? 1 : 0)
+__global__ void __launch_bounds__(256, NORM ? GPUD_K_NORM_CTAS_PER_SM : 0)
 gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_norm nrm)
 {
 	extern __shared__ int4 gemv_sm[];
-	int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+	int64_t g0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), nw = (int64_t)gridDim.x * 8;
 	uint32_t lane = threadIdx.x & 31;
-	int m;
-	float acc[NT], acc2[NT];
-	bool live = gemv_row<GLU>(set, r, m);
-	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
 
-	if (live) { /* the weights: read only, before the wait */
-		prefetch_l2((m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2]) + r * rb, rb, lane);
-		if (GLU)
-			prefetch_l2(set.q[1] + r * rb, rb, lane);
-	}
+	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
+		gemv_f_ahead<TYPE, GLU>(set, g0 + j * nw, cols, lane);
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
-	if (!live)
-		return;
-	const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
-	float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
-	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
-#pragma unroll
-	for (int t = 0; t < NT; t++)
-		acc[t] = acc2[t] = 0.0f;
-	dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
-	if (GLU)
-		dot_f<TYPE, NT, VEC>(set.q[1], r, cols, x, T, lane, acc2);
-#pragma unroll
-	for (int t = 0; t < NT; t++) {
-		float v = warp_sum(acc[t]);
+	for (int64_t g = g0;; g += nw) {
+		int64_t r = g;
+		int m;
+		float acc[NT], acc2[NT];
 
+		if (!gemv_row<GLU>(set, r, m))
+			return;
+		if (NORM)
+			gemv_f_ahead<TYPE, GLU>(set, g + GEMV_AHEAD * nw, cols, lane);
+		const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+		float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+#pragma unroll
+		for (int t = 0; t < NT; t++)
+			acc[t] = acc2[t] = 0.0f;
+		dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
 		if (GLU)
-			v = swiglu(v, warp_sum(acc2[t]));
-		if (lane == 0 && (uint32_t)t < T)
-			gemv_put(set, y, rows, r, (uint32_t)t, v);
+			dot_f<TYPE, NT, VEC>(set.q[1], r, cols, x, T, lane, acc2);
+#pragma unroll
+		for (int t = 0; t < NT; t++) {
+			float v = warp_sum(acc[t]);
+
+			if (GLU)
+				v = swiglu(v, warp_sum(acc2[t]));
+			if (lane == 0 && (uint32_t)t < T)
+				gemv_put(set, y, rows, r, (uint32_t)t, v);
+		}
+		if (!NORM)
+			return;
 	}
 }
 
+/* Pair unit p of the set's Q/K/V rows: its matrix m and rows r, r1
+ * (qkv_pair); false past the set. */
+static __device__ __forceinline__ bool qkv_unit(const gemv_set &set, const rope_args &ra,
+						int64_t p, int &m, int64_t &r, int64_t &r1)
+{
+	r = 2 * p;
+	if (!gemv_row<false>(set, r, m))
+		return false;
+	r1 = qkv_pair(ra, r);
+	return true;
+}
+
+/* Pair unit p's rows into L2, if it is one. */
+template <int TYPE>
+static __device__ __forceinline__ void qkv_f_ahead(const gemv_set &set, const rope_args &ra,
+						   int64_t p, int64_t cols, uint32_t lane)
+{
+	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
+	int m;
+	int64_t r, r1;
+
+	if (!qkv_unit(set, ra, p, m, r, r1))
+		return;
+	const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	prefetch_l2(W + r * rb, rb, lane);
+	prefetch_l2(W + r1 * rb, rb, lane);
+}
+
 /* Q, K and V with RoPE and the KV store (rope_args above): a warp per
- * RoPE pair of rows. */
+ * RoPE pair of rows, the units above. */
 template <int TYPE, int NT, bool VEC, bool NORM>
-__global__ void __launch_bounds__(256, NORM ? 1 : 0)
+__global__ void __launch_bounds__(256, NORM ? GPUD_K_NORM_CTAS_PER_SM : 0)
 gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_args ra,
 		  gpud_cuda_norm nrm)
 {
 	extern __shared__ int4 gemv_sm[];
-	int64_t r = 2 * ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)), r1;
+	int64_t p0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), nw = (int64_t)gridDim.x * 8;
 	uint32_t lane = threadIdx.x & 31;
 	int m;
-	float acc[NT], acc2[NT];
-	bool live = gemv_row<false>(set, r, m);
-	const int64_t rb = cols * (TYPE == GPUD_TYPE_F32 ? 4 : 2); /* bytes of a row */
-	const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	int64_t r, r1;
 
-	r1 = qkv_pair(ra, r);
-	if (live) { /* the weights: read only, before the wait */
-		prefetch_l2(W + r * rb, rb, lane);
-		prefetch_l2(W + r1 * rb, rb, lane);
-	}
+	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
+		qkv_f_ahead<TYPE>(set, ra, p0 + j * nw, cols, lane);
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
-	if (!live)
-		return;
+	for (int64_t p = p0;; p += nw) {
+		float acc[NT], acc2[NT];
+
+		if (!qkv_unit(set, ra, p, m, r, r1))
+			return;
+		if (NORM)
+			qkv_f_ahead<TYPE>(set, ra, p + GEMV_AHEAD * nw, cols, lane);
+		const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 #pragma unroll
-	for (int t = 0; t < NT; t++)
-		acc[t] = acc2[t] = 0.0f;
-	dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
-	dot_f<TYPE, NT, VEC>(W, r1, cols, x, T, lane, acc2);
+		for (int t = 0; t < NT; t++)
+			acc[t] = acc2[t] = 0.0f;
+		dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
+		dot_f<TYPE, NT, VEC>(W, r1, cols, x, T, lane, acc2);
 #pragma unroll
-	for (int t = 0; t < NT; t++) {
-		acc[t] = warp_sum(acc[t]);
-		acc2[t] = warp_sum(acc2[t]);
+		for (int t = 0; t < NT; t++) {
+			acc[t] = warp_sum(acc[t]);
+			acc2[t] = warp_sum(acc2[t]);
+		}
+		qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
+		if (!NORM)
+			return;
 	}
-	qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
 }
 
 /* The kernel instance for T tokens: NT = 1, 2, 4 or 8; with a fused norm
@@ -2327,7 +2408,9 @@ static cudaError_t launch_mv_f(cudaStream_t s, const gemv_set &set, int64_t cols
 			       uint32_t T, const gpud_cuda_norm *norm)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
-	unsigned g = (unsigned)((rows + 7) / 8);
+	/* a bounded grid for the NORM instances only (those without take a
+	 * unit a warp) */
+	unsigned g = gemv_grid(rows, 8, GLU && VEC ? norm : nullptr);
 	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
 	size_t shm = norm ? norm_smem(false, T, cols) : 0;
 
@@ -2666,80 +2749,135 @@ static __device__ __forceinline__ void gemv_q_prefetch(const gemv_set &set, int 
 
 static_assert(GEMV_WARPS * 32 == NORM_THREADS, "a fused norm sums as add_norm_kernel");
 
-/* One warp per row of the set; with NORM, the activations are nrm's,
- * made by the CTA (norm_act). NORM's instances (T <= GPUD_K_NORM_MAX_T)
- * are bounded at one CTA a multiprocessor: ptxas otherwise holds them to
- * 64 or 80 registers and spills; they take about 50 to 100. */
+/* Row unit g of the set (gemv_row) into L2, if it is one. */
+template <int TYPE, bool GLU>
+static __device__ __forceinline__ void gemv_q_ahead(const gemv_set &set, int64_t g, int64_t cols,
+						    uint32_t lane)
+{
+	int m;
+
+	if (gemv_row<GLU>(set, g, m))
+		gemv_q_prefetch<TYPE, GLU>(set, m, g, cols, lane);
+}
+
+/* A warp per row unit of the set (the units of the GEMVs above); with
+ * NORM, the activations are nrm's, made by the CTA (norm_act). NORM's
+ * instances (T <= GPUD_K_NORM_MAX_T) are bounded at
+ * GPUD_K_NORM_CTAS_PER_SM CTAs a multiprocessor (128 registers a thread
+ * at 2): ptxas otherwise holds them to 64 or 80 registers and spills;
+ * they take about 60 to 100. */
 template <int TYPE, int NT, bool GLU, bool NORM>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? GPUD_K_NORM_CTAS_PER_SM : 0)
 gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	      const float *__restrict__ xd, uint32_t T, gpud_cuda_norm nrm)
 {
 	extern __shared__ int4 gemv_sm[];
-	int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	int64_t g0 = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
-	int m;
-	float v[NT];
-	bool live = gemv_row<GLU>(set, r, m);
 
-	if (live) /* the weights: read only, before the wait */
-		gemv_q_prefetch<TYPE, GLU>(set, m, r, cols, lane);
+	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
+		gemv_q_ahead<TYPE, GLU>(set, g0 + j * nw, cols, lane);
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
-	if (!live)
-		return;
-	float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
-	int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
-	gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
+	for (int64_t g = g0;; g += nw) {
+		int64_t r = g;
+		int m;
+		float v[NT];
+
+		if (!gemv_row<GLU>(set, r, m))
+			return;
+		if (NORM)
+			gemv_q_ahead<TYPE, GLU>(set, g + GEMV_AHEAD * nw, cols, lane);
+		float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+		gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
 #pragma unroll
-	for (int t = 0; t < NT; t++)
-		if (lane == 0 && (uint32_t)t < T)
-			gemv_put(set, yo, rows, r, (uint32_t)t, v[t]);
+		for (int t = 0; t < NT; t++)
+			if (lane == 0 && (uint32_t)t < T)
+				gemv_put(set, yo, rows, r, (uint32_t)t, v[t]);
+		if (!NORM)
+			return;
+	}
+}
+
+/* Pair unit p's rows into L2, if it is one. */
+template <int TYPE>
+static __device__ __forceinline__ void qkv_q_ahead(const gemv_set &set, const rope_args &ra,
+						   int64_t p, int64_t cols, uint32_t lane)
+{
+	int m;
+	int64_t r, r1;
+
+	if (!qkv_unit(set, ra, p, m, r, r1))
+		return;
+	gemv_q_prefetch<TYPE, false>(set, m, r, cols, lane);
+	gemv_q_prefetch<TYPE, false>(set, m, r1, cols, lane);
 }
 
 /* Q, K and V with RoPE and the KV store (rope_args above): a warp per
- * RoPE pair of rows. */
+ * RoPE pair of rows, the units above. */
 template <int TYPE, int NT, bool NORM>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? GPUD_K_NORM_CTAS_PER_SM : 0)
 gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		  const float *__restrict__ xd, uint32_t T, rope_args ra, gpud_cuda_norm nrm)
 {
 	extern __shared__ int4 gemv_sm[];
-	int64_t r = 2 * ((int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5)), r1;
+	int64_t p0 = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
-	int m;
-	float v[NT], v2[NT];
-	bool live = gemv_row<false>(set, r, m);
 
-	r1 = qkv_pair(ra, r);
-	if (live) { /* the weights: read only, before the wait */
-		gemv_q_prefetch<TYPE, false>(set, m, r, cols, lane);
-		gemv_q_prefetch<TYPE, false>(set, m, r1, cols, lane);
-	}
+	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
+		qkv_q_ahead<TYPE>(set, ra, p0 + j * nw, cols, lane);
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
 	if (NORM)
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
-	if (!live)
-		return;
-	const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
-	const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
-	gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane, v, v2);
-	qkv_epilogue<NT>(ra, m, r, r1, T, lane, v, v2);
+	for (int64_t p = p0;; p += nw) {
+		int m;
+		int64_t r, r1;
+		float v[NT], v2[NT];
+
+		if (!qkv_unit(set, ra, p, m, r, r1))
+			return;
+		if (NORM)
+			qkv_q_ahead<TYPE>(set, ra, p + GEMV_AHEAD * nw, cols, lane);
+		const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+		const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
+		gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane, v, v2);
+		qkv_epilogue<NT>(ra, m, r, r1, T, lane, v, v2);
+		if (!NORM)
+			return;
+	}
 }
 
 /* Gate and up with SwiGLU whose output is also quantized into yq, yd (as
  * gpud_k_quantize_act would: the down matmul's int8 input, one launch
- * fewer). A CTA holds the 32 rows of one activation block, each warp 4 of
- * them; then warp t quantizes token t's block. rows is a multiple of 32. */
+ * fewer). A CTA takes the 32 rows of one activation block at a time, each
+ * warp 4 of them (its units: the 4 rows of block blockIdx.x, then of block
+ * blockIdx.x + gridDim.x, ...); then warp t quantizes token t's block.
+ * rows is a multiple of 32. */
 #define GLUQ_ROWS 32
+#define GLUQ_WROWS (GLUQ_ROWS / GEMV_WARPS) /* a warp's rows of a block */
+
+/* Warp w's unit j (gate's and up's row) into L2, if it is one. */
+template <int TYPE>
+static __device__ __forceinline__ void gluq_ahead(const gemv_set &set, uint32_t w, int64_t j,
+						  int64_t cols, uint32_t lane)
+{
+	int64_t blk = blockIdx.x + j / GLUQ_WROWS * (int64_t)gridDim.x;
+	int64_t r = blk * GLUQ_ROWS + w + j % GLUQ_WROWS * GEMV_WARPS;
+
+	if (r < set.rows[0])
+		gemv_q_prefetch<TYPE, true>(set, 0, r, cols, lane);
+}
 
 template <int TYPE, int NT, bool NORM>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? 1 : 0)
+__global__ void __launch_bounds__(GEMV_WARPS * 32, NORM ? GPUD_K_NORM_CTAS_PER_SM : 0)
 gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		   const float *__restrict__ xd, uint32_t T, int8_t *yq, float *yd,
 		   gpud_cuda_norm nrm)
@@ -2747,9 +2885,10 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	extern __shared__ int4 gemv_sm[];
 	__shared__ float sv[NT][GLUQ_ROWS];
 	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-	int64_t rows = set.rows[0], r0 = (int64_t)blockIdx.x * GLUQ_ROWS;
+	int64_t rows = set.rows[0], j = 0;
 
-	gemv_q_prefetch<TYPE, true>(set, 0, r0 + w, cols, lane); /* the warp's first row */
+	for (int a = 0; a < gemv_ahead(NORM); a++) /* the weights: read only, before the wait */
+		gluq_ahead<TYPE>(set, w, a, cols, lane);
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2757,26 +2896,36 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
 
 #pragma unroll 1
-	for (uint32_t k = w; k < GLUQ_ROWS; k += GEMV_WARPS) {
-		float v[NT];
+	for (int64_t blk = blockIdx.x; blk < rows / GLUQ_ROWS; blk += gridDim.x) {
+		int64_t r0 = blk * GLUQ_ROWS;
 
-		gemv_q_row<TYPE, NT, true>(set, 0, r0 + k, cols, xq, xd, T, lane, v);
+#pragma unroll 1
+		for (uint32_t k = w; k < GLUQ_ROWS; k += GEMV_WARPS, j++) {
+			float v[NT];
+
+			if (NORM)
+				gluq_ahead<TYPE>(set, w, j + GEMV_AHEAD, cols, lane);
+			gemv_q_row<TYPE, NT, true>(set, 0, r0 + k, cols, xq, xd, T, lane, v);
 #pragma unroll
-		for (int t = 0; t < NT; t++) {
-			if (lane == 0 && (uint32_t)t < T) {
-				set.y[0][(int64_t)t * rows + r0 + k] = v[t];
-				sv[t][k] = v[t];
+			for (int t = 0; t < NT; t++) {
+				if (lane == 0 && (uint32_t)t < T) {
+					set.y[0][(int64_t)t * rows + r0 + k] = v[t];
+					sv[t][k] = v[t];
+				}
 			}
 		}
-	}
-	__syncthreads();
-	if (w < T) { /* T <= NT <= GEMV_WARPS */
-		float dv;
-		int8_t qv = quant_block(sv[w][lane], &dv);
+		__syncthreads();
+		if (w < T) { /* T <= NT <= GEMV_WARPS */
+			float dv;
+			int8_t qv = quant_block(sv[w][lane], &dv);
 
-		yq[(int64_t)w * rows + r0 + lane] = qv;
-		if (!lane)
-			yd[(int64_t)w * (rows / GPUD_QK) + blockIdx.x] = dv;
+			yq[(int64_t)w * rows + r0 + lane] = qv;
+			if (!lane)
+				yd[(int64_t)w * (rows / GPUD_QK) + blk] = dv;
+		}
+		if (!NORM)
+			return; /* a block a CTA */
+		__syncthreads(); /* sv read before the next block's rows */
 	}
 }
 
@@ -3285,13 +3434,15 @@ static cudaError_t launch_gemv(cudaStream_t s, const gemv_set &set, int64_t cols
 			       float *yd = nullptr, const gpud_cuda_norm *norm = nullptr)
 {
 	int64_t rows = GLU ? set.rows[0] : set.rows[0] + set.rows[1] + set.rows[2];
-	unsigned g = (unsigned)((rows + GEMV_WARPS - 1) / GEMV_WARPS);
+	/* a bounded grid for the NORM instances only (launch_mv_f) */
+	unsigned g = gemv_grid(rows, GEMV_WARPS, GLU ? norm : nullptr);
 	gpud_cuda_norm nrm = norm ? *norm : gpud_cuda_norm{};
 	size_t shm = norm ? norm_smem(true, T, cols) : 0;
 
 	if (GLU && yq) {
+		g = gemv_grid(rows / GLUQ_ROWS, 1, norm);
 #define GEMV(nt, nm)                                                                       \
-	cudaLaunchKernelEx(klc((unsigned)(rows / GLUQ_ROWS), GEMV_WARPS * 32, shm, s).cfg(), \
+	cudaLaunchKernelEx(klc(g, GEMV_WARPS * 32, shm, s).cfg(),                              \
 			   gemv_q_gluq_kernel<TYPE, nt, nm>, set, cols, xq, xd, T, yq, yd, nrm)
 #define PLAIN(nt) GEMV(nt, false)
 #define NORMED(nt) GEMV(nt, true)
@@ -3730,7 +3881,7 @@ cudaError_t gpud_k_mv_qkv(cudaStream_t s, const gpud_cuda_mat *const *ws, float 
 		set.rows[i] = ws[i]->rows;
 	}
 	pairs = (set.rows[0] + set.rows[1] + set.rows[2]) / 2;
-	unsigned g = (unsigned)((pairs + 7) / 8); /* 8 warps a CTA, GEMV_WARPS for int8 */
+	unsigned g = gemv_grid(pairs, 8, norm); /* 8 warps a CTA, GEMV_WARPS for int8 */
 	static_assert(GEMV_WARPS == 8, "one grid for both kernels");
 
 #define QKV_Q(ty, nt, nm)                                                                 \

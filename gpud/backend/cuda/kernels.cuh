@@ -229,11 +229,18 @@ uint32_t gpud_k_mm_h_splits(int64_t rows, int64_t cols, uint32_t T,
 // eps by every CTA into its shared memory, quantized for Q8_0/Q4_0: the
 // bits gpud_k_add_norm gives its out, or its aq, ad (without add: the
 // matmul before adds its output into x itself, gpud_k_mv_group's acc).
-// One launch a norm fewer at decode; each CTA reads x from L2.
+// One launch a norm fewer at decode; each CTA reads x from L2. ctas (0:
+// no bound): the GEMV's CTAs at most, their warps then taking rows a
+// grid apart; GPUD_K_NORM_CTAS_PER_SM times the device's
+// multiprocessors (what the kernels' launch bounds let reside), so that x
+// is normed that many times on each rather than once for every 8 rows.
+// The bits do not depend on it.
+#define GPUD_K_NORM_CTAS_PER_SM 2
 struct gpud_cuda_norm {
 	const float *x;
 	const float *w;
 	float eps;
+	uint32_t ctas;
 };
 
 // Whether a decode GEMV of type over cols columns makes the norm of T
