@@ -1048,13 +1048,17 @@ void check_att_quant(uint32_t hd, const char *mode)
 	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats,
 				 0 };
 	gpud_cuda_attn a = { hg, T, splits, tiles ? dm + (mtl - mp) : nullptr, 3, tile, part, cnt,
-			     nullptr, nullptr };
+			     nullptr, nullptr, nullptr, 0 };
 
 	snprintf(what, sizeof(what), "attention + quantize fused, hd %u, %s", hd, mode);
 	ok = gpud_k_attention(0, dq, out1, &m, &kv, nullptr, 0, 0, &a) == cudaSuccess &&
 	     gpud_k_quantize_act(0, out1, T, nh * hd, q1, d1) == cudaSuccess;
 	a.aq = q2;
 	a.ad = d2;
+	/* and the splits without keys streaming a buffer into L2 (the O
+	 * matrix, in gpud): the same bits */
+	a.next = dkv;
+	a.next_bytes = 4 * nkvf;
 	ok = ok && gpud_k_attention(0, dq, out2, &m, &kv, nullptr, 0, 0, &a) == cudaSuccess &&
 	     down(o1, out1, 4 * nq, what) && down(o2, out2, 4 * nq, what) &&
 	     down(h1, q1, nq, what) && down(h2, q2, nq, what) && down(e1, d1, 4 * nb, what) &&

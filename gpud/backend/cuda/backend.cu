@@ -1041,7 +1041,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	// ones share K among tiles of a sequence's tokens.
 	gpud_cuda_attn att = { L->att_heads, T, gpud_cuda_att_splits(L, T, c->n_sm),
 			       T > GPUD_CUDA_GRAPH_MAX_T ? c->meta + L->m_tiles : nullptr, c->n_tiles,
-			       L->att_tile, c->attp, c->attc, nullptr, nullptr };
+			       L->att_tile, c->attp, c->attc, nullptr, nullptr, nullptr, 0 };
 	int rc;
 
 	bool prepared = false; // the activations of the next matmul quantized by add_norm
@@ -1095,6 +1095,9 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 			     hp->head_dim % GPUD_QK == 0;
 		att.aq = att_q ? c->actq : nullptr;
 		att.ad = att_q ? c->actd : nullptr;
+		att.next = D->wo.q; // contiguous: quants, then scales (upload_mat)
+		att.next_bytes = gpud_cuda_tensor_bytes((enum gpud_type)D->wo.type, D->wo.rows,
+							D->wo.cols);
 		prof_stage(c, "attention");
 		CKL(gpud_k_attention(c->stream, c->q, c->att, &c->dmeta, &kv, c->mpool,
 				     L->mask_slot_bytes, L->max_prompt_blocks, &att), "attention");

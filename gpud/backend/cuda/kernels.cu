@@ -151,16 +151,19 @@ static __device__ __forceinline__ void pdl_enter(void)
 #endif
 }
 
-/* n bytes from p into L2, a 128-byte line per lane at a time. */
-static __device__ __forceinline__ void prefetch_l2(const void *p, int64_t n, uint32_t lane)
+/* n bytes from p into L2, a 128-byte line per thread at a time: thread i
+ * of nt (the lanes of a warp, or a CTA's threads). */
+static __device__ __forceinline__ void prefetch_l2(const void *p, int64_t n, uint32_t i,
+						   uint32_t nt = 32)
 {
 #if !defined(CUEMU_CUDA_RUNTIME_H) && defined(__CUDA_ARCH__)
-	for (int64_t o = (int64_t)lane * 128; o < n; o += 32 * 128)
+	for (int64_t o = (int64_t)i * 128; o < n; o += (int64_t)nt * 128)
 		asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p + o));
 #else
 	(void)p;
 	(void)n;
-	(void)lane;
+	(void)i;
+	(void)nt;
 #endif
 }
 
@@ -924,7 +927,8 @@ template <int MAXD, typename KT, bool DEC>
 __global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024, DEC ? 2 : 0)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
-		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad)
+		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad,
+		 const uint8_t *next, uint64_t next_bytes)
 {
 	/* Loads in flight per lane: split partials folded at a time (ATT_V):
 	 * as many as the registers allow without spilling, 64 a thread at 1024
@@ -971,8 +975,22 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	float o[MAXD];
 	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
 
-	if (DEC && split >= ns) /* the whole CTA: no keys for this split */
+	if (DEC && split >= ns) { /* the whole CTA: no keys for this split */
+		/* token 0's such CTAs stream the O matrix into L2 meanwhile, a
+		 * share each: at batch 1 a short context keeps a CTA for each KV
+		 * head busy (8 for the 3B model) while the memory would idle,
+		 * and O's GEMV, the next kernel, then reads L2 */
+		if (next && blockIdx.x == 0) {
+			uint64_t parts = (uint64_t)(n_split - ns) * gridDim.y;
+			uint64_t part = (uint64_t)(split - ns) * gridDim.y + blockIdx.y;
+			uint64_t len = ((next_bytes + parts - 1) / parts + 127) / 128 * 128;
+			uint64_t lo = part * len, hi = lo + len < next_bytes ? lo + len : next_bytes;
+
+			if (lo < hi)
+				prefetch_l2(next + lo, (int64_t)(hi - lo), threadIdx.x, blockDim.x);
+		}
 		return;
+	}
 	if (has_mask) {
 		const uint8_t *base = masks + (size_t)slot * slot_bytes;
 		mk.vis = (const unsigned long long *)base;
@@ -1158,7 +1176,7 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 #define ATT_T(md, KT, DEC)                                                                     \
 	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md, KT, DEC>, q, out, \
 			   *m, *kv, masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part,  \
-			   a->cnt, a->aq, a->ad)
+			   a->cnt, a->aq, a->ad, (const uint8_t *)a->next, a->next_bytes)
 #define ATT_D(md, KT) (a->tiles ? ATT_T(md, KT, false) : ATT_T(md, KT, true))
 #define ATT(md) (kv->kv16 ? ATT_D(md, __half) : ATT_D(md, float))
 	if (hd <= 32)

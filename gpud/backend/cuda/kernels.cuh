@@ -100,6 +100,8 @@ struct gpud_cuda_attn {
 	unsigned *cnt;   // split arrival counters (layout attc), zero between steps
 	int8_t *aq;      // or NULL: the output quantized too (head_dim a multiple
 	float *ad;       // of 32), as gpud_k_quantize_act would: the O matmul's input
+	const void *next;    // or NULL: next_bytes from next (the O matrix) streamed
+	uint64_t next_bytes; // into L2 by the decode CTAs of splits that get no keys
 };
 
 // Attention of every (token, head): a CTA per (token or tile of a
