@@ -2152,17 +2152,13 @@ static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r,
  * and a warp takes several. Each CTA norms x once, and at one CTA a
  * multiprocessor for 8 units it did so about as long as the units took:
  * the 3B model's Q/K/V GEMV, with 8 pairs a CTA in three waves, ran at
- * 35% of the copy bandwidth on an H100, gate/up at 73%. A warp streams
- * the weights of its next GEMV_AHEAD units into L2 while it reads its
- * current one (the first ones before the wait for the kernel ahead), so
- * that its loads wait on L2 rather than on memory: at 2 CTAs of 8 warps a
- * multiprocessor, all of the 3B's Q/K/V rows (16.7 MB) are asked for at
- * the start, and at most 25 MB of gate/up's 50 are in flight (an H100's
- * L2 is 50 MB, a 4090's 72). */
-#define GEMV_AHEAD 2
-
-/* The units a warp prefetches before the wait: without a norm, its one. */
-static __device__ constexpr int gemv_ahead(bool norm) { return norm ? GEMV_AHEAD : 1; }
+ * 35% of the copy bandwidth on an H100, gate/up at 73%. A warp asks for
+ * its first unit's weights in L2 before the wait for the kernel ahead (as
+ * before), and then for its next unit's before it reads the current one,
+ * so that the memory streams while it multiplies: at 2 CTAs of 8 warps a
+ * multiprocessor of an H100, the first units are 12.7 MB of the 3B's Q/K/V
+ * (16.7) or gate/up rows (50), and no more than that is ahead of the
+ * warps (its L2 is 50 MB, a 4090's 72). */
 
 static unsigned gemv_grid(int64_t units, int64_t per_cta, const gpud_cuda_norm *norm)
 {
@@ -2302,8 +2298,7 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_
 	int64_t g0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), nw = (int64_t)gridDim.x * 8;
 	uint32_t lane = threadIdx.x & 31;
 
-	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
-		gemv_f_ahead<TYPE, GLU>(set, g0 + j * nw, cols, lane);
+	gemv_f_ahead<TYPE, GLU>(set, g0, cols, lane); /* read only: before the wait */
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2317,7 +2312,7 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_
 		if (!gemv_row<GLU>(set, r, m))
 			return;
 		if (NORM)
-			gemv_f_ahead<TYPE, GLU>(set, g + GEMV_AHEAD * nw, cols, lane);
+			gemv_f_ahead<TYPE, GLU>(set, g + nw, cols, lane);
 		const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 		float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
 		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
@@ -2382,8 +2377,7 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 	int m;
 	int64_t r, r1;
 
-	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
-		qkv_f_ahead<TYPE>(set, ra, p0 + j * nw, cols, lane);
+	qkv_f_ahead<TYPE>(set, ra, p0, cols, lane); /* read only: before the wait */
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2395,7 +2389,7 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 		if (!qkv_unit(set, ra, p, m, r, r1))
 			return;
 		if (NORM)
-			qkv_f_ahead<TYPE>(set, ra, p + GEMV_AHEAD * nw, cols, lane);
+			qkv_f_ahead<TYPE>(set, ra, p + nw, cols, lane);
 		const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 #pragma unroll
 		for (int t = 0; t < NT; t++)
@@ -2794,8 +2788,7 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
 
-	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
-		gemv_q_ahead<TYPE, GLU>(set, g0 + j * nw, cols, lane);
+	gemv_q_ahead<TYPE, GLU>(set, g0, cols, lane); /* read only: before the wait */
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2809,7 +2802,7 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		if (!gemv_row<GLU>(set, r, m))
 			return;
 		if (NORM)
-			gemv_q_ahead<TYPE, GLU>(set, g + GEMV_AHEAD * nw, cols, lane);
+			gemv_q_ahead<TYPE, GLU>(set, g + nw, cols, lane);
 		float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
 		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
 		gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
@@ -2848,8 +2841,7 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
 
-	for (int j = 0; j < gemv_ahead(NORM); j++) /* the weights: read only, before the wait */
-		qkv_q_ahead<TYPE>(set, ra, p0 + j * nw, cols, lane);
+	qkv_q_ahead<TYPE>(set, ra, p0, cols, lane); /* read only: before the wait */
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2863,7 +2855,7 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 		if (!qkv_unit(set, ra, p, m, r, r1))
 			return;
 		if (NORM)
-			qkv_q_ahead<TYPE>(set, ra, p + GEMV_AHEAD * nw, cols, lane);
+			qkv_q_ahead<TYPE>(set, ra, p + nw, cols, lane);
 		const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
 		const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
 		gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane, v, v2);
@@ -2905,8 +2897,7 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	uint32_t w = threadIdx.x >> 5, lane = threadIdx.x & 31;
 	int64_t rows = set.rows[0], j = 0;
 
-	for (int a = 0; a < gemv_ahead(NORM); a++) /* the weights: read only, before the wait */
-		gluq_ahead<TYPE>(set, w, a, cols, lane);
+	gluq_ahead<TYPE>(set, w, 0, cols, lane); /* read only: before the wait */
 	if (NORM)
 		norm_prefetch(nrm, cols);
 	pdl_enter();
@@ -2922,7 +2913,7 @@ gemv_q_gluq_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 			float v[NT];
 
 			if (NORM)
-				gluq_ahead<TYPE>(set, w, j + GEMV_AHEAD, cols, lane);
+				gluq_ahead<TYPE>(set, w, j + 1, cols, lane);
 			gemv_q_row<TYPE, NT, true>(set, 0, r0 + k, cols, xq, xd, T, lane, v);
 #pragma unroll
 			for (int t = 0; t < NT; t++) {
