@@ -404,7 +404,11 @@ enum fstate { F_RUN, F_BAR, F_WARP, F_DONE };
 // lets them complete (or the thread ends), not when issued, so that a
 // kernel reading shared memory before its wait reads what was there, as
 // it can on a GPU. group: the commit group, CP_OPEN before the commit.
-constexpr unsigned CP_MAX = 128, CP_OPEN = ~0u;
+// CP_MAX: a GPU has no such bound (a thread's copies wait for room), so
+// it is what our kernels issue at most: attention's decode CTA of one
+// warp (one query head a KV head) stages a chunk's K and V together, 256
+// copies a thread at head_dim 128.
+constexpr unsigned CP_MAX = 512, CP_OPEN = ~0u;
 struct cp_op {
 	void *dst;
 	const void *src; // nullptr: zeros

@@ -928,7 +928,7 @@ __global__ void __launch_bounds__(DEC ? 32 * ATT_DEC_HEADS : 1024, DEC ? 2 : 0)
 attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape kv,
 		 const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks, uint32_t hg,
 		 const uint32_t *tiles, float *part, unsigned *cnt, int8_t *aq, float *ad,
-		 const uint8_t *next, uint64_t next_bytes)
+		 const uint8_t *next, uint64_t next_bytes, bool sepv)
 {
 	/* Loads in flight per lane: split partials folded at a time (ATT_V):
 	 * as many as the registers allow without spilling, 64 a thread at 1024
@@ -954,8 +954,10 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 	/* a warp past the tile takes its last token, for uniform control */
 	uint32_t t = t0 + (wt < n_t ? wt : n_t - 1);
 	bool live = wt < n_t && h < kh * G + G; /* a (token, head) of this CTA */
-	KT *ks = (KT *)smem; /* ATT_CHUNK rows: hd + 1 floats each at most */
-	float *sq = smem + ATT_CHUNK * (hd + 1) + w * hd;
+	/* ATT_CHUNK rows of K (hd + 1 floats each at most), and with sepv as
+	 * many of V after them (else V is staged where K was) */
+	KT *ks = (KT *)smem, *vs = sepv ? (KT *)(smem + ATT_CHUNK * (hd + 1)) : ks;
+	float *sq = smem + (sepv ? 2 : 1) * ATT_CHUNK * (hd + 1) + w * hd;
 	uint32_t pos = m.pos[t], pos_max = m.pos[t0 + n_t - 1]; /* the tile's last */
 	const uint32_t *si = m.seqinfo + (size_t)m.seq[t] * GPUD_CUDA_SEQ_WORDS;
 	const uint32_t *btab = m.btab + si[GPUD_CUDA_SI_BTAB];
@@ -1024,7 +1026,13 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		if (jn > ATT_CHUNK)
 			jn = ATT_CHUNK;
 		att_stage<KT>(ks, kbase, row, jn, w, nw, lane, hd, kst);
-		att_landed();
+		if (sepv) { /* V on its way while the scores are made */
+			att_stage<KT>(vs, vbase, row, jn, w, nw, lane, hd, kst);
+			cp_wait<1>(); /* this thread's K */
+			__syncthreads();
+		} else {
+			att_landed();
+		}
 		float sc = -INFINITY, pr = 0.0f;
 		bool any = false; /* the warp sees a position of the chunk */
 		if (live && vis) {
@@ -1051,20 +1059,25 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 				any = true;
 			}
 		}
-		/* V staged where K was, once for the CTA's warps (each used to
-		 * load every row itself, 32 / ATT_V latencies a chunk), after a
-		 * barrier that every warp has read K by; folded in position
-		 * order, each only where its weight is not 0 (pr is 0 past jn):
-		 * the same sums as before */
-		if (!__syncthreads_or(any))
-			continue;
-		att_stage<KT>(ks, vbase, row, jn, w, nw, lane, hd, kst);
-		att_landed();
+		/* V staged once for the CTA's warps (each used to load every row
+		 * itself, 32 / ATT_V latencies a chunk): with sepv beside K, at
+		 * the same time; else where K was, after a barrier that every
+		 * warp has read K by. Folded in position order, each only where
+		 * its weight is not 0 (pr is 0 past jn): the same sums either
+		 * way */
+		if (sepv) {
+			att_landed();
+		} else {
+			if (!__syncthreads_or(any))
+				continue;
+			att_stage<KT>(vs, vbase, row, jn, w, nw, lane, hd, kst);
+			att_landed();
+		}
 		if (!any)
 			continue;
 		for (uint32_t j = 0; j < jn; j++) {
 			float pj = __shfl_sync(FULL, pr, j);
-			const KT *vr = ks + j * kst;
+			const KT *vr = vs + j * kst;
 #pragma unroll
 			for (int i = 0; i < MAXD; i++) {
 				uint32_t d = lane + 32 * i;
@@ -1166,7 +1179,13 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	dim3 grid(a->tiles ? a->n_tiles : a->T, kv->n_kv_heads * ((G + hg - 1) / hg),
 		  splits ? splits : 1);
 	dim3 block(32 * hg * n_t);
-	size_t shm = ((size_t)ATT_CHUNK * (hd + 1) + (size_t)hg * n_t * hd) * 4;
+	/* K and V of a chunk staged side by side where both fit the plan's
+	 * shared memory (head_dim 128: the 3B's, decode and prefill), so that
+	 * a chunk costs one memory latency, not two; else one after the other
+	 * in the same rows (head_dim 256) */
+	size_t kvs = (size_t)ATT_CHUNK * (hd + 1) * 4, qs = (size_t)hg * n_t * hd * 4;
+	bool sepv = 2 * kvs + qs <= GPUD_CUDA_ATT_SMEM;
+	size_t shm = (sepv ? 2 : 1) * kvs + qs;
 
 	cudaError_t e;
 
@@ -1176,7 +1195,7 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 #define ATT_T(md, KT, DEC)                                                                     \
 	cudaLaunchKernelEx(klc(grid, block, shm, s).cfg(), attention_kernel<md, KT, DEC>, q, out, \
 			   *m, *kv, masks, slot_bytes, max_prompt_blocks, hg, a->tiles, a->part,  \
-			   a->cnt, a->aq, a->ad, (const uint8_t *)a->next, a->next_bytes)
+			   a->cnt, a->aq, a->ad, (const uint8_t *)a->next, a->next_bytes, sepv)
 #define ATT_D(md, KT) (a->tiles ? ATT_T(md, KT, false) : ATT_T(md, KT, true))
 #define ATT(md) (kv->kv16 ? ATT_D(md, __half) : ATT_D(md, float))
 	if (hd <= 32)
