@@ -2188,6 +2188,35 @@ static unsigned gemv_grid(int64_t units, int64_t per_cta, const gpud_cuda_norm *
 	return (unsigned)g;
 }
 
+/* A decode GEMV kernel's course over its warp's units u0, u0 + nw, ...
+ * (NORM; without, u0 alone): ahead(u) asks for unit u's weights in L2 (a
+ * no-op past the set), norm() makes the CTA's normed activations (NORM),
+ * unit(u) says whether u is one of the set's (and names its rows for
+ * body), body() makes it. The first unit's weights are asked for before
+ * the wait for the kernel ahead (they are read only), each next one's
+ * before the current one is read. */
+template <bool NORM, class Ahead, class Norm, class Unit, class Body>
+static __device__ __forceinline__ void gemv_course(int64_t u0, int64_t nw,
+						   const gpud_cuda_norm &nrm, int64_t cols,
+						   Ahead ahead, Norm norm, Unit unit, Body body)
+{
+	ahead(u0);
+	if (NORM)
+		norm_prefetch(nrm, cols);
+	pdl_enter();
+	if (NORM)
+		norm();
+	for (int64_t u = u0;; u += nw) {
+		if (!unit(u))
+			return;
+		if (NORM)
+			ahead(u + nw);
+		body();
+		if (!NORM)
+			return;
+	}
+}
+
 /* --- decode Q/K/V with RoPE and the KV store in the epilogue ---------------
  * The GEMVs of Q, K and V in one launch, a warp per RoPE pair of rows of a
  * head (2i, 2i + 1; with NEOX i, i + head_dim / 2); lane t then does token
@@ -2316,43 +2345,37 @@ gemv_f_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, gpud_cuda_
 	extern __shared__ int4 gemv_sm[];
 	int64_t g0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), nw = (int64_t)gridDim.x * 8;
 	uint32_t lane = threadIdx.x & 31;
+	int64_t r;
+	int m;
 
-	gemv_f_ahead<TYPE, GLU>(set, g0, cols, lane); /* read only: before the wait */
-	if (NORM)
-		norm_prefetch(nrm, cols);
-	pdl_enter();
-	if (NORM)
-		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
-	for (int64_t g = g0;; g += nw) {
-		int64_t r = g;
-		int m;
-		float acc[NT], acc2[NT];
-
-		if (!gemv_row<GLU>(set, r, m))
-			return;
-		if (NORM)
-			gemv_f_ahead<TYPE, GLU>(set, g + nw, cols, lane);
-		const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
-		float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
-		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+	gemv_course<NORM>(
+		g0, nw, nrm, cols, [&](int64_t g) { gemv_f_ahead<TYPE, GLU>(set, g, cols, lane); },
+		[&] { norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x); },
+		[&](int64_t g) {
+			r = g;
+			return gemv_row<GLU>(set, r, m);
+		},
+		[&] {
+			const void *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+			float *y = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+			int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+			float acc[NT], acc2[NT];
 #pragma unroll
-		for (int t = 0; t < NT; t++)
-			acc[t] = acc2[t] = 0.0f;
-		dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
-		if (GLU)
-			dot_f<TYPE, NT, VEC>(set.q[1], r, cols, x, T, lane, acc2);
-#pragma unroll
-		for (int t = 0; t < NT; t++) {
-			float v = warp_sum(acc[t]);
-
+			for (int t = 0; t < NT; t++)
+				acc[t] = acc2[t] = 0.0f;
+			dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
 			if (GLU)
-				v = swiglu(v, warp_sum(acc2[t]));
-			if (lane == 0 && (uint32_t)t < T)
-				gemv_put(set, y, rows, r, (uint32_t)t, v);
-		}
-		if (!NORM)
-			return;
-	}
+				dot_f<TYPE, NT, VEC>(set.q[1], r, cols, x, T, lane, acc2);
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				float v = warp_sum(acc[t]);
+
+				if (GLU)
+					v = swiglu(v, warp_sum(acc2[t]));
+				if (lane == 0 && (uint32_t)t < T)
+					gemv_put(set, y, rows, r, (uint32_t)t, v);
+			}
+		});
 }
 
 /* Pair unit p of the set's Q/K/V rows: its matrix m and rows r, r1
@@ -2396,34 +2419,25 @@ gemv_f_qkv_kernel(gemv_set set, int64_t cols, const float *x, uint32_t T, rope_a
 	int m;
 	int64_t r, r1;
 
-	qkv_f_ahead<TYPE>(set, ra, p0, cols, lane); /* read only: before the wait */
-	if (NORM)
-		norm_prefetch(nrm, cols);
-	pdl_enter();
-	if (NORM)
-		norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x);
-	for (int64_t p = p0;; p += nw) {
-		float acc[NT], acc2[NT];
-
-		if (!qkv_unit(set, ra, p, m, r, r1))
-			return;
-		if (NORM)
-			qkv_f_ahead<TYPE>(set, ra, p + nw, cols, lane);
-		const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+	gemv_course<NORM>(
+		p0, nw, nrm, cols, [&](int64_t p) { qkv_f_ahead<TYPE>(set, ra, p, cols, lane); },
+		[&] { norm_act_f(nrm, cols, T, (unsigned char *)gemv_sm, x); },
+		[&](int64_t p) { return qkv_unit(set, ra, p, m, r, r1); },
+		[&] {
+			const uint8_t *W = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+			float acc[NT], acc2[NT];
 #pragma unroll
-		for (int t = 0; t < NT; t++)
-			acc[t] = acc2[t] = 0.0f;
-		dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
-		dot_f<TYPE, NT, VEC>(W, r1, cols, x, T, lane, acc2);
+			for (int t = 0; t < NT; t++)
+				acc[t] = acc2[t] = 0.0f;
+			dot_f<TYPE, NT, VEC>(W, r, cols, x, T, lane, acc);
+			dot_f<TYPE, NT, VEC>(W, r1, cols, x, T, lane, acc2);
 #pragma unroll
-		for (int t = 0; t < NT; t++) {
-			acc[t] = warp_sum(acc[t]);
-			acc2[t] = warp_sum(acc2[t]);
-		}
-		qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
-		if (!NORM)
-			return;
-	}
+			for (int t = 0; t < NT; t++) {
+				acc[t] = warp_sum(acc[t]);
+				acc2[t] = warp_sum(acc2[t]);
+			}
+			qkv_epilogue<NT>(ra, m, r, r1, T, lane, acc, acc2);
+		});
 }
 
 /* The kernel instance for T tokens: NT = 1, 2, 4 or 8; with a fused norm
@@ -2806,32 +2820,27 @@ gemv_q_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t g0 = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
+	int64_t r;
+	int m;
 
-	gemv_q_ahead<TYPE, GLU>(set, g0, cols, lane); /* read only: before the wait */
-	if (NORM)
-		norm_prefetch(nrm, cols);
-	pdl_enter();
-	if (NORM)
-		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
-	for (int64_t g = g0;; g += nw) {
-		int64_t r = g;
-		int m;
-		float v[NT];
+	gemv_course<NORM>(
+		g0, nw, nrm, cols, [&](int64_t g) { gemv_q_ahead<TYPE, GLU>(set, g, cols, lane); },
+		[&] { norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd); },
+		[&](int64_t g) {
+			r = g;
+			return gemv_row<GLU>(set, r, m);
+		},
+		[&] {
+			float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
+			int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
+			float v[NT];
 
-		if (!gemv_row<GLU>(set, r, m))
-			return;
-		if (NORM)
-			gemv_q_ahead<TYPE, GLU>(set, g + nw, cols, lane);
-		float *yo = m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2];
-		int64_t rows = m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2];
-		gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
+			gemv_q_row<TYPE, NT, GLU>(set, m, r, cols, xq, xd, T, lane, v);
 #pragma unroll
-		for (int t = 0; t < NT; t++)
-			if (lane == 0 && (uint32_t)t < T)
-				gemv_put(set, yo, rows, r, (uint32_t)t, v[t]);
-		if (!NORM)
-			return;
-	}
+			for (int t = 0; t < NT; t++)
+				if (lane == 0 && (uint32_t)t < T)
+					gemv_put(set, yo, rows, r, (uint32_t)t, v[t]);
+		});
 }
 
 /* Pair unit p's rows into L2, if it is one. */
@@ -2859,29 +2868,22 @@ gemv_q_qkv_kernel(gemv_set set, int64_t cols, const int8_t *__restrict__ xq,
 	int64_t p0 = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
 	int64_t nw = (int64_t)gridDim.x * GEMV_WARPS;
 	uint32_t lane = threadIdx.x & 31;
+	int m;
+	int64_t r, r1;
 
-	qkv_q_ahead<TYPE>(set, ra, p0, cols, lane); /* read only: before the wait */
-	if (NORM)
-		norm_prefetch(nrm, cols);
-	pdl_enter();
-	if (NORM)
-		norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd);
-	for (int64_t p = p0;; p += nw) {
-		int m;
-		int64_t r, r1;
-		float v[NT], v2[NT];
+	gemv_course<NORM>(
+		p0, nw, nrm, cols, [&](int64_t p) { qkv_q_ahead<TYPE>(set, ra, p, cols, lane); },
+		[&] { norm_act(nrm, cols, T, (unsigned char *)gemv_sm, xq, xd); },
+		[&](int64_t p) { return qkv_unit(set, ra, p, m, r, r1); },
+		[&] {
+			const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
+			const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
+			float v[NT], v2[NT];
 
-		if (!qkv_unit(set, ra, p, m, r, r1))
-			return;
-		if (NORM)
-			qkv_q_ahead<TYPE>(set, ra, p + nw, cols, lane);
-		const uint8_t *wq = m == 0 ? set.q[0] : m == 1 ? set.q[1] : set.q[2];
-		const uint16_t *wd = m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2];
-		gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane, v, v2);
-		qkv_epilogue<NT>(ra, m, r, r1, T, lane, v, v2);
-		if (!NORM)
-			return;
-	}
+			gemv_q_rows<TYPE, NT, true>(wq, wd, r, wq, wd, r1, cols, xq, xd, T, lane,
+						    v, v2);
+			qkv_epilogue<NT>(ra, m, r, r1, T, lane, v, v2);
+		});
 }
 
 /* Gate and up with SwiGLU whose output is also quantized into yq, yd (as
