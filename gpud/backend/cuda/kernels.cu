@@ -2168,8 +2168,9 @@ static __device__ __forceinline__ bool gemv_row(const gemv_set &set, int64_t &r,
  * fused norm the grid has a CTA for every 8 units, and the instances take
  * one (no loop: their registers and prefetch are as they were); with one,
  * gemv_grid bounds the grid at gpud_cuda_norm.ctas (2 CTAs a
- * multiprocessor) and a warp takes several, in gemv_course. Each CTA norms x once, and at one CTA a
- * multiprocessor for 8 units it did so about as long as the units took:
+ * multiprocessor) and a warp takes several, in gemv_course. Each CTA
+ * norms x once, and at one CTA a multiprocessor for 8 units it did so
+ * about as long as the units took:
  * the 3B model's Q/K/V GEMV, with 8 pairs a CTA in three waves, ran at
  * 35% of the copy bandwidth on an H100, gate/up at 73%. A warp asks for
  * its first unit's weights in L2 before the wait for the kernel ahead (as
