@@ -938,6 +938,22 @@ void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2])
 			out[i][k] = i < w.n ? w.slot[par][i][k] : 0;
 }
 
+void ldmatrix_x4(const void *row, unsigned r[4])
+{
+	uint64_t mine[2] = { (uint64_t)(uintptr_t)row, 0 }, all[32][2];
+	unsigned l = lane();
+
+	if ((uintptr_t)row & 15)
+		fatal("cuemu: ldmatrix: lane %u's row address %p is not 16-byte aligned", l, row);
+	warp_gather(0xffffffffu, mine, all);
+	for (unsigned i = 0; i < 4; i++) {
+		const unsigned *p = (const unsigned *)(uintptr_t)all[8 * i + l / 4][0];
+		if (!p)
+			fatal("cuemu: ldmatrix: lane %u of a partial warp", 8 * i + l / 4);
+		r[i] = p[l % 4];
+	}
+}
+
 unsigned warp_vote(unsigned mask, int pred)
 {
 	runner *r = need_runner("a warp vote");

@@ -114,6 +114,29 @@ __global__ void mma_kernel(const int8_t *A, const int8_t *B, const int *C, int *
 		D[(g + 8 * (e >> 1)) * 8 + 2 * t + (e & 1)] = d[e];
 }
 
+// ldmatrix .x4 as the PTX ISA lays it out: four 8 x 8 matrices of 16-bit
+// elements, lane l giving row l % 8 of matrix l / 8; a lane gets, from
+// each matrix i, the two elements 2 (l % 4), 2 (l % 4) + 1 of its row l / 4
+// in r[i]. Here the matrices' rows are scattered through shared memory
+// (row r of matrix i at word 12 (8 i + (r * 5) % 8) + 4 of a padded buffer,
+// as a kernel's padded tile would have them) and hold their coordinates.
+__global__ void ldsm_kernel(unsigned *out)
+{
+	alignas(16) __shared__ unsigned sm[12 * 32 + 8];
+	unsigned l = threadIdx.x;
+
+	for (unsigned i = 0; i < 4; i++) /* this lane fills row l % 8 of matrix i, l < 8 */
+		if (l < 8)
+			for (unsigned w = 0; w < 4; w++) /* elements 2w, 2w + 1 */
+				sm[12 * (8 * i + (l * 5) % 8) + 4 + w] =
+					(i << 12 | l << 8 | 2 * w) | (i << 12 | l << 8 | (2 * w + 1)) << 16;
+	__syncthreads();
+	unsigned r[4];
+	cuemu_ldmatrix_x4(r, &sm[12 * (8 * (l / 8) + ((l % 8) * 5) % 8) + 4]);
+	for (unsigned i = 0; i < 4; i++)
+		out[4 * l + i] = r[i];
+}
+
 // cp.async as cuemu models it: a copy lands when a wait_group lets its
 // group complete, not when issued (on a GPU, a read before the wait may
 // see either; here it sees the old value, so a kernel that reads too
@@ -263,6 +286,22 @@ static void check_cp_async(void)
 	for (int i = 0; i < 20; i++)
 		CHECK(ho[i] == want[i]);
 	OK(cudaFree(src));
+	OK(cudaFree(out));
+}
+
+static void check_ldmatrix(void)
+{
+	unsigned h[128], *out;
+
+	OK(cudaMalloc((void **)&out, sizeof(h)));
+	ldsm_kernel<<<1, 32>>>(out);
+	OK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost));
+	for (unsigned l = 0; l < 32; l++)
+		for (unsigned i = 0; i < 4; i++) {
+			unsigned row = l / 4, e = 2 * (l % 4);
+			CHECK((h[4 * l + i] & 0xffff) == (i << 12 | row << 8 | e));
+			CHECK(h[4 * l + i] >> 16 == (i << 12 | row << 8 | (e + 1)));
+		}
 	OK(cudaFree(out));
 }
 
@@ -684,6 +723,7 @@ int main(void)
 	check_dynamic_shared();
 	check_barrier_counts();
 	check_mma();
+	check_ldmatrix();
 	check_deferred();
 	check_graphs();
 	check_events();

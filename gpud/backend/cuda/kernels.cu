@@ -61,10 +61,15 @@ static __device__ __forceinline__ float bf16_bits(uint16_t h)
  * exactly (the integers are the floats of [2^23, 2^24)), and 1.5 * 2^23
  * comes off: an integer add and an fp32 add. The int8 block sums are
  * within 32 * 128 * 128 = 2^19. */
-static __device__ __forceinline__ float i2f_exact(int c)
+#define I2F_BIAS 0x4B400000 /* the bits of 1.5 * 2^23 */
+
+/* (float)c of c given as I2F_BIAS + c (an MMA can add the bias) */
+static __device__ __forceinline__ float i2f_biased(int bc)
 {
-	return __fsub_rn(__int_as_float(0x4B400000 + c), 12582912.0f);
+	return __fsub_rn(__int_as_float(bc), 12582912.0f);
 }
+
+static __device__ __forceinline__ float i2f_exact(int c) { return i2f_biased(I2F_BIAS + c); }
 
 /* --- launches: programmatic dependent launch ---------------------------------
  * Every kernel goes through cudaLaunchKernelEx with klc's configuration. On a
@@ -3107,19 +3112,26 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 		if (!last)
 			return;
 		__threadfence();
-		const volatile float *vp = part; /* past L1: the other CTAs wrote them */
+		/* past L1 (volatile): the other CTAs wrote them; a split's
+		 * loads for all 16 sums together (mmp_finish says why), each
+		 * sum in split order */
 #pragma unroll
 		for (int j = 0; j < 4; j++)
 #pragma unroll
-			for (int e = 0; e < 4; e++) {
-				int64_t row = r0 + wr + g + (e < 2 ? 0 : 8);
-				int64_t tok = wt + 8 * j + 2 * t4 + (e & 1);
-				float v = 0.0f;
-				if (row < rows && tok < T)
-					for (uint32_t sp = 0; sp < n_split; sp++)
-						v += vp[((int64_t)sp * T + tok) * rows + row];
-				acc[j][e] = v;
-			}
+			for (int e = 0; e < 4; e++)
+				acc[j][e] = 0.0f;
+		for (uint32_t sp = 0; sp < n_split; sp++) {
+			const volatile float *vp = part + (int64_t)sp * T * rows;
+#pragma unroll
+			for (int j = 0; j < 4; j++)
+#pragma unroll
+				for (int e = 0; e < 4; e++) {
+					int64_t row = r0 + wr + g + (e < 2 ? 0 : 8);
+					int64_t tok = wt + 8 * j + 2 * t4 + (e & 1);
+					if (row < rows && tok < T)
+						acc[j][e] += vp[tok * rows + row];
+				}
+		}
 	}
 #pragma unroll
 	for (int j = 0; j < 4; j++)
@@ -3147,9 +3159,15 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
  * some 36 KB of weights a multiprocessor are on their way at any time.
  * Each warp: 32 rows x 32 tokens, an m16n8k32 per 16 x 8 tile and block
  * (a whole block in one instruction), then the block's scales. A stage's
- * rows are padded by 16 bytes: a fragment's 32 lanes read 32 banks. Q4_0
- * stays packed in shared memory (16 bytes a block): a word's low nibbles
- * are one fragment register, its high nibbles the one 16 columns on.
+ * rows are padded by 16 bytes: an ldmatrix phase's 8 rows read 32 banks.
+ * Q4_0 stays packed in shared memory (16 bytes a block): a word's low
+ * nibbles are one fragment register, its high nibbles the one 16 columns
+ * on. What a warp issues a stage (nvdisasm of sm_90, Q8_0): 16 MMAs, 8
+ * ldmatrix and a few scale loads, and 192 fp32 instructions that scale
+ * the 64 block sums in the CPU's order (a product of the scales, the
+ * sum's float, an FMA each), about 300 in all; the loads of a stage are 6
+ * cp.async and their offsets (mmp_src). Before ldmatrix, the bias in the
+ * MMA and mmp_src, about 480.
  *
  * Needs cols % 64 (whole stages, so the scale pairs a cp.async moves are
  * aligned) and aligned buffers (mmp_fits); other matrices take
@@ -3166,8 +3184,10 @@ template <int TYPE> struct alignas(16) mmp_stage {
 	static constexpr int XW = 8 * MMP_KB + 4;
 	unsigned w[MMP_M][WW];
 	unsigned x[MMP_N][XW];
-	float xd[MMP_N][MMP_KB];
-	uint16_t wd[MMP_M][MMP_KB];
+	/* scales: a token pair's two blocks (token 2p's, then 2p + 1's), a
+	 * row's two halves (block 0 low) */
+	float4 xd[MMP_N / 2];
+	unsigned wd[MMP_M];
 };
 static_assert(sizeof(mmp_stage<GPUD_TYPE_Q8_0>) % 16 == 0 &&
 		      sizeof(mmp_stage<GPUD_TYPE_Q4_0>) % 16 == 0,
@@ -3176,130 +3196,197 @@ static_assert(MMP_S * sizeof(mmp_stage<GPUD_TYPE_Q8_0>) + 16 <= 48 * 1024,
 	      "static shared memory: no opt-in");
 static_assert(MMP_M == 64 && MMP_N == 64 && MMP_KB == 2, "the warp layout and mmp_load's");
 
-/* d += A B, m16n8k32 (two m16n8k16 on cuemu: the same integer sums). */
-static __device__ __forceinline__ void mma_s8_k32(int d[4], const unsigned a[4],
-						  const unsigned b[2])
+/* d = A B + I2F_BIAS, m16n8k32 (two m16n8k16 on cuemu: the same integer
+ * sums): the block sums ready for i2f_biased, the bias added by the tensor
+ * core from a constant accumulator, not by 32 integer adds a block. The
+ * sums are exact: |A B| < 2^19, far from int32's bounds. */
+static __device__ __forceinline__ void mma_s8_k32_biased(int d[4], const unsigned a[4],
+							 const unsigned b[2])
 {
 #ifdef CUEMU_CUDA_RUNTIME_H
+	d[0] = d[1] = d[2] = d[3] = I2F_BIAS;
 	cuemu_mma_s8_m16n8k16(d, a[0], a[1], b[0], d);
 	cuemu_mma_s8_m16n8k16(d, a[2], a[3], b[1], d);
 #else
 	asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
-	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-	    : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+	    "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%10, %10, %10, %10};\n"
+	    : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+	    : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]),
+	      "r"(I2F_BIAS));
 #endif
 }
 
-/* Rows first .. first + 63 (those below n; zeros past it) of a byte matrix
- * of row stride stride, 64 bytes from column col0 each, into dst: 2 chunks
- * of 16 bytes for each of the 128 threads. */
-template <int W>
-static __device__ __forceinline__ void mmp_load_64(unsigned (&dst)[MMP_M][W], const uint8_t *src,
-						   int64_t first, int64_t n, int64_t stride,
-						   int64_t col0, uint32_t tid)
+/* Four 8 x 8 matrices of 16-bit elements (8 rows of 16 bytes each) from
+ * shared memory, a warp-collective: lane l gives the address of row l % 8
+ * of matrix l / 8 (16-byte aligned) and gets word l % 4 of row l / 4 of
+ * matrix i in r[i], which is an mma fragment's layout (g = l / 4, t4 = l %
+ * 4) for any 4-byte elements: one instruction for what 4 loads of a word
+ * each gave. */
+static __device__ __forceinline__ void ldsm_x4(unsigned r[4], const void *row)
 {
-	static_assert(MMP_M == MMP_N, "one helper for weight rows and tokens");
+#ifdef CUEMU_CUDA_RUNTIME_H
+	cuemu_ldmatrix_x4(r, row);
+#else
+	unsigned a = (unsigned)__cvta_generic_to_shared(row);
+	asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+		     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+		     : "r"(a));
+#endif
+}
+
+/* A thread's share of every stage, fixed before the first: its sources at
+ * block 0 of its rows and tokens (a stage adds its first block's bytes)
+ * and whether each is inside the matrix; rows and tokens past it are
+ * zeros, their sources row 0 (cp.async reads nothing there, but wants a
+ * valid address). Each of the 128 threads issues 2 (Q8_0) or 1 (Q4_0)
+ * weight chunks of 16 bytes a stage, 2 activation chunks, and a scale pair
+ * (threads 0-63 the rows', 64-127 the tokens'). Made once, not a stage: the
+ * 64-bit offsets and bounds of every stage were a third of the kernel's
+ * instructions. */
+struct mmp_src {
+	const uint8_t *w[2], *x[2], *d;
+	bool win[2], xin[2], din;
+};
+
+template <int TYPE>
+static __device__ __forceinline__ mmp_src mmp_src_of(const uint8_t *wq, const uint16_t *wd,
+						     int64_t rows, int64_t cols, const int8_t *xq,
+						     const float *xd, uint32_t T, int64_t r0,
+						     int64_t t0, uint32_t tid)
+{
+	int64_t nb = cols / GPUD_QK;
+	mmp_src s;
+
+	static_assert(MMP_M == MMP_N && MMP_KB == 2, "a stage's 64-byte rows in 2 x 128 chunks");
 #pragma unroll
 	for (uint32_t j = 0; j < 2; j++) {
 		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
-		bool in = first + row < n;
-		cp_async<16>(&dst[row][4 * c], in ? src + (first + row) * stride + col0 + 16 * c : src,
-			     in);
+		s.win[j] = r0 + row < rows;
+		s.w[j] = wq + (s.win[j] ? r0 + row : 0) * cols + 16 * c;
+		s.xin[j] = t0 + row < T;
+		s.x[j] = (const uint8_t *)xq + (s.xin[j] ? t0 + row : 0) * cols + 16 * c;
 	}
+	if (TYPE == GPUD_TYPE_Q4_0) { /* a chunk a block: block c of the stage */
+		uint32_t row = tid >> 1, c = tid & 1;
+		s.win[0] = r0 + row < rows;
+		s.w[0] = wq + (s.win[0] ? r0 + row : 0) * (cols / 2) + c * (GPUD_QK / 2);
+	}
+	if (tid < MMP_M) {
+		s.din = r0 + tid < rows;
+		s.d = (const uint8_t *)(wd + (s.din ? r0 + tid : 0) * nb);
+	} else {
+		s.din = t0 + (tid - MMP_M) < T;
+		s.d = (const uint8_t *)(xd + (s.din ? t0 + (tid - MMP_M) : 0) * nb);
+	}
+	return s;
 }
 
-/* Stage blocks i0, i0 + 1 of the CTA's rows r0.. and tokens t0.. into s:
- * each of the 128 threads issues 2 (Q8_0) or 1 (Q4_0) weight chunks, 2
- * activation chunks, and a scale pair (threads 0-63 the rows', 64-127 the
- * tokens'), rows and tokens past the matrix as zeros. */
+/* Stage blocks i0, i0 + 1 of the CTA's rows and tokens into st. */
 template <int TYPE>
-static __device__ __forceinline__ void mmp_load(mmp_stage<TYPE> &s, const uint8_t *wq,
-						const uint16_t *wd, int64_t rows, int64_t cols,
-						const int8_t *xq, const float *xd, uint32_t T,
-						int64_t r0, int64_t t0, int64_t i0, uint32_t tid)
+static __device__ __forceinline__ void mmp_load(mmp_stage<TYPE> &st, const mmp_src &s, int64_t i0,
+						uint32_t tid)
 {
-	int64_t nb = cols / GPUD_QK;
-
 	if (TYPE == GPUD_TYPE_Q8_0) {
-		mmp_load_64(s.w, wq, r0, rows, cols, i0 * GPUD_QK, tid);
+#pragma unroll
+		for (uint32_t j = 0; j < 2; j++) {
+			uint32_t e = tid + 128 * j;
+			cp_async<16>(&st.w[e >> 2][4 * (e & 3)], s.w[j] + i0 * GPUD_QK, s.win[j]);
+		}
 	} else {
-		uint32_t row = tid >> 1, c = tid & 1;
-		bool in = r0 + row < rows;
-		cp_async<16>(&s.w[row][4 * c],
-			     in ? wq + (r0 + row) * (cols / 2) + (i0 + c) * (GPUD_QK / 2) : wq, in);
+		cp_async<16>(&st.w[tid >> 1][4 * (tid & 1)], s.w[0] + i0 * (GPUD_QK / 2), s.win[0]);
 	}
-	mmp_load_64(s.x, (const uint8_t *)xq, t0, T, cols, i0 * GPUD_QK, tid);
-	if (tid < MMP_M) {
-		bool in = r0 + tid < rows;
-		cp_async<4>(&s.wd[tid][0], in ? wd + (r0 + tid) * nb + i0 : wd, in);
-	} else {
-		uint32_t tok = tid - MMP_M;
-		bool in = t0 + tok < T;
-		cp_async<8>(&s.xd[tok][0], in ? xd + (t0 + tok) * nb + i0 : xd, in);
+#pragma unroll
+	for (uint32_t j = 0; j < 2; j++) {
+		uint32_t e = tid + 128 * j;
+		cp_async<16>(&st.x[e >> 2][4 * (e & 3)], s.x[j] + i0 * GPUD_QK, s.xin[j]);
 	}
+	if (tid < MMP_M)
+		cp_async<4>(&st.wd[tid], s.d + i0 * 2, s.din);
+	else
+		cp_async<8>((float *)&st.xd[(tid - MMP_M) / 2] + 2 * (tid & 1), s.d + i0 * 4, s.din);
 }
 
 /* The warp's 32 rows (wr..) x 32 tokens (wt..) over the stage's blocks:
- * acc[mi][nj] is the m16n8 tile of rows wr + 16 mi, tokens wt + 8 nj. */
+ * acc[mi][nj] is the m16n8 tile of rows wr + 16 mi, tokens wt + 8 nj.
+ * Fragments come by ldmatrix (a stage's rows are 16-byte aligned, and
+ * their padding keeps each 8-row phase on 32 banks); the scales of both
+ * blocks at once, a row's pair in a word, a token pair's in 16 bytes. */
 template <int TYPE>
 static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32_t wr,
 						uint32_t wt, uint32_t g, uint32_t t4,
 						float acc[2][4][4])
 {
+	uint32_t l = 4 * g + t4, m8 = l & 7, h8 = (l >> 3) & 1, h16 = l >> 4;
+	unsigned dw2[2][2];
+	float4 dx4[4];
+
+	static_assert(MMP_KB == 2, "a scale pair a row and a token");
+#pragma unroll
+	for (uint32_t mi = 0; mi < 2; mi++) {
+		dw2[mi][0] = s.wd[wr + 16 * mi + g];
+		dw2[mi][1] = s.wd[wr + 16 * mi + g + 8];
+	}
+#pragma unroll
+	for (uint32_t nj = 0; nj < 4; nj++) /* tokens 2 t4, 2 t4 + 1: [0], [1] and [2], [3] */
+		dx4[nj] = s.xd[(wt + 8 * nj + 2 * t4) / 2];
 #pragma unroll
 	for (uint32_t kb = 0; kb < MMP_KB; kb++) {
 		unsigned a[2][4], b[4][2];
-		int c[2][4][4];
 
+		if (TYPE == GPUD_TYPE_Q8_0) {
+			/* matrices: rows g, g + 8 of the 16 (h8) by the block's
+			 * low and high 16 bytes (h16) */
 #pragma unroll
-		for (uint32_t mi = 0; mi < 2; mi++) {
-			uint32_t R = wr + 16 * mi + g;
-			if (TYPE == GPUD_TYPE_Q8_0) {
-				a[mi][0] = s.w[R][8 * kb + t4];
-				a[mi][1] = s.w[R + 8][8 * kb + t4];
-				a[mi][2] = s.w[R][8 * kb + 4 + t4];
-				a[mi][3] = s.w[R + 8][8 * kb + 4 + t4];
-			} else {
-				/* byte j: element j low, j + 16 high (load_wblock) */
-				unsigned lo = s.w[R][4 * kb + t4], hi = s.w[R + 8][4 * kb + t4];
+			for (uint32_t mi = 0; mi < 2; mi++)
+				ldsm_x4(a[mi], &s.w[wr + 16 * mi + 8 * h8 + m8][8 * kb + 4 * h16]);
+		} else {
+			/* byte j: element j low, j + 16 high (load_wblock);
+			 * matrices: the warp's rows by 8 */
+			unsigned q[4];
+			ldsm_x4(q, &s.w[wr + l][4 * kb]);
+#pragma unroll
+			for (uint32_t mi = 0; mi < 2; mi++) {
+				unsigned lo = q[2 * mi], hi = q[2 * mi + 1];
 				a[mi][0] = __vsub4(lo & 0x0f0f0f0fu, 0x08080808u);
 				a[mi][1] = __vsub4(hi & 0x0f0f0f0fu, 0x08080808u);
 				a[mi][2] = __vsub4((lo >> 4) & 0x0f0f0f0fu, 0x08080808u);
 				a[mi][3] = __vsub4((hi >> 4) & 0x0f0f0f0fu, 0x08080808u);
 			}
 		}
+		/* matrices: tokens of nj, nj + 1 (h16) by the block's halves (h8) */
+#pragma unroll
+		for (uint32_t nj = 0; nj < 4; nj += 2) {
+			unsigned r[4];
+			ldsm_x4(r, &s.x[wt + 8 * (nj + h16) + m8][8 * kb + 4 * h8]);
+			b[nj][0] = r[0];
+			b[nj][1] = r[1];
+			b[nj + 1][0] = r[2];
+			b[nj + 1][1] = r[3];
+		}
+		float dx[4][2];
 #pragma unroll
 		for (uint32_t nj = 0; nj < 4; nj++) {
-			b[nj][0] = s.x[wt + 8 * nj + g][8 * kb + t4];
-			b[nj][1] = s.x[wt + 8 * nj + g][8 * kb + 4 + t4];
+			dx[nj][0] = kb ? dx4[nj].y : dx4[nj].x;
+			dx[nj][1] = kb ? dx4[nj].w : dx4[nj].z;
 		}
-#pragma unroll
-		for (uint32_t mi = 0; mi < 2; mi++)
-#pragma unroll
-			for (uint32_t nj = 0; nj < 4; nj++) {
-				c[mi][nj][0] = c[mi][nj][1] = c[mi][nj][2] = c[mi][nj][3] = 0;
-				mma_s8_k32(c[mi][nj], a[mi], b[nj]);
-			}
-		float dw[2][2], dx[4][2];
+		/* a row half at a time: 16 block sums live, not 32 */
 #pragma unroll
 		for (uint32_t mi = 0; mi < 2; mi++) {
-			dw[mi][0] = half_bits(s.wd[wr + 16 * mi + g][kb]);
-			dw[mi][1] = half_bits(s.wd[wr + 16 * mi + g + 8][kb]);
-		}
+			int c[4][4];
+			float dw[2];
 #pragma unroll
-		for (uint32_t nj = 0; nj < 4; nj++) {
-			dx[nj][0] = s.xd[wt + 8 * nj + 2 * t4][kb];
-			dx[nj][1] = s.xd[wt + 8 * nj + 2 * t4 + 1][kb];
-		}
+			for (uint32_t nj = 0; nj < 4; nj++)
+				mma_s8_k32_biased(c[nj], a[mi], b[nj]);
 #pragma unroll
-		for (uint32_t mi = 0; mi < 2; mi++)
+			for (uint32_t h = 0; h < 2; h++)
+				dw[h] = half_bits((uint16_t)(dw2[mi][h] >> (16 * kb)));
 #pragma unroll
 			for (uint32_t nj = 0; nj < 4; nj++)
 #pragma unroll
 				for (uint32_t e = 0; e < 4; e++)
-					acc[mi][nj][e] = fmaf(__fmul_rn(dw[mi][e >> 1], dx[nj][e & 1]),
-							      i2f_exact(c[mi][nj][e]), acc[mi][nj][e]);
+					acc[mi][nj][e] = fmaf(__fmul_rn(dw[e >> 1], dx[nj][e & 1]),
+							      i2f_biased(c[nj][e]), acc[mi][nj][e]);
+		}
 	}
 }
 
@@ -3320,23 +3407,49 @@ static __device__ __forceinline__ void mmp_frag(float (&acc)[2][4][4], uint32_t 
 				  (int64_t)(wt + 8 * nj + 2 * t4 + (e & 1)));
 }
 
-/* Split-K (gridDim.z > 1): this split's partials to part (at row off of
- * (splits, T, all_rows) floats), and the last CTA of the row tile to arrive
- * (cnt[blockIdx.y], which it resets) adds them in split order into acc
- * (gemm_q_kernel's protocol). Whether this CTA stores acc: unsplit, or the
- * last. Every thread of the CTA calls it (barriers). */
-static __device__ __forceinline__ bool mmp_reduce(float (&acc)[2][4][4], uint32_t wr, uint32_t wt,
-						  uint32_t g, uint32_t t4, int64_t r0, int64_t rows,
-						  int64_t off, int64_t all_rows, uint32_t T, float *part,
-						  unsigned *cnt, bool &last)
+/* The CTA's sums to the output: store(a, row, token) for each sum of row
+ * r0 + row and token t0 + token inside the matrix. Unsplit (gridDim.z 1)
+ * from acc. Split-K: this split's partials to part, and the last CTA of the
+ * row tile to arrive (cnt[blockIdx.y], which it resets) adds them in split
+ * order (gemm_q_kernel's protocol). Every thread of the CTA calls it
+ * (barriers).
+ *
+ * The partials of a row tile's splits lie together, split after split, a
+ * split's T tokens of MMP_M rows each (T x MMP_M x gridDim.z floats a tile:
+ * the set's rows x T x splits in all, as gpud_cuda_mm_splits counts them),
+ * so that a thread's offsets within its split are constants of the code,
+ * not registers. The last CTA's sums go by thread, not by fragment: thread
+ * i takes row i % 64 of every other token from i / 64 (a warp reads 32
+ * consecutive floats of a token's partials and writes 32 of its output),
+ * and a split's loads for all 32 of a thread's sums go out together: one
+ * memory latency a split. (A loop of splits inside each fragment's sum paid
+ * one a sum: 32 to 64 L2 latencies on the last CTA at batch 64, while the
+ * rest of the grid had finished.) Each sum is in split order from 0: the
+ * bits do not depend on the layout. */
+template <class S>
+static __device__ __forceinline__ void mmp_finish(float (&acc)[2][4][4], uint32_t wr, uint32_t wt,
+						  uint32_t g, uint32_t t4, int64_t r0, int64_t t0,
+						  int64_t rows, uint32_t T, float *part, unsigned *cnt,
+						  bool &last, S store)
 {
+	constexpr uint32_t LANES = 128 / MMP_M, PER = MMP_N / LANES; /* tokens a thread */
 	uint32_t split = blockIdx.z, n_split = gridDim.z;
+	/* the tile's partials: one token tile, t0 is 0 (gpud_cuda_mm_splits) */
+	float *tile = part + (int64_t)blockIdx.y * n_split * T * MMP_M;
 
-	if (n_split == 1)
-		return true;
-	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
-		if (r0 + ro < rows && tok < T) /* one token tile: t0 is 0 */
-			part[((int64_t)split * T + tok) * all_rows + off + r0 + ro] = a;
+	static_assert(128 % MMP_M == 0 && MMP_N % LANES == 0, "the last CTA's layout");
+	static_assert(GPUD_K_MM_PART_SPARE == MMP_N * MMP_M, "the loads past the last tile");
+	if (n_split == 1) {
+		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
+			if (r0 + ro < rows && t0 + to < T)
+				store(a, ro, to);
+		});
+		return;
+	}
+	float *mine = tile + ((int64_t)split * T + wt + 2 * t4) * MMP_M + wr + g;
+	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
+		if (r0 + ro < rows && to < T)
+			mine[(to - wt - 2 * t4) * MMP_M + ro - wr - g] = a;
 	});
 	__threadfence();
 	__syncthreads();
@@ -3347,28 +3460,44 @@ static __device__ __forceinline__ bool mmp_reduce(float (&acc)[2][4][4], uint32_
 	}
 	__syncthreads();
 	if (!last)
-		return false;
+		return;
 	__threadfence();
-	const volatile float *vp = part;
-	mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t tok) {
-		float v = 0.0f;
-		if (r0 + ro < rows && tok < T)
-			for (uint32_t sp = 0; sp < n_split; sp++)
-				v += vp[((int64_t)sp * T + tok) * all_rows + off + r0 + ro];
-		a = v;
-	});
-	return true;
+	uint32_t ro = threadIdx.x % MMP_M, to0 = threadIdx.x / MMP_M;
+	uint32_t kn = T > to0 ? (T - to0 + LANES - 1) / LANES : 0; /* tokens to0 + LANES k < T */
+	float v[PER];
+
+	if (r0 + ro >= rows)
+		return;
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++)
+		v[k] = 0.0f;
+	for (uint32_t sp = 0; sp < n_split; sp++) {
+		/* Past L1 (ld.global.cg): the other CTAs wrote them, and the
+		 * fences around the count order these loads after their
+		 * stores (a fence, then the atomic; the atomic, then a fence).
+		 * Not predicated: sums k >= kn read the next split's, the next
+		 * tile's or, past the last tile, the scratch's spare token tile
+		 * (GPUD_K_MM_PART_SPARE), and are never stored. A load a predicate held 5
+		 * loads in flight (a thread has 7 predicates), not 32. */
+		const float *vp = tile + ((int64_t)sp * T + to0) * MMP_M + ro;
+#pragma unroll
+		for (uint32_t k = 0; k < PER; k++)
+			v[k] += __ldcg(vp + LANES * k * MMP_M);
+	}
+#pragma unroll
+	for (uint32_t k = 0; k < PER; k++)
+		if (k < kn)
+			store(v[k], (int64_t)ro, (int64_t)(to0 + LANES * k));
 }
 
 /* Up to 3 matrices of one type and width over the same activations (Q, K
  * and V; gate and up) in one launch: row tiles tile0[m] .. tile0[m + 1] - 1
- * of the grid are matrix m's, whose split partials sit at row off[m] of
- * (splits, T, off[n]) floats. */
+ * of the grid are matrix m's (tile0[3] tiles in all). */
 struct mmp_set {
 	const uint8_t *q[3];
 	const uint16_t *d[3];
 	float *y[3];
-	int64_t rows[3], off[4];
+	int64_t rows[3];
 	uint32_t tile0[4];
 };
 
@@ -3378,7 +3507,7 @@ struct mmp_mat {
 	const uint8_t *q;
 	const uint16_t *d;
 	float *y;
-	int64_t rows, off;
+	int64_t rows;
 	uint32_t tile0;
 };
 
@@ -3390,7 +3519,6 @@ static __device__ __forceinline__ mmp_mat mmp_pick(const mmp_set &set)
 			m == 0 ? set.d[0] : m == 1 ? set.d[1] : set.d[2],
 			m == 0 ? set.y[0] : m == 1 ? set.y[1] : set.y[2],
 			m == 0 ? set.rows[0] : m == 1 ? set.rows[1] : set.rows[2],
-			m == 0 ? set.off[0] : m == 1 ? set.off[1] : set.off[2],
 			m == 0 ? set.tile0[0] : m == 1 ? set.tile0[1] : set.tile0[2] };
 }
 
@@ -3428,35 +3556,32 @@ gemm_qp_kernel(mmp_set set, int64_t cols, const int8_t *__restrict__ xq,
 	const uint8_t *wq = M.q;
 	const uint16_t *wd = M.d;
 	float *y = M.y;
-	int64_t rows = M.rows, off = M.off, all_rows = set.off[3];
+	int64_t rows = M.rows;
 	const mmp_cta P = mmp_place(M, cols / GPUD_QK / MMP_KB, wr, wt, T);
 	int64_t r0 = P.r0, t0 = P.t0, s_lo = P.s_lo, n = P.n;
 	float acc[2][4][4];
 
 	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
+	const mmp_src src = mmp_src_of<TYPE>(wq, wd, rows, cols, xq, xd, T, r0, t0, tid);
 	/* a group per stage, empty past the split, so that the count holds */
 #pragma unroll
 	for (int k = 0; k < (int)MMP_S - 1; k++) {
 		if (k < n)
-			mmp_load<TYPE>(st[k], wq, wd, rows, cols, xq, xd, T, r0, t0,
-				       (s_lo + k) * MMP_KB, tid);
+			mmp_load<TYPE>(st[k], src, (s_lo + k) * MMP_KB, tid);
 		cp_commit();
 	}
 	for (int64_t k = 0; k < n; k++) {
 		cp_wait<MMP_S - 2>(); /* stage k has landed, for this thread */
 		__syncthreads();      /* for all, and stage k - 1 is free again */
 		if (k + MMP_S - 1 < n)
-			mmp_load<TYPE>(st[(k + MMP_S - 1) % MMP_S], wq, wd, rows, cols, xq, xd, T, r0,
-				       t0, (s_lo + k + MMP_S - 1) * MMP_KB, tid);
+			mmp_load<TYPE>(st[(k + MMP_S - 1) % MMP_S], src,
+				       (s_lo + k + MMP_S - 1) * MMP_KB, tid);
 		cp_commit();
 		if (P.busy)
 			mmp_step<TYPE>(st[k % MMP_S], wr, wt, g, t4, acc);
 	}
-	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, off, all_rows, T, part, cnt, last))
-		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
-			if (r0 + ro < rows && t0 + to < T)
-				y[(t0 + to) * rows + r0 + ro] = a;
-		});
+	mmp_finish(acc, wr, wt, g, t4, r0, t0, rows, T, part, cnt, last,
+		   [&](float a, int64_t ro, int64_t to) { y[(t0 + to) * rows + r0 + ro] = a; });
 }
 
 template <int TYPE, bool GLU>
@@ -3530,8 +3655,8 @@ uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 }
 
 /* The set of matrices ws[0 .. n - 1] (n <= 3) into ys: their row tiles
- * one after another on grid.y (set.tile0[3] of them), their rows rounded
- * up to whole tiles for the partials (set.off). */
+ * one after another on grid.y (set.tile0[3] of them; the partials of a
+ * split count their rows rounded up to whole tiles, mmp_set_rows). */
 static mmp_set mmp_set_of(const gpud_cuda_mat *const *ws, float *const *ys, int n)
 {
 	mmp_set set = {};
@@ -3539,7 +3664,6 @@ static mmp_set mmp_set_of(const gpud_cuda_mat *const *ws, float *const *ys, int 
 
 	for (int i = 0; i < 3; i++) {
 		set.tile0[i] = tiles;
-		set.off[i] = (int64_t)tiles * MMP_M;
 		if (i < n) {
 			set.q[i] = (const uint8_t *)ws[i]->q;
 			set.d[i] = (const uint16_t *)ws[i]->d;
@@ -3549,9 +3673,10 @@ static mmp_set mmp_set_of(const gpud_cuda_mat *const *ws, float *const *ys, int 
 		}
 	}
 	set.tile0[3] = tiles;
-	set.off[3] = (int64_t)tiles * MMP_M;
 	return set;
 }
+
+static uint64_t mmp_set_rows(const mmp_set &set) { return (uint64_t)set.tile0[3] * MMP_M; }
 
 /* Matrices 0 .. n - 1 in one launch of the pipelined kernel, the splits
  * those of all their tiles together. */
@@ -3563,7 +3688,7 @@ static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws,
 	mmp_set set = mmp_set_of(ws, ys, n);
 	uint32_t tiles = set.tile0[3], nsp;
 
-	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, (uint64_t)set.off[3],
+	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, mmp_set_rows(set),
 				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
 				       ks->n_sm)
 		 : 1;
@@ -3735,47 +3860,82 @@ static __device__ __forceinline__ void mma_h(float d[4], const unsigned a[4], co
 #endif
 }
 
-/* Rows first .. first + 63 (those below n; zeros past it) of a matrix of
- * halves with cols columns, HP_K of them from col0 (4 chunks of 16 bytes,
- * zeros past cols), into dst: 2 chunks for each of the 128 threads. */
-static __device__ __forceinline__ void hp_load(unsigned (&dst)[MMP_M][hp_stage::W],
-					       const uint16_t *src, int64_t first, int64_t n,
-					       int64_t cols, int64_t col0, uint32_t tid)
+/* A thread's share of every stage (mmp_src's, for halves): 2 chunks of 16
+ * bytes of each of the weights, hi and lo, at column 0 of the thread's
+ * rows and tokens (rows and tokens past the matrix: row 0, zeros); a stage
+ * adds its first column, and a chunk past cols is zeros. */
+struct hp_src {
+	const uint16_t *w[2], *xh[2], *xl[2];
+	bool win[2], xin[2];
+};
+
+static __device__ __forceinline__ hp_src hp_src_of(const uint16_t *w, const uint16_t *xh,
+						   const uint16_t *xl, int64_t rows, int64_t cols,
+						   uint32_t T, int64_t r0, int64_t t0, uint32_t tid)
+{
+	hp_src s;
+
+#pragma unroll
+	for (uint32_t j = 0; j < 2; j++) {
+		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
+		/* a chunk never inside (cols < 8 c + 8) keeps column 0 */
+		int64_t c8 = 8 * c < cols ? 8 * c : 0;
+		s.win[j] = r0 + row < rows;
+		s.xin[j] = t0 + row < T;
+		s.w[j] = w + (s.win[j] ? r0 + row : 0) * cols + c8;
+		s.xh[j] = xh + (s.xin[j] ? t0 + row : 0) * cols + c8;
+		s.xl[j] = xl + (s.xin[j] ? t0 + row : 0) * cols + c8;
+	}
+	return s;
+}
+
+/* Stage columns c0 .. c0 + HP_K - 1 into st. */
+static __device__ __forceinline__ void hp_load(hp_stage &st, const hp_src &s, int64_t cols,
+					       int64_t c0, uint32_t tid)
 {
 #pragma unroll
 	for (uint32_t j = 0; j < 2; j++) {
 		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
-		int64_t col = col0 + 8 * c;
-		bool in = first + row < n && col < cols;
-		cp_async<16>(&dst[row][4 * c], in ? src + (first + row) * cols + col : src, in);
+		bool col = c0 + 8 * c < cols;
+		bool w = s.win[j] && col, x = s.xin[j] && col;
+		/* past cols: the thread's first chunk as the valid address */
+		cp_async<16>(&st.w[row][4 * c], s.w[j] + (w ? c0 : 0), w);
+		cp_async<16>(&st.xh[row][4 * c], s.xh[j] + (x ? c0 : 0), x);
+		cp_async<16>(&st.xl[row][4 * c], s.xl[j] + (x ? c0 : 0), x);
 	}
 }
 
 /* The warp's 32 rows (wr..) x 32 tokens (wt..) over the stage's columns,
- * each weight fragment by hi and by lo: acc as mmp_step's. */
+ * each weight fragment by hi and by lo: acc as mmp_step's, its fragments
+ * by ldmatrix as mmp_step's Q8_0 (a 16 x 16 fragment of halves is the
+ * 16 x 32 fragment of bytes, rows of the same 80 bytes). */
 template <int TYPE>
 static __device__ __forceinline__ void hp_step(const hp_stage &s, uint32_t wr, uint32_t wt,
 					       uint32_t g, uint32_t t4, float acc[2][4][4])
 {
+	uint32_t l = 4 * g + t4, m8 = l & 7, h8 = (l >> 3) & 1, h16 = l >> 4;
+
 #pragma unroll
 	for (uint32_t kk = 0; kk < HP_K / 16; kk++) {
 		unsigned a[2][4], bh[4][2], bl[4][2];
 
 #pragma unroll
-		for (uint32_t mi = 0; mi < 2; mi++) {
-			uint32_t R = wr + 16 * mi + g;
-			a[mi][0] = s.w[R][8 * kk + t4];
-			a[mi][1] = s.w[R + 8][8 * kk + t4];
-			a[mi][2] = s.w[R][8 * kk + 4 + t4];
-			a[mi][3] = s.w[R + 8][8 * kk + 4 + t4];
-		}
+		for (uint32_t mi = 0; mi < 2; mi++)
+			ldsm_x4(a[mi], &s.w[wr + 16 * mi + 8 * h8 + m8][8 * kk + 4 * h16]);
 #pragma unroll
-		for (uint32_t nj = 0; nj < 4; nj++) {
-			uint32_t N = wt + 8 * nj + g;
-			bh[nj][0] = s.xh[N][8 * kk + t4];
-			bh[nj][1] = s.xh[N][8 * kk + 4 + t4];
-			bl[nj][0] = s.xl[N][8 * kk + t4];
-			bl[nj][1] = s.xl[N][8 * kk + 4 + t4];
+		for (uint32_t nj = 0; nj < 4; nj += 2) {
+			unsigned r[4];
+			uint32_t N = wt + 8 * (nj + h16) + m8;
+			ldsm_x4(r, &s.xh[N][8 * kk + 4 * h8]);
+			bh[nj][0] = r[0];
+			bh[nj][1] = r[1];
+			bh[nj + 1][0] = r[2];
+			bh[nj + 1][1] = r[3];
+			ldsm_x4(r, &s.xl[N][8 * kk + 4 * h8]);
+			bl[nj][0] = r[0];
+			bl[nj][1] = r[1];
+			bl[nj + 1][0] = r[2];
+			bl[nj + 1][1] = r[3];
 		}
 #pragma unroll
 		for (uint32_t mi = 0; mi < 2; mi++)
@@ -3807,36 +3967,29 @@ gemm_hp_kernel(mmp_set set, int64_t cols, const uint16_t *__restrict__ xh,
 	int64_t r0 = P.r0, t0 = P.t0, s_lo = P.s_lo, n = P.n;
 	float acc[2][4][4];
 
+	const hp_src src = hp_src_of(w, xh, xl, rows, cols, T, r0, t0, tid);
+
 	mmp_frag(acc, wr, wt, g, t4, [](float &a, int64_t, int64_t) { a = 0.0f; });
 #pragma unroll
 	for (int k = 0; k < (int)HP_S - 1; k++) {
-		if (k < n) {
-			int64_t c0 = (s_lo + k) * HP_K;
-			hp_load(st[k].w, w, r0, rows, cols, c0, tid);
-			hp_load(st[k].xh, xh, t0, T, cols, c0, tid);
-			hp_load(st[k].xl, xl, t0, T, cols, c0, tid);
-		}
+		if (k < n)
+			hp_load(st[k], src, cols, (s_lo + k) * HP_K, tid);
 		cp_commit();
 	}
 	for (int64_t k = 0; k < n; k++) {
 		cp_wait<HP_S - 2>(); /* stage k has landed, for this thread */
 		__syncthreads();     /* for all, and stage k - 1 is free again */
-		if (k + HP_S - 1 < n) {
-			hp_stage &nx = st[(k + HP_S - 1) % HP_S];
-			int64_t c0 = (s_lo + k + HP_S - 1) * HP_K;
-			hp_load(nx.w, w, r0, rows, cols, c0, tid);
-			hp_load(nx.xh, xh, t0, T, cols, c0, tid);
-			hp_load(nx.xl, xl, t0, T, cols, c0, tid);
-		}
+		if (k + HP_S - 1 < n)
+			hp_load(st[(k + HP_S - 1) % HP_S], src, cols, (s_lo + k + HP_S - 1) * HP_K,
+				tid);
 		cp_commit();
 		if (P.busy)
 			hp_step<TYPE>(st[k % HP_S], wr, wt, g, t4, acc);
 	}
-	if (mmp_reduce(acc, wr, wt, g, t4, r0, rows, M.off, set.off[3], T, part, cnt, last))
-		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
-			if (r0 + ro < rows && t0 + to < T)
-				M.y[(t0 + to) * rows + r0 + ro] = a * xs[t0 + to];
-		});
+	mmp_finish(acc, wr, wt, g, t4, r0, t0, rows, T, part, cnt, last,
+		   [&](float a, int64_t ro, int64_t to) {
+			   M.y[(t0 + to) * rows + r0 + ro] = a * xs[t0 + to];
+		   });
 }
 
 bool gpud_k_mm_h_fits(const gpud_cuda_mat *w)
@@ -3873,7 +4026,7 @@ cudaError_t gpud_k_mm_h_set(cudaStream_t s, const gpud_cuda_mat *const *ws, floa
 
 	if (tiles > 65535)
 		return cudaErrorInvalidValue;
-	nsp = gpud_k_mm_h_splits(set.off[3], ws[0]->cols, T, ks);
+	nsp = gpud_k_mm_h_splits(mmp_set_rows(set), ws[0]->cols, T, ks);
 	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
 	auto k = ws[0]->type == GPUD_TYPE_BF16 ? gemm_hp_kernel<GPUD_TYPE_BF16>
 					       : gemm_hp_kernel<GPUD_TYPE_F16>;

@@ -189,6 +189,9 @@ void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src);
 /* every lane's 16 bytes v into out[lane] (one barrier): for emulating
  * warp-collective instructions */
 void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2]);
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: this lane's row address in,
+ * its 4 words out (cuemu_ldmatrix_x4) */
+void ldmatrix_x4(const void *row, unsigned r[4]);
 unsigned warp_vote(unsigned mask, int pred);
 void syncwarp(unsigned mask);
 unsigned lane(void);
@@ -353,6 +356,12 @@ static inline void cuemu_mma_s8_m16n8k16(int d[4], unsigned a0, unsigned a1, uns
 		d[i] = out[i];
 }
 
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16 {r0, r1, r2, r3}, [row]: lane l
+ * gives the address of row l % 8 of matrix l / 8 (16 bytes, 16-byte
+ * aligned); r[i] of lane l is word l % 4 of row l / 4 of matrix i. A
+ * warp-collective, as on the GPU. */
+static inline void cuemu_ldmatrix_x4(unsigned r[4], const void *row) { cuemu::ldmatrix_x4(row, r); }
+
 /* --- atomics and fences ------------------------------------------------------------
  * Blocks run one at a time on the stream's thread, devices on their own:
  * the builtins keep them atomic anyway. */
@@ -375,6 +384,8 @@ static inline unsigned long long atomicMax(unsigned long long *p, unsigned long 
 	return o;
 }
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+/* a load that skips L1 (ld.global.cg): one coherent memory here */
+template <class T> static inline T __ldcg(const T *p) { return *p; }
 
 /* --- arithmetic intrinsics ------------------------------------------------------
  * The cuemu build compiles with -ffp-contract=off: a*b+c stays two
