@@ -2107,21 +2107,58 @@ static __device__ __forceinline__ float wf(const void *W, int64_t i)
 	return half_bits(((const uint16_t *)W)[i]);
 }
 
-/* Eight consecutive weights from element i (a multiple of 8) as fp32. */
+/* Loaded values held where they are: an empty asm that takes them, so
+ * that the compiler does not sink their loads to their first use (past
+ * a branch, behind the arithmetic of the loads before them). No
+ * instruction comes of it. */
+static __device__ __forceinline__ void pin(uint4 v)
+{
+	asm volatile("" ::"r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+static __device__ __forceinline__ void pin(int4 v)
+{
+	asm volatile("" ::"r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w));
+}
+
+static __device__ __forceinline__ void pin(unsigned v) { asm volatile("" ::"r"(v)); }
+
+/* Weights i .. i + 7 of an fp32, F16 or BF16 matrix as they lie in memory
+ * (F32: 32 bytes in a and b; F16/BF16: 16 in a), loaded before any is used
+ * (dot_f), and as floats. */
+struct fraw {
+	uint4 a, b;
+};
+
 template <int TYPE>
-static __device__ __forceinline__ void wf8(const void *W, int64_t i, float w[8])
+static __device__ __forceinline__ fraw load_f8(const void *W, int64_t i)
+{
+	fraw v;
+
+	if (TYPE == GPUD_TYPE_F32) {
+		const uint4 *p = (const uint4 *)((const float *)W + i);
+		v.a = p[0];
+		v.b = p[1];
+	} else {
+		v.a = *(const uint4 *)((const uint16_t *)W + i);
+		v.b = make_uint4(0, 0, 0, 0);
+	}
+	return v;
+}
+
+template <int TYPE>
+static __device__ __forceinline__ void unpack_f8(const fraw &v, float w[8])
 {
 	if (TYPE == GPUD_TYPE_F32) {
-		const float4 *p = (const float4 *)((const float *)W + i);
-		float4 a = p[0], b = p[1];
-		w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-		w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+		w[0] = __uint_as_float(v.a.x); w[1] = __uint_as_float(v.a.y);
+		w[2] = __uint_as_float(v.a.z); w[3] = __uint_as_float(v.a.w);
+		w[4] = __uint_as_float(v.b.x); w[5] = __uint_as_float(v.b.y);
+		w[6] = __uint_as_float(v.b.z); w[7] = __uint_as_float(v.b.w);
 	} else {
-		uint4 u = *(const uint4 *)((const uint16_t *)W + i);
-		uint32_t v[4] = { u.x, u.y, u.z, u.w };
+		uint32_t u[4] = { v.a.x, v.a.y, v.a.z, v.a.w };
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			uint16_t lo = (uint16_t)(v[k] & 0xffff), hi = (uint16_t)(v[k] >> 16);
+			uint16_t lo = (uint16_t)(u[k] & 0xffff), hi = (uint16_t)(u[k] >> 16);
 			w[2 * k] = TYPE == GPUD_TYPE_BF16 ? bf16_bits(lo) : half_bits(lo);
 			w[2 * k + 1] = TYPE == GPUD_TYPE_BF16 ? bf16_bits(hi) : half_bits(hi);
 		}
@@ -2293,25 +2330,50 @@ static __device__ __forceinline__ void dot_f(const void *W, int64_t r, int64_t c
 					     float acc[NT])
 {
 	if (VEC) {
-		for (int64_t c = (int64_t)lane * 8; c < cols; c += 256) {
-			float w[8];
-
-			wf8<TYPE>(W, r * cols + c, w);
+		/* A lane's next U chunks of 8 loaded before any is multiplied
+		 * (past the row's end as the first, never added): one at a
+		 * time kept 16 bytes a lane in flight (F16), a round trip of
+		 * DRAM for each 256 columns of a row (gemv_q_rows says more).
+		 * The same sums in the same order. */
+		constexpr int U = NT >= 4 ? 2 : 4;
+		for (int64_t c0 = (int64_t)lane * 8; c0 < cols; c0 += 256 * U) {
+			fraw raw[U];
 #pragma unroll
-			for (int t = 0; t < NT; t++) {
-				if ((uint32_t)t < T) {
-					const float4 *xp = (const float4 *)(x + (int64_t)t * cols + c);
-					float4 a = xp[0], b = xp[1];
-					float v = acc[t];
-					v = fmaf(w[0], a.x, v);
-					v = fmaf(w[1], a.y, v);
-					v = fmaf(w[2], a.z, v);
-					v = fmaf(w[3], a.w, v);
-					v = fmaf(w[4], b.x, v);
-					v = fmaf(w[5], b.y, v);
-					v = fmaf(w[6], b.z, v);
-					v = fmaf(w[7], b.w, v);
-					acc[t] = v;
+			for (int u = 0; u < U; u++) {
+				int64_t c = c0 + 256 * u < cols ? c0 + 256 * u : c0;
+				raw[u] = load_f8<TYPE>(W, r * cols + c);
+			}
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				pin(raw[u].a);
+				if (TYPE == GPUD_TYPE_F32)
+					pin(raw[u].b);
+			}
+#pragma unroll
+			for (int u = 0; u < U; u++) {
+				int64_t c = c0 + 256 * u;
+				float w[8];
+
+				if (c >= cols)
+					break;
+				unpack_f8<TYPE>(raw[u], w);
+#pragma unroll
+				for (int t = 0; t < NT; t++) {
+					if ((uint32_t)t < T) {
+						const float4 *xp =
+							(const float4 *)(x + (int64_t)t * cols + c);
+						float4 a = xp[0], b = xp[1];
+						float v = acc[t];
+						v = fmaf(w[0], a.x, v);
+						v = fmaf(w[1], a.y, v);
+						v = fmaf(w[2], a.z, v);
+						v = fmaf(w[3], a.w, v);
+						v = fmaf(w[4], b.x, v);
+						v = fmaf(w[5], b.y, v);
+						v = fmaf(w[6], b.z, v);
+						v = fmaf(w[7], b.w, v);
+						acc[t] = v;
+					}
 				}
 			}
 		}
@@ -2669,24 +2731,43 @@ cudaError_t gpud_k_quantize_act(cudaStream_t s, const float *x, uint32_t T, uint
 					   quantize_act_kernel, x, nb, q, d));
 }
 
-/* Eight int words (32 signed bytes) of weight block i of row r. */
+/* Block i of row r as it lies in memory (Q8_0: 32 bytes in a and b; Q4_0:
+ * 16 in a), loaded before any is used (gemv_q_rows), and its 8 words of
+ * int8 weights. */
+struct wraw {
+	int4 a, b;
+};
+
 template <int TYPE>
-static __device__ __forceinline__ void load_wblock(const uint8_t *wq, int64_t r, int64_t cols,
-						   int64_t i, int w[8])
+static __device__ __forceinline__ wraw load_wraw(const uint8_t *wq, int64_t r, int64_t cols,
+						 int64_t i)
 {
+	wraw v;
+
 	if (TYPE == GPUD_TYPE_Q8_0) {
 		const int4 *p = (const int4 *)(wq + r * cols + i * GPUD_QK);
-		int4 a = p[0], b = p[1];
-		w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-		w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+		v.a = p[0];
+		v.b = p[1];
+	} else {
+		v.a = *(const int4 *)(wq + r * cols / 2 + i * (GPUD_QK / 2));
+		v.b = make_int4(0, 0, 0, 0);
+	}
+	return v;
+}
+
+template <int TYPE>
+static __device__ __forceinline__ void unpack_wblock(const wraw &v, int w[8])
+{
+	if (TYPE == GPUD_TYPE_Q8_0) {
+		w[0] = v.a.x; w[1] = v.a.y; w[2] = v.a.z; w[3] = v.a.w;
+		w[4] = v.b.x; w[5] = v.b.y; w[6] = v.b.z; w[7] = v.b.w;
 	} else {
 		/* byte j: weight j in the low nibble, j + 16 in the high one */
-		int4 a = *(const int4 *)(wq + r * cols / 2 + i * (GPUD_QK / 2));
-		int v[4] = { a.x, a.y, a.z, a.w };
+		int q[4] = { v.a.x, v.a.y, v.a.z, v.a.w };
 #pragma unroll
 		for (int k = 0; k < 4; k++) {
-			w[k] = (int)__vsub4((unsigned)v[k] & 0x0f0f0f0fu, 0x08080808u);
-			w[4 + k] = (int)__vsub4(((unsigned)v[k] >> 4) & 0x0f0f0f0fu, 0x08080808u);
+			w[k] = (int)__vsub4((unsigned)q[k] & 0x0f0f0f0fu, 0x08080808u);
+			w[4 + k] = (int)__vsub4(((unsigned)q[k] >> 4) & 0x0f0f0f0fu, 0x08080808u);
 		}
 	}
 }
@@ -2726,32 +2807,70 @@ static __device__ __forceinline__ void gemv_q_rows(const uint8_t *__restrict__ w
 						   const float *__restrict__ xd, uint32_t T,
 						   uint32_t lane, float v[NT], float v2[NT])
 {
+	/* A lane's next U blocks (2 with TWO) are all loaded before any is
+	 * multiplied, past the row's end as its last block (never added): a
+	 * loop of a block at a time had one in flight a lane (nvdisasm: the
+	 * next block's loads waited behind the dot products), 1 KB a warp,
+	 * some 23 KB a multiprocessor for a 3072-row matrix, less than the
+	 * DRAM's latency times its share of the bandwidth. The same sums in
+	 * the same order. */
+	constexpr int U = TWO || NT >= 4 ? 2 : 4;
 	int64_t nb = cols / GPUD_QK;
 	float acc[NT], acc2[NT];
 
 #pragma unroll
 	for (int t = 0; t < NT; t++)
 		acc[t] = acc2[t] = 0.0f;
-#pragma unroll 2
-	for (int64_t i = lane; i < nb; i += 32) {
-		int w[8], w2[8];
-		float dw = half_bits(wd[r * nb + i]), dw2 = 0.0f;
+	for (int64_t i0 = lane; i0 < nb; i0 += 32 * U) {
+		wraw q[U], q2[U];
+		uint16_t d[U], d2[U];
 
-		load_wblock<TYPE>(wq, r, cols, i, w);
-		if (TWO) {
-			dw2 = half_bits(wd2[r2 * nb + i]);
-			load_wblock<TYPE>(wq2, r2, cols, i, w2);
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int64_t i = i0 + 32 * u < nb ? i0 + 32 * u : nb - 1;
+			q[u] = load_wraw<TYPE>(wq, r, cols, i);
+			d[u] = wd[r * nb + i];
+			if (TWO) {
+				q2[u] = load_wraw<TYPE>(wq2, r2, cols, i);
+				d2[u] = wd2[r2 * nb + i];
+			}
 		}
 #pragma unroll
-		for (int t = 0; t < NT; t++) {
-			if ((uint32_t)t < T) {
-				float dx = xd[(int64_t)t * nb + i];
+		for (int u = 0; u < U; u++) {
+			pin(q[u].a);
+			pin((unsigned)d[u]);
+			if (TYPE == GPUD_TYPE_Q8_0)
+				pin(q[u].b);
+			if (TWO) {
+				pin(q2[u].a);
+				pin((unsigned)d2[u]);
+				if (TYPE == GPUD_TYPE_Q8_0)
+					pin(q2[u].b);
+			}
+		}
+#pragma unroll
+		for (int u = 0; u < U; u++) {
+			int64_t i = i0 + 32 * u;
+			int w[8], w2[8];
+			float dw = half_bits(d[u]), dw2 = TWO ? half_bits(d2[u]) : 0.0f;
 
-				acc[t] = fmaf(__fmul_rn(dw, dx), i2f_exact(dot_block(w, xq, cols, t, i)),
-					      acc[t]);
-				if (TWO)
-					acc2[t] = fmaf(__fmul_rn(dw2, dx),
-						       i2f_exact(dot_block(w2, xq, cols, t, i)), acc2[t]);
+			if (i >= nb)
+				break;
+			unpack_wblock<TYPE>(q[u], w);
+			if (TWO)
+				unpack_wblock<TYPE>(q2[u], w2);
+#pragma unroll
+			for (int t = 0; t < NT; t++) {
+				if ((uint32_t)t < T) {
+					float dx = xd[(int64_t)t * nb + i];
+
+					acc[t] = fmaf(__fmul_rn(dw, dx),
+						      i2f_exact(dot_block(w, xq, cols, t, i)), acc[t]);
+					if (TWO)
+						acc2[t] = fmaf(__fmul_rn(dw2, dx),
+							       i2f_exact(dot_block(w2, xq, cols, t, i)),
+							       acc2[t]);
+				}
 			}
 		}
 	}
@@ -3039,7 +3158,7 @@ gemm_q_kernel(const uint8_t *__restrict__ wq, const uint16_t *__restrict__ wd, i
 			float dw = 0.0f;
 
 			if (i < i_hi && r0 + row < rows) {
-				load_wblock<TYPE>(wq, r0 + row, cols, i, w);
+				unpack_wblock<TYPE>(load_wraw<TYPE>(wq, r0 + row, cols, i), w);
 				dw = half_bits(wd[(r0 + row) * nb + i]);
 			}
 			sw[kb][0][row] = make_int4(w[0], w[1], w[2], w[3]);
@@ -3340,7 +3459,7 @@ static __device__ __forceinline__ void mmp_step(const mmp_stage<TYPE> &s, uint32
 			for (uint32_t mi = 0; mi < 2; mi++)
 				ldsm_x4(a[mi], &s.w[wr + 16 * mi + 8 * h8 + m8][8 * kb + 4 * h16]);
 		} else {
-			/* byte j: element j low, j + 16 high (load_wblock);
+			/* byte j: element j low, j + 16 high (unpack_wblock);
 			 * matrices: the warp's rows by 8 */
 			unsigned q[4];
 			ldsm_x4(q, &s.w[wr + l][4 * kb]);
