@@ -3380,8 +3380,10 @@ static __device__ __forceinline__ mmp_src mmp_src_of(const uint8_t *wq, const ui
 #pragma unroll
 	for (uint32_t j = 0; j < 2; j++) {
 		uint32_t e = tid + 128 * j, row = e >> 2, c = e & 3;
-		s.win[j] = r0 + row < rows;
-		s.w[j] = wq + (s.win[j] ? r0 + row : 0) * cols + 16 * c;
+		if (TYPE == GPUD_TYPE_Q8_0) {
+			s.win[j] = r0 + row < rows;
+			s.w[j] = wq + (s.win[j] ? r0 + row : 0) * cols + 16 * c;
+		}
 		s.xin[j] = t0 + row < T;
 		s.x[j] = (const uint8_t *)xq + (s.xin[j] ? t0 + row : 0) * cols + 16 * c;
 	}
@@ -3389,6 +3391,8 @@ static __device__ __forceinline__ mmp_src mmp_src_of(const uint8_t *wq, const ui
 		uint32_t row = tid >> 1, c = tid & 1;
 		s.win[0] = r0 + row < rows;
 		s.w[0] = wq + (s.win[0] ? r0 + row : 0) * (cols / 2) + c * (GPUD_QK / 2);
+		s.win[1] = false; /* unused */
+		s.w[1] = s.w[0];
 	}
 	if (tid < MMP_M) {
 		s.din = r0 + tid < rows;
