@@ -705,6 +705,41 @@ static __device__ void head_scales(const float *qt, const float *kt, const gpud_
 #define ROPE_U 4u          /* rope_store_kernel: elements a thread loads before it stores */
 #define ROPE_THREADS 256u /* and a token's threads */
 
+/* The RoPE pairs of n heads of x (hd wide; bias b, head norms w with the
+ * heads' scales sc, as rope_store_kernel's) to put(h, d0, r): the pair at
+ * elements d0, d0 + st of head h, rotated. A thread's pairs ROPE_U at a
+ * time, all loaded (with their biases and head norms) before any is put:
+ * Q is rewritten in place and the cache may alias K and V as far as the
+ * compiler knows, so a load may not pass a store, and a loop of a pair at
+ * a time paid an L2 latency each, 24 in a row a thread for the 3B at 128
+ * threads (7 us a launch at batch 64 on the H100). */
+template <class P>
+static __device__ __forceinline__ void rope_heads(const float *x, uint32_t n, const float *b,
+						  const float *w, const float *sc, uint32_t hd,
+						  uint32_t st, bool neox, const float2 *cs, P put)
+{
+	uint32_t half = hd / 2;
+
+	for (uint32_t p0 = threadIdx.x; p0 < n * half; p0 += blockDim.x * ROPE_U) {
+		float a[ROPE_U], c[ROPE_U];
+#pragma unroll
+		for (uint32_t u = 0; u < ROPE_U; u++) {
+			uint32_t p = p0 + u * blockDim.x, h = p / half, d0 = rope_i0(p % half, neox);
+			uint32_t e0 = h * hd + d0;
+			if (p < n * half) {
+				a[u] = head_norm(bias_add(x[e0], b, e0), w, sc, h, d0);
+				c[u] = head_norm(bias_add(x[e0 + st], b, e0 + st), w, sc, h, d0 + st);
+			}
+		}
+#pragma unroll
+		for (uint32_t u = 0; u < ROPE_U; u++) {
+			uint32_t p = p0 + u * blockDim.x;
+			if (p < n * half)
+				put(p / half, rope_i0(p % half, neox), rope_rot(a[u], c[u], cs[p % half]));
+		}
+	}
+}
+
 __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud_cuda_meta m,
 				  gpud_cuda_rope rp, gpud_cuda_kvshape kv)
 {
@@ -722,60 +757,18 @@ __global__ void rope_store_kernel(float *q, const float *k, const float *v, gpud
 	if (rp.q_norm)
 		head_scales(qt, kt, rp, nh, nkv, hd, hscale);
 	__syncthreads();
-	/* A thread's elements ROPE_U at a time, all loaded (with their
-	 * biases and head norms) before any is stored: Q is rewritten in place and the
-	 * cache may alias K and V as far as the compiler knows, so a load
-	 * may not pass a store, and a loop of an element at a time paid an
-	 * L2 latency each, 24 in a row a thread for the 3B at 128 threads
-	 * (7 us a launch at batch 64 on the H100). */
-	for (uint32_t p0 = threadIdx.x; p0 < nh * half; p0 += blockDim.x * ROPE_U) {
-		float a[ROPE_U], b[ROPE_U];
-#pragma unroll
-		for (uint32_t u = 0; u < ROPE_U; u++) {
-			uint32_t p = p0 + u * blockDim.x, h = p / half, i = p % half;
-			uint32_t d0 = rope_i0(i, rp.neox), e0 = h * hd + d0;
-			if (p < nh * half) {
-				a[u] = head_norm(bias_add(qt[e0], rp.bq, e0), rp.q_norm, hscale, h, d0);
-				b[u] = head_norm(bias_add(qt[e0 + st], rp.bq, e0 + st), rp.q_norm,
-						 hscale, h, d0 + st);
-			}
-		}
-#pragma unroll
-		for (uint32_t u = 0; u < ROPE_U; u++) {
-			uint32_t p = p0 + u * blockDim.x, h = p / half, i = p % half;
-			uint32_t d0 = rope_i0(i, rp.neox), e0 = h * hd + d0;
-			if (p < nh * half) {
-				float2 r = rope_rot(a[u], b[u], cs[i]);
-				qt[e0] = r.x;
-				qt[e0 + st] = r.y;
-			}
-		}
-	}
-	for (uint32_t p0 = threadIdx.x; p0 < nkv * half; p0 += blockDim.x * ROPE_U) {
-		float a[ROPE_U], b[ROPE_U];
-#pragma unroll
-		for (uint32_t u = 0; u < ROPE_U; u++) {
-			uint32_t p = p0 + u * blockDim.x, h = p / half, i = p % half;
-			uint32_t e0 = rope_i0(i, rp.neox), r0 = h * hd + e0;
-			if (p < nkv * half) {
-				a[u] = head_norm(bias_add(kt[r0], rp.bk, r0), rp.k_norm, hscale + nh, h,
-						 e0);
-				b[u] = head_norm(bias_add(kt[r0 + st], rp.bk, r0 + st), rp.k_norm,
-						 hscale + nh, h, e0 + st);
-			}
-		}
-#pragma unroll
-		for (uint32_t u = 0; u < ROPE_U; u++) {
-			uint32_t p = p0 + u * blockDim.x, h = p / half, i = p % half;
-			uint32_t e0 = rope_i0(i, rp.neox);
-			if (p < nkv * half) {
-				float2 r = rope_rot(a[u], b[u], cs[i]);
-				uint64_t d = base + (uint64_t)h * kv.head_elems + e0;
-				kv_put(kv, d, r.x);
-				kv_put(kv, d + st, r.y);
-			}
-		}
-	}
+	rope_heads(qt, nh, rp.bq, rp.q_norm, hscale, hd, st, rp.neox, cs,
+		   [&](uint32_t h, uint32_t d0, float2 r) {
+			   qt[h * hd + d0] = r.x;
+			   qt[h * hd + d0 + st] = r.y;
+		   });
+	rope_heads(kt, nkv, rp.bk, rp.k_norm, hscale + nh, hd, st, rp.neox, cs,
+		   [&](uint32_t h, uint32_t d0, float2 r) {
+			   uint64_t d = base + (uint64_t)h * kv.head_elems + d0;
+			   kv_put(kv, d, r.x);
+			   kv_put(kv, d + st, r.y);
+		   });
+	/* V: as the pairs, loaded ROPE_U at a time */
 	for (uint32_t e0 = threadIdx.x; e0 < kvd; e0 += blockDim.x * ROPE_U) {
 		float a[ROPE_U];
 #pragma unroll
