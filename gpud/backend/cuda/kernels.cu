@@ -2363,6 +2363,21 @@ static __device__ __forceinline__ void qkv_epilogue(const rope_args &ra, int m, 
 			qkv_store(ra, m, r, r1, (uint32_t)t, v[t], v2[t]);
 }
 
+/* v + w . x[0..7], in order (x 16-byte aligned). */
+static __device__ __forceinline__ float fma8(const float w[8], const float *x, float v)
+{
+	float4 a = ((const float4 *)x)[0], b = ((const float4 *)x)[1];
+
+	v = fmaf(w[0], a.x, v);
+	v = fmaf(w[1], a.y, v);
+	v = fmaf(w[2], a.z, v);
+	v = fmaf(w[3], a.w, v);
+	v = fmaf(w[4], b.x, v);
+	v = fmaf(w[5], b.y, v);
+	v = fmaf(w[6], b.z, v);
+	return fmaf(w[7], b.w, v);
+}
+
 /* fp32 dot of weights row r from column c (8 at a time, or 1) with each
  * token's activations, into acc. */
 template <int TYPE, int NT, bool VEC>
@@ -2400,21 +2415,8 @@ static __device__ __forceinline__ void dot_f(const void *W, int64_t r, int64_t c
 				unpack_f8<TYPE>(raw[u], w);
 #pragma unroll
 				for (int t = 0; t < NT; t++) {
-					if ((uint32_t)t < T) {
-						const float4 *xp =
-							(const float4 *)(x + (int64_t)t * cols + c);
-						float4 a = xp[0], b = xp[1];
-						float v = acc[t];
-						v = fmaf(w[0], a.x, v);
-						v = fmaf(w[1], a.y, v);
-						v = fmaf(w[2], a.z, v);
-						v = fmaf(w[3], a.w, v);
-						v = fmaf(w[4], b.x, v);
-						v = fmaf(w[5], b.y, v);
-						v = fmaf(w[6], b.z, v);
-						v = fmaf(w[7], b.w, v);
-						acc[t] = v;
-					}
+					if ((uint32_t)t < T)
+						acc[t] = fma8(w, x + (int64_t)t * cols + c, acc[t]);
 				}
 			}
 		}
