@@ -733,9 +733,9 @@ static __device__ __forceinline__ void rope_heads(const float *x, uint32_t n, co
 		}
 #pragma unroll
 		for (uint32_t u = 0; u < ROPE_U; u++) {
-			uint32_t p = p0 + u * blockDim.x;
+			uint32_t p = p0 + u * blockDim.x, i = p % half;
 			if (p < n * half)
-				put(p / half, rope_i0(p % half, neox), rope_rot(a[u], c[u], cs[p % half]));
+				put(p / half, rope_i0(i, neox), rope_rot(a[u], c[u], cs[i]));
 		}
 	}
 }
@@ -3642,9 +3642,9 @@ static __device__ __forceinline__ void mmp_finish(float (&acc)[2][4][4], uint32_
 		 * fences around the count order these loads after their
 		 * stores (a fence, then the atomic; the atomic, then a fence).
 		 * Not predicated: sums k >= kn read the next split's, the next
-		 * tile's or, past the last tile, the scratch's spare token tile
-		 * (GPUD_K_MM_PART_SPARE), and are never stored. A load a predicate held 5
-		 * loads in flight (a thread has 7 predicates), not 32. */
+		 * tile's or, past the last tile, the scratch's spare token
+		 * tile (GPUD_K_MM_PART_SPARE), and are never stored. Loads
+		 * under predicates had 5 in flight (a thread has 7), not 32. */
 		const float *vp = tile + ((int64_t)sp * T + to0) * MMP_M + ro;
 #pragma unroll
 		for (uint32_t k = 0; k < PER; k++)
