@@ -64,6 +64,8 @@ struct conf {
 	int devices = 1;
 	size_t mem = (size_t)8 << 30;
 	bool protect = true;
+	int sms = 132;     // multiprocessors a device reports (an H100/H200's)
+	int occupancy = 0; // a bound on cuemu_occupancy's answers (0: none)
 };
 
 const conf &cfg()
@@ -77,6 +79,10 @@ const conf &cfg()
 			r.mem = (size_t)atoll(e) << 20;
 		if ((e = getenv("CUEMU_PROTECT")))
 			r.protect = strcmp(e, "0") != 0;
+		if ((e = getenv("CUEMU_SM")) && atoi(e) > 0)
+			r.sms = atoi(e) > 1024 ? 1024 : atoi(e);
+		if ((e = getenv("CUEMU_OCCUPANCY")) && atoi(e) > 0)
+			r.occupancy = atoi(e) > 32 ? 32 : atoi(e);
 		return r;
 	}();
 	return c;
@@ -1073,13 +1079,31 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev)
 	p->sharedMemPerBlock = 48 * 1024;
 	p->major = 9;
 	p->minor = 0;
-	p->multiProcessorCount = 132; /* an H100/H200's: the figure kernels size grids by */
+	p->multiProcessorCount = cfg().sms; /* the figure kernels size grids by */
 	p->maxThreadsPerBlock = 1024;
 	p->warpSize = 32;
 	p->maxGridSize[0] = 0x7fffffff;
 	p->maxGridSize[1] = p->maxGridSize[2] = 65535;
 	p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
 	p->maxThreadsDim[2] = 64;
+	return cudaSuccess;
+}
+
+cudaError_t cuemu_occupancy(int *n, int block, size_t dyn)
+{
+	cudaError_t e = check_dev();
+	int k;
+
+	if (e != cudaSuccess)
+		return ret(e);
+	if (!n || block <= 0 || block > 1024 || dyn > 227 * 1024)
+		return ret(cudaErrorInvalidValue);
+	k = 2048 / block < 32 ? 2048 / block : 32;
+	if (dyn && (int)(228 * 1024 / (dyn + 1024)) < k)
+		k = (int)(228 * 1024 / (dyn + 1024));
+	if (cfg().occupancy && cfg().occupancy < k)
+		k = cfg().occupancy;
+	*n = k;
 	return cudaSuccess;
 }
 

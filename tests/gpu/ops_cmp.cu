@@ -1511,6 +1511,16 @@ int main(int argc, char **argv)
 	ksplit.cnt_words = 4096 / 32 + 1;
 	ksplit.cnt = (unsigned *)dev(4 * ksplit.cnt_words);
 	ksplit.n_sm = 132;
+	/* the device's occupancy of the tensor-core kernels, which bounds
+	 * their splits as in the backend (cuemu: its H100's, 16 CTAs of 128
+	 * threads, which leaves the splits of 3 a multiprocessor alone) */
+	if (gpud_k_mm_occupancy(ksplit.per_sm) != cudaSuccess || !ksplit.per_sm[0] ||
+	    !ksplit.per_sm[1] || !ksplit.per_sm[2]) {
+		fprintf(stderr, "ops_cmp: gpud_k_mm_occupancy failed\n");
+		return 1;
+	}
+	printf("ops_cmp: tensor-core CTAs a multiprocessor: int8 %u, single-buffered %u, F16 %u\n",
+	       ksplit.per_sm[0], ksplit.per_sm[1], ksplit.per_sm[2]);
 	cudaMemset(ksplit.cnt, 0, 4 * ksplit.cnt_words);
 	if (!draws_only)
 		check_kernels();

@@ -497,30 +497,30 @@ static void test_mm_splits(void **state)
 	/* Llama-3.2-3B on 132 SMs, the pipelined kernel (64-row tiles, about 3
 	 * CTAs per SM): q/o (3072 rows, 48 tiles) 8 splits, k/v (1024 rows) 8,
 	 * gate/up (8192 rows, 128 tiles) 4, down (3072 x 8192) 8 */
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 132), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132), 4);
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 8192, 40, part, 257, 132), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132, 0), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 132, 0), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 0), 4);
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 8192, 40, part, 257, 132, 0), 8);
 	/* the single-buffered one (32-row tiles, about 2 CTAs per SM): q/o 3,
 	 * k/v 8, gate/up 2, down 3 */
-	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 3072, 16, part, 257, 132), 3);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 257, 132), 8);
-	assert_int_equal(gpud_cuda_mm_splits(S, 8192, 3072, 64, part, 257, 132), 2);
-	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 8192, 40, part, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 3072, 16, part, 257, 132, 0), 3);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 257, 132, 0), 8);
+	assert_int_equal(gpud_cuda_mm_splits(S, 8192, 3072, 64, part, 257, 132, 0), 2);
+	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 8192, 40, part, 257, 132, 0), 3);
 	/* the GEMV's batches, prefill, and a matrix of many tiles: none */
 	for (int k = 0; k < 2; k++) {
 		enum gpud_cuda_mm_kernel K = k ? S : P;
 
-		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 8, part, 257, 132), 1);
-		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 65, part, 257, 132), 1);
-		assert_int_equal(gpud_cuda_mm_splits(K, 128256, 3072, 64, part, 257, 132), 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 8, part, 257, 132, 0), 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 65, part, 257, 132, 0), 1);
+		assert_int_equal(gpud_cuda_mm_splits(K, 128256, 3072, 64, part, 257, 132, 0), 1);
 	}
 	/* a stage of blocks per split at least: 64 columns are 1 stage of
 	 * either kernel, 320 columns 5 of the pipelined's and 3 of the other's */
-	assert_int_equal(gpud_cuda_mm_splits(P, 64, 64, 16, part, 257, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(S, 64, 64, 16, part, 257, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(P, 64, 320, 16, part, 257, 132), 5);
-	assert_int_equal(gpud_cuda_mm_splits(S, 64, 320, 16, part, 257, 132), 3);
+	assert_int_equal(gpud_cuda_mm_splits(P, 64, 64, 16, part, 257, 132, 0), 1);
+	assert_int_equal(gpud_cuda_mm_splits(S, 64, 64, 16, part, 257, 132, 0), 1);
+	assert_int_equal(gpud_cuda_mm_splits(P, 64, 320, 16, part, 257, 132, 0), 5);
+	assert_int_equal(gpud_cuda_mm_splits(S, 64, 320, 16, part, 257, 132, 0), 3);
 	/* the F16/BF16 kernel: the pipelined one's tiles and CTAs, stages of 32
 	 * columns (320 columns are 10; 40 columns round up to 2) */
 	{
@@ -533,18 +533,36 @@ static void test_mm_splits(void **state)
 
 		for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
 			assert_int_equal(gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, h[i].rows, h[i].cols,
-							     h[i].T, part, 257, 132),
+							     h[i].T, part, 257, 132, 0),
 					 h[i].want);
 	}
+	/* one wave of what the device holds: an RTX 4090 (128 SMs, 2 pipelined
+	 * CTAs each: 256) cuts q/o to 5 splits (240 CTAs where 8 made 384), a
+	 * Q/K/V set (5120 rows, 80 tiles) to 3, gate/up to 2, k/v stays 8 (128
+	 * CTAs); an H100 holding 4 a multiprocessor (528) keeps every figure
+	 * above, holding 3 (396) gate/up's 4 (512 CTAs) becomes 3 */
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 128, 2), 5);
+	assert_int_equal(gpud_cuda_mm_splits(P, 5120, 3072, 64, part, 257, 128, 2), 3);
+	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 128, 2), 2);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 128, 2), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132, 4), 8);
+	assert_int_equal(gpud_cuda_mm_splits(P, 5120, 3072, 64, part, 257, 132, 4), 5);
+	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 4), 4);
+	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 3), 3);
+	assert_int_equal(gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, 8192, 3072, 64, part, 257, 128, 2),
+			 2);
+	/* fewer CTAs a wave than tiles (200 of 64 rows, 128 CTAs): no split */
+	assert_int_equal(gpud_cuda_mm_splits(P, 12800, 3072, 16, part, 257, 128, 0), 2);
+	assert_int_equal(gpud_cuda_mm_splits(P, 12800, 3072, 16, part, 257, 128, 1), 1);
 	/* the scratch bounds them: partials, then counters */
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132), 3);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 15, 132), 1);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 16, 132), 8);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 31, 132), 1);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 15, 132, 0), 1);
+	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 16, 132, 0), 8);
+	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 31, 132, 0), 1);
 	for (int k = 0; k < 2; k++)
 		for (uint32_t T = 1; T <= 80; T++) {
-			uint32_t n = gpud_cuda_mm_splits(k ? S : P, 3072, 3072, T, part, 257, 1u << 20);
+			uint32_t n = gpud_cuda_mm_splits(k ? S : P, 3072, 3072, T, part, 257, 1u << 20, 0);
 
 			assert_true(n >= 1 && n <= GPUD_CUDA_MM_MAX_SPLITS);
 			assert_true((uint64_t)n * T * 3072 <= part || n == 1);

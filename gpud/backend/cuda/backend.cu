@@ -700,6 +700,11 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 		c->n_sm = p.multiProcessorCount > 0 ? (uint32_t)p.multiProcessorCount : 1;
 		major = p.major;
 	}
+	// how many CTAs of each tensor-core matmul a multiprocessor holds: the
+	// split-K grids fill one wave of them (an RTX 4090 holds fewer than an
+	// H100: 100 KB of shared memory a multiprocessor, not 228)
+	uint32_t per_sm[3];
+	CK(gpud_k_mm_occupancy(per_sm), "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
 	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
 	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
 	    (rc = reserve(c, &c->mpool, L->masks_bytes, "mask", err, errlen)) ||
@@ -740,7 +745,7 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	c->actq2 = (int8_t *)(s + L->actq2);
 	c->actd2 = (float *)(s + L->actd2);
 	c->ksplit = gpud_cuda_ksplit{ (float *)(s + L->mmp), L->mmp_floats, (unsigned *)(s + L->mmc),
-				      L->mmc_words, c->n_sm };
+				      L->mmc_words, c->n_sm, { per_sm[0], per_sm[1], per_sm[2] } };
 	c->acth_hi = s + L->acth;
 	c->acth_lo = s + L->actl;
 	c->ascale = (float *)(s + L->ascale);
@@ -787,13 +792,16 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	CK(cudaStreamSynchronize(c->stream), "graph capture");
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
 		 "scratch %.1f, pinned staging %.1f; %u decode graphs; "
-		 "programmatic dependent launch %s; int8 matmul %s; norms fused up to %u tokens",
+		 "programmatic dependent launch %s; int8 matmul %s; norms fused up to %u tokens; "
+		 "tensor-core matmul CTAs a multiprocessor (of %u): int8 %u, single-buffered %u, "
+		 "F16 %u",
 		 c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
 		 L->staging_bytes / 1048576.0, c->n_graphs,
 		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered",
-		 c->fuse_norm_t);
+		 c->fuse_norm_t, c->n_sm, c->ksplit.per_sm[GPUD_CUDA_MM_PIPE],
+		 c->ksplit.per_sm[GPUD_CUDA_MM_SINGLE], c->ksplit.per_sm[GPUD_CUDA_MM_HALF]);
 	return 0;
 }
 

@@ -269,12 +269,15 @@ enum gpud_cuda_mm_kernel {
  * over T tokens (gpud_k_mm_q, gpud_k_mm_h_set) by kernel k: 1 unless T is a decode batch
  * past the GEMV (GPUD_CUDA_GEMV_MAX_T < T <= GPUD_CUDA_MM_TILE_TOKENS, one
  * token tile); then about GPUD_CUDA_MMP_PER_SM (pipelined, half) or 2
- * (single) CTAs per multiprocessor, at most GPUD_CUDA_MM_MAX_SPLITS, a
+ * (single) CTAs per multiprocessor, no more than one wave of per_sm_max a
+ * multiprocessor (the CTAs of kernel k one holds at once, the device's
+ * occupancy; 0: unknown, no bound), at most GPUD_CUDA_MM_MAX_SPLITS, a
  * stage of columns each at least, the partials (splits x T x rows floats) within
  * part_floats and the row tiles within cnt_words. A function of the shapes
  * and the device only: a decode graph keeps its grid. */
 uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,
-			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm);
+			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm,
+			     uint32_t per_sm_max);
 
 /* --- the arg max of a logits row, on the device --------------------------- */
 

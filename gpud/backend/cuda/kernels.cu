@@ -3815,9 +3815,10 @@ uint32_t gpud_k_mm_q_splits(int64_t rows, int64_t cols, uint32_t T,
 		return gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE,
 					   (uint64_t)(rows + MMP_M - 1) / MMP_M * MMP_M,
 					   (uint64_t)cols, T, ks->part_floats, ks->cnt_words,
-					   ks->n_sm);
+					   ks->n_sm, ks->per_sm[GPUD_CUDA_MM_PIPE]);
 	return gpud_cuda_mm_splits(GPUD_CUDA_MM_SINGLE, (uint64_t)rows, (uint64_t)cols, T,
-				   ks->part_floats, ks->cnt_words, ks->n_sm);
+				   ks->part_floats, ks->cnt_words, ks->n_sm,
+				   ks->per_sm[GPUD_CUDA_MM_SINGLE]);
 }
 
 /* The set of matrices ws[0 .. n - 1] (n <= 3) into ys: their row tiles
@@ -3856,7 +3857,7 @@ static cudaError_t launch_mm_set(cudaStream_t s, const gpud_cuda_mat *const *ws,
 
 	nsp = ks ? gpud_cuda_mm_splits(GPUD_CUDA_MM_PIPE, mmp_set_rows(set),
 				       (uint64_t)ws[0]->cols, T, ks->part_floats, ks->cnt_words,
-				       ks->n_sm)
+				       ks->n_sm, ks->per_sm[GPUD_CUDA_MM_PIPE])
 		 : 1;
 	dim3 grid((T + MMP_N - 1) / MMP_N, tiles, nsp);
 	return launched(cudaLaunchKernelEx(klc(grid, 128, 0, s).cfg(), gemm_qp_kernel<TYPE>, set,
@@ -4165,13 +4166,32 @@ bool gpud_k_mm_h_fits(const gpud_cuda_mat *w)
 	       (uint64_t)(w->rows + MMP_M - 1) / MMP_M <= 65535;
 }
 
+cudaError_t gpud_k_mm_occupancy(uint32_t per_sm[3])
+{
+	int n[3] = { 0, 0, 0 };
+	cudaError_t e;
+
+	/* 128 threads a CTA, static shared memory only (every one of them) */
+	if ((e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		     &n[GPUD_CUDA_MM_PIPE], gemm_qp_kernel<GPUD_TYPE_Q8_0>, 128, 0)) != cudaSuccess ||
+	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		     &n[GPUD_CUDA_MM_SINGLE], gemm_q_kernel<GPUD_TYPE_Q8_0>, 128, 0)) != cudaSuccess ||
+	    (e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		     &n[GPUD_CUDA_MM_HALF], gemm_hp_kernel<GPUD_TYPE_F16>, 128, 0)) != cudaSuccess)
+		return e;
+	for (int k = 0; k < 3; k++)
+		per_sm[k] = n[k] > 0 ? (uint32_t)n[k] : 1;
+	return cudaSuccess;
+}
+
 uint32_t gpud_k_mm_h_splits(int64_t rows, int64_t cols, uint32_t T,
 			    const gpud_cuda_ksplit *ks)
 {
 	if (!ks || rows <= 0 || cols <= 0)
 		return 1;
 	return gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, (uint64_t)(rows + MMP_M - 1) / MMP_M * MMP_M,
-				   (uint64_t)cols, T, ks->part_floats, ks->cnt_words, ks->n_sm);
+				   (uint64_t)cols, T, ks->part_floats, ks->cnt_words, ks->n_sm,
+				   ks->per_sm[GPUD_CUDA_MM_HALF]);
 }
 
 cudaError_t gpud_k_mm_h_set(cudaStream_t s, const gpud_cuda_mat *const *ws, float *const *ys,

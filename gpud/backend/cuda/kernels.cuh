@@ -178,7 +178,16 @@ struct gpud_cuda_ksplit {
 	unsigned *cnt;
 	uint32_t cnt_words;
 	uint32_t n_sm; // the device's multiprocessors (the splits fill them)
+	// the CTAs of each tensor-core kernel (by gpud_cuda_mm_kernel) one
+	// multiprocessor holds at once (gpud_k_mm_occupancy; 0: no bound)
+	uint32_t per_sm[3];
 };
+
+// per_sm[k]: the occupancy of the tensor-core kernels by gpud_cuda_mm_kernel
+// k (the pipelined int8 kernel's larger Q8_0 stages; F16, BF16's twin) on
+// the current device, as the CUDA runtime computes it from their
+// registers and shared memory: what gpud_cuda_mm_splits fills.
+cudaError_t gpud_k_mm_occupancy(uint32_t per_sm[3]);
 
 // y (T, rows) = W x for Q8_0/Q4_0 W over quantized activations: a GEMV
 // (warp per row, T <= GPUD_K_GEMV_MAX_T) or an int8 tensor-core kernel

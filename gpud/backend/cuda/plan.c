@@ -407,7 +407,8 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
 }
 
 uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t cols, uint32_t T,
-			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm)
+			     uint64_t part_floats, uint32_t cnt_words, uint32_t n_sm,
+			     uint32_t per_sm_max)
 {
 	bool pipe = k != GPUD_CUDA_MM_SINGLE; /* the half kernel: the pipelined one's tiles */
 	uint64_t tile = pipe ? GPUD_CUDA_MMP_TILE_ROWS : GPUD_CUDA_MM1_TILE_ROWS;
@@ -422,6 +423,15 @@ uint32_t gpud_cuda_mm_splits(enum gpud_cuda_mm_kernel k, uint64_t rows, uint64_t
 	if (T <= GPUD_CUDA_GEMV_MAX_T || T > GPUD_CUDA_MM_TILE_TOKENS || !tiles)
 		return 1;
 	n = (per_sm * (n_sm ? n_sm : 1) + tiles - 1) / tiles;
+	/* and one wave: no more CTAs than the device holds at once (an RTX
+	 * 4090's 100 KB of shared memory a multiprocessor holds 2 pipelined
+	 * CTAs, an H100's 228 KB 4): a wave and a bit would leave most of the
+	 * device idle for the last CTAs' whole time */
+	if (per_sm_max) {
+		uint64_t wave = (uint64_t)per_sm_max * (n_sm ? n_sm : 1) / tiles;
+		if (n > wave)
+			n = wave ? wave : 1;
+	}
 	if (n > GPUD_CUDA_MM_MAX_SPLITS)
 		n = GPUD_CUDA_MM_MAX_SPLITS;
 	if (n > steps)

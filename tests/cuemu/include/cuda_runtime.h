@@ -163,6 +163,20 @@ cudaError_t cudaGraphUpload(cudaGraphExec_t ex, cudaStream_t s);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t ex, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t ex);
+/* The CTAs of a kernel of block threads and dyn bytes of dynamic shared
+ * memory that one multiprocessor holds at once. A GPU counts the kernel's
+ * registers and static shared memory too, the compiler's figures, which
+ * cuemu has not: it answers for the H100 it models (2048 threads and 228
+ * KB a multiprocessor, at most 32 CTAs) from the threads and dyn alone,
+ * or with CUEMU_OCCUPANCY's figure where that is smaller (a device that
+ * holds fewer CTAs, such as an RTX 4090). */
+cudaError_t cuemu_occupancy(int *n, int block, size_t dyn);
+template <class F>
+static inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, F, int block,
+									 size_t dyn)
+{
+	return cuemu_occupancy(n, block, dyn);
+}
 
 /* --- launches ------------------------------------------------------------------- */
 namespace cuemu {
