@@ -127,6 +127,9 @@ static bool bench_long_f16;          /* --long-f16: long-context rows with f16 K
 static const struct gpud_backend_ops *dut; /* the backend under test */
 #if SW_HAVE_CUDA
 static bool profiling; /* --profile: instances keep a kernel profile */
+/* --ncu: the decode step of decode_step_s marked as a profiler range */
+static uint32_t ncu_mark = UINT32_MAX;
+static int ncu_rc;
 #endif
 static enum gpud_type kv_type = GPUD_TYPE_F32; /* --kv-type */
 
@@ -576,8 +579,16 @@ static double decode_step_s(struct inst *g, const struct gpud_model *m, uint32_t
 			seqs[i].len++;
 		}
 		t0 = now_s();
+#if SW_HAVE_CUDA
+		if (step == ncu_mark && (ncu_rc = gpud_cuda_profiler_range(true)))
+			return -1;
+#endif
 		if (forward(g, &b))
 			return -1;
+#if SW_HAVE_CUDA
+		if (step == ncu_mark && (ncu_rc = gpud_cuda_profiler_range(false)))
+			return -1;
+#endif
 		if (step >= (bench_quick ? 4u : 8u)) /* warm: graphs captured, caches filled */
 			t[n_t++] = now_s() - t0;
 		if (step + 1 == (bench_quick ? 4u : 8u))
@@ -1070,12 +1081,44 @@ static int stages(const struct gpud_model *m, const char *label, const char *out
 }
 #endif
 
+#if SW_HAVE_CUDA
+/* --ncu T: the first decode step of T tokens (at a 32-token context) after
+ * the bench's warm-up, alone in a profiler range: what `ncu
+ * --profile-from-start off` profiles (tests/gpu/run). The instance holds T
+ * sequences, its KV no more than they need: a profiler that saves and
+ * restores device memory around each kernel it replays saves less. */
+static int ncu_step(const struct gpud_model *m, uint32_t T)
+{
+	struct inst g;
+	double t;
+
+	if (T < 1 || T > MAX_SEQS) {
+		fprintf(stderr, "backend_cmp: --ncu takes 1..%u tokens\n", MAX_SEQS);
+		return 2;
+	}
+	if (inst_init(&g, dut, m, T))
+		return 1;
+	ncu_mark = bench_quick ? 4u : 8u;
+	t = decode_step_s(&g, m, T, 32, false, ROWS_ARGMAX);
+	g.ops->destroy(g.ctx);
+	if (t < 0) {
+		fprintf(stderr, "backend_cmp: --ncu: %s\n",
+			ncu_rc ? "the profiler range failed" : "a step failed");
+		return 1;
+	}
+	printf("backend_cmp: --ncu: decode step %u of %u tokens in a profiler range "
+	       "(median step %.3f ms)\n", ncu_mark, T, t * 1e3);
+	return 0;
+}
+#endif
+
 int main(int argc, char **argv)
 {
 	const char *path = NULL, *label = NULL, *out = NULL, *device = "cuda:0";
 	uint32_t rounds = 20;
 	double bound = -1;
 	bool do_bench = false, do_profile = false, do_stages = false;
+	uint32_t ncu_t = 0;
 	double copy_gbs = 0;
 	struct gpud_model *m = NULL;
 	char err[SW_ERR_MAX] = "";
@@ -1113,6 +1156,8 @@ int main(int argc, char **argv)
 			do_profile = true;
 		else if (!strcmp(argv[i], "--stages"))
 			do_stages = true;
+		else if (!strcmp(argv[i], "--ncu") && i + 1 < argc)
+			ncu_t = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--copy-gbs") && i + 1 < argc)
 			copy_gbs = atof(argv[++i]);
 		else if (!strcmp(argv[i], "--label") && i + 1 < argc)
@@ -1121,7 +1166,7 @@ int main(int argc, char **argv)
 			out = argv[++i];
 		else {
 			fprintf(stderr, "usage: %s --model PATH [--rounds N] [--bound B] "
-				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16] | --model PATH --profile [--label NAME] [--out FILE] [--quick] | --model PATH --stages [--label NAME] [--out FILE] [--quick] [--copy-gbs G]\n",
+				"[--seed S] [--max-prompt N] [--device cuda:0|cpu] [--kv-type f32|f16] | --model PATH --bench [--label NAME] [--out FILE] [--long-context N] [--quick] [--long-f16] | --model PATH --profile [--label NAME] [--out FILE] [--quick] | --model PATH --stages [--label NAME] [--out FILE] [--quick] [--copy-gbs G] | --model PATH --ncu TOKENS [--quick]\n",
 				argv[0]);
 			return 2;
 		}
@@ -1132,9 +1177,9 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	(void)copy_gbs; /* --stages' only */
-	if (!SW_HAVE_CUDA && (do_profile || do_stages)) {
+	if (!SW_HAVE_CUDA && (do_profile || do_stages || ncu_t)) {
 		fprintf(stderr, "backend_cmp: --%s needs the CUDA backend (meson setup "
-			"-Dgpu=enabled)\n", do_stages ? "stages" : "profile");
+			"-Dgpu=enabled)\n", do_stages ? "stages" : do_profile ? "profile" : "ncu");
 		return 2;
 	}
 	if (!strcmp(device, "cpu")) {
@@ -1167,7 +1212,12 @@ int main(int argc, char **argv)
 			: !strcmp(type_of(m), "q8_0") || !strcmp(type_of(m), "q4_0") ? 2e-2
 										    : 4e-2;
 #if SW_HAVE_CUDA
-	if (do_stages)
+	if (ncu_t && dut == &gpud_cpu_backend) {
+		fprintf(stderr, "backend_cmp: --ncu is for cuda:0\n");
+		rc = 2;
+	} else if (ncu_t)
+		rc = ncu_step(m, ncu_t);
+	else if (do_stages)
 		rc = stages(m, label ? label : type_of(m), out, copy_gbs);
 	else if (do_profile)
 		rc = profile(m, label ? label : type_of(m), out);

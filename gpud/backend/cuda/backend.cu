@@ -26,6 +26,7 @@
 // Errors: every CUDA call is checked; a message names the
 // device ("cuda:N"), the operation and the CUDA error string, and the code
 // comes from gpud_cuda_errcode (-ENOMEM, -ENODEV, -EIO).
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
@@ -1455,6 +1456,13 @@ extern "C" int gpud_cuda_stage_profile(void *ctx, uint32_t T, uint32_t reps,
 		cudaGetLastError();
 	}
 	return rc;
+}
+
+extern "C" int gpud_cuda_profiler_range(bool on)
+{
+	cudaError_t e = on ? cudaProfilerStart() : cudaProfilerStop();
+
+	return e == cudaSuccess ? 0 : gpud_cuda_errcode((int)e);
 }
 
 extern "C" int gpud_cuda_profile(void *ctx, struct gpud_cuda_prof *out, bool reset)

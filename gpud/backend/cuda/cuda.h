@@ -118,6 +118,11 @@ struct gpud_cuda_stage_prof {
 int gpud_cuda_stage_profile(void *ctx, uint32_t T, uint32_t reps,
 			    struct gpud_cuda_stage_prof *out, char *err, size_t errlen);
 
+/* Marks the start (on) or the end of a range for an external profiler
+ * (cudaProfilerStart, cudaProfilerStop: what `ncu --profile-from-start
+ * off` profiles), for benchmarks. Returns 0 or a CUDA error's code. */
+int gpud_cuda_profiler_range(bool on);
+
 #ifdef __cplusplus
 }
 #endif
