@@ -540,20 +540,25 @@ static void test_mm_splits(void **state)
 	 * CTAs each: 256) cuts q/o to 5 splits (240 CTAs where 8 made 384), a
 	 * Q/K/V set (5120 rows, 80 tiles) to 3, gate/up to 2, k/v stays 8 (128
 	 * CTAs); an H100 holding 4 a multiprocessor (528) keeps every figure
-	 * above, holding 3 (396) gate/up's 4 (512 CTAs) becomes 3 */
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 128, 2), 5);
-	assert_int_equal(gpud_cuda_mm_splits(P, 5120, 3072, 64, part, 257, 128, 2), 3);
-	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 128, 2), 2);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 128, 2), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132, 4), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 5120, 3072, 64, part, 257, 132, 4), 5);
-	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 4), 4);
-	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 3), 3);
-	assert_int_equal(gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, 8192, 3072, 64, part, 257, 128, 2),
-			 2);
-	/* fewer CTAs a wave than tiles (200 of 64 rows, 128 CTAs): no split */
-	assert_int_equal(gpud_cuda_mm_splits(P, 12800, 3072, 16, part, 257, 128, 0), 2);
-	assert_int_equal(gpud_cuda_mm_splits(P, 12800, 3072, 16, part, 257, 128, 1), 1);
+	 * above, holding 3 (396) gate/up's 4 (512 CTAs) becomes 3; fewer CTAs
+	 * a wave than tiles (200 of 64 rows, 128 CTAs): no split */
+	{
+		const struct {
+			enum gpud_cuda_mm_kernel k;
+			uint64_t rows;
+			uint32_t T, n_sm, per_sm, want;
+		} w[] = { { P, 3072, 16, 128, 2, 5 },   { P, 5120, 64, 128, 2, 3 },
+			  { P, 8192, 64, 128, 2, 2 },   { P, 1024, 64, 128, 2, 8 },
+			  { P, 3072, 16, 132, 4, 8 },   { P, 5120, 64, 132, 4, 5 },
+			  { P, 8192, 64, 132, 4, 4 },   { P, 8192, 64, 132, 3, 3 },
+			  { GPUD_CUDA_MM_HALF, 8192, 64, 128, 2, 2 },
+			  { P, 12800, 16, 128, 0, 2 },  { P, 12800, 16, 128, 1, 1 } };
+
+		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
+			assert_int_equal(gpud_cuda_mm_splits(w[i].k, w[i].rows, 3072, w[i].T, part, 257,
+							     w[i].n_sm, w[i].per_sm),
+					 w[i].want);
+	}
 	/* the scratch bounds them: partials, then counters */
 	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
 	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
