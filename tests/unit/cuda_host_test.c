@@ -469,19 +469,30 @@ static void test_att_splits(void **state)
 	(void)state;
 	l.head_dim = 128;
 	l.kv_dim = 8 * 128; /* Llama-3.2-3B: 8 KV heads */
-	assert_int_equal(gpud_cuda_att_splits(&l, 1, 132), GPUD_CUDA_ATT_MAX_SPLITS);
-	assert_int_equal(gpud_cuda_att_splits(&l, 4, 132), 9);   /* 264 / 32 CTAs */
-	assert_int_equal(gpud_cuda_att_splits(&l, 16, 128), 2);  /* 256 / 128 */
-	assert_int_equal(gpud_cuda_att_splits(&l, 16, 132), 3);  /* rounded up */
-	assert_int_equal(gpud_cuda_att_splits(&l, 64, 132), 1);
-	assert_int_equal(gpud_cuda_att_splits(&l, 65, 132), 1);  /* past the graphs: prefill */
-	assert_int_equal(gpud_cuda_att_splits(&l, 0, 132), 1);
-	assert_int_equal(gpud_cuda_att_splits(&l, 1, 0), 1);     /* 2 CTAs wanted: 8 per split */
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 132, 0), GPUD_CUDA_ATT_MAX_SPLITS);
+	assert_int_equal(gpud_cuda_att_splits(&l, 4, 132, 0), 9);   /* 264 / 32 CTAs */
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 128, 0), 2);  /* 256 / 128 */
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 132, 0), 3);  /* rounded up */
+	assert_int_equal(gpud_cuda_att_splits(&l, 64, 132, 0), 1);
+	assert_int_equal(gpud_cuda_att_splits(&l, 65, 132, 0), 1);  /* past the graphs: prefill */
+	assert_int_equal(gpud_cuda_att_splits(&l, 0, 132, 0), 1);
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 0, 0), 1);     /* 2 CTAs wanted: 8 per split */
+	/* one wave of what the device holds: an RTX 4090 (128 SMs, 2 CTAs
+	 * each) at batch 3 (24 CTAs a split) takes 10 splits, not 11 (264
+	 * CTAs: 8 past the wave would double the launch); where 2 a
+	 * multiprocessor is a wave already, as at batch 16, nothing changes;
+	 * an H100 holding 6 is not bounded */
+	assert_int_equal(gpud_cuda_att_splits(&l, 3, 128, 0), 11);
+	assert_int_equal(gpud_cuda_att_splits(&l, 3, 128, 2), 10);
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 128, 2), 2);
+	assert_int_equal(gpud_cuda_att_splits(&l, 16, 132, 6), 3);
+	assert_int_equal(gpud_cuda_att_splits(&l, 4, 132, 6), 9);
+	assert_int_equal(gpud_cuda_att_splits(&l, 64, 128, 1), 1); /* 512 CTAs: at least 1 */
 	l.kv_dim = 128; /* one KV head: bounded by the partials too */
-	assert_int_equal(gpud_cuda_att_splits(&l, 1, 1024), GPUD_CUDA_ATT_MAX_SPLITS);
-	assert_int_equal(gpud_cuda_att_splits(&l, 40, 1024), GPUD_CUDA_ATT_PARTS / 40);
+	assert_int_equal(gpud_cuda_att_splits(&l, 1, 1024, 0), GPUD_CUDA_ATT_MAX_SPLITS);
+	assert_int_equal(gpud_cuda_att_splits(&l, 40, 1024, 0), GPUD_CUDA_ATT_PARTS / 40);
 	for (uint32_t T = 1; T <= GPUD_CUDA_GRAPH_MAX_T; T++) {
-		uint32_t n = gpud_cuda_att_splits(&l, T, 1u << 20);
+		uint32_t n = gpud_cuda_att_splits(&l, T, 1u << 20, 0);
 
 		assert_true(n >= 1 && n <= GPUD_CUDA_ATT_MAX_SPLITS);
 		assert_true((uint64_t)n * T <= GPUD_CUDA_ATT_PARTS);

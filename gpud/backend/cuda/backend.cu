@@ -118,6 +118,7 @@ struct cuda_ctx {
 	float *attp;    // split-K attention partials
 	unsigned *attc; // and their arrival counters (zero between steps)
 	uint32_t n_sm;  // the device's multiprocessors: attention splits
+	uint32_t att_per_sm; // decode attention CTAs a multiprocessor holds
 	uint32_t n_tiles; // the eager step's attention tiles (gpud_cuda_meta_fill)
 	gpud_cuda_ksplit ksplit; // split-K scratch of the int8 tensor-core matmul
 	int8_t *actq, *actq2; // int8 activations; decode's down reads actq2,
@@ -706,6 +707,9 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	// H100: 100 KB of shared memory a multiprocessor, not 228)
 	uint32_t per_sm[3];
 	CK(gpud_k_mm_occupancy(per_sm), "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+	CK(gpud_k_attention_occupancy(c->hp->head_dim, L->kv_esz == 2, L->att_heads,
+				      &c->att_per_sm),
+	   "cudaOccupancyMaxActiveBlocksPerMultiprocessor (attention)");
 	if ((rc = reserve(c, &c->wpool, L->weights_bytes, "weights", err, errlen)) ||
 	    (rc = reserve(c, &c->kvpool, L->kv_bytes, "KV", err, errlen)) ||
 	    (rc = reserve(c, &c->mpool, L->masks_bytes, "mask", err, errlen)) ||
@@ -794,15 +798,16 @@ int setup(cuda_ctx *c, char *err, size_t errlen)
 	log_info("cuda:%d: pools (MiB): weights %.1f, kv %.1f (%s), masks %.1f (%u slots), "
 		 "scratch %.1f, pinned staging %.1f; %u decode graphs; "
 		 "programmatic dependent launch %s; int8 matmul %s; norms fused up to %u tokens; "
-		 "tensor-core matmul CTAs a multiprocessor (of %u): int8 %u, single-buffered %u, "
-		 "F16 %u",
+		 "CTAs a multiprocessor (of %u): int8 matmul %u, single-buffered %u, F16 %u, "
+		 "decode attention %u",
 		 c->dev,
 		 L->weights_bytes / 1048576.0, L->kv_bytes / 1048576.0, L->kv_esz == 2 ? "f16" : "f32",
 		 L->masks_bytes / 1048576.0, L->mask_slots, L->scratch_bytes / 1048576.0,
 		 L->staging_bytes / 1048576.0, c->n_graphs,
 		 c->pdl ? "on" : "off", gpud_k_mm_pipelined(64) ? "pipelined" : "single-buffered",
 		 c->fuse_norm_t, c->n_sm, c->ksplit.per_sm[GPUD_CUDA_MM_PIPE],
-		 c->ksplit.per_sm[GPUD_CUDA_MM_SINGLE], c->ksplit.per_sm[GPUD_CUDA_MM_HALF]);
+		 c->ksplit.per_sm[GPUD_CUDA_MM_SINGLE], c->ksplit.per_sm[GPUD_CUDA_MM_HALF],
+		 c->att_per_sm);
 	return 0;
 }
 
@@ -1048,7 +1053,8 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 				 L->block_elems, L->kv_esz == 2 };
 	// Decode-sized steps (the graphs') split each token's keys; larger
 	// ones share K among tiles of a sequence's tokens.
-	gpud_cuda_attn att = { L->att_heads, T, gpud_cuda_att_splits(L, T, c->n_sm),
+	gpud_cuda_attn att = { L->att_heads, T,
+			       gpud_cuda_att_splits(L, T, c->n_sm, c->att_per_sm),
 			       T > GPUD_CUDA_GRAPH_MAX_T ? c->meta + L->m_tiles : nullptr, c->n_tiles,
 			       L->att_tile, c->attp, c->attc, nullptr, nullptr, nullptr, 0 };
 	int rc;

@@ -249,11 +249,14 @@ uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l);
  * multiprocessors (split-K, "flash decoding"): each (token, KV head)'s
  * keys are cut into this many ranges, attended by separate CTAs and
  * combined, so that a small decode batch over a long context still fills
- * the device (about two CTAs per multiprocessor). 1 for a step of more
- * than GPUD_CUDA_GRAPH_MAX_T tokens (prefill has CTAs enough); at most
- * GPUD_CUDA_ATT_MAX_SPLITS and GPUD_CUDA_ATT_PARTS / T. Depends on T and
- * the device only, never on positions: a decode graph keeps its grid. */
-uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm);
+ * the device (about two CTAs per multiprocessor, no more than one wave of
+ * per_sm_max a multiprocessor: the decode kernel's occupancy, 0 for no
+ * bound). 1 for a step of more than GPUD_CUDA_GRAPH_MAX_T tokens (prefill
+ * has CTAs enough); at most GPUD_CUDA_ATT_MAX_SPLITS and
+ * GPUD_CUDA_ATT_PARTS / T. Depends on T and the device only, never on
+ * positions: a decode graph keeps its grid. */
+uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm,
+			      uint32_t per_sm_max);
 
 /* The int8 tensor-core kernels: the pipelined one (cp.async stages, sm_80
  * and up), which needs columns of whole stages (cols % 64 == 0), and the

@@ -1212,6 +1212,48 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 		att_out(out, aq, ad, base, i, lane, hd, acc[i] * inv);
 }
 
+/* The dynamic shared memory of an attention CTA of hg heads and n_t
+ * tokens: K and V of a chunk staged side by side where both fit the plan's
+ * shared memory (head_dim 128: the 3B's, decode and prefill), so that a
+ * chunk costs one memory latency, not two (sepv); else one after the other
+ * in the same rows (head_dim 256). */
+static size_t att_smem(uint32_t hd, uint32_t hg, uint32_t n_t, bool *sepv)
+{
+	size_t kvs = (size_t)ATT_CHUNK * (hd + 1) * 4, qs = (size_t)hg * n_t * hd * 4;
+
+	*sepv = 2 * kvs + qs <= GPUD_CUDA_ATT_SMEM;
+	return (*sepv ? 2 : 1) * kvs + qs;
+}
+
+/* The decode instance of attention_kernel for head_dim hd and the KV's
+ * element type (every instance has the one signature). */
+typedef decltype(&attention_kernel<1, float, true>) att_fn;
+static att_fn att_dec_kernel(uint32_t hd, bool kv16)
+{
+	if (hd <= 32)
+		return kv16 ? attention_kernel<1, __half, true> : attention_kernel<1, float, true>;
+	if (hd <= 64)
+		return kv16 ? attention_kernel<2, __half, true> : attention_kernel<2, float, true>;
+	if (hd <= 128)
+		return kv16 ? attention_kernel<4, __half, true> : attention_kernel<4, float, true>;
+	return kv16 ? attention_kernel<8, __half, true> : attention_kernel<8, float, true>;
+}
+
+cudaError_t gpud_k_attention_occupancy(uint32_t head_dim, bool kv16, uint32_t heads,
+				       uint32_t *per_sm)
+{
+	uint32_t hg = heads < ATT_DEC_HEADS ? (heads ? heads : 1) : ATT_DEC_HEADS;
+	bool sepv;
+	size_t shm = att_smem(head_dim, hg, 1, &sepv);
+	int n = 0;
+	cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+		&n, att_dec_kernel(head_dim, kv16), (int)(32 * hg), shm);
+
+	if (e == cudaSuccess)
+		*per_sm = n > 0 ? (uint32_t)n : 1;
+	return e;
+}
+
 cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const gpud_cuda_meta *m, const gpud_cuda_kvshape *kv,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
@@ -1225,13 +1267,8 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 	dim3 grid(a->tiles ? a->n_tiles : a->T, kv->n_kv_heads * ((G + hg - 1) / hg),
 		  splits ? splits : 1);
 	dim3 block(32 * hg * n_t);
-	/* K and V of a chunk staged side by side where both fit the plan's
-	 * shared memory (head_dim 128: the 3B's, decode and prefill), so that
-	 * a chunk costs one memory latency, not two; else one after the other
-	 * in the same rows (head_dim 256) */
-	size_t kvs = (size_t)ATT_CHUNK * (hd + 1) * 4, qs = (size_t)hg * n_t * hd * 4;
-	bool sepv = 2 * kvs + qs <= GPUD_CUDA_ATT_SMEM;
-	size_t shm = (sepv ? 2 : 1) * kvs + qs;
+	bool sepv;
+	size_t shm = att_smem(hd, hg, n_t, &sepv);
 
 	cudaError_t e;
 

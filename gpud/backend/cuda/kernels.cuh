@@ -117,6 +117,12 @@ cudaError_t gpud_k_attention(cudaStream_t s, const float *q, float *out,
 			     const uint8_t *masks, uint64_t slot_bytes, uint64_t max_prompt_blocks,
 			     const gpud_cuda_attn *a);
 
+// *per_sm: the CTAs of the decode attention kernel (head_dim, f16 or f32
+// KV, heads a CTA as gpud_cuda_attn's) one multiprocessor of the current
+// device holds at once: what gpud_cuda_att_splits fills one wave of.
+cudaError_t gpud_k_attention_occupancy(uint32_t head_dim, bool kv16, uint32_t heads,
+				       uint32_t *per_sm);
+
 // Per row r < rows of logits (rows, nv): keys[r * GPUD_CUDA_ARGMAX_PARTS +
 // p] = the greatest gpud_cuda_argmax_key of the row's p-th range of
 // indices (cuda_impl.h; gpud_cuda_argmax_pick finishes on the host).

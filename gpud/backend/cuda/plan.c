@@ -391,7 +391,8 @@ uint32_t gpud_cuda_graph_max_t(const struct gpud_cuda_layout *l)
 	return n;
 }
 
-uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm)
+uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint32_t n_sm,
+			      uint32_t per_sm_max)
 {
 	uint64_t ctas, want;
 
@@ -399,6 +400,13 @@ uint32_t gpud_cuda_att_splits(const struct gpud_cuda_layout *l, uint32_t T, uint
 		return 1;
 	ctas = (uint64_t)T * (l->kv_dim / l->head_dim); /* CTAs of one split */
 	want = (2ull * (n_sm ? n_sm : 1) + ctas - 1) / ctas;
+	/* one wave (gpud_cuda_mm_splits): a long context's splits are equal
+	 * work, and the CTAs past a wave would double the launch's time */
+	if (per_sm_max) {
+		uint64_t wave = (uint64_t)per_sm_max * (n_sm ? n_sm : 1) / ctas;
+		if (want > wave)
+			want = wave ? wave : 1;
+	}
 	if (want > GPUD_CUDA_ATT_MAX_SPLITS)
 		want = GPUD_CUDA_ATT_MAX_SPLITS;
 	if (want > GPUD_CUDA_ATT_PARTS / T)
