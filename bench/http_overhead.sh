@@ -125,7 +125,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+. "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib/port.sh"
+port=$(pick_port) || { echo "http_overhead: no free port" >&2; exit 1; }
 cat >"$tmp/swarm.json" <<EOF
 { "state_dir": "$tmp/state",
   "log": { "level": "warn" },

@@ -26,19 +26,9 @@ MARK=.swarm-test-servers
 
 say() { printf 'test-servers: %s\n' "$*" >&2; }
 
-# Prints a TCP port on 127.0.0.1 that nothing answers on right now. The
-# caller still retries if the bind loses a race.
-pick_port() {
-	local p
-	for _ in $(seq 1 50); do
-		p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-		if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
-}
+# pick_port: a free 127.0.0.1 port below the ephemeral range. The caller
+# still retries if the bind loses a race.
+. "$(dirname "$SELF")/port.sh"
 
 pg_run() {
 	if [ "$(id -u)" -eq 0 ]; then

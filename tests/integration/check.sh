@@ -9,6 +9,11 @@
 n=0
 failures=0
 
+# pick_port: a free 127.0.0.1 port below the kernel's ephemeral range, for
+# a server a test starts (a port from bind(0) is in that range, where an
+# outgoing connection can take it before the server binds).
+. "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/port.sh"
+
 # check NAME EXPECTED_RC PATTERN... -- CMD...: runs CMD (stdout+stderr to
 # $out), checks its exit status and that every PATTERN (grep -E) occurs.
 # Returns 0 when both hold.

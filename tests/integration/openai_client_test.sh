@@ -42,7 +42,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 1' INT TERM
 
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(pick_port) || { echo "FAIL: no free port"; exit 1; }
 python3 "$here/gguf_chat_template.py" "$model" "$top/model.gguf" \
 	'{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}' ||
 	{ echo "FAIL: gguf_chat_template.py"; exit 1; }

@@ -48,7 +48,7 @@ state=$top/s
 out=$top/out
 
 unset SWARM_MODEL SWARM_CONFIG SWARM_HTTP_API_KEY_FILE SWARM_GPUD_HTTP_BIN
-port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(pick_port) || { echo "FAIL: no free port"; exit 1; }
 export SWARM_STATE_DIR=$state SWARM_WORKERS=1 SWARM_HTTP_LISTEN=127.0.0.1:$port
 url=http://127.0.0.1:$port
 
@@ -152,7 +152,7 @@ check "... which serves a completion again" 0 '"object" *: *"text_completion"' \
 
 # --- external mode: a configuration file with http.listen -------------------
 # against this swarm's Redis and PostgreSQL, its own gpud and agentd
-port2=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port2=$(pick_port) || { echo "FAIL: no free port"; exit 1; }
 cat >"$top/ext.json" <<EOF
 { "state_dir": "$top/ext",
   "redis": { "url": "unix://$state/run/redis.sock" },

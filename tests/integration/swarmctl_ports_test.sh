@@ -108,18 +108,6 @@ proc_listeners() {
 # hexaddr PORT: 127.0.0.1:PORT as /proc/net/tcp writes it.
 hexaddr() { printf '0100007F:%04X\n' "$1"; }
 
-pick_port() {
-	local p
-	for _ in $(seq 1 50); do
-		p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
-		if [ -z "$(ss -ltnH "sport = :$p")" ]; then
-			echo "$p"
-			return 0
-		fi
-	done
-	return 1
-}
-
 # --- with a metrics endpoint -------------------------------------------------
 port=$(pick_port) || { echo "FAIL: no free port"; exit 1; }
 check "start with metrics on 127.0.0.1:$port" 0 "swarm is running" \
