@@ -7,6 +7,7 @@
  * (-Dgpu=enabled); nothing here calls CUDA.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -499,83 +500,98 @@ static void test_att_splits(void **state)
 	}
 }
 
+/* One case of gpud_cuda_mm_splits: the kernel, the matrix, the step's
+ * tokens, the scratch (partial floats, counter words), the device (SMs,
+ * CTAs a multiprocessor holds, 0: unknown) and the splits wanted. */
+struct mm_case {
+	enum gpud_cuda_mm_kernel k;
+	uint64_t rows, cols;
+	uint32_t T;
+	uint64_t part;
+	uint32_t cnt, n_sm, per_sm, want;
+};
+
 static void test_mm_splits(void **state)
 {
 	const uint64_t part = 8ull * 64 * 8192; /* the 3B plan's: 8 x 64 tokens x 8192 rows */
-	const enum gpud_cuda_mm_kernel P = GPUD_CUDA_MM_PIPE, S = GPUD_CUDA_MM_SINGLE;
+	const uint64_t part3 = 3ull * 64 * 1024;
+	const enum gpud_cuda_mm_kernel P = GPUD_CUDA_MM_PIPE, S = GPUD_CUDA_MM_SINGLE,
+				       H = GPUD_CUDA_MM_HALF;
+	const struct mm_case c[] = {
+		/* Llama-3.2-3B on 132 SMs, the pipelined kernel (64-row tiles,
+		 * about 3 CTAs per SM): q/o (3072 rows, 48 tiles) 8 splits, k/v
+		 * (1024 rows) 8, gate/up (8192 rows, 128 tiles) 4, down (3072 x
+		 * 8192) 8 */
+		{ P, 3072, 3072, 16, part, 257, 132, 0, 8 },
+		{ P, 1024, 3072, 64, part, 257, 132, 0, 8 },
+		{ P, 8192, 3072, 64, part, 257, 132, 0, 4 },
+		{ P, 3072, 8192, 40, part, 257, 132, 0, 8 },
+		/* the single-buffered one (32-row tiles, about 2 CTAs per SM):
+		 * q/o 3, k/v 8, gate/up 2, down 3 */
+		{ S, 3072, 3072, 16, part, 257, 132, 0, 3 },
+		{ S, 1024, 3072, 64, part, 257, 132, 0, 8 },
+		{ S, 8192, 3072, 64, part, 257, 132, 0, 2 },
+		{ S, 3072, 8192, 40, part, 257, 132, 0, 3 },
+		/* the GEMV's batches, prefill, and a matrix of many tiles: none */
+		{ P, 3072, 3072, 8, part, 257, 132, 0, 1 },
+		{ P, 3072, 3072, 65, part, 257, 132, 0, 1 },
+		{ P, 128256, 3072, 64, part, 257, 132, 0, 1 },
+		{ S, 3072, 3072, 8, part, 257, 132, 0, 1 },
+		{ S, 3072, 3072, 65, part, 257, 132, 0, 1 },
+		{ S, 128256, 3072, 64, part, 257, 132, 0, 1 },
+		/* a stage of blocks per split at least: 64 columns are 1 stage of
+		 * either kernel, 320 columns 5 of the pipelined's and 3 of the
+		 * other's */
+		{ P, 64, 64, 16, part, 257, 132, 0, 1 },
+		{ S, 64, 64, 16, part, 257, 132, 0, 1 },
+		{ P, 64, 320, 16, part, 257, 132, 0, 5 },
+		{ S, 64, 320, 16, part, 257, 132, 0, 3 },
+		/* the F16/BF16 kernel: the pipelined one's tiles and CTAs, stages
+		 * of 32 columns (320 columns are 10; 40 columns round up to 2) */
+		{ H, 3072, 3072, 16, part, 257, 132, 0, 8 },
+		{ H, 8192, 3072, 64, part, 257, 132, 0, 4 },
+		{ H, 64, 320, 16, part, 257, 132, 0, 8 },
+		{ H, 64, 40, 16, part, 257, 132, 0, 2 },
+		{ H, 64, 8, 16, part, 257, 132, 0, 1 },
+		{ H, 3072, 3072, 8, part, 257, 132, 0, 1 },
+		{ H, 3072, 3072, 65, part, 257, 132, 0, 1 },
+		/* one wave of what the device holds: an RTX 4090 (128 SMs, 2
+		 * pipelined CTAs each: 256) cuts q/o to 5 splits (240 CTAs where
+		 * 8 made 384), a Q/K/V set (5120 rows, 80 tiles) to 3, gate/up to
+		 * 2, k/v stays 8 (128 CTAs); an H100 holding 4 a multiprocessor
+		 * (528) keeps every figure above, holding 3 (396) gate/up's 4
+		 * (512 CTAs) becomes 3; fewer CTAs a wave than tiles (200 of 64
+		 * rows, 128 CTAs): no split */
+		{ P, 3072, 3072, 16, part, 257, 128, 2, 5 },
+		{ P, 5120, 3072, 64, part, 257, 128, 2, 3 },
+		{ P, 8192, 3072, 64, part, 257, 128, 2, 2 },
+		{ P, 1024, 3072, 64, part, 257, 128, 2, 8 },
+		{ P, 3072, 3072, 16, part, 257, 132, 4, 8 },
+		{ P, 5120, 3072, 64, part, 257, 132, 4, 5 },
+		{ P, 8192, 3072, 64, part, 257, 132, 4, 4 },
+		{ P, 8192, 3072, 64, part, 257, 132, 3, 3 },
+		{ H, 8192, 3072, 64, part, 257, 128, 2, 2 },
+		{ P, 12800, 3072, 16, part, 257, 128, 0, 2 },
+		{ P, 12800, 3072, 16, part, 257, 128, 1, 1 },
+		/* the scratch bounds them: partials, then counters */
+		{ P, 1024, 3072, 64, part3, 257, 132, 0, 3 },
+		{ S, 1024, 3072, 64, part3, 257, 132, 0, 3 },
+		{ P, 1024, 3072, 64, part, 15, 132, 0, 1 },
+		{ P, 1024, 3072, 64, part, 16, 132, 0, 8 },
+		{ S, 1024, 3072, 64, part, 31, 132, 0, 1 },
+	};
 
 	(void)state;
-	/* Llama-3.2-3B on 132 SMs, the pipelined kernel (64-row tiles, about 3
-	 * CTAs per SM): q/o (3072 rows, 48 tiles) 8 splits, k/v (1024 rows) 8,
-	 * gate/up (8192 rows, 128 tiles) 4, down (3072 x 8192) 8 */
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 3072, 16, part, 257, 132, 0), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 257, 132, 0), 8);
-	assert_int_equal(gpud_cuda_mm_splits(P, 8192, 3072, 64, part, 257, 132, 0), 4);
-	assert_int_equal(gpud_cuda_mm_splits(P, 3072, 8192, 40, part, 257, 132, 0), 8);
-	/* the single-buffered one (32-row tiles, about 2 CTAs per SM): q/o 3,
-	 * k/v 8, gate/up 2, down 3 */
-	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 3072, 16, part, 257, 132, 0), 3);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 257, 132, 0), 8);
-	assert_int_equal(gpud_cuda_mm_splits(S, 8192, 3072, 64, part, 257, 132, 0), 2);
-	assert_int_equal(gpud_cuda_mm_splits(S, 3072, 8192, 40, part, 257, 132, 0), 3);
-	/* the GEMV's batches, prefill, and a matrix of many tiles: none */
-	for (int k = 0; k < 2; k++) {
-		enum gpud_cuda_mm_kernel K = k ? S : P;
+	for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+		uint32_t n = gpud_cuda_mm_splits(c[i].k, c[i].rows, c[i].cols, c[i].T, c[i].part,
+						 c[i].cnt, c[i].n_sm, c[i].per_sm);
 
-		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 8, part, 257, 132, 0), 1);
-		assert_int_equal(gpud_cuda_mm_splits(K, 3072, 3072, 65, part, 257, 132, 0), 1);
-		assert_int_equal(gpud_cuda_mm_splits(K, 128256, 3072, 64, part, 257, 132, 0), 1);
+		if (n != c[i].want)
+			fail_msg("case %zu (kernel %d, %" PRIu64 " x %" PRIu64 ", T %u, %u SMs x %u): "
+				 "%u splits, want %u",
+				 i, (int)c[i].k, c[i].rows, c[i].cols, c[i].T, c[i].n_sm, c[i].per_sm, n,
+				 c[i].want);
 	}
-	/* a stage of blocks per split at least: 64 columns are 1 stage of
-	 * either kernel, 320 columns 5 of the pipelined's and 3 of the other's */
-	assert_int_equal(gpud_cuda_mm_splits(P, 64, 64, 16, part, 257, 132, 0), 1);
-	assert_int_equal(gpud_cuda_mm_splits(S, 64, 64, 16, part, 257, 132, 0), 1);
-	assert_int_equal(gpud_cuda_mm_splits(P, 64, 320, 16, part, 257, 132, 0), 5);
-	assert_int_equal(gpud_cuda_mm_splits(S, 64, 320, 16, part, 257, 132, 0), 3);
-	/* the F16/BF16 kernel: the pipelined one's tiles and CTAs, stages of 32
-	 * columns (320 columns are 10; 40 columns round up to 2) */
-	{
-		const struct {
-			uint64_t rows, cols;
-			uint32_t T, want;
-		} h[] = { { 3072, 3072, 16, 8 }, { 8192, 3072, 64, 4 }, { 64, 320, 16, 8 },
-			  { 64, 40, 16, 2 },     { 64, 8, 16, 1 },      { 3072, 3072, 8, 1 },
-			  { 3072, 3072, 65, 1 } };
-
-		for (size_t i = 0; i < sizeof(h) / sizeof(h[0]); i++)
-			assert_int_equal(gpud_cuda_mm_splits(GPUD_CUDA_MM_HALF, h[i].rows, h[i].cols,
-							     h[i].T, part, 257, 132, 0),
-					 h[i].want);
-	}
-	/* one wave of what the device holds: an RTX 4090 (128 SMs, 2 pipelined
-	 * CTAs each: 256) cuts q/o to 5 splits (240 CTAs where 8 made 384), a
-	 * Q/K/V set (5120 rows, 80 tiles) to 3, gate/up to 2, k/v stays 8 (128
-	 * CTAs); an H100 holding 4 a multiprocessor (528) keeps every figure
-	 * above, holding 3 (396) gate/up's 4 (512 CTAs) becomes 3; fewer CTAs
-	 * a wave than tiles (200 of 64 rows, 128 CTAs): no split */
-	{
-		const struct {
-			enum gpud_cuda_mm_kernel k;
-			uint64_t rows;
-			uint32_t T, n_sm, per_sm, want;
-		} w[] = { { P, 3072, 16, 128, 2, 5 },   { P, 5120, 64, 128, 2, 3 },
-			  { P, 8192, 64, 128, 2, 2 },   { P, 1024, 64, 128, 2, 8 },
-			  { P, 3072, 16, 132, 4, 8 },   { P, 5120, 64, 132, 4, 5 },
-			  { P, 8192, 64, 132, 4, 4 },   { P, 8192, 64, 132, 3, 3 },
-			  { GPUD_CUDA_MM_HALF, 8192, 64, 128, 2, 2 },
-			  { P, 12800, 16, 128, 0, 2 },  { P, 12800, 16, 128, 1, 1 } };
-
-		for (size_t i = 0; i < sizeof(w) / sizeof(w[0]); i++)
-			assert_int_equal(gpud_cuda_mm_splits(w[i].k, w[i].rows, 3072, w[i].T, part, 257,
-							     w[i].n_sm, w[i].per_sm),
-					 w[i].want);
-	}
-	/* the scratch bounds them: partials, then counters */
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, 3ull * 64 * 1024, 257, 132, 0), 3);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 15, 132, 0), 1);
-	assert_int_equal(gpud_cuda_mm_splits(P, 1024, 3072, 64, part, 16, 132, 0), 8);
-	assert_int_equal(gpud_cuda_mm_splits(S, 1024, 3072, 64, part, 31, 132, 0), 1);
 	for (int k = 0; k < 2; k++)
 		for (uint32_t T = 1; T <= 80; T++) {
 			uint32_t n = gpud_cuda_mm_splits(k ? S : P, 3072, 3072, T, part, 257, 1u << 20, 0);
