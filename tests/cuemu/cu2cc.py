@@ -9,7 +9,10 @@ stream, kernel<targs>, args)`, BOUND being the expression of the kernel's
 __launch_bounds__ in the same file (0 without one), and `extern __shared__ T
 name[];` becomes a pointer to the launch's dynamic shared memory;
 `cudaLaunchKernelEx(cfg, kernel<targs>, args)` becomes
-`cuemu_launch_ex("kernel", BOUND, cfg, kernel<targs>, args)`. Nothing
+`cuemu_launch_ex("kernel", BOUND, cfg, kernel<targs>, args)`; each static
+`__shared__` declaration is followed by `cuemu::shared_fresh(&name,
+sizeof(name));` for each of its variables (a block's first thread fills
+it with 0xff: nothing left by the block before). Nothing
 else changes; line numbers are kept, and a #line directive names the .cu, so
 compiler messages point into it.
 """
@@ -96,7 +99,27 @@ def convert(src, path):
     out = convert_ex(out, lb, path)
     out = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;",
                  r"\1 *\2 = (\1 *)cuemu::dyn_smem();", out)
+    out = SHARED.sub(fresh, out)
     return '#line 1 "%s"\n%s' % (path, out)
+
+
+# a static __shared__ declaration: `__shared__ TYPE a[N], b;` (extern ones
+# are gone by then)
+SHARED = re.compile(r"\b__shared__\s+(?P<decl>[^;{}()]*(?:\([^;{}()]*\)[^;{}()]*)*);")
+
+
+def fresh(m):
+    """the declaration, then cuemu::shared_fresh for each variable (on the
+    same line)."""
+    decls = split_top(m.group("decl"))
+    names = []
+    for i, d in enumerate(decls):
+        d = d.split("[", 1)[0].strip()
+        name = re.search(r"(\w+)$", d)
+        if not name or (i == 0 and d == name.group(1)):
+            sys.exit("cu2cc.py: a __shared__ declaration cu2cc.py cannot read: %s" % m.group(0))
+        names.append(name.group(1))
+    return m.group(0) + "".join(" cuemu::shared_fresh(&%s, sizeof(%s));" % (n, n) for n in names)
 
 
 def main():

@@ -66,6 +66,7 @@ struct conf {
 	bool protect = true;
 	int sms = 132;     // multiprocessors a device reports (an H100/H200's)
 	int occupancy = 0; // a bound on cuemu_occupancy's answers (0: none)
+	bool reverse = false; // CUEMU_ORDER=reverse: blocks and threads last first
 };
 
 const conf &cfg()
@@ -83,6 +84,14 @@ const conf &cfg()
 			r.sms = atoi(e) > 1024 ? 1024 : atoi(e);
 		if ((e = getenv("CUEMU_OCCUPANCY")) && atoi(e) > 0)
 			r.occupancy = atoi(e) > 32 ? 32 : atoi(e);
+		if ((e = getenv("CUEMU_ORDER")) && *e) {
+			if (!strcmp(e, "reverse"))
+				r.reverse = true;
+			else if (strcmp(e, "forward")) {
+				fprintf(stderr, "cuemu: CUEMU_ORDER=%s: forward or reverse\n", e);
+				abort();
+			}
+		}
 		return r;
 	}();
 	return c;
@@ -472,6 +481,11 @@ struct runner {
 	int bar_acc = 0, bar_result = 0; /* __syncthreads_count: this barrier's, the last's */
 	warp_t w[32];
 	std::vector<uint8_t> dyn;
+	uint64_t block_gen = 0; /* blocks run by this thread: shared_fresh's key */
+	struct fresh_t {
+		const void *p;
+		uint64_t gen;
+	} fresh[64] = {}; /* the __shared__ variables shared_fresh filled, by block */
 	const char *kernel = "";
 	bool waited = false; /* the block ran griddepcontrol.wait */
 	bool active = false;
@@ -518,9 +532,21 @@ void fiber_prepare(fiber &f)
 
 // Where fiber cur goes when it waits or ends: the next live fiber of the
 // round, or the scheduler after the last (a round's end is where it checks
-// for progress).
+// for progress). A round takes the threads in order, thread 0 first, or
+// with CUEMU_ORDER=reverse the last first: a thread that reads shared
+// memory another wrote without a barrier between them reads the old value
+// in one of the two orders.
 void *next_of(runner *r)
 {
+	if (cfg().reverse) {
+		for (unsigned i = r->cur; i-- > 0;)
+			if (r->f[i].st != F_DONE) {
+				r->cur = i;
+				threadIdx = r->f[i].tid;
+				return r->f[i].sp;
+			}
+		return r->sched_sp;
+	}
 	for (unsigned i = r->cur + 1; i < r->n; i++)
 		if (r->f[i].st != F_DONE) {
 			r->cur = i;
@@ -629,86 +655,103 @@ cudaError_t run_kernel(const op &k)
 	r->kernel = name;
 	if (r->dyn.size() < k.shm)
 		r->dyn.resize(k.shm);
-	memset(r->dyn.data(), 0xff, r->dyn.size());
 	gridDim = g;
 	blockDim = b;
 	{
 		std::lock_guard<std::mutex> lk(mu);
 		stats.launches++;
 	}
-	for (unsigned bz = 0; bz < g.z; bz++)
-		for (unsigned by = 0; by < g.y; by++)
-			for (unsigned bx = 0; bx < g.x; bx++) {
-				blockIdx = uint3{ bx, by, bz };
-				r->bar_count = r->bar_gen = 0;
-				r->bar_acc = r->bar_result = 0;
-				r->waited = false;
-				for (unsigned w = 0; w * 32 < n; w++) {
-					r->w[w].count = r->w[w].gen = 0;
-					r->w[w].n = n - w * 32 < 32 ? n - w * 32 : 32;
-				}
+	// the blocks one after the other, block (0,0,0) first, or with
+	// CUEMU_ORDER=reverse the last first: what a grid computes must not
+	// depend on which of its blocks ends first (a split-K sum made by the
+	// block that arrives last, say)
+	const uint64_t nb = (uint64_t)g.x * g.y * g.z;
+	for (uint64_t bi = 0; bi < nb; bi++) {
+		const uint64_t lb = cfg().reverse ? nb - 1 - bi : bi;
+		const unsigned bx = (unsigned)(lb % g.x), by = (unsigned)(lb / g.x % g.y),
+			       bz = (unsigned)(lb / ((uint64_t)g.x * g.y));
+		blockIdx = uint3{ bx, by, bz };
+		// a block's shared memory as a GPU's holds it: nothing the
+		// block before left (0xff bytes, NaN as floats; static
+		// __shared__ variables likewise, shared_fresh)
+		r->block_gen++;
+		memset(r->dyn.data(), 0xff, k.shm);
+		r->bar_count = r->bar_gen = 0;
+		r->bar_acc = r->bar_result = 0;
+		r->waited = false;
+		for (unsigned w = 0; w * 32 < n; w++) {
+			r->w[w].count = r->w[w].gen = 0;
+			r->w[w].n = n - w * 32 < 32 ? n - w * 32 : 32;
+		}
+		for (unsigned i = 0; i < n; i++) {
+			fiber &f = r->f[i];
+			f.st = F_RUN;
+			f.lin = i;
+			f.n_cp = f.cp_groups = 0;
+			f.tid = uint3{ i % b.x, (i / b.x) % b.y, i / (b.x * b.y) };
+			fiber_prepare(f);
+		}
+		r->active = true;
+		if (sigsetjmp(r->jb, 1)) {
+			r->active = false;
+			fprintf(stderr,
+				"cuemu: kernel %s, block %s, thread %s: illegal address %s\n",
+				name, dims(blockIdx).c_str(), dims(r->f[r->cur].tid).c_str(),
+				fault_where(r->fault_addr).c_str());
+			std::lock_guard<std::mutex> lk(mu);
+			stats.faults++;
+			return cudaErrorIllegalAddress;
+		}
+		for (;;) {
+			uint64_t p0 = r->progress;
+			unsigned first = 0;
+			if (cfg().reverse) {
+				first = n;
+				while (first > 0 && r->f[first - 1].st == F_DONE)
+					first--;
+				first = first ? first - 1 : n;
+			} else {
+				while (first < n && r->f[first].st == F_DONE)
+					first++;
+			}
+			if (first == n)
+				break;
+			// a round: the live fibers in order, each passing on
+			// to the next (yield, fiber_main), the last back here
+			r->cur = first;
+			threadIdx = r->f[first].tid;
+			cuemu_switch(&r->sched_sp, r->f[first].sp);
+			if (r->progress == p0) {
+				unsigned done = 0, bar = 0, warp = 0;
 				for (unsigned i = 0; i < n; i++) {
-					fiber &f = r->f[i];
-					f.st = F_RUN;
-					f.lin = i;
-					f.n_cp = f.cp_groups = 0;
-					f.tid = uint3{ i % b.x, (i / b.x) % b.y, i / (b.x * b.y) };
-					fiber_prepare(f);
-				}
-				r->active = true;
-				if (sigsetjmp(r->jb, 1)) {
-					r->active = false;
-					fprintf(stderr,
-						"cuemu: kernel %s, block %s, thread %s: illegal address %s\n",
-						name, dims(blockIdx).c_str(), dims(r->f[r->cur].tid).c_str(),
-						fault_where(r->fault_addr).c_str());
-					std::lock_guard<std::mutex> lk(mu);
-					stats.faults++;
-					return cudaErrorIllegalAddress;
-				}
-				for (;;) {
-					uint64_t p0 = r->progress;
-					unsigned first = 0;
-					while (first < n && r->f[first].st == F_DONE)
-						first++;
-					if (first == n)
-						break;
-					// a round: the live fibers in order, each passing on
-					// to the next (yield, fiber_main), the last back here
-					r->cur = first;
-					threadIdx = r->f[first].tid;
-					cuemu_switch(&r->sched_sp, r->f[first].sp);
-					if (r->progress == p0) {
-						unsigned done = 0, bar = 0, warp = 0;
-						for (unsigned i = 0; i < n; i++) {
-							done += r->f[i].st == F_DONE;
-							bar += r->f[i].st == F_BAR;
-							warp += r->f[i].st == F_WARP;
-						}
-						r->active = false;
-						fprintf(stderr,
-							"cuemu: kernel %s, block %s: deadlock: %u threads wait at "
-							"__syncthreads, %u at a warp-synchronous call, %u have "
-							"exited (a barrier not every thread reaches)\n",
-							name, dims(blockIdx).c_str(), bar, warp, done);
-						std::lock_guard<std::mutex> lk(mu);
-						stats.faults++;
-						return cudaErrorLaunchFailure;
-					}
+					done += r->f[i].st == F_DONE;
+					bar += r->f[i].st == F_BAR;
+					warp += r->f[i].st == F_WARP;
 				}
 				r->active = false;
-				if (k.pdl && !r->waited) {
-					// on a GPU its successor, allowed to start early by
-					// it, would wait for it only: not for its predecessor
-					fprintf(stderr,
-						"cuemu: kernel %s, block %s: launched with programmatic "
-						"stream serialization, ended without griddepcontrol.wait\n",
-						name, dims(blockIdx).c_str());
-					std::lock_guard<std::mutex> lk(mu);
-					stats.faults++;
-					return cudaErrorLaunchFailure;
-				}
+				fprintf(stderr,
+					"cuemu: kernel %s, block %s: deadlock: %u threads wait at "
+					"__syncthreads, %u at a warp-synchronous call, %u have "
+					"exited (a barrier not every thread reaches)\n",
+					name, dims(blockIdx).c_str(), bar, warp, done);
+				std::lock_guard<std::mutex> lk(mu);
+				stats.faults++;
+				return cudaErrorLaunchFailure;
 			}
+		}
+		r->active = false;
+		if (k.pdl && !r->waited) {
+			// on a GPU its successor, allowed to start early by
+			// it, would wait for it only: not for its predecessor
+			fprintf(stderr,
+				"cuemu: kernel %s, block %s: launched with programmatic "
+				"stream serialization, ended without griddepcontrol.wait\n",
+				name, dims(blockIdx).c_str());
+			std::lock_guard<std::mutex> lk(mu);
+			stats.faults++;
+			return cudaErrorLaunchFailure;
+		}
+	}
 	return cudaSuccess;
 }
 
@@ -843,6 +886,28 @@ void *dyn_smem(void)
 	return need_runner("extern __shared__")->dyn.data();
 }
 
+void shared_fresh(void *p, size_t n)
+{
+	runner *r = need_runner("__shared__");
+	runner::fresh_t *stale = nullptr;
+
+	for (auto &e : r->fresh) {
+		if (e.p == p) {
+			if (e.gen == r->block_gen)
+				return; /* this block's first thread has been here */
+			stale = &e;
+			break;
+		}
+		if (!stale && e.gen != r->block_gen)
+			stale = &e;
+	}
+	if (!stale)
+		fatal("kernel %s: more than %zu __shared__ variables", r->kernel,
+		      sizeof(r->fresh) / sizeof(r->fresh[0]));
+	*stale = runner::fresh_t{ p, r->block_gen };
+	memset(p, 0xff, n);
+}
+
 int syncthreads_count(int pred)
 {
 	runner *r = need_runner("__syncthreads");
@@ -891,6 +956,15 @@ void cp_async(void *dst, const void *src, unsigned n, bool full)
 	if (f.n_cp == CP_MAX)
 		fatal("cuemu: kernel %s: a thread with more than %u cp.async copies in flight",
 		      r->kernel, CP_MAX);
+	// as the PTX ISA has it: a cp-size of 4, 8 or 16 bytes, both addresses
+	// aligned to it, the source too when nothing is read from it (src-size
+	// 0): a GPU faults with a misaligned address where the emulator would
+	// have copied
+	if (n != 4 && n != 8 && n != 16)
+		fatal("cuemu: kernel %s: cp.async of %u bytes (4, 8 or 16)", r->kernel, n);
+	if (((uintptr_t)dst | (uintptr_t)src) & (n - 1))
+		fatal("cuemu: kernel %s: cp.async of %u bytes from %p to %p: not %u-byte aligned%s",
+		      r->kernel, n, src, dst, n, full ? "" : " (a zero fill: the source unread)");
 	f.cp[f.n_cp++] = cp_op{ dst, full ? src : nullptr, n, CP_OPEN };
 }
 

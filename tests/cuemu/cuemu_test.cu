@@ -163,6 +163,32 @@ __global__ void cp_kernel(const int *src, int *out)
 	out[16 + t] = c[t]; /* 0 */
 }
 
+// The order threads and blocks run in: each thread takes the next place
+// in out for its index in the grid, then again after a barrier.
+__global__ void order_kernel(unsigned *ctr, unsigned *out)
+{
+	unsigned me = blockIdx.x * blockDim.x + threadIdx.x;
+
+	out[atomicAdd(ctr, 1u)] = me;
+	__syncthreads();
+	out[atomicAdd(ctr, 1u)] = me;
+}
+
+// What a block finds in its shared memory before it writes any: 0xff
+// bytes, static and dynamic alike, never what the block before it left
+// (on a GPU: whatever was there).
+__global__ void fresh_kernel(unsigned *out)
+{
+	__shared__ unsigned s[4];
+	extern __shared__ unsigned d[];
+
+	if (threadIdx.x == 0) {
+		out[2 * blockIdx.x] = s[1];
+		out[2 * blockIdx.x + 1] = d[1];
+		s[1] = d[1] = 7 + blockIdx.x;
+	}
+}
+
 // Thread 0 leaves before the barrier the others wait at.
 __global__ void divergent_kernel(int *x)
 {
@@ -202,6 +228,18 @@ __global__ void vec_kernel(const uint8_t *p, int *out)
 {
 	int4 a = *(const int4 *)(p + 4); // misaligned: faults on a GPU
 	out[0] = a.x;
+}
+
+// cp.async of 16 bytes from a source 4 bytes into an allocation (src_off
+// 4), or to a shared destination 4 bytes into an aligned array (dst_off
+// 1): both fault on a GPU, a zero fill (!full) too
+__global__ void cp_misaligned_kernel(const uint8_t *p, int src_off, int dst_off, bool full)
+{
+	alignas(16) __shared__ int s[8];
+
+	cuemu::cp_async(&s[dst_off], p + src_off, 16, full);
+	cuemu::cp_commit();
+	cuemu::cp_wait(0);
 }
 
 __global__ void dyn_kernel(int *out)
@@ -286,6 +324,52 @@ static void check_cp_async(void)
 	for (int i = 0; i < 20; i++)
 		CHECK(ho[i] == want[i]);
 	OK(cudaFree(src));
+	OK(cudaFree(out));
+}
+
+// Blocks one after the other, threads in order up to a barrier: thread
+// 0 and block 0 first, or under CUEMU_ORDER=reverse (meson's test
+// cuemu_reverse runs this program so) the last first. (After the barrier
+// the thread that completed it goes on first, then the others in order.)
+static void check_order(void)
+{
+	const unsigned nb = 3, nt = 64;
+	const char *e = getenv("CUEMU_ORDER");
+	bool rev = e && !strcmp(e, "reverse");
+	unsigned h[2 * 3 * 64], *ctr, *out, bad = 0;
+
+	OK(cudaMalloc((void **)&ctr, sizeof(unsigned)));
+	OK(cudaMalloc((void **)&out, sizeof(h)));
+	OK(cudaMemset(ctr, 0, sizeof(unsigned)));
+	order_kernel<<<nb, nt>>>(ctr, out);
+	OK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost));
+	for (unsigned b = 0; b < nb; b++) {
+		unsigned blk = rev ? nb - 1 - b : b, seen = 0;
+
+		for (unsigned k = 0; k < nt; k++) {
+			unsigned t = rev ? nt - 1 - k : k;
+
+			bad += h[2 * nt * b + k] != blk * nt + t;
+			/* the second half: each of the block's threads once */
+			if (h[2 * nt * b + nt + k] / nt == blk)
+				seen++;
+		}
+		bad += seen != nt;
+	}
+	CHECK(bad == 0);
+	OK(cudaFree(ctr));
+	OK(cudaFree(out));
+}
+
+static void check_fresh_shared(void)
+{
+	unsigned h[6], *out;
+
+	OK(cudaMalloc((void **)&out, sizeof(h)));
+	fresh_kernel<<<3, 32, 4 * sizeof(unsigned)>>>(out);
+	OK(cudaMemcpy(h, out, sizeof(h), cudaMemcpyDeviceToHost));
+	for (int i = 0; i < 6; i++)
+		CHECK(h[i] == 0xffffffffu);
 	OK(cudaFree(out));
 }
 
@@ -616,10 +700,44 @@ static void misaligned_vector(void)
 	cudaDeviceSynchronize();
 }
 
+static void cp_misaligned(int src_off, int dst_off, bool full)
+{
+	uint8_t *p;
+
+	cudaSetDevice(3);
+	cudaMalloc((void **)&p, 64);
+	cp_misaligned_kernel<<<1, 1>>>(p, src_off, dst_off, full);
+	cudaDeviceSynchronize();
+}
+
+static void cp_src_misaligned(void)
+{
+	cp_misaligned(4, 0, true);
+}
+
+static void cp_zero_fill_misaligned(void)
+{
+	cp_misaligned(8, 0, false);
+}
+
+static void cp_dst_misaligned(void)
+{
+	cp_misaligned(0, 1, true);
+}
+
+static void cp_aligned(void)
+{
+	cp_misaligned(16, 4, true);
+}
+
 static void check_fatal(void)
 {
 	CHECK(dies(host_touches_device));
 	CHECK(dies(misaligned_vector));
+	CHECK(!dies(cp_aligned));
+	CHECK(dies(cp_src_misaligned));
+	CHECK(dies(cp_zero_fill_misaligned));
+	CHECK(dies(cp_dst_misaligned));
 }
 
 static void check_half(void)
@@ -732,6 +850,8 @@ int main(void)
 	check_memory();
 	check_mma_h();
 	check_cp_async();
+	check_order();
+	check_fresh_shared();
 	check_fatal();
 	check_faults();
 	if (failures) {

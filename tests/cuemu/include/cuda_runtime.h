@@ -195,6 +195,13 @@ struct kernel_body {
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
 		   const kernel_body &body, bool pdl = false);
 void *dyn_smem(void);
+/* A __shared__ variable's declaration (cu2cc.py adds the call after it):
+ * the first thread of a block to pass it fills the variable's n bytes at
+ * p with 0xff, as the launch does a block's dynamic shared memory. On a
+ * GPU a block's shared memory holds whatever was there; here static
+ * __shared__ variables are thread_local statics, which would hand a block
+ * what the block before it left. */
+void shared_fresh(void *p, size_t n);
 /* griddepcontrol.wait: marks the block as having waited */
 void griddep_wait(void);
 void syncthreads(void);
