@@ -174,8 +174,11 @@ uint32_t gpud_server_in_flight(const struct gpud_server *s);
  * closes every connection (cancelling their requests), and closes the
  * server's handles; after the loop has run them closed (uv_run until no
  * more handles of the server), gpud_server_destroy frees everything. The
- * service must have ended every request by then (gpud_server_in_flight()
- * == 0). destroy without close (a failed start) closes and runs the loop
+ * service must have ended every request by then and stopped its threads:
+ * gpud_server_in_flight() reaches 0 inside the last gpud_sreq_* call that
+ * ends a request, before that call releases the request's slot, so 0
+ * alone does not say that no thread is still in the server. destroy
+ * without close (a failed start) closes and runs the loop
  * (UV_RUN_NOWAIT) until the server's handles are closed. */
 void gpud_server_close(struct gpud_server *s);
 void gpud_server_destroy(struct gpud_server *s); /* accepts NULL */

@@ -378,13 +378,17 @@ static void env_stop(struct env *e)
 	/* Every request cancelled by the close ends through the worker. */
 	WAIT_FOR(e, gpud_server_in_flight(e->s) == 0);
 	assert_int_equal(pthread_join(e->th, NULL), 0);
-	gpud_server_destroy(e->s);
-	assert_int_equal(uv_loop_close(&e->loop), 0);
+	/* The service stops before destroy, as gpud's devices do (daemon.c):
+	 * in_flight reaches 0 inside the worker's last gpud_sreq_error, which
+	 * still releases the request's slot after it (TSan saw destroy read
+	 * the connection's slot count while the worker wrote it). */
 	pthread_mutex_lock(&e->fk.mu);
 	e->fk.stop = true;
 	pthread_cond_signal(&e->fk.cv);
 	pthread_mutex_unlock(&e->fk.mu);
 	pthread_join(e->fk.th, NULL);
+	gpud_server_destroy(e->s);
+	assert_int_equal(uv_loop_close(&e->loop), 0);
 	struct stat st;
 	assert_int_equal(stat(e->path, &st), -1); /* unlinked at close */
 	pthread_mutex_destroy(&e->fk.mu);
