@@ -482,10 +482,12 @@ struct runner {
 	warp_t w[32];
 	std::vector<uint8_t> dyn;
 	uint64_t block_gen = 0; /* blocks run by this thread: shared_fresh's key */
+	uint64_t launch_gen = 0; /* launches run by this thread */
 	struct fresh_t {
 		const void *p;
-		uint64_t gen;
-	} fresh[64] = {}; /* the __shared__ variables shared_fresh filled, by block */
+		uint64_t gen, lgen; /* the block that filled it, the launch that counted it */
+	} fresh[64] = {}; /* the __shared__ variables shared_fresh filled */
+	size_t shm = 0, static_shm = 0; /* the launch's dynamic and static shared memory */
 	const char *kernel = "";
 	bool waited = false; /* the block ran griddepcontrol.wait */
 	bool active = false;
@@ -655,6 +657,9 @@ cudaError_t run_kernel(const op &k)
 	r->kernel = name;
 	if (r->dyn.size() < k.shm)
 		r->dyn.resize(k.shm);
+	r->launch_gen++;
+	r->shm = k.shm;
+	r->static_shm = 0;
 	gridDim = g;
 	blockDim = b;
 	{
@@ -889,22 +894,37 @@ void *dyn_smem(void)
 void shared_fresh(void *p, size_t n)
 {
 	runner *r = need_runner("__shared__");
-	runner::fresh_t *stale = nullptr;
+	runner::fresh_t *e = nullptr, *free_e = nullptr;
 
-	for (auto &e : r->fresh) {
-		if (e.p == p) {
-			if (e.gen == r->block_gen)
-				return; /* this block's first thread has been here */
-			stale = &e;
+	for (auto &f : r->fresh) {
+		if (f.p == p) {
+			e = &f;
 			break;
 		}
-		if (!stale && e.gen != r->block_gen)
-			stale = &e;
+		if (!free_e && f.lgen != r->launch_gen)
+			free_e = &f; /* another launch's */
 	}
-	if (!stale)
-		fatal("kernel %s: more than %zu __shared__ variables", r->kernel,
-		      sizeof(r->fresh) / sizeof(r->fresh[0]));
-	*stale = runner::fresh_t{ p, r->block_gen };
+	if (!e) {
+		if (!free_e)
+			fatal("kernel %s: more than %zu __shared__ variables", r->kernel,
+			      sizeof(r->fresh) / sizeof(r->fresh[0]));
+		e = free_e;
+		*e = runner::fresh_t{ p, 0, 0 };
+	}
+	if (e->lgen != r->launch_gen) {
+		// the kernel's static shared memory, counted once a launch: with
+		// the dynamic, at most 48 KiB (no kernel opts in to more), or a
+		// GPU refuses the launch
+		e->lgen = r->launch_gen;
+		r->static_shm += n;
+		if (r->static_shm + r->shm > 48 * 1024)
+			fatal("kernel %s: %zu bytes of static and %zu of dynamic shared memory, "
+			      "above the 48 KiB of a block (too many resources requested for launch)",
+			      r->kernel, r->static_shm, r->shm);
+	}
+	if (e->gen == r->block_gen)
+		return; /* this block's first thread has been here */
+	e->gen = r->block_gen;
 	memset(p, 0xff, n);
 }
 

@@ -189,6 +189,17 @@ __global__ void fresh_kernel(unsigned *out)
 	}
 }
 
+// 40 KiB of static shared memory: with more than 8 KiB of dynamic, more
+// than a block may have without opting in (a GPU refuses the launch)
+__global__ void big_shared_kernel(int *out)
+{
+	__shared__ int s[10240];
+	extern __shared__ int d[];
+
+	s[threadIdx.x] = d[threadIdx.x] = 1;
+	out[threadIdx.x] = s[threadIdx.x] + d[threadIdx.x];
+}
+
 // Thread 0 leaves before the barrier the others wait at.
 __global__ void divergent_kernel(int *x)
 {
@@ -730,6 +741,26 @@ static void cp_aligned(void)
 	cp_misaligned(16, 4, true);
 }
 
+static void big_shared(size_t dyn)
+{
+	int *o;
+
+	cudaSetDevice(3);
+	cudaMalloc((void **)&o, 64 * sizeof(int));
+	big_shared_kernel<<<2, 32, dyn>>>(o);
+	cudaDeviceSynchronize();
+}
+
+static void shared_48k(void)
+{
+	big_shared(8 << 10); /* 48 KiB in all: allowed */
+}
+
+static void shared_over_48k(void)
+{
+	big_shared((8 << 10) + 4);
+}
+
 static void check_fatal(void)
 {
 	CHECK(dies(host_touches_device));
@@ -738,6 +769,8 @@ static void check_fatal(void)
 	CHECK(dies(cp_src_misaligned));
 	CHECK(dies(cp_zero_fill_misaligned));
 	CHECK(dies(cp_dst_misaligned));
+	CHECK(!dies(shared_48k));
+	CHECK(dies(shared_over_48k));
 }
 
 static void check_half(void)
