@@ -9,8 +9,9 @@
 # port that is free when picked can be some client's local port a moment
 # later, and bind() then fails with "Address already in use" (a CI run
 # of 2026-12-06 lost gpud's metrics port 40054 that way). Below the range
-# only another server that picks the same port can race us. Returns 1
-# after 50 draws that were all in use.
+# only another server that picks the same port can race us (where the
+# range leaves no room below or above it, the draw is from the range).
+# Returns 1 after 50 draws that were all in use.
 pick_port() {
 	local lo=32768 hi=60999 base=10000 span p
 	if [ -r /proc/sys/net/ipv4/ip_local_port_range ]; then
@@ -18,9 +19,10 @@ pick_port() {
 	fi
 	if [ "$lo" -gt $((base + 1000)) ]; then
 		span=$((lo - base))
-	else # ephemeral range starts low: take the ports above it
-		base=$((hi + 1)) span=$((65536 - hi - 1))
-		[ "$span" -gt 0 ] || return 1
+	elif [ "$hi" -lt 64535 ]; then # the range starts low: the ports above it
+		base=$((hi + 1)) span=$((65535 - hi))
+	else # it covers nearly every port: draw from it, and the race stays
+		span=$((65536 - base))
 	fi
 	for _ in $(seq 1 50); do
 		p=$((base + (RANDOM * 32768 + RANDOM) % span))

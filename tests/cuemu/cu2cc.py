@@ -103,9 +103,10 @@ def convert(src, path):
     return '#line 1 "%s"\n%s' % (path, out)
 
 
-# a static __shared__ declaration: `__shared__ TYPE a[N], b;` (extern ones
-# are gone by then)
-SHARED = re.compile(r"\b__shared__\s+(?P<decl>[^;{}()]*(?:\([^;{}()]*\)[^;{}()]*)*);")
+# a static __shared__ declaration on one line: `__shared__ TYPE a[N], b;`
+# (extern ones are gone by then; a comment's __shared__ has no `;` after it
+# on its line, or one the compiler does not see)
+SHARED = re.compile(r"\b__shared__[ \t]+(?P<decl>[^;{}()\n]*(?:\([^;{}()\n]*\)[^;{}()\n]*)*);")
 
 
 def fresh(m):

@@ -680,7 +680,8 @@ cudaError_t run_kernel(const op &k)
 		// block before left (0xff bytes, NaN as floats; static
 		// __shared__ variables likewise, shared_fresh)
 		r->block_gen++;
-		memset(r->dyn.data(), 0xff, k.shm);
+		if (k.shm)
+			memset(r->dyn.data(), 0xff, k.shm);
 		r->bar_count = r->bar_gen = 0;
 		r->bar_acc = r->bar_result = 0;
 		r->waited = false;
@@ -721,8 +722,9 @@ cudaError_t run_kernel(const op &k)
 			}
 			if (first == n)
 				break;
-			// a round: the live fibers in order, each passing on
-			// to the next (yield, fiber_main), the last back here
+			// a round: the live fibers in the run's order (next_of),
+			// each passing on to the next (yield, fiber_main), the
+			// last back here
 			r->cur = first;
 			threadIdx = r->f[first].tid;
 			cuemu_switch(&r->sched_sp, r->f[first].sp);
