@@ -77,6 +77,26 @@ def convert_ex(src, lb, path):
     return out + src[pos:]
 
 
+# a static __shared__ declaration on one line: `__shared__ TYPE a[N], b;`
+# (extern ones are gone by then; a comment's __shared__ has no `;` after it
+# on its line, or one the compiler does not see)
+SHARED = re.compile(r"\b__shared__[ \t]+(?P<decl>[^;{}()\n]*(?:\([^;{}()\n]*\)[^;{}()\n]*)*);")
+
+
+def fresh(m):
+    """the declaration, then cuemu::shared_fresh for each variable (on the
+    same line)."""
+    decls = split_top(m.group("decl"))
+    names = []
+    for i, d in enumerate(decls):
+        d = d.split("[", 1)[0].strip()
+        name = re.search(r"(\w+)$", d)
+        if not name or (i == 0 and d == name.group(1)):
+            sys.exit("cu2cc.py: a __shared__ declaration cu2cc.py cannot read: %s" % m.group(0))
+        names.append(name.group(1))
+    return m.group(0) + "".join(" cuemu::shared_fresh(&%s, sizeof(%s));" % (n, n) for n in names)
+
+
 def convert(src, path):
     lb = bounds(src)
 
@@ -101,26 +121,6 @@ def convert(src, path):
                  r"\1 *\2 = (\1 *)cuemu::dyn_smem();", out)
     out = SHARED.sub(fresh, out)
     return '#line 1 "%s"\n%s' % (path, out)
-
-
-# a static __shared__ declaration on one line: `__shared__ TYPE a[N], b;`
-# (extern ones are gone by then; a comment's __shared__ has no `;` after it
-# on its line, or one the compiler does not see)
-SHARED = re.compile(r"\b__shared__[ \t]+(?P<decl>[^;{}()\n]*(?:\([^;{}()\n]*\)[^;{}()\n]*)*);")
-
-
-def fresh(m):
-    """the declaration, then cuemu::shared_fresh for each variable (on the
-    same line)."""
-    decls = split_top(m.group("decl"))
-    names = []
-    for i, d in enumerate(decls):
-        d = d.split("[", 1)[0].strip()
-        name = re.search(r"(\w+)$", d)
-        if not name or (i == 0 and d == name.group(1)):
-            sys.exit("cu2cc.py: a __shared__ declaration cu2cc.py cannot read: %s" % m.group(0))
-        names.append(name.group(1))
-    return m.group(0) + "".join(" cuemu::shared_fresh(&%s, sizeof(%s));" % (n, n) for n in names)
 
 
 def main():
