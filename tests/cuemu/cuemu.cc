@@ -379,6 +379,61 @@ cudaError_t check_dev(void)
 
 extern "C" void cuemu_switch(void **save_sp, void *to_sp);
 
+/* --- ThreadSanitizer: the races a block's threads may run ------------------------------
+ * In a -Db_sanitize=thread build (CUEMU_TSAN), each thread of a block is a
+ * ThreadSanitizer fiber, and the switches between them establish no order
+ * (no_sync): what orders two threads of a block is what orders them on a
+ * GPU, a __syncthreads, or a __syncwarp between lanes of a warp (each a
+ * release at arrival and an acquire past it, into an object of the
+ * barrier's generation's parity: a thread that has passed barrier k may
+ * arrive at k + 1 before the others have left k, and must not hand them
+ * what it did in between); shuffles, votes and the warp-collective matrix
+ * instructions order no memory (warp_barrier). So a read of shared or global memory that
+ * another thread of the block writes with no barrier between them is
+ * reported as a data race, whichever order the threads ran in: racecheck's
+ * hazards, found on the CPU. Blocks are ordered one after another (the
+ * host's release at a block's start, acquire at its end): a block's shared
+ * memory and the fibers' stacks are reused by the next. This file itself
+ * is built without instrumentation (its bookkeeping is the emulator's, not
+ * the kernel's); the accesses it makes for a kernel (cp.async's copies,
+ * ldmatrix's reads) are reported to ThreadSanitizer by hand. */
+#ifdef CUEMU_TSAN
+extern "C" {
+void *__tsan_get_current_fiber(void);
+void *__tsan_create_fiber(unsigned flags);
+void __tsan_switch_to_fiber(void *fiber, unsigned flags);
+void __tsan_acquire(void *addr);
+void __tsan_release(void *addr);
+void __tsan_read_range(const void *addr, unsigned long size);
+void __tsan_write_range(void *addr, unsigned long size);
+void __tsan_ignore_thread_begin(void);
+void __tsan_ignore_thread_end(void);
+}
+void *race_fiber_new(void) { return __tsan_create_fiber(0); }
+void *race_current(void) { return __tsan_get_current_fiber(); }
+void race_switch(void *to) { __tsan_switch_to_fiber(to, 1 /* no_sync */); }
+void race_release(void *sync) { __tsan_release(sync); }
+void race_acquire(void *sync) { __tsan_acquire(sync); }
+void race_read(const void *p, size_t n) { __tsan_read_range(p, n); }
+void race_write(void *p, size_t n) { __tsan_write_range(p, n); }
+// a fill that is the emulator's, not a thread's access (shared_fresh)
+void race_unseen_fill(void *p, int v, size_t n)
+{
+	__tsan_ignore_thread_begin();
+	memset(p, v, n);
+	__tsan_ignore_thread_end();
+}
+#else
+void *race_fiber_new(void) { return nullptr; }
+void *race_current(void) { return nullptr; }
+void race_switch(void *) {}
+void race_release(void *) {}
+void race_acquire(void *) {}
+void race_read(const void *, size_t) {}
+void race_write(void *, size_t) {}
+void race_unseen_fill(void *p, int v, size_t n) { memset(p, v, n); }
+#endif
+
 #if defined(__x86_64__)
 // Saves the callee-saved registers, MXCSR and the x87 control word on the
 // current stack, stores its pointer in *save_sp, and resumes the stack
@@ -436,6 +491,7 @@ struct fiber {
 	fstate st;
 	uint3 tid;
 	unsigned lin;
+	void *race; // its ThreadSanitizer fiber (CUEMU_TSAN)
 	unsigned n_cp, cp_groups; // copies in flight, groups committed
 	cp_op cp[CP_MAX];
 };
@@ -449,10 +505,13 @@ void cp_complete(fiber &f, unsigned keep)
 	for (unsigned i = 0; i < f.n_cp; i++) {
 		cp_op &o = f.cp[i];
 		if (keep == ~0u || (o.group != CP_OPEN && o.group + keep < f.cp_groups)) {
-			if (o.src)
+			if (o.src) {
+				race_read(o.src, o.n);
 				memcpy(o.dst, o.src, o.n);
-			else
+			} else {
 				memset(o.dst, 0, o.n);
+			}
+			race_write(o.dst, o.n);
 		} else {
 			f.cp[n++] = o;
 		}
@@ -467,6 +526,7 @@ void cp_complete(fiber &f, unsigned keep)
 struct warp_t {
 	unsigned count, gen, n;
 	uint64_t slot[2][32][2]; /* a lane's 16 bytes, double-buffered */
+	char race[2]; /* the barrier's ThreadSanitizer objects, by generation parity */
 };
 
 // One host thread's kernel runner: the block in flight and its fibers.
@@ -479,6 +539,10 @@ struct runner {
 	uint64_t progress = 0;
 	unsigned bar_count = 0, bar_gen = 0;
 	int bar_acc = 0, bar_result = 0; /* __syncthreads_count: this barrier's, the last's */
+	/* ThreadSanitizer's objects (CUEMU_TSAN): __syncthreads by generation
+	 * parity, a block's start (the host's release) and end (the threads') */
+	char race_bar[2] = {}, race_start = 0, race_end = 0;
+	void *race_host = nullptr; /* the host thread's fiber */
 	warp_t w[32];
 	std::vector<uint8_t> dyn;
 	uint64_t block_gen = 0; /* blocks run by this thread: shared_fresh's key */
@@ -500,16 +564,45 @@ thread_local runner *R;
 
 void *next_of(runner *r);
 
+// A block that stopped (a fault, a deadlock): its threads' accesses
+// ordered before what the host does next (it frees or reuses what they
+// touched), each thread's release made in its own name.
+void race_abandon(runner *r)
+{
+#ifdef CUEMU_TSAN
+	for (unsigned i = 0; i < r->n; i++) {
+		race_switch(r->f[i].race);
+		race_release(&r->race_end);
+	}
+	race_switch(r->race_host);
+	race_acquire(&r->race_end);
+#else
+	(void)r;
+#endif
+}
+
+// The switch from the current fiber to the next of the round (or the
+// scheduler), told to ThreadSanitizer first.
+void switch_next(runner *r)
+{
+	void **me = &r->f[r->cur].sp;
+	void *to = next_of(r);
+
+	race_switch(to == r->sched_sp ? r->race_host : r->f[r->cur].race);
+	cuemu_switch(me, to);
+}
+
 [[noreturn]] void fiber_main(void)
 {
 	runner *r = R;
 
+	race_acquire(&r->race_start); /* what the host did before the block */
 	r->invoke(r->state);
 	cp_complete(r->f[r->cur], ~0u); /* a GPU's copies land whether waited for or not */
+	race_release(&r->race_end);
 	r->f[r->cur].st = F_DONE;
 	r->progress++;
-	void **me = &r->f[r->cur].sp;
-	cuemu_switch(me, next_of(r));
+	switch_next(r);
 	fatal("a finished fiber was resumed");
 }
 
@@ -560,9 +653,7 @@ void *next_of(runner *r)
 
 void yield(void)
 {
-	void **me = &R->f[R->cur].sp;
-
-	cuemu_switch(me, next_of(R));
+	switch_next(R);
 }
 
 runner *need_runner(const char *what)
@@ -574,8 +665,24 @@ runner *need_runner(const char *what)
 
 void kernel_fault(int sig, siginfo_t *si, void *uc);
 
+#ifdef CUEMU_TSAN
+// A forked child: its ThreadSanitizer knows no fiber its parent made (it
+// would report what the child's kernels do as races with the parent), so
+// the thread that forked gets fibers of its own.
+void race_after_fork(void)
+{
+	if (R)
+		for (auto &f : R->f)
+			f.race = race_fiber_new();
+}
+#endif
+
 void ensure_runner(void)
 {
+#ifdef CUEMU_TSAN
+	static std::once_flag once;
+	std::call_once(once, [] { pthread_atfork(nullptr, nullptr, race_after_fork); });
+#endif
 	if (!R) {
 		R = new runner();
 		// a launch allocates nothing on the heap: room for the largest
@@ -611,6 +718,7 @@ void fibers_for(unsigned n)
 			fatal("mmap of a fiber stack: %s", strerror(errno));
 		mprotect(m, PAGE, PROT_NONE); // overflow faults
 		f.stack = m + PAGE;
+		f.race = race_fiber_new();
 		r->f.push_back(f);
 	}
 }
@@ -651,6 +759,7 @@ cudaError_t run_kernel(const op &k)
 	unsigned n = b.x * b.y * b.z;
 
 	fibers_for(n);
+	r->race_host = race_current();
 	r->n = n;
 	r->invoke = k.invoke;
 	r->state = k.state;
@@ -698,8 +807,10 @@ cudaError_t run_kernel(const op &k)
 			fiber_prepare(f);
 		}
 		r->active = true;
+		race_release(&r->race_start);
 		if (sigsetjmp(r->jb, 1)) {
 			r->active = false;
+			race_abandon(r);
 			fprintf(stderr,
 				"cuemu: kernel %s, block %s, thread %s: illegal address %s\n",
 				name, dims(blockIdx).c_str(), dims(r->f[r->cur].tid).c_str(),
@@ -727,6 +838,7 @@ cudaError_t run_kernel(const op &k)
 			// last back here
 			r->cur = first;
 			threadIdx = r->f[first].tid;
+			race_switch(r->f[first].race);
 			cuemu_switch(&r->sched_sp, r->f[first].sp);
 			if (r->progress == p0) {
 				unsigned done = 0, bar = 0, warp = 0;
@@ -736,6 +848,7 @@ cudaError_t run_kernel(const op &k)
 					warp += r->f[i].st == F_WARP;
 				}
 				r->active = false;
+				race_abandon(r);
 				fprintf(stderr,
 					"cuemu: kernel %s, block %s: deadlock: %u threads wait at "
 					"__syncthreads, %u at a warp-synchronous call, %u have "
@@ -747,6 +860,7 @@ cudaError_t run_kernel(const op &k)
 			}
 		}
 		r->active = false;
+		race_acquire(&r->race_end); /* the block's threads, before the next block */
 		if (k.pdl && !r->waited) {
 			// on a GPU its successor, allowed to start early by
 			// it, would wait for it only: not for its predecessor
@@ -768,6 +882,7 @@ void kernel_fault(int sig, siginfo_t *si, void *uc)
 	if (R && R->active) {
 		R->fault_addr = si->si_addr;
 		R->active = false;
+		race_switch(R->race_host); /* the jump lands on the host's stack */
 		siglongjmp(R->jb, 1);
 	}
 	const region *r = near(si->si_addr);
@@ -809,21 +924,53 @@ warp_t &my_warp(runner *r, unsigned mask, const char *what)
 	return w;
 }
 
-void warp_barrier(runner *r, warp_t &w)
+// A warp's barrier. With order (__syncwarp), it orders the lanes' memory
+// accesses for ThreadSanitizer; shuffles, votes and the warp-collective
+// matrix instructions do not (CUDA: only __syncwarp orders memory among a
+// warp's threads), so a lane reading shared memory its neighbour wrote
+// with only a shuffle between them is reported.
+void warp_barrier(runner *r, warp_t &w, bool order = false)
 {
 	fiber &me = r->f[r->cur];
 
 	r->progress++;
+	unsigned g = w.gen;
+	if (order)
+		race_release(&w.race[g & 1]);
 	if (++w.count == w.n) {
 		w.count = 0;
 		w.gen++;
-		return;
+	} else {
+		me.st = F_WARP;
+		while (w.gen == g)
+			yield();
+		me.st = F_RUN;
 	}
-	unsigned g = w.gen;
-	me.st = F_WARP;
-	while (w.gen == g)
-		yield();
-	me.st = F_RUN;
+	if (order)
+		race_acquire(&w.race[g & 1]);
+}
+
+// n <= 16 bytes from src to dst by the emulator (an exchange slot), not a
+// call that ThreadSanitizer would take for the thread's access
+void copy_small(void *dst, const void *src, size_t n)
+{
+	uint64_t v[2] = { 0, 0 };
+
+	switch (n) {
+	case 1: memcpy(v, src, 1); break;
+	case 2: memcpy(v, src, 2); break;
+	case 4: memcpy(v, src, 4); break;
+	case 8: memcpy(v, src, 8); break;
+	case 16: memcpy(v, src, 16); break;
+	default: fatal("a warp exchange of %zu bytes", n);
+	}
+	switch (n) {
+	case 1: memcpy(dst, v, 1); break;
+	case 2: memcpy(dst, v, 2); break;
+	case 4: memcpy(dst, v, 4); break;
+	case 8: memcpy(dst, v, 8); break;
+	default: memcpy(dst, v, 16); break;
+	}
 }
 
 } // namespace
@@ -927,7 +1074,7 @@ void shared_fresh(void *p, size_t n)
 	if (e->gen == r->block_gen)
 		return; /* this block's first thread has been here */
 	e->gen = r->block_gen;
-	memset(p, 0xff, n);
+	race_unseen_fill(p, 0xff, n);
 }
 
 int syncthreads_count(int pred)
@@ -937,18 +1084,21 @@ int syncthreads_count(int pred)
 
 	r->progress++;
 	r->bar_acc += pred != 0;
+	unsigned g = r->bar_gen;
+	race_release(&r->race_bar[g & 1]);
 	if (++r->bar_count == r->n) {
 		r->bar_count = 0;
 		r->bar_result = r->bar_acc;
 		r->bar_acc = 0;
 		r->bar_gen++;
+		race_acquire(&r->race_bar[g & 1]);
 		return r->bar_result;
 	}
-	unsigned g = r->bar_gen;
 	me.st = F_BAR;
 	while (r->bar_gen == g)
 		yield();
 	me.st = F_RUN;
+	race_acquire(&r->race_bar[g & 1]);
 	/* the next barrier cannot complete before this thread reaches it */
 	return r->bar_result;
 }
@@ -961,7 +1111,7 @@ void syncthreads(void)
 void syncwarp(unsigned mask)
 {
 	runner *r = need_runner("__syncwarp");
-	warp_barrier(r, my_warp(r, mask, "__syncwarp"));
+	warp_barrier(r, my_warp(r, mask, "__syncwarp"), true);
 }
 
 unsigned lane(void)
@@ -1017,11 +1167,11 @@ void warp_xchg(unsigned mask, const void *in, void *out, size_t n, int src)
 	unsigned par = w.gen & 1;
 
 	w.slot[par][l][0] = w.slot[par][l][1] = 0;
-	memcpy(w.slot[par][l], in, n);
+	copy_small(w.slot[par][l], in, n);
 	warp_barrier(r, w);
 	if (src < 0 || (unsigned)src >= w.n)
 		src = (int)l;
-	memcpy(out, w.slot[par][src], n);
+	copy_small(out, w.slot[par][src], n);
 }
 
 void warp_gather(unsigned mask, const uint64_t v[2], uint64_t out[32][2])
@@ -1052,6 +1202,7 @@ void ldmatrix_x4(const void *row, unsigned r[4])
 		const unsigned *p = (const unsigned *)(uintptr_t)all[8 * i + l / 4][0];
 		if (!p)
 			fatal("cuemu: ldmatrix: lane %u of a partial warp", 8 * i + l / 4);
+		race_read(&p[l % 4], 4); /* the warp's read, this lane's share */
 		r[i] = p[l % 4];
 	}
 }

@@ -174,6 +174,59 @@ __global__ void order_kernel(unsigned *ctr, unsigned *out)
 	out[atomicAdd(ctr, 1u)] = me;
 }
 
+// Races that a -Db_sanitize=thread build reports (check_races), each
+// with the barrier that makes it right (fixed), which it must not report.
+// Two warps of 32.
+enum { RACE_BLOCK, RACE_WARP, RACE_SHUFFLE, RACE_CP_ASYNC, RACE_LDMATRIX, RACE_GLOBAL, RACE_MODES };
+__global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fixed)
+{
+	alignas(16) __shared__ unsigned s[256];
+	unsigned t = threadIdx.x, r[4];
+
+	switch (mode) {
+	case RACE_BLOCK: /* a thread reads what another warp's thread wrote */
+		s[t] = t;
+		if (fixed)
+			__syncthreads();
+		out[t] = s[(t + 32) % 64];
+		break;
+	case RACE_WARP: /* a lane reads what its neighbour wrote */
+		s[t] = t;
+		if (fixed)
+			__syncwarp();
+		out[t] = s[t ^ 1];
+		break;
+	case RACE_SHUFFLE: /* a shuffle orders no memory: only __syncwarp does */
+		s[t] = t;
+		r[0] = fixed ? (__syncwarp(), 0u) : __shfl_sync(0xffffffffu, t, 0);
+		out[t] = s[t ^ 1] + r[0];
+		break;
+	case RACE_CP_ASYNC: /* a copy lands for its own thread at its wait */
+		cuemu::cp_async(&s[t], src + t, 4, true);
+		cuemu::cp_commit();
+		cuemu::cp_wait(0);
+		if (fixed)
+			__syncthreads();
+		out[t] = s[63 - t];
+		break;
+	case RACE_LDMATRIX: /* warp 0 reads the rows warp 1 wrote */
+		if (t >= 32)
+			for (unsigned i = 0; i < 4; i++)
+				s[4 * (t - 32) + i] = 4 * (t - 32) + i;
+		if (fixed)
+			__syncthreads();
+		if (t < 32) {
+			cuemu_ldmatrix_x4(r, &s[4 * t]);
+			out[t] = r[0] + r[1] + r[2] + r[3];
+		}
+		break;
+	case RACE_GLOBAL: /* every thread of the block stores one word */
+		if (!fixed || t == 0)
+			out[0] = t;
+		break;
+	}
+}
+
 // What a block finds in its shared memory before it writes any: 0xff
 // bytes, static and dynamic alike, never what the block before it left
 // (on a GPU: whatever was there).
@@ -761,6 +814,67 @@ static void shared_over_48k(void)
 	big_shared((8 << 10) + 4);
 }
 
+#ifdef __SANITIZE_THREAD__
+// cuemu_test --race MODE FIXED: race_kernel's mode in a process of its
+// own, whose standard error holds its report alone.
+static int race_main(int mode, int fixed)
+{
+	unsigned *out;
+
+	if (cudaMalloc((void **)&out, 128 * sizeof(unsigned)) ||
+	    cudaMemset(out, 0, 128 * sizeof(unsigned)))
+		return 2;
+	race_kernel<<<2, 64>>>(out, out + 64, mode, fixed);
+	return cudaDeviceSynchronize() == cudaSuccess ? 0 : 2;
+}
+
+// Whether ThreadSanitizer reports a data race in race_kernel's mode (its
+// report read from the child's standard error).
+static bool races(const char *self, int mode, int fixed)
+{
+	char path[] = "/tmp/cuemu-race.XXXXXX", buf[1 << 16], m[8], f[8];
+	int fd = mkstemp(path), st;
+	pid_t pid;
+	ssize_t n;
+
+	if (fd < 0)
+		return false;
+	snprintf(m, sizeof(m), "%d", mode);
+	snprintf(f, sizeof(f), "%d", fixed);
+	pid = fork();
+	if (pid == 0) {
+		dup2(fd, 2);
+		execl(self, self, "--race", m, f, (char *)nullptr);
+		_exit(127);
+	}
+	waitpid(pid, &st, 0);
+	n = pread(fd, buf, sizeof(buf) - 1, 0);
+	close(fd);
+	unlink(path);
+	buf[n > 0 ? n : 0] = 0;
+	if (getenv("CUEMU_TEST_RACE_LOG"))
+		fputs(buf, stderr);
+	return strstr(buf, "WARNING: ThreadSanitizer: data race") && strstr(buf, "race_kernel");
+}
+
+// The races of race_kernel reported, and none once the barrier is there
+// (a -Db_sanitize=thread build: each thread of a block a ThreadSanitizer
+// fiber ordered only by barriers, tests/cuemu/README.md).
+static void check_races(const char *self)
+{
+	for (int m = 0; m < RACE_MODES; m++) {
+		bool bad = races(self, m, 0), good = !races(self, m, 1);
+
+		if (!bad || !good)
+			fprintf(stderr, "cuemu_test: race_kernel mode %d: %s\n", m,
+				!bad ? "the race not reported" : "reported with its barrier");
+		CHECK(bad && good);
+	}
+}
+#else
+static void check_races(const char *) {}
+#endif
+
 static void check_fatal(void)
 {
 	CHECK(dies(host_touches_device));
@@ -864,8 +978,14 @@ static void check_mma_h(void)
 	OK(cudaFree(D));
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+#ifdef __SANITIZE_THREAD__
+	if (argc == 4 && !strcmp(argv[1], "--race"))
+		return race_main(atoi(argv[2]), atoi(argv[3]));
+#endif
+	(void)argc;
+	(void)argv;
 	setenv("CUEMU_DEVICES", "5", 1);
 	setenv("CUEMU_MEM_MIB", "64", 1);
 	check_half();
@@ -885,6 +1005,7 @@ int main(void)
 	check_cp_async();
 	check_order();
 	check_fresh_shared();
+	check_races("/proc/self/exe");
 	check_fatal();
 	check_faults();
 	if (failures) {
