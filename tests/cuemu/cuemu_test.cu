@@ -814,6 +814,52 @@ static void shared_over_48k(void)
 	big_shared((8 << 10) + 4);
 }
 
+// This program run again as a child, with env set (NAME=VALUE, or
+// nullptr) and arguments a1, a2, a3 (nullptr ends them): its standard
+// error into buf (n bytes, NUL-terminated); returns the wait status.
+static int child(const char *env, const char *a1, const char *a2, const char *a3, char *buf,
+		 size_t n)
+{
+	char path[] = "/tmp/cuemu-child.XXXXXX";
+	const char *self = "/proc/self/exe";
+	int fd = mkstemp(path), st = -1;
+	ssize_t k = 0;
+	pid_t pid;
+
+	buf[0] = 0;
+	if (fd < 0)
+		return -1;
+	pid = fork();
+	if (pid == 0) {
+		dup2(fd, 2);
+		if (env)
+			putenv((char *)env);
+		execl(self, self, a1, a2, a3, (char *)nullptr);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, &st, 0);
+	k = pread(fd, buf, n - 1, 0);
+	close(fd);
+	unlink(path);
+	buf[k > 0 ? k : 0] = 0;
+	return st;
+}
+
+// CUEMU_ORDER other than forward or reverse: the first CUDA call stops
+// the process and says what it takes (cuemu_test --order-probe).
+static void check_order_env(void)
+{
+	char buf[4096];
+	int st = child("CUEMU_ORDER=sideways", "--order-probe", nullptr, nullptr, buf,
+		       sizeof(buf));
+
+	CHECK(st != -1 && !(WIFEXITED(st) && WEXITSTATUS(st) == 0));
+	CHECK(strstr(buf, "CUEMU_ORDER=sideways: forward or reverse") != nullptr);
+	st = child("CUEMU_ORDER=reverse", "--order-probe", nullptr, nullptr, buf, sizeof(buf));
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 #ifdef __SANITIZE_THREAD__
 // cuemu_test --race MODE FIXED: race_kernel's mode in a process of its
 // own, whose standard error holds its report alone.
@@ -830,28 +876,14 @@ static int race_main(int mode, int fixed)
 
 // Whether ThreadSanitizer reports a data race in race_kernel's mode (its
 // report read from the child's standard error).
-static bool races(const char *self, int mode, int fixed)
+static bool races(int mode, int fixed)
 {
-	char path[] = "/tmp/cuemu-race.XXXXXX", buf[1 << 16], m[8], f[8];
-	int fd = mkstemp(path), st;
-	pid_t pid;
-	ssize_t n;
+	static char buf[1 << 16];
+	char m[8], f[8];
 
-	if (fd < 0)
-		return false;
 	snprintf(m, sizeof(m), "%d", mode);
 	snprintf(f, sizeof(f), "%d", fixed);
-	pid = fork();
-	if (pid == 0) {
-		dup2(fd, 2);
-		execl(self, self, "--race", m, f, (char *)nullptr);
-		_exit(127);
-	}
-	waitpid(pid, &st, 0);
-	n = pread(fd, buf, sizeof(buf) - 1, 0);
-	close(fd);
-	unlink(path);
-	buf[n > 0 ? n : 0] = 0;
+	child(nullptr, "--race", m, f, buf, sizeof(buf));
 	if (getenv("CUEMU_TEST_RACE_LOG"))
 		fputs(buf, stderr);
 	return strstr(buf, "WARNING: ThreadSanitizer: data race") && strstr(buf, "race_kernel");
@@ -860,10 +892,10 @@ static bool races(const char *self, int mode, int fixed)
 // The races of race_kernel reported, and none once the barrier is there
 // (a -Db_sanitize=thread build: each thread of a block a ThreadSanitizer
 // fiber ordered only by barriers, tests/cuemu/README.md).
-static void check_races(const char *self)
+static void check_races(void)
 {
 	for (int m = 0; m < RACE_MODES; m++) {
-		bool bad = races(self, m, 0), good = !races(self, m, 1);
+		bool bad = races(m, 0), good = !races(m, 1);
 
 		if (!bad || !good)
 			fprintf(stderr, "cuemu_test: race_kernel mode %d: %s\n", m,
@@ -872,7 +904,7 @@ static void check_races(const char *self)
 	}
 }
 #else
-static void check_races(const char *) {}
+static void check_races(void) {}
 #endif
 
 static void check_fatal(void)
@@ -984,8 +1016,10 @@ int main(int argc, char **argv)
 	if (argc == 4 && !strcmp(argv[1], "--race"))
 		return race_main(atoi(argv[2]), atoi(argv[3]));
 #endif
-	(void)argc;
-	(void)argv;
+	if (argc == 2 && !strcmp(argv[1], "--order-probe")) {
+		int n = 0;
+		return cudaGetDeviceCount(&n) == cudaSuccess ? 0 : 2;
+	}
 	setenv("CUEMU_DEVICES", "5", 1);
 	setenv("CUEMU_MEM_MIB", "64", 1);
 	check_half();
@@ -1005,7 +1039,8 @@ int main(int argc, char **argv)
 	check_cp_async();
 	check_order();
 	check_fresh_shared();
-	check_races("/proc/self/exe");
+	check_races();
+	check_order_env();
 	check_fatal();
 	check_faults();
 	if (failures) {
