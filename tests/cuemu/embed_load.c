@@ -2,10 +2,13 @@
  * tests/cuemu/run's failing-device checks (gpud-load sends generations
  * only): how every embedding ended.
  *
- *   embed_load SOCKET THREADS SECONDS
+ *   embed_load SOCKET THREADS SECONDS [AFTER FILE]
  *
  * Each thread connects once and asks for embeddings of short texts, one
- * after another, until the connection breaks or SECONDS pass. A call that
+ * after another, until the connection breaks or SECONDS pass. With AFTER
+ * and FILE, the call that makes AFTER embeddings done creates FILE (the
+ * checks' fault injection): the device fails once gpud is seen serving,
+ * however slowly a loaded machine brings it there, never at a set time. A call that
  * waits longer than 60 s ends with SW_EBUSY (a hang). Prints one line,
  * "embed: N ok, SW_EDEVICE:N SW_ECLOSED:N other:N", and exits 0 when
  * every call ended with success, SW_EDEVICE or SW_ECLOSED (a refusal
@@ -26,6 +29,8 @@
 
 static const char *sock;
 static double until;
+static unsigned fault_after; /* 0: no FILE to create */
+static const char *fault_file;
 static atomic_uint ok, device, closed, other;
 static char other_msg[2 * SW_ERR_MAX];
 static pthread_mutex_t other_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -36,6 +41,17 @@ static double now_s(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void touch(const char *path)
+{
+	FILE *f = fopen(path, "w");
+
+	if (!f) {
+		perror(path);
+		exit(2);
+	}
+	fclose(f);
 }
 
 static void *run(void *arg)
@@ -64,7 +80,8 @@ static void *run(void *arg)
 
 		free(vec);
 		if (rc == 0) {
-			atomic_fetch_add(&ok, 1);
+			if (atomic_fetch_add(&ok, 1) + 1 == fault_after)
+				touch(fault_file);
 			continue;
 		}
 		if (rc == SW_EDEVICE) {
@@ -94,9 +111,15 @@ int main(int argc, char **argv)
 	pthread_t th[MAX_THREADS];
 	int n;
 
-	if (argc != 4 || (n = atoi(argv[2])) < 1 || n > MAX_THREADS || atof(argv[3]) <= 0) {
-		fprintf(stderr, "usage: embed_load SOCKET THREADS(1-%d) SECONDS\n", MAX_THREADS);
+	if ((argc != 4 && argc != 6) || (n = atoi(argv[2])) < 1 || n > MAX_THREADS ||
+	    atof(argv[3]) <= 0 || (argc == 6 && atoi(argv[4]) < 1)) {
+		fprintf(stderr, "usage: embed_load SOCKET THREADS(1-%d) SECONDS [AFTER FILE]\n",
+			MAX_THREADS);
 		return 2;
+	}
+	if (argc == 6) {
+		fault_after = (unsigned)atoi(argv[4]);
+		fault_file = argv[5];
 	}
 	sock = argv[1];
 	until = now_s() + atof(argv[3]);
