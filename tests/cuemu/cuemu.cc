@@ -28,6 +28,7 @@
 // them (block and grid limits, __launch_bounds__).
 #include <cuda_runtime.h>
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -180,6 +181,7 @@ struct op {
 	size_t shm = 0;
 	bool pdl = false; // launched with programmatic stream serialization
 	void (*invoke)(const void *state) = nullptr;
+	const void *fn = nullptr; // the kernel's code (CUEMU_KERNELS)
 	alignas(16) unsigned char state[OP_STATE];
 
 	op() {}
@@ -195,6 +197,7 @@ struct op {
 		shm = o.shm;
 		pdl = o.pdl;
 		invoke = o.invoke;
+		fn = o.fn;
 		if (copy)
 			copy(state, o.state);
 		return *this;
@@ -749,6 +752,82 @@ std::string fault_where(const void *addr)
 	return b;
 }
 
+/* --- CUEMU_KERNELS=FILE: which kernels a run launched ------------------------------
+ * Each kernel (each instantiation of a template apart) with its launches
+ * and blocks, appended to FILE at exit, a line each: "LAUNCHES BLOCKS
+ * OBJECT OFFSET NAME", OBJECT and OFFSET where its code is (for
+ * addr2line), NAME as the launch wrote it. tests/cuemu/kernels reads
+ * them: what a set of runs covers, what one covers that another does not.
+ * A fixed table, so that a launch allocates nothing. */
+struct kernel_count {
+	const void *fn;
+	const char *name;
+	uint64_t launches, blocks;
+};
+kernel_count kcounts[1024];
+unsigned n_kcounts;
+bool kcounts_full;
+
+void kernels_write(void)
+{
+	const char *path = getenv("CUEMU_KERNELS");
+	FILE *f = path ? fopen(path, "a") : nullptr;
+
+	if (!f) {
+		if (path)
+			fprintf(stderr, "cuemu: CUEMU_KERNELS=%s: %s\n", path, strerror(errno));
+		return;
+	}
+	/* the program's own path whatever its argv[0] and working directory
+	 * were: the kernels are in it (cuemu is linked in beside them) */
+	char exe[4096];
+	ssize_t m = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	Dl_info self;
+	exe[m > 0 ? m : 0] = 0;
+	if (!dladdr((const void *)&kernels_write, &self))
+		self.dli_fbase = nullptr;
+	std::lock_guard<std::mutex> g(mu);
+	for (unsigned i = 0; i < n_kcounts; i++) {
+		const kernel_count &c = kcounts[i];
+		Dl_info di;
+		if (!dladdr(c.fn, &di) || !di.dli_fname)
+			di = Dl_info{ "?", nullptr, nullptr, nullptr };
+		const char *obj = di.dli_fbase && di.dli_fbase == self.dli_fbase && exe[0] ? exe
+											  : di.dli_fname;
+		fprintf(f, "%llu %llu %s 0x%llx %s\n", (unsigned long long)c.launches,
+			(unsigned long long)c.blocks, obj,
+			(unsigned long long)((uintptr_t)c.fn - (uintptr_t)di.dli_fbase), c.name);
+	}
+	if (kcounts_full)
+		fprintf(f, "0 0 ? 0x0 (cuemu: more kernels than CUEMU_KERNELS counts)\n");
+	fclose(f);
+}
+
+void kernels_count(const void *fn, const char *name, uint64_t blocks)
+{
+	static const bool on = [] {
+		if (!getenv("CUEMU_KERNELS"))
+			return false;
+		atexit(kernels_write);
+		return true;
+	}();
+	if (!on)
+		return;
+	std::lock_guard<std::mutex> g(mu);
+	unsigned i = 0;
+	while (i < n_kcounts && kcounts[i].fn != fn)
+		i++;
+	if (i == n_kcounts) {
+		if (i == sizeof(kcounts) / sizeof(kcounts[0])) {
+			kcounts_full = true;
+			return;
+		}
+		kcounts[n_kcounts++] = kernel_count{ fn, name, 0, 0 };
+	}
+	kcounts[i].launches++;
+	kcounts[i].blocks += blocks;
+}
+
 // Runs one launch: every block, each block's threads as fibers.
 cudaError_t run_kernel(const op &k)
 {
@@ -775,6 +854,7 @@ cudaError_t run_kernel(const op &k)
 		std::lock_guard<std::mutex> lk(mu);
 		stats.launches++;
 	}
+	kernels_count(k.fn, name, (uint64_t)g.x * g.y * g.z);
 	// the blocks one after the other, block (0,0,0) first, or with
 	// CUEMU_ORDER=reverse the last first: what a grid computes must not
 	// depend on which of its blocks ends first (a split-K sum made by the
@@ -1017,6 +1097,7 @@ cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm,
 	o.shm = shm;
 	o.pdl = pdl;
 	o.invoke = body.invoke;
+	o.fn = body.fn;
 	body.copy(o.state, body.state);
 	return ret(enqueue(st, o));
 }

@@ -1012,8 +1012,9 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 // bits of attention and gpud_k_quantize_act: the output, the quants and the
 // scales, for split-K decode (the last CTA's combine), one split, and
 // prefill tiles. Causal, two sequences in blocks of 16 positions over one
-// layer's random K and V; head_dim not a multiple of 32 is refused.
-void check_att_quant(uint32_t hd, const char *mode)
+// layer's random K and V (kv16: as halves, gpud.kv_type f16); head_dim not
+// a multiple of 32 is refused.
+void check_att_quant(uint32_t hd, const char *mode, bool kv16)
 {
 	const uint32_t nh = 4, nkv = 2, bt = 16, nblk = 16;
 	bool tiles = !strcmp(mode, "tiles"), split = !strcmp(mode, "split-K");
@@ -1038,7 +1039,12 @@ void check_att_quant(uint32_t hd, const char *mode)
 
 	for (size_t i = 0; i < nkvf; i++)
 		h[i] = frand();
-	up(dkv, h, 4 * nkvf);
+	if (kv16) { /* the pool's halves, packed into h's first half */
+		uint16_t *h16 = (uint16_t *)h;
+		for (size_t i = 0; i < nkvf; i++)
+			h16[i] = gpud_fp32_to_fp16(h[i]);
+	}
+	up(dkv, h, (kv16 ? 2 : 4) * nkvf);
 	for (size_t i = 0; i < nq; i++)
 		h[i] = frand() * 2.0f;
 	up(dq, h, 4 * nq);
@@ -1066,11 +1072,12 @@ void check_att_quant(uint32_t hd, const char *mode)
 	gpud_cuda_meta m = { nullptr, dm + (mpos - mp), dm + (mseq - mp), nullptr,
 			     dm + (msi - mp), dm + (mbt - mp) };
 	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats,
-				 0 };
+				 kv16 };
 	gpud_cuda_attn a = { hg, T, splits, tiles ? dm + (mtl - mp) : nullptr, 3, tile, part, cnt,
 			     nullptr, nullptr, nullptr, 0 };
 
-	snprintf(what, sizeof(what), "attention + quantize fused, hd %u, %s", hd, mode);
+	const char *kvs = kv16 ? ", f16 KV" : "";
+	snprintf(what, sizeof(what), "attention + quantize fused, hd %u, %s%s", hd, mode, kvs);
 	ok = gpud_k_attention(0, dq, out1, &m, &kv, nullptr, 0, 0, &a) == cudaSuccess &&
 	     gpud_k_quantize_act(0, out1, T, nh * hd, q1, d1) == cudaSuccess;
 	a.aq = q2;
@@ -1100,7 +1107,7 @@ void check_att_quant(uint32_t hd, const char *mode)
 		a1.splits = 1;
 		a1.aq = nullptr;
 		a1.ad = nullptr;
-		snprintf(what, sizeof(what), "attention split-K vs one split, hd %u", hd);
+		snprintf(what, sizeof(what), "attention split-K vs one split, hd %u%s", hd, kvs);
 		if (gpud_k_attention(0, dq, out2, &m, &kv, nullptr, 0, 0, &a1) == cudaSuccess &&
 		    down(o2, out2, 4 * nq, what)) {
 			double worst = 0, top = 0; /* relative to the largest output */
@@ -1110,13 +1117,13 @@ void check_att_quant(uint32_t hd, const char *mode)
 				top = fabs((double)o2[i]) > top ? fabs((double)o2[i]) : top;
 			}
 			report(what, worst / top, 1e-5);
-			snprintf(what, sizeof(what), "attention split-K, one chunk: bits vs one split, hd %u",
-				 hd);
+			snprintf(what, sizeof(what),
+				 "attention split-K, one chunk: bits vs one split, hd %u%s", hd, kvs);
 			report(what, (double)bits_differ(o1 + nh * hd, o2 + nh * hd, nh * hd, 4), 0);
 		}
 		/* every counter back at zero for the next step */
 		unsigned c[8];
-		snprintf(what, sizeof(what), "attention split-K counters reset, hd %u", hd);
+		snprintf(what, sizeof(what), "attention split-K counters reset, hd %u%s", hd, kvs);
 		if (down(c, cnt, 4 * (size_t)T * nkv, what)) {
 			size_t nz = 0;
 			for (uint32_t i = 0; i < T * nkv; i++)
@@ -1124,7 +1131,7 @@ void check_att_quant(uint32_t hd, const char *mode)
 			report(what, (double)nz, 0);
 		}
 	}
-	if (hd == 64 && split) {
+	if (hd == 64 && split && !kv16) {
 		gpud_cuda_kvshape odd = kv;
 		odd.head_dim = 48;
 		snprintf(what, sizeof(what), "attention refuses to quantize head_dim 48");
@@ -1419,6 +1426,38 @@ void check_draw(uint32_t nv, uint32_t rounds)
 		cudaFree(dc);
 }
 
+// The programmatic-dependent-launch probe (gpud's pdl_setup) and the
+// empty launches of the stage profile: p[0] and p[1] are 0x5eed after the
+// probe, with the launch mode on and off (where the device has it), and
+// the empty kernels end without a fault.
+void check_probe(void)
+{
+	int *p = (int *)dev(3 * sizeof(int)), h[3];
+	int bad = 0;
+	cudaDeviceProp prop;
+	cudaStream_t s;
+
+	if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess ||
+	    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+		report("launch probe: a stream", INFINITY, 0);
+		return;
+	}
+	for (bool pdl : { false, true }) {
+		if (pdl && (prop.major < 9 || gpud_k_pdl(s, true) != cudaSuccess))
+			continue; /* sm_90 and later, as pdl_setup has it */
+		if (gpud_k_pdl_probe(s, p) != cudaSuccess || gpud_k_nop(s, 3) != cudaSuccess ||
+		    cudaStreamSynchronize(s) != cudaSuccess ||
+		    !down(h, p, sizeof(h), "the launch probe") || h[0] != 0x5eed || h[1] != 0x5eed)
+			bad++;
+		if (pdl)
+			gpud_k_pdl(s, false);
+	}
+	report("launch probe (programmatic dependent launch off, on) and empty kernels",
+	       (double)bad, 0);
+	cudaStreamDestroy(s);
+	cudaFree(p);
+}
+
 // Every kernel but the draws' against the CPU's.
 void check_kernels(void)
 {
@@ -1433,6 +1472,8 @@ void check_kernels(void)
 			check_matmul(t, 130, 320, T);
 		if (t == GPUD_TYPE_F32) {
 			check_matmul(t, 130, 330, 70); /* the tiled kernel, any width */
+			for (uint32_t T : { 1u, 3u, 8u }) /* GEMVs of rows not whole vectors */
+				check_matmul(t, 200, 330, T);
 			continue;
 		}
 		if (t == GPUD_TYPE_F16 || t == GPUD_TYPE_BF16) {
@@ -1477,11 +1518,13 @@ void check_kernels(void)
 	for (enum gpud_type t : { GPUD_TYPE_F32, GPUD_TYPE_F16, GPUD_TYPE_Q8_0 })
 		for (uint32_t T : { 1u, 2u, 3u })
 			check_qkv_rope(t, T, 320, t == GPUD_TYPE_Q8_0, true); /* Qwen2's */
-	for (uint32_t hd : { 64u, 128u })
+	for (uint32_t hd : { 32u, 64u, 128u })
 		for (const char *mode : { "split-K", "one split", "tiles" })
-			check_att_quant(hd, mode);
+			for (bool kv16 : { false, true })
+				check_att_quant(hd, mode, kv16);
 	for (uint32_t nv : { 7u, 512u, 128256u })
 		check_argmax(nv);
+	check_probe();
 }
 
 } // namespace
@@ -1489,17 +1532,23 @@ void check_kernels(void)
 int main(int argc, char **argv)
 {
 	int n = 0;
-	bool draws_only = false;
+	bool draws_only = false, no_draws = false;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
 			rng = strtoull(argv[++i], nullptr, 0) | 1;
 		} else if (!strcmp(argv[i], "--draws")) {
 			draws_only = true; /* only the draws' checks */
+		} else if (!strcmp(argv[i], "--no-draws")) {
+			no_draws = true; /* all but them (tests/cuemu/run's race step) */
 		} else {
-			fprintf(stderr, "usage: %s [--seed S] [--draws]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--seed S] [--draws | --no-draws]\n", argv[0]);
 			return 2;
 		}
+	}
+	if (draws_only && no_draws) {
+		fprintf(stderr, "ops_cmp: --draws and --no-draws: one of them\n");
+		return 2;
 	}
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
 		fprintf(stderr, "ops_cmp: no CUDA device\n");
@@ -1524,10 +1573,12 @@ int main(int argc, char **argv)
 	cudaMemset(ksplit.cnt, 0, 4 * ksplit.cnt_words);
 	if (!draws_only)
 		check_kernels();
-	check_draw(1, 8);
-	check_draw(7, 40);
-	check_draw(3000, 60);
-	check_draw(128256, 10);
+	if (!no_draws) {
+		check_draw(1, 8);
+		check_draw(7, 40);
+		check_draw(3000, 60);
+		check_draw(128256, 10);
+	}
 	printf("ops_cmp: %s\n", failures ? "FAILED" : "every op within its bound");
 	return failures ? 1 : 0;
 }

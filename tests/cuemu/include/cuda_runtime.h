@@ -187,6 +187,7 @@ struct kernel_body {
 	void (*copy)(void *dst, const void *src);
 	const void *state;
 	size_t size, align;
+	const void *fn; /* the kernel (an instantiation of a template its own) */
 };
 /* Enqueues body as a kernel of grid g and blocks b on stream s (checks the
  * configuration as the device does; bound: the kernel's
@@ -249,7 +250,7 @@ cudaError_t launch_args(const char *name, unsigned bound, dim3 g, dim3 b, size_t
 			std::apply(x->k, x->args);
 		},
 		[](void *d, const void *src) { new (d) C(*(const C *)src); },
-		&c, sizeof(C), alignof(C),
+		&c, sizeof(C), alignof(C), reinterpret_cast<const void *>(k),
 	};
 
 	return launch(name, bound, g, b, shm, s, body, pdl);
