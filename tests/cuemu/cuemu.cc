@@ -778,6 +778,9 @@ void kernels_write(void)
 			fprintf(stderr, "cuemu: CUEMU_KERNELS=%s: %s\n", path, strerror(errno));
 		return;
 	}
+	/* every line in one write at fclose: processes that end together
+	 * append whole lines, never parts of each other's */
+	setvbuf(f, nullptr, _IOFBF, 1 << 22);
 	/* the program's own path whatever its argv[0] and working directory
 	 * were: the kernels are in it (cuemu is linked in beside them) */
 	char exe[4096];
