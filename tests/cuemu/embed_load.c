@@ -8,8 +8,8 @@
  * after another, until the connection breaks or SECONDS pass. With AFTER
  * and FILE, the call that makes AFTER embeddings done creates FILE (the
  * checks' fault injection): the device fails once gpud is seen serving,
- * however slowly a loaded machine brings it there, never at a set time. A call that
- * waits longer than 60 s ends with SW_EBUSY (a hang). Prints one line,
+ * however slowly a loaded machine brings it there, never at a set time.
+ * A call that waits longer than 60 s ends with SW_EBUSY (a hang). Prints one line,
  * "embed: N ok, SW_EDEVICE:N SW_ECLOSED:N other:N", and exits 0 when
  * every call ended with success, SW_EDEVICE or SW_ECLOSED (a refusal
  * while gpud drains, or gpud gone).
