@@ -4,7 +4,7 @@
 # leak per window, a process restarted inside the judged interval (only
 # its last part is judged), one restarted too late to judge, a series
 # falling (never a failure), the tolerance's relative part, and the
-# troughs file the plots read. Exit 0 when every case gives its answer.
+# troughs file the plots read; then task.awk's document sizes. Exit 0 when every case gives its answer.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tmp=$(mktemp -d /tmp/soak-analyze-test.XXXXXX)
@@ -112,6 +112,24 @@ if [ "$n" -ge 19 ] && [ "$n" -le 21 ] && [ "$pids" = 0 ] && [ "$high" = 0 ]; the
 	echo "ok   troughs file: $n windows of rss.flat, all near its floor"
 else
 	echo "FAIL troughs file: $n windows, $pids pid lines, $high far above the floor"
+	fails=$((fails + 1))
+fi
+
+# task.awk's documents: within --doc-bytes' MIN:MAX (an answer's own
+# text a quarter of a draw plus MIN), and without them the 1-50 KB of
+# the runs before the option, draw for draw (seed 5's first task).
+task() { # N DOC_MIN DOC_MAX: the first line, "CLASS KIND BYTES"
+	awk -v seed=5 -v n="$1" -v prefix=t -v doc_mode=text -v doc_id=1 -v max_tokens=16 \
+		-v mix=40:25:30:5 -v doc_min="$2" -v doc_max="$3" -f "$here/task.awk" | head -n 1
+}
+first=$(task 1 "" "")
+out=$(for n in $(seq 200); do task "$n" 256 2048; done |
+	awk '$1 == "valid" && $3 > 0 { n++; if ($3 < 256 || $3 > ($2 == "answer" ? 256 + 512 : 2048)) bad++ }
+		END { print n + 0, bad + 0 }')
+if [ "$first" = "valid ingest 32895" ] && [ "${out#* }" = 0 ] && [ "${out% *}" -gt 100 ]; then
+	echo "ok   task.awk: seed 5's first draw as before; ${out% *} documents within 256:2048"
+else
+	echo "FAIL task.awk: first draw \"$first\" (want \"valid ingest 32895\"); documents, out of range: $out"
 	fails=$((fails + 1))
 fi
 

@@ -9,11 +9,13 @@
 # then a summarize by document or an answer without text becomes an
 # ingest), max_tokens, mix ("INGEST:SUMMARIZE:ANSWER:MALFORMED": the
 # first three weigh the valid kinds; MALFORMED percent of the tasks, at
-# fixed places, are malformed). seed is taken modulo 100000.
+# fixed places, are malformed), doc_min and doc_max (the documents'
+# sizes in bytes; default 1024 and 51200). seed is taken modulo 100000.
 #
 # Output: "CLASS KIND BYTES" on the first line (CLASS valid or
 # malformed-WHAT, KIND ingest, summarize or answer, BYTES the document's
-# size or 0), the JSON on the second. Documents are 1-50 KB of words
+# size or 0), the JSON on the second. Documents are doc_min to doc_max
+# bytes (by default 1-50 KB) of words
 # from a fixed list in sentences of 5-15 words: nothing to escape in JSON.
 
 function pick(a, n) { return a[int(rand() * n) + 1] }
@@ -63,7 +65,12 @@ BEGIN {
 	split(mix, m, ":")
 	id = prefix "-" n
 	r = rand() * (m[1] + m[2] + m[3])
-	bytes = 1024 + int(rand() * 50177)   # 1 KiB .. 50 KiB
+	if (doc_min == "")
+		doc_min = 1024
+	if (doc_max == "")
+		doc_max = 51200
+	# by default 1 KiB .. 50 KiB, the draws of the runs before doc_min
+	bytes = doc_min + int(rand() * (doc_max - doc_min + 1))
 	if (r < m[1])
 		kind = "ingest"
 	else if (r < m[1] + m[2])
@@ -99,7 +106,7 @@ BEGIN {
 	} else if (kind == "answer") {
 		top_k = 1 + int(rand() * 8)
 		if (answer_text) {
-			bytes = int(bytes / 4) + 1024
+			bytes = int(bytes / 4) + doc_min
 			print "valid answer " bytes
 			printf "{\"id\": \"%s\", \"kind\": \"answer\", \"question\": \"%s\", \"top_k\": %d, \"max_tokens\": %d, \"text\": \"%s\"}\n",
 				id, question(), top_k, max_tokens, text_of(bytes)
