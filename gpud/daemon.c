@@ -474,13 +474,21 @@ static int device_build(struct gpud_daemon *d, struct device *dv, const struct s
 	return device_watch(d, dv);
 }
 
-/* The server's request and connection slots under the trough watchdog. */
+/* The server's request and connection slots under the trough watchdog.
+ * Connection slots are held by clients, which (re)connect at their own
+ * pace: after a restart, agentd's workers come back as each next needs
+ * gpud, so the trough climbs in several steps (a soak on emulated GPUs,
+ * bench/results/soak-cuemu-2026-12-07-0954: 0 to 4 in two, after a device's
+ * hang, and a warning). Their trough counts as rising only when it rose
+ * in every window of the ring: slots that leak under a steady churn. */
 static int server_watch(struct gpud_daemon *d)
 {
 	const typeof(d->cfg.gpud) *g = &d->cfg.gpud;
 
 	d->wd_req = gpud_memwatch_register(d->watch, "server.requests", g->queue.global);
 	d->wd_conn = gpud_memwatch_register(d->watch, "server.connections", g->max_connections);
+	if (d->wd_conn >= 0)
+		gpud_memwatch_set_min_steps(d->watch, d->wd_conn, g->watchdog.k - 1);
 	if (d->wd_req < 0 || d->wd_conn < 0) {
 		log_error("watchdog registration failed");
 		return -EINVAL;

@@ -14,6 +14,7 @@ struct mw_pool {
 	char name[GPUD_MEMWATCH_NAME_MAX + 1];
 	uint64_t capacity;
 	uint64_t cache_bound;   /* 0: no cache shares the pool */
+	uint32_t min_steps;     /* the monotonic rule's, for this pool */
 	uint64_t current, high; /* of the live part */
 	uint64_t cached, cached_high;
 	uint64_t win_idx;       /* open window: [win_idx * window_ms, +window_ms) */
@@ -121,7 +122,18 @@ int gpud_memwatch_register_cached(struct gpud_memwatch *w, const char *name, uin
 	strcpy(mp->name, name); /* length checked by name_ok */
 	mp->capacity = capacity;
 	mp->cache_bound = cache_bound;
+	mp->min_steps = w->p.min_steps;
 	return (int)w->n_pools++;
+}
+
+int gpud_memwatch_set_min_steps(struct gpud_memwatch *w, int id, uint32_t min_steps)
+{
+	if (!w || id < 0 || (uint32_t)id >= w->n_pools)
+		return -EINVAL;
+	if (min_steps == 0)
+		min_steps = 1;
+	w->pools[id].min_steps = min_steps > w->p.k - 1 ? w->p.k - 1 : min_steps;
+	return 0;
 }
 
 static uint64_t ring_at(const struct gpud_memwatch *w, const struct mw_pool *mp, uint32_t i)
@@ -155,7 +167,7 @@ static bool troughs_rising(const struct gpud_memwatch *w, const struct mw_pool *
 		monotonic = b >= a;
 		steps += b > a;
 	}
-	if (monotonic && steps >= w->p.min_steps && newest - oldest >= w->p.min_rise)
+	if (monotonic && steps >= mp->min_steps && newest - oldest >= w->p.min_rise)
 		return true;
 	return w->p.rise_fraction > 0.0 &&
 	       (double)(newest - oldest) > w->p.rise_fraction * (double)mp->capacity;

@@ -106,6 +106,15 @@ int gpud_memwatch_register(struct gpud_memwatch *w, const char *name, uint64_t c
 int gpud_memwatch_register_cached(struct gpud_memwatch *w, const char *name, uint64_t capacity,
 				  uint64_t cache_bound);
 
+/* Sets the monotonic rule's min_steps for pool id alone (0 means 1, more
+ * than k - 1 means k - 1; a pool starts with the watchdog's). For a pool
+ * whose use is a population that joins at its own pace, not a load that
+ * comes and goes: gpud's connection slots, one per connected client,
+ * whose trough climbs in as many steps as the clients take to (re)connect
+ * after a start, but rises in every window only when slots leak under a
+ * steady churn. Returns 0, or -EINVAL for an unknown id. */
+int gpud_memwatch_set_min_steps(struct gpud_memwatch *w, int id, uint32_t min_steps);
+
 /* Feeds one sample of pool id: used units at now_ms (any monotonic clock
  * in ms). Closes the pool's open window when now_ms is past it, which may
  * start or end a rising episode (and log). O(k) at a window close, O(1)

@@ -1,6 +1,7 @@
 /* memwatch_test.c - trough watchdog: flat use, sawtooth back to the same
  * low, a slowly rising trough under a sawtooth, recovery and a second
  * episode, the threshold rule, one load step against a leak (min_steps),
+ * a pool's own min_steps (a population that joins in steps),
  * clock steps back, gaps, many pools, the
  * JSON report and its truncation; pools a cache shares: a cache filling
  * to its bound raises nothing, a leak behind a full cache is reported.
@@ -450,6 +451,61 @@ static void test_min_steps(void **state)
 	gpud_memwatch_destroy(w);
 }
 
+/* A pool's own min_steps (gpud's connection slots: k - 1): clients that
+ * reconnect in two steps after a start lift its trough twice, a warning
+ * under the watchdog's min_steps 2 and none under its own 3; slots that
+ * leak rise in every window and warn under both. */
+static void test_min_steps_per_pool(void **state)
+{
+	(void)state;
+	struct gpud_memwatch_params p = {
+		.max_pools = 3, .window_ms = WIN, .k = K, .min_steps = 2,
+	};
+	struct gpud_memwatch *w;
+	static const uint64_t ramp[] = { 0, 0, 0, 3, 4, 4, 4, 4, 4, 4 };
+	static const uint64_t leak[] = { 0, 0, 0, 1, 2, 3, 4, 5, 6, 7 };
+	bool ramp_rose = false, pop_rose = false, leak_rose = false;
+
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "ramp", 100), 0);
+	assert_int_equal(gpud_memwatch_register(w, "population", 100), 1);
+	assert_int_equal(gpud_memwatch_register(w, "leak", 100), 2);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, 1, K - 1), 0);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, 2, K - 1), 0);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, 3, 1), -EINVAL);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, -1, 1), -EINVAL);
+	assert_int_equal(gpud_memwatch_set_min_steps(NULL, 0, 1), -EINVAL);
+	for (uint64_t win = 0; win < 10; win++) {
+		/* samples never below the trough: the clients stay connected */
+		saw_window(w, 0, win, ramp[win], ramp[win] + 2);
+		saw_window(w, 1, win, ramp[win], ramp[win] + 2);
+		saw_window(w, 2, win, leak[win], leak[win] + 2);
+		ramp_rose |= status(w, 0).rising;
+		pop_rose |= status(w, 1).rising;
+		leak_rose |= status(w, 2).rising;
+	}
+	assert_true(ramp_rose);  /* troughs 0 0 3 4: two steps */
+	assert_false(pop_rose);  /* the same under min_steps 3 */
+	assert_true(leak_rose);  /* 0 1 2 3 and on: three steps, every window */
+	assert_int_equal(status(w, 1).episodes, 0);
+	gpud_memwatch_destroy(w);
+
+	/* clamped like the watchdog's: 0 means 1, past k - 1 means k - 1 */
+	p.min_steps = 1;
+	assert_int_equal(gpud_memwatch_create(&w, &p), 0);
+	assert_int_equal(gpud_memwatch_register(w, "one", 100), 0);
+	assert_int_equal(gpud_memwatch_register(w, "many", 100), 1);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, 0, 0), 0);
+	assert_int_equal(gpud_memwatch_set_min_steps(w, 1, 1000), 0);
+	for (uint64_t win = 0; win <= K; win++) { /* window K's samples close K - 1 */
+		saw_window(w, 0, win, win < K - 1 ? 0 : 5, 50); /* one step: 0 0 0 5 */
+		saw_window(w, 1, win, win, 50);                /* every window: 0 1 2 3 */
+	}
+	assert_true(status(w, 0).rising);
+	assert_true(status(w, 1).rising);
+	gpud_memwatch_destroy(w);
+}
+
 static void test_clock_and_gaps(void **state)
 {
 	(void)state;
@@ -547,6 +603,7 @@ int main(void)
 		cmocka_unit_test(test_warns_once_per_episode),
 		cmocka_unit_test(test_min_rise_and_threshold),
 		cmocka_unit_test(test_min_steps),
+		cmocka_unit_test(test_min_steps_per_pool),
 		cmocka_unit_test(test_clock_and_gaps),
 		cmocka_unit_test(test_many_pools_and_report),
 		cmocka_unit_test(test_split_params),
