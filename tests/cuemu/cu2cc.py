@@ -10,9 +10,11 @@ __launch_bounds__ in the same file (0 without one), and `extern __shared__ T
 name[];` becomes a pointer to the launch's dynamic shared memory;
 `cudaLaunchKernelEx(cfg, kernel<targs>, args)` becomes
 `cuemu_launch_ex("kernel", BOUND, cfg, kernel<targs>, args)`; each static
-`__shared__` declaration is followed by `cuemu::shared_fresh(&name,
-sizeof(name));` for each of its variables (a block's first thread fills
-it with 0xff: nothing left by the block before). Nothing
+`__shared__ T a[N], b;` becomes `__shared__ T cuemu_sh_a[N], cuemu_sh_b;
+auto &a = cuemu::shared_at(&cuemu_sh_a); auto &b = ...;`: the variables
+live in the block's shared memory, after the dynamic part (each block's
+first thread to pass fills one with 0xff: nothing left by the block
+before), and their renamed statics only name them. Nothing
 else changes; line numbers are kept, and a #line directive names the .cu, so
 compiler messages point into it.
 """
@@ -83,18 +85,21 @@ def convert_ex(src, lb, path):
 SHARED = re.compile(r"\b__shared__[ \t]+(?P<decl>[^;{}()\n]*(?:\([^;{}()\n]*\)[^;{}()\n]*)*);")
 
 
-def fresh(m):
-    """the declaration, then cuemu::shared_fresh for each variable (on the
-    same line)."""
+def place(m):
+    """the declaration with each variable renamed (its storage, never
+    touched), then a reference of the variable's own name to where the
+    block's shared memory holds it (cuemu::shared_at; on the same line)."""
     decls = split_top(m.group("decl"))
-    names = []
+    names, out = [], []
     for i, d in enumerate(decls):
-        d = d.split("[", 1)[0].strip()
-        name = re.search(r"(\w+)$", d)
-        if not name or (i == 0 and d == name.group(1)):
+        head, br, tail = d.partition("[")
+        name = re.search(r"(\w+)\s*$", head)
+        if not name or (i == 0 and head.strip() == name.group(1)):
             sys.exit("cu2cc.py: a __shared__ declaration cu2cc.py cannot read: %s" % m.group(0))
         names.append(name.group(1))
-    return m.group(0) + "".join(" cuemu::shared_fresh(&%s, sizeof(%s));" % (n, n) for n in names)
+        out.append(head[:name.start(1)] + "cuemu_sh_" + name.group(1) + head[name.end(1):] + br + tail)
+    return "__shared__ " + ", ".join(out) + ";" + "".join(
+        " auto &%s = cuemu::shared_at(&cuemu_sh_%s);" % (n, n) for n in names)
 
 
 def convert(src, path):
@@ -119,7 +124,7 @@ def convert(src, path):
     out = convert_ex(out, lb, path)
     out = re.sub(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w\s\*]+?)\s*(\w+)\s*\[\s*\]\s*;",
                  r"\1 *\2 = (\1 *)cuemu::dyn_smem();", out)
-    out = SHARED.sub(fresh, out)
+    out = SHARED.sub(place, out)
     return '#line 1 "%s"\n%s' % (path, out)
 
 

@@ -58,6 +58,9 @@ constexpr int MAX_DEV = 16;
 constexpr size_t PAGE = 4096;
 constexpr size_t GUARD_AFTER = 64 << 10; // inaccessible after each allocation
 constexpr size_t FIBER_STACK = 128 << 10;
+// a block's shared memory: the 48 KiB a launch may use, room for the
+// static variables' alignment, and an inaccessible page after
+constexpr size_t SMEM_MAX = 48 << 10, SMEM_MAP = 64 << 10;
 
 /* --- configuration and global state ------------------------------------------ */
 
@@ -394,9 +397,17 @@ extern "C" void cuemu_switch(void **save_sp, void *to_sp);
  * instructions order no memory (warp_barrier). So a read of shared or global memory that
  * another thread of the block writes with no barrier between them is
  * reported as a data race, whichever order the threads ran in: racecheck's
- * hazards, found on the CPU. Blocks are ordered one after another (the
- * host's release at a block's start, acquire at its end): a block's shared
- * memory and the fibers' stacks are reused by the next. This file itself
+ * hazards, found on the CPU. Blocks of one launch are not ordered, as a
+ * GPU runs them side by side: the host releases to each block's start
+ * but acquires their ends only at the launch's end, and neighbouring
+ * blocks (a checkerboard over the grid) run on two sets of fibers, each
+ * with its own stacks and barrier objects, so that only atomics order one
+ * block's accesses before the next's (a fiber that ran block k carries
+ * block k's order into k + 2: blocks of one colour go unchecked against
+ * each other). A block's shared memory is mapped again at its start,
+ * which makes ThreadSanitizer forget what the block before did there.
+ * Launches are ordered: the host acquires every block's end before the
+ * next. This file itself
  * is built without instrumentation (its bookkeeping is the emulator's, not
  * the kernel's); the accesses it makes for a kernel (cp.async's copies,
  * ldmatrix's reads) are reported to ThreadSanitizer by hand. */
@@ -419,12 +430,21 @@ void race_release(void *sync) { __tsan_release(sync); }
 void race_acquire(void *sync) { __tsan_acquire(sync); }
 void race_read(const void *p, size_t n) { __tsan_read_range(p, n); }
 void race_write(void *p, size_t n) { __tsan_write_range(p, n); }
-// a fill that is the emulator's, not a thread's access (shared_fresh)
+// a fill that is the emulator's, not a thread's access (shared_place)
 void race_unseen_fill(void *p, int v, size_t n)
 {
 	__tsan_ignore_thread_begin();
 	memset(p, v, n);
 	__tsan_ignore_thread_end();
+}
+// A block's shared memory as new: mapped again in place (the interceptor
+// forgets what earlier blocks' threads did there; the host's is the last
+// access, which every thread of the block is ordered after).
+void race_fresh_smem(void *p, size_t n)
+{
+	if (mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+	    p)
+		fatal("mmap of a block's shared memory in place: %s", strerror(errno));
 }
 #else
 void *race_fiber_new(void) { return nullptr; }
@@ -435,6 +455,7 @@ void race_acquire(void *) {}
 void race_read(const void *, size_t) {}
 void race_write(void *, size_t) {}
 void race_unseen_fill(void *p, int v, size_t n) { memset(p, v, n); }
+void race_fresh_smem(void *, size_t) {}
 #endif
 
 #if defined(__x86_64__)
@@ -523,6 +544,15 @@ void cp_complete(fiber &f, unsigned keep)
 	f.n_cp = n;
 }
 
+// Sets of fibers a launch's blocks take turns with (fiber_set): one, or
+// under ThreadSanitizer two, so that neighbouring blocks are run by
+// different ThreadSanitizer fibers, ordered by nothing but atomics.
+#ifdef CUEMU_TSAN
+constexpr unsigned SETS = 2;
+#else
+constexpr unsigned SETS = 1;
+#endif
+
 // A warp's barrier and exchange slots. An exchange writes the slots of
 // its barrier generation's parity and reads them after the barrier: no
 // lane can write that parity again before every lane has passed the next
@@ -530,7 +560,8 @@ void cp_complete(fiber &f, unsigned keep)
 struct warp_t {
 	unsigned count, gen, n;
 	uint64_t slot[2][32][2]; /* a lane's 16 bytes, double-buffered */
-	char race[2]; /* the barrier's ThreadSanitizer objects, by generation parity */
+	char race[SETS][2]; /* the barrier's ThreadSanitizer objects, by fiber set and
+			     * generation parity */
 };
 
 // One host thread's kernel runner: the block in flight and its fibers.
@@ -543,18 +574,23 @@ struct runner {
 	uint64_t progress = 0;
 	unsigned bar_count = 0, bar_gen = 0;
 	int bar_acc = 0, bar_result = 0; /* __syncthreads_count: this barrier's, the last's */
-	/* ThreadSanitizer's objects (CUEMU_TSAN): __syncthreads by generation
-	 * parity, a block's start (the host's release) and end (the threads') */
-	char race_bar[2] = {}, race_start = 0, race_end = 0;
+	/* ThreadSanitizer's objects (CUEMU_TSAN): __syncthreads by fiber set and
+	 * generation parity, a block's start (the host's release) and end (the
+	 * threads') */
+	char race_bar[SETS][2] = {}, race_start = 0, race_end = 0;
+	std::vector<fiber> f_other; /* the other set's fibers (SETS 2) */
+	unsigned set = 0;           /* the set whose fibers f holds */
 	void *race_host = nullptr; /* the host thread's fiber */
 	warp_t w[32];
-	std::vector<uint8_t> dyn;
-	uint64_t block_gen = 0; /* blocks run by this thread: shared_fresh's key */
+	uint8_t *smem = nullptr; /* the block's shared memory: dynamic, then static */
+	size_t smem_top = 0;     /* where the launch's next static variable goes */
+	uint64_t block_gen = 0; /* blocks run by this thread: shared_place's key */
 	uint64_t launch_gen = 0; /* launches run by this thread */
 	struct fresh_t {
-		const void *p;
-		uint64_t gen, lgen; /* the block that filled it, the launch that counted it */
-	} fresh[64] = {}; /* the __shared__ variables shared_fresh filled */
+		const void *p; /* the variable's storage (its name) */
+		size_t off;    /* where it is in smem, this launch */
+		uint64_t gen, lgen; /* the block that filled it, the launch that placed it */
+	} fresh[64] = {}; /* the static __shared__ variables shared_place placed */
 	size_t shm = 0, static_shm = 0; /* the launch's dynamic and static shared memory */
 	const char *kernel = "";
 	bool waited = false; /* the block ran griddepcontrol.wait */
@@ -669,9 +705,12 @@ void kernel_fault(int sig, siginfo_t *si, void *uc);
 // the thread that forked gets fibers of its own.
 void race_after_fork(void)
 {
-	if (R)
+	if (R) {
 		for (auto &f : R->f)
 			f.race = race_fiber_new();
+		for (auto &f : R->f_other)
+			f.race = race_fiber_new();
+	}
 }
 #endif
 
@@ -685,9 +724,15 @@ void ensure_runner(void)
 		R = new runner();
 		// a launch allocates nothing on the heap: room for the largest
 		// block's fibers (their stacks are mmapped as blocks first need
-		// them) and for 48 KiB of dynamic shared memory, from the start
+		// them) and a block's shared memory, from the start
 		R->f.reserve(1024);
-		R->dyn.reserve(48 << 10);
+		R->f_other.reserve(SETS > 1 ? 1024 : 0);
+		void *m = mmap(nullptr, SMEM_MAP + PAGE, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (m == MAP_FAILED)
+			fatal("mmap of a block's shared memory: %s", strerror(errno));
+		R->smem = (uint8_t *)m;
+		mprotect(R->smem + SMEM_MAP, PAGE, PROT_NONE); // an overrun faults
 	}
 	if (!R->alt_stack) {
 		// the fault handler runs here: a fiber's own stack may be what overflowed
@@ -704,11 +749,9 @@ void ensure_runner(void)
 	}
 }
 
-void fibers_for(unsigned n)
+void fibers_of(std::vector<fiber> &v, unsigned n)
 {
-	runner *r = R;
-
-	while (r->f.size() < n) {
+	while (v.size() < n) {
 		fiber f = {};
 		uint8_t *m = (uint8_t *)mmap(nullptr, FIBER_STACK + PAGE, PROT_READ | PROT_WRITE,
 					     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -716,11 +759,20 @@ void fibers_for(unsigned n)
 			fatal("mmap of a fiber stack: %s", strerror(errno));
 		mprotect(m, PAGE, PROT_NONE); // overflow faults
 		f.stack = m + PAGE;
-		f.color = (unsigned)(r->f.size() % 64) * 64;
+		f.color = (unsigned)(v.size() % 64) * 64;
 		f.cp = new cp_op[CP_MAX];
 		f.race = race_fiber_new();
-		r->f.push_back(f);
+		v.push_back(f);
 	}
+}
+
+// Every set's first n fibers (each set's own stacks: a kernel's locals
+// are a ThreadSanitizer fiber's accesses).
+void fibers_for(unsigned n)
+{
+	fibers_of(R->f, n);
+	if (SETS > 1)
+		fibers_of(R->f_other, n);
 }
 
 std::string dims(uint3 d)
@@ -843,11 +895,10 @@ cudaError_t run_kernel(const op &k)
 	r->invoke = k.invoke;
 	r->state = k.state;
 	r->kernel = name;
-	if (r->dyn.size() < k.shm)
-		r->dyn.resize(k.shm);
 	r->launch_gen++;
 	r->shm = k.shm;
 	r->static_shm = 0;
+	r->smem_top = (k.shm + 15) & ~(size_t)15;
 	gridDim = g;
 	blockDim = b;
 	{
@@ -865,12 +916,19 @@ cudaError_t run_kernel(const op &k)
 		const unsigned bx = (unsigned)(lb % g.x), by = (unsigned)(lb / g.x % g.y),
 			       bz = (unsigned)(lb / ((uint64_t)g.x * g.y));
 		blockIdx = uint3{ bx, by, bz };
+		if (SETS > 1 && r->set != ((bx + by + bz) & 1)) {
+			// a checkerboard: blocks next to each other along any
+			// axis of the grid are run by fibers of different sets
+			std::swap(r->f, r->f_other);
+			r->set ^= 1;
+		}
 		// a block's shared memory as a GPU's holds it: nothing the
 		// block before left (0xff bytes, NaN as floats; static
-		// __shared__ variables likewise, shared_fresh)
+		// __shared__ variables likewise, shared_place)
 		r->block_gen++;
+		race_fresh_smem(r->smem, SMEM_MAP);
 		if (k.shm)
-			memset(r->dyn.data(), 0xff, k.shm);
+			memset(r->smem, 0xff, k.shm);
 		r->bar_count = r->bar_gen = 0;
 		r->bar_acc = r->bar_result = 0;
 		r->waited = false;
@@ -940,8 +998,8 @@ cudaError_t run_kernel(const op &k)
 			}
 		}
 		r->active = false;
-		race_acquire(&r->race_end); /* the block's threads, before the next block */
 		if (k.pdl && !r->waited) {
+			race_acquire(&r->race_end);
 			// on a GPU its successor, allowed to start early by
 			// it, would wait for it only: not for its predecessor
 			fprintf(stderr,
@@ -953,6 +1011,9 @@ cudaError_t run_kernel(const op &k)
 			return cudaErrorLaunchFailure;
 		}
 	}
+	// the launch's end orders its blocks before what the host does next
+	// (the next launch); one block before another, nothing but atomics
+	race_acquire(&r->race_end);
 	return cudaSuccess;
 }
 
@@ -1016,7 +1077,7 @@ void warp_barrier(runner *r, warp_t &w, bool order = false)
 	r->progress++;
 	unsigned g = w.gen;
 	if (order)
-		race_release(&w.race[g & 1]);
+		race_release(&w.race[r->set][g & 1]);
 	if (++w.count == w.n) {
 		w.count = 0;
 		w.gen++;
@@ -1027,7 +1088,7 @@ void warp_barrier(runner *r, warp_t &w, bool order = false)
 		me.st = F_RUN;
 	}
 	if (order)
-		race_acquire(&w.race[g & 1]);
+		race_acquire(&w.race[r->set][g & 1]);
 }
 
 // A shuffle's n bytes (1, 2, 4 or 8) to or from an exchange slot: a copy
@@ -1109,16 +1170,16 @@ void griddep_wait(void)
 
 void *dyn_smem(void)
 {
-	return need_runner("extern __shared__")->dyn.data();
+	return need_runner("extern __shared__")->smem;
 }
 
-void shared_fresh(void *p, size_t n)
+void *shared_place(const void *key, size_t n, size_t align)
 {
 	runner *r = need_runner("__shared__");
 	runner::fresh_t *e = nullptr, *free_e = nullptr;
 
 	for (auto &f : r->fresh) {
-		if (f.p == p) {
+		if (f.p == key) {
 			e = &f;
 			break;
 		}
@@ -1130,23 +1191,32 @@ void shared_fresh(void *p, size_t n)
 			fatal("kernel %s: more than %zu __shared__ variables", r->kernel,
 			      sizeof(r->fresh) / sizeof(r->fresh[0]));
 		e = free_e;
-		*e = runner::fresh_t{ p, 0, 0 };
+		*e = runner::fresh_t{ key, 0, 0, 0 };
 	}
 	if (e->lgen != r->launch_gen) {
-		// the kernel's static shared memory, counted once a launch: with
-		// the dynamic, at most 48 KiB (no kernel opts in to more), or a
-		// GPU refuses the launch
+		// placed once a launch, after the dynamic part and the variables
+		// placed before it. With the dynamic, at most 48 KiB (no kernel
+		// opts in to more), or a GPU refuses the launch
 		e->lgen = r->launch_gen;
 		r->static_shm += n;
-		if (r->static_shm + r->shm > 48 * 1024)
+		if (r->static_shm + r->shm > SMEM_MAX)
 			fatal("kernel %s: %zu bytes of static and %zu of dynamic shared memory, "
 			      "above the 48 KiB of a block (too many resources requested for launch)",
 			      r->kernel, r->static_shm, r->shm);
+		if (align < 16)
+			align = 16;
+		e->off = (r->smem_top + align - 1) & ~(align - 1);
+		if (e->off + n > SMEM_MAP)
+			fatal("kernel %s: its __shared__ variables, aligned, past cuemu's %zu bytes",
+			      r->kernel, SMEM_MAP);
+		r->smem_top = e->off + n;
 	}
-	if (e->gen == r->block_gen)
-		return; /* this block's first thread has been here */
-	e->gen = r->block_gen;
-	race_unseen_fill(p, 0xff, n);
+	uint8_t *p = r->smem + e->off;
+	if (e->gen != r->block_gen) {
+		e->gen = r->block_gen; /* this block's first thread here */
+		race_unseen_fill(p, 0xff, n);
+	}
+	return p;
 }
 
 int syncthreads_count(int pred)
@@ -1157,20 +1227,20 @@ int syncthreads_count(int pred)
 	r->progress++;
 	r->bar_acc += pred != 0;
 	unsigned g = r->bar_gen;
-	race_release(&r->race_bar[g & 1]);
+	race_release(&r->race_bar[r->set][g & 1]);
 	if (++r->bar_count == r->n) {
 		r->bar_count = 0;
 		r->bar_result = r->bar_acc;
 		r->bar_acc = 0;
 		r->bar_gen++;
-		race_acquire(&r->race_bar[g & 1]);
+		race_acquire(&r->race_bar[r->set][g & 1]);
 		return r->bar_result;
 	}
 	me.st = F_BAR;
 	while (r->bar_gen == g)
 		yield();
 	me.st = F_RUN;
-	race_acquire(&r->race_bar[g & 1]);
+	race_acquire(&r->race_bar[r->set][g & 1]);
 	/* the next barrier cannot complete before this thread reaches it */
 	return r->bar_result;
 }

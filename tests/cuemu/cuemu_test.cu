@@ -176,13 +176,26 @@ __global__ void order_kernel(unsigned *ctr, unsigned *out)
 
 // Races that a -Db_sanitize=thread build reports (check_races), each
 // with the barrier that makes it right (fixed), which it must not report.
-// Two warps of 32.
-enum { RACE_BLOCK, RACE_WARP, RACE_SHUFFLE, RACE_CP_ASYNC, RACE_LDMATRIX, RACE_GLOBAL, RACE_MODES };
+// Two blocks of two warps of 32; out: each block's 64 words, then src (64
+// words) and, for the grid's modes, part (2 x 64) and a counter.
+enum {
+	RACE_BLOCK,
+	RACE_WARP,
+	RACE_SHUFFLE,
+	RACE_CP_ASYNC,
+	RACE_LDMATRIX,
+	RACE_GLOBAL,
+	RACE_GRID_OVERLAP,
+	RACE_GRID_LAST,
+	RACE_MODES
+};
 __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fixed)
 {
 	alignas(16) __shared__ unsigned s[256];
-	unsigned t = threadIdx.x, r[4];
+	__shared__ bool last;
+	unsigned t = threadIdx.x, r[4], *part = out + 256, *ctr = out + 400;
 
+	out += 64 * blockIdx.x; /* this block's words */
 	switch (mode) {
 	case RACE_BLOCK: /* a thread reads what another warp's thread wrote */
 		s[t] = t;
@@ -223,6 +236,25 @@ __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fi
 	case RACE_GLOBAL: /* every thread of the block stores one word */
 		if (!fixed || t == 0)
 			out[0] = t;
+		break;
+	case RACE_GRID_OVERLAP: /* both blocks store the same words */
+		(fixed ? out : out - 64 * blockIdx.x)[t] = t;
+		break;
+	case RACE_GRID_LAST: /* the block that arrives last sums the other's
+			      * part: its counter must follow all of that
+			      * block's stores (a barrier, then thread 0's
+			      * atomic), not thread 0's alone */
+		part[64 * blockIdx.x + t] = t + 1;
+		__threadfence();
+		if (fixed)
+			__syncthreads();
+		if (t == 0)
+			last = atomicAdd(ctr, 1u) == gridDim.x - 1;
+		__syncthreads();
+		if (last) {
+			__threadfence();
+			out[t] = part[t] + part[64 + t];
+		}
 		break;
 	}
 }
@@ -285,7 +317,7 @@ __global__ void __launch_bounds__(64) pdl_kernel(int *x, int wait)
 __global__ void add_kernel(int *counter, int v)
 {
 	if (threadIdx.x == 0)
-		*counter += v;
+		atomicAdd(counter, v); /* blocks of a grid run side by side */
 }
 
 __global__ void vec_kernel(const uint8_t *p, int *out)
@@ -867,10 +899,10 @@ static int race_main(int mode, int fixed)
 {
 	unsigned *out;
 
-	if (cudaMalloc((void **)&out, 128 * sizeof(unsigned)) ||
-	    cudaMemset(out, 0, 128 * sizeof(unsigned)))
+	if (cudaMalloc((void **)&out, 512 * sizeof(unsigned)) ||
+	    cudaMemset(out, 0, 512 * sizeof(unsigned)))
 		return 2;
-	race_kernel<<<2, 64>>>(out, out + 64, mode, fixed);
+	race_kernel<<<2, 64>>>(out, out + 128, mode, fixed);
 	return cudaDeviceSynchronize() == cudaSuccess ? 0 : 2;
 }
 

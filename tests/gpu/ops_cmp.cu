@@ -292,15 +292,15 @@ void check_matmul(enum gpud_type t, int64_t rows, int64_t cols, uint32_t T)
 				nz += c[i] != 0;
 			report(what, (double)(bits_differ(yg, y2, (size_t)T * rows, 4) + nz), 0);
 		}
-		/* and with a scratch of just these partials and the spare past
-		 * them (a device region ends there: cuemu's guard page, the
-		 * GPU's memcheck): the last CTA's loads stay inside it */
+		/* and with a scratch of just these partials (a device region
+		 * ends there: cuemu's guard page, the GPU's memcheck): the
+		 * last CTA's loads stay inside it */
 		gpud_cuda_ksplit saved = ksplit;
 		bool whole = !(i8 && !gpud_k_mm_pipelined(cols)); /* rows of whole tiles */
 		uint64_t rr = whole ? (uint64_t)(rows + 63) / 64 * 64 : (uint64_t)rows;
 
 		ksplit.part_floats = (uint64_t)splits * T * rr;
-		ksplit.part = (float *)dev(4 * (ksplit.part_floats + GPUD_K_MM_PART_SPARE));
+		ksplit.part = (float *)dev(4 * ksplit.part_floats);
 		snprintf(what, sizeof(what), "matmul %s %lldx%lld, %u tok, %s: a scratch of its size",
 			 gpud_type_name(t), (long long)rows, (long long)cols, T, kind);
 		uint32_t again = i8 ? gpud_k_mm_q_splits(rows, cols, T, &ksplit)
@@ -1556,7 +1556,7 @@ int main(int argc, char **argv)
 	}
 	cudaSetDevice(0);
 	ksplit.part_floats = 8ull * 64 * 4096;
-	ksplit.part = (float *)dev(4 * (ksplit.part_floats + GPUD_K_MM_PART_SPARE));
+	ksplit.part = (float *)dev(4 * ksplit.part_floats);
 	ksplit.cnt_words = 4096 / 32 + 1;
 	ksplit.cnt = (unsigned *)dev(4 * ksplit.cnt_words);
 	ksplit.n_sm = 132;

@@ -3641,7 +3641,6 @@ static __device__ __forceinline__ void mmp_finish(float (&acc)[2][4][4], uint32_
 	float *tile = part + (int64_t)blockIdx.y * n_split * T * MMP_M;
 
 	static_assert(128 % MMP_M == 0 && MMP_N % LANES == 0, "the last CTA's layout");
-	static_assert(GPUD_K_MM_PART_SPARE == MMP_N * MMP_M, "the loads past the last tile");
 	if (n_split == 1) {
 		mmp_frag(acc, wr, wt, g, t4, [&](float &a, int64_t ro, int64_t to) {
 			if (r0 + ro < rows && t0 + to < T)
@@ -3669,7 +3668,7 @@ static __device__ __forceinline__ void mmp_finish(float (&acc)[2][4][4], uint32_
 	uint32_t kn = T > to0 ? (T - to0 + LANES - 1) / LANES : 0; /* tokens to0 + LANES k < T */
 	float v[PER];
 
-	if (r0 + ro >= rows)
+	if (r0 + ro >= rows || !kn)
 		return;
 #pragma unroll
 	for (uint32_t k = 0; k < PER; k++)
@@ -3678,14 +3677,15 @@ static __device__ __forceinline__ void mmp_finish(float (&acc)[2][4][4], uint32_
 		/* Past L1 (ld.global.cg): the other CTAs wrote them, and the
 		 * fences around the count order these loads after their
 		 * stores (a fence, then the atomic; the atomic, then a fence).
-		 * Not predicated: sums k >= kn read the next split's, the next
-		 * tile's or, past the last tile, the scratch's spare token
-		 * tile (GPUD_K_MM_PART_SPARE), and are never stored. Loads
-		 * under predicates had 5 in flight (a thread has 7), not 32. */
+		 * Not predicated: sums k >= kn load token to0's again (in L1
+		 * by then) and are never stored. Loads under predicates had 5
+		 * in flight (a thread has 7), not 32; loads past the thread's
+		 * tokens read the next split's or the next tile's partials,
+		 * which other CTAs may be writing (cuemu's race check). */
 		const float *vp = tile + ((int64_t)sp * T + to0) * MMP_M + ro;
 #pragma unroll
 		for (uint32_t k = 0; k < PER; k++)
-			v[k] += __ldcg(vp + LANES * k * MMP_M);
+			v[k] += __ldcg(vp + (k < kn ? LANES * k * MMP_M : 0));
 	}
 #pragma unroll
 	for (uint32_t k = 0; k < PER; k++)

@@ -173,11 +173,9 @@ cudaError_t gpud_k_split_act(cudaStream_t s, const float *x, uint32_t T, uint32_
 // Scratch for the tensor-core matmuls' split-K (decode batches of
 // GPUD_K_GEMV_MAX_T + 1 .. 64 tokens): part_floats of partial sums (splits x
 // T x rows, the single-buffered kernel's by split, the pipelined ones' by
-// row tile), then GPUD_K_MM_PART_SPARE floats more, which the last CTA of
-// the last row tile may read and discard; and one arrival counter per
-// 32-row tile (GPUD_CUDA_MM1_TILE_ROWS, the smaller of the kernels' tiles),
-// zero between launches.
-#define GPUD_K_MM_PART_SPARE (64u * 64u) // a token tile of a row tile
+// row tile), and one arrival counter per 32-row tile
+// (GPUD_CUDA_MM1_TILE_ROWS, the smaller of the kernels' tiles), zero
+// between launches.
 struct gpud_cuda_ksplit {
 	float *part;
 	uint64_t part_floats;

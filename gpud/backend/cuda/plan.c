@@ -323,12 +323,10 @@ int gpud_cuda_layout_for(const struct gpud_backend_config *cfg, struct gpud_cuda
 	CARVE(actd2, (uint64_t)GPUD_CUDA_GEMV_MAX_T * (l->ffn_dim / GPUD_QK + 1) * 4);
 	/* int8 matmuls of a decode batch (up to 64 tokens) split their columns:
 	 * partials of a layer's matrices (rows <= max_cols), a counter per 32
-	 * rows, which the last CTA resets; past them a token tile of a row
-	 * tile, which the last CTA of the last tile may read and discard
-	 * (GPUD_K_MM_PART_SPARE) */
+	 * rows, which the last CTA resets */
 	l->mmp_floats = (uint64_t)GPUD_CUDA_MM_MAX_SPLITS * (T < 64 ? T : 64) * l->max_cols;
 	l->mmc_words = (uint32_t)(l->max_cols / 32 + 1);
-	CARVE(mmp, (l->mmp_floats + GPUD_CUDA_MM_TILE_TOKENS * GPUD_CUDA_MMP_TILE_ROWS) * 4);
+	CARVE(mmp, l->mmp_floats * 4);
 	CARVE(mmc, (uint64_t)l->mmc_words * 4);
 	/* F16/BF16 activations split in two halves for the tensor cores */
 	CARVE(acth, (T > NL ? T : NL) * l->max_cols * 2);

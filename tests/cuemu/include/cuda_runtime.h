@@ -31,9 +31,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-/* The blocks of a launch run one after another on the launching host
- * thread, all threads of a block as fibers of it: a function-local static
- * per host thread is exactly one block's shared memory. */
+/* The storage a static __shared__ declaration names (cu2cc.py renames
+ * it and declares the variable as a reference into the block's shared
+ * memory, cuemu::shared_at): one per host thread, never read or written. */
 #define __shared__ static thread_local
 
 /* --- vector types ------------------------------------------------------------
@@ -196,13 +196,19 @@ struct kernel_body {
 cudaError_t launch(const char *name, unsigned bound, dim3 g, dim3 b, size_t shm, cudaStream_t s,
 		   const kernel_body &body, bool pdl = false);
 void *dyn_smem(void);
-/* A __shared__ variable's declaration (cu2cc.py adds the call after it):
- * the first thread of a block to pass it fills the variable's n bytes at
- * p with 0xff, as the launch does a block's dynamic shared memory. On a
- * GPU a block's shared memory holds whatever was there; here static
- * __shared__ variables are thread_local statics, which would hand a block
- * what the block before it left. */
-void shared_fresh(void *p, size_t n);
+/* Where the block's shared memory holds the static __shared__ variable
+ * whose (renamed, untouched) storage is key, n bytes aligned to align:
+ * placed after the launch's dynamic shared memory, in the order the
+ * launch's threads first reach the declarations, and filled with 0xff by
+ * the first thread of each block to pass it, as the launch fills the
+ * dynamic part (a GPU's shared memory holds whatever was there, never
+ * what this block wrote). cu2cc.py declares each variable as a reference
+ * to it (shared_at). */
+void *shared_place(const void *key, size_t n, size_t align);
+template <class T> T &shared_at(T *key)
+{
+	return *static_cast<T *>(shared_place(key, sizeof(T), alignof(T)));
+}
 /* griddepcontrol.wait: marks the block as having waited */
 void griddep_wait(void);
 void syncthreads(void);
