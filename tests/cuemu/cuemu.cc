@@ -40,6 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -437,12 +438,13 @@ void race_unseen_fill(void *p, int v, size_t n)
 	memset(p, v, n);
 	__tsan_ignore_thread_end();
 }
-// A block's shared memory as new: mapped again in place (the interceptor
-// forgets what earlier blocks' threads did there; the host's is the last
-// access, which every thread of the block is ordered after).
+// A block's shared memory as new: its first n bytes (the pages blocks
+// touched since) mapped again in place (the interceptor forgets what
+// earlier blocks' threads did there; the host's is the last access,
+// which every thread of the block is ordered after).
 void race_fresh_smem(void *p, size_t n)
 {
-	if (mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
+	if (n && mmap(p, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) !=
 	    p)
 		fatal("mmap of a block's shared memory in place: %s", strerror(errno));
 }
@@ -584,6 +586,7 @@ struct runner {
 	warp_t w[32];
 	uint8_t *smem = nullptr; /* the block's shared memory: dynamic, then static */
 	size_t smem_top = 0;     /* where the launch's next static variable goes */
+	size_t smem_used = 0;    /* pages of it blocks touched since its last renewal */
 	uint64_t block_gen = 0; /* blocks run by this thread: shared_place's key */
 	uint64_t launch_gen = 0; /* launches run by this thread */
 	struct fresh_t {
@@ -899,6 +902,7 @@ cudaError_t run_kernel(const op &k)
 	r->shm = k.shm;
 	r->static_shm = 0;
 	r->smem_top = (k.shm + 15) & ~(size_t)15;
+	r->smem_used = std::max(r->smem_used, (r->smem_top + PAGE - 1) & ~(PAGE - 1));
 	gridDim = g;
 	blockDim = b;
 	{
@@ -926,7 +930,8 @@ cudaError_t run_kernel(const op &k)
 		// block before left (0xff bytes, NaN as floats; static
 		// __shared__ variables likewise, shared_place)
 		r->block_gen++;
-		race_fresh_smem(r->smem, SMEM_MAP);
+		race_fresh_smem(r->smem, r->smem_used);
+		r->smem_used = (r->smem_top + PAGE - 1) & ~(PAGE - 1);
 		if (k.shm)
 			memset(r->smem, 0xff, k.shm);
 		r->bar_count = r->bar_gen = 0;
@@ -1210,6 +1215,7 @@ void *shared_place(const void *key, size_t n, size_t align)
 			fatal("kernel %s: its __shared__ variables, aligned, past cuemu's %zu bytes",
 			      r->kernel, SMEM_MAP);
 		r->smem_top = e->off + n;
+		r->smem_used = std::max(r->smem_used, (r->smem_top + PAGE - 1) & ~(PAGE - 1));
 	}
 	uint8_t *p = r->smem + e->off;
 	if (e->gen != r->block_gen) {
