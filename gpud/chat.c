@@ -1,14 +1,16 @@
 /* chat.c - chat prompts as text in the Llama 3, Llama 2, ChatML, Mistral
- * (v1 to v7), Phi-3 and Zephyr formats, and the recognition of those families from a
- * tokenizer.chat_template text (see chat.h). Pure string work: no
- * tokenizer, no allocation.
+ * (v1 to v7), Phi-3, Zephyr and DeepSeek (V3, R1) formats, and the
+ * recognition of those families from a tokenizer.chat_template text (see
+ * chat.h). Pure string work: no tokenizer, no allocation.
  *
  * The formats follow each family's published template: Llama 3 and
  * Llama 2 trim message content (their templates do); ChatML and Phi-3
  * write it as is; Mistral's spacing around [INST]/[/INST] differs by
  * tokenizer version (v1, v3, v3-tekken, as Mistral's tokenization guide
  * writes them; the HF template of Mistral 7B v0.1/v0.2 is its own
- * variant), and only v3 trims the assistant's text.
+ * variant), and only v3 trims the assistant's text. DeepSeek R1's
+ * template drops an earlier answer's reasoning (the text up to its last
+ * </think>) and opens the new answer with "<think>\n".
  */
 #include "gpud/chat.h"
 
@@ -18,6 +20,12 @@
 #include "common/err.h"
 
 /* --- recognition ------------------------------------------------------------ */
+
+/* DeepSeek's markers: fullwidth vertical lines (U+FF5C) and, in the end
+ * of sentence, lower one-eighth blocks (U+2581) for spaces. */
+#define DS_USER "<\xef\xbd\x9cUser\xef\xbd\x9c>"
+#define DS_ASSISTANT "<\xef\xbd\x9c" "Assistant\xef\xbd\x9c>"
+#define DS_EOS "<\xef\xbd\x9c" "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"
 
 static bool has(const char *s, size_t len, const char *lit)
 {
@@ -75,6 +83,8 @@ enum gpud_chat_template gpud_chat_detect(const char *s, size_t len)
 				       : GPUD_CHAT_MISTRAL_V7_TEKKEN;
 		return mistral_variant(s, len);
 	}
+	if (has(s, len, DS_USER) && has(s, len, DS_ASSISTANT))
+		return has(s, len, DS_ASSISTANT "<think>") ? GPUD_CHAT_DEEPSEEK_R1 : GPUD_CHAT_DEEPSEEK3;
 	return GPUD_CHAT_NONE;
 }
 
@@ -91,6 +101,8 @@ static const char *const names[] = {
 	[GPUD_CHAT_ZEPHYR] = "zephyr",
 	[GPUD_CHAT_MISTRAL_V7] = "mistral-v7",
 	[GPUD_CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
+	[GPUD_CHAT_DEEPSEEK3] = "deepseek3",
+	[GPUD_CHAT_DEEPSEEK_R1] = "deepseek-r1",
 };
 
 int gpud_chat_parse(const char *name, enum gpud_chat_template *out)
@@ -309,6 +321,35 @@ static void fmt_mistral_v7(struct sbuf *b, enum gpud_chat_template tmpl,
 	}
 }
 
+/* DeepSeek V3 and R1: no BOS (the vocab adds it), the system text bare
+ * where it comes, a user turn after <｜User｜>, an answer after
+ * <｜Assistant｜> closed by the end-of-sentence token's text. R1 keeps of
+ * an earlier answer only what follows its last </think>, and the header
+ * of the answer asked for opens its reasoning. */
+static void fmt_deepseek(struct sbuf *b, enum gpud_chat_template tmpl,
+			 const struct gpud_chat_msg *msgs, size_t n, bool ass)
+{
+	const bool r1 = tmpl == GPUD_CHAT_DEEPSEEK_R1;
+
+	for (size_t i = 0; i < n; i++) {
+		const char *r = msgs[i].role, *c = msgs[i].content;
+		if (!strcmp(r, "system")) {
+			sb_str(b, c);
+		} else if (!strcmp(r, "user")) {
+			sb_str(b, DS_USER);
+			sb_str(b, c);
+		} else {
+			for (const char *t; r1 && (t = strstr(c, "</think>"));)
+				c = t + strlen("</think>");
+			sb_str(b, DS_ASSISTANT);
+			sb_str(b, c);
+			sb_str(b, DS_EOS);
+		}
+	}
+	if (ass)
+		sb_str(b, r1 ? DS_ASSISTANT "<think>\n" : DS_ASSISTANT);
+}
+
 long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *msgs, size_t n,
 		      bool add_assistant_header, char *out, size_t cap)
 {
@@ -341,6 +382,10 @@ long gpud_chat_format(enum gpud_chat_template tmpl, const struct gpud_chat_msg *
 	case GPUD_CHAT_MISTRAL_V7:
 	case GPUD_CHAT_MISTRAL_V7_TEKKEN:
 		fmt_mistral_v7(&b, tmpl, msgs, n);
+		break;
+	case GPUD_CHAT_DEEPSEEK3:
+	case GPUD_CHAT_DEEPSEEK_R1:
+		fmt_deepseek(&b, tmpl, msgs, n, add_assistant_header);
 		break;
 	default:
 		return SW_EUNSUPPORTED;

@@ -1,6 +1,6 @@
 /* chat.h - chat prompts: a list of role/content messages written as the
  * text an instruct model was trained on, for the families gpud knows
- * (Llama 3, Llama 2, ChatML, Mistral, Phi-3, Zephyr), and the recognition of a
+ * (Llama 3, Llama 2, ChatML, Mistral, Phi-3, Zephyr, DeepSeek), and the recognition of a
  * family from a model's tokenizer.chat_template text.
  *
  * There is no Jinja engine: a template is recognized by the markers its
@@ -33,11 +33,15 @@ enum gpud_chat_template {
 				    * (Mistral Large 2411) */
 	GPUD_CHAT_MISTRAL_V7_TEKKEN = 11, /* <s>[SYSTEM_PROMPT]...[/SYSTEM_PROMPT][INST]...[/INST]...</s>
 					   * (Mistral Small 3) */
+	GPUD_CHAT_DEEPSEEK3 = 12,   /* <｜User｜>...<｜Assistant｜>...<｜end▁of▁sentence｜> (V3) */
+	GPUD_CHAT_DEEPSEEK_R1 = 13, /* the same, the answer opening a <think> block and earlier
+				     * answers' reasoning dropped (DeepSeek R1 and its Qwen2 and
+				     * Llama distills) */
 };
 
 /* Names of the choices, for --chat-format and gpud.chat_format. */
 #define GPUD_CHAT_NAMES "auto, llama3, llama2, chatml, mistral, mistral-v1, mistral-v3, " \
-	"mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, zephyr"
+	"mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, zephyr, deepseek3, deepseek-r1"
 
 struct gpud_chat_msg {
 	const char *role; /* "system", "user", "assistant" */
@@ -51,7 +55,8 @@ struct gpud_chat_msg {
  * <|user|>/<|assistant|> closed by the EOS token ("eos_token" or "</s>";
  * TinyLlama-Chat), [INST] with
  * <<SYS>> (Llama 2) or without (Mistral; the variant from the spacing
- * around [INST] and [/INST], and v7 by its [SYSTEM_PROMPT]).
+ * around [INST] and [/INST], and v7 by its [SYSTEM_PROMPT]), DeepSeek's
+ * <｜User｜>/<｜Assistant｜> (R1 when the answer's header opens <think>).
  * GPUD_CHAT_NONE when none matches. */
 enum gpud_chat_template gpud_chat_detect(const char *tmpl, size_t len);
 
@@ -63,7 +68,7 @@ int gpud_chat_parse(const char *name, enum gpud_chat_template *out);
 const char *gpud_chat_name(enum gpud_chat_template t);
 
 /* True when the format writes BOS itself (Llama 3, Llama 2, Mistral);
- * for the others (ChatML, Phi-3, Zephyr) BOS is the vocab's to add, as
+ * for the others (ChatML, Phi-3, Zephyr, DeepSeek) BOS is the vocab's to add, as
  * tokenizer.ggml.add_bos_token says (GPUD_TOK_ADD_BOS). */
 bool gpud_chat_writes_bos(enum gpud_chat_template t);
 
@@ -73,7 +78,10 @@ bool gpud_chat_is_mistral(enum gpud_chat_template t);
 /* Formats msgs as text (to be encoded with GPUD_TOK_PARSE_SPECIAL, and
  * with ADD_BOS only where gpud_chat_writes_bos is false). A family without a system role (Mistral)
  * prepends the system text and a blank line to the next user message;
- * Llama 2 wraps it in <<SYS>>. Returns the length needed; writes at most
+ * Llama 2 wraps it in <<SYS>>; DeepSeek writes it bare where it comes
+ * (its template writes the last system message's text right after BOS:
+ * the same text when, as clients send it, the system message is first).
+ * Returns the length needed; writes at most
  * cap bytes (NUL-terminated when room). -EINVAL for a message without
  * role or content or with another role, SW_EUNSUPPORTED for
  * GPUD_CHAT_NONE or an unknown template.

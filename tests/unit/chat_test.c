@@ -137,6 +137,20 @@ static const struct {
 	  "YSTEM_PROMPT]' }}{%- elif message['role'] == 'assistant' %}{{- ' ' + message['content'"
 	  "] + eos_token }}",
 	  GPUD_CHAT_MISTRAL_V7 },
+	{ "DeepSeek-R1-Distill-Qwen-1.5B (R1)",
+	  "{%- if message['role'] == 'user' %}{%- set ns.is_tool = false -%}{{'<｜User｜>' + message"
+	  "['content']}}{%- endif %}{%- if message['role'] == 'assistant' and message['content'] i"
+	  "s not none %}{% set content = message['content'] %}{% if '</think>' in content %}{% set"
+	  " content = content.split('</think>')[-1] %}{% endif %}{{'<｜Assistant｜>' + content + '<"
+	  "｜end▁of▁sentence｜>'}}{%- endif %}{% if add_generation_prompt and not ns.is_tool %}{{'<"
+	  "｜Assistant｜><think>\\n'}}{% endif %}",
+	  GPUD_CHAT_DEEPSEEK_R1 },
+	{ "DeepSeek-V3",
+	  "{{bos_token}}{{ns.system_prompt}}{%- for message in messages %}{%- if message['role'] "
+	  "== 'user' %}{{'<｜User｜>' + message['content']}}{%- endif %}{% set content = message['c"
+	  "ontent'] %}{{'<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>'}}{%- endfor -%}{% if "
+	  "add_generation_prompt and not ns.is_tool %}{{'<｜Assistant｜>'}}{% endif %}",
+	  GPUD_CHAT_DEEPSEEK3 },
 	{ "empty", "", GPUD_CHAT_NONE },
 };
 
@@ -158,7 +172,8 @@ static void test_names(void **state)
 	(void)state;
 	static const char *const all[] = { "auto", "llama3", "llama2", "chatml", "mistral",
 					   "mistral-v1", "mistral-v3", "mistral-v3-tekken",
-					   "mistral-v7", "mistral-v7-tekken", "phi3", "zephyr" };
+					   "mistral-v7", "mistral-v7-tekken", "phi3", "zephyr",
+					   "deepseek3", "deepseek-r1" };
 	enum gpud_chat_template t = GPUD_CHAT_LLAMA3;
 
 	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
@@ -180,6 +195,7 @@ static void test_names(void **state)
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_CHATML));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_PHI3));
 	assert_false(gpud_chat_writes_bos(GPUD_CHAT_ZEPHYR));
+	assert_false(gpud_chat_writes_bos(GPUD_CHAT_DEEPSEEK_R1)); /* the vocab's add_bos_token */
 }
 
 /* --- formatting ------------------------------------------------------------- */
@@ -317,13 +333,41 @@ static void test_format_llama(void **state)
 		    "<s>[INST] Bye [/INST]");
 }
 
+/* DeepSeek V3 and R1 (their published templates): the system text bare,
+ * <｜User｜> before a question, <｜Assistant｜> before an answer and the
+ * end-of-sentence text after it; R1 keeps of an answer what follows its
+ * last </think> and opens the next one's reasoning. */
+static void test_format_deepseek(void **state)
+{
+	(void)state;
+	want_format(GPUD_CHAT_DEEPSEEK3, conv, 4, true,
+		    "Be brief.<｜User｜>Hi!<｜Assistant｜> Hello. <｜end▁of▁sentence｜>"
+		    "<｜User｜>Bye<｜Assistant｜>");
+	want_format(GPUD_CHAT_DEEPSEEK_R1, conv, 4, true,
+		    "Be brief.<｜User｜>Hi!<｜Assistant｜> Hello. <｜end▁of▁sentence｜>"
+		    "<｜User｜>Bye<｜Assistant｜><think>\n");
+	const struct gpud_chat_msg thought[] = {
+		{ "user", "2+2?" },
+		{ "assistant", "<think>\nfour</think>\n\n4" },
+		{ "user", "and </think> 3+3?" },
+		{ "assistant", "<think>a</think>b</think>6" },
+	};
+	want_format(GPUD_CHAT_DEEPSEEK_R1, thought, 4, false,
+		    "<｜User｜>2+2?<｜Assistant｜>\n\n4<｜end▁of▁sentence｜>"
+		    "<｜User｜>and </think> 3+3?<｜Assistant｜>6<｜end▁of▁sentence｜>");
+	/* V3's template keeps the answer whole */
+	want_format(GPUD_CHAT_DEEPSEEK3, thought, 2, false,
+		    "<｜User｜>2+2?<｜Assistant｜><think>\nfour</think>\n\n4<｜end▁of▁sentence｜>");
+	want_format(GPUD_CHAT_DEEPSEEK_R1, conv, 0, true, "<｜Assistant｜><think>\n");
+}
+
 /* Every format only appends (the daemon formats one segment at a time as
  * format(prev, cur) minus format(prev)): each prefix of the conversation
  * formats to a prefix of the whole. */
 static void test_format_appends(void **state)
 {
 	(void)state;
-	for (int t = GPUD_CHAT_LLAMA3; t <= GPUD_CHAT_PHI3; t++) {
+	for (int t = GPUD_CHAT_LLAMA3; t <= GPUD_CHAT_DEEPSEEK_R1; t++) {
 		char all[1024], part[1024];
 		long n = gpud_chat_format((enum gpud_chat_template)t, conv, 4, false, all,
 					  sizeof(all));
@@ -423,7 +467,7 @@ static void test_resolve(void **state)
 			    "gpud recognizes; choose a format with --chat-format (or config "
 			    "gpud.chat_format): auto, llama3, llama2, chatml, mistral, mistral-v1, "
 			    "mistral-v3, mistral-v3-tekken, mistral-v7, mistral-v7-tekken, phi3, "
-			    "zephyr");
+			    "zephyr, deepseek3, deepseek-r1");
 	/* A choice wins. */
 	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_PHI3, &got, err, sizeof(err)),
 			 0);
@@ -501,6 +545,49 @@ static void test_end_tokens(void **state)
 	size_t n2 = 0;
 	assert_int_equal(gpud_tokenizer_encode(t, "b", 1, 0, ids, 16, &n2, &ar), 0);
 	assert_int_equal(n2, n - 1);
+	sw_arena_destroy(&ar);
+	gpud_tokenizer_free(t);
+}
+
+/* A DeepSeek R1 distill's vocab: the markers are user-defined tokens (its
+ * added tokens that are not special), the end of sentence a control one
+ * and EOS. The template is recognized, the formatted prompt encodes each
+ * marker to its token, and the end of sentence ends generation. */
+static void test_deepseek_vocab(void **state)
+{
+	(void)state;
+	static const char *const ds[] = { "<unk>", "<｜begin▁of▁sentence｜>",
+					  "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
+					  "<think>", "▁a", "▁b", "▁\n" };
+	static const int32_t ds_types[] = { 2, 3, 3, 4, 4, 4, 1, 1, 1 };
+	struct vocab v = { ds, ds_types, 9,
+			   "{{'<｜User｜>' + message['content']}}{{'<｜Assistant｜><think>\\n'}}",
+			   NULL, 2, -1, -1, -1 };
+	struct gpud_tokenizer *t = build(&v);
+	enum gpud_chat_template tmpl = GPUD_CHAT_NONE;
+	char err[SW_ERR_MAX] = "", prompt[256];
+
+	assert_int_equal(gpud_tokenizer_chat_resolve(t, GPUD_CHAT_NONE, &tmpl, err, sizeof(err)),
+			 0);
+	assert_int_equal(tmpl, GPUD_CHAT_DEEPSEEK_R1);
+	assert_true(gpud_tokenizer_is_eog(t, 2));
+	const struct gpud_chat_msg m[] = { { "user", "a" }, { "assistant", "b" }, { "user", "a" } };
+	long len = gpud_chat_format(tmpl, m, 3, true, prompt, sizeof(prompt));
+	assert_true(len > 0 && (size_t)len < sizeof(prompt));
+
+	struct sw_arena ar;
+	int32_t ids[32];
+	size_t n = 0;
+	assert_int_equal(sw_arena_init(&ar, 1 << 16), 0);
+	assert_int_equal(gpud_tokenizer_encode(t, prompt, (size_t)len, GPUD_TOK_PARSE_SPECIAL, ids,
+					       32, &n, &ar), 0);
+	/* <｜User｜> a <｜Assistant｜> b <｜end▁of▁sentence｜> <｜User｜> a
+	 * <｜Assistant｜> <think> \n: each plain run between markers a
+	 * SentencePiece sentence of its own ("▁a"; the vocab is SentencePiece's
+	 * here, BPE in the real files: the markers are matched before either). */
+	const int32_t want[] = { 3, 6, 4, 7, 2, 3, 6, 4, 5, 8 };
+	assert_int_equal(n, sizeof(want) / sizeof(want[0]));
+	assert_memory_equal(ids, want, sizeof(want));
 	sw_arena_destroy(&ar);
 	gpud_tokenizer_free(t);
 }
@@ -721,9 +808,11 @@ int main(void)
 		cmocka_unit_test(test_format_mistral),
 		cmocka_unit_test(test_format_mistral_v7),
 		cmocka_unit_test(test_format_llama),
+		cmocka_unit_test(test_format_deepseek),
 		cmocka_unit_test(test_format_appends),
 		cmocka_unit_test(test_resolve),
 		cmocka_unit_test(test_end_tokens),
+		cmocka_unit_test(test_deepseek_vocab),
 		cmocka_unit_test(test_strip),
 		cmocka_unit_test(test_chatml_model),
 	};

@@ -510,6 +510,22 @@ static void test_chat_segment_text(void **state)
 			      sizeof(copy));
 	assert_string_equal(out, "[INST]Bye[/INST]");
 	assert_int_equal(n, (long)strlen(out));
+	/* DeepSeek R1: the system text bare; an answer's reasoning dropped;
+	 * the last segment opens the new answer's */
+	struct proto_segment r1[] = { { "Be terse.", 9, PROTO_ROLE_SYSTEM },
+				      { "Hi", 2, PROTO_ROLE_USER },
+				      { "<think>\nhm</think>Hello!", 25, PROTO_ROLE_ASSISTANT },
+				      { "Bye", 3, PROTO_ROLE_USER } };
+	n = gpud_chat_segment(GPUD_CHAT_DEEPSEEK_R1, r1, 0, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "Be terse.");
+	n = gpud_chat_segment(GPUD_CHAT_DEEPSEEK_R1, r1, 2, false, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "<｜Assistant｜>Hello!<｜end▁of▁sentence｜>");
+	n = gpud_chat_segment(GPUD_CHAT_DEEPSEEK_R1, r1, 3, true, out, sizeof(out), copy,
+			      sizeof(copy));
+	assert_string_equal(out, "<｜User｜>Bye<｜Assistant｜><think>\n");
+	assert_int_equal(n, (long)strlen(out));
 
 	/* Errors: no template, no role, buffers too small. */
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_NONE, s, 0, false, out, sizeof(out), copy,
