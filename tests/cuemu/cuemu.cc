@@ -400,12 +400,16 @@ extern "C" void cuemu_switch(void **save_sp, void *to_sp);
  * reported as a data race, whichever order the threads ran in: racecheck's
  * hazards, found on the CPU. Blocks of one launch are not ordered, as a
  * GPU runs them side by side: the host releases to each block's start
- * but acquires their ends only at the launch's end, and neighbouring
- * blocks (a checkerboard over the grid) run on two sets of fibers, each
- * with its own stacks and barrier objects, so that only atomics order one
- * block's accesses before the next's (a fiber that ran block k carries
- * block k's order into k + 2: blocks of one colour go unchecked against
- * each other). A block's shared memory is mapped again at its start,
+ * but acquires their ends only at the launch's end, and the blocks
+ * run on two sets of fibers, each with its own stacks and barrier
+ * objects, so that only atomics order a block of one set against a block
+ * of the other (a fiber that ran a block carries that block's order into
+ * the next it runs: blocks of one set go unchecked against each other).
+ * Which blocks a set runs changes from one launch of a kernel to the
+ * next (colouring_of): a checkerboard over the grid first, then each bit
+ * of the block's index in turn, so that every two blocks of a grid are
+ * checked against each other within the kernel's first 1 + log2(blocks)
+ * launches. A block's shared memory is mapped again at its start,
  * which makes ThreadSanitizer forget what the block before did there.
  * Launches are ordered: the host acquires every block's end before the
  * next. This file itself
@@ -546,9 +550,10 @@ void cp_complete(fiber &f, unsigned keep)
 	f.n_cp = n;
 }
 
-// Sets of fibers a launch's blocks take turns with (fiber_set): one, or
-// under ThreadSanitizer two, so that neighbouring blocks are run by
-// different ThreadSanitizer fibers, ordered by nothing but atomics.
+// Sets of fibers a launch's blocks take turns with: one, or under
+// ThreadSanitizer two, so that blocks of different colours (colouring_of)
+// are run by different ThreadSanitizer fibers, ordered by nothing but
+// atomics.
 #ifdef CUEMU_TSAN
 constexpr unsigned SETS = 2;
 #else
@@ -589,6 +594,11 @@ struct runner {
 	size_t smem_used = 0;    /* pages of it blocks touched since its last renewal */
 	uint64_t block_gen = 0; /* blocks run by this thread: shared_place's key */
 	uint64_t launch_gen = 0; /* launches run by this thread */
+	struct colouring_t {
+		const void *fn;  /* a kernel */
+		uint64_t n;      /* its launches by this thread */
+	} colouring[256] = {}; /* (SETS 2) which colouring a kernel's next launch takes */
+	unsigned n_colouring = 0;
 	struct fresh_t {
 		const void *p; /* the variable's storage (its name) */
 		size_t off;    /* where it is in smem, this launch */
@@ -883,6 +893,33 @@ void kernels_count(const void *fn, const char *name, uint64_t blocks)
 	kcounts[i].blocks += blocks;
 }
 
+// The colouring of a launch's blocks into the two fiber sets (SETS 2),
+// which changes from one launch of a kernel to the next: the first a
+// checkerboard over the grid (neighbours along any axis apart), then for
+// each bit of the block's linear index in turn, that bit, then the
+// checkerboard again. Any two blocks of a grid differ in some bit, so
+// they run on different sets, unordered, in one of the kernel's first
+// 1 + log2(blocks) launches; blocks of one set are ordered (a fiber
+// carries what its block did into the next), so one colouring alone
+// leaves pairs unchecked. 0 (the checkerboard) or 1 + the bit.
+static unsigned colouring_of(runner *r, const void *fn, uint64_t nb)
+{
+	unsigned i = 0, bits = 0;
+
+	if (SETS < 2)
+		return 0;
+	while (i < r->n_colouring && r->colouring[i].fn != fn)
+		i++;
+	if (i == r->n_colouring) {
+		if (i == sizeof(r->colouring) / sizeof(r->colouring[0]))
+			return 0; // more kernels than the table: checkerboards
+		r->colouring[r->n_colouring++] = runner::colouring_t{ fn, 0 };
+	}
+	while (bits < 64 && (nb - 1) >> bits)
+		bits++;
+	return (unsigned)(r->colouring[i].n++ % (1 + bits));
+}
+
 // Runs one launch: every block, each block's threads as fibers.
 cudaError_t run_kernel(const op &k)
 {
@@ -915,14 +952,17 @@ cudaError_t run_kernel(const op &k)
 	// depend on which of its blocks ends first (a split-K sum made by the
 	// block that arrives last, say)
 	const uint64_t nb = (uint64_t)g.x * g.y * g.z;
+	const unsigned colouring = colouring_of(r, k.fn, nb);
 	for (uint64_t bi = 0; bi < nb; bi++) {
 		const uint64_t lb = r->reverse ? nb - 1 - bi : bi;
 		const unsigned bx = (unsigned)(lb % g.x), by = (unsigned)(lb / g.x % g.y),
 			       bz = (unsigned)(lb / ((uint64_t)g.x * g.y));
 		blockIdx = uint3{ bx, by, bz };
-		if (SETS > 1 && r->set != ((bx + by + bz) & 1)) {
-			// a checkerboard: blocks next to each other along any
-			// axis of the grid are run by fibers of different sets
+		const unsigned set = colouring ? (unsigned)(lb >> (colouring - 1)) & 1
+					       : (bx + by + bz) & 1;
+		if (SETS > 1 && r->set != set) {
+			// the launch's colouring (colouring_of): blocks of
+			// different colours run on different fibers
 			std::swap(r->f, r->f_other);
 			r->set ^= 1;
 		}

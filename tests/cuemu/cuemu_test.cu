@@ -176,8 +176,9 @@ __global__ void order_kernel(unsigned *ctr, unsigned *out)
 
 // Races that a -Db_sanitize=thread build reports (check_races), each
 // with the barrier that makes it right (fixed), which it must not report.
-// Two blocks of two warps of 32; out: each block's 64 words, then src (64
-// words) and, for the grid's modes, part (2 x 64) and a counter.
+// Two blocks of two warps of 32 (RACE_GRID_FAR: four); out: each block's
+// 64 words, then src (64 words, in the third block's) and, for the grid's
+// modes, part (2 x 64) and a counter.
 enum {
 	RACE_BLOCK,
 	RACE_WARP,
@@ -187,6 +188,7 @@ enum {
 	RACE_GLOBAL,
 	RACE_GRID_OVERLAP,
 	RACE_GRID_LAST,
+	RACE_GRID_FAR,
 	RACE_MODES
 };
 __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fixed)
@@ -239,6 +241,11 @@ __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fi
 		break;
 	case RACE_GRID_OVERLAP: /* both blocks store the same words */
 		(fixed ? out : out - 64 * blockIdx.x)[t] = t;
+		break;
+	case RACE_GRID_FAR: /* blocks 0 and 2 store the same words: the same
+			     * colour in a checkerboard, apart in the
+			     * colouring of the kernel's third launch */
+		(fixed || blockIdx.x != 2 ? out : out - 128)[t] = t;
 		break;
 	case RACE_GRID_LAST: /* the block that arrives last sums the other's
 			      * part: its counter must follow all of that
@@ -902,7 +909,10 @@ static int race_main(int mode, int fixed)
 	if (cudaMalloc((void **)&out, 512 * sizeof(unsigned)) ||
 	    cudaMemset(out, 0, 512 * sizeof(unsigned)))
 		return 2;
-	race_kernel<<<2, 64>>>(out, out + 128, mode, fixed);
+	/* RACE_GRID_FAR's blocks 0 and 2 are apart in the third launch
+	 * (tests/cuemu/cuemu.cc, colouring_of) */
+	for (int i = 0; i < (mode == RACE_GRID_FAR ? 3 : 1); i++)
+		race_kernel<<<mode == RACE_GRID_FAR ? 4 : 2, 64>>>(out, out + 128, mode, fixed);
 	return cudaDeviceSynchronize() == cudaSuccess ? 0 : 2;
 }
 
