@@ -403,7 +403,8 @@ extern "C" void cuemu_switch(void **save_sp, void *to_sp);
  * but acquires their ends only at the launch's end, and the blocks
  * run on two sets of fibers, each with its own stacks and barrier
  * objects, so that only atomics order a block of one set against a block
- * of the other (a fiber that ran a block carries that block's order into
+ * of the other, and only as a GPU's do (race_atomic: relaxed, releasing
+ * behind a __threadfence) (a fiber that ran a block carries that block's order into
  * the next it runs: blocks of one set go unchecked against each other).
  * Which blocks a set runs changes from one launch of a kernel to the
  * next (colouring_of): a checkerboard over the grid first, then each bit
@@ -523,6 +524,7 @@ struct fiber {
 	unsigned lin;
 	void *race; // its ThreadSanitizer fiber (CUEMU_TSAN)
 	unsigned n_cp, cp_groups; // copies in flight, groups committed
+	bool fenced; // ran __threadfence in this block (race_atomic)
 	cp_op *cp; // CP_MAX of them, apart: a round reads every fiber's fields above
 	           // (a 12 KB array among them put each on a page of its own)
 };
@@ -986,6 +988,7 @@ cudaError_t run_kernel(const op &k)
 			f.st = F_RUN;
 			f.lin = i;
 			f.n_cp = f.cp_groups = 0;
+			f.fenced = false;
 			f.tid = uint3{ i % b.x, (i / b.x) % b.y, i / (b.x * b.y) };
 			fiber_prepare(f);
 		}
@@ -1326,6 +1329,28 @@ void cp_async(void *dst, const void *src, unsigned n, bool full)
 		fatal("cuemu: kernel %s: cp.async of %u bytes from %p to %p: not %u-byte aligned%s",
 		      r->kernel, n, src, dst, n, full ? "" : " (a zero fill: the source unread)");
 	f.cp[f.n_cp++] = cp_op{ dst, full ? src : nullptr, n, CP_OPEN };
+}
+
+void race_fence(void)
+{
+	runner *r = need_runner("__threadfence");
+	r->f[r->cur].fenced = true;
+}
+
+// After an atomic on p (relaxed under ThreadSanitizer): what atomics on
+// p released is the thread's to see, as the value it read came from
+// them; its own accesses go with it only behind a fence, as on a GPU,
+// where stores before a relaxed atomic may reach memory after it (the
+// "last block" reduction's __threadfence before its counter). A fence
+// counts for every later atomic of the block's thread: one fence, then
+// stores, then an atomic, is taken for fenced.
+void race_atomic(void *p)
+{
+	runner *r = need_runner("an atomic");
+
+	race_acquire(p);
+	if (r->f[r->cur].fenced)
+		race_release(p);
 }
 
 void cp_commit(void)

@@ -189,6 +189,7 @@ enum {
 	RACE_GRID_OVERLAP,
 	RACE_GRID_LAST,
 	RACE_GRID_FAR,
+	RACE_GRID_FENCE,
 	RACE_MODES
 };
 __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fixed)
@@ -241,6 +242,21 @@ __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fi
 		break;
 	case RACE_GRID_OVERLAP: /* both blocks store the same words */
 		(fixed ? out : out - 64 * blockIdx.x)[t] = t;
+		break;
+	case RACE_GRID_FENCE: /* RACE_GRID_LAST's barrier there, its first
+			       * fence not: the counter's atomic is relaxed,
+			       * the stores before it may land after it */
+		part[64 * blockIdx.x + t] = t + 1;
+		if (fixed)
+			__threadfence();
+		__syncthreads();
+		if (t == 0)
+			last = atomicAdd(ctr, 1u) == gridDim.x - 1;
+		__syncthreads();
+		if (last) {
+			__threadfence();
+			out[t] = part[t] + part[64 + t];
+		}
 		break;
 	case RACE_GRID_FAR: /* blocks 0 and 2 store the same words: the same
 			     * colour in a checkerboard, apart in the

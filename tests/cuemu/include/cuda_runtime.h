@@ -230,6 +230,13 @@ unsigned lane(void);
 void cp_async(void *dst, const void *src, unsigned n, bool full);
 void cp_commit(void);
 void cp_wait(unsigned keep);
+/* The race build's memory order of atomics and fences (no-ops
+ * otherwise): __threadfence marks the thread fenced; an atomic on p then
+ * acquires what earlier atomics on p released, and releases the thread's
+ * accesses only when it is fenced (a CUDA atomic is relaxed: it
+ * publishes what came before it only behind a fence). */
+void race_fence(void);
+void race_atomic(void *p);
 
 template <class F, class... T>
 struct closure {
@@ -392,30 +399,53 @@ static inline void cuemu_ldmatrix_x4(unsigned r[4], const void *row) { cuemu::ld
 
 /* --- atomics and fences ------------------------------------------------------------
  * Blocks run one at a time on the stream's thread, devices on their own:
- * the builtins keep them atomic anyway. */
+ * the builtins keep them atomic anyway. Under ThreadSanitizer they are
+ * relaxed (atomic, ordering nothing), and the order a GPU gives them is
+ * cuemu's to tell: race_atomic after each (an acquire, and a release
+ * only behind a __threadfence), race_fence in __threadfence. */
+#ifdef __SANITIZE_THREAD__
+#define CUEMU_ATOMIC_ORDER __ATOMIC_RELAXED
+#define CUEMU_ATOMIC_DONE(p) cuemu::race_atomic(p)
+#else
+#define CUEMU_ATOMIC_ORDER __ATOMIC_SEQ_CST
+#define CUEMU_ATOMIC_DONE(p) ((void)0)
+#endif
 static inline unsigned atomicAdd(unsigned *p, unsigned v)
 {
-	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+	unsigned o = __atomic_fetch_add(p, v, CUEMU_ATOMIC_ORDER);
+	CUEMU_ATOMIC_DONE(p);
+	return o;
 }
-static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicAdd(int *p, int v)
+{
+	int o = __atomic_fetch_add(p, v, CUEMU_ATOMIC_ORDER);
+	CUEMU_ATOMIC_DONE(p);
+	return o;
+}
 static inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
 {
-	return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+	unsigned long long o = __atomic_fetch_add(p, v, CUEMU_ATOMIC_ORDER);
+	CUEMU_ATOMIC_DONE(p);
+	return o;
 }
 static inline unsigned long long atomicMax(unsigned long long *p, unsigned long long v)
 {
-	unsigned long long o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+	unsigned long long o = __atomic_load_n(p, CUEMU_ATOMIC_ORDER);
 
-	while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST,
-						     __ATOMIC_SEQ_CST))
+	while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, CUEMU_ATOMIC_ORDER,
+						     CUEMU_ATOMIC_ORDER))
 		;
+	CUEMU_ATOMIC_DONE(p);
 	return o;
 }
 #ifdef __SANITIZE_THREAD__
-/* ThreadSanitizer models no fence (gcc warns of one), and an atomic in
- * its place would order every two threads that fence: the CPU's fence,
- * unseen */
-static inline void __threadfence(void) { __asm__ __volatile__("mfence" ::: "memory"); }
+/* ThreadSanitizer models no fence (gcc warns of one): cuemu marks the
+ * thread fenced for its next atomics (race_atomic) */
+static inline void __threadfence(void)
+{
+	__asm__ __volatile__("mfence" ::: "memory");
+	cuemu::race_fence();
+}
 #else
 static inline void __threadfence(void) { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 #endif
