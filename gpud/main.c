@@ -49,7 +49,7 @@ static void usage(FILE *f)
 		"       gpud mkmodel --out PATH [--dim D] [--layers L] [--heads H] [--kv-heads K]\n"
 		"                     [--head-dim D] [--ffn F] [--vocab-from GGUF | --vocab byte] [--type T|q4_k_m|q5_k_m]\n"
 		"                     [--seed S] [--context N] [--rope-base B] [--tied]\n"
-		"                     [--rope-scale F] [--arch llama|qwen2|qwen3] [--name S]\n"
+		"                     [--rope-scale F | --yarn F] [--arch llama|qwen2|qwen3] [--name S]\n"
 		"                     [--preset tiny|llama-3.2-3b|qwen2.5-3b|qwen2.5-0.5b]\n"
 		"       gpud quantize --model IN --out OUT --type T|q4_k_m|q5_k_m\n"
 		"                     [--allow-requantize]\n"
@@ -410,6 +410,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		{ "rope-base", required_argument, NULL, 'r' },
 		{ "tied", no_argument, NULL, 'T' },
 		{ "rope-scale", required_argument, NULL, 'S' },
+		{ "yarn", required_argument, NULL, 'Y' },
 		{ "preset", required_argument, NULL, 'R' },
 		{ "arch", required_argument, NULL, 'A' },
 		{ "name", required_argument, NULL, 'N' },
@@ -450,6 +451,7 @@ static int cmd_mkmodel(int argc, char **argv)
 		case 'r': p.rope_base = (float)num("rope-base", optarg, 1, 1e12); break;
 		case 'T': p.tied = true; break;
 		case 'S': p.rope_scale_factor = (float)num("rope-scale", optarg, 0, 1e6); break;
+		case 'Y': p.rope_yarn_factor = (float)num("yarn", optarg, 1, 1e6); break;
 		case 'N': p.name = optarg; break;
 		case 'A':
 			if (gpud_arch_parse(optarg, strlen(optarg), &p.arch)) {

@@ -368,6 +368,12 @@ static int validate(const struct gpud_mkmodel_params *p, char *err, size_t errle
 		return sw_seterr(err, errlen, -EINVAL,
 				 "mkmodel: Llama 3 rope scaling is for the llama architecture, not %s",
 				 gpud_arch_name(p->arch));
+	if (p->rope_yarn_factor != 0.0f &&
+	    (p->rope_scale_factor != 0.0f || !(p->rope_yarn_factor >= 1.0f) ||
+	     !isfinite(p->rope_yarn_factor) || p->n_ctx / p->rope_yarn_factor < 1.0f))
+		return sw_seterr(err, errlen, -EINVAL,
+				 "mkmodel: bad yarn rope scaling (factor %g, context %" PRIu32
+				 "; not with Llama 3 scaling)", (double)p->rope_yarn_factor, p->n_ctx);
 	if (p->rope_scale_factor != 0.0f &&
 	    (!(p->rope_scale_factor >= 1.0f) || !isfinite(p->rope_scale_factor) ||
 	     !(p->rope_low_freq_factor > 0.0f) ||
@@ -546,6 +552,12 @@ static int build(struct build *b, const struct gpud_mkmodel_params *p,
 	    (rc = gpud_gguf_w_f32(b->w, KEY("attention.layer_norm_rms_epsilon"), p->norm_eps)) ||
 	    (p->head_dim && ((rc = gpud_gguf_w_u32(b->w, KEY("attention.key_length"), hd)) ||
 			     (rc = gpud_gguf_w_u32(b->w, KEY("attention.value_length"), hd)))))
+		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
+	if (p->rope_yarn_factor != 0.0f &&
+	    ((rc = gpud_gguf_w_str(b->w, KEY("rope.scaling.type"), "yarn")) ||
+	     (rc = gpud_gguf_w_f32(b->w, KEY("rope.scaling.factor"), p->rope_yarn_factor)) ||
+	     (rc = gpud_gguf_w_u32(b->w, KEY("rope.scaling.original_context_length"),
+				   (uint32_t)(p->n_ctx / p->rope_yarn_factor)))))
 		return sw_seterr(err, errlen, rc, "mkmodel: metadata: %s", sw_strerror(rc));
 
 	if (p->vocab_from) {

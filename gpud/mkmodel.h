@@ -74,6 +74,11 @@ struct gpud_mkmodel_params {
 	float rope_low_freq_factor;   /* 1 */
 	float rope_high_freq_factor;  /* 4 */
 	uint32_t rope_orig_ctx;       /* 8192 */
+	/* YaRN (any architecture; not with the above); factor 0 = none. When
+	 * set, <arch>.rope.scaling.type "yarn", its factor and
+	 * original_context_length (the context over the factor, as Qwen2.5's
+	 * 4 x 32768 = 131072) are written. */
+	float rope_yarn_factor;
 };
 
 /* What gpud_mkmodel_plan() computes without writing anything. */

@@ -84,6 +84,33 @@ void gpud_rope_inv_freq(float *inv_freq, uint32_t head_dim, float base, const fl
 	}
 }
 
+/* YaRN's pair index at which a frequency turns rot times over the
+ * original context (the YaRN paper's d(r)). */
+static double yarn_dim(uint32_t head_dim, double orig_ctx, double rot, double base)
+{
+	return head_dim * log(orig_ctx / (rot * 2.0 * M_PI)) / (2.0 * log(base));
+}
+
+/* Per-pair divisors of YaRN ("NTK-by-parts"): pairs that turn more than
+ * beta_fast times over the original context keep their frequency, those
+ * that turn fewer than beta_slow times are divided by factor, a linear
+ * ramp between (scaled by ext, the extrapolation's share), as llama.cpp's
+ * rope_yarn and Hugging Face's _compute_yarn_parameters have it. */
+static void yarn_factors(float *out, uint32_t head_dim, float base, float factor, float orig_ctx,
+			 float beta_fast, float beta_slow, float ext)
+{
+	double lo = floor(yarn_dim(head_dim, orig_ctx, beta_fast, base));
+	double hi = ceil(yarn_dim(head_dim, orig_ctx, beta_slow, base));
+
+	lo = lo > 0 ? lo : 0;
+	hi = hi < head_dim - 1 ? hi : head_dim - 1;
+	for (uint32_t i = 0; i < head_dim / 2; i++) {
+		double y = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+		double mix = (1.0 - (y < 0 ? 0 : y > 1 ? 1 : y)) * ext;
+		out[i] = (float)(1.0 / ((1.0 - mix) / factor + mix));
+	}
+}
+
 /* Per-pair divisors of Llama 3 scaling: 1 for high frequencies, factor for
  * low ones, a smooth blend between. */
 static void llama3_factors(float *out, uint32_t head_dim, float base, float factor,
@@ -255,9 +282,50 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	return 0;
 }
 
+/* YaRN (<arch>.rope.scaling.type "yarn"): the per-pair divisors, and
+ * mscale = attn_factor * (1 + 0.1 ln factor) on cos and sin, which
+ * scales the attention logits by its square (hp->attn_scale). The
+ * original context is rope.scaling.original_context_length, else the
+ * context length over the factor; beta_fast 32, beta_slow 1, ext_factor
+ * 1 and attn_factor 1 unless the file's rope.scaling.yarn_* say else. */
+static int setup_yarn(struct gpud_model *m, char *err, size_t errlen)
+{
+	struct gpud_model_hparams *hp = &m->hp;
+	float factor = 0, ext = 1, attn = 1, fast = 32, slow = 1, orig;
+	uint32_t orig_u = 0;
+	float *factors;
+	int rc;
+
+	if ((rc = meta_f32(m, key(m, "rope.scaling.factor"), &factor, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "rope.scaling.original_context_length"), &orig_u, false, err,
+			   errlen)) ||
+	    (rc = meta_f32(m, key(m, "rope.scaling.yarn_ext_factor"), &ext, err, errlen)) ||
+	    (rc = meta_f32(m, key(m, "rope.scaling.yarn_attn_factor"), &attn, err, errlen)) ||
+	    (rc = meta_f32(m, key(m, "rope.scaling.yarn_beta_fast"), &fast, err, errlen)) ||
+	    (rc = meta_f32(m, key(m, "rope.scaling.yarn_beta_slow"), &slow, err, errlen)))
+		return rc;
+	orig = orig_u ? (float)orig_u : (float)hp->n_ctx / (factor > 0 ? factor : 1);
+	if (!(factor >= 1) || !isfinite(factor) || !(orig >= 1) || !(ext >= 0 && ext <= 1) ||
+	    !(attn > 0) || !isfinite(attn) || !(fast > slow) || !(slow > 0) || !isfinite(fast))
+		return sw_seterr(err, errlen, SW_EFORMAT,
+				 "%s: bad yarn rope scaling (factor %g, original context %g, "
+				 "ext_factor %g, attn_factor %g, beta_fast %g, beta_slow %g)",
+				 m->path, factor, orig, ext, attn, fast, slow);
+	factors = malloc(hp->head_dim / 2 * sizeof(float));
+	if (!factors)
+		return -ENOMEM;
+	yarn_factors(factors, hp->head_dim, hp->rope_base, factor, orig, fast, slow, ext);
+	gpud_rope_inv_freq(m->rope_inv_freq, hp->head_dim, hp->rope_base, factors);
+	free(factors);
+	double ms = attn * (ext != 0 ? 1.0 + 0.1 * log(factor) : 1.0);
+	hp->attn_scale = (float)(ms * ms) / sqrtf((float)hp->head_dim);
+	hp->rope_scaled = factor != 1 || ms != 1;
+	return 0;
+}
+
 /* Llama 3 scaling: a rope_freqs.weight tensor of per-pair factors wins;
- * otherwise <arch>.rope.scaling.type "llama3" or "linear" with its
- * parameters. */
+ * otherwise <arch>.rope.scaling.type "llama3", "linear" or "yarn" with
+ * its parameters. */
 static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 {
 	struct gpud_model_hparams *hp = &m->hp;
@@ -270,6 +338,7 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 	m->rope_inv_freq = calloc(half, sizeof(float));
 	if (!m->rope_inv_freq)
 		return -ENOMEM;
+	hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
 	t = gpud_gguf_find_tensor(m->g, "rope_freqs.weight");
 	if (t) {
 		const float *f;
@@ -307,6 +376,8 @@ static int setup_rope(struct gpud_model *m, char *err, size_t errlen)
 			free(factors);
 			return 0;
 		}
+		if (type.len == 4 && !memcmp(type.s, "yarn", 4))
+			return setup_yarn(m, err, errlen);
 		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED,
 					 "%s: unsupported rope scaling type \"%.*s\"", m->path,

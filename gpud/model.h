@@ -13,8 +13,10 @@
  * head_count_kv, rope.freq_base, Llama 3 RoPE frequency scaling from a
  * rope_freqs.weight tensor or <arch>.rope.scaling.* metadata with type
  * "llama3", linear scaling (type "linear", <arch>.rope.scaling.factor),
- * output projection tied to token_embd.weight when output.weight is
- * absent). Other scaling types (yarn, longrope) are refused.
+ * YaRN (type "yarn": factor, original_context_length, the yarn_* keys;
+ * Qwen2.5's long-context setting), output projection tied to
+ * token_embd.weight when output.weight is absent). Other scaling types
+ * (longrope) are refused.
  * Qwen2 / Qwen2.5 ("qwen2"): the same block with F32 biases on the Q, K and
  * V projections (blk.N.attn_{q,k,v}.bias, required) and NEOX-style RoPE;
  * rope base, context, rms epsilon and tied output come from the file as for
@@ -73,7 +75,9 @@ struct gpud_model_hparams {
 	uint32_t n_ctx;      /* context_length: the hard limit on positions */
 	float norm_eps;      /* attention.layer_norm_rms_epsilon (1e-5 if absent) */
 	float rope_base;     /* rope.freq_base (10000 if absent) */
-	bool rope_scaled;    /* Llama 3 frequency factors were applied */
+	bool rope_scaled;    /* Llama 3, linear or YaRN frequency factors were applied */
+	float attn_scale;    /* attention logits' scale: 1/sqrt(head_dim), times YaRN's
+			      * mscale^2 (its cos and sin scaled by mscale) */
 	bool tied_output;    /* output.weight absent: logits use token_embd */
 };
 

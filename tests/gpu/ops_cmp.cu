@@ -872,7 +872,7 @@ void check_qkv_rope(enum gpud_type t, uint32_t T, int64_t cols, bool kv16, bool 
 	up(kv2, pool, nkvb);
 	gpud_cuda_meta m = { nullptr, dm, dm + 8, nullptr, dm + 16, dm + (mbt - meta_h) };
 	gpud_cuda_kvshape kv = { kv1, nh, nkv, hd, bt, 1, head_elems, layer_elems,
-				 layers * layer_elems, kv16 };
+				 layers * layer_elems, kv16, 1.0f / sqrtf((float)hd) };
 	float *sep[3] = { q1, k1, v1 };
 
 	snprintf(what, sizeof(what), "q/k/v gemv %s + %srope + kv store%s, %u tok, %lld cols",
@@ -1072,7 +1072,7 @@ void check_att_quant(uint32_t hd, const char *mode, bool kv16)
 	gpud_cuda_meta m = { nullptr, dm + (mpos - mp), dm + (mseq - mp), nullptr,
 			     dm + (msi - mp), dm + (mbt - mp) };
 	gpud_cuda_kvshape kv = { dkv, nh, nkv, hd, bt, 0, head_floats, layer_floats, layer_floats,
-				 kv16 };
+				 kv16, 1.0f / sqrtf((float)hd) };
 	gpud_cuda_attn a = { hg, T, splits, tiles ? dm + (mtl - mp) : nullptr, 3, tile, part, cnt,
 			     nullptr, nullptr, nullptr, 0 };
 

@@ -34,6 +34,7 @@ struct ref_llama {
 	double *out_norm;      /* (dim) */
 	struct ref_mat output; /* (n_vocab, dim); a copy of embd when tied */
 	double *inv_freq;      /* (head_dim / 2) */
+	double mscale;         /* YaRN's magnitude on cos and sin (1 without) */
 	bool kv_half;          /* K (after RoPE) and V rounded to IEEE half */
 };
 
@@ -350,6 +351,47 @@ static int meta_f64(const struct gpud_gguf *g, const char *key, double *v, char 
 	return 0;
 }
 
+/* YaRN, as the paper writes it: each pair's frequency blended between its
+ * own (extrapolated) and its own over factor (interpolated) by a ramp
+ * over the pairs whose period fits between beta_fast and beta_slow turns
+ * of the original context, and cos and sin multiplied by
+ * 0.1 ln(factor) + 1. */
+static int load_yarn(struct ref_llama *m, const struct gpud_gguf *g, const char *arch,
+		     char *err, size_t errlen)
+{
+	struct ref_llama_info *in = &m->info;
+	double factor = 1, ext = 1, attn = 1, fast = 32, slow = 1, orig, d = in->head_dim;
+	uint32_t orig_u = 0;
+	char key[96];
+	int rc;
+
+#define KEY(suffix) (snprintf(key, sizeof(key), "%s." suffix, arch), key)
+	if ((rc = meta_f64(g, KEY("rope.scaling.factor"), &factor, err, errlen)) ||
+	    (rc = meta_u32(g, KEY("rope.scaling.original_context_length"), &orig_u, false, err,
+			   errlen)) ||
+	    (rc = meta_f64(g, KEY("rope.scaling.yarn_ext_factor"), &ext, err, errlen)) ||
+	    (rc = meta_f64(g, KEY("rope.scaling.yarn_attn_factor"), &attn, err, errlen)) ||
+	    (rc = meta_f64(g, KEY("rope.scaling.yarn_beta_fast"), &fast, err, errlen)) ||
+	    (rc = meta_f64(g, KEY("rope.scaling.yarn_beta_slow"), &slow, err, errlen)))
+		return rc;
+#undef KEY
+	orig = orig_u ? orig_u : in->n_ctx / factor;
+	/* the pair index whose period is orig / turns */
+	double low = floor(d * log(orig / (fast * 2 * M_PI)) / (2 * log(in->rope_base)));
+	double high = ceil(d * log(orig / (slow * 2 * M_PI)) / (2 * log(in->rope_base)));
+	low = fmax(low, 0);
+	high = fmin(high, d - 1);
+	for (uint32_t i = 0; i < in->head_dim / 2; i++) {
+		double extrap = pow(in->rope_base, -2.0 * i / d), interp = extrap / factor;
+		double ramp = fmin(1, fmax(0, (i - low) / fmax(high - low, 0.001)));
+		double keep = (1 - ramp) * ext; /* the extrapolated frequency's share */
+		m->inv_freq[i] = interp * (1 - keep) + extrap * keep;
+	}
+	m->mscale = attn * (ext != 0 ? 0.1 * log(factor) + 1 : 1);
+	in->rope_scaled = true;
+	return 0;
+}
+
 /* RoPE frequencies: base^(-2i/d), divided per pair by the Llama 3 factor
  * (from rope_freqs.weight, or computed from llama.rope.scaling.*). */
 static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, const char *arch,
@@ -375,6 +417,8 @@ static int load_rope(struct ref_llama *m, const struct gpud_gguf *g, const char 
 		double factor = 8, lo = 1, hi = 4, orig = 8192;
 		uint32_t orig_u = 0;
 
+		if (type.len == 4 && !memcmp(type.s, "yarn", 4))
+			return load_yarn(m, g, arch, err, errlen);
 		if (!(type.len == 6 && !memcmp(type.s, "llama3", 6)))
 			return sw_seterr(err, errlen, SW_EUNSUPPORTED, "ref: rope scaling type");
 		if ((rc = meta_f64(g, KEY("rope.scaling.factor"), &factor, err, errlen)) ||
@@ -549,6 +593,7 @@ int ref_llama_load(struct ref_llama **out, const char *path, char *err, size_t e
 		gpud_gguf_close(g);
 		return -ENOMEM;
 	}
+	m->mscale = 1;
 	rc = load_all(m, g, err, errlen);
 	gpud_gguf_close(g);
 	if (rc) {
@@ -656,7 +701,8 @@ static void rope(const struct ref_llama *m, double *vec, uint32_t n_heads, uint3
 	for (uint32_t h = 0; h < n_heads; h++) {
 		double *v = vec + (size_t)h * hd;
 		for (uint32_t i = 0; i < hd / 2; i++) {
-			double th = pos * m->inv_freq[i], c = cos(th), s = sin(th);
+			double th = pos * m->inv_freq[i], c = cos(th) * m->mscale,
+			       s = sin(th) * m->mscale;
 			uint32_t i0 = m->info.neox ? i : 2 * i, i1 = m->info.neox ? i + hd / 2 : 2 * i + 1;
 			double a = v[i0], b = v[i1];
 			v[i0] = a * c - b * s;

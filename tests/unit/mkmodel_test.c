@@ -488,6 +488,10 @@ static void test_validation(void **state)
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
 	assert_non_null(strstr(errbuf, "rope scaling"));
 	gpud_mkmodel_params_default(&p);
+	p.rope_yarn_factor = 0.5f;
+	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -EINVAL);
+	assert_non_null(strstr(errbuf, "bad yarn rope scaling"));
+	gpud_mkmodel_params_default(&p);
 	p.vocab_from = "/nonexistent.gguf";
 	assert_int_equal(gpud_mkmodel_plan(&p, &plan, errbuf, sizeof(errbuf)), -ENOENT);
 	gpud_mkmodel_params_default(&p);

@@ -327,10 +327,37 @@ static void test_rope_linear(void **state)
 	expect_error(derive("linear_bad.gguf", &mo), SW_EFORMAT, "linear");
 }
 
+/* YaRN: pairs past the ramp divided by the factor, those before it kept,
+ * a blend between; the logits scaled by mscale^2. stories260K: head_dim
+ * 8, base 10000, context 2048, so the original context 512 puts the ramp
+ * over pairs 0 to 2 (d(32 turns) = 0.41, d(1 turn) = 1.91). */
+static void test_rope_yarn(void **state)
+{
+	struct mod mo = { .rope_scaling = "yarn", .rope_factor = 4 };
+	struct gpud_model *m = NULL;
+	char err[SW_ERR_MAX] = "";
+	double ms = 1 + 0.1 * log(4.0);
+
+	(void)state;
+	if (gpud_model_load(&m, derive("yarn.gguf", &mo), err, sizeof(err)))
+		fail_msg("%s", err);
+	const struct gpud_model_hparams *hp = gpud_model_hparams(m);
+	const float *inv = gpud_model_weights(m)->rope_inv_freq;
+	assert_int_equal(hp->n_ctx, 2048);
+	assert_true(hp->rope_scaled);
+	assert_float_equal(inv[0], 1.0, 1e-7);
+	assert_float_equal(inv[1], pow(hp->rope_base, -2.0 / 8) / (1 / (0.5 / 4 + 0.5)), 1e-7);
+	assert_float_equal(inv[3], pow(hp->rope_base, -6.0 / 8) / 4, 1e-9);
+	assert_float_equal(hp->attn_scale, ms * ms / sqrt(8.0), 1e-7);
+	gpud_model_free(m);
+	mo.rope_factor = 0; /* no factor */
+	expect_error(derive("yarn_bad.gguf", &mo), SW_EFORMAT, "bad yarn rope scaling");
+}
+
 static void test_rope_bad_scaling(void **state)
 {
-	struct mod m = { .rope_scaling = "yarn" };
-	expect_error(derive("yarn.gguf", &m), SW_EUNSUPPORTED, "yarn");
+	struct mod m = { .rope_scaling = "longrope" };
+	expect_error(derive("longrope.gguf", &m), SW_EUNSUPPORTED, "longrope");
 }
 
 /* attention.key_length: dim / heads (stories260K: 8) is accepted; another
@@ -572,6 +599,7 @@ int main(void)
 		cmocka_unit_test(test_rope_llama3_metadata),
 		cmocka_unit_test(test_rope_freqs_tensor),
 		cmocka_unit_test(test_rope_linear),
+		cmocka_unit_test(test_rope_yarn),
 		cmocka_unit_test(test_rope_bad_scaling),
 		cmocka_unit_test(test_head_width),
 		cmocka_unit_test(test_rope_inv_freq_helper),

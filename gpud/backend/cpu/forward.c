@@ -499,7 +499,7 @@ static void attend(struct cpu_ctx *c, uint32_t t0, uint32_t nt, uint32_t kh, uin
 	uint32_t g = h1 - h0, last = c->tok_pos[t0 + nt - 1];
 	float *m = tmp, *l = tmp + ATT_TILE * g, *scores = tmp + 2 * ATT_TILE * g;
 	float *kw = scores + (size_t)g * bt, *vw = kw + (size_t)bt * hd; /* f16 KV */
-	float scale = 1.0f / sqrtf((float)hd);
+	float scale = hp->attn_scale;
 	size_t voff = (size_t)hp->n_kv_heads * c->head_elems * c->esz;
 	unsigned qs[ATT_TILE];
 

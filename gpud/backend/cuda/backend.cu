@@ -1050,7 +1050,7 @@ int enqueue(cuda_ctx *c, uint32_t T, uint32_t n_logits, bool want_hidden, char *
 	const struct gpud_cuda_layout *L = &c->L;
 	gpud_cuda_kvshape kv = { c->kvpool, hp->n_heads, hp->n_kv_heads, hp->head_dim,
 				 c->cfg.block_tokens, 0, L->head_elems, L->layer_elems,
-				 L->block_elems, L->kv_esz == 2 };
+				 L->block_elems, L->kv_esz == 2, hp->attn_scale };
 	// Decode-sized steps (the graphs') split each token's keys; larger
 	// ones share K among tiles of a sequence's tokens.
 	gpud_cuda_attn att = { L->att_heads, T,

@@ -1021,7 +1021,7 @@ attention_kernel(const float *q, float *out, gpud_cuda_meta m, gpud_cuda_kvshape
 			  (size_t)kh * kv.head_elems;
 	const KT *vbase = kbase + (uint64_t)nkv * kv.head_elems;
 	float o[MAXD];
-	float mx = -INFINITY, l = 0.0f, scale = 1.0f / sqrtf((float)hd);
+	float mx = -INFINITY, l = 0.0f, scale = kv.scale;
 
 	if (DEC && split >= ns) { /* the whole CTA: no keys for this split */
 		/* token 0's such CTAs stream the O matrix into L2 meanwhile, a

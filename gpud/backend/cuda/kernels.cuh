@@ -38,6 +38,8 @@ struct gpud_cuda_kvshape {
 	uint32_t n_heads, n_kv_heads, head_dim, block_tokens, layer;
 	uint64_t head_elems, layer_elems, block_elems;
 	uint32_t kv16;
+	float scale; // attention logits' scale (the model's attn_scale: 1/sqrt(head_dim),
+		     // times YaRN's mscale^2)
 };
 
 // Programmatic dependent launch for the kernels launched on stream s from
