@@ -211,6 +211,7 @@ static void fill_snapshot(struct gpud_daemon *d, bool mem)
 
 	memset(s, 0, sizeof(*s));
 	s->version = SW_VERSION;
+	s->chat_format = d->tmpl == GPUD_CHAT_NONE ? "none" : gpud_chat_name(d->tmpl);
 	s->watchdog_window_ms = d->cfg.gpud.watchdog.window_ms;
 	s->watchdog_k = d->cfg.gpud.watchdog.k;
 	s->uptime_s = t - d->t_start;

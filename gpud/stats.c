@@ -153,6 +153,7 @@ int gpud_stats_json(const struct gpud_stats_snapshot *s, bool mem, char *buf, si
 	gpud_jsonw_f64(&w, "uptime_s", s->uptime_s);
 	gpud_jsonw_bool(&w, "draining", s->draining);
 	if (!mem) {
+		gpud_jsonw_str(&w, "chat_format", s->chat_format ? s->chat_format : "none");
 		gpud_jsonw_obj_begin(&w, "requests");
 		gpud_jsonw_u64(&w, "admitted", s->requests.admitted);
 		gpud_jsonw_u64(&w, "completed", s->requests.completed);

@@ -12,6 +12,10 @@
  *
  * STATS:
  * { "version": "0.4.0", "uptime_s": 12.5, "draining": false,
+ *   "chat_format": "llama3",
+ *     (the format chat requests are written in: gpud_chat_name's, "none"
+ *     when they are refused; gpud-http reads it to split a reasoning
+ *     model's <think> text from its answer)
  *   "requests": { "admitted", "completed", "errors", "cancelled", "busy",
  *                 "refused", "in_flight" },
  *   "tokens": { "prompt", "cached_prompt", "generated", "per_s" },
@@ -136,6 +140,7 @@ struct gpud_stats_left_out {
 
 struct gpud_stats_snapshot {
 	const char *version;
+	const char *chat_format;        /* gpud_chat_name, or "none" */
 	uint64_t watchdog_window_ms;    /* gpud.watchdog.window_ms */
 	uint32_t watchdog_k;            /* gpud.watchdog.k */
 	double uptime_s;

@@ -446,6 +446,18 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 		}
 		g->include_usage = json_is_true(iu);
 	}
+	/* llama.cpp's name for it: "none" keeps a reasoning model's <think>
+	 * text in the content; "auto" and "deepseek" split it (the default) */
+	v = member(root, "reasoning_format");
+	if (v) {
+		const char *f = json_is_string(v) ? json_string_value(v) : "";
+		if (strcmp(f, "none") && strcmp(f, "auto") && strcmp(f, "deepseek")) {
+			bad(e, "reasoning_format", "reasoning_format: expected \"none\", \"auto\" or "
+			    "\"deepseek\"");
+			goto fail;
+		}
+		g->no_reasoning = !strcmp(f, "none");
+	}
 	g->req.segments = g->seg;
 	return 0;
 fail:
@@ -599,15 +611,22 @@ static char *dump(json_t *o)
 }
 
 char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
-			   const char *text, size_t text_len, const struct proto_done *usage)
+			   const char *text, size_t text_len, const char *reason,
+			   size_t reason_len, const struct proto_done *usage)
 {
 	json_t *choice;
 
-	if (kind == HTTP_CHAT)
+	if (kind == HTTP_CHAT) {
 		choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role",
 				   "assistant", "content", text_json(text, text_len), "logprobs",
 				   "finish_reason", http_finish_reason(usage->stop_reason));
-	else
+		if (choice && reason &&
+		    json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
+					text_json(reason, reason_len))) {
+			json_decref(choice);
+			return NULL;
+		}
+	} else
 		choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text_json(text, text_len),
 				   "index", 0, "logprobs", "finish_reason",
 				   http_finish_reason(usage->stop_reason));
@@ -620,8 +639,8 @@ char *http_completion_json(enum http_kind kind, const char *id, long created, co
 }
 
 char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
-		      const char *text, size_t text_len, bool role_first, const char *finish,
-		      const struct proto_done *usage)
+		      const char *text, size_t text_len, const char *reason, size_t reason_len,
+		      bool role_first, const char *finish, const struct proto_done *usage)
 {
 	json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
 			      kind == HTTP_CHAT ? "chat.completion.chunk" : "text_completion",
@@ -644,6 +663,8 @@ char *http_chunk_json(enum http_kind kind, const char *id, long created, const c
 			json_object_set_new(delta, "role", json_string("assistant"));
 		if (text_len || role_first)
 			json_object_set_new(delta, "content", text_json(text, text_len));
+		if (reason_len)
+			json_object_set_new(delta, "reasoning_content", text_json(reason, reason_len));
 		choice = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", delta, "logprobs");
 	} else {
 		choice = json_pack("{s:o, s:i, s:n}", "text", text_json(text, text_len), "index", 0,

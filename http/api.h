@@ -64,6 +64,7 @@ struct http_gen {
 	const char *model;
 	bool stream;
 	bool include_usage;
+	bool no_reasoning;              /* reasoning_format "none": no split (think.h) */
 	struct proto_submit_req req;    /* points into the members below */
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];
 	struct proto_mask_desc mask;
@@ -102,16 +103,19 @@ const char *http_finish_reason(uint32_t stop_reason);
 /* The JSON bodies below are malloc'd NUL-terminated strings (NULL when out
  * of memory). id is "chatcmpl-..." or "cmpl-...". */
 
-/* A whole (non-streamed) completion. */
+/* A whole (non-streamed) completion; for chat with reason non-NULL, the
+ * message's reasoning_content too (a reasoning model's, http/think.h). */
 char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
-			   const char *text, size_t text_len, const struct proto_done *usage);
+			   const char *text, size_t text_len, const char *reason,
+			   size_t reason_len, const struct proto_done *usage);
 
-/* A streamed chunk: text (may be empty) and, when finish is non-NULL, the
- * finish reason; role_first adds delta.role (chat's first chunk). With
- * usage non-NULL: the final usage chunk (choices empty). */
+/* A streamed chunk: text (may be empty), for chat reason_len bytes of
+ * reasoning (delta.reasoning_content, when not 0) and, when finish is
+ * non-NULL, the finish reason; role_first adds delta.role (chat's first
+ * chunk). With usage non-NULL: the final usage chunk (choices empty). */
 char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
-		      const char *text, size_t text_len, bool role_first, const char *finish,
-		      const struct proto_done *usage);
+		      const char *text, size_t text_len, const char *reason, size_t reason_len,
+		      bool role_first, const char *finish, const struct proto_done *usage);
 
 /* {"error": {"message", "type", "param", "code"}} for e (type derived from
  * the status). */

@@ -61,6 +61,7 @@
 #include "common/privdrop.h"
 #include "http/api.h"
 #include "http/parse.h"
+#include "http/think.h"
 #include "proto/client.h"
 
 #define HEAD_MAX (16u << 10)            /* request line + headers */
@@ -106,6 +107,10 @@ struct job {
 	struct proto_done usage;
 	char msg[PROTO_MAX_ERROR_MSG];
 	struct job *next;
+	/* a reasoning model's text sorted (loop only): its splitter, and a
+	 * piece's reasoning and content */
+	struct http_think think;
+	struct tbuf { char *p; size_t n, cap; bool oom; } rsn, cnt;
 };
 
 enum cstate { C_HEAD, C_BODY, C_BUSY, C_CLOSING };
@@ -141,6 +146,7 @@ struct srv {
 	char **keys;
 	struct proto_client *gen, *blk;
 	bool connecting, stopping;
+	bool think_opened;              /* gpud's chat format opens a <think> (STATS) */
 	int blk_users;
 	pthread_mutex_t mu;
 	struct job *ready;
@@ -509,7 +515,52 @@ static void job_free(struct job *j)
 	http_gen_free(&j->g);
 	free(j->buf);
 	free(j->out);
+	free(j->rsn.p);
+	free(j->cnt.p);
 	free(j);
+}
+
+/* ---- reasoning and content (http/think.h) --------------------------------- */
+
+static void tbuf_put(struct tbuf *b, const char *s, size_t n)
+{
+	if (b->n + n > b->cap) {
+		size_t nc = b->cap ? b->cap : 1024;
+		while (nc < b->n + n)
+			nc *= 2;
+		char *p = realloc(b->p, nc);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = nc;
+	}
+	memcpy(b->p + b->n, s, n);
+	b->n += n;
+}
+
+static void to_reason(void *arg, const char *s, size_t n)
+{
+	tbuf_put(&((struct job *)arg)->rsn, s, n);
+}
+
+static void to_content(void *arg, const char *s, size_t n)
+{
+	tbuf_put(&((struct job *)arg)->cnt, s, n);
+}
+
+/* Sorts n bytes of the answer (and, at its end, what the splitter kept
+ * back) into j->rsn and j->cnt, emptied first. False when out of memory. */
+static bool job_sort(struct job *j, const char *text, size_t n, bool end)
+{
+	const struct http_think_sink k = { to_reason, to_content, j };
+
+	j->rsn.n = j->cnt.n = 0;
+	http_think_feed(&j->think, text, n, &k);
+	if (end)
+		http_think_end(&j->think, &k);
+	return !j->rsn.oom && !j->cnt.oom;
 }
 
 /* The client went away: cancel in gpud (once); the job is freed at DONE
@@ -597,8 +648,13 @@ static void finish_whole(struct job *j, struct conn *c, bool overflow, int statu
 		gpud_err(&e, status, j->msg);
 		respond_err(c, &e, e.status == 429 ? "Retry-After: 1\r\n" : NULL);
 	} else {
-		char *body = http_completion_json(j->g.kind, j->id, j->created, j->model,
-						  j->buf ? j->buf : "", j->len, &j->usage);
+		char *body = NULL;
+		if (job_sort(j, j->buf ? j->buf : "", j->len, true))
+			body = http_completion_json(j->g.kind, j->id, j->created, j->model,
+						    j->cnt.p ? j->cnt.p : "", j->cnt.n,
+						    j->think.reasoned ? (j->rsn.p ? j->rsn.p : "")
+								      : NULL,
+						    j->rsn.n, &j->usage);
 		s->tokens_out += j->usage.generated_tokens;
 		if (body)
 			respond(c, 200, "application/json", NULL, body, strlen(body));
@@ -627,12 +683,13 @@ static void finish_stream(struct job *j, struct conn *c, bool overflow, int stat
 			return;
 	} else {
 		s->tokens_out += j->usage.generated_tokens;
-		if (sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, false,
-						http_finish_reason(j->usage.stop_reason), NULL)))
+		if (sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
+						0, false, http_finish_reason(j->usage.stop_reason),
+						NULL)))
 			return;
 		if (j->g.include_usage &&
-		    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, false,
-						NULL, &j->usage)))
+		    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
+						0, false, NULL, &j->usage)))
 			return;
 	}
 	stream_end(c);
@@ -706,12 +763,22 @@ static void job_pump_inner(struct job *j)
 				c->keep_alive ? "" : "Connection: close\r\n"))
 			return;
 		if (j->g.kind == HTTP_CHAT &&
-		    sse_json(c, http_chunk_json(HTTP_CHAT, j->id, j->created, j->model, "", 0, true,
-						NULL, NULL)))
+		    sse_json(c, http_chunk_json(HTTP_CHAT, j->id, j->created, j->model, "", 0, NULL,
+						0, true, NULL, NULL)))
 			return;
 	}
-	if (n && sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, j->out, n,
-					     false, NULL, NULL)))
+	/* the piece sorted into reasoning and content (at the end, with what
+	 * the splitter kept back); nothing new, nothing to send */
+	j->rsn.n = j->cnt.n = 0;
+	if ((n || done) && !job_sort(j, j->out, n, done)) {
+		j->finished = true;
+		c->job = NULL;
+		conn_close(c);
+		return;
+	}
+	if ((j->rsn.n || j->cnt.n) &&
+	    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, j->cnt.p,
+					j->cnt.n, j->rsn.p, j->rsn.n, false, NULL, NULL)))
 		return;
 	if (!done)
 		return;
@@ -803,6 +870,10 @@ static void start_generation(struct conn *c, enum http_kind kind)
 	j->max = j->g.stream ? JOB_STREAM_MAX : JOB_WHOLE_MAX;
 	j->created = (long)time(NULL);
 	snprintf(j->model, sizeof(j->model), "%s", s->model_id);
+	/* chat: a reasoning model's <think> text apart from its answer, unless
+	 * asked not to; opened when gpud's format ends the prompt inside one */
+	http_think_init(&j->think, kind == HTTP_CHAT && !j->g.no_reasoning && s->think_opened,
+			kind == HTTP_CHAT && !j->g.no_reasoning);
 	ev.arg = j;
 	c->job = j;
 	rc = proto_client_submit(s->gen, &j->g.req, &ev, &j->rid, err, sizeof(err));
@@ -1529,6 +1600,7 @@ struct connect_work {
 	uv_work_t w;
 	struct srv *s;
 	struct proto_client *gen, *blk;
+	bool think_opened;
 	char err[SW_ERR_MAX];
 };
 
@@ -1552,6 +1624,20 @@ static void connect_run(uv_work_t *w)
 	if (rc) {
 		proto_client_close(k->gen);
 		k->gen = NULL;
+		return;
+	}
+	/* gpud's chat format: one whose prompt opens a <think> (DeepSeek R1)
+	 * makes every chat answer reasoning until </think> (http/think.h) */
+	char *stats = NULL, err[SW_ERR_MAX];
+	if (proto_client_stats(k->blk, &stats, err, sizeof(err)) == 0) {
+		json_t *j = json_loads(stats, 0, NULL);
+		const char *f = json_string_value(json_object_get(j, "chat_format"));
+		k->think_opened = f && !strcmp(f, "deepseek-r1");
+		json_decref(j);
+		free(stats);
+	} else {
+		log_warn("gpud STATS: %s (a reasoning model's answers are split only where they "
+			 "open <think>)", err);
 	}
 }
 
@@ -1569,6 +1655,7 @@ static void connect_done(uv_work_t *w, int status)
 	} else if (k->gen) {
 		s->gen = k->gen;
 		s->blk = k->blk;
+		s->think_opened = k->think_opened;
 		warned = false;
 		log_info("connected to gpud at %s (pid %d)", s->o->socket,
 			 proto_client_server_pid(s->gen));

@@ -250,7 +250,9 @@ static json_t *jparse(const char *s)
 
 /* Concatenates choices[0].text (or .delta.content) of every data: event;
  * checks the stream ends with [DONE]; returns the finish reason seen. */
-static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
+/* The text of a stream: a completion's, or a chat delta's member field
+ * ("content", "reasoning_content"), concatenated. */
+static char *sse_field(const char *body, bool chat, const char *field, char *finish, size_t flen)
 {
 	char *out = calloc(1, strlen(body) + 1);
 	const char *p = body;
@@ -268,7 +270,7 @@ static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
 		char *one = strndup(p, (size_t)(e - p));
 		json_t *j = jparse(one);
 		json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
-		json_t *t = chat ? json_object_get(json_object_get(ch, "delta"), "content")
+		json_t *t = chat ? json_object_get(json_object_get(ch, "delta"), field)
 				 : json_object_get(ch, "text");
 		if (json_is_string(t))
 			strcat(out, json_string_value(t));
@@ -281,6 +283,11 @@ static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
 	if (!done)
 		fail_msg("no [DONE] in the stream: %.3000s", body);
 	return out;
+}
+
+static char *sse_text(const char *body, bool chat, char *finish, size_t flen)
+{
+	return sse_field(body, chat, "content", finish, flen);
 }
 
 static void start_all(struct gpud_it_fix *fx, struct front *f, const char *gpud_extra)
@@ -458,6 +465,66 @@ static void test_chat(void **state)
 	char *txt = sse_text(b, true, finish, sizeof(finish));
 	assert_string_equal(txt, gen);
 	free(txt);
+	free(b);
+
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
+/* A reasoning model's format (DeepSeek R1's: the prompt opens <think>,
+ * chosen in the config; stories260K never writes </think>): the whole
+ * greedy answer of `gpud generate --chat-format deepseek-r1` is the
+ * message's reasoning_content and its content is empty, whole and
+ * streamed; reasoning_format "none" puts it back in the content. */
+static void test_chat_reasoning(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char gen[4096], finish[16], *b;
+	const char *args[] = { "generate", "--model", GPUD_IT_MODEL, "--prompt", PROMPT,
+			       "--max-tokens", "24", "--chat-format", "deepseek-r1", NULL };
+	const char *req = "{\"model\":\"" MODEL_ID "\",\"messages\":[{\"role\":\"user\","
+			  "\"content\":\"" PROMPT "\"}],\"max_tokens\":24,\"temperature\":0%s}";
+	char body[512];
+
+	start_all(fx, &f, "\"chat_format\": \"deepseek-r1\"");
+	assert_int_equal(gpud_it_run_cmd(args, gen, sizeof(gen), 120000), 0);
+	char *figs = strstr(gen, "prompt tokens: ");
+	assert_non_null(figs);
+	*figs = '\0';
+	const char *thought = gen + strspn(gen, " \n\r\t"); /* leading whitespace dropped */
+	assert_true(strlen(thought) > 0);
+	assert_null(strstr(gen, "</think>"));
+
+	snprintf(body, sizeof(body), req, "");
+	b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+	       "-d '%s'", f.port, body);
+	json_t *j = jparse(b);
+	json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+	assert_string_equal(json_string_value(json_object_get(msg, "reasoning_content")), thought);
+	assert_string_equal(json_string_value(json_object_get(msg, "content")), "");
+	json_decref(j);
+	free(b);
+
+	snprintf(body, sizeof(body), req, ",\"stream\":true");
+	b = sh("curl -sN http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+	       "-d '%s'", f.port, body);
+	char *txt = sse_field(b, true, "reasoning_content", finish, sizeof(finish));
+	assert_string_equal(txt, thought);
+	free(txt);
+	txt = sse_text(b, true, finish, sizeof(finish));
+	assert_string_equal(txt, "");
+	free(txt);
+	free(b);
+
+	snprintf(body, sizeof(body), req, ",\"reasoning_format\":\"none\"");
+	b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -H 'Content-Type: application/json' "
+	       "-d '%s'", f.port, body);
+	j = jparse(b);
+	msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+	assert_string_equal(json_string_value(json_object_get(msg, "content")), gen);
+	assert_null(json_object_get(msg, "reasoning_content"));
+	json_decref(j);
 	free(b);
 
 	assert_int_equal(stop_front(&f), 0);
@@ -902,6 +969,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		GPUD_IT_FIX_TEST(test_completions),
 		GPUD_IT_FIX_TEST(test_chat),
+		GPUD_IT_FIX_TEST(test_chat_reasoning),
 		GPUD_IT_FIX_TEST(test_embeddings),
 		GPUD_IT_FIX_TEST(test_errors),
 		GPUD_IT_FIX_TEST(test_auth),

@@ -125,8 +125,17 @@ static void test_decode_completion(void **state)
 	assert_memory_equal(g->req.stop[0].p, "x", 1);
 	assert_true(g->stream);
 	assert_true(g->include_usage);
+	assert_false(g->no_reasoning);
 	assert_null(g->req.mask);
 	assert_int_equal(g->req.flags & PROTO_SUBMIT_CHAT, 0);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"none\"}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_true(g->no_reasoning);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"deepseek\"}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_false(g->no_reasoning);
 	http_gen_free(g);
 
 	/* defaults: max_tokens 16, temperature 1, prompt as a one-string array */
@@ -217,6 +226,11 @@ static void test_decode_errors(void **state)
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":2}", "n");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"best_of\":3}", "best_of");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":1}",
+		   "reasoning_format");
+	expect_400(HTTP_COMPLETION,
+		   "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"hidden\"}",
+		   "reasoning_format");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":true}", "echo");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":3}", "logprobs");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"temperature\":2.5}",
@@ -308,7 +322,8 @@ static void test_json_out(void **state)
 	(void)state;
 	struct proto_done u = { .prompt_tokens = 5, .cached_prompt_tokens = 2,
 				.generated_tokens = 3, .stop_reason = PROTO_STOP_MAX_TOKENS };
-	char *s = http_completion_json(HTTP_CHAT, "chatcmpl-1", 7, "m", "hi \"x\"\n", 7, &u);
+	char *s = http_completion_json(HTTP_CHAT, "chatcmpl-1", 7, "m", "hi \"x\"\n", 7, NULL, 0,
+				       &u);
 	assert_string_equal(s, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":7,"
 			       "\"model\":\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":"
 			       "\"assistant\",\"content\":\"hi \\\"x\\\"\\n\"},\"logprobs\":null,"
@@ -317,27 +332,39 @@ static void test_json_out(void **state)
 			       "{\"cached_tokens\":2}}}");
 	free(s);
 	u.stop_reason = PROTO_STOP_EOG;
-	s = http_completion_json(HTTP_COMPLETION, "cmpl-1", 7, "m", "ab", 2, &u);
+	s = http_completion_json(HTTP_COMPLETION, "cmpl-1", 7, "m", "ab", 2, NULL, 0, &u);
 	assert_non_null(strstr(s, "\"object\":\"text_completion\""));
 	assert_non_null(strstr(s, "\"text\":\"ab\""));
 	assert_non_null(strstr(s, "\"finish_reason\":\"stop\""));
 	free(s);
 	assert_string_equal(http_finish_reason(PROTO_STOP_STRING), "stop");
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, true, NULL, NULL);
+	/* a reasoning model's answer: reasoning_content beside the content */
+	s = http_completion_json(HTTP_CHAT, "chatcmpl-2", 7, "m", "4", 1, "2+2", 3, &u);
+	assert_non_null(strstr(s, "\"message\":{\"role\":\"assistant\",\"content\":\"4\","
+				  "\"reasoning_content\":\"2+2\"}"));
+	free(s);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, true, NULL, NULL);
 	assert_non_null(strstr(s, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
 	assert_non_null(strstr(s, "\"finish_reason\":null"));
 	free(s);
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, false, "stop", NULL);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", NULL, 0, "hm", 2, false, NULL, NULL);
+	assert_non_null(strstr(s, "\"delta\":{\"reasoning_content\":\"hm\"}"));
+	free(s);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "ok", 2, "m.", 2, false, NULL, NULL);
+	assert_non_null(strstr(s, "\"delta\":{\"content\":\"ok\",\"reasoning_content\":\"m.\"}"));
+	free(s);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, false, "stop", NULL);
 	assert_non_null(strstr(s, "\"delta\":{}"));
 	assert_non_null(strstr(s, "\"finish_reason\":\"stop\""));
 	free(s);
-	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "", 0, false, NULL, &u);
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "", 0, NULL, 0, false, NULL, &u);
 	assert_non_null(strstr(s, "\"choices\":[]"));
 	assert_non_null(strstr(s, "\"usage\":{"));
 	free(s);
 
 	/* invalid UTF-8 (a batch ending inside a character) becomes U+FFFD */
-	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "a\xe2\x82", 3, false, NULL, NULL);
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "a\xe2\x82", 3, NULL, 0, false, NULL,
+			    NULL);
 	assert_non_null(s);
 	assert_non_null(strstr(s, "\"text\":\"a\xef\xbf\xbd\xef\xbf\xbd\""));
 	free(s);

@@ -29,6 +29,7 @@ static void fill(struct gpud_stats_snapshot *s, uint32_t nd, uint32_t np, uint32
 {
 	memset(s, 0, sizeof(*s));
 	s->version = "0.4.0";
+	s->chat_format = "deepseek-r1";
 	s->watchdog_window_ms = 60000;
 	s->watchdog_k = 10;
 	s->uptime_s = 12.5;
@@ -256,8 +257,9 @@ static void test_stats_json(void **state)
 						      "gpud.devices[3]: cuda:3: \"gone\"" };
 	assert_int_equal(gpud_stats_json(&s, false, big, BIG, &len), 0);
 	j = parse(big, len);
-	assert_int_equal(json_object_size(j), 12);
+	assert_int_equal(json_object_size(j), 13);
 	check_common(j, &s);
+	assert_string_equal(json_string_value(json_object_get(j, "chat_format")), "deepseek-r1");
 
 	o = json_object_get(j, "requests");
 	assert_int_equal(json_object_size(o), 7);
@@ -342,6 +344,7 @@ static void test_mem_json(void **state)
 	j = parse(big, len);
 	assert_int_equal(json_object_size(j), 8);
 	check_common(j, &s);
+	assert_null(json_object_get(j, "chat_format"));
 	assert_null(json_object_get(j, "requests"));
 	assert_null(json_object_get(j, "tokens"));
 	assert_null(json_object_get(j, "connections"));
@@ -375,6 +378,11 @@ static void test_not_counted_and_odd_numbers(void **state)
 	assert_int_equal(gpud_stats_json(&s, false, big, BIG, &len), 0);
 	j = parse(big, len);
 	assert_true(json_is_null(json_object_get(j, "version")));
+	s.chat_format = NULL;
+	assert_int_equal(gpud_stats_json(&s, false, big, BIG, &len), 0);
+	json_decref(j);
+	j = parse(big, len);
+	assert_string_equal(json_string_value(json_object_get(j, "chat_format")), "none");
 	assert_true(json_is_null(json_object_get(j, "uptime_s")));
 	assert_true(json_is_null(json_object_get(json_object_get(j, "tokens"), "per_s")));
 	a = json_object_get(j, "alloc");
