@@ -406,11 +406,11 @@ extern "C" void cuemu_switch(void **save_sp, void *to_sp);
  * of the other, and only as a GPU's do (race_atomic: relaxed, releasing
  * behind a __threadfence) (a fiber that ran a block carries that block's order into
  * the next it runs: blocks of one set go unchecked against each other).
- * Which blocks a set runs changes from one launch of a kernel to the
- * next (colouring_of): a checkerboard over the grid first, then each bit
- * of the block's index in turn, so that every two blocks of a grid are
- * checked against each other within the kernel's first 1 + log2(blocks)
- * launches. A block's shared memory is mapped again at its start,
+ * Which blocks a set runs changes from one launch of a kernel on a grid
+ * of that size to the next (colouring_of): a checkerboard over the grid
+ * first, then each bit of the block's index in turn, so that every two
+ * blocks of a grid are checked against each other within the first
+ * 1 + log2(blocks) launches of that kernel and grid. A block's shared memory is mapped again at its start,
  * which makes ThreadSanitizer forget what the block before did there.
  * Launches are ordered: the host acquires every block's end before the
  * next. This file itself
@@ -598,8 +598,10 @@ struct runner {
 	uint64_t launch_gen = 0; /* launches run by this thread */
 	struct colouring_t {
 		const void *fn;  /* a kernel */
-		uint64_t n;      /* its launches by this thread */
-	} colouring[256] = {}; /* (SETS 2) which colouring a kernel's next launch takes */
+		uint64_t nb;     /* launched on a grid of nb blocks */
+		uint64_t n;      /* that many times by this thread */
+		uint64_t mask;   /* the colourings those launches took */
+	} colouring[1024] = {}; /* (SETS 2) which colouring a kernel's next launch takes */
 	unsigned n_colouring = 0;
 	struct fresh_t {
 		const void *p; /* the variable's storage (its name) */
@@ -827,6 +829,7 @@ struct kernel_count {
 	const void *fn;
 	const char *name;
 	uint64_t launches, blocks;
+	uint64_t max_nb, paired_nb; /* the race build's (colouring_of), else 0 */
 };
 kernel_count kcounts[1024];
 unsigned n_kcounts;
@@ -861,16 +864,18 @@ void kernels_write(void)
 			di = Dl_info{ "?", nullptr, nullptr, nullptr };
 		const char *obj = di.dli_fbase && di.dli_fbase == self.dli_fbase && exe[0] ? exe
 											  : di.dli_fname;
-		fprintf(f, "%llu %llu %s 0x%llx %s\n", (unsigned long long)c.launches,
-			(unsigned long long)c.blocks, obj,
+		fprintf(f, "%llu %llu %llu %llu %s 0x%llx %s\n", (unsigned long long)c.launches,
+			(unsigned long long)c.blocks, (unsigned long long)c.max_nb,
+			(unsigned long long)c.paired_nb, obj,
 			(unsigned long long)((uintptr_t)c.fn - (uintptr_t)di.dli_fbase), c.name);
 	}
 	if (kcounts_full)
-		fprintf(f, "0 0 ? 0x0 (cuemu: more kernels than CUEMU_KERNELS counts)\n");
+		fprintf(f, "0 0 0 0 ? 0x0 (cuemu: more kernels than CUEMU_KERNELS counts)\n");
 	fclose(f);
 }
 
-void kernels_count(const void *fn, const char *name, uint64_t blocks)
+void kernels_count(const void *fn, const char *name, uint64_t blocks, uint64_t max_nb,
+		   uint64_t paired_nb)
 {
 	static const bool on = [] {
 		if (!getenv("CUEMU_KERNELS"))
@@ -889,37 +894,49 @@ void kernels_count(const void *fn, const char *name, uint64_t blocks)
 			kcounts_full = true;
 			return;
 		}
-		kcounts[n_kcounts++] = kernel_count{ fn, name, 0, 0 };
+		kcounts[n_kcounts++] = kernel_count{ fn, name, 0, 0, 0, 0 };
 	}
 	kcounts[i].launches++;
 	kcounts[i].blocks += blocks;
+	kcounts[i].max_nb = std::max(kcounts[i].max_nb, max_nb);
+	kcounts[i].paired_nb = std::max(kcounts[i].paired_nb, paired_nb);
 }
 
 // The colouring of a launch's blocks into the two fiber sets (SETS 2),
-// which changes from one launch of a kernel to the next: the first a
-// checkerboard over the grid (neighbours along any axis apart), then for
-// each bit of the block's linear index in turn, that bit, then the
-// checkerboard again. Any two blocks of a grid differ in some bit, so
-// they run on different sets, unordered, in one of the kernel's first
-// 1 + log2(blocks) launches; blocks of one set are ordered (a fiber
-// carries what its block did into the next), so one colouring alone
-// leaves pairs unchecked. 0 (the checkerboard) or 1 + the bit.
-static unsigned colouring_of(runner *r, const void *fn, uint64_t nb)
+// which changes from one launch of a kernel on a grid of that size to the
+// next: the first a checkerboard over the grid (neighbours along any axis
+// apart), then for each bit of the block's linear index in turn, that
+// bit, then the checkerboard again. Any two blocks of a grid differ in
+// some bit, so they run on different sets, unordered, in one of the first
+// 1 + log2(blocks) launches of that kernel and grid; blocks of one set
+// are ordered (a fiber carries what its block did into the next), so one
+// colouring alone leaves pairs unchecked. Returns 0 (the checkerboard) or
+// 1 + the bit; *paired is nb once every colouring of the grid has run
+// (CUEMU_KERNELS reports it), else 0. Not inlined: run_kernel's
+// sigsetjmp would have its locals in registers.
+static __attribute__((noinline)) unsigned colouring_of(runner *r, const void *fn, uint64_t nb,
+						       uint64_t *paired)
 {
-	unsigned i = 0, bits = 0;
+	unsigned i = 0, bits = 0, c;
 
+	*paired = 0;
 	if (SETS < 2)
 		return 0;
-	while (i < r->n_colouring && r->colouring[i].fn != fn)
+	while (i < r->n_colouring && (r->colouring[i].fn != fn || r->colouring[i].nb != nb))
 		i++;
 	if (i == r->n_colouring) {
 		if (i == sizeof(r->colouring) / sizeof(r->colouring[0]))
-			return 0; // more kernels than the table: checkerboards
-		r->colouring[r->n_colouring++] = runner::colouring_t{ fn, 0 };
+			return 0; // more kernels and grids than the table: checkerboards
+		r->colouring[r->n_colouring++] = runner::colouring_t{ fn, nb, 0, 0 };
 	}
-	while (bits < 64 && (nb - 1) >> bits)
+	runner::colouring_t &k = r->colouring[i];
+	while (bits < 63 && (nb - 1) >> bits)
 		bits++;
-	return (unsigned)(r->colouring[i].n++ % (1 + bits));
+	c = (unsigned)(k.n++ % (1 + bits));
+	k.mask |= 1ull << c;
+	if (k.mask == (2ull << bits) - 1)
+		*paired = nb;
+	return c;
 }
 
 // Runs one launch: every block, each block's threads as fibers.
@@ -948,13 +965,14 @@ cudaError_t run_kernel(const op &k)
 		std::lock_guard<std::mutex> lk(mu);
 		stats.launches++;
 	}
-	kernels_count(k.fn, name, (uint64_t)g.x * g.y * g.z);
+	const uint64_t nb = (uint64_t)g.x * g.y * g.z;
+	uint64_t paired;
+	const unsigned colouring = colouring_of(r, k.fn, nb, &paired);
+	kernels_count(k.fn, name, nb, SETS > 1 ? nb : 0, paired);
 	// the blocks one after the other, block (0,0,0) first, or with
 	// CUEMU_ORDER=reverse the last first: what a grid computes must not
 	// depend on which of its blocks ends first (a split-K sum made by the
 	// block that arrives last, say)
-	const uint64_t nb = (uint64_t)g.x * g.y * g.z;
-	const unsigned colouring = colouring_of(r, k.fn, nb);
 	for (uint64_t bi = 0; bi < nb; bi++) {
 		const uint64_t lb = r->reverse ? nb - 1 - bi : bi;
 		const unsigned bx = (unsigned)(lb % g.x), by = (unsigned)(lb / g.x % g.y),
