@@ -243,33 +243,22 @@ __global__ void race_kernel(unsigned *out, const unsigned *src, int mode, int fi
 	case RACE_GRID_OVERLAP: /* both blocks store the same words */
 		(fixed ? out : out - 64 * blockIdx.x)[t] = t;
 		break;
-	case RACE_GRID_FENCE: /* RACE_GRID_LAST's barrier there, its first
-			       * fence not: the counter's atomic is relaxed,
-			       * the stores before it may land after it */
-		part[64 * blockIdx.x + t] = t + 1;
-		if (fixed)
-			__threadfence();
-		__syncthreads();
-		if (t == 0)
-			last = atomicAdd(ctr, 1u) == gridDim.x - 1;
-		__syncthreads();
-		if (last) {
-			__threadfence();
-			out[t] = part[t] + part[64 + t];
-		}
-		break;
 	case RACE_GRID_FAR: /* blocks 0 and 2 store the same words: the same
 			     * colour in a checkerboard, apart in the
 			     * colouring of the kernel's third launch */
 		(fixed || blockIdx.x != 2 ? out : out - 128)[t] = t;
 		break;
-	case RACE_GRID_LAST: /* the block that arrives last sums the other's
-			      * part: its counter must follow all of that
-			      * block's stores (a barrier, then thread 0's
-			      * atomic), not thread 0's alone */
+	case RACE_GRID_LAST:  /* the block that arrives last sums the other's
+			       * part: its counter must follow all of that
+			       * block's stores (a barrier, then thread 0's
+			       * atomic), not thread 0's alone */
+	case RACE_GRID_FENCE: /* the barrier there, the fence before it not:
+			       * the counter's atomic is relaxed, the stores
+			       * before it may land after it */
 		part[64 * blockIdx.x + t] = t + 1;
-		__threadfence();
-		if (fixed)
+		if (fixed || mode == RACE_GRID_LAST)
+			__threadfence();
+		if (fixed || mode == RACE_GRID_FENCE)
 			__syncthreads();
 		if (t == 0)
 			last = atomicAdd(ctr, 1u) == gridDim.x - 1;

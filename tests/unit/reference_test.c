@@ -713,78 +713,6 @@ static void test_engine_vs_ref_scaling_metadata(void **state)
 	unlink(dst);
 }
 
-/* YaRN (rope.scaling.type "yarn", as Qwen2.5's long-context GGUFs carry
- * it), written by gpud mkmodel: the engine divides each pair's frequency
- * by its YaRN factor and scales the logits by mscale^2; the reference
- * blends the frequencies as the paper writes it and multiplies cos and
- * sin by mscale. Both architectures' RoPE styles; f32 and Q8_0. The
- * scaling must matter: the reference with it differs clearly from the
- * same weights without it (mkmodel's seed fixes the weights). */
-static void test_engine_vs_ref_yarn(void **state)
-{
-	static const struct {
-		enum gpud_arch arch;
-		enum gpud_type type;
-		double bound;
-	} cases[] = {
-		{ GPUD_ARCH_LLAMA, GPUD_TYPE_F32, 1e-4 },
-		{ GPUD_ARCH_QWEN2, GPUD_TYPE_F32, 1e-4 },
-		{ GPUD_ARCH_LLAMA, GPUD_TYPE_Q8_0, 2e-2 },
-	};
-	(void)state;
-	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-		struct gpud_mkmodel_params mp;
-		char yarn[160], plain[160], err[SW_ERR_MAX];
-
-		gpud_mkmodel_params_default(&mp);
-		mp.arch = cases[c].arch;
-		mp.type = cases[c].type;
-		mp.seed = 41;
-		/* head_dim 16, base 10000: for an original context of 256 / 4 =
-		 * 64 the ramp runs from pair 0 to pair 3 of 8 */
-		mp.n_ctx = 256;
-		snprintf(plain, sizeof(plain), "%s/yarn-plain-%zu.gguf", g_tmpdir, c);
-		snprintf(yarn, sizeof(yarn), "%s/yarn-%zu.gguf", g_tmpdir, c);
-		mp.out = plain;
-		if (gpud_mkmodel(&mp, err, sizeof(err)))
-			fail_msg("mkmodel: %s", err);
-		mp.rope_yarn_factor = 4.0f;
-		mp.out = yarn;
-		if (gpud_mkmodel(&mp, err, sizeof(err)))
-			fail_msg("mkmodel: %s", err);
-
-		struct ref_llama *ref = NULL, *ref0 = NULL;
-		assert_int_equal(ref_llama_load(&ref, yarn, err, sizeof(err)), 0);
-		assert_int_equal(ref_llama_load(&ref0, plain, err, sizeof(err)), 0);
-		assert_true(ref_llama_info(ref)->rope_scaled);
-		uint32_t nv = ref_llama_info(ref)->n_vocab, n = 48;
-		int32_t tok[48];
-		double *a = malloc(sizeof(double) * n * nv), *b = malloc(sizeof(double) * n * nv);
-		double md = 0, mr = 0;
-		for (uint32_t i = 0; i < n; i++)
-			tok[i] = (int32_t)(3 + (i * 7919) % (nv - 3));
-		assert_int_equal(ref_llama_forward(ref, tok, n, NULL, NULL, a, NULL), 0);
-		assert_int_equal(ref_llama_forward(ref0, tok, n, NULL, NULL, b, NULL), 0);
-		for (size_t i = (size_t)(n - 1) * nv; i < (size_t)n * nv; i++) {
-			md = fmax(md, fabs(a[i] - b[i]));
-			mr = fmax(mr, fabs(b[i]));
-		}
-		free(a);
-		free(b);
-		ref_llama_free(ref);
-		ref_llama_free(ref0);
-		double w = engine_vs_ref(yarn, 57);
-		print_message("%s %s, yarn factor 4: the scaling moves the last row by %.3g, "
-			      "the engine is within %.3g of the reference\n",
-			      gpud_arch_name(cases[c].arch), gpud_type_name(cases[c].type),
-			      md / mr, w);
-		assert_true(md / mr > 1e-3);
-		assert_true(w < cases[c].bound);
-		unlink(plain);
-		unlink(yarn);
-	}
-}
-
 /* A qwen2-style model (Q/K/V biases) of the default small shape: arch
  * qwen2, or llama with biases, same seed: the two files hold the same
  * tensors and differ only in the architecture, hence the RoPE style. */
@@ -836,6 +764,59 @@ static double ref_vs_ref(const char *pa, const char *pb)
 	ref_llama_free(ra);
 	ref_llama_free(rb);
 	return md / mr;
+}
+
+/* YaRN (rope.scaling.type "yarn", as Qwen2.5's long-context GGUFs carry
+ * it), written by gpud mkmodel: the engine divides each pair's frequency
+ * by its YaRN factor and scales the logits by mscale^2; the reference
+ * blends the frequencies as the paper writes it and multiplies cos and
+ * sin by mscale. Both architectures' RoPE styles; f32 and Q8_0. The
+ * scaling must matter: the reference with it differs clearly from the
+ * same weights without it (mkmodel's seed fixes the weights). */
+static void test_engine_vs_ref_yarn(void **state)
+{
+	static const struct {
+		enum gpud_arch arch;
+		enum gpud_type type;
+		double bound;
+	} cases[] = {
+		{ GPUD_ARCH_LLAMA, GPUD_TYPE_F32, 1e-4 },
+		{ GPUD_ARCH_QWEN2, GPUD_TYPE_F32, 1e-4 },
+		{ GPUD_ARCH_LLAMA, GPUD_TYPE_Q8_0, 2e-2 },
+	};
+	(void)state;
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+		struct gpud_mkmodel_params mp;
+		char yarn[160], plain[160], err[SW_ERR_MAX];
+
+		gpud_mkmodel_params_default(&mp);
+		mp.arch = cases[c].arch;
+		mp.type = cases[c].type;
+		mp.seed = 41;
+		/* head_dim 16, base 10000: for an original context of 256 / 4 =
+		 * 64 the ramp runs from pair 0 to pair 3 of 8 */
+		mp.n_ctx = 256;
+		snprintf(plain, sizeof(plain), "%s/yarn-plain-%zu.gguf", g_tmpdir, c);
+		snprintf(yarn, sizeof(yarn), "%s/yarn-%zu.gguf", g_tmpdir, c);
+		mp.out = plain;
+		if (gpud_mkmodel(&mp, err, sizeof(err)))
+			fail_msg("mkmodel: %s", err);
+		mp.rope_yarn_factor = 4.0f;
+		mp.out = yarn;
+		if (gpud_mkmodel(&mp, err, sizeof(err)))
+			fail_msg("mkmodel: %s", err);
+
+		double moved = ref_vs_ref(yarn, plain);
+		double w = engine_vs_ref(yarn, 57);
+		print_message("%s %s, yarn factor 4: the scaling moves the last row by %.3g, "
+			      "the engine is within %.3g of the reference\n",
+			      gpud_arch_name(cases[c].arch), gpud_type_name(cases[c].type),
+			      moved, w);
+		assert_true(moved > 1e-3);
+		assert_true(w < cases[c].bound);
+		unlink(plain);
+		unlink(yarn);
+	}
 }
 
 /* Both RoPE styles against the reference on the same weights: the qwen2
