@@ -400,18 +400,19 @@ extern "C" void cuemu_switch(void **save_sp, void *to_sp);
  * reported as a data race, whichever order the threads ran in: racecheck's
  * hazards, found on the CPU. Blocks of one launch are not ordered, as a
  * GPU runs them side by side: the host releases to each block's start
- * but acquires their ends only at the launch's end, and the blocks
- * run on two sets of fibers, each with its own stacks and barrier
- * objects, so that only atomics order a block of one set against a block
- * of the other, and only as a GPU's do (race_atomic: relaxed, releasing
- * behind a __threadfence) (a fiber that ran a block carries that block's order into
- * the next it runs: blocks of one set go unchecked against each other).
- * Which blocks a set runs changes from one launch of a kernel on a grid
- * of that size to the next (colouring_of): a checkerboard over the grid
- * first, then each bit of the block's index in turn, so that every two
- * blocks of a grid are checked against each other within the first
- * 1 + log2(blocks) launches of that kernel and grid. A block's shared memory is mapped again at its start,
- * which makes ThreadSanitizer forget what the block before did there.
+ * but acquires their ends only at the launch's end, and the blocks run
+ * on two sets of fibers, each with its own stacks and barrier objects, so
+ * that only atomics order a block of one set against a block of the
+ * other, and only as a GPU's do (race_atomic: relaxed, releasing behind a
+ * __threadfence). A fiber that ran a block carries that block's order
+ * into the next it runs, so blocks of one set go unchecked against each
+ * other; which blocks a set runs changes from one launch of a kernel on a
+ * grid of that size to the next (colouring_of): a checkerboard over the
+ * grid first, then each bit of the block's index in turn, so that every
+ * two blocks of a grid are checked against each other within the first
+ * 1 + log2(blocks) launches of that kernel and grid. A block's shared
+ * memory is mapped again at its start, which makes ThreadSanitizer forget
+ * what the block before did there.
  * Launches are ordered: the host acquires every block's end before the
  * next. This file itself
  * is built without instrumentation (its bookkeeping is the emulator's, not
