@@ -58,31 +58,36 @@ static bool split(const char *text, bool opened, bool detect, const size_t *cuts
 	return t.reasoned;
 }
 
+/* text cut at cuts[0..n_cuts) sorts into reason and content */
+static void check(const char *text, bool opened, bool detect, const size_t *cuts, size_t n_cuts,
+		  const char *reason, const char *content, bool reasoned)
+{
+	struct out o;
+
+	assert_true(split(text, opened, detect, cuts, n_cuts, &o) == reasoned);
+	if (strcmp(o.r, reason) || strcmp(o.c, content))
+		fail_msg("\"%s\" (opened %d, detect %d) in %zu pieces, cut first at %zu: reasoning "
+			 "\"%s\", content \"%s\"; want \"%s\", \"%s\"", text, opened, detect,
+			 n_cuts + 1, n_cuts ? cuts[0] : 0, o.r, o.c, reason, content);
+}
+
+/* Whole (both cuts at 0), in two or three pieces at every two places,
+ * and byte by byte. */
 static void want(const char *text, bool opened, bool detect, const char *reason,
 		 const char *content, bool reasoned)
 {
 	size_t len = strlen(text), cuts[256];
-	struct out o;
 
-	assert_true(split(text, opened, detect, NULL, 0, &o) == reasoned);
-	if (strcmp(o.r, reason) || strcmp(o.c, content))
-		fail_msg("\"%s\" (opened %d, detect %d): reasoning \"%s\", content \"%s\"; want "
-			 "\"%s\", \"%s\"", text, opened, detect, o.r, o.c, reason, content);
 	for (size_t a = 0; a <= len; a++)
 		for (size_t b = a; b <= len; b++) {
 			cuts[0] = a;
 			cuts[1] = b;
-			assert_true(split(text, opened, detect, cuts, 2, &o) == reasoned);
-			if (strcmp(o.r, reason) || strcmp(o.c, content))
-				fail_msg("\"%s\" cut at %zu and %zu: reasoning \"%s\", content \"%s\"",
-					 text, a, b, o.r, o.c);
+			check(text, opened, detect, cuts, 2, reason, content, reasoned);
 		}
 	assert_true(len <= 256);
 	for (size_t i = 0; i < len; i++)
 		cuts[i] = i;
-	split(text, opened, detect, cuts, len, &o);
-	assert_string_equal(o.r, reason);
-	assert_string_equal(o.c, content);
+	check(text, opened, detect, cuts, len, reason, content, reasoned);
 }
 
 /* DeepSeek R1: the prompt opened the reasoning. */
