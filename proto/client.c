@@ -649,15 +649,20 @@ static void dispatch(struct proto_client *c, const struct proto_record *rec)
 		span_release(c, e);
 
 	switch (rec->type) {
-	case PROTO_T_TOKENS: {
+	case PROTO_T_TOKENS:
+	case PROTO_T_TOKENS_LP: {
 		struct proto_tokens t;
 		if (e->req_type != PROTO_T_SUBMIT) {
 			rc = SW_EFORMAT;
-			snprintf(msg, sizeof(msg), "gpud sent TOKENS for a %s request",
-				 proto_type_name(e->req_type));
+			snprintf(msg, sizeof(msg), "gpud sent %s for a %s request",
+				 proto_type_name(rec->type), proto_type_name(e->req_type));
 			goto fail;
 		}
-		rc = proto_tokens_decode(rec->payload, rec->len, &c->lim, &t, msg, sizeof(msg));
+		rc = rec->type == PROTO_T_TOKENS ?
+			     proto_tokens_decode(rec->payload, rec->len, &c->lim, &t, msg,
+						 sizeof(msg)) :
+			     proto_tokens_lp_decode(rec->payload, rec->len, &c->lim, &t, msg,
+						    sizeof(msg));
 		if (rc)
 			goto fail;
 		if (e->kind == ENTRY_WAITER) {

@@ -95,7 +95,9 @@ int proto_client_server_pid(const struct proto_client *c);
 /* Streaming callbacks of one submitted request. */
 struct proto_client_events {
 	/* A batch of generated tokens (ids and the text they released; stop
-	 * strings never appear). The views are valid during the call only.
+	 * strings never appear); with PROTO_SUBMIT_LOGPROBS t->logprobs is set
+ * and proto_lp_next walks the log probabilities. The views are valid
+ * during the call only.
 	 * Return non-zero to cancel the request (it then ends with
 	 * SW_ECANCELED, or normally if it finished first). May be NULL. */
 	int (*on_tokens)(void *arg, uint64_t request_id, const struct proto_tokens *t);

@@ -54,6 +54,7 @@ static const char *const type_names[PROTO_T_LAST] = {
 	[PROTO_T_STATS_REPLY] = "STATS_REPLY",
 	[PROTO_T_MEM] = "MEM",
 	[PROTO_T_MEM_REPLY] = "MEM_REPLY",
+	[PROTO_T_TOKENS_LP] = "TOKENS_LP",
 };
 
 const char *proto_type_name(uint16_t type)

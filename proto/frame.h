@@ -44,8 +44,10 @@ enum proto_type {
 	PROTO_T_STATS_REPLY = 13,   /* s->c: JSON */
 	PROTO_T_MEM = 14,           /* c->s: mem report request */
 	PROTO_T_MEM_REPLY = 15,     /* s->c: JSON */
+	PROTO_T_TOKENS_LP = 16,     /* s->c: token batch with log probabilities
+				     * (a SUBMIT with PROTO_SUBMIT_LOGPROBS) */
 	/* New types go here, at the end. */
-	PROTO_T_LAST = 16,
+	PROTO_T_LAST = 17,
 };
 
 /* Frame flags; every other bit is reserved and must be 0. */

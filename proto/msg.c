@@ -117,6 +117,23 @@ static int submit_mask_check(const struct proto_mask_desc *m, uint32_t max_segme
 	return rc ? sw_seterr(err, errlen, rc, "submit: %s", why) : 0;
 }
 
+/* Unknown bits, or alternatives beyond the limit or without LOGPROBS. */
+static int submit_flags_check(uint32_t flags, char *err, size_t errlen)
+{
+	uint32_t top = PROTO_SUBMIT_TOP(flags);
+
+	if (flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: unknown bits 0x%" PRIx32,
+				 flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	if (top > PROTO_MAX_TOP_LOGPROBS)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: %" PRIu32
+				 " top log probabilities, at most %d", top, PROTO_MAX_TOP_LOGPROBS);
+	if (top && !(flags & PROTO_SUBMIT_LOGPROBS))
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: top log probabilities "
+				 "without the logprobs bit");
+	return 0;
+}
+
 /* Checks req against the hard limits and computes its encoded size. */
 static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint32_t *n_idx,
 			uint64_t *text_total, char *err, size_t errlen)
@@ -128,9 +145,9 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 				 " segments, at most %d", req->n_segments, PROTO_MAX_SEGMENTS);
 	if (req->n_segments && !req->segments)
 		return sw_seterr(err, errlen, -EINVAL, "submit: segments NULL");
-	if (req->flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: unknown flags 0x%" PRIx32,
-				 req->flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	int rc = submit_flags_check(req->flags, err, errlen);
+	if (rc)
+		return rc;
 	bool chat = req->flags & PROTO_SUBMIT_CHAT;
 	uint64_t text = 0;
 	for (uint32_t i = 0; i < req->n_segments; i++) {
@@ -170,7 +187,7 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 			return sw_seterr(err, errlen, -EINVAL, "submit: mask has %" PRIu32
 					 " segments, the request %" PRIu32, m->n_segments,
 					 req->n_segments);
-		int rc = submit_mask_check(m, PROTO_MAX_SEGMENTS, err, errlen);
+		rc = submit_mask_check(m, PROTO_MAX_SEGMENTS, err, errlen);
 		if (rc)
 			return rc;
 		rows = m->n_segments + 1;
@@ -307,9 +324,9 @@ static int sub_header(struct cursor *c, const struct proto_limits *L, struct sub
 		.n_idx = proto_get32(h + SUB_N_MASK_IDX),
 		.n_rows = proto_get32(h + SUB_N_MASK_ROWS),
 	};
-	if (k->flags & ~PROTO_SUBMIT_FLAGS_KNOWN)
-		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: unknown bits 0x%" PRIx32,
-				 k->flags & ~PROTO_SUBMIT_FLAGS_KNOWN);
+	int rc = submit_flags_check(k->flags, err, errlen);
+	if (rc)
+		return rc;
 	if (k->n_seg > L->max_segments)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: n_segments %" PRIu32
 				 " over the limit %" PRIu32, k->n_seg, L->max_segments);
@@ -561,8 +578,132 @@ int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_l
 	if (!ids || !text || c.at != c.len)
 		return sw_seterr(err, errlen, SW_EFORMAT, "tokens: n_ids %" PRIu32 " and text_len %"
 				 PRIu32 " do not add up to the payload of %zu bytes", n, tl, len);
-	*out = (struct proto_tokens){ n, ids, tl, (const char *)text };
+	*out = (struct proto_tokens){ .n_ids = n, .ids_le = ids, .text_len = tl,
+				      .text = (const char *)text };
 	return 0;
+}
+
+/* --- token batch with log probabilities (TOKENS_LP) ---------------------- */
+
+/* Header: n_ids, text_len, n_top, pieces_len; then the (id, logprob)
+ * entries, the u16 piece lengths, the text, the pieces. */
+#define LP_HEADER 16
+
+static uint64_t lp_entries(uint32_t n_ids, uint32_t n_top)
+{
+	return (uint64_t)n_ids * (1 + (uint64_t)n_top);
+}
+
+size_t proto_tokens_lp_size(uint32_t n_ids, uint32_t n_top, uint32_t text_len,
+			    uint32_t pieces_len)
+{
+	uint64_t t = LP_HEADER + lp_entries(n_ids, n_top) * 10 + (uint64_t)text_len + pieces_len;
+	return t > UINT32_MAX ? 0 : (size_t)t;
+}
+
+int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_top,
+			   const int32_t *ids, const float *lps, const uint16_t *plen,
+			   const char *pieces, uint32_t pieces_len, const char *text,
+			   uint32_t text_len, size_t *len)
+{
+	if (!buf || !len || n_top > PROTO_MAX_TOP_LOGPROBS ||
+	    (n_ids && (!ids || !lps || !plen)) || (text_len && !text) || (pieces_len && !pieces))
+		return -EINVAL;
+	uint64_t n = lp_entries(n_ids, n_top), sum = 0;
+	for (uint64_t e = 0; e < n; e++)
+		sum += plen[e];
+	if (sum != pieces_len)
+		return -EINVAL;
+	size_t need = proto_tokens_lp_size(n_ids, n_top, text_len, pieces_len);
+	if (!need)
+		return SW_ETOOLONG;
+	if (need > cap)
+		return -ENOSPC;
+	proto_put32(buf, n_ids);
+	proto_put32(buf + 4, text_len);
+	proto_put32(buf + 8, n_top);
+	proto_put32(buf + 12, pieces_len);
+	uint8_t *p = buf + LP_HEADER;
+	for (uint64_t e = 0; e < n; e++, p += 8) {
+		proto_put32(p, (uint32_t)ids[e]);
+		proto_putf32(p + 4, lps[e]);
+	}
+	for (uint64_t e = 0; e < n; e++, p += 2)
+		proto_put16(p, plen[e]);
+	if (text_len)
+		memcpy(p, text, text_len);
+	if (pieces_len)
+		memcpy(p + text_len, pieces, pieces_len);
+	*len = need;
+	return 0;
+}
+
+int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			   struct proto_tokens *out, char *err, size_t errlen)
+{
+	if (!out || (!payload && len))
+		return sw_seterr(err, errlen, -EINVAL, "tokens_lp: NULL argument");
+	struct proto_limits L = effective(lim);
+	struct cursor c = { payload, len, 0 };
+	const uint8_t *src = take(&c, LP_HEADER);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: payload of %zu bytes, the "
+				 "header takes %d", len, LP_HEADER);
+	uint8_t h[LP_HEADER];
+	proto_copy_in(h, src, sizeof(h));
+	uint32_t n = proto_get32(h), tl = proto_get32(h + 4), top = proto_get32(h + 8),
+		 pl = proto_get32(h + 12);
+	if (n > L.max_ids)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens_lp: n_ids %" PRIu32
+				 " over the limit %" PRIu32, n, L.max_ids);
+	if (tl > L.max_text_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens_lp: text_len %" PRIu32
+				 " over the limit %" PRIu32, tl, L.max_text_bytes);
+	if (top > PROTO_MAX_TOP_LOGPROBS)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: n_top %" PRIu32
+				 ", at most %d", top, PROTO_MAX_TOP_LOGPROBS);
+	uint64_t ne = lp_entries(n, top);
+	const uint8_t *lp = take(&c, ne * 8);
+	const uint8_t *plen = lp ? take(&c, ne * 2) : NULL;
+	const uint8_t *text = plen ? take(&c, tl) : NULL;
+	const uint8_t *pieces = text ? take(&c, pl) : NULL;
+	if (!pieces || c.at != c.len)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: n_ids %" PRIu32 ", n_top %"
+				 PRIu32 ", text_len %" PRIu32 " and pieces_len %" PRIu32
+				 " do not add up to the payload of %zu bytes", n, top, tl, pl, len);
+	uint64_t sum = 0;
+	for (uint64_t e = 0; e < ne; e++)
+		sum += proto_get16(plen + 2 * e);
+	if (sum != pl)
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: piece lengths add up to %"
+				 PRIu64 " bytes, pieces_len is %" PRIu32, sum, pl);
+	*out = (struct proto_tokens){
+		.n_ids = n, .ids_le = NULL, .text_len = tl, .text = (const char *)text,
+		.logprobs = true, .n_top = top, .lp_le = lp, .plen_le = plen,
+		.pieces = (const char *)pieces, .pieces_len = pl,
+	};
+	return 0;
+}
+
+bool proto_lp_next(struct proto_lp_iter *it, struct proto_lp_entry *out)
+{
+	const struct proto_tokens *t = it->t;
+	uint32_t per = 1 + t->n_top;
+
+	if (!t->logprobs || it->e >= lp_entries(t->n_ids, t->n_top))
+		return false;
+	uint32_t pl = proto_get16(t->plen_le + 2 * (size_t)it->e);
+	if (pl > t->pieces_len - it->off)
+		return false;
+	out->token = it->e / per;
+	out->rank = it->e % per;
+	out->id = (int32_t)proto_get32(t->lp_le + 8 * (size_t)it->e);
+	out->logprob = proto_getf32(t->lp_le + 8 * (size_t)it->e + 4);
+	out->piece = t->pieces + it->off;
+	out->piece_len = pl;
+	it->e++;
+	it->off += pl;
+	return true;
 }
 
 /* --- done ------------------------------------------------------------------ */

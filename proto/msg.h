@@ -37,6 +37,7 @@
 #ifndef PROTO_MSG_H
 #define PROTO_MSG_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -72,7 +73,15 @@ void proto_limits_default(struct proto_limits *lim);
 /* --- submit ------------------------------------------------------------- */
 
 #define PROTO_SUBMIT_CHAT 0x1u /* format segments as chat messages (roles) */
-#define PROTO_SUBMIT_FLAGS_KNOWN PROTO_SUBMIT_CHAT
+/* Log probabilities: every generated token's, and (bits 8-15) those of
+ * its PROTO_SUBMIT_TOP(flags) likeliest alternatives, at most
+ * PROTO_MAX_TOP_LOGPROBS; the replies are TOKENS_LP records (§4.2). */
+#define PROTO_SUBMIT_LOGPROBS 0x2u
+#define PROTO_SUBMIT_TOP_SHIFT 8
+#define PROTO_SUBMIT_TOP_MASK (0xffu << PROTO_SUBMIT_TOP_SHIFT)
+#define PROTO_SUBMIT_TOP(flags) (((flags) & PROTO_SUBMIT_TOP_MASK) >> PROTO_SUBMIT_TOP_SHIFT)
+#define PROTO_SUBMIT_FLAGS_KNOWN (PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_TOP_MASK)
+#define PROTO_MAX_TOP_LOGPROBS 20
 
 /* Roles for chat formatting (PROTO_SUBMIT_CHAT); grow at the end. */
 enum proto_role {
@@ -180,11 +189,22 @@ struct proto_tokens {
 	const uint8_t *ids_le; /* view: (n_ids) little-endian i32 */
 	uint32_t text_len;
 	const char *text;      /* view: (text_len) bytes of UTF-8 */
+	/* TOKENS_LP only (logprobs true): for each id its log probability and
+	 * n_top alternatives', read with struct proto_lp_iter. */
+	bool logprobs;
+	uint32_t n_top;        /* <= PROTO_MAX_TOP_LOGPROBS */
+	const uint8_t *lp_le;  /* view: n_ids * (1 + n_top) {i32 id, f32 logprob} */
+	const uint8_t *plen_le; /* view: as many u16 piece lengths */
+	const char *pieces;    /* view: (pieces_len) bytes, the pieces in order */
+	uint32_t pieces_len;
 };
 
-/* Id i (< n_ids) of a decoded batch; reads the view, no alignment needed. */
+/* Id i (< n_ids) of a decoded batch (TOKENS or TOKENS_LP); reads the
+ * view, no alignment needed. */
 static inline int32_t proto_tokens_id(const struct proto_tokens *t, uint32_t i)
 {
+	if (t->logprobs)
+		return (int32_t)proto_get32(t->lp_le + 8 * (size_t)i * (1 + (size_t)t->n_top));
 	return (int32_t)proto_get32(t->ids_le + 4 * (size_t)i);
 }
 
@@ -202,6 +222,52 @@ int proto_tokens_encode(uint8_t *buf, size_t cap, const int32_t *ids, uint32_t n
  * Returns 0, SW_EFORMAT, SW_ETOOLONG (n_ids or text over lim) or -EINVAL. */
 int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 			struct proto_tokens *out, char *err, size_t errlen);
+
+/* TOKENS_LP (§4.2): a token batch with log probabilities. Entry e of
+ * the n_ids * (1 + n_top) is token e / (1 + n_top)'s own (e % (1 + n_top)
+ * == 0) or one of its alternatives, likeliest first; ids[] and lps[]
+ * hold them in that order, plen[] their pieces' lengths (the token's raw
+ * bytes, which need not be whole UTF-8 characters), pieces the pieces
+ * back to back. */
+size_t proto_tokens_lp_size(uint32_t n_ids, uint32_t n_top, uint32_t text_len,
+			    uint32_t pieces_len); /* 0 when over u32 */
+/* Returns 0, -EINVAL (NULL arrays, n_top over PROTO_MAX_TOP_LOGPROBS,
+ * piece lengths that do not add up to pieces_len), -ENOSPC, SW_ETOOLONG. */
+int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_top,
+			   const int32_t *ids, const float *lps, const uint16_t *plen,
+			   const char *pieces, uint32_t pieces_len, const char *text,
+			   uint32_t text_len, size_t *len);
+/* Decodes one into *out (logprobs set); the same returns as
+ * proto_tokens_decode, SW_EFORMAT also for n_top over the hard limit or
+ * piece lengths that do not add up. */
+int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
+			   struct proto_tokens *out, char *err, size_t errlen);
+
+/* Walks a TOKENS_LP batch's entries in order. The views are re-read, so
+ * a piece past pieces_len (bytes rewritten since decode) ends the walk. */
+struct proto_lp_iter {
+	const struct proto_tokens *t;
+	uint32_t e, off;
+};
+
+struct proto_lp_entry {
+	uint32_t token;    /* which of the batch's ids */
+	uint32_t rank;     /* 0: the token itself; k: its k-th alternative */
+	int32_t id;
+	float logprob;
+	const char *piece; /* view: (piece_len) raw bytes */
+	uint32_t piece_len;
+};
+
+static inline void proto_lp_iter_init(struct proto_lp_iter *it, const struct proto_tokens *t)
+{
+	it->t = t;
+	it->e = 0;
+	it->off = 0;
+}
+
+/* The next entry into *out; false at the end. */
+bool proto_lp_next(struct proto_lp_iter *it, struct proto_lp_entry *out);
 
 /* --- done ------------------------------------------------------------------ */
 

@@ -84,6 +84,27 @@ static void decode_all(uint16_t type, const uint8_t *p, size_t n, const struct p
 			(void)sum;
 		}
 		break;
+	case PROTO_T_TOKENS_LP:
+		if (proto_tokens_lp_decode(p, n, lim, &t, err, sizeof(err)) == 0) {
+			size_t ne = (size_t)t.n_ids * (1 + t.n_top);
+			struct proto_lp_iter it;
+			struct proto_lp_entry le;
+			size_t walked = 0;
+			CHECK(t.n_top <= PROTO_MAX_TOP_LOGPROBS);
+			CHECK(inside(t.lp_le, ne * 8, p, n));
+			CHECK(inside(t.plen_le, ne * 2, p, n));
+			CHECK(inside(t.text, t.text_len, p, n));
+			CHECK(inside(t.pieces, t.pieces_len, p, n));
+			proto_lp_iter_init(&it, &t);
+			while (proto_lp_next(&it, &le)) {
+				CHECK(inside(le.piece, le.piece_len, p, n));
+				walked++;
+			}
+			CHECK(walked == ne);
+			for (uint32_t i = 0; i < t.n_ids; i++)
+				(void)proto_tokens_id(&t, i);
+		}
+		break;
 	case PROTO_T_DONE:
 		if (proto_done_decode(p, n, &d, err, sizeof(err)) == 0)
 			CHECK(d.cached_prompt_tokens <= d.prompt_tokens);

@@ -437,6 +437,130 @@ static void test_tokens(void **state)
 	assert_int_equal(proto_tokens_decode(NULL, 8, NULL, &t, NULL, 0), -EINVAL);
 }
 
+/* TOKENS_LP: two tokens with two alternatives each; the walk gives every
+ * entry back in order, pieces and all; lengths that disagree fail. */
+static void test_tokens_lp(void **state)
+{
+	(void)state;
+	const int32_t ids[6] = { 7, 7, 9, 3, 2, 3 };
+	const float lps[6] = { -0.25f, -0.25f, -1.5f, -0.5f, -0.125f, -0.5f };
+	const uint16_t plen[6] = { 2, 2, 0, 3, 1, 3 };
+	const char pieces[] = "hihi\xe2\x80\xa6x\xe2\x80\xa6";
+	size_t len;
+	struct proto_tokens t;
+	struct proto_lp_iter it;
+	struct proto_lp_entry e;
+
+	assert_int_equal(proto_tokens_lp_size(2, 2, 3, 11), 16 + 6 * 10 + 3 + 11);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, NULL, plen, pieces,
+						11, "hi.", 3, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces,
+						10, "hi.", 3, &len), -EINVAL); /* pieces 11 */
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 21, ids, lps, plen, pieces,
+						11, "hi.", 3, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, 89, 2, 2, ids, lps, plen, pieces, 11, "hi.",
+						3, &len), -ENOSPC);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces,
+						11, "hi.", 3, &len), 0);
+	assert_int_equal(len, 90);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)), 0);
+	assert_true(t.logprobs);
+	assert_int_equal(t.n_ids, 2);
+	assert_int_equal(t.n_top, 2);
+	assert_int_equal(proto_tokens_id(&t, 0), 7);
+	assert_int_equal(proto_tokens_id(&t, 1), 3);
+	assert_memory_equal(t.text, "hi.", 3);
+	proto_lp_iter_init(&it, &t);
+	uint32_t off = 0;
+	for (uint32_t k = 0; k < 6; k++) {
+		assert_true(proto_lp_next(&it, &e));
+		assert_int_equal(e.token, k / 3);
+		assert_int_equal(e.rank, k % 3);
+		assert_int_equal(e.id, ids[k]);
+		assert_true(e.logprob == lps[k]);
+		assert_int_equal(e.piece_len, plen[k]);
+		assert_memory_equal(e.piece, pieces + off, plen[k]);
+		off += plen[k];
+	}
+	assert_false(proto_lp_next(&it, &e));
+	/* a plain TOKENS batch has no entries to walk */
+	struct proto_tokens plain = { 0 };
+	proto_lp_iter_init(&it, &plain);
+	assert_false(proto_lp_next(&it, &e));
+
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len - 1, NULL, &t, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "do not add up"));
+	assert_int_equal(proto_tokens_lp_decode(g_buf, 15, NULL, &t, NULL, 0), SW_EFORMAT);
+	/* the first piece one byte longer: the sizes add up, the lengths do not */
+	proto_put16(g_buf + 16 + 48, 3);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "piece lengths add up to 12"));
+	proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces, 11, "hi.", 3,
+			       &len);
+	proto_put32(g_buf + 8, 21);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "at most 20"));
+	proto_put32(g_buf + 8, 2);
+	struct proto_limits lim = { .max_ids = 1 };
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, &lim, &t, NULL, 0), SW_ETOOLONG);
+	lim = (struct proto_limits){ .max_text_bytes = 2 };
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, &lim, &t, NULL, 0), SW_ETOOLONG);
+	/* counts whose byte sizes would wrap 32-bit arithmetic */
+	proto_put32(g_buf, 0x40000001u);
+	lim = (struct proto_limits){ .max_ids = UINT32_MAX };
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, &lim, &t, NULL, 0), SW_EFORMAT);
+	assert_int_equal(proto_tokens_lp_decode(NULL, 16, NULL, &t, NULL, 0), -EINVAL);
+	/* no alternatives: one entry a token */
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
+						NULL, 0, &len), 0);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), 0);
+	assert_int_equal(proto_tokens_id(&t, 0), 7);
+	proto_lp_iter_init(&it, &t);
+	assert_true(proto_lp_next(&it, &e) && e.rank == 0 && e.piece_len == 2);
+	assert_false(proto_lp_next(&it, &e));
+}
+
+/* The logprobs flag and its count of alternatives. */
+static void test_submit_logprobs_flags(void **state)
+{
+	(void)state;
+	struct full_req f;
+	size_t len;
+	full_req_init(&f);
+	f.req.flags |= PROTO_SUBMIT_LOGPROBS | (20u << PROTO_SUBMIT_TOP_SHIFT);
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), 0);
+	assert_int_equal(proto_submit_encode(&f.req, g_buf, sizeof(g_buf), &len, NULL, 0), 0);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)), 0);
+	assert_int_equal(PROTO_SUBMIT_TOP(g_sub.req.flags), 20);
+	assert_true(g_sub.req.flags & PROTO_SUBMIT_LOGPROBS);
+
+	f.req.flags = PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS | (21u << PROTO_SUBMIT_TOP_SHIFT);
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "at most 20"));
+	f.req.flags = PROTO_SUBMIT_CHAT | (3u << PROTO_SUBMIT_TOP_SHIFT);
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "without the logprobs bit"));
+	/* the same checks on the wire: patch the encoded flags */
+	f.req.flags = PROTO_SUBMIT_CHAT;
+	assert_int_equal(proto_submit_encode(&f.req, g_buf, sizeof(g_buf), &len, NULL, 0), 0);
+	uint8_t keep[4];
+	memcpy(keep, g_buf + 4, 4);
+	assert_int_equal(proto_get32(g_buf + 4), PROTO_SUBMIT_CHAT);
+	proto_put32(g_buf + 4, PROTO_SUBMIT_CHAT | (4u << PROTO_SUBMIT_TOP_SHIFT));
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "without the logprobs bit"));
+	proto_put32(g_buf + 4, PROTO_SUBMIT_CHAT | 0x10000u);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "unknown bits 0x10000"));
+	memcpy(g_buf + 4, keep, 4);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, NULL, 0), 0);
+}
+
 static void test_done(void **state)
 {
 	(void)state;
@@ -628,6 +752,8 @@ int main(void)
 		cmocka_unit_test(test_submit_decode_errors),
 		cmocka_unit_test(test_submit_encode_errors),
 		cmocka_unit_test(test_tokens),
+		cmocka_unit_test(test_tokens_lp),
+		cmocka_unit_test(test_submit_logprobs_flags),
 		cmocka_unit_test(test_done),
 		cmocka_unit_test(test_error),
 		cmocka_unit_test(test_text_requests),
