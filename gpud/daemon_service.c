@@ -35,6 +35,35 @@ static uint64_t us(double s)
 	return s > 0 ? (uint64_t)(s * 1e6) : 0;
 }
 
+/* A token with its log probabilities: the token's and its alternatives'
+ * ids, numbers and raw pieces (control tokens by their text; a piece over
+ * LP_PIECE_MAX bytes is sent empty). On the device thread's stack. */
+#define LP_PIECE_MAX 256
+static int tokens_lp(struct gpud_daemon *d, struct gpud_sreq *r,
+		     const struct gpud_sched_event *ev)
+{
+	const struct gpud_logprobs *lp = ev->logprobs;
+	int32_t ids[1 + GPUD_LOGPROBS_TOP_MAX];
+	float lps[1 + GPUD_LOGPROBS_TOP_MAX];
+	uint16_t plen[1 + GPUD_LOGPROBS_TOP_MAX];
+	char pieces[(1 + GPUD_LOGPROBS_TOP_MAX) * LP_PIECE_MAX];
+	uint32_t off = 0;
+
+	ids[0] = ev->token;
+	lps[0] = lp->logprob;
+	for (uint32_t k = 0; k < lp->n_top; k++) {
+		ids[1 + k] = lp->top_id[k];
+		lps[1 + k] = lp->top_lp[k];
+	}
+	for (uint32_t k = 0; k <= lp->n_top; k++) {
+		int n = gpud_tokenizer_piece(d->tok, ids[k], true, pieces + off, LP_PIECE_MAX);
+		plen[k] = n > 0 ? (uint16_t)n : 0;
+		off += plen[k];
+	}
+	return gpud_sreq_tokens_lp(r, lp->n_top, ids, lps, plen, pieces, off, ev->text,
+				   ev->len);
+}
+
 /* Device thread (or the canceller), scheduler lock held. */
 static int on_event(void *arg, const struct gpud_sched_event *ev)
 {
@@ -44,7 +73,8 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 
 	if (ev->kind == GPUD_SCHED_TOKEN) {
 		/* SW_EBUSY (the client stopped reading) or SW_ECLOSED: stop it. */
-		p->reply_err = gpud_sreq_tokens(r, &ev->token, 1, ev->text, ev->len);
+		p->reply_err = ev->logprobs ? tokens_lp(d, r, ev) :
+					      gpud_sreq_tokens(r, &ev->token, 1, ev->text, ev->len);
 		return p->reply_err ? 1 : 0;
 	}
 
@@ -193,6 +223,8 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 		.max_tokens = a->max_tokens,
 		.stop = a->n_stop ? a->stop : NULL,
 		.n_stop = a->n_stop,
+		.logprobs = q->flags & PROTO_SUBMIT_LOGPROBS,
+		.top_logprobs = PROTO_SUBMIT_TOP(q->flags),
 		.cb = on_event,
 		.arg = p,
 		.pin_device = true,

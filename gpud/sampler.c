@@ -315,6 +315,64 @@ int32_t gpud_argmax(const float *l, int32_t n)
 	return i;
 }
 
+/* --- log probabilities ---------------------------------------------------- */
+
+int gpud_logprobs_row(const float *l, int32_t n, int32_t id, uint32_t n_top,
+		      struct gpud_logprobs *out)
+{
+	float m = -INFINITY;
+	double sum = 0;
+	uint32_t k = 0, n_inf = 0;
+
+	if (!l || !out || n <= 0 || id < 0 || id >= n || n_top > GPUD_LOGPROBS_TOP_MAX)
+		return -EINVAL;
+	/* first pass: the greatest logit, and the n_top greatest in order
+	 * (an insertion list: a logit enters only when it beats the last) */
+	for (int32_t i = 0; i < n; i++) {
+		float v = l[i];
+		if (isnan(v))
+			continue;
+		m = v > m ? v : m;
+		if (!n_top || (k == n_top && !(v > out->top_lp[k - 1])))
+			continue;
+		uint32_t j = k < n_top ? k++ : k - 1;
+		for (; j > 0 && v > out->top_lp[j - 1]; j--) {
+			out->top_lp[j] = out->top_lp[j - 1];
+			out->top_id[j] = out->top_id[j - 1];
+		}
+		out->top_lp[j] = v;
+		out->top_id[j] = i;
+	}
+	/* second pass: log sum exp about the maximum. A +inf maximum shares
+	 * the mass among the +inf logits; none usable: all -inf. */
+	float lse;
+	if (m == INFINITY) {
+		for (int32_t i = 0; i < n; i++)
+			n_inf += l[i] == INFINITY;
+		lse = INFINITY;
+	} else if (m == -INFINITY) {
+		lse = INFINITY; /* every logit -inf or NaN: nothing can occur */
+	} else {
+		for (int32_t i = 0; i < n; i++)
+			sum += l[i] > -INFINITY ? (double)expf(l[i] - m) : 0.0; /* NaN adds 0 */
+		lse = m + (float)log(sum);
+	}
+	out->n_top = k;
+	for (uint32_t j = 0; j <= k; j++) {
+		float v = j < k ? out->top_lp[j] : l[id], lp;
+		if (n_inf)
+			lp = v == INFINITY ? -logf((float)n_inf) : -INFINITY;
+		else
+			lp = isnan(v) || v == -INFINITY || lse == INFINITY ? -INFINITY : v - lse;
+		lp = lp > 0 ? 0 : lp; /* rounding above the maximum's own */
+		if (j < k)
+			out->top_lp[j] = lp;
+		else
+			out->logprob = lp;
+	}
+	return 0;
+}
+
 /* --- a draw (gpud/draw.h) -------------------------------------------------- */
 
 static inline uint64_t mulhi64(uint64_t a, uint64_t b)

@@ -133,6 +133,29 @@ int32_t gpud_draw_row(const float *logits, int32_t n_vocab, const struct gpud_dr
  * token greedy sampling picks. */
 int32_t gpud_argmax(const float *logits, int32_t n);
 
+/* --- log probabilities ---------------------------------------------------- */
+
+#define GPUD_LOGPROBS_TOP_MAX 20
+
+/* A token's log probability and its likeliest alternatives', under the
+ * model's own distribution: log softmax of the raw logits, before the
+ * penalties, temperature and filters a draw applies (what OpenAI's and
+ * vLLM's logprobs report). */
+struct gpud_logprobs {
+	float logprob;   /* the token's; -inf for one that cannot occur */
+	uint32_t n_top;  /* alternatives below */
+	int32_t top_id[GPUD_LOGPROBS_TOP_MAX];
+	float top_lp[GPUD_LOGPROBS_TOP_MAX];
+};
+
+/* Fills *out for token id from a row of n_vocab logits: n_top (at most
+ * GPUD_LOGPROBS_TOP_MAX) alternatives in gpud_argmax's order (greater
+ * logit first, lower index on ties; NaN never), fewer when fewer logits
+ * are numbers. Two passes over the row and an n_top insertion list; no
+ * allocation. -EINVAL for bad arguments. */
+int gpud_logprobs_row(const float *logits, int32_t n_vocab, int32_t id, uint32_t n_top,
+		      struct gpud_logprobs *out);
+
 /* Records token id for the penalties (ignored when they are off or id
  * is out of range). */
 void gpud_sampler_accept(struct gpud_sampler *s, int32_t id);

@@ -60,6 +60,9 @@ struct slot {
 	gpud_sched_cb cb;
 	void *arg;
 	struct gpud_sampler *smp;
+	bool logprobs;          /* each token's log probability wanted */
+	uint32_t top_logprobs;  /* and this many alternatives' */
+	struct gpud_logprobs lp; /* the last token's (sample_one) */
 	struct gpud_stop stop;
 	struct gpud_detok detok;
 	char piece[PIECE_CAP];
@@ -315,9 +318,20 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
  * touches its sampler until the lock is taken again. */
 static void sample_one(struct dev *d, uint32_t i, struct gpud_sampler_scratch *sc)
 {
-	d->ent_id[i] = d->ents[i].logits == GPUD_LOGITS_NONE ?
-			       -ENOENT :
-			       gpud_engine_sample(d->e, i, d->ent_slot[i]->smp, sc);
+	struct slot *sl = d->ent_slot[i];
+	const float *row;
+
+	if (d->ents[i].logits == GPUD_LOGITS_NONE) {
+		d->ent_id[i] = -ENOENT;
+		return;
+	}
+	d->ent_id[i] = gpud_engine_sample(d->e, i, sl->smp, sc);
+	/* the row a logprobs request always has on the host (add_entry),
+	 * read before the next step overwrites it */
+	if (sl->logprobs && d->ent_id[i] >= 0 && (row = gpud_engine_logits(d->e, i)) &&
+	    gpud_logprobs_row(row, (int32_t)gpud_engine_n_vocab(d->e), d->ent_id[i],
+			      sl->top_logprobs, &sl->lp))
+		d->ent_id[i] = -EINVAL;
 }
 
 /* Takes entries of d's job until none is left; returns how many. */
@@ -1064,6 +1078,9 @@ static int submit_check(const struct gpud_sched *s, const struct gpud_sched_req 
 	rc = gpud_sampler_params_check(&r->sampling, err, errlen);
 	if (rc)
 		return rc;
+	if (r->top_logprobs > GPUD_LOGPROBS_TOP_MAX || (r->top_logprobs && !r->logprobs))
+		return sw_seterr(err, errlen, -EINVAL, "sched: top_logprobs %u (at most %d, and "
+				 "only with logprobs)", r->top_logprobs, GPUD_LOGPROBS_TOP_MAX);
 	if (r->pin_device && r->device >= s->n_dev)
 		return sw_seterr(err, errlen, -EINVAL, "sched: pinned to device %u of %u",
 				 r->device, s->n_dev);
@@ -1115,6 +1132,8 @@ static int slot_fill(struct slot *sl, const struct gpud_sched_req *r, char *err,
 	sl->mask = r->mask;
 	sl->cb = r->cb;
 	sl->arg = r->arg;
+	sl->logprobs = r->logprobs;
+	sl->top_logprobs = r->top_logprobs;
 	return 0;
 }
 
@@ -1278,7 +1297,8 @@ static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chun
 	 * the device draws (the sampler's PRNG advances once the token is
 	 * read: gpud_engine_sample), or the row for the host's sampler. */
 	if (sl->n_done + chunk >= sl->n_toks)
-		mode = gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX :
+		mode = sl->logprobs ? GPUD_LOGITS_LAST :
+		       gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX :
 		       gpud_engine_device_draw(d->e) && gpud_sampler_draw_next(sl->smp, &d->draws[*n]) ?
 							     GPUD_LOGITS_DRAW :
 							     GPUD_LOGITS_LAST;
@@ -1457,6 +1477,7 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 	ev.token = id;
 	ev.text = sl->out;
 	ev.len = olen;
+	ev.logprobs = sl->logprobs ? &sl->lp : NULL;
 	cbrc = sl->cb(sl->arg, &ev);
 	if (reason == GPUD_STOP_NONE && cbrc)
 		reason = GPUD_GEN_STOP_CALLER;

@@ -169,6 +169,8 @@ struct gpud_sched_event {
 			    * held back while it may start a stop string; stop
 			    * strings are never released); valid during the call */
 	size_t len;
+	const struct gpud_logprobs *logprobs; /* the token's, when the request
+					       * asked (gpud_sched_req); else NULL */
 	/* DONE: */
 	int status;        /* 0, SW_ECANCELED, or the error that ended it */
 	int reason;        /* enum gpud_stop_reason or GPUD_GEN_STOP_CONTEXT /
@@ -193,6 +195,10 @@ struct gpud_sched_req {
 				 * the context is full */
 	const char *const *stop; /* stop strings, copied by submit; may be NULL */
 	uint32_t n_stop;
+	bool logprobs;          /* each TOKEN event carries the token's log
+				 * probability (its row then comes to the host
+				 * whatever the sampler) */
+	uint32_t top_logprobs;  /* and its alternatives', <= GPUD_LOGPROBS_TOP_MAX */
 	gpud_sched_cb cb;       /* required */
 	void *arg;
 	bool pin_device;        /* place on `device` instead of choosing */

@@ -145,6 +145,7 @@ static int take_slot(struct sconn *c, uint64_t id, struct gpud_sreq **out)
 	r->cancelled = r->cancel_pending = r->backlogged = false;
 	r->fin_pending = r->fin_in_stage = false;
 	r->stage_len = 0;
+	r->stage_lp = false;
 	if (r->priv)
 		memset(r->priv, 0, s->p.priv_bytes);
 	r->prev = NULL;

@@ -140,6 +140,7 @@ struct gpud_sreq {
 	uint32_t fin_len;
 	uint64_t fin_since_ns;
 	size_t stage_len;    /* staged token batches, encoded back to back */
+	bool stage_lp;       /* they are TOKENS_LP payloads (flushed one a record) */
 	uint8_t *stage;      /* (stage_bytes) */
 	void *priv;          /* (priv_bytes) or NULL */
 	uint8_t fin[FIN_MAX];

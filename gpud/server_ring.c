@@ -39,7 +39,28 @@ int gpud__ring_push_locked(struct sconn *c, uint16_t type, uint64_t id, const vo
 int gpud__flush_req_locked(struct sconn *c, struct gpud_sreq *r)
 {
 	int rc = 0;
-	if (r->stage_len) {
+	if (r->stage_len && r->stage_lp) {
+		/* TOKENS_LP records one by one (each sized by its header); what
+		 * the ring cannot take yet moves to the stage's front */
+		size_t off = 0;
+		while (off < r->stage_len) {
+			const uint8_t *h = r->stage + off;
+			size_t n = 16 + (size_t)proto_get32(h) * (1 + proto_get32(h + 8)) * 10 +
+				   proto_get32(h + 4) + proto_get32(h + 12);
+			rc = gpud__ring_push_locked(c, PROTO_T_TOKENS_LP, r->client_id, h, n);
+			if (rc)
+				break;
+			off += n;
+		}
+		memmove(r->stage, r->stage + off, r->stage_len - off);
+		r->stage_len -= off;
+		if (!r->stage_len)
+			r->stage_lp = false;
+		if (rc) {
+			gpud__update_backlog_locked(r);
+			return rc;
+		}
+	} else if (r->stage_len) {
 		uint32_t n_ids = 0, text_len = 0;
 		for (size_t off = 0; off < r->stage_len;) {
 			uint32_t n = proto_get32(r->stage + off), t = proto_get32(r->stage + off + 4);

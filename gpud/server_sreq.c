@@ -82,6 +82,68 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, co
 	return 0;
 }
 
+int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
+			const float *lps, const uint16_t *plen, const char *pieces,
+			uint32_t pieces_len, const char *text, size_t len)
+{
+	struct sconn *c = r->c;
+	struct gpud_server *s = c->s;
+	size_t need, l;
+	uint8_t *dst;
+	int rc;
+
+	uint32_t sum = 0;
+	if (len > UINT32_MAX || (len && !text) || n_top > PROTO_MAX_TOP_LOGPROBS || !ids ||
+	    !lps || !plen || (pieces_len && !pieces))
+		return -EINVAL;
+	for (uint32_t e = 0; e <= n_top; e++)
+		sum += plen[e];
+	if (sum != pieces_len)
+		return -EINVAL; /* so that the encoding below cannot fail */
+	need = proto_tokens_lp_size(1, n_top, (uint32_t)len, pieces_len);
+	if (!need || need > s->ring_max)
+		return SW_ETOOLONG;
+	pthread_mutex_lock(&c->lock);
+	if (!c->open) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_ECLOSED;
+	}
+	rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
+	if (rc == 0) {
+		rc = proto_ring_reserve(c->ring, need, &dst);
+		if (rc == 0) {
+			proto_tokens_lp_encode(dst, need, 1, n_top, ids, lps, plen, pieces,
+					       pieces_len, text, (uint32_t)len, &l);
+			proto_ring_commit(c->ring, PROTO_T_TOKENS_LP, r->client_id, l);
+			gpud__doorbell_locked(c, PROTO_T_TOKENS_LP, r->client_id);
+			pthread_mutex_unlock(&c->lock);
+			return 0;
+		}
+		gpud__ring_fail_locked(c, rc);
+	}
+	if (rc != SW_EBUSY) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_ECLOSED;
+	}
+	if (r->stage_len + need > s->stage_cap) {
+		pthread_mutex_unlock(&c->lock);
+		return SW_EBUSY;
+	}
+	proto_tokens_lp_encode(r->stage + r->stage_len, need, 1, n_top, ids, lps, plen, pieces,
+			       pieces_len, text, (uint32_t)len, &l);
+	r->stage_len += l;
+	r->stage_lp = true;
+	size_t used = r->stage_len;
+	gpud__update_backlog_locked(r);
+	pthread_mutex_unlock(&c->lock);
+	STAT(s, {
+		s->st.staged++;
+		if (used > s->st.stage_high)
+			s->st.stage_high = used;
+	});
+	return 0;
+}
+
 /* c->lock held, r ended, r->fin (or the stage) holds the final record:
  * write it now, or leave it waiting for the timer. */
 static void finish_locked(struct sconn *c, struct gpud_sreq *r, uint16_t type, size_t len,

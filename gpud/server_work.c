@@ -68,6 +68,7 @@ void gpud__maybe_release_locked(struct gpud_sreq *r)
 		return;
 	r->fin_pending = false;
 	r->stage_len = 0;
+	r->stage_lp = false;
 	gpud__update_backlog_locked(r);
 	if (r->prev)
 		r->prev->next = r->next;

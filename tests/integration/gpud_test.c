@@ -20,6 +20,8 @@
  *     others are unaffected.
  *  6. Malformed frames, bad offsets, wrong version, oversized requests, a
  *     client that never reads -> an error for that client only.
+ *  7. Log probabilities (TOKENS_LP) change no token and agree with the
+ *     text and with each other.
  *
  * Test 5 re-executes this binary as the client to be killed
  * ("--stream-child SOCKET FD").
@@ -2183,6 +2185,151 @@ static void test_kv_f16(void **state)
 	f->done = true;
 }
 
+/* --- 7. log probabilities -------------------------------------------------- */
+
+/* One request's TOKENS_LP entries, as the walk gives them. */
+struct lp_collect {
+	struct collect c;
+	bool plain_batch;              /* a TOKENS record came instead */
+	uint32_t n;                    /* tokens */
+	uint32_t n_top;
+	int32_t id[64];
+	float lp[64];
+	int32_t top_id[64][PROTO_MAX_TOP_LOGPROBS];
+	float top_lp[64][PROTO_MAX_TOP_LOGPROBS];
+	char pieces[4096];             /* the tokens' own pieces, back to back */
+	size_t pieces_len;
+};
+
+static int on_tokens_lp(void *arg, uint64_t id, const struct proto_tokens *t)
+{
+	struct lp_collect *l = arg;
+	struct proto_lp_iter it;
+	struct proto_lp_entry e;
+
+	if (!t->logprobs)
+		l->plain_batch = true;
+	l->n_top = t->n_top;
+	proto_lp_iter_init(&it, t);
+	while (proto_lp_next(&it, &e)) {
+		uint32_t k = l->n + e.token;
+		if (k >= 64)
+			continue;
+		if (e.rank == 0) {
+			assert_int_equal(e.id, proto_tokens_id(t, e.token));
+			l->id[k] = e.id;
+			l->lp[k] = e.logprob;
+			if (l->pieces_len + e.piece_len < sizeof(l->pieces)) {
+				memcpy(l->pieces + l->pieces_len, e.piece, e.piece_len);
+				l->pieces_len += e.piece_len;
+			}
+		} else {
+			l->top_id[k][e.rank - 1] = e.id;
+			l->top_lp[k][e.rank - 1] = e.logprob;
+		}
+	}
+	l->n += t->n_ids;
+	return on_tokens(&l->c, id, t);
+}
+
+static void lp_run(struct proto_client *cl, struct rbuf *b, struct lp_collect *l,
+		   struct waiter *w)
+{
+	struct proto_client_events ev = { .on_tokens = on_tokens_lp, .on_done = on_done, .arg = l };
+	char err[SW_ERR_MAX] = "";
+
+	memset(l, 0, sizeof(*l));
+	l->c.w = w;
+	waiter_add(w, 1);
+	if (proto_client_submit(cl, &b->req, &ev, NULL, err, sizeof(err)))
+		fail_msg("submit: %s", err);
+	if (waiter_wait(w, 120) != 0)
+		fail_msg("a logprobs request did not end within 120 s");
+	assert_int_equal(l->c.status, 0);
+}
+
+/* Asking for log probabilities changes no token (greedy or drawn: the
+ * row comes to the host, the same token is picked); each token's entry
+ * is its own id with a log probability <= 0, its pieces spell the text,
+ * the alternatives come likeliest first, and a greedy token is the
+ * likeliest of all (its number equal to the first alternative's). */
+static void test_logprobs(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o = { .gpud_extra = "\"kv_blocks\": 256" };
+	struct rbuf *b = malloc(sizeof(*b));
+	struct lp_collect *l = malloc(sizeof(*l));
+	struct proto_client_result ref;
+	struct proto_client *cl;
+	struct waiter w;
+	char err[SW_ERR_MAX];
+	char ref_text[2][1024];
+
+	assert_non_null(b);
+	assert_non_null(l);
+	waiter_init(&w);
+	assert_int_equal(gpud_it_start(&f->d[0], &o), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	for (int sampled = 0; sampled < 2; sampled++) {
+		rbuf_init(b, 24);
+		rbuf_seg(b, ONCE);
+		if (sampled) {
+			b->req.sampling.temperature = 0.9f;
+			b->req.sampling.top_k = 40;
+			b->req.sampling.seed = 7;
+		}
+		memset(&ref, 0, sizeof(ref));
+		assert_int_equal(proto_client_generate(cl, &b->req, &ref, err, sizeof(err)), 0);
+		snprintf(ref_text[sampled], sizeof(ref_text[sampled]), "%s", ref.text);
+		proto_client_result_free(&ref);
+		if (!sampled)
+			assert_true(!strncmp(ref_text[0], ONCE_GREEDY, strlen(ref_text[0])));
+
+		for (uint32_t top = 0; top <= 20; top += 5) {
+			b->req.flags = PROTO_SUBMIT_LOGPROBS | top << PROTO_SUBMIT_TOP_SHIFT;
+			lp_run(cl, b, l, &w);
+			assert_false(l->plain_batch);
+			assert_int_equal(l->n_top, top);
+			assert_int_equal(l->n, 24);
+			assert_string_equal(l->c.text, ref_text[sampled]);
+			assert_int_equal(l->pieces_len, l->c.len);
+			assert_memory_equal(l->pieces, l->c.text, l->c.len);
+			for (uint32_t k = 0; k < l->n; k++) {
+				assert_true(l->lp[k] <= 0 && l->lp[k] > -1e4f);
+				for (uint32_t j = 0; j < top; j++) {
+					assert_true(l->top_lp[k][j] <= 0);
+					if (j)
+						assert_true(l->top_lp[k][j] <= l->top_lp[k][j - 1]);
+					if (l->top_id[k][j] == l->id[k])
+						assert_true(l->top_lp[k][j] == l->lp[k]);
+				}
+				if (top && !sampled) {
+					assert_int_equal(l->top_id[k][0], l->id[k]);
+					assert_true(l->top_lp[k][0] == l->lp[k]);
+				}
+			}
+			if (top)
+				printf("    logprobs: %s, top %u: first token %d at %.4f, its best "
+				       "alternative %d at %.4f\n", sampled ? "drawn" : "greedy", top,
+				       l->id[0], (double)l->lp[0], l->top_id[0][0],
+				       (double)l->top_lp[0][0]);
+		}
+	}
+	/* a plain request after them still gets TOKENS */
+	rbuf_init(b, 4);
+	rbuf_seg(b, ONCE);
+	lp_run(cl, b, l, &w);
+	assert_true(l->plain_batch);
+	assert_int_equal(l->n, 4);
+	assert_int_equal(l->pieces_len, 0); /* no entries walked */
+	waiter_destroy(&w);
+	proto_client_close(cl);
+	free(b);
+	free(l);
+	stop_ok(f, 0);
+	f->done = true;
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -2195,6 +2342,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_kv_f16),
 		GPUD_IT_FIX_TEST(test_killed_client),
 		GPUD_IT_FIX_TEST(test_malformed_input),
+		GPUD_IT_FIX_TEST(test_logprobs),
 	};
 	ssize_t n;
 

@@ -888,6 +888,87 @@ static void test_draw_mass(void **state)
 
 /* A device-style draw (draw_next, the row drawn elsewhere, draw_done)
  * gives sample()'s tokens and leaves the same PRNG state. */
+/* Log probabilities against a double-precision log softmax, and the
+ * alternatives against a plain selection in gpud_argmax's order. */
+static void test_logprobs(void **state)
+{
+	(void)state;
+	enum { V = 5000 };
+	static float row[V];
+	struct gpud_logprobs lp;
+
+	rng_state = 77;
+	for (int round = 0; round < 4; round++) {
+		for (int i = 0; i < V; i++)
+			row[i] = 12.0f * rndf();
+		row[17] = row[4000]; /* a tie: 17 comes first */
+		if (round == 1)
+			row[3] = -INFINITY, row[9] = NAN;
+		if (round == 2)
+			for (int i = 0; i < V; i++)
+				row[i] += 1000.0f; /* large logits: the max is subtracted */
+		double m = -INFINITY, sum = 0;
+		for (int i = 0; i < V; i++)
+			if (!isnan(row[i]) && row[i] > m)
+				m = row[i];
+		for (int i = 0; i < V; i++)
+			if (!isnan(row[i]))
+				sum += exp((double)row[i] - m);
+		double lse = m + log(sum);
+		uint32_t n_top = round == 3 ? 0 : 20;
+		for (int32_t id = 0; id < V; id += 97) {
+			assert_int_equal(gpud_logprobs_row(row, V, id, n_top, &lp), 0);
+			double want = isnan(row[id]) ? -INFINITY : row[id] - lse;
+			if (isinf(want))
+				assert_true(isinf(lp.logprob) && lp.logprob < 0);
+			else
+				assert_true(fabs(lp.logprob - want) < 1e-4 + 1e-6 * fabs(want));
+		}
+		assert_int_equal(lp.n_top, n_top);
+		/* the n_top greatest, greater first, lower index on ties */
+		bool used[V] = { false };
+		for (uint32_t j = 0; j < n_top; j++) {
+			int32_t best = -1;
+			for (int32_t i = 0; i < V; i++)
+				if (!used[i] && !isnan(row[i]) && (best < 0 || row[i] > row[best]))
+					best = i;
+			used[best] = true;
+			assert_int_equal(lp.top_id[j], best);
+			assert_true(fabs(lp.top_lp[j] - (row[best] - lse)) < 1e-4);
+			assert_true(lp.top_lp[j] <= 0);
+			if (j)
+				assert_true(lp.top_lp[j] <= lp.top_lp[j - 1]);
+		}
+	}
+	/* the tie's order where it matters: two equal greatest */
+	float two[4] = { 1, 5, 5, 2 };
+	assert_int_equal(gpud_logprobs_row(two, 4, 2, 3, &lp), 0);
+	assert_int_equal(lp.top_id[0], 1);
+	assert_int_equal(lp.top_id[1], 2);
+	assert_int_equal(lp.top_id[2], 3);
+	assert_true(fabsf(lp.logprob - lp.top_lp[0]) == 0);
+	/* fewer numbers than alternatives asked for */
+	float few[3] = { NAN, 0, NAN };
+	assert_int_equal(gpud_logprobs_row(few, 3, 1, 5, &lp), 0);
+	assert_int_equal(lp.n_top, 1);
+	assert_true(lp.logprob == 0 && lp.top_lp[0] == 0);
+	assert_int_equal(gpud_logprobs_row(few, 3, 0, 5, &lp), 0);
+	assert_true(isinf(lp.logprob));
+	/* +inf logits share the mass */
+	float inf[3] = { INFINITY, 1, INFINITY };
+	assert_int_equal(gpud_logprobs_row(inf, 3, 2, 2, &lp), 0);
+	assert_true(fabsf(lp.logprob - logf(0.5f)) < 1e-6f);
+	assert_int_equal(lp.top_id[0], 0);
+	assert_int_equal(lp.top_id[1], 2);
+	assert_int_equal(gpud_logprobs_row(inf, 3, 1, 0, &lp), 0);
+	assert_true(isinf(lp.logprob));
+	/* bad arguments */
+	assert_int_equal(gpud_logprobs_row(row, V, V, 0, &lp), -EINVAL);
+	assert_int_equal(gpud_logprobs_row(row, V, -1, 0, &lp), -EINVAL);
+	assert_int_equal(gpud_logprobs_row(row, V, 0, 21, &lp), -EINVAL);
+	assert_int_equal(gpud_logprobs_row(NULL, V, 0, 1, &lp), -EINVAL);
+}
+
 static void test_draw_next(void **state)
 {
 	(void)state;
@@ -981,6 +1062,7 @@ int main(void)
 		cmocka_unit_test(test_draw_vs_definition),
 		cmocka_unit_test(test_draw_mass),
 		cmocka_unit_test(test_draw_next),
+		cmocka_unit_test(test_logprobs),
 		cmocka_unit_test(test_stop_strings),
 		cmocka_unit_test(test_generate_seed_and_stop),
 	};
