@@ -60,8 +60,8 @@ static int tokens_lp(struct gpud_daemon *d, struct gpud_sreq *r,
 		plen[k] = n > 0 ? (uint16_t)n : 0;
 		off += plen[k];
 	}
-	return gpud_sreq_tokens_lp(r, lp->n_top, ids, lps, plen, pieces, off, ev->text,
-				   ev->len);
+	return gpud_sreq_tokens_lp(r, lp->n_top, ids, lps, plen, pieces, off, ev->text, ev->len,
+				   gpud_tokenizer_is_eog(d->tok, ev->token));
 }
 
 /* Device thread (or the canceller), scheduler lock held. */

@@ -45,7 +45,8 @@ int gpud__flush_req_locked(struct sconn *c, struct gpud_sreq *r)
 		size_t off = 0;
 		while (off < r->stage_len) {
 			const uint8_t *h = r->stage + off;
-			size_t n = 16 + (size_t)proto_get32(h) * (1 + proto_get32(h + 8)) * 10 +
+			size_t n = PROTO_TOKENS_LP_HEADER +
+				   (size_t)proto_get32(h) * (1 + proto_get32(h + 8)) * 10 +
 				   proto_get32(h + 4) + proto_get32(h + 12);
 			rc = gpud__ring_push_locked(c, PROTO_T_TOKENS_LP, r->client_id, h, n);
 			if (rc)

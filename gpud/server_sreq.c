@@ -84,7 +84,7 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, co
 
 int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 			const float *lps, const uint16_t *plen, const char *pieces,
-			uint32_t pieces_len, const char *text, size_t len)
+			uint32_t pieces_len, const char *text, size_t len, bool eog)
 {
 	struct sconn *c = r->c;
 	struct gpud_server *s = c->s;
@@ -113,7 +113,8 @@ int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 		rc = proto_ring_reserve(c->ring, need, &dst);
 		if (rc == 0) {
 			proto_tokens_lp_encode(dst, need, 1, n_top, ids, lps, plen, pieces,
-					       pieces_len, text, (uint32_t)len, &l);
+					       pieces_len, text, (uint32_t)len,
+					       eog ? PROTO_LP_EOG : 0, &l);
 			proto_ring_commit(c->ring, PROTO_T_TOKENS_LP, r->client_id, l);
 			gpud__doorbell_locked(c, PROTO_T_TOKENS_LP, r->client_id);
 			pthread_mutex_unlock(&c->lock);
@@ -130,7 +131,7 @@ int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 		return SW_EBUSY;
 	}
 	proto_tokens_lp_encode(r->stage + r->stage_len, need, 1, n_top, ids, lps, plen, pieces,
-			       pieces_len, text, (uint32_t)len, &l);
+			       pieces_len, text, (uint32_t)len, eog ? PROTO_LP_EOG : 0, &l);
 	r->stage_len += l;
 	r->stage_lp = true;
 	size_t used = r->stage_len;

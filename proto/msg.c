@@ -585,9 +585,9 @@ int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_l
 
 /* --- token batch with log probabilities (TOKENS_LP) ---------------------- */
 
-/* Header: n_ids, text_len, n_top, pieces_len; then the (id, logprob)
- * entries, the u16 piece lengths, the text, the pieces. */
-#define LP_HEADER 16
+/* Header: n_ids, text_len, n_top, pieces_len, flags; then the (id,
+ * logprob) entries, the u16 piece lengths, the text, the pieces. */
+#define LP_HEADER PROTO_TOKENS_LP_HEADER
 
 static uint64_t lp_entries(uint32_t n_ids, uint32_t n_top)
 {
@@ -604,9 +604,10 @@ size_t proto_tokens_lp_size(uint32_t n_ids, uint32_t n_top, uint32_t text_len,
 int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_top,
 			   const int32_t *ids, const float *lps, const uint16_t *plen,
 			   const char *pieces, uint32_t pieces_len, const char *text,
-			   uint32_t text_len, size_t *len)
+			   uint32_t text_len, uint32_t flags, size_t *len)
 {
-	if (!buf || !len || n_top > PROTO_MAX_TOP_LOGPROBS ||
+	if (!buf || !len || n_top > PROTO_MAX_TOP_LOGPROBS || (flags & ~PROTO_LP_KNOWN) ||
+	    ((flags & PROTO_LP_EOG) && !n_ids) ||
 	    (n_ids && (!ids || !lps || !plen)) || (text_len && !text) || (pieces_len && !pieces))
 		return -EINVAL;
 	uint64_t n = lp_entries(n_ids, n_top), sum = 0;
@@ -623,6 +624,7 @@ int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_
 	proto_put32(buf + 4, text_len);
 	proto_put32(buf + 8, n_top);
 	proto_put32(buf + 12, pieces_len);
+	proto_put32(buf + 16, flags);
 	uint8_t *p = buf + LP_HEADER;
 	for (uint64_t e = 0; e < n; e++, p += 8) {
 		proto_put32(p, (uint32_t)ids[e]);
@@ -652,7 +654,7 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 	uint8_t h[LP_HEADER];
 	proto_copy_in(h, src, sizeof(h));
 	uint32_t n = proto_get32(h), tl = proto_get32(h + 4), top = proto_get32(h + 8),
-		 pl = proto_get32(h + 12);
+		 pl = proto_get32(h + 12), fl = proto_get32(h + 16);
 	if (n > L.max_ids)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens_lp: n_ids %" PRIu32
 				 " over the limit %" PRIu32, n, L.max_ids);
@@ -662,6 +664,9 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 	if (top > PROTO_MAX_TOP_LOGPROBS)
 		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: n_top %" PRIu32
 				 ", at most %d", top, PROTO_MAX_TOP_LOGPROBS);
+	if ((fl & ~PROTO_LP_KNOWN) || ((fl & PROTO_LP_EOG) && !n))
+		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: flags 0x%" PRIx32
+				 " (unknown bits, or EOG without a token)", fl);
 	uint64_t ne = lp_entries(n, top);
 	const uint8_t *lp = take(&c, ne * 8);
 	const uint8_t *plen = lp ? take(&c, ne * 2) : NULL;
@@ -679,7 +684,8 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 				 PRIu64 " bytes, pieces_len is %" PRIu32, sum, pl);
 	*out = (struct proto_tokens){
 		.n_ids = n, .ids_le = NULL, .text_len = tl, .text = (const char *)text,
-		.logprobs = true, .n_top = top, .lp_le = lp, .plen_le = plen,
+		.logprobs = true, .eog = fl & PROTO_LP_EOG, .n_top = top, .lp_le = lp,
+		.plen_le = plen,
 		.pieces = (const char *)pieces, .pieces_len = pl,
 	};
 	return 0;

@@ -192,6 +192,8 @@ struct proto_tokens {
 	/* TOKENS_LP only (logprobs true): for each id its log probability and
 	 * n_top alternatives', read with struct proto_lp_iter. */
 	bool logprobs;
+	bool eog;              /* the last id is the end-of-generation token
+				* that ended the request (PROTO_LP_EOG) */
 	uint32_t n_top;        /* <= PROTO_MAX_TOP_LOGPROBS */
 	const uint8_t *lp_le;  /* view: n_ids * (1 + n_top) {i32 id, f32 logprob} */
 	const uint8_t *plen_le; /* view: as many u16 piece lengths */
@@ -229,14 +231,20 @@ int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_l
  * hold them in that order, plen[] their pieces' lengths (the token's raw
  * bytes, which need not be whole UTF-8 characters), pieces the pieces
  * back to back. */
+#define PROTO_TOKENS_LP_HEADER 20
+/* flags: the batch's last id is the end-of-generation token that ended
+ * the request (its text, if any, is not part of the answer) */
+#define PROTO_LP_EOG 0x1u
+#define PROTO_LP_KNOWN PROTO_LP_EOG
 size_t proto_tokens_lp_size(uint32_t n_ids, uint32_t n_top, uint32_t text_len,
 			    uint32_t pieces_len); /* 0 when over u32 */
 /* Returns 0, -EINVAL (NULL arrays, n_top over PROTO_MAX_TOP_LOGPROBS,
- * piece lengths that do not add up to pieces_len), -ENOSPC, SW_ETOOLONG. */
+ * piece lengths that do not add up to pieces_len, unknown flags or EOG
+ * without an id), -ENOSPC, SW_ETOOLONG. */
 int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_top,
 			   const int32_t *ids, const float *lps, const uint16_t *plen,
 			   const char *pieces, uint32_t pieces_len, const char *text,
-			   uint32_t text_len, size_t *len);
+			   uint32_t text_len, uint32_t flags, size_t *len);
 /* Decodes one into *out (logprobs set); the same returns as
  * proto_tokens_decode, SW_EFORMAT also for n_top over the hard limit or
  * piece lengths that do not add up. */

@@ -2191,6 +2191,7 @@ static void test_kv_f16(void **state)
 struct lp_collect {
 	struct collect c;
 	bool plain_batch;              /* a TOKENS record came instead */
+	int eog_at;                    /* the token flagged EOG, or -1 */
 	uint32_t n;                    /* tokens */
 	uint32_t n_top;
 	int32_t id[64];
@@ -2209,6 +2210,10 @@ static int on_tokens_lp(void *arg, uint64_t id, const struct proto_tokens *t)
 
 	if (!t->logprobs)
 		l->plain_batch = true;
+	if (t->eog) {
+		assert_true(l->eog_at < 0);
+		l->eog_at = (int)(l->n + t->n_ids - 1);
+	}
 	l->n_top = t->n_top;
 	proto_lp_iter_init(&it, t);
 	while (proto_lp_next(&it, &e)) {
@@ -2239,6 +2244,7 @@ static void lp_run(struct proto_client *cl, struct rbuf *b, struct lp_collect *l
 	char err[SW_ERR_MAX] = "";
 
 	memset(l, 0, sizeof(*l));
+	l->eog_at = -1;
 	l->c.w = w;
 	waiter_add(w, 1);
 	if (proto_client_submit(cl, &b->req, &ev, NULL, err, sizeof(err)))
@@ -2289,6 +2295,7 @@ static void test_logprobs(void **state)
 			b->req.flags = PROTO_SUBMIT_LOGPROBS | top << PROTO_SUBMIT_TOP_SHIFT;
 			lp_run(cl, b, l, &w);
 			assert_false(l->plain_batch);
+			assert_int_equal(l->eog_at, -1);
 			assert_int_equal(l->n_top, top);
 			assert_int_equal(l->n, 24);
 			assert_string_equal(l->c.text, ref_text[sampled]);
@@ -2315,6 +2322,20 @@ static void test_logprobs(void **state)
 				       (double)l->top_lp[0][0]);
 		}
 	}
+	/* until the end of generation: the last token, and only it, is
+	 * flagged EOG when that is why it ended */
+	rbuf_init(b, 0);
+	rbuf_seg(b, ONCE);
+	b->req.sampling.temperature = 1.0f;
+	b->req.sampling.seed = 1;
+	b->req.flags = PROTO_SUBMIT_LOGPROBS | 2u << PROTO_SUBMIT_TOP_SHIFT;
+	lp_run(cl, b, l, &w);
+	printf("    logprobs until the end: %u tokens, stop reason %u, EOG flag on token %d\n",
+	       l->n, l->c.usage.stop_reason, l->eog_at);
+	if (l->c.usage.stop_reason == PROTO_STOP_EOG)
+		assert_int_equal(l->eog_at, (int)l->n - 1);
+	else
+		assert_int_equal(l->eog_at, -1);
 	/* a plain request after them still gets TOKENS */
 	rbuf_init(b, 4);
 	rbuf_seg(b, ONCE);

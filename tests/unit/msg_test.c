@@ -451,18 +451,19 @@ static void test_tokens_lp(void **state)
 	struct proto_lp_iter it;
 	struct proto_lp_entry e;
 
-	assert_int_equal(proto_tokens_lp_size(2, 2, 3, 11), 16 + 6 * 10 + 3 + 11);
+	assert_int_equal(proto_tokens_lp_size(2, 2, 3, 11), 20 + 6 * 10 + 3 + 11);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, NULL, plen, pieces,
-						11, "hi.", 3, &len), -EINVAL);
+						11, "hi.", 3, 0, &len), -EINVAL);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces,
-						10, "hi.", 3, &len), -EINVAL); /* pieces 11 */
+						10, "hi.", 3, 0, &len), -EINVAL); /* pieces 11 */
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 21, ids, lps, plen, pieces,
-						11, "hi.", 3, &len), -EINVAL);
-	assert_int_equal(proto_tokens_lp_encode(g_buf, 89, 2, 2, ids, lps, plen, pieces, 11, "hi.",
-						3, &len), -ENOSPC);
+						11, "hi.", 3, 0, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, 93, 2, 2, ids, lps, plen, pieces, 11, "hi.",
+						3, 0, &len), -ENOSPC);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces,
-						11, "hi.", 3, &len), 0);
-	assert_int_equal(len, 90);
+						11, "hi.", 3, 0, &len), 0);
+	assert_int_equal(len, 94);
+	assert_false(t.eog);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)), 0);
 	assert_true(t.logprobs);
 	assert_int_equal(t.n_ids, 2);
@@ -491,13 +492,13 @@ static void test_tokens_lp(void **state)
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len - 1, NULL, &t, g_err, sizeof(g_err)),
 			 SW_EFORMAT);
 	assert_non_null(strstr(g_err, "do not add up"));
-	assert_int_equal(proto_tokens_lp_decode(g_buf, 15, NULL, &t, NULL, 0), SW_EFORMAT);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, 19, NULL, &t, NULL, 0), SW_EFORMAT);
 	/* the first piece one byte longer: the sizes add up, the lengths do not */
-	proto_put16(g_buf + 16 + 48, 3);
+	proto_put16(g_buf + 20 + 48, 3);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
 			 SW_EFORMAT);
 	assert_non_null(strstr(g_err, "piece lengths add up to 12"));
-	proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces, 11, "hi.", 3,
+	proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces, 11, "hi.", 3, 0,
 			       &len);
 	proto_put32(g_buf + 8, 21);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
@@ -512,15 +513,32 @@ static void test_tokens_lp(void **state)
 	proto_put32(g_buf, 0x40000001u);
 	lim = (struct proto_limits){ .max_ids = UINT32_MAX };
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, &lim, &t, NULL, 0), SW_EFORMAT);
-	assert_int_equal(proto_tokens_lp_decode(NULL, 16, NULL, &t, NULL, 0), -EINVAL);
+	assert_int_equal(proto_tokens_lp_decode(NULL, 20, NULL, &t, NULL, 0), -EINVAL);
 	/* no alternatives: one entry a token */
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
-						NULL, 0, &len), 0);
+						NULL, 0, 0, &len), 0);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), 0);
 	assert_int_equal(proto_tokens_id(&t, 0), 7);
 	proto_lp_iter_init(&it, &t);
 	assert_true(proto_lp_next(&it, &e) && e.rank == 0 && e.piece_len == 2);
 	assert_false(proto_lp_next(&it, &e));
+	/* the end-of-generation flag: only with a token; no other bits */
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
+						NULL, 0, PROTO_LP_EOG, &len), 0);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), 0);
+	assert_true(t.eog);
+	proto_put32(g_buf + 16, 2);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "flags 0x2"));
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
+						NULL, 0, 2, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 0, 0, ids, lps, plen, NULL, 0,
+						NULL, 0, PROTO_LP_EOG, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 0, 0, NULL, NULL, NULL, NULL,
+						0, NULL, 0, 0, &len), 0);
+	proto_put32(g_buf + 16, PROTO_LP_EOG);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), SW_EFORMAT);
 }
 
 /* The logprobs flag and its count of alternatives. */

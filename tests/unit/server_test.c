@@ -38,8 +38,10 @@
 /* --- fake service -------------------------------------------------------- */
 
 enum fake_mode {
-	FAKE_STREAM, /* n_tokens tokens then DONE */
-	FAKE_HOLD,   /* park until cancelled or released */
+	FAKE_STREAM,    /* n_tokens tokens then DONE */
+	FAKE_HOLD,      /* park until cancelled or released */
+	FAKE_STREAM_LP, /* FAKE_STREAM as TOKENS_LP, two alternatives a token
+			 * (id + 1 and id + 2), the last token flagged EOG */
 };
 
 struct fake_priv { /* per request, in the slot's priv area */
@@ -89,7 +91,16 @@ static void *fake_worker(void *arg)
 				continue;
 			} else if (p->sent < f->n_tokens) {
 				int32_t id = (int32_t)p->sent;
-				int rc = gpud_sreq_tokens(r, &id, 1, "ab", 2);
+				int rc;
+				if (f->mode == FAKE_STREAM_LP) {
+					const int32_t ids[3] = { id, id + 1, id + 2 };
+					const float lps[3] = { -0.5f, -0.5f, -1.0f };
+					const uint16_t plen[3] = { 2, 2, 1 };
+					rc = gpud_sreq_tokens_lp(r, 2, ids, lps, plen, "ababc", 5, "ab",
+								 2, p->sent + 1 == f->n_tokens);
+				} else {
+					rc = gpud_sreq_tokens(r, &id, 1, "ab", 2);
+				}
 				if (rc == SW_EBUSY) {
 					atomic_fetch_add(&f->busy_seen, 1);
 					gpud_sreq_error(r, SW_EBUSY, "client is not reading its ring");
@@ -417,6 +428,9 @@ struct result {
 	char msg[PROTO_MAX_ERROR_MSG];
 	uint32_t n_ids;     /* TOKENS in all */
 	uint32_t n_batches;
+	uint32_t n_lp;      /* TOKENS_LP records */
+	int eog_at;         /* the id flagged EOG, else -1 (memset: 0) */
+	bool eog;
 	char text[4096];
 	size_t text_len;
 	struct proto_done done;
@@ -563,6 +577,37 @@ static bool cl_apply(struct cl *c, const struct proto_record *rec, struct result
 		for (uint32_t i = 0; i < t.n_ids; i++)
 			assert_int_equal(proto_tokens_id(&t, i), (int32_t)(res->n_ids + i));
 		res->n_ids += t.n_ids;
+		res->n_batches++;
+		assert_true(res->text_len + t.text_len <= sizeof(res->text));
+		memcpy(res->text + res->text_len, t.text, t.text_len);
+		res->text_len += t.text_len;
+		return false;
+	}
+	case PROTO_T_TOKENS_LP: {
+		/* FAKE_STREAM_LP's: one token a record, even staged */
+		struct proto_tokens t;
+		struct proto_lp_iter it;
+		struct proto_lp_entry le;
+		assert_int_equal(proto_tokens_lp_decode(rec->payload, rec->len, NULL, &t, g_err,
+							sizeof(g_err)),
+				 0);
+		assert_int_equal(t.n_ids, 1);
+		assert_int_equal(t.n_top, 2);
+		assert_int_equal(proto_tokens_id(&t, 0), (int32_t)res->n_ids);
+		proto_lp_iter_init(&it, &t);
+		for (uint32_t k = 0; k < 3; k++) {
+			assert_true(proto_lp_next(&it, &le));
+			assert_int_equal(le.id, (int32_t)res->n_ids + (int32_t)k);
+			assert_memory_equal(le.piece, k == 2 ? "c" : "ab", le.piece_len);
+		}
+		assert_false(proto_lp_next(&it, &le));
+		if (t.eog) {
+			assert_false(res->eog);
+			res->eog = true;
+			res->eog_at = (int)res->n_ids;
+		}
+		res->n_ids++;
+		res->n_lp++;
 		res->n_batches++;
 		assert_true(res->text_len + t.text_len <= sizeof(res->text));
 		memcpy(res->text + res->text_len, t.text, t.text_len);
@@ -1005,6 +1050,38 @@ static void test_staging_delivers_in_order(void **state)
 	assert_int_equal(res.n_ids, 200);
 	assert_int_equal(res.done.generated_tokens, 200);
 	assert_true(res.n_batches < 200); /* some were coalesced */
+	struct gpud_server_stats s = env_stats(e);
+	assert_true(s.staged > 0);
+	cl_close(c);
+	env_stop(e);
+}
+
+/* The same with log probabilities: staged TOKENS_LP records are written
+ * one a record, in order, and the EOG flag travels with the last. */
+static void test_staging_lp_in_order(void **state)
+{
+	(void)state;
+	struct gpud_server_params p;
+	env_params(&p);
+	p.ring_bytes = 4096;
+	p.stage_bytes = 4096;
+	p.stall_ms = 60000;
+	struct env *e = env_start(&p);
+	/* 57-byte payloads: the ring takes about 50 records, staging (at most
+	 * half the ring) 35 */
+	fake_set(&e->fk, FAKE_STREAM_LP, 70);
+	struct cl *c = cl_open(e);
+	cl_submit(c, 1, 0, "fill");
+	WAIT_FOR(e, atomic_load(&e->fk.ended) == 1);
+	assert_int_equal(atomic_load(&e->fk.busy_seen), 0);
+	struct result res;
+	cl_wait(c, 1, &res);
+	assert_int_equal(res.type, PROTO_T_DONE);
+	assert_int_equal(res.n_ids, 70);
+	assert_int_equal(res.n_lp, 70);
+	assert_true(res.eog);
+	assert_int_equal(res.eog_at, 69);
+	assert_int_equal(res.text_len, 140);
 	struct gpud_server_stats s = env_stats(e);
 	assert_true(s.staged > 0);
 	cl_close(c);
@@ -1656,6 +1733,7 @@ int main(void)
 		cmocka_unit_test(test_limits_and_close_cancels),
 		cmocka_unit_test(test_slow_client),
 		cmocka_unit_test(test_staging_delivers_in_order),
+		cmocka_unit_test(test_staging_lp_in_order),
 		cmocka_unit_test(test_drain),
 		cmocka_unit_test(test_many_connections),
 		cmocka_unit_test(test_socket_file),
