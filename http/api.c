@@ -311,7 +311,7 @@ static int decode_stop(struct http_gen *g, json_t *root, struct http_err *e)
 	return 0;
 }
 
-static int refuse_unsupported(json_t *root, enum http_kind kind, struct http_err *e)
+static int refuse_unsupported(json_t *root, struct http_err *e)
 {
 	json_t *v;
 
@@ -321,19 +321,51 @@ static int refuse_unsupported(json_t *root, enum http_kind kind, struct http_err
 	v = member(root, "best_of");
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return bad(e, "best_of", "best_of: only 1 is supported");
-	v = member(root, "logprobs");
-	if (v && !json_is_false(v) && !(kind == HTTP_COMPLETION && json_is_integer(v) &&
-					 json_integer_value(v) == 0))
-		return bad(e, "logprobs", "logprobs: not supported");
 	v = member(root, "echo");
 	if (v && !json_is_false(v))
-		return bad(e, "echo", "echo: not supported");
+		return bad(e, "echo", "echo: not supported (the prompt's log probabilities)");
 	v = member(root, "tools");
 	if (v && !(json_is_array(v) && json_array_size(v) == 0))
 		return bad(e, "tools", "tools: not supported");
 	v = member(root, "suffix");
 	if (v && !(json_is_string(v) && json_string_length(v) == 0))
 		return bad(e, "suffix", "suffix: not supported");
+	return 0;
+}
+
+/* Chat: logprobs true|false and top_logprobs 0..20 (only with logprobs);
+ * completions: logprobs 0..20, the alternatives a token (0: the
+ * token's own only). */
+static int decode_logprobs(struct http_gen *g, json_t *root, struct http_err *e)
+{
+	json_t *v = member(root, "logprobs"), *t = member(root, "top_logprobs");
+	json_int_t n = 0;
+
+	if (g->kind == HTTP_CHAT) {
+		if (v && !json_is_boolean(v))
+			return bad(e, "logprobs", "logprobs: expected true or false");
+		g->logprobs = json_is_true(v);
+		if (t) {
+			if (!json_is_integer(t) || json_integer_value(t) < 0 ||
+			    json_integer_value(t) > PROTO_MAX_TOP_LOGPROBS)
+				return bad(e, "top_logprobs", "top_logprobs: expected an integer in "
+					   "[0, %d]", PROTO_MAX_TOP_LOGPROBS);
+			n = json_integer_value(t);
+			if (n && !g->logprobs)
+				return bad(e, "top_logprobs", "top_logprobs: only with logprobs: "
+					   "true");
+		}
+	} else if (v) {
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    json_integer_value(v) > PROTO_MAX_TOP_LOGPROBS)
+			return bad(e, "logprobs", "logprobs: expected an integer in [0, %d] (the "
+				   "alternatives a token)", PROTO_MAX_TOP_LOGPROBS);
+		g->logprobs = true;
+		n = json_integer_value(v);
+	}
+	g->top_logprobs = (uint32_t)n;
+	if (g->logprobs)
+		g->req.flags |= PROTO_SUBMIT_LOGPROBS | g->top_logprobs << PROTO_SUBMIT_TOP_SHIFT;
 	return 0;
 }
 
@@ -351,7 +383,7 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 	if (!root)
 		return -1;
 	g->root = root;
-	if (model_of(root, &g->model, e) || refuse_unsupported(root, kind, e))
+	if (model_of(root, &g->model, e) || refuse_unsupported(root, e))
 		goto fail;
 	swarm = member(root, "swarm");
 	if (swarm && !json_is_object(swarm)) {
@@ -458,6 +490,8 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 		}
 		g->no_reasoning = !strcmp(f, "none");
 	}
+	if (decode_logprobs(g, root, e))
+		goto fail;
 	g->req.segments = g->seg;
 	return 0;
 fail:
@@ -610,16 +644,188 @@ static char *dump(json_t *o)
 	return s;
 }
 
+/* --- log probabilities ------------------------------------------------------ */
+
+int http_lp_collect(struct http_lpbuf *b, const struct proto_tokens *t)
+{
+	struct proto_lp_iter it;
+	struct proto_lp_entry le;
+	size_t n0 = b->n;
+	uint32_t last = t->eog ? t->n_ids - 1 : UINT32_MAX;
+
+	if (!t->logprobs)
+		return 0;
+	proto_lp_iter_init(&it, t);
+	while (proto_lp_next(&it, &le)) {
+		size_t need = (le.rank == 0 ? 1 : 0) + 6 + le.piece_len;
+		if (le.token == last)
+			continue;
+		if (b->n + need > b->max)
+			goto fail;
+		if (b->n + need > b->cap) {
+			size_t nc = b->cap ? b->cap : 4096;
+			while (nc < b->n + need)
+				nc *= 2;
+			char *np = realloc(b->p, nc);
+			if (!np)
+				goto fail;
+			b->p = np;
+			b->cap = nc;
+		}
+		if (le.rank == 0)
+			b->p[b->n++] = (char)t->n_top;
+		uint16_t pl = (uint16_t)le.piece_len;
+		memcpy(b->p + b->n, &le.logprob, 4);
+		memcpy(b->p + b->n + 4, &pl, 2);
+		memcpy(b->p + b->n + 6, le.piece, le.piece_len);
+		b->n += 6 + le.piece_len;
+	}
+	return 0;
+fail:
+	b->n = n0;
+	return -1;
+}
+
+/* One entry of an http_lpbuf at *at (advanced); false past the end. */
+static bool lp_entry(const char *p, size_t n, size_t *at, float *lp, const char **piece,
+		     uint16_t *len)
+{
+	if (n - *at < 6)
+		return false;
+	memcpy(lp, p + *at, 4);
+	memcpy(len, p + *at + 4, 2);
+	if (n - *at - 6 < *len)
+		return false;
+	*piece = p + *at + 6;
+	*at += 6 + *len;
+	return true;
+}
+
+/* The piece as a JSON string: itself when it is whole UTF-8, else
+ * "bytes:\xNN..." for each byte. */
+static json_t *piece_json(const char *s, size_t n)
+{
+	char b[6 + 4 * 256 + 1];
+	size_t o;
+
+	if (sw_utf8_invalid_at((const unsigned char *)s, n) == n)
+		return json_stringn(s, n);
+	memcpy(b, "bytes:", 6);
+	o = 6;
+	for (size_t i = 0; i < n && o + 4 < sizeof(b); i++)
+		o += (size_t)snprintf(b + o, sizeof(b) - o, "\\x%02x", (unsigned char)s[i]);
+	return json_stringn(b, o);
+}
+
+static json_t *bytes_json(const char *s, size_t n)
+{
+	json_t *a = json_array();
+
+	for (size_t i = 0; a && i < n; i++)
+		if (json_array_append_new(a, json_integer((unsigned char)s[i]))) {
+			json_decref(a);
+			return NULL;
+		}
+	return a;
+}
+
+/* JSON cannot carry -inf: OpenAI's -9999 stands for it. */
+static json_t *lp_json(float lp)
+{
+	return json_real(isfinite(lp) ? (double)lp : -9999.0);
+}
+
+/* Characters a piece starts: bytes that are not UTF-8 continuations. */
+static size_t chars_of(const char *s, size_t n)
+{
+	size_t c = 0;
+
+	for (size_t i = 0; i < n; i++)
+		c += ((unsigned char)s[i] & 0xc0) != 0x80;
+	return c;
+}
+
+json_t *http_logprobs_json(enum http_kind kind, const char *p, size_t n, size_t *offset)
+{
+	json_t *content = NULL, *tokens = NULL, *tlps = NULL, *tops = NULL, *offs = NULL, *o;
+	size_t at = 0;
+
+	if (kind == HTTP_CHAT) {
+		content = json_array();
+		o = json_pack("{s:o, s:n}", "content", content, "refusal");
+	} else {
+		o = json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens = json_array(),
+			      "token_logprobs", tlps = json_array(), "top_logprobs",
+			      tops = json_array(), "text_offset", offs = json_array());
+	}
+	if (!o)
+		return NULL;
+	while (at < n) {
+		unsigned n_alt = (unsigned char)p[at++];
+		const char *piece;
+		uint16_t len;
+		float lp;
+		json_t *alts = kind == HTTP_CHAT ? json_array() : json_object(), *tok;
+
+		if (!alts || !lp_entry(p, n, &at, &lp, &piece, &len))
+			goto fail_alts;
+		if (kind == HTTP_CHAT) {
+			tok = json_pack("{s:o, s:o, s:o, s:o}", "token", piece_json(piece, len),
+					"logprob", lp_json(lp), "bytes", bytes_json(piece, len),
+					"top_logprobs", alts);
+			if (!tok || json_array_append_new(content, tok))
+				goto fail;
+		} else {
+			if (json_array_append_new(tops, alts) || /* owns alts from here */
+			    json_array_append_new(tokens, piece_json(piece, len)) ||
+			    json_array_append_new(tlps, lp_json(lp)) ||
+			    json_array_append_new(offs, json_integer((json_int_t)*offset)))
+				goto fail;
+			*offset += chars_of(piece, len);
+		}
+		for (unsigned k = 0; k < n_alt; k++) {
+			if (!lp_entry(p, n, &at, &lp, &piece, &len))
+				goto fail;
+			if (kind == HTTP_CHAT) {
+				json_t *a = json_pack("{s:o, s:o, s:o}", "token",
+						      piece_json(piece, len), "logprob", lp_json(lp),
+						      "bytes", bytes_json(piece, len));
+				if (!a || json_array_append_new(alts, a))
+					goto fail;
+			} else {
+				json_t *key = piece_json(piece, len);
+				/* two alternatives with one text keep the likelier */
+				if (!key || (!json_object_get(alts, json_string_value(key)) &&
+					     json_object_set_new(alts, json_string_value(key),
+								 lp_json(lp)))) {
+					json_decref(key);
+					goto fail;
+				}
+				json_decref(key);
+			}
+		}
+		continue;
+fail_alts:
+		json_decref(alts);
+		goto fail;
+	}
+	return o;
+fail:
+	json_decref(o);
+	return NULL;
+}
+
 char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
 			   const char *text, size_t text_len, const char *reason,
-			   size_t reason_len, const struct proto_done *usage)
+			   size_t reason_len, json_t *logprobs, const struct proto_done *usage)
 {
 	json_t *choice;
 
 	if (kind == HTTP_CHAT) {
-		choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role",
+		choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
 				   "assistant", "content", text_json(text, text_len), "logprobs",
-				   "finish_reason", http_finish_reason(usage->stop_reason));
+				   logprobs ? logprobs : json_null(), "finish_reason",
+				   http_finish_reason(usage->stop_reason));
 		if (choice && reason &&
 		    json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
 					text_json(reason, reason_len))) {
@@ -627,9 +833,9 @@ char *http_completion_json(enum http_kind kind, const char *id, long created, co
 			return NULL;
 		}
 	} else
-		choice = json_pack("{s:o, s:i, s:n, s:s}", "text", text_json(text, text_len),
-				   "index", 0, "logprobs", "finish_reason",
-				   http_finish_reason(usage->stop_reason));
+		choice = json_pack("{s:o, s:i, s:o, s:s}", "text", text_json(text, text_len),
+				   "index", 0, "logprobs", logprobs ? logprobs : json_null(),
+				   "finish_reason", http_finish_reason(usage->stop_reason));
 	if (!choice)
 		return NULL;
 	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
@@ -640,16 +846,21 @@ char *http_completion_json(enum http_kind kind, const char *id, long created, co
 
 char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
 		      const char *text, size_t text_len, const char *reason, size_t reason_len,
-		      bool role_first, const char *finish, const struct proto_done *usage)
+		      bool role_first, const char *finish, json_t *logprobs,
+		      const struct proto_done *usage)
 {
 	json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", id, "object",
 			      kind == HTTP_CHAT ? "chat.completion.chunk" : "text_completion",
 			      "created", (json_int_t)created, "model", model);
 	json_t *choices = json_array(), *choice = NULL;
 
+	if (!logprobs)
+		logprobs = json_null();
 	if (!o || !choices)
 		goto oom;
 	if (usage) {
+		json_decref(logprobs);
+		logprobs = NULL;
 		if (json_object_set_new(o, "choices", choices) ||
 		    json_object_set_new(o, "usage", usage_json(usage)))
 			goto oom_o;
@@ -665,11 +876,13 @@ char *http_chunk_json(enum http_kind kind, const char *id, long created, const c
 			json_object_set_new(delta, "content", text_json(text, text_len));
 		if (reason_len)
 			json_object_set_new(delta, "reasoning_content", text_json(reason, reason_len));
-		choice = json_pack("{s:i, s:o, s:n}", "index", 0, "delta", delta, "logprobs");
+		choice = json_pack("{s:i, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
+				   logprobs);
 	} else {
-		choice = json_pack("{s:o, s:i, s:n}", "text", text_json(text, text_len), "index", 0,
-				   "logprobs");
+		choice = json_pack("{s:o, s:i, s:o}", "text", text_json(text, text_len), "index", 0,
+				   "logprobs", logprobs);
 	}
+	logprobs = NULL; /* json_pack's "o" took it, even on failure */
 	if (!choice)
 		goto oom;
 	json_object_set_new(choice, "finish_reason", finish ? json_string(finish) : json_null());
@@ -680,6 +893,7 @@ oom:
 	json_decref(choices);
 oom_o:
 	json_decref(o);
+	json_decref(logprobs);
 	return NULL;
 }
 

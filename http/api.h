@@ -14,10 +14,12 @@
  * max_completion_tokens, temperature [0, 2], top_p (0, 1], seed,
  * stop (string or up to PROTO_MAX_STOP strings of 1..64 bytes),
  * presence_penalty / frequency_penalty [-2, 2], n = 1 only, stream,
- * stream_options.include_usage. Members no client of ours needs
- * (user, logit_bias = {}, ...) are ignored; ones that would change the
- * answer and are not supported (n > 1, logprobs, tools, best_of > 1,
- * echo) are refused with 400 naming them.
+ * stream_options.include_usage, log probabilities of the generated
+ * tokens (chat: logprobs true and top_logprobs 0..20; completions:
+ * logprobs 0..20). Members no client of ours needs (user, logit_bias =
+ * {}, ...) are ignored; ones that would change the answer and are not
+ * supported (n > 1, tools, best_of > 1, echo: the prompt's log
+ * probabilities) are refused with 400 naming them.
  *
  * The swarm extension (DESIGN §3, README "HTTP API"):
  *   "swarm": {"segments": ["sys", "chunk", "question"],
@@ -65,6 +67,8 @@ struct http_gen {
 	bool stream;
 	bool include_usage;
 	bool no_reasoning;              /* reasoning_format "none": no split (think.h) */
+	bool logprobs;                  /* log probabilities wanted (req.flags too) */
+	uint32_t top_logprobs;          /* alternatives a token, <= PROTO_MAX_TOP_LOGPROBS */
 	struct proto_submit_req req;    /* points into the members below */
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];
 	struct proto_mask_desc mask;
@@ -103,19 +107,47 @@ const char *http_finish_reason(uint32_t stop_reason);
 /* The JSON bodies below are malloc'd NUL-terminated strings (NULL when out
  * of memory). id is "chatcmpl-..." or "cmpl-...". */
 
+/* Log probabilities as gpud-http collects them for a response: for each
+ * token, u8 n_alt, then 1 + n_alt entries {f32 logprob, u16 piece_len,
+ * piece bytes} (host byte order; the token's own first, then its
+ * alternatives likeliest first). */
+struct http_lpbuf {
+	char *p;
+	size_t n, cap, max; /* max: the bound n may grow to */
+};
+
+/* Appends t's entries (a TOKENS_LP batch; nothing for plain TOKENS),
+ * leaving out the end-of-generation token t flags. Returns 0, or -1 when
+ * out of memory or over b->max (b is then unchanged). */
+int http_lp_collect(struct http_lpbuf *b, const struct proto_tokens *t);
+
+/* The choice's "logprobs" object for the tokens in p[0, n) (an
+ * http_lpbuf's bytes): chat {"content": [{"token", "logprob", "bytes",
+ * "top_logprobs": [...]}], "refusal": null}; completions {"tokens",
+ * "token_logprobs", "top_logprobs": [{token: logprob}], "text_offset"},
+ * the offsets counted in characters from *offset, which advances (a
+ * stream's chunks go on where the last ended). A piece that is not whole
+ * UTF-8 is named "bytes:\xNN..." as OpenAI does; a log probability of
+ * -inf is -9999. NULL when out of memory. */
+json_t *http_logprobs_json(enum http_kind kind, const char *p, size_t n, size_t *offset);
+
 /* A whole (non-streamed) completion; for chat with reason non-NULL, the
- * message's reasoning_content too (a reasoning model's, http/think.h). */
+ * message's reasoning_content too (a reasoning model's, http/think.h).
+ * logprobs (http_logprobs_json's; the reference is taken, NULL for
+ * null) is the choice's. */
 char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
 			   const char *text, size_t text_len, const char *reason,
-			   size_t reason_len, const struct proto_done *usage);
+			   size_t reason_len, json_t *logprobs, const struct proto_done *usage);
 
 /* A streamed chunk: text (may be empty), for chat reason_len bytes of
  * reasoning (delta.reasoning_content, when not 0) and, when finish is
  * non-NULL, the finish reason; role_first adds delta.role (chat's first
- * chunk). With usage non-NULL: the final usage chunk (choices empty). */
+ * chunk); logprobs as for http_completion_json. With usage non-NULL: the
+ * final usage chunk (choices empty). */
 char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,
 		      const char *text, size_t text_len, const char *reason, size_t reason_len,
-		      bool role_first, const char *finish, const struct proto_done *usage);
+		      bool role_first, const char *finish, json_t *logprobs,
+		      const struct proto_done *usage);
 
 /* {"error": {"message", "type", "param", "code"}} for e (type derived from
  * the status). */

@@ -67,6 +67,7 @@
 #define HEAD_MAX (16u << 10)            /* request line + headers */
 #define JOB_STREAM_MAX (256u << 10)     /* text held for a stream's slow reader */
 #define JOB_WHOLE_MAX (16u << 20)       /* text of a whole (non-streamed) answer */
+#define JOB_LP_FACTOR 4                 /* log probabilities held: 4x the text's bound */
 #define CONN_WQ_MAX (64u << 10)         /* unsent bytes before we hold text back */
 #define KEYS_MAX 256
 #define KEY_LEN_MAX 255
@@ -111,6 +112,12 @@ struct job {
 	 * piece's reasoning and content */
 	struct http_think think;
 	struct tbuf { char *p; size_t n, cap; bool oom; } rsn, cnt;
+	/* log probabilities (g.logprobs): the reader thread's, under s->mu,
+	 * and those the loop took but has not sent (a stream sends them with
+	 * the next text, or at the end); lp_off: a completion's next
+	 * text_offset */
+	struct http_lpbuf lp, lpo;
+	size_t lp_off;
 };
 
 enum cstate { C_HEAD, C_BODY, C_BUSY, C_CLOSING };
@@ -457,7 +464,7 @@ static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 
 	(void)rid;
 	pthread_mutex_lock(&s->mu);
-	if (j->len + t->text_len > j->max) {
+	if (j->len + t->text_len > j->max || (j->g.logprobs && http_lp_collect(&j->lp, t))) {
 		j->overflow = true;
 		stop = 1;
 	} else if (t->text_len) {
@@ -517,6 +524,8 @@ static void job_free(struct job *j)
 	free(j->out);
 	free(j->rsn.p);
 	free(j->cnt.p);
+	free(j->lp.p);
+	free(j->lpo.p);
 	free(j);
 }
 
@@ -649,12 +658,16 @@ static void finish_whole(struct job *j, struct conn *c, bool overflow, int statu
 		respond_err(c, &e, e.status == 429 ? "Retry-After: 1\r\n" : NULL);
 	} else {
 		char *body = NULL;
-		if (job_sort(j, j->buf ? j->buf : "", j->len, true))
+		json_t *lp = j->g.logprobs ? http_logprobs_json(j->g.kind, j->lp.p, j->lp.n,
+								&j->lp_off) : NULL;
+		if ((lp || !j->g.logprobs) && job_sort(j, j->buf ? j->buf : "", j->len, true))
 			body = http_completion_json(j->g.kind, j->id, j->created, j->model,
 						    j->cnt.p ? j->cnt.p : "", j->cnt.n,
 						    j->think.reasoned ? (j->rsn.p ? j->rsn.p : "")
 								      : NULL,
-						    j->rsn.n, &j->usage);
+						    j->rsn.n, lp, &j->usage);
+		else
+			json_decref(lp);
 		s->tokens_out += j->usage.generated_tokens;
 		if (body)
 			respond(c, 200, "application/json", NULL, body, strlen(body));
@@ -662,6 +675,49 @@ static void finish_whole(struct job *j, struct conn *c, bool overflow, int statu
 			conn_close(c);
 		free(body);
 	}
+}
+
+/* The log probabilities the loop holds for a stream, as the next chunk's
+ * "logprobs" (NULL: null, when none were asked for or none wait). */
+static json_t *job_lp_take(struct job *j)
+{
+	json_t *lp;
+
+	if (!j->g.logprobs || !j->lpo.n)
+		return NULL;
+	lp = http_logprobs_json(j->g.kind, j->lpo.p, j->lpo.n, &j->lp_off);
+	j->lpo.n = 0;
+	return lp;
+}
+
+/* Moves what the reader thread collected to the loop's (s->mu held). */
+static bool job_lp_move(struct job *j)
+{
+	struct http_lpbuf *a = &j->lpo, *b = &j->lp;
+
+	if (!b->n)
+		return true;
+	if (!a->n) { /* the common case: swap, no copy */
+		struct http_lpbuf t = *a;
+		*a = *b;
+		*b = t;
+		b->n = 0;
+		return true;
+	}
+	if (a->n + b->n > a->cap) {
+		size_t nc = a->cap;
+		while (nc < a->n + b->n)
+			nc *= 2;
+		char *np = realloc(a->p, nc);
+		if (!np)
+			return false;
+		a->p = np;
+		a->cap = nc;
+	}
+	memcpy(a->p + a->n, b->p, b->n);
+	a->n += b->n;
+	b->n = 0;
+	return true;
 }
 
 static void finish_stream(struct job *j, struct conn *c, bool overflow, int status)
@@ -685,11 +741,11 @@ static void finish_stream(struct job *j, struct conn *c, bool overflow, int stat
 		s->tokens_out += j->usage.generated_tokens;
 		if (sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
 						0, false, http_finish_reason(j->usage.stop_reason),
-						NULL)))
+						job_lp_take(j), NULL)))
 			return;
 		if (j->g.include_usage &&
 		    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
-						0, false, NULL, &j->usage)))
+						0, false, NULL, NULL, &j->usage)))
 			return;
 	}
 	stream_end(c);
@@ -731,6 +787,8 @@ static void job_pump_inner(struct job *j)
 		j->cap = tc;
 		j->len = 0;
 	}
+	if (j->g.stream && !job_lp_move(j))
+		j->overflow = overflow = true; /* out of memory: an error at the end */
 	pthread_mutex_unlock(&s->mu);
 
 	if (!j->g.stream) {
@@ -764,7 +822,7 @@ static void job_pump_inner(struct job *j)
 			return;
 		if (j->g.kind == HTTP_CHAT &&
 		    sse_json(c, http_chunk_json(HTTP_CHAT, j->id, j->created, j->model, "", 0, NULL,
-						0, true, NULL, NULL)))
+						0, true, NULL, NULL, NULL)))
 			return;
 	}
 	/* the piece sorted into reasoning and content (at the end, with what
@@ -778,7 +836,8 @@ static void job_pump_inner(struct job *j)
 	}
 	if ((j->rsn.n || j->cnt.n) &&
 	    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, j->cnt.p,
-					j->cnt.n, j->rsn.p, j->rsn.n, false, NULL, NULL)))
+					j->cnt.n, j->rsn.p, j->rsn.n, false, NULL, job_lp_take(j),
+					NULL)))
 		return;
 	if (!done)
 		return;
@@ -868,6 +927,7 @@ static void start_generation(struct conn *c, enum http_kind kind)
 	j->s = s;
 	j->c = c;
 	j->max = j->g.stream ? JOB_STREAM_MAX : JOB_WHOLE_MAX;
+	j->lp.max = j->lpo.max = JOB_LP_FACTOR * j->max;
 	j->created = (long)time(NULL);
 	snprintf(j->model, sizeof(j->model), "%s", s->model_id);
 	/* chat: a reasoning model's <think> text apart from its answer, unless

@@ -63,11 +63,11 @@ static void gen(enum http_kind k, const char *p, size_t n)
 	CHECK(proto_submit_size(&g.req, &sz, m, sizeof(m)) == 0);
 	struct proto_done u = { 1, 0, 1, PROTO_STOP_EOG, 0, 0, 0, 0 };
 	char *s = http_chunk_json(k, "id", 1, g.model, g.seg[0].text, g.seg[0].len, g.seg[0].text,
-				  g.seg[0].len, true, NULL, NULL);
+				  g.seg[0].len, true, NULL, NULL, NULL);
 	/* segment text is valid UTF-8 (it came from JSON): the chunk builds */
 	CHECK(s != NULL);
 	free(s);
-	s = http_completion_json(k, "id", 1, g.model, "", 0, "", 0, &u);
+	s = http_completion_json(k, "id", 1, g.model, "", 0, "", 0, NULL, &u);
 	CHECK(s != NULL);
 	free(s);
 	http_gen_free(&g);

@@ -964,12 +964,179 @@ static void test_limits(void **state)
 	fx->done = true;
 }
 
+/* Log probabilities through the HTTP API (chat and completions, whole
+ * and streamed): asking for them changes no word; the tokens' bytes spell
+ * the answer; the streamed lists equal the whole one's; a greedy token is
+ * its own likeliest alternative. */
+static json_t *sse_logprobs(const char *body, bool chat)
+{
+	json_t *all = json_array();
+	const char *p = body;
+
+	while ((p = strstr(p, "data: "))) {
+		p += 6;
+		const char *e = strstr(p, "\n\n");
+		assert_non_null(e);
+		if (strncmp(p, "[DONE]", 6) == 0)
+			break;
+		char *one = strndup(p, (size_t)(e - p));
+		json_t *j = jparse(one);
+		json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0),
+					     "logprobs");
+		json_t *list = chat ? json_object_get(lp, "content") : json_object_get(lp, "tokens");
+		size_t i;
+		json_t *x;
+		json_array_foreach(list, i, x) {
+			if (chat) {
+				json_array_append(all, x);
+			} else {
+				json_array_append_new(all, json_pack(
+					"{s:O, s:O, s:O, s:O}", "token", x, "logprob",
+					json_array_get(json_object_get(lp, "token_logprobs"), i),
+					"top", json_array_get(json_object_get(lp, "top_logprobs"), i),
+					"offset", json_array_get(json_object_get(lp, "text_offset"), i)));
+			}
+		}
+		json_decref(j);
+		free(one);
+		p = e;
+	}
+	return all;
+}
+
+static void test_logprobs(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char finish[16], *b;
+	const char *chat = "\"messages\":[{\"role\":\"user\",\"content\":\"" PROMPT "\"}]";
+
+	start_all(fx, &f, "\"chat_format\": \"llama2\"");
+	for (int sampled = 0; sampled < 2; sampled++) {
+		const char *samp = sampled ? "\"temperature\":0.8,\"seed\":5" : "\"temperature\":0";
+		/* the answer without log probabilities */
+		b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
+		       "\",%s,\"max_tokens\":24,%s}'", f.port, chat, samp);
+		json_t *j = jparse(b);
+		char *want = strdup(json_string_value(json_object_get(json_object_get(
+			json_array_get(json_object_get(j, "choices"), 0), "message"), "content")));
+		json_decref(j);
+		free(b);
+
+		b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
+		       "\",%s,\"max_tokens\":24,%s,\"logprobs\":true,\"top_logprobs\":3}'",
+		       f.port, chat, samp);
+		j = jparse(b);
+		json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+		assert_string_equal(json_string_value(json_object_get(json_object_get(ch, "message"),
+								      "content")), want);
+		json_t *content = json_object_get(json_object_get(ch, "logprobs"), "content");
+		assert_true(json_array_size(content) > 0);
+		assert_true(json_array_size(content) <= 24);
+		char spelled[4096] = "";
+		size_t n = 0, i;
+		json_t *x;
+		json_array_foreach(content, i, x) {
+			json_t *bytes = json_object_get(x, "bytes"), *top = json_object_get(x, "top_logprobs");
+			size_t k;
+			json_t *y;
+			double lp = json_real_value(json_object_get(x, "logprob"));
+			assert_true(lp <= 0 && lp > -100);
+			json_array_foreach(bytes, k, y)
+				spelled[n++] = (char)json_integer_value(y);
+			assert_int_equal(json_array_size(top), 3);
+			for (k = 1; k < 3; k++)
+				assert_true(json_real_value(json_object_get(json_array_get(top, k),
+									    "logprob")) <=
+					    json_real_value(json_object_get(json_array_get(top, k - 1),
+									    "logprob")));
+			if (!sampled) {
+				assert_string_equal(json_string_value(json_object_get(
+							    json_array_get(top, 0), "token")),
+						    json_string_value(json_object_get(x, "token")));
+				assert_true(json_real_value(json_object_get(json_array_get(top, 0),
+									    "logprob")) == lp);
+			}
+		}
+		spelled[n] = '\0';
+		/* the answer's bytes (a chat answer's first token may carry the space
+		 * the text was trimmed of) */
+		assert_non_null(strstr(spelled, want));
+		assert_true(n <= strlen(want) + 1);
+
+		/* streamed: the same list, chunk by chunk */
+		char *sb = sh("curl -sN http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\""
+			      MODEL_ID "\",%s,\"max_tokens\":24,%s,\"logprobs\":true,"
+			      "\"top_logprobs\":3,\"stream\":true}'", f.port, chat, samp);
+		char *txt = sse_text(sb, true, finish, sizeof(finish));
+		assert_string_equal(txt, want);
+		json_t *streamed = sse_logprobs(sb, true);
+		if (!json_equal(streamed, content)) {
+			char *a = json_dumps(streamed, JSON_COMPACT), *c = json_dumps(content, JSON_COMPACT);
+			fail_msg("streamed logprobs differ:\n%s\n%s", a, c);
+		}
+		json_decref(streamed);
+		free(txt);
+		free(sb);
+		printf("    logprobs (%s chat): %zu tokens, first %s at %.4f\n",
+		       sampled ? "drawn" : "greedy", json_array_size(content),
+		       json_string_value(json_object_get(json_array_get(content, 0), "token")),
+		       json_real_value(json_object_get(json_array_get(content, 0), "logprob")));
+		json_decref(j);
+		free(b);
+		free(want);
+	}
+
+	/* completions: tokens spell the text, offsets count its characters,
+	 * and the stream's lists equal the whole one's */
+	b = sh("curl -s http://127.0.0.1:%d/v1/completions -d '{\"model\":\"" MODEL_ID "\","
+	       "\"prompt\":\"" PROMPT "\",\"max_tokens\":30,\"temperature\":0,\"logprobs\":2}'",
+	       f.port);
+	json_t *j = jparse(b);
+	json_t *ch = json_array_get(json_object_get(j, "choices"), 0);
+	const char *text = json_string_value(json_object_get(ch, "text"));
+	json_t *lp = json_object_get(ch, "logprobs");
+	json_t *toks = json_object_get(lp, "tokens"), *offs = json_object_get(lp, "text_offset");
+	json_t *tops = json_object_get(lp, "top_logprobs"), *tlp = json_object_get(lp, "token_logprobs");
+	char spelled[4096] = "";
+	size_t i;
+	json_t *x;
+	assert_int_equal(json_array_size(toks), 30);
+	assert_int_equal(json_array_size(offs), 30);
+	assert_int_equal(json_array_size(tlp), 30);
+	json_array_foreach(toks, i, x) {
+		assert_int_equal(json_integer_value(json_array_get(offs, i)), (json_int_t)strlen(spelled));
+		strcat(spelled, json_string_value(x)); /* stories260K's pieces are ASCII */
+		assert_int_equal(json_object_size(json_array_get(tops, i)), 2);
+		assert_true(json_real_value(json_array_get(tlp, i)) <= 0);
+	}
+	assert_string_equal(spelled, text);
+	char *sb = sh("curl -sN http://127.0.0.1:%d/v1/completions -d '{\"model\":\"" MODEL_ID
+		      "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":30,\"temperature\":0,"
+		      "\"logprobs\":2,\"stream\":true}'", f.port);
+	json_t *streamed = sse_logprobs(sb, false);
+	assert_int_equal(json_array_size(streamed), 30);
+	json_array_foreach(streamed, i, x) {
+		assert_true(json_equal(json_object_get(x, "token"), json_array_get(toks, i)));
+		assert_true(json_equal(json_object_get(x, "logprob"), json_array_get(tlp, i)));
+		assert_true(json_equal(json_object_get(x, "top"), json_array_get(tops, i)));
+		assert_true(json_equal(json_object_get(x, "offset"), json_array_get(offs, i)));
+	}
+	json_decref(streamed);
+	free(sb);
+	json_decref(j);
+	free(b);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		GPUD_IT_FIX_TEST(test_completions),
 		GPUD_IT_FIX_TEST(test_chat),
 		GPUD_IT_FIX_TEST(test_chat_reasoning),
+		GPUD_IT_FIX_TEST(test_logprobs),
 		GPUD_IT_FIX_TEST(test_embeddings),
 		GPUD_IT_FIX_TEST(test_errors),
 		GPUD_IT_FIX_TEST(test_auth),

@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,7 +233,18 @@ static void test_decode_errors(void **state)
 		   "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"hidden\"}",
 		   "reasoning_format");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":true}", "echo");
-	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":3}", "logprobs");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":21}", "logprobs");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":true}",
+		   "logprobs");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":-1}", "logprobs");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"logprobs\":1}", "logprobs");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"top_logprobs\":2}", "top_logprobs");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"logprobs\":true,\"top_logprobs\":21}", "top_logprobs");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"logprobs\":true,\"top_logprobs\":1.5}", "top_logprobs");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"temperature\":2.5}",
 		   "temperature");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"temperature\":\"hot\"}",
@@ -317,12 +329,127 @@ static void test_embed_decode(void **state)
 	}
 }
 
+/* logprobs and top_logprobs reach the submit flags. */
+static void test_decode_logprobs(void **state)
+{
+	(void)state;
+	static const struct {
+		enum http_kind kind;
+		const char *extra;
+		bool on;
+		uint32_t top;
+	} cases[] = {
+		{ HTTP_CHAT, "", false, 0 },
+		{ HTTP_CHAT, ",\"logprobs\":false", false, 0 },
+		{ HTTP_CHAT, ",\"logprobs\":true", true, 0 },
+		{ HTTP_CHAT, ",\"logprobs\":true,\"top_logprobs\":20", true, 20 },
+		{ HTTP_CHAT, ",\"logprobs\":false,\"top_logprobs\":0", false, 0 },
+		{ HTTP_CHAT, ",\"logprobs\":null,\"top_logprobs\":null", false, 0 },
+		{ HTTP_COMPLETION, "", false, 0 },
+		{ HTTP_COMPLETION, ",\"logprobs\":null", false, 0 },
+		{ HTTP_COMPLETION, ",\"logprobs\":0", true, 0 },
+		{ HTTP_COMPLETION, ",\"logprobs\":5", true, 5 },
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct http_gen *g = calloc(1, sizeof(*g));
+		struct http_err e;
+		char b[256];
+		snprintf(b, sizeof(b), cases[i].kind == HTTP_CHAT ?
+			 "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}]%s}" :
+			 "{\"model\":\"m\",\"prompt\":\"a\"%s}", cases[i].extra);
+		assert_int_equal(http_gen_decode(cases[i].kind, b, strlen(b), 64, g, &e), 0);
+		assert_int_equal(g->logprobs, cases[i].on);
+		assert_int_equal(g->top_logprobs, cases[i].top);
+		assert_int_equal(!!(g->req.flags & PROTO_SUBMIT_LOGPROBS), cases[i].on);
+		assert_int_equal(PROTO_SUBMIT_TOP(g->req.flags), cases[i].top);
+		assert_int_equal(!!(g->req.flags & PROTO_SUBMIT_CHAT), cases[i].kind == HTTP_CHAT);
+		http_gen_free(g);
+		free(g);
+	}
+}
+
+/* Two TOKENS_LP records (the second's token the EOG that ended the
+ * request), collected, then shaped as chat's and completions' logprobs. */
+static void test_logprobs_json(void **state)
+{
+	(void)state;
+	static uint8_t rec[2][512];
+	/* token 5 " é" (whole UTF-8) with alternatives 6 "\xc3" (a part) and
+	 * 7 " e" at -inf; then the EOG token 2 */
+	const int32_t ids0[3] = { 5, 6, 7 }, ids1[3] = { 2, 5, 6 };
+	const float lps0[3] = { -0.25f, -1.5f, -INFINITY }, lps1[3] = { -0.125f, -3, -4 };
+	const uint16_t pl0[3] = { 3, 1, 2 }, pl1[3] = { 5, 3, 1 };
+	struct proto_tokens t[2];
+	size_t len[2];
+	struct http_lpbuf b = { .max = 1 << 20 };
+
+	assert_int_equal(proto_tokens_lp_encode(rec[0], sizeof(rec[0]), 1, 2, ids0, lps0, pl0,
+						" \xc3\xa9\xc3 e", 6, " \xc3\xa9", 3, 0, &len[0]), 0);
+	assert_int_equal(proto_tokens_lp_encode(rec[1], sizeof(rec[1]), 1, 2, ids1, lps1, pl1,
+						"</s> \xc3\xa9\xc3", 9, NULL, 0, PROTO_LP_EOG,
+						&len[1]), 0);
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(proto_tokens_lp_decode(rec[k], len[k], NULL, &t[k], NULL, 0), 0);
+		assert_int_equal(http_lp_collect(&b, &t[k]), 0);
+	}
+	size_t one = b.n; /* the EOG token added nothing */
+	assert_int_equal(one, 1 + 3 * 6 + 6);
+	/* a plain batch adds nothing; a bound too small changes nothing */
+	struct proto_tokens plain = { 0 };
+	assert_int_equal(http_lp_collect(&b, &plain), 0);
+	b.max = b.n + 10;
+	assert_int_equal(http_lp_collect(&b, &t[0]), -1);
+	assert_int_equal(b.n, one);
+
+	size_t off = 0;
+	json_t *o = http_logprobs_json(HTTP_CHAT, b.p, b.n, &off);
+	char *s = json_dumps(o, JSON_COMPACT);
+	assert_string_equal(s, "{\"content\":[{\"token\":\" \u00e9\",\"logprob\":-0.25,"
+			       "\"bytes\":[32,195,169],\"top_logprobs\":[{\"token\":\"bytes:\\\\xc3\","
+			       "\"logprob\":-1.5,\"bytes\":[195]},{\"token\":\" e\",\"logprob\":"
+			       "-9999.0,\"bytes\":[32,101]}]}],\"refusal\":null}");
+	free(s);
+	json_decref(o);
+	/* completions: the offsets go on from where the last chunk ended */
+	off = 10;
+	o = http_logprobs_json(HTTP_COMPLETION, b.p, b.n, &off);
+	s = json_dumps(o, JSON_COMPACT);
+	assert_string_equal(s, "{\"tokens\":[\" \u00e9\"],\"token_logprobs\":[-0.25],"
+			       "\"top_logprobs\":[{\"bytes:\\\\xc3\":-1.5,\" e\":-9999.0}],"
+			       "\"text_offset\":[10]}");
+	assert_int_equal(off, 12); /* " é": two characters */
+	free(s);
+	json_decref(o);
+	/* nothing collected: empty lists */
+	o = http_logprobs_json(HTTP_CHAT, NULL, 0, &off);
+	s = json_dumps(o, JSON_COMPACT);
+	assert_string_equal(s, "{\"content\":[],\"refusal\":null}");
+	free(s);
+	json_decref(o);
+	/* in a response and a chunk */
+	struct proto_done u = { .generated_tokens = 2, .stop_reason = PROTO_STOP_EOG };
+	s = http_completion_json(HTTP_CHAT, "c", 1, "m", " \xc3\xa9", 3, NULL, 0,
+				 http_logprobs_json(HTTP_CHAT, b.p, b.n, &off), &u);
+	assert_non_null(strstr(s, "\"logprobs\":{\"content\":[{\"token\":\" \u00e9\""));
+	free(s);
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", " \xc3\xa9", 3, NULL, 0, false, NULL,
+			    http_logprobs_json(HTTP_COMPLETION, b.p, b.n, &off), NULL);
+	assert_non_null(strstr(s, "\"logprobs\":{\"tokens\":[\" \u00e9\"]"));
+	free(s);
+	/* the usage chunk drops what it was given */
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "", 0, NULL, 0, false, NULL,
+			    http_logprobs_json(HTTP_COMPLETION, b.p, b.n, &off), &u);
+	assert_non_null(strstr(s, "\"choices\":[]"));
+	free(s);
+	free(b.p);
+}
+
 static void test_json_out(void **state)
 {
 	(void)state;
 	struct proto_done u = { .prompt_tokens = 5, .cached_prompt_tokens = 2,
 				.generated_tokens = 3, .stop_reason = PROTO_STOP_MAX_TOKENS };
-	char *s = http_completion_json(HTTP_CHAT, "chatcmpl-1", 7, "m", "hi \"x\"\n", 7, NULL, 0,
+	char *s = http_completion_json(HTTP_CHAT, "chatcmpl-1", 7, "m", "hi \"x\"\n", 7, NULL, 0, NULL,
 				       &u);
 	assert_string_equal(s, "{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":7,"
 			       "\"model\":\"m\",\"choices\":[{\"index\":0,\"message\":{\"role\":"
@@ -332,38 +459,38 @@ static void test_json_out(void **state)
 			       "{\"cached_tokens\":2}}}");
 	free(s);
 	u.stop_reason = PROTO_STOP_EOG;
-	s = http_completion_json(HTTP_COMPLETION, "cmpl-1", 7, "m", "ab", 2, NULL, 0, &u);
+	s = http_completion_json(HTTP_COMPLETION, "cmpl-1", 7, "m", "ab", 2, NULL, 0, NULL, &u);
 	assert_non_null(strstr(s, "\"object\":\"text_completion\""));
 	assert_non_null(strstr(s, "\"text\":\"ab\""));
 	assert_non_null(strstr(s, "\"finish_reason\":\"stop\""));
 	free(s);
 	assert_string_equal(http_finish_reason(PROTO_STOP_STRING), "stop");
 	/* a reasoning model's answer: reasoning_content beside the content */
-	s = http_completion_json(HTTP_CHAT, "chatcmpl-2", 7, "m", "4", 1, "2+2", 3, &u);
+	s = http_completion_json(HTTP_CHAT, "chatcmpl-2", 7, "m", "4", 1, "2+2", 3, NULL, &u);
 	assert_non_null(strstr(s, "\"message\":{\"role\":\"assistant\",\"content\":\"4\","
 				  "\"reasoning_content\":\"2+2\"}"));
 	free(s);
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, true, NULL, NULL);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, true, NULL, NULL, NULL);
 	assert_non_null(strstr(s, "\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
 	assert_non_null(strstr(s, "\"finish_reason\":null"));
 	free(s);
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", NULL, 0, "hm", 2, false, NULL, NULL);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", NULL, 0, "hm", 2, false, NULL, NULL, NULL);
 	assert_non_null(strstr(s, "\"delta\":{\"reasoning_content\":\"hm\"}"));
 	free(s);
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "ok", 2, "m.", 2, false, NULL, NULL);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "ok", 2, "m.", 2, false, NULL, NULL, NULL);
 	assert_non_null(strstr(s, "\"delta\":{\"content\":\"ok\",\"reasoning_content\":\"m.\"}"));
 	free(s);
-	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, false, "stop", NULL);
+	s = http_chunk_json(HTTP_CHAT, "c", 1, "m", "", 0, NULL, 0, false, "stop", NULL, NULL);
 	assert_non_null(strstr(s, "\"delta\":{}"));
 	assert_non_null(strstr(s, "\"finish_reason\":\"stop\""));
 	free(s);
-	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "", 0, NULL, 0, false, NULL, &u);
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "", 0, NULL, 0, false, NULL, NULL, &u);
 	assert_non_null(strstr(s, "\"choices\":[]"));
 	assert_non_null(strstr(s, "\"usage\":{"));
 	free(s);
 
 	/* invalid UTF-8 (a batch ending inside a character) becomes U+FFFD */
-	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "a\xe2\x82", 3, NULL, 0, false, NULL,
+	s = http_chunk_json(HTTP_COMPLETION, "c", 1, "m", "a\xe2\x82", 3, NULL, 0, false, NULL, NULL,
 			    NULL);
 	assert_non_null(s);
 	assert_non_null(strstr(s, "\"text\":\"a\xef\xbf\xbd\xef\xbf\xbd\""));
@@ -476,6 +603,8 @@ int main(void)
 		cmocka_unit_test(test_decode_chat),
 		cmocka_unit_test(test_decode_errors),
 		cmocka_unit_test(test_embed_decode),
+		cmocka_unit_test(test_decode_logprobs),
+		cmocka_unit_test(test_logprobs_json),
 		cmocka_unit_test(test_json_out),
 		cmocka_unit_test(test_sse),
 		cmocka_unit_test(test_base64),
