@@ -6,12 +6,16 @@
  *    temperature alone, with top-p, with top-k + top-p + min-p, and with a
  *    repeat penalty. Logits are normal-ish (a sum of uniforms, sd ~2) with
  *    a few peaks, like a trained model's. Median over the draws.
+ *    Beside them, the log probabilities a request may ask for
+ *    (gpud_logprobs_row: the log softmax's two passes, with 0, 5 and 20
+ *    alternatives), which come on top of its sampling.
  * 2. The scheduler: one CPU device stepping a model whose forward pass is
  *    cheap next to its sampling (dim 64, one layer, F32, the 128256-token
  *    Llama 3 vocabulary: a step's logits matmul reads 33 MB), 64 requests
  *    decoding at once with a temperature and top-p; generated tokens per
  *    second with gpud.sample_threads 1, 2 and 0 (one per CPU), and the same
- *    load greedy (arg max rows) beside them.
+ *    load greedy (arg max rows) beside them, and greedy with the log
+ *    probabilities of 5 alternatives.
  *
  * usage: bench_sampling [--vocab-from GGUF] [--tokens N] [--out FILE.md]
  * The vocabulary defaults to ../shared/tokenizer/ggml-vocab-llama-bpe.gguf;
@@ -89,6 +93,30 @@ static double row_us(uint32_t nv, const struct gpud_sampler_params *p, int draws
 	return t[draws / 2];
 }
 
+/* Median microseconds of one gpud_logprobs_row with top alternatives. */
+static double lp_us(uint32_t nv, uint32_t top, int draws)
+{
+	static float t[256];
+	float *l = malloc(sizeof(float) * nv);
+	struct gpud_logprobs lp;
+	volatile float sink = 0;
+
+	if (!l)
+		return -1;
+	for (int d = 0; d < draws; d++) {
+		double t0;
+		fill_logits(l, nv);
+		t0 = bench_now();
+		gpud_logprobs_row(l, (int32_t)nv, (int32_t)(unif() * nv), top, &lp);
+		t[d] = (float)((bench_now() - t0) * 1e6);
+		sink += lp.logprob;
+	}
+	(void)sink;
+	qsort(t, (size_t)draws, sizeof(t[0]), cmp_f);
+	free(l);
+	return t[draws / 2];
+}
+
 static atomic_int n_done;
 static atomic_long n_gen;
 
@@ -105,7 +133,8 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 /* Generated tokens per second: N_REQ requests of `tokens` tokens each on
  * one CPU device, sampled by `threads` threads (temperature or greedy).
  * Best of three runs. */
-static double sched_rate(struct gpud_engine *e, uint32_t threads, bool greedy, uint32_t tokens)
+static double sched_rate(struct gpud_engine *e, uint32_t threads, bool greedy, uint32_t tokens,
+			 uint32_t lp_top)
 {
 	double best = 0;
 
@@ -127,7 +156,8 @@ static double sched_rate(struct gpud_engine *e, uint32_t threads, bool greedy, u
 		atomic_store(&n_done, 0);
 		for (uint32_t i = 0; i < N_REQ; i++) {
 			struct gpud_sched_req r = { .tokens = prompt, .n_tokens = 8, .cb = on_event,
-						    .max_tokens = tokens };
+						    .max_tokens = tokens, .logprobs = lp_top > 0,
+						    .top_logprobs = lp_top };
 			uint64_t id;
 
 			for (int k = 0; k < 8; k++)
@@ -221,6 +251,13 @@ int main(int argc, char **argv)
 		fprintf(out, "\n");
 		fflush(out);
 	}
+	for (uint32_t top = 0; top <= 20; top += top ? 15 : 5) {
+		fprintf(out, "| log probabilities, %u alternatives (gpud_logprobs_row) |", top);
+		for (int v = 0; v < 2; v++)
+			fprintf(out, " %.0f us |", lp_us(sizes[v], top, 64));
+		fprintf(out, "\n");
+		fflush(out);
+	}
 
 	fd = mkstemp(path);
 	if (fd < 0)
@@ -253,12 +290,16 @@ int main(int argc, char **argv)
 		"dim 64, 1 layer, F32, %u-token vocabulary; %u tokens each; decode tokens/s, "
 		"best of 3 runs.\n\n| rows | sample_threads | tokens/s |\n|---|---:|---:|\n",
 		N_REQ, gpud_engine_n_vocab(e), tokens);
-	for (int g = 0; g < 2; g++) {
+	for (int g = 0; g < 3; g++) {
 		static const uint32_t th[3] = { 1, 2, 0 };
+		static const char *const rows[3] = {
+			"temperature 0.8, top-p 0.95", "greedy (arg max)",
+			"greedy, log probabilities of 5 alternatives",
+		};
 		for (int k = 0; k < 3; k++) {
-			fprintf(out, "| %s | %u%s | %.0f |\n",
-				g ? "greedy (arg max)" : "temperature 0.8, top-p 0.95", th[k],
-				th[k] ? "" : " (one per CPU)", sched_rate(e, th[k], g, tokens));
+			fprintf(out, "| %s | %u%s | %.0f |\n", rows[g], th[k],
+				th[k] ? "" : " (one per CPU)",
+				sched_rate(e, th[k], g > 0, tokens, g == 2 ? 5 : 0));
 			fflush(out);
 		}
 	}

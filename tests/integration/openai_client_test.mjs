@@ -9,7 +9,8 @@
 // gpud-http with a key file and runs this. Checks, TAP-style: the model
 // list; a greedy chat completion (its shape, usage, finish_reason); the
 // same request streamed (the deltas concatenated equal the non-streamed
-// text, a finish_reason, the usage chunk agrees); a plain completion;
+// text, a finish_reason, the usage chunk agrees); log probabilities (the
+// same answer, whole and streamed); a plain completion;
 // embeddings of a string and of an array (float, and the package's own
 // default, base64, which it decodes: the same vectors); and errors as the
 // package raises them: n = 2 -> 400 (BadRequestError naming n), a wrong key
@@ -109,6 +110,36 @@ await check('chat.completions.create stream: the deltas equal the non-streamed t
   assert.ok(usage, 'a usage chunk (stream_options.include_usage)');
   assert.equal(usage.completion_tokens, plain.usage.completion_tokens);
   assert.equal(usage.prompt_tokens, plain.usage.prompt_tokens);
+});
+
+await check('chat logprobs: the same answer, each token with its alternatives, streamed alike', async () => {
+  assert.ok(plain, 'needs the non-streamed reply');
+  const r = await client.chat.completions.create({
+    model, messages, max_tokens: 16, temperature: 0, seed: 7, logprobs: true, top_logprobs: 2,
+  });
+  const c = r.choices[0];
+  assert.equal(c.message.content, plain.choices[0].message.content);
+  const lp = c.logprobs.content;
+  assert.ok(lp.length > 0 && lp.length <= 16, `${lp.length} entries`);
+  let bytes = [];
+  for (const t of lp) {
+    assert.equal(typeof t.token, 'string');
+    assert.ok(t.logprob <= 0, `${t.logprob}`);
+    assert.equal(t.top_logprobs.length, 2);
+    assert.equal(t.top_logprobs[0].token, t.token); // greedy: its own likeliest
+    assert.ok(t.top_logprobs[1].logprob <= t.top_logprobs[0].logprob);
+    bytes = bytes.concat(t.bytes);
+  }
+  const spelled = Buffer.from(bytes).toString('utf8');
+  assert.ok(spelled.includes(c.message.content), `${JSON.stringify(spelled)}`);
+  const stream = await client.chat.completions.create({
+    model, messages, max_tokens: 16, temperature: 0, seed: 7, logprobs: true, top_logprobs: 2,
+    stream: true,
+  });
+  const got = [];
+  for await (const chunk of stream)
+    for (const ch of chunk.choices) got.push(...(ch.logprobs?.content ?? []));
+  assert.deepEqual(got, lp);
 });
 
 await check('completions.create: a text completion', async () => {
