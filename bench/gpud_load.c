@@ -3,7 +3,7 @@
  *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
  *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
- *             [--answer SYS:K:CHUNK:POOL:Q] [--timeout S] [--json]
+ *             [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N] [--timeout S] [--json]
  *   gpud-load --http URL [--endpoint chat|completions] [--api-key-file F]
  *             [--socket PATH] [--front-pid PID] ... (the same load options
  *             but --answer)
@@ -18,6 +18,12 @@
  * tokens-per-word ratio measured once with proto_client_tokenize, so
  * prompt lengths hit MIN:MAX approximately (the DONE usage gives the real
  * count, which is what is reported).
+ *
+ * --logprobs N (0..20) asks for every token's log probability and N
+ * alternatives' (native protocol only) and checks each TOKENS_LP record:
+ * N alternatives a token, likeliest first, the token's own id and every
+ * log probability <= 0 and not NaN, no plain TOKENS record. A request
+ * whose records fail is cancelled and counted as an error (EPROTO).
  *
  * --answer SYS:K:CHUNK:POOL:Q sends answer-style prompts instead, shaped
  * like agentd's answer task with chunk_mask "self": a system prompt of
@@ -122,6 +128,7 @@ struct opts {
 	double timeout_s;
 	bool causal, json;
 	bool answer;                     /* --answer */
+	int32_t logprobs;                /* --logprobs N, or -1 */
 	uint32_t a_sys, a_k, a_chunk, a_pool, a_q;
 };
 
@@ -175,6 +182,7 @@ struct slot {
 	struct proto_mask_row *rows;       /* (max segments + 1) */
 	uint16_t *idx;                     /* (S+1)(S+2)/2 */
 	uint32_t *cut;                     /* (max segments) word index of each start */
+	bool lp_bad;                       /* --logprobs: a record failed the checks */
 };
 
 struct worker {
@@ -253,6 +261,27 @@ static void finish(struct slot *s, int status, const struct proto_done *usage)
 	pthread_cond_signal(&w->cv);
 }
 
+/* --logprobs: whether t is what was asked for (the header's checks). */
+static bool lp_ok(const struct proto_tokens *t, int32_t n_top)
+{
+	struct proto_lp_iter it;
+	struct proto_lp_entry e;
+	float prev = 0;
+	uint32_t n = 0;
+
+	if (!t->logprobs || t->n_top != (uint32_t)n_top)
+		return false;
+	proto_lp_iter_init(&it, t);
+	while (proto_lp_next(&it, &e)) {
+		if (!(e.logprob <= 0) || (e.rank == 0 && e.id != proto_tokens_id(t, e.token)) ||
+		    (e.rank > 1 && e.logprob > prev))
+			return false;
+		prev = e.logprob;
+		n++;
+	}
+	return n == t->n_ids * (1 + t->n_top);
+}
+
 static int on_tokens(void *arg, uint64_t request_id, const struct proto_tokens *t)
 {
 	struct slot *s = arg;
@@ -260,6 +289,10 @@ static int on_tokens(void *arg, uint64_t request_id, const struct proto_tokens *
 	if (t->n_ids > 0 && s->t_first == 0)
 		s->t_first = bench_now();
 	s->streamed += t->n_ids;
+	if (s->w->o->logprobs >= 0 && !lp_ok(t, s->w->o->logprobs)) {
+		s->lp_bad = true; /* read in on_done, on this same reader thread */
+		return 1;
+	}
 	return 0;
 }
 
@@ -270,6 +303,11 @@ static void on_done(void *arg, uint64_t request_id, int status, const struct pro
 	struct worker *w = s->w;
 
 	pthread_mutex_lock(&w->mu);
+	if (s->lp_bad) {
+		s->lp_bad = false;
+		status = -EPROTO;
+		msg = "a TOKENS_LP record failed the --logprobs checks";
+	}
 	if (status)
 		note_error(w, status, msg);
 	finish(s, status, status ? NULL : usage);
@@ -363,6 +401,8 @@ static void build_answer(struct worker *w, struct slot *s, struct proto_submit_r
 	req->sampling.top_p = 1.0f;
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
+	if (o->logprobs >= 0)
+		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT;
 	desc->n_segments = S;
 	desc->rows = s->rows;
 	req->mask = desc;
@@ -427,6 +467,8 @@ static void build_request(struct worker *w, struct slot *s, struct proto_submit_
 	req->sampling.top_p = 1.0f;
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
+	if (o->logprobs >= 0)
+		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT;
 	if (o->causal)
 		return;
 	size_t k = 0;
@@ -1450,7 +1492,7 @@ static void usage(const char *argv0)
 		"usage: %s --socket PATH --requests N --concurrency C [--processes P]\n"
 		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
 		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
-		"       [--answer SYS:K:CHUNK:POOL:Q] [--timeout SECONDS] [--json]\n"
+		"       [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N] [--timeout SECONDS] [--json]\n"
 		"   or: %s --http http://HOST:PORT [--endpoint chat|completions]\n"
 		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above\n"
 		"       but --answer)\n",
@@ -1462,7 +1504,7 @@ int main(int argc, char **argv)
 	struct opts o = {
 		.requests = 100, .concurrency = 1, .processes = 1, .prompt_min = 32,
 		.prompt_max = 256, .max_tokens = 64, .seg_min = 1, .seg_max = 8, .seed = 1,
-		.timeout_s = 300,
+		.timeout_s = 300, .logprobs = -1,
 	};
 	const char *key_file = NULL;
 	int bad = 0;
@@ -1507,6 +1549,11 @@ int main(int argc, char **argv)
 			bad = parse_u32(v, 0, 1u << 20, &o.max_tokens) != 0;
 		} else if (!strcmp(a, "--segments")) {
 			bad = parse_range(v, 1, PROTO_MAX_SEGMENTS, &o.seg_min, &o.seg_max) != 0;
+		} else if (!strcmp(a, "--logprobs")) {
+			uint32_t n;
+
+			bad = parse_u32(v, 0, PROTO_MAX_TOP_LOGPROBS, &n) != 0;
+			o.logprobs = (int32_t)n;
 		} else if (!strcmp(a, "--seed")) {
 			o.seed = strtoull(v, NULL, 0);
 		} else if (!strcmp(a, "--temperature")) {
@@ -1534,6 +1581,11 @@ int main(int argc, char **argv)
 	}
 	if (o.http && o.answer) {
 		fprintf(stderr, "gpud-load: --answer sends mask descriptors over the native "
+			"protocol; it does not combine with --http\n");
+		return 2;
+	}
+	if (o.http && o.logprobs >= 0) {
+		fprintf(stderr, "gpud-load: --logprobs checks TOKENS_LP records of the native "
 			"protocol; it does not combine with --http\n");
 		return 2;
 	}

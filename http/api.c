@@ -348,8 +348,9 @@ static int decode_logprobs(struct http_gen *g, json_t *root, struct http_err *e)
 		if (t) {
 			if (!json_is_integer(t) || json_integer_value(t) < 0 ||
 			    json_integer_value(t) > PROTO_MAX_TOP_LOGPROBS)
-				return bad(e, "top_logprobs", "top_logprobs: expected an integer in "
-					   "[0, %d]", PROTO_MAX_TOP_LOGPROBS);
+				return bad(e, "top_logprobs",
+					   "top_logprobs: expected an integer in [0, %d]",
+					   PROTO_MAX_TOP_LOGPROBS);
 			n = json_integer_value(t);
 			if (n && !g->logprobs)
 				return bad(e, "top_logprobs", "top_logprobs: only with logprobs: "
@@ -788,8 +789,8 @@ json_t *http_logprobs_json(enum http_kind kind, const char *p, size_t n, size_t 
 				goto fail;
 			if (kind == HTTP_CHAT) {
 				json_t *a = json_pack("{s:o, s:o, s:o}", "token",
-						      piece_json(piece, len), "logprob", lp_json(lp),
-						      "bytes", bytes_json(piece, len));
+						      piece_json(piece, len), "logprob",
+						      lp_json(lp), "bytes", bytes_json(piece, len));
 				if (!a || json_array_append_new(alts, a))
 					goto fail;
 			} else {
