@@ -218,7 +218,7 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 {
 	struct gpud_model_hparams *hp = &m->hp;
 	struct gpud_gguf_str arch;
-	uint32_t rope_dims = 0, key_len = 0, value_len = 0;
+	uint32_t rope_dims = 0, key_len = 0, value_len = 0, experts = 0;
 	int rc;
 
 	rc = gpud_gguf_get_str(m->g, "general.architecture", &arch);
@@ -247,8 +247,15 @@ static int read_hparams(struct gpud_model *m, char *err, size_t errlen)
 	    (rc = meta_u32(m, key(m, "attention.value_length"), &value_len, false, err, errlen)) ||
 	    (rc = meta_f32(m, key(m, "attention.layer_norm_rms_epsilon"), &hp->norm_eps, err,
 			   errlen)) ||
-	    (rc = meta_f32(m, key(m, "rope.freq_base"), &hp->rope_base, err, errlen)))
+	    (rc = meta_f32(m, key(m, "rope.freq_base"), &hp->rope_base, err, errlen)) ||
+	    (rc = meta_u32(m, key(m, "expert_count"), &experts, false, err, errlen)))
 		return rc;
+	/* Mixtral is written as "llama" with experts in place of each
+	 * layer's one feed-forward network */
+	if (experts)
+		return sw_seterr(err, errlen, SW_EUNSUPPORTED,
+				 "%s: a mixture of %u experts (%s.expert_count): mixture-of-experts "
+				 "models (Mixtral) are not supported", m->path, experts, m->arch);
 	if (!hp->dim || !hp->n_layers || !hp->ffn_dim || !hp->n_heads || !hp->n_kv_heads ||
 	    !hp->n_ctx || (!key_len && hp->dim % hp->n_heads) || hp->n_heads % hp->n_kv_heads ||
 	    hp->n_layers > 4096 || hp->dim > (1u << 20) || hp->ffn_dim > (1u << 22) ||

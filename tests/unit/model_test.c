@@ -43,6 +43,7 @@ struct mod {
 	bool rope_freqs;          /* add rope_freqs.weight = 1, 2, 3, 4 */
 	uint32_t key_length;      /* llama.attention.key_length, when not 0 */
 	uint32_t value_length;    /* llama.attention.value_length, when not 0 */
+	uint32_t expert_count;    /* llama.expert_count, when not 0 */
 };
 
 static bool skip_key(const char *key, void *arg)
@@ -77,6 +78,8 @@ static char *derive(const char *name, const struct mod *m)
 	if (m->value_length)
 		assert_int_equal(gpud_gguf_w_u32(w, "llama.attention.value_length", m->value_length),
 				 0);
+	if (m->expert_count)
+		assert_int_equal(gpud_gguf_w_u32(w, "llama.expert_count", m->expert_count), 0);
 	for (uint64_t i = 0; i < gpud_gguf_n_tensors(src); i++) {
 		const struct gpud_gguf_tensor *t = gpud_gguf_tensor(src, i);
 		uint64_t ne[4] = { t->ne[0], t->ne[1], t->ne[2], t->ne[3] };
@@ -360,6 +363,14 @@ static void test_rope_bad_scaling(void **state)
 	expect_error(derive("longrope.gguf", &m), SW_EUNSUPPORTED, "longrope");
 }
 
+/* A Mixtral-style file (llama with expert_count) is refused by name, not
+ * with a missing tensor. */
+static void test_experts_refused(void **state)
+{
+	struct mod m = { .expert_count = 8 };
+	expect_error(derive("moe.gguf", &m), SW_EUNSUPPORTED, "mixture of 8 experts");
+}
+
 /* attention.key_length: dim / heads (stories260K: 8) is accepted; another
  * width makes Q and the attention output heads * key_length wide (Mistral
  * NeMo's 32 * 128 at dim 5120): a file whose tensors are not is refused
@@ -601,6 +612,7 @@ int main(void)
 		cmocka_unit_test(test_rope_linear),
 		cmocka_unit_test(test_rope_yarn),
 		cmocka_unit_test(test_rope_bad_scaling),
+		cmocka_unit_test(test_experts_refused),
 		cmocka_unit_test(test_head_width),
 		cmocka_unit_test(test_rope_inv_freq_helper),
 		cmocka_unit_test(test_qwen2_hparams),
