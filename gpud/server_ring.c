@@ -33,9 +33,10 @@ int gpud__ring_push_locked(struct sconn *c, uint16_t type, uint64_t id, const vo
 	return 0;
 }
 
-/* Writes r's staged token batches as one coalesced TOKENS record, then its
- * final record. Returns 0 when nothing is left waiting, SW_EBUSY when the
- * ring is still too full, or a ring error. */
+/* Writes r's staged token batches as one coalesced TOKENS record (or its
+ * staged TOKENS_LP records one by one, as many as fit), then its final
+ * record. Returns 0 when nothing is left waiting, SW_EBUSY when the ring
+ * is still too full, or a ring error. */
 int gpud__flush_req_locked(struct sconn *c, struct gpud_sreq *r)
 {
 	int rc = 0;
