@@ -463,9 +463,9 @@ static void test_tokens_lp(void **state)
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 2, 2, ids, lps, plen, pieces,
 						11, "hi.", 3, 0, &len), 0);
 	assert_int_equal(len, 94);
-	assert_false(t.eog);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)), 0);
 	assert_true(t.logprobs);
+	assert_false(t.eog);
 	assert_int_equal(t.n_ids, 2);
 	assert_int_equal(t.n_top, 2);
 	assert_int_equal(proto_tokens_id(&t, 0), 7);
