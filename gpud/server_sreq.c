@@ -31,30 +31,57 @@ void *gpud_sreq_priv(struct gpud_sreq *r)
 	return r->priv;
 }
 
-int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, const char *text,
-		     size_t len)
+/* A token batch as either record type carries it. */
+struct batch {
+	bool lp; /* TOKENS_LP (one token), else TOKENS */
+	const int32_t *ids;
+	uint32_t n_ids, n_top, pieces_len;
+	const float *lps;
+	const uint16_t *plen;
+	const char *pieces, *text;
+	uint32_t len;
+	bool eog;
+	size_t need; /* its encoded size */
+};
+
+/* Encodes b into dst (b->need bytes, checked already); returns the length. */
+static size_t batch_encode(const struct batch *b, uint8_t *dst)
+{
+	size_t l = 0;
+
+	if (b->lp)
+		proto_tokens_lp_encode(dst, b->need, 1, b->n_top, b->ids, b->lps, b->plen,
+				       b->pieces, b->pieces_len, b->text, b->len,
+				       b->eog ? PROTO_LP_EOG : 0, &l);
+	else
+		proto_tokens_encode(dst, b->need, b->ids, b->n_ids, b->text, b->len, &l);
+	return l;
+}
+
+/* Writes b into the ring after what r has staged, or stages it while the
+ * ring is full (TOKENS batches are coalesced at the flush, TOKENS_LP
+ * records written one by one). */
+static int put_batch(struct gpud_sreq *r, const struct batch *b)
 {
 	struct sconn *c = r->c;
 	struct gpud_server *s = c->s;
-	if (len > UINT32_MAX || (n_ids && !ids) || (len && !text))
-		return -EINVAL;
-	size_t need = proto_tokens_size(n_ids, (uint32_t)len);
-	if (!need || need > s->ring_max)
+	uint16_t type = b->lp ? PROTO_T_TOKENS_LP : PROTO_T_TOKENS;
+	uint8_t *dst;
+	int rc;
+
+	if (!b->need || b->need > s->ring_max)
 		return SW_ETOOLONG;
 	pthread_mutex_lock(&c->lock);
 	if (!c->open) {
 		pthread_mutex_unlock(&c->lock);
 		return SW_ECLOSED;
 	}
-	int rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
+	rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
 	if (rc == 0) {
-		uint8_t *dst;
-		rc = proto_ring_reserve(c->ring, need, &dst);
+		rc = proto_ring_reserve(c->ring, b->need, &dst);
 		if (rc == 0) {
-			size_t l;
-			proto_tokens_encode(dst, need, ids, n_ids, text, (uint32_t)len, &l);
-			proto_ring_commit(c->ring, PROTO_T_TOKENS, r->client_id, l);
-			gpud__doorbell_locked(c, PROTO_T_TOKENS, r->client_id);
+			proto_ring_commit(c->ring, type, r->client_id, batch_encode(b, dst));
+			gpud__doorbell_locked(c, type, r->client_id);
 			pthread_mutex_unlock(&c->lock);
 			return 0;
 		}
@@ -64,13 +91,12 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, co
 		pthread_mutex_unlock(&c->lock);
 		return SW_ECLOSED;
 	}
-	if (r->stage_len + need > s->stage_cap) {
+	if (r->stage_len + b->need > s->stage_cap) {
 		pthread_mutex_unlock(&c->lock);
 		return SW_EBUSY;
 	}
-	size_t l;
-	proto_tokens_encode(r->stage + r->stage_len, need, ids, n_ids, text, (uint32_t)len, &l);
-	r->stage_len += l;
+	r->stage_len += batch_encode(b, r->stage + r->stage_len);
+	r->stage_lp = b->lp;
 	size_t used = r->stage_len;
 	gpud__update_backlog_locked(r);
 	pthread_mutex_unlock(&c->lock);
@@ -82,67 +108,34 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, co
 	return 0;
 }
 
+int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, const char *text,
+		     size_t len)
+{
+	if (len > UINT32_MAX || (n_ids && !ids) || (len && !text))
+		return -EINVAL;
+	struct batch b = { .ids = ids, .n_ids = n_ids, .text = text, .len = (uint32_t)len,
+			   .need = proto_tokens_size(n_ids, (uint32_t)len) };
+	return put_batch(r, &b);
+}
+
 int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 			const float *lps, const uint16_t *plen, const char *pieces,
 			uint32_t pieces_len, const char *text, size_t len, bool eog)
 {
-	struct sconn *c = r->c;
-	struct gpud_server *s = c->s;
-	size_t need, l;
-	uint8_t *dst;
-	int rc;
-
 	uint32_t sum = 0;
+
 	if (len > UINT32_MAX || (len && !text) || n_top > PROTO_MAX_TOP_LOGPROBS || !ids ||
 	    !lps || !plen || (pieces_len && !pieces))
 		return -EINVAL;
 	for (uint32_t e = 0; e <= n_top; e++)
 		sum += plen[e];
 	if (sum != pieces_len)
-		return -EINVAL; /* so that the encoding below cannot fail */
-	need = proto_tokens_lp_size(1, n_top, (uint32_t)len, pieces_len);
-	if (!need || need > s->ring_max)
-		return SW_ETOOLONG;
-	pthread_mutex_lock(&c->lock);
-	if (!c->open) {
-		pthread_mutex_unlock(&c->lock);
-		return SW_ECLOSED;
-	}
-	rc = r->stage_len ? gpud__flush_req_locked(c, r) : 0;
-	if (rc == 0) {
-		rc = proto_ring_reserve(c->ring, need, &dst);
-		if (rc == 0) {
-			proto_tokens_lp_encode(dst, need, 1, n_top, ids, lps, plen, pieces,
-					       pieces_len, text, (uint32_t)len,
-					       eog ? PROTO_LP_EOG : 0, &l);
-			proto_ring_commit(c->ring, PROTO_T_TOKENS_LP, r->client_id, l);
-			gpud__doorbell_locked(c, PROTO_T_TOKENS_LP, r->client_id);
-			pthread_mutex_unlock(&c->lock);
-			return 0;
-		}
-		gpud__ring_fail_locked(c, rc);
-	}
-	if (rc != SW_EBUSY) {
-		pthread_mutex_unlock(&c->lock);
-		return SW_ECLOSED;
-	}
-	if (r->stage_len + need > s->stage_cap) {
-		pthread_mutex_unlock(&c->lock);
-		return SW_EBUSY;
-	}
-	proto_tokens_lp_encode(r->stage + r->stage_len, need, 1, n_top, ids, lps, plen, pieces,
-			       pieces_len, text, (uint32_t)len, eog ? PROTO_LP_EOG : 0, &l);
-	r->stage_len += l;
-	r->stage_lp = true;
-	size_t used = r->stage_len;
-	gpud__update_backlog_locked(r);
-	pthread_mutex_unlock(&c->lock);
-	STAT(s, {
-		s->st.staged++;
-		if (used > s->st.stage_high)
-			s->st.stage_high = used;
-	});
-	return 0;
+		return -EINVAL; /* so that the encoding cannot fail */
+	struct batch b = { .lp = true, .ids = ids, .n_ids = 1, .n_top = n_top,
+			   .pieces_len = pieces_len, .lps = lps, .plen = plen, .pieces = pieces,
+			   .text = text, .len = (uint32_t)len, .eog = eog,
+			   .need = proto_tokens_lp_size(1, n_top, (uint32_t)len, pieces_len) };
+	return put_batch(r, &b);
 }
 
 /* c->lock held, r ended, r->fin (or the stage) holds the final record:
