@@ -140,6 +140,7 @@ static const struct field gpud_fields[] = {
 	NAME("kv_type", gpud.kv_type, kv_type_names),
 	U32("max_batch_tokens", gpud.max_batch_tokens, 1, 1u << 20, 0, NULL),
 	U32("max_seqs", gpud.max_seqs, 1, 65536, 0, NULL),
+	U32("logprob_rows", gpud.logprob_rows, 0, 4096, 0, NULL),
 	U32("max_segments", gpud.max_segments, 64, 127, 0, NULL),
 	U32("context", gpud.context, 0, 1u << 24, 0, NULL),
 	BYTES("mask_cache_bytes", gpud.mask_cache_bytes, 4096, 1ull << 40),
@@ -243,6 +244,7 @@ void sw_config_defaults(struct sw_config *cfg)
 	cfg->gpud.kv_type = SW_KV_F32;
 	cfg->gpud.max_batch_tokens = 2048;
 	cfg->gpud.max_seqs = 64;
+	cfg->gpud.logprob_rows = 32;
 	cfg->gpud.max_segments = 64;
 	cfg->gpud.context = 0;
 	cfg->gpud.mask_cache_bytes = 64ull << 20;

@@ -113,6 +113,9 @@ struct sw_config {
 						 * and V are stored */
 		uint32_t max_batch_tokens;      /* tokens per forward step */
 		uint32_t max_seqs;              /* sequences in flight per device */
+		uint32_t logprob_rows;          /* logits rows a step keeps beyond
+						 * one a sequence, for the prompt's
+						 * log probabilities */
 		uint32_t max_segments;          /* 64..127 mask segments per request */
 		uint32_t context;               /* 0 = the model's trained context */
 		uint64_t mask_cache_bytes;

@@ -199,6 +199,7 @@ static int engine_build(struct gpud_daemon *d, struct device *dv, const struct s
 	ep.n_ctx = d->n_ctx;
 	ep.max_batch_tokens = g->max_batch_tokens;
 	ep.max_seqs = g->max_seqs + 1; /* + the embedding's temporary slot */
+	ep.max_logits = ep.max_seqs + g->logprob_rows; /* the prompt's log probabilities */
 	ep.block_tokens = g->kv_block_tokens;
 	ep.kv_type = gpud_kv_type_of(g->kv_type);
 	ep.n_blocks = d->plan.dev[dv->idx].kv_blocks;

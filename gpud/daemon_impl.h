@@ -73,6 +73,7 @@ struct req_priv {
 	uint32_t job;                      /* REQ_EMBED: slot in dev's jobs */
 	enum req_kind kind;
 	int reply_err;                     /* a token batch the server refused */
+	uint32_t top_logprobs;             /* alternatives a token (SUBMIT flags) */
 };
 /* A server slot's priv area (struct req_priv, 16-byte aligned). */
 #define REQ_PRIV_BYTES ((sizeof(struct req_priv) + 15) / 16 * 16)

@@ -297,7 +297,7 @@ static struct gpud_backend_config backend_config(const struct sw_config *cfg,
 		.block_tokens = g->kv_block_tokens,
 		.max_batch_tokens = g->max_batch_tokens,
 		.max_seqs = g->max_seqs + 1,   /* as daemon_build's engines */
-		.max_logits = g->max_seqs + 1, /* the engine's default: max_seqs */
+		.max_logits = g->max_seqs + 1 + g->logprob_rows, /* as daemon_build's */
 		.kv_type = gpud_kv_type_of(g->kv_type),
 	};
 }

@@ -37,12 +37,16 @@ static uint64_t us(double s)
 
 /* A token with its log probabilities: the token's and its alternatives'
  * ids, numbers and raw pieces (control tokens by their text; a piece over
- * LP_PIECE_MAX bytes is sent empty). On the device thread's stack. */
+ * LP_PIECE_MAX bytes is sent empty). The prompt's first token, which has
+ * none, gets the request's count of alternatives as id -1 and NaN. On the
+ * device thread's stack. */
 #define LP_PIECE_MAX 256
-static int tokens_lp(struct gpud_daemon *d, struct gpud_sreq *r,
+static int tokens_lp(struct gpud_daemon *d, struct req_priv *p,
 		     const struct gpud_sched_event *ev)
 {
 	const struct gpud_logprobs *lp = ev->logprobs;
+	bool prompt = ev->kind == GPUD_SCHED_PROMPT_TOKEN;
+	uint32_t n_top = prompt && ev->prompt_pos == 0 ? p->top_logprobs : lp->n_top;
 	int32_t ids[1 + GPUD_LOGPROBS_TOP_MAX];
 	float lps[1 + GPUD_LOGPROBS_TOP_MAX];
 	uint16_t plen[1 + GPUD_LOGPROBS_TOP_MAX];
@@ -51,17 +55,19 @@ static int tokens_lp(struct gpud_daemon *d, struct gpud_sreq *r,
 
 	ids[0] = ev->token;
 	lps[0] = lp->logprob;
-	for (uint32_t k = 0; k < lp->n_top; k++) {
-		ids[1 + k] = lp->top_id[k];
-		lps[1 + k] = lp->top_lp[k];
+	for (uint32_t k = 0; k < n_top; k++) {
+		ids[1 + k] = k < lp->n_top ? lp->top_id[k] : -1;
+		lps[1 + k] = k < lp->n_top ? lp->top_lp[k] : NAN;
 	}
-	for (uint32_t k = 0; k <= lp->n_top; k++) {
-		int n = gpud_tokenizer_piece(d->tok, ids[k], true, pieces + off, LP_PIECE_MAX);
+	for (uint32_t k = 0; k <= n_top; k++) {
+		int n = ids[k] < 0 ? 0 :
+			gpud_tokenizer_piece(d->tok, ids[k], true, pieces + off, LP_PIECE_MAX);
 		plen[k] = n > 0 ? (uint16_t)n : 0;
 		off += plen[k];
 	}
-	return gpud_sreq_tokens_lp(r, lp->n_top, ids, lps, plen, pieces, off, ev->text, ev->len,
-				   gpud_tokenizer_is_eog(d->tok, ev->token));
+	return gpud_sreq_tokens_lp(p->r, n_top, ids, lps, plen, pieces, off, ev->text, ev->len,
+				   prompt ? PROTO_LP_PROMPT :
+				   gpud_tokenizer_is_eog(d->tok, ev->token) ? PROTO_LP_EOG : 0);
 }
 
 /* Device thread (or the canceller), scheduler lock held. */
@@ -71,9 +77,9 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 	struct gpud_daemon *d = p->d;
 	struct gpud_sreq *r = p->r;
 
-	if (ev->kind == GPUD_SCHED_TOKEN) {
+	if (ev->kind == GPUD_SCHED_TOKEN || ev->kind == GPUD_SCHED_PROMPT_TOKEN) {
 		/* SW_EBUSY (the client stopped reading) or SW_ECLOSED: stop it. */
-		p->reply_err = ev->logprobs ? tokens_lp(d, r, ev) :
+		p->reply_err = ev->logprobs ? tokens_lp(d, p, ev) :
 					      gpud_sreq_tokens(r, &ev->token, 1, ev->text, ev->len);
 		return p->reply_err ? 1 : 0;
 	}
@@ -201,6 +207,7 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 	p->d = d;
 	p->r = r;
 	p->kind = REQ_SUBMIT;
+	p->top_logprobs = PROTO_SUBMIT_TOP(q->flags);
 	p->t0 = now_s();
 	p->dev = pick_device(d, desc, n, q->max_tokens, &p->placed, &p->mask);
 	dv = &d->dev[p->dev];
@@ -225,6 +232,8 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 		.n_stop = a->n_stop,
 		.logprobs = q->flags & PROTO_SUBMIT_LOGPROBS,
 		.top_logprobs = PROTO_SUBMIT_TOP(q->flags),
+		.prompt_logprobs = q->flags & PROTO_SUBMIT_PROMPT_LOGPROBS,
+		.prompt_only = q->flags & PROTO_SUBMIT_PROMPT_ONLY,
 		.cb = on_event,
 		.arg = p,
 		.pin_device = true,

@@ -62,6 +62,10 @@ struct slot {
 	struct gpud_sampler *smp;
 	bool logprobs;          /* each token's log probability wanted */
 	uint32_t top_logprobs;  /* and this many alternatives' */
+	bool prompt_lp;         /* the prompt's too (its chunks' rows: ALL) */
+	bool prompt_only;       /* and nothing generated */
+	uint32_t lp_sent;       /* prompt tokens whose entries went out (kept
+				 * across a preemption: never sent twice) */
 	struct gpud_logprobs lp; /* the last token's (sample_one) */
 	struct gpud_stop stop;
 	struct gpud_detok detok;
@@ -105,6 +109,12 @@ struct dev {
 	int32_t *ent_id;               /* (max_ents) each entry's token (or a
 					* negative code), sampled after the
 					* forward pass, outside the lock */
+	/* the prompt's log probabilities: rows a step has beyond one an
+	 * entry (the engine's max_logits less max_ents), those the plan has
+	 * not given out, each entry's first row and the rows' results */
+	uint32_t lp_rows, lp_rows_left, rows_planned;
+	uint32_t *ent_row0;            /* (max_ents) */
+	struct gpud_logprobs *plp;     /* (max_logits) by row */
 	/* The step's sampling job, shared with the sampling threads (under
 	 * sampling.mu but job_next): entries job_next.. are still to take. */
 	atomic_uint job_next;
@@ -226,6 +236,8 @@ void gpud_sched_destroy(struct gpud_sched *s)
 			free(s->devs[d].ent_slot);
 			free(s->devs[d].draws);
 			free(s->devs[d].ent_id);
+			free(s->devs[d].ent_row0);
+			free(s->devs[d].plp);
 			if (s->devs[d].job_cv_ok)
 				pthread_cond_destroy(&s->devs[d].job_cv);
 			gpud_sampler_scratch_free(s->devs[d].sc);
@@ -277,10 +289,13 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 	d->ent_slot = calloc(d->max_ents, sizeof(*d->ent_slot));
 	d->draws = calloc(d->max_ents, sizeof(*d->draws));
 	d->ent_id = calloc(d->max_ents, sizeof(*d->ent_id));
+	d->lp_rows = ep->max_logits > d->max_ents ? ep->max_logits - d->max_ents : 0;
+	d->ent_row0 = calloc(d->max_ents, sizeof(*d->ent_row0));
+	d->plp = calloc(d->max_ents + d->lp_rows, sizeof(*d->plp));
 	d->owner = calloc(d->n_blocks, sizeof(*d->owner));
 	d->pblocks = calloc(d->n_ctx / d->bt + 1, sizeof(*d->pblocks));
 	if (!d->run || !d->wait || !d->ents || !d->ent_slot || !d->draws || !d->ent_id || !d->owner ||
-	    !d->pblocks)
+	    !d->pblocks || !d->ent_row0 || !d->plp)
 		return sw_seterr(err, errlen, -ENOMEM, "sched: out of memory");
 	if (s->p.prefix_cache_bytes) {
 		struct gpud_prefix_params pp = {
@@ -316,21 +331,57 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 /* Entry i's next token after the forward pass: its slot is in the batch,
  * so only its device's thread (or a sampling thread working for it)
  * touches its sampler until the lock is taken again. */
+/* Whether entry b of sl's (b->n_tokens tokens from a) ends its prompt and
+ * everything after it that is to be computed: its last row gives the next
+ * token. */
+static bool ent_final(const struct slot *sl, const struct gpud_batch_entry *b)
+{
+	return b->tokens + b->n_tokens >= sl->toks + sl->n_toks;
+}
+
+/* The prompt tokens k whose log probabilities entry b's rows give (row
+ * k - 1 - a predicts k) and that have not been sent: [*k0, *k1). */
+static void prompt_span(const struct slot *sl, const struct gpud_batch_entry *b, uint32_t *k0,
+			uint32_t *k1)
+{
+	uint32_t a = (uint32_t)(b->tokens - sl->toks);
+
+	*k0 = sl->lp_sent > a + 1 ? sl->lp_sent : a + 1;
+	*k1 = a + b->n_tokens + 1 < sl->n_prompt ? a + b->n_tokens + 1 : sl->n_prompt;
+}
+
 static void sample_one(struct dev *d, uint32_t i, struct gpud_sampler_scratch *sc)
 {
+	const struct gpud_batch_entry *b = &d->ents[i];
 	struct slot *sl = d->ent_slot[i];
+	int32_t nv = (int32_t)gpud_engine_n_vocab(d->e);
 	const float *row;
 
-	if (d->ents[i].logits == GPUD_LOGITS_NONE) {
+	if (b->logits == GPUD_LOGITS_NONE) {
 		d->ent_id[i] = -ENOENT;
 		return;
+	}
+	row = gpud_engine_logits(d->e, i); /* NULL for an arg max or a draw */
+	if (b->logits == GPUD_LOGITS_ALL) {
+		/* the prompt's rows (prompt_lp): each the next prompt token's */
+		uint32_t a = (uint32_t)(b->tokens - sl->toks), k0, k1;
+
+		prompt_span(sl, b, &k0, &k1);
+		for (uint32_t k = k0; k < k1; k++)
+			if (gpud_logprobs_row(row + (size_t)(k - 1 - a) * (size_t)nv, nv, sl->toks[k],
+					      sl->top_logprobs, &d->plp[d->ent_row0[i] + k - 1 - a]))
+				d->plp[d->ent_row0[i] + k - 1 - a].n_top = UINT32_MAX; /* failed */
+		if (!ent_final(sl, b) || sl->prompt_only) {
+			d->ent_id[i] = -ENOENT;
+			return;
+		}
+		row += (size_t)(b->n_tokens - 1) * (size_t)nv; /* the next token's */
 	}
 	d->ent_id[i] = gpud_engine_sample(d->e, i, sl->smp, sc);
 	/* the row a logprobs request always has on the host (add_entry),
 	 * read before the next step overwrites it */
-	if (sl->logprobs && d->ent_id[i] >= 0 && (row = gpud_engine_logits(d->e, i)) &&
-	    gpud_logprobs_row(row, (int32_t)gpud_engine_n_vocab(d->e), d->ent_id[i],
-			      sl->top_logprobs, &sl->lp))
+	if (sl->logprobs && d->ent_id[i] >= 0 && row &&
+	    gpud_logprobs_row(row, nv, d->ent_id[i], sl->top_logprobs, &sl->lp))
 		d->ent_id[i] = -EINVAL;
 }
 
@@ -436,8 +487,9 @@ static void sample_step(struct gpud_sched *s, struct dev *d, uint32_t n)
 	uint32_t rows = 0, k;
 
 	for (uint32_t i = 0; i < n; i++)
-		rows += d->ents[i].logits == GPUD_LOGITS_LAST ||
-			(d->ents[i].logits == GPUD_LOGITS_ARGMAX && !dev_argmax);
+		rows += d->ents[i].logits == GPUD_LOGITS_ALL ? d->ents[i].n_tokens :
+			d->ents[i].logits == GPUD_LOGITS_LAST ||
+				(d->ents[i].logits == GPUD_LOGITS_ARGMAX && !dev_argmax);
 	if (rows < 2 || !s->sm.n_th) {
 		for (uint32_t i = 0; i < n; i++)
 			sample_one(d, i, d->sc);
@@ -680,7 +732,7 @@ static int admit(struct dev *d, struct slot *sl, uint32_t *adm_b, uint32_t *free
 {
 	uint32_t hits = 0, max_hits = 0, need, got;
 
-	if (d->pc) {
+	if (d->pc && !sl->prompt_lp) { /* the prompt's log probabilities: compute it all */
 		max_hits = min_u32(sl->n_prompt, sl->n_toks - 1) / d->bt;
 		while (hits < max_hits) {
 			uint32_t parent = hits ? sl->pfx[hits - 1] : GPUD_PREFIX_ROOT, ent;
@@ -1081,6 +1133,9 @@ static int submit_check(const struct gpud_sched *s, const struct gpud_sched_req 
 	if (r->top_logprobs > GPUD_LOGPROBS_TOP_MAX || (r->top_logprobs && !r->logprobs))
 		return sw_seterr(err, errlen, -EINVAL, "sched: top_logprobs %u (at most %d, and "
 				 "only with logprobs)", r->top_logprobs, GPUD_LOGPROBS_TOP_MAX);
+	if ((r->prompt_logprobs && !r->logprobs) || (r->prompt_only && !r->prompt_logprobs))
+		return sw_seterr(err, errlen, -EINVAL, "sched: the prompt's log probabilities need "
+				 "logprobs, and prompt_only needs them");
 	if (r->pin_device && r->device >= s->n_dev)
 		return sw_seterr(err, errlen, -EINVAL, "sched: pinned to device %u of %u",
 				 r->device, s->n_dev);
@@ -1134,6 +1189,9 @@ static int slot_fill(struct slot *sl, const struct gpud_sched_req *r, char *err,
 	sl->arg = r->arg;
 	sl->logprobs = r->logprobs;
 	sl->top_logprobs = r->top_logprobs;
+	sl->prompt_lp = r->prompt_logprobs;
+	sl->prompt_only = r->prompt_only;
+	sl->lp_sent = 0;
 	return 0;
 }
 
@@ -1272,7 +1330,8 @@ static uint32_t chunk_reuse(struct dev *d, struct slot *sl, uint32_t *free_b)
 {
 	uint32_t got = 0, before, until;
 
-	if (!gpud_engine_chunk_enabled(d->e) || !sl->mask || sl->n_done >= sl->n_prompt)
+	if (!gpud_engine_chunk_enabled(d->e) || !sl->mask || sl->n_done >= sl->n_prompt ||
+	    sl->prompt_lp)
 		return UINT32_MAX;
 	before = gpud_engine_free_blocks(d->e);
 	if (!gpud_engine_chunk_reuse(d->e, sl->seq, sl->toks, sl->n_prompt, *free_b, &got) &&
@@ -1289,19 +1348,39 @@ static uint32_t chunk_reuse(struct dev *d, struct slot *sl, uint32_t *free_b)
 	return until ? until : UINT32_MAX;
 }
 
+/* Whether sl's next chunk computes a row for every token: its prompt's
+ * log probabilities, some of them not sent yet. */
+static bool wants_rows(const struct slot *sl)
+{
+	return sl->prompt_lp && sl->lp_sent < sl->n_prompt && sl->n_done < sl->n_prompt;
+}
+
+/* A chunk of such a slot within the step's spare rows (one row an entry
+ * is always there). */
+static uint32_t rows_cap(const struct dev *d, const struct slot *sl, uint32_t chunk)
+{
+	return wants_rows(sl) ? min_u32(chunk, 1 + d->lp_rows_left) : chunk;
+}
+
 static void add_entry(struct dev *d, uint32_t *n, struct slot *sl, uint32_t chunk)
 {
 	enum gpud_logits_mode mode = GPUD_LOGITS_NONE;
 
 	/* The last chunk's row: an arg max, or a draw where the row is when
 	 * the device draws (the sampler's PRNG advances once the token is
-	 * read: gpud_engine_sample), or the row for the host's sampler. */
-	if (sl->n_done + chunk >= sl->n_toks)
+	 * read: gpud_engine_sample), or the row for the host's sampler. A
+	 * prompt whose log probabilities are wanted: every row. */
+	d->ent_row0[*n] = d->rows_planned;
+	if (wants_rows(sl)) {
+		mode = GPUD_LOGITS_ALL;
+		d->lp_rows_left -= chunk - 1; /* rows_cap kept it within */
+	} else if (sl->n_done + chunk >= sl->n_toks)
 		mode = sl->logprobs ? GPUD_LOGITS_LAST :
 		       gpud_sampler_greedy(sl->smp) ? GPUD_LOGITS_ARGMAX :
 		       gpud_engine_device_draw(d->e) && gpud_sampler_draw_next(sl->smp, &d->draws[*n]) ?
 							     GPUD_LOGITS_DRAW :
 							     GPUD_LOGITS_LAST;
+	d->rows_planned += mode == GPUD_LOGITS_ALL ? chunk : mode != GPUD_LOGITS_NONE;
 	d->ents[*n] = (struct gpud_batch_entry){
 		.seq = sl->seq, .tokens = sl->toks + sl->n_done, .n_tokens = chunk,
 		.logits = mode,
@@ -1318,6 +1397,8 @@ static uint32_t plan(struct gpud_sched *s, struct dev *d)
 
 again:
 	later = 0;
+	d->lp_rows_left = d->lp_rows;
+	d->rows_planned = 0;
 	/* 1. decode entries of running sequences; preempt the most recently
 	 * admitted while their new blocks do not fit. */
 	n = 0;
@@ -1352,7 +1433,7 @@ again:
 			continue;
 		chunk = min_u32(chunk_reuse(d, sl, &free_b), tok_left);
 		rem = sl->n_toks - sl->n_done;
-		chunk = min_u32(rem, chunk);
+		chunk = rows_cap(d, sl, min_u32(rem, chunk));
 		if (fit_tokens(d, sl->n_done, free_b) < chunk) {
 			uint32_t want = gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 			free_b += reclaim(d, want - free_b);
@@ -1389,7 +1470,7 @@ again:
 			sl->n_cached = sl->n_done;
 		}
 		chunk = min_u32(chunk_reuse(d, sl, &free_b), tok_left);
-		chunk = min_u32(sl->n_toks - sl->n_done, chunk);
+		chunk = rows_cap(d, sl, min_u32(sl->n_toks - sl->n_done, chunk));
 		free_b -= gpud_engine_blocks_needed(d->e, sl->seq, chunk);
 		tok_left -= chunk;
 		add_entry(d, &n, sl, chunk);
@@ -1428,6 +1509,51 @@ static void finish_pending(struct gpud_sched *s, struct dev *d)
 	d->free_blocks = gpud_engine_free_blocks(d->e);
 }
 
+/* Streams the prompt's log probabilities entry i's rows gave (and, at
+ * the prompt's start, its first token's, which has none). Returns true
+ * when the request ended: the caller stopped it, or it wanted nothing
+ * more. */
+static bool finish_prompt(struct gpud_sched *s, struct dev *d, uint32_t i)
+{
+	const struct gpud_batch_entry *b = &d->ents[i];
+	struct slot *sl = d->ent_slot[i];
+	struct gpud_sched_event ev = { .kind = GPUD_SCHED_PROMPT_TOKEN, .id = sl->id, .text = "" };
+	uint32_t a = (uint32_t)(b->tokens - sl->toks), k0, k1;
+
+	prompt_span(sl, b, &k0, &k1);
+	if (sl->lp_sent == 0) {
+		struct gpud_logprobs none = { .logprob = NAN };
+		ev.token = sl->toks[0];
+		ev.prompt_pos = 0;
+		ev.logprobs = &none;
+		if (sl->cb(sl->arg, &ev)) {
+			complete(s, sl, 0, GPUD_GEN_STOP_CALLER, NULL);
+			return true;
+		}
+		sl->lp_sent = 1;
+	}
+	for (uint32_t k = k0; k < k1; k++) {
+		const struct gpud_logprobs *lp = &d->plp[d->ent_row0[i] + k - 1 - a];
+		if (lp->n_top == UINT32_MAX) {
+			complete(s, sl, -EINVAL, 0, "sched: a prompt row gave no log probability");
+			return true;
+		}
+		ev.token = sl->toks[k];
+		ev.prompt_pos = k;
+		ev.logprobs = lp;
+		if (sl->cb(sl->arg, &ev)) {
+			complete(s, sl, 0, GPUD_GEN_STOP_CALLER, NULL);
+			return true;
+		}
+		sl->lp_sent = k + 1;
+	}
+	if (sl->prompt_only && sl->lp_sent >= sl->n_prompt) {
+		complete(s, sl, 0, GPUD_STOP_MAX_TOKENS, NULL);
+		return true;
+	}
+	return false;
+}
+
 /* Samples, streams and maybe completes entry i's request after a step. */
 static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 {
@@ -1445,6 +1571,8 @@ static void finish_entry(struct gpud_sched *s, struct dev *d, uint32_t i)
 	if (sl->mask && b->tokens < sl->toks + sl->n_prompt)
 		gpud_engine_chunk_store(d->e, sl->seq, sl->toks, sl->n_prompt);
 	if (b->logits == GPUD_LOGITS_NONE)
+		return;
+	if (b->logits == GPUD_LOGITS_ALL && (finish_prompt(s, d, i) || !ent_final(sl, b)))
 		return;
 	id = d->ent_id[i];
 	if (id < 0) {

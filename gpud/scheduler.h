@@ -147,6 +147,10 @@ uint32_t gpud_sched_sample_threads(uint32_t configured);
 enum gpud_sched_event_kind {
 	GPUD_SCHED_TOKEN = 1, /* one generated token (and the text it released) */
 	GPUD_SCHED_DONE = 2,  /* the request ended: success or error */
+	/* a prompt token's log probability given the tokens before it
+	 * (prompt_logprobs): token, prompt_pos, logprobs; the prompt's first
+	 * has none (logprob NaN, no alternatives) */
+	GPUD_SCHED_PROMPT_TOKEN = 3,
 };
 
 struct gpud_sched_usage {
@@ -171,6 +175,7 @@ struct gpud_sched_event {
 	size_t len;
 	const struct gpud_logprobs *logprobs; /* the token's, when the request
 					       * asked (gpud_sched_req); else NULL */
+	uint32_t prompt_pos;                  /* PROMPT_TOKEN: its place, from 0 */
 	/* DONE: */
 	int status;        /* 0, SW_ECANCELED, or the error that ended it */
 	int reason;        /* enum gpud_stop_reason or GPUD_GEN_STOP_CONTEXT /
@@ -199,6 +204,11 @@ struct gpud_sched_req {
 				 * probability (its row then comes to the host
 				 * whatever the sampler) */
 	uint32_t top_logprobs;  /* and its alternatives', <= GPUD_LOGPROBS_TOP_MAX */
+	bool prompt_logprobs;   /* and the prompt's tokens' (PROMPT_TOKEN events
+				 * before the first TOKEN; the prompt is then
+				 * computed whole: no cached prefix or chunk,
+				 * its chunks within the engine's spare rows) */
+	bool prompt_only;       /* generate nothing: DONE after the prompt's */
 	gpud_sched_cb cb;       /* required */
 	void *arg;
 	bool pin_device;        /* place on `device` instead of choosing */

@@ -222,11 +222,12 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids,
 		     const char *text, size_t len);
 /* The same for one token with log probabilities, as a TOKENS_LP record
  * (proto_tokens_lp_encode's arrays: the token's entry and n_top
- * alternatives'; eog: the token is the end of generation that ends the
- * request). Staged records of a request are written one a record. */
+ * alternatives'; lp_flags PROTO_LP_*: the end of generation that ends the
+ * request, or a prompt token). Staged records of a request are written
+ * one a record. */
 int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 			const float *lps, const uint16_t *plen, const char *pieces,
-			uint32_t pieces_len, const char *text, size_t len, bool eog);
+			uint32_t pieces_len, const char *text, size_t len, uint32_t lp_flags);
 
 /* Any thread. End the request: DONE with usage, EMBED_REPLY, or ERROR
  * (code negative, msg may be NULL). Exactly one of them per accepted

@@ -40,7 +40,7 @@ struct batch {
 	const uint16_t *plen;
 	const char *pieces, *text;
 	uint32_t len;
-	bool eog;
+	uint32_t lp_flags; /* PROTO_LP_* */
 	size_t need; /* its encoded size */
 };
 
@@ -51,8 +51,8 @@ static size_t batch_encode(const struct batch *b, uint8_t *dst)
 
 	if (b->lp)
 		proto_tokens_lp_encode(dst, b->need, 1, b->n_top, b->ids, b->lps, b->plen,
-				       b->pieces, b->pieces_len, b->text, b->len,
-				       b->eog ? PROTO_LP_EOG : 0, &l);
+				       b->pieces, b->pieces_len, b->text, b->len, b->lp_flags,
+				       &l);
 	else
 		proto_tokens_encode(dst, b->need, b->ids, b->n_ids, b->text, b->len, &l);
 	return l;
@@ -120,12 +120,13 @@ int gpud_sreq_tokens(struct gpud_sreq *r, const int32_t *ids, uint32_t n_ids, co
 
 int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 			const float *lps, const uint16_t *plen, const char *pieces,
-			uint32_t pieces_len, const char *text, size_t len, bool eog)
+			uint32_t pieces_len, const char *text, size_t len, uint32_t lp_flags)
 {
 	uint32_t sum = 0;
 
 	if (len > UINT32_MAX || (len && !text) || n_top > PROTO_MAX_TOP_LOGPROBS || !ids ||
-	    !lps || !plen || (pieces_len && !pieces))
+	    !lps || !plen || (pieces_len && !pieces) || (lp_flags & ~PROTO_LP_KNOWN) ||
+	    lp_flags == (PROTO_LP_EOG | PROTO_LP_PROMPT))
 		return -EINVAL;
 	for (uint32_t e = 0; e <= n_top; e++)
 		sum += plen[e];
@@ -133,7 +134,7 @@ int gpud_sreq_tokens_lp(struct gpud_sreq *r, uint32_t n_top, const int32_t *ids,
 		return -EINVAL; /* so that the encoding cannot fail */
 	struct batch b = { .lp = true, .ids = ids, .n_ids = 1, .n_top = n_top,
 			   .pieces_len = pieces_len, .lps = lps, .plen = plen, .pieces = pieces,
-			   .text = text, .len = (uint32_t)len, .eog = eog,
+			   .text = text, .len = (uint32_t)len, .lp_flags = lp_flags,
 			   .need = proto_tokens_lp_size(1, n_top, (uint32_t)len, pieces_len) };
 	return put_batch(r, &b);
 }

@@ -131,6 +131,12 @@ static int submit_flags_check(uint32_t flags, char *err, size_t errlen)
 	if (top && !(flags & PROTO_SUBMIT_LOGPROBS))
 		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: top log probabilities "
 				 "without the logprobs bit");
+	if ((flags & PROTO_SUBMIT_PROMPT_LOGPROBS) && !(flags & PROTO_SUBMIT_LOGPROBS))
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: the prompt's log "
+				 "probabilities without the logprobs bit");
+	if ((flags & PROTO_SUBMIT_PROMPT_ONLY) && !(flags & PROTO_SUBMIT_PROMPT_LOGPROBS))
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: prompt-only without the "
+				 "prompt's log probabilities");
 	return 0;
 }
 
@@ -608,6 +614,7 @@ int proto_tokens_lp_encode(uint8_t *buf, size_t cap, uint32_t n_ids, uint32_t n_
 {
 	if (!buf || !len || n_top > PROTO_MAX_TOP_LOGPROBS || (flags & ~PROTO_LP_KNOWN) ||
 	    ((flags & PROTO_LP_EOG) && !n_ids) ||
+	    (flags & (PROTO_LP_EOG | PROTO_LP_PROMPT)) == (PROTO_LP_EOG | PROTO_LP_PROMPT) ||
 	    (n_ids && (!ids || !lps || !plen)) || (text_len && !text) || (pieces_len && !pieces))
 		return -EINVAL;
 	uint64_t n = lp_entries(n_ids, n_top), sum = 0;
@@ -664,9 +671,10 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 	if (top > PROTO_MAX_TOP_LOGPROBS)
 		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: n_top %" PRIu32
 				 ", at most %d", top, PROTO_MAX_TOP_LOGPROBS);
-	if ((fl & ~PROTO_LP_KNOWN) || ((fl & PROTO_LP_EOG) && !n))
+	if ((fl & ~PROTO_LP_KNOWN) || ((fl & PROTO_LP_EOG) && !n) ||
+	    (fl & (PROTO_LP_EOG | PROTO_LP_PROMPT)) == (PROTO_LP_EOG | PROTO_LP_PROMPT))
 		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: flags 0x%" PRIx32
-				 " (unknown bits, or EOG without a token)", fl);
+				 " (unknown bits, EOG without a token or on the prompt's)", fl);
 	uint64_t ne = lp_entries(n, top);
 	const uint8_t *lp = take(&c, ne * 8);
 	const uint8_t *plen = lp ? take(&c, ne * 2) : NULL;
@@ -684,7 +692,8 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 				 PRIu64 " bytes, pieces_len is %" PRIu32, sum, pl);
 	*out = (struct proto_tokens){
 		.n_ids = n, .ids_le = NULL, .text_len = tl, .text = (const char *)text,
-		.logprobs = true, .eog = fl & PROTO_LP_EOG, .n_top = top, .lp_le = lp,
+		.logprobs = true, .eog = fl & PROTO_LP_EOG, .prompt = fl & PROTO_LP_PROMPT,
+		.n_top = top, .lp_le = lp,
 		.plen_le = plen,
 		.pieces = (const char *)pieces, .pieces_len = pl,
 	};

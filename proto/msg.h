@@ -77,10 +77,19 @@ void proto_limits_default(struct proto_limits *lim);
  * its PROTO_SUBMIT_TOP(flags) likeliest alternatives, at most
  * PROTO_MAX_TOP_LOGPROBS; the replies are TOKENS_LP records (§4.2). */
 #define PROTO_SUBMIT_LOGPROBS 0x2u
+/* And the prompt's: each prompt token's given the tokens before it (the
+ * first has none), in TOKENS_LP records flagged PROTO_LP_PROMPT before
+ * the generated tokens' (needs LOGPROBS). */
+#define PROTO_SUBMIT_PROMPT_LOGPROBS 0x4u
+/* Generate nothing: the request ends with its prompt's log probabilities
+ * (DONE: 0 generated tokens; needs PROMPT_LOGPROBS). */
+#define PROTO_SUBMIT_PROMPT_ONLY 0x8u
 #define PROTO_SUBMIT_TOP_SHIFT 8
 #define PROTO_SUBMIT_TOP_MASK (0xffu << PROTO_SUBMIT_TOP_SHIFT)
 #define PROTO_SUBMIT_TOP(flags) (((flags) & PROTO_SUBMIT_TOP_MASK) >> PROTO_SUBMIT_TOP_SHIFT)
-#define PROTO_SUBMIT_FLAGS_KNOWN (PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_TOP_MASK)
+#define PROTO_SUBMIT_FLAGS_KNOWN                                                              \
+	(PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |           \
+	 PROTO_SUBMIT_PROMPT_ONLY | PROTO_SUBMIT_TOP_MASK)
 #define PROTO_MAX_TOP_LOGPROBS 20
 
 /* Roles for chat formatting (PROTO_SUBMIT_CHAT); grow at the end. */
@@ -194,6 +203,7 @@ struct proto_tokens {
 	bool logprobs;
 	bool eog;              /* the last id is the end-of-generation token
 				* that ended the request (PROTO_LP_EOG) */
+	bool prompt;           /* the ids are the prompt's (PROTO_LP_PROMPT) */
 	uint32_t n_top;        /* <= PROTO_MAX_TOP_LOGPROBS */
 	const uint8_t *lp_le;  /* view: n_ids * (1 + n_top) {i32 id, f32 logprob} */
 	const uint8_t *plen_le; /* view: as many u16 piece lengths */
@@ -235,7 +245,11 @@ int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_l
 /* flags: the batch's last id is the end-of-generation token that ended
  * the request (its text, if any, is not part of the answer) */
 #define PROTO_LP_EOG 0x1u
-#define PROTO_LP_KNOWN PROTO_LP_EOG
+/* the ids are prompt tokens, the prompt's from its first on (text empty):
+ * a log probability given the tokens before it; the prompt's first token
+ * has none (NaN, its alternatives id -1) */
+#define PROTO_LP_PROMPT 0x2u
+#define PROTO_LP_KNOWN (PROTO_LP_EOG | PROTO_LP_PROMPT)
 size_t proto_tokens_lp_size(uint32_t n_ids, uint32_t n_top, uint32_t text_len,
 			    uint32_t pieces_len); /* 0 when over u32 */
 /* Returns 0, -EINVAL (NULL arrays, n_top over PROTO_MAX_TOP_LOGPROBS,

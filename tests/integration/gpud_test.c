@@ -33,6 +33,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -2200,6 +2201,11 @@ struct lp_collect {
 	float top_lp[64][PROTO_MAX_TOP_LOGPROBS];
 	char pieces[4096];             /* the tokens' own pieces, back to back */
 	size_t pieces_len;
+	/* the prompt's (PROTO_LP_PROMPT records, one token each) */
+	uint32_t np;
+	int32_t pid[1024];
+	float plp[1024];
+	bool prompt_after_gen;         /* a prompt record after a generated one */
 };
 
 static int on_tokens_lp(void *arg, uint64_t id, const struct proto_tokens *t)
@@ -2210,6 +2216,22 @@ static int on_tokens_lp(void *arg, uint64_t id, const struct proto_tokens *t)
 
 	if (!t->logprobs)
 		l->plain_batch = true;
+	if (t->prompt) {
+		/* in order from the prompt's first token, which has no number
+		 * and no alternatives (id -1) */
+		l->prompt_after_gen |= l->n > 0;
+		proto_lp_iter_init(&it, t);
+		while (proto_lp_next(&it, &e)) {
+			if (l->np == 0 && e.rank > 0)
+				assert_true(e.id == -1 && isnan(e.logprob));
+			if (e.rank == 0 && l->np < 1024) {
+				l->pid[l->np] = e.id;
+				l->plp[l->np] = e.logprob;
+			}
+		}
+		l->np += t->n_ids;
+		return 0;
+	}
 	if (t->eog) {
 		assert_true(l->eog_at < 0);
 		l->eog_at = (int)(l->n + t->n_ids - 1);
@@ -2351,6 +2373,116 @@ static void test_logprobs(void **state)
 	f->done = true;
 }
 
+/* The prompt's log probabilities: one entry a prompt token, the first
+ * without a number; a continuation scored as a prompt gets the numbers its
+ * tokens had when they were generated; prompt_only generates nothing; and
+ * the same long prompt scored a row at a time (logprob_rows 0) and 33 at
+ * a time (32) agrees. */
+static void test_prompt_logprobs(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct gpud_it_opts o[2] = {
+		{ .gpud_extra = "\"kv_blocks\": 256, \"logprob_rows\": 32" },
+		{ .gpud_extra = "\"kv_blocks\": 256, \"logprob_rows\": 0" },
+	};
+	struct rbuf *b = malloc(sizeof(*b));
+	struct lp_collect *l = malloc(sizeof(*l)), *gen = malloc(sizeof(*gen));
+	struct proto_client *cl[2];
+	struct waiter w;
+	static char text[10240];
+	static float long_lp[2][1024];
+	uint32_t n_once, n_long[2];
+	double worst = 0;
+
+	assert_non_null(b);
+	assert_non_null(l);
+	assert_non_null(gen);
+	waiter_init(&w);
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(gpud_it_start(&f->d[k], &o[k]), 0);
+		assert_non_null(cl[k] = gpud_it_connect(&f->d[k]));
+	}
+	/* 16 greedy tokens after ONCE, with their log probabilities */
+	rbuf_init(b, 16);
+	rbuf_seg(b, ONCE);
+	b->req.flags = PROTO_SUBMIT_LOGPROBS;
+	lp_run(cl[0], b, gen, &w);
+	assert_int_equal(gen->n, 16);
+	assert_int_equal(gen->np, 0);
+	/* ONCE alone, scored */
+	b->req.flags = PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |
+		       PROTO_SUBMIT_PROMPT_ONLY | 2u << PROTO_SUBMIT_TOP_SHIFT;
+	lp_run(cl[0], b, l, &w);
+	n_once = l->np;
+	assert_int_equal(l->n, 0); /* nothing generated */
+	assert_int_equal(l->c.usage.generated_tokens, 0);
+	assert_int_equal(l->c.usage.prompt_tokens, n_once);
+	assert_int_equal(l->c.usage.stop_reason, PROTO_STOP_MAX_TOKENS);
+	assert_true(isnan(l->plp[0]));
+	for (uint32_t k = 1; k < n_once; k++)
+		assert_true(l->plp[k] <= 0 && l->plp[k] > -100);
+	/* ONCE and the continuation, scored: its tokens' numbers as generated */
+	snprintf(text, sizeof(text), "%s%s", ONCE, gen->c.text);
+	rbuf_init(b, 16);
+	rbuf_seg(b, text);
+	b->req.flags = PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |
+		       PROTO_SUBMIT_PROMPT_ONLY;
+	lp_run(cl[0], b, l, &w);
+	assert_int_equal(l->np, n_once + 16);
+	for (uint32_t j = 0; j < 16; j++) {
+		assert_int_equal(l->pid[n_once + j], gen->id[j]); /* the same tokens */
+		double dlt = fabs((double)l->plp[n_once + j] - gen->lp[j]);
+		worst = dlt > worst ? dlt : worst;
+	}
+	printf("    prompt logprobs: %u prompt tokens; the continuation's 16 scored as a prompt "
+	       "against as generated: worst difference %.3g\n", n_once, worst);
+	assert_true(worst < 1e-3);
+	/* with generation: the prompt's entries first, then the tokens */
+	rbuf_init(b, 4);
+	rbuf_seg(b, ONCE);
+	b->req.flags = PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS;
+	lp_run(cl[0], b, l, &w);
+	assert_int_equal(l->np, n_once);
+	assert_int_equal(l->n, 4);
+	assert_false(l->prompt_after_gen);
+	assert_true(!strncmp(l->c.text, gen->c.text, l->c.len)); /* the same words */
+	/* a long prompt (several chunks; ~400 tokens) scored 33 rows and 1 row
+	 * a step alike */
+	text[0] = '\0';
+	for (int i = 0; strlen(text) < 1500; i++) {
+		strcat(text, words[(i * 7 + 3) % N_WORDS]);
+		strcat(text, " ");
+	}
+	for (int k = 0; k < 2; k++) {
+		rbuf_init(b, 1);
+		rbuf_seg(b, text);
+		b->req.flags = PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |
+			       PROTO_SUBMIT_PROMPT_ONLY | 1u << PROTO_SUBMIT_TOP_SHIFT;
+		lp_run(cl[k], b, l, &w);
+		n_long[k] = l->np;
+		assert_true(l->np > 100 && l->np <= 1024);
+		memcpy(long_lp[k], l->plp, sizeof(float) * l->np);
+	}
+	assert_int_equal(n_long[0], n_long[1]);
+	worst = 0;
+	for (uint32_t k = 1; k < n_long[0]; k++) {
+		double dlt = fabs((double)long_lp[0][k] - long_lp[1][k]);
+		worst = dlt > worst ? dlt : worst;
+	}
+	printf("    prompt logprobs: %u tokens scored 33 and 1 rows a step: worst difference "
+	       "%.3g\n", n_long[0], worst);
+	assert_true(worst < 1e-3);
+	waiter_destroy(&w);
+	for (int k = 0; k < 2; k++) {
+		proto_client_close(cl[k]);
+		stop_ok(f, k);
+	}
+	free(b);
+	free(l);
+	free(gen);
+	f->done = true;
+}
+
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
@@ -2364,6 +2496,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_killed_client),
 		GPUD_IT_FIX_TEST(test_malformed_input),
 		GPUD_IT_FIX_TEST(test_logprobs),
+		GPUD_IT_FIX_TEST(test_prompt_logprobs),
 	};
 	ssize_t n;
 

@@ -522,17 +522,28 @@ static void test_tokens_lp(void **state)
 	proto_lp_iter_init(&it, &t);
 	assert_true(proto_lp_next(&it, &e) && e.rank == 0 && e.piece_len == 2);
 	assert_false(proto_lp_next(&it, &e));
-	/* the end-of-generation flag: only with a token; no other bits */
+	/* the end-of-generation flag: only with a token, not on the prompt's;
+	 * no other bits */
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
 						NULL, 0, PROTO_LP_EOG, &len), 0);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), 0);
 	assert_true(t.eog);
-	proto_put32(g_buf + 16, 2);
+	assert_false(t.prompt);
+	proto_put32(g_buf + 16, 4);
 	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, g_err, sizeof(g_err)),
 			 SW_EFORMAT);
-	assert_non_null(strstr(g_err, "flags 0x2"));
+	assert_non_null(strstr(g_err, "flags 0x4"));
+	proto_put32(g_buf + 16, PROTO_LP_EOG | PROTO_LP_PROMPT);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), SW_EFORMAT);
+	proto_put32(g_buf + 16, PROTO_LP_PROMPT);
+	assert_int_equal(proto_tokens_lp_decode(g_buf, len, NULL, &t, NULL, 0), 0);
+	assert_true(t.prompt);
+	assert_false(t.eog);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
-						NULL, 0, 2, &len), -EINVAL);
+						NULL, 0, 4, &len), -EINVAL);
+	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 1, 0, ids, lps, plen, "hi", 2,
+						NULL, 0, PROTO_LP_EOG | PROTO_LP_PROMPT, &len),
+			 -EINVAL);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 0, 0, ids, lps, plen, NULL, 0,
 						NULL, 0, PROTO_LP_EOG, &len), -EINVAL);
 	assert_int_equal(proto_tokens_lp_encode(g_buf, sizeof(g_buf), 0, 0, NULL, NULL, NULL, NULL,
@@ -571,6 +582,17 @@ static void test_submit_logprobs_flags(void **state)
 	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
 			 SW_EFORMAT);
 	assert_non_null(strstr(g_err, "without the logprobs bit"));
+	proto_put32(g_buf + 4, PROTO_SUBMIT_CHAT | PROTO_SUBMIT_PROMPT_LOGPROBS);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "prompt's log probabilities without"));
+	proto_put32(g_buf + 4, PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "prompt-only without"));
+	proto_put32(g_buf + 4, PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS |
+				       PROTO_SUBMIT_PROMPT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, NULL, 0), 0);
 	proto_put32(g_buf + 4, PROTO_SUBMIT_CHAT | 0x10000u);
 	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
 			 SW_EFORMAT);

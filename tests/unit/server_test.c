@@ -97,7 +97,8 @@ static void *fake_worker(void *arg)
 					const float lps[3] = { -0.5f, -0.5f, -1.0f };
 					const uint16_t plen[3] = { 2, 2, 1 };
 					rc = gpud_sreq_tokens_lp(r, 2, ids, lps, plen, "ababc", 5, "ab",
-								 2, p->sent + 1 == f->n_tokens);
+								 2, p->sent + 1 == f->n_tokens ?
+									    PROTO_LP_EOG : 0);
 				} else {
 					rc = gpud_sreq_tokens(r, &id, 1, "ab", 2);
 				}
