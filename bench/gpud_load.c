@@ -3,7 +3,8 @@
  *   gpud-load --socket PATH --requests N --concurrency C [--processes P]
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
  *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
- *             [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N] [--timeout S] [--json]
+ *             [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N [--prompt-logprobs]]
+ *             [--timeout S] [--json]
  *   gpud-load --http URL [--endpoint chat|completions] [--api-key-file F]
  *             [--socket PATH] [--front-pid PID] ... (the same load options
  *             but --answer)
@@ -24,6 +25,9 @@
  * N alternatives a token, likeliest first, the token's own id and every
  * log probability <= 0 and not NaN, no plain TOKENS record. A request
  * whose records fail is cancelled and counted as an error (EPROTO).
+ * --prompt-logprobs asks for the prompt's too: its records come first,
+ * one a prompt token (the DONE's prompt_tokens of them), the first with
+ * no number (NaN) and no alternatives (id -1).
  *
  * --answer SYS:K:CHUNK:POOL:Q sends answer-style prompts instead, shaped
  * like agentd's answer task with chunk_mask "self": a system prompt of
@@ -129,6 +133,7 @@ struct opts {
 	bool causal, json;
 	bool answer;                     /* --answer */
 	int32_t logprobs;                /* --logprobs N, or -1 */
+	bool prompt_logprobs;            /* --prompt-logprobs */
 	uint32_t a_sys, a_k, a_chunk, a_pool, a_q;
 };
 
@@ -183,6 +188,7 @@ struct slot {
 	uint16_t *idx;                     /* (S+1)(S+2)/2 */
 	uint32_t *cut;                     /* (max segments) word index of each start */
 	bool lp_bad;                       /* --logprobs: a record failed the checks */
+	uint32_t lp_prompt, lp_gen;        /* prompt and generated tokens' records */
 };
 
 struct worker {
@@ -261,8 +267,9 @@ static void finish(struct slot *s, int status, const struct proto_done *usage)
 	pthread_cond_signal(&w->cv);
 }
 
-/* --logprobs: whether t is what was asked for (the header's checks). */
-static bool lp_ok(const struct proto_tokens *t, int32_t n_top)
+/* --logprobs: whether t is what was asked for (the header's checks);
+ * first: the prompt's first token's record (no number, alternatives -1). */
+static bool lp_ok(const struct proto_tokens *t, int32_t n_top, bool first)
 {
 	struct proto_lp_iter it;
 	struct proto_lp_entry e;
@@ -273,8 +280,10 @@ static bool lp_ok(const struct proto_tokens *t, int32_t n_top)
 		return false;
 	proto_lp_iter_init(&it, t);
 	while (proto_lp_next(&it, &e)) {
-		if (!(e.logprob <= 0) || (e.rank == 0 && e.id != proto_tokens_id(t, e.token)) ||
-		    (e.rank > 1 && e.logprob > prev))
+		if (first ? !isnan(e.logprob) || (e.rank > 0 && e.id != -1) :
+			    !(e.logprob <= 0) || (e.rank > 1 && e.logprob > prev))
+			return false;
+		if (e.rank == 0 && e.id != proto_tokens_id(t, e.token))
 			return false;
 		prev = e.logprob;
 		n++;
@@ -289,9 +298,15 @@ static int on_tokens(void *arg, uint64_t request_id, const struct proto_tokens *
 	if (t->n_ids > 0 && s->t_first == 0)
 		s->t_first = bench_now();
 	s->streamed += t->n_ids;
-	if (s->w->o->logprobs >= 0 && !lp_ok(t, s->w->o->logprobs)) {
-		s->lp_bad = true; /* read in on_done, on this same reader thread */
-		return 1;
+	if (s->w->o->logprobs >= 0) {
+		bool ok = lp_ok(t, s->w->o->logprobs, t->prompt && s->lp_prompt == 0);
+		/* the prompt's only when asked, and all before the answer's */
+		ok &= t->prompt ? s->w->o->prompt_logprobs && !s->lp_gen : true;
+		*(t->prompt ? &s->lp_prompt : &s->lp_gen) += t->n_ids;
+		if (!ok) {
+			s->lp_bad = true; /* read in on_done, on this same reader thread */
+			return 1;
+		}
 	}
 	return 0;
 }
@@ -303,11 +318,14 @@ static void on_done(void *arg, uint64_t request_id, int status, const struct pro
 	struct worker *w = s->w;
 
 	pthread_mutex_lock(&w->mu);
+	if (!status && w->o->prompt_logprobs && usage->prompt_tokens != s->lp_prompt)
+		s->lp_bad = true; /* one record a prompt token */
 	if (s->lp_bad) {
 		s->lp_bad = false;
 		status = -EPROTO;
 		msg = "a TOKENS_LP record failed the --logprobs checks";
 	}
+	s->lp_prompt = s->lp_gen = 0;
 	if (status)
 		note_error(w, status, msg);
 	finish(s, status, status ? NULL : usage);
@@ -402,7 +420,8 @@ static void build_answer(struct worker *w, struct slot *s, struct proto_submit_r
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
 	if (o->logprobs >= 0)
-		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT;
+		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT |
+			     (o->prompt_logprobs ? PROTO_SUBMIT_PROMPT_LOGPROBS : 0);
 	desc->n_segments = S;
 	desc->rows = s->rows;
 	req->mask = desc;
@@ -468,7 +487,8 @@ static void build_request(struct worker *w, struct slot *s, struct proto_submit_
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
 	if (o->logprobs >= 0)
-		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT;
+		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT |
+			     (o->prompt_logprobs ? PROTO_SUBMIT_PROMPT_LOGPROBS : 0);
 	if (o->causal)
 		return;
 	size_t k = 0;
@@ -1492,7 +1512,8 @@ static void usage(const char *argv0)
 		"usage: %s --socket PATH --requests N --concurrency C [--processes P]\n"
 		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
 		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
-		"       [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N] [--timeout SECONDS] [--json]\n"
+		"       [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N [--prompt-logprobs]]\n"
+		"       [--timeout SECONDS] [--json]\n"
 		"   or: %s --http http://HOST:PORT [--endpoint chat|completions]\n"
 		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above\n"
 		"       but --answer)\n",
@@ -1518,6 +1539,9 @@ int main(int argc, char **argv)
 			takes = false;
 		} else if (!strcmp(a, "--causal")) {
 			o.causal = true;
+			takes = false;
+		} else if (!strcmp(a, "--prompt-logprobs")) {
+			o.prompt_logprobs = true;
 			takes = false;
 		} else if (!v) {
 			bad = 1;
@@ -1582,6 +1606,10 @@ int main(int argc, char **argv)
 	if (o.http && o.answer) {
 		fprintf(stderr, "gpud-load: --answer sends mask descriptors over the native "
 			"protocol; it does not combine with --http\n");
+		return 2;
+	}
+	if (o.prompt_logprobs && o.logprobs < 0) {
+		fprintf(stderr, "gpud-load: --prompt-logprobs needs --logprobs N\n");
 		return 2;
 	}
 	if (o.http && o.logprobs >= 0) {

@@ -36,8 +36,8 @@ static uint64_t us(double s)
 }
 
 /* A token with its log probabilities: the token's and its alternatives'
- * ids, numbers and raw pieces (control tokens by their text; a piece over
- * LP_PIECE_MAX bytes is sent empty). The prompt's first token, which has
+ * ids, numbers and raw pieces (control tokens by their text, but a prompt
+ * token's own; a piece over LP_PIECE_MAX bytes is sent empty). The prompt's first token, which has
  * none, gets the request's count of alternatives as id -1 and NaN. On the
  * device thread's stack. */
 #define LP_PIECE_MAX 256
@@ -60,8 +60,11 @@ static int tokens_lp(struct gpud_daemon *d, struct req_priv *p,
 		lps[1 + k] = k < lp->n_top ? lp->top_lp[k] : NAN;
 	}
 	for (uint32_t k = 0; k <= n_top; k++) {
+		/* a prompt token's own piece as the prompt's text has it (BOS:
+		 * none); control tokens elsewhere by their text */
 		int n = ids[k] < 0 ? 0 :
-			gpud_tokenizer_piece(d->tok, ids[k], true, pieces + off, LP_PIECE_MAX);
+			gpud_tokenizer_piece(d->tok, ids[k], !(prompt && k == 0), pieces + off,
+					     LP_PIECE_MAX);
 		plen[k] = n > 0 ? (uint16_t)n : 0;
 		off += plen[k];
 	}

@@ -321,9 +321,6 @@ static int refuse_unsupported(json_t *root, struct http_err *e)
 	v = member(root, "best_of");
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return bad(e, "best_of", "best_of: only 1 is supported");
-	v = member(root, "echo");
-	if (v && !json_is_false(v))
-		return bad(e, "echo", "echo: not supported (the prompt's log probabilities)");
 	v = member(root, "tools");
 	if (v && !(json_is_array(v) && json_array_size(v) == 0))
 		return bad(e, "tools", "tools: not supported");
@@ -370,10 +367,37 @@ static int decode_logprobs(struct http_gen *g, json_t *root, struct http_err *e)
 	return 0;
 }
 
+/* Completions' echo: the prompt before the answer and, with logprobs, the
+ * prompt's tokens' log probabilities before the answer's; max_tokens 0
+ * then scores the prompt alone (gpud generates nothing). Not streamed. */
+static int decode_echo(struct http_gen *g, json_t *root, bool zero_max, struct http_err *e)
+{
+	json_t *v = member(root, "echo");
+
+	if (v && !json_is_boolean(v))
+		return bad(e, "echo", "echo: expected true or false");
+	if (json_is_true(v) && g->kind == HTTP_CHAT)
+		return bad(e, "echo", "echo: for completions only");
+	g->echo = json_is_true(v);
+	if (!g->echo && zero_max)
+		return bad(e, "max_tokens", "max_tokens: 0 only with echo (to score the prompt)");
+	if (g->echo && g->stream)
+		return bad(e, "echo", "echo: not with stream");
+	if (g->echo && g->logprobs)
+		g->req.flags |= PROTO_SUBMIT_PROMPT_LOGPROBS;
+	if (zero_max)
+		/* gpud's way to generate nothing: the prompt's log
+		 * probabilities alone (dropped when not asked for) */
+		g->req.flags |= PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |
+				PROTO_SUBMIT_PROMPT_ONLY;
+	return 0;
+}
+
 int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t max_segments,
 		    struct http_gen *g, struct http_err *e)
 {
 	json_t *root, *v, *swarm;
+	bool zero_max = false;
 	double d;
 
 	memset(g, 0, offsetof(struct http_gen, seg));
@@ -455,12 +479,15 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 							       : "max_tokens";
 	v = member(root, mt);
 	if (v) {
-		if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+		/* 0: a completion's echo scoring its prompt (decode_echo) */
+		if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+		    (json_integer_value(v) == 0 && kind == HTTP_CHAT) ||
 		    json_integer_value(v) > (json_int_t)HTTP_MAX_TOKENS_CAP) {
 			bad(e, mt, "%s: expected an integer in [1, %u]", mt, HTTP_MAX_TOKENS_CAP);
 			goto fail;
 		}
 		g->req.max_tokens = (uint32_t)json_integer_value(v);
+		zero_max = g->req.max_tokens == 0;
 	}
 	if (decode_stop(g, root, e))
 		goto fail;
@@ -491,7 +518,7 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 		}
 		g->no_reasoning = !strcmp(f, "none");
 	}
-	if (decode_logprobs(g, root, e))
+	if (decode_logprobs(g, root, e) || decode_echo(g, root, zero_max, e))
 		goto fail;
 	g->req.segments = g->seg;
 	return 0;
@@ -730,10 +757,11 @@ static json_t *bytes_json(const char *s, size_t n)
 	return a;
 }
 
-/* JSON cannot carry -inf: OpenAI's -9999 stands for it. */
+/* JSON cannot carry -inf: OpenAI's -9999 stands for it. NaN (the
+ * prompt's first token, which has none) is null. */
 static json_t *lp_json(float lp)
 {
-	return json_real(isfinite(lp) ? (double)lp : -9999.0);
+	return isnan(lp) ? json_null() : json_real(isfinite(lp) ? (double)lp : -9999.0);
 }
 
 /* Characters a piece starts: bytes that are not UTF-8 continuations. */
@@ -770,6 +798,21 @@ json_t *http_logprobs_json(enum http_kind kind, const char *p, size_t n, size_t 
 
 		if (!alts || !lp_entry(p, n, &at, &lp, &piece, &len))
 			goto fail_alts;
+		if (isnan(lp)) {
+			/* the prompt's first token: no number, no alternatives */
+			json_decref(alts);
+			alts = kind == HTTP_CHAT ? json_array() : json_null();
+			if (!alts)
+				goto fail;
+			for (unsigned k = 0; k < n_alt; k++) {
+				float x;
+				const char *q;
+				uint16_t ql;
+				if (!lp_entry(p, n, &at, &x, &q, &ql))
+					goto fail_alts;
+			}
+			n_alt = 0;
+		}
 		if (kind == HTTP_CHAT) {
 			tok = json_pack("{s:o, s:o, s:o, s:o}", "token", piece_json(piece, len),
 					"logprob", lp_json(lp), "bytes", bytes_json(piece, len),

@@ -16,10 +16,12 @@
  * presence_penalty / frequency_penalty [-2, 2], n = 1 only, stream,
  * stream_options.include_usage, log probabilities of the generated
  * tokens (chat: logprobs true and top_logprobs 0..20; completions:
- * logprobs 0..20). Members no client of ours needs (user, logit_bias =
- * {}, ...) are ignored; ones that would change the answer and are not
- * supported (n > 1, tools, best_of > 1, echo: the prompt's log
- * probabilities) are refused with 400 naming them.
+ * logprobs 0..20), completions' echo (the prompt and, with logprobs, its
+ * tokens' log probabilities before the answer's; max_tokens 0 scores the
+ * prompt alone; not streamed). Members no client of ours needs (user,
+ * logit_bias = {}, ...) are ignored; ones that would change the answer
+ * and are not supported (n > 1, tools, best_of > 1) are refused with 400
+ * naming them.
  *
  * The swarm extension (DESIGN §3, README "HTTP API"):
  *   "swarm": {"segments": ["sys", "chunk", "question"],
@@ -68,6 +70,7 @@ struct http_gen {
 	bool include_usage;
 	bool no_reasoning;              /* reasoning_format "none": no split (think.h) */
 	bool logprobs;                  /* log probabilities wanted (req.flags too) */
+	bool echo;                      /* completions: the prompt before the answer */
 	uint32_t top_logprobs;          /* alternatives a token, <= PROTO_MAX_TOP_LOGPROBS */
 	struct proto_submit_req req;    /* points into the members below */
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];

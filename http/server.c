@@ -644,6 +644,24 @@ static void stream_end(struct conn *c)
 	conn_next(c);
 }
 
+/* A completion's echo: the prompt (its segments, as sent) before the
+ * answer in j->cnt. False when out of memory. */
+static bool job_echo(struct job *j)
+{
+	struct tbuf t = { 0 };
+
+	for (uint32_t i = 0; i < j->g.req.n_segments; i++)
+		tbuf_put(&t, j->g.seg[i].text, j->g.seg[i].len);
+	tbuf_put(&t, j->cnt.p ? j->cnt.p : "", j->cnt.n);
+	if (t.oom) {
+		free(t.p);
+		return false;
+	}
+	free(j->cnt.p);
+	j->cnt = t;
+	return true;
+}
+
 static void finish_whole(struct job *j, struct conn *c, bool overflow, int status)
 {
 	struct srv *s = j->s;
@@ -660,7 +678,8 @@ static void finish_whole(struct job *j, struct conn *c, bool overflow, int statu
 		char *body = NULL;
 		json_t *lp = j->g.logprobs ? http_logprobs_json(j->g.kind, j->lp.p, j->lp.n,
 								&j->lp_off) : NULL;
-		if ((lp || !j->g.logprobs) && job_sort(j, j->buf ? j->buf : "", j->len, true))
+		if ((lp || !j->g.logprobs) && job_sort(j, j->buf ? j->buf : "", j->len, true) &&
+		    (!j->g.echo || job_echo(j)))
 			body = http_completion_json(j->g.kind, j->id, j->created, j->model,
 						    j->cnt.p ? j->cnt.p : "", j->cnt.n,
 						    j->think.reasoned ? (j->rsn.p ? j->rsn.p : "")

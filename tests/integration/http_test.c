@@ -25,6 +25,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <netinet/in.h>
@@ -1124,6 +1125,54 @@ static void test_logprobs(void **state)
 	}
 	json_decref(streamed);
 	free(sb);
+
+	/* echo: the prompt scored alone (max_tokens 0), then the prompt and
+	 * the same 30 tokens with the same numbers after it */
+	char *eb = sh("curl -s http://127.0.0.1:%d/v1/completions -d '{\"model\":\"" MODEL_ID
+		      "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":0,\"echo\":true,"
+		      "\"logprobs\":1}'", f.port);
+	json_t *ej = jparse(eb);
+	json_t *ech = json_array_get(json_object_get(ej, "choices"), 0);
+	json_t *elp = json_object_get(ech, "logprobs");
+	json_int_t n_prompt = json_integer_value(json_object_get(json_object_get(ej, "usage"),
+								 "prompt_tokens"));
+	assert_string_equal(json_string_value(json_object_get(ech, "text")), PROMPT);
+	assert_string_equal(json_string_value(json_object_get(ech, "finish_reason")), "length");
+	assert_int_equal(json_integer_value(json_object_get(json_object_get(ej, "usage"),
+							    "completion_tokens")), 0);
+	assert_int_equal(json_array_size(json_object_get(elp, "tokens")), (size_t)n_prompt);
+	assert_true(json_is_null(json_array_get(json_object_get(elp, "token_logprobs"), 0)));
+	assert_true(json_is_null(json_array_get(json_object_get(elp, "top_logprobs"), 0)));
+	for (size_t k = 1; k < (size_t)n_prompt; k++) {
+		assert_true(json_real_value(json_array_get(json_object_get(elp, "token_logprobs"),
+							   k)) <= 0);
+		assert_int_equal(json_object_size(json_array_get(json_object_get(elp, "top_logprobs"),
+								 k)), 1);
+	}
+	printf("    echo, max_tokens 0: %d prompt tokens scored, the second at %.4f\n",
+	       (int)n_prompt, json_real_value(json_array_get(json_object_get(elp,
+										"token_logprobs"), 1)));
+	json_decref(ej);
+	free(eb);
+	eb = sh("curl -s http://127.0.0.1:%d/v1/completions -d '{\"model\":\"" MODEL_ID "\","
+		"\"prompt\":\"" PROMPT "\",\"max_tokens\":30,\"temperature\":0,\"echo\":true,"
+		"\"logprobs\":2}'", f.port);
+	ej = jparse(eb);
+	ech = json_array_get(json_object_get(ej, "choices"), 0);
+	elp = json_object_get(ech, "logprobs");
+	char want_echo[8192];
+	snprintf(want_echo, sizeof(want_echo), "%s%s", PROMPT, text);
+	assert_string_equal(json_string_value(json_object_get(ech, "text")), want_echo);
+	assert_int_equal(json_array_size(json_object_get(elp, "tokens")), (size_t)n_prompt + 30);
+	for (size_t k = 0; k < 30; k++) {
+		assert_true(json_equal(json_array_get(json_object_get(elp, "tokens"), n_prompt + k),
+				       json_array_get(toks, k)));
+		assert_true(fabs(json_real_value(json_array_get(json_object_get(elp, "token_logprobs"),
+							       n_prompt + k)) -
+				 json_real_value(json_array_get(tlp, k))) < 1e-4);
+	}
+	json_decref(ej);
+	free(eb);
 	json_decref(j);
 	free(b);
 	assert_int_equal(stop_front(&f), 0);

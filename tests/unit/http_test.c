@@ -232,7 +232,15 @@ static void test_decode_errors(void **state)
 	expect_400(HTTP_COMPLETION,
 		   "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"hidden\"}",
 		   "reasoning_format");
-	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":true}", "echo");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":1}", "echo");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"echo\":true,"
+		   "\"stream\":true}", "echo");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"max_tokens\":0}",
+		   "max_tokens");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"echo\":true}", "echo");
+	expect_400(HTTP_CHAT, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+		   "\"max_tokens\":0}", "max_tokens");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":21}", "logprobs");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"logprobs\":true}",
 		   "logprobs");
@@ -329,7 +337,13 @@ static void test_embed_decode(void **state)
 	}
 }
 
-/* logprobs and top_logprobs reach the submit flags. */
+static void gen_free(struct http_gen *g)
+{
+	http_gen_free(g);
+	free(g);
+}
+
+/* logprobs, top_logprobs and echo reach the submit flags. */
 static void test_decode_logprobs(void **state)
 {
 	(void)state;
@@ -349,6 +363,15 @@ static void test_decode_logprobs(void **state)
 		{ HTTP_COMPLETION, ",\"logprobs\":null", false, 0 },
 		{ HTTP_COMPLETION, ",\"logprobs\":0", true, 0 },
 		{ HTTP_COMPLETION, ",\"logprobs\":5", true, 5 },
+		{ HTTP_COMPLETION, ",\"logprobs\":1,\"echo\":true", true, 1 },
+		{ HTTP_COMPLETION, ",\"logprobs\":1,\"echo\":true,\"max_tokens\":0", true, 1 },
+		{ HTTP_COMPLETION, ",\"echo\":true,\"max_tokens\":0", false, 0 },
+		{ HTTP_COMPLETION, ",\"echo\":true", false, 0 },
+	};
+	static const uint32_t echo_flags[] = {
+		0, 0, 0, 0, 0, 0, 0, 0, 0, 0, PROTO_SUBMIT_PROMPT_LOGPROBS,
+		PROTO_SUBMIT_PROMPT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY,
+		PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY, 0,
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		struct http_gen *g = calloc(1, sizeof(*g));
@@ -360,6 +383,14 @@ static void test_decode_logprobs(void **state)
 		assert_int_equal(http_gen_decode(cases[i].kind, b, strlen(b), 64, g, &e), 0);
 		assert_int_equal(g->logprobs, cases[i].on);
 		assert_int_equal(g->top_logprobs, cases[i].top);
+		assert_int_equal(g->echo, strstr(cases[i].extra, "echo") != NULL);
+		assert_int_equal(g->req.flags & (PROTO_SUBMIT_PROMPT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY),
+				 echo_flags[i] & (PROTO_SUBMIT_PROMPT_LOGPROBS | PROTO_SUBMIT_PROMPT_ONLY));
+		if (echo_flags[i] & PROTO_SUBMIT_PROMPT_ONLY) {
+			assert_int_equal(g->req.max_tokens, 0);
+			gen_free(g);
+			continue;
+		}
 		assert_int_equal(!!(g->req.flags & PROTO_SUBMIT_LOGPROBS), cases[i].on);
 		assert_int_equal(PROTO_SUBMIT_TOP(g->req.flags), cases[i].top);
 		assert_int_equal(!!(g->req.flags & PROTO_SUBMIT_CHAT), cases[i].kind == HTTP_CHAT);
@@ -426,6 +457,30 @@ static void test_logprobs_json(void **state)
 	assert_string_equal(s, "{\"content\":[],\"refusal\":null}");
 	free(s);
 	json_decref(o);
+	/* a prompt's first token (echo): no number, no alternatives; null */
+	{
+		static uint8_t pr[256];
+		const int32_t pids[3] = { 1, -1, -1 };
+		const float plps[3] = { NAN, NAN, NAN };
+		const uint16_t ppl[3] = { 0, 0, 0 };
+		struct proto_tokens pt;
+		struct http_lpbuf pb = { .max = 1 << 20 };
+		size_t plen_ = 0, poff = 0;
+
+		assert_int_equal(proto_tokens_lp_encode(pr, sizeof(pr), 1, 2, pids, plps, ppl, NULL, 0,
+							NULL, 0, PROTO_LP_PROMPT, &plen_), 0);
+		assert_int_equal(proto_tokens_lp_decode(pr, plen_, NULL, &pt, NULL, 0), 0);
+		assert_int_equal(http_lp_collect(&pb, &pt), 0);
+		assert_int_equal(http_lp_collect(&pb, &t[0]), 0);
+		o = http_logprobs_json(HTTP_COMPLETION, pb.p, pb.n, &poff);
+		s = json_dumps(o, JSON_COMPACT);
+		assert_string_equal(s, "{\"tokens\":[\"\",\" \u00e9\"],\"token_logprobs\":[null,-0.25],"
+				       "\"top_logprobs\":[null,{\"bytes:\\\\xc3\":-1.5,\" e\":-9999.0}],"
+				       "\"text_offset\":[0,0]}");
+		free(s);
+		json_decref(o);
+		free(pb.p);
+	}
 	/* in a response and a chunk */
 	struct proto_done u = { .generated_tokens = 2, .stop_reason = PROTO_STOP_EOG };
 	s = http_completion_json(HTTP_CHAT, "c", 1, "m", " \xc3\xa9", 3, NULL, 0,
