@@ -10,7 +10,8 @@
 // list; a greedy chat completion (its shape, usage, finish_reason); the
 // same request streamed (the deltas concatenated equal the non-streamed
 // text, a finish_reason, the usage chunk agrees); log probabilities (the
-// same answer, whole and streamed); a plain completion;
+// same answer, whole and streamed); a plain completion; a prompt scored
+// (echo, logprobs, max_tokens 0);
 // embeddings of a string and of an array (float, and the package's own
 // default, base64, which it decodes: the same vectors); and errors as the
 // package raises them: n = 2 -> 400 (BadRequestError naming n), a wrong key
@@ -151,6 +152,24 @@ await check('completions.create: a text completion', async () => {
   assert.equal(typeof r.choices[0].text, 'string');
   assert.ok(['stop', 'length'].includes(r.choices[0].finish_reason));
   assert.ok(r.usage.completion_tokens > 0 && r.usage.completion_tokens <= 8);
+});
+
+await check('completions.create echo, logprobs, max_tokens 0: the prompt scored', async () => {
+  const prompt = 'Once upon a time there was a little girl';
+  const r = await client.completions.create({
+    model, prompt, max_tokens: 0, echo: true, logprobs: 1, temperature: 0,
+  });
+  const c = r.choices[0];
+  assert.equal(c.text, prompt);
+  assert.equal(r.usage.completion_tokens, 0);
+  const lp = c.logprobs;
+  assert.equal(lp.tokens.length, r.usage.prompt_tokens);
+  assert.equal(lp.token_logprobs[0], null);
+  assert.equal(lp.top_logprobs[0], null);
+  for (let i = 1; i < lp.tokens.length; i++) {
+    assert.ok(lp.token_logprobs[i] <= 0, `${lp.token_logprobs[i]}`);
+    assert.equal(Object.keys(lp.top_logprobs[i]).length, 1);
+  }
 });
 
 await check('embeddings.create: a string, an array, float and base64 alike', async () => {
