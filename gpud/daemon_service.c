@@ -230,7 +230,8 @@ static int svc_submit(void *svc, struct gpud_sreq *r, const struct proto_submit 
 		.n_tokens = n,
 		.mask = p->mask ? gpud_maskcache_mask(p->mask) : NULL,
 		.sampling = a->sampling,
-		.max_tokens = a->max_tokens,
+		/* prompt-only generates nothing: no KV planned for an answer */
+		.max_tokens = q->flags & PROTO_SUBMIT_PROMPT_ONLY ? 1 : a->max_tokens,
 		.stop = a->n_stop ? a->stop : NULL,
 		.n_stop = a->n_stop,
 		.logprobs = q->flags & PROTO_SUBMIT_LOGPROBS,
