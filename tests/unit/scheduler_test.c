@@ -70,6 +70,11 @@ struct res {
 	const long *step_clock;
 	int stop_after;  /* tokens; 0 = never */
 	unsigned slow_us; /* sleep per token (a slow client on the device thread) */
+	/* PROMPT_TOKEN events: their places and numbers, in arrival order */
+	uint32_t np;
+	uint32_t ppos[256];
+	float plp[256];
+	bool prompt_after_token;
 };
 
 static atomic_int n_done;
@@ -78,6 +83,16 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 {
 	struct res *r = arg;
 
+	if (ev->kind == GPUD_SCHED_PROMPT_TOKEN) {
+		assert_false(r->done);
+		r->prompt_after_token |= r->n_ids > 0;
+		if (r->np < 256) {
+			r->ppos[r->np] = ev->prompt_pos;
+			r->plp[r->np] = ev->logprobs->logprob;
+		}
+		r->np++;
+		return 0;
+	}
 	if (ev->kind == GPUD_SCHED_TOKEN) {
 		assert_false(r->done);
 		if (r->n_ids == 0 && r->step_clock)
@@ -923,6 +938,81 @@ static void test_preemption(void **state)
 	assert_int_equal(preempted, st.preemptions);
 	assert_pool_empty(e);
 	gpud_sched_destroy(s);
+	gpud_engine_destroy(ref);
+	gpud_engine_destroy(e);
+}
+
+/* The prompt's log probabilities under preemption (a tiny pool, chunks of
+ * 1 + 4 spare rows): each prompt token's comes once, in order, before the
+ * first generated token, with the number a roomy solo run gives it; the
+ * generated text is the solo run's. */
+static void test_prompt_logprobs_preempt(void **state)
+{
+	(void)state;
+	uint32_t n_req = under_valgrind() ? 3 : 6, max_tok = 40;
+	struct gpud_engine_params p;
+	struct gpud_engine *e = NULL, *ref = NULL;
+	char err[SW_ERR_MAX] = "";
+	static struct res out[N_PROMPTS], solo;
+	static int32_t ids[N_PROMPTS][64];
+	struct gpud_sched_req r;
+	struct gpud_sched_stats st;
+	struct gpud_sched *s, *sr;
+
+	gpud_engine_params_default(&p);
+	p.n_threads = 1;
+	p.max_batch_tokens = 64;
+	p.max_seqs = 8;
+	p.max_logits = 8 + 4;
+	p.n_blocks = 8;
+	if (gpud_engine_create(&e, model, &p, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	p.max_batch_tokens = 512;
+	p.max_seqs = 1;
+	p.max_logits = 1 + 64;
+	p.n_blocks = 0;
+	if (gpud_engine_create(&ref, model, &p, err, sizeof(err)))
+		fail_msg("engine: %s", err);
+	s = mk_sched(&e, 1, 8, 0, 32);
+	sr = mk_sched(&ref, 1, 1, 0, 0);
+	memset(out, 0, sizeof(out));
+	for (uint32_t i = 0; i < n_req; i++) {
+		uint32_t n = tokenize(prompts[(i * 5 + 7) % N_PROMPTS], ids[i], 64);
+		req_init(&r, ids[i], n, max_tok, &out[i]);
+		r.logprobs = true;
+		r.prompt_logprobs = true;
+		submit_ok(s, &r);
+	}
+	drain(s, 1, NULL);
+	gpud_sched_stats(s, &st);
+	assert_true(st.preemptions > 0);
+	for (uint32_t i = 0; i < n_req; i++) {
+		uint32_t n = tokenize(prompts[(i * 5 + 7) % N_PROMPTS], ids[i], 64);
+
+		memset(&solo, 0, sizeof(solo));
+		req_init(&r, ids[i], n, max_tok, &solo);
+		r.logprobs = true;
+		r.prompt_logprobs = true;
+		submit_ok(sr, &r);
+		drain(sr, 1, NULL);
+		assert_true(out[i].done && solo.done);
+		assert_int_equal(out[i].status, 0);
+		assert_int_equal(out[i].np, n);
+		assert_false(out[i].prompt_after_token);
+		for (uint32_t k = 0; k < n; k++) {
+			assert_int_equal(out[i].ppos[k], k);
+			if (k == 0)
+				assert_true(isnan(out[i].plp[0]));
+			else
+				assert_true(fabsf(out[i].plp[k] - solo.plp[k]) < 1e-5f);
+		}
+		assert_string_equal(out[i].text, solo.text);
+	}
+	printf("prompt logprobs under %llu preemptions: every prompt token once, in order, as "
+	       "solo\n", (unsigned long long)st.preemptions);
+	assert_pool_empty(e);
+	gpud_sched_destroy(s);
+	gpud_sched_destroy(sr);
 	gpud_engine_destroy(ref);
 	gpud_engine_destroy(e);
 }
@@ -2400,6 +2490,7 @@ int main(void)
 		cmocka_unit_test(test_cancel),
 		cmocka_unit_test(test_caller_stop),
 		cmocka_unit_test(test_preemption),
+		cmocka_unit_test(test_prompt_logprobs_preempt),
 		cmocka_unit_test(test_aging),
 		cmocka_unit_test(test_mask_preempt),
 		cmocka_unit_test(test_threaded_cancel),
