@@ -1028,65 +1028,54 @@ static void test_slow_client(void **state)
 	env_stop(e);
 }
 
-/* A client that reads late gets everything, in order, staged batches
- * coalesced. */
-static void test_staging_delivers_in_order(void **state)
+/* A client that reads only after n tokens of mode were sent, through a
+ * 4 KiB ring: some waited in staging; *res is what it then read. */
+static void staged_stream(enum fake_mode mode, uint32_t n, struct result *res)
 {
-	(void)state;
 	struct gpud_server_params p;
 	env_params(&p);
 	p.ring_bytes = 4096;
 	p.stage_bytes = 4096;
 	p.stall_ms = 60000;
 	struct env *e = env_start(&p);
-	/* 32-byte records: the 4 KiB ring takes 128, staging the rest. */
-	fake_set(&e->fk, FAKE_STREAM, 200);
+	fake_set(&e->fk, mode, n);
 	struct cl *c = cl_open(e);
 	cl_submit(c, 1, 0, "fill");
 	WAIT_FOR(e, atomic_load(&e->fk.ended) == 1);
 	assert_int_equal(atomic_load(&e->fk.busy_seen), 0);
-	struct result res;
-	cl_wait(c, 1, &res);
-	assert_int_equal(res.type, PROTO_T_DONE);
-	assert_int_equal(res.n_ids, 200);
-	assert_int_equal(res.done.generated_tokens, 200);
-	assert_true(res.n_batches < 200); /* some were coalesced */
+	cl_wait(c, 1, res);
+	assert_int_equal(res->type, PROTO_T_DONE);
+	assert_int_equal(res->n_ids, n);
 	struct gpud_server_stats s = env_stats(e);
 	assert_true(s.staged > 0);
 	cl_close(c);
 	env_stop(e);
 }
 
+/* A client that reads late gets everything, in order, staged batches
+ * coalesced (32-byte records: the ring takes 128, staging the rest). */
+static void test_staging_delivers_in_order(void **state)
+{
+	(void)state;
+	struct result res;
+	staged_stream(FAKE_STREAM, 200, &res);
+	assert_int_equal(res.done.generated_tokens, 200);
+	assert_true(res.n_batches < 200); /* some were coalesced */
+}
+
 /* The same with log probabilities: staged TOKENS_LP records are written
- * one a record, in order, and the EOG flag travels with the last. */
+ * one a record, in order, and the EOG flag travels with the last
+ * (57-byte payloads: the ring takes about 50 records, staging, at most
+ * half the ring, 35). */
 static void test_staging_lp_in_order(void **state)
 {
 	(void)state;
-	struct gpud_server_params p;
-	env_params(&p);
-	p.ring_bytes = 4096;
-	p.stage_bytes = 4096;
-	p.stall_ms = 60000;
-	struct env *e = env_start(&p);
-	/* 57-byte payloads: the ring takes about 50 records, staging (at most
-	 * half the ring) 35 */
-	fake_set(&e->fk, FAKE_STREAM_LP, 70);
-	struct cl *c = cl_open(e);
-	cl_submit(c, 1, 0, "fill");
-	WAIT_FOR(e, atomic_load(&e->fk.ended) == 1);
-	assert_int_equal(atomic_load(&e->fk.busy_seen), 0);
 	struct result res;
-	cl_wait(c, 1, &res);
-	assert_int_equal(res.type, PROTO_T_DONE);
-	assert_int_equal(res.n_ids, 70);
+	staged_stream(FAKE_STREAM_LP, 70, &res);
 	assert_int_equal(res.n_lp, 70);
 	assert_true(res.eog);
 	assert_int_equal(res.eog_at, 69);
 	assert_int_equal(res.text_len, 140);
-	struct gpud_server_stats s = env_stats(e);
-	assert_true(s.staged > 0);
-	cl_close(c);
-	env_stop(e);
 }
 
 static void test_drain(void **state)
