@@ -114,7 +114,7 @@ struct dev {
 	 * not given out, each entry's first row and the rows' results */
 	uint32_t lp_rows, lp_rows_left, rows_planned;
 	uint32_t *ent_row0;            /* (max_ents) */
-	struct gpud_logprobs *plp;     /* (max_logits) by row */
+	struct gpud_logprobs *plp;     /* (max_ents + lp_rows) by row */
 	/* The step's sampling job, shared with the sampling threads (under
 	 * sampling.mu but job_next): entries job_next.. are still to take. */
 	atomic_uint job_next;
@@ -328,9 +328,6 @@ static int dev_init(struct gpud_sched *s, struct dev *d, struct gpud_engine *e, 
 
 /* --- sampling, outside the lock ------------------------------------------ */
 
-/* Entry i's next token after the forward pass: its slot is in the batch,
- * so only its device's thread (or a sampling thread working for it)
- * touches its sampler until the lock is taken again. */
 /* Whether entry b of sl's (b->n_tokens tokens from a) ends its prompt and
  * everything after it that is to be computed: its last row gives the next
  * token. */
@@ -350,6 +347,10 @@ static void prompt_span(const struct slot *sl, const struct gpud_batch_entry *b,
 	*k1 = a + b->n_tokens + 1 < sl->n_prompt ? a + b->n_tokens + 1 : sl->n_prompt;
 }
 
+/* Entry i's next token after the forward pass (and the log probabilities
+ * asked for): its slot is in the batch, so only its device's thread (or a
+ * sampling thread working for it) touches its sampler until the lock is
+ * taken again. */
 static void sample_one(struct dev *d, uint32_t i, struct gpud_sampler_scratch *sc)
 {
 	const struct gpud_batch_entry *b = &d->ents[i];
