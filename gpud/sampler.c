@@ -291,11 +291,11 @@ static inline bool usable(float l)
 	return !isnan(l) && l != -INFINITY;
 }
 
-int32_t gpud_argmax(const float *l, int32_t n)
+/* The greatest of n logits: eight independent maxima a core streams
+ * through (NaN never compares greater, and -inf never beats the -inf
+ * start); -inf when none is usable (or n <= 0). */
+static float row_max(const float *l, int32_t n)
 {
-	/* Two passes that a core streams through: the greatest value (eight
-	 * independent maxima; NaN never compares greater, and -inf never beats
-	 * the -inf start), then the first index holding it (-0 == +0). */
 	float m[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
 		       -INFINITY, -INFINITY, -INFINITY, -INFINITY };
 	float best;
@@ -309,6 +309,16 @@ int32_t gpud_argmax(const float *l, int32_t n)
 	best = m[0];
 	for (int k = 1; k < 8; k++)
 		best = m[k] > best ? m[k] : best;
+	return best;
+}
+
+int32_t gpud_argmax(const float *l, int32_t n)
+{
+	/* Two passes: the greatest value, then the first index holding it
+	 * (-0 == +0). */
+	float best = row_max(l, n);
+	int32_t i;
+
 	if (best == -INFINITY) /* nothing usable (or n <= 0) */
 		return -EINVAL;
 	for (i = 0; l[i] != best; i++)
@@ -388,23 +398,13 @@ static double mass_sum(const float *l, size_t nv, float mx)
 int gpud_logprobs_row(const float *l, int32_t n, int32_t id, uint32_t n_top,
 		      struct gpud_logprobs *out)
 {
-	float m = -INFINITY;
 	uint32_t k = 0, n_inf = 0;
+	int32_t i;
+	float m;
 
 	if (!l || !out || n <= 0 || id < 0 || id >= n || n_top > GPUD_LOGPROBS_TOP_MAX)
 		return -EINVAL;
-	/* the greatest logit: eight independent maxima, as gpud_argmax (NaN
-	 * never compares greater) */
-	float mm[8] = { -INFINITY, -INFINITY, -INFINITY, -INFINITY,
-			-INFINITY, -INFINITY, -INFINITY, -INFINITY };
-	int32_t i = 0;
-	for (; i + 8 <= n; i += 8)
-		for (int q = 0; q < 8; q++)
-			mm[q] = l[i + q] > mm[q] ? l[i + q] : mm[q];
-	for (; i < n; i++)
-		mm[0] = l[i] > mm[0] ? l[i] : mm[0];
-	for (int q = 0; q < 8; q++)
-		m = mm[q] > m ? mm[q] : m;
+	m = row_max(l, n);
 	/* the n_top greatest in order: an insertion list that a logit enters
 	 * only when it beats the list's last; once it is full, a block of 32
 	 * whose greatest does not (nearly all of them) is skipped whole */
