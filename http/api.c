@@ -674,6 +674,35 @@ static char *dump(json_t *o)
 
 /* --- log probabilities ------------------------------------------------------ */
 
+/* Room for need more bytes within b->max; -1 when over it or out of
+ * memory. */
+static int lpbuf_room(struct http_lpbuf *b, size_t need)
+{
+	if (b->n + need > b->max)
+		return -1;
+	if (b->n + need > b->cap) {
+		size_t nc = b->cap ? b->cap : 4096;
+		while (nc < b->n + need)
+			nc *= 2;
+		char *np = realloc(b->p, nc);
+		if (!np)
+			return -1;
+		b->p = np;
+		b->cap = nc;
+	}
+	return 0;
+}
+
+int http_lpbuf_append(struct http_lpbuf *b, const char *p, size_t n)
+{
+	if (lpbuf_room(b, n))
+		return -1;
+	if (n)
+		memcpy(b->p + b->n, p, n);
+	b->n += n;
+	return 0;
+}
+
 int http_lp_collect(struct http_lpbuf *b, const struct proto_tokens *t)
 {
 	struct proto_lp_iter it;
@@ -685,21 +714,10 @@ int http_lp_collect(struct http_lpbuf *b, const struct proto_tokens *t)
 		return 0;
 	proto_lp_iter_init(&it, t);
 	while (proto_lp_next(&it, &le)) {
-		size_t need = (le.rank == 0 ? 1 : 0) + 6 + le.piece_len;
 		if (le.token == last)
 			continue;
-		if (b->n + need > b->max)
+		if (lpbuf_room(b, (le.rank == 0 ? 1 : 0) + 6 + le.piece_len))
 			goto fail;
-		if (b->n + need > b->cap) {
-			size_t nc = b->cap ? b->cap : 4096;
-			while (nc < b->n + need)
-				nc *= 2;
-			char *np = realloc(b->p, nc);
-			if (!np)
-				goto fail;
-			b->p = np;
-			b->cap = nc;
-		}
 		if (le.rank == 0)
 			b->p[b->n++] = (char)t->n_top;
 		uint16_t pl = (uint16_t)le.piece_len;

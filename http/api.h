@@ -119,6 +119,10 @@ struct http_lpbuf {
 	size_t n, cap, max; /* max: the bound n may grow to */
 };
 
+/* Appends n bytes (another buffer's entries); -1 when that would pass
+ * b->max or memory is out (b unchanged). */
+int http_lpbuf_append(struct http_lpbuf *b, const char *p, size_t n);
+
 /* Appends t's entries (a TOKENS_LP batch; nothing for plain TOKENS),
  * leaving out the end-of-generation token t flags. Returns 0, or -1 when
  * out of memory or over b->max (b is then unchanged). */

@@ -723,18 +723,9 @@ static bool job_lp_move(struct job *j)
 		b->n = 0;
 		return true;
 	}
-	if (a->n + b->n > a->cap) {
-		size_t nc = a->cap;
-		while (nc < a->n + b->n)
-			nc *= 2;
-		char *np = realloc(a->p, nc);
-		if (!np)
-			return false;
-		a->p = np;
-		a->cap = nc;
-	}
-	memcpy(a->p + a->n, b->p, b->n);
-	a->n += b->n;
+	/* entries waiting for text: bounded like the reader's */
+	if (http_lpbuf_append(a, b->p, b->n))
+		return false;
 	b->n = 0;
 	return true;
 }
@@ -807,7 +798,8 @@ static void job_pump_inner(struct job *j)
 		j->len = 0;
 	}
 	if (j->g.stream && !job_lp_move(j))
-		j->overflow = overflow = true; /* out of memory: an error at the end */
+		j->overflow = overflow = true; /* over the bound or out of memory:
+						* an error at the end */
 	pthread_mutex_unlock(&s->mu);
 
 	if (!j->g.stream) {

@@ -429,6 +429,16 @@ static void test_logprobs_json(void **state)
 	b.max = b.n + 10;
 	assert_int_equal(http_lp_collect(&b, &t[0]), -1);
 	assert_int_equal(b.n, one);
+	/* another buffer's entries appended within the same bound */
+	{
+		struct http_lpbuf a = { .max = 2 * one };
+		assert_int_equal(http_lpbuf_append(&a, b.p, one), 0);
+		assert_int_equal(http_lpbuf_append(&a, b.p, one), 0);
+		assert_int_equal(http_lpbuf_append(&a, b.p, 1), -1);
+		assert_int_equal(a.n, 2 * one);
+		assert_memory_equal(a.p + one, b.p, one);
+		free(a.p);
+	}
 
 	size_t off = 0;
 	json_t *o = http_logprobs_json(HTTP_CHAT, b.p, b.n, &off);
