@@ -559,6 +559,19 @@ int proto_tokens_encode(uint8_t *buf, size_t cap, const int32_t *ids, uint32_t n
 	return 0;
 }
 
+/* A token batch's counts against the limits (TOKENS and TOKENS_LP). */
+static int batch_limits(const char *what, uint32_t n, uint32_t tl, const struct proto_limits *L,
+			char *err, size_t errlen)
+{
+	if (n > L->max_ids)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: n_ids %" PRIu32
+				 " over the limit %" PRIu32, what, n, L->max_ids);
+	if (tl > L->max_text_bytes)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: text_len %" PRIu32
+				 " over the limit %" PRIu32, what, tl, L->max_text_bytes);
+	return 0;
+}
+
 int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 			struct proto_tokens *out, char *err, size_t errlen)
 {
@@ -573,12 +586,9 @@ int proto_tokens_decode(const uint8_t *payload, size_t len, const struct proto_l
 	uint8_t h[8];
 	proto_copy_in(h, src, sizeof(h));
 	uint32_t n = proto_get32(h), tl = proto_get32(h + 4);
-	if (n > L.max_ids)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens: n_ids %" PRIu32
-				 " over the limit %" PRIu32, n, L.max_ids);
-	if (tl > L.max_text_bytes)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens: text_len %" PRIu32
-				 " over the limit %" PRIu32, tl, L.max_text_bytes);
+	int rc = batch_limits("tokens", n, tl, &L, err, errlen);
+	if (rc)
+		return rc;
 	const uint8_t *ids = take(&c, (uint64_t)n * 4);
 	const uint8_t *text = ids ? take(&c, tl) : NULL;
 	if (!ids || !text || c.at != c.len)
@@ -662,12 +672,9 @@ int proto_tokens_lp_decode(const uint8_t *payload, size_t len, const struct prot
 	proto_copy_in(h, src, sizeof(h));
 	uint32_t n = proto_get32(h), tl = proto_get32(h + 4), top = proto_get32(h + 8),
 		 pl = proto_get32(h + 12), fl = proto_get32(h + 16);
-	if (n > L.max_ids)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens_lp: n_ids %" PRIu32
-				 " over the limit %" PRIu32, n, L.max_ids);
-	if (tl > L.max_text_bytes)
-		return sw_seterr(err, errlen, SW_ETOOLONG, "tokens_lp: text_len %" PRIu32
-				 " over the limit %" PRIu32, tl, L.max_text_bytes);
+	int rc = batch_limits("tokens_lp", n, tl, &L, err, errlen);
+	if (rc)
+		return rc;
 	if (top > PROTO_MAX_TOP_LOGPROBS)
 		return sw_seterr(err, errlen, SW_EFORMAT, "tokens_lp: n_top %" PRIu32
 				 ", at most %d", top, PROTO_MAX_TOP_LOGPROBS);
