@@ -119,7 +119,9 @@ static int on_event(void *arg, const struct gpud_sched_event *ev)
 	return 0;
 }
 
-static struct gpud_engine *mk_engine(uint32_t max_batch, uint32_t max_seqs, uint32_t n_blocks)
+/* An engine with spare_rows logits rows beyond one a sequence. */
+static struct gpud_engine *mk_engine_rows(uint32_t max_batch, uint32_t max_seqs,
+					  uint32_t n_blocks, uint32_t spare_rows)
 {
 	struct gpud_engine_params p;
 	struct gpud_engine *e = NULL;
@@ -129,10 +131,16 @@ static struct gpud_engine *mk_engine(uint32_t max_batch, uint32_t max_seqs, uint
 	p.n_threads = 1;
 	p.max_batch_tokens = max_batch;
 	p.max_seqs = max_seqs;
+	p.max_logits = max_seqs + spare_rows;
 	p.n_blocks = n_blocks;
 	if (gpud_engine_create(&e, model, &p, err, sizeof(err)))
 		fail_msg("engine: %s", err);
 	return e;
+}
+
+static struct gpud_engine *mk_engine(uint32_t max_batch, uint32_t max_seqs, uint32_t n_blocks)
+{
+	return mk_engine_rows(max_batch, max_seqs, n_blocks, 0);
 }
 
 static struct gpud_sched *mk_sched(struct gpud_engine **e, uint32_t n, uint32_t max_req,
@@ -950,29 +958,14 @@ static void test_prompt_logprobs_preempt(void **state)
 {
 	(void)state;
 	uint32_t n_req = under_valgrind() ? 3 : 6, max_tok = 40;
-	struct gpud_engine_params p;
-	struct gpud_engine *e = NULL, *ref = NULL;
-	char err[SW_ERR_MAX] = "";
+	/* 8 blocks of 16, 4 spare rows; the reference roomy, 64 spare rows */
+	struct gpud_engine *e = mk_engine_rows(64, 8, 8, 4), *ref = mk_engine_rows(512, 1, 0, 64);
 	static struct res out[N_PROMPTS], solo;
 	static int32_t ids[N_PROMPTS][64];
 	struct gpud_sched_req r;
 	struct gpud_sched_stats st;
 	struct gpud_sched *s, *sr;
 
-	gpud_engine_params_default(&p);
-	p.n_threads = 1;
-	p.max_batch_tokens = 64;
-	p.max_seqs = 8;
-	p.max_logits = 8 + 4;
-	p.n_blocks = 8;
-	if (gpud_engine_create(&e, model, &p, err, sizeof(err)))
-		fail_msg("engine: %s", err);
-	p.max_batch_tokens = 512;
-	p.max_seqs = 1;
-	p.max_logits = 1 + 64;
-	p.n_blocks = 0;
-	if (gpud_engine_create(&ref, model, &p, err, sizeof(err)))
-		fail_msg("engine: %s", err);
 	s = mk_sched(&e, 1, 8, 0, 32);
 	sr = mk_sched(&ref, 1, 1, 0, 0);
 	memset(out, 0, sizeof(out));
