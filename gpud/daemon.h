@@ -217,11 +217,14 @@ struct gpud_segtok_scratch {
  *    special tokens are parsed (they are the template's). A message whose
  *    text the template defers (a Llama 2 or Mistral system prompt goes
  *    into the next [INST]) gives 0 tokens to its own segment.
+ *  - a segment of token ids (PROTO_SEG_IDS, plain only) is its ids as
+ *    they are, each checked against the vocabulary; no BOS is added to
+ *    it (a plain request that starts with text still gets one).
  * Returns 0, or with a message: SW_ETOOLONG (more than cap ids: *n_ids is
  * then the number needed, counting every segment), SW_EUNSUPPORTED (chat
  * with GPUD_CHAT_NONE: the message says why and names --chat-format and
  * gpud.chat_format), -EINVAL (a segment without a role in chat mode,
- * text longer than the scratch allows), -ENOMEM (arena too small). */
+ * text longer than the scratch allows, an id outside the vocabulary), -ENOMEM (arena too small). */
 int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_template tmpl,
 			   bool chat, const struct proto_segment *segs, uint32_t n,
 			   struct gpud_segtok_scratch *scratch, int32_t *ids, uint32_t cap,

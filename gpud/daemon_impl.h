@@ -74,6 +74,7 @@ struct req_priv {
 	enum req_kind kind;
 	int reply_err;                     /* a token batch the server refused */
 	uint32_t top_logprobs;             /* alternatives a token (SUBMIT flags) */
+	bool prompt_text;                  /* a prompt piece with text was sent */
 };
 /* A server slot's priv area (struct req_priv, 16-byte aligned). */
 #define REQ_PRIV_BYTES ((sizeof(struct req_priv) + 15) / 16 * 16)

@@ -10,6 +10,7 @@
 #include "common/err.h"
 #include "gpud/daemon.h"
 #include "gpud/tokenizer.h"
+#include "proto/frame.h"
 #include "proto/msg.h"
 
 /* Copies a segment's text (a view: may change under us, may hold NULs)
@@ -64,6 +65,35 @@ long gpud_chat_segment(enum gpud_chat_template tmpl, const struct proto_segment 
 	return full - pre;
 }
 
+/* A segment of token ids (PROTO_SEG_IDS; never with chat: the codec
+ * refuses it): copied from the view once, each id checked against the
+ * vocabulary, stored in ids when they fit in cap (ids NULL: counted
+ * only). Returns the count or a negative code with the message. */
+static int segment_ids(const struct gpud_tokenizer *tok, const struct proto_segment *s,
+		       uint32_t i, struct gpud_segtok_scratch *sc, int32_t *ids, uint32_t cap,
+		       char *err, size_t errlen)
+{
+	uint32_t n = s->len / 4;
+	int32_t nv = gpud_tokenizer_n_vocab(tok);
+
+	if (s->len % 4)
+		return sw_seterr(err, errlen, -EINVAL, "segment %u: token ids: %u bytes, not a "
+				 "multiple of 4", i, s->len);
+	if (s->len > sc->copy_cap)
+		return sw_seterr(err, errlen, -EINVAL, "segment %u: %u bytes, more than the %zu a "
+				 "segment may have", i, s->len, sc->copy_cap);
+	memcpy(sc->copy, s->text, s->len);
+	for (uint32_t k = 0; k < n; k++) {
+		int32_t id = (int32_t)proto_get32((const uint8_t *)sc->copy + 4 * (size_t)k);
+		if (id < 0 || id >= nv)
+			return sw_seterr(err, errlen, -EINVAL, "segment %u: token %u: id %d is not "
+					 "in the vocabulary of %d", i, k, id, nv);
+		if (ids && k < cap)
+			ids[k] = id;
+	}
+	return (int)n;
+}
+
 int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_template tmpl,
 			   bool chat, const struct proto_segment *segs, uint32_t n,
 			   struct gpud_segtok_scratch *sc, int32_t *ids, uint32_t cap,
@@ -86,6 +116,16 @@ int gpud_segments_tokenize(const struct gpud_tokenizer *tok, enum gpud_chat_temp
 		unsigned flags = 0;
 		int rc;
 
+		if (segs[i].flags & PROTO_SEG_IDS) {
+			rc = segment_ids(tok, &segs[i], i, sc, over ? NULL : ids + total,
+					 over ? 0 : cap - total, err, errlen);
+			if (rc < 0)
+				return rc;
+			over = over || (uint32_t)rc > cap - total;
+			seg_tokens[i] = (uint32_t)rc;
+			total += (uint32_t)rc;
+			continue;
+		}
 		if (chat) {
 			if (!proto_role_name(segs[i].role))
 				return sw_seterr(err, errlen, -EINVAL,

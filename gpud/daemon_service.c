@@ -37,7 +37,8 @@ static uint64_t us(double s)
 
 /* A token with its log probabilities: the token's and its alternatives'
  * ids, numbers and raw pieces (control tokens by their text, but a prompt
- * token's own; a piece over LP_PIECE_MAX bytes is sent empty). The prompt's first token, which has
+ * token's own; a piece over LP_PIECE_MAX bytes is sent empty; the
+ * prompt's pieces spell its text, as a decoder would). The prompt's first token, which has
  * none, gets the request's count of alternatives as id -1 and NaN. On the
  * device thread's stack. */
 #define LP_PIECE_MAX 256
@@ -66,6 +67,13 @@ static int tokens_lp(struct gpud_daemon *d, struct req_priv *p,
 			gpud_tokenizer_piece(d->tok, ids[k], !(prompt && k == 0), pieces + off,
 					     LP_PIECE_MAX);
 		plen[k] = n > 0 ? (uint16_t)n : 0;
+		/* the prompt's first text loses the space a SentencePiece
+		 * encoder put before it, so its pieces spell the prompt */
+		if (prompt && k == 0 && plen[0] && !p->prompt_text) {
+			p->prompt_text = true;
+			if (pieces[0] == ' ' && gpud_tokenizer_strips_first_space(d->tok))
+				memmove(pieces, pieces + 1, --plen[0]);
+		}
 		off += plen[k];
 	}
 	return gpud_sreq_tokens_lp(p->r, n_top, ids, lps, plen, pieces, off, ev->text, ev->len,

@@ -30,6 +30,11 @@ bool gpud_tokenizer_is_eog(const struct gpud_tokenizer *t, int32_t id)
 	return id >= 0 && id < t->n_vocab && (t->tok[id].flags & TF_EOG);
 }
 
+bool gpud_tokenizer_strips_first_space(const struct gpud_tokenizer *t)
+{
+	return t->kind == KIND_SPM && t->add_space_prefix;
+}
+
 int32_t gpud_tokenizer_find(const struct gpud_tokenizer *t, const char *text, size_t len)
 {
 	int32_t id = vocab_lookup(t, text, len);

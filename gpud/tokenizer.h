@@ -99,6 +99,11 @@ int gpud_tokenizer_encode(const struct gpud_tokenizer *t, const char *text, size
 int gpud_tokenizer_piece(const struct gpud_tokenizer *t, int32_t id, bool special,
 			 char *out, size_t cap);
 
+/* True when decoding drops the space a SentencePiece vocabulary's encoder
+ * puts before the first word (its space prefix): the first text piece of a
+ * sequence then loses one leading space, as gpud_detok_push does. */
+bool gpud_tokenizer_strips_first_space(const struct gpud_tokenizer *t);
+
 /* Streaming detokenizer: holds back an incomplete UTF-8 sequence until the
  * token that completes it arrives, so no partial character is ever emitted.
  * Also strips the leading space SentencePiece adds to the first token. */

@@ -10,6 +10,7 @@
 
 #include "common/err.h"
 #include "common/utf8.h"
+#include "proto/frame.h"
 #include "proto/mask.h"
 
 int http_fail(struct http_err *e, int status, const char *param, const char *code,
@@ -191,60 +192,160 @@ static int decode_messages(struct http_gen *g, json_t *root, uint32_t max_segmen
 	return 0;
 }
 
+/* A prompt's token ids: a non-empty JSON array whose first member is an
+ * integer (the rest are checked as they are stored). */
+static bool is_ids(json_t *a)
+{
+	return json_is_array(a) && json_array_size(a) > 0 &&
+	       json_is_integer(json_array_get(a, 0));
+}
+
+/* Room in g->idbuf for every id of the arrays among the n values. */
+static int ids_reserve(struct http_gen *g, json_t *const *v, size_t n, struct http_err *e)
+{
+	size_t total = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (is_ids(v[i]))
+			total += json_array_size(v[i]);
+	if (!total)
+		return 0;
+	g->idbuf = malloc(4 * total);
+	if (!g->idbuf)
+		return http_fail(e, 503, NULL, "out_of_memory", "out of memory");
+	return 0;
+}
+
+/* Stores the ids of a (is_ids) at g->idbuf + *at as segment *seg (each
+ * id little-endian; gpud checks them against the vocabulary). */
+static int put_ids(struct http_gen *g, json_t *a, size_t *at, struct proto_segment *seg,
+		   const char *param, const char *what, struct http_err *e)
+{
+	uint8_t *p = g->idbuf + *at;
+	size_t k;
+	json_t *x;
+
+	json_array_foreach(a, k, x) {
+		if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+		    json_integer_value(x) > INT32_MAX)
+			return bad(e, param, "%s[%zu]: expected a token id (an integer >= 0)", what,
+				   k);
+		proto_put32(p + 4 * k, (uint32_t)json_integer_value(x));
+	}
+	*seg = (struct proto_segment){ .text = (const char *)p,
+				       .len = (uint32_t)(4 * json_array_size(a)),
+				       .flags = PROTO_SEG_IDS };
+	*at += 4 * json_array_size(a);
+	return 0;
+}
+
+/* With swarm.segments a standard client may still insist on a prompt: it
+ * must then be the segments' concatenation, so both views agree (text
+ * for text, the ids when every segment is ids; "" always). */
+static int prompt_agrees(struct http_gen *g, json_t *p, bool any_ids, struct http_err *e)
+{
+	const char *why = any_ids ? "prompt: with swarm.segments of token ids, omit it or give "
+				    "their concatenation"
+				  : "prompt: with swarm.segments, omit it or give the segments' "
+				    "concatenation";
+	size_t at = 0, n;
+
+	if (json_is_string(p) && json_string_length(p) == 0)
+		return 0;
+	if (!any_ids) {
+		if (!json_is_string(p))
+			return bad(e, "prompt", "prompt: expected a string");
+		const char *t = json_string_value(p);
+		n = json_string_length(p);
+		for (uint32_t k = 0; k < g->req.n_segments; k++) {
+			if (at + g->seg[k].len > n || memcmp(t + at, g->seg[k].text, g->seg[k].len))
+				return bad(e, "prompt", "%s", why);
+			at += g->seg[k].len;
+		}
+		return at == n ? 0 : bad(e, "prompt", "%s", why);
+	}
+	for (uint32_t k = 0; k < g->req.n_segments; k++) {
+		if (!(g->seg[k].flags & PROTO_SEG_IDS))
+			return bad(e, "prompt", "%s", why);
+		at += g->seg[k].len / 4;
+	}
+	if (!is_ids(p) || json_array_size(p) != at)
+		return bad(e, "prompt", "%s", why);
+	for (size_t k = 0; k < at; k++) {
+		json_t *x = json_array_get(p, k);
+		if (!json_is_integer(x) ||
+		    (json_int_t)proto_get32(g->idbuf + 4 * k) != json_integer_value(x))
+			return bad(e, "prompt", "%s", why);
+	}
+	return 0;
+}
+
+static int decode_segments(struct http_gen *g, json_t *p, json_t *segs, uint32_t max_segments,
+			   struct http_err *e)
+{
+	json_t *v[PROTO_MAX_SEGMENTS];
+	size_t i, at = 0;
+	bool any_ids = false;
+	json_t *s;
+	char what[32];
+
+	if (!json_is_array(segs) || json_array_size(segs) == 0)
+		return bad(e, "swarm.segments", "swarm.segments: expected a non-empty array of "
+			   "strings or arrays of token ids");
+	if (json_array_size(segs) > max_segments)
+		return bad(e, "swarm.segments", "swarm.segments: at most %u segments "
+			   "(gpud.max_segments)", max_segments);
+	json_array_foreach(segs, i, s) {
+		if (!json_is_string(s) && !is_ids(s))
+			return bad(e, "swarm.segments", "swarm.segments[%zu]: expected a string or a "
+				   "non-empty array of token ids", i);
+		v[i] = s;
+	}
+	if (ids_reserve(g, v, json_array_size(segs), e))
+		return -1;
+	for (i = 0; i < json_array_size(segs); i++) {
+		if (json_is_string(v[i])) {
+			g->seg[i] = (struct proto_segment){ .text = json_string_value(v[i]),
+							    .len = (uint32_t)json_string_length(v[i]) };
+		} else {
+			snprintf(what, sizeof(what), "swarm.segments[%zu]", i);
+			if (put_ids(g, v[i], &at, &g->seg[i], "swarm.segments", what, e))
+				return -1;
+			any_ids = true;
+		}
+		g->req.n_segments = (uint32_t)i + 1;
+	}
+	g->ids = any_ids;
+	return p ? prompt_agrees(g, p, any_ids, e) : 0;
+}
+
+/* prompt: a string, an array of token ids, or either alone in an array
+ * (one prompt a request); or swarm.segments, each a string or token ids. */
 static int decode_prompt(struct http_gen *g, json_t *root, json_t *swarm_segs,
 			 uint32_t max_segments, struct http_err *e)
 {
 	json_t *p = member(root, "prompt");
+	size_t at = 0;
 
-	if (swarm_segs) {
-		size_t i, at = 0;
-		json_t *s;
-		if (!json_is_array(swarm_segs) || json_array_size(swarm_segs) == 0)
-			return bad(e, "swarm.segments", "swarm.segments: expected a non-empty array "
-				   "of strings");
-		if (json_array_size(swarm_segs) > max_segments)
-			return bad(e, "swarm.segments", "swarm.segments: at most %u segments "
-				   "(gpud.max_segments)", max_segments);
-		json_array_foreach(swarm_segs, i, s) {
-			if (!json_is_string(s))
-				return bad(e, "swarm.segments", "swarm.segments[%zu]: expected a string",
-					   i);
-			g->seg[i] = (struct proto_segment){ .text = json_string_value(s),
-							    .len = (uint32_t)json_string_length(s) };
-			g->req.n_segments = (uint32_t)i + 1;
-		}
-		/* A standard client may insist on a prompt: it must then be
-		 * the segments' concatenation, so both views agree. */
-		if (p) {
-			if (!json_is_string(p))
-				return bad(e, "prompt", "prompt: expected a string");
-			const char *t = json_string_value(p);
-			size_t n = json_string_length(p);
-			for (uint32_t k = 0; k < g->req.n_segments; k++) {
-				if (at + g->seg[k].len > n ||
-				    memcmp(t + at, g->seg[k].text, g->seg[k].len) != 0)
-					return bad(e, "prompt", "prompt: with swarm.segments, omit it or "
-						   "give the segments' concatenation");
-				at += g->seg[k].len;
-			}
-			if (at != n && n != 0)
-				return bad(e, "prompt", "prompt: with swarm.segments, omit it or "
-					   "give the segments' concatenation");
-		}
-		return 0;
-	}
+	if (swarm_segs)
+		return decode_segments(g, p, swarm_segs, max_segments, e);
 	if (p && json_is_array(p) && json_array_size(p) == 1 &&
-	    json_is_string(json_array_get(p, 0)))
+	    (json_is_string(json_array_get(p, 0)) || is_ids(json_array_get(p, 0))))
 		p = json_array_get(p, 0);
 	if (!p)
 		return http_fail(e, 400, "prompt", "missing_required_parameter",
-				 "prompt: required, a string");
+				 "prompt: required, a string or an array of token ids");
+	g->req.n_segments = 1;
+	if (is_ids(p)) {
+		g->ids = true;
+		return ids_reserve(g, &p, 1, e) ? -1 : put_ids(g, p, &at, &g->seg[0], "prompt",
+								"prompt", e);
+	}
 	if (!json_is_string(p))
-		return bad(e, "prompt", "prompt: expected a string (one prompt per request; token "
-			   "arrays are not supported)");
+		return bad(e, "prompt", "prompt: expected a string or an array of token ids (one "
+			   "prompt a request: arrays of several are not supported)");
 	g->seg[0] = (struct proto_segment){ .text = json_string_value(p),
 					    .len = (uint32_t)json_string_length(p) };
-	g->req.n_segments = 1;
 	return 0;
 }
 
@@ -369,7 +470,8 @@ static int decode_logprobs(struct http_gen *g, json_t *root, struct http_err *e)
 
 /* Completions' echo: the prompt before the answer and, with logprobs, the
  * prompt's tokens' log probabilities before the answer's; max_tokens 0
- * then scores the prompt alone (gpud generates nothing). Not streamed. */
+ * then scores the prompt alone (gpud generates nothing). Not streamed. A
+ * prompt with token ids echoes the text of its tokens. */
 static int decode_echo(struct http_gen *g, json_t *root, bool zero_max, struct http_err *e)
 {
 	json_t *v = member(root, "echo");
@@ -385,6 +487,11 @@ static int decode_echo(struct http_gen *g, json_t *root, bool zero_max, struct h
 		return bad(e, "echo", "echo: not with stream");
 	if (g->echo && g->logprobs)
 		g->req.flags |= PROTO_SUBMIT_PROMPT_LOGPROBS;
+	if (g->echo && g->ids)
+		/* a prompt of token ids has no text here: its echo is the
+		 * prompt tokens' pieces, which come with their log
+		 * probabilities (dropped when not asked for) */
+		g->req.flags |= PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS;
 	if (zero_max)
 		/* gpud's way to generate nothing: the prompt's log
 		 * probabilities alone (dropped when not asked for) */
@@ -531,8 +638,10 @@ void http_gen_free(struct http_gen *g)
 {
 	json_decref(g->root);
 	free(g->parts);
+	free(g->idbuf);
 	g->root = NULL;
 	g->parts = NULL;
+	g->idbuf = NULL;
 }
 
 int http_embed_decode(const char *body, size_t len, struct http_embed *x, struct http_err *e)

@@ -65,12 +65,14 @@ struct http_gen {
 	enum http_kind kind;
 	json_t *root;
 	char *parts;                    /* joined content parts (owned), or NULL */
+	uint8_t *idbuf;                 /* token-id segments' ids (owned), or NULL */
 	const char *model;
 	bool stream;
 	bool include_usage;
 	bool no_reasoning;              /* reasoning_format "none": no split (think.h) */
 	bool logprobs;                  /* log probabilities wanted (req.flags too) */
 	bool echo;                      /* completions: the prompt before the answer */
+	bool ids;                       /* a segment is token ids (PROTO_SEG_IDS) */
 	uint32_t top_logprobs;          /* alternatives a token, <= PROTO_MAX_TOP_LOGPROBS */
 	struct proto_submit_req req;    /* points into the members below */
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];

@@ -112,6 +112,9 @@ struct job {
 	 * piece's reasoning and content */
 	struct http_think think;
 	struct tbuf { char *p; size_t n, cap; bool oom; } rsn, cnt;
+	/* an echoed prompt of token ids: its tokens' text (reader thread,
+	 * under s->mu, until done) */
+	struct tbuf ep;
 	/* log probabilities (g.logprobs): the reader thread's, under s->mu,
 	 * and those the loop took but has not sent (a stream sends them with
 	 * the next text, or at the end); lp_off: a completion's next
@@ -456,6 +459,45 @@ static void gpud_err(struct http_err *e, int code, const char *msg)
 
 /* ---- jobs (generation) -------------------------------------------------- */
 
+static void tbuf_put(struct tbuf *b, const char *s, size_t n)
+{
+	if (b->n + n > b->cap) {
+		size_t nc = b->cap ? b->cap : 1024;
+		while (nc < b->n + n)
+			nc *= 2;
+		char *p = realloc(b->p, nc);
+		if (!p) {
+			b->oom = true;
+			return;
+		}
+		b->p = p;
+		b->cap = nc;
+	}
+	memcpy(b->p + b->n, s, n);
+	b->n += n;
+}
+
+/* An echoed prompt of token ids: the text of its tokens (their pieces,
+ * from the prompt's records) in j->ep, bounded like the answer's text.
+ * False when over the bound or out of memory. */
+static bool echo_collect(struct job *j, const struct proto_tokens *t)
+{
+	struct proto_lp_iter it;
+	struct proto_lp_entry le;
+
+	if (!t->logprobs || !t->prompt)
+		return true;
+	proto_lp_iter_init(&it, t);
+	while (proto_lp_next(&it, &le)) {
+		if (le.rank)
+			continue;
+		if (j->ep.n + le.piece_len > j->max)
+			return false;
+		tbuf_put(&j->ep, le.piece, le.piece_len);
+	}
+	return !j->ep.oom;
+}
+
 static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 {
 	struct job *j = arg;
@@ -464,7 +506,8 @@ static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 
 	(void)rid;
 	pthread_mutex_lock(&s->mu);
-	if (j->len + t->text_len > j->max || (j->g.logprobs && http_lp_collect(&j->lp, t))) {
+	if (j->len + t->text_len > j->max || (j->g.logprobs && http_lp_collect(&j->lp, t)) ||
+	    (j->g.echo && j->g.ids && !echo_collect(j, t))) {
 		j->overflow = true;
 		stop = 1;
 	} else if (t->text_len) {
@@ -524,30 +567,13 @@ static void job_free(struct job *j)
 	free(j->out);
 	free(j->rsn.p);
 	free(j->cnt.p);
+	free(j->ep.p);
 	free(j->lp.p);
 	free(j->lpo.p);
 	free(j);
 }
 
 /* ---- reasoning and content (http/think.h) --------------------------------- */
-
-static void tbuf_put(struct tbuf *b, const char *s, size_t n)
-{
-	if (b->n + n > b->cap) {
-		size_t nc = b->cap ? b->cap : 1024;
-		while (nc < b->n + n)
-			nc *= 2;
-		char *p = realloc(b->p, nc);
-		if (!p) {
-			b->oom = true;
-			return;
-		}
-		b->p = p;
-		b->cap = nc;
-	}
-	memcpy(b->p + b->n, s, n);
-	b->n += n;
-}
 
 static void to_reason(void *arg, const char *s, size_t n)
 {
@@ -644,14 +670,18 @@ static void stream_end(struct conn *c)
 	conn_next(c);
 }
 
-/* A completion's echo: the prompt (its segments, as sent) before the
- * answer in j->cnt. False when out of memory. */
+/* A completion's echo: the prompt (its segments as sent, or with token
+ * ids the text of its tokens) before the answer in j->cnt. False when out
+ * of memory. */
 static bool job_echo(struct job *j)
 {
 	struct tbuf t = { 0 };
 
-	for (uint32_t i = 0; i < j->g.req.n_segments; i++)
-		tbuf_put(&t, j->g.seg[i].text, j->g.seg[i].len);
+	if (j->g.ids)
+		tbuf_put(&t, j->ep.p ? j->ep.p : "", j->ep.n);
+	else
+		for (uint32_t i = 0; i < j->g.req.n_segments; i++)
+			tbuf_put(&t, j->g.seg[i].text, j->g.seg[i].len);
 	tbuf_put(&t, j->cnt.p ? j->cnt.p : "", j->cnt.n);
 	if (t.oom) {
 		free(t.p);

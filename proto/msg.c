@@ -26,7 +26,7 @@ enum {
 	SUB_N_MASK_ROWS = 60,
 	SUB_HEADER = 64,
 };
-#define SUB_SEG_ENTRY 8 /* u32 length, u8 role, u8[3] zero */
+#define SUB_SEG_ENTRY 8 /* u32 length, u8 role, u8 flags, u8[2] zero */
 
 #define DEFAULT_SEGMENTS 64
 #define DEFAULT_TEXT (1u << 20)
@@ -140,6 +140,27 @@ static int submit_flags_check(uint32_t flags, char *err, size_t errlen)
 	return 0;
 }
 
+/* A segment's role and flags, for the chat flag or not; an ids segment's
+ * length. */
+static int seg_check(uint32_t i, uint8_t role, uint8_t flags, uint32_t len, bool chat,
+		     char *err, size_t errlen)
+{
+	if (role >= PROTO_ROLE_LAST || (chat && role == PROTO_ROLE_NONE) ||
+	    (!chat && role != PROTO_ROLE_NONE))
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32 ": role %u %s",
+				 i, role, chat ? "is not a chat role" : "without the chat flag");
+	if (flags & ~PROTO_SEG_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+				 ": flags: unknown bits 0x%x", i, flags & ~PROTO_SEG_FLAGS_KNOWN);
+	if ((flags & PROTO_SEG_IDS) && chat)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+				 ": token ids with the chat flag (a chat message is text)", i);
+	if ((flags & PROTO_SEG_IDS) && len % 4)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
+				 ": token ids: %" PRIu32 " bytes, not a multiple of 4", i, len);
+	return 0;
+}
+
 /* Checks req against the hard limits and computes its encoded size. */
 static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint32_t *n_idx,
 			uint64_t *text_total, char *err, size_t errlen)
@@ -161,11 +182,9 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 		if (s->len && !s->text)
 			return sw_seterr(err, errlen, -EINVAL, "submit: segment %" PRIu32
 					 ": text NULL", i);
-		if (s->role >= PROTO_ROLE_LAST || (chat && s->role == PROTO_ROLE_NONE) ||
-		    (!chat && s->role != PROTO_ROLE_NONE))
-			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
-					 ": role %u %s", i, s->role,
-					 chat ? "is not a chat role" : "without the chat flag");
+		rc = seg_check(i, s->role, s->flags, s->len, chat, err, errlen);
+		if (rc)
+			return rc;
 		text += s->len;
 	}
 	if (req->n_stop > PROTO_MAX_STOP)
@@ -264,7 +283,8 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	for (uint32_t i = 0; i < req->n_segments; i++) {
 		proto_put32(p, req->segments[i].len);
 		p[4] = req->segments[i].role;
-		p[5] = p[6] = p[7] = 0;
+		p[5] = req->segments[i].flags;
+		p[6] = p[7] = 0;
 		p += SUB_SEG_ENTRY;
 	}
 	if (m) {
@@ -376,16 +396,16 @@ static int sub_segment_table(struct cursor *c, const struct proto_limits *L,
 	for (uint32_t i = 0; i < k->n_seg; i++) {
 		const uint8_t *e = segtab + (size_t)i * SUB_SEG_ENTRY;
 		uint8_t role = e[4];
-		if (e[5] || e[6] || e[7])
+		int rc;
+		if (e[6] || e[7])
 			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
 					 ": reserved bytes not zero", i);
-		if (role >= PROTO_ROLE_LAST || (chat && role == PROTO_ROLE_NONE) ||
-		    (!chat && role != PROTO_ROLE_NONE))
-			return sw_seterr(err, errlen, SW_EFORMAT, "submit: segment %" PRIu32
-					 ": role %u %s", i, role,
-					 chat ? "is not a chat role" : "without the chat flag");
+		rc = seg_check(i, role, e[5], proto_get32(e), chat, err, errlen);
+		if (rc)
+			return rc;
 		out->seg[i].len = proto_get32(e);
 		out->seg[i].role = role;
+		out->seg[i].flags = e[5];
 		text_total += out->seg[i].len;
 	}
 	if (text_total > L->max_text_bytes)

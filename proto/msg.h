@@ -109,10 +109,18 @@ struct proto_text {
 	uint32_t len;
 };
 
+/* A segment's flags (byte 5 of its table entry). */
+/* The segment is token ids, not text: (len / 4) little-endian i32 ids of
+ * the model's vocabulary, fed as they are (no BOS added, nothing
+ * tokenized). len a multiple of 4; not with PROTO_SUBMIT_CHAT. */
+#define PROTO_SEG_IDS 0x1u
+#define PROTO_SEG_FLAGS_KNOWN PROTO_SEG_IDS
+
 struct proto_segment {
 	const char *text; /* (len) bytes, not NUL-terminated; a view after decode */
 	uint32_t len;
 	uint8_t role;     /* enum proto_role */
+	uint8_t flags;    /* PROTO_SEG_* */
 };
 
 /* Sampling parameters as the wire carries them; gpud checks their ranges

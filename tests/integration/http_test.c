@@ -40,6 +40,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "proto/client.h"
 #include "proto/frame.h"
 #include "tests/integration/gpud_harness.h"
 
@@ -1179,6 +1180,144 @@ static void test_logprobs(void **state)
 	fx->done = true;
 }
 
+/* POSTs body to /v1/completions; the parsed answer (and its choice). */
+static json_t *complete(const struct front *f, const char *body, json_t **choice)
+{
+	char *b = sh("curl -s http://127.0.0.1:%d/v1/completions -d '%s'", f->port, body);
+	json_t *j = jparse(b);
+	free(b);
+	*choice = json_array_get(json_object_get(j, "choices"), 0);
+	return j;
+}
+
+static json_int_t usage_of(json_t *j, const char *k)
+{
+	return json_integer_value(json_object_get(json_object_get(j, "usage"), k));
+}
+
+/* Prompts given as token ids (what evaluation harnesses send): the same
+ * answer as the text they spell, in every accepted shape and as
+ * swarm.segments; echo gives their text; bad ids are refused. */
+static void test_token_prompts(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char body[8192], ids[2048] = "", half[2][1024] = { "", "" }, err[256];
+	int32_t *tok = NULL;
+	uint32_t n = 0;
+	json_t *j, *ch;
+
+	start_all(fx, &f, NULL);
+	struct proto_client *c = gpud_it_connect(&fx->d[0]);
+	assert_non_null(c);
+	assert_int_equal(proto_client_tokenize(c, PROMPT, strlen(PROMPT), PROTO_TOK_ADD_BOS, &tok,
+					       &n, err, sizeof(err)), 0);
+	proto_client_close(c);
+	assert_true(n >= 3);
+	for (uint32_t i = 0; i < n; i++) {
+		size_t l = strlen(ids);
+		snprintf(ids + l, sizeof(ids) - l, "%s%d", i ? "," : "", tok[i]);
+		l = strlen(half[i >= n / 2]);
+		snprintf(half[i >= n / 2] + l, sizeof(half[0]) - l, "%s%d",
+			 l ? "," : "", tok[i]);
+	}
+
+	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
+		     "20,\"temperature\":0}", &ch);
+	char *want = strdup(json_string_value(json_object_get(ch, "text")));
+	assert_int_equal(usage_of(j, "prompt_tokens"), n);
+	json_decref(j);
+	const char *shapes[] = { "[%s]", "[[%s]]" };
+	for (int k = 0; k < 2; k++) {
+		char pr[2100];
+		snprintf(pr, sizeof(pr), shapes[k], ids);
+		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":%s,"
+			 "\"max_tokens\":20,\"temperature\":0}", pr);
+		j = complete(&f, body, &ch);
+		assert_string_equal(json_string_value(json_object_get(ch, "text")), want);
+		assert_int_equal(usage_of(j, "prompt_tokens"), n);
+		json_decref(j);
+	}
+	/* as two segments of ids (the prompt, when given, their concatenation) */
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":[%s],\"swarm\":"
+		 "{\"segments\":[[%s],[%s]]},\"max_tokens\":20,\"temperature\":0}", ids,
+		 half[0], half[1]);
+	j = complete(&f, body, &ch);
+	assert_string_equal(json_string_value(json_object_get(ch, "text")), want);
+	assert_int_equal(usage_of(j, "prompt_tokens"), n);
+	json_decref(j);
+	/* the ids as they are: without the BOS, one token fewer */
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":[%s],"
+		 "\"max_tokens\":1,\"temperature\":0}", strchr(ids, ',') + 1);
+	j = complete(&f, body, &ch);
+	assert_int_equal(usage_of(j, "prompt_tokens"), n - 1);
+	json_decref(j);
+
+	/* echo: the prompt's text, alone and before the answer; its tokens
+	 * spell it, text and ids alike */
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":[%s],\"echo\":true,"
+		 "\"max_tokens\":0}", ids);
+	j = complete(&f, body, &ch);
+	assert_string_equal(json_string_value(json_object_get(ch, "text")), PROMPT);
+	assert_true(json_is_null(json_object_get(ch, "logprobs")));
+	assert_int_equal(usage_of(j, "completion_tokens"), 0);
+	json_decref(j);
+	for (int k = 0; k < 2; k++) {
+		char pr[2100];
+		snprintf(pr, sizeof(pr), k ? "[%s]" : "\"" PROMPT "\"", ids);
+		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":%s,"
+			 "\"echo\":true,\"logprobs\":1,\"max_tokens\":20,\"temperature\":0}", pr);
+		j = complete(&f, body, &ch);
+		char both[4096], spelled[4096] = "";
+		snprintf(both, sizeof(both), "%s%s", PROMPT, want);
+		assert_string_equal(json_string_value(json_object_get(ch, "text")), both);
+		json_t *lp = json_object_get(ch, "logprobs"), *x;
+		size_t i;
+		assert_int_equal(json_array_size(json_object_get(lp, "tokens")), n + 20);
+		json_array_foreach(json_object_get(lp, "tokens"), i, x) {
+			assert_int_equal(json_integer_value(json_array_get(
+						 json_object_get(lp, "text_offset"), i)),
+					 (json_int_t)strlen(spelled));
+			strcat(spelled, json_string_value(x));
+		}
+		assert_string_equal(spelled, both);
+		json_decref(j);
+	}
+
+	/* refused, each with its reason */
+	const struct {
+		const char *prompt, *msg;
+	} bad[] = {
+		{ "[]", "prompt: expected a string or an array of token ids" },
+		{ "[1,-2]", "prompt[1]: expected a token id" },
+		{ "[1,\"a\"]", "prompt[1]: expected a token id" },
+		{ "[1,2.5]", "prompt[1]: expected a token id" },
+		{ "[[1,2],[3]]", "one prompt a request" },
+		{ "[1,99999999]", "segment 0: token 1: id 99999999 is not in the vocabulary" },
+		{ "[1,2147483648]", "prompt[1]: expected a token id" },
+	};
+	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":%s}",
+			 bad[k].prompt);
+		char *b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
+			     f.port, body);
+		if (!strstr(b, bad[k].msg) || !strstr(b, "} 400"))
+			fail_msg("prompt %s: %s (wanted 400, \"%s\")", bad[k].prompt, b, bad[k].msg);
+		free(b);
+	}
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+		 "\"swarm\":{\"segments\":[[%s],\" there\"]}}", ids);
+	char *b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
+		     f.port, body);
+	assert_non_null(strstr(b, "with swarm.segments of token ids, omit it"));
+	free(b);
+
+	free(want);
+	free(tok);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1186,6 +1325,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_chat),
 		GPUD_IT_FIX_TEST(test_chat_reasoning),
 		GPUD_IT_FIX_TEST(test_logprobs),
+		GPUD_IT_FIX_TEST(test_token_prompts),
 		GPUD_IT_FIX_TEST(test_embeddings),
 		GPUD_IT_FIX_TEST(test_errors),
 		GPUD_IT_FIX_TEST(test_auth),

@@ -34,9 +34,9 @@ static void req_init(struct req *r)
 	static const uint32_t nvis[4] = { 1, 2, 2, 3 };
 
 	memset(r, 0, sizeof(*r));
-	r->seg[0] = (struct proto_segment){ "sys", 3, PROTO_ROLE_SYSTEM };
-	r->seg[1] = (struct proto_segment){ "one", 3, PROTO_ROLE_USER };
-	r->seg[2] = (struct proto_segment){ "two", 3, PROTO_ROLE_USER };
+	r->seg[0] = (struct proto_segment){ "sys", 3, PROTO_ROLE_SYSTEM, 0 };
+	r->seg[1] = (struct proto_segment){ "one", 3, PROTO_ROLE_USER, 0 };
+	r->seg[2] = (struct proto_segment){ "two", 3, PROTO_ROLE_USER, 0 };
 	for (int i = 0; i < 4; i++) {
 		memcpy(r->idx[i], vis[i], sizeof(vis[i]));
 		r->rows[i] = (struct proto_mask_row){ r->idx[i], nvis[i] };
@@ -154,7 +154,7 @@ static void test_admit_refused(void **state)
 	static struct proto_segment many[65];
 	req_init(&r);
 	for (int i = 0; i < 65; i++)
-		many[i] = (struct proto_segment){ "x", 1, PROTO_ROLE_USER };
+		many[i] = (struct proto_segment){ "x", 1, PROTO_ROLE_USER, 0 };
 	r.q.n_segments = 65;
 	r.q.segments = many;
 	r.q.mask = NULL;

@@ -21,6 +21,8 @@
 #include "gpud/engine.h"
 #include "gpud/model.h"
 #include "gpud/tokenizer.h"
+#include "proto/frame.h"
+#include "proto/msg.h"
 #include "sw_config.h"
 
 #define MODEL SW_SHARED_DIR "/models/stories260K.gguf"
@@ -397,10 +399,10 @@ static int seg_teardown(void **state)
 static void test_segments_plain(void **state)
 {
 	struct seg_fixture *f = *state;
-	struct proto_segment one[] = { { "Once upon a time", 16, PROTO_ROLE_NONE } };
-	struct proto_segment two[] = { { "Once upon", 9, PROTO_ROLE_NONE },
-				       { "", 0, PROTO_ROLE_NONE },
-				       { "a time", 6, PROTO_ROLE_USER } };
+	struct proto_segment one[] = { { "Once upon a time", 16, PROTO_ROLE_NONE, 0 } };
+	struct proto_segment two[] = { { "Once upon", 9, PROTO_ROLE_NONE, 0 },
+				       { "", 0, PROTO_ROLE_NONE, 0 },
+				       { "a time", 6, PROTO_ROLE_USER, 0 } };
 	int32_t ids[64], want[64];
 	uint32_t seg[3], n;
 	size_t wn = 0;
@@ -447,10 +449,10 @@ static void test_segments_plain(void **state)
 
 static void test_chat_segment_text(void **state)
 {
-	struct proto_segment s[] = { { "You are terse.  ", 16, PROTO_ROLE_SYSTEM },
-				     { "Hi", 2, PROTO_ROLE_USER },
-				     { "Hello!", 6, PROTO_ROLE_ASSISTANT },
-				     { "Bye", 3, PROTO_ROLE_USER } };
+	struct proto_segment s[] = { { "You are terse.  ", 16, PROTO_ROLE_SYSTEM, 0 },
+				     { "Hi", 2, PROTO_ROLE_USER, 0 },
+				     { "Hello!", 6, PROTO_ROLE_ASSISTANT, 0 },
+				     { "Bye", 3, PROTO_ROLE_USER, 0 } };
 	char out[512], copy[512];
 	long n;
 	(void)state;
@@ -512,10 +514,10 @@ static void test_chat_segment_text(void **state)
 	assert_int_equal(n, (long)strlen(out));
 	/* DeepSeek R1: the system text bare; an answer's reasoning dropped;
 	 * the last segment opens the new answer's */
-	struct proto_segment r1[] = { { "Be terse.", 9, PROTO_ROLE_SYSTEM },
-				      { "Hi", 2, PROTO_ROLE_USER },
-				      { "<think>\nhm</think>Hello!", 25, PROTO_ROLE_ASSISTANT },
-				      { "Bye", 3, PROTO_ROLE_USER } };
+	struct proto_segment r1[] = { { "Be terse.", 9, PROTO_ROLE_SYSTEM, 0 },
+				      { "Hi", 2, PROTO_ROLE_USER, 0 },
+				      { "<think>\nhm</think>Hello!", 25, PROTO_ROLE_ASSISTANT, 0 },
+				      { "Bye", 3, PROTO_ROLE_USER, 0 } };
 	n = gpud_chat_segment(GPUD_CHAT_DEEPSEEK_R1, r1, 0, false, out, sizeof(out), copy,
 			      sizeof(copy));
 	assert_string_equal(out, "Be terse.");
@@ -530,7 +532,7 @@ static void test_chat_segment_text(void **state)
 	/* Errors: no template, no role, buffers too small. */
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_NONE, s, 0, false, out, sizeof(out), copy,
 					   sizeof(copy)), SW_EUNSUPPORTED);
-	struct proto_segment bad[] = { { "x", 1, PROTO_ROLE_NONE } };
+	struct proto_segment bad[] = { { "x", 1, PROTO_ROLE_NONE, 0 } };
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_LLAMA3, bad, 0, false, out, sizeof(out), copy,
 					   sizeof(copy)), -EINVAL);
 	assert_int_equal(gpud_chat_segment(GPUD_CHAT_LLAMA3, s, 1, false, out, 20, copy,
@@ -539,13 +541,70 @@ static void test_chat_segment_text(void **state)
 					   10), SW_ETOOLONG);
 }
 
+/* Segments of token ids are taken as they are: the text path's ids come
+ * back unchanged, no BOS is added, text after them gets none, and an id
+ * outside the vocabulary is refused naming segment and position. */
+static void test_segments_ids(void **state)
+{
+	struct seg_fixture *f = *state;
+	const int32_t known[] = { 1, 403, 407, 261, 378 }; /* "Once upon a time" */
+	uint8_t wire[5 * 4];
+	int32_t ids[64], want[64];
+	uint32_t seg[2], n;
+	size_t wn = 0;
+
+	for (int k = 0; k < 5; k++)
+		proto_put32(wire + 4 * k, (uint32_t)known[k]);
+	struct proto_segment s[] = { { (const char *)wire + 4, 16, 0, PROTO_SEG_IDS },
+				     { " there", 6, 0, 0 } };
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 1, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(n, 4); /* no BOS before ids */
+	assert_memory_equal(ids, known + 1, 4 * sizeof(int32_t));
+	s[0] = (struct proto_segment){ (const char *)wire, 20, 0, PROTO_SEG_IDS };
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(seg[0], 5);
+	assert_memory_equal(ids, known, sizeof(known));
+	assert_int_equal(gpud_tokenizer_encode(f->tok, " there", 6, 0, want, 64, &wn, &f->arena), 0);
+	assert_int_equal(seg[1], wn);
+	assert_memory_equal(ids + 5, want, wn * sizeof(int32_t));
+
+	/* too long counts the ids too */
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						3, seg, &n, err, sizeof(err)), SW_ETOOLONG);
+	assert_int_equal(n, 5 + wn);
+	/* the vocabulary's bounds, both sides */
+	int32_t nv = gpud_tokenizer_n_vocab(f->tok);
+	proto_put32(wire + 8, (uint32_t)nv);
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), -EINVAL);
+	char want_msg[128];
+	snprintf(want_msg, sizeof(want_msg), "segment 0: token 2: id %d is not in the "
+		 "vocabulary of %d", nv, nv);
+	assert_string_equal(err, want_msg);
+	proto_put32(wire + 8, (uint32_t)-1);
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "id -1 is not"));
+	proto_put32(wire + 8, (uint32_t)(nv - 1));
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), 0);
+	assert_int_equal(ids[2], nv - 1);
+	/* whole ids only */
+	s[0].len = 18;
+	assert_int_equal(gpud_segments_tokenize(f->tok, GPUD_CHAT_NONE, false, s, 2, &f->sc, ids,
+						64, seg, &n, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "not a multiple of 4"));
+}
+
 static void test_segments_chat(void **state)
 {
 	struct seg_fixture *f = *state;
-	struct proto_segment s[] = { { "Be kind.", 8, PROTO_ROLE_SYSTEM },
-				     { "Tell a story.", 13, PROTO_ROLE_USER } };
-	struct proto_segment noroles[] = { { "a", 1, PROTO_ROLE_USER },
-					   { "b", 1, PROTO_ROLE_NONE } };
+	struct proto_segment s[] = { { "Be kind.", 8, PROTO_ROLE_SYSTEM, 0 },
+				     { "Tell a story.", 13, PROTO_ROLE_USER, 0 } };
+	struct proto_segment noroles[] = { { "a", 1, PROTO_ROLE_USER, 0 },
+					   { "b", 1, PROTO_ROLE_NONE, 0 } };
 	int32_t ids[512], want[512];
 	uint32_t seg[2], n;
 	size_t wn = 0;
@@ -869,6 +928,7 @@ int main(void)
 		cmocka_unit_test(test_check_mode),
 		cmocka_unit_test(test_chat_segment_text),
 		cmocka_unit_test_setup_teardown(test_segments_plain, seg_setup, seg_teardown),
+		cmocka_unit_test_setup_teardown(test_segments_ids, seg_setup, seg_teardown),
 		cmocka_unit_test_setup_teardown(test_segments_chat, seg_setup, seg_teardown),
 	};
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,9 +33,9 @@ struct full_req {
 static void full_req_init(struct full_req *f)
 {
 	memset(f, 0, sizeof(*f));
-	f->seg[0] = (struct proto_segment){ "You are terse.", 14, PROTO_ROLE_SYSTEM };
-	f->seg[1] = (struct proto_segment){ "chunk one", 9, PROTO_ROLE_USER };
-	f->seg[2] = (struct proto_segment){ "chunk two, longer", 17, PROTO_ROLE_USER };
+	f->seg[0] = (struct proto_segment){ "You are terse.", 14, PROTO_ROLE_SYSTEM, 0 };
+	f->seg[1] = (struct proto_segment){ "chunk one", 9, PROTO_ROLE_USER, 0 };
+	f->seg[2] = (struct proto_segment){ "chunk two, longer", 17, PROTO_ROLE_USER, 0 };
 	static const uint16_t vis[4][4] = { { 0 }, { 0, 1 }, { 0, 2 }, { 1, 2, 3 } };
 	static const uint32_t nvis[4] = { 1, 2, 2, 3 };
 	for (int i = 0; i < 4; i++) {
@@ -82,6 +82,7 @@ static void assert_req_equal(const struct proto_submit_req *a, const struct prot
 	for (uint32_t i = 0; i < a->n_segments; i++) {
 		assert_int_equal(a->segments[i].len, b->segments[i].len);
 		assert_int_equal(a->segments[i].role, b->segments[i].role);
+		assert_int_equal(a->segments[i].flags, b->segments[i].flags);
 		assert_memory_equal(a->segments[i].text, b->segments[i].text, a->segments[i].len);
 	}
 	assert_int_equal(!a->mask, !b->mask);
@@ -146,7 +147,7 @@ static void test_submit_minimal(void **state)
 	assert_req_equal(&req, &g_sub.req);
 
 	/* empty segments, mask with rows NULL (= none), plain text */
-	struct proto_segment seg[2] = { { NULL, 0, 0 }, { "x", 1, 0 } };
+	struct proto_segment seg[2] = { { NULL, 0, 0, 0 }, { "x", 1, 0, 0 } };
 	struct proto_mask_desc none = { 2, NULL };
 	req.n_segments = 2;
 	req.segments = seg;
@@ -184,7 +185,7 @@ static void test_submit_largest(void **state)
 		for (uint32_t j = 0; j <= i; j++)
 			idx[at++] = (uint16_t)j;
 		if (i < PROTO_MAX_SEGMENTS)
-			seg[i] = (struct proto_segment){ "seg", 3, 0 };
+			seg[i] = (struct proto_segment){ "seg", 3, 0, 0 };
 	}
 	assert_int_equal(at, PROTO_MAX_MASK_IDX);
 	struct proto_mask_desc m = { PROTO_MAX_SEGMENTS, rows };
@@ -256,6 +257,9 @@ static void test_submit_decode_errors(void **state)
 		{ "n_idx short", O_NIDX, 4, 7, SW_EFORMAT, "mask row 3" },
 		{ "n_idx long", O_NIDX, 4, 9, SW_EFORMAT, "mask rows hold 8" },
 		{ "seg reserved", O_SEGTAB + 8 + 6, 1, 1, SW_EFORMAT, "segment 1: reserved" },
+		{ "seg flags", O_SEGTAB + 8 + 5, 1, 2, SW_EFORMAT, "segment 1: flags: unknown bits 0x2" },
+		{ "seg ids chat", O_SEGTAB + 8 + 5, 1, PROTO_SEG_IDS, SW_EFORMAT,
+		  "segment 1: token ids with the chat flag" },
 		{ "seg role", O_SEGTAB + 8 + 4, 1, PROTO_ROLE_LAST, SW_EFORMAT, "segment 1: role" },
 		{ "seg role none", O_SEGTAB + 4, 1, 0, SW_EFORMAT, "segment 0: role 0" },
 		{ "seg text over", O_SEGTAB + 16, 4, 2u << 20, SW_ETOOLONG, "segment text" },
@@ -601,6 +605,47 @@ static void test_submit_logprobs_flags(void **state)
 	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, NULL, 0), 0);
 }
 
+/* Segments of token ids: flags travel, mix with text, and the codec
+ * refuses a length that is not whole ids and ids with the chat flag. */
+static void test_submit_ids(void **state)
+{
+	(void)state;
+	uint8_t ids[12];
+	proto_put32(ids, 1);
+	proto_put32(ids + 4, 15043);
+	proto_put32(ids + 8, 0x7fffffff); /* in range or not is gpud's to say */
+	struct proto_segment seg[2] = { { (const char *)ids, 12, 0, PROTO_SEG_IDS },
+					{ " world", 6, 0, 0 } };
+	struct proto_submit_req req = { .n_segments = 2, .segments = seg, .max_tokens = 4 };
+	size_t len = encode_ok(&req);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)), 0);
+	assert_req_equal(&req, &g_sub.req);
+	assert_int_equal(g_sub.req.segments[0].flags, PROTO_SEG_IDS);
+	assert_int_equal(g_sub.req.segments[1].flags, 0);
+	assert_int_equal(proto_get32((const uint8_t *)g_sub.req.segments[0].text + 4), 15043);
+
+	/* on the wire: a length of 10 bytes is not whole ids (the text
+	 * total shrinks with it, so the payload is re-encoded) */
+	seg[0].len = 10;
+	assert_int_equal(encode_rc(&req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 0: token ids: 10 bytes, not a multiple of 4"));
+	seg[0].flags = 0;
+	len = encode_ok(&req);
+	g_buf[64 + 5] = PROTO_SEG_IDS;
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 0: token ids: 10 bytes"));
+	seg[0] = (struct proto_segment){ (const char *)ids, 12, 0, 0x80 };
+	assert_int_equal(encode_rc(&req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 0: flags: unknown bits 0x80"));
+	/* chat messages are text */
+	seg[0] = (struct proto_segment){ (const char *)ids, 12, PROTO_ROLE_USER, PROTO_SEG_IDS };
+	seg[1].role = PROTO_ROLE_USER;
+	req.flags = PROTO_SUBMIT_CHAT;
+	assert_int_equal(encode_rc(&req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "segment 0: token ids with the chat flag"));
+}
+
 static void test_done(void **state)
 {
 	(void)state;
@@ -794,6 +839,7 @@ int main(void)
 		cmocka_unit_test(test_tokens),
 		cmocka_unit_test(test_tokens_lp),
 		cmocka_unit_test(test_submit_logprobs_flags),
+		cmocka_unit_test(test_submit_ids),
 		cmocka_unit_test(test_done),
 		cmocka_unit_test(test_error),
 		cmocka_unit_test(test_text_requests),
