@@ -118,6 +118,7 @@ static void rbuf_seg(struct rbuf *b, const char *text)
 	b->seg[i].text = b->text + b->used;
 	b->seg[i].len = (uint32_t)n;
 	b->seg[i].role = PROTO_ROLE_NONE;
+	b->seg[i].flags = 0;
 	b->used += n;
 	b->req.n_segments = i + 1;
 }
@@ -1997,6 +1998,7 @@ static void test_malformed_input(void **state)
 		seg.text = text;
 		seg.len = (uint32_t)big;
 		seg.role = 0;
+		seg.flags = 0;
 		b->req.segments = &seg;
 		b->req.n_segments = 1;
 		memset(&res, 0, sizeof(res));

@@ -500,6 +500,7 @@ static void one_segment(struct proto_submit_req *req, struct proto_segment *seg,
 	seg->text = text;
 	seg->len = (uint32_t)len;
 	seg->role = PROTO_ROLE_NONE;
+	seg->flags = 0;
 	req->n_segments = 1;
 	req->segments = seg;
 	req->max_tokens = max_tokens;

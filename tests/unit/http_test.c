@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "http/api.h"
+#include "proto/frame.h"
 #include "http/parse.h"
 #include "http/server.h"
 
@@ -171,6 +172,65 @@ static void test_decode_completion(void **state)
 	free(g);
 }
 
+/* Token ids: each prompt shape, swarm.segments mixing ids and text, and
+ * what echo asks of gpud for them. */
+static void test_decode_token_ids(void **state)
+{
+	(void)state;
+	struct http_gen *g = calloc(1, sizeof(*g));
+	struct http_err e;
+	const char *ok[] = { "{\"model\":\"m\",\"prompt\":[1,15043,2147483647]}",
+			     "{\"model\":\"m\",\"prompt\":[[1,15043,2147483647]]}" };
+	size_t sz;
+	char m[256];
+
+	for (int k = 0; k < 2; k++) {
+		assert_int_equal(http_gen_decode(HTTP_COMPLETION, ok[k], strlen(ok[k]), 64, g, &e),
+				 0);
+		assert_true(g->ids);
+		assert_int_equal(g->req.n_segments, 1);
+		assert_int_equal(g->req.segments[0].flags, PROTO_SEG_IDS);
+		assert_int_equal(g->req.segments[0].len, 12);
+		const uint8_t *p = (const uint8_t *)g->req.segments[0].text;
+		assert_int_equal(proto_get32(p), 1);
+		assert_int_equal(proto_get32(p + 4), 15043);
+		assert_int_equal(proto_get32(p + 8), 2147483647);
+		assert_int_equal(g->req.flags, 0);
+		assert_int_equal(proto_submit_size(&g->req, &sz, m, sizeof(m)), 0);
+		http_gen_free(g);
+	}
+	/* segments: ids, text, ids; the prompt may be their ids only when
+	 * every segment is ids, or "" */
+	const char *b = "{\"model\":\"m\",\"prompt\":\"\",\"swarm\":{\"segments\":[[5,6],\"x\","
+			"[7]],\"visibility\":[[0],[1],[0,2],[0,1,2,3]]}}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.n_segments, 3);
+	assert_int_equal(g->req.segments[0].flags, PROTO_SEG_IDS);
+	assert_int_equal(g->req.segments[0].len, 8);
+	assert_int_equal(g->req.segments[1].flags, 0);
+	assert_memory_equal(g->req.segments[1].text, "x", 1);
+	assert_int_equal(g->req.segments[2].flags, PROTO_SEG_IDS);
+	assert_int_equal(proto_get32((const uint8_t *)g->req.segments[2].text), 7);
+	assert_non_null(g->req.mask);
+	assert_int_equal(proto_submit_size(&g->req, &sz, m, sizeof(m)), 0);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":[5,6,7],\"swarm\":{\"segments\":[[5,6],[7]]}}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	http_gen_free(g);
+	/* echo of ids asks for the prompt's records (their pieces are its
+	 * text), log probabilities or not */
+	b = "{\"model\":\"m\",\"prompt\":[5,6],\"echo\":true}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.flags, PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS);
+	assert_false(g->logprobs);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"ab\",\"echo\":true}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.flags, 0);
+	http_gen_free(g);
+	free(g);
+}
+
 static void test_decode_chat(void **state)
 {
 	(void)state;
@@ -223,7 +283,20 @@ static void test_decode_errors(void **state)
 	expect_400(HTTP_COMPLETION, "[1]", "");
 	expect_400(HTTP_COMPLETION, "{\"prompt\":\"p\"}", "model");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\"}", "prompt");
-	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,-2]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,\"a\"]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[[1],[2]]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[[]]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",1]}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"swarm\":{\"segments\":[[1],[]]}}",
+		   "swarm.segments");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"swarm\":{\"segments\":[[1,1.5]]}}",
+		   "swarm.segments");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,3],"
+		   "\"swarm\":{\"segments\":[[1],[2]]}}", "prompt");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2],"
+		   "\"swarm\":{\"segments\":[[1],\"x\"]}}", "prompt");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":2}", "n");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"best_of\":3}", "best_of");
@@ -663,6 +736,7 @@ int main(void)
 		cmocka_unit_test(test_parse_ok),
 		cmocka_unit_test(test_parse_refusals),
 		cmocka_unit_test(test_decode_completion),
+		cmocka_unit_test(test_decode_token_ids),
 		cmocka_unit_test(test_decode_chat),
 		cmocka_unit_test(test_decode_errors),
 		cmocka_unit_test(test_embed_decode),
