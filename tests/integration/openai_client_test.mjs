@@ -11,7 +11,8 @@
 // same request streamed (the deltas concatenated equal the non-streamed
 // text, a finish_reason, the usage chunk agrees); log probabilities (the
 // same answer, whole and streamed); a plain completion; a prompt scored
-// (echo, logprobs, max_tokens 0);
+// (echo, logprobs, max_tokens 0: its tokens spell it); a prompt of token
+// ids (the answer of the text they spell, and that text echoed);
 // embeddings of a string and of an array (float, and the package's own
 // default, base64, which it decodes: the same vectors); and errors as the
 // package raises them: n = 2 -> 400 (BadRequestError naming n), a wrong key
@@ -170,6 +171,28 @@ await check('completions.create echo, logprobs, max_tokens 0: the prompt scored'
     assert.ok(lp.token_logprobs[i] <= 0, `${lp.token_logprobs[i]}`);
     assert.equal(Object.keys(lp.top_logprobs[i]).length, 1);
   }
+  // the prompt's tokens spell it, each at its offset
+  assert.equal(lp.tokens.join(''), prompt);
+  let at = 0;
+  for (let i = 0; i < lp.tokens.length; i++) {
+    assert.equal(lp.text_offset[i], at);
+    at += lp.tokens[i].length;
+  }
+});
+
+await check('completions.create with a prompt of token ids: the answer of the text they spell', async () => {
+  // stories260K's tokens of "Once upon a time", BOS first
+  const ids = [1, 403, 407, 261, 378];
+  const text = await client.completions.create({
+    model, prompt: 'Once upon a time', max_tokens: 12, temperature: 0,
+  });
+  const r = await client.completions.create({ model, prompt: ids, max_tokens: 12, temperature: 0 });
+  assert.equal(r.choices[0].text, text.choices[0].text);
+  assert.equal(r.usage.prompt_tokens, ids.length);
+  const e = await client.completions.create({
+    model, prompt: ids, max_tokens: 0, echo: true, temperature: 0,
+  });
+  assert.equal(e.choices[0].text, 'Once upon a time');
 });
 
 await check('embeddings.create: a string, an array, float and base64 alike', async () => {
