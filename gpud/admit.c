@@ -71,5 +71,13 @@ int gpud_admit_submit(const struct proto_submit_req *q, uint32_t max_segments,
 		out->stop_buf[i][len] = '\0';
 		out->stop[i] = out->stop_buf[i];
 	}
+	if (q->n_bias > PROTO_MAX_LOGIT_BIAS)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %u logit biases, at most %d",
+				 q->n_bias, PROTO_MAX_LOGIT_BIAS);
+	out->n_bias = q->n_bias;
+	for (uint32_t i = 0; i < q->n_bias; i++) {
+		out->bias_id[i] = q->bias[i].id;
+		out->bias[i] = q->bias[i].bias;
+	}
 	return 0;
 }

@@ -28,6 +28,10 @@ struct gpud_admit {
 	uint32_t n_stop;
 	const char *stop[PROTO_MAX_STOP];    /* (n_stop) into stop_buf */
 	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN + 1];
+	uint32_t n_bias;                     /* logit biases, split (unchecked:
+					      * the scheduler knows the vocabulary) */
+	int32_t bias_id[PROTO_MAX_LOGIT_BIAS];
+	float bias[PROTO_MAX_LOGIT_BIAS];
 };
 
 /* gpud's sampler parameters for the wire's (a field-by-field copy,
@@ -38,8 +42,8 @@ void gpud_sampling_from_proto(struct gpud_sampler_params *out, const struct prot
  * gpud.max_segments, and fills *out; q's mask stays borrowed by out.
  * Returns 0, or the error the client gets, with its message:
  *   -EINVAL       sampling parameters out of range; no segments;
- *   SW_ETOOLONG   more segments than max_segments, or too many stop
- *                 strings;
+ *   SW_ETOOLONG   more segments than max_segments, too many stop
+ *                 strings or logit biases;
  *   SW_EFORMAT    a descriptor for another number of segments, or one
  *                 that breaks the rules of proto_mask_validate (which
  *                 also gives -EINVAL for a row without its indices).

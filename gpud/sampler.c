@@ -39,6 +39,10 @@ struct gpud_sampler {
 	struct gpud_sampler_params p;
 	int32_t n_vocab;
 	uint64_t rng[4];
+	/* logit biases (gpud_sampler_set_bias): views of the caller's arrays */
+	const int32_t *bias_id;
+	const float *bias_val;
+	uint32_t n_bias;
 	int32_t *hist;      /* (GPUD_SAMPLER_MAX_PENALTY_LAST_N) ring of accepted ids */
 	uint32_t hist_head; /* next slot to write */
 	uint32_t hist_n;    /* valid entries, <= penalty_last_n */
@@ -123,6 +127,7 @@ static void sampler_start(struct gpud_sampler *s, const struct gpud_sampler_para
 	rng_seed(s->rng, p->seed);
 	s->hist_head = 0;
 	s->hist_n = 0;
+	s->n_bias = 0;
 }
 
 int gpud_sampler_scratch_create(struct gpud_sampler_scratch **out, int32_t n_vocab, char *err,
@@ -245,6 +250,41 @@ void gpud_sampler_accept(struct gpud_sampler *s, int32_t id)
 	s->hist[s->hist_head] = id;
 	s->hist_head = (s->hist_head + 1) % GPUD_SAMPLER_MAX_PENALTY_LAST_N;
 	s->hist_n++;
+}
+
+/* --- logit biases ------------------------------------------------------- */
+
+int gpud_sampler_bias_check(const int32_t *ids, const float *bias, uint32_t n, int32_t n_vocab,
+			    char *err, size_t errlen)
+{
+	if (n > GPUD_SAMPLER_MAX_BIAS)
+		return sw_seterr(err, errlen, -EINVAL, "logit_bias: %u entries, at most %d", n,
+				 GPUD_SAMPLER_MAX_BIAS);
+	for (uint32_t i = 0; i < n; i++) {
+		if (ids[i] < 0 || ids[i] >= n_vocab)
+			return sw_seterr(err, errlen, -EINVAL, "logit_bias: token id %d is not in "
+					 "the vocabulary of %d", ids[i], n_vocab);
+		if (!(bias[i] >= -100.0f && bias[i] <= 100.0f))
+			return sw_seterr(err, errlen, -EINVAL, "logit_bias: token %d: bias %g (a "
+					 "number in [-100, 100])", ids[i], (double)bias[i]);
+	}
+	return 0;
+}
+
+void gpud_sampler_set_bias(struct gpud_sampler *s, const int32_t *ids, const float *bias,
+			   uint32_t n)
+{
+	s->bias_id = ids;
+	s->bias_val = bias;
+	s->n_bias = n;
+}
+
+/* Adds the biases to a private copy of the logits (a token named twice
+ * gets both). */
+static void apply_bias(const struct gpud_sampler *s, float *row)
+{
+	for (uint32_t i = 0; i < s->n_bias; i++)
+		row[s->bias_id[i]] += s->bias_val[i];
 }
 
 /* --- penalties ---------------------------------------------------------- */
@@ -663,13 +703,15 @@ int32_t gpud_draw_row(const float *l, int32_t n_vocab, const struct gpud_draw *d
 
 bool gpud_sampler_greedy(const struct gpud_sampler *s)
 {
-	return s->p.temperature <= 0.0f && !penalties_on(s);
+	return s->p.temperature <= 0.0f && !penalties_on(s) && !s->n_bias;
 }
 
 bool gpud_sampler_draw_next(const struct gpud_sampler *s, struct gpud_draw *d)
 {
 	uint64_t st[4];
 
+	if (s->n_bias)
+		return false; /* the host's: a draw does not carry biases */
 	if (s->p.temperature <= 0.0f && !penalties_on(s))
 		return false; /* the arg max */
 	d->n_pen = 0;
@@ -721,15 +763,18 @@ int32_t gpud_sampler_sample_with(struct gpud_sampler *s, struct gpud_sampler_scr
 	bool pen = penalties_on(s);
 	struct gpud_draw d;
 
-	if (p->temperature <= 0.0f && !pen)
+	if (p->temperature <= 0.0f && !pen && !s->n_bias)
 		return gpud_argmax(logits, s->n_vocab);
 	if (!sc)
 		sc = s->own;
 	if (!sc || sc->n_vocab != s->n_vocab)
 		return -EINVAL;
-	if (pen) {
+	if (pen || s->n_bias) {
+		/* biases first, then penalties (llama.cpp's order) */
 		memcpy(sc->pen, logits, (size_t)s->n_vocab * sizeof(*sc->pen));
-		apply_penalties(s, sc);
+		apply_bias(s, sc->pen);
+		if (pen)
+			apply_penalties(s, sc);
 		row = sc->pen;
 	}
 	if (p->temperature <= 0.0f)

@@ -90,6 +90,19 @@ void gpud_sampler_free(struct gpud_sampler *s); /* accepts NULL */
 int gpud_sampler_reset(struct gpud_sampler *s, const struct gpud_sampler_params *p,
 		       char *err, size_t errlen);
 
+/* Logit biases: at most GPUD_SAMPLER_MAX_BIAS (id, bias) pairs added to
+ * the logits before penalties, temperature and filters, until the next
+ * reset. The arrays are the caller's (kept alive and unchanged until
+ * then); check them first with gpud_sampler_bias_check (ids in the
+ * vocabulary, biases in [-100, 100]): returns 0 or -EINVAL naming the
+ * entry. A sampler with biases is never greedy() nor draw_next(): its
+ * row comes to gpud_sampler_sample_with, which needs a scratch. */
+#define GPUD_SAMPLER_MAX_BIAS 1024
+int gpud_sampler_bias_check(const int32_t *ids, const float *bias, uint32_t n, int32_t n_vocab,
+			    char *err, size_t errlen);
+void gpud_sampler_set_bias(struct gpud_sampler *s, const int32_t *ids, const float *bias,
+			   uint32_t n);
+
 /* Picks the next token from logits (n_vocab floats, not modified).
  * Never allocates. Does NOT record the token: call gpud_sampler_accept()
  * for every token that enters the sequence (prompt tokens too, when

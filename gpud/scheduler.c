@@ -35,6 +35,8 @@ struct slot {
 	uint32_t dev;
 	uint32_t seq;           /* engine sequence while RUNNING */
 	int32_t *toks;          /* (tok_cap) prompt, then generated ids */
+	int32_t *bias_id;       /* (GPUD_SAMPLER_MAX_BIAS) the sampler's biases */
+	float *bias_val;
 	uint32_t n_prompt;
 	uint32_t n_toks;        /* prompt + generated ids appended */
 	uint32_t n_done;        /* ids in the engine's KV (while RUNNING) */
@@ -162,6 +164,8 @@ struct gpud_sched {
 	uint32_t *free_slots;   /* (max_requests) stack of SLOT_FREE indices */
 	uint32_t n_free;
 	int32_t *tok_mem;       /* max_requests * tok_cap */
+	int32_t *bias_id_mem;   /* max_requests * GPUD_SAMPLER_MAX_BIAS */
+	float *bias_val_mem;
 	uint32_t tok_cap;
 	uint32_t *pfx_mem;      /* max_requests * pfx_cap */
 	uint32_t pfx_cap;
@@ -259,6 +263,8 @@ void gpud_sched_destroy(struct gpud_sched *s)
 	free(s->slots);
 	free(s->free_slots);
 	free(s->tok_mem);
+	free(s->bias_id_mem);
+	free(s->bias_val_mem);
 	free(s->pfx_mem);
 	free(s->devs);
 	free(s);
@@ -567,7 +573,12 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	s->free_slots = calloc(s->p.max_requests, sizeof(*s->free_slots));
 	s->tok_mem = calloc((size_t)s->p.max_requests * s->tok_cap, sizeof(*s->tok_mem));
 	s->pfx_mem = calloc((size_t)s->p.max_requests * s->pfx_cap, sizeof(*s->pfx_mem));
-	if (!s->slots || !s->free_slots || !s->tok_mem || !s->pfx_mem) {
+	s->bias_id_mem = calloc((size_t)s->p.max_requests * GPUD_SAMPLER_MAX_BIAS,
+				sizeof(*s->bias_id_mem));
+	s->bias_val_mem = calloc((size_t)s->p.max_requests * GPUD_SAMPLER_MAX_BIAS,
+				 sizeof(*s->bias_val_mem));
+	if (!s->slots || !s->free_slots || !s->tok_mem || !s->pfx_mem || !s->bias_id_mem ||
+	    !s->bias_val_mem) {
 		rc = sw_seterr(err, errlen, -ENOMEM, "sched: out of memory for %u slots",
 			       s->p.max_requests);
 		goto out_destroy;
@@ -579,6 +590,8 @@ int gpud_sched_create(struct gpud_sched **out, struct gpud_engine *const *engine
 	for (uint32_t i = 0; i < s->p.max_requests; i++) {
 		s->slots[i].toks = s->tok_mem + (size_t)i * s->tok_cap;
 		s->slots[i].pfx = s->pfx_mem + (size_t)i * s->pfx_cap;
+		s->slots[i].bias_id = s->bias_id_mem + (size_t)i * GPUD_SAMPLER_MAX_BIAS;
+		s->slots[i].bias_val = s->bias_val_mem + (size_t)i * GPUD_SAMPLER_MAX_BIAS;
 		rc = gpud_sampler_create_light(&s->slots[i].smp, (int32_t)s->n_vocab, &sp, err,
 					       errlen);
 		if (rc)
@@ -1131,6 +1144,12 @@ static int submit_check(const struct gpud_sched *s, const struct gpud_sched_req 
 	rc = gpud_sampler_params_check(&r->sampling, err, errlen);
 	if (rc)
 		return rc;
+	if (r->n_bias && (!r->bias_id || !r->bias))
+		return sw_seterr(err, errlen, -EINVAL, "sched: logit biases NULL");
+	rc = gpud_sampler_bias_check(r->bias_id, r->bias, r->n_bias, (int32_t)s->n_vocab, err,
+				     errlen);
+	if (rc)
+		return rc;
 	if (r->top_logprobs > GPUD_LOGPROBS_TOP_MAX || (r->top_logprobs && !r->logprobs))
 		return sw_seterr(err, errlen, -EINVAL, "sched: top_logprobs %u (at most %d, and "
 				 "only with logprobs)", r->top_logprobs, GPUD_LOGPROBS_TOP_MAX);
@@ -1169,6 +1188,11 @@ static int slot_fill(struct slot *sl, const struct gpud_sched_req *r, char *err,
 	rc = gpud_sampler_reset(sl->smp, &r->sampling, err, errlen);
 	if (rc)
 		return rc;
+	if (r->n_bias) {
+		memcpy(sl->bias_id, r->bias_id, r->n_bias * sizeof(*sl->bias_id));
+		memcpy(sl->bias_val, r->bias, r->n_bias * sizeof(*sl->bias_val));
+		gpud_sampler_set_bias(sl->smp, sl->bias_id, sl->bias_val, r->n_bias);
+	}
 	for (uint32_t i = 0; i < r->n_tokens; i++)
 		gpud_sampler_accept(sl->smp, r->tokens[i]);
 	memcpy(sl->toks, r->tokens, r->n_tokens * sizeof(*sl->toks));

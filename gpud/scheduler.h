@@ -200,6 +200,12 @@ struct gpud_sched_req {
 				 * the context is full */
 	const char *const *stop; /* stop strings, copied by submit; may be NULL */
 	uint32_t n_stop;
+	/* logit biases (gpud_sampler_set_bias), copied by submit: token ids
+	 * and the biases added to their logits; the request's rows then come
+	 * to the host's sampler */
+	const int32_t *bias_id;
+	const float *bias;
+	uint32_t n_bias;        /* <= GPUD_SAMPLER_MAX_BIAS */
 	bool logprobs;          /* each TOKEN event carries the token's log
 				 * probability (its row then comes to the host
 				 * whatever the sampler) */

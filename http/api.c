@@ -2,6 +2,7 @@
  * framing (http/api.h). */
 #include "http/api.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -412,6 +413,42 @@ static int decode_stop(struct http_gen *g, json_t *root, struct http_err *e)
 	return 0;
 }
 
+/* logit_bias: {"token id": bias in [-100, 100]}, at most
+ * PROTO_MAX_LOGIT_BIAS entries (gpud checks the ids). */
+static int decode_bias(struct http_gen *g, json_t *root, struct http_err *e)
+{
+	json_t *b = member(root, "logit_bias"), *v;
+	const char *k;
+	uint32_t n = 0;
+
+	if (!b)
+		return 0;
+	if (!json_is_object(b))
+		return bad(e, "logit_bias", "logit_bias: expected an object of token ids (as "
+			   "strings) to biases");
+	if (json_object_size(b) > PROTO_MAX_LOGIT_BIAS)
+		return bad(e, "logit_bias", "logit_bias: %zu entries, at most %d",
+			   json_object_size(b), PROTO_MAX_LOGIT_BIAS);
+	json_object_foreach(b, k, v) {
+		char *end;
+		long id;
+		errno = 0;
+		id = strtol(k, &end, 10);
+		if (!*k || *end || errno || id < 0 || id > INT32_MAX || !(*k >= '0' && *k <= '9'))
+			return bad(e, "logit_bias", "logit_bias: key \"%.40s\" is not a token id",
+				   k);
+		if (!json_is_number(v) || json_number_value(v) < -100 ||
+		    json_number_value(v) > 100)
+			return bad(e, "logit_bias", "logit_bias[\"%s\"]: expected a number in "
+				   "[-100, 100]", k);
+		g->bias[n++] = (struct proto_bias){ .id = (int32_t)id,
+						    .bias = (float)json_number_value(v) };
+	}
+	g->req.n_bias = n;
+	g->req.bias = n ? g->bias : NULL;
+	return 0;
+}
+
 static int refuse_unsupported(json_t *root, struct http_err *e)
 {
 	json_t *v;
@@ -625,7 +662,8 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 		}
 		g->no_reasoning = !strcmp(f, "none");
 	}
-	if (decode_logprobs(g, root, e) || decode_echo(g, root, zero_max, e))
+	if (decode_logprobs(g, root, e) || decode_echo(g, root, zero_max, e) ||
+	    decode_bias(g, root, e))
 		goto fail;
 	g->req.segments = g->seg;
 	return 0;

@@ -80,6 +80,7 @@ struct http_gen {
 	struct proto_mask_row rows[PROTO_MAX_SEGMENTS + 1];
 	uint16_t idx[PROTO_MAX_MASK_IDX];
 	struct proto_text stop[PROTO_MAX_STOP];
+	struct proto_bias bias[PROTO_MAX_LOGIT_BIAS];
 };
 
 /* Decodes a request body of len bytes (not NUL-terminated) as kind.

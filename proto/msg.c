@@ -204,6 +204,14 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 					 PROTO_MAX_STOP_LEN);
 		stop += l;
 	}
+	if (req->flags & PROTO_SUBMIT_LOGIT_BIAS && !req->n_bias)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: flags: the logit-bias bit "
+				 "without a table (n_bias 0)");
+	if (req->n_bias > PROTO_MAX_LOGIT_BIAS)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu32 " logit biases, at "
+				 "most %d", req->n_bias, PROTO_MAX_LOGIT_BIAS);
+	if (req->n_bias && !req->bias)
+		return sw_seterr(err, errlen, -EINVAL, "submit: bias NULL");
 	uint32_t rows = 0;
 	uint64_t idx = 0;
 	const struct proto_mask_desc *m = req->mask;
@@ -223,7 +231,8 @@ static int submit_check(const struct proto_submit_req *req, uint64_t *size, uint
 					 " indices, at most %d", idx, PROTO_MAX_MASK_IDX);
 	}
 	uint64_t total = SUB_HEADER + (uint64_t)req->n_segments * SUB_SEG_ENTRY +
-			 (uint64_t)rows * 4 + idx * 2 + (uint64_t)req->n_stop * 4 + text + stop;
+			 (uint64_t)rows * 4 + idx * 2 + (uint64_t)req->n_stop * 4 + text + stop +
+			 (req->n_bias ? 4 + (uint64_t)req->n_bias * 8 : 0);
 	if (total > UINT32_MAX)
 		return sw_seterr(err, errlen, SW_ETOOLONG, "submit: %" PRIu64
 				 " bytes encoded, over 4 GiB", total);
@@ -265,7 +274,7 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	uint8_t *h = buf;
 	memset(h, 0, SUB_HEADER);
 	proto_put32(h + SUB_N_SEGMENTS, req->n_segments);
-	proto_put32(h + SUB_FLAGS, req->flags);
+	proto_put32(h + SUB_FLAGS, req->flags | (req->n_bias ? PROTO_SUBMIT_LOGIT_BIAS : 0));
 	proto_put32(h + SUB_MAX_TOKENS, req->max_tokens);
 	proto_put32(h + SUB_N_STOP, req->n_stop);
 	proto_put32(h + SUB_N_MASK_IDX, n_idx);
@@ -304,6 +313,14 @@ int proto_submit_encode(const struct proto_submit_req *req, uint8_t *buf, size_t
 	for (uint32_t i = 0; i < req->n_stop; i++) {
 		memcpy(p, req->stop[i].p, req->stop[i].len);
 		p += req->stop[i].len;
+	}
+	if (req->n_bias) {
+		proto_put32(p, req->n_bias);
+		p += 4;
+		for (uint32_t i = 0; i < req->n_bias; i++, p += 8) {
+			proto_put32(p, (uint32_t)req->bias[i].id);
+			proto_putf32(p + 4, req->bias[i].bias);
+		}
 	}
 	*len = (size_t)(p - buf);
 	return 0;
@@ -517,6 +534,42 @@ static int sub_stop_strings(struct cursor *c, const struct sub_counts *k,
 	return 0;
 }
 
+/* The logit-bias table, when the flag says one follows: its count
+ * (1..PROTO_MAX_LOGIT_BIAS), then the entries, copied (ids and values are
+ * gpud's to check). */
+static int sub_bias(struct cursor *c, const struct sub_counts *k, struct proto_submit *out,
+		    char *err, size_t errlen)
+{
+	const uint8_t *src;
+	uint32_t n;
+
+	out->req.n_bias = 0;
+	out->req.bias = NULL;
+	if (!(k->flags & PROTO_SUBMIT_LOGIT_BIAS))
+		return 0;
+	src = take(c, 4);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: logit-bias count runs past the "
+				 "payload");
+	n = proto_get32(src);
+	if (n == 0 || n > PROTO_MAX_LOGIT_BIAS)
+		return sw_seterr(err, errlen, n ? SW_ETOOLONG : SW_EFORMAT, "submit: %" PRIu32
+				 " logit biases (1..%d with the flag)", n, PROTO_MAX_LOGIT_BIAS);
+	src = take(c, (uint64_t)n * 8);
+	if (!src)
+		return sw_seterr(err, errlen, SW_EFORMAT, "submit: logit-bias table (%" PRIu32
+				 " entries) runs past the payload", n);
+	uint8_t copy[8];
+	for (uint32_t i = 0; i < n; i++) {
+		proto_copy_in(copy, src + 8 * (size_t)i, 8);
+		out->bias[i].id = (int32_t)proto_get32(copy);
+		out->bias[i].bias = proto_getf32(copy + 4);
+	}
+	out->req.n_bias = n;
+	out->req.bias = out->bias;
+	return 0;
+}
+
 int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_limits *lim,
 			struct proto_submit *out, char *err, size_t errlen)
 {
@@ -543,6 +596,9 @@ int proto_submit_decode(const uint8_t *payload, size_t len, const struct proto_l
 	if (rc)
 		return rc;
 	rc = sub_stop_strings(&c, &k, out, err, errlen);
+	if (rc)
+		return rc;
+	rc = sub_bias(&c, &k, out, err, errlen);
 	if (rc)
 		return rc;
 	if (c.at != c.len)

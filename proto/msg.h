@@ -84,13 +84,17 @@ void proto_limits_default(struct proto_limits *lim);
 /* Generate nothing: the request ends with its prompt's log probabilities
  * (DONE: 0 generated tokens; needs PROMPT_LOGPROBS). */
 #define PROTO_SUBMIT_PROMPT_ONLY 0x8u
+/* A logit-bias table follows the stop strings (§4.1): set by the encoder
+ * exactly when n_bias > 0. */
+#define PROTO_SUBMIT_LOGIT_BIAS 0x10u
 #define PROTO_SUBMIT_TOP_SHIFT 8
 #define PROTO_SUBMIT_TOP_MASK (0xffu << PROTO_SUBMIT_TOP_SHIFT)
 #define PROTO_SUBMIT_TOP(flags) (((flags) & PROTO_SUBMIT_TOP_MASK) >> PROTO_SUBMIT_TOP_SHIFT)
 #define PROTO_SUBMIT_FLAGS_KNOWN                                                              \
 	(PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGPROBS | PROTO_SUBMIT_PROMPT_LOGPROBS |           \
-	 PROTO_SUBMIT_PROMPT_ONLY | PROTO_SUBMIT_TOP_MASK)
+	 PROTO_SUBMIT_PROMPT_ONLY | PROTO_SUBMIT_LOGIT_BIAS | PROTO_SUBMIT_TOP_MASK)
 #define PROTO_MAX_TOP_LOGPROBS 20
+#define PROTO_MAX_LOGIT_BIAS 1024 /* entries of a logit-bias table */
 
 /* Roles for chat formatting (PROTO_SUBMIT_CHAT); grow at the end. */
 enum proto_role {
@@ -141,6 +145,13 @@ struct proto_sampling {
 	float presence_penalty;  /* 0 = off */
 };
 
+/* A token's logit bias: added to its logit before anything else (gpud
+ * takes -100..100, an id of the vocabulary). */
+struct proto_bias {
+	int32_t id;
+	float bias;
+};
+
 /* Fills *p with the defaults: greedy, no filters, no penalties, seed 0. */
 void proto_sampling_default(struct proto_sampling *p);
 
@@ -158,9 +169,11 @@ struct proto_submit_req {
 	uint32_t flags;                /* PROTO_SUBMIT_* */
 	uint32_t n_stop;
 	const struct proto_text *stop; /* (n_stop) stop strings, 1..64 bytes */
+	uint32_t n_bias;               /* <= PROTO_MAX_LOGIT_BIAS */
+	const struct proto_bias *bias; /* (n_bias) */
 };
 
-/* Decode storage (about 23 KiB: keep it in a preallocated request slot,
+/* Decode storage (about 31 KiB: keep it in a preallocated request slot,
  * not on a small stack). After a successful decode, req points into this
  * struct (mask rows and indices, stop strings: copies) and into the region
  * (segment text: views). */
@@ -172,6 +185,7 @@ struct proto_submit {
 	uint16_t idx[PROTO_MAX_MASK_IDX];
 	struct proto_text stop[PROTO_MAX_STOP];
 	char stop_buf[PROTO_MAX_STOP][PROTO_MAX_STOP_LEN];
+	struct proto_bias bias[PROTO_MAX_LOGIT_BIAS];
 };
 
 /* Bytes the encoded request takes (*size). Also the check an encoder

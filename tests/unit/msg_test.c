@@ -102,6 +102,11 @@ static void assert_req_equal(const struct proto_submit_req *a, const struct prot
 		assert_int_equal(a->stop[i].len, b->stop[i].len);
 		assert_memory_equal(a->stop[i].p, b->stop[i].p, a->stop[i].len);
 	}
+	assert_int_equal(a->n_bias, b->n_bias);
+	for (uint32_t i = 0; i < a->n_bias; i++) {
+		assert_int_equal(a->bias[i].id, b->bias[i].id);
+		assert_true(a->bias[i].bias == b->bias[i].bias);
+	}
 }
 
 static void test_submit_roundtrip(void **state)
@@ -246,7 +251,9 @@ static void test_submit_decode_errors(void **state)
 	memcpy(good, g_buf, len);
 
 	const struct bad_case cases[] = {
-		{ "flags", O_FLAGS, 4, 0x10, SW_EFORMAT, "flags: unknown bits" },
+		{ "flags", O_FLAGS, 4, 0x20, SW_EFORMAT, "flags: unknown bits" },
+		{ "bias flag, no table", O_FLAGS, 4, PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGIT_BIAS,
+		  SW_EFORMAT, "logit-bias count runs past" },
 		{ "n_segments", O_NSEG, 4, 65, SW_ETOOLONG, "n_segments 65 over" },
 		{ "n_segments huge", O_NSEG, 4, UINT32_MAX, SW_ETOOLONG, "n_segments" },
 		{ "n_segments shape", O_NSEG, 4, 4, SW_EFORMAT, "n_mask_rows 4" },
@@ -646,6 +653,61 @@ static void test_submit_ids(void **state)
 	assert_non_null(strstr(g_err, "segment 0: token ids with the chat flag"));
 }
 
+/* A logit-bias table: after the stop strings, flagged by the encoder;
+ * every malformed table refused. */
+static void test_submit_bias(void **state)
+{
+	(void)state;
+	struct full_req f;
+	struct proto_bias b[3] = { { 5, -100.0f }, { 0x7fffffff, 2.5f }, { -1, 0.0f } };
+	size_t len, plain;
+	full_req_init(&f);
+	plain = encode_ok(&f.req);
+	f.req.n_bias = 3;
+	f.req.bias = b;
+	len = encode_ok(&f.req);
+	assert_int_equal(len, plain + 4 + 3 * 8);
+	assert_int_equal(proto_get32(g_buf + O_FLAGS), PROTO_SUBMIT_CHAT | PROTO_SUBMIT_LOGIT_BIAS);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)), 0);
+	f.req.flags |= PROTO_SUBMIT_LOGIT_BIAS; /* as decoded */
+	assert_req_equal(&f.req, &g_sub.req);
+	/* the decoded request encodes to the same bytes */
+	static uint8_t again[4096];
+	size_t len2;
+	memcpy(again, g_buf, len);
+	assert_int_equal(proto_submit_encode(&g_sub.req, g_buf, sizeof(g_buf), &len2, NULL, 0), 0);
+	assert_int_equal(len2, len);
+	assert_memory_equal(again, g_buf, len);
+
+	/* malformed on the wire: a count of 0 or over the limit, a table
+	 * running past the payload, the flag without a table */
+	memcpy(g_buf, again, len);
+	proto_put32(g_buf + plain, 0);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "0 logit biases"));
+	proto_put32(g_buf + plain, PROTO_MAX_LOGIT_BIAS + 1);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_ETOOLONG);
+	proto_put32(g_buf + plain, 4);
+	assert_int_equal(proto_submit_decode(g_buf, len, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "logit-bias table (4 entries) runs past"));
+	assert_int_equal(proto_submit_decode(again, plain + 2, NULL, &g_sub, g_err, sizeof(g_err)),
+			 SW_EFORMAT);
+	assert_non_null(strstr(g_err, "logit-bias count runs past"));
+	/* encoder: the flag alone, and too many entries */
+	f.req.n_bias = 0;
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "logit-bias bit without a table"));
+	f.req.flags &= ~PROTO_SUBMIT_LOGIT_BIAS;
+	f.req.n_bias = PROTO_MAX_LOGIT_BIAS + 1;
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), SW_ETOOLONG);
+	f.req.bias = NULL;
+	f.req.n_bias = 1;
+	assert_int_equal(encode_rc(&f.req, sizeof(g_buf)), -EINVAL);
+}
+
 static void test_done(void **state)
 {
 	(void)state;
@@ -840,6 +902,7 @@ int main(void)
 		cmocka_unit_test(test_tokens_lp),
 		cmocka_unit_test(test_submit_logprobs_flags),
 		cmocka_unit_test(test_submit_ids),
+		cmocka_unit_test(test_submit_bias),
 		cmocka_unit_test(test_done),
 		cmocka_unit_test(test_error),
 		cmocka_unit_test(test_text_requests),

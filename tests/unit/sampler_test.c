@@ -105,6 +105,78 @@ static void test_greedy(void **state)
 	gpud_sampler_free(s);
 }
 
+/* Logit biases: added before everything else, so greedy picks the biased
+ * arg max, -100 bans a token from every draw, +100 forces one; a biased
+ * sampler is never greedy() nor draw_next(); reset clears the biases;
+ * the check names bad entries. */
+static void test_logit_bias(void **state)
+{
+	(void)state;
+	struct gpud_sampler_params p;
+	struct gpud_draw d;
+	float l[1000], b[1000];
+	char err[SW_ERR_MAX];
+	params(&p, 0.0f, 1);
+	struct gpud_sampler *s = mk(1000, &p);
+
+	for (unsigned t = 0; t < 30; t++) {
+		rand_logits(l, 1000, t);
+		int top = argmax(l, 1000);
+		int32_t ids[3] = { top, (int32_t)(t * 31 % 1000), top };
+		float bias[3] = { -1.5f, 2.0f, -1.0f }; /* a token named twice gets both */
+		memcpy(b, l, sizeof(l));
+		b[ids[0]] += bias[0];
+		b[ids[1]] += bias[1];
+		b[ids[2]] += bias[2];
+		assert_int_equal(gpud_sampler_bias_check(ids, bias, 3, 1000, err, sizeof(err)), 0);
+		gpud_sampler_set_bias(s, ids, bias, 3);
+		assert_false(gpud_sampler_greedy(s));
+		assert_false(gpud_sampler_draw_next(s, &d));
+		float keep[1000];
+		memcpy(keep, l, sizeof(l));
+		assert_int_equal(gpud_sampler_sample(s, l), argmax(b, 1000));
+		assert_memory_equal(keep, l, sizeof(l)); /* the caller's row is untouched */
+	}
+	assert_int_equal(gpud_sampler_reset(s, &p, err, sizeof(err)), 0);
+	assert_true(gpud_sampler_greedy(s));
+
+	/* drawn at temperature 1: a banned token never comes, a forced one
+	 * always does */
+	params(&p, 1.0f, 7);
+	assert_int_equal(gpud_sampler_reset(s, &p, err, sizeof(err)), 0);
+	for (int i = 0; i < 1000; i++)
+		l[i] = 0.0f;
+	l[5] = 3.0f;
+	int32_t ban = 5;
+	float minus = -100.0f;
+	gpud_sampler_set_bias(s, &ban, &minus, 1);
+	for (int t = 0; t < 2000; t++) {
+		int32_t id = gpud_sampler_sample(s, l);
+		assert_true(id >= 0 && id < 1000 && id != 5);
+	}
+	int32_t force = 999;
+	float plus = 100.0f;
+	gpud_sampler_set_bias(s, &force, &plus, 1);
+	for (int t = 0; t < 200; t++)
+		assert_int_equal(gpud_sampler_sample(s, l), 999);
+
+	/* the check: ids in the vocabulary, finite biases in [-100, 100] */
+	int32_t bad_id[2] = { 3, 1000 };
+	float ok[2] = { 1.0f, 1.0f }, bad_b[1] = { 100.5f }, nan_b[1] = { NAN };
+	assert_int_equal(gpud_sampler_bias_check(bad_id, ok, 2, 1000, err, sizeof(err)), -EINVAL);
+	assert_string_equal(err, "logit_bias: token id 1000 is not in the vocabulary of 1000");
+	bad_id[1] = -1;
+	assert_int_equal(gpud_sampler_bias_check(bad_id, ok, 2, 1000, err, sizeof(err)), -EINVAL);
+	assert_int_equal(gpud_sampler_bias_check(bad_id, bad_b, 1, 1000, err, sizeof(err)),
+			 -EINVAL);
+	assert_non_null(strstr(err, "token 3: bias 100.5"));
+	assert_int_equal(gpud_sampler_bias_check(bad_id, nan_b, 1, 1000, err, sizeof(err)),
+			 -EINVAL);
+	assert_int_equal(gpud_sampler_bias_check(bad_id, ok, GPUD_SAMPLER_MAX_BIAS + 1, 1000, err,
+						 sizeof(err)), -EINVAL);
+	gpud_sampler_free(s);
+}
+
 static void test_top_k1_is_greedy(void **state)
 {
 	(void)state;
@@ -1061,6 +1133,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_greedy),
+		cmocka_unit_test(test_logit_bias),
 		cmocka_unit_test(test_top_k1_is_greedy),
 		cmocka_unit_test(test_temperature_frequencies),
 		cmocka_unit_test(test_top_k),
