@@ -2380,6 +2380,79 @@ static void test_logprobs(void **state)
  * tokens had when they were generated; prompt_only generates nothing; and
  * the same long prompt scored a row at a time (logprob_rows 0) and 33 at
  * a time (32) agrees. */
+/* Logit biases through the socket: -100 on the greedy answer's first
+ * token bans it from the whole answer, greedy or drawn; +100 forces a
+ * token at every step; biases in the request slot do not outlive it (the
+ * next plain request is the plain answer again); an id outside the
+ * vocabulary and a bias out of range are refused, naming them. */
+static void test_logit_bias(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct rbuf *b = malloc(sizeof(*b));
+	struct proto_client_result ref, r;
+	struct proto_client *cl;
+	char err[SW_ERR_MAX];
+	struct proto_bias bias[2];
+
+	assert_non_null(b);
+	assert_int_equal(gpud_it_start(&f->d[0], NULL), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	assert_int_equal(gen_text(cl, ONCE, 16, &ref, err, sizeof(err)), 0);
+	assert_int_equal(ref.n_ids, 16);
+	int32_t first = ref.ids[0];
+	for (int sampled = 0; sampled < 2; sampled++) {
+		rbuf_init(b, 16);
+		rbuf_seg(b, ONCE);
+		if (sampled) {
+			b->req.sampling.temperature = 1.0f;
+			b->req.sampling.seed = 11;
+		}
+		bias[0] = (struct proto_bias){ first, -100.0f };
+		b->req.n_bias = 1;
+		b->req.bias = bias;
+		memset(&r, 0, sizeof(r));
+		assert_int_equal(proto_client_generate(cl, &b->req, &r, err, sizeof(err)), 0);
+		assert_true(r.n_ids > 0);
+		for (uint32_t i = 0; i < r.n_ids; i++)
+			assert_int_not_equal(r.ids[i], first);
+		proto_client_result_free(&r);
+		/* forced: every token the biased one */
+		bias[0].bias = 100.0f;
+		b->req.max_tokens = 6;
+		memset(&r, 0, sizeof(r));
+		assert_int_equal(proto_client_generate(cl, &b->req, &r, err, sizeof(err)), 0);
+		assert_int_equal(r.n_ids, 6);
+		for (uint32_t i = 0; i < r.n_ids; i++)
+			assert_int_equal(r.ids[i], first);
+		proto_client_result_free(&r);
+	}
+	/* the slot forgets them: plain again */
+	assert_int_equal(gen_text(cl, ONCE, 16, &r, err, sizeof(err)), 0);
+	assert_memory_equal(r.ids, ref.ids, 16 * sizeof(int32_t));
+	proto_client_result_free(&r);
+	printf("    logit_bias: id %d banned and forced, greedy and drawn\n", first);
+
+	rbuf_init(b, 4);
+	rbuf_seg(b, ONCE);
+	bias[0] = (struct proto_bias){ 3, 1.0f };
+	bias[1] = (struct proto_bias){ 1 << 20, 1.0f };
+	b->req.n_bias = 2;
+	b->req.bias = bias;
+	memset(&r, 0, sizeof(r));
+	assert_int_equal(proto_client_generate(cl, &b->req, &r, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "logit_bias: token id 1048576 is not in the vocabulary"));
+	proto_client_result_free(&r);
+	bias[1] = (struct proto_bias){ 4, -101.0f };
+	memset(&r, 0, sizeof(r));
+	assert_int_equal(proto_client_generate(cl, &b->req, &r, err, sizeof(err)), -EINVAL);
+	assert_non_null(strstr(err, "token 4: bias -101"));
+	proto_client_result_free(&r);
+	proto_client_result_free(&ref);
+	proto_client_close(cl);
+	free(b);
+	f->done = true;
+}
+
 static void test_prompt_logprobs(void **state)
 {
 	struct gpud_it_fix *f = *state;
@@ -2499,6 +2572,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_malformed_input),
 		GPUD_IT_FIX_TEST(test_logprobs),
 		GPUD_IT_FIX_TEST(test_prompt_logprobs),
+		GPUD_IT_FIX_TEST(test_logit_bias),
 	};
 	ssize_t n;
 

@@ -541,7 +541,7 @@ static void test_embeddings(void **state)
 	float *vec;
 	uint32_t dim;
 
-	start_all(fx, &f, NULL);
+	start_all(fx, &f, "\"chat_format\": \"llama2\"");
 	struct proto_client *c = gpud_it_connect(&fx->d[0]);
 	assert_non_null(c);
 	assert_int_equal(proto_client_embed(c, "hello world", 11, &vec, &dim, err, sizeof(err)), 0);
@@ -1197,17 +1197,18 @@ static json_int_t usage_of(json_t *j, const char *k)
 
 /* Prompts given as token ids (what evaluation harnesses send): the same
  * answer as the text they spell, in every accepted shape and as
- * swarm.segments; echo gives their text; bad ids are refused. */
+ * swarm.segments; echo gives their text; bad ids are refused. And
+ * logit_bias, which names tokens by id too. */
 static void test_token_prompts(void **state)
 {
 	struct gpud_it_fix *fx = *state;
 	struct front f;
-	char body[8192], ids[2048] = "", half[2][1024] = { "", "" }, err[256];
+	char body[8192], ids[2048] = "", half[2][1024] = { "", "" }, err[256], *b;
 	int32_t *tok = NULL;
 	uint32_t n = 0;
 	json_t *j, *ch;
 
-	start_all(fx, &f, NULL);
+	start_all(fx, &f, "\"chat_format\": \"llama2\"");
 	struct proto_client *c = gpud_it_connect(&fx->d[0]);
 	assert_non_null(c);
 	assert_int_equal(proto_client_tokenize(c, PROMPT, strlen(PROMPT), PROTO_TOK_ADD_BOS, &tok,
@@ -1284,6 +1285,36 @@ static void test_token_prompts(void **state)
 		json_decref(j);
 	}
 
+	/* logit_bias: +100 forces the prompt's third token at every step
+	 * (its text as echo spells it), in completions and chat alike */
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":[%s],\"echo\":true,"
+		 "\"logprobs\":0,\"max_tokens\":0}", ids);
+	j = complete(&f, body, &ch);
+	char piece[64], forced[256] = "";
+	snprintf(piece, sizeof(piece), "%s", json_string_value(json_array_get(json_object_get(
+			json_object_get(ch, "logprobs"), "tokens"), 2)));
+	json_decref(j);
+	for (int k = 0; k < 3; k++)
+		strcat(forced, piece);
+	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+		 "\"max_tokens\":3,\"temperature\":0.7,\"logit_bias\":{\"%d\":100}}", tok[2]);
+	j = complete(&f, body, &ch);
+	assert_string_equal(json_string_value(json_object_get(ch, "text")), forced);
+	json_decref(j);
+	b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID "\","
+	       "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3,"
+	       "\"logit_bias\":{\"%d\":100}}'", f.port, tok[2]);
+	j = jparse(b);
+	free(b);
+	/* a chat answer's text is trimmed of its first space */
+	const char *content = json_string_value(json_object_get(json_object_get(json_array_get(
+		json_object_get(j, "choices"), 0), "message"), "content"));
+	assert_non_null(content);
+	assert_non_null(strstr(forced, content));
+	assert_true(strlen(content) + 1 >= strlen(forced));
+	json_decref(j);
+	printf("    logit_bias {%d: 100}: \"%s\"\n", tok[2], forced);
+
 	/* refused, each with its reason */
 	const struct {
 		const char *prompt, *msg;
@@ -1299,15 +1330,21 @@ static void test_token_prompts(void **state)
 	for (size_t k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
 		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":%s}",
 			 bad[k].prompt);
-		char *b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
-			     f.port, body);
+		b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
+		       f.port, body);
 		if (!strstr(b, bad[k].msg) || !strstr(b, "} 400"))
 			fail_msg("prompt %s: %s (wanted 400, \"%s\")", bad[k].prompt, b, bad[k].msg);
 		free(b);
 	}
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '{\"model\":\""
+	       MODEL_ID "\",\"prompt\":\"p\",\"logit_bias\":{\"99999999\":1}}'", f.port);
+	if (!strstr(b, "logit_bias: token id 99999999 is not in the vocabulary") ||
+	    !strstr(b, "} 400"))
+		fail_msg("logit_bias out of the vocabulary: %s", b);
+	free(b);
 	snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
 		 "\"swarm\":{\"segments\":[[%s],\" there\"]}}", ids);
-	char *b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/completions -d '%s'",
 		     f.port, body);
 	assert_non_null(strstr(b, "with swarm.segments of token ids, omit it"));
 	free(b);

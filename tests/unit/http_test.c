@@ -276,6 +276,44 @@ static void expect_400(enum http_kind k, const char *b, const char *param)
 	free(g);
 }
 
+/* logit_bias: string keys of token ids to biases in [-100, 100]. */
+static void test_decode_bias(void **state)
+{
+	(void)state;
+	struct http_gen *g = calloc(1, sizeof(*g));
+	struct http_err e;
+	const char *b = "{\"model\":\"m\",\"prompt\":\"p\",\"logit_bias\":{\"50256\":-100,"
+			"\"7\":2.5,\"0\":100}}";
+
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.n_bias, 3);
+	assert_int_equal(g->req.bias[0].id, 50256);
+	assert_true(g->req.bias[0].bias == -100.0f);
+	assert_int_equal(g->req.bias[1].id, 7);
+	assert_true(g->req.bias[1].bias == 2.5f);
+	assert_int_equal(g->req.bias[2].id, 0);
+	size_t sz;
+	char m[256];
+	assert_int_equal(proto_submit_size(&g->req, &sz, m, sizeof(m)), 0);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+	    "\"logit_bias\":{}}";
+	assert_int_equal(http_gen_decode(HTTP_CHAT, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.n_bias, 0);
+	assert_null(g->req.bias);
+	http_gen_free(g);
+	free(g);
+	const char *bad[] = { "[1]", "{\"x\":1}", "{\"-1\":1}", "{\"1a\":1}", "{\"\":1}",
+			      "{\" 1\":1}", "{\"2147483648\":1}", "{\"1\":100.5}",
+			      "{\"1\":\"1\"}", "{\"1\":true}" };
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char body[256];
+		snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",\"logit_bias\":%s}",
+			 bad[i]);
+		expect_400(HTTP_COMPLETION, body, "logit_bias");
+	}
+}
+
 static void test_decode_errors(void **state)
 {
 	(void)state;
@@ -737,6 +775,7 @@ int main(void)
 		cmocka_unit_test(test_parse_refusals),
 		cmocka_unit_test(test_decode_completion),
 		cmocka_unit_test(test_decode_token_ids),
+		cmocka_unit_test(test_decode_bias),
 		cmocka_unit_test(test_decode_chat),
 		cmocka_unit_test(test_decode_errors),
 		cmocka_unit_test(test_embed_decode),
