@@ -457,9 +457,12 @@ void gpud__size_pools(const struct sw_config *cfg, const struct gpud_model *m, s
 	z->server = (uint64_t)g->max_connections * (g->ring_bytes + g->request_bytes) +
 		    (uint64_t)g->queue.global * (sizeof(struct proto_submit) + g->stage_bytes + priv);
 	/* the scheduler: max_requests = queue.global + one warm-up request per
-	 * device (daemon.c); the device threads and sample_threads - 1 more */
+	 * device (daemon.c), each a sampler and a slot's logit biases; the
+	 * device threads and sample_threads - 1 more draw scratches */
 	z->sample_threads = gpud_sched_sample_threads(g->sample_threads);
-	z->sampling = ((uint64_t)g->queue.global + g->n_devices) * gpud_sampler_bytes() +
+	z->sampling = ((uint64_t)g->queue.global + g->n_devices) *
+			      (gpud_sampler_bytes() +
+			       GPUD_SAMPLER_MAX_BIAS * (sizeof(int32_t) + sizeof(float))) +
 		      ((uint64_t)g->n_devices + z->sample_threads - 1) *
 			      gpud_sampler_scratch_bytes((int32_t)hp->n_vocab);
 	z->host = z->server + z->tok_scratch + z->sampling + 2ull * (2 * z->max_text + 512) +
