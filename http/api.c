@@ -747,6 +747,53 @@ void http_embed_free(struct http_embed *x)
 	x->root = NULL;
 }
 
+int http_tok_decode(const char *body, size_t len, struct http_tok *t, struct http_err *e)
+{
+	json_t *v, *a;
+	const char *k;
+
+	memset(t, 0, sizeof(*t));
+	t->root = load(body, len, e);
+	if (!t->root)
+		return -1;
+	v = member(t->root, "model");
+	if (v && !json_is_string(v)) {
+		bad(e, "model", "model: expected a string");
+		goto fail;
+	}
+	t->model = json_string_value(v);
+	k = member(t->root, "prompt") ? "prompt" : "content";
+	v = member(t->root, k);
+	if (!v || !json_is_string(v)) {
+		http_fail(e, 400, "prompt", v ? "invalid_value" : "missing_required_parameter",
+			  "%s: required, a string (or \"content\", as llama.cpp names it)", k);
+		goto fail;
+	}
+	if (member(t->root, "messages")) {
+		bad(e, "messages", "messages: not supported (tokenize a prompt's text)");
+		goto fail;
+	}
+	t->text = json_string_value(v);
+	t->len = (uint32_t)json_string_length(v);
+	k = member(t->root, "add_special") ? "add_special" : "add_special_tokens";
+	a = member(t->root, k);
+	if (a && !json_is_boolean(a)) {
+		bad(e, k, "%s: expected true or false", k);
+		goto fail;
+	}
+	t->add_special = !a || json_is_true(a);
+	return 0;
+fail:
+	http_tok_free(t);
+	return -1;
+}
+
+void http_tok_free(struct http_tok *t)
+{
+	json_decref(t->root);
+	t->root = NULL;
+}
+
 const char *http_finish_reason(uint32_t stop_reason)
 {
 	return stop_reason == PROTO_STOP_MAX_TOKENS ? "length" : "stop";

@@ -106,6 +106,20 @@ struct http_embed {
 int http_embed_decode(const char *body, size_t len, struct http_embed *x, struct http_err *e);
 void http_embed_free(struct http_embed *x);
 
+/* A decoded /tokenize request, in vLLM's shape ("prompt",
+ * "add_special_tokens") or llama.cpp's ("content", "add_special"). */
+struct http_tok {
+	json_t *root;
+	const char *model;  /* NULL when not given */
+	const char *text;
+	uint32_t len;
+	bool add_special;   /* BOS as the vocabulary asks; default true (the
+			     * ids /v1/completions would feed for the text) */
+};
+
+int http_tok_decode(const char *body, size_t len, struct http_tok *t, struct http_err *e);
+void http_tok_free(struct http_tok *t);
+
 /* "stop" (end of generation, a stop string) or "length" (max_tokens or
  * the context) for a proto_stop_reason. */
 const char *http_finish_reason(uint32_t stop_reason);

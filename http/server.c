@@ -80,10 +80,11 @@ static const double bucket_s[N_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 					    0.5, 1, 2.5, 5, 10, 30 };
 
 enum route {
-	R_CHAT, R_COMPLETIONS, R_EMBEDDINGS, R_MODELS, R_HEALTH, R_METRICS, R_OTHER, R_N
+	R_CHAT, R_COMPLETIONS, R_EMBEDDINGS, R_TOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_OTHER,
+	R_N
 };
 static const char *const route_name[R_N] = { "chat_completions", "completions", "embeddings",
-					     "models", "health", "metrics", "other" };
+					     "tokenize", "models", "health", "metrics", "other" };
 
 struct srv;
 struct conn;
@@ -998,6 +999,7 @@ struct work {
 	struct proto_client *pc;
 	enum route route;
 	struct http_embed x;
+	struct http_tok t;
 	int status;                     /* HTTP status */
 	char *body;                     /* response (malloc'd) */
 	const char *ctype;
@@ -1225,7 +1227,45 @@ static void metrics_work(uv_work_t *w)
 	k->ctype = "text/plain; version=0.0.4";
 }
 
-static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_embed *x)
+/* Runs fn on a worker thread for c; x or t (or neither) is the decoded
+ * request, owned from here on. */
+/* gpud's ids for a text: {"tokens": [...], "count": n}. */
+static void tokenize_work(uv_work_t *w)
+{
+	struct work *k = (struct work *)w;
+	char err[SW_ERR_MAX];
+	int32_t *ids = NULL;
+	uint32_t n = 0;
+	int rc = proto_client_tokenize(k->pc, k->t.text, k->t.len,
+				       k->t.add_special ? PROTO_TOK_ADD_BOS : 0, &ids, &n, err,
+				       sizeof(err));
+	json_t *a = rc ? NULL : json_array();
+
+	if (rc) {
+		gpud_err(&k->e, rc, err);
+		k->status = k->e.status;
+		return;
+	}
+	for (uint32_t i = 0; a && i < n; i++)
+		if (json_array_append_new(a, json_integer(ids[i]))) {
+			json_decref(a);
+			a = NULL;
+		}
+	free(ids);
+	json_t *o = a ? json_pack("{s:o, s:I}", "tokens", a, "count", (json_int_t)n) : NULL;
+	k->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!k->body) {
+		http_fail(&k->e, 503, NULL, "out_of_memory", "out of memory");
+		k->status = 503;
+		return;
+	}
+	k->status = 200;
+	k->ctype = "application/json";
+}
+
+static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_embed *x,
+		       struct http_tok *t)
 {
 	struct srv *s = c->s;
 	struct work *k = calloc(1, sizeof(*k));
@@ -1233,6 +1273,8 @@ static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_
 	if (!k) {
 		if (x)
 			http_embed_free(x);
+		if (t)
+			http_tok_free(t);
 		fail_conn(c, 503, NULL, "out_of_memory", "out of memory");
 		return;
 	}
@@ -1241,9 +1283,12 @@ static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_
 	k->route = r;
 	if (x)
 		k->x = *x;
+	if (t)
+		k->t = *t;
 	if (fn != metrics_work) {
 		if (!s->blk || !proto_client_alive(s->blk)) {
 			http_embed_free(&k->x);
+			http_tok_free(&k->t);
 			free(k);
 			fail_conn(c, 503, NULL, "gpud_unavailable", "gpud is not available; retry later");
 			return;
@@ -1270,6 +1315,7 @@ static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_
 		if (k->pc)
 			s->blk_users--;
 		http_embed_free(&k->x);
+		http_tok_free(&k->t);
 		free(k);
 		fail_conn(c, 503, NULL, NULL, "cannot queue the request");
 	}
@@ -1284,6 +1330,7 @@ static void work_done(uv_work_t *w, int status)
 	if (k->pc)
 		k->s->blk_users--;
 	http_embed_free(&k->x);
+	http_tok_free(&k->t);
 	c->pending_work--;
 	if (c->state == C_CLOSING) {
 		if (c->pending_work == 0 && !uv_is_closing((uv_handle_t *)&c->tcp)) {
@@ -1327,6 +1374,8 @@ static void dispatch(struct conn *c)
 		r = R_COMPLETIONS;
 	else if (http_path_is(h, "/v1/embeddings"))
 		r = R_EMBEDDINGS;
+	else if (http_path_is(h, "/tokenize") || http_path_is(h, "/v1/tokenize"))
+		r = R_TOKENIZE;
 	else if (http_path_is(h, "/v1/models"))
 		r = R_MODELS;
 	else if (http_path_is(h, "/health"))
@@ -1344,7 +1393,8 @@ static void dispatch(struct conn *c)
 			  h->auth ? "invalid API key" : "missing API key: send Authorization: Bearer KEY");
 		return;
 	}
-	bool want_post = r == R_CHAT || r == R_COMPLETIONS || r == R_EMBEDDINGS;
+	bool want_post = r == R_CHAT || r == R_COMPLETIONS || r == R_EMBEDDINGS ||
+			 r == R_TOKENIZE;
 	if ((want_post && !post) || (!want_post && !get)) {
 		c->keep_alive = c->keep_alive && !h->has_length;
 		fail_conn(c, 405, NULL, "method_not_allowed", "%s is not allowed on this path (%s)",
@@ -1373,17 +1423,35 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		start_work(c, r, embed_work, &x);
+		start_work(c, r, embed_work, &x, NULL);
+		break;
+	}
+	case R_TOKENIZE: {
+		struct http_tok t;
+		struct http_err e;
+		if (http_tok_decode(c->in + c->head_len, h->content_length, &t, &e)) {
+			respond_err(c, &e, NULL);
+			return;
+		}
+		if (t.model && strcmp(t.model, s->model_id) != 0) {
+			http_fail(&e, 404, "model", "model_not_found",
+				  "model \"%.100s\" does not exist (this server serves \"%s\")", t.model,
+				  s->model_id);
+			http_tok_free(&t);
+			respond_err(c, &e, NULL);
+			return;
+		}
+		start_work(c, r, tokenize_work, NULL, &t);
 		break;
 	}
 	case R_MODELS:
 		models(c);
 		break;
 	case R_HEALTH:
-		start_work(c, r, health_work, NULL);
+		start_work(c, r, health_work, NULL, NULL);
 		break;
 	case R_METRICS:
-		start_work(c, r, metrics_work, NULL);
+		start_work(c, r, metrics_work, NULL, NULL);
 		break;
 	default:
 		break;

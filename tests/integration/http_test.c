@@ -1223,6 +1223,24 @@ static void test_token_prompts(void **state)
 			 l ? "," : "", tok[i]);
 	}
 
+	/* /tokenize gives gpud's ids, in vLLM's shape and llama.cpp's */
+	char want_tok[2200];
+	snprintf(want_tok, sizeof(want_tok), "{\"tokens\":[%s],\"count\":%u} 200", ids, n);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/tokenize -d '{\"model\":\""
+	       MODEL_ID "\",\"prompt\":\"" PROMPT "\"}'", f.port);
+	assert_string_equal(b, want_tok);
+	free(b);
+	snprintf(want_tok, sizeof(want_tok), "{\"tokens\":[%s],\"count\":%u} 200",
+		 strchr(ids, ',') + 1, n - 1);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/tokenize -d '{\"content\":\""
+	       PROMPT "\",\"add_special\":false}'", f.port);
+	assert_string_equal(b, want_tok);
+	free(b);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/tokenize -d '{\"model\":\"x\","
+	       "\"prompt\":\"a\"}'", f.port);
+	assert_non_null(strstr(b, "} 404"));
+	free(b);
+
 	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
 		     "20,\"temperature\":0}", &ch);
 	char *want = strdup(json_string_value(json_object_get(ch, "text")));

@@ -314,6 +314,50 @@ static void test_decode_bias(void **state)
 	}
 }
 
+/* /tokenize bodies: vLLM's and llama.cpp's names, their defaults. */
+static void test_tok_decode(void **state)
+{
+	(void)state;
+	struct http_tok t;
+	struct http_err e;
+	const char *b = "{\"model\":\"m\",\"prompt\":\"Hello\"}";
+
+	assert_int_equal(http_tok_decode(b, strlen(b), &t, &e), 0);
+	assert_string_equal(t.model, "m");
+	assert_int_equal(t.len, 5);
+	assert_memory_equal(t.text, "Hello", 5);
+	assert_true(t.add_special);
+	http_tok_free(&t);
+	b = "{\"content\":\"\",\"add_special\":false}";
+	assert_int_equal(http_tok_decode(b, strlen(b), &t, &e), 0);
+	assert_null(t.model);
+	assert_int_equal(t.len, 0);
+	assert_false(t.add_special);
+	http_tok_free(&t);
+	b = "{\"prompt\":\"x\",\"add_special_tokens\":false}";
+	assert_int_equal(http_tok_decode(b, strlen(b), &t, &e), 0);
+	assert_false(t.add_special);
+	http_tok_free(&t);
+	const struct {
+		const char *body, *param;
+	} bad[] = {
+		{ "{}", "prompt" },
+		{ "{\"prompt\":[1]}", "prompt" },
+		{ "{\"prompt\":\"x\",\"model\":3}", "model" },
+		{ "{\"prompt\":\"x\",\"add_special\":1}", "add_special" },
+		{ "{\"prompt\":\"x\",\"messages\":[]}", "messages" },
+		{ "[", "" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&e, 0, sizeof(e));
+		assert_int_equal(http_tok_decode(bad[i].body, strlen(bad[i].body), &t, &e), -1);
+		assert_int_equal(e.status, 400);
+		if (strcmp(e.param, bad[i].param))
+			fail_msg("%s: param \"%s\", want \"%s\"", bad[i].body, e.param, bad[i].param);
+		assert_null(t.root);
+	}
+}
+
 static void test_decode_errors(void **state)
 {
 	(void)state;
@@ -776,6 +820,7 @@ int main(void)
 		cmocka_unit_test(test_decode_completion),
 		cmocka_unit_test(test_decode_token_ids),
 		cmocka_unit_test(test_decode_bias),
+		cmocka_unit_test(test_tok_decode),
 		cmocka_unit_test(test_decode_chat),
 		cmocka_unit_test(test_decode_errors),
 		cmocka_unit_test(test_embed_decode),
