@@ -390,11 +390,46 @@ static int svc_tokenize(void *svc, const struct proto_text_req *req, int32_t *id
 	return 0;
 }
 
+/* The text of req's ids (a view: each read once), decoded as a sequence
+ * from its start. */
+static int svc_detokenize(void *svc, const struct proto_text_req *req, char *buf, size_t cap,
+			  size_t *len, char *err, size_t errlen)
+{
+	struct gpud_daemon *d = svc;
+	struct gpud_detok dt;
+	uint32_t n = req->len / 4;
+	size_t at = 0;
+	int r;
+
+	gpud_detok_init(&dt);
+	dt.special = req->flags & PROTO_DETOK_SPECIAL;
+	for (uint32_t i = 0; i < n; i++) {
+		int32_t id = (int32_t)proto_get32((const uint8_t *)req->text + 4 * (size_t)i);
+		r = gpud_detok_push(d->tok, &dt, id, buf + at, cap - at);
+		if (r == -EINVAL)
+			return sw_seterr(err, errlen, -EINVAL, "detokenize: token %u: id %d is not "
+					 "in the vocabulary of %d", i, id,
+					 gpud_tokenizer_n_vocab(d->tok));
+		if (r < 0)
+			goto too_long;
+		at += (size_t)r;
+	}
+	r = gpud_detok_flush(&dt, buf + at, cap - at);
+	if (r < 0)
+		goto too_long;
+	*len = at + (size_t)r;
+	return 0;
+too_long:
+	return sw_seterr(err, errlen, SW_ETOOLONG, "detokenize: the text of %u ids is longer "
+			 "than the %zu bytes a reply may have", n, cap);
+}
+
 const struct gpud_service_ops gpud__service_ops = {
 	.submit = svc_submit,
 	.embed = svc_embed,
 	.cancel = svc_cancel,
 	.tokenize = svc_tokenize,
+	.detokenize = svc_detokenize,
 	.stats = gpud__svc_stats,
 	.mem = gpud__svc_mem,
 };

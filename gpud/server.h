@@ -137,6 +137,11 @@ struct gpud_service_ops {
 	 * too small. */
 	int (*tokenize)(void *svc, const struct proto_text_req *req, int32_t *ids, uint32_t cap,
 			uint32_t *n, char *err, size_t errlen);
+	/* detokenize writes the text of req's ids (a view: read each once)
+	 * into buf (cap bytes) and sets *len; SW_ETOOLONG when cap is too
+	 * small. */
+	int (*detokenize)(void *svc, const struct proto_text_req *req, char *buf, size_t cap,
+			  size_t *len, char *err, size_t errlen);
 	int (*stats)(void *svc, char *buf, size_t cap, size_t *len, char *err, size_t errlen);
 	int (*mem)(void *svc, uint32_t flags, char *buf, size_t cap, size_t *len,
 		   char *err, size_t errlen);
@@ -161,7 +166,7 @@ int gpud_server_listen(struct gpud_server *s, char *err, size_t errlen);
 
 /* Draining (SIGTERM): new SUBMIT and EMBED requests are refused with
  * SW_ECLOSED ("gpud is shutting down"); requests in flight go on;
- * TOKENIZE, STATS and MEM are still served. Idempotent. */
+ * TOKENIZE, DETOKENIZE, STATS and MEM are still served. Idempotent. */
 void gpud_server_drain(struct gpud_server *s);
 
 /* Cancels every request in flight (ops.cancel on each not yet ended). */

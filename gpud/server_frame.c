@@ -1,6 +1,6 @@
 /* server_frame.c - what the loop does with each frame a client sends:
  * HELLO (the region and its memfd), SUBMIT and EMBED (a request slot, the
- * decoder, the service), CANCEL, and the synchronous TOKENIZE, STATS and
+ * decoder, the service), CANCEL, and the synchronous TOKENIZE, DETOKENIZE, STATS and
  * MEM. Shared state: gpud/server_impl.h.
  */
 #include <errno.h>
@@ -287,6 +287,32 @@ static void on_tokenize(struct sconn *c, const struct proto_frame *f, const uint
 	sync_reply(c, PROTO_T_TOKENIZE_REPLY, f->request_id, proto_tokens_size(n, 0));
 }
 
+static void on_detokenize(struct sconn *c, const struct proto_frame *f, const uint8_t *payload)
+{
+	struct gpud_server *s = c->s;
+	struct proto_text_req req;
+	char err[SW_ERR_MAX] = "";
+	size_t len = 0, cap = s->reply_cap - 8;
+	/* The text goes into the reply buffer past the TOKENS header. */
+	int rc = proto_text_req_decode(PROTO_T_DETOKENIZE, payload, f->payload_length,
+				       &s->p.limits, &req, err, sizeof(err));
+	if (!rc) {
+		rc = s->ops.detokenize ? s->ops.detokenize(s->svc, &req, (char *)s->reply + 8, cap,
+							   &len, err, sizeof(err))
+				       : sw_seterr(err, sizeof(err), SW_EUNSUPPORTED,
+						   "detokenize is not served");
+		if (!rc && len > cap)
+			rc = sw_seterr(err, sizeof(err), -EINVAL, "detokenize: service overran");
+	}
+	if (rc) {
+		gpud__conn_error(c, f->request_id, rc, err);
+		return;
+	}
+	proto_put32(s->reply, 0);
+	proto_put32(s->reply + 4, (uint32_t)len);
+	sync_reply(c, PROTO_T_DETOKENIZE_REPLY, f->request_id, proto_tokens_size(0, (uint32_t)len));
+}
+
 static void on_json(struct sconn *c, const struct proto_frame *f, const uint8_t *payload)
 {
 	struct gpud_server *s = c->s;
@@ -367,6 +393,9 @@ void gpud__handle_frame(struct sconn *c, const uint8_t *raw)
 		break;
 	case PROTO_T_TOKENIZE:
 		on_tokenize(c, &f, payload);
+		break;
+	case PROTO_T_DETOKENIZE:
+		on_detokenize(c, &f, payload);
 		break;
 	case PROTO_T_STATS:
 	case PROTO_T_MEM:

@@ -100,7 +100,7 @@ int gpud_detok_push(const struct gpud_tokenizer *t, struct gpud_detok *d, int32_
 	struct gpud_detok nd = *d;
 	struct outbuf o = { .p = out, .cap = cap };
 
-	if (e->type == TT_UNUSED || e->type == TT_CONTROL || e->type == TT_UNKNOWN)
+	if (e->type == TT_UNUSED || ((e->type == TT_CONTROL || e->type == TT_UNKNOWN) && !d->special))
 		len = 0;
 	if (len > 0 && !nd.started) {
 		nd.started = true;

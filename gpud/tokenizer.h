@@ -111,6 +111,7 @@ struct gpud_detok {
 	uint8_t pending[8];
 	uint8_t n_pending;
 	bool started;
+	bool special; /* control tokens by their text (set after init); else none */
 };
 /* Starts decoding a sequence from its beginning: the first piece's leading
  * space (the one SentencePiece adds) is dropped. */

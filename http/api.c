@@ -794,6 +794,61 @@ void http_tok_free(struct http_tok *t)
 	t->root = NULL;
 }
 
+int http_detok_decode(const char *body, size_t len, struct http_detok *t, struct http_err *e)
+{
+	json_t *v, *x;
+	size_t i;
+
+	memset(t, 0, sizeof(*t));
+	t->root = load(body, len, e);
+	if (!t->root)
+		return -1;
+	v = member(t->root, "model");
+	if (v && !json_is_string(v)) {
+		bad(e, "model", "model: expected a string");
+		goto fail;
+	}
+	t->model = json_string_value(v);
+	v = member(t->root, "tokens");
+	if (!v || !json_is_array(v)) {
+		http_fail(e, 400, "tokens", v ? "invalid_value" : "missing_required_parameter",
+			  "tokens: required, an array of token ids");
+		goto fail;
+	}
+	t->ids = malloc(json_array_size(v) ? json_array_size(v) * sizeof(*t->ids) : 1);
+	if (!t->ids) {
+		http_fail(e, 503, NULL, "out_of_memory", "out of memory");
+		goto fail;
+	}
+	json_array_foreach(v, i, x) {
+		if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+		    json_integer_value(x) > INT32_MAX) {
+			bad(e, "tokens", "tokens[%zu]: expected a token id (an integer >= 0)", i);
+			goto fail;
+		}
+		t->ids[i] = (int32_t)json_integer_value(x);
+	}
+	t->n = (uint32_t)json_array_size(v);
+	v = member(t->root, "skip_special_tokens");
+	if (v && !json_is_boolean(v)) {
+		bad(e, "skip_special_tokens", "skip_special_tokens: expected true or false");
+		goto fail;
+	}
+	t->special = !json_is_true(v);
+	return 0;
+fail:
+	http_detok_free(t);
+	return -1;
+}
+
+void http_detok_free(struct http_detok *t)
+{
+	json_decref(t->root);
+	free(t->ids);
+	t->root = NULL;
+	t->ids = NULL;
+}
+
 const char *http_finish_reason(uint32_t stop_reason)
 {
 	return stop_reason == PROTO_STOP_MAX_TOKENS ? "length" : "stop";

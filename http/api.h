@@ -120,6 +120,20 @@ struct http_tok {
 int http_tok_decode(const char *body, size_t len, struct http_tok *t, struct http_err *e);
 void http_tok_free(struct http_tok *t);
 
+/* A decoded /detokenize request: {"tokens": [ids]} (vLLM and llama.cpp),
+ * "skip_special_tokens" (default false: control tokens by their text, as
+ * both write them). */
+struct http_detok {
+	json_t *root;
+	const char *model;  /* NULL when not given */
+	int32_t *ids;       /* (n), malloc'd */
+	uint32_t n;
+	bool special;
+};
+
+int http_detok_decode(const char *body, size_t len, struct http_detok *t, struct http_err *e);
+void http_detok_free(struct http_detok *t);
+
 /* "stop" (end of generation, a stop string) or "length" (max_tokens or
  * the context) for a proto_stop_reason. */
 const char *http_finish_reason(uint32_t stop_reason);

@@ -80,11 +80,12 @@ static const double bucket_s[N_BUCKETS] = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 					    0.5, 1, 2.5, 5, 10, 30 };
 
 enum route {
-	R_CHAT, R_COMPLETIONS, R_EMBEDDINGS, R_TOKENIZE, R_MODELS, R_HEALTH, R_METRICS, R_OTHER,
-	R_N
+	R_CHAT, R_COMPLETIONS, R_EMBEDDINGS, R_TOKENIZE, R_DETOKENIZE, R_MODELS, R_HEALTH,
+	R_METRICS, R_OTHER, R_N
 };
 static const char *const route_name[R_N] = { "chat_completions", "completions", "embeddings",
-					     "tokenize", "models", "health", "metrics", "other" };
+					     "tokenize", "detokenize", "models", "health",
+					     "metrics", "other" };
 
 struct srv;
 struct conn;
@@ -1000,6 +1001,7 @@ struct work {
 	enum route route;
 	struct http_embed x;
 	struct http_tok t;
+	struct http_detok dt;
 	int status;                     /* HTTP status */
 	char *body;                     /* response (malloc'd) */
 	const char *ctype;
@@ -1227,8 +1229,6 @@ static void metrics_work(uv_work_t *w)
 	k->ctype = "text/plain; version=0.0.4";
 }
 
-/* Runs fn on a worker thread for c; x or t (or neither) is the decoded
- * request, owned from here on. */
 /* gpud's ids for a text: {"tokens": [...], "count": n}. */
 static void tokenize_work(uv_work_t *w)
 {
@@ -1264,31 +1264,67 @@ static void tokenize_work(uv_work_t *w)
 	k->ctype = "application/json";
 }
 
-static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_embed *x,
-		       struct http_tok *t)
+/* gpud's text for ids: {"prompt": text, "content": text} (vLLM's name
+ * and llama.cpp's). */
+static void detokenize_work(uv_work_t *w)
+{
+	struct work *k = (struct work *)w;
+	char err[SW_ERR_MAX], *text = NULL;
+	size_t len = 0;
+	int rc = proto_client_detokenize(k->pc, k->dt.ids, k->dt.n,
+					 k->dt.special ? PROTO_DETOK_SPECIAL : 0, &text, &len, err,
+					 sizeof(err));
+
+	if (rc) {
+		gpud_err(&k->e, rc, err);
+		k->status = k->e.status;
+		return;
+	}
+	json_t *o = json_pack("{s:s%, s:s%}", "prompt", text, len, "content", text, len);
+	free(text);
+	k->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+	json_decref(o);
+	if (!k->body) {
+		http_fail(&k->e, 503, NULL, "out_of_memory", "out of memory");
+		k->status = 503;
+		return;
+	}
+	k->status = 200;
+	k->ctype = "application/json";
+}
+
+/* Frees what a work item's decoded request holds. */
+static void work_free_req(struct work *k)
+{
+	http_embed_free(&k->x);
+	http_tok_free(&k->t);
+	http_detok_free(&k->dt);
+}
+
+/* Runs fn on a worker thread for c; req (or NULL) carries the decoded
+ * request in its x, t or dt, owned from here on. */
+static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct work *req)
 {
 	struct srv *s = c->s;
 	struct work *k = calloc(1, sizeof(*k));
 
 	if (!k) {
-		if (x)
-			http_embed_free(x);
-		if (t)
-			http_tok_free(t);
+		if (req)
+			work_free_req(req);
 		fail_conn(c, 503, NULL, "out_of_memory", "out of memory");
 		return;
+	}
+	if (req) {
+		k->x = req->x;
+		k->t = req->t;
+		k->dt = req->dt;
 	}
 	k->c = c;
 	k->s = s;
 	k->route = r;
-	if (x)
-		k->x = *x;
-	if (t)
-		k->t = *t;
 	if (fn != metrics_work) {
 		if (!s->blk || !proto_client_alive(s->blk)) {
-			http_embed_free(&k->x);
-			http_tok_free(&k->t);
+			work_free_req(k);
 			free(k);
 			fail_conn(c, 503, NULL, "gpud_unavailable", "gpud is not available; retry later");
 			return;
@@ -1314,8 +1350,7 @@ static void start_work(struct conn *c, enum route r, uv_work_cb fn, struct http_
 		c->pending_work--;
 		if (k->pc)
 			s->blk_users--;
-		http_embed_free(&k->x);
-		http_tok_free(&k->t);
+		work_free_req(k);
 		free(k);
 		fail_conn(c, 503, NULL, NULL, "cannot queue the request");
 	}
@@ -1329,8 +1364,7 @@ static void work_done(uv_work_t *w, int status)
 	(void)status;
 	if (k->pc)
 		k->s->blk_users--;
-	http_embed_free(&k->x);
-	http_tok_free(&k->t);
+	work_free_req(k);
 	c->pending_work--;
 	if (c->state == C_CLOSING) {
 		if (c->pending_work == 0 && !uv_is_closing((uv_handle_t *)&c->tcp)) {
@@ -1376,6 +1410,8 @@ static void dispatch(struct conn *c)
 		r = R_EMBEDDINGS;
 	else if (http_path_is(h, "/tokenize") || http_path_is(h, "/v1/tokenize"))
 		r = R_TOKENIZE;
+	else if (http_path_is(h, "/detokenize") || http_path_is(h, "/v1/detokenize"))
+		r = R_DETOKENIZE;
 	else if (http_path_is(h, "/v1/models"))
 		r = R_MODELS;
 	else if (http_path_is(h, "/health"))
@@ -1394,7 +1430,7 @@ static void dispatch(struct conn *c)
 		return;
 	}
 	bool want_post = r == R_CHAT || r == R_COMPLETIONS || r == R_EMBEDDINGS ||
-			 r == R_TOKENIZE;
+			 r == R_TOKENIZE || r == R_DETOKENIZE;
 	if ((want_post && !post) || (!want_post && !get)) {
 		c->keep_alive = c->keep_alive && !h->has_length;
 		fail_conn(c, 405, NULL, "method_not_allowed", "%s is not allowed on this path (%s)",
@@ -1423,7 +1459,7 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		start_work(c, r, embed_work, &x, NULL);
+		start_work(c, r, embed_work, &(struct work){ .x = x });
 		break;
 	}
 	case R_TOKENIZE: {
@@ -1441,17 +1477,35 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		start_work(c, r, tokenize_work, NULL, &t);
+		start_work(c, r, tokenize_work, &(struct work){ .t = t });
+		break;
+	}
+	case R_DETOKENIZE: {
+		struct http_detok dt;
+		struct http_err e;
+		if (http_detok_decode(c->in + c->head_len, h->content_length, &dt, &e)) {
+			respond_err(c, &e, NULL);
+			return;
+		}
+		if (dt.model && strcmp(dt.model, s->model_id) != 0) {
+			http_fail(&e, 404, "model", "model_not_found",
+				  "model \"%.100s\" does not exist (this server serves \"%s\")",
+				  dt.model, s->model_id);
+			http_detok_free(&dt);
+			respond_err(c, &e, NULL);
+			return;
+		}
+		start_work(c, r, detokenize_work, &(struct work){ .dt = dt });
 		break;
 	}
 	case R_MODELS:
 		models(c);
 		break;
 	case R_HEALTH:
-		start_work(c, r, health_work, NULL, NULL);
+		start_work(c, r, health_work, NULL);
 		break;
 	case R_METRICS:
-		start_work(c, r, metrics_work, NULL, NULL);
+		start_work(c, r, metrics_work, NULL);
 		break;
 	default:
 		break;

@@ -329,6 +329,7 @@ static int request_size(uint16_t type, const struct req_args *a, size_t *size, c
 		return proto_submit_size(a->req, size, err, errlen);
 	case PROTO_T_TOKENIZE:
 	case PROTO_T_EMBED:
+	case PROTO_T_DETOKENIZE:
 		*size = proto_text_req_size(a->len);
 		return 0;
 	case PROTO_T_MEM:
@@ -350,6 +351,7 @@ static int request_encode(uint16_t type, const struct req_args *a, uint8_t *buf,
 		return proto_submit_encode(a->req, buf, cap, &len, err, errlen);
 	case PROTO_T_TOKENIZE:
 	case PROTO_T_EMBED:
+	case PROTO_T_DETOKENIZE:
 		rc = proto_text_req_encode(type, buf, cap, a->flags, a->text, a->len, &len);
 		break;
 	case PROTO_T_MEM:
@@ -577,6 +579,22 @@ static int waiter_take_reply(const struct proto_client *c, struct waiter *w,
 		w->n_ids = t.n_ids;
 		return 0;
 	}
+	case PROTO_T_DETOKENIZE_REPLY: {
+		struct proto_tokens t;
+		rc = proto_tokens_decode(rec->payload, rec->len, &c->lim, &t, err, errlen);
+		if (rc)
+			return rc;
+		if (t.n_ids)
+			return sw_seterr(err, errlen, SW_EFORMAT, "DETOKENIZE_REPLY: %u ids (none "
+					 "expected)", t.n_ids);
+		w->text = malloc((size_t)t.text_len + 1);
+		if (!w->text)
+			return -ENOMEM;
+		memcpy(w->text, t.text, t.text_len);
+		w->text[t.text_len] = '\0';
+		w->text_len = t.text_len;
+		return 0;
+	}
 	case PROTO_T_EMBED_REPLY: {
 		struct proto_embedding e;
 		rc = proto_embedding_decode(rec->payload, rec->len, &c->lim, &e, err, errlen);
@@ -614,6 +632,8 @@ static uint16_t reply_type_of(uint16_t req_type)
 		return PROTO_T_DONE;
 	case PROTO_T_TOKENIZE:
 		return PROTO_T_TOKENIZE_REPLY;
+	case PROTO_T_DETOKENIZE:
+		return PROTO_T_DETOKENIZE_REPLY;
 	case PROTO_T_EMBED:
 		return PROTO_T_EMBED_REPLY;
 	case PROTO_T_STATS:
@@ -710,6 +730,7 @@ static void dispatch(struct proto_client *c, const struct proto_record *rec)
 	case PROTO_T_EMBED_REPLY:
 	case PROTO_T_STATS_REPLY:
 	case PROTO_T_MEM_REPLY:
+	case PROTO_T_DETOKENIZE_REPLY:
 		if (reply_type_of(e->req_type) != rec->type) {
 			rc = SW_EFORMAT;
 			snprintf(msg, sizeof(msg), "gpud sent %s for a %s request",
@@ -1327,6 +1348,39 @@ int proto_client_tokenize(struct proto_client *c, const char *text, size_t len, 
 		*ids = w.ids;
 		*n = w.n_ids;
 		w.ids = NULL;
+	}
+	waiter_free(&w);
+	return rc;
+}
+
+int proto_client_detokenize(struct proto_client *c, const int32_t *ids, uint32_t n,
+			    uint32_t flags, char **text, size_t *len, char *err, size_t errlen)
+{
+	if (text)
+		*text = NULL;
+	if (len)
+		*len = 0;
+	if (!c || !text || !len || (!ids && n))
+		return sw_seterr(err, errlen, -EINVAL, "detokenize: NULL argument");
+	if (flags & ~PROTO_DETOK_FLAGS_KNOWN)
+		return sw_seterr(err, errlen, -EINVAL, "detokenize: unknown flags 0x%x", flags);
+	if (n > (UINT32_MAX - 8) / 4)
+		return sw_seterr(err, errlen, SW_ETOOLONG, "detokenize: %u ids", n);
+	uint8_t *le = malloc(n ? (size_t)n * 4 : 1);
+	if (!le)
+		return sw_seterr(err, errlen, -ENOMEM, "detokenize: out of memory");
+	for (uint32_t i = 0; i < n; i++)
+		proto_put32(le + 4 * (size_t)i, (uint32_t)ids[i]);
+	struct waiter w = { 0 };
+	struct req_args a = { .flags = flags, .text = (const char *)le, .len = n * 4 };
+	int rc = call(c, PROTO_T_DETOKENIZE, &a, &w, err, errlen);
+	free(le);
+	if (!rc) {
+		*text = w.text ? w.text : strdup("");
+		*len = w.text_len;
+		w.text = NULL;
+		if (!*text)
+			rc = sw_seterr(err, errlen, -ENOMEM, "detokenize: out of memory");
 	}
 	waiter_free(&w);
 	return rc;

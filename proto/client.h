@@ -158,6 +158,15 @@ void proto_client_result_free(struct proto_client_result *res);
 int proto_client_tokenize(struct proto_client *c, const char *text, size_t len, uint32_t flags,
 			  int32_t **ids, uint32_t *n, char *err, size_t errlen);
 
+/* The text of n token ids (flags PROTO_DETOK_SPECIAL: control tokens by
+ * their text), as gpud's decoder writes it: the space a SentencePiece
+ * vocabulary puts before the first word is dropped, and bytes that are
+ * not whole UTF-8 become U+FFFD. *text is malloc'd and NUL-terminated
+ * (*len bytes before the NUL). Returns 0 or an error as above (an id
+ * outside the vocabulary: -EINVAL naming it). */
+int proto_client_detokenize(struct proto_client *c, const int32_t *ids, uint32_t n,
+			    uint32_t flags, char **text, size_t *len, char *err, size_t errlen);
+
 /* Embedding of a text (mean-pooled, L2-normalized, the model's dim
  * floats). *vec is malloc'd. Returns 0 or an error as above. */
 int proto_client_embed(struct proto_client *c, const char *text, size_t len,

@@ -55,6 +55,8 @@ static const char *const type_names[PROTO_T_LAST] = {
 	[PROTO_T_MEM] = "MEM",
 	[PROTO_T_MEM_REPLY] = "MEM_REPLY",
 	[PROTO_T_TOKENS_LP] = "TOKENS_LP",
+	[PROTO_T_DETOKENIZE] = "DETOKENIZE",
+	[PROTO_T_DETOKENIZE_REPLY] = "DETOKENIZE_REPLY",
 };
 
 const char *proto_type_name(uint16_t type)
@@ -74,6 +76,7 @@ bool proto_type_from_client(uint16_t type)
 	case PROTO_T_EMBED:
 	case PROTO_T_STATS:
 	case PROTO_T_MEM:
+	case PROTO_T_DETOKENIZE:
 		return true;
 	default:
 		return false;

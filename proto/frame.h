@@ -46,8 +46,10 @@ enum proto_type {
 	PROTO_T_MEM_REPLY = 15,     /* s->c: JSON */
 	PROTO_T_TOKENS_LP = 16,     /* s->c: token batch with log probabilities
 				     * (a SUBMIT with PROTO_SUBMIT_LOGPROBS) */
+	PROTO_T_DETOKENIZE = 17,    /* c->s: token ids -> text */
+	PROTO_T_DETOKENIZE_REPLY = 18, /* s->c: the text (TOKENS layout, no ids) */
 	/* New types go here, at the end. */
-	PROTO_T_LAST = 17,
+	PROTO_T_LAST = 19,
 };
 
 /* Frame flags; every other bit is reserved and must be 0. */

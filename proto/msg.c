@@ -909,15 +909,20 @@ size_t proto_text_req_size(uint32_t len)
 
 static uint32_t text_req_known(uint16_t type)
 {
-	return type == PROTO_T_TOKENIZE ? PROTO_TOK_FLAGS_KNOWN : 0;
+	return type == PROTO_T_TOKENIZE ? PROTO_TOK_FLAGS_KNOWN :
+	       type == PROTO_T_DETOKENIZE ? PROTO_DETOK_FLAGS_KNOWN : 0;
+}
+
+static bool text_req_type(uint16_t type)
+{
+	return type == PROTO_T_TOKENIZE || type == PROTO_T_EMBED || type == PROTO_T_DETOKENIZE;
 }
 
 int proto_text_req_encode(uint16_t type, uint8_t *buf, size_t cap, uint32_t flags,
 			  const char *text, uint32_t len, size_t *out_len)
 {
-	if (!buf || !out_len || (len && !text) ||
-	    (type != PROTO_T_TOKENIZE && type != PROTO_T_EMBED) ||
-	    (flags & ~text_req_known(type)))
+	if (!buf || !out_len || (len && !text) || !text_req_type(type) ||
+	    (flags & ~text_req_known(type)) || (type == PROTO_T_DETOKENIZE && len % 4))
 		return -EINVAL;
 	if (proto_text_req_size(len) > cap)
 		return -ENOSPC;
@@ -933,7 +938,7 @@ int proto_text_req_decode(uint16_t type, const uint8_t *payload, size_t len,
 			  const struct proto_limits *lim, struct proto_text_req *out,
 			  char *err, size_t errlen)
 {
-	if (!out || (!payload && len) || (type != PROTO_T_TOKENIZE && type != PROTO_T_EMBED))
+	if (!out || (!payload && len) || !text_req_type(type))
 		return sw_seterr(err, errlen, -EINVAL, "text request: bad argument");
 	const char *tn = proto_type_name(type);
 	struct proto_limits L = effective(lim);
@@ -946,9 +951,17 @@ int proto_text_req_decode(uint16_t type, const uint8_t *payload, size_t len,
 	if (flags & ~text_req_known(type))
 		return sw_seterr(err, errlen, SW_EFORMAT, "%s: flags: unknown bits 0x%" PRIx32, tn,
 				 flags & ~text_req_known(type));
-	if (tl > L.max_text_bytes)
+	if (type == PROTO_T_DETOKENIZE) {
+		if (tl % 4)
+			return sw_seterr(err, errlen, SW_EFORMAT, "%s: %" PRIu32 " bytes of ids, "
+					 "not a multiple of 4", tn, tl);
+		if (tl / 4 > L.max_ids)
+			return sw_seterr(err, errlen, SW_ETOOLONG, "%s: %" PRIu32 " ids over the "
+					 "limit %" PRIu32, tn, tl / 4, L.max_ids);
+	} else if (tl > L.max_text_bytes) {
 		return sw_seterr(err, errlen, SW_ETOOLONG, "%s: text_len %" PRIu32
 				 " over the limit %" PRIu32, tn, tl, L.max_text_bytes);
+	}
 	if (len - 8 != tl)
 		return sw_seterr(err, errlen, SW_EFORMAT, "%s: text_len %" PRIu32
 				 " but %zu bytes follow", tn, tl, len - 8);

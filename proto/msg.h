@@ -367,20 +367,27 @@ int proto_error_decode(const uint8_t *payload, size_t len, struct proto_error *o
 #define PROTO_TOK_PARSE_SPECIAL 0x2u /* tokenize: recognize special tokens */
 #define PROTO_TOK_FLAGS_KNOWN (PROTO_TOK_ADD_BOS | PROTO_TOK_PARSE_SPECIAL)
 
+/* DETOKENIZE: the text is (len / 4) little-endian i32 token ids. */
+#define PROTO_DETOK_SPECIAL 0x1u /* control tokens by their text (else none) */
+#define PROTO_DETOK_FLAGS_KNOWN PROTO_DETOK_SPECIAL
+
 struct proto_text_req {
-	uint32_t flags;   /* PROTO_TOK_* for tokenize; 0 for embed */
+	uint32_t flags;   /* PROTO_TOK_* for tokenize, PROTO_DETOK_* for
+			   * detokenize; 0 for embed */
 	const char *text; /* view */
 	uint32_t len;
 };
 
 /* Bytes of a tokenize/embed request with len bytes of text: 8 + len. */
 size_t proto_text_req_size(uint32_t len);
-/* Encodes a TOKENIZE (type PROTO_T_TOKENIZE) or EMBED request. Returns 0,
- * -EINVAL (bad type or flags, NULL text with len > 0) or -ENOSPC. */
+/* Encodes a TOKENIZE (type PROTO_T_TOKENIZE), DETOKENIZE (its ids as the
+ * text: len a multiple of 4) or EMBED request. Returns 0, -EINVAL (bad
+ * type, flags or length, NULL text with len > 0) or -ENOSPC. */
 int proto_text_req_encode(uint16_t type, uint8_t *buf, size_t cap, uint32_t flags,
 			  const char *text, uint32_t len, size_t *out_len);
-/* Decodes one; unknown flags -> SW_EFORMAT, text over max_text_bytes ->
- * SW_ETOOLONG. */
+/* Decodes one; unknown flags or a DETOKENIZE length that is not whole
+ * ids -> SW_EFORMAT, text over max_text_bytes (DETOKENIZE: more ids than
+ * max_ids) -> SW_ETOOLONG. */
 int proto_text_req_decode(uint16_t type, const uint8_t *payload, size_t len,
 			  const struct proto_limits *lim, struct proto_text_req *out,
 			  char *err, size_t errlen);

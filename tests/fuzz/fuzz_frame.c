@@ -75,6 +75,7 @@ static void decode_all(uint16_t type, const uint8_t *p, size_t n, const struct p
 		break;
 	case PROTO_T_TOKENS:
 	case PROTO_T_TOKENIZE_REPLY:
+	case PROTO_T_DETOKENIZE_REPLY:
 		if (proto_tokens_decode(p, n, lim, &t, err, sizeof(err)) == 0) {
 			CHECK(inside(t.ids_le, (size_t)t.n_ids * 4, p, n));
 			CHECK(inside(t.text, t.text_len, p, n));
@@ -115,8 +116,11 @@ static void decode_all(uint16_t type, const uint8_t *p, size_t n, const struct p
 		break;
 	case PROTO_T_TOKENIZE:
 	case PROTO_T_EMBED:
-		if (proto_text_req_decode(type, p, n, lim, &tr, err, sizeof(err)) == 0)
+	case PROTO_T_DETOKENIZE:
+		if (proto_text_req_decode(type, p, n, lim, &tr, err, sizeof(err)) == 0) {
 			CHECK(inside(tr.text, tr.len, p, n));
+			CHECK(type != PROTO_T_DETOKENIZE || tr.len % 4 == 0);
+		}
 		break;
 	case PROTO_T_EMBED_REPLY:
 		if (proto_embedding_decode(p, n, lim, &em, err, sizeof(err)) == 0) {

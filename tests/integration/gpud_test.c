@@ -2453,6 +2453,65 @@ static void test_logit_bias(void **state)
 	f->done = true;
 }
 
+/* DETOKENIZE against the real tokenizer: tokenize then detokenize gives
+ * the text back (ASCII, multi-byte, leading and doubled spaces); with
+ * PROTO_DETOK_SPECIAL the BOS is written by its text; a cut multi-byte
+ * character ends as U+FFFD; an id outside the vocabulary is refused,
+ * naming its position; no ids, no text. */
+static void test_detokenize(void **state)
+{
+	struct gpud_it_fix *f = *state;
+	struct proto_client *cl;
+	char err[SW_ERR_MAX], *text = NULL;
+	size_t len = 0;
+	int32_t *ids = NULL;
+	uint32_t n = 0;
+	const char *texts[] = { ONCE, "  two  spaces", "h\xc3\xa9llo w\xc3\xb6rld \xe6\x97\xa5",
+				"Tom said: \"no!\"\n" };
+
+	assert_int_equal(gpud_it_start(&f->d[0], NULL), 0);
+	assert_non_null(cl = gpud_it_connect(&f->d[0]));
+	for (size_t k = 0; k < sizeof(texts) / sizeof(texts[0]); k++) {
+		assert_int_equal(proto_client_tokenize(cl, texts[k], strlen(texts[k]),
+						       PROTO_TOK_ADD_BOS, &ids, &n, err, sizeof(err)),
+				 0);
+		assert_int_equal(proto_client_detokenize(cl, ids, n, 0, &text, &len, err,
+							 sizeof(err)), 0);
+		assert_string_equal(text, texts[k]);
+		assert_int_equal(len, strlen(texts[k]));
+		free(text);
+		if (k == 0) {
+			char want[256];
+			snprintf(want, sizeof(want), "<s> %s", ONCE);
+			assert_int_equal(proto_client_detokenize(cl, ids, n, PROTO_DETOK_SPECIAL, &text,
+								 &len, err, sizeof(err)), 0);
+			assert_string_equal(text, want);
+			free(text);
+		}
+		free(ids);
+	}
+	/* the last byte of a three-byte character cut off */
+	assert_int_equal(proto_client_tokenize(cl, "\xe6\x97\xa5", 3, 0, &ids, &n, err,
+					       sizeof(err)), 0);
+	/* the space prefix, then byte tokens: stories260K has no piece for it */
+	assert_int_equal(n, 4);
+	assert_int_equal(proto_client_detokenize(cl, ids, 3, 0, &text, &len, err, sizeof(err)),
+			 0);
+	assert_string_equal(text, "\xef\xbf\xbd");
+	free(text);
+	free(ids);
+	const int32_t bad[] = { 1, 400, 1 << 24 };
+	assert_int_equal(proto_client_detokenize(cl, bad, 3, 0, &text, &len, err, sizeof(err)),
+			 -EINVAL);
+	assert_non_null(strstr(err, "detokenize: token 2: id 16777216 is not in the vocabulary"));
+	assert_null(text);
+	assert_int_equal(proto_client_detokenize(cl, NULL, 0, 0, &text, &len, err, sizeof(err)), 0);
+	assert_string_equal(text, "");
+	free(text);
+	proto_client_close(cl);
+	f->done = true;
+}
+
 static void test_prompt_logprobs(void **state)
 {
 	struct gpud_it_fix *f = *state;
@@ -2573,6 +2632,7 @@ int main(int argc, char **argv)
 		GPUD_IT_FIX_TEST(test_logprobs),
 		GPUD_IT_FIX_TEST(test_prompt_logprobs),
 		GPUD_IT_FIX_TEST(test_logit_bias),
+		GPUD_IT_FIX_TEST(test_detokenize),
 	};
 	ssize_t n;
 

@@ -1240,6 +1240,21 @@ static void test_token_prompts(void **state)
 	       "\"prompt\":\"a\"}'", f.port);
 	assert_non_null(strstr(b, "} 404"));
 	free(b);
+	/* /detokenize: the text back, the BOS by its text unless skipped */
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/detokenize -d '{\"model\":\""
+	       MODEL_ID "\",\"tokens\":[%s],\"skip_special_tokens\":true}'", f.port, ids);
+	assert_string_equal(b, "{\"prompt\":\"" PROMPT "\",\"content\":\"" PROMPT "\"} 200");
+	free(b);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/detokenize -d '{\"tokens\":"
+	       "[%s]}'", f.port, ids);
+	assert_string_equal(b, "{\"prompt\":\"<s> " PROMPT "\",\"content\":\"<s> " PROMPT
+			    "\"} 200");
+	free(b);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/detokenize -d '{\"tokens\":"
+	       "[1,99999999]}'", f.port);
+	if (!strstr(b, "token 1: id 99999999 is not in the vocabulary") || !strstr(b, "} 400"))
+		fail_msg("/detokenize of a bad id: %s", b);
+	free(b);
 
 	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
 		     "20,\"temperature\":0}", &ch);

@@ -258,6 +258,7 @@ static bool fake_submit(struct fake *fk, const struct proto_frame *f, const uint
 		static const uint16_t types[] = {
 			PROTO_T_TOKENS, PROTO_T_DONE, PROTO_T_ERROR, PROTO_T_TOKENIZE_REPLY,
 			PROTO_T_EMBED_REPLY, PROTO_T_STATS_REPLY, PROTO_T_MEM_REPLY,
+			PROTO_T_DETOKENIZE_REPLY,
 		};
 		uint64_t x = f->request_id * 0x9e3779b97f4a7c15ull + 1;
 		for (int k = 0; k < 8; k++) {
@@ -324,6 +325,21 @@ static void fake_text_req(struct fake *fk, const struct proto_frame *f, const ui
 			ids[n++] = (uint8_t)tr.text[i];
 		FAKE_OK(fk, proto_tokens_encode(buf, sizeof(buf), ids, n, NULL, 0, &len));
 		fake_push(fk, PROTO_T_TOKENIZE_REPLY, f->request_id, buf, len);
+	} else if (f->type == PROTO_T_DETOKENIZE) {
+		/* The inverse: each id's low byte, "<S>" for 1 when asked. */
+		char text[1024];
+		uint32_t n = 0;
+		for (uint32_t i = 0; i < tr.len / 4 && n + 3 < sizeof(text); i++) {
+			uint32_t id = proto_get32((const uint8_t *)tr.text + 4 * i);
+			if (id == 1 && (tr.flags & PROTO_DETOK_SPECIAL)) {
+				memcpy(text + n, "<S>", 3);
+				n += 3;
+			} else if (id != 1) {
+				text[n++] = (char)(id & 0xff);
+			}
+		}
+		FAKE_OK(fk, proto_tokens_encode(buf, sizeof(buf), NULL, 0, text, n, &len));
+		fake_push(fk, PROTO_T_DETOKENIZE_REPLY, f->request_id, buf, len);
 	} else {
 		float v[3] = { (float)tr.len, tr.len ? (float)(uint8_t)tr.text[0] : 0.0f, -0.5f };
 		FAKE_OK(fk, proto_embedding_encode(buf, sizeof(buf), v, 3, &len));
@@ -402,6 +418,7 @@ static void *fake_main(void *arg)
 			break;
 		case PROTO_T_TOKENIZE:
 		case PROTO_T_EMBED:
+		case PROTO_T_DETOKENIZE:
 			fake_text_req(fk, &f, payload);
 			break;
 		case PROTO_T_STATS:
@@ -775,6 +792,30 @@ static void test_tokenize_embed_stats_mem(void **state)
 	assert_null(ids);
 	assert_int_equal(proto_client_tokenize(c, "x", 1, 0x80, &ids, &n, g_err, sizeof(g_err)),
 			 -EINVAL);
+
+	/* detokenize: the ids travel little-endian, the text comes back */
+	const int32_t back[] = { 1, 'a', 'b', 'c' };
+	char *text = NULL;
+	size_t tlen = 0;
+	assert_int_equal(proto_client_detokenize(c, back, 4, 0, &text, &tlen, g_err,
+						 sizeof(g_err)), 0);
+	assert_int_equal(tlen, 3);
+	assert_string_equal(text, "abc");
+	free(text);
+	assert_int_equal(proto_client_detokenize(c, back, 4, PROTO_DETOK_SPECIAL, &text, &tlen,
+						 g_err, sizeof(g_err)), 0);
+	assert_string_equal(text, "<S>abc");
+	free(text);
+	assert_int_equal(proto_client_detokenize(c, NULL, 0, 0, &text, &tlen, g_err,
+						 sizeof(g_err)), 0);
+	assert_string_equal(text, "");
+	assert_int_equal(tlen, 0);
+	free(text);
+	assert_int_equal(proto_client_detokenize(c, back, 1, 0x2, &text, &tlen, g_err,
+						 sizeof(g_err)), -EINVAL);
+	assert_null(text);
+	assert_int_equal(proto_client_detokenize(c, NULL, 1, 0, &text, &tlen, g_err,
+						 sizeof(g_err)), -EINVAL);
 
 	float *vec = NULL;
 	uint32_t dim = 0;

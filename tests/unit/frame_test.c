@@ -155,8 +155,11 @@ static void test_direction(void **state)
 	int from_client = 0;
 	for (uint16_t t = 0; t <= PROTO_T_LAST; t++)
 		from_client += proto_type_from_client(t);
-	assert_int_equal(from_client, 7);
+	assert_int_equal(from_client, 8);
 	assert_true(proto_type_from_client(PROTO_T_SUBMIT));
+	assert_true(proto_type_from_client(PROTO_T_DETOKENIZE));
+	assert_false(proto_type_from_client(PROTO_T_DETOKENIZE_REPLY));
+	assert_string_equal(proto_type_name(PROTO_T_DETOKENIZE_REPLY), "DETOKENIZE_REPLY");
 	assert_true(proto_type_from_client(PROTO_T_HELLO));
 	assert_false(proto_type_from_client(PROTO_T_TOKENS));
 	assert_false(proto_type_from_client(PROTO_T_ERROR));

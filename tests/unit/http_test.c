@@ -358,6 +358,47 @@ static void test_tok_decode(void **state)
 	}
 }
 
+/* /detokenize bodies. */
+static void test_detok_decode(void **state)
+{
+	(void)state;
+	struct http_detok t;
+	struct http_err e;
+	const char *b = "{\"model\":\"m\",\"tokens\":[1,2,2147483647]}";
+
+	assert_int_equal(http_detok_decode(b, strlen(b), &t, &e), 0);
+	assert_string_equal(t.model, "m");
+	assert_int_equal(t.n, 3);
+	assert_int_equal(t.ids[2], 2147483647);
+	assert_true(t.special);
+	http_detok_free(&t);
+	b = "{\"tokens\":[],\"skip_special_tokens\":true}";
+	assert_int_equal(http_detok_decode(b, strlen(b), &t, &e), 0);
+	assert_int_equal(t.n, 0);
+	assert_false(t.special);
+	http_detok_free(&t);
+	const struct {
+		const char *body, *param;
+	} bad[] = {
+		{ "{}", "tokens" },
+		{ "{\"tokens\":\"1 2\"}", "tokens" },
+		{ "{\"tokens\":[1,-1]}", "tokens" },
+		{ "{\"tokens\":[1,2.0]}", "tokens" },
+		{ "{\"tokens\":[2147483648]}", "tokens" },
+		{ "{\"tokens\":[1],\"skip_special_tokens\":0}", "skip_special_tokens" },
+		{ "{\"tokens\":[1],\"model\":[]}", "model" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		memset(&e, 0, sizeof(e));
+		assert_int_equal(http_detok_decode(bad[i].body, strlen(bad[i].body), &t, &e), -1);
+		assert_int_equal(e.status, 400);
+		if (strcmp(e.param, bad[i].param))
+			fail_msg("%s: param \"%s\", want \"%s\"", bad[i].body, e.param, bad[i].param);
+		assert_null(t.root);
+		assert_null(t.ids);
+	}
+}
+
 static void test_decode_errors(void **state)
 {
 	(void)state;
@@ -821,6 +862,7 @@ int main(void)
 		cmocka_unit_test(test_decode_token_ids),
 		cmocka_unit_test(test_decode_bias),
 		cmocka_unit_test(test_tok_decode),
+		cmocka_unit_test(test_detok_decode),
 		cmocka_unit_test(test_decode_chat),
 		cmocka_unit_test(test_decode_errors),
 		cmocka_unit_test(test_embed_decode),

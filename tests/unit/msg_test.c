@@ -805,6 +805,38 @@ static void test_text_requests(void **state)
 	proto_put32(g_buf, 4);
 	assert_int_equal(proto_text_req_decode(PROTO_T_TOKENIZE, g_buf, 9, NULL, &r, NULL, 0),
 			 SW_EFORMAT);
+
+	/* detokenize: ids as the text, whole ids only, max_ids of them */
+	uint8_t ids[12];
+	proto_put32(ids, 1);
+	proto_put32(ids + 4, 400);
+	proto_put32(ids + 8, 7);
+	assert_int_equal(proto_text_req_encode(PROTO_T_DETOKENIZE, g_buf, sizeof(g_buf),
+					       PROTO_DETOK_SPECIAL, (const char *)ids, 12, &len), 0);
+	assert_int_equal(proto_text_req_decode(PROTO_T_DETOKENIZE, g_buf, len, NULL, &r, NULL, 0),
+			 0);
+	assert_int_equal(r.flags, PROTO_DETOK_SPECIAL);
+	assert_int_equal(r.len, 12);
+	assert_int_equal(proto_get32((const uint8_t *)r.text + 4), 400);
+	struct proto_limits lim = { .max_ids = 2 };
+	assert_int_equal(proto_text_req_decode(PROTO_T_DETOKENIZE, g_buf, len, &lim, &r, g_err,
+					       sizeof(g_err)), SW_ETOOLONG);
+	assert_non_null(strstr(g_err, "DETOKENIZE: 3 ids over the limit 2"));
+	assert_int_equal(proto_text_req_encode(PROTO_T_DETOKENIZE, g_buf, 64, 0,
+					       (const char *)ids, 10, &len), -EINVAL);
+	assert_int_equal(proto_text_req_encode(PROTO_T_DETOKENIZE, g_buf, 64, 2,
+					       (const char *)ids, 12, &len), -EINVAL);
+	assert_int_equal(proto_text_req_encode(PROTO_T_DETOKENIZE, g_buf, 64, 0,
+					       (const char *)ids, 12, &len), 0);
+	proto_put32(g_buf + 4, 10);
+	assert_int_equal(proto_text_req_decode(PROTO_T_DETOKENIZE, g_buf, 18, NULL, &r, g_err,
+					       sizeof(g_err)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "10 bytes of ids, not a multiple of 4"));
+	proto_put32(g_buf + 4, 12);
+	proto_put32(g_buf, 2);
+	assert_int_equal(proto_text_req_decode(PROTO_T_DETOKENIZE, g_buf, 20, NULL, &r, g_err,
+					       sizeof(g_err)), SW_EFORMAT);
+	assert_non_null(strstr(g_err, "DETOKENIZE: flags: unknown bits 0x2"));
 }
 
 static void test_embedding(void **state)
