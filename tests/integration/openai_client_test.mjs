@@ -13,6 +13,8 @@
 // same answer, whole and streamed); a plain completion; a prompt scored
 // (echo, logprobs, max_tokens 0: its tokens spell it); a prompt of token
 // ids (the answer of the text they spell, and that text echoed);
+// logit_bias forcing and banning a token; /tokenize and /detokenize with
+// plain fetch;
 // embeddings of a string and of an array (float, and the package's own
 // default, base64, which it decodes: the same vectors); and errors as the
 // package raises them: n = 2 -> 400 (BadRequestError naming n), a wrong key
@@ -193,6 +195,44 @@ await check('completions.create with a prompt of token ids: the answer of the te
     model, prompt: ids, max_tokens: 0, echo: true, temperature: 0,
   });
   assert.equal(e.choices[0].text, 'Once upon a time');
+});
+
+await check('logit_bias: +100 forces a token, -100 bans it (completions and chat)', async () => {
+  const upon = 407; // stories260K's " upon"
+  const r = await client.completions.create({
+    model, prompt: 'Once upon a time', max_tokens: 3, temperature: 0.8, logit_bias: { [upon]: 100 },
+  });
+  assert.equal(r.choices[0].text, ' upon upon upon');
+  const plain = await client.completions.create({
+    model, prompt: 'Once', max_tokens: 1, temperature: 0,
+  });
+  assert.equal(plain.choices[0].text, ' upon');
+  const banned = await client.completions.create({
+    model, prompt: 'Once', max_tokens: 1, temperature: 0, logit_bias: { [upon]: -100 },
+  });
+  assert.notEqual(banned.choices[0].text, ' upon');
+  const c = await client.chat.completions.create({
+    model, messages, max_tokens: 2, logit_bias: { [upon]: 100 },
+  });
+  assert.match(c.choices[0].message.content, /^ ?upon upon$/);
+});
+
+await check('/tokenize and /detokenize (plain fetch): the ids of a text and back', async () => {
+  const post = async (path, body) => {
+    const res = await fetch(baseURL.replace(/\/v1$/, '') + path, {
+      method: 'POST',
+      headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${apiKey}` },
+      body: JSON.stringify(body),
+    });
+    assert.equal(res.status, 200, await res.clone().text());
+    return res.json();
+  };
+  const t = await post('/tokenize', { model, prompt: 'Once upon a time' });
+  assert.deepEqual(t.tokens, [1, 403, 407, 261, 378]);
+  assert.equal(t.count, 5);
+  const d = await post('/detokenize', { model, tokens: t.tokens, skip_special_tokens: true });
+  assert.equal(d.prompt, 'Once upon a time');
+  assert.equal(d.content, 'Once upon a time');
 });
 
 await check('embeddings.create: a string, an array, float and base64 alike', async () => {
