@@ -4,7 +4,7 @@
  *             [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]
  *             [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]
  *             [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N [--prompt-logprobs]]
- *             [--timeout S] [--json]
+ *             [--logit-bias N] [--timeout S] [--json]
  *   gpud-load --http URL [--endpoint chat|completions] [--api-key-file F]
  *             [--socket PATH] [--front-pid PID] ... (the same load options
  *             but --answer)
@@ -28,6 +28,11 @@
  * --prompt-logprobs asks for the prompt's too: its records come first,
  * one a prompt token (the DONE's prompt_tokens of them), the first with
  * no number (NaN) and no alternatives (id -1).
+ *
+ * --logit-bias N (0..64, native protocol only) gives every request N
+ * random logit biases, ids in [0, 256) (any vocabulary has them) and
+ * biases in [-10, 10]: such requests are sampled on the host, which the
+ * load then exercises.
  *
  * --answer SYS:K:CHUNK:POOL:Q sends answer-style prompts instead, shaped
  * like agentd's answer task with chunk_mask "self": a system prompt of
@@ -133,6 +138,7 @@ struct opts {
 	bool causal, json;
 	bool answer;                     /* --answer */
 	int32_t logprobs;                /* --logprobs N, or -1 */
+	uint32_t logit_bias;             /* --logit-bias N */
 	bool prompt_logprobs;            /* --prompt-logprobs */
 	uint32_t a_sys, a_k, a_chunk, a_pool, a_q;
 };
@@ -176,6 +182,8 @@ struct worker;
 /* A client: one request in flight at a time, with its own buffers for the
  * request it builds (the library copies the request into the region at
  * submit, so they are reused for the next one). */
+#define MAX_LOAD_BIAS 64
+
 struct slot {
 	struct worker *w;
 	uint32_t conn;
@@ -187,6 +195,7 @@ struct slot {
 	struct proto_mask_row *rows;       /* (max segments + 1) */
 	uint16_t *idx;                     /* (S+1)(S+2)/2 */
 	uint32_t *cut;                     /* (max segments) word index of each start */
+	struct proto_bias bias[MAX_LOAD_BIAS]; /* --logit-bias */
 	bool lp_bad;                       /* --logprobs: a record failed the checks */
 	uint32_t lp_prompt, lp_gen;        /* prompt and generated tokens' records */
 };
@@ -369,6 +378,24 @@ static int answer_init(struct worker *w)
 	return 0;
 }
 
+/* What every request carries beyond its prompt: log probabilities
+ * (--logprobs) and logit biases (--logit-bias). */
+static void req_options(struct worker *w, struct slot *s, struct proto_submit_req *req)
+{
+	const struct opts *o = w->o;
+
+	if (o->logprobs >= 0)
+		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT |
+			     (o->prompt_logprobs ? PROTO_SUBMIT_PROMPT_LOGPROBS : 0);
+	for (uint32_t i = 0; i < o->logit_bias; i++)
+		s->bias[i] = (struct proto_bias){
+			.id = (int32_t)(rng_next(&w->rng) % 256),
+			.bias = (float)(rng_next(&w->rng) % 2001) / 100.0f - 10.0f,
+		};
+	req->n_bias = o->logit_bias;
+	req->bias = o->logit_bias ? s->bias : NULL;
+}
+
 /* --answer: [system, K chunks of the pool, question] with the descriptor
  * of the file comment. */
 static void build_answer(struct worker *w, struct slot *s, struct proto_submit_req *req,
@@ -419,9 +446,7 @@ static void build_answer(struct worker *w, struct slot *s, struct proto_submit_r
 	req->sampling.top_p = 1.0f;
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
-	if (o->logprobs >= 0)
-		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT |
-			     (o->prompt_logprobs ? PROTO_SUBMIT_PROMPT_LOGPROBS : 0);
+	req_options(w, s, req);
 	desc->n_segments = S;
 	desc->rows = s->rows;
 	req->mask = desc;
@@ -486,9 +511,7 @@ static void build_request(struct worker *w, struct slot *s, struct proto_submit_
 	req->sampling.top_p = 1.0f;
 	req->sampling.repeat_penalty = 1.0f;
 	req->sampling.seed = rng_next(&w->rng);
-	if (o->logprobs >= 0)
-		req->flags = PROTO_SUBMIT_LOGPROBS | (uint32_t)o->logprobs << PROTO_SUBMIT_TOP_SHIFT |
-			     (o->prompt_logprobs ? PROTO_SUBMIT_PROMPT_LOGPROBS : 0);
+	req_options(w, s, req);
 	if (o->causal)
 		return;
 	size_t k = 0;
@@ -1513,7 +1536,7 @@ static void usage(const char *argv0)
 		"       [--connections K] [--prompt-tokens MIN:MAX] [--max-tokens N]\n"
 		"       [--segments MIN:MAX] [--causal] [--temperature T] [--seed S]\n"
 		"       [--answer SYS:K:CHUNK:POOL:Q] [--logprobs N [--prompt-logprobs]]\n"
-		"       [--timeout SECONDS] [--json]\n"
+		"       [--logit-bias N] [--timeout SECONDS] [--json]\n"
 		"   or: %s --http http://HOST:PORT [--endpoint chat|completions]\n"
 		"       [--api-key-file PATH] [--socket PATH] [--front-pid PID] (and the above\n"
 		"       but --answer)\n",
@@ -1578,6 +1601,8 @@ int main(int argc, char **argv)
 
 			bad = parse_u32(v, 0, PROTO_MAX_TOP_LOGPROBS, &n) != 0;
 			o.logprobs = (int32_t)n;
+		} else if (!strcmp(a, "--logit-bias")) {
+			bad = parse_u32(v, 0, MAX_LOAD_BIAS, &o.logit_bias) != 0;
 		} else if (!strcmp(a, "--seed")) {
 			o.seed = strtoull(v, NULL, 0);
 		} else if (!strcmp(a, "--temperature")) {
@@ -1610,6 +1635,11 @@ int main(int argc, char **argv)
 	}
 	if (o.prompt_logprobs && o.logprobs < 0) {
 		fprintf(stderr, "gpud-load: --prompt-logprobs needs --logprobs N\n");
+		return 2;
+	}
+	if (o.http && o.logit_bias) {
+		fprintf(stderr, "gpud-load: --logit-bias is for the native protocol; it does not "
+			"combine with --http\n");
 		return 2;
 	}
 	if (o.http && o.logprobs >= 0) {
