@@ -449,13 +449,28 @@ static int decode_bias(struct http_gen *g, json_t *root, struct http_err *e)
 	return 0;
 }
 
+/* n: choices, 1..HTTP_MAX_N; more than one are not streamed. */
+static int decode_n(struct http_gen *g, json_t *root, struct http_err *e)
+{
+	json_t *v = member(root, "n");
+
+	g->n = 1;
+	if (!v)
+		return 0;
+	if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+	    json_integer_value(v) > HTTP_MAX_N)
+		return bad(e, "n", "n: expected an integer in [1, %d]", HTTP_MAX_N);
+	g->n = (uint32_t)json_integer_value(v);
+	if (g->n > 1 && g->stream)
+		return bad(e, "n", "n: more than one choice is not streamed (send one request a "
+			   "choice, or stream false)");
+	return 0;
+}
+
 static int refuse_unsupported(json_t *root, struct http_err *e)
 {
 	json_t *v;
 
-	v = member(root, "n");
-	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
-		return bad(e, "n", "n: only 1 is supported (send one request per choice)");
 	v = member(root, "best_of");
 	if (v && !(json_is_integer(v) && json_integer_value(v) == 1))
 		return bad(e, "best_of", "best_of: only 1 is supported");
@@ -663,7 +678,7 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 		g->no_reasoning = !strcmp(f, "none");
 	}
 	if (decode_logprobs(g, root, e) || decode_echo(g, root, zero_max, e) ||
-	    decode_bias(g, root, e))
+	    decode_bias(g, root, e) || decode_n(g, root, e))
 		goto fail;
 	g->req.segments = g->seg;
 	return 0;
@@ -1126,33 +1141,53 @@ fail:
 	return NULL;
 }
 
-char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
-			   const char *text, size_t text_len, const char *reason,
-			   size_t reason_len, json_t *logprobs, const struct proto_done *usage)
+json_t *http_choice_json(enum http_kind kind, uint32_t index, const char *text, size_t text_len,
+			 const char *reason, size_t reason_len, json_t *logprobs,
+			 uint32_t stop_reason)
 {
 	json_t *choice;
 
 	if (kind == HTTP_CHAT) {
-		choice = json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", 0, "message", "role",
-				   "assistant", "content", text_json(text, text_len), "logprobs",
+		choice = json_pack("{s:I, s:{s:s, s:o}, s:o, s:s}", "index", (json_int_t)index,
+				   "message", "role", "assistant", "content",
+				   text_json(text, text_len), "logprobs",
 				   logprobs ? logprobs : json_null(), "finish_reason",
-				   http_finish_reason(usage->stop_reason));
+				   http_finish_reason(stop_reason));
 		if (choice && reason &&
 		    json_object_set_new(json_object_get(choice, "message"), "reasoning_content",
 					text_json(reason, reason_len))) {
 			json_decref(choice);
 			return NULL;
 		}
-	} else
-		choice = json_pack("{s:o, s:i, s:o, s:s}", "text", text_json(text, text_len),
-				   "index", 0, "logprobs", logprobs ? logprobs : json_null(),
-				   "finish_reason", http_finish_reason(usage->stop_reason));
-	if (!choice)
+		return choice;
+	}
+	return json_pack("{s:o, s:I, s:o, s:s}", "text", text_json(text, text_len), "index",
+			 (json_int_t)index, "logprobs", logprobs ? logprobs : json_null(),
+			 "finish_reason", http_finish_reason(stop_reason));
+}
+
+char *http_completion_choices_json(enum http_kind kind, const char *id, long created,
+				   const char *model, json_t *choices,
+				   const struct proto_done *usage)
+{
+	if (!choices)
 		return NULL;
-	return dump(json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+	return dump(json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
 			      kind == HTTP_CHAT ? "chat.completion" : "text_completion", "created",
-			      (json_int_t)created, "model", model, "choices", choice, "usage",
+			      (json_int_t)created, "model", model, "choices", choices, "usage",
 			      usage_json(usage)));
+}
+
+char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
+			   const char *text, size_t text_len, const char *reason,
+			   size_t reason_len, json_t *logprobs, const struct proto_done *usage)
+{
+	json_t *choice = http_choice_json(kind, 0, text, text_len, reason, reason_len, logprobs,
+					  usage->stop_reason);
+
+	return choice ? http_completion_choices_json(kind, id, created, model,
+						     json_pack("[o]", choice), usage)
+		      : NULL;
 }
 
 char *http_chunk_json(enum http_kind kind, const char *id, long created, const char *model,

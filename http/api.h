@@ -45,6 +45,7 @@
 #define HTTP_MSG_MAX 256
 #define HTTP_EMBED_MAX_INPUTS 256
 #define HTTP_MAX_TOKENS_CAP 1000000u
+#define HTTP_MAX_N 16 /* choices a request ("n") */
 
 /* A client mistake: the status and the OpenAI error fields. */
 struct http_err {
@@ -74,6 +75,8 @@ struct http_gen {
 	bool echo;                      /* completions: the prompt before the answer */
 	bool ids;                       /* a segment is token ids (PROTO_SEG_IDS) */
 	uint32_t top_logprobs;          /* alternatives a token, <= PROTO_MAX_TOP_LOGPROBS */
+	uint32_t n;                     /* choices, 1..HTTP_MAX_N (not streamed when > 1):
+					 * choice i draws with seed + i */
 	struct proto_submit_req req;    /* points into the members below */
 	struct proto_segment seg[PROTO_MAX_SEGMENTS];
 	struct proto_mask_desc mask;
@@ -169,10 +172,22 @@ int http_lp_collect(struct http_lpbuf *b, const struct proto_tokens *t);
  * -inf is -9999. NULL when out of memory. */
 json_t *http_logprobs_json(enum http_kind kind, const char *p, size_t n, size_t *offset);
 
-/* A whole (non-streamed) completion; for chat with reason non-NULL, the
- * message's reasoning_content too (a reasoning model's, http/think.h).
- * logprobs (http_logprobs_json's; the reference is taken, NULL for
- * null) is the choice's. */
+/* One choice of a whole (non-streamed) completion, at index; for chat
+ * with reason non-NULL, the message's reasoning_content too (a reasoning
+ * model's, http/think.h). logprobs (http_logprobs_json's; the reference
+ * is taken, NULL for null) is the choice's; stop_reason its
+ * proto_stop_reason. NULL when out of memory. */
+json_t *http_choice_json(enum http_kind kind, uint32_t index, const char *text, size_t text_len,
+			 const char *reason, size_t reason_len, json_t *logprobs,
+			 uint32_t stop_reason);
+
+/* A whole completion of the choices (an array; the reference is taken)
+ * and the request's usage. */
+char *http_completion_choices_json(enum http_kind kind, const char *id, long created,
+				   const char *model, json_t *choices,
+				   const struct proto_done *usage);
+
+/* A whole completion of one choice (the two above). */
 char *http_completion_json(enum http_kind kind, const char *id, long created, const char *model,
 			   const char *text, size_t text_len, const char *reason,
 			   size_t reason_len, json_t *logprobs, const struct proto_done *usage);

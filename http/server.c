@@ -100,6 +100,7 @@ struct job {
 	uint64_t rid;
 	uint64_t t0_ns;
 	bool headers_sent, finished, cancel_sent, in_pump;
+	bool oom;                       /* a choice could not be made (loop only) */
 	char *out;                      /* loop's buffer of taken text (streams) */
 	size_t out_cap;
 	/* Shared with the reader thread, under s->mu. */
@@ -123,7 +124,31 @@ struct job {
 	 * text_offset */
 	struct http_lpbuf lp, lpo;
 	size_t lp_off;
+	/* n > 1 (not streamed): the lead job (c->job) holds choice 0 and the
+	 * other choices' jobs, each its own gpud request; their records
+	 * queue the lead, which answers when every one is done */
+	struct job *lead;               /* a choice's lead, NULL for a lead */
+	struct job **kids;              /* (n_kids) choices 1.. */
+	uint32_t n_kids;
+	struct proto_submit_req kreq;   /* a choice's request: the lead's, its seed + index */
 };
+
+/* The request a job answers (a choice's is its lead's). */
+static const struct http_gen *jg(const struct job *j)
+{
+	return j->lead ? &j->lead->g : &j->g;
+}
+
+/* Whether the job and every choice of it are done (s->mu held). */
+static bool job_all_done(const struct job *j)
+{
+	if (!j->done)
+		return false;
+	for (uint32_t i = 0; i < j->n_kids; i++)
+		if (!j->kids[i]->done)
+			return false;
+	return true;
+}
 
 enum cstate { C_HEAD, C_BODY, C_BUSY, C_CLOSING };
 
@@ -502,14 +527,14 @@ static bool echo_collect(struct job *j, const struct proto_tokens *t)
 
 static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 {
-	struct job *j = arg;
+	struct job *j = arg, *q = j->lead ? j->lead : j; /* q: what the loop pumps */
 	struct srv *s = j->s;
 	int stop = 0;
 
 	(void)rid;
 	pthread_mutex_lock(&s->mu);
-	if (j->len + t->text_len > j->max || (j->g.logprobs && http_lp_collect(&j->lp, t)) ||
-	    (j->g.echo && j->g.ids && !echo_collect(j, t))) {
+	if (j->len + t->text_len > j->max || (jg(j)->logprobs && http_lp_collect(&j->lp, t)) ||
+	    (jg(j)->echo && jg(j)->ids && !echo_collect(j, t))) {
 		j->overflow = true;
 		stop = 1;
 	} else if (t->text_len) {
@@ -529,10 +554,10 @@ static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 		memcpy(j->buf + j->len, t->text, t->text_len);
 		j->len += t->text_len;
 	}
-	if (!j->queued && (j->g.stream || stop)) {
-		j->queued = true;
-		j->next = s->ready;
-		s->ready = j;
+	if (!q->queued && (jg(j)->stream || stop)) {
+		q->queued = true;
+		q->next = s->ready;
+		s->ready = q;
 		uv_async_send(&s->wake);
 	}
 out:
@@ -543,7 +568,7 @@ out:
 static void on_done(void *arg, uint64_t rid, int status, const struct proto_done *u,
 		    const char *msg)
 {
-	struct job *j = arg;
+	struct job *j = arg, *q = j->lead ? j->lead : j; /* q: what the loop pumps */
 	struct srv *s = j->s;
 
 	(void)rid;
@@ -553,10 +578,10 @@ static void on_done(void *arg, uint64_t rid, int status, const struct proto_done
 	if (u)
 		j->usage = *u;
 	snprintf(j->msg, sizeof(j->msg), "%s", msg ? msg : "");
-	if (!j->queued) {
-		j->queued = true;
-		j->next = s->ready;
-		s->ready = j;
+	if (!q->queued) {
+		q->queued = true;
+		q->next = s->ready;
+		s->ready = q;
 	}
 	pthread_mutex_unlock(&s->mu);
 	uv_async_send(&s->wake);
@@ -564,6 +589,9 @@ static void on_done(void *arg, uint64_t rid, int status, const struct proto_done
 
 static void job_free(struct job *j)
 {
+	for (uint32_t i = 0; i < j->n_kids; i++)
+		job_free(j->kids[i]);
+	free(j->kids);
 	http_gen_free(&j->g);
 	free(j->buf);
 	free(j->out);
@@ -600,6 +628,37 @@ static bool job_sort(struct job *j, const char *text, size_t n, bool end)
 	return !j->rsn.oom && !j->cnt.oom;
 }
 
+/* Whether a choice failed (over the bound, or ended with an error). */
+static bool job_failed(struct job *j)
+{
+	bool failed = false;
+
+	pthread_mutex_lock(&j->s->mu);
+	for (uint32_t i = 0; i <= j->n_kids; i++) {
+		const struct job *x = i ? j->kids[i - 1] : j;
+		failed |= x->overflow || (x->done && x->status);
+	}
+	pthread_mutex_unlock(&j->s->mu);
+	return failed;
+}
+
+/* Cancels in gpud every request of the job not cancelled yet (one that
+ * ended meanwhile: gpud ignores it). Returns how many were sent. */
+static uint32_t job_cancel(struct job *j)
+{
+	struct srv *s = j->s;
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; s->gen && i <= j->n_kids; i++) {
+		struct job *x = i ? j->kids[i - 1] : j;
+		if (!x->cancel_sent) {
+			x->cancel_sent = true;
+			n += proto_client_cancel(s->gen, x->rid) == 0;
+		}
+	}
+	return n;
+}
+
 /* The client went away: cancel in gpud (once); the job is freed at DONE
  * (or now, when DONE came and only the write queue held it back). */
 static void job_detach(struct job *j)
@@ -608,15 +667,11 @@ static void job_detach(struct job *j)
 	bool gone;
 
 	j->c = NULL;
-	if (!j->cancel_sent && s->gen) {
-		j->cancel_sent = true;
-		if (proto_client_cancel(s->gen, j->rid) == 0)
-			s->disconnect_cancels++;
-	}
+	s->disconnect_cancels += job_cancel(j);
 	if (j->in_pump)
 		return; /* job_pump decides */
 	pthread_mutex_lock(&s->mu);
-	gone = j->done && !j->queued;
+	gone = job_all_done(j) && !j->queued;
 	pthread_mutex_unlock(&s->mu);
 	if (gone)
 		job_free(j);
@@ -677,13 +732,14 @@ static void stream_end(struct conn *c)
  * of memory. */
 static bool job_echo(struct job *j)
 {
+	const struct http_gen *g = jg(j);
 	struct tbuf t = { 0 };
 
-	if (j->g.ids)
+	if (g->ids)
 		tbuf_put(&t, j->ep.p ? j->ep.p : "", j->ep.n);
 	else
-		for (uint32_t i = 0; i < j->g.req.n_segments; i++)
-			tbuf_put(&t, j->g.seg[i].text, j->g.seg[i].len);
+		for (uint32_t i = 0; i < g->req.n_segments; i++)
+			tbuf_put(&t, g->seg[i].text, g->seg[i].len);
 	tbuf_put(&t, j->cnt.p ? j->cnt.p : "", j->cnt.n);
 	if (t.oom) {
 		free(t.p);
@@ -694,38 +750,77 @@ static bool job_echo(struct job *j)
 	return true;
 }
 
-static void finish_whole(struct job *j, struct conn *c, bool overflow, int status)
+/* One choice of a whole answer (choice index of its lead's request):
+ * its text sorted, echoed, with its log probabilities. NULL when out of
+ * memory. */
+static json_t *job_choice(struct job *j, uint32_t index)
+{
+	const struct http_gen *g = jg(j);
+	json_t *lp = g->logprobs ? http_logprobs_json(g->kind, j->lp.p, j->lp.n, &j->lp_off)
+				 : NULL;
+
+	if ((!lp && g->logprobs) || !job_sort(j, j->buf ? j->buf : "", j->len, true) ||
+	    (g->echo && !job_echo(j))) {
+		json_decref(lp);
+		return NULL;
+	}
+	return http_choice_json(g->kind, index, j->cnt.p ? j->cnt.p : "", j->cnt.n,
+				j->think.reasoned ? (j->rsn.p ? j->rsn.p : "") : NULL, j->rsn.n, lp,
+				j->usage.stop_reason);
+}
+
+/* A whole answer, every choice done: the first failure's error (a
+ * choice over the bound; else the first error that is not a cancel, ours
+ * after another failed), or the choices with the request's usage (the
+ * prompt once, the generated tokens of all). */
+static void finish_whole(struct job *j, struct conn *c)
 {
 	struct srv *s = j->s;
+	const struct job *bad = NULL;
+	bool overflow = false;
 	struct http_err e;
 
+	for (uint32_t i = 0; i <= j->n_kids; i++) {
+		const struct job *x = i ? j->kids[i - 1] : j;
+		overflow |= x->overflow;
+		if (x->status && (!bad || bad->status == SW_ECANCELED))
+			bad = x;
+	}
+	if (j->oom) {
+		fail_conn(c, 503, NULL, "out_of_memory", "out of memory for %u choices", j->g.n);
+		return;
+	}
 	if (overflow) {
 		http_fail(&e, 400, "max_tokens", "response_too_large",
 			  "the answer exceeds %u bytes; lower max_tokens or stream it", JOB_WHOLE_MAX);
 		respond_err(c, &e, NULL);
-	} else if (status) {
-		gpud_err(&e, status, j->msg);
-		respond_err(c, &e, e.status == 429 ? "Retry-After: 1\r\n" : NULL);
-	} else {
-		char *body = NULL;
-		json_t *lp = j->g.logprobs ? http_logprobs_json(j->g.kind, j->lp.p, j->lp.n,
-								&j->lp_off) : NULL;
-		if ((lp || !j->g.logprobs) && job_sort(j, j->buf ? j->buf : "", j->len, true) &&
-		    (!j->g.echo || job_echo(j)))
-			body = http_completion_json(j->g.kind, j->id, j->created, j->model,
-						    j->cnt.p ? j->cnt.p : "", j->cnt.n,
-						    j->think.reasoned ? (j->rsn.p ? j->rsn.p : "")
-								      : NULL,
-						    j->rsn.n, lp, &j->usage);
-		else
-			json_decref(lp);
-		s->tokens_out += j->usage.generated_tokens;
-		if (body)
-			respond(c, 200, "application/json", NULL, body, strlen(body));
-		else
-			conn_close(c);
-		free(body);
+		return;
 	}
+	if (bad) {
+		gpud_err(&e, bad->status, bad->msg);
+		respond_err(c, &e, e.status == 429 ? "Retry-After: 1\r\n" : NULL);
+		return;
+	}
+	struct proto_done u = j->usage;
+	json_t *choices = json_array();
+	u.generated_tokens = 0;
+	for (uint32_t i = 0; choices && i <= j->n_kids; i++) {
+		struct job *x = i ? j->kids[i - 1] : j;
+		json_t *ch = job_choice(x, i);
+		if (!ch || json_array_append_new(choices, ch)) {
+			json_decref(choices);
+			choices = NULL;
+		}
+		u.generated_tokens += x->usage.generated_tokens;
+	}
+	char *body = http_completion_choices_json(j->g.kind, j->id, j->created, j->model, choices,
+						  &u);
+	s->tokens_out += u.generated_tokens;
+	if (body)
+		respond(c, 200, "application/json", NULL, body, strlen(body));
+	else
+		conn_close(c);
+	free(body);
 }
 
 /* The log probabilities the loop holds for a stream, as the next chunk's
@@ -806,7 +901,7 @@ static void job_pump_inner(struct job *j)
 
 	if (!c) {
 		pthread_mutex_lock(&s->mu);
-		j->finished = j->done && !j->queued;
+		j->finished = job_all_done(j) && !j->queued;
 		pthread_mutex_unlock(&s->mu);
 		return;
 	}
@@ -816,7 +911,7 @@ static void job_pump_inner(struct job *j)
 	    uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > CONN_WQ_MAX)
 		return;
 	pthread_mutex_lock(&s->mu);
-	done = j->done;
+	done = job_all_done(j);
 	overflow = j->overflow;
 	status = j->status;
 	if (j->g.stream && j->len) {
@@ -835,11 +930,16 @@ static void job_pump_inner(struct job *j)
 	pthread_mutex_unlock(&s->mu);
 
 	if (!j->g.stream) {
-		if (!done)
-			return; /* the whole answer collects in j->buf until DONE */
+		if (!done) {
+			/* the whole answer collects in j->buf until DONE; a
+			 * choice that failed fails them all: stop the others */
+			if (j->n_kids && job_failed(j))
+				job_cancel(j);
+			return;
+		}
 		j->finished = true;
 		c->job = NULL;
-		finish_whole(j, c, overflow, status);
+		finish_whole(j, c);
 		return;
 	}
 	if (!j->headers_sent) {
@@ -897,7 +997,7 @@ static void job_pump(struct job *j)
 	if (!j->finished && !j->c) {
 		/* the connection closed under us */
 		pthread_mutex_lock(&j->s->mu);
-		j->finished = j->done && !j->queued;
+		j->finished = job_all_done(j) && !j->queued;
 		pthread_mutex_unlock(&j->s->mu);
 	}
 	if (j->finished) {
@@ -932,6 +1032,48 @@ static void on_wake(uv_async_t *a)
 		else
 			job_pump(j);
 	}
+}
+
+/* Choices 1..n-1 of a lead already submitted: each its own gpud request,
+ * the lead's with seed + index. One that cannot start ends at once with
+ * its error (out of memory: the lead's oom), and the others are
+ * cancelled: the answer is that error. */
+static void start_choices(struct job *j)
+{
+	struct srv *s = j->s;
+	struct proto_client_events ev = { on_tokens, on_done, NULL };
+	char err[SW_ERR_MAX];
+	int rc = 0;
+
+	j->kids = calloc(j->g.n - 1, sizeof(*j->kids));
+	j->oom = !j->kids;
+	for (uint32_t i = 1; !j->oom && !rc && i < j->g.n; i++) {
+		struct job *k = calloc(1, sizeof(*k));
+		if (!k) {
+			j->oom = true;
+			break;
+		}
+		k->s = s;
+		k->lead = j;
+		k->max = JOB_WHOLE_MAX;
+		k->lp.max = k->lpo.max = JOB_LP_FACTOR * k->max;
+		k->think = j->think; /* as the lead's starts: nothing fed yet */
+		k->kreq = j->g.req;
+		k->kreq.sampling.seed = j->g.req.sampling.seed + i;
+		ev.arg = k;
+		j->kids[j->n_kids++] = k;
+		rc = proto_client_submit(s->gen, &k->kreq, &ev, &k->rid, err, sizeof(err));
+		if (rc) {
+			k->cancel_sent = true; /* nothing in gpud to cancel */
+			pthread_mutex_lock(&s->mu);
+			k->done = true;
+			k->status = rc;
+			snprintf(k->msg, sizeof(k->msg), "%.*s", (int)sizeof(k->msg) - 1, err);
+			pthread_mutex_unlock(&s->mu);
+		}
+	}
+	if (j->oom || rc)
+		job_cancel(j);
 }
 
 static void start_generation(struct conn *c, enum http_kind kind)
@@ -987,8 +1129,12 @@ static void start_generation(struct conn *c, enum http_kind kind)
 		job_free(j);
 		gpud_err(&e, rc, err);
 		respond_err(c, &e, e.status == 429 ? "Retry-After: 1\r\n" : NULL);
+		return;
 	}
-	/* else: on_done will come (perhaps it already queued the job). */
+	/* on_done will come (perhaps it already queued the job); the loop
+	 * pumps it only after we return, when its choices are all here */
+	if (j->g.n > 1)
+		start_choices(j);
 }
 
 /* ---- blocking calls on worker threads (embed, stats, metrics) ---------- */

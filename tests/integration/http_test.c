@@ -611,7 +611,9 @@ static void test_errors(void **state)
 	start_all(fx, &f, NULL);
 	expect_err(f.port, "/v1/completions", "{not json", 400, NULL);
 	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
-		   "\"n\":2}", 400, "n");
+		   "\"n\":17}", 400, "n");
+	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
+		   "\"n\":2,\"stream\":true}", 400, "n");
 	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
 		   "\"temperature\":7}", 400, "temperature");
 	expect_err(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\","
@@ -886,6 +888,36 @@ static void test_busy(void **state)
 	free(b);
 	free(h);
 	close(fd);
+
+	/* n = 2 with room for one request: the first choice is taken (a long
+	 * one: still running when the second comes), the second refused, so
+	 * the answer is 429 and the first is cancelled (a plain request fits
+	 * again after) */
+	const char *one = "{\"model\":\"" MODEL_ID "\",\"prompt\":\"a\",\"max_tokens\":2}";
+	for (int i = 0; i < 100 && (st = post(f.port, "/v1/completions", one, NULL, &b, &h)) != 200;
+	     i++) {
+		free(b);
+		free(h);
+		usleep(50 * 1000);
+	}
+	assert_int_equal(st, 200);
+	free(b);
+	free(h);
+	st = post(f.port, "/v1/completions", "{\"model\":\"" MODEL_ID "\",\"prompt\":\"Once\","
+		  "\"max_tokens\":2000,\"n\":2}", NULL, &b, &h);
+	if (st != 429)
+		fail_msg("n = 2 with room for one: status %d, want 429: %s", st, b);
+	free(b);
+	free(h);
+	for (int i = 0; i < 100 && (st = post(f.port, "/v1/completions", one, NULL, &b, &h)) != 200;
+	     i++) {
+		free(b);
+		free(h);
+		usleep(50 * 1000);
+	}
+	assert_int_equal(st, 200);
+	free(b);
+	free(h);
 	assert_int_equal(stop_front(&f), 0);
 	fx->done = true;
 }
@@ -1388,6 +1420,73 @@ static void test_token_prompts(void **state)
 	fx->done = true;
 }
 
+/* n choices: each its own draw (seed + index, so choice i is the answer
+ * of seed + i alone), indices in order, usage counting the prompt once and
+ * every choice's tokens; greedy choices agree; chat and log probabilities
+ * alike. */
+static void test_choices(void **state)
+{
+	struct gpud_it_fix *fx = *state;
+	struct front f;
+	char body[1024];
+	json_t *j, *ch;
+
+	start_all(fx, &f, "\"chat_format\": \"llama2\"");
+	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
+		     "24,\"temperature\":1,\"seed\":40,\"n\":4,\"logprobs\":1}", &ch);
+	json_t *choices = json_object_get(j, "choices");
+	assert_int_equal(json_array_size(choices), 4);
+	json_int_t gen = 0;
+	int distinct = 0;
+	for (size_t i = 0; i < 4; i++) {
+		json_t *c = json_array_get(choices, i), *one, *oc;
+		assert_int_equal(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+			 "\"max_tokens\":24,\"temperature\":1,\"seed\":%zu,\"logprobs\":1}", 40 + i);
+		one = complete(&f, body, &oc);
+		assert_string_equal(json_string_value(json_object_get(c, "text")),
+				    json_string_value(json_object_get(oc, "text")));
+		assert_true(json_equal(json_object_get(json_object_get(c, "logprobs"), "tokens"),
+				       json_object_get(json_object_get(oc, "logprobs"), "tokens")));
+		gen += usage_of(one, "completion_tokens");
+		if (i && strcmp(json_string_value(json_object_get(c, "text")),
+				json_string_value(json_object_get(json_array_get(choices, 0), "text"))))
+			distinct++;
+		assert_int_equal(usage_of(j, "prompt_tokens"), usage_of(one, "prompt_tokens"));
+		json_decref(one);
+	}
+	assert_int_equal(usage_of(j, "completion_tokens"), gen);
+	assert_true(distinct > 0);
+	printf("    n 4: %d of 3 choices differ from the first; %d tokens in all\n", distinct,
+	       (int)gen);
+	json_decref(j);
+
+	/* greedy: every choice the same; chat has indices and messages */
+	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
+		     "12,\"temperature\":0,\"n\":3}", &ch);
+	for (size_t i = 1; i < 3; i++)
+		assert_string_equal(json_string_value(json_object_get(json_array_get(
+					    json_object_get(j, "choices"), i), "text")),
+				    json_string_value(json_object_get(ch, "text")));
+	json_decref(j);
+	char *b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
+		     "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8,"
+		     "\"n\":2,\"seed\":3}'", f.port);
+	j = jparse(b);
+	free(b);
+	choices = json_object_get(j, "choices");
+	assert_int_equal(json_array_size(choices), 2);
+	for (size_t i = 0; i < 2; i++) {
+		json_t *c = json_array_get(choices, i);
+		assert_int_equal(json_integer_value(json_object_get(c, "index")), (json_int_t)i);
+		assert_true(json_is_string(json_object_get(json_object_get(c, "message"),
+							   "content")));
+	}
+	json_decref(j);
+	assert_int_equal(stop_front(&f), 0);
+	fx->done = true;
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1396,6 +1495,7 @@ int main(void)
 		GPUD_IT_FIX_TEST(test_chat_reasoning),
 		GPUD_IT_FIX_TEST(test_logprobs),
 		GPUD_IT_FIX_TEST(test_token_prompts),
+		GPUD_IT_FIX_TEST(test_choices),
 		GPUD_IT_FIX_TEST(test_embeddings),
 		GPUD_IT_FIX_TEST(test_errors),
 		GPUD_IT_FIX_TEST(test_auth),

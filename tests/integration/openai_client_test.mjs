@@ -14,10 +14,10 @@
 // (echo, logprobs, max_tokens 0: its tokens spell it); a prompt of token
 // ids (the answer of the text they spell, and that text echoed);
 // logit_bias forcing and banning a token; /tokenize and /detokenize with
-// plain fetch;
+// plain fetch; n = 3 choices (each the draw of seed + its index);
 // embeddings of a string and of an array (float, and the package's own
 // default, base64, which it decodes: the same vectors); and errors as the
-// package raises them: n = 2 -> 400 (BadRequestError naming n), a wrong key
+// package raises them: n = 17 -> 400 (BadRequestError naming n), a wrong key
 // -> 401 (AuthenticationError), an unknown model -> 404 (NotFoundError).
 // Exit 0 when every check passed, 1 otherwise.
 import OpenAI from 'openai';
@@ -258,9 +258,28 @@ await check('embeddings.create: a string, an array, float and base64 alike', asy
   for (let i = 0; i < v.length; i++) assert.ok(Math.abs(b64.data[0].embedding[i] - v[i]) < 1e-6);
 });
 
-await check('n = 2: 400 BadRequestError naming the parameter', async () => {
+await check('n = 3: three choices, each the draw of seed + its index', async () => {
+  const r = await client.completions.create({
+    model, prompt: 'Once upon a time', max_tokens: 10, temperature: 1, seed: 9, n: 3,
+  });
+  assert.equal(r.choices.length, 3);
+  let total = 0;
+  for (let i = 0; i < 3; i++) {
+    assert.equal(r.choices[i].index, i);
+    const one = await client.completions.create({
+      model, prompt: 'Once upon a time', max_tokens: 10, temperature: 1, seed: 9 + i,
+    });
+    assert.equal(r.choices[i].text, one.choices[0].text);
+    total += one.usage.completion_tokens;
+  }
+  assert.equal(r.usage.completion_tokens, total);
+  const c = await client.chat.completions.create({ model, messages, max_tokens: 4, n: 2 });
+  assert.equal(c.choices.length, 2);
+});
+
+await check('n = 17: 400 BadRequestError naming the parameter', async () => {
   const e = await rejects(() => client.chat.completions.create({
-    model, messages, max_tokens: 4, n: 2,
+    model, messages, max_tokens: 4, n: 17,
   }), OpenAI.BadRequestError, 400);
   assert.equal(e.param, 'n');
   assert.equal(typeof e.message, 'string');

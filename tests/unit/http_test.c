@@ -130,6 +130,11 @@ static void test_decode_completion(void **state)
 	assert_false(g->no_reasoning);
 	assert_null(g->req.mask);
 	assert_int_equal(g->req.flags & PROTO_SUBMIT_CHAT, 0);
+	assert_int_equal(g->n, 1);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"p\",\"n\":16,\"stream\":false}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->n, 16);
 	http_gen_free(g);
 	b = "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":\"none\"}";
 	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
@@ -421,7 +426,11 @@ static void test_decode_errors(void **state)
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[1,2],"
 		   "\"swarm\":{\"segments\":[[1],\"x\"]}}", "prompt");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":[\"a\",\"b\"]}", "prompt");
-	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":2}", "n");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":0}", "n");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":17}", "n");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":1.5}", "n");
+	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"n\":2,\"stream\":true}",
+		   "n");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"best_of\":3}", "best_of");
 	expect_400(HTTP_COMPLETION, "{\"model\":\"m\",\"prompt\":\"p\",\"reasoning_format\":1}",
 		   "reasoning_format");
