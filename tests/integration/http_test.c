@@ -1483,6 +1483,41 @@ static void test_choices(void **state)
 							   "content")));
 	}
 	json_decref(j);
+
+	/* a client leaving before four long choices are done: all four are
+	 * cancelled, nothing stays in flight, and the front serves on */
+	struct proto_client *c = gpud_it_connect(&fx->d[0]);
+	assert_non_null(c);
+	json_t *st = gpud_it_stats(c, false);
+	int64_t cancelled0 = 0, inflight = -1, cancelled = 0;
+	gpud_it_jint(st, "requests.cancelled", &cancelled0);
+	json_decref(st);
+	int fd = stream_open(f.port, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"Once\","
+			     "\"max_tokens\":2000,\"temperature\":1,\"n\":4}");
+	for (int i = 0; i < 100 && inflight < 4; i++) {
+		st = gpud_it_stats(c, false);
+		gpud_it_jint(st, "requests.in_flight", &inflight);
+		json_decref(st);
+		if (inflight < 4)
+			usleep(5 * 1000);
+	}
+	close(fd);
+	for (int i = 0; i < 200; i++) {
+		st = gpud_it_stats(c, false);
+		gpud_it_jint(st, "requests.in_flight", &inflight);
+		gpud_it_jint(st, "requests.cancelled", &cancelled);
+		json_decref(st);
+		if (inflight == 0)
+			break;
+		usleep(20 * 1000);
+	}
+	assert_int_equal(inflight, 0);
+	printf("    n 4, client gone: %d of 4 choices cancelled\n", (int)(cancelled - cancelled0));
+	proto_client_close(c);
+	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
+		     "4,\"n\":2}", &ch);
+	assert_int_equal(json_array_size(json_object_get(j, "choices")), 2);
+	json_decref(j);
 	assert_int_equal(stop_front(&f), 0);
 	fx->done = true;
 }
