@@ -762,21 +762,34 @@ void http_embed_free(struct http_embed *x)
 	x->root = NULL;
 }
 
+/* A body whose "model" may be left out (the served one): the parsed JSON
+ * and *model (NULL when absent), or NULL with *e filled. */
+static json_t *load_optional_model(const char *body, size_t len, const char **model,
+				   struct http_err *e)
+{
+	json_t *root = load(body, len, e), *v;
+
+	if (!root)
+		return NULL;
+	v = member(root, "model");
+	if (v && !json_is_string(v)) {
+		json_decref(root);
+		bad(e, "model", "model: expected a string");
+		return NULL;
+	}
+	*model = json_string_value(v);
+	return root;
+}
+
 int http_tok_decode(const char *body, size_t len, struct http_tok *t, struct http_err *e)
 {
 	json_t *v, *a;
 	const char *k;
 
 	memset(t, 0, sizeof(*t));
-	t->root = load(body, len, e);
+	t->root = load_optional_model(body, len, &t->model, e);
 	if (!t->root)
 		return -1;
-	v = member(t->root, "model");
-	if (v && !json_is_string(v)) {
-		bad(e, "model", "model: expected a string");
-		goto fail;
-	}
-	t->model = json_string_value(v);
 	k = member(t->root, "prompt") ? "prompt" : "content";
 	v = member(t->root, k);
 	if (!v || !json_is_string(v)) {
@@ -815,15 +828,9 @@ int http_detok_decode(const char *body, size_t len, struct http_detok *t, struct
 	size_t i;
 
 	memset(t, 0, sizeof(*t));
-	t->root = load(body, len, e);
+	t->root = load_optional_model(body, len, &t->model, e);
 	if (!t->root)
 		return -1;
-	v = member(t->root, "model");
-	if (v && !json_is_string(v)) {
-		bad(e, "model", "model: expected a string");
-		goto fail;
-	}
-	t->model = json_string_value(v);
 	v = member(t->root, "tokens");
 	if (!v || !json_is_array(v)) {
 		http_fail(e, 400, "tokens", v ? "invalid_value" : "missing_required_parameter",

@@ -1157,6 +1157,21 @@ struct work {
 
 static void work_done(uv_work_t *w, int status);
 
+/* A worker's JSON answer (o: the reference is taken; NULL when it could
+ * not be made): 200 with its compact text, or 503 out of memory. */
+static void work_reply(struct work *k, json_t *o, size_t flags)
+{
+	k->body = o ? json_dumps(o, JSON_COMPACT | flags) : NULL;
+	json_decref(o);
+	if (!k->body) {
+		http_fail(&k->e, 503, NULL, "out_of_memory", "out of memory");
+		k->status = 503;
+		return;
+	}
+	k->status = 200;
+	k->ctype = "application/json";
+}
+
 static void embed_work(uv_work_t *w)
 {
 	struct work *k = (struct work *)w;
@@ -1208,15 +1223,7 @@ static void embed_work(uv_work_t *w)
 				     data, "model", k->s->model_id, "usage", "prompt_tokens",
 				     (json_int_t)prompt_tokens, "total_tokens",
 				     (json_int_t)prompt_tokens) : NULL;
-	k->body = o ? json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9)) : NULL;
-	json_decref(o);
-	if (!k->body) {
-		http_fail(&k->e, 500, NULL, NULL, "out of memory");
-		k->status = 500;
-		return;
-	}
-	k->status = 200;
-	k->ctype = "application/json";
+	work_reply(k, o, JSON_REAL_PRECISION(9));
 }
 
 static void health_work(uv_work_t *w)
@@ -1398,16 +1405,7 @@ static void tokenize_work(uv_work_t *w)
 			a = NULL;
 		}
 	free(ids);
-	json_t *o = a ? json_pack("{s:o, s:I}", "tokens", a, "count", (json_int_t)n) : NULL;
-	k->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	if (!k->body) {
-		http_fail(&k->e, 503, NULL, "out_of_memory", "out of memory");
-		k->status = 503;
-		return;
-	}
-	k->status = 200;
-	k->ctype = "application/json";
+	work_reply(k, a ? json_pack("{s:o, s:I}", "tokens", a, "count", (json_int_t)n) : NULL, 0);
 }
 
 /* gpud's text for ids: {"prompt": text, "content": text} (vLLM's name
@@ -1428,15 +1426,7 @@ static void detokenize_work(uv_work_t *w)
 	}
 	json_t *o = json_pack("{s:s%, s:s%}", "prompt", text, len, "content", text, len);
 	free(text);
-	k->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
-	json_decref(o);
-	if (!k->body) {
-		http_fail(&k->e, 503, NULL, "out_of_memory", "out of memory");
-		k->status = 503;
-		return;
-	}
-	k->status = 200;
-	k->ctype = "application/json";
+	work_reply(k, o, 0);
 }
 
 /* Frees what a work item's decoded request holds. */
