@@ -1034,6 +1034,20 @@ static void on_wake(uv_async_t *a)
 	}
 }
 
+/* Whether model is the one served; otherwise c gets the 404. */
+static bool model_served(struct conn *c, const char *model)
+{
+	struct http_err e;
+
+	if (strcmp(model, c->s->model_id) == 0)
+		return true;
+	http_fail(&e, 404, "model", "model_not_found",
+		  "model \"%.100s\" does not exist (this server serves \"%s\")", model,
+		  c->s->model_id);
+	respond_err(c, &e, NULL);
+	return false;
+}
+
 /* Choices 1..n-1 of a lead already submitted: each its own gpud request,
  * the lead's with seed + index. One that cannot start ends at once with
  * its error (out of memory: the lead's oom), and the others are
@@ -1096,12 +1110,8 @@ static void start_generation(struct conn *c, enum http_kind kind)
 		respond_err(c, &e, NULL);
 		return;
 	}
-	if (strcmp(j->g.model, s->model_id) != 0) {
-		http_fail(&e, 404, "model", "model_not_found",
-			  "model \"%.100s\" does not exist (this server serves \"%s\")", j->g.model,
-			  s->model_id);
+	if (!model_served(c, j->g.model)) {
 		job_free(j);
-		respond_err(c, &e, NULL);
 		return;
 	}
 	if (!s->gen || !proto_client_alive(s->gen)) {
@@ -1587,12 +1597,8 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		if (strcmp(x.model, s->model_id) != 0) {
-			http_fail(&e, 404, "model", "model_not_found",
-				  "model \"%.100s\" does not exist (this server serves \"%s\")", x.model,
-				  s->model_id);
+		if (!model_served(c, x.model)) {
 			http_embed_free(&x);
-			respond_err(c, &e, NULL);
 			return;
 		}
 		start_work(c, r, embed_work, &(struct work){ .x = x });
@@ -1605,12 +1611,8 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		if (t.model && strcmp(t.model, s->model_id) != 0) {
-			http_fail(&e, 404, "model", "model_not_found",
-				  "model \"%.100s\" does not exist (this server serves \"%s\")", t.model,
-				  s->model_id);
+		if (t.model && !model_served(c, t.model)) {
 			http_tok_free(&t);
-			respond_err(c, &e, NULL);
 			return;
 		}
 		start_work(c, r, tokenize_work, &(struct work){ .t = t });
@@ -1623,12 +1625,8 @@ static void dispatch(struct conn *c)
 			respond_err(c, &e, NULL);
 			return;
 		}
-		if (dt.model && strcmp(dt.model, s->model_id) != 0) {
-			http_fail(&e, 404, "model", "model_not_found",
-				  "model \"%.100s\" does not exist (this server serves \"%s\")",
-				  dt.model, s->model_id);
+		if (dt.model && !model_served(c, dt.model)) {
 			http_detok_free(&dt);
-			respond_err(c, &e, NULL);
 			return;
 		}
 		start_work(c, r, detokenize_work, &(struct work){ .dt = dt });
