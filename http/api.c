@@ -449,6 +449,69 @@ static int decode_bias(struct http_gen *g, json_t *root, struct http_err *e)
 	return 0;
 }
 
+/* The samplers' parameters beyond OpenAI's that vLLM and llama.cpp's
+ * server take: top_k (<= 0 off), min_p, and the repetition penalty
+ * (vLLM's repetition_penalty or llama.cpp's repeat_penalty: a logit of a
+ * token in the last 256, prompt included, divided by it when positive,
+ * multiplied when negative; 1 off). */
+static int decode_extra_sampling(struct http_gen *g, json_t *root, struct http_err *e)
+{
+	const char *rp = member(root, "repetition_penalty") ? "repetition_penalty"
+							     : "repeat_penalty";
+	json_t *v = member(root, "top_k");
+	double d;
+
+	if (v) {
+		if (!json_is_integer(v) || json_integer_value(v) < -1 ||
+		    json_integer_value(v) > INT32_MAX)
+			return bad(e, "top_k", "top_k: expected an integer (-1 or 0: off)");
+		g->req.sampling.top_k = (int32_t)json_integer_value(v);
+	}
+	d = 0;
+	if (number(root, "min_p", 0, 1, &d, e))
+		return -1;
+	g->req.sampling.min_p = (float)d;
+	d = 1;
+	if (number(root, rp, 0, 10, &d, e))
+		return -1;
+	if (d <= 0)
+		return bad(e, rp, "%s: expected a number in (0, 10]", rp);
+	g->req.sampling.repeat_penalty = (float)d;
+	return 0;
+}
+
+/* Options that would change the answer in ways gpud cannot give: refused
+ * by name rather than ignored (structured output, function calling,
+ * audio). Their harmless values pass. */
+static int refuse_unsupported_extras(json_t *root, struct http_err *e)
+{
+	json_t *v = member(root, "response_format"), *m;
+	size_t i;
+
+	if (v && !(json_is_object(v) && json_is_string(member(v, "type")) &&
+		   !strcmp(json_string_value(member(v, "type")), "text")))
+		return bad(e, "response_format", "response_format: only {\"type\": \"text\"} is "
+			   "supported (no JSON mode or schema)");
+	if (member(root, "functions") || member(root, "function_call"))
+		return bad(e, member(root, "functions") ? "functions" : "function_call",
+			   "%s: not supported (function calling)",
+			   member(root, "functions") ? "functions" : "function_call");
+	v = member(root, "tool_choice");
+	if (v && !(json_is_string(v) && (!strcmp(json_string_value(v), "none") ||
+					 !strcmp(json_string_value(v), "auto"))))
+		return bad(e, "tool_choice", "tool_choice: only \"none\" or \"auto\" (no tools "
+			   "are supported)");
+	if (member(root, "audio"))
+		return bad(e, "audio", "audio: not supported");
+	v = member(root, "modalities");
+	if (v && !json_is_array(v))
+		return bad(e, "modalities", "modalities: expected [\"text\"]");
+	json_array_foreach(v, i, m)
+		if (!json_is_string(m) || strcmp(json_string_value(m), "text"))
+			return bad(e, "modalities", "modalities: only \"text\"");
+	return 0;
+}
+
 /* n: choices, 1..HTTP_MAX_N; more than one are not streamed. */
 static int decode_n(struct http_gen *g, json_t *root, struct http_err *e)
 {
@@ -567,7 +630,8 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 	if (!root)
 		return -1;
 	g->root = root;
-	if (model_of(root, &g->model, e) || refuse_unsupported(root, e))
+	if (model_of(root, &g->model, e) || refuse_unsupported(root, e) ||
+	    refuse_unsupported_extras(root, e))
 		goto fail;
 	swarm = member(root, "swarm");
 	if (swarm && !json_is_object(swarm)) {
@@ -623,7 +687,10 @@ int http_gen_decode(enum http_kind kind, const char *body, size_t len, uint32_t 
 	if (number(root, "frequency_penalty", -2, 2, &d, e))
 		goto fail;
 	g->req.sampling.frequency_penalty = (float)d;
-	if (g->req.sampling.presence_penalty != 0 || g->req.sampling.frequency_penalty != 0)
+	if (decode_extra_sampling(g, root, e))
+		goto fail;
+	if (g->req.sampling.presence_penalty != 0 || g->req.sampling.frequency_penalty != 0 ||
+	    g->req.sampling.repeat_penalty != 1)
 		g->req.sampling.penalty_last_n = 256;
 	v = member(root, "seed");
 	if (v) {

@@ -1423,12 +1423,13 @@ static void test_token_prompts(void **state)
 /* n choices: each its own draw (seed + index, so choice i is the answer
  * of seed + i alone), indices in order, usage counting the prompt once and
  * every choice's tokens; greedy choices agree; chat and log probabilities
- * alike. */
+ * alike. And the sampling extras (top_k, min_p, repetition_penalty) and a
+ * refused response_format. */
 static void test_choices(void **state)
 {
 	struct gpud_it_fix *fx = *state;
 	struct front f;
-	char body[1024];
+	char body[1024], *b;
 	json_t *j, *ch;
 
 	start_all(fx, &f, "\"chat_format\": \"llama2\"");
@@ -1461,6 +1462,33 @@ static void test_choices(void **state)
 	       (int)gen);
 	json_decref(j);
 
+	/* vLLM's and llama.cpp's extras: top_k 1 and min_p 1 at temperature 1
+	 * leave only the best token (the greedy answer); a repetition
+	 * penalty changes the greedy answer of a story that repeats itself */
+	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
+		     "40,\"temperature\":0}", &ch);
+	char *greedy = strdup(json_string_value(json_object_get(ch, "text")));
+	json_decref(j);
+	const char *extras[] = { "\"top_k\":1", "\"min_p\":1", "\"repetition_penalty\":1.5",
+				 "\"repeat_penalty\":1.5" };
+	for (int k = 0; k < 4; k++) {
+		snprintf(body, sizeof(body), "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\","
+			 "\"max_tokens\":40,\"temperature\":%s,\"seed\":5,%s}", k < 2 ? "1" : "0",
+			 extras[k]);
+		j = complete(&f, body, &ch);
+		const char *t = json_string_value(json_object_get(ch, "text"));
+		if ((k < 2) != !strcmp(t, greedy))
+			fail_msg("%s: \"%s\" against greedy \"%s\"", extras[k], t, greedy);
+		json_decref(j);
+	}
+	free(greedy);
+	b = sh("curl -s -w ' %%{http_code}' http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\""
+	       MODEL_ID "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+	       "\"response_format\":{\"type\":\"json_object\"}}'", f.port);
+	if (!strstr(b, "\"param\":\"response_format\"") || !strstr(b, "} 400"))
+		fail_msg("response_format json_object: %s", b);
+	free(b);
+
 	/* greedy: every choice the same; chat has indices and messages */
 	j = complete(&f, "{\"model\":\"" MODEL_ID "\",\"prompt\":\"" PROMPT "\",\"max_tokens\":"
 		     "12,\"temperature\":0,\"n\":3}", &ch);
@@ -1469,9 +1497,9 @@ static void test_choices(void **state)
 					    json_object_get(j, "choices"), i), "text")),
 				    json_string_value(json_object_get(ch, "text")));
 	json_decref(j);
-	char *b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
-		     "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8,"
-		     "\"n\":2,\"seed\":3}'", f.port);
+	b = sh("curl -s http://127.0.0.1:%d/v1/chat/completions -d '{\"model\":\"" MODEL_ID
+	       "\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":8,"
+	       "\"n\":2,\"seed\":3}'", f.port);
 	j = jparse(b);
 	free(b);
 	choices = json_object_get(j, "choices");

@@ -281,6 +281,63 @@ static void expect_400(enum http_kind k, const char *b, const char *param)
 	free(g);
 }
 
+/* vLLM's and llama.cpp's sampling extras, and what is refused by name
+ * rather than ignored. */
+static void test_decode_extras(void **state)
+{
+	(void)state;
+	struct http_gen *g = calloc(1, sizeof(*g));
+	struct http_err e;
+	const char *b = "{\"model\":\"m\",\"prompt\":\"p\",\"top_k\":40,\"min_p\":0.05,"
+			"\"repetition_penalty\":1.3,\"response_format\":{\"type\":\"text\"},"
+			"\"tool_choice\":\"none\",\"modalities\":[\"text\"]}";
+
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_int_equal(g->req.sampling.top_k, 40);
+	assert_true(g->req.sampling.min_p == 0.05f);
+	assert_true(g->req.sampling.repeat_penalty == 1.3f);
+	assert_int_equal(g->req.sampling.penalty_last_n, 256);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"p\",\"repeat_penalty\":0.9,\"top_k\":-1}";
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_true(g->req.sampling.repeat_penalty == 0.9f);
+	assert_int_equal(g->req.sampling.top_k, -1);
+	http_gen_free(g);
+	b = "{\"model\":\"m\",\"prompt\":\"p\"}"; /* defaults: every extra off */
+	assert_int_equal(http_gen_decode(HTTP_COMPLETION, b, strlen(b), 64, g, &e), 0);
+	assert_true(g->req.sampling.top_k <= 0);
+	assert_true(g->req.sampling.min_p == 0.0f);
+	assert_true(g->req.sampling.repeat_penalty == 1.0f);
+	assert_int_equal(g->req.sampling.penalty_last_n, 0);
+	http_gen_free(g);
+	free(g);
+	const struct {
+		const char *extra, *param;
+	} bad[] = {
+		{ "\"top_k\":2.5", "top_k" },
+		{ "\"top_k\":-2", "top_k" },
+		{ "\"min_p\":1.5", "min_p" },
+		{ "\"repetition_penalty\":0", "repetition_penalty" },
+		{ "\"repeat_penalty\":11", "repeat_penalty" },
+		{ "\"response_format\":{\"type\":\"json_object\"}", "response_format" },
+		{ "\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{}}",
+		  "response_format" },
+		{ "\"response_format\":\"text\"", "response_format" },
+		{ "\"functions\":[{\"name\":\"f\"}]", "functions" },
+		{ "\"function_call\":\"auto\"", "function_call" },
+		{ "\"tool_choice\":\"required\"", "tool_choice" },
+		{ "\"tool_choice\":{\"type\":\"function\"}", "tool_choice" },
+		{ "\"audio\":{\"voice\":\"alloy\"}", "audio" },
+		{ "\"modalities\":[\"text\",\"audio\"]", "modalities" },
+		{ "\"modalities\":\"text\"", "modalities" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char body[256];
+		snprintf(body, sizeof(body), "{\"model\":\"m\",\"prompt\":\"p\",%s}", bad[i].extra);
+		expect_400(HTTP_COMPLETION, body, bad[i].param);
+	}
+}
+
 /* logit_bias: string keys of token ids to biases in [-100, 100]. */
 static void test_decode_bias(void **state)
 {
@@ -870,6 +927,7 @@ int main(void)
 		cmocka_unit_test(test_decode_completion),
 		cmocka_unit_test(test_decode_token_ids),
 		cmocka_unit_test(test_decode_bias),
+		cmocka_unit_test(test_decode_extras),
 		cmocka_unit_test(test_tok_decode),
 		cmocka_unit_test(test_detok_decode),
 		cmocka_unit_test(test_decode_chat),
