@@ -288,7 +288,7 @@ static int decode_segments(struct http_gen *g, json_t *p, json_t *segs, uint32_t
 	size_t i, at = 0;
 	bool any_ids = false;
 	json_t *s;
-	char what[32];
+	char what[48];
 
 	if (!json_is_array(segs) || json_array_size(segs) == 0)
 		return bad(e, "swarm.segments", "swarm.segments: expected a non-empty array of "

@@ -304,7 +304,7 @@ static void test_documents_chunks_topk(void **state)
 			 1);
 
 	for (int i = 0; i < 3; i++) {
-		char t[16];
+		char t[24];
 
 		snprintf(t, sizeof(t), "chunk %d", i);
 		assert_int_equal(agent_db_chunk_insert(f->db, id, i, t, 4, e[i], 8, err,
