@@ -93,7 +93,7 @@ struct conn;
 struct job {
 	struct srv *s;
 	struct conn *c;                 /* NULL once the client left (loop only) */
-	struct http_gen g;
+	struct http_gen *g;             /* the request; a choice's is its lead's */
 	char id[40];
 	char model[128];
 	long created;
@@ -132,12 +132,6 @@ struct job {
 	uint32_t n_kids;
 	struct proto_submit_req kreq;   /* a choice's request: the lead's, its seed + index */
 };
-
-/* The request a job answers (a choice's is its lead's). */
-static const struct http_gen *jg(const struct job *j)
-{
-	return j->lead ? &j->lead->g : &j->g;
-}
 
 /* Whether the job and every choice of it are done (s->mu held). */
 static bool job_all_done(const struct job *j)
@@ -533,8 +527,8 @@ static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 
 	(void)rid;
 	pthread_mutex_lock(&s->mu);
-	if (j->len + t->text_len > j->max || (jg(j)->logprobs && http_lp_collect(&j->lp, t)) ||
-	    (jg(j)->echo && jg(j)->ids && !echo_collect(j, t))) {
+	if (j->len + t->text_len > j->max || (j->g->logprobs && http_lp_collect(&j->lp, t)) ||
+	    (j->g->echo && j->g->ids && !echo_collect(j, t))) {
 		j->overflow = true;
 		stop = 1;
 	} else if (t->text_len) {
@@ -554,7 +548,7 @@ static int on_tokens(void *arg, uint64_t rid, const struct proto_tokens *t)
 		memcpy(j->buf + j->len, t->text, t->text_len);
 		j->len += t->text_len;
 	}
-	if (!q->queued && (jg(j)->stream || stop)) {
+	if (!q->queued && (j->g->stream || stop)) {
 		q->queued = true;
 		q->next = s->ready;
 		s->ready = q;
@@ -592,7 +586,10 @@ static void job_free(struct job *j)
 	for (uint32_t i = 0; i < j->n_kids; i++)
 		job_free(j->kids[i]);
 	free(j->kids);
-	http_gen_free(&j->g);
+	if (!j->lead) { /* a choice shares its lead's */
+		http_gen_free(j->g);
+		free(j->g);
+	}
 	free(j->buf);
 	free(j->out);
 	free(j->rsn.p);
@@ -732,7 +729,7 @@ static void stream_end(struct conn *c)
  * of memory. */
 static bool job_echo(struct job *j)
 {
-	const struct http_gen *g = jg(j);
+	const struct http_gen *g = j->g;
 	struct tbuf t = { 0 };
 
 	if (g->ids)
@@ -755,7 +752,7 @@ static bool job_echo(struct job *j)
  * memory. */
 static json_t *job_choice(struct job *j, uint32_t index)
 {
-	const struct http_gen *g = jg(j);
+	const struct http_gen *g = j->g;
 	json_t *lp = g->logprobs ? http_logprobs_json(g->kind, j->lp.p, j->lp.n, &j->lp_off)
 				 : NULL;
 
@@ -787,7 +784,7 @@ static void finish_whole(struct job *j, struct conn *c)
 			bad = x;
 	}
 	if (j->oom) {
-		fail_conn(c, 503, NULL, "out_of_memory", "out of memory for %u choices", j->g.n);
+		fail_conn(c, 503, NULL, "out_of_memory", "out of memory for %u choices", j->g->n);
 		return;
 	}
 	if (overflow) {
@@ -813,7 +810,7 @@ static void finish_whole(struct job *j, struct conn *c)
 		}
 		u.generated_tokens += x->usage.generated_tokens;
 	}
-	char *body = http_completion_choices_json(j->g.kind, j->id, j->created, j->model, choices,
+	char *body = http_completion_choices_json(j->g->kind, j->id, j->created, j->model, choices,
 						  &u);
 	s->tokens_out += u.generated_tokens;
 	if (body)
@@ -829,9 +826,9 @@ static json_t *job_lp_take(struct job *j)
 {
 	json_t *lp;
 
-	if (!j->g.logprobs || !j->lpo.n)
+	if (!j->g->logprobs || !j->lpo.n)
 		return NULL;
-	lp = http_logprobs_json(j->g.kind, j->lpo.p, j->lpo.n, &j->lp_off);
+	lp = http_logprobs_json(j->g->kind, j->lpo.p, j->lpo.n, &j->lp_off);
 	j->lpo.n = 0;
 	return lp;
 }
@@ -876,12 +873,12 @@ static void finish_stream(struct job *j, struct conn *c, bool overflow, int stat
 			return;
 	} else {
 		s->tokens_out += j->usage.generated_tokens;
-		if (sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
+		if (sse_json(c, http_chunk_json(j->g->kind, j->id, j->created, j->model, "", 0, NULL,
 						0, false, http_finish_reason(j->usage.stop_reason),
 						job_lp_take(j), NULL)))
 			return;
-		if (j->g.include_usage &&
-		    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, "", 0, NULL,
+		if (j->g->include_usage &&
+		    sse_json(c, http_chunk_json(j->g->kind, j->id, j->created, j->model, "", 0, NULL,
 						0, false, NULL, NULL, &j->usage)))
 			return;
 	}
@@ -907,14 +904,14 @@ static void job_pump_inner(struct job *j)
 	}
 	/* Hold text back while the socket has unsent bytes beyond the bound;
 	 * on_written pumps again. */
-	if (j->g.stream && j->headers_sent &&
+	if (j->g->stream && j->headers_sent &&
 	    uv_stream_get_write_queue_size((uv_stream_t *)&c->tcp) > CONN_WQ_MAX)
 		return;
 	pthread_mutex_lock(&s->mu);
 	done = job_all_done(j);
 	overflow = j->overflow;
 	status = j->status;
-	if (j->g.stream && j->len) {
+	if (j->g->stream && j->len) {
 		char *t = j->out;
 		size_t tc = j->out_cap;
 		n = j->len;
@@ -924,12 +921,12 @@ static void job_pump_inner(struct job *j)
 		j->cap = tc;
 		j->len = 0;
 	}
-	if (j->g.stream && !job_lp_move(j))
+	if (j->g->stream && !job_lp_move(j))
 		j->overflow = overflow = true; /* over the bound or out of memory:
 						* an error at the end */
 	pthread_mutex_unlock(&s->mu);
 
-	if (!j->g.stream) {
+	if (!j->g->stream) {
 		if (!done) {
 			/* the whole answer collects in j->buf until DONE; a
 			 * choice that failed fails them all: stop the others */
@@ -963,7 +960,7 @@ static void job_pump_inner(struct job *j)
 				c->chunked_out ? "Transfer-Encoding: chunked\r\n" : "",
 				c->keep_alive ? "" : "Connection: close\r\n"))
 			return;
-		if (j->g.kind == HTTP_CHAT &&
+		if (j->g->kind == HTTP_CHAT &&
 		    sse_json(c, http_chunk_json(HTTP_CHAT, j->id, j->created, j->model, "", 0, NULL,
 						0, true, NULL, NULL, NULL)))
 			return;
@@ -978,7 +975,7 @@ static void job_pump_inner(struct job *j)
 		return;
 	}
 	if ((j->rsn.n || j->cnt.n) &&
-	    sse_json(c, http_chunk_json(j->g.kind, j->id, j->created, j->model, j->cnt.p,
+	    sse_json(c, http_chunk_json(j->g->kind, j->id, j->created, j->model, j->cnt.p,
 					j->cnt.n, j->rsn.p, j->rsn.n, false, NULL, job_lp_take(j),
 					NULL)))
 		return;
@@ -1059,9 +1056,9 @@ static void start_choices(struct job *j)
 	char err[SW_ERR_MAX];
 	int rc = 0;
 
-	j->kids = calloc(j->g.n - 1, sizeof(*j->kids));
+	j->kids = calloc(j->g->n - 1, sizeof(*j->kids));
 	j->oom = !j->kids;
-	for (uint32_t i = 1; !j->oom && !rc && i < j->g.n; i++) {
+	for (uint32_t i = 1; !j->oom && !rc && i < j->g->n; i++) {
 		struct job *k = calloc(1, sizeof(*k));
 		if (!k) {
 			j->oom = true;
@@ -1069,11 +1066,12 @@ static void start_choices(struct job *j)
 		}
 		k->s = s;
 		k->lead = j;
+		k->g = j->g;
 		k->max = JOB_WHOLE_MAX;
 		k->lp.max = k->lpo.max = JOB_LP_FACTOR * k->max;
 		k->think = j->think; /* as the lead's starts: nothing fed yet */
-		k->kreq = j->g.req;
-		k->kreq.sampling.seed = j->g.req.sampling.seed + i;
+		k->kreq = j->g->req;
+		k->kreq.sampling.seed = j->g->req.sampling.seed + i;
 		ev.arg = k;
 		j->kids[j->n_kids++] = k;
 		rc = proto_client_submit(s->gen, &k->kreq, &ev, &k->rid, err, sizeof(err));
@@ -1101,16 +1099,20 @@ static void start_generation(struct conn *c, enum http_kind kind)
 	struct job *j = calloc(1, sizeof(*j));
 	int rc;
 
-	if (!j) {
+	if (j)
+		j->g = calloc(1, sizeof(*j->g));
+	if (!j || !j->g) {
+		free(j);
 		fail_conn(c, 503, NULL, "out_of_memory", "out of memory");
 		return;
 	}
-	if (http_gen_decode(kind, body, blen, s->cfg->gpud.max_segments, &j->g, &e)) {
+	if (http_gen_decode(kind, body, blen, s->cfg->gpud.max_segments, j->g, &e)) {
+		free(j->g);
 		free(j);
 		respond_err(c, &e, NULL);
 		return;
 	}
-	if (!model_served(c, j->g.model)) {
+	if (!model_served(c, j->g->model)) {
 		job_free(j);
 		return;
 	}
@@ -1121,17 +1123,17 @@ static void start_generation(struct conn *c, enum http_kind kind)
 	}
 	j->s = s;
 	j->c = c;
-	j->max = j->g.stream ? JOB_STREAM_MAX : JOB_WHOLE_MAX;
+	j->max = j->g->stream ? JOB_STREAM_MAX : JOB_WHOLE_MAX;
 	j->lp.max = j->lpo.max = JOB_LP_FACTOR * j->max;
 	j->created = (long)time(NULL);
 	snprintf(j->model, sizeof(j->model), "%s", s->model_id);
 	/* chat: a reasoning model's <think> text apart from its answer, unless
 	 * asked not to; opened when gpud's format ends the prompt inside one */
-	http_think_init(&j->think, kind == HTTP_CHAT && !j->g.no_reasoning && s->think_opened,
-			kind == HTTP_CHAT && !j->g.no_reasoning);
+	http_think_init(&j->think, kind == HTTP_CHAT && !j->g->no_reasoning && s->think_opened,
+			kind == HTTP_CHAT && !j->g->no_reasoning);
 	ev.arg = j;
 	c->job = j;
-	rc = proto_client_submit(s->gen, &j->g.req, &ev, &j->rid, err, sizeof(err));
+	rc = proto_client_submit(s->gen, &j->g->req, &ev, &j->rid, err, sizeof(err));
 	snprintf(j->id, sizeof(j->id), "%s-%016" PRIx64 "%08" PRIx64,
 		 kind == HTTP_CHAT ? "chatcmpl" : "cmpl", now_ns(), j->rid);
 	if (rc) {
@@ -1143,7 +1145,7 @@ static void start_generation(struct conn *c, enum http_kind kind)
 	}
 	/* on_done will come (perhaps it already queued the job); the loop
 	 * pumps it only after we return, when its choices are all here */
-	if (j->g.n > 1)
+	if (j->g->n > 1)
 		start_choices(j);
 }
 
